@@ -1,0 +1,42 @@
+//! Why a frame was rejected. Every variant is also a drop reason, so ports
+//! and RNICs count drops by `WireError` without string formatting.
+
+use thiserror::Error;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Error)]
+pub enum WireError {
+    #[error("frame too short for the {header} header")]
+    Truncated { header: &'static str },
+    #[error("ethertype {0:#06x} is not IPv4")]
+    NotIpv4(u16),
+    #[error("IP version {0} is not 4")]
+    BadIpVersion(u8),
+    #[error("IPv4 header length field is invalid")]
+    BadIpHeaderLength,
+    #[error("IPv4 total length disagrees with the frame")]
+    BadIpTotalLength,
+    #[error("IPv4 header checksum mismatch")]
+    BadIpChecksum,
+    #[error("IPv4 fragments are not RoCEv2")]
+    IpFragment,
+    #[error("IP protocol {0} is not UDP")]
+    NotUdp(u8),
+    #[error("UDP length disagrees with the IP payload")]
+    BadUdpLength,
+    #[error("UDP destination port {0} is not RoCEv2 (4791)")]
+    NotRoce(u16),
+    #[error("BTH transport version {0} is not 0")]
+    BadTransportVersion(u8),
+    #[error("opcode {0:#04x} is not a supported RC opcode")]
+    UnknownOpcode(u8),
+    #[error("AETH syndrome {0:#04x} is reserved")]
+    ReservedSyndrome(u8),
+    #[error("pad count exceeds the payload")]
+    BadPadCount,
+    #[error("ICRC mismatch")]
+    IcrcMismatch,
+    #[error("output buffer too small: need {needed} bytes")]
+    BufferTooSmall { needed: usize },
+    #[error("payload of {0} bytes does not fit one frame")]
+    PayloadTooLarge(usize),
+}
