@@ -34,11 +34,19 @@ impl<T: AsRef<[u8]>> EthernetFrame<T> {
     }
 
     pub fn destination(&self) -> MacAddress {
-        MacAddress(self.buffer.as_ref()[0..6].try_into().expect("checked length"))
+        MacAddress(
+            self.buffer.as_ref()[0..6]
+                .try_into()
+                .expect("checked length"),
+        )
     }
 
     pub fn source(&self) -> MacAddress {
-        MacAddress(self.buffer.as_ref()[6..12].try_into().expect("checked length"))
+        MacAddress(
+            self.buffer.as_ref()[6..12]
+                .try_into()
+                .expect("checked length"),
+        )
     }
 
     pub fn ethertype(&self) -> u16 {

@@ -3,21 +3,17 @@
 
 use crate::bth::{BthHeader, BTH_LEN};
 use crate::ethernet::{EthernetFrame, ETHERNET_HEADER_LEN};
-use crate::extension::{
-    AethHeader, AtomicAckEthHeader, AtomicEthHeader, ImmDtHeader, RethHeader,
-};
+use crate::extension::{AethHeader, AtomicAckEthHeader, AtomicEthHeader, ImmDtHeader, RethHeader};
 use crate::icrc::{self, ICRC_LEN};
 use crate::ipv4::PROTOCOL_UDP;
 use crate::udp::UDP_HEADER_LEN;
 use crate::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, EthernetRepr, ImmDtRepr, Ipv4Packet,
-    Ipv4Repr, Opcode, RethRepr, UdpDatagram, UdpRepr, WireError, ETHERTYPE_IPV4,
-    ROCEV2_UDP_PORT,
+    Ipv4Repr, Opcode, RethRepr, UdpDatagram, UdpRepr, WireError, ETHERTYPE_IPV4, ROCEV2_UDP_PORT,
 };
 
 /// Ethernet, IPv4 (no options), UDP and BTH.
-pub const BASE_HEADERS_LEN: usize =
-    ETHERNET_HEADER_LEN + Ipv4Repr::LEN + UDP_HEADER_LEN + BTH_LEN;
+pub const BASE_HEADERS_LEN: usize = ETHERNET_HEADER_LEN + Ipv4Repr::LEN + UDP_HEADER_LEN + BTH_LEN;
 /// The largest frame any path MTU (4096) produces, with room for headers.
 pub const MAX_FRAME_LEN: usize = BASE_HEADERS_LEN + 64 + 4096 + ICRC_LEN;
 
@@ -202,8 +198,7 @@ pub fn parse_frame(bytes: &[u8]) -> Result<ParsedFrame<'_>, WireError> {
     }
     let (covered, icrc_bytes) = transport.split_at(transport.len() - ICRC_LEN);
     let bth_repr = BthRepr::parse(&BthHeader::new_unchecked(covered))?;
-    let (extension, extension_len) =
-        ExtensionHeaders::parse(bth_repr.opcode, &covered[BTH_LEN..])?;
+    let (extension, extension_len) = ExtensionHeaders::parse(bth_repr.opcode, &covered[BTH_LEN..])?;
     let padded_payload = &covered[BTH_LEN + extension_len..];
     let payload_len = padded_payload
         .len()
@@ -259,7 +254,8 @@ pub fn emit_frame_with(
     repr.ipv4.emit(&mut frame[ip_start..udp_start])?;
     repr.udp.emit(&mut frame[udp_start..bth_start])?;
     repr.bth.emit(&mut frame[bth_start..])?;
-    let payload_start = bth_start + BTH_LEN + repr.extension.emit(&mut frame[bth_start + BTH_LEN..])?;
+    let payload_start =
+        bth_start + BTH_LEN + repr.extension.emit(&mut frame[bth_start + BTH_LEN..])?;
     let payload_end = payload_start + payload_len;
     fill(&mut frame[payload_start..payload_end]);
     let icrc_start = frame_len - ICRC_LEN;

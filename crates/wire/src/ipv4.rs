@@ -124,11 +124,19 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     }
 
     pub fn source(&self) -> Ipv4Address {
-        Ipv4Address(self.buffer.as_ref()[12..16].try_into().expect("checked length"))
+        Ipv4Address(
+            self.buffer.as_ref()[12..16]
+                .try_into()
+                .expect("checked length"),
+        )
     }
 
     pub fn destination(&self) -> Ipv4Address {
-        Ipv4Address(self.buffer.as_ref()[16..20].try_into().expect("checked length"))
+        Ipv4Address(
+            self.buffer.as_ref()[16..20]
+                .try_into()
+                .expect("checked length"),
+        )
     }
 
     /// True when the header checksum verifies. Only valid after `new_checked`.
@@ -199,7 +207,11 @@ impl Ipv4Repr {
         bytes[1] = self.type_of_service;
         write_u16(bytes, 2, total_len);
         write_u16(bytes, 4, self.identification);
-        let flags = if self.dont_fragment { FLAG_DONT_FRAGMENT } else { 0 };
+        let flags = if self.dont_fragment {
+            FLAG_DONT_FRAGMENT
+        } else {
+            0
+        };
         write_u16(bytes, 6, flags);
         bytes[8] = self.time_to_live;
         bytes[9] = self.protocol;

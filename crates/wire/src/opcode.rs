@@ -85,16 +85,23 @@ impl Opcode {
     ];
 
     pub fn from_u8(value: u8) -> Option<Opcode> {
-        Opcode::ALL.iter().copied().find(|opcode| *opcode as u8 == value)
+        Opcode::ALL
+            .iter()
+            .copied()
+            .find(|opcode| *opcode as u8 == value)
     }
 
     pub fn family(self) -> OpcodeFamily {
         use Opcode::*;
         match self {
-            SendFirst | SendMiddle | SendLast | SendLastWithImmediate | SendOnly
-            | SendOnlyWithImmediate | SendLastWithInvalidate | SendOnlyWithInvalidate => {
-                OpcodeFamily::Send
-            }
+            SendFirst
+            | SendMiddle
+            | SendLast
+            | SendLastWithImmediate
+            | SendOnly
+            | SendOnlyWithImmediate
+            | SendLastWithInvalidate
+            | SendOnlyWithInvalidate => OpcodeFamily::Send,
             RdmaWriteFirst
             | RdmaWriteMiddle
             | RdmaWriteLast

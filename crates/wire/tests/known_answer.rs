@@ -70,7 +70,10 @@ fn flipping_any_covered_bit_fails_verification() {
             }
             covered_bits += 1;
             assert_ne!(icrc_of(&flipped), wire_icrc, "byte {byte_offset} bit {bit}");
-            assert!(parse_frame(&flipped).is_err(), "byte {byte_offset} bit {bit}");
+            assert!(
+                parse_frame(&flipped).is_err(),
+                "byte {byte_offset} bit {bit}"
+            );
         }
     }
     // 20 + 8 + 12 + 16 covered header and payload bytes, less 7 masked.

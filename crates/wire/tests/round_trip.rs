@@ -40,18 +40,20 @@ fn any_bth() -> impl Strategy<Value = BthRepr> {
         any_qpn(),
         any_psn(),
     )
-        .prop_map(|(opcode, flags, pad_count, pkey, destination_qp, psn)| BthRepr {
-            opcode,
-            solicited_event: flags[0],
-            migration_request: flags[1],
-            pad_count,
-            partition_key: Pkey(pkey),
-            forward_congestion: flags[2],
-            backward_congestion: flags[3],
-            destination_qp,
-            ack_request: flags[4],
-            psn,
-        })
+        .prop_map(
+            |(opcode, flags, pad_count, pkey, destination_qp, psn)| BthRepr {
+                opcode,
+                solicited_event: flags[0],
+                migration_request: flags[1],
+                pad_count,
+                partition_key: Pkey(pkey),
+                forward_congestion: flags[2],
+                backward_congestion: flags[3],
+                destination_qp,
+                ack_request: flags[4],
+                psn,
+            },
+        )
 }
 
 fn any_reth() -> impl Strategy<Value = RethRepr> {
@@ -88,20 +90,27 @@ fn any_extension(opcode: Opcode) -> impl Strategy<Value = ExtensionHeaders> {
         any::<u64>(),
         any::<u32>(),
     )
-        .prop_map(move |(reth, aeth, atomic, original_data, immediate)| ExtensionHeaders {
-            reth: opcode.has_reth().then_some(reth),
-            aeth: opcode.has_aeth().then_some(aeth),
-            atomic_eth: opcode.has_atomic_eth().then_some(atomic),
-            atomic_ack_eth: opcode
-                .has_atomic_ack_eth()
-                .then_some(AtomicAckEthRepr { original_data }),
-            immediate: (opcode.has_immediate() || opcode.has_invalidate())
-                .then_some(ImmDtRepr { immediate }),
-        })
+        .prop_map(
+            move |(reth, aeth, atomic, original_data, immediate)| ExtensionHeaders {
+                reth: opcode.has_reth().then_some(reth),
+                aeth: opcode.has_aeth().then_some(aeth),
+                atomic_eth: opcode.has_atomic_eth().then_some(atomic),
+                atomic_ack_eth: opcode
+                    .has_atomic_ack_eth()
+                    .then_some(AtomicAckEthRepr { original_data }),
+                immediate: (opcode.has_immediate() || opcode.has_invalidate())
+                    .then_some(ImmDtRepr { immediate }),
+            },
+        )
 }
 
 fn any_frame() -> impl Strategy<Value = (FrameRepr, Vec<u8>)> {
-    (any_bth(), any::<[u8; 12]>(), any::<[u8; 8]>(), any::<(u8, u8, u16, bool, u16)>())
+    (
+        any_bth(),
+        any::<[u8; 12]>(),
+        any::<[u8; 8]>(),
+        any::<(u8, u8, u16, bool, u16)>(),
+    )
         .prop_flat_map(|(bth, macs, addresses, (tos, ttl, id, df, port))| {
             let base = FrameRepr {
                 ethernet: EthernetRepr {
@@ -225,7 +234,11 @@ fn a_too_small_buffer_is_a_typed_error() {
     let repr = FrameRepr {
         ethernet: EthernetRepr::default(),
         ipv4: Ipv4Repr::default(),
-        udp: UdpRepr { source_port: 1, destination_port: ROCEV2_UDP_PORT, payload_len: 0 },
+        udp: UdpRepr {
+            source_port: 1,
+            destination_port: ROCEV2_UDP_PORT,
+            payload_len: 0,
+        },
         bth: BthRepr::new(Opcode::SendOnly, Qpn::new(1).unwrap(), Psn::new(0)),
         extension: ExtensionHeaders::default(),
     };

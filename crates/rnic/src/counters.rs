@@ -1,0 +1,64 @@
+//! Per-device counters. Every dropped frame is counted under its reason.
+
+use remora_wire::WireError;
+use std::collections::HashMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// The frame failed to parse or verify.
+    Malformed(WireError),
+    /// Addressed to another IP address.
+    NotForThisDevice,
+    /// No queue pair with the destination QPN.
+    UnknownQueuePair,
+    /// The source address is not the queue pair's peer.
+    WrongPeer,
+    /// The queue pair is not in a state that accepts this packet.
+    QueuePairNotReady,
+    /// A request with a PSN beyond the expected one (go-back-N discards it).
+    OutOfSequence,
+    /// A response that matches no outstanding request.
+    UnexpectedResponse,
+    /// A duplicate READ/atomic no longer in the replay cache.
+    DuplicateNotReplayable,
+    /// The responder's output queue was full; the requester will retransmit.
+    ResponderBusy,
+    /// Congestion notifications are counted, not acted on.
+    CongestionNotification,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RnicCounters {
+    pub frames_received: u64,
+    pub frames_transmitted: u64,
+    pub bytes_received: u64,
+    pub bytes_transmitted: u64,
+    pub packets_retransmitted: u64,
+    pub retransmit_timeouts: u64,
+    pub acks_sent: u64,
+    pub acks_coalesced: u64,
+    pub sequence_naks_sent: u64,
+    pub sequence_naks_received: u64,
+    pub receiver_not_ready_naks_sent: u64,
+    pub receiver_not_ready_naks_received: u64,
+    pub error_naks_sent: u64,
+    pub error_naks_received: u64,
+    pub duplicate_requests: u64,
+    pub replayed_reads: u64,
+    pub replayed_atomics: u64,
+    pub drops: HashMap<DropReason, u64>,
+}
+
+impl RnicCounters {
+    pub fn count_drop(&mut self, reason: DropReason) {
+        *self.drops.entry(reason).or_default() += 1;
+    }
+
+    pub fn drops_total(&self) -> u64 {
+        self.drops.values().sum()
+    }
+
+    pub fn drops_for(&self, reason: DropReason) -> u64 {
+        self.drops.get(&reason).copied().unwrap_or(0)
+    }
+}

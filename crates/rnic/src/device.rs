@@ -1,0 +1,401 @@
+//! The soft RNIC: one device with its memory, queues and queue pairs.
+//!
+//! It follows quinn-proto's contract. Commands (the [`Verbs`]) mutate state;
+//! [`SoftRnic::handle_frame`] takes a received frame; [`SoftRnic::poll_transmit`]
+//! drains frames to send; [`SoftRnic::poll_timeout`] says when
+//! [`SoftRnic::handle_timeout`] must next be called. Time is always an
+//! argument, so the simulator and a real event loop drive the same code.
+
+use crate::counters::{DropReason, RnicCounters};
+use crate::memory::MemoryTable;
+use crate::queue_pair::QueuePairContext;
+use crate::queues::{check_depth, BoundedQueue, CompletionRing};
+use crate::resources::Resources;
+use crate::time::Timestamp;
+use crate::verbs::*;
+use crate::VerbsError;
+use remora_wire::frame::MAX_FRAME_LEN;
+use remora_wire::{parse_frame, Ipv4Address, MacAddress, Opcode, Psn, Qpn, VirtAddr};
+
+/// QPNs 0 and 1 are special in InfiniBand; data QPs start above them.
+const FIRST_QPN: u32 = 0x100;
+const MAX_READ_ATOMIC_LIMIT: usize = 128;
+
+/// Device identity and limits.
+#[derive(Debug, Clone)]
+pub struct RnicConfig {
+    pub mac: MacAddress,
+    pub address: Ipv4Address,
+    /// Seeds initial PSNs and key salts, so runs are reproducible.
+    pub seed: u64,
+    pub max_queue_pairs: usize,
+    pub max_memory_regions: usize,
+    pub max_region_bytes: u64,
+    pub max_queue_depth: usize,
+    pub max_completion_queues: usize,
+    pub max_message_bytes: u32,
+}
+
+impl RnicConfig {
+    pub fn new(mac: MacAddress, address: Ipv4Address, seed: u64) -> RnicConfig {
+        RnicConfig {
+            mac,
+            address,
+            seed,
+            max_queue_pairs: 1024,
+            max_memory_regions: 1024,
+            max_region_bytes: 1 << 30,
+            max_queue_depth: 16_384,
+            max_completion_queues: 1024,
+            max_message_bytes: 1 << 24,
+        }
+    }
+}
+
+/// A small, well-mixed hash for deriving per-object values from the seed.
+fn splitmix64(mut state: u64) -> u64 {
+    state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    state = (state ^ (state >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    state = (state ^ (state >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    state ^ (state >> 31)
+}
+
+#[derive(Debug)]
+pub struct SoftRnic {
+    config: RnicConfig,
+    resources: Resources,
+    protection_domains: u32,
+    queue_pairs: Vec<QueuePairContext>,
+    transmit_cursor: usize,
+}
+
+impl SoftRnic {
+    pub fn new(config: RnicConfig) -> SoftRnic {
+        let rkey_salt = (splitmix64(config.seed) as u32) & 0xffff_ff00;
+        let memory = MemoryTable::new(
+            config.max_memory_regions,
+            config.max_region_bytes,
+            rkey_salt,
+        );
+        SoftRnic {
+            resources: Resources {
+                memory,
+                completion_queues: Vec::new(),
+                shared_receive_queues: Vec::new(),
+                counters: RnicCounters::default(),
+            },
+            protection_domains: 0,
+            queue_pairs: Vec::new(),
+            transmit_cursor: 0,
+            config,
+        }
+    }
+
+    pub fn config(&self) -> &RnicConfig {
+        &self.config
+    }
+
+    pub fn counters(&self) -> &RnicCounters {
+        &self.resources.counters
+    }
+
+    pub fn queue_pair_state(&self, qpn: Qpn) -> Result<QueuePairState, VerbsError> {
+        Ok(self.queue_pair(qpn)?.state())
+    }
+
+    pub fn memory_region(&self, lkey: Lkey) -> Result<MemoryRegion, VerbsError> {
+        self.resources.memory.handle(lkey)
+    }
+
+    fn queue_pair(&self, qpn: Qpn) -> Result<&QueuePairContext, VerbsError> {
+        qpn.value()
+            .checked_sub(FIRST_QPN)
+            .and_then(|slot| self.queue_pairs.get(slot as usize))
+            .ok_or(VerbsError::UnknownQueuePair(qpn))
+    }
+
+    /// A queue pair together with the resources it works on: two disjoint
+    /// borrows of the device.
+    fn queue_pair_mut(
+        &mut self,
+        qpn: Qpn,
+    ) -> Result<(&mut QueuePairContext, &mut Resources), VerbsError> {
+        let context = qpn
+            .value()
+            .checked_sub(FIRST_QPN)
+            .and_then(|slot| self.queue_pairs.get_mut(slot as usize))
+            .ok_or(VerbsError::UnknownQueuePair(qpn))?;
+        Ok((context, &mut self.resources))
+    }
+
+    /// Takes one received frame. Malformed or misdirected frames are dropped
+    /// and counted; nothing a peer sends can make this panic.
+    pub fn handle_frame(&mut self, now: Timestamp, bytes: &[u8]) {
+        let counters = &mut self.resources.counters;
+        counters.frames_received += 1;
+        counters.bytes_received += bytes.len() as u64;
+        let frame = match parse_frame(bytes) {
+            Ok(frame) => frame,
+            Err(error) => return counters.count_drop(DropReason::Malformed(error)),
+        };
+        if frame.repr.ipv4.destination != self.config.address {
+            return counters.count_drop(DropReason::NotForThisDevice);
+        }
+        if frame.repr.bth.opcode == Opcode::CongestionNotification {
+            return counters.count_drop(DropReason::CongestionNotification);
+        }
+        let Ok((queue_pair, resources)) = self.queue_pair_mut(frame.repr.bth.destination_qp) else {
+            return self
+                .resources
+                .counters
+                .count_drop(DropReason::UnknownQueuePair);
+        };
+        let from_peer = queue_pair
+            .remote()
+            .is_some_and(|remote| remote.address == frame.repr.ipv4.source);
+        if !from_peer {
+            return resources.counters.count_drop(DropReason::WrongPeer);
+        }
+        queue_pair.handle_frame(now, &frame, resources);
+    }
+
+    /// Writes the next frame to send into `buffer` and returns its length.
+    /// Queue pairs take turns, so one busy connection cannot starve another.
+    ///
+    /// # Panics
+    /// If `buffer` is shorter than [`MAX_FRAME_LEN`].
+    pub fn poll_transmit(&mut self, now: Timestamp, buffer: &mut [u8]) -> Option<usize> {
+        assert!(
+            buffer.len() >= MAX_FRAME_LEN,
+            "transmit buffer must hold any frame"
+        );
+        let count = self.queue_pairs.len();
+        for step in 0..count {
+            let slot = (self.transmit_cursor + step) % count;
+            let queue_pair = &mut self.queue_pairs[slot];
+            if let Some(len) = queue_pair.poll_transmit(now, &mut self.resources, buffer) {
+                self.transmit_cursor = (slot + 1) % count;
+                let counters = &mut self.resources.counters;
+                counters.frames_transmitted += 1;
+                counters.bytes_transmitted += len as u64;
+                return Some(len);
+            }
+        }
+        None
+    }
+
+    /// The earliest time `handle_timeout` has work to do.
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        self.queue_pairs
+            .iter()
+            .filter_map(QueuePairContext::poll_timeout)
+            .min()
+    }
+
+    pub fn handle_timeout(&mut self, now: Timestamp) {
+        for queue_pair in &mut self.queue_pairs {
+            queue_pair.handle_timeout(now, &mut self.resources);
+        }
+    }
+
+    fn check_protection_domain(&self, pd: ProtectionDomain) -> Result<(), VerbsError> {
+        if pd.0 >= self.protection_domains {
+            return Err(VerbsError::UnknownProtectionDomain);
+        }
+        Ok(())
+    }
+
+    fn check_completion_queue(&self, queue: CompletionQueue) -> Result<(), VerbsError> {
+        if queue.0 as usize >= self.resources.completion_queues.len() {
+            return Err(VerbsError::UnknownCompletionQueue);
+        }
+        Ok(())
+    }
+
+    fn check_builder(&self, builder: &QueuePairBuilder) -> Result<(), VerbsError> {
+        self.check_protection_domain(builder.protection_domain)?;
+        self.check_completion_queue(builder.send_completion_queue)?;
+        self.check_completion_queue(builder.receive_completion_queue)?;
+        if let Some(queue) = builder.shared_receive_queue {
+            if queue.0 as usize >= self.resources.shared_receive_queues.len() {
+                return Err(VerbsError::UnknownSharedReceiveQueue);
+            }
+        }
+        let max_depth = self.config.max_queue_depth;
+        check_depth("send queue", builder.send_queue_depth, max_depth)?;
+        check_depth("receive queue", builder.receive_queue_depth, max_depth)?;
+        check_depth(
+            "max_read_atomic",
+            builder.max_read_atomic,
+            MAX_READ_ATOMIC_LIMIT,
+        )?;
+        check_depth(
+            "max_destination_read_atomic",
+            builder.max_destination_read_atomic,
+            MAX_READ_ATOMIC_LIMIT,
+        )?;
+        check_depth("retry_count", usize::from(builder.retry_count) + 1, 8)?;
+        check_depth("rnr_retry", usize::from(builder.rnr_retry) + 1, 8)?;
+        Ok(())
+    }
+}
+
+impl Verbs for SoftRnic {
+    fn alloc_protection_domain(&mut self) -> Result<ProtectionDomain, VerbsError> {
+        let pd = ProtectionDomain(self.protection_domains);
+        self.protection_domains += 1;
+        Ok(pd)
+    }
+
+    fn register_memory(
+        &mut self,
+        protection_domain: ProtectionDomain,
+        length_bytes: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        self.check_protection_domain(protection_domain)?;
+        self.resources
+            .memory
+            .register(protection_domain, length_bytes, access)
+    }
+
+    fn deregister_memory(&mut self, lkey: Lkey) -> Result<(), VerbsError> {
+        self.resources.memory.deregister(lkey)
+    }
+
+    fn create_completion_queue(&mut self, depth: usize) -> Result<CompletionQueue, VerbsError> {
+        check_depth("completion queue", depth, self.config.max_queue_depth)?;
+        let queues = &mut self.resources.completion_queues;
+        if queues.len() == self.config.max_completion_queues {
+            return Err(VerbsError::TooManyObjects {
+                kind: "completion queues",
+                max: self.config.max_completion_queues,
+            });
+        }
+        queues.push(CompletionRing::new(depth));
+        Ok(CompletionQueue(queues.len() as u32 - 1))
+    }
+
+    fn create_shared_receive_queue(
+        &mut self,
+        protection_domain: ProtectionDomain,
+        depth: usize,
+    ) -> Result<SharedReceiveQueue, VerbsError> {
+        self.check_protection_domain(protection_domain)?;
+        check_depth("shared receive queue", depth, self.config.max_queue_depth)?;
+        let queues = &mut self.resources.shared_receive_queues;
+        if queues.len() == self.config.max_completion_queues {
+            return Err(VerbsError::TooManyObjects {
+                kind: "shared receive queues",
+                max: self.config.max_completion_queues,
+            });
+        }
+        queues.push(BoundedQueue::new("shared receive queue", depth));
+        Ok(SharedReceiveQueue(queues.len() as u32 - 1))
+    }
+
+    fn create_queue_pair(
+        &mut self,
+        builder: &QueuePairBuilder,
+    ) -> Result<PreparedQueuePair, VerbsError> {
+        self.check_builder(builder)?;
+        if self.queue_pairs.len() == self.config.max_queue_pairs {
+            return Err(VerbsError::TooManyObjects {
+                kind: "queue pairs",
+                max: self.config.max_queue_pairs,
+            });
+        }
+        let value = FIRST_QPN + self.queue_pairs.len() as u32;
+        let qpn = Qpn::new(value).expect("bounded by max_queue_pairs");
+        let initial_psn = builder
+            .initial_psn
+            .unwrap_or_else(|| Psn::new(splitmix64(self.config.seed ^ u64::from(value)) as u32));
+        let context = QueuePairContext::new(
+            qpn,
+            *builder,
+            self.config.mac,
+            self.config.address,
+            initial_psn,
+        );
+        let endpoint = context.endpoint();
+        self.queue_pairs.push(context);
+        Ok(PreparedQueuePair { qpn, endpoint })
+    }
+
+    fn modify_queue_pair(
+        &mut self,
+        qpn: Qpn,
+        transition: QueuePairTransition,
+    ) -> Result<QueuePairState, VerbsError> {
+        let (to, remote) = match transition {
+            QueuePairTransition::Init => (QueuePairState::Init, None),
+            QueuePairTransition::ReadyToReceive { remote } => {
+                (QueuePairState::ReadyToReceive, Some(remote))
+            }
+            QueuePairTransition::ReadyToSend => (QueuePairState::ReadyToSend, None),
+            QueuePairTransition::Error => (QueuePairState::Error, None),
+            QueuePairTransition::Reset => (QueuePairState::Reset, None),
+        };
+        let (context, resources) = self.queue_pair_mut(qpn)?;
+        context.transition(to, remote, resources)?;
+        Ok(to)
+    }
+
+    fn post_send(&mut self, queue_pair: QueuePair, request: SendRequest) -> Result<(), VerbsError> {
+        let max_message_bytes = self.config.max_message_bytes;
+        let (context, resources) = self.queue_pair_mut(queue_pair.0)?;
+        context.post_send(request, resources, max_message_bytes)
+    }
+
+    fn post_receive(
+        &mut self,
+        queue_pair: QueuePair,
+        request: ReceiveRequest,
+    ) -> Result<(), VerbsError> {
+        let (context, resources) = self.queue_pair_mut(queue_pair.0)?;
+        context.post_receive(request, resources)
+    }
+
+    fn post_shared_receive(
+        &mut self,
+        queue: SharedReceiveQueue,
+        request: ReceiveRequest,
+    ) -> Result<(), VerbsError> {
+        if queue.0 as usize >= self.resources.shared_receive_queues.len() {
+            return Err(VerbsError::UnknownSharedReceiveQueue);
+        }
+        // An SRQ serves one protection domain; every QP bound to it shares it.
+        let pd = self
+            .queue_pairs
+            .iter()
+            .find(|context| context.attributes().shared_receive_queue == Some(queue))
+            .map(|context| context.attributes().protection_domain);
+        if let Some(pd) = pd {
+            self.resources
+                .memory
+                .check_local_list(pd, &request.local, true)?;
+        }
+        self.resources.shared_receive_queue(queue).push(request)
+    }
+
+    fn poll_completion(
+        &mut self,
+        queue: CompletionQueue,
+    ) -> Result<Option<WorkCompletion>, VerbsError> {
+        self.check_completion_queue(queue)?;
+        self.resources.completion_queues[queue.0 as usize].pop()
+    }
+
+    fn read_local(&self, lkey: Lkey, address: VirtAddr, into: &mut [u8]) -> Result<(), VerbsError> {
+        self.resources.memory.read_local(lkey, address, into)
+    }
+
+    fn write_local(
+        &mut self,
+        lkey: Lkey,
+        address: VirtAddr,
+        from: &[u8],
+    ) -> Result<(), VerbsError> {
+        self.resources.memory.write_local(lkey, address, from)
+    }
+}

@@ -1,0 +1,435 @@
+//! Registered memory: the host memory a NIC may touch, with keys, bounds and
+//! access rights checked on every access.
+//!
+//! The regions live inside the device, as host memory pinned for DMA would.
+//! Keys carry a slot index and a generation, so a key from a deregistered
+//! region never reaches a later region in the same slot. Remote keys are
+//! salted per device so that one device's lkeys are not its rkeys.
+
+use crate::error::VerbsError;
+use crate::verbs::{AccessFlags, Lkey, MemoryRegion, ProtectionDomain, ScatterGatherList};
+use remora_wire::{Rkey, VirtAddr};
+use std::ops::Range;
+
+/// Gap between regions, so an overrun of one never lands in the next.
+const GUARD_BYTES: u64 = 4096;
+const FIRST_ADDRESS: u64 = 0x1000_0000;
+
+#[derive(Debug)]
+struct Region {
+    protection_domain: ProtectionDomain,
+    handle: MemoryRegion,
+    bytes: Vec<u8>,
+}
+
+/// Why a remote access was refused. Each maps to a NAK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RemoteAccessFault {
+    UnknownKey,
+    WrongProtectionDomain,
+    OutOfBounds,
+    NotPermitted,
+}
+
+#[derive(Debug)]
+pub(crate) struct MemoryTable {
+    slots: Vec<Option<Region>>,
+    generations: Vec<u8>,
+    rkey_salt: u32,
+    next_address: u64,
+    max_regions: usize,
+    max_region_bytes: u64,
+}
+
+impl MemoryTable {
+    pub(crate) fn new(max_regions: usize, max_region_bytes: u64, rkey_salt: u32) -> MemoryTable {
+        assert!(max_regions > 0 && max_regions < (1 << 23));
+        MemoryTable {
+            slots: Vec::with_capacity(max_regions),
+            generations: Vec::with_capacity(max_regions),
+            rkey_salt,
+            next_address: FIRST_ADDRESS,
+            max_regions,
+            max_region_bytes,
+        }
+    }
+
+    pub(crate) fn register(
+        &mut self,
+        protection_domain: ProtectionDomain,
+        length_bytes: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        if length_bytes == 0 || length_bytes > self.max_region_bytes {
+            return Err(VerbsError::InvalidRegionLength(length_bytes));
+        }
+        let slot = self.free_slot()?;
+        let address = self.next_address;
+        let end = address
+            .checked_add(length_bytes)
+            .and_then(|end| end.checked_add(GUARD_BYTES))
+            .ok_or(VerbsError::AddressSpaceExhausted)?;
+        self.next_address = end.next_multiple_of(GUARD_BYTES);
+        self.generations[slot] = self.generations[slot].wrapping_add(1);
+        let key = ((slot as u32 + 1) << 8) | u32::from(self.generations[slot]);
+        let handle = MemoryRegion {
+            lkey: Lkey(key),
+            rkey: Rkey(key ^ self.rkey_salt),
+            address: VirtAddr(address),
+            length_bytes,
+            access,
+        };
+        let bytes = vec![0u8; usize::try_from(length_bytes).expect("bounded by max_region_bytes")];
+        self.slots[slot] = Some(Region {
+            protection_domain,
+            handle,
+            bytes,
+        });
+        Ok(handle)
+    }
+
+    fn free_slot(&mut self) -> Result<usize, VerbsError> {
+        if let Some(slot) = self.slots.iter().position(Option::is_none) {
+            return Ok(slot);
+        }
+        if self.slots.len() == self.max_regions {
+            return Err(VerbsError::TooManyObjects {
+                kind: "memory regions",
+                max: self.max_regions,
+            });
+        }
+        self.slots.push(None);
+        self.generations.push(0);
+        Ok(self.slots.len() - 1)
+    }
+
+    pub(crate) fn deregister(&mut self, lkey: Lkey) -> Result<(), VerbsError> {
+        let slot = self
+            .slot_of_lkey(lkey)
+            .ok_or(VerbsError::UnknownLocalKey(lkey))?;
+        self.slots[slot] = None;
+        Ok(())
+    }
+
+    fn slot_of_key(&self, key: u32) -> Option<usize> {
+        let slot = usize::try_from(key >> 8).ok()?.checked_sub(1)?;
+        let region = self.slots.get(slot)?.as_ref()?;
+        (region.handle.lkey.0 == key).then_some(slot)
+    }
+
+    fn slot_of_lkey(&self, lkey: Lkey) -> Option<usize> {
+        self.slot_of_key(lkey.0)
+    }
+
+    fn region_by_lkey(&self, lkey: Lkey) -> Result<&Region, VerbsError> {
+        let slot = self
+            .slot_of_lkey(lkey)
+            .ok_or(VerbsError::UnknownLocalKey(lkey))?;
+        Ok(self.slots[slot].as_ref().expect("slot_of_key checked"))
+    }
+
+    fn region_by_lkey_mut(&mut self, lkey: Lkey) -> Result<&mut Region, VerbsError> {
+        let slot = self
+            .slot_of_lkey(lkey)
+            .ok_or(VerbsError::UnknownLocalKey(lkey))?;
+        Ok(self.slots[slot].as_mut().expect("slot_of_key checked"))
+    }
+
+    pub(crate) fn handle(&self, lkey: Lkey) -> Result<MemoryRegion, VerbsError> {
+        Ok(self.region_by_lkey(lkey)?.handle)
+    }
+
+    /// Validates a list of local buffers against a protection domain.
+    pub(crate) fn check_local_list(
+        &self,
+        protection_domain: ProtectionDomain,
+        list: &ScatterGatherList,
+        needs_write: bool,
+    ) -> Result<(), VerbsError> {
+        for element in list.as_slice() {
+            let region = self.region_by_lkey(element.lkey)?;
+            if region.protection_domain != protection_domain {
+                return Err(VerbsError::WrongProtectionDomain);
+            }
+            if needs_write && !region.handle.access.contains(AccessFlags::LOCAL_WRITE) {
+                return Err(VerbsError::LocalWriteNotPermitted);
+            }
+            local_range(region, element.address, u64::from(element.length_bytes))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read_local(
+        &self,
+        lkey: Lkey,
+        address: VirtAddr,
+        into: &mut [u8],
+    ) -> Result<(), VerbsError> {
+        let region = self.region_by_lkey(lkey)?;
+        let range = local_range(region, address, into.len() as u64)?;
+        into.copy_from_slice(&region.bytes[range]);
+        Ok(())
+    }
+
+    pub(crate) fn write_local(
+        &mut self,
+        lkey: Lkey,
+        address: VirtAddr,
+        from: &[u8],
+    ) -> Result<(), VerbsError> {
+        let region = self.region_by_lkey_mut(lkey)?;
+        let range = local_range(region, address, from.len() as u64)?;
+        region.bytes[range].copy_from_slice(from);
+        Ok(())
+    }
+
+    /// Copies `into.len()` bytes starting `offset` bytes into the message a
+    /// list describes. Fails if a region vanished since the post.
+    pub(crate) fn gather(
+        &self,
+        list: &ScatterGatherList,
+        offset_bytes: u64,
+        into: &mut [u8],
+    ) -> Result<(), VerbsError> {
+        let mut remaining = into;
+        for (element, skip) in elements_from(list, offset_bytes) {
+            if remaining.is_empty() {
+                break;
+            }
+            let take = remaining.len().min((element.length_bytes as usize) - skip);
+            let region = self.region_by_lkey(element.lkey)?;
+            let start = VirtAddr(element.address.0 + skip as u64);
+            let range = local_range(region, start, take as u64)?;
+            let (head, tail) = remaining.split_at_mut(take);
+            head.copy_from_slice(&region.bytes[range]);
+            remaining = tail;
+        }
+        if !remaining.is_empty() {
+            return Err(VerbsError::LocalAccessOutOfBounds {
+                address: VirtAddr(offset_bytes),
+                length_bytes: remaining.len() as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes `from` starting `offset` bytes into the message a list
+    /// describes. Fails if it would overrun the list or a region vanished.
+    pub(crate) fn scatter(
+        &mut self,
+        list: &ScatterGatherList,
+        offset_bytes: u64,
+        from: &[u8],
+    ) -> Result<(), VerbsError> {
+        let mut remaining = from;
+        for (element, skip) in elements_from(list, offset_bytes) {
+            if remaining.is_empty() {
+                break;
+            }
+            let take = remaining.len().min((element.length_bytes as usize) - skip);
+            let region = self.region_by_lkey_mut(element.lkey)?;
+            if !region.handle.access.contains(AccessFlags::LOCAL_WRITE) {
+                return Err(VerbsError::LocalWriteNotPermitted);
+            }
+            let start = VirtAddr(element.address.0 + skip as u64);
+            let range = local_range(region, start, take as u64)?;
+            region.bytes[range].copy_from_slice(&remaining[..take]);
+            remaining = &remaining[take..];
+        }
+        if !remaining.is_empty() {
+            return Err(VerbsError::LocalAccessOutOfBounds {
+                address: VirtAddr(offset_bytes),
+                length_bytes: remaining.len() as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks a remote access and returns the byte range it covers.
+    pub(crate) fn check_remote(
+        &self,
+        protection_domain: ProtectionDomain,
+        rkey: Rkey,
+        address: VirtAddr,
+        length_bytes: u64,
+        needed: AccessFlags,
+    ) -> Result<(usize, Range<usize>), RemoteAccessFault> {
+        let slot = self
+            .slot_of_key(rkey.0 ^ self.rkey_salt)
+            .ok_or(RemoteAccessFault::UnknownKey)?;
+        let region = self.slots[slot].as_ref().expect("slot_of_key checked");
+        if region.protection_domain != protection_domain {
+            return Err(RemoteAccessFault::WrongProtectionDomain);
+        }
+        if !region.handle.access.contains(needed) {
+            return Err(RemoteAccessFault::NotPermitted);
+        }
+        let range = local_range(region, address, length_bytes)
+            .map_err(|_| RemoteAccessFault::OutOfBounds)?;
+        Ok((slot, range))
+    }
+
+    /// Bytes of a slot that `check_remote` approved.
+    pub(crate) fn slot_bytes(&self, slot: usize) -> &[u8] {
+        &self.slots[slot].as_ref().expect("checked slot").bytes
+    }
+
+    pub(crate) fn slot_bytes_mut(&mut self, slot: usize) -> &mut [u8] {
+        &mut self.slots[slot].as_mut().expect("checked slot").bytes
+    }
+}
+
+/// Elements of a list from a message offset on, each with the bytes to skip
+/// at its start. Bounded by the list length.
+fn elements_from(
+    list: &ScatterGatherList,
+    offset_bytes: u64,
+) -> impl Iterator<Item = (crate::verbs::ScatterGatherElement, usize)> + '_ {
+    let mut skip_left = offset_bytes;
+    list.as_slice().iter().filter_map(move |element| {
+        let length = u64::from(element.length_bytes);
+        if skip_left >= length {
+            skip_left -= length;
+            return None;
+        }
+        let skip = skip_left as usize;
+        skip_left = 0;
+        Some((*element, skip))
+    })
+}
+
+fn local_range(
+    region: &Region,
+    address: VirtAddr,
+    length_bytes: u64,
+) -> Result<Range<usize>, VerbsError> {
+    let out_of_bounds = VerbsError::LocalAccessOutOfBounds {
+        address,
+        length_bytes,
+    };
+    let start = address
+        .0
+        .checked_sub(region.handle.address.0)
+        .ok_or(out_of_bounds.clone())?;
+    let end = start
+        .checked_add(length_bytes)
+        .ok_or(out_of_bounds.clone())?;
+    if end > region.handle.length_bytes {
+        return Err(out_of_bounds);
+    }
+    Ok(start as usize..end as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> (MemoryTable, MemoryRegion) {
+        let mut table = MemoryTable::new(4, 1 << 20, 0x5a5a_0000);
+        let region = table
+            .register(ProtectionDomain(0), 4096, AccessFlags::ALL)
+            .unwrap();
+        (table, region)
+    }
+
+    #[test]
+    fn remote_checks_cover_key_bounds_domain_and_rights() {
+        let (mut table, region) = table();
+        let read_only = table
+            .register(ProtectionDomain(0), 64, AccessFlags::REMOTE_READ)
+            .unwrap();
+        let pd = ProtectionDomain(0);
+        assert!(table
+            .check_remote(
+                pd,
+                region.rkey,
+                region.address,
+                4096,
+                AccessFlags::REMOTE_WRITE
+            )
+            .is_ok());
+        assert_eq!(
+            table.check_remote(
+                pd,
+                region.rkey,
+                region.address,
+                4097,
+                AccessFlags::REMOTE_READ
+            ),
+            Err(RemoteAccessFault::OutOfBounds)
+        );
+        assert_eq!(
+            table.check_remote(
+                pd,
+                Rkey(region.lkey.0),
+                region.address,
+                8,
+                AccessFlags::REMOTE_READ
+            ),
+            Err(RemoteAccessFault::UnknownKey),
+            "an lkey is not an rkey"
+        );
+        assert_eq!(
+            table.check_remote(
+                ProtectionDomain(1),
+                region.rkey,
+                region.address,
+                8,
+                AccessFlags::REMOTE_READ
+            ),
+            Err(RemoteAccessFault::WrongProtectionDomain)
+        );
+        assert_eq!(
+            table.check_remote(
+                pd,
+                read_only.rkey,
+                read_only.address,
+                8,
+                AccessFlags::REMOTE_WRITE
+            ),
+            Err(RemoteAccessFault::NotPermitted)
+        );
+        let below = VirtAddr(region.address.0 - 1);
+        assert_eq!(
+            table.check_remote(pd, region.rkey, below, 1, AccessFlags::REMOTE_READ),
+            Err(RemoteAccessFault::OutOfBounds)
+        );
+    }
+
+    #[test]
+    fn a_stale_key_never_reaches_a_new_region_in_the_same_slot() {
+        let (mut table, region) = table();
+        table.deregister(region.lkey).unwrap();
+        let again = table
+            .register(ProtectionDomain(0), 4096, AccessFlags::ALL)
+            .unwrap();
+        assert_ne!(again.lkey, region.lkey);
+        assert_eq!(
+            table.read_local(region.lkey, region.address, &mut [0u8; 1]),
+            Err(VerbsError::UnknownLocalKey(region.lkey))
+        );
+    }
+
+    #[test]
+    fn gather_and_scatter_walk_a_list_across_elements() {
+        let (mut table, region) = table();
+        let list = ScatterGatherList::new(&[region.slice(0, 3), region.slice(100, 5)]).unwrap();
+        table.scatter(&list, 1, &[1, 2, 3, 4]).unwrap();
+        let mut bytes = [0u8; 8];
+        table.gather(&list, 0, &mut bytes).unwrap();
+        assert_eq!(bytes, [0, 1, 2, 3, 4, 0, 0, 0]);
+        assert!(
+            table.scatter(&list, 5, &[9; 4]).is_err(),
+            "overruns the list"
+        );
+    }
+
+    #[test]
+    fn regions_are_separated_by_a_guard_gap() {
+        let (mut table, region) = table();
+        let next = table
+            .register(ProtectionDomain(0), 16, AccessFlags::ALL)
+            .unwrap();
+        assert!(next.address.0 >= region.address.0 + region.length_bytes + GUARD_BYTES);
+    }
+}

@@ -1,0 +1,292 @@
+//! Reliable Connected queue pairs.
+//!
+//! One queue pair is two state machines that share a connection: the
+//! requester ([`requester`]) sends requests from its send queue and retires
+//! them as responses arrive; the responder ([`responder`]) executes the
+//! peer's requests in PSN order and answers them. Both run inside the
+//! device; neither does I/O or reads a clock.
+
+mod replay_cache;
+mod requester;
+mod responder;
+
+use crate::queues::BoundedQueue;
+use crate::resources::Resources;
+use crate::time::Timestamp;
+use crate::verbs::{
+    CompletionOpcode, CompletionStatus, QueuePairBuilder, QueuePairEndpoint, QueuePairState,
+    ReceiveRequest, WorkCompletion,
+};
+use crate::VerbsError;
+use remora_wire::{
+    BthRepr, EthernetRepr, ExtensionHeaders, FrameRepr, Ipv4Address, Ipv4Repr, MacAddress, Opcode,
+    ParsedFrame, Psn, Qpn, UdpRepr, ETHERTYPE_IPV4, ROCEV2_UDP_PORT,
+};
+use requester::Requester;
+use responder::Responder;
+
+/// Addressing for every frame a queue pair sends, fixed at RTR.
+#[derive(Debug, Clone, Copy)]
+struct Path {
+    ethernet: EthernetRepr,
+    ipv4: Ipv4Repr,
+    udp: UdpRepr,
+    destination_qp: Qpn,
+}
+
+impl Path {
+    fn new(
+        local_mac: MacAddress,
+        local_ip: Ipv4Address,
+        qpn: Qpn,
+        remote: &QueuePairEndpoint,
+    ) -> Path {
+        Path {
+            ethernet: EthernetRepr {
+                source: local_mac,
+                destination: remote.mac,
+                ethertype: ETHERTYPE_IPV4,
+            },
+            ipv4: Ipv4Repr {
+                source: local_ip,
+                destination: remote.address,
+                protocol: 17,
+                payload_len: 0,
+                type_of_service: 0,
+                time_to_live: 64,
+                identification: 0,
+                dont_fragment: true,
+            },
+            udp: UdpRepr {
+                // The source port is flow entropy for ECMP; derive it from
+                // the QPN so each connection hashes consistently.
+                source_port: 0xc000 | (qpn.value() as u16 & 0x3fff),
+                destination_port: ROCEV2_UDP_PORT,
+                payload_len: 0,
+            },
+            destination_qp: remote.qpn,
+        }
+    }
+
+    fn frame(
+        &self,
+        opcode: Opcode,
+        psn: Psn,
+        ack_request: bool,
+        extension: ExtensionHeaders,
+    ) -> FrameRepr {
+        let mut bth = BthRepr::new(opcode, self.destination_qp, psn);
+        bth.ack_request = ack_request;
+        FrameRepr {
+            ethernet: self.ethernet,
+            ipv4: self.ipv4,
+            udp: self.udp,
+            bth,
+            extension,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct QueuePairContext {
+    qpn: Qpn,
+    state: QueuePairState,
+    attributes: QueuePairBuilder,
+    local_mac: MacAddress,
+    local_ip: Ipv4Address,
+    initial_psn: Psn,
+    remote: Option<QueuePairEndpoint>,
+    path: Option<Path>,
+    receive_queue: BoundedQueue<ReceiveRequest>,
+    requester: Requester,
+    responder: Responder,
+}
+
+impl QueuePairContext {
+    pub(crate) fn new(
+        qpn: Qpn,
+        attributes: QueuePairBuilder,
+        local_mac: MacAddress,
+        local_ip: Ipv4Address,
+        initial_psn: Psn,
+    ) -> QueuePairContext {
+        QueuePairContext {
+            qpn,
+            state: QueuePairState::Reset,
+            attributes,
+            local_mac,
+            local_ip,
+            initial_psn,
+            remote: None,
+            path: None,
+            receive_queue: BoundedQueue::new("receive queue", attributes.receive_queue_depth),
+            requester: Requester::new(&attributes, initial_psn),
+            responder: Responder::new(&attributes),
+        }
+    }
+
+    pub(crate) fn state(&self) -> QueuePairState {
+        self.state
+    }
+
+    pub(crate) fn attributes(&self) -> &QueuePairBuilder {
+        &self.attributes
+    }
+
+    pub(crate) fn endpoint(&self) -> QueuePairEndpoint {
+        QueuePairEndpoint {
+            qpn: self.qpn,
+            address: self.local_ip,
+            mac: self.local_mac,
+            initial_psn: self.initial_psn,
+        }
+    }
+
+    pub(crate) fn remote(&self) -> Option<&QueuePairEndpoint> {
+        self.remote.as_ref()
+    }
+
+    /// Applies an `ibv_modify_qp`-style transition.
+    pub(crate) fn transition(
+        &mut self,
+        to: QueuePairState,
+        remote: Option<QueuePairEndpoint>,
+        resources: &mut Resources,
+    ) -> Result<(), VerbsError> {
+        use QueuePairState::*;
+        let allowed = matches!(
+            (self.state, to),
+            (Reset, Init)
+                | (Init, ReadyToReceive)
+                | (ReadyToReceive, ReadyToSend)
+                | (_, Error)
+                | (_, Reset)
+        );
+        if !allowed {
+            return Err(VerbsError::InvalidTransition {
+                from: self.state,
+                to,
+            });
+        }
+        match to {
+            ReadyToReceive => {
+                let remote = remote.expect("RTR carries the remote endpoint");
+                self.responder.start(remote.initial_psn);
+                self.path = Some(Path::new(self.local_mac, self.local_ip, self.qpn, &remote));
+                self.remote = Some(remote);
+            }
+            Error => self.enter_error(resources),
+            Reset => self.reset(),
+            Init | ReadyToSend => {}
+        }
+        self.state = to;
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        let fresh = QueuePairContext::new(
+            self.qpn,
+            self.attributes,
+            self.local_mac,
+            self.local_ip,
+            self.initial_psn,
+        );
+        *self = fresh;
+    }
+
+    /// Moves to ERR and flushes every outstanding work request. Queued
+    /// responder output (a NAK explaining the error) still goes out.
+    pub(crate) fn enter_error(&mut self, resources: &mut Resources) {
+        self.state = QueuePairState::Error;
+        self.requester.flush(self.qpn, &self.attributes, resources);
+        while let Some(request) = self.receive_queue.pop() {
+            let completion = WorkCompletion {
+                work_request_id: request.work_request_id,
+                status: CompletionStatus::WorkRequestFlushError,
+                opcode: CompletionOpcode::Receive,
+                qpn: self.qpn,
+                byte_len: 0,
+                immediate: None,
+            };
+            resources.complete(self.attributes.receive_completion_queue, completion);
+        }
+    }
+
+    pub(crate) fn post_receive(
+        &mut self,
+        request: ReceiveRequest,
+        resources: &mut Resources,
+    ) -> Result<(), VerbsError> {
+        if self.attributes.shared_receive_queue.is_some() {
+            return Err(VerbsError::InvalidState {
+                operation: "post_receive on a queue pair bound to an SRQ",
+                state: self.state,
+            });
+        }
+        if self.state == QueuePairState::Reset {
+            return Err(VerbsError::InvalidState {
+                operation: "post_receive",
+                state: self.state,
+            });
+        }
+        resources.memory.check_local_list(
+            self.attributes.protection_domain,
+            &request.local,
+            true,
+        )?;
+        self.receive_queue.push(request)?;
+        if self.state == QueuePairState::Error {
+            // Work posted to a queue pair in error completes at once, flushed.
+            self.enter_error(resources);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn handle_frame(
+        &mut self,
+        now: Timestamp,
+        frame: &ParsedFrame<'_>,
+        resources: &mut Resources,
+    ) {
+        let ready = matches!(
+            self.state,
+            QueuePairState::ReadyToReceive | QueuePairState::ReadyToSend
+        );
+        if !ready {
+            resources
+                .counters
+                .count_drop(crate::DropReason::QueuePairNotReady);
+            return;
+        }
+        if frame.repr.bth.opcode.is_request() {
+            self.handle_request(frame, resources);
+        } else {
+            self.handle_response(now, frame, resources);
+        }
+    }
+
+    /// Writes the next frame this queue pair wants to send, if any:
+    /// responses first, so a busy requester never starves its peer.
+    pub(crate) fn poll_transmit(
+        &mut self,
+        now: Timestamp,
+        resources: &mut Resources,
+        buffer: &mut [u8],
+    ) -> Option<usize> {
+        let path = self.path?;
+        if let Some(len) = self.poll_response(&path, resources, buffer) {
+            return Some(len);
+        }
+        if self.state != QueuePairState::ReadyToSend {
+            return None;
+        }
+        self.poll_request(now, &path, resources, buffer)
+    }
+
+    pub(crate) fn poll_timeout(&self) -> Option<Timestamp> {
+        if self.state != QueuePairState::ReadyToSend {
+            return None;
+        }
+        self.requester.poll_timeout()
+    }
+}

@@ -1,0 +1,136 @@
+//! The responder's replay cache.
+//!
+//! A retransmitted READ or atomic must return the original result and must
+//! never execute twice: re-running a FETCH_ADD would add twice, and
+//! re-reading memory could return bytes written after the original READ.
+//! So the responder snapshots each READ's data and each atomic's original
+//! value, keyed by PSN, and serves duplicates from here.
+//!
+//! The cache holds `max_destination_read_atomic` entries. A requester may
+//! have at most that many READ/atomic requests outstanding, so every request
+//! it can legitimately retransmit is still here. A delayed duplicate of an
+//! older request finds nothing and is dropped, which is safe.
+
+use remora_wire::{Msn, Psn};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReplayKind {
+    Read,
+    Atomic { original: u64 },
+}
+
+#[derive(Debug)]
+pub(crate) struct ReplayEntry {
+    pub(crate) first_psn: Psn,
+    pub(crate) packet_count: u32,
+    pub(crate) kind: ReplayKind,
+    pub(crate) msn: Msn,
+    /// READ data; its capacity is kept across reuse to avoid allocation.
+    pub(crate) data: Vec<u8>,
+    live: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct ReplayCache {
+    entries: Vec<ReplayEntry>,
+    next_slot: usize,
+}
+
+impl ReplayCache {
+    pub(crate) fn new(capacity: usize) -> ReplayCache {
+        assert!(capacity > 0);
+        let entries = (0..capacity)
+            .map(|_| ReplayEntry {
+                first_psn: Psn::new(0),
+                packet_count: 0,
+                kind: ReplayKind::Read,
+                msn: Msn::new(0),
+                data: Vec::new(),
+                live: false,
+            })
+            .collect();
+        ReplayCache {
+            entries,
+            next_slot: 0,
+        }
+    }
+
+    /// Claims the oldest slot for a new request. Returns its index; the
+    /// caller must drop any queued output that still refers to it.
+    pub(crate) fn insert(
+        &mut self,
+        first_psn: Psn,
+        packet_count: u32,
+        kind: ReplayKind,
+        msn: Msn,
+    ) -> usize {
+        assert!(packet_count > 0);
+        let slot = self.next_slot;
+        self.next_slot = (self.next_slot + 1) % self.entries.len();
+        let entry = &mut self.entries[slot];
+        entry.first_psn = first_psn;
+        entry.packet_count = packet_count;
+        entry.kind = kind;
+        entry.msn = msn;
+        entry.data.clear();
+        entry.live = true;
+        slot
+    }
+
+    pub(crate) fn entry(&self, slot: usize) -> &ReplayEntry {
+        &self.entries[slot]
+    }
+
+    pub(crate) fn entry_mut(&mut self, slot: usize) -> &mut ReplayEntry {
+        &mut self.entries[slot]
+    }
+
+    /// The entry whose PSN range holds `psn`, with the packet offset in it.
+    pub(crate) fn find(&self, psn: Psn) -> Option<(usize, u32)> {
+        self.entries.iter().enumerate().find_map(|(slot, entry)| {
+            if !entry.live {
+                return None;
+            }
+            let offset = entry.first_psn.distance_to(psn);
+            (offset >= 0 && (offset as u32) < entry.packet_count).then_some((slot, offset as u32))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_entry_covering_a_psn_and_forgets_the_oldest() {
+        let mut cache = ReplayCache::new(2);
+        let read = cache.insert(Psn::new(10), 4, ReplayKind::Read, Msn::new(1));
+        cache.insert(
+            Psn::new(14),
+            1,
+            ReplayKind::Atomic { original: 7 },
+            Msn::new(2),
+        );
+        assert_eq!(cache.find(Psn::new(12)), Some((read, 2)));
+        assert_eq!(cache.find(Psn::new(15)), None);
+        cache.insert(
+            Psn::new(15),
+            1,
+            ReplayKind::Atomic { original: 8 },
+            Msn::new(3),
+        );
+        assert_eq!(
+            cache.find(Psn::new(12)),
+            None,
+            "the oldest entry was evicted"
+        );
+        assert!(cache.find(Psn::new(14)).is_some());
+    }
+
+    #[test]
+    fn ranges_wrap_with_the_psn_space() {
+        let mut cache = ReplayCache::new(1);
+        cache.insert(Psn::new(Psn::MAX), 3, ReplayKind::Read, Msn::new(0));
+        assert_eq!(cache.find(Psn::new(1)), Some((0, 2)));
+    }
+}

@@ -1,0 +1,801 @@
+//! The requester: turns send-queue work requests into request packets and
+//! retires them as acknowledgements and responses come back.
+//!
+//! PSNs are assigned when a request is posted, so the send queue is one
+//! contiguous PSN range. Go-back-N needs only a cursor into that range:
+//! on a sequence NAK, an RNR NAK or a timeout the cursor rewinds to the
+//! first unacknowledged PSN and everything from there is sent again. The
+//! responder discards or re-acknowledges what it has already executed, and
+//! answers duplicate READs and atomics from its replay cache.
+
+use super::{Path, QueuePairContext};
+use crate::queues::BoundedQueue;
+use crate::resources::Resources;
+use crate::time::Timestamp;
+use crate::verbs::{
+    CompletionStatus, Mtu, QueuePairBuilder, SendOperation, SendRequest, WorkCompletion,
+};
+use crate::{DropReason, VerbsError};
+use remora_wire::frame::emit_frame_with;
+use remora_wire::{
+    AckSyndrome, AtomicEthRepr, ExtensionHeaders, ImmDtRepr, NakCode, Opcode, ParsedFrame, Psn,
+    Qpn, RethRepr,
+};
+use std::time::Duration;
+
+/// Most unacknowledged packets in flight per queue pair.
+pub(crate) const WINDOW_PACKETS: i32 = 256;
+/// Ask for an acknowledgement at least this often within long messages.
+const ACK_REQUEST_INTERVAL_PACKETS: u32 = 16;
+/// `rnr_retry` of 7 means retry forever, as in the IB specification.
+const RNR_RETRY_FOREVER: u8 = 7;
+
+#[derive(Debug)]
+struct SendWqe {
+    request: SendRequest,
+    length_bytes: u32,
+    first_psn: Psn,
+    packet_count: u32,
+    /// SEND/WRITE: packets acknowledged. READ: response packets placed.
+    /// Atomic: 1 once the original value arrived.
+    packets_done: u32,
+    /// Counted against `max_read_atomic` since its first transmission.
+    counted_outstanding: bool,
+}
+
+impl SendWqe {
+    fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.packet_count - 1)
+    }
+
+    fn contains(&self, psn: Psn) -> bool {
+        let offset = self.first_psn.distance_to(psn);
+        offset >= 0 && (offset as u32) < self.packet_count
+    }
+
+    /// The first PSN of this request the responder has not answered.
+    fn resume_psn(&self) -> Psn {
+        self.first_psn.add(self.packets_done)
+    }
+
+    fn is_done(&self) -> bool {
+        self.packets_done == self.packet_count
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Requester {
+    queue: BoundedQueue<SendWqe>,
+    /// First PSN of the next request to be posted.
+    next_psn: Psn,
+    /// The go-back-N cursor: next PSN to (re)transmit and its queue index.
+    transmit_psn: Psn,
+    transmit_index: usize,
+    /// Highest PSN ever sent, plus one: anything before it is a retransmission.
+    sent_high_psn: Psn,
+    outstanding_read_atomic: usize,
+    retries_left: u8,
+    rnr_retries_left: u8,
+    retransmit_deadline: Option<Timestamp>,
+    rnr_resume_at: Option<Timestamp>,
+}
+
+impl Requester {
+    pub(crate) fn new(attributes: &QueuePairBuilder, initial_psn: Psn) -> Requester {
+        Requester {
+            queue: BoundedQueue::new("send queue", attributes.send_queue_depth),
+            next_psn: initial_psn,
+            transmit_psn: initial_psn,
+            transmit_index: 0,
+            sent_high_psn: initial_psn,
+            outstanding_read_atomic: 0,
+            retries_left: attributes.retry_count,
+            rnr_retries_left: attributes.rnr_retry,
+            retransmit_deadline: None,
+            rnr_resume_at: None,
+        }
+    }
+
+    /// The oldest PSN the responder has not answered.
+    fn unacked_psn(&self) -> Psn {
+        self.queue
+            .front()
+            .map_or(self.next_psn, SendWqe::resume_psn)
+    }
+
+    fn has_outstanding(&self) -> bool {
+        self.unacked_psn().precedes(self.transmit_psn)
+    }
+
+    pub(crate) fn poll_timeout(&self) -> Option<Timestamp> {
+        match (self.retransmit_deadline, self.rnr_resume_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Moves the go-back-N cursor back to `psn`.
+    fn rewind_to(&mut self, psn: Psn) {
+        let index = self
+            .queue
+            .iter()
+            .position(|wqe| wqe.contains(psn))
+            .unwrap_or(self.queue.len());
+        self.transmit_index = index;
+        self.transmit_psn = psn;
+    }
+
+    /// Completes every request with a flush error.
+    pub(crate) fn flush(
+        &mut self,
+        qpn: Qpn,
+        attributes: &QueuePairBuilder,
+        resources: &mut Resources,
+    ) {
+        while let Some(wqe) = self.queue.pop() {
+            complete(
+                qpn,
+                attributes,
+                &wqe,
+                CompletionStatus::WorkRequestFlushError,
+                resources,
+            );
+        }
+        self.transmit_index = 0;
+        self.transmit_psn = self.next_psn;
+        self.outstanding_read_atomic = 0;
+        self.retransmit_deadline = None;
+        self.rnr_resume_at = None;
+    }
+}
+
+fn complete(
+    qpn: Qpn,
+    attributes: &QueuePairBuilder,
+    wqe: &SendWqe,
+    status: CompletionStatus,
+    resources: &mut Resources,
+) {
+    if status == CompletionStatus::Success && !wqe.request.signaled {
+        return;
+    }
+    let completion = WorkCompletion {
+        work_request_id: wqe.request.work_request_id,
+        status,
+        opcode: wqe.request.operation.completion_opcode(),
+        qpn,
+        byte_len: wqe.length_bytes,
+        immediate: None,
+    };
+    resources.complete(attributes.send_completion_queue, completion);
+}
+
+/// The IB RNR timer encoding: code → minimum wait.
+const RNR_TIMER_MICROS: [u32; 32] = [
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
+    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
+    245_760, 327_680, 491_520,
+];
+
+pub(crate) fn rnr_timer_duration(code: u8) -> Duration {
+    Duration::from_micros(u64::from(RNR_TIMER_MICROS[usize::from(code & 0x1f)]))
+}
+
+/// The smallest RNR timer code that waits at least `wait`.
+pub(crate) fn rnr_timer_code(wait: Duration) -> u8 {
+    let micros = wait.as_micros();
+    (1..32u8)
+        .find(|code| u128::from(RNR_TIMER_MICROS[usize::from(*code)]) >= micros)
+        .unwrap_or(0)
+}
+
+fn validate_request(
+    request: &SendRequest,
+    attributes: &QueuePairBuilder,
+    resources: &Resources,
+    max_message_bytes: u32,
+) -> Result<u32, VerbsError> {
+    let length_bytes = request.local.total_length_bytes();
+    if length_bytes > u64::from(max_message_bytes) {
+        return Err(VerbsError::MessageTooLong {
+            length_bytes,
+            max_bytes: u64::from(max_message_bytes),
+        });
+    }
+    let writes_locally = request.operation.is_read_or_atomic();
+    resources.memory.check_local_list(
+        attributes.protection_domain,
+        &request.local,
+        writes_locally,
+    )?;
+    if let SendOperation::CompareSwap { remote, .. } | SendOperation::FetchAdd { remote, .. } =
+        request.operation
+    {
+        if remote.address.0 % 8 != 0 {
+            return Err(VerbsError::MisalignedAtomic(remote.address));
+        }
+        if length_bytes != 8 {
+            return Err(VerbsError::AtomicBufferInvalid);
+        }
+    }
+    Ok(length_bytes as u32)
+}
+
+impl QueuePairContext {
+    pub(crate) fn post_send(
+        &mut self,
+        request: SendRequest,
+        resources: &mut Resources,
+        max_message_bytes: u32,
+    ) -> Result<(), VerbsError> {
+        use crate::verbs::QueuePairState;
+        if !matches!(
+            self.state,
+            QueuePairState::ReadyToSend | QueuePairState::Error
+        ) {
+            return Err(VerbsError::InvalidState {
+                operation: "post_send",
+                state: self.state,
+            });
+        }
+        let length_bytes =
+            validate_request(&request, &self.attributes, resources, max_message_bytes)?;
+        let packet_count = if request.operation.is_atomic() {
+            1
+        } else {
+            self.attributes.path_mtu.packets_for(length_bytes)
+        };
+        let requester = &mut self.requester;
+        let first_psn = requester.next_psn;
+        requester.queue.push(SendWqe {
+            request,
+            length_bytes,
+            first_psn,
+            packet_count,
+            packets_done: 0,
+            counted_outstanding: false,
+        })?;
+        requester.next_psn = first_psn.add(packet_count);
+        if self.state == QueuePairState::Error {
+            // Work posted to a queue pair in error completes at once, flushed.
+            self.requester.flush(self.qpn, &self.attributes, resources);
+        }
+        Ok(())
+    }
+
+    /// Writes the next request packet, if the window and the read/atomic
+    /// credit allow one.
+    pub(super) fn poll_request(
+        &mut self,
+        now: Timestamp,
+        path: &Path,
+        resources: &mut Resources,
+        buffer: &mut [u8],
+    ) -> Option<usize> {
+        let requester = &mut self.requester;
+        if let Some(resume_at) = requester.rnr_resume_at {
+            if now < resume_at {
+                return None;
+            }
+            requester.rnr_resume_at = None;
+        }
+        let index = requester.transmit_index;
+        let wqe = requester.queue.get(index)?;
+        if requester.unacked_psn().distance_to(requester.transmit_psn) >= WINDOW_PACKETS {
+            return None;
+        }
+        let needs_credit = wqe.request.operation.is_read_or_atomic() && !wqe.counted_outstanding;
+        if needs_credit && requester.outstanding_read_atomic >= self.attributes.max_read_atomic {
+            return None;
+        }
+        let mtu = self.attributes.path_mtu;
+        match build_request_packet(wqe, requester.transmit_psn, mtu, path, resources, buffer) {
+            Ok((frame_len, psn_after)) => {
+                let requester = &mut self.requester;
+                if needs_credit {
+                    requester.outstanding_read_atomic += 1;
+                    requester
+                        .queue
+                        .get_mut(index)
+                        .expect("index checked")
+                        .counted_outstanding = true;
+                }
+                if requester.transmit_psn.precedes(requester.sent_high_psn) {
+                    resources.counters.packets_retransmitted += 1;
+                }
+                if requester.sent_high_psn.precedes(psn_after) {
+                    requester.sent_high_psn = psn_after;
+                }
+                let wqe_end = {
+                    let wqe = requester.queue.get(index).expect("index checked");
+                    wqe.first_psn.add(wqe.packet_count)
+                };
+                requester.transmit_psn = psn_after;
+                if psn_after == wqe_end {
+                    requester.transmit_index += 1;
+                }
+                if requester.retransmit_deadline.is_none() {
+                    requester.retransmit_deadline =
+                        Some(now.saturating_add(self.attributes.timeout));
+                }
+                Some(frame_len)
+            }
+            Err(status) => {
+                // A local buffer vanished between post and transmission.
+                self.fail_request(index, status, resources);
+                None
+            }
+        }
+    }
+
+    /// Completes the request at `index` with `status`, flushes the rest and
+    /// puts the queue pair in error.
+    fn fail_request(&mut self, index: usize, status: CompletionStatus, resources: &mut Resources) {
+        for position in 0..=index {
+            let Some(wqe) = self.requester.queue.pop() else {
+                break;
+            };
+            let this_status = if position == index {
+                status
+            } else {
+                CompletionStatus::WorkRequestFlushError
+            };
+            complete(self.qpn, &self.attributes, &wqe, this_status, resources);
+        }
+        self.enter_error(resources);
+    }
+
+    pub(super) fn handle_response(
+        &mut self,
+        now: Timestamp,
+        frame: &ParsedFrame<'_>,
+        resources: &mut Resources,
+    ) {
+        let psn = frame.repr.bth.psn;
+        let extension = &frame.repr.extension;
+        let accepted = match frame.repr.bth.opcode {
+            Opcode::Acknowledge => {
+                let syndrome = extension.aeth.expect("opcode implies AETH").syndrome;
+                self.on_acknowledge(now, psn, syndrome, resources)
+            }
+            Opcode::AtomicAcknowledge => {
+                let original = extension
+                    .atomic_ack_eth
+                    .expect("opcode implies AtomicAckETH");
+                self.on_atomic_acknowledge(now, psn, original.original_data, resources)
+            }
+            _ => self.on_read_response(now, psn, frame.payload, resources),
+        };
+        if !accepted {
+            resources
+                .counters
+                .count_drop(DropReason::UnexpectedResponse);
+        }
+    }
+
+    /// True when `psn` names a request that is in flight.
+    fn is_in_flight(&self, psn: Psn) -> bool {
+        let requester = &self.requester;
+        requester.unacked_psn().precedes_or_equals(psn) && psn.precedes(requester.sent_high_psn)
+    }
+
+    fn on_acknowledge(
+        &mut self,
+        now: Timestamp,
+        psn: Psn,
+        syndrome: AckSyndrome,
+        resources: &mut Resources,
+    ) -> bool {
+        match syndrome {
+            AckSyndrome::Ack { .. } => {
+                if !self.is_in_flight(psn) {
+                    return false;
+                }
+                self.acknowledge_through(now, psn, resources);
+            }
+            AckSyndrome::ReceiverNotReady { timer } => {
+                if !self.is_in_flight(psn) {
+                    return false;
+                }
+                resources.counters.receiver_not_ready_naks_received += 1;
+                self.acknowledge_through(now, psn.sub(1), resources);
+                self.on_receiver_not_ready(now, psn, timer, resources);
+            }
+            AckSyndrome::Nak(NakCode::PsnSequenceError) => {
+                if !self.is_in_flight(psn) {
+                    return false;
+                }
+                resources.counters.sequence_naks_received += 1;
+                self.acknowledge_through(now, psn.sub(1), resources);
+                if self.consume_retry(resources) {
+                    self.requester.rewind_to(psn);
+                }
+            }
+            AckSyndrome::Nak(code) => {
+                if !self.is_in_flight(psn) {
+                    return false;
+                }
+                resources.counters.error_naks_received += 1;
+                self.acknowledge_through(now, psn.sub(1), resources);
+                self.fail_request(0, nak_status(code), resources);
+            }
+        }
+        true
+    }
+
+    fn on_receiver_not_ready(
+        &mut self,
+        now: Timestamp,
+        psn: Psn,
+        timer: u8,
+        resources: &mut Resources,
+    ) {
+        let requester = &mut self.requester;
+        if self.attributes.rnr_retry != RNR_RETRY_FOREVER {
+            if requester.rnr_retries_left == 0 {
+                self.fail_request(
+                    0,
+                    CompletionStatus::ReceiverNotReadyRetryExceeded,
+                    resources,
+                );
+                return;
+            }
+            requester.rnr_retries_left -= 1;
+        }
+        requester.rnr_resume_at = Some(now.saturating_add(rnr_timer_duration(timer)));
+        requester.retransmit_deadline = None;
+        requester.rewind_to(psn);
+    }
+
+    /// Spends one retry; on the last one fails the oldest request.
+    fn consume_retry(&mut self, resources: &mut Resources) -> bool {
+        if self.requester.retries_left == 0 {
+            self.fail_request(0, CompletionStatus::RetryExceeded, resources);
+            return false;
+        }
+        self.requester.retries_left -= 1;
+        true
+    }
+
+    pub(crate) fn handle_timeout(&mut self, now: Timestamp, resources: &mut Resources) {
+        let requester = &mut self.requester;
+        let Some(deadline) = requester.retransmit_deadline else {
+            return;
+        };
+        if now < deadline {
+            return;
+        }
+        requester.retransmit_deadline = None;
+        if !requester.has_outstanding() {
+            return;
+        }
+        resources.counters.retransmit_timeouts += 1;
+        if self.consume_retry(resources) {
+            let unacked = self.requester.unacked_psn();
+            self.requester.rewind_to(unacked);
+        }
+    }
+
+    /// Retires everything up to and including `last_psn`.
+    fn acknowledge_through(&mut self, now: Timestamp, last_psn: Psn, resources: &mut Resources) {
+        let before = self.requester.unacked_psn();
+        let bound = self.requester.queue.len();
+        for _ in 0..bound {
+            let requester = &mut self.requester;
+            let Some(front) = requester.queue.front_mut() else {
+                break;
+            };
+            if !front.first_psn.precedes_or_equals(last_psn) {
+                break;
+            }
+            let fully_covered = front.last_psn().precedes_or_equals(last_psn);
+            if front.request.operation.is_read_or_atomic() {
+                if !front.is_done() {
+                    if fully_covered {
+                        // The responder answered later requests, so this
+                        // response was lost: an implicit NAK.
+                        let resume = front.resume_psn();
+                        requester.rewind_to(resume);
+                    }
+                    break;
+                }
+            } else if !fully_covered {
+                front.packets_done = front
+                    .packets_done
+                    .max(front.first_psn.distance_to(last_psn) as u32 + 1);
+                break;
+            }
+            self.retire_front(resources);
+        }
+        let requester = &mut self.requester;
+        let unacked = requester.unacked_psn();
+        if requester.transmit_psn.precedes(unacked) {
+            requester.rewind_to(unacked);
+        }
+        if before != unacked {
+            self.on_progress(now);
+        }
+    }
+
+    fn retire_front(&mut self, resources: &mut Resources) {
+        let requester = &mut self.requester;
+        let wqe = requester.queue.pop().expect("caller saw a front");
+        if wqe.counted_outstanding {
+            requester.outstanding_read_atomic -= 1;
+        }
+        if requester.transmit_index > 0 {
+            requester.transmit_index -= 1;
+        } else {
+            let resume = requester.unacked_psn();
+            requester.transmit_psn = resume;
+        }
+        complete(
+            self.qpn,
+            &self.attributes,
+            &wqe,
+            CompletionStatus::Success,
+            resources,
+        );
+    }
+
+    fn on_progress(&mut self, now: Timestamp) {
+        let requester = &mut self.requester;
+        requester.retries_left = self.attributes.retry_count;
+        requester.rnr_retries_left = self.attributes.rnr_retry;
+        requester.retransmit_deadline = requester
+            .has_outstanding()
+            .then(|| now.saturating_add(self.attributes.timeout));
+    }
+
+    fn on_read_response(
+        &mut self,
+        now: Timestamp,
+        psn: Psn,
+        payload: &[u8],
+        resources: &mut Resources,
+    ) -> bool {
+        if !self.is_in_flight(psn) {
+            return false;
+        }
+        let mtu = u64::from(self.attributes.path_mtu.bytes());
+        let Some(index) = self
+            .requester
+            .queue
+            .iter()
+            .position(|wqe| wqe.contains(psn))
+        else {
+            return false;
+        };
+        let wqe = self.requester.queue.get(index).expect("position found it");
+        if !matches!(wqe.request.operation, SendOperation::Read { .. }) || psn != wqe.resume_psn() {
+            // A gap or a duplicate: go-back-N waits for the packet it expects.
+            return false;
+        }
+        let offset_bytes = u64::from(wqe.packets_done) * mtu;
+        let expected_len = (u64::from(wqe.length_bytes) - offset_bytes).min(mtu);
+        if payload.len() as u64 != expected_len {
+            return false;
+        }
+        if resources
+            .memory
+            .scatter(&wqe.request.local, offset_bytes, payload)
+            .is_err()
+        {
+            self.fail_request(index, CompletionStatus::LocalProtectionError, resources);
+            return true;
+        }
+        self.requester
+            .queue
+            .get_mut(index)
+            .expect("position found it")
+            .packets_done += 1;
+        self.on_progress(now);
+        self.acknowledge_through(now, psn, resources);
+        true
+    }
+
+    fn on_atomic_acknowledge(
+        &mut self,
+        now: Timestamp,
+        psn: Psn,
+        original: u64,
+        resources: &mut Resources,
+    ) -> bool {
+        if !self.is_in_flight(psn) {
+            return false;
+        }
+        let Some(index) = self
+            .requester
+            .queue
+            .iter()
+            .position(|wqe| wqe.contains(psn))
+        else {
+            return false;
+        };
+        let wqe = self.requester.queue.get(index).expect("position found it");
+        if !wqe.request.operation.is_atomic() || wqe.is_done() {
+            return false;
+        }
+        // Host memory is little-endian, as on the x86 and Arm hosts RDMA serves.
+        if resources
+            .memory
+            .scatter(&wqe.request.local, 0, &original.to_le_bytes())
+            .is_err()
+        {
+            self.fail_request(index, CompletionStatus::LocalProtectionError, resources);
+            return true;
+        }
+        self.requester
+            .queue
+            .get_mut(index)
+            .expect("position found it")
+            .packets_done = 1;
+        self.acknowledge_through(now, psn, resources);
+        true
+    }
+}
+
+fn nak_status(code: NakCode) -> CompletionStatus {
+    match code {
+        NakCode::RemoteAccessError => CompletionStatus::RemoteAccessError,
+        NakCode::RemoteOperationalError => CompletionStatus::RemoteOperationError,
+        NakCode::InvalidRequest | NakCode::InvalidRdRequest | NakCode::PsnSequenceError => {
+            CompletionStatus::RemoteInvalidRequestError
+        }
+    }
+}
+
+/// Emits the packet of `wqe` at `psn`. Returns the frame length and the PSN
+/// the cursor moves to, or the status to fail the request with.
+fn build_request_packet(
+    wqe: &SendWqe,
+    psn: Psn,
+    mtu: Mtu,
+    path: &Path,
+    resources: &Resources,
+    buffer: &mut [u8],
+) -> Result<(usize, Psn), CompletionStatus> {
+    let mut extension = ExtensionHeaders::default();
+    let emit =
+        |opcode, psn, ack_request, extension, payload_len, offset_bytes, buffer: &mut [u8]| {
+            let repr = path.frame(opcode, psn, ack_request, extension);
+            let mut gather_result = Ok(());
+            let frame_len = emit_frame_with(&repr, payload_len, buffer, |space| {
+                gather_result = resources
+                    .memory
+                    .gather(&wqe.request.local, offset_bytes, space);
+            })
+            .expect("the device transmit buffer holds any frame");
+            gather_result
+                .map(|()| frame_len)
+                .map_err(|_| CompletionStatus::LocalProtectionError)
+        };
+    let wqe_end = wqe.first_psn.add(wqe.packet_count);
+    match wqe.request.operation {
+        SendOperation::Read { remote } => {
+            // Re-requests after a loss ask only for what has not arrived.
+            let offset_bytes = u64::from(wqe.packets_done) * u64::from(mtu.bytes());
+            extension.reth = Some(RethRepr {
+                virtual_address: remote
+                    .address
+                    .checked_add(offset_bytes)
+                    .expect("validated at post"),
+                rkey: remote.rkey,
+                dma_length: wqe.length_bytes - offset_bytes as u32,
+            });
+            let frame_len = emit(
+                Opcode::RdmaReadRequest,
+                wqe.resume_psn(),
+                true,
+                extension,
+                0,
+                0,
+                buffer,
+            )?;
+            Ok((frame_len, wqe_end))
+        }
+        SendOperation::CompareSwap {
+            remote,
+            compare,
+            swap,
+        } => {
+            extension.atomic_eth = Some(AtomicEthRepr {
+                virtual_address: remote.address,
+                rkey: remote.rkey,
+                swap_or_add: swap,
+                compare,
+            });
+            let frame_len = emit(Opcode::CompareSwap, psn, true, extension, 0, 0, buffer)?;
+            Ok((frame_len, wqe_end))
+        }
+        SendOperation::FetchAdd { remote, add } => {
+            extension.atomic_eth = Some(AtomicEthRepr {
+                virtual_address: remote.address,
+                rkey: remote.rkey,
+                swap_or_add: add,
+                compare: 0,
+            });
+            let frame_len = emit(Opcode::FetchAdd, psn, true, extension, 0, 0, buffer)?;
+            Ok((frame_len, wqe_end))
+        }
+        SendOperation::Send { immediate } | SendOperation::Write { immediate, .. } => {
+            let packet_index = wqe.first_psn.distance_to(psn) as u32;
+            debug_assert!(packet_index < wqe.packet_count);
+            let is_first = packet_index == 0;
+            let is_last = packet_index + 1 == wqe.packet_count;
+            let offset_bytes = u64::from(packet_index) * u64::from(mtu.bytes());
+            let payload_len =
+                (u64::from(wqe.length_bytes) - offset_bytes).min(u64::from(mtu.bytes()));
+            let opcode = segment_opcode(
+                &wqe.request.operation,
+                is_first,
+                is_last,
+                immediate.is_some(),
+            );
+            if opcode.has_reth() {
+                if let SendOperation::Write { remote, .. } = wqe.request.operation {
+                    extension.reth = Some(RethRepr {
+                        virtual_address: remote.address,
+                        rkey: remote.rkey,
+                        dma_length: wqe.length_bytes,
+                    });
+                }
+            }
+            if opcode.has_immediate() {
+                extension.immediate = immediate.map(|immediate| ImmDtRepr { immediate });
+            }
+            let ack_request = is_last
+                || packet_index % ACK_REQUEST_INTERVAL_PACKETS == ACK_REQUEST_INTERVAL_PACKETS - 1;
+            let frame_len = emit(
+                opcode,
+                psn,
+                ack_request,
+                extension,
+                payload_len as usize,
+                offset_bytes,
+                buffer,
+            )?;
+            Ok((frame_len, psn.add(1)))
+        }
+    }
+}
+
+fn segment_opcode(
+    operation: &SendOperation,
+    is_first: bool,
+    is_last: bool,
+    immediate: bool,
+) -> Opcode {
+    use Opcode::*;
+    let is_send = matches!(operation, SendOperation::Send { .. });
+    match (is_send, is_first, is_last, immediate) {
+        (true, true, true, false) => SendOnly,
+        (true, true, true, true) => SendOnlyWithImmediate,
+        (true, true, false, _) => SendFirst,
+        (true, false, false, _) => SendMiddle,
+        (true, false, true, false) => SendLast,
+        (true, false, true, true) => SendLastWithImmediate,
+        (false, true, true, false) => RdmaWriteOnly,
+        (false, true, true, true) => RdmaWriteOnlyWithImmediate,
+        (false, true, false, _) => RdmaWriteFirst,
+        (false, false, false, _) => RdmaWriteMiddle,
+        (false, false, true, false) => RdmaWriteLast,
+        (false, false, true, true) => RdmaWriteLastWithImmediate,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rnr_timer_codes_round_up() {
+        assert_eq!(rnr_timer_code(Duration::from_micros(10)), 1);
+        assert_eq!(rnr_timer_code(Duration::from_micros(11)), 2);
+        assert_eq!(
+            rnr_timer_duration(rnr_timer_code(Duration::from_micros(100))),
+            Duration::from_micros(120)
+        );
+        assert_eq!(rnr_timer_duration(0), Duration::from_micros(655_360));
+    }
+}

@@ -1,0 +1,677 @@
+//! The responder: executes the peer's requests exactly once, in PSN order.
+//!
+//! A request with the expected PSN executes. One with a later PSN means a
+//! packet was lost: it is dropped and, once per gap, answered with a
+//! PSN-sequence-error NAK so the requester goes back. One with an earlier
+//! PSN is a duplicate: SEND and WRITE are re-acknowledged without running
+//! again, READ and atomics are answered from the replay cache.
+//!
+//! Answers leave through a FIFO in PSN order. Consecutive ACKs merge in the
+//! FIFO, which is how acknowledgements coalesce: every request handled
+//! between two polls of the transmitter costs one ACK.
+
+use super::replay_cache::{ReplayCache, ReplayKind};
+use super::requester::rnr_timer_code;
+use super::{Path, QueuePairContext};
+use crate::memory::RemoteAccessFault;
+use crate::resources::Resources;
+use crate::verbs::{
+    AccessFlags, CompletionOpcode, CompletionStatus, QueuePairBuilder, ReceiveRequest,
+    WorkCompletion,
+};
+use crate::DropReason;
+use remora_wire::frame::emit_frame_with;
+use remora_wire::opcode::{OpcodeFamily, Segment};
+use remora_wire::{
+    AckSyndrome, AethRepr, AtomicAckEthRepr, ExtensionHeaders, Msn, NakCode, Opcode, ParsedFrame,
+    Psn, RethRepr, Rkey, VirtAddr,
+};
+use std::collections::VecDeque;
+
+#[derive(Debug, Clone, Copy)]
+enum Output {
+    Acknowledge {
+        psn: Psn,
+        syndrome: AckSyndrome,
+        msn: Msn,
+    },
+    /// Packets `[next_packet, end_packet)` of a replay-cache READ entry.
+    ReadResponse {
+        slot: usize,
+        next_packet: u32,
+        start_packet: u32,
+    },
+    AtomicAcknowledge {
+        slot: usize,
+    },
+}
+
+/// A message that spans several packets and is part-way through.
+#[derive(Debug, Clone, Copy)]
+enum InProgress {
+    Send {
+        receive: ReceiveRequest,
+        offset_bytes: u64,
+    },
+    Write {
+        rkey: Rkey,
+        next_address: VirtAddr,
+        remaining_bytes: u64,
+        total_bytes: u32,
+    },
+}
+
+/// Why a request is refused for good: the NAK and the completion status of
+/// any receive it consumed.
+#[derive(Debug, Clone, Copy)]
+struct Refusal {
+    code: NakCode,
+}
+
+#[derive(Debug)]
+pub(crate) struct Responder {
+    expected_psn: Psn,
+    msn: Msn,
+    sequence_nak_sent: bool,
+    in_progress: Option<InProgress>,
+    outputs: VecDeque<Output>,
+    output_capacity: usize,
+    replay: ReplayCache,
+}
+
+impl Responder {
+    pub(crate) fn new(attributes: &QueuePairBuilder) -> Responder {
+        // Every cached READ/atomic may have an answer queued, plus one ACK
+        // or NAK between each pair of them.
+        let output_capacity = 2 * attributes.max_destination_read_atomic + 2;
+        Responder {
+            expected_psn: Psn::new(0),
+            msn: Msn::new(0),
+            sequence_nak_sent: false,
+            in_progress: None,
+            outputs: VecDeque::with_capacity(output_capacity),
+            output_capacity,
+            replay: ReplayCache::new(attributes.max_destination_read_atomic),
+        }
+    }
+
+    pub(crate) fn start(&mut self, expected_psn: Psn) {
+        self.expected_psn = expected_psn;
+    }
+
+    fn has_room(&self) -> bool {
+        self.outputs.len() < self.output_capacity
+    }
+
+    /// Queues an ACK, merging it into a trailing ACK if there is one.
+    fn push_ack(&mut self, psn: Psn, resources: &mut Resources) {
+        let syndrome = AckSyndrome::Ack {
+            credit_count: AckSyndrome::UNLIMITED_CREDIT,
+        };
+        if let Some(Output::Acknowledge {
+            psn: last_psn,
+            syndrome: AckSyndrome::Ack { .. },
+            msn,
+        }) = self.outputs.back_mut()
+        {
+            *last_psn = psn;
+            *msn = self.msn;
+            resources.counters.acks_coalesced += 1;
+            return;
+        }
+        self.push(Output::Acknowledge {
+            psn,
+            syndrome,
+            msn: self.msn,
+        });
+    }
+
+    fn push(&mut self, output: Output) {
+        assert!(
+            self.outputs.len() < self.output_capacity,
+            "caller checked has_room"
+        );
+        self.outputs.push_back(output);
+    }
+
+    /// Drops queued answers that refer to a replay slot about to be reused.
+    fn forget_slot(&mut self, slot: usize) {
+        self.outputs.retain(|output| match output {
+            Output::ReadResponse { slot: queued, .. }
+            | Output::AtomicAcknowledge { slot: queued } => *queued != slot,
+            Output::Acknowledge { .. } => true,
+        });
+    }
+}
+
+fn access_needed(opcode: Opcode) -> AccessFlags {
+    match opcode.family() {
+        OpcodeFamily::RdmaWrite => AccessFlags::REMOTE_WRITE,
+        OpcodeFamily::RdmaReadRequest => AccessFlags::REMOTE_READ,
+        _ => AccessFlags::REMOTE_ATOMIC,
+    }
+}
+
+impl QueuePairContext {
+    pub(super) fn handle_request(&mut self, frame: &ParsedFrame<'_>, resources: &mut Resources) {
+        let psn = frame.repr.bth.psn;
+        let distance = self.responder.expected_psn.distance_to(psn);
+        if !self.responder.has_room() {
+            resources.counters.count_drop(DropReason::ResponderBusy);
+            return;
+        }
+        if distance > 0 {
+            self.on_out_of_sequence(resources);
+        } else if distance < 0 {
+            self.on_duplicate(frame, resources);
+        } else {
+            self.on_expected_request(frame, resources);
+        }
+    }
+
+    fn on_out_of_sequence(&mut self, resources: &mut Resources) {
+        resources.counters.count_drop(DropReason::OutOfSequence);
+        let responder = &mut self.responder;
+        if responder.sequence_nak_sent {
+            return;
+        }
+        responder.sequence_nak_sent = true;
+        resources.counters.sequence_naks_sent += 1;
+        let nak = Output::Acknowledge {
+            psn: responder.expected_psn,
+            syndrome: AckSyndrome::Nak(NakCode::PsnSequenceError),
+            msn: responder.msn,
+        };
+        responder.push(nak);
+    }
+
+    fn on_duplicate(&mut self, frame: &ParsedFrame<'_>, resources: &mut Resources) {
+        resources.counters.duplicate_requests += 1;
+        let psn = frame.repr.bth.psn;
+        let responder = &mut self.responder;
+        match frame.repr.bth.opcode.family() {
+            OpcodeFamily::RdmaReadRequest | OpcodeFamily::Atomic => {
+                let Some((slot, packet_offset)) = responder.replay.find(psn) else {
+                    resources
+                        .counters
+                        .count_drop(DropReason::DuplicateNotReplayable);
+                    return;
+                };
+                match responder.replay.entry(slot).kind {
+                    ReplayKind::Read => {
+                        resources.counters.replayed_reads += 1;
+                        responder.push(Output::ReadResponse {
+                            slot,
+                            next_packet: packet_offset,
+                            start_packet: packet_offset,
+                        });
+                    }
+                    ReplayKind::Atomic { .. } => {
+                        resources.counters.replayed_atomics += 1;
+                        responder.push(Output::AtomicAcknowledge { slot });
+                    }
+                }
+            }
+            _ => {
+                let last_done = responder.expected_psn.sub(1);
+                responder.push_ack(last_done, resources);
+            }
+        }
+    }
+
+    fn on_expected_request(&mut self, frame: &ParsedFrame<'_>, resources: &mut Resources) {
+        self.responder.sequence_nak_sent = false;
+        let opcode = frame.repr.bth.opcode;
+        let continues = matches!(opcode.segment(), Segment::Middle | Segment::Last);
+        let sequence_ok = match (self.responder.in_progress, opcode.family()) {
+            (Some(InProgress::Send { .. }), OpcodeFamily::Send) => continues,
+            (Some(InProgress::Write { .. }), OpcodeFamily::RdmaWrite) => continues,
+            (Some(_), _) => false,
+            (None, _) => !continues,
+        };
+        if !sequence_ok || opcode.has_invalidate() {
+            self.refuse(
+                frame.repr.bth.psn,
+                Refusal {
+                    code: NakCode::InvalidRequest,
+                },
+                None,
+                resources,
+            );
+            return;
+        }
+        let outcome = match opcode.family() {
+            OpcodeFamily::Send => self.execute_send(frame, resources),
+            OpcodeFamily::RdmaWrite => self.execute_write(frame, resources),
+            OpcodeFamily::RdmaReadRequest => self.execute_read(frame, resources),
+            OpcodeFamily::Atomic => self.execute_atomic(frame, resources),
+            _ => unreachable!("is_request() covers exactly these families"),
+        };
+        match outcome {
+            Ok(Step::Done { psn_count }) => {
+                let responder = &mut self.responder;
+                responder.expected_psn = responder.expected_psn.add(psn_count);
+                // READ and atomic answers acknowledge implicitly.
+                let answered = matches!(
+                    opcode.family(),
+                    OpcodeFamily::RdmaReadRequest | OpcodeFamily::Atomic
+                );
+                if frame.repr.bth.ack_request && !answered {
+                    let last = responder.expected_psn.sub(1);
+                    responder.push_ack(last, resources);
+                }
+            }
+            Ok(Step::ReceiverNotReady) => {
+                resources.counters.receiver_not_ready_naks_sent += 1;
+                let responder = &mut self.responder;
+                let timer = rnr_timer_code(self.attributes.min_rnr_timer);
+                let nak = Output::Acknowledge {
+                    psn: responder.expected_psn,
+                    syndrome: AckSyndrome::ReceiverNotReady { timer },
+                    msn: responder.msn,
+                };
+                responder.push(nak);
+            }
+            Err((refusal, consumed_receive)) => {
+                self.refuse(frame.repr.bth.psn, refusal, consumed_receive, resources)
+            }
+        }
+    }
+
+    /// NAKs a request for good and puts the queue pair in error. A receive
+    /// the request consumed completes with the matching local error.
+    fn refuse(
+        &mut self,
+        psn: Psn,
+        refusal: Refusal,
+        consumed_receive: Option<(ReceiveRequest, CompletionStatus)>,
+        resources: &mut Resources,
+    ) {
+        resources.counters.error_naks_sent += 1;
+        if let Some((receive, status)) = consumed_receive {
+            self.complete_receive(
+                &receive,
+                status,
+                CompletionOpcode::Receive,
+                0,
+                None,
+                resources,
+            );
+        }
+        let responder = &mut self.responder;
+        responder.in_progress = None;
+        let nak = Output::Acknowledge {
+            psn,
+            syndrome: AckSyndrome::Nak(refusal.code),
+            msn: responder.msn,
+        };
+        responder.push(nak);
+        self.enter_error(resources);
+    }
+
+    fn complete_receive(
+        &mut self,
+        receive: &ReceiveRequest,
+        status: CompletionStatus,
+        opcode: CompletionOpcode,
+        byte_len: u32,
+        immediate: Option<u32>,
+        resources: &mut Resources,
+    ) {
+        let completion = WorkCompletion {
+            work_request_id: receive.work_request_id,
+            status,
+            opcode,
+            qpn: self.qpn,
+            byte_len,
+            immediate,
+        };
+        resources.complete(self.attributes.receive_completion_queue, completion);
+    }
+
+    fn take_receive(&mut self, resources: &mut Resources) -> Option<ReceiveRequest> {
+        match self.attributes.shared_receive_queue {
+            Some(queue) => resources.shared_receive_queue(queue).pop(),
+            None => self.receive_queue.pop(),
+        }
+    }
+
+    fn has_receive(&self, resources: &mut Resources) -> bool {
+        match self.attributes.shared_receive_queue {
+            Some(queue) => !resources.shared_receive_queue(queue).is_empty(),
+            None => !self.receive_queue.is_empty(),
+        }
+    }
+
+    /// Checks a payload's length against its place in a message.
+    fn payload_fits(&self, opcode: Opcode, payload_len: usize) -> bool {
+        let mtu = self.attributes.path_mtu.bytes() as usize;
+        match opcode.segment() {
+            Segment::First | Segment::Middle => payload_len == mtu,
+            Segment::Last => payload_len > 0 && payload_len <= mtu,
+            Segment::Only => payload_len <= mtu,
+        }
+    }
+
+    fn execute_send(&mut self, frame: &ParsedFrame<'_>, resources: &mut Resources) -> StepResult {
+        let opcode = frame.repr.bth.opcode;
+        if !self.payload_fits(opcode, frame.payload.len()) {
+            return Err((
+                Refusal {
+                    code: NakCode::InvalidRequest,
+                },
+                None,
+            ));
+        }
+        let (receive, offset_bytes) = match self.responder.in_progress {
+            Some(InProgress::Send {
+                receive,
+                offset_bytes,
+            }) => (receive, offset_bytes),
+            _ => match self.take_receive(resources) {
+                Some(receive) => (receive, 0),
+                None => return Ok(Step::ReceiverNotReady),
+            },
+        };
+        let end = offset_bytes + frame.payload.len() as u64;
+        if end > receive.local.total_length_bytes() {
+            let status = CompletionStatus::LocalLengthError;
+            return Err((
+                Refusal {
+                    code: NakCode::InvalidRequest,
+                },
+                Some((receive, status)),
+            ));
+        }
+        if resources
+            .memory
+            .scatter(&receive.local, offset_bytes, frame.payload)
+            .is_err()
+        {
+            let status = CompletionStatus::LocalProtectionError;
+            return Err((
+                Refusal {
+                    code: NakCode::RemoteOperationalError,
+                },
+                Some((receive, status)),
+            ));
+        }
+        if matches!(opcode.segment(), Segment::Last | Segment::Only) {
+            self.responder.in_progress = None;
+            self.responder.msn = self.responder.msn.next();
+            let immediate = frame
+                .repr
+                .extension
+                .immediate
+                .map(|header| header.immediate);
+            let opcode = CompletionOpcode::Receive;
+            self.complete_receive(
+                &receive,
+                CompletionStatus::Success,
+                opcode,
+                end as u32,
+                immediate,
+                resources,
+            );
+        } else {
+            self.responder.in_progress = Some(InProgress::Send {
+                receive,
+                offset_bytes: end,
+            });
+        }
+        Ok(Step::Done { psn_count: 1 })
+    }
+
+    fn execute_write(&mut self, frame: &ParsedFrame<'_>, resources: &mut Resources) -> StepResult {
+        let opcode = frame.repr.bth.opcode;
+        let refuse_invalid = Err((
+            Refusal {
+                code: NakCode::InvalidRequest,
+            },
+            None,
+        ));
+        if !self.payload_fits(opcode, frame.payload.len()) {
+            return refuse_invalid;
+        }
+        // WRITE-with-immediate consumes a receive; make sure one is there
+        // before touching memory, so an RNR retry writes nothing twice.
+        if opcode.has_immediate() && !self.has_receive(resources) {
+            return Ok(Step::ReceiverNotReady);
+        }
+        let (rkey, address, remaining_bytes, total_bytes) =
+            match (self.responder.in_progress, frame.repr.extension.reth) {
+                (
+                    Some(InProgress::Write {
+                        rkey,
+                        next_address,
+                        remaining_bytes,
+                        total_bytes,
+                    }),
+                    None,
+                ) => (rkey, next_address, remaining_bytes, total_bytes),
+                (None, Some(reth)) => (
+                    reth.rkey,
+                    reth.virtual_address,
+                    u64::from(reth.dma_length),
+                    reth.dma_length,
+                ),
+                _ => return refuse_invalid,
+            };
+        let payload_len = frame.payload.len() as u64;
+        let is_end = matches!(opcode.segment(), Segment::Last | Segment::Only);
+        if payload_len > remaining_bytes || (is_end && payload_len != remaining_bytes) {
+            return refuse_invalid;
+        }
+        let pd = self.attributes.protection_domain;
+        let checked = resources.memory.check_remote(
+            pd,
+            rkey,
+            address,
+            payload_len,
+            AccessFlags::REMOTE_WRITE,
+        );
+        let (slot, range) = checked.map_err(|fault| (access_refusal(fault), None))?;
+        resources.memory.slot_bytes_mut(slot)[range].copy_from_slice(frame.payload);
+        if is_end {
+            self.responder.in_progress = None;
+            self.responder.msn = self.responder.msn.next();
+            if let Some(header) = frame.repr.extension.immediate {
+                let receive = self.take_receive(resources).expect("checked above");
+                let opcode = CompletionOpcode::ReceiveRdmaWithImmediate;
+                self.complete_receive(
+                    &receive,
+                    CompletionStatus::Success,
+                    opcode,
+                    total_bytes,
+                    Some(header.immediate),
+                    resources,
+                );
+            }
+        } else {
+            self.responder.in_progress = Some(InProgress::Write {
+                rkey,
+                next_address: VirtAddr(address.0 + payload_len),
+                remaining_bytes: remaining_bytes - payload_len,
+                total_bytes,
+            });
+        }
+        Ok(Step::Done { psn_count: 1 })
+    }
+
+    fn execute_read(&mut self, frame: &ParsedFrame<'_>, resources: &mut Resources) -> StepResult {
+        let reth: RethRepr = frame.repr.extension.reth.expect("opcode implies RETH");
+        let length = u64::from(reth.dma_length);
+        let pd = self.attributes.protection_domain;
+        let checked = resources.memory.check_remote(
+            pd,
+            reth.rkey,
+            reth.virtual_address,
+            length,
+            access_needed(Opcode::RdmaReadRequest),
+        );
+        let (region_slot, range) = checked.map_err(|fault| (access_refusal(fault), None))?;
+        let packet_count = self.attributes.path_mtu.packets_for(reth.dma_length);
+        let responder = &mut self.responder;
+        responder.msn = responder.msn.next();
+        let slot = responder.replay.insert(
+            frame.repr.bth.psn,
+            packet_count,
+            ReplayKind::Read,
+            responder.msn,
+        );
+        responder.forget_slot(slot);
+        // Snapshot now: a later WRITE on this queue pair must not change
+        // what this READ returns, even if its answer is still queued.
+        let data = &mut responder.replay.entry_mut(slot).data;
+        data.extend_from_slice(&resources.memory.slot_bytes(region_slot)[range]);
+        responder.push(Output::ReadResponse {
+            slot,
+            next_packet: 0,
+            start_packet: 0,
+        });
+        Ok(Step::Done {
+            psn_count: packet_count,
+        })
+    }
+
+    fn execute_atomic(&mut self, frame: &ParsedFrame<'_>, resources: &mut Resources) -> StepResult {
+        let atomic = frame
+            .repr
+            .extension
+            .atomic_eth
+            .expect("opcode implies AtomicETH");
+        if atomic.virtual_address.0 % 8 != 0 {
+            return Err((
+                Refusal {
+                    code: NakCode::InvalidRequest,
+                },
+                None,
+            ));
+        }
+        let pd = self.attributes.protection_domain;
+        let checked = resources.memory.check_remote(
+            pd,
+            atomic.rkey,
+            atomic.virtual_address,
+            8,
+            AccessFlags::REMOTE_ATOMIC,
+        );
+        let (region_slot, range) = checked.map_err(|fault| (access_refusal(fault), None))?;
+        let target = &mut resources.memory.slot_bytes_mut(region_slot)[range];
+        let original = u64::from_le_bytes(target.try_into().expect("8-byte range"));
+        let updated = match frame.repr.bth.opcode {
+            Opcode::CompareSwap if original == atomic.compare => atomic.swap_or_add,
+            Opcode::CompareSwap => original,
+            _ => original.wrapping_add(atomic.swap_or_add),
+        };
+        target.copy_from_slice(&updated.to_le_bytes());
+        let responder = &mut self.responder;
+        responder.msn = responder.msn.next();
+        let slot = responder.replay.insert(
+            frame.repr.bth.psn,
+            1,
+            ReplayKind::Atomic { original },
+            responder.msn,
+        );
+        responder.forget_slot(slot);
+        responder.push(Output::AtomicAcknowledge { slot });
+        Ok(Step::Done { psn_count: 1 })
+    }
+
+    /// Writes the next queued answer, if any.
+    pub(super) fn poll_response(
+        &mut self,
+        path: &Path,
+        resources: &mut Resources,
+        buffer: &mut [u8],
+    ) -> Option<usize> {
+        let output = *self.responder.outputs.front()?;
+        let mtu = self.attributes.path_mtu.bytes() as usize;
+        let mut extension = ExtensionHeaders::default();
+        let responder = &mut self.responder;
+        let frame_len = match output {
+            Output::Acknowledge { psn, syndrome, msn } => {
+                responder.outputs.pop_front();
+                if matches!(syndrome, AckSyndrome::Ack { .. }) {
+                    resources.counters.acks_sent += 1;
+                }
+                extension.aeth = Some(AethRepr { syndrome, msn });
+                let repr = path.frame(Opcode::Acknowledge, psn, false, extension);
+                emit_frame_with(&repr, 0, buffer, |_| {})
+            }
+            Output::AtomicAcknowledge { slot } => {
+                responder.outputs.pop_front();
+                let entry = responder.replay.entry(slot);
+                let ReplayKind::Atomic { original } = entry.kind else {
+                    unreachable!("atomic outputs point at atomic entries");
+                };
+                extension.aeth = Some(ack_aeth(entry.msn));
+                extension.atomic_ack_eth = Some(AtomicAckEthRepr {
+                    original_data: original,
+                });
+                let repr = path.frame(Opcode::AtomicAcknowledge, entry.first_psn, false, extension);
+                emit_frame_with(&repr, 0, buffer, |_| {})
+            }
+            Output::ReadResponse {
+                slot,
+                next_packet,
+                start_packet,
+            } => {
+                let entry = responder.replay.entry(slot);
+                let is_first = next_packet == start_packet;
+                let is_last = next_packet + 1 == entry.packet_count;
+                let opcode = match (is_first, is_last) {
+                    (true, true) => Opcode::RdmaReadResponseOnly,
+                    (true, false) => Opcode::RdmaReadResponseFirst,
+                    (false, false) => Opcode::RdmaReadResponseMiddle,
+                    (false, true) => Opcode::RdmaReadResponseLast,
+                };
+                if opcode.has_aeth() {
+                    extension.aeth = Some(ack_aeth(entry.msn));
+                }
+                let start = next_packet as usize * mtu;
+                let end = (start + mtu).min(entry.data.len());
+                let payload = &entry.data[start..end];
+                let repr = path.frame(opcode, entry.first_psn.add(next_packet), false, extension);
+                let written = emit_frame_with(&repr, payload.len(), buffer, |space| {
+                    space.copy_from_slice(payload)
+                });
+                if is_last {
+                    responder.outputs.pop_front();
+                } else if let Some(Output::ReadResponse { next_packet, .. }) =
+                    responder.outputs.front_mut()
+                {
+                    *next_packet += 1;
+                }
+                written
+            }
+        };
+        Some(frame_len.expect("the device transmit buffer holds any frame"))
+    }
+}
+
+fn ack_aeth(msn: Msn) -> AethRepr {
+    AethRepr {
+        syndrome: AckSyndrome::Ack {
+            credit_count: AckSyndrome::UNLIMITED_CREDIT,
+        },
+        msn,
+    }
+}
+
+fn access_refusal(_fault: RemoteAccessFault) -> Refusal {
+    // Every flavour of access violation is one NAK on the wire; the device
+    // counters keep nothing finer, as real RNICs report only the syndrome.
+    Refusal {
+        code: NakCode::RemoteAccessError,
+    }
+}
+
+enum Step {
+    /// Executed; the expected PSN advances by this many.
+    Done { psn_count: u32 },
+    /// No receive buffer: RNR NAK and wait for the retry.
+    ReceiverNotReady,
+}
+
+type StepResult = Result<Step, (Refusal, Option<(ReceiveRequest, CompletionStatus)>)>;

@@ -1,0 +1,154 @@
+//! Fixed-depth queues: the SQ, RQ, SRQ and CQ. Memory is reserved at
+//! creation and a full queue refuses work instead of growing.
+
+use crate::error::VerbsError;
+use crate::verbs::WorkCompletion;
+use std::collections::VecDeque;
+
+#[derive(Debug)]
+pub(crate) struct BoundedQueue<T> {
+    entries: VecDeque<T>,
+    depth: usize,
+    name: &'static str,
+}
+
+impl<T> BoundedQueue<T> {
+    pub(crate) fn new(name: &'static str, depth: usize) -> BoundedQueue<T> {
+        assert!(depth > 0);
+        BoundedQueue {
+            entries: VecDeque::with_capacity(depth),
+            depth,
+            name,
+        }
+    }
+
+    pub(crate) fn push(&mut self, entry: T) -> Result<(), VerbsError> {
+        if self.entries.len() == self.depth {
+            return Err(VerbsError::QueueFull { queue: self.name });
+        }
+        self.entries.push_back(entry);
+        Ok(())
+    }
+
+    pub(crate) fn pop(&mut self) -> Option<T> {
+        self.entries.pop_front()
+    }
+
+    pub(crate) fn front(&self) -> Option<&T> {
+        self.entries.front()
+    }
+
+    pub(crate) fn front_mut(&mut self) -> Option<&mut T> {
+        self.entries.front_mut()
+    }
+
+    pub(crate) fn get(&self, index: usize) -> Option<&T> {
+        self.entries.get(index)
+    }
+
+    pub(crate) fn get_mut(&mut self, index: usize) -> Option<&mut T> {
+        self.entries.get_mut(index)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.entries.iter()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Checks a requested depth against a device limit.
+pub(crate) fn check_depth(
+    queue: &'static str,
+    requested: usize,
+    max: usize,
+) -> Result<(), VerbsError> {
+    if requested == 0 || requested > max {
+        return Err(VerbsError::InvalidQueueDepth {
+            queue,
+            requested,
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// A completion queue. Overrunning it loses a completion, which IB treats
+/// as a catastrophic error of the queue: from then on polling reports
+/// `CompletionQueueOverrun` rather than pretend nothing was lost.
+#[derive(Debug)]
+pub(crate) struct CompletionRing {
+    queue: BoundedQueue<WorkCompletion>,
+    overrun: bool,
+}
+
+impl CompletionRing {
+    pub(crate) fn new(depth: usize) -> CompletionRing {
+        CompletionRing {
+            queue: BoundedQueue::new("completion queue", depth),
+            overrun: false,
+        }
+    }
+
+    /// Returns false when the completion was lost to an overrun.
+    pub(crate) fn push(&mut self, completion: WorkCompletion) -> bool {
+        if self.overrun || self.queue.push(completion).is_err() {
+            self.overrun = true;
+            return false;
+        }
+        true
+    }
+
+    pub(crate) fn pop(&mut self) -> Result<Option<WorkCompletion>, VerbsError> {
+        if self.overrun {
+            return Err(VerbsError::CompletionQueueOverrun);
+        }
+        Ok(self.queue.pop())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::{CompletionOpcode, CompletionStatus};
+    use remora_wire::Qpn;
+
+    fn completion(id: u64) -> WorkCompletion {
+        WorkCompletion {
+            work_request_id: id,
+            status: CompletionStatus::Success,
+            opcode: CompletionOpcode::Send,
+            qpn: Qpn::new(1).unwrap(),
+            byte_len: 0,
+            immediate: None,
+        }
+    }
+
+    #[test]
+    fn a_full_queue_refuses_work() {
+        let mut queue = BoundedQueue::new("send queue", 2);
+        queue.push(1).unwrap();
+        queue.push(2).unwrap();
+        assert_eq!(
+            queue.push(3),
+            Err(VerbsError::QueueFull {
+                queue: "send queue"
+            })
+        );
+        assert_eq!(queue.pop(), Some(1));
+    }
+
+    #[test]
+    fn an_overrun_completion_queue_reports_the_loss() {
+        let mut ring = CompletionRing::new(1);
+        assert!(ring.push(completion(1)));
+        assert!(!ring.push(completion(2)));
+        assert_eq!(ring.pop(), Err(VerbsError::CompletionQueueOverrun));
+    }
+}

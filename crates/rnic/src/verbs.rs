@@ -1,0 +1,454 @@
+//! The verbs API: the nouns of the `ibverbs` crate (context, protection
+//! domain, memory region, completion queue, queue-pair builder, prepared
+//! queue pair, endpoint handshake) behind a trait, so a hardware backend can
+//! stand where the soft RNIC stands.
+
+use crate::error::VerbsError;
+use remora_wire::{Ipv4Address, MacAddress, Psn, Qpn, Rkey, VirtAddr};
+use std::fmt;
+use std::ops::BitOr;
+use std::time::Duration;
+
+/// Local key: names a memory region to its own device.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Lkey(pub u32);
+
+impl fmt::Debug for Lkey {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "Lkey({:#010x})", self.0)
+    }
+}
+
+/// Memory region access rights, as in `ibv_access_flags`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+pub struct AccessFlags(u8);
+
+impl AccessFlags {
+    pub const NONE: AccessFlags = AccessFlags(0);
+    pub const LOCAL_WRITE: AccessFlags = AccessFlags(1);
+    pub const REMOTE_WRITE: AccessFlags = AccessFlags(2);
+    pub const REMOTE_READ: AccessFlags = AccessFlags(4);
+    pub const REMOTE_ATOMIC: AccessFlags = AccessFlags(8);
+    pub const ALL: AccessFlags = AccessFlags(15);
+
+    pub const fn contains(self, other: AccessFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for AccessFlags {
+    type Output = AccessFlags;
+    fn bitor(self, other: AccessFlags) -> AccessFlags {
+        AccessFlags(self.0 | other.0)
+    }
+}
+
+/// Handles. They are plain numbers: the device owns the objects.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct ProtectionDomain(pub(crate) u32);
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct CompletionQueue(pub(crate) u32);
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct SharedReceiveQueue(pub(crate) u32);
+
+/// A registered memory region, as its owner sees it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct MemoryRegion {
+    pub lkey: Lkey,
+    pub rkey: Rkey,
+    pub address: VirtAddr,
+    pub length_bytes: u64,
+    pub access: AccessFlags,
+}
+
+impl MemoryRegion {
+    /// A scatter/gather element covering `[offset, offset + length)` of the region.
+    pub fn slice(&self, offset_bytes: u64, length_bytes: u32) -> ScatterGatherElement {
+        ScatterGatherElement {
+            address: VirtAddr(self.address.0 + offset_bytes),
+            length_bytes,
+            lkey: self.lkey,
+        }
+    }
+
+    /// The remote view of `offset` in the region, to hand to a peer.
+    pub fn remote(&self, offset_bytes: u64) -> RemoteAddress {
+        RemoteAddress {
+            address: VirtAddr(self.address.0 + offset_bytes),
+            rkey: self.rkey,
+        }
+    }
+}
+
+/// Path MTU: the largest payload of one packet.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Mtu(u32);
+
+impl Mtu {
+    pub const MTU_256: Mtu = Mtu(256);
+    pub const MTU_1024: Mtu = Mtu(1024);
+    pub const MTU_4096: Mtu = Mtu(4096);
+
+    pub fn new(bytes: u32) -> Result<Mtu, VerbsError> {
+        match bytes {
+            256 | 512 | 1024 | 2048 | 4096 => Ok(Mtu(bytes)),
+            other => Err(VerbsError::InvalidMtu(other)),
+        }
+    }
+
+    pub const fn bytes(self) -> u32 {
+        self.0
+    }
+
+    /// Packets a message of `length_bytes` needs (at least one).
+    pub const fn packets_for(self, length_bytes: u32) -> u32 {
+        if length_bytes == 0 {
+            1
+        } else {
+            length_bytes.div_ceil(self.0)
+        }
+    }
+}
+
+/// One local buffer of a work request.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct ScatterGatherElement {
+    pub address: VirtAddr,
+    pub length_bytes: u32,
+    pub lkey: Lkey,
+}
+
+/// The most scatter/gather elements one work request may carry.
+pub const MAX_SCATTER_GATHER_ELEMENTS: usize = 4;
+
+/// A bounded, inline list of scatter/gather elements: no allocation per
+/// work request.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct ScatterGatherList {
+    elements: [ScatterGatherElement; MAX_SCATTER_GATHER_ELEMENTS],
+    count: usize,
+}
+
+impl ScatterGatherList {
+    pub fn new(elements: &[ScatterGatherElement]) -> Result<ScatterGatherList, VerbsError> {
+        if elements.len() > MAX_SCATTER_GATHER_ELEMENTS {
+            return Err(VerbsError::TooManyScatterGatherElements {
+                count: elements.len(),
+                max: MAX_SCATTER_GATHER_ELEMENTS,
+            });
+        }
+        let mut list = ScatterGatherList::default();
+        list.elements[..elements.len()].copy_from_slice(elements);
+        list.count = elements.len();
+        Ok(list)
+    }
+
+    pub fn single(element: ScatterGatherElement) -> ScatterGatherList {
+        ScatterGatherList::new(&[element]).expect("one element always fits")
+    }
+
+    pub fn as_slice(&self) -> &[ScatterGatherElement] {
+        &self.elements[..self.count]
+    }
+
+    pub fn total_length_bytes(&self) -> u64 {
+        self.as_slice()
+            .iter()
+            .map(|element| u64::from(element.length_bytes))
+            .sum()
+    }
+}
+
+/// Where a one-sided operation lands on the peer.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct RemoteAddress {
+    pub address: VirtAddr,
+    pub rkey: Rkey,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SendOperation {
+    Send {
+        immediate: Option<u32>,
+    },
+    Write {
+        remote: RemoteAddress,
+        immediate: Option<u32>,
+    },
+    Read {
+        remote: RemoteAddress,
+    },
+    CompareSwap {
+        remote: RemoteAddress,
+        compare: u64,
+        swap: u64,
+    },
+    FetchAdd {
+        remote: RemoteAddress,
+        add: u64,
+    },
+}
+
+impl SendOperation {
+    pub fn is_read_or_atomic(&self) -> bool {
+        matches!(
+            self,
+            SendOperation::Read { .. }
+                | SendOperation::CompareSwap { .. }
+                | SendOperation::FetchAdd { .. }
+        )
+    }
+
+    pub fn is_atomic(&self) -> bool {
+        matches!(
+            self,
+            SendOperation::CompareSwap { .. } | SendOperation::FetchAdd { .. }
+        )
+    }
+
+    pub fn completion_opcode(&self) -> CompletionOpcode {
+        match self {
+            SendOperation::Send { .. } => CompletionOpcode::Send,
+            SendOperation::Write { .. } => CompletionOpcode::RdmaWrite,
+            SendOperation::Read { .. } => CompletionOpcode::RdmaRead,
+            SendOperation::CompareSwap { .. } => CompletionOpcode::CompareSwap,
+            SendOperation::FetchAdd { .. } => CompletionOpcode::FetchAdd,
+        }
+    }
+}
+
+/// A send-queue work request. For READ the local list is the destination;
+/// for atomics it is one 8-byte buffer that receives the original value.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct SendRequest {
+    pub work_request_id: u64,
+    pub operation: SendOperation,
+    pub local: ScatterGatherList,
+    /// Unsignaled requests complete silently on success; errors always
+    /// produce a completion.
+    pub signaled: bool,
+}
+
+impl SendRequest {
+    pub fn new(
+        work_request_id: u64,
+        operation: SendOperation,
+        local: &[ScatterGatherElement],
+    ) -> Result<SendRequest, VerbsError> {
+        Ok(SendRequest {
+            work_request_id,
+            operation,
+            local: ScatterGatherList::new(local)?,
+            signaled: true,
+        })
+    }
+}
+
+/// A receive work request: where an incoming SEND lands.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ReceiveRequest {
+    pub work_request_id: u64,
+    pub local: ScatterGatherList,
+}
+
+impl ReceiveRequest {
+    pub fn new(
+        work_request_id: u64,
+        local: &[ScatterGatherElement],
+    ) -> Result<ReceiveRequest, VerbsError> {
+        Ok(ReceiveRequest {
+            work_request_id,
+            local: ScatterGatherList::new(local)?,
+        })
+    }
+}
+
+/// Completion statuses, named after `ibv_wc_status`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum CompletionStatus {
+    Success,
+    LocalLengthError,
+    LocalQueuePairOperationError,
+    LocalProtectionError,
+    WorkRequestFlushError,
+    BadResponseError,
+    LocalAccessError,
+    RemoteInvalidRequestError,
+    RemoteAccessError,
+    RemoteOperationError,
+    RetryExceeded,
+    ReceiverNotReadyRetryExceeded,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum CompletionOpcode {
+    Send,
+    RdmaWrite,
+    RdmaRead,
+    CompareSwap,
+    FetchAdd,
+    Receive,
+    ReceiveRdmaWithImmediate,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct WorkCompletion {
+    pub work_request_id: u64,
+    pub status: CompletionStatus,
+    pub opcode: CompletionOpcode,
+    pub qpn: Qpn,
+    /// Bytes received, for receive completions.
+    pub byte_len: u32,
+    pub immediate: Option<u32>,
+}
+
+/// What a peer needs to connect to a queue pair: the out-of-band exchange
+/// that `rdma_cm` or a TCP side channel performs on real hardware.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct QueuePairEndpoint {
+    pub qpn: Qpn,
+    pub address: Ipv4Address,
+    pub mac: MacAddress,
+    pub initial_psn: Psn,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum QueuePairState {
+    Reset,
+    Init,
+    ReadyToReceive,
+    ReadyToSend,
+    Error,
+}
+
+/// Queue-pair attributes, chosen before the handshake.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct QueuePairBuilder {
+    pub protection_domain: ProtectionDomain,
+    pub send_completion_queue: CompletionQueue,
+    pub receive_completion_queue: CompletionQueue,
+    pub shared_receive_queue: Option<SharedReceiveQueue>,
+    pub send_queue_depth: usize,
+    pub receive_queue_depth: usize,
+    pub path_mtu: Mtu,
+    /// Go-back-N retransmission timeout.
+    pub timeout: Duration,
+    /// Retransmissions after a timeout or sequence error before giving up (0..=7).
+    pub retry_count: u8,
+    /// Retries after RNR NAKs (0..=7; 7 means forever, as in IB).
+    pub rnr_retry: u8,
+    /// Wait this responder asks of a requester in its RNR NAKs.
+    pub min_rnr_timer: Duration,
+    /// Outstanding READ/atomic requests this side may issue.
+    pub max_read_atomic: usize,
+    /// Outstanding READ/atomic requests this side serves (replay cache size).
+    pub max_destination_read_atomic: usize,
+    /// Fixed initial send PSN; drawn from the device otherwise.
+    pub initial_psn: Option<Psn>,
+}
+
+impl QueuePairBuilder {
+    pub fn new(
+        protection_domain: ProtectionDomain,
+        send_completion_queue: CompletionQueue,
+        receive_completion_queue: CompletionQueue,
+    ) -> QueuePairBuilder {
+        QueuePairBuilder {
+            protection_domain,
+            send_completion_queue,
+            receive_completion_queue,
+            shared_receive_queue: None,
+            send_queue_depth: 128,
+            receive_queue_depth: 128,
+            path_mtu: Mtu::MTU_4096,
+            timeout: Duration::from_millis(1),
+            retry_count: 7,
+            rnr_retry: 7,
+            min_rnr_timer: Duration::from_micros(20),
+            max_read_atomic: 16,
+            max_destination_read_atomic: 16,
+            initial_psn: None,
+        }
+    }
+}
+
+/// A queue pair that exists but has not yet met its peer.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct PreparedQueuePair {
+    pub qpn: Qpn,
+    pub endpoint: QueuePairEndpoint,
+}
+
+/// A connected queue pair.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct QueuePair(pub Qpn);
+
+/// Explicit state transitions, as `ibv_modify_qp` performs them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum QueuePairTransition {
+    Init,
+    ReadyToReceive { remote: QueuePairEndpoint },
+    ReadyToSend,
+    Error,
+    Reset,
+}
+
+/// The verbs of a device, shaped after the `ibverbs` crate.
+pub trait Verbs {
+    fn alloc_protection_domain(&mut self) -> Result<ProtectionDomain, VerbsError>;
+    fn register_memory(
+        &mut self,
+        protection_domain: ProtectionDomain,
+        length_bytes: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError>;
+    fn deregister_memory(&mut self, lkey: Lkey) -> Result<(), VerbsError>;
+    fn create_completion_queue(&mut self, depth: usize) -> Result<CompletionQueue, VerbsError>;
+    fn create_shared_receive_queue(
+        &mut self,
+        protection_domain: ProtectionDomain,
+        depth: usize,
+    ) -> Result<SharedReceiveQueue, VerbsError>;
+    fn create_queue_pair(
+        &mut self,
+        builder: &QueuePairBuilder,
+    ) -> Result<PreparedQueuePair, VerbsError>;
+    fn modify_queue_pair(
+        &mut self,
+        qpn: Qpn,
+        transition: QueuePairTransition,
+    ) -> Result<QueuePairState, VerbsError>;
+    /// INIT → RTR → RTS against `remote`: what `ibverbs`'s `handshake` does.
+    fn handshake(
+        &mut self,
+        prepared: PreparedQueuePair,
+        remote: QueuePairEndpoint,
+    ) -> Result<QueuePair, VerbsError> {
+        self.modify_queue_pair(prepared.qpn, QueuePairTransition::Init)?;
+        self.modify_queue_pair(prepared.qpn, QueuePairTransition::ReadyToReceive { remote })?;
+        self.modify_queue_pair(prepared.qpn, QueuePairTransition::ReadyToSend)?;
+        Ok(QueuePair(prepared.qpn))
+    }
+    fn post_send(&mut self, queue_pair: QueuePair, request: SendRequest) -> Result<(), VerbsError>;
+    fn post_receive(
+        &mut self,
+        queue_pair: QueuePair,
+        request: ReceiveRequest,
+    ) -> Result<(), VerbsError>;
+    fn post_shared_receive(
+        &mut self,
+        queue: SharedReceiveQueue,
+        request: ReceiveRequest,
+    ) -> Result<(), VerbsError>;
+    fn poll_completion(
+        &mut self,
+        queue: CompletionQueue,
+    ) -> Result<Option<WorkCompletion>, VerbsError>;
+    /// The host CPU reading registered memory.
+    fn read_local(&self, lkey: Lkey, address: VirtAddr, into: &mut [u8]) -> Result<(), VerbsError>;
+    /// The host CPU writing registered memory.
+    fn write_local(&mut self, lkey: Lkey, address: VirtAddr, from: &[u8])
+        -> Result<(), VerbsError>;
+}

@@ -1,0 +1,221 @@
+//! Bad local arguments get typed errors; bad frames are dropped and counted.
+
+mod common;
+
+use common::*;
+use proptest::prelude::*;
+use remora_rnic::*;
+use remora_wire::VirtAddr;
+
+#[test]
+fn the_state_machine_refuses_illegal_transitions_and_posts() {
+    let mut s = setup();
+    let pd = s.fabric.left.alloc_protection_domain().unwrap();
+    let builder = QueuePairBuilder::new(pd, s.left_cq, s.left_cq);
+    let prepared = s.fabric.left.create_queue_pair(&builder).unwrap();
+    let qp = QueuePair(prepared.qpn);
+    let send = SendRequest::new(1, SendOperation::Send { immediate: None }, &[]).unwrap();
+    assert!(matches!(
+        s.fabric.left.post_send(qp, send),
+        Err(VerbsError::InvalidState {
+            state: QueuePairState::Reset,
+            ..
+        })
+    ));
+    assert!(matches!(
+        s.fabric
+            .left
+            .modify_queue_pair(prepared.qpn, QueuePairTransition::ReadyToSend),
+        Err(VerbsError::InvalidTransition {
+            from: QueuePairState::Reset,
+            to: QueuePairState::ReadyToSend
+        })
+    ));
+    s.fabric
+        .left
+        .modify_queue_pair(prepared.qpn, QueuePairTransition::Init)
+        .unwrap();
+    assert!(matches!(
+        s.fabric.left.post_send(qp, send),
+        Err(VerbsError::InvalidState {
+            state: QueuePairState::Init,
+            ..
+        })
+    ));
+    s.fabric
+        .left
+        .modify_queue_pair(prepared.qpn, QueuePairTransition::Error)
+        .unwrap();
+    // Work posted in ERR completes at once with a flush error.
+    s.fabric.left.post_send(qp, send).unwrap();
+    let completion = drain(&mut s.fabric.left, s.left_cq).pop().unwrap();
+    assert_eq!(completion.status, CompletionStatus::WorkRequestFlushError);
+    s.fabric
+        .left
+        .modify_queue_pair(prepared.qpn, QueuePairTransition::Reset)
+        .unwrap();
+    assert_eq!(
+        s.fabric.left.queue_pair_state(prepared.qpn).unwrap(),
+        QueuePairState::Reset
+    );
+}
+
+#[test]
+fn bad_local_arguments_get_typed_errors() {
+    let mut s = setup();
+    let left = &mut s.fabric.left;
+    let remote = s.right_mr.remote(0);
+    let bad_lkey = Lkey(0xdead_0001);
+    let write = |local: &[ScatterGatherElement]| {
+        SendRequest::new(
+            1,
+            SendOperation::Write {
+                remote,
+                immediate: None,
+            },
+            local,
+        )
+    };
+    let unknown = write(&[ScatterGatherElement {
+        address: s.left_mr.address,
+        length_bytes: 8,
+        lkey: bad_lkey,
+    }])
+    .unwrap();
+    assert_eq!(
+        left.post_send(s.left_qp, unknown),
+        Err(VerbsError::UnknownLocalKey(bad_lkey))
+    );
+    let too_long = write(&[s.left_mr.slice(REGION_BYTES - 4, 8)]).unwrap();
+    assert!(matches!(
+        left.post_send(s.left_qp, too_long),
+        Err(VerbsError::LocalAccessOutOfBounds { .. })
+    ));
+    let many = [s.left_mr.slice(0, 1); 5];
+    assert!(matches!(
+        write(&many),
+        Err(VerbsError::TooManyScatterGatherElements { count: 5, max: 4 })
+    ));
+    let misaligned = SendRequest::new(
+        1,
+        SendOperation::FetchAdd {
+            remote: s.right_mr.remote(4),
+            add: 1,
+        },
+        &[s.left_mr.slice(0, 8)],
+    )
+    .unwrap();
+    assert!(matches!(
+        left.post_send(s.left_qp, misaligned),
+        Err(VerbsError::MisalignedAtomic(_))
+    ));
+    let short_result = SendRequest::new(
+        1,
+        SendOperation::FetchAdd { remote, add: 1 },
+        &[s.left_mr.slice(0, 4)],
+    )
+    .unwrap();
+    assert_eq!(
+        left.post_send(s.left_qp, short_result),
+        Err(VerbsError::AtomicBufferInvalid)
+    );
+    assert!(matches!(
+        left.create_completion_queue(0),
+        Err(VerbsError::InvalidQueueDepth { .. })
+    ));
+    assert!(matches!(Mtu::new(1500), Err(VerbsError::InvalidMtu(1500))));
+    let pd = left.alloc_protection_domain().unwrap();
+    assert!(matches!(
+        left.register_memory(pd, 0, AccessFlags::ALL),
+        Err(VerbsError::InvalidRegionLength(0))
+    ));
+    assert!(matches!(
+        left.read_local(s.left_mr.lkey, VirtAddr(0), &mut [0; 1]),
+        Err(VerbsError::LocalAccessOutOfBounds { .. })
+    ));
+}
+
+#[test]
+fn a_read_into_a_region_without_local_write_is_refused() {
+    let mut s = setup_with(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE, |_| {});
+    let read = SendRequest::new(
+        1,
+        SendOperation::Read {
+            remote: s.right_mr.remote(0),
+        },
+        &[s.left_mr.slice(0, 8)],
+    )
+    .unwrap();
+    assert_eq!(
+        s.fabric.left.post_send(s.left_qp, read),
+        Err(VerbsError::LocalWriteNotPermitted)
+    );
+}
+
+#[test]
+fn a_full_send_queue_refuses_work() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| builder.send_queue_depth = 2);
+    let write = SendRequest::new(
+        1,
+        SendOperation::Write {
+            remote: s.right_mr.remote(0),
+            immediate: None,
+        },
+        &[s.left_mr.slice(0, 8)],
+    )
+    .unwrap();
+    s.fabric.left.post_send(s.left_qp, write).unwrap();
+    s.fabric.left.post_send(s.left_qp, write).unwrap();
+    assert_eq!(
+        s.fabric.left.post_send(s.left_qp, write),
+        Err(VerbsError::QueueFull {
+            queue: "send queue"
+        })
+    );
+}
+
+#[test]
+fn frames_for_unknown_queue_pairs_or_other_hosts_are_counted() {
+    let mut s = setup();
+    let write = SendRequest::new(
+        1,
+        SendOperation::Write {
+            remote: s.right_mr.remote(0),
+            immediate: None,
+        },
+        &[s.left_mr.slice(0, 8)],
+    )
+    .unwrap();
+    s.fabric.left.post_send(s.left_qp, write).unwrap();
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    let len = s
+        .fabric
+        .left
+        .poll_transmit(s.fabric.now, &mut buffer)
+        .unwrap();
+    // The same frame reflected back to its sender is for another host.
+    s.fabric.left.handle_frame(s.fabric.now, &buffer[..len]);
+    assert_eq!(
+        s.fabric
+            .left
+            .counters()
+            .drops_for(DropReason::NotForThisDevice),
+        1
+    );
+    s.fabric
+        .right
+        .handle_frame(s.fabric.now, &buffer[..len - 1]);
+    assert_eq!(s.fabric.right.counters().drops_total(), 1);
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_frames_never_panic_the_device(frames in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 1..20)) {
+        let mut s = setup();
+        for frame in &frames {
+            s.fabric.right.handle_frame(s.fabric.now, frame);
+        }
+        prop_assert_eq!(s.fabric.right.counters().drops_total(), frames.len() as u64);
+        s.fabric.run(100);
+    }
+}

@@ -1,0 +1,277 @@
+//! Every RC operation between two devices, at every path MTU.
+
+mod common;
+
+use common::*;
+use remora_rnic::*;
+
+fn one_completion(device: &mut SoftRnic, cq: CompletionQueue) -> WorkCompletion {
+    let completions = drain(device, cq);
+    assert_eq!(completions.len(), 1, "{completions:?}");
+    completions[0]
+}
+
+#[test]
+fn write_and_read_every_size_at_every_mtu() {
+    for mtu in [256, 512, 1024, 2048, 4096] {
+        for len in [0usize, 1, 255, 256, 257, 4095, 4096, 4097, 65536] {
+            let mut s = setup_with(AccessFlags::ALL, |builder| {
+                builder.path_mtu = Mtu::new(mtu).unwrap()
+            });
+            let data = pattern(len, mtu as u8);
+            write_region(&mut s.fabric.left, &s.left_mr, 0, &data);
+            let write = SendRequest::new(
+                1,
+                SendOperation::Write {
+                    remote: s.right_mr.remote(64),
+                    immediate: None,
+                },
+                &[s.left_mr.slice(0, len as u32)],
+            )
+            .unwrap();
+            s.fabric.left.post_send(s.left_qp, write).unwrap();
+            let read = SendRequest::new(
+                2,
+                SendOperation::Read {
+                    remote: s.right_mr.remote(64),
+                },
+                &[s.left_mr.slice(100_000, len as u32)],
+            )
+            .unwrap();
+            s.fabric.left.post_send(s.left_qp, read).unwrap();
+            assert!(s.fabric.run(100_000).quiesced);
+            let completions = drain(&mut s.fabric.left, s.left_cq);
+            let statuses: Vec<_> = completions
+                .iter()
+                .map(|c| (c.work_request_id, c.status))
+                .collect();
+            assert_eq!(
+                statuses,
+                vec![
+                    (1, CompletionStatus::Success),
+                    (2, CompletionStatus::Success)
+                ]
+            );
+            assert_eq!(
+                read_region(&s.fabric.right, &s.right_mr, 64, len),
+                data,
+                "mtu {mtu} len {len}"
+            );
+            assert_eq!(
+                read_region(&s.fabric.left, &s.left_mr, 100_000, len),
+                data,
+                "mtu {mtu} len {len}"
+            );
+            let packets = Mtu::new(mtu).unwrap().packets_for(len as u32) as u64;
+            assert_eq!(
+                s.fabric.right.counters().frames_received,
+                packets + 1,
+                "segmentation at mtu {mtu}"
+            );
+        }
+    }
+}
+
+#[test]
+fn send_with_and_without_immediate_lands_in_posted_receives() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| builder.path_mtu = Mtu::MTU_1024);
+    let data = pattern(3000, 9);
+    write_region(&mut s.fabric.left, &s.left_mr, 0, &data);
+    for id in [10, 11] {
+        let receive = ReceiveRequest::new(id, &[s.right_mr.slice(id * 4096, 4096)]).unwrap();
+        s.fabric.right.post_receive(s.right_qp, receive).unwrap();
+    }
+    let plain = SendRequest::new(
+        1,
+        SendOperation::Send { immediate: None },
+        &[s.left_mr.slice(0, 3000)],
+    )
+    .unwrap();
+    let with_imm = SendRequest::new(
+        2,
+        SendOperation::Send {
+            immediate: Some(0xdead_beef),
+        },
+        &[s.left_mr.slice(0, 10)],
+    )
+    .unwrap();
+    s.fabric.left.post_send(s.left_qp, plain).unwrap();
+    s.fabric.left.post_send(s.left_qp, with_imm).unwrap();
+    assert!(s.fabric.run(10_000).quiesced);
+    let received = drain(&mut s.fabric.right, s.right_cq);
+    assert_eq!(received.len(), 2);
+    assert_eq!(
+        (
+            received[0].work_request_id,
+            received[0].byte_len,
+            received[0].immediate
+        ),
+        (10, 3000, None)
+    );
+    assert_eq!(
+        (
+            received[1].work_request_id,
+            received[1].byte_len,
+            received[1].immediate
+        ),
+        (11, 10, Some(0xdead_beef))
+    );
+    assert!(received
+        .iter()
+        .all(|c| c.status == CompletionStatus::Success && c.opcode == CompletionOpcode::Receive));
+    assert_eq!(
+        read_region(&s.fabric.right, &s.right_mr, 10 * 4096, 3000),
+        data
+    );
+    assert_eq!(drain(&mut s.fabric.left, s.left_cq).len(), 2);
+}
+
+#[test]
+fn write_with_immediate_consumes_a_receive() {
+    let mut s = setup();
+    write_region(&mut s.fabric.left, &s.left_mr, 0, &[7; 100]);
+    let receive = ReceiveRequest::new(5, &[]).unwrap();
+    s.fabric.right.post_receive(s.right_qp, receive).unwrap();
+    let write = SendRequest::new(
+        1,
+        SendOperation::Write {
+            remote: s.right_mr.remote(0),
+            immediate: Some(42),
+        },
+        &[s.left_mr.slice(0, 100)],
+    )
+    .unwrap();
+    s.fabric.left.post_send(s.left_qp, write).unwrap();
+    assert!(s.fabric.run(1000).quiesced);
+    let completion = one_completion(&mut s.fabric.right, s.right_cq);
+    assert_eq!(
+        completion.opcode,
+        CompletionOpcode::ReceiveRdmaWithImmediate
+    );
+    assert_eq!((completion.immediate, completion.byte_len), (Some(42), 100));
+    assert_eq!(
+        read_region(&s.fabric.right, &s.right_mr, 0, 100),
+        vec![7; 100]
+    );
+}
+
+#[test]
+fn atomics_return_the_old_value_and_apply_once() {
+    let mut s = setup();
+    write_region(&mut s.fabric.right, &s.right_mr, 8, &100u64.to_le_bytes());
+    let add = SendRequest::new(
+        1,
+        SendOperation::FetchAdd {
+            remote: s.right_mr.remote(8),
+            add: 5,
+        },
+        &[s.left_mr.slice(0, 8)],
+    )
+    .unwrap();
+    let swap_hit = SendRequest::new(
+        2,
+        SendOperation::CompareSwap {
+            remote: s.right_mr.remote(8),
+            compare: 105,
+            swap: 7,
+        },
+        &[s.left_mr.slice(8, 8)],
+    )
+    .unwrap();
+    let swap_miss = SendRequest::new(
+        3,
+        SendOperation::CompareSwap {
+            remote: s.right_mr.remote(8),
+            compare: 105,
+            swap: 9,
+        },
+        &[s.left_mr.slice(16, 8)],
+    )
+    .unwrap();
+    for request in [add, swap_hit, swap_miss] {
+        s.fabric.left.post_send(s.left_qp, request).unwrap();
+    }
+    assert!(s.fabric.run(1000).quiesced);
+    assert_eq!(drain(&mut s.fabric.left, s.left_cq).len(), 3);
+    let old_values: Vec<u64> = (0..3)
+        .map(|index| {
+            u64::from_le_bytes(
+                read_region(&s.fabric.left, &s.left_mr, index * 8, 8)
+                    .try_into()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(old_values, vec![100, 105, 7]);
+    assert_eq!(
+        read_region(&s.fabric.right, &s.right_mr, 8, 8),
+        7u64.to_le_bytes()
+    );
+}
+
+#[test]
+fn a_shared_receive_queue_feeds_several_queue_pairs() {
+    let mut fabric = remora_rnic::back_to_back::BackToBack::new(3);
+    let left_pd = fabric.left.alloc_protection_domain().unwrap();
+    let right_pd = fabric.right.alloc_protection_domain().unwrap();
+    let left_mr = fabric
+        .left
+        .register_memory(left_pd, 4096, AccessFlags::ALL)
+        .unwrap();
+    let right_mr = fabric
+        .right
+        .register_memory(right_pd, 4096, AccessFlags::ALL)
+        .unwrap();
+    let left_cq = fabric.left.create_completion_queue(16).unwrap();
+    let right_cq = fabric.right.create_completion_queue(16).unwrap();
+    let srq = fabric
+        .right
+        .create_shared_receive_queue(right_pd, 8)
+        .unwrap();
+    let mut right_builder = QueuePairBuilder::new(right_pd, right_cq, right_cq);
+    right_builder.shared_receive_queue = Some(srq);
+    let left_builder = QueuePairBuilder::new(left_pd, left_cq, left_cq);
+    let (qp_a, _) = fabric.connect(&left_builder, &right_builder).unwrap();
+    let (qp_b, right_b) = fabric.connect(&left_builder, &right_builder).unwrap();
+    assert!(matches!(
+        fabric
+            .right
+            .post_receive(right_b, ReceiveRequest::new(0, &[]).unwrap()),
+        Err(VerbsError::InvalidState { .. })
+    ));
+    for id in 0..2 {
+        let receive = ReceiveRequest::new(id, &[right_mr.slice(id * 64, 64)]).unwrap();
+        fabric.right.post_shared_receive(srq, receive).unwrap();
+    }
+    for qp in [qp_a, qp_b] {
+        let send = SendRequest::new(
+            1,
+            SendOperation::Send { immediate: None },
+            &[left_mr.slice(0, 16)],
+        )
+        .unwrap();
+        fabric.left.post_send(qp, send).unwrap();
+    }
+    assert!(fabric.run(1000).quiesced);
+    let received = drain(&mut fabric.right, right_cq);
+    assert_eq!(received.len(), 2);
+    assert_ne!(received[0].qpn, received[1].qpn);
+}
+
+#[test]
+fn unsignaled_requests_complete_silently_on_success() {
+    let mut s = setup();
+    let mut write = SendRequest::new(
+        1,
+        SendOperation::Write {
+            remote: s.right_mr.remote(0),
+            immediate: None,
+        },
+        &[s.left_mr.slice(0, 8)],
+    )
+    .unwrap();
+    write.signaled = false;
+    s.fabric.left.post_send(s.left_qp, write).unwrap();
+    assert!(s.fabric.run(1000).quiesced);
+    assert!(drain(&mut s.fabric.left, s.left_cq).is_empty());
+}

@@ -1,0 +1,483 @@
+//! NAKs, go-back-N, RNR, retry limits, the replay cache and ACK coalescing.
+
+mod common;
+
+use common::*;
+use remora_rnic::back_to_back::{Direction, Verdict};
+use remora_rnic::*;
+use remora_wire::{parse_frame, Opcode};
+use std::time::Duration;
+
+fn opcode_of(bytes: &[u8]) -> Opcode {
+    parse_frame(bytes).unwrap().repr.bth.opcode
+}
+
+fn statuses(device: &mut SoftRnic, cq: CompletionQueue) -> Vec<(u64, CompletionStatus)> {
+    drain(device, cq)
+        .iter()
+        .map(|c| (c.work_request_id, c.status))
+        .collect()
+}
+
+fn write_request(
+    s: &Setup,
+    id: u64,
+    local_offset: u64,
+    remote: RemoteAddress,
+    len: u32,
+) -> SendRequest {
+    SendRequest::new(
+        id,
+        SendOperation::Write {
+            remote,
+            immediate: None,
+        },
+        &[s.left_mr.slice(local_offset, len)],
+    )
+    .unwrap()
+}
+
+#[test]
+fn bad_rkey_out_of_bounds_and_missing_rights_get_remote_access_naks() {
+    let cases: [(&str, AccessFlags, fn(&Setup) -> RemoteAddress); 3] = [
+        ("bad rkey", AccessFlags::ALL, |s| RemoteAddress {
+            address: s.right_mr.address,
+            rkey: remora_wire::Rkey(s.right_mr.rkey.0 ^ 1),
+        }),
+        ("out of bounds", AccessFlags::ALL, |s| {
+            s.right_mr.remote(REGION_BYTES - 4)
+        }),
+        (
+            "no REMOTE_WRITE",
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+            |s| s.right_mr.remote(0),
+        ),
+    ];
+    for (name, access, target) in cases {
+        let mut s = setup_with(access, |_| {});
+        write_region(&mut s.fabric.left, &s.left_mr, 0, &[0xab; 64]);
+        let before = read_region(&s.fabric.right, &s.right_mr, 0, REGION_BYTES as usize);
+        let remote = target(&s);
+        s.fabric
+            .left
+            .post_send(s.left_qp, write_request(&s, 1, 0, remote, 64))
+            .unwrap();
+        s.fabric
+            .left
+            .post_send(s.left_qp, write_request(&s, 2, 0, s.right_mr.remote(0), 8))
+            .unwrap();
+        assert!(s.fabric.run(1000).quiesced, "{name}");
+        assert_eq!(
+            statuses(&mut s.fabric.left, s.left_cq),
+            vec![
+                (1, CompletionStatus::RemoteAccessError),
+                (2, CompletionStatus::WorkRequestFlushError)
+            ],
+            "{name}"
+        );
+        assert_eq!(
+            read_region(&s.fabric.right, &s.right_mr, 0, REGION_BYTES as usize),
+            before,
+            "{name}: memory unchanged"
+        );
+        assert_eq!(
+            s.fabric.left.queue_pair_state(s.left_qp.0).unwrap(),
+            QueuePairState::Error
+        );
+        assert_eq!(
+            s.fabric.right.queue_pair_state(s.right_qp.0).unwrap(),
+            QueuePairState::Error
+        );
+        assert_eq!(s.fabric.right.counters().error_naks_sent, 1);
+    }
+}
+
+#[test]
+fn read_and_atomic_violations_leave_memory_unchanged() {
+    let mut s = setup_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE, |_| {});
+    write_region(&mut s.fabric.right, &s.right_mr, 0, &5u64.to_le_bytes());
+    let add = SendRequest::new(
+        1,
+        SendOperation::FetchAdd {
+            remote: s.right_mr.remote(0),
+            add: 1,
+        },
+        &[s.left_mr.slice(0, 8)],
+    )
+    .unwrap();
+    s.fabric.left.post_send(s.left_qp, add).unwrap();
+    assert!(s.fabric.run(1000).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::RemoteAccessError)]
+    );
+    assert_eq!(
+        read_region(&s.fabric.right, &s.right_mr, 0, 8),
+        5u64.to_le_bytes()
+    );
+
+    let mut s = setup_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE, |_| {});
+    let read = SendRequest::new(
+        1,
+        SendOperation::Read {
+            remote: s.right_mr.remote(0),
+        },
+        &[s.left_mr.slice(0, 8)],
+    )
+    .unwrap();
+    s.fabric.left.post_send(s.left_qp, read).unwrap();
+    assert!(s.fabric.run(1000).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::RemoteAccessError)]
+    );
+}
+
+#[test]
+fn a_send_larger_than_the_receive_is_an_invalid_request() {
+    let mut s = setup();
+    s.fabric
+        .right
+        .post_receive(
+            s.right_qp,
+            ReceiveRequest::new(9, &[s.right_mr.slice(0, 16)]).unwrap(),
+        )
+        .unwrap();
+    let send = SendRequest::new(
+        1,
+        SendOperation::Send { immediate: None },
+        &[s.left_mr.slice(0, 17)],
+    )
+    .unwrap();
+    s.fabric.left.post_send(s.left_qp, send).unwrap();
+    assert!(s.fabric.run(1000).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::RemoteInvalidRequestError)]
+    );
+    assert_eq!(
+        statuses(&mut s.fabric.right, s.right_cq),
+        vec![(9, CompletionStatus::LocalLengthError)]
+    );
+}
+
+#[test]
+fn a_lost_packet_mid_message_is_recovered_by_a_sequence_nak() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| builder.path_mtu = Mtu::MTU_1024);
+    let data = pattern(8192, 1);
+    write_region(&mut s.fabric.left, &s.left_mr, 0, &data);
+    s.fabric
+        .left
+        .post_send(
+            s.left_qp,
+            write_request(&s, 1, 0, s.right_mr.remote(0), 8192),
+        )
+        .unwrap();
+    let mut requests_seen = 0;
+    let summary = s.fabric.run_filtered(1000, &mut |direction, _bytes| {
+        if direction == Direction::LeftToRight {
+            requests_seen += 1;
+            if requests_seen == 3 {
+                return Verdict::Drop;
+            }
+        }
+        Verdict::Deliver
+    });
+    assert!(summary.quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::Success)]
+    );
+    assert_eq!(read_region(&s.fabric.right, &s.right_mr, 0, 8192), data);
+    assert_eq!(
+        s.fabric.right.counters().sequence_naks_sent,
+        1,
+        "one NAK per gap"
+    );
+    assert_eq!(s.fabric.left.counters().sequence_naks_received, 1);
+    assert_eq!(
+        summary.timeouts_fired, 0,
+        "the NAK, not the timer, recovered"
+    );
+}
+
+#[test]
+fn a_lost_atomic_answer_is_replayed_not_re_executed() {
+    let mut s = setup();
+    write_region(&mut s.fabric.right, &s.right_mr, 0, &10u64.to_le_bytes());
+    let add = SendRequest::new(
+        1,
+        SendOperation::FetchAdd {
+            remote: s.right_mr.remote(0),
+            add: 1,
+        },
+        &[s.left_mr.slice(0, 8)],
+    )
+    .unwrap();
+    s.fabric.left.post_send(s.left_qp, add).unwrap();
+    let mut dropped = false;
+    let summary = s.fabric.run_filtered(1000, &mut |direction, bytes| {
+        if direction == Direction::RightToLeft
+            && opcode_of(bytes) == Opcode::AtomicAcknowledge
+            && !dropped
+        {
+            dropped = true;
+            return Verdict::Drop;
+        }
+        Verdict::Deliver
+    });
+    assert!(summary.quiesced && summary.timeouts_fired >= 1);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::Success)]
+    );
+    assert_eq!(
+        read_region(&s.fabric.right, &s.right_mr, 0, 8),
+        11u64.to_le_bytes(),
+        "applied exactly once"
+    );
+    assert_eq!(
+        read_region(&s.fabric.left, &s.left_mr, 0, 8),
+        10u64.to_le_bytes(),
+        "the original old value"
+    );
+    assert_eq!(s.fabric.right.counters().replayed_atomics, 1);
+}
+
+#[test]
+fn a_retransmitted_read_returns_the_original_data() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| builder.path_mtu = Mtu::MTU_256);
+    write_region(&mut s.fabric.right, &s.right_mr, 0, &[1; 1024]);
+    let read = SendRequest::new(
+        1,
+        SendOperation::Read {
+            remote: s.right_mr.remote(0),
+        },
+        &[s.left_mr.slice(0, 1024)],
+    )
+    .unwrap();
+    s.fabric.left.post_send(s.left_qp, read).unwrap();
+    // Lose a middle response packet; once the link is quiet (before the
+    // retransmission timer fires), overwrite the source on the responder's
+    // host. The retransmitted READ must still return the original bytes.
+    let mut responses = 0;
+    let mut drop_one = |direction, bytes: &mut [u8]| {
+        if direction == Direction::RightToLeft && opcode_of(bytes) == Opcode::RdmaReadResponseMiddle
+        {
+            responses += 1;
+            if responses == 2 {
+                return Verdict::Drop;
+            }
+        }
+        Verdict::Deliver
+    };
+    for _ in 0..100 {
+        if s.fabric.step(&mut drop_one) == 0 {
+            break;
+        }
+    }
+    assert!(
+        drain(&mut s.fabric.left, s.left_cq).is_empty(),
+        "the READ waits for the lost packet"
+    );
+    write_region(&mut s.fabric.right, &s.right_mr, 0, &[2; 1024]);
+    let summary = s.fabric.run(1000);
+    assert!(summary.quiesced && summary.timeouts_fired >= 1);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::Success)]
+    );
+    assert_eq!(
+        read_region(&s.fabric.left, &s.left_mr, 0, 1024),
+        vec![1; 1024]
+    );
+    assert!(s.fabric.right.counters().replayed_reads >= 1);
+}
+
+#[test]
+fn an_ack_beyond_an_unanswered_read_triggers_its_reissue() {
+    let mut s = setup();
+    write_region(&mut s.fabric.right, &s.right_mr, 0, &[3; 64]);
+    let read = SendRequest::new(
+        1,
+        SendOperation::Read {
+            remote: s.right_mr.remote(0),
+        },
+        &[s.left_mr.slice(0, 64)],
+    )
+    .unwrap();
+    s.fabric.left.post_send(s.left_qp, read).unwrap();
+    s.fabric
+        .left
+        .post_send(
+            s.left_qp,
+            write_request(&s, 2, 1000, s.right_mr.remote(1000), 8),
+        )
+        .unwrap();
+    let mut dropped = false;
+    let summary = s.fabric.run_filtered(1000, &mut |direction, bytes| {
+        if direction == Direction::RightToLeft
+            && opcode_of(bytes) == Opcode::RdmaReadResponseOnly
+            && !dropped
+        {
+            dropped = true;
+            return Verdict::Drop;
+        }
+        Verdict::Deliver
+    });
+    assert!(summary.quiesced);
+    assert_eq!(
+        summary.timeouts_fired, 0,
+        "the later ACK exposed the loss without a timeout"
+    );
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![
+            (1, CompletionStatus::Success),
+            (2, CompletionStatus::Success)
+        ]
+    );
+    assert_eq!(read_region(&s.fabric.left, &s.left_mr, 0, 64), vec![3; 64]);
+}
+
+#[test]
+fn a_dead_link_exhausts_the_retry_count() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| {
+        builder.retry_count = 3;
+        builder.timeout = Duration::from_micros(100);
+    });
+    s.fabric
+        .left
+        .post_send(s.left_qp, write_request(&s, 1, 0, s.right_mr.remote(0), 8))
+        .unwrap();
+    s.fabric
+        .left
+        .post_send(s.left_qp, write_request(&s, 2, 0, s.right_mr.remote(0), 8))
+        .unwrap();
+    let summary = s.fabric.run_filtered(1000, &mut |_, _| Verdict::Drop);
+    assert!(summary.quiesced);
+    assert_eq!(
+        summary.timeouts_fired, 4,
+        "the first send plus three retries"
+    );
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![
+            (1, CompletionStatus::RetryExceeded),
+            (2, CompletionStatus::WorkRequestFlushError)
+        ]
+    );
+    assert_eq!(s.fabric.now, Timestamp::from_nanos(400_000));
+}
+
+#[test]
+fn receiver_not_ready_waits_then_delivers() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| {
+        builder.min_rnr_timer = Duration::from_micros(40)
+    });
+    let send = SendRequest::new(
+        1,
+        SendOperation::Send { immediate: None },
+        &[s.left_mr.slice(0, 8)],
+    )
+    .unwrap();
+    s.fabric.left.post_send(s.left_qp, send).unwrap();
+    s.fabric.run(2);
+    assert_eq!(s.fabric.right.counters().receiver_not_ready_naks_sent, 1);
+    s.fabric
+        .right
+        .post_receive(
+            s.right_qp,
+            ReceiveRequest::new(4, &[s.right_mr.slice(0, 8)]).unwrap(),
+        )
+        .unwrap();
+    assert!(s.fabric.run(100).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::Success)]
+    );
+    assert_eq!(
+        s.fabric.now,
+        Timestamp::from_nanos(40_000),
+        "waited the advertised RNR time"
+    );
+}
+
+#[test]
+fn rnr_retry_limit_fails_the_request() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| builder.rnr_retry = 2);
+    let send = SendRequest::new(
+        1,
+        SendOperation::Send { immediate: None },
+        &[s.left_mr.slice(0, 8)],
+    )
+    .unwrap();
+    s.fabric.left.post_send(s.left_qp, send).unwrap();
+    assert!(s.fabric.run(100).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::ReceiverNotReadyRetryExceeded)]
+    );
+    assert_eq!(s.fabric.right.counters().receiver_not_ready_naks_sent, 3);
+}
+
+#[test]
+fn acknowledgements_coalesce() {
+    let mut s = setup();
+    for id in 0..32 {
+        s.fabric
+            .left
+            .post_send(
+                s.left_qp,
+                write_request(&s, id, id * 8, s.right_mr.remote(id * 8), 8),
+            )
+            .unwrap();
+    }
+    // Deliver the requests in one burst before the responder transmits.
+    let mut frames = Vec::new();
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    while let Some(len) = s.fabric.left.poll_transmit(s.fabric.now, &mut buffer) {
+        frames.push(buffer[..len].to_vec());
+    }
+    assert_eq!(frames.len(), 32);
+    for frame in &frames {
+        s.fabric.right.handle_frame(s.fabric.now, frame);
+    }
+    assert!(s.fabric.run(100).quiesced);
+    assert_eq!(
+        s.fabric.right.counters().acks_sent,
+        1,
+        "one ACK answers the burst"
+    );
+    assert_eq!(drain(&mut s.fabric.left, s.left_cq).len(), 32);
+}
+
+#[test]
+fn duplicated_requests_execute_once() {
+    let mut s = setup();
+    write_region(&mut s.fabric.right, &s.right_mr, 0, &0u64.to_le_bytes());
+    for id in 0..5 {
+        let add = SendRequest::new(
+            id,
+            SendOperation::FetchAdd {
+                remote: s.right_mr.remote(0),
+                add: 1,
+            },
+            &[s.left_mr.slice(id * 8, 8)],
+        )
+        .unwrap();
+        s.fabric.left.post_send(s.left_qp, add).unwrap();
+    }
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    while let Some(len) = s.fabric.left.poll_transmit(s.fabric.now, &mut buffer) {
+        for _ in 0..3 {
+            s.fabric.right.handle_frame(s.fabric.now, &buffer[..len]);
+        }
+    }
+    assert!(s.fabric.run(100).quiesced);
+    assert_eq!(
+        read_region(&s.fabric.right, &s.right_mr, 0, 8),
+        5u64.to_le_bytes()
+    );
+    assert_eq!(s.fabric.right.counters().duplicate_requests, 10);
+}
