@@ -1,1 +1,17 @@
-pub fn x() {}
+//! Fabric conformance: soft RNICs in the simulator, exchanging random mixes
+//! of every RC operation under faults, checked against a plain model.
+//!
+//! - [`workload`]: the random operation streams.
+//! - [`model`]: the reference memory each stream is checked against.
+//! - [`node`]: a soft RNIC as a simulator node, with crash and restart.
+//! - [`scenario`]: one seed: build, run the safety and liveness phases, check.
+//! - [`campaign`]: many seeds, with replay instructions for failures.
+
+pub mod campaign;
+pub mod model;
+pub mod node;
+pub mod scenario;
+pub mod workload;
+
+pub use campaign::{run_campaign, CampaignReport};
+pub use scenario::{run_seed, FaultProfile, ScenarioConfig, SeedReport};

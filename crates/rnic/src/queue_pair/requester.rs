@@ -114,13 +114,30 @@ impl Requester {
         }
     }
 
+    /// Steps the cursor over READs and atomics that are fully answered. One
+    /// can be answered while an earlier READ still waits for a lost packet;
+    /// the responder executed it, so going back must not ask again.
+    fn skip_answered(&mut self) {
+        for _ in 0..self.queue.len() {
+            let Some(wqe) = self.queue.get(self.transmit_index) else {
+                return;
+            };
+            if !(wqe.request.operation.is_read_or_atomic() && wqe.is_done()) {
+                return;
+            }
+            self.transmit_psn = wqe.first_psn.add(wqe.packet_count);
+            self.transmit_index += 1;
+        }
+    }
+
+    /// The queue index of the request holding `psn`.
+    fn index_of(&self, psn: Psn) -> Option<usize> {
+        self.queue.iter().position(|wqe| wqe.contains(psn))
+    }
+
     /// Moves the go-back-N cursor back to `psn`.
     fn rewind_to(&mut self, psn: Psn) {
-        let index = self
-            .queue
-            .iter()
-            .position(|wqe| wqe.contains(psn))
-            .unwrap_or(self.queue.len());
+        let index = self.index_of(psn).unwrap_or(self.queue.len());
         self.transmit_index = index;
         self.transmit_psn = psn;
     }
@@ -279,6 +296,7 @@ impl QueuePairContext {
             }
             requester.rnr_resume_at = None;
         }
+        requester.skip_answered();
         let index = requester.transmit_index;
         let wqe = requester.queue.get(index)?;
         if requester.unacked_psn().distance_to(requester.transmit_psn) >= WINDOW_PACKETS {
@@ -417,7 +435,11 @@ impl QueuePairContext {
                 }
                 resources.counters.error_naks_received += 1;
                 self.acknowledge_through(now, psn.sub(1), resources);
-                self.fail_request(0, nak_status(code), resources);
+                // The NAK names the refused request. Anything before it still
+                // unanswered (a READ whose response was lost) is flushed: the
+                // responder is in error and will never answer it.
+                let index = self.requester.index_of(psn).unwrap_or(0);
+                self.fail_request(index, nak_status(code), resources);
             }
         }
         true
@@ -459,6 +481,14 @@ impl QueuePairContext {
 
     pub(crate) fn handle_timeout(&mut self, now: Timestamp, resources: &mut Resources) {
         let requester = &mut self.requester;
+        // A passed RNR wait is over even if nothing can be sent yet; keeping
+        // it would make poll_timeout report a deadline already gone.
+        if requester
+            .rnr_resume_at
+            .is_some_and(|resume_at| resume_at <= now)
+        {
+            requester.rnr_resume_at = None;
+        }
         let Some(deadline) = requester.retransmit_deadline else {
             return;
         };
@@ -485,7 +515,10 @@ impl QueuePairContext {
             let Some(front) = requester.queue.front_mut() else {
                 break;
             };
-            if !front.first_psn.precedes_or_equals(last_psn) {
+            // A READ or atomic answered while an earlier one waited is done
+            // whatever PSN this acknowledgement names.
+            let answered = front.request.operation.is_read_or_atomic() && front.is_done();
+            if !answered && !front.first_psn.precedes_or_equals(last_psn) {
                 break;
             }
             let fully_covered = front.last_psn().precedes_or_equals(last_psn);

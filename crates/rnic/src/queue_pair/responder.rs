@@ -72,7 +72,9 @@ struct Refusal {
 pub(crate) struct Responder {
     expected_psn: Psn,
     msn: Msn,
-    sequence_nak_sent: bool,
+    /// A NAK (sequence error or RNR) already asked for `expected_psn`; one
+    /// per gap is enough.
+    nak_sent_for_expected: bool,
     in_progress: Option<InProgress>,
     outputs: VecDeque<Output>,
     output_capacity: usize,
@@ -87,7 +89,7 @@ impl Responder {
         Responder {
             expected_psn: Psn::new(0),
             msn: Msn::new(0),
-            sequence_nak_sent: false,
+            nak_sent_for_expected: false,
             in_progress: None,
             outputs: VecDeque::with_capacity(output_capacity),
             output_capacity,
@@ -172,10 +174,10 @@ impl QueuePairContext {
     fn on_out_of_sequence(&mut self, resources: &mut Resources) {
         resources.counters.count_drop(DropReason::OutOfSequence);
         let responder = &mut self.responder;
-        if responder.sequence_nak_sent {
+        if responder.nak_sent_for_expected {
             return;
         }
-        responder.sequence_nak_sent = true;
+        responder.nak_sent_for_expected = true;
         resources.counters.sequence_naks_sent += 1;
         let nak = Output::Acknowledge {
             psn: responder.expected_psn,
@@ -220,7 +222,7 @@ impl QueuePairContext {
     }
 
     fn on_expected_request(&mut self, frame: &ParsedFrame<'_>, resources: &mut Resources) {
-        self.responder.sequence_nak_sent = false;
+        self.responder.nak_sent_for_expected = false;
         let opcode = frame.repr.bth.opcode;
         let continues = matches!(opcode.segment(), Segment::Middle | Segment::Last);
         let sequence_ok = match (self.responder.in_progress, opcode.family()) {
@@ -264,6 +266,10 @@ impl QueuePairContext {
             Ok(Step::ReceiverNotReady) => {
                 resources.counters.receiver_not_ready_naks_sent += 1;
                 let responder = &mut self.responder;
+                // The requester goes back to this PSN anyway: packets behind
+                // it must not draw a second, sequence-error NAK that would
+                // cost the requester a retry.
+                responder.nak_sent_for_expected = true;
                 let timer = rnr_timer_code(self.attributes.min_rnr_timer);
                 let nak = Output::Acknowledge {
                     psn: responder.expected_psn,

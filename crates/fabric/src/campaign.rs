@@ -1,0 +1,49 @@
+//! Many seeds of the scenario.
+
+use crate::scenario::{run_seed, ScenarioConfig, SeedReport};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CampaignReport {
+    pub seeds: u64,
+    pub first_seed: u64,
+    pub failures: Vec<SeedReport>,
+    pub operations: u64,
+    pub succeeded: u64,
+    pub streams_gave_up: u64,
+    pub seeds_with_crash: u64,
+    pub seeds_with_partition: u64,
+    pub frames: u64,
+    pub retransmitted_packets: u64,
+    pub retransmit_timeouts: u64,
+}
+
+/// Runs `count` seeds from `first_seed`, calling `progress` after each.
+pub fn run_campaign(
+    first_seed: u64,
+    count: u64,
+    config: &ScenarioConfig,
+    mut progress: impl FnMut(&SeedReport),
+) -> CampaignReport {
+    let mut campaign = CampaignReport {
+        seeds: count,
+        first_seed,
+        ..CampaignReport::default()
+    };
+    for seed in first_seed..first_seed.saturating_add(count) {
+        let report = run_seed(seed, config);
+        campaign.operations += report.operations as u64;
+        campaign.succeeded += report.succeeded as u64;
+        campaign.streams_gave_up += report.streams_gave_up as u64;
+        campaign.seeds_with_crash += u64::from(report.crashed);
+        campaign.seeds_with_partition += u64::from(report.partitioned);
+        campaign.frames += report.frames;
+        campaign.retransmitted_packets += report.retransmitted_packets;
+        campaign.retransmit_timeouts += report.retransmit_timeouts;
+        progress(&report);
+        if !report.passed() {
+            campaign.failures.push(report);
+        }
+    }
+    campaign
+}

@@ -1,0 +1,949 @@
+//! One seed of the fabric scenario.
+//!
+//! Two nodes, one link, several connections. Every connection carries two
+//! streams, one each way. After a safety phase with faults and a liveness
+//! phase without, each stream is checked:
+//!
+//! - liveness: every operation completed (the requester survived);
+//! - completions: successes form a prefix, then at most one error that the
+//!   run can explain, then flushes;
+//! - every successful READ returned the model's bytes and every atomic the
+//!   model's original value;
+//! - the responder's window equals the model after some in-order prefix of
+//!   the stream: every WRITE and atomic landed exactly once, and a refused
+//!   access changed nothing;
+//! - every SEND landed once, intact, in the receive it was matched with.
+
+use crate::model::{Expected, WindowModel};
+use crate::node::RnicNode;
+use crate::workload::{
+    self, Operation, Violation, DATA_WINDOW_BYTES, LOCAL_SLOT_BYTES, MAX_SEND_BYTES, WINDOW_BYTES,
+};
+use rand::Rng;
+use remora_rnic::*;
+use remora_sim::{Event, LinkConfig, LinkFaults, NodeId, PortId, Simulation};
+use remora_wire::{Ipv4Address, MacAddress, Qpn, Rkey};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// The faults of a run, as probabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FaultProfile {
+    pub loss: f64,
+    pub duplicate: f64,
+    pub reorder: f64,
+    pub corrupt: f64,
+    /// Probability the link is cut for part of the safety phase.
+    pub partition: f64,
+    /// Probability one node crashes and restarts empty.
+    pub crash: f64,
+    /// Probability a stream ends with a remote access violation.
+    pub violation: f64,
+}
+
+impl FaultProfile {
+    pub const NONE: FaultProfile = FaultProfile {
+        loss: 0.0,
+        duplicate: 0.0,
+        reorder: 0.0,
+        corrupt: 0.0,
+        partition: 0.0,
+        crash: 0.0,
+        violation: 0.0,
+    };
+
+    /// `loss` with duplication, reordering and corruption alongside.
+    pub fn lossy(loss: f64) -> FaultProfile {
+        FaultProfile {
+            loss,
+            duplicate: 0.02,
+            reorder: 0.05,
+            corrupt: 0.01,
+            partition: 0.1,
+            crash: 0.05,
+            violation: 0.2,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        let fields = [
+            ("loss", self.loss),
+            ("duplicate", self.duplicate),
+            ("reorder", self.reorder),
+            ("corrupt", self.corrupt),
+            ("partition", self.partition),
+            ("crash", self.crash),
+            ("violation", self.violation),
+        ];
+        for (name, value) in fields {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(format!("{name} = {value} is not a probability in [0, 1]"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioConfig {
+    pub faults: FaultProfile,
+    /// Queue-pair connections between the two nodes (two streams each).
+    pub connections: usize,
+    /// Each stream issues between half this and this many operations.
+    pub operations_per_stream: usize,
+    pub safety_phase: Duration,
+    pub liveness_limit: Duration,
+    pub max_events: u64,
+}
+
+impl ScenarioConfig {
+    pub fn new(faults: FaultProfile) -> ScenarioConfig {
+        ScenarioConfig {
+            faults,
+            connections: 2,
+            operations_per_stream: 60,
+            safety_phase: Duration::from_micros(400),
+            liveness_limit: Duration::from_secs(1),
+            max_events: 2_000_000,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        self.faults.validate()?;
+        if !(1..=64).contains(&self.connections) {
+            return Err(format!(
+                "connections = {} is outside 1..=64",
+                self.connections
+            ));
+        }
+        if !(1..=1000).contains(&self.operations_per_stream) {
+            return Err(format!(
+                "operations_per_stream = {} is outside 1..=1000",
+                self.operations_per_stream
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SeedReport {
+    pub seed: u64,
+    pub failures: Vec<String>,
+    pub operations: usize,
+    pub succeeded: usize,
+    /// Streams whose transport gave up (retry or RNR limit) under faults.
+    pub streams_gave_up: usize,
+    pub frames: u64,
+    pub retransmitted_packets: u64,
+    pub retransmit_timeouts: u64,
+    pub virtual_time_ns: u64,
+    pub crashed: bool,
+    pub partitioned: bool,
+}
+
+impl SeedReport {
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+/// One node's objects.
+struct Host {
+    id: NodeId,
+    completion_queue: CompletionQueue,
+    protection_domain: ProtectionDomain,
+    read_only: MemoryRegion,
+}
+
+/// One direction of one connection.
+struct Stream {
+    name: String,
+    requester: NodeId,
+    responder: NodeId,
+    requester_qpn: Qpn,
+    responder_qpn: Qpn,
+    local: MemoryRegion,
+    target: MemoryRegion,
+    receives: MemoryRegion,
+    operations: Vec<Operation>,
+    /// Index of the connection, to know which streams share a fate.
+    connection: usize,
+    mtu: Mtu,
+}
+
+const COMPLETION_QUEUE_DEPTH: usize = 16_384;
+
+fn device(sim: &mut Simulation<RnicNode>, id: NodeId) -> &mut SoftRnic {
+    &mut sim.node_mut(id).device
+}
+
+fn setup_host(sim: &mut Simulation<RnicNode>, id: NodeId) -> Host {
+    let device = device(sim, id);
+    let protection_domain = device.alloc_protection_domain().expect("fresh device");
+    let completion_queue = device
+        .create_completion_queue(COMPLETION_QUEUE_DEPTH)
+        .expect("depth within limits");
+    let read_only = device
+        .register_memory(protection_domain, 4096, AccessFlags::REMOTE_READ)
+        .expect("small region");
+    Host {
+        id,
+        completion_queue,
+        protection_domain,
+        read_only,
+    }
+}
+
+fn queue_pair_builder(host: &Host, rng: &mut impl Rng, mtu: Mtu, depth: usize) -> QueuePairBuilder {
+    let mut builder = QueuePairBuilder::new(
+        host.protection_domain,
+        host.completion_queue,
+        host.completion_queue,
+    );
+    builder.path_mtu = mtu;
+    builder.send_queue_depth = depth;
+    builder.receive_queue_depth = depth;
+    builder.timeout = Duration::from_micros(50);
+    builder.min_rnr_timer = Duration::from_micros(10);
+    builder.max_read_atomic = rng.gen_range(1..=16);
+    builder.max_destination_read_atomic = 16;
+    builder
+}
+
+/// Builds the rack, posts the workload and schedules the faults.
+struct Build {
+    sim: Simulation<RnicNode>,
+    hosts: [Host; 2],
+    streams: Vec<Stream>,
+    partitioned: bool,
+    crashed: bool,
+}
+
+fn build(seed: u64, config: &ScenarioConfig) -> Build {
+    let mut sim = Simulation::new(seed);
+    let node = |index: u8, sim: &mut Simulation<RnicNode>| {
+        let device_seed = sim.rng().gen();
+        let config = RnicConfig::new(
+            MacAddress([0x02, 0, 0, 0, 0, index]),
+            Ipv4Address::new(192, 0, 2, index),
+            device_seed,
+        );
+        sim.add_node(RnicNode::new(config))
+    };
+    let a = node(1, &mut sim);
+    let b = node(2, &mut sim);
+    let faults = &config.faults;
+    let mut link = LinkConfig::rack();
+    link.faults = LinkFaults {
+        loss: faults.loss,
+        duplicate: faults.duplicate,
+        reorder: faults.reorder,
+        reorder_delay: Duration::from_micros(5),
+        corrupt: faults.corrupt,
+    };
+    let link_id = sim.connect((a, PortId(0)), (b, PortId(0)), link);
+    let hosts = [setup_host(&mut sim, a), setup_host(&mut sim, b)];
+    let mut streams = Vec::new();
+    for connection in 0..config.connections {
+        streams.extend(connect_streams(&mut sim, &hosts, connection, config));
+    }
+    let safety_end = Timestamp::ZERO.saturating_add(config.safety_phase);
+    let partitioned = sim.rng().gen_bool(faults.partition);
+    if partitioned {
+        let start = sim.random_time(
+            Timestamp::ZERO,
+            Timestamp::from_nanos(safety_end.as_nanos() / 2),
+        );
+        let end = sim.random_time(start, start.saturating_add(config.safety_phase / 3));
+        sim.schedule(start, Event::Partition(link_id));
+        sim.schedule(end, Event::Heal(link_id));
+    }
+    let crashed = sim.rng().gen_bool(faults.crash);
+    if crashed {
+        let victim = if sim.rng().gen_bool(0.5) { a } else { b };
+        let at = sim.random_time(Timestamp::ZERO, safety_end);
+        let back = sim.random_time(at, safety_end);
+        sim.schedule(at, Event::Crash(victim));
+        sim.schedule(back, Event::Restart(victim));
+    }
+    Build {
+        sim,
+        hosts,
+        streams,
+        partitioned,
+        crashed,
+    }
+}
+
+fn connect_streams(
+    sim: &mut Simulation<RnicNode>,
+    hosts: &[Host; 2],
+    connection: usize,
+    config: &ScenarioConfig,
+) -> Vec<Stream> {
+    let mtu = Mtu::new([256, 512, 1024, 2048, 4096][sim.rng().gen_range(0..5)]).expect("valid MTU");
+    let mut plans = Vec::new();
+    for _ in 0..2 {
+        let count = sim
+            .rng()
+            .gen_range(config.operations_per_stream.div_ceil(2)..=config.operations_per_stream);
+        let violation = sim
+            .rng()
+            .gen_bool(config.faults.violation)
+            .then(|| workload::random_violation(sim.rng()));
+        plans.push(workload::generate(sim.rng(), count, violation));
+    }
+    let depth = config.operations_per_stream + 2;
+    let builders: Vec<_> = hosts
+        .iter()
+        .map(|host| queue_pair_builder(host, sim.rng(), mtu, depth))
+        .collect();
+    let prepared_a = device(sim, hosts[0].id)
+        .create_queue_pair(&builders[0])
+        .expect("within limits");
+    let prepared_b = device(sim, hosts[1].id)
+        .create_queue_pair(&builders[1])
+        .expect("within limits");
+    device(sim, hosts[0].id)
+        .handshake(prepared_a, prepared_b.endpoint)
+        .expect("fresh queue pair");
+    device(sim, hosts[1].id)
+        .handshake(prepared_b, prepared_a.endpoint)
+        .expect("fresh queue pair");
+    let qpns = [prepared_a.qpn, prepared_b.qpn];
+    let mut streams = Vec::new();
+    for (direction, operations) in plans.into_iter().enumerate() {
+        let (requester, responder) = (&hosts[direction], &hosts[1 - direction]);
+        let placement = Placement {
+            qpns: (qpns[direction], qpns[1 - direction]),
+            connection,
+            direction,
+            mtu,
+        };
+        let stream = start_stream(sim, requester, responder, placement, operations, config);
+        streams.push(stream);
+    }
+    streams
+}
+
+/// Where a stream sits: its queue pairs (requester, responder), connection,
+/// direction and path MTU.
+struct Placement {
+    qpns: (Qpn, Qpn),
+    connection: usize,
+    direction: usize,
+    mtu: Mtu,
+}
+
+fn start_stream(
+    sim: &mut Simulation<RnicNode>,
+    requester: &Host,
+    responder: &Host,
+    placement: Placement,
+    operations: Vec<Operation>,
+    config: &ScenarioConfig,
+) -> Stream {
+    let Placement {
+        qpns: (requester_qpn, responder_qpn),
+        connection,
+        direction,
+        mtu,
+    } = placement;
+    let receive_count = operations
+        .iter()
+        .filter(|operation| operation.consumes_receive())
+        .count()
+        .max(1);
+    let responder_device = device(sim, responder.id);
+    let target = responder_device
+        .register_memory(responder.protection_domain, WINDOW_BYTES, AccessFlags::ALL)
+        .expect("window fits");
+    let receives = responder_device
+        .register_memory(
+            responder.protection_domain,
+            receive_count as u64 * u64::from(MAX_SEND_BYTES),
+            AccessFlags::LOCAL_WRITE,
+        )
+        .expect("receive area fits");
+    let local = device(sim, requester.id)
+        .register_memory(
+            requester.protection_domain,
+            operations.len().max(1) as u64 * LOCAL_SLOT_BYTES,
+            AccessFlags::LOCAL_WRITE,
+        )
+        .expect("local area fits");
+    let stream = Stream {
+        name: format!(
+            "connection {connection} {}",
+            if direction == 0 { "a->b" } else { "b->a" }
+        ),
+        requester: requester.id,
+        responder: responder.id,
+        requester_qpn,
+        responder_qpn,
+        local,
+        target,
+        receives,
+        operations,
+        connection,
+        mtu,
+    };
+    post_receives(sim, &stream, config);
+    post_operations(sim, &stream, responder);
+    stream
+}
+
+/// Posts one receive per receive-consuming operation: now, or late in the
+/// safety phase so that early SENDs meet an empty queue (RNR).
+fn post_receives(sim: &mut Simulation<RnicNode>, stream: &Stream, config: &ScenarioConfig) {
+    let late_at = sim.rng().gen_bool(0.2).then(|| {
+        let end = Timestamp::ZERO.saturating_add(config.safety_phase / 4);
+        sim.random_time(Timestamp::ZERO, end)
+    });
+    let count = stream
+        .operations
+        .iter()
+        .filter(|operation| operation.consumes_receive())
+        .count();
+    let node = sim.node_mut(stream.responder);
+    for index in 0..count as u64 {
+        let slice = stream
+            .receives
+            .slice(index * u64::from(MAX_SEND_BYTES), MAX_SEND_BYTES);
+        let request = ReceiveRequest::new(index, &[slice]).expect("one element");
+        let queue_pair = QueuePair(stream.responder_qpn);
+        match late_at {
+            Some(at) => node.post_receive_at(at, queue_pair, request),
+            None => node
+                .device
+                .post_receive(queue_pair, request)
+                .expect("fresh queue pair"),
+        }
+    }
+}
+
+fn post_operations(sim: &mut Simulation<RnicNode>, stream: &Stream, responder: &Host) {
+    let device = device(sim, stream.requester);
+    for (index, operation) in stream.operations.iter().enumerate() {
+        let slot_offset = index as u64 * LOCAL_SLOT_BYTES;
+        if let Operation::Write { data, .. } | Operation::Send { data, .. } = operation {
+            let address = remora_wire::VirtAddr(stream.local.address.0 + slot_offset);
+            device
+                .write_local(stream.local.lkey, address, data)
+                .expect("slot fits");
+        }
+        let request = send_request(stream, responder, index, operation);
+        device
+            .post_send(QueuePair(stream.requester_qpn), request)
+            .expect("valid request");
+    }
+}
+
+fn send_request(
+    stream: &Stream,
+    responder: &Host,
+    index: usize,
+    operation: &Operation,
+) -> SendRequest {
+    let local = |length: u32| stream.local.slice(index as u64 * LOCAL_SLOT_BYTES, length);
+    let atomic_target = |slot: u64| stream.target.remote(DATA_WINDOW_BYTES + slot * 8);
+    let (operation, length) = match *operation {
+        Operation::Write {
+            offset,
+            ref data,
+            immediate,
+        } => (
+            SendOperation::Write {
+                remote: stream.target.remote(offset),
+                immediate,
+            },
+            data.len() as u32,
+        ),
+        Operation::Read { offset, length } => (
+            SendOperation::Read {
+                remote: stream.target.remote(offset),
+            },
+            length,
+        ),
+        Operation::Send {
+            ref data,
+            immediate,
+        } => (SendOperation::Send { immediate }, data.len() as u32),
+        Operation::CompareSwap {
+            slot,
+            compare,
+            swap,
+        } => (
+            SendOperation::CompareSwap {
+                remote: atomic_target(slot),
+                compare,
+                swap,
+            },
+            8,
+        ),
+        Operation::FetchAdd { slot, add } => (
+            SendOperation::FetchAdd {
+                remote: atomic_target(slot),
+                add,
+            },
+            8,
+        ),
+        Operation::Violation(violation) => (
+            violation_operation(stream, responder, violation),
+            if violation == Violation::AtomicOnReadOnly {
+                8
+            } else {
+                64
+            },
+        ),
+    };
+    SendRequest::new(index as u64, operation, &[local(length)]).expect("one element")
+}
+
+fn violation_operation(stream: &Stream, responder: &Host, violation: Violation) -> SendOperation {
+    let write = |remote| SendOperation::Write {
+        remote,
+        immediate: None,
+    };
+    match violation {
+        // Flipping the low byte changes the key's generation: no region has it.
+        Violation::BadRkey => write(RemoteAddress {
+            address: stream.target.address,
+            rkey: Rkey(stream.target.rkey.0 ^ 0xff),
+        }),
+        Violation::OutOfBounds => write(stream.target.remote(WINDOW_BYTES - 32)),
+        Violation::WriteToReadOnly => write(responder.read_only.remote(0)),
+        Violation::AtomicOnReadOnly => SendOperation::FetchAdd {
+            remote: responder.read_only.remote(0),
+            add: 1,
+        },
+    }
+}
+
+/// Runs one seed and checks it.
+pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
+    let Build {
+        mut sim,
+        hosts,
+        streams,
+        partitioned,
+        crashed,
+    } = build(seed, config);
+    let safety_end = Timestamp::ZERO.saturating_add(config.safety_phase);
+    sim.run_until(safety_end, config.max_events);
+    sim.stop_faults();
+    let liveness_end = sim.now().saturating_add(config.liveness_limit);
+    let outcome = sim.run_until(liveness_end, config.max_events);
+    let mut report = SeedReport {
+        seed,
+        crashed,
+        partitioned,
+        virtual_time_ns: sim.now().as_nanos(),
+        ..SeedReport::default()
+    };
+    if !outcome.quiesced {
+        report.failures.push(format!(
+            "liveness: the rack did not quiesce within {:?} of virtual time",
+            config.liveness_limit
+        ));
+    }
+    let completions: Vec<Option<Vec<WorkCompletion>>> = hosts
+        .iter()
+        .map(|host| drain_completions(&mut sim, host))
+        .collect();
+    let turbulent =
+        config.faults.loss > 0.0 || config.faults.corrupt > 0.0 || partitioned || crashed;
+    for stream in &streams {
+        let requester_completions = completions[stream.requester.0].as_deref();
+        let responder_completions = completions[stream.responder.0].as_deref();
+        let peer_violation = streams.iter().any(|other| {
+            other.connection == stream.connection
+                && matches!(other.operations.last(), Some(Operation::Violation(_)))
+        });
+        let context = CheckContext {
+            turbulent,
+            peer_violation,
+        };
+        check_stream(
+            &sim,
+            stream,
+            requester_completions,
+            responder_completions,
+            context,
+            &mut report,
+        );
+    }
+    for node in sim.nodes() {
+        let counters = node.device.counters();
+        report.frames += counters.frames_transmitted;
+        report.retransmitted_packets += counters.packets_retransmitted;
+        report.retransmit_timeouts += counters.retransmit_timeouts;
+    }
+    report
+}
+
+/// Every completion a host produced, or `None` if it crashed (they are lost).
+fn drain_completions(sim: &mut Simulation<RnicNode>, host: &Host) -> Option<Vec<WorkCompletion>> {
+    let node = sim.node_mut(host.id);
+    if node.crashed_ever {
+        return None;
+    }
+    let mut completions = Vec::new();
+    for _ in 0..COMPLETION_QUEUE_DEPTH {
+        match node.device.poll_completion(host.completion_queue) {
+            Ok(Some(completion)) => completions.push(completion),
+            Ok(None) => break,
+            Err(error) => panic!("completion queue of a live host: {error}"),
+        }
+    }
+    Some(completions)
+}
+
+#[derive(Clone, Copy)]
+struct CheckContext {
+    /// Loss, corruption, a partition or a crash happened: giving up is legal.
+    turbulent: bool,
+    /// A stream on this connection ends with a violation, which errors both
+    /// queue pairs of the connection.
+    peer_violation: bool,
+}
+
+fn check_stream(
+    sim: &Simulation<RnicNode>,
+    stream: &Stream,
+    requester_completions: Option<&[WorkCompletion]>,
+    responder_completions: Option<&[WorkCompletion]>,
+    context: CheckContext,
+    report: &mut SeedReport,
+) {
+    report.operations += stream.operations.len();
+    let mut fail = |message: String| report.failures.push(format!("{}: {message}", stream.name));
+    let (succeeded, gave_up) = match requester_completions {
+        Some(all) => {
+            let mine: Vec<_> = all
+                .iter()
+                .filter(|c| c.qpn == stream.requester_qpn && !is_receive(c))
+                .copied()
+                .collect();
+            check_requester(sim, stream, &mine, context, &mut fail)
+        }
+        None => (0, false),
+    };
+    report.succeeded += succeeded;
+    report.streams_gave_up += usize::from(gave_up);
+    let requester_alive = requester_completions.is_some();
+    if let Some(all) = responder_completions {
+        let receives: Vec<_> = all
+            .iter()
+            .filter(|c| c.qpn == stream.responder_qpn && is_receive(c))
+            .copied()
+            .collect();
+        let lower = if requester_alive { succeeded } else { 0 };
+        check_responder_memory(sim, stream, lower, &mut fail);
+        check_receives(
+            sim,
+            stream,
+            &receives,
+            if requester_alive {
+                Some(succeeded)
+            } else {
+                None
+            },
+            &mut fail,
+        );
+    }
+}
+
+fn is_receive(completion: &WorkCompletion) -> bool {
+    matches!(
+        completion.opcode,
+        CompletionOpcode::Receive | CompletionOpcode::ReceiveRdmaWithImmediate
+    )
+}
+
+/// Checks completions and returned values. Returns how many succeeded and
+/// whether the transport gave up.
+fn check_requester(
+    sim: &Simulation<RnicNode>,
+    stream: &Stream,
+    completions: &[WorkCompletion],
+    context: CheckContext,
+    fail: &mut impl FnMut(String),
+) -> (usize, bool) {
+    if completions.len() != stream.operations.len() {
+        fail(format!(
+            "liveness: {} of {} operations completed",
+            completions.len(),
+            stream.operations.len()
+        ));
+    }
+    let device = &sim.node(stream.requester).device;
+    let mut model = WindowModel::new();
+    let mut succeeded = 0;
+    let mut errored = false;
+    let mut gave_up = false;
+    for (index, (operation, completion)) in stream.operations.iter().zip(completions).enumerate() {
+        if completion.work_request_id != index as u64 {
+            fail(format!(
+                "completion {index} is for work request {}",
+                completion.work_request_id
+            ));
+            return (succeeded, gave_up);
+        }
+        let status = completion.status;
+        let is_violation = matches!(operation, Operation::Violation(_));
+        match status {
+            CompletionStatus::Success if errored => {
+                fail(format!("op {index} succeeded after an error"))
+            }
+            CompletionStatus::Success if is_violation => fail(format!(
+                "op {index}: the access violation {operation:?} succeeded"
+            )),
+            CompletionStatus::Success => {
+                succeeded += 1;
+                let expected = model.apply(operation);
+                check_returned_value(device, stream, index, &expected, fail);
+            }
+            CompletionStatus::WorkRequestFlushError => {
+                let explained = errored || context.peer_violation || context.turbulent;
+                if !explained {
+                    fail(format!("op {index} flushed with no error before it"));
+                }
+                errored = true;
+            }
+            // Requests before the refused one may have been flushed already
+            // (a READ whose answer was lost), so this may follow flushes.
+            CompletionStatus::RemoteAccessError if is_violation => errored = true,
+            CompletionStatus::RetryExceeded | CompletionStatus::ReceiverNotReadyRetryExceeded
+                if context.turbulent && !errored =>
+            {
+                errored = true;
+                gave_up = true;
+            }
+            other => {
+                fail(format!(
+                    "op {index} ({}) completed with {other:?}",
+                    describe(operation)
+                ));
+                errored = true;
+            }
+        }
+    }
+    (succeeded, gave_up)
+}
+
+fn describe(operation: &Operation) -> String {
+    match operation {
+        Operation::Write {
+            offset,
+            data,
+            immediate,
+        } => format!("WRITE {} B at {offset}, imm {immediate:?}", data.len()),
+        Operation::Read { offset, length } => format!("READ {length} B at {offset}"),
+        Operation::Send { data, immediate } => format!("SEND {} B, imm {immediate:?}", data.len()),
+        Operation::CompareSwap { slot, .. } => format!("CMP_SWAP slot {slot}"),
+        Operation::FetchAdd { slot, .. } => format!("FETCH_ADD slot {slot}"),
+        Operation::Violation(violation) => format!("violation {violation:?}"),
+    }
+}
+
+fn check_returned_value(
+    device: &SoftRnic,
+    stream: &Stream,
+    index: usize,
+    expected: &Expected,
+    fail: &mut impl FnMut(String),
+) {
+    let slot = remora_wire::VirtAddr(stream.local.address.0 + index as u64 * LOCAL_SLOT_BYTES);
+    match expected {
+        Expected::Nothing => {}
+        Expected::ReadData(bytes) => {
+            let mut actual = vec![0u8; bytes.len()];
+            device
+                .read_local(stream.local.lkey, slot, &mut actual)
+                .expect("local slot");
+            if &actual != bytes {
+                let first = actual
+                    .iter()
+                    .zip(bytes)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(0);
+                fail(format!("op {index}: READ of {} B returned wrong data (first difference at byte {first})", bytes.len()));
+            }
+        }
+        Expected::AtomicOriginal(original) => {
+            let mut actual = [0u8; 8];
+            device
+                .read_local(stream.local.lkey, slot, &mut actual)
+                .expect("local slot");
+            let actual = u64::from_le_bytes(actual);
+            if actual != *original {
+                fail(format!(
+                    "op {index}: atomic returned {actual:#x}, the model says {original:#x}"
+                ));
+            }
+        }
+    }
+}
+
+/// The window must equal the model after `k` operations for some `k` no
+/// smaller than the number that succeeded: in order, each exactly once.
+/// The one operation after those `k` may be a WRITE cut off when its queue
+/// pair went to error: then its leading whole packets, and only those, landed.
+fn check_responder_memory(
+    sim: &Simulation<RnicNode>,
+    stream: &Stream,
+    lower: usize,
+    fail: &mut impl FnMut(String),
+) {
+    let mut memory = vec![0u8; WINDOW_BYTES as usize];
+    let device = &sim.node(stream.responder).device;
+    device
+        .read_local(stream.target.lkey, stream.target.address, &mut memory)
+        .expect("live responder window");
+    let mut model = WindowModel::new();
+    // The closest prefix, to say where the memory went wrong.
+    let mut closest = (usize::MAX, 0, 0);
+    for k in 0..=stream.operations.len() {
+        if k >= lower {
+            let differences = model
+                .bytes()
+                .iter()
+                .zip(&memory)
+                .filter(|(a, b)| a != b)
+                .count();
+            if differences == 0
+                || is_cut_off_write(&model, stream.operations.get(k), stream.mtu, &memory)
+            {
+                return;
+            }
+            if differences < closest.0 {
+                let first = model
+                    .bytes()
+                    .iter()
+                    .zip(&memory)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(0);
+                closest = (differences, k, first);
+            }
+        }
+        if let Some(operation) = stream.operations.get(k) {
+            model.apply(operation);
+        }
+    }
+    let (differences, k, first) = closest;
+
+    fail(format!(
+        "responder memory matches no in-order prefix of {lower}..={} operations (lost, duplicated or \
+         reordered effects); closest is {k} operations, {differences} bytes differ from offset {first}",
+        stream.operations.len()
+    ));
+}
+
+/// True if `memory` is `model` plus the first whole packets of `operation`,
+/// a WRITE of more than one packet.
+fn is_cut_off_write(
+    model: &WindowModel,
+    operation: Option<&Operation>,
+    mtu: Mtu,
+    memory: &[u8],
+) -> bool {
+    let Some(Operation::Write { offset, data, .. }) = operation else {
+        return false;
+    };
+    let mtu = mtu.bytes() as usize;
+    let start = *offset as usize;
+    let mut partial = model.bytes().to_vec();
+    for landed in (mtu..data.len()).step_by(mtu) {
+        partial[start..start + landed].copy_from_slice(&data[..landed]);
+        if partial == memory {
+            return true;
+        }
+    }
+    false
+}
+
+/// Receive completions come in posting order, each matched with the next
+/// receive-consuming operation of the stream.
+fn check_receives(
+    sim: &Simulation<RnicNode>,
+    stream: &Stream,
+    receives: &[WorkCompletion],
+    requester_succeeded: Option<usize>,
+    fail: &mut impl FnMut(String),
+) {
+    let consuming: Vec<&Operation> = stream
+        .operations
+        .iter()
+        .filter(|operation| operation.consumes_receive())
+        .collect();
+    let device = &sim.node(stream.responder).device;
+    let mut delivered = 0;
+    for (index, completion) in receives.iter().enumerate() {
+        if completion.status != CompletionStatus::Success {
+            continue;
+        }
+        let Some(operation) = consuming.get(index) else {
+            fail(format!(
+                "receive {index} completed but only {} operations consume receives",
+                consuming.len()
+            ));
+            return;
+        };
+        if completion.work_request_id != index as u64 || delivered != index {
+            fail(format!("receive {index} completed out of order"));
+            return;
+        }
+        delivered += 1;
+        check_one_receive(device, stream, index, completion, operation, fail);
+    }
+    if let Some(succeeded) = requester_succeeded {
+        let owed = stream.operations[..succeeded.min(stream.operations.len())]
+            .iter()
+            .filter(|operation| operation.consumes_receive())
+            .count();
+        if delivered < owed {
+            fail(format!("{owed} receive-consuming operations succeeded but only {delivered} receives completed"));
+        }
+    }
+}
+
+fn check_one_receive(
+    device: &SoftRnic,
+    stream: &Stream,
+    index: usize,
+    completion: &WorkCompletion,
+    operation: &Operation,
+    fail: &mut impl FnMut(String),
+) {
+    let (data, immediate, opcode) = match operation {
+        Operation::Send { data, immediate } => (data, *immediate, CompletionOpcode::Receive),
+        Operation::Write {
+            data, immediate, ..
+        } => (data, *immediate, CompletionOpcode::ReceiveRdmaWithImmediate),
+        _ => unreachable!("only SEND and WRITE-with-immediate consume receives"),
+    };
+    if completion.opcode != opcode
+        || completion.immediate != immediate
+        || completion.byte_len as usize != data.len()
+    {
+        fail(format!(
+            "receive {index}: {completion:?} does not match {}",
+            describe(operation)
+        ));
+        return;
+    }
+    if opcode == CompletionOpcode::Receive {
+        let mut actual = vec![0u8; data.len()];
+        let address = remora_wire::VirtAddr(
+            stream.receives.address.0 + index as u64 * u64::from(MAX_SEND_BYTES),
+        );
+        device
+            .read_local(stream.receives.lkey, address, &mut actual)
+            .expect("receive slot");
+        if &actual != data {
+            fail(format!("receive {index}: SEND payload arrived corrupted"));
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! One direction of a link: serialization at a bandwidth, a bounded queue,
+//! propagation delay, and the fault model.
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use remora_rnic::Timestamp;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Random faults applied to every frame while faults are on.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LinkFaults {
+    /// Probability a frame vanishes.
+    pub loss: f64,
+    /// Probability a frame is delivered twice.
+    pub duplicate: f64,
+    /// Probability a frame is held back by up to `reorder_delay`, so later
+    /// frames overtake it.
+    pub reorder: f64,
+    pub reorder_delay: Duration,
+    /// Probability one random bit of a frame flips.
+    pub corrupt: f64,
+}
+
+impl LinkFaults {
+    pub const NONE: LinkFaults = LinkFaults {
+        loss: 0.0,
+        duplicate: 0.0,
+        reorder: 0.0,
+        reorder_delay: Duration::ZERO,
+        corrupt: 0.0,
+    };
+
+    fn validate(&self) -> Result<(), String> {
+        for (name, value) in [
+            ("loss", self.loss),
+            ("duplicate", self.duplicate),
+            ("reorder", self.reorder),
+            ("corrupt", self.corrupt),
+        ] {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(format!("{name} probability {value} is outside [0, 1]"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LinkConfig {
+    pub bandwidth_bits_per_second: u64,
+    pub propagation_delay: Duration,
+    /// Frames beyond this much queued data are tail-dropped.
+    pub queue_limit_bytes: usize,
+    pub faults: LinkFaults,
+}
+
+impl LinkConfig {
+    /// A 100 Gb/s rack link with 1 µs of propagation delay.
+    pub fn rack() -> LinkConfig {
+        LinkConfig {
+            bandwidth_bits_per_second: 100_000_000_000,
+            propagation_delay: Duration::from_micros(1),
+            queue_limit_bytes: 4 << 20,
+            faults: LinkFaults::NONE,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.bandwidth_bits_per_second == 0 {
+            return Err("bandwidth must be positive".into());
+        }
+        self.faults.validate()
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkCounters {
+    pub frames_offered: u64,
+    pub frames_delivered: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    pub corrupted: u64,
+    pub partition_drops: u64,
+    pub queue_drops: u64,
+}
+
+/// One direction of a link.
+#[derive(Debug)]
+pub(crate) struct Channel {
+    pub(crate) config: LinkConfig,
+    pub(crate) counters: LinkCounters,
+    busy_until: Timestamp,
+    pub(crate) partitioned: bool,
+}
+
+/// What the channel decided for one offered frame: arrival times (none if
+/// lost, two if duplicated) and whether to flip a bit.
+pub(crate) struct Fate {
+    pub(crate) arrivals: [Option<Timestamp>; 2],
+    pub(crate) corrupt_bit: Option<usize>,
+}
+
+impl Channel {
+    pub(crate) fn new(config: LinkConfig) -> Channel {
+        Channel {
+            config,
+            counters: LinkCounters::default(),
+            busy_until: Timestamp::ZERO,
+            partitioned: false,
+        }
+    }
+
+    fn serialization(&self, len_bytes: usize) -> Duration {
+        let bits = len_bytes as u128 * 8;
+        let nanos = bits * 1_000_000_000 / u128::from(self.config.bandwidth_bits_per_second);
+        Duration::from_nanos(nanos as u64)
+    }
+
+    pub(crate) fn offer(
+        &mut self,
+        now: Timestamp,
+        len_bytes: usize,
+        faults_on: bool,
+        rng: &mut ChaCha8Rng,
+    ) -> Fate {
+        self.counters.frames_offered += 1;
+        let nothing = Fate {
+            arrivals: [None, None],
+            corrupt_bit: None,
+        };
+        if self.partitioned {
+            self.counters.partition_drops += 1;
+            return nothing;
+        }
+        let start = self.busy_until.max(now);
+        let queued = start.saturating_duration_since(now);
+        let queue_limit = self.serialization(self.config.queue_limit_bytes);
+        if queued > queue_limit {
+            self.counters.queue_drops += 1;
+            return nothing;
+        }
+        self.busy_until = start.saturating_add(self.serialization(len_bytes));
+        let arrival = self
+            .busy_until
+            .saturating_add(self.config.propagation_delay);
+        if !faults_on {
+            self.counters.frames_delivered += 1;
+            return Fate {
+                arrivals: [Some(arrival), None],
+                corrupt_bit: None,
+            };
+        }
+        let faults = self.config.faults;
+        // Draw every decision for every frame, so a change in one
+        // probability does not shift the random stream of the others.
+        let lost = rng.gen_bool(faults.loss);
+        let duplicated = rng.gen_bool(faults.duplicate);
+        let reordered = rng.gen_bool(faults.reorder);
+        let delay_fraction: f64 = rng.gen();
+        let corrupted = rng.gen_bool(faults.corrupt);
+        let bit = rng.gen_range(0..len_bytes.max(1) * 8);
+        if lost {
+            self.counters.lost += 1;
+            return nothing;
+        }
+        let mut first = arrival;
+        if reordered {
+            self.counters.reordered += 1;
+            let extra = faults.reorder_delay.mul_f64(delay_fraction);
+            first = first.saturating_add(extra);
+        }
+        let second = duplicated.then(|| {
+            self.counters.duplicated += 1;
+            arrival
+        });
+        let corrupt_bit = corrupted.then(|| {
+            self.counters.corrupted += 1;
+            bit
+        });
+        self.counters.frames_delivered += 1;
+        Fate {
+            arrivals: [Some(first), second],
+            corrupt_bit,
+        }
+    }
+}
