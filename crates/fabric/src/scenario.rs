@@ -26,8 +26,10 @@ use remora_wire::{Ipv4Address, MacAddress, Qpn, Rkey};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// The faults of a run, as probabilities.
+/// The faults of a run, as probabilities. Fields left out of a TOML file
+/// are zero.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct FaultProfile {
     pub loss: f64,
     pub duplicate: f64,
@@ -39,6 +41,12 @@ pub struct FaultProfile {
     pub crash: f64,
     /// Probability a stream ends with a remote access violation.
     pub violation: f64,
+}
+
+impl Default for FaultProfile {
+    fn default() -> FaultProfile {
+        FaultProfile::NONE
+    }
 }
 
 impl FaultProfile {
@@ -84,16 +92,27 @@ impl FaultProfile {
     }
 }
 
+/// One scenario run. Fields left out of a TOML file keep their defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ScenarioConfig {
     pub faults: FaultProfile,
     /// Queue-pair connections between the two nodes (two streams each).
     pub connections: usize,
     /// Each stream issues between half this and this many operations.
     pub operations_per_stream: usize,
-    pub safety_phase: Duration,
-    pub liveness_limit: Duration,
+    /// Virtual time with faults on.
+    pub safety_phase_us: u64,
+    /// Virtual time allowed, once faults stop, for everything to finish.
+    pub liveness_limit_ms: u64,
+    /// A bound on simulator steps per phase.
     pub max_events: u64,
+}
+
+impl Default for ScenarioConfig {
+    fn default() -> ScenarioConfig {
+        ScenarioConfig::new(FaultProfile::lossy(0.01))
+    }
 }
 
 impl ScenarioConfig {
@@ -102,8 +121,8 @@ impl ScenarioConfig {
             faults,
             connections: 2,
             operations_per_stream: 60,
-            safety_phase: Duration::from_micros(400),
-            liveness_limit: Duration::from_secs(1),
+            safety_phase_us: 400,
+            liveness_limit_ms: 1000,
             max_events: 2_000_000,
         }
     }
@@ -122,7 +141,20 @@ impl ScenarioConfig {
                 self.operations_per_stream
             ));
         }
+        if self.safety_phase_us == 0 || self.liveness_limit_ms == 0 || self.max_events == 0 {
+            return Err(
+                "safety_phase_us, liveness_limit_ms and max_events must be positive".into(),
+            );
+        }
         Ok(())
+    }
+
+    fn safety_phase(&self) -> Duration {
+        Duration::from_micros(self.safety_phase_us)
+    }
+
+    fn liveness_limit(&self) -> Duration {
+        Duration::from_millis(self.liveness_limit_ms)
     }
 }
 
@@ -204,7 +236,9 @@ fn queue_pair_builder(host: &Host, rng: &mut impl Rng, mtu: Mtu, depth: usize) -
     builder.path_mtu = mtu;
     builder.send_queue_depth = depth;
     builder.receive_queue_depth = depth;
-    builder.timeout = Duration::from_micros(50);
+    // Longer than a full window takes to drain (256 x 4 KiB at 100 Gb/s is
+    // about 80 us), or timeouts fire while the head is merely queued.
+    builder.timeout = Duration::from_micros(500);
     builder.min_rnr_timer = Duration::from_micros(10);
     builder.max_read_atomic = rng.gen_range(1..=16);
     builder.max_destination_read_atomic = 16;
@@ -248,14 +282,14 @@ fn build(seed: u64, config: &ScenarioConfig) -> Build {
     for connection in 0..config.connections {
         streams.extend(connect_streams(&mut sim, &hosts, connection, config));
     }
-    let safety_end = Timestamp::ZERO.saturating_add(config.safety_phase);
+    let safety_end = Timestamp::ZERO.saturating_add(config.safety_phase());
     let partitioned = sim.rng().gen_bool(faults.partition);
     if partitioned {
         let start = sim.random_time(
             Timestamp::ZERO,
             Timestamp::from_nanos(safety_end.as_nanos() / 2),
         );
-        let end = sim.random_time(start, start.saturating_add(config.safety_phase / 3));
+        let end = sim.random_time(start, start.saturating_add(config.safety_phase() / 3));
         sim.schedule(start, Event::Partition(link_id));
         sim.schedule(end, Event::Heal(link_id));
     }
@@ -398,7 +432,7 @@ fn start_stream(
 /// safety phase so that early SENDs meet an empty queue (RNR).
 fn post_receives(sim: &mut Simulation<RnicNode>, stream: &Stream, config: &ScenarioConfig) {
     let late_at = sim.rng().gen_bool(0.2).then(|| {
-        let end = Timestamp::ZERO.saturating_add(config.safety_phase / 4);
+        let end = Timestamp::ZERO.saturating_add(config.safety_phase() / 4);
         sim.random_time(Timestamp::ZERO, end)
     });
     let count = stream
@@ -522,7 +556,11 @@ fn violation_operation(stream: &Stream, responder: &Host, violation: Violation) 
 }
 
 /// Runs one seed and checks it.
+///
+/// # Panics
+/// If `config` fails [`ScenarioConfig::validate`].
 pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
+    config.validate().expect("a valid scenario config");
     let Build {
         mut sim,
         hosts,
@@ -530,10 +568,10 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         partitioned,
         crashed,
     } = build(seed, config);
-    let safety_end = Timestamp::ZERO.saturating_add(config.safety_phase);
+    let safety_end = Timestamp::ZERO.saturating_add(config.safety_phase());
     sim.run_until(safety_end, config.max_events);
     sim.stop_faults();
-    let liveness_end = sim.now().saturating_add(config.liveness_limit);
+    let liveness_end = sim.now().saturating_add(config.liveness_limit());
     let outcome = sim.run_until(liveness_end, config.max_events);
     let mut report = SeedReport {
         seed,
@@ -545,7 +583,7 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
     if !outcome.quiesced {
         report.failures.push(format!(
             "liveness: the rack did not quiesce within {:?} of virtual time",
-            config.liveness_limit
+            config.liveness_limit()
         ));
     }
     let completions: Vec<Option<Vec<WorkCompletion>>> = hosts

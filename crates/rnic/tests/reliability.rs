@@ -37,9 +37,12 @@ fn write_request(
     .unwrap()
 }
 
+/// Picks the remote address a case aims at.
+type TargetOf = fn(&Setup) -> RemoteAddress;
+
 #[test]
 fn bad_rkey_out_of_bounds_and_missing_rights_get_remote_access_naks() {
-    let cases: [(&str, AccessFlags, fn(&Setup) -> RemoteAddress); 3] = [
+    let cases: [(&str, AccessFlags, TargetOf); 3] = [
         ("bad rkey", AccessFlags::ALL, |s| RemoteAddress {
             address: s.right_mr.address,
             rkey: remora_wire::Rkey(s.right_mr.rkey.0 ^ 1),

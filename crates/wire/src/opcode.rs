@@ -85,10 +85,34 @@ impl Opcode {
     ];
 
     pub fn from_u8(value: u8) -> Option<Opcode> {
-        Opcode::ALL
-            .iter()
-            .copied()
-            .find(|opcode| *opcode as u8 == value)
+        use Opcode::*;
+        Some(match value {
+            0x00 => SendFirst,
+            0x01 => SendMiddle,
+            0x02 => SendLast,
+            0x03 => SendLastWithImmediate,
+            0x04 => SendOnly,
+            0x05 => SendOnlyWithImmediate,
+            0x06 => RdmaWriteFirst,
+            0x07 => RdmaWriteMiddle,
+            0x08 => RdmaWriteLast,
+            0x09 => RdmaWriteLastWithImmediate,
+            0x0a => RdmaWriteOnly,
+            0x0b => RdmaWriteOnlyWithImmediate,
+            0x0c => RdmaReadRequest,
+            0x0d => RdmaReadResponseFirst,
+            0x0e => RdmaReadResponseMiddle,
+            0x0f => RdmaReadResponseLast,
+            0x10 => RdmaReadResponseOnly,
+            0x11 => Acknowledge,
+            0x12 => AtomicAcknowledge,
+            0x13 => CompareSwap,
+            0x14 => FetchAdd,
+            0x16 => SendLastWithInvalidate,
+            0x17 => SendOnlyWithInvalidate,
+            0x81 => CongestionNotification,
+            _ => return None,
+        })
     }
 
     pub fn family(self) -> OpcodeFamily {

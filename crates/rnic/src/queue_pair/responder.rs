@@ -546,7 +546,7 @@ impl QueuePairContext {
             .extension
             .atomic_eth
             .expect("opcode implies AtomicETH");
-        if atomic.virtual_address.0 % 8 != 0 {
+        if !atomic.virtual_address.0.is_multiple_of(8) {
             return Err((
                 Refusal {
                     code: NakCode::InvalidRequest,

@@ -1,0 +1,116 @@
+//! `remora bench NAME`: benchmarks with a table on stdout and, with
+//! `--json`, one document shaped
+//! `{"bench", "config", "host", "results": [{variant, metric, value, unit}], "ratios"}`.
+
+mod fabric;
+
+use clap::{Args, Subcommand};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// The soft RNIC's own cost: READ and WRITE of 64 B to 64 KiB between two
+    /// devices in one thread with no carrier, against memcpy in the same run.
+    Fabric(CommonArgs),
+}
+
+#[derive(Args)]
+pub struct CommonArgs {
+    /// Short run (under a minute on 2 cores) with fewer repetitions.
+    #[arg(long)]
+    quick: bool,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+pub struct Measurement {
+    pub variant: String,
+    pub metric: String,
+    pub value: f64,
+    pub unit: String,
+}
+
+#[derive(Serialize)]
+pub struct Report {
+    pub bench: String,
+    pub config: serde_json::Value,
+    pub host: Host,
+    pub results: Vec<Measurement>,
+    pub ratios: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Report {
+    pub fn add(&mut self, variant: &str, metric: &str, value: f64, unit: &str) {
+        self.results.push(Measurement {
+            variant: variant.into(),
+            metric: metric.into(),
+            value,
+            unit: unit.into(),
+        });
+    }
+}
+
+#[derive(Serialize)]
+pub struct Host {
+    pub cpu: String,
+    pub logical_cpus: usize,
+    pub kernel: String,
+    pub remora_version: String,
+}
+
+impl Host {
+    pub fn probe() -> Host {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find(|line| line.starts_with("model name"))
+                    .map(|line| line.split(':').nth(1).unwrap_or("").trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let uname = rustix::system::uname();
+        Host {
+            cpu,
+            logical_cpus: std::thread::available_parallelism().map_or(1, |count| count.get()),
+            kernel: format!(
+                "{} {}",
+                uname.sysname().to_string_lossy(),
+                uname.release().to_string_lossy()
+            ),
+            remora_version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
+/// CPU time this thread has used: what the NIC emulation costs, apart from
+/// time the thread spent descheduled on a shared machine.
+pub fn thread_cpu_ns() -> u64 {
+    let time = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
+}
+
+/// The median, which shared and noisy machines call for.
+pub fn median(values: &mut [f64]) -> f64 {
+    assert!(!values.is_empty());
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[middle]
+    } else {
+        (values[middle - 1] + values[middle]) / 2.0
+    }
+}
+
+pub fn run(command: BenchCommand) -> Result<ExitCode, String> {
+    let BenchCommand::Fabric(args) = command;
+    let report = fabric::run(args.quick)?;
+    if let Some(path) = &args.json {
+        crate::write_json(path, &report)?;
+        println!("\nwrote {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,368 @@
+//! `remora demo`: a tour of the fabric. Two soft RNICs, wired back to back,
+//! run every RC operation; each result is checked, not just reported.
+
+use remora_rnic::back_to_back::{BackToBack, Verdict};
+use remora_rnic::*;
+use remora_wire::VirtAddr;
+use serde::Serialize;
+use std::path::Path;
+use std::process::ExitCode;
+
+const REGION_BYTES: u64 = 1 << 20;
+const BIG_BYTES: u32 = 64 * 1024;
+
+#[derive(Serialize)]
+struct Row {
+    operation: String,
+    bytes: u32,
+    status: String,
+    frames: u64,
+    wire_bytes: u64,
+    retransmitted: u64,
+    checked: String,
+    ok: bool,
+}
+
+/// Both devices of the tour, with one region and queue each side.
+struct Tour {
+    fabric: BackToBack,
+    left: (MemoryRegion, CompletionQueue, QueuePair),
+    right: (MemoryRegion, CompletionQueue, QueuePair),
+    rows: Vec<Row>,
+}
+
+fn setup(seed: u64, access: AccessFlags) -> Result<Tour, VerbsError> {
+    let mut fabric = BackToBack::new(seed);
+    let mut builders = Vec::new();
+    let mut sides = Vec::new();
+    for device in [&mut fabric.left, &mut fabric.right] {
+        let pd = device.alloc_protection_domain()?;
+        let region = device.register_memory(pd, REGION_BYTES, access)?;
+        let queue = device.create_completion_queue(64)?;
+        let mut builder = QueuePairBuilder::new(pd, queue, queue);
+        builder.path_mtu = Mtu::MTU_4096;
+        builders.push(builder);
+        sides.push((region, queue));
+    }
+    let (left_qp, right_qp) = fabric.connect(&builders[0], &builders[1])?;
+    Ok(Tour {
+        fabric,
+        left: (sides[0].0, sides[0].1, left_qp),
+        right: (sides[1].0, sides[1].1, right_qp),
+        rows: Vec::new(),
+    })
+}
+
+fn pattern(len: u32, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|index| (index as u8).wrapping_mul(167).wrapping_add(seed))
+        .collect()
+}
+
+fn at(region: &MemoryRegion, offset: u64) -> VirtAddr {
+    VirtAddr(region.address.0 + offset)
+}
+
+impl Tour {
+    fn receive_completion(&mut self) -> Option<WorkCompletion> {
+        self.fabric
+            .right
+            .poll_completion(self.right.1)
+            .ok()
+            .flatten()
+    }
+
+    fn read(&self, right_side: bool, offset: u64, len: usize) -> Vec<u8> {
+        let (device, region) = if right_side {
+            (&self.fabric.right, &self.right.0)
+        } else {
+            (&self.fabric.left, &self.left.0)
+        };
+        let mut bytes = vec![0u8; len];
+        device
+            .read_local(region.lkey, at(region, offset), &mut bytes)
+            .expect("inside the region");
+        bytes
+    }
+
+    /// Posts one request, runs the fabric with `loss` applied to every
+    /// frame, and records the row after `check` judges the outcome.
+    fn run(
+        &mut self,
+        name: &str,
+        request: SendRequest,
+        loss_every: Option<u64>,
+        check: impl FnOnce(&mut Tour, &WorkCompletion) -> (bool, String),
+    ) -> Result<(), VerbsError> {
+        let before = self.fabric.left.counters().clone();
+        let right_before = self.fabric.right.counters().clone();
+        self.fabric.left.post_send(self.left.2, request)?;
+        let mut frame_number = 0u64;
+        let summary = self.fabric.run_filtered(100_000, &mut |_, _| {
+            frame_number += 1;
+            match loss_every {
+                Some(every) if frame_number.is_multiple_of(every) => Verdict::Drop,
+                _ => Verdict::Deliver,
+            }
+        });
+        let completion = self.fabric.left.poll_completion(self.left.1)?;
+        let (ok, checked) = match (&completion, summary.quiesced) {
+            (Some(completion), true) => check(self, completion),
+            (None, _) => (false, "no completion".to_string()),
+            (_, false) => (false, "did not finish".to_string()),
+        };
+        let after = self.fabric.left.counters();
+        let right_after = self.fabric.right.counters();
+        self.rows.push(Row {
+            operation: name.to_string(),
+            bytes: request.local.total_length_bytes() as u32,
+            status: completion.map_or("none".into(), |completion| {
+                format!("{:?}", completion.status)
+            }),
+            frames: summary.frames_moved,
+            wire_bytes: (after.bytes_transmitted - before.bytes_transmitted)
+                + (right_after.bytes_transmitted - right_before.bytes_transmitted),
+            retransmitted: after.packets_retransmitted - before.packets_retransmitted,
+            checked,
+            ok,
+        });
+        Ok(())
+    }
+}
+
+fn success(completion: &WorkCompletion) -> bool {
+    completion.status == CompletionStatus::Success
+}
+
+fn tour_operations(tour: &mut Tour) -> Result<(), VerbsError> {
+    let (left_region, right_region) = (tour.left.0, tour.right.0);
+    let big = pattern(BIG_BYTES, 1);
+    tour.fabric
+        .left
+        .write_local(left_region.lkey, at(&left_region, 0), &big)?;
+    for (id, length) in [(0, 4096), (1, 64)] {
+        let receive =
+            ReceiveRequest::new(id, &[right_region.slice(0x80000 + id * 0x10000, length)])?;
+        tour.fabric.right.post_receive(tour.right.2, receive)?;
+    }
+    let receive_for_immediate = ReceiveRequest::new(2, &[])?;
+    tour.fabric
+        .right
+        .post_receive(tour.right.2, receive_for_immediate)?;
+
+    let send = SendRequest::new(
+        1,
+        SendOperation::Send { immediate: None },
+        &[left_region.slice(0, 4096)],
+    )?;
+    tour.run("SEND", send, None, |tour, completion| {
+        let receive = tour.receive_completion();
+        let landed = receive.is_some_and(|receive| receive.byte_len == 4096)
+            && tour.read(true, 0x80000, 4096) == big[..4096];
+        (
+            success(completion) && landed,
+            "receive buffer holds the payload".into(),
+        )
+    })?;
+    let send = SendRequest::new(
+        2,
+        SendOperation::Send {
+            immediate: Some(0xc0ffee),
+        },
+        &[left_region.slice(0, 64)],
+    )?;
+    tour.run("SEND with immediate", send, None, |tour, completion| {
+        let receive = tour.receive_completion();
+        let immediate_ok = receive.is_some_and(|receive| receive.immediate == Some(0xc0ffee));
+        (
+            success(completion) && immediate_ok,
+            "receiver saw immediate 0xc0ffee".into(),
+        )
+    })?;
+    let write = SendRequest::new(
+        3,
+        SendOperation::Write {
+            remote: right_region.remote(0),
+            immediate: None,
+        },
+        &[left_region.slice(0, BIG_BYTES)],
+    )?;
+    tour.run("RDMA WRITE", write, None, |tour, completion| {
+        (
+            success(completion) && tour.read(true, 0, BIG_BYTES as usize) == big,
+            "remote memory equals source".into(),
+        )
+    })?;
+    let write = SendRequest::new(
+        4,
+        SendOperation::Write {
+            remote: right_region.remote(0x40000),
+            immediate: Some(7),
+        },
+        &[left_region.slice(0, 100)],
+    )?;
+    tour.run(
+        "RDMA WRITE with immediate",
+        write,
+        None,
+        |tour, completion| {
+            let receive = tour.receive_completion();
+            let ok = receive.is_some_and(|receive| {
+                receive.opcode == CompletionOpcode::ReceiveRdmaWithImmediate
+                    && receive.immediate == Some(7)
+            });
+            (
+                success(completion) && ok,
+                "data landed, receiver saw immediate 7".into(),
+            )
+        },
+    )?;
+    let read = SendRequest::new(
+        5,
+        SendOperation::Read {
+            remote: right_region.remote(0),
+        },
+        &[left_region.slice(0x20000, BIG_BYTES)],
+    )?;
+    tour.run("RDMA READ", read, None, |tour, completion| {
+        (
+            success(completion) && tour.read(false, 0x20000, BIG_BYTES as usize) == big,
+            "local copy equals remote".into(),
+        )
+    })?;
+    tour.fabric.right.write_local(
+        right_region.lkey,
+        at(&right_region, 0x50000),
+        &41u64.to_le_bytes(),
+    )?;
+    let swap = SendRequest::new(
+        6,
+        SendOperation::CompareSwap {
+            remote: right_region.remote(0x50000),
+            compare: 41,
+            swap: 99,
+        },
+        &[left_region.slice(0x40000, 8)],
+    )?;
+    tour.run("CMP_SWAP", swap, None, |tour, completion| {
+        let old = tour.read(false, 0x40000, 8) == 41u64.to_le_bytes();
+        let new = tour.read(true, 0x50000, 8) == 99u64.to_le_bytes();
+        (
+            success(completion) && old && new,
+            "returned 41, memory now 99".into(),
+        )
+    })?;
+    let add = SendRequest::new(
+        7,
+        SendOperation::FetchAdd {
+            remote: right_region.remote(0x50000),
+            add: 1,
+        },
+        &[left_region.slice(0x40008, 8)],
+    )?;
+    tour.run("FETCH_ADD", add, None, |tour, completion| {
+        let old = tour.read(false, 0x40008, 8) == 99u64.to_le_bytes();
+        let new = tour.read(true, 0x50000, 8) == 100u64.to_le_bytes();
+        (
+            success(completion) && old && new,
+            "returned 99, memory now 100".into(),
+        )
+    })?;
+    let write = SendRequest::new(
+        8,
+        SendOperation::Write {
+            remote: right_region.remote(0x60000),
+            immediate: None,
+        },
+        &[left_region.slice(0, BIG_BYTES)],
+    )?;
+    tour.run(
+        "RDMA WRITE, 1 frame in 5 lost",
+        write,
+        Some(5),
+        |tour, completion| {
+            (
+                success(completion) && tour.read(true, 0x60000, BIG_BYTES as usize) == big,
+                "go-back-N delivered it intact".into(),
+            )
+        },
+    )
+}
+
+fn tour_violation(seed: u64) -> Result<Row, VerbsError> {
+    let mut tour = setup(seed, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
+    let right_region = tour.right.0;
+    let before = tour.read(true, 0, 4096);
+    let write = SendRequest::new(
+        9,
+        SendOperation::Write {
+            remote: right_region.remote(0),
+            immediate: None,
+        },
+        &[tour.left.0.slice(0, 4096)],
+    )?;
+    tour.run(
+        "WRITE to a read-only region",
+        write,
+        None,
+        |tour, completion| {
+            let unchanged = tour.read(true, 0, 4096) == before;
+            (
+                completion.status == CompletionStatus::RemoteAccessError && unchanged,
+                "NAK remote access error, memory unchanged".into(),
+            )
+        },
+    )?;
+    Ok(tour.rows.pop().expect("one row"))
+}
+
+fn print_table(rows: &[Row]) {
+    println!(
+        "Remora fabric tour: two soft RNICs back to back, path MTU 4096, real RoCEv2 frames\n"
+    );
+    println!(
+        "{:<30} {:>7} {:<19} {:>6} {:>9} {:>7}  check",
+        "operation", "bytes", "status", "frames", "wire B", "retx"
+    );
+    for row in rows {
+        let mark = if row.ok { "ok" } else { "FAILED" };
+        println!(
+            "{:<30} {:>7} {:<19} {:>6} {:>9} {:>7}  {mark}: {}",
+            row.operation,
+            row.bytes,
+            row.status,
+            row.frames,
+            row.wire_bytes,
+            row.retransmitted,
+            row.checked
+        );
+    }
+}
+
+pub fn run(json: Option<&Path>) -> Result<ExitCode, String> {
+    let mut tour = setup(1, AccessFlags::ALL).map_err(|error| error.to_string())?;
+    tour_operations(&mut tour).map_err(|error| error.to_string())?;
+    let mut rows = std::mem::take(&mut tour.rows);
+    rows.push(tour_violation(2).map_err(|error| error.to_string())?);
+    print_table(&rows);
+    let counters = [tour.fabric.left.counters(), tour.fabric.right.counters()];
+    println!(
+        "\ntotals: {} frames, {} ACKs sent ({} coalesced away), {} sequence NAKs, {} retransmit timeouts, {} frames dropped",
+        counters.iter().map(|c| c.frames_transmitted).sum::<u64>(),
+        counters.iter().map(|c| c.acks_sent).sum::<u64>(),
+        counters.iter().map(|c| c.acks_coalesced).sum::<u64>(),
+        counters.iter().map(|c| c.sequence_naks_sent).sum::<u64>(),
+        counters.iter().map(|c| c.retransmit_timeouts).sum::<u64>(),
+        counters.iter().map(|c| c.drops_total()).sum::<u64>(),
+    );
+    let failed = rows.iter().filter(|row| !row.ok).count();
+    if let Some(path) = json {
+        crate::write_json(path, &serde_json::json!({ "rows": rows, "failed": failed }))?;
+    }
+    if failed > 0 {
+        println!("\n{failed} operations FAILED their checks");
+        return Ok(ExitCode::FAILURE);
+    }
+    println!("\nall {} operations checked", rows.len());
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,172 @@
+//! `remora sim`: simulation campaigns.
+
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use remora_fabric::{run_campaign, FaultProfile, ScenarioConfig};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Subcommand)]
+pub enum SimCommand {
+    /// Two soft RNICs exchange random mixes of every RC operation under
+    /// loss, duplication, reordering, corruption, partitions, crashes and
+    /// access violations; each seed is checked against a plain model.
+    Fabric(FabricArgs),
+}
+
+#[derive(Args)]
+pub struct FabricArgs {
+    /// How many seeds to run.
+    #[arg(long, default_value_t = 100)]
+    seeds: u64,
+    /// Run this one seed only (to replay a failure).
+    #[arg(long, conflicts_with = "seeds")]
+    seed: Option<u64>,
+    /// First seed of the campaign.
+    #[arg(long, default_value_t = 0)]
+    first_seed: u64,
+    /// Scenario config in TOML (the fields of ScenarioConfig); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Probability a frame is lost.
+    #[arg(long)]
+    loss: Option<f64>,
+    /// Probability a frame is delivered twice.
+    #[arg(long)]
+    duplicate: Option<f64>,
+    /// Probability a frame is delayed so later frames overtake it.
+    #[arg(long)]
+    reorder: Option<f64>,
+    /// Probability one bit of a frame flips.
+    #[arg(long)]
+    corrupt: Option<f64>,
+    /// Probability the link is cut for part of the safety phase.
+    #[arg(long)]
+    partition: Option<f64>,
+    /// Probability a node crashes and restarts empty.
+    #[arg(long)]
+    crash: Option<f64>,
+    /// Probability a stream ends with a remote access violation.
+    #[arg(long)]
+    violation: Option<f64>,
+    /// Write the campaign report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+impl FabricArgs {
+    fn scenario(&self) -> Result<ScenarioConfig, String> {
+        let mut config = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+                toml::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))?
+            }
+            None => ScenarioConfig::new(FaultProfile::lossy(0.01)),
+        };
+        let faults = &mut config.faults;
+        for (flag, field) in [
+            (self.loss, &mut faults.loss),
+            (self.duplicate, &mut faults.duplicate),
+            (self.reorder, &mut faults.reorder),
+            (self.corrupt, &mut faults.corrupt),
+            (self.partition, &mut faults.partition),
+            (self.crash, &mut faults.crash),
+            (self.violation, &mut faults.violation),
+        ] {
+            if let Some(value) = flag {
+                *field = value;
+            }
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The flags that reproduce `seed` under this configuration.
+    fn replay_command(&self, seed: u64, config: &ScenarioConfig) -> String {
+        let faults = &config.faults;
+        let mut command = format!(
+            "remora sim fabric --seed {seed} --loss {} --duplicate {} --reorder {} --corrupt {} --partition {} --crash {} --violation {}",
+            faults.loss, faults.duplicate, faults.reorder, faults.corrupt, faults.partition, faults.crash, faults.violation
+        );
+        if let Some(path) = &self.config {
+            command += &format!(" --config {}", path.display());
+        }
+        command
+    }
+}
+
+pub fn run(command: SimCommand) -> Result<ExitCode, String> {
+    let SimCommand::Fabric(args) = command;
+    let config = args.scenario()?;
+    let (first_seed, count) = match args.seed {
+        Some(seed) => (seed, 1),
+        None => (args.first_seed, args.seeds),
+    };
+    let progress = ProgressBar::new(count);
+    progress.set_style(
+        ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} seeds, {msg} [{elapsed_precise}, eta {eta}]",
+        )
+        .expect("static template"),
+    );
+    let mut failed = 0;
+    let report = run_campaign(first_seed, count, &config, |seed| {
+        failed += u64::from(!seed.passed());
+        progress.set_message(format!("{failed} failed"));
+        progress.inc(1);
+    });
+    progress.finish_and_clear();
+    print_summary(&report, &config);
+    for failure in &report.failures {
+        println!("\nseed {} FAILED:", failure.seed);
+        for message in &failure.failures {
+            println!("  {message}");
+        }
+        println!("  replay: {}", args.replay_command(failure.seed, &config));
+    }
+    if let Some(path) = &args.json {
+        let document = serde_json::json!({ "config": config, "report": report });
+        crate::write_json(path, &document)?;
+    }
+    Ok(if report.failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn print_summary(report: &remora_fabric::CampaignReport, config: &ScenarioConfig) {
+    let faults = &config.faults;
+    println!(
+        "fabric campaign: seeds {}..{} loss {} duplicate {} reorder {} corrupt {} partition {} crash {} violation {}",
+        report.first_seed,
+        report.first_seed + report.seeds,
+        faults.loss,
+        faults.duplicate,
+        faults.reorder,
+        faults.corrupt,
+        faults.partition,
+        faults.crash,
+        faults.violation
+    );
+    println!(
+        "  seeds passed         {:>10} of {}",
+        report.seeds - report.failures.len() as u64,
+        report.seeds
+    );
+    println!("  operations           {:>10}", report.operations);
+    println!("  succeeded            {:>10}", report.succeeded);
+    println!(
+        "  streams that gave up {:>10}  (retry limit reached under faults: legal)",
+        report.streams_gave_up
+    );
+    println!("  seeds with a crash   {:>10}", report.seeds_with_crash);
+    println!("  seeds with partition {:>10}", report.seeds_with_partition);
+    println!("  frames               {:>10}", report.frames);
+    println!(
+        "  retransmitted        {:>10}",
+        report.retransmitted_packets
+    );
+    println!("  retransmit timeouts  {:>10}", report.retransmit_timeouts);
+}

@@ -1,0 +1,174 @@
+//! The simulator's own guarantees: one seed, one run; faults as configured;
+//! crashes silence a node; the liveness phase is fault-free.
+
+use remora_sim::*;
+use std::time::Duration;
+
+/// Sends `remaining` numbered frames, one per microsecond, and records what
+/// it receives.
+#[derive(Default)]
+struct Pinger {
+    remaining: u32,
+    next_send: Option<Timestamp>,
+    sent: u32,
+    received: Vec<(Timestamp, Vec<u8>)>,
+}
+
+impl Pinger {
+    fn sending(count: u32) -> Pinger {
+        Pinger {
+            remaining: count,
+            next_send: Some(Timestamp::ZERO),
+            ..Pinger::default()
+        }
+    }
+}
+
+impl Node for Pinger {
+    fn handle_frame(&mut self, now: Timestamp, _port: PortId, frame: &[u8]) {
+        self.received.push((now, frame.to_vec()));
+    }
+
+    fn poll_transmit(&mut self, now: Timestamp, buffer: &mut [u8]) -> Option<(PortId, usize)> {
+        if self.remaining == 0 || self.next_send? > now {
+            return None;
+        }
+        self.remaining -= 1;
+        self.sent += 1;
+        buffer[..4].copy_from_slice(&self.sent.to_be_bytes());
+        buffer[4..1000].fill(0xab);
+        self.next_send = Some(now.saturating_add(Duration::from_micros(1)));
+        Some((PortId(0), 1000))
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        (self.remaining > 0).then_some(self.next_send).flatten()
+    }
+
+    fn handle_timeout(&mut self, _now: Timestamp) {}
+
+    fn crash(&mut self, _now: Timestamp) {
+        self.remaining = 0;
+    }
+
+    fn restart(&mut self, _now: Timestamp) {}
+}
+
+fn pair(seed: u64, faults: LinkFaults, count: u32) -> (Simulation<Pinger>, NodeId, NodeId, LinkId) {
+    let mut sim = Simulation::new(seed);
+    let sender = sim.add_node(Pinger::sending(count));
+    let receiver = sim.add_node(Pinger::default());
+    let mut config = LinkConfig::rack();
+    config.faults = faults;
+    let link = sim.connect((sender, PortId(0)), (receiver, PortId(0)), config);
+    (sim, sender, receiver, link)
+}
+
+fn noisy() -> LinkFaults {
+    LinkFaults {
+        loss: 0.1,
+        duplicate: 0.05,
+        reorder: 0.2,
+        reorder_delay: Duration::from_micros(5),
+        corrupt: 0.05,
+    }
+}
+
+#[test]
+fn one_seed_gives_one_run() {
+    let run = |seed| {
+        let (mut sim, _, receiver, _) = pair(seed, noisy(), 2000);
+        sim.run_until(Timestamp::from_nanos(u64::MAX), 1_000_000);
+        sim.node(receiver).received.clone()
+    };
+    assert_eq!(run(7), run(7));
+    assert_ne!(run(7), run(8));
+}
+
+#[test]
+fn faults_happen_at_their_configured_rates() {
+    let (mut sim, _, receiver, link) = pair(1, noisy(), 20_000);
+    let outcome = sim.run_until(Timestamp::from_nanos(u64::MAX), 10_000_000);
+    assert!(outcome.quiesced);
+    let [forward, _] = sim.link_counters(link);
+    let rate = |count: u64| count as f64 / forward.frames_offered as f64;
+    assert_eq!(forward.frames_offered, 20_000);
+    assert!(
+        (rate(forward.lost) - 0.1).abs() < 0.01,
+        "loss {}",
+        rate(forward.lost)
+    );
+    assert!((rate(forward.duplicated) - 0.045).abs() < 0.01);
+    assert!((rate(forward.corrupted) - 0.045).abs() < 0.01);
+    let received = &sim.node(receiver).received;
+    assert_eq!(
+        received.len() as u64,
+        forward.frames_delivered + forward.duplicated
+    );
+    // Bits flipped in the 0xab body; a duplicate of a damaged frame is
+    // delivered damaged too, hence up to twice the counted corruptions.
+    let flipped_bits: Vec<u32> = received
+        .iter()
+        .map(|(_, frame)| {
+            frame[4..]
+                .iter()
+                .map(|byte| (byte ^ 0xab).count_ones())
+                .sum()
+        })
+        .filter(|bits| *bits > 0)
+        .collect();
+    assert!(!flipped_bits.is_empty());
+    assert!(
+        flipped_bits.iter().all(|bits| *bits == 1),
+        "corruption flips exactly one bit"
+    );
+    assert!(flipped_bits.len() as u64 <= 2 * forward.corrupted);
+    let reordered = received
+        .windows(2)
+        .filter(|pair| pair[0].1[..4] > pair[1].1[..4])
+        .count();
+    assert!(reordered > 0, "reordering lets later frames overtake");
+}
+
+#[test]
+fn bandwidth_and_delay_set_arrival_times() {
+    let (mut sim, _, receiver, _) = pair(3, LinkFaults::NONE, 1);
+    sim.run_until(Timestamp::from_nanos(u64::MAX), 100);
+    // 1000 bytes at 100 Gb/s is 80 ns on the wire, then 1 us of propagation.
+    assert_eq!(
+        sim.node(receiver).received[0].0,
+        Timestamp::from_nanos(1080)
+    );
+}
+
+#[test]
+fn partitions_drop_and_heal() {
+    let (mut sim, _, receiver, link) = pair(4, LinkFaults::NONE, 100);
+    sim.schedule(Timestamp::from_nanos(10_500), Event::Partition(link));
+    sim.schedule(Timestamp::from_nanos(20_500), Event::Heal(link));
+    sim.run_until(Timestamp::from_nanos(u64::MAX), 100_000);
+    assert_eq!(sim.link_counters(link)[0].partition_drops, 10);
+    assert_eq!(sim.node(receiver).received.len(), 90);
+}
+
+#[test]
+fn a_crashed_node_neither_sends_nor_receives_and_the_liveness_phase_is_clean() {
+    let (mut sim, _, receiver, link) = pair(5, noisy(), 100);
+    sim.schedule(Timestamp::from_nanos(30_500), Event::Crash(receiver));
+    sim.run_until(Timestamp::from_nanos(50_000), 100_000);
+    assert!(sim.is_crashed(receiver));
+    assert!(sim.dropped_at_crashed_nodes() > 0);
+    sim.stop_faults();
+    assert!(
+        !sim.is_crashed(receiver),
+        "stopping faults restarts crashed nodes"
+    );
+    let lost_before = sim.link_counters(link)[0].lost;
+    let outcome = sim.run_until(Timestamp::from_nanos(u64::MAX), 100_000);
+    assert!(outcome.quiesced);
+    assert_eq!(
+        sim.link_counters(link)[0].lost,
+        lost_before,
+        "no faults in the liveness phase"
+    );
+}
