@@ -11,6 +11,8 @@ pub mod back_to_back;
 mod counters;
 pub mod device;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod memory;
 mod queue_pair;
 mod queues;

@@ -526,9 +526,13 @@ impl QueuePairContext {
                 if !front.is_done() {
                     if fully_covered {
                         // The responder answered later requests, so this
-                        // response was lost: an implicit NAK.
+                        // response was lost: an implicit NAK. It spends a
+                        // retry like any go-back, so no pattern of answers
+                        // can make the requester loop forever.
                         let resume = front.resume_psn();
-                        requester.rewind_to(resume);
+                        if self.consume_retry(resources) {
+                            self.requester.rewind_to(resume);
+                        }
                     }
                     break;
                 }
@@ -607,7 +611,10 @@ impl QueuePairContext {
         let offset_bytes = u64::from(wqe.packets_done) * mtu;
         let expected_len = (u64::from(wqe.length_bytes) - offset_bytes).min(mtu);
         if payload.len() as u64 != expected_len {
-            return false;
+            // The responder answered a different READ than we asked: no
+            // retransmission can fix that.
+            self.fail_request(index, CompletionStatus::BadResponseError, resources);
+            return true;
         }
         if resources
             .memory
