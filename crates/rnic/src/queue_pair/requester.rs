@@ -78,6 +78,8 @@ pub(crate) struct Requester {
     rnr_retries_left: u8,
     retransmit_deadline: Option<Timestamp>,
     rnr_resume_at: Option<Timestamp>,
+    /// The resume point of the last implicit NAK, cleared on progress.
+    implicit_nak_at: Option<Psn>,
 }
 
 impl Requester {
@@ -93,6 +95,7 @@ impl Requester {
             rnr_retries_left: attributes.rnr_retry,
             retransmit_deadline: None,
             rnr_resume_at: None,
+            implicit_nak_at: None,
         }
     }
 
@@ -135,11 +138,20 @@ impl Requester {
         self.queue.iter().position(|wqe| wqe.contains(psn))
     }
 
-    /// Moves the go-back-N cursor back to `psn`.
-    fn rewind_to(&mut self, psn: Psn) {
+    /// Puts the go-back-N cursor at `psn`, in either direction.
+    fn move_cursor(&mut self, psn: Psn) {
         let index = self.index_of(psn).unwrap_or(self.queue.len());
         self.transmit_index = index;
         self.transmit_psn = psn;
+    }
+
+    /// Goes back to `psn` unless the cursor is already there or earlier.
+    /// A go-back never moves forward: a NAK for a later PSN must not skip
+    /// the re-request of an earlier READ still waiting for its answer.
+    fn rewind_to(&mut self, psn: Psn) {
+        if psn.precedes(self.transmit_psn) {
+            self.move_cursor(psn);
+        }
     }
 
     /// Completes every request with a flush error.
@@ -526,12 +538,16 @@ impl QueuePairContext {
                 if !front.is_done() {
                     if fully_covered {
                         // The responder answered later requests, so this
-                        // response was lost: an implicit NAK. It spends a
-                        // retry like any go-back, so no pattern of answers
-                        // can make the requester loop forever.
+                        // response was lost: an implicit NAK. Once per
+                        // resume point until progress: the ACKs still in
+                        // flight behind the first would otherwise rewind
+                        // again and again, and a responder that never
+                        // answers must meet the retransmission timer, which
+                        // spends retries.
                         let resume = front.resume_psn();
-                        if self.consume_retry(resources) {
-                            self.requester.rewind_to(resume);
+                        if requester.implicit_nak_at != Some(resume) {
+                            requester.implicit_nak_at = Some(resume);
+                            requester.rewind_to(resume);
                         }
                     }
                     break;
@@ -547,7 +563,7 @@ impl QueuePairContext {
         let requester = &mut self.requester;
         let unacked = requester.unacked_psn();
         if requester.transmit_psn.precedes(unacked) {
-            requester.rewind_to(unacked);
+            requester.move_cursor(unacked);
         }
         if before != unacked {
             self.on_progress(now);
@@ -579,6 +595,7 @@ impl QueuePairContext {
         let requester = &mut self.requester;
         requester.retries_left = self.attributes.retry_count;
         requester.rnr_retries_left = self.attributes.rnr_retry;
+        requester.implicit_nak_at = None;
         requester.retransmit_deadline = requester
             .has_outstanding()
             .then(|| now.saturating_add(self.attributes.timeout));
