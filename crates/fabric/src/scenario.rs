@@ -590,8 +590,7 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         .iter()
         .map(|host| drain_completions(&mut sim, host))
         .collect();
-    let turbulent =
-        config.faults.loss > 0.0 || config.faults.corrupt > 0.0 || partitioned || crashed;
+    let lossy = config.faults.loss > 0.0 || config.faults.corrupt > 0.0;
     for stream in &streams {
         let requester_completions = completions[stream.requester.0].as_deref();
         let responder_completions = completions[stream.responder.0].as_deref();
@@ -599,8 +598,12 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
             other.connection == stream.connection
                 && matches!(other.operations.last(), Some(Operation::Violation(_)))
         });
+        // A transport gives up only when its peer is gone (crash,
+        // partition) or errored after a violation and the loss ate the
+        // NAK that said so. Loss alone must never exhaust the retries.
+        let may_give_up = crashed || partitioned || (peer_violation && lossy);
         let context = CheckContext {
-            turbulent,
+            may_give_up,
             peer_violation,
         };
         check_stream(
@@ -640,8 +643,8 @@ fn drain_completions(sim: &mut Simulation<RnicNode>, host: &Host) -> Option<Vec<
 
 #[derive(Clone, Copy)]
 struct CheckContext {
-    /// Loss, corruption, a partition or a crash happened: giving up is legal.
-    turbulent: bool,
+    /// Giving up (retry or RNR limit) is legal in this run.
+    may_give_up: bool,
     /// A stream on this connection ends with a violation, which errors both
     /// queue pairs of the connection.
     peer_violation: bool,
@@ -744,7 +747,7 @@ fn check_requester(
                 check_returned_value(device, stream, index, &expected, fail);
             }
             CompletionStatus::WorkRequestFlushError => {
-                let explained = errored || context.peer_violation || context.turbulent;
+                let explained = errored || context.peer_violation;
                 if !explained {
                     fail(format!("op {index} flushed with no error before it"));
                 }
@@ -754,7 +757,7 @@ fn check_requester(
             // (a READ whose answer was lost), so this may follow flushes.
             CompletionStatus::RemoteAccessError if is_violation => errored = true,
             CompletionStatus::RetryExceeded | CompletionStatus::ReceiverNotReadyRetryExceeded
-                if context.turbulent && !errored =>
+                if context.may_give_up && !errored =>
             {
                 errored = true;
                 gave_up = true;

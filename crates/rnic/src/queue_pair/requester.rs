@@ -80,6 +80,10 @@ pub(crate) struct Requester {
     rnr_resume_at: Option<Timestamp>,
     /// The resume point of the last implicit NAK, cleared on progress.
     implicit_nak_at: Option<Psn>,
+    /// The highest PSN the responder is known to have executed. It can run
+    /// ahead of the oldest unanswered request (a READ or atomic whose answer
+    /// was lost), and its advance is what counts as progress.
+    acknowledged_psn: Psn,
 }
 
 impl Requester {
@@ -96,6 +100,7 @@ impl Requester {
             retransmit_deadline: None,
             rnr_resume_at: None,
             implicit_nak_at: None,
+            acknowledged_psn: initial_psn.sub(1),
         }
     }
 
@@ -521,6 +526,11 @@ impl QueuePairContext {
     /// Retires everything up to and including `last_psn`.
     fn acknowledge_through(&mut self, now: Timestamp, last_psn: Psn, resources: &mut Resources) {
         let before = self.requester.unacked_psn();
+        let mut progressed = false;
+        if self.requester.acknowledged_psn.precedes(last_psn) {
+            self.requester.acknowledged_psn = last_psn;
+            progressed = true;
+        }
         let bound = self.requester.queue.len();
         for _ in 0..bound {
             let requester = &mut self.requester;
@@ -565,7 +575,7 @@ impl QueuePairContext {
         if requester.transmit_psn.precedes(unacked) {
             requester.move_cursor(unacked);
         }
-        if before != unacked {
+        if progressed || before != unacked {
             self.on_progress(now);
         }
     }
