@@ -15,7 +15,7 @@ use crate::time::Timestamp;
 use crate::verbs::*;
 use crate::VerbsError;
 use remora_wire::frame::MAX_FRAME_LEN;
-use remora_wire::{parse_frame, Ipv4Address, MacAddress, Opcode, Psn, Qpn, VirtAddr};
+use remora_wire::{Ipv4Address, MacAddress, Opcode, Psn, Qpn, RoceFrame, VirtAddr};
 
 /// QPNs 0 and 1 are special in InfiniBand; data QPs start above them.
 const FIRST_QPN: u32 = 0x100;
@@ -134,17 +134,17 @@ impl SoftRnic {
         let counters = &mut self.resources.counters;
         counters.frames_received += 1;
         counters.bytes_received += bytes.len() as u64;
-        let frame = match parse_frame(bytes) {
+        let frame = match RoceFrame::new_checked(bytes) {
             Ok(frame) => frame,
             Err(error) => return counters.count_drop(DropReason::Malformed(error)),
         };
-        if frame.repr.ipv4.destination != self.config.address {
+        if frame.destination_address() != self.config.address {
             return counters.count_drop(DropReason::NotForThisDevice);
         }
-        if frame.repr.bth.opcode == Opcode::CongestionNotification {
+        if frame.bth().opcode == Opcode::CongestionNotification {
             return counters.count_drop(DropReason::CongestionNotification);
         }
-        let Ok((queue_pair, resources)) = self.queue_pair_mut(frame.repr.bth.destination_qp) else {
+        let Ok((queue_pair, resources)) = self.queue_pair_mut(frame.bth().destination_qp) else {
             return self
                 .resources
                 .counters
@@ -152,7 +152,7 @@ impl SoftRnic {
         };
         let from_peer = queue_pair
             .remote()
-            .is_some_and(|remote| remote.address == frame.repr.ipv4.source);
+            .is_some_and(|remote| remote.address == frame.source_address());
         if !from_peer {
             return resources.counters.count_drop(DropReason::WrongPeer);
         }

@@ -96,15 +96,8 @@ fn bad_local_arguments_get_typed_errors() {
         write(&many),
         Err(VerbsError::TooManyScatterGatherElements { count: 5, max: 4 })
     ));
-    let misaligned = SendRequest::new(
-        1,
-        SendOperation::FetchAdd {
-            remote: s.right_mr.remote(4),
-            add: 1,
-        },
-        &[s.left_mr.slice(0, 8)],
-    )
-    .unwrap();
+    let misaligned = fetch_add(&s, 1, 4, 0, 1);
+    let left = &mut s.fabric.left;
     assert!(matches!(
         left.post_send(s.left_qp, misaligned),
         Err(VerbsError::MisalignedAtomic(_))
@@ -138,14 +131,7 @@ fn bad_local_arguments_get_typed_errors() {
 #[test]
 fn a_read_into_a_region_without_local_write_is_refused() {
     let mut s = setup_with(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE, |_| {});
-    let read = SendRequest::new(
-        1,
-        SendOperation::Read {
-            remote: s.right_mr.remote(0),
-        },
-        &[s.left_mr.slice(0, 8)],
-    )
-    .unwrap();
+    let read = read_request(&s, 1, 0, 0, 8);
     assert_eq!(
         s.fabric.left.post_send(s.left_qp, read),
         Err(VerbsError::LocalWriteNotPermitted)
@@ -155,15 +141,7 @@ fn a_read_into_a_region_without_local_write_is_refused() {
 #[test]
 fn a_full_send_queue_refuses_work() {
     let mut s = setup_with(AccessFlags::ALL, |builder| builder.send_queue_depth = 2);
-    let write = SendRequest::new(
-        1,
-        SendOperation::Write {
-            remote: s.right_mr.remote(0),
-            immediate: None,
-        },
-        &[s.left_mr.slice(0, 8)],
-    )
-    .unwrap();
+    let write = write_request(&s, 1, 0, s.right_mr.remote(0), 8);
     s.fabric.left.post_send(s.left_qp, write).unwrap();
     s.fabric.left.post_send(s.left_qp, write).unwrap();
     assert_eq!(
@@ -177,15 +155,7 @@ fn a_full_send_queue_refuses_work() {
 #[test]
 fn frames_for_unknown_queue_pairs_or_other_hosts_are_counted() {
     let mut s = setup();
-    let write = SendRequest::new(
-        1,
-        SendOperation::Write {
-            remote: s.right_mr.remote(0),
-            immediate: None,
-        },
-        &[s.left_mr.slice(0, 8)],
-    )
-    .unwrap();
+    let write = write_request(&s, 1, 0, s.right_mr.remote(0), 8);
     s.fabric.left.post_send(s.left_qp, write).unwrap();
     let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
     let len = s

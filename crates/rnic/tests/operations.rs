@@ -20,24 +20,9 @@ fn write_and_read_every_size_at_every_mtu() {
             });
             let data = pattern(len, mtu as u8);
             write_region(&mut s.fabric.left, &s.left_mr, 0, &data);
-            let write = SendRequest::new(
-                1,
-                SendOperation::Write {
-                    remote: s.right_mr.remote(64),
-                    immediate: None,
-                },
-                &[s.left_mr.slice(0, len as u32)],
-            )
-            .unwrap();
+            let write = write_request(&s, 1, 0, s.right_mr.remote(64), len as u32);
             s.fabric.left.post_send(s.left_qp, write).unwrap();
-            let read = SendRequest::new(
-                2,
-                SendOperation::Read {
-                    remote: s.right_mr.remote(64),
-                },
-                &[s.left_mr.slice(100_000, len as u32)],
-            )
-            .unwrap();
+            let read = read_request(&s, 2, 64, 100_000, len as u32);
             s.fabric.left.post_send(s.left_qp, read).unwrap();
             assert!(s.fabric.run(100_000).quiesced);
             let completions = drain(&mut s.fabric.left, s.left_cq);
@@ -81,12 +66,7 @@ fn send_with_and_without_immediate_lands_in_posted_receives() {
         let receive = ReceiveRequest::new(id, &[s.right_mr.slice(id * 4096, 4096)]).unwrap();
         s.fabric.right.post_receive(s.right_qp, receive).unwrap();
     }
-    let plain = SendRequest::new(
-        1,
-        SendOperation::Send { immediate: None },
-        &[s.left_mr.slice(0, 3000)],
-    )
-    .unwrap();
+    let plain = send_request(&s, 1, 0, 3000);
     let with_imm = SendRequest::new(
         2,
         SendOperation::Send {
@@ -159,15 +139,7 @@ fn write_with_immediate_consumes_a_receive() {
 fn atomics_return_the_old_value_and_apply_once() {
     let mut s = setup();
     write_region(&mut s.fabric.right, &s.right_mr, 8, &100u64.to_le_bytes());
-    let add = SendRequest::new(
-        1,
-        SendOperation::FetchAdd {
-            remote: s.right_mr.remote(8),
-            add: 5,
-        },
-        &[s.left_mr.slice(0, 8)],
-    )
-    .unwrap();
+    let add = fetch_add(&s, 1, 8, 0, 5);
     let swap_hit = SendRequest::new(
         2,
         SendOperation::CompareSwap {
@@ -261,15 +233,7 @@ fn a_shared_receive_queue_feeds_several_queue_pairs() {
 #[test]
 fn unsignaled_requests_complete_silently_on_success() {
     let mut s = setup();
-    let mut write = SendRequest::new(
-        1,
-        SendOperation::Write {
-            remote: s.right_mr.remote(0),
-            immediate: None,
-        },
-        &[s.left_mr.slice(0, 8)],
-    )
-    .unwrap();
+    let mut write = write_request(&s, 1, 0, s.right_mr.remote(0), 8);
     write.signaled = false;
     s.fabric.left.post_send(s.left_qp, write).unwrap();
     assert!(s.fabric.run(1000).quiesced);

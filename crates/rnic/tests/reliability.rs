@@ -19,24 +19,6 @@ fn statuses(device: &mut SoftRnic, cq: CompletionQueue) -> Vec<(u64, CompletionS
         .collect()
 }
 
-fn write_request(
-    s: &Setup,
-    id: u64,
-    local_offset: u64,
-    remote: RemoteAddress,
-    len: u32,
-) -> SendRequest {
-    SendRequest::new(
-        id,
-        SendOperation::Write {
-            remote,
-            immediate: None,
-        },
-        &[s.left_mr.slice(local_offset, len)],
-    )
-    .unwrap()
-}
-
 /// Picks the remote address a case aims at.
 type TargetOf = fn(&Setup) -> RemoteAddress;
 
@@ -99,15 +81,7 @@ fn bad_rkey_out_of_bounds_and_missing_rights_get_remote_access_naks() {
 fn read_and_atomic_violations_leave_memory_unchanged() {
     let mut s = setup_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE, |_| {});
     write_region(&mut s.fabric.right, &s.right_mr, 0, &5u64.to_le_bytes());
-    let add = SendRequest::new(
-        1,
-        SendOperation::FetchAdd {
-            remote: s.right_mr.remote(0),
-            add: 1,
-        },
-        &[s.left_mr.slice(0, 8)],
-    )
-    .unwrap();
+    let add = fetch_add(&s, 1, 0, 0, 1);
     s.fabric.left.post_send(s.left_qp, add).unwrap();
     assert!(s.fabric.run(1000).quiesced);
     assert_eq!(
@@ -120,14 +94,7 @@ fn read_and_atomic_violations_leave_memory_unchanged() {
     );
 
     let mut s = setup_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE, |_| {});
-    let read = SendRequest::new(
-        1,
-        SendOperation::Read {
-            remote: s.right_mr.remote(0),
-        },
-        &[s.left_mr.slice(0, 8)],
-    )
-    .unwrap();
+    let read = read_request(&s, 1, 0, 0, 8);
     s.fabric.left.post_send(s.left_qp, read).unwrap();
     assert!(s.fabric.run(1000).quiesced);
     assert_eq!(
@@ -146,12 +113,7 @@ fn a_send_larger_than_the_receive_is_an_invalid_request() {
             ReceiveRequest::new(9, &[s.right_mr.slice(0, 16)]).unwrap(),
         )
         .unwrap();
-    let send = SendRequest::new(
-        1,
-        SendOperation::Send { immediate: None },
-        &[s.left_mr.slice(0, 17)],
-    )
-    .unwrap();
+    let send = send_request(&s, 1, 0, 17);
     s.fabric.left.post_send(s.left_qp, send).unwrap();
     assert!(s.fabric.run(1000).quiesced);
     assert_eq!(
@@ -208,15 +170,7 @@ fn a_lost_packet_mid_message_is_recovered_by_a_sequence_nak() {
 fn a_lost_atomic_answer_is_replayed_not_re_executed() {
     let mut s = setup();
     write_region(&mut s.fabric.right, &s.right_mr, 0, &10u64.to_le_bytes());
-    let add = SendRequest::new(
-        1,
-        SendOperation::FetchAdd {
-            remote: s.right_mr.remote(0),
-            add: 1,
-        },
-        &[s.left_mr.slice(0, 8)],
-    )
-    .unwrap();
+    let add = fetch_add(&s, 1, 0, 0, 1);
     s.fabric.left.post_send(s.left_qp, add).unwrap();
     let mut dropped = false;
     let summary = s.fabric.run_filtered(1000, &mut |direction, bytes| {
@@ -251,14 +205,7 @@ fn a_lost_atomic_answer_is_replayed_not_re_executed() {
 fn a_retransmitted_read_returns_the_original_data() {
     let mut s = setup_with(AccessFlags::ALL, |builder| builder.path_mtu = Mtu::MTU_256);
     write_region(&mut s.fabric.right, &s.right_mr, 0, &[1; 1024]);
-    let read = SendRequest::new(
-        1,
-        SendOperation::Read {
-            remote: s.right_mr.remote(0),
-        },
-        &[s.left_mr.slice(0, 1024)],
-    )
-    .unwrap();
+    let read = read_request(&s, 1, 0, 0, 1024);
     s.fabric.left.post_send(s.left_qp, read).unwrap();
     // Lose a middle response packet; once the link is quiet (before the
     // retransmission timer fires), overwrite the source on the responder's
@@ -301,14 +248,7 @@ fn a_retransmitted_read_returns_the_original_data() {
 fn an_ack_beyond_an_unanswered_read_triggers_its_reissue() {
     let mut s = setup();
     write_region(&mut s.fabric.right, &s.right_mr, 0, &[3; 64]);
-    let read = SendRequest::new(
-        1,
-        SendOperation::Read {
-            remote: s.right_mr.remote(0),
-        },
-        &[s.left_mr.slice(0, 64)],
-    )
-    .unwrap();
+    let read = read_request(&s, 1, 0, 0, 64);
     s.fabric.left.post_send(s.left_qp, read).unwrap();
     s.fabric
         .left
@@ -378,12 +318,7 @@ fn receiver_not_ready_waits_then_delivers() {
     let mut s = setup_with(AccessFlags::ALL, |builder| {
         builder.min_rnr_timer = Duration::from_micros(40)
     });
-    let send = SendRequest::new(
-        1,
-        SendOperation::Send { immediate: None },
-        &[s.left_mr.slice(0, 8)],
-    )
-    .unwrap();
+    let send = send_request(&s, 1, 0, 8);
     s.fabric.left.post_send(s.left_qp, send).unwrap();
     s.fabric.run(2);
     assert_eq!(s.fabric.right.counters().receiver_not_ready_naks_sent, 1);
@@ -409,12 +344,7 @@ fn receiver_not_ready_waits_then_delivers() {
 #[test]
 fn rnr_retry_limit_fails_the_request() {
     let mut s = setup_with(AccessFlags::ALL, |builder| builder.rnr_retry = 2);
-    let send = SendRequest::new(
-        1,
-        SendOperation::Send { immediate: None },
-        &[s.left_mr.slice(0, 8)],
-    )
-    .unwrap();
+    let send = send_request(&s, 1, 0, 8);
     s.fabric.left.post_send(s.left_qp, send).unwrap();
     assert!(s.fabric.run(100).quiesced);
     assert_eq!(
@@ -460,15 +390,7 @@ fn duplicated_requests_execute_once() {
     let mut s = setup();
     write_region(&mut s.fabric.right, &s.right_mr, 0, &0u64.to_le_bytes());
     for id in 0..5 {
-        let add = SendRequest::new(
-            id,
-            SendOperation::FetchAdd {
-                remote: s.right_mr.remote(0),
-                add: 1,
-            },
-            &[s.left_mr.slice(id * 8, 8)],
-        )
-        .unwrap();
+        let add = fetch_add(&s, id, 0, id * 8, 1);
         s.fabric.left.post_send(s.left_qp, add).unwrap();
     }
     let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];

@@ -8,8 +8,9 @@ use crate::icrc::{self, ICRC_LEN};
 use crate::ipv4::PROTOCOL_UDP;
 use crate::udp::UDP_HEADER_LEN;
 use crate::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, EthernetRepr, ImmDtRepr, Ipv4Packet,
-    Ipv4Repr, Opcode, RethRepr, UdpDatagram, UdpRepr, WireError, ETHERTYPE_IPV4, ROCEV2_UDP_PORT,
+    AckSyndrome, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, EthernetRepr, ImmDtRepr,
+    Ipv4Packet, Ipv4Repr, Opcode, RethRepr, UdpDatagram, UdpRepr, WireError, ETHERTYPE_IPV4,
+    ROCEV2_UDP_PORT,
 };
 
 /// Ethernet, IPv4 (no options), UDP and BTH.
@@ -57,38 +58,6 @@ impl ExtensionHeaders {
             && self.atomic_eth.is_some() == opcode.has_atomic_eth()
             && self.atomic_ack_eth.is_some() == opcode.has_atomic_ack_eth()
             && self.immediate.is_some() == (opcode.has_immediate() || opcode.has_invalidate())
-    }
-
-    /// Parses the headers `opcode` requires from the front of `bytes`.
-    fn parse(opcode: Opcode, bytes: &[u8]) -> Result<(ExtensionHeaders, usize), WireError> {
-        let mut headers = ExtensionHeaders::default();
-        let mut offset = 0;
-        if opcode.has_reth() {
-            let view = RethHeader::new_checked(&bytes[offset..])?;
-            headers.reth = Some(RethRepr::parse(&view));
-            offset += RethRepr::LEN;
-        }
-        if opcode.has_aeth() {
-            let view = AethHeader::new_checked(&bytes[offset..])?;
-            headers.aeth = Some(AethRepr::parse(&view)?);
-            offset += AethRepr::LEN;
-        }
-        if opcode.has_atomic_eth() {
-            let view = AtomicEthHeader::new_checked(&bytes[offset..])?;
-            headers.atomic_eth = Some(AtomicEthRepr::parse(&view));
-            offset += AtomicEthRepr::LEN;
-        }
-        if opcode.has_atomic_ack_eth() {
-            let view = AtomicAckEthHeader::new_checked(&bytes[offset..])?;
-            headers.atomic_ack_eth = Some(AtomicAckEthRepr::parse(&view));
-            offset += AtomicAckEthRepr::LEN;
-        }
-        if opcode.has_immediate() || opcode.has_invalidate() {
-            let view = ImmDtHeader::new_checked(&bytes[offset..])?;
-            headers.immediate = Some(ImmDtRepr::parse(&view));
-            offset += ImmDtRepr::LEN;
-        }
-        Ok((headers, offset))
     }
 
     fn emit(&self, bytes: &mut [u8]) -> Result<usize, WireError> {
@@ -169,56 +138,180 @@ impl FrameRepr {
     }
 }
 
+/// A checked, zero-copy view of a whole frame.
+///
+/// `new_checked` validates everything `parse_frame` does, once, and keeps
+/// the offsets; the accessors then decode fields straight from the bytes.
+/// This is the receive fast path: nothing is copied but what is asked for.
+#[derive(Debug, Clone, Copy)]
+pub struct RoceFrame<'a> {
+    bytes: &'a [u8],
+    bth: BthRepr,
+    ip_start: usize,
+    udp_start: usize,
+    extension_start: usize,
+    payload_start: usize,
+    payload_end: usize,
+}
+
+impl<'a> RoceFrame<'a> {
+    /// Checks lengths, the IPv4 header and checksum, the UDP port, the
+    /// opcode and its extension headers, the pad count and the ICRC.
+    pub fn new_checked(bytes: &'a [u8]) -> Result<RoceFrame<'a>, WireError> {
+        let ethernet = EthernetFrame::new_checked(bytes)?;
+        if ethernet.ethertype() != ETHERTYPE_IPV4 {
+            return Err(WireError::NotIpv4(ethernet.ethertype()));
+        }
+        let ip_start = ETHERNET_HEADER_LEN;
+        let ip = Ipv4Packet::new_checked(&bytes[ip_start..])?;
+        if !ip.verify_checksum() {
+            return Err(WireError::BadIpChecksum);
+        }
+        if ip.is_fragment() {
+            return Err(WireError::IpFragment);
+        }
+        if ip.protocol() != PROTOCOL_UDP {
+            return Err(WireError::NotUdp(ip.protocol()));
+        }
+        let udp_start = ip_start + ip.header_len();
+        let udp_end = ip_start + usize::from(ip.total_len());
+        let udp = UdpDatagram::new_checked(&bytes[udp_start..udp_end])?;
+        if udp.destination_port() != ROCEV2_UDP_PORT {
+            return Err(WireError::NotRoce(udp.destination_port()));
+        }
+        let transport_start = udp_start + UDP_HEADER_LEN;
+        if udp_end - transport_start < BTH_LEN + ICRC_LEN {
+            return Err(WireError::Truncated { header: "BTH" });
+        }
+        let icrc_start = udp_end - ICRC_LEN;
+        let bth = BthRepr::parse(&BthHeader::new_unchecked(&bytes[transport_start..]))?;
+        let extension_start = transport_start + BTH_LEN;
+        let payload_start = extension_start + ExtensionHeaders::len_for(bth.opcode);
+        if payload_start > icrc_start {
+            return Err(WireError::Truncated {
+                header: "extension",
+            });
+        }
+        if bth.opcode.has_aeth() {
+            AckSyndrome::from_u8(bytes[extension_start])?;
+        }
+        let payload_end = icrc_start
+            .checked_sub(usize::from(bth.pad_count))
+            .filter(|end| *end >= payload_start)
+            .ok_or(WireError::BadPadCount)?;
+        let expected = icrc::compute(
+            &bytes[ip_start..udp_start],
+            &bytes[udp_start..transport_start],
+            &bytes[transport_start..icrc_start],
+        );
+        let received = icrc::from_wire(bytes[icrc_start..udp_end].try_into().expect("4 bytes"));
+        if expected != received {
+            return Err(WireError::IcrcMismatch);
+        }
+        Ok(RoceFrame {
+            bytes,
+            bth,
+            ip_start,
+            udp_start,
+            extension_start,
+            payload_start,
+            payload_end,
+        })
+    }
+
+    pub fn bth(&self) -> &BthRepr {
+        &self.bth
+    }
+
+    pub fn opcode(&self) -> Opcode {
+        self.bth.opcode
+    }
+
+    pub fn source_address(&self) -> crate::Ipv4Address {
+        Ipv4Packet::new_unchecked(&self.bytes[self.ip_start..]).source()
+    }
+
+    pub fn destination_address(&self) -> crate::Ipv4Address {
+        Ipv4Packet::new_unchecked(&self.bytes[self.ip_start..]).destination()
+    }
+
+    /// The payload, without pad or ICRC.
+    pub fn payload(&self) -> &'a [u8] {
+        &self.bytes[self.payload_start..self.payload_end]
+    }
+
+    /// The bytes of the extension header `present` says is there, which
+    /// starts after the headers the opcode puts before it.
+    fn extension_bytes(&self, present: bool, before: usize) -> Option<&'a [u8]> {
+        present.then(|| &self.bytes[self.extension_start + before..self.payload_start])
+    }
+
+    pub fn reth(&self) -> Option<RethRepr> {
+        let bytes = self.extension_bytes(self.bth.opcode.has_reth(), 0)?;
+        Some(RethRepr::parse(&RethHeader::new_unchecked(bytes)))
+    }
+
+    pub fn aeth(&self) -> Option<AethRepr> {
+        let bytes = self.extension_bytes(self.bth.opcode.has_aeth(), 0)?;
+        Some(AethRepr::parse(&AethHeader::new_unchecked(bytes)).expect("syndrome checked"))
+    }
+
+    pub fn atomic_eth(&self) -> Option<AtomicEthRepr> {
+        let bytes = self.extension_bytes(self.bth.opcode.has_atomic_eth(), 0)?;
+        Some(AtomicEthRepr::parse(&AtomicEthHeader::new_unchecked(bytes)))
+    }
+
+    pub fn atomic_ack_eth(&self) -> Option<AtomicAckEthRepr> {
+        let present = self.bth.opcode.has_atomic_ack_eth();
+        let bytes = self.extension_bytes(present, AethRepr::LEN)?;
+        Some(AtomicAckEthRepr::parse(&AtomicAckEthHeader::new_unchecked(
+            bytes,
+        )))
+    }
+
+    /// ImmDt, or the IETH of a SEND-with-invalidate: always the last
+    /// extension header.
+    pub fn immediate(&self) -> Option<ImmDtRepr> {
+        let opcode = self.bth.opcode;
+        let present = opcode.has_immediate() || opcode.has_invalidate();
+        let before = ExtensionHeaders::len_for(opcode).saturating_sub(ImmDtRepr::LEN);
+        let bytes = self.extension_bytes(present, before)?;
+        Some(ImmDtRepr::parse(&ImmDtHeader::new_unchecked(bytes)))
+    }
+
+    /// Every header as a `FrameRepr`.
+    pub fn repr(&self) -> FrameRepr {
+        let ethernet = EthernetRepr::parse(&EthernetFrame::new_unchecked(self.bytes));
+        let ip = Ipv4Packet::new_unchecked(&self.bytes[self.ip_start..]);
+        let ipv4 = Ipv4Repr::parse(&ip).expect("checked in new_checked");
+        let udp_end = self.ip_start + usize::from(ip.total_len());
+        let udp = UdpRepr::parse(&UdpDatagram::new_unchecked(
+            &self.bytes[self.udp_start..udp_end],
+        ));
+        let extension = ExtensionHeaders {
+            reth: self.reth(),
+            aeth: self.aeth(),
+            atomic_eth: self.atomic_eth(),
+            atomic_ack_eth: self.atomic_ack_eth(),
+            immediate: self.immediate(),
+        };
+        FrameRepr {
+            ethernet,
+            ipv4,
+            udp,
+            bth: self.bth,
+            extension,
+        }
+    }
+}
+
 /// Parses and verifies a whole frame: lengths, IPv4 checksum, UDP port,
 /// opcode, extension headers, pad and ICRC. Never panics.
 pub fn parse_frame(bytes: &[u8]) -> Result<ParsedFrame<'_>, WireError> {
-    let ethernet = EthernetFrame::new_checked(bytes)?;
-    let ethernet_repr = EthernetRepr::parse(&ethernet);
-    if ethernet_repr.ethertype != ETHERTYPE_IPV4 {
-        return Err(WireError::NotIpv4(ethernet_repr.ethertype));
-    }
-    // Slice the original buffer rather than the views, so the payload
-    // borrows from `bytes` and outlives the views.
-    let ip_bytes = &bytes[ETHERNET_HEADER_LEN..];
-    let ip = Ipv4Packet::new_checked(ip_bytes)?;
-    let ipv4_repr = Ipv4Repr::parse(&ip)?;
-    if ipv4_repr.protocol != PROTOCOL_UDP {
-        return Err(WireError::NotUdp(ipv4_repr.protocol));
-    }
-    let ip_header = &ip_bytes[..ip.header_len()];
-    let udp_bytes = &ip_bytes[ip.header_len()..usize::from(ip.total_len())];
-    let udp = UdpDatagram::new_checked(udp_bytes)?;
-    let udp_repr = UdpRepr::parse(&udp);
-    if udp_repr.destination_port != ROCEV2_UDP_PORT {
-        return Err(WireError::NotRoce(udp_repr.destination_port));
-    }
-    let (udp_header, transport) = udp_bytes.split_at(UDP_HEADER_LEN);
-    if transport.len() < BTH_LEN + ICRC_LEN {
-        return Err(WireError::Truncated { header: "BTH" });
-    }
-    let (covered, icrc_bytes) = transport.split_at(transport.len() - ICRC_LEN);
-    let bth_repr = BthRepr::parse(&BthHeader::new_unchecked(covered))?;
-    let (extension, extension_len) = ExtensionHeaders::parse(bth_repr.opcode, &covered[BTH_LEN..])?;
-    let padded_payload = &covered[BTH_LEN + extension_len..];
-    let payload_len = padded_payload
-        .len()
-        .checked_sub(usize::from(bth_repr.pad_count))
-        .ok_or(WireError::BadPadCount)?;
-
-    let expected = icrc::compute(ip_header, udp_header, covered);
-    let received = icrc::from_wire(icrc_bytes.try_into().expect("split at ICRC_LEN"));
-    if expected != received {
-        return Err(WireError::IcrcMismatch);
-    }
+    let frame = RoceFrame::new_checked(bytes)?;
     Ok(ParsedFrame {
-        repr: FrameRepr {
-            ethernet: ethernet_repr,
-            ipv4: ipv4_repr,
-            udp: udp_repr,
-            bth: bth_repr,
-            extension,
-        },
-        payload: &padded_payload[..payload_len],
+        repr: frame.repr(),
+        payload: frame.payload(),
     })
 }
 
@@ -237,34 +330,97 @@ pub fn emit_frame_with(
     buffer: &mut [u8],
     fill: impl FnOnce(&mut [u8]),
 ) -> Result<usize, WireError> {
-    if !repr.extension.matches(repr.bth.opcode) {
-        return Err(WireError::UnknownOpcode(repr.bth.opcode as u8));
+    let template = FlowTemplate::new(&repr.ethernet, &repr.ipv4, &repr.udp);
+    template.emit(&repr.bth, &repr.extension, payload_len, buffer, fill)
+}
+
+const IP_START: usize = ETHERNET_HEADER_LEN;
+const UDP_START: usize = IP_START + Ipv4Repr::LEN;
+const BTH_START: usize = UDP_START + UDP_HEADER_LEN;
+
+/// The Ethernet, IPv4 and UDP headers of one flow, built once and patched
+/// per packet: the transmit fast path. Only the two length fields and the
+/// IPv4 checksum change from packet to packet; the checksum is finished
+/// from a sum precomputed over the fixed fields.
+#[derive(Debug, Clone, Copy)]
+pub struct FlowTemplate {
+    headers: [u8; BTH_START],
+    /// One's-complement sum of the IPv4 header with zero length and checksum.
+    ip_partial_sum: u32,
+}
+
+impl FlowTemplate {
+    /// A template from the flow's headers; their length fields are ignored.
+    pub fn new(ethernet: &EthernetRepr, ipv4: &Ipv4Repr, udp: &UdpRepr) -> FlowTemplate {
+        let mut headers = [0u8; BTH_START];
+        let mut ethernet = *ethernet;
+        ethernet.ethertype = ETHERTYPE_IPV4;
+        ethernet.emit(&mut EthernetFrame::new_unchecked(&mut headers[..IP_START]));
+        let mut ipv4 = *ipv4;
+        ipv4.protocol = PROTOCOL_UDP;
+        ipv4.payload_len = 0;
+        ipv4.emit(&mut headers[IP_START..UDP_START])
+            .expect("20 bytes");
+        headers[IP_START + 2..IP_START + 4].fill(0);
+        headers[IP_START + 10..IP_START + 12].fill(0);
+        udp.emit(&mut headers[UDP_START..BTH_START])
+            .expect("8 bytes");
+        let ip_partial_sum = headers[IP_START..UDP_START]
+            .chunks_exact(2)
+            .map(|pair| u32::from(u16::from_be_bytes([pair[0], pair[1]])))
+            .sum();
+        FlowTemplate {
+            headers,
+            ip_partial_sum,
+        }
     }
-    let repr = repr.with_payload_len(payload_len);
-    let frame_len = repr.frame_len(payload_len);
-    if buffer.len() < frame_len {
-        return Err(WireError::BufferTooSmall { needed: frame_len });
+
+    /// Emits one frame of this flow and returns its length. `fill` writes
+    /// the `payload_len` payload bytes in place.
+    pub fn emit(
+        &self,
+        bth: &BthRepr,
+        extension: &ExtensionHeaders,
+        payload_len: usize,
+        buffer: &mut [u8],
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<usize, WireError> {
+        if !extension.matches(bth.opcode) {
+            return Err(WireError::UnknownOpcode(bth.opcode as u8));
+        }
+        let pad = usize::from(pad_count(payload_len));
+        let extension_len = ExtensionHeaders::len_for(bth.opcode);
+        let transport_len = BTH_LEN + extension_len + payload_len + pad + ICRC_LEN;
+        let frame_len = BTH_START + transport_len;
+        let ip_total = u16::try_from(frame_len - IP_START)
+            .map_err(|_| WireError::PayloadTooLarge(payload_len))?;
+        if buffer.len() < frame_len {
+            return Err(WireError::BufferTooSmall { needed: frame_len });
+        }
+        let frame = &mut buffer[..frame_len];
+        frame[..BTH_START].copy_from_slice(&self.headers);
+        let mut sum = self.ip_partial_sum + u32::from(ip_total);
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        frame[IP_START + 2..IP_START + 4].copy_from_slice(&ip_total.to_be_bytes());
+        frame[IP_START + 10..IP_START + 12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        let udp_len = (UDP_HEADER_LEN + transport_len) as u16;
+        frame[UDP_START + 4..UDP_START + 6].copy_from_slice(&udp_len.to_be_bytes());
+        let mut bth = *bth;
+        bth.pad_count = pad as u8;
+        bth.emit(&mut frame[BTH_START..])?;
+        let payload_start =
+            BTH_START + BTH_LEN + extension.emit(&mut frame[BTH_START + BTH_LEN..])?;
+        let payload_end = payload_start + payload_len;
+        fill(&mut frame[payload_start..payload_end]);
+        let icrc_start = frame_len - ICRC_LEN;
+        frame[payload_end..icrc_start].fill(0);
+        let icrc = icrc::compute(
+            &frame[IP_START..UDP_START],
+            &frame[UDP_START..BTH_START],
+            &frame[BTH_START..icrc_start],
+        );
+        frame[icrc_start..].copy_from_slice(&icrc::to_wire(icrc));
+        Ok(frame_len)
     }
-    let frame = &mut buffer[..frame_len];
-    let ip_start = ETHERNET_HEADER_LEN;
-    let udp_start = ip_start + Ipv4Repr::LEN;
-    let bth_start = udp_start + UDP_HEADER_LEN;
-    repr.ethernet
-        .emit(&mut EthernetFrame::new_unchecked(&mut frame[..ip_start]));
-    repr.ipv4.emit(&mut frame[ip_start..udp_start])?;
-    repr.udp.emit(&mut frame[udp_start..bth_start])?;
-    repr.bth.emit(&mut frame[bth_start..])?;
-    let payload_start =
-        bth_start + BTH_LEN + repr.extension.emit(&mut frame[bth_start + BTH_LEN..])?;
-    let payload_end = payload_start + payload_len;
-    fill(&mut frame[payload_start..payload_end]);
-    let icrc_start = frame_len - ICRC_LEN;
-    frame[payload_end..icrc_start].fill(0);
-    let icrc = icrc::compute(
-        &frame[ip_start..udp_start],
-        &frame[udp_start..bth_start],
-        &frame[bth_start..icrc_start],
-    );
-    frame[icrc_start..].copy_from_slice(&icrc::to_wire(icrc));
-    Ok(frame_len)
 }

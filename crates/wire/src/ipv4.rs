@@ -10,6 +10,31 @@ const FLAG_MORE_FRAGMENTS: u16 = 0x2000;
 const FLAG_DONT_FRAGMENT: u16 = 0x4000;
 const FRAGMENT_OFFSET_MASK: u16 = 0x1fff;
 
+#[cfg(test)]
+mod checksum_tests {
+    use super::internet_checksum;
+    use proptest::prelude::*;
+
+    /// The RFC 1071 definition, 16 bits at a time.
+    fn reference(bytes: &[u8]) -> u16 {
+        let mut sum: u32 = 0;
+        for pair in bytes.chunks(2) {
+            sum += (u32::from(pair[0]) << 8) | u32::from(*pair.get(1).unwrap_or(&0));
+        }
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    }
+
+    proptest! {
+        #[test]
+        fn matches_rfc_1071(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
+            prop_assert_eq!(internet_checksum(&bytes), reference(&bytes));
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct Ipv4Address(pub [u8; 4]);
 
@@ -34,17 +59,21 @@ impl fmt::Display for Ipv4Address {
 
 /// The Internet checksum: one's-complement sum of 16-bit words.
 pub fn internet_checksum(bytes: &[u8]) -> u16 {
-    let mut sum: u32 = 0;
-    let mut chunks = bytes.chunks_exact(2);
-    for pair in &mut chunks {
-        sum += u32::from(u16::from_be_bytes([pair[0], pair[1]]));
+    // Summing 32-bit words into a 64-bit accumulator and folding at the end
+    // gives the same one's-complement sum with a quarter of the additions.
+    let mut sum: u64 = 0;
+    let mut words = bytes.chunks_exact(4);
+    for word in &mut words {
+        sum += u64::from(u32::from_be_bytes([word[0], word[1], word[2], word[3]]));
     }
-    if let [last] = chunks.remainder() {
-        sum += u32::from(*last) << 8;
+    let mut tail = words.remainder().chunks(2);
+    for pair in &mut tail {
+        let high = u64::from(pair[0]) << 8;
+        sum += high | pair.get(1).map_or(0, |low| u64::from(*low));
     }
-    // Folding twice is enough for any header under 128 KiB.
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
     !(sum as u16)
 }
 

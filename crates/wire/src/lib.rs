@@ -31,7 +31,9 @@ pub use extension::{
     AckSyndrome, AethHeader, AethRepr, AtomicAckEthHeader, AtomicAckEthRepr, AtomicEthHeader,
     AtomicEthRepr, ImmDtHeader, ImmDtRepr, NakCode, RethHeader, RethRepr,
 };
-pub use frame::{emit_frame, parse_frame, ExtensionHeaders, FrameRepr, ParsedFrame};
+pub use frame::{
+    emit_frame, parse_frame, ExtensionHeaders, FlowTemplate, FrameRepr, ParsedFrame, RoceFrame,
+};
 pub use ipv4::{Ipv4Address, Ipv4Packet, Ipv4Repr};
 pub use opcode::Opcode;
 pub use types::{Msn, Pkey, Psn, Qpn, Rkey, VirtAddr};

@@ -19,8 +19,8 @@ use crate::verbs::{
 };
 use crate::VerbsError;
 use remora_wire::{
-    BthRepr, EthernetRepr, ExtensionHeaders, FrameRepr, Ipv4Address, Ipv4Repr, MacAddress, Opcode,
-    ParsedFrame, Psn, Qpn, UdpRepr, ETHERTYPE_IPV4, ROCEV2_UDP_PORT,
+    BthRepr, EthernetRepr, ExtensionHeaders, FlowTemplate, Ipv4Address, Ipv4Repr, MacAddress,
+    Opcode, Psn, Qpn, RoceFrame, UdpRepr, ETHERTYPE_IPV4, ROCEV2_UDP_PORT,
 };
 use requester::Requester;
 use responder::Responder;
@@ -28,9 +28,7 @@ use responder::Responder;
 /// Addressing for every frame a queue pair sends, fixed at RTR.
 #[derive(Debug, Clone, Copy)]
 struct Path {
-    ethernet: EthernetRepr,
-    ipv4: Ipv4Repr,
-    udp: UdpRepr,
+    template: FlowTemplate,
     destination_qp: Qpn,
 }
 
@@ -41,49 +39,48 @@ impl Path {
         qpn: Qpn,
         remote: &QueuePairEndpoint,
     ) -> Path {
+        let ethernet = EthernetRepr {
+            source: local_mac,
+            destination: remote.mac,
+            ethertype: ETHERTYPE_IPV4,
+        };
+        let ipv4 = Ipv4Repr {
+            source: local_ip,
+            destination: remote.address,
+            protocol: 17,
+            payload_len: 0,
+            type_of_service: 0,
+            time_to_live: 64,
+            identification: 0,
+            dont_fragment: true,
+        };
+        let udp = UdpRepr {
+            // The source port is flow entropy for ECMP; derive it from the
+            // QPN so each connection hashes consistently.
+            source_port: 0xc000 | (qpn.value() as u16 & 0x3fff),
+            destination_port: ROCEV2_UDP_PORT,
+            payload_len: 0,
+        };
         Path {
-            ethernet: EthernetRepr {
-                source: local_mac,
-                destination: remote.mac,
-                ethertype: ETHERTYPE_IPV4,
-            },
-            ipv4: Ipv4Repr {
-                source: local_ip,
-                destination: remote.address,
-                protocol: 17,
-                payload_len: 0,
-                type_of_service: 0,
-                time_to_live: 64,
-                identification: 0,
-                dont_fragment: true,
-            },
-            udp: UdpRepr {
-                // The source port is flow entropy for ECMP; derive it from
-                // the QPN so each connection hashes consistently.
-                source_port: 0xc000 | (qpn.value() as u16 & 0x3fff),
-                destination_port: ROCEV2_UDP_PORT,
-                payload_len: 0,
-            },
+            template: FlowTemplate::new(&ethernet, &ipv4, &udp),
             destination_qp: remote.qpn,
         }
     }
 
-    fn frame(
+    /// Emits one frame to the peer; `fill` writes the payload in place.
+    fn emit(
         &self,
-        opcode: Opcode,
-        psn: Psn,
-        ack_request: bool,
-        extension: ExtensionHeaders,
-    ) -> FrameRepr {
+        (opcode, psn, ack_request): (Opcode, Psn, bool),
+        extension: &ExtensionHeaders,
+        payload_len: usize,
+        buffer: &mut [u8],
+        fill: impl FnOnce(&mut [u8]),
+    ) -> usize {
         let mut bth = BthRepr::new(opcode, self.destination_qp, psn);
         bth.ack_request = ack_request;
-        FrameRepr {
-            ethernet: self.ethernet,
-            ipv4: self.ipv4,
-            udp: self.udp,
-            bth,
-            extension,
-        }
+        self.template
+            .emit(&bth, extension, payload_len, buffer, fill)
+            .expect("the device transmit buffer holds any frame")
     }
 }
 
@@ -245,7 +242,7 @@ impl QueuePairContext {
     pub(crate) fn handle_frame(
         &mut self,
         now: Timestamp,
-        frame: &ParsedFrame<'_>,
+        frame: &RoceFrame<'_>,
         resources: &mut Resources,
     ) {
         let ready = matches!(
@@ -258,7 +255,7 @@ impl QueuePairContext {
                 .count_drop(crate::DropReason::QueuePairNotReady);
             return;
         }
-        if frame.repr.bth.opcode.is_request() {
+        if frame.bth().opcode.is_request() {
             self.handle_request(frame, resources);
         } else {
             self.handle_response(now, frame, resources);

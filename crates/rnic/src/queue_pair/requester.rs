@@ -16,10 +16,9 @@ use crate::verbs::{
     CompletionStatus, Mtu, QueuePairBuilder, SendOperation, SendRequest, WorkCompletion,
 };
 use crate::{DropReason, VerbsError};
-use remora_wire::frame::emit_frame_with;
 use remora_wire::{
-    AckSyndrome, AtomicEthRepr, ExtensionHeaders, ImmDtRepr, NakCode, Opcode, ParsedFrame, Psn,
-    Qpn, RethRepr,
+    AckSyndrome, AtomicEthRepr, ExtensionHeaders, ImmDtRepr, NakCode, Opcode, Psn, Qpn, RethRepr,
+    RoceFrame,
 };
 use std::time::Duration;
 
@@ -383,29 +382,33 @@ impl QueuePairContext {
     pub(super) fn handle_response(
         &mut self,
         now: Timestamp,
-        frame: &ParsedFrame<'_>,
+        frame: &RoceFrame<'_>,
         resources: &mut Resources,
     ) {
-        let psn = frame.repr.bth.psn;
-        let extension = &frame.repr.extension;
-        let accepted = match frame.repr.bth.opcode {
+        let psn = frame.bth().psn;
+        let accepted = match frame.bth().opcode {
             Opcode::Acknowledge => {
-                let syndrome = extension.aeth.expect("opcode implies AETH").syndrome;
+                let syndrome = frame.aeth().expect("opcode implies AETH").syndrome;
                 self.on_acknowledge(now, psn, syndrome, resources)
             }
             Opcode::AtomicAcknowledge => {
-                let original = extension
-                    .atomic_ack_eth
-                    .expect("opcode implies AtomicAckETH");
+                let original = frame.atomic_ack_eth().expect("opcode implies AtomicAckETH");
                 self.on_atomic_acknowledge(now, psn, original.original_data, resources)
             }
-            _ => self.on_read_response(now, psn, frame.payload, resources),
+            _ => self.on_read_response(now, psn, frame.payload(), resources),
         };
         if !accepted {
             resources
                 .counters
                 .count_drop(DropReason::UnexpectedResponse);
         }
+    }
+
+    /// The queue index of the in-flight request holding `psn`.
+    fn in_flight_index(&self, psn: Psn) -> Option<usize> {
+        self.is_in_flight(psn)
+            .then(|| self.requester.index_of(psn))
+            .flatten()
     }
 
     /// True when `psn` names a request that is in flight.
@@ -618,19 +621,15 @@ impl QueuePairContext {
         payload: &[u8],
         resources: &mut Resources,
     ) -> bool {
-        if !self.is_in_flight(psn) {
-            return false;
-        }
         let mtu = u64::from(self.attributes.path_mtu.bytes());
-        let Some(index) = self
-            .requester
-            .queue
-            .iter()
-            .position(|wqe| wqe.contains(psn))
-        else {
+        let Some(index) = self.in_flight_index(psn) else {
             return false;
         };
-        let wqe = self.requester.queue.get(index).expect("position found it");
+        let wqe = self
+            .requester
+            .queue
+            .get(index)
+            .expect("in_flight_index found it");
         if !matches!(wqe.request.operation, SendOperation::Read { .. }) || psn != wqe.resume_psn() {
             // A gap or a duplicate: go-back-N waits for the packet it expects.
             return false;
@@ -643,21 +642,37 @@ impl QueuePairContext {
             self.fail_request(index, CompletionStatus::BadResponseError, resources);
             return true;
         }
-        if resources
-            .memory
-            .scatter(&wqe.request.local, offset_bytes, payload)
-            .is_err()
-        {
-            self.fail_request(index, CompletionStatus::LocalProtectionError, resources);
+        if !self.place_answer(index, offset_bytes, payload, resources) {
             return true;
         }
         self.requester
             .queue
             .get_mut(index)
-            .expect("position found it")
+            .expect("in_flight_index found it")
             .packets_done += 1;
         self.on_progress(now);
         self.acknowledge_through(now, psn, resources);
+        true
+    }
+
+    /// Writes answer bytes into the local buffers of request `index`. If a
+    /// region vanished since the post, fails the request and returns false.
+    fn place_answer(
+        &mut self,
+        index: usize,
+        offset_bytes: u64,
+        bytes: &[u8],
+        resources: &mut Resources,
+    ) -> bool {
+        let wqe = self.requester.queue.get(index).expect("caller found it");
+        if resources
+            .memory
+            .scatter(&wqe.request.local, offset_bytes, bytes)
+            .is_err()
+        {
+            self.fail_request(index, CompletionStatus::LocalProtectionError, resources);
+            return false;
+        }
         true
     }
 
@@ -668,34 +683,25 @@ impl QueuePairContext {
         original: u64,
         resources: &mut Resources,
     ) -> bool {
-        if !self.is_in_flight(psn) {
-            return false;
-        }
-        let Some(index) = self
-            .requester
-            .queue
-            .iter()
-            .position(|wqe| wqe.contains(psn))
-        else {
+        let Some(index) = self.in_flight_index(psn) else {
             return false;
         };
-        let wqe = self.requester.queue.get(index).expect("position found it");
+        let wqe = self
+            .requester
+            .queue
+            .get(index)
+            .expect("in_flight_index found it");
         if !wqe.request.operation.is_atomic() || wqe.is_done() {
             return false;
         }
         // Host memory is little-endian, as on the x86 and Arm hosts RDMA serves.
-        if resources
-            .memory
-            .scatter(&wqe.request.local, 0, &original.to_le_bytes())
-            .is_err()
-        {
-            self.fail_request(index, CompletionStatus::LocalProtectionError, resources);
+        if !self.place_answer(index, 0, &original.to_le_bytes(), resources) {
             return true;
         }
         self.requester
             .queue
             .get_mut(index)
-            .expect("position found it")
+            .expect("in_flight_index found it")
             .packets_done = 1;
         self.acknowledge_through(now, psn, resources);
         true
@@ -725,14 +731,13 @@ fn build_request_packet(
     let mut extension = ExtensionHeaders::default();
     let emit =
         |opcode, psn, ack_request, extension, payload_len, offset_bytes, buffer: &mut [u8]| {
-            let repr = path.frame(opcode, psn, ack_request, extension);
             let mut gather_result = Ok(());
-            let frame_len = emit_frame_with(&repr, payload_len, buffer, |space| {
+            let header = (opcode, psn, ack_request);
+            let frame_len = path.emit(header, &extension, payload_len, buffer, |space| {
                 gather_result = resources
                     .memory
                     .gather(&wqe.request.local, offset_bytes, space);
-            })
-            .expect("the device transmit buffer holds any frame");
+            });
             gather_result
                 .map(|()| frame_len)
                 .map_err(|_| CompletionStatus::LocalProtectionError)

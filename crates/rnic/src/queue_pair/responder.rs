@@ -20,11 +20,10 @@ use crate::verbs::{
     WorkCompletion,
 };
 use crate::DropReason;
-use remora_wire::frame::emit_frame_with;
 use remora_wire::opcode::{OpcodeFamily, Segment};
 use remora_wire::{
-    AckSyndrome, AethRepr, AtomicAckEthRepr, ExtensionHeaders, Msn, NakCode, Opcode, ParsedFrame,
-    Psn, RethRepr, Rkey, VirtAddr,
+    AckSyndrome, AethRepr, AtomicAckEthRepr, ExtensionHeaders, Msn, NakCode, Opcode, Psn, RethRepr,
+    Rkey, RoceFrame, VirtAddr,
 };
 use std::collections::VecDeque;
 
@@ -155,8 +154,8 @@ fn access_needed(opcode: Opcode) -> AccessFlags {
 }
 
 impl QueuePairContext {
-    pub(super) fn handle_request(&mut self, frame: &ParsedFrame<'_>, resources: &mut Resources) {
-        let psn = frame.repr.bth.psn;
+    pub(super) fn handle_request(&mut self, frame: &RoceFrame<'_>, resources: &mut Resources) {
+        let psn = frame.bth().psn;
         let distance = self.responder.expected_psn.distance_to(psn);
         if !self.responder.has_room() {
             resources.counters.count_drop(DropReason::ResponderBusy);
@@ -187,11 +186,11 @@ impl QueuePairContext {
         responder.push(nak);
     }
 
-    fn on_duplicate(&mut self, frame: &ParsedFrame<'_>, resources: &mut Resources) {
+    fn on_duplicate(&mut self, frame: &RoceFrame<'_>, resources: &mut Resources) {
         resources.counters.duplicate_requests += 1;
-        let psn = frame.repr.bth.psn;
+        let psn = frame.bth().psn;
         let responder = &mut self.responder;
-        match frame.repr.bth.opcode.family() {
+        match frame.bth().opcode.family() {
             OpcodeFamily::RdmaReadRequest | OpcodeFamily::Atomic => {
                 let Some((slot, packet_offset)) = responder.replay.find(psn) else {
                     resources
@@ -221,9 +220,9 @@ impl QueuePairContext {
         }
     }
 
-    fn on_expected_request(&mut self, frame: &ParsedFrame<'_>, resources: &mut Resources) {
+    fn on_expected_request(&mut self, frame: &RoceFrame<'_>, resources: &mut Resources) {
         self.responder.nak_sent_for_expected = false;
-        let opcode = frame.repr.bth.opcode;
+        let opcode = frame.bth().opcode;
         let continues = matches!(opcode.segment(), Segment::Middle | Segment::Last);
         let sequence_ok = match (self.responder.in_progress, opcode.family()) {
             (Some(InProgress::Send { .. }), OpcodeFamily::Send) => continues,
@@ -233,7 +232,7 @@ impl QueuePairContext {
         };
         if !sequence_ok || opcode.has_invalidate() {
             self.refuse(
-                frame.repr.bth.psn,
+                frame.bth().psn,
                 Refusal {
                     code: NakCode::InvalidRequest,
                 },
@@ -258,7 +257,7 @@ impl QueuePairContext {
                     opcode.family(),
                     OpcodeFamily::RdmaReadRequest | OpcodeFamily::Atomic
                 );
-                if frame.repr.bth.ack_request && !answered {
+                if frame.bth().ack_request && !answered {
                     let last = responder.expected_psn.sub(1);
                     responder.push_ack(last, resources);
                 }
@@ -279,7 +278,7 @@ impl QueuePairContext {
                 responder.push(nak);
             }
             Err((refusal, consumed_receive)) => {
-                self.refuse(frame.repr.bth.psn, refusal, consumed_receive, resources)
+                self.refuse(frame.bth().psn, refusal, consumed_receive, resources)
             }
         }
     }
@@ -359,9 +358,9 @@ impl QueuePairContext {
         }
     }
 
-    fn execute_send(&mut self, frame: &ParsedFrame<'_>, resources: &mut Resources) -> StepResult {
-        let opcode = frame.repr.bth.opcode;
-        if !self.payload_fits(opcode, frame.payload.len()) {
+    fn execute_send(&mut self, frame: &RoceFrame<'_>, resources: &mut Resources) -> StepResult {
+        let opcode = frame.bth().opcode;
+        if !self.payload_fits(opcode, frame.payload().len()) {
             return Err((
                 Refusal {
                     code: NakCode::InvalidRequest,
@@ -379,7 +378,7 @@ impl QueuePairContext {
                 None => return Ok(Step::ReceiverNotReady),
             },
         };
-        let end = offset_bytes + frame.payload.len() as u64;
+        let end = offset_bytes + frame.payload().len() as u64;
         if end > receive.local.total_length_bytes() {
             let status = CompletionStatus::LocalLengthError;
             return Err((
@@ -391,7 +390,7 @@ impl QueuePairContext {
         }
         if resources
             .memory
-            .scatter(&receive.local, offset_bytes, frame.payload)
+            .scatter(&receive.local, offset_bytes, frame.payload())
             .is_err()
         {
             let status = CompletionStatus::LocalProtectionError;
@@ -405,11 +404,7 @@ impl QueuePairContext {
         if matches!(opcode.segment(), Segment::Last | Segment::Only) {
             self.responder.in_progress = None;
             self.responder.msn = self.responder.msn.next();
-            let immediate = frame
-                .repr
-                .extension
-                .immediate
-                .map(|header| header.immediate);
+            let immediate = frame.immediate().map(|header| header.immediate);
             let opcode = CompletionOpcode::Receive;
             self.complete_receive(
                 &receive,
@@ -428,15 +423,15 @@ impl QueuePairContext {
         Ok(Step::Done { psn_count: 1 })
     }
 
-    fn execute_write(&mut self, frame: &ParsedFrame<'_>, resources: &mut Resources) -> StepResult {
-        let opcode = frame.repr.bth.opcode;
+    fn execute_write(&mut self, frame: &RoceFrame<'_>, resources: &mut Resources) -> StepResult {
+        let opcode = frame.bth().opcode;
         let refuse_invalid = Err((
             Refusal {
                 code: NakCode::InvalidRequest,
             },
             None,
         ));
-        if !self.payload_fits(opcode, frame.payload.len()) {
+        if !self.payload_fits(opcode, frame.payload().len()) {
             return refuse_invalid;
         }
         // WRITE-with-immediate consumes a receive; make sure one is there
@@ -445,7 +440,7 @@ impl QueuePairContext {
             return Ok(Step::ReceiverNotReady);
         }
         let (rkey, address, remaining_bytes, total_bytes) =
-            match (self.responder.in_progress, frame.repr.extension.reth) {
+            match (self.responder.in_progress, frame.reth()) {
                 (
                     Some(InProgress::Write {
                         rkey,
@@ -463,7 +458,7 @@ impl QueuePairContext {
                 ),
                 _ => return refuse_invalid,
             };
-        let payload_len = frame.payload.len() as u64;
+        let payload_len = frame.payload().len() as u64;
         let is_end = matches!(opcode.segment(), Segment::Last | Segment::Only);
         if payload_len > remaining_bytes || (is_end && payload_len != remaining_bytes) {
             return refuse_invalid;
@@ -477,11 +472,11 @@ impl QueuePairContext {
             AccessFlags::REMOTE_WRITE,
         );
         let (slot, range) = checked.map_err(|fault| (access_refusal(fault), None))?;
-        resources.memory.slot_bytes_mut(slot)[range].copy_from_slice(frame.payload);
+        resources.memory.slot_bytes_mut(slot)[range].copy_from_slice(frame.payload());
         if is_end {
             self.responder.in_progress = None;
             self.responder.msn = self.responder.msn.next();
-            if let Some(header) = frame.repr.extension.immediate {
+            if let Some(header) = frame.immediate() {
                 let receive = self.take_receive(resources).expect("checked above");
                 let opcode = CompletionOpcode::ReceiveRdmaWithImmediate;
                 self.complete_receive(
@@ -504,8 +499,8 @@ impl QueuePairContext {
         Ok(Step::Done { psn_count: 1 })
     }
 
-    fn execute_read(&mut self, frame: &ParsedFrame<'_>, resources: &mut Resources) -> StepResult {
-        let reth: RethRepr = frame.repr.extension.reth.expect("opcode implies RETH");
+    fn execute_read(&mut self, frame: &RoceFrame<'_>, resources: &mut Resources) -> StepResult {
+        let reth: RethRepr = frame.reth().expect("opcode implies RETH");
         let length = u64::from(reth.dma_length);
         let pd = self.attributes.protection_domain;
         let checked = resources.memory.check_remote(
@@ -520,7 +515,7 @@ impl QueuePairContext {
         let responder = &mut self.responder;
         responder.msn = responder.msn.next();
         let slot = responder.replay.insert(
-            frame.repr.bth.psn,
+            frame.bth().psn,
             packet_count,
             ReplayKind::Read,
             responder.msn,
@@ -540,12 +535,8 @@ impl QueuePairContext {
         })
     }
 
-    fn execute_atomic(&mut self, frame: &ParsedFrame<'_>, resources: &mut Resources) -> StepResult {
-        let atomic = frame
-            .repr
-            .extension
-            .atomic_eth
-            .expect("opcode implies AtomicETH");
+    fn execute_atomic(&mut self, frame: &RoceFrame<'_>, resources: &mut Resources) -> StepResult {
+        let atomic = frame.atomic_eth().expect("opcode implies AtomicETH");
         if !atomic.virtual_address.0.is_multiple_of(8) {
             return Err((
                 Refusal {
@@ -565,7 +556,7 @@ impl QueuePairContext {
         let (region_slot, range) = checked.map_err(|fault| (access_refusal(fault), None))?;
         let target = &mut resources.memory.slot_bytes_mut(region_slot)[range];
         let original = u64::from_le_bytes(target.try_into().expect("8-byte range"));
-        let updated = match frame.repr.bth.opcode {
+        let updated = match frame.bth().opcode {
             Opcode::CompareSwap if original == atomic.compare => atomic.swap_or_add,
             Opcode::CompareSwap => original,
             _ => original.wrapping_add(atomic.swap_or_add),
@@ -574,7 +565,7 @@ impl QueuePairContext {
         let responder = &mut self.responder;
         responder.msn = responder.msn.next();
         let slot = responder.replay.insert(
-            frame.repr.bth.psn,
+            frame.bth().psn,
             1,
             ReplayKind::Atomic { original },
             responder.msn,
@@ -602,8 +593,13 @@ impl QueuePairContext {
                     resources.counters.acks_sent += 1;
                 }
                 extension.aeth = Some(AethRepr { syndrome, msn });
-                let repr = path.frame(Opcode::Acknowledge, psn, false, extension);
-                emit_frame_with(&repr, 0, buffer, |_| {})
+                path.emit(
+                    (Opcode::Acknowledge, psn, false),
+                    &extension,
+                    0,
+                    buffer,
+                    |_| {},
+                )
             }
             Output::AtomicAcknowledge { slot } => {
                 responder.outputs.pop_front();
@@ -615,8 +611,8 @@ impl QueuePairContext {
                 extension.atomic_ack_eth = Some(AtomicAckEthRepr {
                     original_data: original,
                 });
-                let repr = path.frame(Opcode::AtomicAcknowledge, entry.first_psn, false, extension);
-                emit_frame_with(&repr, 0, buffer, |_| {})
+                let header = (Opcode::AtomicAcknowledge, entry.first_psn, false);
+                path.emit(header, &extension, 0, buffer, |_| {})
             }
             Output::ReadResponse {
                 slot,
@@ -638,8 +634,8 @@ impl QueuePairContext {
                 let start = next_packet as usize * mtu;
                 let end = (start + mtu).min(entry.data.len());
                 let payload = &entry.data[start..end];
-                let repr = path.frame(opcode, entry.first_psn.add(next_packet), false, extension);
-                let written = emit_frame_with(&repr, payload.len(), buffer, |space| {
+                let header = (opcode, entry.first_psn.add(next_packet), false);
+                let written = path.emit(header, &extension, payload.len(), buffer, |space| {
                     space.copy_from_slice(payload)
                 });
                 if is_last {
@@ -652,7 +648,7 @@ impl QueuePairContext {
                 written
             }
         };
-        Some(frame_len.expect("the device transmit buffer holds any frame"))
+        Some(frame_len)
     }
 }
 

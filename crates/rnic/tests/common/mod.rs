@@ -74,3 +74,61 @@ pub fn write_region(device: &mut SoftRnic, mr: &MemoryRegion, offset: u64, bytes
         .write_local(mr.lkey, remora_wire::VirtAddr(mr.address.0 + offset), bytes)
         .unwrap();
 }
+
+/// A request with one local buffer.
+pub fn request(id: u64, operation: SendOperation, local: ScatterGatherElement) -> SendRequest {
+    SendRequest::new(id, operation, &[local]).unwrap()
+}
+
+/// A WRITE of `len` bytes from the left region at `local_offset`.
+pub fn write_request(
+    s: &Setup,
+    id: u64,
+    local_offset: u64,
+    remote: RemoteAddress,
+    len: u32,
+) -> SendRequest {
+    let operation = SendOperation::Write {
+        remote,
+        immediate: None,
+    };
+    request(id, operation, s.left_mr.slice(local_offset, len))
+}
+
+/// A READ of `len` bytes of the right region into the left one.
+pub fn read_request(
+    s: &Setup,
+    id: u64,
+    remote_offset: u64,
+    local_offset: u64,
+    len: u32,
+) -> SendRequest {
+    let operation = SendOperation::Read {
+        remote: s.right_mr.remote(remote_offset),
+    };
+    request(id, operation, s.left_mr.slice(local_offset, len))
+}
+
+/// A FETCH_ADD on the right region, the old value landing on the left.
+pub fn fetch_add(
+    s: &Setup,
+    id: u64,
+    remote_offset: u64,
+    local_offset: u64,
+    add: u64,
+) -> SendRequest {
+    let operation = SendOperation::FetchAdd {
+        remote: s.right_mr.remote(remote_offset),
+        add,
+    };
+    request(id, operation, s.left_mr.slice(local_offset, 8))
+}
+
+/// A SEND of `len` bytes from the left region.
+pub fn send_request(s: &Setup, id: u64, local_offset: u64, len: u32) -> SendRequest {
+    request(
+        id,
+        SendOperation::Send { immediate: None },
+        s.left_mr.slice(local_offset, len),
+    )
+}
