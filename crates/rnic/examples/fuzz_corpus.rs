@@ -1,6 +1,6 @@
 //! Writes the frames of a workload that uses every opcode, one file each,
 //! as the seed corpus of the `parse_frame` fuzz target:
-//! `cargo run -p remora-rnic --example fuzz_corpus -- fuzz/corpus/parse_frame`.
+//! `cargo run -p remora-rnic --example fuzz_corpus -- fuzz/seeds/parse_frame`.
 
 use remora_rnic::back_to_back::{BackToBack, Verdict};
 use remora_rnic::*;

@@ -17,7 +17,7 @@ const MAX_IPV4_HEADER_LEN: usize = 60;
 /// the table loop at 64.
 const VECTOR_MIN_BYTES: usize = 128;
 /// Staging room: small frames fit whole, larger ones stage the headers.
-const STAGED_BYTES: usize = 256;
+const STAGED_BYTES: usize = 192;
 
 /// ICRC over an IPv4 header, a UDP header and the transport bytes (BTH
 /// onward, without the ICRC itself).

@@ -650,7 +650,8 @@ impl QueuePairContext {
             .get_mut(index)
             .expect("in_flight_index found it")
             .packets_done += 1;
-        self.on_progress(now);
+        // The answer's PSN is new to the requester, so this counts as
+        // progress and restarts the timer.
         self.acknowledge_through(now, psn, resources);
         true
     }
