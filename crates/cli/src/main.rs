@@ -12,7 +12,7 @@ use std::process::ExitCode;
 ///
 /// Every node speaks real RoCEv2 frames through a userspace soft RNIC.
 #[derive(Parser)]
-#[command(name = "remora", version, about, long_about = None)]
+#[command(name = "remora", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

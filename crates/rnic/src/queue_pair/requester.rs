@@ -137,6 +137,50 @@ impl Requester {
         }
     }
 
+    /// Checks the requester's invariants (debug builds; the tests and the
+    /// simulator run with them on). Linear in the queue depth.
+    fn debug_check_invariants(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let unacked = self.unacked_psn();
+        debug_assert!(
+            unacked.precedes_or_equals(self.transmit_psn),
+            "cursor behind the oldest unanswered PSN"
+        );
+        debug_assert!(
+            self.transmit_psn.precedes_or_equals(self.next_psn),
+            "cursor beyond the posted PSNs"
+        );
+        let mut expected_first = self.queue.front().map(|wqe| wqe.first_psn);
+        for wqe in self.queue.iter() {
+            debug_assert_eq!(
+                Some(wqe.first_psn),
+                expected_first,
+                "the send queue is one PSN range"
+            );
+            debug_assert!(wqe.packets_done <= wqe.packet_count);
+            expected_first = Some(wqe.first_psn.add(wqe.packet_count));
+        }
+        debug_assert!(expected_first.is_none_or(|end| end == self.next_psn));
+        match self.queue.get(self.transmit_index) {
+            Some(wqe) => debug_assert!(
+                wqe.contains(self.transmit_psn),
+                "cursor index and PSN disagree"
+            ),
+            None => debug_assert_eq!(self.transmit_psn, self.next_psn, "cursor past the queue"),
+        }
+        let counted = self
+            .queue
+            .iter()
+            .filter(|wqe| wqe.counted_outstanding)
+            .count();
+        debug_assert_eq!(
+            counted, self.outstanding_read_atomic,
+            "READ/atomic credit count"
+        );
+    }
+
     /// The queue index of the request holding `psn`.
     fn index_of(&self, psn: Psn) -> Option<usize> {
         self.queue.iter().position(|wqe| wqe.contains(psn))
@@ -352,6 +396,7 @@ impl QueuePairContext {
                     requester.retransmit_deadline =
                         Some(now.saturating_add(self.attributes.timeout));
                 }
+                requester.debug_check_invariants();
                 Some(frame_len)
             }
             Err(status) => {
@@ -523,6 +568,7 @@ impl QueuePairContext {
         if self.consume_retry(resources) {
             let unacked = self.requester.unacked_psn();
             self.requester.rewind_to(unacked);
+            self.requester.debug_check_invariants();
         }
     }
 
@@ -581,6 +627,7 @@ impl QueuePairContext {
         if progressed || before != unacked {
             self.on_progress(now);
         }
+        self.requester.debug_check_invariants();
     }
 
     fn retire_front(&mut self, resources: &mut Resources) {
