@@ -10,7 +10,7 @@ use crate::counters::{DropReason, RnicCounters};
 use crate::memory::MemoryTable;
 use crate::queue_pair::QueuePairContext;
 use crate::queues::{check_depth, BoundedQueue, CompletionRing};
-use crate::resources::Resources;
+use crate::resources::{Resources, SharedReceiveRing};
 use crate::time::Timestamp;
 use crate::verbs::*;
 use crate::VerbsError;
@@ -217,8 +217,14 @@ impl SoftRnic {
         self.check_completion_queue(builder.send_completion_queue)?;
         self.check_completion_queue(builder.receive_completion_queue)?;
         if let Some(queue) = builder.shared_receive_queue {
-            if queue.0 as usize >= self.resources.shared_receive_queues.len() {
-                return Err(VerbsError::UnknownSharedReceiveQueue);
+            let ring = self
+                .resources
+                .shared_receive_queues
+                .get(queue.0 as usize)
+                .ok_or(VerbsError::UnknownSharedReceiveQueue)?;
+            // IB requires a queue pair and its SRQ to share a protection domain.
+            if ring.protection_domain != builder.protection_domain {
+                return Err(VerbsError::WrongProtectionDomain);
             }
         }
         let max_depth = self.config.max_queue_depth;
@@ -290,7 +296,10 @@ impl Verbs for SoftRnic {
                 max: self.config.max_completion_queues,
             });
         }
-        queues.push(BoundedQueue::new("shared receive queue", depth));
+        queues.push(SharedReceiveRing {
+            protection_domain,
+            queue: BoundedQueue::new("shared receive queue", depth),
+        });
         Ok(SharedReceiveQueue(queues.len() as u32 - 1))
     }
 
@@ -364,17 +373,11 @@ impl Verbs for SoftRnic {
         if queue.0 as usize >= self.resources.shared_receive_queues.len() {
             return Err(VerbsError::UnknownSharedReceiveQueue);
         }
-        // An SRQ serves one protection domain; every QP bound to it shares it.
-        let pd = self
-            .queue_pairs
-            .iter()
-            .find(|context| context.attributes().shared_receive_queue == Some(queue))
-            .map(|context| context.attributes().protection_domain);
-        if let Some(pd) = pd {
-            self.resources
-                .memory
-                .check_local_list(pd, &request.local, true)?;
-        }
+        let protection_domain =
+            self.resources.shared_receive_queues[queue.0 as usize].protection_domain;
+        self.resources
+            .memory
+            .check_local_list(protection_domain, &request.local, true)?;
         self.resources.shared_receive_queue(queue).push(request)
     }
 

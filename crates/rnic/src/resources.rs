@@ -4,13 +4,22 @@
 use crate::counters::RnicCounters;
 use crate::memory::MemoryTable;
 use crate::queues::{BoundedQueue, CompletionRing};
-use crate::verbs::{CompletionQueue, ReceiveRequest, SharedReceiveQueue, WorkCompletion};
+use crate::verbs::{
+    CompletionQueue, ProtectionDomain, ReceiveRequest, SharedReceiveQueue, WorkCompletion,
+};
+
+/// A shared receive queue and the protection domain its buffers belong to.
+#[derive(Debug)]
+pub(crate) struct SharedReceiveRing {
+    pub(crate) protection_domain: ProtectionDomain,
+    pub(crate) queue: BoundedQueue<ReceiveRequest>,
+}
 
 #[derive(Debug)]
 pub(crate) struct Resources {
     pub(crate) memory: MemoryTable,
     pub(crate) completion_queues: Vec<CompletionRing>,
-    pub(crate) shared_receive_queues: Vec<BoundedQueue<ReceiveRequest>>,
+    pub(crate) shared_receive_queues: Vec<SharedReceiveRing>,
     pub(crate) counters: RnicCounters,
 }
 
@@ -25,6 +34,6 @@ impl Resources {
         &mut self,
         queue: SharedReceiveQueue,
     ) -> &mut BoundedQueue<ReceiveRequest> {
-        &mut self.shared_receive_queues[queue.0 as usize]
+        &mut self.shared_receive_queues[queue.0 as usize].queue
     }
 }

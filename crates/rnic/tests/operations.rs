@@ -203,6 +203,24 @@ fn a_shared_receive_queue_feeds_several_queue_pairs() {
     let mut right_builder = QueuePairBuilder::new(right_pd, right_cq, right_cq);
     right_builder.shared_receive_queue = Some(srq);
     let left_builder = QueuePairBuilder::new(left_pd, left_cq, left_cq);
+    let bad_lkey = ScatterGatherElement {
+        address: right_mr.address,
+        length_bytes: 8,
+        lkey: Lkey(0xdead_0001),
+    };
+    assert_eq!(
+        fabric
+            .right
+            .post_shared_receive(srq, ReceiveRequest::new(9, &[bad_lkey]).unwrap()),
+        Err(VerbsError::UnknownLocalKey(Lkey(0xdead_0001))),
+        "SRQ buffers are checked against the SRQ's protection domain, even before a QP binds"
+    );
+    let mut foreign = right_builder;
+    foreign.protection_domain = fabric.right.alloc_protection_domain().unwrap();
+    assert_eq!(
+        fabric.right.create_queue_pair(&foreign).map(|_| ()),
+        Err(VerbsError::WrongProtectionDomain)
+    );
     let (qp_a, _) = fabric.connect(&left_builder, &right_builder).unwrap();
     let (qp_b, right_b) = fabric.connect(&left_builder, &right_builder).unwrap();
     assert!(matches!(

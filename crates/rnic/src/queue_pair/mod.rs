@@ -126,10 +126,6 @@ impl QueuePairContext {
         self.state
     }
 
-    pub(crate) fn attributes(&self) -> &QueuePairBuilder {
-        &self.attributes
-    }
-
     pub(crate) fn endpoint(&self) -> QueuePairEndpoint {
         QueuePairEndpoint {
             qpn: self.qpn,
