@@ -52,6 +52,11 @@ pub enum VerbsError {
     MessageTooLong { length_bytes: u64, max_bytes: u64 },
     #[error("atomic target {0:?} is not 8-byte aligned")]
     MisalignedAtomic(VirtAddr),
+    #[error("remote range at {address:?} of {length_bytes} bytes overflows the address space")]
+    RemoteRangeOverflow {
+        address: VirtAddr,
+        length_bytes: u64,
+    },
     #[error("atomic operations need exactly one 8-byte local buffer")]
     AtomicBufferInvalid,
     #[error("region length {0} is outside 1..=the device limit")]

@@ -67,7 +67,9 @@ impl MemoryRegion {
     /// A scatter/gather element covering `[offset, offset + length)` of the region.
     pub fn slice(&self, offset_bytes: u64, length_bytes: u32) -> ScatterGatherElement {
         ScatterGatherElement {
-            address: VirtAddr(self.address.0 + offset_bytes),
+            // Saturating: a nonsense offset becomes an out-of-bounds error
+            // when the element is used, not an overflow here.
+            address: VirtAddr(self.address.0.saturating_add(offset_bytes)),
             length_bytes,
             lkey: self.lkey,
         }
@@ -76,7 +78,7 @@ impl MemoryRegion {
     /// The remote view of `offset` in the region, to hand to a peer.
     pub fn remote(&self, offset_bytes: u64) -> RemoteAddress {
         RemoteAddress {
-            address: VirtAddr(self.address.0 + offset_bytes),
+            address: VirtAddr(self.address.0.saturating_add(offset_bytes)),
             rkey: self.rkey,
         }
     }
@@ -199,6 +201,17 @@ impl SendOperation {
                 | SendOperation::CompareSwap { .. }
                 | SendOperation::FetchAdd { .. }
         )
+    }
+
+    /// The remote side of a one-sided operation; `None` for SEND.
+    pub fn remote(&self) -> Option<RemoteAddress> {
+        match *self {
+            SendOperation::Send { .. } => None,
+            SendOperation::Write { remote, .. }
+            | SendOperation::Read { remote }
+            | SendOperation::CompareSwap { remote, .. }
+            | SendOperation::FetchAdd { remote, .. } => Some(remote),
+        }
     }
 
     pub fn is_atomic(&self) -> bool {

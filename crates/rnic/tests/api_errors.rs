@@ -129,6 +129,27 @@ fn bad_local_arguments_get_typed_errors() {
 }
 
 #[test]
+fn a_remote_range_past_the_end_of_the_address_space_is_refused() {
+    let mut s = setup();
+    let remote = RemoteAddress {
+        address: VirtAddr(u64::MAX - 3),
+        rkey: s.right_mr.rkey,
+    };
+    let read = request(1, SendOperation::Read { remote }, s.left_mr.slice(0, 64));
+    assert!(matches!(
+        s.fabric.left.post_send(s.left_qp, read),
+        Err(VerbsError::RemoteRangeOverflow { .. })
+    ));
+    // A nonsense local offset saturates into an out-of-bounds error.
+    let far = s.left_mr.slice(u64::MAX, 8);
+    let write = request(2, SendOperation::Send { immediate: None }, far);
+    assert!(matches!(
+        s.fabric.left.post_send(s.left_qp, write),
+        Err(VerbsError::LocalAccessOutOfBounds { .. })
+    ));
+}
+
+#[test]
 fn a_read_into_a_region_without_local_write_is_refused() {
     let mut s = setup_with(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE, |_| {});
     let read = read_request(&s, 1, 0, 0, 8);

@@ -285,6 +285,14 @@ fn validate_request(
         &request.local,
         writes_locally,
     )?;
+    if let Some(remote) = request.operation.remote() {
+        if remote.address.checked_add(length_bytes).is_none() {
+            return Err(VerbsError::RemoteRangeOverflow {
+                address: remote.address,
+                length_bytes,
+            });
+        }
+    }
     if let SendOperation::CompareSwap { remote, .. } | SendOperation::FetchAdd { remote, .. } =
         request.operation
     {
