@@ -9,7 +9,7 @@
 use crate::counters::{DropReason, RnicCounters};
 use crate::memory::MemoryTable;
 use crate::queue_pair::QueuePairContext;
-use crate::queues::{check_depth, BoundedQueue, CompletionRing};
+use crate::queues::{check_depth, check_room, BoundedQueue, CompletionRing};
 use crate::resources::{Resources, SharedReceiveRing};
 use crate::time::Timestamp;
 use crate::verbs::*;
@@ -33,6 +33,7 @@ pub struct RnicConfig {
     pub max_region_bytes: u64,
     pub max_queue_depth: usize,
     pub max_completion_queues: usize,
+    pub max_shared_receive_queues: usize,
     pub max_message_bytes: u32,
 }
 
@@ -47,6 +48,7 @@ impl RnicConfig {
             max_region_bytes: 1 << 30,
             max_queue_depth: 16_384,
             max_completion_queues: 1024,
+            max_shared_receive_queues: 1024,
             max_message_bytes: 1 << 24,
         }
     }
@@ -272,12 +274,11 @@ impl Verbs for SoftRnic {
     fn create_completion_queue(&mut self, depth: usize) -> Result<CompletionQueue, VerbsError> {
         check_depth("completion queue", depth, self.config.max_queue_depth)?;
         let queues = &mut self.resources.completion_queues;
-        if queues.len() == self.config.max_completion_queues {
-            return Err(VerbsError::TooManyObjects {
-                kind: "completion queues",
-                max: self.config.max_completion_queues,
-            });
-        }
+        check_room(
+            "completion queues",
+            queues.len(),
+            self.config.max_completion_queues,
+        )?;
         queues.push(CompletionRing::new(depth));
         Ok(CompletionQueue(queues.len() as u32 - 1))
     }
@@ -290,12 +291,8 @@ impl Verbs for SoftRnic {
         self.check_protection_domain(protection_domain)?;
         check_depth("shared receive queue", depth, self.config.max_queue_depth)?;
         let queues = &mut self.resources.shared_receive_queues;
-        if queues.len() == self.config.max_completion_queues {
-            return Err(VerbsError::TooManyObjects {
-                kind: "shared receive queues",
-                max: self.config.max_completion_queues,
-            });
-        }
+        let max = self.config.max_shared_receive_queues;
+        check_room("shared receive queues", queues.len(), max)?;
         queues.push(SharedReceiveRing {
             protection_domain,
             queue: BoundedQueue::new("shared receive queue", depth),
@@ -308,12 +305,11 @@ impl Verbs for SoftRnic {
         builder: &QueuePairBuilder,
     ) -> Result<PreparedQueuePair, VerbsError> {
         self.check_builder(builder)?;
-        if self.queue_pairs.len() == self.config.max_queue_pairs {
-            return Err(VerbsError::TooManyObjects {
-                kind: "queue pairs",
-                max: self.config.max_queue_pairs,
-            });
-        }
+        check_room(
+            "queue pairs",
+            self.queue_pairs.len(),
+            self.config.max_queue_pairs,
+        )?;
         let value = FIRST_QPN + self.queue_pairs.len() as u32;
         let qpn = Qpn::new(value).expect("bounded by max_queue_pairs");
         let initial_psn = builder

@@ -79,6 +79,14 @@ pub(crate) fn check_depth(
     Ok(())
 }
 
+/// Fails with `TooManyObjects` once `count` objects of a kind reach `max`.
+pub(crate) fn check_room(kind: &'static str, count: usize, max: usize) -> Result<(), VerbsError> {
+    if count >= max {
+        return Err(VerbsError::TooManyObjects { kind, max });
+    }
+    Ok(())
+}
+
 /// A completion queue. Overrunning it loses a completion, which IB treats
 /// as a catastrophic error of the queue: from then on polling reports
 /// `CompletionQueueOverrun` rather than pretend nothing was lost.

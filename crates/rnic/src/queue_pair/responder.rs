@@ -60,13 +60,6 @@ enum InProgress {
     },
 }
 
-/// Why a request is refused for good: the NAK and the completion status of
-/// any receive it consumed.
-#[derive(Debug, Clone, Copy)]
-struct Refusal {
-    code: NakCode,
-}
-
 #[derive(Debug)]
 pub(crate) struct Responder {
     expected_psn: Psn,
@@ -231,14 +224,7 @@ impl QueuePairContext {
             (None, _) => !continues,
         };
         if !sequence_ok || opcode.has_invalidate() {
-            self.refuse(
-                frame.bth().psn,
-                Refusal {
-                    code: NakCode::InvalidRequest,
-                },
-                None,
-                resources,
-            );
+            self.refuse(frame.bth().psn, NakCode::InvalidRequest, None, resources);
             return;
         }
         let outcome = match opcode.family() {
@@ -288,7 +274,7 @@ impl QueuePairContext {
     fn refuse(
         &mut self,
         psn: Psn,
-        refusal: Refusal,
+        refusal: NakCode,
         consumed_receive: Option<(ReceiveRequest, CompletionStatus)>,
         resources: &mut Resources,
     ) {
@@ -307,7 +293,7 @@ impl QueuePairContext {
         responder.in_progress = None;
         let nak = Output::Acknowledge {
             psn,
-            syndrome: AckSyndrome::Nak(refusal.code),
+            syndrome: AckSyndrome::Nak(refusal),
             msn: responder.msn,
         };
         responder.push(nak);
@@ -361,12 +347,7 @@ impl QueuePairContext {
     fn execute_send(&mut self, frame: &RoceFrame<'_>, resources: &mut Resources) -> StepResult {
         let opcode = frame.bth().opcode;
         if !self.payload_fits(opcode, frame.payload().len()) {
-            return Err((
-                Refusal {
-                    code: NakCode::InvalidRequest,
-                },
-                None,
-            ));
+            return Err((NakCode::InvalidRequest, None));
         }
         let (receive, offset_bytes) = match self.responder.in_progress {
             Some(InProgress::Send {
@@ -381,12 +362,7 @@ impl QueuePairContext {
         let end = offset_bytes + frame.payload().len() as u64;
         if end > receive.local.total_length_bytes() {
             let status = CompletionStatus::LocalLengthError;
-            return Err((
-                Refusal {
-                    code: NakCode::InvalidRequest,
-                },
-                Some((receive, status)),
-            ));
+            return Err((NakCode::InvalidRequest, Some((receive, status))));
         }
         if resources
             .memory
@@ -394,12 +370,7 @@ impl QueuePairContext {
             .is_err()
         {
             let status = CompletionStatus::LocalProtectionError;
-            return Err((
-                Refusal {
-                    code: NakCode::RemoteOperationalError,
-                },
-                Some((receive, status)),
-            ));
+            return Err((NakCode::RemoteOperationalError, Some((receive, status))));
         }
         if matches!(opcode.segment(), Segment::Last | Segment::Only) {
             self.responder.in_progress = None;
@@ -425,12 +396,7 @@ impl QueuePairContext {
 
     fn execute_write(&mut self, frame: &RoceFrame<'_>, resources: &mut Resources) -> StepResult {
         let opcode = frame.bth().opcode;
-        let refuse_invalid = Err((
-            Refusal {
-                code: NakCode::InvalidRequest,
-            },
-            None,
-        ));
+        let refuse_invalid = Err((NakCode::InvalidRequest, None));
         if !self.payload_fits(opcode, frame.payload().len()) {
             return refuse_invalid;
         }
@@ -538,12 +504,7 @@ impl QueuePairContext {
     fn execute_atomic(&mut self, frame: &RoceFrame<'_>, resources: &mut Resources) -> StepResult {
         let atomic = frame.atomic_eth().expect("opcode implies AtomicETH");
         if !atomic.virtual_address.0.is_multiple_of(8) {
-            return Err((
-                Refusal {
-                    code: NakCode::InvalidRequest,
-                },
-                None,
-            ));
+            return Err((NakCode::InvalidRequest, None));
         }
         let pd = self.attributes.protection_domain;
         let checked = resources.memory.check_remote(
@@ -661,12 +622,10 @@ fn ack_aeth(msn: Msn) -> AethRepr {
     }
 }
 
-fn access_refusal(_fault: RemoteAccessFault) -> Refusal {
+fn access_refusal(_fault: RemoteAccessFault) -> NakCode {
     // Every flavour of access violation is one NAK on the wire; the device
     // counters keep nothing finer, as real RNICs report only the syndrome.
-    Refusal {
-        code: NakCode::RemoteAccessError,
-    }
+    NakCode::RemoteAccessError
 }
 
 enum Step {
@@ -676,4 +635,6 @@ enum Step {
     ReceiverNotReady,
 }
 
-type StepResult = Result<Step, (Refusal, Option<(ReceiveRequest, CompletionStatus)>)>;
+/// A refusal is the NAK to send and, if the request consumed a receive, the
+/// status that receive completes with.
+type StepResult = Result<Step, (NakCode, Option<(ReceiveRequest, CompletionStatus)>)>;
