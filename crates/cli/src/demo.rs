@@ -1,12 +1,14 @@
 //! `remora demo`: a tour of the fabric. Two soft RNICs, wired back to back,
 //! run every RC operation; each result is checked, not just reported.
 
+use crate::capture::Capture;
 use remora_rnic::back_to_back::{BackToBack, Verdict};
 use remora_rnic::*;
 use remora_wire::VirtAddr;
 use serde::Serialize;
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
 const REGION_BYTES: u64 = 1 << 20;
 const BIG_BYTES: u32 = 64 * 1024;
@@ -29,6 +31,7 @@ struct Tour {
     left: (MemoryRegion, CompletionQueue, QueuePair),
     right: (MemoryRegion, CompletionQueue, QueuePair),
     rows: Vec<Row>,
+    capture: Capture,
 }
 
 fn setup(seed: u64, access: AccessFlags) -> Result<Tour, VerbsError> {
@@ -50,6 +53,7 @@ fn setup(seed: u64, access: AccessFlags) -> Result<Tour, VerbsError> {
         left: (sides[0].0, sides[0].1, left_qp),
         right: (sides[1].0, sides[1].1, right_qp),
         rows: Vec::new(),
+        capture: Capture::default(),
     })
 }
 
@@ -98,7 +102,12 @@ impl Tour {
         let right_before = self.fabric.right.counters().clone();
         self.fabric.left.post_send(self.left.2, request)?;
         let mut frame_number = 0u64;
-        let summary = self.fabric.run_filtered(100_000, &mut |_, _| {
+        let Tour {
+            fabric, capture, ..
+        } = self;
+        let now = fabric.now;
+        let summary = fabric.run_filtered(100_000, &mut |_, frame| {
+            capture.record(Duration::from_nanos(now.as_nanos()), frame);
             frame_number += 1;
             match loss_every {
                 Some(every) if frame_number.is_multiple_of(every) => Verdict::Drop,
@@ -289,7 +298,7 @@ fn tour_operations(tour: &mut Tour) -> Result<(), VerbsError> {
     )
 }
 
-fn tour_violation(seed: u64) -> Result<Row, VerbsError> {
+fn tour_violation(seed: u64, capture: &mut Capture) -> Result<Row, VerbsError> {
     let mut tour = setup(seed, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
     let right_region = tour.right.0;
     let before = tour.read(true, 0, 4096);
@@ -313,6 +322,7 @@ fn tour_violation(seed: u64) -> Result<Row, VerbsError> {
             )
         },
     )?;
+    capture.append(std::mem::take(&mut tour.capture));
     Ok(tour.rows.pop().expect("one row"))
 }
 
@@ -339,11 +349,16 @@ fn print_table(rows: &[Row]) {
     }
 }
 
-pub fn run(json: Option<&Path>) -> Result<ExitCode, String> {
+pub fn run(json: Option<&Path>, pcap: Option<&Path>) -> Result<ExitCode, String> {
     let mut tour = setup(1, AccessFlags::ALL).map_err(|error| error.to_string())?;
     tour_operations(&mut tour).map_err(|error| error.to_string())?;
     let mut rows = std::mem::take(&mut tour.rows);
-    rows.push(tour_violation(2).map_err(|error| error.to_string())?);
+    let violation = tour_violation(2, &mut tour.capture).map_err(|error| error.to_string())?;
+    rows.push(violation);
+    if let Some(path) = pcap {
+        tour.capture.write(path)?;
+        println!("wrote {} frames to {}", tour.capture.len(), path.display());
+    }
     print_table(&rows);
     let counters = [tour.fabric.left.counters(), tour.fabric.right.counters()];
     println!(

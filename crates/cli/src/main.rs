@@ -1,6 +1,7 @@
 //! `remora`: the command-line entry to the rack.
 
 mod bench;
+mod capture;
 mod demo;
 mod sim;
 
@@ -26,6 +27,9 @@ enum Command {
         /// Also write the summary as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Write every frame of the tour to this pcap file (opens in Wireshark).
+        #[arg(long)]
+        pcap: Option<PathBuf>,
     },
     /// Run deterministic simulation campaigns.
     #[command(subcommand)]
@@ -38,7 +42,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo { json } => demo::run(json.as_deref()),
+        Command::Demo { json, pcap } => demo::run(json.as_deref(), pcap.as_deref()),
         Command::Sim(command) => sim::run(command),
         Command::Bench(command) => bench::run(command),
     };

@@ -1,0 +1,50 @@
+//! Frames to a pcap file (Ethernet link type) that Wireshark and tshark
+//! open. Frames are the exact bytes the devices exchanged.
+
+use pcap_file::pcap::{PcapPacket, PcapWriter};
+use std::path::Path;
+use std::time::Duration;
+
+/// Frames collected in order, written out at the end.
+#[derive(Default)]
+pub struct Capture {
+    frames: Vec<(Duration, Vec<u8>)>,
+}
+
+impl Capture {
+    /// Records one frame. Virtual time can stand still while several frames
+    /// move, so each frame is also stamped one nanosecond after the last, to
+    /// keep the capture in order.
+    pub fn record(&mut self, virtual_time: Duration, frame: &[u8]) {
+        let after_last = self
+            .frames
+            .last()
+            .map_or(Duration::ZERO, |(at, _)| *at + Duration::from_nanos(1));
+        self.frames
+            .push((virtual_time.max(after_last), frame.to_vec()));
+    }
+
+    /// Appends another capture's frames after this one's.
+    pub fn append(&mut self, other: Capture) {
+        for (at, frame) in other.frames {
+            self.record(at, &frame);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    pub fn write(&self, path: &Path) -> Result<(), String> {
+        let file = std::fs::File::create(path)
+            .map_err(|error| format!("cannot create {}: {error}", path.display()))?;
+        let mut writer = PcapWriter::new(file).map_err(|error| error.to_string())?;
+        for (at, frame) in &self.frames {
+            let packet = PcapPacket::new(*at, frame.len() as u32, frame);
+            writer
+                .write_packet(&packet)
+                .map_err(|error| format!("writing {}: {error}", path.display()))?;
+        }
+        Ok(())
+    }
+}
