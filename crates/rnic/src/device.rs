@@ -85,6 +85,7 @@ impl SoftRnic {
                 completion_queues: Vec::new(),
                 shared_receive_queues: Vec::new(),
                 counters: RnicCounters::default(),
+                newly_overrun: Vec::new(),
             },
             protection_domains: 0,
             queue_pairs: Vec::new(),
@@ -130,6 +131,24 @@ impl SoftRnic {
         Ok((context, &mut self.resources))
     }
 
+    /// Moves the queue pairs bound to a newly overrun completion queue to
+    /// ERR. Flushing them can overrun another queue, so this runs until no
+    /// queue is newly overrun; each queue overruns once, which bounds it.
+    fn fail_queue_pairs_of_overrun_queues(&mut self) {
+        for _ in 0..=self.resources.completion_queues.len() {
+            let Some(queue) = self.resources.newly_overrun.pop() else {
+                return;
+            };
+            for queue_pair in &mut self.queue_pairs {
+                let live = queue_pair.state() != QueuePairState::Error;
+                if live && queue_pair.uses_completion_queue(queue) {
+                    queue_pair.enter_error(&mut self.resources);
+                }
+            }
+        }
+        debug_assert!(self.resources.newly_overrun.is_empty());
+    }
+
     /// Takes one received frame. Malformed or misdirected frames are dropped
     /// and counted; nothing a peer sends can make this panic.
     pub fn handle_frame(&mut self, now: Timestamp, bytes: &[u8]) {
@@ -159,6 +178,7 @@ impl SoftRnic {
             return resources.counters.count_drop(DropReason::WrongPeer);
         }
         queue_pair.handle_frame(now, &frame, resources);
+        self.fail_queue_pairs_of_overrun_queues();
     }
 
     /// Writes the next frame to send into `buffer` and returns its length.
@@ -180,9 +200,12 @@ impl SoftRnic {
                 let counters = &mut self.resources.counters;
                 counters.frames_transmitted += 1;
                 counters.bytes_transmitted += len as u64;
+                self.fail_queue_pairs_of_overrun_queues();
                 return Some(len);
             }
         }
+        // A request can fail while transmitting (its local buffer vanished).
+        self.fail_queue_pairs_of_overrun_queues();
         None
     }
 
@@ -198,6 +221,7 @@ impl SoftRnic {
         for queue_pair in &mut self.queue_pairs {
             queue_pair.handle_timeout(now, &mut self.resources);
         }
+        self.fail_queue_pairs_of_overrun_queues();
     }
 
     fn check_protection_domain(&self, pd: ProtectionDomain) -> Result<(), VerbsError> {
@@ -343,13 +367,16 @@ impl Verbs for SoftRnic {
         };
         let (context, resources) = self.queue_pair_mut(qpn)?;
         context.transition(to, remote, resources)?;
+        self.fail_queue_pairs_of_overrun_queues();
         Ok(to)
     }
 
     fn post_send(&mut self, queue_pair: QueuePair, request: SendRequest) -> Result<(), VerbsError> {
         let max_message_bytes = self.config.max_message_bytes;
         let (context, resources) = self.queue_pair_mut(queue_pair.0)?;
-        context.post_send(request, resources, max_message_bytes)
+        let posted = context.post_send(request, resources, max_message_bytes);
+        self.fail_queue_pairs_of_overrun_queues();
+        posted
     }
 
     fn post_receive(
@@ -358,7 +385,9 @@ impl Verbs for SoftRnic {
         request: ReceiveRequest,
     ) -> Result<(), VerbsError> {
         let (context, resources) = self.queue_pair_mut(queue_pair.0)?;
-        context.post_receive(request, resources)
+        let posted = context.post_receive(request, resources);
+        self.fail_queue_pairs_of_overrun_queues();
+        posted
     }
 
     fn post_shared_receive(

@@ -89,7 +89,8 @@ pub(crate) fn check_room(kind: &'static str, count: usize, max: usize) -> Result
 
 /// A completion queue. Overrunning it loses a completion, which IB treats
 /// as a catastrophic error of the queue: from then on polling reports
-/// `CompletionQueueOverrun` rather than pretend nothing was lost.
+/// `CompletionQueueOverrun` rather than pretend nothing was lost, and the
+/// device moves every queue pair bound to it to ERR.
 #[derive(Debug)]
 pub(crate) struct CompletionRing {
     queue: BoundedQueue<WorkCompletion>,
@@ -111,6 +112,10 @@ impl CompletionRing {
             return false;
         }
         true
+    }
+
+    pub(crate) fn is_overrun(&self) -> bool {
+        self.overrun
     }
 
     pub(crate) fn pop(&mut self) -> Result<Option<WorkCompletion>, VerbsError> {

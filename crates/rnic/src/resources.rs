@@ -21,13 +21,23 @@ pub(crate) struct Resources {
     pub(crate) completion_queues: Vec<CompletionRing>,
     pub(crate) shared_receive_queues: Vec<SharedReceiveRing>,
     pub(crate) counters: RnicCounters,
+    /// Completion queues that overran since the device last looked; at most
+    /// one entry per queue.
+    pub(crate) newly_overrun: Vec<CompletionQueue>,
 }
 
 impl Resources {
     /// Delivers a completion. Returns false if the queue overran; the queue
     /// then reports the loss to whoever polls it.
     pub(crate) fn complete(&mut self, queue: CompletionQueue, completion: WorkCompletion) -> bool {
-        self.completion_queues[queue.0 as usize].push(completion)
+        let ring = &mut self.completion_queues[queue.0 as usize];
+        let was_overrun = ring.is_overrun();
+        let delivered = ring.push(completion);
+        if !delivered && !was_overrun {
+            // The device moves the queue pairs bound to it to ERR.
+            self.newly_overrun.push(queue);
+        }
+        delivered
     }
 
     pub(crate) fn shared_receive_queue(

@@ -210,3 +210,53 @@ proptest! {
         s.fabric.run(100);
     }
 }
+
+#[test]
+fn an_overrun_completion_queue_fails_its_queue_pairs() {
+    let mut s = setup();
+    let pd = s.fabric.left.alloc_protection_domain().unwrap();
+    let region = s
+        .fabric
+        .left
+        .register_memory(pd, 4096, AccessFlags::ALL)
+        .unwrap();
+    let small = s.fabric.left.create_completion_queue(2).unwrap();
+    let right_pd = s.fabric.right.alloc_protection_domain().unwrap();
+    let right_region = s
+        .fabric
+        .right
+        .register_memory(right_pd, 4096, AccessFlags::ALL)
+        .unwrap();
+    let right_cq = s.fabric.right.create_completion_queue(16).unwrap();
+    let (qp, _) = s
+        .fabric
+        .connect(
+            &QueuePairBuilder::new(pd, small, small),
+            &QueuePairBuilder::new(right_pd, right_cq, right_cq),
+        )
+        .unwrap();
+    for id in 0..4 {
+        let write = SendOperation::Write {
+            remote: right_region.remote(0),
+            immediate: None,
+        };
+        s.fabric
+            .left
+            .post_send(qp, request(id, write, region.slice(0, 8)))
+            .unwrap();
+    }
+    assert!(s.fabric.run(1000).quiesced);
+    assert_eq!(
+        s.fabric.left.poll_completion(small),
+        Err(VerbsError::CompletionQueueOverrun)
+    );
+    assert_eq!(
+        s.fabric.left.queue_pair_state(qp.0).unwrap(),
+        QueuePairState::Error
+    );
+    // A queue pair on another completion queue is untouched.
+    assert_eq!(
+        s.fabric.left.queue_pair_state(s.left_qp.0).unwrap(),
+        QueuePairState::ReadyToSend
+    );
+}

@@ -126,6 +126,12 @@ impl QueuePairContext {
         self.state
     }
 
+    /// True if this queue pair completes work into `queue`.
+    pub(crate) fn uses_completion_queue(&self, queue: crate::verbs::CompletionQueue) -> bool {
+        self.attributes.send_completion_queue == queue
+            || self.attributes.receive_completion_queue == queue
+    }
+
     pub(crate) fn endpoint(&self) -> QueuePairEndpoint {
         QueuePairEndpoint {
             qpn: self.qpn,
