@@ -34,7 +34,9 @@ enum Output {
         syndrome: AckSyndrome,
         msn: Msn,
     },
-    /// Packets `[next_packet, end_packet)` of a replay-cache READ entry.
+    /// The answer to a READ from a replay-cache entry: its packets from
+    /// `next_packet` to the end. `start_packet` is where this answer began
+    /// (0, or where a re-request resumed), which decides the First opcode.
     ReadResponse {
         slot: usize,
         next_packet: u32,
