@@ -58,8 +58,7 @@ pub fn compute(ipv4_header: &[u8], udp_header: &[u8], transport: &[u8]) -> u32 {
     if inline {
         staged[bth + BTH_LEN..].copy_from_slice(rest);
     }
-    for masked in [ip + 1, ip + 8, ip + 10, ip + 11, udp + 6, udp + 7, bth + 4] {
-        // TOS, TTL, IP checksum, UDP checksum, BTH FECN/BECN/reserved.
+    for masked in masked_offsets(ip, udp, bth) {
         staged[masked] = 0xff;
     }
     // An initial value of all ones is a zero register in crc32fast's terms.
@@ -78,6 +77,13 @@ pub fn compute(ipv4_header: &[u8], udp_header: &[u8], transport: &[u8]) -> u32 {
     hasher.finalize()
 }
 
+/// Offsets of the bytes the recipe sets to ones, given where the IPv4, UDP
+/// and BTH headers start: TOS, TTL, the IPv4 checksum, the UDP checksum and
+/// BTH byte 4 (FECN, BECN, reserved), the fields routers may rewrite.
+fn masked_offsets(ip: usize, udp: usize, bth: usize) -> [usize; 7] {
+    [ip + 1, ip + 8, ip + 10, ip + 11, udp + 6, udp + 7, bth + 4]
+}
+
 /// The ICRC of an Ethernet II / IPv4 frame whose ICRC starts at
 /// `icrc_start`, computed over the frame in place: for one pass the eight
 /// bytes before the IPv4 header (the end of the Ethernet header) stand in
@@ -92,7 +98,7 @@ pub fn compute_in_place(frame: &mut [u8], icrc_start: usize) -> u32 {
     let udp = ip + usize::from(frame[ip] & 0x0f) * 4;
     let bth = udp + UDP_HEADER_LEN;
     assert!(bth + BTH_LEN <= icrc_start && icrc_start <= frame.len());
-    let masked = [ip + 1, ip + 8, ip + 10, ip + 11, udp + 6, udp + 7, bth + 4];
+    let masked = masked_offsets(ip, udp, bth);
     let prefix = ip - 8..ip;
     let saved_prefix: [u8; 8] = frame[prefix.clone()].try_into().expect("8 bytes");
     let saved = masked.map(|index| frame[index]);

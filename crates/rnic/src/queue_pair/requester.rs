@@ -477,37 +477,30 @@ impl QueuePairContext {
         syndrome: AckSyndrome,
         resources: &mut Resources,
     ) -> bool {
+        if !self.is_in_flight(psn) {
+            return false;
+        }
+        // An ACK covers its PSN; a NAK covers everything before the PSN it
+        // names.
+        let acknowledged = match syndrome {
+            AckSyndrome::Ack { .. } => psn,
+            _ => psn.sub(1),
+        };
+        self.acknowledge_through(now, acknowledged, resources);
         match syndrome {
-            AckSyndrome::Ack { .. } => {
-                if !self.is_in_flight(psn) {
-                    return false;
-                }
-                self.acknowledge_through(now, psn, resources);
-            }
+            AckSyndrome::Ack { .. } => {}
             AckSyndrome::ReceiverNotReady { timer } => {
-                if !self.is_in_flight(psn) {
-                    return false;
-                }
                 resources.counters.receiver_not_ready_naks_received += 1;
-                self.acknowledge_through(now, psn.sub(1), resources);
                 self.on_receiver_not_ready(now, psn, timer, resources);
             }
             AckSyndrome::Nak(NakCode::PsnSequenceError) => {
-                if !self.is_in_flight(psn) {
-                    return false;
-                }
                 resources.counters.sequence_naks_received += 1;
-                self.acknowledge_through(now, psn.sub(1), resources);
                 if self.consume_retry(resources) {
                     self.requester.rewind_to(psn);
                 }
             }
             AckSyndrome::Nak(code) => {
-                if !self.is_in_flight(psn) {
-                    return false;
-                }
                 resources.counters.error_naks_received += 1;
-                self.acknowledge_through(now, psn.sub(1), resources);
                 // The NAK names the refused request. Anything before it still
                 // unanswered (a READ whose response was lost) is flushed: the
                 // responder is in error and will never answer it.
