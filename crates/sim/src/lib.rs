@@ -14,6 +14,6 @@
 mod link;
 mod simulation;
 
-pub use link::{LinkConfig, LinkCounters, LinkFaults};
+pub use link::{FaultDraw, LinkConfig, LinkCounters, LinkFaults};
 pub use remora_rnic::Timestamp;
 pub use simulation::{Event, LinkId, Node, NodeId, PortId, RunOutcome, Simulation};

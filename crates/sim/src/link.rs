@@ -31,7 +31,27 @@ impl LinkFaults {
         corrupt: 0.0,
     };
 
-    fn validate(&self) -> Result<(), String> {
+    /// Decides the fate of one frame of `len_bytes`. The simulator's links
+    /// and the real carriers' fault injector both draw here, so a fault
+    /// profile means the same thing in both.
+    pub fn draw(&self, len_bytes: usize, rng: &mut impl Rng) -> FaultDraw {
+        // Draw every decision for every frame, so a change in one
+        // probability does not shift the random stream of the others.
+        let lost = rng.gen_bool(self.loss);
+        let duplicated = rng.gen_bool(self.duplicate);
+        let reordered = rng.gen_bool(self.reorder);
+        let delay_fraction: f64 = rng.gen();
+        let corrupted = rng.gen_bool(self.corrupt);
+        let bit = rng.gen_range(0..len_bytes.max(1) * 8);
+        FaultDraw {
+            lost,
+            duplicated,
+            reorder_delay: reordered.then(|| self.reorder_delay.mul_f64(delay_fraction)),
+            corrupt_bit: corrupted.then_some(bit),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
         for (name, value) in [
             ("loss", self.loss),
             ("duplicate", self.duplicate),
@@ -44,6 +64,17 @@ impl LinkFaults {
         }
         Ok(())
     }
+}
+
+/// The fate [`LinkFaults::draw`] chose for one frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultDraw {
+    pub lost: bool,
+    pub duplicated: bool,
+    /// Extra delay for a reordered frame.
+    pub reorder_delay: Option<Duration>,
+    /// The bit to flip in a corrupted frame.
+    pub corrupt_bit: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -152,33 +183,24 @@ impl Channel {
                 corrupt_bit: None,
             };
         }
-        let faults = self.config.faults;
-        // Draw every decision for every frame, so a change in one
-        // probability does not shift the random stream of the others.
-        let lost = rng.gen_bool(faults.loss);
-        let duplicated = rng.gen_bool(faults.duplicate);
-        let reordered = rng.gen_bool(faults.reorder);
-        let delay_fraction: f64 = rng.gen();
-        let corrupted = rng.gen_bool(faults.corrupt);
-        let bit = rng.gen_range(0..len_bytes.max(1) * 8);
-        if lost {
+        let draw = self.config.faults.draw(len_bytes, rng);
+        if draw.lost {
             self.counters.lost += 1;
             return nothing;
         }
         let mut first = arrival;
-        if reordered {
+        if let Some(extra) = draw.reorder_delay {
             self.counters.reordered += 1;
-            let extra = faults.reorder_delay.mul_f64(delay_fraction);
             first = first.saturating_add(extra);
         }
-        let second = duplicated.then(|| {
+        let second = draw.duplicated.then(|| {
             self.counters.duplicated += 1;
             arrival
         });
-        let corrupt_bit = corrupted.then(|| {
+        if draw.corrupt_bit.is_some() {
             self.counters.corrupted += 1;
-            bit
-        });
+        }
+        let corrupt_bit = draw.corrupt_bit;
         self.counters.frames_delivered += 1;
         Fate {
             arrivals: [Some(first), second],

@@ -1,0 +1,318 @@
+//! Ports over sockets that carry one frame per datagram, batched with
+//! `sendmmsg`/`recvmmsg`:
+//!
+//! - the UDP tunnel: each node has its own address (127.0.0.N or a host
+//!   address) and the whole Ethernet frame rides as the UDP payload;
+//! - AF_PACKET on a named interface: true L2, for veths in network
+//!   namespaces and for real NICs.
+//!
+//! On veth, TX checksum offload leaves the kernel's own packets with
+//! unfinished checksums when an AF_PACKET socket reads them. Remora's
+//! frames are complete when they leave a soft RNIC (IPv4 checksum set, UDP
+//! checksum zero as RoCEv2 sends it, ICRC appended) and the kernel does not
+//! touch frames written to a packet socket, so they need no fix-up. The
+//! rack keeps kernel traffic off its veths (no addresses, IPv6 off, the
+//! control channel on Unix sockets); any stray kernel frame is passed up
+//! and counted as a drop by the parser above, not mistaken for RoCE.
+
+use crate::wait::WaitSource;
+use crate::{check_frame_length, CarrierError, Port, SendStatus, MAX_CARRIED_FRAME_BYTES};
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// Frames per `sendmmsg`/`recvmmsg` call.
+pub const BATCH_FRAMES: usize = 32;
+const SOCKET_BUFFER_BYTES: usize = 8 << 20;
+/// Room for a frame larger than any RoCE frame, so an oversized one shows
+/// up as truncated rather than silently cut.
+const RECEIVE_BUFFER_BYTES: usize = MAX_CARRIED_FRAME_BYTES + 64;
+
+/// Counts of what a datagram port had to throw away.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DatagramDrops {
+    /// Received datagrams longer than any frame.
+    pub truncated: u64,
+    /// Frames the kernel refused (buffer full, peer not there yet).
+    pub send_refused: u64,
+}
+
+/// Options for an AF_PACKET port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PacketSocketOptions {
+    pub interface: String,
+    /// Receive frames for any MAC (needed on real NICs; harmless on veth).
+    pub promiscuous: bool,
+}
+
+/// A port on a socket.
+pub struct DatagramPort {
+    fd: OwnedFd,
+    outgoing: Vec<Vec<u8>>,
+    outgoing_count: usize,
+    incoming: Vec<Vec<u8>>,
+    drops: DatagramDrops,
+}
+
+impl DatagramPort {
+    /// The UDP tunnel: bound to `local`, connected to `peer`.
+    pub fn udp(local: SocketAddr, peer: SocketAddr) -> Result<DatagramPort, CarrierError> {
+        let socket =
+            UdpSocket::bind(local).map_err(|error| CarrierError::io("bind UDP tunnel", error))?;
+        DatagramPort::udp_on(socket, peer)
+    }
+
+    /// The UDP tunnel on an already bound socket (say, one bound to port 0
+    /// so the kernel picked a free port), connected to `peer`.
+    pub fn udp_on(socket: UdpSocket, peer: SocketAddr) -> Result<DatagramPort, CarrierError> {
+        socket
+            .connect(peer)
+            .map_err(|error| CarrierError::io("connect UDP tunnel", error))?;
+        socket
+            .set_nonblocking(true)
+            .map_err(|error| CarrierError::io("set UDP tunnel non-blocking", error))?;
+        DatagramPort::from_fd(OwnedFd::from(socket))
+    }
+
+    /// AF_PACKET on an interface. Needs CAP_NET_RAW.
+    pub fn packet(options: &PacketSocketOptions) -> Result<DatagramPort, CarrierError> {
+        let name = std::ffi::CString::new(options.interface.as_str()).map_err(|_| {
+            CarrierError::Segment(format!(
+                "interface name {:?} contains NUL",
+                options.interface
+            ))
+        })?;
+        // SAFETY: plain libc calls with valid arguments; results checked.
+        unsafe {
+            let index = libc::if_nametoindex(name.as_ptr());
+            if index == 0 {
+                return Err(CarrierError::io(
+                    "find interface",
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            let protocol = (libc::ETH_P_ALL as u16).to_be();
+            let raw = libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                i32::from(protocol),
+            );
+            if raw < 0 {
+                return Err(CarrierError::io(
+                    "open AF_PACKET socket (needs CAP_NET_RAW)",
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            let fd = OwnedFd::from_raw_fd(raw);
+            let mut address: libc::sockaddr_ll = std::mem::zeroed();
+            address.sll_family = libc::AF_PACKET as u16;
+            address.sll_protocol = protocol;
+            address.sll_ifindex = index as i32;
+            let bound = libc::bind(
+                raw,
+                &address as *const libc::sockaddr_ll as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            );
+            if bound < 0 {
+                return Err(CarrierError::io(
+                    "bind AF_PACKET socket",
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            // Do not hand our own transmissions back to us.
+            set_option(raw, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &1i32)?;
+            if options.promiscuous {
+                let mut membership: libc::packet_mreq = std::mem::zeroed();
+                membership.mr_ifindex = index as i32;
+                membership.mr_type = libc::PACKET_MR_PROMISC as u16;
+                set_option(
+                    raw,
+                    libc::SOL_PACKET,
+                    libc::PACKET_ADD_MEMBERSHIP,
+                    &membership,
+                )?;
+            }
+            DatagramPort::from_fd(fd)
+        }
+    }
+
+    fn from_fd(fd: OwnedFd) -> Result<DatagramPort, CarrierError> {
+        let size = SOCKET_BUFFER_BYTES as i32;
+        // Best effort: larger buffers absorb bursts; the defaults still work.
+        let _ = set_option(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &size);
+        let _ = set_option(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, &size);
+        Ok(DatagramPort {
+            fd,
+            outgoing: (0..BATCH_FRAMES)
+                .map(|_| Vec::with_capacity(MAX_CARRIED_FRAME_BYTES))
+                .collect(),
+            outgoing_count: 0,
+            incoming: (0..BATCH_FRAMES)
+                .map(|_| vec![0u8; RECEIVE_BUFFER_BYTES])
+                .collect(),
+            drops: DatagramDrops::default(),
+        })
+    }
+
+    pub fn drops(&self) -> DatagramDrops {
+        self.drops
+    }
+
+    pub fn local_address(&self) -> Option<SocketAddr> {
+        // SAFETY: a borrowed view of our own fd, not closed here.
+        let socket =
+            std::mem::ManuallyDrop::new(unsafe { UdpSocket::from_raw_fd(self.fd.as_raw_fd()) });
+        socket.local_addr().ok()
+    }
+}
+
+fn set_option<T>(fd: i32, level: i32, name: i32, value: &T) -> Result<(), CarrierError> {
+    // SAFETY: `value` is a live T of the size passed.
+    let result = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            value as *const T as *const libc::c_void,
+            std::mem::size_of::<T>() as u32,
+        )
+    };
+    if result < 0 {
+        return Err(CarrierError::io(
+            "setsockopt",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// One `mmsghdr` per buffer, each with one iovec, for either direction.
+fn message_headers(
+    buffers: &mut [Vec<u8>],
+    lengths: impl Fn(&Vec<u8>) -> usize,
+    iovecs: &mut [libc::iovec; BATCH_FRAMES],
+) -> [libc::mmsghdr; BATCH_FRAMES] {
+    // SAFETY: all-zero is a valid mmsghdr (null name and control).
+    let mut headers: [libc::mmsghdr; BATCH_FRAMES] = unsafe { std::mem::zeroed() };
+    for (index, buffer) in buffers.iter_mut().enumerate() {
+        iovecs[index] = libc::iovec {
+            iov_base: buffer.as_mut_ptr() as *mut libc::c_void,
+            iov_len: lengths(buffer),
+        };
+    }
+    for (index, header) in headers.iter_mut().enumerate().take(buffers.len()) {
+        header.msg_hdr.msg_iov = &mut iovecs[index];
+        header.msg_hdr.msg_iovlen = 1;
+    }
+    headers
+}
+
+fn would_block(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EAGAIN) | Some(libc::EINTR) | Some(libc::ENOBUFS) | Some(libc::ECONNREFUSED)
+    )
+}
+
+impl Port for DatagramPort {
+    fn receive(
+        &mut self,
+        max_frames: usize,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, CarrierError> {
+        let wanted = max_frames.min(BATCH_FRAMES);
+        if wanted == 0 {
+            return Ok(0);
+        }
+        let mut iovecs: [libc::iovec; BATCH_FRAMES] = unsafe { std::mem::zeroed() };
+        let mut headers = message_headers(
+            &mut self.incoming[..wanted],
+            |buffer| buffer.len(),
+            &mut iovecs,
+        );
+        // SAFETY: headers point at `wanted` live buffers of their stated length.
+        let received = unsafe {
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                headers.as_mut_ptr(),
+                wanted as u32,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if received < 0 {
+            let error = std::io::Error::last_os_error();
+            if would_block(&error) {
+                return Ok(0);
+            }
+            return Err(CarrierError::io("recvmmsg", error));
+        }
+        let mut delivered = 0;
+        for (header, buffer) in headers.iter().zip(&self.incoming).take(received as usize) {
+            if header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                self.drops.truncated += 1;
+                continue;
+            }
+            sink(&buffer[..header.msg_len as usize]);
+            delivered += 1;
+        }
+        Ok(delivered)
+    }
+
+    fn send(&mut self, frame: &[u8]) -> Result<SendStatus, CarrierError> {
+        check_frame_length(frame, MAX_CARRIED_FRAME_BYTES)?;
+        if self.outgoing_count == BATCH_FRAMES {
+            self.flush()?;
+        }
+        let slot = &mut self.outgoing[self.outgoing_count];
+        slot.clear();
+        slot.extend_from_slice(frame);
+        self.outgoing_count += 1;
+        Ok(SendStatus::Queued)
+    }
+
+    fn flush(&mut self) -> Result<(), CarrierError> {
+        let mut sent = 0;
+        // Each round sends at least one frame or gives up on the rest, so
+        // the loop is bounded by the batch size.
+        while sent < self.outgoing_count {
+            let mut iovecs: [libc::iovec; BATCH_FRAMES] = unsafe { std::mem::zeroed() };
+            let pending = &mut self.outgoing[sent..self.outgoing_count];
+            let count = pending.len();
+            let mut headers = message_headers(pending, |buffer| buffer.len(), &mut iovecs);
+            // SAFETY: headers point at `count` live buffers of their length.
+            let result = unsafe {
+                libc::sendmmsg(
+                    self.fd.as_raw_fd(),
+                    headers.as_mut_ptr(),
+                    count as u32,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if result <= 0 {
+                let error = std::io::Error::last_os_error();
+                if result == 0 || would_block(&error) {
+                    // Like a full switch queue: drop, count, let RC recover.
+                    self.drops.send_refused += (self.outgoing_count - sent) as u64;
+                    break;
+                }
+                self.outgoing_count = 0;
+                return Err(CarrierError::io("sendmmsg", error));
+            }
+            sent += result as usize;
+        }
+        self.outgoing_count = 0;
+        Ok(())
+    }
+
+    fn has_room(&mut self) -> bool {
+        true
+    }
+
+    fn has_frames(&mut self) -> bool {
+        false
+    }
+
+    fn wait_source(&self) -> WaitSource {
+        WaitSource::Fd(self.fd.as_raw_fd())
+    }
+}

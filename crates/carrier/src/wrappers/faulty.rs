@@ -1,0 +1,119 @@
+//! A fault injector for real carriers, drawing from the simulator's own
+//! fault model ([`LinkFaults::draw`]), so a profile tried in the simulator
+//! means the same on a live rack. Faults apply to frames sent through the
+//! wrapped port; wrap both ends to fault both directions.
+//!
+//! Reordered frames wait in a bounded holding queue and leave on a later
+//! `send` or `flush` once their extra delay has passed (wall-clock time).
+
+use crate::wait::WaitSource;
+use crate::{CarrierError, Port, SendStatus};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use remora_sim::{LinkCounters, LinkFaults};
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// Frames held back for reordering at most; beyond it a reordered frame is
+/// sent at once (and counted as reordered all the same).
+const MAX_HELD_FRAMES: usize = 256;
+
+pub struct Faulty<P> {
+    inner: P,
+    faults: LinkFaults,
+    rng: ChaCha8Rng,
+    held: VecDeque<(Instant, Vec<u8>)>,
+    counters: LinkCounters,
+}
+
+impl<P: Port> Faulty<P> {
+    pub fn new(inner: P, faults: LinkFaults, seed: u64) -> Result<Faulty<P>, CarrierError> {
+        faults
+            .validate()
+            .map_err(|message| CarrierError::Segment(format!("fault profile: {message}")))?;
+        Ok(Faulty {
+            inner,
+            faults,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            held: VecDeque::with_capacity(MAX_HELD_FRAMES),
+            counters: LinkCounters::default(),
+        })
+    }
+
+    pub fn counters(&self) -> LinkCounters {
+        self.counters
+    }
+
+    fn release_due(&mut self, now: Instant) -> Result<(), CarrierError> {
+        // Bounded by the queue's length.
+        while self.held.front().is_some_and(|(due, _)| *due <= now) {
+            let (_, frame) = self.held.pop_front().expect("front checked");
+            self.inner.send(&frame)?;
+        }
+        Ok(())
+    }
+}
+
+impl<P: Port> Port for Faulty<P> {
+    fn receive(
+        &mut self,
+        max_frames: usize,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, CarrierError> {
+        self.inner.receive(max_frames, sink)
+    }
+
+    fn send(&mut self, frame: &[u8]) -> Result<SendStatus, CarrierError> {
+        let now = Instant::now();
+        self.release_due(now)?;
+        self.counters.frames_offered += 1;
+        let draw = self.faults.draw(frame.len(), &mut self.rng);
+        if draw.lost {
+            self.counters.lost += 1;
+            return Ok(SendStatus::Queued);
+        }
+        let mut bytes = frame.to_vec();
+        if let Some(bit) = draw.corrupt_bit {
+            self.counters.corrupted += 1;
+            bytes[bit / 8] ^= 1 << (bit % 8);
+        }
+        if draw.duplicated {
+            self.counters.duplicated += 1;
+            self.inner.send(&bytes)?;
+        }
+        self.counters.frames_delivered += 1;
+        match draw.reorder_delay {
+            Some(delay) if self.held.len() < MAX_HELD_FRAMES => {
+                self.counters.reordered += 1;
+                // Keep the queue in due order: a later frame with a shorter
+                // delay goes ahead of earlier ones, which is the point.
+                let due = now + delay;
+                let at = self.held.partition_point(|(held_due, _)| *held_due <= due);
+                self.held.insert(at, (due, bytes));
+                Ok(SendStatus::Queued)
+            }
+            Some(_) => {
+                self.counters.reordered += 1;
+                self.inner.send(&bytes)
+            }
+            None => self.inner.send(&bytes),
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), CarrierError> {
+        self.release_due(Instant::now())?;
+        self.inner.flush()
+    }
+
+    fn has_room(&mut self) -> bool {
+        self.inner.has_room()
+    }
+
+    fn has_frames(&mut self) -> bool {
+        self.inner.has_frames()
+    }
+
+    fn wait_source(&self) -> WaitSource {
+        self.inner.wait_source()
+    }
+}

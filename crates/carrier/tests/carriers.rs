@@ -1,0 +1,375 @@
+//! Every carrier moves frames bit for bit, refuses what it must, and the
+//! wrappers do what they say.
+
+use remora_carrier::wrappers::{CaptureDirection, Captured, Counted, Faulty, PcapSink};
+use remora_carrier::{
+    DatagramPort, IdleStrategy, PacketSocketOptions, Port, Segment, SegmentPlan, SendStatus,
+    WaitSource, Waiter, MAX_CARRIED_FRAME_BYTES,
+};
+use remora_sim::LinkFaults;
+use std::net::UdpSocket;
+use std::time::{Duration, Instant};
+
+fn frame(seed: u8, length: usize) -> Vec<u8> {
+    (0..length)
+        .map(|index| seed.wrapping_add(index as u8))
+        .collect()
+}
+
+fn receive_all(port: &mut dyn Port, expected: usize, within: Duration) -> Vec<Vec<u8>> {
+    let mut frames = Vec::new();
+    let started = Instant::now();
+    while frames.len() < expected && started.elapsed() < within {
+        port.receive(64, &mut |bytes| frames.push(bytes.to_vec()))
+            .unwrap();
+    }
+    frames
+}
+
+fn exchange(left: &mut dyn Port, right: &mut dyn Port) {
+    let sent: Vec<Vec<u8>> = [60, 1000, MAX_CARRIED_FRAME_BYTES]
+        .iter()
+        .enumerate()
+        .map(|(index, length)| frame(index as u8, *length))
+        .collect();
+    for bytes in &sent {
+        assert_eq!(left.send(bytes).unwrap(), SendStatus::Queued);
+    }
+    left.flush().unwrap();
+    assert_eq!(receive_all(right, sent.len(), Duration::from_secs(5)), sent);
+    right.send(&sent[0]).unwrap();
+    right.flush().unwrap();
+    assert_eq!(
+        receive_all(left, 1, Duration::from_secs(5)),
+        vec![sent[0].clone()]
+    );
+}
+
+#[test]
+fn in_process_rings_carry_frames_both_ways_bit_for_bit() {
+    let segment = Segment::anonymous(&SegmentPlan::star(2, 8)).unwrap();
+    let mut node = segment.spoke_port(1).unwrap();
+    let mut hub = segment.hub_port(1).unwrap();
+    exchange(&mut node, &mut hub);
+}
+
+#[test]
+fn a_ring_end_is_handed_out_once_per_process() {
+    let segment = Segment::anonymous(&SegmentPlan::star(1, 8)).unwrap();
+    let _node = segment.spoke_port(1).unwrap();
+    assert!(segment.spoke_port(1).is_err());
+}
+
+#[test]
+fn a_full_ring_drops_and_says_so_and_frames_stay_invisible_until_flushed() {
+    let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
+    let mut node = segment.spoke_port(1).unwrap();
+    let mut hub = segment.hub_port(1).unwrap();
+    for index in 0..4 {
+        assert_eq!(node.send(&frame(index, 64)).unwrap(), SendStatus::Queued);
+    }
+    assert!(!node.has_room());
+    assert_eq!(node.send(&frame(9, 64)).unwrap(), SendStatus::DroppedNoRoom);
+    assert!(!hub.has_frames(), "nothing is visible before the flush");
+    node.flush().unwrap();
+    assert_eq!(receive_all(&mut hub, 4, Duration::from_secs(1)).len(), 4);
+    assert!(node.has_room(), "consumed slots are free again");
+}
+
+#[test]
+fn an_oversized_frame_is_a_typed_error() {
+    let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
+    let mut node = segment.spoke_port(1).unwrap();
+    assert!(node.send(&vec![0; MAX_CARRIED_FRAME_BYTES + 1]).is_err());
+}
+
+#[test]
+fn a_shared_segment_attached_by_descriptor_carries_frames_between_threads() {
+    let segment = Segment::shared("remora-test", &SegmentPlan::star(1, 16)).unwrap();
+    let fd = segment.inheritable_fd().unwrap();
+    // What a child process does with the inherited descriptor.
+    let duplicate = rustix::io::dup(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }).unwrap();
+    let attached = Segment::attach(std::os::fd::IntoRawFd::into_raw_fd(duplicate)).unwrap();
+    let mut hub = segment.hub_port(1).unwrap();
+    let node_thread = std::thread::spawn(move || {
+        let mut node = attached.spoke_port(1).unwrap();
+        let waiter = Waiter::new(&[node.wait_source()]).unwrap();
+        // Echo 100 frames back, sleeping on the doorbell when idle.
+        let mut echoed = 0;
+        let mut idle_since = Instant::now();
+        while echoed < 100 {
+            let mut batch = Vec::new();
+            node.receive(16, &mut |bytes| batch.push(bytes.to_vec()))
+                .unwrap();
+            if batch.is_empty() {
+                IdleStrategy::DEFAULT.idle(&waiter, idle_since, None, &mut || node.has_frames());
+                continue;
+            }
+            idle_since = Instant::now();
+            for bytes in batch {
+                node.send(&bytes).unwrap();
+                echoed += 1;
+            }
+            node.flush().unwrap();
+        }
+    });
+    for index in 0..100u8 {
+        let bytes = frame(index, 100 + usize::from(index));
+        hub.send(&bytes).unwrap();
+        hub.flush().unwrap();
+        assert_eq!(
+            receive_all(&mut hub, 1, Duration::from_secs(5)),
+            vec![bytes]
+        );
+        // Let the echo side fall asleep now and then, so the doorbell path runs.
+        if index % 25 == 0 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    node_thread.join().unwrap();
+}
+
+#[test]
+fn attaching_something_that_is_not_a_segment_is_refused() {
+    let fd = rustix::fs::memfd_create("not-a-segment", rustix::fs::MemfdFlags::empty()).unwrap();
+    rustix::fs::ftruncate(&fd, 1 << 20).unwrap();
+    let error = Segment::attach(std::os::fd::IntoRawFd::into_raw_fd(fd))
+        .err()
+        .expect("refused");
+    assert!(
+        error.to_string().contains("not a Remora segment"),
+        "{error}"
+    );
+}
+
+fn udp_pair() -> (DatagramPort, DatagramPort) {
+    let left = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let right = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (left_address, right_address) = (left.local_addr().unwrap(), right.local_addr().unwrap());
+    (
+        DatagramPort::udp_on(left, right_address).unwrap(),
+        DatagramPort::udp_on(right, left_address).unwrap(),
+    )
+}
+
+#[test]
+fn the_udp_tunnel_carries_one_frame_per_datagram_in_batches() {
+    let (mut left, mut right) = udp_pair();
+    exchange(&mut left, &mut right);
+    for index in 0..100u8 {
+        left.send(&frame(index, 200)).unwrap();
+    }
+    left.flush().unwrap();
+    let received = receive_all(&mut right, 100, Duration::from_secs(5));
+    assert_eq!(received.len(), 100);
+    assert!(received
+        .iter()
+        .enumerate()
+        .all(|(index, bytes)| *bytes == frame(index as u8, 200)));
+}
+
+#[test]
+fn a_kick_wakes_a_waiter_blocked_on_sockets() {
+    let (left, _right) = udp_pair();
+    let waiter = Waiter::new(&[left.wait_source()]).unwrap();
+    let kicker = waiter.kicker();
+    let thread = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        kicker.kick();
+    });
+    let started = Instant::now();
+    waiter.block(Duration::from_secs(10), &mut || false);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    thread.join().unwrap();
+}
+
+#[test]
+fn one_endpoint_cannot_mix_rings_and_sockets() {
+    let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
+    let node = segment.spoke_port(1).unwrap();
+    let (left, _right) = udp_pair();
+    let sources: Vec<WaitSource> = vec![node.wait_source(), left.wait_source()];
+    assert!(Waiter::new(&sources).is_err());
+}
+
+#[test]
+fn counters_count_frames_bytes_and_drops() {
+    let segment = Segment::anonymous(&SegmentPlan::star(1, 2)).unwrap();
+    let mut node = Counted::new(segment.spoke_port(1).unwrap());
+    let mut hub = Counted::new(segment.hub_port(1).unwrap());
+    let (node_counters, hub_counters) = (node.handle(), hub.handle());
+    for index in 0..3 {
+        node.send(&frame(index, 100)).unwrap();
+    }
+    node.flush().unwrap();
+    receive_all(&mut hub, 2, Duration::from_secs(1));
+    let sent = node_counters.snapshot();
+    assert_eq!(
+        (sent.frames_sent, sent.bytes_sent, sent.dropped_no_room),
+        (2, 200, 1)
+    );
+    let received = hub_counters.snapshot();
+    assert_eq!(
+        (received.frames_received, received.bytes_received),
+        (2, 200)
+    );
+}
+
+#[test]
+fn the_fault_injector_loses_corrupts_and_duplicates_as_configured() {
+    let segment = Segment::anonymous(&SegmentPlan::star(3, 64)).unwrap();
+    let send_through = |spoke: u32, faults: LinkFaults| {
+        let mut node = Faulty::new(segment.spoke_port(spoke).unwrap(), faults, 7).unwrap();
+        let mut hub = segment.hub_port(spoke).unwrap();
+        for index in 0..10 {
+            node.send(&frame(index, 64)).unwrap();
+        }
+        node.flush().unwrap();
+        (
+            receive_all(&mut hub, 20, Duration::from_millis(200)),
+            node.counters(),
+        )
+    };
+    let (received, counters) = send_through(
+        1,
+        LinkFaults {
+            loss: 1.0,
+            ..LinkFaults::NONE
+        },
+    );
+    assert!(received.is_empty());
+    assert_eq!(counters.lost, 10);
+    let (received, _) = send_through(
+        2,
+        LinkFaults {
+            corrupt: 1.0,
+            ..LinkFaults::NONE
+        },
+    );
+    assert_eq!(received.len(), 10);
+    for (index, bytes) in received.iter().enumerate() {
+        let flipped: u32 = bytes
+            .iter()
+            .zip(frame(index as u8, 64))
+            .map(|(a, b)| (a ^ b).count_ones())
+            .sum();
+        assert_eq!(flipped, 1, "exactly one bit flips");
+    }
+    let (received, _) = send_through(
+        3,
+        LinkFaults {
+            duplicate: 1.0,
+            ..LinkFaults::NONE
+        },
+    );
+    assert_eq!(received.len(), 20);
+    let other = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
+    let invalid = LinkFaults {
+        loss: 2.0,
+        ..LinkFaults::NONE
+    };
+    assert!(Faulty::new(other.hub_port(1).unwrap(), invalid, 1).is_err());
+}
+
+#[test]
+fn the_pcap_writer_records_the_exact_bytes() {
+    let directory = std::env::temp_dir().join(format!("remora-capture-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let path = directory.join("port.pcap");
+    let segment = Segment::anonymous(&SegmentPlan::star(1, 8)).unwrap();
+    let sink = PcapSink::create(&path).unwrap();
+    let mut node = Captured::new(
+        segment.spoke_port(1).unwrap(),
+        sink.clone(),
+        CaptureDirection::Both,
+    );
+    let mut hub = segment.hub_port(1).unwrap();
+    node.send(&frame(1, 80)).unwrap();
+    node.flush().unwrap();
+    hub.send(&frame(2, 90)).unwrap();
+    hub.flush().unwrap();
+    receive_all(&mut node, 1, Duration::from_secs(1));
+    sink.flush().unwrap();
+    let mut reader = pcap_file::pcap::PcapReader::new(std::fs::File::open(&path).unwrap()).unwrap();
+    let mut recorded = Vec::new();
+    while let Some(packet) = reader.next_packet() {
+        recorded.push(packet.unwrap().data.into_owned());
+    }
+    assert_eq!(recorded, vec![frame(1, 80), frame(2, 90)]);
+    std::fs::remove_dir_all(&directory).unwrap();
+}
+
+/// Runs `body` on a thread inside a fresh network namespace holding a veth
+/// pair `port0`/`port1`, then removes the namespace. Skips (returns None) without
+/// root or iproute2.
+fn in_veth_namespace<T: Send + 'static>(body: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let name = format!("remora-carrier-test-{}", std::process::id());
+    let ip = |arguments: &[&str]| {
+        std::process::Command::new("ip")
+            .args(arguments)
+            .output()
+            .map(|output| output.status.success())
+            .unwrap_or(false)
+    };
+    if !rustix::process::geteuid().is_root() || !ip(&["netns", "add", &name]) {
+        eprintln!("skipping: needs root and iproute2");
+        return None;
+    }
+    let configured = ip(&[
+        "-n", &name, "link", "add", "name", "port0", "type", "veth", "peer", "name", "port1",
+    ]) && ip(&["-n", &name, "link", "set", "dev", "port0", "up"])
+        && ip(&["-n", &name, "link", "set", "dev", "port1", "up"]);
+    let path = format!("/var/run/netns/{name}");
+    let result = configured.then(|| {
+        std::thread::spawn(move || {
+            let namespace = std::fs::File::open(&path).unwrap();
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&namespace),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .unwrap();
+            body()
+        })
+        .join()
+    });
+    ip(&["netns", "del", &name]);
+    Some(
+        result
+            .expect("veth setup failed")
+            .expect("namespace thread panicked"),
+    )
+}
+
+#[test]
+fn af_packet_carries_frames_across_a_veth_pair() {
+    let outcome = in_veth_namespace(|| {
+        let options = |interface: &str| PacketSocketOptions {
+            interface: interface.into(),
+            promiscuous: true,
+        };
+        let mut a = DatagramPort::packet(&options("port0")).unwrap();
+        let mut b = DatagramPort::packet(&options("port1")).unwrap();
+        // A frame with its own Ethernet header: dst, src, a local ethertype.
+        let mut bytes = vec![0x02, 0, 0, 0, 0, 0xb, 0x02, 0, 0, 0, 0, 0xa, 0x88, 0xb5];
+        bytes.extend(frame(3, 200));
+        // Veths start dropping until the link is fully up; retry briefly.
+        let started = Instant::now();
+        let mut received = Vec::new();
+        while received.is_empty() && started.elapsed() < Duration::from_secs(5) {
+            a.send(&bytes).unwrap();
+            a.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(10));
+            b.receive(64, &mut |frame| {
+                if frame[12..14] == [0x88, 0xb5] {
+                    received.push(frame.to_vec())
+                }
+            })
+            .unwrap();
+        }
+        (bytes, received)
+    });
+    if let Some((bytes, received)) = outcome {
+        assert!(!received.is_empty(), "no frame crossed the veth");
+        assert_eq!(received[0], bytes);
+    }
+}
