@@ -698,9 +698,13 @@ impl QueuePairContext {
             .get_mut(index)
             .expect("in_flight_index found it")
             .packets_done += 1;
-        // The answer's PSN is new to the requester, so this counts as
-        // progress and restarts the timer.
         self.acknowledge_through(now, psn, resources);
+        // A new in-order answer is progress even when an ACK that overtook
+        // it (one for a later request, the implicit NAK) already moved
+        // `acknowledged_psn` past its PSN: without this, a READ resumed
+        // packet by packet under reordering spends a retry per round and
+        // fails though every round advanced it.
+        self.on_progress(now);
         true
     }
 

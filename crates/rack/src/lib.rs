@@ -1,0 +1,1 @@
+//! The rack: configuration, node runtimes, control channel and launcher.

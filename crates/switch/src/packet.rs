@@ -1,0 +1,59 @@
+//! A packet in the pipeline: the frame's bytes, what the parser found, and
+//! the intrinsic metadata programs set (egress, mirror, recirculation,
+//! digest, and whether the ICRC must be recomputed).
+
+use crate::parser::ParsedHeaders;
+use crate::program::Digest;
+pub use remora_sim::PortId;
+
+/// Where the packet goes after the pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Egress {
+    /// No program decision yet; the runtime drops such packets and counts
+    /// them as `no_egress`.
+    Unset,
+    Port(PortId),
+    /// Every port but the ingress one.
+    Flood,
+    Drop,
+}
+
+/// Packets the runtime makes for its own reasons carry this ingress port.
+pub const GENERATOR_PORT: PortId = PortId(u16::MAX);
+/// Packets coming back through the pipeline carry this ingress port.
+pub const RECIRCULATION_PORT: PortId = PortId(u16::MAX - 1);
+
+#[derive(Debug, Clone)]
+pub struct Packet {
+    pub bytes: Vec<u8>,
+    pub ingress_port: PortId,
+    pub headers: ParsedHeaders,
+    pub egress: Egress,
+    /// A copy also leaves by this port (after the deparser).
+    pub mirror: Option<PortId>,
+    /// Run the packet through the pipeline again after this pass.
+    pub recirculate: bool,
+    /// How many times it has already been recirculated.
+    pub recirculations: u8,
+    /// Set by programs that changed bytes the ICRC covers; the deparser
+    /// then recomputes it.
+    pub rewritten: bool,
+    /// Sent to the control plane after the pass.
+    pub digest: Option<Digest>,
+}
+
+impl Packet {
+    pub fn new(bytes: Vec<u8>, ingress_port: PortId, headers: ParsedHeaders) -> Packet {
+        Packet {
+            bytes,
+            ingress_port,
+            headers,
+            egress: Egress::Unset,
+            mirror: None,
+            recirculate: false,
+            recirculations: 0,
+            rewritten: false,
+            digest: None,
+        }
+    }
+}

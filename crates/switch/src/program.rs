@@ -1,0 +1,31 @@
+//! What a switch program is: Rust code over the pipeline API.
+//!
+//! A program owns its tables and registers, each placed in a stage, and
+//! applies them in stage order in [`Program::ingress`]. The runtime does
+//! the parsing before and the deparsing, recirculation, mirroring and
+//! digest delivery after. Control-plane updates are plain methods on the
+//! program (tables are typed), called between packets, for example in
+//! answer to a digest.
+
+use crate::packet::Packet;
+use crate::resources::ResourceReport;
+use remora_rnic::Timestamp;
+
+/// A message from the data plane to the control plane (a P4 digest).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Digest {
+    /// Program-defined kind.
+    pub kind: u16,
+    pub values: [u64; 4],
+}
+
+pub trait Program: Send {
+    fn name(&self) -> &str;
+
+    /// Runs the match-action stages over one packet. Time comes in as an
+    /// argument, as everywhere in Remora.
+    fn ingress(&mut self, now: Timestamp, packet: &mut Packet);
+
+    /// The resources the program's tables and registers use.
+    fn resources(&self) -> ResourceReport;
+}

@@ -1,0 +1,219 @@
+//! L2/L3 forwarding, the rack's default program.
+//!
+//! - Stage 0, `routes` (LPM on the IPv4 destination): used when a frame is
+//!   addressed to the switch's own MAC, i.e. routed through it. A hit
+//!   rewrites both MACs, decrements the TTL (dropping at 1) and patches the
+//!   IPv4 checksum incrementally (RFC 1624). TTL and checksum are masked
+//!   out of the ICRC, so routing never needs the ICRC recomputed.
+//! - Stage 1, `mac_table` (exact on the destination MAC): bridging.
+//!   Broadcast floods; an unknown unicast destination floods only if
+//!   configured (a rack knows all its hosts, so by default it drops).
+//! - Stage 1, `known_sources` (exact on the source MAC): a miss sends a
+//!   learning digest (MAC, port) to the control plane, which may add the
+//!   pair to both tables.
+
+use crate::packet::{Egress, Packet, PortId};
+use crate::program::{Digest, Program};
+use crate::resources::ResourceReport;
+use crate::table::{ExactTable, LpmTable, TableError, TableShape};
+use remora_rnic::Timestamp;
+use remora_wire::{Ipv4Address, MacAddress};
+
+/// Digest kind: `values[0]` is the source MAC, `values[1]` the port.
+pub const LEARN_DIGEST: u16 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    pub port: PortId,
+    pub next_hop: MacAddress,
+}
+
+pub struct L2L3Forwarding {
+    switch_mac: MacAddress,
+    routes: LpmTable<Route>,
+    mac_table: ExactTable<MacAddress, PortId>,
+    known_sources: ExactTable<MacAddress, ()>,
+    flood_unknown: bool,
+}
+
+pub fn mac_to_u64(mac: MacAddress) -> u64 {
+    mac.0
+        .iter()
+        .fold(0, |value, byte| value << 8 | u64::from(*byte))
+}
+
+pub fn mac_from_u64(value: u64) -> MacAddress {
+    let bytes = value.to_be_bytes();
+    MacAddress(bytes[2..8].try_into().expect("6 bytes"))
+}
+
+impl L2L3Forwarding {
+    pub fn new(switch_mac: MacAddress, capacity: usize) -> L2L3Forwarding {
+        L2L3Forwarding {
+            switch_mac,
+            routes: LpmTable::new(TableShape {
+                name: "routes",
+                stage: 0,
+                key_bits: 32,
+                action_data_bits: 16 + 48,
+                capacity,
+            }),
+            mac_table: ExactTable::new(TableShape {
+                name: "mac_table",
+                stage: 1,
+                key_bits: 48,
+                action_data_bits: 16,
+                capacity,
+            }),
+            known_sources: ExactTable::new(TableShape {
+                name: "known_sources",
+                stage: 1,
+                key_bits: 48,
+                action_data_bits: 0,
+                capacity,
+            }),
+            flood_unknown: false,
+        }
+    }
+
+    pub fn set_flood_unknown(&mut self, flood: bool) {
+        self.flood_unknown = flood;
+    }
+
+    /// Control plane: a host with this MAC sits behind `port`.
+    pub fn add_host(&mut self, mac: MacAddress, port: PortId) -> Result<(), TableError> {
+        self.mac_table.insert(mac, port)?;
+        self.known_sources.insert(mac, ())
+    }
+
+    /// Control plane: route `prefix/length` out of `port` to `next_hop`.
+    pub fn add_route(
+        &mut self,
+        prefix: Ipv4Address,
+        length: u8,
+        route: Route,
+    ) -> Result<(), TableError> {
+        self.routes
+            .insert(u32::from_be_bytes(prefix.0), length, route)
+    }
+
+    /// Control plane: handle a learning digest.
+    pub fn learn(&mut self, digest: &Digest) -> Result<(), TableError> {
+        if digest.kind != LEARN_DIGEST {
+            return Ok(());
+        }
+        self.add_host(
+            mac_from_u64(digest.values[0]),
+            PortId(digest.values[1] as u16),
+        )
+    }
+
+    fn route(&self, packet: &mut Packet) -> bool {
+        let Some(ipv4) = packet.headers.ipv4 else {
+            return false;
+        };
+        let Some(route) = self
+            .routes
+            .lookup(u32::from_be_bytes(ipv4.destination.0))
+            .copied()
+        else {
+            return false;
+        };
+        if ipv4.time_to_live <= 1 {
+            packet.egress = Egress::Drop;
+            return true;
+        }
+        let bytes = &mut packet.bytes;
+        bytes[0..6].copy_from_slice(&route.next_hop.0);
+        bytes[6..12].copy_from_slice(&self.switch_mac.0);
+        decrement_ttl(&mut bytes[ipv4.offset..ipv4.offset + ipv4.header_len]);
+        packet.egress = Egress::Port(route.port);
+        true
+    }
+}
+
+/// TTL minus one with the checksum patched as RFC 1624 says:
+/// HC' = ~(~HC + ~m + m'), over the 16-bit word holding TTL and protocol.
+fn decrement_ttl(header: &mut [u8]) {
+    let old_word = u16::from_be_bytes([header[8], header[9]]);
+    header[8] -= 1;
+    let new_word = u16::from_be_bytes([header[8], header[9]]);
+    let checksum = u16::from_be_bytes([header[10], header[11]]);
+    let mut sum = u32::from(!checksum) + u32::from(!old_word) + u32::from(new_word);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    header[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+}
+
+impl Program for L2L3Forwarding {
+    fn name(&self) -> &str {
+        "l2l3"
+    }
+
+    fn ingress(&mut self, _now: Timestamp, packet: &mut Packet) {
+        let headers = packet.headers;
+        if self.known_sources.lookup(&headers.source_mac).is_none()
+            && packet.ingress_port.0 < crate::packet::RECIRCULATION_PORT.0
+        {
+            packet.digest = Some(Digest {
+                kind: LEARN_DIGEST,
+                values: [
+                    mac_to_u64(headers.source_mac),
+                    u64::from(packet.ingress_port.0),
+                    0,
+                    0,
+                ],
+            });
+        }
+        if headers.destination_mac == self.switch_mac && self.route(packet) {
+            return;
+        }
+        packet.egress = match self.mac_table.lookup(&headers.destination_mac) {
+            Some(port) if *port == packet.ingress_port => Egress::Drop,
+            Some(port) => Egress::Port(*port),
+            None if headers.destination_mac.0[0] & 1 == 1 => Egress::Flood,
+            None if self.flood_unknown => Egress::Flood,
+            None => Egress::Drop,
+        };
+    }
+
+    fn resources(&self) -> ResourceReport {
+        let mut report = ResourceReport::new(self.name());
+        report.tables = vec![
+            self.routes.resources(),
+            self.mac_table.resources(),
+            self.known_sources.resources(),
+        ];
+        report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remora_wire::ipv4::internet_checksum;
+
+    #[test]
+    fn the_incremental_checksum_matches_a_full_recomputation() {
+        for ttl in 2..=255u8 {
+            let mut header = [
+                0x45, 0, 0, 60, 0x12, 0x34, 0x40, 0, ttl, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+            ];
+            let checksum = internet_checksum(&header);
+            header[10..12].copy_from_slice(&checksum.to_be_bytes());
+            decrement_ttl(&mut header);
+            assert_eq!(header[8], ttl - 1);
+            assert_eq!(
+                internet_checksum(&header),
+                0,
+                "a header with a right checksum sums to zero"
+            );
+        }
+    }
+
+    #[test]
+    fn mac_addresses_survive_the_digest_encoding() {
+        let mac = MacAddress([0x02, 0xab, 0xcd, 0xef, 0x01, 0x23]);
+        assert_eq!(mac_from_u64(mac_to_u64(mac)), mac);
+    }
+}

@@ -1,0 +1,5 @@
+//! Switch programs.
+
+pub mod l2l3;
+
+pub use l2l3::{L2L3Forwarding, LEARN_DIGEST};

@@ -1,0 +1,370 @@
+//! The switch itself: ports, the pipeline around a program, egress queues,
+//! the packet generator and the digest queue. Sans-IO: the rack's drivers
+//! and the simulator feed it frames and time.
+
+use crate::generator::{GeneratorError, PacketGenerator, Template, TemplateId};
+use crate::packet::{Egress, Packet, PortId, GENERATOR_PORT, RECIRCULATION_PORT};
+use crate::parser;
+use crate::program::{Digest, Program};
+use crate::resources::ResourceReport;
+use remora_rnic::Timestamp;
+use remora_wire::icrc;
+use serde::Serialize;
+use std::collections::VecDeque;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SwitchConfig {
+    pub port_count: u16,
+    /// Frames each port's egress queue holds before tail-dropping.
+    pub egress_queue_frames: usize,
+    /// Passes beyond the first a packet may make.
+    pub max_recirculations: u8,
+    /// Digests waiting for the control plane before new ones are dropped.
+    pub digest_queue: usize,
+}
+
+impl SwitchConfig {
+    pub fn new(port_count: u16) -> SwitchConfig {
+        SwitchConfig {
+            port_count,
+            egress_queue_frames: 1024,
+            max_recirculations: 4,
+            digest_queue: 1024,
+        }
+    }
+}
+
+/// What the switch did with frames, with drops by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SwitchCounters {
+    pub received: u64,
+    pub generated: u64,
+    pub transmitted: u64,
+    pub mirrored: u64,
+    pub recirculated: u64,
+    pub digests: u64,
+    pub dropped_runt: u64,
+    pub dropped_unknown_port: u64,
+    pub dropped_no_egress: u64,
+    pub dropped_by_program: u64,
+    pub dropped_queue_full: u64,
+    pub dropped_recirculation_limit: u64,
+    pub dropped_digest_overflow: u64,
+}
+
+/// A port's egress queue: normal traffic first, background (generator
+/// priority 0) only when no normal frame waits.
+#[derive(Debug, Default)]
+struct EgressQueue {
+    normal: VecDeque<Vec<u8>>,
+    background: VecDeque<Vec<u8>>,
+}
+
+impl EgressQueue {
+    fn len(&self) -> usize {
+        self.normal.len() + self.background.len()
+    }
+
+    fn pop(&mut self) -> Option<Vec<u8>> {
+        self.normal
+            .pop_front()
+            .or_else(|| self.background.pop_front())
+    }
+}
+
+/// Buffers kept for reuse, so forwarding does not allocate per frame.
+const MAX_POOLED_BUFFERS: usize = 4096;
+
+pub struct Switch<P: Program> {
+    config: SwitchConfig,
+    program: P,
+    generator: PacketGenerator,
+    egress: Vec<EgressQueue>,
+    digests: VecDeque<Digest>,
+    counters: SwitchCounters,
+    transmit_cursor: usize,
+    pool: Vec<Vec<u8>>,
+    /// Whether the packet in the pipeline came from a background template.
+    background: bool,
+}
+
+impl<P: Program> Switch<P> {
+    pub fn new(config: SwitchConfig, program: P) -> Switch<P> {
+        assert!(config.port_count > 0 && config.port_count < RECIRCULATION_PORT.0);
+        Switch {
+            egress: (0..config.port_count)
+                .map(|_| EgressQueue::default())
+                .collect(),
+            config,
+            program,
+            generator: PacketGenerator::default(),
+            digests: VecDeque::new(),
+            counters: SwitchCounters::default(),
+            transmit_cursor: 0,
+            pool: Vec::new(),
+            background: false,
+        }
+    }
+
+    pub fn program(&self) -> &P {
+        &self.program
+    }
+
+    /// The control plane's access to the program's tables.
+    pub fn program_mut(&mut self) -> &mut P {
+        &mut self.program
+    }
+
+    pub fn counters(&self) -> SwitchCounters {
+        self.counters
+    }
+
+    pub fn config(&self) -> SwitchConfig {
+        self.config
+    }
+
+    pub fn resources(&self) -> ResourceReport {
+        self.program.resources()
+    }
+
+    pub fn add_template(
+        &mut self,
+        template: Template,
+        first: Timestamp,
+    ) -> Result<TemplateId, GeneratorError> {
+        self.generator.add(template, first)
+    }
+
+    pub fn set_template_period(
+        &mut self,
+        id: TemplateId,
+        period: std::time::Duration,
+    ) -> Result<(), GeneratorError> {
+        self.generator.set_period(id, period)
+    }
+
+    /// The next digest for the control plane.
+    pub fn poll_digest(&mut self) -> Option<Digest> {
+        self.digests.pop_front()
+    }
+
+    /// Frames waiting in egress queues.
+    pub fn queued_frames(&self) -> usize {
+        self.egress.iter().map(EgressQueue::len).sum()
+    }
+
+    fn buffer_from(&mut self, bytes: &[u8]) -> Vec<u8> {
+        let mut buffer = self.pool.pop().unwrap_or_default();
+        buffer.clear();
+        buffer.extend_from_slice(bytes);
+        buffer
+    }
+
+    fn recycle(&mut self, buffer: Vec<u8>) {
+        if self.pool.len() < MAX_POOLED_BUFFERS {
+            self.pool.push(buffer);
+        }
+    }
+
+    /// A frame arrived on `port`.
+    pub fn handle_frame(&mut self, now: Timestamp, port: PortId, bytes: &[u8]) {
+        self.counters.received += 1;
+        if port.0 >= self.config.port_count {
+            self.counters.dropped_unknown_port += 1;
+            return;
+        }
+        self.inject(now, port, bytes);
+    }
+
+    fn inject(&mut self, now: Timestamp, port: PortId, bytes: &[u8]) {
+        let Ok(headers) = parser::parse(bytes) else {
+            self.counters.dropped_runt += 1;
+            return;
+        };
+        let buffer = self.buffer_from(bytes);
+        self.run_pipeline(now, Packet::new(buffer, port, headers));
+    }
+
+    fn run_pipeline(&mut self, now: Timestamp, mut packet: Packet) {
+        // Bounded: each pass either ends or increments `recirculations`,
+        // which is capped.
+        loop {
+            self.program.ingress(now, &mut packet);
+            if let Some(digest) = packet.digest.take() {
+                self.deliver_digest(digest);
+            }
+            self.deparse(&mut packet);
+            if let Some(mirror) = packet.mirror.take() {
+                self.counters.mirrored += 1;
+                let copy = self.buffer_from(&packet.bytes);
+                self.enqueue(mirror, copy);
+            }
+            if !packet.recirculate {
+                break;
+            }
+            if packet.recirculations >= self.config.max_recirculations {
+                self.counters.dropped_recirculation_limit += 1;
+                self.recycle(packet.bytes);
+                return;
+            }
+            self.counters.recirculated += 1;
+            packet = self.recirculated(packet);
+        }
+        match packet.egress {
+            Egress::Port(port) => self.enqueue(port, packet.bytes),
+            Egress::Flood => self.flood(packet),
+            Egress::Drop => {
+                self.counters.dropped_by_program += 1;
+                self.recycle(packet.bytes);
+            }
+            Egress::Unset => {
+                self.counters.dropped_no_egress += 1;
+                self.recycle(packet.bytes);
+            }
+        }
+    }
+
+    fn recirculated(&mut self, packet: Packet) -> Packet {
+        let recirculations = packet.recirculations + 1;
+        let headers = parser::parse(&packet.bytes).expect("a frame that parsed once still parses");
+        let mut next = Packet::new(packet.bytes, RECIRCULATION_PORT, headers);
+        next.recirculations = recirculations;
+        next
+    }
+
+    /// The deparser: headers were edited in place, so only the ICRC may
+    /// need refreshing.
+    fn deparse(&mut self, packet: &mut Packet) {
+        if !std::mem::take(&mut packet.rewritten) {
+            return;
+        }
+        let Some(roce) = packet.headers.roce else {
+            return;
+        };
+        let icrc_offset = roce.icrc_offset;
+        let value = icrc::compute_in_place(&mut packet.bytes, icrc_offset);
+        packet.bytes[icrc_offset..].copy_from_slice(&icrc::to_wire(value));
+    }
+
+    fn deliver_digest(&mut self, digest: Digest) {
+        if self.digests.len() >= self.config.digest_queue {
+            self.counters.dropped_digest_overflow += 1;
+            return;
+        }
+        self.counters.digests += 1;
+        self.digests.push_back(digest);
+    }
+
+    fn flood(&mut self, packet: Packet) {
+        for port in 0..self.config.port_count {
+            if PortId(port) != packet.ingress_port {
+                let copy = self.buffer_from(&packet.bytes);
+                self.enqueue(PortId(port), copy);
+            }
+        }
+        self.recycle(packet.bytes);
+    }
+
+    fn enqueue(&mut self, port: PortId, bytes: Vec<u8>) {
+        let Some(queue) = self.egress.get_mut(usize::from(port.0)) else {
+            self.counters.dropped_no_egress += 1;
+            self.recycle(bytes);
+            return;
+        };
+        if queue.len() >= self.config.egress_queue_frames {
+            self.counters.dropped_queue_full += 1;
+            self.recycle(bytes);
+            return;
+        }
+        if self.background {
+            queue.background.push_back(bytes);
+        } else {
+            queue.normal.push_back(bytes);
+        }
+    }
+
+    /// The next frame to send and its port; ports take turns.
+    pub fn poll_transmit(&mut self, _now: Timestamp, buffer: &mut [u8]) -> Option<(PortId, usize)> {
+        let ports = self.egress.len();
+        for step in 0..ports {
+            let port = (self.transmit_cursor + step) % ports;
+            if let Some(frame) = self.egress[port].pop() {
+                self.transmit_cursor = (port + 1) % ports;
+                let length = frame.len();
+                buffer[..length].copy_from_slice(&frame);
+                self.recycle(frame);
+                self.counters.transmitted += 1;
+                return Some((PortId(port as u16), length));
+            }
+        }
+        None
+    }
+
+    /// Pops the next frame for one port, for drivers that serve each port's
+    /// carrier separately.
+    pub fn poll_transmit_port(&mut self, port: PortId, emit: &mut dyn FnMut(&[u8])) -> bool {
+        let Some(frame) = self
+            .egress
+            .get_mut(usize::from(port.0))
+            .and_then(EgressQueue::pop)
+        else {
+            return false;
+        };
+        emit(&frame);
+        self.recycle(frame);
+        self.counters.transmitted += 1;
+        true
+    }
+
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        self.generator.next_due()
+    }
+
+    /// Fires due generator templates into the pipeline.
+    pub fn handle_timeout(&mut self, now: Timestamp) {
+        let mut due = Vec::new();
+        self.generator.fire_due(now, &mut |template| {
+            due.push((template.bytes.clone(), template.priority))
+        });
+        for (bytes, priority) in due {
+            self.counters.generated += 1;
+            self.background = priority == 0;
+            self.inject(now, GENERATOR_PORT, &bytes);
+            self.background = false;
+        }
+    }
+
+    /// Empties the queues, as a power cycle would; the program's tables are
+    /// control-plane state and stay.
+    pub fn clear_queues(&mut self) {
+        for queue in &mut self.egress {
+            queue.normal.clear();
+            queue.background.clear();
+        }
+        self.digests.clear();
+    }
+}
+
+impl<P: Program> remora_sim::Node for Switch<P> {
+    fn handle_frame(&mut self, now: Timestamp, port: PortId, frame: &[u8]) {
+        Switch::handle_frame(self, now, port, frame);
+    }
+
+    fn poll_transmit(&mut self, now: Timestamp, buffer: &mut [u8]) -> Option<(PortId, usize)> {
+        Switch::poll_transmit(self, now, buffer)
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        Switch::poll_timeout(self)
+    }
+
+    fn handle_timeout(&mut self, now: Timestamp) {
+        Switch::handle_timeout(self, now);
+    }
+
+    fn crash(&mut self, _now: Timestamp) {
+        self.clear_queues();
+    }
+
+    fn restart(&mut self, _now: Timestamp) {}
+}

@@ -1,0 +1,320 @@
+//! The switch runtime and the L2/L3 program: forwarding, routing, learning
+//! by digest, flooding, ICRC recomputation, recirculation, mirroring, the
+//! packet generator, and bad input.
+
+use proptest::prelude::*;
+use remora_rnic::Timestamp;
+use remora_switch::generator::Template;
+use remora_switch::packet::GENERATOR_PORT;
+use remora_switch::programs::l2l3::{L2L3Forwarding, Route, LEARN_DIGEST};
+use remora_switch::{Egress, Packet, PortId, Program, ResourceReport, Switch, SwitchConfig};
+use remora_wire::frame::{emit_frame, ExtensionHeaders, FrameRepr, MAX_FRAME_LEN};
+use remora_wire::{
+    BthRepr, EthernetRepr, Ipv4Address, Ipv4Repr, MacAddress, Opcode, Psn, Qpn, RoceFrame, UdpRepr,
+    ETHERTYPE_IPV4, ROCEV2_UDP_PORT,
+};
+use std::time::Duration;
+
+const SWITCH_MAC: MacAddress = MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]);
+
+fn host_mac(index: u8) -> MacAddress {
+    MacAddress([0x02, 0, 0, 0, 0, index])
+}
+
+fn host_ip(index: u8) -> Ipv4Address {
+    Ipv4Address::new(10, 0, 0, index)
+}
+
+/// A SEND-only frame from host `from` to `destination_mac`/host `to`.
+fn roce_frame(from: u8, to: u8, destination_mac: MacAddress, payload: &[u8]) -> Vec<u8> {
+    let repr = FrameRepr {
+        ethernet: EthernetRepr {
+            source: host_mac(from),
+            destination: destination_mac,
+            ethertype: ETHERTYPE_IPV4,
+        },
+        ipv4: Ipv4Repr {
+            source: host_ip(from),
+            destination: host_ip(to),
+            protocol: 17,
+            payload_len: 0,
+            type_of_service: 0,
+            time_to_live: 64,
+            identification: 1,
+            dont_fragment: true,
+        },
+        udp: UdpRepr {
+            source_port: 49152,
+            destination_port: ROCEV2_UDP_PORT,
+            payload_len: 0,
+        },
+        bth: BthRepr::new(Opcode::SendOnly, Qpn::new(0x123).unwrap(), Psn::new(7)),
+        extension: ExtensionHeaders::default(),
+    };
+    let mut buffer = vec![0u8; MAX_FRAME_LEN];
+    let length = emit_frame(&repr, payload, &mut buffer).unwrap();
+    buffer.truncate(length);
+    buffer
+}
+
+fn rack_switch(ports: u16) -> Switch<L2L3Forwarding> {
+    let mut program = L2L3Forwarding::new(SWITCH_MAC, 64);
+    for port in 0..ports {
+        let index = port as u8 + 1;
+        program.add_host(host_mac(index), PortId(port)).unwrap();
+        program
+            .add_route(
+                host_ip(index),
+                32,
+                Route {
+                    port: PortId(port),
+                    next_hop: host_mac(index),
+                },
+            )
+            .unwrap();
+    }
+    Switch::new(SwitchConfig::new(ports), program)
+}
+
+fn drain(switch: &mut Switch<impl Program>) -> Vec<(PortId, Vec<u8>)> {
+    let mut buffer = vec![0u8; MAX_FRAME_LEN];
+    let mut out = Vec::new();
+    while let Some((port, length)) = switch.poll_transmit(Timestamp::ZERO, &mut buffer) {
+        out.push((port, buffer[..length].to_vec()));
+    }
+    out
+}
+
+#[test]
+fn bridged_frames_leave_by_the_destination_hosts_port_unchanged() {
+    let mut switch = rack_switch(4);
+    let frame = roce_frame(1, 3, host_mac(3), b"hello");
+    switch.handle_frame(Timestamp::ZERO, PortId(0), &frame);
+    assert_eq!(drain(&mut switch), vec![(PortId(2), frame)]);
+    assert_eq!(switch.counters().transmitted, 1);
+}
+
+#[test]
+fn routed_frames_get_new_macs_and_ttl_and_still_verify() {
+    let mut switch = rack_switch(4);
+    let frame = roce_frame(1, 4, SWITCH_MAC, b"routed");
+    switch.handle_frame(Timestamp::ZERO, PortId(0), &frame);
+    let out = drain(&mut switch);
+    assert_eq!(out.len(), 1);
+    let (port, bytes) = &out[0];
+    assert_eq!(*port, PortId(3));
+    assert_eq!(&bytes[0..6], &host_mac(4).0);
+    assert_eq!(&bytes[6..12], &SWITCH_MAC.0);
+    assert_eq!(bytes[14 + 8], 63, "TTL decremented");
+    // The IPv4 checksum and the ICRC both still verify.
+    RoceFrame::new_checked(&bytes[..]).expect("the routed frame is a valid RoCEv2 frame");
+}
+
+#[test]
+fn an_unknown_source_sends_a_learning_digest_the_control_plane_can_apply() {
+    let mut switch = rack_switch(2);
+    // Host 9 is not in the tables; it sends from port 1 to host 1.
+    let frame = roce_frame(9, 1, host_mac(1), b"new host");
+    switch.handle_frame(Timestamp::ZERO, PortId(1), &frame);
+    let digest = switch.poll_digest().expect("a learning digest");
+    assert_eq!(digest.kind, LEARN_DIGEST);
+    switch.program_mut().learn(&digest).unwrap();
+    assert!(switch.poll_digest().is_none());
+    drain(&mut switch);
+    // Now frames to host 9 reach port 1, and host 9 is no longer news.
+    switch.handle_frame(
+        Timestamp::ZERO,
+        PortId(0),
+        &roce_frame(1, 9, host_mac(9), b"back"),
+    );
+    assert_eq!(
+        drain(&mut switch).first().map(|(port, _)| *port),
+        Some(PortId(1))
+    );
+    switch.handle_frame(Timestamp::ZERO, PortId(1), &frame);
+    assert!(switch.poll_digest().is_none());
+}
+
+#[test]
+fn broadcast_floods_every_other_port_and_unknown_unicast_is_dropped() {
+    let mut switch = rack_switch(3);
+    let broadcast = roce_frame(1, 2, MacAddress([0xff; 6]), b"all");
+    switch.handle_frame(Timestamp::ZERO, PortId(0), &broadcast);
+    let ports: Vec<PortId> = drain(&mut switch)
+        .into_iter()
+        .map(|(port, _)| port)
+        .collect();
+    assert_eq!(ports, vec![PortId(1), PortId(2)]);
+    switch.handle_frame(
+        Timestamp::ZERO,
+        PortId(0),
+        &roce_frame(1, 2, host_mac(42), b"who"),
+    );
+    assert!(drain(&mut switch).is_empty());
+    assert_eq!(switch.counters().dropped_by_program, 1);
+}
+
+#[test]
+fn runts_and_unknown_ports_are_counted_never_forwarded() {
+    let mut switch = rack_switch(2);
+    switch.handle_frame(Timestamp::ZERO, PortId(0), &[1, 2, 3]);
+    switch.handle_frame(
+        Timestamp::ZERO,
+        PortId(7),
+        &roce_frame(1, 2, host_mac(2), b"x"),
+    );
+    assert!(drain(&mut switch).is_empty());
+    let counters = switch.counters();
+    assert_eq!(
+        (counters.dropped_runt, counters.dropped_unknown_port),
+        (1, 1)
+    );
+}
+
+/// A program that exercises the runtime: rewrites the BTH destination QP
+/// (so the ICRC must be recomputed), recirculates `passes` times, mirrors
+/// to port 2 and forwards to port 1.
+struct Rewriter {
+    passes: u8,
+    forever: bool,
+}
+
+impl Program for Rewriter {
+    fn name(&self) -> &str {
+        "rewriter"
+    }
+
+    fn ingress(&mut self, _now: Timestamp, packet: &mut Packet) {
+        let roce = packet.headers.roce.expect("RoCE frame");
+        if packet.recirculations < self.passes || self.forever {
+            packet.recirculate = true;
+            return;
+        }
+        packet.bytes[roce.bth_offset + 5..roce.bth_offset + 8].copy_from_slice(&[0, 0x04, 0x56]);
+        packet.rewritten = true;
+        packet.mirror = Some(PortId(2));
+        packet.egress = Egress::Port(PortId(1));
+    }
+
+    fn resources(&self) -> ResourceReport {
+        let mut report = ResourceReport::new("rewriter");
+        report.max_recirculations_per_packet = self.passes;
+        report.recomputes_icrc = true;
+        report
+    }
+}
+
+#[test]
+fn a_rewriting_program_gets_its_icrc_recomputed_after_recirculating() {
+    let mut switch = Switch::new(
+        SwitchConfig::new(3),
+        Rewriter {
+            passes: 2,
+            forever: false,
+        },
+    );
+    switch.handle_frame(
+        Timestamp::ZERO,
+        PortId(0),
+        &roce_frame(1, 2, host_mac(2), b"rewrite me"),
+    );
+    let out = drain(&mut switch);
+    assert_eq!(
+        out.iter().map(|(port, _)| *port).collect::<Vec<_>>(),
+        vec![PortId(1), PortId(2)]
+    );
+    for (_, bytes) in &out {
+        let frame = RoceFrame::new_checked(&bytes[..]).expect("ICRC recomputed");
+        assert_eq!(frame.bth().destination_qp, Qpn::new(0x456).unwrap());
+    }
+    let counters = switch.counters();
+    assert_eq!((counters.recirculated, counters.mirrored), (2, 1));
+    let report = switch.resources();
+    assert!(report
+        .over_budget(remora_switch::resources::Budget::TOFINO1)
+        .iter()
+        .any(|problem| problem.contains("ICRC")));
+}
+
+#[test]
+fn endless_recirculation_stops_at_the_limit() {
+    let mut switch = Switch::new(
+        SwitchConfig::new(3),
+        Rewriter {
+            passes: 0,
+            forever: true,
+        },
+    );
+    switch.handle_frame(
+        Timestamp::ZERO,
+        PortId(0),
+        &roce_frame(1, 2, host_mac(2), b"loop"),
+    );
+    assert!(drain(&mut switch).is_empty());
+    assert_eq!(switch.counters().dropped_recirculation_limit, 1);
+    assert_eq!(
+        switch.counters().recirculated,
+        u64::from(SwitchConfig::new(3).max_recirculations)
+    );
+}
+
+#[test]
+fn the_generator_fires_on_schedule_and_background_yields_to_traffic() {
+    let mut switch = rack_switch(2);
+    let probe = roce_frame(2, 1, host_mac(1), b"probe");
+    let period = Duration::from_micros(10);
+    switch
+        .add_template(
+            Template {
+                bytes: probe.clone(),
+                period,
+                priority: 0,
+            },
+            Timestamp::from_nanos(5_000),
+        )
+        .unwrap();
+    assert_eq!(switch.poll_timeout(), Some(Timestamp::from_nanos(5_000)));
+    switch.handle_timeout(Timestamp::from_nanos(5_000));
+    assert_eq!(switch.poll_timeout(), Some(Timestamp::from_nanos(15_000)));
+    // Normal traffic to the same port arrives after the probe but leaves first.
+    let data = roce_frame(2, 1, host_mac(1), b"data");
+    switch.handle_frame(Timestamp::from_nanos(5_001), PortId(1), &data);
+    let out = drain(&mut switch);
+    assert_eq!(out, vec![(PortId(0), data), (PortId(0), probe)]);
+    assert_eq!(switch.counters().generated, 1);
+    assert_ne!(GENERATOR_PORT, PortId(0));
+}
+
+#[test]
+fn the_l2l3_resource_report_counts_its_tables() {
+    let switch = rack_switch(4);
+    let report = switch.resources();
+    assert_eq!(report.stages_used(), 2);
+    assert_eq!(report.table_entries(), 12);
+    assert!(!report.recomputes_icrc);
+    assert!(report
+        .over_budget(remora_switch::resources::Budget::TOFINO1)
+        .is_empty());
+    assert!(report.to_string().contains("mac_table"));
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_bytes_never_panic_the_switch(bytes in proptest::collection::vec(any::<u8>(), 0..300), port in 0u16..4) {
+        let mut switch = rack_switch(3);
+        switch.handle_frame(Timestamp::ZERO, PortId(port), &bytes);
+        drain(&mut switch);
+    }
+
+    #[test]
+    fn mutated_roce_frames_never_panic_the_switch(flips in proptest::collection::vec((0usize..80, any::<u8>()), 1..6)) {
+        let mut frame = roce_frame(1, 2, SWITCH_MAC, b"0123456789");
+        for (at, value) in flips {
+            let at = at % frame.len();
+            frame[at] = value;
+        }
+        let mut switch = rack_switch(3);
+        switch.handle_frame(Timestamp::ZERO, PortId(0), &frame);
+        drain(&mut switch);
+    }
+}
