@@ -272,8 +272,8 @@ impl Port for DatagramPort {
 
     fn flush(&mut self) -> Result<(), CarrierError> {
         let mut sent = 0;
-        // Each round sends at least one frame or gives up on the rest, so
-        // the loop is bounded by the batch size.
+        // Each round sends or drops at least one frame, so the loop is
+        // bounded by the batch size.
         while sent < self.outgoing_count {
             let mut iovecs: [libc::iovec; BATCH_FRAMES] = unsafe { std::mem::zeroed() };
             let pending = &mut self.outgoing[sent..self.outgoing_count];
@@ -291,9 +291,11 @@ impl Port for DatagramPort {
             if result <= 0 {
                 let error = std::io::Error::last_os_error();
                 if result == 0 || would_block(&error) {
-                    // Like a full switch queue: drop, count, let RC recover.
-                    self.drops.send_refused += (self.outgoing_count - sent) as u64;
-                    break;
+                    // Like a full switch queue: drop the frame that failed,
+                    // count it, let RC recover, and try the rest.
+                    self.drops.send_refused += 1;
+                    sent += 1;
+                    continue;
                 }
                 self.outgoing_count = 0;
                 return Err(CarrierError::io("sendmmsg", error));

@@ -74,6 +74,17 @@ impl SegmentPlan {
         }
     }
 
+    /// A star whose every ring is consumed by endpoint 0: one thread
+    /// drives the hub and all the spokes (the embedded rack's fabric
+    /// thread) and sleeps on one doorbell.
+    pub fn star_one_waiter(spokes: u32, ring_depth: u32) -> SegmentPlan {
+        SegmentPlan {
+            doorbell_count: 1,
+            ring_consumers: vec![0; 2 * spokes as usize],
+            ring_depth,
+        }
+    }
+
     fn validate(&self) -> Result<(), CarrierError> {
         let fail = |message: String| Err(CarrierError::Segment(message));
         if !self.ring_depth.is_power_of_two() || self.ring_depth > MAX_RING_DEPTH {
@@ -395,19 +406,9 @@ impl Segment {
         }
     }
 
-    /// A port that sends on `send_ring` and receives on `receive_ring`,
-    /// sleeping on `own_doorbell`.
-    pub fn port(
-        &self,
-        send_ring: u32,
-        receive_ring: u32,
-        own_doorbell: u32,
-    ) -> Result<RingPort, CarrierError> {
-        if self.descriptor(receive_ring).consumer_doorbell != own_doorbell {
-            return Err(CarrierError::Segment(format!(
-                "ring {receive_ring} is not consumed by endpoint {own_doorbell}"
-            )));
-        }
+    /// A port that sends on `send_ring` and receives on `receive_ring`; it
+    /// sleeps on the doorbell of the receive ring's consumer.
+    pub fn port(&self, send_ring: u32, receive_ring: u32) -> Result<RingPort, CarrierError> {
         self.take(2 * send_ring as usize)?;
         self.take(2 * receive_ring as usize + 1)?;
         let (send_header, send_slots) = self.ring_parts(send_ring);
@@ -424,7 +425,7 @@ impl Segment {
             producer,
             consumer,
             peer_doorbell: self.doorbell(self.descriptor(send_ring).consumer_doorbell),
-            own_doorbell: self.doorbell(own_doorbell),
+            own_doorbell: self.doorbell(self.descriptor(receive_ring).consumer_doorbell),
             _mapping: Arc::clone(&self.mapping),
         })
     }
@@ -432,13 +433,13 @@ impl Segment {
     /// Spoke `spoke` (1-based) of a [`SegmentPlan::star`]: a node's port.
     pub fn spoke_port(&self, spoke: u32) -> Result<RingPort, CarrierError> {
         assert!(spoke >= 1);
-        self.port(2 * (spoke - 1), 2 * (spoke - 1) + 1, spoke)
+        self.port(2 * (spoke - 1), 2 * (spoke - 1) + 1)
     }
 
     /// The hub's port towards spoke `spoke` of a [`SegmentPlan::star`].
     pub fn hub_port(&self, spoke: u32) -> Result<RingPort, CarrierError> {
         assert!(spoke >= 1);
-        self.port(2 * (spoke - 1) + 1, 2 * (spoke - 1), 0)
+        self.port(2 * (spoke - 1) + 1, 2 * (spoke - 1))
     }
 }
 

@@ -3,6 +3,7 @@
 mod bench;
 mod capture;
 mod demo;
+mod rack;
 mod sim;
 
 use clap::{Parser, Subcommand};
@@ -37,6 +38,12 @@ enum Command {
     /// Run a benchmark and print a table (and JSON with --json).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Launch a rack of nodes behind the programmable switch.
+    #[command(subcommand)]
+    Rack(rack::RackCommand),
+    /// Run one node of a rack (started by `rack up`, or by hand on each
+    /// host of a rack spanning hosts).
+    Node(rack::NodeArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +52,8 @@ fn main() -> ExitCode {
         Command::Demo { json, pcap } => demo::run(json.as_deref(), pcap.as_deref()),
         Command::Sim(command) => sim::run(command),
         Command::Bench(command) => bench::run(command),
+        Command::Rack(command) => rack::run(command),
+        Command::Node(args) => rack::run_node(args),
     };
     match result {
         Ok(code) => code,

@@ -1,1 +1,44 @@
-//! The rack: configuration, node runtimes, control channel and launcher.
+//! The rack: soft-RNIC nodes behind a programmable top-of-rack switch.
+//!
+//! - [`config`]: the rack TOML (nodes with role, address and memory; link
+//!   faults; the switch program);
+//! - [`endpoint`]: a node's runtime (its soft RNIC on a carrier port, driven
+//!   by a real clock) and the switch's runtime (the pipeline on one port
+//!   per node);
+//! - [`control`]: the control channel that exchanges queue-pair endpoints
+//!   and memory-region keys over a Unix or TCP socket, so nothing about a
+//!   connection is hard-coded;
+//! - [`workload`]: what compute nodes run when a rack is brought up: a
+//!   checked tour of READ, WRITE, SEND and atomics against every memory
+//!   node;
+//! - [`launch`]: bringing a rack up embedded (one process, one fabric
+//!   thread), as processes (one per node, shared memory or UDP), or in
+//!   network namespaces (veths and AF_PACKET).
+
+pub mod config;
+pub mod control;
+pub mod endpoint;
+pub mod launch;
+pub mod report;
+pub mod workload;
+
+pub use config::{RackConfig, Role};
+pub use launch::{CarrierKind, LaunchOptions, Mode};
+pub use report::RackReport;
+
+/// Everything that can stop a rack from running.
+#[derive(Debug, thiserror::Error)]
+pub enum RackError {
+    #[error("rack config: {0}")]
+    Config(String),
+    #[error("carrier: {0}")]
+    Carrier(#[from] remora_carrier::CarrierError),
+    #[error("verbs: {0}")]
+    Verbs(#[from] remora_rnic::VerbsError),
+    #[error("control channel: {0}")]
+    Control(String),
+    #[error("{0}")]
+    Launch(String),
+    #[error("workload check failed: {0}")]
+    Workload(String),
+}

@@ -1,0 +1,156 @@
+//! `remora rack up` and `remora node`.
+
+use clap::{Args, Subcommand, ValueEnum};
+use remora_rack::launch::{self, NodeCarrier};
+use remora_rack::{CarrierKind, LaunchOptions, Mode, RackConfig};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+#[derive(Subcommand)]
+pub enum RackCommand {
+    /// Bring a rack up from its TOML file, run every compute node's checked
+    /// workload against every memory node through the switch, then shut it
+    /// down and report. Ctrl-C stops it cleanly.
+    Up(UpArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ModeArg {
+    /// One process: a fabric thread for the switch and every RNIC, a thread
+    /// per compute workload.
+    Embedded,
+    /// One process per node (the switch stays in this one).
+    Processes,
+    /// One network namespace per node, veths to an AF_PACKET switch (root).
+    Netns,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum CarrierArg {
+    /// Lock-free rings in a memfd the node processes inherit.
+    Shm,
+    /// A UDP tunnel per node, node i on 127.0.0.(10+i).
+    Udp,
+}
+
+#[derive(Args)]
+pub struct UpArgs {
+    /// The rack file (see examples/).
+    rack: PathBuf,
+    #[arg(long, value_enum, default_value = "embedded")]
+    mode: ModeArg,
+    /// The carrier between node processes and the switch (processes mode).
+    #[arg(long, value_enum, default_value = "shm")]
+    carrier: CarrierArg,
+    /// Write every frame the switch receives to this pcap file.
+    #[arg(long)]
+    capture: Option<PathBuf>,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// Runs one node of a rack: what `rack up` starts in processes and netns
+/// modes, and what each host runs in a rack spanning hosts.
+#[derive(Args)]
+pub struct NodeArgs {
+    /// The rack file.
+    rack: PathBuf,
+    /// Which node of the rack this is.
+    #[arg(long)]
+    name: String,
+    /// Directory for control sockets.
+    #[arg(long)]
+    run_dir: PathBuf,
+    /// Write the node's report as JSON here when it stops.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Inherited shared-memory segment descriptor.
+    #[arg(long, group = "carrier")]
+    shm_fd: Option<i32>,
+    /// Inherited bound UDP socket descriptor (needs --udp-peer).
+    #[arg(long, group = "carrier", requires = "udp_peer")]
+    udp_fd: Option<i32>,
+    /// Bind a UDP tunnel here (needs --udp-peer), for racks across hosts.
+    #[arg(long, group = "carrier", requires = "udp_peer")]
+    udp_bind: Option<SocketAddr>,
+    /// The switch port's UDP address.
+    #[arg(long)]
+    udp_peer: Option<SocketAddr>,
+    /// AF_PACKET on this interface.
+    #[arg(long, group = "carrier")]
+    packet_interface: Option<String>,
+}
+
+/// Set by Ctrl-C or SIGTERM.
+pub fn stop_flag() -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let handler = Arc::clone(&stop);
+    // Only one handler per process; a second install (tests) keeps the first.
+    let _ = ctrlc::set_handler(move || handler.store(true, Ordering::Relaxed));
+    stop
+}
+
+pub fn run(command: RackCommand) -> Result<ExitCode, String> {
+    let RackCommand::Up(args) = command;
+    let rack = RackConfig::load(&args.rack).map_err(|error| error.to_string())?;
+    let options = LaunchOptions {
+        mode: match args.mode {
+            ModeArg::Embedded => Mode::Embedded,
+            ModeArg::Processes => Mode::Processes,
+            ModeArg::Netns => Mode::Netns,
+        },
+        carrier: match args.carrier {
+            CarrierArg::Shm => CarrierKind::Shm,
+            CarrierArg::Udp => CarrierKind::Udp,
+        },
+        capture: args.capture.clone(),
+        executable: std::env::current_exe()
+            .map_err(|error| format!("cannot find the remora executable: {error}"))?,
+        rack_file: args.rack.clone(),
+    };
+    let report =
+        launch::rack_up(&rack, &options, stop_flag()).map_err(|error| error.to_string())?;
+    print!("{report}");
+    if let Some(path) = &args.capture {
+        println!("capture: {}", path.display());
+    }
+    if let Some(path) = &args.json {
+        crate::write_json(path, &report)?;
+    }
+    let failures = report.failures();
+    if failures.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        for failure in failures {
+            eprintln!("failed: {failure}");
+        }
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+pub fn run_node(args: NodeArgs) -> Result<ExitCode, String> {
+    let rack = RackConfig::load(&args.rack).map_err(|error| error.to_string())?;
+    let carrier = match (args.shm_fd, args.udp_fd, args.udp_bind, args.udp_peer, args.packet_interface) {
+        (Some(fd), ..) => NodeCarrier::Shm { fd },
+        (_, Some(fd), _, Some(peer), _) => NodeCarrier::Udp { fd, peer },
+        (_, _, Some(local), Some(peer), _) => NodeCarrier::UdpBind { local, peer },
+        (.., Some(interface)) => NodeCarrier::Packet { interface },
+        _ => return Err("say how this node reaches the switch: --shm-fd, --udp-fd with --udp-peer, --udp-bind with --udp-peer, or --packet-interface".into()),
+    };
+    let report = launch::run_node(&rack, &args.name, carrier, &args.run_dir, stop_flag())
+        .map_err(|error| error.to_string())?;
+    if let Some(path) = &args.report {
+        crate::write_json(path, &report)?;
+    }
+    match &report.error {
+        None => Ok(ExitCode::SUCCESS),
+        Some(error) => {
+            eprintln!("node {}: {error}", report.name);
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}

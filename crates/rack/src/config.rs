@@ -1,0 +1,431 @@
+//! The rack file.
+//!
+//! ```toml
+//! [rack]
+//! name = "two-nodes"
+//!
+//! [switch]
+//! program = "l2l3"
+//!
+//! [[node]]
+//! name = "compute0"
+//! role = "compute"
+//! address = "10.0.0.1"
+//! memory = "1MiB"
+//! [node.workload]
+//! operations = 200
+//!
+//! [[node]]
+//! name = "memory0"
+//! role = "memory"
+//! address = "10.0.0.2"
+//! memory = "64MiB"
+//! [node.link]
+//! loss = 0.01
+//! ```
+//!
+//! Node `i` (in file order) sits on switch port `i`. MACs default to
+//! `02:00` followed by the IPv4 address, so they are unique whenever the
+//! addresses are.
+
+use crate::RackError;
+use remora_sim::LinkFaults;
+use remora_wire::{Ipv4Address, MacAddress};
+use serde::Deserialize;
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Duration;
+
+/// The most nodes one rack holds (one switch port each).
+pub const MAX_NODES: usize = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Runs an application (here, the workload) against memory nodes.
+    Compute,
+    /// Offers registered memory; its CPU stays off the data path.
+    Memory,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RackSection {
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchSection {
+    #[serde(default = "default_program")]
+    pub program: String,
+    pub mac: Option<String>,
+}
+
+fn default_program() -> String {
+    "l2l3".into()
+}
+
+/// Faults injected on a node's link (both directions), with the
+/// simulator's fault model.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkSection {
+    #[serde(default)]
+    pub loss: f64,
+    #[serde(default)]
+    pub duplicate: f64,
+    #[serde(default)]
+    pub reorder: f64,
+    #[serde(default)]
+    pub reorder_delay_us: u64,
+    #[serde(default)]
+    pub corrupt: f64,
+}
+
+impl LinkSection {
+    pub fn faults(&self) -> LinkFaults {
+        LinkFaults {
+            loss: self.loss,
+            duplicate: self.duplicate,
+            reorder: self.reorder,
+            reorder_delay: Duration::from_micros(self.reorder_delay_us),
+            corrupt: self.corrupt,
+        }
+    }
+
+    pub fn is_faulty(&self) -> bool {
+        self.faults() != LinkFaults::NONE
+    }
+}
+
+/// What a compute node does once connected.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSection {
+    /// Operations against each memory node.
+    #[serde(default = "default_operations")]
+    pub operations: u32,
+    /// The largest READ/WRITE, in bytes.
+    #[serde(default = "default_max_bytes")]
+    pub max_bytes: u32,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_operations() -> u32 {
+    200
+}
+
+fn default_max_bytes() -> u32 {
+    4096
+}
+
+impl Default for WorkloadSection {
+    fn default() -> Self {
+        WorkloadSection {
+            operations: default_operations(),
+            max_bytes: default_max_bytes(),
+            seed: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNode {
+    name: String,
+    role: Role,
+    address: String,
+    mac: Option<String>,
+    memory: String,
+    /// Control-channel address for multi-host racks (`host:port`); by
+    /// default a Unix socket in the run directory.
+    control: Option<String>,
+    #[serde(default)]
+    link: LinkSection,
+    workload: Option<WorkloadSection>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRack {
+    rack: RackSection,
+    switch: SwitchSection,
+    #[serde(rename = "node")]
+    nodes: Vec<RawNode>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub name: String,
+    pub role: Role,
+    pub address: Ipv4Address,
+    pub mac: MacAddress,
+    pub memory_bytes: u64,
+    pub control: Option<String>,
+    pub link: LinkSection,
+    pub workload: WorkloadSection,
+    /// The switch port this node sits on.
+    pub port: u16,
+}
+
+#[derive(Debug, Clone)]
+pub struct RackConfig {
+    pub name: String,
+    pub program: String,
+    pub switch_mac: MacAddress,
+    pub nodes: Vec<NodeConfig>,
+}
+
+pub fn parse_mac(text: &str) -> Result<MacAddress, String> {
+    let parts: Vec<&str> = text.split(':').collect();
+    if parts.len() != 6 {
+        return Err(format!(
+            "MAC address {text:?} needs six ':'-separated bytes"
+        ));
+    }
+    let mut bytes = [0u8; 6];
+    for (byte, part) in bytes.iter_mut().zip(parts) {
+        *byte = u8::from_str_radix(part, 16)
+            .map_err(|_| format!("MAC address {text:?}: {part:?} is not a hex byte"))?;
+    }
+    Ok(MacAddress(bytes))
+}
+
+/// "64MiB", "4 KiB", "1GiB", "1048576".
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(split);
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("size {text:?} does not start with a number"))?;
+    let multiplier = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "size {text:?}: unknown unit {other:?} (use B, KiB, MiB or GiB)"
+            ))
+        }
+    };
+    value
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("size {text:?} overflows"))
+}
+
+impl RackConfig {
+    pub fn load(path: &Path) -> Result<RackConfig, RackError> {
+        let text = std::fs::read_to_string(path).map_err(|error| {
+            RackError::Config(format!("cannot read {}: {error}", path.display()))
+        })?;
+        RackConfig::parse(&text).map_err(|error| match error {
+            RackError::Config(message) => {
+                RackError::Config(format!("{}: {message}", path.display()))
+            }
+            other => other,
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<RackConfig, RackError> {
+        let raw: RawRack =
+            toml::from_str(text).map_err(|error| RackError::Config(error.to_string()))?;
+        RackConfig::validate(raw).map_err(RackError::Config)
+    }
+
+    fn validate(raw: RawRack) -> Result<RackConfig, String> {
+        if raw.nodes.is_empty() || raw.nodes.len() > MAX_NODES {
+            return Err(format!(
+                "a rack holds 1 to {MAX_NODES} nodes, not {}",
+                raw.nodes.len()
+            ));
+        }
+        if raw.switch.program != "l2l3" {
+            return Err(format!(
+                "unknown switch program {:?} (available: l2l3)",
+                raw.switch.program
+            ));
+        }
+        let switch_mac = match &raw.switch.mac {
+            Some(text) => parse_mac(text)?,
+            None => MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]),
+        };
+        let mut names = HashSet::new();
+        let mut addresses = HashSet::new();
+        let mut macs = HashSet::from([switch_mac]);
+        let mut nodes = Vec::with_capacity(raw.nodes.len());
+        for (index, node) in raw.nodes.into_iter().enumerate() {
+            let context = |message: String| format!("node {:?}: {message}", node.name);
+            if node.name.is_empty()
+                || !node
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(context("names use letters, digits, '-' and '_'".into()));
+            }
+            let ip: std::net::Ipv4Addr = node
+                .address
+                .parse()
+                .map_err(|_| context(format!("{:?} is not an IPv4 address", node.address)))?;
+            let address = Ipv4Address(ip.octets());
+            let mac = match &node.mac {
+                Some(text) => parse_mac(text).map_err(context)?,
+                None => MacAddress([
+                    0x02,
+                    0x00,
+                    ip.octets()[0],
+                    ip.octets()[1],
+                    ip.octets()[2],
+                    ip.octets()[3],
+                ]),
+            };
+            let memory_bytes = parse_size(&node.memory).map_err(context)?;
+            if memory_bytes == 0 || memory_bytes > 1 << 30 {
+                return Err(context(format!(
+                    "memory must be 1 B to 1 GiB, not {memory_bytes} B"
+                )));
+            }
+            node.link
+                .faults()
+                .validate()
+                .map_err(|message| context(format!("link: {message}")))?;
+            if !names.insert(node.name.clone()) || !addresses.insert(address) || !macs.insert(mac) {
+                return Err(context(
+                    "name, address and MAC must be unique in the rack".into(),
+                ));
+            }
+            if node.role == Role::Memory && node.workload.is_some() {
+                return Err(context("only compute nodes run a workload".into()));
+            }
+            let workload = node.workload.unwrap_or_default();
+            if workload.max_bytes == 0 || u64::from(workload.max_bytes) * 2 > memory_bytes {
+                return Err(context(format!(
+                    "workload max_bytes {} must be positive and at most half the node's memory",
+                    workload.max_bytes
+                )));
+            }
+            nodes.push(NodeConfig {
+                name: node.name,
+                role: node.role,
+                address,
+                mac,
+                memory_bytes,
+                control: node.control,
+                link: node.link,
+                workload,
+                port: index as u16,
+            });
+        }
+        let memory_nodes: Vec<&NodeConfig> = nodes
+            .iter()
+            .filter(|node| node.role == Role::Memory)
+            .collect();
+        if let Some(compute) = nodes.iter().find(|node| node.role == Role::Compute) {
+            if let Some(small) = memory_nodes
+                .iter()
+                .find(|memory| memory.memory_bytes < u64::from(compute.workload.max_bytes) + 64)
+            {
+                return Err(format!(
+                    "memory node {:?} is smaller than compute node {:?}'s largest operation",
+                    small.name, compute.name
+                ));
+            }
+        }
+        Ok(RackConfig {
+            name: raw.rack.name,
+            program: raw.switch.program,
+            switch_mac,
+            nodes,
+        })
+    }
+
+    pub fn node(&self, name: &str) -> Result<&NodeConfig, RackError> {
+        self.nodes
+            .iter()
+            .find(|node| node.name == name)
+            .ok_or_else(|| {
+                RackError::Config(format!("no node named {name:?} in rack {:?}", self.name))
+            })
+    }
+
+    pub fn memory_nodes(&self) -> impl Iterator<Item = &NodeConfig> {
+        self.nodes.iter().filter(|node| node.role == Role::Memory)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+        [rack]
+        name = "t"
+        [switch]
+        program = "l2l3"
+        [[node]]
+        name = "c"
+        role = "compute"
+        address = "10.0.0.1"
+        memory = "1MiB"
+        [[node]]
+        name = "m"
+        role = "memory"
+        address = "10.0.0.2"
+        memory = "4MiB"
+        [node.link]
+        loss = 0.01
+    "#;
+
+    #[test]
+    fn a_good_rack_parses_with_derived_macs_and_ports() {
+        let rack = RackConfig::parse(GOOD).unwrap();
+        assert_eq!(rack.nodes.len(), 2);
+        assert_eq!(rack.nodes[1].mac, MacAddress([2, 0, 10, 0, 0, 2]));
+        assert_eq!(rack.nodes[1].port, 1);
+        assert_eq!(rack.nodes[1].memory_bytes, 4 << 20);
+        assert!(rack.nodes[1].link.is_faulty());
+    }
+
+    #[test]
+    fn bad_racks_get_clear_errors() {
+        let cases = [
+            (GOOD.replace("10.0.0.2", "10.0.0.1"), "unique"),
+            (GOOD.replace("4MiB", "4 parsecs"), "unknown unit"),
+            (
+                GOOD.replace("\"l2l3\"", "\"magic\""),
+                "unknown switch program",
+            ),
+            (GOOD.replace("loss = 0.01", "loss = 2.0"), "outside [0, 1]"),
+            (
+                GOOD.replace("role = \"memory\"", "role = \"toaster\""),
+                "unknown variant",
+            ),
+            (
+                GOOD.replace("10.0.0.2", "10.0.0.999"),
+                "not an IPv4 address",
+            ),
+            (
+                GOOD.replace("memory = \"1MiB\"", "memory = \"1MiB\"\nflavour = 1"),
+                "unknown field",
+            ),
+        ];
+        for (text, expected) in cases {
+            let error = RackConfig::parse(&text).unwrap_err().to_string();
+            assert!(error.contains(expected), "{error:?} lacks {expected:?}");
+        }
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("4 KiB"), Ok(4096));
+        assert_eq!(parse_size("12"), Ok(12));
+        assert!(parse_size("MiB").is_err());
+    }
+}

@@ -1,0 +1,269 @@
+//! The control channel: how a compute node learns a memory node's queue
+//! pair and region, and the memory node learns the compute node's, with
+//! nothing hard-coded. One JSON line each way over a Unix socket (one
+//! host, including across network namespaces, which share the
+//! filesystem) or TCP (racks spanning hosts), as `rdma_cm` or a TCP side
+//! channel does on real hardware.
+
+use crate::endpoint::{lock, DriverKicker, NodeEndpoint, Shared};
+use crate::RackError;
+use remora_rnic::*;
+use remora_wire::{Ipv4Address, MacAddress, Psn, Qpn, Rkey, VirtAddr};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The longest control message accepted, so a confused peer cannot make a
+/// node buffer without bound.
+const MAX_MESSAGE_BYTES: u64 = 64 * 1024;
+/// Queue pairs one memory node serves.
+pub const MAX_CLIENTS: usize = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointMessage {
+    pub qpn: u32,
+    pub address: [u8; 4],
+    pub mac: [u8; 6],
+    pub initial_psn: u32,
+}
+
+impl From<QueuePairEndpoint> for EndpointMessage {
+    fn from(endpoint: QueuePairEndpoint) -> Self {
+        EndpointMessage {
+            qpn: endpoint.qpn.value(),
+            address: endpoint.address.0,
+            mac: endpoint.mac.0,
+            initial_psn: endpoint.initial_psn.value(),
+        }
+    }
+}
+
+impl TryFrom<EndpointMessage> for QueuePairEndpoint {
+    type Error = RackError;
+    fn try_from(message: EndpointMessage) -> Result<Self, RackError> {
+        Ok(QueuePairEndpoint {
+            qpn: Qpn::new(message.qpn).ok_or_else(|| {
+                RackError::Control(format!("QPN {:#x} is out of range", message.qpn))
+            })?,
+            address: Ipv4Address(message.address),
+            mac: MacAddress(message.mac),
+            initial_psn: Psn::new(message.initial_psn),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionMessage {
+    pub address: u64,
+    pub rkey: u32,
+    pub length_bytes: u64,
+}
+
+impl RegionMessage {
+    pub fn remote(&self, offset_bytes: u64) -> RemoteAddress {
+        RemoteAddress {
+            address: VirtAddr(self.address + offset_bytes),
+            rkey: Rkey(self.rkey),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    Connect {
+        client: String,
+        endpoint: EndpointMessage,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    Connected {
+        endpoint: EndpointMessage,
+        region: RegionMessage,
+    },
+    Refused {
+        reason: String,
+    },
+}
+
+/// Where a node's control channel listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlAddress {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+impl std::fmt::Display for ControlAddress {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ControlAddress::Unix(path) => write!(formatter, "unix:{}", path.display()),
+            ControlAddress::Tcp(address) => write!(formatter, "tcp:{address}"),
+        }
+    }
+}
+
+enum Listener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+trait Stream: std::io::Read + Write {}
+impl Stream for UnixStream {}
+impl Stream for TcpStream {}
+
+fn control_error(context: &str, error: impl std::fmt::Display) -> RackError {
+    RackError::Control(format!("{context}: {error}"))
+}
+
+fn read_message<T: for<'de> Deserialize<'de>>(stream: &mut dyn Stream) -> Result<T, RackError> {
+    let mut line = String::new();
+    BufReader::new(std::io::Read::take(stream, MAX_MESSAGE_BYTES))
+        .read_line(&mut line)
+        .map_err(|error| control_error("read", error))?;
+    serde_json::from_str(&line).map_err(|error| control_error("malformed message", error))
+}
+
+fn write_message(stream: &mut dyn Stream, message: &impl Serialize) -> Result<(), RackError> {
+    let mut line = serde_json::to_vec(message).map_err(|error| control_error("encode", error))?;
+    line.push(b'\n');
+    stream
+        .write_all(&line)
+        .map_err(|error| control_error("write", error))
+}
+
+/// Asks the memory node at `address` for a connection, retrying while it
+/// is not up yet, until `timeout`.
+pub fn request(
+    address: &ControlAddress,
+    request: &Request,
+    timeout: Duration,
+) -> Result<Reply, RackError> {
+    let started = Instant::now();
+    let mut stream: Box<dyn Stream> = loop {
+        let attempt: std::io::Result<Box<dyn Stream>> = match address {
+            ControlAddress::Unix(path) => UnixStream::connect(path).map(|stream| {
+                let _ = stream.set_read_timeout(Some(timeout));
+                Box::new(stream) as Box<dyn Stream>
+            }),
+            ControlAddress::Tcp(host) => TcpStream::connect(host).map(|stream| {
+                let _ = stream.set_read_timeout(Some(timeout));
+                Box::new(stream) as Box<dyn Stream>
+            }),
+        };
+        match attempt {
+            Ok(stream) => break stream,
+            Err(error) if started.elapsed() > timeout => {
+                return Err(control_error(
+                    &format!("no answer from {address} within {timeout:?}"),
+                    error,
+                ))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    write_message(stream.as_mut(), request)?;
+    read_message(stream.as_mut())
+}
+
+/// What a memory node offers: one region every client may read, write and
+/// use atomics on, and a pool of receive buffers for SENDs.
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryService {
+    pub builder: QueuePairBuilder,
+    pub region: MemoryRegion,
+}
+
+/// Serves connection requests until `stop` is set: each creates a queue
+/// pair on the node's RNIC, connects it to the client's endpoint and
+/// answers with its own endpoint and the region's key.
+pub fn serve(
+    address: &ControlAddress,
+    endpoint: Shared<NodeEndpoint>,
+    service: MemoryService,
+    kicker: DriverKicker,
+    stop: Arc<AtomicBool>,
+) -> Result<std::thread::JoinHandle<()>, RackError> {
+    let listener = match address {
+        ControlAddress::Unix(path) => {
+            let _ = std::fs::remove_file(path);
+            Listener::Unix(
+                UnixListener::bind(path)
+                    .map_err(|error| control_error(&format!("listen on {address}"), error))?,
+            )
+        }
+        ControlAddress::Tcp(host) => Listener::Tcp(
+            TcpListener::bind(host)
+                .map_err(|error| control_error(&format!("listen on {address}"), error))?,
+        ),
+    };
+    match &listener {
+        Listener::Unix(socket) => socket.set_nonblocking(true),
+        Listener::Tcp(socket) => socket.set_nonblocking(true),
+    }
+    .map_err(|error| control_error("set non-blocking", error))?;
+    Ok(std::thread::spawn(move || {
+        let mut served = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let accepted: std::io::Result<Box<dyn Stream>> = match &listener {
+                Listener::Unix(socket) => socket
+                    .accept()
+                    .map(|(stream, _)| Box::new(stream) as Box<dyn Stream>),
+                Listener::Tcp(socket) => socket
+                    .accept()
+                    .map(|(stream, _)| Box::new(stream) as Box<dyn Stream>),
+            };
+            let Ok(mut stream) = accepted else {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            };
+            let reply = if served >= MAX_CLIENTS {
+                Reply::Refused {
+                    reason: format!("this node serves at most {MAX_CLIENTS} queue pairs"),
+                }
+            } else {
+                match read_message::<Request>(stream.as_mut())
+                    .and_then(|request| accept(&endpoint, &service, request))
+                {
+                    Ok(reply) => {
+                        served += 1;
+                        reply
+                    }
+                    Err(error) => Reply::Refused {
+                        reason: error.to_string(),
+                    },
+                }
+            };
+            kicker.kick();
+            // A client that hung up has nothing left to hear.
+            let _ = write_message(stream.as_mut(), &reply);
+        }
+    }))
+}
+
+fn accept(
+    endpoint: &Shared<NodeEndpoint>,
+    service: &MemoryService,
+    request: Request,
+) -> Result<Reply, RackError> {
+    let Request::Connect {
+        endpoint: remote, ..
+    } = request;
+    let remote = QueuePairEndpoint::try_from(remote)?;
+    let mut node = lock(endpoint);
+    let prepared = node.rnic.create_queue_pair(&service.builder)?;
+    node.rnic.handshake(prepared, remote)?;
+    Ok(Reply::Connected {
+        endpoint: prepared.endpoint.into(),
+        region: RegionMessage {
+            address: service.region.address.value(),
+            rkey: service.region.rkey.0,
+            length_bytes: service.region.length_bytes,
+        },
+    })
+}

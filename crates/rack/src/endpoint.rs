@@ -1,0 +1,341 @@
+//! Runtimes that put sans-IO state machines on real carriers and a real
+//! clock: [`NodeEndpoint`] (a soft RNIC on one port) and
+//! [`SwitchEndpoint`] (the switch on one port per node). A [`Driver`]
+//! pumps a set of them on one thread and sleeps through the carriers'
+//! waiter when nothing moves.
+//!
+//! Endpoints are shared (`Arc<Mutex<_>>`): the driver thread pumps them,
+//! while application and control threads lock them briefly to post work,
+//! poll completions or set up queue pairs, then kick the driver.
+
+use crate::RackError;
+use remora_carrier::{IdleStrategy, Kicker, Port, WaitSource, Waiter};
+use remora_rnic::{
+    CompletionQueue, CompletionStatus, MemoryRegion, ReceiveRequest, SharedReceiveQueue, SoftRnic,
+    Timestamp, Verbs,
+};
+use remora_switch::programs::l2l3::L2L3Forwarding;
+use remora_switch::{PortId, Switch};
+use remora_wire::frame::MAX_FRAME_LEN;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Frames taken from one port per pump, so one busy port cannot starve
+/// the others.
+const RECEIVE_BATCH_FRAMES: usize = 64;
+/// Frames sent per pump.
+const TRANSMIT_BATCH_FRAMES: usize = 64;
+
+/// The real clock, as the nanoseconds the state machines take.
+#[derive(Debug, Clone, Copy)]
+pub struct RackClock {
+    origin: Instant,
+}
+
+impl RackClock {
+    pub fn new() -> RackClock {
+        RackClock {
+            origin: Instant::now(),
+        }
+    }
+
+    pub fn now(&self) -> Timestamp {
+        Timestamp::from_nanos(self.origin.elapsed().as_nanos() as u64)
+    }
+
+    pub fn instant(&self, at: Timestamp) -> Instant {
+        self.origin + Duration::from_nanos(at.as_nanos())
+    }
+}
+
+impl Default for RackClock {
+    fn default() -> Self {
+        RackClock::new()
+    }
+}
+
+/// Something a [`Driver`] pumps.
+pub trait Pump: Send {
+    /// Moves whatever can move now. Returns whether anything did.
+    fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError>;
+    /// The next timer, if any.
+    fn deadline(&self) -> Option<Timestamp>;
+    /// Whether a port holds frames (checked after a sleep is announced).
+    fn has_frames(&mut self) -> bool;
+    fn wait_sources(&self) -> Vec<WaitSource>;
+}
+
+/// Receive buffers a memory node keeps posted on its shared receive
+/// queue, so clients' SENDs always find one. Reposting a consumed buffer
+/// is the memory agent's only work; it runs in the node's pump and is
+/// counted as NIC-side work, never on a client's path.
+#[derive(Debug, Clone, Copy)]
+pub struct ReceivePool {
+    pub queue: SharedReceiveQueue,
+    pub completions: CompletionQueue,
+    pub region: MemoryRegion,
+    pub slot_bytes: u32,
+}
+
+impl ReceivePool {
+    pub fn post(&self, rnic: &mut SoftRnic, slot: u64) -> Result<(), RackError> {
+        let element = self
+            .region
+            .slice(slot * u64::from(self.slot_bytes), self.slot_bytes);
+        let request = ReceiveRequest::new(slot, &[element])?;
+        rnic.post_shared_receive(self.queue, request)?;
+        Ok(())
+    }
+
+    /// Reposts the buffers of completed receives. Returns how many.
+    fn replenish(&self, rnic: &mut SoftRnic) -> Result<usize, RackError> {
+        let mut reposted = 0;
+        while let Some(completion) = rnic.poll_completion(self.completions)? {
+            if completion.status == CompletionStatus::Success {
+                self.post(rnic, completion.work_request_id)?;
+                reposted += 1;
+            }
+        }
+        Ok(reposted)
+    }
+}
+
+/// A node: its soft RNIC on one carrier port.
+pub struct NodeEndpoint {
+    pub name: String,
+    pub rnic: SoftRnic,
+    pub receive_pool: Option<ReceivePool>,
+    port: Box<dyn Port>,
+    buffer: Box<[u8]>,
+}
+
+impl NodeEndpoint {
+    pub fn new(name: &str, rnic: SoftRnic, port: Box<dyn Port>) -> NodeEndpoint {
+        NodeEndpoint {
+            name: name.to_string(),
+            rnic,
+            receive_pool: None,
+            port,
+            buffer: vec![0u8; MAX_FRAME_LEN].into_boxed_slice(),
+        }
+    }
+}
+
+impl Pump for NodeEndpoint {
+    fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
+        let now = clock.now();
+        let rnic = &mut self.rnic;
+        let received = self.port.receive(RECEIVE_BATCH_FRAMES, &mut |frame| {
+            rnic.handle_frame(now, frame)
+        })?;
+        let mut worked = received > 0;
+        if let Some(pool) = self.receive_pool {
+            worked |= pool.replenish(&mut self.rnic)? > 0;
+        }
+        if self
+            .rnic
+            .poll_timeout()
+            .is_some_and(|deadline| deadline <= now)
+        {
+            self.rnic.handle_timeout(now);
+            worked = true;
+        }
+        let mut sent = 0;
+        while sent < TRANSMIT_BATCH_FRAMES && self.port.has_room() {
+            let Some(length) = self.rnic.poll_transmit(now, &mut self.buffer) else {
+                break;
+            };
+            self.port.send(&self.buffer[..length])?;
+            sent += 1;
+        }
+        self.port.flush()?;
+        Ok(worked || sent > 0)
+    }
+
+    fn deadline(&self) -> Option<Timestamp> {
+        self.rnic.poll_timeout()
+    }
+
+    fn has_frames(&mut self) -> bool {
+        self.port.has_frames()
+    }
+
+    fn wait_sources(&self) -> Vec<WaitSource> {
+        vec![self.port.wait_source()]
+    }
+}
+
+/// The switch on one port per node; its control plane applies learning
+/// digests between pumps.
+pub struct SwitchEndpoint {
+    pub switch: Switch<L2L3Forwarding>,
+    ports: Vec<Box<dyn Port>>,
+}
+
+impl SwitchEndpoint {
+    pub fn new(switch: Switch<L2L3Forwarding>, ports: Vec<Box<dyn Port>>) -> SwitchEndpoint {
+        assert_eq!(usize::from(switch.config().port_count), ports.len());
+        SwitchEndpoint { switch, ports }
+    }
+}
+
+impl Pump for SwitchEndpoint {
+    fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
+        let now = clock.now();
+        let mut worked = false;
+        for (index, port) in self.ports.iter_mut().enumerate() {
+            let switch = &mut self.switch;
+            let id = PortId(index as u16);
+            worked |= port.receive(RECEIVE_BATCH_FRAMES, &mut |frame| {
+                switch.handle_frame(now, id, frame)
+            })? > 0;
+        }
+        if self
+            .switch
+            .poll_timeout()
+            .is_some_and(|deadline| deadline <= now)
+        {
+            self.switch.handle_timeout(now);
+            worked = true;
+        }
+        // The control plane: learn hosts the tables did not know.
+        while let Some(digest) = self.switch.poll_digest() {
+            // A full table just means the host stays unknown (and counted).
+            let _ = self.switch.program_mut().learn(&digest);
+        }
+        for (index, port) in self.ports.iter_mut().enumerate() {
+            let mut sent = 0;
+            let mut failure = None;
+            while sent < TRANSMIT_BATCH_FRAMES {
+                let more = self
+                    .switch
+                    .poll_transmit_port(PortId(index as u16), &mut |frame| {
+                        if let Err(error) = port.send(frame) {
+                            failure = Some(error);
+                        }
+                    });
+                if !more {
+                    break;
+                }
+                sent += 1;
+            }
+            if let Some(error) = failure {
+                return Err(error.into());
+            }
+            port.flush()?;
+            worked |= sent > 0;
+        }
+        Ok(worked)
+    }
+
+    fn deadline(&self) -> Option<Timestamp> {
+        self.switch.poll_timeout()
+    }
+
+    fn has_frames(&mut self) -> bool {
+        self.ports.iter_mut().any(|port| port.has_frames())
+    }
+
+    fn wait_sources(&self) -> Vec<WaitSource> {
+        self.ports.iter().map(|port| port.wait_source()).collect()
+    }
+}
+
+/// A pumpable shared between the driver and other threads.
+pub type Shared<T> = Arc<Mutex<T>>;
+
+pub fn lock<T>(shared: &Shared<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock already failed the rack loudly; the
+    // state is still the best record of what happened.
+    shared
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Wakes a [`Driver`] after another thread posted work. The flag closes
+/// the race in which a kick lands just before the driver announces its
+/// sleep: the driver checks the flag after the announcement.
+#[derive(Clone)]
+pub struct DriverKicker {
+    kicked: Arc<AtomicBool>,
+    kicker: Kicker,
+}
+
+impl DriverKicker {
+    pub fn kick(&self) {
+        self.kicked.store(true, Ordering::SeqCst);
+        self.kicker.kick();
+    }
+}
+
+/// Pumps endpoints on one thread until told to stop.
+pub struct Driver {
+    pumps: Vec<Arc<Mutex<dyn Pump>>>,
+    waiter: Waiter,
+    kicked: Arc<AtomicBool>,
+    clock: RackClock,
+    stop: Arc<AtomicBool>,
+    idle: IdleStrategy,
+}
+
+impl Driver {
+    pub fn new(
+        pumps: Vec<Arc<Mutex<dyn Pump>>>,
+        clock: RackClock,
+        stop: Arc<AtomicBool>,
+    ) -> Result<Driver, RackError> {
+        let sources: Vec<WaitSource> = pumps
+            .iter()
+            .flat_map(|pump| pump.lock().expect("fresh endpoint").wait_sources())
+            .collect();
+        Ok(Driver {
+            pumps,
+            waiter: Waiter::new(&sources)?,
+            kicked: Arc::new(AtomicBool::new(false)),
+            clock,
+            stop,
+            idle: IdleStrategy::DEFAULT,
+        })
+    }
+
+    /// Wakes the driver from another thread (after posting work).
+    pub fn kicker(&self) -> DriverKicker {
+        DriverKicker {
+            kicked: Arc::clone(&self.kicked),
+            kicker: self.waiter.kicker(),
+        }
+    }
+
+    /// Runs until the stop flag is set or an endpoint fails.
+    pub fn run(self) -> Result<(), RackError> {
+        let mut idle_since = Instant::now();
+        while !self.stop.load(Ordering::Relaxed) {
+            let mut worked = self.kicked.swap(false, Ordering::SeqCst);
+            for pump in &self.pumps {
+                worked |= pump
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .pump(&self.clock)?;
+            }
+            if worked {
+                idle_since = Instant::now();
+                continue;
+            }
+            let deadline = self
+                .pumps
+                .iter()
+                .filter_map(|pump| pump.lock().unwrap_or_else(|p| p.into_inner()).deadline())
+                .min();
+            let deadline = deadline.map(|at| self.clock.instant(at));
+            let (pumps, kicked) = (&self.pumps, &self.kicked);
+            self.idle.idle(&self.waiter, idle_since, deadline, &mut || {
+                kicked.load(Ordering::SeqCst)
+                    || pumps
+                        .iter()
+                        .any(|pump| pump.lock().unwrap_or_else(|p| p.into_inner()).has_frames())
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,885 @@
+//! Bringing a rack up.
+//!
+//! - **embedded**: one process. The switch and every node's soft RNIC run
+//!   on one fabric thread over in-process rings; each compute node's
+//!   workload runs on its own application thread.
+//! - **processes**: the launcher runs the switch; every node is a child
+//!   `remora node` process, over a memfd ring segment the children inherit
+//!   (`shm`) or a UDP tunnel per node (`udp`, node `i` on 127.0.0.(10+i)).
+//! - **netns**: every node runs in its own network namespace behind a
+//!   veth; the switch reads and writes the root-side veths with AF_PACKET.
+//!   Namespaces and veths are removed on exit. Needs root.
+//!
+//! In every mode the nodes meet over the control channel (Unix sockets in
+//! a run directory), Ctrl-C stops everything cleanly, and a node that dies
+//! is reported rather than waited for.
+
+use crate::config::{NodeConfig, RackConfig, Role};
+use crate::control::{self, ControlAddress, MemoryService};
+use crate::endpoint::{
+    lock, Driver, DriverKicker, NodeEndpoint, Pump, RackClock, ReceivePool, Shared, SwitchEndpoint,
+};
+use crate::report::{NodeReport, RackReport, RnicSummary, SwitchReport};
+use crate::workload::{self, Placement, Target};
+use crate::RackError;
+use remora_carrier::wrappers::{
+    CaptureDirection, Captured, Counted, Faulty, PcapSink, PortCountersHandle,
+};
+use remora_carrier::{DatagramPort, PacketSocketOptions, Port, Segment, SegmentPlan};
+use remora_rnic::*;
+use remora_switch::programs::l2l3::{L2L3Forwarding, Route};
+use remora_switch::{PortId, Switch, SwitchConfig};
+use std::net::UdpSocket;
+use std::os::fd::{IntoRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const RING_DEPTH: u32 = 512;
+const RECEIVE_SLOTS: u64 = 256;
+const RECEIVE_SLOT_BYTES: u32 = 256;
+/// How long nodes get to finish after being asked to stop.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Embedded,
+    Processes,
+    Netns,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CarrierKind {
+    Shm,
+    Udp,
+}
+
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    pub mode: Mode,
+    /// For processes mode.
+    pub carrier: CarrierKind,
+    /// Writes every frame the switch receives to this pcap file.
+    pub capture: Option<PathBuf>,
+    /// The `remora` executable children run (processes and netns modes).
+    pub executable: PathBuf,
+    pub rack_file: PathBuf,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Embedded => "embedded",
+            Mode::Processes => "processes",
+            Mode::Netns => "netns",
+        }
+    }
+}
+
+/// A temporary directory for control sockets and child reports, removed
+/// on drop.
+struct RunDirectory(PathBuf);
+
+impl RunDirectory {
+    fn create(rack: &str) -> Result<RunDirectory, RackError> {
+        let path = std::env::temp_dir().join(format!("remora-{rack}-{}", std::process::id()));
+        std::fs::create_dir_all(&path).map_err(|error| {
+            RackError::Launch(format!("cannot create {}: {error}", path.display()))
+        })?;
+        Ok(RunDirectory(path))
+    }
+}
+
+impl Drop for RunDirectory {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn control_address(node: &NodeConfig, run_directory: &Path) -> ControlAddress {
+    match &node.control {
+        Some(address) => ControlAddress::Tcp(address.clone()),
+        None => ControlAddress::Unix(run_directory.join(format!("{}.sock", node.name))),
+    }
+}
+
+fn build_switch(rack: &RackConfig) -> Result<Switch<L2L3Forwarding>, RackError> {
+    let mut program = L2L3Forwarding::new(rack.switch_mac, crate::config::MAX_NODES * 2);
+    for node in &rack.nodes {
+        let port = PortId(node.port);
+        let table = |error: remora_switch::table::TableError| RackError::Config(error.to_string());
+        program.add_host(node.mac, port).map_err(table)?;
+        program
+            .add_route(
+                node.address,
+                32,
+                Route {
+                    port,
+                    next_hop: node.mac,
+                },
+            )
+            .map_err(table)?;
+    }
+    Ok(Switch::new(
+        SwitchConfig::new(rack.nodes.len() as u16),
+        program,
+    ))
+}
+
+/// Wraps a switch port: counters always, faults on the switch-to-node
+/// direction if the node's link has any, and the capture.
+fn switch_port(
+    node: &NodeConfig,
+    port: impl Port + 'static,
+    capture: Option<&PcapSink>,
+) -> Result<(Box<dyn Port>, PortCountersHandle), RackError> {
+    let counted = Counted::new(port);
+    let handle = counted.handle();
+    let mut boxed: Box<dyn Port> = Box::new(counted);
+    if node.link.is_faulty() {
+        boxed = Box::new(Faulty::new(
+            boxed,
+            node.link.faults(),
+            0x5717c4 ^ u64::from(node.port),
+        )?);
+    }
+    if let Some(sink) = capture {
+        boxed = Box::new(Captured::new(
+            boxed,
+            sink.clone(),
+            CaptureDirection::Received,
+        ));
+    }
+    Ok((boxed, handle))
+}
+
+/// A node's port: faults on the node-to-switch direction if configured.
+fn node_port(node: &NodeConfig, port: impl Port + 'static) -> Result<Box<dyn Port>, RackError> {
+    if node.link.is_faulty() {
+        return Ok(Box::new(Faulty::new(
+            port,
+            node.link.faults(),
+            0x40de ^ u64::from(node.port),
+        )?));
+    }
+    Ok(Box::new(port))
+}
+
+fn new_endpoint(node: &NodeConfig, port: Box<dyn Port>) -> Shared<NodeEndpoint> {
+    let config = RnicConfig::new(
+        node.mac,
+        node.address,
+        0x7ac4 ^ (u64::from(node.port) << 8) ^ std::process::id() as u64,
+    );
+    Arc::new(Mutex::new(NodeEndpoint::new(
+        &node.name,
+        SoftRnic::new(config),
+        port,
+    )))
+}
+
+/// What a node runs besides its RNIC.
+enum RoleHandle {
+    Memory(std::thread::JoinHandle<()>),
+    Compute(std::thread::JoinHandle<Result<crate::report::WorkloadReport, RackError>>),
+}
+
+fn start_memory(
+    node: &NodeConfig,
+    endpoint: &Shared<NodeEndpoint>,
+    kicker: DriverKicker,
+    run_directory: &Path,
+    stop: Arc<AtomicBool>,
+) -> Result<RoleHandle, RackError> {
+    let service = {
+        let mut guard = lock(endpoint);
+        let rnic = &mut guard.rnic;
+        let pd = rnic.alloc_protection_domain()?;
+        let region = rnic.register_memory(pd, node.memory_bytes, AccessFlags::ALL)?;
+        let cq = rnic.create_completion_queue(4 * RECEIVE_SLOTS as usize)?;
+        let srq = rnic.create_shared_receive_queue(pd, RECEIVE_SLOTS as usize)?;
+        let inbox = rnic.register_memory(
+            pd,
+            RECEIVE_SLOTS * u64::from(RECEIVE_SLOT_BYTES),
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        let pool = ReceivePool {
+            queue: srq,
+            completions: cq,
+            region: inbox,
+            slot_bytes: RECEIVE_SLOT_BYTES,
+        };
+        for slot in 0..RECEIVE_SLOTS {
+            pool.post(rnic, slot)?;
+        }
+        guard.receive_pool = Some(pool);
+        let mut builder = QueuePairBuilder::new(pd, cq, cq);
+        builder.shared_receive_queue = Some(srq);
+        MemoryService { builder, region }
+    };
+    let address = control_address(node, run_directory);
+    Ok(RoleHandle::Memory(control::serve(
+        &address,
+        Arc::clone(endpoint),
+        service,
+        kicker,
+        stop,
+    )?))
+}
+
+fn start_compute(
+    rack: &RackConfig,
+    node: &NodeConfig,
+    endpoint: &Shared<NodeEndpoint>,
+    kicker: DriverKicker,
+    run_directory: &Path,
+    stop: Arc<AtomicBool>,
+) -> RoleHandle {
+    let targets: Vec<Target> = rack
+        .memory_nodes()
+        .map(|memory| Target {
+            name: memory.name.clone(),
+            control: control_address(memory, run_directory),
+        })
+        .collect();
+    let computes: Vec<&NodeConfig> = rack
+        .nodes
+        .iter()
+        .filter(|other| other.role == Role::Compute)
+        .collect();
+    let placement = Placement {
+        compute_index: computes
+            .iter()
+            .position(|other| other.name == node.name)
+            .unwrap_or(0) as u64,
+        compute_count: computes.len().max(1) as u64,
+    };
+    let (node, endpoint) = (node.clone(), Arc::clone(endpoint));
+    RoleHandle::Compute(std::thread::spawn(move || {
+        workload::run(&endpoint, &kicker, &node, &targets, placement, &stop)
+    }))
+}
+
+fn start_role(
+    rack: &RackConfig,
+    node: &NodeConfig,
+    endpoint: &Shared<NodeEndpoint>,
+    kicker: DriverKicker,
+    run_directory: &Path,
+    stop: &Arc<AtomicBool>,
+) -> Result<RoleHandle, RackError> {
+    match node.role {
+        Role::Memory => start_memory(node, endpoint, kicker, run_directory, Arc::clone(stop)),
+        Role::Compute => Ok(start_compute(
+            rack,
+            node,
+            endpoint,
+            kicker,
+            run_directory,
+            Arc::clone(stop),
+        )),
+    }
+}
+
+fn node_report(node: &NodeConfig, endpoint: &Shared<NodeEndpoint>) -> NodeReport {
+    NodeReport {
+        name: node.name.clone(),
+        role: format!("{:?}", node.role).to_lowercase(),
+        rnic: RnicSummary::from(lock(endpoint).rnic.counters()),
+        workload: None,
+        error: None,
+    }
+}
+
+/// Brings the rack up, runs every compute node's workload to the end, then
+/// shuts everything down and reports. `stop` (set by Ctrl-C) ends it early.
+pub fn rack_up(
+    rack: &RackConfig,
+    options: &LaunchOptions,
+    stop: Arc<AtomicBool>,
+) -> Result<RackReport, RackError> {
+    let run_directory = RunDirectory::create(&rack.name)?;
+    let capture = options
+        .capture
+        .as_deref()
+        .map(PcapSink::create)
+        .transpose()?;
+    match options.mode {
+        Mode::Embedded => embedded(rack, &run_directory.0, capture.as_ref(), stop),
+        Mode::Processes | Mode::Netns => {
+            supervised(rack, options, &run_directory.0, capture.as_ref(), stop)
+        }
+    }
+}
+
+fn embedded(
+    rack: &RackConfig,
+    run_directory: &Path,
+    capture: Option<&PcapSink>,
+    stop: Arc<AtomicBool>,
+) -> Result<RackReport, RackError> {
+    let spokes = rack.nodes.len() as u32;
+    let segment = Segment::anonymous(&SegmentPlan::star_one_waiter(spokes, RING_DEPTH))?;
+    let mut switch_ports = Vec::new();
+    let mut port_counters = Vec::new();
+    let mut endpoints = Vec::new();
+    for node in &rack.nodes {
+        let (port, counters) =
+            switch_port(node, segment.hub_port(u32::from(node.port) + 1)?, capture)?;
+        switch_ports.push(port);
+        port_counters.push(counters);
+        endpoints.push(new_endpoint(
+            node,
+            node_port(node, segment.spoke_port(u32::from(node.port) + 1)?)?,
+        ));
+    }
+    let switch = Arc::new(Mutex::new(SwitchEndpoint::new(
+        build_switch(rack)?,
+        switch_ports,
+    )));
+    let clock = RackClock::new();
+    let driver_stop = Arc::new(AtomicBool::new(false));
+    let mut pumps: Vec<Arc<Mutex<dyn Pump>>> = vec![switch.clone()];
+    pumps.extend(
+        endpoints
+            .iter()
+            .map(|endpoint| endpoint.clone() as Arc<Mutex<dyn Pump>>),
+    );
+    let driver = Driver::new(pumps, clock, Arc::clone(&driver_stop))?;
+    let kicker = driver.kicker();
+    let fabric = std::thread::Builder::new()
+        .name("fabric".into())
+        .spawn(move || driver.run())
+        .map_err(|error| RackError::Launch(error.to_string()))?;
+    let mut roles = Vec::new();
+    for (node, endpoint) in rack.nodes.iter().zip(&endpoints) {
+        roles.push(start_role(
+            rack,
+            node,
+            endpoint,
+            kicker.clone(),
+            run_directory,
+            &stop,
+        )?);
+    }
+    let mut reports: Vec<NodeReport> = rack
+        .nodes
+        .iter()
+        .zip(&endpoints)
+        .map(|(node, endpoint)| node_report(node, endpoint))
+        .collect();
+    let mut memory_threads = Vec::new();
+    for (index, role) in roles.into_iter().enumerate() {
+        match role {
+            RoleHandle::Compute(thread) => match thread.join() {
+                Ok(Ok(workload)) => reports[index].workload = Some(workload),
+                Ok(Err(error)) => reports[index].error = Some(error.to_string()),
+                Err(_) => reports[index].error = Some("the workload thread panicked".into()),
+            },
+            RoleHandle::Memory(thread) => memory_threads.push(thread),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    driver_stop.store(true, Ordering::Relaxed);
+    kicker.kick();
+    let fabric_result = fabric
+        .join()
+        .map_err(|_| RackError::Launch("the fabric thread panicked".into()))?;
+    for thread in memory_threads {
+        let _ = thread.join();
+    }
+    fabric_result?;
+    for ((report, node), endpoint) in reports.iter_mut().zip(&rack.nodes).zip(&endpoints) {
+        report.rnic = node_report(node, endpoint).rnic;
+    }
+    let switch_report = switch_report(&lock(&switch).switch, &port_counters);
+    if let Some(sink) = capture {
+        sink.flush()?;
+    }
+    Ok(RackReport {
+        rack: rack.name.clone(),
+        mode: Mode::Embedded.name().into(),
+        carrier: "in-process rings".into(),
+        nodes: reports,
+        switch: switch_report,
+    })
+}
+
+fn switch_report(switch: &Switch<L2L3Forwarding>, ports: &[PortCountersHandle]) -> SwitchReport {
+    SwitchReport {
+        counters: switch.counters(),
+        ports: ports.iter().map(PortCountersHandle::snapshot).collect(),
+        resources: switch.resources(),
+    }
+}
+
+/// The per-node carrier a child process gets, as command-line arguments.
+struct ChildCarrier {
+    arguments: Vec<String>,
+    /// Descriptors the child inherits; closed here once it started.
+    inherited: Vec<RawFd>,
+}
+
+/// Network namespaces and veths made for a netns rack, removed on drop.
+struct Namespaces {
+    names: Vec<String>,
+    veths: Vec<String>,
+    node_sides: Vec<String>,
+}
+
+fn ip(arguments: &[&str]) -> Result<(), RackError> {
+    let output = Command::new("ip")
+        .args(arguments)
+        .output()
+        .map_err(|error| RackError::Launch(format!("cannot run ip (iproute2): {error}")))?;
+    if !output.status.success() {
+        return Err(RackError::Launch(format!(
+            "ip {}: {}",
+            arguments.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+impl Namespaces {
+    fn create(count: usize) -> Result<Namespaces, RackError> {
+        if !rustix::process::geteuid().is_root() {
+            return Err(RackError::Launch("netns mode creates network namespaces and veths and opens AF_PACKET sockets: it needs root (CAP_NET_ADMIN and CAP_NET_RAW). Run it with sudo, or use --mode embedded or --mode processes".into()));
+        }
+        let tag = std::process::id() % 100_000;
+        let mut made = Namespaces {
+            names: Vec::new(),
+            veths: Vec::new(),
+            node_sides: Vec::new(),
+        };
+        for index in 0..count {
+            let (namespace, switch_side, node_side) = (
+                format!("remora{tag}n{index}"),
+                format!("rmr{tag}s{index}"),
+                format!("rmr{tag}n{index}"),
+            );
+            ip(&["netns", "add", &namespace])?;
+            made.names.push(namespace.clone());
+            ip(&[
+                "link",
+                "add",
+                "name",
+                &switch_side,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &node_side,
+                "netns",
+                &namespace,
+            ])?;
+            made.veths.push(switch_side.clone());
+            made.node_sides.push(node_side.clone());
+            // No kernel traffic on the rack's wires: no IPv6 autoconfiguration.
+            let _ = std::fs::write(
+                format!("/proc/sys/net/ipv6/conf/{switch_side}/disable_ipv6"),
+                "1",
+            );
+            let _ = Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    &namespace,
+                    "sh",
+                    "-c",
+                    &format!("echo 1 > /proc/sys/net/ipv6/conf/{node_side}/disable_ipv6"),
+                ])
+                .output();
+            // Jumbo frames: a RoCE frame at MTU 4096 is about 4.2 KB.
+            ip(&["link", "set", "dev", &switch_side, "mtu", "9000", "up"])?;
+            ip(&[
+                "-n", &namespace, "link", "set", "dev", &node_side, "mtu", "9000", "up",
+            ])?;
+        }
+        Ok(made)
+    }
+
+    fn switch_side(&self, index: usize) -> &str {
+        &self.veths[index]
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for veth in &self.veths {
+            let _ = Command::new("ip").args(["link", "del", veth]).output();
+        }
+        for name in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", name]).output();
+        }
+    }
+}
+
+fn supervised(
+    rack: &RackConfig,
+    options: &LaunchOptions,
+    run_directory: &Path,
+    capture: Option<&PcapSink>,
+    stop: Arc<AtomicBool>,
+) -> Result<RackReport, RackError> {
+    let spokes = rack.nodes.len() as u32;
+    let mut switch_ports = Vec::new();
+    let mut port_counters = Vec::new();
+    let mut carriers = Vec::new();
+    let mut segment = None;
+    let mut namespaces = None;
+    let carrier_name;
+    match (options.mode, options.carrier) {
+        (Mode::Netns, _) => {
+            carrier_name = "AF_PACKET over veth";
+            let made = Namespaces::create(rack.nodes.len())?;
+            for node in &rack.nodes {
+                let index = usize::from(node.port);
+                let port = DatagramPort::packet(&PacketSocketOptions {
+                    interface: made.switch_side(index).into(),
+                    promiscuous: true,
+                })?;
+                let (port, counters) = switch_port(node, port, capture)?;
+                switch_ports.push(port);
+                port_counters.push(counters);
+                carriers.push(ChildCarrier {
+                    arguments: vec!["--packet-interface".into(), made.node_sides[index].clone()],
+                    inherited: Vec::new(),
+                });
+            }
+            namespaces = Some(made);
+        }
+        (Mode::Processes, CarrierKind::Shm) => {
+            carrier_name = "shared-memory rings (memfd)";
+            let shared = Segment::shared(
+                &format!("remora-{}", rack.name),
+                &SegmentPlan::star(spokes, RING_DEPTH),
+            )?;
+            let fd = shared.inheritable_fd()?;
+            for node in &rack.nodes {
+                let (port, counters) =
+                    switch_port(node, shared.hub_port(u32::from(node.port) + 1)?, capture)?;
+                switch_ports.push(port);
+                port_counters.push(counters);
+                carriers.push(ChildCarrier {
+                    arguments: vec!["--shm-fd".into(), fd.to_string()],
+                    inherited: Vec::new(),
+                });
+            }
+            segment = Some(shared);
+        }
+        (Mode::Processes, CarrierKind::Udp) => {
+            carrier_name = "UDP tunnel";
+            for node in &rack.nodes {
+                let bind = |address: String| {
+                    UdpSocket::bind(&address)
+                        .map_err(|error| RackError::Launch(format!("bind {address}: {error}")))
+                };
+                let switch_socket = bind("127.0.0.1:0".into())?;
+                let node_socket = bind(format!("127.0.0.{}:0", 10 + node.port))?;
+                let (switch_address, node_address) = (
+                    switch_socket.local_addr().expect("bound"),
+                    node_socket.local_addr().expect("bound"),
+                );
+                let (port, counters) = switch_port(
+                    node,
+                    DatagramPort::udp_on(switch_socket, node_address)?,
+                    capture,
+                )?;
+                switch_ports.push(port);
+                port_counters.push(counters);
+                let fd = node_socket.into_raw_fd();
+                rustix::io::fcntl_setfd(
+                    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+                    rustix::io::FdFlags::empty(),
+                )
+                .map_err(|error| RackError::Launch(error.to_string()))?;
+                carriers.push(ChildCarrier {
+                    arguments: vec![
+                        "--udp-fd".into(),
+                        fd.to_string(),
+                        "--udp-peer".into(),
+                        switch_address.to_string(),
+                    ],
+                    inherited: vec![fd],
+                });
+            }
+        }
+        (Mode::Embedded, _) => unreachable!("embedded racks are not supervised"),
+    }
+    let switch = Arc::new(Mutex::new(SwitchEndpoint::new(
+        build_switch(rack)?,
+        switch_ports,
+    )));
+    let driver_stop = Arc::new(AtomicBool::new(false));
+    let driver = Driver::new(
+        vec![switch.clone() as Arc<Mutex<dyn Pump>>],
+        RackClock::new(),
+        Arc::clone(&driver_stop),
+    )?;
+    let kicker = driver.kicker();
+    let fabric = std::thread::Builder::new()
+        .name("switch".into())
+        .spawn(move || driver.run())
+        .map_err(|error| RackError::Launch(error.to_string()))?;
+    let children = spawn_children(rack, options, run_directory, &carriers, namespaces.as_ref());
+    for carrier in &carriers {
+        for fd in &carrier.inherited {
+            // SAFETY: these descriptors were made for the children, which
+            // hold their own copies now; nothing here uses them again.
+            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(*fd) });
+        }
+    }
+    let outcome = children.and_then(|children| supervise(rack, children, run_directory, &stop));
+    driver_stop.store(true, Ordering::Relaxed);
+    kicker.kick();
+    let fabric_result = fabric
+        .join()
+        .map_err(|_| RackError::Launch("the switch thread panicked".into()));
+    drop(segment);
+    drop(namespaces);
+    let reports = outcome?;
+    fabric_result??;
+    let switch_report = switch_report(&lock(&switch).switch, &port_counters);
+    if let Some(sink) = capture {
+        sink.flush()?;
+    }
+    Ok(RackReport {
+        rack: rack.name.clone(),
+        mode: options.mode.name().into(),
+        carrier: carrier_name.into(),
+        nodes: reports,
+        switch: switch_report,
+    })
+}
+
+fn spawn_children(
+    rack: &RackConfig,
+    options: &LaunchOptions,
+    run_directory: &Path,
+    carriers: &[ChildCarrier],
+    namespaces: Option<&Namespaces>,
+) -> Result<Vec<Child>, RackError> {
+    let mut children: Vec<Child> = Vec::new();
+    // Memory nodes first, so compute nodes find their control sockets soon.
+    let mut order: Vec<&NodeConfig> = rack.nodes.iter().collect();
+    order.sort_by_key(|node| node.role != Role::Memory);
+    let mut by_port: Vec<Option<Child>> = (0..rack.nodes.len()).map(|_| None).collect();
+    for node in order {
+        let mut command = match namespaces {
+            Some(made) => {
+                let mut command = Command::new("ip");
+                command
+                    .args(["netns", "exec", &made.names[usize::from(node.port)]])
+                    .arg(&options.executable);
+                command
+            }
+            None => Command::new(&options.executable),
+        };
+        command
+            .arg("node")
+            .arg(&options.rack_file)
+            .args(["--name", &node.name, "--run-dir"])
+            .arg(run_directory);
+        command.args(&carriers[usize::from(node.port)].arguments);
+        command
+            .arg("--report")
+            .arg(run_directory.join(format!("{}.json", node.name)));
+        match command.spawn() {
+            Ok(child) => by_port[usize::from(node.port)] = Some(child),
+            Err(error) => {
+                for mut child in by_port.into_iter().flatten() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                return Err(RackError::Launch(format!(
+                    "cannot start node {}: {error}",
+                    node.name
+                )));
+            }
+        }
+    }
+    children.extend(
+        by_port
+            .into_iter()
+            .map(|child| child.expect("every node spawned")),
+    );
+    Ok(children)
+}
+
+fn signal(child: &Child, signal: rustix::process::Signal) {
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process(pid, signal);
+    }
+}
+
+/// Waits for every compute node to finish, then stops the memory nodes.
+/// A node that dies early, or Ctrl-C, stops the rack at once.
+fn supervise(
+    rack: &RackConfig,
+    mut children: Vec<Child>,
+    run_directory: &Path,
+    stop: &AtomicBool,
+) -> Result<Vec<NodeReport>, RackError> {
+    let mut exits: Vec<Option<std::process::ExitStatus>> = vec![None; children.len()];
+    let mut failure: Option<String> = None;
+    // Bounded by the compute workloads' own timeouts, which end them.
+    loop {
+        for (index, child) in children.iter_mut().enumerate() {
+            if exits[index].is_none() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    exits[index] = Some(status);
+                    let node = &rack.nodes[index];
+                    if !status.success() || node.role == Role::Memory {
+                        failure.get_or_insert_with(|| {
+                            format!("node {} exited early ({status})", node.name)
+                        });
+                    }
+                }
+            }
+        }
+        let computes_done = rack
+            .nodes
+            .iter()
+            .zip(&exits)
+            .all(|(node, exit)| node.role != Role::Compute || exit.is_some());
+        if computes_done || failure.is_some() || stop.load(Ordering::Relaxed) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (index, child) in children.iter().enumerate() {
+        if exits[index].is_none() {
+            signal(child, rustix::process::Signal::TERM);
+        }
+    }
+    let deadline = Instant::now() + STOP_GRACE;
+    for (index, child) in children.iter_mut().enumerate() {
+        while exits[index].is_none() {
+            if let Ok(Some(status)) = child.try_wait() {
+                exits[index] = Some(status);
+            } else if Instant::now() > deadline {
+                let _ = child.kill();
+                exits[index] = child.wait().ok();
+                failure.get_or_insert_with(|| {
+                    format!(
+                        "node {} did not stop within {STOP_GRACE:?} and was killed",
+                        rack.nodes[index].name
+                    )
+                });
+            } else {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+    let mut reports = Vec::new();
+    for node in &rack.nodes {
+        let path = run_directory.join(format!("{}.json", node.name));
+        let report = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|text| serde_json::from_str::<NodeReport>(&text).ok());
+        reports.push(report.unwrap_or_else(|| NodeReport {
+            name: node.name.clone(),
+            role: format!("{:?}", node.role).to_lowercase(),
+            error: Some("left no report (it died)".into()),
+            ..NodeReport::default()
+        }));
+    }
+    if let Some(message) = failure {
+        if let Some(report) = reports
+            .iter_mut()
+            .find(|report| message.contains(&format!("node {} ", report.name)))
+        {
+            report.error.get_or_insert(message);
+        }
+    }
+    if stop.load(Ordering::Relaxed) {
+        return Err(RackError::Launch("interrupted".into()));
+    }
+    Ok(reports)
+}
+
+/// How a single node process reaches the switch.
+#[derive(Debug, Clone)]
+pub enum NodeCarrier {
+    /// Spoke of an inherited shared segment.
+    Shm { fd: RawFd },
+    /// An inherited, bound UDP socket and the switch port's address.
+    Udp {
+        fd: RawFd,
+        peer: std::net::SocketAddr,
+    },
+    /// A bound UDP socket of its own, for racks spanning hosts.
+    UdpBind {
+        local: std::net::SocketAddr,
+        peer: std::net::SocketAddr,
+    },
+    /// AF_PACKET on an interface.
+    Packet { interface: String },
+}
+
+/// Runs one node until its workload ends (compute) or `stop` (memory), and
+/// returns its report: `remora node`.
+pub fn run_node(
+    rack: &RackConfig,
+    name: &str,
+    carrier: NodeCarrier,
+    run_directory: &Path,
+    stop: Arc<AtomicBool>,
+) -> Result<NodeReport, RackError> {
+    let node = rack.node(name)?;
+    let port: Box<dyn Port> = match carrier {
+        NodeCarrier::Shm { fd } => node_port(
+            node,
+            Segment::attach(fd)?.spoke_port(u32::from(node.port) + 1)?,
+        )?,
+        NodeCarrier::Udp { fd, peer } => {
+            // SAFETY: the launcher made this descriptor for this process.
+            let socket = unsafe { <UdpSocket as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            node_port(node, DatagramPort::udp_on(socket, peer)?)?
+        }
+        NodeCarrier::UdpBind { local, peer } => node_port(node, DatagramPort::udp(local, peer)?)?,
+        NodeCarrier::Packet { interface } => node_port(
+            node,
+            DatagramPort::packet(&PacketSocketOptions {
+                interface,
+                promiscuous: true,
+            })?,
+        )?,
+    };
+    let endpoint = new_endpoint(node, port);
+    let driver_stop = Arc::new(AtomicBool::new(false));
+    let driver = Driver::new(
+        vec![endpoint.clone() as Arc<Mutex<dyn Pump>>],
+        RackClock::new(),
+        Arc::clone(&driver_stop),
+    )?;
+    let kicker = driver.kicker();
+    let fabric = std::thread::Builder::new()
+        .name("rnic".into())
+        .spawn(move || driver.run())
+        .map_err(|error| RackError::Launch(error.to_string()))?;
+    let role = start_role(rack, node, &endpoint, kicker.clone(), run_directory, &stop)?;
+    let mut report = node_report(node, &endpoint);
+    match role {
+        RoleHandle::Compute(thread) => match thread.join() {
+            Ok(Ok(workload)) => report.workload = Some(workload),
+            Ok(Err(error)) => report.error = Some(error.to_string()),
+            Err(_) => report.error = Some("the workload thread panicked".into()),
+        },
+        RoleHandle::Memory(thread) => {
+            let _ = thread.join();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    driver_stop.store(true, Ordering::Relaxed);
+    kicker.kick();
+    fabric
+        .join()
+        .map_err(|_| RackError::Launch("the RNIC thread panicked".into()))??;
+    report.rnic = node_report(node, &endpoint).rnic;
+    Ok(report)
+}

@@ -1,0 +1,136 @@
+//! What a rack run reports, as JSON and as a table.
+
+use remora_carrier::wrappers::PortCounters;
+use remora_rnic::RnicCounters;
+use remora_switch::{ResourceReport, SwitchCounters};
+use serde::{Deserialize, Serialize};
+
+/// The soft RNIC's counters that matter to an operator.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RnicSummary {
+    pub frames_received: u64,
+    pub frames_transmitted: u64,
+    pub bytes_received: u64,
+    pub bytes_transmitted: u64,
+    pub packets_retransmitted: u64,
+    pub retransmit_timeouts: u64,
+    pub naks_received: u64,
+    pub frames_dropped: u64,
+}
+
+impl From<&RnicCounters> for RnicSummary {
+    fn from(counters: &RnicCounters) -> Self {
+        RnicSummary {
+            frames_received: counters.frames_received,
+            frames_transmitted: counters.frames_transmitted,
+            bytes_received: counters.bytes_received,
+            bytes_transmitted: counters.bytes_transmitted,
+            packets_retransmitted: counters.packets_retransmitted,
+            retransmit_timeouts: counters.retransmit_timeouts,
+            naks_received: counters.sequence_naks_received
+                + counters.receiver_not_ready_naks_received
+                + counters.error_naks_received,
+            frames_dropped: counters.drops_total(),
+        }
+    }
+}
+
+/// What a compute node's workload did and measured.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadReport {
+    pub targets: Vec<String>,
+    pub operations: u64,
+    pub writes: u64,
+    pub reads: u64,
+    pub sends: u64,
+    pub atomics: u64,
+    /// READs and atomics whose result matched the model.
+    pub checked_results: u64,
+    pub payload_bytes: u64,
+    pub elapsed_seconds: f64,
+    pub operations_per_second: f64,
+    pub latency_p50_us: f64,
+    pub latency_p99_us: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeReport {
+    pub name: String,
+    pub role: String,
+    pub rnic: RnicSummary,
+    pub workload: Option<WorkloadReport>,
+    /// Set if the node failed; the rack run fails with it.
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SwitchReport {
+    pub counters: SwitchCounters,
+    pub ports: Vec<PortCounters>,
+    pub resources: ResourceReport,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RackReport {
+    pub rack: String,
+    pub mode: String,
+    pub carrier: String,
+    pub nodes: Vec<NodeReport>,
+    pub switch: SwitchReport,
+}
+
+impl RackReport {
+    pub fn failures(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter_map(|node| {
+                node.error
+                    .as_ref()
+                    .map(|error| format!("{}: {error}", node.name))
+            })
+            .collect()
+    }
+}
+
+impl std::fmt::Display for RackReport {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            formatter,
+            "rack {} ({} mode, {} carrier)",
+            self.rack, self.mode, self.carrier
+        )?;
+        for node in &self.nodes {
+            let rnic = &node.rnic;
+            write!(
+                formatter,
+                "  {:<12} {:<8} frames tx {:>7} rx {:>7}, retransmitted {:>5}, dropped {:>4}",
+                node.name,
+                node.role,
+                rnic.frames_transmitted,
+                rnic.frames_received,
+                rnic.packets_retransmitted,
+                rnic.frames_dropped
+            )?;
+            if let Some(workload) = &node.workload {
+                write!(
+                    formatter,
+                    " | {} ops ({} checked) at {:.0} ops/s, p50 {:.1} µs, p99 {:.1} µs",
+                    workload.operations,
+                    workload.checked_results,
+                    workload.operations_per_second,
+                    workload.latency_p50_us,
+                    workload.latency_p99_us
+                )?;
+            }
+            if let Some(error) = &node.error {
+                write!(formatter, " | FAILED: {error}")?;
+            }
+            writeln!(formatter)?;
+        }
+        let counters = &self.switch.counters;
+        writeln!(formatter, "  switch       received {}, transmitted {}, dropped {} (queue {}, program {}, no egress {})", counters.received, counters.transmitted,
+            counters.dropped_queue_full + counters.dropped_by_program + counters.dropped_no_egress + counters.dropped_runt + counters.dropped_unknown_port,
+            counters.dropped_queue_full, counters.dropped_by_program, counters.dropped_no_egress)?;
+        write!(formatter, "{}", self.switch.resources)
+    }
+}
