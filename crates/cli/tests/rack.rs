@@ -1,0 +1,253 @@
+//! `remora rack up` end to end, in every mode, and its capture checked by
+//! two tools nobody here wrote: tshark decodes every frame that crossed
+//! the switch as RoCEv2 with the right opcode, and scapy's RoCE layer
+//! recomputes every ICRC and agrees with the wire.
+//!
+//! `.ci/run` installs both (tshark from Debian, scapy from PyPI into
+//! `.ci/venv`) and sets `REMORA_REQUIRE_TSHARK` and `REMORA_REQUIRE_SCAPY`,
+//! so there a missing tool fails the test instead of skipping it.
+
+mod common;
+
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn example(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
+}
+
+/// Runs `rack up` and returns its JSON report.
+fn rack_up(rack: &str, extra: &[&str], tag: &str) -> Value {
+    let json = common::scratch(&format!("{tag}.json"));
+    let output = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["rack", "up"])
+        .arg(example(rack))
+        .arg("--json")
+        .arg(&json)
+        .args(extra)
+        .output()
+        .expect("run remora rack up");
+    assert!(
+        output.status.success(),
+        "rack up {extra:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("report written"))
+            .expect("report is JSON");
+    std::fs::remove_file(&json).ok();
+    report
+}
+
+/// Every compute node ran its whole checked workload; nobody failed.
+fn assert_workloads_complete(report: &Value, expected_operations: u64) {
+    let nodes = report["nodes"].as_array().expect("nodes");
+    for node in nodes {
+        assert!(
+            node["error"].is_null(),
+            "{} failed: {}",
+            node["name"],
+            node["error"]
+        );
+        if node["role"] == "compute" {
+            let workload = &node["workload"];
+            assert_eq!(
+                workload["operations"].as_u64(),
+                Some(expected_operations),
+                "{}",
+                node["name"]
+            );
+            assert!(workload["checked_results"].as_u64().unwrap() > 0);
+            assert!(
+                workload["reads"].as_u64().unwrap() > 0 && workload["writes"].as_u64().unwrap() > 0
+            );
+            assert!(
+                workload["sends"].as_u64().unwrap() > 0
+                    && workload["atomics"].as_u64().unwrap() > 0
+            );
+        }
+    }
+    let switch = &report["switch"]["counters"];
+    assert!(
+        switch["transmitted"].as_u64().unwrap() >= 2 * expected_operations,
+        "{switch}"
+    );
+}
+
+#[test]
+fn the_embedded_rack_runs_its_workload_and_its_capture_passes_tshark_and_scapy() {
+    let capture = common::scratch("rack.pcap");
+    let report = rack_up(
+        "rack-two-nodes.toml",
+        &["--capture", capture.to_str().unwrap()],
+        "embedded",
+    );
+    assert_eq!(report["mode"], "embedded");
+    assert_workloads_complete(&report, 300);
+    let received = report["switch"]["counters"]["received"].as_u64().unwrap();
+    check_capture_with_tshark(&capture, received);
+    check_icrcs_with_scapy(&capture, received);
+    std::fs::remove_file(&capture).ok();
+}
+
+fn check_capture_with_tshark(capture: &Path, expected_frames: u64) {
+    let path = capture.to_str().unwrap();
+    let Some(frames) = common::tshark_opcodes(path) else {
+        return;
+    };
+    assert_eq!(
+        frames.len() as u64,
+        expected_frames,
+        "the capture holds every frame the switch received"
+    );
+    for (number, (protocols, _)) in frames.iter().enumerate() {
+        assert!(
+            protocols.contains(":infiniband"),
+            "frame {} is not RoCEv2: {protocols}",
+            number + 1
+        );
+    }
+    let opcodes: BTreeSet<u8> = frames.iter().map(|(_, opcode)| *opcode).collect();
+    // SEND only, WRITE only, READ request and response, ACK, atomic ACK,
+    // CMP_SWAP, FETCH_ADD.
+    for expected in [4, 10, 12, 16, 17, 18, 19, 20] {
+        assert!(
+            opcodes.contains(&expected),
+            "no frame with opcode {expected} in {opcodes:?}"
+        );
+    }
+    let problems = common::tshark_problems(path);
+    assert!(
+        problems.trim().is_empty(),
+        "frames tshark flags:\n{problems}"
+    );
+}
+
+fn scapy_report(python: &Path, capture: &Path) -> (bool, Value) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tools/scapy_icrc.py");
+    let output = Command::new(python)
+        .arg(script)
+        .arg(capture)
+        .output()
+        .expect("run scapy");
+    let report = serde_json::from_slice(&output.stdout).unwrap_or_else(|_| {
+        panic!(
+            "scapy printed no JSON: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    (output.status.success(), report)
+}
+
+fn check_icrcs_with_scapy(capture: &Path, expected_frames: u64) {
+    let Some(python) = common::scapy_python() else {
+        return;
+    };
+    let (all_match, report) = scapy_report(&python, capture);
+    assert!(all_match, "scapy disagrees: {report}");
+    assert_eq!(report["matched"].as_u64(), Some(expected_frames));
+    // The control: one flipped payload bit must make scapy disagree, or the
+    // check above proves nothing.
+    let mut reader =
+        pcap_file::pcap::PcapReader::new(std::fs::File::open(capture).unwrap()).unwrap();
+    let corrupted = common::scratch("corrupted.pcap");
+    let mut writer =
+        pcap_file::pcap::PcapWriter::new(std::fs::File::create(&corrupted).unwrap()).unwrap();
+    let mut first = true;
+    while let Some(packet) = reader.next_packet() {
+        let mut packet = packet.unwrap().into_owned();
+        if first {
+            let mut data = packet.data.to_vec();
+            let at = data.len() - 5;
+            data[at] ^= 0x01;
+            packet.data = data.into();
+            first = false;
+        }
+        writer.write_packet(&packet).unwrap();
+    }
+    drop(writer);
+    let (all_match, report) = scapy_report(&python, &corrupted);
+    std::fs::remove_file(&corrupted).ok();
+    assert!(!all_match, "scapy missed a flipped bit: {report}");
+    assert_eq!(report["mismatched"][0]["frame"], 1);
+}
+
+#[test]
+fn a_rack_of_processes_runs_over_shared_memory() {
+    let report = rack_up(
+        "rack-two-nodes.toml",
+        &["--mode", "processes", "--carrier", "shm"],
+        "shm",
+    );
+    assert_eq!(report["mode"], "processes");
+    assert_workloads_complete(&report, 300);
+}
+
+#[test]
+fn a_rack_of_processes_runs_over_the_udp_tunnel_with_a_lossy_link() {
+    let report = rack_up(
+        "rack-four-nodes-lossy.toml",
+        &["--mode", "processes", "--carrier", "udp"],
+        "udp",
+    );
+    assert_eq!(report["carrier"], "UDP tunnel");
+    // Two memory nodes per compute node.
+    assert_workloads_complete(&report, 400);
+}
+
+#[test]
+fn a_rack_in_network_namespaces_runs_over_af_packet() {
+    let root = rustix_is_root();
+    if !root {
+        eprintln!("SKIPPED: netns mode needs root");
+        let output = Command::new(env!("CARGO_BIN_EXE_remora"))
+            .args(["rack", "up"])
+            .arg(example("rack-two-nodes.toml"))
+            .args(["--mode", "netns"])
+            .output()
+            .unwrap();
+        assert!(!output.status.success());
+        assert!(String::from_utf8_lossy(&output.stderr).contains("needs root"));
+        return;
+    }
+    let report = rack_up("rack-two-nodes.toml", &["--mode", "netns"], "netns");
+    assert_eq!(report["carrier"], "AF_PACKET over veth");
+    assert_workloads_complete(&report, 300);
+    // The rack's namespaces are named remora<pid>n<node>; none may remain.
+    let leftovers = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let listing = String::from_utf8_lossy(&leftovers.stdout);
+    let left: Vec<&str> = listing
+        .lines()
+        .filter(|line| {
+            line.starts_with("remora") && line[6..].starts_with(|c: char| c.is_ascii_digit())
+        })
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
+
+fn rustix_is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|output| String::from_utf8_lossy(&output.stdout).trim() == "0")
+}
+
+#[test]
+fn bad_rack_files_fail_with_a_clear_message() {
+    let path = common::scratch("bad.toml");
+    std::fs::write(&path, "[rack]\nname = \"x\"\n[switch]\n[[node]]\nname = \"a\"\nrole = \"compute\"\naddress = \"10.0.0.300\"\nmemory = \"1MiB\"\n").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["rack", "up"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&path).ok();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("not an IPv4 address"), "{stderr}");
+}
