@@ -4,7 +4,7 @@
 //! protection checks, copies, acknowledgements and completions. All of it is
 //! NIC-emulation CPU; there is no application CPU in this benchmark.
 
-use super::{median, thread_cpu_ns, Host, Report};
+use super::{median, size_label, thread_cpu_ns, Host, Report};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_rnic::back_to_back::BackToBack;
 use remora_rnic::*;
@@ -138,14 +138,6 @@ fn run_memcpy(size: u32, duration: Duration) -> Sample {
         operations,
         wall_ns: start_wall.elapsed().as_nanos() as f64,
         cpu_ns: (thread_cpu_ns() - start_cpu) as f64,
-    }
-}
-
-fn size_label(size: u32) -> String {
-    if size >= 1024 {
-        format!("{}KiB", size / 1024)
-    } else {
-        format!("{size}B")
     }
 }
 

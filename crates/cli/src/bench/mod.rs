@@ -3,6 +3,7 @@
 //! `{"bench", "config", "host", "results": [{variant, metric, value, unit}], "ratios"}`.
 
 mod fabric;
+mod switch;
 
 use clap::{Args, Subcommand};
 use serde::Serialize;
@@ -14,6 +15,11 @@ pub enum BenchCommand {
     /// The soft RNIC's own cost: READ and WRITE of 64 B to 64 KiB between two
     /// devices in one thread with no carrier, against memcpy in the same run.
     Fabric(CommonArgs),
+    /// The switch and the carriers: L2/L3 forwarding rate against
+    /// ring-to-ring, and READ latency and throughput through the switch over
+    /// in-process, shared-memory and UDP carriers against a raw UDP
+    /// ping-pong.
+    Switch(CommonArgs),
 }
 
 #[derive(Args)]
@@ -93,6 +99,15 @@ pub fn thread_cpu_ns() -> u64 {
     time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
 }
 
+/// "64B", "4KiB": sizes as variant names show them.
+pub fn size_label(size: u32) -> String {
+    if size >= 1024 {
+        format!("{}KiB", size / 1024)
+    } else {
+        format!("{size}B")
+    }
+}
+
 /// The median, which shared and noisy machines call for.
 pub fn median(values: &mut [f64]) -> f64 {
     assert!(!values.is_empty());
@@ -106,8 +121,10 @@ pub fn median(values: &mut [f64]) -> f64 {
 }
 
 pub fn run(command: BenchCommand) -> Result<ExitCode, String> {
-    let BenchCommand::Fabric(args) = command;
-    let report = fabric::run(args.quick)?;
+    let (report, args) = match command {
+        BenchCommand::Fabric(args) => (fabric::run(args.quick)?, args),
+        BenchCommand::Switch(args) => (switch::run(args.quick)?, args),
+    };
     if let Some(path) = &args.json {
         crate::write_json(path, &report)?;
         println!("\nwrote {}", path.display());

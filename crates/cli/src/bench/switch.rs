@@ -1,0 +1,696 @@
+//! `remora bench switch`: the switch and the carriers.
+//!
+//! 1. Forwarding: frames through the L2/L3 program on in-process rings, one
+//!    thread (one core) doing source, switch and sink; in the same round,
+//!    the same frames moved ring to ring with no switch, as the limit.
+//! 2. READ through the switch over the in-process, shared-memory (memfd)
+//!    and UDP carriers, 64 B and 4 KiB: latency p50/p99 with one READ at a
+//!    time, throughput with 16 outstanding. The application thread polls
+//!    its own soft RNIC; a fabric thread runs the switch and the memory
+//!    node. In the same round, a raw UDP ping-pong of the same sizes
+//!    between two threads is the baseline.
+//!
+//! Rounds alternate every variant, and figures are medians over rounds.
+
+use super::{median, size_label, Host, Report};
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use remora_carrier::{DatagramPort, Port, Segment, SegmentPlan};
+use remora_rack::endpoint::{Driver, NodeEndpoint, Pump, RackClock, SwitchEndpoint};
+use remora_rnic::*;
+use remora_switch::programs::l2l3::{L2L3Forwarding, Route};
+use remora_switch::{PortId, Switch, SwitchConfig};
+use remora_wire::frame::{emit_frame, ExtensionHeaders, FrameRepr, MAX_FRAME_LEN};
+use remora_wire::{
+    BthRepr, EthernetRepr, Ipv4Address, Ipv4Repr, MacAddress, Opcode, Psn, Qpn, UdpRepr,
+    ETHERTYPE_IPV4, ROCEV2_UDP_PORT,
+};
+use std::net::UdpSocket;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const SIZES: [u32; 2] = [64, 4096];
+const THROUGHPUT_DEPTH: usize = 16;
+const FORWARD_BATCH: usize = 32;
+const RING_DEPTH: u32 = 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Carrier {
+    InProcess,
+    SharedMemory,
+    Udp,
+}
+
+const CARRIERS: [Carrier; 3] = [Carrier::InProcess, Carrier::SharedMemory, Carrier::Udp];
+
+impl Carrier {
+    fn name(self) -> &'static str {
+        match self {
+            Carrier::InProcess => "inproc",
+            Carrier::SharedMemory => "shm",
+            Carrier::Udp => "udp",
+        }
+    }
+}
+
+struct Plan {
+    rounds: usize,
+    duration: Duration,
+}
+
+fn mac(index: u8) -> MacAddress {
+    MacAddress([0x02, 0, 10, 0, 0, index])
+}
+
+fn address(index: u8) -> Ipv4Address {
+    Ipv4Address::new(10, 0, 0, index)
+}
+
+fn l2l3_switch() -> Switch<L2L3Forwarding> {
+    let mut program = L2L3Forwarding::new(MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]), 16);
+    for index in 1..=2u8 {
+        let port = PortId(u16::from(index - 1));
+        program
+            .add_host(mac(index), port)
+            .expect("room for two hosts");
+        program
+            .add_route(
+                address(index),
+                32,
+                Route {
+                    port,
+                    next_hop: mac(index),
+                },
+            )
+            .expect("room for two routes");
+    }
+    Switch::new(SwitchConfig::new(2), program)
+}
+
+/// Two endpoints' ports on each side of the switch: (host 1, switch port
+/// 0, switch port 1, host 2). With rings, host 1 sleeps on its own
+/// doorbell and the switch and host 2 (one fabric thread) share another.
+fn ports(carrier: Carrier) -> Result<[Box<dyn Port>; 4], String> {
+    let plan = SegmentPlan {
+        doorbell_count: 2,
+        ring_consumers: vec![0, 1, 0, 0],
+        ring_depth: RING_DEPTH,
+    };
+    let segment = match carrier {
+        Carrier::InProcess => Segment::anonymous(&plan),
+        Carrier::SharedMemory => Segment::shared("remora-bench", &plan),
+        Carrier::Udp => return udp_ports(),
+    }
+    .map_err(|error| error.to_string())?;
+    let port = |result: Result<remora_carrier::RingPort, remora_carrier::CarrierError>| {
+        result
+            .map(|port| Box::new(port) as Box<dyn Port>)
+            .map_err(|error| error.to_string())
+    };
+    Ok([
+        port(segment.spoke_port(1))?,
+        port(segment.hub_port(1))?,
+        port(segment.hub_port(2))?,
+        port(segment.spoke_port(2))?,
+    ])
+}
+
+fn udp_ports() -> Result<[Box<dyn Port>; 4], String> {
+    let bind = |address: &str| {
+        UdpSocket::bind(address).map_err(|error| format!("bind {address}: {error}"))
+    };
+    let pair = |left: &str, right: &str| -> Result<(Box<dyn Port>, Box<dyn Port>), String> {
+        let (left, right) = (bind(left)?, bind(right)?);
+        let (left_address, right_address) = (
+            left.local_addr().expect("bound"),
+            right.local_addr().expect("bound"),
+        );
+        let connect = |socket, peer| {
+            DatagramPort::udp_on(socket, peer)
+                .map(|port| Box::new(port) as Box<dyn Port>)
+                .map_err(|error| error.to_string())
+        };
+        Ok((connect(left, right_address)?, connect(right, left_address)?))
+    };
+    let (host1, switch0) = pair("127.0.0.11:0", "127.0.0.1:0")?;
+    let (switch1, host2) = pair("127.0.0.1:0", "127.0.0.12:0")?;
+    Ok([host1, switch0, switch1, host2])
+}
+
+/// One measured READ setup: the application's endpoint (polled inline),
+/// and a fabric thread running the switch and the memory node.
+struct ReadRig {
+    compute: NodeEndpoint,
+    clock: RackClock,
+    queue_pair: QueuePair,
+    cq: CompletionQueue,
+    local: MemoryRegion,
+    remote: MemoryRegion,
+    stop: Arc<AtomicBool>,
+    fabric: Option<std::thread::JoinHandle<Result<(), remora_rack::RackError>>>,
+}
+
+impl ReadRig {
+    fn new(carrier: Carrier) -> Result<ReadRig, String> {
+        let [host1, switch0, switch1, host2] = ports(carrier)?;
+        let error = |error: VerbsError| error.to_string();
+        let mut compute = NodeEndpoint::new(
+            "compute",
+            SoftRnic::new(RnicConfig::new(mac(1), address(1), 1)),
+            host1,
+        );
+        let mut memory = NodeEndpoint::new(
+            "memory",
+            SoftRnic::new(RnicConfig::new(mac(2), address(2), 2)),
+            host2,
+        );
+        let mut sides = Vec::new();
+        for rnic in [&mut compute.rnic, &mut memory.rnic] {
+            let pd = rnic.alloc_protection_domain().map_err(error)?;
+            let region = rnic
+                .register_memory(pd, 1 << 20, AccessFlags::ALL)
+                .map_err(error)?;
+            let cq = rnic.create_completion_queue(1024).map_err(error)?;
+            let prepared = rnic
+                .create_queue_pair(&QueuePairBuilder::new(pd, cq, cq))
+                .map_err(error)?;
+            sides.push((region, cq, prepared));
+        }
+        memory
+            .rnic
+            .write_local(sides[1].0.lkey, sides[1].0.address, &remote_pattern())
+            .map_err(error)?;
+        let queue_pair = compute
+            .rnic
+            .handshake(sides[0].2, sides[1].2.endpoint)
+            .map_err(error)?;
+        memory
+            .rnic
+            .handshake(sides[1].2, sides[0].2.endpoint)
+            .map_err(error)?;
+        let switch = SwitchEndpoint::new(l2l3_switch(), vec![switch0, switch1]);
+        let stop = Arc::new(AtomicBool::new(false));
+        let pumps: Vec<Arc<Mutex<dyn Pump>>> =
+            vec![Arc::new(Mutex::new(switch)), Arc::new(Mutex::new(memory))];
+        let driver = Driver::new(pumps, RackClock::new(), Arc::clone(&stop))
+            .map_err(|error| error.to_string())?;
+        let fabric = std::thread::Builder::new()
+            .name("fabric".into())
+            .spawn(move || driver.run())
+            .map_err(|error| error.to_string())?;
+        Ok(ReadRig {
+            compute,
+            clock: RackClock::new(),
+            queue_pair,
+            cq: sides[0].1,
+            local: sides[0].0,
+            remote: sides[1].0,
+            stop,
+            fabric: Some(fabric),
+        })
+    }
+
+    fn post_read(&mut self, size: u32, slot: u64) -> Result<(), String> {
+        let offset = slot * u64::from(size);
+        let request = SendRequest::new(
+            slot,
+            SendOperation::Read {
+                remote: self.remote.remote(offset),
+            },
+            &[self.local.slice(offset, size)],
+        )
+        .map_err(|error| error.to_string())?;
+        self.compute
+            .rnic
+            .post_send(self.queue_pair, request)
+            .map_err(|error| error.to_string())
+    }
+
+    /// Pumps the application's RNIC until a completion arrives.
+    fn wait_completion(&mut self) -> Result<u64, String> {
+        let started = Instant::now();
+        loop {
+            if let Some(completion) = self
+                .compute
+                .rnic
+                .poll_completion(self.cq)
+                .map_err(|error| error.to_string())?
+            {
+                if completion.status != CompletionStatus::Success {
+                    return Err(format!("READ completed with {:?}", completion.status));
+                }
+                return Ok(completion.work_request_id);
+            }
+            self.compute
+                .pump(&self.clock)
+                .map_err(|error| error.to_string())?;
+            if started.elapsed() > Duration::from_secs(10) {
+                return Err("a READ took over 10 s".into());
+            }
+        }
+    }
+
+    fn latency(&mut self, size: u32, duration: Duration) -> Result<Histogram<u64>, String> {
+        let mut histogram =
+            Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("valid bounds");
+        let started = Instant::now();
+        while started.elapsed() < duration {
+            let begun = Instant::now();
+            self.post_read(size, 0)?;
+            self.wait_completion()?;
+            histogram.saturating_record(begun.elapsed().as_nanos() as u64);
+        }
+        Ok(histogram)
+    }
+
+    fn throughput(&mut self, size: u32, duration: Duration) -> Result<f64, String> {
+        for slot in 0..THROUGHPUT_DEPTH as u64 {
+            self.post_read(size, slot)?;
+        }
+        let started = Instant::now();
+        let mut completed = 0u64;
+        while started.elapsed() < duration {
+            let slot = self.wait_completion()?;
+            completed += 1;
+            self.post_read(size, slot)?;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        for _ in 0..THROUGHPUT_DEPTH {
+            self.wait_completion()?;
+        }
+        Ok(completed as f64 / seconds)
+    }
+
+    /// The last READ into slot 0 fetched the memory node's bytes.
+    fn verify(&self, size: u32) -> Result<(), String> {
+        let mut bytes = vec![0u8; size as usize];
+        self.compute
+            .rnic
+            .read_local(self.local.lkey, self.local.address, &mut bytes)
+            .map_err(|error| error.to_string())?;
+        if bytes != remote_pattern()[..size as usize] {
+            return Err(format!(
+                "a {size}-byte READ through the switch returned the wrong bytes"
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn remote_pattern() -> Vec<u8> {
+    (0..(THROUGHPUT_DEPTH as u32 * 4096))
+        .map(|index| (index.wrapping_mul(13) ^ (index >> 8)) as u8)
+        .collect()
+}
+
+impl Drop for ReadRig {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(fabric) = self.fabric.take() {
+            let _ = fabric.join();
+        }
+    }
+}
+
+/// A SEND-only frame with `payload_bytes` of payload from host 1 to host 2.
+fn forwarded_frame(payload_bytes: usize, sequence: u32) -> Vec<u8> {
+    let repr = FrameRepr {
+        ethernet: EthernetRepr {
+            source: mac(1),
+            destination: mac(2),
+            ethertype: ETHERTYPE_IPV4,
+        },
+        ipv4: Ipv4Repr {
+            source: address(1),
+            destination: address(2),
+            protocol: 17,
+            payload_len: 0,
+            type_of_service: 0,
+            time_to_live: 64,
+            identification: 0,
+            dont_fragment: true,
+        },
+        udp: UdpRepr {
+            source_port: 49152,
+            destination_port: ROCEV2_UDP_PORT,
+            payload_len: 0,
+        },
+        bth: BthRepr::new(
+            Opcode::SendOnly,
+            Qpn::new(0x100).expect("valid QPN"),
+            Psn::new(sequence),
+        ),
+        extension: ExtensionHeaders::default(),
+    };
+    let mut buffer = vec![0u8; MAX_FRAME_LEN];
+    let length =
+        emit_frame(&repr, &vec![0x5a; payload_bytes], &mut buffer).expect("the frame fits");
+    buffer.truncate(length);
+    buffer
+}
+
+/// Frames per second from a source ring, through `middle`, to a sink ring,
+/// all on this thread.
+fn forward_rate(
+    duration: Duration,
+    middle: &mut dyn FnMut(&RackClock) -> Result<(), String>,
+    source: &mut dyn Port,
+    sink: &mut dyn Port,
+    frames: &[Vec<u8>],
+) -> Result<f64, String> {
+    let clock = RackClock::new();
+    let started = Instant::now();
+    let mut delivered = 0u64;
+    let mut next = 0;
+    while started.elapsed() < duration {
+        for _ in 0..FORWARD_BATCH {
+            source
+                .send(&frames[next % frames.len()])
+                .map_err(|error| error.to_string())?;
+            next += 1;
+        }
+        source.flush().map_err(|error| error.to_string())?;
+        middle(&clock)?;
+        delivered += sink
+            .receive(FORWARD_BATCH * 2, &mut |_| {})
+            .map_err(|error| error.to_string())? as u64;
+    }
+    Ok(delivered as f64 / started.elapsed().as_secs_f64())
+}
+
+/// (switch frames/s, ring-to-ring frames/s), measured back to back.
+fn forwarding(duration: Duration) -> Result<(f64, f64), String> {
+    let frames: Vec<Vec<u8>> = (0..64)
+        .map(|sequence| forwarded_frame(22, sequence))
+        .collect();
+    let [mut source, switch0, switch1, mut sink] = ports(Carrier::InProcess)?;
+    let mut switch = SwitchEndpoint::new(l2l3_switch(), vec![switch0, switch1]);
+    let through_switch = forward_rate(
+        duration,
+        &mut |clock| {
+            switch
+                .pump(clock)
+                .map(|_| ())
+                .map_err(|error| error.to_string())
+        },
+        source.as_mut(),
+        sink.as_mut(),
+        &frames,
+    )?;
+    let lost = switch.switch.counters().dropped_queue_full;
+    if lost > 0 {
+        return Err(format!(
+            "the switch dropped {lost} frames on full queues; the rate would be wrong"
+        ));
+    }
+    let [mut source, mut ring_in, mut ring_out, mut sink] = ports(Carrier::InProcess)?;
+    let ring_to_ring = forward_rate(
+        duration,
+        &mut |_| {
+            let mut failure = None;
+            ring_in
+                .receive(FORWARD_BATCH * 2, &mut |frame| {
+                    if let Err(error) = ring_out.send(frame) {
+                        failure = Some(error.to_string());
+                    }
+                })
+                .map_err(|error| error.to_string())?;
+            ring_out.flush().map_err(|error| error.to_string())?;
+            failure.map_or(Ok(()), Err)
+        },
+        source.as_mut(),
+        sink.as_mut(),
+        &frames,
+    )?;
+    Ok((through_switch, ring_to_ring))
+}
+
+/// Round-trip time of a raw UDP ping-pong of `size`-byte datagrams between
+/// two threads, both polling (as the READ rig's ends do).
+fn udp_pingpong(size: usize, duration: Duration) -> Result<Histogram<u64>, String> {
+    let bind = |address: &str| {
+        UdpSocket::bind(address).map_err(|error| format!("bind {address}: {error}"))
+    };
+    let (left, right) = (bind("127.0.0.11:0")?, bind("127.0.0.12:0")?);
+    let (left_address, right_address) = (
+        left.local_addr().expect("bound"),
+        right.local_addr().expect("bound"),
+    );
+    let mut client =
+        DatagramPort::udp_on(left, right_address).map_err(|error| error.to_string())?;
+    let mut server =
+        DatagramPort::udp_on(right, left_address).map_err(|error| error.to_string())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let server_stop = Arc::clone(&stop);
+    let echo = std::thread::spawn(move || -> Result<(), String> {
+        while !server_stop.load(Ordering::Relaxed) {
+            let mut replies = Vec::new();
+            server
+                .receive(32, &mut |datagram| replies.push(datagram.to_vec()))
+                .map_err(|error| error.to_string())?;
+            for reply in &replies {
+                server.send(reply).map_err(|error| error.to_string())?;
+            }
+            server.flush().map_err(|error| error.to_string())?;
+        }
+        Ok(())
+    });
+    let datagram = vec![0xa5u8; size];
+    let mut histogram =
+        Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("valid bounds");
+    let started = Instant::now();
+    while started.elapsed() < duration {
+        let begun = Instant::now();
+        client.send(&datagram).map_err(|error| error.to_string())?;
+        client.flush().map_err(|error| error.to_string())?;
+        let mut answered = 0;
+        while answered == 0 {
+            answered = client
+                .receive(1, &mut |_| {})
+                .map_err(|error| error.to_string())?;
+            if begun.elapsed() > Duration::from_secs(1) {
+                // A lost datagram on loopback: resend rather than hang.
+                break;
+            }
+        }
+        if answered > 0 {
+            histogram.saturating_record(begun.elapsed().as_nanos() as u64);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    echo.join()
+        .map_err(|_| "the echo thread panicked".to_string())??;
+    Ok(histogram)
+}
+
+/// Everything measured in one round, back to back.
+#[derive(Default)]
+struct Round {
+    forward_fps: f64,
+    ring_fps: f64,
+    /// (carrier, size) → (p50 ns, p99 ns, READs/s).
+    reads: Vec<(Carrier, u32, f64, f64, f64)>,
+    /// size → (p50 ns, p99 ns).
+    pingpong: Vec<(u32, f64, f64)>,
+}
+
+fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, String> {
+    let mut round = Round::default();
+    let (forward, ring) = forwarding(plan.duration)?;
+    round.forward_fps = forward;
+    round.ring_fps = ring;
+    progress.inc(1);
+    for carrier in CARRIERS {
+        let mut rig = ReadRig::new(carrier)?;
+        for size in SIZES {
+            let histogram = rig.latency(size, plan.duration)?;
+            rig.verify(size)?;
+            let reads_per_second = rig.throughput(size, plan.duration)?;
+            round.reads.push((
+                carrier,
+                size,
+                histogram.value_at_quantile(0.5) as f64,
+                histogram.value_at_quantile(0.99) as f64,
+                reads_per_second,
+            ));
+            progress.inc(1);
+        }
+    }
+    for size in SIZES {
+        let histogram = udp_pingpong(size as usize, plan.duration)?;
+        round.pingpong.push((
+            size,
+            histogram.value_at_quantile(0.5) as f64,
+            histogram.value_at_quantile(0.99) as f64,
+        ));
+        progress.inc(1);
+    }
+    Ok(round)
+}
+
+fn median_of(rounds: &[Round], figure: impl Fn(&Round) -> f64) -> f64 {
+    let mut values: Vec<f64> = rounds.iter().map(figure).collect();
+    median(&mut values)
+}
+
+fn read_figure(
+    round: &Round,
+    carrier: Carrier,
+    size: u32,
+    pick: impl Fn(&(Carrier, u32, f64, f64, f64)) -> f64,
+) -> f64 {
+    round
+        .reads
+        .iter()
+        .find(|entry| entry.0 == carrier && entry.1 == size)
+        .map(pick)
+        .expect("every round measures every variant")
+}
+
+fn pingpong_figure(round: &Round, size: u32, pick: impl Fn(&(u32, f64, f64)) -> f64) -> f64 {
+    round
+        .pingpong
+        .iter()
+        .find(|entry| entry.0 == size)
+        .map(pick)
+        .expect("every round measures every size")
+}
+
+pub fn run(quick: bool) -> Result<Report, String> {
+    let plan = if quick {
+        Plan {
+            rounds: 3,
+            duration: Duration::from_millis(250),
+        }
+    } else {
+        Plan {
+            rounds: 7,
+            duration: Duration::from_secs(1),
+        }
+    };
+    let mut report = Report {
+        bench: "switch".into(),
+        config: serde_json::json!({
+            "quick": quick,
+            "rounds": plan.rounds,
+            "seconds_per_measurement": plan.duration.as_secs_f64(),
+            "sizes_bytes": SIZES,
+            "throughput_reads_outstanding": THROUGHPUT_DEPTH,
+            "forwarding": "64 distinct SEND-only frames of 88 B, batches of 32, source + L2/L3 switch + sink on one thread over in-process rings; ring_to_ring moves the same frames between the same rings with no pipeline",
+            "reads": "application thread polls its own soft RNIC; one fabric thread runs the switch and the memory node and sleeps on a doorbell (rings) or in poll (UDP) when idle; the shm carrier maps a memfd segment (both ends in this process here; rack up --mode processes uses it across processes)",
+            "pingpong": "raw UDP datagrams of the same sizes between two polling threads on loopback, through the same sendmmsg/recvmmsg port code",
+        }),
+        host: Host::probe(),
+        results: Vec::new(),
+        ratios: serde_json::Map::new(),
+    };
+    let steps = (1 + CARRIERS.len() * SIZES.len() + SIZES.len()) * plan.rounds;
+    let progress = ProgressBar::new(steps as u64);
+    progress.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} measurements {msg}")
+            .expect("static template"),
+    );
+    let mut rounds = Vec::with_capacity(plan.rounds);
+    for _ in 0..plan.rounds {
+        rounds.push(run_round(&plan, &progress)?);
+    }
+    progress.finish_and_clear();
+    fill_report(&mut report, &rounds);
+    Ok(report)
+}
+
+fn fill_report(report: &mut Report, rounds: &[Round]) {
+    let forward = median_of(rounds, |round| round.forward_fps);
+    let ring = median_of(rounds, |round| round.ring_fps);
+    let forward_vs_ring = median_of(rounds, |round| round.forward_fps / round.ring_fps);
+    println!(
+        "forwarding (one core, in-process rings, medians of {} rounds)",
+        rounds.len()
+    );
+    println!("  L2/L3 switch   {:>8.2} M frames/s", forward / 1e6);
+    println!(
+        "  ring to ring   {:>8.2} M frames/s   switch/ring {forward_vs_ring:.2}",
+        ring / 1e6
+    );
+    report.add("l2l3_forward", "frames_per_second", forward, "frames/s");
+    report.add("ring_to_ring", "frames_per_second", ring, "frames/s");
+    println!("\nREAD through the switch              p50 µs    p99 µs   READs/s (16 outstanding)");
+    for carrier in CARRIERS {
+        for size in SIZES {
+            let p50 = median_of(rounds, |round| {
+                read_figure(round, carrier, size, |entry| entry.2)
+            });
+            let p99 = median_of(rounds, |round| {
+                read_figure(round, carrier, size, |entry| entry.3)
+            });
+            let rate = median_of(rounds, |round| {
+                read_figure(round, carrier, size, |entry| entry.4)
+            });
+            let variant = format!("read_{}_{}", carrier.name(), size_label(size));
+            println!(
+                "  {variant:<32} {:>8.2} {:>9.2} {rate:>10.0}",
+                p50 / 1e3,
+                p99 / 1e3
+            );
+            report.add(&variant, "latency_p50", p50 / 1e3, "us");
+            report.add(&variant, "latency_p99", p99 / 1e3, "us");
+            report.add(&variant, "throughput", rate, "reads/s");
+        }
+    }
+    for size in SIZES {
+        let p50 = median_of(rounds, |round| {
+            pingpong_figure(round, size, |entry| entry.1)
+        });
+        let p99 = median_of(rounds, |round| {
+            pingpong_figure(round, size, |entry| entry.2)
+        });
+        let variant = format!("udp_pingpong_{}", size_label(size));
+        println!("  {variant:<32} {:>8.2} {:>9.2}", p50 / 1e3, p99 / 1e3);
+        report.add(&variant, "latency_p50", p50 / 1e3, "us");
+        report.add(&variant, "latency_p99", p99 / 1e3, "us");
+    }
+    // Ratios are taken within each round, then the median over rounds.
+    let small = SIZES[0];
+    let udp_vs_pingpong = median_of(rounds, |round| {
+        read_figure(round, Carrier::Udp, small, |entry| entry.2)
+            / pingpong_figure(round, small, |entry| entry.1)
+    });
+    let shm_vs_udp = median_of(rounds, |round| {
+        read_figure(round, Carrier::SharedMemory, small, |entry| entry.2)
+            / read_figure(round, Carrier::Udp, small, |entry| entry.2)
+    });
+    let large = SIZES[1];
+    let udp_vs_pingpong_large = median_of(rounds, |round| {
+        read_figure(round, Carrier::Udp, large, |entry| entry.2)
+            / pingpong_figure(round, large, |entry| entry.1)
+    });
+    let shm_vs_udp_large = median_of(rounds, |round| {
+        read_figure(round, Carrier::SharedMemory, large, |entry| entry.2)
+            / read_figure(round, Carrier::Udp, large, |entry| entry.2)
+    });
+    println!("\nratios (64 B; 4 KiB in brackets)");
+    println!("  forward_vs_ring                 {forward_vs_ring:.2}   target >= 0.5");
+    println!(
+        "  forward_mfps                    {:.2}   target >= 2",
+        forward / 1e6
+    );
+    println!("  udp_read_p50_vs_udp_pingpong    {udp_vs_pingpong:.2} [{udp_vs_pingpong_large:.2}]   target <= 2");
+    println!("  shm_read_p50_vs_udp_read_p50    {shm_vs_udp:.2} [{shm_vs_udp_large:.2}]   target <= 0.33");
+    let ratios = &mut report.ratios;
+    ratios.insert("forward_vs_ring".into(), forward_vs_ring.into());
+    ratios.insert("forward_mfps".into(), (forward / 1e6).into());
+    ratios.insert(
+        "udp_read_p50_vs_udp_pingpong".into(),
+        udp_vs_pingpong.into(),
+    );
+    ratios.insert("shm_read_p50_vs_udp_read_p50".into(), shm_vs_udp.into());
+    ratios.insert(
+        "udp_read_p50_vs_udp_pingpong_4k".into(),
+        udp_vs_pingpong_large.into(),
+    );
+    ratios.insert(
+        "shm_read_p50_vs_udp_read_p50_4k".into(),
+        shm_vs_udp_large.into(),
+    );
+}
