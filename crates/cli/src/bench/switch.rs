@@ -116,26 +116,30 @@ fn ports(carrier: Carrier) -> Result<[Box<dyn Port>; 4], String> {
     ])
 }
 
-fn udp_ports() -> Result<[Box<dyn Port>; 4], String> {
+/// Two UDP tunnel ends connected to each other, bound to the given hosts.
+fn udp_pair(left: &str, right: &str) -> Result<(DatagramPort, DatagramPort), String> {
     let bind = |address: &str| {
         UdpSocket::bind(address).map_err(|error| format!("bind {address}: {error}"))
     };
-    let pair = |left: &str, right: &str| -> Result<(Box<dyn Port>, Box<dyn Port>), String> {
-        let (left, right) = (bind(left)?, bind(right)?);
-        let (left_address, right_address) = (
-            left.local_addr().expect("bound"),
-            right.local_addr().expect("bound"),
-        );
-        let connect = |socket, peer| {
-            DatagramPort::udp_on(socket, peer)
-                .map(|port| Box::new(port) as Box<dyn Port>)
-                .map_err(|error| error.to_string())
-        };
-        Ok((connect(left, right_address)?, connect(right, left_address)?))
-    };
-    let (host1, switch0) = pair("127.0.0.11:0", "127.0.0.1:0")?;
-    let (switch1, host2) = pair("127.0.0.1:0", "127.0.0.12:0")?;
-    Ok([host1, switch0, switch1, host2])
+    let (left, right) = (bind(left)?, bind(right)?);
+    let (left_address, right_address) = (
+        left.local_addr().expect("bound"),
+        right.local_addr().expect("bound"),
+    );
+    let connect =
+        |socket, peer| DatagramPort::udp_on(socket, peer).map_err(|error| error.to_string());
+    Ok((connect(left, right_address)?, connect(right, left_address)?))
+}
+
+fn udp_ports() -> Result<[Box<dyn Port>; 4], String> {
+    let (host1, switch0) = udp_pair("127.0.0.11:0", "127.0.0.1:0")?;
+    let (switch1, host2) = udp_pair("127.0.0.1:0", "127.0.0.12:0")?;
+    Ok([
+        Box::new(host1),
+        Box::new(switch0),
+        Box::new(switch1),
+        Box::new(host2),
+    ])
 }
 
 /// One measured READ setup: the application's endpoint (polled inline),
@@ -429,18 +433,7 @@ fn forwarding(duration: Duration) -> Result<(f64, f64), String> {
 /// Round-trip time of a raw UDP ping-pong of `size`-byte datagrams between
 /// two threads, both polling (as the READ rig's ends do).
 fn udp_pingpong(size: usize, duration: Duration) -> Result<Histogram<u64>, String> {
-    let bind = |address: &str| {
-        UdpSocket::bind(address).map_err(|error| format!("bind {address}: {error}"))
-    };
-    let (left, right) = (bind("127.0.0.11:0")?, bind("127.0.0.12:0")?);
-    let (left_address, right_address) = (
-        left.local_addr().expect("bound"),
-        right.local_addr().expect("bound"),
-    );
-    let mut client =
-        DatagramPort::udp_on(left, right_address).map_err(|error| error.to_string())?;
-    let mut server =
-        DatagramPort::udp_on(right, left_address).map_err(|error| error.to_string())?;
+    let (mut client, mut server) = udp_pair("127.0.0.11:0", "127.0.0.12:0")?;
     let stop = Arc::new(AtomicBool::new(false));
     let server_stop = Arc::clone(&stop);
     let echo = std::thread::spawn(move || -> Result<(), String> {
