@@ -11,7 +11,7 @@
 use crate::RackError;
 use remora_carrier::{IdleStrategy, Kicker, Port, WaitSource, Waiter};
 use remora_rnic::{
-    CompletionQueue, CompletionStatus, MemoryRegion, ReceiveRequest, SharedReceiveQueue, SoftRnic,
+    CompletionQueue, CompletionStatus, MemoryRegion, ProtectionDomain, QueuePairBuilder, ReceiveRequest, SharedReceiveQueue, SoftRnic,
     Timestamp, Verbs,
 };
 use remora_switch::programs::l2l3::L2L3Forwarding;
@@ -53,6 +53,20 @@ impl Default for RackClock {
     fn default() -> Self {
         RackClock::new()
     }
+}
+
+/// The local ACK timeout of the rack's queue pairs. Real RNICs use a few
+/// milliseconds to tens of them; a soft RNIC shares cores with everything
+/// else on the host, and a thread descheduled for a few milliseconds must
+/// not look like a dead link, so the rack allows 16 ms (IB's timeout code
+/// 12) with the usual seven retries.
+pub const RACK_ACK_TIMEOUT: Duration = Duration::from_millis(16);
+
+/// A queue-pair builder with the rack's timeouts.
+pub fn rack_queue_pair(protection_domain: ProtectionDomain, completion_queue: CompletionQueue) -> QueuePairBuilder {
+    let mut builder = QueuePairBuilder::new(protection_domain, completion_queue, completion_queue);
+    builder.timeout = RACK_ACK_TIMEOUT;
+    builder
 }
 
 /// Something a [`Driver`] pumps.

@@ -16,7 +16,7 @@
 
 use crate::config::{NodeConfig, RackConfig, Role};
 use crate::control::{self, ControlAddress, MemoryService};
-use crate::endpoint::{
+use crate::endpoint::{rack_queue_pair, 
     lock, Driver, DriverKicker, NodeEndpoint, Pump, RackClock, ReceivePool, Shared, SwitchEndpoint,
 };
 use crate::report::{NodeReport, RackReport, RnicSummary, SwitchReport};
@@ -215,7 +215,7 @@ fn start_memory(
             pool.post(rnic, slot)?;
         }
         guard.receive_pool = Some(pool);
-        let mut builder = QueuePairBuilder::new(pd, cq, cq);
+        let mut builder = rack_queue_pair(pd, cq);
         builder.shared_receive_queue = Some(srq);
         MemoryService { builder, region }
     };

@@ -6,7 +6,7 @@
 
 use crate::config::NodeConfig;
 use crate::control::{self, ControlAddress, Reply, Request};
-use crate::endpoint::{lock, DriverKicker, NodeEndpoint, Shared};
+use crate::endpoint::{lock, rack_queue_pair, DriverKicker, NodeEndpoint, Shared};
 use crate::report::WorkloadReport;
 use crate::RackError;
 use hdrhistogram::Histogram;
@@ -88,7 +88,7 @@ pub fn run(
                 cq,
                 max_bytes: workload.max_bytes,
             },
-            QueuePairBuilder::new(pd, cq, cq),
+            rack_queue_pair(pd, cq),
         )
     };
     let mut connections = Vec::with_capacity(targets.len());

@@ -2,7 +2,11 @@
 //! a fixed capacity (as hardware tables have) and a stage.
 
 use crate::resources::{TableKind, TableResources};
-use std::collections::HashMap;
+// Table lookups sit on every packet's path and keys are a few bytes, so a
+// fast unkeyed hash fits, as a switch's hash units are unkeyed. Entries are
+// installed by the control plane and every table is capacity-bounded, so
+// even contrived collisions cost at most a scan of a bounded table.
+use rustc_hash::FxHashMap as HashMap;
 use std::hash::Hash;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,7 +53,7 @@ impl<K: Hash + Eq, V> ExactTable<K, V> {
     pub fn new(shape: TableShape) -> ExactTable<K, V> {
         ExactTable {
             shape,
-            entries: HashMap::with_capacity(shape.capacity),
+            entries: HashMap::with_capacity_and_hasher(shape.capacity, Default::default()),
         }
     }
 
@@ -153,7 +157,7 @@ impl<V> LpmTable<V> {
     pub fn new(shape: TableShape) -> LpmTable<V> {
         LpmTable {
             shape,
-            by_length: (0..=32).map(|_| HashMap::new()).collect(),
+            by_length: (0..=32).map(|_| HashMap::default()).collect(),
             lengths: Vec::new(),
             count: 0,
         }

@@ -16,7 +16,7 @@ use super::{median, size_label, Host, Report};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_carrier::{DatagramPort, Port, Segment, SegmentPlan};
-use remora_rack::endpoint::{Driver, NodeEndpoint, Pump, RackClock, SwitchEndpoint};
+use remora_rack::endpoint::{rack_queue_pair, Driver, NodeEndpoint, Pump, RackClock, SwitchEndpoint};
 use remora_rnic::*;
 use remora_switch::programs::l2l3::{L2L3Forwarding, Route};
 use remora_switch::{PortId, Switch, SwitchConfig};
@@ -177,7 +177,7 @@ impl ReadRig {
                 .map_err(error)?;
             let cq = rnic.create_completion_queue(1024).map_err(error)?;
             let prepared = rnic
-                .create_queue_pair(&QueuePairBuilder::new(pd, cq, cq))
+                .create_queue_pair(&rack_queue_pair(pd, cq))
                 .map_err(error)?;
             sides.push((region, cq, prepared));
         }
@@ -242,13 +242,21 @@ impl ReadRig {
                 .map_err(|error| error.to_string())?
             {
                 if completion.status != CompletionStatus::Success {
-                    return Err(format!("READ completed with {:?}", completion.status));
+                    return Err(format!(
+                        "READ completed with {:?}; requester counters {:?}",
+                        completion.status,
+                        self.compute.rnic.counters()
+                    ));
                 }
                 return Ok(completion.work_request_id);
             }
             self.compute
                 .pump(&self.clock)
                 .map_err(|error| error.to_string())?;
+            if self.fabric.as_ref().is_some_and(|fabric| fabric.is_finished()) {
+                let outcome = self.fabric.take().expect("checked").join();
+                return Err(format!("the fabric thread stopped: {outcome:?}"));
+            }
             if started.elapsed() > Duration::from_secs(10) {
                 return Err("a READ took over 10 s".into());
             }
@@ -264,6 +272,9 @@ impl ReadRig {
             self.post_read(size, 0)?;
             self.wait_completion()?;
             histogram.saturating_record(begun.elapsed().as_nanos() as u64);
+        }
+        if std::env::var_os("REMORA_BENCH_DEBUG").is_some() {
+            eprintln!("max {} us", histogram.max() / 1000);
         }
         Ok(histogram)
     }
@@ -497,9 +508,10 @@ fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, String> {
     for carrier in CARRIERS {
         let mut rig = ReadRig::new(carrier)?;
         for size in SIZES {
-            let histogram = rig.latency(size, plan.duration)?;
-            rig.verify(size)?;
-            let reads_per_second = rig.throughput(size, plan.duration)?;
+            let context = |error: String| format!("READ {size} B over {}: {error}", carrier.name());
+            let histogram = rig.latency(size, plan.duration).map_err(context)?;
+            rig.verify(size).map_err(context)?;
+            let reads_per_second = rig.throughput(size, plan.duration).map_err(context)?;
             round.reads.push((
                 carrier,
                 size,
