@@ -9,14 +9,15 @@
 //! poll completions or set up queue pairs, then kick the driver.
 
 use crate::RackError;
-use remora_carrier::{IdleStrategy, Kicker, Port, WaitSource, Waiter};
+use remora_carrier::{IdleStrategy, Kicker, Port, SendStatus, WaitSource, Waiter};
 use remora_rnic::{
-    CompletionQueue, CompletionStatus, MemoryRegion, ProtectionDomain, QueuePairBuilder, ReceiveRequest, SharedReceiveQueue, SoftRnic,
-    Timestamp, Verbs,
+    CompletionQueue, CompletionStatus, MemoryRegion, ProtectionDomain, QueuePairBuilder,
+    ReceiveRequest, SharedReceiveQueue, SoftRnic, Timestamp, Verbs,
 };
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{PortId, Switch};
 use remora_wire::frame::MAX_FRAME_LEN;
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -63,7 +64,10 @@ impl Default for RackClock {
 pub const RACK_ACK_TIMEOUT: Duration = Duration::from_millis(16);
 
 /// A queue-pair builder with the rack's timeouts.
-pub fn rack_queue_pair(protection_domain: ProtectionDomain, completion_queue: CompletionQueue) -> QueuePairBuilder {
+pub fn rack_queue_pair(
+    protection_domain: ProtectionDomain,
+    completion_queue: CompletionQueue,
+) -> QueuePairBuilder {
     let mut builder = QueuePairBuilder::new(protection_domain, completion_queue, completion_queue);
     builder.timeout = RACK_ACK_TIMEOUT;
     builder
@@ -184,44 +188,64 @@ impl Pump for NodeEndpoint {
 /// digests between pumps.
 pub struct SwitchEndpoint {
     pub switch: Switch<L2L3Forwarding>,
-    ports: Vec<Box<dyn Port>>,
+    /// RefCells because a frame received on one port is handed straight to
+    /// another port's carrier (cut-through); a frame for its own ingress
+    /// port finds it borrowed and waits in the egress queue instead.
+    ports: Vec<RefCell<Box<dyn Port>>>,
 }
 
 impl SwitchEndpoint {
     pub fn new(switch: Switch<L2L3Forwarding>, ports: Vec<Box<dyn Port>>) -> SwitchEndpoint {
         assert_eq!(usize::from(switch.config().port_count), ports.len());
-        SwitchEndpoint { switch, ports }
+        SwitchEndpoint {
+            switch,
+            ports: ports.into_iter().map(RefCell::new).collect(),
+        }
     }
-}
 
-impl Pump for SwitchEndpoint {
-    fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
-        let now = clock.now();
+    /// Receives from every port, forwarding cut-through where the egress
+    /// carrier has room.
+    fn forward_received(&mut self, now: Timestamp) -> Result<bool, RackError> {
         let mut worked = false;
-        for (index, port) in self.ports.iter_mut().enumerate() {
-            let switch = &mut self.switch;
+        let mut failure = None;
+        let (switch, ports) = (&mut self.switch, &self.ports);
+        for (index, ingress) in ports.iter().enumerate() {
             let id = PortId(index as u16);
-            worked |= port.receive(RECEIVE_BATCH_FRAMES, &mut |frame| {
-                switch.handle_frame(now, id, frame)
-            })? > 0;
+            let mut ingress = ingress.borrow_mut();
+            let received = ingress.receive(RECEIVE_BATCH_FRAMES, &mut |frame| {
+                switch.handle_frame_with(now, id, frame, &mut |egress, bytes| {
+                    let Ok(mut port) = ports[usize::from(egress.0)].try_borrow_mut() else {
+                        return false;
+                    };
+                    if !port.has_room() {
+                        return false;
+                    }
+                    match port.send(bytes) {
+                        Ok(status) => status == SendStatus::Queued,
+                        Err(error) => {
+                            failure = Some(error);
+                            true
+                        }
+                    }
+                });
+            })?;
+            worked |= received > 0;
         }
-        if self
-            .switch
-            .poll_timeout()
-            .is_some_and(|deadline| deadline <= now)
-        {
-            self.switch.handle_timeout(now);
-            worked = true;
+        match failure {
+            Some(error) => Err(error.into()),
+            None => Ok(worked),
         }
-        // The control plane: learn hosts the tables did not know.
-        while let Some(digest) = self.switch.poll_digest() {
-            // A full table just means the host stays unknown (and counted).
-            let _ = self.switch.program_mut().learn(&digest);
-        }
-        for (index, port) in self.ports.iter_mut().enumerate() {
-            let mut sent = 0;
+    }
+
+    /// Sends what waits in the egress queues (frames a full carrier
+    /// refused, hairpins, generated packets) and flushes every port.
+    fn drain_queues(&mut self) -> Result<bool, RackError> {
+        let mut worked = false;
+        for (index, port) in self.ports.iter().enumerate() {
+            let mut port = port.borrow_mut();
             let mut failure = None;
-            while sent < TRANSMIT_BATCH_FRAMES {
+            let mut sent = 0;
+            while sent < TRANSMIT_BATCH_FRAMES && port.has_room() {
                 let more = self
                     .switch
                     .poll_transmit_port(PortId(index as u16), &mut |frame| {
@@ -242,17 +266,41 @@ impl Pump for SwitchEndpoint {
         }
         Ok(worked)
     }
+}
+
+impl Pump for SwitchEndpoint {
+    fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
+        let now = clock.now();
+        let mut worked = self.forward_received(now)?;
+        if self
+            .switch
+            .poll_timeout()
+            .is_some_and(|deadline| deadline <= now)
+        {
+            self.switch.handle_timeout(now);
+            worked = true;
+        }
+        // The control plane: learn hosts the tables did not know.
+        while let Some(digest) = self.switch.poll_digest() {
+            // A full table just means the host stays unknown (and counted).
+            let _ = self.switch.program_mut().learn(&digest);
+        }
+        Ok(self.drain_queues()? || worked)
+    }
 
     fn deadline(&self) -> Option<Timestamp> {
         self.switch.poll_timeout()
     }
 
     fn has_frames(&mut self) -> bool {
-        self.ports.iter_mut().any(|port| port.has_frames())
+        self.ports.iter().any(|port| port.borrow_mut().has_frames())
     }
 
     fn wait_sources(&self) -> Vec<WaitSource> {
-        self.ports.iter().map(|port| port.wait_source()).collect()
+        self.ports
+            .iter()
+            .map(|port| port.borrow().wait_source())
+            .collect()
     }
 }
 

@@ -16,8 +16,9 @@
 
 use crate::config::{NodeConfig, RackConfig, Role};
 use crate::control::{self, ControlAddress, MemoryService};
-use crate::endpoint::{rack_queue_pair, 
-    lock, Driver, DriverKicker, NodeEndpoint, Pump, RackClock, ReceivePool, Shared, SwitchEndpoint,
+use crate::endpoint::{
+    lock, rack_queue_pair, Driver, DriverKicker, NodeEndpoint, Pump, RackClock, ReceivePool,
+    Shared, SwitchEndpoint,
 };
 use crate::report::{NodeReport, RackReport, RnicSummary, SwitchReport};
 use crate::workload::{self, Placement, Target};

@@ -72,6 +72,10 @@ impl EgressQueue {
     }
 }
 
+/// Hands a frame leaving by a port straight to its carrier; returns false
+/// if the carrier has no room (the frame is then queued).
+pub type Emit<'a> = dyn FnMut(PortId, &[u8]) -> bool + 'a;
+
 /// Buffers kept for reuse, so forwarding does not allocate per frame.
 const MAX_POOLED_BUFFERS: usize = 4096;
 
@@ -166,70 +170,92 @@ impl<P: Program> Switch<P> {
         }
     }
 
-    /// A frame arrived on `port`.
+    /// A frame arrived on `port`. What leaves waits in the egress queues
+    /// for [`Switch::poll_transmit`].
     pub fn handle_frame(&mut self, now: Timestamp, port: PortId, bytes: &[u8]) {
+        self.handle_frame_with(now, port, bytes, &mut |_, _| false);
+    }
+
+    /// A frame arrived on `port`. What leaves is offered to `emit` first
+    /// (cut-through to the egress carrier), and queued only if `emit`
+    /// refuses it or the port already has frames queued, which keeps each
+    /// port's order.
+    pub fn handle_frame_with(
+        &mut self,
+        now: Timestamp,
+        port: PortId,
+        bytes: &[u8],
+        emit: &mut Emit<'_>,
+    ) {
         self.counters.received += 1;
         if port.0 >= self.config.port_count {
             self.counters.dropped_unknown_port += 1;
             return;
         }
-        self.inject(now, port, bytes);
+        self.inject(now, port, bytes, emit);
     }
 
-    fn inject(&mut self, now: Timestamp, port: PortId, bytes: &[u8]) {
+    fn inject(&mut self, now: Timestamp, port: PortId, bytes: &[u8], emit: &mut Emit<'_>) {
         let Ok(headers) = parser::parse(bytes) else {
             self.counters.dropped_runt += 1;
             return;
         };
         let buffer = self.buffer_from(bytes);
-        self.run_pipeline(now, Packet::new(buffer, port, headers));
+        let mut packet = Packet::new(buffer, port, headers);
+        self.run_pipeline(now, &mut packet, emit);
     }
 
-    fn run_pipeline(&mut self, now: Timestamp, mut packet: Packet) {
+    fn run_pipeline(&mut self, now: Timestamp, packet: &mut Packet, emit: &mut Emit<'_>) {
         // Bounded: each pass either ends or increments `recirculations`,
         // which is capped.
         loop {
-            self.program.ingress(now, &mut packet);
+            self.program.ingress(now, packet);
             if let Some(digest) = packet.digest.take() {
                 self.deliver_digest(digest);
             }
-            self.deparse(&mut packet);
+            self.deparse(packet);
             if let Some(mirror) = packet.mirror.take() {
                 self.counters.mirrored += 1;
                 let copy = self.buffer_from(&packet.bytes);
-                self.enqueue(mirror, copy);
+                self.output(mirror, copy, emit);
             }
             if !packet.recirculate {
                 break;
             }
             if packet.recirculations >= self.config.max_recirculations {
                 self.counters.dropped_recirculation_limit += 1;
-                self.recycle(packet.bytes);
+                self.recycle(std::mem::take(&mut packet.bytes));
                 return;
             }
             self.counters.recirculated += 1;
-            packet = self.recirculated(packet);
+            Self::recirculate(packet);
         }
+        let bytes = std::mem::take(&mut packet.bytes);
         match packet.egress {
-            Egress::Port(port) => self.enqueue(port, packet.bytes),
-            Egress::Flood => self.flood(packet),
+            Egress::Port(port) => self.output(port, bytes, emit),
+            Egress::Flood => self.flood(packet.ingress_port, bytes, emit),
             Egress::Drop => {
                 self.counters.dropped_by_program += 1;
-                self.recycle(packet.bytes);
+                self.recycle(bytes);
             }
             Egress::Unset => {
                 self.counters.dropped_no_egress += 1;
-                self.recycle(packet.bytes);
+                self.recycle(bytes);
             }
         }
     }
 
-    fn recirculated(&mut self, packet: Packet) -> Packet {
+    /// Starts the packet's next pass: parsed afresh (the program may have
+    /// changed headers), metadata reset, the pass counted.
+    fn recirculate(packet: &mut Packet) {
         let recirculations = packet.recirculations + 1;
         let headers = parser::parse(&packet.bytes).expect("a frame that parsed once still parses");
-        let mut next = Packet::new(packet.bytes, RECIRCULATION_PORT, headers);
-        next.recirculations = recirculations;
-        next
+        *packet = Packet::new(
+            std::mem::take(&mut packet.bytes),
+            RECIRCULATION_PORT,
+            headers,
+        );
+        packet.recirculations = recirculations;
     }
 
     /// The deparser: headers were edited in place, so only the ICRC may
@@ -255,14 +281,29 @@ impl<P: Program> Switch<P> {
         self.digests.push_back(digest);
     }
 
-    fn flood(&mut self, packet: Packet) {
+    fn flood(&mut self, ingress_port: PortId, bytes: Vec<u8>, emit: &mut Emit<'_>) {
         for port in 0..self.config.port_count {
-            if PortId(port) != packet.ingress_port {
-                let copy = self.buffer_from(&packet.bytes);
-                self.enqueue(PortId(port), copy);
+            if PortId(port) != ingress_port {
+                let copy = self.buffer_from(&bytes);
+                self.output(PortId(port), copy, emit);
             }
         }
-        self.recycle(packet.bytes);
+        self.recycle(bytes);
+    }
+
+    /// Cut-through when the port's queue is empty and the carrier takes
+    /// the frame; otherwise the egress queue.
+    fn output(&mut self, port: PortId, bytes: Vec<u8>, emit: &mut Emit<'_>) {
+        let queue_empty = self
+            .egress
+            .get(usize::from(port.0))
+            .is_some_and(|queue| queue.len() == 0);
+        if queue_empty && !self.background && emit(port, &bytes) {
+            self.counters.transmitted += 1;
+            self.recycle(bytes);
+            return;
+        }
+        self.enqueue(port, bytes);
     }
 
     fn enqueue(&mut self, port: PortId, bytes: Vec<u8>) {
@@ -329,7 +370,7 @@ impl<P: Program> Switch<P> {
         for (bytes, priority) in due {
             self.counters.generated += 1;
             self.background = priority == 0;
-            self.inject(now, GENERATOR_PORT, &bytes);
+            self.inject(now, GENERATOR_PORT, &bytes, &mut |_, _| false);
             self.background = false;
         }
     }

@@ -318,3 +318,28 @@ proptest! {
         drain(&mut switch);
     }
 }
+
+#[test]
+fn cut_through_hands_frames_to_the_carrier_and_queues_what_it_refuses_in_order() {
+    let mut switch = rack_switch(3);
+    let first = roce_frame(1, 3, host_mac(3), b"first");
+    let second = roce_frame(1, 3, host_mac(3), b"second");
+    let third = roce_frame(1, 3, host_mac(3), b"third");
+    let mut emitted = Vec::new();
+    switch.handle_frame_with(Timestamp::ZERO, PortId(0), &first, &mut |port, bytes| {
+        emitted.push((port, bytes.to_vec()));
+        true
+    });
+    assert_eq!(emitted, vec![(PortId(2), first)]);
+    // A full carrier: the frame waits in the queue...
+    switch.handle_frame_with(Timestamp::ZERO, PortId(0), &second, &mut |_, _| false);
+    // ...and a later frame to the same port may not overtake it.
+    switch.handle_frame_with(Timestamp::ZERO, PortId(0), &third, &mut |_, _| {
+        panic!("must queue behind")
+    });
+    assert_eq!(
+        drain(&mut switch),
+        vec![(PortId(2), second), (PortId(2), third)]
+    );
+    assert_eq!(switch.counters().transmitted, 3);
+}

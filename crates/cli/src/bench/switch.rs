@@ -16,7 +16,9 @@ use super::{median, size_label, Host, Report};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_carrier::{DatagramPort, Port, Segment, SegmentPlan};
-use remora_rack::endpoint::{rack_queue_pair, Driver, NodeEndpoint, Pump, RackClock, SwitchEndpoint};
+use remora_rack::endpoint::{
+    rack_queue_pair, Driver, NodeEndpoint, Pump, RackClock, SwitchEndpoint,
+};
 use remora_rnic::*;
 use remora_switch::programs::l2l3::{L2L3Forwarding, Route};
 use remora_switch::{PortId, Switch, SwitchConfig};
@@ -253,7 +255,11 @@ impl ReadRig {
             self.compute
                 .pump(&self.clock)
                 .map_err(|error| error.to_string())?;
-            if self.fabric.as_ref().is_some_and(|fabric| fabric.is_finished()) {
+            if self
+                .fabric
+                .as_ref()
+                .is_some_and(|fabric| fabric.is_finished())
+            {
                 let outcome = self.fabric.take().expect("checked").join();
                 return Err(format!("the fabric thread stopped: {outcome:?}"));
             }

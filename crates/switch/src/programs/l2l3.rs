@@ -31,8 +31,9 @@ pub struct Route {
 pub struct L2L3Forwarding {
     switch_mac: MacAddress,
     routes: LpmTable<Route>,
-    mac_table: ExactTable<MacAddress, PortId>,
-    known_sources: ExactTable<MacAddress, ()>,
+    /// Keyed by the MAC as an integer: one multiply to hash.
+    mac_table: ExactTable<u64, PortId>,
+    known_sources: ExactTable<u64, ()>,
     flood_unknown: bool,
 }
 
@@ -82,8 +83,8 @@ impl L2L3Forwarding {
 
     /// Control plane: a host with this MAC sits behind `port`.
     pub fn add_host(&mut self, mac: MacAddress, port: PortId) -> Result<(), TableError> {
-        self.mac_table.insert(mac, port)?;
-        self.known_sources.insert(mac, ())
+        self.mac_table.insert(mac_to_u64(mac), port)?;
+        self.known_sources.insert(mac_to_u64(mac), ())
     }
 
     /// Control plane: route `prefix/length` out of `port` to `next_hop`.
@@ -152,7 +153,10 @@ impl Program for L2L3Forwarding {
 
     fn ingress(&mut self, _now: Timestamp, packet: &mut Packet) {
         let headers = packet.headers;
-        if self.known_sources.lookup(&headers.source_mac).is_none()
+        if self
+            .known_sources
+            .lookup(&mac_to_u64(headers.source_mac))
+            .is_none()
             && packet.ingress_port.0 < crate::packet::RECIRCULATION_PORT.0
         {
             packet.digest = Some(Digest {
@@ -168,7 +172,7 @@ impl Program for L2L3Forwarding {
         if headers.destination_mac == self.switch_mac && self.route(packet) {
             return;
         }
-        packet.egress = match self.mac_table.lookup(&headers.destination_mac) {
+        packet.egress = match self.mac_table.lookup(&mac_to_u64(headers.destination_mac)) {
             Some(port) if *port == packet.ingress_port => Egress::Drop,
             Some(port) => Egress::Port(*port),
             None if headers.destination_mac.0[0] & 1 == 1 => Egress::Flood,
