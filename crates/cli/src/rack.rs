@@ -15,6 +15,23 @@ pub enum RackCommand {
     /// workload against every memory node through the switch, then shut it
     /// down and report. Ctrl-C stops it cleanly.
     Up(UpArgs),
+    /// Run only the switch of a rack spanning hosts: port i is a UDP tunnel
+    /// on [switch] tunnel_host:(tunnel_base_port + i) to node i's `tunnel`
+    /// address. Each host runs `remora node FILE --name NAME --udp ...`.
+    /// Runs until Ctrl-C, then prints the switch's counters.
+    Switch(SwitchArgs),
+}
+
+#[derive(Args)]
+pub struct SwitchArgs {
+    /// The rack file.
+    rack: PathBuf,
+    /// Write every frame the switch receives to this pcap file.
+    #[arg(long)]
+    capture: Option<PathBuf>,
+    /// Also write the switch's report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -83,6 +100,10 @@ pub struct NodeArgs {
     /// AF_PACKET on this interface.
     #[arg(long, group = "carrier")]
     packet_interface: Option<String>,
+    /// The UDP tunnel addresses the rack file gives this node and its
+    /// switch port (racks across hosts).
+    #[arg(long, group = "carrier")]
+    udp: bool,
 }
 
 /// Set by Ctrl-C or SIGTERM.
@@ -95,7 +116,10 @@ pub fn stop_flag() -> Arc<AtomicBool> {
 }
 
 pub fn run(command: RackCommand) -> Result<ExitCode, String> {
-    let RackCommand::Up(args) = command;
+    let args = match command {
+        RackCommand::Up(args) => args,
+        RackCommand::Switch(args) => return run_switch(args),
+    };
     let rack = RackConfig::load(&args.rack).map_err(|error| error.to_string())?;
     let options = LaunchOptions {
         mode: match args.mode {
@@ -132,6 +156,21 @@ pub fn run(command: RackCommand) -> Result<ExitCode, String> {
     }
 }
 
+fn run_switch(args: SwitchArgs) -> Result<ExitCode, String> {
+    let rack = RackConfig::load(&args.rack).map_err(|error| error.to_string())?;
+    println!("switch for rack {} up; Ctrl-C stops it", rack.name);
+    let report = launch::run_switch(&rack, args.capture.as_deref(), stop_flag())
+        .map_err(|error| error.to_string())?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&report.counters).map_err(|error| error.to_string())?
+    );
+    if let Some(path) = &args.json {
+        crate::write_json(path, &report)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn run_node(args: NodeArgs) -> Result<ExitCode, String> {
     let rack = RackConfig::load(&args.rack).map_err(|error| error.to_string())?;
     let carrier = match (args.shm_fd, args.udp_fd, args.udp_bind, args.udp_peer, args.packet_interface) {
@@ -139,7 +178,8 @@ pub fn run_node(args: NodeArgs) -> Result<ExitCode, String> {
         (_, Some(fd), _, Some(peer), _) => NodeCarrier::Udp { fd, peer },
         (_, _, Some(local), Some(peer), _) => NodeCarrier::UdpBind { local, peer },
         (.., Some(interface)) => NodeCarrier::Packet { interface },
-        _ => return Err("say how this node reaches the switch: --shm-fd, --udp-fd with --udp-peer, --udp-bind with --udp-peer, or --packet-interface".into()),
+        _ if args.udp => NodeCarrier::UdpFromRack,
+        _ => return Err("say how this node reaches the switch: --shm-fd, --udp-fd with --udp-peer, --udp-bind with --udp-peer, --udp, or --packet-interface".into()),
     };
     let report = launch::run_node(&rack, &args.name, carrier, &args.run_dir, stop_flag())
         .map_err(|error| error.to_string())?;

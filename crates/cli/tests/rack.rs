@@ -251,3 +251,51 @@ fn bad_rack_files_fail_with_a_clear_message() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("not an IPv4 address"), "{stderr}");
 }
+
+#[test]
+fn a_rack_across_hosts_runs_from_separate_switch_and_node_commands() {
+    let rack = example("rack-across-hosts.toml");
+    let run_dir = common::scratch("across");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let remora = env!("CARGO_BIN_EXE_remora");
+    let mut switch = Command::new(remora)
+        .args(["rack", "switch"])
+        .arg(&rack)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let node = |name: &str| {
+        let mut command = Command::new(remora);
+        command
+            .arg("node")
+            .arg(&rack)
+            .args(["--name", name, "--udp", "--run-dir"])
+            .arg(&run_dir);
+        command
+    };
+    let mut memory = node("memory0").spawn().unwrap();
+    let report = run_dir.join("compute0.json");
+    let compute = node("compute0")
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    for child in [&memory, &switch] {
+        Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+    }
+    let memory_status = memory.wait().unwrap();
+    let switch_status = switch.wait().unwrap();
+    assert!(
+        compute.status.success(),
+        "compute0 failed: {}",
+        String::from_utf8_lossy(&compute.stderr)
+    );
+    assert!(memory_status.success() && switch_status.success(), "Ctrl-C must stop the memory node ({memory_status}) and the switch ({switch_status}) cleanly");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(report["workload"]["operations"].as_u64(), Some(200));
+    assert!(report["workload"]["checked_results"].as_u64().unwrap() > 0);
+    std::fs::remove_dir_all(&run_dir).ok();
+}

@@ -60,6 +60,15 @@ pub struct SwitchSection {
     #[serde(default = "default_program")]
     pub program: String,
     pub mac: Option<String>,
+    /// For racks across hosts: the switch's port `i` listens on
+    /// `tunnel_host:(tunnel_base_port + i)`.
+    pub tunnel_host: Option<std::net::IpAddr>,
+    #[serde(default = "default_tunnel_base_port")]
+    pub tunnel_base_port: u16,
+}
+
+fn default_tunnel_base_port() -> u16 {
+    47_900
 }
 
 fn default_program() -> String {
@@ -142,6 +151,9 @@ struct RawNode {
     /// Control-channel address for multi-host racks (`host:port`); by
     /// default a Unix socket in the run directory.
     control: Option<String>,
+    /// The node's UDP tunnel address (`ip:port`) for racks across hosts:
+    /// `remora node --udp` binds it, `remora rack switch` sends to it.
+    tunnel: Option<std::net::SocketAddr>,
     #[serde(default)]
     link: LinkSection,
     workload: Option<WorkloadSection>,
@@ -164,6 +176,7 @@ pub struct NodeConfig {
     pub mac: MacAddress,
     pub memory_bytes: u64,
     pub control: Option<String>,
+    pub tunnel: Option<std::net::SocketAddr>,
     pub link: LinkSection,
     pub workload: WorkloadSection,
     /// The switch port this node sits on.
@@ -176,6 +189,8 @@ pub struct RackConfig {
     pub program: String,
     pub switch_mac: MacAddress,
     pub nodes: Vec<NodeConfig>,
+    pub tunnel_host: Option<std::net::IpAddr>,
+    pub tunnel_base_port: u16,
 }
 
 pub fn parse_mac(text: &str) -> Result<MacAddress, String> {
@@ -317,6 +332,7 @@ impl RackConfig {
                 mac,
                 memory_bytes,
                 control: node.control,
+                tunnel: node.tunnel,
                 link: node.link,
                 workload,
                 port: index as u16,
@@ -337,11 +353,17 @@ impl RackConfig {
                 ));
             }
         }
+        let spare_ports = usize::from(u16::MAX - raw.switch.tunnel_base_port);
+        if raw.switch.tunnel_host.is_some() && nodes.len() > spare_ports {
+            return Err("tunnel_base_port leaves no room for every node's port".into());
+        }
         Ok(RackConfig {
             name: raw.rack.name,
             program: raw.switch.program,
             switch_mac,
             nodes,
+            tunnel_host: raw.switch.tunnel_host,
+            tunnel_base_port: raw.switch.tunnel_base_port,
         })
     }
 
@@ -352,6 +374,27 @@ impl RackConfig {
             .ok_or_else(|| {
                 RackError::Config(format!("no node named {name:?} in rack {:?}", self.name))
             })
+    }
+
+    /// The switch port's tunnel address for `node`, in racks across hosts.
+    pub fn switch_tunnel(&self, node: &NodeConfig) -> Result<std::net::SocketAddr, RackError> {
+        let host = self.tunnel_host.ok_or_else(|| {
+            RackError::Config("[switch] tunnel_host is needed for a rack across hosts".into())
+        })?;
+        Ok(std::net::SocketAddr::new(
+            host,
+            self.tunnel_base_port + node.port,
+        ))
+    }
+
+    /// A node's own tunnel address, in racks across hosts.
+    pub fn node_tunnel(&self, node: &NodeConfig) -> Result<std::net::SocketAddr, RackError> {
+        node.tunnel.ok_or_else(|| {
+            RackError::Config(format!(
+                "node {:?} needs a tunnel address for a rack across hosts",
+                node.name
+            ))
+        })
     }
 
     pub fn memory_nodes(&self) -> impl Iterator<Item = &NodeConfig> {

@@ -818,6 +818,8 @@ pub enum NodeCarrier {
         local: std::net::SocketAddr,
         peer: std::net::SocketAddr,
     },
+    /// The tunnel addresses the rack file gives this node and its switch port.
+    UdpFromRack,
     /// AF_PACKET on an interface.
     Packet { interface: String },
 }
@@ -843,6 +845,10 @@ pub fn run_node(
             node_port(node, DatagramPort::udp_on(socket, peer)?)?
         }
         NodeCarrier::UdpBind { local, peer } => node_port(node, DatagramPort::udp(local, peer)?)?,
+        NodeCarrier::UdpFromRack => node_port(
+            node,
+            DatagramPort::udp(rack.node_tunnel(node)?, rack.switch_tunnel(node)?)?,
+        )?,
         NodeCarrier::Packet { interface } => node_port(
             node,
             DatagramPort::packet(&PacketSocketOptions {
@@ -882,5 +888,36 @@ pub fn run_node(
         .join()
         .map_err(|_| RackError::Launch("the RNIC thread panicked".into()))??;
     report.rnic = node_report(node, &endpoint).rnic;
+    Ok(report)
+}
+
+/// Runs only the switch, for a rack across hosts: switch port `i` is a UDP
+/// tunnel on `tunnel_host:(tunnel_base_port + i)` to node `i`'s tunnel
+/// address, and each host runs `remora node --udp`. Runs until `stop`.
+pub fn run_switch(
+    rack: &RackConfig,
+    capture: Option<&Path>,
+    stop: Arc<AtomicBool>,
+) -> Result<SwitchReport, RackError> {
+    let capture = capture.map(PcapSink::create).transpose()?;
+    let mut ports = Vec::new();
+    let mut counters = Vec::new();
+    for node in &rack.nodes {
+        let port = DatagramPort::udp(rack.switch_tunnel(node)?, rack.node_tunnel(node)?)?;
+        let (port, handle) = switch_port(node, port, capture.as_ref())?;
+        ports.push(port);
+        counters.push(handle);
+    }
+    let switch = Arc::new(Mutex::new(SwitchEndpoint::new(build_switch(rack)?, ports)));
+    let driver = Driver::new(
+        vec![switch.clone() as Arc<Mutex<dyn Pump>>],
+        RackClock::new(),
+        stop,
+    )?;
+    driver.run()?;
+    if let Some(sink) = capture {
+        sink.flush()?;
+    }
+    let report = switch_report(&lock(&switch).switch, &counters);
     Ok(report)
 }
