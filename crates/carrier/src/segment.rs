@@ -409,6 +409,15 @@ impl Segment {
     /// A port that sends on `send_ring` and receives on `receive_ring`; it
     /// sleeps on the doorbell of the receive ring's consumer.
     pub fn port(&self, send_ring: u32, receive_ring: u32) -> Result<RingPort, CarrierError> {
+        if let Some(missing) = [send_ring, receive_ring]
+            .into_iter()
+            .find(|ring| *ring >= self.ring_count)
+        {
+            return Err(CarrierError::Segment(format!(
+                "the segment has {} rings; there is no ring {missing}",
+                self.ring_count
+            )));
+        }
         self.take(2 * send_ring as usize)?;
         self.take(2 * receive_ring as usize + 1)?;
         let (send_header, send_slots) = self.ring_parts(send_ring);
@@ -432,15 +441,24 @@ impl Segment {
 
     /// Spoke `spoke` (1-based) of a [`SegmentPlan::star`]: a node's port.
     pub fn spoke_port(&self, spoke: u32) -> Result<RingPort, CarrierError> {
-        assert!(spoke >= 1);
+        check_spoke(spoke)?;
         self.port(2 * (spoke - 1), 2 * (spoke - 1) + 1)
     }
 
     /// The hub's port towards spoke `spoke` of a [`SegmentPlan::star`].
     pub fn hub_port(&self, spoke: u32) -> Result<RingPort, CarrierError> {
-        assert!(spoke >= 1);
+        check_spoke(spoke)?;
         self.port(2 * (spoke - 1) + 1, 2 * (spoke - 1))
     }
+}
+
+fn check_spoke(spoke: u32) -> Result<(), CarrierError> {
+    if spoke == 0 || spoke > MAX_RINGS / 2 {
+        return Err(CarrierError::Segment(format!(
+            "spokes are numbered from 1; there is no spoke {spoke}"
+        )));
+    }
+    Ok(())
 }
 
 /// A doorbell inside a segment, kept alive with it.

@@ -142,6 +142,24 @@ fn attaching_something_that_is_not_a_segment_is_refused() {
     );
 }
 
+/// Found by the `segment_attach` fuzz target: a segment whose header says
+/// it has no rings made `spoke_port` index past its bookkeeping.
+#[test]
+fn ports_on_rings_a_segment_does_not_have_are_refused() {
+    let segment = Segment::shared("remora-test", &SegmentPlan::star(1, 4)).unwrap();
+    let fd = segment.inheritable_fd().unwrap();
+    let file = std::fs::File::from(
+        rustix::io::dup(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }).unwrap(),
+    );
+    // The header's ring count (after magic, version and doorbell count).
+    std::os::unix::fs::FileExt::write_all_at(&file, &0u32.to_le_bytes(), 16).unwrap();
+    drop(segment);
+    let attached = Segment::attach(std::os::fd::IntoRawFd::into_raw_fd(file)).unwrap();
+    assert!(attached.spoke_port(1).is_err());
+    assert!(attached.hub_port(1).is_err());
+    assert!(attached.spoke_port(0).is_err());
+}
+
 fn udp_pair() -> (DatagramPort, DatagramPort) {
     let left = UdpSocket::bind("127.0.0.1:0").unwrap();
     let right = UdpSocket::bind("127.0.0.1:0").unwrap();

@@ -7,11 +7,8 @@
 use remora_rnic::Timestamp;
 use remora_switch::programs::l2l3::{L2L3Forwarding, Route};
 use remora_switch::{PortId, Switch, SwitchConfig};
-use remora_wire::frame::{emit_frame, ExtensionHeaders, FrameRepr, MAX_FRAME_LEN};
-use remora_wire::{
-    BthRepr, EthernetRepr, Ipv4Address, Ipv4Repr, MacAddress, Opcode, Psn, Qpn, UdpRepr,
-    ETHERTYPE_IPV4, ROCEV2_UDP_PORT,
-};
+use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
+use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn};
 use std::time::Instant;
 
 fn main() {
@@ -32,30 +29,13 @@ fn main() {
             .unwrap();
     }
     let mut switch = Switch::new(SwitchConfig::new(2), program);
-    let repr = FrameRepr {
-        ethernet: EthernetRepr {
-            source: mac(1),
-            destination: mac(2),
-            ethertype: ETHERTYPE_IPV4,
-        },
-        ipv4: Ipv4Repr {
-            source: Ipv4Address::new(10, 0, 0, 1),
-            destination: Ipv4Address::new(10, 0, 0, 2),
-            protocol: 17,
-            payload_len: 0,
-            type_of_service: 0,
-            time_to_live: 64,
-            identification: 0,
-            dont_fragment: true,
-        },
-        udp: UdpRepr {
-            source_port: 49152,
-            destination_port: ROCEV2_UDP_PORT,
-            payload_len: 0,
-        },
-        bth: BthRepr::new(Opcode::SendOnly, Qpn::new(0x100).unwrap(), Psn::new(1)),
-        extension: ExtensionHeaders::default(),
-    };
+    let bth = BthRepr::new(Opcode::SendOnly, Qpn::new(0x100).unwrap(), Psn::new(1));
+    let repr = FrameRepr::between(
+        (mac(1), Ipv4Address::new(10, 0, 0, 1)),
+        (mac(2), Ipv4Address::new(10, 0, 0, 2)),
+        49152,
+        bth,
+    );
     let mut frame = vec![0u8; MAX_FRAME_LEN];
     let length = emit_frame(&repr, &[0x5a; 22], &mut frame).unwrap();
     frame.truncate(length);

@@ -8,11 +8,8 @@ use remora_switch::generator::Template;
 use remora_switch::packet::GENERATOR_PORT;
 use remora_switch::programs::l2l3::{L2L3Forwarding, Route, LEARN_DIGEST};
 use remora_switch::{Egress, Packet, PortId, Program, ResourceReport, Switch, SwitchConfig};
-use remora_wire::frame::{emit_frame, ExtensionHeaders, FrameRepr, MAX_FRAME_LEN};
-use remora_wire::{
-    BthRepr, EthernetRepr, Ipv4Address, Ipv4Repr, MacAddress, Opcode, Psn, Qpn, RoceFrame, UdpRepr,
-    ETHERTYPE_IPV4, ROCEV2_UDP_PORT,
-};
+use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
+use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn, RoceFrame};
 use std::time::Duration;
 
 const SWITCH_MAC: MacAddress = MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]);
@@ -27,30 +24,13 @@ fn host_ip(index: u8) -> Ipv4Address {
 
 /// A SEND-only frame from host `from` to `destination_mac`/host `to`.
 fn roce_frame(from: u8, to: u8, destination_mac: MacAddress, payload: &[u8]) -> Vec<u8> {
-    let repr = FrameRepr {
-        ethernet: EthernetRepr {
-            source: host_mac(from),
-            destination: destination_mac,
-            ethertype: ETHERTYPE_IPV4,
-        },
-        ipv4: Ipv4Repr {
-            source: host_ip(from),
-            destination: host_ip(to),
-            protocol: 17,
-            payload_len: 0,
-            type_of_service: 0,
-            time_to_live: 64,
-            identification: 1,
-            dont_fragment: true,
-        },
-        udp: UdpRepr {
-            source_port: 49152,
-            destination_port: ROCEV2_UDP_PORT,
-            payload_len: 0,
-        },
-        bth: BthRepr::new(Opcode::SendOnly, Qpn::new(0x123).unwrap(), Psn::new(7)),
-        extension: ExtensionHeaders::default(),
-    };
+    let bth = BthRepr::new(Opcode::SendOnly, Qpn::new(0x123).unwrap(), Psn::new(7));
+    let repr = FrameRepr::between(
+        (host_mac(from), host_ip(from)),
+        (destination_mac, host_ip(to)),
+        49152,
+        bth,
+    );
     let mut buffer = vec![0u8; MAX_FRAME_LEN];
     let length = emit_frame(&repr, payload, &mut buffer).unwrap();
     buffer.truncate(length);

@@ -9,8 +9,8 @@ use crate::ipv4::PROTOCOL_UDP;
 use crate::udp::UDP_HEADER_LEN;
 use crate::{
     AckSyndrome, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, EthernetRepr, ImmDtRepr,
-    Ipv4Packet, Ipv4Repr, Opcode, RethRepr, UdpDatagram, UdpRepr, WireError, ETHERTYPE_IPV4,
-    ROCEV2_UDP_PORT,
+    Ipv4Address, Ipv4Packet, Ipv4Repr, MacAddress, Opcode, RethRepr, UdpDatagram, UdpRepr,
+    WireError, ETHERTYPE_IPV4, ROCEV2_UDP_PORT,
 };
 
 /// Ethernet, IPv4 (no options), UDP and BTH.
@@ -98,6 +98,34 @@ pub struct FrameRepr {
     pub udp: UdpRepr,
     pub bth: BthRepr,
     pub extension: ExtensionHeaders,
+}
+
+impl FrameRepr {
+    /// A frame from `source` to `destination` (MAC and IPv4 address each)
+    /// carrying `bth` and no extension headers; the UDP source port is the
+    /// flow's entropy.
+    pub fn between(
+        source: (MacAddress, Ipv4Address),
+        destination: (MacAddress, Ipv4Address),
+        source_port: u16,
+        bth: BthRepr,
+    ) -> FrameRepr {
+        FrameRepr {
+            ethernet: EthernetRepr {
+                source: source.0,
+                destination: destination.0,
+                ethertype: ETHERTYPE_IPV4,
+            },
+            ipv4: Ipv4Repr::rocev2(source.1, destination.1),
+            udp: UdpRepr {
+                source_port,
+                destination_port: ROCEV2_UDP_PORT,
+                payload_len: 0,
+            },
+            bth,
+            extension: ExtensionHeaders::default(),
+        }
+    }
 }
 
 /// A parsed, verified frame. `payload` excludes the pad and the ICRC.

@@ -207,6 +207,21 @@ pub struct Ipv4Repr {
 impl Ipv4Repr {
     pub const LEN: usize = IPV4_MIN_HEADER_LEN;
 
+    /// The IPv4 header of a RoCEv2 packet: UDP, TTL 64, don't fragment,
+    /// best-effort class; the length is filled in at emission.
+    pub fn rocev2(source: Ipv4Address, destination: Ipv4Address) -> Ipv4Repr {
+        Ipv4Repr {
+            source,
+            destination,
+            protocol: PROTOCOL_UDP,
+            payload_len: 0,
+            type_of_service: 0,
+            time_to_live: 64,
+            identification: 0,
+            dont_fragment: true,
+        }
+    }
+
     /// Parses a packet from `new_checked`, rejecting fragments and bad checksums.
     pub fn parse<T: AsRef<[u8]>>(packet: &Ipv4Packet<T>) -> Result<Ipv4Repr, WireError> {
         if !packet.verify_checksum() {

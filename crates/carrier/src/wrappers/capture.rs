@@ -1,7 +1,6 @@
 //! A pcap writer that any port can feed: the bytes Wireshark opens are the
 //! bytes the carrier moved.
 
-use crate::wait::WaitSource;
 use crate::{CarrierError, Port, SendStatus};
 use pcap_file::pcap::{PcapPacket, PcapWriter};
 use std::fs::File;
@@ -136,15 +135,5 @@ impl<P: Port> Port for Captured<P> {
         self.inner.flush()
     }
 
-    fn has_room(&mut self) -> bool {
-        self.inner.has_room()
-    }
-
-    fn has_frames(&mut self) -> bool {
-        self.inner.has_frames()
-    }
-
-    fn wait_source(&self) -> WaitSource {
-        self.inner.wait_source()
-    }
+    pass_through_port_state!();
 }

@@ -5,7 +5,6 @@
 //! single-writer updates: a relaxed load and store, no locked instruction
 //! on the frame path.
 
-use crate::wait::WaitSource;
 use crate::{CarrierError, Port, SendStatus};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,15 +102,5 @@ impl<P: Port> Port for Counted<P> {
         self.inner.flush()
     }
 
-    fn has_room(&mut self) -> bool {
-        self.inner.has_room()
-    }
-
-    fn has_frames(&mut self) -> bool {
-        self.inner.has_frames()
-    }
-
-    fn wait_source(&self) -> WaitSource {
-        self.inner.wait_source()
-    }
+    pass_through_port_state!();
 }

@@ -6,7 +6,6 @@
 //! Reordered frames wait in a bounded holding queue and leave on a later
 //! `send` or `flush` once their extra delay has passed (wall-clock time).
 
-use crate::wait::WaitSource;
 use crate::{CarrierError, Port, SendStatus};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -105,15 +104,5 @@ impl<P: Port> Port for Faulty<P> {
         self.inner.flush()
     }
 
-    fn has_room(&mut self) -> bool {
-        self.inner.has_room()
-    }
-
-    fn has_frames(&mut self) -> bool {
-        self.inner.has_frames()
-    }
-
-    fn wait_source(&self) -> WaitSource {
-        self.inner.wait_source()
-    }
+    pass_through_port_state!();
 }

@@ -2,6 +2,24 @@
 //! itself, so `Captured<Faulty<Counted<DatagramPort>>>` is as valid as a
 //! bare ring.
 
+/// The [`Port`](crate::Port) methods a wrapper passes straight to the port
+/// in its `inner` field.
+macro_rules! pass_through_port_state {
+    () => {
+        fn has_room(&mut self) -> bool {
+            self.inner.has_room()
+        }
+
+        fn has_frames(&mut self) -> bool {
+            self.inner.has_frames()
+        }
+
+        fn wait_source(&self) -> crate::wait::WaitSource {
+            self.inner.wait_source()
+        }
+    };
+}
+
 pub mod capture;
 pub mod counted;
 pub mod faulty;

@@ -22,11 +22,8 @@ use remora_rack::endpoint::{
 use remora_rnic::*;
 use remora_switch::programs::l2l3::{L2L3Forwarding, Route};
 use remora_switch::{PortId, Switch, SwitchConfig};
-use remora_wire::frame::{emit_frame, ExtensionHeaders, FrameRepr, MAX_FRAME_LEN};
-use remora_wire::{
-    BthRepr, EthernetRepr, Ipv4Address, Ipv4Repr, MacAddress, Opcode, Psn, Qpn, UdpRepr,
-    ETHERTYPE_IPV4, ROCEV2_UDP_PORT,
-};
+use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
+use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn};
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -336,34 +333,12 @@ impl Drop for ReadRig {
 
 /// A SEND-only frame with `payload_bytes` of payload from host 1 to host 2.
 fn forwarded_frame(payload_bytes: usize, sequence: u32) -> Vec<u8> {
-    let repr = FrameRepr {
-        ethernet: EthernetRepr {
-            source: mac(1),
-            destination: mac(2),
-            ethertype: ETHERTYPE_IPV4,
-        },
-        ipv4: Ipv4Repr {
-            source: address(1),
-            destination: address(2),
-            protocol: 17,
-            payload_len: 0,
-            type_of_service: 0,
-            time_to_live: 64,
-            identification: 0,
-            dont_fragment: true,
-        },
-        udp: UdpRepr {
-            source_port: 49152,
-            destination_port: ROCEV2_UDP_PORT,
-            payload_len: 0,
-        },
-        bth: BthRepr::new(
-            Opcode::SendOnly,
-            Qpn::new(0x100).expect("valid QPN"),
-            Psn::new(sequence),
-        ),
-        extension: ExtensionHeaders::default(),
-    };
+    let bth = BthRepr::new(
+        Opcode::SendOnly,
+        Qpn::new(0x100).expect("valid QPN"),
+        Psn::new(sequence),
+    );
+    let repr = FrameRepr::between((mac(1), address(1)), (mac(2), address(2)), 49152, bth);
     let mut buffer = vec![0u8; MAX_FRAME_LEN];
     let length =
         emit_frame(&repr, &vec![0x5a; payload_bytes], &mut buffer).expect("the frame fits");
@@ -540,6 +515,25 @@ fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, String> {
     Ok(round)
 }
 
+/// What a READ's p50 is compared with.
+enum Baseline {
+    PingPong,
+    Read(Carrier),
+}
+
+/// The median over rounds of (READ p50 over `carrier`) ÷ (the baseline's
+/// p50), both at `size` and from the same round.
+fn p50_ratio(rounds: &[Round], size: u32, carrier: Carrier, baseline: Baseline) -> f64 {
+    median_of(rounds, |round| {
+        let read = read_figure(round, carrier, size, |entry| entry.2);
+        let base = match baseline {
+            Baseline::PingPong => pingpong_figure(round, size, |entry| entry.1),
+            Baseline::Read(other) => read_figure(round, other, size, |entry| entry.2),
+        };
+        read / base
+    })
+}
+
 fn median_of(rounds: &[Round], figure: impl Fn(&Round) -> f64) -> f64 {
     let mut values: Vec<f64> = rounds.iter().map(figure).collect();
     median(&mut values)
@@ -662,24 +656,21 @@ fn fill_report(report: &mut Report, rounds: &[Round]) {
         report.add(&variant, "latency_p99", p99 / 1e3, "us");
     }
     // Ratios are taken within each round, then the median over rounds.
-    let small = SIZES[0];
-    let udp_vs_pingpong = median_of(rounds, |round| {
-        read_figure(round, Carrier::Udp, small, |entry| entry.2)
-            / pingpong_figure(round, small, |entry| entry.1)
-    });
-    let shm_vs_udp = median_of(rounds, |round| {
-        read_figure(round, Carrier::SharedMemory, small, |entry| entry.2)
-            / read_figure(round, Carrier::Udp, small, |entry| entry.2)
-    });
-    let large = SIZES[1];
-    let udp_vs_pingpong_large = median_of(rounds, |round| {
-        read_figure(round, Carrier::Udp, large, |entry| entry.2)
-            / pingpong_figure(round, large, |entry| entry.1)
-    });
-    let shm_vs_udp_large = median_of(rounds, |round| {
-        read_figure(round, Carrier::SharedMemory, large, |entry| entry.2)
-            / read_figure(round, Carrier::Udp, large, |entry| entry.2)
-    });
+    let [small, large] = SIZES;
+    let udp_vs_pingpong = p50_ratio(rounds, small, Carrier::Udp, Baseline::PingPong);
+    let shm_vs_udp = p50_ratio(
+        rounds,
+        small,
+        Carrier::SharedMemory,
+        Baseline::Read(Carrier::Udp),
+    );
+    let udp_vs_pingpong_large = p50_ratio(rounds, large, Carrier::Udp, Baseline::PingPong);
+    let shm_vs_udp_large = p50_ratio(
+        rounds,
+        large,
+        Carrier::SharedMemory,
+        Baseline::Read(Carrier::Udp),
+    );
     println!("\nratios (64 B; 4 KiB in brackets)");
     println!("  forward_vs_ring                 {forward_vs_ring:.2}   target >= 0.5");
     println!(

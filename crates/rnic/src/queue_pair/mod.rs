@@ -44,16 +44,7 @@ impl Path {
             destination: remote.mac,
             ethertype: ETHERTYPE_IPV4,
         };
-        let ipv4 = Ipv4Repr {
-            source: local_ip,
-            destination: remote.address,
-            protocol: 17,
-            payload_len: 0,
-            type_of_service: 0,
-            time_to_live: 64,
-            identification: 0,
-            dont_fragment: true,
-        };
+        let ipv4 = Ipv4Repr::rocev2(local_ip, remote.address);
         let udp = UdpRepr {
             // The source port is flow entropy for ECMP; derive it from the
             // QPN so each connection hashes consistently.
