@@ -299,3 +299,33 @@ fn a_rack_across_hosts_runs_from_separate_switch_and_node_commands() {
     assert!(report["workload"]["checked_results"].as_u64().unwrap() > 0);
     std::fs::remove_dir_all(&run_dir).ok();
 }
+
+#[test]
+fn a_node_that_dies_is_reported_and_the_rack_stops_instead_of_waiting() {
+    // memory0's control address cannot be bound, so its process dies at
+    // once; the launcher must notice, stop compute0 and say who failed.
+    let rack = std::fs::read_to_string(example("rack-two-nodes.toml"))
+        .unwrap()
+        .replace(
+            "address = \"10.0.0.2\"",
+            "address = \"10.0.0.2\"\ncontrol = \"192.0.2.1:9\"",
+        );
+    let path = common::scratch("dying.toml");
+    std::fs::write(&path, rack).unwrap();
+    let started = std::time::Instant::now();
+    let output = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["rack", "up"])
+        .arg(&path)
+        .args(["--mode", "processes"])
+        .output()
+        .unwrap();
+    std::fs::remove_file(&path).ok();
+    assert!(!output.status.success());
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(4),
+        "the launcher waited {:?}",
+        started.elapsed()
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("memory0: exited"), "{stderr}");
+}

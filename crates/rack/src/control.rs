@@ -138,14 +138,20 @@ fn write_message(stream: &mut dyn Stream, message: &impl Serialize) -> Result<()
 }
 
 /// Asks the memory node at `address` for a connection, retrying while it
-/// is not up yet, until `timeout`.
+/// is not up yet, until `timeout` or until `stop` is set.
 pub fn request(
     address: &ControlAddress,
     request: &Request,
     timeout: Duration,
+    stop: &AtomicBool,
 ) -> Result<Reply, RackError> {
     let started = Instant::now();
     let mut stream: Box<dyn Stream> = loop {
+        if stop.load(Ordering::Relaxed) {
+            return Err(RackError::Control(format!(
+                "stopped while waiting for {address}"
+            )));
+        }
         let attempt: std::io::Result<Box<dyn Stream>> = match address {
             ControlAddress::Unix(path) => UnixStream::connect(path).map(|stream| {
                 let _ = stream.set_read_timeout(Some(timeout));

@@ -777,7 +777,7 @@ fn supervise(
         }
     }
     let mut reports = Vec::new();
-    for node in &rack.nodes {
+    for (node, exit) in rack.nodes.iter().zip(&exits) {
         let path = run_directory.join(format!("{}.json", node.name));
         let report = std::fs::read_to_string(&path)
             .ok()
@@ -785,7 +785,10 @@ fn supervise(
         reports.push(report.unwrap_or_else(|| NodeReport {
             name: node.name.clone(),
             role: format!("{:?}", node.role).to_lowercase(),
-            error: Some("left no report (it died)".into()),
+            error: Some(match exit {
+                Some(status) => format!("exited ({status}) without a report"),
+                None => "vanished without a report".into(),
+            }),
             ..NodeReport::default()
         }));
     }

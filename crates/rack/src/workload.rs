@@ -94,7 +94,7 @@ pub fn run(
     let mut connections = Vec::with_capacity(targets.len());
     for target in targets {
         connections.push(connect(
-            endpoint, kicker, node, &builder, target, &placement,
+            endpoint, kicker, node, &builder, target, &placement, stop,
         )?);
     }
     let mut rng = ChaCha8Rng::seed_from_u64(workload.seed ^ u64::from(node.port));
@@ -131,13 +131,15 @@ fn connect(
     builder: &QueuePairBuilder,
     target: &Target,
     placement: &Placement,
+    stop: &AtomicBool,
 ) -> Result<Connection, RackError> {
     let prepared = lock(endpoint).rnic.create_queue_pair(builder)?;
     let request = Request::Connect {
         client: node.name.clone(),
         endpoint: prepared.endpoint.into(),
     };
-    let (remote, region) = match control::request(&target.control, &request, CONTROL_TIMEOUT)? {
+    let (remote, region) = match control::request(&target.control, &request, CONTROL_TIMEOUT, stop)?
+    {
         Reply::Connected { endpoint, region } => (endpoint, region),
         Reply::Refused { reason } => {
             return Err(RackError::Control(format!(
