@@ -152,30 +152,25 @@ impl Program for L2L3Forwarding {
     }
 
     fn ingress(&mut self, _now: Timestamp, packet: &mut Packet) {
-        let headers = packet.headers;
-        if self
-            .known_sources
-            .lookup(&mac_to_u64(headers.source_mac))
-            .is_none()
+        // Only the fields matched on, not a copy of every parsed header.
+        let source = mac_to_u64(packet.headers.source_mac);
+        let destination_mac = packet.headers.destination_mac;
+        let destination = mac_to_u64(destination_mac);
+        if self.known_sources.lookup(&source).is_none()
             && packet.ingress_port.0 < crate::packet::RECIRCULATION_PORT.0
         {
             packet.digest = Some(Digest {
                 kind: LEARN_DIGEST,
-                values: [
-                    mac_to_u64(headers.source_mac),
-                    u64::from(packet.ingress_port.0),
-                    0,
-                    0,
-                ],
+                values: [source, u64::from(packet.ingress_port.0), 0, 0],
             });
         }
-        if headers.destination_mac == self.switch_mac && self.route(packet) {
+        if destination_mac == self.switch_mac && self.route(packet) {
             return;
         }
-        packet.egress = match self.mac_table.lookup(&mac_to_u64(headers.destination_mac)) {
+        packet.egress = match self.mac_table.lookup(&destination) {
             Some(port) if *port == packet.ingress_port => Egress::Drop,
             Some(port) => Egress::Port(*port),
-            None if headers.destination_mac.0[0] & 1 == 1 => Egress::Flood,
+            None if destination_mac.0[0] & 1 == 1 => Egress::Flood,
             None if self.flood_unknown => Egress::Flood,
             None => Egress::Drop,
         };
