@@ -73,6 +73,35 @@ pub fn rack_queue_pair(
     builder
 }
 
+/// Where the rack's threads run when the machine has cores to spare: the
+/// fabric thread on the last core, application threads on the others, as
+/// the design's embedded rack puts "the rest of the rack" on its own core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadRole {
+    Fabric,
+    /// The `n`th application thread.
+    Application(usize),
+}
+
+/// Pins the calling thread for its role. Best effort: with one core, or
+/// if the kernel refuses, the thread stays where the scheduler puts it.
+/// Returns the core it was pinned to.
+pub fn pin_current_thread(role: ThreadRole) -> Option<usize> {
+    let cores = std::thread::available_parallelism().map_or(1, |count| count.get());
+    if cores < 2 {
+        return None;
+    }
+    let core = match role {
+        ThreadRole::Fabric => cores - 1,
+        ThreadRole::Application(index) => index % (cores - 1),
+    };
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(core);
+    rustix::thread::sched_setaffinity(None, &set)
+        .ok()
+        .map(|_| core)
+}
+
 /// Something a [`Driver`] pumps.
 pub trait Pump: Send {
     /// Moves whatever can move now. Returns whether anything did.

@@ -17,8 +17,8 @@
 use crate::config::{NodeConfig, RackConfig, Role};
 use crate::control::{self, ControlAddress, MemoryService};
 use crate::endpoint::{
-    lock, rack_queue_pair, Driver, DriverKicker, NodeEndpoint, Pump, RackClock, ReceivePool,
-    Shared, SwitchEndpoint,
+    lock, pin_current_thread, rack_queue_pair, Driver, DriverKicker, NodeEndpoint, Pump, RackClock,
+    ReceivePool, Shared, SwitchEndpoint, ThreadRole,
 };
 use crate::report::{NodeReport, RackReport, RnicSummary, SwitchReport};
 use crate::workload::{self, Placement, Target};
@@ -237,6 +237,7 @@ fn start_compute(
     kicker: DriverKicker,
     run_directory: &Path,
     stop: Arc<AtomicBool>,
+    pin: bool,
 ) -> RoleHandle {
     let targets: Vec<Target> = rack
         .memory_nodes()
@@ -259,6 +260,9 @@ fn start_compute(
     };
     let (node, endpoint) = (node.clone(), Arc::clone(endpoint));
     RoleHandle::Compute(std::thread::spawn(move || {
+        if pin {
+            pin_current_thread(ThreadRole::Application(placement.compute_index as usize));
+        }
         workload::run(&endpoint, &kicker, &node, &targets, placement, &stop)
     }))
 }
@@ -270,6 +274,7 @@ fn start_role(
     kicker: DriverKicker,
     run_directory: &Path,
     stop: &Arc<AtomicBool>,
+    pin_threads: bool,
 ) -> Result<RoleHandle, RackError> {
     match node.role {
         Role::Memory => start_memory(node, endpoint, kicker, run_directory, Arc::clone(stop)),
@@ -280,6 +285,7 @@ fn start_role(
             kicker,
             run_directory,
             Arc::clone(stop),
+            pin_threads,
         )),
     }
 }
@@ -352,10 +358,15 @@ fn embedded(
     let kicker = driver.kicker();
     let fabric = std::thread::Builder::new()
         .name("fabric".into())
-        .spawn(move || driver.run())
+        .spawn(move || {
+            pin_current_thread(ThreadRole::Fabric);
+            driver.run()
+        })
         .map_err(|error| RackError::Launch(error.to_string()))?;
     let mut roles = Vec::new();
     for (node, endpoint) in rack.nodes.iter().zip(&endpoints) {
+        // One process for the whole rack: its threads get their own cores.
+        let pin_threads = true;
         roles.push(start_role(
             rack,
             node,
@@ -363,6 +374,7 @@ fn embedded(
             kicker.clone(),
             run_directory,
             &stop,
+            pin_threads,
         )?);
     }
     let mut reports: Vec<NodeReport> = rack
@@ -872,7 +884,16 @@ pub fn run_node(
         .name("rnic".into())
         .spawn(move || driver.run())
         .map_err(|error| RackError::Launch(error.to_string()))?;
-    let role = start_role(rack, node, &endpoint, kicker.clone(), run_directory, &stop)?;
+    // Several node processes share the host: leave placement to the kernel.
+    let role = start_role(
+        rack,
+        node,
+        &endpoint,
+        kicker.clone(),
+        run_directory,
+        &stop,
+        false,
+    )?;
     let mut report = node_report(node, &endpoint);
     match role {
         RoleHandle::Compute(thread) => match thread.join() {
