@@ -329,3 +329,48 @@ fn a_node_that_dies_is_reported_and_the_rack_stops_instead_of_waiting() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("memory0: exited"), "{stderr}");
 }
+
+/// The benchmark's figures are not checked here (targets live in the
+/// benchmark, not in tests); its JSON shape is.
+#[test]
+fn bench_switch_quick_writes_the_ratios_as_json() {
+    let json = common::scratch("bench-switch.json");
+    let output = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["bench", "switch", "--quick", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).ok();
+    assert_eq!(report["bench"], "switch");
+    for key in [
+        "forward_vs_ring",
+        "udp_read_p50_vs_udp_pingpong",
+        "shm_read_p50_vs_udp_read_p50",
+        "forward_mfps",
+    ] {
+        let value = report["ratios"][key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("ratio {key} missing"));
+        assert!(value.is_finite() && value > 0.0, "{key} = {value}");
+    }
+    let variants: Vec<&str> = report["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|result| result["variant"].as_str().unwrap())
+        .collect();
+    for carrier in ["inproc", "shm", "udp"] {
+        for size in ["64B", "4KiB"] {
+            assert!(
+                variants.contains(&format!("read_{carrier}_{size}").as_str()),
+                "no READ over {carrier} at {size}"
+            );
+        }
+    }
+}

@@ -534,6 +534,16 @@ fn p50_ratio(rounds: &[Round], size: u32, carrier: Carrier, baseline: Baseline) 
     })
 }
 
+/// The lowest and highest round of a figure: how much the shared host moved it.
+fn spread_of(rounds: &[Round], figure: impl Fn(&Round) -> f64) -> (f64, f64) {
+    rounds
+        .iter()
+        .map(figure)
+        .fold((f64::MAX, f64::MIN), |(low, high), value| {
+            (low.min(value), high.max(value))
+        })
+}
+
 fn median_of(rounds: &[Round], figure: impl Fn(&Round) -> f64) -> f64 {
     let mut values: Vec<f64> = rounds.iter().map(figure).collect();
     median(&mut values)
@@ -671,14 +681,50 @@ fn fill_report(report: &mut Report, rounds: &[Round]) {
         Carrier::SharedMemory,
         Baseline::Read(Carrier::Udp),
     );
-    println!("\nratios (64 B; 4 KiB in brackets)");
-    println!("  forward_vs_ring                 {forward_vs_ring:.2}   target >= 0.5");
+    let spreads = [
+        (
+            "forward_vs_ring",
+            spread_of(rounds, |round| round.forward_fps / round.ring_fps),
+        ),
+        (
+            "udp_read_p50_vs_udp_pingpong",
+            spread_of(rounds, |round| {
+                p50_ratio(
+                    std::slice::from_ref(round),
+                    small,
+                    Carrier::Udp,
+                    Baseline::PingPong,
+                )
+            }),
+        ),
+        (
+            "shm_read_p50_vs_udp_read_p50",
+            spread_of(rounds, |round| {
+                p50_ratio(
+                    std::slice::from_ref(round),
+                    small,
+                    Carrier::SharedMemory,
+                    Baseline::Read(Carrier::Udp),
+                )
+            }),
+        ),
+    ];
+    for (name, (lowest, highest)) in spreads {
+        report.add(name, "lowest_round", lowest, "ratio");
+        report.add(name, "highest_round", highest, "ratio");
+    }
+    println!("\nratios (64 B; 4 KiB in brackets; rounds lowest..highest)");
+    let range = |index: usize| format!("{:.2}..{:.2}", spreads[index].1 .0, spreads[index].1 .1);
+    println!(
+        "  forward_vs_ring                 {forward_vs_ring:.2} ({})   target >= 0.5",
+        range(0)
+    );
     println!(
         "  forward_mfps                    {:.2}   target >= 2",
         forward / 1e6
     );
-    println!("  udp_read_p50_vs_udp_pingpong    {udp_vs_pingpong:.2} [{udp_vs_pingpong_large:.2}]   target <= 2");
-    println!("  shm_read_p50_vs_udp_read_p50    {shm_vs_udp:.2} [{shm_vs_udp_large:.2}]   target <= 0.33");
+    println!("  udp_read_p50_vs_udp_pingpong    {udp_vs_pingpong:.2} ({}) [{udp_vs_pingpong_large:.2}]   target <= 2", range(1));
+    println!("  shm_read_p50_vs_udp_read_p50    {shm_vs_udp:.2} ({}) [{shm_vs_udp_large:.2}]   target <= 0.33", range(2));
     let ratios = &mut report.ratios;
     ratios.insert("forward_vs_ring".into(), forward_vs_ring.into());
     ratios.insert("forward_mfps".into(), (forward / 1e6).into());
