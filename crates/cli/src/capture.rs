@@ -1,7 +1,8 @@
-//! Frames to a pcap file (Ethernet link type) that Wireshark and tshark
-//! open. Frames are the exact bytes the devices exchanged.
+//! The demo's frames, stamped with virtual time and kept in order, then
+//! written through the carriers' pcap writer, so Wireshark opens the exact
+//! bytes the devices exchanged.
 
-use pcap_file::pcap::{PcapPacket, PcapWriter};
+use remora_carrier::wrappers::PcapSink;
 use std::path::Path;
 use std::time::Duration;
 
@@ -36,15 +37,11 @@ impl Capture {
     }
 
     pub fn write(&self, path: &Path) -> Result<(), String> {
-        let file = std::fs::File::create(path)
-            .map_err(|error| format!("cannot create {}: {error}", path.display()))?;
-        let mut writer = PcapWriter::new(file).map_err(|error| error.to_string())?;
+        let context = |error: remora_carrier::CarrierError| format!("{}: {error}", path.display());
+        let sink = PcapSink::create(path).map_err(context)?;
         for (at, frame) in &self.frames {
-            let packet = PcapPacket::new(*at, frame.len() as u32, frame);
-            writer
-                .write_packet(&packet)
-                .map_err(|error| format!("writing {}: {error}", path.display()))?;
+            sink.write(*at, frame).map_err(context)?;
         }
-        Ok(())
+        sink.flush().map_err(context)
     }
 }
