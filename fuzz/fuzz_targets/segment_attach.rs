@@ -5,18 +5,16 @@
 
 use libfuzzer_sys::fuzz_target;
 use remora_carrier::{Port, Segment, SegmentPlan};
-use std::os::fd::IntoRawFd;
 
 fuzz_target!(|data: &[u8]| {
     // Start from a valid two-spoke segment and overwrite a prefix of it
     // with the input, so the fuzzer reaches past the magic number.
     let valid = Segment::shared("fuzz", &SegmentPlan::star(2, 2)).unwrap();
-    let fd = valid.inheritable_fd().unwrap();
-    let duplicate = rustix::io::dup(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }).unwrap();
+    let duplicate = rustix::io::dup(valid.shared_fd().unwrap()).unwrap();
     let file = std::fs::File::from(rustix::io::dup(&duplicate).unwrap());
     std::os::unix::fs::FileExt::write_all_at(&file, &data[..data.len().min(64 * 1024)], 0).unwrap();
     drop(valid);
-    if let Ok(segment) = Segment::attach(duplicate.into_raw_fd()) {
+    if let Ok(segment) = Segment::attach(duplicate) {
         for spoke in 1..=2 {
             if let Ok(mut port) = segment.spoke_port(spoke) {
                 let _ = port.receive(8, &mut |frame| assert!(frame.len() <= remora_carrier::MAX_CARRIED_FRAME_BYTES));

@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use remora_rnic::Timestamp;
-use remora_switch::programs::l2l3::{L2L3Forwarding, Route};
+use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{PortId, Switch, SwitchConfig};
 use remora_wire::frame::MAX_FRAME_LEN;
 use remora_wire::{Ipv4Address, MacAddress};
@@ -17,8 +17,7 @@ fuzz_target!(|data: &[u8]| {
     let mut program = L2L3Forwarding::new(MacAddress([2, 0x5e, 0, 0, 0, 0xfe]), 8);
     for index in 0..3u8 {
         let mac = MacAddress([2, 0, 10, 0, 0, index + 1]);
-        program.add_host(mac, PortId(u16::from(index))).unwrap();
-        program.add_route(Ipv4Address::new(10, 0, 0, index + 1), 32, Route { port: PortId(u16::from(index)), next_hop: mac }).unwrap();
+        program.add_attached_host(mac, Ipv4Address::new(10, 0, 0, index + 1), PortId(u16::from(index))).unwrap();
     }
     program.set_flood_unknown(selector & 0x80 != 0);
     let mut switch = Switch::new(SwitchConfig::new(3), program);

@@ -30,7 +30,7 @@ const RECEIVE_BUFFER_BYTES: usize = MAX_CARRIED_FRAME_BYTES + 64;
 /// Counts of what a datagram port had to throw away.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DatagramDrops {
-    /// Received datagrams longer than any frame.
+    /// Received datagrams longer than any frame (truncated or not).
     pub truncated: u64,
     /// Frames the kernel refused (buffer full, peer not there yet).
     pub send_refused: u64,
@@ -248,7 +248,9 @@ impl Port for DatagramPort {
         }
         let mut delivered = 0;
         for (header, buffer) in headers.iter().zip(&self.incoming).take(received as usize) {
-            if header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+            if header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0
+                || header.msg_len as usize > MAX_CARRIED_FRAME_BYTES
+            {
                 self.drops.truncated += 1;
                 continue;
             }

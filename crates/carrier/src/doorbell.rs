@@ -56,16 +56,12 @@ impl Doorbell {
             self.word.store(AWAKE, Ordering::Relaxed);
             return;
         }
-        let timespec = rustix::time::Timespec {
-            tv_sec: timeout.as_secs() as i64,
-            tv_nsec: i64::from(timeout.subsec_nanos()),
-        };
         // EAGAIN (already rung), EINTR and ETIMEDOUT all mean "look again".
         let _ = rustix::thread::futex::wait(
             &self.word,
             rustix::thread::futex::Flags::empty(),
             SLEEPING,
-            Some(&timespec),
+            Some(&crate::wait::timespec(timeout)),
         );
         self.word.store(AWAKE, Ordering::Relaxed);
     }

@@ -176,12 +176,14 @@ impl<'a, S: SlotStorage> Producer<'a, S> {
 
     pub fn has_room(&mut self) -> bool {
         let depth = self.slots.slot_count() as u64;
-        if self.local_tail - self.cached_head < depth {
+        if self.local_tail.wrapping_sub(self.cached_head) < depth {
             return true;
         }
         self.cached_head = self.header.head.0.load(Ordering::Acquire);
-        debug_assert!(self.cached_head <= self.local_tail);
-        self.local_tail - self.cached_head < depth
+        // A head past the tail only comes from a broken peer process; the
+        // wrapping difference is then huge and the ring looks full, which
+        // drops (and counts) frames instead of overwriting unread slots.
+        self.local_tail.wrapping_sub(self.cached_head) < depth
     }
 
     /// Writes one frame into the next slot, unpublished. Returns false if

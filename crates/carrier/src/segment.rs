@@ -18,7 +18,7 @@ use crate::ring::{Consumer, Producer, RawSlots, RingHeader, SLOT_LENGTH_PREFIX_B
 use crate::wait::WaitSource;
 use crate::{check_frame_length, CarrierError, Port, SendStatus, MAX_CARRIED_FRAME_BYTES};
 use memmap2::MmapMut;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
 const MAGIC: u64 = 0x5245_4d4f_5241_5347; // "REMORASG"
@@ -164,6 +164,8 @@ struct Mapping {
 #[derive(Clone)]
 pub struct Segment {
     mapping: Arc<Mapping>,
+    /// Each ring's consumer doorbell, as validated.
+    consumers: Arc<Vec<u32>>,
     doorbell_count: u32,
     ring_count: u32,
     ring_depth: u32,
@@ -192,10 +194,18 @@ impl Segment {
             plan.ring_consumers.len() as u32,
             plan.ring_depth,
         );
-        let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::empty())
+        let flags = rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING;
+        let fd = rustix::fs::memfd_create(name, flags)
             .map_err(|error| CarrierError::io("memfd_create", error))?;
         rustix::fs::ftruncate(&fd, layout.total_bytes as u64)
             .map_err(|error| CarrierError::io("ftruncate memfd", error))?;
+        // A peer process that shrank the segment would make every other
+        // mapping of it fault: fix its size for good.
+        let seals = rustix::fs::SealFlags::SHRINK
+            | rustix::fs::SealFlags::GROW
+            | rustix::fs::SealFlags::SEAL;
+        rustix::fs::fcntl_add_seals(&fd, seals)
+            .map_err(|error| CarrierError::io("seal memfd", error))?;
         let file = std::fs::File::from(fd);
         // SAFETY: the memfd is ours, sized above, and only ever accessed
         // through the ring protocol.
@@ -204,12 +214,10 @@ impl Segment {
         Segment::initialise(map, Some(OwnedFd::from(file)), plan)
     }
 
-    /// Maps a segment created by a parent process, given the inherited
-    /// descriptor's number, and checks its header.
-    pub fn attach(fd_number: RawFd) -> Result<Segment, CarrierError> {
-        // SAFETY: the caller says this descriptor was inherited for us and
-        // that nothing else in this process owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd_number) };
+    /// Maps a segment created by another process (an inherited
+    /// descriptor) and checks its header and every ring's doorbell.
+    pub fn attach(fd: OwnedFd) -> Result<Segment, CarrierError> {
+        let fd_number = fd.as_raw_fd();
         let file = std::fs::File::from(fd);
         let length = file
             .metadata()
@@ -253,7 +261,7 @@ impl Segment {
             ring_depth,
         );
         for ring in 0..ring_count {
-            if segment.descriptor(ring).consumer_doorbell >= doorbell_count {
+            if segment.consumer_of(ring) >= doorbell_count {
                 return Err(CarrierError::Segment(format!(
                     "ring {ring} names a missing doorbell"
                 )));
@@ -310,12 +318,26 @@ impl Segment {
         ring_count: u32,
         ring_depth: u32,
     ) -> Segment {
+        // Each ring's consumer is read once, here: a peer process may write
+        // the shared copy later, and what was validated must not change.
+        let descriptors_offset =
+            Layout::of(doorbell_count, ring_count, ring_depth).descriptors_offset;
+        let consumers = (0..ring_count as usize)
+            .map(|ring| {
+                // SAFETY: the caller checked the mapping holds the layout.
+                unsafe {
+                    let at = map.as_ptr().add(descriptors_offset) as *const RingDescriptor;
+                    (*at.add(ring)).consumer_doorbell
+                }
+            })
+            .collect();
         Segment {
             mapping: Arc::new(Mapping {
                 map,
                 fd,
                 taken: Mutex::new(vec![false; 2 * ring_count as usize]),
             }),
+            consumers: Arc::new(consumers),
             doorbell_count,
             ring_count,
             ring_depth,
@@ -330,13 +352,9 @@ impl Segment {
         self.mapping.map.as_ptr() as *mut u8
     }
 
-    fn descriptor(&self, ring: u32) -> RingDescriptor {
-        assert!(ring < self.ring_count);
-        // SAFETY: in bounds by the assert and the layout.
-        unsafe {
-            let at = self.base().add(self.layout().descriptors_offset) as *const RingDescriptor;
-            *at.add(ring as usize)
-        }
+    /// The doorbell that ring `ring`'s consumer sleeps on.
+    fn consumer_of(&self, ring: u32) -> u32 {
+        self.consumers[ring as usize]
     }
 
     /// The doorbell of endpoint `index`.
@@ -353,16 +371,15 @@ impl Segment {
         }
     }
 
-    /// The descriptor children inherit, cleared of close-on-exec (memfd
-    /// segments only).
-    pub fn inheritable_fd(&self) -> Result<RawFd, CarrierError> {
-        let fd =
-            self.mapping.fd.as_ref().ok_or_else(|| {
-                CarrierError::Segment("an anonymous segment cannot be shared".into())
-            })?;
-        rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())
-            .map_err(|error| CarrierError::io("clear close-on-exec", error))?;
-        Ok(fd.as_raw_fd())
+    /// The memfd behind a shared segment, to hand to a child process
+    /// (which must clear close-on-exec on its own copy; see the rack's
+    /// launcher).
+    pub fn shared_fd(&self) -> Result<BorrowedFd<'_>, CarrierError> {
+        self.mapping
+            .fd
+            .as_ref()
+            .map(|fd| fd.as_fd())
+            .ok_or_else(|| CarrierError::Segment("an anonymous segment cannot be shared".into()))
     }
 
     fn take(&self, bit: usize) -> Result<(), CarrierError> {
@@ -433,8 +450,8 @@ impl Segment {
         Ok(RingPort {
             producer,
             consumer,
-            peer_doorbell: self.doorbell(self.descriptor(send_ring).consumer_doorbell),
-            own_doorbell: self.doorbell(self.descriptor(receive_ring).consumer_doorbell),
+            peer_doorbell: self.doorbell(self.consumer_of(send_ring)),
+            own_doorbell: self.doorbell(self.consumer_of(receive_ring)),
             _mapping: Arc::clone(&self.mapping),
         })
     }

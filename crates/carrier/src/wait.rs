@@ -127,18 +127,22 @@ fn poll_fds(fds: &[RawFd], kick: &OwnedFd, timeout: Duration) {
         .map(|fd| PollFd::new(fd, PollFlags::IN))
         .collect();
     poll_fds.push(PollFd::new(kick, PollFlags::IN));
-    let timespec = rustix::time::Timespec {
-        tv_sec: timeout.as_secs() as i64,
-        tv_nsec: i64::from(timeout.subsec_nanos()),
-    };
     // EINTR just means "look again".
-    let _ = rustix::event::poll(&mut poll_fds, Some(&timespec));
+    let _ = rustix::event::poll(&mut poll_fds, Some(&timespec(timeout)));
     let kicked = poll_fds
         .last()
         .is_some_and(|fd| fd.revents().contains(PollFlags::IN));
     if kicked {
         let mut counter = [0u8; 8];
         let _ = rustix::io::read(kick, &mut counter);
+    }
+}
+
+/// A relative timeout as the kernel takes it.
+pub(crate) fn timespec(duration: Duration) -> rustix::time::Timespec {
+    rustix::time::Timespec {
+        tv_sec: duration.as_secs() as i64,
+        tv_nsec: i64::from(duration.subsec_nanos()),
     }
 }
 

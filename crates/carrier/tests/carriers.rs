@@ -61,6 +61,16 @@ fn a_ring_end_is_handed_out_once_per_process() {
 }
 
 #[test]
+fn a_shared_segment_cannot_be_shrunk_under_its_peers() {
+    let segment = Segment::shared("remora-test", &SegmentPlan::star(1, 4)).unwrap();
+    let file = std::fs::File::from(rustix::io::dup(segment.shared_fd().unwrap()).unwrap());
+    assert!(
+        file.set_len(16).is_err(),
+        "the memfd is sealed against shrinking"
+    );
+}
+
+#[test]
 fn a_full_ring_drops_and_says_so_and_frames_stay_invisible_until_flushed() {
     let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
     let mut node = segment.spoke_port(1).unwrap();
@@ -86,10 +96,9 @@ fn an_oversized_frame_is_a_typed_error() {
 #[test]
 fn a_shared_segment_attached_by_descriptor_carries_frames_between_threads() {
     let segment = Segment::shared("remora-test", &SegmentPlan::star(1, 16)).unwrap();
-    let fd = segment.inheritable_fd().unwrap();
-    // What a child process does with the inherited descriptor.
-    let duplicate = rustix::io::dup(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }).unwrap();
-    let attached = Segment::attach(std::os::fd::IntoRawFd::into_raw_fd(duplicate)).unwrap();
+    // What a child process does with its copy of the descriptor.
+    let duplicate = rustix::io::dup(segment.shared_fd().unwrap()).unwrap();
+    let attached = Segment::attach(duplicate).unwrap();
     let mut hub = segment.hub_port(1).unwrap();
     let node_thread = std::thread::spawn(move || {
         let mut node = attached.spoke_port(1).unwrap();
@@ -133,9 +142,7 @@ fn a_shared_segment_attached_by_descriptor_carries_frames_between_threads() {
 fn attaching_something_that_is_not_a_segment_is_refused() {
     let fd = rustix::fs::memfd_create("not-a-segment", rustix::fs::MemfdFlags::empty()).unwrap();
     rustix::fs::ftruncate(&fd, 1 << 20).unwrap();
-    let error = Segment::attach(std::os::fd::IntoRawFd::into_raw_fd(fd))
-        .err()
-        .expect("refused");
+    let error = Segment::attach(fd).err().expect("refused");
     assert!(
         error.to_string().contains("not a Remora segment"),
         "{error}"
@@ -147,14 +154,11 @@ fn attaching_something_that_is_not_a_segment_is_refused() {
 #[test]
 fn ports_on_rings_a_segment_does_not_have_are_refused() {
     let segment = Segment::shared("remora-test", &SegmentPlan::star(1, 4)).unwrap();
-    let fd = segment.inheritable_fd().unwrap();
-    let file = std::fs::File::from(
-        rustix::io::dup(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }).unwrap(),
-    );
+    let file = std::fs::File::from(rustix::io::dup(segment.shared_fd().unwrap()).unwrap());
     // The header's ring count (after magic, version and doorbell count).
     std::os::unix::fs::FileExt::write_all_at(&file, &0u32.to_le_bytes(), 16).unwrap();
     drop(segment);
-    let attached = Segment::attach(std::os::fd::IntoRawFd::into_raw_fd(file)).unwrap();
+    let attached = Segment::attach(file.into()).unwrap();
     assert!(attached.spoke_port(1).is_err());
     assert!(attached.hub_port(1).is_err());
     assert!(attached.spoke_port(0).is_err());

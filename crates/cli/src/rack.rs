@@ -171,11 +171,28 @@ fn run_switch(args: SwitchArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Takes ownership of a descriptor the launcher passed down, after checking
+/// that it is open and is not one of the standard streams.
+fn inherited(fd: i32) -> Result<std::os::fd::OwnedFd, String> {
+    if fd <= 2 {
+        return Err(format!(
+            "descriptor {fd} is a standard stream, not one the launcher passes"
+        ));
+    }
+    // SAFETY: only borrowed for the check; F_GETFD fails on a closed fd.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    rustix::io::fcntl_getfd(borrowed)
+        .map_err(|error| format!("descriptor {fd} is not open: {error}"))?;
+    // SAFETY: the descriptor is open, and by the launcher's contract this
+    // process owns it and nothing else here refers to it.
+    Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
 pub fn run_node(args: NodeArgs) -> Result<ExitCode, String> {
     let rack = RackConfig::load(&args.rack).map_err(|error| error.to_string())?;
     let carrier = match (args.shm_fd, args.udp_fd, args.udp_bind, args.udp_peer, args.packet_interface) {
-        (Some(fd), ..) => NodeCarrier::Shm { fd },
-        (_, Some(fd), _, Some(peer), _) => NodeCarrier::Udp { fd, peer },
+        (Some(fd), ..) => NodeCarrier::Shm { fd: inherited(fd)? },
+        (_, Some(fd), _, Some(peer), _) => NodeCarrier::Udp { fd: inherited(fd)?, peer },
         (_, _, Some(local), Some(peer), _) => NodeCarrier::UdpBind { local, peer },
         (.., Some(interface)) => NodeCarrier::Packet { interface },
         _ if args.udp => NodeCarrier::UdpFromRack,

@@ -193,6 +193,21 @@ pub struct RackConfig {
     pub tunnel_base_port: u16,
 }
 
+/// The longest rack or node name: names become socket paths, which Unix
+/// limits to about 100 bytes.
+pub const MAX_NAME_BYTES: usize = 32;
+
+/// Rack and node names end up in file and socket paths.
+fn check_name(name: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    if name.is_empty() || name.len() > MAX_NAME_BYTES || !name.chars().all(allowed) {
+        return Err(format!(
+            "1 to {MAX_NAME_BYTES} letters, digits, '-' and '_', not {name:?}"
+        ));
+    }
+    Ok(())
+}
+
 pub fn parse_mac(text: &str) -> Result<MacAddress, String> {
     let parts: Vec<&str> = text.split(':').collect();
     if parts.len() != 6 {
@@ -254,6 +269,7 @@ impl RackConfig {
     }
 
     fn validate(raw: RawRack) -> Result<RackConfig, String> {
+        check_name(&raw.rack.name).map_err(|message| format!("rack names use {message}"))?;
         if raw.nodes.is_empty() || raw.nodes.len() > MAX_NODES {
             return Err(format!(
                 "a rack holds 1 to {MAX_NODES} nodes, not {}",
@@ -276,14 +292,7 @@ impl RackConfig {
         let mut nodes = Vec::with_capacity(raw.nodes.len());
         for (index, node) in raw.nodes.into_iter().enumerate() {
             let context = |message: String| format!("node {:?}: {message}", node.name);
-            if node.name.is_empty()
-                || !node
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            {
-                return Err(context("names use letters, digits, '-' and '_'".into()));
-            }
+            check_name(&node.name).map_err(|message| context(format!("names use {message}")))?;
             let ip: std::net::Ipv4Addr = node
                 .address
                 .parse()
@@ -319,9 +328,13 @@ impl RackConfig {
                 return Err(context("only compute nodes run a workload".into()));
             }
             let workload = node.workload.unwrap_or_default();
-            if workload.max_bytes == 0 || u64::from(workload.max_bytes) * 2 > memory_bytes {
+            // A compute node's local buffers: a WRITE source and a READ
+            // target of max_bytes each, and 8 bytes for atomic results.
+            let local_bytes = 2 * u64::from(workload.max_bytes) + 8;
+            if node.role == Role::Compute && (workload.max_bytes == 0 || local_bytes > memory_bytes)
+            {
                 return Err(context(format!(
-                    "workload max_bytes {} must be positive and at most half the node's memory",
+                    "workload max_bytes {} must be positive and fit twice, plus 8 bytes, in the node's memory",
                     workload.max_bytes
                 )));
             }
@@ -342,16 +355,28 @@ impl RackConfig {
             .iter()
             .filter(|node| node.role == Role::Memory)
             .collect();
-        if let Some(compute) = nodes.iter().find(|node| node.role == Role::Compute) {
-            if let Some(small) = memory_nodes
-                .iter()
-                .find(|memory| memory.memory_bytes < u64::from(compute.workload.max_bytes) + 64)
-            {
-                return Err(format!(
-                    "memory node {:?} is smaller than compute node {:?}'s largest operation",
-                    small.name, compute.name
-                ));
-            }
+        // Compute nodes split every memory region evenly; each share holds
+        // one largest operation and an 8-byte atomics counter.
+        let computes: Vec<&NodeConfig> = nodes
+            .iter()
+            .filter(|node| node.role == Role::Compute)
+            .collect();
+        let largest = computes
+            .iter()
+            .map(|node| u64::from(node.workload.max_bytes))
+            .max()
+            .unwrap_or(0);
+        let needed = (largest + 16) * computes.len() as u64;
+        if let Some(small) = memory_nodes
+            .iter()
+            .find(|memory| memory.memory_bytes < needed)
+        {
+            return Err(format!(
+                "memory node {:?} holds {} B, less than the {needed} B its {} compute nodes' largest operations and counters need",
+                small.name,
+                small.memory_bytes,
+                computes.len()
+            ));
         }
         let spare_ports = usize::from(u16::MAX - raw.switch.tunnel_base_port);
         if raw.switch.tunnel_host.is_some() && nodes.len() > spare_ports {

@@ -113,9 +113,29 @@ enum Listener {
     Tcp(TcpListener),
 }
 
-trait Stream: std::io::Read + Write {}
-impl Stream for UnixStream {}
-impl Stream for TcpStream {}
+/// How long a connected client may take to send its request or read the
+/// reply.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+trait Stream: std::io::Read + Write {
+    fn set_timeouts(&self, timeout: Duration) -> std::io::Result<()>;
+}
+
+impl Stream for UnixStream {
+    fn set_timeouts(&self, timeout: Duration) -> std::io::Result<()> {
+        self.set_nonblocking(false)?;
+        self.set_read_timeout(Some(timeout))?;
+        self.set_write_timeout(Some(timeout))
+    }
+}
+
+impl Stream for TcpStream {
+    fn set_timeouts(&self, timeout: Duration) -> std::io::Result<()> {
+        self.set_nonblocking(false)?;
+        self.set_read_timeout(Some(timeout))?;
+        self.set_write_timeout(Some(timeout))
+    }
+}
 
 fn control_error(context: &str, error: impl std::fmt::Display) -> RackError {
     RackError::Control(format!("{context}: {error}"))
@@ -153,14 +173,12 @@ pub fn request(
             )));
         }
         let attempt: std::io::Result<Box<dyn Stream>> = match address {
-            ControlAddress::Unix(path) => UnixStream::connect(path).map(|stream| {
-                let _ = stream.set_read_timeout(Some(timeout));
-                Box::new(stream) as Box<dyn Stream>
-            }),
-            ControlAddress::Tcp(host) => TcpStream::connect(host).map(|stream| {
-                let _ = stream.set_read_timeout(Some(timeout));
-                Box::new(stream) as Box<dyn Stream>
-            }),
+            ControlAddress::Unix(path) => {
+                UnixStream::connect(path).map(|stream| Box::new(stream) as Box<dyn Stream>)
+            }
+            ControlAddress::Tcp(host) => {
+                TcpStream::connect(host).map(|stream| Box::new(stream) as Box<dyn Stream>)
+            }
         };
         match attempt {
             Ok(stream) => break stream,
@@ -173,6 +191,9 @@ pub fn request(
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     };
+    stream
+        .set_timeouts(timeout)
+        .map_err(|error| control_error("set timeouts", error))?;
     write_message(stream.as_mut(), request)?;
     read_message(stream.as_mut())
 }
@@ -228,6 +249,11 @@ pub fn serve(
                 std::thread::sleep(Duration::from_millis(5));
                 continue;
             };
+            // A client that connects and then says nothing must not hold
+            // the server (and so the node's shutdown) forever.
+            if stream.set_timeouts(CLIENT_TIMEOUT).is_err() {
+                continue;
+            }
             let reply = if served >= MAX_CLIENTS {
                 Reply::Refused {
                     reason: format!("this node serves at most {MAX_CLIENTS} queue pairs"),

@@ -9,7 +9,7 @@
 //! poll completions or set up queue pairs, then kick the driver.
 
 use crate::RackError;
-use remora_carrier::{IdleStrategy, Kicker, Port, SendStatus, WaitSource, Waiter};
+use remora_carrier::{CarrierError, IdleStrategy, Kicker, Port, SendStatus, WaitSource, Waiter};
 use remora_rnic::{
     CompletionQueue, CompletionStatus, MemoryRegion, ProtectionDomain, QueuePairBuilder,
     ReceiveRequest, SharedReceiveQueue, SoftRnic, Timestamp, Verbs,
@@ -139,7 +139,9 @@ impl ReceivePool {
     fn replenish(&self, rnic: &mut SoftRnic) -> Result<usize, RackError> {
         let mut reposted = 0;
         while let Some(completion) = rnic.poll_completion(self.completions)? {
-            if completion.status == CompletionStatus::Success {
+            // A failed receive (a SEND too long for its buffer) used the
+            // buffer up all the same; only a flush means the queue is gone.
+            if completion.status != CompletionStatus::WorkRequestFlushError {
                 self.post(rnic, completion.work_request_id)?;
                 reposted += 1;
             }
@@ -155,7 +157,13 @@ pub struct NodeEndpoint {
     pub receive_pool: Option<ReceivePool>,
     port: Box<dyn Port>,
     buffer: Box<[u8]>,
+    /// The carrier was full when the RNIC may still have had frames: look
+    /// again soon, since a consumer freeing slots rings nobody.
+    blocked_since: Option<Timestamp>,
 }
+
+/// How soon an endpoint blocked on a full carrier looks again.
+const FULL_CARRIER_RETRY: Duration = Duration::from_micros(50);
 
 impl NodeEndpoint {
     pub fn new(name: &str, rnic: SoftRnic, port: Box<dyn Port>) -> NodeEndpoint {
@@ -163,6 +171,7 @@ impl NodeEndpoint {
             name: name.to_string(),
             rnic,
             receive_pool: None,
+            blocked_since: None,
             port,
             buffer: vec![0u8; MAX_FRAME_LEN].into_boxed_slice(),
         }
@@ -189,7 +198,12 @@ impl Pump for NodeEndpoint {
             worked = true;
         }
         let mut sent = 0;
-        while sent < TRANSMIT_BATCH_FRAMES && self.port.has_room() {
+        self.blocked_since = None;
+        while sent < TRANSMIT_BATCH_FRAMES {
+            if !self.port.has_room() {
+                self.blocked_since = Some(now);
+                break;
+            }
             let Some(length) = self.rnic.poll_transmit(now, &mut self.buffer) else {
                 break;
             };
@@ -201,7 +215,13 @@ impl Pump for NodeEndpoint {
     }
 
     fn deadline(&self) -> Option<Timestamp> {
-        self.rnic.poll_timeout()
+        let retry = self
+            .blocked_since
+            .map(|since| since.saturating_add(FULL_CARRIER_RETRY));
+        [self.rnic.poll_timeout(), retry]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn has_frames(&mut self) -> bool {
@@ -221,6 +241,32 @@ pub struct SwitchEndpoint {
     /// another port's carrier (cut-through); a frame for its own ingress
     /// port finds it borrowed and waits in the egress queue instead.
     ports: Vec<RefCell<Box<dyn Port>>>,
+    health: PortHealth,
+}
+
+/// What went wrong on the switch's carriers. One bad port (a corrupt ring
+/// from a broken peer process, a socket error) is taken out of service and
+/// reported; it never stops the switch for the other ports.
+#[derive(Debug, Clone, Default)]
+pub struct PortHealth {
+    /// Frames a carrier refused outright (too large for it).
+    pub frames_refused: u64,
+    /// Ports taken out of service, with the reason.
+    pub failed: Vec<Option<String>>,
+}
+
+impl PortHealth {
+    fn record(&mut self, port: usize, error: CarrierError) {
+        if matches!(error, CarrierError::FrameTooLarge { .. }) {
+            self.frames_refused += 1;
+        } else if self.failed[port].is_none() {
+            self.failed[port] = Some(error.to_string());
+        }
+    }
+
+    fn in_service(&self, port: usize) -> bool {
+        self.failed[port].is_none()
+    }
 }
 
 impl SwitchEndpoint {
@@ -228,58 +274,77 @@ impl SwitchEndpoint {
         assert_eq!(usize::from(switch.config().port_count), ports.len());
         SwitchEndpoint {
             switch,
+            health: PortHealth {
+                frames_refused: 0,
+                failed: vec![None; ports.len()],
+            },
             ports: ports.into_iter().map(RefCell::new).collect(),
         }
     }
 
+    pub fn health(&self) -> &PortHealth {
+        &self.health
+    }
+
     /// Receives from every port, forwarding cut-through where the egress
     /// carrier has room.
-    fn forward_received(&mut self, now: Timestamp) -> Result<bool, RackError> {
+    fn forward_received(&mut self, now: Timestamp) -> bool {
         let mut worked = false;
-        let mut failure = None;
-        let (switch, ports) = (&mut self.switch, &self.ports);
+        let (switch, ports, health) = (&mut self.switch, &self.ports, &mut self.health);
         for (index, ingress) in ports.iter().enumerate() {
+            if !health.in_service(index) {
+                continue;
+            }
             let id = PortId(index as u16);
-            let mut ingress = ingress.borrow_mut();
-            let received = ingress.receive(RECEIVE_BATCH_FRAMES, &mut |frame| {
-                switch.handle_frame_with(now, id, frame, &mut |egress, bytes| {
-                    let Ok(mut port) = ports[usize::from(egress.0)].try_borrow_mut() else {
-                        return false;
-                    };
-                    if !port.has_room() {
-                        return false;
-                    }
-                    match port.send(bytes) {
-                        Ok(status) => status == SendStatus::Queued,
-                        Err(error) => {
-                            failure = Some(error);
-                            true
+            let mut errors = Vec::new();
+            let received = ingress
+                .borrow_mut()
+                .receive(RECEIVE_BATCH_FRAMES, &mut |frame| {
+                    switch.handle_frame_with(now, id, frame, &mut |egress, bytes| {
+                        let egress = usize::from(egress.0);
+                        let Ok(mut port) = ports[egress].try_borrow_mut() else {
+                            return false;
+                        };
+                        if !port.has_room() {
+                            return false;
                         }
-                    }
+                        match port.send(bytes) {
+                            Ok(status) => status == SendStatus::Queued,
+                            Err(error) => {
+                                errors.push((egress, error));
+                                true
+                            }
+                        }
+                    });
                 });
-            })?;
-            worked |= received > 0;
+            match received {
+                Ok(count) => worked |= count > 0,
+                Err(error) => errors.push((index, error)),
+            }
+            for (port, error) in errors {
+                health.record(port, error);
+            }
         }
-        match failure {
-            Some(error) => Err(error.into()),
-            None => Ok(worked),
-        }
+        worked
     }
 
     /// Sends what waits in the egress queues (frames a full carrier
     /// refused, hairpins, generated packets) and flushes every port.
-    fn drain_queues(&mut self) -> Result<bool, RackError> {
+    fn drain_queues(&mut self) -> bool {
         let mut worked = false;
         for (index, port) in self.ports.iter().enumerate() {
+            if !self.health.in_service(index) {
+                continue;
+            }
             let mut port = port.borrow_mut();
-            let mut failure = None;
+            let mut errors = Vec::new();
             let mut sent = 0;
             while sent < TRANSMIT_BATCH_FRAMES && port.has_room() {
                 let more = self
                     .switch
                     .poll_transmit_port(PortId(index as u16), &mut |frame| {
                         if let Err(error) = port.send(frame) {
-                            failure = Some(error);
+                            errors.push(error);
                         }
                     });
                 if !more {
@@ -287,20 +352,22 @@ impl SwitchEndpoint {
                 }
                 sent += 1;
             }
-            if let Some(error) = failure {
-                return Err(error.into());
+            if let Err(error) = port.flush() {
+                errors.push(error);
             }
-            port.flush()?;
+            for error in errors {
+                self.health.record(index, error);
+            }
             worked |= sent > 0;
         }
-        Ok(worked)
+        worked
     }
 }
 
 impl Pump for SwitchEndpoint {
     fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
         let now = clock.now();
-        let mut worked = self.forward_received(now)?;
+        let mut worked = self.forward_received(now);
         if self
             .switch
             .poll_timeout()
@@ -314,7 +381,7 @@ impl Pump for SwitchEndpoint {
             // A full table just means the host stays unknown (and counted).
             let _ = self.switch.program_mut().learn(&digest);
         }
-        Ok(self.drain_queues()? || worked)
+        Ok(self.drain_queues() || worked)
     }
 
     fn deadline(&self) -> Option<Timestamp> {
@@ -336,7 +403,7 @@ impl Pump for SwitchEndpoint {
 /// A pumpable shared between the driver and other threads.
 pub type Shared<T> = Arc<Mutex<T>>;
 
-pub fn lock<T>(shared: &Shared<T>) -> MutexGuard<'_, T> {
+pub fn lock<T: ?Sized>(shared: &Arc<Mutex<T>>) -> MutexGuard<'_, T> {
     // A panic while holding the lock already failed the rack loudly; the
     // state is still the best record of what happened.
     shared
@@ -378,7 +445,7 @@ impl Driver {
     ) -> Result<Driver, RackError> {
         let sources: Vec<WaitSource> = pumps
             .iter()
-            .flat_map(|pump| pump.lock().expect("fresh endpoint").wait_sources())
+            .flat_map(|pump| lock(pump).wait_sources())
             .collect();
         Ok(Driver {
             pumps,
@@ -404,10 +471,7 @@ impl Driver {
         while !self.stop.load(Ordering::Relaxed) {
             let mut worked = self.kicked.swap(false, Ordering::SeqCst);
             for pump in &self.pumps {
-                worked |= pump
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .pump(&self.clock)?;
+                worked |= lock(pump).pump(&self.clock)?;
             }
             if worked {
                 idle_since = Instant::now();
@@ -416,15 +480,12 @@ impl Driver {
             let deadline = self
                 .pumps
                 .iter()
-                .filter_map(|pump| pump.lock().unwrap_or_else(|p| p.into_inner()).deadline())
+                .filter_map(|pump| lock(pump).deadline())
                 .min();
             let deadline = deadline.map(|at| self.clock.instant(at));
             let (pumps, kicked) = (&self.pumps, &self.kicked);
             self.idle.idle(&self.waiter, idle_since, deadline, &mut || {
-                kicked.load(Ordering::SeqCst)
-                    || pumps
-                        .iter()
-                        .any(|pump| pump.lock().unwrap_or_else(|p| p.into_inner()).has_frames())
+                kicked.load(Ordering::SeqCst) || pumps.iter().any(|pump| lock(pump).has_frames())
             });
         }
         Ok(())

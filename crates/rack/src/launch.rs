@@ -28,10 +28,10 @@ use remora_carrier::wrappers::{
 };
 use remora_carrier::{DatagramPort, PacketSocketOptions, Port, Segment, SegmentPlan};
 use remora_rnic::*;
-use remora_switch::programs::l2l3::{L2L3Forwarding, Route};
+use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{PortId, Switch, SwitchConfig};
 use std::net::UdpSocket;
-use std::os::fd::{IntoRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,9 +86,13 @@ struct RunDirectory(PathBuf);
 impl RunDirectory {
     fn create(rack: &str) -> Result<RunDirectory, RackError> {
         let path = std::env::temp_dir().join(format!("remora-{rack}-{}", std::process::id()));
-        std::fs::create_dir_all(&path).map_err(|error| {
-            RackError::Launch(format!("cannot create {}: {error}", path.display()))
-        })?;
+        // A fresh directory only this user can enter: never one someone
+        // prepared (the rack runs as root in netns mode).
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&path)
+            .map_err(|error| {
+                RackError::Launch(format!("cannot create {}: {error}", path.display()))
+            })?;
         Ok(RunDirectory(path))
     }
 }
@@ -111,16 +115,8 @@ fn build_switch(rack: &RackConfig) -> Result<Switch<L2L3Forwarding>, RackError> 
     for node in &rack.nodes {
         let port = PortId(node.port);
         let table = |error: remora_switch::table::TableError| RackError::Config(error.to_string());
-        program.add_host(node.mac, port).map_err(table)?;
         program
-            .add_route(
-                node.address,
-                32,
-                Route {
-                    port,
-                    next_hop: node.mac,
-                },
-            )
+            .add_attached_host(node.mac, node.address, port)
             .map_err(table)?;
     }
     Ok(Switch::new(
@@ -179,6 +175,101 @@ fn new_endpoint(node: &NodeConfig, port: Box<dyn Port>) -> Shared<NodeEndpoint> 
         SoftRnic::new(config),
         port,
     )))
+}
+
+/// A driver on its own thread. Stopping is one call, and dropping it on an
+/// error path stops it too, so no early return leaves a thread running
+/// (it also sets the rack's stop flag, which ends compute and control
+/// threads started before the failure).
+struct FabricThread {
+    handle: Option<std::thread::JoinHandle<Result<(), RackError>>>,
+    driver_stop: Arc<AtomicBool>,
+    rack_stop: Option<Arc<AtomicBool>>,
+    kicker: DriverKicker,
+}
+
+impl FabricThread {
+    fn start(
+        name: &str,
+        driver: Driver,
+        driver_stop: Arc<AtomicBool>,
+        pin: bool,
+    ) -> Result<FabricThread, RackError> {
+        let kicker = driver.kicker();
+        let handle = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                if pin {
+                    pin_current_thread(ThreadRole::Fabric);
+                }
+                driver.run()
+            })
+            .map_err(|error| {
+                RackError::Launch(format!("cannot start the {name} thread: {error}"))
+            })?;
+        Ok(FabricThread {
+            handle: Some(handle),
+            driver_stop,
+            rack_stop: None,
+            kicker,
+        })
+    }
+
+    /// Also sets the rack's stop flag when this thread is stopped or dropped.
+    fn stopping_rack(mut self, stop: &Arc<AtomicBool>) -> FabricThread {
+        self.rack_stop = Some(Arc::clone(stop));
+        self
+    }
+
+    fn kicker(&self) -> DriverKicker {
+        self.kicker.clone()
+    }
+
+    fn is_finished(&self) -> bool {
+        self.handle
+            .as_ref()
+            .is_none_or(|handle| handle.is_finished())
+    }
+
+    fn stop_and_join(mut self) -> Result<(), RackError> {
+        self.stop();
+        match self.handle.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Err(RackError::Launch("a fabric thread panicked".into())),
+            None => Ok(()),
+        }
+    }
+
+    fn stop(&self) {
+        if let Some(stop) = &self.rack_stop {
+            stop.store(true, Ordering::Relaxed);
+        }
+        self.driver_stop.store(true, Ordering::Relaxed);
+        self.kicker.kick();
+    }
+}
+
+impl Drop for FabricThread {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// Waits for a node's role to end and records how it went.
+fn join_role(role: RoleHandle, report: &mut NodeReport) {
+    match role {
+        RoleHandle::Compute(thread) => match thread.join() {
+            Ok(Ok(workload)) => report.workload = Some(workload),
+            Ok(Err(error)) => report.error = Some(error.to_string()),
+            Err(_) => report.error = Some("the workload thread panicked".into()),
+        },
+        RoleHandle::Memory(thread) => {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// What a node runs besides its RNIC.
@@ -355,23 +446,17 @@ fn embedded(
             .map(|endpoint| endpoint.clone() as Arc<Mutex<dyn Pump>>),
     );
     let driver = Driver::new(pumps, clock, Arc::clone(&driver_stop))?;
-    let kicker = driver.kicker();
-    let fabric = std::thread::Builder::new()
-        .name("fabric".into())
-        .spawn(move || {
-            pin_current_thread(ThreadRole::Fabric);
-            driver.run()
-        })
-        .map_err(|error| RackError::Launch(error.to_string()))?;
+    // One process for the whole rack: its threads get their own cores.
+    let pin_threads = true;
+    let fabric =
+        FabricThread::start("fabric", driver, driver_stop, pin_threads)?.stopping_rack(&stop);
     let mut roles = Vec::new();
     for (node, endpoint) in rack.nodes.iter().zip(&endpoints) {
-        // One process for the whole rack: its threads get their own cores.
-        let pin_threads = true;
         roles.push(start_role(
             rack,
             node,
             endpoint,
-            kicker.clone(),
+            fabric.kicker(),
             run_directory,
             &stop,
             pin_threads,
@@ -383,31 +468,22 @@ fn embedded(
         .zip(&endpoints)
         .map(|(node, endpoint)| node_report(node, endpoint))
         .collect();
-    let mut memory_threads = Vec::new();
-    for (index, role) in roles.into_iter().enumerate() {
-        match role {
-            RoleHandle::Compute(thread) => match thread.join() {
-                Ok(Ok(workload)) => reports[index].workload = Some(workload),
-                Ok(Err(error)) => reports[index].error = Some(error.to_string()),
-                Err(_) => reports[index].error = Some("the workload thread panicked".into()),
-            },
-            RoleHandle::Memory(thread) => memory_threads.push(thread),
-        }
+    // Compute roles first: memory roles end only once everything stops.
+    let (computes, memories): (Vec<_>, Vec<_>) = roles
+        .into_iter()
+        .enumerate()
+        .partition(|(_, role)| matches!(role, RoleHandle::Compute(_)));
+    for (index, role) in computes {
+        join_role(role, &mut reports[index]);
     }
-    stop.store(true, Ordering::Relaxed);
-    driver_stop.store(true, Ordering::Relaxed);
-    kicker.kick();
-    let fabric_result = fabric
-        .join()
-        .map_err(|_| RackError::Launch("the fabric thread panicked".into()))?;
-    for thread in memory_threads {
-        let _ = thread.join();
+    fabric.stop_and_join()?;
+    for (index, role) in memories {
+        join_role(role, &mut reports[index]);
     }
-    fabric_result?;
     for ((report, node), endpoint) in reports.iter_mut().zip(&rack.nodes).zip(&endpoints) {
         report.rnic = node_report(node, endpoint).rnic;
     }
-    let switch_report = switch_report(&lock(&switch).switch, &port_counters);
+    let switch_report = switch_report(&lock(&switch), &port_counters);
     if let Some(sink) = capture {
         sink.flush()?;
     }
@@ -420,19 +496,23 @@ fn embedded(
     })
 }
 
-fn switch_report(switch: &Switch<L2L3Forwarding>, ports: &[PortCountersHandle]) -> SwitchReport {
+fn switch_report(endpoint: &SwitchEndpoint, ports: &[PortCountersHandle]) -> SwitchReport {
     SwitchReport {
-        counters: switch.counters(),
+        counters: endpoint.switch.counters(),
         ports: ports.iter().map(PortCountersHandle::snapshot).collect(),
-        resources: switch.resources(),
+        frames_refused_by_carriers: endpoint.health().frames_refused,
+        failed_ports: endpoint.health().failed.clone(),
+        resources: endpoint.switch.resources(),
     }
 }
 
 /// The per-node carrier a child process gets, as command-line arguments.
 struct ChildCarrier {
     arguments: Vec<String>,
-    /// Descriptors the child inherits; closed here once it started.
-    inherited: Vec<RawFd>,
+    /// Descriptors this child, and only this child, inherits: they stay
+    /// close-on-exec here and the child clears the flag on its own copies
+    /// between fork and exec. Closed here when the launch ends.
+    inherited: Vec<OwnedFd>,
 }
 
 /// Network namespaces and veths made for a netns rack, removed on drop.
@@ -571,15 +651,16 @@ fn supervised(
                 &format!("remora-{}", rack.name),
                 &SegmentPlan::star(spokes, RING_DEPTH),
             )?;
-            let fd = shared.inheritable_fd()?;
             for node in &rack.nodes {
+                let fd = rustix::io::dup(shared.shared_fd()?)
+                    .map_err(|error| RackError::Launch(format!("dup the segment: {error}")))?;
                 let (port, counters) =
                     switch_port(node, shared.hub_port(u32::from(node.port) + 1)?, capture)?;
                 switch_ports.push(port);
                 port_counters.push(counters);
                 carriers.push(ChildCarrier {
-                    arguments: vec!["--shm-fd".into(), fd.to_string()],
-                    inherited: Vec::new(),
+                    arguments: vec!["--shm-fd".into(), fd.as_raw_fd().to_string()],
+                    inherited: vec![fd],
                 });
             }
             segment = Some(shared);
@@ -604,16 +685,11 @@ fn supervised(
                 )?;
                 switch_ports.push(port);
                 port_counters.push(counters);
-                let fd = node_socket.into_raw_fd();
-                rustix::io::fcntl_setfd(
-                    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
-                    rustix::io::FdFlags::empty(),
-                )
-                .map_err(|error| RackError::Launch(error.to_string()))?;
+                let fd = OwnedFd::from(node_socket);
                 carriers.push(ChildCarrier {
                     arguments: vec![
                         "--udp-fd".into(),
-                        fd.to_string(),
+                        fd.as_raw_fd().to_string(),
                         "--udp-peer".into(),
                         switch_address.to_string(),
                     ],
@@ -633,30 +709,18 @@ fn supervised(
         RackClock::new(),
         Arc::clone(&driver_stop),
     )?;
-    let kicker = driver.kicker();
-    let fabric = std::thread::Builder::new()
-        .name("switch".into())
-        .spawn(move || driver.run())
-        .map_err(|error| RackError::Launch(error.to_string()))?;
+    let fabric = FabricThread::start("switch", driver, driver_stop, false)?;
     let children = spawn_children(rack, options, run_directory, &carriers, namespaces.as_ref());
-    for carrier in &carriers {
-        for fd in &carrier.inherited {
-            // SAFETY: these descriptors were made for the children, which
-            // hold their own copies now; nothing here uses them again.
-            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(*fd) });
-        }
-    }
-    let outcome = children.and_then(|children| supervise(rack, children, run_directory, &stop));
-    driver_stop.store(true, Ordering::Relaxed);
-    kicker.kick();
-    let fabric_result = fabric
-        .join()
-        .map_err(|_| RackError::Launch("the switch thread panicked".into()));
+    // The children hold their own copies now.
+    drop(carriers);
+    let outcome =
+        children.and_then(|children| supervise(rack, children, run_directory, &stop, &fabric));
+    let fabric_result = fabric.stop_and_join();
     drop(segment);
     drop(namespaces);
     let reports = outcome?;
-    fabric_result??;
-    let switch_report = switch_report(&lock(&switch).switch, &port_counters);
+    fabric_result?;
+    let switch_report = switch_report(&lock(&switch), &port_counters);
     if let Some(sink) = capture {
         sink.flush()?;
     }
@@ -697,7 +761,21 @@ fn spawn_children(
             .arg(&options.rack_file)
             .args(["--name", &node.name, "--run-dir"])
             .arg(run_directory);
-        command.args(&carriers[usize::from(node.port)].arguments);
+        let carrier = &carriers[usize::from(node.port)];
+        command.args(&carrier.arguments);
+        let own: Vec<RawFd> = carrier.inherited.iter().map(AsRawFd::as_raw_fd).collect();
+        // SAFETY: between fork and exec only async-signal-safe calls run:
+        // fcntl on descriptors this process owns.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                for fd in &own {
+                    // Close-on-exec is the only descriptor flag.
+                    let borrowed = std::os::fd::BorrowedFd::borrow_raw(*fd);
+                    rustix::io::fcntl_setfd(borrowed, rustix::io::FdFlags::empty())?;
+                }
+                Ok(())
+            });
+        }
         command
             .arg("--report")
             .arg(run_directory.join(format!("{}.json", node.name)));
@@ -736,6 +814,7 @@ fn supervise(
     mut children: Vec<Child>,
     run_directory: &Path,
     stop: &AtomicBool,
+    switch: &FabricThread,
 ) -> Result<Vec<NodeReport>, RackError> {
     let mut exits: Vec<Option<std::process::ExitStatus>> = vec![None; children.len()];
     let mut failure: Option<String> = None;
@@ -759,6 +838,9 @@ fn supervise(
             .iter()
             .zip(&exits)
             .all(|(node, exit)| node.role != Role::Compute || exit.is_some());
+        if switch.is_finished() {
+            failure.get_or_insert_with(|| "the switch stopped".into());
+        }
         if computes_done || failure.is_some() || stop.load(Ordering::Relaxed) {
             break;
         }
@@ -819,13 +901,13 @@ fn supervise(
 }
 
 /// How a single node process reaches the switch.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum NodeCarrier {
     /// Spoke of an inherited shared segment.
-    Shm { fd: RawFd },
+    Shm { fd: OwnedFd },
     /// An inherited, bound UDP socket and the switch port's address.
     Udp {
-        fd: RawFd,
+        fd: OwnedFd,
         peer: std::net::SocketAddr,
     },
     /// A bound UDP socket of its own, for racks spanning hosts.
@@ -855,9 +937,7 @@ pub fn run_node(
             Segment::attach(fd)?.spoke_port(u32::from(node.port) + 1)?,
         )?,
         NodeCarrier::Udp { fd, peer } => {
-            // SAFETY: the launcher made this descriptor for this process.
-            let socket = unsafe { <UdpSocket as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-            node_port(node, DatagramPort::udp_on(socket, peer)?)?
+            node_port(node, DatagramPort::udp_on(UdpSocket::from(fd), peer)?)?
         }
         NodeCarrier::UdpBind { local, peer } => node_port(node, DatagramPort::udp(local, peer)?)?,
         NodeCarrier::UdpFromRack => node_port(
@@ -879,38 +959,29 @@ pub fn run_node(
         RackClock::new(),
         Arc::clone(&driver_stop),
     )?;
-    let kicker = driver.kicker();
-    let fabric = std::thread::Builder::new()
-        .name("rnic".into())
-        .spawn(move || driver.run())
-        .map_err(|error| RackError::Launch(error.to_string()))?;
+    let fabric = FabricThread::start("rnic", driver, driver_stop, false)?.stopping_rack(&stop);
     // Several node processes share the host: leave placement to the kernel.
     let role = start_role(
         rack,
         node,
         &endpoint,
-        kicker.clone(),
+        fabric.kicker(),
         run_directory,
         &stop,
         false,
     )?;
     let mut report = node_report(node, &endpoint);
-    match role {
-        RoleHandle::Compute(thread) => match thread.join() {
-            Ok(Ok(workload)) => report.workload = Some(workload),
-            Ok(Err(error)) => report.error = Some(error.to_string()),
-            Err(_) => report.error = Some("the workload thread panicked".into()),
-        },
-        RoleHandle::Memory(thread) => {
-            let _ = thread.join();
+    if matches!(role, RoleHandle::Compute(_)) {
+        join_role(role, &mut report);
+        fabric.stop_and_join()?;
+    } else {
+        // A memory node serves until stopped from outside (Ctrl-C, SIGTERM).
+        while !stop.load(Ordering::Relaxed) && !fabric.is_finished() {
+            std::thread::sleep(Duration::from_millis(20));
         }
+        fabric.stop_and_join()?;
+        join_role(role, &mut report);
     }
-    stop.store(true, Ordering::Relaxed);
-    driver_stop.store(true, Ordering::Relaxed);
-    kicker.kick();
-    fabric
-        .join()
-        .map_err(|_| RackError::Launch("the RNIC thread panicked".into()))??;
     report.rnic = node_report(node, &endpoint).rnic;
     Ok(report)
 }
@@ -942,6 +1013,6 @@ pub fn run_switch(
     if let Some(sink) = capture {
         sink.flush()?;
     }
-    let report = switch_report(&lock(&switch).switch, &counters);
+    let report = switch_report(&lock(&switch), &counters);
     Ok(report)
 }

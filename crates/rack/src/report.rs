@@ -67,6 +67,10 @@ pub struct NodeReport {
 pub struct SwitchReport {
     pub counters: SwitchCounters,
     pub ports: Vec<PortCounters>,
+    /// Frames a carrier refused (too large for it).
+    pub frames_refused_by_carriers: u64,
+    /// Ports taken out of service, with the reason (null while healthy).
+    pub failed_ports: Vec<Option<String>>,
     pub resources: ResourceReport,
 }
 
@@ -81,14 +85,18 @@ pub struct RackReport {
 
 impl RackReport {
     pub fn failures(&self) -> Vec<String> {
-        self.nodes
-            .iter()
-            .filter_map(|node| {
-                node.error
-                    .as_ref()
-                    .map(|error| format!("{}: {error}", node.name))
-            })
-            .collect()
+        let nodes = self.nodes.iter().filter_map(|node| {
+            node.error
+                .as_ref()
+                .map(|error| format!("{}: {error}", node.name))
+        });
+        let ports = self.switch.failed_ports.iter().enumerate();
+        let ports = ports.filter_map(|(port, error)| {
+            error
+                .as_ref()
+                .map(|error| format!("switch port {port}: {error}"))
+        });
+        nodes.chain(ports).collect()
     }
 }
 

@@ -152,7 +152,8 @@ fn connect(
         .rnic
         .handshake(prepared, remote.try_into()?)?;
     kicker.kick();
-    let share = region.length_bytes / placement.compute_count;
+    // Eight-byte aligned, so every compute node's atomics counter is too.
+    let share = (region.length_bytes / placement.compute_count) & !7;
     let window = (share.saturating_sub(COUNTER_BYTES) & !7).min(1 << 20);
     if window < u64::from(node.workload.max_bytes) {
         return Err(RackError::Workload(format!(

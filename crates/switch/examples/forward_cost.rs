@@ -5,7 +5,7 @@
 //! `cargo run --release -p remora-switch --example forward_cost`
 
 use remora_rnic::Timestamp;
-use remora_switch::programs::l2l3::{L2L3Forwarding, Route};
+use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{PortId, Switch, SwitchConfig};
 use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
 use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn};
@@ -16,16 +16,8 @@ fn main() {
     let mut program = L2L3Forwarding::new(MacAddress([2, 0x5e, 0, 0, 0, 0xfe]), 16);
     for index in 1..=2u8 {
         let port = PortId(u16::from(index - 1));
-        program.add_host(mac(index), port).unwrap();
         program
-            .add_route(
-                Ipv4Address::new(10, 0, 0, index),
-                32,
-                Route {
-                    port,
-                    next_hop: mac(index),
-                },
-            )
+            .add_attached_host(mac(index), Ipv4Address::new(10, 0, 0, index), port)
             .unwrap();
     }
     let mut switch = Switch::new(SwitchConfig::new(2), program);

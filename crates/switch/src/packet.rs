@@ -26,7 +26,11 @@ pub const RECIRCULATION_PORT: PortId = PortId(u16::MAX - 1);
 #[derive(Debug, Clone)]
 pub struct Packet {
     pub bytes: Vec<u8>,
+    /// The port this pass came in on: the recirculation port after the
+    /// first pass, as in P4.
     pub ingress_port: PortId,
+    /// The port the frame first arrived on, kept across recirculation.
+    pub original_ingress_port: PortId,
     pub headers: ParsedHeaders,
     pub egress: Egress,
     /// A copy also leaves by this port (after the deparser).
@@ -47,6 +51,7 @@ impl Packet {
         Packet {
             bytes,
             ingress_port,
+            original_ingress_port: ingress_port,
             headers,
             egress: Egress::Unset,
             mirror: None,

@@ -196,11 +196,15 @@ impl<P: Program> Switch<P> {
     }
 
     fn inject(&mut self, now: Timestamp, port: PortId, bytes: &[u8], emit: &mut Emit<'_>) {
-        let Ok(headers) = parser::parse(bytes) else {
+        // Copy first, then parse the copy: the bytes may sit in memory
+        // another process writes, and the offsets must describe what the
+        // pipeline actually holds.
+        let buffer = self.buffer_from(bytes);
+        let Ok(headers) = parser::parse(&buffer) else {
             self.counters.dropped_runt += 1;
+            self.recycle(buffer);
             return;
         };
-        let buffer = self.buffer_from(bytes);
         let mut packet = Packet::new(buffer, port, headers);
         self.run_pipeline(now, &mut packet, emit);
     }
@@ -228,12 +232,16 @@ impl<P: Program> Switch<P> {
                 return;
             }
             self.counters.recirculated += 1;
-            Self::recirculate(packet);
+            if !Self::recirculate(packet) {
+                self.counters.dropped_runt += 1;
+                self.recycle(std::mem::take(&mut packet.bytes));
+                return;
+            }
         }
         let bytes = std::mem::take(&mut packet.bytes);
         match packet.egress {
             Egress::Port(port) => self.output(port, bytes, emit),
-            Egress::Flood => self.flood(packet.ingress_port, bytes, emit),
+            Egress::Flood => self.flood(packet.original_ingress_port, bytes, emit),
             Egress::Drop => {
                 self.counters.dropped_by_program += 1;
                 self.recycle(bytes);
@@ -246,16 +254,21 @@ impl<P: Program> Switch<P> {
     }
 
     /// Starts the packet's next pass: parsed afresh (the program may have
-    /// changed headers), metadata reset, the pass counted.
-    fn recirculate(packet: &mut Packet) {
-        let recirculations = packet.recirculations + 1;
-        let headers = parser::parse(&packet.bytes).expect("a frame that parsed once still parses");
+    /// changed headers), metadata reset, the pass counted, the original
+    /// ingress port kept. False if the program cut the frame below a header.
+    fn recirculate(packet: &mut Packet) -> bool {
+        let Ok(headers) = parser::parse(&packet.bytes) else {
+            return false;
+        };
+        let (recirculations, original) = (packet.recirculations + 1, packet.original_ingress_port);
         *packet = Packet::new(
             std::mem::take(&mut packet.bytes),
             RECIRCULATION_PORT,
             headers,
         );
         packet.recirculations = recirculations;
+        packet.original_ingress_port = original;
+        true
     }
 
     /// The deparser: headers were edited in place, so only the ICRC may
@@ -313,10 +326,23 @@ impl<P: Program> Switch<P> {
             return;
         };
         if queue.len() >= self.config.egress_queue_frames {
+            // Background frames yield their place to normal ones, or a busy
+            // port would fill with probes that never leave.
+            let evicted = if self.background {
+                None
+            } else {
+                queue.background.pop_front()
+            };
             self.counters.dropped_queue_full += 1;
-            self.recycle(bytes);
-            return;
+            match evicted {
+                Some(old) => self.recycle(old),
+                None => {
+                    self.recycle(bytes);
+                    return;
+                }
+            }
         }
+        let queue = &mut self.egress[usize::from(port.0)];
         if self.background {
             queue.background.push_back(bytes);
         } else {

@@ -5,7 +5,7 @@
 use remora_fabric::node::RnicNode;
 use remora_rnic::*;
 use remora_sim::{LinkConfig, LinkFaults, Node, NodeId, PortId, Simulation};
-use remora_switch::programs::l2l3::{L2L3Forwarding, Route};
+use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{Switch, SwitchConfig};
 use remora_wire::{Ipv4Address, MacAddress, VirtAddr};
 use std::time::Duration;
@@ -91,16 +91,8 @@ fn run(seed: u64, faults: LinkFaults) {
     let mut program = L2L3Forwarding::new(MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]), 16);
     for index in 1..=HOSTS {
         let port = PortId(u16::from(index - 1));
-        program.add_host(mac(index), port).unwrap();
         program
-            .add_route(
-                ip(index),
-                32,
-                Route {
-                    port,
-                    next_hop: mac(index),
-                },
-            )
+            .add_attached_host(mac(index), ip(index), port)
             .unwrap();
     }
     let switch = simulation.add_node(Racked::Switch(Box::new(Switch::new(

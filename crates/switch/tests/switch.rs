@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use remora_rnic::Timestamp;
 use remora_switch::generator::Template;
 use remora_switch::packet::GENERATOR_PORT;
-use remora_switch::programs::l2l3::{L2L3Forwarding, Route, LEARN_DIGEST};
+use remora_switch::programs::l2l3::{L2L3Forwarding, LEARN_DIGEST};
 use remora_switch::{Egress, Packet, PortId, Program, ResourceReport, Switch, SwitchConfig};
 use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
 use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn, RoceFrame};
@@ -41,16 +41,8 @@ fn rack_switch(ports: u16) -> Switch<L2L3Forwarding> {
     let mut program = L2L3Forwarding::new(SWITCH_MAC, 64);
     for port in 0..ports {
         let index = port as u8 + 1;
-        program.add_host(host_mac(index), PortId(port)).unwrap();
         program
-            .add_route(
-                host_ip(index),
-                32,
-                Route {
-                    port: PortId(port),
-                    next_hop: host_mac(index),
-                },
-            )
+            .add_attached_host(host_mac(index), host_ip(index), PortId(port))
             .unwrap();
     }
     Switch::new(SwitchConfig::new(ports), program)
@@ -322,4 +314,93 @@ fn cut_through_hands_frames_to_the_carrier_and_queues_what_it_refuses_in_order()
         vec![(PortId(2), second), (PortId(2), third)]
     );
     assert_eq!(switch.counters().transmitted, 3);
+}
+
+#[test]
+fn normal_frames_take_the_place_of_background_ones_in_a_full_queue() {
+    let mut config = SwitchConfig::new(2);
+    config.egress_queue_frames = 2;
+    let mut program = L2L3Forwarding::new(SWITCH_MAC, 8);
+    program.add_host(host_mac(1), PortId(0)).unwrap();
+    program.add_host(host_mac(2), PortId(1)).unwrap();
+    let mut switch = Switch::new(config, program);
+    let probe = roce_frame(1, 2, host_mac(2), b"probe");
+    switch
+        .add_template(
+            Template {
+                bytes: probe.clone(),
+                period: Duration::from_micros(1),
+                priority: 0,
+            },
+            Timestamp::ZERO,
+        )
+        .unwrap();
+    for tick in 0..2 {
+        switch.handle_timeout(Timestamp::from_nanos(tick * 1_000));
+    }
+    // The queue to port 1 is full of probes; data still gets in.
+    let data = roce_frame(1, 2, host_mac(2), b"data");
+    switch.handle_frame(Timestamp::from_nanos(5_000), PortId(0), &data);
+    assert_eq!(
+        drain(&mut switch),
+        vec![(PortId(1), data), (PortId(1), probe)]
+    );
+    assert_eq!(
+        switch.counters().dropped_queue_full,
+        1,
+        "one probe gave its place up"
+    );
+}
+
+/// Floods on its second pass, or cuts the frame to nothing.
+struct Recirculator {
+    cut: bool,
+}
+
+impl Program for Recirculator {
+    fn name(&self) -> &str {
+        "recirculator"
+    }
+
+    fn ingress(&mut self, _now: Timestamp, packet: &mut Packet) {
+        if packet.recirculations == 0 {
+            packet.recirculate = true;
+            if self.cut {
+                packet.bytes.truncate(3);
+            }
+            return;
+        }
+        packet.egress = Egress::Flood;
+    }
+
+    fn resources(&self) -> ResourceReport {
+        ResourceReport::new("recirculator")
+    }
+}
+
+#[test]
+fn a_recirculated_flood_skips_the_port_the_frame_first_came_in_on() {
+    let mut switch = Switch::new(SwitchConfig::new(3), Recirculator { cut: false });
+    switch.handle_frame(
+        Timestamp::ZERO,
+        PortId(1),
+        &roce_frame(1, 2, host_mac(2), b"again"),
+    );
+    let ports: Vec<PortId> = drain(&mut switch)
+        .into_iter()
+        .map(|(port, _)| port)
+        .collect();
+    assert_eq!(ports, vec![PortId(0), PortId(2)]);
+}
+
+#[test]
+fn a_program_that_cuts_a_frame_below_its_headers_gets_it_dropped_not_a_panic() {
+    let mut switch = Switch::new(SwitchConfig::new(3), Recirculator { cut: true });
+    switch.handle_frame(
+        Timestamp::ZERO,
+        PortId(1),
+        &roce_frame(1, 2, host_mac(2), b"cut"),
+    );
+    assert!(drain(&mut switch).is_empty());
+    assert_eq!(switch.counters().dropped_runt, 1);
 }

@@ -20,7 +20,7 @@ use remora_rack::endpoint::{
     rack_queue_pair, Driver, NodeEndpoint, Pump, RackClock, SwitchEndpoint,
 };
 use remora_rnic::*;
-use remora_switch::programs::l2l3::{L2L3Forwarding, Route};
+use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{PortId, Switch, SwitchConfig};
 use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
 use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn};
@@ -71,18 +71,8 @@ fn l2l3_switch() -> Switch<L2L3Forwarding> {
     for index in 1..=2u8 {
         let port = PortId(u16::from(index - 1));
         program
-            .add_host(mac(index), port)
+            .add_attached_host(mac(index), address(index), port)
             .expect("room for two hosts");
-        program
-            .add_route(
-                address(index),
-                32,
-                Route {
-                    port,
-                    next_hop: mac(index),
-                },
-            )
-            .expect("room for two routes");
     }
     Switch::new(SwitchConfig::new(2), program)
 }

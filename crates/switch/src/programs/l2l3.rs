@@ -87,6 +87,25 @@ impl L2L3Forwarding {
         self.known_sources.insert(mac_to_u64(mac), ())
     }
 
+    /// Control plane: a host directly on `port`, both bridged (by MAC) and
+    /// routed (a /32 to its address), as a rack's switch knows its nodes.
+    pub fn add_attached_host(
+        &mut self,
+        mac: MacAddress,
+        address: Ipv4Address,
+        port: PortId,
+    ) -> Result<(), TableError> {
+        self.add_host(mac, port)?;
+        self.add_route(
+            address,
+            32,
+            Route {
+                port,
+                next_hop: mac,
+            },
+        )
+    }
+
     /// Control plane: route `prefix/length` out of `port` to `next_hop`.
     pub fn add_route(
         &mut self,
@@ -168,7 +187,7 @@ impl Program for L2L3Forwarding {
             return;
         }
         packet.egress = match self.mac_table.lookup(&destination) {
-            Some(port) if *port == packet.ingress_port => Egress::Drop,
+            Some(port) if *port == packet.original_ingress_port => Egress::Drop,
             Some(port) => Egress::Port(*port),
             None if destination_mac.0[0] & 1 == 1 => Egress::Flood,
             None if self.flood_unknown => Egress::Flood,
