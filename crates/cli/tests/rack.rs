@@ -374,3 +374,34 @@ fn bench_switch_quick_writes_the_ratios_as_json() {
         }
     }
 }
+
+/// Three compute nodes split a memory region into shares that must stay
+/// 8-byte aligned for their atomics (16 MiB / 3 is not).
+#[test]
+fn three_compute_nodes_share_a_memory_node_with_aligned_atomics() {
+    let mut rack = String::from("[rack]\nname = \"three\"\n[switch]\nprogram = \"l2l3\"\n");
+    for index in 1..=3 {
+        rack += &format!("[[node]]\nname = \"c{index}\"\nrole = \"compute\"\naddress = \"10.0.0.{index}\"\nmemory = \"1MiB\"\n[node.workload]\noperations = 100\n");
+    }
+    rack +=
+        "[[node]]\nname = \"m\"\nrole = \"memory\"\naddress = \"10.0.0.9\"\nmemory = \"16MiB\"\n";
+    let path = common::scratch("three.toml");
+    std::fs::write(&path, rack).unwrap();
+    let json = common::scratch("three.json");
+    let output = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["rack", "up"])
+        .arg(&path)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&path).ok();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).ok();
+    assert_workloads_complete(&report, 100);
+}
