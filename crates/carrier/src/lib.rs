@@ -112,6 +112,12 @@ pub trait Port: Send {
     /// What a waiter must watch to learn that frames arrived.
     #[cfg(not(loom))]
     fn wait_source(&self) -> WaitSource;
+
+    /// When the port next has something to do on its own (a fault
+    /// injector's held frame falling due): the driver's next wake-up.
+    fn next_due(&self) -> Option<std::time::Instant> {
+        None
+    }
 }
 
 impl<P: Port + ?Sized> Port for Box<P> {
@@ -142,6 +148,10 @@ impl<P: Port + ?Sized> Port for Box<P> {
     #[cfg(not(loom))]
     fn wait_source(&self) -> WaitSource {
         (**self).wait_source()
+    }
+
+    fn next_due(&self) -> Option<std::time::Instant> {
+        (**self).next_due()
     }
 }
 

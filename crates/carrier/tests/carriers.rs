@@ -395,3 +395,27 @@ fn af_packet_carries_frames_across_a_veth_pair() {
         assert_eq!(received[0], bytes);
     }
 }
+
+#[test]
+fn a_reordered_frame_is_held_says_when_it_falls_due_and_leaves_at_a_flush_after() {
+    let segment = Segment::anonymous(&SegmentPlan::star(1, 8)).unwrap();
+    let faults = LinkFaults {
+        reorder: 1.0,
+        reorder_delay: Duration::from_millis(20),
+        ..LinkFaults::NONE
+    };
+    let mut node = Faulty::new(segment.spoke_port(1).unwrap(), faults, 3).unwrap();
+    let mut hub = segment.hub_port(1).unwrap();
+    let sent = Instant::now();
+    node.send(&frame(1, 64)).unwrap();
+    node.flush().unwrap();
+    let due = node.next_due().expect("a held frame has a due time");
+    assert!(due <= sent + Duration::from_millis(20));
+    std::thread::sleep(due.saturating_duration_since(Instant::now()));
+    node.flush().unwrap();
+    assert_eq!(
+        receive_all(&mut hub, 1, Duration::from_secs(1)),
+        vec![frame(1, 64)]
+    );
+    assert!(node.next_due().is_none());
+}

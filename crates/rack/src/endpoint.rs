@@ -107,7 +107,8 @@ pub trait Pump: Send {
     /// Moves whatever can move now. Returns whether anything did.
     fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError>;
     /// The next timer, if any.
-    fn deadline(&self) -> Option<Timestamp>;
+    /// The next timer (RNIC or switch), or a port's own next due time.
+    fn deadline(&self, clock: &RackClock) -> Option<Instant>;
     /// Whether a port holds frames (checked after a sleep is announced).
     fn has_frames(&mut self) -> bool;
     fn wait_sources(&self) -> Vec<WaitSource>;
@@ -214,14 +215,15 @@ impl Pump for NodeEndpoint {
         Ok(worked || sent > 0)
     }
 
-    fn deadline(&self) -> Option<Timestamp> {
+    fn deadline(&self, clock: &RackClock) -> Option<Instant> {
         let retry = self
             .blocked_since
             .map(|since| since.saturating_add(FULL_CARRIER_RETRY));
-        [self.rnic.poll_timeout(), retry]
+        let timers = [self.rnic.poll_timeout(), retry]
             .into_iter()
             .flatten()
-            .min()
+            .map(|at| clock.instant(at));
+        timers.chain(self.port.next_due()).min()
     }
 
     fn has_frames(&mut self) -> bool {
@@ -384,8 +386,17 @@ impl Pump for SwitchEndpoint {
         Ok(self.drain_queues() || worked)
     }
 
-    fn deadline(&self) -> Option<Timestamp> {
-        self.switch.poll_timeout()
+    fn deadline(&self, clock: &RackClock) -> Option<Instant> {
+        let ports = self
+            .ports
+            .iter()
+            .filter_map(|port| port.borrow().next_due());
+        self.switch
+            .poll_timeout()
+            .map(|at| clock.instant(at))
+            .into_iter()
+            .chain(ports)
+            .min()
     }
 
     fn has_frames(&mut self) -> bool {
@@ -480,9 +491,8 @@ impl Driver {
             let deadline = self
                 .pumps
                 .iter()
-                .filter_map(|pump| lock(pump).deadline())
+                .filter_map(|pump| lock(pump).deadline(&self.clock))
                 .min();
-            let deadline = deadline.map(|at| self.clock.instant(at));
             let (pumps, kicked) = (&self.pumps, &self.kicked);
             self.idle.idle(&self.waiter, idle_since, deadline, &mut || {
                 kicked.load(Ordering::SeqCst) || pumps.iter().any(|pump| lock(pump).has_frames())

@@ -136,4 +136,5 @@ impl<P: Port> Port for Captured<P> {
     }
 
     pass_through_port_state!();
+    pass_through_next_due!();
 }

@@ -103,4 +103,5 @@ impl<P: Port> Port for Counted<P> {
     }
 
     pass_through_port_state!();
+    pass_through_next_due!();
 }

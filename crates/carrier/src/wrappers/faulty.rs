@@ -105,4 +105,9 @@ impl<P: Port> Port for Faulty<P> {
     }
 
     pass_through_port_state!();
+
+    fn next_due(&self) -> Option<Instant> {
+        let held = self.held.front().map(|(due, _)| *due);
+        [held, self.inner.next_due()].into_iter().flatten().min()
+    }
 }

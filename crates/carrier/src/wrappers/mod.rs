@@ -20,6 +20,15 @@ macro_rules! pass_through_port_state {
     };
 }
 
+/// `next_due` passed straight to the port in `inner`.
+macro_rules! pass_through_next_due {
+    () => {
+        fn next_due(&self) -> Option<std::time::Instant> {
+            self.inner.next_due()
+        }
+    };
+}
+
 pub mod capture;
 pub mod counted;
 pub mod faulty;
