@@ -1,0 +1,125 @@
+//! The control channel: a real exchange over a Unix socket, refusals, and a
+//! client that connects and says nothing cannot hold the server forever.
+
+use remora_carrier::{Segment, SegmentPlan};
+use remora_rack::control::{self, ControlAddress, EndpointMessage, MemoryService, Reply, Request};
+use remora_rack::endpoint::{rack_queue_pair, Driver, NodeEndpoint, Pump, RackClock};
+use remora_rnic::{AccessFlags, RnicConfig, SoftRnic, Verbs};
+use remora_wire::{Ipv4Address, MacAddress};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+struct Server {
+    address: ControlAddress,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+    _directory: std::path::PathBuf,
+}
+
+fn memory_server(name: &str) -> Server {
+    let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
+    let config = RnicConfig::new(
+        MacAddress([2, 0, 0, 0, 0, 2]),
+        Ipv4Address::new(10, 0, 0, 2),
+        9,
+    );
+    let mut node = NodeEndpoint::new(
+        "memory",
+        SoftRnic::new(config),
+        Box::new(segment.spoke_port(1).unwrap()),
+    );
+    let pd = node.rnic.alloc_protection_domain().unwrap();
+    let region = node
+        .rnic
+        .register_memory(pd, 4096, AccessFlags::ALL)
+        .unwrap();
+    let cq = node.rnic.create_completion_queue(16).unwrap();
+    let service = MemoryService {
+        builder: rack_queue_pair(pd, cq),
+        region,
+    };
+    let endpoint = Arc::new(Mutex::new(node));
+    let stop = Arc::new(AtomicBool::new(false));
+    let driver = Driver::new(
+        vec![endpoint.clone() as Arc<Mutex<dyn Pump>>],
+        RackClock::new(),
+        Arc::clone(&stop),
+    )
+    .unwrap();
+    let directory =
+        std::env::temp_dir().join(format!("remora-control-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let address = ControlAddress::Unix(directory.join("memory.sock"));
+    let thread = control::serve(
+        &address,
+        endpoint,
+        service,
+        driver.kicker(),
+        Arc::clone(&stop),
+    )
+    .unwrap();
+    Server {
+        address,
+        stop,
+        thread,
+        _directory: directory,
+    }
+}
+
+fn endpoint_message() -> EndpointMessage {
+    EndpointMessage {
+        qpn: 0x100,
+        address: [10, 0, 0, 1],
+        mac: [2, 0, 0, 0, 0, 1],
+        initial_psn: 7,
+    }
+}
+
+#[test]
+fn a_client_gets_the_servers_queue_pair_and_region_and_a_bad_qpn_is_refused() {
+    let server = memory_server("exchange");
+    let never = AtomicBool::new(false);
+    let request = Request::Connect {
+        client: "c".into(),
+        endpoint: endpoint_message(),
+    };
+    let reply =
+        control::request(&server.address, &request, Duration::from_secs(5), &never).unwrap();
+    let Reply::Connected { region, .. } = reply else {
+        panic!("refused: {reply:?}")
+    };
+    assert_eq!(region.length_bytes, 4096);
+    let bad = Request::Connect {
+        client: "c".into(),
+        endpoint: EndpointMessage {
+            qpn: u32::MAX,
+            ..endpoint_message()
+        },
+    };
+    let reply = control::request(&server.address, &bad, Duration::from_secs(5), &never).unwrap();
+    assert!(
+        matches!(reply, Reply::Refused { ref reason } if reason.contains("out of range")),
+        "{reply:?}"
+    );
+    server.stop.store(true, Ordering::Relaxed);
+    server.thread.join().unwrap();
+}
+
+#[test]
+fn a_silent_client_cannot_hold_the_server_past_its_timeout() {
+    let server = memory_server("silent");
+    let ControlAddress::Unix(path) = &server.address else {
+        unreachable!()
+    };
+    let _silent = std::os::unix::net::UnixStream::connect(path).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let stopping = Instant::now();
+    server.stop.store(true, Ordering::Relaxed);
+    server.thread.join().unwrap();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(8),
+        "the server waited {:?}",
+        stopping.elapsed()
+    );
+}
