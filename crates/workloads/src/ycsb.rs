@@ -1,0 +1,306 @@
+//! The YCSB core workload.
+//!
+//! A [`WorkloadSpec`] comes from a preset ([`WorkloadSpec::preset`], the
+//! A–F of YCSB's `workloads/` directory) or from a YCSB property file
+//! ([`WorkloadSpec::from_properties`]); the properties understood are
+//! `recordcount`, `operationcount`, `readproportion`, `updateproportion`,
+//! `insertproportion`, `scanproportion`, `readmodifywriteproportion`,
+//! `requestdistribution` (`uniform`, `zipfian`, `latest`),
+//! `zipfianconstant` (not in YCSB's core, which fixes 0.99; other
+//! generators take it), `maxscanlength`, `fieldcount`, `fieldlength` and
+//! `insertstart`. Other keys of real YCSB files (`workload`,
+//! `readallfields`, ...) are kept but do not change the mix.
+//!
+//! A [`Generator`] turns a spec and a seed into operations, the same ones
+//! for the same seed.
+
+use crate::distribution::{DistributionError, KeyChooser, Zipfian};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("line {line}: {message}")]
+    Syntax { line: usize, message: String },
+    #[error("property {key}: {message}")]
+    Value { key: String, message: String },
+    #[error("the operation proportions sum to {0}, not 1")]
+    Proportions(f64),
+    #[error("no YCSB preset {0:?} (there are a, b, c, d, e and f)")]
+    UnknownPreset(String),
+    #[error(transparent)]
+    Distribution(#[from] DistributionError),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RequestDistribution {
+    Uniform,
+    Zipfian,
+    Latest,
+}
+
+/// The operation mix, as proportions that sum to one.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Mix {
+    pub read: f64,
+    pub update: f64,
+    pub insert: f64,
+    pub scan: f64,
+    pub read_modify_write: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkloadSpec {
+    pub record_count: u64,
+    pub operation_count: u64,
+    pub mix: Mix,
+    pub distribution: RequestDistribution,
+    pub zipfian_constant: f64,
+    pub max_scan_length: u64,
+    pub field_count: u64,
+    pub field_length: u64,
+    pub insert_start: u64,
+    /// Every property read, including ones that do not change the mix.
+    pub properties: BTreeMap<String, String>,
+}
+
+/// The text of YCSB's core workload files, as presets.
+const PRESETS: [(&str, &str); 6] = [
+    ("a", "readproportion=0.5\nupdateproportion=0.5\nrequestdistribution=zipfian"),
+    ("b", "readproportion=0.95\nupdateproportion=0.05\nrequestdistribution=zipfian"),
+    ("c", "readproportion=1\nrequestdistribution=zipfian"),
+    ("d", "readproportion=0.95\ninsertproportion=0.05\nrequestdistribution=latest"),
+    ("e", "scanproportion=0.95\ninsertproportion=0.05\nrequestdistribution=zipfian\nmaxscanlength=100"),
+    ("f", "readproportion=0.5\nreadmodifywriteproportion=0.5\nrequestdistribution=zipfian"),
+];
+
+/// Parses Java-style properties: `key=value` or `key: value`, `#` and `!`
+/// comments, blank lines; later keys win.
+pub fn parse_properties(text: &str) -> Result<BTreeMap<String, String>, WorkloadError> {
+    let mut properties = BTreeMap::new();
+    for (index, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
+            continue;
+        }
+        let Some(split) = line.find(['=', ':']) else {
+            return Err(WorkloadError::Syntax {
+                line: index + 1,
+                message: format!("{line:?} is not key=value"),
+            });
+        };
+        let (key, value) = (line[..split].trim(), line[split + 1..].trim());
+        if key.is_empty() {
+            return Err(WorkloadError::Syntax {
+                line: index + 1,
+                message: "empty key".into(),
+            });
+        }
+        properties.insert(key.to_string(), value.to_string());
+    }
+    Ok(properties)
+}
+
+fn number<T: std::str::FromStr>(
+    properties: &BTreeMap<String, String>,
+    key: &str,
+    default: T,
+) -> Result<T, WorkloadError> {
+    match properties.get(key) {
+        None => Ok(default),
+        Some(text) => text.parse().map_err(|_| WorkloadError::Value {
+            key: key.into(),
+            message: format!("{text:?} is not a number of the right kind"),
+        }),
+    }
+}
+
+fn proportion(
+    properties: &BTreeMap<String, String>,
+    key: &str,
+    default: f64,
+) -> Result<f64, WorkloadError> {
+    let value: f64 = number(properties, key, default)?;
+    if !(0.0..=1.0).contains(&value) {
+        return Err(WorkloadError::Value {
+            key: key.into(),
+            message: format!("{value} is outside [0, 1]"),
+        });
+    }
+    Ok(value)
+}
+
+impl WorkloadSpec {
+    /// YCSB's workload A–F (case-insensitive, with or without "workload").
+    pub fn preset(name: &str) -> Result<WorkloadSpec, WorkloadError> {
+        let short = name.to_ascii_lowercase();
+        let short = short.trim_start_matches("workload");
+        let (_, text) = PRESETS
+            .iter()
+            .find(|(preset, _)| *preset == short)
+            .ok_or_else(|| WorkloadError::UnknownPreset(name.into()))?;
+        WorkloadSpec::from_properties(text)
+    }
+
+    /// A spec from a YCSB property file's text. Proportions not given are
+    /// zero, except reads, which YCSB defaults to 0.95 with updates 0.05.
+    pub fn from_properties(text: &str) -> Result<WorkloadSpec, WorkloadError> {
+        let properties = parse_properties(text)?;
+        let any_given = [
+            "readproportion",
+            "updateproportion",
+            "insertproportion",
+            "scanproportion",
+            "readmodifywriteproportion",
+        ]
+        .iter()
+        .any(|key| properties.contains_key(*key));
+        let (read_default, update_default) = if any_given { (0.0, 0.0) } else { (0.95, 0.05) };
+        let mix = Mix {
+            read: proportion(&properties, "readproportion", read_default)?,
+            update: proportion(&properties, "updateproportion", update_default)?,
+            insert: proportion(&properties, "insertproportion", 0.0)?,
+            scan: proportion(&properties, "scanproportion", 0.0)?,
+            read_modify_write: proportion(&properties, "readmodifywriteproportion", 0.0)?,
+        };
+        let total = mix.read + mix.update + mix.insert + mix.scan + mix.read_modify_write;
+        if (total - 1.0).abs() > 1e-9 {
+            return Err(WorkloadError::Proportions(total));
+        }
+        let distribution = match properties
+            .get("requestdistribution")
+            .map(String::as_str)
+            .unwrap_or("uniform")
+        {
+            "uniform" => RequestDistribution::Uniform,
+            "zipfian" => RequestDistribution::Zipfian,
+            "latest" => RequestDistribution::Latest,
+            other => {
+                return Err(WorkloadError::Value {
+                    key: "requestdistribution".into(),
+                    message: format!("{other:?} is not uniform, zipfian or latest"),
+                })
+            }
+        };
+        let spec = WorkloadSpec {
+            record_count: number(&properties, "recordcount", 1000)?,
+            operation_count: number(&properties, "operationcount", 1000)?,
+            mix,
+            distribution,
+            zipfian_constant: number(&properties, "zipfianconstant", 0.99)?,
+            max_scan_length: number(&properties, "maxscanlength", 1000)?,
+            field_count: number(&properties, "fieldcount", 10)?,
+            field_length: number(&properties, "fieldlength", 100)?,
+            insert_start: number(&properties, "insertstart", 0)?,
+            properties,
+        };
+        if spec.max_scan_length == 0 && spec.mix.scan > 0.0 {
+            return Err(WorkloadError::Value {
+                key: "maxscanlength".into(),
+                message: "scans need a positive length".into(),
+            });
+        }
+        spec.key_chooser()?;
+        Ok(spec)
+    }
+
+    /// The key chooser this spec asks for.
+    pub fn key_chooser(&self) -> Result<KeyChooser, WorkloadError> {
+        Ok(match self.distribution {
+            RequestDistribution::Uniform => KeyChooser::uniform(self.record_count)?,
+            RequestDistribution::Zipfian => KeyChooser::Zipfian(Zipfian::new(
+                self.record_count,
+                self.zipfian_constant,
+                true,
+            )?),
+            RequestDistribution::Latest => KeyChooser::Latest(Zipfian::new(
+                self.record_count,
+                self.zipfian_constant,
+                false,
+            )?),
+        })
+    }
+}
+
+/// One operation of the workload. Keys are record numbers; stores map them
+/// to their own key format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Operation {
+    Read { key: u64 },
+    Update { key: u64 },
+    Insert { key: u64 },
+    Scan { key: u64, length: u64 },
+    ReadModifyWrite { key: u64 },
+}
+
+/// Turns a spec into operations, deterministically per seed.
+pub struct Generator {
+    spec: WorkloadSpec,
+    chooser: KeyChooser,
+    rng: ChaCha8Rng,
+    /// Records that exist: the loaded ones plus those inserted so far.
+    inserted: u64,
+}
+
+impl Generator {
+    pub fn new(spec: WorkloadSpec, seed: u64) -> Result<Generator, WorkloadError> {
+        let chooser = spec.key_chooser()?;
+        Ok(Generator {
+            inserted: spec.insert_start + spec.record_count,
+            spec,
+            chooser,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        })
+    }
+
+    pub fn spec(&self) -> &WorkloadSpec {
+        &self.spec
+    }
+
+    /// The keys loaded before the run: `insertstart .. insertstart + recordcount`.
+    pub fn loaded_keys(&self) -> std::ops::Range<u64> {
+        self.spec.insert_start..self.spec.insert_start + self.spec.record_count
+    }
+
+    pub fn next_operation(&mut self) -> Operation {
+        let mix = self.spec.mix;
+        let draw: f64 = self.rng.gen();
+        let existing = self.spec.insert_start
+            + self
+                .chooser
+                .next_key(self.inserted - self.spec.insert_start, &mut self.rng);
+        let mut bound = mix.read;
+        if draw < bound {
+            return Operation::Read { key: existing };
+        }
+        bound += mix.update;
+        if draw < bound {
+            return Operation::Update { key: existing };
+        }
+        bound += mix.insert;
+        if draw < bound {
+            let key = self.inserted;
+            self.inserted += 1;
+            return Operation::Insert { key };
+        }
+        bound += mix.scan;
+        if draw < bound {
+            let length = self.rng.gen_range(1..=self.spec.max_scan_length);
+            return Operation::Scan {
+                key: existing,
+                length,
+            };
+        }
+        Operation::ReadModifyWrite { key: existing }
+    }
+}
+
+impl Iterator for Generator {
+    type Item = Operation;
+
+    fn next(&mut self) -> Option<Operation> {
+        Some(self.next_operation())
+    }
+}

@@ -1,0 +1,243 @@
+//! The YCSB generator: presets, property files and their errors, the
+//! operation mix, and the key distributions against their formulas.
+
+use proptest::prelude::*;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use remora_workloads::distribution::{KeyChooser, Zipfian};
+use remora_workloads::ycsb::{
+    Generator, Operation, RequestDistribution, WorkloadError, WorkloadSpec,
+};
+
+/// Written in the style of YCSB's own `workloads/workloada`.
+const WORKLOAD_FILE: &str = "\
+# Yahoo! Cloud System Benchmark
+# Workload A: Update heavy workload
+recordcount=1000
+operationcount=1000
+workload=site.ycsb.workloads.CoreWorkload
+
+readallfields=true
+
+readproportion=0.5
+updateproportion=0.5
+scanproportion=0
+insertproportion=0
+
+requestdistribution=zipfian
+! a comment in the other style
+zipfianconstant: 0.75
+";
+
+#[test]
+fn a_ycsb_property_file_reads_as_its_mix_and_distribution() {
+    let spec = WorkloadSpec::from_properties(WORKLOAD_FILE).unwrap();
+    assert_eq!((spec.record_count, spec.operation_count), (1000, 1000));
+    assert_eq!(
+        (spec.mix.read, spec.mix.update, spec.mix.insert),
+        (0.5, 0.5, 0.0)
+    );
+    assert_eq!(spec.distribution, RequestDistribution::Zipfian);
+    assert_eq!(spec.zipfian_constant, 0.75);
+    assert_eq!(
+        spec.properties["workload"],
+        "site.ycsb.workloads.CoreWorkload"
+    );
+}
+
+#[test]
+fn the_presets_are_ycsbs_core_workloads() {
+    let mix = |name: &str| {
+        let spec = WorkloadSpec::preset(name).unwrap();
+        let mix = spec.mix;
+        (
+            mix.read,
+            mix.update,
+            mix.insert,
+            mix.scan,
+            mix.read_modify_write,
+            spec.distribution,
+        )
+    };
+    assert_eq!(
+        mix("a"),
+        (0.5, 0.5, 0.0, 0.0, 0.0, RequestDistribution::Zipfian)
+    );
+    assert_eq!(
+        mix("workloadb"),
+        (0.95, 0.05, 0.0, 0.0, 0.0, RequestDistribution::Zipfian)
+    );
+    assert_eq!(
+        mix("C"),
+        (1.0, 0.0, 0.0, 0.0, 0.0, RequestDistribution::Zipfian)
+    );
+    assert_eq!(
+        mix("d"),
+        (0.95, 0.0, 0.05, 0.0, 0.0, RequestDistribution::Latest)
+    );
+    assert_eq!(
+        mix("e"),
+        (0.0, 0.0, 0.05, 0.95, 0.0, RequestDistribution::Zipfian)
+    );
+    assert_eq!(
+        mix("f"),
+        (0.5, 0.0, 0.0, 0.0, 0.5, RequestDistribution::Zipfian)
+    );
+    assert!(matches!(
+        WorkloadSpec::preset("g"),
+        Err(WorkloadError::UnknownPreset(_))
+    ));
+}
+
+#[test]
+fn bad_property_files_get_typed_errors() {
+    let cases = [
+        ("readproportion=0.5\nupdateproportion=0.4", "sum to"),
+        ("readproportion=lots", "not a number"),
+        (
+            "readproportion=1\nrequestdistribution=gaussian",
+            "not uniform, zipfian or latest",
+        ),
+        (
+            "readproportion=1\nrequestdistribution=zipfian\nzipfianconstant=-1",
+            "zipfian constant",
+        ),
+        ("readproportion=1\nrecordcount=0", "keyspace"),
+        ("this line has no separator", "line 1"),
+        ("readproportion=1.5", "outside [0, 1]"),
+    ];
+    for (text, expected) in cases {
+        let error = WorkloadSpec::from_properties(text).unwrap_err().to_string();
+        assert!(
+            error.contains(expected),
+            "{text:?}: {error:?} lacks {expected:?}"
+        );
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_operations_and_the_mix_holds() {
+    let spec = WorkloadSpec::preset("a").unwrap();
+    let first: Vec<Operation> = Generator::new(spec.clone(), 7)
+        .unwrap()
+        .take(1000)
+        .collect();
+    let again: Vec<Operation> = Generator::new(spec.clone(), 7)
+        .unwrap()
+        .take(1000)
+        .collect();
+    let other: Vec<Operation> = Generator::new(spec.clone(), 8)
+        .unwrap()
+        .take(1000)
+        .collect();
+    assert_eq!(first, again);
+    assert_ne!(first, other);
+    let reads = Generator::new(spec, 1)
+        .unwrap()
+        .take(100_000)
+        .filter(|operation| matches!(operation, Operation::Read { .. }))
+        .count();
+    assert!(
+        (49_000..51_000).contains(&reads),
+        "{reads} reads in 100 000 of a 50/50 mix"
+    );
+}
+
+#[test]
+fn inserts_take_new_keys_in_order_and_latest_favours_them() {
+    let mut generator = Generator::new(WorkloadSpec::preset("d").unwrap(), 3).unwrap();
+    let mut next_insert = generator.loaded_keys().end;
+    let mut recent_reads = 0;
+    let mut reads = 0;
+    for _ in 0..20_000 {
+        match generator.next_operation() {
+            Operation::Insert { key } => {
+                assert_eq!(key, next_insert);
+                next_insert += 1;
+            }
+            Operation::Read { key } => {
+                assert!(key < next_insert);
+                reads += 1;
+                if key + 10 >= next_insert {
+                    recent_reads += 1;
+                }
+            }
+            other => panic!("workload D has no {other:?}"),
+        }
+    }
+    assert!(next_insert > 1000 + 800, "about 5 % inserts");
+    // Under uniform choice 10 keys of ~1500 would get under 1 % of reads.
+    assert!(
+        recent_reads * 4 > reads,
+        "{recent_reads} of {reads} reads hit the 10 newest keys"
+    );
+}
+
+#[test]
+fn zipfian_ranks_follow_their_probabilities() {
+    for theta in [0.75, 0.99, 1.2] {
+        let zipfian = Zipfian::new(1000, theta, false).unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let draws = 400_000;
+        let mut counts = [0u64; 4];
+        for _ in 0..draws {
+            let rank = zipfian.next_rank(&mut rng);
+            assert!(rank < 1000);
+            if rank < 4 {
+                counts[rank as usize] += 1;
+            }
+        }
+        for (rank, count) in counts.iter().enumerate() {
+            let expected = zipfian.probability(rank as u64) * draws as f64;
+            let error = (*count as f64 - expected).abs() / expected;
+            assert!(
+                error < 0.05,
+                "θ {theta}, rank {rank}: {count} draws, expected {expected:.0}"
+            );
+        }
+    }
+}
+
+#[test]
+fn scrambled_zipfian_spreads_the_hot_keys_and_names_them() {
+    let zipfian = Zipfian::new(10_000, 0.99, true).unwrap();
+    let hottest = zipfian.hottest(8);
+    assert_eq!(hottest.len(), 8);
+    assert!(
+        hottest
+            .windows(2)
+            .any(|pair| pair[0].abs_diff(pair[1]) > 100),
+        "hot keys are not neighbours: {hottest:?}"
+    );
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let hits = (0..100_000)
+        .filter(|_| zipfian.next_key(&mut rng) == hottest[0])
+        .count();
+    let expected = zipfian.probability(0) * 100_000.0;
+    assert!(
+        (hits as f64) >= expected * 0.95,
+        "{hits} draws of the hottest key, expected about {expected:.0}"
+    );
+}
+
+#[test]
+fn uniform_choice_covers_the_keyspace() {
+    let chooser = KeyChooser::uniform(100).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let mut seen = [false; 100];
+    for _ in 0..5000 {
+        seen[chooser.next_key(100, &mut rng) as usize] = true;
+    }
+    assert!(seen.iter().all(|hit| *hit));
+}
+
+proptest! {
+    #[test]
+    fn keys_stay_in_the_keyspace(key_count in 1u64..5000, theta in 0.0f64..3.0, scrambled: bool, seed: u64) {
+        let zipfian = Zipfian::new(key_count, theta, scrambled).unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        for _ in 0..64 {
+            prop_assert!(zipfian.next_key(&mut rng) < key_count);
+        }
+    }
+}
