@@ -202,7 +202,7 @@ fn a_rack_of_processes_runs_over_the_udp_tunnel_with_a_lossy_link() {
 
 #[test]
 fn a_rack_in_network_namespaces_runs_over_af_packet() {
-    let root = rustix_is_root();
+    let root = running_as_root();
     if !root {
         eprintln!("SKIPPED: netns mode needs root");
         let output = Command::new(env!("CARGO_BIN_EXE_remora"))
@@ -230,7 +230,7 @@ fn a_rack_in_network_namespaces_runs_over_af_packet() {
     assert!(left.is_empty(), "namespaces left behind: {left:?}");
 }
 
-fn rustix_is_root() -> bool {
+fn running_as_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()

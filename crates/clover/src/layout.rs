@@ -50,7 +50,7 @@ impl NextPointer {
     pub const NULL: NextPointer = NextPointer(0);
 
     pub fn new(offset: u64, version: u16, committed: bool) -> Result<NextPointer, LayoutError> {
-        if offset == 0 || offset % 8 != 0 || offset > MAX_OFFSET {
+        if offset == 0 || !offset.is_multiple_of(8) || offset > MAX_OFFSET {
             return Err(LayoutError::Offset(offset));
         }
         let version = u64::from(version) & VERSION_MASK;
