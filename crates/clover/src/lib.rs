@@ -8,4 +8,5 @@
 //! that chains versions. The client state machines, the metadata server
 //! and the resolver switch program come next.
 
+pub mod client;
 pub mod layout;

@@ -1,0 +1,250 @@
+//! Clover's client operations against a plain memory model, with many
+//! writers and readers interleaved at random: every write is linked
+//! exactly once, in each writer's order, the version list is never broken
+//! or cyclic, and a reader never goes back in time.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use remora_clover::client::{ClientError, Outcome, ReadOperation, Step, Verb, WriteOperation};
+use remora_clover::layout::{decode_entry, encode_entry, size_class, NextPointer};
+use std::collections::{HashMap, HashSet};
+
+const KEY: u64 = 42;
+const FIRST: u64 = 64;
+
+/// The memory node's region; every verb is atomic, as on one RNIC.
+struct Region(Vec<u8>);
+
+impl Region {
+    fn execute(&mut self, verb: Verb) -> Outcome {
+        match verb {
+            Verb::Read { offset, length } => {
+                Outcome::Read(self.0[offset as usize..][..length].to_vec())
+            }
+            Verb::Write { offset, bytes } => {
+                self.0[offset as usize..][..bytes.len()].copy_from_slice(&bytes);
+                Outcome::Written
+            }
+            Verb::CompareSwap {
+                offset,
+                expect,
+                swap,
+            } => {
+                let at = offset as usize..offset as usize + 8;
+                let original = u64::from_le_bytes(self.0[at.clone()].try_into().unwrap());
+                if original == expect {
+                    self.0[at].copy_from_slice(&swap.to_le_bytes());
+                }
+                Outcome::Swapped { original }
+            }
+        }
+    }
+
+    /// Walks the list from the first version: values in order, refusing a
+    /// cycle or a foreign key.
+    fn versions(&self) -> Vec<Vec<u8>> {
+        let mut seen = HashSet::new();
+        let mut offset = FIRST;
+        let mut values = Vec::new();
+        loop {
+            assert!(seen.insert(offset), "the list is cyclic at {offset:#x}");
+            let entry = decode_entry(&self.0[offset as usize..offset as usize + 64])
+                .expect("a whole entry");
+            assert_eq!(entry.key, KEY);
+            values.push(entry.value.to_vec());
+            if entry.next.is_null() {
+                return values;
+            }
+            offset = entry.next.offset();
+        }
+    }
+}
+
+enum Operation {
+    Write {
+        writer: usize,
+        value: Vec<u8>,
+        machine: WriteOperation,
+    },
+    Read {
+        reader: usize,
+        machine: ReadOperation,
+    },
+}
+
+fn value_of(writer: usize, sequence: usize) -> Vec<u8> {
+    format!("w{writer:02}-{sequence:04}").into_bytes()
+}
+
+/// Runs `writers` writers of `writes` each and `readers` readers, one verb
+/// at a time in a random order.
+fn run(seed: u64, writers: usize, writes: usize, readers: usize) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut region = Region(vec![0; 1 << 20]);
+    encode_entry(KEY, b"initial!", &mut region.0[FIRST as usize..]).unwrap();
+    let first = NextPointer::new(FIRST, 0, true).unwrap();
+    let class = size_class(16).unwrap() as u64;
+    let mut next_slot = FIRST + class;
+    let mut cached = vec![first; writers + readers];
+    let mut done = vec![0usize; writers];
+    let mut reads_seen: Vec<Vec<Vec<u8>>> = vec![Vec::new(); readers];
+    let mut active: Vec<(Operation, Verb)> = Vec::new();
+    let mut conflicts = 0;
+    let start_write = |writer: usize, sequence: usize, slot: u64, cache: NextPointer| {
+        let value = value_of(writer, sequence);
+        let machine = WriteOperation::new(KEY, &value, slot, cache).unwrap();
+        let Step::Issue(verb) = machine.start() else {
+            unreachable!()
+        };
+        (
+            Operation::Write {
+                writer,
+                value,
+                machine,
+            },
+            verb,
+        )
+    };
+    for writer in 0..writers {
+        active.push(start_write(writer, 0, next_slot, cached[writer]));
+        next_slot += class;
+    }
+    for reader in 0..readers {
+        let mut machine = ReadOperation::new(KEY, cached[writers + reader], 64);
+        let Step::Issue(verb) = machine.start().unwrap() else {
+            unreachable!()
+        };
+        active.push((Operation::Read { reader, machine }, verb));
+    }
+    // Bounded: every step either finishes an operation or advances one,
+    // and chases are bounded by MAX_HOPS inside the machines.
+    let mut steps = 0u64;
+    while !active.is_empty() {
+        steps += 1;
+        assert!(steps < 10_000_000, "seed {seed}: no progress");
+        let index = rng.gen_range(0..active.len());
+        let (mut operation, verb) = active.swap_remove(index);
+        let outcome = region.execute(verb);
+        let step = match &mut operation {
+            Operation::Write { machine, .. } => machine.handle(outcome),
+            Operation::Read { machine, .. } => machine.handle(outcome),
+        }
+        .unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+        match (operation, step) {
+            (operation, Step::Issue(verb)) => active.push((operation, verb)),
+            (
+                Operation::Write { writer, .. },
+                Step::Written {
+                    tail,
+                    conflicts: seen,
+                    ..
+                },
+            ) => {
+                conflicts += seen;
+                cached[writer] = tail;
+                done[writer] += 1;
+                if done[writer] < writes {
+                    active.push(start_write(writer, done[writer], next_slot, cached[writer]));
+                    next_slot += class;
+                }
+            }
+            (Operation::Read { reader, .. }, Step::Value { tail, value, .. }) => {
+                cached[writers + reader] = tail;
+                reads_seen[reader].push(value);
+                // Readers keep reading while writers write.
+                if done.iter().any(|count| *count < writes) {
+                    let mut machine = ReadOperation::new(KEY, tail, 64);
+                    let Step::Issue(verb) = machine.start().unwrap() else {
+                        unreachable!()
+                    };
+                    active.push((Operation::Read { reader, machine }, verb));
+                }
+            }
+            _ => panic!("seed {seed}: a step of the wrong kind"),
+        }
+    }
+    let versions = region.versions();
+    assert_eq!(
+        versions.len(),
+        1 + writers * writes,
+        "seed {seed}: every write linked exactly once"
+    );
+    let position: HashMap<&Vec<u8>, usize> = versions
+        .iter()
+        .enumerate()
+        .map(|(index, value)| (value, index))
+        .collect();
+    assert_eq!(
+        position.len(),
+        versions.len(),
+        "seed {seed}: no value linked twice"
+    );
+    for writer in 0..writers {
+        let order: Vec<usize> = (0..writes)
+            .map(|sequence| position[&value_of(writer, sequence)])
+            .collect();
+        assert!(
+            order.windows(2).all(|pair| pair[0] < pair[1]),
+            "seed {seed}: writer {writer}'s writes out of order"
+        );
+    }
+    for (reader, values) in reads_seen.iter().enumerate() {
+        let order: Vec<usize> = values.iter().map(|value| position[value]).collect();
+        assert!(
+            order.windows(2).all(|pair| pair[0] <= pair[1]),
+            "seed {seed}: reader {reader} went back in time"
+        );
+    }
+    if writers > 1 && writes > 4 {
+        assert!(
+            conflicts > 0,
+            "seed {seed}: contended writers never conflicted; the test would prove nothing"
+        );
+    }
+}
+
+#[test]
+fn one_writer_appends_in_order() {
+    run(1, 1, 50, 0);
+}
+
+#[test]
+fn contended_writers_and_readers_keep_the_list_whole_across_seeds() {
+    for seed in 0..200 {
+        run(seed, 8, 10, 3);
+    }
+}
+
+#[test]
+fn a_cyclic_list_is_reported_not_followed_forever() {
+    let mut region = Region(vec![0; 4096]);
+    encode_entry(KEY, b"looping!", &mut region.0[FIRST as usize..]).unwrap();
+    let itself = NextPointer::new(FIRST, 1, true).unwrap();
+    region.0[FIRST as usize..FIRST as usize + 8].copy_from_slice(&itself.word().to_le_bytes());
+    let mut read = ReadOperation::new(KEY, itself, 64);
+    let mut step = read.start().unwrap();
+    let error = loop {
+        let Step::Issue(verb) = step else {
+            panic!("a cyclic list has no tail")
+        };
+        match read.handle(region.execute(verb)) {
+            Ok(next) => step = next,
+            Err(error) => break error,
+        }
+    };
+    assert_eq!(error, ClientError::TooManyHops);
+}
+
+#[test]
+fn an_entry_of_another_key_in_the_chain_is_a_broken_list() {
+    let mut region = Region(vec![0; 4096]);
+    encode_entry(KEY + 1, b"stranger", &mut region.0[FIRST as usize..]).unwrap();
+    let mut read = ReadOperation::new(KEY, NextPointer::new(FIRST, 0, true).unwrap(), 64);
+    let Step::Issue(verb) = read.start().unwrap() else {
+        unreachable!()
+    };
+    assert!(matches!(
+        read.handle(region.execute(verb)),
+        Err(ClientError::WrongKey { .. })
+    ));
+}
