@@ -63,7 +63,6 @@ impl Region {
 enum Operation {
     Write {
         writer: usize,
-        value: Vec<u8>,
         machine: WriteOperation,
     },
     Read {
@@ -96,17 +95,10 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize) {
         let Step::Issue(verb) = machine.start() else {
             unreachable!()
         };
-        (
-            Operation::Write {
-                writer,
-                value,
-                machine,
-            },
-            verb,
-        )
+        (Operation::Write { writer, machine }, verb)
     };
-    for writer in 0..writers {
-        active.push(start_write(writer, 0, next_slot, cached[writer]));
+    for (writer, cache) in cached.iter().enumerate().take(writers) {
+        active.push(start_write(writer, 0, next_slot, *cache));
         next_slot += class;
     }
     for reader in 0..readers {
