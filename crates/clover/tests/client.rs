@@ -1,12 +1,16 @@
 //! Clover's client operations against a plain memory model, with many
 //! writers and readers interleaved at random: every write is linked
 //! exactly once, in each writer's order, the version list is never broken
-//! or cyclic, and a reader never goes back in time.
+//! or cyclic, a reader never goes back in time, and the whole history of
+//! the key is linearizable as a register, by stateright's
+//! `LinearizabilityTester` (a checker nobody here wrote).
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use remora_clover::client::{ClientError, Outcome, ReadOperation, Step, Verb, WriteOperation};
 use remora_clover::layout::{decode_entry, encode_entry, size_class, NextPointer};
+use stateright::semantics::register::{Register, RegisterOp, RegisterRet};
+use stateright::semantics::{ConsistencyTester, LinearizabilityTester};
 use std::collections::{HashMap, HashSet};
 
 const KEY: u64 = 42;
@@ -77,7 +81,7 @@ fn value_of(writer: usize, sequence: usize) -> Vec<u8> {
 
 /// Runs `writers` writers of `writes` each and `readers` readers, one verb
 /// at a time in a random order.
-fn run(seed: u64, writers: usize, writes: usize, readers: usize) {
+fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_linearizable: bool) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut region = Region(vec![0; 1 << 20]);
     encode_entry(KEY, b"initial!", &mut region.0[FIRST as usize..]).unwrap();
@@ -89,6 +93,10 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize) {
     let mut reads_seen: Vec<Vec<Vec<u8>>> = vec![Vec::new(); readers];
     let mut active: Vec<(Operation, Verb)> = Vec::new();
     let mut conflicts = 0;
+    // Recorded only where it will be checked: the tester's bookkeeping
+    // grows with every thread's history.
+    let mut history =
+        check_linearizable.then(|| LinearizabilityTester::new(Register(b"initial!".to_vec())));
     let start_write = |writer: usize, sequence: usize, slot: u64, cache: NextPointer| {
         let value = value_of(writer, sequence);
         let machine = WriteOperation::new(KEY, &value, slot, cache).unwrap();
@@ -98,10 +106,20 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize) {
         (Operation::Write { writer, machine }, verb)
     };
     for (writer, cache) in cached.iter().enumerate().take(writers) {
+        if let Some(history) = history.as_mut() {
+            history
+                .on_invoke(writer, RegisterOp::Write(value_of(writer, 0)))
+                .unwrap();
+        }
         active.push(start_write(writer, 0, next_slot, *cache));
         next_slot += class;
     }
     for reader in 0..readers {
+        if let Some(history) = history.as_mut() {
+            history
+                .on_invoke(writers + reader, RegisterOp::Read)
+                .unwrap();
+        }
         let mut machine = ReadOperation::new(KEY, cached[writers + reader], 64);
         let Step::Issue(verb) = machine.start().unwrap() else {
             unreachable!()
@@ -133,18 +151,36 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize) {
                 },
             ) => {
                 conflicts += seen;
+                if let Some(history) = history.as_mut() {
+                    history.on_return(writer, RegisterRet::WriteOk).unwrap();
+                }
                 cached[writer] = tail;
                 done[writer] += 1;
                 if done[writer] < writes {
+                    if let Some(history) = history.as_mut() {
+                        history
+                            .on_invoke(writer, RegisterOp::Write(value_of(writer, done[writer])))
+                            .unwrap();
+                    }
                     active.push(start_write(writer, done[writer], next_slot, cached[writer]));
                     next_slot += class;
                 }
             }
             (Operation::Read { reader, .. }, Step::Value { tail, value, .. }) => {
                 cached[writers + reader] = tail;
+                if let Some(history) = history.as_mut() {
+                    history
+                        .on_return(writers + reader, RegisterRet::ReadOk(value.clone()))
+                        .unwrap();
+                }
                 reads_seen[reader].push(value);
                 // Readers keep reading while writers write.
                 if done.iter().any(|count| *count < writes) {
+                    if let Some(history) = history.as_mut() {
+                        history
+                            .on_invoke(writers + reader, RegisterOp::Read)
+                            .unwrap();
+                    }
                     let mut machine = ReadOperation::new(KEY, tail, 64);
                     let Step::Issue(verb) = machine.start().unwrap() else {
                         unreachable!()
@@ -154,6 +190,14 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize) {
             }
             _ => panic!("seed {seed}: a step of the wrong kind"),
         }
+    }
+    // The tester's search grows quickly with concurrency: it checks the
+    // smaller configurations.
+    if let Some(history) = &history {
+        assert!(
+            history.is_consistent(),
+            "seed {seed}: the history is not linearizable"
+        );
     }
     let versions = region.versions();
     assert_eq!(
@@ -197,13 +241,20 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize) {
 
 #[test]
 fn one_writer_appends_in_order() {
-    run(1, 1, 50, 0);
+    run(1, 1, 50, 0, true);
 }
 
 #[test]
 fn contended_writers_and_readers_keep_the_list_whole_across_seeds() {
     for seed in 0..200 {
-        run(seed, 8, 10, 3);
+        run(seed, 8, 10, 3, false);
+    }
+}
+
+#[test]
+fn histories_of_contended_writers_and_readers_are_linearizable() {
+    for seed in 0..40 {
+        run(seed, 3, 4, 2, true);
     }
 }
 
