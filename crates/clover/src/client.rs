@@ -83,17 +83,62 @@ enum WriteState {
     Swapping,
 }
 
+/// Walking a key's version list towards its tail: the one part a write
+/// and a read share.
+#[derive(Debug, Clone)]
+struct Chase {
+    key: u64,
+    /// The version believed to be the tail.
+    cursor: NextPointer,
+    hops: u32,
+}
+
+impl Chase {
+    fn new(key: u64, cached: NextPointer) -> Chase {
+        assert!(!cached.is_null(), "a key's list always has a first version");
+        Chase {
+            key,
+            cursor: cached,
+            hops: 0,
+        }
+    }
+
+    /// Counts one more READ of the cursor and returns its offset.
+    fn hop(&mut self) -> Result<u64, ClientError> {
+        self.hops += 1;
+        if self.hops > MAX_HOPS {
+            return Err(ClientError::TooManyHops);
+        }
+        Ok(self.cursor.offset())
+    }
+
+    /// Takes the header READ at the cursor: true if it pointed on (the
+    /// cursor moved and the chase goes on), false at the tail.
+    fn follow(&mut self, bytes: &[u8]) -> Result<bool, ClientError> {
+        let (next, key) = header(bytes)?;
+        if key != self.key {
+            return Err(ClientError::WrongKey {
+                offset: self.cursor.offset(),
+                expected: self.key,
+                found: key,
+            });
+        }
+        if next.is_null() {
+            return Ok(false);
+        }
+        self.cursor = next;
+        Ok(true)
+    }
+}
+
 /// Appends a version of `key`.
 #[derive(Debug, Clone)]
 pub struct WriteOperation {
-    key: u64,
     entry: Vec<u8>,
     slot: u64,
-    /// The version the client believes is the tail.
-    cursor: NextPointer,
+    chase: Chase,
     state: WriteState,
     conflicts: u32,
-    hops: u32,
 }
 
 impl WriteOperation {
@@ -106,22 +151,16 @@ impl WriteOperation {
         slot: u64,
         cached_tail: NextPointer,
     ) -> Result<WriteOperation, ClientError> {
-        assert!(
-            !cached_tail.is_null(),
-            "a key's list always has a first version"
-        );
         let mut entry = vec![0; HEADER_BYTES + value.len()];
         encode_entry(key, value, &mut entry)?;
         // Checked here so that the pointer built at the CAS cannot fail.
         NextPointer::new(slot, 0, true)?;
         Ok(WriteOperation {
-            key,
             entry,
             slot,
-            cursor: cached_tail,
+            chase: Chase::new(key, cached_tail),
             state: WriteState::WritingEntry,
             conflicts: 0,
-            hops: 0,
         })
     }
 
@@ -134,19 +173,16 @@ impl WriteOperation {
     }
 
     fn read_cursor(&mut self) -> Result<Step, ClientError> {
-        self.hops += 1;
-        if self.hops > MAX_HOPS {
-            return Err(ClientError::TooManyHops);
-        }
+        let offset = self.chase.hop()?;
         self.state = WriteState::ReadingHeader;
         Ok(Step::Issue(Verb::Read {
-            offset: self.cursor.offset(),
+            offset,
             length: HEADER_BYTES,
         }))
     }
 
     fn new_tail(&self) -> NextPointer {
-        NextPointer::new(self.slot, self.cursor.next_version(), true)
+        NextPointer::new(self.slot, self.chase.cursor.next_version(), true)
             .expect("checked at construction")
     }
 
@@ -154,21 +190,12 @@ impl WriteOperation {
         match (self.state, outcome) {
             (WriteState::WritingEntry, Outcome::Written) => self.read_cursor(),
             (WriteState::ReadingHeader, Outcome::Read(bytes)) => {
-                let (next, key) = header(&bytes)?;
-                if key != self.key {
-                    return Err(ClientError::WrongKey {
-                        offset: self.cursor.offset(),
-                        expected: self.key,
-                        found: key,
-                    });
-                }
-                if !next.is_null() {
-                    self.cursor = next;
+                if self.chase.follow(&bytes)? {
                     return self.read_cursor();
                 }
                 self.state = WriteState::Swapping;
                 Ok(Step::Issue(Verb::CompareSwap {
-                    offset: self.cursor.offset(),
+                    offset: self.chase.cursor.offset(),
                     expect: 0,
                     swap: self.new_tail().word(),
                 }))
@@ -178,12 +205,12 @@ impl WriteOperation {
                     return Ok(Step::Written {
                         tail: self.new_tail(),
                         conflicts: self.conflicts,
-                        hops: self.hops,
+                        hops: self.chase.hops,
                     });
                 }
                 // Another writer linked first: chase from its entry.
                 self.conflicts += 1;
-                self.cursor = NextPointer::from_word(original);
+                self.chase.cursor = NextPointer::from_word(original);
                 self.read_cursor()
             }
             _ => Err(ClientError::UnexpectedOutcome),
@@ -205,20 +232,15 @@ fn header(bytes: &[u8]) -> Result<(NextPointer, u64), ClientError> {
 /// the client expects; a longer value costs one more READ).
 #[derive(Debug, Clone)]
 pub struct ReadOperation {
-    key: u64,
-    cursor: NextPointer,
+    chase: Chase,
     entry_bytes: usize,
-    hops: u32,
 }
 
 impl ReadOperation {
     pub fn new(key: u64, cached: NextPointer, entry_bytes: usize) -> ReadOperation {
-        assert!(!cached.is_null(), "a key's list always has a first version");
         ReadOperation {
-            key,
-            cursor: cached,
+            chase: Chase::new(key, cached),
             entry_bytes: entry_bytes.max(HEADER_BYTES),
-            hops: 0,
         }
     }
 
@@ -227,12 +249,9 @@ impl ReadOperation {
     }
 
     fn read_cursor(&mut self) -> Result<Step, ClientError> {
-        self.hops += 1;
-        if self.hops > MAX_HOPS {
-            return Err(ClientError::TooManyHops);
-        }
+        let offset = self.chase.hop()?;
         Ok(Step::Issue(Verb::Read {
-            offset: self.cursor.offset(),
+            offset,
             length: self.entry_bytes,
         }))
     }
@@ -241,16 +260,7 @@ impl ReadOperation {
         let Outcome::Read(bytes) = outcome else {
             return Err(ClientError::UnexpectedOutcome);
         };
-        let (next, key) = header(&bytes)?;
-        if key != self.key {
-            return Err(ClientError::WrongKey {
-                offset: self.cursor.offset(),
-                expected: self.key,
-                found: key,
-            });
-        }
-        if !next.is_null() {
-            self.cursor = next;
+        if self.chase.follow(&bytes)? {
             return self.read_cursor();
         }
         let length = u32::from_le_bytes(
@@ -266,14 +276,14 @@ impl ReadOperation {
         if bytes.len() < HEADER_BYTES + length {
             // The value is longer than the client guessed: read it whole.
             self.entry_bytes = HEADER_BYTES + length;
-            self.hops -= 1;
+            self.chase.hops -= 1;
             return self.read_cursor();
         }
         let entry = decode_entry(&bytes)?;
         Ok(Step::Value {
-            tail: self.cursor,
+            tail: self.chase.cursor,
             value: entry.value.to_vec(),
-            hops: self.hops,
+            hops: self.chase.hops,
         })
     }
 }
