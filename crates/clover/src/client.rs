@@ -1,18 +1,23 @@
 //! A Clover client operation as a sans-IO state machine: it asks for RDMA
-//! verbs ([`Verb`]) and is handed their results, so the same code runs
-//! against a plain memory model in tests and against a soft RNIC on the
-//! rack.
+//! verbs ([`Verb`]) or a metadata-server lookup ([`Step::Locate`]) and is
+//! handed their results, so the same code runs against a plain memory
+//! model in tests, in the simulator and against a soft RNIC on the rack.
 //!
 //! A write has an entry slot the metadata server handed out beforehand:
 //! 1. WRITE the new entry (a tail: next pointer null) into the slot;
-//! 2. READ the header of the version the client believes is the tail;
-//!    while its next pointer is set, follow it (pointer chasing);
-//! 3. CAS that tail's next pointer from null to the new entry. If another
-//!    writer got there first, the CAS returns their pointer: that is a
-//!    conflict, and the chase resumes from it.
+//! 2. CAS the next pointer of the version the client believes is the tail
+//!    from null to the new entry. If another writer got there first, the
+//!    CAS returns their pointer: a conflict. The client then READs headers
+//!    along the list (pointer chasing) to the new tail and CASes again.
 //!
 //! A read starts from the client's cached location and follows next
 //! pointers to the tail, whose value it returns.
+//!
+//! Both walk the list the same way ([`Chase`]): from the cached location,
+//! or, with none, from the key's shortcut; after
+//! [`Thresholds::shortcut_after_hops`] hops they jump to the shortcut, and
+//! after [`Thresholds::metadata_after_hops`] they ask the metadata server,
+//! which returns the tail.
 
 use crate::layout::{
     decode_entry, encode_entry, LayoutError, NextPointer, HEADER_BYTES, MAX_VALUE_BYTES,
@@ -30,7 +35,7 @@ pub enum Verb {
     CompareSwap { offset: u64, expect: u64, swap: u64 },
 }
 
-/// What a verb returned.
+/// What a verb (or a lookup) returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Read(Vec<u8>),
@@ -39,6 +44,8 @@ pub enum Outcome {
     Swapped {
         original: u64,
     },
+    /// The metadata server's answer to [`Step::Locate`]: the key's tail.
+    Located(NextPointer),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,8 +60,70 @@ pub enum ClientError {
     },
     #[error("more than {MAX_HOPS} hops without reaching a tail: the list is broken or cyclic")]
     TooManyHops,
-    #[error("the verb's outcome does not match what was asked")]
+    #[error("the outcome does not match what was asked")]
     UnexpectedOutcome,
+    #[error("the metadata server located no version of key {0}")]
+    NotLocated(u64),
+    #[error(
+        "the shortcut threshold ({shortcut}) must be below the metadata threshold ({metadata})"
+    )]
+    Thresholds { shortcut: u32, metadata: u32 },
+}
+
+/// When a chase stops following pointers and jumps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    /// Entry READs after which the chase reads the key's shortcut.
+    pub shortcut_after_hops: u32,
+    /// Entry READs after which it asks the metadata server.
+    pub metadata_after_hops: u32,
+}
+
+impl Thresholds {
+    pub const DEFAULT: Thresholds = Thresholds {
+        shortcut_after_hops: 4,
+        metadata_after_hops: 16,
+    };
+
+    pub fn new(
+        shortcut_after_hops: u32,
+        metadata_after_hops: u32,
+    ) -> Result<Thresholds, ClientError> {
+        if shortcut_after_hops >= metadata_after_hops {
+            return Err(ClientError::Thresholds {
+                shortcut: shortcut_after_hops,
+                metadata: metadata_after_hops,
+            });
+        }
+        Ok(Thresholds {
+            shortcut_after_hops,
+            metadata_after_hops,
+        })
+    }
+}
+
+/// Where an operation starts looking for a key's tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lookup {
+    pub key: u64,
+    /// Where the client last saw the key (any version works: the chase
+    /// finds the tail), if it remembers.
+    pub cached: Option<NextPointer>,
+    /// Region offset of the key's shortcut word.
+    pub shortcut: u64,
+    pub thresholds: Thresholds,
+}
+
+/// How an operation went, for the statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Trail {
+    /// Entry READs.
+    pub hops: u32,
+    /// Failed CASes (writes only).
+    pub conflicts: u32,
+    /// Whether the chase used the shortcut or the metadata server: the
+    /// tail it found was learned during this operation.
+    pub jumped: bool,
 }
 
 /// Where an operation stands after a step.
@@ -62,105 +131,175 @@ pub enum ClientError {
 pub enum Step {
     /// Issue this verb and hand its outcome to `handle`.
     Issue(Verb),
+    /// Ask the metadata server where the key's tail is, and hand its
+    /// answer to `handle` as [`Outcome::Located`].
+    Locate { key: u64 },
     /// A write is linked: the new tail (also the client's new cache).
-    Written {
-        tail: NextPointer,
-        conflicts: u32,
-        hops: u32,
-    },
+    Written { tail: NextPointer, trail: Trail },
     /// A read found the tail's value.
     Value {
         tail: NextPointer,
         value: Vec<u8>,
-        hops: u32,
+        trail: Trail,
     },
 }
 
+/// What a chase asked last, so its answer is read the right way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum WriteState {
-    WritingEntry,
-    ReadingHeader,
-    Swapping,
+enum Look {
+    Entry,
+    Shortcut,
+    Metadata,
 }
 
-/// Walking a key's version list towards its tail: the one part a write
-/// and a read share.
+/// Walking a key's version list towards its tail: the part a write and a
+/// read share.
 #[derive(Debug, Clone)]
 struct Chase {
-    key: u64,
+    lookup: Lookup,
     /// The version believed to be the tail.
-    cursor: NextPointer,
-    hops: u32,
+    cursor: Option<NextPointer>,
+    trail: Trail,
+    shortcut_read: bool,
+    metadata_asked: bool,
+    pending: Look,
 }
 
 impl Chase {
-    fn new(key: u64, cached: NextPointer) -> Chase {
-        assert!(!cached.is_null(), "a key's list always has a first version");
+    fn new(lookup: Lookup) -> Chase {
         Chase {
-            key,
-            cursor: cached,
-            hops: 0,
+            lookup,
+            cursor: lookup.cached.filter(|pointer| !pointer.is_null()),
+            trail: Trail::default(),
+            shortcut_read: false,
+            metadata_asked: false,
+            pending: Look::Entry,
         }
     }
 
-    /// Counts one more READ of the cursor and returns its offset.
-    fn hop(&mut self) -> Result<u64, ClientError> {
-        self.hops += 1;
-        if self.hops > MAX_HOPS {
-            return Err(ClientError::TooManyHops);
+    fn next_look(&self) -> Look {
+        let hops = self.trail.hops;
+        let thresholds = self.lookup.thresholds;
+        match self.cursor {
+            None if !self.shortcut_read => Look::Shortcut,
+            None => Look::Metadata,
+            Some(_) if hops >= thresholds.shortcut_after_hops && !self.shortcut_read => {
+                Look::Shortcut
+            }
+            Some(_) if hops >= thresholds.metadata_after_hops && !self.metadata_asked => {
+                Look::Metadata
+            }
+            Some(_) => Look::Entry,
         }
-        Ok(self.cursor.offset())
     }
 
-    /// Takes the header READ at the cursor: true if it pointed on (the
+    /// The next step towards the tail, reading `entry_bytes` of an entry.
+    fn look(&mut self, entry_bytes: usize) -> Result<Step, ClientError> {
+        self.pending = self.next_look();
+        match self.pending {
+            Look::Entry => {
+                self.trail.hops += 1;
+                if self.trail.hops > MAX_HOPS {
+                    return Err(ClientError::TooManyHops);
+                }
+                let cursor = self.cursor.expect("an entry look has a cursor");
+                Ok(Step::Issue(Verb::Read {
+                    offset: cursor.offset(),
+                    length: entry_bytes,
+                }))
+            }
+            Look::Shortcut => {
+                self.shortcut_read = true;
+                Ok(Step::Issue(Verb::Read {
+                    offset: self.lookup.shortcut,
+                    length: 8,
+                }))
+            }
+            Look::Metadata => {
+                self.metadata_asked = true;
+                Ok(Step::Locate {
+                    key: self.lookup.key,
+                })
+            }
+        }
+    }
+
+    /// Takes the answer to a shortcut READ or a metadata lookup.
+    fn land(&mut self, outcome: Outcome) -> Result<(), ClientError> {
+        let pointer = match (self.pending, outcome) {
+            (Look::Shortcut, Outcome::Read(bytes)) => NextPointer::from_word(word(&bytes, 0)?),
+            (Look::Metadata, Outcome::Located(pointer)) if pointer.is_null() => {
+                return Err(ClientError::NotLocated(self.lookup.key))
+            }
+            (Look::Metadata, Outcome::Located(pointer)) => pointer,
+            _ => return Err(ClientError::UnexpectedOutcome),
+        };
+        // A null shortcut (never set) leaves the cursor where it was.
+        if !pointer.is_null() {
+            self.cursor = Some(pointer);
+            self.trail.jumped = true;
+        }
+        Ok(())
+    }
+
+    /// Takes the entry READ at the cursor: true if it pointed on (the
     /// cursor moved and the chase goes on), false at the tail.
     fn follow(&mut self, bytes: &[u8]) -> Result<bool, ClientError> {
-        let (next, key) = header(bytes)?;
-        if key != self.key {
+        let cursor = self.cursor.expect("an entry look has a cursor");
+        let next = NextPointer::from_word(word(bytes, 0)?);
+        let key = word(bytes, 8)?;
+        if key != self.lookup.key {
             return Err(ClientError::WrongKey {
-                offset: self.cursor.offset(),
-                expected: self.key,
+                offset: cursor.offset(),
+                expected: self.lookup.key,
                 found: key,
             });
         }
         if next.is_null() {
             return Ok(false);
         }
-        self.cursor = next;
+        self.cursor = Some(next);
         Ok(true)
     }
 }
 
-/// Appends a version of `key`.
+/// The little-endian word at `at`.
+fn word(bytes: &[u8], at: usize) -> Result<u64, ClientError> {
+    let slice = bytes
+        .get(at..at + 8)
+        .ok_or(LayoutError::Truncated(bytes.len()))?;
+    Ok(u64::from_le_bytes(slice.try_into().expect("8 bytes")))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriteState {
+    WritingEntry,
+    Looking,
+    Swapping,
+}
+
+/// Appends a version of a key.
 #[derive(Debug, Clone)]
 pub struct WriteOperation {
     entry: Vec<u8>,
     slot: u64,
     chase: Chase,
     state: WriteState,
-    conflicts: u32,
 }
 
 impl WriteOperation {
     /// `slot`: space the metadata server allocated, big enough for the
-    /// value's size class. `cached_tail`: where the client last saw the
-    /// key's tail (any version of the key works; the chase finds the tail).
-    pub fn new(
-        key: u64,
-        value: &[u8],
-        slot: u64,
-        cached_tail: NextPointer,
-    ) -> Result<WriteOperation, ClientError> {
+    /// value's size class.
+    pub fn new(lookup: Lookup, value: &[u8], slot: u64) -> Result<WriteOperation, ClientError> {
         let mut entry = vec![0; HEADER_BYTES + value.len()];
-        encode_entry(key, value, &mut entry)?;
+        encode_entry(lookup.key, value, &mut entry)?;
         // Checked here so that the pointer built at the CAS cannot fail.
         NextPointer::new(slot, 0, true)?;
         Ok(WriteOperation {
             entry,
             slot,
-            chase: Chase::new(key, cached_tail),
+            chase: Chase::new(lookup),
             state: WriteState::WritingEntry,
-            conflicts: 0,
         })
     }
 
@@ -172,64 +311,70 @@ impl WriteOperation {
         })
     }
 
-    fn read_cursor(&mut self) -> Result<Step, ClientError> {
-        let offset = self.chase.hop()?;
-        self.state = WriteState::ReadingHeader;
-        Ok(Step::Issue(Verb::Read {
-            offset,
-            length: HEADER_BYTES,
+    /// The new entry's region offset.
+    pub fn slot(&self) -> u64 {
+        self.slot
+    }
+
+    fn look(&mut self) -> Result<Step, ClientError> {
+        self.state = WriteState::Looking;
+        self.chase.look(HEADER_BYTES)
+    }
+
+    /// CAS at the cursor, or look further if there is none yet.
+    fn swap_or_look(&mut self) -> Result<Step, ClientError> {
+        let Some(cursor) = self.chase.cursor else {
+            return self.look();
+        };
+        self.state = WriteState::Swapping;
+        Ok(Step::Issue(Verb::CompareSwap {
+            offset: cursor.offset(),
+            expect: 0,
+            swap: self.new_tail(cursor).word(),
         }))
     }
 
-    fn new_tail(&self) -> NextPointer {
-        NextPointer::new(self.slot, self.chase.cursor.next_version(), true)
-            .expect("checked at construction")
+    /// The pointer to this entry. Its version is one past the version the
+    /// client CASes after; a resolver that redirects the CAS further down
+    /// the list leaves it as it is, so versions are hints, never relied on.
+    fn new_tail(&self, cursor: NextPointer) -> NextPointer {
+        NextPointer::new(self.slot, cursor.next_version(), true).expect("checked at construction")
     }
 
     pub fn handle(&mut self, outcome: Outcome) -> Result<Step, ClientError> {
         match (self.state, outcome) {
-            (WriteState::WritingEntry, Outcome::Written) => self.read_cursor(),
-            (WriteState::ReadingHeader, Outcome::Read(bytes)) => {
+            (WriteState::WritingEntry, Outcome::Written) => self.swap_or_look(),
+            (WriteState::Looking, outcome) if self.chase.pending != Look::Entry => {
+                self.chase.land(outcome)?;
+                self.swap_or_look()
+            }
+            (WriteState::Looking, Outcome::Read(bytes)) => {
                 if self.chase.follow(&bytes)? {
-                    return self.read_cursor();
+                    return self.look();
                 }
-                self.state = WriteState::Swapping;
-                Ok(Step::Issue(Verb::CompareSwap {
-                    offset: self.chase.cursor.offset(),
-                    expect: 0,
-                    swap: self.new_tail().word(),
-                }))
+                self.swap_or_look()
             }
             (WriteState::Swapping, Outcome::Swapped { original }) => {
+                let cursor = self.chase.cursor.expect("a CAS has a cursor");
                 if original == 0 {
                     return Ok(Step::Written {
-                        tail: self.new_tail(),
-                        conflicts: self.conflicts,
-                        hops: self.chase.hops,
+                        tail: self.new_tail(cursor),
+                        trail: self.chase.trail,
                     });
                 }
                 // Another writer linked first: chase from its entry.
-                self.conflicts += 1;
-                self.chase.cursor = NextPointer::from_word(original);
-                self.read_cursor()
+                self.chase.trail.conflicts += 1;
+                self.chase.cursor = Some(NextPointer::from_word(original));
+                self.look()
             }
             _ => Err(ClientError::UnexpectedOutcome),
         }
     }
 }
 
-/// The next pointer and key of an entry header.
-fn header(bytes: &[u8]) -> Result<(NextPointer, u64), ClientError> {
-    if bytes.len() < 16 {
-        return Err(LayoutError::Truncated(bytes.len()).into());
-    }
-    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-    Ok((NextPointer::from_word(word(0)), word(8)))
-}
-
-/// Reads the latest version of `key`, starting from where the client last
-/// saw it. `entry_bytes` is how much to read per version (the size class
-/// the client expects; a longer value costs one more READ).
+/// Reads the latest version of a key. `entry_bytes` is how much to read
+/// per version (the size class the client expects; a longer value costs
+/// one more READ).
 #[derive(Debug, Clone)]
 pub struct ReadOperation {
     chase: Chase,
@@ -237,53 +382,47 @@ pub struct ReadOperation {
 }
 
 impl ReadOperation {
-    pub fn new(key: u64, cached: NextPointer, entry_bytes: usize) -> ReadOperation {
+    pub fn new(lookup: Lookup, entry_bytes: usize) -> ReadOperation {
         ReadOperation {
-            chase: Chase::new(key, cached),
+            chase: Chase::new(lookup),
             entry_bytes: entry_bytes.max(HEADER_BYTES),
         }
     }
 
     pub fn start(&mut self) -> Result<Step, ClientError> {
-        self.read_cursor()
-    }
-
-    fn read_cursor(&mut self) -> Result<Step, ClientError> {
-        let offset = self.chase.hop()?;
-        Ok(Step::Issue(Verb::Read {
-            offset,
-            length: self.entry_bytes,
-        }))
+        self.chase.look(self.entry_bytes)
     }
 
     pub fn handle(&mut self, outcome: Outcome) -> Result<Step, ClientError> {
+        if self.chase.pending != Look::Entry {
+            self.chase.land(outcome)?;
+            return self.chase.look(self.entry_bytes);
+        }
         let Outcome::Read(bytes) = outcome else {
             return Err(ClientError::UnexpectedOutcome);
         };
         if self.chase.follow(&bytes)? {
-            return self.read_cursor();
+            return self.chase.look(self.entry_bytes);
         }
-        let length = u32::from_le_bytes(
-            bytes
-                .get(16..20)
-                .ok_or(LayoutError::Truncated(bytes.len()))?
-                .try_into()
-                .expect("4 bytes"),
-        ) as usize;
+        let length = word(&bytes, 16)? as u32 as usize;
         if length > MAX_VALUE_BYTES {
             return Err(LayoutError::ValueSize(length).into());
         }
         if bytes.len() < HEADER_BYTES + length {
             // The value is longer than the client guessed: read it whole.
+            // The re-read is of the same version, so it is not a hop.
             self.entry_bytes = HEADER_BYTES + length;
-            self.chase.hops -= 1;
-            return self.read_cursor();
+            let cursor = self.chase.cursor.expect("a finished chase has a cursor");
+            return Ok(Step::Issue(Verb::Read {
+                offset: cursor.offset(),
+                length: self.entry_bytes,
+            }));
         }
         let entry = decode_entry(&bytes)?;
         Ok(Step::Value {
-            tail: self.chase.cursor,
+            tail: self.chase.cursor.expect("a finished chase has a cursor"),
             value: entry.value.to_vec(),
-            hops: self.chase.hops,
+            trail: self.chase.trail,
         })
     }
 }

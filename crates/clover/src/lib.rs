@@ -4,9 +4,19 @@
 //! memory-node regions that only RNICs touch; a write RDMA-WRITEs a new
 //! entry and then CASes the old tail's next pointer from null to it.
 //!
-//! Built so far: [`layout`], the bytes of an entry and of the next pointer
-//! that chains versions. The client state machines, the metadata server
-//! and the resolver switch program come next.
+//! - [`layout`]: the bytes of an entry and of the next pointer.
+//! - [`client`]: a write and a read as sans-IO state machines over verbs.
+//! - [`metadata`]: the metadata server (slot batches, shortcuts, garbage
+//!   collection with a grace period).
+//! - [`pool`]: many logical clients, one queue pair each, multiplexed on
+//!   one application thread over a soft RNIC.
+//! - [`resolver`]: the switch program that rewrites stale CAS targets to
+//!   the true tail in flight.
+//! - [`history`]: request histories and their linearizability check.
 
 pub mod client;
+pub mod history;
 pub mod layout;
+pub mod metadata;
+pub mod pool;
+pub mod resolver;

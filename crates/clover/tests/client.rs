@@ -7,7 +7,9 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use remora_clover::client::{ClientError, Outcome, ReadOperation, Step, Verb, WriteOperation};
+use remora_clover::client::{
+    ClientError, Lookup, Outcome, ReadOperation, Step, Thresholds, Verb, WriteOperation, MAX_HOPS,
+};
 use remora_clover::layout::{decode_entry, encode_entry, size_class, NextPointer};
 use stateright::semantics::register::{Register, RegisterOp, RegisterRet};
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester};
@@ -15,6 +17,17 @@ use std::collections::{HashMap, HashSet};
 
 const KEY: u64 = 42;
 const FIRST: u64 = 64;
+/// The key's shortcut word, which names the first version throughout.
+const SHORTCUT: u64 = 8;
+
+fn lookup(cached: NextPointer) -> Lookup {
+    Lookup {
+        key: KEY,
+        cached: Some(cached),
+        shortcut: SHORTCUT,
+        thresholds: Thresholds::DEFAULT,
+    }
+}
 
 /// The memory node's region; every verb is atomic, as on one RNIC.
 struct Region(Vec<u8>);
@@ -41,6 +54,18 @@ impl Region {
                 }
                 Outcome::Swapped { original }
             }
+        }
+    }
+
+    /// The metadata server's answer: the tail, walked from the start.
+    fn locate(&self) -> NextPointer {
+        let mut pointer = NextPointer::new(FIRST, 0, true).unwrap();
+        loop {
+            let entry = decode_entry(&self.0[pointer.offset() as usize..][..64]).unwrap();
+            if entry.next.is_null() {
+                return pointer;
+            }
+            pointer = entry.next;
         }
     }
 
@@ -86,12 +111,14 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_lineariza
     let mut region = Region(vec![0; 1 << 20]);
     encode_entry(KEY, b"initial!", &mut region.0[FIRST as usize..]).unwrap();
     let first = NextPointer::new(FIRST, 0, true).unwrap();
+    region.0[SHORTCUT as usize..][..8].copy_from_slice(&first.word().to_le_bytes());
     let class = size_class(16).unwrap() as u64;
     let mut next_slot = FIRST + class;
     let mut cached = vec![first; writers + readers];
     let mut done = vec![0usize; writers];
     let mut reads_seen: Vec<Vec<Vec<u8>>> = vec![Vec::new(); readers];
-    let mut active: Vec<(Operation, Verb)> = Vec::new();
+    // A verb to execute, or None for a metadata lookup.
+    let mut active: Vec<(Operation, Option<Verb>)> = Vec::new();
     let mut conflicts = 0;
     // Recorded only where it will be checked: the tester's bookkeeping
     // grows with every thread's history.
@@ -99,11 +126,11 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_lineariza
         check_linearizable.then(|| LinearizabilityTester::new(Register(b"initial!".to_vec())));
     let start_write = |writer: usize, sequence: usize, slot: u64, cache: NextPointer| {
         let value = value_of(writer, sequence);
-        let machine = WriteOperation::new(KEY, &value, slot, cache).unwrap();
+        let machine = WriteOperation::new(lookup(cache), &value, slot).unwrap();
         let Step::Issue(verb) = machine.start() else {
             unreachable!()
         };
-        (Operation::Write { writer, machine }, verb)
+        (Operation::Write { writer, machine }, Some(verb))
     };
     for (writer, cache) in cached.iter().enumerate().take(writers) {
         if let Some(history) = history.as_mut() {
@@ -120,11 +147,11 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_lineariza
                 .on_invoke(writers + reader, RegisterOp::Read)
                 .unwrap();
         }
-        let mut machine = ReadOperation::new(KEY, cached[writers + reader], 64);
+        let mut machine = ReadOperation::new(lookup(cached[writers + reader]), 64);
         let Step::Issue(verb) = machine.start().unwrap() else {
             unreachable!()
         };
-        active.push((Operation::Read { reader, machine }, verb));
+        active.push((Operation::Read { reader, machine }, Some(verb)));
     }
     // Bounded: every step either finishes an operation or advances one,
     // and chases are bounded by MAX_HOPS inside the machines.
@@ -134,23 +161,20 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_lineariza
         assert!(steps < 10_000_000, "seed {seed}: no progress");
         let index = rng.gen_range(0..active.len());
         let (mut operation, verb) = active.swap_remove(index);
-        let outcome = region.execute(verb);
+        let outcome = match verb {
+            Some(verb) => region.execute(verb),
+            None => Outcome::Located(region.locate()),
+        };
         let step = match &mut operation {
             Operation::Write { machine, .. } => machine.handle(outcome),
             Operation::Read { machine, .. } => machine.handle(outcome),
         }
         .unwrap_or_else(|error| panic!("seed {seed}: {error}"));
         match (operation, step) {
-            (operation, Step::Issue(verb)) => active.push((operation, verb)),
-            (
-                Operation::Write { writer, .. },
-                Step::Written {
-                    tail,
-                    conflicts: seen,
-                    ..
-                },
-            ) => {
-                conflicts += seen;
+            (operation, Step::Issue(verb)) => active.push((operation, Some(verb))),
+            (operation, Step::Locate { .. }) => active.push((operation, None)),
+            (Operation::Write { writer, .. }, Step::Written { tail, trail }) => {
+                conflicts += trail.conflicts;
                 if let Some(history) = history.as_mut() {
                     history.on_return(writer, RegisterRet::WriteOk).unwrap();
                 }
@@ -181,11 +205,11 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_lineariza
                             .on_invoke(writers + reader, RegisterOp::Read)
                             .unwrap();
                     }
-                    let mut machine = ReadOperation::new(KEY, tail, 64);
+                    let mut machine = ReadOperation::new(lookup(tail), 64);
                     let Step::Issue(verb) = machine.start().unwrap() else {
                         unreachable!()
                     };
-                    active.push((Operation::Read { reader, machine }, verb));
+                    active.push((Operation::Read { reader, machine }, Some(verb)));
                 }
             }
             _ => panic!("seed {seed}: a step of the wrong kind"),
@@ -264,7 +288,13 @@ fn a_cyclic_list_is_reported_not_followed_forever() {
     encode_entry(KEY, b"looping!", &mut region.0[FIRST as usize..]).unwrap();
     let itself = NextPointer::new(FIRST, 1, true).unwrap();
     region.0[FIRST as usize..FIRST as usize + 8].copy_from_slice(&itself.word().to_le_bytes());
-    let mut read = ReadOperation::new(KEY, itself, 64);
+    let mut read = ReadOperation::new(
+        Lookup {
+            thresholds: Thresholds::new(MAX_HOPS + 1, MAX_HOPS + 2).unwrap(),
+            ..lookup(itself)
+        },
+        64,
+    );
     let mut step = read.start().unwrap();
     let error = loop {
         let Step::Issue(verb) = step else {
@@ -282,7 +312,7 @@ fn a_cyclic_list_is_reported_not_followed_forever() {
 fn an_entry_of_another_key_in_the_chain_is_a_broken_list() {
     let mut region = Region(vec![0; 4096]);
     encode_entry(KEY + 1, b"stranger", &mut region.0[FIRST as usize..]).unwrap();
-    let mut read = ReadOperation::new(KEY, NextPointer::new(FIRST, 0, true).unwrap(), 64);
+    let mut read = ReadOperation::new(lookup(NextPointer::new(FIRST, 0, true).unwrap()), 64);
     let Step::Issue(verb) = read.start().unwrap() else {
         unreachable!()
     };

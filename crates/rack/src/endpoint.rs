@@ -15,7 +15,7 @@ use remora_rnic::{
     ReceiveRequest, SharedReceiveQueue, SoftRnic, Timestamp, Verbs,
 };
 use remora_switch::programs::l2l3::L2L3Forwarding;
-use remora_switch::{PortId, Switch};
+use remora_switch::{PortId, Program, Switch};
 use remora_wire::frame::MAX_FRAME_LEN;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -237,8 +237,8 @@ impl Pump for NodeEndpoint {
 
 /// The switch on one port per node; its control plane applies learning
 /// digests between pumps.
-pub struct SwitchEndpoint {
-    pub switch: Switch<L2L3Forwarding>,
+pub struct SwitchEndpoint<P: Program = L2L3Forwarding> {
+    pub switch: Switch<P>,
     /// RefCells because a frame received on one port is handed straight to
     /// another port's carrier (cut-through); a frame for its own ingress
     /// port finds it borrowed and waits in the egress queue instead.
@@ -271,8 +271,8 @@ impl PortHealth {
     }
 }
 
-impl SwitchEndpoint {
-    pub fn new(switch: Switch<L2L3Forwarding>, ports: Vec<Box<dyn Port>>) -> SwitchEndpoint {
+impl<P: Program> SwitchEndpoint<P> {
+    pub fn new(switch: Switch<P>, ports: Vec<Box<dyn Port>>) -> SwitchEndpoint {
         assert_eq!(usize::from(switch.config().port_count), ports.len());
         SwitchEndpoint {
             switch,
@@ -366,7 +366,7 @@ impl SwitchEndpoint {
     }
 }
 
-impl Pump for SwitchEndpoint {
+impl<P: Program> Pump for SwitchEndpoint<P> {
     fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
         let now = clock.now();
         let mut worked = self.forward_received(now);
@@ -380,8 +380,7 @@ impl Pump for SwitchEndpoint {
         }
         // The control plane: learn hosts the tables did not know.
         while let Some(digest) = self.switch.poll_digest() {
-            // A full table just means the host stays unknown (and counted).
-            let _ = self.switch.program_mut().learn(&digest);
+            self.switch.program_mut().control_plane(&digest);
         }
         Ok(self.drain_queues() || worked)
     }

@@ -28,4 +28,8 @@ pub trait Program: Send {
 
     /// The resources the program's tables and registers use.
     fn resources(&self) -> ResourceReport;
+
+    /// The control plane's answer to a digest, applied between packets
+    /// (for example, learning a host). Programs without digests ignore it.
+    fn control_plane(&mut self, _digest: &Digest) {}
 }

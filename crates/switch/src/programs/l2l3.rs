@@ -204,6 +204,11 @@ impl Program for L2L3Forwarding {
         ];
         report
     }
+
+    fn control_plane(&mut self, digest: &Digest) {
+        // A full table just means the host stays unknown (and counted).
+        let _ = self.learn(digest);
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,488 @@
+//! The metadata server: it hands out entry space in batches, knows where
+//! every key's list starts (and its shortcut), and collects old versions.
+//!
+//! It sits off the data path, as in Clover: clients come to it for a batch
+//! of slots now and then and, rarely, to locate a tail after a long chase.
+//! It runs next to the memory node and touches the region through
+//! [`RegionAccess`], the host CPU's view of registered memory.
+//!
+//! A region is laid out as
+//!
+//! ```text
+//! [0, 64)                 reserved: offset 0 is never an entry
+//! [64, 64 + 8 × keys)     one shortcut word per key (a NextPointer)
+//! [slab start, end)       entries, in 64-byte-aligned slots of their size class
+//! ```
+//!
+//! Garbage collection keeps the newest [`MetadataConfig::keep_versions`]
+//! versions of each key, moves the key's shortcut to its tail, and retires
+//! the older versions. A retired slot is handed out again only after
+//! [`MetadataConfig::grace`]: clients drop cached pointers older than
+//! their cache lifetime and bound each operation's duration, and both
+//! together stay below the grace, so no client can still be looking at a
+//! slot when a new entry is written into it.
+
+use crate::client::MAX_HOPS;
+use crate::layout::{
+    decode_entry, encode_entry, size_class, LayoutError, NextPointer, HEADER_BYTES, SIZE_CLASSES,
+};
+use remora_rnic::{MemoryRegion, SoftRnic, Timestamp, Verbs};
+use remora_wire::VirtAddr;
+use std::collections::{HashSet, VecDeque};
+use std::time::Duration;
+
+const RESERVED_BYTES: u64 = 64;
+const SLOT_ALIGNMENT: u64 = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetadataError {
+    #[error("key {key} is not in the store (it holds keys 0..{key_count})")]
+    UnknownKey { key: u64, key_count: u64 },
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error(
+        "no free {class_bytes}-byte slot is left: collect garbage or give the region more memory"
+    )]
+    OutOfSpace { class_bytes: usize },
+    #[error("the region cannot be accessed: {0}")]
+    Region(String),
+    #[error("key {key}'s version list is broken: {reason}")]
+    Broken { key: u64, reason: String },
+    #[error("bad metadata configuration: {0}")]
+    Config(String),
+}
+
+/// The host CPU's view of the memory node's region.
+pub trait RegionAccess {
+    fn read(&mut self, offset: u64, into: &mut [u8]) -> Result<(), MetadataError>;
+    fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<(), MetadataError>;
+}
+
+/// A plain byte array as a region (tests and models).
+impl RegionAccess for Vec<u8> {
+    fn read(&mut self, offset: u64, into: &mut [u8]) -> Result<(), MetadataError> {
+        let start = usize::try_from(offset).map_err(|_| outside(offset))?;
+        let bytes = self
+            .get(start..start + into.len())
+            .ok_or_else(|| outside(offset))?;
+        into.copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<(), MetadataError> {
+        let start = usize::try_from(offset).map_err(|_| outside(offset))?;
+        self.get_mut(start..start + bytes.len())
+            .ok_or_else(|| outside(offset))?
+            .copy_from_slice(bytes);
+        Ok(())
+    }
+}
+
+fn outside(offset: u64) -> MetadataError {
+    MetadataError::Region(format!("offset {offset:#x} is outside the region"))
+}
+
+/// A soft RNIC's registered region, through the host CPU.
+pub struct RnicRegion<'a> {
+    pub rnic: &'a mut SoftRnic,
+    pub region: MemoryRegion,
+}
+
+impl RegionAccess for RnicRegion<'_> {
+    fn read(&mut self, offset: u64, into: &mut [u8]) -> Result<(), MetadataError> {
+        let address = VirtAddr(self.region.address.0 + offset);
+        self.rnic
+            .read_local(self.region.lkey, address, into)
+            .map_err(|error| MetadataError::Region(error.to_string()))
+    }
+
+    fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<(), MetadataError> {
+        let address = VirtAddr(self.region.address.0 + offset);
+        self.rnic
+            .write_local(self.region.lkey, address, bytes)
+            .map_err(|error| MetadataError::Region(error.to_string()))
+    }
+}
+
+/// Where things lie in a Clover region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionPlan {
+    pub key_count: u64,
+    pub region_bytes: u64,
+}
+
+impl RegionPlan {
+    pub fn new(key_count: u64, region_bytes: u64) -> Result<RegionPlan, MetadataError> {
+        let plan = RegionPlan {
+            key_count,
+            region_bytes,
+        };
+        if key_count == 0 {
+            return Err(MetadataError::Config(
+                "a store needs at least one key".into(),
+            ));
+        }
+        let needed = plan.slab_start() + key_count * SIZE_CLASSES[0] as u64;
+        if needed > region_bytes {
+            return Err(MetadataError::Config(format!(
+                "{key_count} keys need at least {needed} bytes of region, not {region_bytes}"
+            )));
+        }
+        Ok(plan)
+    }
+
+    pub fn check_key(&self, key: u64) -> Result<(), MetadataError> {
+        if key >= self.key_count {
+            return Err(MetadataError::UnknownKey {
+                key,
+                key_count: self.key_count,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn shortcut_offset(&self, key: u64) -> Result<u64, MetadataError> {
+        self.check_key(key)?;
+        Ok(RESERVED_BYTES + 8 * key)
+    }
+
+    pub fn slab_start(&self) -> u64 {
+        (RESERVED_BYTES + 8 * self.key_count).next_multiple_of(SLOT_ALIGNMENT)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetadataConfig {
+    /// Slots handed to a client per request.
+    pub batch_slots: usize,
+    /// Versions of each key garbage collection keeps (at least the tail).
+    pub keep_versions: usize,
+    /// How long a retired slot waits before it is reused.
+    pub grace: Duration,
+}
+
+impl MetadataConfig {
+    pub const DEFAULT: MetadataConfig = MetadataConfig {
+        batch_slots: 16,
+        keep_versions: 2,
+        grace: Duration::from_millis(400),
+    };
+
+    fn validate(&self) -> Result<(), MetadataError> {
+        if self.batch_slots == 0 || self.batch_slots > 1 << 16 {
+            return Err(MetadataError::Config(format!(
+                "batch_slots is {}, not 1..=65536",
+                self.batch_slots
+            )));
+        }
+        if self.keep_versions == 0 {
+            return Err(MetadataError::Config(
+                "keep_versions must keep at least the tail".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the server has done, for reports and for the bounded-memory test.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MetadataStats {
+    pub batches: u64,
+    pub slots_handed_out: u64,
+    pub slots_returned: u64,
+    pub collections: u64,
+    pub versions_retired: u64,
+    pub slots_released: u64,
+    pub locates: u64,
+    /// The highest offset ever carved: the region's high-water mark.
+    pub carved_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Retired {
+    at: Timestamp,
+    offset: u64,
+    class: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct KeyRecord {
+    /// The oldest version kept; null until the key is loaded.
+    head: NextPointer,
+    /// The newest version the server knows of.
+    tail_hint: NextPointer,
+}
+
+pub struct MetadataServer {
+    plan: RegionPlan,
+    config: MetadataConfig,
+    /// The next never-used slab offset.
+    fresh: u64,
+    /// Free slots by size-class index.
+    free: Vec<Vec<u64>>,
+    quarantine: VecDeque<Retired>,
+    keys: Vec<KeyRecord>,
+    stats: MetadataStats,
+}
+
+/// What one garbage-collection pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Collection {
+    pub retired: u64,
+    pub released: u64,
+    pub versions_walked: u64,
+}
+
+impl MetadataServer {
+    pub fn new(plan: RegionPlan, config: MetadataConfig) -> Result<MetadataServer, MetadataError> {
+        config.validate()?;
+        let key_count = usize::try_from(plan.key_count)
+            .map_err(|_| MetadataError::Config("too many keys".into()))?;
+        Ok(MetadataServer {
+            plan,
+            config,
+            fresh: plan.slab_start(),
+            free: vec![Vec::new(); SIZE_CLASSES.len()],
+            quarantine: VecDeque::new(),
+            keys: vec![KeyRecord::default(); key_count],
+            stats: MetadataStats::default(),
+        })
+    }
+
+    pub fn plan(&self) -> RegionPlan {
+        self.plan
+    }
+
+    pub fn stats(&self) -> MetadataStats {
+        MetadataStats {
+            carved_bytes: self.fresh,
+            ..self.stats
+        }
+    }
+
+    /// Slots free or waiting out their grace, over all classes.
+    pub fn slots_idle(&self) -> usize {
+        self.free.iter().map(Vec::len).sum::<usize>() + self.quarantine.len()
+    }
+
+    fn class_index(value_bytes: usize) -> Result<usize, MetadataError> {
+        let class = size_class(value_bytes)?;
+        Ok(SIZE_CLASSES
+            .iter()
+            .position(|size| *size == class)
+            .expect("size_class returns a class"))
+    }
+
+    fn take_slot(&mut self, class: usize) -> Option<u64> {
+        if let Some(offset) = self.free[class].pop() {
+            return Some(offset);
+        }
+        let size = SIZE_CLASSES[class] as u64;
+        if self.fresh + size > self.plan.region_bytes {
+            return None;
+        }
+        let offset = self.fresh;
+        self.fresh += size;
+        Some(offset)
+    }
+
+    /// A batch of slots for values of `value_bytes`: at least one, at most
+    /// [`MetadataConfig::batch_slots`].
+    pub fn allocate(&mut self, value_bytes: usize) -> Result<Vec<u64>, MetadataError> {
+        let class = Self::class_index(value_bytes)?;
+        let mut batch = Vec::with_capacity(self.config.batch_slots);
+        while batch.len() < self.config.batch_slots {
+            let Some(offset) = self.take_slot(class) else {
+                break;
+            };
+            batch.push(offset);
+        }
+        if batch.is_empty() {
+            return Err(MetadataError::OutOfSpace {
+                class_bytes: SIZE_CLASSES[class],
+            });
+        }
+        self.stats.batches += 1;
+        self.stats.slots_handed_out += batch.len() as u64;
+        Ok(batch)
+    }
+
+    /// Slots a client no longer needs (never written, or written by a
+    /// write that never linked): free at once, since no list reaches them.
+    pub fn give_back(&mut self, value_bytes: usize, slots: &[u64]) -> Result<(), MetadataError> {
+        let class = Self::class_index(value_bytes)?;
+        self.free[class].extend_from_slice(slots);
+        self.stats.slots_returned += slots.len() as u64;
+        Ok(())
+    }
+
+    /// Writes the first version of `key`.
+    pub fn load(
+        &mut self,
+        key: u64,
+        value: &[u8],
+        memory: &mut dyn RegionAccess,
+    ) -> Result<NextPointer, MetadataError> {
+        self.plan.check_key(key)?;
+        let class = Self::class_index(value.len())?;
+        let slot = self.take_slot(class).ok_or(MetadataError::OutOfSpace {
+            class_bytes: SIZE_CLASSES[class],
+        })?;
+        let mut entry = vec![0; HEADER_BYTES + value.len()];
+        encode_entry(key, value, &mut entry)?;
+        memory.write(slot, &entry)?;
+        let pointer = NextPointer::new(slot, 0, true)?;
+        memory.write(
+            self.plan.shortcut_offset(key)?,
+            &pointer.word().to_le_bytes(),
+        )?;
+        self.keys[key as usize] = KeyRecord {
+            head: pointer,
+            tail_hint: pointer,
+        };
+        Ok(pointer)
+    }
+
+    fn record(&self, key: u64) -> Result<KeyRecord, MetadataError> {
+        self.plan.check_key(key)?;
+        let record = self.keys[key as usize];
+        if record.head.is_null() {
+            return Err(MetadataError::Broken {
+                key,
+                reason: "never loaded".into(),
+            });
+        }
+        Ok(record)
+    }
+
+    /// The key's tail now, walked from the newest version the server knew.
+    pub fn locate(
+        &mut self,
+        key: u64,
+        memory: &mut dyn RegionAccess,
+    ) -> Result<NextPointer, MetadataError> {
+        let record = self.record(key)?;
+        let chain = walk(key, record.tail_hint, memory)?;
+        let tail = *chain.last().expect("a walk has the start");
+        self.keys[key as usize].tail_hint = tail;
+        self.stats.locates += 1;
+        Ok(tail)
+    }
+
+    /// One garbage-collection pass at `now`.
+    pub fn collect(
+        &mut self,
+        now: Timestamp,
+        memory: &mut dyn RegionAccess,
+    ) -> Result<Collection, MetadataError> {
+        let mut collection = Collection::default();
+        while let Some(retired) = self.quarantine.front() {
+            if retired.at.saturating_add(self.config.grace) > now {
+                break;
+            }
+            self.free[retired.class].push(retired.offset);
+            self.quarantine.pop_front();
+            collection.released += 1;
+        }
+        for key in 0..self.plan.key_count {
+            let record = self.keys[key as usize];
+            if record.head.is_null() {
+                continue;
+            }
+            let chain = walk(key, record.head, memory)?;
+            collection.versions_walked += chain.len() as u64;
+            let tail = *chain.last().expect("a walk has the start");
+            // The shortcut moves before anything is retired, so it never
+            // names a retired slot.
+            memory.write(self.plan.shortcut_offset(key)?, &tail.word().to_le_bytes())?;
+            let keep_from = chain.len().saturating_sub(self.config.keep_versions);
+            for pointer in &chain[..keep_from] {
+                let class = Self::class_index(entry_length(pointer.offset(), memory)?)?;
+                self.quarantine.push_back(Retired {
+                    at: now,
+                    offset: pointer.offset(),
+                    class,
+                });
+                collection.retired += 1;
+            }
+            self.keys[key as usize] = KeyRecord {
+                head: chain[keep_from],
+                tail_hint: tail,
+            };
+        }
+        self.stats.collections += 1;
+        self.stats.versions_retired += collection.retired;
+        self.stats.slots_released += collection.released;
+        Ok(collection)
+    }
+
+    /// Walks every key's list, checking that it is whole: no cycle, no
+    /// foreign key, every entry's checksum right. Returns the versions.
+    pub fn audit(&self, memory: &mut dyn RegionAccess) -> Result<u64, MetadataError> {
+        let mut versions = 0;
+        for key in 0..self.plan.key_count {
+            let record = self.keys[key as usize];
+            if record.head.is_null() {
+                continue;
+            }
+            for pointer in walk(key, record.head, memory)? {
+                let length = entry_length(pointer.offset(), memory)?;
+                let mut entry = vec![0; HEADER_BYTES + length];
+                memory.read(pointer.offset(), &mut entry)?;
+                decode_entry(&entry).map_err(|error| MetadataError::Broken {
+                    key,
+                    reason: format!("entry at {:#x}: {error}", pointer.offset()),
+                })?;
+                versions += 1;
+            }
+        }
+        Ok(versions)
+    }
+
+    /// The key's list from its oldest kept version, as the server knows it.
+    pub fn head(&self, key: u64) -> Result<NextPointer, MetadataError> {
+        Ok(self.record(key)?.head)
+    }
+}
+
+/// The value length recorded in an entry's header.
+fn entry_length(offset: u64, memory: &mut dyn RegionAccess) -> Result<usize, MetadataError> {
+    let mut header = [0u8; HEADER_BYTES];
+    memory.read(offset, &mut header)?;
+    Ok(u32::from_le_bytes(header[16..20].try_into().expect("4 bytes")) as usize)
+}
+
+/// The pointers from `start` to the tail, refusing cycles, foreign keys
+/// and lists longer than [`MAX_HOPS`].
+fn walk(
+    key: u64,
+    start: NextPointer,
+    memory: &mut dyn RegionAccess,
+) -> Result<Vec<NextPointer>, MetadataError> {
+    let broken = |reason: String| MetadataError::Broken { key, reason };
+    let mut chain = vec![start];
+    let mut seen = HashSet::from([start.offset()]);
+    loop {
+        let cursor = *chain.last().expect("the chain has the start");
+        let mut header = [0u8; 16];
+        memory.read(cursor.offset(), &mut header)?;
+        let next = NextPointer::from_word(u64::from_le_bytes(header[..8].try_into().expect("8")));
+        let found = u64::from_le_bytes(header[8..].try_into().expect("8 bytes"));
+        if found != key {
+            return Err(broken(format!(
+                "the entry at {:#x} holds key {found}",
+                cursor.offset()
+            )));
+        }
+        if next.is_null() {
+            return Ok(chain);
+        }
+        if !seen.insert(next.offset()) {
+            return Err(broken(format!("cycle back to {:#x}", next.offset())));
+        }
+        if chain.len() >= MAX_HOPS as usize {
+            return Err(broken(format!("longer than {MAX_HOPS} versions")));
+        }
+        chain.push(next);
+    }
+}

@@ -1,0 +1,662 @@
+//! Many Clover clients multiplexed on one application thread.
+//!
+//! Each logical client owns one RC queue pair to the memory node (the
+//! resolver tells clients apart by it) and blocks on its own request, as
+//! in Clover: it has at most one request, and one verb of it, in flight.
+//! The pool is sans-IO in the sense that matters here: [`ClientPool::poll`]
+//! takes the time and the soft RNIC, so the simulator and the rack drive
+//! the same code. Requests to the metadata server (slot batches, tail
+//! lookups) queue up and are answered by [`ClientPool::answer_metadata`],
+//! the server's side of that RPC.
+
+use crate::client::{
+    ClientError, Lookup, Outcome, ReadOperation, Step, Thresholds, Trail, Verb, WriteOperation,
+};
+use crate::history::{Event, EventKind};
+use crate::layout::{size_class, LayoutError, NextPointer, MAX_VALUE_BYTES, MIN_VALUE_BYTES};
+use crate::metadata::{MetadataError, MetadataServer, RegionAccess, RegionPlan};
+use hdrhistogram::Histogram;
+use remora_rnic::{
+    CompletionQueue, CompletionStatus, MemoryRegion, QueuePair, RemoteAddress, SendOperation,
+    SendRequest, SoftRnic, Timestamp, Verbs, VerbsError,
+};
+use remora_wire::{Rkey, VirtAddr};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Local bytes per client: the largest entry READ or WRITE, then the
+/// 8-byte word a CAS returns, at the end.
+pub const CLIENT_BUFFER_BYTES: u64 = 8192;
+const ATOMIC_RESULT_AT: u64 = CLIENT_BUFFER_BYTES - 8;
+/// Requests one client may have queued behind the running one.
+pub const MAX_QUEUED_REQUESTS: usize = 1024;
+/// Completions one poll takes, so a poll stays short.
+const COMPLETIONS_PER_POLL: usize = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CloverError {
+    #[error("key {key} is not in the store (it holds keys 0..{key_count})")]
+    UnknownKey { key: u64, key_count: u64 },
+    #[error("a value of {0} bytes is outside the {MIN_VALUE_BYTES}..={MAX_VALUE_BYTES} bytes Clover stores")]
+    ValueSize(usize),
+    #[error("client {0} does not exist")]
+    UnknownClient(usize),
+    #[error("client {0} has {MAX_QUEUED_REQUESTS} requests queued: retry later")]
+    QueueFull(usize),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    #[error("client {client}'s {verb} failed: {status:?}")]
+    Completion {
+        client: usize,
+        verb: &'static str,
+        status: CompletionStatus,
+    },
+    #[error("client {client}'s request ran past the {deadline:?} operation deadline, which garbage collection's grace relies on")]
+    Deadline { client: usize, deadline: Duration },
+}
+
+impl From<LayoutError> for CloverError {
+    fn from(error: LayoutError) -> CloverError {
+        match error {
+            LayoutError::ValueSize(bytes) => CloverError::ValueSize(bytes),
+            other => CloverError::Client(other.into()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Get { key: u64 },
+    Put { key: u64, value: Vec<u8> },
+}
+
+impl Request {
+    pub fn key(&self) -> u64 {
+        match self {
+            Request::Get { key } | Request::Put { key, .. } => *key,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Value(Vec<u8>),
+    Stored,
+}
+
+/// A finished request.
+#[derive(Debug, Clone)]
+pub struct Completed {
+    pub client: usize,
+    pub key: u64,
+    pub reply: Reply,
+    pub latency: Duration,
+    pub trail: Trail,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct PoolConfig {
+    pub thresholds: Thresholds,
+    /// Bytes a READ fetches per version (the expected size class).
+    pub entry_read_bytes: usize,
+    /// Cached locations older than this are not used.
+    pub cache_lifetime: Duration,
+    /// A request running longer than this fails the pool.
+    pub operation_deadline: Duration,
+    pub record_history: bool,
+}
+
+impl PoolConfig {
+    pub const DEFAULT: PoolConfig = PoolConfig {
+        thresholds: Thresholds::DEFAULT,
+        entry_read_bytes: 64,
+        cache_lifetime: Duration::from_millis(100),
+        operation_deadline: Duration::from_millis(200),
+        record_history: false,
+    };
+}
+
+/// Totals over every finished request.
+#[derive(Debug, Clone)]
+pub struct PoolStats {
+    pub reads: u64,
+    pub writes: u64,
+    pub conflicts: u64,
+    pub hops: u64,
+    pub jumps: u64,
+    pub locates: u64,
+    pub verbs: u64,
+    /// Nanoseconds per request.
+    pub latency: Histogram<u64>,
+}
+
+impl PoolStats {
+    fn new() -> PoolStats {
+        PoolStats {
+            reads: 0,
+            writes: 0,
+            conflicts: 0,
+            hops: 0,
+            jumps: 0,
+            locates: 0,
+            verbs: 0,
+            latency: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Operation {
+    Write(WriteOperation),
+    Read(ReadOperation),
+}
+
+impl Operation {
+    fn handle(&mut self, outcome: Outcome) -> Result<Step, ClientError> {
+        match self {
+            Operation::Write(write) => write.handle(outcome),
+            Operation::Read(read) => read.handle(outcome),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Posted {
+    Read(usize),
+    Write,
+    CompareSwap,
+}
+
+#[derive(Debug, Clone)]
+enum Phase {
+    /// A put waits for the metadata server's batch of slots.
+    NeedsSlots,
+    /// A verb to post at the next poll.
+    Ready(Verb),
+    InFlight(Posted),
+    /// A tail lookup waits for the metadata server.
+    Locating,
+}
+
+#[derive(Debug, Clone)]
+struct Running {
+    request: Request,
+    operation: Option<Operation>,
+    started: Timestamp,
+    phase: Phase,
+}
+
+struct Client {
+    queue_pair: QueuePair,
+    queued: VecDeque<Request>,
+    running: Option<Running>,
+    slots: Vec<u64>,
+    /// key → (a version, when the client learned of it).
+    cache: FxHashMap<u64, (NextPointer, Timestamp)>,
+}
+
+pub struct ClientPool {
+    config: PoolConfig,
+    plan: RegionPlan,
+    value_bytes: usize,
+    clients: Vec<Client>,
+    completion_queue: CompletionQueue,
+    local: MemoryRegion,
+    remote_base: VirtAddr,
+    remote_key: Rkey,
+    finished: Vec<Completed>,
+    history: Vec<Event>,
+    stats: PoolStats,
+}
+
+/// What the pool needs of the rack: one connected queue pair per client,
+/// their completion queue, a local region of
+/// `clients × CLIENT_BUFFER_BYTES`, and the memory node's region.
+pub struct PoolWiring {
+    pub queue_pairs: Vec<QueuePair>,
+    pub completion_queue: CompletionQueue,
+    pub local: MemoryRegion,
+    pub remote: RemoteAddress,
+}
+
+impl ClientPool {
+    /// `value_bytes`: the size every put uses (one size class for the
+    /// whole store keeps slot batches simple).
+    pub fn new(
+        config: PoolConfig,
+        plan: RegionPlan,
+        value_bytes: usize,
+        wiring: PoolWiring,
+    ) -> Result<ClientPool, CloverError> {
+        size_class(value_bytes)?;
+        let needed = wiring.queue_pairs.len() as u64 * CLIENT_BUFFER_BYTES;
+        assert!(
+            wiring.local.length_bytes >= needed,
+            "the local region holds {} bytes, the clients need {needed}",
+            wiring.local.length_bytes
+        );
+        let clients = wiring
+            .queue_pairs
+            .iter()
+            .map(|queue_pair| Client {
+                queue_pair: *queue_pair,
+                queued: VecDeque::new(),
+                running: None,
+                slots: Vec::new(),
+                cache: FxHashMap::default(),
+            })
+            .collect();
+        Ok(ClientPool {
+            config,
+            plan,
+            value_bytes,
+            clients,
+            completion_queue: wiring.completion_queue,
+            local: wiring.local,
+            remote_base: wiring.remote.address,
+            remote_key: wiring.remote.rkey,
+            finished: Vec::new(),
+            history: Vec::new(),
+            stats: PoolStats::new(),
+        })
+    }
+
+    pub fn client_count(&self) -> usize {
+        self.clients.len()
+    }
+
+    pub fn stats(&self) -> &PoolStats {
+        &self.stats
+    }
+
+    pub fn history(&self) -> &[Event] {
+        &self.history
+    }
+
+    /// Whether a client has nothing running or queued.
+    pub fn is_idle(&self, client: usize) -> bool {
+        self.clients
+            .get(client)
+            .is_some_and(|client| client.running.is_none() && client.queued.is_empty())
+    }
+
+    pub fn all_idle(&self) -> bool {
+        (0..self.clients.len()).all(|client| self.is_idle(client))
+    }
+
+    /// Queues a request for one client, checking it first.
+    pub fn submit(&mut self, client: usize, request: Request) -> Result<(), CloverError> {
+        self.plan
+            .check_key(request.key())
+            .map_err(|_| CloverError::UnknownKey {
+                key: request.key(),
+                key_count: self.plan.key_count,
+            })?;
+        if let Request::Put { value, .. } = &request {
+            if value.len() != self.value_bytes {
+                size_class(value.len())?;
+                return Err(CloverError::ValueSize(value.len()));
+            }
+        }
+        let slot = self
+            .clients
+            .get_mut(client)
+            .ok_or(CloverError::UnknownClient(client))?;
+        if slot.queued.len() >= MAX_QUEUED_REQUESTS {
+            return Err(CloverError::QueueFull(client));
+        }
+        slot.queued.push_back(request);
+        Ok(())
+    }
+
+    /// Finished requests since the last call.
+    pub fn take_finished(&mut self) -> Vec<Completed> {
+        std::mem::take(&mut self.finished)
+    }
+
+    /// Takes completions, advances clients and posts their verbs. Returns
+    /// whether anything moved.
+    pub fn poll(&mut self, now: Timestamp, rnic: &mut SoftRnic) -> Result<bool, CloverError> {
+        let mut moved = false;
+        for _ in 0..COMPLETIONS_PER_POLL {
+            let Some(completion) = rnic.poll_completion(self.completion_queue)? else {
+                break;
+            };
+            moved = true;
+            self.complete(
+                now,
+                rnic,
+                completion.work_request_id as usize,
+                completion.status,
+            )?;
+        }
+        for client in 0..self.clients.len() {
+            moved |= self.start_next(now, client)?;
+            moved |= self.post_ready(rnic, client)?;
+            self.check_deadline(now, client)?;
+        }
+        Ok(moved)
+    }
+
+    fn check_deadline(&self, now: Timestamp, client: usize) -> Result<(), CloverError> {
+        let deadline = self.config.operation_deadline;
+        match &self.clients[client].running {
+            Some(running) if now.saturating_duration_since(running.started) > deadline => {
+                Err(CloverError::Deadline { client, deadline })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn complete(
+        &mut self,
+        now: Timestamp,
+        rnic: &mut SoftRnic,
+        client: usize,
+        status: CompletionStatus,
+    ) -> Result<(), CloverError> {
+        let running = self.clients[client]
+            .running
+            .as_mut()
+            .expect("a completion belongs to a running request");
+        let Phase::InFlight(posted) = running.phase else {
+            panic!("client {client} got a completion with nothing in flight");
+        };
+        if status != CompletionStatus::Success {
+            let verb = match posted {
+                Posted::Read(_) => "READ",
+                Posted::Write => "WRITE",
+                Posted::CompareSwap => "CAS",
+            };
+            return Err(CloverError::Completion {
+                client,
+                verb,
+                status,
+            });
+        }
+        let buffer = self.buffer(client);
+        let outcome = match posted {
+            Posted::Read(length) => {
+                let mut bytes = vec![0; length];
+                rnic.read_local(self.local.lkey, buffer, &mut bytes)?;
+                Outcome::Read(bytes)
+            }
+            Posted::Write => Outcome::Written,
+            Posted::CompareSwap => {
+                let mut word = [0u8; 8];
+                let at = VirtAddr(buffer.0 + ATOMIC_RESULT_AT);
+                rnic.read_local(self.local.lkey, at, &mut word)?;
+                Outcome::Swapped {
+                    original: u64::from_le_bytes(word),
+                }
+            }
+        };
+        self.advance(now, client, outcome)
+    }
+
+    fn advance(
+        &mut self,
+        now: Timestamp,
+        client: usize,
+        outcome: Outcome,
+    ) -> Result<(), CloverError> {
+        let running = self.clients[client].running.as_mut().expect("running");
+        let step = running
+            .operation
+            .as_mut()
+            .expect("an advancing request has an operation")
+            .handle(outcome)?;
+        self.take_step(now, client, step);
+        Ok(())
+    }
+
+    fn take_step(&mut self, now: Timestamp, client: usize, step: Step) {
+        let running = self.clients[client].running.as_mut().expect("running");
+        match step {
+            Step::Issue(verb) => running.phase = Phase::Ready(verb),
+            Step::Locate { .. } => running.phase = Phase::Locating,
+            Step::Written { tail, trail } => self.finish(now, client, tail, Reply::Stored, trail),
+            Step::Value { tail, value, trail } => {
+                self.finish(now, client, tail, Reply::Value(value), trail)
+            }
+        }
+    }
+
+    fn finish(
+        &mut self,
+        now: Timestamp,
+        client: usize,
+        tail: NextPointer,
+        reply: Reply,
+        trail: Trail,
+    ) {
+        let state = &mut self.clients[client];
+        let running = state.running.take().expect("running");
+        let key = running.request.key();
+        // A tail learned from the shortcut or the server (or a version this
+        // client just wrote) is as new as the request; one reached by
+        // following a cached pointer is as old as that pointer.
+        let learned = match (&reply, state.cache.get(&key)) {
+            (Reply::Value(_), Some((_, learned))) if !trail.jumped => *learned,
+            _ => running.started,
+        };
+        state.cache.insert(key, (tail, learned));
+        let latency = now.saturating_duration_since(running.started);
+        self.stats
+            .latency
+            .saturating_record(latency.as_nanos().max(1) as u64);
+        self.stats.conflicts += u64::from(trail.conflicts);
+        self.stats.hops += u64::from(trail.hops);
+        self.stats.jumps += u64::from(trail.jumped);
+        match &reply {
+            Reply::Stored => self.stats.writes += 1,
+            Reply::Value(_) => self.stats.reads += 1,
+        }
+        if self.config.record_history {
+            let kind = match &reply {
+                Reply::Stored => EventKind::WriteReturned,
+                Reply::Value(value) => EventKind::ReadReturned(crate::history::value_id(value)),
+            };
+            self.history.push(Event { key, client, kind });
+        }
+        self.finished.push(Completed {
+            client,
+            key,
+            reply,
+            latency,
+            trail,
+        });
+    }
+
+    fn lookup(&self, now: Timestamp, client: usize, key: u64) -> Lookup {
+        let cached = self.clients[client]
+            .cache
+            .get(&key)
+            .filter(|(_, learned)| {
+                now.saturating_duration_since(*learned) < self.config.cache_lifetime
+            })
+            .map(|(pointer, _)| *pointer);
+        Lookup {
+            key,
+            cached,
+            shortcut: self
+                .plan
+                .shortcut_offset(key)
+                .expect("keys are checked at submission"),
+            thresholds: self.config.thresholds,
+        }
+    }
+
+    /// Starts the client's next request if it is free.
+    fn start_next(&mut self, now: Timestamp, client: usize) -> Result<bool, CloverError> {
+        let state = &mut self.clients[client];
+        if state.running.is_none() {
+            let Some(request) = state.queued.pop_front() else {
+                return Ok(false);
+            };
+            if self.config.record_history {
+                let kind = match &request {
+                    Request::Get { .. } => EventKind::ReadInvoked,
+                    Request::Put { value, .. } => {
+                        EventKind::WriteInvoked(crate::history::value_id(value))
+                    }
+                };
+                self.history.push(Event {
+                    key: request.key(),
+                    client,
+                    kind,
+                });
+            }
+            state.running = Some(Running {
+                request,
+                operation: None,
+                started: now,
+                phase: Phase::NeedsSlots,
+            });
+        }
+        let running = state.running.as_ref().expect("running");
+        if running.operation.is_some() {
+            return Ok(false);
+        }
+        let request = running.request.clone();
+        let lookup = self.lookup(now, client, request.key());
+        let state = &mut self.clients[client];
+        let (operation, step) = match request {
+            Request::Get { .. } => {
+                let mut read = ReadOperation::new(lookup, self.config.entry_read_bytes);
+                let step = read.start()?;
+                (Operation::Read(read), step)
+            }
+            Request::Put { value, .. } => {
+                // Without a slot the request waits for the server's batch.
+                let Some(slot) = state.slots.pop() else {
+                    return Ok(false);
+                };
+                let write = WriteOperation::new(lookup, &value, slot)?;
+                let step = write.start();
+                (Operation::Write(write), step)
+            }
+        };
+        state.running.as_mut().expect("running").operation = Some(operation);
+        self.take_step(now, client, step);
+        Ok(true)
+    }
+
+    fn buffer(&self, client: usize) -> VirtAddr {
+        VirtAddr(self.local.address.0 + client as u64 * CLIENT_BUFFER_BYTES)
+    }
+
+    fn remote(&self, offset: u64) -> RemoteAddress {
+        RemoteAddress {
+            address: VirtAddr(self.remote_base.0 + offset),
+            rkey: self.remote_key,
+        }
+    }
+
+    fn post_ready(&mut self, rnic: &mut SoftRnic, client: usize) -> Result<bool, CloverError> {
+        let Some(running) = self.clients[client].running.as_ref() else {
+            return Ok(false);
+        };
+        let Phase::Ready(verb) = &running.phase else {
+            return Ok(false);
+        };
+        let buffer_offset = client as u64 * CLIENT_BUFFER_BYTES;
+        let (operation, local, posted) = match verb {
+            Verb::Read { offset, length } => (
+                SendOperation::Read {
+                    remote: self.remote(*offset),
+                },
+                self.local.slice(buffer_offset, *length as u32),
+                Posted::Read(*length),
+            ),
+            Verb::Write { offset, bytes } => {
+                rnic.write_local(self.local.lkey, self.buffer(client), bytes)?;
+                (
+                    SendOperation::Write {
+                        remote: self.remote(*offset),
+                        immediate: None,
+                    },
+                    self.local.slice(buffer_offset, bytes.len() as u32),
+                    Posted::Write,
+                )
+            }
+            Verb::CompareSwap {
+                offset,
+                expect,
+                swap,
+            } => (
+                SendOperation::CompareSwap {
+                    remote: self.remote(*offset),
+                    compare: *expect,
+                    swap: *swap,
+                },
+                self.local.slice(buffer_offset + ATOMIC_RESULT_AT, 8),
+                Posted::CompareSwap,
+            ),
+        };
+        let request = SendRequest::new(client as u64, operation, &[local])?;
+        rnic.post_send(self.clients[client].queue_pair, request)?;
+        self.stats.verbs += 1;
+        self.clients[client]
+            .running
+            .as_mut()
+            .expect("running")
+            .phase = Phase::InFlight(posted);
+        Ok(true)
+    }
+
+    /// Whether some client waits for the metadata server.
+    pub fn wants_metadata(&self) -> bool {
+        self.clients.iter().any(|client| {
+            client
+                .running
+                .as_ref()
+                .is_some_and(|running| matches!(running.phase, Phase::NeedsSlots | Phase::Locating))
+        })
+    }
+
+    /// The metadata server's side: hands out slot batches and locates
+    /// tails for every client waiting on it.
+    pub fn answer_metadata(
+        &mut self,
+        now: Timestamp,
+        server: &mut MetadataServer,
+        memory: &mut dyn RegionAccess,
+    ) -> Result<(), CloverError> {
+        for client in 0..self.clients.len() {
+            let Some(running) = self.clients[client].running.as_ref() else {
+                continue;
+            };
+            match running.phase {
+                Phase::NeedsSlots if running.operation.is_none() => {
+                    let batch = server.allocate(self.value_bytes)?;
+                    self.clients[client].slots.extend(batch);
+                    self.start_next(now, client)?;
+                }
+                Phase::Locating => {
+                    let key = running.request.key();
+                    let tail = server.locate(key, memory)?;
+                    self.stats.locates += 1;
+                    self.advance(now, client, Outcome::Located(tail))?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns every client's unused slots to the server (at the end of a
+    /// run), so that no slot is lost.
+    pub fn return_slots(&mut self, server: &mut MetadataServer) -> Result<(), CloverError> {
+        for client in &mut self.clients {
+            let slots = std::mem::take(&mut client.slots);
+            server.give_back(self.value_bytes, &slots)?;
+        }
+        Ok(())
+    }
+}

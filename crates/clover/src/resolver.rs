@@ -1,0 +1,445 @@
+//! The resolver: a switch program that resolves Clover's write conflicts
+//! in flight (`papers/003`), on top of the rack's L2/L3 forwarding.
+//!
+//! It tells clients apart by queue pair. On a client's entry WRITE it
+//! records key → the entry (the key sits in the payload right after the
+//! next pointer). On that client's CAS for a cached key it rewrites the
+//! CAS target to the key's true tail and recomputes the ICRC, so the CAS
+//! links the entry at once instead of failing and sending the client
+//! chasing pointers. CASes for keys outside the cache pass untouched.
+//!
+//! The paper updates the cached tail as soon as it rewrites a CAS. Over a
+//! lossy path that breaks linearizability: if the rewritten CAS is lost
+//! between switch and memory, a second CAS chained onto its entry
+//! succeeds while that entry is still unlinked, so a completed write is
+//! invisible. This resolver therefore only rewrites towards a tail it
+//! knows is true:
+//!
+//! - per cached key it keeps the confirmed tail and the CASes in flight;
+//! - a CAS is rewritten only when none is in flight on its key; one that
+//!   arrives while another is in flight passes untouched (and, as in
+//!   Clover, fails or succeeds on its own);
+//! - the atomic acknowledgement, on its way back, confirms: when the last
+//!   CAS in flight is answered and exactly one of the batch succeeded,
+//!   its entry is the new tail. Two or more successes leave the tail
+//!   unknown (resolving stops for that key until a batch with a single
+//!   success re-establishes it).
+//! - a retransmitted CAS (same queue pair, same PSN) gets exactly the
+//!   rewrite of the original.
+//!
+//! Every CAS on a cached key passes this switch, so the confirmed tail is
+//! the list's real tail whenever nothing is in flight: a rewritten CAS
+//! cannot fail, and no list is ever broken or made cyclic.
+
+use crate::layout::NextPointer;
+use remora_rnic::Timestamp;
+use remora_switch::programs::l2l3::L2L3Forwarding;
+use remora_switch::register::RegisterArray;
+use remora_switch::table::{ExactTable, TableError, TableShape};
+use remora_switch::{Digest, Egress, Packet, Program, ResourceReport};
+use remora_wire::{Ipv4Address, Opcode, Qpn, Rkey, VirtAddr};
+
+/// The memory region the resolver watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchedRegion {
+    pub memory_address: Ipv4Address,
+    pub base: VirtAddr,
+    pub rkey: Rkey,
+    /// Entries live at `base + slab_start ..  base + region_bytes`.
+    pub slab_start: u64,
+    pub region_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct KeyCell {
+    /// The confirmed tail's address; 0 when unknown.
+    tail: u64,
+    /// The entry of the last successful CAS in the current batch.
+    last_success: u64,
+    in_flight: u16,
+    successes: u16,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct OutstandingCell {
+    key: u64,
+    /// The address of the entry the client last wrote; 0 for none.
+    entry: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct CasCell {
+    target: u64,
+    entry: u64,
+    key_slot: u32,
+    psn: u32,
+    active: bool,
+    rewritten: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ResolverCounters {
+    pub entry_writes_seen: u64,
+    pub cas_seen: u64,
+    /// CASes sent to the true tail instead of the stale one they named.
+    pub rewritten: u64,
+    /// Retransmitted CASes given the original's rewrite again.
+    pub retransmissions_rewritten: u64,
+    /// CASes for cached keys passed untouched because another was in flight.
+    pub passed_busy: u64,
+    /// CASes for keys outside the cache.
+    pub passed_uncached: u64,
+    /// Batches that confirmed a new tail.
+    pub tails_confirmed: u64,
+    /// Batches with more than one success, which left the tail unknown.
+    pub tails_lost: u64,
+    /// Rewritten CASes that failed anyway: zero unless something bypassed
+    /// the switch.
+    pub rewrites_failed: u64,
+}
+
+/// The resolver's memory, as the paper's Figure "memory vs keyspace".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ResolverMemory {
+    pub cached_keys: usize,
+    pub clients: usize,
+    pub bytes_per_key: usize,
+    pub bytes_per_client: usize,
+    pub total_bytes: usize,
+}
+
+pub struct CloverResolver {
+    forwarding: L2L3Forwarding,
+    region: WatchedRegion,
+    /// (memory address, memory-side QPN) → client index.
+    requests: ExactTable<u64, u32>,
+    /// (compute address, compute-side QPN) → client index.
+    replies: ExactTable<u64, u32>,
+    /// Cached key → its cell index.
+    keys: ExactTable<u64, u32>,
+    key_cells: RegisterArray<KeyCell>,
+    outstanding: RegisterArray<OutstandingCell>,
+    cas: RegisterArray<CasCell>,
+    client_count: usize,
+    counters: ResolverCounters,
+}
+
+fn queue_pair_key(address: Ipv4Address, qpn: Qpn) -> u64 {
+    u64::from(u32::from_be_bytes(address.0)) << 24 | u64::from(qpn.value())
+}
+
+fn be_word(bytes: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+}
+
+impl CloverResolver {
+    pub fn new(
+        forwarding: L2L3Forwarding,
+        region: WatchedRegion,
+        max_keys: usize,
+        max_clients: usize,
+    ) -> CloverResolver {
+        let qp_table = |name| {
+            ExactTable::new(TableShape {
+                name,
+                stage: 0,
+                key_bits: 32 + 24,
+                action_data_bits: 16,
+                capacity: max_clients,
+            })
+        };
+        CloverResolver {
+            forwarding,
+            region,
+            requests: qp_table("clover_clients"),
+            replies: qp_table("clover_replies"),
+            keys: ExactTable::new(TableShape {
+                name: "clover_keys",
+                stage: 1,
+                key_bits: 64,
+                action_data_bits: 32,
+                capacity: max_keys,
+            }),
+            key_cells: RegisterArray::new("clover_tails", 2, max_keys),
+            outstanding: RegisterArray::new("clover_outstanding", 1, max_clients),
+            cas: RegisterArray::new("clover_cas", 1, max_clients),
+            client_count: 0,
+            counters: ResolverCounters::default(),
+        }
+    }
+
+    pub fn forwarding_mut(&mut self) -> &mut L2L3Forwarding {
+        &mut self.forwarding
+    }
+
+    pub fn counters(&self) -> ResolverCounters {
+        self.counters
+    }
+
+    /// Control plane: a client's queue pair, seen from both ends.
+    pub fn add_client(
+        &mut self,
+        memory_side: (Ipv4Address, Qpn),
+        compute_side: (Ipv4Address, Qpn),
+    ) -> Result<(), TableError> {
+        if self.client_count >= self.cas.len() {
+            return Err(TableError::Full {
+                table: "clover_clients",
+                capacity: self.cas.len(),
+            });
+        }
+        let index = self.client_count as u32;
+        self.requests
+            .insert(queue_pair_key(memory_side.0, memory_side.1), index)?;
+        self.replies
+            .insert(queue_pair_key(compute_side.0, compute_side.1), index)?;
+        self.client_count += 1;
+        Ok(())
+    }
+
+    /// Control plane: cache `key`, whose tail is now `tail`.
+    pub fn cache_key(&mut self, key: u64, tail: NextPointer) -> Result<(), TableError> {
+        let slot = self.keys.len();
+        if slot >= self.key_cells.len() {
+            return Err(TableError::Full {
+                table: "clover_keys",
+                capacity: self.key_cells.len(),
+            });
+        }
+        self.keys.insert(key, slot as u32)?;
+        let tail = self.region.base.0 + tail.offset();
+        self.key_cells.update(slot, |_| KeyCell {
+            tail,
+            ..KeyCell::default()
+        });
+        Ok(())
+    }
+
+    pub fn memory(&self) -> ResolverMemory {
+        let key_table_bytes = 8 + 4;
+        let qp_table_bytes = 2 * (7 + 2);
+        let bytes_per_key = key_table_bytes + std::mem::size_of::<KeyCell>();
+        let bytes_per_client = qp_table_bytes
+            + std::mem::size_of::<OutstandingCell>()
+            + std::mem::size_of::<CasCell>();
+        let cached_keys = self.keys.len();
+        ResolverMemory {
+            cached_keys,
+            clients: self.client_count,
+            bytes_per_key,
+            bytes_per_client,
+            total_bytes: cached_keys * bytes_per_key + self.client_count * bytes_per_client,
+        }
+    }
+
+    fn in_slabs(&self, address: u64) -> bool {
+        let base = self.region.base.0;
+        address >= base + self.region.slab_start && address < base + self.region.region_bytes
+    }
+
+    fn client_of_request(&self, packet: &Packet) -> Option<usize> {
+        let ipv4 = packet.headers.ipv4?;
+        let roce = packet.headers.roce?;
+        if ipv4.destination != self.region.memory_address {
+            return None;
+        }
+        let key = queue_pair_key(ipv4.destination, roce.destination_qp);
+        self.requests.lookup(&key).map(|index| *index as usize)
+    }
+
+    /// An entry WRITE (first or only packet): remember key → entry.
+    fn watch_write(&mut self, client: usize, packet: &Packet) {
+        let roce = packet.headers.roce.expect("a RoCE packet");
+        let reth = roce.extension_offset;
+        let bytes = &packet.bytes;
+        let address = be_word(bytes, reth);
+        let rkey = u32::from_be_bytes(bytes[reth + 8..reth + 12].try_into().expect("4 bytes"));
+        let payload = &bytes[roce.payload_offset..roce.icrc_offset];
+        if rkey != self.region.rkey.0 || !self.in_slabs(address) || payload.len() < 16 {
+            return;
+        }
+        let key = u64::from_le_bytes(payload[8..16].try_into().expect("8 bytes"));
+        self.counters.entry_writes_seen += 1;
+        self.outstanding.update(client, |_| OutstandingCell {
+            key,
+            entry: address,
+        });
+    }
+
+    fn rewrite_target(packet: &mut Packet, target: u64) {
+        let at = packet.headers.roce.expect("a RoCE packet").extension_offset;
+        packet.bytes[at..at + 8].copy_from_slice(&target.to_be_bytes());
+        packet.rewritten = true;
+    }
+
+    fn watch_cas(&mut self, client: usize, packet: &mut Packet) {
+        let roce = packet.headers.roce.expect("a RoCE packet");
+        let at = roce.extension_offset;
+        let target = be_word(&packet.bytes, at);
+        let swap = be_word(&packet.bytes, at + 12);
+        let compare = be_word(&packet.bytes, at + 20);
+        let psn = roce.psn.value();
+        self.counters.cas_seen += 1;
+        let record = self.cas.read(client).expect("client cells exist");
+        if record.active && record.psn == psn {
+            if record.target != target {
+                Self::rewrite_target(packet, record.target);
+                self.counters.retransmissions_rewritten += 1;
+            }
+            return;
+        }
+        if record.active {
+            // The switch never saw the answer to this client's last CAS
+            // (it cannot have been answered without passing here): forget
+            // what that key's tail was rather than guess.
+            self.abandon(record);
+        }
+        let outstanding = self.outstanding.read(client).expect("client cells exist");
+        let entry = self.region.base.0 + NextPointer::from_word(swap).offset();
+        if compare != 0 || outstanding.entry == 0 || outstanding.entry != entry {
+            return;
+        }
+        let Some(slot) = self.keys.lookup(&outstanding.key).copied() else {
+            self.counters.passed_uncached += 1;
+            return;
+        };
+        let cell = self.key_cells.read(slot as usize).expect("key cells exist");
+        let resolve = cell.in_flight == 0 && cell.tail != 0;
+        let sent_to = if resolve { cell.tail } else { target };
+        if resolve && target != cell.tail {
+            Self::rewrite_target(packet, cell.tail);
+            self.counters.rewritten += 1;
+        } else if !resolve {
+            self.counters.passed_busy += 1;
+        }
+        self.key_cells.update(slot as usize, |cell| KeyCell {
+            in_flight: cell.in_flight + 1,
+            ..cell
+        });
+        self.cas.update(client, |_| CasCell {
+            target: sent_to,
+            entry,
+            key_slot: slot,
+            psn,
+            active: true,
+            rewritten: resolve && target != sent_to,
+        });
+    }
+
+    fn abandon(&mut self, record: CasCell) {
+        self.key_cells
+            .update(record.key_slot as usize, |cell| KeyCell {
+                tail: 0,
+                last_success: 0,
+                in_flight: cell.in_flight.saturating_sub(1),
+                successes: 0,
+            });
+    }
+
+    /// An atomic acknowledgement on its way to a client: confirm.
+    fn watch_ack(&mut self, packet: &Packet) {
+        let (Some(ipv4), Some(roce)) = (packet.headers.ipv4, packet.headers.roce) else {
+            return;
+        };
+        let key = queue_pair_key(ipv4.destination, roce.destination_qp);
+        let Some(client) = self.replies.lookup(&key).map(|index| *index as usize) else {
+            return;
+        };
+        let record = self.cas.read(client).expect("client cells exist");
+        if !record.active || record.psn != roce.psn.value() {
+            return;
+        }
+        // AETH (4 bytes), then the original value.
+        let original = be_word(&packet.bytes, roce.extension_offset + 4);
+        self.cas.update(client, |cell| CasCell {
+            active: false,
+            ..cell
+        });
+        if original != 0 && record.rewritten {
+            self.counters.rewrites_failed += 1;
+        }
+        let cell = self
+            .key_cells
+            .update(record.key_slot as usize, |mut cell| {
+                cell.in_flight = cell.in_flight.saturating_sub(1);
+                if original == 0 {
+                    cell.successes += 1;
+                    cell.last_success = record.entry;
+                }
+                cell
+            })
+            .expect("key cells exist");
+        if cell.in_flight == 0 {
+            self.close_batch(record.key_slot as usize, cell);
+        }
+    }
+
+    fn close_batch(&mut self, slot: usize, cell: KeyCell) {
+        let tail = match cell.successes {
+            0 => cell.tail,
+            1 => {
+                self.counters.tails_confirmed += 1;
+                cell.last_success
+            }
+            _ => {
+                self.counters.tails_lost += 1;
+                0
+            }
+        };
+        self.key_cells.update(slot, |_| KeyCell {
+            tail,
+            ..KeyCell::default()
+        });
+    }
+}
+
+impl Program for CloverResolver {
+    fn name(&self) -> &str {
+        "clover-resolver"
+    }
+
+    fn ingress(&mut self, now: Timestamp, packet: &mut Packet) {
+        self.forwarding.ingress(now, packet);
+        if matches!(packet.egress, Egress::Drop | Egress::Unset) {
+            return;
+        }
+        let Some(roce) = packet.headers.roce else {
+            return;
+        };
+        match roce.opcode {
+            Opcode::RdmaWriteFirst | Opcode::RdmaWriteOnly => {
+                if let Some(client) = self.client_of_request(packet) {
+                    self.watch_write(client, packet);
+                }
+            }
+            Opcode::CompareSwap => {
+                if let Some(client) = self.client_of_request(packet) {
+                    self.watch_cas(client, packet);
+                }
+            }
+            Opcode::AtomicAcknowledge => self.watch_ack(packet),
+            _ => {}
+        }
+    }
+
+    fn resources(&self) -> ResourceReport {
+        let mut report = self.forwarding.resources();
+        report.program = self.name().to_string();
+        report.tables.extend([
+            self.requests.resources(),
+            self.replies.resources(),
+            self.keys.resources(),
+        ]);
+        report.registers.extend([
+            self.key_cells.resources(),
+            self.outstanding.resources(),
+            self.cas.resources(),
+        ]);
+        report.recomputes_icrc = true;
+        report
+    }
+
+    fn control_plane(&mut self, digest: &Digest) {
+        self.forwarding.control_plane(digest);
+    }
+}
