@@ -272,7 +272,7 @@ impl PortHealth {
 }
 
 impl<P: Program> SwitchEndpoint<P> {
-    pub fn new(switch: Switch<P>, ports: Vec<Box<dyn Port>>) -> SwitchEndpoint {
+    pub fn new(switch: Switch<P>, ports: Vec<Box<dyn Port>>) -> SwitchEndpoint<P> {
         assert_eq!(usize::from(switch.config().port_count), ports.len());
         SwitchEndpoint {
             switch,
