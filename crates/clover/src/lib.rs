@@ -15,6 +15,7 @@
 //! - [`history`]: request histories and their linearizability check.
 
 pub mod client;
+pub mod deploy;
 pub mod history;
 pub mod layout;
 pub mod metadata;

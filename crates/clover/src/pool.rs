@@ -131,6 +131,8 @@ pub struct PoolStats {
     pub jumps: u64,
     pub locates: u64,
     pub verbs: u64,
+    /// Times a put found the region full and waited for collection.
+    pub slot_waits: u64,
     /// Nanoseconds per request.
     pub latency: Histogram<u64>,
 }
@@ -145,6 +147,7 @@ impl PoolStats {
             jumps: 0,
             locates: 0,
             verbs: 0,
+            slot_waits: 0,
             latency: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds"),
         }
     }
@@ -634,8 +637,16 @@ impl ClientPool {
             };
             match running.phase {
                 Phase::NeedsSlots if running.operation.is_none() => {
-                    let batch = server.allocate(self.value_bytes)?;
-                    self.clients[client].slots.extend(batch);
+                    match server.allocate(self.value_bytes) {
+                        Ok(batch) => self.clients[client].slots.extend(batch),
+                        // The put waits for garbage collection to free
+                        // space: asked again at the next answer.
+                        Err(MetadataError::OutOfSpace { .. }) => {
+                            self.stats.slot_waits += 1;
+                            continue;
+                        }
+                        Err(error) => return Err(error.into()),
+                    }
                     self.start_next(now, client)?;
                 }
                 Phase::Locating => {

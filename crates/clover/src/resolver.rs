@@ -37,7 +37,7 @@ use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::register::RegisterArray;
 use remora_switch::table::{ExactTable, TableError, TableShape};
 use remora_switch::{Digest, Egress, Packet, Program, ResourceReport};
-use remora_wire::{Ipv4Address, Opcode, Qpn, Rkey, VirtAddr};
+use remora_wire::{Ipv4Address, Opcode, Psn, Qpn, Rkey, VirtAddr};
 
 /// The memory region the resolver watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +65,8 @@ struct OutstandingCell {
     key: u64,
     /// The address of the entry the client last wrote; 0 for none.
     entry: u64,
+    /// That WRITE's PSN, so a late duplicate of an older one is ignored.
+    psn: u32,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -73,6 +75,9 @@ struct CasCell {
     entry: u64,
     key_slot: u32,
     psn: u32,
+    /// Whether this client ever sent a CAS (so `psn` means something).
+    seen: bool,
+    /// Whether its acknowledgement has not passed yet.
     active: bool,
     rewritten: bool,
 }
@@ -93,8 +98,14 @@ pub struct ResolverCounters {
     pub tails_confirmed: u64,
     /// Batches with more than one success, which left the tail unknown.
     pub tails_lost: u64,
-    /// Rewritten CASes that failed anyway: zero unless something bypassed
-    /// the switch.
+    /// Late duplicates of entry WRITEs and CASes already superseded,
+    /// passed untouched.
+    pub stale_duplicates: u64,
+    /// Rewritten CASes that failed. On a clean path this never happens.
+    /// Over a lossy one it can: a rewritten CAS is lost after the switch,
+    /// another client's untouched CAS links onto the tail meanwhile, and
+    /// the retransmission (given the same rewrite) finds the tail taken.
+    /// That client then chases, as in plain Clover; no list is harmed.
     pub rewrites_failed: u64,
 }
 
@@ -259,10 +270,17 @@ impl CloverResolver {
             return;
         }
         let key = u64::from_le_bytes(payload[8..16].try_into().expect("8 bytes"));
+        let psn = roce.psn.value();
+        let last = self.outstanding.read(client).expect("client cells exist");
+        if last.entry != 0 && Psn::new(psn).precedes(Psn::new(last.psn)) {
+            self.counters.stale_duplicates += 1;
+            return;
+        }
         self.counters.entry_writes_seen += 1;
         self.outstanding.update(client, |_| OutstandingCell {
             key,
             entry: address,
+            psn,
         });
     }
 
@@ -281,11 +299,19 @@ impl CloverResolver {
         let psn = roce.psn.value();
         self.counters.cas_seen += 1;
         let record = self.cas.read(client).expect("client cells exist");
-        if record.active && record.psn == psn {
+        if record.seen && record.psn == psn {
+            // A retransmission (or a duplicate): the original's rewrite.
             if record.target != target {
                 Self::rewrite_target(packet, record.target);
                 self.counters.retransmissions_rewritten += 1;
             }
+            return;
+        }
+        if record.seen && Psn::new(psn).precedes(Psn::new(record.psn)) {
+            // A late duplicate of an older CAS: the memory node answers it
+            // from its replay cache without executing it, so it changes
+            // nothing and must not be counted.
+            self.counters.stale_duplicates += 1;
             return;
         }
         if record.active {
@@ -321,6 +347,7 @@ impl CloverResolver {
             entry,
             key_slot: slot,
             psn,
+            seen: true,
             active: true,
             rewritten: resolve && target != sent_to,
         });

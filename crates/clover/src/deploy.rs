@@ -1,0 +1,180 @@
+//! Putting a Clover store on two soft RNICs: the memory node's region,
+//! the metadata server beside it, one queue pair per client on the compute
+//! node, the keys loaded, and (optionally) the resolver told about the
+//! clients and the hottest keys. The simulator tests, the benchmark and
+//! the demo all deploy through here.
+
+use crate::history::{value_with_id, LOADED_ID};
+use crate::layout::NextPointer;
+use crate::metadata::{MetadataConfig, MetadataServer, RegionPlan, RnicRegion};
+use crate::pool::{ClientPool, CloverError, PoolConfig, PoolWiring, Request, CLIENT_BUFFER_BYTES};
+use crate::resolver::{CloverResolver, WatchedRegion};
+use remora_rnic::{AccessFlags, MemoryRegion, QueuePairBuilder, SoftRnic, Verbs};
+use remora_switch::programs::l2l3::L2L3Forwarding;
+use remora_switch::table::TableError;
+use remora_workloads::ycsb::{Generator, Operation};
+use remora_wire::Qpn;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy)]
+pub struct StoreSpec {
+    pub key_count: u64,
+    pub value_bytes: usize,
+    pub region_bytes: u64,
+    pub clients: usize,
+    pub metadata: MetadataConfig,
+    pub pool: PoolConfig,
+    /// The queue pairs' ACK timeout (the rack's, or a simulated one).
+    pub ack_timeout: Duration,
+}
+
+pub struct Deployment {
+    pub pool: ClientPool,
+    pub metadata: MetadataServer,
+    pub memory_region: MemoryRegion,
+    /// (compute-side, memory-side) queue pair numbers, by client.
+    pub queue_pairs: Vec<(Qpn, Qpn)>,
+    /// Each key's first version.
+    pub first_versions: Vec<NextPointer>,
+}
+
+/// Sets the store up on `compute` and `memory`.
+pub fn deploy(
+    spec: StoreSpec,
+    compute: &mut SoftRnic,
+    memory: &mut SoftRnic,
+) -> Result<Deployment, CloverError> {
+    let plan = RegionPlan::new(spec.key_count, spec.region_bytes)?;
+    let memory_pd = memory.alloc_protection_domain()?;
+    let memory_region = memory.register_memory(memory_pd, spec.region_bytes, AccessFlags::ALL)?;
+    let memory_cq = memory.create_completion_queue(64)?;
+    let compute_pd = compute.alloc_protection_domain()?;
+    let local = compute.register_memory(
+        compute_pd,
+        spec.clients as u64 * CLIENT_BUFFER_BYTES,
+        AccessFlags::ALL,
+    )?;
+    let completion_queue = compute.create_completion_queue(spec.clients.max(1) * 2)?;
+    let mut compute_builder = QueuePairBuilder::new(compute_pd, completion_queue, completion_queue);
+    compute_builder.timeout = spec.ack_timeout;
+    compute_builder.send_queue_depth = 4;
+    let mut memory_builder = QueuePairBuilder::new(memory_pd, memory_cq, memory_cq);
+    memory_builder.timeout = spec.ack_timeout;
+    let mut queue_pairs = Vec::with_capacity(spec.clients);
+    let mut handles = Vec::with_capacity(spec.clients);
+    for _ in 0..spec.clients {
+        let near = compute.create_queue_pair(&compute_builder)?;
+        let far = memory.create_queue_pair(&memory_builder)?;
+        handles.push(compute.handshake(near, far.endpoint)?);
+        memory.handshake(far, near.endpoint)?;
+        queue_pairs.push((near.qpn, far.qpn));
+    }
+    let mut metadata = MetadataServer::new(plan, spec.metadata)?;
+    let mut region = RnicRegion {
+        rnic: memory,
+        region: memory_region,
+    };
+    let first_versions = (0..spec.key_count)
+        .map(|key| metadata.load(key, &value_with_id(LOADED_ID, spec.value_bytes), &mut region))
+        .collect::<Result<Vec<_>, _>>()?;
+    let pool = ClientPool::new(
+        spec.pool,
+        plan,
+        spec.value_bytes,
+        PoolWiring {
+            queue_pairs: handles,
+            completion_queue,
+            local,
+            remote: memory_region.remote(0),
+        },
+    )?;
+    Ok(Deployment {
+        pool,
+        metadata,
+        memory_region,
+        queue_pairs,
+        first_versions,
+    })
+}
+
+impl Deployment {
+    /// The resolver for this store, caching `cached_keys`.
+    pub fn resolver(
+        &self,
+        forwarding: L2L3Forwarding,
+        compute: &SoftRnic,
+        memory: &SoftRnic,
+        cached_keys: &[u64],
+    ) -> Result<CloverResolver, TableError> {
+        let plan = self.metadata.plan();
+        let mut resolver = CloverResolver::new(
+            forwarding,
+            WatchedRegion {
+                memory_address: memory.config().address,
+                base: self.memory_region.address,
+                rkey: self.memory_region.rkey,
+                slab_start: plan.slab_start(),
+                region_bytes: plan.region_bytes,
+            },
+            cached_keys.len().max(1),
+            self.queue_pairs.len().max(1),
+        );
+        for (near, far) in &self.queue_pairs {
+            resolver.add_client(
+                (memory.config().address, *far),
+                (compute.config().address, *near),
+            )?;
+        }
+        for key in cached_keys {
+            resolver.cache_key(*key, self.first_versions[*key as usize])?;
+        }
+        Ok(resolver)
+    }
+}
+
+/// Keeps every idle client busy with the workload's next operation while
+/// `remaining` lasts. Reads and updates only (Clover's workloads); other
+/// YCSB operations count as updates. Every written value carries a unique
+/// id: (client + 1) << 32 | sequence.
+pub struct Feeder {
+    pub generator: Generator,
+    pub remaining: u64,
+    pub value_bytes: usize,
+    sequence: u64,
+}
+
+impl Feeder {
+    pub fn new(generator: Generator, operations: u64, value_bytes: usize) -> Feeder {
+        Feeder {
+            generator,
+            remaining: operations,
+            value_bytes,
+            sequence: 0,
+        }
+    }
+
+    pub fn feed(&mut self, pool: &mut ClientPool) -> Result<(), CloverError> {
+        for client in 0..pool.client_count() {
+            if self.remaining == 0 {
+                return Ok(());
+            }
+            if !pool.is_idle(client) {
+                continue;
+            }
+            self.remaining -= 1;
+            self.sequence += 1;
+            let request = match self.generator.next_operation() {
+                Operation::Read { key } => Request::Get { key },
+                Operation::Update { key }
+                | Operation::Insert { key }
+                | Operation::ReadModifyWrite { key }
+                | Operation::Scan { key, .. } => Request::Put {
+                    key,
+                    value: value_with_id((client as u64 + 1) << 32 | self.sequence, self.value_bytes),
+                },
+            };
+            pool.submit(client, request)?;
+        }
+        Ok(())
+    }
+}
