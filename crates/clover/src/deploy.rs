@@ -12,8 +12,8 @@ use crate::resolver::{CloverResolver, WatchedRegion};
 use remora_rnic::{AccessFlags, MemoryRegion, QueuePairBuilder, SoftRnic, Verbs};
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::table::TableError;
-use remora_workloads::ycsb::{Generator, Operation};
 use remora_wire::Qpn;
+use remora_workloads::ycsb::{Generator, Operation};
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy)]
@@ -75,7 +75,13 @@ pub fn deploy(
         region: memory_region,
     };
     let first_versions = (0..spec.key_count)
-        .map(|key| metadata.load(key, &value_with_id(LOADED_ID, spec.value_bytes), &mut region))
+        .map(|key| {
+            metadata.load(
+                key,
+                &value_with_id(LOADED_ID, spec.value_bytes),
+                &mut region,
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let pool = ClientPool::new(
         spec.pool,
@@ -170,7 +176,10 @@ impl Feeder {
                 | Operation::ReadModifyWrite { key }
                 | Operation::Scan { key, .. } => Request::Put {
                     key,
-                    value: value_with_id((client as u64 + 1) << 32 | self.sequence, self.value_bytes),
+                    value: value_with_id(
+                        (client as u64 + 1) << 32 | self.sequence,
+                        self.value_bytes,
+                    ),
                 },
             };
             pool.submit(client, request)?;

@@ -21,3 +21,4 @@ pub mod layout;
 pub mod metadata;
 pub mod pool;
 pub mod resolver;
+pub mod simulated;
