@@ -2,6 +2,7 @@
 //! `--json`, one document shaped
 //! `{"bench", "config", "host", "results": [{variant, metric, value, unit}], "ratios"}`.
 
+mod clover;
 mod fabric;
 mod switch;
 
@@ -20,6 +21,10 @@ pub enum BenchCommand {
     /// in-process, shared-memory and UDP carriers against a raw UDP
     /// ping-pong.
     Switch(CommonArgs),
+    /// Clover with and without the in-network resolver, in the
+    /// deterministic simulator: YCSB A/B/C, zipf 0.75/0.99 and uniform,
+    /// 1 to 64 clients, a top-N cache sweep, conflicts and resolver memory.
+    Clover(CommonArgs),
 }
 
 #[derive(Args)]
@@ -124,6 +129,7 @@ pub fn run(command: BenchCommand) -> Result<ExitCode, String> {
     let (report, args) = match command {
         BenchCommand::Fabric(args) => (fabric::run(args.quick)?, args),
         BenchCommand::Switch(args) => (switch::run(args.quick)?, args),
+        BenchCommand::Clover(args) => (clover::run(args.quick)?, args),
     };
     if let Some(path) = &args.json {
         crate::write_json(path, &report)?;
