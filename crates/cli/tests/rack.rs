@@ -405,3 +405,47 @@ fn three_compute_nodes_share_a_memory_node_with_aligned_atomics() {
     std::fs::remove_file(&json).ok();
     assert_workloads_complete(&report, 100);
 }
+
+#[test]
+fn bench_clover_quick_writes_the_ratios_and_the_sweeps_as_json() {
+    let json = common::scratch("bench-clover.json");
+    let output = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["bench", "clover", "--quick", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).ok();
+    assert_eq!(report["bench"], "clover");
+    for key in [
+        "resolver_speedup_ycsba_z075_c64",
+        "top8_speedup_ycsba_z075_c64",
+        "resolver_p99_ratio_ycsba_z075_c64",
+    ] {
+        let value = report["ratios"][key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("ratio {key} missing"));
+        assert!(value.is_finite() && value > 0.0, "{key} = {value}");
+    }
+    let variants: Vec<&str> = report["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|result| result["variant"].as_str().unwrap())
+        .collect();
+    for variant in [
+        "ycsba_z075_c1_plain",
+        "ycsba_z075_c64_resolver",
+        "ycsba_z075_c64_top0",
+        "ycsba_z075_c64_top8",
+        "ycsbc_z075_c64_plain",
+        "ycsba_uniform_c64_resolver",
+    ] {
+        assert!(variants.contains(&variant), "no {variant}");
+    }
+}

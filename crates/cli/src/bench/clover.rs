@@ -86,8 +86,8 @@ fn plan(quick: bool) -> Vec<Configuration> {
     let big_keys: &[u64] = if quick { &[10_000] } else { &[10_000, 100_000] };
     for keys in big_keys {
         for (label, cached) in [("plain", None), ("resolver", Some(*keys as usize))] {
-            let switch = cached.map_or(SwitchChoice::Plain, |cached_keys| {
-                SwitchChoice::Resolver { cached_keys }
+            let switch = cached.map_or(SwitchChoice::Plain, |cached_keys| SwitchChoice::Resolver {
+                cached_keys,
             });
             plan.push(configuration(
                 format!("ycsba_z075_k{}_c64_{label}", keys / 1000 * 1000),
@@ -139,7 +139,12 @@ fn record(report: &mut Report, name: &str, figures: &Figures) {
     report.add(name, "throughput", figures.throughput, "ops/s (simulated)");
     report.add(name, "latency_p50", figures.p50_us, "us (simulated)");
     report.add(name, "latency_p99", figures.p99_us, "us (simulated)");
-    report.add(name, "conflicts_per_op", figures.conflicts_per_op, "CAS retries");
+    report.add(
+        name,
+        "conflicts_per_op",
+        figures.conflicts_per_op,
+        "CAS retries",
+    );
     report.add(name, "hops_per_op", figures.hops_per_op, "entry READs");
     report.add(name, "verbs_per_op", figures.verbs_per_op, "verbs");
     if let Some(bytes) = figures.resolver_bytes {
@@ -203,9 +208,18 @@ pub fn run(quick: bool) -> Result<Report, String> {
     let resolver = get("ycsba_z075_c64_resolver")?;
     let top8 = get("ycsba_z075_c64_top8")?;
     let ratios = [
-        ("resolver_speedup_ycsba_z075_c64", resolver.throughput / plain.throughput),
-        ("top8_speedup_ycsba_z075_c64", top8.throughput / plain.throughput),
-        ("resolver_p99_ratio_ycsba_z075_c64", resolver.p99_us / plain.p99_us),
+        (
+            "resolver_speedup_ycsba_z075_c64",
+            resolver.throughput / plain.throughput,
+        ),
+        (
+            "top8_speedup_ycsba_z075_c64",
+            top8.throughput / plain.throughput,
+        ),
+        (
+            "resolver_p99_ratio_ycsba_z075_c64",
+            resolver.p99_us / plain.p99_us,
+        ),
     ];
     println!();
     for (name, value) in ratios {
