@@ -11,71 +11,14 @@ use crate::pool::{PoolConfig, PoolStats};
 use crate::resolver::{CloverResolver, ResolverCounters, ResolverMemory};
 use remora_fabric::node::RnicNode;
 use remora_rnic::*;
-use remora_sim::{LinkConfig, LinkFaults, Node, NodeId, PortId, Simulation};
+use remora_sim::{LinkConfig, LinkFaults, NodeId, PortId, Simulation};
 use remora_switch::programs::l2l3::L2L3Forwarding;
+use remora_switch::simulated::RackNode;
 use remora_switch::{Program, Switch, SwitchConfig};
 use remora_wire::{Ipv4Address, MacAddress};
 use remora_workloads::distribution::KeyChooser;
 use remora_workloads::ycsb::{Generator, RequestDistribution, WorkloadSpec};
 use std::time::Duration;
-
-enum Racked<P: Program> {
-    Rnic(Box<RnicNode>),
-    Switch(Box<Switch<P>>),
-}
-
-impl<P: Program> Racked<P> {
-    fn rnic(&mut self) -> &mut SoftRnic {
-        match self {
-            Racked::Rnic(node) => &mut node.device,
-            Racked::Switch(_) => panic!("not an RNIC"),
-        }
-    }
-}
-
-impl<P: Program> Node for Racked<P> {
-    fn handle_frame(&mut self, now: Timestamp, port: PortId, frame: &[u8]) {
-        match self {
-            Racked::Rnic(node) => node.handle_frame(now, port, frame),
-            Racked::Switch(switch) => switch.handle_frame(now, port, frame),
-        }
-    }
-
-    fn poll_transmit(&mut self, now: Timestamp, buffer: &mut [u8]) -> Option<(PortId, usize)> {
-        match self {
-            Racked::Rnic(node) => node.poll_transmit(now, buffer),
-            Racked::Switch(switch) => switch.poll_transmit(now, buffer),
-        }
-    }
-
-    fn poll_timeout(&self) -> Option<Timestamp> {
-        match self {
-            Racked::Rnic(node) => node.poll_timeout(),
-            Racked::Switch(switch) => switch.poll_timeout(),
-        }
-    }
-
-    fn handle_timeout(&mut self, now: Timestamp) {
-        match self {
-            Racked::Rnic(node) => node.handle_timeout(now),
-            Racked::Switch(switch) => switch.handle_timeout(now),
-        }
-    }
-
-    fn crash(&mut self, now: Timestamp) {
-        match self {
-            Racked::Rnic(node) => node.crash(now),
-            Racked::Switch(switch) => Node::crash(switch.as_mut(), now),
-        }
-    }
-
-    fn restart(&mut self, now: Timestamp) {
-        match self {
-            Racked::Rnic(node) => node.restart(now),
-            Racked::Switch(switch) => Node::restart(switch.as_mut(), now),
-        }
-    }
-}
 
 const COMPUTE: u8 = 1;
 const MEMORY: u8 = 2;
@@ -253,15 +196,15 @@ fn simulate<P: Program>(
     let mut deployment =
         deploy(spec(run), &mut compute.device, &mut memory.device).map_err(|e| text(&e))?;
     let program = make_switch(&deployment, &compute.device, &memory.device)?;
-    let mut simulation: Simulation<Racked<P>> = Simulation::new(seed);
-    let switch = simulation.add_node(Racked::Switch(Box::new(Switch::new(
+    let mut simulation: Simulation<RackNode<P>> = Simulation::new(seed);
+    let switch = simulation.add_node(RackNode::Switch(Box::new(Switch::new(
         SwitchConfig::new(2),
         program,
     ))));
     let mut link = LinkConfig::rack();
     link.faults = run.faults;
     let mut attach = |node: RnicNode, index: u8| -> NodeId {
-        let id = simulation.add_node(Racked::Rnic(Box::new(node)));
+        let id = simulation.add_node(RackNode::Rnic(Box::new(node)));
         simulation.connect(
             (id, PortId(0)),
             (switch, PortId(u16::from(index - 1))),
@@ -325,7 +268,7 @@ fn simulate<P: Program>(
         true => Some(history::check(deployment.pool.history()).map_err(|e| text(&e))?),
         false => None,
     };
-    let Racked::Switch(switch_node) = simulation.node_mut(switch) else {
+    let RackNode::Switch(switch_node) = simulation.node_mut(switch) else {
         unreachable!("node 0 is the switch")
     };
     let resolver = counters(switch_node.program());

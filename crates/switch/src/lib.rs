@@ -26,6 +26,7 @@ pub mod programs;
 pub mod register;
 pub mod resources;
 pub mod runtime;
+pub mod simulated;
 pub mod table;
 
 pub use packet::{Egress, Packet, PortId};

@@ -4,69 +4,14 @@
 
 use remora_fabric::node::RnicNode;
 use remora_rnic::*;
-use remora_sim::{LinkConfig, LinkFaults, Node, NodeId, PortId, Simulation};
+use remora_sim::{LinkConfig, LinkFaults, NodeId, PortId, Simulation};
 use remora_switch::programs::l2l3::L2L3Forwarding;
+use remora_switch::simulated::RackNode;
 use remora_switch::{Switch, SwitchConfig};
 use remora_wire::{Ipv4Address, MacAddress, VirtAddr};
 use std::time::Duration;
 
-enum Racked {
-    Rnic(Box<RnicNode>),
-    Switch(Box<Switch<L2L3Forwarding>>),
-}
-
-impl Racked {
-    fn rnic(&mut self) -> &mut SoftRnic {
-        match self {
-            Racked::Rnic(node) => &mut node.device,
-            Racked::Switch(_) => panic!("not an RNIC"),
-        }
-    }
-}
-
-impl Node for Racked {
-    fn handle_frame(&mut self, now: Timestamp, port: PortId, frame: &[u8]) {
-        match self {
-            Racked::Rnic(node) => node.handle_frame(now, port, frame),
-            Racked::Switch(switch) => switch.handle_frame(now, port, frame),
-        }
-    }
-
-    fn poll_transmit(&mut self, now: Timestamp, buffer: &mut [u8]) -> Option<(PortId, usize)> {
-        match self {
-            Racked::Rnic(node) => node.poll_transmit(now, buffer),
-            Racked::Switch(switch) => switch.poll_transmit(now, buffer),
-        }
-    }
-
-    fn poll_timeout(&self) -> Option<Timestamp> {
-        match self {
-            Racked::Rnic(node) => node.poll_timeout(),
-            Racked::Switch(switch) => switch.poll_timeout(),
-        }
-    }
-
-    fn handle_timeout(&mut self, now: Timestamp) {
-        match self {
-            Racked::Rnic(node) => node.handle_timeout(now),
-            Racked::Switch(switch) => switch.handle_timeout(now),
-        }
-    }
-
-    fn crash(&mut self, now: Timestamp) {
-        match self {
-            Racked::Rnic(node) => node.crash(now),
-            Racked::Switch(switch) => Node::crash(switch.as_mut(), now),
-        }
-    }
-
-    fn restart(&mut self, now: Timestamp) {
-        match self {
-            Racked::Rnic(node) => node.restart(now),
-            Racked::Switch(switch) => Node::restart(switch.as_mut(), now),
-        }
-    }
-}
+type Racked = RackNode<L2L3Forwarding>;
 
 const HOSTS: u8 = 3;
 const REGION_BYTES: u64 = 64 * 1024;
@@ -95,7 +40,7 @@ fn run(seed: u64, faults: LinkFaults) {
             .add_attached_host(mac(index), ip(index), port)
             .unwrap();
     }
-    let switch = simulation.add_node(Racked::Switch(Box::new(Switch::new(
+    let switch = simulation.add_node(RackNode::Switch(Box::new(Switch::new(
         SwitchConfig::new(u16::from(HOSTS)),
         program,
     ))));
@@ -104,7 +49,7 @@ fn run(seed: u64, faults: LinkFaults) {
     let mut hosts = Vec::new();
     for index in 1..=HOSTS {
         let config = RnicConfig::new(mac(index), ip(index), seed ^ u64::from(index));
-        let node = simulation.add_node(Racked::Rnic(Box::new(RnicNode::new(config))));
+        let node = simulation.add_node(RackNode::Rnic(Box::new(RnicNode::new(config))));
         simulation.connect(
             (node, PortId(0)),
             (switch, PortId(u16::from(index - 1))),
@@ -185,7 +130,7 @@ fn run(seed: u64, faults: LinkFaults) {
     simulation.stop_faults();
     let outcome = simulation.run_until(Timestamp::from_nanos(100_000_000), 1_000_000);
     assert!(outcome.quiesced, "seed {seed}: the rack did not go quiet");
-    let Racked::Switch(switch_node) = simulation.node_mut(switch) else {
+    let RackNode::Switch(switch_node) = simulation.node_mut(switch) else {
         unreachable!()
     };
     // At least a WRITE, a READ request and 32 READ response packets each way.
