@@ -423,6 +423,7 @@ fn bench_clover_quick_writes_the_ratios_and_the_sweeps_as_json() {
             "resolver_speedup_ycsba_z075_c64",
             "top8_speedup_ycsba_z075_c64",
             "resolver_p99_ratio_ycsba_z075_c64",
+            "embedded_resolver_speedup_ycsba_z075_c64",
         ],
     );
     for variant in [
@@ -432,6 +433,8 @@ fn bench_clover_quick_writes_the_ratios_and_the_sweeps_as_json() {
         "ycsba_z075_c64_top8",
         "ycsbc_z075_c64_plain",
         "ycsba_uniform_c64_resolver",
+        "embedded_ycsba_z075_c64_plain",
+        "embedded_ycsba_z075_c64_resolver",
     ] {
         assert!(variants.iter().any(|name| name == variant), "no {variant}");
     }

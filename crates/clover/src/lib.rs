@@ -13,9 +13,16 @@
 //! - [`resolver`]: the switch program that rewrites stale CAS targets to
 //!   the true tail in flight.
 //! - [`history`]: request histories and their linearizability check.
+//! - [`deploy`]: the store set up on two soft RNICs, and the workload
+//!   feeder.
+//! - [`harness`]: a run's configuration and the application loop shared
+//!   by [`simulated`] (the deterministic simulator, simulated time) and
+//!   [`embedded`] (the embedded rack: real threads, rings and time).
 
 pub mod client;
 pub mod deploy;
+pub mod embedded;
+pub mod harness;
 pub mod history;
 pub mod layout;
 pub mod metadata;

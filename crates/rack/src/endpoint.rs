@@ -18,7 +18,7 @@ use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{PortId, Program, Switch};
 use remora_wire::frame::MAX_FRAME_LEN;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -161,6 +161,7 @@ pub struct NodeEndpoint {
     /// The carrier was full when the RNIC may still have had frames: look
     /// again soon, since a consumer freeing slots rings nobody.
     blocked_since: Option<Timestamp>,
+    activity: Arc<AtomicU64>,
 }
 
 /// How soon an endpoint blocked on a full carrier looks again.
@@ -175,7 +176,18 @@ impl NodeEndpoint {
             blocked_since: None,
             port,
             buffer: vec![0u8; MAX_FRAME_LEN].into_boxed_slice(),
+            activity: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// A counter the pump bumps after feeding the RNIC frames or timers,
+    /// which is when completions can appear. An application thread
+    /// watches it and takes the endpoint's lock to poll only when it
+    /// moved, as a real application polls a completion queue in its own
+    /// memory without stopping the NIC; polling under the lock in a tight
+    /// loop would starve the driver of the lock.
+    pub fn activity(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.activity)
     }
 }
 
@@ -197,6 +209,9 @@ impl Pump for NodeEndpoint {
         {
             self.rnic.handle_timeout(now);
             worked = true;
+        }
+        if worked {
+            self.activity.fetch_add(1, Ordering::Release);
         }
         let mut sent = 0;
         self.blocked_since = None;
@@ -499,4 +514,97 @@ impl Driver {
         }
         Ok(())
     }
+}
+
+/// A driver on its own thread. Stopping is one call, and dropping it on an
+/// error path stops it too, so no early return leaves a thread running
+/// (it also sets the rack's stop flag, which ends compute and control
+/// threads started before the failure).
+pub struct FabricThread {
+    handle: Option<std::thread::JoinHandle<Result<Duration, RackError>>>,
+    driver_stop: Arc<AtomicBool>,
+    rack_stop: Option<Arc<AtomicBool>>,
+    kicker: DriverKicker,
+}
+
+impl FabricThread {
+    pub fn start(
+        name: &str,
+        driver: Driver,
+        driver_stop: Arc<AtomicBool>,
+        pin: bool,
+    ) -> Result<FabricThread, RackError> {
+        let kicker = driver.kicker();
+        let handle = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                if pin {
+                    pin_current_thread(ThreadRole::Fabric);
+                }
+                let started_ns = thread_cpu_ns();
+                driver.run()?;
+                Ok(Duration::from_nanos(thread_cpu_ns() - started_ns))
+            })
+            .map_err(|error| {
+                RackError::Launch(format!("cannot start the {name} thread: {error}"))
+            })?;
+        Ok(FabricThread {
+            handle: Some(handle),
+            driver_stop,
+            rack_stop: None,
+            kicker,
+        })
+    }
+
+    /// Also sets the rack's stop flag when this thread is stopped or dropped.
+    pub fn stopping_rack(mut self, stop: &Arc<AtomicBool>) -> FabricThread {
+        self.rack_stop = Some(Arc::clone(stop));
+        self
+    }
+
+    pub fn kicker(&self) -> DriverKicker {
+        self.kicker.clone()
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.handle
+            .as_ref()
+            .is_none_or(|handle| handle.is_finished())
+    }
+
+    /// Stops the driver and returns the CPU time its thread used: the
+    /// NIC emulation and switch cost, apart from the application's.
+    pub fn stop_and_join(mut self) -> Result<Duration, RackError> {
+        self.stop();
+        match self.handle.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Err(RackError::Launch("a fabric thread panicked".into())),
+            None => Ok(Duration::ZERO),
+        }
+    }
+
+    pub fn stop(&self) {
+        if let Some(stop) = &self.rack_stop {
+            stop.store(true, Ordering::Relaxed);
+        }
+        self.driver_stop.store(true, Ordering::Relaxed);
+        self.kicker.kick();
+    }
+}
+
+impl Drop for FabricThread {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// CPU time this thread has used, apart from time it spent descheduled on
+/// a shared machine: how the rack splits NIC emulation from application
+/// work.
+pub fn thread_cpu_ns() -> u64 {
+    let time = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
 }

@@ -17,8 +17,8 @@
 use crate::config::{NodeConfig, RackConfig, Role};
 use crate::control::{self, ControlAddress, MemoryService};
 use crate::endpoint::{
-    lock, pin_current_thread, rack_queue_pair, Driver, DriverKicker, NodeEndpoint, Pump, RackClock,
-    ReceivePool, Shared, SwitchEndpoint, ThreadRole,
+    lock, pin_current_thread, rack_queue_pair, Driver, DriverKicker, FabricThread, NodeEndpoint,
+    Pump, RackClock, ReceivePool, Shared, SwitchEndpoint, ThreadRole,
 };
 use crate::report::{NodeReport, RackReport, RnicSummary, SwitchReport};
 use crate::workload::{self, Placement, Target};
@@ -175,87 +175,6 @@ fn new_endpoint(node: &NodeConfig, port: Box<dyn Port>) -> Shared<NodeEndpoint> 
         SoftRnic::new(config),
         port,
     )))
-}
-
-/// A driver on its own thread. Stopping is one call, and dropping it on an
-/// error path stops it too, so no early return leaves a thread running
-/// (it also sets the rack's stop flag, which ends compute and control
-/// threads started before the failure).
-struct FabricThread {
-    handle: Option<std::thread::JoinHandle<Result<(), RackError>>>,
-    driver_stop: Arc<AtomicBool>,
-    rack_stop: Option<Arc<AtomicBool>>,
-    kicker: DriverKicker,
-}
-
-impl FabricThread {
-    fn start(
-        name: &str,
-        driver: Driver,
-        driver_stop: Arc<AtomicBool>,
-        pin: bool,
-    ) -> Result<FabricThread, RackError> {
-        let kicker = driver.kicker();
-        let handle = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                if pin {
-                    pin_current_thread(ThreadRole::Fabric);
-                }
-                driver.run()
-            })
-            .map_err(|error| {
-                RackError::Launch(format!("cannot start the {name} thread: {error}"))
-            })?;
-        Ok(FabricThread {
-            handle: Some(handle),
-            driver_stop,
-            rack_stop: None,
-            kicker,
-        })
-    }
-
-    /// Also sets the rack's stop flag when this thread is stopped or dropped.
-    fn stopping_rack(mut self, stop: &Arc<AtomicBool>) -> FabricThread {
-        self.rack_stop = Some(Arc::clone(stop));
-        self
-    }
-
-    fn kicker(&self) -> DriverKicker {
-        self.kicker.clone()
-    }
-
-    fn is_finished(&self) -> bool {
-        self.handle
-            .as_ref()
-            .is_none_or(|handle| handle.is_finished())
-    }
-
-    fn stop_and_join(mut self) -> Result<(), RackError> {
-        self.stop();
-        match self.handle.take().map(std::thread::JoinHandle::join) {
-            Some(Ok(result)) => result,
-            Some(Err(_)) => Err(RackError::Launch("a fabric thread panicked".into())),
-            None => Ok(()),
-        }
-    }
-
-    fn stop(&self) {
-        if let Some(stop) = &self.rack_stop {
-            stop.store(true, Ordering::Relaxed);
-        }
-        self.driver_stop.store(true, Ordering::Relaxed);
-        self.kicker.kick();
-    }
-}
-
-impl Drop for FabricThread {
-    fn drop(&mut self) {
-        self.stop();
-        if let Some(handle) = self.handle.take() {
-            let _ = handle.join();
-        }
-    }
 }
 
 /// Waits for a node's role to end and records how it went.

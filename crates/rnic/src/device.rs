@@ -7,6 +7,7 @@
 //! argument, so the simulator and a real event loop drive the same code.
 
 use crate::counters::{DropReason, RnicCounters};
+use crate::host_memory::HostMemory;
 use crate::memory::MemoryTable;
 use crate::queue_pair::QueuePairContext;
 use crate::queues::{check_depth, check_room, BoundedQueue, CompletionRing};
@@ -289,6 +290,18 @@ impl Verbs for SoftRnic {
         self.resources
             .memory
             .register(protection_domain, length_bytes, access)
+    }
+
+    fn register_host_memory(
+        &mut self,
+        protection_domain: ProtectionDomain,
+        memory: HostMemory,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        self.check_protection_domain(protection_domain)?;
+        self.resources
+            .memory
+            .register_host(protection_domain, memory, access)
     }
 
     fn deregister_memory(&mut self, lkey: Lkey) -> Result<(), VerbsError> {

@@ -13,6 +13,7 @@ pub mod device;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod host_memory;
 mod memory;
 mod queue_pair;
 mod queues;
@@ -23,5 +24,6 @@ pub mod verbs;
 pub use counters::{DropReason, RnicCounters};
 pub use device::{RnicConfig, SoftRnic};
 pub use error::VerbsError;
+pub use host_memory::HostMemory;
 pub use time::Timestamp;
 pub use verbs::*;

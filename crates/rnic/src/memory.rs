@@ -7,6 +7,7 @@
 //! salted per device so that one device's lkeys are not its rkeys.
 
 use crate::error::VerbsError;
+use crate::host_memory::HostMemory;
 use crate::verbs::{AccessFlags, Lkey, MemoryRegion, ProtectionDomain, ScatterGatherList};
 use remora_wire::{Rkey, VirtAddr};
 use std::ops::Range;
@@ -19,7 +20,71 @@ const FIRST_ADDRESS: u64 = 0x1000_0000;
 struct Region {
     protection_domain: ProtectionDomain,
     handle: MemoryRegion,
-    bytes: Vec<u8>,
+    bytes: Backing,
+}
+
+/// Where a region's bytes live: inside the device (host memory only the
+/// NIC and `read_local`/`write_local` touch), or in [`HostMemory`] the
+/// application shares with the NIC.
+#[derive(Debug)]
+enum Backing {
+    Device(Vec<u8>),
+    Host(HostMemory),
+}
+
+impl Backing {
+    fn read(&self, range: Range<usize>, into: &mut [u8]) {
+        match self {
+            Backing::Device(bytes) => into.copy_from_slice(&bytes[range]),
+            Backing::Host(memory) => memory
+                .read(range.start, into)
+                .expect("range checked against the region"),
+        }
+    }
+
+    fn write(&mut self, range: Range<usize>, from: &[u8]) {
+        match self {
+            Backing::Device(bytes) => bytes[range].copy_from_slice(from),
+            Backing::Host(memory) => memory
+                .write(range.start, from)
+                .expect("range checked against the region"),
+        }
+    }
+
+    /// Applies `update` to the aligned word at `offset` atomically (host
+    /// memory has other writers) and returns the original.
+    fn update_word(&mut self, offset: usize, update: impl Fn(u64) -> u64) -> u64 {
+        match self {
+            Backing::Device(bytes) => {
+                let target = &mut bytes[offset..offset + 8];
+                let original = u64::from_le_bytes((&*target).try_into().expect("a word"));
+                target.copy_from_slice(&update(original).to_le_bytes());
+                original
+            }
+            Backing::Host(memory) => {
+                let mut current = memory
+                    .load_u64(offset, std::sync::atomic::Ordering::Acquire)
+                    .expect("aligned and checked");
+                // Bounded by the other writers' progress: each failed
+                // exchange means one of them changed the word.
+                loop {
+                    let updated = update(current);
+                    let seen = memory
+                        .compare_swap_u64(
+                            offset,
+                            current,
+                            updated,
+                            std::sync::atomic::Ordering::AcqRel,
+                        )
+                        .expect("aligned and checked");
+                    if seen == current {
+                        return current;
+                    }
+                    current = seen;
+                }
+            }
+        }
+    }
 }
 
 /// Why a remote access was refused. Each maps to a NAK.
@@ -64,6 +129,43 @@ impl MemoryTable {
             return Err(VerbsError::InvalidRegionLength(length_bytes));
         }
         let slot = self.free_slot()?;
+        let bytes = Backing::Device(vec![
+            0u8;
+            usize::try_from(length_bytes)
+                .expect("bounded by max_region_bytes")
+        ]);
+        self.insert(slot, protection_domain, length_bytes, access, bytes)
+    }
+
+    /// Registers host memory the application keeps its own handle on.
+    pub(crate) fn register_host(
+        &mut self,
+        protection_domain: ProtectionDomain,
+        memory: HostMemory,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        let length_bytes = memory.len() as u64;
+        if length_bytes == 0 || length_bytes > self.max_region_bytes {
+            return Err(VerbsError::InvalidRegionLength(length_bytes));
+        }
+        let slot = self.free_slot()?;
+        self.insert(
+            slot,
+            protection_domain,
+            length_bytes,
+            access,
+            Backing::Host(memory),
+        )
+    }
+
+    fn insert(
+        &mut self,
+        slot: usize,
+        protection_domain: ProtectionDomain,
+        length_bytes: u64,
+        access: AccessFlags,
+        bytes: Backing,
+    ) -> Result<MemoryRegion, VerbsError> {
         let address = self.next_address;
         let end = address
             .checked_add(length_bytes)
@@ -79,7 +181,6 @@ impl MemoryTable {
             length_bytes,
             access,
         };
-        let bytes = vec![0u8; usize::try_from(length_bytes).expect("bounded by max_region_bytes")];
         self.slots[slot] = Some(Region {
             protection_domain,
             handle,
@@ -167,7 +268,7 @@ impl MemoryTable {
     ) -> Result<(), VerbsError> {
         let region = self.region_by_lkey(lkey)?;
         let range = local_range(region, address, into.len() as u64)?;
-        into.copy_from_slice(&region.bytes[range]);
+        region.bytes.read(range, into);
         Ok(())
     }
 
@@ -179,7 +280,7 @@ impl MemoryTable {
     ) -> Result<(), VerbsError> {
         let region = self.region_by_lkey_mut(lkey)?;
         let range = local_range(region, address, from.len() as u64)?;
-        region.bytes[range].copy_from_slice(from);
+        region.bytes.write(range, from);
         Ok(())
     }
 
@@ -201,7 +302,7 @@ impl MemoryTable {
             let start = VirtAddr(element.address.0 + skip as u64);
             let range = local_range(region, start, take as u64)?;
             let (head, tail) = remaining.split_at_mut(take);
-            head.copy_from_slice(&region.bytes[range]);
+            region.bytes.read(range, head);
             remaining = tail;
         }
         if !remaining.is_empty() {
@@ -233,7 +334,7 @@ impl MemoryTable {
             }
             let start = VirtAddr(element.address.0 + skip as u64);
             let range = local_range(region, start, take as u64)?;
-            region.bytes[range].copy_from_slice(&remaining[..take]);
+            region.bytes.write(range, &remaining[..take]);
             remaining = &remaining[take..];
         }
         if !remaining.is_empty() {
@@ -269,13 +370,38 @@ impl MemoryTable {
         Ok((slot, range))
     }
 
-    /// Bytes of a slot that `check_remote` approved.
-    pub(crate) fn slot_bytes(&self, slot: usize) -> &[u8] {
-        &self.slots[slot].as_ref().expect("checked slot").bytes
+    /// Reads a range of a slot that `check_remote` approved.
+    pub(crate) fn slot_read(&self, slot: usize, range: Range<usize>, into: &mut [u8]) {
+        self.slots[slot]
+            .as_ref()
+            .expect("checked slot")
+            .bytes
+            .read(range, into);
     }
 
-    pub(crate) fn slot_bytes_mut(&mut self, slot: usize) -> &mut [u8] {
-        &mut self.slots[slot].as_mut().expect("checked slot").bytes
+    /// Writes a range of a slot that `check_remote` approved.
+    pub(crate) fn slot_write(&mut self, slot: usize, range: Range<usize>, from: &[u8]) {
+        self.slots[slot]
+            .as_mut()
+            .expect("checked slot")
+            .bytes
+            .write(range, from);
+    }
+
+    /// Atomically updates the aligned word `check_remote` approved at the
+    /// start of `range`; returns the original.
+    pub(crate) fn slot_update_word(
+        &mut self,
+        slot: usize,
+        range: Range<usize>,
+        update: impl Fn(u64) -> u64,
+    ) -> u64 {
+        assert_eq!(range.len(), 8);
+        self.slots[slot]
+            .as_mut()
+            .expect("checked slot")
+            .bytes
+            .update_word(range.start, update)
     }
 }
 

@@ -4,6 +4,7 @@
 //! stand where the soft RNIC stands.
 
 use crate::error::VerbsError;
+use crate::host_memory::HostMemory;
 use remora_wire::{Ipv4Address, MacAddress, Psn, Qpn, Rkey, VirtAddr};
 use std::fmt;
 use std::ops::BitOr;
@@ -415,6 +416,15 @@ pub trait Verbs {
         &mut self,
         protection_domain: ProtectionDomain,
         length_bytes: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError>;
+    /// Registers memory the application keeps a handle on and reads and
+    /// writes directly, with no verb and no lock, while the NIC DMAs into
+    /// it (`ibv_reg_mr` on the application's own pages).
+    fn register_host_memory(
+        &mut self,
+        protection_domain: ProtectionDomain,
+        memory: HostMemory,
         access: AccessFlags,
     ) -> Result<MemoryRegion, VerbsError>;
     fn deregister_memory(&mut self, lkey: Lkey) -> Result<(), VerbsError>;

@@ -10,9 +10,18 @@
 //! - a top-N sweep at 64 clients;
 //! - YCSB-B and -C, zipf 0.99 and uniform keys, and 10k/100k keys;
 //! - conflicts and hops per operation, and the resolver's memory.
+//!
+//! Then the headline configuration (YCSB-A, zipf 0.75, 64 clients) on the
+//! embedded rack, in real time: a fabric thread running the switch and
+//! both soft RNICs, an application thread running the clients and the
+//! metadata server. Rounds alternate plain and resolver; the speedup is
+//! taken within a round and the median over rounds reported, with CPU per
+//! operation split into clients, metadata server and fabric (NIC
+//! emulation and switch).
 
 use super::{median, Host, Report};
 use indicatif::{ProgressBar, ProgressStyle};
+use remora_clover::embedded::{self, EmbeddedOutcome};
 use remora_clover::simulated::{run as simulate, Outcome, Run, SwitchChoice};
 use std::time::Duration;
 
@@ -226,5 +235,136 @@ pub fn run(quick: bool) -> Result<Report, String> {
         println!("{name:<40} {value:.3}");
         report.ratios.insert(name.into(), serde_json::json!(value));
     }
+    println!();
+    on_the_embedded_rack(quick, &mut report)?;
     Ok(report)
+}
+
+/// The headline configuration on the embedded rack: real threads, real
+/// time. Generous deadlines, since a thread of a shared machine can be
+/// descheduled for milliseconds.
+fn embedded_run(switch: SwitchChoice, quick: bool) -> Run {
+    Run {
+        operations: if quick { 20_000 } else { 100_000 },
+        grace: Duration::from_secs(8),
+        region_bytes: 64 << 20,
+        garbage_every: Some(Duration::from_millis(20)),
+        ..Run::new(switch)
+    }
+}
+
+/// One variant's figures from one round.
+struct RealFigures {
+    throughput: f64,
+    p50_us: f64,
+    p99_us: f64,
+    conflicts_per_op: f64,
+    clients_cpu_us_per_op: f64,
+    polling_cpu_us_per_op: f64,
+    metadata_cpu_us_per_op: f64,
+    fabric_cpu_us_per_op: f64,
+}
+
+fn real_figures(outcome: &EmbeddedOutcome) -> RealFigures {
+    let operations = outcome.operations() as f64;
+    let per_op = |cpu: Duration| cpu.as_secs_f64() * 1e6 / operations;
+    RealFigures {
+        throughput: outcome.operations_per_second(),
+        p50_us: outcome.stats.latency.value_at_quantile(0.5) as f64 / 1e3,
+        p99_us: outcome.stats.latency.value_at_quantile(0.99) as f64 / 1e3,
+        conflicts_per_op: outcome.stats.conflicts as f64 / operations,
+        clients_cpu_us_per_op: per_op(outcome.cpu.clients),
+        polling_cpu_us_per_op: per_op(outcome.cpu.polling),
+        metadata_cpu_us_per_op: per_op(outcome.cpu.metadata),
+        fabric_cpu_us_per_op: per_op(outcome.cpu.fabric),
+    }
+}
+
+fn record_real(report: &mut Report, name: &str, rounds: &[RealFigures]) {
+    let take = |figure: &dyn Fn(&RealFigures) -> f64| {
+        let mut values: Vec<f64> = rounds.iter().map(figure).collect();
+        median(&mut values)
+    };
+    let figures = RealFigures {
+        throughput: take(&|round| round.throughput),
+        p50_us: take(&|round| round.p50_us),
+        p99_us: take(&|round| round.p99_us),
+        conflicts_per_op: take(&|round| round.conflicts_per_op),
+        clients_cpu_us_per_op: take(&|round| round.clients_cpu_us_per_op),
+        polling_cpu_us_per_op: take(&|round| round.polling_cpu_us_per_op),
+        metadata_cpu_us_per_op: take(&|round| round.metadata_cpu_us_per_op),
+        fabric_cpu_us_per_op: take(&|round| round.fabric_cpu_us_per_op),
+    };
+    report.add(name, "throughput", figures.throughput, "ops/s");
+    report.add(name, "latency_p50", figures.p50_us, "us");
+    report.add(name, "latency_p99", figures.p99_us, "us");
+    report.add(
+        name,
+        "conflicts_per_op",
+        figures.conflicts_per_op,
+        "CAS retries",
+    );
+    let cpu = [
+        ("clients_cpu_per_op", figures.clients_cpu_us_per_op),
+        ("polling_cpu_per_op", figures.polling_cpu_us_per_op),
+        ("metadata_cpu_per_op", figures.metadata_cpu_us_per_op),
+        ("fabric_cpu_per_op", figures.fabric_cpu_us_per_op),
+    ];
+    for (metric, value) in cpu {
+        report.add(name, metric, value, "us of CPU");
+    }
+    println!(
+        "{name:<34} {:>11.0} ops/s  p50 {:>7.1} µs  p99 {:>8.1} µs  conflicts/op {:>5.2}  CPU/op: clients {:.2} µs, polling {:.2} µs, metadata {:.2} µs, fabric {:.2} µs",
+        figures.throughput,
+        figures.p50_us,
+        figures.p99_us,
+        figures.conflicts_per_op,
+        figures.clients_cpu_us_per_op,
+        figures.polling_cpu_us_per_op,
+        figures.metadata_cpu_us_per_op,
+        figures.fabric_cpu_us_per_op,
+    );
+}
+
+fn on_the_embedded_rack(quick: bool, report: &mut Report) -> Result<(), String> {
+    let rounds = if quick { 5 } else { 7 };
+    let resolver_all = SwitchChoice::Resolver { cached_keys: 1024 };
+    let progress = ProgressBar::new(rounds * 2);
+    progress.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} embedded-rack runs")
+            .map_err(|error| error.to_string())?,
+    );
+    let (mut plain, mut resolver, mut speedups) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        // Alternate which goes first, so drift on the host favours neither.
+        let mut order = [SwitchChoice::Plain, resolver_all];
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for switch in order {
+            let outcome = embedded::run(round, &embedded_run(switch, quick))?;
+            let figures = real_figures(&outcome);
+            match switch {
+                SwitchChoice::Plain => plain.push(figures),
+                SwitchChoice::Resolver { .. } => resolver.push(figures),
+            }
+            progress.inc(1);
+        }
+        let last = round as usize;
+        speedups.push(resolver[last].throughput / plain[last].throughput);
+    }
+    progress.finish_and_clear();
+    println!("on the embedded rack (real time, medians of {rounds} rounds):");
+    record_real(report, "embedded_ycsba_z075_c64_plain", &plain);
+    record_real(report, "embedded_ycsba_z075_c64_resolver", &resolver);
+    let speedup = median(&mut speedups);
+    println!(
+        "{:<40} {speedup:.3}",
+        "embedded_resolver_speedup_ycsba_z075_c64"
+    );
+    report.ratios.insert(
+        "embedded_resolver_speedup_ycsba_z075_c64".into(),
+        serde_json::json!(speedup),
+    );
+    Ok(())
 }

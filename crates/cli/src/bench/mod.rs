@@ -97,12 +97,7 @@ impl Host {
     }
 }
 
-/// CPU time this thread has used: what the NIC emulation costs, apart from
-/// time the thread spent descheduled on a shared machine.
-pub fn thread_cpu_ns() -> u64 {
-    let time = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
-}
+pub use remora_rack::endpoint::thread_cpu_ns;
 
 /// "64B", "4KiB": sizes as variant names show them.
 pub fn size_label(size: u32) -> String {

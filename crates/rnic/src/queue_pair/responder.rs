@@ -440,7 +440,7 @@ impl QueuePairContext {
             AccessFlags::REMOTE_WRITE,
         );
         let (slot, range) = checked.map_err(|fault| (access_refusal(fault), None))?;
-        resources.memory.slot_bytes_mut(slot)[range].copy_from_slice(frame.payload());
+        resources.memory.slot_write(slot, range, frame.payload());
         if is_end {
             self.responder.in_progress = None;
             self.responder.msn = self.responder.msn.next();
@@ -492,7 +492,8 @@ impl QueuePairContext {
         // Snapshot now: a later WRITE on this queue pair must not change
         // what this READ returns, even if its answer is still queued.
         let data = &mut responder.replay.entry_mut(slot).data;
-        data.extend_from_slice(&resources.memory.slot_bytes(region_slot)[range]);
+        data.resize(range.len(), 0);
+        resources.memory.slot_read(region_slot, range, data);
         responder.push(Output::ReadResponse {
             slot,
             next_packet: 0,
@@ -517,14 +518,15 @@ impl QueuePairContext {
             AccessFlags::REMOTE_ATOMIC,
         );
         let (region_slot, range) = checked.map_err(|fault| (access_refusal(fault), None))?;
-        let target = &mut resources.memory.slot_bytes_mut(region_slot)[range];
-        let original = u64::from_le_bytes(target.try_into().expect("8-byte range"));
-        let updated = match frame.bth().opcode {
-            Opcode::CompareSwap if original == atomic.compare => atomic.swap_or_add,
-            Opcode::CompareSwap => original,
-            _ => original.wrapping_add(atomic.swap_or_add),
-        };
-        target.copy_from_slice(&updated.to_le_bytes());
+        let opcode = frame.bth().opcode;
+        let original =
+            resources
+                .memory
+                .slot_update_word(region_slot, range, |original| match opcode {
+                    Opcode::CompareSwap if original == atomic.compare => atomic.swap_or_add,
+                    Opcode::CompareSwap => original,
+                    _ => original.wrapping_add(atomic.swap_or_add),
+                });
         let responder = &mut self.responder;
         responder.msn = responder.msn.next();
         let slot = responder.replay.insert(

@@ -1,0 +1,246 @@
+//! Host memory shared between application threads and the soft RNIC, as
+//! pages an application registers with `ibv_reg_mr` stay its own: the
+//! application reads and writes them with plain loads, stores and atomics
+//! while the NIC DMAs into them.
+//!
+//! Every access is atomic, on 64-bit words (byte order little-endian
+//! within a word), so a NIC thread and an application thread touching one
+//! region never race in Rust's memory model. Word-sized atomics keep
+//! mixed-size accesses out. Bulk copies are `Relaxed` word by word;
+//! ordering between a payload and the flag that publishes it comes from
+//! the caller's fences or acquire/release word accesses, exactly as a
+//! DMA engine's write ordering would:
+//!
+//! - [`HostMemory::write`] issues a release fence first, so everything
+//!   the writer did before (earlier payloads) is visible to whoever
+//!   acquires a word this write stores;
+//! - [`HostMemory::read`] issues an acquire fence last, so what the
+//!   reader does next sees everything published before the words it read.
+
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Arc;
+
+const WORD_BYTES: usize = 8;
+
+/// A zeroed block of shared, word-aligned host memory. Clones share it.
+#[derive(Clone)]
+pub struct HostMemory {
+    words: Arc<[AtomicU64]>,
+    length_bytes: usize,
+}
+
+impl std::fmt::Debug for HostMemory {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("HostMemory")
+            .field("length_bytes", &self.length_bytes)
+            .finish()
+    }
+}
+
+/// An access outside the block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{length_bytes} bytes at offset {offset} are outside {block_bytes} bytes of host memory")]
+pub struct HostMemoryOutOfBounds {
+    pub offset: usize,
+    pub length_bytes: usize,
+    pub block_bytes: usize,
+}
+
+impl HostMemory {
+    /// `length_bytes` of zeroed memory.
+    pub fn new(length_bytes: usize) -> HostMemory {
+        let word_count = length_bytes.div_ceil(WORD_BYTES);
+        let words: Arc<[AtomicU64]> = (0..word_count).map(|_| AtomicU64::new(0)).collect();
+        HostMemory {
+            words,
+            length_bytes,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.length_bytes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.length_bytes == 0
+    }
+
+    /// Whether two handles share one block.
+    pub fn same_block(&self, other: &HostMemory) -> bool {
+        Arc::ptr_eq(&self.words, &other.words)
+    }
+
+    fn check(&self, offset: usize, length_bytes: usize) -> Result<(), HostMemoryOutOfBounds> {
+        match offset.checked_add(length_bytes) {
+            Some(end) if end <= self.length_bytes => Ok(()),
+            _ => Err(HostMemoryOutOfBounds {
+                offset,
+                length_bytes,
+                block_bytes: self.length_bytes,
+            }),
+        }
+    }
+
+    /// Copies `into.len()` bytes from `offset`, then fences (acquire).
+    pub fn read(&self, offset: usize, into: &mut [u8]) -> Result<(), HostMemoryOutOfBounds> {
+        self.check(offset, into.len())?;
+        let mut done = 0;
+        while done < into.len() {
+            let at = offset + done;
+            let (word, skip) = (at / WORD_BYTES, at % WORD_BYTES);
+            let take = (WORD_BYTES - skip).min(into.len() - done);
+            let bytes = self.words[word].load(Ordering::Relaxed).to_le_bytes();
+            into[done..done + take].copy_from_slice(&bytes[skip..skip + take]);
+            done += take;
+        }
+        fence(Ordering::Acquire);
+        Ok(())
+    }
+
+    /// Fences (release), then copies `from` to `offset`. Whole words are
+    /// stored; partial words change only their own bytes.
+    pub fn write(&self, offset: usize, from: &[u8]) -> Result<(), HostMemoryOutOfBounds> {
+        self.check(offset, from.len())?;
+        fence(Ordering::Release);
+        let mut done = 0;
+        while done < from.len() {
+            let at = offset + done;
+            let (word, skip) = (at / WORD_BYTES, at % WORD_BYTES);
+            let take = (WORD_BYTES - skip).min(from.len() - done);
+            if take == WORD_BYTES {
+                let value = u64::from_le_bytes(from[done..done + 8].try_into().expect("a word"));
+                self.words[word].store(value, Ordering::Relaxed);
+            } else {
+                self.write_partial(word, skip, &from[done..done + take]);
+            }
+            done += take;
+        }
+        Ok(())
+    }
+
+    /// Changes some bytes of one word and no others: clear them, then set
+    /// them. Two writers of disjoint bytes of one word both land.
+    fn write_partial(&self, word: usize, skip: usize, bytes: &[u8]) {
+        assert!(skip + bytes.len() <= WORD_BYTES);
+        let mut mask = [0u8; WORD_BYTES];
+        let mut value = [0u8; WORD_BYTES];
+        mask[skip..skip + bytes.len()].fill(0xff);
+        value[skip..skip + bytes.len()].copy_from_slice(bytes);
+        let mask = u64::from_le_bytes(mask);
+        self.words[word].fetch_and(!mask, Ordering::Relaxed);
+        self.words[word].fetch_or(u64::from_le_bytes(value), Ordering::Relaxed);
+    }
+
+    fn word(&self, offset: usize) -> Result<&AtomicU64, HostMemoryOutOfBounds> {
+        self.check(offset, WORD_BYTES)?;
+        if !offset.is_multiple_of(WORD_BYTES) {
+            return Err(HostMemoryOutOfBounds {
+                offset,
+                length_bytes: WORD_BYTES,
+                block_bytes: self.length_bytes,
+            });
+        }
+        Ok(&self.words[offset / WORD_BYTES])
+    }
+
+    /// Loads the aligned word at `offset`.
+    pub fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, HostMemoryOutOfBounds> {
+        Ok(self.word(offset)?.load(order))
+    }
+
+    /// Stores the aligned word at `offset`.
+    pub fn store_u64(
+        &self,
+        offset: usize,
+        value: u64,
+        order: Ordering,
+    ) -> Result<(), HostMemoryOutOfBounds> {
+        self.word(offset)?.store(value, order);
+        Ok(())
+    }
+
+    /// Adds to the aligned word at `offset`; returns the original.
+    pub fn fetch_add_u64(
+        &self,
+        offset: usize,
+        value: u64,
+        order: Ordering,
+    ) -> Result<u64, HostMemoryOutOfBounds> {
+        Ok(self.word(offset)?.fetch_add(value, order))
+    }
+
+    /// Compare-and-swap on the aligned word at `offset`; returns the
+    /// original, as an RDMA CAS does.
+    pub fn compare_swap_u64(
+        &self,
+        offset: usize,
+        compare: u64,
+        swap: u64,
+        order: Ordering,
+    ) -> Result<u64, HostMemoryOutOfBounds> {
+        let word = self.word(offset)?;
+        Ok(
+            match word.compare_exchange(compare, swap, order, Ordering::Relaxed) {
+                Ok(original) | Err(original) => original,
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unaligned_copies_round_trip_and_leave_neighbours_alone() {
+        let memory = HostMemory::new(37);
+        memory.write(0, &[0xee; 37]).unwrap();
+        memory
+            .write(3, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
+            .unwrap();
+        let mut all = [0u8; 37];
+        memory.read(0, &mut all).unwrap();
+        assert_eq!(&all[..3], &[0xee; 3]);
+        assert_eq!(&all[3..14], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        assert_eq!(&all[14..], &[0xee; 23]);
+    }
+
+    #[test]
+    fn out_of_bounds_and_misaligned_accesses_are_refused() {
+        let memory = HostMemory::new(16);
+        assert!(memory.write(10, &[0; 7]).is_err());
+        assert!(memory.read(usize::MAX, &mut [0; 2]).is_err());
+        assert!(memory.load_u64(4, Ordering::Relaxed).is_err());
+        assert!(memory.load_u64(16, Ordering::Relaxed).is_err());
+        assert_eq!(memory.load_u64(8, Ordering::Relaxed), Ok(0));
+    }
+
+    #[test]
+    fn atomics_return_the_original() {
+        let memory = HostMemory::new(8);
+        assert_eq!(memory.fetch_add_u64(0, 5, Ordering::SeqCst), Ok(0));
+        assert_eq!(memory.compare_swap_u64(0, 4, 9, Ordering::SeqCst), Ok(5));
+        assert_eq!(memory.compare_swap_u64(0, 5, 9, Ordering::SeqCst), Ok(5));
+        assert_eq!(memory.load_u64(0, Ordering::SeqCst), Ok(9));
+    }
+
+    #[test]
+    fn a_published_payload_is_seen_whole_by_another_thread() {
+        // The producer writes a payload, then publishes a flag with a
+        // release store; the consumer acquires the flag, then reads.
+        let memory = HostMemory::new(64);
+        let producer = memory.clone();
+        let thread = std::thread::spawn(move || {
+            producer.write(8, &[7u8; 40]).unwrap();
+            producer.store_u64(0, 1, Ordering::Release).unwrap();
+        });
+        while memory.load_u64(0, Ordering::Acquire).unwrap() == 0 {
+            std::hint::spin_loop();
+        }
+        let mut payload = [0u8; 40];
+        memory.read(8, &mut payload).unwrap();
+        assert_eq!(payload, [7u8; 40]);
+        thread.join().unwrap();
+    }
+}
