@@ -1,0 +1,445 @@
+//! The compute-side client library (section 4): one [`Client`] per
+//! application thread, over one block of host memory registered with the
+//! compute node's NIC. Issuing a request and checking for completions are
+//! local loads, stores and atomics on that block: no verb, no lock, no
+//! system call and no background thread. An offload engine finds the
+//! requests by reading the block and reports progress by writing it.
+//!
+//! The API is Table 2's: [`Client::async_read`], [`Client::async_write`],
+//! [`Client::poll_create`], [`Client::poll_add`], [`Client::poll_remove`]
+//! and [`Client::poll_wait`]. A full ring is [`CowbirdError::RetryLater`].
+//!
+//! Space is reclaimed in issue order once requests complete: request
+//! metadata and write payloads at completion, a read's response once
+//! `poll_wait` has returned it and been called again (its bytes stay
+//! readable with [`Client::response`] until then, like a completion-queue
+//! entry).
+
+use crate::layout::{
+    Entry, Kind, RequestId, RingSizes, ENTRY_BYTES, MAX_REGIONS, MAX_REQUEST_BYTES,
+    METADATA_TAIL_AT, READ_PROGRESS_AT, REQUEST_DATA_TAIL_AT, WRITE_PROGRESS_AT,
+};
+use remora_rnic::HostMemory;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Poll groups one client may hold.
+pub const MAX_POLL_GROUPS: usize = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CowbirdError {
+    #[error("region {0} is not registered with this client")]
+    UnknownRegion(u16),
+    #[error("{length} bytes at offset {offset} are outside region {region} ({region_bytes} bytes)")]
+    OutOfBounds {
+        region: u16,
+        offset: u64,
+        length: u32,
+        region_bytes: u64,
+    },
+    #[error("a request must move at least one byte")]
+    ZeroLength,
+    #[error("{0} bytes exceed the {MAX_REQUEST_BYTES}-byte limit of one request")]
+    TooLong(usize),
+    #[error("the {0} is full: complete outstanding requests and retry later")]
+    RetryLater(&'static str),
+    #[error("poll group {0} does not exist")]
+    UnknownPollGroup(usize),
+    #[error("{MAX_POLL_GROUPS} poll groups exist already")]
+    TooManyPollGroups,
+    #[error("request {0:?} is not outstanding on this client")]
+    UnknownRequest(RequestId),
+    #[error("host memory of {have} bytes cannot hold rings needing {need}")]
+    BlockTooSmall { have: usize, need: u64 },
+    #[error("ring sizes {0:?} cannot hold one largest request")]
+    BadRingSizes(RingSizes),
+}
+
+/// A completed request, as `poll_wait` returns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    pub id: RequestId,
+    /// A read's bytes: offset in the block and length.
+    pub response: Option<(u64, u32)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Outstanding {
+    id: RequestId,
+    /// Where this request's ring space ends (monotonic counters), so
+    /// completing it in order frees up to there.
+    request_data_end: u64,
+    response_data_end: u64,
+    response: Option<(u64, u32)>,
+    /// `poll_wait` returned it: its response may be reused at the next call.
+    delivered: bool,
+    /// In a poll group (at most one).
+    grouped: bool,
+}
+
+#[derive(Debug, Default)]
+struct PollGroup {
+    members: VecDeque<RequestId>,
+}
+
+/// One application thread's side of Cowbird.
+pub struct Client {
+    block: HostMemory,
+    sizes: RingSizes,
+    /// Bytes of each region, by region id.
+    regions: Vec<u64>,
+    metadata_tail: u64,
+    request_data_tail: u64,
+    response_data_tail: u64,
+    request_data_head: u64,
+    response_data_head: u64,
+    next_sequence: [u64; 2],
+    /// Issued and not yet reclaimed, in issue order; the front is issue
+    /// number `reclaimed`.
+    outstanding: VecDeque<Outstanding>,
+    reclaimed: u64,
+    /// Per type, the issue numbers of outstanding requests in sequence
+    /// order, and the sequence of the first: finds a request in O(1).
+    issue_numbers: [VecDeque<u64>; 2],
+    first_sequence: [u64; 2],
+    groups: Vec<Option<PollGroup>>,
+}
+
+fn kind_index(kind: Kind) -> usize {
+    match kind {
+        Kind::Read => 0,
+        Kind::Write => 1,
+    }
+}
+
+impl Client {
+    /// A client over `block` (zeroed, registered with the compute NIC),
+    /// for memory regions of the given sizes (region id = index).
+    pub fn new(block: HostMemory, sizes: RingSizes, regions: Vec<u64>) -> Result<Client, CowbirdError> {
+        if !sizes.is_valid() {
+            return Err(CowbirdError::BadRingSizes(sizes));
+        }
+        if (block.len() as u64) < sizes.block_bytes() {
+            return Err(CowbirdError::BlockTooSmall {
+                have: block.len(),
+                need: sizes.block_bytes(),
+            });
+        }
+        assert!(regions.len() <= usize::from(MAX_REGIONS));
+        Ok(Client {
+            block,
+            sizes,
+            regions,
+            metadata_tail: 0,
+            request_data_tail: 0,
+            response_data_tail: 0,
+            request_data_head: 0,
+            response_data_head: 0,
+            next_sequence: [1, 1],
+            outstanding: VecDeque::with_capacity(sizes.metadata_entries as usize),
+            reclaimed: 0,
+            issue_numbers: [VecDeque::new(), VecDeque::new()],
+            first_sequence: [1, 1],
+            groups: Vec::new(),
+        })
+    }
+
+    pub fn sizes(&self) -> RingSizes {
+        self.sizes
+    }
+
+    /// Requests issued and not yet reclaimed.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    fn check_range(&self, region: u16, offset: u64, length: usize) -> Result<u32, CowbirdError> {
+        let region_bytes = *self
+            .regions
+            .get(usize::from(region))
+            .ok_or(CowbirdError::UnknownRegion(region))?;
+        if length == 0 {
+            return Err(CowbirdError::ZeroLength);
+        }
+        if length > MAX_REQUEST_BYTES as usize {
+            return Err(CowbirdError::TooLong(length));
+        }
+        let length = length as u32;
+        match offset.checked_add(u64::from(length)) {
+            Some(end) if end <= region_bytes => Ok(length),
+            _ => Err(CowbirdError::OutOfBounds {
+                region,
+                offset,
+                length,
+                region_bytes,
+            }),
+        }
+    }
+
+    /// Reserves `length` contiguous bytes of a ring: returns (offset in
+    /// the ring, new tail). Skips the ring's end if the bytes would wrap.
+    fn reserve(tail: u64, head: u64, ring_bytes: u64, length: u64) -> Option<(u64, u64)> {
+        let position = tail % ring_bytes;
+        let start = if position + length > ring_bytes {
+            tail + (ring_bytes - position)
+        } else {
+            tail
+        };
+        let end = start + length;
+        (end - head <= ring_bytes).then_some((start % ring_bytes, end))
+    }
+
+    fn reserve_entry(&mut self) -> Result<(), CowbirdError> {
+        self.reclaim();
+        if self.outstanding.len() as u64 >= self.sizes.metadata_entries {
+            return Err(CowbirdError::RetryLater("request metadata ring"));
+        }
+        Ok(())
+    }
+
+    /// Starts reading `length` bytes at `offset` of memory region
+    /// `region`. The bytes arrive in the response ring.
+    pub fn async_read(&mut self, region: u16, offset: u64, length: usize) -> Result<RequestId, CowbirdError> {
+        let length = self.check_range(region, offset, length)?;
+        self.reserve_entry()?;
+        let (at, end) = Self::reserve(
+            self.response_data_tail,
+            self.response_data_head,
+            self.sizes.response_data_bytes,
+            u64::from(length),
+        )
+        .ok_or(CowbirdError::RetryLater("response data ring"))?;
+        let response_at = self.sizes.response_data_at() + at;
+        self.response_data_tail = end;
+        let id = self.publish(Entry {
+            kind: Kind::Read,
+            region,
+            length,
+            request_address: offset,
+            response_address: response_at,
+            sequence: self.next_sequence[0],
+        });
+        self.outstanding.back_mut().expect("just pushed").response = Some((response_at, length));
+        Ok(id)
+    }
+
+    /// Starts writing `bytes` to `offset` of memory region `region`. The
+    /// bytes are copied into the request data ring now.
+    pub fn async_write(&mut self, region: u16, offset: u64, bytes: &[u8]) -> Result<RequestId, CowbirdError> {
+        let length = self.check_range(region, offset, bytes.len())?;
+        self.reserve_entry()?;
+        let (at, end) = Self::reserve(
+            self.request_data_tail,
+            self.request_data_head,
+            self.sizes.request_data_bytes,
+            u64::from(length),
+        )
+        .ok_or(CowbirdError::RetryLater("request data ring"))?;
+        let payload_at = self.sizes.request_data_at() + at;
+        self.block
+            .write(payload_at as usize, bytes)
+            .expect("ring inside the block");
+        self.request_data_tail = end;
+        self.block
+            .store_u64(REQUEST_DATA_TAIL_AT as usize, end, Ordering::Release)
+            .expect("aligned word");
+        Ok(self.publish(Entry {
+            kind: Kind::Write,
+            region,
+            length,
+            request_address: payload_at,
+            response_address: offset,
+            sequence: self.next_sequence[1],
+        }))
+    }
+
+    /// Writes the entry, then publishes it by moving the metadata tail
+    /// with a release store: an engine that reads the tail sees the entry.
+    fn publish(&mut self, entry: Entry) -> RequestId {
+        let mut bytes = [0u8; ENTRY_BYTES as usize];
+        entry.emit(&mut bytes);
+        let at = self.sizes.entry_at(self.metadata_tail) as usize;
+        self.block.write(at, &bytes).expect("ring inside the block");
+        self.metadata_tail += 1;
+        self.block
+            .store_u64(METADATA_TAIL_AT as usize, self.metadata_tail, Ordering::Release)
+            .expect("aligned word");
+        let kind = kind_index(entry.kind);
+        self.next_sequence[kind] += 1;
+        let id = RequestId::new(entry.kind, entry.region, entry.sequence);
+        let issue_number = self.reclaimed + self.outstanding.len() as u64;
+        self.issue_numbers[kind].push_back(issue_number);
+        self.outstanding.push_back(Outstanding {
+            id,
+            request_data_end: self.request_data_tail,
+            response_data_end: self.response_data_tail,
+            response: None,
+            delivered: false,
+            grouped: false,
+        });
+        id
+    }
+
+    /// The outstanding request `id`, found without a search.
+    fn find(&mut self, id: RequestId) -> Option<&mut Outstanding> {
+        let kind = kind_index(id.kind());
+        let position = id.sequence().checked_sub(self.first_sequence[kind])?;
+        let issue_number = *self.issue_numbers[kind].get(position as usize)?;
+        let request = self
+            .outstanding
+            .get_mut((issue_number - self.reclaimed) as usize)?;
+        (request.id == id).then_some(request)
+    }
+
+    fn progress(&self) -> [u64; 2] {
+        let load = |at: u64| {
+            self.block
+                .load_u64(at as usize, Ordering::Acquire)
+                .expect("aligned word")
+        };
+        [load(READ_PROGRESS_AT), load(WRITE_PROGRESS_AT)]
+    }
+
+    /// Whether `id` has completed: one comparison against progress.
+    pub fn is_complete(&self, id: RequestId) -> bool {
+        id.sequence() <= self.progress()[kind_index(id.kind())]
+    }
+
+    /// Frees ring space of requests at the front that are done with:
+    /// writes once complete, reads once complete and delivered.
+    fn reclaim(&mut self) {
+        let progress = self.progress();
+        while let Some(front) = self.outstanding.front() {
+            let complete = front.id.sequence() <= progress[kind_index(front.id.kind())];
+            let done = complete && (front.id.kind() == Kind::Write || front.delivered);
+            if !done {
+                break;
+            }
+            self.request_data_head = self.request_data_head.max(front.request_data_end);
+            self.response_data_head = self.response_data_head.max(front.response_data_end);
+            let kind = kind_index(front.id.kind());
+            // Same-type requests are issued in sequence order, so the
+            // front of the queue is the front of its type.
+            let popped = self.issue_numbers[kind].pop_front();
+            assert_eq!(popped, Some(self.reclaimed));
+            self.first_sequence[kind] += 1;
+            self.outstanding.pop_front();
+            self.reclaimed += 1;
+        }
+    }
+
+    pub fn poll_create(&mut self) -> Result<usize, CowbirdError> {
+        if let Some(free) = self.groups.iter().position(Option::is_none) {
+            self.groups[free] = Some(PollGroup::default());
+            return Ok(free);
+        }
+        if self.groups.len() == MAX_POLL_GROUPS {
+            return Err(CowbirdError::TooManyPollGroups);
+        }
+        self.groups.push(Some(PollGroup::default()));
+        Ok(self.groups.len() - 1)
+    }
+
+    fn group(&mut self, poll_id: usize) -> Result<&mut PollGroup, CowbirdError> {
+        self.groups
+            .get_mut(poll_id)
+            .and_then(Option::as_mut)
+            .ok_or(CowbirdError::UnknownPollGroup(poll_id))
+    }
+
+    /// Adds an outstanding request to a group. A request belongs to one
+    /// group at a time, so groups stay bounded by the metadata ring.
+    pub fn poll_add(&mut self, poll_id: usize, id: RequestId) -> Result<(), CowbirdError> {
+        self.group(poll_id)?;
+        let request = self.find(id).ok_or(CowbirdError::UnknownRequest(id))?;
+        if request.grouped || request.delivered {
+            return Err(CowbirdError::UnknownRequest(id));
+        }
+        request.grouped = true;
+        self.group(poll_id)?.members.push_back(id);
+        Ok(())
+    }
+
+    pub fn poll_remove(&mut self, poll_id: usize, id: RequestId) -> Result<(), CowbirdError> {
+        let group = self.group(poll_id)?;
+        let before = group.members.len();
+        group.members.retain(|member| *member != id);
+        if group.members.len() == before {
+            return Err(CowbirdError::UnknownRequest(id));
+        }
+        // Nobody will wait for it now: its response may be reused.
+        if let Some(request) = self.find(id) {
+            request.delivered = true;
+            request.grouped = false;
+        }
+        Ok(())
+    }
+
+    /// Deletes a poll group.
+    pub fn poll_destroy(&mut self, poll_id: usize) -> Result<(), CowbirdError> {
+        self.group(poll_id)?;
+        self.groups[poll_id] = None;
+        Ok(())
+    }
+
+    /// Waits until `max_ret` of the group's requests completed or
+    /// `timeout` passed, and appends those that did to `responses`.
+    /// Responses returned by the previous call may be overwritten from now.
+    pub fn poll_wait(
+        &mut self,
+        poll_id: usize,
+        responses: &mut Vec<Completion>,
+        max_ret: usize,
+        timeout: Duration,
+    ) -> Result<usize, CowbirdError> {
+        self.group(poll_id)?;
+        self.reclaim();
+        let started = Instant::now();
+        loop {
+            let found = self.collect(poll_id, responses, max_ret);
+            if found >= max_ret || found > 0 && timeout.is_zero() || started.elapsed() >= timeout {
+                return Ok(found);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Moves completed members of a group to `responses`, up to `max_ret`.
+    fn collect(&mut self, poll_id: usize, responses: &mut Vec<Completion>, max_ret: usize) -> usize {
+        let progress = self.progress();
+        let mut members = std::mem::take(&mut self.groups[poll_id].as_mut().expect("checked").members);
+        let mut found = 0;
+        members.retain(|id| {
+            if found >= max_ret || id.sequence() > progress[kind_index(id.kind())] {
+                return true;
+            }
+            let request = self.find(*id).expect("members are outstanding");
+            request.delivered = true;
+            request.grouped = false;
+            responses.push(Completion {
+                id: *id,
+                response: request.response,
+            });
+            found += 1;
+            false
+        });
+        self.groups[poll_id].as_mut().expect("checked").members = members;
+        found
+    }
+
+    /// Copies a read's bytes out of the response ring.
+    pub fn response(&self, completion: &Completion, into: &mut [u8]) -> Result<(), CowbirdError> {
+        let (at, length) = completion
+            .response
+            .ok_or(CowbirdError::UnknownRequest(completion.id))?;
+        let length = length as usize;
+        if into.len() < length {
+            return Err(CowbirdError::TooLong(length));
+        }
+        self.block
+            .read(at as usize, &mut into[..length])
+            .expect("ring inside the block");
+        Ok(())
+    }
+}

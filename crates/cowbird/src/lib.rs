@@ -1,0 +1,10 @@
+//! Cowbird (issue 4, `papers/000`): offloaded far-memory access. The
+//! compute node only writes requests into rings in its own memory and
+//! reads results from them; an offload engine moves the data.
+//!
+//! - [`layout`]: the compute block (Figure 4), the request metadata entry
+//!   (Table 3) and request ids.
+//! - [`client`]: the client library and Table 2's API.
+
+pub mod client;
+pub mod layout;
