@@ -31,7 +31,9 @@ pub const MAX_POLL_GROUPS: usize = 64;
 pub enum CowbirdError {
     #[error("region {0} is not registered with this client")]
     UnknownRegion(u16),
-    #[error("{length} bytes at offset {offset} are outside region {region} ({region_bytes} bytes)")]
+    #[error(
+        "{length} bytes at offset {offset} are outside region {region} ({region_bytes} bytes)"
+    )]
     OutOfBounds {
         region: u16,
         offset: u64,
@@ -116,7 +118,11 @@ fn kind_index(kind: Kind) -> usize {
 impl Client {
     /// A client over `block` (zeroed, registered with the compute NIC),
     /// for memory regions of the given sizes (region id = index).
-    pub fn new(block: HostMemory, sizes: RingSizes, regions: Vec<u64>) -> Result<Client, CowbirdError> {
+    pub fn new(
+        block: HostMemory,
+        sizes: RingSizes,
+        regions: Vec<u64>,
+    ) -> Result<Client, CowbirdError> {
         if !sizes.is_valid() {
             return Err(CowbirdError::BadRingSizes(sizes));
         }
@@ -200,7 +206,12 @@ impl Client {
 
     /// Starts reading `length` bytes at `offset` of memory region
     /// `region`. The bytes arrive in the response ring.
-    pub fn async_read(&mut self, region: u16, offset: u64, length: usize) -> Result<RequestId, CowbirdError> {
+    pub fn async_read(
+        &mut self,
+        region: u16,
+        offset: u64,
+        length: usize,
+    ) -> Result<RequestId, CowbirdError> {
         let length = self.check_range(region, offset, length)?;
         self.reserve_entry()?;
         let (at, end) = Self::reserve(
@@ -226,7 +237,12 @@ impl Client {
 
     /// Starts writing `bytes` to `offset` of memory region `region`. The
     /// bytes are copied into the request data ring now.
-    pub fn async_write(&mut self, region: u16, offset: u64, bytes: &[u8]) -> Result<RequestId, CowbirdError> {
+    pub fn async_write(
+        &mut self,
+        region: u16,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<RequestId, CowbirdError> {
         let length = self.check_range(region, offset, bytes.len())?;
         self.reserve_entry()?;
         let (at, end) = Self::reserve(
@@ -263,7 +279,11 @@ impl Client {
         self.block.write(at, &bytes).expect("ring inside the block");
         self.metadata_tail += 1;
         self.block
-            .store_u64(METADATA_TAIL_AT as usize, self.metadata_tail, Ordering::Release)
+            .store_u64(
+                METADATA_TAIL_AT as usize,
+                self.metadata_tail,
+                Ordering::Release,
+            )
             .expect("aligned word");
         let kind = kind_index(entry.kind);
         self.next_sequence[kind] += 1;
@@ -406,9 +426,15 @@ impl Client {
     }
 
     /// Moves completed members of a group to `responses`, up to `max_ret`.
-    fn collect(&mut self, poll_id: usize, responses: &mut Vec<Completion>, max_ret: usize) -> usize {
+    fn collect(
+        &mut self,
+        poll_id: usize,
+        responses: &mut Vec<Completion>,
+        max_ret: usize,
+    ) -> usize {
         let progress = self.progress();
-        let mut members = std::mem::take(&mut self.groups[poll_id].as_mut().expect("checked").members);
+        let mut members =
+            std::mem::take(&mut self.groups[poll_id].as_mut().expect("checked").members);
         let mut found = 0;
         members.retain(|id| {
             if found >= max_ret || id.sequence() > progress[kind_index(id.kind())] {

@@ -126,8 +126,9 @@ pub enum EntryError {
 
 impl Entry {
     pub fn emit(&self, bytes: &mut [u8; ENTRY_BYTES as usize]) {
-        let first =
-            u64::from(self.kind.code()) | u64::from(self.region) << 16 | u64::from(self.length) << 32;
+        let first = u64::from(self.kind.code())
+            | u64::from(self.region) << 16
+            | u64::from(self.length) << 32;
         bytes[0..8].copy_from_slice(&first.to_le_bytes());
         bytes[8..16].copy_from_slice(&self.request_address.to_le_bytes());
         bytes[16..24].copy_from_slice(&self.response_address.to_le_bytes());

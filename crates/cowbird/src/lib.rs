@@ -5,6 +5,8 @@
 //! - [`layout`]: the compute block (Figure 4), the request metadata entry
 //!   (Table 3) and request ids.
 //! - [`client`]: the client library and Table 2's API.
+//! - [`spot`]: the Cowbird-Spot offload engine on the memory node.
 
 pub mod client;
 pub mod layout;
+pub mod spot;

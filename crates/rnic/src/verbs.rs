@@ -171,6 +171,16 @@ pub struct RemoteAddress {
     pub rkey: Rkey,
 }
 
+impl RemoteAddress {
+    /// The address `bytes` further on, under the same key.
+    pub fn offset(self, bytes: u64) -> RemoteAddress {
+        RemoteAddress {
+            address: VirtAddr(self.address.0.saturating_add(bytes)),
+            rkey: self.rkey,
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum SendOperation {
     Send {

@@ -1,0 +1,662 @@
+//! Cowbird-Spot (section 6): the offload engine on the memory node's
+//! spare CPU, issuing ordinary verbs on the memory node's NIC. Sans-IO:
+//! [`SpotEngine::turn`] takes the time and the NIC, so the simulator and
+//! the rack drive the same code.
+//!
+//! Per instance (one compute thread's block), one batch at a time:
+//!
+//! 1. **Probe**: READ the client words (metadata tail). Nothing new: the
+//!    next probe waits twice as long, up to `probe_interval_max`; any
+//!    activity resets it to `probe_interval_min`.
+//! 2. **Fetch**: READ up to `batch_entries` new metadata entries (two
+//!    READs when the ring wraps).
+//! 3. **Execute**, in entry order: a write's payload is READ from the
+//!    compute node straight into the memory pool; a read is copied from
+//!    the pool into the engine's staging buffer, unless it overlaps a
+//!    write still in flight (from any instance), in which case this
+//!    batch waits for that write: a read never sees a write issued after
+//!    it, and always sees one issued before it.
+//! 4. **Complete**: one WRITE per contiguous run of read responses into
+//!    the compute node's response ring, then one WRITE of the engine
+//!    words (metadata head, read and write progress). The queue pair is
+//!    reliable and ordered, so progress never overtakes data.
+//!
+//! Instances take turns round-robin, so one busy thread cannot starve
+//! another.
+
+use crate::layout::{
+    Entry, EntryError, Kind, RingSizes, CLIENT_WORDS_AT, CLIENT_WORDS_BYTES, ENGINE_WORDS_AT,
+    ENGINE_WORDS_BYTES, ENTRY_BYTES, MAX_REQUEST_BYTES,
+};
+use remora_rnic::{
+    CompletionQueue, CompletionStatus, MemoryRegion, QueuePair, RemoteAddress, SendOperation,
+    SendRequest, SoftRnic, Timestamp, Verbs, VerbsError,
+};
+use remora_wire::VirtAddr;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy)]
+pub struct SpotConfig {
+    /// Entries fetched (and responses packed) per batch: the paper's
+    /// BATCH_SIZE.
+    pub batch_entries: u64,
+    pub probe_interval_min: Duration,
+    pub probe_interval_max: Duration,
+}
+
+impl SpotConfig {
+    pub const DEFAULT: SpotConfig = SpotConfig {
+        batch_entries: 64,
+        probe_interval_min: Duration::from_micros(1),
+        probe_interval_max: Duration::from_micros(200),
+    };
+
+    /// Staging bytes one instance needs: probe words, engine words,
+    /// entries, packed responses.
+    pub fn staging_bytes_per_instance(&self) -> u64 {
+        STAGING_ENTRIES_AT + self.batch_entries * (ENTRY_BYTES + u64::from(MAX_REQUEST_BYTES))
+    }
+}
+
+const STAGING_PROBE_AT: u64 = 0;
+const STAGING_ENGINE_WORDS_AT: u64 = 64;
+const STAGING_ENTRIES_AT: u64 = 128;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpotError {
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    #[error("instance {instance}: malformed entry: {error}")]
+    Entry { instance: usize, error: EntryError },
+    #[error("instance {instance}: entry names region {region}, which does not exist")]
+    UnknownRegion { instance: usize, region: u16 },
+    #[error("instance {instance}: entry reaches past region {region}")]
+    OutOfBounds { instance: usize, region: u16 },
+    #[error("instance {instance}: a verb completed with {status:?}")]
+    Completion {
+        instance: usize,
+        status: CompletionStatus,
+    },
+    #[error("staging region of {have} bytes is smaller than the {need} bytes the instances need")]
+    StagingTooSmall { have: u64, need: u64 },
+}
+
+/// One compute thread's block as the engine reaches it.
+#[derive(Debug, Clone, Copy)]
+pub struct InstanceWiring {
+    /// The engine's end of the queue pair to the compute node.
+    pub queue_pair: QueuePair,
+    /// The compute block's base.
+    pub block: RemoteAddress,
+    pub sizes: RingSizes,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpotStats {
+    pub probes: u64,
+    pub empty_probes: u64,
+    pub batches: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// RDMA WRITEs that carried read responses (fewer than reads: packing).
+    pub response_writes: u64,
+    /// Batches that waited for an overlapping write.
+    pub stalls: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Idle,
+    Probing,
+    Fetching { reads_left: u8 },
+    Executing,
+    Completing,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    entry: Entry,
+    done: bool,
+    /// A write whose payload READ is posted.
+    posted: bool,
+}
+
+#[derive(Debug)]
+struct Instance {
+    wiring: InstanceWiring,
+    staging_at: u64,
+    phase: Phase,
+    fetched: u64,
+    read_progress: u64,
+    write_progress: u64,
+    next_probe: Timestamp,
+    interval: Duration,
+    batch: Vec<Step>,
+    /// The next entry of the batch to execute.
+    cursor: usize,
+    writes_in_flight: usize,
+    /// Entries in the fetch under way.
+    fetch_count: u64,
+}
+
+/// A write whose payload is landing in the pool: reads overlapping it wait.
+#[derive(Debug, Clone, Copy)]
+struct InFlightWrite {
+    instance: usize,
+    region: u16,
+    start: u64,
+    end: u64,
+}
+
+pub struct SpotEngine {
+    config: SpotConfig,
+    instances: Vec<Instance>,
+    /// The memory pool's regions, by region id (registered on this node).
+    regions: Vec<MemoryRegion>,
+    staging: MemoryRegion,
+    completion_queue: CompletionQueue,
+    in_flight: Vec<InFlightWrite>,
+    next_instance: usize,
+    stats: SpotStats,
+}
+
+/// Work request ids: instance in the high bits, the verb's tag below.
+const TAG_PROBE: u64 = 1;
+const TAG_FETCH: u64 = 2;
+const TAG_PAYLOAD: u64 = 3;
+const TAG_RESPONSE: u64 = 4;
+const TAG_PROGRESS: u64 = 5;
+const TAG_BITS: u32 = 8;
+
+fn work_request(instance: usize, tag: u64, detail: u64) -> u64 {
+    (instance as u64) << 40 | detail << TAG_BITS | tag
+}
+
+/// Verbs one turn may post per instance, so a turn stays short.
+const COMPLETIONS_PER_TURN: usize = 256;
+
+impl SpotEngine {
+    pub fn new(
+        config: SpotConfig,
+        instances: Vec<InstanceWiring>,
+        regions: Vec<MemoryRegion>,
+        staging: MemoryRegion,
+        completion_queue: CompletionQueue,
+    ) -> Result<SpotEngine, SpotError> {
+        let per_instance = config.staging_bytes_per_instance();
+        let need = per_instance * instances.len() as u64;
+        if staging.length_bytes < need {
+            return Err(SpotError::StagingTooSmall {
+                have: staging.length_bytes,
+                need,
+            });
+        }
+        let instances = instances
+            .into_iter()
+            .enumerate()
+            .map(|(index, wiring)| Instance {
+                wiring,
+                staging_at: index as u64 * per_instance,
+                phase: Phase::Idle,
+                fetched: 0,
+                read_progress: 0,
+                write_progress: 0,
+                next_probe: Timestamp::ZERO,
+                interval: config.probe_interval_min,
+                batch: Vec::with_capacity(config.batch_entries as usize),
+                cursor: 0,
+                writes_in_flight: 0,
+                fetch_count: 0,
+            })
+            .collect();
+        Ok(SpotEngine {
+            config,
+            instances,
+            regions,
+            staging,
+            completion_queue,
+            in_flight: Vec::new(),
+            next_instance: 0,
+            stats: SpotStats::default(),
+        })
+    }
+
+    pub fn stats(&self) -> SpotStats {
+        self.stats
+    }
+
+    /// The earliest probe due, for a driver that sleeps.
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        self.instances
+            .iter()
+            .filter(|instance| instance.phase == Phase::Idle)
+            .map(|instance| instance.next_probe)
+            .min()
+    }
+
+    /// Takes completions, then gives each instance a turn, round-robin.
+    /// Returns whether anything moved.
+    pub fn turn(&mut self, now: Timestamp, rnic: &mut SoftRnic) -> Result<bool, SpotError> {
+        let mut moved = false;
+        for _ in 0..COMPLETIONS_PER_TURN {
+            let Some(completion) = rnic.poll_completion(self.completion_queue)? else {
+                break;
+            };
+            moved = true;
+            let instance = (completion.work_request_id >> 40) as usize;
+            if completion.status != CompletionStatus::Success {
+                return Err(SpotError::Completion {
+                    instance,
+                    status: completion.status,
+                });
+            }
+            self.complete(now, rnic, instance, completion.work_request_id)?;
+        }
+        let count = self.instances.len();
+        for offset in 0..count {
+            let index = (self.next_instance + offset) % count;
+            moved |= self.start_probe(now, rnic, index)?;
+        }
+        if count > 0 {
+            self.next_instance = (self.next_instance + 1) % count;
+        }
+        Ok(moved)
+    }
+
+    fn staging(&self, offset: u64, length: u32) -> remora_rnic::ScatterGatherElement {
+        self.staging.slice(offset, length)
+    }
+
+    fn post(
+        rnic: &mut SoftRnic,
+        queue_pair: QueuePair,
+        id: u64,
+        operation: SendOperation,
+        local: remora_rnic::ScatterGatherElement,
+    ) -> Result<(), SpotError> {
+        let request = SendRequest::new(id, operation, &[local])?;
+        rnic.post_send(queue_pair, request)?;
+        Ok(())
+    }
+
+    fn start_probe(
+        &mut self,
+        now: Timestamp,
+        rnic: &mut SoftRnic,
+        index: usize,
+    ) -> Result<bool, SpotError> {
+        let instance = &self.instances[index];
+        if instance.phase != Phase::Idle || now < instance.next_probe {
+            return Ok(false);
+        }
+        let remote = instance.wiring.block.offset(CLIENT_WORDS_AT);
+        let local = self.staging(instance.staging_at + STAGING_PROBE_AT, CLIENT_WORDS_BYTES);
+        Self::post(
+            rnic,
+            instance.wiring.queue_pair,
+            work_request(index, TAG_PROBE, 0),
+            SendOperation::Read { remote },
+            local,
+        )?;
+        self.instances[index].phase = Phase::Probing;
+        self.stats.probes += 1;
+        Ok(true)
+    }
+
+    fn complete(
+        &mut self,
+        now: Timestamp,
+        rnic: &mut SoftRnic,
+        index: usize,
+        id: u64,
+    ) -> Result<(), SpotError> {
+        match id & ((1 << TAG_BITS) - 1) {
+            TAG_PROBE => self.probed(now, rnic, index),
+            TAG_FETCH => {
+                let instance = &mut self.instances[index];
+                let Phase::Fetching { reads_left } = instance.phase else {
+                    unreachable!("a fetch completes while fetching")
+                };
+                instance.phase = Phase::Fetching {
+                    reads_left: reads_left - 1,
+                };
+                if reads_left == 1 {
+                    self.fetched(rnic, index)?;
+                }
+                Ok(())
+            }
+            TAG_PAYLOAD => {
+                let step = ((id >> TAG_BITS) & 0xffff_ffff) as usize;
+                self.payload_landed(rnic, index, step)
+            }
+            TAG_RESPONSE => Ok(()),
+            TAG_PROGRESS => {
+                let instance = &mut self.instances[index];
+                instance.phase = Phase::Idle;
+                instance.interval = self.config.probe_interval_min;
+                instance.next_probe = now;
+                Ok(())
+            }
+            tag => unreachable!("work request tag {tag} is the engine's own"),
+        }
+    }
+
+    fn read_staging_word(&self, rnic: &SoftRnic, offset: u64) -> Result<u64, SpotError> {
+        let mut word = [0u8; 8];
+        let at = VirtAddr(self.staging.address.0 + offset);
+        rnic.read_local(self.staging.lkey, at, &mut word)?;
+        Ok(u64::from_le_bytes(word))
+    }
+
+    fn probed(
+        &mut self,
+        now: Timestamp,
+        rnic: &mut SoftRnic,
+        index: usize,
+    ) -> Result<(), SpotError> {
+        let staging_at = self.instances[index].staging_at;
+        let tail = self.read_staging_word(rnic, staging_at + STAGING_PROBE_AT)?;
+        let instance = &mut self.instances[index];
+        let entries = instance.wiring.sizes.metadata_entries;
+        // A tail that ran more than a ring ahead is a broken client: take
+        // what the ring can hold.
+        let available = tail.saturating_sub(instance.fetched).min(entries);
+        if available == 0 {
+            self.stats.empty_probes += 1;
+            instance.phase = Phase::Idle;
+            instance.interval = (instance.interval * 2).min(self.config.probe_interval_max);
+            instance.next_probe = now.saturating_add(instance.interval);
+            return Ok(());
+        }
+        let count = available.min(self.config.batch_entries);
+        let first = instance.fetched % entries;
+        let before_wrap = count.min(entries - first);
+        let wiring = instance.wiring;
+        let mut reads = 0u8;
+        for (start, length, skip) in [
+            (first, before_wrap, 0),
+            (0, count - before_wrap, before_wrap),
+        ] {
+            if length == 0 {
+                continue;
+            }
+            let remote = wiring.block.offset(wiring.sizes.entry_at(start));
+            let local = self.staging(
+                staging_at + STAGING_ENTRIES_AT + skip * ENTRY_BYTES,
+                (length * ENTRY_BYTES) as u32,
+            );
+            let id = work_request(index, TAG_FETCH, 0);
+            Self::post(
+                rnic,
+                wiring.queue_pair,
+                id,
+                SendOperation::Read { remote },
+                local,
+            )?;
+            reads += 1;
+        }
+        let instance = &mut self.instances[index];
+        instance.fetched += count;
+        instance.fetch_count = count;
+        instance.batch.clear();
+        instance.cursor = 0;
+        instance.phase = Phase::Fetching { reads_left: reads };
+        Ok(())
+    }
+
+    /// Parses the fetched entries and starts executing them.
+    fn fetched(&mut self, rnic: &mut SoftRnic, index: usize) -> Result<(), SpotError> {
+        let instance = &self.instances[index];
+        let count = instance.fetch_count;
+        let mut bytes = vec![0u8; (count * ENTRY_BYTES) as usize];
+        let at = VirtAddr(self.staging.address.0 + instance.staging_at + STAGING_ENTRIES_AT);
+        rnic.read_local(self.staging.lkey, at, &mut bytes)?;
+        let mut batch = Vec::with_capacity(count as usize);
+        for chunk in bytes.chunks_exact(ENTRY_BYTES as usize) {
+            let entry = Entry::parse(chunk).map_err(|error| SpotError::Entry {
+                instance: index,
+                error,
+            })?;
+            self.check_entry(index, &entry)?;
+            batch.push(Step {
+                entry,
+                done: false,
+                posted: false,
+            });
+        }
+        let instance = &mut self.instances[index];
+        instance.batch = batch;
+        instance.cursor = 0;
+        instance.phase = Phase::Executing;
+        self.stats.batches += 1;
+        self.execute(rnic, index)
+    }
+
+    /// An entry the client library would never write is refused before
+    /// any byte moves.
+    fn check_entry(&self, index: usize, entry: &Entry) -> Result<(), SpotError> {
+        let region =
+            self.regions
+                .get(usize::from(entry.region))
+                .ok_or(SpotError::UnknownRegion {
+                    instance: index,
+                    region: entry.region,
+                })?;
+        let pool_offset = match entry.kind {
+            Kind::Read => entry.request_address,
+            Kind::Write => entry.response_address,
+        };
+        let fits = pool_offset
+            .checked_add(u64::from(entry.length))
+            .is_some_and(|end| end <= region.length_bytes);
+        if !fits {
+            return Err(SpotError::OutOfBounds {
+                instance: index,
+                region: entry.region,
+            });
+        }
+        Ok(())
+    }
+
+    fn overlaps_in_flight(&self, entry: &Entry) -> bool {
+        let (start, end) = (
+            entry.request_address,
+            entry.request_address + u64::from(entry.length),
+        );
+        self.in_flight
+            .iter()
+            .any(|write| write.region == entry.region && write.start < end && start < write.end)
+    }
+
+    /// Walks the batch from the cursor: posts writes' payload READs and
+    /// serves reads, stopping at a read that overlaps a write in flight.
+    /// Finishes the batch when every entry is done.
+    fn execute(&mut self, rnic: &mut SoftRnic, index: usize) -> Result<(), SpotError> {
+        let batch_len = self.instances[index].batch.len();
+        // Bounded by the batch: the cursor only moves forward.
+        while self.instances[index].cursor < batch_len {
+            let cursor = self.instances[index].cursor;
+            let step = self.instances[index].batch[cursor];
+            match step.entry.kind {
+                Kind::Write => self.post_payload_read(rnic, index, cursor)?,
+                Kind::Read if self.overlaps_in_flight(&step.entry) => {
+                    self.stats.stalls += 1;
+                    return Ok(());
+                }
+                Kind::Read => self.serve_read(rnic, index, cursor)?,
+            }
+            self.instances[index].cursor += 1;
+        }
+        if self.instances[index].writes_in_flight == 0 {
+            self.finish_batch(rnic, index)?;
+        }
+        Ok(())
+    }
+
+    fn post_payload_read(
+        &mut self,
+        rnic: &mut SoftRnic,
+        index: usize,
+        step: usize,
+    ) -> Result<(), SpotError> {
+        let instance = &self.instances[index];
+        let entry = instance.batch[step].entry;
+        let remote = instance.wiring.block.offset(entry.request_address);
+        let local =
+            self.regions[usize::from(entry.region)].slice(entry.response_address, entry.length);
+        let id = work_request(index, TAG_PAYLOAD, step as u64);
+        Self::post(
+            rnic,
+            instance.wiring.queue_pair,
+            id,
+            SendOperation::Read { remote },
+            local,
+        )?;
+        self.in_flight.push(InFlightWrite {
+            instance: index,
+            region: entry.region,
+            start: entry.response_address,
+            end: entry.response_address + u64::from(entry.length),
+        });
+        let instance = &mut self.instances[index];
+        instance.batch[step].posted = true;
+        instance.writes_in_flight += 1;
+        self.stats.writes += 1;
+        self.stats.bytes_written += u64::from(entry.length);
+        Ok(())
+    }
+
+    /// Where a read's response sits in staging: responses are packed in
+    /// entry order.
+    fn response_staging_at(&self, index: usize, step: usize) -> u64 {
+        let instance = &self.instances[index];
+        let packed: u64 = instance.batch[..step]
+            .iter()
+            .filter(|step| step.entry.kind == Kind::Read)
+            .map(|step| u64::from(step.entry.length))
+            .sum();
+        instance.staging_at + STAGING_ENTRIES_AT + self.config.batch_entries * ENTRY_BYTES + packed
+    }
+
+    fn serve_read(
+        &mut self,
+        rnic: &mut SoftRnic,
+        index: usize,
+        step: usize,
+    ) -> Result<(), SpotError> {
+        let entry = self.instances[index].batch[step].entry;
+        let region = self.regions[usize::from(entry.region)];
+        let mut bytes = vec![0u8; entry.length as usize];
+        let from = VirtAddr(region.address.0 + entry.request_address);
+        rnic.read_local(region.lkey, from, &mut bytes)?;
+        let to = VirtAddr(self.staging.address.0 + self.response_staging_at(index, step));
+        rnic.write_local(self.staging.lkey, to, &bytes)?;
+        self.instances[index].batch[step].done = true;
+        self.stats.reads += 1;
+        self.stats.bytes_read += u64::from(entry.length);
+        Ok(())
+    }
+
+    fn payload_landed(
+        &mut self,
+        rnic: &mut SoftRnic,
+        index: usize,
+        step: usize,
+    ) -> Result<(), SpotError> {
+        let instance = &mut self.instances[index];
+        let entry = instance.batch[step].entry;
+        assert!(instance.batch[step].posted && !instance.batch[step].done);
+        instance.batch[step].done = true;
+        instance.writes_in_flight -= 1;
+        let position = self
+            .in_flight
+            .iter()
+            .position(|write| {
+                write.instance == index
+                    && write.region == entry.region
+                    && write.start == entry.response_address
+            })
+            .expect("a landed write was in flight");
+        self.in_flight.swap_remove(position);
+        // Reads of any instance may have waited for this write.
+        for other in 0..self.instances.len() {
+            if self.instances[other].phase == Phase::Executing {
+                self.execute(rnic, other)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Responses to the compute node, one WRITE per contiguous run, then
+    /// the engine words in one WRITE.
+    fn finish_batch(&mut self, rnic: &mut SoftRnic, index: usize) -> Result<(), SpotError> {
+        let instance = &self.instances[index];
+        let wiring = instance.wiring;
+        let mut runs: Vec<(u64, u64, u32)> = Vec::new(); // (staging, remote offset, length)
+        let mut read_progress = instance.read_progress;
+        let mut write_progress = instance.write_progress;
+        for (step, item) in instance.batch.iter().enumerate() {
+            assert!(item.done);
+            match item.entry.kind {
+                Kind::Write => write_progress = write_progress.max(item.entry.sequence),
+                Kind::Read => {
+                    read_progress = read_progress.max(item.entry.sequence);
+                    let staging_at = self.response_staging_at(index, step);
+                    match runs.last_mut() {
+                        Some((run_staging, remote, length))
+                            if *run_staging + u64::from(*length) == staging_at
+                                && *remote + u64::from(*length) == item.entry.response_address =>
+                        {
+                            *length += item.entry.length
+                        }
+                        _ => {
+                            runs.push((staging_at, item.entry.response_address, item.entry.length))
+                        }
+                    }
+                }
+            }
+        }
+        for (staging_at, remote_offset, length) in runs {
+            let remote = wiring.block.offset(remote_offset);
+            let id = work_request(index, TAG_RESPONSE, 0);
+            let operation = SendOperation::Write {
+                remote,
+                immediate: None,
+            };
+            Self::post(
+                rnic,
+                wiring.queue_pair,
+                id,
+                operation,
+                self.staging(staging_at, length),
+            )?;
+            self.stats.response_writes += 1;
+        }
+        let instance = &mut self.instances[index];
+        instance.read_progress = read_progress;
+        instance.write_progress = write_progress;
+        let mut words = [0u8; ENGINE_WORDS_BYTES as usize];
+        words[0..8].copy_from_slice(&instance.fetched.to_le_bytes());
+        words[8..16].copy_from_slice(&read_progress.to_le_bytes());
+        words[16..24].copy_from_slice(&write_progress.to_le_bytes());
+        let words_at = instance.staging_at + STAGING_ENGINE_WORDS_AT;
+        instance.phase = Phase::Completing;
+        let at = VirtAddr(self.staging.address.0 + words_at);
+        rnic.write_local(self.staging.lkey, at, &words)?;
+        let operation = SendOperation::Write {
+            remote: wiring.block.offset(ENGINE_WORDS_AT),
+            immediate: None,
+        };
+        let local = self.staging(words_at, ENGINE_WORDS_BYTES);
+        Self::post(
+            rnic,
+            wiring.queue_pair,
+            work_request(index, TAG_PROGRESS, 0),
+            operation,
+            local,
+        )?;
+        Ok(())
+    }
+}
