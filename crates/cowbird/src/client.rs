@@ -74,10 +74,11 @@ struct Outstanding {
     request_data_end: u64,
     response_data_end: u64,
     response: Option<(u64, u32)>,
-    /// `poll_wait` returned it: its response may be reused at the next call.
-    delivered: bool,
     /// In a poll group (at most one).
     grouped: bool,
+    /// Nobody can look at its response any more: never awaited, removed
+    /// from its group, or returned by a `poll_wait` before the last.
+    released: bool,
 }
 
 #[derive(Debug, Default)]
@@ -106,6 +107,8 @@ pub struct Client {
     issue_numbers: [VecDeque<u64>; 2],
     first_sequence: [u64; 2],
     groups: Vec<Option<PollGroup>>,
+    /// Returned by the last `poll_wait`: released at the next.
+    delivered: Vec<RequestId>,
 }
 
 fn kind_index(kind: Kind) -> usize {
@@ -148,6 +151,7 @@ impl Client {
             issue_numbers: [VecDeque::new(), VecDeque::new()],
             first_sequence: [1, 1],
             groups: Vec::new(),
+            delivered: Vec::new(),
         })
     }
 
@@ -295,8 +299,8 @@ impl Client {
             request_data_end: self.request_data_tail,
             response_data_end: self.response_data_tail,
             response: None,
-            delivered: false,
             grouped: false,
+            released: true,
         });
         id
     }
@@ -327,12 +331,14 @@ impl Client {
     }
 
     /// Frees ring space of requests at the front that are done with:
-    /// writes once complete, reads once complete and delivered.
+    /// complete, out of every poll group, and, for a read someone waited
+    /// for, released.
     fn reclaim(&mut self) {
         let progress = self.progress();
         while let Some(front) = self.outstanding.front() {
             let complete = front.id.sequence() <= progress[kind_index(front.id.kind())];
-            let done = complete && (front.id.kind() == Kind::Write || front.delivered);
+            let done =
+                complete && !front.grouped && (front.id.kind() == Kind::Write || front.released);
             if !done {
                 break;
             }
@@ -373,10 +379,11 @@ impl Client {
     pub fn poll_add(&mut self, poll_id: usize, id: RequestId) -> Result<(), CowbirdError> {
         self.group(poll_id)?;
         let request = self.find(id).ok_or(CowbirdError::UnknownRequest(id))?;
-        if request.grouped || request.delivered {
+        if request.grouped || !request.released {
             return Err(CowbirdError::UnknownRequest(id));
         }
         request.grouped = true;
+        request.released = false;
         self.group(poll_id)?.members.push_back(id);
         Ok(())
     }
@@ -390,7 +397,7 @@ impl Client {
         }
         // Nobody will wait for it now: its response may be reused.
         if let Some(request) = self.find(id) {
-            request.delivered = true;
+            request.released = true;
             request.grouped = false;
         }
         Ok(())
@@ -414,6 +421,11 @@ impl Client {
         timeout: Duration,
     ) -> Result<usize, CowbirdError> {
         self.group(poll_id)?;
+        for id in std::mem::take(&mut self.delivered) {
+            if let Some(request) = self.find(id) {
+                request.released = true;
+            }
+        }
         self.reclaim();
         let started = Instant::now();
         loop {
@@ -441,7 +453,6 @@ impl Client {
                 return true;
             }
             let request = self.find(*id).expect("members are outstanding");
-            request.delivered = true;
             request.grouped = false;
             responses.push(Completion {
                 id: *id,
@@ -450,6 +461,9 @@ impl Client {
             found += 1;
             false
         });
+        let returned = responses.len() - found;
+        self.delivered
+            .extend(responses[returned..].iter().map(|completion| completion.id));
         self.groups[poll_id].as_mut().expect("checked").members = members;
         found
     }

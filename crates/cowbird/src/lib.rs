@@ -6,7 +6,11 @@
 //!   (Table 3) and request ids.
 //! - [`client`]: the client library and Table 2's API.
 //! - [`spot`]: the Cowbird-Spot offload engine on the memory node.
+//! - [`deploy`]: Cowbird set up on two soft RNICs.
+//! - [`simulated`]: checked histories in the deterministic simulator.
 
 pub mod client;
+pub mod deploy;
 pub mod layout;
+pub mod simulated;
 pub mod spot;

@@ -12,10 +12,12 @@
 //!    READs when the ring wraps).
 //! 3. **Execute**, in entry order: a write's payload is READ from the
 //!    compute node straight into the memory pool; a read is copied from
-//!    the pool into the engine's staging buffer, unless it overlaps a
-//!    write still in flight (from any instance), in which case this
-//!    batch waits for that write: a read never sees a write issued after
-//!    it, and always sees one issued before it.
+//!    the pool into the engine's staging buffer. An entry that overlaps a
+//!    write still in flight (from any instance) makes this batch wait for
+//!    that write: a read never sees a write issued after it and always
+//!    sees one issued before it, and overlapping writes land in order
+//!    (a retried READ may place its data again, so two overlapping
+//!    payload READs in flight could land out of order).
 //! 4. **Complete**: one WRITE per contiguous run of read responses into
 //!    the compute node's response ring, then one WRITE of the engine
 //!    words (metadata head, read and write progress). The queue pair is
@@ -460,11 +462,13 @@ impl SpotEngine {
         Ok(())
     }
 
+    /// Whether the pool range an entry touches overlaps a write in flight.
     fn overlaps_in_flight(&self, entry: &Entry) -> bool {
-        let (start, end) = (
-            entry.request_address,
-            entry.request_address + u64::from(entry.length),
-        );
+        let start = match entry.kind {
+            Kind::Read => entry.request_address,
+            Kind::Write => entry.response_address,
+        };
+        let end = start + u64::from(entry.length);
         self.in_flight
             .iter()
             .any(|write| write.region == entry.region && write.start < end && start < write.end)
@@ -479,12 +483,15 @@ impl SpotEngine {
         while self.instances[index].cursor < batch_len {
             let cursor = self.instances[index].cursor;
             let step = self.instances[index].batch[cursor];
+            // Overlapping writes must land in order, and a retried READ
+            // may place its data again, so a write waits for an
+            // overlapping write as a read does.
+            if self.overlaps_in_flight(&step.entry) {
+                self.stats.stalls += 1;
+                return Ok(());
+            }
             match step.entry.kind {
                 Kind::Write => self.post_payload_read(rnic, index, cursor)?,
-                Kind::Read if self.overlaps_in_flight(&step.entry) => {
-                    self.stats.stalls += 1;
-                    return Ok(());
-                }
                 Kind::Read => self.serve_read(rnic, index, cursor)?,
             }
             self.instances[index].cursor += 1;
