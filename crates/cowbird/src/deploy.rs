@@ -8,7 +8,8 @@ use crate::client::{Client, CowbirdError};
 use crate::layout::RingSizes;
 use crate::spot::{InstanceWiring, SpotConfig, SpotEngine, SpotError};
 use remora_rnic::{
-    AccessFlags, HostMemory, MemoryRegion, QueuePairBuilder, SoftRnic, Verbs, VerbsError,
+    AccessFlags, CompletionQueue, HostMemory, MemoryRegion, ProtectionDomain, QueuePair,
+    QueuePairBuilder, SoftRnic, Verbs, VerbsError,
 };
 use std::time::Duration;
 
@@ -21,6 +22,25 @@ pub struct CowbirdSpec {
     pub pool_regions: Vec<u64>,
     pub spot: SpotConfig,
     pub ack_timeout: Duration,
+    /// Also a plain one-sided path from the compute node to the pool, for
+    /// the baselines that post verbs themselves.
+    pub direct: Option<DirectSpec>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct DirectSpec {
+    /// Requests the application keeps outstanding.
+    pub depth: usize,
+    /// Host memory the READs land in.
+    pub landing_bytes: usize,
+}
+
+/// The compute node's own queue pair to the memory pool.
+pub struct Direct {
+    pub queue_pair: QueuePair,
+    pub completion_queue: CompletionQueue,
+    pub landing: HostMemory,
+    pub landing_region: MemoryRegion,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +58,7 @@ pub struct Deployment {
     pub engine: SpotEngine,
     /// The memory pool's regions on the memory node.
     pub pool: Vec<MemoryRegion>,
+    pub direct: Option<Direct>,
 }
 
 pub fn deploy(
@@ -82,9 +103,43 @@ pub fn deploy(
         clients.push(Client::new(block, spec.sizes, regions.clone())?);
     }
     let engine = SpotEngine::new(spec.spot, instances, pool.clone(), staging, engine_cq)?;
+    let direct = match spec.direct {
+        Some(direct) => Some(direct_path(direct, &spec, compute, memory, memory_pd)?),
+        None => None,
+    };
     Ok(Deployment {
         clients,
         engine,
         pool,
+        direct,
+    })
+}
+
+fn direct_path(
+    direct: DirectSpec,
+    spec: &CowbirdSpec,
+    compute: &mut SoftRnic,
+    memory: &mut SoftRnic,
+    memory_pd: ProtectionDomain,
+) -> Result<Direct, DeployError> {
+    let pd = compute.alloc_protection_domain()?;
+    let landing = HostMemory::new(direct.landing_bytes);
+    let landing_region = compute.register_host_memory(pd, landing.clone(), AccessFlags::ALL)?;
+    let completion_queue = compute.create_completion_queue(direct.depth * 2)?;
+    let mut near = QueuePairBuilder::new(pd, completion_queue, completion_queue);
+    near.timeout = spec.ack_timeout;
+    near.send_queue_depth = direct.depth;
+    let far_cq = memory.create_completion_queue(16)?;
+    let mut far = QueuePairBuilder::new(memory_pd, far_cq, far_cq);
+    far.timeout = spec.ack_timeout;
+    let near = compute.create_queue_pair(&near)?;
+    let far = memory.create_queue_pair(&far)?;
+    let queue_pair = compute.handshake(near, far.endpoint)?;
+    memory.handshake(far, near.endpoint)?;
+    Ok(Direct {
+        queue_pair,
+        completion_queue,
+        landing,
+        landing_region,
     })
 }

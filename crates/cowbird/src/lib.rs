@@ -8,9 +8,13 @@
 //! - [`spot`]: the Cowbird-Spot offload engine on the memory node.
 //! - [`deploy`]: Cowbird set up on two soft RNICs.
 //! - [`simulated`]: checked histories in the deterministic simulator.
+//! - [`hash_table`]: the hash-table probe microbenchmark's table and work.
+//! - [`embedded`]: that benchmark on the embedded rack, every variant.
 
 pub mod client;
 pub mod deploy;
+pub mod embedded;
+pub mod hash_table;
 pub mod layout;
 pub mod simulated;
 pub mod spot;

@@ -190,6 +190,7 @@ fn spec(workload: &Workload) -> CowbirdSpec {
         pool_regions: vec![workload.window_bytes * workload.threads as u64],
         spot: workload.spot,
         ack_timeout: Duration::from_micros(200),
+        direct: None,
     }
 }
 

@@ -11,15 +11,16 @@
 use crate::RackError;
 use remora_carrier::{CarrierError, IdleStrategy, Kicker, Port, SendStatus, WaitSource, Waiter};
 use remora_rnic::{
-    CompletionQueue, CompletionStatus, MemoryRegion, ProtectionDomain, QueuePairBuilder,
-    ReceiveRequest, SharedReceiveQueue, SoftRnic, Timestamp, Verbs,
+    CompletionQueue, CompletionStatus, MemoryRegion, ProtectionDomain, QueuePair, QueuePairBuilder,
+    ReceiveRequest, SendRequest, SharedReceiveQueue, SoftRnic, Timestamp, Verbs, VerbsError,
+    WorkCompletion,
 };
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{PortId, Program, Switch};
 use remora_wire::frame::MAX_FRAME_LEN;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Frames taken from one port per pump, so one busy port cannot starve
@@ -162,6 +163,103 @@ pub struct NodeEndpoint {
     /// again soon, since a consumer freeing slots rings nobody.
     blocked_since: Option<Timestamp>,
     activity: Arc<AtomicU64>,
+    /// Application threads' lock-free queues, served on every pump.
+    queues: Vec<NicSide>,
+}
+
+/// Work requests one pump takes from one application's queue.
+const SUBMISSIONS_PER_PUMP: usize = 256;
+
+/// An application thread's send queue and completion queue, shared with
+/// the NIC's thread without a lock, as a real NIC's queues live in host
+/// memory: the application pushes work requests and rings the doorbell
+/// (kicks the driver); the NIC takes them on its next pump and pushes
+/// back the completions of one completion queue. Posting and polling cost
+/// the application a queue operation each, never the endpoint's lock.
+pub struct AppQueues {
+    submissions: mpsc::SyncSender<(QueuePair, SendRequest)>,
+    completions: mpsc::Receiver<WorkCompletion>,
+}
+
+impl AppQueues {
+    /// Queues a work request; `false` when the send queue is full.
+    pub fn post_send(
+        &self,
+        queue_pair: QueuePair,
+        request: SendRequest,
+    ) -> Result<bool, RackError> {
+        match self.submissions.try_send((queue_pair, request)) {
+            Ok(()) => Ok(true),
+            Err(mpsc::TrySendError::Full(_)) => Ok(false),
+            Err(mpsc::TrySendError::Disconnected(_)) => {
+                Err(RackError::Workload("the NIC's queues are gone".into()))
+            }
+        }
+    }
+
+    pub fn poll_completion(&self) -> Option<WorkCompletion> {
+        self.completions.try_recv().ok()
+    }
+}
+
+/// The NIC's end of an [`AppQueues`].
+struct NicSide {
+    submissions: mpsc::Receiver<(QueuePair, SendRequest)>,
+    /// A request the NIC's send queue had no room for yet.
+    held: Option<(QueuePair, SendRequest)>,
+    completion_queue: CompletionQueue,
+    completions: mpsc::SyncSender<WorkCompletion>,
+    /// A completion the application's queue had no room for yet.
+    unsent: Option<WorkCompletion>,
+}
+
+impl NicSide {
+    /// Posts what the application queued, in order, until the NIC's send
+    /// queue is full. Bounded per pump.
+    fn take_submissions(&mut self, rnic: &mut SoftRnic) -> Result<bool, RackError> {
+        let mut worked = false;
+        for _ in 0..SUBMISSIONS_PER_PUMP {
+            let Some((queue_pair, request)) = self
+                .held
+                .take()
+                .or_else(|| self.submissions.try_recv().ok())
+            else {
+                break;
+            };
+            match rnic.post_send(queue_pair, request) {
+                Ok(()) => worked = true,
+                Err(VerbsError::QueueFull { .. }) => {
+                    self.held = Some((queue_pair, request));
+                    break;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(worked)
+    }
+
+    /// Hands completions to the application, until its queue is full.
+    fn give_completions(&mut self, rnic: &mut SoftRnic) -> Result<bool, RackError> {
+        let mut worked = false;
+        loop {
+            let completion = match self.unsent.take() {
+                Some(completion) => completion,
+                None => match rnic.poll_completion(self.completion_queue)? {
+                    Some(completion) => completion,
+                    None => return Ok(worked),
+                },
+            };
+            match self.completions.try_send(completion) {
+                Ok(()) => worked = true,
+                Err(mpsc::TrySendError::Full(completion)) => {
+                    self.unsent = Some(completion);
+                    return Ok(worked);
+                }
+                // The application is gone: nobody wants its completions.
+                Err(mpsc::TrySendError::Disconnected(_)) => return Ok(worked),
+            }
+        }
+    }
 }
 
 /// How soon an endpoint blocked on a full carrier looks again.
@@ -177,6 +275,26 @@ impl NodeEndpoint {
             port,
             buffer: vec![0u8; MAX_FRAME_LEN].into_boxed_slice(),
             activity: Arc::new(AtomicU64::new(0)),
+            queues: Vec::new(),
+        }
+    }
+
+    /// Lock-free queues for an application thread whose completions
+    /// arrive on `completion_queue`: up to `depth` requests waiting to be
+    /// posted and `depth` completions waiting to be taken.
+    pub fn attach_queues(&mut self, completion_queue: CompletionQueue, depth: usize) -> AppQueues {
+        let (submit, submissions) = mpsc::sync_channel(depth);
+        let (complete, completions) = mpsc::sync_channel(depth);
+        self.queues.push(NicSide {
+            submissions,
+            held: None,
+            completion_queue,
+            completions: complete,
+            unsent: None,
+        });
+        AppQueues {
+            submissions: submit,
+            completions,
         }
     }
 
@@ -199,6 +317,9 @@ impl Pump for NodeEndpoint {
             rnic.handle_frame(now, frame)
         })?;
         let mut worked = received > 0;
+        for queues in &mut self.queues {
+            worked |= queues.take_submissions(&mut self.rnic)?;
+        }
         if let Some(pool) = self.receive_pool {
             worked |= pool.replenish(&mut self.rnic)? > 0;
         }
@@ -209,6 +330,9 @@ impl Pump for NodeEndpoint {
         {
             self.rnic.handle_timeout(now);
             worked = true;
+        }
+        for queues in &mut self.queues {
+            worked |= queues.give_completions(&mut self.rnic)?;
         }
         if worked {
             self.activity.fetch_add(1, Ordering::Release);

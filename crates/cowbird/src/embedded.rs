@@ -1,0 +1,607 @@
+//! The hash-table probe benchmark on the embedded rack: real threads,
+//! the real clock, the rack's in-process rings. A fabric thread runs the
+//! switch, both soft RNICs and (for Cowbird-Spot) the engine, as the
+//! memory node's spare CPU; the application thread probes the table.
+//!
+//! Variants:
+//! - `local`: every record in compute-local memory;
+//! - `sync`: one one-sided READ at a time;
+//! - `async`: one-sided READs in batches, the application posting and
+//!   polling the compute node's NIC itself, overlapping computation;
+//! - `spot`: Cowbird's client library, the Spot engine moving the data.
+//!
+//! The application's time inside communication calls is measured in its
+//! own thread, split into issue and completion. The fabric thread's CPU
+//! is NIC emulation and switch; the engine's time inside it is reported
+//! apart.
+
+use crate::client::{Client, Completion, CowbirdError};
+use crate::deploy::{deploy, CowbirdSpec, Direct, DirectSpec};
+use crate::hash_table::{calibrate, compute, is_record, record_bytes, record_of, TableSpec};
+use crate::layout::RingSizes;
+use crate::simulated::{forwarding, ip, mac};
+use crate::spot::{SpotConfig, SpotEngine, SpotStats};
+use hdrhistogram::Histogram;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use remora_carrier::{Port, Segment, SegmentPlan, WaitSource};
+use remora_rack::endpoint::{
+    lock, pin_current_thread, AppQueues, Driver, DriverKicker, FabricThread, NodeEndpoint, Pump,
+    RackClock, Shared, SwitchEndpoint, ThreadRole, RACK_ACK_TIMEOUT,
+};
+use remora_rack::RackError;
+use remora_rnic::*;
+use remora_switch::{Switch, SwitchConfig};
+use remora_wire::VirtAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const COMPUTE: u8 = 1;
+const MEMORY: u8 = 2;
+const RING_DEPTH: u32 = 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    Local,
+    Sync,
+    Async,
+    Spot,
+}
+
+impl Variant {
+    pub const ALL: [Variant; 4] = [Variant::Local, Variant::Sync, Variant::Async, Variant::Spot];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Local => "local",
+            Variant::Sync => "sync",
+            Variant::Async => "async",
+            Variant::Spot => "spot",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ProbeBench {
+    pub table: TableSpec,
+    pub duration: Duration,
+    /// Requests in one batch of the async and Spot variants (the paper's 100).
+    pub batch: usize,
+    pub spot: SpotConfig,
+}
+
+impl ProbeBench {
+    pub fn new(table: TableSpec, duration: Duration) -> ProbeBench {
+        ProbeBench {
+            table,
+            duration,
+            batch: 100,
+            spot: SpotConfig::DEFAULT,
+        }
+    }
+}
+
+/// What one variant measured.
+#[derive(Debug, Clone)]
+pub struct VariantOutcome {
+    pub variant: Variant,
+    pub operations: u64,
+    pub remote_operations: u64,
+    pub elapsed: Duration,
+    /// Application time inside communication calls: issuing, and polls
+    /// that returned completions.
+    pub issue: Duration,
+    pub completion: Duration,
+    /// Polls that returned nothing: the application waiting.
+    pub waiting: Duration,
+    /// Issue to completion seen, per remote request, in ns.
+    pub latency: Histogram<u64>,
+    /// Fabric thread CPU (NIC emulation, switch, and the engine).
+    pub fabric_cpu: Duration,
+    /// The engine's share of the fabric thread.
+    pub engine: Duration,
+    pub engine_stats: Option<SpotStats>,
+    /// Bytes through the compute node's NIC, both ways.
+    pub network_bytes: u64,
+}
+
+impl VariantOutcome {
+    pub fn operations_per_second(&self) -> f64 {
+        self.operations as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Application time in communication calls per remote request, ns.
+    pub fn app_ns_per_remote(&self) -> f64 {
+        (self.issue + self.completion).as_nanos() as f64 / self.remote_operations.max(1) as f64
+    }
+
+    /// Share of the run the application spent in communication calls
+    /// (Figure 10's communication ratio).
+    pub fn communication_ratio(&self) -> f64 {
+        (self.issue + self.completion).as_secs_f64() / self.elapsed.as_secs_f64()
+    }
+}
+
+/// How the application fetches remote records.
+trait Fetcher {
+    /// Starts fetching the record at `offset` of the pool; returns its
+    /// token (below the window), or None if it must wait for completions.
+    fn issue(&mut self, offset: u64) -> Result<Option<usize>, String>;
+    /// Makes issued requests go (verbs post them here).
+    fn flush(&mut self) -> Result<(), String>;
+    /// Appends the tokens of finished fetches.
+    fn poll(&mut self, done: &mut Vec<usize>) -> Result<(), String>;
+    /// A finished fetch's bytes, until its token is issued again.
+    fn bytes(&self, token: usize) -> &[u8];
+}
+
+/// The engine as a pump of the fabric thread: the memory node's spare CPU.
+struct SpotPump {
+    memory: Shared<NodeEndpoint>,
+    engine: SpotEngine,
+    busy_ns: Arc<AtomicU64>,
+    stats: Arc<Mutex<SpotStats>>,
+}
+
+impl Pump for SpotPump {
+    fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
+        let started = Instant::now();
+        let moved = self
+            .engine
+            .turn(clock.now(), &mut lock(&self.memory).rnic)
+            .map_err(|error| RackError::Workload(format!("spot engine: {error}")))?;
+        if moved {
+            self.busy_ns
+                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            *self.stats.lock().expect("stats lock") = self.engine.stats();
+        }
+        Ok(moved)
+    }
+
+    fn deadline(&self, clock: &RackClock) -> Option<Instant> {
+        self.engine.poll_timeout().map(|at| clock.instant(at))
+    }
+
+    fn has_frames(&mut self) -> bool {
+        false
+    }
+
+    fn wait_sources(&self) -> Vec<WaitSource> {
+        Vec::new()
+    }
+}
+
+/// The rack: endpoints, the pool filled with the table's remote records,
+/// and the fabric thread.
+struct Rig {
+    compute: Shared<NodeEndpoint>,
+    fabric: FabricThread,
+    pool: MemoryRegion,
+    clients: Vec<Client>,
+    direct: Option<(Direct, AppQueues)>,
+    engine_busy: Arc<AtomicU64>,
+    engine_stats: Arc<Mutex<SpotStats>>,
+}
+
+fn text(error: impl std::fmt::Display) -> String {
+    error.to_string()
+}
+
+impl Rig {
+    fn new(bench: &ProbeBench, with_engine: bool, window: usize) -> Result<Rig, String> {
+        let segment =
+            Segment::anonymous(&SegmentPlan::star_one_waiter(2, RING_DEPTH)).map_err(text)?;
+        let port = |index: u8| -> Result<[Box<dyn Port>; 2], String> {
+            Ok([
+                Box::new(segment.hub_port(u32::from(index)).map_err(text)?),
+                Box::new(segment.spoke_port(u32::from(index)).map_err(text)?),
+            ])
+        };
+        let [compute_hub, compute_spoke] = port(COMPUTE)?;
+        let [memory_hub, memory_spoke] = port(MEMORY)?;
+        let rnic = |index: u8| {
+            SoftRnic::new(RnicConfig::new(
+                mac(index),
+                ip(index),
+                0xc0b ^ u64::from(index),
+            ))
+        };
+        let mut compute = NodeEndpoint::new("compute", rnic(COMPUTE), compute_spoke);
+        let mut memory = NodeEndpoint::new("memory", rnic(MEMORY), memory_spoke);
+        let spec = CowbirdSpec {
+            threads: usize::from(with_engine),
+            sizes: RingSizes::DEFAULT,
+            pool_regions: vec![bench.table.remote_bytes().max(1)],
+            spot: bench.spot,
+            ack_timeout: RACK_ACK_TIMEOUT,
+            direct: Some(DirectSpec {
+                depth: window,
+                landing_bytes: window * bench.table.record_bytes,
+            }),
+        };
+        let deployment = deploy(spec, &mut compute.rnic, &mut memory.rnic).map_err(text)?;
+        let pool = deployment.pool[0];
+        let direct = deployment.direct.map(|direct| {
+            let queues = compute.attach_queues(direct.completion_queue, window);
+            (direct, queues)
+        });
+        fill_pool(&bench.table, pool, &mut memory.rnic)?;
+        let switch = SwitchEndpoint::new(
+            Switch::new(SwitchConfig::new(2), forwarding()),
+            vec![compute_hub, memory_hub],
+        );
+        let (compute, memory) = (shared(compute), shared(memory));
+        let engine_busy = Arc::new(AtomicU64::new(0));
+        let engine_stats = Arc::new(Mutex::new(SpotStats::default()));
+        let mut pumps: Vec<Arc<Mutex<dyn Pump>>> =
+            vec![shared(switch), compute.clone(), memory.clone()];
+        if with_engine {
+            pumps.push(shared(SpotPump {
+                memory: memory.clone(),
+                engine: deployment.engine,
+                busy_ns: Arc::clone(&engine_busy),
+                stats: Arc::clone(&engine_stats),
+            }));
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let driver = Driver::new(pumps, RackClock::new(), Arc::clone(&stop)).map_err(text)?;
+        let fabric = FabricThread::start("cowbird-fabric", driver, stop, true).map_err(text)?;
+        Ok(Rig {
+            compute,
+            fabric,
+            pool,
+            clients: deployment.clients,
+            direct,
+            engine_busy,
+            engine_stats,
+        })
+    }
+}
+
+fn shared<T>(value: T) -> Shared<T> {
+    Arc::new(Mutex::new(value))
+}
+
+/// Writes every remote record into the pool.
+fn fill_pool(table: &TableSpec, pool: MemoryRegion, memory: &mut SoftRnic) -> Result<(), String> {
+    for record in table.local_records()..table.records {
+        let at = VirtAddr(pool.address.0 + table.remote_offset(record));
+        memory
+            .write_local(pool.lkey, at, &record_bytes(record, table.record_bytes))
+            .map_err(text)?;
+    }
+    Ok(())
+}
+
+/// One-sided READs posted by the application on the compute NIC through
+/// its lock-free queues (a send queue and a doorbell, completions pushed
+/// back), as a verbs application drives a real NIC.
+struct VerbsFetcher {
+    queues: AppQueues,
+    kicker: DriverKicker,
+    direct: Direct,
+    pool: MemoryRegion,
+    record_bytes: u32,
+    free_slots: Vec<u64>,
+    pending: Vec<SendRequest>,
+    arena: Vec<u8>,
+}
+
+impl VerbsFetcher {
+    fn new(rig: &mut Rig, window: usize, record_bytes: usize) -> Result<VerbsFetcher, String> {
+        let (direct, queues) = rig.direct.take().ok_or("no direct path deployed")?;
+        Ok(VerbsFetcher {
+            queues,
+            kicker: rig.fabric.kicker(),
+            direct,
+            pool: rig.pool,
+            record_bytes: record_bytes as u32,
+            free_slots: (0..window as u64).rev().collect(),
+            pending: Vec::with_capacity(window),
+            arena: vec![0; window * record_bytes],
+        })
+    }
+}
+
+impl Fetcher for VerbsFetcher {
+    fn issue(&mut self, offset: u64) -> Result<Option<usize>, String> {
+        let Some(slot) = self.free_slots.pop() else {
+            return Ok(None);
+        };
+        let local = self
+            .direct
+            .landing_region
+            .slice(slot * u64::from(self.record_bytes), self.record_bytes);
+        let operation = SendOperation::Read {
+            remote: self.pool.remote(offset),
+        };
+        self.pending
+            .push(SendRequest::new(slot, operation, &[local]).map_err(text)?);
+        Ok(Some(slot as usize))
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        for request in self.pending.drain(..) {
+            // The queue holds a whole window, so it is never full here.
+            let queued = self
+                .queues
+                .post_send(self.direct.queue_pair, request)
+                .map_err(text)?;
+            assert!(queued, "the send queue holds the whole window");
+        }
+        self.kicker.kick();
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut Vec<usize>) -> Result<(), String> {
+        while let Some(completion) = self.queues.poll_completion() {
+            if completion.status != CompletionStatus::Success {
+                return Err(format!("a READ completed with {:?}", completion.status));
+            }
+            let slot = completion.work_request_id as usize;
+            let length = self.record_bytes as usize;
+            let at = slot * length;
+            self.direct
+                .landing
+                .read(at, &mut self.arena[at..at + length])
+                .map_err(text)?;
+            done.push(slot);
+            self.free_slots.push(slot as u64);
+        }
+        Ok(())
+    }
+
+    fn bytes(&self, token: usize) -> &[u8] {
+        let length = self.record_bytes as usize;
+        &self.arena[token * length..(token + 1) * length]
+    }
+}
+
+/// Cowbird: local loads and stores on the client's rings.
+struct SpotFetcher {
+    client: Client,
+    poll_group: usize,
+    window: usize,
+    outstanding: usize,
+    responses: Vec<Completion>,
+    record_bytes: usize,
+    arena: Vec<u8>,
+}
+
+impl SpotFetcher {
+    fn new(rig: &mut Rig, window: usize, record_bytes: usize) -> Result<SpotFetcher, String> {
+        let mut client = rig.clients.pop().ok_or("no Cowbird client deployed")?;
+        let poll_group = client.poll_create().map_err(text)?;
+        Ok(SpotFetcher {
+            client,
+            poll_group,
+            window,
+            outstanding: 0,
+            responses: Vec::with_capacity(window),
+            record_bytes,
+            arena: vec![0; window * record_bytes],
+        })
+    }
+
+    /// Reads complete in sequence order and at most a window is
+    /// outstanding, so a read's sequence modulo the window is a free token.
+    fn token(&self, id: crate::layout::RequestId) -> usize {
+        (id.sequence() % self.window as u64) as usize
+    }
+}
+
+impl Fetcher for SpotFetcher {
+    fn issue(&mut self, offset: u64) -> Result<Option<usize>, String> {
+        if self.outstanding == self.window {
+            return Ok(None);
+        }
+        let id = match self.client.async_read(0, offset, self.record_bytes) {
+            Ok(id) => id,
+            Err(CowbirdError::RetryLater(_)) => return Ok(None),
+            Err(error) => return Err(error.to_string()),
+        };
+        self.client.poll_add(self.poll_group, id).map_err(text)?;
+        self.outstanding += 1;
+        Ok(Some(self.token(id)))
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut Vec<usize>) -> Result<(), String> {
+        self.responses.clear();
+        self.client
+            .poll_wait(
+                self.poll_group,
+                &mut self.responses,
+                usize::MAX,
+                Duration::ZERO,
+            )
+            .map_err(text)?;
+        for completion in &self.responses {
+            let token = self.token(completion.id);
+            let at = token * self.record_bytes;
+            self.client
+                .response(completion, &mut self.arena[at..at + self.record_bytes])
+                .map_err(text)?;
+            done.push(token);
+            self.outstanding -= 1;
+        }
+        Ok(())
+    }
+
+    fn bytes(&self, token: usize) -> &[u8] {
+        &self.arena[token * self.record_bytes..(token + 1) * self.record_bytes]
+    }
+}
+
+/// Counts and timings of the application loop.
+struct Tally {
+    operations: u64,
+    remote_operations: u64,
+    issue: Duration,
+    completion: Duration,
+    waiting: Duration,
+    latency: Histogram<u64>,
+}
+
+/// Probes the table for `duration`, keeping up to `window` remote
+/// records in flight and computing on each record as it arrives.
+fn probe_loop(
+    bench: &ProbeBench,
+    fetcher: &mut dyn Fetcher,
+    window: usize,
+    seed: u64,
+) -> Result<(Tally, Duration), String> {
+    let table = bench.table;
+    let rounds = calibrate(table.record_bytes, table.work_per_record);
+    let local: Vec<Vec<u8>> = (0..table.local_records())
+        .map(|record| record_bytes(record, table.record_bytes))
+        .collect();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut tally = Tally {
+        operations: 0,
+        remote_operations: 0,
+        issue: Duration::ZERO,
+        completion: Duration::ZERO,
+        waiting: Duration::ZERO,
+        latency: Histogram::new_with_bounds(1, 60_000_000_000, 3).map_err(text)?,
+    };
+    let mut token_record = vec![0u64; window];
+    let mut token_issued = vec![Instant::now(); window];
+    let mut done = Vec::with_capacity(window);
+    let mut ready_local = Vec::with_capacity(window);
+    let mut in_flight = 0usize;
+    let started = Instant::now();
+    let mut finishing = false;
+    loop {
+        finishing |= started.elapsed() >= bench.duration;
+        if finishing && in_flight == 0 {
+            break;
+        }
+        // Issue: choose a window's records; local ones wait for the
+        // compute phase, remote ones go to the fetcher. Phases are timed
+        // once per pass with the TSC-backed clock (a thread CPU clock
+        // read is a system call here, which would cost more than the
+        // calls it times).
+        let issued_at_pass = Instant::now();
+        for _ in 0..window {
+            if finishing || in_flight == window {
+                break;
+            }
+            let record = record_of(rng.gen(), table.records);
+            if table.is_local(record) {
+                ready_local.push(record);
+                continue;
+            }
+            let Some(token) = fetcher.issue(table.remote_offset(record))? else {
+                break;
+            };
+            token_record[token] = record;
+            token_issued[token] = issued_at_pass;
+            in_flight += 1;
+        }
+        fetcher.flush()?;
+        let poll_started = Instant::now();
+        done.clear();
+        fetcher.poll(&mut done)?;
+        let poll = poll_started.elapsed();
+        tally.issue += poll_started - issued_at_pass;
+        // A poll that found nothing is waiting, which an application with
+        // other work would spend on it: counted apart.
+        match done.is_empty() {
+            true => tally.waiting += poll,
+            false => tally.completion += poll,
+        }
+        // Compute on every record this pass brought.
+        for record in ready_local.drain(..) {
+            let bytes = &local[record as usize];
+            if !is_record(bytes, record) {
+                return Err(format!("local record {record} is wrong"));
+            }
+            compute(bytes, rounds);
+            tally.operations += 1;
+        }
+        for token in &done {
+            let (record, bytes) = (token_record[*token], fetcher.bytes(*token));
+            if !is_record(bytes, record) {
+                return Err(format!("remote record {record} came back wrong"));
+            }
+            let latency = token_issued[*token].elapsed();
+            tally.latency.saturating_record(latency.as_nanos() as u64);
+            compute(bytes, rounds);
+            tally.operations += 1;
+            tally.remote_operations += 1;
+            in_flight -= 1;
+        }
+    }
+    Ok((tally, started.elapsed()))
+}
+
+/// Runs one variant on a fresh rack.
+pub fn run_variant(
+    bench: &ProbeBench,
+    variant: Variant,
+    seed: u64,
+) -> Result<VariantOutcome, String> {
+    let bench = *bench;
+    std::thread::Builder::new()
+        .name(format!("probe-{}", variant.name()))
+        .spawn(move || {
+            pin_current_thread(ThreadRole::Application(0));
+            measure(&bench, variant, seed)
+        })
+        .map_err(text)?
+        .join()
+        .map_err(|_| "the application thread panicked".to_string())?
+}
+
+fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOutcome, String> {
+    let window = match variant {
+        Variant::Sync => 1,
+        // Two batches: one in flight while the other is processed.
+        Variant::Local | Variant::Async | Variant::Spot => 2 * bench.batch,
+    };
+    let mut table_bench = *bench;
+    if variant == Variant::Local {
+        table_bench.table.local_fraction = 1.0;
+    }
+    let mut rig = Rig::new(&table_bench, variant == Variant::Spot, window)?;
+    let compute_before = lock(&rig.compute).rnic.counters().clone();
+    let (tally, elapsed) = match variant {
+        Variant::Local | Variant::Sync | Variant::Async => {
+            let mut fetcher = VerbsFetcher::new(&mut rig, window, bench.table.record_bytes)?;
+            probe_loop(&table_bench, &mut fetcher, window, seed)?
+        }
+        Variant::Spot => {
+            let mut fetcher = SpotFetcher::new(&mut rig, window, bench.table.record_bytes)?;
+            probe_loop(&table_bench, &mut fetcher, window, seed)?
+        }
+    };
+    let compute_after = lock(&rig.compute).rnic.counters().clone();
+    let network_bytes = (compute_after.bytes_received + compute_after.bytes_transmitted)
+        - (compute_before.bytes_received + compute_before.bytes_transmitted);
+    let engine_busy = Duration::from_nanos(rig.engine_busy.load(Ordering::Relaxed));
+    let engine_stats =
+        (variant == Variant::Spot).then(|| *rig.engine_stats.lock().expect("stats lock"));
+    let fabric_cpu = rig.fabric.stop_and_join().map_err(text)?;
+    Ok(VariantOutcome {
+        variant,
+        operations: tally.operations,
+        remote_operations: tally.remote_operations,
+        elapsed,
+        issue: tally.issue,
+        completion: tally.completion,
+        waiting: tally.waiting,
+        latency: tally.latency,
+        fabric_cpu,
+        engine: engine_busy,
+        engine_stats,
+        network_bytes,
+    })
+}
