@@ -25,6 +25,10 @@ fn the_demo_checks_every_operation() {
         assert!(stdout.contains(operation), "the tour shows {operation}");
     }
     assert!(stdout.contains("all 9 operations checked"));
+    assert!(
+        stdout.contains("Clover, Cowbird passed") || stdout.contains("Clover and Cowbird passed")
+    );
+    assert!(stdout.contains("remote records fetched and checked"));
     assert!(!stdout.contains("FAILED"));
 }
 

@@ -439,3 +439,21 @@ fn bench_clover_quick_writes_the_ratios_and_the_sweeps_as_json() {
         assert!(variants.iter().any(|name| name == variant), "no {variant}");
     }
 }
+
+#[test]
+fn bench_cowbird_quick_writes_every_variant_and_the_ratios_as_json() {
+    let variants = quick_bench_variants(
+        "cowbird",
+        &[
+            "spot_vs_local_compute_bound",
+            "spot_vs_async_probe",
+            "app_cpu_per_op_spot_vs_async",
+        ],
+    );
+    for case in ["probe", "compute_bound"] {
+        for variant in ["local", "sync", "async", "spot", "spot_sync"] {
+            let name = format!("{case}_{variant}");
+            assert!(variants.contains(&name), "no {name}");
+        }
+    }
+}

@@ -21,8 +21,8 @@ use crate::resolver::{CloverResolver, ResolverCounters, ResolverMemory};
 use remora_carrier::wrappers::Faulty;
 use remora_carrier::{Port, Segment, SegmentPlan};
 use remora_rack::endpoint::{
-    lock, pin_current_thread, thread_cpu_ns, Driver, FabricThread, NodeEndpoint, Pump, RackClock,
-    Shared, SwitchEndpoint, ThreadRole, RACK_ACK_TIMEOUT,
+    lock, thread_cpu_ns, Driver, FabricThread, NodeEndpoint, Pump, RackClock, Shared,
+    SwitchEndpoint, RACK_ACK_TIMEOUT,
 };
 use remora_rnic::{RnicConfig, RnicCounters, SoftRnic, Timestamp};
 use remora_switch::programs::l2l3::L2L3Forwarding;
@@ -147,8 +147,9 @@ fn embedded<P: CloverSwitch>(
     let stop = Arc::new(AtomicBool::new(false));
     let pumps: Vec<Arc<Mutex<dyn Pump>>> = vec![switch.clone(), compute.clone(), memory.clone()];
     let driver = Driver::new(pumps, RackClock::new(), Arc::clone(&stop)).map_err(|e| text(&e))?;
-    let fabric = FabricThread::start("clover-fabric", driver, stop, true).map_err(|e| text(&e))?;
-    pin_current_thread(ThreadRole::Application(0));
+    // Placement is left to the kernel: on a shared VM, a pinned thread
+    // waits out its vCPU's steal instead of moving to the other vCPU.
+    let fabric = FabricThread::start("clover-fabric", driver, stop, false).map_err(|e| text(&e))?;
     let mut application = Application::new(deployment, run, seed)?;
     let started = Instant::now();
     let cpu = drive(&mut application, run, &compute, &memory, &fabric)?;

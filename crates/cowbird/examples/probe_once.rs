@@ -33,6 +33,15 @@ fn main() -> Result<(), String> {
             outcome.engine,
             outcome.network_bytes as f64 / outcome.remote_operations.max(1) as f64,
         );
+        let counters = &outcome.memory_rnic;
+        println!(
+            "       memory NIC: {} frames out, {} retransmitted, {} timeouts, {} sequence NAKs received, engine {:?}",
+            counters.frames_transmitted,
+            counters.packets_retransmitted,
+            counters.retransmit_timeouts,
+            counters.sequence_naks_received,
+            outcome.engine_stats,
+        );
     }
     Ok(())
 }

@@ -8,7 +8,8 @@
 //! - `sync`: one one-sided READ at a time;
 //! - `async`: one-sided READs in batches, the application posting and
 //!   polling the compute node's NIC itself, overlapping computation;
-//! - `spot`: Cowbird's client library, the Spot engine moving the data.
+//! - `spot`: Cowbird's client library, the Spot engine moving the data;
+//! - `spot_sync`: the same, one request at a time (latency unbatched).
 //!
 //! The application's time inside communication calls is measured in its
 //! own thread, split into issue and completion. The fabric thread's CPU
@@ -26,8 +27,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use remora_carrier::{Port, Segment, SegmentPlan, WaitSource};
 use remora_rack::endpoint::{
-    lock, pin_current_thread, AppQueues, Driver, DriverKicker, FabricThread, NodeEndpoint, Pump,
-    RackClock, Shared, SwitchEndpoint, ThreadRole, RACK_ACK_TIMEOUT,
+    lock, AppQueues, Driver, DriverKicker, FabricThread, NodeEndpoint, Pump, RackClock, Shared,
+    SwitchEndpoint, RACK_ACK_TIMEOUT,
 };
 use remora_rack::RackError;
 use remora_rnic::*;
@@ -47,10 +48,17 @@ pub enum Variant {
     Sync,
     Async,
     Spot,
+    SpotSync,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 4] = [Variant::Local, Variant::Sync, Variant::Async, Variant::Spot];
+    pub const ALL: [Variant; 5] = [
+        Variant::Local,
+        Variant::Sync,
+        Variant::Async,
+        Variant::Spot,
+        Variant::SpotSync,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -58,6 +66,7 @@ impl Variant {
             Variant::Sync => "sync",
             Variant::Async => "async",
             Variant::Spot => "spot",
+            Variant::SpotSync => "spot_sync",
         }
     }
 }
@@ -69,15 +78,20 @@ pub struct ProbeBench {
     /// Requests in one batch of the async and Spot variants (the paper's 100).
     pub batch: usize,
     pub spot: SpotConfig,
+    /// Rounds of work per record, calibrated once so that every variant
+    /// does the same work.
+    pub work_rounds: u32,
 }
 
 impl ProbeBench {
+    /// Calibrates the table's work per record on this machine now.
     pub fn new(table: TableSpec, duration: Duration) -> ProbeBench {
         ProbeBench {
             table,
             duration,
             batch: 100,
             spot: SpotConfig::DEFAULT,
+            work_rounds: calibrate(table.record_bytes, table.work_per_record),
         }
     }
 }
@@ -104,6 +118,9 @@ pub struct VariantOutcome {
     pub engine_stats: Option<SpotStats>,
     /// Bytes through the compute node's NIC, both ways.
     pub network_bytes: u64,
+    /// The memory node's NIC counters at the end (the engine's requester
+    /// side for Spot): retransmissions and timeouts show up here.
+    pub memory_rnic: RnicCounters,
 }
 
 impl VariantOutcome {
@@ -176,6 +193,7 @@ impl Pump for SpotPump {
 /// and the fabric thread.
 struct Rig {
     compute: Shared<NodeEndpoint>,
+    memory: Shared<NodeEndpoint>,
     fabric: FabricThread,
     pool: MemoryRegion,
     clients: Vec<Client>,
@@ -246,9 +264,13 @@ impl Rig {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let driver = Driver::new(pumps, RackClock::new(), Arc::clone(&stop)).map_err(text)?;
-        let fabric = FabricThread::start("cowbird-fabric", driver, stop, true).map_err(text)?;
+        // Placement is left to the kernel: on a shared VM, a pinned
+        // thread waits out its vCPU's steal (observed: 8 ms stalls)
+        // instead of moving to the other vCPU.
+        let fabric = FabricThread::start("cowbird-fabric", driver, stop, false).map_err(text)?;
         Ok(Rig {
             compute,
+            memory: memory.clone(),
             fabric,
             pool,
             clients: deployment.clients,
@@ -459,7 +481,7 @@ fn probe_loop(
     seed: u64,
 ) -> Result<(Tally, Duration), String> {
     let table = bench.table;
-    let rounds = calibrate(table.record_bytes, table.work_per_record);
+    let rounds = bench.work_rounds;
     let local: Vec<Vec<u8>> = (0..table.local_records())
         .map(|record| record_bytes(record, table.record_bytes))
         .collect();
@@ -552,10 +574,7 @@ pub fn run_variant(
     let bench = *bench;
     std::thread::Builder::new()
         .name(format!("probe-{}", variant.name()))
-        .spawn(move || {
-            pin_current_thread(ThreadRole::Application(0));
-            measure(&bench, variant, seed)
-        })
+        .spawn(move || measure(&bench, variant, seed))
         .map_err(text)?
         .join()
         .map_err(|_| "the application thread panicked".to_string())?
@@ -563,7 +582,7 @@ pub fn run_variant(
 
 fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOutcome, String> {
     let window = match variant {
-        Variant::Sync => 1,
+        Variant::Sync | Variant::SpotSync => 1,
         // Two batches: one in flight while the other is processed.
         Variant::Local | Variant::Async | Variant::Spot => 2 * bench.batch,
     };
@@ -571,14 +590,15 @@ fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOut
     if variant == Variant::Local {
         table_bench.table.local_fraction = 1.0;
     }
-    let mut rig = Rig::new(&table_bench, variant == Variant::Spot, window)?;
+    let spot = matches!(variant, Variant::Spot | Variant::SpotSync);
+    let mut rig = Rig::new(&table_bench, spot, window)?;
     let compute_before = lock(&rig.compute).rnic.counters().clone();
     let (tally, elapsed) = match variant {
         Variant::Local | Variant::Sync | Variant::Async => {
             let mut fetcher = VerbsFetcher::new(&mut rig, window, bench.table.record_bytes)?;
             probe_loop(&table_bench, &mut fetcher, window, seed)?
         }
-        Variant::Spot => {
+        Variant::Spot | Variant::SpotSync => {
             let mut fetcher = SpotFetcher::new(&mut rig, window, bench.table.record_bytes)?;
             probe_loop(&table_bench, &mut fetcher, window, seed)?
         }
@@ -590,6 +610,7 @@ fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOut
     let engine_stats =
         (variant == Variant::Spot).then(|| *rig.engine_stats.lock().expect("stats lock"));
     let fabric_cpu = rig.fabric.stop_and_join().map_err(text)?;
+    let memory_rnic = lock(&rig.memory).rnic.counters().clone();
     Ok(VariantOutcome {
         variant,
         operations: tally.operations,
@@ -603,5 +624,6 @@ fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOut
         engine: engine_busy,
         engine_stats,
         network_bytes,
+        memory_rnic,
     })
 }

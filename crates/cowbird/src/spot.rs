@@ -50,7 +50,7 @@ impl SpotConfig {
     pub const DEFAULT: SpotConfig = SpotConfig {
         batch_entries: 64,
         probe_interval_min: Duration::from_micros(1),
-        probe_interval_max: Duration::from_micros(200),
+        probe_interval_max: Duration::from_micros(20),
     };
 
     /// Staging bytes one instance needs: probe words, engine words,

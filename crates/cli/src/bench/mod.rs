@@ -3,6 +3,7 @@
 //! `{"bench", "config", "host", "results": [{variant, metric, value, unit}], "ratios"}`.
 
 mod clover;
+mod cowbird;
 mod fabric;
 mod switch;
 
@@ -25,6 +26,13 @@ pub enum BenchCommand {
     /// deterministic simulator: YCSB A/B/C, zipf 0.75/0.99 and uniform,
     /// 1 to 64 clients, a top-N cache sweep, conflicts and resolver memory.
     Clover(CommonArgs),
+    /// Cowbird's hash-table probe on the embedded rack: all-local,
+    /// synchronous and batched asynchronous one-sided READs, and the
+    /// client library with the Spot offload engine; pure probe and
+    /// compute-bound; application time per remote request split into
+    /// issue and completion, latency, bytes per request, and fabric and
+    /// engine CPU reported apart.
+    Cowbird(CommonArgs),
 }
 
 #[derive(Args)]
@@ -125,6 +133,7 @@ pub fn run(command: BenchCommand) -> Result<ExitCode, String> {
         BenchCommand::Fabric(args) => (fabric::run(args.quick)?, args),
         BenchCommand::Switch(args) => (switch::run(args.quick)?, args),
         BenchCommand::Clover(args) => (clover::run(args.quick)?, args),
+        BenchCommand::Cowbird(args) => (cowbird::run(args.quick)?, args),
     };
     if let Some(path) = &args.json {
         crate::write_json(path, &report)?;

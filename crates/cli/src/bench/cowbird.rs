@@ -1,0 +1,212 @@
+//! `remora bench cowbird`: the hash-table probe microbenchmark (the
+//! paper's Figures 1, 8, 10 and 13) on the embedded rack, with the
+//! application thread on one core and the fabric thread (switch, both
+//! soft RNICs and the Spot engine, the memory node's spare CPU) on the
+//! other.
+//!
+//! Two cases, 64 B records, 95% remote: a pure probe (no work per record)
+//! and a compute-bound probe (about 1 µs of real work per record). Every
+//! variant runs in every round, back to back; ratios are taken within a
+//! round and the median over rounds is reported.
+
+use super::{median, Host, Report};
+use indicatif::{ProgressBar, ProgressStyle};
+use remora_cowbird::embedded::{run_variant, ProbeBench, Variant, VariantOutcome};
+use remora_cowbird::hash_table::TableSpec;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const CASES: [(&str, Duration); 2] = [
+    ("probe", Duration::ZERO),
+    ("compute_bound", Duration::from_nanos(1000)),
+];
+
+/// One variant's figures in one round.
+#[derive(Clone, Copy)]
+struct Figures {
+    throughput: f64,
+    vs_local: f64,
+    app_ns_per_op: f64,
+    issue_ns_per_op: f64,
+    completion_ns_per_op: f64,
+    communication_ratio: f64,
+    p50_us: f64,
+    p99_us: f64,
+    bytes_per_op: f64,
+    fabric_ns_per_op: f64,
+    engine_ns_per_op: f64,
+}
+
+fn figures(outcome: &VariantOutcome, local_throughput: f64) -> Figures {
+    let operations = outcome.operations.max(1) as f64;
+    let remote = outcome.remote_operations.max(1) as f64;
+    let per_remote = |duration: Duration| duration.as_nanos() as f64 / remote;
+    Figures {
+        throughput: outcome.operations_per_second(),
+        vs_local: outcome.operations_per_second() / local_throughput,
+        app_ns_per_op: outcome.app_ns_per_remote(),
+        issue_ns_per_op: per_remote(outcome.issue),
+        completion_ns_per_op: per_remote(outcome.completion),
+        communication_ratio: outcome.communication_ratio(),
+        p50_us: outcome.latency.value_at_quantile(0.5) as f64 / 1e3,
+        p99_us: outcome.latency.value_at_quantile(0.99) as f64 / 1e3,
+        bytes_per_op: outcome.network_bytes as f64 / remote,
+        fabric_ns_per_op: outcome.fabric_cpu.as_nanos() as f64 / operations,
+        engine_ns_per_op: outcome.engine.as_nanos() as f64 / operations,
+    }
+}
+
+type Rounds = BTreeMap<String, Vec<Figures>>;
+
+fn record(report: &mut Report, name: &str, variant: Variant, rounds: &[Figures]) {
+    let take = |figure: &dyn Fn(&Figures) -> f64| {
+        let mut values: Vec<f64> = rounds.iter().map(figure).collect();
+        median(&mut values)
+    };
+    let mut rows = vec![
+        ("throughput", take(&|f| f.throughput), "ops/s"),
+        ("throughput_vs_local", take(&|f| f.vs_local), "ratio"),
+    ];
+    if variant != Variant::Local {
+        rows.extend([
+            ("app_time_per_remote_op", take(&|f| f.app_ns_per_op), "ns"),
+            (
+                "issue_time_per_remote_op",
+                take(&|f| f.issue_ns_per_op),
+                "ns",
+            ),
+            (
+                "completion_time_per_remote_op",
+                take(&|f| f.completion_ns_per_op),
+                "ns",
+            ),
+            (
+                "communication_ratio",
+                take(&|f| f.communication_ratio),
+                "ratio",
+            ),
+            ("latency_p50", take(&|f| f.p50_us), "us"),
+            ("latency_p99", take(&|f| f.p99_us), "us"),
+            (
+                "network_bytes_per_remote_op",
+                take(&|f| f.bytes_per_op),
+                "bytes",
+            ),
+            ("fabric_cpu_per_op", take(&|f| f.fabric_ns_per_op), "ns"),
+        ]);
+    }
+    if matches!(variant, Variant::Spot | Variant::SpotSync) {
+        rows.push(("engine_cpu_per_op", take(&|f| f.engine_ns_per_op), "ns"));
+    }
+    for (metric, value, unit) in &rows {
+        report.add(name, metric, *value, unit);
+    }
+    let get = |metric: &str| {
+        rows.iter()
+            .find(|(name, _, _)| *name == metric)
+            .map_or(String::from("-"), |(_, value, _)| format!("{value:.0}"))
+    };
+    println!(
+        "{name:<28} {:>10} ops/s  x local {:>5.2}  app {:>6} ns/op  p50 {:>6} µs  p99 {:>6} µs  fabric {:>6} ns/op  engine {:>5} ns/op  {:>4} B/op",
+        get("throughput"),
+        take(&|f| f.vs_local),
+        get("app_time_per_remote_op"),
+        get("latency_p50"),
+        get("latency_p99"),
+        get("fabric_cpu_per_op"),
+        get("engine_cpu_per_op"),
+        get("network_bytes_per_remote_op"),
+    );
+}
+
+pub fn run(quick: bool) -> Result<Report, String> {
+    // This machine is shared and its vCPUs are stolen for milliseconds at
+    // a time: runs long enough to average that out, medians over rounds.
+    let rounds = if quick { 5 } else { 7 };
+    let duration = Duration::from_millis(if quick { 500 } else { 2000 });
+    let progress = ProgressBar::new(rounds * (CASES.len() * Variant::ALL.len()) as u64);
+    progress.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} runs {msg}")
+            .map_err(|error| error.to_string())?,
+    );
+    let mut measured: Rounds = BTreeMap::new();
+    let mut ratios: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    // The work per record is calibrated once, so every variant and round
+    // does the same work.
+    let benches = CASES.map(|(case, work)| {
+        let table = TableSpec {
+            work_per_record: work,
+            ..TableSpec::DEFAULT
+        };
+        (case, ProbeBench::new(table, duration))
+    });
+    for round in 0..rounds {
+        for (case, bench) in &benches {
+            let (case, bench) = (*case, *bench);
+            let mut outcomes = BTreeMap::new();
+            for variant in Variant::ALL {
+                progress.set_message(format!("{case} {}", variant.name()));
+                outcomes.insert(variant.name(), run_variant(&bench, variant, round)?);
+                progress.inc(1);
+            }
+            let local = outcomes["local"].operations_per_second();
+            for variant in Variant::ALL {
+                let name = format!("{case}_{}", variant.name());
+                let figures = figures(&outcomes[variant.name()], local);
+                measured.entry(name).or_default().push(figures);
+            }
+            let spot = &outcomes["spot"];
+            let asynchronous = &outcomes["async"];
+            match case {
+                "probe" => {
+                    ratios
+                        .entry("spot_vs_async_probe")
+                        .or_default()
+                        .push(spot.operations_per_second() / asynchronous.operations_per_second());
+                    ratios
+                        .entry("app_cpu_per_op_spot_vs_async")
+                        .or_default()
+                        .push(spot.app_ns_per_remote() / asynchronous.app_ns_per_remote());
+                }
+                _ => ratios
+                    .entry("spot_vs_local_compute_bound")
+                    .or_default()
+                    .push(spot.operations_per_second() / local),
+            }
+        }
+    }
+    progress.finish_and_clear();
+    let mut report = Report {
+        bench: "cowbird".into(),
+        config: serde_json::json!({
+            "quick": quick,
+            "rounds": rounds,
+            "seconds_per_variant": duration.as_secs_f64(),
+            "records": TableSpec::DEFAULT.records,
+            "record_bytes": TableSpec::DEFAULT.record_bytes,
+            "local_fraction": TableSpec::DEFAULT.local_fraction,
+            "batch": 100,
+            "threads": 1,
+            "work_rounds_compute_bound": benches[1].1.work_rounds,
+            "clock": "real time on the embedded rack; application time per pass from the TSC clock",
+            "not_measured": "two-sided RPC and Cowbird-P4 variants (not built yet)",
+        }),
+        host: Host::probe(),
+        results: Vec::new(),
+        ratios: serde_json::Map::new(),
+    };
+    println!("hash-table probe, 64 B records, 95% remote, 1 application thread (medians of {rounds} rounds):");
+    for (case, _) in CASES {
+        for variant in Variant::ALL {
+            let name = format!("{case}_{}", variant.name());
+            record(&mut report, &name, variant, &measured[&name]);
+        }
+    }
+    println!();
+    for (name, mut values) in ratios {
+        let value = median(&mut values);
+        println!("{name:<40} {value:.3}");
+        report.ratios.insert(name.into(), serde_json::json!(value));
+    }
+    Ok(report)
+}
