@@ -83,7 +83,11 @@ struct Outstanding {
 
 #[derive(Debug, Default)]
 struct PollGroup {
-    members: VecDeque<RequestId>,
+    /// Per type, in the order added. Requests of one type complete in
+    /// sequence order, so a poll pops completed ones off the front and
+    /// never scans the rest (members added out of sequence order are
+    /// returned no earlier than those added before them).
+    members: [VecDeque<RequestId>; 2],
 }
 
 /// One application thread's side of Cowbird.
@@ -200,12 +204,45 @@ impl Client {
         (end - head <= ring_bytes).then_some((start % ring_bytes, end))
     }
 
+    /// Room for one more entry. Progress (a cache line the NIC writes) is
+    /// read only when the ring looks full, so issuing stays local.
     fn reserve_entry(&mut self) -> Result<(), CowbirdError> {
-        self.reclaim();
+        if self.outstanding.len() as u64 >= self.sizes.metadata_entries {
+            self.reclaim();
+        }
         if self.outstanding.len() as u64 >= self.sizes.metadata_entries {
             return Err(CowbirdError::RetryLater("request metadata ring"));
         }
         Ok(())
+    }
+
+    /// [`Client::reserve`] on the response ring, reclaiming first if full.
+    fn reserve_response(&mut self, length: u64) -> Option<(u64, u64)> {
+        let ring = self.sizes.response_data_bytes;
+        Self::reserve(
+            self.response_data_tail,
+            self.response_data_head,
+            ring,
+            length,
+        )
+        .or_else(|| {
+            self.reclaim();
+            Self::reserve(
+                self.response_data_tail,
+                self.response_data_head,
+                ring,
+                length,
+            )
+        })
+    }
+
+    /// [`Client::reserve`] on the request data ring, reclaiming first if full.
+    fn reserve_request_data(&mut self, length: u64) -> Option<(u64, u64)> {
+        let ring = self.sizes.request_data_bytes;
+        Self::reserve(self.request_data_tail, self.request_data_head, ring, length).or_else(|| {
+            self.reclaim();
+            Self::reserve(self.request_data_tail, self.request_data_head, ring, length)
+        })
     }
 
     /// Starts reading `length` bytes at `offset` of memory region
@@ -218,13 +255,9 @@ impl Client {
     ) -> Result<RequestId, CowbirdError> {
         let length = self.check_range(region, offset, length)?;
         self.reserve_entry()?;
-        let (at, end) = Self::reserve(
-            self.response_data_tail,
-            self.response_data_head,
-            self.sizes.response_data_bytes,
-            u64::from(length),
-        )
-        .ok_or(CowbirdError::RetryLater("response data ring"))?;
+        let (at, end) = self
+            .reserve_response(u64::from(length))
+            .ok_or(CowbirdError::RetryLater("response data ring"))?;
         let response_at = self.sizes.response_data_at() + at;
         self.response_data_tail = end;
         let id = self.publish(Entry {
@@ -249,13 +282,9 @@ impl Client {
     ) -> Result<RequestId, CowbirdError> {
         let length = self.check_range(region, offset, bytes.len())?;
         self.reserve_entry()?;
-        let (at, end) = Self::reserve(
-            self.request_data_tail,
-            self.request_data_head,
-            self.sizes.request_data_bytes,
-            u64::from(length),
-        )
-        .ok_or(CowbirdError::RetryLater("request data ring"))?;
+        let (at, end) = self
+            .reserve_request_data(u64::from(length))
+            .ok_or(CowbirdError::RetryLater("request data ring"))?;
         let payload_at = self.sizes.request_data_at() + at;
         self.block
             .write(payload_at as usize, bytes)
@@ -384,15 +413,16 @@ impl Client {
         }
         request.grouped = true;
         request.released = false;
-        self.group(poll_id)?.members.push_back(id);
+        self.group(poll_id)?.members[kind_index(id.kind())].push_back(id);
         Ok(())
     }
 
     pub fn poll_remove(&mut self, poll_id: usize, id: RequestId) -> Result<(), CowbirdError> {
         let group = self.group(poll_id)?;
-        let before = group.members.len();
-        group.members.retain(|member| *member != id);
-        if group.members.len() == before {
+        let members = &mut group.members[kind_index(id.kind())];
+        let before = members.len();
+        members.retain(|member| *member != id);
+        if members.len() == before {
             return Err(CowbirdError::UnknownRequest(id));
         }
         // Nobody will wait for it now: its response may be reused.
@@ -421,11 +451,15 @@ impl Client {
         timeout: Duration,
     ) -> Result<usize, CowbirdError> {
         self.group(poll_id)?;
-        for id in std::mem::take(&mut self.delivered) {
-            if let Some(request) = self.find(id) {
+        // Keeps the vector's capacity: no allocation per poll.
+        let delivered = std::mem::take(&mut self.delivered);
+        for id in &delivered {
+            if let Some(request) = self.find(*id) {
                 request.released = true;
             }
         }
+        self.delivered = delivered;
+        self.delivered.clear();
         self.reclaim();
         let started = Instant::now();
         loop {
@@ -445,26 +479,28 @@ impl Client {
         max_ret: usize,
     ) -> usize {
         let progress = self.progress();
-        let mut members =
-            std::mem::take(&mut self.groups[poll_id].as_mut().expect("checked").members);
         let mut found = 0;
-        members.retain(|id| {
-            if found >= max_ret || id.sequence() > progress[kind_index(id.kind())] {
-                return true;
+        for kind in 0..2 {
+            // Bounded by the group's members.
+            while found < max_ret {
+                let group = self.groups[poll_id].as_mut().expect("checked");
+                let Some(&id) = group.members[kind].front() else {
+                    break;
+                };
+                if id.sequence() > progress[kind] {
+                    break;
+                }
+                group.members[kind].pop_front();
+                let request = self.find(id).expect("members are outstanding");
+                request.grouped = false;
+                responses.push(Completion {
+                    id,
+                    response: request.response,
+                });
+                self.delivered.push(id);
+                found += 1;
             }
-            let request = self.find(*id).expect("members are outstanding");
-            request.grouped = false;
-            responses.push(Completion {
-                id: *id,
-                response: request.response,
-            });
-            found += 1;
-            false
-        });
-        let returned = responses.len() - found;
-        self.delivered
-            .extend(responses[returned..].iter().map(|completion| completion.id));
-        self.groups[poll_id].as_mut().expect("checked").members = members;
+        }
         found
     }
 
