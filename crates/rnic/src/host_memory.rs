@@ -220,7 +220,7 @@ mod tests {
             operations in proptest::collection::vec((0usize..100, proptest::collection::vec(any::<u8>(), 0..40)), 1..20),
         ) {
             let memory = HostMemory::new(140);
-            let mut model = vec![0u8; 140];
+            let mut model = [0u8; 140];
             for (offset, bytes) in operations {
                 memory.write(offset, &bytes).unwrap();
                 model[offset..offset + bytes.len()].copy_from_slice(&bytes);
