@@ -480,14 +480,14 @@ impl Client {
     ) -> usize {
         let progress = self.progress();
         let mut found = 0;
-        for kind in 0..2 {
+        for (kind, progress) in progress.into_iter().enumerate() {
             // Bounded by the group's members.
             while found < max_ret {
                 let group = self.groups[poll_id].as_mut().expect("checked");
                 let Some(&id) = group.members[kind].front() else {
                     break;
                 };
-                if id.sequence() > progress[kind] {
+                if id.sequence() > progress {
                     break;
                 }
                 group.members[kind].pop_front();
