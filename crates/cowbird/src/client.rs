@@ -163,6 +163,12 @@ impl Client {
         self.sizes
     }
 
+    /// The block the engine reads and writes: for tests and tools that
+    /// play a broken or hostile client.
+    pub fn block(&self) -> &HostMemory {
+        &self.block
+    }
+
     /// Requests issued and not yet reclaimed.
     pub fn outstanding(&self) -> usize {
         self.outstanding.len()

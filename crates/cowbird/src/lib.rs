@@ -14,6 +14,7 @@
 pub mod client;
 pub mod deploy;
 pub mod embedded;
+pub mod fuzzing;
 pub mod hash_table;
 pub mod layout;
 pub mod simulated;

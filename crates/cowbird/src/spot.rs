@@ -614,7 +614,8 @@ impl SpotEngine {
                     match runs.last_mut() {
                         Some((run_staging, remote, length))
                             if *run_staging + u64::from(*length) == staging_at
-                                && *remote + u64::from(*length) == item.entry.response_address =>
+                                && remote.checked_add(u64::from(*length))
+                                    == Some(item.entry.response_address) =>
                         {
                             *length += item.entry.length
                         }
