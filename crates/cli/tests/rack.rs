@@ -451,7 +451,7 @@ fn bench_cowbird_quick_writes_every_variant_and_the_ratios_as_json() {
         ],
     );
     for case in ["probe", "compute_bound"] {
-        for variant in ["local", "sync", "async", "spot", "spot_sync"] {
+        for variant in ["local", "sync", "async", "rpc", "spot", "spot_sync"] {
             let name = format!("{case}_{variant}");
             assert!(variants.contains(&name), "no {name}");
         }

@@ -6,6 +6,7 @@
 
 use crate::client::{Client, CowbirdError};
 use crate::layout::RingSizes;
+use crate::rpc::{RpcError, RpcServer};
 use crate::spot::{InstanceWiring, SpotConfig, SpotEngine, SpotError};
 use remora_rnic::{
     AccessFlags, CompletionQueue, HostMemory, MemoryRegion, ProtectionDomain, QueuePair,
@@ -25,6 +26,26 @@ pub struct CowbirdSpec {
     /// Also a plain one-sided path from the compute node to the pool, for
     /// the baselines that post verbs themselves.
     pub direct: Option<DirectSpec>,
+    /// Also a two-sided path to an RPC server on the memory node.
+    pub rpc: Option<RpcSpec>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct RpcSpec {
+    /// Requests the application keeps outstanding.
+    pub depth: usize,
+    /// The largest reply.
+    pub record_bytes: u32,
+}
+
+/// The compute node's two-sided path and the server behind it.
+pub struct Rpc {
+    pub queue_pair: QueuePair,
+    pub completion_queue: CompletionQueue,
+    /// Requests (first) and replies (after), `depth` slots each.
+    pub buffers: HostMemory,
+    pub buffers_region: MemoryRegion,
+    pub server: RpcServer,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -51,6 +72,8 @@ pub enum DeployError {
     Client(#[from] CowbirdError),
     #[error(transparent)]
     Spot(#[from] SpotError),
+    #[error(transparent)]
+    Rpc(#[from] RpcError),
 }
 
 pub struct Deployment {
@@ -59,6 +82,7 @@ pub struct Deployment {
     /// The memory pool's regions on the memory node.
     pub pool: Vec<MemoryRegion>,
     pub direct: Option<Direct>,
+    pub rpc: Option<Rpc>,
 }
 
 pub fn deploy(
@@ -107,11 +131,66 @@ pub fn deploy(
         Some(direct) => Some(direct_path(direct, &spec, compute, memory, memory_pd)?),
         None => None,
     };
+    let rpc = match spec.rpc {
+        Some(rpc) => Some(rpc_path(rpc, &spec, compute, memory, memory_pd, pool[0])?),
+        None => None,
+    };
     Ok(Deployment {
         clients,
         engine,
         pool,
         direct,
+        rpc,
+    })
+}
+
+fn rpc_path(
+    rpc: RpcSpec,
+    spec: &CowbirdSpec,
+    compute: &mut SoftRnic,
+    memory: &mut SoftRnic,
+    memory_pd: ProtectionDomain,
+    pool: MemoryRegion,
+) -> Result<Rpc, DeployError> {
+    let depth = rpc.depth.max(1);
+    let slot_bytes = rpc.record_bytes.max(crate::rpc::REQUEST_BYTES);
+    let pd = compute.alloc_protection_domain()?;
+    let buffers = HostMemory::new(2 * depth * slot_bytes as usize);
+    let buffers_region = compute.register_host_memory(pd, buffers.clone(), AccessFlags::ALL)?;
+    let completion_queue = compute.create_completion_queue(depth * 4)?;
+    let mut near = QueuePairBuilder::new(pd, completion_queue, completion_queue);
+    near.timeout = spec.ack_timeout;
+    near.send_queue_depth = depth;
+    near.receive_queue_depth = depth;
+    let server_buffers = memory.register_memory(
+        memory_pd,
+        2 * depth as u64 * u64::from(slot_bytes),
+        AccessFlags::ALL,
+    )?;
+    let server_cq = memory.create_completion_queue(depth * 4)?;
+    let mut far = QueuePairBuilder::new(memory_pd, server_cq, server_cq);
+    far.timeout = spec.ack_timeout;
+    far.send_queue_depth = depth;
+    far.receive_queue_depth = depth;
+    let near = compute.create_queue_pair(&near)?;
+    let far = memory.create_queue_pair(&far)?;
+    let queue_pair = compute.handshake(near, far.endpoint)?;
+    let server_queue_pair = memory.handshake(far, near.endpoint)?;
+    let server = RpcServer::new(
+        memory,
+        server_queue_pair,
+        server_cq,
+        server_buffers,
+        depth as u64,
+        slot_bytes,
+        pool,
+    )?;
+    Ok(Rpc {
+        queue_pair,
+        completion_queue,
+        buffers,
+        buffers_region,
+        server,
     })
 }
 

@@ -8,6 +8,8 @@
 //! - `sync`: one one-sided READ at a time;
 //! - `async`: one-sided READs in batches, the application posting and
 //!   polling the compute node's NIC itself, overlapping computation;
+//! - `rpc`: two-sided: the application SENDs requests (batched as async)
+//!   and the memory node's CPU SENDs the records back;
 //! - `spot`: Cowbird's client library, the Spot engine moving the data;
 //! - `spot_sync`: the same, one request at a time (latency unbatched).
 //!
@@ -17,9 +19,10 @@
 //! apart.
 
 use crate::client::{Client, Completion, CowbirdError};
-use crate::deploy::{deploy, CowbirdSpec, Direct, DirectSpec};
+use crate::deploy::{deploy, CowbirdSpec, Direct, DirectSpec, RpcSpec};
 use crate::hash_table::{calibrate, compute, is_record, record_bytes, record_of, TableSpec};
 use crate::layout::RingSizes;
+use crate::rpc::RpcServer;
 use crate::simulated::{forwarding, ip, mac};
 use crate::spot::{SpotConfig, SpotEngine, SpotStats};
 use hdrhistogram::Histogram;
@@ -47,15 +50,17 @@ pub enum Variant {
     Local,
     Sync,
     Async,
+    Rpc,
     Spot,
     SpotSync,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 6] = [
         Variant::Local,
         Variant::Sync,
         Variant::Async,
+        Variant::Rpc,
         Variant::Spot,
         Variant::SpotSync,
     ];
@@ -65,6 +70,7 @@ impl Variant {
             Variant::Local => "local",
             Variant::Sync => "sync",
             Variant::Async => "async",
+            Variant::Rpc => "rpc",
             Variant::Spot => "spot",
             Variant::SpotSync => "spot_sync",
         }
@@ -153,31 +159,68 @@ trait Fetcher {
     fn bytes(&self, token: usize) -> &[u8];
 }
 
-/// The engine as a pump of the fabric thread: the memory node's spare CPU.
-struct SpotPump {
-    memory: Shared<NodeEndpoint>,
-    engine: SpotEngine,
-    busy_ns: Arc<AtomicU64>,
-    stats: Arc<Mutex<SpotStats>>,
+/// Software on the memory node's CPU beside its NIC: the Spot engine or
+/// the RPC server.
+trait MemoryAgent: Send {
+    fn turn(&mut self, now: Timestamp, rnic: &mut SoftRnic) -> Result<bool, String>;
+    fn next_timer(&self) -> Option<Timestamp>;
+    fn spot_stats(&self) -> Option<SpotStats>;
 }
 
-impl Pump for SpotPump {
+impl MemoryAgent for SpotEngine {
+    fn turn(&mut self, now: Timestamp, rnic: &mut SoftRnic) -> Result<bool, String> {
+        SpotEngine::turn(self, now, rnic).map_err(|error| format!("spot engine: {error}"))
+    }
+
+    fn next_timer(&self) -> Option<Timestamp> {
+        self.poll_timeout()
+    }
+
+    fn spot_stats(&self) -> Option<SpotStats> {
+        Some(self.stats())
+    }
+}
+
+impl MemoryAgent for RpcServer {
+    fn turn(&mut self, _: Timestamp, rnic: &mut SoftRnic) -> Result<bool, String> {
+        RpcServer::turn(self, rnic).map_err(|error| format!("rpc server: {error}"))
+    }
+
+    fn next_timer(&self) -> Option<Timestamp> {
+        None
+    }
+
+    fn spot_stats(&self) -> Option<SpotStats> {
+        None
+    }
+}
+
+/// A memory agent as a pump of the fabric thread, its busy time counted
+/// apart: the memory node's spare CPU.
+struct AgentPump<A: MemoryAgent> {
+    memory: Shared<NodeEndpoint>,
+    agent: A,
+    busy_ns: Arc<AtomicU64>,
+    stats: Arc<Mutex<Option<SpotStats>>>,
+}
+
+impl<A: MemoryAgent> Pump for AgentPump<A> {
     fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
         let started = Instant::now();
         let moved = self
-            .engine
+            .agent
             .turn(clock.now(), &mut lock(&self.memory).rnic)
-            .map_err(|error| RackError::Workload(format!("spot engine: {error}")))?;
+            .map_err(RackError::Workload)?;
         if moved {
             self.busy_ns
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            *self.stats.lock().expect("stats lock") = self.engine.stats();
+            *self.stats.lock().expect("stats lock") = self.agent.spot_stats();
         }
         Ok(moved)
     }
 
     fn deadline(&self, clock: &RackClock) -> Option<Instant> {
-        self.engine.poll_timeout().map(|at| clock.instant(at))
+        self.agent.next_timer().map(|at| clock.instant(at))
     }
 
     fn has_frames(&mut self) -> bool {
@@ -198,8 +241,9 @@ struct Rig {
     pool: MemoryRegion,
     clients: Vec<Client>,
     direct: Option<(Direct, AppQueues)>,
+    rpc: Option<RpcPath>,
     engine_busy: Arc<AtomicU64>,
-    engine_stats: Arc<Mutex<SpotStats>>,
+    engine_stats: Arc<Mutex<Option<SpotStats>>>,
 }
 
 fn text(error: impl std::fmt::Display) -> String {
@@ -207,7 +251,9 @@ fn text(error: impl std::fmt::Display) -> String {
 }
 
 impl Rig {
-    fn new(bench: &ProbeBench, with_engine: bool, window: usize) -> Result<Rig, String> {
+    fn new(bench: &ProbeBench, variant: Variant, window: usize) -> Result<Rig, String> {
+        let with_engine = matches!(variant, Variant::Spot | Variant::SpotSync);
+        let with_rpc = variant == Variant::Rpc;
         let segment =
             Segment::anonymous(&SegmentPlan::star_one_waiter(2, RING_DEPTH)).map_err(text)?;
         let port = |index: u8| -> Result<[Box<dyn Port>; 2], String> {
@@ -237,13 +283,34 @@ impl Rig {
                 depth: window,
                 landing_bytes: window * bench.table.record_bytes,
             }),
+            rpc: with_rpc.then_some(RpcSpec {
+                depth: window,
+                record_bytes: bench.table.record_bytes as u32,
+            }),
         };
-        let deployment = deploy(spec, &mut compute.rnic, &mut memory.rnic).map_err(text)?;
+        let mut deployment = deploy(spec, &mut compute.rnic, &mut memory.rnic).map_err(text)?;
         let pool = deployment.pool[0];
         let direct = deployment.direct.map(|direct| {
             let queues = compute.attach_queues(direct.completion_queue, window);
             (direct, queues)
         });
+        let rpc_server = deployment.rpc.take().map(|rpc| {
+            // Requests and their replies' receives: two entries per request.
+            let queues = compute.attach_queues(rpc.completion_queue, 2 * window);
+            (
+                RpcPath {
+                    queue_pair: rpc.queue_pair,
+                    buffers: rpc.buffers,
+                    buffers_region: rpc.buffers_region,
+                    queues,
+                },
+                rpc.server,
+            )
+        });
+        let (rpc, server) = match rpc_server {
+            Some((path, server)) => (Some(path), Some(server)),
+            None => (None, None),
+        };
         fill_pool(&bench.table, pool, &mut memory.rnic)?;
         let switch = SwitchEndpoint::new(
             Switch::new(SwitchConfig::new(2), forwarding()),
@@ -251,16 +318,32 @@ impl Rig {
         );
         let (compute, memory) = (shared(compute), shared(memory));
         let engine_busy = Arc::new(AtomicU64::new(0));
-        let engine_stats = Arc::new(Mutex::new(SpotStats::default()));
+        let engine_stats = Arc::new(Mutex::new(None));
         let mut pumps: Vec<Arc<Mutex<dyn Pump>>> =
             vec![shared(switch), compute.clone(), memory.clone()];
-        if with_engine {
-            pumps.push(shared(SpotPump {
+        fn agent_pump<A: MemoryAgent + 'static>(
+            memory: &Shared<NodeEndpoint>,
+            agent: A,
+            busy_ns: &Arc<AtomicU64>,
+            stats: &Arc<Mutex<Option<SpotStats>>>,
+        ) -> Arc<Mutex<dyn Pump>> {
+            shared(AgentPump {
                 memory: memory.clone(),
-                engine: deployment.engine,
-                busy_ns: Arc::clone(&engine_busy),
-                stats: Arc::clone(&engine_stats),
-            }));
+                agent,
+                busy_ns: Arc::clone(busy_ns),
+                stats: Arc::clone(stats),
+            })
+        }
+        if with_engine {
+            pumps.push(agent_pump(
+                &memory,
+                deployment.engine,
+                &engine_busy,
+                &engine_stats,
+            ));
+        }
+        if let Some(server) = server {
+            pumps.push(agent_pump(&memory, server, &engine_busy, &engine_stats));
         }
         let stop = Arc::new(AtomicBool::new(false));
         let driver = Driver::new(pumps, RackClock::new(), Arc::clone(&stop)).map_err(text)?;
@@ -275,6 +358,7 @@ impl Rig {
             pool,
             clients: deployment.clients,
             direct,
+            rpc,
             engine_busy,
             engine_stats,
         })
@@ -380,6 +464,122 @@ impl Fetcher for VerbsFetcher {
     fn bytes(&self, token: usize) -> &[u8] {
         let length = self.record_bytes as usize;
         &self.arena[token * length..(token + 1) * length]
+    }
+}
+
+/// The compute node's end of the two-sided path.
+struct RpcPath {
+    queue_pair: QueuePair,
+    /// Request slots, then reply slots.
+    buffers: HostMemory,
+    buffers_region: MemoryRegion,
+    queues: AppQueues,
+}
+
+/// Two-sided fetches: a receive for the reply and a SEND of the request
+/// per record, through the compute NIC's lock-free queues.
+struct RpcFetcher {
+    path: RpcPath,
+    kicker: DriverKicker,
+    slot_bytes: u64,
+    window: u64,
+    record_bytes: usize,
+    free_slots: Vec<u64>,
+    posted: bool,
+    arena: Vec<u8>,
+}
+
+impl RpcFetcher {
+    fn new(rig: &mut Rig, window: usize, record_bytes: usize) -> Result<RpcFetcher, String> {
+        let path = rig.rpc.take().ok_or("no RPC path deployed")?;
+        let slot_bytes = u64::from((record_bytes as u32).max(crate::rpc::REQUEST_BYTES));
+        Ok(RpcFetcher {
+            path,
+            kicker: rig.fabric.kicker(),
+            slot_bytes,
+            window: window as u64,
+            record_bytes,
+            free_slots: (0..window as u64).rev().collect(),
+            posted: false,
+            arena: vec![0; window * record_bytes],
+        })
+    }
+
+    fn queue(
+        &self,
+        request: impl FnOnce(&AppQueues) -> Result<bool, RackError>,
+    ) -> Result<(), String> {
+        let queued = request(&self.path.queues).map_err(text)?;
+        assert!(queued, "the queues hold a whole window");
+        Ok(())
+    }
+}
+
+impl Fetcher for RpcFetcher {
+    fn issue(&mut self, offset: u64) -> Result<Option<usize>, String> {
+        let Some(slot) = self.free_slots.pop() else {
+            return Ok(None);
+        };
+        let request_at = slot * self.slot_bytes;
+        let reply_at = (self.window + slot) * self.slot_bytes;
+        let request = crate::rpc::encode_request(offset, self.record_bytes as u32);
+        self.path
+            .buffers
+            .write(request_at as usize, &request)
+            .map_err(text)?;
+        let region = self.path.buffers_region;
+        let receive =
+            ReceiveRequest::new(slot, &[region.slice(reply_at, self.record_bytes as u32)])
+                .map_err(text)?;
+        let send = SendRequest::new(
+            u64::MAX,
+            SendOperation::Send { immediate: None },
+            &[region.slice(request_at, crate::rpc::REQUEST_BYTES)],
+        )
+        .map_err(text)?;
+        let queue_pair = self.path.queue_pair;
+        self.queue(|queues| queues.post_receive(queue_pair, receive))?;
+        self.queue(|queues| queues.post_send(queue_pair, send))?;
+        self.posted = true;
+        Ok(Some(slot as usize))
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        if std::mem::take(&mut self.posted) {
+            self.kicker.kick();
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut Vec<usize>) -> Result<(), String> {
+        while let Some(completion) = self.path.queues.poll_completion() {
+            if completion.status != CompletionStatus::Success {
+                return Err(format!(
+                    "an RPC verb completed with {:?}",
+                    completion.status
+                ));
+            }
+            if completion.opcode != CompletionOpcode::Receive {
+                continue;
+            }
+            if completion.byte_len as usize != self.record_bytes {
+                return Err("the RPC server refused a request".into());
+            }
+            let slot = completion.work_request_id;
+            let reply_at = ((self.window + slot) * self.slot_bytes) as usize;
+            let at = slot as usize * self.record_bytes;
+            self.path
+                .buffers
+                .read(reply_at, &mut self.arena[at..at + self.record_bytes])
+                .map_err(text)?;
+            done.push(slot as usize);
+            self.free_slots.push(slot);
+        }
+        Ok(())
+    }
+
+    fn bytes(&self, token: usize) -> &[u8] {
+        &self.arena[token * self.record_bytes..(token + 1) * self.record_bytes]
     }
 }
 
@@ -584,18 +784,21 @@ fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOut
     let window = match variant {
         Variant::Sync | Variant::SpotSync => 1,
         // Two batches: one in flight while the other is processed.
-        Variant::Local | Variant::Async | Variant::Spot => 2 * bench.batch,
+        Variant::Local | Variant::Async | Variant::Rpc | Variant::Spot => 2 * bench.batch,
     };
     let mut table_bench = *bench;
     if variant == Variant::Local {
         table_bench.table.local_fraction = 1.0;
     }
-    let spot = matches!(variant, Variant::Spot | Variant::SpotSync);
-    let mut rig = Rig::new(&table_bench, spot, window)?;
+    let mut rig = Rig::new(&table_bench, variant, window)?;
     let compute_before = lock(&rig.compute).rnic.counters().clone();
     let (tally, elapsed) = match variant {
         Variant::Local | Variant::Sync | Variant::Async => {
             let mut fetcher = VerbsFetcher::new(&mut rig, window, bench.table.record_bytes)?;
+            probe_loop(&table_bench, &mut fetcher, window, seed)?
+        }
+        Variant::Rpc => {
+            let mut fetcher = RpcFetcher::new(&mut rig, window, bench.table.record_bytes)?;
             probe_loop(&table_bench, &mut fetcher, window, seed)?
         }
         Variant::Spot | Variant::SpotSync => {
@@ -607,8 +810,7 @@ fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOut
     let network_bytes = (compute_after.bytes_received + compute_after.bytes_transmitted)
         - (compute_before.bytes_received + compute_before.bytes_transmitted);
     let engine_busy = Duration::from_nanos(rig.engine_busy.load(Ordering::Relaxed));
-    let engine_stats =
-        (variant == Variant::Spot).then(|| *rig.engine_stats.lock().expect("stats lock"));
+    let engine_stats = *rig.engine_stats.lock().expect("stats lock");
     let fabric_cpu = rig.fabric.stop_and_join().map_err(text)?;
     let memory_rnic = lock(&rig.memory).rnic.counters().clone();
     Ok(VariantOutcome {

@@ -33,6 +33,7 @@ pub fn hostile_block(bytes: &[u8]) -> usize {
         },
         ack_timeout: Duration::from_micros(100),
         direct: None,
+        rpc: None,
     };
     let mut deployment =
         deploy(spec, &mut fabric.left, &mut fabric.right).expect("a fixed deployment works");

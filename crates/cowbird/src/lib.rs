@@ -6,6 +6,7 @@
 //!   (Table 3) and request ids.
 //! - [`client`]: the client library and Table 2's API.
 //! - [`spot`]: the Cowbird-Spot offload engine on the memory node.
+//! - [`rpc`]: the two-sided baseline's server on the memory node.
 //! - [`deploy`]: Cowbird set up on two soft RNICs.
 //! - [`simulated`]: checked histories in the deterministic simulator.
 //! - [`hash_table`]: the hash-table probe microbenchmark's table and work.
@@ -17,5 +18,6 @@ pub mod embedded;
 pub mod fuzzing;
 pub mod hash_table;
 pub mod layout;
+pub mod rpc;
 pub mod simulated;
 pub mod spot;

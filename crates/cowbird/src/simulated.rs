@@ -191,6 +191,7 @@ fn spec(workload: &Workload) -> CowbirdSpec {
         spot: workload.spot,
         ack_timeout: Duration::from_micros(200),
         direct: None,
+        rpc: None,
     }
 }
 

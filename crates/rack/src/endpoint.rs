@@ -177,17 +177,37 @@ const SUBMISSIONS_PER_PUMP: usize = 256;
 /// back the completions of one completion queue. Posting and polling cost
 /// the application a queue operation each, never the endpoint's lock.
 pub struct AppQueues {
-    submissions: mpsc::SyncSender<(QueuePair, SendRequest)>,
+    submissions: mpsc::SyncSender<(QueuePair, WorkRequest)>,
     completions: mpsc::Receiver<WorkCompletion>,
 }
 
+/// What an application hands its NIC.
+#[derive(Debug, Clone, Copy)]
+enum WorkRequest {
+    Send(SendRequest),
+    Receive(ReceiveRequest),
+}
+
 impl AppQueues {
-    /// Queues a work request; `false` when the send queue is full.
+    /// Queues a work request; `false` when the queue is full.
     pub fn post_send(
         &self,
         queue_pair: QueuePair,
         request: SendRequest,
     ) -> Result<bool, RackError> {
+        self.submit(queue_pair, WorkRequest::Send(request))
+    }
+
+    /// Queues a receive buffer; `false` when the queue is full.
+    pub fn post_receive(
+        &self,
+        queue_pair: QueuePair,
+        request: ReceiveRequest,
+    ) -> Result<bool, RackError> {
+        self.submit(queue_pair, WorkRequest::Receive(request))
+    }
+
+    fn submit(&self, queue_pair: QueuePair, request: WorkRequest) -> Result<bool, RackError> {
         match self.submissions.try_send((queue_pair, request)) {
             Ok(()) => Ok(true),
             Err(mpsc::TrySendError::Full(_)) => Ok(false),
@@ -204,9 +224,9 @@ impl AppQueues {
 
 /// The NIC's end of an [`AppQueues`].
 struct NicSide {
-    submissions: mpsc::Receiver<(QueuePair, SendRequest)>,
-    /// A request the NIC's send queue had no room for yet.
-    held: Option<(QueuePair, SendRequest)>,
+    submissions: mpsc::Receiver<(QueuePair, WorkRequest)>,
+    /// A request the NIC's queue had no room for yet.
+    held: Option<(QueuePair, WorkRequest)>,
     completion_queue: CompletionQueue,
     completions: mpsc::SyncSender<WorkCompletion>,
     /// A completion the application's queue had no room for yet.
@@ -226,7 +246,11 @@ impl NicSide {
             else {
                 break;
             };
-            match rnic.post_send(queue_pair, request) {
+            let posted = match request {
+                WorkRequest::Send(send) => rnic.post_send(queue_pair, send),
+                WorkRequest::Receive(receive) => rnic.post_receive(queue_pair, receive),
+            };
+            match posted {
                 Ok(()) => worked = true,
                 Err(VerbsError::QueueFull { .. }) => {
                     self.held = Some((queue_pair, request));

@@ -27,8 +27,9 @@ pub enum BenchCommand {
     /// 1 to 64 clients, a top-N cache sweep, conflicts and resolver memory.
     Clover(CommonArgs),
     /// Cowbird's hash-table probe on the embedded rack: all-local,
-    /// synchronous and batched asynchronous one-sided READs, and the
-    /// client library with the Spot offload engine; pure probe and
+    /// synchronous and batched asynchronous one-sided READs, two-sided
+    /// RPC, and the client library with the Spot offload engine; pure
+    /// probe and
     /// compute-bound; application time per remote request split into
     /// issue and completion, latency, bytes per request, and fabric and
     /// engine CPU reported apart.

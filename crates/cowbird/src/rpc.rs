@@ -1,0 +1,154 @@
+//! The two-sided baseline of the probe benchmark: the compute node SENDs
+//! a request (pool offset, length) and the memory node's CPU answers with
+//! a SEND of the record. [`RpcServer`] is that server, sans-IO over the
+//! memory node's NIC.
+//!
+//! Slot `i` pairs receive buffer `i` with reply buffer `i`; a receive is
+//! reposted only once its reply has been sent, so a reply buffer is never
+//! rewritten while the NIC may still read it.
+
+use remora_rnic::{
+    CompletionOpcode, CompletionQueue, CompletionStatus, MemoryRegion, QueuePair, ReceiveRequest,
+    SendOperation, SendRequest, SoftRnic, Verbs, VerbsError,
+};
+use remora_wire::VirtAddr;
+
+/// A request: the pool offset (8 bytes) and the length (4 bytes), LE.
+pub const REQUEST_BYTES: u32 = 12;
+
+pub fn encode_request(offset: u64, length: u32) -> [u8; REQUEST_BYTES as usize] {
+    let mut bytes = [0u8; REQUEST_BYTES as usize];
+    bytes[..8].copy_from_slice(&offset.to_le_bytes());
+    bytes[8..].copy_from_slice(&length.to_le_bytes());
+    bytes
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    #[error("a verb completed with {0:?}")]
+    Completion(CompletionStatus),
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RpcStats {
+    pub requests: u64,
+    /// Requests refused: malformed, or outside the pool (answered empty).
+    pub refused: u64,
+}
+
+pub struct RpcServer {
+    queue_pair: QueuePair,
+    completion_queue: CompletionQueue,
+    /// Receive buffers then reply buffers, `slots` of `slot_bytes` each.
+    buffers: MemoryRegion,
+    slots: u64,
+    slot_bytes: u32,
+    pool: MemoryRegion,
+    stats: RpcStats,
+}
+
+/// Completions one turn takes.
+const COMPLETIONS_PER_TURN: usize = 256;
+
+impl RpcServer {
+    /// A server on `queue_pair`, with `buffers` holding `2 × slots` slots
+    /// of `slot_bytes`; posts every receive.
+    pub fn new(
+        rnic: &mut SoftRnic,
+        queue_pair: QueuePair,
+        completion_queue: CompletionQueue,
+        buffers: MemoryRegion,
+        slots: u64,
+        slot_bytes: u32,
+        pool: MemoryRegion,
+    ) -> Result<RpcServer, RpcError> {
+        assert!(buffers.length_bytes >= 2 * slots * u64::from(slot_bytes));
+        assert!(slot_bytes >= REQUEST_BYTES);
+        let server = RpcServer {
+            queue_pair,
+            completion_queue,
+            buffers,
+            slots,
+            slot_bytes,
+            pool,
+            stats: RpcStats::default(),
+        };
+        for slot in 0..slots {
+            server.post_receive(rnic, slot)?;
+        }
+        Ok(server)
+    }
+
+    pub fn stats(&self) -> RpcStats {
+        self.stats
+    }
+
+    fn receive_at(&self, slot: u64) -> u64 {
+        slot * u64::from(self.slot_bytes)
+    }
+
+    fn reply_at(&self, slot: u64) -> u64 {
+        (self.slots + slot) * u64::from(self.slot_bytes)
+    }
+
+    fn post_receive(&self, rnic: &mut SoftRnic, slot: u64) -> Result<(), RpcError> {
+        let local = self.buffers.slice(self.receive_at(slot), self.slot_bytes);
+        rnic.post_receive(self.queue_pair, ReceiveRequest::new(slot, &[local])?)?;
+        Ok(())
+    }
+
+    /// Answers requests that arrived; reposts receives whose replies left.
+    pub fn turn(&mut self, rnic: &mut SoftRnic) -> Result<bool, RpcError> {
+        let mut moved = false;
+        for _ in 0..COMPLETIONS_PER_TURN {
+            let Some(completion) = rnic.poll_completion(self.completion_queue)? else {
+                break;
+            };
+            moved = true;
+            if completion.status != CompletionStatus::Success {
+                return Err(RpcError::Completion(completion.status));
+            }
+            let slot = completion.work_request_id;
+            match completion.opcode {
+                CompletionOpcode::Receive => self.answer(rnic, slot, completion.byte_len)?,
+                _ => self.post_receive(rnic, slot)?,
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Reads the request in receive slot `slot` and SENDs the record, or
+    /// an empty reply for a request it cannot serve.
+    fn answer(&mut self, rnic: &mut SoftRnic, slot: u64, received: u32) -> Result<(), RpcError> {
+        self.stats.requests += 1;
+        let mut request = [0u8; REQUEST_BYTES as usize];
+        let at = VirtAddr(self.buffers.address.0 + self.receive_at(slot));
+        rnic.read_local(self.buffers.lkey, at, &mut request)?;
+        let offset = u64::from_le_bytes(request[..8].try_into().expect("8 bytes"));
+        let length = u32::from_le_bytes(request[8..].try_into().expect("4 bytes"));
+        let fits = offset
+            .checked_add(u64::from(length))
+            .is_some_and(|end| end <= self.pool.length_bytes);
+        let length = match received == REQUEST_BYTES && fits && length <= self.slot_bytes {
+            true => length,
+            false => {
+                self.stats.refused += 1;
+                0
+            }
+        };
+        if length > 0 {
+            let mut record = vec![0u8; length as usize];
+            let from = VirtAddr(self.pool.address.0 + offset);
+            rnic.read_local(self.pool.lkey, from, &mut record)?;
+            let to = VirtAddr(self.buffers.address.0 + self.reply_at(slot));
+            rnic.write_local(self.buffers.lkey, to, &record)?;
+        }
+        let local = self.buffers.slice(self.reply_at(slot), length);
+        let elements: &[_] = if length == 0 { &[] } else { &[local] };
+        let reply = SendRequest::new(slot, SendOperation::Send { immediate: None }, elements)?;
+        rnic.post_send(self.queue_pair, reply)?;
+        Ok(())
+    }
+}
