@@ -152,3 +152,86 @@ impl RpcServer {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remora_rnic::back_to_back::BackToBack;
+    use remora_rnic::{AccessFlags, QueuePairBuilder};
+
+    /// A client on the left, the server on the right: a good request gets
+    /// its record, a request past the pool gets an empty reply.
+    #[test]
+    fn requests_are_answered_and_bad_ones_refused_with_an_empty_reply() {
+        let mut fabric = BackToBack::new(3);
+        let (left, right) = (&mut fabric.left, &mut fabric.right);
+        let left_pd = left.alloc_protection_domain().unwrap();
+        let local = left
+            .register_memory(left_pd, 4096, AccessFlags::ALL)
+            .unwrap();
+        let left_cq = left.create_completion_queue(16).unwrap();
+        let right_pd = right.alloc_protection_domain().unwrap();
+        let pool = right
+            .register_memory(right_pd, 1024, AccessFlags::ALL)
+            .unwrap();
+        right
+            .write_local(pool.lkey, VirtAddr(pool.address.0 + 64), &[9u8; 32])
+            .unwrap();
+        let buffers = right
+            .register_memory(right_pd, 4 * 64, AccessFlags::ALL)
+            .unwrap();
+        let right_cq = right.create_completion_queue(16).unwrap();
+        let (client, server_qp) = fabric
+            .connect(
+                &QueuePairBuilder::new(left_pd, left_cq, left_cq),
+                &QueuePairBuilder::new(right_pd, right_cq, right_cq),
+            )
+            .unwrap();
+        let mut server =
+            RpcServer::new(&mut fabric.right, server_qp, right_cq, buffers, 2, 64, pool).unwrap();
+        for (index, (offset, expected)) in [(64u64, 32u32), (1000, 0)].into_iter().enumerate() {
+            let at = index as u64 * 128;
+            fabric
+                .left
+                .write_local(
+                    local.lkey,
+                    VirtAddr(local.address.0 + at),
+                    &encode_request(offset, 32),
+                )
+                .unwrap();
+            let receive = ReceiveRequest::new(1, &[local.slice(at + 64, 64)]).unwrap();
+            fabric.left.post_receive(client, receive).unwrap();
+            let send = SendRequest::new(
+                2,
+                SendOperation::Send { immediate: None },
+                &[local.slice(at, REQUEST_BYTES)],
+            )
+            .unwrap();
+            fabric.left.post_send(client, send).unwrap();
+            for _ in 0..4 {
+                fabric.run(100);
+                server.turn(&mut fabric.right).unwrap();
+            }
+            let mut received = None;
+            while let Some(completion) = fabric.left.poll_completion(left_cq).unwrap() {
+                if completion.opcode == CompletionOpcode::Receive {
+                    received = Some(completion.byte_len);
+                }
+            }
+            assert_eq!(received, Some(expected));
+        }
+        let mut record = [0u8; 32];
+        fabric
+            .left
+            .read_local(local.lkey, VirtAddr(local.address.0 + 64), &mut record)
+            .unwrap();
+        assert_eq!(record, [9u8; 32]);
+        assert_eq!(
+            server.stats(),
+            RpcStats {
+                requests: 2,
+                refused: 1
+            }
+        );
+    }
+}
