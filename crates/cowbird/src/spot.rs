@@ -120,6 +120,9 @@ enum Phase {
 #[derive(Debug, Clone, Copy)]
 struct Step {
     entry: Entry,
+    /// A read's response offset in staging: responses are packed in entry
+    /// order, so it is known when the batch is parsed.
+    staging_at: u64,
     done: bool,
     /// A write whose payload READ is posted.
     posted: bool,
@@ -162,6 +165,8 @@ pub struct SpotEngine {
     in_flight: Vec<InFlightWrite>,
     next_instance: usize,
     stats: SpotStats,
+    /// A reused buffer for entries and reads served locally.
+    scratch: Vec<u8>,
 }
 
 /// Work request ids: instance in the high bits, the verb's tag below.
@@ -222,6 +227,7 @@ impl SpotEngine {
             in_flight: Vec::new(),
             next_instance: 0,
             stats: SpotStats::default(),
+            scratch: Vec::new(),
         })
     }
 
@@ -412,10 +418,13 @@ impl SpotEngine {
     fn fetched(&mut self, rnic: &mut SoftRnic, index: usize) -> Result<(), SpotError> {
         let instance = &self.instances[index];
         let count = instance.fetch_count;
-        let mut bytes = vec![0u8; (count * ENTRY_BYTES) as usize];
+        let mut bytes = std::mem::take(&mut self.scratch);
+        bytes.resize((count * ENTRY_BYTES) as usize, 0);
         let at = VirtAddr(self.staging.address.0 + instance.staging_at + STAGING_ENTRIES_AT);
         rnic.read_local(self.staging.lkey, at, &mut bytes)?;
-        let mut batch = Vec::with_capacity(count as usize);
+        let mut batch = std::mem::take(&mut self.instances[index].batch);
+        batch.clear();
+        let mut response_at = self.responses_at(index);
         for chunk in bytes.chunks_exact(ENTRY_BYTES as usize) {
             let entry = Entry::parse(chunk).map_err(|error| SpotError::Entry {
                 instance: index,
@@ -424,10 +433,15 @@ impl SpotEngine {
             self.check_entry(index, &entry)?;
             batch.push(Step {
                 entry,
+                staging_at: response_at,
                 done: false,
                 posted: false,
             });
+            if entry.kind == Kind::Read {
+                response_at += u64::from(entry.length);
+            }
         }
+        self.scratch = bytes;
         let instance = &mut self.instances[index];
         instance.batch = batch;
         instance.cursor = 0;
@@ -535,16 +549,11 @@ impl SpotEngine {
         Ok(())
     }
 
-    /// Where a read's response sits in staging: responses are packed in
-    /// entry order.
-    fn response_staging_at(&self, index: usize, step: usize) -> u64 {
-        let instance = &self.instances[index];
-        let packed: u64 = instance.batch[..step]
-            .iter()
-            .filter(|step| step.entry.kind == Kind::Read)
-            .map(|step| u64::from(step.entry.length))
-            .sum();
-        instance.staging_at + STAGING_ENTRIES_AT + self.config.batch_entries * ENTRY_BYTES + packed
+    /// Where an instance's packed responses start in staging.
+    fn responses_at(&self, index: usize) -> u64 {
+        self.instances[index].staging_at
+            + STAGING_ENTRIES_AT
+            + self.config.batch_entries * ENTRY_BYTES
     }
 
     fn serve_read(
@@ -553,13 +562,18 @@ impl SpotEngine {
         index: usize,
         step: usize,
     ) -> Result<(), SpotError> {
-        let entry = self.instances[index].batch[step].entry;
+        let Step {
+            entry, staging_at, ..
+        } = self.instances[index].batch[step];
         let region = self.regions[usize::from(entry.region)];
-        let mut bytes = vec![0u8; entry.length as usize];
+        // One reused buffer: no allocation per read.
+        let mut bytes = std::mem::take(&mut self.scratch);
+        bytes.resize(entry.length as usize, 0);
         let from = VirtAddr(region.address.0 + entry.request_address);
         rnic.read_local(region.lkey, from, &mut bytes)?;
-        let to = VirtAddr(self.staging.address.0 + self.response_staging_at(index, step));
+        let to = VirtAddr(self.staging.address.0 + staging_at);
         rnic.write_local(self.staging.lkey, to, &bytes)?;
+        self.scratch = bytes;
         self.instances[index].batch[step].done = true;
         self.stats.reads += 1;
         self.stats.bytes_read += u64::from(entry.length);
@@ -604,13 +618,13 @@ impl SpotEngine {
         let mut runs: Vec<(u64, u64, u32)> = Vec::new(); // (staging, remote offset, length)
         let mut read_progress = instance.read_progress;
         let mut write_progress = instance.write_progress;
-        for (step, item) in instance.batch.iter().enumerate() {
+        for item in &instance.batch {
             assert!(item.done);
             match item.entry.kind {
                 Kind::Write => write_progress = write_progress.max(item.entry.sequence),
                 Kind::Read => {
                     read_progress = read_progress.max(item.entry.sequence);
-                    let staging_at = self.response_staging_at(index, step);
+                    let staging_at = item.staging_at;
                     match runs.last_mut() {
                         Some((run_staging, remote, length))
                             if *run_staging + u64::from(*length) == staging_at
