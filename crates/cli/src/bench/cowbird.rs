@@ -18,10 +18,39 @@ use remora_cowbird::hash_table::TableSpec;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-const CASES: [(&str, Duration); 2] = [
-    ("probe", Duration::ZERO),
-    ("compute_bound", Duration::from_nanos(1000)),
-];
+/// A benchmark case: its name, work per record and record size.
+struct Case {
+    name: &'static str,
+    work: Duration,
+    record_bytes: usize,
+}
+
+/// The headline cases, then (in a full run) the pure probe at the other
+/// record sizes of Figure 8.
+fn cases(quick: bool) -> Vec<Case> {
+    let mut cases = vec![
+        Case {
+            name: "probe",
+            work: Duration::ZERO,
+            record_bytes: 64,
+        },
+        Case {
+            name: "compute_bound",
+            work: Duration::from_nanos(1000),
+            record_bytes: 64,
+        },
+    ];
+    if !quick {
+        for (name, record_bytes) in [("probe_8B", 8), ("probe_256B", 256), ("probe_512B", 512)] {
+            cases.push(Case {
+                name,
+                work: Duration::ZERO,
+                record_bytes,
+            });
+        }
+    }
+    cases
+}
 
 /// One variant's figures in one round.
 #[derive(Clone, Copy)]
@@ -128,7 +157,8 @@ pub fn run(quick: bool) -> Result<Report, String> {
     // a time: runs long enough to average that out, medians over rounds.
     let rounds = if quick { 5 } else { 7 };
     let duration = Duration::from_millis(if quick { 500 } else { 2000 });
-    let progress = ProgressBar::new(rounds * (CASES.len() * Variant::ALL.len()) as u64);
+    let cases = cases(quick);
+    let progress = ProgressBar::new(rounds * (cases.len() * Variant::ALL.len()) as u64);
     progress.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} runs {msg}")
             .map_err(|error| error.to_string())?,
@@ -137,13 +167,17 @@ pub fn run(quick: bool) -> Result<Report, String> {
     let mut ratios: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     // The work per record is calibrated once, so every variant and round
     // does the same work.
-    let benches = CASES.map(|(case, work)| {
-        let table = TableSpec {
-            work_per_record: work,
-            ..TableSpec::DEFAULT
-        };
-        (case, ProbeBench::new(table, duration))
-    });
+    let benches: Vec<(&str, ProbeBench)> = cases
+        .iter()
+        .map(|case| {
+            let table = TableSpec {
+                work_per_record: case.work,
+                record_bytes: case.record_bytes,
+                ..TableSpec::DEFAULT
+            };
+            (case.name, ProbeBench::new(table, duration))
+        })
+        .collect();
     for round in 0..rounds {
         for (case, bench) in &benches {
             let (case, bench) = (*case, *bench);
@@ -172,10 +206,11 @@ pub fn run(quick: bool) -> Result<Report, String> {
                         .or_default()
                         .push(spot.app_ns_per_remote() / asynchronous.app_ns_per_remote());
                 }
-                _ => ratios
+                "compute_bound" => ratios
                     .entry("spot_vs_local_compute_bound")
                     .or_default()
                     .push(spot.operations_per_second() / local),
+                _ => {}
             }
         }
     }
@@ -187,7 +222,7 @@ pub fn run(quick: bool) -> Result<Report, String> {
             "rounds": rounds,
             "seconds_per_variant": duration.as_secs_f64(),
             "records": TableSpec::DEFAULT.records,
-            "record_bytes": TableSpec::DEFAULT.record_bytes,
+            "record_bytes": cases.iter().map(|case| case.record_bytes).collect::<Vec<_>>(),
             "local_fraction": TableSpec::DEFAULT.local_fraction,
             "batch": 100,
             "threads": 1,
@@ -199,10 +234,10 @@ pub fn run(quick: bool) -> Result<Report, String> {
         results: Vec::new(),
         ratios: serde_json::Map::new(),
     };
-    println!("hash-table probe, 64 B records, 95% remote, 1 application thread (medians of {rounds} rounds):");
-    for (case, _) in CASES {
+    println!("hash-table probe, 95% remote, 1 application thread (medians of {rounds} rounds):");
+    for case in &cases {
         for variant in Variant::ALL {
-            let name = format!("{case}_{}", variant.name());
+            let name = format!("{}_{}", case.name, variant.name());
             record(&mut report, &name, variant, &measured[&name]);
         }
     }
