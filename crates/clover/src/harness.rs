@@ -12,7 +12,7 @@ use crate::metadata::{MetadataConfig, MetadataStats, RnicRegion};
 use crate::pool::{PoolConfig, PoolStats};
 use crate::resolver::{CloverResolver, ResolverCounters, ResolverMemory};
 use remora_rnic::{SoftRnic, Timestamp};
-use remora_sim::{LinkFaults, PortId};
+use remora_sim::LinkFaults;
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::Program;
 use remora_wire::{Ipv4Address, MacAddress};
@@ -35,13 +35,9 @@ pub fn ip(index: u8) -> Ipv4Address {
 
 /// The rack's forwarding between the two hosts.
 pub fn forwarding() -> L2L3Forwarding {
-    let mut program = L2L3Forwarding::new(MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]), 16);
-    for index in [COMPUTE, MEMORY] {
-        program
-            .add_attached_host(mac(index), ip(index), PortId(u16::from(index - 1)))
-            .expect("two hosts fit the table");
-    }
-    program
+    let hosts = [COMPUTE, MEMORY].map(|index| (mac(index), ip(index)));
+    L2L3Forwarding::with_attached_hosts(MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]), &hosts)
+        .expect("two hosts fit the tables")
 }
 
 /// A switch program a Clover run can put on the switch.

@@ -13,10 +13,9 @@ use crate::pool::PoolStats;
 use crate::resolver::{CloverResolver, ResolverCounters, ResolverMemory};
 use remora_fabric::node::RnicNode;
 use remora_rnic::*;
-use remora_sim::{LinkConfig, NodeId, PortId, Simulation};
+use remora_sim::LinkConfig;
 use remora_switch::programs::l2l3::L2L3Forwarding;
-use remora_switch::simulated::RackNode;
-use remora_switch::{Switch, SwitchConfig};
+use remora_switch::simulated::SimulatedRack;
 use std::time::Duration;
 
 /// What a run measured.
@@ -64,24 +63,10 @@ fn simulate<P: CloverSwitch>(seed: u64, run: &Run, cached_keys: &[u64]) -> Resul
     )
     .map_err(|e| text(&e))?;
     let program = P::build(&deployment, &compute.device, &memory.device, cached_keys)?;
-    let mut simulation: Simulation<RackNode<P>> = Simulation::new(seed);
-    let switch = simulation.add_node(RackNode::Switch(Box::new(Switch::new(
-        SwitchConfig::new(2),
-        program,
-    ))));
     let mut link = LinkConfig::rack();
     link.faults = run.faults;
-    let mut attach = |node: RnicNode, index: u8| -> NodeId {
-        let id = simulation.add_node(RackNode::Rnic(Box::new(node)));
-        simulation.connect(
-            (id, PortId(0)),
-            (switch, PortId(u16::from(index - 1))),
-            link,
-        );
-        id
-    };
-    let compute = attach(compute, COMPUTE);
-    let memory = attach(memory, MEMORY);
+    let mut rack = SimulatedRack::new(seed, program, vec![compute, memory], link);
+    let (compute, memory) = (0, 1);
     let mut application = Application::new(deployment, run, seed).map_err(|e| text(&e))?;
     // Bounded: every operation finishes within the pool's deadline, so
     // the run fits in operations × grace of simulated time.
@@ -90,31 +75,28 @@ fn simulate<P: CloverSwitch>(seed: u64, run: &Run, cached_keys: &[u64]) -> Resul
     // nothing is due, but the clients' time (and their deadlines) go on.
     let mut now = Timestamp::ZERO;
     loop {
-        now = now.max(simulation.now());
+        now = now.max(rack.simulation.now());
         if now >= limit {
             return Err(text(&"the run did not finish"));
         }
         application
-            .turn_clients(now, simulation.node_mut(compute).rnic())
+            .turn_clients(now, rack.rnic(compute))
             .map_err(|e| text(&e))?;
         if application.metadata_due(now) {
             application
-                .turn_metadata(now, simulation.node_mut(memory).rnic())
+                .turn_metadata(now, rack.rnic(memory))
                 .map_err(|e| text(&e))?;
         }
         if application.finished() {
             break;
         }
         now = now.saturating_add(CLIENT_TICK);
-        simulation.run_until(now, 1_000_000);
+        rack.simulation.run_until(now, 1_000_000);
     }
     let finish = application
-        .finish(simulation.node_mut(memory).rnic())
+        .finish(rack.rnic(memory))
         .map_err(|e| text(&e))?;
-    let RackNode::Switch(switch_node) = simulation.node_mut(switch) else {
-        unreachable!("node 0 is the switch")
-    };
-    let resolver = switch_node.program().report();
+    let resolver = rack.program().report();
     Ok(Outcome {
         simulated: now.saturating_duration_since(Timestamp::ZERO),
         stats: finish.stats,

@@ -17,10 +17,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use remora_fabric::node::RnicNode;
 use remora_rnic::{RnicConfig, SoftRnic, Timestamp, Verbs};
-use remora_sim::{LinkConfig, LinkFaults, NodeId, PortId, Simulation};
+use remora_sim::{LinkConfig, LinkFaults};
 use remora_switch::programs::l2l3::L2L3Forwarding;
-use remora_switch::simulated::RackNode;
-use remora_switch::{Switch, SwitchConfig};
+use remora_switch::simulated::SimulatedRack;
 use remora_wire::{Ipv4Address, MacAddress, VirtAddr};
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -39,13 +38,9 @@ pub fn ip(index: u8) -> Ipv4Address {
 
 /// The rack's forwarding between the two hosts.
 pub fn forwarding() -> L2L3Forwarding {
-    let mut program = L2L3Forwarding::new(MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]), 16);
-    for index in [COMPUTE, MEMORY] {
-        program
-            .add_attached_host(mac(index), ip(index), PortId(u16::from(index - 1)))
-            .expect("two hosts fit the table");
-    }
-    program
+    let hosts = [COMPUTE, MEMORY].map(|index| (mac(index), ip(index)));
+    L2L3Forwarding::with_attached_hosts(MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]), &hosts)
+        .expect("two hosts fit the tables")
 }
 
 /// A checked workload.
@@ -202,24 +197,10 @@ pub fn run(seed: u64, workload: &Workload) -> Result<Outcome, String> {
     let mut memory = RnicNode::new(RnicConfig::new(mac(MEMORY), ip(MEMORY), seed ^ 0xc0b));
     let mut deployment =
         deploy(spec(workload), &mut compute.device, &mut memory.device).map_err(|e| text(&e))?;
-    let mut simulation: Simulation<RackNode<L2L3Forwarding>> = Simulation::new(seed);
-    let switch = simulation.add_node(RackNode::Switch(Box::new(Switch::new(
-        SwitchConfig::new(2),
-        forwarding(),
-    ))));
     let mut link = LinkConfig::rack();
     link.faults = workload.faults;
-    let mut attach = |node: RnicNode, index: u8| -> NodeId {
-        let id = simulation.add_node(RackNode::Rnic(Box::new(node)));
-        simulation.connect(
-            (id, PortId(0)),
-            (switch, PortId(u16::from(index - 1))),
-            link,
-        );
-        id
-    };
-    let _compute = attach(compute, COMPUTE);
-    let memory = attach(memory, MEMORY);
+    let mut rack = SimulatedRack::new(seed, forwarding(), vec![compute, memory], link);
+    const MEMORY_HOST: usize = 1;
     let mut threads = Vec::with_capacity(workload.threads);
     for (index, client) in deployment.clients.iter_mut().enumerate() {
         threads.push(Thread {
@@ -238,7 +219,7 @@ pub fn run(seed: u64, workload: &Workload) -> Result<Outcome, String> {
     let mut now = Timestamp::ZERO;
     let mut responses = Vec::new();
     while completed < total {
-        now = now.max(simulation.now());
+        now = now.max(rack.simulation.now());
         if now >= limit {
             return Err(text(&format!(
                 "{completed} of {total} requests completed before the time limit"
@@ -265,23 +246,13 @@ pub fn run(seed: u64, workload: &Workload) -> Result<Outcome, String> {
         }
         deployment
             .engine
-            .turn(now, simulation.node_mut(memory).rnic())
+            .turn(now, rack.rnic(MEMORY_HOST))
             .map_err(|e| text(&e))?;
         now = now.saturating_add(TICK);
-        simulation.run_until(now, 1_000_000);
+        rack.simulation.run_until(now, 1_000_000);
     }
-    check_pool(
-        &threads,
-        &deployment,
-        simulation.node_mut(memory).rnic(),
-        workload,
-    )
-    .map_err(|e| text(&e))?;
-    let retransmissions = simulation
-        .node_mut(memory)
-        .rnic()
-        .counters()
-        .packets_retransmitted;
+    check_pool(&threads, &deployment, rack.rnic(MEMORY_HOST), workload).map_err(|e| text(&e))?;
+    let retransmissions = rack.rnic(MEMORY_HOST).counters().packets_retransmitted;
     Ok(Outcome {
         simulated: now.saturating_duration_since(Timestamp::ZERO),
         completed,

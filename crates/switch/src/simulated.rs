@@ -2,10 +2,53 @@
 //! deterministic simulator, so a switch program's tests and the systems
 //! built on it (Clover's resolver) run the very switch the rack runs.
 
-use crate::{Program, Switch};
+use crate::{Program, Switch, SwitchConfig};
 use remora_fabric::node::RnicNode;
 use remora_rnic::{SoftRnic, Timestamp};
-use remora_sim::{Node, PortId};
+use remora_sim::{LinkConfig, Node, NodeId, PortId, Simulation};
+
+/// Soft RNICs behind one switch in the simulator: host `i` on switch port
+/// `i`, every link alike.
+pub struct SimulatedRack<P: Program> {
+    pub simulation: Simulation<RackNode<P>>,
+    pub switch: NodeId,
+    /// The hosts' node ids, in the order given.
+    pub hosts: Vec<NodeId>,
+}
+
+impl<P: Program> SimulatedRack<P> {
+    pub fn new(seed: u64, program: P, hosts: Vec<RnicNode>, link: LinkConfig) -> SimulatedRack<P> {
+        let mut simulation = Simulation::new(seed);
+        let config = SwitchConfig::new(hosts.len() as u16);
+        let switch = simulation.add_node(RackNode::Switch(Box::new(Switch::new(config, program))));
+        let hosts = hosts
+            .into_iter()
+            .enumerate()
+            .map(|(index, host)| {
+                let id = simulation.add_node(RackNode::Rnic(Box::new(host)));
+                simulation.connect((id, PortId(0)), (switch, PortId(index as u16)), link);
+                id
+            })
+            .collect();
+        SimulatedRack {
+            simulation,
+            switch,
+            hosts,
+        }
+    }
+
+    /// Host `index`'s soft RNIC.
+    pub fn rnic(&mut self, index: usize) -> &mut SoftRnic {
+        self.simulation.node_mut(self.hosts[index]).rnic()
+    }
+
+    pub fn program(&mut self) -> &P {
+        match self.simulation.node_mut(self.switch) {
+            RackNode::Switch(switch) => switch.program(),
+            RackNode::Rnic(_) => unreachable!("the switch is a switch"),
+        }
+    }
+}
 
 /// A node of a simulated rack: a host's soft RNIC, or the switch.
 pub enum RackNode<P: Program> {

@@ -77,6 +77,18 @@ impl L2L3Forwarding {
         }
     }
 
+    /// Forwarding for a rack whose host `i` sits directly on port `i`.
+    pub fn with_attached_hosts(
+        router_mac: MacAddress,
+        hosts: &[(MacAddress, Ipv4Address)],
+    ) -> Result<L2L3Forwarding, TableError> {
+        let mut program = L2L3Forwarding::new(router_mac, hosts.len().max(16));
+        for (index, (mac, address)) in hosts.iter().enumerate() {
+            program.add_attached_host(*mac, *address, PortId(index as u16))?;
+        }
+        Ok(program)
+    }
+
     pub fn set_flood_unknown(&mut self, flood: bool) {
         self.flood_unknown = flood;
     }
