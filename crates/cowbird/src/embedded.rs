@@ -159,6 +159,30 @@ trait Fetcher {
     fn bytes(&self, token: usize) -> &[u8];
 }
 
+/// Finished fetches' bytes, one record-sized slot per token, kept until
+/// the token is issued again.
+struct Arena {
+    bytes: Vec<u8>,
+    record_bytes: usize,
+}
+
+impl Arena {
+    fn new(window: usize, record_bytes: usize) -> Arena {
+        Arena {
+            bytes: vec![0; window * record_bytes],
+            record_bytes,
+        }
+    }
+
+    fn slot(&self, token: usize) -> &[u8] {
+        &self.bytes[token * self.record_bytes..(token + 1) * self.record_bytes]
+    }
+
+    fn slot_mut(&mut self, token: usize) -> &mut [u8] {
+        &mut self.bytes[token * self.record_bytes..(token + 1) * self.record_bytes]
+    }
+}
+
 /// Software on the memory node's CPU beside its NIC: the Spot engine or
 /// the RPC server.
 trait MemoryAgent: Send {
@@ -391,7 +415,7 @@ struct VerbsFetcher {
     record_bytes: u32,
     free_slots: Vec<u64>,
     pending: Vec<SendRequest>,
-    arena: Vec<u8>,
+    arena: Arena,
 }
 
 impl VerbsFetcher {
@@ -405,7 +429,7 @@ impl VerbsFetcher {
             record_bytes: record_bytes as u32,
             free_slots: (0..window as u64).rev().collect(),
             pending: Vec::with_capacity(window),
-            arena: vec![0; window * record_bytes],
+            arena: Arena::new(window, record_bytes),
         })
     }
 }
@@ -449,11 +473,10 @@ impl Fetcher for VerbsFetcher {
                 return Err(format!("a READ completed with {:?}", completion.status));
             }
             let slot = completion.work_request_id as usize;
-            let length = self.record_bytes as usize;
-            let at = slot * length;
+            let at = slot * self.record_bytes as usize;
             self.direct
                 .landing
-                .read(at, &mut self.arena[at..at + length])
+                .read(at, self.arena.slot_mut(slot))
                 .map_err(text)?;
             done.push(slot);
             self.free_slots.push(slot as u64);
@@ -462,8 +485,7 @@ impl Fetcher for VerbsFetcher {
     }
 
     fn bytes(&self, token: usize) -> &[u8] {
-        let length = self.record_bytes as usize;
-        &self.arena[token * length..(token + 1) * length]
+        self.arena.slot(token)
     }
 }
 
@@ -486,7 +508,7 @@ struct RpcFetcher {
     record_bytes: usize,
     free_slots: Vec<u64>,
     posted: bool,
-    arena: Vec<u8>,
+    arena: Arena,
 }
 
 impl RpcFetcher {
@@ -501,7 +523,7 @@ impl RpcFetcher {
             record_bytes,
             free_slots: (0..window as u64).rev().collect(),
             posted: false,
-            arena: vec![0; window * record_bytes],
+            arena: Arena::new(window, record_bytes),
         })
     }
 
@@ -567,10 +589,9 @@ impl Fetcher for RpcFetcher {
             }
             let slot = completion.work_request_id;
             let reply_at = ((self.window + slot) * self.slot_bytes) as usize;
-            let at = slot as usize * self.record_bytes;
             self.path
                 .buffers
-                .read(reply_at, &mut self.arena[at..at + self.record_bytes])
+                .read(reply_at, self.arena.slot_mut(slot as usize))
                 .map_err(text)?;
             done.push(slot as usize);
             self.free_slots.push(slot);
@@ -579,7 +600,7 @@ impl Fetcher for RpcFetcher {
     }
 
     fn bytes(&self, token: usize) -> &[u8] {
-        &self.arena[token * self.record_bytes..(token + 1) * self.record_bytes]
+        self.arena.slot(token)
     }
 }
 
@@ -591,7 +612,7 @@ struct SpotFetcher {
     outstanding: usize,
     responses: Vec<Completion>,
     record_bytes: usize,
-    arena: Vec<u8>,
+    arena: Arena,
 }
 
 impl SpotFetcher {
@@ -605,7 +626,7 @@ impl SpotFetcher {
             outstanding: 0,
             responses: Vec::with_capacity(window),
             record_bytes,
-            arena: vec![0; window * record_bytes],
+            arena: Arena::new(window, record_bytes),
         })
     }
 
@@ -647,9 +668,8 @@ impl Fetcher for SpotFetcher {
             .map_err(text)?;
         for completion in &self.responses {
             let token = self.token(completion.id);
-            let at = token * self.record_bytes;
             self.client
-                .response(completion, &mut self.arena[at..at + self.record_bytes])
+                .response(completion, self.arena.slot_mut(token))
                 .map_err(text)?;
             done.push(token);
             self.outstanding -= 1;
@@ -658,7 +678,7 @@ impl Fetcher for SpotFetcher {
     }
 
     fn bytes(&self, token: usize) -> &[u8] {
-        &self.arena[token * self.record_bytes..(token + 1) * self.record_bytes]
+        self.arena.slot(token)
     }
 }
 
