@@ -40,10 +40,12 @@ pub enum CowbirdError {
         length: u32,
         region_bytes: u64,
     },
+    #[error("a response of {need} bytes does not fit a buffer of {have}")]
+    BufferTooSmall { need: usize, have: usize },
     #[error("a request must move at least one byte")]
     ZeroLength,
-    #[error("{0} bytes exceed the {MAX_REQUEST_BYTES}-byte limit of one request")]
-    TooLong(usize),
+    #[error("{length} bytes exceed the {limit}-byte limit of one request")]
+    TooLong { length: usize, limit: u32 },
     #[error("the {0} is full: complete outstanding requests and retry later")]
     RetryLater(&'static str),
     #[error("poll group {0} does not exist")]
@@ -113,6 +115,8 @@ pub struct Client {
     groups: Vec<Option<PollGroup>>,
     /// Returned by the last `poll_wait`: released at the next.
     delivered: Vec<RequestId>,
+    /// The longest write the engine behind this client takes.
+    max_write_bytes: u32,
 }
 
 fn kind_index(kind: Kind) -> usize {
@@ -156,6 +160,7 @@ impl Client {
             first_sequence: [1, 1],
             groups: Vec::new(),
             delivered: Vec::new(),
+            max_write_bytes: MAX_REQUEST_BYTES,
         })
     }
 
@@ -167,6 +172,13 @@ impl Client {
     /// play a broken or hostile client.
     pub fn block(&self) -> &HostMemory {
         &self.block
+    }
+
+    /// Refuses writes longer than `bytes` ([`CowbirdError::TooLong`]):
+    /// Cowbird-P4 moves a write's payload in one packet (see
+    /// [`crate::p4`]), so its deployments cap writes at the path MTU.
+    pub fn limit_write_bytes(&mut self, bytes: u32) {
+        self.max_write_bytes = bytes.clamp(1, MAX_REQUEST_BYTES);
     }
 
     /// Requests issued and not yet reclaimed.
@@ -183,7 +195,10 @@ impl Client {
             return Err(CowbirdError::ZeroLength);
         }
         if length > MAX_REQUEST_BYTES as usize {
-            return Err(CowbirdError::TooLong(length));
+            return Err(CowbirdError::TooLong {
+                length,
+                limit: MAX_REQUEST_BYTES,
+            });
         }
         let length = length as u32;
         match offset.checked_add(u64::from(length)) {
@@ -287,6 +302,12 @@ impl Client {
         bytes: &[u8],
     ) -> Result<RequestId, CowbirdError> {
         let length = self.check_range(region, offset, bytes.len())?;
+        if length > self.max_write_bytes {
+            return Err(CowbirdError::TooLong {
+                length: bytes.len(),
+                limit: self.max_write_bytes,
+            });
+        }
         self.reserve_entry()?;
         let (at, end) = self
             .reserve_request_data(u64::from(length))
@@ -517,7 +538,10 @@ impl Client {
             .ok_or(CowbirdError::UnknownRequest(completion.id))?;
         let length = length as usize;
         if into.len() < length {
-            return Err(CowbirdError::TooLong(length));
+            return Err(CowbirdError::BufferTooSmall {
+                need: length,
+                have: into.len(),
+            });
         }
         self.block
             .read(at as usize, &mut into[..length])

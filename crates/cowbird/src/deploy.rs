@@ -6,12 +6,16 @@
 
 use crate::client::{Client, CowbirdError};
 use crate::layout::RingSizes;
+use crate::p4::impersonated::{self, Peer};
+use crate::p4::{CowbirdP4, InstanceSpec, P4Error};
 use crate::rpc::{RpcError, RpcServer};
 use crate::spot::{InstanceWiring, SpotConfig, SpotEngine, SpotError};
 use remora_rnic::{
     AccessFlags, CompletionQueue, HostMemory, MemoryRegion, ProtectionDomain, QueuePair,
-    QueuePairBuilder, SoftRnic, Verbs, VerbsError,
+    QueuePairBuilder, QueuePairEndpoint, SoftRnic, Verbs, VerbsError,
 };
+use remora_switch::PortId;
+use remora_wire::Psn;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -74,6 +78,8 @@ pub enum DeployError {
     Spot(#[from] SpotError),
     #[error(transparent)]
     Rpc(#[from] RpcError),
+    #[error(transparent)]
+    P4(#[from] P4Error),
 }
 
 pub struct Deployment {
@@ -85,6 +91,33 @@ pub struct Deployment {
     pub rpc: Option<Rpc>,
 }
 
+/// The memory pool's regions, in a protection domain of their own.
+fn register_pool(
+    spec: &CowbirdSpec,
+    memory: &mut SoftRnic,
+) -> Result<(ProtectionDomain, Vec<MemoryRegion>), VerbsError> {
+    let memory_pd = memory.alloc_protection_domain()?;
+    let pool = spec
+        .pool_regions
+        .iter()
+        .map(|bytes| memory.register_memory(memory_pd, *bytes, AccessFlags::ALL))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((memory_pd, pool))
+}
+
+/// One application thread's block of host memory, registered with the
+/// compute NIC, and the client over it.
+fn client_block(
+    spec: &CowbirdSpec,
+    compute: &mut SoftRnic,
+    compute_pd: ProtectionDomain,
+) -> Result<(Client, MemoryRegion), DeployError> {
+    let block = HostMemory::new(spec.sizes.block_bytes() as usize);
+    let region = compute.register_host_memory(compute_pd, block.clone(), AccessFlags::ALL)?;
+    let client = Client::new(block, spec.sizes, spec.pool_regions.clone())?;
+    Ok((client, region))
+}
+
 pub fn deploy(
     spec: CowbirdSpec,
     compute: &mut SoftRnic,
@@ -92,12 +125,7 @@ pub fn deploy(
 ) -> Result<Deployment, DeployError> {
     let compute_pd = compute.alloc_protection_domain()?;
     let compute_cq = compute.create_completion_queue(16)?;
-    let memory_pd = memory.alloc_protection_domain()?;
-    let pool = spec
-        .pool_regions
-        .iter()
-        .map(|bytes| memory.register_memory(memory_pd, *bytes, AccessFlags::ALL))
-        .collect::<Result<Vec<_>, _>>()?;
+    let (memory_pd, pool) = register_pool(&spec, memory)?;
     let staging_bytes = spec.spot.staging_bytes_per_instance() * spec.threads.max(1) as u64;
     let staging = memory.register_memory(memory_pd, staging_bytes, AccessFlags::ALL)?;
     // Per thread: probe, fetch (two), payload READs and response WRITEs of
@@ -109,12 +137,10 @@ pub fn deploy(
     engine_builder.send_queue_depth = send_depth;
     let mut compute_builder = QueuePairBuilder::new(compute_pd, compute_cq, compute_cq);
     compute_builder.timeout = spec.ack_timeout;
-    let regions = spec.pool_regions.clone();
     let mut clients = Vec::with_capacity(spec.threads);
     let mut instances = Vec::with_capacity(spec.threads);
     for _ in 0..spec.threads {
-        let block = HostMemory::new(spec.sizes.block_bytes() as usize);
-        let region = compute.register_host_memory(compute_pd, block.clone(), AccessFlags::ALL)?;
+        let (client, region) = client_block(&spec, compute, compute_pd)?;
         let near = compute.create_queue_pair(&compute_builder)?;
         let far = memory.create_queue_pair(&engine_builder)?;
         compute.handshake(near, far.endpoint)?;
@@ -124,7 +150,7 @@ pub fn deploy(
             block: region.remote(0),
             sizes: spec.sizes,
         });
-        clients.push(Client::new(block, spec.sizes, regions.clone())?);
+        clients.push(client);
     }
     let engine = SpotEngine::new(spec.spot, instances, pool.clone(), staging, engine_cq)?;
     let direct = match spec.direct {
@@ -142,6 +168,83 @@ pub fn deploy(
         direct,
         rpc,
     })
+}
+
+/// The most READs a soft RNIC's responder remembers per queue pair.
+const MAX_DESTINATION_READ_ATOMIC: usize = 128;
+
+/// Where the hosts sit on the switch, for Cowbird-P4.
+#[derive(Debug, Clone, Copy)]
+pub struct SwitchPorts {
+    pub compute: PortId,
+    pub memory: PortId,
+}
+
+/// Cowbird-P4 on the same two soft RNICs: per application thread a queue
+/// pair on each host, connected to a peer the switch plays (Phase I).
+/// Nothing of Cowbird runs on either host; the pool and the clients are
+/// as in [`deploy`].
+pub struct P4Deployment {
+    pub clients: Vec<Client>,
+    pub pool: Vec<MemoryRegion>,
+}
+
+pub fn deploy_p4(
+    spec: &CowbirdSpec,
+    compute: &mut SoftRnic,
+    memory: &mut SoftRnic,
+    switch: &mut CowbirdP4,
+    ports: SwitchPorts,
+) -> Result<P4Deployment, DeployError> {
+    let compute_pd = compute.alloc_protection_domain()?;
+    let (memory_pd, pool) = register_pool(spec, memory)?;
+    let engine = (switch.config().mac, switch.config().address);
+    let mtu = switch.config().path_mtu;
+    // The switch keeps up to a window of PSNs in flight on each queue
+    // pair; the hosts remember as many READs for replays as they can (an
+    // older duplicate goes unanswered, and a later answer settles it).
+    let depth = (impersonated::WINDOW_PACKETS as usize).min(MAX_DESTINATION_READ_ATOMIC);
+    let builder = |rnic: &mut SoftRnic, pd| -> Result<QueuePairBuilder, VerbsError> {
+        let queue = rnic.create_completion_queue(4)?;
+        let mut builder = QueuePairBuilder::new(pd, queue, queue);
+        builder.timeout = spec.ack_timeout;
+        builder.path_mtu = mtu;
+        builder.max_destination_read_atomic = depth;
+        Ok(builder)
+    };
+    let compute_builder = builder(compute, compute_pd)?;
+    let memory_builder = builder(memory, memory_pd)?;
+    let mut clients = Vec::with_capacity(spec.threads);
+    for _ in 0..spec.threads {
+        let (mut client, block) = client_block(spec, compute, compute_pd)?;
+        client.limit_write_bytes(mtu.bytes());
+        let near = compute.create_queue_pair(&compute_builder)?;
+        let far = memory.create_queue_pair(&memory_builder)?;
+        let peer = |port, rnic: &SoftRnic, endpoint: QueuePairEndpoint| Peer {
+            port,
+            mac: rnic.config().mac,
+            address: rnic.config().address,
+            qpn: endpoint.qpn,
+            initial_psn: Psn::new(0),
+        };
+        let (compute_side, memory_side) = switch.add_instance(InstanceSpec {
+            compute: peer(ports.compute, compute, near.endpoint),
+            memory: peer(ports.memory, memory, far.endpoint),
+            block: block.remote(0),
+            sizes: spec.sizes,
+            regions: pool.iter().map(|region| region.remote(0)).collect(),
+        })?;
+        let played = |qpn| QueuePairEndpoint {
+            qpn,
+            address: engine.1,
+            mac: engine.0,
+            initial_psn: Psn::new(0),
+        };
+        compute.handshake(near, played(compute_side))?;
+        memory.handshake(far, played(memory_side))?;
+        clients.push(client);
+    }
+    Ok(P4Deployment { clients, pool })
 }
 
 fn rpc_path(

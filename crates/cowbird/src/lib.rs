@@ -18,6 +18,7 @@ pub mod embedded;
 pub mod fuzzing;
 pub mod hash_table;
 pub mod layout;
+pub mod p4;
 pub mod rpc;
 pub mod simulated;
 pub mod spot;

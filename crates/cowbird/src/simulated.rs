@@ -3,23 +3,34 @@
 //! switch, and a memory node running the Spot engine, over links that may
 //! lose, duplicate and reorder frames.
 //!
+//! The engine is the Spot engine on the memory node or Cowbird-P4 in the
+//! switch ([`Engine`]).
+//!
 //! Every thread works in its own window of the pool, so a plain model
-//! predicts every read exactly: a read sees every write its thread issued
-//! before it and none after. The run checks that each read returned the
-//! model's bytes, that each request completed exactly once and in order
-//! within its type, and that the pool equals the models at the end.
+//! predicts every read: through Spot, a read sees every write its thread
+//! issued before it and none after. Cowbird-P4 may redo a read after a
+//! go-back, when writes issued after it (and still incomplete, so
+//! concurrent with it) may have reached the pool; such a read may see the
+//! model after any prefix of those writes, which is what linearizability
+//! allows, and nothing else. The run checks each read against that, that
+//! each request completed exactly once and in order within its type, and
+//! that the pool equals the models at the end.
 
+use crate::client::Client;
 use crate::client::Completion;
-use crate::deploy::{deploy, CowbirdSpec, Deployment};
+use crate::deploy::{deploy, deploy_p4, CowbirdSpec, SwitchPorts};
 use crate::layout::{Kind, RequestId, RingSizes};
+use crate::p4::{CowbirdP4, P4Config, P4Stats};
 use crate::spot::{SpotConfig, SpotStats};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use remora_fabric::node::RnicNode;
-use remora_rnic::{RnicConfig, SoftRnic, Timestamp, Verbs};
+use remora_rnic::{MemoryRegion, RnicConfig, SoftRnic, Timestamp, Verbs};
+use remora_sim::PortId;
 use remora_sim::{LinkConfig, LinkFaults};
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::simulated::SimulatedRack;
+use remora_switch::Program;
 use remora_wire::{Ipv4Address, MacAddress, VirtAddr};
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -52,9 +63,19 @@ pub struct Workload {
     pub depth: usize,
     pub window_bytes: u64,
     pub max_length: usize,
+    /// Writes are at most this long (Cowbird-P4 caps them at the MTU).
+    pub max_write_length: usize,
     pub read_fraction: f64,
     pub faults: LinkFaults,
     pub spot: SpotConfig,
+    pub engine: Engine,
+}
+
+/// Which offload engine serves the clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Spot,
+    P4,
 }
 
 impl Workload {
@@ -65,9 +86,11 @@ impl Workload {
             depth: 16,
             window_bytes: 2048,
             max_length: 300,
+            max_write_length: crate::layout::MAX_REQUEST_BYTES as usize,
             read_fraction: 0.6,
             faults,
             spot: SpotConfig::DEFAULT,
+            engine: Engine::Spot,
         }
     }
 }
@@ -77,8 +100,18 @@ pub struct Outcome {
     pub simulated: Duration,
     pub completed: u64,
     pub reads_checked: u64,
+    /// The Spot engine's counters (zero under Cowbird-P4).
     pub engine: SpotStats,
+    /// Cowbird-P4's counters, when it was the engine.
+    pub switch_engine: Option<P4Stats>,
     pub retransmissions: u64,
+}
+
+/// What a read may return: the model when it was issued, then after each
+/// later write of its thread that overlaps it.
+struct ExpectedRead {
+    offset: usize,
+    candidates: Vec<Vec<u8>>,
 }
 
 /// One application thread of the workload, with its model.
@@ -87,8 +120,8 @@ struct Thread {
     poll_group: usize,
     model: Vec<u8>,
     issued: u64,
-    /// Outstanding requests in issue order, with a read's expected bytes.
-    expected: VecDeque<(RequestId, Option<Vec<u8>>)>,
+    /// Outstanding requests in issue order, with what a read may return.
+    expected: VecDeque<(RequestId, Option<ExpectedRead>)>,
     last_completed: [u64; 2],
 }
 
@@ -113,17 +146,23 @@ impl Thread {
         if self.issued == workload.operations_per_thread || self.expected.len() >= workload.depth {
             return Ok(false);
         }
-        let length = rng.gen_range(1..=workload.max_length);
+        let read = rng.gen_bool(workload.read_fraction);
+        let mut length = rng.gen_range(1..=workload.max_length);
+        if !read {
+            length = length.min(workload.max_write_length);
+        }
         let offset = rng.gen_range(0..=workload.window_bytes as usize - length);
         let remote = self.window_base(workload) + offset as u64;
-        let result = if rng.gen_bool(workload.read_fraction) {
-            client
-                .async_read(0, remote, length)
-                .map(|id| (id, Some(self.model[offset..offset + length].to_vec())))
+        let result = if read {
+            client.async_read(0, remote, length).map(|id| {
+                let candidates = vec![self.model[offset..offset + length].to_vec()];
+                (id, Some(ExpectedRead { offset, candidates }))
+            })
         } else {
             let bytes: Vec<u8> = (0..length).map(|_| rng.gen()).collect();
             client.async_write(0, remote, &bytes).map(|id| {
                 self.model[offset..offset + length].copy_from_slice(&bytes);
+                self.note_write(offset, length);
                 (id, None)
             })
         };
@@ -140,8 +179,22 @@ impl Thread {
         Ok(true)
     }
 
+    /// A write landed in the model: outstanding reads it overlaps may see
+    /// it, once their engine may have redone them.
+    fn note_write(&mut self, offset: usize, length: usize) {
+        for (_, read) in &mut self.expected {
+            let Some(read) = read else { continue };
+            let read_length = read.candidates[0].len();
+            if offset < read.offset + read_length && read.offset < offset + length {
+                let now = self.model[read.offset..read.offset + read_length].to_vec();
+                read.candidates.push(now);
+            }
+        }
+    }
+
     fn check(
         &mut self,
+        engine: Engine,
         client: &crate::client::Client,
         completion: &Completion,
     ) -> Result<bool, String> {
@@ -156,17 +209,21 @@ impl Thread {
             .iter()
             .position(|(expected, _)| *expected == id)
             .ok_or(format!("{id:?} completed but was not outstanding"))?;
-        let (_, bytes) = self.expected.remove(position).expect("found");
-        let Some(bytes) = bytes else {
+        let (_, read) = self.expected.remove(position).expect("found");
+        let Some(read) = read else {
             return Ok(false);
         };
-        let mut seen = vec![0u8; bytes.len()];
+        let mut seen = vec![0u8; read.candidates[0].len()];
         client
             .response(completion, &mut seen)
             .map_err(|error| error.to_string())?;
-        if seen != bytes {
+        let allowed = match engine {
+            Engine::Spot => &read.candidates[..1],
+            Engine::P4 => &read.candidates[..],
+        };
+        if !allowed.contains(&seen) {
             return Err(format!(
-                "thread {}: {id:?} read {seen:?}, the model says {bytes:?}",
+                "thread {}: {id:?} read {seen:?}, the model allows {allowed:?}",
                 self.index
             ));
         }
@@ -190,22 +247,112 @@ fn spec(workload: &Workload) -> CowbirdSpec {
     }
 }
 
+const COMPUTE_HOST: usize = 0;
+const MEMORY_HOST: usize = 1;
+
+/// Cowbird-P4's address on the wire.
+pub fn p4_config() -> P4Config {
+    P4Config::new(
+        MacAddress([0x02, 0xc0, 0xb1, 0, 0, 0xfe]),
+        Ipv4Address::new(10, 0, 1, 254),
+    )
+}
+
 /// Runs the workload on one seed; errors say what went wrong.
 pub fn run(seed: u64, workload: &Workload) -> Result<Outcome, String> {
     let text = |error: &dyn std::fmt::Display| format!("seed {seed}: {error}");
     let mut compute = RnicNode::new(RnicConfig::new(mac(COMPUTE), ip(COMPUTE), seed));
     let mut memory = RnicNode::new(RnicConfig::new(mac(MEMORY), ip(MEMORY), seed ^ 0xc0b));
-    let mut deployment =
-        deploy(spec(workload), &mut compute.device, &mut memory.device).map_err(|e| text(&e))?;
     let mut link = LinkConfig::rack();
     link.faults = workload.faults;
-    let mut rack = SimulatedRack::new(seed, forwarding(), vec![compute, memory], link);
-    const MEMORY_HOST: usize = 1;
+    let spec = spec(workload);
+    match workload.engine {
+        Engine::Spot => {
+            let mut deployment =
+                deploy(spec, &mut compute.device, &mut memory.device).map_err(|e| text(&e))?;
+            let mut rack = SimulatedRack::new(seed, forwarding(), vec![compute, memory], link);
+            let mut engine = deployment.engine;
+            let mut outcome = drive(
+                seed,
+                workload,
+                &mut rack,
+                &mut deployment.clients,
+                deployment.pool[0],
+                |now, rack| {
+                    engine
+                        .turn(now, rack.rnic(MEMORY_HOST))
+                        .map(|_| ())
+                        .map_err(|error| error.to_string())
+                },
+            )
+            .map_err(|e| text(&e))?;
+            outcome.engine = engine.stats();
+            Ok(outcome)
+        }
+        Engine::P4 => {
+            let mut program = CowbirdP4::new(p4_config(), forwarding());
+            let ports = SwitchPorts {
+                compute: PortId(COMPUTE_HOST as u16),
+                memory: PortId(MEMORY_HOST as u16),
+            };
+            let mut deployment = deploy_p4(
+                &spec,
+                &mut compute.device,
+                &mut memory.device,
+                &mut program,
+                ports,
+            )
+            .map_err(|e| text(&e))?;
+            let template = program.probe_template();
+            let mut rack = SimulatedRack::new(seed, program, vec![compute, memory], link);
+            rack.switch_mut()
+                .add_template(template, Timestamp::ZERO)
+                .map_err(|e| text(&e))?;
+            let outcome = drive(
+                seed,
+                workload,
+                &mut rack,
+                &mut deployment.clients,
+                deployment.pool[0],
+                |_, rack| match (0..spec.threads)
+                    .find_map(|index| rack.program().failure(index).map(str::to_string))
+                {
+                    Some(failure) => Err(failure),
+                    None => Ok(()),
+                },
+            );
+            let mut outcome = outcome.map_err(|error| {
+                let program = rack.program();
+                let states: Vec<String> = (0..spec.threads)
+                    .filter_map(|index| program.describe(index))
+                    .collect();
+                text(&format!(
+                    "{error}; {:?}; {}",
+                    program.stats(),
+                    states.join("; ")
+                ))
+            })?;
+            outcome.switch_engine = Some(rack.program().stats());
+            Ok(outcome)
+        }
+    }
+}
+
+/// The application loop: threads issue, poll and check; `turn` gives the
+/// engine its turn each tick; the simulation moves the rack.
+fn drive<P: Program>(
+    seed: u64,
+    workload: &Workload,
+    rack: &mut SimulatedRack<P>,
+    clients: &mut [Client],
+    pool: MemoryRegion,
+    mut turn: impl FnMut(Timestamp, &mut SimulatedRack<P>) -> Result<(), String>,
+) -> Result<Outcome, String> {
     let mut threads = Vec::with_capacity(workload.threads);
-    for (index, client) in deployment.clients.iter_mut().enumerate() {
+    for (index, client) in clients.iter_mut().enumerate() {
         threads.push(Thread {
             index,
-            poll_group: client.poll_create().map_err(|e| text(&e))?,
+            poll_group: client.poll_create().map_err(|e| e.to_string())?,
             model: vec![0u8; workload.window_bytes as usize],
             issued: 0,
             expected: VecDeque::new(),
@@ -221,15 +368,12 @@ pub fn run(seed: u64, workload: &Workload) -> Result<Outcome, String> {
     while completed < total {
         now = now.max(rack.simulation.now());
         if now >= limit {
-            return Err(text(&format!(
+            return Err(format!(
                 "{completed} of {total} requests completed before the time limit"
-            )));
+            ));
         }
-        for (thread, client) in threads.iter_mut().zip(&mut deployment.clients) {
-            while thread
-                .issue(workload, client, &mut rng)
-                .map_err(|e| text(&e))?
-            {}
+        for (thread, client) in threads.iter_mut().zip(clients.iter_mut()) {
+            while thread.issue(workload, client, &mut rng)? {}
             responses.clear();
             client
                 .poll_wait(
@@ -238,26 +382,24 @@ pub fn run(seed: u64, workload: &Workload) -> Result<Outcome, String> {
                     usize::MAX,
                     Duration::ZERO,
                 )
-                .map_err(|e| text(&e))?;
+                .map_err(|e| e.to_string())?;
             for completion in &responses {
-                reads_checked += u64::from(thread.check(client, completion).map_err(|e| text(&e))?);
+                reads_checked += u64::from(thread.check(workload.engine, client, completion)?);
                 completed += 1;
             }
         }
-        deployment
-            .engine
-            .turn(now, rack.rnic(MEMORY_HOST))
-            .map_err(|e| text(&e))?;
+        turn(now, rack)?;
         now = now.saturating_add(TICK);
         rack.simulation.run_until(now, 1_000_000);
     }
-    check_pool(&threads, &deployment, rack.rnic(MEMORY_HOST), workload).map_err(|e| text(&e))?;
+    check_pool(&threads, pool, rack.rnic(MEMORY_HOST), workload)?;
     let retransmissions = rack.rnic(MEMORY_HOST).counters().packets_retransmitted;
     Ok(Outcome {
         simulated: now.saturating_duration_since(Timestamp::ZERO),
         completed,
         reads_checked,
-        engine: deployment.engine.stats(),
+        engine: SpotStats::default(),
+        switch_engine: None,
         retransmissions,
     })
 }
@@ -265,11 +407,10 @@ pub fn run(seed: u64, workload: &Workload) -> Result<Outcome, String> {
 /// The pool equals every thread's model.
 fn check_pool(
     threads: &[Thread],
-    deployment: &Deployment,
+    pool: MemoryRegion,
     memory: &mut SoftRnic,
     workload: &Workload,
 ) -> Result<(), String> {
-    let pool = deployment.pool[0];
     for thread in threads {
         let mut bytes = vec![0u8; workload.window_bytes as usize];
         let at = VirtAddr(pool.address.0 + thread.window_base(workload));

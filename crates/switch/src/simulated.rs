@@ -43,8 +43,13 @@ impl<P: Program> SimulatedRack<P> {
     }
 
     pub fn program(&mut self) -> &P {
+        self.switch_mut().program()
+    }
+
+    /// The switch, for its generator and counters.
+    pub fn switch_mut(&mut self) -> &mut Switch<P> {
         match self.simulation.node_mut(self.switch) {
-            RackNode::Switch(switch) => switch.program(),
+            RackNode::Switch(switch) => switch,
             RackNode::Rnic(_) => unreachable!("the switch is a switch"),
         }
     }

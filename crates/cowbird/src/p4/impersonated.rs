@@ -1,0 +1,494 @@
+//! The requester half of a queue pair the switch impersonates.
+//!
+//! A host's queue pair in a Cowbird-P4 deployment is connected to a peer
+//! that does not exist: the switch plays it, sending requests with the
+//! PSNs the host's responder expects and taking the answers. This is that
+//! peer's state, in registers: the next PSN, the last PSN the host is
+//! known to have executed, and, per PSN in flight, what was sent and why
+//! (a register array indexed by PSN, which is where the stashed addresses
+//! live). A response is accepted only in PSN order, as a real requester
+//! does; anything else is a duplicate or a sign of loss.
+//!
+//! Go-Back-N: after a loss the switch walks the unacknowledged PSNs again,
+//! one per generator packet. READs are regenerated exactly (same address,
+//! same length, same PSN), so a host that already ran one answers from its
+//! replay cache. A WRITE cannot be regenerated, because its payload came
+//! from a response the switch no longer has, so it is replaced by a filler
+//! of the same shape: zero-length when it was a single packet, zeros of the
+//! same length in the middle of a multi-packet message (so the host's
+//! responder sees a well-formed sequence, whatever it had received). Either
+//! the original or the filler executes at that PSN, never both; the
+//! request whose payload was lost is redone later at fresh PSNs.
+
+use remora_rnic::{Mtu, Timestamp};
+use remora_switch::register::RegisterArray;
+use remora_switch::resources::RegisterResources;
+use remora_switch::PortId;
+use remora_wire::frame::{ExtensionHeaders, FlowTemplate};
+use remora_wire::opcode::Segment;
+use remora_wire::{
+    AckSyndrome, BthRepr, EthernetRepr, Ipv4Address, Ipv4Repr, MacAddress, NakCode, Opcode, Psn,
+    Qpn, RethRepr, Rkey, UdpRepr, VirtAddr,
+};
+
+/// PSNs one impersonated queue pair keeps in flight: the size of its
+/// register array.
+pub const WINDOW_PACKETS: u32 = 256;
+
+/// Why a PSN was sent: what its answer means to the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Purpose {
+    #[default]
+    Unused,
+    /// READ of the client words (Phase II).
+    Probe,
+    /// READ of one request metadata entry.
+    Metadata { entry: u64 },
+    /// READ of a write's payload from the compute node's request data ring.
+    Payload { entry: u64 },
+    /// READ of a read's bytes from the memory pool.
+    DataRead { entry: u64 },
+    /// WRITE of a read's bytes into the response ring; `last` on its
+    /// final packet.
+    ResponseWrite { entry: u64, last: bool },
+    /// WRITE of a write's payload into the memory pool; `last` on its
+    /// final packet.
+    DataWrite { entry: u64, last: bool },
+    /// WRITE of the engine words (Phase IV).
+    Bookkeeping,
+    /// A go-back's stand-in for a WRITE that cannot be regenerated.
+    Filler,
+}
+
+/// The request a PSN carried, enough to send it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sent {
+    pub purpose: Purpose,
+    /// Read request, or the segment of a WRITE message.
+    pub write_segment: Option<Segment>,
+    /// For a READ, where this PSN's answer starts (a READ spanning several
+    /// response packets records its resume point at each of its PSNs);
+    /// for the first packet of a WRITE, its RETH.
+    pub remote: VirtAddr,
+    pub rkey: Rkey,
+    pub length: u32,
+    pub payload_bytes: u32,
+}
+
+/// The host side of an impersonated connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    pub port: PortId,
+    pub mac: MacAddress,
+    pub address: Ipv4Address,
+    pub qpn: Qpn,
+    /// The PSN the host's responder expects first.
+    pub initial_psn: Psn,
+}
+
+/// What an answer did to the queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// An earlier PSN again, or one never sent: nothing to do.
+    Duplicate,
+    /// The next READ response in order: what its PSN was for.
+    ReadResponse(Sent),
+    /// An ACK covering PSNs up to this one, all WRITEs.
+    Acknowledged,
+    /// Something was lost or refused: go back. A sequence NAK says where
+    /// the host's responder stands.
+    Lost { resume: Option<Psn> },
+    /// The host refused a request for good (its queue pair is in error).
+    Refused(NakCode),
+}
+
+pub struct ImpersonatedQueuePair {
+    flow: FlowTemplate,
+    peer: Peer,
+    mtu: Mtu,
+    next: Psn,
+    /// The last PSN the host is known to have executed.
+    acked: Psn,
+    sent: RegisterArray<Sent>,
+    /// When the oldest unacknowledged PSN last moved, for the data-plane
+    /// timeout.
+    progress_at: Timestamp,
+    /// During a go-back: the next PSN to send again.
+    retransmit: Option<Psn>,
+    /// Bytes of a multi-packet WRITE still to go: while any are, nothing
+    /// else may go between its packets, or the host's responder refuses
+    /// the sequence.
+    message_bytes_left: u32,
+}
+
+impl ImpersonatedQueuePair {
+    pub fn new(
+        name: &'static str,
+        stage: u8,
+        own: (MacAddress, Ipv4Address),
+        source_port: u16,
+        peer: Peer,
+        mtu: Mtu,
+    ) -> ImpersonatedQueuePair {
+        let ethernet = EthernetRepr {
+            source: own.0,
+            destination: peer.mac,
+            ethertype: remora_wire::ETHERTYPE_IPV4,
+        };
+        let udp = UdpRepr {
+            source_port,
+            destination_port: remora_wire::ROCEV2_UDP_PORT,
+            payload_len: 0,
+        };
+        ImpersonatedQueuePair {
+            flow: FlowTemplate::new(&ethernet, &Ipv4Repr::rocev2(own.1, peer.address), &udp),
+            peer,
+            mtu,
+            next: peer.initial_psn,
+            acked: peer.initial_psn.sub(1),
+            sent: RegisterArray::new(name, stage, WINDOW_PACKETS as usize),
+            progress_at: Timestamp::ZERO,
+            retransmit: None,
+            message_bytes_left: 0,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "next {} acked {} retransmit {:?} message bytes left {} since {:?}",
+            self.next.value(),
+            self.acked.value(),
+            self.retransmit.map(Psn::value),
+            self.message_bytes_left,
+            self.progress_at
+        )
+    }
+
+    pub fn port(&self) -> PortId {
+        self.peer.port
+    }
+
+    pub fn resources(&self) -> RegisterResources {
+        self.sent.resources()
+    }
+
+    fn slot(psn: Psn) -> usize {
+        (psn.value() % WINDOW_PACKETS) as usize
+    }
+
+    fn record(&self, psn: Psn) -> Sent {
+        self.sent.read(Self::slot(psn)).expect("slot in range")
+    }
+
+    /// PSNs sent and not yet known executed.
+    pub fn in_flight(&self) -> u32 {
+        self.acked.add(1).distance_to(self.next) as u32
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.in_flight() == 0 && self.retransmit.is_none()
+    }
+
+    /// Whether `packets` more PSNs fit the window and nothing would split
+    /// an open multi-packet WRITE.
+    pub fn has_room(&self, packets: u32) -> bool {
+        self.message_bytes_left == 0
+            && self.retransmit.is_none()
+            && self.in_flight() + packets < WINDOW_PACKETS
+    }
+
+    /// Whether a WRITE continuing the open message may go (it needs no
+    /// room check of its own: its PSN was reserved by the first packet's
+    /// caller through `has_room` on the whole message).
+    pub fn can_continue_message(&self) -> bool {
+        self.message_bytes_left > 0 && self.retransmit.is_none()
+    }
+
+    fn packets_of(&self, sent: &Sent) -> u32 {
+        match sent.write_segment {
+            None => self.mtu.packets_for(sent.length),
+            Some(_) => 1,
+        }
+    }
+
+    /// Assigns the next PSN(s) to `sent` and writes the frame into `out`;
+    /// `payload` fills the payload bytes (`sent.payload_bytes` of them).
+    pub fn send(
+        &mut self,
+        now: Timestamp,
+        sent: Sent,
+        out: &mut Vec<u8>,
+        payload: impl FnOnce(&mut [u8]),
+    ) -> Psn {
+        let psn = self.next;
+        let packets = self.packets_of(&sent);
+        assert!(
+            self.in_flight() + packets <= WINDOW_PACKETS,
+            "caller checked room"
+        );
+        if self.in_flight() == 0 {
+            self.progress_at = now;
+        }
+        self.remember(psn, sent);
+        self.next = psn.add(packets);
+        self.message_bytes_left = match sent.write_segment {
+            Some(Segment::First) => sent.length.saturating_sub(sent.payload_bytes),
+            Some(Segment::Middle) => self.message_bytes_left.saturating_sub(sent.payload_bytes),
+            _ => 0,
+        };
+        self.emit(psn, &sent, out, payload);
+        psn
+    }
+
+    /// Records `sent` at `psn` and, for a READ answered in several packets,
+    /// its resume point at each later PSN.
+    fn remember(&mut self, psn: Psn, sent: Sent) {
+        let packets = self.packets_of(&sent);
+        for index in 0..packets {
+            let skipped = (index * self.mtu.bytes()).min(sent.length);
+            let resume = Sent {
+                remote: VirtAddr(sent.remote.0 + u64::from(skipped)),
+                length: sent.length - skipped,
+                ..sent
+            };
+            self.sent.update(Self::slot(psn.add(index)), |_| resume);
+        }
+    }
+
+    fn emit(&self, psn: Psn, sent: &Sent, out: &mut Vec<u8>, payload: impl FnOnce(&mut [u8])) {
+        let (opcode, has_reth) = match sent.write_segment {
+            None => (Opcode::RdmaReadRequest, true),
+            Some(Segment::Only) => (Opcode::RdmaWriteOnly, true),
+            Some(Segment::First) => (Opcode::RdmaWriteFirst, true),
+            Some(Segment::Middle) => (Opcode::RdmaWriteMiddle, false),
+            Some(Segment::Last) => (Opcode::RdmaWriteLast, false),
+        };
+        let mut bth = BthRepr::new(opcode, self.peer.qpn, psn);
+        bth.ack_request = matches!(sent.write_segment, Some(Segment::Only | Segment::Last));
+        let extension = ExtensionHeaders {
+            reth: has_reth.then_some(RethRepr {
+                virtual_address: sent.remote,
+                rkey: sent.rkey,
+                dma_length: sent.length,
+            }),
+            ..ExtensionHeaders::default()
+        };
+        out.resize(remora_wire::frame::MAX_FRAME_LEN, 0);
+        let length = self
+            .flow
+            .emit(&bth, &extension, sent.payload_bytes as usize, out, payload)
+            .expect("the engine's headers fit a frame");
+        out.truncate(length);
+    }
+
+    /// Takes an answer from the host, in normal operation.
+    pub fn handle_answer(
+        &mut self,
+        now: Timestamp,
+        opcode: Opcode,
+        psn: Psn,
+        aeth: Option<AckSyndrome>,
+    ) -> Answer {
+        if let Some(AckSyndrome::Nak(code)) = aeth {
+            return match code {
+                NakCode::PsnSequenceError => Answer::Lost {
+                    resume: self.is_outstanding(psn).then_some(psn),
+                },
+                refusal => Answer::Refused(refusal),
+            };
+        }
+        if !matches!(aeth, None | Some(AckSyndrome::Ack { .. })) {
+            // Receiver-not-ready: the engine posts no SENDs, so it cannot
+            // be for us; treat as loss.
+            return Answer::Lost { resume: None };
+        }
+        if !self.is_outstanding(psn) {
+            return Answer::Duplicate;
+        }
+        if opcode == Opcode::Acknowledge {
+            return self.acknowledge(psn);
+        }
+        if psn != self.acked.add(1) || self.record(psn).write_segment.is_some() {
+            return Answer::Lost { resume: None };
+        }
+        self.advance(now, psn);
+        Answer::ReadResponse(self.record(psn))
+    }
+
+    fn is_outstanding(&self, psn: Psn) -> bool {
+        self.acked.precedes(psn) && psn.precedes(self.next)
+    }
+
+    /// An ACK up to `psn`: fine if every PSN it covers was a WRITE (a READ
+    /// among them lost its response).
+    fn acknowledge(&self, psn: Psn) -> Answer {
+        let covered = self.acked.distance_to(psn) as u32;
+        let all_writes =
+            (1..=covered).all(|step| self.record(self.acked.add(step)).write_segment.is_some());
+        if !all_writes {
+            return Answer::Lost { resume: None };
+        }
+        Answer::Acknowledged
+    }
+
+    /// The PSNs an accepted ACK covers, oldest first, for the caller to
+    /// account; then marks them executed.
+    pub fn take_acknowledged(&mut self, now: Timestamp, psn: Psn, mut each: impl FnMut(Sent)) {
+        let covered = self.acked.distance_to(psn) as u32;
+        assert!(
+            covered <= WINDOW_PACKETS,
+            "an accepted ACK lies in the window"
+        );
+        for step in 1..=covered {
+            each(self.record(self.acked.add(step)));
+        }
+        self.advance(now, psn);
+    }
+
+    fn advance(&mut self, now: Timestamp, psn: Psn) {
+        self.acked = psn;
+        self.progress_at = now;
+    }
+
+    /// Whether the oldest unacknowledged PSN has waited longer than
+    /// `timeout`.
+    pub fn timed_out(&self, now: Timestamp, timeout: std::time::Duration) -> bool {
+        self.in_flight() > 0 && now.saturating_duration_since(self.progress_at) > timeout
+    }
+
+    /// Starts a go-back at `resume` (a sequence NAK's PSN) or at the first
+    /// unacknowledged PSN.
+    pub fn go_back(&mut self, now: Timestamp, resume: Option<Psn>) {
+        if let Some(resume) =
+            resume.filter(|psn| self.acked.precedes(*psn) && psn.precedes_or_equals(self.next))
+        {
+            self.acked = resume.sub(1);
+        }
+        self.close_open_message();
+        self.retransmit = Some(self.acked.add(1));
+        self.progress_at = now;
+    }
+
+    /// A go-back in the middle of a multi-packet WRITE: the rest of the
+    /// message is recorded as fillers, so the PSNs sent again form whole
+    /// messages whatever the host had received.
+    fn close_open_message(&mut self) {
+        let mtu = self.mtu.bytes();
+        // Bounded: each step sends at least one byte of what is left, and
+        // the message's PSNs were reserved when it began.
+        while self.message_bytes_left > 0 {
+            let payload_bytes = self.message_bytes_left.min(mtu);
+            self.message_bytes_left -= payload_bytes;
+            let segment = if self.message_bytes_left > 0 {
+                Segment::Middle
+            } else {
+                Segment::Last
+            };
+            let filler = Sent {
+                purpose: Purpose::Filler,
+                write_segment: Some(segment),
+                payload_bytes,
+                ..Sent::default()
+            };
+            self.sent.update(Self::slot(self.next), |_| filler);
+            self.next = self.next.add(1);
+        }
+    }
+
+    /// During a go-back: an answer only tells how far the host got.
+    pub fn handle_answer_recovering(
+        &mut self,
+        now: Timestamp,
+        psn: Psn,
+        aeth: Option<AckSyndrome>,
+    ) -> Option<NakCode> {
+        match aeth {
+            Some(AckSyndrome::Nak(NakCode::PsnSequenceError)) => {
+                if self.acked.precedes(psn) && psn.precedes_or_equals(self.next) {
+                    self.acked = psn.sub(1);
+                    self.retransmit = Some(psn);
+                    self.progress_at = now;
+                }
+                None
+            }
+            Some(AckSyndrome::Nak(code)) => Some(code),
+            _ => {
+                if self.is_outstanding(psn) {
+                    self.advance(now, psn);
+                }
+                None
+            }
+        }
+    }
+
+    /// During a go-back: writes the next stand-in into `out`, if any PSN
+    /// is left to send again.
+    pub fn poll_retransmit(&mut self, out: &mut Vec<u8>) -> bool {
+        let Some(psn) = self.retransmit else {
+            return false;
+        };
+        // Answers to originals may have settled PSNs since the go-back began.
+        let psn = if self.acked.precedes(psn) {
+            psn
+        } else {
+            self.acked.add(1)
+        };
+        self.retransmit = Some(psn);
+        if !psn.precedes(self.next) {
+            return false;
+        }
+        let original = self.record(psn);
+        let stand_in = Self::stand_in(original);
+        self.emit(psn, &stand_in, out, |bytes| bytes.fill(0));
+        self.sent
+            .update(Self::slot(psn), |_| stand_in_record(original, stand_in));
+        self.retransmit = Some(psn.add(self.packets_of(&stand_in)));
+        true
+    }
+
+    /// What goes out again at an original's PSN.
+    fn stand_in(original: Sent) -> Sent {
+        match original.write_segment {
+            None => original,
+            Some(Segment::Only) => Sent {
+                purpose: Purpose::Filler,
+                length: 0,
+                payload_bytes: 0,
+                ..original
+            },
+            Some(_) => Sent {
+                purpose: Purpose::Filler,
+                ..original
+            },
+        }
+    }
+
+    /// Whether a go-back has sent everything and the host acknowledged it.
+    pub fn is_recovered(&self) -> bool {
+        self.retransmit.is_some_and(|psn| !psn.precedes(self.next)) && self.in_flight() == 0
+    }
+
+    /// Whether a go-back has sent everything but answers are missing for
+    /// longer than `timeout`: go back again.
+    pub fn recovery_stalled(&self, now: Timestamp, timeout: std::time::Duration) -> bool {
+        self.retransmit.is_some_and(|psn| !psn.precedes(self.next)) && self.timed_out(now, timeout)
+    }
+
+    pub fn finish_recovery(&mut self) {
+        assert!(self.is_recovered());
+        self.retransmit = None;
+    }
+
+    pub fn is_recovering(&self) -> bool {
+        self.retransmit.is_some()
+    }
+}
+
+/// A READ keeps its purpose (its answer is ignored during the go-back
+/// anyway); a WRITE's record becomes the filler's.
+fn stand_in_record(original: Sent, stand_in: Sent) -> Sent {
+    match original.write_segment {
+        None => original,
+        Some(_) => stand_in,
+    }
+}

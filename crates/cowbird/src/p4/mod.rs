@@ -1,0 +1,920 @@
+//! Cowbird-P4 (section 5): the offload engine as a switch program.
+//!
+//! The switch impersonates the peer of two queue pairs per instance: one
+//! on the compute node (its block of host memory) and one on the memory
+//! node (the pool). Nothing runs on either host's CPU. Every request is a
+//! chain of recycled packets, each answer becoming the next request:
+//!
+//! ```text
+//! generator ──► probe READ (client words) ──► compute
+//! probe response ──► metadata READ (one entry)           [tail moved]
+//! metadata response ──► read:  data READ ──► memory pool
+//!                       write: payload READ ──► compute request data ring
+//! READ RESPONSE ONLY/FIRST/MIDDLE/LAST ──► WRITE ONLY/FIRST/MIDDLE/LAST
+//!     (read: into the response ring; write: into the pool)
+//! final ACK ──► bookkeeping WRITE (engine words: head, read and write
+//!     progress) ──► its ACK ──► the next metadata READ, if work waits
+//! ```
+//!
+//! Registers hold, per instance, the ring cursors and progress, the
+//! fetched entries (the stashed response addresses), and per impersonated
+//! queue pair the PSNs and what each one carried
+//! ([`impersonated::ImpersonatedQueuePair`]). A table maps the switch's
+//! queue pair numbers to instances (section 5.4); the generator's packets
+//! visit instances round-robin at the lowest priority.
+//!
+//! Consistency (5.3): entries start in ring order; a newly fetched read
+//! waits while any write has fetched its payload but not yet sent it to the
+//! pool (the switch cannot compare ranges). It is dropped and fetched again
+//! by a later probe. Requests of one type move through the same queue
+//! pairs in order, so they complete in order.
+//!
+//! Fault tolerance (5.3, absent from the published code): answers are
+//! accepted only in PSN order. A gap, a NAK, or a data-plane timeout
+//! (checked whenever a generator packet visits the instance) starts a
+//! go-back on both queue pairs: every unacknowledged PSN is sent again, or
+//! replaced by a harmless filler, until the hosts have acknowledged all of
+//! them; then the instance refetches from the oldest request it has not
+//! confirmed. Progress is only ever reported for confirmed requests, and
+//! confirmed requests are never redone.
+//!
+//! A write moves in one packet: writes are capped at the path MTU
+//! ([`crate::client::Client::limit_write_bytes`]). A go-back cannot
+//! regenerate a lost WRITE's payload; in the middle of a multi-packet
+//! message the only well-formed stand-in writes zeros, which is harmless in
+//! a response slot nobody reads before progress says so, but not in the
+//! pool, where a read redone before the write would see them. Reads of any
+//! length are fine: their multi-packet responses become multi-packet
+//! WRITEs into the response ring.
+//!
+//! Deviations from a Tofino, on purpose: the engine checks the ICRC of the
+//! answers it consumes and computes the ICRC of what it emits (Tofino
+//! cannot; the paper disables the hosts' checks instead), and its
+//! bookkeeping of acknowledged PSNs walks the PSNs one ACK covers (bounded
+//! by the window), where hardware would keep a counter per request type.
+
+pub mod impersonated;
+
+use crate::layout::{
+    Entry, Kind, RingSizes, CLIENT_WORDS_AT, CLIENT_WORDS_BYTES, ENGINE_WORDS_AT,
+    ENGINE_WORDS_BYTES, ENTRY_BYTES,
+};
+use impersonated::{Answer, ImpersonatedQueuePair, Peer, Purpose, Sent, WINDOW_PACKETS};
+use remora_rnic::{Mtu, RemoteAddress, Timestamp};
+use remora_switch::generator::Template;
+use remora_switch::packet::GENERATOR_PORT;
+use remora_switch::programs::L2L3Forwarding;
+use remora_switch::register::RegisterArray;
+use remora_switch::table::{ExactTable, TableShape};
+use remora_switch::{parser, Egress, Packet, PortId, Program, ResourceReport};
+use remora_wire::frame::FrameRepr;
+use remora_wire::opcode::Segment;
+use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn, RoceFrame};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// The most instances one switch serves.
+pub const MAX_INSTANCES: usize = 64;
+/// The first queue pair number the switch plays; instance `i` uses
+/// `FIRST_QPN + 2i` towards its compute node and the next one towards
+/// the memory node.
+pub const FIRST_QPN: u32 = 0x00c0_0000;
+
+#[derive(Debug, Clone, Copy)]
+pub struct P4Config {
+    /// The address the engine's queue pairs have on the wire.
+    pub mac: MacAddress,
+    pub address: Ipv4Address,
+    /// Generator period: one packet visits one instance.
+    pub probe_period: Duration,
+    /// The data-plane timeout that starts a go-back.
+    pub timeout: Duration,
+    /// Requests an instance has fetched and not yet confirmed.
+    pub max_entries_in_flight: u64,
+    pub path_mtu: Mtu,
+}
+
+impl P4Config {
+    pub fn new(mac: MacAddress, address: Ipv4Address) -> P4Config {
+        P4Config {
+            mac,
+            address,
+            probe_period: Duration::from_micros(2),
+            timeout: Duration::from_micros(500),
+            max_entries_in_flight: 32,
+            path_mtu: Mtu::MTU_1024,
+        }
+    }
+}
+
+/// What the control plane learns from an instance's setup (Phase I).
+#[derive(Debug, Clone)]
+pub struct InstanceSpec {
+    /// The compute node's queue pair, and the PSN its responder expects.
+    pub compute: Peer,
+    /// The memory node's queue pair.
+    pub memory: Peer,
+    /// The instance's block of compute host memory.
+    pub block: RemoteAddress,
+    pub sizes: RingSizes,
+    /// The pool's regions, by region id.
+    pub regions: Vec<RemoteAddress>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum P4Error {
+    #[error("the switch serves at most {MAX_INSTANCES} instances")]
+    TooManyInstances,
+    #[error("an instance needs at least one pool region")]
+    NoRegions,
+    #[error("ring sizes {0:?} cannot hold one largest request")]
+    BadRingSizes(RingSizes),
+    #[error("{0} metadata entries in flight must be fewer than the ring's {1}")]
+    TooManyInFlight(u64, u64),
+}
+
+/// What the engine did, summed over instances.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct P4Stats {
+    pub probes: u64,
+    /// Probe answers that found no new request.
+    pub idle_probes: u64,
+    pub metadata_reads: u64,
+    pub reads_started: u64,
+    pub writes_started: u64,
+    /// Reads fetched while a write was unsent: dropped, fetched again.
+    pub reads_paused: u64,
+    pub reads_confirmed: u64,
+    pub writes_confirmed: u64,
+    pub bookkeeping_writes: u64,
+    /// READ RESPONSE FIRST/MIDDLE/LAST packets turned into WRITEs of the
+    /// same place in their message.
+    pub multi_packet_responses: u64,
+    /// Answers for PSNs already settled (late duplicates).
+    pub duplicate_answers: u64,
+    /// Go-backs started, and how many of them a timeout started.
+    pub go_backs: u64,
+    pub timeouts: u64,
+    /// Packets sent again (or replaced by fillers) during go-backs.
+    pub retransmitted: u64,
+    /// Frames for the engine that failed the ICRC or other checks.
+    pub malformed: u64,
+    /// Instances stopped for good (a host refused a request, or an entry
+    /// made no sense).
+    pub failed_instances: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Compute,
+    Memory,
+}
+
+/// One instance: an application thread's rings.
+struct Instance {
+    block: RemoteAddress,
+    sizes: RingSizes,
+    regions: Vec<RemoteAddress>,
+    compute: ImpersonatedQueuePair,
+    memory: ImpersonatedQueuePair,
+    /// Fetched entries by ring position: where each request's bytes go.
+    entries: RegisterArray<Option<Entry>>,
+    known_tail: u64,
+    /// The next entry to fetch, and the next entry allowed to start.
+    fetch_cursor: u64,
+    start_cursor: u64,
+    /// Started and unconfirmed entries of each type, oldest first.
+    started_reads: VecDeque<u64>,
+    started_writes: VecDeque<u64>,
+    /// Writes whose payload has not yet gone to the pool.
+    unsent_writes: u32,
+    read_progress: u64,
+    write_progress: u64,
+    recovering: bool,
+    bookkeeping_due: bool,
+    failed: Option<String>,
+    stats: P4Stats,
+}
+
+pub struct CowbirdP4 {
+    config: P4Config,
+    forwarding: L2L3Forwarding,
+    queue_pairs: ExactTable<u32, (usize, Side)>,
+    instances: Vec<Instance>,
+    next_instance: usize,
+    /// The frame being built; swapped with the packet's bytes.
+    out: Vec<u8>,
+    malformed: u64,
+}
+
+impl CowbirdP4 {
+    pub fn new(config: P4Config, forwarding: L2L3Forwarding) -> CowbirdP4 {
+        CowbirdP4 {
+            config,
+            forwarding,
+            queue_pairs: ExactTable::new(TableShape {
+                name: "cowbird_queue_pairs",
+                stage: 0,
+                key_bits: 24,
+                action_data_bits: 8,
+                capacity: 2 * MAX_INSTANCES,
+            }),
+            instances: Vec::new(),
+            next_instance: 0,
+            out: Vec::new(),
+            malformed: 0,
+        }
+    }
+
+    pub fn config(&self) -> &P4Config {
+        &self.config
+    }
+
+    /// Phase I: registers an instance and returns the queue pair numbers
+    /// the switch plays towards its compute and memory queue pairs.
+    pub fn add_instance(&mut self, spec: InstanceSpec) -> Result<(Qpn, Qpn), P4Error> {
+        let index = self.instances.len();
+        if index >= MAX_INSTANCES {
+            return Err(P4Error::TooManyInstances);
+        }
+        if spec.regions.is_empty() {
+            return Err(P4Error::NoRegions);
+        }
+        if !spec.sizes.is_valid() {
+            return Err(P4Error::BadRingSizes(spec.sizes));
+        }
+        let in_flight = self.config.max_entries_in_flight;
+        if in_flight >= spec.sizes.metadata_entries {
+            return Err(P4Error::TooManyInFlight(
+                in_flight,
+                spec.sizes.metadata_entries,
+            ));
+        }
+        let compute_qpn = FIRST_QPN + 2 * index as u32;
+        let memory_qpn = compute_qpn + 1;
+        let table_full = |_| P4Error::TooManyInstances;
+        self.queue_pairs
+            .insert(compute_qpn, (index, Side::Compute))
+            .map_err(table_full)?;
+        self.queue_pairs
+            .insert(memory_qpn, (index, Side::Memory))
+            .map_err(table_full)?;
+        let own = (self.config.mac, self.config.address);
+        let mtu = self.config.path_mtu;
+        let source_port = 0xc000 | index as u16;
+        self.instances.push(Instance {
+            block: spec.block,
+            sizes: spec.sizes,
+            regions: spec.regions,
+            compute: ImpersonatedQueuePair::new(
+                "compute_psns",
+                2,
+                own,
+                source_port,
+                spec.compute,
+                mtu,
+            ),
+            memory: ImpersonatedQueuePair::new(
+                "memory_psns",
+                2,
+                own,
+                source_port,
+                spec.memory,
+                mtu,
+            ),
+            entries: RegisterArray::new("entries", 3, spec.sizes.metadata_entries as usize),
+            known_tail: 0,
+            fetch_cursor: 0,
+            start_cursor: 0,
+            started_reads: VecDeque::with_capacity(in_flight as usize),
+            started_writes: VecDeque::with_capacity(in_flight as usize),
+            unsent_writes: 0,
+            read_progress: 0,
+            write_progress: 0,
+            recovering: false,
+            bookkeeping_due: false,
+            failed: None,
+            stats: P4Stats::default(),
+        });
+        let qpn = |value| Qpn::new(value).expect("24-bit queue pair numbers");
+        Ok((qpn(compute_qpn), qpn(memory_qpn)))
+    }
+
+    /// The generator template that drives probing and recovery: one
+    /// packet per period at the lowest priority. Its bytes are a
+    /// placeholder the program rewrites for the instance whose turn it is.
+    pub fn probe_template(&self) -> Template {
+        let bth = BthRepr::new(
+            Opcode::Acknowledge,
+            Qpn::new(FIRST_QPN).expect("24 bits"),
+            Psn::new(0),
+        );
+        let mut repr = FrameRepr::between(
+            (self.config.mac, self.config.address),
+            (self.config.mac, self.config.address),
+            0xc000,
+            bth,
+        );
+        repr.extension.aeth = Some(remora_wire::AethRepr {
+            syndrome: remora_wire::AckSyndrome::Ack { credit_count: 0 },
+            msn: remora_wire::Msn::new(0),
+        });
+        let repr = repr.with_payload_len(0);
+        let mut bytes = vec![0u8; repr.frame_len(0)];
+        remora_wire::frame::emit_frame(&repr, &[], &mut bytes).expect("a small frame");
+        Template {
+            bytes,
+            period: self.config.probe_period,
+            priority: 0,
+        }
+    }
+
+    pub fn stats(&self) -> P4Stats {
+        let mut total = P4Stats {
+            malformed: self.malformed,
+            ..P4Stats::default()
+        };
+        for instance in &self.instances {
+            total.add(&instance.stats);
+        }
+        total
+    }
+
+    /// Instance `index`'s registers, in words, for diagnostics.
+    pub fn describe(&self, index: usize) -> Option<String> {
+        let instance = self.instances.get(index)?;
+        Some(format!(
+            "tail {} fetch {} start {} reads {:?} writes {:?} unsent {} progress {}/{} recovering {} bookkeeping {} compute [{}] memory [{}]",
+            instance.known_tail, instance.fetch_cursor, instance.start_cursor,
+            instance.started_reads, instance.started_writes, instance.unsent_writes,
+            instance.read_progress, instance.write_progress, instance.recovering,
+            instance.bookkeeping_due, instance.compute.describe(), instance.memory.describe(),
+        ))
+    }
+
+    /// Why instance `index` stopped, if it did.
+    pub fn failure(&self, index: usize) -> Option<&str> {
+        self.instances.get(index)?.failed.as_deref()
+    }
+
+    /// Which instance and side a frame addressed to the engine is for.
+    fn engine_queue_pair(&self, packet: &Packet) -> Option<Option<(usize, Side)>> {
+        let ipv4 = packet.headers.ipv4?;
+        if ipv4.destination != self.config.address {
+            return None;
+        }
+        let roce = packet.headers.roce?;
+        Some(
+            self.queue_pairs
+                .lookup(&roce.destination_qp.value())
+                .copied(),
+        )
+    }
+
+    fn on_generator(&mut self, now: Timestamp, packet: &mut Packet) {
+        packet.egress = Egress::Drop;
+        let count = self.instances.len();
+        for step in 0..count {
+            let index = (self.next_instance + step) % count;
+            if self.instances[index].failed.is_some() {
+                continue;
+            }
+            self.next_instance = (index + 1) % count;
+            let config = self.config;
+            if let Some(port) = self.instances[index].on_generator(now, &config, &mut self.out) {
+                self.emit(packet, port);
+            }
+            return;
+        }
+    }
+
+    fn on_answer(&mut self, now: Timestamp, target: Option<(usize, Side)>, packet: &mut Packet) {
+        packet.egress = Egress::Drop;
+        let Some((index, side)) = target else {
+            self.malformed += 1;
+            return;
+        };
+        let Ok(frame) = RoceFrame::new_checked(&packet.bytes) else {
+            self.malformed += 1;
+            return;
+        };
+        let config = self.config;
+        if let Some(port) =
+            self.instances[index].on_answer(now, &config, side, &frame, &mut self.out)
+        {
+            self.emit(packet, port);
+        }
+    }
+
+    /// The built frame replaces the packet's bytes: the deparser's job,
+    /// with the new headers valid and the old ones gone.
+    fn emit(&mut self, packet: &mut Packet, port: PortId) {
+        std::mem::swap(&mut packet.bytes, &mut self.out);
+        match parser::parse(&packet.bytes) {
+            Ok(headers) => {
+                packet.headers = headers;
+                packet.egress = Egress::Port(port);
+            }
+            Err(_) => packet.egress = Egress::Drop,
+        }
+    }
+}
+
+impl Program for CowbirdP4 {
+    fn name(&self) -> &str {
+        "cowbird-p4"
+    }
+
+    fn ingress(&mut self, now: Timestamp, packet: &mut Packet) {
+        if packet.ingress_port == GENERATOR_PORT {
+            return self.on_generator(now, packet);
+        }
+        if let Some(target) = self.engine_queue_pair(packet) {
+            return self.on_answer(now, target, packet);
+        }
+        self.forwarding.ingress(now, packet);
+    }
+
+    fn resources(&self) -> ResourceReport {
+        let mut report = self.forwarding.resources();
+        report.program = self.name().to_string();
+        report.tables.push(self.queue_pairs.resources());
+        let state_bytes = std::mem::size_of::<u64>() * 10;
+        report
+            .registers
+            .push(remora_switch::resources::RegisterResources {
+                name: "instance_state".into(),
+                stage: 1,
+                cells: self.instances.len(),
+                cell_bytes: state_bytes,
+            });
+        for instance in &self.instances {
+            report.registers.push(instance.compute.resources());
+            report.registers.push(instance.memory.resources());
+            report.registers.push(instance.entries.resources());
+        }
+        report.recomputes_icrc = true;
+        report
+    }
+
+    fn control_plane(&mut self, digest: &remora_switch::Digest) {
+        self.forwarding.control_plane(digest);
+    }
+}
+
+impl P4Stats {
+    fn add(&mut self, other: &P4Stats) {
+        self.probes += other.probes;
+        self.idle_probes += other.idle_probes;
+        self.metadata_reads += other.metadata_reads;
+        self.reads_started += other.reads_started;
+        self.writes_started += other.writes_started;
+        self.reads_paused += other.reads_paused;
+        self.reads_confirmed += other.reads_confirmed;
+        self.writes_confirmed += other.writes_confirmed;
+        self.bookkeeping_writes += other.bookkeeping_writes;
+        self.multi_packet_responses += other.multi_packet_responses;
+        self.duplicate_answers += other.duplicate_answers;
+        self.go_backs += other.go_backs;
+        self.timeouts += other.timeouts;
+        self.retransmitted += other.retransmitted;
+        self.malformed += other.malformed;
+        self.failed_instances += other.failed_instances;
+    }
+}
+
+/// PSNs kept free for the requests already under way, so probes and new
+/// fetches never starve a chain of its next PSN.
+fn reserved_packets(config: &P4Config) -> u32 {
+    (config.max_entries_in_flight as u32 * 8).min(WINDOW_PACKETS / 2)
+}
+
+impl Instance {
+    fn queue_pair(&mut self, side: Side) -> &mut ImpersonatedQueuePair {
+        match side {
+            Side::Compute => &mut self.compute,
+            Side::Memory => &mut self.memory,
+        }
+    }
+
+    fn fail(&mut self, reason: String) {
+        if self.failed.is_none() {
+            self.failed = Some(reason);
+            self.stats.failed_instances += 1;
+        }
+    }
+
+    fn on_generator(
+        &mut self,
+        now: Timestamp,
+        config: &P4Config,
+        out: &mut Vec<u8>,
+    ) -> Option<PortId> {
+        if self.recovering {
+            return self.recover(now, config, out);
+        }
+        if self.compute.timed_out(now, config.timeout) || self.memory.timed_out(now, config.timeout)
+        {
+            self.stats.timeouts += 1;
+            self.go_back(now, Side::Compute, None);
+            return self.recover(now, config, out);
+        }
+        if self.bookkeeping_due {
+            return self.send_bookkeeping(now, out);
+        }
+        if !self.compute.has_room(1 + reserved_packets(config)) {
+            return None;
+        }
+        self.stats.probes += 1;
+        let probe = self.read_of_block(Purpose::Probe, CLIENT_WORDS_AT, CLIENT_WORDS_BYTES);
+        self.compute.send(now, probe, out, |_| {});
+        Some(self.compute.port())
+    }
+
+    /// A READ of `length` bytes at `offset` of the compute block.
+    fn read_of_block(&self, purpose: Purpose, offset: u64, length: u32) -> Sent {
+        let target = self.block.offset(offset);
+        Sent {
+            purpose,
+            write_segment: None,
+            remote: target.address,
+            rkey: target.rkey,
+            length,
+            payload_bytes: 0,
+        }
+    }
+
+    /// One step of a go-back: the next packet to send again, or, once both
+    /// hosts acknowledged everything, the end of it.
+    fn recover(&mut self, now: Timestamp, config: &P4Config, out: &mut Vec<u8>) -> Option<PortId> {
+        for side in [Side::Compute, Side::Memory] {
+            let queue_pair = self.queue_pair(side);
+            if queue_pair.recovery_stalled(now, config.timeout) {
+                queue_pair.go_back(now, None);
+            }
+            if queue_pair.poll_retransmit(out) {
+                self.stats.retransmitted += 1;
+                return Some(self.queue_pair(side).port());
+            }
+        }
+        if !(self.compute.is_recovered() && self.memory.is_recovered()) {
+            return None;
+        }
+        self.compute.finish_recovery();
+        self.memory.finish_recovery();
+        self.recovering = false;
+        self.send_bookkeeping(now, out)
+    }
+
+    /// Starts a go-back: both queue pairs settle every unacknowledged PSN,
+    /// and the instance will refetch from its oldest unconfirmed request.
+    fn go_back(&mut self, now: Timestamp, side: Side, resume: Option<Psn>) {
+        self.stats.go_backs += 1;
+        self.recovering = true;
+        self.compute
+            .go_back(now, resume.filter(|_| side == Side::Compute));
+        self.memory
+            .go_back(now, resume.filter(|_| side == Side::Memory));
+        let oldest = self.oldest_unconfirmed();
+        self.fetch_cursor = oldest;
+        self.start_cursor = oldest;
+        self.started_reads.clear();
+        self.started_writes.clear();
+        self.unsent_writes = 0;
+        // Whatever the hosts saw, the engine words are written afresh.
+        self.bookkeeping_due = true;
+    }
+
+    fn oldest_unconfirmed(&self) -> u64 {
+        let reads = self.started_reads.front().copied();
+        let writes = self.started_writes.front().copied();
+        [reads, writes]
+            .into_iter()
+            .flatten()
+            .fold(self.start_cursor, u64::min)
+    }
+
+    fn on_answer(
+        &mut self,
+        now: Timestamp,
+        config: &P4Config,
+        side: Side,
+        frame: &RoceFrame<'_>,
+        out: &mut Vec<u8>,
+    ) -> Option<PortId> {
+        if self.failed.is_some() {
+            return None;
+        }
+        let psn = frame.bth().psn;
+        let syndrome = frame.aeth().map(|aeth| aeth.syndrome);
+        if self.recovering {
+            if let Some(refusal) = self
+                .queue_pair(side)
+                .handle_answer_recovering(now, psn, syndrome)
+            {
+                self.fail(format!("the {side:?} node refused a request: {refusal:?}"));
+            }
+            return None;
+        }
+        match self
+            .queue_pair(side)
+            .handle_answer(now, frame.opcode(), psn, syndrome)
+        {
+            Answer::Duplicate => {
+                self.stats.duplicate_answers += 1;
+                None
+            }
+            Answer::Lost { resume } => {
+                self.go_back(now, side, resume);
+                None
+            }
+            Answer::Refused(refusal) => {
+                self.fail(format!("the {side:?} node refused a request: {refusal:?}"));
+                None
+            }
+            Answer::Acknowledged => self.on_acknowledged(now, config, side, psn, out),
+            Answer::ReadResponse(sent) => {
+                self.on_read_response(now, config, sent, frame.opcode(), frame.payload(), out)
+            }
+        }
+    }
+
+    fn on_read_response(
+        &mut self,
+        now: Timestamp,
+        config: &P4Config,
+        sent: Sent,
+        opcode: Opcode,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Option<PortId> {
+        match sent.purpose {
+            Purpose::Probe => {
+                let tail = payload
+                    .get(..8)
+                    .map(|word| u64::from_le_bytes(word.try_into().expect("8 bytes")));
+                let Some(tail) = tail else {
+                    self.fail("a probe answer without the client words".into());
+                    return None;
+                };
+                self.known_tail = self.known_tail.max(tail);
+                let fetched = self.fetch(now, config, out);
+                if fetched.is_none() {
+                    self.stats.idle_probes += 1;
+                }
+                fetched
+            }
+            Purpose::Metadata { entry } => self.on_metadata(now, config, entry, payload, out),
+            Purpose::Payload { entry } => {
+                self.forward_data(now, config, Side::Memory, entry, opcode, payload, out)
+            }
+            Purpose::DataRead { entry } => {
+                self.forward_data(now, config, Side::Compute, entry, opcode, payload, out)
+            }
+            _ => {
+                // A WRITE's PSN never gets a READ response: the queue pair
+                // refused it with `Lost` already; this is unreachable.
+                self.go_back(now, Side::Compute, None);
+                None
+            }
+        }
+    }
+
+    /// Recycles an answer into the next metadata READ, if a request waits
+    /// and the in-flight bound allows.
+    fn fetch(&mut self, now: Timestamp, config: &P4Config, out: &mut Vec<u8>) -> Option<PortId> {
+        // A read fetched again after a pause may have let a later entry
+        // start from a response already in flight.
+        self.fetch_cursor = self.fetch_cursor.max(self.start_cursor);
+        let waiting = self.fetch_cursor < self.known_tail;
+        let under_bound =
+            self.fetch_cursor - self.oldest_unconfirmed() < config.max_entries_in_flight;
+        if !(waiting && under_bound && self.compute.has_room(1 + reserved_packets(config))) {
+            return None;
+        }
+        let entry = self.fetch_cursor;
+        self.fetch_cursor += 1;
+        self.stats.metadata_reads += 1;
+        let offset = self.sizes.entry_at(entry);
+        let read = self.read_of_block(Purpose::Metadata { entry }, offset, ENTRY_BYTES as u32);
+        self.compute.send(now, read, out, |_| {});
+        Some(self.compute.port())
+    }
+
+    fn on_metadata(
+        &mut self,
+        now: Timestamp,
+        config: &P4Config,
+        index: u64,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Option<PortId> {
+        if index != self.start_cursor {
+            // Fetched behind a paused read: it will be fetched again.
+            return self.fetch(now, config, out);
+        }
+        let entry = match payload.get(..ENTRY_BYTES as usize).map(Entry::parse) {
+            Some(Ok(entry)) if usize::from(entry.region) < self.regions.len() => entry,
+            other => {
+                self.fail(format!("entry {index} makes no sense: {other:?}"));
+                return None;
+            }
+        };
+        let slot = (index % self.sizes.metadata_entries) as usize;
+        match entry.kind {
+            Kind::Read => {
+                let packets = config.path_mtu.packets_for(entry.length);
+                if self.unsent_writes > 0 || !self.memory.has_room(packets) {
+                    self.stats.reads_paused += 1;
+                    self.fetch_cursor = index;
+                    return None;
+                }
+                self.entries.update(slot, |_| Some(entry));
+                self.start_cursor += 1;
+                self.started_reads.push_back(index);
+                self.stats.reads_started += 1;
+                let target = self.regions[usize::from(entry.region)].offset(entry.request_address);
+                let read = Sent {
+                    purpose: Purpose::DataRead { entry: index },
+                    write_segment: None,
+                    remote: target.address,
+                    rkey: target.rkey,
+                    length: entry.length,
+                    payload_bytes: 0,
+                };
+                self.memory.send(now, read, out, |_| {});
+                Some(self.memory.port())
+            }
+            Kind::Write => {
+                let packets = config.path_mtu.packets_for(entry.length);
+                if packets > 1 {
+                    self.fail(format!("write {index} is longer than the path MTU"));
+                    return None;
+                }
+                if !self.compute.has_room(packets) {
+                    self.go_back(now, Side::Compute, None);
+                    return None;
+                }
+                self.entries.update(slot, |_| Some(entry));
+                self.start_cursor += 1;
+                self.started_writes.push_back(index);
+                self.unsent_writes += 1;
+                self.stats.writes_started += 1;
+                let read = self.read_of_block(
+                    Purpose::Payload { entry: index },
+                    entry.request_address,
+                    entry.length,
+                );
+                self.compute.send(now, read, out, |_| {});
+                Some(self.compute.port())
+            }
+        }
+    }
+
+    /// Recycles a READ response into the WRITE packet of the same place in
+    /// its message: a read's bytes into the response ring (`to` compute),
+    /// a write's payload into the pool (`to` memory).
+    #[allow(clippy::too_many_arguments)]
+    fn forward_data(
+        &mut self,
+        now: Timestamp,
+        config: &P4Config,
+        to: Side,
+        index: u64,
+        opcode: Opcode,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Option<PortId> {
+        let slot = (index % self.sizes.metadata_entries) as usize;
+        let entry = self
+            .entries
+            .read(slot)
+            .flatten()
+            .expect("started entries are stashed");
+        let segment = opcode.segment();
+        if segment != Segment::Only {
+            self.stats.multi_packet_responses += 1;
+        }
+        let last = matches!(segment, Segment::Last | Segment::Only);
+        let (purpose, target) = match to {
+            Side::Compute => (
+                Purpose::ResponseWrite { entry: index, last },
+                self.block.offset(entry.response_address),
+            ),
+            Side::Memory => (
+                Purpose::DataWrite { entry: index, last },
+                self.regions[usize::from(entry.region)].offset(entry.response_address),
+            ),
+        };
+        let starts = matches!(segment, Segment::First | Segment::Only);
+        let packets = config.path_mtu.packets_for(entry.length);
+        let queue_pair = self.queue_pair(to);
+        let may_send = if starts {
+            queue_pair.has_room(packets)
+        } else {
+            queue_pair.can_continue_message()
+        };
+        if !may_send {
+            self.go_back(now, to, None);
+            return None;
+        }
+        let write = Sent {
+            purpose,
+            write_segment: Some(segment),
+            remote: target.address,
+            rkey: target.rkey,
+            length: entry.length,
+            payload_bytes: payload.len() as u32,
+        };
+        queue_pair.send(now, write, out, |bytes| bytes.copy_from_slice(payload));
+        if to == Side::Memory && last {
+            self.unsent_writes -= 1;
+        }
+        Some(self.queue_pair(to).port())
+    }
+
+    /// An ACK in order: confirms the requests whose last WRITE it covers,
+    /// then recycles into the bookkeeping WRITE, or else into the next
+    /// metadata READ.
+    fn on_acknowledged(
+        &mut self,
+        now: Timestamp,
+        config: &P4Config,
+        side: Side,
+        psn: Psn,
+        out: &mut Vec<u8>,
+    ) -> Option<PortId> {
+        let mut confirmed = Vec::new();
+        self.queue_pair(side)
+            .take_acknowledged(now, psn, |sent| match sent.purpose {
+                Purpose::ResponseWrite { entry, last: true } => confirmed.push((Kind::Read, entry)),
+                Purpose::DataWrite { entry, last: true } => confirmed.push((Kind::Write, entry)),
+                _ => {}
+            });
+        for (kind, index) in &confirmed {
+            if !self.confirm(*kind, *index) {
+                self.go_back(now, side, None);
+                return None;
+            }
+        }
+        if !confirmed.is_empty() {
+            self.bookkeeping_due = true;
+            return self.send_bookkeeping(now, out);
+        }
+        if side == Side::Compute {
+            return self.fetch(now, config, out);
+        }
+        None
+    }
+
+    /// Records a request as complete; false if it is not the oldest of its
+    /// type (which in-order queue pairs rule out).
+    fn confirm(&mut self, kind: Kind, index: u64) -> bool {
+        let started = match kind {
+            Kind::Read => &mut self.started_reads,
+            Kind::Write => &mut self.started_writes,
+        };
+        if started.front() != Some(&index) {
+            return false;
+        }
+        started.pop_front();
+        let slot = (index % self.sizes.metadata_entries) as usize;
+        let sequence = self.entries.read(slot).flatten().expect("stashed").sequence;
+        match kind {
+            Kind::Read => {
+                self.read_progress = sequence;
+                self.stats.reads_confirmed += 1;
+            }
+            Kind::Write => {
+                self.write_progress = sequence;
+                self.stats.writes_confirmed += 1;
+            }
+        }
+        true
+    }
+
+    /// Phase IV: the engine words in one WRITE.
+    fn send_bookkeeping(&mut self, now: Timestamp, out: &mut Vec<u8>) -> Option<PortId> {
+        if !self.compute.has_room(1) {
+            return None;
+        }
+        self.bookkeeping_due = false;
+        self.stats.bookkeeping_writes += 1;
+        let target = self.block.offset(ENGINE_WORDS_AT);
+        let write = Sent {
+            purpose: Purpose::Bookkeeping,
+            write_segment: Some(Segment::Only),
+            remote: target.address,
+            rkey: target.rkey,
+            length: ENGINE_WORDS_BYTES,
+            payload_bytes: ENGINE_WORDS_BYTES,
+        };
+        let words = [self.start_cursor, self.read_progress, self.write_progress];
+        self.compute.send(now, write, out, |bytes| {
+            for (chunk, word) in bytes.chunks_exact_mut(8).zip(words) {
+                chunk.copy_from_slice(&word.to_le_bytes());
+            }
+        });
+        Some(self.compute.port())
+    }
+}

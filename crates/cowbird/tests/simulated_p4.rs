@@ -1,0 +1,92 @@
+//! Histories of mixed async reads and writes from several threads through
+//! Cowbird-P4 (the engine as a switch program), in the simulator: every
+//! read returns what its model allows, every request completes once and in
+//! order within its type, and the pool equals the models at the end; on a
+//! clean path and under 1% and 5% loss, where only the switch's Go-Back-N
+//! recovers (the hosts' queue pairs are pure responders).
+
+use remora_cowbird::simulated::{run, Engine, Workload};
+use remora_sim::LinkFaults;
+use std::time::Duration;
+
+fn lossy(loss: f64) -> LinkFaults {
+    LinkFaults {
+        loss,
+        duplicate: loss / 2.0,
+        reorder: 0.01,
+        reorder_delay: Duration::from_micros(3),
+        ..LinkFaults::NONE
+    }
+}
+
+fn p4(faults: LinkFaults) -> Workload {
+    Workload {
+        engine: Engine::P4,
+        ..Workload::new(faults)
+    }
+}
+
+#[test]
+fn p4_histories_are_exact_on_a_clean_path() {
+    for seed in 0..3 {
+        let outcome = run(seed, &p4(LinkFaults::NONE)).unwrap();
+        assert_eq!(outcome.completed, 1200);
+        let stats = outcome.switch_engine.expect("the switch was the engine");
+        assert_eq!(stats.go_backs, 0, "{stats:?}");
+        assert_eq!(
+            stats.reads_confirmed + stats.writes_confirmed,
+            1200,
+            "{stats:?}"
+        );
+        assert!(stats.reads_paused > 0, "reads waited for writes: {stats:?}");
+    }
+}
+
+#[test]
+fn p4_completes_every_request_under_one_percent_loss() {
+    for seed in 10..13 {
+        let outcome = run(seed, &p4(lossy(0.01))).unwrap();
+        assert_eq!(outcome.completed, 1200);
+        let stats = outcome.switch_engine.expect("the switch was the engine");
+        assert!(stats.go_backs > 0 && stats.retransmitted > 0, "{stats:?}");
+    }
+}
+
+#[test]
+fn p4_completes_every_request_under_five_percent_loss() {
+    for seed in 20..23 {
+        let outcome = run(seed, &p4(lossy(0.05))).unwrap();
+        assert_eq!(outcome.completed, 1200);
+    }
+}
+
+/// Reads longer than the path MTU come back in several packets, which the
+/// switch turns into WRITE FIRST/MIDDLE/LAST.
+#[test]
+fn p4_reads_span_several_packets() {
+    let workload = Workload {
+        window_bytes: 8192,
+        max_length: 2500,
+        max_write_length: 1024,
+        ..p4(lossy(0.01))
+    };
+    for seed in 30..32 {
+        let outcome = run(seed, &workload).unwrap();
+        assert_eq!(outcome.completed, 1200);
+        let stats = outcome.switch_engine.expect("the switch was the engine");
+        assert!(stats.multi_packet_responses > 0, "{stats:?}");
+    }
+}
+
+#[test]
+#[ignore = "campaign: cargo test -p remora-cowbird --release -- --ignored"]
+fn p4_campaign() {
+    for seed in 0..200 {
+        let workload = Workload {
+            window_bytes: 96,
+            max_length: 48,
+            ..p4(lossy(0.05))
+        };
+        run(seed, &workload).unwrap();
+    }
+}
