@@ -222,9 +222,16 @@ impl Thread {
             Engine::P4 => &read.candidates[..],
         };
         if !allowed.contains(&seen) {
+            let first_difference: Vec<Option<usize>> = allowed
+                .iter()
+                .map(|bytes| bytes.iter().zip(&seen).position(|(a, b)| a != b))
+                .collect();
             return Err(format!(
-                "thread {}: {id:?} read {seen:?}, the model allows {allowed:?}",
-                self.index
+                "thread {}: {id:?} of {} bytes at offset {} read bytes the model does not allow; first difference from each allowed version: {first_difference:?}; zero bytes read: {}",
+                self.index,
+                seen.len(),
+                read.offset,
+                seen.iter().filter(|byte| **byte == 0).count(),
             ));
         }
         Ok(true)

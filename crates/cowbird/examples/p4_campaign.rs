@@ -1,0 +1,62 @@
+//! Runs Cowbird-P4 in the simulator over many seeds and workloads and
+//! prints the first failure: `cargo run --release -p remora-cowbird
+//! --example p4_campaign -- SEEDS`.
+
+use remora_cowbird::simulated::{run, Engine, Workload};
+use remora_sim::LinkFaults;
+use std::time::Duration;
+
+fn main() {
+    let seeds: u64 = std::env::args()
+        .nth(1)
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(100);
+    let faults = |loss: f64| LinkFaults {
+        loss,
+        duplicate: loss / 2.0,
+        reorder: 0.02,
+        reorder_delay: Duration::from_micros(5),
+        ..LinkFaults::NONE
+    };
+    let base = |loss| Workload {
+        engine: Engine::P4,
+        ..Workload::new(faults(loss))
+    };
+    let workloads = [
+        ("default 5%", base(0.05)),
+        (
+            "small windows 5%",
+            Workload {
+                window_bytes: 64,
+                max_length: 32,
+                ..base(0.05)
+            },
+        ),
+        (
+            "multi-packet reads 3%",
+            Workload {
+                window_bytes: 8192,
+                max_length: 3000,
+                max_write_length: 1024,
+                ..base(0.03)
+            },
+        ),
+    ];
+    for (name, workload) in workloads {
+        let mut go_backs = 0;
+        for seed in std::env::args()
+            .nth(2)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0)..seeds
+        {
+            match run(seed, &workload) {
+                Ok(outcome) => go_backs += outcome.switch_engine.map_or(0, |stats| stats.go_backs),
+                Err(error) => {
+                    println!("{name}: {error}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        println!("{name}: {seeds} seeds passed, {go_backs} go-backs");
+    }
+}
