@@ -11,7 +11,12 @@
 //! - `rpc`: two-sided: the application SENDs requests (batched as async)
 //!   and the memory node's CPU SENDs the records back;
 //! - `spot`: Cowbird's client library, the Spot engine moving the data;
-//! - `spot_sync`: the same, one request at a time (latency unbatched).
+//! - `spot_sync`: the same, one request at a time (latency unbatched);
+//! - `p4`: Cowbird's client library, Cowbird-P4 in the switch moving the
+//!   data (its CPU is the switch's, inside the fabric thread).
+//!
+//! [`run_histories`] runs the checked read/write histories of
+//! [`crate::history`] through either engine here.
 //!
 //! The application's time inside communication calls is measured in its
 //! own thread, split into issue and completion. The fabric thread's CPU
@@ -19,11 +24,13 @@
 //! apart.
 
 use crate::client::{Client, Completion, CowbirdError};
-use crate::deploy::{deploy, CowbirdSpec, Direct, DirectSpec, RpcSpec};
+use crate::deploy::{deploy, deploy_p4, CowbirdSpec, Direct, DirectSpec, RpcSpec, SwitchPorts};
 use crate::hash_table::{calibrate, compute, is_record, record_bytes, record_of, TableSpec};
+use crate::history::{Engine, Histories, Workload};
 use crate::layout::RingSizes;
+use crate::p4::{CowbirdP4, P4Stats};
 use crate::rpc::RpcServer;
-use crate::simulated::{forwarding, ip, mac};
+use crate::simulated::{forwarding, ip, mac, p4_config};
 use crate::spot::{SpotConfig, SpotEngine, SpotStats};
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
@@ -35,7 +42,7 @@ use remora_rack::endpoint::{
 };
 use remora_rack::RackError;
 use remora_rnic::*;
-use remora_switch::{Switch, SwitchConfig};
+use remora_switch::{PortId, ResourceReport, Switch, SwitchConfig};
 use remora_wire::VirtAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -53,16 +60,18 @@ pub enum Variant {
     Rpc,
     Spot,
     SpotSync,
+    P4,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 6] = [
+    pub const ALL: [Variant; 7] = [
         Variant::Local,
         Variant::Sync,
         Variant::Async,
         Variant::Rpc,
         Variant::Spot,
         Variant::SpotSync,
+        Variant::P4,
     ];
 
     pub fn name(self) -> &'static str {
@@ -73,6 +82,7 @@ impl Variant {
             Variant::Rpc => "rpc",
             Variant::Spot => "spot",
             Variant::SpotSync => "spot_sync",
+            Variant::P4 => "p4",
         }
     }
 }
@@ -122,6 +132,8 @@ pub struct VariantOutcome {
     /// The engine's share of the fabric thread.
     pub engine: Duration,
     pub engine_stats: Option<SpotStats>,
+    /// Cowbird-P4's counters and resources, for its variant.
+    pub p4: Option<(P4Stats, ResourceReport)>,
     /// Bytes through the compute node's NIC, both ways.
     pub network_bytes: u64,
     /// The memory node's NIC counters at the end (the engine's requester
@@ -268,16 +280,24 @@ struct Rig {
     rpc: Option<RpcPath>,
     engine_busy: Arc<AtomicU64>,
     engine_stats: Arc<Mutex<Option<SpotStats>>>,
+    /// The switch, when it runs Cowbird-P4.
+    p4_switch: Option<Shared<SwitchEndpoint<CowbirdP4>>>,
 }
 
 fn text(error: impl std::fmt::Display) -> String {
     error.to_string()
 }
 
-impl Rig {
-    fn new(bench: &ProbeBench, variant: Variant, window: usize) -> Result<Rig, String> {
-        let with_engine = matches!(variant, Variant::Spot | Variant::SpotSync);
-        let with_rpc = variant == Variant::Rpc;
+/// Two soft RNICs on one anonymous segment, and the switch's ends of
+/// their rings.
+struct Hosts {
+    compute: NodeEndpoint,
+    memory: NodeEndpoint,
+    switch_ports: Vec<Box<dyn Port>>,
+}
+
+impl Hosts {
+    fn new() -> Result<Hosts, String> {
         let segment =
             Segment::anonymous(&SegmentPlan::star_one_waiter(2, RING_DEPTH)).map_err(text)?;
         let port = |index: u8| -> Result<[Box<dyn Port>; 2], String> {
@@ -295,14 +315,79 @@ impl Rig {
                 0xc0b ^ u64::from(index),
             ))
         };
-        let mut compute = NodeEndpoint::new("compute", rnic(COMPUTE), compute_spoke);
-        let mut memory = NodeEndpoint::new("memory", rnic(MEMORY), memory_spoke);
+        Ok(Hosts {
+            compute: NodeEndpoint::new("compute", rnic(COMPUTE), compute_spoke),
+            memory: NodeEndpoint::new("memory", rnic(MEMORY), memory_spoke),
+            switch_ports: vec![compute_hub, memory_hub],
+        })
+    }
+}
+
+/// The switch's program for Cowbird-P4 on the embedded rack, with the
+/// rack's timeout: a fabric thread descheduled for milliseconds is not a
+/// lost packet.
+fn p4_program() -> CowbirdP4 {
+    let mut config = p4_config();
+    config.timeout = RACK_ACK_TIMEOUT;
+    CowbirdP4::new(config, forwarding())
+}
+
+/// The switch with Cowbird-P4 and its probe generator running.
+fn p4_switch_of(
+    program: CowbirdP4,
+    ports: Vec<Box<dyn Port>>,
+) -> Result<Shared<SwitchEndpoint<CowbirdP4>>, String> {
+    let template = program.probe_template();
+    let mut switch = Switch::new(SwitchConfig::new(2), program);
+    switch
+        .add_template(template, Timestamp::ZERO)
+        .map_err(text)?;
+    Ok(shared(SwitchEndpoint::new(switch, ports)))
+}
+
+/// The ports of the two hosts on the switch.
+const HOST_PORTS: SwitchPorts = SwitchPorts {
+    compute: PortId(0),
+    memory: PortId(1),
+};
+
+/// Starts the fabric thread over `pumps`. Placement is left to the
+/// kernel: on a shared VM, a pinned thread waits out its vCPU's steal
+/// (observed: 8 ms stalls) instead of moving to the other vCPU.
+fn start_fabric(pumps: Vec<Arc<Mutex<dyn Pump>>>) -> Result<FabricThread, String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let driver = Driver::new(pumps, RackClock::new(), Arc::clone(&stop)).map_err(text)?;
+    FabricThread::start("cowbird-fabric", driver, stop, false).map_err(text)
+}
+
+fn agent_pump<A: MemoryAgent + 'static>(
+    memory: &Shared<NodeEndpoint>,
+    agent: A,
+    busy_ns: &Arc<AtomicU64>,
+    stats: &Arc<Mutex<Option<SpotStats>>>,
+) -> Arc<Mutex<dyn Pump>> {
+    shared(AgentPump {
+        memory: memory.clone(),
+        agent,
+        busy_ns: Arc::clone(busy_ns),
+        stats: Arc::clone(stats),
+    })
+}
+
+impl Rig {
+    fn new(bench: &ProbeBench, variant: Variant, window: usize) -> Result<Rig, String> {
+        if variant == Variant::P4 {
+            return Rig::new_p4(bench);
+        }
+        let with_engine = matches!(variant, Variant::Spot | Variant::SpotSync);
+        let with_rpc = variant == Variant::Rpc;
+        let Hosts {
+            mut compute,
+            mut memory,
+            switch_ports,
+        } = Hosts::new()?;
         let spec = CowbirdSpec {
             threads: usize::from(with_engine),
-            sizes: RingSizes::DEFAULT,
-            pool_regions: vec![bench.table.remote_bytes().max(1)],
-            spot: bench.spot,
-            ack_timeout: RACK_ACK_TIMEOUT,
             direct: Some(DirectSpec {
                 depth: window,
                 landing_bytes: window * bench.table.record_bytes,
@@ -311,6 +396,7 @@ impl Rig {
                 depth: window,
                 record_bytes: bench.table.record_bytes as u32,
             }),
+            ..probe_spec(bench, 1)
         };
         let mut deployment = deploy(spec, &mut compute.rnic, &mut memory.rnic).map_err(text)?;
         let pool = deployment.pool[0];
@@ -338,26 +424,13 @@ impl Rig {
         fill_pool(&bench.table, pool, &mut memory.rnic)?;
         let switch = SwitchEndpoint::new(
             Switch::new(SwitchConfig::new(2), forwarding()),
-            vec![compute_hub, memory_hub],
+            switch_ports,
         );
         let (compute, memory) = (shared(compute), shared(memory));
         let engine_busy = Arc::new(AtomicU64::new(0));
         let engine_stats = Arc::new(Mutex::new(None));
         let mut pumps: Vec<Arc<Mutex<dyn Pump>>> =
             vec![shared(switch), compute.clone(), memory.clone()];
-        fn agent_pump<A: MemoryAgent + 'static>(
-            memory: &Shared<NodeEndpoint>,
-            agent: A,
-            busy_ns: &Arc<AtomicU64>,
-            stats: &Arc<Mutex<Option<SpotStats>>>,
-        ) -> Arc<Mutex<dyn Pump>> {
-            shared(AgentPump {
-                memory: memory.clone(),
-                agent,
-                busy_ns: Arc::clone(busy_ns),
-                stats: Arc::clone(stats),
-            })
-        }
         if with_engine {
             pumps.push(agent_pump(
                 &memory,
@@ -369,23 +442,70 @@ impl Rig {
         if let Some(server) = server {
             pumps.push(agent_pump(&memory, server, &engine_busy, &engine_stats));
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let driver = Driver::new(pumps, RackClock::new(), Arc::clone(&stop)).map_err(text)?;
-        // Placement is left to the kernel: on a shared VM, a pinned
-        // thread waits out its vCPU's steal (observed: 8 ms stalls)
-        // instead of moving to the other vCPU.
-        let fabric = FabricThread::start("cowbird-fabric", driver, stop, false).map_err(text)?;
         Ok(Rig {
             compute,
             memory: memory.clone(),
-            fabric,
+            fabric: start_fabric(pumps)?,
             pool,
             clients: deployment.clients,
             direct,
             rpc,
             engine_busy,
             engine_stats,
+            p4_switch: None,
         })
+    }
+
+    /// Cowbird-P4: the clients on the compute node, the pool on the
+    /// memory node, the engine in the switch; nothing else.
+    fn new_p4(bench: &ProbeBench) -> Result<Rig, String> {
+        let Hosts {
+            mut compute,
+            mut memory,
+            switch_ports,
+        } = Hosts::new()?;
+        let mut program = p4_program();
+        let spec = probe_spec(bench, 1);
+        let deployment = deploy_p4(
+            &spec,
+            &mut compute.rnic,
+            &mut memory.rnic,
+            &mut program,
+            HOST_PORTS,
+        )
+        .map_err(text)?;
+        let pool = deployment.pool[0];
+        fill_pool(&bench.table, pool, &mut memory.rnic)?;
+        let switch = p4_switch_of(program, switch_ports)?;
+        let (compute, memory) = (shared(compute), shared(memory));
+        let pumps: Vec<Arc<Mutex<dyn Pump>>> =
+            vec![switch.clone(), compute.clone(), memory.clone()];
+        Ok(Rig {
+            compute,
+            memory,
+            fabric: start_fabric(pumps)?,
+            pool,
+            clients: deployment.clients,
+            direct: None,
+            rpc: None,
+            engine_busy: Arc::new(AtomicU64::new(0)),
+            engine_stats: Arc::new(Mutex::new(None)),
+            p4_switch: Some(switch),
+        })
+    }
+}
+
+/// The probe benchmark's Cowbird deployment: `threads` instances with
+/// default rings over a pool holding the table's remote records.
+fn probe_spec(bench: &ProbeBench, threads: usize) -> CowbirdSpec {
+    CowbirdSpec {
+        threads,
+        sizes: RingSizes::DEFAULT,
+        pool_regions: vec![bench.table.remote_bytes().max(1)],
+        spot: bench.spot,
+        ack_timeout: RACK_ACK_TIMEOUT,
+        direct: None,
+        rpc: None,
     }
 }
 
@@ -804,7 +924,9 @@ fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOut
     let window = match variant {
         Variant::Sync | Variant::SpotSync => 1,
         // Two batches: one in flight while the other is processed.
-        Variant::Local | Variant::Async | Variant::Rpc | Variant::Spot => 2 * bench.batch,
+        Variant::Local | Variant::Async | Variant::Rpc | Variant::Spot | Variant::P4 => {
+            2 * bench.batch
+        }
     };
     let mut table_bench = *bench;
     if variant == Variant::Local {
@@ -821,7 +943,7 @@ fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOut
             let mut fetcher = RpcFetcher::new(&mut rig, window, bench.table.record_bytes)?;
             probe_loop(&table_bench, &mut fetcher, window, seed)?
         }
-        Variant::Spot | Variant::SpotSync => {
+        Variant::Spot | Variant::SpotSync | Variant::P4 => {
             let mut fetcher = SpotFetcher::new(&mut rig, window, bench.table.record_bytes)?;
             probe_loop(&table_bench, &mut fetcher, window, seed)?
         }
@@ -833,6 +955,10 @@ fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOut
     let engine_stats = *rig.engine_stats.lock().expect("stats lock");
     let fabric_cpu = rig.fabric.stop_and_join().map_err(text)?;
     let memory_rnic = lock(&rig.memory).rnic.counters().clone();
+    let p4 = rig.p4_switch.as_ref().map(|switch| {
+        let switch = &lock(switch).switch;
+        (switch.program().stats(), switch.resources())
+    });
     Ok(VariantOutcome {
         variant,
         operations: tally.operations,
@@ -845,7 +971,106 @@ fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOut
         fabric_cpu,
         engine: engine_busy,
         engine_stats,
+        p4,
         network_bytes,
         memory_rnic,
+    })
+}
+
+/// What a checked history run on the embedded rack saw.
+#[derive(Debug, Clone)]
+pub struct HistoryOutcome {
+    pub completed: u64,
+    pub reads_checked: u64,
+    pub elapsed: Duration,
+    pub spot: Option<SpotStats>,
+    pub p4: Option<P4Stats>,
+}
+
+/// Runs [`crate::history`]'s checked read/write histories on the embedded
+/// rack (real threads, real clock, in-process rings) through the engine
+/// `workload.engine` names. The workload's link faults are the
+/// simulator's business and are not applied here. Gives up after
+/// `time_limit`.
+pub fn run_histories(
+    seed: u64,
+    workload: &Workload,
+    time_limit: Duration,
+) -> Result<HistoryOutcome, String> {
+    let Hosts {
+        mut compute,
+        mut memory,
+        switch_ports,
+    } = Hosts::new()?;
+    let spec = CowbirdSpec {
+        ack_timeout: RACK_ACK_TIMEOUT,
+        ..crate::simulated::spec(workload)
+    };
+    let engine_busy = Arc::new(AtomicU64::new(0));
+    let spot_stats = Arc::new(Mutex::new(None));
+    let mut p4_switch = None;
+    let (mut clients, pool, switch, engine_pump): (_, _, Arc<Mutex<dyn Pump>>, _) =
+        match workload.engine {
+            Engine::Spot => {
+                let deployment = deploy(spec, &mut compute.rnic, &mut memory.rnic).map_err(text)?;
+                let switch = Switch::new(SwitchConfig::new(2), forwarding());
+                let switch = shared(SwitchEndpoint::new(switch, switch_ports));
+                (
+                    deployment.clients,
+                    deployment.pool[0],
+                    switch,
+                    Some(deployment.engine),
+                )
+            }
+            Engine::P4 => {
+                let mut program = p4_program();
+                let deployment = deploy_p4(
+                    &spec,
+                    &mut compute.rnic,
+                    &mut memory.rnic,
+                    &mut program,
+                    HOST_PORTS,
+                )
+                .map_err(text)?;
+                let switch = p4_switch_of(program, switch_ports)?;
+                p4_switch = Some(switch.clone());
+                (deployment.clients, deployment.pool[0], switch, None)
+            }
+        };
+    let (compute, memory) = (shared(compute), shared(memory));
+    let mut pumps = vec![
+        switch.clone(),
+        compute.clone() as Arc<Mutex<dyn Pump>>,
+        memory.clone(),
+    ];
+    if let Some(engine) = engine_pump {
+        pumps.push(agent_pump(&memory, engine, &engine_busy, &spot_stats));
+    }
+    let fabric = start_fabric(pumps)?;
+    let mut histories = Histories::new(seed, workload, &mut clients)?;
+    let started = Instant::now();
+    let mut outcome = Ok(());
+    while !histories.is_done() && outcome.is_ok() {
+        if started.elapsed() > time_limit {
+            outcome = Err(format!(
+                "{} of {} requests completed in {time_limit:?}",
+                histories.completed,
+                histories.total()
+            ));
+            break;
+        }
+        outcome = histories.step(workload, &mut clients);
+    }
+    let elapsed = started.elapsed();
+    fabric.stop_and_join().map_err(text)?;
+    outcome?;
+    histories.check_pool(pool, &mut lock(&memory).rnic, workload)?;
+    let spot = *spot_stats.lock().expect("stats lock");
+    Ok(HistoryOutcome {
+        completed: histories.completed,
+        reads_checked: histories.reads_checked,
+        elapsed,
+        spot,
+        p4: p4_switch.map(|switch| lock(&switch).switch.program().stats()),
     })
 }

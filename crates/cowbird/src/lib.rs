@@ -17,6 +17,7 @@ pub mod deploy;
 pub mod embedded;
 pub mod fuzzing;
 pub mod hash_table;
+pub mod history;
 pub mod layout;
 pub mod p4;
 pub mod rpc;

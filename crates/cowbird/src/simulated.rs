@@ -4,35 +4,24 @@
 //! lose, duplicate and reorder frames.
 //!
 //! The engine is the Spot engine on the memory node or Cowbird-P4 in the
-//! switch ([`Engine`]).
-//!
-//! Every thread works in its own window of the pool, so a plain model
-//! predicts every read: through Spot, a read sees every write its thread
-//! issued before it and none after. Cowbird-P4 may redo a read after a
-//! go-back, when writes issued after it (and still incomplete, so
-//! concurrent with it) may have reached the pool; such a read may see the
-//! model after any prefix of those writes, which is what linearizability
-//! allows, and nothing else. The run checks each read against that, that
-//! each request completed exactly once and in order within its type, and
-//! that the pool equals the models at the end.
+//! switch ([`Engine`]); the workload and its checks are
+//! [`crate::history`]'s.
 
 use crate::client::Client;
-use crate::client::Completion;
 use crate::deploy::{deploy, deploy_p4, CowbirdSpec, SwitchPorts};
-use crate::layout::{Kind, RequestId, RingSizes};
+use crate::history::Histories;
+pub use crate::history::{Engine, Workload};
+use crate::layout::RingSizes;
 use crate::p4::{CowbirdP4, P4Config, P4Stats};
-use crate::spot::{SpotConfig, SpotStats};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use crate::spot::SpotStats;
 use remora_fabric::node::RnicNode;
-use remora_rnic::{MemoryRegion, RnicConfig, SoftRnic, Timestamp, Verbs};
+use remora_rnic::{MemoryRegion, RnicConfig, Timestamp};
+use remora_sim::LinkConfig;
 use remora_sim::PortId;
-use remora_sim::{LinkConfig, LinkFaults};
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::simulated::SimulatedRack;
 use remora_switch::Program;
-use remora_wire::{Ipv4Address, MacAddress, VirtAddr};
-use std::collections::VecDeque;
+use remora_wire::{Ipv4Address, MacAddress};
 use std::time::Duration;
 
 const COMPUTE: u8 = 1;
@@ -54,47 +43,6 @@ pub fn forwarding() -> L2L3Forwarding {
         .expect("two hosts fit the tables")
 }
 
-/// A checked workload.
-#[derive(Debug, Clone, Copy)]
-pub struct Workload {
-    pub threads: usize,
-    pub operations_per_thread: u64,
-    /// Requests a thread keeps outstanding.
-    pub depth: usize,
-    pub window_bytes: u64,
-    pub max_length: usize,
-    /// Writes are at most this long (Cowbird-P4 caps them at the MTU).
-    pub max_write_length: usize,
-    pub read_fraction: f64,
-    pub faults: LinkFaults,
-    pub spot: SpotConfig,
-    pub engine: Engine,
-}
-
-/// Which offload engine serves the clients.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
-    Spot,
-    P4,
-}
-
-impl Workload {
-    pub fn new(faults: LinkFaults) -> Workload {
-        Workload {
-            threads: 3,
-            operations_per_thread: 400,
-            depth: 16,
-            window_bytes: 2048,
-            max_length: 300,
-            max_write_length: crate::layout::MAX_REQUEST_BYTES as usize,
-            read_fraction: 0.6,
-            faults,
-            spot: SpotConfig::DEFAULT,
-            engine: Engine::Spot,
-        }
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct Outcome {
     pub simulated: Duration,
@@ -107,138 +55,8 @@ pub struct Outcome {
     pub retransmissions: u64,
 }
 
-/// What a read may return: the model when it was issued, then after each
-/// later write of its thread that overlaps it.
-struct ExpectedRead {
-    offset: usize,
-    candidates: Vec<Vec<u8>>,
-}
-
-/// One application thread of the workload, with its model.
-struct Thread {
-    index: usize,
-    poll_group: usize,
-    model: Vec<u8>,
-    issued: u64,
-    /// Outstanding requests in issue order, with what a read may return.
-    expected: VecDeque<(RequestId, Option<ExpectedRead>)>,
-    last_completed: [u64; 2],
-}
-
-fn kind_index(kind: Kind) -> usize {
-    match kind {
-        Kind::Read => 0,
-        Kind::Write => 1,
-    }
-}
-
-impl Thread {
-    fn window_base(&self, workload: &Workload) -> u64 {
-        self.index as u64 * workload.window_bytes
-    }
-
-    fn issue(
-        &mut self,
-        workload: &Workload,
-        client: &mut crate::client::Client,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<bool, String> {
-        if self.issued == workload.operations_per_thread || self.expected.len() >= workload.depth {
-            return Ok(false);
-        }
-        let read = rng.gen_bool(workload.read_fraction);
-        let mut length = rng.gen_range(1..=workload.max_length);
-        if !read {
-            length = length.min(workload.max_write_length);
-        }
-        let offset = rng.gen_range(0..=workload.window_bytes as usize - length);
-        let remote = self.window_base(workload) + offset as u64;
-        let result = if read {
-            client.async_read(0, remote, length).map(|id| {
-                let candidates = vec![self.model[offset..offset + length].to_vec()];
-                (id, Some(ExpectedRead { offset, candidates }))
-            })
-        } else {
-            let bytes: Vec<u8> = (0..length).map(|_| rng.gen()).collect();
-            client.async_write(0, remote, &bytes).map(|id| {
-                self.model[offset..offset + length].copy_from_slice(&bytes);
-                self.note_write(offset, length);
-                (id, None)
-            })
-        };
-        let (id, expected) = match result {
-            Ok(issued) => issued,
-            Err(crate::client::CowbirdError::RetryLater(_)) => return Ok(false),
-            Err(error) => return Err(error.to_string()),
-        };
-        client
-            .poll_add(self.poll_group, id)
-            .map_err(|error| error.to_string())?;
-        self.expected.push_back((id, expected));
-        self.issued += 1;
-        Ok(true)
-    }
-
-    /// A write landed in the model: outstanding reads it overlaps may see
-    /// it, once their engine may have redone them.
-    fn note_write(&mut self, offset: usize, length: usize) {
-        for (_, read) in &mut self.expected {
-            let Some(read) = read else { continue };
-            let read_length = read.candidates[0].len();
-            if offset < read.offset + read_length && read.offset < offset + length {
-                let now = self.model[read.offset..read.offset + read_length].to_vec();
-                read.candidates.push(now);
-            }
-        }
-    }
-
-    fn check(
-        &mut self,
-        engine: Engine,
-        client: &crate::client::Client,
-        completion: &Completion,
-    ) -> Result<bool, String> {
-        let id = completion.id;
-        let kind = kind_index(id.kind());
-        if id.sequence() <= self.last_completed[kind] {
-            return Err(format!("{id:?} completed out of order or twice"));
-        }
-        self.last_completed[kind] = id.sequence();
-        let position = self
-            .expected
-            .iter()
-            .position(|(expected, _)| *expected == id)
-            .ok_or(format!("{id:?} completed but was not outstanding"))?;
-        let (_, read) = self.expected.remove(position).expect("found");
-        let Some(read) = read else {
-            return Ok(false);
-        };
-        let mut seen = vec![0u8; read.candidates[0].len()];
-        client
-            .response(completion, &mut seen)
-            .map_err(|error| error.to_string())?;
-        let allowed = match engine {
-            Engine::Spot => &read.candidates[..1],
-            Engine::P4 => &read.candidates[..],
-        };
-        if !allowed.contains(&seen) {
-            let first_difference: Vec<Option<usize>> = allowed
-                .iter()
-                .map(|bytes| bytes.iter().zip(&seen).position(|(a, b)| a != b))
-                .collect();
-            return Err(format!(
-                "thread {}: {id:?} of {} bytes at offset {} read bytes the model does not allow; first difference from each allowed version: {first_difference:?}; zero bytes read: {}",
-                self.index,
-                seen.len(),
-                read.offset,
-                seen.iter().filter(|byte| **byte == 0).count(),
-            ));
-        }
-        Ok(true)
-    }
-}
-
-fn spec(workload: &Workload) -> CowbirdSpec {
+/// The deployment a checked workload runs on.
+pub fn spec(workload: &Workload) -> CowbirdSpec {
     CowbirdSpec {
         threads: workload.threads,
         sizes: RingSizes {
@@ -355,81 +173,31 @@ fn drive<P: Program>(
     pool: MemoryRegion,
     mut turn: impl FnMut(Timestamp, &mut SimulatedRack<P>) -> Result<(), String>,
 ) -> Result<Outcome, String> {
-    let mut threads = Vec::with_capacity(workload.threads);
-    for (index, client) in clients.iter_mut().enumerate() {
-        threads.push(Thread {
-            index,
-            poll_group: client.poll_create().map_err(|e| e.to_string())?,
-            model: vec![0u8; workload.window_bytes as usize],
-            issued: 0,
-            expected: VecDeque::new(),
-            last_completed: [0, 0],
-        });
-    }
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let (mut completed, mut reads_checked) = (0u64, 0u64);
-    let total = workload.operations_per_thread * workload.threads as u64;
+    let mut histories = Histories::new(seed, workload, clients)?;
+    let total = histories.total();
     let limit = Timestamp::from_nanos(total * 20_000_000 + 1_000_000_000);
     let mut now = Timestamp::ZERO;
-    let mut responses = Vec::new();
-    while completed < total {
+    while !histories.is_done() {
         now = now.max(rack.simulation.now());
         if now >= limit {
             return Err(format!(
-                "{completed} of {total} requests completed before the time limit"
+                "{} of {total} requests completed before the time limit",
+                histories.completed
             ));
         }
-        for (thread, client) in threads.iter_mut().zip(clients.iter_mut()) {
-            while thread.issue(workload, client, &mut rng)? {}
-            responses.clear();
-            client
-                .poll_wait(
-                    thread.poll_group,
-                    &mut responses,
-                    usize::MAX,
-                    Duration::ZERO,
-                )
-                .map_err(|e| e.to_string())?;
-            for completion in &responses {
-                reads_checked += u64::from(thread.check(workload.engine, client, completion)?);
-                completed += 1;
-            }
-        }
+        histories.step(workload, clients)?;
         turn(now, rack)?;
         now = now.saturating_add(TICK);
         rack.simulation.run_until(now, 1_000_000);
     }
-    check_pool(&threads, pool, rack.rnic(MEMORY_HOST), workload)?;
+    histories.check_pool(pool, rack.rnic(MEMORY_HOST), workload)?;
     let retransmissions = rack.rnic(MEMORY_HOST).counters().packets_retransmitted;
     Ok(Outcome {
         simulated: now.saturating_duration_since(Timestamp::ZERO),
-        completed,
-        reads_checked,
+        completed: histories.completed,
+        reads_checked: histories.reads_checked,
         engine: SpotStats::default(),
         switch_engine: None,
         retransmissions,
     })
-}
-
-/// The pool equals every thread's model.
-fn check_pool(
-    threads: &[Thread],
-    pool: MemoryRegion,
-    memory: &mut SoftRnic,
-    workload: &Workload,
-) -> Result<(), String> {
-    for thread in threads {
-        let mut bytes = vec![0u8; workload.window_bytes as usize];
-        let at = VirtAddr(pool.address.0 + thread.window_base(workload));
-        memory
-            .read_local(pool.lkey, at, &mut bytes)
-            .map_err(|error| error.to_string())?;
-        if bytes != thread.model {
-            return Err(format!(
-                "thread {}'s window differs from its model at the end",
-                thread.index
-            ));
-        }
-    }
-    Ok(())
 }

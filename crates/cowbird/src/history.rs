@@ -1,0 +1,288 @@
+//! Checked histories of mixed async reads and writes, the correctness
+//! workload both engines run, in the simulator ([`crate::simulated`]) and
+//! on the embedded rack ([`crate::embedded`]).
+//!
+//! Every thread works in its own window of the pool, so a plain model
+//! predicts every read: through Spot, a read sees every write its thread
+//! issued before it and none after. Cowbird-P4 may redo a read after a
+//! go-back, when writes issued after it (and still incomplete, so
+//! concurrent with it) may have reached the pool; such a read may see the
+//! model after any prefix of those writes, which is what linearizability
+//! allows, and nothing else. Each read is checked against that, each
+//! request must complete exactly once and in order within its type, and
+//! the pool must equal the models at the end.
+
+use crate::client::{Client, Completion};
+use crate::layout::{Kind, RequestId};
+use crate::spot::SpotConfig;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use remora_rnic::{MemoryRegion, SoftRnic, Verbs};
+use remora_sim::LinkFaults;
+use remora_wire::VirtAddr;
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// A checked workload.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload {
+    pub threads: usize,
+    pub operations_per_thread: u64,
+    /// Requests a thread keeps outstanding.
+    pub depth: usize,
+    pub window_bytes: u64,
+    pub max_length: usize,
+    /// Writes are at most this long (Cowbird-P4 caps them at the MTU).
+    pub max_write_length: usize,
+    pub read_fraction: f64,
+    pub faults: LinkFaults,
+    pub spot: SpotConfig,
+    pub engine: Engine,
+}
+
+/// Which offload engine serves the clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Spot,
+    P4,
+}
+
+impl Workload {
+    pub fn new(faults: LinkFaults) -> Workload {
+        Workload {
+            threads: 3,
+            operations_per_thread: 400,
+            depth: 16,
+            window_bytes: 2048,
+            max_length: 300,
+            max_write_length: crate::layout::MAX_REQUEST_BYTES as usize,
+            read_fraction: 0.6,
+            faults,
+            spot: SpotConfig::DEFAULT,
+            engine: Engine::Spot,
+        }
+    }
+}
+
+/// What a read may return: the model when it was issued, then after each
+/// later write of its thread that overlaps it.
+struct ExpectedRead {
+    offset: usize,
+    candidates: Vec<Vec<u8>>,
+}
+
+/// One application thread of the workload, with its model.
+struct Thread {
+    index: usize,
+    poll_group: usize,
+    model: Vec<u8>,
+    issued: u64,
+    /// Outstanding requests in issue order, with what a read may return.
+    expected: VecDeque<(RequestId, Option<ExpectedRead>)>,
+    last_completed: [u64; 2],
+}
+
+fn kind_index(kind: Kind) -> usize {
+    match kind {
+        Kind::Read => 0,
+        Kind::Write => 1,
+    }
+}
+
+impl Thread {
+    fn window_base(&self, workload: &Workload) -> u64 {
+        self.index as u64 * workload.window_bytes
+    }
+
+    fn issue(
+        &mut self,
+        workload: &Workload,
+        client: &mut crate::client::Client,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<bool, String> {
+        if self.issued == workload.operations_per_thread || self.expected.len() >= workload.depth {
+            return Ok(false);
+        }
+        let read = rng.gen_bool(workload.read_fraction);
+        let mut length = rng.gen_range(1..=workload.max_length);
+        if !read {
+            length = length.min(workload.max_write_length);
+        }
+        let offset = rng.gen_range(0..=workload.window_bytes as usize - length);
+        let remote = self.window_base(workload) + offset as u64;
+        let result = if read {
+            client.async_read(0, remote, length).map(|id| {
+                let candidates = vec![self.model[offset..offset + length].to_vec()];
+                (id, Some(ExpectedRead { offset, candidates }))
+            })
+        } else {
+            let bytes: Vec<u8> = (0..length).map(|_| rng.gen()).collect();
+            client.async_write(0, remote, &bytes).map(|id| {
+                self.model[offset..offset + length].copy_from_slice(&bytes);
+                self.note_write(offset, length);
+                (id, None)
+            })
+        };
+        let (id, expected) = match result {
+            Ok(issued) => issued,
+            Err(crate::client::CowbirdError::RetryLater(_)) => return Ok(false),
+            Err(error) => return Err(error.to_string()),
+        };
+        client
+            .poll_add(self.poll_group, id)
+            .map_err(|error| error.to_string())?;
+        self.expected.push_back((id, expected));
+        self.issued += 1;
+        Ok(true)
+    }
+
+    /// A write landed in the model: outstanding reads it overlaps may see
+    /// it, once their engine may have redone them.
+    fn note_write(&mut self, offset: usize, length: usize) {
+        for (_, read) in &mut self.expected {
+            let Some(read) = read else { continue };
+            let read_length = read.candidates[0].len();
+            if offset < read.offset + read_length && read.offset < offset + length {
+                let now = self.model[read.offset..read.offset + read_length].to_vec();
+                read.candidates.push(now);
+            }
+        }
+    }
+
+    fn check(
+        &mut self,
+        engine: Engine,
+        client: &crate::client::Client,
+        completion: &Completion,
+    ) -> Result<bool, String> {
+        let id = completion.id;
+        let kind = kind_index(id.kind());
+        if id.sequence() <= self.last_completed[kind] {
+            return Err(format!("{id:?} completed out of order or twice"));
+        }
+        self.last_completed[kind] = id.sequence();
+        let position = self
+            .expected
+            .iter()
+            .position(|(expected, _)| *expected == id)
+            .ok_or(format!("{id:?} completed but was not outstanding"))?;
+        let (_, read) = self.expected.remove(position).expect("found");
+        let Some(read) = read else {
+            return Ok(false);
+        };
+        let mut seen = vec![0u8; read.candidates[0].len()];
+        client
+            .response(completion, &mut seen)
+            .map_err(|error| error.to_string())?;
+        let allowed = match engine {
+            Engine::Spot => &read.candidates[..1],
+            Engine::P4 => &read.candidates[..],
+        };
+        if !allowed.contains(&seen) {
+            let first_difference: Vec<Option<usize>> = allowed
+                .iter()
+                .map(|bytes| bytes.iter().zip(&seen).position(|(a, b)| a != b))
+                .collect();
+            return Err(format!(
+                "thread {}: {id:?} of {} bytes at offset {} read bytes the model does not allow; first difference from each allowed version: {first_difference:?}; zero bytes read: {}",
+                self.index,
+                seen.len(),
+                read.offset,
+                seen.iter().filter(|byte| **byte == 0).count(),
+            ));
+        }
+        Ok(true)
+    }
+}
+
+/// Every thread's history, driven one pass at a time.
+pub struct Histories {
+    threads: Vec<Thread>,
+    rng: ChaCha8Rng,
+    responses: Vec<Completion>,
+    pub completed: u64,
+    pub reads_checked: u64,
+    total: u64,
+}
+
+impl Histories {
+    pub fn new(
+        seed: u64,
+        workload: &Workload,
+        clients: &mut [Client],
+    ) -> Result<Histories, String> {
+        let mut threads = Vec::with_capacity(workload.threads);
+        for (index, client) in clients.iter_mut().enumerate() {
+            threads.push(Thread {
+                index,
+                poll_group: client.poll_create().map_err(|e| e.to_string())?,
+                model: vec![0u8; workload.window_bytes as usize],
+                issued: 0,
+                expected: VecDeque::new(),
+                last_completed: [0, 0],
+            });
+        }
+        Ok(Histories {
+            threads,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            responses: Vec::new(),
+            completed: 0,
+            reads_checked: 0,
+            total: workload.operations_per_thread * workload.threads as u64,
+        })
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.completed == self.total
+    }
+
+    /// One pass over the threads: each issues what its depth allows,
+    /// polls, and checks what completed.
+    pub fn step(&mut self, workload: &Workload, clients: &mut [Client]) -> Result<(), String> {
+        for (thread, client) in self.threads.iter_mut().zip(clients.iter_mut()) {
+            while thread.issue(workload, client, &mut self.rng)? {}
+            self.responses.clear();
+            client
+                .poll_wait(
+                    thread.poll_group,
+                    &mut self.responses,
+                    usize::MAX,
+                    Duration::ZERO,
+                )
+                .map_err(|e| e.to_string())?;
+            for completion in &self.responses {
+                self.reads_checked +=
+                    u64::from(thread.check(workload.engine, client, completion)?);
+                self.completed += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The pool equals every thread's model.
+    pub fn check_pool(
+        &self,
+        pool: MemoryRegion,
+        memory: &mut SoftRnic,
+        workload: &Workload,
+    ) -> Result<(), String> {
+        for thread in &self.threads {
+            let mut bytes = vec![0u8; workload.window_bytes as usize];
+            let at = VirtAddr(pool.address.0 + thread.window_base(workload));
+            memory
+                .read_local(pool.lkey, at, &mut bytes)
+                .map_err(|error| error.to_string())?;
+            if bytes != thread.model {
+                return Err(format!(
+                    "thread {}'s window differs from its model at the end",
+                    thread.index
+                ));
+            }
+        }
+        Ok(())
+    }
+}
