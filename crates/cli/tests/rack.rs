@@ -448,10 +448,11 @@ fn bench_cowbird_quick_writes_every_variant_and_the_ratios_as_json() {
             "spot_vs_local_compute_bound",
             "spot_vs_async_probe",
             "app_cpu_per_op_spot_vs_async",
+            "p4_vs_local_compute_bound",
         ],
     );
     for case in ["probe", "compute_bound"] {
-        for variant in ["local", "sync", "async", "rpc", "spot", "spot_sync"] {
+        for variant in ["local", "sync", "async", "rpc", "spot", "spot_sync", "p4"] {
             let name = format!("{case}_{variant}");
             assert!(variants.contains(&name), "no {name}");
         }

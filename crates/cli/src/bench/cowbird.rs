@@ -5,8 +5,9 @@
 //! other.
 //!
 //! Variants: all-local, synchronous and batched asynchronous one-sided
-//! READs, two-sided RPC (the memory node's CPU answers), and Cowbird-Spot
-//! batched and one at a time. Two cases, 64 B records, 95% remote: a pure probe (no work per record)
+//! READs, two-sided RPC (the memory node's CPU answers), Cowbird-Spot
+//! batched and one at a time, and Cowbird-P4 (the engine in the switch,
+//! its CPU inside the fabric thread's). Two cases, 64 B records, 95% remote: a pure probe (no work per record)
 //! and a compute-bound probe (about 1 µs of real work per record). Every
 //! variant runs in every round, back to back; ratios are taken within a
 //! round and the median over rounds is reported.
@@ -165,6 +166,8 @@ pub fn run(quick: bool) -> Result<Report, String> {
     );
     let mut measured: Rounds = BTreeMap::new();
     let mut ratios: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut p4_resources = None;
+    let mut p4_go_backs = 0u64;
     // The work per record is calibrated once, so every variant and round
     // does the same work.
     let benches: Vec<(&str, ProbeBench)> = cases
@@ -188,6 +191,10 @@ pub fn run(quick: bool) -> Result<Report, String> {
                 progress.inc(1);
             }
             let local = outcomes["local"].operations_per_second();
+            if let Some((stats, resources)) = &outcomes["p4"].p4 {
+                p4_resources.get_or_insert_with(|| resources.clone());
+                p4_go_backs += stats.go_backs;
+            }
             for variant in Variant::ALL {
                 let name = format!("{case}_{}", variant.name());
                 let figures = figures(&outcomes[variant.name()], local);
@@ -206,10 +213,16 @@ pub fn run(quick: bool) -> Result<Report, String> {
                         .or_default()
                         .push(spot.app_ns_per_remote() / asynchronous.app_ns_per_remote());
                 }
-                "compute_bound" => ratios
-                    .entry("spot_vs_local_compute_bound")
-                    .or_default()
-                    .push(spot.operations_per_second() / local),
+                "compute_bound" => {
+                    ratios
+                        .entry("spot_vs_local_compute_bound")
+                        .or_default()
+                        .push(spot.operations_per_second() / local);
+                    ratios
+                        .entry("p4_vs_local_compute_bound")
+                        .or_default()
+                        .push(outcomes["p4"].operations_per_second() / local);
+                }
                 _ => {}
             }
         }
@@ -228,7 +241,8 @@ pub fn run(quick: bool) -> Result<Report, String> {
             "threads": 1,
             "work_rounds_compute_bound": benches[1].1.work_rounds,
             "clock": "real time on the embedded rack; application time per pass from the TSC clock",
-            "not_measured": "the Cowbird-P4 variant (not built yet)",
+            "p4_go_backs_all_rounds": p4_go_backs,
+            "p4_resources": p4_resources,
         }),
         host: Host::probe(),
         results: Vec::new(),
@@ -241,6 +255,10 @@ pub fn run(quick: bool) -> Result<Report, String> {
             record(&mut report, &name, variant, &measured[&name]);
         }
     }
+    if let Some(resources) = &p4_resources {
+        println!("\nCowbird-P4 switch resources (as the paper's Table 5):\n{resources}");
+    }
+    println!("Cowbird-P4 go-backs over all rounds: {p4_go_backs}");
     println!();
     for (name, mut values) in ratios {
         let value = median(&mut values);
