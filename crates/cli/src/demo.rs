@@ -491,19 +491,20 @@ fn clover_step() -> Result<SystemStep, String> {
     Ok(step)
 }
 
-/// Cowbird: checked histories through the Spot engine in the simulator
-/// at 1% loss, then the hash-table probe on the embedded rack, batched
-/// one-sided READs against the client library with the Spot engine, every
-/// record checked as it arrives.
+/// Cowbird: checked histories through the Spot engine and through
+/// Cowbird-P4 in the simulator at 1% loss, then the hash-table probe on
+/// the embedded rack, batched one-sided READs against the client library
+/// with the Spot engine and with Cowbird-P4, every record checked as it
+/// arrives.
 fn cowbird_step() -> Result<SystemStep, String> {
     use remora_cowbird::embedded::{run_variant, ProbeBench, Variant};
     use remora_cowbird::hash_table::TableSpec;
-    use remora_cowbird::simulated::{run, Workload};
+    use remora_cowbird::simulated::{run, Engine, Workload};
     let mut step = SystemStep {
         variants: Vec::new(),
         failures: Vec::new(),
     };
-    println!("\nCowbird-Spot in the simulator (3 threads, mixed async reads and writes, 1% loss):");
+    println!("\nCowbird in the simulator (3 threads, mixed async reads and writes, 1% loss):");
     let faults = remora_sim::LinkFaults {
         loss: 0.01,
         duplicate: 0.005,
@@ -511,30 +512,43 @@ fn cowbird_step() -> Result<SystemStep, String> {
         reorder_delay: std::time::Duration::from_micros(3),
         corrupt: 0.0,
     };
-    match run(1, &Workload::new(faults)) {
-        Ok(outcome) => {
-            println!(
-                "  {} requests completed once and in order, {} reads equal to the model, pool equal to the model: yes ({} retransmissions, {} responses packed into {} WRITEs)",
-                outcome.completed,
-                outcome.reads_checked,
-                outcome.retransmissions,
-                outcome.engine.reads,
-                outcome.engine.response_writes,
-            );
-            step.variants.push(serde_json::json!({
-                "variant": "simulated spot, 1% loss",
-                "completed": outcome.completed,
-                "reads_checked": outcome.reads_checked,
-                "retransmissions": outcome.retransmissions,
-            }));
+    for engine in [Engine::Spot, Engine::P4] {
+        let workload = Workload {
+            engine,
+            ..Workload::new(faults)
+        };
+        match run(1, &workload) {
+            Ok(outcome) => {
+                let recovery = match outcome.switch_engine {
+                    Some(p4) => format!(
+                        "{} go-backs, {} packets sent again",
+                        p4.go_backs, p4.retransmitted
+                    ),
+                    None => format!(
+                        "{} retransmissions, {} responses packed into {} WRITEs",
+                        outcome.retransmissions,
+                        outcome.engine.reads,
+                        outcome.engine.response_writes
+                    ),
+                };
+                println!(
+                    "  {engine:?}: {} requests completed once and in order, {} reads allowed by the model, pool equal to the model: yes ({recovery})",
+                    outcome.completed, outcome.reads_checked,
+                );
+                step.variants.push(serde_json::json!({
+                    "variant": format!("simulated {engine:?}, 1% loss"),
+                    "completed": outcome.completed,
+                    "reads_checked": outcome.reads_checked,
+                }));
+            }
+            Err(error) => step
+                .failures
+                .push(format!("Cowbird {engine:?} in the simulator: {error}")),
         }
-        Err(error) => step
-            .failures
-            .push(format!("Cowbird in the simulator: {error}")),
     }
     println!("\nthe hash-table probe on the embedded rack (64 B records, 95% remote, 0.3 s each):");
     let bench = ProbeBench::new(TableSpec::DEFAULT, std::time::Duration::from_millis(300));
-    for variant in [Variant::Async, Variant::Spot] {
+    for variant in [Variant::Async, Variant::Spot, Variant::P4] {
         match run_variant(&bench, variant, 1) {
             Ok(outcome) => {
                 println!(
