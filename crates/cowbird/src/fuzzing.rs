@@ -1,8 +1,10 @@
-//! The harness of the `cowbird_engine` fuzz target, kept in the crate so
-//! findings replay as tests: a hostile compute node writes arbitrary
-//! bytes into its block (tail words and metadata entries), and the Spot
-//! engine, over two real soft RNICs, must refuse or serve them without a
-//! panic and without touching memory outside the pool and the block.
+//! The harnesses of the `cowbird_engine` and `cowbird_p4` fuzz targets,
+//! kept in the crate so findings replay as tests: a hostile compute node
+//! writes arbitrary bytes into its block (tail words and metadata
+//! entries), and the Spot engine, over two real soft RNICs, must refuse or
+//! serve them without a panic and without touching memory outside the
+//! pool and the block; hostile hosts answer Cowbird-P4 with arbitrary
+//! well-formed frames, and the switch must stay up.
 
 use crate::deploy::{deploy, CowbirdSpec};
 use crate::layout::RingSizes;
@@ -57,6 +59,44 @@ mod tests {
     use crate::layout::{Entry, Kind, ENTRY_BYTES, METADATA_RING_AT};
 
     #[test]
+    fn p4_probes_an_empty_block_quietly() {
+        assert_eq!(p4_hostile_block(&[]), None);
+    }
+
+    #[test]
+    fn p4_stops_an_instance_whose_entries_make_no_sense() {
+        let mut bytes = vec![0xa5u8; 512];
+        bytes[0..8].copy_from_slice(&3u64.to_le_bytes());
+        let reason = p4_hostile_block(&bytes).expect("garbage entries stop the instance");
+        assert!(reason.contains("makes no sense"), "{reason}");
+    }
+
+    #[test]
+    fn p4_survives_answers_of_every_opcode() {
+        let mut bytes = Vec::new();
+        for opcode in 0..=255u8 {
+            for psn in [0u8, 1, 2, 200] {
+                bytes.extend([
+                    3,
+                    opcode,
+                    opcode & 1,
+                    psn,
+                    0,
+                    opcode,
+                    64,
+                    16 + psn % 40,
+                    1,
+                    2,
+                    3,
+                    4,
+                ]);
+            }
+        }
+        // Generator ticks alone make the switch probe.
+        assert!(p4_hostile_answers(&bytes) > 0);
+    }
+
+    #[test]
     fn an_empty_block_is_probed_quietly() {
         assert_eq!(hostile_block(&[]), TURNS);
     }
@@ -86,4 +126,179 @@ mod tests {
         bytes[at..at + raw.len()].copy_from_slice(&raw);
         assert!(hostile_block(&bytes) < TURNS);
     }
+}
+
+/// The harness of the `cowbird_p4` fuzz target's first half: hostile
+/// hosts answer Cowbird-P4. Each chunk of `bytes` becomes one well-formed
+/// RoCEv2 frame (valid ICRC) to one of the switch's impersonated queue
+/// pairs, with a fuzzer-chosen opcode, PSN near the window, syndrome and
+/// payload, between generator ticks. The engine must drop, count or act
+/// on each without a panic, and everything it emits must be a valid frame.
+/// Returns how many frames the switch sent.
+pub fn p4_hostile_answers(bytes: &[u8]) -> usize {
+    use crate::p4::impersonated::Peer;
+    use crate::p4::{CowbirdP4, InstanceSpec};
+    use crate::simulated::{forwarding, ip, mac, p4_config};
+    use remora_rnic::{RemoteAddress, Timestamp};
+    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
+    use remora_wire::{
+        AckSyndrome, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, ImmDtRepr, Msn, Opcode,
+        Psn, Qpn, RethRepr, Rkey, RoceFrame, VirtAddr,
+    };
+
+    let config = p4_config();
+    let mut program = CowbirdP4::new(config, forwarding());
+    let peer = |index: u8, port: u16| Peer {
+        port: PortId(port),
+        mac: mac(index),
+        address: ip(index),
+        qpn: Qpn::new(0x11).expect("24 bits"),
+        initial_psn: Psn::new(0),
+    };
+    let remote = RemoteAddress {
+        address: VirtAddr(0x1000),
+        rkey: Rkey(0x42),
+    };
+    let (compute_qpn, memory_qpn) = program
+        .add_instance(InstanceSpec {
+            compute: peer(1, 0),
+            memory: peer(2, 1),
+            block: remote,
+            sizes: RingSizes {
+                metadata_entries: 64,
+                request_data_bytes: 4096,
+                response_data_bytes: 4096,
+            },
+            regions: vec![remote],
+        })
+        .expect("one instance fits");
+    let template = program.probe_template();
+    let mut switch = Switch::new(SwitchConfig::new(2), program);
+    switch
+        .add_template(template, Timestamp::ZERO)
+        .expect("one template");
+    let mut now = Timestamp::ZERO;
+    let mut frame = vec![0u8; MAX_FRAME_LEN];
+    let mut out = vec![0u8; MAX_FRAME_LEN];
+    let mut sent = 0;
+    for chunk in bytes.chunks(12) {
+        let byte = |index: usize| chunk.get(index).copied().unwrap_or(0);
+        now = now.saturating_add(Duration::from_micros(u64::from(byte(0) % 8)));
+        switch.handle_timeout(now);
+        let Some(opcode) = Opcode::from_u8(byte(1)) else {
+            continue;
+        };
+        let to_memory = byte(2) & 1 == 1;
+        let (host, port, qpn) = match to_memory {
+            false => (1, 0, compute_qpn),
+            true => (2, 1, memory_qpn),
+        };
+        let psn = Psn::new(u32::from(u16::from_le_bytes([byte(3), byte(4)])) % 512);
+        let mut repr = FrameRepr::between(
+            (mac(host), ip(host)),
+            (config.mac, config.address),
+            0xc000,
+            BthRepr::new(opcode, qpn, psn),
+        );
+        let syndrome =
+            AckSyndrome::from_u8(byte(5)).unwrap_or(AckSyndrome::Ack { credit_count: 0 });
+        let extension = &mut repr.extension;
+        extension.aeth = opcode.has_aeth().then_some(AethRepr {
+            syndrome,
+            msn: Msn::new(0),
+        });
+        extension.reth = opcode.has_reth().then_some(RethRepr {
+            virtual_address: VirtAddr(0x1000),
+            rkey: Rkey(0x42),
+            dma_length: u32::from(byte(6)),
+        });
+        extension.atomic_eth = opcode.has_atomic_eth().then_some(AtomicEthRepr {
+            virtual_address: VirtAddr(0x1000),
+            rkey: Rkey(0x42),
+            swap_or_add: 1,
+            compare: 0,
+        });
+        extension.atomic_ack_eth = opcode
+            .has_atomic_ack_eth()
+            .then_some(AtomicAckEthRepr { original_data: 0 });
+        extension.immediate = (opcode.has_immediate() || opcode.has_invalidate())
+            .then_some(ImmDtRepr { immediate: 0 });
+        // The payload: the chunk's tail, repeated to a fuzzer-chosen length
+        // (an entry is 32 bytes, client words 16).
+        let payload_len = usize::from(byte(7)) % 64;
+        let seed = chunk
+            .get(8..)
+            .filter(|tail| !tail.is_empty())
+            .unwrap_or(&[0xa5]);
+        let payload: Vec<u8> = seed.iter().copied().cycle().take(payload_len).collect();
+        let Ok(length) = emit_frame(&repr.with_payload_len(payload_len), &payload, &mut frame)
+        else {
+            continue;
+        };
+        switch.handle_frame(now, PortId(port), &frame[..length]);
+        while let Some((_, length)) = switch.poll_transmit(now, &mut out) {
+            assert!(
+                RoceFrame::new_checked(&out[..length]).is_ok(),
+                "the engine emitted a malformed frame"
+            );
+            sent += 1;
+        }
+    }
+    sent
+}
+
+/// The harness of the `cowbird_p4` fuzz target's second half: a hostile
+/// compute node writes `bytes` into its block and Cowbird-P4 (in the
+/// simulator, with real soft RNICs) probes it. The instance must serve or
+/// stop with a reason, never panic. Returns the reason it stopped, if it
+/// did.
+pub fn p4_hostile_block(bytes: &[u8]) -> Option<String> {
+    use crate::deploy::{deploy_p4, SwitchPorts};
+    use crate::p4::CowbirdP4;
+    use crate::simulated::{forwarding, ip, mac, p4_config};
+    use remora_fabric::node::RnicNode;
+    use remora_rnic::{RnicConfig, Timestamp};
+    use remora_sim::{LinkConfig, PortId};
+    use remora_switch::simulated::SimulatedRack;
+
+    let mut compute = RnicNode::new(RnicConfig::new(mac(1), ip(1), 7));
+    let mut memory = RnicNode::new(RnicConfig::new(mac(2), ip(2), 8));
+    let spec = CowbirdSpec {
+        threads: 1,
+        sizes: RingSizes {
+            metadata_entries: 64,
+            request_data_bytes: 4096,
+            response_data_bytes: 4096,
+        },
+        pool_regions: vec![POOL_BYTES],
+        spot: SpotConfig::DEFAULT,
+        ack_timeout: Duration::from_micros(100),
+        direct: None,
+        rpc: None,
+    };
+    let mut program = CowbirdP4::new(p4_config(), forwarding());
+    let ports = SwitchPorts {
+        compute: PortId(0),
+        memory: PortId(1),
+    };
+    let deployment = deploy_p4(
+        &spec,
+        &mut compute.device,
+        &mut memory.device,
+        &mut program,
+        ports,
+    )
+    .expect("a fixed deployment works");
+    let block = deployment.clients[0].block();
+    let length = bytes.len().min(block.len());
+    block.write(0, &bytes[..length]).expect("within the block");
+    let template = program.probe_template();
+    let mut rack = SimulatedRack::new(9, program, vec![compute, memory], LinkConfig::rack());
+    rack.switch_mut()
+        .add_template(template, Timestamp::ZERO)
+        .expect("one template");
+    rack.simulation
+        .run_until(Timestamp::from_nanos(300_000), 1_000_000);
+    rack.program().failure(0).map(str::to_string)
 }
