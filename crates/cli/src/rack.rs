@@ -13,7 +13,10 @@ use std::sync::Arc;
 pub enum RackCommand {
     /// Bring a rack up from its TOML file, run every compute node's checked
     /// workload against every memory node through the switch, then shut it
-    /// down and report. Ctrl-C stops it cleanly.
+    /// down and report. Ctrl-C stops it cleanly. A `[cowbird]` section also
+    /// runs Cowbird's checked read/write histories through the engine it
+    /// names (spot or p4) on the first compute and memory nodes, in
+    /// embedded mode.
     Up(UpArgs),
     /// Run only the switch of a rack spanning hosts: port i is a UDP tunnel
     /// on [switch] tunnel_host:(tunnel_base_port + i) to node i's `tunnel`
@@ -142,10 +145,24 @@ pub fn run(command: RackCommand) -> Result<ExitCode, String> {
     if let Some(path) = &args.capture {
         println!("capture: {}", path.display());
     }
+    let mut failures = report.failures();
+    let cowbird = match options.mode {
+        Mode::Embedded => run_cowbird(&rack, &mut failures),
+        _ if rack.cowbird.is_some() => {
+            eprintln!("[cowbird] runs in embedded mode only: skipped");
+            None
+        }
+        _ => None,
+    };
     if let Some(path) = &args.json {
-        crate::write_json(path, &report)?;
+        match cowbird {
+            Some(cowbird) => crate::write_json(
+                path,
+                &serde_json::json!({ "rack": report, "cowbird": cowbird }),
+            )?,
+            None => crate::write_json(path, &report)?,
+        }
     }
-    let failures = report.failures();
     if failures.is_empty() {
         Ok(ExitCode::SUCCESS)
     } else {
@@ -153,6 +170,39 @@ pub fn run(command: RackCommand) -> Result<ExitCode, String> {
             eprintln!("failed: {failure}");
         }
         Ok(ExitCode::FAILURE)
+    }
+}
+
+/// The rack file's `[cowbird]` section, run on the embedded rack: checked
+/// histories through the engine it names. Failures join the rack's.
+fn run_cowbird(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
+    let (workload, placement) = remora_cowbird::embedded::from_rack(rack)?;
+    let time_limit = std::time::Duration::from_secs(120);
+    println!(
+        "cowbird: {:?} engine, {} threads x {} checked requests",
+        workload.engine, workload.threads, workload.operations_per_thread
+    );
+    match remora_cowbird::embedded::run_histories(1, &workload, &placement, time_limit) {
+        Ok(outcome) => {
+            println!(
+                "  {} requests completed once and in order, {} reads allowed by the model, pool equal to the model: yes ({:.0} requests/s)",
+                outcome.completed,
+                outcome.reads_checked,
+                outcome.completed as f64 / outcome.elapsed.as_secs_f64()
+            );
+            Some(serde_json::json!({
+                "engine": format!("{:?}", workload.engine),
+                "threads": workload.threads,
+                "completed": outcome.completed,
+                "reads_checked": outcome.reads_checked,
+                "seconds": outcome.elapsed.as_secs_f64(),
+                "p4_go_backs": outcome.p4.map(|stats| stats.go_backs),
+            }))
+        }
+        Err(error) => {
+            failures.push(format!("cowbird: {error}"));
+            Some(serde_json::json!({ "error": error }))
+        }
     }
 }
 

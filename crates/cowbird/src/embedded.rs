@@ -28,21 +28,22 @@ use crate::deploy::{deploy, deploy_p4, CowbirdSpec, Direct, DirectSpec, RpcSpec,
 use crate::hash_table::{calibrate, compute, is_record, record_bytes, record_of, TableSpec};
 use crate::history::{Engine, Histories, Workload};
 use crate::layout::RingSizes;
-use crate::p4::{CowbirdP4, P4Stats};
+use crate::p4::{CowbirdP4, P4Config, P4Stats};
 use crate::rpc::RpcServer;
-use crate::simulated::{forwarding, ip, mac, p4_config};
+use crate::simulated::{forwarding, p4_config, Placement};
 use crate::spot::{SpotConfig, SpotEngine, SpotStats};
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use remora_carrier::{Port, Segment, SegmentPlan, WaitSource};
+use remora_rack::config::CowbirdEngine;
 use remora_rack::endpoint::{
     lock, AppQueues, Driver, DriverKicker, FabricThread, NodeEndpoint, Pump, RackClock, Shared,
     SwitchEndpoint, RACK_ACK_TIMEOUT,
 };
-use remora_rack::RackError;
+use remora_rack::{RackConfig, RackError, Role};
 use remora_rnic::*;
-use remora_switch::{PortId, ResourceReport, Switch, SwitchConfig};
+use remora_switch::{PortId, ResourceReport, Switch, SwitchConfig, SwitchCounters};
 use remora_wire::VirtAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -297,7 +298,7 @@ struct Hosts {
 }
 
 impl Hosts {
-    fn new() -> Result<Hosts, String> {
+    fn new(placement: &Placement) -> Result<Hosts, String> {
         let segment =
             Segment::anonymous(&SegmentPlan::star_one_waiter(2, RING_DEPTH)).map_err(text)?;
         let port = |index: u8| -> Result<[Box<dyn Port>; 2], String> {
@@ -308,28 +309,30 @@ impl Hosts {
         };
         let [compute_hub, compute_spoke] = port(COMPUTE)?;
         let [memory_hub, memory_spoke] = port(MEMORY)?;
-        let rnic = |index: u8| {
-            SoftRnic::new(RnicConfig::new(
-                mac(index),
-                ip(index),
-                0xc0b ^ u64::from(index),
-            ))
+        let rnic = |(mac, address), seed: u8| {
+            SoftRnic::new(RnicConfig::new(mac, address, 0xc0b ^ u64::from(seed)))
         };
         Ok(Hosts {
-            compute: NodeEndpoint::new("compute", rnic(COMPUTE), compute_spoke),
-            memory: NodeEndpoint::new("memory", rnic(MEMORY), memory_spoke),
+            compute: NodeEndpoint::new("compute", rnic(placement.compute, COMPUTE), compute_spoke),
+            memory: NodeEndpoint::new("memory", rnic(placement.memory, MEMORY), memory_spoke),
             switch_ports: vec![compute_hub, memory_hub],
         })
     }
 }
 
-/// The switch's program for Cowbird-P4 on the embedded rack, with the
-/// rack's timeout: a fabric thread descheduled for milliseconds is not a
-/// lost packet.
+/// The switch's program for Cowbird-P4 in the probe benchmark.
 fn p4_program() -> CowbirdP4 {
-    let mut config = p4_config();
-    config.timeout = RACK_ACK_TIMEOUT;
-    CowbirdP4::new(config, forwarding())
+    CowbirdP4::new(embedded_p4_config(), forwarding())
+}
+
+/// The P4 settings the embedded rack uses by default: the simulator's,
+/// with the rack's timeout (a fabric thread descheduled for milliseconds
+/// is not a lost packet).
+pub fn embedded_p4_config() -> P4Config {
+    P4Config {
+        timeout: RACK_ACK_TIMEOUT,
+        ..p4_config()
+    }
 }
 
 /// The switch with Cowbird-P4 and its probe generator running.
@@ -385,7 +388,7 @@ impl Rig {
             mut compute,
             mut memory,
             switch_ports,
-        } = Hosts::new()?;
+        } = Hosts::new(&Placement::default())?;
         let spec = CowbirdSpec {
             threads: usize::from(with_engine),
             direct: Some(DirectSpec {
@@ -463,7 +466,7 @@ impl Rig {
             mut compute,
             mut memory,
             switch_ports,
-        } = Hosts::new()?;
+        } = Hosts::new(&Placement::default())?;
         let mut program = p4_program();
         let spec = probe_spec(bench, 1);
         let deployment = deploy_p4(
@@ -989,19 +992,20 @@ pub struct HistoryOutcome {
 
 /// Runs [`crate::history`]'s checked read/write histories on the embedded
 /// rack (real threads, real clock, in-process rings) through the engine
-/// `workload.engine` names. The workload's link faults are the
-/// simulator's business and are not applied here. Gives up after
-/// `time_limit`.
+/// `workload.engine` names, with the hosts where `placement` puts them.
+/// The workload's link faults are the simulator's business and are not
+/// applied here. Gives up after `time_limit`.
 pub fn run_histories(
     seed: u64,
     workload: &Workload,
+    placement: &Placement,
     time_limit: Duration,
 ) -> Result<HistoryOutcome, String> {
     let Hosts {
         mut compute,
         mut memory,
         switch_ports,
-    } = Hosts::new()?;
+    } = Hosts::new(placement)?;
     let spec = CowbirdSpec {
         ack_timeout: RACK_ACK_TIMEOUT,
         ..crate::simulated::spec(workload)
@@ -1009,12 +1013,15 @@ pub fn run_histories(
     let engine_busy = Arc::new(AtomicU64::new(0));
     let spot_stats = Arc::new(Mutex::new(None));
     let mut p4_switch = None;
+    let switch_counters: Box<dyn Fn() -> SwitchCounters>;
     let (mut clients, pool, switch, engine_pump): (_, _, Arc<Mutex<dyn Pump>>, _) =
         match workload.engine {
             Engine::Spot => {
                 let deployment = deploy(spec, &mut compute.rnic, &mut memory.rnic).map_err(text)?;
-                let switch = Switch::new(SwitchConfig::new(2), forwarding());
+                let switch = Switch::new(SwitchConfig::new(2), placement.forwarding());
                 let switch = shared(SwitchEndpoint::new(switch, switch_ports));
+                let handle = switch.clone();
+                switch_counters = Box::new(move || lock(&handle).switch.counters());
                 (
                     deployment.clients,
                     deployment.pool[0],
@@ -1023,7 +1030,7 @@ pub fn run_histories(
                 )
             }
             Engine::P4 => {
-                let mut program = p4_program();
+                let mut program = CowbirdP4::new(workload.p4, placement.forwarding());
                 let deployment = deploy_p4(
                     &spec,
                     &mut compute.rnic,
@@ -1034,6 +1041,8 @@ pub fn run_histories(
                 .map_err(text)?;
                 let switch = p4_switch_of(program, switch_ports)?;
                 p4_switch = Some(switch.clone());
+                let handle = switch.clone();
+                switch_counters = Box::new(move || lock(&handle).switch.counters());
                 (deployment.clients, deployment.pool[0], switch, None)
             }
         };
@@ -1062,8 +1071,30 @@ pub fn run_histories(
         outcome = histories.step(workload, &mut clients);
     }
     let elapsed = started.elapsed();
-    fabric.stop_and_join().map_err(text)?;
-    outcome?;
+    let stopped = fabric.stop_and_join();
+    // Whatever failed, say what the NICs and the switch saw.
+    let context = |error: String| {
+        let counters = |node: &Shared<NodeEndpoint>| {
+            let counters = lock(node).rnic.counters().clone();
+            format!(
+                "frames out/in {}/{}, retransmitted {}, timeouts {}, drops {:?}",
+                counters.frames_transmitted,
+                counters.frames_received,
+                counters.packets_retransmitted,
+                counters.retransmit_timeouts,
+                counters.drops
+            )
+        };
+        format!(
+            "{error} (compute NIC: {}; memory NIC: {}; switch: {:?})",
+            counters(&compute),
+            counters(&memory),
+            switch_counters()
+        )
+    };
+    outcome
+        .and(stopped.map(|_| ()).map_err(text))
+        .map_err(context)?;
     histories.check_pool(pool, &mut lock(&memory).rnic, workload)?;
     let spot = *spot_stats.lock().expect("stats lock");
     Ok(HistoryOutcome {
@@ -1073,4 +1104,46 @@ pub fn run_histories(
         spot,
         p4: p4_switch.map(|switch| lock(&switch).switch.program().stats()),
     })
+}
+
+/// Cowbird as a rack file's `[cowbird]` section asks for: the checked
+/// workload (engine, threads, rings, engine settings) and the placement of
+/// the rack's first compute and memory nodes. None without the section.
+pub fn from_rack(rack: &RackConfig) -> Option<(Workload, Placement)> {
+    let config = rack.cowbird.as_ref()?;
+    let node = |role| rack.nodes.iter().find(|node| node.role == role);
+    let (compute, memory) = (node(Role::Compute)?, node(Role::Memory)?);
+    let mut workload = Workload::new(remora_sim::LinkFaults::NONE);
+    workload.engine = match config.engine {
+        CowbirdEngine::Spot => Engine::Spot,
+        CowbirdEngine::P4 => Engine::P4,
+    };
+    workload.threads = config.threads;
+    workload.operations_per_thread = config.operations;
+    workload.sizes = RingSizes {
+        metadata_entries: config.metadata_entries,
+        request_data_bytes: config.request_data_bytes,
+        response_data_bytes: config.response_data_bytes,
+    };
+    workload.spot = SpotConfig {
+        batch_entries: config.spot.batch_entries,
+        probe_interval_min: Duration::from_micros(config.spot.probe_interval_min_us),
+        probe_interval_max: Duration::from_micros(config.spot.probe_interval_max_us),
+    };
+    workload.p4 = P4Config {
+        probe_period: Duration::from_micros(config.p4.probe_period_us),
+        timeout: Duration::from_micros(config.p4.timeout_us),
+        max_entries_in_flight: config.p4.max_entries_in_flight,
+        path_mtu: Mtu::new(config.p4.path_mtu).ok()?,
+        ..p4_config()
+    };
+    if workload.engine == Engine::P4 {
+        workload.max_write_length = workload.max_write_length.min(config.p4.path_mtu as usize);
+    }
+    let placement = Placement {
+        compute: (compute.mac, compute.address),
+        memory: (memory.mac, memory.address),
+        router_mac: rack.switch_mac,
+    };
+    Some((workload, placement))
 }

@@ -53,81 +53,6 @@ pub fn hostile_block(bytes: &[u8]) -> usize {
     TURNS
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::layout::{Entry, Kind, ENTRY_BYTES, METADATA_RING_AT};
-
-    #[test]
-    fn p4_probes_an_empty_block_quietly() {
-        assert_eq!(p4_hostile_block(&[]), None);
-    }
-
-    #[test]
-    fn p4_stops_an_instance_whose_entries_make_no_sense() {
-        let mut bytes = vec![0xa5u8; 512];
-        bytes[0..8].copy_from_slice(&3u64.to_le_bytes());
-        let reason = p4_hostile_block(&bytes).expect("garbage entries stop the instance");
-        assert!(reason.contains("makes no sense"), "{reason}");
-    }
-
-    #[test]
-    fn p4_survives_answers_of_every_opcode() {
-        let mut bytes = Vec::new();
-        for opcode in 0..=255u8 {
-            for psn in [0u8, 1, 2, 200] {
-                bytes.extend([
-                    3,
-                    opcode,
-                    opcode & 1,
-                    psn,
-                    0,
-                    opcode,
-                    64,
-                    16 + psn % 40,
-                    1,
-                    2,
-                    3,
-                    4,
-                ]);
-            }
-        }
-        // Generator ticks alone make the switch probe.
-        assert!(p4_hostile_answers(&bytes) > 0);
-    }
-
-    #[test]
-    fn an_empty_block_is_probed_quietly() {
-        assert_eq!(hostile_block(&[]), TURNS);
-    }
-
-    #[test]
-    fn a_tail_far_ahead_with_garbage_entries_is_refused() {
-        let mut bytes = vec![0xa5u8; 512];
-        bytes[0..8].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(hostile_block(&bytes) < TURNS);
-    }
-
-    #[test]
-    fn an_entry_outside_the_pool_is_refused() {
-        let mut bytes = vec![0u8; 512];
-        bytes[0..8].copy_from_slice(&1u64.to_le_bytes());
-        let entry = Entry {
-            kind: Kind::Read,
-            region: 0,
-            length: 64,
-            request_address: POOL_BYTES - 8,
-            response_address: 1024,
-            sequence: 1,
-        };
-        let mut raw = [0u8; ENTRY_BYTES as usize];
-        entry.emit(&mut raw);
-        let at = METADATA_RING_AT as usize;
-        bytes[at..at + raw.len()].copy_from_slice(&raw);
-        assert!(hostile_block(&bytes) < TURNS);
-    }
-}
-
 /// The harness of the `cowbird_p4` fuzz target's first half: hostile
 /// hosts answer Cowbird-P4. Each chunk of `bytes` becomes one well-formed
 /// RoCEv2 frame (valid ICRC) to one of the switch's impersonated queue
@@ -301,4 +226,79 @@ pub fn p4_hostile_block(bytes: &[u8]) -> Option<String> {
     rack.simulation
         .run_until(Timestamp::from_nanos(300_000), 1_000_000);
     rack.program().failure(0).map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{Entry, Kind, ENTRY_BYTES, METADATA_RING_AT};
+
+    #[test]
+    fn p4_probes_an_empty_block_quietly() {
+        assert_eq!(p4_hostile_block(&[]), None);
+    }
+
+    #[test]
+    fn p4_stops_an_instance_whose_entries_make_no_sense() {
+        let mut bytes = vec![0xa5u8; 512];
+        bytes[0..8].copy_from_slice(&3u64.to_le_bytes());
+        let reason = p4_hostile_block(&bytes).expect("garbage entries stop the instance");
+        assert!(reason.contains("makes no sense"), "{reason}");
+    }
+
+    #[test]
+    fn p4_survives_answers_of_every_opcode() {
+        let mut bytes = Vec::new();
+        for opcode in 0..=255u8 {
+            for psn in [0u8, 1, 2, 200] {
+                bytes.extend([
+                    3,
+                    opcode,
+                    opcode & 1,
+                    psn,
+                    0,
+                    opcode,
+                    64,
+                    16 + psn % 40,
+                    1,
+                    2,
+                    3,
+                    4,
+                ]);
+            }
+        }
+        // Generator ticks alone make the switch probe.
+        assert!(p4_hostile_answers(&bytes) > 0);
+    }
+
+    #[test]
+    fn an_empty_block_is_probed_quietly() {
+        assert_eq!(hostile_block(&[]), TURNS);
+    }
+
+    #[test]
+    fn a_tail_far_ahead_with_garbage_entries_is_refused() {
+        let mut bytes = vec![0xa5u8; 512];
+        bytes[0..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(hostile_block(&bytes) < TURNS);
+    }
+
+    #[test]
+    fn an_entry_outside_the_pool_is_refused() {
+        let mut bytes = vec![0u8; 512];
+        bytes[0..8].copy_from_slice(&1u64.to_le_bytes());
+        let entry = Entry {
+            kind: Kind::Read,
+            region: 0,
+            length: 64,
+            request_address: POOL_BYTES - 8,
+            response_address: 1024,
+            sequence: 1,
+        };
+        let mut raw = [0u8; ENTRY_BYTES as usize];
+        entry.emit(&mut raw);
+        let at = METADATA_RING_AT as usize;
+        bytes[at..at + raw.len()].copy_from_slice(&raw);
+        assert!(hostile_block(&bytes) < TURNS);
+    }
 }

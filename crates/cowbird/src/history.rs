@@ -13,7 +13,8 @@
 //! the pool must equal the models at the end.
 
 use crate::client::{Client, Completion};
-use crate::layout::{Kind, RequestId};
+use crate::layout::{Kind, RequestId, RingSizes};
+use crate::p4::P4Config;
 use crate::spot::SpotConfig;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -35,9 +36,12 @@ pub struct Workload {
     /// Writes are at most this long (Cowbird-P4 caps them at the MTU).
     pub max_write_length: usize,
     pub read_fraction: f64,
+    /// The simulator's link faults (the embedded rack has none).
     pub faults: LinkFaults,
-    pub spot: SpotConfig,
     pub engine: Engine,
+    pub sizes: RingSizes,
+    pub spot: SpotConfig,
+    pub p4: P4Config,
 }
 
 /// Which offload engine serves the clients.
@@ -58,8 +62,14 @@ impl Workload {
             max_write_length: crate::layout::MAX_REQUEST_BYTES as usize,
             read_fraction: 0.6,
             faults,
-            spot: SpotConfig::DEFAULT,
             engine: Engine::Spot,
+            sizes: RingSizes {
+                metadata_entries: 64,
+                request_data_bytes: 8192,
+                response_data_bytes: 8192,
+            },
+            spot: SpotConfig::DEFAULT,
+            p4: crate::simulated::p4_config(),
         }
     }
 }

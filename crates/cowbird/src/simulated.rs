@@ -11,7 +11,6 @@ use crate::client::Client;
 use crate::deploy::{deploy, deploy_p4, CowbirdSpec, SwitchPorts};
 use crate::history::Histories;
 pub use crate::history::{Engine, Workload};
-use crate::layout::RingSizes;
 use crate::p4::{CowbirdP4, P4Config, P4Stats};
 use crate::spot::SpotStats;
 use remora_fabric::node::RnicNode;
@@ -36,11 +35,35 @@ pub fn ip(index: u8) -> Ipv4Address {
     Ipv4Address::new(10, 0, 1, index)
 }
 
+/// Where the two hosts sit on the wire, and the switch's router MAC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub compute: (MacAddress, Ipv4Address),
+    pub memory: (MacAddress, Ipv4Address),
+    pub router_mac: MacAddress,
+}
+
+impl Default for Placement {
+    fn default() -> Placement {
+        Placement {
+            compute: (mac(COMPUTE), ip(COMPUTE)),
+            memory: (mac(MEMORY), ip(MEMORY)),
+            router_mac: MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]),
+        }
+    }
+}
+
+impl Placement {
+    /// The switch's forwarding between the two hosts.
+    pub fn forwarding(&self) -> L2L3Forwarding {
+        L2L3Forwarding::with_attached_hosts(self.router_mac, &[self.compute, self.memory])
+            .expect("two hosts fit the tables")
+    }
+}
+
 /// The rack's forwarding between the two hosts.
 pub fn forwarding() -> L2L3Forwarding {
-    let hosts = [COMPUTE, MEMORY].map(|index| (mac(index), ip(index)));
-    L2L3Forwarding::with_attached_hosts(MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]), &hosts)
-        .expect("two hosts fit the tables")
+    Placement::default().forwarding()
 }
 
 #[derive(Debug, Clone)]
@@ -59,11 +82,7 @@ pub struct Outcome {
 pub fn spec(workload: &Workload) -> CowbirdSpec {
     CowbirdSpec {
         threads: workload.threads,
-        sizes: RingSizes {
-            metadata_entries: 64,
-            request_data_bytes: 8192,
-            response_data_bytes: 8192,
-        },
+        sizes: workload.sizes,
         pool_regions: vec![workload.window_bytes * workload.threads as u64],
         spot: workload.spot,
         ack_timeout: Duration::from_micros(200),
@@ -115,7 +134,7 @@ pub fn run(seed: u64, workload: &Workload) -> Result<Outcome, String> {
             Ok(outcome)
         }
         Engine::P4 => {
-            let mut program = CowbirdP4::new(p4_config(), forwarding());
+            let mut program = CowbirdP4::new(workload.p4, forwarding());
             let ports = SwitchPorts {
                 compute: PortId(COMPUTE_HOST as u16),
                 memory: PortId(MEMORY_HOST as u16),

@@ -4,14 +4,15 @@
 //! its model allows, every request completes once and in order within its
 //! type, and the pool equals the models at the end.
 
-use remora_cowbird::embedded::run_histories;
-use remora_cowbird::simulated::{Engine, Workload};
+use remora_cowbird::embedded::{embedded_p4_config, run_histories};
+use remora_cowbird::simulated::{Engine, Placement, Workload};
 use remora_sim::LinkFaults;
 use std::time::Duration;
 
 fn workload(engine: Engine) -> Workload {
     Workload {
         engine,
+        p4: embedded_p4_config(),
         ..Workload::new(LinkFaults::NONE)
     }
 }
@@ -21,7 +22,13 @@ const TIME_LIMIT: Duration = Duration::from_secs(60);
 
 #[test]
 fn spot_histories_hold_on_the_embedded_rack() {
-    let outcome = run_histories(1, &workload(Engine::Spot), TIME_LIMIT).unwrap();
+    let outcome = run_histories(
+        1,
+        &workload(Engine::Spot),
+        &Placement::default(),
+        TIME_LIMIT,
+    )
+    .unwrap();
     assert_eq!(outcome.completed, 1200);
     assert!(outcome.reads_checked > 500, "{outcome:?}");
     let spot = outcome.spot.expect("the Spot engine ran");
@@ -30,9 +37,32 @@ fn spot_histories_hold_on_the_embedded_rack() {
 
 #[test]
 fn p4_histories_hold_on_the_embedded_rack() {
-    let outcome = run_histories(2, &workload(Engine::P4), TIME_LIMIT).unwrap();
+    let outcome =
+        run_histories(2, &workload(Engine::P4), &Placement::default(), TIME_LIMIT).unwrap();
     assert_eq!(outcome.completed, 1200);
     assert!(outcome.reads_checked > 500, "{outcome:?}");
     let p4 = outcome.p4.expect("the switch was the engine");
     assert_eq!(p4.reads_confirmed + p4.writes_confirmed, 1200, "{p4:?}");
+}
+
+/// The rack file's `[cowbird]` section decides the engine, threads, rings
+/// and engine settings, and the hosts sit where the rack file puts them.
+#[test]
+fn the_rack_files_cowbird_section_runs_both_engines() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/rack-cowbird.toml"
+    );
+    let mut rack = remora_rack::RackConfig::load(std::path::Path::new(path)).unwrap();
+    for engine in [
+        remora_rack::CowbirdEngine::Spot,
+        remora_rack::CowbirdEngine::P4,
+    ] {
+        rack.cowbird.as_mut().unwrap().engine = engine;
+        let (workload, placement) = remora_cowbird::embedded::from_rack(&rack).unwrap();
+        assert_eq!(workload.sizes.metadata_entries, 1024);
+        assert_ne!(placement, Placement::default());
+        let outcome = run_histories(3, &workload, &placement, TIME_LIMIT).unwrap();
+        assert_eq!(outcome.completed, 1200, "{engine:?}");
+    }
 }

@@ -22,7 +22,7 @@ pub mod launch;
 pub mod report;
 pub mod workload;
 
-pub use config::{RackConfig, Role};
+pub use config::{CowbirdConfig, CowbirdEngine, RackConfig, Role};
 pub use launch::{CarrierKind, LaunchOptions, Mode};
 pub use report::RackReport;
 
