@@ -458,3 +458,32 @@ fn bench_cowbird_quick_writes_every_variant_and_the_ratios_as_json() {
         }
     }
 }
+
+#[test]
+fn a_rack_file_with_a_cowbird_section_runs_cowbird_through_its_engine() {
+    let report = rack_up("rack-cowbird.toml", &[], "rack-cowbird");
+    assert_workloads_complete(&report["rack"], 100);
+    let cowbird = &report["cowbird"];
+    assert_eq!(cowbird["engine"], "P4", "{cowbird}");
+    assert_eq!(cowbird["completed"], 1200, "{cowbird}");
+    assert!(cowbird["reads_checked"].as_u64().unwrap() > 0, "{cowbird}");
+}
+
+#[test]
+fn bench_cowbird_refuses_bad_settings_clearly() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_remora"))
+            .args(["bench", "cowbird", "--quick"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let output = run(&["--threads", "0"]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--threads"));
+    let plain = example("rack-two-nodes.toml");
+    let output = run(&["--config", plain.to_str().unwrap()]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("has no [cowbird] section"), "{stderr}");
+}

@@ -27,10 +27,11 @@ pub struct CowbirdSpec {
     pub pool_regions: Vec<u64>,
     pub spot: SpotConfig,
     pub ack_timeout: Duration,
-    /// Also a plain one-sided path from the compute node to the pool, for
-    /// the baselines that post verbs themselves.
+    /// Also plain one-sided paths from the compute node to the pool, one
+    /// per thread, for the baselines that post verbs themselves.
     pub direct: Option<DirectSpec>,
-    /// Also a two-sided path to an RPC server on the memory node.
+    /// Also two-sided paths to RPC servers on the memory node, one per
+    /// thread.
     pub rpc: Option<RpcSpec>,
 }
 
@@ -87,8 +88,9 @@ pub struct Deployment {
     pub engine: SpotEngine,
     /// The memory pool's regions on the memory node.
     pub pool: Vec<MemoryRegion>,
-    pub direct: Option<Direct>,
-    pub rpc: Option<Rpc>,
+    /// One per thread, when asked for.
+    pub direct: Vec<Direct>,
+    pub rpc: Vec<Rpc>,
 }
 
 /// The memory pool's regions, in a protection domain of their own.
@@ -153,14 +155,30 @@ pub fn deploy(
         clients.push(client);
     }
     let engine = SpotEngine::new(spec.spot, instances, pool.clone(), staging, engine_cq)?;
-    let direct = match spec.direct {
-        Some(direct) => Some(direct_path(direct, &spec, compute, memory, memory_pd)?),
-        None => None,
-    };
-    let rpc = match spec.rpc {
-        Some(rpc) => Some(rpc_path(rpc, &spec, compute, memory, memory_pd, pool[0])?),
-        None => None,
-    };
+    let paths = |wanted: bool| if wanted { spec.threads } else { 0 };
+    let direct = (0..paths(spec.direct.is_some()))
+        .map(|_| {
+            direct_path(
+                spec.direct.expect("asked for"),
+                &spec,
+                compute,
+                memory,
+                memory_pd,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let rpc = (0..paths(spec.rpc.is_some()))
+        .map(|_| {
+            rpc_path(
+                spec.rpc.expect("asked for"),
+                &spec,
+                compute,
+                memory,
+                memory_pd,
+                pool[0],
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Deployment {
         clients,
         engine,

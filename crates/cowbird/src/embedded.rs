@@ -98,6 +98,13 @@ pub struct ProbeBench {
     /// Rounds of work per record, calibrated once so that every variant
     /// does the same work.
     pub work_rounds: u32,
+    /// Application threads, each with its own fetcher (queue pair, RPC
+    /// server or Cowbird instance) probing the same table.
+    pub threads: usize,
+    /// Each Cowbird instance's rings.
+    pub sizes: RingSizes,
+    /// Cowbird-P4's settings.
+    pub p4: P4Config,
 }
 
 impl ProbeBench {
@@ -109,6 +116,9 @@ impl ProbeBench {
             batch: 100,
             spot: SpotConfig::DEFAULT,
             work_rounds: calibrate(table.record_bytes, table.work_per_record),
+            threads: 1,
+            sizes: RingSizes::DEFAULT,
+            p4: embedded_p4_config(),
         }
     }
 }
@@ -277,8 +287,9 @@ struct Rig {
     fabric: FabricThread,
     pool: MemoryRegion,
     clients: Vec<Client>,
-    direct: Option<(Direct, AppQueues)>,
-    rpc: Option<RpcPath>,
+    /// One per application thread, taken by the fetchers.
+    direct: Vec<(Direct, AppQueues)>,
+    rpc: Vec<RpcPath>,
     engine_busy: Arc<AtomicU64>,
     engine_stats: Arc<Mutex<Option<SpotStats>>>,
     /// The switch, when it runs Cowbird-P4.
@@ -318,11 +329,6 @@ impl Hosts {
             switch_ports: vec![compute_hub, memory_hub],
         })
     }
-}
-
-/// The switch's program for Cowbird-P4 in the probe benchmark.
-fn p4_program() -> CowbirdP4 {
-    CowbirdP4::new(embedded_p4_config(), forwarding())
 }
 
 /// The P4 settings the embedded rack uses by default: the simulator's,
@@ -389,8 +395,9 @@ impl Rig {
             mut memory,
             switch_ports,
         } = Hosts::new(&Placement::default())?;
+        // Per application thread: a Cowbird instance, a direct queue pair
+        // and, for the RPC variant, a server.
         let spec = CowbirdSpec {
-            threads: usize::from(with_engine),
             direct: Some(DirectSpec {
                 depth: window,
                 landing_bytes: window * bench.table.record_bytes,
@@ -399,31 +406,35 @@ impl Rig {
                 depth: window,
                 record_bytes: bench.table.record_bytes as u32,
             }),
-            ..probe_spec(bench, 1)
+            ..probe_spec(bench, bench.threads)
         };
-        let mut deployment = deploy(spec, &mut compute.rnic, &mut memory.rnic).map_err(text)?;
+        let deployment = deploy(spec, &mut compute.rnic, &mut memory.rnic).map_err(text)?;
         let pool = deployment.pool[0];
-        let direct = deployment.direct.map(|direct| {
-            let queues = compute.attach_queues(direct.completion_queue, window);
-            (direct, queues)
-        });
-        let rpc_server = deployment.rpc.take().map(|rpc| {
-            // Requests and their replies' receives: two entries per request.
-            let queues = compute.attach_queues(rpc.completion_queue, 2 * window);
-            (
+        let direct = deployment
+            .direct
+            .into_iter()
+            .map(|direct| {
+                let queues = compute.attach_queues(direct.completion_queue, window);
+                (direct, queues)
+            })
+            .collect();
+        let mut servers = Vec::new();
+        let rpc = deployment
+            .rpc
+            .into_iter()
+            .map(|rpc| {
+                // Requests and their replies' receives: two entries per
+                // request.
+                let queues = compute.attach_queues(rpc.completion_queue, 2 * window);
+                servers.push(rpc.server);
                 RpcPath {
                     queue_pair: rpc.queue_pair,
                     buffers: rpc.buffers,
                     buffers_region: rpc.buffers_region,
                     queues,
-                },
-                rpc.server,
-            )
-        });
-        let (rpc, server) = match rpc_server {
-            Some((path, server)) => (Some(path), Some(server)),
-            None => (None, None),
-        };
+                }
+            })
+            .collect();
         fill_pool(&bench.table, pool, &mut memory.rnic)?;
         let switch = SwitchEndpoint::new(
             Switch::new(SwitchConfig::new(2), forwarding()),
@@ -442,7 +453,7 @@ impl Rig {
                 &engine_stats,
             ));
         }
-        if let Some(server) = server {
+        for server in servers {
             pumps.push(agent_pump(&memory, server, &engine_busy, &engine_stats));
         }
         Ok(Rig {
@@ -467,8 +478,8 @@ impl Rig {
             mut memory,
             switch_ports,
         } = Hosts::new(&Placement::default())?;
-        let mut program = p4_program();
-        let spec = probe_spec(bench, 1);
+        let mut program = CowbirdP4::new(bench.p4, forwarding());
+        let spec = probe_spec(bench, bench.threads);
         let deployment = deploy_p4(
             &spec,
             &mut compute.rnic,
@@ -489,8 +500,8 @@ impl Rig {
             fabric: start_fabric(pumps)?,
             pool,
             clients: deployment.clients,
-            direct: None,
-            rpc: None,
+            direct: Vec::new(),
+            rpc: Vec::new(),
             engine_busy: Arc::new(AtomicU64::new(0)),
             engine_stats: Arc::new(Mutex::new(None)),
             p4_switch: Some(switch),
@@ -503,7 +514,7 @@ impl Rig {
 fn probe_spec(bench: &ProbeBench, threads: usize) -> CowbirdSpec {
     CowbirdSpec {
         threads,
-        sizes: RingSizes::DEFAULT,
+        sizes: bench.sizes,
         pool_regions: vec![bench.table.remote_bytes().max(1)],
         spot: bench.spot,
         ack_timeout: RACK_ACK_TIMEOUT,
@@ -543,7 +554,7 @@ struct VerbsFetcher {
 
 impl VerbsFetcher {
     fn new(rig: &mut Rig, window: usize, record_bytes: usize) -> Result<VerbsFetcher, String> {
-        let (direct, queues) = rig.direct.take().ok_or("no direct path deployed")?;
+        let (direct, queues) = rig.direct.pop().ok_or("no direct path deployed")?;
         Ok(VerbsFetcher {
             queues,
             kicker: rig.fabric.kicker(),
@@ -636,7 +647,7 @@ struct RpcFetcher {
 
 impl RpcFetcher {
     fn new(rig: &mut Rig, window: usize, record_bytes: usize) -> Result<RpcFetcher, String> {
-        let path = rig.rpc.take().ok_or("no RPC path deployed")?;
+        let path = rig.rpc.pop().ok_or("no RPC path deployed")?;
         let slot_bytes = u64::from((record_bytes as u32).max(crate::rpc::REQUEST_BYTES));
         Ok(RpcFetcher {
             path,
@@ -908,6 +919,51 @@ fn probe_loop(
     Ok((tally, started.elapsed()))
 }
 
+/// Runs `probe_loop` on one application thread per fetcher, all at once,
+/// and sums what they did (the run lasts as long as the slowest thread).
+fn probe_threads(
+    bench: &ProbeBench,
+    fetchers: Vec<Box<dyn Fetcher + Send>>,
+    window: usize,
+    seed: u64,
+) -> Result<(Tally, Duration), String> {
+    let results: Vec<Result<(Tally, Duration), String>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = fetchers
+            .into_iter()
+            .enumerate()
+            .map(|(index, mut fetcher)| {
+                let seed = seed.wrapping_mul(1_000).wrapping_add(index as u64);
+                scope.spawn(move || probe_loop(bench, fetcher.as_mut(), window, seed))
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|thread| {
+                thread
+                    .join()
+                    .unwrap_or_else(|_| Err("an application thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut total: Option<(Tally, Duration)> = None;
+    for result in results {
+        let (tally, elapsed) = result?;
+        total = Some(match total {
+            None => (tally, elapsed),
+            Some((mut sum, longest)) => {
+                sum.operations += tally.operations;
+                sum.remote_operations += tally.remote_operations;
+                sum.issue += tally.issue;
+                sum.completion += tally.completion;
+                sum.waiting += tally.waiting;
+                sum.latency.add(&tally.latency).map_err(text)?;
+                (sum, longest.max(elapsed))
+            }
+        });
+    }
+    total.ok_or_else(|| "no application thread ran".to_string())
+}
+
 /// Runs one variant on a fresh rack.
 pub fn run_variant(
     bench: &ProbeBench,
@@ -937,20 +993,21 @@ fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOut
     }
     let mut rig = Rig::new(&table_bench, variant, window)?;
     let compute_before = lock(&rig.compute).rnic.counters().clone();
-    let (tally, elapsed) = match variant {
-        Variant::Local | Variant::Sync | Variant::Async => {
-            let mut fetcher = VerbsFetcher::new(&mut rig, window, bench.table.record_bytes)?;
-            probe_loop(&table_bench, &mut fetcher, window, seed)?
-        }
-        Variant::Rpc => {
-            let mut fetcher = RpcFetcher::new(&mut rig, window, bench.table.record_bytes)?;
-            probe_loop(&table_bench, &mut fetcher, window, seed)?
-        }
-        Variant::Spot | Variant::SpotSync | Variant::P4 => {
-            let mut fetcher = SpotFetcher::new(&mut rig, window, bench.table.record_bytes)?;
-            probe_loop(&table_bench, &mut fetcher, window, seed)?
-        }
-    };
+    let record_bytes = bench.table.record_bytes;
+    let mut fetchers = Vec::with_capacity(bench.threads);
+    for _ in 0..bench.threads {
+        let fetcher: Box<dyn Fetcher + Send> = match variant {
+            Variant::Local | Variant::Sync | Variant::Async => {
+                Box::new(VerbsFetcher::new(&mut rig, window, record_bytes)?)
+            }
+            Variant::Rpc => Box::new(RpcFetcher::new(&mut rig, window, record_bytes)?),
+            Variant::Spot | Variant::SpotSync | Variant::P4 => {
+                Box::new(SpotFetcher::new(&mut rig, window, record_bytes)?)
+            }
+        };
+        fetchers.push(fetcher);
+    }
+    let (tally, elapsed) = probe_threads(&table_bench, fetchers, window, seed)?;
     let compute_after = lock(&rig.compute).rnic.counters().clone();
     let network_bytes = (compute_after.bytes_received + compute_after.bytes_transmitted)
         - (compute_before.bytes_received + compute_before.bytes_transmitted);

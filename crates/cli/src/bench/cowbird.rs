@@ -14,9 +14,16 @@
 
 use super::{median, Host, Report};
 use indicatif::{ProgressBar, ProgressStyle};
-use remora_cowbird::embedded::{run_variant, ProbeBench, Variant, VariantOutcome};
+use remora_cowbird::embedded::{
+    embedded_p4_config, from_rack, run_variant, ProbeBench, Variant, VariantOutcome,
+};
 use remora_cowbird::hash_table::TableSpec;
+use remora_cowbird::layout::RingSizes;
+use remora_cowbird::p4::P4Config;
+use remora_cowbird::spot::SpotConfig;
+use remora_rack::RackConfig;
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 /// A benchmark case: its name, work per record and record size.
@@ -153,7 +160,42 @@ fn record(report: &mut Report, name: &str, variant: Variant, rounds: &[Figures])
     );
 }
 
-pub fn run(quick: bool) -> Result<Report, String> {
+/// What `--threads` and `--config` change.
+pub struct Settings {
+    pub threads: usize,
+    pub sizes: RingSizes,
+    pub spot: SpotConfig,
+    pub p4: P4Config,
+    pub config_file: Option<String>,
+}
+
+impl Settings {
+    pub fn from_args(threads: Option<u16>, config: Option<&Path>) -> Result<Settings, String> {
+        let mut settings = Settings {
+            threads: 1,
+            sizes: RingSizes::DEFAULT,
+            spot: SpotConfig::DEFAULT,
+            p4: embedded_p4_config(),
+            config_file: None,
+        };
+        if let Some(path) = config {
+            let rack = RackConfig::load(path).map_err(|error| error.to_string())?;
+            let (workload, _) = from_rack(&rack)
+                .ok_or_else(|| format!("{} has no [cowbird] section", path.display()))?;
+            settings.threads = workload.threads;
+            settings.sizes = workload.sizes;
+            settings.spot = workload.spot;
+            settings.p4 = workload.p4;
+            settings.config_file = Some(path.display().to_string());
+        }
+        if let Some(threads) = threads {
+            settings.threads = usize::from(threads);
+        }
+        Ok(settings)
+    }
+}
+
+pub fn run(quick: bool, settings: &Settings) -> Result<Report, String> {
     // This machine is shared and its vCPUs are stolen for milliseconds at
     // a time: runs long enough to average that out, medians over rounds.
     let rounds = if quick { 5 } else { 7 };
@@ -178,7 +220,12 @@ pub fn run(quick: bool) -> Result<Report, String> {
                 record_bytes: case.record_bytes,
                 ..TableSpec::DEFAULT
             };
-            (case.name, ProbeBench::new(table, duration))
+            let mut bench = ProbeBench::new(table, duration);
+            bench.threads = settings.threads;
+            bench.sizes = settings.sizes;
+            bench.spot = settings.spot;
+            bench.p4 = settings.p4;
+            (case.name, bench)
         })
         .collect();
     for round in 0..rounds {
@@ -238,7 +285,20 @@ pub fn run(quick: bool) -> Result<Report, String> {
             "record_bytes": cases.iter().map(|case| case.record_bytes).collect::<Vec<_>>(),
             "local_fraction": TableSpec::DEFAULT.local_fraction,
             "batch": 100,
-            "threads": 1,
+            "threads": settings.threads,
+            "config_file": settings.config_file,
+            "spot": {
+                "batch_entries": settings.spot.batch_entries,
+                "probe_interval_min_us": settings.spot.probe_interval_min.as_micros() as u64,
+                "probe_interval_max_us": settings.spot.probe_interval_max.as_micros() as u64,
+            },
+            "p4": {
+                "probe_period_us": settings.p4.probe_period.as_micros() as u64,
+                "timeout_us": settings.p4.timeout.as_micros() as u64,
+                "max_entries_in_flight": settings.p4.max_entries_in_flight,
+                "path_mtu": settings.p4.path_mtu.bytes(),
+            },
+            "metadata_entries": settings.sizes.metadata_entries,
             "work_rounds_compute_bound": benches[1].1.work_rounds,
             "clock": "real time on the embedded rack; application time per pass from the TSC clock",
             "p4_go_backs_all_rounds": p4_go_backs,
@@ -248,7 +308,10 @@ pub fn run(quick: bool) -> Result<Report, String> {
         results: Vec::new(),
         ratios: serde_json::Map::new(),
     };
-    println!("hash-table probe, 95% remote, 1 application thread (medians of {rounds} rounds):");
+    println!(
+        "hash-table probe, 95% remote, {} application thread(s) (medians of {rounds} rounds):",
+        settings.threads
+    );
     for case in &cases {
         for variant in Variant::ALL {
             let name = format!("{}_{}", case.name, variant.name());

@@ -28,12 +28,25 @@ pub enum BenchCommand {
     Clover(CommonArgs),
     /// Cowbird's hash-table probe on the embedded rack: all-local,
     /// synchronous and batched asynchronous one-sided READs, two-sided
-    /// RPC, and the client library with the Spot offload engine; pure
-    /// probe and
-    /// compute-bound; application time per remote request split into
-    /// issue and completion, latency, bytes per request, and fabric and
-    /// engine CPU reported apart.
-    Cowbird(CommonArgs),
+    /// RPC, and the client library with the Spot offload engine and with
+    /// Cowbird-P4 in the switch; pure probe and compute-bound; application
+    /// time per remote request split into issue and completion, latency,
+    /// bytes per request, and fabric and engine CPU reported apart.
+    Cowbird(CowbirdArgs),
+}
+
+#[derive(Args)]
+pub struct CowbirdArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Application threads, each with its own queue pair, RPC server or
+    /// Cowbird instance (default: the rack file's `threads`, else 1).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=16))]
+    threads: Option<u16>,
+    /// A rack file whose `[cowbird]` section sets the rings and the Spot
+    /// and P4 engines' settings (see examples/rack-cowbird.toml).
+    #[arg(long)]
+    config: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -134,7 +147,10 @@ pub fn run(command: BenchCommand) -> Result<ExitCode, String> {
         BenchCommand::Fabric(args) => (fabric::run(args.quick)?, args),
         BenchCommand::Switch(args) => (switch::run(args.quick)?, args),
         BenchCommand::Clover(args) => (clover::run(args.quick)?, args),
-        BenchCommand::Cowbird(args) => (cowbird::run(args.quick)?, args),
+        BenchCommand::Cowbird(args) => {
+            let settings = cowbird::Settings::from_args(args.threads, args.config.as_deref())?;
+            (cowbird::run(args.common.quick, &settings)?, args.common)
+        }
     };
     if let Some(path) = &args.json {
         crate::write_json(path, &report)?;
