@@ -1,6 +1,7 @@
 //! Runs Cowbird-P4 in the simulator over many seeds and workloads and
 //! prints the first failure: `cargo run --release -p remora-cowbird
-//! --example p4_campaign -- SEEDS`.
+//! --example p4_campaign -- END [START]` runs seeds START..END (START
+//! defaults to 0).
 
 use remora_cowbird::simulated::{run, Engine, Workload};
 use remora_sim::LinkFaults;
@@ -57,6 +58,6 @@ fn main() {
                 }
             }
         }
-        println!("{name}: {seeds} seeds passed, {go_backs} go-backs");
+        println!("{name}: seeds {first}..{seeds} passed, {go_backs} go-backs");
     }
 }
