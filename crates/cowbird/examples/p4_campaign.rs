@@ -8,10 +8,13 @@ use remora_sim::LinkFaults;
 use std::time::Duration;
 
 fn main() {
-    let seeds: u64 = std::env::args()
-        .nth(1)
-        .and_then(|text| text.parse().ok())
-        .unwrap_or(100);
+    let argument = |index: usize, default: u64| -> u64 {
+        std::env::args()
+            .nth(index)
+            .and_then(|text| text.parse().ok())
+            .unwrap_or(default)
+    };
+    let (seeds, first) = (argument(1, 100), argument(2, 0));
     let faults = |loss: f64| LinkFaults {
         loss,
         duplicate: loss / 2.0,
@@ -45,11 +48,7 @@ fn main() {
     ];
     for (name, workload) in workloads {
         let mut go_backs = 0;
-        for seed in std::env::args()
-            .nth(2)
-            .and_then(|t| t.parse().ok())
-            .unwrap_or(0)..seeds
-        {
+        for seed in first..seeds {
             match run(seed, &workload) {
                 Ok(outcome) => go_backs += outcome.switch_engine.map_or(0, |stats| stats.go_backs),
                 Err(error) => {
