@@ -185,10 +185,6 @@ impl ImpersonatedQueuePair {
         self.acked.add(1).distance_to(self.next) as u32
     }
 
-    pub fn is_idle(&self) -> bool {
-        self.in_flight() == 0 && self.retransmit.is_none()
-    }
-
     /// Whether `packets` more PSNs fit the window and nothing would split
     /// an open multi-packet WRITE.
     pub fn has_room(&self, packets: u32) -> bool {
@@ -478,10 +474,6 @@ impl ImpersonatedQueuePair {
         assert!(self.is_recovered());
         self.retransmit = None;
     }
-
-    pub fn is_recovering(&self) -> bool {
-        self.retransmit.is_some()
-    }
 }
 
 /// A READ keeps its purpose (its answer is ignored during the go-back
@@ -490,5 +482,177 @@ fn stand_in_record(original: Sent, stand_in: Sent) -> Sent {
     match original.write_segment {
         None => original,
         Some(_) => stand_in,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remora_wire::RoceFrame;
+
+    fn queue_pair() -> ImpersonatedQueuePair {
+        let peer = Peer {
+            port: PortId(0),
+            mac: MacAddress([2, 0, 0, 0, 0, 1]),
+            address: Ipv4Address::new(10, 0, 0, 1),
+            qpn: Qpn::new(0x11).expect("24 bits"),
+            initial_psn: Psn::new(100),
+        };
+        let own = (
+            MacAddress([2, 0, 0, 0, 0, 0xfe]),
+            Ipv4Address::new(10, 0, 0, 254),
+        );
+        ImpersonatedQueuePair::new("psns", 2, own, 0xc000, peer, Mtu::MTU_1024)
+    }
+
+    fn read(entry: u64, length: u32) -> Sent {
+        Sent {
+            purpose: Purpose::DataRead { entry },
+            write_segment: None,
+            remote: VirtAddr(0x1000),
+            rkey: Rkey(7),
+            length,
+            payload_bytes: 0,
+        }
+    }
+
+    fn write(segment: Segment, payload_bytes: u32, length: u32) -> Sent {
+        Sent {
+            purpose: Purpose::ResponseWrite {
+                entry: 1,
+                last: matches!(segment, Segment::Only | Segment::Last),
+            },
+            write_segment: Some(segment),
+            remote: VirtAddr(0x2000),
+            rkey: Rkey(9),
+            length,
+            payload_bytes,
+        }
+    }
+
+    const ACK: Option<AckSyndrome> = Some(AckSyndrome::Ack { credit_count: 31 });
+
+    #[test]
+    fn a_read_takes_a_psn_per_response_packet_and_answers_count_in_order() {
+        let mut queue_pair = queue_pair();
+        let mut out = Vec::new();
+        let psn = queue_pair.send(Timestamp::ZERO, read(1, 2500), &mut out, |_| {});
+        assert_eq!(psn, Psn::new(100));
+        assert_eq!(queue_pair.in_flight(), 3);
+        let frame = RoceFrame::new_checked(&out).expect("a valid READ");
+        assert_eq!(frame.reth().expect("RETH").dma_length, 2500);
+        let now = Timestamp::ZERO;
+        let first = Opcode::RdmaReadResponseFirst;
+        match queue_pair.handle_answer(now, first, Psn::new(100), ACK) {
+            Answer::ReadResponse(sent) => assert_eq!(sent.remote, VirtAddr(0x1000)),
+            other => panic!("{other:?}"),
+        }
+        // The last packet before the middle one: the middle was lost.
+        let last = Opcode::RdmaReadResponseLast;
+        assert_eq!(
+            queue_pair.handle_answer(now, last, Psn::new(102), ACK),
+            Answer::Lost { resume: None }
+        );
+        let middle = Opcode::RdmaReadResponseMiddle;
+        match queue_pair.handle_answer(now, middle, Psn::new(101), None) {
+            Answer::ReadResponse(sent) => {
+                assert_eq!((sent.remote, sent.length), (VirtAddr(0x1400), 2500 - 1024))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            queue_pair.handle_answer(now, middle, Psn::new(101), None),
+            Answer::Duplicate
+        );
+    }
+
+    #[test]
+    fn an_ack_covers_writes_only_and_names_them_oldest_first() {
+        let mut queue_pair = queue_pair();
+        let mut out = Vec::new();
+        let now = Timestamp::ZERO;
+        queue_pair.send(now, write(Segment::Only, 8, 8), &mut out, |bytes| {
+            bytes.fill(1)
+        });
+        queue_pair.send(now, write(Segment::Only, 8, 8), &mut out, |bytes| {
+            bytes.fill(2)
+        });
+        let ack = Opcode::Acknowledge;
+        assert_eq!(
+            queue_pair.handle_answer(now, ack, Psn::new(101), ACK),
+            Answer::Acknowledged
+        );
+        let mut seen = Vec::new();
+        queue_pair.take_acknowledged(now, Psn::new(101), |sent| seen.push(sent.write_segment));
+        assert_eq!(seen, [Some(Segment::Only); 2]);
+        assert_eq!(queue_pair.in_flight(), 0);
+        // An ACK past a READ means the READ's answer went missing.
+        queue_pair.send(now, read(2, 64), &mut out, |_| {});
+        queue_pair.send(now, write(Segment::Only, 8, 8), &mut out, |_| {});
+        assert_eq!(
+            queue_pair.handle_answer(now, ack, Psn::new(103), ACK),
+            Answer::Lost { resume: None }
+        );
+        let nak = Some(AckSyndrome::Nak(NakCode::PsnSequenceError));
+        assert_eq!(
+            queue_pair.handle_answer(now, ack, Psn::new(102), nak),
+            Answer::Lost {
+                resume: Some(Psn::new(102))
+            }
+        );
+    }
+
+    #[test]
+    fn a_go_back_resends_reads_exactly_and_writes_as_harmless_fillers() {
+        let mut queue_pair = queue_pair();
+        let mut out = Vec::new();
+        let now = Timestamp::ZERO;
+        queue_pair.send(now, read(1, 64), &mut out, |_| {});
+        queue_pair.send(now, write(Segment::Only, 64, 64), &mut out, |b| b.fill(5));
+        // A multi-packet WRITE cut off after its first packet.
+        queue_pair.send(now, write(Segment::First, 1024, 1500), &mut out, |b| {
+            b.fill(6)
+        });
+        assert!(!queue_pair.has_room(1) && queue_pair.can_continue_message());
+        queue_pair.go_back(now, None);
+        let mut resent = Vec::new();
+        while queue_pair.poll_retransmit(&mut out) {
+            let frame = RoceFrame::new_checked(&out).expect("stand-ins are valid frames");
+            let payload_is_zero = frame.payload().iter().all(|byte| *byte == 0);
+            let reth = frame
+                .reth()
+                .map(|reth| (reth.virtual_address.0, reth.dma_length));
+            resent.push((
+                frame.bth().psn.value(),
+                frame.opcode(),
+                reth,
+                frame.payload().len(),
+                payload_is_zero,
+            ));
+        }
+        let read = Opcode::RdmaReadRequest;
+        assert_eq!(
+            resent,
+            [
+                (100, read, Some((0x1000, 64)), 0, true),
+                (101, Opcode::RdmaWriteOnly, Some((0x2000, 0)), 0, true),
+                (
+                    102,
+                    Opcode::RdmaWriteFirst,
+                    Some((0x2000, 1500)),
+                    1024,
+                    true
+                ),
+                (103, Opcode::RdmaWriteLast, None, 476, true),
+            ]
+        );
+        assert!(!queue_pair.is_recovered());
+        let read_answer = queue_pair.handle_answer_recovering(now, Psn::new(100), ACK);
+        assert_eq!(read_answer, None);
+        let ack = queue_pair.handle_answer_recovering(now, Psn::new(103), ACK);
+        assert_eq!(ack, None);
+        assert!(queue_pair.is_recovered());
+        queue_pair.finish_recovery();
+        assert!(queue_pair.has_room(1));
     }
 }

@@ -744,59 +744,87 @@ impl Instance {
             self.start_cursor += 1;
             return self.fetch(now, config, out);
         }
-        let slot = (index % self.sizes.metadata_entries) as usize;
         match entry.kind {
-            Kind::Read => {
-                let packets = config.path_mtu.packets_for(entry.length);
-                if self.unsent_writes > 0 || !self.memory.has_room(packets) {
-                    self.stats.reads_paused += 1;
-                    self.fetch_cursor = index;
-                    return None;
-                }
-                self.entries.update(slot, |_| Some(entry));
-                self.start_cursor += 1;
-                self.started_reads.push_back(index);
-                self.stats.reads_started += 1;
-                let target = self.regions[usize::from(entry.region)].offset(entry.request_address);
-                let read = Sent {
-                    purpose: Purpose::DataRead { entry: index },
-                    write_segment: None,
-                    remote: target.address,
-                    rkey: target.rkey,
-                    length: entry.length,
-                    payload_bytes: 0,
-                };
-                self.memory.send(now, read, out, |_| {});
-                Some(self.memory.port())
-            }
-            Kind::Write => {
-                let packets = config.path_mtu.packets_for(entry.length);
-                if packets > 1 {
-                    self.fail(format!("write {index} is longer than the path MTU"));
-                    return None;
-                }
-                if !self.started_writes.is_empty() || !self.compute.has_room(packets) {
-                    // One write at a time: a go-back may run a write again
-                    // after its original landed, and with a later write in
-                    // between the pool would go back in time.
-                    self.stats.writes_paused += 1;
-                    self.fetch_cursor = index;
-                    return None;
-                }
-                self.entries.update(slot, |_| Some(entry));
-                self.start_cursor += 1;
-                self.started_writes.push_back(index);
-                self.unsent_writes += 1;
-                self.stats.writes_started += 1;
-                let read = self.read_of_block(
-                    Purpose::Payload { entry: index },
-                    entry.request_address,
-                    entry.length,
-                );
-                self.compute.send(now, read, out, |_| {});
-                Some(self.compute.port())
-            }
+            Kind::Read => self.start_read(now, config, index, entry, out),
+            Kind::Write => self.start_write(now, config, index, entry, out),
         }
+    }
+
+    /// Phase III for a read: the metadata response becomes the data READ
+    /// from the pool, unless a write has not yet sent its payload there.
+    fn start_read(
+        &mut self,
+        now: Timestamp,
+        config: &P4Config,
+        index: u64,
+        entry: Entry,
+        out: &mut Vec<u8>,
+    ) -> Option<PortId> {
+        let packets = config.path_mtu.packets_for(entry.length);
+        if self.unsent_writes > 0 || !self.memory.has_room(packets) {
+            self.stats.reads_paused += 1;
+            self.fetch_cursor = index;
+            return None;
+        }
+        self.stash(index, entry);
+        self.started_reads.push_back(index);
+        self.stats.reads_started += 1;
+        let target = self.regions[usize::from(entry.region)].offset(entry.request_address);
+        let read = Sent {
+            purpose: Purpose::DataRead { entry: index },
+            write_segment: None,
+            remote: target.address,
+            rkey: target.rkey,
+            length: entry.length,
+            payload_bytes: 0,
+        };
+        self.memory.send(now, read, out, |_| {});
+        Some(self.memory.port())
+    }
+
+    /// Phase III for a write: the metadata response becomes the READ of its
+    /// payload from the compute node, one write at a time.
+    fn start_write(
+        &mut self,
+        now: Timestamp,
+        config: &P4Config,
+        index: u64,
+        entry: Entry,
+        out: &mut Vec<u8>,
+    ) -> Option<PortId> {
+        let packets = config.path_mtu.packets_for(entry.length);
+        if packets > 1 {
+            self.fail(format!("write {index} is longer than the path MTU"));
+            return None;
+        }
+        if !self.started_writes.is_empty() || !self.compute.has_room(packets) {
+            // One write at a time: a go-back may run a write again after
+            // its original landed, and with a later write in between the
+            // pool would go back in time.
+            self.stats.writes_paused += 1;
+            self.fetch_cursor = index;
+            return None;
+        }
+        self.stash(index, entry);
+        self.started_writes.push_back(index);
+        self.unsent_writes += 1;
+        self.stats.writes_started += 1;
+        let read = self.read_of_block(
+            Purpose::Payload { entry: index },
+            entry.request_address,
+            entry.length,
+        );
+        self.compute.send(now, read, out, |_| {});
+        Some(self.compute.port())
+    }
+
+    /// Keeps a started entry where its answers will find it, and lets the
+    /// next entry start.
+    fn stash(&mut self, index: u64, entry: Entry) {
+        assert_eq!(index, self.start_cursor, "entries start in ring order");
+        let slot = (index % self.sizes.metadata_entries) as usize;
+        self.entries.update(slot, |_| Some(entry));
+        self.start_cursor += 1;
     }
 
     /// Recycles a READ response into the WRITE packet of the same place in
