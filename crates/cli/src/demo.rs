@@ -505,13 +505,7 @@ fn cowbird_step() -> Result<SystemStep, String> {
         failures: Vec::new(),
     };
     println!("\nCowbird in the simulator (3 threads, mixed async reads and writes, 1% loss):");
-    let faults = remora_sim::LinkFaults {
-        loss: 0.01,
-        duplicate: 0.005,
-        reorder: 0.01,
-        reorder_delay: std::time::Duration::from_micros(3),
-        corrupt: 0.0,
-    };
+    let faults = remora_cowbird::simulated::lossy(0.01);
     for engine in [Engine::Spot, Engine::P4] {
         let workload = Workload {
             engine,

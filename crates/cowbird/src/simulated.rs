@@ -15,8 +15,8 @@ use crate::p4::{CowbirdP4, P4Config, P4Stats};
 use crate::spot::SpotStats;
 use remora_fabric::node::RnicNode;
 use remora_rnic::{MemoryRegion, RnicConfig, Timestamp};
-use remora_sim::LinkConfig;
 use remora_sim::PortId;
+use remora_sim::{LinkConfig, LinkFaults};
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::simulated::SimulatedRack;
 use remora_switch::Program;
@@ -93,6 +93,18 @@ pub fn spec(workload: &Workload) -> CowbirdSpec {
 
 const COMPUTE_HOST: usize = 0;
 const MEMORY_HOST: usize = 1;
+
+/// The tests' and the demo's fault profile: `loss` on every link, half
+/// as much duplication, and 1% of frames reordered by up to 3 µs.
+pub fn lossy(loss: f64) -> LinkFaults {
+    LinkFaults {
+        loss,
+        duplicate: loss / 2.0,
+        reorder: 0.01,
+        reorder_delay: Duration::from_micros(3),
+        ..LinkFaults::NONE
+    }
+}
 
 /// Cowbird-P4's address on the wire.
 pub fn p4_config() -> P4Config {

@@ -3,20 +3,8 @@
 //! bytes, every request completes once and in order within its type, and
 //! the pool equals the models at the end; with and without loss.
 
-use remora_cowbird::simulated::{run, Workload};
+use remora_cowbird::simulated::{lossy, run, Workload};
 use remora_sim::LinkFaults;
-use std::time::Duration;
-
-/// Loss, with half as much duplication and a little reordering.
-fn lossy(loss: f64) -> LinkFaults {
-    LinkFaults {
-        loss,
-        duplicate: loss / 2.0,
-        reorder: 0.01,
-        reorder_delay: Duration::from_micros(3),
-        ..LinkFaults::NONE
-    }
-}
 
 #[test]
 fn spot_histories_are_exact_on_a_clean_path() {

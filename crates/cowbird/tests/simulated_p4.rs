@@ -5,19 +5,9 @@
 //! clean path and under 1% and 5% loss, where only the switch's Go-Back-N
 //! recovers (the hosts' queue pairs are pure responders).
 
-use remora_cowbird::simulated::{run, Engine, Workload};
+use remora_cowbird::simulated::{lossy, run, Engine, Workload};
 use remora_sim::LinkFaults;
 use std::time::Duration;
-
-fn lossy(loss: f64) -> LinkFaults {
-    LinkFaults {
-        loss,
-        duplicate: loss / 2.0,
-        reorder: 0.01,
-        reorder_delay: Duration::from_micros(3),
-        ..LinkFaults::NONE
-    }
-}
 
 fn p4(faults: LinkFaults) -> Workload {
     Workload {
