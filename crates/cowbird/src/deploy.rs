@@ -155,36 +155,29 @@ pub fn deploy(
         clients.push(client);
     }
     let engine = SpotEngine::new(spec.spot, instances, pool.clone(), staging, engine_cq)?;
-    let paths = |wanted: bool| if wanted { spec.threads } else { 0 };
-    let direct = (0..paths(spec.direct.is_some()))
-        .map(|_| {
-            direct_path(
-                spec.direct.expect("asked for"),
-                &spec,
-                compute,
-                memory,
-                memory_pd,
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let rpc = (0..paths(spec.rpc.is_some()))
-        .map(|_| {
-            rpc_path(
-                spec.rpc.expect("asked for"),
-                &spec,
-                compute,
-                memory,
-                memory_pd,
-                pool[0],
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let direct = per_thread(spec.direct, spec.threads, |direct| {
+        direct_path(direct, &spec, compute, memory, memory_pd)
+    })?;
+    let rpc = per_thread(spec.rpc, spec.threads, |rpc| {
+        rpc_path(rpc, &spec, compute, memory, memory_pd, pool[0])
+    })?;
     Ok(Deployment {
         clients,
         engine,
         pool,
         direct,
         rpc,
+    })
+}
+
+/// One `make(wanted)` per thread if a path is wanted, none otherwise.
+fn per_thread<S: Copy, T>(
+    wanted: Option<S>,
+    threads: usize,
+    mut make: impl FnMut(S) -> Result<T, DeployError>,
+) -> Result<Vec<T>, DeployError> {
+    wanted.map_or(Ok(Vec::new()), |spec| {
+        (0..threads).map(|_| make(spec)).collect()
     })
 }
 

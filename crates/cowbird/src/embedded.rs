@@ -24,7 +24,9 @@
 //! apart.
 
 use crate::client::{Client, Completion, CowbirdError};
-use crate::deploy::{deploy, deploy_p4, CowbirdSpec, Direct, DirectSpec, RpcSpec, SwitchPorts};
+use crate::deploy::{
+    deploy, deploy_p4, CowbirdSpec, Direct, DirectSpec, P4Deployment, RpcSpec, SwitchPorts,
+};
 use crate::hash_table::{calibrate, compute, is_record, record_bytes, record_of, TableSpec};
 use crate::history::{Engine, Histories, Workload};
 use crate::layout::RingSizes;
@@ -341,17 +343,24 @@ pub fn embedded_p4_config() -> P4Config {
     }
 }
 
-/// The switch with Cowbird-P4 and its probe generator running.
-fn p4_switch_of(
-    program: CowbirdP4,
+/// Cowbird-P4 on the two hosts: the clients and the pool deployed with
+/// the switch program, then the switch with its probe generator running.
+fn p4_rack(
+    config: P4Config,
+    placement: &Placement,
+    spec: &CowbirdSpec,
+    hosts: (&mut SoftRnic, &mut SoftRnic),
     ports: Vec<Box<dyn Port>>,
-) -> Result<Shared<SwitchEndpoint<CowbirdP4>>, String> {
+) -> Result<(P4Deployment, Shared<SwitchEndpoint<CowbirdP4>>), String> {
+    let mut program = CowbirdP4::new(config, placement.forwarding());
+    let (compute, memory) = hosts;
+    let deployment = deploy_p4(spec, compute, memory, &mut program, HOST_PORTS).map_err(text)?;
     let template = program.probe_template();
     let mut switch = Switch::new(SwitchConfig::new(2), program);
     switch
         .add_template(template, Timestamp::ZERO)
         .map_err(text)?;
-    Ok(shared(SwitchEndpoint::new(switch, ports)))
+    Ok((deployment, shared(SwitchEndpoint::new(switch, ports))))
 }
 
 /// The ports of the two hosts on the switch.
@@ -478,19 +487,16 @@ impl Rig {
             mut memory,
             switch_ports,
         } = Hosts::new(&Placement::default())?;
-        let mut program = CowbirdP4::new(bench.p4, forwarding());
         let spec = probe_spec(bench, bench.threads);
-        let deployment = deploy_p4(
+        let (deployment, switch) = p4_rack(
+            bench.p4,
+            &Placement::default(),
             &spec,
-            &mut compute.rnic,
-            &mut memory.rnic,
-            &mut program,
-            HOST_PORTS,
-        )
-        .map_err(text)?;
+            (&mut compute.rnic, &mut memory.rnic),
+            switch_ports,
+        )?;
         let pool = deployment.pool[0];
         fill_pool(&bench.table, pool, &mut memory.rnic)?;
-        let switch = p4_switch_of(program, switch_ports)?;
         let (compute, memory) = (shared(compute), shared(memory));
         let pumps: Vec<Arc<Mutex<dyn Pump>>> =
             vec![switch.clone(), compute.clone(), memory.clone()];
@@ -1087,16 +1093,13 @@ pub fn run_histories(
                 )
             }
             Engine::P4 => {
-                let mut program = CowbirdP4::new(workload.p4, placement.forwarding());
-                let deployment = deploy_p4(
+                let (deployment, switch) = p4_rack(
+                    workload.p4,
+                    placement,
                     &spec,
-                    &mut compute.rnic,
-                    &mut memory.rnic,
-                    &mut program,
-                    HOST_PORTS,
-                )
-                .map_err(text)?;
-                let switch = p4_switch_of(program, switch_ports)?;
+                    (&mut compute.rnic, &mut memory.rnic),
+                    switch_ports,
+                )?;
                 p4_switch = Some(switch.clone());
                 let handle = switch.clone();
                 switch_counters = Box::new(move || lock(&handle).switch.counters());
