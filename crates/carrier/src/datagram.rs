@@ -223,6 +223,8 @@ impl Port for DatagramPort {
         if wanted == 0 {
             return Ok(0);
         }
+        // SAFETY: an iovec is a pointer and a length, for which all zero
+        // bits (a null pointer, length zero) are a valid value.
         let mut iovecs: [libc::iovec; BATCH_FRAMES] = unsafe { std::mem::zeroed() };
         let mut headers = message_headers(
             &mut self.incoming[..wanted],
@@ -277,6 +279,7 @@ impl Port for DatagramPort {
         // Each round sends or drops at least one frame, so the loop is
         // bounded by the batch size.
         while sent < self.outgoing_count {
+            // SAFETY: all zero bits are a valid iovec (null, length zero).
             let mut iovecs: [libc::iovec; BATCH_FRAMES] = unsafe { std::mem::zeroed() };
             let pending = &mut self.outgoing[sent..self.outgoing_count];
             let count = pending.len();

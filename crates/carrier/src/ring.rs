@@ -113,18 +113,20 @@ unsafe impl SlotStorage for RawSlots {
 
     unsafe fn with_slot_mut<R>(&self, index: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
         assert!(index < self.count);
-        f(std::slice::from_raw_parts_mut(
-            self.base.add(index * self.slot_bytes),
-            self.slot_bytes,
-        ))
+        // SAFETY: `index` is in bounds (asserted), so the range lies inside
+        // the mapping; the caller owns this slot under the ring protocol,
+        // so nobody else touches these bytes while `f` runs.
+        f(unsafe {
+            std::slice::from_raw_parts_mut(self.base.add(index * self.slot_bytes), self.slot_bytes)
+        })
     }
 
     unsafe fn with_slot<R>(&self, index: usize, f: impl FnOnce(&[u8]) -> R) -> R {
         assert!(index < self.count);
-        f(std::slice::from_raw_parts(
-            self.base.add(index * self.slot_bytes),
-            self.slot_bytes,
-        ))
+        // SAFETY: as above; the slot is published and not being written.
+        f(unsafe {
+            std::slice::from_raw_parts(self.base.add(index * self.slot_bytes), self.slot_bytes)
+        })
     }
 }
 

@@ -487,6 +487,8 @@ pub struct DoorbellRef {
 
 // SAFETY: the doorbell is an atomic word in a mapping the Arc keeps alive.
 unsafe impl Send for DoorbellRef {}
+// SAFETY: every access to the doorbell's word is atomic, so shared use
+// from several threads is what it is built for.
 unsafe impl Sync for DoorbellRef {}
 
 impl std::ops::Deref for DoorbellRef {

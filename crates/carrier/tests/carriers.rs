@@ -7,6 +7,7 @@ use remora_carrier::{
     WaitSource, Waiter, MAX_CARRIED_FRAME_BYTES,
 };
 use remora_sim::LinkFaults;
+use remora_sim::Probability;
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
@@ -241,7 +242,7 @@ fn counters_count_frames_bytes_and_drops() {
 fn the_fault_injector_loses_corrupts_and_duplicates_as_configured() {
     let segment = Segment::anonymous(&SegmentPlan::star(3, 64)).unwrap();
     let send_through = |spoke: u32, faults: LinkFaults| {
-        let mut node = Faulty::new(segment.spoke_port(spoke).unwrap(), faults, 7).unwrap();
+        let mut node = Faulty::new(segment.spoke_port(spoke).unwrap(), faults, 7);
         let mut hub = segment.hub_port(spoke).unwrap();
         for index in 0..10 {
             node.send(&frame(index, 64)).unwrap();
@@ -255,7 +256,7 @@ fn the_fault_injector_loses_corrupts_and_duplicates_as_configured() {
     let (received, counters) = send_through(
         1,
         LinkFaults {
-            loss: 1.0,
+            loss: Probability::literal(1.0),
             ..LinkFaults::NONE
         },
     );
@@ -264,7 +265,7 @@ fn the_fault_injector_loses_corrupts_and_duplicates_as_configured() {
     let (received, _) = send_through(
         2,
         LinkFaults {
-            corrupt: 1.0,
+            corrupt: Probability::literal(1.0),
             ..LinkFaults::NONE
         },
     );
@@ -280,17 +281,14 @@ fn the_fault_injector_loses_corrupts_and_duplicates_as_configured() {
     let (received, _) = send_through(
         3,
         LinkFaults {
-            duplicate: 1.0,
+            duplicate: Probability::literal(1.0),
             ..LinkFaults::NONE
         },
     );
     assert_eq!(received.len(), 20);
-    let other = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
-    let invalid = LinkFaults {
-        loss: 2.0,
-        ..LinkFaults::NONE
-    };
-    assert!(Faulty::new(other.hub_port(1).unwrap(), invalid, 1).is_err());
+    // A profile with a loss of 2 cannot be made at all: the probability
+    // is refused where it is built, before any injector sees it.
+    assert!(Probability::new(2.0).is_err());
 }
 
 #[test]
@@ -400,11 +398,11 @@ fn af_packet_carries_frames_across_a_veth_pair() {
 fn a_reordered_frame_is_held_says_when_it_falls_due_and_leaves_at_a_flush_after() {
     let segment = Segment::anonymous(&SegmentPlan::star(1, 8)).unwrap();
     let faults = LinkFaults {
-        reorder: 1.0,
+        reorder: Probability::literal(1.0),
         reorder_delay: Duration::from_millis(20),
         ..LinkFaults::NONE
     };
-    let mut node = Faulty::new(segment.spoke_port(1).unwrap(), faults, 3).unwrap();
+    let mut node = Faulty::new(segment.spoke_port(1).unwrap(), faults, 3);
     let mut hub = segment.hub_port(1).unwrap();
     let sent = Instant::now();
     node.send(&frame(1, 64)).unwrap();

@@ -4,6 +4,7 @@
 use crate::capture::Capture;
 use remora_rnic::back_to_back::{BackToBack, Verdict};
 use remora_rnic::*;
+use remora_sim::Probability;
 use remora_wire::VirtAddr;
 use serde::Serialize;
 use std::path::Path;
@@ -451,11 +452,11 @@ fn clover_step() -> Result<SystemStep, String> {
             operations: 400,
             zipf_theta: Some(0.99),
             faults: remora_sim::LinkFaults {
-                loss: 0.02,
-                duplicate: 0.01,
-                reorder: 0.02,
+                loss: Probability::literal(0.02),
+                duplicate: Probability::literal(0.01),
+                reorder: Probability::literal(0.02),
                 reorder_delay: std::time::Duration::from_micros(20),
-                corrupt: 0.0,
+                corrupt: Probability::literal(0.0),
             },
             check_history: true,
             ..Run::new(switch)
@@ -505,7 +506,7 @@ fn cowbird_step() -> Result<SystemStep, String> {
         failures: Vec::new(),
     };
     println!("\nCowbird in the simulator (3 threads, mixed async reads and writes, 1% loss):");
-    let faults = remora_cowbird::simulated::lossy(0.01);
+    let faults = remora_cowbird::simulated::lossy(Probability::literal(0.01));
     for engine in [Engine::Spot, Engine::P4] {
         let workload = Workload {
             engine,

@@ -3,6 +3,7 @@
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_fabric::{run_campaign, FaultProfile, ScenarioConfig};
+use remora_sim::Probability;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -16,8 +17,8 @@ pub enum SimCommand {
 
 #[derive(Args)]
 pub struct FabricArgs {
-    /// How many seeds to run.
-    #[arg(long, default_value_t = 100)]
+    /// How many seeds to run (at least one).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     seeds: u64,
     /// Run this one seed only (to replay a failure).
     #[arg(long, conflicts_with = "seeds")]
@@ -29,29 +30,37 @@ pub struct FabricArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// Probability a frame is lost.
-    #[arg(long)]
-    loss: Option<f64>,
+    #[arg(long, value_parser = probability)]
+    loss: Option<Probability>,
     /// Probability a frame is delivered twice.
-    #[arg(long)]
-    duplicate: Option<f64>,
+    #[arg(long, value_parser = probability)]
+    duplicate: Option<Probability>,
     /// Probability a frame is delayed so later frames overtake it.
-    #[arg(long)]
-    reorder: Option<f64>,
+    #[arg(long, value_parser = probability)]
+    reorder: Option<Probability>,
     /// Probability one bit of a frame flips.
-    #[arg(long)]
-    corrupt: Option<f64>,
+    #[arg(long, value_parser = probability)]
+    corrupt: Option<Probability>,
     /// Probability the link is cut for part of the safety phase.
-    #[arg(long)]
-    partition: Option<f64>,
+    #[arg(long, value_parser = probability)]
+    partition: Option<Probability>,
     /// Probability a node crashes and restarts empty.
-    #[arg(long)]
-    crash: Option<f64>,
+    #[arg(long, value_parser = probability)]
+    crash: Option<Probability>,
     /// Probability a stream ends with a remote access violation.
-    #[arg(long)]
-    violation: Option<f64>,
+    #[arg(long, value_parser = probability)]
+    violation: Option<Probability>,
     /// Write the campaign report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+/// A flag's probability, refused at parse time when outside [0, 1].
+fn probability(text: &str) -> Result<Probability, String> {
+    let value: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    Probability::new(value).map_err(|error| error.to_string())
 }
 
 impl FabricArgs {
@@ -62,7 +71,7 @@ impl FabricArgs {
                     .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
                 toml::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))?
             }
-            None => ScenarioConfig::new(FaultProfile::lossy(0.01)),
+            None => ScenarioConfig::new(FaultProfile::lossy(Probability::literal(0.01))),
         };
         let faults = &mut config.faults;
         for (flag, field) in [

@@ -62,7 +62,16 @@ fn bad_input_gets_a_clear_error() {
     let output = remora(&["sim", "fabric", "--seeds", "1", "--loss", "2"]);
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("loss = 2 is not a probability"), "{stderr}");
+    assert!(
+        stderr.contains("'--loss <LOSS>': probability 2 is outside [0, 1]"),
+        "{stderr}"
+    );
+
+    // A campaign of no seeds would check nothing and pass.
+    let output = remora(&["sim", "fabric", "--seeds", "0"]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("'--seeds <SEEDS>'"), "{stderr}");
 
     let output = remora(&["sim", "fabric", "--config", "/nonexistent/remora.toml"]);
     assert_eq!(output.status.code(), Some(2));

@@ -105,9 +105,7 @@ fn compute_port(port: impl Port + 'static, run: &Run, seed: u64) -> Result<Box<d
     if run.faults == remora_sim::LinkFaults::NONE {
         return Ok(Box::new(port));
     }
-    Faulty::new(port, run.faults, seed)
-        .map(|port| Box::new(port) as Box<dyn Port>)
-        .map_err(|error| error.to_string())
+    Ok(Box::new(Faulty::new(port, run.faults, seed)))
 }
 
 fn embedded<P: CloverSwitch>(

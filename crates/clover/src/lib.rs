@@ -19,6 +19,8 @@
 //!   by [`simulated`] (the deterministic simulator, simulated time) and
 //!   [`embedded`] (the embedded rack: real threads, rings and time).
 
+#![forbid(unsafe_code)]
+
 pub mod client;
 pub mod deploy;
 pub mod embedded;

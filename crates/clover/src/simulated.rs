@@ -11,11 +11,11 @@ use crate::history::Verdict;
 use crate::metadata::MetadataStats;
 use crate::pool::PoolStats;
 use crate::resolver::{CloverResolver, ResolverCounters, ResolverMemory};
-use remora_fabric::node::RnicNode;
+use remora_host::Host;
+use remora_rack::simulated::SimulatedRack;
 use remora_rnic::*;
 use remora_sim::LinkConfig;
 use remora_switch::programs::l2l3::L2L3Forwarding;
-use remora_switch::simulated::SimulatedRack;
 use std::time::Duration;
 
 /// What a run measured.
@@ -54,15 +54,14 @@ pub fn run(seed: u64, run: &Run) -> Result<Outcome, String> {
 
 fn simulate<P: CloverSwitch>(seed: u64, run: &Run, cached_keys: &[u64]) -> Result<Outcome, String> {
     let text = |error: &dyn std::fmt::Display| format!("seed {seed}: {error}");
-    let mut compute = RnicNode::new(RnicConfig::new(mac(COMPUTE), ip(COMPUTE), seed));
-    let mut memory = RnicNode::new(RnicConfig::new(mac(MEMORY), ip(MEMORY), seed ^ 0xabc));
-    let deployment = deploy(
-        run.store(ACK_TIMEOUT),
-        &mut compute.device,
-        &mut memory.device,
-    )
-    .map_err(|e| text(&e))?;
-    let program = P::build(&deployment, &compute.device, &memory.device, cached_keys)?;
+    let mut compute = Host::new("compute", RnicConfig::new(mac(COMPUTE), ip(COMPUTE), seed));
+    let mut memory = Host::new(
+        "memory",
+        RnicConfig::new(mac(MEMORY), ip(MEMORY), seed ^ 0xabc),
+    );
+    let deployment = deploy(run.store(ACK_TIMEOUT), compute.nic_mut(), memory.nic_mut())
+        .map_err(|e| text(&e))?;
+    let program = P::build(&deployment, compute.nic(), memory.nic(), cached_keys)?;
     let mut link = LinkConfig::rack();
     link.faults = run.faults;
     let mut rack = SimulatedRack::new(seed, program, vec![compute, memory], link);

@@ -6,6 +6,7 @@
 use remora_clover::embedded::{run, EmbeddedOutcome};
 use remora_clover::harness::{Run, SwitchChoice};
 use remora_sim::LinkFaults;
+use remora_sim::Probability;
 use std::time::Duration;
 
 /// Small enough for the linearizability checker, contended enough to
@@ -60,8 +61,8 @@ fn resolved_clover_on_the_embedded_rack_is_linearizable() {
 #[test]
 fn resolved_clover_over_a_lossy_link_is_linearizable() {
     let faults = LinkFaults {
-        loss: 0.01,
-        duplicate: 0.005,
+        loss: Probability::literal(0.01),
+        duplicate: Probability::literal(0.005),
         ..LinkFaults::NONE
     };
     let configuration = checked_run(SwitchChoice::Resolver { cached_keys: 16 }, faults);

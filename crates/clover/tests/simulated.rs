@@ -7,16 +7,16 @@
 //! garbage collection stays within a fixed region.
 
 use remora_clover::simulated::{run, Run, SwitchChoice};
-use remora_sim::LinkFaults;
+use remora_sim::{LinkFaults, Probability};
 use std::time::Duration;
 
-fn lossy(loss: f64) -> LinkFaults {
+fn lossy(loss: Probability) -> LinkFaults {
     LinkFaults {
         loss,
-        duplicate: loss / 2.0,
+        duplicate: loss.scaled(0.5),
         reorder: loss,
         reorder_delay: Duration::from_micros(20),
-        corrupt: 0.0,
+        corrupt: Probability::literal(0.0),
     }
 }
 
@@ -49,7 +49,10 @@ fn checked(seed: u64, configuration: &Run) -> remora_clover::simulated::Outcome 
 #[test]
 fn plain_clover_is_linearizable_under_loss_across_seeds() {
     for seed in 0..6 {
-        let outcome = checked(seed, &contended(SwitchChoice::Plain, lossy(0.02)));
+        let outcome = checked(
+            seed,
+            &contended(SwitchChoice::Plain, lossy(Probability::literal(0.02))),
+        );
         assert!(
             outcome.stats.conflicts > 0,
             "seed {seed}: no contention, no test"
@@ -64,7 +67,10 @@ fn the_resolver_keeps_lists_whole_and_histories_linearizable_under_loss() {
     let mut retransmissions = 0;
     for seed in 0..8 {
         let resolver = SwitchChoice::Resolver { cached_keys: 16 };
-        let outcome = checked(seed, &contended(resolver, lossy(0.03)));
+        let outcome = checked(
+            seed,
+            &contended(resolver, lossy(Probability::literal(0.03))),
+        );
         let counters = outcome.resolver.unwrap();
         rewritten += counters.rewritten;
         retransmissions += counters.retransmissions_rewritten;
@@ -103,7 +109,10 @@ fn the_resolver_removes_most_conflicts_on_a_clean_path() {
 fn keys_outside_the_cache_pass_untouched_and_stay_correct() {
     for seed in 0..4 {
         let resolver = SwitchChoice::Resolver { cached_keys: 2 };
-        let outcome = checked(seed, &contended(resolver, lossy(0.01)));
+        let outcome = checked(
+            seed,
+            &contended(resolver, lossy(Probability::literal(0.01))),
+        );
         let counters = outcome.resolver.unwrap();
         assert!(counters.passed_uncached > 0, "seed {seed}: {counters:?}");
     }

@@ -4,7 +4,7 @@
 //! defaults to 0).
 
 use remora_cowbird::simulated::{run, Engine, Workload};
-use remora_sim::LinkFaults;
+use remora_sim::{LinkFaults, Probability};
 use std::time::Duration;
 
 fn main() {
@@ -16,9 +16,9 @@ fn main() {
     };
     let (seeds, first) = (argument(1, 100), argument(2, 0));
     let faults = |loss: f64| LinkFaults {
-        loss,
-        duplicate: loss / 2.0,
-        reorder: 0.02,
+        loss: Probability::literal(loss),
+        duplicate: Probability::literal(loss / 2.0),
+        reorder: Probability::literal(0.02),
         reorder_delay: Duration::from_micros(5),
         ..LinkFaults::NONE
     };

@@ -182,13 +182,13 @@ pub fn p4_hostile_block(bytes: &[u8]) -> Option<String> {
     use crate::deploy::{deploy_p4, SwitchPorts};
     use crate::p4::CowbirdP4;
     use crate::simulated::{forwarding, ip, mac, p4_config};
-    use remora_fabric::node::RnicNode;
+    use remora_host::Host;
+    use remora_rack::simulated::SimulatedRack;
     use remora_rnic::{RnicConfig, Timestamp};
     use remora_sim::{LinkConfig, PortId};
-    use remora_switch::simulated::SimulatedRack;
 
-    let mut compute = RnicNode::new(RnicConfig::new(mac(1), ip(1), 7));
-    let mut memory = RnicNode::new(RnicConfig::new(mac(2), ip(2), 8));
+    let mut compute = Host::new("compute", RnicConfig::new(mac(1), ip(1), 7));
+    let mut memory = Host::new("memory", RnicConfig::new(mac(2), ip(2), 8));
     let spec = CowbirdSpec {
         threads: 1,
         sizes: RingSizes {
@@ -209,8 +209,8 @@ pub fn p4_hostile_block(bytes: &[u8]) -> Option<String> {
     };
     let deployment = deploy_p4(
         &spec,
-        &mut compute.device,
-        &mut memory.device,
+        compute.nic_mut(),
+        memory.nic_mut(),
         &mut program,
         ports,
     )

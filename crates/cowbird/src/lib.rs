@@ -12,6 +12,8 @@
 //! - [`hash_table`]: the hash-table probe microbenchmark's table and work.
 //! - [`embedded`]: that benchmark on the embedded rack, every variant.
 
+#![forbid(unsafe_code)]
+
 pub mod client;
 pub mod deploy;
 pub mod embedded;

@@ -13,12 +13,12 @@ use crate::history::Histories;
 pub use crate::history::{Engine, Workload};
 use crate::p4::{CowbirdP4, P4Config, P4Stats};
 use crate::spot::SpotStats;
-use remora_fabric::node::RnicNode;
+use remora_host::Host;
+use remora_rack::simulated::SimulatedRack;
 use remora_rnic::{MemoryRegion, RnicConfig, Timestamp};
 use remora_sim::PortId;
-use remora_sim::{LinkConfig, LinkFaults};
+use remora_sim::{LinkConfig, LinkFaults, Probability};
 use remora_switch::programs::l2l3::L2L3Forwarding;
-use remora_switch::simulated::SimulatedRack;
 use remora_switch::Program;
 use remora_wire::{Ipv4Address, MacAddress};
 use std::time::Duration;
@@ -96,11 +96,11 @@ const MEMORY_HOST: usize = 1;
 
 /// The tests' and the demo's fault profile: `loss` on every link, half
 /// as much duplication, and 1% of frames reordered by up to 3 µs.
-pub fn lossy(loss: f64) -> LinkFaults {
+pub fn lossy(loss: Probability) -> LinkFaults {
     LinkFaults {
         loss,
-        duplicate: loss / 2.0,
-        reorder: 0.01,
+        duplicate: loss.scaled(0.5),
+        reorder: Probability::literal(0.01),
         reorder_delay: Duration::from_micros(3),
         ..LinkFaults::NONE
     }
@@ -117,15 +117,18 @@ pub fn p4_config() -> P4Config {
 /// Runs the workload on one seed; errors say what went wrong.
 pub fn run(seed: u64, workload: &Workload) -> Result<Outcome, String> {
     let text = |error: &dyn std::fmt::Display| format!("seed {seed}: {error}");
-    let mut compute = RnicNode::new(RnicConfig::new(mac(COMPUTE), ip(COMPUTE), seed));
-    let mut memory = RnicNode::new(RnicConfig::new(mac(MEMORY), ip(MEMORY), seed ^ 0xc0b));
+    let mut compute = Host::new("compute", RnicConfig::new(mac(COMPUTE), ip(COMPUTE), seed));
+    let mut memory = Host::new(
+        "memory",
+        RnicConfig::new(mac(MEMORY), ip(MEMORY), seed ^ 0xc0b),
+    );
     let mut link = LinkConfig::rack();
     link.faults = workload.faults;
     let spec = spec(workload);
     match workload.engine {
         Engine::Spot => {
             let mut deployment =
-                deploy(spec, &mut compute.device, &mut memory.device).map_err(|e| text(&e))?;
+                deploy(spec, compute.nic_mut(), memory.nic_mut()).map_err(|e| text(&e))?;
             let mut rack = SimulatedRack::new(seed, forwarding(), vec![compute, memory], link);
             let mut engine = deployment.engine;
             let mut outcome = drive(
@@ -153,8 +156,8 @@ pub fn run(seed: u64, workload: &Workload) -> Result<Outcome, String> {
             };
             let mut deployment = deploy_p4(
                 &spec,
-                &mut compute.device,
-                &mut memory.device,
+                compute.nic_mut(),
+                memory.nic_mut(),
                 &mut program,
                 ports,
             )

@@ -5,6 +5,7 @@
 
 use remora_cowbird::simulated::{lossy, run, Workload};
 use remora_sim::LinkFaults;
+use remora_sim::Probability;
 
 #[test]
 fn spot_histories_are_exact_on_a_clean_path() {
@@ -22,7 +23,7 @@ fn spot_histories_are_exact_on_a_clean_path() {
 #[test]
 fn spot_histories_are_exact_under_one_percent_loss() {
     for seed in 10..14 {
-        let outcome = run(seed, &Workload::new(lossy(0.01))).unwrap();
+        let outcome = run(seed, &Workload::new(lossy(Probability::literal(0.01)))).unwrap();
         assert_eq!(outcome.completed, 1200);
         assert!(outcome.retransmissions > 0, "the loss was felt");
     }
@@ -31,7 +32,7 @@ fn spot_histories_are_exact_under_one_percent_loss() {
 #[test]
 fn spot_histories_are_exact_under_five_percent_loss() {
     for seed in 20..23 {
-        let outcome = run(seed, &Workload::new(lossy(0.05))).unwrap();
+        let outcome = run(seed, &Workload::new(lossy(Probability::literal(0.05)))).unwrap();
         assert_eq!(outcome.completed, 1200);
     }
 }
@@ -45,7 +46,7 @@ fn reads_overlapping_writes_in_flight_wait_for_them() {
     let workload = Workload {
         window_bytes: 64,
         max_length: 32,
-        ..Workload::new(lossy(0.01))
+        ..Workload::new(lossy(Probability::literal(0.01)))
     };
     let outcome = run(5, &workload).unwrap();
     assert_eq!(outcome.completed, 1200);
@@ -60,7 +61,7 @@ fn campaign() {
         let workload = Workload {
             window_bytes: 96,
             max_length: 48,
-            ..Workload::new(lossy(0.05))
+            ..Workload::new(lossy(Probability::literal(0.05)))
         };
         run(seed, &workload).unwrap();
     }

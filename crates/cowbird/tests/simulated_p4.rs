@@ -7,6 +7,7 @@
 
 use remora_cowbird::simulated::{lossy, run, Engine, Workload};
 use remora_sim::LinkFaults;
+use remora_sim::Probability;
 use std::time::Duration;
 
 fn p4(faults: LinkFaults) -> Workload {
@@ -35,7 +36,7 @@ fn p4_histories_are_exact_on_a_clean_path() {
 #[test]
 fn p4_completes_every_request_under_one_percent_loss() {
     for seed in 10..13 {
-        let outcome = run(seed, &p4(lossy(0.01))).unwrap();
+        let outcome = run(seed, &p4(lossy(Probability::literal(0.01)))).unwrap();
         assert_eq!(outcome.completed, 1200);
         let stats = outcome.switch_engine.expect("the switch was the engine");
         assert!(stats.go_backs > 0 && stats.retransmitted > 0, "{stats:?}");
@@ -45,7 +46,7 @@ fn p4_completes_every_request_under_one_percent_loss() {
 #[test]
 fn p4_completes_every_request_under_five_percent_loss() {
     for seed in 20..23 {
-        let outcome = run(seed, &p4(lossy(0.05))).unwrap();
+        let outcome = run(seed, &p4(lossy(Probability::literal(0.05)))).unwrap();
         assert_eq!(outcome.completed, 1200);
     }
 }
@@ -58,7 +59,7 @@ fn p4_reads_span_several_packets() {
         window_bytes: 8192,
         max_length: 2500,
         max_write_length: 1024,
-        ..p4(lossy(0.01))
+        ..p4(lossy(Probability::literal(0.01)))
     };
     for seed in 30..32 {
         let outcome = run(seed, &workload).unwrap();
@@ -75,7 +76,7 @@ fn p4_campaign() {
         let workload = Workload {
             window_bytes: 96,
             max_length: 48,
-            ..p4(lossy(0.05))
+            ..p4(lossy(Probability::literal(0.05)))
         };
         run(seed, &workload).unwrap();
     }
@@ -83,9 +84,9 @@ fn p4_campaign() {
 
 /// The fault profile of the `p4_campaign` example, which found the seeds
 /// below.
-fn campaign_faults(loss: f64) -> LinkFaults {
+fn campaign_faults(loss: Probability) -> LinkFaults {
     LinkFaults {
-        reorder: 0.02,
+        reorder: Probability::literal(0.02),
         reorder_delay: Duration::from_micros(5),
         ..lossy(loss)
     }
@@ -97,7 +98,7 @@ fn campaign_faults(loss: f64) -> LinkFaults {
 /// top of the newer. A write now waits while another is unconfirmed.
 #[test]
 fn a_redone_write_never_lands_on_a_later_one() {
-    let outcome = run(188, &p4(campaign_faults(0.05))).unwrap();
+    let outcome = run(188, &p4(campaign_faults(Probability::literal(0.05)))).unwrap();
     assert_eq!(outcome.completed, 1200);
     let stats = outcome.switch_engine.expect("the switch was the engine");
     assert!(stats.writes_paused > 0 && stats.go_backs > 0, "{stats:?}");
@@ -113,7 +114,7 @@ fn a_go_back_never_redoes_a_confirmed_request() {
         window_bytes: 8192,
         max_length: 3000,
         max_write_length: 1024,
-        ..p4(campaign_faults(0.03))
+        ..p4(campaign_faults(Probability::literal(0.03)))
     };
     let outcome = run(14, &workload).unwrap();
     assert_eq!(outcome.completed, 1200);

@@ -7,6 +7,8 @@
 //! - [`scenario`]: one seed: build, run the safety and liveness phases, check.
 //! - [`campaign`]: many seeds, with replay instructions for failures.
 
+#![forbid(unsafe_code)]
+
 pub mod campaign;
 pub mod model;
 pub mod node;

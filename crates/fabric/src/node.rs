@@ -1,88 +1,52 @@
-//! A soft RNIC as a simulator node: one port, plus the host's delayed
-//! actions (receives posted late, to exercise RNR).
+//! The host program of the conformance scenario: receives the host posts
+//! late, to exercise RNR. It runs as an agent of a simulator
+//! [`Host`](remora_host::Host).
 
-use remora_rnic::{QueuePair, ReceiveRequest, RnicConfig, SoftRnic, Timestamp, Verbs};
-use remora_sim::{Node, PortId};
+use remora_base::Timestamp;
+use remora_host::{Agent, AgentError, Progress};
+use remora_rnic::{QueuePair, ReceiveRequest, Verbs};
 
-pub struct RnicNode {
-    pub device: SoftRnic,
-    config: RnicConfig,
-    /// Receives the host posts at a set time, sorted by time.
-    late_receives: Vec<(Timestamp, QueuePair, ReceiveRequest)>,
-    /// Whether this node ever crashed: its completions and memory are gone.
-    pub crashed_ever: bool,
-    incarnation: u64,
+/// Receives posted at set times, soonest first.
+#[derive(Default)]
+pub struct LateReceives {
+    pending: Vec<(Timestamp, QueuePair, ReceiveRequest)>,
 }
 
-impl RnicNode {
-    pub fn new(config: RnicConfig) -> RnicNode {
-        RnicNode {
-            device: SoftRnic::new(config.clone()),
-            config,
-            late_receives: Vec::new(),
-            crashed_ever: false,
-            incarnation: 0,
-        }
+impl LateReceives {
+    pub fn post_at(&mut self, at: Timestamp, queue_pair: QueuePair, request: ReceiveRequest) {
+        self.pending.push((at, queue_pair, request));
+        self.pending.sort_by_key(|(at, _, _)| *at);
+    }
+}
+
+impl Agent for LateReceives {
+    fn name(&self) -> &'static str {
+        "late-receives"
     }
 
-    pub fn post_receive_at(
-        &mut self,
-        at: Timestamp,
-        queue_pair: QueuePair,
-        request: ReceiveRequest,
-    ) {
-        self.late_receives.push((at, queue_pair, request));
-        self.late_receives.sort_by_key(|(at, _, _)| *at);
-    }
-
-    fn post_due_receives(&mut self, now: Timestamp) {
+    fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
         let due = self
-            .late_receives
+            .pending
             .iter()
             .take_while(|(at, _, _)| *at <= now)
             .count();
-        for (_, queue_pair, request) in self.late_receives.drain(..due) {
+        for (_, queue_pair, request) in self.pending.drain(..due) {
             // The queue pair may be in error by now; that is the scenario's
             // business, not the host's.
-            let _ = self.device.post_receive(queue_pair, request);
+            let _ = nic.post_receive(queue_pair, request);
         }
-    }
-}
-
-impl Node for RnicNode {
-    fn handle_frame(&mut self, now: Timestamp, _port: PortId, frame: &[u8]) {
-        self.device.handle_frame(now, frame);
-    }
-
-    fn poll_transmit(&mut self, now: Timestamp, buffer: &mut [u8]) -> Option<(PortId, usize)> {
-        self.device
-            .poll_transmit(now, buffer)
-            .map(|len| (PortId(0), len))
+        Ok(Progress::from_moved(due > 0))
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        let host = self.late_receives.first().map(|(at, _, _)| *at);
-        [self.device.poll_timeout(), host]
-            .into_iter()
-            .flatten()
-            .min()
+        self.pending.first().map(|(at, _, _)| *at)
     }
 
-    fn handle_timeout(&mut self, now: Timestamp) {
-        self.post_due_receives(now);
-        self.device.handle_timeout(now);
+    fn crash(&mut self) {
+        self.pending.clear();
     }
 
-    fn crash(&mut self, _now: Timestamp) {
-        self.crashed_ever = true;
-        self.late_receives.clear();
-    }
-
-    fn restart(&mut self, _now: Timestamp) {
-        // A restarted host has a new device: no queue pairs, no regions.
-        self.incarnation += 1;
-        let mut config = self.config.clone();
-        config.seed = config.seed.wrapping_add(self.incarnation << 32);
-        self.device = SoftRnic::new(config);
+    fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+        Ok(())
     }
 }

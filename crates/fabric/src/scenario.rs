@@ -15,11 +15,13 @@
 //! - every SEND landed once, intact, in the receive it was matched with.
 
 use crate::model::{Expected, WindowModel};
-use crate::node::RnicNode;
+use crate::node::LateReceives;
 use crate::workload::{
     self, Operation, Violation, DATA_WINDOW_BYTES, LOCAL_SLOT_BYTES, MAX_SEND_BYTES, WINDOW_BYTES,
 };
 use rand::Rng;
+use remora_base::Probability;
+use remora_host::Host as HostNode;
 use remora_rnic::*;
 use remora_sim::{Event, LinkConfig, LinkFaults, NodeId, PortId, Simulation};
 use remora_wire::{Ipv4Address, MacAddress, Qpn, Rkey};
@@ -31,16 +33,16 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FaultProfile {
-    pub loss: f64,
-    pub duplicate: f64,
-    pub reorder: f64,
-    pub corrupt: f64,
+    pub loss: Probability,
+    pub duplicate: Probability,
+    pub reorder: Probability,
+    pub corrupt: Probability,
     /// Probability the link is cut for part of the safety phase.
-    pub partition: f64,
+    pub partition: Probability,
     /// Probability one node crashes and restarts empty.
-    pub crash: f64,
+    pub crash: Probability,
     /// Probability a stream ends with a remote access violation.
-    pub violation: f64,
+    pub violation: Probability,
 }
 
 impl Default for FaultProfile {
@@ -51,44 +53,26 @@ impl Default for FaultProfile {
 
 impl FaultProfile {
     pub const NONE: FaultProfile = FaultProfile {
-        loss: 0.0,
-        duplicate: 0.0,
-        reorder: 0.0,
-        corrupt: 0.0,
-        partition: 0.0,
-        crash: 0.0,
-        violation: 0.0,
+        loss: Probability::ZERO,
+        duplicate: Probability::ZERO,
+        reorder: Probability::ZERO,
+        corrupt: Probability::ZERO,
+        partition: Probability::ZERO,
+        crash: Probability::ZERO,
+        violation: Probability::ZERO,
     };
 
     /// `loss` with duplication, reordering and corruption alongside.
-    pub fn lossy(loss: f64) -> FaultProfile {
+    pub fn lossy(loss: Probability) -> FaultProfile {
         FaultProfile {
             loss,
-            duplicate: 0.02,
-            reorder: 0.05,
-            corrupt: 0.01,
-            partition: 0.1,
-            crash: 0.05,
-            violation: 0.2,
+            duplicate: Probability::literal(0.02),
+            reorder: Probability::literal(0.05),
+            corrupt: Probability::literal(0.01),
+            partition: Probability::literal(0.1),
+            crash: Probability::literal(0.05),
+            violation: Probability::literal(0.2),
         }
-    }
-
-    pub fn validate(&self) -> Result<(), String> {
-        let fields = [
-            ("loss", self.loss),
-            ("duplicate", self.duplicate),
-            ("reorder", self.reorder),
-            ("corrupt", self.corrupt),
-            ("partition", self.partition),
-            ("crash", self.crash),
-            ("violation", self.violation),
-        ];
-        for (name, value) in fields {
-            if !(0.0..=1.0).contains(&value) {
-                return Err(format!("{name} = {value} is not a probability in [0, 1]"));
-            }
-        }
-        Ok(())
     }
 }
 
@@ -111,7 +95,7 @@ pub struct ScenarioConfig {
 
 impl Default for ScenarioConfig {
     fn default() -> ScenarioConfig {
-        ScenarioConfig::new(FaultProfile::lossy(0.01))
+        ScenarioConfig::new(FaultProfile::lossy(Probability::literal(0.01)))
     }
 }
 
@@ -128,7 +112,6 @@ impl ScenarioConfig {
     }
 
     pub fn validate(&self) -> Result<(), String> {
-        self.faults.validate()?;
         if !(1..=64).contains(&self.connections) {
             return Err(format!(
                 "connections = {} is outside 1..=64",
@@ -181,7 +164,7 @@ impl SeedReport {
 }
 
 /// One node's objects.
-struct Host {
+struct HostResources {
     id: NodeId,
     completion_queue: CompletionQueue,
     protection_domain: ProtectionDomain,
@@ -205,12 +188,14 @@ struct Stream {
 }
 
 const COMPLETION_QUEUE_DEPTH: usize = 16_384;
+/// The late-receives agent's index on every scenario host.
+const LATE_RECEIVES: usize = 0;
 
-fn device(sim: &mut Simulation<RnicNode>, id: NodeId) -> &mut SoftRnic {
-    &mut sim.node_mut(id).device
+fn device(sim: &mut Simulation<HostNode>, id: NodeId) -> &mut SoftRnic {
+    sim.node_mut(id).nic_mut()
 }
 
-fn setup_host(sim: &mut Simulation<RnicNode>, id: NodeId) -> Host {
+fn setup_host(sim: &mut Simulation<HostNode>, id: NodeId) -> HostResources {
     let device = device(sim, id);
     let protection_domain = device.alloc_protection_domain().expect("fresh device");
     let completion_queue = device
@@ -219,7 +204,7 @@ fn setup_host(sim: &mut Simulation<RnicNode>, id: NodeId) -> Host {
     let read_only = device
         .register_memory(protection_domain, 4096, AccessFlags::REMOTE_READ)
         .expect("small region");
-    Host {
+    HostResources {
         id,
         completion_queue,
         protection_domain,
@@ -227,7 +212,12 @@ fn setup_host(sim: &mut Simulation<RnicNode>, id: NodeId) -> Host {
     }
 }
 
-fn queue_pair_builder(host: &Host, rng: &mut impl Rng, mtu: Mtu, depth: usize) -> QueuePairBuilder {
+fn queue_pair_builder(
+    host: &HostResources,
+    rng: &mut impl Rng,
+    mtu: Mtu,
+    depth: usize,
+) -> QueuePairBuilder {
     let mut builder = QueuePairBuilder::new(
         host.protection_domain,
         host.completion_queue,
@@ -247,8 +237,8 @@ fn queue_pair_builder(host: &Host, rng: &mut impl Rng, mtu: Mtu, depth: usize) -
 
 /// Builds the rack, posts the workload and schedules the faults.
 struct Build {
-    sim: Simulation<RnicNode>,
-    hosts: [Host; 2],
+    sim: Simulation<HostNode>,
+    hosts: [HostResources; 2],
     streams: Vec<Stream>,
     partitioned: bool,
     crashed: bool,
@@ -256,14 +246,16 @@ struct Build {
 
 fn build(seed: u64, config: &ScenarioConfig) -> Build {
     let mut sim = Simulation::new(seed);
-    let node = |index: u8, sim: &mut Simulation<RnicNode>| {
+    let node = |index: u8, sim: &mut Simulation<HostNode>| {
         let device_seed = sim.rng().gen();
         let config = RnicConfig::new(
             MacAddress([0x02, 0, 0, 0, 0, index]),
             Ipv4Address::new(192, 0, 2, index),
             device_seed,
         );
-        sim.add_node(RnicNode::new(config))
+        let mut host = HostNode::new(format!("host-{index}"), config);
+        host.add_agent(Box::new(LateReceives::default()));
+        sim.add_node(host)
     };
     let a = node(1, &mut sim);
     let b = node(2, &mut sim);
@@ -283,7 +275,7 @@ fn build(seed: u64, config: &ScenarioConfig) -> Build {
         streams.extend(connect_streams(&mut sim, &hosts, connection, config));
     }
     let safety_end = Timestamp::ZERO.saturating_add(config.safety_phase());
-    let partitioned = sim.rng().gen_bool(faults.partition);
+    let partitioned = sim.rng().gen_bool(faults.partition.get());
     if partitioned {
         let start = sim.random_time(
             Timestamp::ZERO,
@@ -293,7 +285,7 @@ fn build(seed: u64, config: &ScenarioConfig) -> Build {
         sim.schedule(start, Event::Partition(link_id));
         sim.schedule(end, Event::Heal(link_id));
     }
-    let crashed = sim.rng().gen_bool(faults.crash);
+    let crashed = sim.rng().gen_bool(faults.crash.get());
     if crashed {
         let victim = if sim.rng().gen_bool(0.5) { a } else { b };
         let at = sim.random_time(Timestamp::ZERO, safety_end);
@@ -311,8 +303,8 @@ fn build(seed: u64, config: &ScenarioConfig) -> Build {
 }
 
 fn connect_streams(
-    sim: &mut Simulation<RnicNode>,
-    hosts: &[Host; 2],
+    sim: &mut Simulation<HostNode>,
+    hosts: &[HostResources; 2],
     connection: usize,
     config: &ScenarioConfig,
 ) -> Vec<Stream> {
@@ -324,7 +316,7 @@ fn connect_streams(
             .gen_range(config.operations_per_stream.div_ceil(2)..=config.operations_per_stream);
         let violation = sim
             .rng()
-            .gen_bool(config.faults.violation)
+            .gen_bool(config.faults.violation.get())
             .then(|| workload::random_violation(sim.rng()));
         plans.push(workload::generate(sim.rng(), count, violation));
     }
@@ -371,9 +363,9 @@ struct Placement {
 }
 
 fn start_stream(
-    sim: &mut Simulation<RnicNode>,
-    requester: &Host,
-    responder: &Host,
+    sim: &mut Simulation<HostNode>,
+    requester: &HostResources,
+    responder: &HostResources,
     placement: Placement,
     operations: Vec<Operation>,
     config: &ScenarioConfig,
@@ -430,7 +422,7 @@ fn start_stream(
 
 /// Posts one receive per receive-consuming operation: now, or late in the
 /// safety phase so that early SENDs meet an empty queue (RNR).
-fn post_receives(sim: &mut Simulation<RnicNode>, stream: &Stream, config: &ScenarioConfig) {
+fn post_receives(sim: &mut Simulation<HostNode>, stream: &Stream, config: &ScenarioConfig) {
     let late_at = sim.rng().gen_bool(0.2).then(|| {
         let end = Timestamp::ZERO.saturating_add(config.safety_phase() / 4);
         sim.random_time(Timestamp::ZERO, end)
@@ -448,16 +440,19 @@ fn post_receives(sim: &mut Simulation<RnicNode>, stream: &Stream, config: &Scena
         let request = ReceiveRequest::new(index, &[slice]).expect("one element");
         let queue_pair = QueuePair(stream.responder_qpn);
         match late_at {
-            Some(at) => node.post_receive_at(at, queue_pair, request),
+            Some(at) => node
+                .agent_as_mut::<LateReceives>(LATE_RECEIVES)
+                .expect("every scenario host runs late receives")
+                .post_at(at, queue_pair, request),
             None => node
-                .device
+                .nic_mut()
                 .post_receive(queue_pair, request)
                 .expect("fresh queue pair"),
         }
     }
 }
 
-fn post_operations(sim: &mut Simulation<RnicNode>, stream: &Stream, responder: &Host) {
+fn post_operations(sim: &mut Simulation<HostNode>, stream: &Stream, responder: &HostResources) {
     let device = device(sim, stream.requester);
     for (index, operation) in stream.operations.iter().enumerate() {
         let slot_offset = index as u64 * LOCAL_SLOT_BYTES;
@@ -476,7 +471,7 @@ fn post_operations(sim: &mut Simulation<RnicNode>, stream: &Stream, responder: &
 
 fn send_request(
     stream: &Stream,
-    responder: &Host,
+    responder: &HostResources,
     index: usize,
     operation: &Operation,
 ) -> SendRequest {
@@ -535,7 +530,11 @@ fn send_request(
     SendRequest::new(index as u64, operation, &[local(length)]).expect("one element")
 }
 
-fn violation_operation(stream: &Stream, responder: &Host, violation: Violation) -> SendOperation {
+fn violation_operation(
+    stream: &Stream,
+    responder: &HostResources,
+    violation: Violation,
+) -> SendOperation {
     let write = |remote| SendOperation::Write {
         remote,
         immediate: None,
@@ -590,7 +589,7 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         .iter()
         .map(|host| drain_completions(&mut sim, host))
         .collect();
-    let lossy = config.faults.loss > 0.0 || config.faults.corrupt > 0.0;
+    let lossy = !config.faults.loss.is_zero() || !config.faults.corrupt.is_zero();
     for stream in &streams {
         let requester_completions = completions[stream.requester.0].as_deref();
         let responder_completions = completions[stream.responder.0].as_deref();
@@ -616,7 +615,7 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         );
     }
     for node in sim.nodes() {
-        let counters = node.device.counters();
+        let counters = node.nic().counters();
         report.frames += counters.frames_transmitted;
         report.retransmitted_packets += counters.packets_retransmitted;
         report.retransmit_timeouts += counters.retransmit_timeouts;
@@ -625,14 +624,17 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
 }
 
 /// Every completion a host produced, or `None` if it crashed (they are lost).
-fn drain_completions(sim: &mut Simulation<RnicNode>, host: &Host) -> Option<Vec<WorkCompletion>> {
+fn drain_completions(
+    sim: &mut Simulation<HostNode>,
+    host: &HostResources,
+) -> Option<Vec<WorkCompletion>> {
     let node = sim.node_mut(host.id);
-    if node.crashed_ever {
+    if node.crashes() > 0 {
         return None;
     }
     let mut completions = Vec::new();
     for _ in 0..COMPLETION_QUEUE_DEPTH {
-        match node.device.poll_completion(host.completion_queue) {
+        match node.nic_mut().poll_completion(host.completion_queue) {
             Ok(Some(completion)) => completions.push(completion),
             Ok(None) => break,
             Err(error) => panic!("completion queue of a live host: {error}"),
@@ -651,7 +653,7 @@ struct CheckContext {
 }
 
 fn check_stream(
-    sim: &Simulation<RnicNode>,
+    sim: &Simulation<HostNode>,
     stream: &Stream,
     requester_completions: Option<&[WorkCompletion]>,
     responder_completions: Option<&[WorkCompletion]>,
@@ -706,7 +708,7 @@ fn is_receive(completion: &WorkCompletion) -> bool {
 /// Checks completions and returned values. Returns how many succeeded and
 /// whether the transport gave up.
 fn check_requester(
-    sim: &Simulation<RnicNode>,
+    sim: &Simulation<HostNode>,
     stream: &Stream,
     completions: &[WorkCompletion],
     context: CheckContext,
@@ -719,7 +721,7 @@ fn check_requester(
             stream.operations.len()
         ));
     }
-    let device = &sim.node(stream.requester).device;
+    let device = sim.node(stream.requester).nic();
     let mut model = WindowModel::new();
     let mut succeeded = 0;
     let mut errored = false;
@@ -833,13 +835,13 @@ fn check_returned_value(
 /// The one operation after those `k` may be a WRITE cut off when its queue
 /// pair went to error: then its leading whole packets, and only those, landed.
 fn check_responder_memory(
-    sim: &Simulation<RnicNode>,
+    sim: &Simulation<HostNode>,
     stream: &Stream,
     lower: usize,
     fail: &mut impl FnMut(String),
 ) {
     let mut memory = vec![0u8; WINDOW_BYTES as usize];
-    let device = &sim.node(stream.responder).device;
+    let device = sim.node(stream.responder).nic();
     device
         .read_local(stream.target.lkey, stream.target.address, &mut memory)
         .expect("live responder window");
@@ -908,7 +910,7 @@ fn is_cut_off_write(
 /// Receive completions come in posting order, each matched with the next
 /// receive-consuming operation of the stream.
 fn check_receives(
-    sim: &Simulation<RnicNode>,
+    sim: &Simulation<HostNode>,
     stream: &Stream,
     receives: &[WorkCompletion],
     requester_succeeded: Option<usize>,
@@ -919,7 +921,7 @@ fn check_receives(
         .iter()
         .filter(|operation| operation.consumes_receive())
         .collect();
-    let device = &sim.node(stream.responder).device;
+    let device = sim.node(stream.responder).nic();
     let mut delivered = 0;
     for (index, completion) in receives.iter().enumerate() {
         if completion.status != CompletionStatus::Success {

@@ -3,6 +3,7 @@
 //! partitions, crashes and access violations. `remora sim fabric` runs more.
 
 use remora_fabric::{run_campaign, FaultProfile, ScenarioConfig};
+use remora_sim::Probability;
 
 fn campaign(first_seed: u64, seeds: u64, faults: FaultProfile) {
     let config = ScenarioConfig::new(faults);
@@ -36,10 +37,10 @@ fn no_faults_every_operation_succeeds() {
 
 #[test]
 fn one_percent_loss() {
-    campaign(1_000, 80, FaultProfile::lossy(0.01));
+    campaign(1_000, 80, FaultProfile::lossy(Probability::literal(0.01)));
 }
 
 #[test]
 fn ten_percent_loss() {
-    campaign(2_000, 100, FaultProfile::lossy(0.10));
+    campaign(2_000, 100, FaultProfile::lossy(Probability::literal(0.10)));
 }

@@ -29,6 +29,9 @@
 //! addresses are.
 
 use crate::RackError;
+use remora_base::Probability;
+use crate::topology::{HostSpec, LinkSpec, Topology};
+use remora_carrier::wrappers::LinkShape;
 use remora_sim::LinkFaults;
 use remora_wire::{Ipv4Address, MacAddress};
 use serde::Deserialize;
@@ -39,14 +42,7 @@ use std::time::Duration;
 /// The most nodes one rack holds (one switch port each).
 pub const MAX_NODES: usize = 64;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Runs an application (here, the workload) against memory nodes.
-    Compute,
-    /// Offers registered memory; its CPU stays off the data path.
-    Memory,
-}
+pub use crate::topology::Role;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -75,24 +71,99 @@ fn default_program() -> String {
     "l2l3".into()
 }
 
-/// Faults injected on a node's link (both directions), with the
-/// simulator's fault model.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+/// A node's link to the switch (both directions): its shape (bandwidth,
+/// propagation delay, queue limit; unshaped when no bandwidth is given)
+/// and the faults injected on it, with the simulator's fault model.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LinkSection {
     #[serde(default)]
-    pub loss: f64,
+    pub loss: Probability,
     #[serde(default)]
-    pub duplicate: f64,
+    pub duplicate: Probability,
     #[serde(default)]
-    pub reorder: f64,
+    pub reorder: Probability,
     #[serde(default)]
     pub reorder_delay_us: u64,
     #[serde(default)]
-    pub corrupt: f64,
+    pub corrupt: Probability,
+    /// "1Gbit/s", "500Mbit/s", "10Gbit/s": the link's rate each way.
+    pub bandwidth: Option<String>,
+    /// Propagation delay each way, in microseconds (needs a bandwidth).
+    #[serde(default)]
+    pub delay_us: u64,
+    /// "256KiB": frames that would wait behind more than this are dropped.
+    pub queue_limit: Option<String>,
+}
+
+/// The fastest link a rack file may ask for.
+pub const MAX_LINK_BITS_PER_SECOND: u64 = 400_000_000_000;
+/// The longest propagation delay a rack file may ask for.
+pub const MAX_LINK_DELAY: Duration = Duration::from_secs(1);
+/// A shaped link's queue limit when the file gives none: what a shallow
+/// top-of-rack switch port buffers.
+pub const DEFAULT_QUEUE_LIMIT_BYTES: u64 = 1 << 20;
+
+/// "1Gbit/s", "250Mbit/s", "64Kbit/s", "1000bit/s" (also without "/s").
+pub fn parse_bandwidth(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(split);
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("bandwidth {text:?} does not start with a number"))?;
+    let multiplier = match unit.trim().trim_end_matches("/s") {
+        "bit" => 1,
+        "Kbit" => 1_000,
+        "Mbit" => 1_000_000,
+        "Gbit" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "bandwidth {text:?}: unknown unit {other:?} (use bit/s, Kbit/s, Mbit/s or Gbit/s)"
+            ))
+        }
+    };
+    let bits = value
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("bandwidth {text:?} overflows"))?;
+    if bits == 0 || bits > MAX_LINK_BITS_PER_SECOND {
+        return Err(format!(
+            "bandwidth {text:?} must be positive and at most 400Gbit/s"
+        ));
+    }
+    Ok(bits)
 }
 
 impl LinkSection {
+    /// The link's shape, when it has one.
+    pub fn shape(&self) -> Result<Option<LinkShape>, String> {
+        let Some(bandwidth) = &self.bandwidth else {
+            if self.delay_us != 0 || self.queue_limit.is_some() {
+                return Err("delay_us and queue_limit need a bandwidth".into());
+            }
+            return Ok(None);
+        };
+        let bandwidth_bits_per_second = parse_bandwidth(bandwidth)?;
+        let propagation_delay = Duration::from_micros(self.delay_us);
+        if propagation_delay > MAX_LINK_DELAY {
+            return Err(format!(
+                "delay_us {} is longer than {MAX_LINK_DELAY:?}",
+                self.delay_us
+            ));
+        }
+        let queue_limit_bytes = match &self.queue_limit {
+            Some(text) => parse_size(text)?,
+            None => DEFAULT_QUEUE_LIMIT_BYTES,
+        };
+        Ok(Some(LinkShape {
+            bandwidth_bits_per_second,
+            propagation_delay,
+            queue_limit_bytes,
+        }))
+    }
+
     pub fn faults(&self) -> LinkFaults {
         LinkFaults {
             loss: self.loss,
@@ -157,6 +228,8 @@ struct RawNode {
     #[serde(default)]
     link: LinkSection,
     workload: Option<WorkloadSection>,
+    /// For an offload host (`role = "offload"`): the node it sits beside.
+    attached_to: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -423,6 +496,8 @@ pub struct NodeConfig {
     pub workload: WorkloadSection,
     /// The switch port this node sits on.
     pub port: u16,
+    /// For an offload host: the index of the node it sits beside.
+    pub attached_to: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -431,6 +506,7 @@ pub struct RackConfig {
     pub program: String,
     pub switch_mac: MacAddress,
     pub nodes: Vec<NodeConfig>,
+    topology: Topology,
     pub tunnel_host: Option<std::net::IpAddr>,
     pub tunnel_base_port: u16,
     /// Cowbird on the rack's first compute and memory nodes, if asked for.
@@ -491,6 +567,30 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     value
         .checked_mul(multiplier)
         .ok_or_else(|| format!("size {text:?} overflows"))
+}
+
+/// The nodes of a rack file as a topology (node `i` on switch port `i`).
+fn lower(switch_mac: MacAddress, nodes: &[NodeConfig]) -> Result<Topology, String> {
+    let mut topology = Topology::new(switch_mac);
+    for node in nodes {
+        let link = LinkSpec {
+            shape: node.link.shape()?,
+            faults: node.link.faults(),
+        };
+        let host = HostSpec {
+            name: node.name.clone(),
+            role: node.role,
+            mac: node.mac,
+            address: node.address,
+            memory_bytes: node.memory_bytes,
+            attached_to: node.attached_to,
+            link,
+        };
+        topology
+            .add_host(host)
+            .map_err(|error| error.to_string())?;
+    }
+    Ok(topology)
 }
 
 impl RackConfig {
@@ -560,15 +660,27 @@ impl RackConfig {
                 )));
             }
             node.link
-                .faults()
-                .validate()
+                .shape()
                 .map_err(|message| context(format!("link: {message}")))?;
             if !names.insert(node.name.clone()) || !addresses.insert(address) || !macs.insert(mac) {
                 return Err(context(
                     "name, address and MAC must be unique in the rack".into(),
                 ));
             }
-            if node.role == Role::Memory && node.workload.is_some() {
+            let attached_to = match &node.attached_to {
+                None => None,
+                Some(target) => Some(
+                    nodes
+                        .iter()
+                        .position(|earlier: &NodeConfig| &earlier.name == target)
+                        .ok_or_else(|| {
+                            context(format!(
+                                "attached_to {target:?} names no node listed before it"
+                            ))
+                        })?,
+                ),
+            };
+            if node.role != Role::Compute && node.workload.is_some() {
                 return Err(context("only compute nodes run a workload".into()));
             }
             let workload = node.workload.unwrap_or_default();
@@ -593,6 +705,7 @@ impl RackConfig {
                 link: node.link,
                 workload,
                 port: index as u16,
+                attached_to,
             });
         }
         let memory_nodes: Vec<&NodeConfig> = nodes
@@ -631,15 +744,22 @@ impl RackConfig {
         if raw.switch.tunnel_host.is_some() && nodes.len() > spare_ports {
             return Err("tunnel_base_port leaves no room for every node's port".into());
         }
+        let topology = lower(switch_mac, &nodes)?;
         Ok(RackConfig {
             name: raw.rack.name,
             program: raw.switch.program,
             switch_mac,
             nodes,
+            topology,
             tunnel_host: raw.switch.tunnel_host,
             tunnel_base_port: raw.switch.tunnel_base_port,
             cowbird,
         })
+    }
+
+    /// The rack as hosts and links, which every execution mode builds.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
     }
 
     pub fn node(&self, name: &str) -> Result<&NodeConfig, RackError> {

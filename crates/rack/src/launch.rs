@@ -140,7 +140,7 @@ fn switch_port(
             boxed,
             node.link.faults(),
             0x5717c4 ^ u64::from(node.port),
-        )?);
+        ));
     }
     if let Some(sink) = capture {
         boxed = Box::new(Captured::new(
@@ -159,7 +159,7 @@ fn node_port(node: &NodeConfig, port: impl Port + 'static) -> Result<Box<dyn Por
             port,
             node.link.faults(),
             0x40de ^ u64::from(node.port),
-        )?));
+        )));
     }
     Ok(Box::new(port))
 }
@@ -188,6 +188,7 @@ fn join_role(role: RoleHandle, report: &mut NodeReport) {
         RoleHandle::Memory(thread) => {
             let _ = thread.join();
         }
+        RoleHandle::Idle => {}
     }
 }
 
@@ -195,6 +196,8 @@ fn join_role(role: RoleHandle, report: &mut NodeReport) {
 enum RoleHandle {
     Memory(std::thread::JoinHandle<()>),
     Compute(std::thread::JoinHandle<Result<crate::report::WorkloadReport, RackError>>),
+    /// Nothing beside the NIC (an offload host under `rack up`).
+    Idle,
 }
 
 fn start_memory(
@@ -288,6 +291,9 @@ fn start_role(
 ) -> Result<RoleHandle, RackError> {
     match node.role {
         Role::Memory => start_memory(node, endpoint, kicker, run_directory, Arc::clone(stop)),
+        // An offload host's programs belong to the system that uses it;
+        // `rack up` brings its NIC up and leaves it idle.
+        Role::Offload => Ok(RoleHandle::Idle),
         Role::Compute => Ok(start_compute(
             rack,
             node,
@@ -744,7 +750,7 @@ fn supervise(
                 if let Ok(Some(status)) = child.try_wait() {
                     exits[index] = Some(status);
                     let node = &rack.nodes[index];
-                    if !status.success() || node.role == Role::Memory {
+                    if !status.success() || node.role != Role::Compute {
                         failure.get_or_insert_with(|| {
                             format!("node {} exited early ({status})", node.name)
                         });
@@ -894,7 +900,8 @@ pub fn run_node(
         join_role(role, &mut report);
         fabric.stop_and_join()?;
     } else {
-        // A memory node serves until stopped from outside (Ctrl-C, SIGTERM).
+        // A memory or offload node serves until stopped from outside
+        // (Ctrl-C, SIGTERM).
         while !stop.load(Ordering::Relaxed) && !fabric.is_finished() {
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -11,6 +11,10 @@
 //! - [`workload`]: what compute nodes run when a rack is brought up: a
 //!   checked tour of READ, WRITE, SEND and atomics against every memory
 //!   node;
+//! - [`topology`]: one description of a rack (hosts, offload hosts beside
+//!   them, links with bandwidth, delay and faults) that every mode builds;
+//! - [`simulated`]: hosts and the switch as nodes of the deterministic
+//!   simulator;
 //! - [`launch`]: bringing a rack up embedded (one process, one fabric
 //!   thread), as processes (one per node, shared memory or UDP), or in
 //!   network namespaces (veths and AF_PACKET).
@@ -20,6 +24,8 @@ pub mod control;
 pub mod endpoint;
 pub mod launch;
 pub mod report;
+pub mod simulated;
+pub mod topology;
 pub mod workload;
 
 pub use config::{CowbirdConfig, CowbirdEngine, RackConfig, Role};

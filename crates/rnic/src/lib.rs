@@ -7,6 +7,8 @@
 //! - `memory`: registered regions with lkey/rkey, bounds and access rights.
 //! - `queue_pair`: RC queue pairs, split into requester and responder.
 
+#![forbid(unsafe_code)]
+
 pub mod back_to_back;
 mod counters;
 pub mod device;

@@ -11,9 +11,11 @@
 //! A run has two phases: a safety phase with faults, then a liveness phase
 //! in which faults stop and everything in flight must complete.
 
+#![forbid(unsafe_code)]
+
 mod link;
 mod simulation;
 
-pub use link::{FaultDraw, LinkConfig, LinkCounters, LinkFaults};
-pub use remora_rnic::Timestamp;
-pub use simulation::{Event, LinkId, Node, NodeId, PortId, RunOutcome, Simulation};
+pub use link::{FaultDraw, LinkConfig, LinkConfigError, LinkCounters, LinkFaults};
+pub use remora_base::{PortId, Probability, ProbabilityError, Timestamp};
+pub use simulation::{Event, LinkId, Node, NodeId, RunOutcome, Simulation};

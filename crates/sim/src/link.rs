@@ -3,7 +3,7 @@
 
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use remora_rnic::Timestamp;
+use remora_base::{Probability, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -11,24 +11,24 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LinkFaults {
     /// Probability a frame vanishes.
-    pub loss: f64,
+    pub loss: Probability,
     /// Probability a frame is delivered twice.
-    pub duplicate: f64,
+    pub duplicate: Probability,
     /// Probability a frame is held back by up to `reorder_delay`, so later
     /// frames overtake it.
-    pub reorder: f64,
+    pub reorder: Probability,
     pub reorder_delay: Duration,
     /// Probability one random bit of a frame flips.
-    pub corrupt: f64,
+    pub corrupt: Probability,
 }
 
 impl LinkFaults {
     pub const NONE: LinkFaults = LinkFaults {
-        loss: 0.0,
-        duplicate: 0.0,
-        reorder: 0.0,
+        loss: Probability::ZERO,
+        duplicate: Probability::ZERO,
+        reorder: Probability::ZERO,
         reorder_delay: Duration::ZERO,
-        corrupt: 0.0,
+        corrupt: Probability::ZERO,
     };
 
     /// Decides the fate of one frame of `len_bytes`. The simulator's links
@@ -37,11 +37,11 @@ impl LinkFaults {
     pub fn draw(&self, len_bytes: usize, rng: &mut impl Rng) -> FaultDraw {
         // Draw every decision for every frame, so a change in one
         // probability does not shift the random stream of the others.
-        let lost = rng.gen_bool(self.loss);
-        let duplicated = rng.gen_bool(self.duplicate);
-        let reordered = rng.gen_bool(self.reorder);
+        let lost = rng.gen_bool(self.loss.get());
+        let duplicated = rng.gen_bool(self.duplicate.get());
+        let reordered = rng.gen_bool(self.reorder.get());
         let delay_fraction: f64 = rng.gen();
-        let corrupted = rng.gen_bool(self.corrupt);
+        let corrupted = rng.gen_bool(self.corrupt.get());
         let bit = rng.gen_range(0..len_bytes.max(1) * 8);
         FaultDraw {
             lost,
@@ -49,20 +49,6 @@ impl LinkFaults {
             reorder_delay: reordered.then(|| self.reorder_delay.mul_f64(delay_fraction)),
             corrupt_bit: corrupted.then_some(bit),
         }
-    }
-
-    pub fn validate(&self) -> Result<(), String> {
-        for (name, value) in [
-            ("loss", self.loss),
-            ("duplicate", self.duplicate),
-            ("reorder", self.reorder),
-            ("corrupt", self.corrupt),
-        ] {
-            if !(0.0..=1.0).contains(&value) {
-                return Err(format!("{name} probability {value} is outside [0, 1]"));
-            }
-        }
-        Ok(())
     }
 }
 
@@ -75,6 +61,13 @@ pub struct FaultDraw {
     pub reorder_delay: Option<Duration>,
     /// The bit to flip in a corrupted frame.
     pub corrupt_bit: Option<usize>,
+}
+
+/// Why a link cannot be built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LinkConfigError {
+    #[error("a link's bandwidth must be positive")]
+    ZeroBandwidth,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -97,11 +90,11 @@ impl LinkConfig {
         }
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), LinkConfigError> {
         if self.bandwidth_bits_per_second == 0 {
-            return Err("bandwidth must be positive".into());
+            return Err(LinkConfigError::ZeroBandwidth);
         }
-        self.faults.validate()
+        Ok(())
     }
 }
 

@@ -4,7 +4,7 @@
 use crate::link::{Channel, LinkConfig, LinkCounters};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use remora_rnic::Timestamp;
+use remora_base::{PortId, Timestamp};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
@@ -16,9 +16,6 @@ const MAX_FRAMES_PER_TURN: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NodeId(pub usize);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PortId(pub u16);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LinkId(pub usize);

@@ -66,11 +66,11 @@ fn pair(seed: u64, faults: LinkFaults, count: u32) -> (Simulation<Pinger>, NodeI
 
 fn noisy() -> LinkFaults {
     LinkFaults {
-        loss: 0.1,
-        duplicate: 0.05,
-        reorder: 0.2,
+        loss: Probability::literal(0.1),
+        duplicate: Probability::literal(0.05),
+        reorder: Probability::literal(0.2),
         reorder_delay: Duration::from_micros(5),
-        corrupt: 0.05,
+        corrupt: Probability::literal(0.05),
     }
 }
 

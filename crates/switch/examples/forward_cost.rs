@@ -4,7 +4,7 @@
 //!
 //! `cargo run --release -p remora-switch --example forward_cost`
 
-use remora_rnic::Timestamp;
+use remora_base::Timestamp;
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{PortId, Switch, SwitchConfig};
 use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};

@@ -3,7 +3,7 @@
 //! priority; priority 0 is background traffic that leaves a port only when
 //! nothing else waits there (Cowbird's probes run at the lowest priority).
 
-use remora_rnic::Timestamp;
+use remora_base::Timestamp;
 use std::time::Duration;
 
 /// The most templates one switch runs.

@@ -18,6 +18,8 @@
 //! table entries, register bytes, recirculations per packet, and whether
 //! they need the ICRC recomputed, which a Tofino cannot do.
 
+#![forbid(unsafe_code)]
+
 pub mod generator;
 pub mod packet;
 pub mod parser;
@@ -26,7 +28,6 @@ pub mod programs;
 pub mod register;
 pub mod resources;
 pub mod runtime;
-pub mod simulated;
 pub mod table;
 
 pub use packet::{Egress, Packet, PortId};

@@ -4,7 +4,7 @@
 
 use crate::parser::ParsedHeaders;
 use crate::program::Digest;
-pub use remora_sim::PortId;
+pub use remora_base::PortId;
 
 /// Where the packet goes after the pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,7 @@
 
 use crate::packet::Packet;
 use crate::resources::ResourceReport;
-use remora_rnic::Timestamp;
+use remora_base::Timestamp;
 
 /// A message from the data plane to the control plane (a P4 digest).
 #[derive(Debug, Clone, PartialEq, Eq)]

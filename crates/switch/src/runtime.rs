@@ -7,7 +7,7 @@ use crate::packet::{Egress, Packet, PortId, GENERATOR_PORT, RECIRCULATION_PORT};
 use crate::parser;
 use crate::program::{Digest, Program};
 use crate::resources::ResourceReport;
-use remora_rnic::Timestamp;
+use remora_base::Timestamp;
 use remora_wire::icrc;
 use serde::Serialize;
 use std::collections::VecDeque;

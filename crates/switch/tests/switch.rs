@@ -3,7 +3,7 @@
 //! packet generator, and bad input.
 
 use proptest::prelude::*;
-use remora_rnic::Timestamp;
+use remora_base::Timestamp;
 use remora_switch::generator::Template;
 use remora_switch::packet::GENERATOR_PORT;
 use remora_switch::programs::l2l3::{L2L3Forwarding, LEARN_DIGEST};

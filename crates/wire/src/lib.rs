@@ -12,6 +12,8 @@
 //! No input, however malformed, panics: parsers return [`WireError`], whose
 //! variants double as drop reasons for counters.
 
+#![forbid(unsafe_code)]
+
 pub mod bth;
 mod bytes;
 pub mod error;

@@ -6,5 +6,7 @@
 //! - [`distribution`]: uniform, zipfian (scrambled or by rank) and
 //!   latest key choosers, seeded so a run is reproducible.
 
+#![forbid(unsafe_code)]
+
 pub mod distribution;
 pub mod ycsb;

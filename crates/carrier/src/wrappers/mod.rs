@@ -32,7 +32,9 @@ macro_rules! pass_through_next_due {
 pub mod capture;
 pub mod counted;
 pub mod faulty;
+pub mod shaped;
 
 pub use capture::{CaptureDirection, Captured, PcapSink};
 pub use counted::{Counted, PortCounters, PortCountersHandle};
 pub use faulty::Faulty;
+pub use shaped::{LinkShape, ShapeCounters, Shaped};

@@ -16,7 +16,7 @@ use crate::packet::{Egress, Packet, PortId};
 use crate::program::{Digest, Program};
 use crate::resources::ResourceReport;
 use crate::table::{ExactTable, LpmTable, TableError, TableShape};
-use remora_rnic::Timestamp;
+use remora_base::Timestamp;
 use remora_wire::{Ipv4Address, MacAddress};
 
 /// Digest kind: `values[0]` is the source MAC, `values[1]` the port.

@@ -1,11 +1,13 @@
-//! A simulated rack: soft RNICs and one switch as nodes of the
-//! deterministic simulator, so a switch program's tests and the systems
-//! built on it (Clover's resolver) run the very switch the rack runs.
+//! A simulated rack: hosts (a soft RNIC and its agents) and one switch as
+//! nodes of the deterministic simulator, so a switch program's tests and
+//! the systems built on it run the very switch and agents the embedded
+//! rack runs.
 
-use crate::{Program, Switch, SwitchConfig};
-use remora_fabric::node::RnicNode;
-use remora_rnic::{SoftRnic, Timestamp};
-use remora_sim::{LinkConfig, Node, NodeId, PortId, Simulation};
+use remora_base::{PortId, Timestamp};
+use remora_host::Host;
+use remora_rnic::SoftRnic;
+use remora_sim::{LinkConfig, Node, NodeId, Simulation};
+use remora_switch::{Program, Switch, SwitchConfig};
 
 /// Soft RNICs behind one switch in the simulator: host `i` on switch port
 /// `i`, every link alike.
@@ -17,7 +19,7 @@ pub struct SimulatedRack<P: Program> {
 }
 
 impl<P: Program> SimulatedRack<P> {
-    pub fn new(seed: u64, program: P, hosts: Vec<RnicNode>, link: LinkConfig) -> SimulatedRack<P> {
+    pub fn new(seed: u64, program: P, hosts: Vec<Host>, link: LinkConfig) -> SimulatedRack<P> {
         let mut simulation = Simulation::new(seed);
         let config = SwitchConfig::new(hosts.len() as u16);
         let switch = simulation.add_node(RackNode::Switch(Box::new(Switch::new(config, program))));
@@ -25,7 +27,7 @@ impl<P: Program> SimulatedRack<P> {
             .into_iter()
             .enumerate()
             .map(|(index, host)| {
-                let id = simulation.add_node(RackNode::Rnic(Box::new(host)));
+                let id = simulation.add_node(RackNode::Host(Box::new(host)));
                 simulation.connect((id, PortId(0)), (switch, PortId(index as u16)), link);
                 id
             })
@@ -39,7 +41,16 @@ impl<P: Program> SimulatedRack<P> {
 
     /// Host `index`'s soft RNIC.
     pub fn rnic(&mut self, index: usize) -> &mut SoftRnic {
-        self.simulation.node_mut(self.hosts[index]).rnic()
+        self.host_mut(index).nic_mut()
+    }
+
+    /// Host `index`, in the order given.
+    pub fn host(&self, index: usize) -> &Host {
+        self.simulation.node(self.hosts[index]).host()
+    }
+
+    pub fn host_mut(&mut self, index: usize) -> &mut Host {
+        self.simulation.node_mut(self.hosts[index]).host_mut()
     }
 
     pub fn program(&mut self) -> &P {
@@ -50,65 +61,80 @@ impl<P: Program> SimulatedRack<P> {
     pub fn switch_mut(&mut self) -> &mut Switch<P> {
         match self.simulation.node_mut(self.switch) {
             RackNode::Switch(switch) => switch,
-            RackNode::Rnic(_) => unreachable!("the switch is a switch"),
+            RackNode::Host(_) => unreachable!("the switch is a switch"),
         }
     }
 }
 
-/// A node of a simulated rack: a host's soft RNIC, or the switch.
+/// A node of a simulated rack: a host, or the switch.
 pub enum RackNode<P: Program> {
-    Rnic(Box<RnicNode>),
+    Host(Box<Host>),
     Switch(Box<Switch<P>>),
 }
 
 impl<P: Program> RackNode<P> {
-    pub fn rnic(&mut self) -> &mut SoftRnic {
+    /// # Panics
+    /// If this node is the switch: a harness bug, not a run's failure.
+    pub fn host(&self) -> &Host {
         match self {
-            RackNode::Rnic(node) => &mut node.device,
-            RackNode::Switch(_) => panic!("not an RNIC"),
+            RackNode::Host(host) => host,
+            RackNode::Switch(_) => panic!("the switch is not a host"),
         }
+    }
+
+    /// # Panics
+    /// If this node is the switch.
+    pub fn host_mut(&mut self) -> &mut Host {
+        match self {
+            RackNode::Host(host) => host,
+            RackNode::Switch(_) => panic!("the switch is not a host"),
+        }
+    }
+
+    pub fn rnic(&mut self) -> &mut SoftRnic {
+        self.host_mut().nic_mut()
     }
 }
 
 impl<P: Program> Node for RackNode<P> {
     fn handle_frame(&mut self, now: Timestamp, port: PortId, frame: &[u8]) {
         match self {
-            RackNode::Rnic(node) => node.handle_frame(now, port, frame),
+            RackNode::Host(node) => node.handle_frame(now, port, frame),
             RackNode::Switch(switch) => switch.handle_frame(now, port, frame),
         }
     }
 
     fn poll_transmit(&mut self, now: Timestamp, buffer: &mut [u8]) -> Option<(PortId, usize)> {
         match self {
-            RackNode::Rnic(node) => node.poll_transmit(now, buffer),
+            RackNode::Host(node) => node.poll_transmit(now, buffer),
             RackNode::Switch(switch) => switch.poll_transmit(now, buffer),
         }
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
         match self {
-            RackNode::Rnic(node) => node.poll_timeout(),
+            RackNode::Host(node) => node.poll_timeout(),
             RackNode::Switch(switch) => switch.poll_timeout(),
         }
     }
 
     fn handle_timeout(&mut self, now: Timestamp) {
         match self {
-            RackNode::Rnic(node) => node.handle_timeout(now),
+            RackNode::Host(node) => node.handle_timeout(now),
             RackNode::Switch(switch) => switch.handle_timeout(now),
         }
     }
 
     fn crash(&mut self, now: Timestamp) {
         match self {
-            RackNode::Rnic(node) => node.crash(now),
+            RackNode::Host(node) => node.crash(now),
             RackNode::Switch(switch) => Node::crash(switch.as_mut(), now),
         }
     }
 
     fn restart(&mut self, now: Timestamp) {
         match self {
-            RackNode::Rnic(node) => node.restart(now),
+            RackNode::Host(node) => node.restart(now),
             RackNode::Switch(switch) => Node::restart(switch.as_mut(), now),
         }
     }

@@ -2,11 +2,12 @@
 //! the L2/L3 program, over lossy, duplicating, reordering links. Every
 //! WRITE lands once and every READ returns what was written, across seeds.
 
-use remora_fabric::node::RnicNode;
+use remora_host::Host as HostNode;
+use remora_rack::simulated::RackNode;
 use remora_rnic::*;
+use remora_sim::Probability;
 use remora_sim::{LinkConfig, LinkFaults, NodeId, PortId, Simulation};
 use remora_switch::programs::l2l3::L2L3Forwarding;
-use remora_switch::simulated::RackNode;
 use remora_switch::{Switch, SwitchConfig};
 use remora_wire::{Ipv4Address, MacAddress, VirtAddr};
 use std::time::Duration;
@@ -49,7 +50,10 @@ fn run(seed: u64, faults: LinkFaults) {
     let mut hosts = Vec::new();
     for index in 1..=HOSTS {
         let config = RnicConfig::new(mac(index), ip(index), seed ^ u64::from(index));
-        let node = simulation.add_node(RackNode::Rnic(Box::new(RnicNode::new(config))));
+        let node = simulation.add_node(RackNode::Host(Box::new(HostNode::new(
+            format!("host-{index}"),
+            config,
+        ))));
         simulation.connect(
             (node, PortId(0)),
             (switch, PortId(u16::from(index - 1))),
@@ -176,11 +180,11 @@ fn reads_and_writes_cross_the_switch_intact_without_faults() {
 #[test]
 fn reads_and_writes_cross_the_switch_intact_under_loss_duplication_and_reordering() {
     let faults = LinkFaults {
-        loss: 0.05,
-        duplicate: 0.02,
-        reorder: 0.05,
+        loss: Probability::literal(0.05),
+        duplicate: Probability::literal(0.02),
+        reorder: Probability::literal(0.05),
         reorder_delay: Duration::from_micros(20),
-        corrupt: 0.01,
+        corrupt: Probability::literal(0.01),
     };
     for seed in 0..100 {
         run(seed, faults);
@@ -194,7 +198,7 @@ fn reads_and_writes_cross_the_switch_intact_under_loss_duplication_and_reorderin
 #[test]
 fn a_read_resumed_packet_by_packet_under_heavy_reordering_completes() {
     let faults = LinkFaults {
-        reorder: 0.1,
+        reorder: Probability::literal(0.1),
         reorder_delay: Duration::from_micros(20),
         ..LinkFaults::NONE
     };

@@ -1,0 +1,18 @@
+//! The types every layer of Remora shares, at the bottom of the crate
+//! graph so that no crate depends on another only to name them:
+//!
+//! - [`Timestamp`]: time as sans-IO state machines take it, handed in by
+//!   whoever drives them (the simulator's virtual clock or a real one);
+//! - [`PortId`]: a port of a simulated node or of the switch;
+//! - [`Probability`]: a probability in `[0, 1]`, checked once when it is
+//!   made, so the code that draws from it never checks again.
+
+#![forbid(unsafe_code)]
+
+mod port;
+mod probability;
+mod time;
+
+pub use port::PortId;
+pub use probability::{Probability, ProbabilityError};
+pub use time::Timestamp;

@@ -1,0 +1,202 @@
+//! A host in the simulator: one soft RNIC on port 0 and the agents that
+//! run beside it.
+
+use crate::agent::{Agent, AgentError, Progress};
+use remora_base::{PortId, Timestamp};
+use remora_rnic::{RnicConfig, SoftRnic};
+use remora_sim::Node;
+
+/// Failures a host keeps; later ones are counted, not kept, so a broken
+/// agent cannot grow memory without bound.
+pub const MAX_AGENT_FAILURES: usize = 64;
+
+/// An agent that stopped with an error, and when.
+#[derive(Debug)]
+pub struct AgentFailure {
+    pub agent: &'static str,
+    pub at: Timestamp,
+    pub error: AgentError,
+}
+
+struct Slot {
+    agent: Box<dyn Agent>,
+    /// A failed agent is not polled again until the host restarts.
+    stopped: bool,
+}
+
+/// A soft RNIC and its agents as one simulator node. Agent timers are the
+/// node's timers, so the simulator's heap schedules them: no tick loops.
+pub struct Host {
+    name: String,
+    config: RnicConfig,
+    nic: SoftRnic,
+    agents: Vec<Slot>,
+    failures: Vec<AgentFailure>,
+    failures_dropped: u64,
+    crashes: u64,
+    down: bool,
+}
+
+impl Host {
+    pub fn new(name: impl Into<String>, config: RnicConfig) -> Host {
+        Host {
+            name: name.into(),
+            nic: SoftRnic::new(config.clone()),
+            config,
+            agents: Vec::new(),
+            failures: Vec::new(),
+            failures_dropped: 0,
+            crashes: 0,
+            down: false,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn nic(&self) -> &SoftRnic {
+        &self.nic
+    }
+
+    pub fn nic_mut(&mut self) -> &mut SoftRnic {
+        &mut self.nic
+    }
+
+    /// Adds an agent; it gets its first turn at the next event.
+    pub fn add_agent(&mut self, agent: Box<dyn Agent>) {
+        self.agents.push(Slot {
+            agent,
+            stopped: false,
+        });
+    }
+
+    /// The agent at `index`, in the order added.
+    pub fn agent(&self, index: usize) -> &dyn Agent {
+        self.agents[index].agent.as_ref()
+    }
+
+    pub fn agent_mut(&mut self, index: usize) -> &mut dyn Agent {
+        self.agents[index].agent.as_mut()
+    }
+
+    /// The agent at `index` as its concrete type, if it is a `T`.
+    pub fn agent_as<T: Agent>(&self, index: usize) -> Option<&T> {
+        self.agents.get(index)?.agent.as_any().downcast_ref::<T>()
+    }
+
+    pub fn agent_as_mut<T: Agent>(&mut self, index: usize) -> Option<&mut T> {
+        self.agents
+            .get_mut(index)?
+            .agent
+            .as_any_mut()
+            .downcast_mut::<T>()
+    }
+
+    /// Agents that stopped with an error, oldest first.
+    pub fn failures(&self) -> &[AgentFailure] {
+        &self.failures
+    }
+
+    /// How many times the host crashed.
+    pub fn crashes(&self) -> u64 {
+        self.crashes
+    }
+
+    pub fn is_down(&self) -> bool {
+        self.down
+    }
+
+    /// Gives every running agent a turn.
+    pub fn poll_agents(&mut self, now: Timestamp) -> Progress {
+        let mut progress = Progress::Idle;
+        for index in 0..self.agents.len() {
+            let slot = &mut self.agents[index];
+            if slot.stopped {
+                continue;
+            }
+            match slot.agent.poll(now, &mut self.nic) {
+                Ok(turn) => progress = progress.or(turn),
+                Err(error) => {
+                    let agent = slot.agent.name();
+                    slot.stopped = true;
+                    tracing::warn!(host = %self.name, agent, %error, "agent stopped");
+                    self.record_failure(agent, now, error);
+                }
+            }
+        }
+        progress
+    }
+
+    fn record_failure(&mut self, agent: &'static str, at: Timestamp, error: AgentError) {
+        if self.failures.len() < MAX_AGENT_FAILURES {
+            self.failures.push(AgentFailure { agent, at, error });
+        } else {
+            self.failures_dropped += 1;
+        }
+    }
+
+    fn agents_timeout(&self) -> Option<Timestamp> {
+        self.agents
+            .iter()
+            .filter(|slot| !slot.stopped)
+            .filter_map(|slot| slot.agent.poll_timeout())
+            .min()
+    }
+}
+
+impl Node for Host {
+    fn handle_frame(&mut self, now: Timestamp, _port: PortId, frame: &[u8]) {
+        self.nic.handle_frame(now, frame);
+        let _ = self.poll_agents(now);
+    }
+
+    fn poll_transmit(&mut self, now: Timestamp, buffer: &mut [u8]) -> Option<(PortId, usize)> {
+        self.nic
+            .poll_transmit(now, buffer)
+            .map(|length| (PortId(0), length))
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        [self.nic.poll_timeout(), self.agents_timeout()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn handle_timeout(&mut self, now: Timestamp) {
+        if self.nic.poll_timeout().is_some_and(|at| at <= now) {
+            self.nic.handle_timeout(now);
+        }
+        let _ = self.poll_agents(now);
+    }
+
+    fn crash(&mut self, _now: Timestamp) {
+        let _span = tracing::info_span!("crash", host = %self.name).entered();
+        self.crashes += 1;
+        self.down = true;
+        for slot in &mut self.agents {
+            slot.agent.crash();
+        }
+    }
+
+    fn restart(&mut self, now: Timestamp) {
+        let _span = tracing::info_span!("restart", host = %self.name).entered();
+        // A restarted host has a new device: no queue pairs, no keys, no
+        // regions inside it. A new seed, so its keys and PSNs differ from
+        // the last incarnation's, as a rebooted NIC's would.
+        let mut config = self.config.clone();
+        config.seed = config.seed.wrapping_add(self.crashes << 32);
+        self.nic = SoftRnic::new(config);
+        self.down = false;
+        for index in 0..self.agents.len() {
+            let slot = &mut self.agents[index];
+            slot.stopped = false;
+            if let Err(error) = slot.agent.restart(now, &mut self.nic) {
+                let agent = slot.agent.name();
+                slot.stopped = true;
+                self.record_failure(agent, now, error);
+            }
+        }
+    }
+}
