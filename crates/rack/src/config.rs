@@ -28,9 +28,9 @@
 //! `02:00` followed by the IPv4 address, so they are unique whenever the
 //! addresses are.
 
+use crate::topology::{HostSpec, LinkSpec, Topology};
 use crate::RackError;
 use remora_base::Probability;
-use crate::topology::{HostSpec, LinkSpec, Topology};
 use remora_carrier::wrappers::LinkShape;
 use remora_sim::LinkFaults;
 use remora_wire::{Ipv4Address, MacAddress};
@@ -586,9 +586,7 @@ fn lower(switch_mac: MacAddress, nodes: &[NodeConfig]) -> Result<Topology, Strin
             attached_to: node.attached_to,
             link,
         };
-        topology
-            .add_host(host)
-            .map_err(|error| error.to_string())?;
+        topology.add_host(host).map_err(|error| error.to_string())?;
     }
     Ok(topology)
 }
@@ -862,6 +860,60 @@ mod tests {
             let error = RackConfig::parse(&text).unwrap_err().to_string();
             assert!(error.contains(expected), "{section}: {error}");
         }
+    }
+
+    #[test]
+    fn a_link_takes_a_bandwidth_a_delay_and_a_queue_limit() {
+        let text = GOOD.replace(
+            "loss = 0.01",
+            "loss = 0.01\nbandwidth = \"1Gbit/s\"\ndelay_us = 50\nqueue_limit = \"256KiB\"",
+        );
+        let rack = RackConfig::parse(&text).unwrap();
+        let shape = rack.topology().host(1).link.shape.unwrap();
+        assert_eq!(shape.bandwidth_bits_per_second, 1_000_000_000);
+        assert_eq!(shape.propagation_delay, Duration::from_micros(50));
+        assert_eq!(shape.queue_limit_bytes, 256 << 10);
+        assert_eq!(rack.topology().host(1).link.faults.loss.get(), 0.01);
+        assert!(rack.topology().host(0).link.shape.is_none());
+        // 50 µs is finer than a real-time rack wakes: flagged, not hidden.
+        let notes = rack.topology().shaping_notes();
+        assert!(notes.iter().any(|note| note.contains("\"m\"")), "{notes:?}");
+        let simulated = rack.topology().simulator_link(1);
+        assert_eq!(simulated.bandwidth_bits_per_second, 1_000_000_000);
+    }
+
+    #[test]
+    fn bad_links_are_refused_with_the_node_named() {
+        for (link, expected) in [
+            ("bandwidth = \"1Gbps\"", "unknown unit"),
+            ("bandwidth = \"0Gbit/s\"", "must be positive"),
+            ("bandwidth = \"1000Gbit/s\"", "at most 400Gbit/s"),
+            ("delay_us = 5", "need a bandwidth"),
+            ("bandwidth = \"1Gbit/s\"\ndelay_us = 5000000", "longer than"),
+            ("loss = 1.5", "outside [0, 1]"),
+        ] {
+            let text = GOOD.replace("loss = 0.01", link);
+            let error = RackConfig::parse(&text).unwrap_err().to_string();
+            assert!(error.contains(expected), "{link}: {error}");
+        }
+    }
+
+    #[test]
+    fn an_offload_host_is_attached_to_a_node_listed_before_it() {
+        let dpu = "\n[[node]]\nname = \"dpu\"\nrole = \"offload\"\naddress = \"10.0.0.3\"\nmemory = \"1MiB\"\nattached_to = \"c\"\n";
+        let rack = RackConfig::parse(&format!("{GOOD}{dpu}")).unwrap();
+        assert_eq!(rack.nodes[2].attached_to, Some(0));
+        assert_eq!(rack.topology().attached(0).collect::<Vec<_>>(), vec![2]);
+        let unattached = dpu.replace("attached_to = \"c\"\n", "");
+        let error = RackConfig::parse(&format!("{GOOD}{unattached}"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("needs attached_to"), "{error}");
+        let unknown = dpu.replace("\"c\"", "\"nobody\"");
+        let error = RackConfig::parse(&format!("{GOOD}{unknown}"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("names no node"), "{error}");
     }
 
     #[test]

@@ -14,18 +14,17 @@
 //! a run directory), Ctrl-C stops everything cleanly, and a node that dies
 //! is reported rather than waited for.
 
+use crate::assembly::{self, RackBuilder};
 use crate::config::{NodeConfig, RackConfig, Role};
 use crate::control::{self, ControlAddress, MemoryService};
 use crate::endpoint::{
-    lock, pin_current_thread, rack_queue_pair, Driver, DriverKicker, FabricThread, NodeEndpoint,
-    Pump, RackClock, ReceivePool, Shared, SwitchEndpoint, ThreadRole,
+    lock, pin_current_thread, rack_queue_pair, DriverKicker, FabricThread, NodeEndpoint,
+    ReceivePool, Shared, SwitchEndpoint, ThreadRole,
 };
 use crate::report::{NodeReport, RackReport, RnicSummary, SwitchReport};
 use crate::workload::{self, Placement, Target};
 use crate::RackError;
-use remora_carrier::wrappers::{
-    CaptureDirection, Captured, Counted, Faulty, PcapSink, PortCountersHandle,
-};
+use remora_carrier::wrappers::{PcapSink, PortCountersHandle};
 use remora_carrier::{DatagramPort, PacketSocketOptions, Port, Segment, SegmentPlan};
 use remora_rnic::*;
 use remora_switch::programs::l2l3::L2L3Forwarding;
@@ -125,56 +124,35 @@ fn build_switch(rack: &RackConfig) -> Result<Switch<L2L3Forwarding>, RackError> 
     ))
 }
 
-/// Wraps a switch port: counters always, faults on the switch-to-node
-/// direction if the node's link has any, and the capture.
+/// The switch's end of a node's link, as the rack builder wraps it.
 fn switch_port(
+    rack: &RackConfig,
     node: &NodeConfig,
     port: impl Port + 'static,
     capture: Option<&PcapSink>,
-) -> Result<(Box<dyn Port>, PortCountersHandle), RackError> {
-    let counted = Counted::new(port);
-    let handle = counted.handle();
-    let mut boxed: Box<dyn Port> = Box::new(counted);
-    if node.link.is_faulty() {
-        boxed = Box::new(Faulty::new(
-            boxed,
-            node.link.faults(),
-            0x5717c4 ^ u64::from(node.port),
-        ));
-    }
-    if let Some(sink) = capture {
-        boxed = Box::new(Captured::new(
-            boxed,
-            sink.clone(),
-            CaptureDirection::Received,
-        ));
-    }
-    Ok((boxed, handle))
+) -> (Box<dyn Port>, PortCountersHandle) {
+    let index = usize::from(node.port);
+    assembly::switch_port(rack.topology().host(index), index, port, capture)
 }
 
-/// A node's port: faults on the node-to-switch direction if configured.
-fn node_port(node: &NodeConfig, port: impl Port + 'static) -> Result<Box<dyn Port>, RackError> {
-    if node.link.is_faulty() {
-        return Ok(Box::new(Faulty::new(
-            port,
-            node.link.faults(),
-            0x40de ^ u64::from(node.port),
-        )));
-    }
-    Ok(Box::new(port))
-}
-
-fn new_endpoint(node: &NodeConfig, port: Box<dyn Port>) -> Shared<NodeEndpoint> {
-    let config = RnicConfig::new(
-        node.mac,
-        node.address,
-        0x7ac4 ^ (u64::from(node.port) << 8) ^ std::process::id() as u64,
-    );
+/// A node's end of its link, and its endpoint (one process per node).
+fn node_endpoint(
+    rack: &RackConfig,
+    node: &NodeConfig,
+    port: impl Port + 'static,
+) -> Shared<NodeEndpoint> {
+    let index = usize::from(node.port);
+    let host = rack.topology().host(index);
     Arc::new(Mutex::new(NodeEndpoint::new(
         &node.name,
-        SoftRnic::new(config),
-        port,
+        assembly::host_nic(host, index, nic_seed()),
+        assembly::host_port(host, index, port),
     )))
+}
+
+/// NIC seeds differ per run, so keys and PSNs never repeat across racks.
+fn nic_seed() -> u64 {
+    0x7ac4 ^ u64::from(std::process::id())
 }
 
 /// Waits for a node's role to end and records how it went.
@@ -343,45 +321,26 @@ fn embedded(
     capture: Option<&PcapSink>,
     stop: Arc<AtomicBool>,
 ) -> Result<RackReport, RackError> {
-    let spokes = rack.nodes.len() as u32;
-    let segment = Segment::anonymous(&SegmentPlan::star_one_waiter(spokes, RING_DEPTH))?;
-    let mut switch_ports = Vec::new();
-    let mut port_counters = Vec::new();
-    let mut endpoints = Vec::new();
-    for node in &rack.nodes {
-        let (port, counters) =
-            switch_port(node, segment.hub_port(u32::from(node.port) + 1)?, capture)?;
-        switch_ports.push(port);
-        port_counters.push(counters);
-        endpoints.push(new_endpoint(
-            node,
-            node_port(node, segment.spoke_port(u32::from(node.port) + 1)?)?,
-        ));
-    }
-    let switch = Arc::new(Mutex::new(SwitchEndpoint::new(
-        build_switch(rack)?,
-        switch_ports,
-    )));
-    let clock = RackClock::new();
-    let driver_stop = Arc::new(AtomicBool::new(false));
-    let mut pumps: Vec<Arc<Mutex<dyn Pump>>> = vec![switch.clone()];
-    pumps.extend(
-        endpoints
-            .iter()
-            .map(|endpoint| endpoint.clone() as Arc<Mutex<dyn Pump>>),
-    );
-    let driver = Driver::new(pumps, clock, Arc::clone(&driver_stop))?;
     // One process for the whole rack: its threads get their own cores.
     let pin_threads = true;
-    let fabric =
-        FabricThread::start("fabric", driver, driver_stop, pin_threads)?.stopping_rack(&stop);
+    let mut builder = RackBuilder::new(rack.topology())
+        .nic_seed(nic_seed())
+        .pin_threads(pin_threads)
+        .stopping(&stop);
+    if let Some(sink) = capture {
+        builder = builder.capture(sink.clone());
+    }
+    let (mut embedded, _switch) = builder.build()?.start(build_switch(rack)?)?;
+    let endpoints: Vec<Shared<NodeEndpoint>> = (0..rack.nodes.len())
+        .map(|index| embedded.host(index).clone())
+        .collect();
     let mut roles = Vec::new();
     for (node, endpoint) in rack.nodes.iter().zip(&endpoints) {
         roles.push(start_role(
             rack,
             node,
             endpoint,
-            fabric.kicker(),
+            embedded.fabric().kicker(),
             run_directory,
             &stop,
             pin_threads,
@@ -394,30 +353,27 @@ fn embedded(
         .map(|(node, endpoint)| node_report(node, endpoint))
         .collect();
     // Compute roles first: memory roles end only once everything stops.
-    let (computes, memories): (Vec<_>, Vec<_>) = roles
+    let (computes, services): (Vec<_>, Vec<_>) = roles
         .into_iter()
         .enumerate()
         .partition(|(_, role)| matches!(role, RoleHandle::Compute(_)));
     for (index, role) in computes {
         join_role(role, &mut reports[index]);
     }
-    fabric.stop_and_join()?;
-    for (index, role) in memories {
+    embedded.stop_and_join()?;
+    for (index, role) in services {
         join_role(role, &mut reports[index]);
     }
     for ((report, node), endpoint) in reports.iter_mut().zip(&rack.nodes).zip(&endpoints) {
         report.rnic = node_report(node, endpoint).rnic;
     }
-    let switch_report = switch_report(&lock(&switch), &port_counters);
-    if let Some(sink) = capture {
-        sink.flush()?;
-    }
     Ok(RackReport {
         rack: rack.name.clone(),
         mode: Mode::Embedded.name().into(),
-        carrier: "in-process rings".into(),
+        carrier: embedded.carrier().name().into(),
         nodes: reports,
-        switch: switch_report,
+        switch: embedded.switch_report(),
+        notes: rack.topology().shaping_notes(),
     })
 }
 
@@ -560,7 +516,7 @@ fn supervised(
                     interface: made.switch_side(index).into(),
                     promiscuous: true,
                 })?;
-                let (port, counters) = switch_port(node, port, capture)?;
+                let (port, counters) = switch_port(rack, node, port, capture);
                 switch_ports.push(port);
                 port_counters.push(counters);
                 carriers.push(ChildCarrier {
@@ -579,8 +535,12 @@ fn supervised(
             for node in &rack.nodes {
                 let fd = rustix::io::dup(shared.shared_fd()?)
                     .map_err(|error| RackError::Launch(format!("dup the segment: {error}")))?;
-                let (port, counters) =
-                    switch_port(node, shared.hub_port(u32::from(node.port) + 1)?, capture)?;
+                let (port, counters) = switch_port(
+                    rack,
+                    node,
+                    shared.hub_port(u32::from(node.port) + 1)?,
+                    capture,
+                );
                 switch_ports.push(port);
                 port_counters.push(counters);
                 carriers.push(ChildCarrier {
@@ -604,10 +564,11 @@ fn supervised(
                     node_socket.local_addr().expect("bound"),
                 );
                 let (port, counters) = switch_port(
+                    rack,
                     node,
                     DatagramPort::udp_on(switch_socket, node_address)?,
                     capture,
-                )?;
+                );
                 switch_ports.push(port);
                 port_counters.push(counters);
                 let fd = OwnedFd::from(node_socket);
@@ -628,13 +589,7 @@ fn supervised(
         build_switch(rack)?,
         switch_ports,
     )));
-    let driver_stop = Arc::new(AtomicBool::new(false));
-    let driver = Driver::new(
-        vec![switch.clone() as Arc<Mutex<dyn Pump>>],
-        RackClock::new(),
-        Arc::clone(&driver_stop),
-    )?;
-    let fabric = FabricThread::start("switch", driver, driver_stop, false)?;
+    let fabric = assembly::start_fabric("switch", vec![switch.clone()], false)?;
     let children = spawn_children(rack, options, run_directory, &carriers, namespaces.as_ref());
     // The children hold their own copies now.
     drop(carriers);
@@ -655,6 +610,7 @@ fn supervised(
         carrier: carrier_name.into(),
         nodes: reports,
         switch: switch_report,
+        notes: rack.topology().shaping_notes(),
     })
 }
 
@@ -857,34 +813,25 @@ pub fn run_node(
 ) -> Result<NodeReport, RackError> {
     let node = rack.node(name)?;
     let port: Box<dyn Port> = match carrier {
-        NodeCarrier::Shm { fd } => node_port(
-            node,
-            Segment::attach(fd)?.spoke_port(u32::from(node.port) + 1)?,
-        )?,
-        NodeCarrier::Udp { fd, peer } => {
-            node_port(node, DatagramPort::udp_on(UdpSocket::from(fd), peer)?)?
+        NodeCarrier::Shm { fd } => {
+            Box::new(Segment::attach(fd)?.spoke_port(u32::from(node.port) + 1)?)
         }
-        NodeCarrier::UdpBind { local, peer } => node_port(node, DatagramPort::udp(local, peer)?)?,
-        NodeCarrier::UdpFromRack => node_port(
-            node,
-            DatagramPort::udp(rack.node_tunnel(node)?, rack.switch_tunnel(node)?)?,
-        )?,
-        NodeCarrier::Packet { interface } => node_port(
-            node,
-            DatagramPort::packet(&PacketSocketOptions {
+        NodeCarrier::Udp { fd, peer } => Box::new(DatagramPort::udp_on(UdpSocket::from(fd), peer)?),
+        NodeCarrier::UdpBind { local, peer } => Box::new(DatagramPort::udp(local, peer)?),
+        NodeCarrier::UdpFromRack => Box::new(DatagramPort::udp(
+            rack.node_tunnel(node)?,
+            rack.switch_tunnel(node)?,
+        )?),
+        NodeCarrier::Packet { interface } => {
+            Box::new(DatagramPort::packet(&PacketSocketOptions {
                 interface,
                 promiscuous: true,
-            })?,
-        )?,
+            })?)
+        }
     };
-    let endpoint = new_endpoint(node, port);
-    let driver_stop = Arc::new(AtomicBool::new(false));
-    let driver = Driver::new(
-        vec![endpoint.clone() as Arc<Mutex<dyn Pump>>],
-        RackClock::new(),
-        Arc::clone(&driver_stop),
-    )?;
-    let fabric = FabricThread::start("rnic", driver, driver_stop, false)?.stopping_rack(&stop);
+    let endpoint = node_endpoint(rack, node, port);
+    let fabric =
+        assembly::start_fabric("rnic", vec![endpoint.clone()], false)?.stopping_rack(&stop);
     // Several node processes share the host: leave placement to the kernel.
     let role = start_role(
         rack,
@@ -925,17 +872,12 @@ pub fn run_switch(
     let mut counters = Vec::new();
     for node in &rack.nodes {
         let port = DatagramPort::udp(rack.switch_tunnel(node)?, rack.node_tunnel(node)?)?;
-        let (port, handle) = switch_port(node, port, capture.as_ref())?;
+        let (port, handle) = switch_port(rack, node, port, capture.as_ref());
         ports.push(port);
         counters.push(handle);
     }
     let switch = Arc::new(Mutex::new(SwitchEndpoint::new(build_switch(rack)?, ports)));
-    let driver = Driver::new(
-        vec![switch.clone() as Arc<Mutex<dyn Pump>>],
-        RackClock::new(),
-        stop,
-    )?;
-    driver.run()?;
+    assembly::run_here(vec![switch.clone()], stop)?;
     if let Some(sink) = capture {
         sink.flush()?;
     }

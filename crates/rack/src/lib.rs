@@ -1,5 +1,7 @@
 //! The rack: soft-RNIC nodes behind a programmable top-of-rack switch.
 //!
+//! - [`assembly`]: the rack builder, the one place that makes carriers,
+//!   NICs and the fabric thread from a topology;
 //! - [`config`]: the rack TOML (nodes with role, address and memory; link
 //!   faults; the switch program);
 //! - [`endpoint`]: a node's runtime (its soft RNIC on a carrier port, driven
@@ -19,6 +21,7 @@
 //!   thread), as processes (one per node, shared memory or UDP), or in
 //!   network namespaces (veths and AF_PACKET).
 
+pub mod assembly;
 pub mod config;
 pub mod control;
 pub mod endpoint;
@@ -47,4 +50,8 @@ pub enum RackError {
     Launch(String),
     #[error("workload check failed: {0}")]
     Workload(String),
+    #[error("agent: {0}")]
+    Agent(#[from] remora_host::AgentError),
+    #[error("the run did not finish within {0:?}")]
+    TimedOut(std::time::Duration),
 }

@@ -16,6 +16,8 @@ pub struct RnicSummary {
     pub retransmit_timeouts: u64,
     pub naks_received: u64,
     pub frames_dropped: u64,
+    /// `frames_dropped` by reason (`icrc_mismatch`, `wrong_peer`, ...).
+    pub drops: std::collections::BTreeMap<String, u64>,
 }
 
 impl From<&RnicCounters> for RnicSummary {
@@ -31,6 +33,11 @@ impl From<&RnicCounters> for RnicSummary {
                 + counters.receiver_not_ready_naks_received
                 + counters.error_naks_received,
             frames_dropped: counters.drops_total(),
+            drops: counters
+                .drops_by_name()
+                .into_iter()
+                .map(|(name, count)| (name.to_string(), count))
+                .collect(),
         }
     }
 }
@@ -81,6 +88,9 @@ pub struct RackReport {
     pub carrier: String,
     pub nodes: Vec<NodeReport>,
     pub switch: SwitchReport,
+    /// What the rack could not honour exactly (shaping finer or faster
+    /// than a real-time rack keeps).
+    pub notes: Vec<String>,
 }
 
 impl RackReport {
@@ -130,10 +140,21 @@ impl std::fmt::Display for RackReport {
                     workload.latency_p99_us
                 )?;
             }
+            if !rnic.drops.is_empty() {
+                let reasons: Vec<String> = rnic
+                    .drops
+                    .iter()
+                    .map(|(reason, count)| format!("{reason} {count}"))
+                    .collect();
+                write!(formatter, " (drops: {})", reasons.join(", "))?;
+            }
             if let Some(error) = &node.error {
                 write!(formatter, " | FAILED: {error}")?;
             }
             writeln!(formatter)?;
+        }
+        for note in &self.notes {
+            writeln!(formatter, "  note: {note}")?;
         }
         let counters = &self.switch.counters;
         writeln!(formatter, "  switch       received {}, transmitted {}, dropped {} (queue {}, program {}, no egress {})", counters.received, counters.transmitted,

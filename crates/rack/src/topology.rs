@@ -132,13 +132,15 @@ impl Topology {
 
     /// A compute host and a memory host, each given as (MAC, address),
     /// on clean links: what most system scenarios start from.
-    pub fn pair(
-        compute: (MacAddress, Ipv4Address),
-        memory: (MacAddress, Ipv4Address),
-    ) -> Topology {
+    pub fn pair(compute: (MacAddress, Ipv4Address), memory: (MacAddress, Ipv4Address)) -> Topology {
         let mut topology = Topology::new(DEFAULT_SWITCH_MAC);
         topology
-            .add_host(HostSpec::new("compute", Role::Compute, compute.0, compute.1))
+            .add_host(HostSpec::new(
+                "compute",
+                Role::Compute,
+                compute.0,
+                compute.1,
+            ))
             .expect("a fresh topology takes two distinct hosts");
         topology
             .add_host(HostSpec::new("memory", Role::Memory, memory.0, memory.1))
@@ -273,7 +275,9 @@ impl Topology {
         let mut addresses = HashSet::new();
         let mut macs = HashSet::from([self.switch_mac]);
         for host in &self.hosts {
-            if !names.insert(&host.name) || !addresses.insert(host.address) || !macs.insert(host.mac)
+            if !names.insert(&host.name)
+                || !addresses.insert(host.address)
+                || !macs.insert(host.mac)
             {
                 return Err(TopologyError::Duplicate {
                     name: host.name.clone(),

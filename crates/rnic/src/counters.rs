@@ -7,6 +7,9 @@ use std::collections::HashMap;
 pub enum DropReason {
     /// The frame failed to parse or verify.
     Malformed(WireError),
+    /// Addressed to another MAC address (a switch flooding, or a
+    /// misconfigured peer): a NIC filters these before anything else.
+    WrongDestinationMac,
     /// Addressed to another IP address.
     NotForThisDevice,
     /// No queue pair with the destination QPN.
@@ -25,6 +28,26 @@ pub enum DropReason {
     ResponderBusy,
     /// Congestion notifications are counted, not acted on.
     CongestionNotification,
+}
+
+impl DropReason {
+    /// A stable name for reports: the reason, or for a malformed frame
+    /// the kind of wire error (`icrc_mismatch`, `bad_ip_checksum`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            DropReason::Malformed(error) => error.kind(),
+            DropReason::WrongDestinationMac => "wrong_destination_mac",
+            DropReason::NotForThisDevice => "not_for_this_device",
+            DropReason::UnknownQueuePair => "unknown_queue_pair",
+            DropReason::WrongPeer => "wrong_peer",
+            DropReason::QueuePairNotReady => "queue_pair_not_ready",
+            DropReason::OutOfSequence => "out_of_sequence",
+            DropReason::UnexpectedResponse => "unexpected_response",
+            DropReason::DuplicateNotReplayable => "duplicate_not_replayable",
+            DropReason::ResponderBusy => "responder_busy",
+            DropReason::CongestionNotification => "congestion_notification",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,6 +75,15 @@ pub struct RnicCounters {
 impl RnicCounters {
     pub fn count_drop(&mut self, reason: DropReason) {
         *self.drops.entry(reason).or_default() += 1;
+    }
+
+    /// Drops by reason name, summed where reasons share a name.
+    pub fn drops_by_name(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        let mut named = std::collections::BTreeMap::new();
+        for (reason, count) in &self.drops {
+            *named.entry(reason.name()).or_default() += count;
+        }
+        named
     }
 
     pub fn drops_total(&self) -> u64 {

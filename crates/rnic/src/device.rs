@@ -160,6 +160,9 @@ impl SoftRnic {
             Ok(frame) => frame,
             Err(error) => return counters.count_drop(DropReason::Malformed(error)),
         };
+        if frame.destination_mac() != self.config.mac {
+            return counters.count_drop(DropReason::WrongDestinationMac);
+        }
         if frame.destination_address() != self.config.address {
             return counters.count_drop(DropReason::NotForThisDevice);
         }

@@ -184,13 +184,30 @@ fn frames_for_unknown_queue_pairs_or_other_hosts_are_counted() {
         .left
         .poll_transmit(s.fabric.now, &mut buffer)
         .unwrap();
-    // The same frame reflected back to its sender is for another host.
+    // The same frame reflected back to its sender is for another NIC's
+    // MAC: filtered before anything else.
     s.fabric.left.handle_frame(s.fabric.now, &buffer[..len]);
     assert_eq!(
         s.fabric
             .left
             .counters()
+            .drops_for(DropReason::WrongDestinationMac),
+        1
+    );
+    // Addressed to the sender's MAC but another host's IP (the Ethernet
+    // header is outside the ICRC, so the frame stays valid).
+    let mut readdressed = buffer[..len].to_vec();
+    readdressed[..6].copy_from_slice(&s.fabric.left.config().mac.0);
+    s.fabric.left.handle_frame(s.fabric.now, &readdressed);
+    assert_eq!(
+        s.fabric
+            .left
+            .counters()
             .drops_for(DropReason::NotForThisDevice),
+        1
+    );
+    assert_eq!(
+        s.fabric.left.counters().drops_by_name()["wrong_destination_mac"],
         1
     );
     s.fabric

@@ -40,3 +40,29 @@ pub enum WireError {
     #[error("payload of {0} bytes does not fit one frame")]
     PayloadTooLarge(usize),
 }
+
+impl WireError {
+    /// A stable name for the kind of failure, without its details: the
+    /// key drop counters are grouped by.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WireError::Truncated { .. } => "truncated",
+            WireError::NotIpv4(_) => "not_ipv4",
+            WireError::BadIpVersion(_) => "bad_ip_version",
+            WireError::BadIpHeaderLength => "bad_ip_header_length",
+            WireError::BadIpTotalLength => "bad_ip_total_length",
+            WireError::BadIpChecksum => "bad_ip_checksum",
+            WireError::IpFragment => "ip_fragment",
+            WireError::NotUdp(_) => "not_udp",
+            WireError::BadUdpLength => "bad_udp_length",
+            WireError::NotRoce(_) => "not_roce",
+            WireError::BadTransportVersion(_) => "bad_transport_version",
+            WireError::UnknownOpcode(_) => "unknown_opcode",
+            WireError::ReservedSyndrome(_) => "reserved_syndrome",
+            WireError::BadPadCount => "bad_pad_count",
+            WireError::IcrcMismatch => "icrc_mismatch",
+            WireError::BufferTooSmall { .. } => "buffer_too_small",
+            WireError::PayloadTooLarge(_) => "payload_too_large",
+        }
+    }
+}

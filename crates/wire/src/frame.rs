@@ -259,6 +259,14 @@ impl<'a> RoceFrame<'a> {
         Ipv4Packet::new_unchecked(&self.bytes[self.ip_start..]).source()
     }
 
+    /// The Ethernet destination: the first six bytes, present in every
+    /// checked frame.
+    pub fn destination_mac(&self) -> crate::MacAddress {
+        let mut mac = [0; 6];
+        mac.copy_from_slice(&self.bytes[..6]);
+        crate::MacAddress(mac)
+    }
+
     pub fn destination_address(&self) -> crate::Ipv4Address {
         Ipv4Packet::new_unchecked(&self.bytes[self.ip_start..]).destination()
     }

@@ -1,0 +1,548 @@
+//! The rack builder: the one place that turns a [`Topology`] into running
+//! parts. It makes the carriers between every host and the switch (rings
+//! in one anonymous segment, a memfd segment, or UDP on loopback), wraps
+//! each link in the shaper and the fault injector the topology asks for,
+//! puts a soft RNIC on every host's end, and starts the fabric thread that
+//! pumps the switch, the hosts and their agents.
+//!
+//! Building is two steps, because systems deploy on the NICs (regions,
+//! queue pairs) before they can build their switch program:
+//! [`RackBuilder::build`] gives a [`StagedRack`] whose NICs are ready to
+//! use, and [`StagedRack::start`] puts the switch on and starts the
+//! fabric, giving an [`EmbeddedRack`].
+
+use crate::endpoint::{
+    lock, Driver, FabricThread, NodeEndpoint, Pump, RackClock, Shared, SwitchEndpoint,
+};
+use crate::report::SwitchReport;
+use crate::topology::{HostSpec, Topology};
+use crate::RackError;
+use remora_base::Timestamp;
+use remora_carrier::wrappers::{
+    CaptureDirection, Captured, Counted, Faulty, PcapSink, PortCountersHandle, Shaped,
+};
+use remora_carrier::{DatagramPort, Port, Segment, SegmentPlan, WaitSource};
+use remora_host::Agent;
+use remora_rnic::{RnicConfig, SoftRnic};
+use remora_sim::LinkFaults;
+use remora_switch::{Program, Switch, SwitchConfig};
+use std::net::UdpSocket;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Slots per ring between a host and the switch.
+pub const RING_DEPTH: u32 = 512;
+
+/// What carries frames between the hosts and the switch of one process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmbeddedCarrier {
+    /// Rings in an anonymous mapping.
+    InProcess,
+    /// Rings in a memfd segment, as processes share them.
+    SharedMemory,
+    /// A UDP tunnel per link on loopback (host `i` on 127.0.0.(11+i)).
+    Udp,
+}
+
+impl EmbeddedCarrier {
+    pub fn name(self) -> &'static str {
+        match self {
+            EmbeddedCarrier::InProcess => "in-process rings",
+            EmbeddedCarrier::SharedMemory => "memfd rings",
+            EmbeddedCarrier::Udp => "UDP on loopback",
+        }
+    }
+}
+
+/// The switch's end of host `index`'s link: counted always, then shaped,
+/// faulted and captured as asked.
+pub fn switch_port(
+    host: &HostSpec,
+    index: usize,
+    port: impl Port + 'static,
+    capture: Option<&PcapSink>,
+) -> (Box<dyn Port>, PortCountersHandle) {
+    let counted = Counted::new(port);
+    let handle = counted.handle();
+    let mut boxed = link_end(host, counted, 0x5717c4 ^ index as u64);
+    if let Some(sink) = capture {
+        boxed = Box::new(Captured::new(
+            boxed,
+            sink.clone(),
+            CaptureDirection::Received,
+        ));
+    }
+    (boxed, handle)
+}
+
+/// The host's end of its link, shaped and faulted as the topology says.
+pub fn host_port(host: &HostSpec, index: usize, port: impl Port + 'static) -> Box<dyn Port> {
+    link_end(host, port, 0x40de ^ index as u64)
+}
+
+/// One direction of a link: frames sent through the port are shaped
+/// (serialization, delay), then faults drawn; both wrappers stack.
+fn link_end(host: &HostSpec, port: impl Port + 'static, fault_seed: u64) -> Box<dyn Port> {
+    let mut boxed: Box<dyn Port> = Box::new(port);
+    if let Some(shape) = host.link.shape {
+        boxed = Box::new(Shaped::new(boxed, shape));
+    }
+    if host.link.faults != LinkFaults::NONE {
+        boxed = Box::new(Faulty::new(boxed, host.link.faults, fault_seed));
+    }
+    boxed
+}
+
+/// A soft RNIC for a host: its MAC and address, a seed per host and
+/// per run.
+pub fn host_nic(host: &HostSpec, index: usize, seed: u64) -> SoftRnic {
+    SoftRnic::new(RnicConfig::new(
+        host.mac,
+        host.address,
+        seed ^ ((index as u64) << 8),
+    ))
+}
+
+/// Starts a fabric thread pumping `pumps` with the real clock.
+pub fn start_fabric(
+    name: &str,
+    pumps: Vec<Arc<Mutex<dyn Pump>>>,
+    pin: bool,
+) -> Result<FabricThread, RackError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let driver = Driver::new(pumps, RackClock::new(), Arc::clone(&stop))?;
+    FabricThread::start(name, driver, stop, pin)
+}
+
+/// Pumps `pumps` on this thread until `stop` (a switch alone, for a rack
+/// across hosts).
+pub fn run_here(pumps: Vec<Arc<Mutex<dyn Pump>>>, stop: Arc<AtomicBool>) -> Result<(), RackError> {
+    Driver::new(pumps, RackClock::new(), stop)?.run()
+}
+
+/// Builds the embedded rack of a topology.
+pub struct RackBuilder<'t> {
+    topology: &'t Topology,
+    thread_name: String,
+    capture: Option<PcapSink>,
+    pin_threads: bool,
+    nic_seed: u64,
+    carrier: EmbeddedCarrier,
+    apart: Vec<bool>,
+    stopping: Option<Arc<AtomicBool>>,
+}
+
+impl<'t> RackBuilder<'t> {
+    pub fn new(topology: &'t Topology) -> RackBuilder<'t> {
+        RackBuilder {
+            topology,
+            thread_name: "fabric".into(),
+            capture: None,
+            pin_threads: false,
+            nic_seed: 0x7ac4,
+            carrier: EmbeddedCarrier::InProcess,
+            apart: vec![false; topology.hosts().len()],
+            stopping: None,
+        }
+    }
+
+    /// Sets `stop` when the fabric thread stops or fails, so threads
+    /// started beside it (workloads, control servers) end too.
+    pub fn stopping(mut self, stop: &Arc<AtomicBool>) -> RackBuilder<'t> {
+        self.stopping = Some(Arc::clone(stop));
+        self
+    }
+
+    /// The fabric thread's name.
+    pub fn thread_name(mut self, name: &str) -> RackBuilder<'t> {
+        self.thread_name = name.into();
+        self
+    }
+
+    /// Records every frame the switch receives.
+    pub fn capture(mut self, sink: PcapSink) -> RackBuilder<'t> {
+        self.capture = Some(sink);
+        self
+    }
+
+    /// Pins the fabric thread to the last core. Off by default: on a
+    /// shared VM a pinned thread waits out its vCPU's steal (observed: 8 ms
+    /// stalls) instead of moving to the other vCPU.
+    pub fn pin_threads(mut self, pin: bool) -> RackBuilder<'t> {
+        self.pin_threads = pin;
+        self
+    }
+
+    /// Seeds the NICs' keys and first PSNs.
+    pub fn nic_seed(mut self, seed: u64) -> RackBuilder<'t> {
+        self.nic_seed = seed;
+        self
+    }
+
+    pub fn carrier(mut self, carrier: EmbeddedCarrier) -> RackBuilder<'t> {
+        self.carrier = carrier;
+        self
+    }
+
+    /// Host `index` is driven by the application's own thread, not by the
+    /// fabric thread: [`EmbeddedRack::take_apart`] hands its endpoint over.
+    pub fn drive_apart(mut self, index: usize) -> RackBuilder<'t> {
+        self.apart[index] = true;
+        self
+    }
+
+    /// Makes the carriers and the hosts' NICs.
+    pub fn build(self) -> Result<StagedRack, RackError> {
+        let hosts = self.topology.hosts();
+        let pairs = match self.carrier {
+            EmbeddedCarrier::Udp => udp_pairs(hosts.len())?,
+            EmbeddedCarrier::InProcess | EmbeddedCarrier::SharedMemory => {
+                ring_pairs(hosts.len(), &self.apart, self.carrier)?
+            }
+        };
+        let mut endpoints = Vec::with_capacity(hosts.len());
+        let mut switch_ports = Vec::with_capacity(hosts.len());
+        let mut port_counters = Vec::with_capacity(hosts.len());
+        for (index, (host, (hub, spoke))) in hosts.iter().zip(pairs).enumerate() {
+            let (port, counters) = switch_port(host, index, hub, self.capture.as_ref());
+            switch_ports.push(port);
+            port_counters.push(counters);
+            let nic = host_nic(host, index, self.nic_seed);
+            endpoints.push(NodeEndpoint::new(
+                &host.name,
+                nic,
+                host_port(host, index, spoke),
+            ));
+        }
+        Ok(StagedRack {
+            topology: self.topology.clone(),
+            endpoints,
+            switch_ports,
+            port_counters,
+            agents: Vec::new(),
+            apart: self.apart,
+            thread_name: self.thread_name,
+            pin_threads: self.pin_threads,
+            capture: self.capture,
+            carrier: self.carrier,
+            stopping: self.stopping,
+        })
+    }
+}
+
+/// (switch end, host end) of one host's link.
+type LinkEnd = (Box<dyn Port>, Box<dyn Port>);
+type LinkEnds = Vec<LinkEnd>;
+
+/// Rings in one segment: every ring is consumed by the fabric thread's
+/// doorbell, except a host driven apart, which sleeps on its own.
+fn ring_pairs(
+    count: usize,
+    apart: &[bool],
+    carrier: EmbeddedCarrier,
+) -> Result<LinkEnds, RackError> {
+    let mut plan = SegmentPlan::star_one_waiter(count as u32, RING_DEPTH);
+    for (index, _) in apart.iter().enumerate().filter(|(_, apart)| **apart) {
+        // Ring 2i+1 carries switch → host i+1: its consumer is the host.
+        plan.ring_consumers[2 * index + 1] = plan.doorbell_count;
+        plan.doorbell_count += 1;
+    }
+    let segment = match carrier {
+        EmbeddedCarrier::SharedMemory => Segment::shared("remora-rack", &plan)?,
+        _ => Segment::anonymous(&plan)?,
+    };
+    (1..=count as u32)
+        .map(|spoke| -> Result<LinkEnd, RackError> {
+            Ok((
+                Box::new(segment.hub_port(spoke)?),
+                Box::new(segment.spoke_port(spoke)?),
+            ))
+        })
+        .collect()
+}
+
+/// A connected UDP socket pair per link on loopback.
+fn udp_pairs(count: usize) -> Result<LinkEnds, RackError> {
+    let bind = |address: String| {
+        UdpSocket::bind(&address)
+            .map_err(|error| RackError::Launch(format!("bind {address}: {error}")))
+    };
+    (0..count)
+        .map(|index| -> Result<LinkEnd, RackError> {
+            let switch = bind("127.0.0.1:0".into())?;
+            let host = bind(format!("127.0.0.{}:0", 11 + index))?;
+            let (switch_address, host_address) = (
+                switch.local_addr().map_err(launch)?,
+                host.local_addr().map_err(launch)?,
+            );
+            Ok((
+                Box::new(DatagramPort::udp_on(switch, host_address)?),
+                Box::new(DatagramPort::udp_on(host, switch_address)?),
+            ))
+        })
+        .collect()
+}
+
+fn launch(error: std::io::Error) -> RackError {
+    RackError::Launch(error.to_string())
+}
+
+/// An agent's busy time on the fabric thread: the CPU of the host it runs
+/// on, reported apart from the application's and the NICs'.
+pub type BusyNanos = Arc<AtomicU64>;
+
+/// An agent waiting for the fabric: its host, itself, its busy time.
+type StagedAgent = (usize, Arc<Mutex<dyn Agent>>, BusyNanos);
+
+/// Hosts with NICs ready for deployment, before the fabric starts.
+pub struct StagedRack {
+    topology: Topology,
+    endpoints: Vec<NodeEndpoint>,
+    switch_ports: Vec<Box<dyn Port>>,
+    port_counters: Vec<PortCountersHandle>,
+    agents: Vec<StagedAgent>,
+    apart: Vec<bool>,
+    thread_name: String,
+    pin_threads: bool,
+    capture: Option<PcapSink>,
+    carrier: EmbeddedCarrier,
+    stopping: Option<Arc<AtomicBool>>,
+}
+
+impl StagedRack {
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    pub fn nic_mut(&mut self, index: usize) -> &mut SoftRnic {
+        &mut self.endpoints[index].rnic
+    }
+
+    /// Two hosts' NICs at once (a deployment touches both ends).
+    ///
+    /// # Panics
+    /// If `first == second`.
+    pub fn nic_pair_mut(&mut self, first: usize, second: usize) -> (&mut SoftRnic, &mut SoftRnic) {
+        assert_ne!(first, second, "two distinct hosts");
+        let (low, high) = (first.min(second), first.max(second));
+        let (head, tail) = self.endpoints.split_at_mut(high);
+        let (low_nic, high_nic) = (&mut head[low].rnic, &mut tail[0].rnic);
+        if first < second {
+            (low_nic, high_nic)
+        } else {
+            (high_nic, low_nic)
+        }
+    }
+
+    pub fn endpoint_mut(&mut self, index: usize) -> &mut NodeEndpoint {
+        &mut self.endpoints[index]
+    }
+
+    /// Runs `agent` on host `index`'s CPU: a pump of the fabric thread.
+    /// Returns the counter of its busy time.
+    pub fn add_agent(&mut self, index: usize, agent: Arc<Mutex<dyn Agent>>) -> BusyNanos {
+        let busy = Arc::new(AtomicU64::new(0));
+        self.agents.push((index, agent, Arc::clone(&busy)));
+        busy
+    }
+
+    /// Puts `switch` on the switch's ports and starts the fabric thread.
+    /// Returns the rack and a handle on the switch, typed by its program.
+    pub fn start<P: Program + Send + 'static>(
+        self,
+        switch: Switch<P>,
+    ) -> Result<(EmbeddedRack, Shared<SwitchEndpoint<P>>), RackError> {
+        let switch = Arc::new(Mutex::new(SwitchEndpoint::new(switch, self.switch_ports)));
+        let hosts: Vec<Shared<NodeEndpoint>> = self
+            .endpoints
+            .into_iter()
+            .map(|endpoint| Arc::new(Mutex::new(endpoint)))
+            .collect();
+        let mut pumps: Vec<Arc<Mutex<dyn Pump>>> = vec![switch.clone()];
+        for (host, apart) in hosts.iter().zip(&self.apart) {
+            if !apart {
+                pumps.push(host.clone());
+            }
+        }
+        for (index, agent, busy) in self.agents {
+            pumps.push(Arc::new(Mutex::new(AgentPump {
+                host: hosts[index].clone(),
+                agent,
+                busy_ns: busy,
+            })));
+        }
+        let mut fabric = start_fabric(&self.thread_name, pumps, self.pin_threads)?;
+        if let Some(stop) = &self.stopping {
+            fabric = fabric.stopping_rack(stop);
+        }
+        let switch_pump: Arc<Mutex<dyn SwitchReporting>> = switch.clone();
+        let rack = EmbeddedRack {
+            topology: self.topology,
+            hosts,
+            apart: self.apart,
+            switch: switch_pump,
+            port_counters: self.port_counters,
+            capture: self.capture,
+            carrier: self.carrier,
+            fabric: Some(fabric),
+            fabric_cpu: Duration::ZERO,
+        };
+        Ok((rack, switch))
+    }
+
+    /// The usual switch: L2/L3 forwarding between the topology's hosts.
+    pub fn l2l3_switch(&self) -> Switch<remora_switch::programs::l2l3::L2L3Forwarding> {
+        Switch::new(
+            SwitchConfig::new(self.topology.hosts().len() as u16),
+            self.topology.forwarding(),
+        )
+    }
+}
+
+/// What the rack reads off its switch, whatever the program.
+trait SwitchReporting: Send {
+    fn report(&self, ports: &[PortCountersHandle]) -> SwitchReport;
+}
+
+impl<P: Program + Send> SwitchReporting for SwitchEndpoint<P> {
+    fn report(&self, ports: &[PortCountersHandle]) -> SwitchReport {
+        SwitchReport {
+            counters: self.switch.counters(),
+            ports: ports.iter().map(PortCountersHandle::snapshot).collect(),
+            frames_refused_by_carriers: self.health().frames_refused,
+            failed_ports: self.health().failed.clone(),
+            resources: self.switch.resources(),
+        }
+    }
+}
+
+/// A running embedded rack: hosts, the switch and the fabric thread.
+pub struct EmbeddedRack {
+    topology: Topology,
+    hosts: Vec<Shared<NodeEndpoint>>,
+    apart: Vec<bool>,
+    switch: Arc<Mutex<dyn SwitchReporting>>,
+    port_counters: Vec<PortCountersHandle>,
+    capture: Option<PcapSink>,
+    carrier: EmbeddedCarrier,
+    fabric: Option<FabricThread>,
+    fabric_cpu: Duration,
+}
+
+impl EmbeddedRack {
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    pub fn host(&self, index: usize) -> &Shared<NodeEndpoint> {
+        &self.hosts[index]
+    }
+
+    pub fn carrier(&self) -> EmbeddedCarrier {
+        self.carrier
+    }
+
+    /// Host `index`'s endpoint, which the fabric thread does not pump:
+    /// the application drives it (see [`RackBuilder::drive_apart`]).
+    pub fn apart(&self, index: usize) -> Option<&Shared<NodeEndpoint>> {
+        self.apart[index].then(|| &self.hosts[index])
+    }
+
+    pub fn fabric(&self) -> &FabricThread {
+        self.fabric
+            .as_ref()
+            .expect("the fabric runs until stop_and_join")
+    }
+
+    /// Wakes the fabric thread after work was posted.
+    pub fn kick(&self) {
+        self.fabric().kicker().kick();
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.fabric.as_ref().is_none_or(FabricThread::is_finished)
+    }
+
+    /// Stops the fabric thread; returns its CPU time (NIC emulation,
+    /// switch and agents), apart from the application's.
+    pub fn stop_and_join(&mut self) -> Result<Duration, RackError> {
+        if let Some(fabric) = self.fabric.take() {
+            self.fabric_cpu = fabric.stop_and_join()?;
+        }
+        if let Some(sink) = &self.capture {
+            sink.flush()?;
+        }
+        Ok(self.fabric_cpu)
+    }
+
+    /// The switch's counters, resources and per-port frames.
+    pub fn switch_report(&self) -> SwitchReport {
+        self.switch
+            .lock()
+            .expect("switch lock")
+            .report(&self.port_counters)
+    }
+
+    /// Runs until `done` holds, the fabric stops, or `limit` passes.
+    pub fn run_until(
+        &self,
+        mut done: impl FnMut() -> bool,
+        limit: Duration,
+    ) -> Result<(), RackError> {
+        let started = Instant::now();
+        while !done() {
+            if self.is_finished() {
+                return Err(RackError::Launch("the fabric thread stopped".into()));
+            }
+            if started.elapsed() > limit {
+                return Err(RackError::TimedOut(limit));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for EmbeddedRack {
+    fn drop(&mut self) {
+        // FabricThread's own drop stops and joins it.
+        self.fabric.take();
+    }
+}
+
+/// An agent as a pump of the fabric thread, its busy time counted apart.
+struct AgentPump {
+    host: Shared<NodeEndpoint>,
+    agent: Arc<Mutex<dyn Agent>>,
+    busy_ns: BusyNanos,
+}
+
+impl Pump for AgentPump {
+    fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
+        let started = Instant::now();
+        let progress = self
+            .agent
+            .lock()
+            .expect("agent lock")
+            .poll(clock.now(), &mut lock(&self.host).rnic)?;
+        if progress.moved() {
+            self.busy_ns
+                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        Ok(progress.moved())
+    }
+
+    fn deadline(&self, clock: &RackClock) -> Option<Instant> {
+        let at: Option<Timestamp> = self.agent.lock().expect("agent lock").poll_timeout();
+        at.map(|at| clock.instant(at))
+    }
+
+    fn has_frames(&mut self) -> bool {
+        false
+    }
+
+    fn wait_sources(&self) -> Vec<WaitSource> {
+        Vec::new()
+    }
+}
