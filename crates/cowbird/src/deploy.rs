@@ -5,11 +5,13 @@
 //! the benchmark and the demo all deploy through here.
 
 use crate::client::{Client, CowbirdError};
+use crate::connection::{ConnectionService, Connector};
 use crate::layout::RingSizes;
 use crate::p4::impersonated::{self, Peer};
 use crate::p4::{CowbirdP4, InstanceSpec, P4Error};
 use crate::rpc::{RpcError, RpcServer};
 use crate::spot::{InstanceWiring, SpotConfig, SpotEngine, SpotError};
+use crate::spot_agent::{SpotAgent, SpotDurable};
 use remora_rnic::{
     AccessFlags, CompletionQueue, HostMemory, MemoryRegion, ProtectionDomain, QueuePair,
     QueuePairBuilder, QueuePairEndpoint, SoftRnic, Verbs, VerbsError,
@@ -85,26 +87,47 @@ pub enum DeployError {
 
 pub struct Deployment {
     pub clients: Vec<Client>,
-    pub engine: SpotEngine,
+    /// The Spot engine, the memory node's agent.
+    pub engine: SpotAgent,
+    /// The compute node's agent that connects new queue pairs to the
+    /// engine after one died.
+    pub connection_service: ConnectionService,
     /// The memory pool's regions on the memory node.
     pub pool: Vec<MemoryRegion>,
+    /// The pool's bytes: host memory that survives the memory node's
+    /// crashes.
+    pub pool_memory: Vec<HostMemory>,
     /// One per thread, when asked for.
     pub direct: Vec<Direct>,
     pub rpc: Vec<Rpc>,
 }
 
-/// The memory pool's regions, in a protection domain of their own.
-fn register_pool(
-    spec: &CowbirdSpec,
-    memory: &mut SoftRnic,
-) -> Result<(ProtectionDomain, Vec<MemoryRegion>), VerbsError> {
-    let memory_pd = memory.alloc_protection_domain()?;
-    let pool = spec
+/// The memory pool, in a protection domain of its own: host memory the
+/// node keeps (and declares durable), registered with its NIC.
+struct Pool {
+    protection_domain: ProtectionDomain,
+    regions: Vec<MemoryRegion>,
+    memory: Vec<HostMemory>,
+}
+
+fn register_pool(spec: &CowbirdSpec, memory: &mut SoftRnic) -> Result<Pool, VerbsError> {
+    let protection_domain = memory.alloc_protection_domain()?;
+    let memory_blocks: Vec<HostMemory> = spec
         .pool_regions
         .iter()
-        .map(|bytes| memory.register_memory(memory_pd, *bytes, AccessFlags::ALL))
+        .map(|bytes| HostMemory::new(*bytes as usize))
+        .collect();
+    let regions = memory_blocks
+        .iter()
+        .map(|block| {
+            memory.register_host_memory(protection_domain, block.clone(), AccessFlags::ALL)
+        })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok((memory_pd, pool))
+    Ok(Pool {
+        protection_domain,
+        regions,
+        memory: memory_blocks,
+    })
 }
 
 /// One application thread's block of host memory, registered with the
@@ -127,13 +150,18 @@ pub fn deploy(
 ) -> Result<Deployment, DeployError> {
     let compute_pd = compute.alloc_protection_domain()?;
     let compute_cq = compute.create_completion_queue(16)?;
-    let (memory_pd, pool) = register_pool(&spec, memory)?;
+    let Pool {
+        protection_domain: memory_pd,
+        regions: pool,
+        memory: pool_memory,
+    } = register_pool(&spec, memory)?;
     let staging_bytes = spec.spot.staging_bytes_per_instance() * spec.threads.max(1) as u64;
     let staging = memory.register_memory(memory_pd, staging_bytes, AccessFlags::ALL)?;
     // Per thread: probe, fetch (two), payload READs and response WRITEs of
     // a batch, and the progress WRITE.
     let send_depth = 2 * spec.spot.batch_entries as usize + 8;
-    let engine_cq = memory.create_completion_queue(send_depth * spec.threads.max(1))?;
+    let engine_cq_depth = send_depth * spec.threads.max(1);
+    let engine_cq = memory.create_completion_queue(engine_cq_depth)?;
     let mut engine_builder = QueuePairBuilder::new(memory_pd, engine_cq, engine_cq);
     engine_builder.timeout = spec.ack_timeout;
     engine_builder.send_queue_depth = send_depth;
@@ -141,11 +169,12 @@ pub fn deploy(
     compute_builder.timeout = spec.ack_timeout;
     let mut clients = Vec::with_capacity(spec.threads);
     let mut instances = Vec::with_capacity(spec.threads);
+    let mut compute_queue_pairs = Vec::with_capacity(spec.threads);
     for _ in 0..spec.threads {
         let (client, region) = client_block(&spec, compute, compute_pd)?;
         let near = compute.create_queue_pair(&compute_builder)?;
         let far = memory.create_queue_pair(&engine_builder)?;
-        compute.handshake(near, far.endpoint)?;
+        compute_queue_pairs.push(compute.handshake(near, far.endpoint)?);
         let queue_pair = memory.handshake(far, near.endpoint)?;
         instances.push(InstanceWiring {
             queue_pair,
@@ -154,7 +183,29 @@ pub fn deploy(
         });
         clients.push(client);
     }
-    let engine = SpotEngine::new(spec.spot, instances, pool.clone(), staging, engine_cq)?;
+    let connector = Connector::new();
+    let durable = SpotDurable {
+        config: spec.spot,
+        pool: pool_memory.clone(),
+        blocks: instances
+            .iter()
+            .map(|instance| (instance.block, instance.sizes))
+            .collect(),
+        queue_pair: engine_builder,
+        completion_queue_depth: engine_cq_depth,
+        connector: connector.clone(),
+    };
+    let engine = SpotEngine::new(
+        spec.spot,
+        instances,
+        pool.clone(),
+        staging,
+        engine_builder,
+        connector.clone(),
+    )?;
+    let engine = SpotAgent::new(durable, engine);
+    let connection_service =
+        ConnectionService::new(connector, compute_builder, compute_queue_pairs);
     let direct = per_thread(spec.direct, spec.threads, |direct| {
         direct_path(direct, &spec, compute, memory, memory_pd)
     })?;
@@ -164,7 +215,9 @@ pub fn deploy(
     Ok(Deployment {
         clients,
         engine,
+        connection_service,
         pool,
+        pool_memory,
         direct,
         rpc,
     })
@@ -198,6 +251,7 @@ pub struct SwitchPorts {
 pub struct P4Deployment {
     pub clients: Vec<Client>,
     pub pool: Vec<MemoryRegion>,
+    pub pool_memory: Vec<HostMemory>,
 }
 
 pub fn deploy_p4(
@@ -208,7 +262,11 @@ pub fn deploy_p4(
     ports: SwitchPorts,
 ) -> Result<P4Deployment, DeployError> {
     let compute_pd = compute.alloc_protection_domain()?;
-    let (memory_pd, pool) = register_pool(spec, memory)?;
+    let Pool {
+        protection_domain: memory_pd,
+        regions: pool,
+        memory: pool_memory,
+    } = register_pool(spec, memory)?;
     let engine = (switch.config().mac, switch.config().address);
     let mtu = switch.config().path_mtu;
     // The switch keeps up to a window of PSNs in flight on each queue
@@ -255,7 +313,11 @@ pub fn deploy_p4(
         memory.handshake(far, played(memory_side))?;
         clients.push(client);
     }
-    Ok(P4Deployment { clients, pool })
+    Ok(P4Deployment {
+        clients,
+        pool,
+        pool_memory,
+    })
 }
 
 fn rpc_path(

@@ -24,35 +24,33 @@
 //! apart.
 
 use crate::client::{Client, Completion, CowbirdError};
-use crate::deploy::{
-    deploy, deploy_p4, CowbirdSpec, Direct, DirectSpec, P4Deployment, RpcSpec, SwitchPorts,
-};
+use crate::deploy::{deploy, deploy_p4, CowbirdSpec, Direct, DirectSpec, P4Deployment, RpcSpec};
 use crate::hash_table::{calibrate, compute, is_record, record_bytes, record_of, TableSpec};
 use crate::history::{Engine, Histories, Workload};
 use crate::layout::RingSizes;
 use crate::p4::{CowbirdP4, P4Config, P4Stats};
-use crate::rpc::RpcServer;
-use crate::simulated::{forwarding, p4_config, Placement};
-use crate::spot::{SpotConfig, SpotEngine, SpotStats};
+use crate::simulated::{p4_config, topology};
+use crate::spot::{SpotConfig, SpotStats};
+use crate::spot_agent::SpotAgent;
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use remora_carrier::{Port, Segment, SegmentPlan, WaitSource};
+use remora_rack::assembly::{BusyNanos, EmbeddedRack, RackBuilder, StagedRack};
 use remora_rack::config::CowbirdEngine;
 use remora_rack::endpoint::{
-    lock, AppQueues, Driver, DriverKicker, FabricThread, NodeEndpoint, Pump, RackClock, Shared,
-    SwitchEndpoint, RACK_ACK_TIMEOUT,
+    lock, AppQueues, DriverKicker, NodeEndpoint, Shared, SwitchEndpoint, RACK_ACK_TIMEOUT,
 };
+use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
 use remora_rack::{RackConfig, RackError, Role};
 use remora_rnic::*;
-use remora_switch::{PortId, ResourceReport, Switch, SwitchConfig, SwitchCounters};
+use remora_switch::{ResourceReport, Switch, SwitchConfig, SwitchCounters};
 use remora_wire::VirtAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const COMPUTE: u8 = 1;
-const MEMORY: u8 = 2;
+/// Ring slots per link: a probe batch of two windows of requests and
+/// their answers fits without a full ring.
 const RING_DEPTH: u32 = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,92 +206,18 @@ impl Arena {
     }
 }
 
-/// Software on the memory node's CPU beside its NIC: the Spot engine or
-/// the RPC server.
-trait MemoryAgent: Send {
-    fn turn(&mut self, now: Timestamp, rnic: &mut SoftRnic) -> Result<bool, String>;
-    fn next_timer(&self) -> Option<Timestamp>;
-    fn spot_stats(&self) -> Option<SpotStats>;
-}
-
-impl MemoryAgent for SpotEngine {
-    fn turn(&mut self, now: Timestamp, rnic: &mut SoftRnic) -> Result<bool, String> {
-        SpotEngine::turn(self, now, rnic).map_err(|error| format!("spot engine: {error}"))
-    }
-
-    fn next_timer(&self) -> Option<Timestamp> {
-        self.poll_timeout()
-    }
-
-    fn spot_stats(&self) -> Option<SpotStats> {
-        Some(self.stats())
-    }
-}
-
-impl MemoryAgent for RpcServer {
-    fn turn(&mut self, _: Timestamp, rnic: &mut SoftRnic) -> Result<bool, String> {
-        RpcServer::turn(self, rnic).map_err(|error| format!("rpc server: {error}"))
-    }
-
-    fn next_timer(&self) -> Option<Timestamp> {
-        None
-    }
-
-    fn spot_stats(&self) -> Option<SpotStats> {
-        None
-    }
-}
-
-/// A memory agent as a pump of the fabric thread, its busy time counted
-/// apart: the memory node's spare CPU.
-struct AgentPump<A: MemoryAgent> {
-    memory: Shared<NodeEndpoint>,
-    agent: A,
-    busy_ns: Arc<AtomicU64>,
-    stats: Arc<Mutex<Option<SpotStats>>>,
-}
-
-impl<A: MemoryAgent> Pump for AgentPump<A> {
-    fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
-        let started = Instant::now();
-        let moved = self
-            .agent
-            .turn(clock.now(), &mut lock(&self.memory).rnic)
-            .map_err(RackError::Workload)?;
-        if moved {
-            self.busy_ns
-                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            *self.stats.lock().expect("stats lock") = self.agent.spot_stats();
-        }
-        Ok(moved)
-    }
-
-    fn deadline(&self, clock: &RackClock) -> Option<Instant> {
-        self.agent.next_timer().map(|at| clock.instant(at))
-    }
-
-    fn has_frames(&mut self) -> bool {
-        false
-    }
-
-    fn wait_sources(&self) -> Vec<WaitSource> {
-        Vec::new()
-    }
-}
-
 /// The rack: endpoints, the pool filled with the table's remote records,
 /// and the fabric thread.
 struct Rig {
-    compute: Shared<NodeEndpoint>,
-    memory: Shared<NodeEndpoint>,
-    fabric: FabricThread,
+    rack: EmbeddedRack,
     pool: MemoryRegion,
     clients: Vec<Client>,
     /// One per application thread, taken by the fetchers.
     direct: Vec<(Direct, AppQueues)>,
     rpc: Vec<RpcPath>,
-    engine_busy: Arc<AtomicU64>,
-    engine_stats: Arc<Mutex<Option<SpotStats>>>,
+    /// The memory node's agents' busy time (engine or RPC servers).
+    engine_busy: Vec<BusyNanos>,
+    engine: Option<Arc<Mutex<SpotAgent>>>,
     /// The switch, when it runs Cowbird-P4.
     p4_switch: Option<Shared<SwitchEndpoint<CowbirdP4>>>,
 }
@@ -302,35 +226,14 @@ fn text(error: impl std::fmt::Display) -> String {
     error.to_string()
 }
 
-/// Two soft RNICs on one anonymous segment, and the switch's ends of
-/// their rings.
-struct Hosts {
-    compute: NodeEndpoint,
-    memory: NodeEndpoint,
-    switch_ports: Vec<Box<dyn Port>>,
-}
-
-impl Hosts {
-    fn new(placement: &Placement) -> Result<Hosts, String> {
-        let segment =
-            Segment::anonymous(&SegmentPlan::star_one_waiter(2, RING_DEPTH)).map_err(text)?;
-        let port = |index: u8| -> Result<[Box<dyn Port>; 2], String> {
-            Ok([
-                Box::new(segment.hub_port(u32::from(index)).map_err(text)?),
-                Box::new(segment.spoke_port(u32::from(index)).map_err(text)?),
-            ])
-        };
-        let [compute_hub, compute_spoke] = port(COMPUTE)?;
-        let [memory_hub, memory_spoke] = port(MEMORY)?;
-        let rnic = |(mac, address), seed: u8| {
-            SoftRnic::new(RnicConfig::new(mac, address, 0xc0b ^ u64::from(seed)))
-        };
-        Ok(Hosts {
-            compute: NodeEndpoint::new("compute", rnic(placement.compute, COMPUTE), compute_spoke),
-            memory: NodeEndpoint::new("memory", rnic(placement.memory, MEMORY), memory_spoke),
-            switch_ports: vec![compute_hub, memory_hub],
-        })
-    }
+/// The two hosts of the topology with their NICs, before the fabric runs.
+fn stage(topology: &Topology) -> Result<StagedRack, String> {
+    RackBuilder::new(topology)
+        .thread_name("cowbird-fabric")
+        .ring_depth(RING_DEPTH)
+        .nic_seed(0xc0b)
+        .build()
+        .map_err(text)
 }
 
 /// The P4 settings the embedded rack uses by default: the simulator's,
@@ -347,49 +250,28 @@ pub fn embedded_p4_config() -> P4Config {
 /// the switch program, then the switch with its probe generator running.
 fn p4_rack(
     config: P4Config,
-    placement: &Placement,
+    topology: &Topology,
     spec: &CowbirdSpec,
-    hosts: (&mut SoftRnic, &mut SoftRnic),
-    ports: Vec<Box<dyn Port>>,
-) -> Result<(P4Deployment, Shared<SwitchEndpoint<CowbirdP4>>), String> {
-    let mut program = CowbirdP4::new(config, placement.forwarding());
-    let (compute, memory) = hosts;
-    let deployment = deploy_p4(spec, compute, memory, &mut program, HOST_PORTS).map_err(text)?;
+    mut staged: StagedRack,
+) -> Result<
+    (
+        P4Deployment,
+        EmbeddedRack,
+        Shared<SwitchEndpoint<CowbirdP4>>,
+    ),
+    String,
+> {
+    let mut program = CowbirdP4::new(config, topology.forwarding());
+    let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
+    let ports = crate::simulated::switch_ports();
+    let deployment = deploy_p4(spec, compute, memory, &mut program, ports).map_err(text)?;
     let template = program.probe_template();
     let mut switch = Switch::new(SwitchConfig::new(2), program);
     switch
         .add_template(template, Timestamp::ZERO)
         .map_err(text)?;
-    Ok((deployment, shared(SwitchEndpoint::new(switch, ports))))
-}
-
-/// The ports of the two hosts on the switch.
-const HOST_PORTS: SwitchPorts = SwitchPorts {
-    compute: PortId(0),
-    memory: PortId(1),
-};
-
-/// Starts the fabric thread over `pumps`. Placement is left to the
-/// kernel: on a shared VM, a pinned thread waits out its vCPU's steal
-/// (observed: 8 ms stalls) instead of moving to the other vCPU.
-fn start_fabric(pumps: Vec<Arc<Mutex<dyn Pump>>>) -> Result<FabricThread, String> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let driver = Driver::new(pumps, RackClock::new(), Arc::clone(&stop)).map_err(text)?;
-    FabricThread::start("cowbird-fabric", driver, stop, false).map_err(text)
-}
-
-fn agent_pump<A: MemoryAgent + 'static>(
-    memory: &Shared<NodeEndpoint>,
-    agent: A,
-    busy_ns: &Arc<AtomicU64>,
-    stats: &Arc<Mutex<Option<SpotStats>>>,
-) -> Arc<Mutex<dyn Pump>> {
-    shared(AgentPump {
-        memory: memory.clone(),
-        agent,
-        busy_ns: Arc::clone(busy_ns),
-        stats: Arc::clone(stats),
-    })
+    let (rack, switch) = staged.start(switch).map_err(text)?;
+    Ok((deployment, rack, switch))
 }
 
 impl Rig {
@@ -399,11 +281,8 @@ impl Rig {
         }
         let with_engine = matches!(variant, Variant::Spot | Variant::SpotSync);
         let with_rpc = variant == Variant::Rpc;
-        let Hosts {
-            mut compute,
-            mut memory,
-            switch_ports,
-        } = Hosts::new(&Placement::default())?;
+        let topology = topology();
+        let mut staged = stage(&topology)?;
         // Per application thread: a Cowbird instance, a direct queue pair
         // and, for the RPC variant, a server.
         let spec = CowbirdSpec {
@@ -417,8 +296,10 @@ impl Rig {
             }),
             ..probe_spec(bench, bench.threads)
         };
-        let deployment = deploy(spec, &mut compute.rnic, &mut memory.rnic).map_err(text)?;
+        let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
+        let deployment = deploy(spec, compute, memory).map_err(text)?;
         let pool = deployment.pool[0];
+        let compute = staged.endpoint_mut(COMPUTE_HOST);
         let direct = deployment
             .direct
             .into_iter()
@@ -444,37 +325,29 @@ impl Rig {
                 }
             })
             .collect();
-        fill_pool(&bench.table, pool, &mut memory.rnic)?;
-        let switch = SwitchEndpoint::new(
-            Switch::new(SwitchConfig::new(2), forwarding()),
-            switch_ports,
-        );
-        let (compute, memory) = (shared(compute), shared(memory));
-        let engine_busy = Arc::new(AtomicU64::new(0));
-        let engine_stats = Arc::new(Mutex::new(None));
-        let mut pumps: Vec<Arc<Mutex<dyn Pump>>> =
-            vec![shared(switch), compute.clone(), memory.clone()];
+        fill_pool(&bench.table, pool, staged.nic_mut(MEMORY_HOST))?;
+        let mut engine_busy = Vec::new();
+        let mut engine = None;
         if with_engine {
-            pumps.push(agent_pump(
-                &memory,
-                deployment.engine,
-                &engine_busy,
-                &engine_stats,
-            ));
+            let agent = Arc::new(Mutex::new(deployment.engine));
+            engine_busy.push(staged.add_agent(MEMORY_HOST, agent.clone()));
+            engine = Some(agent);
+            let service = Arc::new(Mutex::new(deployment.connection_service));
+            staged.add_agent(COMPUTE_HOST, service);
         }
         for server in servers {
-            pumps.push(agent_pump(&memory, server, &engine_busy, &engine_stats));
+            engine_busy.push(staged.add_agent(MEMORY_HOST, Arc::new(Mutex::new(server))));
         }
+        let switch = staged.l2l3_switch();
+        let (rack, _switch) = staged.start(switch).map_err(text)?;
         Ok(Rig {
-            compute,
-            memory: memory.clone(),
-            fabric: start_fabric(pumps)?,
+            rack,
             pool,
             clients: deployment.clients,
             direct,
             rpc,
             engine_busy,
-            engine_stats,
+            engine,
             p4_switch: None,
         })
     }
@@ -482,36 +355,40 @@ impl Rig {
     /// Cowbird-P4: the clients on the compute node, the pool on the
     /// memory node, the engine in the switch; nothing else.
     fn new_p4(bench: &ProbeBench) -> Result<Rig, String> {
-        let Hosts {
-            mut compute,
-            mut memory,
-            switch_ports,
-        } = Hosts::new(&Placement::default())?;
+        let topology = topology();
+        let mut staged = stage(&topology)?;
         let spec = probe_spec(bench, bench.threads);
-        let (deployment, switch) = p4_rack(
-            bench.p4,
-            &Placement::default(),
-            &spec,
-            (&mut compute.rnic, &mut memory.rnic),
-            switch_ports,
-        )?;
+        // The pool is filled before the switch runs: deploy first.
+        let mut program = CowbirdP4::new(bench.p4, topology.forwarding());
+        let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
+        let ports = crate::simulated::switch_ports();
+        let deployment = deploy_p4(&spec, compute, memory, &mut program, ports).map_err(text)?;
         let pool = deployment.pool[0];
-        fill_pool(&bench.table, pool, &mut memory.rnic)?;
-        let (compute, memory) = (shared(compute), shared(memory));
-        let pumps: Vec<Arc<Mutex<dyn Pump>>> =
-            vec![switch.clone(), compute.clone(), memory.clone()];
+        fill_pool(&bench.table, pool, staged.nic_mut(MEMORY_HOST))?;
+        let template = program.probe_template();
+        let mut switch = Switch::new(SwitchConfig::new(2), program);
+        switch
+            .add_template(template, Timestamp::ZERO)
+            .map_err(text)?;
+        let (rack, switch) = staged.start(switch).map_err(text)?;
         Ok(Rig {
-            compute,
-            memory,
-            fabric: start_fabric(pumps)?,
+            rack,
             pool,
             clients: deployment.clients,
             direct: Vec::new(),
             rpc: Vec::new(),
-            engine_busy: Arc::new(AtomicU64::new(0)),
-            engine_stats: Arc::new(Mutex::new(None)),
+            engine_busy: Vec::new(),
+            engine: None,
             p4_switch: Some(switch),
         })
+    }
+
+    fn compute(&self) -> &Shared<NodeEndpoint> {
+        self.rack.host(COMPUTE_HOST)
+    }
+
+    fn memory(&self) -> &Shared<NodeEndpoint> {
+        self.rack.host(MEMORY_HOST)
     }
 }
 
@@ -527,10 +404,6 @@ fn probe_spec(bench: &ProbeBench, threads: usize) -> CowbirdSpec {
         direct: None,
         rpc: None,
     }
-}
-
-fn shared<T>(value: T) -> Shared<T> {
-    Arc::new(Mutex::new(value))
 }
 
 /// Writes every remote record into the pool.
@@ -563,7 +436,7 @@ impl VerbsFetcher {
         let (direct, queues) = rig.direct.pop().ok_or("no direct path deployed")?;
         Ok(VerbsFetcher {
             queues,
-            kicker: rig.fabric.kicker(),
+            kicker: rig.rack.fabric().kicker(),
             direct,
             pool: rig.pool,
             record_bytes: record_bytes as u32,
@@ -657,7 +530,7 @@ impl RpcFetcher {
         let slot_bytes = u64::from((record_bytes as u32).max(crate::rpc::REQUEST_BYTES));
         Ok(RpcFetcher {
             path,
-            kicker: rig.fabric.kicker(),
+            kicker: rig.rack.fabric().kicker(),
             slot_bytes,
             window: window as u64,
             record_bytes,
@@ -998,7 +871,7 @@ fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOut
         table_bench.table.local_fraction = 1.0;
     }
     let mut rig = Rig::new(&table_bench, variant, window)?;
-    let compute_before = lock(&rig.compute).rnic.counters().clone();
+    let compute_before = lock(rig.compute()).rnic.counters().clone();
     let record_bytes = bench.table.record_bytes;
     let mut fetchers = Vec::with_capacity(bench.threads);
     for _ in 0..bench.threads {
@@ -1014,13 +887,21 @@ fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOut
         fetchers.push(fetcher);
     }
     let (tally, elapsed) = probe_threads(&table_bench, fetchers, window, seed)?;
-    let compute_after = lock(&rig.compute).rnic.counters().clone();
+    let compute_after = lock(rig.compute()).rnic.counters().clone();
     let network_bytes = (compute_after.bytes_received + compute_after.bytes_transmitted)
         - (compute_before.bytes_received + compute_before.bytes_transmitted);
-    let engine_busy = Duration::from_nanos(rig.engine_busy.load(Ordering::Relaxed));
-    let engine_stats = *rig.engine_stats.lock().expect("stats lock");
-    let fabric_cpu = rig.fabric.stop_and_join().map_err(text)?;
-    let memory_rnic = lock(&rig.memory).rnic.counters().clone();
+    let engine_busy = Duration::from_nanos(
+        rig.engine_busy
+            .iter()
+            .map(|busy| busy.load(Ordering::Relaxed))
+            .sum(),
+    );
+    let fabric_cpu = rig.rack.stop_and_join().map_err(text)?;
+    let engine_stats = rig
+        .engine
+        .as_ref()
+        .map(|engine| engine.lock().expect("engine lock").stats());
+    let memory_rnic = lock(rig.memory()).rnic.counters().clone();
     let p4 = rig.p4_switch.as_ref().map(|switch| {
         let switch = &lock(switch).switch;
         (switch.program().stats(), switch.resources())
@@ -1055,83 +936,62 @@ pub struct HistoryOutcome {
 
 /// Runs [`crate::history`]'s checked read/write histories on the embedded
 /// rack (real threads, real clock, in-process rings) through the engine
-/// `workload.engine` names, with the hosts where `placement` puts them.
-/// The workload's link faults are the simulator's business and are not
-/// applied here. Gives up after `time_limit`.
+/// `workload.engine` names, on `topology`'s compute and memory hosts
+/// (with its links' shapes and faults). The application runs on this
+/// thread; the Spot engine and the connection service are agents of
+/// their hosts on the fabric thread. Gives up after `time_limit`.
 pub fn run_histories(
     seed: u64,
     workload: &Workload,
-    placement: &Placement,
+    topology: &Topology,
     time_limit: Duration,
 ) -> Result<HistoryOutcome, String> {
-    let Hosts {
-        mut compute,
-        mut memory,
-        switch_ports,
-    } = Hosts::new(placement)?;
+    let mut staged = stage(topology)?;
     let spec = CowbirdSpec {
         ack_timeout: RACK_ACK_TIMEOUT,
         ..crate::simulated::spec(workload)
     };
-    let engine_busy = Arc::new(AtomicU64::new(0));
-    let spot_stats = Arc::new(Mutex::new(None));
+    let mut engine = None;
     let mut p4_switch = None;
     let switch_counters: Box<dyn Fn() -> SwitchCounters>;
-    let (mut clients, pool, switch, engine_pump): (_, _, Arc<Mutex<dyn Pump>>, _) =
-        match workload.engine {
-            Engine::Spot => {
-                let deployment = deploy(spec, &mut compute.rnic, &mut memory.rnic).map_err(text)?;
-                let switch = Switch::new(SwitchConfig::new(2), placement.forwarding());
-                let switch = shared(SwitchEndpoint::new(switch, switch_ports));
-                let handle = switch.clone();
-                switch_counters = Box::new(move || lock(&handle).switch.counters());
-                (
-                    deployment.clients,
-                    deployment.pool[0],
-                    switch,
-                    Some(deployment.engine),
-                )
-            }
-            Engine::P4 => {
-                let (deployment, switch) = p4_rack(
-                    workload.p4,
-                    placement,
-                    &spec,
-                    (&mut compute.rnic, &mut memory.rnic),
-                    switch_ports,
-                )?;
-                p4_switch = Some(switch.clone());
-                let handle = switch.clone();
-                switch_counters = Box::new(move || lock(&handle).switch.counters());
-                (deployment.clients, deployment.pool[0], switch, None)
-            }
-        };
-    let (compute, memory) = (shared(compute), shared(memory));
-    let mut pumps = vec![
-        switch.clone(),
-        compute.clone() as Arc<Mutex<dyn Pump>>,
-        memory.clone(),
-    ];
-    if let Some(engine) = engine_pump {
-        pumps.push(agent_pump(&memory, engine, &engine_busy, &spot_stats));
-    }
-    let fabric = start_fabric(pumps)?;
-    let mut histories = Histories::new(seed, workload, &mut clients)?;
+    let (mut clients, pool, rack) = match workload.engine {
+        Engine::Spot => {
+            let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
+            let deployment = deploy(spec, compute, memory).map_err(text)?;
+            let agent = Arc::new(Mutex::new(deployment.engine));
+            staged.add_agent(MEMORY_HOST, agent.clone());
+            let service = Arc::new(Mutex::new(deployment.connection_service));
+            staged.add_agent(COMPUTE_HOST, service);
+            engine = Some(agent);
+            let switch = staged.l2l3_switch();
+            let (rack, switch) = staged.start(switch).map_err(text)?;
+            switch_counters = Box::new(move || lock(&switch).switch.counters());
+            (deployment.clients, deployment.pool_memory[0].clone(), rack)
+        }
+        Engine::P4 => {
+            let (deployment, rack, switch) = p4_rack(workload.p4, topology, &spec, staged)?;
+            p4_switch = Some(switch.clone());
+            switch_counters = Box::new(move || lock(&switch).switch.counters());
+            (deployment.clients, deployment.pool_memory[0].clone(), rack)
+        }
+    };
+    let mut rack = rack;
+    let mut histories = Histories::new(seed, workload, &mut clients).map_err(text)?;
     let started = Instant::now();
     let mut outcome = Ok(());
     while !histories.is_done() && outcome.is_ok() {
         if started.elapsed() > time_limit {
-            outcome = Err(format!(
-                "{} of {} requests completed in {time_limit:?}",
-                histories.completed,
-                histories.total()
-            ));
+            outcome = Err(format!("{} in {time_limit:?}", histories.unfinished()));
             break;
         }
-        outcome = histories.step(workload, &mut clients);
+        if rack.is_finished() {
+            outcome = Err("the fabric thread stopped".into());
+            break;
+        }
+        outcome = histories.step(workload, &mut clients).map_err(text);
     }
     let elapsed = started.elapsed();
-    let stopped = fabric.stop_and_join();
+    let stopped = rack.stop_and_join();
     // Whatever failed, say what the NICs and the switch saw.
     let context = |error: String| {
         let counters = |node: &Shared<NodeEndpoint>| {
@@ -1142,26 +1002,25 @@ pub fn run_histories(
                 counters.frames_received,
                 counters.packets_retransmitted,
                 counters.retransmit_timeouts,
-                counters.drops
+                counters.drops_by_name()
             )
         };
         format!(
             "{error} (compute NIC: {}; memory NIC: {}; switch: {:?})",
-            counters(&compute),
-            counters(&memory),
+            counters(rack.host(COMPUTE_HOST)),
+            counters(rack.host(MEMORY_HOST)),
             switch_counters()
         )
     };
     outcome
         .and(stopped.map(|_| ()).map_err(text))
         .map_err(context)?;
-    histories.check_pool(pool, &mut lock(&memory).rnic, workload)?;
-    let spot = *spot_stats.lock().expect("stats lock");
+    histories.check_pool(&pool, workload).map_err(text)?;
     Ok(HistoryOutcome {
         completed: histories.completed,
         reads_checked: histories.reads_checked,
         elapsed,
-        spot,
+        spot: engine.map(|engine| engine.lock().expect("engine lock").stats()),
         p4: p4_switch.map(|switch| lock(&switch).switch.program().stats()),
     })
 }
@@ -1169,7 +1028,7 @@ pub fn run_histories(
 /// Cowbird as a rack file's `[cowbird]` section asks for: the checked
 /// workload (engine, threads, rings, engine settings) and the placement of
 /// the rack's first compute and memory nodes. None without the section.
-pub fn from_rack(rack: &RackConfig) -> Option<(Workload, Placement)> {
+pub fn from_rack(rack: &RackConfig) -> Option<(Workload, Topology)> {
     let config = rack.cowbird.as_ref()?;
     let node = |role| rack.nodes.iter().find(|node| node.role == role);
     let (compute, memory) = (node(Role::Compute)?, node(Role::Memory)?);
@@ -1200,10 +1059,11 @@ pub fn from_rack(rack: &RackConfig) -> Option<(Workload, Placement)> {
     if workload.engine == Engine::P4 {
         workload.max_write_length = workload.max_write_length.min(config.p4.path_mtu as usize);
     }
-    let placement = Placement {
-        compute: (compute.mac, compute.address),
-        memory: (memory.mac, memory.address),
-        router_mac: rack.switch_mac,
-    };
-    Some((workload, placement))
+    // The rack's first compute and memory nodes, with their links.
+    let topology = rack.topology();
+    let mut pair = Topology::pair((compute.mac, compute.address), (memory.mac, memory.address));
+    pair.switch_mac = rack.switch_mac;
+    pair.set_link(COMPUTE_HOST, topology.host(usize::from(compute.port)).link);
+    pair.set_link(MEMORY_HOST, topology.host(usize::from(memory.port)).link);
+    Some((workload, pair))
 }

@@ -63,7 +63,10 @@ pub fn hostile_block(bytes: &[u8]) -> usize {
 pub fn p4_hostile_answers(bytes: &[u8]) -> usize {
     use crate::p4::impersonated::Peer;
     use crate::p4::{CowbirdP4, InstanceSpec};
-    use crate::simulated::{forwarding, ip, mac, p4_config};
+    use crate::simulated::{forwarding, p4_config};
+    use remora_rack::topology::standard_host;
+    let mac = |index: u8| standard_host(usize::from(index) - 1).0;
+    let ip = |index: u8| standard_host(usize::from(index) - 1).1;
     use remora_rnic::{RemoteAddress, Timestamp};
     use remora_switch::{PortId, Switch, SwitchConfig};
     use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
@@ -181,7 +184,10 @@ pub fn p4_hostile_answers(bytes: &[u8]) -> usize {
 pub fn p4_hostile_block(bytes: &[u8]) -> Option<String> {
     use crate::deploy::{deploy_p4, SwitchPorts};
     use crate::p4::CowbirdP4;
-    use crate::simulated::{forwarding, ip, mac, p4_config};
+    use crate::simulated::{forwarding, p4_config};
+    use remora_rack::topology::standard_host;
+    let mac = |index: u8| standard_host(usize::from(index) - 1).0;
+    let ip = |index: u8| standard_host(usize::from(index) - 1).1;
     use remora_host::Host;
     use remora_rack::simulated::SimulatedRack;
     use remora_rnic::{RnicConfig, Timestamp};

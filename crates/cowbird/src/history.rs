@@ -12,17 +12,55 @@
 //! request must complete exactly once and in order within its type, and
 //! the pool must equal the models at the end.
 
-use crate::client::{Client, Completion};
+use crate::client::{Client, Completion, CowbirdError};
 use crate::layout::{Kind, RequestId, RingSizes};
 use crate::p4::P4Config;
 use crate::spot::SpotConfig;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use remora_rnic::{MemoryRegion, SoftRnic, Verbs};
+use remora_base::Timestamp;
+use remora_host::{Agent, AgentError, Progress};
+use remora_rnic::{HostMemory, HostMemoryOutOfBounds, Verbs};
 use remora_sim::LinkFaults;
-use remora_wire::VirtAddr;
 use std::collections::VecDeque;
 use std::time::Duration;
+
+/// Which check of a history failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error(transparent)]
+    Client(#[from] CowbirdError),
+    #[error("thread {thread}: {id:?} completed out of order or twice")]
+    OutOfOrder { thread: usize, id: RequestId },
+    #[error("thread {thread}: {id:?} completed but was not outstanding")]
+    NotOutstanding { thread: usize, id: RequestId },
+    #[error("thread {thread}: {id:?} of {length} bytes at offset {offset} read bytes the model does not allow; first difference from each allowed version: {first_difference:?}; zero bytes read: {zero_bytes}")]
+    ReadMismatch {
+        thread: usize,
+        id: RequestId,
+        length: usize,
+        offset: usize,
+        first_difference: Vec<Option<usize>>,
+        zero_bytes: usize,
+    },
+    #[error("thread {thread}'s window differs from its model at the end")]
+    PoolDiffers { thread: usize },
+    #[error("the pool is smaller than the threads' windows: {0}")]
+    PoolTooSmall(#[from] HostMemoryOutOfBounds),
+    #[error("{completed} of {total} requests completed before the time limit")]
+    Unfinished { completed: u64, total: u64 },
+}
+
+/// What a read may return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadCheck {
+    /// Exactly the model when it was issued: Spot on a live connection.
+    AtIssue,
+    /// The model at issue or after any prefix of the later, still
+    /// incomplete writes that overlap it: an engine that may serve a read
+    /// again (Cowbird-P4 after a go-back; Spot after a reconnection).
+    MayBeRedone,
+}
 
 /// A checked workload.
 #[derive(Debug, Clone, Copy)]
@@ -42,6 +80,19 @@ pub struct Workload {
     pub sizes: RingSizes,
     pub spot: SpotConfig,
     pub p4: P4Config,
+    /// Spot reads are exact unless the scenario lets the engine redo
+    /// them (a crash, a reconnection); P4 reads may always be redone.
+    pub spot_reads: ReadCheck,
+}
+
+impl Workload {
+    /// The rule reads are held to under this workload's engine.
+    pub fn read_check(&self) -> ReadCheck {
+        match self.engine {
+            Engine::Spot => self.spot_reads,
+            Engine::P4 => ReadCheck::MayBeRedone,
+        }
+    }
 }
 
 /// Which offload engine serves the clients.
@@ -70,6 +121,7 @@ impl Workload {
             },
             spot: SpotConfig::DEFAULT,
             p4: crate::simulated::p4_config(),
+            spot_reads: ReadCheck::AtIssue,
         }
     }
 }
@@ -109,7 +161,7 @@ impl Thread {
         workload: &Workload,
         client: &mut crate::client::Client,
         rng: &mut ChaCha8Rng,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, HistoryError> {
         if self.issued == workload.operations_per_thread || self.expected.len() >= workload.depth {
             return Ok(false);
         }
@@ -135,12 +187,10 @@ impl Thread {
         };
         let (id, expected) = match result {
             Ok(issued) => issued,
-            Err(crate::client::CowbirdError::RetryLater(_)) => return Ok(false),
-            Err(error) => return Err(error.to_string()),
+            Err(CowbirdError::RetryLater(_)) => return Ok(false),
+            Err(error) => return Err(error.into()),
         };
-        client
-            .poll_add(self.poll_group, id)
-            .map_err(|error| error.to_string())?;
+        client.poll_add(self.poll_group, id)?;
         self.expected.push_back((id, expected));
         self.issued += 1;
         Ok(true)
@@ -161,45 +211,44 @@ impl Thread {
 
     fn check(
         &mut self,
-        engine: Engine,
+        rule: ReadCheck,
         client: &crate::client::Client,
         completion: &Completion,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, HistoryError> {
         let id = completion.id;
+        let thread = self.index;
         let kind = kind_index(id.kind());
         if id.sequence() <= self.last_completed[kind] {
-            return Err(format!("{id:?} completed out of order or twice"));
+            return Err(HistoryError::OutOfOrder { thread, id });
         }
         self.last_completed[kind] = id.sequence();
         let position = self
             .expected
             .iter()
             .position(|(expected, _)| *expected == id)
-            .ok_or(format!("{id:?} completed but was not outstanding"))?;
+            .ok_or(HistoryError::NotOutstanding { thread, id })?;
         let (_, read) = self.expected.remove(position).expect("found");
         let Some(read) = read else {
             return Ok(false);
         };
         let mut seen = vec![0u8; read.candidates[0].len()];
-        client
-            .response(completion, &mut seen)
-            .map_err(|error| error.to_string())?;
-        let allowed = match engine {
-            Engine::Spot => &read.candidates[..1],
-            Engine::P4 => &read.candidates[..],
+        client.response(completion, &mut seen)?;
+        let allowed = match rule {
+            ReadCheck::AtIssue => &read.candidates[..1],
+            ReadCheck::MayBeRedone => &read.candidates[..],
         };
         if !allowed.contains(&seen) {
-            let first_difference: Vec<Option<usize>> = allowed
-                .iter()
-                .map(|bytes| bytes.iter().zip(&seen).position(|(a, b)| a != b))
-                .collect();
-            return Err(format!(
-                "thread {}: {id:?} of {} bytes at offset {} read bytes the model does not allow; first difference from each allowed version: {first_difference:?}; zero bytes read: {}",
-                self.index,
-                seen.len(),
-                read.offset,
-                seen.iter().filter(|byte| **byte == 0).count(),
-            ));
+            return Err(HistoryError::ReadMismatch {
+                thread,
+                id,
+                length: seen.len(),
+                offset: read.offset,
+                first_difference: allowed
+                    .iter()
+                    .map(|bytes| bytes.iter().zip(&seen).position(|(a, b)| a != b))
+                    .collect(),
+                zero_bytes: seen.iter().filter(|byte| **byte == 0).count(),
+            });
         }
         Ok(true)
     }
@@ -220,12 +269,12 @@ impl Histories {
         seed: u64,
         workload: &Workload,
         clients: &mut [Client],
-    ) -> Result<Histories, String> {
+    ) -> Result<Histories, HistoryError> {
         let mut threads = Vec::with_capacity(workload.threads);
         for (index, client) in clients.iter_mut().enumerate() {
             threads.push(Thread {
                 index,
-                poll_group: client.poll_create().map_err(|e| e.to_string())?,
+                poll_group: client.poll_create()?,
                 model: vec![0u8; workload.window_bytes as usize],
                 issued: 0,
                 expected: VecDeque::new(),
@@ -252,47 +301,119 @@ impl Histories {
 
     /// One pass over the threads: each issues what its depth allows,
     /// polls, and checks what completed.
-    pub fn step(&mut self, workload: &Workload, clients: &mut [Client]) -> Result<(), String> {
+    pub fn step(
+        &mut self,
+        workload: &Workload,
+        clients: &mut [Client],
+    ) -> Result<(), HistoryError> {
+        let rule = workload.read_check();
         for (thread, client) in self.threads.iter_mut().zip(clients.iter_mut()) {
             while thread.issue(workload, client, &mut self.rng)? {}
             self.responses.clear();
-            client
-                .poll_wait(
-                    thread.poll_group,
-                    &mut self.responses,
-                    usize::MAX,
-                    Duration::ZERO,
-                )
-                .map_err(|e| e.to_string())?;
+            client.poll_wait(
+                thread.poll_group,
+                &mut self.responses,
+                usize::MAX,
+                Duration::ZERO,
+            )?;
             for completion in &self.responses {
-                self.reads_checked +=
-                    u64::from(thread.check(workload.engine, client, completion)?);
+                self.reads_checked += u64::from(thread.check(rule, client, completion)?);
                 self.completed += 1;
             }
         }
         Ok(())
     }
 
-    /// The pool equals every thread's model.
-    pub fn check_pool(
-        &self,
-        pool: MemoryRegion,
-        memory: &mut SoftRnic,
-        workload: &Workload,
-    ) -> Result<(), String> {
+    /// The pool (region 0's bytes) equals every thread's model.
+    pub fn check_pool(&self, pool: &HostMemory, workload: &Workload) -> Result<(), HistoryError> {
         for thread in &self.threads {
             let mut bytes = vec![0u8; workload.window_bytes as usize];
-            let at = VirtAddr(pool.address.0 + thread.window_base(workload));
-            memory
-                .read_local(pool.lkey, at, &mut bytes)
-                .map_err(|error| error.to_string())?;
+            pool.read(thread.window_base(workload) as usize, &mut bytes)?;
             if bytes != thread.model {
-                return Err(format!(
-                    "thread {}'s window differs from its model at the end",
-                    thread.index
-                ));
+                return Err(HistoryError::PoolDiffers {
+                    thread: thread.index,
+                });
             }
         }
         Ok(())
+    }
+
+    /// The error for a run that ran out of time.
+    pub fn unfinished(&self) -> HistoryError {
+        HistoryError::Unfinished {
+            completed: self.completed,
+            total: self.total,
+        }
+    }
+}
+
+/// How often the application polls its rings: a thread that spins on
+/// host memory, seen by the simulator once a microsecond.
+pub const APPLICATION_POLL: Duration = Duration::from_micros(1);
+
+/// The checked histories as the compute node's application: an agent
+/// that issues, polls and checks through the client library, touching
+/// only host memory (never the NIC).
+pub struct HistoryApplication {
+    workload: Workload,
+    clients: Vec<Client>,
+    histories: Histories,
+    next_poll: Timestamp,
+}
+
+const APPLICATION: &str = "cowbird-histories";
+
+impl HistoryApplication {
+    pub fn new(
+        seed: u64,
+        workload: Workload,
+        mut clients: Vec<Client>,
+    ) -> Result<HistoryApplication, HistoryError> {
+        let histories = Histories::new(seed, &workload, &mut clients)?;
+        Ok(HistoryApplication {
+            workload,
+            clients,
+            histories,
+            next_poll: Timestamp::ZERO,
+        })
+    }
+
+    pub fn histories(&self) -> &Histories {
+        &self.histories
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.histories.is_done()
+    }
+}
+
+impl Agent for HistoryApplication {
+    fn name(&self) -> &'static str {
+        APPLICATION
+    }
+
+    fn poll(&mut self, now: Timestamp, _nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+        if now < self.next_poll || self.histories.is_done() {
+            return Ok(Progress::Idle);
+        }
+        self.next_poll = now.saturating_add(APPLICATION_POLL);
+        let completed = self.histories.completed;
+        self.histories
+            .step(&self.workload, &mut self.clients)
+            .map_err(|error| AgentError::system(APPLICATION, error))?;
+        Ok(Progress::from_moved(self.histories.completed != completed))
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        (!self.histories.is_done()).then_some(self.next_poll)
+    }
+
+    fn crash(&mut self) {}
+
+    fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+        Err(AgentError::system(
+            APPLICATION,
+            crate::connection::ConnectionError::ComputeRestart,
+        ))
     }
 }

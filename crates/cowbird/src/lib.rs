@@ -6,6 +6,10 @@
 //!   (Table 3) and request ids.
 //! - [`client`]: the client library and Table 2's API.
 //! - [`spot`]: the Cowbird-Spot offload engine on the memory node.
+//! - [`spot_agent`]: that engine as the memory node's agent, with what
+//!   survives a crash.
+//! - [`connection`]: reconnecting the engine's queue pairs, through the
+//!   compute node's connection service.
 //! - [`rpc`]: the two-sided baseline's server on the memory node.
 //! - [`deploy`]: Cowbird set up on two soft RNICs.
 //! - [`simulated`]: checked histories in the deterministic simulator.
@@ -15,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod connection;
 pub mod deploy;
 pub mod embedded;
 pub mod fuzzing;
@@ -25,3 +30,4 @@ pub mod p4;
 pub mod rpc;
 pub mod simulated;
 pub mod spot;
+pub mod spot_agent;

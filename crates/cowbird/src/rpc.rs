@@ -9,7 +9,7 @@
 
 use remora_rnic::{
     CompletionOpcode, CompletionQueue, CompletionStatus, MemoryRegion, QueuePair, ReceiveRequest,
-    SendOperation, SendRequest, SoftRnic, Verbs, VerbsError,
+    SendOperation, SendRequest, Verbs, VerbsError,
 };
 use remora_wire::VirtAddr;
 
@@ -29,6 +29,8 @@ pub enum RpcError {
     Verbs(#[from] VerbsError),
     #[error("a verb completed with {0:?}")]
     Completion(CompletionStatus),
+    #[error("the RPC baseline's server does not survive a restart of its node")]
+    NotRestartable,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -56,7 +58,7 @@ impl RpcServer {
     /// A server on `queue_pair`, with `buffers` holding `2 × slots` slots
     /// of `slot_bytes`; posts every receive.
     pub fn new(
-        rnic: &mut SoftRnic,
+        rnic: &mut dyn Verbs,
         queue_pair: QueuePair,
         completion_queue: CompletionQueue,
         buffers: MemoryRegion,
@@ -93,14 +95,14 @@ impl RpcServer {
         (self.slots + slot) * u64::from(self.slot_bytes)
     }
 
-    fn post_receive(&self, rnic: &mut SoftRnic, slot: u64) -> Result<(), RpcError> {
+    fn post_receive(&self, rnic: &mut dyn Verbs, slot: u64) -> Result<(), RpcError> {
         let local = self.buffers.slice(self.receive_at(slot), self.slot_bytes);
         rnic.post_receive(self.queue_pair, ReceiveRequest::new(slot, &[local])?)?;
         Ok(())
     }
 
     /// Answers requests that arrived; reposts receives whose replies left.
-    pub fn turn(&mut self, rnic: &mut SoftRnic) -> Result<bool, RpcError> {
+    pub fn turn(&mut self, rnic: &mut dyn Verbs) -> Result<bool, RpcError> {
         let mut moved = false;
         for _ in 0..COMPLETIONS_PER_TURN {
             let Some(completion) = rnic.poll_completion(self.completion_queue)? else {
@@ -121,7 +123,7 @@ impl RpcServer {
 
     /// Reads the request in receive slot `slot` and SENDs the record, or
     /// an empty reply for a request it cannot serve.
-    fn answer(&mut self, rnic: &mut SoftRnic, slot: u64, received: u32) -> Result<(), RpcError> {
+    fn answer(&mut self, rnic: &mut dyn Verbs, slot: u64, received: u32) -> Result<(), RpcError> {
         self.stats.requests += 1;
         let mut request = [0u8; REQUEST_BYTES as usize];
         let at = VirtAddr(self.buffers.address.0 + self.receive_at(slot));
@@ -150,6 +152,39 @@ impl RpcServer {
         let reply = SendRequest::new(slot, SendOperation::Send { immediate: None }, elements)?;
         rnic.post_send(self.queue_pair, reply)?;
         Ok(())
+    }
+}
+
+impl remora_host::Agent for RpcServer {
+    fn name(&self) -> &'static str {
+        "cowbird-rpc-server"
+    }
+
+    fn poll(
+        &mut self,
+        _now: remora_base::Timestamp,
+        nic: &mut dyn Verbs,
+    ) -> Result<remora_host::Progress, remora_host::AgentError> {
+        self.turn(nic)
+            .map(remora_host::Progress::from_moved)
+            .map_err(|error| remora_host::AgentError::system("cowbird-rpc-server", error))
+    }
+
+    fn poll_timeout(&self) -> Option<remora_base::Timestamp> {
+        None
+    }
+
+    fn crash(&mut self) {}
+
+    fn restart(
+        &mut self,
+        _now: remora_base::Timestamp,
+        _nic: &mut dyn Verbs,
+    ) -> Result<(), remora_host::AgentError> {
+        Err(remora_host::AgentError::system(
+            "cowbird-rpc-server",
+            RpcError::NotRestartable,
+        ))
     }
 }
 

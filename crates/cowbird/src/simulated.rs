@@ -1,69 +1,48 @@
-//! Cowbird in the deterministic simulator: a compute node whose threads
-//! issue mixed async reads and writes through the client library, the
-//! switch, and a memory node running the Spot engine, over links that may
-//! lose, duplicate and reorder frames.
+//! Cowbird in the deterministic simulator: a compute host whose
+//! application issues mixed async reads and writes through the client
+//! library, the switch, and a memory host running the Spot engine, over
+//! links that may lose, duplicate and reorder frames. Every program is an
+//! agent of its host, so its timers are the simulator's events, and the
+//! memory host can crash and restart mid-run ([`MemoryCrash`]).
 //!
-//! The engine is the Spot engine on the memory node or Cowbird-P4 in the
+//! The engine is the Spot engine on the memory host or Cowbird-P4 in the
 //! switch ([`Engine`]); the workload and its checks are
 //! [`crate::history`]'s.
 
-use crate::client::Client;
-use crate::deploy::{deploy, deploy_p4, CowbirdSpec, SwitchPorts};
-use crate::history::Histories;
-pub use crate::history::{Engine, Workload};
+use crate::deploy::{deploy, deploy_p4, CowbirdSpec, DeployError, SwitchPorts};
+pub use crate::history::{Engine, ReadCheck, Workload};
+use crate::history::{HistoryApplication, HistoryError};
 use crate::p4::{CowbirdP4, P4Config, P4Stats};
 use crate::spot::SpotStats;
-use remora_host::Host;
+use crate::spot_agent::SpotAgent;
+use remora_base::Timestamp;
+use remora_host::{AgentError, Host};
 use remora_rack::simulated::SimulatedRack;
-use remora_rnic::{MemoryRegion, RnicConfig, Timestamp};
-use remora_sim::PortId;
-use remora_sim::{LinkConfig, LinkFaults, Probability};
+use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
+use remora_rnic::{HostMemory, RnicConfig};
+use remora_sim::{Event, LinkConfig, LinkFaults, Probability};
 use remora_switch::programs::l2l3::L2L3Forwarding;
-use remora_switch::Program;
+use remora_switch::{PortId, Program};
 use remora_wire::{Ipv4Address, MacAddress};
 use std::time::Duration;
 
-const COMPUTE: u8 = 1;
-const MEMORY: u8 = 2;
-const TICK: Duration = Duration::from_micros(1);
+/// The agents' places on their hosts.
+const APPLICATION_AGENT: usize = 0;
+const ENGINE_AGENT: usize = 0;
+/// Virtual time between the harness's looks at the run (not a tick of
+/// the agents: they run on their own timers).
+const LOOK_EVERY: Duration = Duration::from_millis(1);
+/// Simulator steps per look, a bound on a runaway run.
+const MAX_EVENTS_PER_LOOK: u64 = 10_000_000;
 
-pub fn mac(index: u8) -> MacAddress {
-    MacAddress([0x02, 0, 0, 0, 0xc0, index])
+/// The rack's two hosts and the switch between them.
+pub fn topology() -> Topology {
+    Topology::compute_and_memory()
 }
 
-pub fn ip(index: u8) -> Ipv4Address {
-    Ipv4Address::new(10, 0, 1, index)
-}
-
-/// Where the two hosts sit on the wire, and the switch's router MAC.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Placement {
-    pub compute: (MacAddress, Ipv4Address),
-    pub memory: (MacAddress, Ipv4Address),
-    pub router_mac: MacAddress,
-}
-
-impl Default for Placement {
-    fn default() -> Placement {
-        Placement {
-            compute: (mac(COMPUTE), ip(COMPUTE)),
-            memory: (mac(MEMORY), ip(MEMORY)),
-            router_mac: MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]),
-        }
-    }
-}
-
-impl Placement {
-    /// The switch's forwarding between the two hosts.
-    pub fn forwarding(&self) -> L2L3Forwarding {
-        L2L3Forwarding::with_attached_hosts(self.router_mac, &[self.compute, self.memory])
-            .expect("two hosts fit the tables")
-    }
-}
-
-/// The rack's forwarding between the two hosts.
+/// The switch's forwarding between the two hosts.
 pub fn forwarding() -> L2L3Forwarding {
-    Placement::default().forwarding()
+    topology().forwarding()
 }
 
 #[derive(Debug, Clone)]
@@ -71,11 +50,49 @@ pub struct Outcome {
     pub simulated: Duration,
     pub completed: u64,
     pub reads_checked: u64,
-    /// The Spot engine's counters (zero under Cowbird-P4).
+    /// The Spot engine's counters over every incarnation (zero under
+    /// Cowbird-P4).
     pub engine: SpotStats,
+    /// Times the engine was rebuilt after its host restarted.
+    pub engine_restarts: u64,
+    /// Queue pairs the compute host connected anew for the engine.
+    pub compute_reconnects: u64,
     /// Cowbird-P4's counters, when it was the engine.
     pub switch_engine: Option<P4Stats>,
     pub retransmissions: u64,
+}
+
+/// Which check of a simulated run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("seed {seed}: deploying: {error}")]
+    Deploy { seed: u64, error: DeployError },
+    #[error("seed {seed}: {host} host: {error}")]
+    Agent {
+        seed: u64,
+        host: &'static str,
+        error: AgentError,
+    },
+    #[error("seed {seed}: {error}")]
+    History { seed: u64, error: HistoryError },
+    #[error("seed {seed}: Cowbird-P4: {failure}; {stats:?}; {states}")]
+    SwitchEngine {
+        seed: u64,
+        failure: String,
+        stats: Box<P4Stats>,
+        states: String,
+    },
+}
+
+impl RunError {
+    /// The history check that failed, if that is what failed.
+    pub fn history(&self) -> Option<&HistoryError> {
+        match self {
+            RunError::History { error, .. } => Some(error),
+            RunError::Agent { error, .. } => error.downcast_ref::<HistoryError>(),
+            _ => None,
+        }
+    }
 }
 
 /// The deployment a checked workload runs on.
@@ -90,9 +107,6 @@ pub fn spec(workload: &Workload) -> CowbirdSpec {
         rpc: None,
     }
 }
-
-const COMPUTE_HOST: usize = 0;
-const MEMORY_HOST: usize = 1;
 
 /// The tests' and the demo's fault profile: `loss` on every link, half
 /// as much duplication, and 1% of frames reordered by up to 3 µs.
@@ -110,128 +124,229 @@ pub fn lossy(loss: Probability) -> LinkFaults {
 pub fn p4_config() -> P4Config {
     P4Config::new(
         MacAddress([0x02, 0xc0, 0xb1, 0, 0, 0xfe]),
-        Ipv4Address::new(10, 0, 1, 254),
+        Ipv4Address::new(10, 0, 0, 254),
     )
 }
 
-/// Runs the workload on one seed; errors say what went wrong.
-pub fn run(seed: u64, workload: &Workload) -> Result<Outcome, String> {
-    let text = |error: &dyn std::fmt::Display| format!("seed {seed}: {error}");
-    let mut compute = Host::new("compute", RnicConfig::new(mac(COMPUTE), ip(COMPUTE), seed));
-    let mut memory = Host::new(
-        "memory",
-        RnicConfig::new(mac(MEMORY), ip(MEMORY), seed ^ 0xc0b),
-    );
+/// Something that happens to the memory host mid-run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disruption {
+    /// The host goes down `at` into the run and comes back `down_for`
+    /// later, with a fresh NIC; its pool survives.
+    Crash { at: Duration, down_for: Duration },
+    /// The host's link is cut `at` into the run for `cut_for`: long
+    /// enough, the engine's queue pairs run out of retries.
+    Partition { at: Duration, cut_for: Duration },
+}
+
+impl Disruption {
+    /// When the memory host is whole again.
+    pub fn over_at(&self) -> Duration {
+        match *self {
+            Disruption::Crash { at, down_for } => at + down_for,
+            Disruption::Partition { at, cut_for } => at + cut_for,
+        }
+    }
+
+    fn schedule<P: Program>(&self, rack: &mut SimulatedRack<P>) {
+        let instant = |duration| Timestamp::ZERO.saturating_add(duration);
+        let (node, link) = (rack.hosts[MEMORY_HOST], rack.links[MEMORY_HOST]);
+        let (start, end, stop) = match *self {
+            Disruption::Crash { at, .. } => (Event::Crash(node), Event::Restart(node), at),
+            Disruption::Partition { at, .. } => (Event::Partition(link), Event::Heal(link), at),
+        };
+        rack.simulation.schedule(instant(stop), start);
+        rack.simulation.schedule(instant(self.over_at()), end);
+    }
+}
+
+/// Runs the workload on one seed.
+pub fn run(seed: u64, workload: &Workload) -> Result<Outcome, RunError> {
+    run_with(seed, workload, None)
+}
+
+/// Runs the workload on one seed, disrupting the memory host if asked.
+pub fn run_with(
+    seed: u64,
+    workload: &Workload,
+    disruption: Option<Disruption>,
+) -> Result<Outcome, RunError> {
+    let _span = tracing::info_span!("cowbird_simulated", seed, engine = ?workload.engine).entered();
+    let topology = topology();
+    let host = |index: usize, name: &str, nic_seed: u64| {
+        let spec = topology.host(index);
+        Host::new(name, RnicConfig::new(spec.mac, spec.address, nic_seed))
+    };
+    let mut compute = host(COMPUTE_HOST, "compute", seed);
+    let mut memory = host(MEMORY_HOST, "memory", seed ^ 0xc0b);
     let mut link = LinkConfig::rack();
     link.faults = workload.faults;
     let spec = spec(workload);
+    let deploy_error = |error| RunError::Deploy { seed, error };
+    let history_error = |error| RunError::History { seed, error };
     match workload.engine {
         Engine::Spot => {
-            let mut deployment =
-                deploy(spec, compute.nic_mut(), memory.nic_mut()).map_err(|e| text(&e))?;
-            let mut rack = SimulatedRack::new(seed, forwarding(), vec![compute, memory], link);
-            let mut engine = deployment.engine;
-            let mut outcome = drive(
-                seed,
-                workload,
-                &mut rack,
-                &mut deployment.clients,
-                deployment.pool[0],
-                |now, rack| {
-                    engine
-                        .turn(now, rack.rnic(MEMORY_HOST))
-                        .map(|_| ())
-                        .map_err(|error| error.to_string())
-                },
-            )
-            .map_err(|e| text(&e))?;
-            outcome.engine = engine.stats();
+            let deployment =
+                deploy(spec, compute.nic_mut(), memory.nic_mut()).map_err(deploy_error)?;
+            let application = HistoryApplication::new(seed, *workload, deployment.clients)
+                .map_err(history_error)?;
+            compute.add_agent(Box::new(application));
+            compute.add_agent(Box::new(deployment.connection_service));
+            memory.add_agent(Box::new(deployment.engine));
+            let mut rack =
+                SimulatedRack::new(seed, topology.forwarding(), vec![compute, memory], link);
+            if let Some(disruption) = disruption {
+                disruption.schedule(&mut rack);
+            }
+            drive(seed, workload, &mut rack, |_| Ok(()))?;
+            let engine = rack
+                .host(MEMORY_HOST)
+                .agent_as::<SpotAgent>(ENGINE_AGENT)
+                .expect("the memory host runs the engine");
+            let (stats, restarts) = (engine.stats(), engine.restarts());
+            let pool = engine.pool()[0].clone();
+            let mut outcome = finish(seed, workload, &mut rack, &pool)?;
+            outcome.engine = stats;
+            outcome.engine_restarts = restarts;
+            outcome.compute_reconnects = rack
+                .host(COMPUTE_HOST)
+                .agent_as::<crate::connection::ConnectionService>(1)
+                .expect("the compute host runs the connection service")
+                .reconnects();
             Ok(outcome)
         }
         Engine::P4 => {
-            let mut program = CowbirdP4::new(workload.p4, forwarding());
+            let mut program = CowbirdP4::new(workload.p4, topology.forwarding());
             let ports = SwitchPorts {
-                compute: PortId(COMPUTE_HOST as u16),
-                memory: PortId(MEMORY_HOST as u16),
+                compute: topology.port(COMPUTE_HOST),
+                memory: topology.port(MEMORY_HOST),
             };
-            let mut deployment = deploy_p4(
+            let deployment = deploy_p4(
                 &spec,
                 compute.nic_mut(),
                 memory.nic_mut(),
                 &mut program,
                 ports,
             )
-            .map_err(|e| text(&e))?;
+            .map_err(deploy_error)?;
+            let application = HistoryApplication::new(seed, *workload, deployment.clients)
+                .map_err(history_error)?;
+            compute.add_agent(Box::new(application));
             let template = program.probe_template();
             let mut rack = SimulatedRack::new(seed, program, vec![compute, memory], link);
             rack.switch_mut()
                 .add_template(template, Timestamp::ZERO)
-                .map_err(|e| text(&e))?;
-            let outcome = drive(
-                seed,
-                workload,
-                &mut rack,
-                &mut deployment.clients,
-                deployment.pool[0],
-                |_, rack| match (0..spec.threads)
-                    .find_map(|index| rack.program().failure(index).map(str::to_string))
-                {
-                    Some(failure) => Err(failure),
-                    None => Ok(()),
-                },
-            );
-            let mut outcome = outcome.map_err(|error| {
-                let program = rack.program();
-                let states: Vec<String> = (0..spec.threads)
-                    .filter_map(|index| program.describe(index))
-                    .collect();
-                text(&format!(
-                    "{error}; {:?}; {}",
-                    program.stats(),
-                    states.join("; ")
-                ))
+                .expect("a fresh generator takes the probe template");
+            drive(seed, workload, &mut rack, |rack| {
+                p4_failure(seed, workload, rack)
             })?;
+            let mut outcome = finish(seed, workload, &mut rack, &deployment.pool_memory[0])?;
             outcome.switch_engine = Some(rack.program().stats());
             Ok(outcome)
         }
     }
 }
 
-/// The application loop: threads issue, poll and check; `turn` gives the
-/// engine its turn each tick; the simulation moves the rack.
+fn p4_failure(
+    seed: u64,
+    workload: &Workload,
+    rack: &mut SimulatedRack<CowbirdP4>,
+) -> Result<(), RunError> {
+    let program = rack.program();
+    let Some(failure) = (0..workload.threads).find_map(|index| program.failure(index)) else {
+        return Ok(());
+    };
+    let states: Vec<String> = (0..workload.threads)
+        .filter_map(|index| program.describe(index))
+        .collect();
+    Err(RunError::SwitchEngine {
+        seed,
+        failure: failure.to_string(),
+        stats: Box::new(program.stats()),
+        states: states.join("; "),
+    })
+}
+
+fn application(rack: &SimulatedRack<impl Program>) -> &HistoryApplication {
+    rack.host(COMPUTE_HOST)
+        .agent_as::<HistoryApplication>(APPLICATION_AGENT)
+        .expect("the compute host runs the application")
+}
+
+/// The first agent failure on any host, as the run's error.
+fn agent_failure(seed: u64, rack: &mut SimulatedRack<impl Program>) -> Option<RunError> {
+    for (index, host) in [(COMPUTE_HOST, "compute"), (MEMORY_HOST, "memory")] {
+        let failures = rack.host_mut(index).take_failures();
+        if let Some(failure) = failures.into_iter().next() {
+            return Some(RunError::Agent {
+                seed,
+                host,
+                error: failure.error,
+            });
+        }
+    }
+    None
+}
+
+/// Runs the simulation until the application is done, looking every
+/// millisecond of virtual time for failures.
 fn drive<P: Program>(
     seed: u64,
     workload: &Workload,
     rack: &mut SimulatedRack<P>,
-    clients: &mut [Client],
-    pool: MemoryRegion,
-    mut turn: impl FnMut(Timestamp, &mut SimulatedRack<P>) -> Result<(), String>,
-) -> Result<Outcome, String> {
-    let mut histories = Histories::new(seed, workload, clients)?;
-    let total = histories.total();
+    mut look: impl FnMut(&mut SimulatedRack<P>) -> Result<(), RunError>,
+) -> Result<(), RunError> {
+    let total = workload.operations_per_thread * workload.threads as u64;
     let limit = Timestamp::from_nanos(total * 20_000_000 + 1_000_000_000);
-    let mut now = Timestamp::ZERO;
-    while !histories.is_done() {
-        now = now.max(rack.simulation.now());
+    while !application(rack).is_done() {
+        let now = rack.simulation.now();
         if now >= limit {
-            return Err(format!(
-                "{} of {total} requests completed before the time limit",
-                histories.completed
-            ));
+            return Err(RunError::History {
+                seed,
+                error: application(rack).histories().unfinished(),
+            });
         }
-        histories.step(workload, clients)?;
-        turn(now, rack)?;
-        now = now.saturating_add(TICK);
-        rack.simulation.run_until(now, 1_000_000);
+        let until = now.saturating_add(LOOK_EVERY).min(limit);
+        rack.simulation.run_until(until, MAX_EVENTS_PER_LOOK);
+        if let Some(error) = agent_failure(seed, rack) {
+            return Err(error);
+        }
+        look(rack)?;
     }
-    histories.check_pool(pool, rack.rnic(MEMORY_HOST), workload)?;
-    let retransmissions = rack.rnic(MEMORY_HOST).counters().packets_retransmitted;
+    Ok(())
+}
+
+/// The pool equals the models, and what the run measured.
+fn finish<P: Program>(
+    seed: u64,
+    workload: &Workload,
+    rack: &mut SimulatedRack<P>,
+    pool: &HostMemory,
+) -> Result<Outcome, RunError> {
+    let histories = application(rack).histories();
+    histories
+        .check_pool(pool, workload)
+        .map_err(|error| RunError::History { seed, error })?;
+    let (completed, reads_checked) = (histories.completed, histories.reads_checked);
     Ok(Outcome {
-        simulated: now.saturating_duration_since(Timestamp::ZERO),
-        completed: histories.completed,
-        reads_checked: histories.reads_checked,
+        simulated: rack
+            .simulation
+            .now()
+            .saturating_duration_since(Timestamp::ZERO),
+        completed,
+        reads_checked,
         engine: SpotStats::default(),
+        engine_restarts: 0,
+        compute_reconnects: 0,
         switch_engine: None,
-        retransmissions,
+        retransmissions: rack.rnic(MEMORY_HOST).counters().packets_retransmitted,
     })
+}
+
+/// The switch ports of the two hosts, for Cowbird-P4.
+pub fn switch_ports() -> SwitchPorts {
+    SwitchPorts {
+        compute: PortId(COMPUTE_HOST as u16),
+        memory: PortId(MEMORY_HOST as u16),
+    }
 }

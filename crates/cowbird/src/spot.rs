@@ -25,14 +25,26 @@
 //!
 //! Instances take turns round-robin, so one busy thread cannot starve
 //! another.
+//!
+//! **Reconnection.** When an instance's queue pair dies (retries
+//! exhausted, or the memory node restarted with a fresh NIC), the engine
+//! makes a new one, has the compute node connect to it through the
+//! [`Connector`] (a control-plane step), reads the engine words back from
+//! the compute block, and resumes from the last committed batch. The
+//! interrupted batch runs again: writes land again (the same bytes in the
+//! same place) and reads are served again, so a read of that batch may see
+//! writes issued after it that had landed before the failure, which
+//! linearizability allows for requests still outstanding. Every request
+//! completes once: progress words only move forward.
 
+use crate::connection::{ConnectionError, Connector};
 use crate::layout::{
     Entry, EntryError, Kind, RingSizes, CLIENT_WORDS_AT, CLIENT_WORDS_BYTES, ENGINE_WORDS_AT,
     ENGINE_WORDS_BYTES, ENTRY_BYTES, MAX_REQUEST_BYTES,
 };
 use remora_rnic::{
-    CompletionQueue, CompletionStatus, MemoryRegion, QueuePair, RemoteAddress, SendOperation,
-    SendRequest, SoftRnic, Timestamp, Verbs, VerbsError,
+    CompletionQueue, CompletionStatus, MemoryRegion, PreparedQueuePair, QueuePair,
+    QueuePairBuilder, RemoteAddress, SendOperation, SendRequest, Timestamp, Verbs, VerbsError,
 };
 use remora_wire::VirtAddr;
 use std::time::Duration;
@@ -81,7 +93,18 @@ pub enum SpotError {
     },
     #[error("staging region of {have} bytes is smaller than the {need} bytes the instances need")]
     StagingTooSmall { have: u64, need: u64 },
+    #[error("instance {instance}: reconnecting: {error}")]
+    Reconnect {
+        instance: usize,
+        error: ConnectionError,
+    },
+    #[error("instance {instance}: {MAX_RECONNECTS_IN_A_ROW} reconnections in a row without finishing a batch")]
+    ReconnectsExhausted { instance: usize },
 }
+
+/// Reconnections an instance may make without finishing a batch between
+/// them; past it the link is taken as gone for good.
+pub const MAX_RECONNECTS_IN_A_ROW: u32 = 16;
 
 /// One compute thread's block as the engine reaches it.
 #[derive(Debug, Clone, Copy)]
@@ -106,13 +129,21 @@ pub struct SpotStats {
     pub response_writes: u64,
     /// Batches that waited for an overlapping write.
     pub stalls: u64,
+    /// Queue pairs made anew after one died.
+    pub reconnects: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Idle,
+    /// A new queue pair waits for the compute node to connect to it.
+    Reconnecting,
+    /// Reading the engine words back after a reconnection.
+    Resuming,
     Probing,
-    Fetching { reads_left: u8 },
+    Fetching {
+        reads_left: u8,
+    },
     Executing,
     Completing,
 }
@@ -144,6 +175,12 @@ struct Instance {
     writes_in_flight: usize,
     /// Entries in the fetch under way.
     fetch_count: u64,
+    /// The connection's number: completions of an older queue pair (its
+    /// flushed work) are recognised by it and ignored.
+    epoch: u8,
+    /// The new queue pair, while reconnecting.
+    prepared: Option<PreparedQueuePair>,
+    reconnects_in_a_row: u32,
 }
 
 /// A write whose payload is landing in the pool: reads overlapping it wait.
@@ -167,31 +204,63 @@ pub struct SpotEngine {
     stats: SpotStats,
     /// A reused buffer for entries and reads served locally.
     scratch: Vec<u8>,
+    /// How new queue pairs are made, and the control channel to connect
+    /// them.
+    builder: QueuePairBuilder,
+    connector: Connector,
 }
 
-/// Work request ids: instance in the high bits, the verb's tag below.
+/// Work request ids: the connection's epoch in the top byte, then the
+/// instance, the verb's detail (a batch step) and its tag.
 const TAG_PROBE: u64 = 1;
 const TAG_FETCH: u64 = 2;
 const TAG_PAYLOAD: u64 = 3;
 const TAG_RESPONSE: u64 = 4;
 const TAG_PROGRESS: u64 = 5;
+const TAG_RESUME: u64 = 6;
 const TAG_BITS: u32 = 8;
+const INSTANCE_SHIFT: u32 = 40;
+const EPOCH_SHIFT: u32 = 56;
 
-fn work_request(instance: usize, tag: u64, detail: u64) -> u64 {
-    (instance as u64) << 40 | detail << TAG_BITS | tag
+fn work_request(instance: usize, epoch: u8, tag: u64, detail: u64) -> u64 {
+    u64::from(epoch) << EPOCH_SHIFT | (instance as u64) << INSTANCE_SHIFT | detail << TAG_BITS | tag
+}
+
+fn request_instance(id: u64) -> usize {
+    ((id >> INSTANCE_SHIFT) & 0xffff) as usize
+}
+
+fn request_epoch(id: u64) -> u8 {
+    (id >> EPOCH_SHIFT) as u8
+}
+
+/// Failures of the transport, not of a request: the queue pair is dead
+/// (or flushed because it died), and a new one fixes it.
+fn is_connection_failure(status: CompletionStatus) -> bool {
+    matches!(
+        status,
+        CompletionStatus::RetryExceeded
+            | CompletionStatus::ReceiverNotReadyRetryExceeded
+            | CompletionStatus::WorkRequestFlushError
+    )
 }
 
 /// Verbs one turn may post per instance, so a turn stays short.
 const COMPLETIONS_PER_TURN: usize = 256;
 
 impl SpotEngine {
+    /// An engine whose instances' queue pairs are connected. `builder`
+    /// makes queue pairs anew when one dies; `connector` reaches the
+    /// compute node to connect them.
     pub fn new(
         config: SpotConfig,
         instances: Vec<InstanceWiring>,
         regions: Vec<MemoryRegion>,
         staging: MemoryRegion,
-        completion_queue: CompletionQueue,
+        builder: QueuePairBuilder,
+        connector: Connector,
     ) -> Result<SpotEngine, SpotError> {
+        let completion_queue = builder.send_completion_queue;
         let per_instance = config.staging_bytes_per_instance();
         let need = per_instance * instances.len() as u64;
         if staging.length_bytes < need {
@@ -216,6 +285,9 @@ impl SpotEngine {
                 cursor: 0,
                 writes_in_flight: 0,
                 fetch_count: 0,
+                epoch: 0,
+                prepared: None,
+                reconnects_in_a_row: 0,
             })
             .collect();
         Ok(SpotEngine {
@@ -228,39 +300,92 @@ impl SpotEngine {
             next_instance: 0,
             stats: SpotStats::default(),
             scratch: Vec::new(),
+            builder,
+            connector,
         })
+    }
+
+    /// An engine on a NIC that just came up: every instance makes a new
+    /// queue pair and asks the compute node to connect to it, then
+    /// resumes from the engine words in its compute block.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reconnecting(
+        now: Timestamp,
+        nic: &mut dyn Verbs,
+        config: SpotConfig,
+        blocks: &[(RemoteAddress, RingSizes)],
+        regions: Vec<MemoryRegion>,
+        staging: MemoryRegion,
+        builder: QueuePairBuilder,
+        connector: Connector,
+    ) -> Result<SpotEngine, SpotError> {
+        let mut prepared = Vec::with_capacity(blocks.len());
+        let mut wiring = Vec::with_capacity(blocks.len());
+        for (block, sizes) in blocks {
+            let queue_pair = nic.create_queue_pair(&builder)?;
+            prepared.push(queue_pair);
+            wiring.push(InstanceWiring {
+                // Not connected yet: the instance waits in Reconnecting
+                // and never posts on it before the handshake.
+                queue_pair: QueuePair(queue_pair.qpn),
+                block: *block,
+                sizes: *sizes,
+            });
+        }
+        let mut engine = SpotEngine::new(config, wiring, regions, staging, builder, connector)?;
+        for (index, queue_pair) in prepared.into_iter().enumerate() {
+            engine.await_connection(now, index, queue_pair)?;
+        }
+        Ok(engine)
     }
 
     pub fn stats(&self) -> SpotStats {
         self.stats
     }
 
-    /// The earliest probe due, for a driver that sleeps.
+    /// The earliest probe or reconnection answer due, for a driver that
+    /// sleeps.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
         self.instances
             .iter()
-            .filter(|instance| instance.phase == Phase::Idle)
-            .map(|instance| instance.next_probe)
+            .enumerate()
+            .filter_map(|(index, instance)| match instance.phase {
+                Phase::Idle => Some(instance.next_probe),
+                Phase::Reconnecting => self.connector.answer_due(index, instance.epoch),
+                _ => None,
+            })
             .min()
     }
 
     /// Takes completions, then gives each instance a turn, round-robin.
     /// Returns whether anything moved.
-    pub fn turn(&mut self, now: Timestamp, rnic: &mut SoftRnic) -> Result<bool, SpotError> {
+    pub fn turn(&mut self, now: Timestamp, rnic: &mut dyn Verbs) -> Result<bool, SpotError> {
         let mut moved = false;
         for _ in 0..COMPLETIONS_PER_TURN {
             let Some(completion) = rnic.poll_completion(self.completion_queue)? else {
                 break;
             };
             moved = true;
-            let instance = (completion.work_request_id >> 40) as usize;
+            let id = completion.work_request_id;
+            let instance = request_instance(id);
+            if request_epoch(id) != self.instances[instance].epoch {
+                continue; // Flushed work of a queue pair that died.
+            }
+            if is_connection_failure(completion.status) {
+                tracing::debug!(instance, status = ?completion.status, "engine queue pair died");
+                self.reconnect(now, rnic, instance)?;
+                continue;
+            }
             if completion.status != CompletionStatus::Success {
                 return Err(SpotError::Completion {
                     instance,
                     status: completion.status,
                 });
             }
-            self.complete(now, rnic, instance, completion.work_request_id)?;
+            self.complete(now, rnic, instance, id)?;
+        }
+        for index in 0..self.instances.len() {
+            moved |= self.finish_reconnect(now, rnic, index)?;
         }
         let count = self.instances.len();
         for offset in 0..count {
@@ -273,12 +398,106 @@ impl SpotEngine {
         Ok(moved)
     }
 
+    /// Drops instance `index`'s connection and its batch, makes a new
+    /// queue pair and asks the compute node to connect to it.
+    fn reconnect(
+        &mut self,
+        now: Timestamp,
+        rnic: &mut dyn Verbs,
+        index: usize,
+    ) -> Result<(), SpotError> {
+        let instance = &mut self.instances[index];
+        if instance.reconnects_in_a_row >= MAX_RECONNECTS_IN_A_ROW {
+            return Err(SpotError::ReconnectsExhausted { instance: index });
+        }
+        instance.reconnects_in_a_row += 1;
+        instance.epoch = instance.epoch.wrapping_add(1);
+        instance.batch.clear();
+        instance.cursor = 0;
+        instance.writes_in_flight = 0;
+        self.in_flight.retain(|write| write.instance != index);
+        let prepared = rnic.create_queue_pair(&self.builder)?;
+        self.stats.reconnects += 1;
+        self.await_connection(now, index, prepared)
+    }
+
+    /// Instance `index` waits for the compute node to connect `prepared`.
+    fn await_connection(
+        &mut self,
+        now: Timestamp,
+        index: usize,
+        prepared: PreparedQueuePair,
+    ) -> Result<(), SpotError> {
+        let instance = &mut self.instances[index];
+        instance.prepared = Some(prepared);
+        instance.phase = Phase::Reconnecting;
+        self.connector
+            .request(now, index, instance.epoch, prepared.endpoint)
+            .map_err(|error| SpotError::Reconnect {
+                instance: index,
+                error,
+            })
+    }
+
+    /// Connects a reconnecting instance once the compute node answered,
+    /// and reads back the engine words it last committed.
+    fn finish_reconnect(
+        &mut self,
+        now: Timestamp,
+        rnic: &mut dyn Verbs,
+        index: usize,
+    ) -> Result<bool, SpotError> {
+        let instance = &self.instances[index];
+        if instance.phase != Phase::Reconnecting {
+            return Ok(false);
+        }
+        let Some(remote) = self.connector.take_answer(now, index, instance.epoch) else {
+            return Ok(false);
+        };
+        let prepared = instance
+            .prepared
+            .expect("a reconnecting instance has a queue pair");
+        let queue_pair = rnic.handshake(prepared, remote)?;
+        let instance = &mut self.instances[index];
+        instance.wiring.queue_pair = queue_pair;
+        instance.prepared = None;
+        instance.phase = Phase::Resuming;
+        let (epoch, staging_at) = (instance.epoch, instance.staging_at);
+        Self::post(
+            rnic,
+            queue_pair,
+            work_request(index, epoch, TAG_RESUME, 0),
+            SendOperation::Read {
+                remote: instance.wiring.block.offset(ENGINE_WORDS_AT),
+            },
+            self.staging(staging_at + STAGING_ENGINE_WORDS_AT, ENGINE_WORDS_BYTES),
+        )?;
+        Ok(true)
+    }
+
+    /// The engine words are back: resume from the last committed batch.
+    fn resumed(&mut self, now: Timestamp, rnic: &dyn Verbs, index: usize) -> Result<(), SpotError> {
+        let words_at = self.instances[index].staging_at + STAGING_ENGINE_WORDS_AT;
+        let head = self.read_staging_word(rnic, words_at)?;
+        let read_progress = self.read_staging_word(rnic, words_at + 8)?;
+        let write_progress = self.read_staging_word(rnic, words_at + 16)?;
+        let instance = &mut self.instances[index];
+        instance.fetched = head;
+        instance.read_progress = read_progress;
+        instance.write_progress = write_progress;
+        instance.phase = Phase::Idle;
+        instance.interval = self.config.probe_interval_min;
+        instance.next_probe = now;
+        tracing::debug!(instance = index, head, "engine resumed");
+        Ok(())
+    }
+
     fn staging(&self, offset: u64, length: u32) -> remora_rnic::ScatterGatherElement {
         self.staging.slice(offset, length)
     }
 
     fn post(
-        rnic: &mut SoftRnic,
+        rnic: &mut dyn Verbs,
         queue_pair: QueuePair,
         id: u64,
         operation: SendOperation,
@@ -292,7 +511,7 @@ impl SpotEngine {
     fn start_probe(
         &mut self,
         now: Timestamp,
-        rnic: &mut SoftRnic,
+        rnic: &mut dyn Verbs,
         index: usize,
     ) -> Result<bool, SpotError> {
         let instance = &self.instances[index];
@@ -304,7 +523,7 @@ impl SpotEngine {
         Self::post(
             rnic,
             instance.wiring.queue_pair,
-            work_request(index, TAG_PROBE, 0),
+            work_request(index, instance.epoch, TAG_PROBE, 0),
             SendOperation::Read { remote },
             local,
         )?;
@@ -316,7 +535,7 @@ impl SpotEngine {
     fn complete(
         &mut self,
         now: Timestamp,
-        rnic: &mut SoftRnic,
+        rnic: &mut dyn Verbs,
         index: usize,
         id: u64,
     ) -> Result<(), SpotError> {
@@ -340,8 +559,10 @@ impl SpotEngine {
                 self.payload_landed(rnic, index, step)
             }
             TAG_RESPONSE => Ok(()),
+            TAG_RESUME => self.resumed(now, rnic, index),
             TAG_PROGRESS => {
                 let instance = &mut self.instances[index];
+                instance.reconnects_in_a_row = 0;
                 instance.phase = Phase::Idle;
                 instance.interval = self.config.probe_interval_min;
                 instance.next_probe = now;
@@ -351,7 +572,7 @@ impl SpotEngine {
         }
     }
 
-    fn read_staging_word(&self, rnic: &SoftRnic, offset: u64) -> Result<u64, SpotError> {
+    fn read_staging_word(&self, rnic: &dyn Verbs, offset: u64) -> Result<u64, SpotError> {
         let mut word = [0u8; 8];
         let at = VirtAddr(self.staging.address.0 + offset);
         rnic.read_local(self.staging.lkey, at, &mut word)?;
@@ -361,7 +582,7 @@ impl SpotEngine {
     fn probed(
         &mut self,
         now: Timestamp,
-        rnic: &mut SoftRnic,
+        rnic: &mut dyn Verbs,
         index: usize,
     ) -> Result<(), SpotError> {
         let staging_at = self.instances[index].staging_at;
@@ -382,6 +603,7 @@ impl SpotEngine {
         let first = instance.fetched % entries;
         let before_wrap = count.min(entries - first);
         let wiring = instance.wiring;
+        let wiring_epoch = instance.epoch;
         let mut reads = 0u8;
         for (start, length, skip) in [
             (first, before_wrap, 0),
@@ -395,7 +617,7 @@ impl SpotEngine {
                 staging_at + STAGING_ENTRIES_AT + skip * ENTRY_BYTES,
                 (length * ENTRY_BYTES) as u32,
             );
-            let id = work_request(index, TAG_FETCH, 0);
+            let id = work_request(index, wiring_epoch, TAG_FETCH, 0);
             Self::post(
                 rnic,
                 wiring.queue_pair,
@@ -415,7 +637,7 @@ impl SpotEngine {
     }
 
     /// Parses the fetched entries and starts executing them.
-    fn fetched(&mut self, rnic: &mut SoftRnic, index: usize) -> Result<(), SpotError> {
+    fn fetched(&mut self, rnic: &mut dyn Verbs, index: usize) -> Result<(), SpotError> {
         let instance = &self.instances[index];
         let count = instance.fetch_count;
         let mut bytes = std::mem::take(&mut self.scratch);
@@ -491,7 +713,7 @@ impl SpotEngine {
     /// Walks the batch from the cursor: posts writes' payload READs and
     /// serves reads, stopping at a read that overlaps a write in flight.
     /// Finishes the batch when every entry is done.
-    fn execute(&mut self, rnic: &mut SoftRnic, index: usize) -> Result<(), SpotError> {
+    fn execute(&mut self, rnic: &mut dyn Verbs, index: usize) -> Result<(), SpotError> {
         let batch_len = self.instances[index].batch.len();
         // Bounded by the batch: the cursor only moves forward.
         while self.instances[index].cursor < batch_len {
@@ -518,7 +740,7 @@ impl SpotEngine {
 
     fn post_payload_read(
         &mut self,
-        rnic: &mut SoftRnic,
+        rnic: &mut dyn Verbs,
         index: usize,
         step: usize,
     ) -> Result<(), SpotError> {
@@ -527,7 +749,7 @@ impl SpotEngine {
         let remote = instance.wiring.block.offset(entry.request_address);
         let local =
             self.regions[usize::from(entry.region)].slice(entry.response_address, entry.length);
-        let id = work_request(index, TAG_PAYLOAD, step as u64);
+        let id = work_request(index, instance.epoch, TAG_PAYLOAD, step as u64);
         Self::post(
             rnic,
             instance.wiring.queue_pair,
@@ -558,7 +780,7 @@ impl SpotEngine {
 
     fn serve_read(
         &mut self,
-        rnic: &mut SoftRnic,
+        rnic: &mut dyn Verbs,
         index: usize,
         step: usize,
     ) -> Result<(), SpotError> {
@@ -582,7 +804,7 @@ impl SpotEngine {
 
     fn payload_landed(
         &mut self,
-        rnic: &mut SoftRnic,
+        rnic: &mut dyn Verbs,
         index: usize,
         step: usize,
     ) -> Result<(), SpotError> {
@@ -612,9 +834,10 @@ impl SpotEngine {
 
     /// Responses to the compute node, one WRITE per contiguous run, then
     /// the engine words in one WRITE.
-    fn finish_batch(&mut self, rnic: &mut SoftRnic, index: usize) -> Result<(), SpotError> {
+    fn finish_batch(&mut self, rnic: &mut dyn Verbs, index: usize) -> Result<(), SpotError> {
         let instance = &self.instances[index];
         let wiring = instance.wiring;
+        let epoch = instance.epoch;
         let mut runs: Vec<(u64, u64, u32)> = Vec::new(); // (staging, remote offset, length)
         let mut read_progress = instance.read_progress;
         let mut write_progress = instance.write_progress;
@@ -642,7 +865,7 @@ impl SpotEngine {
         }
         for (staging_at, remote_offset, length) in runs {
             let remote = wiring.block.offset(remote_offset);
-            let id = work_request(index, TAG_RESPONSE, 0);
+            let id = work_request(index, epoch, TAG_RESPONSE, 0);
             let operation = SendOperation::Write {
                 remote,
                 immediate: None,
@@ -675,7 +898,7 @@ impl SpotEngine {
         Self::post(
             rnic,
             wiring.queue_pair,
-            work_request(index, TAG_PROGRESS, 0),
+            work_request(index, epoch, TAG_PROGRESS, 0),
             operation,
             local,
         )?;

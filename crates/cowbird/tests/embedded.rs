@@ -5,7 +5,7 @@
 //! type, and the pool equals the models at the end.
 
 use remora_cowbird::embedded::{embedded_p4_config, run_histories};
-use remora_cowbird::simulated::{Engine, Placement, Workload};
+use remora_cowbird::simulated::{topology, Engine, Workload};
 use remora_sim::LinkFaults;
 use std::time::Duration;
 
@@ -22,13 +22,7 @@ const TIME_LIMIT: Duration = Duration::from_secs(60);
 
 #[test]
 fn spot_histories_hold_on_the_embedded_rack() {
-    let outcome = run_histories(
-        1,
-        &workload(Engine::Spot),
-        &Placement::default(),
-        TIME_LIMIT,
-    )
-    .unwrap();
+    let outcome = run_histories(1, &workload(Engine::Spot), &topology(), TIME_LIMIT).unwrap();
     assert_eq!(outcome.completed, 1200);
     assert!(outcome.reads_checked > 500, "{outcome:?}");
     let spot = outcome.spot.expect("the Spot engine ran");
@@ -37,8 +31,7 @@ fn spot_histories_hold_on_the_embedded_rack() {
 
 #[test]
 fn p4_histories_hold_on_the_embedded_rack() {
-    let outcome =
-        run_histories(2, &workload(Engine::P4), &Placement::default(), TIME_LIMIT).unwrap();
+    let outcome = run_histories(2, &workload(Engine::P4), &topology(), TIME_LIMIT).unwrap();
     assert_eq!(outcome.completed, 1200);
     assert!(outcome.reads_checked > 500, "{outcome:?}");
     let p4 = outcome.p4.expect("the switch was the engine");
@@ -53,16 +46,27 @@ fn the_rack_files_cowbird_section_runs_both_engines() {
         env!("CARGO_MANIFEST_DIR"),
         "/../../examples/rack-cowbird.toml"
     );
-    let mut rack = remora_rack::RackConfig::load(std::path::Path::new(path)).unwrap();
+    // Addresses of its own, to see that the hosts sit where the file says.
+    let text = std::fs::read_to_string(path)
+        .unwrap()
+        .replace("10.0.0.", "10.0.3.");
+    let mut rack = remora_rack::RackConfig::parse(&text).unwrap();
     for engine in [
         remora_rack::CowbirdEngine::Spot,
         remora_rack::CowbirdEngine::P4,
     ] {
         rack.cowbird.as_mut().unwrap().engine = engine;
-        let (workload, placement) = remora_cowbird::embedded::from_rack(&rack).unwrap();
+        let (workload, hosts) = remora_cowbird::embedded::from_rack(&rack).unwrap();
         assert_eq!(workload.sizes.metadata_entries, 1024);
-        assert_ne!(placement, Placement::default());
-        let outcome = run_histories(3, &workload, &placement, TIME_LIMIT).unwrap();
+        assert_eq!(
+            hosts.host(0).address,
+            remora_wire::Ipv4Address::new(10, 0, 3, 1)
+        );
+        assert_eq!(
+            hosts.host(1).address,
+            remora_wire::Ipv4Address::new(10, 0, 3, 2)
+        );
+        let outcome = run_histories(3, &workload, &hosts, TIME_LIMIT).unwrap();
         assert_eq!(outcome.completed, 1200, "{engine:?}");
     }
 }

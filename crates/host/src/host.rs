@@ -98,6 +98,11 @@ impl Host {
         &self.failures
     }
 
+    /// Takes the failures recorded so far, leaving none.
+    pub fn take_failures(&mut self) -> Vec<AgentFailure> {
+        std::mem::take(&mut self.failures)
+    }
+
     /// How many times the host crashed.
     pub fn crashes(&self) -> u64 {
         self.crashes

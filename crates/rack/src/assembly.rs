@@ -131,6 +131,7 @@ pub struct RackBuilder<'t> {
     carrier: EmbeddedCarrier,
     apart: Vec<bool>,
     stopping: Option<Arc<AtomicBool>>,
+    ring_depth: u32,
 }
 
 impl<'t> RackBuilder<'t> {
@@ -144,7 +145,14 @@ impl<'t> RackBuilder<'t> {
             carrier: EmbeddedCarrier::InProcess,
             apart: vec![false; topology.hosts().len()],
             stopping: None,
+            ring_depth: RING_DEPTH,
         }
+    }
+
+    /// Slots per ring (a power of two).
+    pub fn ring_depth(mut self, depth: u32) -> RackBuilder<'t> {
+        self.ring_depth = depth;
+        self
     }
 
     /// Sets `stop` when the fabric thread stops or fails, so threads
@@ -198,7 +206,7 @@ impl<'t> RackBuilder<'t> {
         let pairs = match self.carrier {
             EmbeddedCarrier::Udp => udp_pairs(hosts.len())?,
             EmbeddedCarrier::InProcess | EmbeddedCarrier::SharedMemory => {
-                ring_pairs(hosts.len(), &self.apart, self.carrier)?
+                ring_pairs(hosts.len(), &self.apart, self.carrier, self.ring_depth)?
             }
         };
         let mut endpoints = Vec::with_capacity(hosts.len());
@@ -241,8 +249,9 @@ fn ring_pairs(
     count: usize,
     apart: &[bool],
     carrier: EmbeddedCarrier,
+    ring_depth: u32,
 ) -> Result<LinkEnds, RackError> {
-    let mut plan = SegmentPlan::star_one_waiter(count as u32, RING_DEPTH);
+    let mut plan = SegmentPlan::star_one_waiter(count as u32, ring_depth);
     for (index, _) in apart.iter().enumerate().filter(|(_, apart)| **apart) {
         // Ring 2i+1 carries switch → host i+1: its consumer is the host.
         plan.ring_consumers[2 * index + 1] = plan.doorbell_count;

@@ -6,7 +6,7 @@
 use remora_base::{PortId, Timestamp};
 use remora_host::Host;
 use remora_rnic::SoftRnic;
-use remora_sim::{LinkConfig, Node, NodeId, Simulation};
+use remora_sim::{LinkConfig, LinkId, Node, NodeId, Simulation};
 use remora_switch::{Program, Switch, SwitchConfig};
 
 /// Soft RNICs behind one switch in the simulator: host `i` on switch port
@@ -16,6 +16,8 @@ pub struct SimulatedRack<P: Program> {
     pub switch: NodeId,
     /// The hosts' node ids, in the order given.
     pub hosts: Vec<NodeId>,
+    /// Each host's link to the switch, in the same order.
+    pub links: Vec<LinkId>,
 }
 
 impl<P: Program> SimulatedRack<P> {
@@ -23,19 +25,18 @@ impl<P: Program> SimulatedRack<P> {
         let mut simulation = Simulation::new(seed);
         let config = SwitchConfig::new(hosts.len() as u16);
         let switch = simulation.add_node(RackNode::Switch(Box::new(Switch::new(config, program))));
-        let hosts = hosts
-            .into_iter()
-            .enumerate()
-            .map(|(index, host)| {
-                let id = simulation.add_node(RackNode::Host(Box::new(host)));
-                simulation.connect((id, PortId(0)), (switch, PortId(index as u16)), link);
-                id
-            })
-            .collect();
+        let mut ids = Vec::with_capacity(hosts.len());
+        let mut links = Vec::with_capacity(hosts.len());
+        for (index, host) in hosts.into_iter().enumerate() {
+            let id = simulation.add_node(RackNode::Host(Box::new(host)));
+            links.push(simulation.connect((id, PortId(0)), (switch, PortId(index as u16)), link));
+            ids.push(id);
+        }
         SimulatedRack {
             simulation,
             switch,
-            hosts,
+            hosts: ids,
+            links,
         }
     }
 

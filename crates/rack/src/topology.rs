@@ -122,6 +122,22 @@ pub struct Topology {
 /// The switch's router MAC when nobody names one.
 pub const DEFAULT_SWITCH_MAC: MacAddress = MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]);
 
+/// The addressing of racks built in code, one rule for every system:
+/// host `index` is 10.0.0.(index + 1), and its MAC is `02:00` followed by
+/// the address, as a rack file derives MACs.
+pub fn standard_host(index: usize) -> (MacAddress, Ipv4Address) {
+    let last = u8::try_from(index + 1).expect("a rack holds at most 64 hosts");
+    (
+        MacAddress([0x02, 0x00, 10, 0, 0, last]),
+        Ipv4Address::new(10, 0, 0, last),
+    )
+}
+
+/// Index of the compute host in [`Topology::compute_and_memory`].
+pub const COMPUTE_HOST: usize = 0;
+/// Index of the memory host in [`Topology::compute_and_memory`].
+pub const MEMORY_HOST: usize = 1;
+
 impl Topology {
     pub fn new(switch_mac: MacAddress) -> Topology {
         Topology {
@@ -146,6 +162,12 @@ impl Topology {
             .add_host(HostSpec::new("memory", Role::Memory, memory.0, memory.1))
             .expect("a fresh topology takes two distinct hosts");
         topology
+    }
+
+    /// A compute host (index [`COMPUTE_HOST`]) and a memory host
+    /// ([`MEMORY_HOST`]) with the standard addressing, on clean links.
+    pub fn compute_and_memory() -> Topology {
+        Topology::pair(standard_host(COMPUTE_HOST), standard_host(MEMORY_HOST))
     }
 
     /// Adds a host on the next switch port; returns its index.

@@ -26,6 +26,6 @@ pub mod verbs;
 pub use counters::{DropReason, RnicCounters};
 pub use device::{RnicConfig, SoftRnic};
 pub use error::VerbsError;
-pub use host_memory::HostMemory;
+pub use host_memory::{HostMemory, HostMemoryOutOfBounds};
 pub use time::Timestamp;
 pub use verbs::*;

@@ -1,0 +1,255 @@
+//! Reconnecting the engine's queue pairs, a control-plane step.
+//!
+//! The Spot engine is the requester on one RC queue pair per instance.
+//! When a queue pair dies (its retries exhausted under heavy loss, or the
+//! memory node restarted with a fresh NIC), the engine makes a new queue
+//! pair and must have the compute node connect a new one to it: both ends
+//! move, so it takes an exchange outside the data path, as connection
+//! setup always does (the rack's control channel, `rdma_cm`).
+//!
+//! [`Connector`] is that exchange between two agents: the engine posts a
+//! [`ReconnectRequest`] with its new endpoint; the compute node's
+//! [`ConnectionService`] agent makes a queue pair, connects it, moves the
+//! old one to the error state and answers with its endpoint. Messages take
+//! [`CONTROL_LATENCY`] to arrive, as a control channel's round does, and
+//! their times are the agents' timers, so the simulator schedules them.
+
+use remora_base::Timestamp;
+use remora_host::{Agent, AgentError, Progress};
+use remora_rnic::{
+    QueuePair, QueuePairBuilder, QueuePairEndpoint, QueuePairTransition, Verbs, VerbsError,
+};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How long a control message takes to arrive.
+pub const CONTROL_LATENCY: Duration = Duration::from_micros(50);
+
+/// Messages one direction holds at most: one per instance and epoch is
+/// all a correct engine sends.
+pub const MAX_PENDING_MESSAGES: usize = 1024;
+
+/// One side's endpoint for instance `instance`'s connection number `epoch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReconnectRequest {
+    pub instance: usize,
+    pub epoch: u8,
+    pub endpoint: QueuePairEndpoint,
+    /// When the message arrives.
+    pub at: Timestamp,
+}
+
+/// Why a control exchange failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectionError {
+    #[error("the control channel holds {MAX_PENDING_MESSAGES} messages already")]
+    Full,
+    #[error("instance {instance} has no queue pair on the compute node")]
+    UnknownInstance { instance: usize },
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    #[error("a compute node that restarts loses its rings and clients: not recoverable")]
+    ComputeRestart,
+}
+
+#[derive(Default)]
+struct Mailbox {
+    requests: VecDeque<ReconnectRequest>,
+    answers: VecDeque<ReconnectRequest>,
+}
+
+/// The control channel between the engine and the compute node. Cloned
+/// handles share one mailbox.
+#[derive(Clone, Default)]
+pub struct Connector {
+    mailbox: Arc<Mutex<Mailbox>>,
+}
+
+fn push(
+    queue: &mut VecDeque<ReconnectRequest>,
+    message: ReconnectRequest,
+) -> Result<(), ConnectionError> {
+    if queue.len() >= MAX_PENDING_MESSAGES {
+        return Err(ConnectionError::Full);
+    }
+    queue.push_back(message);
+    Ok(())
+}
+
+impl Connector {
+    pub fn new() -> Connector {
+        Connector::default()
+    }
+
+    fn mailbox(&self) -> std::sync::MutexGuard<'_, Mailbox> {
+        self.mailbox.lock().expect("connector lock")
+    }
+
+    /// The engine asks for instance `instance` to be connected to `endpoint`.
+    pub fn request(
+        &self,
+        now: Timestamp,
+        instance: usize,
+        epoch: u8,
+        endpoint: QueuePairEndpoint,
+    ) -> Result<(), ConnectionError> {
+        let message = ReconnectRequest {
+            instance,
+            epoch,
+            endpoint,
+            at: now.saturating_add(CONTROL_LATENCY),
+        };
+        push(&mut self.mailbox().requests, message)
+    }
+
+    /// The compute node's answer for `instance` at `epoch`, once arrived.
+    /// Answers for older epochs are dropped: a newer request replaced them.
+    pub fn take_answer(
+        &self,
+        now: Timestamp,
+        instance: usize,
+        epoch: u8,
+    ) -> Option<QueuePairEndpoint> {
+        let mut mailbox = self.mailbox();
+        mailbox
+            .answers
+            .retain(|answer| answer.instance != instance || answer.epoch == epoch);
+        let position = mailbox
+            .answers
+            .iter()
+            .position(|answer| answer.instance == instance && answer.at <= now)?;
+        mailbox
+            .answers
+            .remove(position)
+            .map(|answer| answer.endpoint)
+    }
+
+    /// When the answer for `instance` at `epoch` arrives, if one is on its way.
+    pub fn answer_due(&self, instance: usize, epoch: u8) -> Option<Timestamp> {
+        self.mailbox()
+            .answers
+            .iter()
+            .filter(|answer| answer.instance == instance && answer.epoch == epoch)
+            .map(|answer| answer.at)
+            .min()
+    }
+
+    fn take_request(&self, now: Timestamp) -> Option<ReconnectRequest> {
+        let mut mailbox = self.mailbox();
+        let position = mailbox
+            .requests
+            .iter()
+            .position(|request| request.at <= now)?;
+        mailbox.requests.remove(position)
+    }
+
+    fn answer(&self, message: ReconnectRequest) -> Result<(), ConnectionError> {
+        push(&mut self.mailbox().answers, message)
+    }
+
+    fn next_request_at(&self) -> Option<Timestamp> {
+        self.mailbox()
+            .requests
+            .iter()
+            .map(|request| request.at)
+            .min()
+    }
+}
+
+/// The compute node's side of reconnection: an agent beside the
+/// application, which makes and connects a new queue pair per request.
+pub struct ConnectionService {
+    connector: Connector,
+    /// The compute node's queue-pair settings (its protection domain and
+    /// completion queue).
+    builder: QueuePairBuilder,
+    /// Each instance's current queue pair.
+    current: Vec<QueuePair>,
+    reconnects: u64,
+}
+
+impl ConnectionService {
+    pub fn new(
+        connector: Connector,
+        builder: QueuePairBuilder,
+        current: Vec<QueuePair>,
+    ) -> ConnectionService {
+        ConnectionService {
+            connector,
+            builder,
+            current,
+            reconnects: 0,
+        }
+    }
+
+    /// Queue pairs connected on request so far.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects
+    }
+
+    fn serve(
+        &mut self,
+        now: Timestamp,
+        nic: &mut dyn Verbs,
+        request: ReconnectRequest,
+    ) -> Result<(), ConnectionError> {
+        let old = *self
+            .current
+            .get(request.instance)
+            .ok_or(ConnectionError::UnknownInstance {
+                instance: request.instance,
+            })?;
+        // The old queue pair's peer is gone: stop it answering anything
+        // still in flight to it. It may be in error already.
+        let _ = nic.modify_queue_pair(old.0, QueuePairTransition::Error);
+        let prepared = nic.create_queue_pair(&self.builder)?;
+        let queue_pair = nic.handshake(prepared, request.endpoint)?;
+        self.current[request.instance] = queue_pair;
+        self.reconnects += 1;
+        tracing::debug!(
+            instance = request.instance,
+            epoch = request.epoch,
+            "compute side reconnected"
+        );
+        self.connector.answer(ReconnectRequest {
+            instance: request.instance,
+            epoch: request.epoch,
+            endpoint: prepared.endpoint,
+            at: now.saturating_add(CONTROL_LATENCY),
+        })
+    }
+}
+
+impl Agent for ConnectionService {
+    fn name(&self) -> &'static str {
+        "cowbird-connection-service"
+    }
+
+    fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+        let mut progress = Progress::Idle;
+        // Bounded by the mailbox's capacity.
+        for _ in 0..MAX_PENDING_MESSAGES {
+            let Some(request) = self.connector.take_request(now) else {
+                break;
+            };
+            self.serve(now, nic, request)
+                .map_err(|error| AgentError::system("cowbird-connection-service", error))?;
+            progress = Progress::Moved;
+        }
+        Ok(progress)
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        self.connector.next_request_at()
+    }
+
+    fn crash(&mut self) {}
+
+    fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+        Err(AgentError::system(
+            "cowbird-connection-service",
+            ConnectionError::ComputeRestart,
+        ))
+    }
+}
