@@ -461,7 +461,7 @@ fn clover_step() -> Result<SystemStep, String> {
             check_history: true,
             ..Run::new(switch)
         };
-        let outcome = run(1, &configuration)?;
+        let outcome = run(1, &configuration).map_err(|error| error.to_string())?;
         let verdict = outcome.verdict.clone().ok_or("no history was recorded")?;
         let operations = (outcome.stats.reads + outcome.stats.writes) as f64;
         println!(

@@ -5,12 +5,12 @@ use remora_clover::embedded;
 use remora_clover::harness::{Run, SwitchChoice};
 use std::time::Duration;
 
-fn main() -> Result<(), String> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let arguments: Vec<String> = std::env::args().skip(1).collect();
     let switch = match arguments.first().map(String::as_str) {
         None | Some("resolver") => SwitchChoice::Resolver { cached_keys: 1024 },
         Some("plain") => SwitchChoice::Plain,
-        Some(other) => return Err(format!("unknown switch {other}: plain or resolver")),
+        Some(other) => return Err(format!("unknown switch {other}: plain or resolver").into()),
     };
     let operations = match arguments.get(1) {
         Some(text) => text

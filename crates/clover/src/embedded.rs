@@ -13,31 +13,24 @@
 //! fabric (NIC emulation and switch).
 
 use crate::deploy::deploy;
-use crate::harness::{ip, mac, Application, CloverSwitch, Run, SwitchChoice, COMPUTE, MEMORY};
+use crate::harness::{topology, Application, CloverSwitch, HarnessError, Run, SwitchChoice};
 use crate::history::Verdict;
 use crate::metadata::MetadataStats;
 use crate::pool::PoolStats;
 use crate::resolver::{CloverResolver, ResolverCounters, ResolverMemory};
-use remora_carrier::wrappers::Faulty;
-use remora_carrier::{Port, Segment, SegmentPlan};
-use remora_rack::endpoint::{
-    lock, thread_cpu_ns, Driver, FabricThread, NodeEndpoint, Pump, RackClock, Shared,
-    SwitchEndpoint, RACK_ACK_TIMEOUT,
-};
-use remora_rnic::{RnicConfig, RnicCounters, SoftRnic, Timestamp};
+use remora_rack::assembly::{EmbeddedRack, RackBuilder};
+use remora_rack::endpoint::{lock, thread_cpu_ns, RACK_ACK_TIMEOUT};
+use remora_rack::topology::{LinkSpec, COMPUTE_HOST, MEMORY_HOST};
+use remora_rnic::{RnicCounters, Timestamp};
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{Switch, SwitchConfig};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 const RING_DEPTH: u32 = 1024;
 /// How often the clients take a turn with nothing completed: their
 /// deadlines and cache lifetimes need a clock, not a tight loop.
 const CLOCK_TURN: Duration = Duration::from_micros(100);
-
-/// The switch's end and the node's end of one node's rings.
-type HubAndSpoke = (Box<dyn Port>, Box<dyn Port>);
 
 /// Where the CPU went, from each thread's CPU clock.
 #[derive(Debug, Clone, Copy, Default)]
@@ -84,7 +77,7 @@ impl EmbeddedOutcome {
 
 /// Runs one configuration on its own application thread; errors name what
 /// went wrong.
-pub fn run(seed: u64, run: &Run) -> Result<EmbeddedOutcome, String> {
+pub fn run(seed: u64, run: &Run) -> Result<EmbeddedOutcome, HarnessError> {
     let run = *run;
     let thread = std::thread::Builder::new()
         .name("clover-clients".into())
@@ -94,69 +87,44 @@ pub fn run(seed: u64, run: &Run) -> Result<EmbeddedOutcome, String> {
                 embedded::<CloverResolver>(seed, &run, &run.hottest(cached_keys)?)
             }
         })
-        .map_err(|error| format!("cannot start the application thread: {error}"))?;
-    thread
-        .join()
-        .map_err(|_| "the application thread panicked".to_string())?
-}
-
-/// The compute node's port, with the run's faults on its way out.
-fn compute_port(port: impl Port + 'static, run: &Run, seed: u64) -> Result<Box<dyn Port>, String> {
-    if run.faults == remora_sim::LinkFaults::NONE {
-        return Ok(Box::new(port));
-    }
-    Ok(Box::new(Faulty::new(port, run.faults, seed)))
+        .map_err(|error| HarnessError::Rack(remora_rack::RackError::Launch(error.to_string())))?;
+    thread.join().map_err(|_| HarnessError::Panicked)?
 }
 
 fn embedded<P: CloverSwitch>(
     seed: u64,
     run: &Run,
     cached_keys: &[u64],
-) -> Result<EmbeddedOutcome, String> {
-    let text = |error: &dyn std::fmt::Display| error.to_string();
-    let segment =
-        Segment::anonymous(&SegmentPlan::star_one_waiter(2, RING_DEPTH)).map_err(|e| text(&e))?;
-    let port = |index: u8| -> Result<HubAndSpoke, String> {
-        let hub = segment.hub_port(u32::from(index)).map_err(|e| text(&e))?;
-        let spoke = segment.spoke_port(u32::from(index)).map_err(|e| text(&e))?;
-        Ok((Box::new(hub), Box::new(spoke)))
-    };
-    let (compute_hub, compute_spoke) = port(COMPUTE)?;
-    let (memory_hub, memory_spoke) = port(MEMORY)?;
-    let rnic = |index: u8| SoftRnic::new(RnicConfig::new(mac(index), ip(index), seed ^ 0xe5b));
-    let mut compute = NodeEndpoint::new(
-        "compute",
-        rnic(COMPUTE),
-        compute_port(compute_spoke, run, seed)?,
+) -> Result<EmbeddedOutcome, HarnessError> {
+    // The run's faults on the compute node's link.
+    let mut topology = topology();
+    topology.set_link(
+        COMPUTE_HOST,
+        LinkSpec {
+            shape: None,
+            faults: run.faults,
+        },
     );
-    let mut memory = NodeEndpoint::new("memory", rnic(MEMORY), memory_spoke);
-    let deployment = deploy(
-        run.store(RACK_ACK_TIMEOUT),
-        &mut compute.rnic,
-        &mut memory.rnic,
-    )
-    .map_err(|e| text(&e))?;
-    let program = P::build(&deployment, &compute.rnic, &memory.rnic, cached_keys)?;
-    let switch = SwitchEndpoint::new(
-        Switch::new(SwitchConfig::new(2), program),
-        vec![compute_hub, memory_hub],
-    );
-    let (compute, memory, switch) = (shared(compute), shared(memory), shared(switch));
-    let stop = Arc::new(AtomicBool::new(false));
-    let pumps: Vec<Arc<Mutex<dyn Pump>>> = vec![switch.clone(), compute.clone(), memory.clone()];
-    let driver = Driver::new(pumps, RackClock::new(), Arc::clone(&stop)).map_err(|e| text(&e))?;
-    // Placement is left to the kernel: on a shared VM, a pinned thread
-    // waits out its vCPU's steal instead of moving to the other vCPU.
-    let fabric = FabricThread::start("clover-fabric", driver, stop, false).map_err(|e| text(&e))?;
+    let mut staged = RackBuilder::new(&topology)
+        .thread_name("clover-fabric")
+        .ring_depth(RING_DEPTH)
+        .nic_seed(seed ^ 0xe5b)
+        .build()?;
+    let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
+    let deployment = deploy(run.store(RACK_ACK_TIMEOUT), compute, memory)?;
+    let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
+    let program = P::build(&deployment, compute, memory, cached_keys)?;
+    let switch = Switch::new(SwitchConfig::new(2), program);
+    let (mut rack, switch) = staged.start(switch)?;
     let mut application = Application::new(deployment, run, seed)?;
     let started = Instant::now();
-    let cpu = drive(&mut application, run, &compute, &memory, &fabric)?;
+    let cpu = drive(&mut application, run, &rack)?;
     let elapsed = started.elapsed();
-    let fabric_cpu = fabric.stop_and_join().map_err(|e| text(&e))?;
-    let finish = application.finish(&mut lock(&memory).rnic)?;
+    let fabric_cpu = rack.stop_and_join()?;
+    let finish = application.finish(&mut lock(rack.host(MEMORY_HOST)).rnic)?;
     let report = lock(&switch).switch.program().report();
-    let compute_rnic = lock(&compute).rnic.counters().clone();
-    let memory_rnic = lock(&memory).rnic.counters().clone();
+    let compute_rnic = lock(rack.host(COMPUTE_HOST)).rnic.counters().clone();
+    let memory_rnic = lock(rack.host(MEMORY_HOST)).rnic.counters().clone();
     Ok(EmbeddedOutcome {
         elapsed,
         stats: finish.stats,
@@ -174,21 +142,17 @@ fn embedded<P: CloverSwitch>(
     })
 }
 
-fn shared<T>(value: T) -> Shared<T> {
-    Arc::new(Mutex::new(value))
-}
-
 /// The application loop until the workload is done: clients on the
 /// compute node's RNIC, the metadata server on the memory node's region.
 /// Returns the application thread's CPU, split.
 fn drive(
     application: &mut Application,
     run: &Run,
-    compute: &Shared<NodeEndpoint>,
-    memory: &Shared<NodeEndpoint>,
-    fabric: &FabricThread,
-) -> Result<CpuSplit, String> {
-    let clock = RackClock::new();
+    rack: &EmbeddedRack,
+) -> Result<CpuSplit, HarnessError> {
+    let (compute, memory) = (rack.host(COMPUTE_HOST), rack.host(MEMORY_HOST));
+    let fabric = rack.fabric();
+    let clock = remora_rack::endpoint::RackClock::new();
     // Every operation ends within the pool's deadline, and clients run
     // side by side, so the whole run fits in operations × deadline.
     let limit = Duration::from_secs(10) + run.grace * run.operations.min(1 << 20) as u32;
@@ -201,10 +165,12 @@ fn drive(
     while !application.finished() {
         let now = clock.now();
         if now.saturating_duration_since(Timestamp::ZERO) > limit {
-            return Err(format!("the run did not finish within {limit:?}"));
+            return Err(HarnessError::Unfinished(limit));
         }
         if fabric.is_finished() {
-            return Err("the fabric thread stopped".into());
+            return Err(HarnessError::Rack(remora_rack::RackError::Launch(
+                "the fabric thread stopped".into(),
+            )));
         }
         // Take the compute node's lock only when its RNIC may have
         // completed something, or now and then for the clients' clocks.

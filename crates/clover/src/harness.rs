@@ -1,43 +1,65 @@
 //! What a Clover run is, whatever carries its frames: the configuration
 //! ([`Run`]), the two hosts and their forwarding, the store's layout and
-//! workload derived from it, and the application loop ([`Application`])
-//! that feeds the clients, moves them along and plays the metadata
-//! server. The simulated run ([`crate::simulated`]) and the run on the
-//! embedded rack ([`crate::embedded`]) both drive this loop, so they
-//! measure the same client code.
+//! workload derived from it, and the application ([`Application`]) that
+//! feeds the clients, moves them along and plays the metadata server.
+//! In the simulator the application runs as two agents
+//! ([`ClientsAgent`] on the compute host, [`MetadataAgent`] on the memory
+//! host); on the embedded rack an application thread drives the same
+//! calls, so both measure the same client code.
 
 use crate::deploy::{Deployment, Feeder, StoreSpec};
-use crate::history::{self, Verdict};
-use crate::metadata::{MetadataConfig, MetadataStats, RnicRegion};
-use crate::pool::{PoolConfig, PoolStats};
+use crate::history::{self, MalformedHistory, Verdict};
+use crate::metadata::{MetadataConfig, MetadataError, MetadataStats, RnicRegion};
+use crate::pool::{CloverError, PoolConfig, PoolStats};
 use crate::resolver::{CloverResolver, ResolverCounters, ResolverMemory};
-use remora_rnic::{SoftRnic, Timestamp};
+use remora_host::{Agent, AgentError, Progress};
+use remora_rack::topology::Topology;
+use remora_rnic::{SoftRnic, Timestamp, Verbs};
 use remora_sim::LinkFaults;
 use remora_switch::programs::l2l3::L2L3Forwarding;
+use remora_switch::table::TableError;
 use remora_switch::Program;
-use remora_wire::{Ipv4Address, MacAddress};
-use remora_workloads::distribution::KeyChooser;
-use remora_workloads::ycsb::{Generator, RequestDistribution, WorkloadSpec};
+use remora_workloads::distribution::{DistributionError, KeyChooser};
+use remora_workloads::ycsb::{Generator, RequestDistribution, WorkloadError, WorkloadSpec};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The compute node's index (switch port 0).
-pub const COMPUTE: u8 = 1;
-/// The memory node's index (switch port 1).
-pub const MEMORY: u8 = 2;
-
-pub fn mac(index: u8) -> MacAddress {
-    MacAddress([0x02, 0, 0, 0, 0, index])
+/// Which part of a Clover run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("workload: {0}")]
+    Workload(#[from] WorkloadError),
+    #[error("key distribution: {0}")]
+    Distribution(#[from] DistributionError),
+    #[error(transparent)]
+    Clover(#[from] CloverError),
+    #[error("metadata server: {0}")]
+    Metadata(#[from] MetadataError),
+    #[error("resolver tables: {0}")]
+    Resolver(#[from] TableError),
+    #[error(transparent)]
+    History(#[from] MalformedHistory),
+    #[error("{0}")]
+    Rack(#[from] remora_rack::RackError),
+    #[error("{host} host: {error}")]
+    Agent {
+        host: &'static str,
+        error: AgentError,
+    },
+    #[error("the run did not finish within {0:?}")]
+    Unfinished(Duration),
+    #[error("the application thread panicked")]
+    Panicked,
 }
 
-pub fn ip(index: u8) -> Ipv4Address {
-    Ipv4Address::new(10, 0, 0, index)
+/// The rack's two hosts: compute (the clients) and memory (the store).
+pub fn topology() -> Topology {
+    Topology::compute_and_memory()
 }
 
 /// The rack's forwarding between the two hosts.
 pub fn forwarding() -> L2L3Forwarding {
-    let hosts = [COMPUTE, MEMORY].map(|index| (mac(index), ip(index)));
-    L2L3Forwarding::with_attached_hosts(MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]), &hosts)
-        .expect("two hosts fit the tables")
+    topology().forwarding()
 }
 
 /// A switch program a Clover run can put on the switch.
@@ -48,14 +70,14 @@ pub trait CloverSwitch: Program + Send + Sized + 'static {
         compute: &SoftRnic,
         memory: &SoftRnic,
         cached_keys: &[u64],
-    ) -> Result<Self, String>;
+    ) -> Result<Self, HarnessError>;
 
     /// The resolver's counters and memory, if this is the resolver.
     fn report(&self) -> Option<(ResolverCounters, ResolverMemory)>;
 }
 
 impl CloverSwitch for L2L3Forwarding {
-    fn build(_: &Deployment, _: &SoftRnic, _: &SoftRnic, _: &[u64]) -> Result<Self, String> {
+    fn build(_: &Deployment, _: &SoftRnic, _: &SoftRnic, _: &[u64]) -> Result<Self, HarnessError> {
         Ok(forwarding())
     }
 
@@ -70,10 +92,8 @@ impl CloverSwitch for CloverResolver {
         compute: &SoftRnic,
         memory: &SoftRnic,
         cached_keys: &[u64],
-    ) -> Result<Self, String> {
-        deployment
-            .resolver(forwarding(), compute, memory, cached_keys)
-            .map_err(|error| error.to_string())
+    ) -> Result<Self, HarnessError> {
+        Ok(deployment.resolver(forwarding(), compute, memory, cached_keys)?)
     }
 
     fn report(&self) -> Option<(ResolverCounters, ResolverMemory)> {
@@ -154,8 +174,8 @@ impl Run {
         }
     }
 
-    fn workload(&self) -> Result<WorkloadSpec, String> {
-        let mut workload = WorkloadSpec::preset("a").map_err(|error| error.to_string())?;
+    fn workload(&self) -> Result<WorkloadSpec, HarnessError> {
+        let mut workload = WorkloadSpec::preset("a")?;
         workload.record_count = self.keys;
         match self.zipf_theta {
             Some(theta) => {
@@ -170,13 +190,9 @@ impl Run {
     }
 
     /// The keys the resolver caches: the hottest of the workload.
-    pub fn hottest(&self, count: usize) -> Result<Vec<u64>, String> {
+    pub fn hottest(&self, count: usize) -> Result<Vec<u64>, HarnessError> {
         let count = count.min(self.keys as usize);
-        match self
-            .workload()?
-            .key_chooser()
-            .map_err(|error| error.to_string())?
-        {
+        match self.workload()?.key_chooser()? {
             KeyChooser::Zipfian(zipfian) => Ok(zipfian.hottest(count)),
             // With no skew, any keys are as hot as any others.
             _ => Ok((0..count as u64).collect()),
@@ -191,6 +207,9 @@ pub struct Finish {
     pub metadata: MetadataStats,
     /// Versions found whole by the final audit.
     pub versions: u64,
+    /// Writes that completed after the last collection: each added one
+    /// version that no collection has trimmed yet.
+    pub writes_since_collection: u64,
     pub verdict: Option<Verdict>,
 }
 
@@ -202,27 +221,34 @@ pub struct Application {
     feeder: Feeder,
     garbage_every: Option<Duration>,
     last_collection: Timestamp,
+    /// Completed writes when the last collection ran.
+    writes_at_collection: u64,
     check_history: bool,
 }
 
 impl Application {
-    pub fn new(deployment: Deployment, run: &Run, seed: u64) -> Result<Application, String> {
-        let generator = Generator::new(run.workload()?, seed).map_err(|error| error.to_string())?;
+    pub fn new(deployment: Deployment, run: &Run, seed: u64) -> Result<Application, HarnessError> {
+        let generator = Generator::new(run.workload()?, seed)?;
         Ok(Application {
             deployment,
             feeder: Feeder::new(generator, run.operations, run.value_bytes),
             garbage_every: run.garbage_every,
             last_collection: Timestamp::ZERO,
+            writes_at_collection: 0,
             check_history: run.check_history,
         })
     }
 
     /// Gives idle clients their next request and moves every client
     /// along on the compute node's RNIC. Returns whether anything moved.
-    pub fn turn_clients(&mut self, now: Timestamp, compute: &mut SoftRnic) -> Result<bool, String> {
+    pub fn turn_clients(
+        &mut self,
+        now: Timestamp,
+        compute: &mut dyn Verbs,
+    ) -> Result<bool, CloverError> {
         let pool = &mut self.deployment.pool;
-        self.feeder.feed(pool).map_err(|error| error.to_string())?;
-        pool.poll(now, compute).map_err(|error| error.to_string())
+        self.feeder.feed(pool)?;
+        pool.poll(now, compute)
     }
 
     /// Whether the metadata server has work: a client's request, or a
@@ -231,15 +257,18 @@ impl Application {
         self.deployment.pool.wants_metadata() || self.collection_due(now)
     }
 
-    fn collection_due(&self, now: Timestamp) -> bool {
+    pub fn collection_due(&self, now: Timestamp) -> bool {
         self.garbage_every
             .is_some_and(|period| now.saturating_duration_since(self.last_collection) >= period)
     }
 
     /// The metadata server's turn, beside the memory node: answers the
     /// clients' requests and collects garbage when due.
-    pub fn turn_metadata(&mut self, now: Timestamp, memory: &mut SoftRnic) -> Result<(), String> {
-        let text = |error: &dyn std::fmt::Display| error.to_string();
+    pub fn turn_metadata(
+        &mut self,
+        now: Timestamp,
+        memory: &mut dyn Verbs,
+    ) -> Result<(), CloverError> {
         let mut region = RnicRegion {
             rnic: memory,
             region: self.deployment.memory_region,
@@ -247,14 +276,21 @@ impl Application {
         let collect = self.collection_due(now);
         let (pool, server) = (&mut self.deployment.pool, &mut self.deployment.metadata);
         if pool.wants_metadata() {
-            pool.answer_metadata(now, server, &mut region)
-                .map_err(|e| text(&e))?;
+            pool.answer_metadata(now, server, &mut region)?;
         }
         if collect {
-            server.collect(now, &mut region).map_err(|e| text(&e))?;
+            server.collect(now, &mut region)?;
             self.last_collection = now;
+            self.writes_at_collection = pool.stats().writes;
         }
         Ok(())
+    }
+
+    /// When the metadata server next has work without a client asking:
+    /// the next collection.
+    pub fn next_collection(&self) -> Option<Timestamp> {
+        self.garbage_every
+            .map(|period| self.last_collection.saturating_add(period))
     }
 
     /// Whether the workload is done and every client idle.
@@ -263,16 +299,12 @@ impl Application {
     }
 
     /// Audits every list and, if asked, checks the history.
-    pub fn finish(&self, memory: &mut SoftRnic) -> Result<Finish, String> {
+    pub fn finish(&self, memory: &mut dyn Verbs) -> Result<Finish, HarnessError> {
         let mut region = RnicRegion {
             rnic: memory,
             region: self.deployment.memory_region,
         };
-        let versions = self
-            .deployment
-            .metadata
-            .audit(&mut region)
-            .map_err(|error| error.to_string())?;
+        let versions = self.deployment.metadata.audit(&mut region)?;
         let verdict = match self.check_history {
             true => Some(history::check(self.deployment.pool.history())?),
             false => None,
@@ -281,7 +313,134 @@ impl Application {
             stats: self.deployment.pool.stats().clone(),
             metadata: self.deployment.metadata.stats(),
             versions,
+            writes_since_collection: self.deployment.pool.stats().writes
+                - self.writes_at_collection,
             verdict,
         })
     }
 }
+
+/// The application, shared by its two agents: the clients on the compute
+/// host and the metadata server beside the memory node. The server is
+/// called in-process (its answers reach the clients through this shared
+/// state), off the data path, as the pool's `answer_metadata` describes.
+pub type SharedApplication = Arc<Mutex<Application>>;
+
+fn lock(application: &SharedApplication) -> std::sync::MutexGuard<'_, Application> {
+    application.lock().expect("application lock")
+}
+
+/// How often the clients act with nothing arriving: their deadlines and
+/// cache lifetimes need a clock.
+pub const CLIENT_TURN: Duration = Duration::from_micros(1);
+
+const CLIENTS: &str = "clover-clients";
+const METADATA: &str = "clover-metadata";
+
+/// The clients, an agent of the compute host.
+pub struct ClientsAgent {
+    application: SharedApplication,
+    next_turn: Timestamp,
+}
+
+impl ClientsAgent {
+    pub fn new(application: SharedApplication) -> ClientsAgent {
+        ClientsAgent {
+            application,
+            next_turn: Timestamp::ZERO,
+        }
+    }
+}
+
+impl Agent for ClientsAgent {
+    fn name(&self) -> &'static str {
+        CLIENTS
+    }
+
+    fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+        let mut application = lock(&self.application);
+        if application.finished() {
+            return Ok(Progress::Idle);
+        }
+        self.next_turn = now.saturating_add(CLIENT_TURN);
+        application
+            .turn_clients(now, nic)
+            .map(Progress::from_moved)
+            .map_err(|error| AgentError::system(CLIENTS, error))
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        (!lock(&self.application).finished()).then_some(self.next_turn)
+    }
+
+    fn crash(&mut self) {}
+
+    fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+        Err(AgentError::system(CLIENTS, NotRestartable))
+    }
+}
+
+/// The metadata server, an agent of the memory host.
+pub struct MetadataAgent {
+    application: SharedApplication,
+    /// The server answers at most once per client turn: a request it
+    /// cannot serve yet (no free slots until a collection) waits that
+    /// long, rather than being asked again at the same instant.
+    next_answer: Timestamp,
+}
+
+impl MetadataAgent {
+    pub fn new(application: SharedApplication) -> MetadataAgent {
+        MetadataAgent {
+            application,
+            next_answer: Timestamp::ZERO,
+        }
+    }
+}
+
+impl Agent for MetadataAgent {
+    fn name(&self) -> &'static str {
+        METADATA
+    }
+
+    fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+        let mut application = lock(&self.application);
+        let answer_due = application.deployment.pool.wants_metadata() && now >= self.next_answer;
+        if !answer_due && !application.collection_due(now) {
+            return Ok(Progress::Idle);
+        }
+        self.next_answer = now.saturating_add(CLIENT_TURN);
+        application
+            .turn_metadata(now, nic)
+            .map(|()| Progress::Moved)
+            .map_err(|error| AgentError::system(METADATA, error))
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        let application = lock(&self.application);
+        if application.finished() {
+            return None;
+        }
+        let answer = application
+            .deployment
+            .pool
+            .wants_metadata()
+            .then_some(self.next_answer);
+        [answer, application.next_collection()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn crash(&mut self) {}
+
+    fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+        Err(AgentError::system(METADATA, NotRestartable))
+    }
+}
+
+/// Clover's hosts do not survive restarts here: the clients' and the
+/// server's state is not declared durable.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("Clover's clients and metadata server do not survive a restart of their host")]
+pub struct NotRestartable;

@@ -26,7 +26,7 @@ use crate::client::MAX_HOPS;
 use crate::layout::{
     decode_entry, encode_entry, size_class, LayoutError, NextPointer, HEADER_BYTES, SIZE_CLASSES,
 };
-use remora_rnic::{MemoryRegion, SoftRnic, Timestamp, Verbs};
+use remora_rnic::{MemoryRegion, Timestamp, Verbs};
 use remora_wire::VirtAddr;
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
@@ -84,7 +84,7 @@ fn outside(offset: u64) -> MetadataError {
 
 /// A soft RNIC's registered region, through the host CPU.
 pub struct RnicRegion<'a> {
-    pub rnic: &'a mut SoftRnic,
+    pub rnic: &'a mut dyn Verbs,
     pub region: MemoryRegion,
 }
 

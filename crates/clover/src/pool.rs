@@ -18,7 +18,7 @@ use crate::metadata::{MetadataError, MetadataServer, RegionAccess, RegionPlan};
 use hdrhistogram::Histogram;
 use remora_rnic::{
     CompletionQueue, CompletionStatus, MemoryRegion, QueuePair, RemoteAddress, SendOperation,
-    SendRequest, SoftRnic, Timestamp, Verbs, VerbsError,
+    SendRequest, Timestamp, Verbs, VerbsError,
 };
 use remora_wire::{Rkey, VirtAddr};
 use rustc_hash::FxHashMap;
@@ -324,7 +324,7 @@ impl ClientPool {
 
     /// Takes completions, advances clients and posts their verbs. Returns
     /// whether anything moved.
-    pub fn poll(&mut self, now: Timestamp, rnic: &mut SoftRnic) -> Result<bool, CloverError> {
+    pub fn poll(&mut self, now: Timestamp, rnic: &mut dyn Verbs) -> Result<bool, CloverError> {
         let mut moved = false;
         for _ in 0..COMPLETIONS_PER_POLL {
             let Some(completion) = rnic.poll_completion(self.completion_queue)? else {
@@ -359,7 +359,7 @@ impl ClientPool {
     fn complete(
         &mut self,
         now: Timestamp,
-        rnic: &mut SoftRnic,
+        rnic: &mut dyn Verbs,
         client: usize,
         status: CompletionStatus,
     ) -> Result<(), CloverError> {
@@ -465,7 +465,12 @@ impl ClientPool {
                 Reply::Stored => EventKind::WriteReturned,
                 Reply::Value(value) => EventKind::ReadReturned(crate::history::value_id(value)),
             };
-            self.history.push(Event { key, client, kind });
+            self.history.push(Event {
+                key,
+                client,
+                kind,
+                at: now,
+            });
         }
         self.finished.push(Completed {
             client,
@@ -513,6 +518,7 @@ impl ClientPool {
                     key: request.key(),
                     client,
                     kind,
+                    at: now,
                 });
             }
             state.running = Some(Running {
@@ -561,7 +567,7 @@ impl ClientPool {
         }
     }
 
-    fn post_ready(&mut self, rnic: &mut SoftRnic, client: usize) -> Result<bool, CloverError> {
+    fn post_ready(&mut self, rnic: &mut dyn Verbs, client: usize) -> Result<bool, CloverError> {
         let Some(running) = self.clients[client].running.as_ref() else {
             return Ok(false);
         };

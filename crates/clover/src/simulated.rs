@@ -1,11 +1,15 @@
-//! Clover in the deterministic simulator: a compute node running a pool
-//! of clients, the switch (plain L2/L3 forwarding or the resolver) and a
-//! memory node, over simulated links that may lose, duplicate and reorder
-//! frames. The tests prove correctness here; `remora bench clover` and the
-//! demo measure here too, in simulated time.
+//! Clover in the deterministic simulator: a compute host whose clients
+//! run as an agent, the switch (plain L2/L3 forwarding or the resolver)
+//! and a memory host with the metadata server beside it, over simulated
+//! links that may lose, duplicate and reorder frames. The agents' timers
+//! are the simulator's events. The tests prove correctness here;
+//! `remora bench clover` and the demo measure here too, in simulated time.
 
 use crate::deploy::deploy;
-use crate::harness::{ip, mac, Application, CloverSwitch, COMPUTE, MEMORY};
+use crate::harness::{
+    topology, Application, ClientsAgent, CloverSwitch, HarnessError, MetadataAgent,
+    SharedApplication,
+};
 pub use crate::harness::{Run, SwitchChoice};
 use crate::history::Verdict;
 use crate::metadata::MetadataStats;
@@ -13,9 +17,11 @@ use crate::pool::PoolStats;
 use crate::resolver::{CloverResolver, ResolverCounters, ResolverMemory};
 use remora_host::Host;
 use remora_rack::simulated::SimulatedRack;
+use remora_rack::topology::{COMPUTE_HOST, MEMORY_HOST};
 use remora_rnic::*;
 use remora_sim::LinkConfig;
 use remora_switch::programs::l2l3::L2L3Forwarding;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// What a run measured.
@@ -28,6 +34,8 @@ pub struct Outcome {
     pub metadata: MetadataStats,
     /// Versions found whole by the final audit.
     pub versions: u64,
+    /// Writes completed after the last collection.
+    pub writes_since_collection: u64,
     pub verdict: Option<Verdict>,
 }
 
@@ -37,13 +45,16 @@ impl Outcome {
     }
 }
 
-/// How often the harness lets the clients act, in simulated time.
-const CLIENT_TICK: Duration = Duration::from_micros(1);
 /// The simulated queue pairs' ACK timeout.
 const ACK_TIMEOUT: Duration = Duration::from_micros(200);
+/// Virtual time between the harness's looks at the run.
+const LOOK_EVERY: Duration = Duration::from_millis(1);
+/// Simulator steps per look, a bound on a runaway run.
+const MAX_EVENTS_PER_LOOK: u64 = 10_000_000;
 
 /// Runs one configuration; errors name what went wrong.
-pub fn run(seed: u64, run: &Run) -> Result<Outcome, String> {
+pub fn run(seed: u64, run: &Run) -> Result<Outcome, HarnessError> {
+    let _span = tracing::info_span!("clover_simulated", seed, switch = ?run.switch).entered();
     match run.switch {
         SwitchChoice::Plain => simulate::<L2L3Forwarding>(seed, run, &[]),
         SwitchChoice::Resolver { cached_keys } => {
@@ -52,57 +63,65 @@ pub fn run(seed: u64, run: &Run) -> Result<Outcome, String> {
     }
 }
 
-fn simulate<P: CloverSwitch>(seed: u64, run: &Run, cached_keys: &[u64]) -> Result<Outcome, String> {
-    let text = |error: &dyn std::fmt::Display| format!("seed {seed}: {error}");
-    let mut compute = Host::new("compute", RnicConfig::new(mac(COMPUTE), ip(COMPUTE), seed));
-    let mut memory = Host::new(
-        "memory",
-        RnicConfig::new(mac(MEMORY), ip(MEMORY), seed ^ 0xabc),
-    );
-    let deployment = deploy(run.store(ACK_TIMEOUT), compute.nic_mut(), memory.nic_mut())
-        .map_err(|e| text(&e))?;
+fn simulate<P: CloverSwitch>(
+    seed: u64,
+    run: &Run,
+    cached_keys: &[u64],
+) -> Result<Outcome, HarnessError> {
+    let topology = topology();
+    let host = |index: usize, name: &str, nic_seed: u64| {
+        let spec = topology.host(index);
+        Host::new(name, RnicConfig::new(spec.mac, spec.address, nic_seed))
+    };
+    let mut compute = host(COMPUTE_HOST, "compute", seed);
+    let mut memory = host(MEMORY_HOST, "memory", seed ^ 0xabc);
+    let deployment = deploy(run.store(ACK_TIMEOUT), compute.nic_mut(), memory.nic_mut())?;
     let program = P::build(&deployment, compute.nic(), memory.nic(), cached_keys)?;
+    let application: SharedApplication =
+        Arc::new(Mutex::new(Application::new(deployment, run, seed)?));
+    compute.add_agent(Box::new(ClientsAgent::new(application.clone())));
+    memory.add_agent(Box::new(MetadataAgent::new(application.clone())));
     let mut link = LinkConfig::rack();
     link.faults = run.faults;
     let mut rack = SimulatedRack::new(seed, program, vec![compute, memory], link);
-    let (compute, memory) = (0, 1);
-    let mut application = Application::new(deployment, run, seed).map_err(|e| text(&e))?;
     // Bounded: every operation finishes within the pool's deadline, so
     // the run fits in operations × grace of simulated time.
-    let limit = Timestamp::from_nanos(run.operations * run.grace.as_nanos() as u64 + 1_000_000_000);
-    // The harness's clock: the simulator stops at its last event when
-    // nothing is due, but the clients' time (and their deadlines) go on.
-    let mut now = Timestamp::ZERO;
-    loop {
-        now = now.max(rack.simulation.now());
-        if now >= limit {
-            return Err(text(&"the run did not finish"));
+    let limit =
+        Duration::from_nanos(run.operations * run.grace.as_nanos() as u64) + Duration::from_secs(1);
+    let finished = || application.lock().expect("application lock").finished();
+    while !finished() {
+        let now = rack.simulation.now();
+        if now.saturating_duration_since(Timestamp::ZERO) >= limit {
+            return Err(HarnessError::Unfinished(limit));
         }
-        application
-            .turn_clients(now, rack.rnic(compute))
-            .map_err(|e| text(&e))?;
-        if application.metadata_due(now) {
-            application
-                .turn_metadata(now, rack.rnic(memory))
-                .map_err(|e| text(&e))?;
+        rack.simulation
+            .run_until(now.saturating_add(LOOK_EVERY), MAX_EVENTS_PER_LOOK);
+        for (index, name) in [(COMPUTE_HOST, "compute"), (MEMORY_HOST, "memory")] {
+            if let Some(failure) = rack.host_mut(index).take_failures().into_iter().next() {
+                return Err(HarnessError::Agent {
+                    host: name,
+                    error: failure.error,
+                });
+            }
         }
-        if application.finished() {
-            break;
-        }
-        now = now.saturating_add(CLIENT_TICK);
-        rack.simulation.run_until(now, 1_000_000);
     }
+    let simulated = rack
+        .simulation
+        .now()
+        .saturating_duration_since(Timestamp::ZERO);
     let finish = application
-        .finish(rack.rnic(memory))
-        .map_err(|e| text(&e))?;
+        .lock()
+        .expect("application lock")
+        .finish(rack.rnic(MEMORY_HOST))?;
     let resolver = rack.program().report();
     Ok(Outcome {
-        simulated: now.saturating_duration_since(Timestamp::ZERO),
+        simulated,
         stats: finish.stats,
         resolver: resolver.map(|(counters, _)| counters),
         resolver_memory: resolver.map(|(_, memory)| memory),
         metadata: finish.metadata,
         versions: finish.versions,
+        writes_since_collection: finish.writes_since_collection,
         verdict: finish.verdict,
     })
 }

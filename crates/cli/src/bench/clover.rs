@@ -202,7 +202,7 @@ pub fn run(quick: bool) -> Result<Report, String> {
         progress.set_message(configuration.name.clone());
         let mut outcomes = Vec::new();
         for seed in 0..seeds {
-            outcomes.push(simulate(seed, &configuration.run)?);
+            outcomes.push(simulate(seed, &configuration.run).map_err(|error| error.to_string())?);
             progress.inc(1);
         }
         progress.suspend(|| {
@@ -342,7 +342,8 @@ fn on_the_embedded_rack(quick: bool, report: &mut Report) -> Result<(), String> 
             order.reverse();
         }
         for switch in order {
-            let outcome = embedded::run(round, &embedded_run(switch, quick))?;
+            let outcome = embedded::run(round, &embedded_run(switch, quick))
+                .map_err(|error| error.to_string())?;
             let figures = real_figures(&outcome);
             match switch {
                 SwitchChoice::Plain => plain.push(figures),
