@@ -194,7 +194,8 @@ impl<'t> RackBuilder<'t> {
     }
 
     /// Host `index` is driven by the application's own thread, not by the
-    /// fabric thread: [`EmbeddedRack::take_apart`] hands its endpoint over.
+    /// fabric thread: [`StagedRack::take_apart`] hands its endpoint over,
+    /// and its rings wake that thread, not the fabric's.
     pub fn drive_apart(mut self, index: usize) -> RackBuilder<'t> {
         self.apart[index] = true;
         self
@@ -217,11 +218,11 @@ impl<'t> RackBuilder<'t> {
             switch_ports.push(port);
             port_counters.push(counters);
             let nic = host_nic(host, index, self.nic_seed);
-            endpoints.push(NodeEndpoint::new(
+            endpoints.push(Some(NodeEndpoint::new(
                 &host.name,
                 nic,
                 host_port(host, index, spoke),
-            ));
+            )));
         }
         Ok(StagedRack {
             topology: self.topology.clone(),
@@ -307,7 +308,8 @@ type StagedAgent = (usize, Arc<Mutex<dyn Agent>>, BusyNanos);
 /// Hosts with NICs ready for deployment, before the fabric starts.
 pub struct StagedRack {
     topology: Topology,
-    endpoints: Vec<NodeEndpoint>,
+    /// `None` once taken apart.
+    endpoints: Vec<Option<NodeEndpoint>>,
     switch_ports: Vec<Box<dyn Port>>,
     port_counters: Vec<PortCountersHandle>,
     agents: Vec<StagedAgent>,
@@ -325,7 +327,7 @@ impl StagedRack {
     }
 
     pub fn nic_mut(&mut self, index: usize) -> &mut SoftRnic {
-        &mut self.endpoints[index].rnic
+        &mut self.endpoint_mut(index).rnic
     }
 
     /// Two hosts' NICs at once (a deployment touches both ends).
@@ -336,7 +338,9 @@ impl StagedRack {
         assert_ne!(first, second, "two distinct hosts");
         let (low, high) = (first.min(second), first.max(second));
         let (head, tail) = self.endpoints.split_at_mut(high);
-        let (low_nic, high_nic) = (&mut head[low].rnic, &mut tail[0].rnic);
+        let taken = "the host's endpoint was not taken apart";
+        let low_nic = &mut head[low].as_mut().expect(taken).rnic;
+        let high_nic = &mut tail[0].as_mut().expect(taken).rnic;
         if first < second {
             (low_nic, high_nic)
         } else {
@@ -345,7 +349,18 @@ impl StagedRack {
     }
 
     pub fn endpoint_mut(&mut self, index: usize) -> &mut NodeEndpoint {
-        &mut self.endpoints[index]
+        self.endpoints[index]
+            .as_mut()
+            .expect("the host's endpoint was not taken apart")
+    }
+
+    /// Takes the endpoint of a host marked [`RackBuilder::drive_apart`]:
+    /// the application owns and pumps it (no lock on its path).
+    pub fn take_apart(&mut self, index: usize) -> Option<NodeEndpoint> {
+        if !self.apart[index] {
+            return None;
+        }
+        self.endpoints[index].take()
     }
 
     /// Runs `agent` on host `index`'s CPU: a pump of the fabric thread.
@@ -363,20 +378,25 @@ impl StagedRack {
         switch: Switch<P>,
     ) -> Result<(EmbeddedRack, Shared<SwitchEndpoint<P>>), RackError> {
         let switch = Arc::new(Mutex::new(SwitchEndpoint::new(switch, self.switch_ports)));
-        let hosts: Vec<Shared<NodeEndpoint>> = self
+        let hosts: Vec<Option<Shared<NodeEndpoint>>> = self
             .endpoints
             .into_iter()
-            .map(|endpoint| Arc::new(Mutex::new(endpoint)))
+            .map(|endpoint| endpoint.map(|endpoint| Arc::new(Mutex::new(endpoint))))
             .collect();
         let mut pumps: Vec<Arc<Mutex<dyn Pump>>> = vec![switch.clone()];
         for (host, apart) in hosts.iter().zip(&self.apart) {
-            if !apart {
+            if let (Some(host), false) = (host, apart) {
                 pumps.push(host.clone());
             }
         }
         for (index, agent, busy) in self.agents {
+            let host = hosts[index].clone().ok_or_else(|| {
+                RackError::Launch(format!(
+                    "host {index}'s endpoint was taken apart: no agent can run on it"
+                ))
+            })?;
             pumps.push(Arc::new(Mutex::new(AgentPump {
-                host: hosts[index].clone(),
+                host,
                 agent,
                 busy_ns: busy,
             })));
@@ -389,7 +409,6 @@ impl StagedRack {
         let rack = EmbeddedRack {
             topology: self.topology,
             hosts,
-            apart: self.apart,
             switch: switch_pump,
             port_counters: self.port_counters,
             capture: self.capture,
@@ -429,8 +448,8 @@ impl<P: Program + Send> SwitchReporting for SwitchEndpoint<P> {
 /// A running embedded rack: hosts, the switch and the fabric thread.
 pub struct EmbeddedRack {
     topology: Topology,
-    hosts: Vec<Shared<NodeEndpoint>>,
-    apart: Vec<bool>,
+    /// `None` for a host whose endpoint the application took.
+    hosts: Vec<Option<Shared<NodeEndpoint>>>,
     switch: Arc<Mutex<dyn SwitchReporting>>,
     port_counters: Vec<PortCountersHandle>,
     capture: Option<PcapSink>,
@@ -444,18 +463,18 @@ impl EmbeddedRack {
         &self.topology
     }
 
+    /// Host `index`'s endpoint.
+    ///
+    /// # Panics
+    /// If the application took it apart before the start.
     pub fn host(&self, index: usize) -> &Shared<NodeEndpoint> {
-        &self.hosts[index]
+        self.hosts[index]
+            .as_ref()
+            .expect("the host's endpoint was not taken apart")
     }
 
     pub fn carrier(&self) -> EmbeddedCarrier {
         self.carrier
-    }
-
-    /// Host `index`'s endpoint, which the fabric thread does not pump:
-    /// the application drives it (see [`RackBuilder::drive_apart`]).
-    pub fn apart(&self, index: usize) -> Option<&Shared<NodeEndpoint>> {
-        self.apart[index].then(|| &self.hosts[index])
     }
 
     pub fn fabric(&self) -> &FabricThread {

@@ -16,9 +16,9 @@ use super::{median, size_label, Host, Report};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_carrier::{DatagramPort, Port, Segment, SegmentPlan};
-use remora_rack::endpoint::{
-    rack_queue_pair, Driver, NodeEndpoint, Pump, RackClock, SwitchEndpoint,
-};
+use remora_rack::assembly::{EmbeddedCarrier, EmbeddedRack, RackBuilder};
+use remora_rack::endpoint::{rack_queue_pair, NodeEndpoint, Pump, RackClock, SwitchEndpoint};
+use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
 use remora_rnic::*;
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{PortId, Switch, SwitchConfig};
@@ -26,7 +26,7 @@ use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
 use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn};
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SIZES: [u32; 2] = [64, 4096];
@@ -44,6 +44,15 @@ enum Carrier {
 const CARRIERS: [Carrier; 3] = [Carrier::InProcess, Carrier::SharedMemory, Carrier::Udp];
 
 impl Carrier {
+    /// The rack builder's carrier of the same kind.
+    fn embedded(self) -> EmbeddedCarrier {
+        match self {
+            Carrier::InProcess => EmbeddedCarrier::InProcess,
+            Carrier::SharedMemory => EmbeddedCarrier::SharedMemory,
+            Carrier::Udp => EmbeddedCarrier::Udp,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Carrier::InProcess => "inproc",
@@ -77,21 +86,12 @@ fn l2l3_switch() -> Switch<L2L3Forwarding> {
     Switch::new(SwitchConfig::new(2), program)
 }
 
-/// Two endpoints' ports on each side of the switch: (host 1, switch port
-/// 0, switch port 1, host 2). With rings, host 1 sleeps on its own
-/// doorbell and the switch and host 2 (one fabric thread) share another.
-fn ports(carrier: Carrier) -> Result<[Box<dyn Port>; 4], String> {
-    let plan = SegmentPlan {
-        doorbell_count: 2,
-        ring_consumers: vec![0, 1, 0, 0],
-        ring_depth: RING_DEPTH,
-    };
-    let segment = match carrier {
-        Carrier::InProcess => Segment::anonymous(&plan),
-        Carrier::SharedMemory => Segment::shared("remora-bench", &plan),
-        Carrier::Udp => return udp_ports(),
-    }
-    .map_err(|error| error.to_string())?;
+/// In-process rings on each side of a switch for the one-thread
+/// forwarding measurement: (source, switch port 0, switch port 1, sink).
+/// Not a rack: one thread moves every frame, so nothing sleeps.
+fn forwarding_ports() -> Result<[Box<dyn Port>; 4], String> {
+    let plan = SegmentPlan::star_one_waiter(2, RING_DEPTH);
+    let segment = Segment::anonymous(&plan).map_err(|error| error.to_string())?;
     let port = |result: Result<remora_carrier::RingPort, remora_carrier::CarrierError>| {
         result
             .map(|port| Box::new(port) as Box<dyn Port>)
@@ -120,17 +120,6 @@ fn udp_pair(left: &str, right: &str) -> Result<(DatagramPort, DatagramPort), Str
     Ok((connect(left, right_address)?, connect(right, left_address)?))
 }
 
-fn udp_ports() -> Result<[Box<dyn Port>; 4], String> {
-    let (host1, switch0) = udp_pair("127.0.0.11:0", "127.0.0.1:0")?;
-    let (switch1, host2) = udp_pair("127.0.0.1:0", "127.0.0.12:0")?;
-    Ok([
-        Box::new(host1),
-        Box::new(switch0),
-        Box::new(switch1),
-        Box::new(host2),
-    ])
-}
-
 /// One measured READ setup: the application's endpoint (polled inline),
 /// and a fabric thread running the switch and the memory node.
 struct ReadRig {
@@ -140,58 +129,49 @@ struct ReadRig {
     cq: CompletionQueue,
     local: MemoryRegion,
     remote: MemoryRegion,
-    stop: Arc<AtomicBool>,
-    fabric: Option<std::thread::JoinHandle<Result<(), remora_rack::RackError>>>,
+    rack: EmbeddedRack,
 }
 
 impl ReadRig {
     fn new(carrier: Carrier) -> Result<ReadRig, String> {
-        let [host1, switch0, switch1, host2] = ports(carrier)?;
-        let error = |error: VerbsError| error.to_string();
-        let mut compute = NodeEndpoint::new(
-            "compute",
-            SoftRnic::new(RnicConfig::new(mac(1), address(1), 1)),
-            host1,
-        );
-        let mut memory = NodeEndpoint::new(
-            "memory",
-            SoftRnic::new(RnicConfig::new(mac(2), address(2), 2)),
-            host2,
-        );
+        let text = |error: &dyn std::fmt::Display| error.to_string();
+        let topology = Topology::compute_and_memory();
+        // The application polls the compute host's NIC itself; a fabric
+        // thread runs the switch and the memory host.
+        let mut staged = RackBuilder::new(&topology)
+            .carrier(carrier.embedded())
+            .ring_depth(RING_DEPTH)
+            .drive_apart(COMPUTE_HOST)
+            .build()
+            .map_err(|e| text(&e))?;
         let mut sides = Vec::new();
-        for rnic in [&mut compute.rnic, &mut memory.rnic] {
-            let pd = rnic.alloc_protection_domain().map_err(error)?;
+        for host in [COMPUTE_HOST, MEMORY_HOST] {
+            let rnic = staged.nic_mut(host);
+            let pd = rnic.alloc_protection_domain().map_err(|e| text(&e))?;
             let region = rnic
                 .register_memory(pd, 1 << 20, AccessFlags::ALL)
-                .map_err(error)?;
-            let cq = rnic.create_completion_queue(1024).map_err(error)?;
+                .map_err(|e| text(&e))?;
+            let cq = rnic.create_completion_queue(1024).map_err(|e| text(&e))?;
             let prepared = rnic
                 .create_queue_pair(&rack_queue_pair(pd, cq))
-                .map_err(error)?;
+                .map_err(|e| text(&e))?;
             sides.push((region, cq, prepared));
         }
+        let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
         memory
-            .rnic
             .write_local(sides[1].0.lkey, sides[1].0.address, &remote_pattern())
-            .map_err(error)?;
+            .map_err(|e| text(&e))?;
         let queue_pair = compute
-            .rnic
             .handshake(sides[0].2, sides[1].2.endpoint)
-            .map_err(error)?;
+            .map_err(|e| text(&e))?;
         memory
-            .rnic
             .handshake(sides[1].2, sides[0].2.endpoint)
-            .map_err(error)?;
-        let switch = SwitchEndpoint::new(l2l3_switch(), vec![switch0, switch1]);
-        let stop = Arc::new(AtomicBool::new(false));
-        let pumps: Vec<Arc<Mutex<dyn Pump>>> =
-            vec![Arc::new(Mutex::new(switch)), Arc::new(Mutex::new(memory))];
-        let driver = Driver::new(pumps, RackClock::new(), Arc::clone(&stop))
-            .map_err(|error| error.to_string())?;
-        let fabric = std::thread::Builder::new()
-            .name("fabric".into())
-            .spawn(move || driver.run())
-            .map_err(|error| error.to_string())?;
+            .map_err(|e| text(&e))?;
+        let compute = staged
+            .take_apart(COMPUTE_HOST)
+            .ok_or("the compute host is driven apart")?;
+        let switch = staged.l2l3_switch();
+        let (rack, _switch) = staged.start(switch).map_err(|e| text(&e))?;
         Ok(ReadRig {
             compute,
             clock: RackClock::new(),
@@ -199,8 +179,7 @@ impl ReadRig {
             cq: sides[0].1,
             local: sides[0].0,
             remote: sides[1].0,
-            stop,
-            fabric: Some(fabric),
+            rack,
         })
     }
 
@@ -242,12 +221,8 @@ impl ReadRig {
             self.compute
                 .pump(&self.clock)
                 .map_err(|error| error.to_string())?;
-            if self
-                .fabric
-                .as_ref()
-                .is_some_and(|fabric| fabric.is_finished())
-            {
-                let outcome = self.fabric.take().expect("checked").join();
+            if self.rack.is_finished() {
+                let outcome = self.rack.stop_and_join();
                 return Err(format!("the fabric thread stopped: {outcome:?}"));
             }
             if started.elapsed() > Duration::from_secs(10) {
@@ -312,15 +287,6 @@ fn remote_pattern() -> Vec<u8> {
         .collect()
 }
 
-impl Drop for ReadRig {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(fabric) = self.fabric.take() {
-            let _ = fabric.join();
-        }
-    }
-}
-
 /// A SEND-only frame with `payload_bytes` of payload from host 1 to host 2.
 fn forwarded_frame(payload_bytes: usize, sequence: u32) -> Vec<u8> {
     let bth = BthRepr::new(
@@ -370,7 +336,7 @@ fn forwarding(duration: Duration) -> Result<(f64, f64), String> {
     let frames: Vec<Vec<u8>> = (0..64)
         .map(|sequence| forwarded_frame(22, sequence))
         .collect();
-    let [mut source, switch0, switch1, mut sink] = ports(Carrier::InProcess)?;
+    let [mut source, switch0, switch1, mut sink] = forwarding_ports()?;
     let mut switch = SwitchEndpoint::new(l2l3_switch(), vec![switch0, switch1]);
     let through_switch = forward_rate(
         duration,
@@ -390,7 +356,7 @@ fn forwarding(duration: Duration) -> Result<(f64, f64), String> {
             "the switch dropped {lost} frames on full queues; the rate would be wrong"
         ));
     }
-    let [mut source, mut ring_in, mut ring_out, mut sink] = ports(Carrier::InProcess)?;
+    let [mut source, mut ring_in, mut ring_out, mut sink] = forwarding_ports()?;
     let ring_to_ring = forward_rate(
         duration,
         &mut |_| {
