@@ -69,6 +69,13 @@ pub enum CarrierError {
     Segment(String),
     #[error("the peer is gone")]
     PeerGone,
+    #[error("{operation} {path}: {source}")]
+    File {
+        operation: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 #[cfg(not(loom))]

@@ -299,7 +299,12 @@ fn tour_operations(tour: &mut Tour) -> Result<(), VerbsError> {
     )
 }
 
-fn tour_violation(seed: u64, capture: &mut Capture) -> Result<Row, VerbsError> {
+/// The access-violation row, on a pair of its own; returns the row and
+/// that pair's counters, which the totals include.
+fn tour_violation(
+    seed: u64,
+    capture: &mut Capture,
+) -> Result<(Row, [RnicCounters; 2]), VerbsError> {
     let mut tour = setup(seed, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
     let right_region = tour.right.0;
     let before = tour.read(true, 0, 4096);
@@ -324,7 +329,11 @@ fn tour_violation(seed: u64, capture: &mut Capture) -> Result<Row, VerbsError> {
         },
     )?;
     capture.append(std::mem::take(&mut tour.capture));
-    Ok(tour.rows.pop().expect("one row"))
+    let counters = [
+        tour.fabric.left.counters().clone(),
+        tour.fabric.right.counters().clone(),
+    ];
+    Ok((tour.rows.pop().expect("one row"), counters))
 }
 
 fn print_table(rows: &[Row]) {
@@ -354,14 +363,22 @@ pub fn run(json: Option<&Path>, pcap: Option<&Path>) -> Result<ExitCode, String>
     let mut tour = setup(1, AccessFlags::ALL).map_err(|error| error.to_string())?;
     tour_operations(&mut tour).map_err(|error| error.to_string())?;
     let mut rows = std::mem::take(&mut tour.rows);
-    let violation = tour_violation(2, &mut tour.capture).map_err(|error| error.to_string())?;
+    let (violation, violation_counters) =
+        tour_violation(2, &mut tour.capture).map_err(|error| error.to_string())?;
     rows.push(violation);
     if let Some(path) = pcap {
         tour.capture.write(path)?;
         println!("wrote {} frames to {}", tour.capture.len(), path.display());
     }
     print_table(&rows);
-    let counters = [tour.fabric.left.counters(), tour.fabric.right.counters()];
+    // Every pair the tour used: the totals add up to the rows and the
+    // capture.
+    let counters = [
+        tour.fabric.left.counters(),
+        tour.fabric.right.counters(),
+        &violation_counters[0],
+        &violation_counters[1],
+    ];
     println!(
         "\ntotals: {} frames, {} ACKs sent ({} coalesced away), {} sequence NAKs, {} retransmit timeouts, {} frames dropped",
         counters.iter().map(|c| c.frames_transmitted).sum::<u64>(),

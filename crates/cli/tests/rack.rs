@@ -250,6 +250,18 @@ fn bad_rack_files_fail_with_a_clear_message() {
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("not an IPv4 address"), "{stderr}");
+
+    // A capture into a directory that does not exist names the path.
+    let missing = "/nonexistent-remora-directory/rack.pcap";
+    let output = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["rack", "up"])
+        .arg(example("rack-two-nodes.toml"))
+        .args(["--capture", missing])
+        .output()
+        .unwrap();
+    assert_ne!(output.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(missing), "{stderr}");
 }
 
 #[test]

@@ -27,6 +27,11 @@ fn wireshark_decodes_every_frame_of_the_demo() {
         "the tour moves dozens of frames, got {}",
         frames.len()
     );
+    // The totals line counts what the rows and the capture hold (it once
+    // left out the access-violation row's pair).
+    let stdout = String::from_utf8_lossy(&demo.stdout);
+    let totals = format!("totals: {} frames,", frames.len());
+    assert!(stdout.contains(&totals), "{totals} not in:\n{stdout}");
     let mut opcodes = BTreeSet::new();
     for (number, (protocols, opcode)) in frames.iter().enumerate() {
         assert!(

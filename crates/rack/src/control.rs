@@ -43,13 +43,31 @@ impl From<QueuePairEndpoint> for EndpointMessage {
     }
 }
 
+/// QPNs 0 and 1 are InfiniBand's special queue pairs (SMI and GSI): no
+/// reliable connection ever ends there.
+const FIRST_CONNECTABLE_QPN: u32 = 2;
+
 impl TryFrom<EndpointMessage> for QueuePairEndpoint {
     type Error = RackError;
     fn try_from(message: EndpointMessage) -> Result<Self, RackError> {
+        if message.qpn < FIRST_CONNECTABLE_QPN {
+            return Err(RackError::Control(format!(
+                "QPN {} is reserved (0 and 1 are the special queue pairs), not a connectable queue pair",
+                message.qpn
+            )));
+        }
+        let qpn = Qpn::new(message.qpn)
+            .ok_or_else(|| RackError::Control(format!("QPN {:#x} is out of range", message.qpn)))?;
+        // A PSN is 24 bits: a larger one would be cut silently, and the
+        // two ends would disagree on where the connection starts.
+        if message.initial_psn > Psn::MAX {
+            return Err(RackError::Control(format!(
+                "initial PSN {:#x} does not fit 24 bits",
+                message.initial_psn
+            )));
+        }
         Ok(QueuePairEndpoint {
-            qpn: Qpn::new(message.qpn).ok_or_else(|| {
-                RackError::Control(format!("QPN {:#x} is out of range", message.qpn))
-            })?,
+            qpn,
             address: Ipv4Address(message.address),
             mac: MacAddress(message.mac),
             initial_psn: Psn::new(message.initial_psn),

@@ -102,6 +102,35 @@ fn a_client_gets_the_servers_queue_pair_and_region_and_a_bad_qpn_is_refused() {
         matches!(reply, Reply::Refused { ref reason } if reason.contains("out of range")),
         "{reply:?}"
     );
+    // QPN 0 is a special queue pair; a 2^31 PSN does not fit 24 bits and
+    // was once cut silently.
+    for (endpoint, expected) in [
+        (
+            EndpointMessage {
+                qpn: 0,
+                ..endpoint_message()
+            },
+            "reserved",
+        ),
+        (
+            EndpointMessage {
+                initial_psn: 1 << 31,
+                ..endpoint_message()
+            },
+            "does not fit 24 bits",
+        ),
+    ] {
+        let request = Request::Connect {
+            client: "c".into(),
+            endpoint,
+        };
+        let reply =
+            control::request(&server.address, &request, Duration::from_secs(5), &never).unwrap();
+        assert!(
+            matches!(reply, Reply::Refused { ref reason } if reason.contains(expected)),
+            "{reply:?}"
+        );
+    }
     server.stop.store(true, Ordering::Relaxed);
     server.thread.join().unwrap();
 }

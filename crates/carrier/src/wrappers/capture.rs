@@ -35,8 +35,11 @@ pub struct PcapSink {
 
 impl PcapSink {
     pub fn create(path: &Path) -> Result<PcapSink, CarrierError> {
-        let file =
-            File::create(path).map_err(|error| CarrierError::io("create pcap file", error))?;
+        let file = File::create(path).map_err(|source| CarrierError::File {
+            operation: "cannot create the capture file",
+            path: path.to_path_buf(),
+            source,
+        })?;
         let file = SharedFile(Arc::new(Mutex::new(BufWriter::new(file))));
         let writer = PcapWriter::new(file.clone()).map_err(|error| {
             CarrierError::io(
