@@ -359,7 +359,12 @@ fn print_table(rows: &[Row]) {
     }
 }
 
-pub fn run(json: Option<&Path>, pcap: Option<&Path>) -> Result<ExitCode, String> {
+pub fn run(
+    json: Option<&Path>,
+    pcap: Option<&Path>,
+    history: Option<&Path>,
+) -> Result<ExitCode, String> {
+    let mut history = history.map(crate::HistoryFile::create).transpose()?;
     let mut tour = setup(1, AccessFlags::ALL).map_err(|error| error.to_string())?;
     tour_operations(&mut tour).map_err(|error| error.to_string())?;
     let mut rows = std::mem::take(&mut tour.rows);
@@ -390,7 +395,10 @@ pub fn run(json: Option<&Path>, pcap: Option<&Path>) -> Result<ExitCode, String>
     );
     let rack = rack_step()?;
     let mut rack_failures = rack.failures();
-    let clover = clover_step()?;
+    let clover = clover_step(history.as_mut())?;
+    if let Some(file) = history {
+        println!("{}", file.finish()?);
+    }
     rack_failures.extend(clover.failures.iter().cloned());
     let cowbird = cowbird_step()?;
     rack_failures.extend(cowbird.failures.iter().cloned());
@@ -449,7 +457,7 @@ struct SystemStep {
 /// 16 hot keys, plain and with the resolver. Every key's history goes
 /// through stateright's linearizability checker, and every version list
 /// is audited whole.
-fn clover_step() -> Result<SystemStep, String> {
+fn clover_step(mut history: Option<&mut crate::HistoryFile>) -> Result<SystemStep, String> {
     use remora_clover::simulated::{run, Run, SwitchChoice};
     println!("\nClover in the simulator (8 clients, 16 keys, YCSB-A zipf 0.99, 2% loss):");
     let mut step = SystemStep {
@@ -479,6 +487,9 @@ fn clover_step() -> Result<SystemStep, String> {
             ..Run::new(switch)
         };
         let outcome = run(1, &configuration).map_err(|error| error.to_string())?;
+        if let Some(file) = history.as_deref_mut() {
+            file.write(&format!("demo/{name}"), &outcome)?;
+        }
         let verdict = outcome.verdict.clone().ok_or("no history was recorded")?;
         let operations = (outcome.stats.reads + outcome.stats.writes) as f64;
         println!(

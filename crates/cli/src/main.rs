@@ -31,6 +31,13 @@ enum Command {
         /// Write every frame of the tour to this pcap file (opens in Wireshark).
         #[arg(long)]
         pcap: Option<PathBuf>,
+        /// Write Clover's checked KV histories to this file as JSON lines,
+        /// one request each: {"history", "client", "op", "key", "value",
+        /// "output", "call", "ret"} (times in simulated ns; no "ret" for a
+        /// request that never returned), for an outside linearizability
+        /// checker.
+        #[arg(long)]
+        history: Option<PathBuf>,
     },
     /// Run deterministic simulation campaigns.
     #[command(subcommand)]
@@ -49,7 +56,11 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo { json, pcap } => demo::run(json.as_deref(), pcap.as_deref()),
+        Command::Demo {
+            json,
+            pcap,
+            history,
+        } => demo::run(json.as_deref(), pcap.as_deref(), history.as_deref()),
         Command::Sim(command) => sim::run(command),
         Command::Bench(command) => bench::run(command),
         Command::Rack(command) => rack::run(command),
@@ -69,4 +80,64 @@ fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> Result<(
     let text = serde_json::to_string_pretty(value).map_err(|error| error.to_string())?;
     std::fs::write(path, text + "\n")
         .map_err(|error| format!("cannot write {}: {error}", path.display()))
+}
+
+/// A file of checked KV histories as JSON lines (`--history`).
+pub struct HistoryFile {
+    path: PathBuf,
+    out: std::io::BufWriter<std::fs::File>,
+    histories: usize,
+    lines: usize,
+}
+
+impl HistoryFile {
+    pub fn create(path: &std::path::Path) -> Result<HistoryFile, String> {
+        let file = std::fs::File::create(path)
+            .map_err(|error| format!("cannot create {}: {error}", path.display()))?;
+        Ok(HistoryFile {
+            path: path.to_path_buf(),
+            out: std::io::BufWriter::new(file),
+            histories: 0,
+            lines: 0,
+        })
+    }
+
+    /// Writes one run's history, refusing one its check found not
+    /// linearizable (the file then still holds it, for a second opinion).
+    pub fn write(
+        &mut self,
+        name: &str,
+        outcome: &remora_clover::simulated::Outcome,
+    ) -> Result<(), String> {
+        let verdict = outcome
+            .verdict
+            .as_ref()
+            .ok_or(format!("{name}: the run recorded no history"))?;
+        self.lines +=
+            remora_clover::history::write_json_lines(name, &outcome.history, &mut self.out)
+                .map_err(|error| format!("cannot write {}: {error}", self.path.display()))?;
+        self.histories += 1;
+        if !verdict.violations.is_empty() {
+            return Err(format!(
+                "{name}: keys {:?} are not linearizable (history in {})",
+                verdict.violations,
+                self.path.display()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Flushes; says what was written.
+    pub fn finish(mut self) -> Result<String, String> {
+        use std::io::Write;
+        self.out
+            .flush()
+            .map_err(|error| format!("cannot write {}: {error}", self.path.display()))?;
+        Ok(format!(
+            "wrote {} requests of {} checked histories to {}",
+            self.lines,
+            self.histories,
+            self.path.display()
+        ))
+    }
 }

@@ -79,3 +79,50 @@ fn bad_input_gets_a_clear_error() {
         String::from_utf8_lossy(&output.stderr).contains("cannot read /nonexistent/remora.toml")
     );
 }
+
+#[test]
+fn the_demo_writes_its_checked_histories_as_json_lines() {
+    let path = std::env::temp_dir().join(format!("remora-history-{}.jsonl", std::process::id()));
+    let output = remora(&["demo", "--history", path.to_str().unwrap()]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = std::fs::read_to_string(&path).expect("the history file");
+    std::fs::remove_file(&path).ok();
+    let mut written = std::collections::BTreeSet::new();
+    let mut reads = Vec::new();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect();
+    // Clover's step checks two histories of 400 requests each.
+    assert_eq!(lines.len(), 800);
+    for line in &lines {
+        let history = line["history"].as_str().expect("a history name");
+        let key = line["key"].as_u64().expect("a key");
+        let call = line["call"].as_u64().expect("a call time");
+        assert!(line["client"].is_u64());
+        if let Some(ret) = line.get("ret") {
+            assert!(ret.as_u64().expect("a return time") >= call, "{line}");
+        }
+        match line["op"].as_str() {
+            Some("write") => {
+                written.insert((history, key, line["value"].as_u64().expect("a value")));
+            }
+            Some("read") => reads.push((history, key, line["output"].as_u64())),
+            other => panic!("op {other:?}"),
+        }
+    }
+    // Every read saw the loaded version (id 0) or a value written to its
+    // key in its own history.
+    for (history, key, output) in reads {
+        if let Some(id) = output.filter(|id| *id != 0) {
+            assert!(
+                written.contains(&(history, key, id)),
+                "{history} key {key} read {id}"
+            );
+        }
+    }
+}

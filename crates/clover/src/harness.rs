@@ -211,6 +211,9 @@ pub struct Finish {
     /// version that no collection has trimmed yet.
     pub writes_since_collection: u64,
     pub verdict: Option<Verdict>,
+    /// Every request's invocation and return, when the run checked its
+    /// history.
+    pub history: Vec<history::Event>,
 }
 
 /// The application side of a run: the deployed store and the workload
@@ -316,6 +319,7 @@ impl Application {
             writes_since_collection: self.deployment.pool.stats().writes
                 - self.writes_at_collection,
             verdict,
+            history: self.deployment.pool.history().to_vec(),
         })
     }
 }

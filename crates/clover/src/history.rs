@@ -23,6 +23,7 @@
 
 use remora_rnic::Timestamp;
 use std::collections::BTreeMap;
+use std::io::Write;
 
 /// The id every loaded (first) version carries.
 pub const LOADED_ID: u64 = 0;
@@ -264,4 +265,77 @@ fn clusters_can_be_ordered(clusters: &BTreeMap<u64, Cluster>) -> bool {
         }
     }
     placed == ids.len()
+}
+
+/// One request as an outside checker reads it: `{"history", "client",
+/// "op", "key", "value", "output", "call", "ret"}` with times in
+/// nanoseconds of the run's clock. A write's `value` is the id it wrote;
+/// a read's `output` is the id it saw; `ret` is absent for a request that
+/// never returned.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct OperationRecord<'a> {
+    pub history: &'a str,
+    pub client: usize,
+    pub op: &'static str,
+    pub key: u64,
+    pub value: Option<u64>,
+    pub output: Option<u64>,
+    pub call: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ret: Option<u64>,
+}
+
+/// The records of `events`, in invocation order: each client's
+/// invocation paired with its next return.
+pub fn records<'a>(history: &'a str, events: &[Event]) -> Vec<OperationRecord<'a>> {
+    let mut records: Vec<OperationRecord<'a>> = Vec::with_capacity(events.len() / 2 + 1);
+    let mut open: BTreeMap<usize, usize> = BTreeMap::new();
+    for event in events {
+        let call = |op, value| OperationRecord {
+            history,
+            client: event.client,
+            op,
+            key: event.key,
+            value,
+            output: None,
+            call: event.at.as_nanos(),
+            ret: None,
+        };
+        match event.kind {
+            EventKind::WriteInvoked(id) => {
+                open.insert(event.client, records.len());
+                records.push(call("write", Some(id)));
+            }
+            EventKind::ReadInvoked => {
+                open.insert(event.client, records.len());
+                records.push(call("read", None));
+            }
+            EventKind::WriteReturned | EventKind::ReadReturned(_) => {
+                let Some(index) = open.remove(&event.client) else {
+                    continue; // A return with no call: `check` reports it.
+                };
+                let record = &mut records[index];
+                record.ret = Some(event.at.as_nanos());
+                if let EventKind::ReadReturned(id) = event.kind {
+                    record.output = Some(id);
+                }
+            }
+        }
+    }
+    records
+}
+
+/// Writes `events` as JSON lines, one request each (see
+/// [`OperationRecord`]). Returns how many lines it wrote.
+pub fn write_json_lines(
+    history: &str,
+    events: &[Event],
+    out: &mut dyn Write,
+) -> std::io::Result<usize> {
+    let records = records(history, events);
+    for record in &records {
+        serde_json::to_writer(&mut *out, record).map_err(std::io::Error::other)?;
+        out.write_all(b"\n")?;
+    }
+    Ok(records.len())
 }

@@ -37,6 +37,8 @@ pub struct Outcome {
     /// Writes completed after the last collection.
     pub writes_since_collection: u64,
     pub verdict: Option<Verdict>,
+    /// The checked history, when the run recorded one.
+    pub history: Vec<crate::history::Event>,
 }
 
 impl Outcome {
@@ -123,5 +125,6 @@ fn simulate<P: CloverSwitch>(
         versions: finish.versions,
         writes_since_collection: finish.writes_since_collection,
         verdict: finish.verdict,
+        history: finish.history,
     })
 }

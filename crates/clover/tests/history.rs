@@ -98,3 +98,35 @@ fn both_kinds_of_history_occur_in_the_generated_ones() {
     }
     assert!(linearizable > 50 && not > 50, "{linearizable} / {not}");
 }
+
+#[test]
+fn a_request_that_never_returned_has_no_ret_and_returns_carry_their_outputs() {
+    let at = Timestamp::from_nanos;
+    let event = |client, kind, time| Event {
+        key: 3,
+        client,
+        kind,
+        at: at(time),
+    };
+    let events = [
+        event(0, EventKind::WriteInvoked(9), 10),
+        event(1, EventKind::ReadInvoked, 12),
+        event(1, EventKind::ReadReturned(9), 30),
+    ];
+    let mut out = Vec::new();
+    let lines = remora_clover::history::write_json_lines("h", &events, &mut out).unwrap();
+    assert_eq!(lines, 2);
+    let text = String::from_utf8(out).unwrap();
+    let records: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(records[0]["op"], "write");
+    assert_eq!(records[0]["value"], 9);
+    assert!(records[0].get("ret").is_none(), "{}", records[0]);
+    assert_eq!(records[1]["output"], 9);
+    assert_eq!(records[1]["call"], 12);
+    assert_eq!(records[1]["ret"], 30);
+    // A read of a write still in flight is linearizable.
+    assert!(check(&events).unwrap().violations.is_empty());
+}

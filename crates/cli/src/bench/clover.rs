@@ -175,7 +175,8 @@ fn record(report: &mut Report, name: &str, figures: &Figures) {
     );
 }
 
-pub fn run(quick: bool) -> Result<Report, String> {
+pub fn run(quick: bool, history: Option<&std::path::Path>) -> Result<Report, String> {
+    let mut history = history.map(crate::HistoryFile::create).transpose()?;
     let seeds: u64 = if quick { 3 } else { 5 };
     let plan = plan(quick);
     let progress = ProgressBar::new(plan.len() as u64 * seeds);
@@ -202,7 +203,15 @@ pub fn run(quick: bool) -> Result<Report, String> {
         progress.set_message(configuration.name.clone());
         let mut outcomes = Vec::new();
         for seed in 0..seeds {
-            outcomes.push(simulate(seed, &configuration.run).map_err(|error| error.to_string())?);
+            let run = Run {
+                check_history: history.is_some(),
+                ..configuration.run
+            };
+            let outcome = simulate(seed, &run).map_err(|error| error.to_string())?;
+            if let Some(file) = &mut history {
+                file.write(&format!("{}/seed{seed}", configuration.name), &outcome)?;
+            }
+            outcomes.push(outcome);
             progress.inc(1);
         }
         progress.suspend(|| {
@@ -236,6 +245,9 @@ pub fn run(quick: bool) -> Result<Report, String> {
         report.ratios.insert(name.into(), serde_json::json!(value));
     }
     println!();
+    if let Some(file) = history {
+        println!("{}\n", file.finish()?);
+    }
     on_the_embedded_rack(quick, &mut report)?;
     Ok(report)
 }

@@ -25,7 +25,7 @@ pub enum BenchCommand {
     /// Clover with and without the in-network resolver, in the
     /// deterministic simulator: YCSB A/B/C, zipf 0.75/0.99 and uniform,
     /// 1 to 64 clients, a top-N cache sweep, conflicts and resolver memory.
-    Clover(CommonArgs),
+    Clover(CloverArgs),
     /// Cowbird's hash-table probe on the embedded rack: all-local,
     /// synchronous and batched asynchronous one-sided READs, two-sided
     /// RPC, and the client library with the Spot offload engine and with
@@ -47,6 +47,19 @@ pub struct CowbirdArgs {
     /// and P4 engines' settings (see examples/rack-cowbird.toml).
     #[arg(long)]
     config: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct CloverArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Record, check and write every simulated run's KV history to this
+    /// file as JSON lines, one request each: {"history", "client", "op",
+    /// "key", "value", "output", "call", "ret"} (times in simulated ns; no
+    /// "ret" for a request that never returned), for an outside
+    /// linearizability checker.
+    #[arg(long)]
+    history: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -146,7 +159,10 @@ pub fn run(command: BenchCommand) -> Result<ExitCode, String> {
     let (report, args) = match command {
         BenchCommand::Fabric(args) => (fabric::run(args.quick)?, args),
         BenchCommand::Switch(args) => (switch::run(args.quick)?, args),
-        BenchCommand::Clover(args) => (clover::run(args.quick)?, args),
+        BenchCommand::Clover(args) => (
+            clover::run(args.common.quick, args.history.as_deref())?,
+            args.common,
+        ),
         BenchCommand::Cowbird(args) => {
             let settings = cowbird::Settings::from_args(args.threads, args.config.as_deref())?;
             (cowbird::run(args.common.quick, &settings)?, args.common)
