@@ -8,7 +8,7 @@ use crate::history::{value_with_id, LOADED_ID};
 use crate::layout::NextPointer;
 use crate::metadata::{MetadataConfig, MetadataServer, RegionPlan, RnicRegion};
 use crate::pool::{ClientPool, CloverError, PoolConfig, PoolWiring, Request, CLIENT_BUFFER_BYTES};
-use crate::resolver::{CloverResolver, WatchedRegion};
+use crate::resolver::{CloverResolver, Resolver, WatchedRegion};
 use remora_rnic::{AccessFlags, MemoryRegion, QueuePairBuilder, SoftRnic, Verbs};
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::table::TableError;
@@ -113,7 +113,7 @@ impl Deployment {
         cached_keys: &[u64],
     ) -> Result<CloverResolver, TableError> {
         let plan = self.metadata.plan();
-        let mut resolver = CloverResolver::new(
+        let mut resolver = Resolver::with_forwarding(
             forwarding,
             WatchedRegion {
                 memory_address: memory.config().address,

@@ -34,9 +34,10 @@
 use crate::layout::NextPointer;
 use remora_rnic::Timestamp;
 use remora_switch::programs::l2l3::L2L3Forwarding;
+use remora_switch::programs::{Overlaid, Overlay};
 use remora_switch::register::RegisterArray;
 use remora_switch::table::{ExactTable, TableError, TableShape};
-use remora_switch::{Digest, Egress, Packet, Program, ResourceReport};
+use remora_switch::{Packet, ResourceReport};
 use remora_wire::{Ipv4Address, Opcode, Psn, Qpn, Rkey, VirtAddr};
 
 /// The memory region the resolver watches.
@@ -119,8 +120,13 @@ pub struct ResolverMemory {
     pub total_bytes: usize,
 }
 
-pub struct CloverResolver {
-    forwarding: L2L3Forwarding,
+/// Clover's resolver: the program a rack runs, the resolver's stages on
+/// top of L2/L3 forwarding.
+pub type CloverResolver = Overlaid<Resolver>;
+
+/// The resolver's stages (an [`Overlay`]): it watches and rewrites
+/// Clover's traffic after forwarding chose its egress.
+pub struct Resolver {
     region: WatchedRegion,
     /// (memory address, memory-side QPN) → client index.
     requests: ExactTable<u64, u32>,
@@ -143,13 +149,18 @@ fn be_word(bytes: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
 }
 
-impl CloverResolver {
-    pub fn new(
+impl Resolver {
+    /// The resolver on top of `forwarding`.
+    pub fn with_forwarding(
         forwarding: L2L3Forwarding,
         region: WatchedRegion,
         max_keys: usize,
         max_clients: usize,
     ) -> CloverResolver {
+        Overlaid::new(forwarding, Resolver::new(region, max_keys, max_clients))
+    }
+
+    pub fn new(region: WatchedRegion, max_keys: usize, max_clients: usize) -> Resolver {
         let qp_table = |name| {
             ExactTable::new(TableShape {
                 name,
@@ -159,8 +170,7 @@ impl CloverResolver {
                 capacity: max_clients,
             })
         };
-        CloverResolver {
-            forwarding,
+        Resolver {
             region,
             requests: qp_table("clover_clients"),
             replies: qp_table("clover_replies"),
@@ -177,10 +187,6 @@ impl CloverResolver {
             client_count: 0,
             counters: ResolverCounters::default(),
         }
-    }
-
-    pub fn forwarding_mut(&mut self) -> &mut L2L3Forwarding {
-        &mut self.forwarding
     }
 
     pub fn counters(&self) -> ResolverCounters {
@@ -420,16 +426,12 @@ impl CloverResolver {
     }
 }
 
-impl Program for CloverResolver {
+impl Overlay for Resolver {
     fn name(&self) -> &str {
         "clover-resolver"
     }
 
-    fn ingress(&mut self, now: Timestamp, packet: &mut Packet) {
-        self.forwarding.ingress(now, packet);
-        if matches!(packet.egress, Egress::Drop | Egress::Unset) {
-            return;
-        }
+    fn after_forwarding(&mut self, _now: Timestamp, packet: &mut Packet) {
         let Some(roce) = packet.headers.roce else {
             return;
         };
@@ -449,9 +451,7 @@ impl Program for CloverResolver {
         }
     }
 
-    fn resources(&self) -> ResourceReport {
-        let mut report = self.forwarding.resources();
-        report.program = self.name().to_string();
+    fn add_resources(&self, report: &mut ResourceReport) {
         report.tables.extend([
             self.requests.resources(),
             self.replies.resources(),
@@ -463,10 +463,5 @@ impl Program for CloverResolver {
             self.cas.resources(),
         ]);
         report.recomputes_icrc = true;
-        report
-    }
-
-    fn control_plane(&mut self, digest: &Digest) {
-        self.forwarding.control_plane(digest);
     }
 }

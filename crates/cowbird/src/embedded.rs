@@ -28,7 +28,7 @@ use crate::deploy::{deploy, deploy_p4, CowbirdSpec, Direct, DirectSpec, P4Deploy
 use crate::hash_table::{calibrate, compute, is_record, record_bytes, record_of, TableSpec};
 use crate::history::{Engine, Histories, Workload};
 use crate::layout::RingSizes;
-use crate::p4::{CowbirdP4, P4Config, P4Stats};
+use crate::p4::{CowbirdP4, P4Config, P4Engine, P4Stats};
 use crate::simulated::{p4_config, topology};
 use crate::spot::{SpotConfig, SpotStats};
 use crate::spot_agent::SpotAgent;
@@ -261,7 +261,7 @@ fn p4_rack(
     ),
     String,
 > {
-    let mut program = CowbirdP4::new(config, topology.forwarding());
+    let mut program = P4Engine::with_forwarding(config, topology.forwarding());
     let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
     let ports = crate::simulated::switch_ports();
     let deployment = deploy_p4(spec, compute, memory, &mut program, ports).map_err(text)?;
@@ -359,7 +359,7 @@ impl Rig {
         let mut staged = stage(&topology)?;
         let spec = probe_spec(bench, bench.threads);
         // The pool is filled before the switch runs: deploy first.
-        let mut program = CowbirdP4::new(bench.p4, topology.forwarding());
+        let mut program = P4Engine::with_forwarding(bench.p4, topology.forwarding());
         let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
         let ports = crate::simulated::switch_ports();
         let deployment = deploy_p4(&spec, compute, memory, &mut program, ports).map_err(text)?;

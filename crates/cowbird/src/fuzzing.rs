@@ -62,7 +62,7 @@ pub fn hostile_block(bytes: &[u8]) -> usize {
 /// Returns how many frames the switch sent.
 pub fn p4_hostile_answers(bytes: &[u8]) -> usize {
     use crate::p4::impersonated::Peer;
-    use crate::p4::{CowbirdP4, InstanceSpec};
+    use crate::p4::{InstanceSpec, P4Engine};
     use crate::simulated::{forwarding, p4_config};
     use remora_rack::topology::standard_host;
     let mac = |index: u8| standard_host(usize::from(index) - 1).0;
@@ -76,7 +76,7 @@ pub fn p4_hostile_answers(bytes: &[u8]) -> usize {
     };
 
     let config = p4_config();
-    let mut program = CowbirdP4::new(config, forwarding());
+    let mut program = P4Engine::with_forwarding(config, forwarding());
     let peer = |index: u8, port: u16| Peer {
         port: PortId(port),
         mac: mac(index),
@@ -183,7 +183,7 @@ pub fn p4_hostile_answers(bytes: &[u8]) -> usize {
 /// did.
 pub fn p4_hostile_block(bytes: &[u8]) -> Option<String> {
     use crate::deploy::{deploy_p4, SwitchPorts};
-    use crate::p4::CowbirdP4;
+    use crate::p4::P4Engine;
     use crate::simulated::{forwarding, p4_config};
     use remora_rack::topology::standard_host;
     let mac = |index: u8| standard_host(usize::from(index) - 1).0;
@@ -208,7 +208,7 @@ pub fn p4_hostile_block(bytes: &[u8]) -> Option<String> {
         direct: None,
         rpc: None,
     };
-    let mut program = CowbirdP4::new(p4_config(), forwarding());
+    let mut program = P4Engine::with_forwarding(p4_config(), forwarding());
     let ports = SwitchPorts {
         compute: PortId(0),
         memory: PortId(1),

@@ -12,7 +12,7 @@
 use crate::deploy::{deploy, deploy_p4, CowbirdSpec, DeployError, SwitchPorts};
 pub use crate::history::{Engine, ReadCheck, Workload};
 use crate::history::{HistoryApplication, HistoryError};
-use crate::p4::{CowbirdP4, P4Config, P4Stats};
+use crate::p4::{CowbirdP4, P4Config, P4Engine, P4Stats};
 use crate::spot::SpotStats;
 use crate::spot_agent::SpotAgent;
 use remora_base::Timestamp;
@@ -216,7 +216,7 @@ pub fn run_with(
             Ok(outcome)
         }
         Engine::P4 => {
-            let mut program = CowbirdP4::new(workload.p4, topology.forwarding());
+            let mut program = P4Engine::with_forwarding(workload.p4, topology.forwarding());
             let ports = SwitchPorts {
                 compute: topology.port(COMPUTE_HOST),
                 memory: topology.port(MEMORY_HOST),

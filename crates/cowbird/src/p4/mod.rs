@@ -69,10 +69,10 @@ use impersonated::{Answer, ImpersonatedQueuePair, Peer, Purpose, Sent, WINDOW_PA
 use remora_rnic::{Mtu, RemoteAddress, Timestamp};
 use remora_switch::generator::Template;
 use remora_switch::packet::GENERATOR_PORT;
-use remora_switch::programs::L2L3Forwarding;
+use remora_switch::programs::{Claim, L2L3Forwarding, Overlaid, Overlay};
 use remora_switch::register::RegisterArray;
 use remora_switch::table::{ExactTable, TableShape};
-use remora_switch::{parser, Egress, Packet, PortId, Program, ResourceReport};
+use remora_switch::{parser, Egress, Packet, PortId, ResourceReport};
 use remora_wire::frame::FrameRepr;
 use remora_wire::opcode::Segment;
 use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn, RoceFrame};
@@ -206,9 +206,15 @@ struct Instance {
     stats: P4Stats,
 }
 
-pub struct CowbirdP4 {
+/// Cowbird-P4 as the rack runs it: the engine's stages on top of L2/L3
+/// forwarding.
+pub type CowbirdP4 = Overlaid<P4Engine>;
+
+/// The engine's stages (an [`Overlay`]): it takes the generator's packets
+/// and the answers to the queue pairs it plays before forwarding sees
+/// them; everything else is forwarded.
+pub struct P4Engine {
     config: P4Config,
-    forwarding: L2L3Forwarding,
     queue_pairs: ExactTable<u32, (usize, Side)>,
     instances: Vec<Instance>,
     next_instance: usize,
@@ -217,11 +223,15 @@ pub struct CowbirdP4 {
     malformed: u64,
 }
 
-impl CowbirdP4 {
-    pub fn new(config: P4Config, forwarding: L2L3Forwarding) -> CowbirdP4 {
-        CowbirdP4 {
+impl P4Engine {
+    /// The engine on top of `forwarding`.
+    pub fn with_forwarding(config: P4Config, forwarding: L2L3Forwarding) -> CowbirdP4 {
+        Overlaid::new(forwarding, P4Engine::new(config))
+    }
+
+    pub fn new(config: P4Config) -> P4Engine {
+        P4Engine {
             config,
-            forwarding,
             queue_pairs: ExactTable::new(TableShape {
                 name: "cowbird_queue_pairs",
                 stage: 0,
@@ -430,24 +440,24 @@ impl CowbirdP4 {
     }
 }
 
-impl Program for CowbirdP4 {
+impl Overlay for P4Engine {
     fn name(&self) -> &str {
         "cowbird-p4"
     }
 
-    fn ingress(&mut self, now: Timestamp, packet: &mut Packet) {
+    fn before_forwarding(&mut self, now: Timestamp, packet: &mut Packet) -> Claim {
         if packet.ingress_port == GENERATOR_PORT {
-            return self.on_generator(now, packet);
+            self.on_generator(now, packet);
+            return Claim::Taken;
         }
         if let Some(target) = self.engine_queue_pair(packet) {
-            return self.on_answer(now, target, packet);
+            self.on_answer(now, target, packet);
+            return Claim::Taken;
         }
-        self.forwarding.ingress(now, packet);
+        Claim::Pass
     }
 
-    fn resources(&self) -> ResourceReport {
-        let mut report = self.forwarding.resources();
-        report.program = self.name().to_string();
+    fn add_resources(&self, report: &mut ResourceReport) {
         report.tables.push(self.queue_pairs.resources());
         let state_bytes = std::mem::size_of::<u64>() * 10;
         report
@@ -464,11 +474,6 @@ impl Program for CowbirdP4 {
             report.registers.push(instance.entries.resources());
         }
         report.recomputes_icrc = true;
-        report
-    }
-
-    fn control_plane(&mut self, digest: &remora_switch::Digest) {
-        self.forwarding.control_plane(digest);
     }
 }
 
