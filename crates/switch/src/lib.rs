@@ -33,4 +33,4 @@ pub mod table;
 pub use packet::{Egress, Packet, PortId};
 pub use program::{Digest, Program};
 pub use resources::ResourceReport;
-pub use runtime::{Switch, SwitchConfig, SwitchCounters};
+pub use runtime::{AccountingError, Switch, SwitchConfig, SwitchCounters};

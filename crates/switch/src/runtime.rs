@@ -50,6 +50,30 @@ pub struct SwitchCounters {
     pub dropped_queue_full: u64,
     pub dropped_recirculation_limit: u64,
     pub dropped_digest_overflow: u64,
+    /// Frames flooding replaced by their copies.
+    pub flooded: u64,
+    /// Copies flooding made (one per other port).
+    pub flood_copies: u64,
+}
+
+impl SwitchCounters {
+    /// Frames the switch dropped, for any reason.
+    pub fn dropped(&self) -> u64 {
+        self.dropped_runt
+            + self.dropped_unknown_port
+            + self.dropped_no_egress
+            + self.dropped_by_program
+            + self.dropped_queue_full
+            + self.dropped_recirculation_limit
+    }
+}
+
+/// The frame count does not balance: a frame was lost or made up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("frames in ({frames_in}: received, generated, mirror and flood copies) differ from frames out ({frames_out}: transmitted, dropped, queued, flooded away)")]
+pub struct AccountingError {
+    pub frames_in: u64,
+    pub frames_out: u64,
 }
 
 /// A port's egress queue: normal traffic first, background (generator
@@ -193,6 +217,7 @@ impl<P: Program> Switch<P> {
             return;
         }
         self.inject(now, port, bytes, emit);
+        self.debug_check_invariants();
     }
 
     fn inject(&mut self, now: Timestamp, port: PortId, bytes: &[u8], emit: &mut Emit<'_>) {
@@ -295,13 +320,48 @@ impl<P: Program> Switch<P> {
     }
 
     fn flood(&mut self, ingress_port: PortId, bytes: Vec<u8>, emit: &mut Emit<'_>) {
+        self.counters.flooded += 1;
         for port in 0..self.config.port_count {
             if PortId(port) != ingress_port {
+                self.counters.flood_copies += 1;
                 let copy = self.buffer_from(&bytes);
                 self.output(PortId(port), copy, emit);
             }
         }
         self.recycle(bytes);
+    }
+
+    /// Frames waiting in egress queues.
+    pub fn queued(&self) -> u64 {
+        self.egress.iter().map(|queue| queue.len() as u64).sum()
+    }
+
+    /// Every frame is accounted for: received + generated + copies made
+    /// (mirroring, flooding) = transmitted + dropped + queued + frames
+    /// flooding replaced by copies. A recirculated frame is the same frame
+    /// passing again, so recirculation adds to neither side.
+    pub fn check_frame_accounting(&self) -> Result<(), AccountingError> {
+        let counters = &self.counters;
+        let frames_in =
+            counters.received + counters.generated + counters.mirrored + counters.flood_copies;
+        let frames_out =
+            counters.transmitted + counters.dropped() + self.queued() + counters.flooded;
+        if frames_in == frames_out {
+            Ok(())
+        } else {
+            Err(AccountingError {
+                frames_in,
+                frames_out,
+            })
+        }
+    }
+
+    fn debug_check_invariants(&self) {
+        if cfg!(debug_assertions) {
+            if let Err(error) = self.check_frame_accounting() {
+                panic!("switch frame accounting: {error}");
+            }
+        }
     }
 
     /// Cut-through when the port's queue is empty and the carrier takes
@@ -399,6 +459,7 @@ impl<P: Program> Switch<P> {
             self.inject(now, GENERATOR_PORT, &bytes, &mut |_, _| false);
             self.background = false;
         }
+        self.debug_check_invariants();
     }
 
     /// Empties the queues, as a power cycle would; the program's tables are
