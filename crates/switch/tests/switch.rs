@@ -299,7 +299,7 @@ proptest! {
             // queue as well as leave.
             switch.handle_frame_with(Timestamp::ZERO, PortId(port), &frame, &mut |_, _| {
                 offered += 1;
-                offered % refuse_every == 0
+                offered.is_multiple_of(refuse_every)
             });
             prop_assert_eq!(switch.check_frame_accounting(), Ok(()));
             if drain_now {
