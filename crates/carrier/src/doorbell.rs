@@ -12,7 +12,60 @@
 //! sleeper.
 
 use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// A relative timeout as the kernel takes it.
+pub(crate) fn timespec(duration: Duration) -> rustix::time::Timespec {
+    rustix::time::Timespec {
+        tv_sec: duration.as_secs() as i64,
+        tv_nsec: i64::from(duration.subsec_nanos()),
+    }
+}
+
+/// A doorbell inside shared memory (a segment), kept alive with it.
+#[derive(Clone)]
+pub struct DoorbellRef {
+    _keep_alive: Arc<dyn Send + Sync>,
+    pointer: *const Doorbell,
+}
+
+// SAFETY: the doorbell is an atomic word in memory the Arc keeps alive.
+unsafe impl Send for DoorbellRef {}
+// SAFETY: every access to the doorbell's word is atomic, so shared use
+// from several threads is what it is built for.
+unsafe impl Sync for DoorbellRef {}
+
+impl DoorbellRef {
+    /// A handle on the doorbell at `pointer`, which lives as long as
+    /// `keep_alive` does.
+    ///
+    /// # Safety
+    /// `pointer` must point to an initialised [`Doorbell`] inside the
+    /// memory `keep_alive` owns, suitably aligned.
+    pub(crate) unsafe fn new(
+        keep_alive: Arc<dyn Send + Sync>,
+        pointer: *const Doorbell,
+    ) -> DoorbellRef {
+        DoorbellRef {
+            _keep_alive: keep_alive,
+            pointer,
+        }
+    }
+
+    pub fn same_as(&self, other: &DoorbellRef) -> bool {
+        std::ptr::eq(self.pointer, other.pointer)
+    }
+}
+
+impl std::ops::Deref for DoorbellRef {
+    type Target = Doorbell;
+    fn deref(&self) -> &Doorbell {
+        // SAFETY: `new`'s contract: the pointer is to a live doorbell the
+        // Arc keeps mapped.
+        unsafe { &*self.pointer }
+    }
+}
 
 const AWAKE: u32 = 0;
 const SLEEPING: u32 = 1;
@@ -61,7 +114,7 @@ impl Doorbell {
             &self.word,
             rustix::thread::futex::Flags::empty(),
             SLEEPING,
-            Some(&crate::wait::timespec(timeout)),
+            Some(&timespec(timeout)),
         );
         self.word.store(AWAKE, Ordering::Relaxed);
     }

@@ -13,7 +13,7 @@
 //! the peer that consumes what it sends. Every endpoint (a node, or the
 //! switch for all its ports) sleeps on one doorbell of its own.
 
-use crate::doorbell::Doorbell;
+use crate::doorbell::{Doorbell, DoorbellRef};
 use crate::ring::{Consumer, Producer, RawSlots, RingHeader, SLOT_LENGTH_PREFIX_BYTES};
 use crate::wait::WaitSource;
 use crate::{check_frame_length, CarrierError, Port, SendStatus, MAX_CARRIED_FRAME_BYTES};
@@ -365,10 +365,9 @@ impl Segment {
         let pointer = unsafe {
             (self.base().add(self.layout().doorbells_offset) as *const Doorbell).add(index as usize)
         };
-        DoorbellRef {
-            _mapping: Arc::clone(&self.mapping),
-            pointer,
-        }
+        // SAFETY: `pointer` is an initialised doorbell inside the
+        // mapping, which the handle keeps alive.
+        unsafe { DoorbellRef::new(Arc::clone(&self.mapping) as Arc<dyn Send + Sync>, pointer) }
     }
 
     /// The memfd behind a shared segment, to hand to a child process
@@ -476,33 +475,6 @@ fn check_spoke(spoke: u32) -> Result<(), CarrierError> {
         )));
     }
     Ok(())
-}
-
-/// A doorbell inside a segment, kept alive with it.
-#[derive(Clone)]
-pub struct DoorbellRef {
-    _mapping: Arc<Mapping>,
-    pointer: *const Doorbell,
-}
-
-// SAFETY: the doorbell is an atomic word in a mapping the Arc keeps alive.
-unsafe impl Send for DoorbellRef {}
-// SAFETY: every access to the doorbell's word is atomic, so shared use
-// from several threads is what it is built for.
-unsafe impl Sync for DoorbellRef {}
-
-impl std::ops::Deref for DoorbellRef {
-    type Target = Doorbell;
-    fn deref(&self) -> &Doorbell {
-        // SAFETY: see the Send/Sync justification.
-        unsafe { &*self.pointer }
-    }
-}
-
-impl DoorbellRef {
-    pub fn same_as(&self, other: &DoorbellRef) -> bool {
-        std::ptr::eq(self.pointer, other.pointer)
-    }
 }
 
 /// One endpoint's port on a pair of rings.

@@ -9,7 +9,7 @@
 //! [`IdleStrategy`] spins for a short while before blocking: a rack under
 //! load never pays a wake-up, and an idle rack does not burn cores.
 
-use crate::segment::DoorbellRef;
+use crate::doorbell::{timespec, DoorbellRef};
 use crate::CarrierError;
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
@@ -135,14 +135,6 @@ fn poll_fds(fds: &[RawFd], kick: &OwnedFd, timeout: Duration) {
     if kicked {
         let mut counter = [0u8; 8];
         let _ = rustix::io::read(kick, &mut counter);
-    }
-}
-
-/// A relative timeout as the kernel takes it.
-pub(crate) fn timespec(duration: Duration) -> rustix::time::Timespec {
-    rustix::time::Timespec {
-        tv_sec: duration.as_secs() as i64,
-        tv_nsec: i64::from(duration.subsec_nanos()),
     }
 }
 

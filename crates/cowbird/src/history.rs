@@ -120,7 +120,7 @@ impl Workload {
                 response_data_bytes: 8192,
             },
             spot: SpotConfig::DEFAULT,
-            p4: crate::simulated::p4_config(),
+            p4: P4Config::rack_default(),
             spot_reads: ReadCheck::AtIssue,
         }
     }

@@ -23,7 +23,6 @@ use remora_rnic::{HostMemory, RnicConfig};
 use remora_sim::{Event, LinkConfig, LinkFaults, Probability};
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{PortId, Program};
-use remora_wire::{Ipv4Address, MacAddress};
 use std::time::Duration;
 
 /// The agents' places on their hosts.
@@ -122,10 +121,7 @@ pub fn lossy(loss: Probability) -> LinkFaults {
 
 /// Cowbird-P4's address on the wire.
 pub fn p4_config() -> P4Config {
-    P4Config::new(
-        MacAddress([0x02, 0xc0, 0xb1, 0, 0, 0xfe]),
-        Ipv4Address::new(10, 0, 0, 254),
-    )
+    P4Config::rack_default()
 }
 
 /// Something that happens to the memory host mid-run.

@@ -3,7 +3,7 @@
 //! operations executed exactly once, in order, is `WindowModel` after `k`
 //! calls to `apply`.
 
-use crate::workload::{Operation, DATA_WINDOW_BYTES, WINDOW_BYTES};
+use crate::operation::{Operation, DATA_WINDOW_BYTES, WINDOW_BYTES};
 
 /// What a successful operation must have returned to its requester.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,70 +6,10 @@
 use crate::model::WindowModel;
 use rand::Rng;
 
-/// Bytes of a stream's data window on the responder.
-pub const DATA_WINDOW_BYTES: u64 = 16 * 1024;
-/// 8-byte atomic targets after the data window.
-pub const ATOMIC_SLOTS: u64 = 32;
-pub const WINDOW_BYTES: u64 = DATA_WINDOW_BYTES + ATOMIC_SLOTS * 8;
-/// Longest WRITE or READ.
-pub const MAX_TRANSFER_BYTES: u32 = 6000;
-/// Longest SEND; each receive buffer holds this much.
-pub const MAX_SEND_BYTES: u32 = 3000;
-/// Local buffer per operation on the requester.
-pub const LOCAL_SLOT_BYTES: u64 = 8 * 1024;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Violation {
-    /// An rkey no region has.
-    BadRkey,
-    /// A WRITE running past the end of the window's region.
-    OutOfBounds,
-    /// A WRITE into a region registered without REMOTE_WRITE.
-    WriteToReadOnly,
-    /// An atomic on a region registered without REMOTE_ATOMIC.
-    AtomicOnReadOnly,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Operation {
-    Write {
-        offset: u64,
-        data: Vec<u8>,
-        immediate: Option<u32>,
-    },
-    Read {
-        offset: u64,
-        length: u32,
-    },
-    Send {
-        data: Vec<u8>,
-        immediate: Option<u32>,
-    },
-    CompareSwap {
-        slot: u64,
-        compare: u64,
-        swap: u64,
-    },
-    FetchAdd {
-        slot: u64,
-        add: u64,
-    },
-    Violation(Violation),
-}
-
-impl Operation {
-    /// SENDs and WRITE-with-immediate consume a receive at the responder.
-    pub fn consumes_receive(&self) -> bool {
-        matches!(
-            self,
-            Operation::Send { .. }
-                | Operation::Write {
-                    immediate: Some(_),
-                    ..
-                }
-        )
-    }
-}
+pub use crate::operation::{
+    Operation, Violation, ATOMIC_SLOTS, DATA_WINDOW_BYTES, LOCAL_SLOT_BYTES, MAX_SEND_BYTES,
+    MAX_TRANSFER_BYTES, WINDOW_BYTES,
+};
 
 fn random_bytes(rng: &mut impl Rng, len: usize) -> Vec<u8> {
     let mut bytes = vec![0u8; len];

@@ -12,7 +12,6 @@
 pub mod back_to_back;
 mod counters;
 pub mod device;
-mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod host_memory;
@@ -25,7 +24,6 @@ pub mod verbs;
 
 pub use counters::{DropReason, RnicCounters};
 pub use device::{RnicConfig, SoftRnic};
-pub use error::VerbsError;
 pub use host_memory::{HostMemory, HostMemoryOutOfBounds};
 pub use time::Timestamp;
 pub use verbs::*;

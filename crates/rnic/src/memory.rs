@@ -6,8 +6,8 @@
 //! region never reaches a later region in the same slot. Remote keys are
 //! salted per device so that one device's lkeys are not its rkeys.
 
-use crate::error::VerbsError;
 use crate::host_memory::HostMemory;
+use crate::verbs::VerbsError;
 use crate::verbs::{AccessFlags, Lkey, MemoryRegion, ProtectionDomain, ScatterGatherList};
 use remora_wire::{Rkey, VirtAddr};
 use std::ops::Range;

@@ -1,7 +1,7 @@
 //! Fixed-depth queues: the SQ, RQ, SRQ and CQ. Memory is reserved at
 //! creation and a full queue refuses work instead of growing.
 
-use crate::error::VerbsError;
+use crate::verbs::VerbsError;
 use crate::verbs::WorkCompletion;
 use std::collections::VecDeque;
 

@@ -3,7 +3,6 @@
 //! digest, and whether the ICRC must be recomputed).
 
 use crate::parser::ParsedHeaders;
-use crate::program::Digest;
 pub use remora_base::PortId;
 
 /// Where the packet goes after the pipeline.
@@ -22,6 +21,15 @@ pub enum Egress {
 pub const GENERATOR_PORT: PortId = PortId(u16::MAX);
 /// Packets coming back through the pipeline carry this ingress port.
 pub const RECIRCULATION_PORT: PortId = PortId(u16::MAX - 1);
+
+/// A message from the data plane to the control plane (a P4 digest), the
+/// metadata a pass may leave on its packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Digest {
+    /// Program-defined kind.
+    pub kind: u16,
+    pub values: [u64; 4],
+}
 
 #[derive(Debug, Clone)]
 pub struct Packet {

@@ -7,17 +7,10 @@
 //! program (tables are typed), called between packets, for example in
 //! answer to a digest.
 
+pub use crate::packet::Digest;
 use crate::packet::Packet;
 use crate::resources::ResourceReport;
 use remora_base::Timestamp;
-
-/// A message from the data plane to the control plane (a P4 digest).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Digest {
-    /// Program-defined kind.
-    pub kind: u16,
-    pub values: [u64; 4],
-}
 
 pub trait Program: Send {
     fn name(&self) -> &str;

@@ -101,6 +101,15 @@ pub struct P4Config {
 }
 
 impl P4Config {
+    /// The engine's address in code-built racks: beside the standard
+    /// hosts (`remora_rack::topology::standard_host`), at 10.0.0.254.
+    pub fn rack_default() -> P4Config {
+        P4Config::new(
+            MacAddress([0x02, 0xc0, 0xb1, 0, 0, 0xfe]),
+            Ipv4Address::new(10, 0, 0, 254),
+        )
+    }
+
     pub fn new(mac: MacAddress, address: Ipv4Address) -> P4Config {
         P4Config {
             mac,
