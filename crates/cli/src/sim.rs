@@ -2,7 +2,7 @@
 
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use remora_fabric::{run_campaign, FaultProfile, ScenarioConfig};
+use remora_conformance::{run_campaign, FaultProfile, ScenarioConfig};
 use remora_sim::Probability;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -145,7 +145,7 @@ pub fn run(command: SimCommand) -> Result<ExitCode, String> {
     })
 }
 
-fn print_summary(report: &remora_fabric::CampaignReport, config: &ScenarioConfig) {
+fn print_summary(report: &remora_conformance::CampaignReport, config: &ScenarioConfig) {
     let faults = &config.faults;
     println!(
         "fabric campaign: seeds {}..{} loss {} duplicate {} reorder {} corrupt {} partition {} crash {} violation {}",

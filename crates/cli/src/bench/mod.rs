@@ -4,7 +4,7 @@
 
 mod clover;
 mod cowbird;
-mod fabric;
+mod rnic;
 mod switch;
 
 use clap::{Args, Subcommand};
@@ -16,7 +16,8 @@ use std::process::ExitCode;
 pub enum BenchCommand {
     /// The soft RNIC's own cost: READ and WRITE of 64 B to 64 KiB between two
     /// devices in one thread with no carrier, against memcpy in the same run.
-    Fabric(CommonArgs),
+    #[command(name = "fabric")]
+    Rnic(CommonArgs),
     /// The switch and the carriers: L2/L3 forwarding rate against
     /// ring-to-ring, and READ latency and throughput through the switch over
     /// in-process, shared-memory and UDP carriers against a raw UDP
@@ -157,7 +158,7 @@ pub fn median(values: &mut [f64]) -> f64 {
 
 pub fn run(command: BenchCommand) -> Result<ExitCode, String> {
     let (report, args) = match command {
-        BenchCommand::Fabric(args) => (fabric::run(args.quick)?, args),
+        BenchCommand::Rnic(args) => (rnic::run(args.quick)?, args),
         BenchCommand::Switch(args) => (switch::run(args.quick)?, args),
         BenchCommand::Clover(args) => (
             clover::run(args.common.quick, args.history.as_deref())?,

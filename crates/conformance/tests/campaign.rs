@@ -2,7 +2,7 @@
 //! 0 %, 1 % and 10 % loss, with duplication, reordering, corruption,
 //! partitions, crashes and access violations. `remora sim fabric` runs more.
 
-use remora_fabric::{run_campaign, FaultProfile, ScenarioConfig};
+use remora_conformance::{run_campaign, FaultProfile, ScenarioConfig};
 use remora_sim::Probability;
 
 fn campaign(first_seed: u64, seeds: u64, faults: FaultProfile) {

@@ -2,7 +2,7 @@
 //! tied to the scenario code, so these pin behaviour at the commit that
 //! fixed them and keep exercising the same paths afterwards.
 
-use remora_fabric::{run_seed, FaultProfile, ScenarioConfig};
+use remora_conformance::{run_seed, FaultProfile, ScenarioConfig};
 use remora_sim::Probability;
 
 fn assert_passes(seed: u64, faults: FaultProfile) {

@@ -1,4 +1,4 @@
-//! Fabric conformance: soft RNICs in the simulator, exchanging random mixes
+//! RDMA conformance: soft RNICs in the simulator, exchanging random mixes
 //! of every RC operation under faults, checked against a plain model.
 //!
 //! - [`operation`]: what a stream issues, and the window it works in.
