@@ -5,6 +5,7 @@ mod capture;
 mod demo;
 mod rack;
 mod sim;
+mod systems;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

@@ -124,6 +124,8 @@ pub fn run(command: RackCommand) -> Result<ExitCode, String> {
         RackCommand::Switch(args) => return run_switch(args),
     };
     let rack = RackConfig::load(&args.rack).map_err(|error| error.to_string())?;
+    crate::systems::check_sections(&rack)
+        .map_err(|error| format!("{}: {error}", args.rack.display()))?;
     let options = LaunchOptions {
         mode: match args.mode {
             ModeArg::Embedded => Mode::Embedded,
@@ -146,21 +148,27 @@ pub fn run(command: RackCommand) -> Result<ExitCode, String> {
         println!("capture: {}", path.display());
     }
     let mut failures = report.failures();
-    let cowbird = match options.mode {
-        Mode::Embedded => run_cowbird(&rack, &mut failures),
-        _ if rack.cowbird.is_some() => {
-            eprintln!("[cowbird] runs in embedded mode only: skipped");
-            None
+    // Each system's section runs on the embedded rack after the workload.
+    let mut systems = serde_json::Map::new();
+    for system in crate::systems::SYSTEMS {
+        if !rack.systems.contains_key(system.name()) {
+            continue;
         }
-        _ => None,
-    };
+        if options.mode != Mode::Embedded {
+            eprintln!("[{}] runs in embedded mode only: skipped", system.name());
+            continue;
+        }
+        if let Some(outcome) = system.rack_up(&rack, &mut failures) {
+            systems.insert(system.name().into(), outcome);
+        }
+    }
     if let Some(path) = &args.json {
-        match cowbird {
-            Some(cowbird) => crate::write_json(
-                path,
-                &serde_json::json!({ "rack": report, "cowbird": cowbird }),
-            )?,
-            None => crate::write_json(path, &report)?,
+        if systems.is_empty() {
+            crate::write_json(path, &report)?;
+        } else {
+            let mut document = serde_json::json!({ "rack": report });
+            document.as_object_mut().expect("an object").extend(systems);
+            crate::write_json(path, &document)?;
         }
     }
     if failures.is_empty() {
@@ -175,8 +183,14 @@ pub fn run(command: RackCommand) -> Result<ExitCode, String> {
 
 /// The rack file's `[cowbird]` section, run on the embedded rack: checked
 /// histories through the engine it names. Failures join the rack's.
-fn run_cowbird(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
-    let (workload, placement) = remora_cowbird::embedded::from_rack(rack)?;
+pub fn run_cowbird(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
+    let (workload, placement) = match remora_cowbird::embedded::from_rack(rack) {
+        Ok(found) => found?,
+        Err(error) => {
+            failures.push(error.to_string());
+            return Some(serde_json::json!({ "error": error.to_string() }));
+        }
+    };
     let time_limit = std::time::Duration::from_secs(120);
     println!(
         "cowbird: {:?} engine, {} threads x {} checked requests",

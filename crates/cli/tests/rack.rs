@@ -251,6 +251,22 @@ fn bad_rack_files_fail_with_a_clear_message() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("not an IPv4 address"), "{stderr}");
 
+    // A system section no system claims (a typo) is refused by name.
+    let text = std::fs::read_to_string(example("rack-cowbird.toml"))
+        .unwrap()
+        .replace("[cowbird]", "[cowbrid]");
+    let path = common::scratch("typo.toml");
+    std::fs::write(&path, text).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["rack", "up"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&path).ok();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("[cowbrid] names no system"), "{stderr}");
+
     // A capture into a directory that does not exist names the path.
     let missing = "/nonexistent-remora-directory/rack.pcap";
     let output = Command::new(env!("CARGO_BIN_EXE_remora"))

@@ -24,6 +24,7 @@
 //! apart.
 
 use crate::client::{Client, Completion, CowbirdError};
+use crate::config::{CowbirdConfig, CowbirdConfigError, EngineChoice};
 use crate::deploy::{deploy, deploy_p4, CowbirdSpec, Direct, DirectSpec, P4Deployment, RpcSpec};
 use crate::hash_table::{calibrate, compute, is_record, record_bytes, record_of, TableSpec};
 use crate::history::{Engine, Histories, Workload};
@@ -36,7 +37,6 @@ use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use remora_rack::assembly::{BusyNanos, EmbeddedRack, RackBuilder, StagedRack};
-use remora_rack::config::CowbirdEngine;
 use remora_rack::endpoint::{
     lock, AppQueues, DriverKicker, NodeEndpoint, Shared, SwitchEndpoint, RACK_ACK_TIMEOUT,
 };
@@ -1028,14 +1028,20 @@ pub fn run_histories(
 /// Cowbird as a rack file's `[cowbird]` section asks for: the checked
 /// workload (engine, threads, rings, engine settings) and the placement of
 /// the rack's first compute and memory nodes. None without the section.
-pub fn from_rack(rack: &RackConfig) -> Option<(Workload, Topology)> {
-    let config = rack.cowbird.as_ref()?;
-    let node = |role| rack.nodes.iter().find(|node| node.role == role);
-    let (compute, memory) = (node(Role::Compute)?, node(Role::Memory)?);
+pub fn from_rack(rack: &RackConfig) -> Result<Option<(Workload, Topology)>, CowbirdConfigError> {
+    let Some(config) = CowbirdConfig::from_rack(rack)? else {
+        return Ok(None);
+    };
+    let (Some(compute), Some(memory)) = (
+        rack.first_node(Role::Compute),
+        rack.first_node(Role::Memory),
+    ) else {
+        return Err(CowbirdConfigError::NoHosts);
+    };
     let mut workload = Workload::new(remora_sim::LinkFaults::NONE);
     workload.engine = match config.engine {
-        CowbirdEngine::Spot => Engine::Spot,
-        CowbirdEngine::P4 => Engine::P4,
+        EngineChoice::Spot => Engine::Spot,
+        EngineChoice::P4 => Engine::P4,
     };
     workload.threads = config.threads;
     workload.operations_per_thread = config.operations;
@@ -1053,7 +1059,9 @@ pub fn from_rack(rack: &RackConfig) -> Option<(Workload, Topology)> {
         probe_period: Duration::from_micros(config.p4.probe_period_us),
         timeout: Duration::from_micros(config.p4.timeout_us),
         max_entries_in_flight: config.p4.max_entries_in_flight,
-        path_mtu: Mtu::new(config.p4.path_mtu).ok()?,
+        // Checked to be one of the five IB MTUs when the section was read.
+        path_mtu: Mtu::new(config.p4.path_mtu)
+            .map_err(|error| CowbirdConfigError::Invalid(error.to_string()))?,
         ..p4_config()
     };
     if workload.engine == Engine::P4 {
@@ -1065,5 +1073,5 @@ pub fn from_rack(rack: &RackConfig) -> Option<(Workload, Topology)> {
     pair.switch_mac = rack.switch_mac;
     pair.set_link(COMPUTE_HOST, topology.host(usize::from(compute.port)).link);
     pair.set_link(MEMORY_HOST, topology.host(usize::from(memory.port)).link);
-    Some((workload, pair))
+    Ok(Some((workload, pair)))
 }

@@ -2,6 +2,7 @@
 //! compute node only writes requests into rings in its own memory and
 //! reads results from them; an offload engine moves the data.
 //!
+//! - [`config`]: the rack file's `[cowbird]` section.
 //! - [`layout`]: the compute block (Figure 4), the request metadata entry
 //!   (Table 3) and request ids.
 //! - [`client`]: the client library and Table 2's API.
@@ -19,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod config;
 pub mod connection;
 pub mod deploy;
 pub mod embedded;

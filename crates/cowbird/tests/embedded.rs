@@ -51,12 +51,10 @@ fn the_rack_files_cowbird_section_runs_both_engines() {
         .unwrap()
         .replace("10.0.0.", "10.0.3.");
     let mut rack = remora_rack::RackConfig::parse(&text).unwrap();
-    for engine in [
-        remora_rack::CowbirdEngine::Spot,
-        remora_rack::CowbirdEngine::P4,
-    ] {
-        rack.cowbird.as_mut().unwrap().engine = engine;
-        let (workload, hosts) = remora_cowbird::embedded::from_rack(&rack).unwrap();
+    for engine in ["spot", "p4"] {
+        let section = rack.systems.get_mut("cowbird").unwrap();
+        section.insert("engine".into(), engine.into());
+        let (workload, hosts) = remora_cowbird::embedded::from_rack(&rack).unwrap().unwrap();
         assert_eq!(workload.sizes.metadata_entries, 1024);
         assert_eq!(
             hosts.host(0).address,

@@ -31,7 +31,7 @@ pub mod simulated;
 pub mod topology;
 pub mod workload;
 
-pub use config::{CowbirdConfig, CowbirdEngine, RackConfig, Role};
+pub use config::{RackConfig, Role};
 pub use launch::{CarrierKind, LaunchOptions, Mode};
 pub use report::RackReport;
 

@@ -181,6 +181,7 @@ impl Settings {
         if let Some(path) = config {
             let rack = RackConfig::load(path).map_err(|error| error.to_string())?;
             let (workload, _) = from_rack(&rack)
+                .map_err(|error| format!("{}: {error}", path.display()))?
                 .ok_or_else(|| format!("{} has no [cowbird] section", path.display()))?;
             settings.threads = workload.threads;
             settings.sizes = workload.sizes;

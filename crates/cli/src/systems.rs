@@ -1,0 +1,108 @@
+//! The systems the command line knows, in one place: adding a system is
+//! one entry here (its rack-file section, what `rack up` runs for it, and
+//! its step of the demo) and, for a benchmark, one `remora bench`
+//! subcommand.
+
+use crate::demo::SystemStep;
+use crate::HistoryFile;
+use remora_rack::RackConfig;
+
+/// A system as the command line drives it.
+pub trait System: Sync {
+    /// Its name, which is also its rack-file section (`[cowbird]`).
+    fn name(&self) -> &'static str;
+
+    /// Its name in prose ("Cowbird").
+    fn title(&self) -> &'static str;
+
+    /// Checks the rack file's section for this system, if there is one;
+    /// a system without a rack-file section refuses one.
+    fn check_section(&self, rack: &RackConfig) -> Result<(), String>;
+
+    /// Runs what the section asks for on the embedded rack after `rack
+    /// up`'s own workload; None without a section. Failures are pushed
+    /// onto `failures`.
+    fn rack_up(&self, rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value>;
+
+    /// The system's step of `remora demo`.
+    fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, String>;
+}
+
+/// Every system, in the order the demo tours them.
+pub const SYSTEMS: [&dyn System; 2] = [&Clover, &Cowbird];
+
+pub fn names() -> Vec<&'static str> {
+    SYSTEMS.iter().map(|system| system.name()).collect()
+}
+
+pub fn titles() -> Vec<&'static str> {
+    SYSTEMS.iter().map(|system| system.title()).collect()
+}
+
+/// Checks every system table of a rack file: each must name a system,
+/// and each system must accept its table.
+pub fn check_sections(rack: &RackConfig) -> Result<(), String> {
+    rack.check_systems(&names())
+        .map_err(|error| error.to_string())?;
+    for system in SYSTEMS {
+        system.check_section(rack)?;
+    }
+    Ok(())
+}
+
+struct Clover;
+
+impl System for Clover {
+    fn name(&self) -> &'static str {
+        "clover"
+    }
+
+    fn title(&self) -> &'static str {
+        "Clover"
+    }
+
+    fn check_section(&self, rack: &RackConfig) -> Result<(), String> {
+        match rack.systems.contains_key(self.name()) {
+            true => Err("[clover] has no rack-file section yet: Clover runs in the simulator and in `remora bench clover`".into()),
+            false => Ok(()),
+        }
+    }
+
+    fn rack_up(
+        &self,
+        _rack: &RackConfig,
+        _failures: &mut Vec<String>,
+    ) -> Option<serde_json::Value> {
+        None
+    }
+
+    fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
+        crate::demo::clover_step(history)
+    }
+}
+
+struct Cowbird;
+
+impl System for Cowbird {
+    fn name(&self) -> &'static str {
+        remora_cowbird::config::SECTION
+    }
+
+    fn title(&self) -> &'static str {
+        "Cowbird"
+    }
+
+    fn check_section(&self, rack: &RackConfig) -> Result<(), String> {
+        remora_cowbird::config::CowbirdConfig::from_rack(rack)
+            .map(|_| ())
+            .map_err(|error| error.to_string())
+    }
+
+    fn rack_up(&self, rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
+        crate::rack::run_cowbird(rack, failures)
+    }
+
+    fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
+        crate::demo::cowbird_step(history)
+    }
+}
