@@ -13,6 +13,8 @@
 //!   compute node's connection service.
 //! - [`rpc`]: the two-sided baseline's server on the memory node.
 //! - [`deploy`]: Cowbird set up on two soft RNICs.
+//! - [`scenario`]: scenarios written once, run in the simulator and on
+//!   the embedded rack (the memory host crashing under the Spot engine).
 //! - [`simulated`]: checked histories in the deterministic simulator.
 //! - [`hash_table`]: the hash-table probe microbenchmark's table and work.
 //! - [`embedded`]: that benchmark on the embedded rack, every variant.
@@ -30,6 +32,7 @@ pub mod history;
 pub mod layout;
 pub mod p4;
 pub mod rpc;
+pub mod scenario;
 pub mod simulated;
 pub mod spot;
 pub mod spot_agent;

@@ -181,6 +181,9 @@ struct Instance {
     /// The new queue pair, while reconnecting.
     prepared: Option<PreparedQueuePair>,
     reconnects_in_a_row: u32,
+    /// The first batch after a reconnection lands its writes before it
+    /// serves its reads (see [`SpotEngine::fetched`]).
+    writes_first: bool,
 }
 
 /// A write whose payload is landing in the pool: reads overlapping it wait.
@@ -288,6 +291,7 @@ impl SpotEngine {
                 epoch: 0,
                 prepared: None,
                 reconnects_in_a_row: 0,
+                writes_first: false,
             })
             .collect();
         Ok(SpotEngine {
@@ -488,6 +492,7 @@ impl SpotEngine {
         instance.phase = Phase::Idle;
         instance.interval = self.config.probe_interval_min;
         instance.next_probe = now;
+        instance.writes_first = true;
         tracing::debug!(instance = index, head, "engine resumed");
         Ok(())
     }
@@ -665,6 +670,18 @@ impl SpotEngine {
         }
         self.scratch = bytes;
         let instance = &mut self.instances[index];
+        if std::mem::take(&mut instance.writes_first) {
+            // The batch runs again from the last committed head, and its
+            // writes may have landed before the failure, later ones over
+            // earlier ones' reads. Landing every write again, in order,
+            // before serving any read means a read sees the model at its
+            // issue plus only writes issued after it and still
+            // incomplete, never an older write landed again over a newer
+            // one. This batch covers everything fetched before the
+            // failure: that fetch started at the same head and took at
+            // most a batch.
+            batch.sort_by_key(|step| step.entry.kind != Kind::Write);
+        }
         instance.batch = batch;
         instance.cursor = 0;
         instance.phase = Phase::Executing;

@@ -71,6 +71,10 @@ impl Host {
         });
     }
 
+    pub fn agent_count(&self) -> usize {
+        self.agents.len()
+    }
+
     /// The agent at `index`, in the order added.
     pub fn agent(&self, index: usize) -> &dyn Agent {
         self.agents[index].agent.as_ref()

@@ -363,6 +363,14 @@ impl StagedRack {
         self.endpoints[index].take()
     }
 
+    /// Agents added to host `index` so far.
+    pub fn agent_count(&self, index: usize) -> usize {
+        self.agents
+            .iter()
+            .filter(|(host, _, _)| *host == index)
+            .count()
+    }
+
     /// Runs `agent` on host `index`'s CPU: a pump of the fabric thread.
     /// Returns the counter of its busy time.
     pub fn add_agent(&mut self, index: usize, agent: Arc<Mutex<dyn Agent>>) -> BusyNanos {
@@ -389,7 +397,9 @@ impl StagedRack {
                 pumps.push(host.clone());
             }
         }
+        let mut agents: Vec<Vec<Arc<Mutex<dyn Agent>>>> = vec![Vec::new(); hosts.len()];
         for (index, agent, busy) in self.agents {
+            agents[index].push(Arc::clone(&agent));
             let host = hosts[index].clone().ok_or_else(|| {
                 RackError::Launch(format!(
                     "host {index}'s endpoint was taken apart: no agent can run on it"
@@ -409,6 +419,9 @@ impl StagedRack {
         let rack = EmbeddedRack {
             topology: self.topology,
             hosts,
+            agents,
+            incarnations: Vec::new(),
+            clock: RackClock::new(),
             switch: switch_pump,
             port_counters: self.port_counters,
             capture: self.capture,
@@ -450,6 +463,12 @@ pub struct EmbeddedRack {
     topology: Topology,
     /// `None` for a host whose endpoint the application took.
     hosts: Vec<Option<Shared<NodeEndpoint>>>,
+    /// Each host's agents, in the order added.
+    agents: Vec<Vec<Arc<Mutex<dyn Agent>>>>,
+    /// Restarts per host, which seed each new NIC apart.
+    incarnations: Vec<u64>,
+    /// Time as the agents see it on restart.
+    clock: RackClock,
     switch: Arc<Mutex<dyn SwitchReporting>>,
     port_counters: Vec<PortCountersHandle>,
     capture: Option<PcapSink>,
@@ -512,22 +531,36 @@ impl EmbeddedRack {
             .report(&self.port_counters)
     }
 
-    /// Runs until `done` holds, the fabric stops, or `limit` passes.
-    pub fn run_until(
-        &self,
-        mut done: impl FnMut() -> bool,
-        limit: Duration,
-    ) -> Result<(), RackError> {
-        let started = Instant::now();
-        while !done() {
-            if self.is_finished() {
-                return Err(RackError::Launch("the fabric thread stopped".into()));
-            }
-            if started.elapsed() > limit {
-                return Err(RackError::TimedOut(limit));
-            }
-            std::thread::sleep(Duration::from_micros(200));
+    /// Agent `agent` of host `host` (in the order added).
+    pub fn agent(&self, host: usize, agent: usize) -> Option<&Arc<Mutex<dyn Agent>>> {
+        self.agents.get(host)?.get(agent)
+    }
+
+    /// Host `index` crashes: its NIC stops and its agents lose their
+    /// volatile state.
+    pub fn crash(&mut self, index: usize) {
+        let _span = tracing::info_span!("crash", host = index).entered();
+        lock(self.host(index)).crash();
+        for agent in &self.agents[index] {
+            agent.lock().expect("agent lock").crash();
         }
+    }
+
+    /// Host `index` comes back with a fresh NIC; its agents rebuild from
+    /// what they kept. An agent that cannot is an error.
+    pub fn restart(&mut self, index: usize) -> Result<(), RackError> {
+        let _span = tracing::info_span!("restart", host = index).entered();
+        if self.incarnations.len() <= index {
+            self.incarnations.resize(index + 1, 0);
+        }
+        self.incarnations[index] += 1;
+        let now = self.clock.now();
+        lock(self.host(index)).restart(self.incarnations[index]);
+        for agent in &self.agents[index] {
+            let mut agent = agent.lock().expect("agent lock");
+            agent.restart(now, &mut lock(self.host(index)).rnic)?;
+        }
+        self.kick();
         Ok(())
     }
 }
@@ -548,6 +581,9 @@ struct AgentPump {
 
 impl Pump for AgentPump {
     fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
+        if lock(&self.host).is_down() {
+            return Ok(false);
+        }
         let started = Instant::now();
         let progress = self
             .agent
@@ -562,6 +598,9 @@ impl Pump for AgentPump {
     }
 
     fn deadline(&self, clock: &RackClock) -> Option<Instant> {
+        if lock(&self.host).is_down() {
+            return None;
+        }
         let at: Option<Timestamp> = self.agent.lock().expect("agent lock").poll_timeout();
         at.map(|at| clock.instant(at))
     }

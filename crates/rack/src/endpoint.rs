@@ -165,6 +165,11 @@ pub struct NodeEndpoint {
     activity: Arc<AtomicU64>,
     /// Application threads' lock-free queues, served on every pump.
     queues: Vec<NicSide>,
+    /// The host is down (crashed): frames arriving are lost, nothing
+    /// leaves, no timer runs.
+    down: bool,
+    /// Frames that arrived while the host was down.
+    pub dropped_while_down: u64,
 }
 
 /// Work requests one pump takes from one application's queue.
@@ -300,7 +305,29 @@ impl NodeEndpoint {
             buffer: vec![0u8; MAX_FRAME_LEN].into_boxed_slice(),
             activity: Arc::new(AtomicU64::new(0)),
             queues: Vec::new(),
+            down: false,
+            dropped_while_down: 0,
         }
+    }
+
+    pub fn is_down(&self) -> bool {
+        self.down
+    }
+
+    /// The host crashes: its NIC stops, and what arrives is lost.
+    pub fn crash(&mut self) {
+        self.down = true;
+    }
+
+    /// The host comes back with a fresh NIC (no queue pairs, no regions,
+    /// keys and PSNs seeded anew by `incarnation`).
+    pub fn restart(&mut self, incarnation: u64) {
+        let mut config = self.rnic.config().clone();
+        config.seed = config.seed.wrapping_add(incarnation << 32);
+        self.rnic = SoftRnic::new(config);
+        self.receive_pool = None;
+        self.blocked_since = None;
+        self.down = false;
     }
 
     /// Lock-free queues for an application thread whose completions
@@ -335,6 +362,13 @@ impl NodeEndpoint {
 
 impl Pump for NodeEndpoint {
     fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
+        if self.down {
+            let dropped = &mut self.dropped_while_down;
+            let received = self
+                .port
+                .receive(RECEIVE_BATCH_FRAMES, &mut |_| *dropped += 1)?;
+            return Ok(received > 0);
+        }
         let now = clock.now();
         let rnic = &mut self.rnic;
         let received = self.port.receive(RECEIVE_BATCH_FRAMES, &mut |frame| {
@@ -379,6 +413,9 @@ impl Pump for NodeEndpoint {
     }
 
     fn deadline(&self, clock: &RackClock) -> Option<Instant> {
+        if self.down {
+            return self.port.next_due();
+        }
         let retry = self
             .blocked_since
             .map(|since| since.saturating_add(FULL_CARRIER_RETRY));

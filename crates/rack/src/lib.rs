@@ -15,6 +15,8 @@
 //!   node;
 //! - [`topology`]: one description of a rack (hosts, offload hosts beside
 //!   them, links with bandwidth, delay and faults) that every mode builds;
+//! - [`scenario`]: the `Rack` a system writes each scenario against once,
+//!   run by the simulator and by the embedded rack;
 //! - [`simulated`]: hosts and the switch as nodes of the deterministic
 //!   simulator;
 //! - [`launch`]: bringing a rack up embedded (one process, one fabric
@@ -27,6 +29,7 @@ pub mod control;
 pub mod endpoint;
 pub mod launch;
 pub mod report;
+pub mod scenario;
 pub mod simulated;
 pub mod topology;
 pub mod workload;

@@ -22,6 +22,26 @@ pub struct SimulatedRack<P: Program> {
 
 impl<P: Program> SimulatedRack<P> {
     pub fn new(seed: u64, program: P, hosts: Vec<Host>, link: LinkConfig) -> SimulatedRack<P> {
+        SimulatedRack::build(seed, program, hosts, |_| link)
+    }
+
+    /// Hosts with each one's link as `topology` describes it (host `i` on
+    /// port `i`).
+    pub fn with_topology(
+        seed: u64,
+        program: P,
+        hosts: Vec<Host>,
+        topology: &crate::topology::Topology,
+    ) -> SimulatedRack<P> {
+        SimulatedRack::build(seed, program, hosts, |index| topology.simulator_link(index))
+    }
+
+    fn build(
+        seed: u64,
+        program: P,
+        hosts: Vec<Host>,
+        link: impl Fn(usize) -> LinkConfig,
+    ) -> SimulatedRack<P> {
         let mut simulation = Simulation::new(seed);
         let config = SwitchConfig::new(hosts.len() as u16);
         let switch = simulation.add_node(RackNode::Switch(Box::new(Switch::new(config, program))));
@@ -29,6 +49,7 @@ impl<P: Program> SimulatedRack<P> {
         let mut links = Vec::with_capacity(hosts.len());
         for (index, host) in hosts.into_iter().enumerate() {
             let id = simulation.add_node(RackNode::Host(Box::new(host)));
+            let link = link(index);
             links.push(simulation.connect((id, PortId(0)), (switch, PortId(index as u16)), link));
             ids.push(id);
         }

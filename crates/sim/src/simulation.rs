@@ -340,6 +340,22 @@ impl<N: Node> Simulation<N> {
         }
     }
 
+    /// Moves the clock on to `at` when nothing is left to happen before
+    /// it (never backwards).
+    pub fn advance_to(&mut self, at: Timestamp) {
+        self.now = self.now.max(at);
+    }
+
+    /// Crashes `node` now, as a scheduled [`Event::Crash`] would.
+    pub fn crash_now(&mut self, node: NodeId) {
+        self.apply(Event::Crash(node));
+    }
+
+    /// Restarts `node` now, as a scheduled [`Event::Restart`] would.
+    pub fn restart_now(&mut self, node: NodeId) {
+        self.apply(Event::Restart(node));
+    }
+
     /// Draws a uniformly random time in `[from, to)`.
     pub fn random_time(&mut self, from: Timestamp, to: Timestamp) -> Timestamp {
         if to <= from {

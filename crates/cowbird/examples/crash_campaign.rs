@@ -1,0 +1,48 @@
+//! Crashes the Spot engine's memory host at varied times over many seeds,
+//! with small windows so reads and writes overlap, and checks every
+//! history: `cargo run --release -p remora-cowbird --example
+//! crash_campaign -- END [START]`.
+
+use remora_cowbird::simulated::{lossy, run_with, Disruption, ReadCheck, Workload};
+use remora_sim::{LinkFaults, Probability};
+use std::time::Duration;
+
+fn main() {
+    let argument = |index: usize, default: u64| -> u64 {
+        std::env::args()
+            .nth(index)
+            .and_then(|text| text.parse().ok())
+            .unwrap_or(default)
+    };
+    let (seeds, first) = (argument(1, 100), argument(2, 0));
+    let mut failed = 0;
+    for seed in first..seeds {
+        for (name, faults) in [
+            ("clean", LinkFaults::NONE),
+            ("1% loss", lossy(Probability::literal(0.01))),
+        ] {
+            let workload = Workload {
+                window_bytes: 96,
+                max_length: 48,
+                spot_reads: ReadCheck::MayBeRedone,
+                ..Workload::new(faults)
+            };
+            let disruption = if seed % 2 == 0 {
+                Disruption::Crash {
+                    at: Duration::from_micros(100 + 13 * seed),
+                    down_for: Duration::from_micros(300),
+                }
+            } else {
+                Disruption::Partition {
+                    at: Duration::from_micros(100 + 13 * seed),
+                    cut_for: Duration::from_millis(3),
+                }
+            };
+            if let Err(error) = run_with(seed, &workload, Some(disruption)) {
+                println!("seed {seed} ({name}, {disruption:?}): {error}");
+                failed += 1;
+            }
+        }
+    }
+    println!("seeds {first}..{seeds}: {failed} failed");
+}

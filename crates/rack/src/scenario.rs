@@ -1,0 +1,358 @@
+//! The rack a system's scenario is written against, once, and run on both
+//! execution modes: the deterministic simulator ([`SimulatedStage`] →
+//! [`SimulatedRack`]) and the embedded rack ([`StagedRack`] →
+//! [`RunningRack`]).
+//!
+//! A scenario stages the hosts of a topology ([`RackStage`]): it deploys
+//! on their NICs and gives each host its agents, then starts the rack
+//! with its switch program. It then drives the running [`Rack`]: reaches
+//! a host's NIC or agent, runs until a condition holds, and crashes and
+//! restarts hosts. In the simulator time is virtual and a crash lands
+//! between two events; on the embedded rack time is the wall clock and a
+//! crash lands wherever the fabric thread happens to be.
+
+use crate::assembly::{EmbeddedRack, StagedRack};
+use crate::endpoint::{lock, Shared, SwitchEndpoint};
+use crate::simulated::SimulatedRack;
+use crate::topology::Topology;
+use crate::RackError;
+use remora_base::Timestamp;
+use remora_host::{Agent, Host};
+use remora_rnic::{RnicConfig, SoftRnic};
+use remora_switch::{Program, Switch, SwitchConfig};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Hosts with NICs ready for deployment, before the rack runs.
+pub trait RackStage {
+    /// The running rack this stage starts, with switch program `P`.
+    type Running<P: Program + Send + 'static>: Rack<Program = P>;
+
+    fn nic_mut(&mut self, host: usize) -> &mut SoftRnic;
+
+    /// The ACK timeout this mode's queue pairs use: short in virtual
+    /// time, [`RACK_ACK_TIMEOUT`](crate::endpoint::RACK_ACK_TIMEOUT) on a
+    /// real clock, where a descheduled thread is not a lost packet.
+    fn queue_pair_timeout(&self) -> Duration;
+
+    /// Two hosts' NICs at once (a deployment touches both ends).
+    fn nic_pair_mut(&mut self, first: usize, second: usize) -> (&mut SoftRnic, &mut SoftRnic);
+
+    /// Runs `agent` on host `host`; returns its index among that host's
+    /// agents.
+    fn add_agent(&mut self, host: usize, agent: Box<dyn Agent>) -> usize;
+
+    /// Starts the rack with `program` on the switch.
+    fn start<P: Program + Send + 'static>(self, program: P) -> Result<Self::Running<P>, RackError>;
+}
+
+/// A running rack, whichever mode runs it.
+pub trait Rack {
+    type Program: Program;
+
+    /// Runs `f` on host `host`'s NIC.
+    fn with_nic<R>(&mut self, host: usize, f: impl FnOnce(&mut SoftRnic) -> R) -> R;
+
+    /// Runs `f` on agent `agent` of host `host`, if it is an `A`.
+    fn with_agent<A: Agent, R>(
+        &mut self,
+        host: usize,
+        agent: usize,
+        f: impl FnOnce(&mut A) -> R,
+    ) -> Option<R>;
+
+    /// Runs `f` on the switch program.
+    fn with_program<R>(&mut self, f: impl FnOnce(&mut Self::Program) -> R) -> R;
+
+    /// Runs until `done` holds, an agent fails, or `limit` passes
+    /// (virtual time in the simulator, the wall clock on the embedded
+    /// rack). `done` is asked between steps of the run.
+    fn run_until(
+        &mut self,
+        done: &mut dyn FnMut(&mut Self) -> bool,
+        limit: Duration,
+    ) -> Result<(), RackError>;
+
+    /// Runs for `duration` whatever happens (an agent failure still ends
+    /// it).
+    fn run_for(&mut self, duration: Duration) -> Result<(), RackError> {
+        match self.run_until(&mut |_| false, duration) {
+            Err(RackError::TimedOut(_)) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Host `host` crashes now.
+    fn crash(&mut self, host: usize);
+
+    /// Host `host` comes back now, with a fresh NIC.
+    fn restart(&mut self, host: usize) -> Result<(), RackError>;
+}
+
+/// The simulator's stage: the topology's hosts as simulator hosts.
+pub struct SimulatedStage {
+    seed: u64,
+    topology: Topology,
+    hosts: Vec<Host>,
+}
+
+impl SimulatedStage {
+    /// Host `i` gets a NIC at its topology address, seeded by `nic_seed`.
+    pub fn new(seed: u64, topology: &Topology, nic_seed: u64) -> SimulatedStage {
+        let hosts = topology
+            .hosts()
+            .iter()
+            .enumerate()
+            .map(|(index, spec)| {
+                let config =
+                    RnicConfig::new(spec.mac, spec.address, nic_seed ^ ((index as u64) << 8));
+                Host::new(spec.name.clone(), config)
+            })
+            .collect();
+        SimulatedStage {
+            seed,
+            topology: topology.clone(),
+            hosts,
+        }
+    }
+}
+
+/// Between looks at `done`, the simulator runs this much virtual time.
+const LOOK_EVERY: Duration = Duration::from_micros(100);
+/// Simulator steps per look, a bound on a runaway run.
+const MAX_EVENTS_PER_LOOK: u64 = 10_000_000;
+
+/// The simulated queue pairs' ACK timeout: longer than a full window
+/// takes to drain at the rack link's rate.
+pub const SIMULATED_ACK_TIMEOUT: Duration = Duration::from_micros(200);
+
+impl RackStage for SimulatedStage {
+    type Running<P: Program + Send + 'static> = SimulatedRack<P>;
+
+    fn queue_pair_timeout(&self) -> Duration {
+        SIMULATED_ACK_TIMEOUT
+    }
+
+    fn nic_mut(&mut self, host: usize) -> &mut SoftRnic {
+        self.hosts[host].nic_mut()
+    }
+
+    fn nic_pair_mut(&mut self, first: usize, second: usize) -> (&mut SoftRnic, &mut SoftRnic) {
+        assert_ne!(first, second, "two distinct hosts");
+        let (low, high) = (first.min(second), first.max(second));
+        let (head, tail) = self.hosts.split_at_mut(high);
+        let (low_nic, high_nic) = (head[low].nic_mut(), tail[0].nic_mut());
+        if first < second {
+            (low_nic, high_nic)
+        } else {
+            (high_nic, low_nic)
+        }
+    }
+
+    fn add_agent(&mut self, host: usize, agent: Box<dyn Agent>) -> usize {
+        self.hosts[host].add_agent(agent);
+        self.hosts[host].agent_count() - 1
+    }
+
+    fn start<P: Program + Send + 'static>(self, program: P) -> Result<SimulatedRack<P>, RackError> {
+        Ok(SimulatedRack::with_topology(
+            self.seed,
+            program,
+            self.hosts,
+            &self.topology,
+        ))
+    }
+}
+
+impl<P: Program> Rack for SimulatedRack<P> {
+    type Program = P;
+
+    fn with_nic<R>(&mut self, host: usize, f: impl FnOnce(&mut SoftRnic) -> R) -> R {
+        f(self.rnic(host))
+    }
+
+    fn with_agent<A: Agent, R>(
+        &mut self,
+        host: usize,
+        agent: usize,
+        f: impl FnOnce(&mut A) -> R,
+    ) -> Option<R> {
+        self.host_mut(host).agent_as_mut::<A>(agent).map(f)
+    }
+
+    fn with_program<R>(&mut self, f: impl FnOnce(&mut P) -> R) -> R {
+        f(self.switch_mut().program_mut())
+    }
+
+    fn run_until(
+        &mut self,
+        done: &mut dyn FnMut(&mut Self) -> bool,
+        limit: Duration,
+    ) -> Result<(), RackError> {
+        let end = self.simulation.now().saturating_add(limit);
+        loop {
+            if done(self) {
+                return Ok(());
+            }
+            let now = self.simulation.now();
+            if now >= end {
+                return Err(RackError::TimedOut(limit));
+            }
+            let step_end = now.saturating_add(LOOK_EVERY).min(end);
+            let outcome = self.simulation.run_until(step_end, MAX_EVENTS_PER_LOOK);
+            if outcome.quiesced && outcome.now < step_end {
+                // Nothing left to happen before the step's end: time
+                // moves on all the same (a scenario waiting out a crash).
+                self.simulation.advance_to(step_end);
+            }
+            for host in 0..self.hosts.len() {
+                if let Some(failure) = self.host_mut(host).take_failures().into_iter().next() {
+                    return Err(RackError::Agent(failure.error));
+                }
+            }
+        }
+    }
+
+    fn crash(&mut self, host: usize) {
+        let node = self.hosts[host];
+        self.simulation.crash_now(node);
+    }
+
+    fn restart(&mut self, host: usize) -> Result<(), RackError> {
+        let node = self.hosts[host];
+        self.simulation.restart_now(node);
+        match self.host_mut(host).take_failures().into_iter().next() {
+            Some(failure) => Err(RackError::Agent(failure.error)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The embedded rack running a scenario: the rack and its typed switch.
+pub struct RunningRack<P: Program> {
+    pub rack: EmbeddedRack,
+    pub switch: Shared<SwitchEndpoint<P>>,
+}
+
+impl RackStage for StagedRack {
+    type Running<P: Program + Send + 'static> = RunningRack<P>;
+
+    fn queue_pair_timeout(&self) -> Duration {
+        crate::endpoint::RACK_ACK_TIMEOUT
+    }
+
+    fn nic_mut(&mut self, host: usize) -> &mut SoftRnic {
+        StagedRack::nic_mut(self, host)
+    }
+
+    fn nic_pair_mut(&mut self, first: usize, second: usize) -> (&mut SoftRnic, &mut SoftRnic) {
+        StagedRack::nic_pair_mut(self, first, second)
+    }
+
+    fn add_agent(&mut self, host: usize, agent: Box<dyn Agent>) -> usize {
+        let agent: Arc<Mutex<dyn Agent>> = Arc::new(Mutex::new(BoxedAgent(agent)));
+        StagedRack::add_agent(self, host, agent);
+        self.agent_count(host) - 1
+    }
+
+    fn start<P: Program + Send + 'static>(self, program: P) -> Result<RunningRack<P>, RackError> {
+        let ports = self.topology().hosts().len() as u16;
+        let (rack, switch) =
+            StagedRack::start(self, Switch::new(SwitchConfig::new(ports), program))?;
+        Ok(RunningRack { rack, switch })
+    }
+}
+
+/// A boxed agent behind the embedded rack's lock, passed through.
+struct BoxedAgent(Box<dyn Agent>);
+
+impl Agent for BoxedAgent {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn poll(
+        &mut self,
+        now: Timestamp,
+        nic: &mut dyn remora_rnic::Verbs,
+    ) -> Result<remora_host::Progress, remora_host::AgentError> {
+        self.0.poll(now, nic)
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        self.0.poll_timeout()
+    }
+
+    fn crash(&mut self) {
+        self.0.crash()
+    }
+
+    fn restart(
+        &mut self,
+        now: Timestamp,
+        nic: &mut dyn remora_rnic::Verbs,
+    ) -> Result<(), remora_host::AgentError> {
+        self.0.restart(now, nic)
+    }
+}
+
+/// How often the embedded rack's scenario looks at `done`.
+const EMBEDDED_LOOK_EVERY: Duration = Duration::from_micros(200);
+
+impl<P: Program + Send + 'static> Rack for RunningRack<P> {
+    type Program = P;
+
+    fn with_nic<R>(&mut self, host: usize, f: impl FnOnce(&mut SoftRnic) -> R) -> R {
+        let result = f(&mut lock(self.rack.host(host)).rnic);
+        self.rack.kick();
+        result
+    }
+
+    fn with_agent<A: Agent, R>(
+        &mut self,
+        host: usize,
+        agent: usize,
+        f: impl FnOnce(&mut A) -> R,
+    ) -> Option<R> {
+        let shared = self.rack.agent(host, agent)?;
+        let mut guard = shared.lock().expect("agent lock");
+        let boxed = guard.as_any_mut().downcast_mut::<BoxedAgent>()?;
+        boxed.0.as_any_mut().downcast_mut::<A>().map(f)
+    }
+
+    fn with_program<R>(&mut self, f: impl FnOnce(&mut P) -> R) -> R {
+        f(lock(&self.switch).switch.program_mut())
+    }
+
+    fn run_until(
+        &mut self,
+        done: &mut dyn FnMut(&mut Self) -> bool,
+        limit: Duration,
+    ) -> Result<(), RackError> {
+        let started = Instant::now();
+        loop {
+            if done(self) {
+                return Ok(());
+            }
+            if self.rack.is_finished() {
+                // The fabric thread stopped: an agent or a carrier failed.
+                return match self.rack.stop_and_join() {
+                    Err(error) => Err(error),
+                    Ok(_) => Err(RackError::Launch("the fabric thread stopped".into())),
+                };
+            }
+            if started.elapsed() >= limit {
+                return Err(RackError::TimedOut(limit));
+            }
+            std::thread::sleep(EMBEDDED_LOOK_EVERY);
+        }
+    }
+
+    fn crash(&mut self, host: usize) {
+        self.rack.crash(host);
+    }
+
+    fn restart(&mut self, host: usize) -> Result<(), RackError> {
+        self.rack.restart(host)
+    }
+}
