@@ -237,46 +237,39 @@ fn running_as_root() -> bool {
         .is_ok_and(|output| String::from_utf8_lossy(&output.stdout).trim() == "0")
 }
 
-#[test]
-fn bad_rack_files_fail_with_a_clear_message() {
+/// `remora rack up FILE ARGUMENTS...` where FILE holds `text`: its exit
+/// code and what it said on stderr.
+fn rack_up_with(text: &str, arguments: &[&str]) -> (Option<i32>, String) {
     let path = common::scratch("bad.toml");
-    std::fs::write(&path, "[rack]\nname = \"x\"\n[switch]\n[[node]]\nname = \"a\"\nrole = \"compute\"\naddress = \"10.0.0.300\"\nmemory = \"1MiB\"\n").unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_remora"))
-        .args(["rack", "up"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    std::fs::remove_file(&path).ok();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("not an IPv4 address"), "{stderr}");
-
-    // A system section no system claims (a typo) is refused by name.
-    let text = std::fs::read_to_string(example("rack-cowbird.toml"))
-        .unwrap()
-        .replace("[cowbird]", "[cowbrid]");
-    let path = common::scratch("typo.toml");
     std::fs::write(&path, text).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_remora"))
         .args(["rack", "up"])
         .arg(&path)
+        .args(arguments)
         .output()
         .unwrap();
     std::fs::remove_file(&path).ok();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output.status.code(), stderr)
+}
+
+#[test]
+fn bad_rack_files_fail_with_a_clear_message() {
+    let (code, stderr) = rack_up_with("[rack]\nname = \"x\"\n[switch]\n[[node]]\nname = \"a\"\nrole = \"compute\"\naddress = \"10.0.0.300\"\nmemory = \"1MiB\"\n", &[]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("not an IPv4 address"), "{stderr}");
+
+    // A system section no system claims (a typo) is refused by name.
+    let cowbird = std::fs::read_to_string(example("rack-cowbird.toml")).unwrap();
+    let (code, stderr) = rack_up_with(&cowbird.replace("[cowbird]", "[cowbrid]"), &[]);
+    assert_eq!(code, Some(2));
     assert!(stderr.contains("[cowbrid] names no system"), "{stderr}");
 
     // A capture into a directory that does not exist names the path.
+    let two_nodes = std::fs::read_to_string(example("rack-two-nodes.toml")).unwrap();
     let missing = "/nonexistent-remora-directory/rack.pcap";
-    let output = Command::new(env!("CARGO_BIN_EXE_remora"))
-        .args(["rack", "up"])
-        .arg(example("rack-two-nodes.toml"))
-        .args(["--capture", missing])
-        .output()
-        .unwrap();
-    assert_ne!(output.status.code(), Some(0));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (code, stderr) = rack_up_with(&two_nodes, &["--capture", missing]);
+    assert_ne!(code, Some(0));
     assert!(stderr.contains(missing), "{stderr}");
 }
 

@@ -3,18 +3,15 @@
 //! history: `cargo run --release -p remora-cowbird --example
 //! crash_campaign -- END [START]`.
 
+#[path = "common/seeds.rs"]
+mod seeds;
+
 use remora_cowbird::simulated::{lossy, run_with, Disruption, ReadCheck, Workload};
 use remora_sim::{LinkFaults, Probability};
 use std::time::Duration;
 
 fn main() {
-    let argument = |index: usize, default: u64| -> u64 {
-        std::env::args()
-            .nth(index)
-            .and_then(|text| text.parse().ok())
-            .unwrap_or(default)
-    };
-    let (seeds, first) = (argument(1, 100), argument(2, 0));
+    let (first, seeds) = seeds::seed_range();
     let mut failed = 0;
     for seed in first..seeds {
         for (name, faults) in [

@@ -3,18 +3,15 @@
 //! --example p4_campaign -- END [START]` runs seeds START..END (START
 //! defaults to 0).
 
+#[path = "common/seeds.rs"]
+mod seeds;
+
 use remora_cowbird::simulated::{run, Engine, Workload};
 use remora_sim::{LinkFaults, Probability};
 use std::time::Duration;
 
 fn main() {
-    let argument = |index: usize, default: u64| -> u64 {
-        std::env::args()
-            .nth(index)
-            .and_then(|text| text.parse().ok())
-            .unwrap_or(default)
-    };
-    let (seeds, first) = (argument(1, 100), argument(2, 0));
+    let (first, seeds) = seeds::seed_range();
     let faults = |loss: f64| LinkFaults {
         loss: Probability::literal(loss),
         duplicate: Probability::literal(loss / 2.0),

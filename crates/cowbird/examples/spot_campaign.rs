@@ -3,25 +3,14 @@
 //! to 5 µs) and prints each failure: `cargo run --release -p
 //! remora-cowbird --example spot_campaign -- END [START]`.
 
-use remora_cowbird::simulated::{run, ReadCheck, Workload};
-use remora_sim::{LinkFaults, Probability};
-use std::time::Duration;
+#[path = "common/seeds.rs"]
+mod seeds;
+
+use remora_cowbird::simulated::{heavy_faults, run, ReadCheck, Workload};
 
 fn main() {
-    let argument = |index: usize, default: u64| -> u64 {
-        std::env::args()
-            .nth(index)
-            .and_then(|text| text.parse().ok())
-            .unwrap_or(default)
-    };
-    let (seeds, first) = (argument(1, 100), argument(2, 0));
-    let faults = LinkFaults {
-        loss: Probability::literal(0.05),
-        duplicate: Probability::literal(0.025),
-        reorder: Probability::literal(0.05),
-        reorder_delay: Duration::from_micros(5),
-        ..LinkFaults::NONE
-    };
+    let (first, seeds) = seeds::seed_range();
+    let faults = heavy_faults();
     // A reconnection serves the interrupted batch again.
     let workload = Workload {
         spot_reads: ReadCheck::MayBeRedone,

@@ -307,22 +307,8 @@ impl CowbirdConfig {
 mod tests {
     use super::*;
 
-    const GOOD: &str = r#"
-        [rack]
-        name = "t"
-        [switch]
-        program = "l2l3"
-        [[node]]
-        name = "c"
-        role = "compute"
-        address = "10.0.0.1"
-        memory = "1MiB"
-        [[node]]
-        name = "m"
-        role = "memory"
-        address = "10.0.0.2"
-        memory = "4MiB"
-    "#;
+    /// A compute node and a memory node, with no system section.
+    const GOOD: &str = include_str!("../../../examples/rack-two-nodes.toml");
 
     fn read(text: &str) -> Result<Option<CowbirdConfig>, CowbirdConfigError> {
         CowbirdConfig::from_rack(&RackConfig::parse(text).unwrap())

@@ -253,6 +253,7 @@ fn p4_rack(
     topology: &Topology,
     spec: &CowbirdSpec,
     mut staged: StagedRack,
+    prepare: impl FnOnce(&mut StagedRack, &P4Deployment) -> Result<(), String>,
 ) -> Result<
     (
         P4Deployment,
@@ -265,6 +266,7 @@ fn p4_rack(
     let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
     let ports = crate::simulated::switch_ports();
     let deployment = deploy_p4(spec, compute, memory, &mut program, ports).map_err(text)?;
+    prepare(&mut staged, &deployment)?;
     let template = program.probe_template();
     let mut switch = Switch::new(SwitchConfig::new(2), program);
     switch
@@ -356,21 +358,18 @@ impl Rig {
     /// memory node, the engine in the switch; nothing else.
     fn new_p4(bench: &ProbeBench) -> Result<Rig, String> {
         let topology = topology();
-        let mut staged = stage(&topology)?;
+        let staged = stage(&topology)?;
         let spec = probe_spec(bench, bench.threads);
-        // The pool is filled before the switch runs: deploy first.
-        let mut program = P4Engine::with_forwarding(bench.p4, topology.forwarding());
-        let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
-        let ports = crate::simulated::switch_ports();
-        let deployment = deploy_p4(&spec, compute, memory, &mut program, ports).map_err(text)?;
+        // The pool is filled before the switch runs.
+        let fill = |staged: &mut StagedRack, deployment: &P4Deployment| {
+            fill_pool(
+                &bench.table,
+                deployment.pool[0],
+                staged.nic_mut(MEMORY_HOST),
+            )
+        };
+        let (deployment, rack, switch) = p4_rack(bench.p4, &topology, &spec, staged, fill)?;
         let pool = deployment.pool[0];
-        fill_pool(&bench.table, pool, staged.nic_mut(MEMORY_HOST))?;
-        let template = program.probe_template();
-        let mut switch = Switch::new(SwitchConfig::new(2), program);
-        switch
-            .add_template(template, Timestamp::ZERO)
-            .map_err(text)?;
-        let (rack, switch) = staged.start(switch).map_err(text)?;
         Ok(Rig {
             rack,
             pool,
@@ -969,7 +968,8 @@ pub fn run_histories(
             (deployment.clients, deployment.pool_memory[0].clone(), rack)
         }
         Engine::P4 => {
-            let (deployment, rack, switch) = p4_rack(workload.p4, topology, &spec, staged)?;
+            let (deployment, rack, switch) =
+                p4_rack(workload.p4, topology, &spec, staged, |_, _| Ok(()))?;
             p4_switch = Some(switch.clone());
             switch_counters = Box::new(move || lock(&switch).switch.counters());
             (deployment.clients, deployment.pool_memory[0].clone(), rack)

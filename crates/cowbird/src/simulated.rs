@@ -119,6 +119,16 @@ pub fn lossy(loss: Probability) -> LinkFaults {
     }
 }
 
+/// The Spot campaign's heavier profile: 5% loss on every link, half as
+/// much duplication, and 5% of frames reordered by up to 5 µs.
+pub fn heavy_faults() -> LinkFaults {
+    LinkFaults {
+        reorder: Probability::literal(0.05),
+        reorder_delay: Duration::from_micros(5),
+        ..lossy(Probability::literal(0.05))
+    }
+}
+
 /// Cowbird-P4's address on the wire.
 pub fn p4_config() -> P4Config {
     P4Config::rack_default()

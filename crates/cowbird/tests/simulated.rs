@@ -4,7 +4,9 @@
 //! the pool equals the models at the end; with and without loss.
 
 use remora_cowbird::history::HistoryError;
-use remora_cowbird::simulated::{lossy, run, run_with, Disruption, ReadCheck, Workload};
+use remora_cowbird::simulated::{
+    heavy_faults, lossy, run, run_with, Disruption, ReadCheck, Workload,
+};
 use remora_sim::LinkFaults;
 use remora_sim::Probability;
 use std::time::Duration;
@@ -140,16 +142,9 @@ fn a_crash_is_not_hidden_from_the_strict_read_check() {
 /// forces RetryExceeded.
 #[test]
 fn seed_73_at_five_percent_loss_and_reordering_completes() {
-    let faults = LinkFaults {
-        loss: Probability::literal(0.05),
-        duplicate: Probability::literal(0.025),
-        reorder: Probability::literal(0.05),
-        reorder_delay: Duration::from_micros(5),
-        ..LinkFaults::NONE
-    };
     let workload = Workload {
         spot_reads: ReadCheck::MayBeRedone,
-        ..Workload::new(faults)
+        ..Workload::new(heavy_faults())
     };
     let outcome = run(73, &workload).unwrap();
     assert_eq!(outcome.completed, 1200);

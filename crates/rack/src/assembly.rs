@@ -240,6 +240,22 @@ impl<'t> RackBuilder<'t> {
     }
 }
 
+/// Two distinct elements of `items`, mutably, in the order asked.
+///
+/// # Panics
+/// If `first == second` or either is out of bounds.
+pub(crate) fn two_mut<T>(items: &mut [T], first: usize, second: usize) -> (&mut T, &mut T) {
+    assert_ne!(first, second, "two distinct hosts");
+    let (low, high) = (first.min(second), first.max(second));
+    let (head, tail) = items.split_at_mut(high);
+    let (low_item, high_item) = (&mut head[low], &mut tail[0]);
+    if first < second {
+        (low_item, high_item)
+    } else {
+        (high_item, low_item)
+    }
+}
+
 /// (switch end, host end) of one host's link.
 type LinkEnd = (Box<dyn Port>, Box<dyn Port>);
 type LinkEnds = Vec<LinkEnd>;
@@ -335,17 +351,12 @@ impl StagedRack {
     /// # Panics
     /// If `first == second`.
     pub fn nic_pair_mut(&mut self, first: usize, second: usize) -> (&mut SoftRnic, &mut SoftRnic) {
-        assert_ne!(first, second, "two distinct hosts");
-        let (low, high) = (first.min(second), first.max(second));
-        let (head, tail) = self.endpoints.split_at_mut(high);
+        let (first, second) = two_mut(&mut self.endpoints, first, second);
         let taken = "the host's endpoint was not taken apart";
-        let low_nic = &mut head[low].as_mut().expect(taken).rnic;
-        let high_nic = &mut tail[0].as_mut().expect(taken).rnic;
-        if first < second {
-            (low_nic, high_nic)
-        } else {
-            (high_nic, low_nic)
-        }
+        (
+            &mut first.as_mut().expect(taken).rnic,
+            &mut second.as_mut().expect(taken).rnic,
+        )
     }
 
     pub fn endpoint_mut(&mut self, index: usize) -> &mut NodeEndpoint {

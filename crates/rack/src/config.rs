@@ -106,15 +106,8 @@ pub const DEFAULT_QUEUE_LIMIT_BYTES: u64 = 1 << 20;
 
 /// "1Gbit/s", "250Mbit/s", "64Kbit/s", "1000bit/s" (also without "/s").
 pub fn parse_bandwidth(text: &str) -> Result<u64, String> {
-    let trimmed = text.trim();
-    let split = trimmed
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(trimmed.len());
-    let (digits, unit) = trimmed.split_at(split);
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("bandwidth {text:?} does not start with a number"))?;
-    let multiplier = match unit.trim().trim_end_matches("/s") {
+    let (value, unit) = number_and_unit("bandwidth", text)?;
+    let multiplier = match unit.trim_end_matches("/s") {
         "bit" => 1,
         "Kbit" => 1_000,
         "Mbit" => 1_000_000,
@@ -308,17 +301,24 @@ pub fn parse_mac(text: &str) -> Result<MacAddress, String> {
     Ok(MacAddress(bytes))
 }
 
-/// "64MiB", "4 KiB", "1GiB", "1048576".
-pub fn parse_size(text: &str) -> Result<u64, String> {
+/// A quantity with a unit, "64MiB" or "1 Gbit/s": the number and the
+/// unit after it, trimmed.
+fn number_and_unit<'a>(what: &str, text: &'a str) -> Result<(u64, &'a str), String> {
     let trimmed = text.trim();
     let split = trimmed
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(trimmed.len());
     let (digits, unit) = trimmed.split_at(split);
-    let value: u64 = digits
+    let value = digits
         .parse()
-        .map_err(|_| format!("size {text:?} does not start with a number"))?;
-    let multiplier = match unit.trim() {
+        .map_err(|_| format!("{what} {text:?} does not start with a number"))?;
+    Ok((value, unit.trim()))
+}
+
+/// "64MiB", "4 KiB", "1GiB", "1048576".
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let (value, unit) = number_and_unit("size", text)?;
+    let multiplier = match unit {
         "" | "B" => 1,
         "KiB" => 1 << 10,
         "MiB" => 1 << 20,
@@ -616,7 +616,7 @@ mod tests {
         assert!(rack.check_systems(&["cowbird", "clover"]).is_ok());
         let error = rack.check_systems(&["clover"]).unwrap_err().to_string();
         assert!(error.contains("[cowbird] names no system"), "{error}");
-        let error = RackConfig::parse(&format!("{GOOD}\nspeed = 3\n"))
+        let error = RackConfig::parse(&format!("speed = 3\n{GOOD}"))
             .unwrap_err()
             .to_string();
         assert!(error.contains("neither a rack section"), "{error}");

@@ -138,15 +138,8 @@ impl RackStage for SimulatedStage {
     }
 
     fn nic_pair_mut(&mut self, first: usize, second: usize) -> (&mut SoftRnic, &mut SoftRnic) {
-        assert_ne!(first, second, "two distinct hosts");
-        let (low, high) = (first.min(second), first.max(second));
-        let (head, tail) = self.hosts.split_at_mut(high);
-        let (low_nic, high_nic) = (head[low].nic_mut(), tail[0].nic_mut());
-        if first < second {
-            (low_nic, high_nic)
-        } else {
-            (high_nic, low_nic)
-        }
+        let (first, second) = crate::assembly::two_mut(&mut self.hosts, first, second);
+        (first.nic_mut(), second.nic_mut())
     }
 
     fn add_agent(&mut self, host: usize, agent: Box<dyn Agent>) -> usize {

@@ -42,23 +42,12 @@ impl<P: Port> Faulty<P> {
     }
 
     fn release_due(&mut self, now: Instant) -> Result<(), CarrierError> {
-        // Bounded by the queue's length.
-        while self.held.front().is_some_and(|(due, _)| *due <= now) {
-            let (_, frame) = self.held.pop_front().expect("front checked");
-            self.inner.send(&frame)?;
-        }
-        Ok(())
+        super::release_due(&mut self.held, &mut self.inner, now)
     }
 }
 
 impl<P: Port> Port for Faulty<P> {
-    fn receive(
-        &mut self,
-        max_frames: usize,
-        sink: &mut dyn FnMut(&[u8]),
-    ) -> Result<usize, CarrierError> {
-        self.inner.receive(max_frames, sink)
-    }
+    pass_through_receive!();
 
     fn send(&mut self, frame: &[u8]) -> Result<SendStatus, CarrierError> {
         let now = Instant::now();

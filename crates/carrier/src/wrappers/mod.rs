@@ -20,6 +20,20 @@ macro_rules! pass_through_port_state {
     };
 }
 
+/// `receive` passed straight to the port in `inner`: for wrappers that act
+/// only on what is sent.
+macro_rules! pass_through_receive {
+    () => {
+        fn receive(
+            &mut self,
+            max_frames: usize,
+            sink: &mut dyn FnMut(&[u8]),
+        ) -> Result<usize, crate::CarrierError> {
+            self.inner.receive(max_frames, sink)
+        }
+    };
+}
+
 /// `next_due` passed straight to the port in `inner`.
 macro_rules! pass_through_next_due {
     () => {
@@ -27,6 +41,26 @@ macro_rules! pass_through_next_due {
             self.inner.next_due()
         }
     };
+}
+
+/// Sends the frames of `held` (in due order) whose time has come, while
+/// the carrier behind has room: the delay lines of the fault injector and
+/// the shaper. A frame the carrier has no room for stays, as a NIC's
+/// queue holds it, and goes on a later turn.
+fn release_due(
+    held: &mut std::collections::VecDeque<(std::time::Instant, Vec<u8>)>,
+    inner: &mut dyn crate::Port,
+    now: std::time::Instant,
+) -> Result<(), crate::CarrierError> {
+    // Bounded by the queue's length.
+    while held.front().is_some_and(|(due, _)| *due <= now) {
+        if !inner.has_room() {
+            break;
+        }
+        let (_, frame) = held.pop_front().expect("front checked");
+        inner.send(&frame)?;
+    }
+    Ok(())
 }
 
 pub mod capture;

@@ -78,28 +78,12 @@ impl<P: Port> Shaped<P> {
     }
 
     fn release_due(&mut self, now: Instant) -> Result<(), CarrierError> {
-        // Bounded by the delay line's length.
-        while self.delayed.front().is_some_and(|(due, _)| *due <= now) {
-            if !self.inner.has_room() {
-                // The carrier behind is full: keep the frame, as a NIC's
-                // queue holds it, and try again on the next turn.
-                break;
-            }
-            let (_, frame) = self.delayed.pop_front().expect("front checked");
-            self.inner.send(&frame)?;
-        }
-        Ok(())
+        super::release_due(&mut self.delayed, &mut self.inner, now)
     }
 }
 
 impl<P: Port> Port for Shaped<P> {
-    fn receive(
-        &mut self,
-        max_frames: usize,
-        sink: &mut dyn FnMut(&[u8]),
-    ) -> Result<usize, CarrierError> {
-        self.inner.receive(max_frames, sink)
-    }
+    pass_through_receive!();
 
     fn send(&mut self, frame: &[u8]) -> Result<SendStatus, CarrierError> {
         let now = Instant::now();
