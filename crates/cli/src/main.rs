@@ -54,8 +54,30 @@ enum Command {
     Node(rack::NodeArgs),
 }
 
+/// `REMORA_LOG=info|debug|trace` prints the rack's and the systems'
+/// events to stderr (crashes, restarts, reconnections, scenario runs), so
+/// a replayed seed can be followed.
+fn install_log() -> Result<(), String> {
+    let Ok(level) = std::env::var("REMORA_LOG") else {
+        return Ok(());
+    };
+    let level: tracing::Level = level
+        .parse()
+        .map_err(|_| format!("REMORA_LOG={level:?}: use error, warn, info, debug or trace"))?;
+    tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(message) = install_log() {
+        eprintln!("error: {message}");
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Demo {
             json,

@@ -126,3 +126,24 @@ fn the_demo_writes_its_checked_histories_as_json_lines() {
         }
     }
 }
+
+#[test]
+fn remora_log_follows_a_replayed_seed_through_its_crash() {
+    let output = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["sim", "fabric", "--seed", "1", "--crash", "1"])
+        .env("REMORA_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("host crashed"), "{stderr}");
+    assert!(stderr.contains("host restarted"), "{stderr}");
+
+    let output = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["sim", "fabric", "--seed", "1"])
+        .env("REMORA_LOG", "loud")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("REMORA_LOG"));
+}

@@ -180,8 +180,8 @@ impl Node for Host {
         let _ = self.poll_agents(now);
     }
 
-    fn crash(&mut self, _now: Timestamp) {
-        let _span = tracing::info_span!("crash", host = %self.name).entered();
+    fn crash(&mut self, now: Timestamp) {
+        tracing::info!(host = %self.name, at_ns = now.as_nanos(), "host crashed");
         self.crashes += 1;
         self.down = true;
         for slot in &mut self.agents {
@@ -190,7 +190,7 @@ impl Node for Host {
     }
 
     fn restart(&mut self, now: Timestamp) {
-        let _span = tracing::info_span!("restart", host = %self.name).entered();
+        tracing::info!(host = %self.name, at_ns = now.as_nanos(), "host restarted");
         // A restarted host has a new device: no queue pairs, no keys, no
         // regions inside it. A new seed, so its keys and PSNs differ from
         // the last incarnation's, as a rebooted NIC's would.
