@@ -215,7 +215,7 @@ pub fn run_cowbird(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serd
         }
         Err(error) => {
             failures.push(format!("cowbird: {error}"));
-            Some(serde_json::json!({ "error": error }))
+            Some(serde_json::json!({ "error": error.to_string() }))
         }
     }
 }

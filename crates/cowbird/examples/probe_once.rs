@@ -18,7 +18,7 @@ fn main() -> Result<(), String> {
     };
     let bench = ProbeBench::new(table, Duration::from_secs(seconds));
     for variant in Variant::ALL {
-        let outcome = run_variant(&bench, variant, 1)?;
+        let outcome = run_variant(&bench, variant, 1).map_err(|error| error.to_string())?;
         println!(
             "{:<6} {:>10.0} ops/s  app {:>7.0} ns/remote op (issue {:?}, completion {:?})  comm ratio {:.2}  p50 {} µs p99 {} µs  fabric {:?} engine {:?}  {:.0} B/op",
             variant.name(),

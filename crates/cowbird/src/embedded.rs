@@ -25,9 +25,11 @@
 
 use crate::client::{Client, Completion, CowbirdError};
 use crate::config::{CowbirdConfig, CowbirdConfigError, EngineChoice};
-use crate::deploy::{deploy, deploy_p4, CowbirdSpec, Direct, DirectSpec, P4Deployment, RpcSpec};
+use crate::deploy::{
+    deploy, deploy_p4, CowbirdSpec, DeployError, Direct, DirectSpec, P4Deployment, RpcSpec,
+};
 use crate::hash_table::{calibrate, compute, is_record, record_bytes, record_of, TableSpec};
-use crate::history::{Engine, Histories, Workload};
+use crate::history::{Engine, Histories, HistoryError, Workload};
 use crate::layout::RingSizes;
 use crate::p4::{CowbirdP4, P4Config, P4Engine, P4Stats};
 use crate::simulated::{p4_config, topology};
@@ -173,11 +175,11 @@ impl VariantOutcome {
 trait Fetcher {
     /// Starts fetching the record at `offset` of the pool; returns its
     /// token (below the window), or None if it must wait for completions.
-    fn issue(&mut self, offset: u64) -> Result<Option<usize>, String>;
+    fn issue(&mut self, offset: u64) -> Result<Option<usize>, EmbeddedError>;
     /// Makes issued requests go (verbs post them here).
-    fn flush(&mut self) -> Result<(), String>;
+    fn flush(&mut self) -> Result<(), EmbeddedError>;
     /// Appends the tokens of finished fetches.
-    fn poll(&mut self, done: &mut Vec<usize>) -> Result<(), String>;
+    fn poll(&mut self, done: &mut Vec<usize>) -> Result<(), EmbeddedError>;
     /// A finished fetch's bytes, until its token is issued again.
     fn bytes(&self, token: usize) -> &[u8];
 }
@@ -222,18 +224,68 @@ struct Rig {
     p4_switch: Option<Shared<SwitchEndpoint<CowbirdP4>>>,
 }
 
-fn text(error: impl std::fmt::Display) -> String {
-    error.to_string()
+/// Which part of an embedded run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbeddedError {
+    #[error(transparent)]
+    Rack(#[from] RackError),
+    #[error("deploying: {0}")]
+    Deploy(#[from] DeployError),
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    #[error(transparent)]
+    Client(#[from] CowbirdError),
+    #[error(transparent)]
+    History(#[from] HistoryError),
+    #[error(transparent)]
+    Config(#[from] CowbirdConfigError),
+    #[error("the switch's generator: {0}")]
+    Generator(#[from] remora_switch::generator::GeneratorError),
+    #[error("host memory: {0}")]
+    HostMemory(#[from] HostMemoryOutOfBounds),
+    #[error("latency histogram: {0}")]
+    Histogram(String),
+    #[error("{variant} verb completed with {status:?}")]
+    Completion {
+        variant: &'static str,
+        status: CompletionStatus,
+    },
+    #[error("the RPC server refused a request")]
+    RpcRefused,
+    #[error("no {0} deployed for another application thread")]
+    NoPath(&'static str),
+    #[error("{which} record {record} came back wrong")]
+    WrongRecord { which: &'static str, record: u64 },
+    #[error("an application thread panicked")]
+    Panicked,
+    #[error("no application thread ran")]
+    NoThreads,
+    #[error("the fabric thread stopped")]
+    FabricStopped,
+    #[error("{unfinished} in {limit:?}")]
+    TimedOut {
+        unfinished: HistoryError,
+        limit: Duration,
+    },
+    #[error("{error} ({context})")]
+    WithCounters {
+        error: Box<EmbeddedError>,
+        context: String,
+    },
+}
+
+fn histogram(error: impl std::fmt::Display) -> EmbeddedError {
+    EmbeddedError::Histogram(error.to_string())
 }
 
 /// The two hosts of the topology with their NICs, before the fabric runs.
-fn stage(topology: &Topology) -> Result<StagedRack, String> {
+fn stage(topology: &Topology) -> Result<StagedRack, EmbeddedError> {
     RackBuilder::new(topology)
         .thread_name("cowbird-fabric")
         .ring_depth(RING_DEPTH)
         .nic_seed(0xc0b)
         .build()
-        .map_err(text)
+        .map_err(EmbeddedError::from)
 }
 
 /// The P4 settings the embedded rack uses by default: the simulator's,
@@ -253,31 +305,29 @@ fn p4_rack(
     topology: &Topology,
     spec: &CowbirdSpec,
     mut staged: StagedRack,
-    prepare: impl FnOnce(&mut StagedRack, &P4Deployment) -> Result<(), String>,
+    prepare: impl FnOnce(&mut StagedRack, &P4Deployment) -> Result<(), EmbeddedError>,
 ) -> Result<
     (
         P4Deployment,
         EmbeddedRack,
         Shared<SwitchEndpoint<CowbirdP4>>,
     ),
-    String,
+    EmbeddedError,
 > {
     let mut program = P4Engine::with_forwarding(config, topology.forwarding());
     let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
     let ports = crate::simulated::switch_ports();
-    let deployment = deploy_p4(spec, compute, memory, &mut program, ports).map_err(text)?;
+    let deployment = deploy_p4(spec, compute, memory, &mut program, ports)?;
     prepare(&mut staged, &deployment)?;
     let template = program.probe_template();
     let mut switch = Switch::new(SwitchConfig::new(2), program);
-    switch
-        .add_template(template, Timestamp::ZERO)
-        .map_err(text)?;
-    let (rack, switch) = staged.start(switch).map_err(text)?;
+    switch.add_template(template, Timestamp::ZERO)?;
+    let (rack, switch) = staged.start(switch)?;
     Ok((deployment, rack, switch))
 }
 
 impl Rig {
-    fn new(bench: &ProbeBench, variant: Variant, window: usize) -> Result<Rig, String> {
+    fn new(bench: &ProbeBench, variant: Variant, window: usize) -> Result<Rig, EmbeddedError> {
         if variant == Variant::P4 {
             return Rig::new_p4(bench);
         }
@@ -299,7 +349,7 @@ impl Rig {
             ..probe_spec(bench, bench.threads)
         };
         let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
-        let deployment = deploy(spec, compute, memory).map_err(text)?;
+        let deployment = deploy(spec, compute, memory)?;
         let pool = deployment.pool[0];
         let compute = staged.endpoint_mut(COMPUTE_HOST);
         let direct = deployment
@@ -341,7 +391,7 @@ impl Rig {
             engine_busy.push(staged.add_agent(MEMORY_HOST, Arc::new(Mutex::new(server))));
         }
         let switch = staged.l2l3_switch();
-        let (rack, _switch) = staged.start(switch).map_err(text)?;
+        let (rack, _switch) = staged.start(switch)?;
         Ok(Rig {
             rack,
             pool,
@@ -356,7 +406,7 @@ impl Rig {
 
     /// Cowbird-P4: the clients on the compute node, the pool on the
     /// memory node, the engine in the switch; nothing else.
-    fn new_p4(bench: &ProbeBench) -> Result<Rig, String> {
+    fn new_p4(bench: &ProbeBench) -> Result<Rig, EmbeddedError> {
         let topology = topology();
         let staged = stage(&topology)?;
         let spec = probe_spec(bench, bench.threads);
@@ -406,12 +456,14 @@ fn probe_spec(bench: &ProbeBench, threads: usize) -> CowbirdSpec {
 }
 
 /// Writes every remote record into the pool.
-fn fill_pool(table: &TableSpec, pool: MemoryRegion, memory: &mut SoftRnic) -> Result<(), String> {
+fn fill_pool(
+    table: &TableSpec,
+    pool: MemoryRegion,
+    memory: &mut SoftRnic,
+) -> Result<(), EmbeddedError> {
     for record in table.local_records()..table.records {
         let at = VirtAddr(pool.address.0 + table.remote_offset(record));
-        memory
-            .write_local(pool.lkey, at, &record_bytes(record, table.record_bytes))
-            .map_err(text)?;
+        memory.write_local(pool.lkey, at, &record_bytes(record, table.record_bytes))?;
     }
     Ok(())
 }
@@ -431,8 +483,15 @@ struct VerbsFetcher {
 }
 
 impl VerbsFetcher {
-    fn new(rig: &mut Rig, window: usize, record_bytes: usize) -> Result<VerbsFetcher, String> {
-        let (direct, queues) = rig.direct.pop().ok_or("no direct path deployed")?;
+    fn new(
+        rig: &mut Rig,
+        window: usize,
+        record_bytes: usize,
+    ) -> Result<VerbsFetcher, EmbeddedError> {
+        let (direct, queues) = rig
+            .direct
+            .pop()
+            .ok_or(EmbeddedError::NoPath("direct path"))?;
         Ok(VerbsFetcher {
             queues,
             kicker: rig.rack.fabric().kicker(),
@@ -447,7 +506,7 @@ impl VerbsFetcher {
 }
 
 impl Fetcher for VerbsFetcher {
-    fn issue(&mut self, offset: u64) -> Result<Option<usize>, String> {
+    fn issue(&mut self, offset: u64) -> Result<Option<usize>, EmbeddedError> {
         let Some(slot) = self.free_slots.pop() else {
             return Ok(None);
         };
@@ -459,37 +518,34 @@ impl Fetcher for VerbsFetcher {
             remote: self.pool.remote(offset),
         };
         self.pending
-            .push(SendRequest::new(slot, operation, &[local]).map_err(text)?);
+            .push(SendRequest::new(slot, operation, &[local])?);
         Ok(Some(slot as usize))
     }
 
-    fn flush(&mut self) -> Result<(), String> {
+    fn flush(&mut self) -> Result<(), EmbeddedError> {
         if self.pending.is_empty() {
             return Ok(());
         }
         for request in self.pending.drain(..) {
             // The queue holds a whole window, so it is never full here.
-            let queued = self
-                .queues
-                .post_send(self.direct.queue_pair, request)
-                .map_err(text)?;
+            let queued = self.queues.post_send(self.direct.queue_pair, request)?;
             assert!(queued, "the send queue holds the whole window");
         }
         self.kicker.kick();
         Ok(())
     }
 
-    fn poll(&mut self, done: &mut Vec<usize>) -> Result<(), String> {
+    fn poll(&mut self, done: &mut Vec<usize>) -> Result<(), EmbeddedError> {
         while let Some(completion) = self.queues.poll_completion() {
             if completion.status != CompletionStatus::Success {
-                return Err(format!("a READ completed with {:?}", completion.status));
+                return Err(EmbeddedError::Completion {
+                    variant: "a READ",
+                    status: completion.status,
+                });
             }
             let slot = completion.work_request_id as usize;
             let at = slot * self.record_bytes as usize;
-            self.direct
-                .landing
-                .read(at, self.arena.slot_mut(slot))
-                .map_err(text)?;
+            self.direct.landing.read(at, self.arena.slot_mut(slot))?;
             done.push(slot);
             self.free_slots.push(slot as u64);
         }
@@ -524,8 +580,8 @@ struct RpcFetcher {
 }
 
 impl RpcFetcher {
-    fn new(rig: &mut Rig, window: usize, record_bytes: usize) -> Result<RpcFetcher, String> {
-        let path = rig.rpc.pop().ok_or("no RPC path deployed")?;
+    fn new(rig: &mut Rig, window: usize, record_bytes: usize) -> Result<RpcFetcher, EmbeddedError> {
+        let path = rig.rpc.pop().ok_or(EmbeddedError::NoPath("RPC path"))?;
         let slot_bytes = u64::from((record_bytes as u32).max(crate::rpc::REQUEST_BYTES));
         Ok(RpcFetcher {
             path,
@@ -542,35 +598,30 @@ impl RpcFetcher {
     fn queue(
         &self,
         request: impl FnOnce(&AppQueues) -> Result<bool, RackError>,
-    ) -> Result<(), String> {
-        let queued = request(&self.path.queues).map_err(text)?;
+    ) -> Result<(), EmbeddedError> {
+        let queued = request(&self.path.queues)?;
         assert!(queued, "the queues hold a whole window");
         Ok(())
     }
 }
 
 impl Fetcher for RpcFetcher {
-    fn issue(&mut self, offset: u64) -> Result<Option<usize>, String> {
+    fn issue(&mut self, offset: u64) -> Result<Option<usize>, EmbeddedError> {
         let Some(slot) = self.free_slots.pop() else {
             return Ok(None);
         };
         let request_at = slot * self.slot_bytes;
         let reply_at = (self.window + slot) * self.slot_bytes;
         let request = crate::rpc::encode_request(offset, self.record_bytes as u32);
-        self.path
-            .buffers
-            .write(request_at as usize, &request)
-            .map_err(text)?;
+        self.path.buffers.write(request_at as usize, &request)?;
         let region = self.path.buffers_region;
         let receive =
-            ReceiveRequest::new(slot, &[region.slice(reply_at, self.record_bytes as u32)])
-                .map_err(text)?;
+            ReceiveRequest::new(slot, &[region.slice(reply_at, self.record_bytes as u32)])?;
         let send = SendRequest::new(
             u64::MAX,
             SendOperation::Send { immediate: None },
             &[region.slice(request_at, crate::rpc::REQUEST_BYTES)],
-        )
-        .map_err(text)?;
+        )?;
         let queue_pair = self.path.queue_pair;
         self.queue(|queues| queues.post_receive(queue_pair, receive))?;
         self.queue(|queues| queues.post_send(queue_pair, send))?;
@@ -578,33 +629,32 @@ impl Fetcher for RpcFetcher {
         Ok(Some(slot as usize))
     }
 
-    fn flush(&mut self) -> Result<(), String> {
+    fn flush(&mut self) -> Result<(), EmbeddedError> {
         if std::mem::take(&mut self.posted) {
             self.kicker.kick();
         }
         Ok(())
     }
 
-    fn poll(&mut self, done: &mut Vec<usize>) -> Result<(), String> {
+    fn poll(&mut self, done: &mut Vec<usize>) -> Result<(), EmbeddedError> {
         while let Some(completion) = self.path.queues.poll_completion() {
             if completion.status != CompletionStatus::Success {
-                return Err(format!(
-                    "an RPC verb completed with {:?}",
-                    completion.status
-                ));
+                return Err(EmbeddedError::Completion {
+                    variant: "an RPC",
+                    status: completion.status,
+                });
             }
             if completion.opcode != CompletionOpcode::Receive {
                 continue;
             }
             if completion.byte_len as usize != self.record_bytes {
-                return Err("the RPC server refused a request".into());
+                return Err(EmbeddedError::RpcRefused);
             }
             let slot = completion.work_request_id;
             let reply_at = ((self.window + slot) * self.slot_bytes) as usize;
             self.path
                 .buffers
-                .read(reply_at, self.arena.slot_mut(slot as usize))
-                .map_err(text)?;
+                .read(reply_at, self.arena.slot_mut(slot as usize))?;
             done.push(slot as usize);
             self.free_slots.push(slot);
         }
@@ -628,9 +678,16 @@ struct SpotFetcher {
 }
 
 impl SpotFetcher {
-    fn new(rig: &mut Rig, window: usize, record_bytes: usize) -> Result<SpotFetcher, String> {
-        let mut client = rig.clients.pop().ok_or("no Cowbird client deployed")?;
-        let poll_group = client.poll_create().map_err(text)?;
+    fn new(
+        rig: &mut Rig,
+        window: usize,
+        record_bytes: usize,
+    ) -> Result<SpotFetcher, EmbeddedError> {
+        let mut client = rig
+            .clients
+            .pop()
+            .ok_or(EmbeddedError::NoPath("Cowbird client"))?;
+        let poll_group = client.poll_create()?;
         Ok(SpotFetcher {
             client,
             poll_group,
@@ -650,39 +707,36 @@ impl SpotFetcher {
 }
 
 impl Fetcher for SpotFetcher {
-    fn issue(&mut self, offset: u64) -> Result<Option<usize>, String> {
+    fn issue(&mut self, offset: u64) -> Result<Option<usize>, EmbeddedError> {
         if self.outstanding == self.window {
             return Ok(None);
         }
         let id = match self.client.async_read(0, offset, self.record_bytes) {
             Ok(id) => id,
             Err(CowbirdError::RetryLater(_)) => return Ok(None),
-            Err(error) => return Err(error.to_string()),
+            Err(error) => return Err(error.into()),
         };
-        self.client.poll_add(self.poll_group, id).map_err(text)?;
+        self.client.poll_add(self.poll_group, id)?;
         self.outstanding += 1;
         Ok(Some(self.token(id)))
     }
 
-    fn flush(&mut self) -> Result<(), String> {
+    fn flush(&mut self) -> Result<(), EmbeddedError> {
         Ok(())
     }
 
-    fn poll(&mut self, done: &mut Vec<usize>) -> Result<(), String> {
+    fn poll(&mut self, done: &mut Vec<usize>) -> Result<(), EmbeddedError> {
         self.responses.clear();
-        self.client
-            .poll_wait(
-                self.poll_group,
-                &mut self.responses,
-                usize::MAX,
-                Duration::ZERO,
-            )
-            .map_err(text)?;
+        self.client.poll_wait(
+            self.poll_group,
+            &mut self.responses,
+            usize::MAX,
+            Duration::ZERO,
+        )?;
         for completion in &self.responses {
             let token = self.token(completion.id);
             self.client
-                .response(completion, self.arena.slot_mut(token))
-                .map_err(text)?;
+                .response(completion, self.arena.slot_mut(token))?;
             done.push(token);
             self.outstanding -= 1;
         }
@@ -711,7 +765,7 @@ fn probe_loop(
     fetcher: &mut dyn Fetcher,
     window: usize,
     seed: u64,
-) -> Result<(Tally, Duration), String> {
+) -> Result<(Tally, Duration), EmbeddedError> {
     let table = bench.table;
     let rounds = bench.work_rounds;
     let local: Vec<Vec<u8>> = (0..table.local_records())
@@ -724,7 +778,7 @@ fn probe_loop(
         issue: Duration::ZERO,
         completion: Duration::ZERO,
         waiting: Duration::ZERO,
-        latency: Histogram::new_with_bounds(1, 60_000_000_000, 3).map_err(text)?,
+        latency: Histogram::new_with_bounds(1, 60_000_000_000, 3).map_err(histogram)?,
     };
     let mut token_record = vec![0u64; window];
     let mut token_issued = vec![Instant::now(); window];
@@ -776,7 +830,10 @@ fn probe_loop(
         for record in ready_local.drain(..) {
             let bytes = &local[record as usize];
             if !is_record(bytes, record) {
-                return Err(format!("local record {record} is wrong"));
+                return Err(EmbeddedError::WrongRecord {
+                    which: "local",
+                    record,
+                });
             }
             compute(bytes, rounds);
             tally.operations += 1;
@@ -784,7 +841,10 @@ fn probe_loop(
         for token in &done {
             let (record, bytes) = (token_record[*token], fetcher.bytes(*token));
             if !is_record(bytes, record) {
-                return Err(format!("remote record {record} came back wrong"));
+                return Err(EmbeddedError::WrongRecord {
+                    which: "remote",
+                    record,
+                });
             }
             let latency = token_issued[*token].elapsed();
             tally.latency.saturating_record(latency.as_nanos() as u64);
@@ -804,8 +864,8 @@ fn probe_threads(
     fetchers: Vec<Box<dyn Fetcher + Send>>,
     window: usize,
     seed: u64,
-) -> Result<(Tally, Duration), String> {
-    let results: Vec<Result<(Tally, Duration), String>> = std::thread::scope(|scope| {
+) -> Result<(Tally, Duration), EmbeddedError> {
+    let results: Vec<Result<(Tally, Duration), EmbeddedError>> = std::thread::scope(|scope| {
         let threads: Vec<_> = fetchers
             .into_iter()
             .enumerate()
@@ -816,11 +876,7 @@ fn probe_threads(
             .collect();
         threads
             .into_iter()
-            .map(|thread| {
-                thread
-                    .join()
-                    .unwrap_or_else(|_| Err("an application thread panicked".into()))
-            })
+            .map(|thread| thread.join().unwrap_or(Err(EmbeddedError::Panicked)))
             .collect()
     });
     let mut total: Option<(Tally, Duration)> = None;
@@ -834,12 +890,12 @@ fn probe_threads(
                 sum.issue += tally.issue;
                 sum.completion += tally.completion;
                 sum.waiting += tally.waiting;
-                sum.latency.add(&tally.latency).map_err(text)?;
+                sum.latency.add(&tally.latency).map_err(histogram)?;
                 (sum, longest.max(elapsed))
             }
         });
     }
-    total.ok_or_else(|| "no application thread ran".to_string())
+    total.ok_or(EmbeddedError::NoThreads)
 }
 
 /// Runs one variant on a fresh rack.
@@ -847,17 +903,21 @@ pub fn run_variant(
     bench: &ProbeBench,
     variant: Variant,
     seed: u64,
-) -> Result<VariantOutcome, String> {
+) -> Result<VariantOutcome, EmbeddedError> {
     let bench = *bench;
     std::thread::Builder::new()
         .name(format!("probe-{}", variant.name()))
         .spawn(move || measure(&bench, variant, seed))
-        .map_err(text)?
+        .map_err(|error| RackError::Launch(error.to_string()))?
         .join()
-        .map_err(|_| "the application thread panicked".to_string())?
+        .map_err(|_| EmbeddedError::Panicked)?
 }
 
-fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOutcome, String> {
+fn measure(
+    bench: &ProbeBench,
+    variant: Variant,
+    seed: u64,
+) -> Result<VariantOutcome, EmbeddedError> {
     let window = match variant {
         Variant::Sync | Variant::SpotSync => 1,
         // Two batches: one in flight while the other is processed.
@@ -895,7 +955,7 @@ fn measure(bench: &ProbeBench, variant: Variant, seed: u64) -> Result<VariantOut
             .map(|busy| busy.load(Ordering::Relaxed))
             .sum(),
     );
-    let fabric_cpu = rig.rack.stop_and_join().map_err(text)?;
+    let fabric_cpu = rig.rack.stop_and_join()?;
     let engine_stats = rig
         .engine
         .as_ref()
@@ -944,7 +1004,7 @@ pub fn run_histories(
     workload: &Workload,
     topology: &Topology,
     time_limit: Duration,
-) -> Result<HistoryOutcome, String> {
+) -> Result<HistoryOutcome, EmbeddedError> {
     let mut staged = stage(topology)?;
     let spec = CowbirdSpec {
         ack_timeout: RACK_ACK_TIMEOUT,
@@ -956,14 +1016,14 @@ pub fn run_histories(
     let (mut clients, pool, rack) = match workload.engine {
         Engine::Spot => {
             let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
-            let deployment = deploy(spec, compute, memory).map_err(text)?;
+            let deployment = deploy(spec, compute, memory)?;
             let agent = Arc::new(Mutex::new(deployment.engine));
             staged.add_agent(MEMORY_HOST, agent.clone());
             let service = Arc::new(Mutex::new(deployment.connection_service));
             staged.add_agent(COMPUTE_HOST, service);
             engine = Some(agent);
             let switch = staged.l2l3_switch();
-            let (rack, switch) = staged.start(switch).map_err(text)?;
+            let (rack, switch) = staged.start(switch)?;
             switch_counters = Box::new(move || lock(&switch).switch.counters());
             (deployment.clients, deployment.pool_memory[0].clone(), rack)
         }
@@ -976,24 +1036,27 @@ pub fn run_histories(
         }
     };
     let mut rack = rack;
-    let mut histories = Histories::new(seed, workload, &mut clients).map_err(text)?;
+    let mut histories = Histories::new(seed, workload, &mut clients)?;
     let started = Instant::now();
-    let mut outcome = Ok(());
+    let mut outcome: Result<(), EmbeddedError> = Ok(());
     while !histories.is_done() && outcome.is_ok() {
         if started.elapsed() > time_limit {
-            outcome = Err(format!("{} in {time_limit:?}", histories.unfinished()));
+            outcome = Err(EmbeddedError::TimedOut {
+                unfinished: histories.unfinished(),
+                limit: time_limit,
+            });
             break;
         }
         if rack.is_finished() {
-            outcome = Err("the fabric thread stopped".into());
+            outcome = Err(EmbeddedError::FabricStopped);
             break;
         }
-        outcome = histories.step(workload, &mut clients).map_err(text);
+        outcome = histories.step(workload, &mut clients).map_err(Into::into);
     }
     let elapsed = started.elapsed();
     let stopped = rack.stop_and_join();
     // Whatever failed, say what the NICs and the switch saw.
-    let context = |error: String| {
+    let context = |error: EmbeddedError| {
         let counters = |node: &Shared<NodeEndpoint>| {
             let counters = lock(node).rnic.counters().clone();
             format!(
@@ -1005,17 +1068,20 @@ pub fn run_histories(
                 counters.drops_by_name()
             )
         };
-        format!(
-            "{error} (compute NIC: {}; memory NIC: {}; switch: {:?})",
-            counters(rack.host(COMPUTE_HOST)),
-            counters(rack.host(MEMORY_HOST)),
-            switch_counters()
-        )
+        EmbeddedError::WithCounters {
+            error: Box::new(error),
+            context: format!(
+                "compute NIC: {}; memory NIC: {}; switch: {:?}",
+                counters(rack.host(COMPUTE_HOST)),
+                counters(rack.host(MEMORY_HOST)),
+                switch_counters()
+            ),
+        }
     };
     outcome
-        .and(stopped.map(|_| ()).map_err(text))
+        .and(stopped.map(|_| ()).map_err(EmbeddedError::from))
         .map_err(context)?;
-    histories.check_pool(&pool, workload).map_err(text)?;
+    histories.check_pool(&pool, workload)?;
     Ok(HistoryOutcome {
         completed: histories.completed,
         reads_checked: histories.reads_checked,

@@ -235,7 +235,10 @@ pub fn run(quick: bool, settings: &Settings) -> Result<Report, String> {
             let mut outcomes = BTreeMap::new();
             for variant in Variant::ALL {
                 progress.set_message(format!("{case} {}", variant.name()));
-                outcomes.insert(variant.name(), run_variant(&bench, variant, round)?);
+                outcomes.insert(
+                    variant.name(),
+                    run_variant(&bench, variant, round).map_err(|error| error.to_string())?,
+                );
                 progress.inc(1);
             }
             let local = outcomes["local"].operations_per_second();
