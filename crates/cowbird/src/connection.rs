@@ -244,6 +244,10 @@ impl Agent for ConnectionService {
         self.connector.next_request_at()
     }
 
+    fn woken_by_frames(&self) -> bool {
+        false
+    }
+
     fn crash(&mut self) {}
 
     fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {

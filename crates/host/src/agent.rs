@@ -88,6 +88,15 @@ pub trait Agent: AsAny + Send {
     /// probe, a retry, a deadline). `None`: only when something arrives.
     fn poll_timeout(&self) -> Option<Timestamp>;
 
+    /// Whether frames reaching the host's NIC may give this agent work
+    /// (completions to take). An agent whose work comes only from its
+    /// timer (a control-plane service) says false, and is then polled
+    /// only when its timer is due: the fabric thread does not pay for it
+    /// on every turn.
+    fn woken_by_frames(&self) -> bool {
+        true
+    }
+
     /// The host went down: drop everything volatile. The NIC is gone with
     /// it (queue pairs, keys); what the agent keeps must be what its
     /// system declares durable.

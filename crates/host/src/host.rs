@@ -116,12 +116,19 @@ impl Host {
         self.down
     }
 
-    /// Gives every running agent a turn.
-    pub fn poll_agents(&mut self, now: Timestamp) -> Progress {
+    /// Gives every running agent a turn: after frames, the agents frames
+    /// concern; after a timer, also those whose timer is due.
+    pub fn poll_agents(&mut self, now: Timestamp, after_frame: bool) -> Progress {
         let mut progress = Progress::Idle;
         for index in 0..self.agents.len() {
             let slot = &mut self.agents[index];
-            if slot.stopped {
+            let due = slot.agent.poll_timeout().is_some_and(|at| at <= now);
+            let concerned = if after_frame {
+                slot.agent.woken_by_frames()
+            } else {
+                slot.agent.woken_by_frames() || due
+            };
+            if slot.stopped || !concerned {
                 continue;
             }
             match slot.agent.poll(now, &mut self.nic) {
@@ -157,7 +164,7 @@ impl Host {
 impl Node for Host {
     fn handle_frame(&mut self, now: Timestamp, _port: PortId, frame: &[u8]) {
         self.nic.handle_frame(now, frame);
-        let _ = self.poll_agents(now);
+        let _ = self.poll_agents(now, true);
     }
 
     fn poll_transmit(&mut self, now: Timestamp, buffer: &mut [u8]) -> Option<(PortId, usize)> {
@@ -177,7 +184,7 @@ impl Node for Host {
         if self.nic.poll_timeout().is_some_and(|at| at <= now) {
             self.nic.handle_timeout(now);
         }
-        let _ = self.poll_agents(now);
+        let _ = self.poll_agents(now, false);
     }
 
     fn crash(&mut self, now: Timestamp) {

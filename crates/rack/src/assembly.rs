@@ -592,15 +592,19 @@ struct AgentPump {
 
 impl Pump for AgentPump {
     fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
-        if lock(&self.host).is_down() {
+        let started = Instant::now();
+        let now = clock.now();
+        // Agent, then host: the order `EmbeddedRack::restart` takes too.
+        let mut agent = self.agent.lock().expect("agent lock");
+        let timer_due = agent.poll_timeout().is_some_and(|at| at <= now);
+        if !agent.woken_by_frames() && !timer_due {
             return Ok(false);
         }
-        let started = Instant::now();
-        let progress = self
-            .agent
-            .lock()
-            .expect("agent lock")
-            .poll(clock.now(), &mut lock(&self.host).rnic)?;
+        let mut host = lock(&self.host);
+        if host.is_down() {
+            return Ok(false);
+        }
+        let progress = agent.poll(now, &mut host.rnic)?;
         if progress.moved() {
             self.busy_ns
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -609,9 +613,6 @@ impl Pump for AgentPump {
     }
 
     fn deadline(&self, clock: &RackClock) -> Option<Instant> {
-        if lock(&self.host).is_down() {
-            return None;
-        }
         let at: Option<Timestamp> = self.agent.lock().expect("agent lock").poll_timeout();
         at.map(|at| clock.instant(at))
     }
