@@ -69,6 +69,10 @@ pub fn is_record(bytes: &[u8], record: u64) -> bool {
 
 /// Real computation: rounds of a mixing function over the record, which
 /// the compiler cannot skip, `rounds` times.
+/// Never inlined: the calibration and the probe loop then time the very
+/// same machine code (inlined, each call site compiled its own copy, and
+/// a build's calibration could pick work for a loop it did not run).
+#[inline(never)]
 pub fn compute(bytes: &[u8], rounds: u32) -> u64 {
     let mut state = 0xcbf2_9ce4_8422_2325u64;
     for _ in 0..rounds {
