@@ -69,6 +69,7 @@ pub fn is_record(bytes: &[u8], record: u64) -> bool {
 
 /// Real computation: rounds of a mixing function over the record, which
 /// the compiler cannot skip, `rounds` times.
+///
 /// Never inlined: the calibration and the probe loop then time the very
 /// same machine code (inlined, each call site compiled its own copy, and
 /// a build's calibration could pick work for a loop it did not run).
