@@ -454,6 +454,67 @@ pub struct SystemStep {
     pub failures: Vec<String>,
 }
 
+/// Cowbird's memory host crashes mid-run and comes back, through one
+/// scenario run in the simulator and on the embedded rack.
+fn crash_step(step: &mut SystemStep) {
+    use remora_cowbird::scenario::{memory_crash, CrashOutcome, CrashPlan};
+    use remora_cowbird::simulated::{topology, Workload};
+    use remora_rack::scenario::SimulatedStage;
+    use std::time::Duration;
+    println!("\nCowbird's memory host crashes after 400 requests and restarts (one scenario, both modes):");
+    let workload = Workload {
+        p4: remora_cowbird::embedded::embedded_p4_config(),
+        ..Workload::new(remora_sim::LinkFaults::NONE)
+    };
+    let report = |mode: &str, result: Result<CrashOutcome, String>, step: &mut SystemStep| {
+        match result {
+            Ok(outcome) => {
+                println!(
+                "  {mode:<9} {} requests completed once, pool equal to the models: yes (engine restarted {}, {} queue pairs reconnected)",
+                outcome.completed, outcome.engine_restarts, outcome.compute_reconnects
+            );
+                step.variants.push(serde_json::json!({
+                    "variant": format!("memory crash, {mode}"),
+                    "completed": outcome.completed,
+                    "compute_reconnects": outcome.compute_reconnects,
+                }));
+            }
+            Err(error) => step
+                .failures
+                .push(format!("Cowbird memory crash, {mode}: {error}")),
+        }
+    };
+    let plan = |down_for, limit| CrashPlan {
+        after_completed: 400,
+        down_for,
+        limit,
+    };
+    let stage = SimulatedStage::new(1, &topology(), 0xc0b);
+    let simulated = memory_crash(
+        stage,
+        1,
+        &workload,
+        plan(Duration::from_micros(500), Duration::from_secs(2)),
+    )
+    .map_err(|error| error.to_string());
+    report("simulated", simulated, step);
+    let topology = topology();
+    let embedded = remora_rack::assembly::RackBuilder::new(&topology)
+        .thread_name("demo-crash")
+        .build()
+        .map_err(|error| error.to_string())
+        .and_then(|stage| {
+            memory_crash(
+                stage,
+                1,
+                &workload,
+                plan(Duration::from_millis(20), Duration::from_secs(60)),
+            )
+            .map_err(|error| error.to_string())
+        });
+    report("embedded", embedded, step);
+}
+
 /// Clover in the simulator, over links losing 2% of frames: 8 clients on
 /// 16 hot keys, plain and with the resolver. Every key's history goes
 /// through stateright's linearizability checker, and every version list
@@ -570,6 +631,7 @@ pub fn cowbird_step(_history: Option<&mut crate::HistoryFile>) -> Result<SystemS
                 .push(format!("Cowbird {engine:?} in the simulator: {error}")),
         }
     }
+    crash_step(&mut step);
     println!("\nthe hash-table probe on the embedded rack (64 B records, 95% remote, 0.3 s each):");
     let bench = ProbeBench::new(TableSpec::DEFAULT, std::time::Duration::from_millis(300));
     for variant in [Variant::Async, Variant::Spot, Variant::P4] {

@@ -29,6 +29,14 @@ fn the_demo_checks_every_operation() {
         stdout.contains("Clover, Cowbird passed") || stdout.contains("Clover and Cowbird passed")
     );
     assert!(stdout.contains("remote records fetched and checked"));
+    // Cowbird's crash scenario, once per execution mode.
+    assert_eq!(
+        stdout
+            .matches("1200 requests completed once, pool equal to the models: yes (engine restarted 1")
+            .count(),
+        2,
+        "{stdout}"
+    );
     assert!(!stdout.contains("FAILED"));
 }
 
