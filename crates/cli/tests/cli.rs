@@ -32,7 +32,9 @@ fn the_demo_checks_every_operation() {
     // Cowbird's crash scenario, once per execution mode.
     assert_eq!(
         stdout
-            .matches("1200 requests completed once, pool equal to the models: yes (engine restarted 1")
+            .matches(
+                "1200 requests completed once, pool equal to the models: yes (engine restarted 1"
+            )
             .count(),
         2,
         "{stdout}"
