@@ -592,12 +592,13 @@ struct AgentPump {
 
 impl Pump for AgentPump {
     fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
+        // One clock read per turn, and none for a timer-only agent whose
+        // timer is not set: the fabric thread pumps every agent each turn.
         let started = Instant::now();
-        let now = clock.now();
+        let now = clock.at(started);
         // Agent, then host: the order `EmbeddedRack::restart` takes too.
         let mut agent = self.agent.lock().expect("agent lock");
-        let timer_due = agent.poll_timeout().is_some_and(|at| at <= now);
-        if !agent.woken_by_frames() && !timer_due {
+        if !agent.woken_by_frames() && agent.poll_timeout().is_none_or(|at| at > now) {
             return Ok(false);
         }
         let mut host = lock(&self.host);

@@ -43,7 +43,12 @@ impl RackClock {
     }
 
     pub fn now(&self) -> Timestamp {
-        Timestamp::from_nanos(self.origin.elapsed().as_nanos() as u64)
+        self.at(Instant::now())
+    }
+
+    /// `instant` on this clock: for a caller that already read the time.
+    pub fn at(&self, instant: Instant) -> Timestamp {
+        Timestamp::from_nanos(instant.saturating_duration_since(self.origin).as_nanos() as u64)
     }
 
     pub fn instant(&self, at: Timestamp) -> Instant {
