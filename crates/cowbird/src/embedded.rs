@@ -384,8 +384,12 @@ impl Rig {
             let agent = Arc::new(Mutex::new(deployment.engine));
             engine_busy.push(staged.add_agent(MEMORY_HOST, agent.clone()));
             engine = Some(agent);
-            let service = Arc::new(Mutex::new(deployment.connection_service));
-            staged.add_agent(COMPUTE_HOST, service);
+            // The compute node's connection service is left out: the
+            // benchmark measures the data path, and on the embedded rack
+            // every agent shares the fabric thread, where an idle control
+            // service still costs each turn (a real compute node runs it
+            // on its own CPU). A queue pair that dies here ends the run
+            // with a typed error, as before reconnection existed.
         }
         for server in servers {
             engine_busy.push(staged.add_agent(MEMORY_HOST, Arc::new(Mutex::new(server))));
