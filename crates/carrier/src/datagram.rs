@@ -53,12 +53,43 @@ pub struct DatagramPort {
     drops: DatagramDrops,
 }
 
+/// Two UDP sockets bound to `left` and `right` (port 0 lets the kernel
+/// pick), each with the address it was given: what the other end sends
+/// to. For a launcher that hands one socket to a child process.
+pub fn bind_pair(
+    left: SocketAddr,
+    right: SocketAddr,
+) -> Result<[(UdpSocket, SocketAddr); 2], CarrierError> {
+    let bind = |address: SocketAddr| -> Result<(UdpSocket, SocketAddr), CarrierError> {
+        let socket =
+            UdpSocket::bind(address).map_err(|error| CarrierError::io("bind UDP tunnel", error))?;
+        let bound = socket
+            .local_addr()
+            .map_err(|error| CarrierError::io("read a bound UDP address", error))?;
+        Ok((socket, bound))
+    };
+    Ok([bind(left)?, bind(right)?])
+}
+
 impl DatagramPort {
     /// The UDP tunnel: bound to `local`, connected to `peer`.
     pub fn udp(local: SocketAddr, peer: SocketAddr) -> Result<DatagramPort, CarrierError> {
         let socket =
             UdpSocket::bind(local).map_err(|error| CarrierError::io("bind UDP tunnel", error))?;
         DatagramPort::udp_on(socket, peer)
+    }
+
+    /// Two tunnel ends bound to `left` and `right` (port 0 lets the
+    /// kernel pick) and connected to each other.
+    pub fn udp_pair(
+        left: SocketAddr,
+        right: SocketAddr,
+    ) -> Result<(DatagramPort, DatagramPort), CarrierError> {
+        let [(left, left_address), (right, right_address)] = bind_pair(left, right)?;
+        Ok((
+            DatagramPort::udp_on(left, right_address)?,
+            DatagramPort::udp_on(right, left_address)?,
+        ))
     }
 
     /// The UDP tunnel on an already bound socket (say, one bound to port 0

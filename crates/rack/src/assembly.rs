@@ -26,7 +26,7 @@ use remora_host::Agent;
 use remora_rnic::{RnicConfig, SoftRnic};
 use remora_sim::LinkFaults;
 use remora_switch::{Program, Switch, SwitchConfig};
-use std::net::UdpSocket;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -288,30 +288,17 @@ fn ring_pairs(
         .collect()
 }
 
-/// A connected UDP socket pair per link on loopback.
+/// A connected UDP socket pair per link on loopback (the switch's end on
+/// 127.0.0.1, host `i`'s on 127.0.0.(11+i)).
 fn udp_pairs(count: usize) -> Result<LinkEnds, RackError> {
-    let bind = |address: String| {
-        UdpSocket::bind(&address)
-            .map_err(|error| RackError::Launch(format!("bind {address}: {error}")))
-    };
     (0..count)
         .map(|index| -> Result<LinkEnd, RackError> {
-            let switch = bind("127.0.0.1:0".into())?;
-            let host = bind(format!("127.0.0.{}:0", 11 + index))?;
-            let (switch_address, host_address) = (
-                switch.local_addr().map_err(launch)?,
-                host.local_addr().map_err(launch)?,
-            );
-            Ok((
-                Box::new(DatagramPort::udp_on(switch, host_address)?),
-                Box::new(DatagramPort::udp_on(host, switch_address)?),
-            ))
+            let host = SocketAddr::from(([127, 0, 0, 11 + index as u8], 0));
+            let (switch, host) =
+                DatagramPort::udp_pair(SocketAddr::from(([127, 0, 0, 1], 0)), host)?;
+            Ok((Box::new(switch), Box::new(host)))
         })
         .collect()
-}
-
-fn launch(error: std::io::Error) -> RackError {
-    RackError::Launch(error.to_string())
 }
 
 /// An agent's busy time on the fabric thread: the CPU of the host it runs
@@ -453,7 +440,7 @@ impl StagedRack {
 }
 
 /// What the rack reads off its switch, whatever the program.
-trait SwitchReporting: Send {
+pub(crate) trait SwitchReporting: Send {
     fn report(&self, ports: &[PortCountersHandle]) -> SwitchReport;
 }
 

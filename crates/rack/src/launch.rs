@@ -14,7 +14,7 @@
 //! a run directory), Ctrl-C stops everything cleanly, and a node that dies
 //! is reported rather than waited for.
 
-use crate::assembly::{self, RackBuilder};
+use crate::assembly::{self, RackBuilder, SwitchReporting};
 use crate::config::{NodeConfig, RackConfig, Role};
 use crate::control::{self, ControlAddress, MemoryService};
 use crate::endpoint::{
@@ -25,11 +25,11 @@ use crate::report::{NodeReport, RackReport, RnicSummary, SwitchReport};
 use crate::workload::{self, Placement, Target};
 use crate::RackError;
 use remora_carrier::wrappers::{PcapSink, PortCountersHandle};
-use remora_carrier::{DatagramPort, PacketSocketOptions, Port, Segment, SegmentPlan};
+use remora_carrier::{bind_pair, DatagramPort, PacketSocketOptions, Port, Segment, SegmentPlan};
 use remora_rnic::*;
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{PortId, Switch, SwitchConfig};
-use std::net::UdpSocket;
+use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -377,16 +377,6 @@ fn embedded(
     })
 }
 
-fn switch_report(endpoint: &SwitchEndpoint, ports: &[PortCountersHandle]) -> SwitchReport {
-    SwitchReport {
-        counters: endpoint.switch.counters(),
-        ports: ports.iter().map(PortCountersHandle::snapshot).collect(),
-        frames_refused_by_carriers: endpoint.health().frames_refused,
-        failed_ports: endpoint.health().failed.clone(),
-        resources: endpoint.switch.resources(),
-    }
-}
-
 /// The per-node carrier a child process gets, as command-line arguments.
 struct ChildCarrier {
     arguments: Vec<String>,
@@ -553,16 +543,12 @@ fn supervised(
         (Mode::Processes, CarrierKind::Udp) => {
             carrier_name = "UDP tunnel";
             for node in &rack.nodes {
-                let bind = |address: String| {
-                    UdpSocket::bind(&address)
-                        .map_err(|error| RackError::Launch(format!("bind {address}: {error}")))
-                };
-                let switch_socket = bind("127.0.0.1:0".into())?;
-                let node_socket = bind(format!("127.0.0.{}:0", 10 + node.port))?;
-                let (switch_address, node_address) = (
-                    switch_socket.local_addr().expect("bound"),
-                    node_socket.local_addr().expect("bound"),
-                );
+                // Node `i` on 127.0.0.(10+i); at most 64 nodes, so it fits.
+                let node_host = std::net::Ipv4Addr::new(127, 0, 0, 10 + node.port as u8);
+                let [(switch_socket, switch_address), (node_socket, node_address)] = bind_pair(
+                    SocketAddr::from(([127, 0, 0, 1], 0)),
+                    SocketAddr::from((node_host, 0)),
+                )?;
                 let (port, counters) = switch_port(
                     rack,
                     node,
@@ -600,7 +586,7 @@ fn supervised(
     drop(namespaces);
     let reports = outcome?;
     fabric_result?;
-    let switch_report = switch_report(&lock(&switch), &port_counters);
+    let switch_report = lock(&switch).report(&port_counters);
     if let Some(sink) = capture {
         sink.flush()?;
     }
@@ -881,6 +867,6 @@ pub fn run_switch(
     if let Some(sink) = capture {
         sink.flush()?;
     }
-    let report = switch_report(&lock(&switch), &counters);
+    let report = lock(&switch).report(&counters);
     Ok(report)
 }

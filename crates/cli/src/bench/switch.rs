@@ -24,7 +24,7 @@ use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{PortId, Switch, SwitchConfig};
 use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
 use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn};
-use std::net::UdpSocket;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -103,21 +103,6 @@ fn forwarding_ports() -> Result<[Box<dyn Port>; 4], String> {
         port(segment.hub_port(2))?,
         port(segment.spoke_port(2))?,
     ])
-}
-
-/// Two UDP tunnel ends connected to each other, bound to the given hosts.
-fn udp_pair(left: &str, right: &str) -> Result<(DatagramPort, DatagramPort), String> {
-    let bind = |address: &str| {
-        UdpSocket::bind(address).map_err(|error| format!("bind {address}: {error}"))
-    };
-    let (left, right) = (bind(left)?, bind(right)?);
-    let (left_address, right_address) = (
-        left.local_addr().expect("bound"),
-        right.local_addr().expect("bound"),
-    );
-    let connect =
-        |socket, peer| DatagramPort::udp_on(socket, peer).map_err(|error| error.to_string());
-    Ok((connect(left, right_address)?, connect(right, left_address)?))
 }
 
 /// One measured READ setup: the application's endpoint (polled inline),
@@ -381,7 +366,11 @@ fn forwarding(duration: Duration) -> Result<(f64, f64), String> {
 /// Round-trip time of a raw UDP ping-pong of `size`-byte datagrams between
 /// two threads, both polling (as the READ rig's ends do).
 fn udp_pingpong(size: usize, duration: Duration) -> Result<Histogram<u64>, String> {
-    let (mut client, mut server) = udp_pair("127.0.0.11:0", "127.0.0.12:0")?;
+    let (mut client, mut server) = DatagramPort::udp_pair(
+        SocketAddr::from(([127, 0, 0, 11], 0)),
+        SocketAddr::from(([127, 0, 0, 12], 0)),
+    )
+    .map_err(|error| error.to_string())?;
     let stop = Arc::new(AtomicBool::new(false));
     let server_stop = Arc::clone(&stop);
     let echo = std::thread::spawn(move || -> Result<(), String> {
