@@ -16,9 +16,11 @@ use crate::p4::{CowbirdP4, P4Config, P4Engine, P4Stats};
 use crate::spot::SpotStats;
 use crate::spot_agent::SpotAgent;
 use remora_base::Timestamp;
-use remora_host::{AgentError, Host};
+use remora_host::Host;
+use remora_rack::scenario::Rack;
 use remora_rack::simulated::SimulatedRack;
 use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
+use remora_rack::RackError;
 use remora_rnic::{HostMemory, RnicConfig};
 use remora_sim::{Event, LinkConfig, LinkFaults, Probability};
 use remora_switch::programs::l2l3::L2L3Forwarding;
@@ -28,11 +30,6 @@ use std::time::Duration;
 /// The agents' places on their hosts.
 const APPLICATION_AGENT: usize = 0;
 const ENGINE_AGENT: usize = 0;
-/// Virtual time between the harness's looks at the run (not a tick of
-/// the agents: they run on their own timers).
-const LOOK_EVERY: Duration = Duration::from_millis(1);
-/// Simulator steps per look, a bound on a runaway run.
-const MAX_EVENTS_PER_LOOK: u64 = 10_000_000;
 
 /// The rack's two hosts and the switch between them.
 pub fn topology() -> Topology {
@@ -66,12 +63,8 @@ pub struct Outcome {
 pub enum RunError {
     #[error("seed {seed}: deploying: {error}")]
     Deploy { seed: u64, error: DeployError },
-    #[error("seed {seed}: {host} host: {error}")]
-    Agent {
-        seed: u64,
-        host: &'static str,
-        error: AgentError,
-    },
+    #[error("seed {seed}: {error}")]
+    Rack { seed: u64, error: RackError },
     #[error("seed {seed}: {error}")]
     History { seed: u64, error: HistoryError },
     #[error("seed {seed}: Cowbird-P4: {failure}; {stats:?}; {states}")]
@@ -88,7 +81,10 @@ impl RunError {
     pub fn history(&self) -> Option<&HistoryError> {
         match self {
             RunError::History { error, .. } => Some(error),
-            RunError::Agent { error, .. } => error.downcast_ref::<HistoryError>(),
+            RunError::Rack {
+                error: RackError::Agent { error, .. },
+                ..
+            } => error.downcast_ref::<HistoryError>(),
             _ => None,
         }
     }
@@ -279,23 +275,10 @@ fn application(rack: &SimulatedRack<impl Program>) -> &HistoryApplication {
         .expect("the compute host runs the application")
 }
 
-/// The first agent failure on any host, as the run's error.
-fn agent_failure(seed: u64, rack: &mut SimulatedRack<impl Program>) -> Option<RunError> {
-    for (index, host) in [(COMPUTE_HOST, "compute"), (MEMORY_HOST, "memory")] {
-        let failures = rack.host_mut(index).take_failures();
-        if let Some(failure) = failures.into_iter().next() {
-            return Some(RunError::Agent {
-                seed,
-                host,
-                error: failure.error,
-            });
-        }
-    }
-    None
-}
-
-/// Runs the simulation until the application is done, looking every
-/// millisecond of virtual time for failures.
+/// Runs the simulation until the application is done (through the
+/// rack's own `run_until`, which also stops at an agent's failure), with
+/// `look` asked between steps for a failure the agents cannot report
+/// (Cowbird-P4's, in the switch).
 fn drive<P: Program>(
     seed: u64,
     workload: &Workload,
@@ -303,23 +286,27 @@ fn drive<P: Program>(
     mut look: impl FnMut(&mut SimulatedRack<P>) -> Result<(), RunError>,
 ) -> Result<(), RunError> {
     let total = workload.operations_per_thread * workload.threads as u64;
-    let limit = Timestamp::from_nanos(total * 20_000_000 + 1_000_000_000);
-    while !application(rack).is_done() {
-        let now = rack.simulation.now();
-        if now >= limit {
-            return Err(RunError::History {
-                seed,
-                error: application(rack).histories().unfinished(),
-            });
+    let limit = Duration::from_nanos(total * 20_000_000 + 1_000_000_000);
+    let mut seen: Option<RunError> = None;
+    let mut done = |rack: &mut SimulatedRack<P>| match look(rack) {
+        Err(error) => {
+            seen = Some(error);
+            true
         }
-        let until = now.saturating_add(LOOK_EVERY).min(limit);
-        rack.simulation.run_until(until, MAX_EVENTS_PER_LOOK);
-        if let Some(error) = agent_failure(seed, rack) {
-            return Err(error);
-        }
-        look(rack)?;
+        Ok(()) => application(rack).is_done(),
+    };
+    let outcome = rack.run_until(&mut done, limit);
+    if let Some(error) = seen {
+        return Err(error);
     }
-    Ok(())
+    match outcome {
+        Ok(()) => Ok(()),
+        Err(RackError::TimedOut(_)) => Err(RunError::History {
+            seed,
+            error: application(rack).histories().unfinished(),
+        }),
+        Err(error) => Err(RunError::Rack { seed, error }),
+    }
 }
 
 /// The pool equals the models, and what the run measured.

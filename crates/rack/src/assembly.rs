@@ -556,7 +556,13 @@ impl EmbeddedRack {
         lock(self.host(index)).restart(self.incarnations[index]);
         for agent in &self.agents[index] {
             let mut agent = agent.lock().expect("agent lock");
-            agent.restart(now, &mut lock(self.host(index)).rnic)?;
+            let mut host = lock(self.host(index));
+            agent
+                .restart(now, &mut host.rnic)
+                .map_err(|error| RackError::Agent {
+                    host: host.name.clone(),
+                    error,
+                })?;
         }
         self.kick();
         Ok(())
@@ -592,7 +598,12 @@ impl Pump for AgentPump {
         if host.is_down() {
             return Ok(false);
         }
-        let progress = agent.poll(now, &mut host.rnic)?;
+        let progress = agent
+            .poll(now, &mut host.rnic)
+            .map_err(|error| RackError::Agent {
+                host: host.name.clone(),
+                error,
+            })?;
         if progress.moved() {
             self.busy_ns
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);

@@ -53,8 +53,13 @@ pub enum RackError {
     Launch(String),
     #[error("workload check failed: {0}")]
     Workload(String),
-    #[error("agent: {0}")]
-    Agent(#[from] remora_host::AgentError),
+    #[error("host {host}: agent {error}")]
+    Agent {
+        /// The host the agent runs on.
+        host: String,
+        #[source]
+        error: remora_host::AgentError,
+    },
     #[error("the run did not finish within {0:?}")]
     TimedOut(std::time::Duration),
 }

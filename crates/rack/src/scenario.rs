@@ -199,9 +199,7 @@ impl<P: Program> Rack for SimulatedRack<P> {
                 self.simulation.advance_to(step_end);
             }
             for host in 0..self.hosts.len() {
-                if let Some(failure) = self.host_mut(host).take_failures().into_iter().next() {
-                    return Err(RackError::Agent(failure.error));
-                }
+                self.host_failure(host)?;
             }
         }
     }
@@ -214,8 +212,19 @@ impl<P: Program> Rack for SimulatedRack<P> {
     fn restart(&mut self, host: usize) -> Result<(), RackError> {
         let node = self.hosts[host];
         self.simulation.restart_now(node);
-        match self.host_mut(host).take_failures().into_iter().next() {
-            Some(failure) => Err(RackError::Agent(failure.error)),
+        self.host_failure(host)
+    }
+}
+
+impl<P: Program> SimulatedRack<P> {
+    /// The first agent failure host `index` recorded, as the rack's error.
+    fn host_failure(&mut self, index: usize) -> Result<(), RackError> {
+        let host = self.host_mut(index);
+        match host.take_failures().into_iter().next() {
+            Some(failure) => Err(RackError::Agent {
+                host: host.name().to_string(),
+                error: failure.error,
+            }),
             None => Ok(()),
         }
     }
