@@ -34,7 +34,6 @@ pub struct Host {
     failures: Vec<AgentFailure>,
     failures_dropped: u64,
     crashes: u64,
-    down: bool,
 }
 
 impl Host {
@@ -47,7 +46,6 @@ impl Host {
             failures: Vec::new(),
             failures_dropped: 0,
             crashes: 0,
-            down: false,
         }
     }
 
@@ -112,22 +110,14 @@ impl Host {
         self.crashes
     }
 
-    pub fn is_down(&self) -> bool {
-        self.down
-    }
-
     /// Gives every running agent a turn: after frames, the agents frames
     /// concern; after a timer, also those whose timer is due.
     pub fn poll_agents(&mut self, now: Timestamp, after_frame: bool) -> Progress {
         let mut progress = Progress::Idle;
         for index in 0..self.agents.len() {
             let slot = &mut self.agents[index];
-            let due = slot.agent.poll_timeout().is_some_and(|at| at <= now);
-            let concerned = if after_frame {
-                slot.agent.woken_by_frames()
-            } else {
-                slot.agent.woken_by_frames() || due
-            };
+            let concerned = slot.agent.woken_by_frames()
+                || (!after_frame && slot.agent.poll_timeout().is_some_and(|at| at <= now));
             if slot.stopped || !concerned {
                 continue;
             }
@@ -190,7 +180,6 @@ impl Node for Host {
     fn crash(&mut self, now: Timestamp) {
         tracing::info!(host = %self.name, at_ns = now.as_nanos(), "host crashed");
         self.crashes += 1;
-        self.down = true;
         for slot in &mut self.agents {
             slot.agent.crash();
         }
@@ -204,7 +193,6 @@ impl Node for Host {
         let mut config = self.config.clone();
         config.seed = config.seed.wrapping_add(self.crashes << 32);
         self.nic = SoftRnic::new(config);
-        self.down = false;
         for index in 0..self.agents.len() {
             let slot = &mut self.agents[index];
             slot.stopped = false;

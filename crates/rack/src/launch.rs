@@ -287,7 +287,7 @@ fn start_role(
 fn node_report(node: &NodeConfig, endpoint: &Shared<NodeEndpoint>) -> NodeReport {
     NodeReport {
         name: node.name.clone(),
-        role: format!("{:?}", node.role).to_lowercase(),
+        role: node.role.name().into(),
         rnic: RnicSummary::from(lock(endpoint).rnic.counters()),
         workload: None,
         error: None,
@@ -745,7 +745,7 @@ fn supervise(
             .and_then(|text| serde_json::from_str::<NodeReport>(&text).ok());
         reports.push(report.unwrap_or_else(|| NodeReport {
             name: node.name.clone(),
-            role: format!("{:?}", node.role).to_lowercase(),
+            role: node.role.name().into(),
             error: Some(match exit {
                 Some(status) => format!("exited ({status}) without a report"),
                 None => "vanished without a report".into(),

@@ -18,7 +18,6 @@ use remora_sim::{LinkConfig, LinkFaults};
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_wire::{Ipv4Address, MacAddress};
 use serde::Deserialize;
-use std::collections::HashSet;
 use std::time::Duration;
 
 /// The most hosts one rack holds (one switch port each).
@@ -225,11 +224,6 @@ impl Topology {
         PortId(index as u16)
     }
 
-    /// The first host of `role`.
-    pub fn first(&self, role: Role) -> Option<usize> {
-        self.hosts.iter().position(|host| host.role == role)
-    }
-
     /// The offload hosts attached to host `index`.
     pub fn attached(&self, index: usize) -> impl Iterator<Item = usize> + '_ {
         self.hosts
@@ -287,26 +281,6 @@ impl Topology {
             }
         }
         notes
-    }
-
-    /// Checks the topology as a whole: names, addresses and attachments
-    /// (each host was checked as it was added; this re-checks a topology
-    /// whose links were edited in place).
-    pub fn validate(&self) -> Result<(), TopologyError> {
-        let mut names = HashSet::new();
-        let mut addresses = HashSet::new();
-        let mut macs = HashSet::from([self.switch_mac]);
-        for host in &self.hosts {
-            if !names.insert(&host.name)
-                || !addresses.insert(host.address)
-                || !macs.insert(host.mac)
-            {
-                return Err(TopologyError::Duplicate {
-                    name: host.name.clone(),
-                });
-            }
-        }
-        Ok(())
     }
 }
 

@@ -331,11 +331,6 @@ impl<P: Program> Switch<P> {
         self.recycle(bytes);
     }
 
-    /// Frames waiting in egress queues.
-    pub fn queued(&self) -> u64 {
-        self.egress.iter().map(|queue| queue.len() as u64).sum()
-    }
-
     /// Every frame is accounted for: received + generated + copies made
     /// (mirroring, flooding) = transmitted + dropped + queued + frames
     /// flooding replaced by copies. A recirculated frame is the same frame
@@ -344,8 +339,10 @@ impl<P: Program> Switch<P> {
         let counters = &self.counters;
         let frames_in =
             counters.received + counters.generated + counters.mirrored + counters.flood_copies;
-        let frames_out =
-            counters.transmitted + counters.dropped() + self.queued() + counters.flooded;
+        let frames_out = counters.transmitted
+            + counters.dropped()
+            + self.queued_frames() as u64
+            + counters.flooded;
         if frames_in == frames_out {
             Ok(())
         } else {
