@@ -106,6 +106,34 @@ pub trait Agent: AsAny + Send {
     fn restart(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<(), AgentError>;
 }
 
+/// A boxed agent is an agent: a harness that holds `Box<dyn Agent>` can
+/// put it wherever an agent goes (behind the embedded rack's lock, say).
+impl<A: Agent + ?Sized> Agent for Box<A> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+        (**self).poll(now, nic)
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        (**self).poll_timeout()
+    }
+
+    fn woken_by_frames(&self) -> bool {
+        (**self).woken_by_frames()
+    }
+
+    fn crash(&mut self) {
+        (**self).crash()
+    }
+
+    fn restart(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<(), AgentError> {
+        (**self).restart(now, nic)
+    }
+}
+
 /// Lets a harness reach its own agent's concrete type inside a host
 /// (`Host::agent_as`), for the checks at the end of a run.
 pub trait AsAny: Any {

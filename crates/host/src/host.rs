@@ -84,15 +84,15 @@ impl Host {
 
     /// The agent at `index` as its concrete type, if it is a `T`.
     pub fn agent_as<T: Agent>(&self, index: usize) -> Option<&T> {
-        self.agents.get(index)?.agent.as_any().downcast_ref::<T>()
+        // Through the box to the agent itself (a box of an agent is an
+        // agent too, but not the `T` asked for).
+        let agent: &dyn Agent = &*self.agents.get(index)?.agent;
+        agent.as_any().downcast_ref::<T>()
     }
 
     pub fn agent_as_mut<T: Agent>(&mut self, index: usize) -> Option<&mut T> {
-        self.agents
-            .get_mut(index)?
-            .agent
-            .as_any_mut()
-            .downcast_mut::<T>()
+        let agent: &mut dyn Agent = &mut *self.agents.get_mut(index)?.agent;
+        agent.as_any_mut().downcast_mut::<T>()
     }
 
     /// Agents that stopped with an error, oldest first.

@@ -16,7 +16,6 @@ use crate::endpoint::{lock, Shared, SwitchEndpoint};
 use crate::simulated::SimulatedRack;
 use crate::topology::Topology;
 use crate::RackError;
-use remora_base::Timestamp;
 use remora_host::{Agent, Host};
 use remora_rnic::{RnicConfig, SoftRnic};
 use remora_switch::{Program, Switch, SwitchConfig};
@@ -252,7 +251,7 @@ impl RackStage for StagedRack {
     }
 
     fn add_agent(&mut self, host: usize, agent: Box<dyn Agent>) -> usize {
-        let agent: Arc<Mutex<dyn Agent>> = Arc::new(Mutex::new(BoxedAgent(agent)));
+        let agent: Arc<Mutex<dyn Agent>> = Arc::new(Mutex::new(agent));
         StagedRack::add_agent(self, host, agent);
         self.agent_count(host) - 1
     }
@@ -262,39 +261,6 @@ impl RackStage for StagedRack {
         let (rack, switch) =
             StagedRack::start(self, Switch::new(SwitchConfig::new(ports), program))?;
         Ok(RunningRack { rack, switch })
-    }
-}
-
-/// A boxed agent behind the embedded rack's lock, passed through.
-struct BoxedAgent(Box<dyn Agent>);
-
-impl Agent for BoxedAgent {
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-
-    fn poll(
-        &mut self,
-        now: Timestamp,
-        nic: &mut dyn remora_rnic::Verbs,
-    ) -> Result<remora_host::Progress, remora_host::AgentError> {
-        self.0.poll(now, nic)
-    }
-
-    fn poll_timeout(&self) -> Option<Timestamp> {
-        self.0.poll_timeout()
-    }
-
-    fn crash(&mut self) {
-        self.0.crash()
-    }
-
-    fn restart(
-        &mut self,
-        now: Timestamp,
-        nic: &mut dyn remora_rnic::Verbs,
-    ) -> Result<(), remora_host::AgentError> {
-        self.0.restart(now, nic)
     }
 }
 
@@ -318,8 +284,9 @@ impl<P: Program + Send + 'static> Rack for RunningRack<P> {
     ) -> Option<R> {
         let shared = self.rack.agent(host, agent)?;
         let mut guard = shared.lock().expect("agent lock");
-        let boxed = guard.as_any_mut().downcast_mut::<BoxedAgent>()?;
-        boxed.0.as_any_mut().downcast_mut::<A>().map(f)
+        // The stage boxed the agent: look through the box.
+        let boxed = guard.as_any_mut().downcast_mut::<Box<dyn Agent>>()?;
+        (**boxed).as_any_mut().downcast_mut::<A>().map(f)
     }
 
     fn with_program<R>(&mut self, f: impl FnOnce(&mut P) -> R) -> R {
