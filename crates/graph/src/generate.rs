@@ -1,0 +1,162 @@
+//! Seeded synthetic graphs, as GAPBS makes them: Kronecker (R-MAT with
+//! A = 0.57, B = C = 0.19) and uniform random, each with 2^scale vertices
+//! and degree × 2^scale undirected edges. The same seed gives the same
+//! graph whatever the thread count.
+
+use crate::csr::{Graph, GraphError};
+use crate::Vertex;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+
+/// GAPBS's Kronecker initiator probabilities (Graph500's).
+pub const KRONECKER_A: f64 = 0.57;
+pub const KRONECKER_B: f64 = 0.19;
+pub const KRONECKER_C: f64 = 0.19;
+
+/// Edges generated per random stream: the unit of parallel work.
+const EDGES_PER_BLOCK: usize = 1 << 16;
+
+/// The largest scale accepted: 2^30 vertices is past this machine's memory
+/// at any useful degree.
+pub const MAX_SCALE: u32 = 30;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphKind {
+    Kronecker,
+    Uniform,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GeneratorSpec {
+    pub kind: GraphKind,
+    pub scale: u32,
+    /// Undirected edges per vertex before duplicates are dropped.
+    pub degree: u32,
+    pub seed: u64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum GenerateError {
+    #[error("scale {0} is outside 1..={MAX_SCALE}")]
+    Scale(u32),
+    #[error("degree must be at least 1")]
+    Degree,
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+}
+
+pub fn generate(spec: GeneratorSpec) -> Result<Graph, GenerateError> {
+    Graph::from_edges(1 << spec.scale, &generate_edges(spec)?, false).map_err(Into::into)
+}
+
+/// The edge list before the CSR is built (with duplicates and loops).
+pub fn generate_edges(spec: GeneratorSpec) -> Result<Vec<(Vertex, Vertex)>, GenerateError> {
+    if !(1..=MAX_SCALE).contains(&spec.scale) {
+        return Err(GenerateError::Scale(spec.scale));
+    }
+    if spec.degree == 0 {
+        return Err(GenerateError::Degree);
+    }
+    let vertex_count = 1usize << spec.scale;
+    let edge_count = vertex_count * spec.degree as usize;
+    let block_count = edge_count.div_ceil(EDGES_PER_BLOCK);
+    let mut edges: Vec<(Vertex, Vertex)> = (0..block_count)
+        .into_par_iter()
+        .flat_map_iter(|block| {
+            let mut random = ChaCha8Rng::seed_from_u64(spec.seed);
+            random.set_stream(block as u64 + 1);
+            let length = EDGES_PER_BLOCK.min(edge_count - block * EDGES_PER_BLOCK);
+            (0..length)
+                .map(|_| match spec.kind {
+                    GraphKind::Kronecker => kronecker_edge(&mut random, spec.scale),
+                    GraphKind::Uniform => (
+                        random.gen_range(0..vertex_count) as Vertex,
+                        random.gen_range(0..vertex_count) as Vertex,
+                    ),
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    if spec.kind == GraphKind::Kronecker {
+        // R-MAT puts the high-degree vertices at small ids; GAPBS
+        // relabels them at random so that ids say nothing about degree.
+        let mut permutation: Vec<Vertex> = (0..vertex_count as Vertex).collect();
+        permutation.shuffle(&mut ChaCha8Rng::seed_from_u64(spec.seed));
+        edges.par_iter_mut().for_each(|(source, destination)| {
+            *source = permutation[*source as usize];
+            *destination = permutation[*destination as usize];
+        });
+    }
+    Ok(edges)
+}
+
+fn kronecker_edge(random: &mut ChaCha8Rng, scale: u32) -> (Vertex, Vertex) {
+    let mut source: Vertex = 0;
+    let mut destination: Vertex = 0;
+    for bit in 0..scale {
+        let point: f64 = random.gen();
+        let quadrant = if point < KRONECKER_A {
+            0
+        } else if point < KRONECKER_A + KRONECKER_B {
+            1
+        } else if point < KRONECKER_A + KRONECKER_B + KRONECKER_C {
+            2
+        } else {
+            3
+        };
+        if quadrant >= 2 {
+            source |= 1 << bit;
+        }
+        if quadrant % 2 == 1 {
+            destination |= 1 << bit;
+        }
+    }
+    (source, destination)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::with_threads;
+
+    #[test]
+    fn the_same_seed_gives_the_same_graph_on_any_thread_count() {
+        let spec = GeneratorSpec {
+            kind: GraphKind::Kronecker,
+            scale: 10,
+            degree: 8,
+            seed: 7,
+        };
+        let one = with_threads(1, || generate(spec).unwrap());
+        let three = with_threads(3, || generate(spec).unwrap());
+        assert_eq!(one.arrays(), three.arrays());
+        let other = generate(GeneratorSpec { seed: 8, ..spec }).unwrap();
+        assert_ne!(one.arrays(), other.arrays());
+    }
+
+    #[test]
+    fn kronecker_degrees_are_skewed_and_uniform_ones_are_not() {
+        let spec = GeneratorSpec {
+            kind: GraphKind::Kronecker,
+            scale: 12,
+            degree: 16,
+            seed: 1,
+        };
+        let maximum = |graph: &Graph| {
+            (0..graph.vertex_count() as Vertex)
+                .map(|vertex| graph.out_degree(vertex))
+                .max()
+                .unwrap()
+        };
+        let kronecker = generate(spec).unwrap();
+        let uniform = generate(GeneratorSpec {
+            kind: GraphKind::Uniform,
+            ..spec
+        })
+        .unwrap();
+        assert!(maximum(&kronecker) > 10 * maximum(&uniform));
+        assert!(matches!(generate(GeneratorSpec { scale: 0, ..spec }), Err(GenerateError::Scale(0))));
+    }
+}

@@ -1,0 +1,191 @@
+//! Every application against a brute-force reference on small random
+//! graphs, directed and undirected, on one thread and on three.
+
+use proptest::prelude::*;
+use remora_graph::apps::bc::bc;
+use remora_graph::apps::bfs::{bfs, UNREACHED};
+use remora_graph::apps::cc::cc;
+use remora_graph::apps::pagerank::{pagerank, PageRankOptions};
+use remora_graph::apps::radii::{self, radii};
+use remora_graph::engine::with_threads;
+use remora_graph::{Graph, Vertex, NO_VERTEX};
+use std::collections::VecDeque;
+
+/// Distances along out-edges by a plain queue.
+fn distances(graph: &Graph, source: Vertex) -> Vec<u32> {
+    let mut distance = vec![UNREACHED; graph.vertex_count()];
+    distance[source as usize] = 0;
+    let mut queue = VecDeque::from([source]);
+    while let Some(vertex) = queue.pop_front() {
+        for &next in graph.out_neighbours(vertex) {
+            if distance[next as usize] == UNREACHED {
+                distance[next as usize] = distance[vertex as usize] + 1;
+                queue.push_back(next);
+            }
+        }
+    }
+    distance
+}
+
+fn find(parents: &mut [usize], vertex: usize) -> usize {
+    let mut root = vertex;
+    while parents[root] != root {
+        root = parents[root];
+    }
+    parents[vertex] = root;
+    root
+}
+
+/// Weak components by union-find, each named by its smallest vertex.
+fn components(graph: &Graph) -> Vec<Vertex> {
+    let count = graph.vertex_count();
+    let mut parents: Vec<usize> = (0..count).collect();
+    for source in 0..count {
+        for &destination in graph.out_neighbours(source as Vertex) {
+            let (a, b) = (find(&mut parents, source), find(&mut parents, destination as usize));
+            parents[a.max(b)] = a.min(b);
+        }
+    }
+    (0..count).map(|vertex| find(&mut parents, vertex) as Vertex).collect()
+}
+
+/// PageRank by a dense matrix product, with the same stopping rule.
+fn dense_pagerank(graph: &Graph, options: PageRankOptions) -> Vec<f64> {
+    let count = graph.vertex_count();
+    let mut matrix = vec![vec![0.0; count]; count];
+    for source in 0..count {
+        let neighbours = graph.out_neighbours(source as Vertex);
+        for &destination in neighbours {
+            matrix[destination as usize][source] = 1.0 / neighbours.len() as f64;
+        }
+    }
+    let mut ranks = vec![1.0 / count as f64; count];
+    for _ in 0..options.max_iterations {
+        let next: Vec<f64> = (0..count)
+            .map(|row| {
+                let product: f64 = (0..count).map(|column| matrix[row][column] * ranks[column]).sum();
+                (1.0 - options.damping) / count as f64 + options.damping * product
+            })
+            .collect();
+        let change: f64 = next.iter().zip(&ranks).map(|(a, b)| (a - b).abs()).sum();
+        ranks = next;
+        if options.tolerance.is_some_and(|tolerance| change < tolerance) {
+            break;
+        }
+    }
+    ranks
+}
+
+/// Brandes' algorithm, sequential, from the textbook.
+fn brandes(graph: &Graph, source: Vertex) -> Vec<f64> {
+    let count = graph.vertex_count();
+    let mut paths = vec![0.0; count];
+    let mut distance = vec![i64::MAX; count];
+    let mut predecessors = vec![Vec::new(); count];
+    let mut order = Vec::new();
+    paths[source as usize] = 1.0;
+    distance[source as usize] = 0;
+    let mut queue = VecDeque::from([source as usize]);
+    while let Some(vertex) = queue.pop_front() {
+        order.push(vertex);
+        for &next in graph.out_neighbours(vertex as Vertex) {
+            let next = next as usize;
+            if distance[next] == i64::MAX {
+                distance[next] = distance[vertex] + 1;
+                queue.push_back(next);
+            }
+            if distance[next] == distance[vertex] + 1 {
+                paths[next] += paths[vertex];
+                predecessors[next].push(vertex);
+            }
+        }
+    }
+    let mut dependency = vec![0.0; count];
+    for &vertex in order.iter().rev() {
+        for &predecessor in &predecessors[vertex] {
+            dependency[predecessor] += paths[predecessor] / paths[vertex] * (1.0 + dependency[vertex]);
+        }
+    }
+    dependency[source as usize] = 0.0;
+    dependency
+}
+
+fn graphs() -> impl Strategy<Value = Graph> {
+    (1usize..40, any::<bool>()).prop_flat_map(|(count, directed)| {
+        let vertex = 0..count as Vertex;
+        proptest::collection::vec((vertex.clone(), vertex), 0..count * 4).prop_map(move |edges| {
+            Graph::from_edges(count, &edges, directed).expect("edges are in range")
+        })
+    })
+}
+
+fn close(a: f64, b: f64, relative: f64) -> bool {
+    (a - b).abs() <= relative * a.abs().max(b.abs()).max(1e-12)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn bfs_depths_are_shortest_distances_and_parents_are_one_closer(graph in graphs(), threads in 1usize..4) {
+        let result = with_threads(threads, || bfs(&graph, 0));
+        prop_assert_eq!(&result.depths, &distances(&graph, 0));
+        for (vertex, &parent) in result.parents.iter().enumerate() {
+            if vertex == 0 || result.depths[vertex] == UNREACHED {
+                prop_assert!(parent == vertex as Vertex || parent == NO_VERTEX);
+                continue;
+            }
+            prop_assert!(graph.out_neighbours(parent).contains(&(vertex as Vertex)));
+            prop_assert_eq!(result.depths[parent as usize] + 1, result.depths[vertex]);
+        }
+    }
+
+    #[test]
+    fn cc_labels_equal_union_find(graph in graphs(), threads in 1usize..4) {
+        let result = with_threads(threads, || cc(&graph));
+        prop_assert_eq!(result.labels, components(&graph));
+    }
+
+    #[test]
+    fn pagerank_matches_the_matrix_product(graph in graphs(), threads in 1usize..4) {
+        let options = PageRankOptions { tolerance: None, max_iterations: 15, ..PageRankOptions::default() };
+        let result = with_threads(threads, || pagerank(&graph, options));
+        let reference = dense_pagerank(&graph, options);
+        for (got, wanted) in result.ranks.iter().zip(&reference) {
+            prop_assert!(close(*got, *wanted, 1e-9), "{} against {}", got, wanted);
+        }
+    }
+
+    #[test]
+    fn bc_matches_brandes(graph in graphs(), threads in 1usize..4) {
+        let result = with_threads(threads, || bc(&graph, 0));
+        for (got, wanted) in result.scores.iter().zip(brandes(&graph, 0)) {
+            prop_assert!(close(*got, wanted, 1e-9), "{} against {}", got, wanted);
+        }
+    }
+
+    #[test]
+    fn radii_are_the_farthest_sampled_source(graph in graphs(), threads in 1usize..4, seed in 0u64..1000) {
+        let result = with_threads(threads, || radii(&graph, seed));
+        let from_sources: Vec<Vec<u32>> = result.sources.iter().map(|&s| distances(&graph, s)).collect();
+        for vertex in 0..graph.vertex_count() {
+            let farthest = from_sources
+                .iter()
+                .map(|distance| distance[vertex])
+                .filter(|&d| d != UNREACHED)
+                .max()
+                .unwrap_or(radii::UNREACHED);
+            prop_assert_eq!(result.radii[vertex], farthest);
+        }
+    }
+}
+
+#[test]
+fn pagerank_stops_at_its_tolerance() {
+    let graph = Graph::from_edges(4, &[(0, 1), (1, 2), (2, 3), (3, 0), (0, 2)], false).unwrap();
+    let result = pagerank(&graph, PageRankOptions::default());
+    assert!(result.iterations < 20);
+    assert!(result.last_change < 1e-4);
+    let sum: f64 = result.ranks.iter().sum();
+    assert!(close(sum, 1.0, 1e-9));
+}
