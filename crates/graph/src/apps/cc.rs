@@ -1,14 +1,23 @@
-//! Connected components by label propagation (Ligra's Components): every
-//! vertex starts with its own id and takes the smallest id it hears of.
-//! A component's label is its smallest vertex, so the result does not
-//! depend on thread timing. A directed graph's components are its weak
-//! components: labels travel along edges both ways.
+//! Connected components by Afforest (Sutton et al., IPDPS'18, GAPBS's CC):
+//! link each vertex to its first two neighbours, compress, find the
+//! component most vertices already joined, and link only the remaining
+//! vertices along their other edges. Links always point from the larger
+//! vertex to the smaller, so a component's root, and label, is its
+//! smallest vertex: the result does not depend on thread timing. A
+//! directed graph's components are its weak components.
 
-use crate::csr::{Direction, Graph};
-use crate::engine::{edge_map, vertex_map, EdgeFunction};
-use crate::frontier::Frontier;
+use crate::csr::Graph;
 use crate::Vertex;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Neighbours per vertex linked before sampling (GAPBS's default).
+const NEIGHBOUR_ROUNDS: usize = 2;
+/// Labels sampled to find the largest intermediate component.
+const SAMPLES: usize = 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CcResult {
@@ -26,68 +35,93 @@ impl CcResult {
     }
 }
 
-struct TakeSmaller<'a> {
-    labels: &'a [AtomicU32],
-    previous: &'a [AtomicU32],
-}
-
-impl EdgeFunction for TakeSmaller<'_> {
-    fn update(&self, source: Vertex, destination: Vertex) -> bool {
-        let offered = self.labels[source as usize].load(Ordering::Relaxed);
-        let label = &self.labels[destination as usize];
-        let current = label.load(Ordering::Relaxed);
-        if offered >= current {
-            return false;
-        }
-        label.store(offered, Ordering::Relaxed);
-        // Joins the next frontier once: when first lowered this round.
-        current == self.previous[destination as usize].load(Ordering::Relaxed)
-    }
-
-    fn update_atomic(&self, source: Vertex, destination: Vertex) -> bool {
-        let offered = self.labels[source as usize].load(Ordering::Relaxed);
-        let before = self.labels[destination as usize].fetch_min(offered, Ordering::Relaxed);
-        offered < before && before == self.previous[destination as usize].load(Ordering::Relaxed)
-    }
-
-    fn condition(&self, _destination: Vertex) -> bool {
-        true
-    }
-}
-
 pub fn cc(graph: &Graph) -> CcResult {
     let vertex_count = graph.vertex_count();
     let labels: Vec<AtomicU32> = (0..vertex_count as Vertex).map(AtomicU32::new).collect();
-    let previous: Vec<AtomicU32> = (0..vertex_count as Vertex).map(AtomicU32::new).collect();
-    let function = TakeSmaller {
-        labels: &labels,
-        previous: &previous,
-    };
-    let mut frontier = Frontier::all(vertex_count);
-    // Labels only fall and each vertex's can fall at most n times; in
-    // practice the loop runs about the graph's diameter of rounds.
-    while !frontier.is_empty() {
-        let forward = edge_map(graph, &frontier, &function, Direction::Forward);
-        frontier = if graph.is_directed() {
-            let backward = edge_map(graph, &frontier, &function, Direction::Reverse);
-            union(forward, backward, vertex_count)
-        } else {
-            forward
-        };
-        vertex_map(&frontier, |vertex| {
-            let vertex = vertex as usize;
-            previous[vertex].store(labels[vertex].load(Ordering::Relaxed), Ordering::Relaxed);
+    for round in 0..NEIGHBOUR_ROUNDS {
+        (0..vertex_count).into_par_iter().for_each(|vertex| {
+            if let Some(&neighbour) = graph.out_neighbours(vertex as Vertex).get(round) {
+                link(&labels, vertex as Vertex, neighbour);
+            }
         });
+        compress(&labels);
     }
+    let largest = most_frequent_label(&labels);
+    (0..vertex_count).into_par_iter().with_min_len(64).for_each(|vertex| {
+        let vertex = vertex as Vertex;
+        if labels[vertex as usize].load(Ordering::Relaxed) == largest {
+            return;
+        }
+        let rest = graph.out_neighbours(vertex).iter().skip(NEIGHBOUR_ROUNDS);
+        for &neighbour in rest {
+            link(&labels, vertex, neighbour);
+        }
+        if graph.is_directed() {
+            for &neighbour in graph.in_neighbours(vertex) {
+                link(&labels, vertex, neighbour);
+            }
+        }
+    });
+    compress(&labels);
     CcResult {
         labels: labels.into_iter().map(AtomicU32::into_inner).collect(),
     }
 }
 
-fn union(first: Frontier, second: Frontier, vertex_count: usize) -> Frontier {
-    let mut members = first.to_members(vertex_count);
-    for vertex in second.to_vertices() {
-        members[vertex as usize] = true;
+/// Joins the trees of `first` and `second`, pointing the larger root at
+/// the smaller.
+fn link(labels: &[AtomicU32], first: Vertex, second: Vertex) {
+    let label = |vertex: Vertex| labels[vertex as usize].load(Ordering::Relaxed);
+    let mut one = label(first);
+    let mut other = label(second);
+    // Each pass either links or moves a root pointer strictly lower, so
+    // it ends within the tree height.
+    while one != other {
+        let (high, low) = (one.max(other), one.min(other));
+        let high_parent = label(high);
+        if high_parent == low {
+            return;
+        }
+        if high_parent == high
+            && labels[high as usize]
+                .compare_exchange(high, low, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            return;
+        }
+        one = label(label(high));
+        other = label(low);
     }
-    Frontier::from_members(members)
+}
+
+/// Points every vertex at its root.
+fn compress(labels: &[AtomicU32]) {
+    labels.par_iter().for_each(|slot| {
+        let mut label = slot.load(Ordering::Relaxed);
+        loop {
+            let parent = labels[label as usize].load(Ordering::Relaxed);
+            if parent == label {
+                break;
+            }
+            label = parent;
+        }
+        slot.store(label, Ordering::Relaxed);
+    });
+}
+
+fn most_frequent_label(labels: &[AtomicU32]) -> Vertex {
+    if labels.is_empty() {
+        return crate::NO_VERTEX;
+    }
+    let mut random = ChaCha8Rng::seed_from_u64(labels.len() as u64);
+    let mut counts: HashMap<Vertex, usize> = HashMap::new();
+    for _ in 0..SAMPLES {
+        let vertex = random.gen_range(0..labels.len());
+        *counts.entry(labels[vertex].load(Ordering::Relaxed)).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .max_by_key(|&(label, count)| (count, std::cmp::Reverse(label)))
+        .map(|(label, _)| label)
+        .expect("at least one sample")
 }
