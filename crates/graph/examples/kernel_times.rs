@@ -21,11 +21,20 @@ fn median_seconds(mut run: impl FnMut()) -> f64 {
 
 fn main() {
     let mut arguments = std::env::args().skip(1);
-    let scale: u32 = arguments.next().map_or(16, |text| text.parse().expect("a scale"));
-    let threads: usize = arguments.next().map_or(2, |text| text.parse().expect("a thread count"));
+    let scale: u32 = arguments
+        .next()
+        .map_or(16, |text| text.parse().expect("a scale"));
+    let threads: usize = arguments
+        .next()
+        .map_or(2, |text| text.parse().expect("a thread count"));
     with_threads(threads, || {
         let start = Instant::now();
-        let spec = GeneratorSpec { kind: GraphKind::Kronecker, scale, degree: 16, seed: 1 };
+        let spec = GeneratorSpec {
+            kind: GraphKind::Kronecker,
+            scale,
+            degree: 16,
+            seed: 1,
+        };
         let graph = generate(spec).expect("a valid spec");
         println!(
             "generated scale {scale}: {} vertices, {} edges in {:.2} s",
@@ -33,11 +42,25 @@ fn main() {
             graph.edge_count(),
             start.elapsed().as_secs_f64()
         );
-        let source = (0..graph.vertex_count() as u32).find(|&v| graph.out_degree(v) > 0).unwrap_or(0);
-        println!("bfs      {:.4} s", median_seconds(|| drop(bfs(&graph, source))));
-        println!("pagerank {:.4} s", median_seconds(|| drop(pagerank::pagerank(&graph, Default::default()))));
+        let source = (0..graph.vertex_count() as u32)
+            .find(|&v| graph.out_degree(v) > 0)
+            .unwrap_or(0);
+        println!(
+            "bfs      {:.4} s",
+            median_seconds(|| drop(bfs(&graph, source)))
+        );
+        println!(
+            "pagerank {:.4} s",
+            median_seconds(|| drop(pagerank::pagerank(&graph, Default::default())))
+        );
         println!("cc       {:.4} s", median_seconds(|| drop(cc(&graph))));
-        println!("bc       {:.4} s", median_seconds(|| drop(bc(&graph, source))));
-        println!("radii    {:.4} s", median_seconds(|| drop(radii(&graph, 1))));
+        println!(
+            "bc       {:.4} s",
+            median_seconds(|| drop(bc(&graph, source)))
+        );
+        println!(
+            "radii    {:.4} s",
+            median_seconds(|| drop(radii(&graph, 1)))
+        );
     });
 }

@@ -17,6 +17,9 @@ pub enum Direction {
     Reverse,
 }
 
+/// One side's CSR: offsets and neighbours.
+pub type CsrSlices<'a> = (&'a [u64], &'a [Vertex]);
+
 #[derive(Debug, Clone)]
 struct Adjacency {
     offsets: Array<u64>,
@@ -29,6 +32,10 @@ impl Adjacency {
         let start = self.offsets[index] as usize;
         let end = self.offsets[index + 1] as usize;
         &self.neighbours[start..end]
+    }
+
+    fn slices(&self) -> CsrSlices<'_> {
+        (&self.offsets, &self.neighbours)
     }
 
     fn degree(&self, vertex: Vertex) -> usize {
@@ -196,13 +203,10 @@ impl Graph {
     }
 
     /// The CSR arrays, out-edges first, then in-edges for a directed graph.
-    pub fn arrays(&self) -> (&[u64], &[Vertex], Option<(&[u64], &[Vertex])>) {
+    pub fn arrays(&self) -> (CsrSlices<'_>, Option<CsrSlices<'_>>) {
         (
-            &self.outgoing.offsets,
-            &self.outgoing.neighbours,
-            self.incoming
-                .as_ref()
-                .map(|incoming| (&*incoming.offsets, &*incoming.neighbours)),
+            self.outgoing.slices(),
+            self.incoming.as_ref().map(Adjacency::slices),
         )
     }
 
@@ -228,7 +232,11 @@ fn bad_offsets(reason: &str) -> GraphError {
     }
 }
 
-fn check_csr(offsets: &[u64], neighbours: &[Vertex], vertex_count: usize) -> Result<(), GraphError> {
+fn check_csr(
+    offsets: &[u64],
+    neighbours: &[Vertex],
+    vertex_count: usize,
+) -> Result<(), GraphError> {
     if offsets.first() != Some(&0) {
         return Err(bad_offsets("the first offset must be 0"));
     }

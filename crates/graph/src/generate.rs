@@ -157,6 +157,9 @@ mod tests {
         })
         .unwrap();
         assert!(maximum(&kronecker) > 10 * maximum(&uniform));
-        assert!(matches!(generate(GeneratorSpec { scale: 0, ..spec }), Err(GenerateError::Scale(0))));
+        assert!(matches!(
+            generate(GeneratorSpec { scale: 0, ..spec }),
+            Err(GenerateError::Scale(0))
+        ));
     }
 }

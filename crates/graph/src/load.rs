@@ -101,7 +101,10 @@ fn parse_vertex(token: &str, line: usize) -> Result<Vertex, LoadError> {
         .parse()
         .map_err(|_| line_error(line, format!("{token:?} is not a vertex id")))?;
     if value >= u64::from(crate::NO_VERTEX) {
-        return Err(line_error(line, format!("vertex id {value} does not fit 32 bits")));
+        return Err(line_error(
+            line,
+            format!("vertex id {value} does not fit 32 bits"),
+        ));
     }
     Ok(value as Vertex)
 }
@@ -120,7 +123,11 @@ fn parse_edge_lines(
     format: GraphFormat,
     bytes: &[u8],
 ) -> Result<(usize, Vec<(Vertex, Vertex)>), LoadError> {
-    let fields_wanted = if format == GraphFormat::WeightedEdgeList { 3 } else { 2 };
+    let fields_wanted = if format == GraphFormat::WeightedEdgeList {
+        3
+    } else {
+        2
+    };
     let mut edges = Vec::new();
     let mut vertex_count = 0usize;
     for (index, text) in text_lines(bytes)?.enumerate() {
@@ -171,17 +178,26 @@ fn parse_adjacency(bytes: &[u8]) -> Result<(usize, Vec<(Vertex, Vertex)>), LoadE
     };
     let (line, vertex_count) = number("the vertex count")?;
     if vertex_count >= u64::from(crate::NO_VERTEX) || vertex_count as usize > bytes.len() {
-        return Err(line_error(line, format!("vertex count {vertex_count} is larger than the file")));
+        return Err(line_error(
+            line,
+            format!("vertex count {vertex_count} is larger than the file"),
+        ));
     }
     let (line, edge_count) = number("the edge count")?;
     if edge_count as usize > bytes.len() {
-        return Err(line_error(line, format!("edge count {edge_count} is larger than the file")));
+        return Err(line_error(
+            line,
+            format!("edge count {edge_count} is larger than the file"),
+        ));
     }
     let mut offsets = Vec::with_capacity(vertex_count as usize + 1);
     for _ in 0..vertex_count {
         let (line, offset) = number("an offset")?;
         if offset > edge_count || offsets.last().is_some_and(|&last| offset < last) {
-            return Err(line_error(line, format!("offset {offset} decreases or passes the edge count")));
+            return Err(line_error(
+                line,
+                format!("offset {offset} decreases or passes the edge count"),
+            ));
         }
         offsets.push(offset);
     }
@@ -191,7 +207,10 @@ fn parse_adjacency(bytes: &[u8]) -> Result<(usize, Vec<(Vertex, Vertex)>), LoadE
     for index in 0..edge_count {
         let (line, destination) = number("a neighbour")?;
         if destination >= vertex_count {
-            return Err(line_error(line, format!("neighbour {destination} is not a vertex")));
+            return Err(line_error(
+                line,
+                format!("neighbour {destination} is not a vertex"),
+            ));
         }
         while offsets[source + 1] <= index {
             source += 1;
@@ -269,7 +288,10 @@ fn parse_serialized(bytes: &[u8], options: LoadOptions) -> Result<Graph, LoadErr
     let out_offsets = reader.offsets(vertex_count)?;
     let out_neighbours = reader.neighbours(edge_count)?;
     let incoming = if directed {
-        Some((reader.offsets(vertex_count)?, reader.neighbours(edge_count)?))
+        Some((
+            reader.offsets(vertex_count)?,
+            reader.neighbours(edge_count)?,
+        ))
     } else {
         None
     };
@@ -279,7 +301,12 @@ fn parse_serialized(bytes: &[u8], options: LoadOptions) -> Result<Graph, LoadErr
     let graph = Graph::from_csr(out_offsets, out_neighbours, incoming)?;
     if options.symmetrize && graph.is_directed() {
         let edges: Vec<(Vertex, Vertex)> = (0..graph.vertex_count() as Vertex)
-            .flat_map(|source| graph.out_neighbours(source).iter().map(move |&d| (source, d)))
+            .flat_map(|source| {
+                graph
+                    .out_neighbours(source)
+                    .iter()
+                    .map(move |&d| (source, d))
+            })
             .collect();
         return Ok(Graph::from_edges(graph.vertex_count(), &edges, false)?);
     }
@@ -288,7 +315,7 @@ fn parse_serialized(bytes: &[u8], options: LoadOptions) -> Result<Graph, LoadErr
 
 /// Writes `graph` as GAPBS's `.sg`.
 pub fn write_serialized(graph: &Graph, out: &mut impl Write) -> std::io::Result<()> {
-    let (out_offsets, out_neighbours, incoming) = graph.arrays();
+    let ((out_offsets, out_neighbours), incoming) = graph.arrays();
     out.write_all(&[u8::from(graph.is_directed())])?;
     out.write_all(&(out_neighbours.len() as i64).to_le_bytes())?;
     out.write_all(&(graph.vertex_count() as i64).to_le_bytes())?;
@@ -320,11 +347,19 @@ mod tests {
         let options = LoadOptions::default();
         let graph = parse(GraphFormat::EdgeList, b"0 1\n1 2\n\n2 0\n", options).unwrap();
         assert_eq!((graph.vertex_count(), graph.edge_count()), (3, 3));
-        let snap = parse(GraphFormat::Snap, b"# Nodes: 3\n0\t1\n# more\n1\t2\n", options).unwrap();
+        let snap = parse(
+            GraphFormat::Snap,
+            b"# Nodes: 3\n0\t1\n# more\n1\t2\n",
+            options,
+        )
+        .unwrap();
         assert_eq!(snap.out_neighbours(1), &[2]);
         parse(GraphFormat::WeightedEdgeList, b"0 1 2.5\n", options).unwrap();
         expect_line(parse(GraphFormat::EdgeList, b"0 1\n1 x\n", options), 2);
-        expect_line(parse(GraphFormat::WeightedEdgeList, b"0 1 2\n0 1\n", options), 2);
+        expect_line(
+            parse(GraphFormat::WeightedEdgeList, b"0 1 2\n0 1\n", options),
+            2,
+        );
         expect_line(parse(GraphFormat::EdgeList, b"0 4294967295\n", options), 1);
     }
 
@@ -336,7 +371,11 @@ mod tests {
         assert_eq!(graph.out_neighbours(1), &[2]);
         assert_eq!(graph.out_neighbours(2), &[0]);
         expect_line(
-            parse(GraphFormat::Adjacency, b"AdjacencyGraph\n2\n1\n0\n1\n5\n", LoadOptions::default()),
+            parse(
+                GraphFormat::Adjacency,
+                b"AdjacencyGraph\n2\n1\n0\n1\n5\n",
+                LoadOptions::default(),
+            ),
             6,
         );
     }

@@ -10,7 +10,10 @@ pub fn write_vertex_values<T: Display>(path: &Path, values: &[T]) -> std::io::Re
     out.flush()
 }
 
-pub fn write_vertex_values_to<T: Display>(out: &mut impl Write, values: &[T]) -> std::io::Result<()> {
+pub fn write_vertex_values_to<T: Display>(
+    out: &mut impl Write,
+    values: &[T],
+) -> std::io::Result<()> {
     for (vertex, value) in values.iter().enumerate() {
         writeln!(out, "{vertex} {value}")?;
     }

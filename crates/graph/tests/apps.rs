@@ -42,34 +42,44 @@ fn components(graph: &Graph) -> Vec<Vertex> {
     let mut parents: Vec<usize> = (0..count).collect();
     for source in 0..count {
         for &destination in graph.out_neighbours(source as Vertex) {
-            let (a, b) = (find(&mut parents, source), find(&mut parents, destination as usize));
+            let (a, b) = (
+                find(&mut parents, source),
+                find(&mut parents, destination as usize),
+            );
             parents[a.max(b)] = a.min(b);
         }
     }
-    (0..count).map(|vertex| find(&mut parents, vertex) as Vertex).collect()
+    (0..count)
+        .map(|vertex| find(&mut parents, vertex) as Vertex)
+        .collect()
 }
 
 /// PageRank by a dense matrix product, with the same stopping rule.
 fn dense_pagerank(graph: &Graph, options: PageRankOptions) -> Vec<f64> {
     let count = graph.vertex_count();
     let mut matrix = vec![vec![0.0; count]; count];
-    for source in 0..count {
-        let neighbours = graph.out_neighbours(source as Vertex);
+    for source in 0..count as Vertex {
+        let neighbours = graph.out_neighbours(source);
         for &destination in neighbours {
-            matrix[destination as usize][source] = 1.0 / neighbours.len() as f64;
+            matrix[destination as usize][source as usize] = 1.0 / neighbours.len() as f64;
         }
     }
     let mut ranks = vec![1.0 / count as f64; count];
     for _ in 0..options.max_iterations {
         let next: Vec<f64> = (0..count)
             .map(|row| {
-                let product: f64 = (0..count).map(|column| matrix[row][column] * ranks[column]).sum();
+                let product: f64 = (0..count)
+                    .map(|column| matrix[row][column] * ranks[column])
+                    .sum();
                 (1.0 - options.damping) / count as f64 + options.damping * product
             })
             .collect();
         let change: f64 = next.iter().zip(&ranks).map(|(a, b)| (a - b).abs()).sum();
         ranks = next;
-        if options.tolerance.is_some_and(|tolerance| change < tolerance) {
+        if options
+            .tolerance
+            .is_some_and(|tolerance| change < tolerance)
+        {
             break;
         }
     }
@@ -103,7 +113,8 @@ fn brandes(graph: &Graph, source: Vertex) -> Vec<f64> {
     let mut dependency = vec![0.0; count];
     for &vertex in order.iter().rev() {
         for &predecessor in &predecessors[vertex] {
-            dependency[predecessor] += paths[predecessor] / paths[vertex] * (1.0 + dependency[vertex]);
+            dependency[predecessor] +=
+                paths[predecessor] / paths[vertex] * (1.0 + dependency[vertex]);
         }
     }
     dependency[source as usize] = 0.0;

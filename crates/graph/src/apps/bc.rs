@@ -54,7 +54,8 @@ impl EdgeFunction for AddDependencies<'_> {
     }
 
     fn update_atomic(&self, source: Vertex, destination: Vertex) -> bool {
-        self.dependencies[destination as usize].fetch_add(self.dependencies[source as usize].load());
+        self.dependencies[destination as usize]
+            .fetch_add(self.dependencies[source as usize].load());
         false
     }
 
@@ -133,7 +134,12 @@ fn count_paths(
     let mut levels = vec![Frontier::single(source)];
     // Each level holds vertices not seen before, so at most n levels.
     loop {
-        let next = edge_map(graph, levels.last().expect("the source level"), &function, Direction::Forward);
+        let next = edge_map(
+            graph,
+            levels.last().expect("the source level"),
+            &function,
+            Direction::Forward,
+        );
         if next.is_empty() {
             return levels;
         }

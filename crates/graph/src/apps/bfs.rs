@@ -42,8 +42,12 @@ impl EdgeFunction for ClaimParent<'_> {
 pub fn bfs(graph: &Graph, source: Vertex) -> BfsResult {
     let vertex_count = graph.vertex_count();
     assert!((source as usize) < vertex_count, "source is a vertex");
-    let parents: Vec<AtomicU32> = (0..vertex_count).map(|_| AtomicU32::new(NO_VERTEX)).collect();
-    let depths: Vec<AtomicU32> = (0..vertex_count).map(|_| AtomicU32::new(UNREACHED)).collect();
+    let parents: Vec<AtomicU32> = (0..vertex_count)
+        .map(|_| AtomicU32::new(NO_VERTEX))
+        .collect();
+    let depths: Vec<AtomicU32> = (0..vertex_count)
+        .map(|_| AtomicU32::new(UNREACHED))
+        .collect();
     parents[source as usize].store(source, Ordering::Relaxed);
     depths[source as usize].store(0, Ordering::Relaxed);
     let function = ClaimParent { parents: &parents };

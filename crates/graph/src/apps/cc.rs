@@ -47,21 +47,24 @@ pub fn cc(graph: &Graph) -> CcResult {
         compress(&labels);
     }
     let largest = most_frequent_label(&labels);
-    (0..vertex_count).into_par_iter().with_min_len(64).for_each(|vertex| {
-        let vertex = vertex as Vertex;
-        if labels[vertex as usize].load(Ordering::Relaxed) == largest {
-            return;
-        }
-        let rest = graph.out_neighbours(vertex).iter().skip(NEIGHBOUR_ROUNDS);
-        for &neighbour in rest {
-            link(&labels, vertex, neighbour);
-        }
-        if graph.is_directed() {
-            for &neighbour in graph.in_neighbours(vertex) {
+    (0..vertex_count)
+        .into_par_iter()
+        .with_min_len(64)
+        .for_each(|vertex| {
+            let vertex = vertex as Vertex;
+            if labels[vertex as usize].load(Ordering::Relaxed) == largest {
+                return;
+            }
+            let rest = graph.out_neighbours(vertex).iter().skip(NEIGHBOUR_ROUNDS);
+            for &neighbour in rest {
                 link(&labels, vertex, neighbour);
             }
-        }
-    });
+            if graph.is_directed() {
+                for &neighbour in graph.in_neighbours(vertex) {
+                    link(&labels, vertex, neighbour);
+                }
+            }
+        });
     compress(&labels);
     CcResult {
         labels: labels.into_iter().map(AtomicU32::into_inner).collect(),
@@ -117,7 +120,9 @@ fn most_frequent_label(labels: &[AtomicU32]) -> Vertex {
     let mut counts: HashMap<Vertex, usize> = HashMap::new();
     for _ in 0..SAMPLES {
         let vertex = random.gen_range(0..labels.len());
-        *counts.entry(labels[vertex].load(Ordering::Relaxed)).or_default() += 1;
+        *counts
+            .entry(labels[vertex].load(Ordering::Relaxed))
+            .or_default() += 1;
     }
     counts
         .into_iter()

@@ -80,7 +80,10 @@ pub fn pagerank(graph: &Graph, options: PageRankOptions) -> PageRankResult {
             .collect();
         last_change = changes.iter().sum();
         iterations += 1;
-        if options.tolerance.is_some_and(|tolerance| last_change < tolerance) {
+        if options
+            .tolerance
+            .is_some_and(|tolerance| last_change < tolerance)
+        {
             break;
         }
     }

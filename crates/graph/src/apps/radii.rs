@@ -90,7 +90,9 @@ pub fn radii(graph: &Graph, seed: u64) -> RadiiResult {
     sources.sort_unstable();
     let visited: Vec<AtomicU64> = (0..vertex_count).map(|_| AtomicU64::new(0)).collect();
     let next_visited: Vec<AtomicU64> = (0..vertex_count).map(|_| AtomicU64::new(0)).collect();
-    let radii: Vec<AtomicU32> = (0..vertex_count).map(|_| AtomicU32::new(UNREACHED)).collect();
+    let radii: Vec<AtomicU32> = (0..vertex_count)
+        .map(|_| AtomicU32::new(UNREACHED))
+        .collect();
     for (bit, &source) in sources.iter().enumerate() {
         visited[source as usize].store(1 << bit, Ordering::Relaxed);
         next_visited[source as usize].store(1 << bit, Ordering::Relaxed);

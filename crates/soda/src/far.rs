@@ -1,0 +1,678 @@
+//! Far-memory objects: `alloc` gives a contiguous range that faults in,
+//! a chunk at a time, from a [`ChunkStore`], through one host buffer that
+//! every object shares.
+//!
+//! Handler threads read userfaultfd events. A missing page fetches its
+//! chunk and installs it write-protected; the first write then faults
+//! once more and marks the chunk dirty. An evictor thread keeps the
+//! buffer between its watermarks; a handler that finds the buffer full
+//! evicts before it fetches. Evicting a dirty chunk write-protects it,
+//! copies it out, writes it back and drops its pages, so a write that
+//! races the eviction waits and then faults the written-back chunk in.
+//!
+//! A chunk whose fetch fails (its store lost the data, or went away) is
+//! poisoned: touching it raises SIGBUS, never a hang and never stale data,
+//! and [`FarObject::check`] says the object is lost.
+
+use crate::buffer::{ChunkKey, ChunkState, HostBuffer};
+use crate::mapping::{self, Mapping};
+use crate::store::{ChunkStore, ObjectId, StoreError};
+use crate::userfault::{Fault, Userfault, UserfaultError};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a handler waits for a fault before checking whether to stop.
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// The smallest chunk: a page.
+pub const MIN_CHUNK_BYTES: usize = mapping::PAGE_BYTES;
+pub const DEFAULT_CHUNK_BYTES: usize = 64 << 10;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FarMemoryConfig {
+    /// The host buffer every object shares.
+    pub buffer_bytes: u64,
+    /// Proactive eviction starts above this fraction of the buffer...
+    pub high_watermark: f64,
+    /// ... and stops at this one.
+    pub low_watermark: f64,
+    pub fault_threads: usize,
+}
+
+impl Default for FarMemoryConfig {
+    fn default() -> FarMemoryConfig {
+        FarMemoryConfig {
+            buffer_bytes: 64 << 20,
+            high_watermark: 0.9,
+            low_watermark: 0.8,
+            fault_threads: 2,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SodaError {
+    #[error(transparent)]
+    Userfault(#[from] UserfaultError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("mapping {bytes} bytes: {errno}")]
+    Map {
+        bytes: usize,
+        errno: rustix::io::Errno,
+    },
+    #[error("bad configuration: {0}")]
+    Config(&'static str),
+    #[error("chunk size {0} is not a multiple of the page size or is past the host buffer")]
+    ChunkSize(usize),
+    #[error("object {object:?} is lost: {reason}")]
+    Lost { object: ObjectId, reason: String },
+    #[error("object of {bytes} bytes is not a whole number of {element}-byte elements")]
+    Misaligned { bytes: usize, element: usize },
+}
+
+/// What the far memory did, for reports. CPU times are thread CPU time
+/// of the handler and evictor threads: the host's cost of faulting.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FarMemoryStats {
+    pub missing_faults: u64,
+    pub write_faults: u64,
+    pub fetched_bytes: u64,
+    pub written_back_bytes: u64,
+    pub evictions: u64,
+    pub failed_fetches: u64,
+    pub handler_cpu_nanos: u64,
+    pub evictor_cpu_nanos: u64,
+    /// Fetch-to-install latency of missing faults, p50 and p99.
+    pub fault_p50_nanos: u64,
+    pub fault_p99_nanos: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    missing_faults: AtomicU64,
+    write_faults: AtomicU64,
+    fetched_bytes: AtomicU64,
+    written_back_bytes: AtomicU64,
+    evictions: AtomicU64,
+    failed_fetches: AtomicU64,
+    handler_cpu_nanos: AtomicU64,
+    evictor_cpu_nanos: AtomicU64,
+}
+
+#[derive(Debug, Clone)]
+struct ObjectInfo {
+    id: ObjectId,
+    address: usize,
+    length: usize,
+    chunk_bytes: usize,
+    lost: Option<String>,
+}
+
+struct Inner {
+    buffer: HostBuffer,
+    /// Live objects by start address.
+    objects: BTreeMap<usize, ObjectInfo>,
+    addresses: HashMap<ObjectId, usize>,
+    next_id: u32,
+}
+
+impl Inner {
+    fn locate(&self, address: usize) -> Option<(ChunkKey, usize, usize)> {
+        let (_, info) = self.objects.range(..=address).next_back()?;
+        let offset = address
+            .checked_sub(info.address)
+            .filter(|&o| o < info.length)?;
+        let index = offset / info.chunk_bytes;
+        let key = ChunkKey {
+            object: info.id,
+            index: index as u32,
+        };
+        Some((
+            key,
+            info.address + index * info.chunk_bytes,
+            info.chunk_bytes,
+        ))
+    }
+
+    fn info(&self, object: ObjectId) -> Option<&ObjectInfo> {
+        self.objects.get(self.addresses.get(&object)?)
+    }
+
+    fn info_mut(&mut self, object: ObjectId) -> Option<&mut ObjectInfo> {
+        let address = *self.addresses.get(&object)?;
+        self.objects.get_mut(&address)
+    }
+}
+
+struct Shared {
+    userfault: Userfault,
+    store: Arc<dyn ChunkStore>,
+    inner: Mutex<Inner>,
+    changed: Condvar,
+    stopping: AtomicBool,
+    counters: Counters,
+    latencies: Mutex<hdrhistogram::Histogram<u64>>,
+}
+
+/// A staging buffer per thread, page aligned for `O_DIRECT` stores.
+struct Staging(Option<Mapping>);
+
+impl Staging {
+    fn get(&mut self, bytes: usize) -> Result<&mut [u8], SodaError> {
+        if self.0.as_ref().is_none_or(|mapping| mapping.len() < bytes) {
+            let mapping = Mapping::new(bytes).map_err(|errno| SodaError::Map { bytes, errno })?;
+            self.0 = Some(mapping);
+        }
+        Ok(&mut self.0.as_mut().expect("just made").as_mut_slice()[..bytes])
+    }
+}
+
+fn thread_cpu_nanos() -> u64 {
+    let time = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().expect("far-memory state lock")
+    }
+
+    fn handle_fault(&self, fault: Fault, staging: &mut Staging) {
+        let mut inner = self.lock();
+        let Some((key, address, length)) = inner.locate(fault.address) else {
+            drop(inner);
+            // Not ours: nobody will ever serve it, so make it fail loudly.
+            tracing::error!(
+                address = fault.address,
+                "fault outside every far-memory object"
+            );
+            let page = fault.address & !(mapping::PAGE_BYTES - 1);
+            let _ = self.userfault.poison(page, mapping::PAGE_BYTES);
+            return;
+        };
+        // Waits on moving chunks; each pass either returns or waits for a
+        // state change, and every state change ends in finite time.
+        loop {
+            match inner.buffer.state(key) {
+                None => return self.fetch(inner, key, address, length, fault, staging),
+                Some(ChunkState::Fetching | ChunkState::Evicting) => {
+                    inner = self.changed.wait(inner).expect("far-memory state lock");
+                }
+                Some(ChunkState::Resident { .. }) if fault.write_protected => {
+                    inner.buffer.mark_dirty(key);
+                    drop(inner);
+                    self.counters.write_faults.fetch_add(1, Ordering::Relaxed);
+                    self.report(self.userfault.write_protect(address, length, false));
+                    return;
+                }
+                Some(ChunkState::Resident { .. }) => {
+                    drop(inner);
+                    self.report(self.userfault.wake(address, length));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn fetch(
+        &self,
+        mut inner: MutexGuard<'_, Inner>,
+        key: ChunkKey,
+        address: usize,
+        length: usize,
+        fault: Fault,
+        staging: &mut Staging,
+    ) {
+        if let Some(reason) = inner.info(key.object).and_then(|info| info.lost.clone()) {
+            drop(inner);
+            tracing::warn!(object = key.object.0, %reason, "access to a lost object");
+            self.report(self.userfault.poison(address, length).map(drop));
+            return;
+        }
+        // Make room first; an eviction may let other faults change this
+        // chunk's state, so start over from the top afterwards.
+        if inner.buffer.is_full_for(length as u64) {
+            let victim = inner.buffer.begin_evict();
+            drop(inner);
+            match victim {
+                Some((victim, dirty)) => self.evict(victim, dirty, staging),
+                None => drop(self.changed.wait_timeout(self.lock(), POLL_INTERVAL)),
+            }
+            return self.handle_fault(fault, staging);
+        }
+        inner.buffer.begin_fetch(key, length as u64);
+        let offset = u64::from(key.index) * length as u64;
+        drop(inner);
+        let started = Instant::now();
+        let result = staging.get(length).and_then(|buffer| {
+            self.store.fetch(key.object, offset, buffer)?;
+            // A write fault's chunk goes in writable and dirty; a read's
+            // goes in write-protected, so its first write is seen.
+            Ok(self.userfault.install(address, buffer, !fault.write)?)
+        });
+        let mut inner = self.lock();
+        match result {
+            Ok(_) => {
+                inner.buffer.finish_fetch(key, fault.write);
+                self.counters.missing_faults.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .fetched_bytes
+                    .fetch_add(length as u64, Ordering::Relaxed);
+                let nanos = started.elapsed().as_nanos() as u64;
+                let _ = self
+                    .latencies
+                    .lock()
+                    .expect("latency lock")
+                    .record(nanos.max(1));
+            }
+            Err(error) => {
+                inner.buffer.abandon_fetch(key);
+                self.counters.failed_fetches.fetch_add(1, Ordering::Relaxed);
+                if let Some(info) = inner.info_mut(key.object) {
+                    info.lost = Some(error.to_string());
+                }
+                tracing::error!(object = key.object.0, %error, "fetch failed; the object is lost");
+                self.report(self.userfault.poison(address, length).map(drop));
+            }
+        }
+        inner.buffer.debug_check_invariants();
+        drop(inner);
+        self.changed.notify_all();
+    }
+
+    /// Writes back (if dirty) and drops a chunk `begin_evict` handed out.
+    fn evict(&self, key: ChunkKey, dirty: bool, staging: &mut Staging) {
+        let (address, length) = {
+            let inner = self.lock();
+            let info = inner
+                .info(key.object)
+                .expect("an evicting chunk's object is live");
+            (
+                info.address + key.index as usize * info.chunk_bytes,
+                info.chunk_bytes,
+            )
+        };
+        if dirty {
+            if let Err(error) = self.write_back(key, address, length, staging) {
+                tracing::error!(object = key.object.0, %error, "write-back failed; the object is lost");
+                if let Some(info) = self.lock().info_mut(key.object) {
+                    info.lost = Some(error.to_string());
+                }
+            }
+        }
+        // SAFETY: the chunk lies in a live object's mapping (the object
+        // cannot be freed while one of its chunks is evicting).
+        let dropped = unsafe { mapping::drop_range(address, length) };
+        debug_assert!(dropped.is_ok(), "dropping our own pages failed");
+        let mut inner = self.lock();
+        inner.buffer.finish_evict(key);
+        inner.buffer.debug_check_invariants();
+        drop(inner);
+        self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+        self.changed.notify_all();
+        // Writers that faulted while it was protected fault again now.
+        self.report(self.userfault.wake(address, length));
+    }
+
+    fn write_back(
+        &self,
+        key: ChunkKey,
+        address: usize,
+        length: usize,
+        staging: &mut Staging,
+    ) -> Result<(), SodaError> {
+        self.userfault.write_protect(address, length, true)?;
+        let buffer = staging.get(length)?;
+        // SAFETY: the chunk is resident and now write-protected: writers
+        // wait in the kernel until it is dropped, so nothing writes it.
+        unsafe { mapping::copy_out(address, buffer) };
+        let offset = u64::from(key.index) * length as u64;
+        self.store.write_back(key.object, offset, buffer)?;
+        self.counters
+            .written_back_bytes
+            .fetch_add(length as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn report<T>(&self, result: Result<T, UserfaultError>) {
+        if let Err(error) = result {
+            tracing::error!(%error, "userfaultfd call failed");
+        }
+    }
+
+    fn should_stop(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed) && self.lock().objects.is_empty()
+    }
+}
+
+fn handler_loop(shared: Arc<Shared>) {
+    let mut staging = Staging(None);
+    while !shared.should_stop() {
+        match shared.userfault.next_fault(POLL_INTERVAL) {
+            Ok(Some(fault)) => {
+                let started = thread_cpu_nanos();
+                shared.handle_fault(fault, &mut staging);
+                let spent = thread_cpu_nanos().saturating_sub(started);
+                shared
+                    .counters
+                    .handler_cpu_nanos
+                    .fetch_add(spent, Ordering::Relaxed);
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::error!(%error, "reading faults failed; handler stops");
+                return;
+            }
+        }
+    }
+}
+
+fn evictor_loop(shared: Arc<Shared>) {
+    let mut staging = Staging(None);
+    while !shared.should_stop() {
+        let mut inner = shared.lock();
+        if !inner.buffer.is_above_high_watermark() {
+            drop(shared.changed.wait_timeout(inner, POLL_INTERVAL));
+            continue;
+        }
+        let started = thread_cpu_nanos();
+        // Each pass evicts one chunk; resident chunks are finite.
+        while inner.buffer.is_above_low_watermark() {
+            let Some((victim, dirty)) = inner.buffer.begin_evict() else {
+                break;
+            };
+            drop(inner);
+            shared.evict(victim, dirty, &mut staging);
+            inner = shared.lock();
+        }
+        drop(inner);
+        let spent = thread_cpu_nanos().saturating_sub(started);
+        shared
+            .counters
+            .evictor_cpu_nanos
+            .fetch_add(spent, Ordering::Relaxed);
+    }
+}
+
+/// The host side of SODA: allocates far-memory objects over one store.
+pub struct FarMemory {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    config: FarMemoryConfig,
+}
+
+impl FarMemory {
+    pub fn new(
+        store: Arc<dyn ChunkStore>,
+        config: FarMemoryConfig,
+    ) -> Result<FarMemory, SodaError> {
+        let watermarks_valid = 0.0 < config.low_watermark
+            && config.low_watermark <= config.high_watermark
+            && config.high_watermark <= 1.0;
+        if !watermarks_valid {
+            return Err(SodaError::Config(
+                "watermarks must satisfy 0 < low <= high <= 1",
+            ));
+        }
+        if config.fault_threads == 0 || config.fault_threads > 64 {
+            return Err(SodaError::Config("fault_threads must be 1 to 64"));
+        }
+        let capacity = config.buffer_bytes;
+        let buffer = HostBuffer::new(
+            capacity,
+            (capacity as f64 * config.high_watermark) as u64,
+            (capacity as f64 * config.low_watermark) as u64,
+        );
+        let shared = Arc::new(Shared {
+            userfault: Userfault::open()?,
+            store,
+            inner: Mutex::new(Inner {
+                buffer,
+                objects: BTreeMap::new(),
+                addresses: HashMap::new(),
+                next_id: 1,
+            }),
+            changed: Condvar::new(),
+            stopping: AtomicBool::new(false),
+            counters: Counters::default(),
+            latencies: Mutex::new(hdrhistogram::Histogram::new(3).expect("3 significant digits")),
+        });
+        let mut threads = Vec::new();
+        for index in 0..config.fault_threads {
+            let shared = Arc::clone(&shared);
+            threads.push(spawn(format!("soda-fault-{index}"), move || {
+                handler_loop(shared)
+            }));
+        }
+        let evictor = Arc::clone(&shared);
+        threads.push(spawn("soda-evictor".into(), move || evictor_loop(evictor)));
+        Ok(FarMemory {
+            shared,
+            threads,
+            config,
+        })
+    }
+
+    pub fn store_name(&self) -> &'static str {
+        self.shared.store.name()
+    }
+
+    /// An object of `bytes` with the default 64 KiB chunks, filled from
+    /// `file` (loaded by the store) or zeroed.
+    pub fn alloc(&self, bytes: usize, file: Option<&Path>) -> Result<FarObject, SodaError> {
+        self.alloc_chunked(bytes, DEFAULT_CHUNK_BYTES, file)
+    }
+
+    pub fn alloc_chunked(
+        &self,
+        bytes: usize,
+        chunk_bytes: usize,
+        file: Option<&Path>,
+    ) -> Result<FarObject, SodaError> {
+        let chunk_valid = chunk_bytes >= MIN_CHUNK_BYTES
+            && chunk_bytes.is_multiple_of(mapping::PAGE_BYTES)
+            && chunk_bytes as u64 <= self.config.buffer_bytes;
+        if !chunk_valid {
+            return Err(SodaError::ChunkSize(chunk_bytes));
+        }
+        let length = bytes.max(1).next_multiple_of(chunk_bytes);
+        let mapping = Mapping::new(length).map_err(|errno| SodaError::Map {
+            bytes: length,
+            errno,
+        })?;
+        let id = {
+            let mut inner = self.shared.lock();
+            let id = ObjectId(inner.next_id);
+            inner.next_id += 1;
+            id
+        };
+        self.shared.store.reserve(id, length as u64, file)?;
+        if let Err(error) = self.shared.userfault.register(mapping.address(), length) {
+            let _ = self.shared.store.release(id);
+            return Err(error.into());
+        }
+        let info = ObjectInfo {
+            id,
+            address: mapping.address(),
+            length,
+            chunk_bytes,
+            lost: None,
+        };
+        let mut inner = self.shared.lock();
+        inner.addresses.insert(id, info.address);
+        inner.objects.insert(info.address, info);
+        Ok(FarObject {
+            shared: Arc::clone(&self.shared),
+            mapping: Some(mapping),
+            id,
+            bytes,
+            chunk_bytes,
+        })
+    }
+
+    pub fn stats(&self) -> FarMemoryStats {
+        let counters = &self.shared.counters;
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let latencies = self.shared.latencies.lock().expect("latency lock");
+        FarMemoryStats {
+            missing_faults: load(&counters.missing_faults),
+            write_faults: load(&counters.write_faults),
+            fetched_bytes: load(&counters.fetched_bytes),
+            written_back_bytes: load(&counters.written_back_bytes),
+            evictions: load(&counters.evictions),
+            failed_fetches: load(&counters.failed_fetches),
+            handler_cpu_nanos: load(&counters.handler_cpu_nanos),
+            evictor_cpu_nanos: load(&counters.evictor_cpu_nanos),
+            fault_p50_nanos: latencies.value_at_quantile(0.5),
+            fault_p99_nanos: latencies.value_at_quantile(0.99),
+        }
+    }
+
+    /// Bytes the host buffer holds now.
+    pub fn buffer_occupied_bytes(&self) -> u64 {
+        self.shared.lock().buffer.occupied_bytes()
+    }
+}
+
+fn spawn(name: String, work: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(work)
+        .expect("spawning a far-memory thread")
+}
+
+impl Drop for FarMemory {
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Ordering::Relaxed);
+        self.shared.changed.notify_all();
+        // Objects that outlive this handle keep the threads serving them;
+        // the threads end when the last object is freed.
+        if self.shared.lock().objects.is_empty() {
+            for thread in self.threads.drain(..) {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+/// A far-memory object: plain memory to the application. Freed on drop;
+/// ownership makes use after free impossible in safe code.
+pub struct FarObject {
+    shared: Arc<Shared>,
+    mapping: Option<Mapping>,
+    id: ObjectId,
+    /// What was asked for; the mapping is rounded up to whole chunks.
+    bytes: usize,
+    chunk_bytes: usize,
+}
+
+impl FarObject {
+    pub fn id(&self) -> ObjectId {
+        self.id
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    pub fn chunk_bytes(&self) -> usize {
+        self.chunk_bytes
+    }
+
+    fn mapping(&self) -> &Mapping {
+        self.mapping.as_ref().expect("live until freed")
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.mapping().as_slice()[..self.bytes]
+    }
+
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        let bytes = self.bytes;
+        &mut self
+            .mapping
+            .as_mut()
+            .expect("live until freed")
+            .as_mut_slice()[..bytes]
+    }
+
+    /// The object as `T`s.
+    pub fn as_slice<T: bytemuck::Pod>(&self) -> Result<&[T], SodaError> {
+        bytemuck::try_cast_slice(self.as_bytes()).map_err(|_| SodaError::Misaligned {
+            bytes: self.bytes,
+            element: std::mem::size_of::<T>(),
+        })
+    }
+
+    pub fn as_mut_slice<T: bytemuck::Pod>(&mut self) -> Result<&mut [T], SodaError> {
+        let bytes = self.bytes;
+        bytemuck::try_cast_slice_mut(self.as_bytes_mut()).map_err(|_| SodaError::Misaligned {
+            bytes,
+            element: std::mem::size_of::<T>(),
+        })
+    }
+
+    /// `Err(Lost)` once a chunk of this object could not be fetched or
+    /// written back: its contents are gone, and touching the missing part
+    /// raises SIGBUS.
+    pub fn check(&self) -> Result<(), SodaError> {
+        let inner = self.shared.lock();
+        match inner.info(self.id).and_then(|info| info.lost.clone()) {
+            Some(reason) => Err(SodaError::Lost {
+                object: self.id,
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Frees the object and its space in the store.
+    pub fn free(mut self) -> Result<(), SodaError> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<(), SodaError> {
+        let Some(mapping) = self.mapping.take() else {
+            return Ok(());
+        };
+        let mut inner = self.shared.lock();
+        // Moving chunks finish in finite time; then none can start, since
+        // nothing can touch the object any more.
+        while inner.buffer.is_busy(self.id) {
+            inner = self
+                .shared
+                .changed
+                .wait(inner)
+                .expect("far-memory state lock");
+        }
+        inner.buffer.remove_object(self.id);
+        inner.objects.remove(&mapping.address());
+        inner.addresses.remove(&self.id);
+        drop(inner);
+        self.shared.changed.notify_all();
+        let unregistered = self
+            .shared
+            .userfault
+            .unregister(mapping.address(), mapping.len());
+        drop(mapping);
+        unregistered?;
+        self.shared.store.release(self.id)?;
+        Ok(())
+    }
+}
+
+impl Drop for FarObject {
+    fn drop(&mut self) {
+        if let Err(error) = self.release() {
+            tracing::error!(object = self.id.0, %error, "freeing a far-memory object failed");
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! SODA (Su et al., "SODA: a SmartNIC-offloaded far-memory object
+//! system", paper 002) on Remora.
+//!
+//! An application calls [`FarMemory::alloc`] and gets memory that faults
+//! in from a [`ChunkStore`], chunk by chunk, through one LRU host buffer
+//! with dirty tracking and watermark eviction. It never sees the network.
+
+pub mod buffer;
+pub mod far;
+pub mod mapping;
+pub mod placement;
+pub mod store;
+pub mod userfault;
+
+pub use far::{FarMemory, FarMemoryConfig, FarMemoryStats, FarObject, SodaError};
+pub use store::{ChunkStore, FileStore, InProcessStore, ObjectId, StoreError};

@@ -1,0 +1,274 @@
+//! Where an object's chunks live when they are not in the host buffer: a
+//! [`ChunkStore`]. SODA's backends are stores: a memory node (direct, or
+//! through the DPU), a local file (the SSD baseline), or this process's
+//! own memory (for tests of the buffer alone).
+
+use rustix::fs::{Mode, OFlags};
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// An object's id, unique for the life of a [`crate::FarMemory`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectId(pub u32);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("object {0:?} is not in the store")]
+    UnknownObject(ObjectId),
+    #[error("object {object:?}: bytes {offset}..{end} are outside its {length} bytes")]
+    OutOfRange {
+        object: ObjectId,
+        offset: u64,
+        end: u64,
+        length: u64,
+    },
+    #[error("the store is full: {wanted} bytes wanted, {free} free")]
+    Full { wanted: u64, free: u64 },
+    #[error("object {object:?}: its data was lost ({reason})")]
+    Lost { object: ObjectId, reason: String },
+    #[error("{path}: {source}")]
+    File {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Remote(String),
+}
+
+pub trait ChunkStore: Send + Sync {
+    /// A short name for reports ("file", "memserver", ...).
+    fn name(&self) -> &'static str;
+    /// Makes room for `bytes`, filled from `initial` (a file, loaded
+    /// where the store keeps its data) or with zeros.
+    fn reserve(
+        &self,
+        object: ObjectId,
+        bytes: u64,
+        initial: Option<&Path>,
+    ) -> Result<(), StoreError>;
+    fn fetch(&self, object: ObjectId, offset: u64, into: &mut [u8]) -> Result<(), StoreError>;
+    fn write_back(&self, object: ObjectId, offset: u64, data: &[u8]) -> Result<(), StoreError>;
+    fn release(&self, object: ObjectId) -> Result<(), StoreError>;
+}
+
+fn check_range(object: ObjectId, offset: u64, length: usize, size: u64) -> Result<(), StoreError> {
+    let end = offset.saturating_add(length as u64);
+    if end > size {
+        return Err(StoreError::OutOfRange {
+            object,
+            offset,
+            end,
+            length: size,
+        });
+    }
+    Ok(())
+}
+
+fn read_initial(path: &Path, bytes: u64) -> Result<Vec<u8>, StoreError> {
+    let mut data = std::fs::read(path).map_err(|source| StoreError::File {
+        path: path.to_owned(),
+        source,
+    })?;
+    if data.len() as u64 > bytes {
+        return Err(StoreError::OutOfRange {
+            object: ObjectId(u32::MAX),
+            offset: 0,
+            end: data.len() as u64,
+            length: bytes,
+        });
+    }
+    data.resize(bytes as usize, 0);
+    Ok(data)
+}
+
+/// Chunks kept in this process's heap: no network, no disk. It lets the
+/// buffer's faulting, dirty tracking and eviction be tested alone.
+#[derive(Debug, Default)]
+pub struct InProcessStore {
+    objects: Mutex<HashMap<ObjectId, Vec<u8>>>,
+}
+
+impl ChunkStore for InProcessStore {
+    fn name(&self) -> &'static str {
+        "in-process"
+    }
+
+    fn reserve(
+        &self,
+        object: ObjectId,
+        bytes: u64,
+        initial: Option<&Path>,
+    ) -> Result<(), StoreError> {
+        let data = match initial {
+            Some(path) => read_initial(path, bytes)?,
+            None => vec![0; bytes as usize],
+        };
+        self.objects
+            .lock()
+            .expect("store lock")
+            .insert(object, data);
+        Ok(())
+    }
+
+    fn fetch(&self, object: ObjectId, offset: u64, into: &mut [u8]) -> Result<(), StoreError> {
+        let objects = self.objects.lock().expect("store lock");
+        let data = objects
+            .get(&object)
+            .ok_or(StoreError::UnknownObject(object))?;
+        check_range(object, offset, into.len(), data.len() as u64)?;
+        into.copy_from_slice(&data[offset as usize..offset as usize + into.len()]);
+        Ok(())
+    }
+
+    fn write_back(&self, object: ObjectId, offset: u64, chunk: &[u8]) -> Result<(), StoreError> {
+        let mut objects = self.objects.lock().expect("store lock");
+        let data = objects
+            .get_mut(&object)
+            .ok_or(StoreError::UnknownObject(object))?;
+        check_range(object, offset, chunk.len(), data.len() as u64)?;
+        data[offset as usize..offset as usize + chunk.len()].copy_from_slice(chunk);
+        Ok(())
+    }
+
+    fn release(&self, object: ObjectId) -> Result<(), StoreError> {
+        let removed = self.objects.lock().expect("store lock").remove(&object);
+        removed.map(drop).ok_or(StoreError::UnknownObject(object))
+    }
+}
+
+/// The SSD baseline: every object is an extent of one local file, read
+/// and written with `O_DIRECT` so the page cache does not stand in for
+/// the disk. Chunk offsets and staging buffers are page aligned.
+pub struct FileStore {
+    path: PathBuf,
+    file: File,
+    extents: Mutex<Extents>,
+}
+
+#[derive(Default)]
+struct Extents {
+    next_offset: u64,
+    objects: HashMap<ObjectId, (u64, u64)>,
+}
+
+/// Extents start on this boundary, which `O_DIRECT` needs.
+const EXTENT_ALIGNMENT: u64 = 4096;
+
+impl FileStore {
+    /// Creates (or truncates) the backing file.
+    pub fn create(path: &Path) -> Result<FileStore, StoreError> {
+        let file_error = |source: std::io::Error| StoreError::File {
+            path: path.to_owned(),
+            source,
+        };
+        let flags =
+            OFlags::RDWR | OFlags::CREATE | OFlags::TRUNC | OFlags::DIRECT | OFlags::CLOEXEC;
+        let fd = rustix::fs::open(path, flags, Mode::from_raw_mode(0o600))
+            .map_err(|errno| file_error(errno.into()))?;
+        Ok(FileStore {
+            path: path.to_owned(),
+            file: File::from(fd),
+            extents: Mutex::new(Extents::default()),
+        })
+    }
+
+    fn extent(&self, object: ObjectId) -> Result<(u64, u64), StoreError> {
+        let extents = self.extents.lock().expect("extent lock");
+        extents
+            .objects
+            .get(&object)
+            .copied()
+            .ok_or(StoreError::UnknownObject(object))
+    }
+
+    fn file_error(&self, source: std::io::Error) -> StoreError {
+        StoreError::File {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn write_all_at(&self, mut data: &[u8], mut offset: u64) -> Result<(), StoreError> {
+        while !data.is_empty() {
+            let written = rustix::io::pwrite(&self.file, data, offset)
+                .map_err(|errno| self.file_error(errno.into()))?;
+            data = &data[written..];
+            offset += written as u64;
+        }
+        Ok(())
+    }
+}
+
+impl ChunkStore for FileStore {
+    fn name(&self) -> &'static str {
+        "file"
+    }
+
+    fn reserve(
+        &self,
+        object: ObjectId,
+        bytes: u64,
+        initial: Option<&Path>,
+    ) -> Result<(), StoreError> {
+        let start = {
+            let mut extents = self.extents.lock().expect("extent lock");
+            let start = extents.next_offset;
+            extents.next_offset = (start + bytes).next_multiple_of(EXTENT_ALIGNMENT);
+            extents.objects.insert(object, (start, bytes));
+            start
+        };
+        if let Some(path) = initial {
+            // Loading goes through an aligned buffer, a chunk at a time.
+            let data = read_initial(path, bytes)?;
+            let mut staging = crate::mapping::Mapping::new(1 << 20)
+                .map_err(|errno| self.file_error(errno.into()))?;
+            let piece_bytes = staging.len();
+            for (index, piece) in data.chunks(piece_bytes).enumerate() {
+                let padded = piece.len().next_multiple_of(EXTENT_ALIGNMENT as usize);
+                let buffer = &mut staging.as_mut_slice()[..padded];
+                buffer[..piece.len()].copy_from_slice(piece);
+                buffer[piece.len()..].fill(0);
+                self.write_all_at(buffer, start + (index * piece_bytes) as u64)?;
+            }
+        } else {
+            rustix::fs::ftruncate(&self.file, start + bytes.next_multiple_of(EXTENT_ALIGNMENT))
+                .map_err(|errno| self.file_error(errno.into()))?;
+        }
+        Ok(())
+    }
+
+    fn fetch(&self, object: ObjectId, offset: u64, into: &mut [u8]) -> Result<(), StoreError> {
+        let (start, size) = self.extent(object)?;
+        check_range(object, offset, into.len(), size)?;
+        let mut done = 0;
+        while done < into.len() {
+            let read =
+                rustix::io::pread(&self.file, &mut into[done..], start + offset + done as u64)
+                    .map_err(|errno| self.file_error(errno.into()))?;
+            if read == 0 {
+                into[done..].fill(0);
+                break;
+            }
+            done += read;
+        }
+        Ok(())
+    }
+
+    fn write_back(&self, object: ObjectId, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        let (start, size) = self.extent(object)?;
+        check_range(object, offset, data.len(), size)?;
+        self.write_all_at(data, start + offset)
+    }
+
+    fn release(&self, object: ObjectId) -> Result<(), StoreError> {
+        let removed = self
+            .extents
+            .lock()
+            .expect("extent lock")
+            .objects
+            .remove(&object);
+        removed.map(drop).ok_or(StoreError::UnknownObject(object))
+    }
+}

@@ -1,0 +1,277 @@
+//! Far-memory objects against a plain vector: whatever is written reads
+//! back exactly, through faults, write faults and evictions, on every
+//! store, from several threads; and a lost object is a clear error.
+
+use proptest::prelude::*;
+use remora_graph::apps::{bfs::bfs, cc::cc, pagerank};
+use remora_graph::generate::{generate, GeneratorSpec, GraphKind};
+use remora_soda::placement::FarPlacement;
+use remora_soda::{
+    ChunkStore, FarMemory, FarMemoryConfig, FileStore, InProcessStore, ObjectId, SodaError,
+    StoreError,
+};
+use std::path::Path;
+use std::sync::Arc;
+
+fn small_buffer(chunks: u64, chunk_bytes: usize) -> FarMemoryConfig {
+    FarMemoryConfig {
+        buffer_bytes: chunks * chunk_bytes as u64,
+        high_watermark: 0.75,
+        low_watermark: 0.5,
+        fault_threads: 2,
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Write { offset: usize, bytes: Vec<u8> },
+    Read { offset: usize, length: usize },
+}
+
+fn steps(length: usize) -> impl Strategy<Value = Vec<Step>> {
+    let write = (0..length, proptest::collection::vec(any::<u8>(), 1..9000))
+        .prop_map(|(offset, bytes)| Step::Write { offset, bytes });
+    let read =
+        (0..length, 1usize..20_000).prop_map(|(offset, length)| Step::Read { offset, length });
+    proptest::collection::vec(prop_oneof![write, read], 1..60)
+}
+
+fn replay(
+    store: Arc<dyn ChunkStore>,
+    chunk_bytes: usize,
+    steps: &[Step],
+) -> Result<(), TestCaseError> {
+    let length = 40 * chunk_bytes + 123;
+    let memory = FarMemory::new(store, small_buffer(4, chunk_bytes)).unwrap();
+    let mut object = memory.alloc_chunked(length, chunk_bytes, None).unwrap();
+    let mut shadow = vec![0u8; length];
+    for step in steps {
+        match step {
+            Step::Write { offset, bytes } => {
+                let end = (offset + bytes.len()).min(length);
+                object.as_bytes_mut()[*offset..end].copy_from_slice(&bytes[..end - offset]);
+                shadow[*offset..end].copy_from_slice(&bytes[..end - offset]);
+            }
+            Step::Read {
+                offset,
+                length: wanted,
+            } => {
+                let end = (offset + wanted).min(length);
+                prop_assert_eq!(&object.as_bytes()[*offset..end], &shadow[*offset..end]);
+            }
+        }
+        prop_assert!(memory.buffer_occupied_bytes() <= 4 * chunk_bytes as u64);
+    }
+    prop_assert_eq!(object.as_bytes(), &shadow[..]);
+    object.check().unwrap();
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn objects_written_and_evicted_many_times_read_back_exactly(
+        steps in steps(40 * 4096),
+        in_process in any::<bool>(),
+    ) {
+        let directory = tempfile::tempdir().unwrap();
+        let store: Arc<dyn ChunkStore> = if in_process {
+            Arc::new(InProcessStore::default())
+        } else {
+            Arc::new(FileStore::create(&directory.path().join("backing")).unwrap())
+        };
+        replay(store, 4096, &steps)?;
+    }
+}
+
+#[test]
+fn evictions_write_back_and_counters_add_up() {
+    let chunk_bytes = 64 << 10;
+    let memory = FarMemory::new(
+        Arc::new(InProcessStore::default()),
+        small_buffer(8, chunk_bytes),
+    )
+    .unwrap();
+    let mut object = memory.alloc(64 * chunk_bytes, None).unwrap();
+    for (index, chunk) in object.as_bytes_mut().chunks_mut(chunk_bytes).enumerate() {
+        chunk.fill(index as u8);
+    }
+    for (index, chunk) in object.as_bytes().chunks(chunk_bytes).enumerate() {
+        assert!(
+            chunk.iter().all(|&byte| byte == index as u8),
+            "chunk {index}"
+        );
+    }
+    let stats = memory.stats();
+    assert!(stats.evictions >= 56 * 2 - 8, "{stats:?}");
+    assert!(
+        stats.written_back_bytes >= 56 * chunk_bytes as u64,
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats.fetched_bytes,
+        stats.missing_faults * chunk_bytes as u64
+    );
+    assert!(stats.fault_p50_nanos > 0 && stats.fault_p99_nanos >= stats.fault_p50_nanos);
+}
+
+#[test]
+fn threads_share_one_buffer_and_see_their_own_writes() {
+    let chunk_bytes = 16 << 10;
+    let memory = FarMemory::new(
+        Arc::new(InProcessStore::default()),
+        small_buffer(6, chunk_bytes),
+    )
+    .unwrap();
+    let mut object = memory
+        .alloc_chunked(4 * 32 * chunk_bytes, chunk_bytes, None)
+        .unwrap();
+    let words = object.as_mut_slice::<u64>().unwrap();
+    let quarter = words.len() / 4;
+    std::thread::scope(|scope| {
+        for (part, slice) in words.chunks_mut(quarter).enumerate() {
+            scope.spawn(move || {
+                for round in 0..3u64 {
+                    for (index, word) in slice.iter_mut().enumerate() {
+                        *word = (part as u64) << 48 | round << 32 | index as u64;
+                    }
+                }
+            });
+        }
+    });
+    for (part, slice) in object
+        .as_slice::<u64>()
+        .unwrap()
+        .chunks(quarter)
+        .enumerate()
+    {
+        for (index, &word) in slice.iter().enumerate() {
+            assert_eq!(word, (part as u64) << 48 | 2 << 32 | index as u64);
+        }
+    }
+}
+
+#[test]
+fn objects_load_from_files_and_bad_arguments_are_typed_errors() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("data");
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&path, &data).unwrap();
+    let memory = FarMemory::new(
+        Arc::new(InProcessStore::default()),
+        FarMemoryConfig::default(),
+    )
+    .unwrap();
+    let object = memory.alloc(data.len(), Some(&path)).unwrap();
+    assert_eq!(object.as_bytes(), &data[..]);
+    assert!(matches!(
+        memory.alloc(10, Some(Path::new("/nonexistent"))),
+        Err(SodaError::Store(StoreError::File { .. }))
+    ));
+    assert!(matches!(
+        memory.alloc_chunked(10, 1000, None),
+        Err(SodaError::ChunkSize(1000))
+    ));
+    assert!(matches!(object.as_slice::<u64>().map(|_| ()), Ok(())));
+    let odd = memory.alloc(7, None).unwrap();
+    assert!(matches!(
+        odd.as_slice::<u32>(),
+        Err(SodaError::Misaligned { .. })
+    ));
+    object.free().unwrap();
+    let bad = FarMemoryConfig {
+        low_watermark: 0.95,
+        ..FarMemoryConfig::default()
+    };
+    assert!(matches!(
+        FarMemory::new(Arc::new(InProcessStore::default()), bad),
+        Err(SodaError::Config(_))
+    ));
+}
+
+#[test]
+fn graphs_in_far_memory_give_the_local_results() {
+    let spec = GeneratorSpec {
+        kind: GraphKind::Kronecker,
+        scale: 12,
+        degree: 8,
+        seed: 3,
+    };
+    let graph = generate(spec).unwrap();
+    let directory = tempfile::tempdir().unwrap();
+    let memory = FarMemory::new(
+        Arc::new(FileStore::create(&directory.path().join("backing")).unwrap()),
+        small_buffer(8, 16 << 10),
+    )
+    .unwrap();
+    let placement = FarPlacement {
+        memory: &memory,
+        chunk_bytes: 16 << 10,
+        staging_directory: directory.path().to_owned(),
+    };
+    let far = graph.place(&placement).unwrap();
+    let source = (0..graph.vertex_count() as u32)
+        .find(|&v| graph.out_degree(v) > 0)
+        .unwrap();
+    assert_eq!(bfs(&far, source).depths, bfs(&graph, source).depths);
+    assert_eq!(cc(&far).labels, cc(&graph).labels);
+    let options = pagerank::PageRankOptions::default();
+    assert_eq!(
+        pagerank::pagerank(&far, options).ranks,
+        pagerank::pagerank(&graph, options).ranks
+    );
+    assert!(memory.stats().evictions > 0);
+}
+
+/// A store whose data is gone: every fetch fails.
+struct LostStore;
+
+impl ChunkStore for LostStore {
+    fn name(&self) -> &'static str {
+        "lost"
+    }
+    fn reserve(&self, _: ObjectId, _: u64, _: Option<&Path>) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn fetch(&self, object: ObjectId, _: u64, _: &mut [u8]) -> Result<(), StoreError> {
+        Err(StoreError::Lost {
+            object,
+            reason: "the memory node crashed".into(),
+        })
+    }
+    fn write_back(&self, _: ObjectId, _: u64, _: &[u8]) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn release(&self, _: ObjectId) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+const CHILD: &str = "REMORA_SODA_LOST_CHILD";
+
+/// Touching a lost object kills the toucher with SIGBUS: never a hang,
+/// never stale data. The touch runs in a child process, since SIGBUS ends
+/// the process.
+#[test]
+fn touching_a_lost_object_raises_sigbus() {
+    if std::env::var_os(CHILD).is_some() {
+        let memory = FarMemory::new(Arc::new(LostStore), FarMemoryConfig::default()).unwrap();
+        let object = memory.alloc(1 << 20, None).unwrap();
+        let first = std::hint::black_box(object.as_bytes()[0]);
+        eprintln!("child touched a lost object and read {first}");
+        std::process::exit(0);
+    }
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "touching_a_lost_object_raises_sigbus",
+            "--nocapture",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    const SIGBUS: i32 = 7;
+    assert_eq!(output.status.signal(), Some(SIGBUS), "{output:?}");
+}
