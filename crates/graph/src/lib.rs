@@ -17,6 +17,7 @@ pub mod array;
 pub mod csr;
 pub mod engine;
 pub mod frontier;
+pub mod fuzzing;
 pub mod generate;
 pub mod load;
 pub mod output;

@@ -23,6 +23,7 @@ pub mod frame;
 pub mod icrc;
 pub mod ipv4;
 pub mod opcode;
+pub mod soda;
 pub mod types;
 pub mod udp;
 

@@ -1,0 +1,9 @@
+//! SODA's Table I requests: any immediate and payload parse or fail with
+//! a typed error; what parses emits the same bytes back.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    remora_wire::soda::any_request(data);
+});
