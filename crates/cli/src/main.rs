@@ -5,6 +5,7 @@ mod capture;
 mod demo;
 mod rack;
 mod sim;
+mod soda;
 mod systems;
 
 use clap::{Parser, Subcommand};
@@ -46,6 +47,9 @@ enum Command {
     /// Run a benchmark and print a table (and JSON with --json).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// SODA: graph applications on far-memory objects.
+    #[command(subcommand)]
+    Soda(soda::SodaCommand),
     /// Launch a rack of nodes behind the programmable switch.
     #[command(subcommand)]
     Rack(rack::RackCommand),
@@ -86,6 +90,7 @@ fn main() -> ExitCode {
         } => demo::run(json.as_deref(), pcap.as_deref(), history.as_deref()),
         Command::Sim(command) => sim::run(command),
         Command::Bench(command) => bench::run(command),
+        Command::Soda(command) => soda::run(command),
         Command::Rack(command) => rack::run(command),
         Command::Node(args) => rack::run_node(args),
     };

@@ -70,6 +70,8 @@ pub enum SodaError {
     ChunkSize(usize),
     #[error("object {object:?} is lost: {reason}")]
     Lost { object: ObjectId, reason: String },
+    #[error(transparent)]
+    Placement(#[from] remora_graph::PlacementError),
     #[error("object of {bytes} bytes is not a whole number of {element}-byte elements")]
     Misaligned { bytes: usize, element: usize },
 }

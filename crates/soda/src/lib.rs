@@ -5,6 +5,7 @@
 //! in from a [`ChunkStore`], chunk by chunk, through one LRU host buffer
 //! with dirty tracking and watermark eviction. It never sees the network.
 
+pub mod backend;
 pub mod buffer;
 pub mod far;
 pub mod mapping;

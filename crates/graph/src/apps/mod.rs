@@ -78,3 +78,148 @@ impl AtomicF64 {
         }
     }
 }
+
+/// What an application computed, per vertex.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AppResult {
+    Bfs(bfs::BfsResult),
+    PageRank(pagerank::PageRankResult),
+    Radii(radii::RadiiResult),
+    Bc(bc::BcResult),
+    Cc(cc::CcResult),
+}
+
+/// Relative tolerance for PageRank between two runs (the 1e-6;
+/// Jacobi iteration is in fact exact across backends).
+pub const PAGERANK_TOLERANCE: f64 = 1e-6;
+/// Relative tolerance for BC: its sums are added in thread order, so the
+/// last bits differ between runs.
+pub const BC_TOLERANCE: f64 = 1e-9;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ResultMismatch {
+    #[error("results of different applications")]
+    DifferentApps,
+    #[error("results cover {0} and {1} vertices")]
+    DifferentSizes(usize, usize),
+    #[error("vertex {vertex}: {left} against {right}")]
+    Vertex {
+        vertex: usize,
+        left: String,
+        right: String,
+    },
+}
+
+/// Runs `app` from `source` (BFS and BC) with `seed` (Radii's sampling).
+pub fn run(app: App, graph: &crate::Graph, source: crate::Vertex, seed: u64) -> AppResult {
+    match app {
+        App::Bfs => AppResult::Bfs(bfs::bfs(graph, source)),
+        App::PageRank => AppResult::PageRank(pagerank::pagerank(graph, Default::default())),
+        App::Radii => AppResult::Radii(radii::radii(graph, seed)),
+        App::Bc => AppResult::Bc(bc::bc(graph, source)),
+        App::Cc => AppResult::Cc(cc::cc(graph)),
+    }
+}
+
+fn first_difference<T: PartialEq + std::fmt::Display>(
+    left: &[T],
+    right: &[T],
+    equal: impl Fn(&T, &T) -> bool,
+) -> Result<(), ResultMismatch> {
+    if left.len() != right.len() {
+        return Err(ResultMismatch::DifferentSizes(left.len(), right.len()));
+    }
+    match left.iter().zip(right).position(|(a, b)| !equal(a, b)) {
+        None => Ok(()),
+        Some(vertex) => Err(ResultMismatch::Vertex {
+            vertex,
+            left: left[vertex].to_string(),
+            right: right[vertex].to_string(),
+        }),
+    }
+}
+
+fn close(a: f64, b: f64, relative: f64) -> bool {
+    (a - b).abs() <= relative * a.abs().max(b.abs()).max(f64::MIN_POSITIVE)
+}
+
+impl AppResult {
+    pub fn app(&self) -> App {
+        match self {
+            AppResult::Bfs(_) => App::Bfs,
+            AppResult::PageRank(_) => App::PageRank,
+            AppResult::Radii(_) => App::Radii,
+            AppResult::Bc(_) => App::Bc,
+            AppResult::Cc(_) => App::Cc,
+        }
+    }
+
+    /// Whether two runs agree: BFS depths equal (parents may differ), CC
+    /// the same partition, PageRank and BC within their tolerances, Radii
+    /// equal.
+    pub fn compare(&self, other: &AppResult) -> Result<(), ResultMismatch> {
+        match (self, other) {
+            (AppResult::Bfs(a), AppResult::Bfs(b)) => {
+                first_difference(&a.depths, &b.depths, |x, y| x == y)
+            }
+            (AppResult::Cc(a), AppResult::Cc(b)) => {
+                first_difference(&a.labels, &b.labels, |x, y| x == y)
+            }
+            (AppResult::Radii(a), AppResult::Radii(b)) => {
+                first_difference(&a.radii, &b.radii, |x, y| x == y)
+            }
+            (AppResult::PageRank(a), AppResult::PageRank(b)) => {
+                first_difference(&a.ranks, &b.ranks, |x, y| close(*x, *y, PAGERANK_TOLERANCE))
+            }
+            (AppResult::Bc(a), AppResult::Bc(b)) => {
+                first_difference(&a.scores, &b.scores, |x, y| close(*x, *y, BC_TOLERANCE))
+            }
+            _ => Err(ResultMismatch::DifferentApps),
+        }
+    }
+
+    /// One line about the result, for people.
+    pub fn summary(&self) -> String {
+        match self {
+            AppResult::Bfs(result) => {
+                let reached: Vec<u32> = result
+                    .depths
+                    .iter()
+                    .copied()
+                    .filter(|&d| d != bfs::UNREACHED)
+                    .collect();
+                let deepest = reached.iter().max().copied().unwrap_or(0);
+                format!(
+                    "reached {} vertices, deepest level {deepest}",
+                    reached.len()
+                )
+            }
+            AppResult::PageRank(result) => format!(
+                "{} iterations, last L1 change {:.3e}",
+                result.iterations, result.last_change
+            ),
+            AppResult::Radii(result) => format!(
+                "radius estimate {} from {} sources",
+                result.estimate(),
+                result.sources.len()
+            ),
+            AppResult::Bc(result) => {
+                let top = result.scores.iter().copied().fold(0.0, f64::max);
+                format!("largest dependency {top:.3}")
+            }
+            AppResult::Cc(result) => format!("{} components", result.component_count()),
+        }
+    }
+
+    /// Writes one "vertex value" line per vertex (BFS: depth).
+    pub fn write_vertex_values(&self, path: &std::path::Path) -> std::io::Result<()> {
+        use crate::output::write_vertex_values;
+        match self {
+            AppResult::Bfs(result) => write_vertex_values(path, &result.depths),
+            AppResult::PageRank(result) => write_vertex_values(path, &result.ranks),
+            AppResult::Radii(result) => write_vertex_values(path, &result.radii),
+            AppResult::Bc(result) => write_vertex_values(path, &result.scores),
+            AppResult::Cc(result) => write_vertex_values(path, &result.labels),
+        }
+    }
+}
