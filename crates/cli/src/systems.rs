@@ -29,7 +29,7 @@ pub trait System: Sync {
 }
 
 /// Every system, in the order the demo tours them.
-pub const SYSTEMS: [&dyn System; 2] = [&Clover, &Cowbird];
+pub const SYSTEMS: [&dyn System; 3] = [&Clover, &Cowbird, &Soda];
 
 pub fn names() -> Vec<&'static str> {
     SYSTEMS.iter().map(|system| system.name()).collect()
@@ -104,5 +104,36 @@ impl System for Cowbird {
 
     fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
         crate::demo::cowbird_step(history)
+    }
+}
+
+struct Soda;
+
+impl System for Soda {
+    fn name(&self) -> &'static str {
+        "soda"
+    }
+
+    fn title(&self) -> &'static str {
+        "SODA"
+    }
+
+    fn check_section(&self, rack: &RackConfig) -> Result<(), String> {
+        match rack.systems.get(self.name()) {
+            None => Ok(()),
+            Some(_) => Err("[soda]: SODA runs on one host so far (`remora soda run`); its rack section is not built yet".into()),
+        }
+    }
+
+    fn rack_up(
+        &self,
+        _rack: &RackConfig,
+        _failures: &mut Vec<String>,
+    ) -> Option<serde_json::Value> {
+        None
+    }
+
+    fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
+        crate::demo::soda_step()
     }
 }

@@ -236,6 +236,27 @@ impl<'a> SodaRequestRepr<'a> {
     }
 }
 
+/// The harness of the `soda_requests` fuzz target, kept here so that its
+/// seeds replay as tests: the first four bytes are the immediate data,
+/// the rest the payload. A request that parses emits the same bytes back.
+/// Returns whether it parsed.
+pub fn any_request(data: &[u8]) -> bool {
+    let Some((immediate, payload)) = data.split_first_chunk::<4>() else {
+        return false;
+    };
+    let Ok(request) = SodaRequestRepr::parse(u32::from_be_bytes(*immediate), payload) else {
+        return false;
+    };
+    let mut emitted = vec![0u8; request.buffer_len()];
+    let length = request.emit(&mut emitted).expect("a parsed request emits");
+    assert_eq!(&emitted[..length], &payload[..length]);
+    assert_eq!(
+        SodaRequestRepr::parse(request.immediate(), &emitted),
+        Ok(request)
+    );
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,25 +315,4 @@ mod tests {
             Err(RequestError::PageOffsetTooLarge(1 << 48))
         );
     }
-}
-
-/// The harness of the `soda_requests` fuzz target, kept here so that its
-/// seeds replay as tests: the first four bytes are the immediate data,
-/// the rest the payload. A request that parses emits the same bytes back.
-/// Returns whether it parsed.
-pub fn any_request(data: &[u8]) -> bool {
-    let Some((immediate, payload)) = data.split_first_chunk::<4>() else {
-        return false;
-    };
-    let Ok(request) = SodaRequestRepr::parse(u32::from_be_bytes(*immediate), payload) else {
-        return false;
-    };
-    let mut emitted = vec![0u8; request.buffer_len()];
-    let length = request.emit(&mut emitted).expect("a parsed request emits");
-    assert_eq!(&emitted[..length], &payload[..length]);
-    assert_eq!(
-        SodaRequestRepr::parse(request.immediate(), &emitted),
-        Ok(request)
-    );
-    true
 }
