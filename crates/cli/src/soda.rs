@@ -25,6 +25,9 @@ enum BackendChoice {
     InProcess,
     /// Far memory on a local file read with O_DIRECT (the SSD baseline).
     File,
+    /// Far memory on a memory node of an embedded rack, by RDMA READ and
+    /// WRITE from the compute node (SODA's MemServer).
+    Memserver,
 }
 
 impl From<BackendChoice> for Backend {
@@ -33,6 +36,7 @@ impl From<BackendChoice> for Backend {
             BackendChoice::Local => Backend::Local,
             BackendChoice::InProcess => Backend::InProcess,
             BackendChoice::File => Backend::File,
+            BackendChoice::Memserver => Backend::MemServer,
         }
     }
 }
@@ -186,6 +190,7 @@ fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {
         work_directory: work.path().to_owned(),
         source,
         seed: args.seed,
+        memory_link: None,
     };
     let run = run_on(args.backend.into(), args.app, &graph, &options)?;
     print_run(&run);
@@ -243,6 +248,9 @@ pub fn print_run(run: &BackendRun) {
             far.evictor_cpu_nanos as f64 / 1e9,
         );
     }
+    if let Some(seconds) = run.emulation_cpu_seconds {
+        println!("rack: fabric thread (emulated NICs and switch) CPU {seconds:.3} s");
+    }
 }
 
 fn run_json(run: &BackendRun) -> serde_json::Value {
@@ -265,6 +273,7 @@ fn run_json(run: &BackendRun) -> serde_json::Value {
         "seconds": run.seconds,
         "summary": run.result.summary(),
         "buffer_bytes": run.buffer_bytes,
+        "emulation_cpu_seconds": run.emulation_cpu_seconds,
         "far_memory": far,
     })
 }

@@ -26,7 +26,14 @@ fn the_demo_checks_every_operation() {
     }
     assert!(stdout.contains("all 9 operations checked"));
     assert!(
-        stdout.contains("Clover, Cowbird passed") || stdout.contains("Clover and Cowbird passed")
+        stdout.contains("Clover, Cowbird and SODA passed"),
+        "{stdout}"
+    );
+    // SODA's BFS on far memory, once per far-memory backend.
+    assert_eq!(
+        stdout.matches("depths equal to local memory: yes").count(),
+        3,
+        "{stdout}"
     );
     assert!(stdout.contains("remote records fetched and checked"));
     // Cowbird's crash scenario, once per execution mode.

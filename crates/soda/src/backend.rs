@@ -3,11 +3,14 @@
 //! kernels; only the memory under the graph's arrays changes.
 
 use crate::far::{FarMemory, FarMemoryConfig, FarMemoryStats, SodaError};
+use crate::memory_node::{MemoryNodeConfig, MemoryNodeStore};
 use crate::placement::FarPlacement;
-use crate::store::{ChunkStore, FileStore, InProcessStore};
+use crate::store::{ChunkStore, FileStore, InProcessStore, StoreError};
+use remora_carrier::wrappers::LinkShape;
 use remora_graph::apps::{self, App, AppResult};
 use remora_graph::engine::with_threads;
 use remora_graph::{Graph, Vertex};
+use remora_rack::topology::{LinkSpec, Topology, MEMORY_HOST};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,16 +24,25 @@ pub enum Backend {
     InProcess,
     /// The SSD baseline: a local file read and written with `O_DIRECT`.
     File,
+    /// A memory node on an embedded rack: RDMA READ and WRITE straight
+    /// from the compute node (SODA's MemServer).
+    MemServer,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 3] = [Backend::Local, Backend::InProcess, Backend::File];
+    pub const ALL: [Backend; 4] = [
+        Backend::Local,
+        Backend::InProcess,
+        Backend::File,
+        Backend::MemServer,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Backend::Local => "local",
             Backend::InProcess => "in-process",
             Backend::File => "file",
+            Backend::MemServer => "memserver",
         }
     }
 }
@@ -49,6 +61,9 @@ pub struct RunOptions {
     pub source: Vertex,
     /// Radii's source sampling.
     pub seed: u64,
+    /// The memory node's link (B_net), for the rack backends; `None` is
+    /// as fast as the soft RNIC goes.
+    pub memory_link: Option<LinkShape>,
 }
 
 #[derive(Debug, Clone)]
@@ -60,6 +75,9 @@ pub struct BackendRun {
     pub result: AppResult,
     pub buffer_bytes: u64,
     pub far: Option<FarMemoryStats>,
+    /// CPU of the rack's fabric thread (emulated NICs and switch), apart
+    /// from the application's; `None` off the rack.
+    pub emulation_cpu_seconds: Option<f64>,
 }
 
 /// The graph's bytes: edges plus offsets.
@@ -83,12 +101,18 @@ pub fn run_on(
     graph: &Graph,
     options: &RunOptions,
 ) -> Result<BackendRun, SodaError> {
+    let mut rack_store = None;
     let store: Arc<dyn ChunkStore> = match backend {
         Backend::Local => return Ok(run_local(app, graph, options)),
         Backend::InProcess => Arc::new(InProcessStore::default()),
         Backend::File => Arc::new(FileStore::create(
             &options.work_directory.join("soda-file-store"),
         )?),
+        Backend::MemServer => {
+            let store = Arc::new(memory_node_store(graph, options)?);
+            rack_store = Some(Arc::clone(&store));
+            store
+        }
     };
     let buffer_bytes = buffer_bytes(graph, options);
     let config = FarMemoryConfig {
@@ -109,14 +133,45 @@ pub fn run_on(
     });
     let seconds = started.elapsed().as_secs_f64();
     drop(far_graph);
+    let far = memory.stats();
+    drop(memory);
+    let emulation_cpu_seconds = match rack_store {
+        Some(store) => Some(store.stop().map_err(StoreError::from)?.as_secs_f64()),
+        None => None,
+    };
     Ok(BackendRun {
         backend,
         app,
         seconds,
         result,
         buffer_bytes,
-        far: Some(memory.stats()),
+        far: Some(far),
+        emulation_cpu_seconds,
     })
+}
+
+/// A compute and a memory node, the pool sized for the graph's objects.
+fn memory_node_store(graph: &Graph, options: &RunOptions) -> Result<MemoryNodeStore, SodaError> {
+    let chunk = options.chunk_bytes as u64;
+    // Four arrays at most, each rounded up to whole chunks.
+    let pool_bytes = footprint_bytes(graph) + 4 * chunk;
+    let mut topology = Topology::compute_and_memory();
+    if let Some(shape) = options.memory_link {
+        topology.set_link(
+            MEMORY_HOST,
+            LinkSpec {
+                shape: Some(shape),
+                ..LinkSpec::CLEAN
+            },
+        );
+    }
+    let config = MemoryNodeConfig {
+        pool_bytes,
+        channels: options.fault_threads + 1,
+        landing_bytes: options.chunk_bytes,
+        topology,
+    };
+    MemoryNodeStore::start(&config).map_err(|error| SodaError::Store(error.into()))
 }
 
 fn run_local(app: App, graph: &Graph, options: &RunOptions) -> BackendRun {
@@ -131,5 +186,6 @@ fn run_local(app: App, graph: &Graph, options: &RunOptions) -> BackendRun {
         result,
         buffer_bytes: footprint_bytes(graph),
         far: None,
+        emulation_cpu_seconds: None,
     }
 }

@@ -9,6 +9,7 @@ pub mod backend;
 pub mod buffer;
 pub mod far;
 pub mod mapping;
+pub mod memory_node;
 pub mod placement;
 pub mod store;
 pub mod userfault;

@@ -33,8 +33,10 @@ pub enum StoreError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{0}")]
-    Remote(String),
+    /// The remote side failed (a dead memory node, a failed RDMA
+    /// operation); the source says which.
+    #[error("remote store: {0}")]
+    Remote(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 pub trait ChunkStore: Send + Sync {
@@ -66,7 +68,7 @@ fn check_range(object: ObjectId, offset: u64, length: usize, size: u64) -> Resul
     Ok(())
 }
 
-fn read_initial(path: &Path, bytes: u64) -> Result<Vec<u8>, StoreError> {
+pub(crate) fn read_initial(path: &Path, bytes: u64) -> Result<Vec<u8>, StoreError> {
     let mut data = std::fs::read(path).map_err(|source| StoreError::File {
         path: path.to_owned(),
         source,

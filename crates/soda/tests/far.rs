@@ -275,3 +275,84 @@ fn touching_a_lost_object_raises_sigbus() {
     const SIGBUS: i32 = 7;
     assert_eq!(output.status.signal(), Some(SIGBUS), "{output:?}");
 }
+
+fn memory_node_options(directory: &Path) -> remora_soda::backend::RunOptions {
+    remora_soda::backend::RunOptions {
+        threads: 2,
+        fault_threads: 2,
+        buffer_fraction: 1.0 / 3.0,
+        chunk_bytes: 16 << 10,
+        work_directory: directory.to_owned(),
+        source: 0,
+        seed: 1,
+        memory_link: None,
+    }
+}
+
+#[test]
+fn graphs_on_a_memory_node_give_the_local_results() {
+    use remora_graph::apps::App;
+    use remora_soda::backend::{run_on, Backend};
+    let graph = generate(GeneratorSpec {
+        kind: GraphKind::Kronecker,
+        scale: 11,
+        degree: 8,
+        seed: 5,
+    })
+    .unwrap();
+    let directory = tempfile::tempdir().unwrap();
+    let mut options = memory_node_options(directory.path());
+    options.source = (0..graph.vertex_count() as u32)
+        .find(|&v| graph.out_degree(v) > 0)
+        .unwrap();
+    for app in [App::Bfs, App::PageRank] {
+        let local = run_on(Backend::Local, app, &graph, &options).unwrap();
+        let remote = run_on(Backend::MemServer, app, &graph, &options).unwrap();
+        remote.result.compare(&local.result).unwrap();
+        let far = remote.far.unwrap();
+        assert!(far.missing_faults > 0 && far.evictions > 0, "{far:?}");
+        assert!(remote.emulation_cpu_seconds.is_some());
+    }
+}
+
+const MEMORY_CRASH_CHILD: &str = "REMORA_SODA_MEMORY_CRASH_CHILD";
+
+/// The memory node crashes under a far object: the next fault's READ
+/// exhausts its retries, the object is lost, and the toucher gets SIGBUS
+/// (never a hang).
+#[test]
+fn a_memory_node_crash_raises_sigbus_not_a_hang() {
+    use remora_soda::memory_node::{MemoryNodeConfig, MemoryNodeStore};
+    if std::env::var_os(MEMORY_CRASH_CHILD).is_some() {
+        let store = Arc::new(
+            MemoryNodeStore::start(&MemoryNodeConfig {
+                pool_bytes: 4 << 20,
+                channels: 3,
+                landing_bytes: 64 << 10,
+                topology: remora_rack::topology::Topology::compute_and_memory(),
+            })
+            .unwrap(),
+        );
+        let memory = FarMemory::new(store.clone(), FarMemoryConfig::default()).unwrap();
+        let object = memory.alloc(1 << 20, None).unwrap();
+        assert_eq!(object.as_bytes()[0], 0);
+        store.crash_memory_node();
+        let touched = std::hint::black_box(object.as_bytes()[512 << 10]);
+        eprintln!("child read {touched} from a crashed memory node");
+        std::process::exit(0);
+    }
+    let started = std::time::Instant::now();
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_memory_node_crash_raises_sigbus_not_a_hang",
+            "--nocapture",
+        ])
+        .env(MEMORY_CRASH_CHILD, "1")
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    const SIGBUS: i32 = 7;
+    assert_eq!(output.status.signal(), Some(SIGBUS), "{output:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+}
