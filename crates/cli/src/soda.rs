@@ -28,6 +28,10 @@ enum BackendChoice {
     /// Far memory on a memory node of an embedded rack, by RDMA READ and
     /// WRITE from the compute node (SODA's MemServer).
     Memserver,
+    /// Through a DPU beside the compute node, every request alone.
+    DpuBase,
+    /// Through the DPU with aggregation and asynchronous forwarding.
+    DpuOpt,
 }
 
 impl From<BackendChoice> for Backend {
@@ -37,6 +41,8 @@ impl From<BackendChoice> for Backend {
             BackendChoice::InProcess => Backend::InProcess,
             BackendChoice::File => Backend::File,
             BackendChoice::Memserver => Backend::MemServer,
+            BackendChoice::DpuBase => Backend::DpuBase,
+            BackendChoice::DpuOpt => Backend::DpuOptimized,
         }
     }
 }
@@ -190,7 +196,7 @@ fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {
         work_directory: work.path().to_owned(),
         source,
         seed: args.seed,
-        memory_link: None,
+        links: Default::default(),
     };
     let run = run_on(args.backend.into(), args.app, &graph, &options)?;
     print_run(&run);

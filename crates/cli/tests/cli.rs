@@ -32,7 +32,7 @@ fn the_demo_checks_every_operation() {
     // SODA's BFS on far memory, once per far-memory backend.
     assert_eq!(
         stdout.matches("depths equal to local memory: yes").count(),
-        3,
+        4,
         "{stdout}"
     );
     assert!(stdout.contains("remote records fetched and checked"));

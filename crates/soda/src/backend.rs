@@ -2,15 +2,14 @@
 //! SODA's evaluation that are built so far. Every backend runs the same
 //! kernels; only the memory under the graph's arrays changes.
 
+use crate::dpu::DpuConfig;
 use crate::far::{FarMemory, FarMemoryConfig, FarMemoryStats, SodaError};
-use crate::memory_node::{MemoryNodeConfig, MemoryNodeStore};
 use crate::placement::FarPlacement;
+use crate::rack::{RackLinks, Route, SodaRack, SodaRackConfig};
 use crate::store::{ChunkStore, FileStore, InProcessStore, StoreError};
-use remora_carrier::wrappers::LinkShape;
 use remora_graph::apps::{self, App, AppResult};
 use remora_graph::engine::with_threads;
 use remora_graph::{Graph, Vertex};
-use remora_rack::topology::{LinkSpec, Topology, MEMORY_HOST};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,14 +26,20 @@ pub enum Backend {
     /// A memory node on an embedded rack: RDMA READ and WRITE straight
     /// from the compute node (SODA's MemServer).
     MemServer,
+    /// Every request through the DPU, forwarded alone and one at a time.
+    DpuBase,
+    /// Through the DPU with aggregation and asynchronous forwarding.
+    DpuOptimized,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 4] = [
+    pub const ALL: [Backend; 6] = [
         Backend::Local,
         Backend::InProcess,
         Backend::File,
         Backend::MemServer,
+        Backend::DpuBase,
+        Backend::DpuOptimized,
     ];
 
     pub fn name(self) -> &'static str {
@@ -43,6 +48,8 @@ impl Backend {
             Backend::InProcess => "in-process",
             Backend::File => "file",
             Backend::MemServer => "memserver",
+            Backend::DpuBase => "dpu-base",
+            Backend::DpuOptimized => "dpu-opt",
         }
     }
 }
@@ -61,9 +68,8 @@ pub struct RunOptions {
     pub source: Vertex,
     /// Radii's source sampling.
     pub seed: u64,
-    /// The memory node's link (B_net), for the rack backends; `None` is
-    /// as fast as the soft RNIC goes.
-    pub memory_link: Option<LinkShape>,
+    /// The rack's links, for the rack backends.
+    pub links: RackLinks,
 }
 
 #[derive(Debug, Clone)]
@@ -108,8 +114,8 @@ pub fn run_on(
         Backend::File => Arc::new(FileStore::create(
             &options.work_directory.join("soda-file-store"),
         )?),
-        Backend::MemServer => {
-            let store = Arc::new(memory_node_store(graph, options)?);
+        Backend::MemServer | Backend::DpuBase | Backend::DpuOptimized => {
+            let store = Arc::new(soda_rack(backend, graph, options)?);
             rack_store = Some(Arc::clone(&store));
             store
         }
@@ -150,28 +156,32 @@ pub fn run_on(
     })
 }
 
-/// A compute and a memory node, the pool sized for the graph's objects.
-fn memory_node_store(graph: &Graph, options: &RunOptions) -> Result<MemoryNodeStore, SodaError> {
+/// A compute and a memory node (and a DPU for the DPU backends), the
+/// pool sized for the graph's objects.
+fn soda_rack(backend: Backend, graph: &Graph, options: &RunOptions) -> Result<SodaRack, SodaError> {
     let chunk = options.chunk_bytes as u64;
     // Four arrays at most, each rounded up to whole chunks.
     let pool_bytes = footprint_bytes(graph) + 4 * chunk;
-    let mut topology = Topology::compute_and_memory();
-    if let Some(shape) = options.memory_link {
-        topology.set_link(
-            MEMORY_HOST,
-            LinkSpec {
-                shape: Some(shape),
-                ..LinkSpec::CLEAN
-            },
-        );
-    }
-    let config = MemoryNodeConfig {
+    let (dpu, route) = match backend {
+        Backend::DpuBase => (
+            Some(DpuConfig::base(options.chunk_bytes)),
+            Route::ThroughDpu,
+        ),
+        Backend::DpuOptimized => (
+            Some(DpuConfig::optimized(options.chunk_bytes)),
+            Route::ThroughDpu,
+        ),
+        _ => (None, Route::Direct),
+    };
+    let config = SodaRackConfig {
         pool_bytes,
         channels: options.fault_threads + 1,
-        landing_bytes: options.chunk_bytes,
-        topology,
+        chunk_bytes: options.chunk_bytes,
+        dpu,
+        route,
+        links: options.links,
     };
-    MemoryNodeStore::start(&config).map_err(|error| SodaError::Store(error.into()))
+    SodaRack::start(&config).map_err(|error| SodaError::Store(error.into()))
 }
 
 fn run_local(app: App, graph: &Graph, options: &RunOptions) -> BackendRun {

@@ -7,10 +7,13 @@
 
 pub mod backend;
 pub mod buffer;
+pub mod channel;
+pub mod dpu;
 pub mod far;
 pub mod mapping;
 pub mod memory_node;
 pub mod placement;
+pub mod rack;
 pub mod store;
 pub mod userfault;
 

@@ -5,7 +5,9 @@
 use proptest::prelude::*;
 use remora_graph::apps::{bfs::bfs, cc::cc, pagerank};
 use remora_graph::generate::{generate, GeneratorSpec, GraphKind};
+use remora_soda::dpu::DpuConfig;
 use remora_soda::placement::FarPlacement;
+use remora_soda::rack::{Route, SodaRack, SodaRackConfig};
 use remora_soda::{
     ChunkStore, FarMemory, FarMemoryConfig, FileStore, InProcessStore, ObjectId, SodaError,
     StoreError,
@@ -285,12 +287,12 @@ fn memory_node_options(directory: &Path) -> remora_soda::backend::RunOptions {
         work_directory: directory.to_owned(),
         source: 0,
         seed: 1,
-        memory_link: None,
+        links: Default::default(),
     }
 }
 
 #[test]
-fn graphs_on_a_memory_node_give_the_local_results() {
+fn graphs_on_a_memory_node_and_through_the_dpu_give_the_local_results() {
     use remora_graph::apps::App;
     use remora_soda::backend::{run_on, Backend};
     let graph = generate(GeneratorSpec {
@@ -307,11 +309,16 @@ fn graphs_on_a_memory_node_give_the_local_results() {
         .unwrap();
     for app in [App::Bfs, App::PageRank] {
         let local = run_on(Backend::Local, app, &graph, &options).unwrap();
-        let remote = run_on(Backend::MemServer, app, &graph, &options).unwrap();
-        remote.result.compare(&local.result).unwrap();
-        let far = remote.far.unwrap();
-        assert!(far.missing_faults > 0 && far.evictions > 0, "{far:?}");
-        assert!(remote.emulation_cpu_seconds.is_some());
+        for backend in [Backend::MemServer, Backend::DpuBase, Backend::DpuOptimized] {
+            let remote = run_on(backend, app, &graph, &options).unwrap();
+            remote.result.compare(&local.result).unwrap();
+            let far = remote.far.unwrap();
+            assert!(
+                far.missing_faults > 0 && far.evictions > 0,
+                "{backend:?}: {far:?}"
+            );
+            assert!(remote.emulation_cpu_seconds.is_some());
+        }
     }
 }
 
@@ -322,21 +329,12 @@ const MEMORY_CRASH_CHILD: &str = "REMORA_SODA_MEMORY_CRASH_CHILD";
 /// (never a hang).
 #[test]
 fn a_memory_node_crash_raises_sigbus_not_a_hang() {
-    use remora_soda::memory_node::{MemoryNodeConfig, MemoryNodeStore};
     if std::env::var_os(MEMORY_CRASH_CHILD).is_some() {
-        let store = Arc::new(
-            MemoryNodeStore::start(&MemoryNodeConfig {
-                pool_bytes: 4 << 20,
-                channels: 3,
-                landing_bytes: 64 << 10,
-                topology: remora_rack::topology::Topology::compute_and_memory(),
-            })
-            .unwrap(),
-        );
+        let store = Arc::new(SodaRack::start(&rack_config(Route::Direct)).unwrap());
         let memory = FarMemory::new(store.clone(), FarMemoryConfig::default()).unwrap();
         let object = memory.alloc(1 << 20, None).unwrap();
         assert_eq!(object.as_bytes()[0], 0);
-        store.crash_memory_node();
+        store.crash(remora_rack::topology::MEMORY_HOST);
         let touched = std::hint::black_box(object.as_bytes()[512 << 10]);
         eprintln!("child read {touched} from a crashed memory node");
         std::process::exit(0);
@@ -355,4 +353,70 @@ fn a_memory_node_crash_raises_sigbus_not_a_hang() {
     const SIGBUS: i32 = 7;
     assert_eq!(output.status.signal(), Some(SIGBUS), "{output:?}");
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
+}
+
+fn rack_config(route: Route) -> SodaRackConfig {
+    SodaRackConfig {
+        pool_bytes: 8 << 20,
+        channels: 3,
+        chunk_bytes: 64 << 10,
+        dpu: (route == Route::ThroughDpu).then(|| DpuConfig::optimized(64 << 10)),
+        route,
+        links: Default::default(),
+    }
+}
+
+/// Writes through the DPU, evicted and read back many times, come back
+/// exactly; the DPU's counters add up.
+#[test]
+fn writes_through_the_dpu_read_back_exactly() {
+    let store = Arc::new(SodaRack::start(&rack_config(Route::ThroughDpu)).unwrap());
+    let memory = FarMemory::new(store.clone(), small_buffer(4, 64 << 10)).unwrap();
+    let mut object = memory.alloc(32 * (64 << 10), None).unwrap();
+    for round in 0..3u8 {
+        for (index, chunk) in object.as_bytes_mut().chunks_mut(64 << 10).enumerate() {
+            chunk.fill(round.wrapping_mul(31).wrapping_add(index as u8));
+        }
+    }
+    for (index, chunk) in object.as_bytes().chunks(64 << 10).enumerate() {
+        let wanted = 2u8.wrapping_mul(31).wrapping_add(index as u8);
+        assert!(chunk.iter().all(|&byte| byte == wanted), "chunk {index}");
+    }
+    let (counters, _busy) = store.dpu_report().unwrap();
+    assert!(
+        counters.write_requests > 0 && counters.read_requests > 0,
+        "{counters:?}"
+    );
+    assert_eq!(counters.written_bytes, counters.write_requests * (64 << 10));
+    assert_eq!(counters.refused_requests, 0);
+}
+
+const DPU_CRASH_CHILD: &str = "REMORA_SODA_DPU_CRASH_CHILD";
+
+/// The DPU crashes holding writes it acknowledged: the next access to an
+/// object gets SIGBUS, never stale data and never a hang.
+#[test]
+fn a_dpu_crash_raises_sigbus_not_stale_data() {
+    if std::env::var_os(DPU_CRASH_CHILD).is_some() {
+        let store = Arc::new(SodaRack::start(&rack_config(Route::ThroughDpu)).unwrap());
+        let memory = FarMemory::new(store.clone(), small_buffer(4, 64 << 10)).unwrap();
+        let mut object = memory.alloc(16 * (64 << 10), None).unwrap();
+        object.as_bytes_mut().fill(7);
+        store.crash(remora_soda::rack::DPU_HOST);
+        let touched = std::hint::black_box(object.as_bytes()[0]);
+        eprintln!("child read {touched} after the DPU crashed");
+        std::process::exit(0);
+    }
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_dpu_crash_raises_sigbus_not_stale_data",
+            "--nocapture",
+        ])
+        .env(DPU_CRASH_CHILD, "1")
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    const SIGBUS: i32 = 7;
+    assert_eq!(output.status.signal(), Some(SIGBUS), "{output:?}");
 }

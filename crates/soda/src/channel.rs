@@ -1,0 +1,218 @@
+//! A host thread's own queue pair: a landing buffer and an outbox,
+//! registered, posted and polled through the NIC's lock-free application
+//! queues. Fault threads take one from a [`ChannelPool`] per transfer, so
+//! no two share a queue pair and none waits on the NIC's lock.
+
+use remora_rack::endpoint::{AppQueues, DriverKicker};
+use remora_rnic::{
+    CompletionOpcode, CompletionStatus, HostMemory, MemoryRegion, QueuePair, ReceiveRequest,
+    RemoteAddress, SendOperation, SendRequest, VerbsError, WorkCompletion,
+};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// A request not completed by then means a dead peer (the NIC itself
+/// gives up after its retries, well before).
+pub const COMPLETION_DEADLINE: Duration = Duration::from_secs(5);
+/// Polls of the completion queue before a waiting thread starts sleeping.
+const SPINS_BEFORE_SLEEP: u32 = 64;
+const SLEEP_BETWEEN_POLLS: Duration = Duration::from_micros(20);
+/// Room kept after a chunk for a request's header.
+pub const HEADER_ROOM: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    #[error("an RDMA {operation} completed with {status:?}")]
+    Completion {
+        operation: &'static str,
+        status: CompletionStatus,
+    },
+    #[error("an RDMA {operation} did not complete within {COMPLETION_DEADLINE:?}")]
+    TimedOut { operation: &'static str },
+    #[error("buffer: {0}")]
+    Buffer(#[from] remora_rnic::HostMemoryOutOfBounds),
+    #[error("the NIC's queues are gone: {0}")]
+    Queues(String),
+}
+
+/// A reply to a two-sided request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply {
+    pub immediate: Option<u32>,
+    pub byte_len: u32,
+}
+
+pub struct Channel {
+    pub queue_pair: QueuePair,
+    pub queues: AppQueues,
+    /// Landing buffer (`0..chunk`) then outbox (`chunk + HEADER_ROOM..`).
+    pub buffer: HostMemory,
+    pub region: MemoryRegion,
+    pub chunk_bytes: usize,
+    /// Writes this channel sent through a peer that acknowledges before it
+    /// persists (the DPU), counted mod 2^31 as its replies count them...
+    pub writes_sent: u32,
+    /// ... and those not yet reported persisted: (write number, object).
+    pub unconfirmed: std::collections::VecDeque<(u32, crate::store::ObjectId)>,
+}
+
+const RECEIVE_ID: u64 = 1;
+const SEND_ID: u64 = 2;
+
+impl Channel {
+    /// Bytes a channel's buffer needs for `chunk_bytes` transfers.
+    pub fn buffer_bytes(chunk_bytes: usize) -> usize {
+        2 * (chunk_bytes + HEADER_ROOM)
+    }
+
+    fn outbox_offset(&self) -> usize {
+        self.chunk_bytes + HEADER_ROOM
+    }
+
+    pub fn landing(&self) -> &HostMemory {
+        &self.buffer
+    }
+
+    /// A READ into the landing buffer, or a WRITE from it.
+    pub fn one_sided(
+        &self,
+        kicker: &DriverKicker,
+        remote: RemoteAddress,
+        length: usize,
+        read: bool,
+    ) -> Result<(), ChannelError> {
+        let (operation, name) = if read {
+            (SendOperation::Read { remote }, "READ")
+        } else {
+            let operation = SendOperation::Write {
+                remote,
+                immediate: None,
+            };
+            (operation, "WRITE")
+        };
+        let local = self.region.slice(0, length as u32);
+        self.post_send(SendRequest::new(SEND_ID, operation, &[local])?)?;
+        kicker.kick();
+        let completion = self.wait(name)?;
+        check(&completion, name)?;
+        Ok(())
+    }
+
+    /// Sends `request` (with `immediate`) from the outbox and waits for
+    /// the reply, which lands in the landing buffer.
+    pub fn two_sided(
+        &self,
+        kicker: &DriverKicker,
+        immediate: u32,
+        request: &[u8],
+    ) -> Result<Reply, ChannelError> {
+        let outbox = self.outbox_offset();
+        self.buffer.write(outbox, request)?;
+        let landing = self.region.slice(0, self.chunk_bytes as u32);
+        self.post_receive(ReceiveRequest::new(RECEIVE_ID, &[landing])?)?;
+        let operation = SendOperation::Send {
+            immediate: Some(immediate),
+        };
+        let local = self.region.slice(outbox as u64, request.len() as u32);
+        self.post_send(SendRequest::new(SEND_ID, operation, &[local])?)?;
+        kicker.kick();
+        let mut reply = None;
+        let mut sent = false;
+        // Two completions: the SEND's and the reply's receive.
+        while reply.is_none() || !sent {
+            let completion = self.wait("SEND")?;
+            check(&completion, "SEND")?;
+            match completion.opcode {
+                CompletionOpcode::Receive | CompletionOpcode::ReceiveRdmaWithImmediate => {
+                    reply = Some(Reply {
+                        immediate: completion.immediate,
+                        byte_len: completion.byte_len,
+                    });
+                }
+                _ => sent = true,
+            }
+        }
+        Ok(reply.expect("the loop ends with a reply"))
+    }
+
+    fn post_send(&self, request: SendRequest) -> Result<(), ChannelError> {
+        let queued = self
+            .queues
+            .post_send(self.queue_pair, request)
+            .map_err(|error| ChannelError::Queues(error.to_string()))?;
+        assert!(queued, "a channel has at most two requests in flight");
+        Ok(())
+    }
+
+    fn post_receive(&self, request: ReceiveRequest) -> Result<(), ChannelError> {
+        let queued = self
+            .queues
+            .post_receive(self.queue_pair, request)
+            .map_err(|error| ChannelError::Queues(error.to_string()))?;
+        assert!(queued, "a channel has at most two requests in flight");
+        Ok(())
+    }
+
+    fn wait(&self, operation: &'static str) -> Result<WorkCompletion, ChannelError> {
+        let deadline = Instant::now() + COMPLETION_DEADLINE;
+        let mut spins = 0u32;
+        loop {
+            if let Some(completion) = self.queues.poll_completion() {
+                return Ok(completion);
+            }
+            if Instant::now() > deadline {
+                return Err(ChannelError::TimedOut { operation });
+            }
+            if spins < SPINS_BEFORE_SLEEP {
+                std::thread::yield_now();
+                spins += 1;
+            } else {
+                std::thread::sleep(SLEEP_BETWEEN_POLLS);
+            }
+        }
+    }
+}
+
+fn check(completion: &WorkCompletion, operation: &'static str) -> Result<(), ChannelError> {
+    if completion.status != CompletionStatus::Success {
+        return Err(ChannelError::Completion {
+            operation,
+            status: completion.status,
+        });
+    }
+    Ok(())
+}
+
+/// Channels to one peer, lent to one thread at a time.
+pub struct ChannelPool {
+    channels: Mutex<Vec<Channel>>,
+    returned: Condvar,
+}
+
+impl ChannelPool {
+    pub fn new(channels: Vec<Channel>) -> ChannelPool {
+        ChannelPool {
+            channels: Mutex::new(channels),
+            returned: Condvar::new(),
+        }
+    }
+
+    /// Runs `work` on a free channel (waiting for one).
+    pub fn with<T>(&self, work: impl FnOnce(&mut Channel) -> T) -> T {
+        let mut channel = {
+            let mut channels = self.channels.lock().expect("channel lock");
+            loop {
+                if let Some(channel) = channels.pop() {
+                    break channel;
+                }
+                channels = self.returned.wait(channels).expect("channel lock");
+            }
+        };
+        let result = work(&mut channel);
+        self.channels.lock().expect("channel lock").push(channel);
+        self.returned.notify_one();
+        result
+    }
+}

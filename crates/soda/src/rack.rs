@@ -1,0 +1,627 @@
+//! SODA's rack: a compute node, a memory node and, for the DPU backends, a
+//! DPU beside the compute node, behind the switch of an embedded rack.
+//! [`SodaRack`] is the compute node's [`ChunkStore`]: each object's chunks
+//! go one-sided to the memory node ([`Route::Direct`], the MemServer path)
+//! or two-sided through the DPU agent ([`Route::ThroughDpu`]).
+//!
+//! The rack's fabric thread runs the three NICs, the switch and the DPU's
+//! agents; its CPU is emulated hardware and the DPU's, reported apart from
+//! the application's.
+
+use crate::channel::{Channel, ChannelError, ChannelPool};
+use crate::dpu::{
+    DpuConfig, DpuCounters, DpuReceiver, DpuResources, DpuStager, DpuState, SharedDpu,
+    PERSISTED_MASK, REPLY_ERROR,
+};
+use crate::memory_node::MemoryAgent;
+use crate::store::{ChunkStore, ObjectId, StoreError};
+use remora_carrier::wrappers::LinkShape;
+use remora_rack::assembly::{BusyNanos, EmbeddedRack, RackBuilder, StagedRack};
+use remora_rack::endpoint::{rack_queue_pair, DriverKicker};
+use remora_rack::topology::{
+    standard_host, HostSpec, LinkSpec, Role, Topology, COMPUTE_HOST, MEMORY_HOST,
+};
+use remora_rack::RackError;
+use remora_rnic::{AccessFlags, HostMemory, MemoryRegion, Verbs, VerbsError};
+use remora_wire::soda::{ReadRequestRepr, RegionId, SodaRequestRepr, WriteRequestRepr};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The DPU's index in the rack.
+pub const DPU_HOST: usize = 2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// One-sided READ and WRITE to the memory node.
+    Direct,
+    /// Two-sided requests to the DPU agent.
+    ThroughDpu,
+}
+
+/// Each host's link to the switch; `None` is as fast as the soft RNIC.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RackLinks {
+    pub compute: Option<LinkShape>,
+    /// B_net: the memory node's link.
+    pub memory: Option<LinkShape>,
+    pub dpu: Option<LinkShape>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SodaRackConfig {
+    pub pool_bytes: u64,
+    /// Channels per path: one per fault thread, plus one for the evictor.
+    pub channels: usize,
+    pub chunk_bytes: usize,
+    pub dpu: Option<DpuConfig>,
+    /// Where objects' chunks go.
+    pub route: Route,
+    pub links: RackLinks,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SodaRackError {
+    #[error(transparent)]
+    Rack(#[from] RackError),
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+    #[error("the DPU refused a request for object {0:?} (unknown region or out of range)")]
+    Refused(ObjectId),
+    #[error("route through the DPU asked of a rack without one")]
+    NoDpu,
+    #[error("object {0:?}: SODA's region ids are 16 bits")]
+    RegionId(ObjectId),
+    #[error("the DPU replied {got} bytes where {wanted} were asked")]
+    ShortReply { got: u32, wanted: usize },
+}
+
+impl From<SodaRackError> for StoreError {
+    fn from(error: SodaRackError) -> StoreError {
+        StoreError::Remote(Box::new(error))
+    }
+}
+
+/// Bytes that crossed the compute node's paths.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Compute ↔ memory, one-sided.
+    pub direct_read_bytes: u64,
+    pub direct_written_bytes: u64,
+    /// Compute ↔ DPU, two-sided.
+    pub dpu_read_bytes: u64,
+    pub dpu_written_bytes: u64,
+}
+
+struct DpuPath {
+    channels: ChannelPool,
+    state: SharedDpu,
+    busy: Vec<BusyNanos>,
+    /// Writes the DPU acknowledged and has not yet reported persisted, by
+    /// object: what a DPU crash would lose.
+    unconfirmed: Mutex<HashMap<ObjectId, u32>>,
+}
+
+pub struct SodaRack {
+    rack: Mutex<EmbeddedRack>,
+    kicker: DriverKicker,
+    pool: MemoryRegion,
+    memory: Mutex<MemoryAgent>,
+    direct: ChannelPool,
+    dpu: Option<DpuPath>,
+    route: Route,
+    lost: Mutex<HashMap<ObjectId, String>>,
+    direct_read_bytes: AtomicU64,
+    direct_written_bytes: AtomicU64,
+    dpu_read_bytes: AtomicU64,
+    dpu_written_bytes: AtomicU64,
+}
+
+fn topology(config: &SodaRackConfig) -> Topology {
+    let mut topology = Topology::compute_and_memory();
+    if config.dpu.is_some() {
+        let (mac, address) = standard_host(DPU_HOST);
+        let mut dpu = HostSpec::new("dpu", Role::Offload, mac, address);
+        dpu.attached_to = Some(COMPUTE_HOST);
+        topology.add_host(dpu).expect("a third distinct host fits");
+    }
+    let links = [
+        (COMPUTE_HOST, config.links.compute),
+        (MEMORY_HOST, config.links.memory),
+        (DPU_HOST, config.links.dpu),
+    ];
+    for (index, shape) in links {
+        if let (Some(shape), true) = (shape, index < topology.hosts().len()) {
+            topology.set_link(
+                index,
+                LinkSpec {
+                    shape: Some(shape),
+                    ..LinkSpec::CLEAN
+                },
+            );
+        }
+    }
+    topology
+}
+
+/// Connects `count` channels from the compute node to `peer`; `shared`
+/// is the peer's shared receive queue and completion queue, if any.
+fn connect_channels(
+    staged: &mut StagedRack,
+    peer: usize,
+    count: usize,
+    chunk_bytes: usize,
+    peer_queue: impl Fn() -> remora_rnic::QueuePairBuilder,
+) -> Result<ChannelPool, SodaRackError> {
+    let mut pending = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (compute, far) = staged.nic_pair_mut(COMPUTE_HOST, peer);
+        let domain = compute.alloc_protection_domain()?;
+        let completion_queue = compute.create_completion_queue(8)?;
+        let buffer = HostMemory::new(Channel::buffer_bytes(chunk_bytes));
+        let region =
+            compute.register_host_memory(domain, buffer.clone(), AccessFlags::LOCAL_WRITE)?;
+        let near = compute.create_queue_pair(&rack_queue_pair(domain, completion_queue))?;
+        let far_queue = far.create_queue_pair(&peer_queue())?;
+        let (near_endpoint, far_endpoint) = (near.endpoint, far_queue.endpoint);
+        far.handshake(far_queue, near_endpoint)?;
+        let (compute, _) = staged.nic_pair_mut(COMPUTE_HOST, peer);
+        let queue_pair = compute.handshake(near, far_endpoint)?;
+        pending.push((queue_pair, completion_queue, buffer, region));
+    }
+    let endpoint = staged.endpoint_mut(COMPUTE_HOST);
+    let channels = pending
+        .into_iter()
+        .map(|(queue_pair, completion_queue, buffer, region)| Channel {
+            queue_pair,
+            queues: endpoint.attach_queues(completion_queue, 8),
+            buffer,
+            region,
+            chunk_bytes,
+            writes_sent: 0,
+            unconfirmed: std::collections::VecDeque::new(),
+        })
+        .collect();
+    Ok(ChannelPool::new(channels))
+}
+
+/// The DPU's queues and buffers, its queue pair to the memory node.
+fn deploy_dpu(
+    staged: &mut StagedRack,
+    config: DpuConfig,
+    pool: MemoryRegion,
+    memory_domain: remora_rnic::ProtectionDomain,
+) -> Result<(DpuResources, remora_rnic::ProtectionDomain), SodaRackError> {
+    let (dpu, memory) = staged.nic_pair_mut(DPU_HOST, MEMORY_HOST);
+    let domain = dpu.alloc_protection_domain()?;
+    let host_completion_queue = dpu.create_completion_queue(4096)?;
+    let memory_completion_queue = dpu.create_completion_queue(4096)?;
+    let shared_receive_queue = dpu.create_shared_receive_queue(domain, config.receive_slots)?;
+    let receive_region = dpu.register_memory(
+        domain,
+        (config.receive_slots * config.receive_slot_bytes()) as u64,
+        AccessFlags::LOCAL_WRITE,
+    )?;
+    let staging_region = dpu.register_memory(
+        domain,
+        (config.staging_slots * config.chunk_bytes) as u64,
+        AccessFlags::LOCAL_WRITE,
+    )?;
+    let mut builder = rack_queue_pair(domain, memory_completion_queue);
+    builder.send_queue_depth = 4 * config.receive_slots;
+    let near = dpu.create_queue_pair(&builder)?;
+    // The pool's protection domain: a queue pair of another could not
+    // touch it.
+    let memory_queue = memory.create_completion_queue(64)?;
+    let far = memory.create_queue_pair(&rack_queue_pair(memory_domain, memory_queue))?;
+    let (near_endpoint, far_endpoint) = (near.endpoint, far.endpoint);
+    memory.handshake(far, near_endpoint)?;
+    let (dpu, _) = staged.nic_pair_mut(DPU_HOST, MEMORY_HOST);
+    let memory_queue_pair = dpu.handshake(near, far_endpoint)?;
+    let resources = DpuResources {
+        host_completion_queue,
+        memory_completion_queue,
+        shared_receive_queue,
+        memory_queue_pair,
+        receive_region,
+        staging_region,
+        pool,
+    };
+    Ok((resources, domain))
+}
+
+impl SodaRack {
+    pub fn start(config: &SodaRackConfig) -> Result<SodaRack, SodaRackError> {
+        if config.route == Route::ThroughDpu && config.dpu.is_none() {
+            return Err(SodaRackError::NoDpu);
+        }
+        let topology = topology(config);
+        let mut staged = RackBuilder::new(&topology)
+            .thread_name("soda-fabric")
+            .build()?;
+        let memory = staged.nic_mut(MEMORY_HOST);
+        let memory_domain = memory.alloc_protection_domain()?;
+        let pool_memory = HostMemory::new(config.pool_bytes as usize);
+        let pool = memory.register_host_memory(
+            memory_domain,
+            pool_memory.clone(),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+        )?;
+        let memory_queue = memory.create_completion_queue(config.channels * 4)?;
+        let direct = connect_channels(
+            &mut staged,
+            MEMORY_HOST,
+            config.channels,
+            config.chunk_bytes,
+            || rack_queue_pair(memory_domain, memory_queue),
+        )?;
+        let dpu = match config.dpu {
+            None => None,
+            Some(dpu_config) => {
+                let (resources, domain) = deploy_dpu(&mut staged, dpu_config, pool, memory_domain)?;
+                let channels = connect_channels(
+                    &mut staged,
+                    DPU_HOST,
+                    config.channels,
+                    config.chunk_bytes,
+                    || {
+                        let mut builder = rack_queue_pair(domain, resources.host_completion_queue);
+                        builder.shared_receive_queue = Some(resources.shared_receive_queue);
+                        builder
+                    },
+                )?;
+                let state: SharedDpu = Arc::new(Mutex::new(DpuState::new(dpu_config, resources)));
+                let busy = vec![
+                    staged.add_agent(
+                        DPU_HOST,
+                        Arc::new(Mutex::new(DpuReceiver(Arc::clone(&state)))),
+                    ),
+                    staged.add_agent(
+                        DPU_HOST,
+                        Arc::new(Mutex::new(DpuStager(Arc::clone(&state)))),
+                    ),
+                ];
+                Some(DpuPath {
+                    channels,
+                    state,
+                    busy,
+                    unconfirmed: Mutex::new(HashMap::new()),
+                })
+            }
+        };
+        let switch = staged.l2l3_switch();
+        let (rack, _switch) = staged.start(switch)?;
+        let kicker = rack.fabric().kicker();
+        Ok(SodaRack {
+            rack: Mutex::new(rack),
+            kicker,
+            pool,
+            memory: Mutex::new(MemoryAgent::new(pool_memory)),
+            direct,
+            dpu,
+            route: config.route,
+            lost: Mutex::new(HashMap::new()),
+            direct_read_bytes: AtomicU64::new(0),
+            direct_written_bytes: AtomicU64::new(0),
+            dpu_read_bytes: AtomicU64::new(0),
+            dpu_written_bytes: AtomicU64::new(0),
+        })
+    }
+
+    pub fn traffic(&self) -> Traffic {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        Traffic {
+            direct_read_bytes: load(&self.direct_read_bytes),
+            direct_written_bytes: load(&self.direct_written_bytes),
+            dpu_read_bytes: load(&self.dpu_read_bytes),
+            dpu_written_bytes: load(&self.dpu_written_bytes),
+        }
+    }
+
+    /// The DPU's counters and its agents' busy time (its CPU).
+    pub fn dpu_report(&self) -> Option<(DpuCounters, Duration)> {
+        let dpu = self.dpu.as_ref()?;
+        let counters = dpu.state.lock().expect("DPU state lock").counters();
+        let busy = dpu
+            .busy
+            .iter()
+            .map(|busy| busy.load(Ordering::Relaxed))
+            .sum();
+        Some((counters, Duration::from_nanos(busy)))
+    }
+
+    /// Stops the rack; returns the fabric thread's CPU time (emulated NICs,
+    /// switch and DPU agents), apart from the application's.
+    pub fn stop(&self) -> Result<Duration, SodaRackError> {
+        Ok(self.rack.lock().expect("rack lock").stop_and_join()?)
+    }
+
+    /// A host of the rack crashes (for tests of what the application sees).
+    pub fn crash(&self, host: usize) {
+        self.rack.lock().expect("rack lock").crash(host);
+    }
+
+    fn region(object: ObjectId) -> Result<RegionId, SodaRackError> {
+        u16::try_from(object.0)
+            .map(RegionId)
+            .map_err(|_| SodaRackError::RegionId(object))
+    }
+
+    fn dpu(&self) -> Result<&DpuPath, SodaRackError> {
+        self.dpu.as_ref().ok_or(SodaRackError::NoDpu)
+    }
+
+    fn fetch_direct(&self, start: u64, into: &mut [u8]) -> Result<(), SodaRackError> {
+        self.direct.with(|channel| {
+            for (index, piece) in into.chunks_mut(channel.chunk_bytes).enumerate() {
+                let at = start + (index * channel.chunk_bytes) as u64;
+                channel.one_sided(&self.kicker, self.pool.remote(at), piece.len(), true)?;
+                channel
+                    .landing()
+                    .read(0, piece)
+                    .map_err(ChannelError::from)?;
+            }
+            Ok::<_, SodaRackError>(())
+        })?;
+        self.direct_read_bytes
+            .fetch_add(into.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn write_direct(&self, start: u64, data: &[u8]) -> Result<(), SodaRackError> {
+        self.direct.with(|channel| {
+            for (index, piece) in data.chunks(channel.chunk_bytes).enumerate() {
+                channel
+                    .landing()
+                    .write(0, piece)
+                    .map_err(ChannelError::from)?;
+                let at = start + (index * channel.chunk_bytes) as u64;
+                channel.one_sided(&self.kicker, self.pool.remote(at), piece.len(), false)?;
+            }
+            Ok::<_, SodaRackError>(())
+        })?;
+        self.direct_written_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Drops the unconfirmed writes a reply reports persisted.
+    fn confirm(&self, dpu: &DpuPath, channel: &mut Channel, immediate: u32) {
+        let persisted = immediate & PERSISTED_MASK;
+        let mut unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
+        // Bounded by the channel's unconfirmed writes.
+        while let Some(&(index, object)) = channel.unconfirmed.front() {
+            if index > persisted {
+                break;
+            }
+            channel.unconfirmed.pop_front();
+            if let Some(count) = unconfirmed.get_mut(&object) {
+                *count -= 1;
+                if *count == 0 {
+                    unconfirmed.remove(&object);
+                }
+            }
+        }
+    }
+
+    fn fetch_through_dpu(
+        &self,
+        object: ObjectId,
+        offset: u64,
+        into: &mut [u8],
+    ) -> Result<(), SodaRackError> {
+        let dpu = self.dpu()?;
+        let region = Self::region(object)?;
+        dpu.channels.with(|channel| {
+            let chunk = channel.chunk_bytes;
+            for (index, piece) in into.chunks_mut(chunk).enumerate() {
+                let request = SodaRequestRepr::Read(ReadRequestRepr {
+                    region,
+                    page_offset: offset + (index * chunk) as u64,
+                    destination_address: channel.region.address,
+                    size: piece.len() as u32,
+                    destination_rkey: channel.region.rkey,
+                });
+                let reply = self.ask(channel, &request)?;
+                let immediate = reply.immediate.unwrap_or(REPLY_ERROR);
+                if immediate & REPLY_ERROR != 0 {
+                    return Err(SodaRackError::Refused(object));
+                }
+                if reply.byte_len as usize != piece.len() {
+                    return Err(SodaRackError::ShortReply {
+                        got: reply.byte_len,
+                        wanted: piece.len(),
+                    });
+                }
+                channel
+                    .landing()
+                    .read(0, piece)
+                    .map_err(ChannelError::from)?;
+                self.confirm(dpu, channel, immediate);
+            }
+            Ok(())
+        })?;
+        self.dpu_read_bytes
+            .fetch_add(into.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn write_through_dpu(
+        &self,
+        object: ObjectId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), SodaRackError> {
+        let dpu = self.dpu()?;
+        let region = Self::region(object)?;
+        dpu.channels.with(|channel| {
+            let chunk = channel.chunk_bytes;
+            for (index, piece) in data.chunks(chunk).enumerate() {
+                let request = SodaRequestRepr::Write(WriteRequestRepr {
+                    region,
+                    page_offset: offset + (index * chunk) as u64,
+                    data: piece,
+                });
+                let reply = self.ask(channel, &request)?;
+                let immediate = reply.immediate.unwrap_or(REPLY_ERROR);
+                if immediate & REPLY_ERROR != 0 {
+                    return Err(SodaRackError::Refused(object));
+                }
+                // Held by the DPU, not yet by the memory node.
+                channel.writes_sent = channel.writes_sent.wrapping_add(1) & PERSISTED_MASK;
+                channel.unconfirmed.push_back((channel.writes_sent, object));
+                *dpu.unconfirmed
+                    .lock()
+                    .expect("unconfirmed lock")
+                    .entry(object)
+                    .or_insert(0) += 1;
+                self.confirm(dpu, channel, immediate);
+            }
+            Ok(())
+        })?;
+        self.dpu_written_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn ask(
+        &self,
+        channel: &Channel,
+        request: &SodaRequestRepr<'_>,
+    ) -> Result<crate::channel::Reply, SodaRackError> {
+        let mut bytes = vec![0u8; request.buffer_len()];
+        request
+            .emit(&mut bytes)
+            .expect("the buffer is the request's length");
+        Ok(channel.two_sided(&self.kicker, request.immediate(), &bytes)?)
+    }
+
+    /// A failure on the DPU path loses the DPU's unpersisted writes: their
+    /// objects are marked lost, and so is the object that failed.
+    fn dpu_failed(&self, object: ObjectId, error: &SodaRackError) {
+        let mut lost = self.lost.lock().expect("lost lock");
+        lost.insert(object, error.to_string());
+        if let Some(dpu) = &self.dpu {
+            for (other, _) in dpu.unconfirmed.lock().expect("unconfirmed lock").drain() {
+                lost.entry(other).or_insert_with(|| {
+                    "the DPU failed holding writes the memory node never got".into()
+                });
+            }
+        }
+    }
+
+    fn check_lost(&self, object: ObjectId) -> Result<(), StoreError> {
+        match self.lost.lock().expect("lost lock").get(&object) {
+            Some(reason) => Err(StoreError::Lost {
+                object,
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl ChunkStore for SodaRack {
+    fn name(&self) -> &'static str {
+        match self.route {
+            Route::Direct => "memserver",
+            Route::ThroughDpu => "dpu",
+        }
+    }
+
+    fn reserve(
+        &self,
+        object: ObjectId,
+        bytes: u64,
+        initial: Option<&Path>,
+    ) -> Result<(), StoreError> {
+        if self.route == Route::ThroughDpu {
+            Self::region(object)?;
+        }
+        let mut memory = self.memory.lock().expect("memory agent lock");
+        let start = memory.reserve(object, bytes)?;
+        let data = match initial {
+            Some(path) => crate::store::read_initial(path, bytes),
+            None => Ok(vec![0; bytes as usize]),
+        };
+        if let Err(error) = data.and_then(|data| memory.load(start, &data)) {
+            let _ = memory.release(object);
+            return Err(error);
+        }
+        drop(memory);
+        if let (Route::ThroughDpu, Some(dpu)) = (self.route, &self.dpu) {
+            let region = Self::region(object)?;
+            dpu.state
+                .lock()
+                .expect("DPU state lock")
+                .register_region(region, start, bytes);
+        }
+        Ok(())
+    }
+
+    fn fetch(&self, object: ObjectId, offset: u64, into: &mut [u8]) -> Result<(), StoreError> {
+        self.check_lost(object)?;
+        let start =
+            self.memory
+                .lock()
+                .expect("memory agent lock")
+                .extent(object, offset, into.len())?;
+        let result = match self.route {
+            Route::Direct => self.fetch_direct(start, into),
+            Route::ThroughDpu => self.fetch_through_dpu(object, offset, into),
+        };
+        if let Err(error) = &result {
+            if self.route == Route::ThroughDpu {
+                self.dpu_failed(object, error);
+            }
+        }
+        Ok(result?)
+    }
+
+    fn write_back(&self, object: ObjectId, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        self.check_lost(object)?;
+        let start =
+            self.memory
+                .lock()
+                .expect("memory agent lock")
+                .extent(object, offset, data.len())?;
+        let result = match self.route {
+            Route::Direct => self.write_direct(start, data),
+            Route::ThroughDpu => self.write_through_dpu(object, offset, data),
+        };
+        if let Err(error) = &result {
+            if self.route == Route::ThroughDpu {
+                self.dpu_failed(object, error);
+            }
+        }
+        Ok(result?)
+    }
+
+    fn release(&self, object: ObjectId) -> Result<(), StoreError> {
+        if let (Route::ThroughDpu, Some(dpu)) = (self.route, &self.dpu) {
+            if let Ok(region) = Self::region(object) {
+                dpu.state
+                    .lock()
+                    .expect("DPU state lock")
+                    .forget_region(region);
+            }
+        }
+        self.lost.lock().expect("lost lock").remove(&object);
+        self.memory
+            .lock()
+            .expect("memory agent lock")
+            .release(object)
+    }
+}
+
+impl Drop for SodaRack {
+    fn drop(&mut self) {
+        if let Err(error) = self.stop() {
+            tracing::error!(%error, "stopping the SODA rack failed");
+        }
+    }
+}
