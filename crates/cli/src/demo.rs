@@ -684,6 +684,7 @@ pub fn soda_step() -> Result<SystemStep, String> {
         source: crate::soda::default_source(&graph),
         seed: 1,
         links: Default::default(),
+        cache: Default::default(),
     };
     let run =
         |backend| run_on(backend, App::Bfs, &graph, &options).map_err(|error| error.to_string());
@@ -692,7 +693,7 @@ pub fn soda_step() -> Result<SystemStep, String> {
         Backend::InProcess,
         Backend::File,
         Backend::MemServer,
-        Backend::DpuOptimized,
+        Backend::Dpu(remora_soda::backend::DpuVariant::Static),
     ] {
         let far = run(backend)?;
         let agrees = far.result.compare(&local.result);

@@ -5,7 +5,10 @@ use remora_graph::apps::App;
 use remora_graph::generate::{generate, GeneratorSpec, GraphKind};
 use remora_graph::load::{load, LoadOptions};
 use remora_graph::{Graph, Vertex};
-use remora_soda::backend::{footprint_bytes, run_on, Backend, BackendRun, RunOptions};
+use remora_soda::backend::{
+    footprint_bytes, run_on, Backend, BackendRun, CacheOptions, DpuVariant, RackReport, RunOptions,
+};
+use remora_soda::cache::CacheMode;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -18,7 +21,7 @@ pub enum SodaCommand {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-enum BackendChoice {
+pub enum BackendChoice {
     /// Ordinary memory.
     Local,
     /// Far memory kept in this process: faulting and eviction alone.
@@ -30,8 +33,14 @@ enum BackendChoice {
     Memserver,
     /// Through a DPU beside the compute node, every request alone.
     DpuBase,
+    /// Through the DPU, requests received together issued together.
+    DpuAggregation,
     /// Through the DPU with aggregation and asynchronous forwarding.
-    DpuOpt,
+    DpuAsync,
+    /// DPU opt with the vertex data pinned in the DPU's static cache.
+    DpuStatic,
+    /// DPU opt with the edge data through the DPU's dynamic cache.
+    DpuDynamic,
 }
 
 impl From<BackendChoice> for Backend {
@@ -41,8 +50,29 @@ impl From<BackendChoice> for Backend {
             BackendChoice::InProcess => Backend::InProcess,
             BackendChoice::File => Backend::File,
             BackendChoice::Memserver => Backend::MemServer,
-            BackendChoice::DpuBase => Backend::DpuBase,
-            BackendChoice::DpuOpt => Backend::DpuOptimized,
+            BackendChoice::DpuBase => Backend::Dpu(DpuVariant::Base),
+            BackendChoice::DpuAggregation => Backend::Dpu(DpuVariant::Aggregation),
+            BackendChoice::DpuAsync => Backend::Dpu(DpuVariant::Async),
+            BackendChoice::DpuStatic => Backend::Dpu(DpuVariant::Static),
+            BackendChoice::DpuDynamic => Backend::Dpu(DpuVariant::Dynamic),
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum CacheModeChoice {
+    /// On while its hit rate beats B_net / B_intra (Eq. 3).
+    Auto,
+    On,
+    Off,
+}
+
+impl From<CacheModeChoice> for CacheMode {
+    fn from(choice: CacheModeChoice) -> CacheMode {
+        match choice {
+            CacheModeChoice::Auto => CacheMode::Auto,
+            CacheModeChoice::On => CacheMode::On,
+            CacheModeChoice::Off => CacheMode::Off,
         }
     }
 }
@@ -77,6 +107,19 @@ pub struct RunArgs {
     /// Treat a loaded edge list as undirected.
     #[arg(long)]
     symmetrize: bool,
+    /// The dynamic cache (dpu-dynamic): on, off, or while it pays.
+    #[arg(long, value_enum, default_value = "auto")]
+    cache_mode: CacheModeChoice,
+    /// The dynamic cache's size as a share of the edge bytes.
+    #[arg(long, default_value_t = 0.05)]
+    cache_fraction: f64,
+    /// Chunks per dynamic cache entry (the paper: 1 MiB entries of 64 KiB
+    /// chunks, 16).
+    #[arg(long, default_value_t = 4)]
+    cache_entry_chunks: usize,
+    /// Cache entries fetched ahead of each requested one.
+    #[arg(long, default_value_t = 1)]
+    prefetch_depth: u64,
     /// Also run on local memory and check that the results agree.
     #[arg(long)]
     check: bool,
@@ -197,6 +240,12 @@ fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {
         source,
         seed: args.seed,
         links: Default::default(),
+        cache: CacheOptions {
+            edge_fraction: args.cache_fraction,
+            prefetch_depth: args.prefetch_depth,
+            mode: args.cache_mode.into(),
+            chunks_per_entry: args.cache_entry_chunks,
+        },
     };
     let run = run_on(args.backend.into(), args.app, &graph, &options)?;
     print_run(&run);
@@ -254,8 +303,29 @@ pub fn print_run(run: &BackendRun) {
             far.evictor_cpu_nanos as f64 / 1e9,
         );
     }
-    if let Some(seconds) = run.emulation_cpu_seconds {
-        println!("rack: fabric thread (emulated NICs and switch) CPU {seconds:.3} s");
+    if let Some(rack) = &run.rack {
+        println!(
+            "rack: memory link {:.1} MiB on demand, {:.1} MiB background; fabric thread (emulated NICs, switch, DPU agents) CPU {:.3} s",
+            rack.memory_on_demand_bytes() as f64 / (1 << 20) as f64,
+            rack.memory_background_bytes() as f64 / (1 << 20) as f64,
+            rack.emulation_cpu_seconds,
+        );
+        if let Some((counters, busy_seconds)) = rack.dpu {
+            println!(
+                "DPU: {} reads, {} writes forwarded, agents busy {busy_seconds:.3} s, dynamic hit rate {}",
+                counters.read_requests,
+                counters.write_requests,
+                rack.hit_rate().map_or("-".into(), |rate| format!("{:.1}%", rate * 100.0)),
+            );
+        }
+        if let Some((net, intra)) = rack.bandwidths {
+            println!(
+                "links: B_net {:.2} GB/s, B_intra {:.2} GB/s, caching pays above a hit rate of {:.2} (Eq. 3)",
+                net / 1e9,
+                intra / 1e9,
+                net / intra
+            );
+        }
     }
 }
 
@@ -279,7 +349,21 @@ fn run_json(run: &BackendRun) -> serde_json::Value {
         "seconds": run.seconds,
         "summary": run.result.summary(),
         "buffer_bytes": run.buffer_bytes,
-        "emulation_cpu_seconds": run.emulation_cpu_seconds,
+        "rack": run.rack.as_ref().map(rack_json),
         "far_memory": far,
+    })
+}
+
+pub fn rack_json(rack: &RackReport) -> serde_json::Value {
+    serde_json::json!({
+        "emulation_cpu_seconds": rack.emulation_cpu_seconds,
+        "memory_on_demand_bytes": rack.memory_on_demand_bytes(),
+        "memory_background_bytes": rack.memory_background_bytes(),
+        "intra_bytes": rack.traffic.dpu_read_bytes + rack.traffic.dpu_written_bytes,
+        "dpu_busy_seconds": rack.dpu.map(|(_, busy)| busy),
+        "dynamic_hit_rate": rack.hit_rate(),
+        "dynamic_disabled": rack.dpu.map(|(counters, _)| counters.dynamic_disabled),
+        "b_net_bytes_per_second": rack.bandwidths.map(|(net, _)| net),
+        "b_intra_bytes_per_second": rack.bandwidths.map(|(_, intra)| intra),
     })
 }

@@ -1,18 +1,58 @@
 //! Where a graph lives while an application runs on it: the backends of
-//! SODA's evaluation that are built so far. Every backend runs the same
-//! kernels; only the memory under the graph's arrays changes.
+//! SODA's evaluation. Every backend runs the same kernels; only the memory
+//! under the graph's arrays changes.
 
-use crate::dpu::DpuConfig;
+use crate::cache::{CacheMode, DynamicCacheConfig};
+use crate::dpu::{DpuConfig, DpuCounters};
 use crate::far::{FarMemory, FarMemoryConfig, FarMemoryStats, SodaError};
 use crate::placement::FarPlacement;
-use crate::rack::{RackLinks, Route, SodaRack, SodaRackConfig};
-use crate::store::{ChunkStore, FileStore, InProcessStore, StoreError};
+use crate::rack::{RackLinks, Route, SodaRack, SodaRackConfig, Traffic};
+use crate::store::{Advice, ChunkStore, FileStore, InProcessStore, StoreError};
 use remora_graph::apps::{self, App, AppResult};
 use remora_graph::engine::with_threads;
 use remora_graph::{Graph, Vertex};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// The DPU configurations of §VI: the base proxy, each optimisation
+/// added in turn (Fig. 11), and the two caching modes of "DPU opt".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DpuVariant {
+    /// Every request through the DPU, forwarded alone, one at a time.
+    Base,
+    /// Requests received together are issued together.
+    Aggregation,
+    /// Aggregation and asynchronous forwarding (many in flight).
+    Async,
+    /// Aggregation, asynchronous forwarding and the vertex data (offsets)
+    /// pinned in the static cache; everything else one-sided to the
+    /// memory node, bypassing the DPU.
+    Static,
+    /// Aggregation, asynchronous forwarding and the edge data through the
+    /// dynamic cache with prefetching; everything else bypasses the DPU.
+    Dynamic,
+}
+
+impl DpuVariant {
+    pub const ALL: [DpuVariant; 5] = [
+        DpuVariant::Base,
+        DpuVariant::Aggregation,
+        DpuVariant::Async,
+        DpuVariant::Static,
+        DpuVariant::Dynamic,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DpuVariant::Base => "dpu-base",
+            DpuVariant::Aggregation => "dpu-aggregation",
+            DpuVariant::Async => "dpu-async",
+            DpuVariant::Static => "dpu-static",
+            DpuVariant::Dynamic => "dpu-dynamic",
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Backend {
@@ -26,30 +66,41 @@ pub enum Backend {
     /// A memory node on an embedded rack: RDMA READ and WRITE straight
     /// from the compute node (SODA's MemServer).
     MemServer,
-    /// Every request through the DPU, forwarded alone and one at a time.
-    DpuBase,
-    /// Through the DPU with aggregation and asynchronous forwarding.
-    DpuOptimized,
+    /// Through a DPU beside the compute node.
+    Dpu(DpuVariant),
 }
 
 impl Backend {
-    pub const ALL: [Backend; 6] = [
-        Backend::Local,
-        Backend::InProcess,
-        Backend::File,
-        Backend::MemServer,
-        Backend::DpuBase,
-        Backend::DpuOptimized,
-    ];
-
     pub fn name(self) -> &'static str {
         match self {
             Backend::Local => "local",
             Backend::InProcess => "in-process",
             Backend::File => "file",
             Backend::MemServer => "memserver",
-            Backend::DpuBase => "dpu-base",
-            Backend::DpuOptimized => "dpu-opt",
+            Backend::Dpu(variant) => variant.name(),
+        }
+    }
+}
+
+/// The dynamic cache of the benchmark runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CacheOptions {
+    /// The cache's size as a share of the edge bytes: the paper's 1 GB
+    /// cache served 18–50 GB of edges, so 5% at most.
+    pub edge_fraction: f64,
+    /// Chunks per entry.
+    pub chunks_per_entry: usize,
+    pub prefetch_depth: u64,
+    pub mode: CacheMode,
+}
+
+impl Default for CacheOptions {
+    fn default() -> CacheOptions {
+        CacheOptions {
+            edge_fraction: 0.05,
+            chunks_per_entry: 4,
+            prefetch_depth: 1,
+            mode: CacheMode::Auto,
         }
     }
 }
@@ -70,6 +121,44 @@ pub struct RunOptions {
     pub seed: u64,
     /// The rack's links, for the rack backends.
     pub links: RackLinks,
+    pub cache: CacheOptions,
+}
+
+/// What the rack saw during a run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RackReport {
+    /// CPU of the fabric thread: emulated NICs, switch and DPU agents.
+    pub emulation_cpu_seconds: f64,
+    pub traffic: Traffic,
+    /// The DPU's counters and its agents' busy time.
+    pub dpu: Option<(DpuCounters, f64)>,
+    /// (B_net, B_intra) in bytes per second, measured at start-up.
+    pub bandwidths: Option<(f64, f64)>,
+}
+
+impl RackReport {
+    /// Bytes on the memory node's link on the critical path: one-sided
+    /// traffic plus the DPU's on-demand forwards and writes.
+    pub fn memory_on_demand_bytes(&self) -> u64 {
+        let dpu = self.dpu.map_or(0, |(counters, _)| {
+            counters.on_demand_bytes + counters.written_bytes
+        });
+        self.traffic.direct_read_bytes + self.traffic.direct_written_bytes + dpu
+    }
+
+    /// Bytes on the memory node's link off the critical path: prefetches
+    /// and static-cache loads and flushes.
+    pub fn memory_background_bytes(&self) -> u64 {
+        self.dpu.map_or(0, |(counters, _)| {
+            counters.background_bytes + counters.static_bytes
+        })
+    }
+
+    /// The dynamic cache's hit rate, when it was looked up at all.
+    pub fn hit_rate(&self) -> Option<f64> {
+        let (counters, _) = self.dpu?;
+        (counters.lookups > 0).then(|| counters.hits as f64 / counters.lookups as f64)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -81,9 +170,7 @@ pub struct BackendRun {
     pub result: AppResult,
     pub buffer_bytes: u64,
     pub far: Option<FarMemoryStats>,
-    /// CPU of the rack's fabric thread (emulated NICs and switch), apart
-    /// from the application's; `None` off the rack.
-    pub emulation_cpu_seconds: Option<f64>,
+    pub rack: Option<RackReport>,
 }
 
 /// The graph's bytes: edges plus offsets.
@@ -101,22 +188,32 @@ fn buffer_bytes(graph: &Graph, options: &RunOptions) -> u64 {
         .max(chunk * (options.fault_threads as u64 + 4))
 }
 
+/// What each array is told: vertex data pinned (static), or edge data
+/// cached dynamically.
+fn advice_for(variant: Option<DpuVariant>) -> impl Fn(&str) -> Option<Advice> {
+    move |name: &str| match variant {
+        Some(DpuVariant::Static) if name.ends_with("offsets") => Some(Advice::Pin),
+        Some(DpuVariant::Dynamic) if name.ends_with("neighbours") => Some(Advice::CacheDynamically),
+        _ => None,
+    }
+}
+
 pub fn run_on(
     backend: Backend,
     app: App,
     graph: &Graph,
     options: &RunOptions,
 ) -> Result<BackendRun, SodaError> {
-    let mut rack_store = None;
+    let mut rack = None;
     let store: Arc<dyn ChunkStore> = match backend {
         Backend::Local => return Ok(run_local(app, graph, options)),
         Backend::InProcess => Arc::new(InProcessStore::default()),
         Backend::File => Arc::new(FileStore::create(
             &options.work_directory.join("soda-file-store"),
         )?),
-        Backend::MemServer | Backend::DpuBase | Backend::DpuOptimized => {
+        Backend::MemServer | Backend::Dpu(_) => {
             let store = Arc::new(soda_rack(backend, graph, options)?);
-            rack_store = Some(Arc::clone(&store));
+            rack = Some(Arc::clone(&store));
             store
         }
     };
@@ -127,12 +224,20 @@ pub fn run_on(
         ..FarMemoryConfig::default()
     };
     let memory = FarMemory::new(store, config)?;
+    let variant = match backend {
+        Backend::Dpu(variant) => Some(variant),
+        _ => None,
+    };
+    let advice = advice_for(variant);
     let placement = FarPlacement {
         memory: &memory,
         chunk_bytes: options.chunk_bytes,
         staging_directory: options.work_directory.clone(),
+        advice: &advice,
     };
     let far_graph = graph.place(&placement)?;
+    // Placing (and pinning) moved bytes the run should not be charged.
+    let before = rack.as_ref().map(|rack| rack_report(rack, 0.0));
     let started = Instant::now();
     let result = with_threads(options.threads, || {
         apps::run(app, &far_graph, options.source, options.seed)
@@ -141,9 +246,12 @@ pub fn run_on(
     drop(far_graph);
     let far = memory.stats();
     drop(memory);
-    let emulation_cpu_seconds = match rack_store {
-        Some(store) => Some(store.stop().map_err(StoreError::from)?.as_secs_f64()),
-        None => None,
+    let rack = match (rack, before) {
+        (Some(rack), Some(before)) => {
+            let cpu = rack.stop().map_err(StoreError::from)?.as_secs_f64();
+            Some(difference(rack_report(&rack, cpu), before))
+        }
+        _ => None,
     };
     Ok(BackendRun {
         backend,
@@ -152,8 +260,53 @@ pub fn run_on(
         result,
         buffer_bytes,
         far: Some(far),
-        emulation_cpu_seconds,
+        rack,
     })
+}
+
+fn rack_report(rack: &SodaRack, emulation_cpu_seconds: f64) -> RackReport {
+    RackReport {
+        emulation_cpu_seconds,
+        traffic: rack.traffic(),
+        dpu: rack
+            .dpu_report()
+            .map(|(counters, busy)| (counters, busy.as_secs_f64())),
+        bandwidths: rack.bandwidths(),
+    }
+}
+
+/// The run's share: counters after less counters before.
+fn difference(after: RackReport, before: RackReport) -> RackReport {
+    let traffic = Traffic {
+        direct_read_bytes: after.traffic.direct_read_bytes - before.traffic.direct_read_bytes,
+        direct_written_bytes: after.traffic.direct_written_bytes
+            - before.traffic.direct_written_bytes,
+        dpu_read_bytes: after.traffic.dpu_read_bytes - before.traffic.dpu_read_bytes,
+        dpu_written_bytes: after.traffic.dpu_written_bytes - before.traffic.dpu_written_bytes,
+    };
+    let dpu = match (after.dpu, before.dpu) {
+        (Some((late, late_busy)), Some((early, early_busy))) => Some((
+            DpuCounters {
+                read_requests: late.read_requests - early.read_requests,
+                write_requests: late.write_requests - early.write_requests,
+                refused_requests: late.refused_requests - early.refused_requests,
+                on_demand_bytes: late.on_demand_bytes - early.on_demand_bytes,
+                written_bytes: late.written_bytes - early.written_bytes,
+                lookups: late.lookups - early.lookups,
+                hits: late.hits - early.hits,
+                background_bytes: late.background_bytes - early.background_bytes,
+                static_bytes: late.static_bytes - early.static_bytes,
+                ..late
+            },
+            late_busy - early_busy,
+        )),
+        (dpu, _) => dpu,
+    };
+    RackReport {
+        traffic,
+        dpu,
+        ..after
+    }
 }
 
 /// A compute and a memory node (and a DPU for the DPU backends), the
@@ -162,15 +315,37 @@ fn soda_rack(backend: Backend, graph: &Graph, options: &RunOptions) -> Result<So
     let chunk = options.chunk_bytes as u64;
     // Four arrays at most, each rounded up to whole chunks.
     let pool_bytes = footprint_bytes(graph) + 4 * chunk;
+    let (edge_bytes, offset_bytes) = graph.footprint_bytes();
     let (dpu, route) = match backend {
-        Backend::DpuBase => (
-            Some(DpuConfig::base(options.chunk_bytes)),
-            Route::ThroughDpu,
-        ),
-        Backend::DpuOptimized => (
-            Some(DpuConfig::optimized(options.chunk_bytes)),
-            Route::ThroughDpu,
-        ),
+        Backend::Dpu(variant) => {
+            let mut config = match variant {
+                DpuVariant::Base => DpuConfig::base(options.chunk_bytes),
+                _ => DpuConfig::optimized(options.chunk_bytes),
+            };
+            config.async_forwarding =
+                variant != DpuVariant::Aggregation && variant != DpuVariant::Base;
+            let route = match variant {
+                DpuVariant::Static | DpuVariant::Dynamic => Route::Direct,
+                _ => Route::ThroughDpu,
+            };
+            if variant == DpuVariant::Static {
+                // Room for every offsets array, each rounded to chunks.
+                config.static_bytes = offset_bytes + 4 * chunk;
+            }
+            if variant == DpuVariant::Dynamic {
+                let entry_bytes = options.chunk_bytes * options.cache.chunks_per_entry.max(1);
+                let capacity = (edge_bytes as f64 * options.cache.edge_fraction) as u64;
+                config.dynamic = Some(DynamicCacheConfig {
+                    // At least one entry, so the cache exists at all.
+                    capacity_bytes: capacity.max(entry_bytes as u64) / entry_bytes as u64
+                        * entry_bytes as u64,
+                    entry_bytes,
+                    prefetch_depth: options.cache.prefetch_depth,
+                    mode: options.cache.mode,
+                });
+            }
+            (Some(config), route)
+        }
         _ => (None, Route::Direct),
     };
     let config = SodaRackConfig {
@@ -196,6 +371,6 @@ fn run_local(app: App, graph: &Graph, options: &RunOptions) -> BackendRun {
         result,
         buffer_bytes: footprint_bytes(graph),
         far: None,
-        emulation_cpu_seconds: None,
+        rack: None,
     }
 }

@@ -189,14 +189,25 @@ fn check(completion: &WorkCompletion, operation: &'static str) -> Result<(), Cha
 pub struct ChannelPool {
     channels: Mutex<Vec<Channel>>,
     returned: Condvar,
+    count: usize,
 }
 
 impl ChannelPool {
     pub fn new(channels: Vec<Channel>) -> ChannelPool {
         ChannelPool {
+            count: channels.len(),
             channels: Mutex::new(channels),
             returned: Condvar::new(),
         }
+    }
+
+    /// Channels in the pool (lent or not).
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
     }
 
     /// Runs `work` on a free channel (waiting for one).

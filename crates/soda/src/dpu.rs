@@ -18,11 +18,14 @@
 //! writes have reached the memory node, so the host knows which writes a
 //! DPU crash would lose.
 
+use crate::cache::{
+    CacheMode, CacheTable, DynamicCacheConfig, EntryKey, Lookup, RecentList, StaticSpace,
+};
 use remora_base::Timestamp;
 use remora_host::{Agent, AgentError, Progress};
 use remora_rnic::{
     CompletionOpcode, CompletionQueue, CompletionStatus, MemoryRegion, QueuePair, ReceiveRequest,
-    SendOperation, SendRequest, SharedReceiveQueue, Verbs, WorkCompletion,
+    ScatterGatherElement, SendOperation, SendRequest, SharedReceiveQueue, Verbs, WorkCompletion,
 };
 use remora_wire::soda::{RegionId, SodaRequestRepr};
 use remora_wire::{Qpn, VirtAddr};
@@ -36,7 +39,7 @@ pub const PERSISTED_MASK: u32 = REPLY_ERROR - 1;
 /// Completions each agent takes per turn.
 const COMPLETIONS_PER_TURN: usize = 256;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DpuConfig {
     pub aggregation: bool,
     pub async_forwarding: bool,
@@ -45,6 +48,10 @@ pub struct DpuConfig {
     /// Staging buffers for data coming back from the memory node.
     pub staging_slots: usize,
     pub chunk_bytes: usize,
+    /// The dynamic cache for regions the host routes through the DPU.
+    pub dynamic: Option<DynamicCacheConfig>,
+    /// Bytes of the static cache (pinned objects).
+    pub static_bytes: u64,
 }
 
 impl DpuConfig {
@@ -56,6 +63,8 @@ impl DpuConfig {
             receive_slots: 16,
             staging_slots: 1,
             chunk_bytes,
+            dynamic: None,
+            static_bytes: 0,
         }
     }
 
@@ -67,6 +76,8 @@ impl DpuConfig {
             receive_slots: 64,
             staging_slots: 16,
             chunk_bytes,
+            dynamic: None,
+            static_bytes: 0,
         }
     }
 
@@ -87,6 +98,10 @@ pub struct DpuResources {
     pub staging_region: MemoryRegion,
     /// The memory node's pool, as the DPU reaches it.
     pub pool: MemoryRegion,
+    /// The dynamic cache's entries, when configured.
+    pub cache_region: Option<MemoryRegion>,
+    /// The static cache, which the host reads and writes one-sided.
+    pub static_region: MemoryRegion,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -100,6 +115,17 @@ pub struct DpuCounters {
     pub written_bytes: u64,
     /// Largest number of forwards in flight at once.
     pub most_in_flight: u64,
+    /// Dynamic cache lookups and hits (a hit is a request served from an
+    /// entry, ready or being prefetched).
+    pub lookups: u64,
+    pub hits: u64,
+    /// Bytes prefetched from the memory node (off the critical path).
+    pub background_bytes: u64,
+    /// Bytes loaded into and flushed from the static cache.
+    pub static_bytes: u64,
+    /// The dynamic cache was turned off by `auto` (hit rate under the
+    /// Eq. 3 threshold).
+    pub dynamic_disabled: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -109,12 +135,15 @@ enum Request {
         slot: u32,
         at: u64,
         size: u32,
+        region: RegionId,
+        page_offset: u64,
     },
     Write {
         qpn: Qpn,
         slot: u32,
         at: u64,
         size: u32,
+        region: RegionId,
     },
     Refused {
         qpn: Qpn,
@@ -135,7 +164,72 @@ enum Forward {
         slot: u32,
         size: u32,
     },
+    Prefetch {
+        entry: usize,
+        bytes: u32,
+    },
+    Static {
+        region: RegionId,
+        bytes: u32,
+    },
 }
+
+/// A request waiting for an entry being prefetched.
+#[derive(Debug, Clone, Copy)]
+struct Waiter {
+    qpn: Qpn,
+    slot: u32,
+    at: u64,
+    size: u32,
+    within: u64,
+}
+
+/// Static cache contents by region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StaticState {
+    Loading { pieces_left: u32 },
+    Ready,
+    Flushing { pieces_left: u32 },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct StaticEntry {
+    offset: u64,
+    length: u64,
+    state: StaticState,
+}
+
+/// A piece of static-cache work: load (memory → DPU) or flush.
+#[derive(Debug, Clone, Copy)]
+struct StaticJob {
+    region: RegionId,
+    memory_at: u64,
+    static_at: u64,
+    bytes: u32,
+    flush: bool,
+}
+
+/// The dynamic cache's state.
+struct DynamicCache {
+    config: DynamicCacheConfig,
+    table: CacheTable,
+    recent: RecentList,
+    seen: u64,
+    waiters: HashMap<usize, Vec<Waiter>>,
+    enabled: bool,
+    /// Regions written since they were cached: never cached again.
+    uncacheable: std::collections::HashSet<RegionId>,
+    prefetches_in_flight: usize,
+    /// B_net / B_intra, measured at start-up; `auto` needs it.
+    threshold: Option<f64>,
+}
+
+/// Lookups before `auto` judges the hit rate.
+const AUTO_WARM_UP_LOOKUPS: u64 = 2048;
+/// Prefetches and static pieces in flight at once.
+const BACKGROUND_IN_FLIGHT: usize = 8;
+/// The largest static-cache transfer.
+const STATIC_PIECE_BYTES: u64 = 1 << 20;
 
 /// Work request ids: a kind in the high half, a slot in the low half.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,6 +239,8 @@ enum WorkKind {
     MemoryWrite = 3,
     DataReply = 4,
     Acknowledgement = 5,
+    CacheReply = 6,
+    Background = 7,
 }
 
 fn work_id(kind: WorkKind, slot: u32) -> u64 {
@@ -158,6 +254,8 @@ fn work_kind(id: u64) -> (Option<WorkKind>, u32) {
         3 => Some(WorkKind::MemoryWrite),
         4 => Some(WorkKind::DataReply),
         5 => Some(WorkKind::Acknowledgement),
+        6 => Some(WorkKind::CacheReply),
+        7 => Some(WorkKind::Background),
         _ => None,
     };
     (kind, id as u32)
@@ -169,6 +267,10 @@ pub enum DpuError {
     UnknownWork(u64),
     #[error("the memory node failed a forward: {0:?}")]
     Memory(CompletionStatus),
+    #[error("the static cache has {free} bytes free, {wanted} wanted")]
+    StaticFull { wanted: u64, free: u64 },
+    #[error("region {0:?} is not known to the DPU")]
+    UnknownRegion(RegionId),
 }
 
 /// The DPU's state, shared by its two agents and its control plane.
@@ -184,6 +286,14 @@ pub struct DpuState {
     counters: DpuCounters,
     /// Receive buffers posted at start-up (again after a restart).
     receives_posted: bool,
+    cache: Option<DynamicCache>,
+    static_space: StaticSpace,
+    statics: HashMap<RegionId, StaticEntry>,
+    static_jobs: VecDeque<StaticJob>,
+    background_in_flight: usize,
+    /// Requests already looked up in the cache (a miss waiting for a
+    /// staging buffer is not counted twice).
+    looked_up: std::collections::HashSet<(Qpn, u32)>,
 }
 
 impl DpuState {
@@ -199,7 +309,116 @@ impl DpuState {
             persisted: HashMap::new(),
             counters: DpuCounters::default(),
             receives_posted: false,
+            cache: config.dynamic.map(|dynamic| DynamicCache {
+                config: dynamic,
+                table: CacheTable::new(
+                    (dynamic.capacity_bytes / dynamic.entry_bytes as u64) as usize,
+                    0x50da,
+                ),
+                recent: RecentList::default(),
+                seen: 0,
+                waiters: HashMap::new(),
+                enabled: dynamic.mode != CacheMode::Off,
+                uncacheable: Default::default(),
+                prefetches_in_flight: 0,
+                threshold: None,
+            }),
+            static_space: StaticSpace::new(config.static_bytes),
+            statics: HashMap::new(),
+            static_jobs: VecDeque::new(),
+            background_in_flight: 0,
+            looked_up: Default::default(),
         }
+    }
+
+    /// Eq. 3's threshold, B_net / B_intra, measured by the host.
+    pub fn set_threshold(&mut self, threshold: f64) {
+        if let Some(cache) = &mut self.cache {
+            cache.threshold = Some(threshold);
+        }
+    }
+
+    /// Control plane: load `region` into the static cache. Returns where.
+    pub fn begin_pin(&mut self, region: RegionId) -> Result<u64, DpuError> {
+        let &(memory_offset, length) = self
+            .regions
+            .get(&region)
+            .ok_or(DpuError::UnknownRegion(region))?;
+        if let Some(entry) = self.statics.get(&region) {
+            return Ok(entry.offset);
+        }
+        let offset = self
+            .static_space
+            .allocate(length)
+            .ok_or(DpuError::StaticFull {
+                wanted: length,
+                free: self.static_space.capacity_bytes(),
+            })?;
+        let pieces = self.queue_static(region, memory_offset, offset, length, false);
+        let state = StaticState::Loading {
+            pieces_left: pieces,
+        };
+        self.statics.insert(
+            region,
+            StaticEntry {
+                offset,
+                length,
+                state,
+            },
+        );
+        Ok(offset)
+    }
+
+    /// Control plane: the region leaves the static cache, its contents
+    /// written to the memory node first when `flush`.
+    pub fn begin_unpin(&mut self, region: RegionId, flush: bool) {
+        let Some(entry) = self.statics.get(&region).copied() else {
+            return;
+        };
+        let memory_offset = self.regions.get(&region).map(|&(offset, _)| offset);
+        match (flush, memory_offset) {
+            (true, Some(memory_offset)) => {
+                let pieces =
+                    self.queue_static(region, memory_offset, entry.offset, entry.length, true);
+                let state = StaticState::Flushing {
+                    pieces_left: pieces,
+                };
+                self.statics.insert(region, StaticEntry { state, ..entry });
+            }
+            _ => {
+                self.statics.remove(&region);
+            }
+        }
+    }
+
+    /// The static cache's state for `region`; `None` once gone.
+    pub fn static_state(&self, region: RegionId) -> Option<StaticState> {
+        self.statics.get(&region).map(|entry| entry.state)
+    }
+
+    fn queue_static(
+        &mut self,
+        region: RegionId,
+        memory_at: u64,
+        static_at: u64,
+        length: u64,
+        flush: bool,
+    ) -> u32 {
+        let mut pieces = 0;
+        let mut done = 0;
+        while done < length {
+            let bytes = (length - done).min(STATIC_PIECE_BYTES) as u32;
+            self.static_jobs.push_back(StaticJob {
+                region,
+                memory_at: memory_at + done,
+                static_at: static_at + done,
+                bytes,
+                flush,
+            });
+            done += u64::from(bytes);
+            pieces += 1;
+        }
+        pieces
     }
 
     /// Control plane: the host tells the DPU where a region lives on the
@@ -210,6 +429,18 @@ impl DpuState {
 
     pub fn forget_region(&mut self, region: RegionId) {
         self.regions.remove(&region);
+        self.statics.remove(&region);
+        if let Some(cache) = &mut self.cache {
+            cache.table.forget_region(region);
+        }
+    }
+
+    pub fn has_dynamic_cache(&self) -> bool {
+        self.cache.is_some()
+    }
+
+    pub fn static_region(&self) -> MemoryRegion {
+        self.resources.static_region
     }
 
     pub fn counters(&self) -> DpuCounters {
@@ -269,6 +500,8 @@ impl DpuState {
                         slot,
                         at,
                         size: read.size,
+                        region: read.region,
+                        page_offset: read.page_offset,
                     },
                     None => Request::Refused { qpn, slot },
                 }
@@ -281,6 +514,7 @@ impl DpuState {
                         slot,
                         at,
                         size,
+                        region: write.region,
                     },
                     None => Request::Refused { qpn, slot },
                 }
@@ -307,17 +541,11 @@ impl DpuState {
         qpn: Qpn,
         kind: WorkKind,
         slot: u32,
-        data: Option<(u32, u32)>,
+        data: Option<ScatterGatherElement>,
         error: bool,
     ) -> Result<(), AgentError> {
         let immediate = Some(self.reply_immediate(qpn, error));
-        let local: Vec<_> = data
-            .map(|(staging, size)| {
-                let offset = u64::from(staging) * self.config.chunk_bytes as u64;
-                self.resources.staging_region.slice(offset, size)
-            })
-            .into_iter()
-            .collect();
+        let local: Vec<_> = data.into_iter().collect();
         let request = SendRequest::new(
             work_id(kind, slot),
             SendOperation::Send { immediate },
@@ -327,9 +555,125 @@ impl DpuState {
         Ok(())
     }
 
+    fn staging(&self, staging: u32, size: u32) -> ScatterGatherElement {
+        let offset = u64::from(staging) * self.config.chunk_bytes as u64;
+        self.resources.staging_region.slice(offset, size)
+    }
+
+    /// Replies from a ready cache entry, zero-copy.
+    fn reply_from_cache(
+        &mut self,
+        nic: &mut dyn Verbs,
+        waiter: Waiter,
+        entry: usize,
+    ) -> Result<(), AgentError> {
+        let (region, entry_bytes) = {
+            let cache = self.cache.as_mut().expect("a cache reply has a cache");
+            cache.table.acquire(entry);
+            (
+                self.resources.cache_region.expect("a cache has a region"),
+                cache.config.entry_bytes as u64,
+            )
+        };
+        let local = region.slice(entry as u64 * entry_bytes + waiter.within, waiter.size);
+        self.repost(nic, waiter.slot)?;
+        self.send_reply(
+            nic,
+            waiter.qpn,
+            WorkKind::CacheReply,
+            entry as u32,
+            Some(local),
+            false,
+        )
+    }
+
+    /// A read of a region the host routes through the DPU: served from the
+    /// dynamic cache when it holds (or is fetching) the entry. Returns
+    /// false for a miss, which goes to the memory node on demand.
+    fn try_cache(
+        &mut self,
+        nic: &mut dyn Verbs,
+        waiter: Waiter,
+        region: RegionId,
+        page_offset: u64,
+    ) -> Result<bool, AgentError> {
+        let Some(cache) = self.cache.as_mut() else {
+            return Ok(false);
+        };
+        if !cache.enabled || cache.uncacheable.contains(&region) {
+            return Ok(false);
+        }
+        let entry_bytes = cache.config.entry_bytes as u64;
+        let key = EntryKey {
+            region,
+            entry: page_offset / entry_bytes,
+        };
+        let waiter = Waiter {
+            within: page_offset % entry_bytes,
+            ..waiter
+        };
+        cache.recent.push(key);
+        self.counters.lookups += 1;
+        let lookup = cache.table.lookup(key);
+        let hit = lookup != Lookup::Absent;
+        if hit {
+            self.counters.hits += 1;
+        }
+        match lookup {
+            Lookup::Ready(entry) => self.reply_from_cache(nic, waiter, entry)?,
+            Lookup::Filling(entry) => cache.waiters.entry(entry).or_default().push(waiter),
+            Lookup::Absent => {}
+        }
+        self.judge_cache();
+        Ok(hit)
+    }
+
+    /// `auto`: after a warm-up, caching that does not pay (h below
+    /// B_net / B_intra, Eq. 3) is turned off.
+    fn judge_cache(&mut self) {
+        let Some(cache) = self.cache.as_mut() else {
+            return;
+        };
+        let (Some(threshold), CacheMode::Auto) = (cache.threshold, cache.config.mode) else {
+            return;
+        };
+        if cache.enabled && self.counters.lookups == AUTO_WARM_UP_LOOKUPS {
+            let hit_rate = self.counters.hits as f64 / self.counters.lookups as f64;
+            if hit_rate <= threshold {
+                cache.enabled = false;
+                self.counters.dynamic_disabled = true;
+            }
+        }
+    }
+
     /// Issues one request; false when it must wait (no staging buffer, or
     /// a forward in flight without asynchronous forwarding).
     fn issue(&mut self, nic: &mut dyn Verbs, request: Request) -> Result<bool, AgentError> {
+        if let Request::Read {
+            qpn,
+            slot,
+            at,
+            size,
+            region,
+            page_offset,
+        } = request
+        {
+            let waiter = Waiter {
+                qpn,
+                slot,
+                at,
+                size,
+                within: 0,
+            };
+            // Looked up once: a miss waiting for a staging buffer is not a
+            // second lookup.
+            if self.looked_up.insert((qpn, slot))
+                && self.try_cache(nic, waiter, region, page_offset)?
+            {
+                self.looked_up.remove(&(qpn, slot));
+                return Ok(true);
+            }
+        }
         if !self.config.async_forwarding && !self.in_flight.is_empty() {
             return Ok(false);
         }
@@ -344,15 +688,14 @@ impl DpuState {
                 slot,
                 at,
                 size,
+                ..
             } => {
                 let Some(staging) = self.free_staging.pop() else {
                     return Ok(false);
                 };
+                self.looked_up.remove(&(qpn, slot));
                 self.counters.read_requests += 1;
-                let local = self
-                    .resources
-                    .staging_region
-                    .slice(u64::from(staging) * self.config.chunk_bytes as u64, size);
+                let local = self.staging(staging, size);
                 let forward = Forward::Read {
                     qpn,
                     slot,
@@ -369,8 +712,14 @@ impl DpuState {
                 slot,
                 at,
                 size,
+                region,
             } => {
                 self.counters.write_requests += 1;
+                if let Some(cache) = &mut self.cache {
+                    // Cached copies of a written region would go stale.
+                    cache.uncacheable.insert(region);
+                    cache.table.forget_region(region);
+                }
                 // The DPU holds the data: acknowledge now, persist next.
                 self.send_reply(nic, qpn, WorkKind::Acknowledgement, slot, None, false)?;
                 let header = remora_wire::soda::WriteRequest::<&[u8]>::HEADER_LEN as u64;
@@ -380,13 +729,8 @@ impl DpuState {
                     remote: self.resources.pool.remote(at),
                     immediate: None,
                 };
-                self.forward(
-                    nic,
-                    Forward::Write { qpn, slot, size },
-                    operation,
-                    local,
-                    WorkKind::MemoryWrite,
-                )?;
+                let forward = Forward::Write { qpn, slot, size };
+                self.forward(nic, forward, operation, local, WorkKind::MemoryWrite)?;
             }
         }
         Ok(true)
@@ -452,37 +796,38 @@ impl DpuState {
         completion: &WorkCompletion,
     ) -> Result<(), AgentError> {
         let (kind, slot) = work_kind(completion.work_request_id);
-        if completion.status != CompletionStatus::Success {
-            // A host queue pair went down (its process ended): its
-            // requests are dropped; the buffer goes back.
-            if kind == Some(WorkKind::DataReply) {
-                self.free_staging.push(slot);
-            }
-            if kind == Some(WorkKind::Receive)
-                && completion.status != CompletionStatus::WorkRequestFlushError
-            {
-                self.repost(nic, slot)?;
-            }
-            return Ok(());
-        }
+        let succeeded = completion.status == CompletionStatus::Success;
         match (kind, completion.opcode) {
+            (Some(WorkKind::DataReply), _) => self.free_staging.push(slot),
+            (Some(WorkKind::CacheReply), _) => {
+                if let Some(cache) = &mut self.cache {
+                    cache.table.release(slot as usize);
+                }
+            }
+            (Some(WorkKind::Acknowledgement), _) => {}
+            (Some(WorkKind::Receive), _) if !succeeded => {
+                // A host queue pair went down (its process ended): the
+                // buffer goes back, unless the queue itself is going.
+                if completion.status != CompletionStatus::WorkRequestFlushError {
+                    self.repost(nic, slot)?;
+                }
+            }
             (
                 Some(WorkKind::Receive),
                 CompletionOpcode::Receive | CompletionOpcode::ReceiveRdmaWithImmediate,
-            ) => self.take_request(nic, completion),
-            (Some(WorkKind::DataReply), _) => {
-                self.free_staging.push(slot);
-                Ok(())
+            ) => self.take_request(nic, completion)?,
+            _ => {
+                return Err(AgentError::system(
+                    "soda-dpu",
+                    DpuError::UnknownWork(completion.work_request_id),
+                ))
             }
-            (Some(WorkKind::Acknowledgement), _) => Ok(()),
-            _ => Err(AgentError::system(
-                "soda-dpu",
-                DpuError::UnknownWork(completion.work_request_id),
-            )),
         }
+        Ok(())
     }
 
-    /// The stager's turn: forwards that finished go back to the host.
+    /// The stager's turn: forwards that finished go back to the host;
+    /// prefetched entries serve the requests waiting on them.
     fn stage_turn(&mut self, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
         let mut moved = false;
         for _ in 0..COMPLETIONS_PER_TURN {
@@ -501,49 +846,193 @@ impl DpuState {
                     )
                 })?;
             let failed = completion.status != CompletionStatus::Success;
+            if failed && matches!(forward, Forward::Write { .. } | Forward::Static { .. }) {
+                // Data the DPU acknowledged (or holds for the host) that
+                // cannot reach the memory node is lost: the DPU stops, and
+                // the host marks what it held.
+                return Err(AgentError::system(
+                    "soda-dpu",
+                    DpuError::Memory(completion.status),
+                ));
+            }
             match forward {
-                // A read the memory node refused is refused to the host.
-                Forward::Read {
-                    qpn, slot, staging, ..
-                } if failed => {
-                    self.counters.refused_requests += 1;
-                    self.free_staging.push(staging);
-                    self.repost(nic, slot)?;
-                    self.send_reply(nic, qpn, WorkKind::Acknowledgement, slot, None, true)?;
-                }
-                // A write the DPU acknowledged and cannot persist is data
-                // lost: the DPU stops, and the host marks what it held.
-                Forward::Write { .. } if failed => {
-                    return Err(AgentError::system(
-                        "soda-dpu",
-                        DpuError::Memory(completion.status),
-                    ));
-                }
                 Forward::Read {
                     qpn,
                     slot,
                     staging,
                     size,
                 } => {
-                    self.counters.on_demand_bytes += u64::from(size);
                     self.repost(nic, slot)?;
-                    self.send_reply(
-                        nic,
-                        qpn,
-                        WorkKind::DataReply,
-                        staging,
-                        Some((staging, size)),
-                        false,
-                    )?;
+                    if failed {
+                        // A read the memory node refused is refused to the host.
+                        self.counters.refused_requests += 1;
+                        self.free_staging.push(staging);
+                        self.send_reply(nic, qpn, WorkKind::Acknowledgement, slot, None, true)?;
+                    } else {
+                        self.counters.on_demand_bytes += u64::from(size);
+                        let local = self.staging(staging, size);
+                        self.send_reply(
+                            nic,
+                            qpn,
+                            WorkKind::DataReply,
+                            staging,
+                            Some(local),
+                            false,
+                        )?;
+                    }
                 }
                 Forward::Write { qpn, slot, size } => {
                     self.counters.written_bytes += u64::from(size);
                     *self.persisted.entry(qpn).or_insert(0) += 1;
                     self.repost(nic, slot)?;
                 }
+                Forward::Prefetch { entry, bytes } => self.prefetched(nic, entry, bytes, failed)?,
+                Forward::Static { region, bytes } => self.static_piece_done(region, bytes),
             }
         }
         Ok(Progress::from_moved(moved))
+    }
+
+    fn prefetched(
+        &mut self,
+        nic: &mut dyn Verbs,
+        entry: usize,
+        bytes: u32,
+        failed: bool,
+    ) -> Result<(), AgentError> {
+        self.background_in_flight -= 1;
+        let cache = self.cache.as_mut().expect("a prefetch has a cache");
+        cache.prefetches_in_flight -= 1;
+        let waiters = cache.waiters.remove(&entry).unwrap_or_default();
+        if failed {
+            // The waiters go to the memory node on demand.
+            cache.table.abandon(entry);
+            for waiter in waiters.into_iter().rev() {
+                // Already looked up: straight to the memory node.
+                self.looked_up.insert((waiter.qpn, waiter.slot));
+                self.requests.push_front(Request::Read {
+                    qpn: waiter.qpn,
+                    slot: waiter.slot,
+                    at: waiter.at,
+                    size: waiter.size,
+                    region: RegionId(u16::MAX),
+                    page_offset: 0,
+                });
+            }
+            return Ok(());
+        }
+        cache.table.filled(entry);
+        self.counters.background_bytes += u64::from(bytes);
+        for waiter in waiters {
+            self.reply_from_cache(nic, waiter, entry)?;
+        }
+        Ok(())
+    }
+
+    fn static_piece_done(&mut self, region: RegionId, bytes: u32) {
+        self.background_in_flight -= 1;
+        self.counters.static_bytes += u64::from(bytes);
+        let Some(entry) = self.statics.get_mut(&region) else {
+            return;
+        };
+        match &mut entry.state {
+            StaticState::Loading { pieces_left } | StaticState::Flushing { pieces_left } => {
+                *pieces_left -= 1;
+            }
+            StaticState::Ready => {}
+        }
+        match entry.state {
+            StaticState::Loading { pieces_left: 0 } => entry.state = StaticState::Ready,
+            StaticState::Flushing { pieces_left: 0 } => {
+                self.statics.remove(&region);
+            }
+            _ => {}
+        }
+    }
+
+    /// The prefetcher's turn: static-cache loads and flushes, then the
+    /// entries after those recently requested. Bounded in flight.
+    fn prefetch_turn(&mut self, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+        let mut moved = false;
+        while self.background_in_flight < BACKGROUND_IN_FLIGHT {
+            let Some(job) = self.static_jobs.pop_front() else {
+                break;
+            };
+            self.post_static(nic, job)?;
+            moved = true;
+        }
+        let Some(cache) = self.cache.as_mut() else {
+            return Ok(Progress::from_moved(moved));
+        };
+        if !cache.enabled {
+            return Ok(Progress::from_moved(moved));
+        }
+        let (recent, seen) = cache.recent.since(cache.seen);
+        cache.seen = seen;
+        let depth = cache.config.prefetch_depth;
+        for key in recent {
+            for ahead in 0..=depth {
+                let next = EntryKey {
+                    entry: key.entry + ahead,
+                    ..key
+                };
+                if self.background_in_flight >= BACKGROUND_IN_FLIGHT {
+                    return Ok(Progress::from_moved(moved));
+                }
+                moved |= self.prefetch(nic, next)?;
+            }
+        }
+        Ok(Progress::from_moved(moved))
+    }
+
+    /// Starts fetching entry `key` into the cache, if it is not there, it
+    /// lies inside its region, and a slot is free.
+    fn prefetch(&mut self, nic: &mut dyn Verbs, key: EntryKey) -> Result<bool, AgentError> {
+        let Some(&(start, length)) = self.regions.get(&key.region) else {
+            return Ok(false);
+        };
+        let cache = self.cache.as_mut().expect("prefetching needs a cache");
+        let entry_bytes = cache.config.entry_bytes as u64;
+        let offset = key.entry * entry_bytes;
+        if offset >= length
+            || cache.table.lookup(key) != Lookup::Absent
+            || cache.uncacheable.contains(&key.region)
+        {
+            return Ok(false);
+        }
+        let Some(entry) = cache.table.reserve(key) else {
+            return Ok(false);
+        };
+        cache.prefetches_in_flight += 1;
+        self.background_in_flight += 1;
+        let bytes = (length - offset).min(entry_bytes) as u32;
+        let region = self.resources.cache_region.expect("a cache has a region");
+        let local = region.slice(entry as u64 * entry_bytes, bytes);
+        let operation = SendOperation::Read {
+            remote: self.resources.pool.remote(start + offset),
+        };
+        let forward = Forward::Prefetch { entry, bytes };
+        self.forward(nic, forward, operation, local, WorkKind::Background)?;
+        Ok(true)
+    }
+
+    fn post_static(&mut self, nic: &mut dyn Verbs, job: StaticJob) -> Result<(), AgentError> {
+        self.background_in_flight += 1;
+        let local = self.resources.static_region.slice(job.static_at, job.bytes);
+        let remote = self.resources.pool.remote(job.memory_at);
+        let operation = if job.flush {
+            SendOperation::Write {
+                remote,
+                immediate: None,
+            }
+        } else {
+            SendOperation::Read { remote }
+        };
+        let forward = Forward::Static {
+            region: job.region,
+            bytes: job.bytes,
+        };
+        self.forward(nic, forward, operation, local, WorkKind::Background)
     }
 
     fn crash(&mut self) {
@@ -554,6 +1043,16 @@ impl DpuState {
         self.free_staging = (0..self.config.staging_slots as u32).collect();
         self.persisted.clear();
         self.receives_posted = false;
+        self.looked_up.clear();
+        self.static_jobs.clear();
+        self.statics.clear();
+        self.background_in_flight = 0;
+        if let Some(cache) = &mut self.cache {
+            let entries = cache.table.entries();
+            cache.table = CacheTable::new(entries, 0x50da);
+            cache.waiters.clear();
+            cache.prefetches_in_flight = 0;
+        }
     }
 }
 
@@ -568,6 +1067,25 @@ pub struct DpuReceiver(pub SharedDpu);
 
 /// Polls the memory node and stages data back to the host.
 pub struct DpuStager(pub SharedDpu);
+
+/// Loads the static cache and prefetches after recent requests.
+pub struct DpuPrefetcher(pub SharedDpu);
+
+impl Agent for DpuPrefetcher {
+    fn name(&self) -> &'static str {
+        "soda-dpu-prefetcher"
+    }
+    fn poll(&mut self, _now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+        lock(&self.0).prefetch_turn(nic)
+    }
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        None
+    }
+    fn crash(&mut self) {}
+    fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+        Ok(())
+    }
+}
 
 impl Agent for DpuReceiver {
     fn name(&self) -> &'static str {

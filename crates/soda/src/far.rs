@@ -636,6 +636,12 @@ impl FarObject {
         }
     }
 
+    /// Tells the store what the object is for (pin it in the DPU's static
+    /// cache, or cache it dynamically).
+    pub fn advise(&self, advice: crate::store::Advice) -> Result<(), SodaError> {
+        Ok(self.shared.store.advise(self.id, advice)?)
+    }
+
     /// Frees the object and its space in the store.
     pub fn free(mut self) -> Result<(), SodaError> {
         self.release()

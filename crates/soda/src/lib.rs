@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod buffer;
+pub mod cache;
 pub mod channel;
 pub mod dpu;
 pub mod far;
@@ -18,4 +19,4 @@ pub mod store;
 pub mod userfault;
 
 pub use far::{FarMemory, FarMemoryConfig, FarMemoryStats, FarObject, SodaError};
-pub use store::{ChunkStore, FileStore, InProcessStore, ObjectId, StoreError};
+pub use store::{Advice, ChunkStore, FileStore, InProcessStore, ObjectId, StoreError};

@@ -3,6 +3,7 @@
 //! graph reads it through the object.
 
 use crate::far::{FarMemory, FarObject};
+use crate::store::Advice;
 use remora_graph::{Array, Placement, PlacementError};
 use std::marker::PhantomData;
 use std::path::PathBuf;
@@ -31,6 +32,13 @@ pub struct FarPlacement<'a> {
     pub memory: &'a FarMemory,
     pub chunk_bytes: usize,
     pub staging_directory: PathBuf,
+    /// Advice for an array, by name ("out offsets", "in neighbours", ...).
+    pub advice: &'a dyn Fn(&str) -> Option<Advice>,
+}
+
+/// No advice for any array.
+pub fn no_advice(_name: &str) -> Option<Advice> {
+    None
 }
 
 impl FarPlacement<'_> {
@@ -56,6 +64,9 @@ impl FarPlacement<'_> {
         let _ = std::fs::remove_file(&path);
         let object = object?;
         object.as_slice::<T>().map_err(|e| error(e.to_string()))?;
+        if let Some(advice) = (self.advice)(name) {
+            object.advise(advice).map_err(|e| error(e.to_string()))?;
+        }
         Ok(Array::new(ObjectArray {
             object,
             element: PhantomData::<T>,

@@ -10,11 +10,11 @@
 
 use crate::channel::{Channel, ChannelError, ChannelPool};
 use crate::dpu::{
-    DpuConfig, DpuCounters, DpuReceiver, DpuResources, DpuStager, DpuState, SharedDpu,
-    PERSISTED_MASK, REPLY_ERROR,
+    DpuConfig, DpuCounters, DpuPrefetcher, DpuReceiver, DpuResources, DpuStager, DpuState,
+    SharedDpu, StaticState, PERSISTED_MASK, REPLY_ERROR,
 };
 use crate::memory_node::MemoryAgent;
-use crate::store::{ChunkStore, ObjectId, StoreError};
+use crate::store::{Advice, ChunkStore, ObjectId, StoreError};
 use remora_carrier::wrappers::LinkShape;
 use remora_rack::assembly::{BusyNanos, EmbeddedRack, RackBuilder, StagedRack};
 use remora_rack::endpoint::{rack_queue_pair, DriverKicker};
@@ -25,13 +25,14 @@ use remora_rack::RackError;
 use remora_rnic::{AccessFlags, HostMemory, MemoryRegion, Verbs, VerbsError};
 use remora_wire::soda::{ReadRequestRepr, RegionId, SodaRequestRepr, WriteRequestRepr};
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The DPU's index in the rack.
 pub const DPU_HOST: usize = 2;
+/// Bytes each channel reads to measure a path's bandwidth at start-up.
+const MEASURE_BYTES: usize = 1 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
@@ -76,6 +77,10 @@ pub enum SodaRackError {
     NoDpu,
     #[error("object {0:?}: SODA's region ids are 16 bits")]
     RegionId(ObjectId),
+    #[error(transparent)]
+    Dpu(#[from] crate::dpu::DpuError),
+    #[error("the DPU's static cache did not settle region {0:?} in time")]
+    StaticTimedOut(RegionId),
     #[error("the DPU replied {got} bytes where {wanted} were asked")]
     ShortReply { got: u32, wanted: usize },
 }
@@ -114,6 +119,12 @@ pub struct SodaRack {
     direct: ChannelPool,
     dpu: Option<DpuPath>,
     route: Route,
+    /// Objects in the DPU's static cache: where, and whether written.
+    pinned: Mutex<HashMap<ObjectId, (u64, bool)>>,
+    /// Objects routed through the DPU's dynamic cache.
+    dynamic: Mutex<std::collections::HashSet<ObjectId>>,
+    /// (B_net, B_intra) in bytes per second, measured at start-up.
+    bandwidths: Option<(f64, f64)>,
     lost: Mutex<HashMap<ObjectId, String>>,
     direct_read_bytes: AtomicU64,
     direct_written_bytes: AtomicU64,
@@ -211,6 +222,19 @@ fn deploy_dpu(
         (config.staging_slots * config.chunk_bytes) as u64,
         AccessFlags::LOCAL_WRITE,
     )?;
+    let cache_region = match config.dynamic {
+        Some(dynamic) => {
+            Some(dpu.register_memory(domain, dynamic.capacity_bytes, AccessFlags::LOCAL_WRITE)?)
+        }
+        None => None,
+    };
+    // The host reads and writes the static cache one-sided; it is at
+    // least big enough to measure B_intra against.
+    let static_region = dpu.register_memory(
+        domain,
+        config.static_bytes.max(MEASURE_BYTES as u64),
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+    )?;
     let mut builder = rack_queue_pair(domain, memory_completion_queue);
     builder.send_queue_depth = 4 * config.receive_slots;
     let near = dpu.create_queue_pair(&builder)?;
@@ -230,6 +254,8 @@ fn deploy_dpu(
         receive_region,
         staging_region,
         pool,
+        cache_region,
+        static_region,
     };
     Ok((resources, domain))
 }
@@ -284,6 +310,10 @@ impl SodaRack {
                         DPU_HOST,
                         Arc::new(Mutex::new(DpuStager(Arc::clone(&state)))),
                     ),
+                    staged.add_agent(
+                        DPU_HOST,
+                        Arc::new(Mutex::new(DpuPrefetcher(Arc::clone(&state)))),
+                    ),
                 ];
                 Some(DpuPath {
                     channels,
@@ -296,7 +326,7 @@ impl SodaRack {
         let switch = staged.l2l3_switch();
         let (rack, _switch) = staged.start(switch)?;
         let kicker = rack.fabric().kicker();
-        Ok(SodaRack {
+        let mut soda = SodaRack {
             rack: Mutex::new(rack),
             kicker,
             pool,
@@ -304,12 +334,66 @@ impl SodaRack {
             direct,
             dpu,
             route: config.route,
+            pinned: Mutex::new(HashMap::new()),
+            dynamic: Mutex::new(Default::default()),
+            bandwidths: None,
             lost: Mutex::new(HashMap::new()),
             direct_read_bytes: AtomicU64::new(0),
             direct_written_bytes: AtomicU64::new(0),
             dpu_read_bytes: AtomicU64::new(0),
             dpu_written_bytes: AtomicU64::new(0),
-        })
+        };
+        if let Some(dpu) = &soda.dpu {
+            let bandwidths = soda.measure_bandwidths()?;
+            dpu.state
+                .lock()
+                .expect("DPU state lock")
+                .set_threshold(bandwidths.0 / bandwidths.1);
+            soda.bandwidths = Some(bandwidths);
+        }
+        Ok(soda)
+    }
+
+    /// (B_net, B_intra): every channel at once reads `MEASURE_BYTES` from
+    /// the memory node, then from the DPU, on the links as shaped.
+    fn measure_bandwidths(&self) -> Result<(f64, f64), SodaRackError> {
+        let dpu = self.dpu()?;
+        let static_region = dpu.state.lock().expect("DPU state lock").static_region();
+        let net = self.measure(&self.direct, self.pool)?;
+        let intra = self.measure(&dpu.channels, static_region)?;
+        Ok((net, intra))
+    }
+
+    fn measure(&self, pool: &ChannelPool, region: MemoryRegion) -> Result<f64, SodaRackError> {
+        let started = std::time::Instant::now();
+        let threads = pool.len();
+        let results: Vec<Result<(), SodaRackError>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        pool.with(|channel| {
+                            let pieces = MEASURE_BYTES / channel.chunk_bytes;
+                            for _ in 0..pieces.max(1) {
+                                let length = channel.chunk_bytes.min(MEASURE_BYTES);
+                                channel.one_sided(&self.kicker, region.remote(0), length, true)?;
+                            }
+                            Ok(())
+                        })
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|worker| worker.join().expect("a measuring thread"))
+                .collect()
+        });
+        results.into_iter().collect::<Result<Vec<()>, _>>()?;
+        Ok((threads * MEASURE_BYTES) as f64 / started.elapsed().as_secs_f64())
+    }
+
+    /// (B_net, B_intra) in bytes per second, when the rack has a DPU.
+    pub fn bandwidths(&self) -> Option<(f64, f64)> {
+        self.bandwidths
     }
 
     pub fn traffic(&self) -> Traffic {
@@ -525,11 +609,132 @@ impl SodaRack {
     }
 }
 
+/// Where one object's chunks go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// One-sided to the DPU's static cache, at this offset.
+    Static(u64),
+    ThroughDpu,
+    Direct,
+}
+
+/// How long pinning or unpinning may take before it is an error.
+const STATIC_DEADLINE: Duration = Duration::from_secs(60);
+
+impl SodaRack {
+    fn path(&self, object: ObjectId) -> Path {
+        if let Some(&(offset, _)) = self.pinned.lock().expect("pinned lock").get(&object) {
+            return Path::Static(offset);
+        }
+        if self.dynamic.lock().expect("dynamic lock").contains(&object) {
+            return Path::ThroughDpu;
+        }
+        match self.route {
+            Route::Direct => Path::Direct,
+            Route::ThroughDpu => Path::ThroughDpu,
+        }
+    }
+
+    fn static_transfer(&self, at: u64, data: Transfer<'_>) -> Result<(), SodaRackError> {
+        let dpu = self.dpu()?;
+        let region = dpu.state.lock().expect("DPU state lock").static_region();
+        dpu.channels.with(|channel| {
+            let chunk = channel.chunk_bytes;
+            match data {
+                Transfer::Into(into) => {
+                    for (index, piece) in into.chunks_mut(chunk).enumerate() {
+                        let remote = region.remote(at + (index * chunk) as u64);
+                        channel.one_sided(&self.kicker, remote, piece.len(), true)?;
+                        channel
+                            .landing()
+                            .read(0, piece)
+                            .map_err(ChannelError::from)?;
+                    }
+                }
+                Transfer::From(from) => {
+                    for (index, piece) in from.chunks(chunk).enumerate() {
+                        channel
+                            .landing()
+                            .write(0, piece)
+                            .map_err(ChannelError::from)?;
+                        let remote = region.remote(at + (index * chunk) as u64);
+                        channel.one_sided(&self.kicker, remote, piece.len(), false)?;
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Waits until the DPU's static cache reaches `done` for `region`.
+    fn wait_static(
+        &self,
+        region: RegionId,
+        done: impl Fn(Option<StaticState>) -> bool,
+    ) -> Result<(), SodaRackError> {
+        let dpu = self.dpu()?;
+        let deadline = std::time::Instant::now() + STATIC_DEADLINE;
+        // Bounded by the deadline.
+        loop {
+            if done(
+                dpu.state
+                    .lock()
+                    .expect("DPU state lock")
+                    .static_state(region),
+            ) {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline
+                || self.rack.lock().expect("rack lock").is_finished()
+            {
+                return Err(SodaRackError::StaticTimedOut(region));
+            }
+            self.kicker.kick();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    fn pin(&self, object: ObjectId) -> Result<(), SodaRackError> {
+        let dpu = self.dpu()?;
+        let region = Self::region(object)?;
+        let offset = dpu
+            .state
+            .lock()
+            .expect("DPU state lock")
+            .begin_pin(region)?;
+        self.wait_static(region, |state| state == Some(StaticState::Ready))?;
+        self.pinned
+            .lock()
+            .expect("pinned lock")
+            .insert(object, (offset, false));
+        Ok(())
+    }
+
+    fn unpin(&self, object: ObjectId) -> Result<(), SodaRackError> {
+        let Some((_, dirty)) = self.pinned.lock().expect("pinned lock").remove(&object) else {
+            return Ok(());
+        };
+        let region = Self::region(object)?;
+        self.dpu()?
+            .state
+            .lock()
+            .expect("DPU state lock")
+            .begin_unpin(region, dirty);
+        self.wait_static(region, |state| state.is_none())
+    }
+}
+
+/// A transfer's data: where a read lands, or what a write sends.
+enum Transfer<'a> {
+    Into(&'a mut [u8]),
+    From(&'a [u8]),
+}
+
 impl ChunkStore for SodaRack {
     fn name(&self) -> &'static str {
-        match self.route {
-            Route::Direct => "memserver",
-            Route::ThroughDpu => "dpu",
+        match (self.route, self.dpu.is_some()) {
+            (Route::Direct, false) => "memserver",
+            _ => "dpu",
         }
     }
 
@@ -537,9 +742,9 @@ impl ChunkStore for SodaRack {
         &self,
         object: ObjectId,
         bytes: u64,
-        initial: Option<&Path>,
+        initial: Option<&std::path::Path>,
     ) -> Result<(), StoreError> {
-        if self.route == Route::ThroughDpu {
+        if self.dpu.is_some() {
             Self::region(object)?;
         }
         let mut memory = self.memory.lock().expect("memory agent lock");
@@ -553,7 +758,7 @@ impl ChunkStore for SodaRack {
             return Err(error);
         }
         drop(memory);
-        if let (Route::ThroughDpu, Some(dpu)) = (self.route, &self.dpu) {
+        if let Some(dpu) = &self.dpu {
             let region = Self::region(object)?;
             dpu.state
                 .lock()
@@ -570,12 +775,14 @@ impl ChunkStore for SodaRack {
                 .lock()
                 .expect("memory agent lock")
                 .extent(object, offset, into.len())?;
-        let result = match self.route {
-            Route::Direct => self.fetch_direct(start, into),
-            Route::ThroughDpu => self.fetch_through_dpu(object, offset, into),
+        let path = self.path(object);
+        let result = match path {
+            Path::Direct => self.fetch_direct(start, into),
+            Path::ThroughDpu => self.fetch_through_dpu(object, offset, into),
+            Path::Static(at) => self.static_transfer(at + offset, Transfer::Into(into)),
         };
         if let Err(error) = &result {
-            if self.route == Route::ThroughDpu {
+            if path != Path::Direct {
                 self.dpu_failed(object, error);
             }
         }
@@ -589,12 +796,21 @@ impl ChunkStore for SodaRack {
                 .lock()
                 .expect("memory agent lock")
                 .extent(object, offset, data.len())?;
-        let result = match self.route {
-            Route::Direct => self.write_direct(start, data),
-            Route::ThroughDpu => self.write_through_dpu(object, offset, data),
+        let path = self.path(object);
+        let result = match path {
+            Path::Direct => self.write_direct(start, data),
+            Path::ThroughDpu => self.write_through_dpu(object, offset, data),
+            Path::Static(at) => {
+                // The DPU's copy is now newer than the memory node's: it
+                // goes there when the object is unpinned.
+                if let Some(pinned) = self.pinned.lock().expect("pinned lock").get_mut(&object) {
+                    pinned.1 = true;
+                }
+                self.static_transfer(at + offset, Transfer::From(data))
+            }
         };
         if let Err(error) = &result {
-            if self.route == Route::ThroughDpu {
+            if path != Path::Direct {
                 self.dpu_failed(object, error);
             }
         }
@@ -602,19 +818,46 @@ impl ChunkStore for SodaRack {
     }
 
     fn release(&self, object: ObjectId) -> Result<(), StoreError> {
-        if let (Route::ThroughDpu, Some(dpu)) = (self.route, &self.dpu) {
-            if let Ok(region) = Self::region(object) {
-                dpu.state
-                    .lock()
-                    .expect("DPU state lock")
-                    .forget_region(region);
-            }
+        self.pinned.lock().expect("pinned lock").remove(&object);
+        self.dynamic.lock().expect("dynamic lock").remove(&object);
+        if let (Some(dpu), Ok(region)) = (&self.dpu, Self::region(object)) {
+            dpu.state
+                .lock()
+                .expect("DPU state lock")
+                .forget_region(region);
         }
         self.lost.lock().expect("lost lock").remove(&object);
         self.memory
             .lock()
             .expect("memory agent lock")
             .release(object)
+    }
+
+    fn advise(&self, object: ObjectId, advice: Advice) -> Result<(), StoreError> {
+        let unsupported = StoreError::Unsupported {
+            store: self.name(),
+            advice,
+        };
+        let Some(dpu) = &self.dpu else {
+            return Err(unsupported);
+        };
+        match advice {
+            Advice::Pin => Ok(self.pin(object)?),
+            Advice::Unpin => Ok(self.unpin(object)?),
+            Advice::CacheDynamically => {
+                if dpu
+                    .state
+                    .lock()
+                    .expect("DPU state lock")
+                    .has_dynamic_cache()
+                {
+                    self.dynamic.lock().expect("dynamic lock").insert(object);
+                    Ok(())
+                } else {
+                    Err(unsupported)
+                }
+            }
+        }
     }
 }
 

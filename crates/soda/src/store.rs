@@ -24,6 +24,8 @@ pub enum StoreError {
         end: u64,
         length: u64,
     },
+    #[error("the {store} store cannot take advice {advice:?}")]
+    Unsupported { store: &'static str, advice: Advice },
     #[error("the store is full: {wanted} bytes wanted, {free} free")]
     Full { wanted: u64, free: u64 },
     #[error("object {object:?}: its data was lost ({reason})")]
@@ -37,6 +39,17 @@ pub enum StoreError {
     /// operation); the source says which.
     #[error("remote store: {0}")]
     Remote(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// What an application tells the store about an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advice {
+    /// Keep it in the DPU's static cache: every access hits there.
+    Pin,
+    /// Leave the static cache; the DPU's copy goes to the memory node.
+    Unpin,
+    /// Route it through the DPU's dynamic cache (read-mostly data).
+    CacheDynamically,
 }
 
 pub trait ChunkStore: Send + Sync {
@@ -53,6 +66,14 @@ pub trait ChunkStore: Send + Sync {
     fn fetch(&self, object: ObjectId, offset: u64, into: &mut [u8]) -> Result<(), StoreError>;
     fn write_back(&self, object: ObjectId, offset: u64, data: &[u8]) -> Result<(), StoreError>;
     fn release(&self, object: ObjectId) -> Result<(), StoreError>;
+    /// Takes the application's advice; a store without a DPU refuses it.
+    fn advise(&self, object: ObjectId, advice: Advice) -> Result<(), StoreError> {
+        let _ = object;
+        Err(StoreError::Unsupported {
+            store: self.name(),
+            advice,
+        })
+    }
 }
 
 fn check_range(object: ObjectId, offset: u64, length: usize, size: u64) -> Result<(), StoreError> {

@@ -211,6 +211,7 @@ fn graphs_in_far_memory_give_the_local_results() {
         memory: &memory,
         chunk_bytes: 16 << 10,
         staging_directory: directory.path().to_owned(),
+        advice: &remora_soda::placement::no_advice,
     };
     let far = graph.place(&placement).unwrap();
     let source = (0..graph.vertex_count() as u32)
@@ -288,6 +289,7 @@ fn memory_node_options(directory: &Path) -> remora_soda::backend::RunOptions {
         source: 0,
         seed: 1,
         links: Default::default(),
+        cache: Default::default(),
     }
 }
 
@@ -309,7 +311,8 @@ fn graphs_on_a_memory_node_and_through_the_dpu_give_the_local_results() {
         .unwrap();
     for app in [App::Bfs, App::PageRank] {
         let local = run_on(Backend::Local, app, &graph, &options).unwrap();
-        for backend in [Backend::MemServer, Backend::DpuBase, Backend::DpuOptimized] {
+        let dpu = remora_soda::backend::DpuVariant::ALL.map(Backend::Dpu);
+        for backend in std::iter::once(Backend::MemServer).chain(dpu) {
             let remote = run_on(backend, app, &graph, &options).unwrap();
             remote.result.compare(&local.result).unwrap();
             let far = remote.far.unwrap();
@@ -317,7 +320,14 @@ fn graphs_on_a_memory_node_and_through_the_dpu_give_the_local_results() {
                 far.missing_faults > 0 && far.evictions > 0,
                 "{backend:?}: {far:?}"
             );
-            assert!(remote.emulation_cpu_seconds.is_some());
+            let rack = remote.rack.unwrap();
+            assert!(rack.emulation_cpu_seconds > 0.0);
+            if backend != Backend::MemServer {
+                assert!(
+                    rack.dpu.is_some() && rack.bandwidths.is_some(),
+                    "{backend:?}"
+                );
+            }
         }
     }
 }

@@ -1,0 +1,276 @@
+//! The DPU's caches, with no I/O (§IV-C).
+//!
+//! The dynamic cache is a table of fixed entries in one registered region
+//! (1 MiB by default, several chunks each), found through a hash map, with
+//! random eviction and a reference count per entry that blocks eviction
+//! while a reply is being sent from it. The recent list is a ring of the
+//! last 128 requested entries, which the prefetcher reads to fetch the
+//! entries that follow. The static cache is a bump allocator over its own
+//! region: what it holds never moves and is never evicted.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use remora_wire::soda::RegionId;
+use std::collections::HashMap;
+
+/// The recent list's length, as in the paper.
+pub const RECENT_LIST_LENGTH: usize = 128;
+
+/// An entry of a region: `entry` counts entry-sized pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EntryKey {
+    pub region: RegionId,
+    pub entry: u64,
+}
+
+/// Whether the dynamic cache is used: always, never, or while its hit
+/// rate pays for it (Eq. 3: h > B_net / B_intra).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheMode {
+    Auto,
+    On,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DynamicCacheConfig {
+    pub capacity_bytes: u64,
+    pub entry_bytes: usize,
+    /// Entries fetched ahead of each requested one.
+    pub prefetch_depth: u64,
+    pub mode: CacheMode,
+}
+
+/// What a lookup found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    Ready(usize),
+    Filling(usize),
+    Absent,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Slot {
+    key: Option<EntryKey>,
+    ready: bool,
+    references: u32,
+}
+
+#[derive(Debug)]
+pub struct CacheTable {
+    slots: Vec<Slot>,
+    index: HashMap<EntryKey, usize>,
+    free: Vec<usize>,
+    random: ChaCha8Rng,
+}
+
+/// Tries at picking an unreferenced victim before giving up for now.
+const EVICTION_TRIES: usize = 8;
+
+impl CacheTable {
+    pub fn new(entries: usize, seed: u64) -> CacheTable {
+        CacheTable {
+            slots: vec![Slot::default(); entries],
+            index: HashMap::new(),
+            free: (0..entries).rev().collect(),
+            random: ChaCha8Rng::seed_from_u64(seed),
+        }
+    }
+
+    pub fn entries(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn lookup(&self, key: EntryKey) -> Lookup {
+        match self.index.get(&key) {
+            Some(&slot) if self.slots[slot].ready => Lookup::Ready(slot),
+            Some(&slot) => Lookup::Filling(slot),
+            None => Lookup::Absent,
+        }
+    }
+
+    /// A slot for `key`, marked filling: a free one, or a random ready
+    /// one nobody is reading. `None` when every try found a busy slot.
+    pub fn reserve(&mut self, key: EntryKey) -> Option<usize> {
+        debug_assert_eq!(self.lookup(key), Lookup::Absent);
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => self.victim()?,
+        };
+        if let Some(old) = self.slots[slot].key.take() {
+            self.index.remove(&old);
+        }
+        self.slots[slot] = Slot {
+            key: Some(key),
+            ready: false,
+            references: 0,
+        };
+        self.index.insert(key, slot);
+        Some(slot)
+    }
+
+    fn victim(&mut self) -> Option<usize> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        (0..EVICTION_TRIES)
+            .map(|_| self.random.gen_range(0..self.slots.len()))
+            .find(|&slot| self.slots[slot].ready && self.slots[slot].references == 0)
+    }
+
+    pub fn filled(&mut self, slot: usize) {
+        self.slots[slot].ready = true;
+    }
+
+    /// A fill that failed: the slot goes back, empty.
+    pub fn abandon(&mut self, slot: usize) {
+        if let Some(key) = self.slots[slot].key.take() {
+            self.index.remove(&key);
+        }
+        self.slots[slot] = Slot::default();
+        self.free.push(slot);
+    }
+
+    pub fn acquire(&mut self, slot: usize) {
+        self.slots[slot].references += 1;
+    }
+
+    pub fn release(&mut self, slot: usize) {
+        let references = &mut self.slots[slot].references;
+        debug_assert!(*references > 0, "released more than acquired");
+        *references = references.saturating_sub(1);
+    }
+
+    /// Drops every entry of `region` nobody is reading (the region was
+    /// written or freed).
+    pub fn forget_region(&mut self, region: RegionId) {
+        let stale: Vec<usize> = self
+            .index
+            .iter()
+            .filter(|(key, &slot)| {
+                key.region == region && self.slots[slot].references == 0 && self.slots[slot].ready
+            })
+            .map(|(_, &slot)| slot)
+            .collect();
+        for slot in stale {
+            self.abandon(slot);
+        }
+    }
+}
+
+/// The last requested entries, newest last; readers keep a sequence number.
+#[derive(Debug)]
+pub struct RecentList {
+    ring: [Option<EntryKey>; RECENT_LIST_LENGTH],
+    pushed: u64,
+}
+
+impl Default for RecentList {
+    fn default() -> RecentList {
+        RecentList {
+            ring: [None; RECENT_LIST_LENGTH],
+            pushed: 0,
+        }
+    }
+}
+
+impl RecentList {
+    pub fn push(&mut self, key: EntryKey) {
+        self.ring[(self.pushed % RECENT_LIST_LENGTH as u64) as usize] = Some(key);
+        self.pushed += 1;
+    }
+
+    /// Entries pushed since `seen` (at most the ring's length, oldest
+    /// first), and the new sequence number.
+    pub fn since(&self, seen: u64) -> (Vec<EntryKey>, u64) {
+        let first = seen.max(self.pushed.saturating_sub(RECENT_LIST_LENGTH as u64));
+        let keys = (first..self.pushed)
+            .filter_map(|at| self.ring[(at % RECENT_LIST_LENGTH as u64) as usize])
+            .collect();
+        (keys, self.pushed)
+    }
+}
+
+/// The static cache's space: a bump allocator, never evicted.
+#[derive(Debug)]
+pub struct StaticSpace {
+    capacity_bytes: u64,
+    used_bytes: u64,
+}
+
+impl StaticSpace {
+    pub fn new(capacity_bytes: u64) -> StaticSpace {
+        StaticSpace {
+            capacity_bytes,
+            used_bytes: 0,
+        }
+    }
+
+    /// `bytes` of space; its offset, or `None` when full.
+    pub fn allocate(&mut self, bytes: u64) -> Option<u64> {
+        let start = self.used_bytes.next_multiple_of(4096);
+        let end = start.checked_add(bytes)?;
+        (end <= self.capacity_bytes).then(|| {
+            self.used_bytes = end;
+            start
+        })
+    }
+
+    pub fn capacity_bytes(&self) -> u64 {
+        self.capacity_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(entry: u64) -> EntryKey {
+        EntryKey {
+            region: RegionId(1),
+            entry,
+        }
+    }
+
+    #[test]
+    fn entries_fill_hit_and_are_evicted_only_when_unreferenced() {
+        let mut table = CacheTable::new(2, 7);
+        let first = table.reserve(key(0)).unwrap();
+        assert_eq!(table.lookup(key(0)), Lookup::Filling(first));
+        table.filled(first);
+        table.acquire(first);
+        let second = table.reserve(key(1)).unwrap();
+        table.filled(second);
+        // Full: only the unreferenced entry can go.
+        let third = table.reserve(key(2)).unwrap();
+        assert_eq!(third, second);
+        assert_eq!(table.lookup(key(1)), Lookup::Absent);
+        assert_eq!(table.lookup(key(0)), Lookup::Ready(first));
+        // Everything busy or filling: no room now.
+        assert_eq!(table.reserve(key(3)), None);
+        table.release(first);
+        table.filled(third);
+        assert!(table.reserve(key(3)).is_some());
+    }
+
+    #[test]
+    fn the_recent_list_keeps_the_last_128() {
+        let mut list = RecentList::default();
+        for entry in 0..200 {
+            list.push(key(entry));
+        }
+        let (keys, seen) = list.since(0);
+        assert_eq!(keys.len(), RECENT_LIST_LENGTH);
+        assert_eq!(keys[0], key(72));
+        list.push(key(500));
+        assert_eq!(list.since(seen).0, vec![key(500)]);
+    }
+
+    #[test]
+    fn static_space_never_overcommits() {
+        let mut space = StaticSpace::new(10_000);
+        assert_eq!(space.allocate(5000), Some(0));
+        assert_eq!(space.allocate(5000), None);
+        assert_eq!(space.allocate(1000), Some(8192));
+    }
+}
