@@ -114,9 +114,9 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 0.05)]
     cache_fraction: f64,
     /// Chunks per dynamic cache entry (the paper: 1 MiB entries of 64 KiB
-    /// chunks, 16).
-    #[arg(long, default_value_t = 4)]
-    cache_entry_chunks: usize,
+    /// chunks, 16); by default enough entries to hold several streams.
+    #[arg(long)]
+    cache_entry_chunks: Option<usize>,
     /// Cache entries fetched ahead of each requested one.
     #[arg(long, default_value_t = 1)]
     prefetch_depth: u64,

@@ -88,8 +88,9 @@ pub struct CacheOptions {
     /// The cache's size as a share of the edge bytes: the paper's 1 GB
     /// cache served 18–50 GB of edges, so 5% at most.
     pub edge_fraction: f64,
-    /// Chunks per entry.
-    pub chunks_per_entry: usize,
+    /// Chunks per entry; `None` picks enough entries for the cache to
+    /// hold several streams (at least 32 entries, at most 16 chunks each).
+    pub chunks_per_entry: Option<usize>,
     pub prefetch_depth: u64,
     pub mode: CacheMode,
 }
@@ -98,7 +99,7 @@ impl Default for CacheOptions {
     fn default() -> CacheOptions {
         CacheOptions {
             edge_fraction: 0.05,
-            chunks_per_entry: 4,
+            chunks_per_entry: None,
             prefetch_depth: 1,
             mode: CacheMode::Auto,
         }
@@ -333,8 +334,8 @@ fn soda_rack(backend: Backend, graph: &Graph, options: &RunOptions) -> Result<So
                 config.static_bytes = offset_bytes + 4 * chunk;
             }
             if variant == DpuVariant::Dynamic {
-                let entry_bytes = options.chunk_bytes * options.cache.chunks_per_entry.max(1);
                 let capacity = (edge_bytes as f64 * options.cache.edge_fraction) as u64;
+                let entry_bytes = options.chunk_bytes * entry_chunks(capacity, options);
                 config.dynamic = Some(DynamicCacheConfig {
                     // At least one entry, so the cache exists at all.
                     capacity_bytes: capacity.max(entry_bytes as u64) / entry_bytes as u64
@@ -357,6 +358,19 @@ fn soda_rack(backend: Backend, graph: &Graph, options: &RunOptions) -> Result<So
         links: options.links,
     };
     SodaRack::start(&config).map_err(|error| SodaError::Store(error.into()))
+}
+
+/// Chunks per dynamic cache entry: as asked, or enough entries (32) for
+/// several streams, between 1 and 16 chunks each (16 is the paper's
+/// 1 MiB of 64 KiB chunks).
+pub fn entry_chunks(capacity_bytes: u64, options: &RunOptions) -> usize {
+    const ENTRIES_WANTED: u64 = 32;
+    const MOST_CHUNKS: u64 = 16;
+    let chunk = options.chunk_bytes as u64;
+    options
+        .cache
+        .chunks_per_entry
+        .unwrap_or_else(|| (capacity_bytes / ENTRIES_WANTED / chunk).clamp(1, MOST_CHUNKS) as usize)
 }
 
 fn run_local(app: App, graph: &Graph, options: &RunOptions) -> BackendRun {

@@ -5,6 +5,7 @@
 mod clover;
 mod cowbird;
 mod rnic;
+mod soda;
 mod switch;
 
 use clap::{Args, Subcommand};
@@ -34,6 +35,24 @@ pub enum BenchCommand {
     /// time per remote request split into issue and completion, latency,
     /// bytes per request, and fabric and engine CPU reported apart.
     Cowbird(CowbirdArgs),
+    /// SODA: five graph applications (BFS, PageRank, Radii, BC, CC) on a
+    /// Kronecker graph through far memory: all-local, an O_DIRECT file,
+    /// the memory node direct, and the DPU base, with aggregation, with
+    /// asynchronous forwarding, and with static or dynamic caching, on
+    /// links shaped as the paper's testbed (B_intra = 2 B_net); runtime,
+    /// memory-link bytes on demand and in the background, hit rates,
+    /// fault latency, and host, DPU and fabric CPU apart.
+    Soda(SodaArgs),
+}
+
+#[derive(Args)]
+pub struct SodaArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Kronecker scale (default 16 with --quick, 20 otherwise; 22 is the
+    /// large run).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(10..=24))]
+    scale: Option<u32>,
 }
 
 #[derive(Args)]
@@ -164,6 +183,7 @@ pub fn run(command: BenchCommand) -> Result<ExitCode, String> {
             clover::run(args.common.quick, args.history.as_deref())?,
             args.common,
         ),
+        BenchCommand::Soda(args) => (soda::run(args.common.quick, args.scale)?, args.common),
         BenchCommand::Cowbird(args) => {
             let settings = cowbird::Settings::from_args(args.threads, args.config.as_deref())?;
             (cowbird::run(args.common.quick, &settings)?, args.common)

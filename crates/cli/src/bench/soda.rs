@@ -1,0 +1,428 @@
+//! `remora bench soda`: SODA's evaluation (§VI) on the rack. Five graph
+//! applications on a Kronecker graph, each on every backend: all-local,
+//! the O_DIRECT file (SSD baseline), the memory node direct (MemServer),
+//! and the DPU base, with aggregation, with asynchronous forwarding, and
+//! "DPU opt" with static (vertex) or dynamic (edge) caching.
+//!
+//! The links are shaped as the paper's testbed: B_net (the memory node's
+//! link) is half of what the soft RNIC sustains, measured at start-up, so
+//! the link and not the emulation is the bottleneck, and B_intra (compute
+//! and DPU links) is twice B_net. Every result is checked against
+//! all-local memory; a disagreement fails the benchmark.
+
+use super::{median, Host, Report};
+use indicatif::{ProgressBar, ProgressStyle};
+use remora_carrier::wrappers::LinkShape;
+use remora_graph::apps::App;
+use remora_graph::Graph;
+use remora_soda::backend::{
+    footprint_bytes, run_on, Backend, BackendRun, CacheOptions, DpuVariant, RunOptions,
+};
+use remora_soda::dpu::DpuConfig;
+use remora_soda::rack::{RackLinks, Route, SodaRack, SodaRackConfig};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// GAPBS's reference kernels on a Kronecker scale-20 graph with 2 threads
+/// (the figures, seconds): BFS, PageRank, CC and BC.
+const GAPBS_SCALE_20_SECONDS: [(App, f64); 4] = [
+    (App::Bfs, 0.036),
+    (App::PageRank, 0.516),
+    (App::Cc, 0.071),
+    (App::Bc, 0.635),
+];
+
+/// Queue on a shaped link: a few chunks' worth.
+const QUEUE_LIMIT_BYTES: u64 = 4 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SodaBenchError {
+    #[error(transparent)]
+    Graph(#[from] crate::soda::SodaCliError),
+    #[error(transparent)]
+    Soda(#[from] remora_soda::SodaError),
+    #[error("measuring the soft RNIC: {0}")]
+    Calibration(String),
+    #[error("{app} on {backend} disagrees with local memory: {mismatch}")]
+    Mismatch {
+        app: &'static str,
+        backend: &'static str,
+        mismatch: remora_graph::apps::ResultMismatch,
+    },
+    #[error("progress bar template: {0}")]
+    Progress(String),
+}
+
+pub struct Settings {
+    pub scale: u32,
+    pub repetitions: usize,
+}
+
+impl Settings {
+    pub fn new(quick: bool, scale: Option<u32>) -> Settings {
+        Settings {
+            scale: scale.unwrap_or(if quick { 16 } else { 20 }),
+            repetitions: if quick { 1 } else { 3 },
+        }
+    }
+}
+
+fn backends() -> Vec<Backend> {
+    let mut backends = vec![Backend::Local, Backend::File, Backend::MemServer];
+    backends.extend(DpuVariant::ALL.map(Backend::Dpu));
+    backends
+}
+
+/// What the soft RNIC moves with no shaping, through the DPU rack's own
+/// measurement (the faster of its two paths).
+fn soft_rnic_bytes_per_second(chunk_bytes: usize, channels: usize) -> Result<f64, SodaBenchError> {
+    let config = SodaRackConfig {
+        pool_bytes: 4 << 20,
+        channels,
+        chunk_bytes,
+        dpu: Some(DpuConfig::optimized(chunk_bytes)),
+        route: Route::Direct,
+        links: RackLinks::default(),
+    };
+    let rack =
+        SodaRack::start(&config).map_err(|error| SodaBenchError::Calibration(error.to_string()))?;
+    let (net, intra) = rack.bandwidths().expect("a DPU rack measures its links");
+    Ok(net.max(intra))
+}
+
+fn shape(bytes_per_second: f64) -> LinkShape {
+    LinkShape {
+        bandwidth_bits_per_second: (bytes_per_second * 8.0) as u64,
+        propagation_delay: Duration::ZERO,
+        queue_limit_bytes: QUEUE_LIMIT_BYTES,
+    }
+}
+
+fn geometric_mean(values: &[f64]) -> f64 {
+    let logs: f64 = values.iter().map(|value| value.ln()).sum();
+    (logs / values.len() as f64).exp()
+}
+
+/// One backend's figures for one app: medians over the repetitions.
+struct Figures {
+    seconds: f64,
+    run: BackendRun,
+}
+
+pub fn run(quick: bool, scale: Option<u32>) -> Result<Report, String> {
+    run_checked(quick, scale).map_err(|error| error.to_string())
+}
+
+fn run_checked(quick: bool, scale: Option<u32>) -> Result<Report, SodaBenchError> {
+    let settings = Settings::new(quick, scale);
+    let graph = crate::soda::graph_from(&format!("kron:{}:16", settings.scale), 1, false)?;
+    let work =
+        tempfile::tempdir().map_err(|error| SodaBenchError::Calibration(error.to_string()))?;
+    let mut options = RunOptions {
+        threads: 2,
+        fault_threads: 2,
+        buffer_fraction: 1.0 / 3.0,
+        chunk_bytes: 64 << 10,
+        work_directory: work.path().to_owned(),
+        source: crate::soda::default_source(&graph),
+        seed: 1,
+        links: RackLinks::default(),
+        cache: CacheOptions::default(),
+    };
+    let soft = soft_rnic_bytes_per_second(options.chunk_bytes, options.fault_threads + 1)?;
+    let b_net = soft / 2.0;
+    let b_intra = 2.0 * b_net;
+    options.links = RackLinks {
+        compute: Some(shape(b_intra)),
+        memory: Some(shape(b_net)),
+        dpu: Some(shape(b_intra)),
+    };
+    let (edge_bytes, offset_bytes) = graph.footprint_bytes();
+    println!(
+        "SODA: Kronecker scale {} ({} vertices, {} edges, {:.1} MiB), host buffer 1/3, {} kernel and {} fault threads",
+        settings.scale,
+        graph.vertex_count(),
+        graph.edge_count(),
+        footprint_bytes(&graph) as f64 / (1 << 20) as f64,
+        options.threads,
+        options.fault_threads
+    );
+    println!(
+        "links: the soft RNIC moves {:.2} GB/s; B_net {:.2} GB/s, B_intra {:.2} GB/s\n",
+        soft / 1e9,
+        b_net / 1e9,
+        b_intra / 1e9
+    );
+    let mut report = Report {
+        bench: "soda".into(),
+        config: serde_json::json!({
+            "quick": quick,
+            "graph": format!("kronecker scale {} degree 16 seed 1", settings.scale),
+            "vertices": graph.vertex_count(),
+            "edges": graph.edge_count(),
+            "edge_bytes": edge_bytes,
+            "offset_bytes": offset_bytes,
+            "repetitions": settings.repetitions,
+            "threads": options.threads,
+            "fault_threads": options.fault_threads,
+            "chunk_bytes": options.chunk_bytes,
+            "buffer_fraction": options.buffer_fraction,
+            "soft_rnic_bytes_per_second": soft,
+            "b_net_bytes_per_second": b_net,
+            "b_intra_bytes_per_second": b_intra,
+            "dynamic_cache": {
+                "edge_fraction": options.cache.edge_fraction,
+                "entry_bytes": options.chunk_bytes
+                    * remora_soda::backend::entry_chunks((edge_bytes as f64 * options.cache.edge_fraction) as u64, &options),
+                "prefetch_depth": options.cache.prefetch_depth,
+                "mode": format!("{:?}", options.cache.mode),
+            },
+            "dpu_opt": "dpu-static for every app (vertex data pinned); dpu-dynamic caches edge data",
+            "not_built": "Fig. 8 (a second process sharing the DPU agent)",
+        }),
+        host: Host::probe(),
+        results: Vec::new(),
+        ratios: serde_json::Map::new(),
+    };
+    let figures = measure(&graph, &options, &settings)?;
+    record(&mut report, &figures);
+    ratios(&mut report, &figures, settings.scale);
+    Ok(report)
+}
+
+fn measure(
+    graph: &Graph,
+    options: &RunOptions,
+    settings: &Settings,
+) -> Result<BTreeMap<(App, Backend), Figures>, SodaBenchError> {
+    let backends = backends();
+    let total = (App::ALL.len() * backends.len() * settings.repetitions) as u64;
+    let progress = ProgressBar::new(total);
+    progress.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} runs {msg}")
+            .map_err(|error| SodaBenchError::Progress(error.to_string()))?,
+    );
+    let mut figures = BTreeMap::new();
+    for app in App::ALL {
+        let mut local = None;
+        for &backend in &backends {
+            progress.set_message(format!("{} on {}", app.name(), backend.name()));
+            let mut runs = Vec::new();
+            for _ in 0..settings.repetitions {
+                runs.push(run_on(backend, app, graph, options)?);
+                progress.inc(1);
+            }
+            let mut seconds: Vec<f64> = runs.iter().map(|run| run.seconds).collect();
+            let seconds = median(&mut seconds);
+            let run = runs.pop().expect("at least one repetition");
+            match &local {
+                None => local = Some(run.result.clone()),
+                Some(expected) => {
+                    run.result
+                        .compare(expected)
+                        .map_err(|mismatch| SodaBenchError::Mismatch {
+                            app: app.name(),
+                            backend: backend.name(),
+                            mismatch,
+                        })?
+                }
+            }
+            figures.insert((app, backend), Figures { seconds, run });
+        }
+    }
+    progress.finish_and_clear();
+    Ok(figures)
+}
+
+fn record(report: &mut Report, figures: &BTreeMap<(App, Backend), Figures>) {
+    println!(
+        "{:<6} {:<16} {:>9} {:>11} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9}",
+        "app",
+        "backend",
+        "seconds",
+        "on-demand",
+        "background",
+        "hit",
+        "fault p50",
+        "fault p99",
+        "host CPU",
+        "DPU CPU"
+    );
+    for ((app, backend), figure) in figures {
+        let variant = format!("{}/{}", app.name(), backend.name());
+        report.add(&variant, "runtime", figure.seconds, "s");
+        let run = &figure.run;
+        let mut row = format!(
+            "{:<6} {:<16} {:>9.3}",
+            app.name(),
+            backend.name(),
+            figure.seconds
+        );
+        if let Some(rack) = &run.rack {
+            let on_demand = rack.memory_on_demand_bytes() as f64;
+            let background = rack.memory_background_bytes() as f64;
+            report.add(&variant, "memory_link_on_demand", on_demand, "bytes");
+            report.add(&variant, "memory_link_background", background, "bytes");
+            report.add(&variant, "fabric_cpu", rack.emulation_cpu_seconds, "s");
+            let hit = rack.hit_rate();
+            if let Some(hit) = hit {
+                report.add(&variant, "dynamic_hit_rate", hit, "ratio");
+            }
+            let dpu_busy = rack.dpu.map(|(_, busy)| busy);
+            if let Some(busy) = dpu_busy {
+                report.add(&variant, "dpu_agents_busy", busy, "s");
+            }
+            row += &format!(
+                " {:>9.1}M {:>9.1}M {:>8}",
+                on_demand / (1 << 20) as f64,
+                background / (1 << 20) as f64,
+                hit.map_or("-".into(), |hit| format!("{:.1}%", hit * 100.0)),
+            );
+            if let Some(far) = &run.far {
+                row += &format!(
+                    " {:>7.0}us {:>7.0}us {:>8.3}s {:>8}",
+                    far.fault_p50_nanos as f64 / 1e3,
+                    far.fault_p99_nanos as f64 / 1e3,
+                    (far.handler_cpu_nanos + far.evictor_cpu_nanos) as f64 / 1e9,
+                    dpu_busy.map_or("-".into(), |busy| format!("{busy:.3}s")),
+                );
+            }
+        } else if let Some(far) = &run.far {
+            row += &format!(
+                " {:>10} {:>10} {:>8} {:>7.0}us {:>7.0}us {:>8.3}s {:>8}",
+                "-",
+                "-",
+                "-",
+                far.fault_p50_nanos as f64 / 1e3,
+                far.fault_p99_nanos as f64 / 1e3,
+                (far.handler_cpu_nanos + far.evictor_cpu_nanos) as f64 / 1e9,
+                "-"
+            );
+        }
+        if let Some(far) = &run.far {
+            report.add(
+                &variant,
+                "fault_p50",
+                far.fault_p50_nanos as f64 / 1e3,
+                "us",
+            );
+            report.add(
+                &variant,
+                "fault_p99",
+                far.fault_p99_nanos as f64 / 1e3,
+                "us",
+            );
+            report.add(
+                &variant,
+                "fault_handler_cpu",
+                far.handler_cpu_nanos as f64 / 1e9,
+                "s",
+            );
+            report.add(
+                &variant,
+                "evictor_cpu",
+                far.evictor_cpu_nanos as f64 / 1e9,
+                "s",
+            );
+            report.add(&variant, "fetched", far.fetched_bytes as f64, "bytes");
+        }
+        println!("{row}");
+    }
+    println!();
+}
+
+fn seconds(figures: &BTreeMap<(App, Backend), Figures>, app: App, backend: Backend) -> f64 {
+    figures[&(app, backend)].seconds
+}
+
+fn memory_bytes(figures: &BTreeMap<(App, Backend), Figures>, app: App, backend: Backend) -> f64 {
+    let rack = figures[&(app, backend)]
+        .run
+        .rack
+        .as_ref()
+        .expect("a rack backend");
+    (rack.memory_on_demand_bytes() + rack.memory_background_bytes()) as f64
+}
+
+fn ratios(report: &mut Report, figures: &BTreeMap<(App, Backend), Figures>, scale: u32) {
+    let dpu_opt = Backend::Dpu(DpuVariant::Static);
+    let over = |baseline: Backend, backend: Backend| -> f64 {
+        let speedups: Vec<f64> = App::ALL
+            .iter()
+            .map(|&app| seconds(figures, app, baseline) / seconds(figures, app, backend))
+            .collect();
+        geometric_mean(&speedups)
+    };
+    let base = Backend::Dpu(DpuVariant::Base);
+    let static_saving = 1.0
+        - memory_bytes(figures, App::PageRank, dpu_opt)
+            / memory_bytes(figures, App::PageRank, Backend::MemServer);
+    let dynamic = &figures[&(App::PageRank, Backend::Dpu(DpuVariant::Dynamic))].run;
+    let rack = dynamic.rack.as_ref().expect("a rack backend");
+    let hit_rate = rack.hit_rate().unwrap_or(0.0);
+    let threshold = rack.bandwidths.map_or(f64::NAN, |(net, intra)| net / intra);
+    let mut named = vec![
+        (
+            "dpu_opt_vs_file_geomean",
+            over(Backend::File, dpu_opt),
+            ">= 1.5",
+        ),
+        (
+            "dpu_opt_vs_memserver_geomean",
+            over(Backend::MemServer, dpu_opt),
+            ">= 1.0",
+        ),
+        ("static_cache_traffic_saving_pr", static_saving, ">= 0.25"),
+        ("dynamic_hit_rate_pr", hit_rate, ">= 0.90"),
+        (
+            "eq3_threshold_pr",
+            threshold,
+            "(reported: caching pays when the hit rate is above it)",
+        ),
+        (
+            "memserver_vs_file_geomean",
+            over(Backend::File, Backend::MemServer),
+            "(reported; the paper: faster in 17 of 20)",
+        ),
+        (
+            "dpu_base_vs_memserver_geomean",
+            over(Backend::MemServer, base),
+            "(reported; the paper: 1-14% slower)",
+        ),
+    ];
+    for variant in [
+        DpuVariant::Aggregation,
+        DpuVariant::Async,
+        DpuVariant::Static,
+        DpuVariant::Dynamic,
+    ] {
+        let name: &'static str = match variant {
+            DpuVariant::Aggregation => "fig11_aggregation_vs_base_geomean",
+            DpuVariant::Async => "fig11_async_vs_base_geomean",
+            DpuVariant::Static => "fig11_static_vs_base_geomean",
+            _ => "fig11_dynamic_vs_base_geomean",
+        };
+        named.push((
+            name,
+            over(base, Backend::Dpu(variant)),
+            "(reported, Fig. 11)",
+        ));
+    }
+    if scale == 20 {
+        for (app, reference) in GAPBS_SCALE_20_SECONDS {
+            let ratio = seconds(figures, app, Backend::Local) / reference;
+            let name: &'static str = match app {
+                App::Bfs => "local_vs_gapbs_bfs",
+                App::PageRank => "local_vs_gapbs_pr",
+                App::Cc => "local_vs_gapbs_cc",
+                _ => "local_vs_gapbs_bc",
+            };
+            named.push((name, ratio, "<= 1.5"));
+        }
+    }
+    println!("ratios:");
+    for (name, value, target) in named {
+        println!("  {name:<36} {value:>7.3}   {target}");
+        report.ratios.insert(name.into(), serde_json::json!(value));
+    }
+}
