@@ -676,15 +676,8 @@ pub fn soda_step() -> Result<SystemStep, String> {
     );
     let work = tempfile::tempdir().map_err(|error| format!("work directory: {error}"))?;
     let options = RunOptions {
-        threads: 2,
-        fault_threads: 2,
-        buffer_fraction: 1.0 / 3.0,
         chunk_bytes: 16 << 10,
-        work_directory: work.path().to_owned(),
-        source: crate::soda::default_source(&graph),
-        seed: 1,
-        links: Default::default(),
-        cache: Default::default(),
+        ..RunOptions::new(work.path().to_owned(), crate::soda::default_source(&graph))
     };
     let run =
         |backend| run_on(backend, App::Bfs, &graph, &options).map_err(|error| error.to_string());

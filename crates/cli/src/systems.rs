@@ -50,6 +50,14 @@ pub fn check_sections(rack: &RackConfig) -> Result<(), String> {
     Ok(())
 }
 
+/// A system without a rack-file section refuses one, saying where it runs.
+fn refuse_section(rack: &RackConfig, name: &str, instead: &str) -> Result<(), String> {
+    match rack.systems.contains_key(name) {
+        true => Err(format!("[{name}] has no rack-file section yet: {instead}")),
+        false => Ok(()),
+    }
+}
+
 struct Clover;
 
 impl System for Clover {
@@ -62,10 +70,11 @@ impl System for Clover {
     }
 
     fn check_section(&self, rack: &RackConfig) -> Result<(), String> {
-        match rack.systems.contains_key(self.name()) {
-            true => Err("[clover] has no rack-file section yet: Clover runs in the simulator and in `remora bench clover`".into()),
-            false => Ok(()),
-        }
+        refuse_section(
+            rack,
+            self.name(),
+            "Clover runs in the simulator and in `remora bench clover`",
+        )
     }
 
     fn rack_up(
@@ -119,10 +128,11 @@ impl System for Soda {
     }
 
     fn check_section(&self, rack: &RackConfig) -> Result<(), String> {
-        match rack.systems.get(self.name()) {
-            None => Ok(()),
-            Some(_) => Err("[soda]: SODA runs on one host so far (`remora soda run`); its rack section is not built yet".into()),
-        }
+        refuse_section(
+            rack,
+            self.name(),
+            "SODA runs through `remora soda run` and `remora bench soda`",
+        )
     }
 
     fn rack_up(

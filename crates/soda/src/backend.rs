@@ -125,6 +125,24 @@ pub struct RunOptions {
     pub cache: CacheOptions,
 }
 
+impl RunOptions {
+    /// The benchmark's settings (§V): 2 kernel and 2 fault threads, a host
+    /// buffer of a third of the graph, 64 KiB chunks, unshaped links.
+    pub fn new(work_directory: PathBuf, source: Vertex) -> RunOptions {
+        RunOptions {
+            threads: 2,
+            fault_threads: 2,
+            buffer_fraction: 1.0 / 3.0,
+            chunk_bytes: crate::far::DEFAULT_CHUNK_BYTES,
+            work_directory,
+            source,
+            seed: 1,
+            links: RackLinks::default(),
+            cache: CacheOptions::default(),
+        }
+    }
+}
+
 /// What the rack saw during a run.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RackReport {

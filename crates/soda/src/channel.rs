@@ -37,6 +37,25 @@ pub enum ChannelError {
     Queues(String),
 }
 
+/// A transfer's data: where a read lands, or what a write sends.
+pub enum Transfer<'a> {
+    Into(&'a mut [u8]),
+    From(&'a [u8]),
+}
+
+impl Transfer<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Transfer::Into(into) => into.len(),
+            Transfer::From(from) => from.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// A reply to a two-sided request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reply {
@@ -97,6 +116,35 @@ impl Channel {
         kicker.kick();
         let completion = self.wait(name)?;
         check(&completion, name)?;
+        Ok(())
+    }
+
+    /// Moves a transfer's bytes from or to `region` at `at`, one-sided, a
+    /// landing buffer at a time.
+    pub fn transfer(
+        &self,
+        kicker: &DriverKicker,
+        region: MemoryRegion,
+        at: u64,
+        transfer: Transfer<'_>,
+    ) -> Result<(), ChannelError> {
+        let chunk = self.chunk_bytes;
+        match transfer {
+            Transfer::Into(into) => {
+                for (index, piece) in into.chunks_mut(chunk).enumerate() {
+                    let remote = region.remote(at + (index * chunk) as u64);
+                    self.one_sided(kicker, remote, piece.len(), true)?;
+                    self.buffer.read(0, piece)?;
+                }
+            }
+            Transfer::From(from) => {
+                for (index, piece) in from.chunks(chunk).enumerate() {
+                    self.buffer.write(0, piece)?;
+                    let remote = region.remote(at + (index * chunk) as u64);
+                    self.one_sided(kicker, remote, piece.len(), false)?;
+                }
+            }
+        }
         Ok(())
     }
 

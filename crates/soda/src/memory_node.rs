@@ -73,15 +73,7 @@ impl MemoryAgent {
             .objects
             .get(&object)
             .ok_or(StoreError::UnknownObject(object))?;
-        let end = offset.saturating_add(length as u64);
-        if end > size {
-            return Err(StoreError::OutOfRange {
-                object,
-                offset,
-                end,
-                length: size,
-            });
-        }
+        crate::store::check_range(object, offset, length, size)?;
         Ok(start + offset)
     }
 

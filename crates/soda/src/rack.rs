@@ -8,7 +8,7 @@
 //! agents; its CPU is emulated hardware and the DPU's, reported apart from
 //! the application's.
 
-use crate::channel::{Channel, ChannelError, ChannelPool};
+use crate::channel::{Channel, ChannelError, ChannelPool, Transfer};
 use crate::dpu::{
     DpuConfig, DpuCounters, DpuPrefetcher, DpuReceiver, DpuResources, DpuStager, DpuState,
     SharedDpu, StaticState, PERSISTED_MASK, REPLY_ERROR,
@@ -439,37 +439,15 @@ impl SodaRack {
         self.dpu.as_ref().ok_or(SodaRackError::NoDpu)
     }
 
-    fn fetch_direct(&self, start: u64, into: &mut [u8]) -> Result<(), SodaRackError> {
-        self.direct.with(|channel| {
-            for (index, piece) in into.chunks_mut(channel.chunk_bytes).enumerate() {
-                let at = start + (index * channel.chunk_bytes) as u64;
-                channel.one_sided(&self.kicker, self.pool.remote(at), piece.len(), true)?;
-                channel
-                    .landing()
-                    .read(0, piece)
-                    .map_err(ChannelError::from)?;
-            }
-            Ok::<_, SodaRackError>(())
-        })?;
-        self.direct_read_bytes
-            .fetch_add(into.len() as u64, Ordering::Relaxed);
-        Ok(())
-    }
-
-    fn write_direct(&self, start: u64, data: &[u8]) -> Result<(), SodaRackError> {
-        self.direct.with(|channel| {
-            for (index, piece) in data.chunks(channel.chunk_bytes).enumerate() {
-                channel
-                    .landing()
-                    .write(0, piece)
-                    .map_err(ChannelError::from)?;
-                let at = start + (index * channel.chunk_bytes) as u64;
-                channel.one_sided(&self.kicker, self.pool.remote(at), piece.len(), false)?;
-            }
-            Ok::<_, SodaRackError>(())
-        })?;
-        self.direct_written_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+    /// One-sided to the memory node's pool.
+    fn direct_transfer(&self, start: u64, transfer: Transfer<'_>) -> Result<(), SodaRackError> {
+        let (bytes, counter) = match &transfer {
+            Transfer::Into(into) => (into.len(), &self.direct_read_bytes),
+            Transfer::From(from) => (from.len(), &self.direct_written_bytes),
+        };
+        self.direct
+            .with(|channel| channel.transfer(&self.kicker, self.pool, start, transfer))?;
+        counter.fetch_add(bytes as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -635,35 +613,13 @@ impl SodaRack {
         }
     }
 
-    fn static_transfer(&self, at: u64, data: Transfer<'_>) -> Result<(), SodaRackError> {
+    /// One-sided to the DPU's static cache.
+    fn static_transfer(&self, at: u64, transfer: Transfer<'_>) -> Result<(), SodaRackError> {
         let dpu = self.dpu()?;
         let region = dpu.state.lock().expect("DPU state lock").static_region();
-        dpu.channels.with(|channel| {
-            let chunk = channel.chunk_bytes;
-            match data {
-                Transfer::Into(into) => {
-                    for (index, piece) in into.chunks_mut(chunk).enumerate() {
-                        let remote = region.remote(at + (index * chunk) as u64);
-                        channel.one_sided(&self.kicker, remote, piece.len(), true)?;
-                        channel
-                            .landing()
-                            .read(0, piece)
-                            .map_err(ChannelError::from)?;
-                    }
-                }
-                Transfer::From(from) => {
-                    for (index, piece) in from.chunks(chunk).enumerate() {
-                        channel
-                            .landing()
-                            .write(0, piece)
-                            .map_err(ChannelError::from)?;
-                        let remote = region.remote(at + (index * chunk) as u64);
-                        channel.one_sided(&self.kicker, remote, piece.len(), false)?;
-                    }
-                }
-            }
-            Ok(())
-        })
+        Ok(dpu
+            .channels
+            .with(|channel| channel.transfer(&self.kicker, region, at, transfer))?)
     }
 
     /// Waits until the DPU's static cache reaches `done` for `region`.
@@ -724,12 +680,6 @@ impl SodaRack {
     }
 }
 
-/// A transfer's data: where a read lands, or what a write sends.
-enum Transfer<'a> {
-    Into(&'a mut [u8]),
-    From(&'a [u8]),
-}
-
 impl ChunkStore for SodaRack {
     fn name(&self) -> &'static str {
         match (self.route, self.dpu.is_some()) {
@@ -749,10 +699,7 @@ impl ChunkStore for SodaRack {
         }
         let mut memory = self.memory.lock().expect("memory agent lock");
         let start = memory.reserve(object, bytes)?;
-        let data = match initial {
-            Some(path) => crate::store::read_initial(path, bytes),
-            None => Ok(vec![0; bytes as usize]),
-        };
+        let data = crate::store::initial_data(initial, bytes);
         if let Err(error) = data.and_then(|data| memory.load(start, &data)) {
             let _ = memory.release(object);
             return Err(error);
@@ -777,7 +724,7 @@ impl ChunkStore for SodaRack {
                 .extent(object, offset, into.len())?;
         let path = self.path(object);
         let result = match path {
-            Path::Direct => self.fetch_direct(start, into),
+            Path::Direct => self.direct_transfer(start, Transfer::Into(into)),
             Path::ThroughDpu => self.fetch_through_dpu(object, offset, into),
             Path::Static(at) => self.static_transfer(at + offset, Transfer::Into(into)),
         };
@@ -798,7 +745,7 @@ impl ChunkStore for SodaRack {
                 .extent(object, offset, data.len())?;
         let path = self.path(object);
         let result = match path {
-            Path::Direct => self.write_direct(start, data),
+            Path::Direct => self.direct_transfer(start, Transfer::From(data)),
             Path::ThroughDpu => self.write_through_dpu(object, offset, data),
             Path::Static(at) => {
                 // The DPU's copy is now newer than the memory node's: it

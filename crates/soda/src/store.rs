@@ -76,7 +76,13 @@ pub trait ChunkStore: Send + Sync {
     }
 }
 
-fn check_range(object: ObjectId, offset: u64, length: usize, size: u64) -> Result<(), StoreError> {
+/// Whether `length` bytes at `offset` fit an object of `size` bytes.
+pub(crate) fn check_range(
+    object: ObjectId,
+    offset: u64,
+    length: usize,
+    size: u64,
+) -> Result<(), StoreError> {
     let end = offset.saturating_add(length as u64);
     if end > size {
         return Err(StoreError::OutOfRange {
@@ -89,7 +95,16 @@ fn check_range(object: ObjectId, offset: u64, length: usize, size: u64) -> Resul
     Ok(())
 }
 
-pub(crate) fn read_initial(path: &Path, bytes: u64) -> Result<Vec<u8>, StoreError> {
+/// An object's first contents: `initial` read whole (it must fit), or
+/// zeros.
+pub(crate) fn initial_data(initial: Option<&Path>, bytes: u64) -> Result<Vec<u8>, StoreError> {
+    match initial {
+        Some(path) => read_initial(path, bytes),
+        None => Ok(vec![0; bytes as usize]),
+    }
+}
+
+fn read_initial(path: &Path, bytes: u64) -> Result<Vec<u8>, StoreError> {
     let mut data = std::fs::read(path).map_err(|source| StoreError::File {
         path: path.to_owned(),
         source,
@@ -124,10 +139,7 @@ impl ChunkStore for InProcessStore {
         bytes: u64,
         initial: Option<&Path>,
     ) -> Result<(), StoreError> {
-        let data = match initial {
-            Some(path) => read_initial(path, bytes)?,
-            None => vec![0; bytes as usize],
-        };
+        let data = initial_data(initial, bytes)?;
         self.objects
             .lock()
             .expect("store lock")

@@ -281,15 +281,8 @@ fn touching_a_lost_object_raises_sigbus() {
 
 fn memory_node_options(directory: &Path) -> remora_soda::backend::RunOptions {
     remora_soda::backend::RunOptions {
-        threads: 2,
-        fault_threads: 2,
-        buffer_fraction: 1.0 / 3.0,
         chunk_bytes: 16 << 10,
-        work_directory: directory.to_owned(),
-        source: 0,
-        seed: 1,
-        links: Default::default(),
-        cache: Default::default(),
+        ..remora_soda::backend::RunOptions::new(directory.to_owned(), 0)
     }
 }
 

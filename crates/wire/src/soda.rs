@@ -61,11 +61,11 @@ impl<T: AsRef<[u8]>> ReadRequest<T> {
     }
 
     pub fn region(&self) -> RegionId {
-        RegionId(read_u16(self.bytes(), 0))
+        region_field(self.bytes())
     }
 
     pub fn page_offset(&self) -> u64 {
-        read_u64(self.bytes(), 0) & MAX_PAGE_OFFSET
+        page_offset_field(self.bytes())
     }
 
     pub fn destination_address(&self) -> VirtAddr {
@@ -107,11 +107,11 @@ impl<T: AsRef<[u8]>> WriteRequest<T> {
     }
 
     pub fn region(&self) -> RegionId {
-        RegionId(read_u16(self.bytes(), 0))
+        region_field(self.bytes())
     }
 
     pub fn page_offset(&self) -> u64 {
-        read_u64(self.bytes(), 0) & MAX_PAGE_OFFSET
+        page_offset_field(self.bytes())
     }
 
     pub fn size(&self) -> u32 {
@@ -121,6 +121,15 @@ impl<T: AsRef<[u8]>> WriteRequest<T> {
     pub fn data(&self) -> &[u8] {
         &self.bytes()[Self::HEADER_LEN..]
     }
+}
+
+/// Both requests start with region_id (16 bits) and page_offset (48).
+fn region_field(bytes: &[u8]) -> RegionId {
+    RegionId(read_u16(bytes, 0))
+}
+
+fn page_offset_field(bytes: &[u8]) -> u64 {
+    read_u64(bytes, 0) & MAX_PAGE_OFFSET
 }
 
 fn check_length(bytes: &[u8], needed: usize, kind: &'static str) -> Result<(), RequestError> {

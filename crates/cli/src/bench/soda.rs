@@ -15,9 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use remora_carrier::wrappers::LinkShape;
 use remora_graph::apps::App;
 use remora_graph::Graph;
-use remora_soda::backend::{
-    footprint_bytes, run_on, Backend, BackendRun, CacheOptions, DpuVariant, RunOptions,
-};
+use remora_soda::backend::{footprint_bytes, run_on, Backend, BackendRun, DpuVariant, RunOptions};
 use remora_soda::dpu::DpuConfig;
 use remora_soda::rack::{RackLinks, Route, SodaRack, SodaRackConfig};
 use std::collections::BTreeMap;
@@ -118,17 +116,7 @@ fn run_checked(quick: bool, scale: Option<u32>) -> Result<Report, SodaBenchError
     let graph = crate::soda::graph_from(&format!("kron:{}:16", settings.scale), 1, false)?;
     let work =
         tempfile::tempdir().map_err(|error| SodaBenchError::Calibration(error.to_string()))?;
-    let mut options = RunOptions {
-        threads: 2,
-        fault_threads: 2,
-        buffer_fraction: 1.0 / 3.0,
-        chunk_bytes: 64 << 10,
-        work_directory: work.path().to_owned(),
-        source: crate::soda::default_source(&graph),
-        seed: 1,
-        links: RackLinks::default(),
-        cache: CacheOptions::default(),
-    };
+    let mut options = RunOptions::new(work.path().to_owned(), crate::soda::default_source(&graph));
     let soft = soft_rnic_bytes_per_second(options.chunk_bytes, options.fault_threads + 1)?;
     let b_net = soft / 2.0;
     let b_intra = 2.0 * b_net;
