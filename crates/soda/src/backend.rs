@@ -231,30 +231,15 @@ pub fn run_on(
             &options.work_directory.join("soda-file-store"),
         )?),
         Backend::MemServer | Backend::Dpu(_) => {
-            let store = Arc::new(soda_rack(backend, graph, options)?);
+            let store = Arc::new(soda_rack(backend, graph, options, 1)?);
             rack = Some(Arc::clone(&store));
             store
         }
     };
     let buffer_bytes = buffer_bytes(graph, options);
-    let config = FarMemoryConfig {
-        buffer_bytes,
-        fault_threads: options.fault_threads,
-        ..FarMemoryConfig::default()
-    };
+    let config = far_memory_config(graph, options);
     let memory = FarMemory::new(store, config)?;
-    let variant = match backend {
-        Backend::Dpu(variant) => Some(variant),
-        _ => None,
-    };
-    let advice = advice_for(variant);
-    let placement = FarPlacement {
-        memory: &memory,
-        chunk_bytes: options.chunk_bytes,
-        staging_directory: options.work_directory.clone(),
-        advice: &advice,
-    };
-    let far_graph = graph.place(&placement)?;
+    let far_graph = place(&memory, backend, graph, options, "")?;
     // Placing (and pinning) moved bytes the run should not be charged.
     let before = rack.as_ref().map(|rack| rack_report(rack, 0.0));
     let started = Instant::now();
@@ -280,6 +265,130 @@ pub fn run_on(
         buffer_bytes,
         far: Some(far),
         rack,
+    })
+}
+
+fn far_memory_config(graph: &Graph, options: &RunOptions) -> FarMemoryConfig {
+    FarMemoryConfig {
+        buffer_bytes: buffer_bytes(graph, options),
+        fault_threads: options.fault_threads,
+        ..FarMemoryConfig::default()
+    }
+}
+
+/// The graph's arrays in `memory`, with the advice `backend` gives them;
+/// `label` keeps processes' staging files apart.
+fn place(
+    memory: &FarMemory,
+    backend: Backend,
+    graph: &Graph,
+    options: &RunOptions,
+    label: &str,
+) -> Result<Graph, SodaError> {
+    let variant = match backend {
+        Backend::Dpu(variant) => Some(variant),
+        _ => None,
+    };
+    let advice = advice_for(variant);
+    let staging_directory = options.work_directory.join(format!("staging{label}"));
+    std::fs::create_dir_all(&staging_directory).map_err(|error| {
+        SodaError::Placement(remora_graph::PlacementError {
+            name: "staging directory".into(),
+            bytes: 0,
+            reason: error.to_string(),
+        })
+    })?;
+    let placement = FarPlacement {
+        memory,
+        chunk_bytes: options.chunk_bytes,
+        staging_directory,
+        advice: &advice,
+    };
+    Ok(graph.place(&placement)?)
+}
+
+/// Fig. 8: two application processes at once on one compute node, each
+/// with its own far memory and queue pairs, sharing the memory node and
+/// (for the DPU backends) the DPU agent and its caches.
+#[derive(Debug, Clone)]
+pub struct SideBySide {
+    /// The app of interest, then its companion (BFS in §VI-B).
+    pub runs: [BackendRun; 2],
+    /// The rack's figures for both together.
+    pub rack: RackReport,
+}
+
+pub fn run_beside(
+    backend: Backend,
+    apps: [App; 2],
+    graph: &Graph,
+    options: &RunOptions,
+) -> Result<SideBySide, SodaError> {
+    if !matches!(backend, Backend::MemServer | Backend::Dpu(_)) {
+        return Err(SodaError::Config(
+            "processes share a rack: memserver or a DPU backend",
+        ));
+    }
+    let rack = Arc::new(soda_rack(backend, graph, options, 2)?);
+    let mut memories = Vec::new();
+    let mut graphs = Vec::new();
+    for process in 0..2 {
+        let store =
+            SodaRack::process(&rack, process).map_err(|error| SodaError::Store(error.into()))?;
+        let memory = FarMemory::new(Arc::new(store), far_memory_config(graph, options))?;
+        graphs.push(place(
+            &memory,
+            backend,
+            graph,
+            options,
+            &process.to_string(),
+        )?);
+        memories.push(memory);
+    }
+    let before = rack_report(&rack, 0.0);
+    let outcomes: Vec<(AppResult, f64)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = apps
+            .iter()
+            .zip(&graphs)
+            .map(|(&app, far_graph)| {
+                scope.spawn(move || {
+                    with_threads(options.threads, || {
+                        let started = Instant::now();
+                        let result = apps::run(app, far_graph, options.source, options.seed);
+                        (result, started.elapsed().as_secs_f64())
+                    })
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|worker| worker.join().expect("an application thread"))
+            .collect()
+    });
+    drop(graphs);
+    let stats: Vec<FarMemoryStats> = memories.iter().map(FarMemory::stats).collect();
+    drop(memories);
+    let cpu = rack.stop().map_err(StoreError::from)?.as_secs_f64();
+    let report = difference(rack_report(&rack, cpu), before);
+    let mut runs =
+        outcomes
+            .into_iter()
+            .zip(stats)
+            .zip(apps)
+            .map(|(((result, seconds), far), app)| BackendRun {
+                backend,
+                app,
+                seconds,
+                result,
+                buffer_bytes: buffer_bytes(graph, options),
+                far: Some(far),
+                rack: None,
+            });
+    let first = runs.next().expect("two runs");
+    let second = runs.next().expect("two runs");
+    Ok(SideBySide {
+        runs: [first, second],
+        rack: report,
     })
 }
 
@@ -330,7 +439,12 @@ fn difference(after: RackReport, before: RackReport) -> RackReport {
 
 /// A compute and a memory node (and a DPU for the DPU backends), the
 /// pool sized for the graph's objects.
-fn soda_rack(backend: Backend, graph: &Graph, options: &RunOptions) -> Result<SodaRack, SodaError> {
+fn soda_rack(
+    backend: Backend,
+    graph: &Graph,
+    options: &RunOptions,
+    processes: usize,
+) -> Result<SodaRack, SodaError> {
     let chunk = options.chunk_bytes as u64;
     // Four arrays at most, each rounded up to whole chunks.
     let pool_bytes = footprint_bytes(graph) + 4 * chunk;
@@ -349,7 +463,7 @@ fn soda_rack(backend: Backend, graph: &Graph, options: &RunOptions) -> Result<So
             };
             if variant == DpuVariant::Static {
                 // Room for every offsets array, each rounded to chunks.
-                config.static_bytes = offset_bytes + 4 * chunk;
+                config.static_bytes = (offset_bytes + 4 * chunk) * processes as u64;
             }
             if variant == DpuVariant::Dynamic {
                 let capacity = (edge_bytes as f64 * options.cache.edge_fraction) as u64;
@@ -368,7 +482,8 @@ fn soda_rack(backend: Backend, graph: &Graph, options: &RunOptions) -> Result<So
         _ => (None, Route::Direct),
     };
     let config = SodaRackConfig {
-        pool_bytes,
+        pool_bytes: pool_bytes * processes as u64,
+        processes,
         channels: options.fault_threads + 1,
         chunk_bytes: options.chunk_bytes,
         dpu,

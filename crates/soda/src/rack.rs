@@ -57,6 +57,9 @@ pub struct SodaRackConfig {
     /// Channels per path: one per fault thread, plus one for the evictor.
     pub channels: usize,
     pub chunk_bytes: usize,
+    /// Application processes on the compute node, each with its own
+    /// channels, sharing the memory node and the DPU (Fig. 8).
+    pub processes: usize,
     pub dpu: Option<DpuConfig>,
     /// Where objects' chunks go.
     pub route: Route,
@@ -73,6 +76,10 @@ pub enum SodaRackError {
     Channel(#[from] ChannelError),
     #[error("the DPU refused a request for object {0:?} (unknown region or out of range)")]
     Refused(ObjectId),
+    #[error("{0} processes: a rack serves 1 to {MAX_PROCESSES}")]
+    Processes(usize),
+    #[error("object {0:?}: a process has at most {OBJECTS_PER_PROCESS} objects")]
+    TooManyObjects(ObjectId),
     #[error("route through the DPU asked of a rack without one")]
     NoDpu,
     #[error("object {0:?}: SODA's region ids are 16 bits")]
@@ -102,8 +109,19 @@ pub struct Traffic {
     pub dpu_written_bytes: u64,
 }
 
+/// One application process's queue pairs: to the memory node, and to
+/// the DPU when there is one.
+struct ProcessPaths {
+    direct: ChannelPool,
+    dpu: Option<ChannelPool>,
+}
+
+/// Object ids each process may use: its objects are numbered apart.
+pub const OBJECTS_PER_PROCESS: u32 = 1 << 12;
+/// The most processes: region ids are 16 bits.
+pub const MAX_PROCESSES: usize = 16;
+
 struct DpuPath {
-    channels: ChannelPool,
     state: SharedDpu,
     busy: Vec<BusyNanos>,
     /// Writes the DPU acknowledged and has not yet reported persisted, by
@@ -116,7 +134,7 @@ pub struct SodaRack {
     kicker: DriverKicker,
     pool: MemoryRegion,
     memory: Mutex<MemoryAgent>,
-    direct: ChannelPool,
+    processes: Vec<ProcessPaths>,
     dpu: Option<DpuPath>,
     route: Route,
     /// Objects in the DPU's static cache: where, and whether written.
@@ -277,19 +295,44 @@ impl SodaRack {
             pool_memory.clone(),
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
         )?;
-        let memory_queue = memory.create_completion_queue(config.channels * 4)?;
-        let direct = connect_channels(
-            &mut staged,
-            MEMORY_HOST,
-            config.channels,
-            config.chunk_bytes,
-            || rack_queue_pair(memory_domain, memory_queue),
-        )?;
-        let dpu = match config.dpu {
-            None => None,
-            Some(dpu_config) => {
-                let (resources, domain) = deploy_dpu(&mut staged, dpu_config, pool, memory_domain)?;
-                let channels = connect_channels(
+        if !(1..=MAX_PROCESSES).contains(&config.processes) {
+            return Err(SodaRackError::Processes(config.processes));
+        }
+        let memory_queue =
+            memory.create_completion_queue(config.channels * config.processes * 4)?;
+        let mut dpu = None;
+        let mut dpu_queues = None;
+        if let Some(dpu_config) = config.dpu {
+            let (resources, domain) = deploy_dpu(&mut staged, dpu_config, pool, memory_domain)?;
+            dpu_queues = Some((resources, domain));
+            let state: SharedDpu = Arc::new(Mutex::new(DpuState::new(dpu_config, resources)));
+            let agents: [Arc<Mutex<dyn remora_host::Agent>>; 3] = [
+                Arc::new(Mutex::new(DpuReceiver(Arc::clone(&state)))),
+                Arc::new(Mutex::new(DpuStager(Arc::clone(&state)))),
+                Arc::new(Mutex::new(DpuPrefetcher(Arc::clone(&state)))),
+            ];
+            let busy = agents
+                .into_iter()
+                .map(|agent| staged.add_agent(DPU_HOST, agent))
+                .collect();
+            dpu = Some(DpuPath {
+                state,
+                busy,
+                unconfirmed: Mutex::new(HashMap::new()),
+            });
+        }
+        let mut processes = Vec::with_capacity(config.processes);
+        for _ in 0..config.processes {
+            let direct = connect_channels(
+                &mut staged,
+                MEMORY_HOST,
+                config.channels,
+                config.chunk_bytes,
+                || rack_queue_pair(memory_domain, memory_queue),
+            )?;
+            let through_dpu = match dpu_queues {
+                None => None,
+                Some((resources, domain)) => Some(connect_channels(
                     &mut staged,
                     DPU_HOST,
                     config.channels,
@@ -299,30 +342,13 @@ impl SodaRack {
                         builder.shared_receive_queue = Some(resources.shared_receive_queue);
                         builder
                     },
-                )?;
-                let state: SharedDpu = Arc::new(Mutex::new(DpuState::new(dpu_config, resources)));
-                let busy = vec![
-                    staged.add_agent(
-                        DPU_HOST,
-                        Arc::new(Mutex::new(DpuReceiver(Arc::clone(&state)))),
-                    ),
-                    staged.add_agent(
-                        DPU_HOST,
-                        Arc::new(Mutex::new(DpuStager(Arc::clone(&state)))),
-                    ),
-                    staged.add_agent(
-                        DPU_HOST,
-                        Arc::new(Mutex::new(DpuPrefetcher(Arc::clone(&state)))),
-                    ),
-                ];
-                Some(DpuPath {
-                    channels,
-                    state,
-                    busy,
-                    unconfirmed: Mutex::new(HashMap::new()),
-                })
-            }
-        };
+                )?),
+            };
+            processes.push(ProcessPaths {
+                direct,
+                dpu: through_dpu,
+            });
+        }
         let switch = staged.l2l3_switch();
         let (rack, _switch) = staged.start(switch)?;
         let kicker = rack.fabric().kicker();
@@ -331,7 +357,7 @@ impl SodaRack {
             kicker,
             pool,
             memory: Mutex::new(MemoryAgent::new(pool_memory)),
-            direct,
+            processes,
             dpu,
             route: config.route,
             pinned: Mutex::new(HashMap::new()),
@@ -359,8 +385,9 @@ impl SodaRack {
     fn measure_bandwidths(&self) -> Result<(f64, f64), SodaRackError> {
         let dpu = self.dpu()?;
         let static_region = dpu.state.lock().expect("DPU state lock").static_region();
-        let net = self.measure(&self.direct, self.pool)?;
-        let intra = self.measure(&dpu.channels, static_region)?;
+        let paths = &self.processes[0];
+        let net = self.measure(&paths.direct, self.pool)?;
+        let intra = self.measure(Self::dpu_channels(paths)?, static_region)?;
         Ok((net, intra))
     }
 
@@ -435,17 +462,27 @@ impl SodaRack {
             .map_err(|_| SodaRackError::RegionId(object))
     }
 
+    fn dpu_channels(paths: &ProcessPaths) -> Result<&ChannelPool, SodaRackError> {
+        paths.dpu.as_ref().ok_or(SodaRackError::NoDpu)
+    }
+
     fn dpu(&self) -> Result<&DpuPath, SodaRackError> {
         self.dpu.as_ref().ok_or(SodaRackError::NoDpu)
     }
 
     /// One-sided to the memory node's pool.
-    fn direct_transfer(&self, start: u64, transfer: Transfer<'_>) -> Result<(), SodaRackError> {
+    fn direct_transfer(
+        &self,
+        paths: &ProcessPaths,
+        start: u64,
+        transfer: Transfer<'_>,
+    ) -> Result<(), SodaRackError> {
         let (bytes, counter) = match &transfer {
             Transfer::Into(into) => (into.len(), &self.direct_read_bytes),
             Transfer::From(from) => (from.len(), &self.direct_written_bytes),
         };
-        self.direct
+        paths
+            .direct
             .with(|channel| channel.transfer(&self.kicker, self.pool, start, transfer))?;
         counter.fetch_add(bytes as u64, Ordering::Relaxed);
         Ok(())
@@ -472,13 +509,14 @@ impl SodaRack {
 
     fn fetch_through_dpu(
         &self,
+        paths: &ProcessPaths,
         object: ObjectId,
         offset: u64,
         into: &mut [u8],
     ) -> Result<(), SodaRackError> {
         let dpu = self.dpu()?;
         let region = Self::region(object)?;
-        dpu.channels.with(|channel| {
+        Self::dpu_channels(paths)?.with(|channel| {
             let chunk = channel.chunk_bytes;
             for (index, piece) in into.chunks_mut(chunk).enumerate() {
                 let request = SodaRequestRepr::Read(ReadRequestRepr {
@@ -514,13 +552,14 @@ impl SodaRack {
 
     fn write_through_dpu(
         &self,
+        paths: &ProcessPaths,
         object: ObjectId,
         offset: u64,
         data: &[u8],
     ) -> Result<(), SodaRackError> {
         let dpu = self.dpu()?;
         let region = Self::region(object)?;
-        dpu.channels.with(|channel| {
+        Self::dpu_channels(paths)?.with(|channel| {
             let chunk = channel.chunk_bytes;
             for (index, piece) in data.chunks(chunk).enumerate() {
                 let request = SodaRequestRepr::Write(WriteRequestRepr {
@@ -614,11 +653,19 @@ impl SodaRack {
     }
 
     /// One-sided to the DPU's static cache.
-    fn static_transfer(&self, at: u64, transfer: Transfer<'_>) -> Result<(), SodaRackError> {
-        let dpu = self.dpu()?;
-        let region = dpu.state.lock().expect("DPU state lock").static_region();
-        Ok(dpu
-            .channels
+    fn static_transfer(
+        &self,
+        paths: &ProcessPaths,
+        at: u64,
+        transfer: Transfer<'_>,
+    ) -> Result<(), SodaRackError> {
+        let region = self
+            .dpu()?
+            .state
+            .lock()
+            .expect("DPU state lock")
+            .static_region();
+        Ok(Self::dpu_channels(paths)?
             .with(|channel| channel.transfer(&self.kicker, region, at, transfer))?)
     }
 
@@ -680,6 +727,71 @@ impl SodaRack {
     }
 }
 
+impl SodaRack {
+    fn fetch_for(
+        &self,
+        process: usize,
+        object: ObjectId,
+        offset: u64,
+        into: &mut [u8],
+    ) -> Result<(), StoreError> {
+        let paths = &self.processes[process];
+        self.check_lost(object)?;
+        let start =
+            self.memory
+                .lock()
+                .expect("memory agent lock")
+                .extent(object, offset, into.len())?;
+        let path = self.path(object);
+        let result = match path {
+            Path::Direct => self.direct_transfer(paths, start, Transfer::Into(into)),
+            Path::ThroughDpu => self.fetch_through_dpu(paths, object, offset, into),
+            Path::Static(at) => self.static_transfer(paths, at + offset, Transfer::Into(into)),
+        };
+        if let Err(error) = &result {
+            if path != Path::Direct {
+                self.dpu_failed(object, error);
+            }
+        }
+        Ok(result?)
+    }
+
+    fn write_back_for(
+        &self,
+        process: usize,
+        object: ObjectId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), StoreError> {
+        let paths = &self.processes[process];
+        self.check_lost(object)?;
+        let start =
+            self.memory
+                .lock()
+                .expect("memory agent lock")
+                .extent(object, offset, data.len())?;
+        let path = self.path(object);
+        let result = match path {
+            Path::Direct => self.direct_transfer(paths, start, Transfer::From(data)),
+            Path::ThroughDpu => self.write_through_dpu(paths, object, offset, data),
+            Path::Static(at) => {
+                // The DPU's copy is now newer than the memory node's: it
+                // goes there when the object is unpinned.
+                if let Some(pinned) = self.pinned.lock().expect("pinned lock").get_mut(&object) {
+                    pinned.1 = true;
+                }
+                self.static_transfer(paths, at + offset, Transfer::From(data))
+            }
+        };
+        if let Err(error) = &result {
+            if path != Path::Direct {
+                self.dpu_failed(object, error);
+            }
+        }
+        Ok(result?)
+    }
+}
+
 impl ChunkStore for SodaRack {
     fn name(&self) -> &'static str {
         match (self.route, self.dpu.is_some()) {
@@ -716,52 +828,11 @@ impl ChunkStore for SodaRack {
     }
 
     fn fetch(&self, object: ObjectId, offset: u64, into: &mut [u8]) -> Result<(), StoreError> {
-        self.check_lost(object)?;
-        let start =
-            self.memory
-                .lock()
-                .expect("memory agent lock")
-                .extent(object, offset, into.len())?;
-        let path = self.path(object);
-        let result = match path {
-            Path::Direct => self.direct_transfer(start, Transfer::Into(into)),
-            Path::ThroughDpu => self.fetch_through_dpu(object, offset, into),
-            Path::Static(at) => self.static_transfer(at + offset, Transfer::Into(into)),
-        };
-        if let Err(error) = &result {
-            if path != Path::Direct {
-                self.dpu_failed(object, error);
-            }
-        }
-        Ok(result?)
+        self.fetch_for(0, object, offset, into)
     }
 
     fn write_back(&self, object: ObjectId, offset: u64, data: &[u8]) -> Result<(), StoreError> {
-        self.check_lost(object)?;
-        let start =
-            self.memory
-                .lock()
-                .expect("memory agent lock")
-                .extent(object, offset, data.len())?;
-        let path = self.path(object);
-        let result = match path {
-            Path::Direct => self.direct_transfer(start, Transfer::From(data)),
-            Path::ThroughDpu => self.write_through_dpu(object, offset, data),
-            Path::Static(at) => {
-                // The DPU's copy is now newer than the memory node's: it
-                // goes there when the object is unpinned.
-                if let Some(pinned) = self.pinned.lock().expect("pinned lock").get_mut(&object) {
-                    pinned.1 = true;
-                }
-                self.static_transfer(at + offset, Transfer::From(data))
-            }
-        };
-        if let Err(error) = &result {
-            if path != Path::Direct {
-                self.dpu_failed(object, error);
-            }
-        }
-        Ok(result?)
+        self.write_back_for(0, object, offset, data)
     }
 
     fn release(&self, object: ObjectId) -> Result<(), StoreError> {
@@ -813,5 +884,70 @@ impl Drop for SodaRack {
         if let Err(error) = self.stop() {
             tracing::error!(%error, "stopping the SODA rack failed");
         }
+    }
+}
+
+/// One application process's view of a shared [`SodaRack`]: its own
+/// channels, its objects numbered apart from the other processes', the
+/// same memory node and DPU (and the DPU's caches).
+pub struct ProcessStore {
+    rack: Arc<SodaRack>,
+    process: usize,
+}
+
+impl SodaRack {
+    /// Process `process` (0 is the rack's own `ChunkStore`).
+    pub fn process(rack: &Arc<SodaRack>, process: usize) -> Result<ProcessStore, SodaRackError> {
+        if process >= rack.processes.len() {
+            return Err(SodaRackError::Processes(process + 1));
+        }
+        Ok(ProcessStore {
+            rack: Arc::clone(rack),
+            process,
+        })
+    }
+}
+
+impl ProcessStore {
+    fn global(&self, object: ObjectId) -> Result<ObjectId, StoreError> {
+        if object.0 >= OBJECTS_PER_PROCESS {
+            return Err(SodaRackError::TooManyObjects(object).into());
+        }
+        Ok(ObjectId(
+            object.0 + self.process as u32 * OBJECTS_PER_PROCESS,
+        ))
+    }
+}
+
+impl ChunkStore for ProcessStore {
+    fn name(&self) -> &'static str {
+        self.rack.name()
+    }
+
+    fn reserve(
+        &self,
+        object: ObjectId,
+        bytes: u64,
+        initial: Option<&std::path::Path>,
+    ) -> Result<(), StoreError> {
+        self.rack.reserve(self.global(object)?, bytes, initial)
+    }
+
+    fn fetch(&self, object: ObjectId, offset: u64, into: &mut [u8]) -> Result<(), StoreError> {
+        self.rack
+            .fetch_for(self.process, self.global(object)?, offset, into)
+    }
+
+    fn write_back(&self, object: ObjectId, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        self.rack
+            .write_back_for(self.process, self.global(object)?, offset, data)
+    }
+
+    fn release(&self, object: ObjectId) -> Result<(), StoreError> {
+        self.rack.release(self.global(object)?)
+    }
+
+    fn advise(&self, object: ObjectId, advice: Advice) -> Result<(), StoreError> {
+        self.rack.advise(self.global(object)?, advice)
     }
 }

@@ -361,6 +361,7 @@ fn a_memory_node_crash_raises_sigbus_not_a_hang() {
 fn rack_config(route: Route) -> SodaRackConfig {
     SodaRackConfig {
         pool_bytes: 8 << 20,
+        processes: 1,
         channels: 3,
         chunk_bytes: 64 << 10,
         dpu: (route == Route::ThroughDpu).then(|| DpuConfig::optimized(64 << 10)),
@@ -422,4 +423,36 @@ fn a_dpu_crash_raises_sigbus_not_stale_data() {
     use std::os::unix::process::ExitStatusExt;
     const SIGBUS: i32 = 7;
     assert_eq!(output.status.signal(), Some(SIGBUS), "{output:?}");
+}
+
+/// Two processes share one DPU agent (Fig. 8): each gets its own results,
+/// equal to local memory's.
+#[test]
+fn two_processes_share_the_dpu_and_both_get_local_results() {
+    use remora_graph::apps::App;
+    use remora_soda::backend::{run_beside, run_on, Backend, DpuVariant};
+    let graph = generate(GeneratorSpec {
+        kind: GraphKind::Kronecker,
+        scale: 11,
+        degree: 8,
+        seed: 9,
+    })
+    .unwrap();
+    let directory = tempfile::tempdir().unwrap();
+    let mut options = memory_node_options(directory.path());
+    options.source = (0..graph.vertex_count() as u32)
+        .find(|&v| graph.out_degree(v) > 0)
+        .unwrap();
+    let apps = [App::PageRank, App::Bfs];
+    let pair = run_beside(Backend::Dpu(DpuVariant::Static), apps, &graph, &options).unwrap();
+    for (run, app) in pair.runs.iter().zip(apps) {
+        let local = run_on(Backend::Local, app, &graph, &options).unwrap();
+        run.result.compare(&local.result).unwrap();
+        assert!(run.far.as_ref().unwrap().missing_faults > 0);
+    }
+    assert!(pair.rack.memory_on_demand_bytes() > 0);
+    assert!(
+        pair.rack.memory_background_bytes() == 0,
+        "pinning happens before the run"
+    );
 }

@@ -53,6 +53,10 @@ pub struct SodaArgs {
     /// large run).
     #[arg(long, value_parser = clap::value_parser!(u32).range(10..=24))]
     scale: Option<u32>,
+    /// A graph file to run on instead (.el, .wel, .sg, .adj or SNAP .txt;
+    /// taken as undirected).
+    #[arg(long, conflicts_with = "scale")]
+    graph: Option<String>,
 }
 
 #[derive(Args)]
@@ -183,7 +187,10 @@ pub fn run(command: BenchCommand) -> Result<ExitCode, String> {
             clover::run(args.common.quick, args.history.as_deref())?,
             args.common,
         ),
-        BenchCommand::Soda(args) => (soda::run(args.common.quick, args.scale)?, args.common),
+        BenchCommand::Soda(args) => (
+            soda::run(args.common.quick, args.scale, args.graph.as_deref())?,
+            args.common,
+        ),
         BenchCommand::Cowbird(args) => {
             let settings = cowbird::Settings::from_args(args.threads, args.config.as_deref())?;
             (cowbird::run(args.common.quick, &settings)?, args.common)

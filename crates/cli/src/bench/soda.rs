@@ -15,7 +15,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use remora_carrier::wrappers::LinkShape;
 use remora_graph::apps::App;
 use remora_graph::Graph;
-use remora_soda::backend::{footprint_bytes, run_on, Backend, BackendRun, DpuVariant, RunOptions};
+use remora_soda::backend::{
+    footprint_bytes, run_beside, run_on, Backend, BackendRun, DpuVariant, RunOptions,
+};
 use remora_soda::dpu::DpuConfig;
 use remora_soda::rack::{RackLinks, Route, SodaRack, SodaRackConfig};
 use std::collections::BTreeMap;
@@ -76,6 +78,7 @@ fn backends() -> Vec<Backend> {
 fn soft_rnic_bytes_per_second(chunk_bytes: usize, channels: usize) -> Result<f64, SodaBenchError> {
     let config = SodaRackConfig {
         pool_bytes: 4 << 20,
+        processes: 1,
         channels,
         chunk_bytes,
         dpu: Some(DpuConfig::optimized(chunk_bytes)),
@@ -107,13 +110,20 @@ struct Figures {
     run: BackendRun,
 }
 
-pub fn run(quick: bool, scale: Option<u32>) -> Result<Report, String> {
-    run_checked(quick, scale).map_err(|error| error.to_string())
+pub fn run(quick: bool, scale: Option<u32>, graph: Option<&str>) -> Result<Report, String> {
+    run_checked(quick, scale, graph).map_err(|error| error.to_string())
 }
 
-fn run_checked(quick: bool, scale: Option<u32>) -> Result<Report, SodaBenchError> {
+fn run_checked(
+    quick: bool,
+    scale: Option<u32>,
+    graph: Option<&str>,
+) -> Result<Report, SodaBenchError> {
     let settings = Settings::new(quick, scale);
-    let graph = crate::soda::graph_from(&format!("kron:{}:16", settings.scale), 1, false)?;
+    let generated = format!("kron:{}:16", settings.scale);
+    let graph_name = graph.unwrap_or(&generated).to_owned();
+    // A loaded graph is taken as undirected, as the paper's inputs are.
+    let graph = crate::soda::graph_from(&graph_name, 1, true)?;
     let work =
         tempfile::tempdir().map_err(|error| SodaBenchError::Calibration(error.to_string()))?;
     let mut options = RunOptions::new(work.path().to_owned(), crate::soda::default_source(&graph));
@@ -127,8 +137,8 @@ fn run_checked(quick: bool, scale: Option<u32>) -> Result<Report, SodaBenchError
     };
     let (edge_bytes, offset_bytes) = graph.footprint_bytes();
     println!(
-        "SODA: Kronecker scale {} ({} vertices, {} edges, {:.1} MiB), host buffer 1/3, {} kernel and {} fault threads",
-        settings.scale,
+        "SODA: {} ({} vertices, {} edges, {:.1} MiB), host buffer 1/3, {} kernel and {} fault threads",
+        graph_name,
         graph.vertex_count(),
         graph.edge_count(),
         footprint_bytes(&graph) as f64 / (1 << 20) as f64,
@@ -145,7 +155,7 @@ fn run_checked(quick: bool, scale: Option<u32>) -> Result<Report, SodaBenchError
         bench: "soda".into(),
         config: serde_json::json!({
             "quick": quick,
-            "graph": format!("kronecker scale {} degree 16 seed 1", settings.scale),
+            "graph": graph_name,
             "vertices": graph.vertex_count(),
             "edges": graph.edge_count(),
             "edge_bytes": edge_bytes,
@@ -166,7 +176,7 @@ fn run_checked(quick: bool, scale: Option<u32>) -> Result<Report, SodaBenchError
                 "mode": format!("{:?}", options.cache.mode),
             },
             "dpu_opt": "dpu-static for every app (vertex data pinned); dpu-dynamic caches edge data",
-            "not_built": "Fig. 8 (a second process sharing the DPU agent)",
+            "fig8": "each app beside BFS in a second process, sharing the memory node and the DPU (dpu-static against memserver)",
         }),
         host: Host::probe(),
         results: Vec::new(),
@@ -174,7 +184,9 @@ fn run_checked(quick: bool, scale: Option<u32>) -> Result<Report, SodaBenchError
     };
     let figures = measure(&graph, &options, &settings)?;
     record(&mut report, &figures);
-    ratios(&mut report, &figures, settings.scale);
+    let at_scale_20 = graph_name == "kron:20:16";
+    ratios(&mut report, &figures, at_scale_20);
+    side_by_side(&mut report, &figures, &graph, &options)?;
     Ok(report)
 }
 
@@ -332,7 +344,7 @@ fn memory_bytes(figures: &BTreeMap<(App, Backend), Figures>, app: App, backend: 
     (rack.memory_on_demand_bytes() + rack.memory_background_bytes()) as f64
 }
 
-fn ratios(report: &mut Report, figures: &BTreeMap<(App, Backend), Figures>, scale: u32) {
+fn ratios(report: &mut Report, figures: &BTreeMap<(App, Backend), Figures>, at_scale_20: bool) {
     let dpu_opt = Backend::Dpu(DpuVariant::Static);
     let over = |baseline: Backend, backend: Backend| -> f64 {
         let speedups: Vec<f64> = App::ALL
@@ -396,7 +408,7 @@ fn ratios(report: &mut Report, figures: &BTreeMap<(App, Backend), Figures>, scal
             "(reported, Fig. 11)",
         ));
     }
-    if scale == 20 {
+    if at_scale_20 {
         for (app, reference) in GAPBS_SCALE_20_SECONDS {
             let ratio = seconds(figures, app, Backend::Local) / reference;
             let name: &'static str = match app {
@@ -413,4 +425,54 @@ fn ratios(report: &mut Report, figures: &BTreeMap<(App, Backend), Figures>, scal
         println!("  {name:<36} {value:>7.3}   {target}");
         report.ratios.insert(name.into(), serde_json::json!(value));
     }
+}
+
+/// Fig. 8: each app with BFS beside it in a second process, on the
+/// memory node alone and with the DPU (static caching) shared by both.
+fn side_by_side(
+    report: &mut Report,
+    figures: &BTreeMap<(App, Backend), Figures>,
+    graph: &Graph,
+    options: &RunOptions,
+) -> Result<(), SodaBenchError> {
+    println!("\nFig. 8: beside BFS in a second process (memory-link bytes of both, DPU static against memserver):");
+    let mut savings = Vec::new();
+    for app in App::ALL {
+        let mut bytes = Vec::new();
+        for backend in [Backend::MemServer, Backend::Dpu(DpuVariant::Static)] {
+            let pair = run_beside(backend, [app, App::Bfs], graph, options)?;
+            for run in &pair.runs {
+                let local = &figures[&(run.app, Backend::Local)].run.result;
+                run.result
+                    .compare(local)
+                    .map_err(|mismatch| SodaBenchError::Mismatch {
+                        app: run.app.name(),
+                        backend: backend.name(),
+                        mismatch,
+                    })?;
+            }
+            let variant = format!("fig8/{}+bfs/{}", app.name(), backend.name());
+            let total =
+                (pair.rack.memory_on_demand_bytes() + pair.rack.memory_background_bytes()) as f64;
+            report.add(&variant, "runtime", pair.runs[0].seconds, "s");
+            report.add(&variant, "companion_runtime", pair.runs[1].seconds, "s");
+            report.add(&variant, "memory_link", total, "bytes");
+            bytes.push(total);
+        }
+        let saving = 1.0 - bytes[1] / bytes[0];
+        println!("  {:<6} {:>6.1}% less", app.name(), saving * 100.0);
+        report.add(
+            &format!("fig8/{}+bfs", app.name()),
+            "traffic_saving",
+            saving,
+            "ratio",
+        );
+        savings.push(saving);
+    }
+    let mean = savings.iter().sum::<f64>() / savings.len() as f64;
+    println!("  fig8_traffic_saving_mean {mean:.3}   (reported; the paper: 9-25%)");
+    report
+        .ratios
+        .insert("fig8_traffic_saving_mean".into(), serde_json::json!(mean));
+    Ok(())
 }

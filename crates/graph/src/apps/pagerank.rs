@@ -1,4 +1,5 @@
-//! PageRank by pulling along in-edges (Jacobi iteration).
+//! PageRank by pulling along in-edges (Jacobi iteration), as Ligra's
+//! PageRank: each edge adds its source's rank over its source's degree.
 //!
 //! Each vertex sums its in-neighbours' contributions in neighbour order,
 //! so the result is the same bit for bit whatever the thread count or the
@@ -46,38 +47,35 @@ pub fn pagerank(graph: &Graph, options: PageRankOptions) -> PageRankResult {
     }
     let base = (1.0 - options.damping) / vertex_count as f64;
     let mut ranks = vec![1.0 / vertex_count as f64; vertex_count];
-    let mut contributions = vec![0.0; vertex_count];
+    let mut next = vec![0.0; vertex_count];
+    // Plain slices, read once: the per-edge degree lookups below must not
+    // go through the array's storage each time.
+    let ((out_offsets, _), _) = graph.arrays();
+    let out_degree =
+        |vertex: Vertex| out_offsets[vertex as usize + 1] - out_offsets[vertex as usize];
     let mut iterations = 0;
     let mut last_change = f64::INFINITY;
     while iterations < options.max_iterations {
-        contributions
-            .par_iter_mut()
-            .enumerate()
-            .for_each(|(vertex, contribution)| {
-                let degree = graph.out_degree(vertex as Vertex);
-                *contribution = if degree == 0 {
-                    0.0
-                } else {
-                    ranks[vertex] / degree as f64
-                };
-            });
         // Summed in vertex order, so the stopping point is deterministic too.
-        let changes: Vec<f64> = ranks
+        let changes: Vec<f64> = next
             .par_iter_mut()
             .enumerate()
             .with_min_len(256)
             .map(|(vertex, rank)| {
+                // Each source's degree is read per edge, as Ligra's PR_F
+                // does: vertex data is touched at random, which is what
+                // SODA's static cache of vertex data is for. A source on
+                // an in-edge has an out-edge, so its degree is not 0.
                 let incoming: f64 = graph
                     .in_neighbours(vertex as Vertex)
                     .iter()
-                    .map(|&source| contributions[source as usize])
+                    .map(|&source| ranks[source as usize] / out_degree(source) as f64)
                     .sum();
-                let next = base + options.damping * incoming;
-                let change = (next - *rank).abs();
-                *rank = next;
-                change
+                *rank = base + options.damping * incoming;
+                (*rank - ranks[vertex]).abs()
             })
             .collect();
+        std::mem::swap(&mut ranks, &mut next);
         last_change = changes.iter().sum();
         iterations += 1;
         if options
