@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use remora_graph::apps::bc::bc;
 use remora_graph::apps::bfs::{bfs, UNREACHED};
 use remora_graph::apps::cc::cc;
-use remora_graph::apps::pagerank::{pagerank, PageRankOptions};
+use remora_graph::apps::pagerank::{pagerank, Contributions, PageRankOptions};
 use remora_graph::apps::radii::{self, radii};
 use remora_graph::engine::with_threads;
 use remora_graph::{Graph, Vertex, NO_VERTEX};
@@ -199,4 +199,24 @@ fn pagerank_stops_at_its_tolerance() {
     assert!(result.last_change < 1e-4);
     let sum: f64 = result.ranks.iter().sum();
     assert!(close(sum, 1.0, 1e-9));
+}
+
+#[test]
+fn both_ways_to_pagerank_give_the_same_bits() {
+    let graph = remora_graph::generate::generate(remora_graph::generate::GeneratorSpec {
+        kind: remora_graph::generate::GraphKind::Kronecker,
+        scale: 10,
+        degree: 8,
+        seed: 4,
+    })
+    .unwrap();
+    let per_edge = pagerank(&graph, PageRankOptions::default());
+    let per_vertex = pagerank(
+        &graph,
+        PageRankOptions {
+            contributions: Contributions::PerVertex,
+            ..PageRankOptions::default()
+        },
+    );
+    assert_eq!(per_edge, per_vertex);
 }

@@ -15,6 +15,21 @@ pub struct PageRankOptions {
     /// Stop when the L1 change of an iteration falls below this.
     pub tolerance: Option<f64>,
     pub max_iterations: u32,
+    /// Where each source's share comes from.
+    pub contributions: Contributions,
+}
+
+/// Two ways to the same sums, bit for bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contributions {
+    /// Per edge, the source's rank over its degree, read from the graph's
+    /// vertex data, as Ligra's PR_F does: vertex data is touched at
+    /// random, once per edge (what SODA's static cache serves).
+    PerEdge,
+    /// Per vertex, once per iteration, into a local array the edges then
+    /// read, as GAPBS's reference PageRank does: vertex data is read in
+    /// order, once per vertex.
+    PerVertex,
 }
 
 impl Default for PageRankOptions {
@@ -24,6 +39,7 @@ impl Default for PageRankOptions {
             damping: 0.85,
             tolerance: Some(1e-4),
             max_iterations: 20,
+            contributions: Contributions::PerEdge,
         }
     }
 }
@@ -53,24 +69,43 @@ pub fn pagerank(graph: &Graph, options: PageRankOptions) -> PageRankResult {
     let ((out_offsets, _), _) = graph.arrays();
     let out_degree =
         |vertex: Vertex| out_offsets[vertex as usize + 1] - out_offsets[vertex as usize];
+    let mut shares = match options.contributions {
+        Contributions::PerVertex => vec![0.0; vertex_count],
+        Contributions::PerEdge => Vec::new(),
+    };
     let mut iterations = 0;
     let mut last_change = f64::INFINITY;
     while iterations < options.max_iterations {
+        if options.contributions == Contributions::PerVertex {
+            shares
+                .par_iter_mut()
+                .enumerate()
+                .for_each(|(vertex, share)| {
+                    let degree = out_degree(vertex as Vertex);
+                    *share = if degree == 0 {
+                        0.0
+                    } else {
+                        ranks[vertex] / degree as f64
+                    };
+                });
+        }
         // Summed in vertex order, so the stopping point is deterministic too.
         let changes: Vec<f64> = next
             .par_iter_mut()
             .enumerate()
             .with_min_len(256)
             .map(|(vertex, rank)| {
-                // Each source's degree is read per edge, as Ligra's PR_F
-                // does: vertex data is touched at random, which is what
-                // SODA's static cache of vertex data is for. A source on
-                // an in-edge has an out-edge, so its degree is not 0.
-                let incoming: f64 = graph
-                    .in_neighbours(vertex as Vertex)
-                    .iter()
-                    .map(|&source| ranks[source as usize] / out_degree(source) as f64)
-                    .sum();
+                // A source on an in-edge has an out-edge: its degree is
+                // not 0.
+                let sources = graph.in_neighbours(vertex as Vertex).iter();
+                let incoming: f64 = match options.contributions {
+                    Contributions::PerEdge => sources
+                        .map(|&source| ranks[source as usize] / out_degree(source) as f64)
+                        .sum(),
+                    Contributions::PerVertex => {
+                        sources.map(|&source| shares[source as usize]).sum()
+                    }
+                };
                 *rank = base + options.damping * incoming;
                 (*rank - ranks[vertex]).abs()
             })
