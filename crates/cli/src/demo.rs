@@ -667,8 +667,8 @@ pub fn soda_step() -> Result<SystemStep, String> {
         variants: Vec::new(),
         failures: Vec::new(),
     };
-    let graph =
-        crate::soda::graph_from("kron:14:8", 1, false).map_err(|error| error.to_string())?;
+    let graph = crate::soda::graph_from("kron:14:8", 1, Default::default())
+        .map_err(|error| error.to_string())?;
     println!(
         "\nSODA: BFS on a Kronecker graph ({} vertices, {} edges) in far memory, host buffer a third of it:",
         graph.vertex_count(),

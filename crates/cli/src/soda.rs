@@ -107,6 +107,10 @@ pub struct RunArgs {
     /// Treat a loaded edge list as undirected.
     #[arg(long)]
     symmetrize: bool,
+    /// The most vertices a loaded edge list may have (its largest id + 1);
+    /// by default 16 per edge plus 2^20, so that sparse ids are noticed.
+    #[arg(long)]
+    max_vertices: Option<usize>,
     /// The dynamic cache (dpu-dynamic): on, off, or while it pays.
     #[arg(long, value_enum, default_value = "auto")]
     cache_mode: CacheModeChoice,
@@ -169,7 +173,7 @@ pub fn run(command: SodaCommand) -> Result<ExitCode, String> {
 }
 
 /// `kron:SCALE[:DEGREE]`, `uniform:SCALE[:DEGREE]` or a file.
-pub fn graph_from(spec: &str, seed: u64, symmetrize: bool) -> Result<Graph, SodaCliError> {
+pub fn graph_from(spec: &str, seed: u64, options: LoadOptions) -> Result<Graph, SodaCliError> {
     let generated = |kind: GraphKind, rest: &str| -> Result<Graph, SodaCliError> {
         let mut parts = rest.split(':');
         let number = |text: Option<&str>, default: u32| match text {
@@ -193,10 +197,7 @@ pub fn graph_from(spec: &str, seed: u64, symmetrize: bool) -> Result<Graph, Soda
     if let Some(rest) = spec.strip_prefix("uniform:") {
         return generated(GraphKind::Uniform, rest);
     }
-    Ok(load(
-        std::path::Path::new(spec),
-        LoadOptions { symmetrize },
-    )?)
+    Ok(load(std::path::Path::new(spec), options)?)
 }
 
 /// The first vertex with an out-edge: a source whose search goes somewhere.
@@ -215,7 +216,11 @@ fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {
         return Err(SodaCliError::Options);
     }
     let started = Instant::now();
-    let graph = graph_from(&args.graph, args.seed, args.symmetrize)?;
+    let load = LoadOptions {
+        symmetrize: args.symmetrize,
+        max_vertex_count: args.max_vertices,
+    };
+    let graph = graph_from(&args.graph, args.seed, load)?;
     let source = args.source.unwrap_or_else(|| default_source(&graph));
     if source as usize >= graph.vertex_count() {
         return Err(SodaCliError::Source {

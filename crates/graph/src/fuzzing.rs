@@ -14,6 +14,9 @@ const FORMATS: [GraphFormat; 5] = [
     GraphFormat::Snap,
 ];
 
+/// The most vertices a fuzzed edge list may ask for.
+pub const FUZZ_MAX_VERTICES: usize = 1 << 16;
+
 /// The first byte picks the format and whether to symmetrize. Returns
 /// whether the bytes loaded.
 pub fn any_graph_file(data: &[u8]) -> bool {
@@ -21,8 +24,10 @@ pub fn any_graph_file(data: &[u8]) -> bool {
         return false;
     };
     let format = FORMATS[usize::from(selector) % FORMATS.len()];
+    // A small limit: the fuzzer's memory is not the graph's to take.
     let options = LoadOptions {
         symmetrize: selector >= 128,
+        max_vertex_count: Some(FUZZ_MAX_VERTICES),
     };
     let Ok(graph) = parse(format, rest, options) else {
         return false;

@@ -52,6 +52,12 @@ pub enum LoadError {
     Line { line: usize, reason: String },
     #[error("byte {offset}: {reason}")]
     Offset { offset: usize, reason: String },
+    #[error("the largest vertex id makes {vertex_count} vertices for {edge_count} edges, past the limit of {limit}: give a larger maximum vertex count if the ids are that sparse")]
+    SparseIds {
+        vertex_count: usize,
+        edge_count: usize,
+        limit: usize,
+    },
     #[error(transparent)]
     Graph(#[from] GraphError),
 }
@@ -61,7 +67,17 @@ pub struct LoadOptions {
     /// Treat every edge as undirected (GAPBS's `-s`). Without it, edge
     /// lists are directed, as in GAPBS; `.sg` files say for themselves.
     pub symmetrize: bool,
+    /// The most vertices an edge list may ask for (its largest id + 1).
+    /// `None` allows [`SPARSE_IDS_PER_EDGE`] per edge plus
+    /// [`SPARSE_IDS_ALLOWANCE`]: a short file cannot ask for gigabytes of
+    /// offsets, while real graphs, whose ids are dense, always fit.
+    pub max_vertex_count: Option<usize>,
 }
+
+/// Vertices an edge list may have per edge, by default.
+pub const SPARSE_IDS_PER_EDGE: usize = 16;
+/// Vertices an edge list may have whatever its edge count, by default.
+pub const SPARSE_IDS_ALLOWANCE: usize = 1 << 20;
 
 pub fn load(path: &Path, options: LoadOptions) -> Result<Graph, LoadError> {
     let format = GraphFormat::from_path(path).ok_or_else(|| LoadError::UnknownFormat {
@@ -84,6 +100,16 @@ pub fn parse(format: GraphFormat, bytes: &[u8], options: LoadOptions) -> Result<
         }
         text => {
             let (vertex_count, edges) = parse_edge_lines(text, bytes)?;
+            let limit = options
+                .max_vertex_count
+                .unwrap_or(edges.len().saturating_mul(SPARSE_IDS_PER_EDGE) + SPARSE_IDS_ALLOWANCE);
+            if vertex_count > limit {
+                return Err(LoadError::SparseIds {
+                    vertex_count,
+                    edge_count: edges.len(),
+                    limit,
+                });
+            }
             Ok(Graph::from_edges(vertex_count, &edges, directed)?)
         }
     }

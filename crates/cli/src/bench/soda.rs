@@ -123,7 +123,11 @@ fn run_checked(
     let generated = format!("kron:{}:16", settings.scale);
     let graph_name = graph.unwrap_or(&generated).to_owned();
     // A loaded graph is taken as undirected, as the paper's inputs are.
-    let graph = crate::soda::graph_from(&graph_name, 1, true)?;
+    let load = remora_graph::load::LoadOptions {
+        symmetrize: true,
+        max_vertex_count: None,
+    };
+    let graph = crate::soda::graph_from(&graph_name, 1, load)?;
     let work =
         tempfile::tempdir().map_err(|error| SodaBenchError::Calibration(error.to_string()))?;
     let mut options = RunOptions::new(work.path().to_owned(), crate::soda::default_source(&graph));
