@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bifrost;
 pub mod bth;
 mod bytes;
 pub mod error;
