@@ -24,6 +24,7 @@
 //!   network namespaces (veths and AF_PACKET).
 
 pub mod assembly;
+pub mod channel;
 pub mod config;
 pub mod control;
 pub mod endpoint;

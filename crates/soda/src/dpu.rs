@@ -83,7 +83,7 @@ impl DpuConfig {
 
     /// Bytes of one receive buffer: a write request's header and a chunk.
     pub fn receive_slot_bytes(&self) -> usize {
-        self.chunk_bytes + crate::channel::HEADER_ROOM
+        self.chunk_bytes + remora_rack::channel::HEADER_ROOM
     }
 }
 

@@ -8,7 +8,6 @@
 pub mod backend;
 pub mod buffer;
 pub mod cache;
-pub mod channel;
 pub mod dpu;
 pub mod far;
 pub mod mapping;

@@ -8,7 +8,16 @@
 //! agents; its CPU is emulated hardware and the DPU's, reported apart from
 //! the application's.
 
-use crate::channel::{Channel, ChannelError, ChannelPool, Transfer};
+use remora_rack::channel::{connect_channels, Channel, ChannelError, ChannelPool, Transfer};
+
+/// Per DPU channel: writes sent through the DPU, which acknowledges
+/// before it persists, counted mod 2^31 as its replies count them, and
+/// those not yet reported persisted: (write number, object).
+#[derive(Debug, Default)]
+pub struct WriteTracking {
+    writes_sent: u32,
+    unconfirmed: std::collections::VecDeque<(u32, ObjectId)>,
+}
 use crate::dpu::{
     DpuConfig, DpuCounters, DpuPrefetcher, DpuReceiver, DpuResources, DpuStager, DpuState,
     SharedDpu, StaticState, PERSISTED_MASK, REPLY_ERROR,
@@ -113,7 +122,7 @@ pub struct Traffic {
 /// the DPU when there is one.
 struct ProcessPaths {
     direct: ChannelPool,
-    dpu: Option<ChannelPool>,
+    dpu: Option<ChannelPool<WriteTracking>>,
 }
 
 /// Object ids each process may use: its objects are numbered apart.
@@ -175,47 +184,6 @@ fn topology(config: &SodaRackConfig) -> Topology {
         }
     }
     topology
-}
-
-/// Connects `count` channels from the compute node to `peer`; `shared`
-/// is the peer's shared receive queue and completion queue, if any.
-fn connect_channels(
-    staged: &mut StagedRack,
-    peer: usize,
-    count: usize,
-    chunk_bytes: usize,
-    peer_queue: impl Fn() -> remora_rnic::QueuePairBuilder,
-) -> Result<ChannelPool, SodaRackError> {
-    let mut pending = Vec::with_capacity(count);
-    for _ in 0..count {
-        let (compute, far) = staged.nic_pair_mut(COMPUTE_HOST, peer);
-        let domain = compute.alloc_protection_domain()?;
-        let completion_queue = compute.create_completion_queue(8)?;
-        let buffer = HostMemory::new(Channel::buffer_bytes(chunk_bytes));
-        let region =
-            compute.register_host_memory(domain, buffer.clone(), AccessFlags::LOCAL_WRITE)?;
-        let near = compute.create_queue_pair(&rack_queue_pair(domain, completion_queue))?;
-        let far_queue = far.create_queue_pair(&peer_queue())?;
-        let (near_endpoint, far_endpoint) = (near.endpoint, far_queue.endpoint);
-        far.handshake(far_queue, near_endpoint)?;
-        let (compute, _) = staged.nic_pair_mut(COMPUTE_HOST, peer);
-        let queue_pair = compute.handshake(near, far_endpoint)?;
-        pending.push((queue_pair, completion_queue, buffer, region));
-    }
-    let endpoint = staged.endpoint_mut(COMPUTE_HOST);
-    let channels = pending
-        .into_iter()
-        .map(|(queue_pair, completion_queue, buffer, region)| Channel {
-            queue_pair,
-            queues: endpoint.attach_queues(completion_queue, 8),
-            buffer,
-            region,
-            chunk_bytes,
-            writes_sent: 0,
-            unconfirmed: std::collections::VecDeque::new(),
-        })
-        .collect();
-    Ok(ChannelPool::new(channels))
 }
 
 /// The DPU's queues and buffers, its queue pair to the memory node.
@@ -325,6 +293,7 @@ impl SodaRack {
         for _ in 0..config.processes {
             let direct = connect_channels(
                 &mut staged,
+                COMPUTE_HOST,
                 MEMORY_HOST,
                 config.channels,
                 config.chunk_bytes,
@@ -334,6 +303,7 @@ impl SodaRack {
                 None => None,
                 Some((resources, domain)) => Some(connect_channels(
                     &mut staged,
+                    COMPUTE_HOST,
                     DPU_HOST,
                     config.channels,
                     config.chunk_bytes,
@@ -391,7 +361,11 @@ impl SodaRack {
         Ok((net, intra))
     }
 
-    fn measure(&self, pool: &ChannelPool, region: MemoryRegion) -> Result<f64, SodaRackError> {
+    fn measure<S: Send>(
+        &self,
+        pool: &ChannelPool<S>,
+        region: MemoryRegion,
+    ) -> Result<f64, SodaRackError> {
         let started = std::time::Instant::now();
         let threads = pool.len();
         let results: Vec<Result<(), SodaRackError>> = std::thread::scope(|scope| {
@@ -462,7 +436,7 @@ impl SodaRack {
             .map_err(|_| SodaRackError::RegionId(object))
     }
 
-    fn dpu_channels(paths: &ProcessPaths) -> Result<&ChannelPool, SodaRackError> {
+    fn dpu_channels(paths: &ProcessPaths) -> Result<&ChannelPool<WriteTracking>, SodaRackError> {
         paths.dpu.as_ref().ok_or(SodaRackError::NoDpu)
     }
 
@@ -489,15 +463,15 @@ impl SodaRack {
     }
 
     /// Drops the unconfirmed writes a reply reports persisted.
-    fn confirm(&self, dpu: &DpuPath, channel: &mut Channel, immediate: u32) {
+    fn confirm(&self, dpu: &DpuPath, channel: &mut Channel<WriteTracking>, immediate: u32) {
         let persisted = immediate & PERSISTED_MASK;
         let mut unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
         // Bounded by the channel's unconfirmed writes.
-        while let Some(&(index, object)) = channel.unconfirmed.front() {
+        while let Some(&(index, object)) = channel.state.unconfirmed.front() {
             if index > persisted {
                 break;
             }
-            channel.unconfirmed.pop_front();
+            channel.state.unconfirmed.pop_front();
             if let Some(count) = unconfirmed.get_mut(&object) {
                 *count -= 1;
                 if *count == 0 {
@@ -573,8 +547,12 @@ impl SodaRack {
                     return Err(SodaRackError::Refused(object));
                 }
                 // Held by the DPU, not yet by the memory node.
-                channel.writes_sent = channel.writes_sent.wrapping_add(1) & PERSISTED_MASK;
-                channel.unconfirmed.push_back((channel.writes_sent, object));
+                channel.state.writes_sent =
+                    channel.state.writes_sent.wrapping_add(1) & PERSISTED_MASK;
+                channel
+                    .state
+                    .unconfirmed
+                    .push_back((channel.state.writes_sent, object));
                 *dpu.unconfirmed
                     .lock()
                     .expect("unconfirmed lock")
@@ -591,9 +569,9 @@ impl SodaRack {
 
     fn ask(
         &self,
-        channel: &Channel,
+        channel: &Channel<WriteTracking>,
         request: &SodaRequestRepr<'_>,
-    ) -> Result<crate::channel::Reply, SodaRackError> {
+    ) -> Result<remora_rack::channel::Reply, SodaRackError> {
         let mut bytes = vec![0u8; request.buffer_len()];
         request
             .emit(&mut bytes)

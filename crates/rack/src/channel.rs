@@ -1,12 +1,17 @@
-//! A host thread's own queue pair: a landing buffer and an outbox,
-//! registered, posted and polled through the NIC's lock-free application
-//! queues. Fault threads take one from a [`ChannelPool`] per transfer, so
-//! no two share a queue pair and none waits on the NIC's lock.
+//! A host thread's own queue pair on the embedded rack: a landing buffer
+//! and an outbox, registered, posted and polled through the NIC's
+//! lock-free application queues. Application threads take one from a
+//! [`ChannelPool`] per transfer, so no two share a queue pair and none
+//! waits on the NIC's lock. A system keeps its own per-channel state in
+//! `state` (SODA counts the writes its DPU has not yet persisted).
 
-use remora_rack::endpoint::{AppQueues, DriverKicker};
+use crate::assembly::StagedRack;
+use crate::endpoint::{rack_queue_pair, AppQueues, DriverKicker};
+use crate::RackError;
 use remora_rnic::{
-    CompletionOpcode, CompletionStatus, HostMemory, MemoryRegion, QueuePair, ReceiveRequest,
-    RemoteAddress, SendOperation, SendRequest, VerbsError, WorkCompletion,
+    AccessFlags, CompletionOpcode, CompletionStatus, HostMemory, MemoryRegion, QueuePair,
+    QueuePairBuilder, ReceiveRequest, RemoteAddress, SendOperation, SendRequest, Verbs, VerbsError,
+    WorkCompletion,
 };
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -63,24 +68,21 @@ pub struct Reply {
     pub byte_len: u32,
 }
 
-pub struct Channel {
+pub struct Channel<S = ()> {
     pub queue_pair: QueuePair,
     pub queues: AppQueues,
     /// Landing buffer (`0..chunk`) then outbox (`chunk + HEADER_ROOM..`).
     pub buffer: HostMemory,
     pub region: MemoryRegion,
     pub chunk_bytes: usize,
-    /// Writes this channel sent through a peer that acknowledges before it
-    /// persists (the DPU), counted mod 2^31 as its replies count them...
-    pub writes_sent: u32,
-    /// ... and those not yet reported persisted: (write number, object).
-    pub unconfirmed: std::collections::VecDeque<(u32, crate::store::ObjectId)>,
+    /// The system's own state for this channel.
+    pub state: S,
 }
 
 const RECEIVE_ID: u64 = 1;
 const SEND_ID: u64 = 2;
 
-impl Channel {
+impl<S> Channel<S> {
     /// Bytes a channel's buffer needs for `chunk_bytes` transfers.
     pub fn buffer_bytes(chunk_bytes: usize) -> usize {
         2 * (chunk_bytes + HEADER_ROOM)
@@ -234,14 +236,14 @@ fn check(completion: &WorkCompletion, operation: &'static str) -> Result<(), Cha
 }
 
 /// Channels to one peer, lent to one thread at a time.
-pub struct ChannelPool {
-    channels: Mutex<Vec<Channel>>,
+pub struct ChannelPool<S = ()> {
+    channels: Mutex<Vec<Channel<S>>>,
     returned: Condvar,
     count: usize,
 }
 
-impl ChannelPool {
-    pub fn new(channels: Vec<Channel>) -> ChannelPool {
+impl<S> ChannelPool<S> {
+    pub fn new(channels: Vec<Channel<S>>) -> ChannelPool<S> {
         ChannelPool {
             count: channels.len(),
             channels: Mutex::new(channels),
@@ -259,7 +261,7 @@ impl ChannelPool {
     }
 
     /// Runs `work` on a free channel (waiting for one).
-    pub fn with<T>(&self, work: impl FnOnce(&mut Channel) -> T) -> T {
+    pub fn with<T>(&self, work: impl FnOnce(&mut Channel<S>) -> T) -> T {
         let mut channel = {
             let mut channels = self.channels.lock().expect("channel lock");
             loop {
@@ -274,4 +276,46 @@ impl ChannelPool {
         self.returned.notify_one();
         result
     }
+}
+
+/// Connects `count` channels from host `near` to host `peer` of a staged
+/// rack, each moving up to `chunk_bytes` at a time; `peer_queue` builds
+/// the peer's end (its completion queue, maybe a shared receive queue).
+pub fn connect_channels<S: Default>(
+    staged: &mut StagedRack,
+    near: usize,
+    peer: usize,
+    count: usize,
+    chunk_bytes: usize,
+    peer_queue: impl Fn() -> QueuePairBuilder,
+) -> Result<ChannelPool<S>, RackError> {
+    let mut pending = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (compute, far) = staged.nic_pair_mut(near, peer);
+        let domain = compute.alloc_protection_domain()?;
+        let completion_queue = compute.create_completion_queue(8)?;
+        let buffer = HostMemory::new(Channel::<S>::buffer_bytes(chunk_bytes));
+        let region =
+            compute.register_host_memory(domain, buffer.clone(), AccessFlags::LOCAL_WRITE)?;
+        let near_queue = compute.create_queue_pair(&rack_queue_pair(domain, completion_queue))?;
+        let far_queue = far.create_queue_pair(&peer_queue())?;
+        let (near_endpoint, far_endpoint) = (near_queue.endpoint, far_queue.endpoint);
+        far.handshake(far_queue, near_endpoint)?;
+        let (compute, _) = staged.nic_pair_mut(near, peer);
+        let queue_pair = compute.handshake(near_queue, far_endpoint)?;
+        pending.push((queue_pair, completion_queue, buffer, region));
+    }
+    let endpoint = staged.endpoint_mut(near);
+    let channels = pending
+        .into_iter()
+        .map(|(queue_pair, completion_queue, buffer, region)| Channel {
+            queue_pair,
+            queues: endpoint.attach_queues(completion_queue, 8),
+            buffer,
+            region,
+            chunk_bytes,
+            state: S::default(),
+        })
+        .collect();
+    Ok(ChannelPool::new(channels))
 }
