@@ -29,6 +29,7 @@ pub mod config;
 pub mod control;
 pub mod endpoint;
 pub mod launch;
+pub mod pool;
 pub mod report;
 pub mod scenario;
 pub mod simulated;

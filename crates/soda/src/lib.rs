@@ -11,7 +11,6 @@ pub mod cache;
 pub mod dpu;
 pub mod far;
 pub mod mapping;
-pub mod memory_node;
 pub mod placement;
 pub mod rack;
 pub mod store;

@@ -22,11 +22,11 @@ use crate::dpu::{
     DpuConfig, DpuCounters, DpuPrefetcher, DpuReceiver, DpuResources, DpuStager, DpuState,
     SharedDpu, StaticState, PERSISTED_MASK, REPLY_ERROR,
 };
-use crate::memory_node::MemoryAgent;
 use crate::store::{Advice, ChunkStore, ObjectId, StoreError};
 use remora_carrier::wrappers::LinkShape;
 use remora_rack::assembly::{BusyNanos, EmbeddedRack, RackBuilder, StagedRack};
 use remora_rack::endpoint::{rack_queue_pair, DriverKicker};
+use remora_rack::pool::{Pool, PoolError};
 use remora_rack::topology::{
     standard_host, HostSpec, LinkSpec, Role, Topology, COMPUTE_HOST, MEMORY_HOST,
 };
@@ -142,7 +142,9 @@ pub struct SodaRack {
     rack: Mutex<EmbeddedRack>,
     kicker: DriverKicker,
     pool: MemoryRegion,
-    memory: Mutex<MemoryAgent>,
+    /// The memory node's pool: its agent reserves, loads and frees
+    /// extents (direct calls standing in for a control channel).
+    memory: Mutex<Pool<ObjectId>>,
     processes: Vec<ProcessPaths>,
     dpu: Option<DpuPath>,
     route: Route,
@@ -326,7 +328,7 @@ impl SodaRack {
             rack: Mutex::new(rack),
             kicker,
             pool,
-            memory: Mutex::new(MemoryAgent::new(pool_memory)),
+            memory: Mutex::new(Pool::new(pool_memory)),
             processes,
             dpu,
             route: config.route,
@@ -604,6 +606,25 @@ impl SodaRack {
     }
 }
 
+/// The store's error for a pool's, naming the object.
+fn pool_error(object: ObjectId) -> impl Fn(PoolError) -> StoreError {
+    move |error| match error {
+        PoolError::Full { wanted, free } => StoreError::Full { wanted, free },
+        PoolError::Unknown => StoreError::UnknownObject(object),
+        PoolError::OutOfRange {
+            offset,
+            end,
+            length,
+        } => StoreError::OutOfRange {
+            object,
+            offset,
+            end,
+            length,
+        },
+        PoolError::Memory(error) => StoreError::Remote(Box::new(error)),
+    }
+}
+
 /// Where one object's chunks go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
@@ -715,11 +736,12 @@ impl SodaRack {
     ) -> Result<(), StoreError> {
         let paths = &self.processes[process];
         self.check_lost(object)?;
-        let start =
-            self.memory
-                .lock()
-                .expect("memory agent lock")
-                .extent(object, offset, into.len())?;
+        let start = self
+            .memory
+            .lock()
+            .expect("memory agent lock")
+            .locate(object, offset, into.len())
+            .map_err(pool_error(object))?;
         let path = self.path(object);
         let result = match path {
             Path::Direct => self.direct_transfer(paths, start, Transfer::Into(into)),
@@ -743,11 +765,12 @@ impl SodaRack {
     ) -> Result<(), StoreError> {
         let paths = &self.processes[process];
         self.check_lost(object)?;
-        let start =
-            self.memory
-                .lock()
-                .expect("memory agent lock")
-                .extent(object, offset, data.len())?;
+        let start = self
+            .memory
+            .lock()
+            .expect("memory agent lock")
+            .locate(object, offset, data.len())
+            .map_err(pool_error(object))?;
         let path = self.path(object);
         let result = match path {
             Path::Direct => self.direct_transfer(paths, start, Transfer::From(data)),
@@ -788,9 +811,10 @@ impl ChunkStore for SodaRack {
             Self::region(object)?;
         }
         let mut memory = self.memory.lock().expect("memory agent lock");
-        let start = memory.reserve(object, bytes)?;
+        let start = memory.reserve(object, bytes).map_err(pool_error(object))?;
         let data = crate::store::initial_data(initial, bytes);
-        if let Err(error) = data.and_then(|data| memory.load(start, &data)) {
+        let loaded = data.and_then(|data| memory.write(start, &data).map_err(pool_error(object)));
+        if let Err(error) = loaded {
             let _ = memory.release(object);
             return Err(error);
         }
@@ -827,6 +851,8 @@ impl ChunkStore for SodaRack {
             .lock()
             .expect("memory agent lock")
             .release(object)
+            .map(drop)
+            .map_err(pool_error(object))
     }
 
     fn advise(&self, object: ObjectId, advice: Advice) -> Result<(), StoreError> {
