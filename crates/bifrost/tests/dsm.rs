@@ -1,0 +1,149 @@
+//! The DSM on an embedded rack of three memory nodes: data round trips
+//! through every node, and every misuse is a typed error that touches
+//! nothing.
+
+use remora_bifrost::dsm::client::DsmError;
+use remora_bifrost::dsm::message::{Operation, Request, Status};
+use remora_bifrost::dsm::rack::{DsmRack, DsmRackConfig};
+use remora_bifrost::dsm::GlobalPtr;
+
+fn rack() -> DsmRack {
+    DsmRack::start(DsmRackConfig::default()).expect("a DSM rack starts")
+}
+
+#[test]
+fn allocations_spread_over_the_nodes_and_read_back_what_was_written() {
+    let rack = rack();
+    let dsm = &rack.dsm;
+    let mut pointers = Vec::new();
+    for index in 0..6u8 {
+        // Larger than a chunk, so transfers are split.
+        let size = 100_000 + u64::from(index);
+        let ptr = dsm.alloc(size).unwrap();
+        let data: Vec<u8> = (0..size)
+            .map(|byte| (byte as u8).wrapping_add(index))
+            .collect();
+        dsm.write(ptr, &data).unwrap();
+        pointers.push((ptr, data));
+    }
+    let nodes: std::collections::BTreeSet<u8> = pointers.iter().map(|(ptr, _)| ptr.node).collect();
+    assert_eq!(nodes.len(), 3, "round robin over three nodes");
+    for (ptr, data) in &pointers {
+        let mut back = vec![0u8; data.len()];
+        dsm.read(*ptr, &mut back).unwrap();
+        assert_eq!(&back, data);
+    }
+    // Writes to one node land in order: the last one wins.
+    let (ptr, _) = pointers[0];
+    for round in 0..20u8 {
+        dsm.write_at(ptr, 8, &[round; 16]).unwrap();
+    }
+    let mut back = [0u8; 16];
+    dsm.read_at(ptr, 8, &mut back).unwrap();
+    assert_eq!(back, [19u8; 16]);
+}
+
+#[test]
+fn misuse_is_a_typed_error() {
+    let rack = rack();
+    let dsm = &rack.dsm;
+    let ptr = dsm.alloc_on(1, 4096).unwrap();
+    let mut buffer = [0u8; 16];
+    assert!(matches!(
+        dsm.read_at(ptr, 4090, &mut buffer),
+        Err(DsmError::OutOfRange { size: 4096, .. })
+    ));
+    assert!(matches!(
+        dsm.write_at(ptr, 4096, &[1]),
+        Err(DsmError::OutOfRange { .. })
+    ));
+    dsm.free(ptr).unwrap();
+    assert!(matches!(dsm.free(ptr), Err(DsmError::DoubleFree(p)) if p == ptr));
+    assert!(matches!(
+        dsm.read(ptr, &mut buffer),
+        Err(DsmError::UseAfterFree(_))
+    ));
+    // The same offset handed out again: the old pointer's generation is
+    // stale, so it still cannot reach the new owner's bytes.
+    let again = dsm.alloc_on(1, 4096).unwrap();
+    assert_eq!((again.node, again.offset), (ptr.node, ptr.offset));
+    assert_ne!(again.generation, ptr.generation);
+    dsm.forget(ptr);
+    assert!(matches!(
+        dsm.write(ptr, &[7]),
+        Err(DsmError::UseAfterFree(_))
+    ));
+    let never = GlobalPtr {
+        node: 2,
+        generation: 0,
+        offset: 1 << 20,
+    };
+    assert!(matches!(
+        dsm.read(never, &mut buffer),
+        Err(DsmError::NotAllocated(_))
+    ));
+    assert!(matches!(dsm.alloc_on(9, 1), Err(DsmError::UnknownNode(9))));
+    assert!(matches!(
+        dsm.alloc_on(0, 1 << 40),
+        Err(DsmError::NoSpace { node: 0, .. })
+    ));
+}
+
+#[test]
+fn snapshots_restore_a_region() {
+    let rack = rack();
+    let dsm = &rack.dsm;
+    let ptr = dsm.alloc_on(2, 10_000).unwrap();
+    assert!(matches!(dsm.restore(ptr), Err(DsmError::NoSnapshot(_))));
+    dsm.write(ptr, &[1u8; 10_000]).unwrap();
+    dsm.snapshot(ptr).unwrap();
+    dsm.write(ptr, &[2u8; 10_000]).unwrap();
+    dsm.restore(ptr).unwrap();
+    let mut back = vec![0u8; 10_000];
+    dsm.read(ptr, &mut back).unwrap();
+    assert!(back.iter().all(|&byte| byte == 1));
+}
+
+#[test]
+fn the_daemon_answers_a_malformed_request_and_stays_up() {
+    use remora_bifrost::dsm::message::Reply;
+    let rack = rack();
+    let mut daemon = rack.daemons[0].lock().unwrap();
+    // Freeing what was never allocated, and a restore with no snapshot.
+    let never = Request {
+        operation: Operation::Free,
+        generation: 0,
+        request_id: 1,
+        offset: 64,
+        size: 0,
+    };
+    assert_eq!(daemon.handle(never).status, Status::NotAllocated);
+    let reply: Reply = daemon.handle(Request {
+        operation: Operation::Allocate,
+        generation: 0,
+        request_id: 2,
+        offset: 0,
+        size: 10,
+    });
+    assert_eq!(reply.status, Status::Ok);
+    let restore = Request {
+        operation: Operation::Restore,
+        generation: reply.generation,
+        request_id: 3,
+        offset: reply.offset,
+        size: 0,
+    };
+    assert_eq!(daemon.handle(restore).status, Status::NoSnapshot);
+}
+
+#[test]
+fn dsm_message_seeds_replay() {
+    let directory = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/seeds/dsm_messages");
+    let mut count = 0;
+    for entry in std::fs::read_dir(directory).expect("the seed directory") {
+        let bytes = std::fs::read(entry.expect("a seed").path()).expect("a readable seed");
+        assert!(remora_bifrost::dsm::message::any_message(&bytes));
+        count += 1;
+    }
+    assert!(count >= 2);
+}
