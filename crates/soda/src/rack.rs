@@ -727,12 +727,14 @@ impl SodaRack {
 }
 
 impl SodaRack {
-    fn fetch_for(
+    /// Moves a chunk of `object` for process `process`, along the object's
+    /// path; a failure on a DPU path marks what the DPU held as lost.
+    fn move_for(
         &self,
         process: usize,
         object: ObjectId,
         offset: u64,
-        into: &mut [u8],
+        transfer: Transfer<'_>,
     ) -> Result<(), StoreError> {
         let paths = &self.processes[process];
         self.check_lost(object)?;
@@ -740,48 +742,27 @@ impl SodaRack {
             .memory
             .lock()
             .expect("memory agent lock")
-            .locate(object, offset, into.len())
+            .locate(object, offset, transfer.len())
             .map_err(pool_error(object))?;
         let path = self.path(object);
-        let result = match path {
-            Path::Direct => self.direct_transfer(paths, start, Transfer::Into(into)),
-            Path::ThroughDpu => self.fetch_through_dpu(paths, object, offset, into),
-            Path::Static(at) => self.static_transfer(paths, at + offset, Transfer::Into(into)),
-        };
-        if let Err(error) = &result {
-            if path != Path::Direct {
-                self.dpu_failed(object, error);
+        let result = match (path, transfer) {
+            (Path::Direct, transfer) => self.direct_transfer(paths, start, transfer),
+            (Path::ThroughDpu, Transfer::Into(into)) => {
+                self.fetch_through_dpu(paths, object, offset, into)
             }
-        }
-        Ok(result?)
-    }
-
-    fn write_back_for(
-        &self,
-        process: usize,
-        object: ObjectId,
-        offset: u64,
-        data: &[u8],
-    ) -> Result<(), StoreError> {
-        let paths = &self.processes[process];
-        self.check_lost(object)?;
-        let start = self
-            .memory
-            .lock()
-            .expect("memory agent lock")
-            .locate(object, offset, data.len())
-            .map_err(pool_error(object))?;
-        let path = self.path(object);
-        let result = match path {
-            Path::Direct => self.direct_transfer(paths, start, Transfer::From(data)),
-            Path::ThroughDpu => self.write_through_dpu(paths, object, offset, data),
-            Path::Static(at) => {
-                // The DPU's copy is now newer than the memory node's: it
-                // goes there when the object is unpinned.
-                if let Some(pinned) = self.pinned.lock().expect("pinned lock").get_mut(&object) {
-                    pinned.1 = true;
+            (Path::ThroughDpu, Transfer::From(data)) => {
+                self.write_through_dpu(paths, object, offset, data)
+            }
+            (Path::Static(at), transfer) => {
+                if let Transfer::From(_) = transfer {
+                    // The DPU's copy is now newer than the memory node's:
+                    // it goes there when the object is unpinned.
+                    if let Some(pinned) = self.pinned.lock().expect("pinned lock").get_mut(&object)
+                    {
+                        pinned.1 = true;
+                    }
                 }
-                self.static_transfer(paths, at + offset, Transfer::From(data))
+                self.static_transfer(paths, at + offset, transfer)
             }
         };
         if let Err(error) = &result {
@@ -830,11 +811,11 @@ impl ChunkStore for SodaRack {
     }
 
     fn fetch(&self, object: ObjectId, offset: u64, into: &mut [u8]) -> Result<(), StoreError> {
-        self.fetch_for(0, object, offset, into)
+        self.move_for(0, object, offset, Transfer::Into(into))
     }
 
     fn write_back(&self, object: ObjectId, offset: u64, data: &[u8]) -> Result<(), StoreError> {
-        self.write_back_for(0, object, offset, data)
+        self.move_for(0, object, offset, Transfer::From(data))
     }
 
     fn release(&self, object: ObjectId) -> Result<(), StoreError> {
@@ -938,13 +919,21 @@ impl ChunkStore for ProcessStore {
     }
 
     fn fetch(&self, object: ObjectId, offset: u64, into: &mut [u8]) -> Result<(), StoreError> {
-        self.rack
-            .fetch_for(self.process, self.global(object)?, offset, into)
+        self.rack.move_for(
+            self.process,
+            self.global(object)?,
+            offset,
+            Transfer::Into(into),
+        )
     }
 
     fn write_back(&self, object: ObjectId, offset: u64, data: &[u8]) -> Result<(), StoreError> {
-        self.rack
-            .write_back_for(self.process, self.global(object)?, offset, data)
+        self.rack.move_for(
+            self.process,
+            self.global(object)?,
+            offset,
+            Transfer::From(data),
+        )
     }
 
     fn release(&self, object: ObjectId) -> Result<(), StoreError> {
