@@ -28,6 +28,10 @@ pub enum DropReason {
     ResponderBusy,
     /// Congestion notifications are counted, not acted on.
     CongestionNotification,
+    /// A datagram for a UDP port the host did not open.
+    NoDatagramPort,
+    /// A datagram for a port whose inbox was full.
+    DatagramInboxFull,
 }
 
 impl DropReason {
@@ -45,6 +49,8 @@ impl DropReason {
             DropReason::UnexpectedResponse => "unexpected_response",
             DropReason::DuplicateNotReplayable => "duplicate_not_replayable",
             DropReason::ResponderBusy => "responder_busy",
+            DropReason::NoDatagramPort => "no_datagram_port",
+            DropReason::DatagramInboxFull => "datagram_inbox_full",
             DropReason::CongestionNotification => "congestion_notification",
         }
     }

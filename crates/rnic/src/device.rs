@@ -7,6 +7,7 @@
 //! argument, so the simulator and a real event loop drive the same code.
 
 use crate::counters::{DropReason, RnicCounters};
+use crate::datagram::Datagrams;
 use crate::host_memory::HostMemory;
 use crate::memory::MemoryTable;
 use crate::queue_pair::QueuePairContext;
@@ -15,6 +16,7 @@ use crate::resources::{Resources, SharedReceiveRing};
 use crate::time::Timestamp;
 use crate::verbs::*;
 use crate::VerbsError;
+use remora_wire::datagram::{udp_destination_port, DatagramEnd};
 use remora_wire::frame::MAX_FRAME_LEN;
 use remora_wire::{Ipv4Address, MacAddress, Opcode, Psn, Qpn, RoceFrame, VirtAddr};
 
@@ -70,6 +72,7 @@ pub struct SoftRnic {
     protection_domains: u32,
     queue_pairs: Vec<QueuePairContext>,
     transmit_cursor: usize,
+    datagrams: Datagrams,
 }
 
 impl SoftRnic {
@@ -90,6 +93,7 @@ impl SoftRnic {
             },
             protection_domains: 0,
             queue_pairs: Vec::new(),
+            datagrams: Datagrams::default(),
             transmit_cursor: 0,
             config,
         }
@@ -156,6 +160,16 @@ impl SoftRnic {
         let counters = &mut self.resources.counters;
         counters.frames_received += 1;
         counters.bytes_received += bytes.len() as u64;
+        if let Some(port) = udp_destination_port(bytes) {
+            if self.datagrams.is_open(port) {
+                let (mac, address) = (self.config.mac, self.config.address);
+                if let Err(reason) = self.datagrams.handle(mac, address, bytes) {
+                    self.resources.counters.count_drop(reason);
+                }
+                return;
+            }
+        }
+        let counters = &mut self.resources.counters;
         let frame = match RoceFrame::new_checked(bytes) {
             Ok(frame) => frame,
             Err(error) => return counters.count_drop(DropReason::Malformed(error)),
@@ -195,6 +209,12 @@ impl SoftRnic {
             buffer.len() >= MAX_FRAME_LEN,
             "transmit buffer must hold any frame"
         );
+        if let Some(len) = self.datagrams.poll_transmit(buffer) {
+            let counters = &mut self.resources.counters;
+            counters.frames_transmitted += 1;
+            counters.bytes_transmitted += len as u64;
+            return Some(len);
+        }
         let count = self.queue_pairs.len();
         for step in 0..count {
             let slot = (self.transmit_cursor + step) % count;
@@ -441,5 +461,31 @@ impl Verbs for SoftRnic {
         from: &[u8],
     ) -> Result<(), VerbsError> {
         self.resources.memory.write_local(lkey, address, from)
+    }
+
+    fn open_datagram_port(
+        &mut self,
+        udp_port: u16,
+        depth: usize,
+    ) -> Result<DatagramPort, VerbsError> {
+        self.datagrams.open(udp_port, depth)
+    }
+
+    fn send_datagram(
+        &mut self,
+        port: DatagramPort,
+        to: DatagramEnd,
+        payload: &[u8],
+    ) -> Result<(), VerbsError> {
+        let source = (self.config.mac, self.config.address);
+        self.datagrams.send(source, port, to, payload)
+    }
+
+    fn receive_datagram(
+        &mut self,
+        port: DatagramPort,
+        into: &mut [u8],
+    ) -> Result<Option<ReceivedDatagram>, VerbsError> {
+        self.datagrams.receive(port, into)
     }
 }

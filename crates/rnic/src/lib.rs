@@ -11,6 +11,7 @@
 
 pub mod back_to_back;
 mod counters;
+pub mod datagram;
 pub mod device;
 #[doc(hidden)]
 pub mod fuzzing;

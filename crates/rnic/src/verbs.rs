@@ -418,6 +418,17 @@ pub enum QueuePairTransition {
     Reset,
 }
 
+/// A UDP port a host opened on its device for plain datagrams.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct DatagramPort(pub(crate) u32);
+
+/// A datagram taken from a port: who sent it and how long it is.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ReceivedDatagram {
+    pub from: remora_wire::datagram::DatagramEnd,
+    pub length: usize,
+}
+
 /// The verbs of a device, shaped after the `ibverbs` crate.
 pub trait Verbs {
     fn alloc_protection_domain(&mut self) -> Result<ProtectionDomain, VerbsError>;
@@ -483,6 +494,26 @@ pub trait Verbs {
     /// The host CPU writing registered memory.
     fn write_local(&mut self, lkey: Lkey, address: VirtAddr, from: &[u8])
         -> Result<(), VerbsError>;
+    /// Opens UDP port `udp_port` for plain datagrams, with an inbox of
+    /// `depth` (beyond which arrivals are dropped and counted).
+    fn open_datagram_port(
+        &mut self,
+        udp_port: u16,
+        depth: usize,
+    ) -> Result<DatagramPort, VerbsError>;
+    /// Queues a datagram from `port` to `to`.
+    fn send_datagram(
+        &mut self,
+        port: DatagramPort,
+        to: remora_wire::datagram::DatagramEnd,
+        payload: &[u8],
+    ) -> Result<(), VerbsError>;
+    /// Takes the oldest datagram that reached `port`, into `into`.
+    fn receive_datagram(
+        &mut self,
+        port: DatagramPort,
+        into: &mut [u8],
+    ) -> Result<Option<ReceivedDatagram>, VerbsError>;
 }
 
 /// Typed errors for bad local arguments. Remote misbehaviour never shows
@@ -509,6 +540,12 @@ pub enum VerbsError {
     },
     #[error("{queue} is full")]
     QueueFull { queue: &'static str },
+    #[error("unknown datagram port")]
+    UnknownDatagramPort,
+    #[error("UDP port {0} is RoCEv2's or already open")]
+    DatagramPortTaken(u16),
+    #[error("a datagram of {length} bytes is past {max}")]
+    DatagramTooLarge { length: usize, max: usize },
     #[error("too many {kind} (at most {max})")]
     TooManyObjects { kind: &'static str, max: usize },
     #[error("operation {operation} is not allowed in state {state:?}")]

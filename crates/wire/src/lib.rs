@@ -17,6 +17,7 @@
 pub mod bifrost;
 pub mod bth;
 mod bytes;
+pub mod datagram;
 pub mod error;
 pub mod ethernet;
 pub mod extension;
