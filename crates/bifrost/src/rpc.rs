@@ -1,0 +1,318 @@
+//! Bifröst's RPC runtime, with no I/O: RPCs are UDP datagrams on
+//! [`BIFROST_PORT`] with the Bifröst header at the start of the payload
+//! (§6.1), so the switch can parse, hold and replay them.
+//!
+//! A [`Caller`] numbers its calls (the RPC id, unique per caller) and
+//! sends each again until it is answered or runs out of attempts. A
+//! [`Callee`] runs each (caller, RPC id) once: a duplicate of a call it has
+//! answered gets the same reply again, without running the method again.
+//! Time comes in as an argument; the agents in [`agents`] drive both
+//! through the device's datagram verbs.
+
+pub mod agents;
+
+use remora_base::Timestamp;
+use remora_wire::bifrost::{
+    BifrostHeader, BifrostRepr, CallType, GlobalAddress, BIFROST_PORT, HEADER_LEN,
+};
+use remora_wire::datagram::DatagramEnd;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::Duration;
+
+/// Calls a caller may have unanswered at once.
+pub const MAX_OUTSTANDING: usize = 1024;
+/// Answered calls a callee remembers per caller, to answer duplicates.
+pub const REPLIES_KEPT_PER_CALLER: u64 = 1024;
+/// Callers a callee remembers.
+pub const MAX_CALLERS: usize = 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RpcError {
+    #[error("{0} calls are unanswered: the caller's window is full")]
+    TooManyOutstanding(usize),
+    #[error(transparent)]
+    Header(#[from] remora_wire::bifrost::BifrostError),
+    #[error("call {rpc_id} got no answer after {attempts} attempts")]
+    NoAnswer { rpc_id: u64, attempts: u32 },
+    #[error("the callee raised: {0}")]
+    Exception(String),
+    #[error("the callee knows no method {0:?}")]
+    UnknownMethod(String),
+}
+
+/// What a method does; the error becomes an EXCEPTION reply.
+pub trait Service: Send {
+    fn call(
+        &mut self,
+        method: &[u8],
+        pointer: GlobalAddress,
+        arguments: &[u8],
+    ) -> Result<Vec<u8>, String>;
+}
+
+/// A datagram to send: where, and the payload (header first).
+pub type Outgoing = (DatagramEnd, Vec<u8>);
+
+fn encode(repr: &BifrostRepr, body: &[u8]) -> Vec<u8> {
+    let mut payload = vec![0u8; HEADER_LEN + body.len()];
+    repr.emit(&mut payload).expect("the buffer holds a header");
+    payload[HEADER_LEN..].copy_from_slice(body);
+    payload
+}
+
+#[derive(Debug)]
+struct Outstanding {
+    to: DatagramEnd,
+    payload: Vec<u8>,
+    sent_at: Timestamp,
+    attempts: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallerCounters {
+    pub calls: u64,
+    pub retransmissions: u64,
+    pub duplicate_replies: u64,
+    pub malformed: u64,
+}
+
+/// The calling side.
+#[derive(Debug)]
+pub struct Caller {
+    retransmit_after: Duration,
+    max_attempts: u32,
+    next_rpc_id: u64,
+    outstanding: BTreeMap<u64, Outstanding>,
+    sends: VecDeque<Outgoing>,
+    completed: VecDeque<(u64, Result<Vec<u8>, RpcError>)>,
+    counters: CallerCounters,
+}
+
+impl Caller {
+    pub fn new(retransmit_after: Duration, max_attempts: u32) -> Caller {
+        Caller {
+            retransmit_after,
+            max_attempts: max_attempts.max(1),
+            next_rpc_id: 1,
+            outstanding: BTreeMap::new(),
+            sends: VecDeque::new(),
+            completed: VecDeque::new(),
+            counters: CallerCounters::default(),
+        }
+    }
+
+    pub fn counters(&self) -> CallerCounters {
+        self.counters
+    }
+
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    /// Starts a call; returns its RPC id.
+    pub fn call(
+        &mut self,
+        now: Timestamp,
+        to: DatagramEnd,
+        method: &str,
+        pointer: GlobalAddress,
+        arguments: &[u8],
+    ) -> Result<u64, RpcError> {
+        if self.outstanding.len() >= MAX_OUTSTANDING {
+            return Err(RpcError::TooManyOutstanding(self.outstanding.len()));
+        }
+        let rpc_id = self.next_rpc_id;
+        let repr = BifrostRepr::new(CallType::Call, method, rpc_id, pointer)?;
+        self.next_rpc_id += 1;
+        let payload = encode(&repr, arguments);
+        self.sends.push_back((to, payload.clone()));
+        self.outstanding.insert(
+            rpc_id,
+            Outstanding {
+                to,
+                payload,
+                sent_at: now,
+                attempts: 1,
+            },
+        );
+        self.counters.calls += 1;
+        Ok(rpc_id)
+    }
+
+    pub fn poll_transmit(&mut self) -> Option<Outgoing> {
+        self.sends.pop_front()
+    }
+
+    /// A datagram that reached the caller's port.
+    pub fn handle(&mut self, payload: &[u8]) {
+        let Ok(header) = BifrostHeader::new_checked(payload) else {
+            self.counters.malformed += 1;
+            return;
+        };
+        let outcome = match header.call_type() {
+            CallType::Reply => Ok(header.payload().to_vec()),
+            CallType::Exception => Err(RpcError::Exception(
+                String::from_utf8_lossy(header.payload()).into(),
+            )),
+            CallType::Call | CallType::Oneway => {
+                self.counters.malformed += 1;
+                return;
+            }
+        };
+        match self.outstanding.remove(&header.rpc_id()) {
+            Some(_) => self.completed.push_back((header.rpc_id(), outcome)),
+            // A reply to a retransmission of an answered call.
+            None => self.counters.duplicate_replies += 1,
+        }
+    }
+
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        self.outstanding
+            .values()
+            .map(|call| call.sent_at.saturating_add(self.retransmit_after))
+            .min()
+    }
+
+    pub fn handle_timeout(&mut self, now: Timestamp) {
+        let due: Vec<u64> = self
+            .outstanding
+            .iter()
+            .filter(|(_, call)| call.sent_at.saturating_add(self.retransmit_after) <= now)
+            .map(|(&rpc_id, _)| rpc_id)
+            .collect();
+        for rpc_id in due {
+            let call = self.outstanding.get_mut(&rpc_id).expect("listed just now");
+            if call.attempts >= self.max_attempts {
+                let attempts = call.attempts;
+                self.outstanding.remove(&rpc_id);
+                self.completed
+                    .push_back((rpc_id, Err(RpcError::NoAnswer { rpc_id, attempts })));
+                continue;
+            }
+            call.attempts += 1;
+            call.sent_at = now;
+            self.sends.push_back((call.to, call.payload.clone()));
+            self.counters.retransmissions += 1;
+        }
+    }
+
+    /// A finished call: its RPC id and its result.
+    pub fn take_completion(&mut self) -> Option<(u64, Result<Vec<u8>, RpcError>)> {
+        self.completed.pop_front()
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CalleeCounters {
+    pub executed: u64,
+    pub duplicates: u64,
+    pub stale: u64,
+    pub malformed: u64,
+    pub refused_callers: u64,
+}
+
+/// What a callee remembers of one caller.
+#[derive(Debug, Default)]
+struct CallerMemory {
+    /// Replies by RPC id, the newest [`REPLIES_KEPT_PER_CALLER`].
+    replies: BTreeMap<u64, Vec<u8>>,
+}
+
+/// The called side.
+pub struct Callee {
+    service: Box<dyn Service>,
+    callers: HashMap<DatagramEnd, CallerMemory>,
+    sends: VecDeque<Outgoing>,
+    counters: CalleeCounters,
+}
+
+impl Callee {
+    pub fn new(service: Box<dyn Service>) -> Callee {
+        Callee {
+            service,
+            callers: HashMap::new(),
+            sends: VecDeque::new(),
+            counters: CalleeCounters::default(),
+        }
+    }
+
+    pub fn counters(&self) -> CalleeCounters {
+        self.counters
+    }
+
+    pub fn service_mut(&mut self) -> &mut dyn Service {
+        self.service.as_mut()
+    }
+
+    /// A call that reached the callee's port.
+    pub fn handle(&mut self, from: DatagramEnd, payload: &[u8]) {
+        let Ok(header) = BifrostHeader::new_checked(payload) else {
+            self.counters.malformed += 1;
+            return;
+        };
+        let oneway = header.call_type() == CallType::Oneway;
+        if !oneway && header.call_type() != CallType::Call {
+            self.counters.malformed += 1;
+            return;
+        }
+        if !self.callers.contains_key(&from) && self.callers.len() >= MAX_CALLERS {
+            self.counters.refused_callers += 1;
+            return;
+        }
+        let rpc_id = header.rpc_id();
+        let memory = self.callers.entry(from).or_default();
+        if let Some(reply) = memory.replies.get(&rpc_id) {
+            // Run once: a duplicate gets the same answer again.
+            self.counters.duplicates += 1;
+            if !oneway {
+                self.sends.push_back((from, reply.clone()));
+            }
+            return;
+        }
+        let newest = memory.replies.last_key_value().map_or(0, |(&id, _)| id);
+        if rpc_id + REPLIES_KEPT_PER_CALLER <= newest {
+            // Older than anything remembered: long answered.
+            self.counters.stale += 1;
+            return;
+        }
+        let outcome = self.service.call(
+            header.method_name(),
+            header.global_address(),
+            header.payload(),
+        );
+        self.counters.executed += 1;
+        let method = String::from_utf8_lossy(header.method_name()).into_owned();
+        let (call_type, body) = match outcome {
+            Ok(body) => (CallType::Reply, body),
+            Err(message) => (CallType::Exception, message.into_bytes()),
+        };
+        let repr = BifrostRepr::new(call_type, &method, rpc_id, header.global_address())
+            .expect("the method name came from a header");
+        let reply = encode(&repr, &body);
+        memory.replies.insert(rpc_id, reply.clone());
+        while memory.replies.len() as u64 > REPLIES_KEPT_PER_CALLER {
+            memory.replies.pop_first();
+        }
+        // ONEWAY: executed once, never answered.
+        if !oneway {
+            self.sends.push_back((from, reply));
+        }
+    }
+
+    pub fn poll_transmit(&mut self) -> Option<Outgoing> {
+        self.sends.pop_front()
+    }
+}
+
+/// The callee's address for a host: its IPv4 address on Bifröst's port,
+/// reached through the switch's router MAC.
+pub fn callee_at(
+    router: remora_wire::MacAddress,
+    address: remora_wire::Ipv4Address,
+) -> DatagramEnd {
+    DatagramEnd {
+        mac: router,
+        address,
+        port: BIFROST_PORT,
+    }
+}
