@@ -10,6 +10,7 @@
 //! through the device's datagram verbs.
 
 pub mod agents;
+pub mod scenario;
 
 use remora_base::Timestamp;
 use remora_wire::bifrost::{

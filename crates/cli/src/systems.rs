@@ -29,7 +29,7 @@ pub trait System: Sync {
 }
 
 /// Every system, in the order the demo tours them.
-pub const SYSTEMS: [&dyn System; 3] = [&Clover, &Cowbird, &Soda];
+pub const SYSTEMS: [&dyn System; 4] = [&Clover, &Cowbird, &Soda, &Bifrost];
 
 pub fn names() -> Vec<&'static str> {
     SYSTEMS.iter().map(|system| system.name()).collect()
@@ -145,5 +145,37 @@ impl System for Soda {
 
     fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
         crate::demo::soda_step()
+    }
+}
+
+struct Bifrost;
+
+impl System for Bifrost {
+    fn name(&self) -> &'static str {
+        "bifrost"
+    }
+
+    fn title(&self) -> &'static str {
+        "Bifröst"
+    }
+
+    fn check_section(&self, rack: &RackConfig) -> Result<(), String> {
+        refuse_section(
+            rack,
+            self.name(),
+            "Bifröst's DSM and RPC runtime are libraries so far (see the demo)",
+        )
+    }
+
+    fn rack_up(
+        &self,
+        _rack: &RackConfig,
+        _failures: &mut Vec<String>,
+    ) -> Option<serde_json::Value> {
+        None
+    }
+
+    fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
+        crate::demo::bifrost_step()
     }
 }

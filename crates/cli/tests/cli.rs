@@ -26,9 +26,14 @@ fn the_demo_checks_every_operation() {
     }
     assert!(stdout.contains("all 9 operations checked"));
     assert!(
-        stdout.contains("Clover, Cowbird and SODA passed"),
+        stdout.contains("Clover, Cowbird, SODA and Bifröst passed"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("written and read back on 3 of 3 nodes"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("300 calls ran exactly once"), "{stdout}");
     // SODA's BFS on far memory, once per far-memory backend.
     assert_eq!(
         stdout.matches("depths equal to local memory: yes").count(),
@@ -192,11 +197,18 @@ fn bench_soda_writes_its_ratios() {
         let value = report["ratios"][ratio].as_f64().unwrap_or(f64::NAN);
         assert!(value.is_finite() && value > 0.0, "{ratio} = {value}");
     }
-    // Shares: a tiny graph may fit the host buffer and miss every time.
-    for ratio in ["static_cache_traffic_saving_pr", "dynamic_hit_rate_pr"] {
-        let value = report["ratios"][ratio].as_f64().unwrap_or(f64::NAN);
-        assert!((0.0..=1.0).contains(&value), "{ratio} = {value}");
-    }
+    // On a graph this small the hit rate may be anything in [0, 1], and
+    // the saving may even be negative: which chunks the evictor drops, and
+    // so how much is fetched again, varies from run to run by more than
+    // the pinned vertex data weighs.
+    let hit_rate = report["ratios"]["dynamic_hit_rate_pr"]
+        .as_f64()
+        .unwrap_or(f64::NAN);
+    assert!((0.0..=1.0).contains(&hit_rate), "hit rate {hit_rate}");
+    let saving = report["ratios"]["static_cache_traffic_saving_pr"]
+        .as_f64()
+        .unwrap_or(f64::NAN);
+    assert!(saving.is_finite() && saving <= 1.0, "saving {saving}");
     let runtimes = |prefix: bool| {
         report["results"]
             .as_array()
