@@ -443,3 +443,62 @@ fn expect_sigbus_in_child(name: &str, child_variable: &str) {
         "the child hung for a while"
     );
 }
+
+/// Eq. 3 in `auto` mode: random chunks of a big object miss the small
+/// dynamic cache, so after the warm-up the DPU turns caching off (its hit
+/// rate is under B_net / B_intra); sequential scans keep it on.
+#[test]
+fn auto_turns_the_dynamic_cache_off_when_it_does_not_pay() {
+    use remora_soda::cache::{CacheMode, DynamicCacheConfig};
+    use remora_soda::Advice;
+    let chunk = 4096;
+    let run = |random: bool| {
+        let mut dpu = DpuConfig::optimized(chunk);
+        dpu.dynamic = Some(DynamicCacheConfig {
+            capacity_bytes: 8 * chunk as u64,
+            entry_bytes: chunk,
+            prefetch_depth: 1,
+            mode: CacheMode::Auto,
+        });
+        let config = SodaRackConfig {
+            pool_bytes: 16 << 20,
+            processes: 1,
+            channels: 3,
+            chunk_bytes: chunk,
+            dpu: Some(dpu),
+            route: Route::Direct,
+            links: Default::default(),
+        };
+        let store = Arc::new(SodaRack::start(&config).unwrap());
+        let memory = FarMemory::new(store.clone(), small_buffer(4, chunk)).unwrap();
+        let object = memory.alloc_chunked(1024 * chunk, chunk, None).unwrap();
+        object.advise(Advice::CacheDynamically).unwrap();
+        let bytes = object.as_bytes();
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for step in 0..3000 {
+            let index = if random {
+                // xorshift: a fixed, spread-out sequence of chunks.
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state % 1024) as usize
+            } else {
+                step % 1024
+            };
+            std::hint::black_box(bytes[index * chunk]);
+        }
+        let (counters, _) = store.dpu_report().unwrap();
+        (counters, store.bandwidths().unwrap())
+    };
+    let (random, (net, intra)) = run(true);
+    assert!(random.lookups >= 2048, "{random:?}");
+    assert!(
+        random.dynamic_disabled,
+        "hit rate {} against {}",
+        random.hits as f64 / random.lookups as f64,
+        net / intra
+    );
+    let (sequential, _) = run(false);
+    assert!(!sequential.dynamic_disabled, "{sequential:?}");
+    assert!(sequential.hits * 2 > sequential.lookups, "{sequential:?}");
+}
