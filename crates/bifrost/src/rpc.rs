@@ -39,6 +39,12 @@ pub enum RpcError {
     Exception(String),
     #[error("the callee knows no method {0:?}")]
     UnknownMethod(String),
+    #[error("the calling host crashed with the call in flight")]
+    CallerCrashed,
+    #[error("the rack's calling agent is gone")]
+    Disconnected,
+    #[error("no outcome within {0:?}")]
+    TimedOut(std::time::Duration),
 }
 
 /// What a method does; the error becomes an EXCEPTION reply.

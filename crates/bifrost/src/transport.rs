@@ -223,3 +223,55 @@ impl CallPath for InProcessPath {
         }
     }
 }
+
+/// Calls through a [`CallingAgent`](crate::rpc::agents::CallingAgent) on
+/// the embedded rack: the application thread hands each call over and
+/// waits for its outcome.
+pub struct RackPath {
+    requests: std::sync::mpsc::SyncSender<crate::rpc::agents::CallRequest>,
+    kicker: remora_rack::endpoint::DriverKicker,
+    deadline: Duration,
+}
+
+impl RackPath {
+    /// `requests` feeds the agent; `kicker` wakes the rack's fabric thread.
+    pub fn new(
+        requests: std::sync::mpsc::SyncSender<crate::rpc::agents::CallRequest>,
+        kicker: remora_rack::endpoint::DriverKicker,
+        deadline: Duration,
+    ) -> RackPath {
+        RackPath {
+            requests,
+            kicker,
+            deadline,
+        }
+    }
+}
+
+impl CallPath for RackPath {
+    fn call(
+        &mut self,
+        method: &str,
+        pointer: GlobalAddress,
+        arguments: &[u8],
+    ) -> Result<Vec<u8>, RpcError> {
+        let (reply, outcome) = std::sync::mpsc::sync_channel(1);
+        let request = crate::rpc::agents::CallRequest {
+            method: method.into(),
+            pointer,
+            arguments: arguments.to_vec(),
+            reply,
+        };
+        self.requests
+            .send(request)
+            .map_err(|_| RpcError::Disconnected)?;
+        self.kicker.kick();
+        match outcome.recv_timeout(self.deadline) {
+            Ok(outcome) => outcome,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                Err(RpcError::TimedOut(self.deadline))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(RpcError::Disconnected),
+        }
+    }
+}

@@ -180,3 +180,116 @@ impl Agent for ClientAgent {
         Ok(())
     }
 }
+
+/// A call handed to a [`CallingAgent`] by an application thread.
+pub struct CallRequest {
+    pub method: String,
+    pub pointer: GlobalAddress,
+    pub arguments: Vec<u8>,
+    /// Where the outcome goes.
+    pub reply: std::sync::mpsc::SyncSender<Result<Vec<u8>, RpcError>>,
+}
+
+/// Makes the calls application threads hand it (over a channel), so a
+/// blocking client — Thrift's generated ones — can run beside the rack's
+/// fabric thread.
+pub struct CallingAgent {
+    pub caller: Caller,
+    callee: DatagramEnd,
+    udp_port: u16,
+    requests: std::sync::mpsc::Receiver<CallRequest>,
+    waiting: std::collections::HashMap<u64, std::sync::mpsc::SyncSender<Result<Vec<u8>, RpcError>>>,
+    port: Option<DatagramPort>,
+}
+
+impl CallingAgent {
+    pub fn new(
+        caller: Caller,
+        callee: DatagramEnd,
+        udp_port: u16,
+        requests: std::sync::mpsc::Receiver<CallRequest>,
+    ) -> CallingAgent {
+        CallingAgent {
+            caller,
+            callee,
+            udp_port,
+            requests,
+            waiting: std::collections::HashMap::new(),
+            port: None,
+        }
+    }
+}
+
+impl Agent for CallingAgent {
+    fn name(&self) -> &'static str {
+        "bifrost-calling"
+    }
+
+    fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+        let port = open(nic, &mut self.port, self.udp_port)?;
+        let mut moved = false;
+        let mut buffer = vec![0u8; MAX_PAYLOAD];
+        for _ in 0..DATAGRAMS_PER_TURN {
+            let Some(received) = nic.receive_datagram(port, &mut buffer)? else {
+                break;
+            };
+            self.caller.handle(&buffer[..received.length]);
+            moved = true;
+        }
+        if self.caller.poll_timeout().is_some_and(|due| due <= now) {
+            self.caller.handle_timeout(now);
+        }
+        // Bounded by the caller's window: a full window leaves the rest
+        // queued in the channel.
+        while self.caller.outstanding() < super::MAX_OUTSTANDING {
+            let Ok(request) = self.requests.try_recv() else {
+                break;
+            };
+            match self.caller.call(
+                now,
+                self.callee,
+                &request.method,
+                request.pointer,
+                &request.arguments,
+            ) {
+                Ok(rpc_id) => {
+                    self.waiting.insert(rpc_id, request.reply);
+                }
+                // The application hears why; nothing else is affected.
+                Err(error) => drop(request.reply.try_send(Err(error))),
+            }
+            moved = true;
+        }
+        while let Some((to, payload)) = self.caller.poll_transmit() {
+            nic.send_datagram(port, to, &payload)?;
+            moved = true;
+        }
+        while let Some((rpc_id, outcome)) = self.caller.take_completion() {
+            if let Some(reply) = self.waiting.remove(&rpc_id) {
+                // A caller that gave up is gone: its outcome has no taker.
+                let _ = reply.try_send(outcome);
+            }
+            moved = true;
+        }
+        Ok(Progress::from_moved(moved))
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        if self.port.is_none() {
+            return Some(Timestamp::ZERO);
+        }
+        self.caller.poll_timeout()
+    }
+
+    fn crash(&mut self) {
+        self.port = None;
+        // Calls in flight die with the host: their callers hear it.
+        for (_, reply) in self.waiting.drain() {
+            let _ = reply.try_send(Err(RpcError::CallerCrashed));
+        }
+    }
+
+    fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+        Ok(())
+    }
+}
