@@ -269,3 +269,28 @@ fn soda_run_checks_and_writes_results() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("line 2"));
     std::fs::remove_dir_all(&directory).unwrap();
 }
+
+/// `bench bifrost` pings through Bifröst on the rack, Thrift over TCP and
+/// raw UDP, and writes the ping ratio.
+#[test]
+fn bench_bifrost_writes_its_ping_ratio() {
+    let json =
+        std::env::temp_dir().join(format!("remora-bifrost-bench-{}.json", std::process::id()));
+    let output = remora(&[
+        "bench",
+        "bifrost",
+        "--quick",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let ratio = report["ratios"]["ping_p50_vs_thrift_tcp"].as_f64().unwrap();
+    assert!(ratio.is_finite() && ratio > 0.0, "{ratio}");
+    std::fs::remove_file(&json).unwrap();
+}

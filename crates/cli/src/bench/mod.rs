@@ -2,6 +2,7 @@
 //! `--json`, one document shaped
 //! `{"bench", "config", "host", "results": [{variant, metric, value, unit}], "ratios"}`.
 
+mod bifrost;
 mod clover;
 mod cowbird;
 mod rnic;
@@ -43,6 +44,11 @@ pub enum BenchCommand {
     /// memory-link bytes on demand and in the background, hit rates,
     /// fault latency, and host, DPU and fabric CPU apart.
     Soda(SodaArgs),
+    /// Bifröst: the thesis's ping through a generated Thrift client and
+    /// processor over Bifröst on the embedded rack (Gatekeeper bypassed),
+    /// against the same Thrift service over loopback TCP and a raw UDP
+    /// ping-pong; mean, p50 and p99.
+    Bifrost(CommonArgs),
 }
 
 #[derive(Args)]
@@ -191,6 +197,7 @@ pub fn run(command: BenchCommand) -> Result<ExitCode, String> {
             soda::run(args.common.quick, args.scale, args.graph.as_deref())?,
             args.common,
         ),
+        BenchCommand::Bifrost(args) => (bifrost::run(args.quick)?, args),
         BenchCommand::Cowbird(args) => {
             let settings = cowbird::Settings::from_args(args.threads, args.config.as_deref())?;
             (cowbird::run(args.common.quick, &settings)?, args.common)

@@ -365,7 +365,7 @@ fn forwarding(duration: Duration) -> Result<(f64, f64), String> {
 
 /// Round-trip time of a raw UDP ping-pong of `size`-byte datagrams between
 /// two threads, both polling (as the READ rig's ends do).
-fn udp_pingpong(size: usize, duration: Duration) -> Result<Histogram<u64>, String> {
+pub(super) fn udp_pingpong(size: usize, duration: Duration) -> Result<Histogram<u64>, String> {
     let (mut client, mut server) = DatagramPort::udp_pair(
         SocketAddr::from(([127, 0, 0, 11], 0)),
         SocketAddr::from(([127, 0, 0, 12], 0)),
