@@ -275,3 +275,38 @@ impl CallPath for RackPath {
         }
     }
 }
+
+/// A rack serving one Bifröst service: the service on the memory host, a
+/// calling agent on the compute host, and the path a client thread calls
+/// through (what the Thrift test and `bench bifrost` run).
+pub struct ServiceRack {
+    pub rack: remora_rack::assembly::EmbeddedRack,
+    pub path: RackPath,
+}
+
+/// How often the rack's caller resends: a descheduled thread on a shared
+/// machine is not a lost frame, so well above a round trip.
+pub const RACK_RESEND_AFTER: Duration = Duration::from_millis(20);
+
+impl ServiceRack {
+    pub fn start(service: Box<dyn Service>) -> Result<ServiceRack, remora_rack::RackError> {
+        use crate::rpc::agents::{CallingAgent, ServerAgent};
+        use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
+        use std::sync::{Arc, Mutex};
+        let topology = Topology::compute_and_memory();
+        let mut staged = remora_rack::assembly::RackBuilder::new(&topology)
+            .thread_name("bifrost-fabric")
+            .build()?;
+        let server = ServerAgent::new(Callee::new(service));
+        staged.add_agent(MEMORY_HOST, Arc::new(Mutex::new(server)));
+        let (requests, taken) = std::sync::mpsc::sync_channel(64);
+        let callee = crate::rpc::callee_at(topology.switch_mac, topology.host(MEMORY_HOST).address);
+        let caller = Caller::new(RACK_RESEND_AFTER, 50);
+        let calling = CallingAgent::new(caller, callee, 40000, taken);
+        staged.add_agent(COMPUTE_HOST, Arc::new(Mutex::new(calling)));
+        let switch = staged.l2l3_switch();
+        let (rack, _switch) = staged.start(switch)?;
+        let path = RackPath::new(requests, rack.fabric().kicker(), Duration::from_secs(5));
+        Ok(ServiceRack { rack, path })
+    }
+}

@@ -85,31 +85,10 @@ fn method_names_come_from_the_thrift_message() {
 /// cross the switch as datagrams to the server agent on another host.
 #[test]
 fn generated_clients_call_across_the_embedded_rack() {
-    use remora_bifrost::rpc::agents::{CallingAgent, ServerAgent};
-    use remora_bifrost::rpc::{callee_at, Callee, Caller};
-    use remora_bifrost::transport::RackPath;
-    use remora_rack::assembly::RackBuilder;
-    use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
-    use std::sync::Mutex;
-    use std::time::Duration;
-
-    let topology = Topology::compute_and_memory();
-    let mut staged = RackBuilder::new(&topology).build().unwrap();
+    use remora_bifrost::transport::ServiceRack;
     let echoes = Arc::new(AtomicU64::new(0));
     let service = ThriftService::new(EchoSyncProcessor::new(Echoed(Arc::clone(&echoes))));
-    let server = ServerAgent::new(Callee::new(Box::new(service)));
-    staged.add_agent(MEMORY_HOST, Arc::new(Mutex::new(server)));
-    let (requests, taken) = std::sync::mpsc::sync_channel(64);
-    let callee = callee_at(topology.switch_mac, topology.host(MEMORY_HOST).address);
-    // Resends after 20 ms: a descheduled thread here is not a lost frame.
-    let caller = Caller::new(Duration::from_millis(20), 50);
-    staged.add_agent(
-        COMPUTE_HOST,
-        Arc::new(Mutex::new(CallingAgent::new(caller, callee, 40000, taken))),
-    );
-    let switch = staged.l2l3_switch();
-    let (rack, _switch) = staged.start(switch).unwrap();
-    let path = RackPath::new(requests, rack.fabric().kicker(), Duration::from_secs(5));
+    let ServiceRack { rack: _rack, path } = ServiceRack::start(Box::new(service)).unwrap();
     let (input, output) = client_protocols(path);
     let mut client = EchoSyncClient::new(input, output);
     for round in 0..200u32 {

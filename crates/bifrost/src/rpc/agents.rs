@@ -29,6 +29,42 @@ fn open(
     Ok(opened)
 }
 
+/// A caller's incoming half of a turn: replies in, resends due.
+fn take_replies(
+    nic: &mut dyn Verbs,
+    port: DatagramPort,
+    caller: &mut Caller,
+    now: Timestamp,
+) -> Result<bool, AgentError> {
+    let mut moved = false;
+    let mut buffer = vec![0u8; MAX_PAYLOAD];
+    for _ in 0..DATAGRAMS_PER_TURN {
+        let Some(received) = nic.receive_datagram(port, &mut buffer)? else {
+            break;
+        };
+        caller.handle(&buffer[..received.length]);
+        moved = true;
+    }
+    if caller.poll_timeout().is_some_and(|due| due <= now) {
+        caller.handle_timeout(now);
+    }
+    Ok(moved)
+}
+
+/// A caller's outgoing half of a turn: every call and resend queued.
+fn send_calls(
+    nic: &mut dyn Verbs,
+    port: DatagramPort,
+    caller: &mut Caller,
+) -> Result<bool, AgentError> {
+    let mut moved = false;
+    while let Some((to, payload)) = caller.poll_transmit() {
+        nic.send_datagram(port, to, &payload)?;
+        moved = true;
+    }
+    Ok(moved)
+}
+
 /// Serves calls on Bifröst's port.
 pub struct ServerAgent {
     pub callee: Callee,
@@ -127,18 +163,7 @@ impl Agent for ClientAgent {
 
     fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
         let port = open(nic, &mut self.port, self.udp_port)?;
-        let mut moved = false;
-        let mut buffer = vec![0u8; MAX_PAYLOAD];
-        for _ in 0..DATAGRAMS_PER_TURN {
-            let Some(received) = nic.receive_datagram(port, &mut buffer)? else {
-                break;
-            };
-            self.caller.handle(&buffer[..received.length]);
-            moved = true;
-        }
-        if self.caller.poll_timeout().is_some_and(|due| due <= now) {
-            self.caller.handle_timeout(now);
-        }
+        let mut moved = take_replies(nic, port, &mut self.caller, now)?;
         while self.issued < self.calls && self.caller.outstanding() < self.window {
             let arguments = self.issued.to_be_bytes();
             self.caller
@@ -152,10 +177,7 @@ impl Agent for ClientAgent {
                 .map_err(|error| AgentError::system("bifrost-client", error))?;
             self.issued += 1;
         }
-        while let Some((to, payload)) = self.caller.poll_transmit() {
-            nic.send_datagram(port, to, &payload)?;
-            moved = true;
-        }
+        moved |= send_calls(nic, port, &mut self.caller)?;
         while let Some(outcome) = self.caller.take_completion() {
             self.outcomes.push(outcome);
             moved = true;
@@ -227,18 +249,7 @@ impl Agent for CallingAgent {
 
     fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
         let port = open(nic, &mut self.port, self.udp_port)?;
-        let mut moved = false;
-        let mut buffer = vec![0u8; MAX_PAYLOAD];
-        for _ in 0..DATAGRAMS_PER_TURN {
-            let Some(received) = nic.receive_datagram(port, &mut buffer)? else {
-                break;
-            };
-            self.caller.handle(&buffer[..received.length]);
-            moved = true;
-        }
-        if self.caller.poll_timeout().is_some_and(|due| due <= now) {
-            self.caller.handle_timeout(now);
-        }
+        let mut moved = take_replies(nic, port, &mut self.caller, now)?;
         // Bounded by the caller's window: a full window leaves the rest
         // queued in the channel.
         while self.caller.outstanding() < super::MAX_OUTSTANDING {
@@ -260,10 +271,7 @@ impl Agent for CallingAgent {
             }
             moved = true;
         }
-        while let Some((to, payload)) = self.caller.poll_transmit() {
-            nic.send_datagram(port, to, &payload)?;
-            moved = true;
-        }
+        moved |= send_calls(nic, port, &mut self.caller)?;
         while let Some((rpc_id, outcome)) = self.caller.take_completion() {
             if let Some(reply) = self.waiting.remove(&rpc_id) {
                 // A caller that gave up is gone: its outcome has no taker.

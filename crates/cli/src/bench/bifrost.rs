@@ -7,17 +7,12 @@
 
 use super::{Host, Report};
 use hdrhistogram::Histogram;
-use remora_bifrost::rpc::agents::{CallingAgent, ServerAgent};
-use remora_bifrost::rpc::{callee_at, Callee, Caller};
 use remora_bifrost::services::{
     PingSyncClient, PingSyncHandler, PingSyncProcessor, TPingSyncClient,
 };
-use remora_bifrost::transport::{client_protocols, RackPath, ThriftService};
-use remora_rack::assembly::RackBuilder;
-use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
+use remora_bifrost::transport::{client_protocols, ServiceRack, ThriftService};
 use std::io::{BufReader, BufWriter};
 use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use thrift::protocol::{TBinaryInputProtocol, TBinaryOutputProtocol};
 use thrift::server::TProcessor;
@@ -69,25 +64,8 @@ fn time_pings(
 
 /// Ping through Bifröst on the embedded rack.
 fn bifrost_ping(duration: Duration) -> Result<Histogram<u64>, BifrostBenchError> {
-    let topology = Topology::compute_and_memory();
-    let mut staged = RackBuilder::new(&topology)
-        .thread_name("bifrost-fabric")
-        .build()?;
     let service = ThriftService::new(PingSyncProcessor::new(Pong));
-    staged.add_agent(
-        MEMORY_HOST,
-        Arc::new(Mutex::new(ServerAgent::new(Callee::new(Box::new(service))))),
-    );
-    let (requests, taken) = std::sync::mpsc::sync_channel(64);
-    let callee = callee_at(topology.switch_mac, topology.host(MEMORY_HOST).address);
-    let caller = Caller::new(Duration::from_millis(20), 50);
-    staged.add_agent(
-        COMPUTE_HOST,
-        Arc::new(Mutex::new(CallingAgent::new(caller, callee, 40000, taken))),
-    );
-    let switch = staged.l2l3_switch();
-    let (rack, _switch) = staged.start(switch)?;
-    let path = RackPath::new(requests, rack.fabric().kicker(), Duration::from_secs(5));
+    let ServiceRack { rack: _rack, path } = ServiceRack::start(Box::new(service))?;
     let (input, output) = client_protocols(path);
     time_pings(&mut PingSyncClient::new(input, output), duration)
 }
