@@ -37,6 +37,10 @@ pub(crate) struct Datagrams {
 }
 
 impl Datagrams {
+    pub(crate) fn any_open(&self) -> bool {
+        !self.ports.is_empty()
+    }
+
     pub(crate) fn is_open(&self, udp_port: u16) -> bool {
         self.ports.iter().any(|port| port.udp_port == udp_port)
     }

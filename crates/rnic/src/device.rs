@@ -160,7 +160,14 @@ impl SoftRnic {
         let counters = &mut self.resources.counters;
         counters.frames_received += 1;
         counters.bytes_received += bytes.len() as u64;
-        if let Some(port) = udp_destination_port(bytes) {
+        // Only a device with open datagram ports looks past RoCE: the
+        // queue pairs' path pays nothing for the feature otherwise.
+        let port = self
+            .datagrams
+            .any_open()
+            .then(|| udp_destination_port(bytes))
+            .flatten();
+        if let Some(port) = port {
             if self.datagrams.is_open(port) {
                 let (mac, address) = (self.config.mac, self.config.address);
                 if let Err(reason) = self.datagrams.handle(mac, address, bytes) {
