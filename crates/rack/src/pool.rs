@@ -56,19 +56,20 @@ impl<K: Hash + Eq + Copy> Pool<K> {
     /// Gives `key`'s extent back; returns it (start, length).
     pub fn release(&mut self, key: K) -> Result<(u64, u64), PoolError> {
         let (start, length) = self.held.remove(&key).ok_or(PoolError::Unknown)?;
-        self.free.insert(start, length);
-        // Merge neighbours, so the pool does not fragment for ever.
-        let merged = std::mem::take(&mut self.free);
-        for (start, length) in merged {
-            match self.free.last_key_value().map(|(&s, &l)| (s, l)) {
-                Some((previous, previous_length)) if previous + previous_length == start => {
-                    self.free.insert(previous, previous_length + length);
-                }
-                _ => {
-                    self.free.insert(start, length);
-                }
+        // Merge with the free neighbours, so the pool does not fragment
+        // for ever: the one ending where this starts, the one starting
+        // where this ends.
+        let (mut merged_start, mut merged_length) = (start, length);
+        if let Some((&before, &before_length)) = self.free.range(..start).next_back() {
+            if before + before_length == start {
+                self.free.remove(&before);
+                (merged_start, merged_length) = (before, before_length + merged_length);
             }
         }
+        if let Some(after_length) = self.free.remove(&(start + length)) {
+            merged_length += after_length;
+        }
+        self.free.insert(merged_start, merged_length);
         Ok((start, length))
     }
 

@@ -236,8 +236,8 @@ pub fn run_on(
             store
         }
     };
-    let buffer_bytes = buffer_bytes(graph, options);
     let config = far_memory_config(graph, options);
+    let buffer_bytes = config.buffer_bytes;
     let memory = FarMemory::new(store, config)?;
     let far_graph = place(&memory, backend, graph, options, "")?;
     // Placing (and pinning) moved bytes the run should not be charged.
@@ -330,12 +330,13 @@ pub fn run_beside(
         ));
     }
     let rack = Arc::new(soda_rack(backend, graph, options, 2)?);
+    let config = far_memory_config(graph, options);
     let mut memories = Vec::new();
     let mut graphs = Vec::new();
     for process in 0..2 {
         let store =
             SodaRack::process(&rack, process).map_err(|error| SodaError::Store(error.into()))?;
-        let memory = FarMemory::new(Arc::new(store), far_memory_config(graph, options))?;
+        let memory = FarMemory::new(Arc::new(store), config)?;
         graphs.push(place(
             &memory,
             backend,
@@ -380,7 +381,7 @@ pub fn run_beside(
                 app,
                 seconds,
                 result,
-                buffer_bytes: buffer_bytes(graph, options),
+                buffer_bytes: config.buffer_bytes,
                 far: Some(far),
                 rack: None,
             });

@@ -502,11 +502,7 @@ impl SodaRack {
                     size: piece.len() as u32,
                     destination_rkey: channel.region.rkey,
                 });
-                let reply = self.ask(channel, &request)?;
-                let immediate = reply.immediate.unwrap_or(REPLY_ERROR);
-                if immediate & REPLY_ERROR != 0 {
-                    return Err(SodaRackError::Refused(object));
-                }
+                let (reply, immediate) = self.ask(channel, &request, object)?;
                 if reply.byte_len as usize != piece.len() {
                     return Err(SodaRackError::ShortReply {
                         got: reply.byte_len,
@@ -543,11 +539,7 @@ impl SodaRack {
                     page_offset: offset + (index * chunk) as u64,
                     data: piece,
                 });
-                let reply = self.ask(channel, &request)?;
-                let immediate = reply.immediate.unwrap_or(REPLY_ERROR);
-                if immediate & REPLY_ERROR != 0 {
-                    return Err(SodaRackError::Refused(object));
-                }
+                let (_, immediate) = self.ask(channel, &request, object)?;
                 // Held by the DPU, not yet by the memory node.
                 channel.state.writes_sent =
                     channel.state.writes_sent.wrapping_add(1) & PERSISTED_MASK;
@@ -562,23 +554,31 @@ impl SodaRack {
                     .or_insert(0) += 1;
                 self.confirm(dpu, channel, immediate);
             }
-            Ok(())
+            Ok::<(), SodaRackError>(())
         })?;
         self.dpu_written_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
+    /// Sends `request` to the DPU and waits for its reply; a reply with
+    /// the error bit is `Refused`. Returns the reply and its immediate.
     fn ask(
         &self,
         channel: &Channel<WriteTracking>,
         request: &SodaRequestRepr<'_>,
-    ) -> Result<remora_rack::channel::Reply, SodaRackError> {
+        object: ObjectId,
+    ) -> Result<(remora_rack::channel::Reply, u32), SodaRackError> {
         let mut bytes = vec![0u8; request.buffer_len()];
         request
             .emit(&mut bytes)
             .expect("the buffer is the request's length");
-        Ok(channel.two_sided(&self.kicker, request.immediate(), &bytes)?)
+        let reply = channel.two_sided(&self.kicker, request.immediate(), &bytes)?;
+        let immediate = reply.immediate.unwrap_or(REPLY_ERROR);
+        if immediate & REPLY_ERROR != 0 {
+            return Err(SodaRackError::Refused(object));
+        }
+        Ok((reply, immediate))
     }
 
     /// A failure on the DPU path loses the DPU's unpersisted writes: their
