@@ -288,13 +288,16 @@ impl Callee {
             header.payload(),
         );
         self.counters.executed += 1;
-        let method = String::from_utf8_lossy(header.method_name()).into_owned();
         let (call_type, body) = match outcome {
             Ok(body) => (CallType::Reply, body),
             Err(message) => (CallType::Exception, message.into_bytes()),
         };
-        let repr = BifrostRepr::new(call_type, &method, rpc_id, header.global_address())
-            .expect("the method name came from a header");
+        // The reply's header is the call's, method name bytes and all
+        // (they need not be UTF-8), with the answer's type.
+        let repr = BifrostRepr {
+            call_type,
+            ..BifrostRepr::parse(&header)
+        };
         let reply = encode(&repr, &body);
         memory.replies.insert(rpc_id, reply.clone());
         while memory.replies.len() as u64 > REPLIES_KEPT_PER_CALLER {
@@ -321,5 +324,54 @@ pub fn callee_at(
         mac: router,
         address,
         port: BIFROST_PORT,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Answer;
+
+    impl Service for Answer {
+        fn call(
+            &mut self,
+            _method: &[u8],
+            _pointer: GlobalAddress,
+            _arguments: &[u8],
+        ) -> Result<Vec<u8>, String> {
+            Ok(b"ok".to_vec())
+        }
+    }
+
+    /// A method name is 16 bytes off the wire, not a string: bytes that
+    /// are not UTF-8 come back in the reply as they were, and once.
+    #[test]
+    fn a_method_name_that_is_not_utf8_is_answered_with_the_same_bytes() {
+        let call = BifrostRepr {
+            method_name: [0xff; 16],
+            method_name_len: 16,
+            ..BifrostRepr::new(CallType::Call, "", 7, GlobalAddress::NULL).unwrap()
+        };
+        let caller = DatagramEnd {
+            mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 1]),
+            address: remora_wire::Ipv4Address::new(10, 0, 0, 1),
+            port: 40000,
+        };
+        let mut callee = Callee::new(Box::new(Answer));
+        let payload = encode(&call, b"");
+        callee.handle(caller, &payload);
+        callee.handle(caller, &payload);
+        let (to, reply) = callee.poll_transmit().expect("a reply");
+        let header = BifrostHeader::new_checked(&reply[..]).unwrap();
+        assert_eq!(
+            (to, header.call_type(), header.method_name()),
+            (caller, CallType::Reply, &[0xff; 16][..])
+        );
+        assert_eq!(header.payload(), b"ok");
+        assert_eq!(
+            (callee.counters().executed, callee.counters().duplicates),
+            (1, 1)
+        );
     }
 }
