@@ -202,9 +202,7 @@ pub fn graph_from(spec: &str, seed: u64, options: LoadOptions) -> Result<Graph, 
 
 /// The first vertex with an out-edge: a source whose search goes somewhere.
 pub fn default_source(graph: &Graph) -> Vertex {
-    (0..graph.vertex_count() as Vertex)
-        .find(|&vertex| graph.out_degree(vertex) > 0)
-        .unwrap_or(0)
+    graph.first_vertex_with_out_edges().unwrap_or(0)
 }
 
 fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {

@@ -21,8 +21,11 @@ pub trait System: Sync {
 
     /// Runs what the section asks for on the embedded rack after `rack
     /// up`'s own workload; None without a section. Failures are pushed
-    /// onto `failures`.
-    fn rack_up(&self, rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value>;
+    /// onto `failures`. A system without a section runs nothing.
+    fn rack_up(&self, rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
+        let _ = (rack, failures);
+        None
+    }
 
     /// The system's step of `remora demo`.
     fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, String>;
@@ -77,14 +80,6 @@ impl System for Clover {
         )
     }
 
-    fn rack_up(
-        &self,
-        _rack: &RackConfig,
-        _failures: &mut Vec<String>,
-    ) -> Option<serde_json::Value> {
-        None
-    }
-
     fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
         crate::demo::clover_step(history)
     }
@@ -135,14 +130,6 @@ impl System for Soda {
         )
     }
 
-    fn rack_up(
-        &self,
-        _rack: &RackConfig,
-        _failures: &mut Vec<String>,
-    ) -> Option<serde_json::Value> {
-        None
-    }
-
     fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
         crate::demo::soda_step()
     }
@@ -165,14 +152,6 @@ impl System for Bifrost {
             self.name(),
             "Bifröst's DSM and RPC runtime are libraries so far (see the demo)",
         )
-    }
-
-    fn rack_up(
-        &self,
-        _rack: &RackConfig,
-        _failures: &mut Vec<String>,
-    ) -> Option<serde_json::Value> {
-        None
     }
 
     fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {

@@ -42,9 +42,7 @@ fn main() {
             graph.edge_count(),
             start.elapsed().as_secs_f64()
         );
-        let source = (0..graph.vertex_count() as u32)
-            .find(|&v| graph.out_degree(v) > 0)
-            .unwrap_or(0);
+        let source = graph.first_vertex_with_out_edges().unwrap_or(0);
         println!(
             "bfs      {:.4} s",
             median_seconds(|| drop(bfs(&graph, source)))

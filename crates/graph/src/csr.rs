@@ -189,6 +189,12 @@ impl Graph {
         self.outgoing.degree(vertex)
     }
 
+    /// The first vertex with an out-edge: a source whose search goes
+    /// somewhere. `None` for a graph without edges.
+    pub fn first_vertex_with_out_edges(&self) -> Option<Vertex> {
+        (0..self.vertex_count as Vertex).find(|&vertex| self.out_degree(vertex) > 0)
+    }
+
     /// Bytes of the edge arrays and of the offset arrays: what SODA's
     /// benchmark sizes its buffers and caches against.
     pub fn footprint_bytes(&self) -> (u64, u64) {

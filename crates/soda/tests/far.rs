@@ -214,9 +214,7 @@ fn graphs_in_far_memory_give_the_local_results() {
         advice: &remora_soda::placement::no_advice,
     };
     let far = graph.place(&placement).unwrap();
-    let source = (0..graph.vertex_count() as u32)
-        .find(|&v| graph.out_degree(v) > 0)
-        .unwrap();
+    let source = graph.first_vertex_with_out_edges().unwrap();
     assert_eq!(bfs(&far, source).depths, bfs(&graph, source).depths);
     assert_eq!(cc(&far).labels, cc(&graph).labels);
     let options = pagerank::PageRankOptions::default();
@@ -288,9 +286,7 @@ fn graphs_on_a_memory_node_and_through_the_dpu_give_the_local_results() {
     .unwrap();
     let directory = tempfile::tempdir().unwrap();
     let mut options = memory_node_options(directory.path());
-    options.source = (0..graph.vertex_count() as u32)
-        .find(|&v| graph.out_degree(v) > 0)
-        .unwrap();
+    options.source = graph.first_vertex_with_out_edges().unwrap();
     for app in [App::Bfs, App::PageRank] {
         let local = run_on(Backend::Local, app, &graph, &options).unwrap();
         let dpu = remora_soda::backend::DpuVariant::ALL.map(Backend::Dpu);
@@ -408,9 +404,7 @@ fn two_processes_share_the_dpu_and_both_get_local_results() {
     .unwrap();
     let directory = tempfile::tempdir().unwrap();
     let mut options = memory_node_options(directory.path());
-    options.source = (0..graph.vertex_count() as u32)
-        .find(|&v| graph.out_degree(v) > 0)
-        .unwrap();
+    options.source = graph.first_vertex_with_out_edges().unwrap();
     let apps = [App::PageRank, App::Bfs];
     let pair = run_beside(Backend::Dpu(DpuVariant::Static), apps, &graph, &options).unwrap();
     for (run, app) in pair.runs.iter().zip(apps) {
