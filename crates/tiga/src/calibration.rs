@@ -1,0 +1,343 @@
+//! Calibration: what each stage's real code costs on this machine, per call
+//! and per byte, and what a context switch and a detection cost here.
+//!
+//! Each cost is the median of repeated timed executions at several payload
+//! sizes, fitted as `per_call + per_byte · bytes` by least squares. The
+//! virtual SoC then charges these costs times the slowdown factor; the CN
+//! charges them as measured. The whole calibration goes into the
+//! benchmark's JSON, and a run is deterministic for a seed and a
+//! calibration.
+
+use crate::allocator::proportional_allocation;
+use crate::apps::{App, Stage, DEFAULT_PAYLOAD_BYTES};
+use serde::{Deserialize, Serialize};
+use std::hint::black_box;
+use std::time::Instant;
+
+/// Payload sizes the stages are timed at.
+const SIZES_BYTES: [usize; 3] = [256, 1024, 4096];
+
+/// A linear cost in host nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LinearCost {
+    pub per_call_ns: f64,
+    pub per_byte_ns: f64,
+}
+
+impl LinearCost {
+    pub fn at(&self, bytes: u64) -> f64 {
+        self.per_call_ns + self.per_byte_ns * bytes as f64
+    }
+
+    /// Least squares over (bytes, ns) points; negative parts clamp to 0
+    /// (a stage never gets cheaper as its payload grows).
+    fn fit(points: &[(f64, f64)]) -> LinearCost {
+        let count = points.len() as f64;
+        let mean_x = points.iter().map(|p| p.0).sum::<f64>() / count;
+        let mean_y = points.iter().map(|p| p.1).sum::<f64>() / count;
+        let covariance: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
+        let variance: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
+        let per_byte_ns = if variance > 0.0 {
+            (covariance / variance).max(0.0)
+        } else {
+            0.0
+        };
+        LinearCost {
+            per_call_ns: (mean_y - per_byte_ns * mean_x).max(0.0),
+            per_byte_ns,
+        }
+    }
+}
+
+/// One stage's measured cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageCalibration {
+    pub stage: Stage,
+    /// The median ns of one execution at each size, as measured.
+    pub medians_ns: Vec<(usize, f64)>,
+    pub cost: LinearCost,
+}
+
+/// One application's measured costs: its NIC stages and its CN version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AppCalibration {
+    pub app: App,
+    pub stages: Vec<StageCalibration>,
+    pub cpu_version: LinearCost,
+}
+
+/// Everything measured, and how.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    pub apps: Vec<AppCalibration>,
+    /// One context switch on this machine, in ns (lmbench `lat_ctx`'s
+    /// method: two threads on one core passing a byte through pipes,
+    /// minus the same pipe traffic within one thread, per switch).
+    pub context_switch_ns: f64,
+    /// One detection: the allocator's real code (counters to Eq. 4) for
+    /// eight PAs, in ns.
+    pub detection_ns: f64,
+    /// Timed executions per median.
+    pub repetitions: usize,
+}
+
+/// Why calibration failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CalibrationError {
+    #[error("a stage failed on its own calibration payload: {0}")]
+    Stage(#[from] crate::apps::StageError),
+    #[error("payload: {0}")]
+    Payload(#[from] crate::apps::PayloadSizeError),
+    #[error("measuring a context switch: {0}")]
+    ContextSwitch(std::io::Error),
+}
+
+impl Calibration {
+    pub fn app(&self, app: App) -> &AppCalibration {
+        self.apps
+            .iter()
+            .find(|calibration| calibration.app == app)
+            .expect("calibration covers every app")
+    }
+
+    /// Measures everything. `repetitions` timed batches per median (odd
+    /// numbers make the median one sample).
+    pub fn measure(repetitions: usize) -> Result<Calibration, CalibrationError> {
+        let repetitions = repetitions.max(3);
+        let apps = App::ALL
+            .into_iter()
+            .map(|app| calibrate_app(app, repetitions))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Calibration {
+            apps,
+            context_switch_ns: context_switch_ns(repetitions)
+                .map_err(CalibrationError::ContextSwitch)?,
+            detection_ns: detection_ns(repetitions),
+            repetitions,
+        })
+    }
+
+    /// Fixed costs for tests that must not depend on this machine's speed:
+    /// stage one dear per call, stage two dear per byte, so that the best
+    /// split moves with the payload size (2:6 at 1 KiB, 6:2 at 64 B).
+    pub fn fixed_for_tests() -> Calibration {
+        let stage = |stage, per_call_ns, per_byte_ns| StageCalibration {
+            stage,
+            medians_ns: Vec::new(),
+            cost: LinearCost {
+                per_call_ns,
+                per_byte_ns,
+            },
+        };
+        let apps = App::ALL
+            .into_iter()
+            .map(|app| {
+                let [first, second] = [app.stages()[0], app.stages()[1]];
+                AppCalibration {
+                    app,
+                    stages: vec![stage(first, 200.0, 0.05), stage(second, 20.0, 0.7)],
+                    cpu_version: LinearCost {
+                        per_call_ns: 220.0,
+                        per_byte_ns: 0.75,
+                    },
+                }
+            })
+            .collect();
+        Calibration {
+            apps,
+            context_switch_ns: 1_500.0,
+            detection_ns: 200.0,
+            repetitions: 0,
+        }
+    }
+}
+
+/// The median ns of `work` over `repetitions` timed batches, each batch long
+/// enough (at least ~20 µs) for the clock's resolution not to matter.
+fn median_ns(repetitions: usize, mut work: impl FnMut()) -> f64 {
+    let started = Instant::now();
+    work();
+    let once_ns = started.elapsed().as_nanos().max(1) as f64;
+    let batch = ((20_000.0 / once_ns).ceil() as usize).clamp(1, 10_000);
+    let mut samples: Vec<f64> = (0..repetitions)
+        .map(|_| {
+            let started = Instant::now();
+            for _ in 0..batch {
+                work();
+            }
+            started.elapsed().as_nanos() as f64 / batch as f64
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn calibrate_app(app: App, repetitions: usize) -> Result<AppCalibration, CalibrationError> {
+    let mut stages: Vec<StageCalibration> = app
+        .stages()
+        .iter()
+        .map(|&stage| StageCalibration {
+            stage,
+            medians_ns: Vec::new(),
+            cost: LinearCost {
+                per_call_ns: 0.0,
+                per_byte_ns: 0.0,
+            },
+        })
+        .collect();
+    let mut cpu_points = Vec::new();
+    for bytes in SIZES_BYTES {
+        let payload = app.make_payload(1, 1, bytes)?;
+        // Each stage is timed on the input it really gets: the previous
+        // stage's output.
+        let mut input = payload.clone();
+        for calibration in stages.iter_mut() {
+            let mut output = Vec::with_capacity(input.len() + 64);
+            calibration.stage.run(&input, &mut output)?;
+            let median = median_ns(repetitions, || {
+                output.clear();
+                let _ = black_box(calibration.stage.run(black_box(&input), &mut output));
+            });
+            calibration.medians_ns.push((bytes, median));
+            input = output;
+        }
+        app.run_on_cpu(&payload)?;
+        cpu_points.push((
+            bytes as f64,
+            median_ns(repetitions, || {
+                let _ = black_box(app.run_on_cpu(black_box(&payload)));
+            }),
+        ));
+    }
+    for calibration in stages.iter_mut() {
+        let points: Vec<(f64, f64)> = calibration
+            .medians_ns
+            .iter()
+            .map(|&(b, ns)| (b as f64, ns))
+            .collect();
+        calibration.cost = LinearCost::fit(&points);
+    }
+    Ok(AppCalibration {
+        app,
+        stages,
+        cpu_version: LinearCost::fit(&cpu_points),
+    })
+}
+
+/// lmbench's `lat_ctx` method: a token passed around two threads pinned to
+/// one core through two pipes, per switch, less the pipe traffic alone.
+fn context_switch_ns(repetitions: usize) -> std::io::Result<f64> {
+    use std::io::{Read, Write};
+    const ROUND_TRIPS: usize = 2_000;
+    let (mut to_partner_read, mut to_partner_write) = std::io::pipe()?;
+    let (mut from_partner_read, mut from_partner_write) = std::io::pipe()?;
+    let partner = std::thread::spawn(move || -> std::io::Result<()> {
+        pin_to_first_core();
+        let mut token = [0u8; 1];
+        loop {
+            if to_partner_read.read(&mut token)? == 0 {
+                return Ok(());
+            }
+            from_partner_write.write_all(&token)?;
+        }
+    });
+    pin_to_first_core();
+    let mut token = [0u8; 1];
+    let mut samples = Vec::with_capacity(repetitions);
+    for _ in 0..repetitions.min(9) {
+        let started = Instant::now();
+        for _ in 0..ROUND_TRIPS {
+            to_partner_write.write_all(&token)?;
+            from_partner_read.read_exact(&mut token)?;
+        }
+        samples.push(started.elapsed().as_nanos() as f64 / ROUND_TRIPS as f64);
+    }
+    drop(to_partner_write);
+    partner
+        .join()
+        .map_err(|_| std::io::Error::other("partner thread panicked"))??;
+    unpin();
+    // The same two writes and two reads per round trip, in one thread.
+    let (mut alone_read, mut alone_write) = std::io::pipe()?;
+    let pipe_only = median_ns(repetitions, || {
+        let _ = alone_write.write_all(&token);
+        let _ = alone_read.read_exact(&mut token);
+    });
+    samples.sort_by(f64::total_cmp);
+    let round_trip = samples[samples.len() / 2];
+    // Two switches per round trip.
+    Ok(((round_trip - 2.0 * pipe_only) / 2.0).max(0.0))
+}
+
+fn pin_to_first_core() {
+    set_affinity(Some(0));
+}
+
+fn unpin() {
+    set_affinity(None);
+}
+
+/// Pins the calling thread to one CPU, or frees it to all.
+fn set_affinity(cpu: Option<usize>) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut set = rustix::thread::CpuSet::new();
+    match cpu {
+        Some(cpu) => set.set(cpu),
+        None => (0..cpus).for_each(|cpu| set.set(cpu)),
+    }
+    // Pinning is best effort: a container may refuse it, and the
+    // measurement is then two cores' wake-up, which the JSON shows.
+    let _ = rustix::thread::sched_setaffinity(None, &set);
+}
+
+/// The allocator's real code for eight PAs.
+fn detection_ns(repetitions: usize) -> f64 {
+    let capacities = [3.1e9, 0.7e9, 1.3e9, 2.2e9, 0.4e9, 5.0e9, 0.9e9, 1.7e9];
+    median_ns(repetitions, || {
+        let _ = black_box(proportional_allocation(black_box(&capacities), 16));
+    })
+}
+
+/// The default payload's SoC cost of each stage of `app`, in ns.
+pub fn soc_stage_costs_ns(calibration: &Calibration, app: App, slowdown: f64) -> Vec<f64> {
+    calibration
+        .app(app)
+        .stages
+        .iter()
+        .map(|stage| stage.cost.at(DEFAULT_PAYLOAD_BYTES as u64) * slowdown)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_through_exact_points_is_recovered() {
+        let cost = LinearCost::fit(&[(256.0, 100.0), (1024.0, 292.0), (4096.0, 1060.0)]);
+        assert!((cost.per_byte_ns - 0.25).abs() < 1e-9);
+        assert!((cost.per_call_ns - 36.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_falling_fit_clamps_to_a_flat_cost() {
+        let cost = LinearCost::fit(&[(256.0, 100.0), (4096.0, 90.0)]);
+        assert_eq!(cost.per_byte_ns, 0.0);
+        assert!(cost.per_call_ns > 0.0);
+    }
+
+    #[test]
+    fn a_quick_measurement_covers_every_stage_with_positive_costs() {
+        let calibration = Calibration::measure(3).unwrap();
+        for app in App::ALL {
+            let measured = calibration.app(app);
+            assert_eq!(measured.stages.len(), app.stages().len());
+            for stage in &measured.stages {
+                assert!(stage.cost.at(1024) > 0.0, "{stage:?}");
+            }
+            assert!(measured.cpu_version.at(1024) > 0.0);
+        }
+        assert!(calibration.context_switch_ns >= 0.0);
+        assert!(calibration.detection_ns > 0.0);
+    }
+}

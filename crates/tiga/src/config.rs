@@ -1,0 +1,220 @@
+//! The virtual hardware's settings, each default with its source.
+//!
+//! The paper's SoC is eight 250 MHz five-stage RISC-V cores on an Alveo
+//! U250 (§4.3), beside 2.2 GHz Xeon Gold 5117 hosts (§3, §5.1). This
+//! machine has two real cores, so the SoC cores and the CN cores are
+//! virtual: each stage's real code is timed here ([`crate::calibration`])
+//! and charged, scaled, to virtual cores in virtual time.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Settings of one virtual-time run's hardware. Every field has a default
+/// (`SocConfig::default()`), and a TOML table may set any of them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SocConfig {
+    /// SoC cores on the DN's SmartNIC. Default 8, as the prototype (§4.3).
+    pub soc_cores: usize,
+    /// CPU cores of the compute node that co-processing and the CPU-only
+    /// baseline may use. Default 8 (the issue's choice; the paper's CN has
+    /// 28-core Xeons but does not say how many served NDP).
+    pub cn_cores: usize,
+    /// How much slower a SoC core runs the same code than this machine's
+    /// core. Default 8.8: the clock ratio of the paper's 2.2 GHz Xeon to its
+    /// 250 MHz RISC-V core (§3, §4.3), taking equal work per cycle. That is
+    /// a lower bound: an in-order core without SIMD, AES-NI or SHA
+    /// extensions does less per cycle; the full benchmark sweeps it.
+    pub slowdown: f64,
+    /// A SoC context switch in ns, when set; else this machine's measured
+    /// switch (lmbench's `lat_ctx` method, see `calibration`) times
+    /// `slowdown`. Context switches are what time-sharing pays (Fig. 2).
+    pub context_switch_ns: Option<f64>,
+    /// Moving one core from a PA to another, in ns, when set; else two
+    /// context switches: leave the old engine, load the new one (§4.1
+    /// "forks the processes on the original core and pins them to the new
+    /// core"). No published figure exists for the prototype.
+    pub core_move_ns: Option<f64>,
+    /// One detection (reading every core's counters and solving Eq. 4),
+    /// in ns, when set; else the allocator's real code timed here times
+    /// `slowdown`. Each detection stalls every SoC core for this long.
+    pub detection_ns: Option<f64>,
+    /// The detection period. Default 0.1 s, the paper's default (§4.1).
+    pub detection_period_ns: u64,
+    /// Each PA's dispatcher queue, in requests. A full ingress queue drops
+    /// (and counts) the arriving request, as a NIC's full receive ring
+    /// does; between stages a full queue holds the upstream core
+    /// (backpressure), so no processed work is thrown away.
+    pub queue_depth: usize,
+    /// The CN's queue of forwarded or fetched requests.
+    pub cn_queue_depth: usize,
+    /// The DN-local DMA the SmartNIC reads data with: bytes per second.
+    /// Default 12 GB/s: PCIe 3.0 x16 (the U250's slot) is 15.75 GB/s raw;
+    /// Neugebauer et al. (SIGCOMM'18, §3) measure ~80% of that for DMA
+    /// reads of 1 KiB and more.
+    pub dma_bytes_per_second: f64,
+    /// DMA read latency. Default 1 µs: Neugebauer et al. (SIGCOMM'18,
+    /// Fig. 6) measure 0.5-1 µs for a DMA read over PCIe 3.
+    pub dma_latency_ns: u64,
+    /// The network link between the CN and the DN. Default 100 Gb/s, the
+    /// paper's ConnectX-4 100 GbE (§3).
+    pub network_bytes_per_second: f64,
+    /// One-way network latency. Default 1 µs: half of the ~2 µs RDMA READ
+    /// round trip Kalia et al. measure on ConnectX-3/4 (ATC'16, Fig. 2).
+    pub network_one_way_ns: u64,
+    /// Co-processing's forwarding step: 10% by default (§4.2).
+    pub forwarding_step: f64,
+    /// How far outbound may fall short of inbound before it counts as a
+    /// mismatch: Poisson arrivals and requests in flight make the two
+    /// differ by a little in every period.
+    pub mismatch_tolerance: f64,
+    /// One request in this many runs the real code and is checked against
+    /// the CN version; the rest are charged their calibrated cost.
+    pub sample_every: u64,
+    /// DRR's quantum, in bytes, for the time-shared baselines. Default
+    /// 1024 B, one default payload: Shreedhar and Varghese (SIGCOMM'95)
+    /// take the quantum at least the largest packet.
+    pub drr_quantum_bytes: u64,
+}
+
+impl Default for SocConfig {
+    fn default() -> SocConfig {
+        SocConfig {
+            soc_cores: 8,
+            cn_cores: 8,
+            slowdown: 2.2e9 / 250e6,
+            context_switch_ns: None,
+            core_move_ns: None,
+            detection_ns: None,
+            detection_period_ns: 100_000_000,
+            queue_depth: 4096,
+            cn_queue_depth: 65536,
+            dma_bytes_per_second: 12e9,
+            dma_latency_ns: 1_000,
+            network_bytes_per_second: 100e9 / 8.0,
+            network_one_way_ns: 1_000,
+            forwarding_step: 0.1,
+            mismatch_tolerance: 0.02,
+            sample_every: 1000,
+            drr_quantum_bytes: 1024,
+        }
+    }
+}
+
+/// A setting that cannot run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("soc_cores is {0}: TIGA needs at least one core per stage, so at least 2")]
+    TooFewSocCores(usize),
+    #[error("{field} is {value}: it must be positive and finite")]
+    NotPositive { field: &'static str, value: f64 },
+    #[error("forwarding_step is {0}: it must be in (0, 1]")]
+    BadForwardingStep(f64),
+    #[error("mismatch_tolerance is {0}: it must be in [0, 1)")]
+    BadTolerance(f64),
+    #[error("{field} is 0: it must be at least 1")]
+    Zero { field: &'static str },
+}
+
+impl SocConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.soc_cores < 2 {
+            return Err(ConfigError::TooFewSocCores(self.soc_cores));
+        }
+        let positive = [
+            ("slowdown", self.slowdown),
+            ("dma_bytes_per_second", self.dma_bytes_per_second),
+            ("network_bytes_per_second", self.network_bytes_per_second),
+        ];
+        let optional = [
+            ("context_switch_ns", self.context_switch_ns),
+            ("core_move_ns", self.core_move_ns),
+            ("detection_ns", self.detection_ns),
+        ];
+        for (field, value) in positive
+            .into_iter()
+            .chain(optional.into_iter().filter_map(|(f, v)| v.map(|v| (f, v))))
+        {
+            if !(value.is_finite() && value >= 0.0) || (value == 0.0 && !field.ends_with("_ns")) {
+                return Err(ConfigError::NotPositive { field, value });
+            }
+        }
+        if !(self.forwarding_step > 0.0 && self.forwarding_step <= 1.0) {
+            return Err(ConfigError::BadForwardingStep(self.forwarding_step));
+        }
+        if !(0.0..1.0).contains(&self.mismatch_tolerance) {
+            return Err(ConfigError::BadTolerance(self.mismatch_tolerance));
+        }
+        for (field, value) in [
+            ("queue_depth", self.queue_depth as u64),
+            ("cn_queue_depth", self.cn_queue_depth as u64),
+            ("detection_period_ns", self.detection_period_ns),
+            ("sample_every", self.sample_every),
+            ("drr_quantum_bytes", self.drr_quantum_bytes),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Zero { field });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn detection_period(&self) -> Duration {
+        Duration::from_nanos(self.detection_period_ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid_and_the_slowdown_is_the_clock_ratio() {
+        let config = SocConfig::default();
+        config.validate().unwrap();
+        assert!((config.slowdown - 8.8).abs() < 1e-9);
+    }
+
+    #[test]
+    fn bad_settings_get_typed_errors() {
+        let config = SocConfig {
+            soc_cores: 1,
+            ..SocConfig::default()
+        };
+        assert_eq!(config.validate(), Err(ConfigError::TooFewSocCores(1)));
+        let config = SocConfig {
+            slowdown: 0.0,
+            ..SocConfig::default()
+        };
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::NotPositive {
+                field: "slowdown",
+                ..
+            })
+        ));
+        let config = SocConfig {
+            forwarding_step: 0.0,
+            ..SocConfig::default()
+        };
+        assert_eq!(config.validate(), Err(ConfigError::BadForwardingStep(0.0)));
+        let config = SocConfig {
+            queue_depth: 0,
+            ..SocConfig::default()
+        };
+        assert_eq!(
+            config.validate(),
+            Err(ConfigError::Zero {
+                field: "queue_depth"
+            })
+        );
+    }
+
+    #[test]
+    fn a_toml_table_sets_any_field_and_refuses_unknown_ones() {
+        let config: SocConfig = toml::from_str("soc_cores = 16\nslowdown = 4.0").unwrap();
+        assert_eq!(config.soc_cores, 16);
+        assert_eq!(config.cn_cores, 8);
+        assert!(toml::from_str::<SocConfig>("cores = 3").is_err());
+    }
+}

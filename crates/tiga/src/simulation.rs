@@ -1,0 +1,1183 @@
+//! The virtual SmartNIC: SoC cores, processing agents, the DN's DMA, the
+//! network link and the CN's cores, run in virtual time.
+//!
+//! Each request is one arrival in an open-loop Poisson stream. Its stages
+//! are charged their calibrated cost ([`crate::calibration`]) on a virtual
+//! core, scaled by the SoC slowdown, instead of being executed; one
+//! request in `sample_every` also runs the real code on both paths and the
+//! results are compared. The event loop is this module's own rather than
+//! `remora-sim`'s generic one: a 10 M requests/s overload is tens of
+//! millions of events per virtual second, and a specialised heap of plain
+//! integers keeps that within the quick benchmark's budget. Runs are
+//! deterministic for a seed, a configuration and a calibration.
+//!
+//! Schemes (§5.1): TIGA (partitioned, Eq. 4, co-processing), TIGA without
+//! CPU, FairNIC (the even split, never changed), Floem (every core
+//! time-shared, FCFS or DRR, paying a context switch whenever a core
+//! changes engine), iPipe (time-shared DRR; under overload its slowest
+//! actor migrates to the DN's host CPU when one is given), and CPU-only
+//! (the CN fetches the data over the link and runs the CN version).
+
+use crate::allocator::{Controller, ControllerMode, PeriodCounters};
+use crate::apps::{App, MAX_PAYLOAD_BYTES, MIN_PAYLOAD_BYTES};
+use crate::calibration::{Calibration, LinearCost};
+use crate::config::{ConfigError, SocConfig};
+use hdrhistogram::Histogram;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+/// How the SmartNIC's cores are managed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scheme {
+    Tiga,
+    TigaWithoutCpu,
+    FairNic,
+    FloemFcfs,
+    FloemDrr,
+    IPipe,
+    CpuOnly,
+}
+
+impl Scheme {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::Tiga => "tiga",
+            Scheme::TigaWithoutCpu => "tiga_without_cpu",
+            Scheme::FairNic => "fairnic",
+            Scheme::FloemFcfs => "floem_fcfs",
+            Scheme::FloemDrr => "floem_drr",
+            Scheme::IPipe => "ipipe",
+            Scheme::CpuOnly => "cpu_only",
+        }
+    }
+
+    fn time_shared(self) -> Option<Dispatch> {
+        match self {
+            Scheme::FloemFcfs => Some(Dispatch::Fcfs),
+            Scheme::FloemDrr | Scheme::IPipe => Some(Dispatch::Drr),
+            _ => None,
+        }
+    }
+
+    fn controller_mode(self) -> Option<ControllerMode> {
+        match self {
+            Scheme::Tiga => Some(ControllerMode {
+                reallocate: true,
+                coprocess: true,
+            }),
+            Scheme::TigaWithoutCpu => Some(ControllerMode {
+                reallocate: true,
+                coprocess: false,
+            }),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dispatch {
+    Fcfs,
+    Drr,
+}
+
+/// Payload sizes over time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum PayloadSchedule {
+    Fixed(usize),
+    /// `sizes[k]` during the k-th interval, cycling.
+    Alternating {
+        sizes: Vec<usize>,
+        interval_ns: u64,
+    },
+}
+
+impl PayloadSchedule {
+    fn bytes_at(&self, now_ns: u64) -> usize {
+        match self {
+            PayloadSchedule::Fixed(bytes) => *bytes,
+            PayloadSchedule::Alternating { sizes, interval_ns } => {
+                sizes[((now_ns / interval_ns.max(&1)) % sizes.len() as u64) as usize]
+            }
+        }
+    }
+
+    fn sizes(&self) -> Vec<usize> {
+        match self {
+            PayloadSchedule::Fixed(bytes) => vec![*bytes],
+            PayloadSchedule::Alternating { sizes, .. } => sizes.clone(),
+        }
+    }
+}
+
+/// What is offered, for how long, and what is measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Workload {
+    /// Applications sharing the NIC; requests are spread over them in
+    /// turn, so each gets an equal share.
+    pub apps: Vec<App>,
+    pub offered_per_second: f64,
+    pub payload: PayloadSchedule,
+    pub duration_ns: u64,
+    /// Throughput, latency and CPU are measured from here to the end.
+    pub measure_from_ns: u64,
+    /// With `scheme` IPipe: give it the DN's host CPU to migrate to (Fig.
+    /// 7); without, the SmartNIC alone (Fig. 6).
+    pub host_cpu_for_ipipe: bool,
+    pub seed: u64,
+}
+
+/// Why a run could not be made or did not hold its invariants.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Allocation(#[from] crate::allocator::AllocationError),
+    #[error("a workload needs at least one application")]
+    NoApps,
+    #[error("payload of {0} bytes is outside {MIN_PAYLOAD_BYTES}..={MAX_PAYLOAD_BYTES}")]
+    PayloadSize(usize),
+    #[error("offered load {0}/s is not positive and finite")]
+    BadLoad(f64),
+    #[error("the measurement window starts at {measure_from_ns} ns, after the run's end at {duration_ns} ns")]
+    BadWindow {
+        measure_from_ns: u64,
+        duration_ns: u64,
+    },
+    #[error("request {id} completed twice (exactly-once violated)")]
+    CompletedTwice { id: u64 },
+    #[error("request {id} of {app:?}: the NIC path and the CN version disagree")]
+    ResultsDiffer { id: u64, app: App },
+    #[error("request {id} of {app:?} failed its real code: {error}")]
+    Stage {
+        id: u64,
+        app: App,
+        error: crate::apps::StageError,
+    },
+    #[error("accounting: {offered} offered, but {completed} completed + {rejected} rejected + {in_flight} in flight")]
+    Accounting {
+        offered: u64,
+        completed: u64,
+        rejected: u64,
+        in_flight: u64,
+    },
+}
+
+/// One detection period, for the allocation-over-time plot.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TimelinePoint {
+    pub time_s: f64,
+    pub payload_bytes: usize,
+    pub allocation: Vec<usize>,
+    pub forwarding_ratio: f64,
+    pub inbound_bytes_per_second: f64,
+    pub outbound_bytes_per_second: f64,
+    pub mismatch: bool,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub scheme: Scheme,
+    pub offered: u64,
+    pub completed: u64,
+    pub completed_on_nic: u64,
+    pub completed_on_cpu: u64,
+    pub rejected: u64,
+    pub in_flight_at_end: u64,
+    /// Completions per second in the measurement window.
+    pub throughput_per_second: f64,
+    pub latency_p50_ns: u64,
+    pub latency_p99_ns: u64,
+    /// The CN cores' busy share in the window, in [0, 1] of all of them.
+    pub cn_cpu_share: f64,
+    /// The CN's busy cores in the window (share times cores).
+    pub cn_cores_busy: f64,
+    /// SoC core time in the window: stage code, context switches, and
+    /// TIGA's detections and core moves.
+    pub soc_compute_ns: f64,
+    pub soc_context_switch_ns: f64,
+    pub soc_overhead_ns: f64,
+    /// SoC core-seconds available in the window.
+    pub soc_core_ns: f64,
+    pub final_allocation: Vec<usize>,
+    pub migrated_stages: Vec<usize>,
+    pub timeline: Vec<TimelinePoint>,
+    pub sampled_checks: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Item {
+    id: u64,
+    pipeline: u16,
+    bytes: u32,
+    arrived_ns: u64,
+    ready_ns: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum CoreState {
+    Idle,
+    Busy { item: Item, stage: usize },
+    Blocked { item: Item },
+    Moving,
+}
+
+#[derive(Debug, Clone)]
+struct Core {
+    agent: usize,
+    state: CoreState,
+    last_stage: Option<usize>,
+    moving_to: Option<usize>,
+    debt_ns: u64,
+    paused_until_ns: u64,
+    bytes_since: u64,
+    busy_ns_since: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum CpuState {
+    Idle,
+    Busy { item: Item, stage: usize },
+    Blocked { item: Item },
+}
+
+/// A pool of general-purpose cores: the CN's, or the DN host's for iPipe.
+struct CpuPool {
+    cores: Vec<CpuState>,
+    queue: VecDeque<(Item, usize)>,
+    depth: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    SocDone(u32),
+    MoveDone(u32),
+    CnDone(u32),
+    HostDone(u32),
+    Detect,
+}
+
+/// Who waits for room in a full stage queue.
+#[derive(Debug, Clone, Copy)]
+enum Waiter {
+    Soc(usize),
+    Host(usize),
+}
+
+struct StageSlot {
+    pipeline: usize,
+    last: bool,
+    soc: LinearCost,
+    host: LinearCost,
+}
+
+struct Pipeline {
+    app: App,
+    first_stage: usize,
+    cpu_version: LinearCost,
+}
+
+const IN_FLIGHT: u8 = 0;
+const DONE: u8 = 1;
+const REJECTED: u8 = 2;
+/// Rounds of dispatching after one event: each round starts work on at
+/// least one core or stops, so cores bound it.
+const DISPATCH_ROUNDS_PER_CORE: usize = 4;
+/// Time-shared dispatch: consecutive idle rounds before a drop of the
+/// deficit; bounds DRR's scan over queues.
+const DRR_SCAN_LIMIT: usize = 64;
+/// iPipe: consecutive overloaded periods before it migrates an actor.
+const IPIPE_OVERLOAD_PERIODS: u32 = 3;
+
+struct Run<'a> {
+    scheme: Scheme,
+    workload: &'a Workload,
+    config: &'a SocConfig,
+    stages: Vec<StageSlot>,
+    pipelines: Vec<Pipeline>,
+    queues: Vec<VecDeque<Item>>,
+    waiting: Vec<VecDeque<Waiter>>,
+    cores: Vec<Core>,
+    cn: CpuPool,
+    host: Option<CpuPool>,
+    migrated: Vec<bool>,
+    controller: Option<Controller>,
+    events: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    sequence: u64,
+    status: Vec<u8>,
+    random: rand_chacha::ChaCha8Rng,
+    next_pipeline: usize,
+    forwarding_credit: f64,
+    dma_free_ns: u64,
+    link_free_ns: u64,
+    drr_current: usize,
+    drr_fresh: bool,
+    drr_deficit: Vec<u64>,
+    costs: VirtualCosts,
+    measures: Measures,
+    period_inbound_bytes: u64,
+    period_outbound_bytes: u64,
+    overloaded_periods: u32,
+    timeline: Vec<TimelinePoint>,
+}
+
+struct VirtualCosts {
+    context_switch_ns: u64,
+    core_move_ns: u64,
+    detection_ns: u64,
+}
+
+#[derive(Default)]
+struct Measures {
+    offered: u64,
+    completed: u64,
+    completed_on_nic: u64,
+    completed_on_cpu: u64,
+    rejected: u64,
+    completed_in_window: u64,
+    cn_busy_ns: f64,
+    soc_compute_ns: f64,
+    soc_context_switch_ns: f64,
+    soc_overhead_ns: f64,
+    sampled_checks: u64,
+    latency: Option<Histogram<u64>>,
+    error: Option<RunError>,
+}
+
+/// Runs `scheme` over `workload` on the virtual hardware.
+pub fn run(
+    scheme: Scheme,
+    workload: &Workload,
+    config: &SocConfig,
+    calibration: &Calibration,
+) -> Result<RunReport, RunError> {
+    validate(workload, config)?;
+    let mut run = Run::new(scheme, workload, config, calibration)?;
+    run.execute();
+    run.finish()
+}
+
+fn validate(workload: &Workload, config: &SocConfig) -> Result<(), RunError> {
+    config.validate()?;
+    if workload.apps.is_empty() {
+        return Err(RunError::NoApps);
+    }
+    if let Some(&bad) = workload
+        .payload
+        .sizes()
+        .iter()
+        .find(|&&bytes| !(MIN_PAYLOAD_BYTES..=MAX_PAYLOAD_BYTES).contains(&bytes))
+    {
+        return Err(RunError::PayloadSize(bad));
+    }
+    if !(workload.offered_per_second.is_finite() && workload.offered_per_second > 0.0) {
+        return Err(RunError::BadLoad(workload.offered_per_second));
+    }
+    if workload.measure_from_ns >= workload.duration_ns {
+        return Err(RunError::BadWindow {
+            measure_from_ns: workload.measure_from_ns,
+            duration_ns: workload.duration_ns,
+        });
+    }
+    Ok(())
+}
+
+fn scaled(cost: LinearCost, factor: f64) -> LinearCost {
+    LinearCost {
+        per_call_ns: cost.per_call_ns * factor,
+        per_byte_ns: cost.per_byte_ns * factor,
+    }
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        scheme: Scheme,
+        workload: &'a Workload,
+        config: &'a SocConfig,
+        calibration: &Calibration,
+    ) -> Result<Run<'a>, RunError> {
+        let mut stages = Vec::new();
+        let mut pipelines = Vec::new();
+        for (index, &app) in workload.apps.iter().enumerate() {
+            let measured = calibration.app(app);
+            pipelines.push(Pipeline {
+                app,
+                first_stage: stages.len(),
+                cpu_version: measured.cpu_version,
+            });
+            for (position, stage) in measured.stages.iter().enumerate() {
+                stages.push(StageSlot {
+                    pipeline: index,
+                    last: position + 1 == measured.stages.len(),
+                    soc: scaled(stage.cost, config.slowdown),
+                    host: stage.cost,
+                });
+            }
+        }
+        let agents = stages.len();
+        if config.soc_cores < agents && scheme.time_shared().is_none() && scheme != Scheme::CpuOnly
+        {
+            return Err(crate::allocator::AllocationError::TooFewCores {
+                cores: config.soc_cores,
+                agents,
+            }
+            .into());
+        }
+        let even = crate::allocator::proportional_allocation(
+            &vec![1.0; agents],
+            config.soc_cores.max(agents),
+        )?;
+        let controller = match scheme.controller_mode() {
+            Some(mode) => Some(Controller::new(
+                mode,
+                agents,
+                config.soc_cores,
+                config.forwarding_step,
+                config.mismatch_tolerance,
+            )?),
+            None => None,
+        };
+        let cores = even
+            .iter()
+            .enumerate()
+            .flat_map(|(agent, &count)| std::iter::repeat_n(agent, count))
+            .take(config.soc_cores)
+            .map(|agent| Core {
+                agent,
+                state: CoreState::Idle,
+                last_stage: None,
+                moving_to: None,
+                debt_ns: 0,
+                paused_until_ns: 0,
+                bytes_since: 0,
+                busy_ns_since: 0,
+            })
+            .collect();
+        let pool = |cores: usize| CpuPool {
+            cores: vec![CpuState::Idle; cores],
+            queue: VecDeque::new(),
+            depth: config.cn_queue_depth,
+        };
+        let host =
+            (scheme == Scheme::IPipe && workload.host_cpu_for_ipipe).then(|| pool(config.cn_cores));
+        let context_switch_ns = config
+            .context_switch_ns
+            .unwrap_or(calibration.context_switch_ns * config.slowdown);
+        let costs = VirtualCosts {
+            context_switch_ns: context_switch_ns.round() as u64,
+            core_move_ns: config
+                .core_move_ns
+                .unwrap_or(2.0 * context_switch_ns)
+                .round() as u64,
+            detection_ns: config
+                .detection_ns
+                .unwrap_or(calibration.detection_ns * config.slowdown)
+                .round() as u64,
+        };
+        let expected =
+            (workload.offered_per_second * workload.duration_ns as f64 / 1e9 * 1.1) as usize + 1024;
+        Ok(Run {
+            scheme,
+            workload,
+            config,
+            queues: vec![VecDeque::new(); agents],
+            waiting: vec![VecDeque::new(); agents],
+            migrated: vec![false; agents],
+            drr_deficit: vec![0; agents],
+            stages,
+            pipelines,
+            cores,
+            cn: pool(config.cn_cores),
+            host,
+            controller,
+            events: BinaryHeap::new(),
+            sequence: 0,
+            status: Vec::with_capacity(expected),
+            random: rand_chacha::ChaCha8Rng::seed_from_u64(workload.seed),
+            next_pipeline: 0,
+            forwarding_credit: 0.0,
+            dma_free_ns: 0,
+            link_free_ns: 0,
+            drr_current: 0,
+            drr_fresh: true,
+            costs,
+            measures: Measures {
+                latency: Some(
+                    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid bounds"),
+                ),
+                ..Measures::default()
+            },
+            period_inbound_bytes: 0,
+            period_outbound_bytes: 0,
+            overloaded_periods: 0,
+            timeline: Vec::new(),
+        })
+    }
+
+    fn schedule(&mut self, at_ns: u64, event: Event) {
+        self.sequence += 1;
+        self.events.push(Reverse((at_ns, self.sequence, event)));
+    }
+
+    fn execute(&mut self) {
+        let end = self.workload.duration_ns;
+        let watches = self.controller.is_some() || self.scheme == Scheme::IPipe;
+        if watches {
+            self.schedule(self.config.detection_period_ns, Event::Detect);
+        }
+        let mean_gap_ns = 1e9 / self.workload.offered_per_second;
+        let mut next_arrival = self.gap(mean_gap_ns);
+        loop {
+            let next_event = self
+                .events
+                .peek()
+                .map_or(u64::MAX, |Reverse((at, _, _))| *at);
+            if next_arrival <= next_event && next_arrival < end {
+                let now = next_arrival;
+                self.arrive(now);
+                next_arrival += self.gap(mean_gap_ns);
+                self.dispatch(now);
+            } else if next_event < end {
+                let Reverse((now, _, event)) = self.events.pop().expect("peeked");
+                self.handle(now, event);
+                self.dispatch(now);
+            } else {
+                break;
+            }
+            if self.measures.error.is_some() {
+                return;
+            }
+        }
+    }
+
+    /// An exponential gap, at least 1 ns.
+    fn gap(&mut self, mean_ns: f64) -> u64 {
+        let uniform: f64 = self.random.gen_range(f64::EPSILON..1.0);
+        ((-uniform.ln() * mean_ns) as u64).max(1)
+    }
+
+    fn in_window(&self, at_ns: u64) -> bool {
+        at_ns >= self.workload.measure_from_ns && at_ns < self.workload.duration_ns
+    }
+
+    /// The part of [begin, end) inside the measurement window.
+    fn window_overlap(&self, begin_ns: u64, end_ns: u64) -> f64 {
+        let from = begin_ns.max(self.workload.measure_from_ns);
+        let to = end_ns.min(self.workload.duration_ns);
+        to.saturating_sub(from) as f64
+    }
+
+    fn arrive(&mut self, now: u64) {
+        let id = self.status.len() as u64;
+        self.status.push(IN_FLIGHT);
+        self.measures.offered += 1;
+        let pipeline = self.next_pipeline;
+        self.next_pipeline = (self.next_pipeline + 1) % self.pipelines.len();
+        let bytes = self.workload.payload.bytes_at(now) as u32;
+        let item = Item {
+            id,
+            pipeline: pipeline as u16,
+            bytes,
+            arrived_ns: now,
+            ready_ns: now,
+        };
+        if self.scheme == Scheme::CpuOnly {
+            self.fetch_to_cn(item, now);
+        } else if self.forward_this_one() {
+            self.forward_to_cn(item, now);
+        } else {
+            self.admit_to_nic(item, now);
+        }
+    }
+
+    /// Co-processing's deterministic spread: with ratio r, a credit grows
+    /// by r per request and each whole unit forwards one (one in ten at
+    /// 10%).
+    fn forward_this_one(&mut self) -> bool {
+        let ratio = self
+            .controller
+            .as_ref()
+            .map_or(0.0, Controller::forwarding_ratio);
+        if ratio <= 0.0 {
+            return false;
+        }
+        self.forwarding_credit += ratio;
+        if self.forwarding_credit >= 1.0 - 1e-9 {
+            self.forwarding_credit -= 1.0;
+            return true;
+        }
+        false
+    }
+
+    fn reject(&mut self, item: Item) {
+        self.status[item.id as usize] = REJECTED;
+        self.measures.rejected += 1;
+    }
+
+    fn admit_to_nic(&mut self, item: Item, now: u64) {
+        let first = self.pipelines[item.pipeline as usize].first_stage;
+        self.period_inbound_bytes += u64::from(item.bytes);
+        if self.queues[first].len() >= self.config.queue_depth {
+            return self.reject(item);
+        }
+        // The SmartNIC reads the data over the DN's local DMA.
+        let transfer_ns = (f64::from(item.bytes) / self.config.dma_bytes_per_second * 1e9) as u64;
+        self.dma_free_ns = self.dma_free_ns.max(now) + transfer_ns;
+        let item = Item {
+            ready_ns: self.dma_free_ns + self.config.dma_latency_ns,
+            ..item
+        };
+        self.queues[first].push_back(item);
+    }
+
+    /// Moves `item`'s data over the DN→CN link; when it lands.
+    fn over_the_link(&mut self, bytes: u32, leaves_ns: u64) -> u64 {
+        let transfer_ns = (f64::from(bytes) / self.config.network_bytes_per_second * 1e9) as u64;
+        self.link_free_ns = self.link_free_ns.max(leaves_ns) + transfer_ns;
+        self.link_free_ns + self.config.network_one_way_ns
+    }
+
+    fn forward_to_cn(&mut self, item: Item, now: u64) {
+        if self.cn.queue.len() >= self.cn.depth {
+            return self.reject(item);
+        }
+        let ready_ns = self.over_the_link(item.bytes, now);
+        let first = self.pipelines[item.pipeline as usize].first_stage;
+        self.cn.queue.push_back((Item { ready_ns, ..item }, first));
+    }
+
+    /// CPU-only: the CN's read reached the DN at `now`; the data comes back
+    /// over the link.
+    fn fetch_to_cn(&mut self, item: Item, now: u64) {
+        self.forward_to_cn(item, now);
+    }
+
+    fn handle(&mut self, now: u64, event: Event) {
+        match event {
+            Event::SocDone(core) => self.soc_done(core as usize, now),
+            Event::MoveDone(core) => {
+                let core = &mut self.cores[core as usize];
+                core.agent = core
+                    .moving_to
+                    .take()
+                    .expect("a moving core has a destination");
+                core.state = CoreState::Idle;
+                core.bytes_since = 0;
+                core.busy_ns_since = 0;
+            }
+            Event::CnDone(core) => self.cn_done(core as usize, now),
+            Event::HostDone(core) => self.host_done(core as usize, now),
+            Event::Detect => self.detect(now),
+        }
+    }
+
+    fn soc_done(&mut self, index: usize, now: u64) {
+        let CoreState::Busy { item, stage } = self.cores[index].state else {
+            unreachable!("a SoC completion for a core that is not busy");
+        };
+        self.cores[index].state = CoreState::Idle;
+        if self.stages[stage].last {
+            self.complete(item, now, true);
+        } else if !self.pass_on(item, stage + 1, Waiter::Soc(index), now) {
+            self.cores[index].state = CoreState::Blocked { item };
+            return;
+        }
+        self.after_release(index, now);
+    }
+
+    /// A SoC core just gave up its item: it moves, if it was chosen to.
+    fn after_release(&mut self, index: usize, now: u64) {
+        if self.cores[index].moving_to.is_some() {
+            self.cores[index].state = CoreState::Moving;
+            let move_ns = self.costs.core_move_ns;
+            self.measures.soc_overhead_ns += self.window_overlap(now, now + move_ns);
+            self.schedule(now + move_ns, Event::MoveDone(index as u32));
+        }
+    }
+
+    /// Hands `item` to `stage`: to the DN host when iPipe migrated it, else
+    /// to the stage's queue. False when the queue is full: the caller
+    /// holds the item and waits (backpressure).
+    fn pass_on(&mut self, item: Item, stage: usize, waiter: Waiter, now: u64) -> bool {
+        if self.migrated[stage] {
+            let latency = self.config.dma_latency_ns;
+            let host = self.host.as_mut().expect("only iPipe with a host migrates");
+            host.queue.push_back((
+                Item {
+                    ready_ns: now + latency,
+                    ..item
+                },
+                stage,
+            ));
+            return true;
+        }
+        if self.queues[stage].len() >= self.config.queue_depth {
+            self.waiting[stage].push_back(waiter);
+            return false;
+        }
+        self.queues[stage].push_back(Item {
+            ready_ns: now,
+            ..item
+        });
+        true
+    }
+
+    fn take(&mut self, stage: usize, now: u64) -> Option<Item> {
+        let item = self.queues[stage].pop_front()?;
+        // Room now: the oldest waiter's item goes in, and the waiter is free.
+        if let Some(waiter) = self.waiting[stage].pop_front() {
+            let held = match waiter {
+                Waiter::Soc(core) => {
+                    match std::mem::replace(&mut self.cores[core].state, CoreState::Idle) {
+                        CoreState::Blocked { item } => item,
+                        _ => unreachable!("a waiting core holds an item"),
+                    }
+                }
+                Waiter::Host(core) => {
+                    let host = self
+                        .host
+                        .as_mut()
+                        .expect("host waiters exist only with a host");
+                    match std::mem::replace(&mut host.cores[core], CpuState::Idle) {
+                        CpuState::Blocked { item } => item,
+                        _ => unreachable!("a waiting host core holds an item"),
+                    }
+                }
+            };
+            self.queues[stage].push_back(Item {
+                ready_ns: now,
+                ..held
+            });
+            if let Waiter::Soc(core) = waiter {
+                self.after_release(core, now);
+            }
+        }
+        Some(item)
+    }
+
+    fn complete(&mut self, item: Item, now: u64, on_nic: bool) {
+        let slot = &mut self.status[item.id as usize];
+        if *slot != IN_FLIGHT {
+            self.measures.error = Some(RunError::CompletedTwice { id: item.id });
+            return;
+        }
+        *slot = DONE;
+        self.measures.completed += 1;
+        if on_nic {
+            self.measures.completed_on_nic += 1;
+            self.period_outbound_bytes += u64::from(item.bytes);
+        } else {
+            self.measures.completed_on_cpu += 1;
+        }
+        if self.in_window(now) {
+            self.measures.completed_in_window += 1;
+            // The request left the CN one way before it reached the DN; a
+            // NIC result travels one way back.
+            let one_way = self.config.network_one_way_ns;
+            let back = if on_nic { one_way } else { 0 };
+            let latency = now + back + one_way - item.arrived_ns;
+            if let Some(histogram) = self.measures.latency.as_mut() {
+                histogram.saturating_record(latency.max(1));
+            }
+        }
+        if item.id.is_multiple_of(self.config.sample_every) {
+            self.check_sample(item);
+        }
+    }
+
+    /// Runs a sampled request's real code on both paths and compares.
+    fn check_sample(&mut self, item: Item) {
+        let app = self.pipelines[item.pipeline as usize].app;
+        let outcome = app
+            .make_payload(self.workload.seed, item.id, item.bytes as usize)
+            .map_err(|error| RunError::PayloadSize(error.0))
+            .and_then(|payload| {
+                let on_nic = app.run_pipeline(&payload);
+                let on_cpu = app.run_on_cpu(&payload);
+                match (on_nic, on_cpu) {
+                    (Ok(nic), Ok(cpu)) if nic == cpu => Ok(()),
+                    (Ok(_), Ok(_)) => Err(RunError::ResultsDiffer { id: item.id, app }),
+                    (Err(error), _) | (_, Err(error)) => Err(RunError::Stage {
+                        id: item.id,
+                        app,
+                        error,
+                    }),
+                }
+            });
+        match outcome {
+            Ok(()) => self.measures.sampled_checks += 1,
+            Err(error) => self.measures.error = Some(error),
+        }
+    }
+
+    fn cn_done(&mut self, index: usize, now: u64) {
+        let CpuState::Busy { item, .. } = self.cn.cores[index] else {
+            unreachable!("a CN completion for a core that is not busy");
+        };
+        self.cn.cores[index] = CpuState::Idle;
+        self.complete(item, now, false);
+    }
+
+    fn host_done(&mut self, index: usize, now: u64) {
+        let host = self
+            .host
+            .as_mut()
+            .expect("host events exist only with a host");
+        let CpuState::Busy { item, stage } = host.cores[index] else {
+            unreachable!("a host completion for a core that is not busy");
+        };
+        host.cores[index] = CpuState::Idle;
+        if self.stages[stage].last {
+            // The DN finished it (on its host CPU): outbound for the NIC.
+            self.complete(item, now, true);
+        } else if !self.pass_on(item, stage + 1, Waiter::Host(index), now) {
+            let host = self.host.as_mut().expect("checked above");
+            host.cores[index] = CpuState::Blocked { item };
+        }
+    }
+
+    /// Starts work on every idle core that can get some.
+    fn dispatch(&mut self, now: u64) {
+        let host_cores = self.host.as_ref().map_or(0, |host| host.cores.len());
+        let rounds =
+            (self.cores.len() + self.cn.cores.len() + host_cores) * DISPATCH_ROUNDS_PER_CORE;
+        for _ in 0..rounds {
+            let mut started = false;
+            for index in 0..self.cores.len() {
+                started |= self.start_soc(index, now);
+            }
+            for index in 0..self.cn.cores.len() {
+                started |= self.start_cpu(index, now, false);
+            }
+            for index in 0..host_cores {
+                started |= self.start_cpu(index, now, true);
+            }
+            if !started {
+                return;
+            }
+        }
+    }
+
+    fn start_soc(&mut self, index: usize, now: u64) -> bool {
+        let core = &self.cores[index];
+        if !matches!(core.state, CoreState::Idle) || core.moving_to.is_some() {
+            return false;
+        }
+        let time_shared = self.scheme.time_shared();
+        let picked = match time_shared {
+            None => {
+                let agent = core.agent;
+                self.take(agent, now).map(|item| (item, agent))
+            }
+            Some(Dispatch::Fcfs) => self.pick_fcfs(now),
+            Some(Dispatch::Drr) => self.pick_drr(now),
+        };
+        let Some((item, stage)) = picked else {
+            return false;
+        };
+        let switch_ns = match time_shared {
+            Some(_) if self.cores[index].last_stage != Some(stage) => self.costs.context_switch_ns,
+            _ => 0,
+        };
+        let compute_ns = (self.stages[stage].soc.at(u64::from(item.bytes)).round() as u64).max(1);
+        let core = &self.cores[index];
+        let begin = (now + core.debt_ns)
+            .max(core.paused_until_ns)
+            .max(item.ready_ns);
+        let debt_ns = core.debt_ns;
+        let done = begin + switch_ns + compute_ns;
+        self.measures.soc_overhead_ns += self.window_overlap(now, now + debt_ns);
+        self.measures.soc_context_switch_ns += self.window_overlap(begin, begin + switch_ns);
+        self.measures.soc_compute_ns += self.window_overlap(begin + switch_ns, done);
+        let core = &mut self.cores[index];
+        core.debt_ns = 0;
+        core.last_stage = Some(stage);
+        core.bytes_since += u64::from(item.bytes);
+        core.busy_ns_since += compute_ns + switch_ns;
+        core.state = CoreState::Busy { item, stage };
+        self.schedule(done, Event::SocDone(index as u32));
+        true
+    }
+
+    /// FCFS over every stage's queue: the oldest request first, a later
+    /// stage first on ties (finish what was started).
+    fn pick_fcfs(&mut self, now: u64) -> Option<(Item, usize)> {
+        let stage = (0..self.queues.len())
+            .rev()
+            .filter_map(|stage| {
+                self.queues[stage]
+                    .front()
+                    .map(|item| (item.arrived_ns, stage))
+            })
+            .min_by_key(|&(arrived, _)| arrived)?
+            .1;
+        self.take(stage, now).map(|item| (item, stage))
+    }
+
+    /// Deficit round robin over the stages' queues (Shreedhar and
+    /// Varghese): each visit adds a quantum, and a queue is served while
+    /// its deficit covers its head.
+    fn pick_drr(&mut self, now: u64) -> Option<(Item, usize)> {
+        let count = self.queues.len();
+        if self.queues.iter().all(VecDeque::is_empty) {
+            return None;
+        }
+        for _ in 0..DRR_SCAN_LIMIT * count {
+            let stage = self.drr_current;
+            let Some(head) = self.queues[stage].front() else {
+                self.drr_deficit[stage] = 0;
+                self.drr_current = (stage + 1) % count;
+                self.drr_fresh = true;
+                continue;
+            };
+            if self.drr_fresh {
+                self.drr_deficit[stage] += self.config.drr_quantum_bytes;
+                self.drr_fresh = false;
+            }
+            let bytes = u64::from(head.bytes);
+            if self.drr_deficit[stage] >= bytes {
+                self.drr_deficit[stage] -= bytes;
+                return self.take(stage, now).map(|item| (item, stage));
+            }
+            self.drr_current = (stage + 1) % count;
+            self.drr_fresh = true;
+        }
+        None
+    }
+
+    /// Starts a CN core (or, with `on_host`, a DN host core for iPipe).
+    fn start_cpu(&mut self, index: usize, now: u64, on_host: bool) -> bool {
+        let pool = if on_host {
+            self.host.as_mut().expect("host cores exist")
+        } else {
+            &mut self.cn
+        };
+        if !matches!(pool.cores[index], CpuState::Idle) {
+            return false;
+        }
+        let Some((item, stage)) = pool.queue.pop_front() else {
+            return false;
+        };
+        let pipeline = &self.pipelines[item.pipeline as usize];
+        let bytes = u64::from(item.bytes);
+        let cost_ns = if on_host {
+            self.stages[stage].host.at(bytes)
+        } else if stage == pipeline.first_stage {
+            pipeline.cpu_version.at(bytes)
+        } else {
+            let last = (stage..self.stages.len())
+                .find(|&index| self.stages[index].last)
+                .expect("every pipeline has a last stage");
+            (stage..=last)
+                .map(|index| self.stages[index].host.at(bytes))
+                .sum()
+        };
+        let begin = now.max(item.ready_ns);
+        let done = begin + (cost_ns.round() as u64).max(1);
+        let pool = if on_host {
+            self.host.as_mut().expect("host cores exist")
+        } else {
+            &mut self.cn
+        };
+        pool.cores[index] = CpuState::Busy { item, stage };
+        if on_host {
+            self.schedule(done, Event::HostDone(index as u32));
+        } else {
+            self.measures.cn_busy_ns += self.window_overlap(begin, done);
+            self.schedule(done, Event::CnDone(index as u32));
+        }
+        true
+    }
+
+    /// Each PA's per-core capacity since the last reallocation.
+    fn capacities(&self) -> Vec<Option<f64>> {
+        (0..self.stages.len())
+            .map(|agent| {
+                let (bytes, busy) = self
+                    .cores
+                    .iter()
+                    .filter(|core| core.agent == agent && core.moving_to.is_none())
+                    .fold((0u64, 0u64), |(bytes, busy), core| {
+                        (bytes + core.bytes_since, busy + core.busy_ns_since)
+                    });
+                (busy > 0).then(|| bytes as f64 * 1e9 / busy as f64)
+            })
+            .collect()
+    }
+
+    fn detect(&mut self, now: u64) {
+        let period_s = self.config.detection_period_ns as f64 / 1e9;
+        let counters = PeriodCounters {
+            inbound_bytes: std::mem::take(&mut self.period_inbound_bytes),
+            outbound_bytes: std::mem::take(&mut self.period_outbound_bytes),
+            capacities: self.capacities(),
+        };
+        let mismatch = if let Some(controller) = self.controller.as_mut() {
+            let decision = controller.on_period(&counters);
+            if let Some(target) = decision.reallocation {
+                self.reallocate(&target, now);
+            }
+            decision.mismatch
+        } else {
+            let mismatch = (counters.outbound_bytes as f64)
+                < counters.inbound_bytes as f64 * (1.0 - self.config.mismatch_tolerance);
+            self.ipipe_watch(mismatch);
+            mismatch
+        };
+        // Reading the counters stalls every core for a detection.
+        let detection_ns = self.costs.detection_ns;
+        for index in 0..self.cores.len() {
+            let core = &mut self.cores[index];
+            match core.state {
+                CoreState::Idle => {
+                    core.paused_until_ns = core.paused_until_ns.max(now + detection_ns)
+                }
+                _ => core.debt_ns += detection_ns,
+            }
+        }
+        self.measures.soc_overhead_ns +=
+            self.window_overlap(now, now + detection_ns) * self.cores.len() as f64;
+        self.timeline.push(TimelinePoint {
+            time_s: now as f64 / 1e9,
+            payload_bytes: self.workload.payload.bytes_at(now),
+            allocation: self.allocation(),
+            forwarding_ratio: self
+                .controller
+                .as_ref()
+                .map_or(0.0, Controller::forwarding_ratio),
+            inbound_bytes_per_second: counters.inbound_bytes as f64 / period_s,
+            outbound_bytes_per_second: counters.outbound_bytes as f64 / period_s,
+            mismatch,
+        });
+        self.schedule(now + self.config.detection_period_ns, Event::Detect);
+    }
+
+    /// iPipe: after a run of overloaded periods, the slowest actor of each
+    /// pipeline moves to the DN's host CPU, once.
+    fn ipipe_watch(&mut self, mismatch: bool) {
+        self.overloaded_periods = if mismatch {
+            self.overloaded_periods + 1
+        } else {
+            0
+        };
+        if self.host.is_none()
+            || self.overloaded_periods < IPIPE_OVERLOAD_PERIODS
+            || self.migrated.contains(&true)
+        {
+            return;
+        }
+        for pipeline in 0..self.pipelines.len() {
+            let slowest = (0..self.stages.len())
+                .filter(|&stage| self.stages[stage].pipeline == pipeline)
+                .max_by(|&a, &b| {
+                    let cost = |stage: usize| {
+                        self.stages[stage]
+                            .soc
+                            .at(crate::apps::DEFAULT_PAYLOAD_BYTES as u64)
+                    };
+                    cost(a).total_cmp(&cost(b))
+                })
+                .expect("every pipeline has a stage");
+            self.migrated[slowest] = true;
+        }
+    }
+
+    /// Cores per PA, counting a moving core where it is going.
+    fn allocation(&self) -> Vec<usize> {
+        let mut counts = vec![0; self.stages.len()];
+        for core in &self.cores {
+            counts[core.moving_to.unwrap_or(core.agent)] += 1;
+        }
+        counts
+    }
+
+    /// Takes surplus cores off over-allocated PAs (idle ones first; busy
+    /// ones finish their task first) and sends them where cores are short.
+    /// Other PAs keep running.
+    fn reallocate(&mut self, target: &[usize], now: u64) {
+        let current = self.allocation();
+        let mut destinations: Vec<usize> = (0..target.len())
+            .flat_map(|agent| {
+                std::iter::repeat_n(agent, target[agent].saturating_sub(current[agent]))
+            })
+            .collect();
+        for agent in 0..target.len() {
+            let surplus = current[agent].saturating_sub(target[agent]);
+            let mut candidates: Vec<usize> = (0..self.cores.len())
+                .filter(|&index| {
+                    let core = &self.cores[index];
+                    core.moving_to.unwrap_or(core.agent) == agent
+                })
+                .collect();
+            candidates.sort_by_key(|&index| match self.cores[index].state {
+                CoreState::Idle => 0,
+                CoreState::Blocked { .. } => 1,
+                CoreState::Busy { .. } => 2,
+                CoreState::Moving => 3,
+            });
+            for index in candidates.into_iter().take(surplus) {
+                let destination = destinations.pop().expect("surplus and shortage balance");
+                self.cores[index].moving_to = Some(destination);
+                if matches!(self.cores[index].state, CoreState::Idle) {
+                    self.after_release(index, now);
+                }
+            }
+        }
+        debug_assert!(destinations.is_empty());
+        for core in &mut self.cores {
+            core.bytes_since = 0;
+            core.busy_ns_since = 0;
+        }
+    }
+
+    fn finish(mut self) -> Result<RunReport, RunError> {
+        if let Some(error) = self.measures.error.take() {
+            return Err(error);
+        }
+        let in_flight = self
+            .status
+            .iter()
+            .filter(|&&status| status == IN_FLIGHT)
+            .count() as u64;
+        let measures = &self.measures;
+        if measures.offered != measures.completed + measures.rejected + in_flight {
+            return Err(RunError::Accounting {
+                offered: measures.offered,
+                completed: measures.completed,
+                rejected: measures.rejected,
+                in_flight,
+            });
+        }
+        let window_ns = (self.workload.duration_ns - self.workload.measure_from_ns) as f64;
+        let latency = measures.latency.as_ref().expect("made in new");
+        let cn_cores = self.cn.cores.len().max(1) as f64;
+        Ok(RunReport {
+            scheme: self.scheme,
+            offered: measures.offered,
+            completed: measures.completed,
+            completed_on_nic: measures.completed_on_nic,
+            completed_on_cpu: measures.completed_on_cpu,
+            rejected: measures.rejected,
+            in_flight_at_end: in_flight,
+            throughput_per_second: measures.completed_in_window as f64 / (window_ns / 1e9),
+            latency_p50_ns: latency.value_at_quantile(0.5),
+            latency_p99_ns: latency.value_at_quantile(0.99),
+            cn_cpu_share: measures.cn_busy_ns / (window_ns * cn_cores),
+            cn_cores_busy: measures.cn_busy_ns / window_ns,
+            soc_compute_ns: measures.soc_compute_ns,
+            soc_context_switch_ns: measures.soc_context_switch_ns,
+            soc_overhead_ns: measures.soc_overhead_ns,
+            soc_core_ns: window_ns * self.cores.len() as f64,
+            final_allocation: self.allocation(),
+            migrated_stages: (0..self.migrated.len())
+                .filter(|&stage| self.migrated[stage])
+                .collect(),
+            timeline: std::mem::take(&mut self.timeline),
+            sampled_checks: measures.sampled_checks,
+        })
+    }
+}
