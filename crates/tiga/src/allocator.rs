@@ -15,10 +15,13 @@ pub enum AllocationError {
 }
 
 /// Eq. 4: C_i = C_total / (P_i · Σ_k 1/P_k), where P_i is one core's
-/// processing capacity in PA i (bytes per second of busy time). Rounded to
-/// integers with at least one core each, summing to `total_cores`: floors
-/// first, then the largest remainders; when the floors of one already
-/// overshoot, the PAs furthest above their share give a core back.
+/// processing capacity in PA i (bytes per second of busy time), then
+/// rounded to integers with at least one core each, summing to
+/// `total_cores`. Rounding serves Eq. 2's goal, equal throughput: each
+/// core past the first goes to the PA whose throughput C_i · P_i is then
+/// lowest, the pipeline's bottleneck. (Rounding each share to its nearest
+/// integer can starve the bottleneck: shares 6.7 and 1.3 round to 7:1,
+/// where 6:2 serves more.)
 pub fn proportional_allocation(
     capacities: &[f64],
     total_cores: usize,
@@ -36,34 +39,21 @@ pub fn proportional_allocation(
     {
         return Err(AllocationError::BadCapacity { agent, capacity });
     }
-    let inverse_sum: f64 = capacities.iter().map(|capacity| 1.0 / capacity).sum();
-    let ideal: Vec<f64> = capacities
-        .iter()
-        .map(|capacity| total_cores as f64 / (capacity * inverse_sum))
-        .collect();
-    let mut cores: Vec<usize> = ideal
-        .iter()
-        .map(|share| (share.floor() as usize).max(1))
-        .collect();
-    // Each pass moves one core, and at most `total_cores` are moved.
-    for _ in 0..=total_cores {
-        let assigned: usize = cores.iter().sum();
-        if assigned == total_cores {
-            break;
-        }
-        let excess = |agent: usize| cores[agent] as f64 - ideal[agent];
-        if assigned < total_cores {
-            let neediest = (0..cores.len())
-                .min_by(|&a, &b| excess(a).total_cmp(&excess(b)).then(a.cmp(&b)))
-                .expect("at least one agent");
-            cores[neediest] += 1;
-        } else {
-            let richest = (0..cores.len())
-                .filter(|&agent| cores[agent] > 1)
-                .max_by(|&a, &b| excess(a).total_cmp(&excess(b)).then(b.cmp(&a)))
-                .expect("more cores assigned than agents, so one has two");
-            cores[richest] -= 1;
-        }
+    // Filling from one core each, one core at a time to the current
+    // bottleneck, maximises the slowest PA's throughput among integer
+    // splits (throughput grows linearly with cores), and lands within a
+    // core of Eq. 4's real-valued shares.
+    let mut cores = vec![1usize; capacities.len()];
+    let throughput = |cores: usize, agent: usize| cores as f64 * capacities[agent];
+    for _ in capacities.len()..total_cores {
+        let bottleneck = (0..cores.len())
+            .min_by(|&a, &b| {
+                throughput(cores[a], a)
+                    .total_cmp(&throughput(cores[b], b))
+                    .then(a.cmp(&b))
+            })
+            .expect("at least one agent");
+        cores[bottleneck] += 1;
     }
     debug_assert_eq!(cores.iter().sum::<usize>(), total_cores);
     debug_assert!(cores.iter().all(|&count| count >= 1));
@@ -258,11 +248,19 @@ mod tests {
             let cores = proportional_allocation(&capacities, total).unwrap();
             prop_assert_eq!(cores.iter().sum::<usize>(), total);
             prop_assert!(cores.iter().all(|&count| count >= 1));
-            // A faster core never gets more cores than a slower one.
-            for a in 0..cores.len() {
-                for b in 0..cores.len() {
-                    if capacities[a] > capacities[b] * 1.000001 {
-                        prop_assert!(cores[a] <= cores[b] + 1, "{:?} -> {:?}", capacities, cores);
+            // No single move of a core raises the bottleneck's throughput:
+            // the rounding is the best integer split one step away.
+            let bottleneck = |cores: &[usize]| {
+                cores.iter().zip(&capacities).map(|(&c, p)| c as f64 * p).fold(f64::INFINITY, f64::min)
+            };
+            let best = bottleneck(&cores);
+            for from in 0..cores.len() {
+                for to in 0..cores.len() {
+                    if from != to && cores[from] > 1 {
+                        let mut moved = cores.clone();
+                        moved[from] -= 1;
+                        moved[to] += 1;
+                        prop_assert!(bottleneck(&moved) <= best * (1.0 + 1e-9), "{:?} -> {:?} beaten by {:?}", capacities, cores, moved);
                     }
                 }
             }

@@ -179,8 +179,28 @@ impl Stage {
 
     /// Runs the stage's real code over `input`, appending to `output`.
     pub fn run(self, input: &[u8], output: &mut Vec<u8>) -> Result<(), StageError> {
+        self.run_with(input, output, mvs::crc_detected)
+    }
+
+    /// The same stage with only portable code, as a SoC core runs it: the
+    /// prototype's five-stage RISC-V core has no carry-less multiply
+    /// (PCLMULQDQ), which crc32fast uses here when the CPU has it. The
+    /// results are the same bytes; only the cost differs, and calibration
+    /// times this version for the SoC. (SHA-256 is built portable for
+    /// both: the paper's Xeon Gold 5117 has no SHA extensions either. AES
+    /// keeps AES-NI: an optimistic SoC cost, said in the report.)
+    pub fn run_portable(self, input: &[u8], output: &mut Vec<u8>) -> Result<(), StageError> {
+        self.run_with(input, output, mvs::crc_portable)
+    }
+
+    fn run_with(
+        self,
+        input: &[u8],
+        output: &mut Vec<u8>,
+        crc: fn(&[u8]) -> u32,
+    ) -> Result<(), StageError> {
         match self {
-            Stage::CrcCheck => output.extend_from_slice(mvs::checked_content(input)?),
+            Stage::CrcCheck => output.extend_from_slice(mvs::checked_content_with(input, crc)?),
             Stage::MvsSerialise => output.extend_from_slice(&mvs::serialise(input)?),
             Stage::SpatialJoin => {
                 for pair in spark::join(input)? {
@@ -245,7 +265,23 @@ mod mvs {
         record
     }
 
+    pub fn crc_detected(bytes: &[u8]) -> u32 {
+        crc32fast::hash(bytes)
+    }
+
+    /// crc32fast's table-driven path, which it falls back to on CPUs
+    /// without carry-less multiply.
+    pub fn crc_portable(bytes: &[u8]) -> u32 {
+        let mut hasher = crc32fast::Hasher::internal_new_baseline(0, 0);
+        hasher.update(bytes);
+        hasher.finalize()
+    }
+
     pub fn checked_content(record: &[u8]) -> Result<&[u8], StageError> {
+        checked_content_with(record, crc_detected)
+    }
+
+    pub fn checked_content_with(record: &[u8], crc: fn(&[u8]) -> u32) -> Result<&[u8], StageError> {
         let minimum = HEADER_BYTES + CRC_BYTES;
         if record.len() < minimum {
             return Err(StageError::TooShort {
@@ -254,9 +290,9 @@ mod mvs {
                 minimum,
             });
         }
-        let (content, crc) = record.split_at(record.len() - CRC_BYTES);
-        let stored = u32::from_le_bytes(crc.try_into().expect("four bytes"));
-        let computed = crc32fast::hash(content);
+        let (content, stored_crc) = record.split_at(record.len() - CRC_BYTES);
+        let stored = u32::from_le_bytes(stored_crc.try_into().expect("four bytes"));
+        let computed = crc(content);
         if stored != computed {
             return Err(StageError::CrcMismatch { stored, computed });
         }
@@ -371,10 +407,23 @@ mod spark {
                 available,
             });
         }
-        let mut grid: Vec<Vec<(u32, f32, f32)>> =
-            vec![Vec::new(); GRID_CELLS_PER_SIDE * GRID_CELLS_PER_SIDE];
+        // Set A bucketed by cell with a counting sort: `starts[c]..starts[c + 1]`
+        // indexes cell c's points in `bucketed`.
+        const CELLS: usize = GRID_CELLS_PER_SIDE * GRID_CELLS_PER_SIDE;
+        let cell_of = |x: f32, y: f32| cell(y) * GRID_CELLS_PER_SIDE + cell(x);
+        let mut starts = [0u32; CELLS + 1];
+        for (x, y) in points(record, 0, in_a) {
+            starts[cell_of(x, y) + 1] += 1;
+        }
+        for index in 0..CELLS {
+            starts[index + 1] += starts[index];
+        }
+        let mut next = starts;
+        let mut bucketed = vec![(0u32, 0f32, 0f32); in_a];
         for (index, (x, y)) in points(record, 0, in_a).enumerate() {
-            grid[cell(y) * GRID_CELLS_PER_SIDE + cell(x)].push((index as u32, x, y));
+            let slot = &mut next[cell_of(x, y)];
+            bucketed[*slot as usize] = (index as u32, x, y);
+            *slot += 1;
         }
         let mut best: Vec<Pair> = Vec::with_capacity(TOP_K + 1);
         for (b_index, (x, y)) in points(record, in_a, in_b).enumerate() {
@@ -383,7 +432,9 @@ mod spark {
                 for near_column in
                     column.saturating_sub(1)..=(column + 1).min(GRID_CELLS_PER_SIDE - 1)
                 {
-                    for &(a_index, a_x, a_y) in &grid[near_row * GRID_CELLS_PER_SIDE + near_column]
+                    let near = near_row * GRID_CELLS_PER_SIDE + near_column;
+                    for &(a_index, a_x, a_y) in
+                        &bucketed[starts[near] as usize..starts[near + 1] as usize]
                     {
                         let distance = ((a_x - x).powi(2) + (a_y - y).powi(2)).sqrt();
                         keep_best(
@@ -503,6 +554,21 @@ mod tests {
                 app.run_pipeline(&payload).err(),
                 app.run_on_cpu(&payload).err()
             );
+        }
+    }
+
+    #[test]
+    fn the_portable_stages_give_the_same_bytes() {
+        for app in App::ALL {
+            let payload = app.make_payload(3, 4, DEFAULT_PAYLOAD_BYTES).unwrap();
+            let mut input = payload.clone();
+            for stage in app.stages() {
+                let (mut fast, mut portable) = (Vec::new(), Vec::new());
+                stage.run(&input, &mut fast).unwrap();
+                stage.run_portable(&input, &mut portable).unwrap();
+                assert_eq!(fast, portable, "{stage:?}");
+                input = fast;
+            }
         }
     }
 

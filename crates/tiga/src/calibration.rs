@@ -55,7 +55,12 @@ pub struct StageCalibration {
     pub stage: Stage,
     /// The median ns of one execution at each size, as measured.
     pub medians_ns: Vec<(usize, f64)>,
+    /// What a host core pays (the CN, and the DN host for iPipe).
     pub cost: LinearCost,
+    /// The portable code's medians and cost: what the SoC runs, before
+    /// the slowdown ([`Stage::run_portable`]).
+    pub portable_medians_ns: Vec<(usize, f64)>,
+    pub portable_cost: LinearCost,
 }
 
 /// One application's measured costs: its NIC stages and its CN version.
@@ -121,13 +126,18 @@ impl Calibration {
     /// stage one dear per call, stage two dear per byte, so that the best
     /// split moves with the payload size (2:6 at 1 KiB, 6:2 at 64 B).
     pub fn fixed_for_tests() -> Calibration {
-        let stage = |stage, per_call_ns, per_byte_ns| StageCalibration {
-            stage,
-            medians_ns: Vec::new(),
-            cost: LinearCost {
+        let stage = |stage, per_call_ns, per_byte_ns| {
+            let cost = LinearCost {
                 per_call_ns,
                 per_byte_ns,
-            },
+            };
+            StageCalibration {
+                stage,
+                medians_ns: Vec::new(),
+                cost,
+                portable_medians_ns: Vec::new(),
+                portable_cost: cost,
+            }
         };
         let apps = App::ALL
             .into_iter()
@@ -176,13 +186,18 @@ fn calibrate_app(app: App, repetitions: usize) -> Result<AppCalibration, Calibra
     let mut stages: Vec<StageCalibration> = app
         .stages()
         .iter()
-        .map(|&stage| StageCalibration {
-            stage,
-            medians_ns: Vec::new(),
-            cost: LinearCost {
+        .map(|&stage| {
+            let unmeasured = LinearCost {
                 per_call_ns: 0.0,
                 per_byte_ns: 0.0,
-            },
+            };
+            StageCalibration {
+                stage,
+                medians_ns: Vec::new(),
+                cost: unmeasured,
+                portable_medians_ns: Vec::new(),
+                portable_cost: unmeasured,
+            }
         })
         .collect();
     let mut cpu_points = Vec::new();
@@ -199,6 +214,17 @@ fn calibrate_app(app: App, repetitions: usize) -> Result<AppCalibration, Calibra
                 let _ = black_box(calibration.stage.run(black_box(&input), &mut output));
             });
             calibration.medians_ns.push((bytes, median));
+            let portable = median_ns(repetitions, || {
+                output.clear();
+                let _ = black_box(
+                    calibration
+                        .stage
+                        .run_portable(black_box(&input), &mut output),
+                );
+            });
+            calibration.portable_medians_ns.push((bytes, portable));
+            output.clear();
+            calibration.stage.run(&input, &mut output)?;
             input = output;
         }
         app.run_on_cpu(&payload)?;
@@ -209,13 +235,16 @@ fn calibrate_app(app: App, repetitions: usize) -> Result<AppCalibration, Calibra
             }),
         ));
     }
-    for calibration in stages.iter_mut() {
-        let points: Vec<(f64, f64)> = calibration
-            .medians_ns
+    let fit = |medians: &[(usize, f64)]| {
+        let points: Vec<(f64, f64)> = medians
             .iter()
-            .map(|&(b, ns)| (b as f64, ns))
+            .map(|&(bytes, ns)| (bytes as f64, ns))
             .collect();
-        calibration.cost = LinearCost::fit(&points);
+        LinearCost::fit(&points)
+    };
+    for calibration in stages.iter_mut() {
+        calibration.cost = fit(&calibration.medians_ns);
+        calibration.portable_cost = fit(&calibration.portable_medians_ns);
     }
     Ok(AppCalibration {
         app,
@@ -304,7 +333,7 @@ pub fn soc_stage_costs_ns(calibration: &Calibration, app: App, slowdown: f64) ->
         .app(app)
         .stages
         .iter()
-        .map(|stage| stage.cost.at(DEFAULT_PAYLOAD_BYTES as u64) * slowdown)
+        .map(|stage| stage.portable_cost.at(DEFAULT_PAYLOAD_BYTES as u64) * slowdown)
         .collect()
 }
 

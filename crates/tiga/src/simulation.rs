@@ -413,7 +413,7 @@ impl<'a> Run<'a> {
                 stages.push(StageSlot {
                     pipeline: index,
                     last: position + 1 == measured.stages.len(),
-                    soc: scaled(stage.cost, config.slowdown),
+                    soc: scaled(stage.portable_cost, config.slowdown),
                     host: stage.cost,
                 });
             }
@@ -528,6 +528,15 @@ impl<'a> Run<'a> {
         let watches = self.controller.is_some() || self.scheme == Scheme::IPipe;
         if watches {
             self.schedule(self.config.detection_period_ns, Event::Detect);
+            self.timeline.push(TimelinePoint {
+                time_s: 0.0,
+                payload_bytes: self.workload.payload.bytes_at(0),
+                allocation: self.allocation(),
+                forwarding_ratio: 0.0,
+                inbound_bytes_per_second: 0.0,
+                outbound_bytes_per_second: 0.0,
+                mismatch: false,
+            });
         }
         let mean_gap_ns = 1e9 / self.workload.offered_per_second;
         let mut next_arrival = self.gap(mean_gap_ns);
@@ -621,6 +630,16 @@ impl<'a> Run<'a> {
     fn admit_to_nic(&mut self, item: Item, now: u64) {
         let first = self.pipelines[item.pipeline as usize].first_stage;
         self.period_inbound_bytes += u64::from(item.bytes);
+        if self.migrated[first] {
+            // iPipe moved the first actor to the DN's host, which reads the
+            // data from its own memory.
+            let host = self.host.as_mut().expect("only iPipe with a host migrates");
+            if host.queue.len() >= host.depth {
+                return self.reject(item);
+            }
+            host.queue.push_back((item, first));
+            return;
+        }
         if self.queues[first].len() >= self.config.queue_depth {
             return self.reject(item);
         }
@@ -680,9 +699,18 @@ impl<'a> Run<'a> {
             unreachable!("a SoC completion for a core that is not busy");
         };
         self.cores[index].state = CoreState::Idle;
+        let next = stage + 1;
         if self.stages[stage].last {
             self.complete(item, now, true);
-        } else if !self.pass_on(item, stage + 1, Waiter::Soc(index), now) {
+        } else if self.scheme.time_shared().is_some()
+            && !self.migrated[next]
+            && self.queues[next].len() >= self.config.queue_depth
+        {
+            // A time-shared core is its own consumer: waiting for room it
+            // alone could make would deadlock, so it runs the next stage.
+            self.begin(index, item, next, now);
+            return;
+        } else if !self.pass_on(item, next, Waiter::Soc(index), now) {
             self.cores[index].state = CoreState::Blocked { item };
             return;
         }
@@ -879,7 +907,15 @@ impl<'a> Run<'a> {
         let Some((item, stage)) = picked else {
             return false;
         };
-        let switch_ns = match time_shared {
+        self.begin(index, item, stage, now);
+        true
+    }
+
+    /// Runs `stage` of `item` on SoC core `index`: a context switch first
+    /// when a time-shared core changes engine, any stall it owes, and the
+    /// data's DMA if it has not landed.
+    fn begin(&mut self, index: usize, item: Item, stage: usize, now: u64) {
+        let switch_ns = match self.scheme.time_shared() {
             Some(_) if self.cores[index].last_stage != Some(stage) => self.costs.context_switch_ns,
             _ => 0,
         };
@@ -900,7 +936,6 @@ impl<'a> Run<'a> {
         core.busy_ns_since += compute_ns + switch_ns;
         core.state = CoreState::Busy { item, stage };
         self.schedule(done, Event::SocDone(index as u32));
-        true
     }
 
     /// FCFS over every stage's queue: the oldest request first, a later

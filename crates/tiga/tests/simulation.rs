@@ -99,6 +99,39 @@ fn under_overload_coprocessing_forwards_and_raises_throughput() {
 }
 
 #[test]
+fn ipipe_with_the_dn_host_migrates_its_slowest_actor_under_overload() {
+    // At 1 KiB the slowest actor is the last stage; at 64 B the first.
+    for payload in [1024, 64] {
+        ipipe_migrates(payload);
+    }
+}
+
+fn ipipe_migrates(payload: usize) {
+    let config = config();
+    let overload = Workload {
+        host_cpu_for_ipipe: true,
+        payload: PayloadSchedule::Fixed(payload),
+        ..workload(App::Mvs, 3.0 * ideal_capacity(&config), 300)
+    };
+    let with_host = run_scheme(Scheme::IPipe, &overload);
+    let alone = run_scheme(
+        Scheme::IPipe,
+        &Workload {
+            host_cpu_for_ipipe: false,
+            ..overload.clone()
+        },
+    );
+    assert_eq!(with_host.migrated_stages.len(), 1);
+    assert!(alone.migrated_stages.is_empty());
+    assert!(
+        with_host.throughput_per_second > alone.throughput_per_second,
+        "{payload} B: with the host {} against alone {}",
+        with_host.throughput_per_second,
+        alone.throughput_per_second
+    );
+}
+
+#[test]
 fn at_a_light_load_tiga_forwards_nothing_and_serves_everything() {
     let config = config();
     let light = workload(App::Spark, 0.3 * ideal_capacity(&config), 200);

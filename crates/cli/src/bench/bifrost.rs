@@ -116,6 +116,7 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
         host: Host::probe(),
         results: Vec::new(),
         ratios: serde_json::Map::new(),
+        series: serde_json::Map::new(),
     };
     let bifrost = bifrost_ping(duration)?;
     let thrift_tcp = thrift_tcp_ping(duration)?;

@@ -197,6 +197,7 @@ pub fn run(quick: bool, history: Option<&std::path::Path>) -> Result<Report, Str
         host: Host::probe(),
         results: Vec::new(),
         ratios: serde_json::Map::new(),
+        series: serde_json::Map::new(),
     };
     let mut measured = std::collections::HashMap::new();
     for configuration in &plan {

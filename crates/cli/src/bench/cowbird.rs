@@ -311,6 +311,7 @@ pub fn run(quick: bool, settings: &Settings) -> Result<Report, String> {
         host: Host::probe(),
         results: Vec::new(),
         ratios: serde_json::Map::new(),
+        series: serde_json::Map::new(),
     };
     println!(
         "hash-table probe, 95% remote, {} application thread(s) (medians of {rounds} rounds):",

@@ -1,6 +1,7 @@
 //! `remora bench NAME`: benchmarks with a table on stdout and, with
 //! `--json`, one document shaped
-//! `{"bench", "config", "host", "results": [{variant, metric, value, unit}], "ratios"}`.
+//! `{"bench", "config", "host", "results": [{variant, metric, value, unit}], "ratios"}`,
+//! plus `"series"` where a benchmark has time series or sweeps to plot.
 
 mod bifrost;
 mod clover;
@@ -8,6 +9,7 @@ mod cowbird;
 mod rnic;
 mod soda;
 mod switch;
+mod tiga;
 
 use clap::{Args, Subcommand};
 use serde::Serialize;
@@ -49,6 +51,27 @@ pub enum BenchCommand {
     /// against the same Thrift service over loopback TCP and a raw UDP
     /// ping-pong; mean, p50 and p99.
     Bifrost(CommonArgs),
+    /// TIGA in virtual time on virtual SoC and CN cores, calibrated from
+    /// the real stage code: MVS, Spark-style analysis and IPSec under
+    /// TIGA, FairNIC, Floem (FCFS, DRR), iPipe and CPU-only; the paper's
+    /// Figs. 2, 3, 5, 6, 7 and 8, latency, and the allocation and
+    /// forwarding ratio over a payload shift.
+    Tiga(TigaArgs),
+}
+
+#[derive(Args)]
+pub struct TigaArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// A TOML file of virtual-hardware settings (any of soc_cores,
+    /// cn_cores, slowdown, context_switch_ns, core_move_ns, detection_ns,
+    /// detection_period_ns, queue_depth, dma_bytes_per_second, ...; see
+    /// examples/tiga.toml).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The seed of the arrival streams.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 #[derive(Args)]
@@ -117,6 +140,10 @@ pub struct Report {
     pub host: Host,
     pub results: Vec<Measurement>,
     pub ratios: serde_json::Map<String, serde_json::Value>,
+    /// Time series and sweeps that plots draw (for example TIGA's
+    /// allocation over time); absent when a benchmark has none.
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    pub series: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Report {
@@ -198,6 +225,10 @@ pub fn run(command: BenchCommand) -> Result<ExitCode, String> {
             args.common,
         ),
         BenchCommand::Bifrost(args) => (bifrost::run(args.quick)?, args),
+        BenchCommand::Tiga(args) => (
+            tiga::run(args.common.quick, args.config.as_deref(), args.seed)?,
+            args.common,
+        ),
         BenchCommand::Cowbird(args) => {
             let settings = cowbird::Settings::from_args(args.threads, args.config.as_deref())?;
             (cowbird::run(args.common.quick, &settings)?, args.common)

@@ -172,6 +172,7 @@ pub fn run(quick: bool) -> Result<Report, String> {
         host: Host::probe(),
         results: Vec::new(),
         ratios: serde_json::Map::new(),
+        series: serde_json::Map::new(),
     };
     let total = (SIZES.len() * (VARIANTS.len() + 1) * plan.repetitions) as u64;
     let progress = ProgressBar::new(total);

@@ -185,6 +185,7 @@ fn run_checked(
         host: Host::probe(),
         results: Vec::new(),
         ratios: serde_json::Map::new(),
+        series: serde_json::Map::new(),
     };
     let figures = measure(&graph, &options, &settings)?;
     record(&mut report, &figures);

@@ -544,6 +544,7 @@ pub fn run(quick: bool) -> Result<Report, String> {
         host: Host::probe(),
         results: Vec::new(),
         ratios: serde_json::Map::new(),
+        series: serde_json::Map::new(),
     };
     let steps = (1 + CARRIERS.len() * SIZES.len() + SIZES.len()) * plan.rounds;
     let progress = ProgressBar::new(steps as u64);

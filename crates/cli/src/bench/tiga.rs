@@ -1,0 +1,755 @@
+//! `remora bench tiga`: TIGA's figures in virtual time, on virtual SoC and
+//! CN cores charged the calibrated cost of the real stage code.
+//!
+//! - Fig. 2: a time-shared SoC's compute time against its context-switch
+//!   time, per request.
+//! - Fig. 3: time-sharing (Floem FCFS) against a uniform partition
+//!   (FairNIC).
+//! - Fig. 5: detection and reallocation overhead against the detection
+//!   period, for two intervals between payload-size changes.
+//! - Fig. 6: each scheme's maximum sustainable throughput with the
+//!   SmartNIC alone (offered above every scheme's capacity, completions
+//!   counted once allocation has settled), each app alone (the targets)
+//!   and the three together.
+//! - Fig. 7: 10 M requests/s offered: TIGA, TIGA without CPU, CPU-only,
+//!   and iPipe with the DN's host CPU.
+//! - Fig. 8: the CN's CPU against throughput, TIGA and CPU-only.
+//! - The allocation and forwarding ratio over a payload-size shift.
+
+use super::{Host, Report};
+use indicatif::{ProgressBar, ProgressStyle};
+use remora_tiga::apps::{App, DEFAULT_PAYLOAD_BYTES};
+use remora_tiga::calibration::{soc_stage_costs_ns, Calibration};
+use remora_tiga::config::SocConfig;
+use remora_tiga::simulation::{self, PayloadSchedule, RunReport, Scheme, Workload};
+use std::path::Path;
+
+const SECOND_NS: u64 = 1_000_000_000;
+/// Fig. 7's offered load (§5.3).
+const OVERLOAD_PER_SECOND: f64 = 10e6;
+/// The payload after a shift: four times the work per request, more of it
+/// per byte, so the best split moves and the SoC is overloaded.
+const SHIFTED_PAYLOAD_BYTES: usize = 4096;
+/// Saturation runs offer this much more than the best split could serve.
+const SATURATION_FACTOR: f64 = 1.3;
+/// Fig. 6's schemes, SmartNIC alone.
+const FIG6_SCHEMES: [Scheme; 5] = [
+    Scheme::TigaWithoutCpu,
+    Scheme::FairNic,
+    Scheme::FloemFcfs,
+    Scheme::FloemDrr,
+    Scheme::IPipe,
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum TigaBenchError {
+    #[error("calibration: {0}")]
+    Calibration(#[from] remora_tiga::calibration::CalibrationError),
+    #[error("{scheme} on {apps}: {error}")]
+    Run {
+        scheme: &'static str,
+        apps: String,
+        error: simulation::RunError,
+    },
+    #[error("reading {path}: {error}")]
+    ConfigFile { path: String, error: String },
+    #[error("settings: {0}")]
+    Config(#[from] remora_tiga::config::ConfigError),
+    #[error("progress bar: {0}")]
+    Progress(String),
+}
+
+pub fn run(quick: bool, config: Option<&Path>, seed: u64) -> Result<Report, String> {
+    run_checked(quick, config, seed).map_err(|error| error.to_string())
+}
+
+/// Virtual durations: settling needs detection periods (0.1 s each),
+/// co-processing up to three plus nine more.
+struct Durations {
+    saturation_ns: u64,
+    overload_ns: u64,
+}
+
+impl Durations {
+    fn new(quick: bool) -> Durations {
+        if quick {
+            Durations {
+                saturation_ns: SECOND_NS,
+                overload_ns: 5 * SECOND_NS / 2,
+            }
+        } else {
+            Durations {
+                saturation_ns: 3 * SECOND_NS,
+                overload_ns: 5 * SECOND_NS,
+            }
+        }
+    }
+}
+
+struct Bench {
+    calibration: Calibration,
+    config: SocConfig,
+    seed: u64,
+    durations: Durations,
+    progress: ProgressBar,
+    report: Report,
+}
+
+fn load_config(path: Option<&Path>) -> Result<SocConfig, TigaBenchError> {
+    let Some(path) = path else {
+        return Ok(SocConfig::default());
+    };
+    let failed = |error: String| TigaBenchError::ConfigFile {
+        path: path.display().to_string(),
+        error,
+    };
+    let text = std::fs::read_to_string(path).map_err(|error| failed(error.to_string()))?;
+    let config: SocConfig = toml::from_str(&text).map_err(|error| failed(error.to_string()))?;
+    config.validate()?;
+    Ok(config)
+}
+
+fn apps_label(apps: &[App]) -> String {
+    apps.iter()
+        .map(|app| app.name())
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
+impl Bench {
+    fn workload(&self, apps: &[App], offered_per_second: f64, duration_ns: u64) -> Workload {
+        Workload {
+            apps: apps.to_vec(),
+            offered_per_second,
+            payload: PayloadSchedule::Fixed(DEFAULT_PAYLOAD_BYTES),
+            duration_ns,
+            measure_from_ns: duration_ns / 2,
+            host_cpu_for_ipipe: false,
+            seed: self.seed,
+        }
+    }
+
+    fn simulate(
+        &self,
+        scheme: Scheme,
+        workload: &Workload,
+        config: &SocConfig,
+    ) -> Result<RunReport, TigaBenchError> {
+        let report =
+            simulation::run(scheme, workload, config, &self.calibration).map_err(|error| {
+                TigaBenchError::Run {
+                    scheme: scheme.name(),
+                    apps: apps_label(&workload.apps),
+                    error,
+                }
+            })?;
+        self.progress.inc(1);
+        Ok(report)
+    }
+
+    /// Requests per second the SoC serves with the best real-valued split
+    /// and no overhead: the fluid bound.
+    fn fluid_capacity(&self, apps: &[App], config: &SocConfig) -> f64 {
+        let per_request_ns: f64 = apps
+            .iter()
+            .map(|&app| {
+                soc_stage_costs_ns(&self.calibration, app, config.slowdown)
+                    .iter()
+                    .sum::<f64>()
+            })
+            .sum::<f64>()
+            / apps.len() as f64;
+        config.soc_cores as f64 * 1e9 / per_request_ns
+    }
+
+    /// The best integer split's throughput over the even split's, for one
+    /// app alone: the most any allocator can gain over FairNIC.
+    fn partition_bound(&self, app: App, config: &SocConfig) -> f64 {
+        let costs = soc_stage_costs_ns(&self.calibration, app, config.slowdown);
+        let throughput = |split: &[usize]| {
+            split
+                .iter()
+                .zip(&costs)
+                .map(|(&cores, cost)| cores as f64 / cost)
+                .fold(f64::INFINITY, f64::min)
+        };
+        let even = remora_tiga::allocator::proportional_allocation(
+            &vec![1.0; costs.len()],
+            config.soc_cores,
+        )
+        .expect("validated cores");
+        let best = (1..config.soc_cores)
+            .map(|first| throughput(&[first, config.soc_cores - first]))
+            .fold(0.0, f64::max);
+        best / throughput(&even)
+    }
+
+    fn record(&mut self, variant: &str, run: &RunReport) {
+        let report = &mut self.report;
+        report.add(
+            variant,
+            "throughput",
+            run.throughput_per_second / 1e6,
+            "Mrequests/s",
+        );
+        report.add(
+            variant,
+            "latency_p50",
+            run.latency_p50_ns as f64 / 1e3,
+            "us",
+        );
+        report.add(
+            variant,
+            "latency_p99",
+            run.latency_p99_ns as f64 / 1e3,
+            "us",
+        );
+        report.add(variant, "cn_cpu_cores", run.cn_cores_busy, "cores");
+        report.add(variant, "rejected", run.rejected as f64, "requests");
+        report.add(
+            variant,
+            "sampled_checks",
+            run.sampled_checks as f64,
+            "requests",
+        );
+    }
+}
+
+fn run_checked(
+    quick: bool,
+    config_path: Option<&Path>,
+    seed: u64,
+) -> Result<Report, TigaBenchError> {
+    let config = load_config(config_path)?;
+    println!("calibrating the stages' real code on this machine...");
+    let calibration = Calibration::measure(if quick { 11 } else { 31 })?;
+    let progress = ProgressBar::new(planned_runs(quick));
+    progress.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} virtual-time runs {msg}")
+            .map_err(|error| TigaBenchError::Progress(error.to_string()))?,
+    );
+    let report = Report {
+        bench: "tiga".into(),
+        config: serde_json::json!({
+            "quick": quick,
+            "seed": seed,
+            "soc": config,
+            "calibration": calibration,
+            "virtual_hardware": "SoC and CN cores are virtual: each stage's real code was timed on this machine (calibration), charged times the slowdown on a SoC core and as measured on a CN core, in virtual time; one request in sample_every runs the real code on both paths and is compared",
+            "departures": "the paper's SoC is 8 RISC-V cores at 250 MHz on an FPGA with a hardware RMT dispatcher; here the slowdown is the clock ratio, context switches are this machine's (lmbench lat_ctx method) times the slowdown, a detection is the allocator's real code times the slowdown, a core move is two context switches; the SoC runs portable code (no carry-less multiply for the CRC; SHA-256 portable on every core, as the paper's Xeon Gold 5117 has no SHA extensions) but AES keeps AES-NI, which flatters the SoC; the top-K grid spatial join and SHA-256/AES-128-CTR are Remora's choices",
+        }),
+        host: Host::probe(),
+        results: Vec::new(),
+        ratios: serde_json::Map::new(),
+        series: serde_json::Map::new(),
+    };
+    let mut bench = Bench {
+        calibration,
+        config,
+        seed,
+        durations: Durations::new(quick),
+        progress,
+        report,
+    };
+    print_calibration(&bench);
+    fig6_and_fig2_fig3(&mut bench)?;
+    fig7_and_fig8(&mut bench, quick)?;
+    fig5(&mut bench, quick)?;
+    payload_shift(&mut bench)?;
+    if !quick {
+        sweeps(&mut bench)?;
+    }
+    bench.progress.finish_and_clear();
+    print_ratios(&bench.report);
+    Ok(bench.report)
+}
+
+fn planned_runs(quick: bool) -> u64 {
+    let fig6 = 4 * FIG6_SCHEMES.len() as u64;
+    let fig7 = 3 * 4;
+    let fig8 = 3 * 2 * if quick { 2 } else { 4 };
+    let fig5 = if quick { 2 * 2 } else { 4 * 2 };
+    let sweeps = if quick { 0 } else { 3 * 3 * 4 };
+    fig6 + fig7 + fig8 + fig5 + 1 + sweeps
+}
+
+fn print_calibration(bench: &Bench) {
+    println!(
+        "\ncalibration (this machine, median of {} timed batches; SoC = x{:.1}):",
+        bench.calibration.repetitions, bench.config.slowdown
+    );
+    for app in &bench.calibration.apps {
+        for stage in &app.stages {
+            let host_ns = stage.cost.at(DEFAULT_PAYLOAD_BYTES as u64);
+            let portable_ns = stage.portable_cost.at(DEFAULT_PAYLOAD_BYTES as u64);
+            println!(
+                "  {:<6} {:<15} {:>9.0} ns + {:>6.3} ns/B  = {:>8.0} ns at 1 KiB; portable {:>8.0} ns, {:>9.0} ns on a SoC core",
+                app.app.name(),
+                stage.stage.name(),
+                stage.cost.per_call_ns,
+                stage.cost.per_byte_ns,
+                host_ns,
+                portable_ns,
+                portable_ns * bench.config.slowdown
+            );
+        }
+        println!(
+            "  {:<6} {:<15} {:>9.0} ns + {:>6.3} ns/B  = {:>8.0} ns at 1 KiB on a CN core",
+            app.app.name(),
+            "cn_version",
+            app.cpu_version.per_call_ns,
+            app.cpu_version.per_byte_ns,
+            app.cpu_version.at(DEFAULT_PAYLOAD_BYTES as u64)
+        );
+    }
+    println!(
+        "  context switch {:.0} ns here, detection {:.0} ns here\n",
+        bench.calibration.context_switch_ns, bench.calibration.detection_ns
+    );
+}
+
+fn fig6_and_fig2_fig3(bench: &mut Bench) -> Result<(), TigaBenchError> {
+    let config = bench.config.clone();
+    let mut configurations: Vec<Vec<App>> = App::ALL.iter().map(|&app| vec![app]).collect();
+    configurations.push(App::ALL.to_vec());
+    println!("Fig. 6: maximum sustainable throughput, SmartNIC alone (Mrequests/s)");
+    println!(
+        "  {:<16} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>12}",
+        "apps", "tiga", "fairnic", "floem", "floem_drr", "ipipe", "bound", "tiga/bound"
+    );
+    for apps in configurations {
+        let label = apps_label(&apps);
+        let offered = SATURATION_FACTOR * bench.fluid_capacity(&apps, &config);
+        let workload = bench.workload(&apps, offered, bench.durations.saturation_ns);
+        let mut throughput = Vec::new();
+        let mut runs = Vec::new();
+        for scheme in FIG6_SCHEMES {
+            let run = bench.simulate(scheme, &workload, &config)?;
+            bench.record(&format!("fig6/{label}/{}", scheme.name()), &run);
+            throughput.push(run.throughput_per_second);
+            runs.push(run);
+        }
+        let bound = (apps.len() == 1).then(|| bench.partition_bound(apps[0], &config));
+        let tiga_over_fair = throughput[0] / throughput[1];
+        bench.progress.suspend(|| {
+            println!(
+                "  {:<16} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>7} {:>12}",
+                label,
+                throughput[0] / 1e6,
+                throughput[1] / 1e6,
+                throughput[2] / 1e6,
+                throughput[3] / 1e6,
+                throughput[4] / 1e6,
+                bound.map_or("-".into(), |bound| format!("{bound:.2}")),
+                bound.map_or("-".into(), |bound| format!("{:.2}", tiga_over_fair / bound)),
+            );
+        });
+        if let Some(bound) = bound {
+            bench.report.add(
+                &format!("fig6/{label}"),
+                "best_split_over_even_bound",
+                bound,
+                "ratio",
+            );
+        }
+        bench.report.add(
+            &format!("fig6/{label}"),
+            "tiga_allocation",
+            runs[0].final_allocation[0] as f64,
+            "cores on stage 1",
+        );
+        if label == "mvs" {
+            let ratios = &mut bench.report.ratios;
+            ratios.insert(
+                "mvs_vs_fairnic".into(),
+                (throughput[0] / throughput[1]).into(),
+            );
+            ratios.insert(
+                "mvs_vs_floem".into(),
+                (throughput[0] / throughput[2]).into(),
+            );
+            ratios.insert(
+                "mvs_vs_ipipe".into(),
+                (throughput[0] / throughput[4]).into(),
+            );
+        } else if apps.len() == 1 {
+            let ratios = &mut bench.report.ratios;
+            ratios.insert(
+                format!("{label}_vs_fairnic"),
+                (throughput[0] / throughput[1]).into(),
+            );
+            ratios.insert(
+                format!("{label}_vs_floem"),
+                (throughput[0] / throughput[2]).into(),
+            );
+            ratios.insert(
+                format!("{label}_vs_ipipe"),
+                (throughput[0] / throughput[4]).into(),
+            );
+        } else {
+            bench.report.ratios.insert(
+                "together_vs_fairnic".into(),
+                (throughput[0] / throughput[1]).into(),
+            );
+        }
+        fig2_fig3_from(bench, &label, &runs);
+    }
+    Ok(())
+}
+
+/// Figs. 2 and 3 read off the Fig. 6 runs: the time-shared FCFS run's split
+/// of busy time, and time-sharing against the uniform partition.
+fn fig2_fig3_from(bench: &mut Bench, label: &str, runs: &[RunReport]) {
+    let floem = &runs[2];
+    let busy = floem.soc_compute_ns + floem.soc_context_switch_ns;
+    if busy > 0.0 {
+        let share = floem.soc_compute_ns / busy;
+        bench.report.add(
+            &format!("fig2/{label}"),
+            "compute_share_of_busy_time",
+            share,
+            "ratio",
+        );
+        let completed =
+            floem.throughput_per_second * (bench.durations.saturation_ns / 2) as f64 / 1e9;
+        if completed > 0.0 {
+            bench.report.add(
+                &format!("fig2/{label}"),
+                "compute_per_request",
+                floem.soc_compute_ns / completed / 1e3,
+                "us",
+            );
+            bench.report.add(
+                &format!("fig2/{label}"),
+                "context_switch_per_request",
+                floem.soc_context_switch_ns / completed / 1e3,
+                "us",
+            );
+        }
+    }
+    let partition_over_time_sharing = runs[1].throughput_per_second / floem.throughput_per_second;
+    bench.report.add(
+        &format!("fig3/{label}"),
+        "uniform_partition_over_time_sharing",
+        partition_over_time_sharing,
+        "ratio",
+    );
+}
+
+fn fig7_and_fig8(bench: &mut Bench, quick: bool) -> Result<(), TigaBenchError> {
+    let config = bench.config.clone();
+    let duration = bench.durations.overload_ns;
+    println!(
+        "\nFig. 7: {:.0} M requests/s offered (Mrequests/s served)",
+        OVERLOAD_PER_SECOND / 1e6
+    );
+    println!(
+        "  {:<8} {:>9} {:>16} {:>9} {:>14} {:>10}",
+        "app", "tiga", "tiga_without_cpu", "cpu_only", "ipipe+host", "tiga/nocpu"
+    );
+    let mut coprocessing_min = f64::INFINITY;
+    let mut saving_min = f64::INFINITY;
+    for app in App::ALL {
+        let mut workload = bench.workload(&[app], OVERLOAD_PER_SECOND, duration);
+        workload.measure_from_ns = duration * 3 / 5;
+        let tiga = bench.simulate(Scheme::Tiga, &workload, &config)?;
+        let without = bench.simulate(Scheme::TigaWithoutCpu, &workload, &config)?;
+        let cpu_only = bench.simulate(Scheme::CpuOnly, &workload, &config)?;
+        let ipipe = bench.simulate(
+            Scheme::IPipe,
+            &Workload {
+                host_cpu_for_ipipe: true,
+                ..workload.clone()
+            },
+            &config,
+        )?;
+        for (scheme, run) in [
+            ("tiga", &tiga),
+            ("tiga_without_cpu", &without),
+            ("cpu_only", &cpu_only),
+            ("ipipe_with_host", &ipipe),
+        ] {
+            bench.record(&format!("fig7/{}/{scheme}", app.name()), run);
+        }
+        let ratio = tiga.throughput_per_second / without.throughput_per_second;
+        coprocessing_min = coprocessing_min.min(ratio);
+        bench.progress.suspend(|| {
+            println!(
+                "  {:<8} {:>9.3} {:>16.3} {:>9.3} {:>14.3} {:>10.2}",
+                app.name(),
+                tiga.throughput_per_second / 1e6,
+                without.throughput_per_second / 1e6,
+                cpu_only.throughput_per_second / 1e6,
+                ipipe.throughput_per_second / 1e6,
+                ratio
+            );
+        });
+        bench.report.series.insert(
+            format!("fig7/{}/tiga_timeline", app.name()),
+            serde_json::to_value(&tiga.timeline).unwrap_or_default(),
+        );
+        let saving = fig8(bench, app, &cpu_only, quick)?;
+        saving_min = saving_min.min(saving);
+    }
+    let ratios = &mut bench.report.ratios;
+    ratios.insert(
+        "coprocessing_vs_nocpu_overload_min".into(),
+        coprocessing_min.into(),
+    );
+    ratios.insert("cn_cpu_saving_vs_cpu_only_min".into(), saving_min.into());
+    Ok(())
+}
+
+/// Fig. 8: the CN's busy cores against throughput, TIGA and CPU-only, at
+/// fractions of CPU-only's maximum throughput (its throughput under Fig.
+/// 7's overload). Returns the saving at that maximum.
+fn fig8(
+    bench: &mut Bench,
+    app: App,
+    cpu_only_overload: &RunReport,
+    quick: bool,
+) -> Result<f64, TigaBenchError> {
+    let config = bench.config.clone();
+    let maximum = cpu_only_overload.throughput_per_second;
+    let fractions: &[f64] = if quick {
+        &[0.5, 1.0]
+    } else {
+        &[0.25, 0.5, 0.75, 1.0]
+    };
+    let duration = bench.durations.overload_ns;
+    let mut points = Vec::new();
+    let mut saving_at_maximum = 0.0;
+    for &fraction in fractions {
+        let mut workload = bench.workload(&[app], maximum * fraction, duration);
+        workload.measure_from_ns = duration * 3 / 5;
+        let tiga = bench.simulate(Scheme::Tiga, &workload, &config)?;
+        let cpu_only = bench.simulate(Scheme::CpuOnly, &workload, &config)?;
+        let saving = 1.0 - tiga.cn_cores_busy / cpu_only.cn_cores_busy.max(f64::MIN_POSITIVE);
+        points.push(serde_json::json!({
+            "offered_per_second": maximum * fraction,
+            "tiga_throughput_per_second": tiga.throughput_per_second,
+            "tiga_cn_cores": tiga.cn_cores_busy,
+            "cpu_only_throughput_per_second": cpu_only.throughput_per_second,
+            "cpu_only_cn_cores": cpu_only.cn_cores_busy,
+            "saving": saving,
+        }));
+        bench.report.add(
+            &format!("fig8/{}/{:.0}%", app.name(), fraction * 100.0),
+            "cn_cpu_saving",
+            saving,
+            "ratio",
+        );
+        if fraction == 1.0 {
+            saving_at_maximum = saving;
+            bench.progress.suspend(|| {
+                println!(
+                    "           Fig. 8 at CPU-only's maximum {:.3} M/s: CN cores busy TIGA {:.2} ({:.3} M/s served), CPU-only {:.2}: saving {:.0}%",
+                    maximum / 1e6,
+                    tiga.cn_cores_busy,
+                    tiga.throughput_per_second / 1e6,
+                    cpu_only.cn_cores_busy,
+                    saving * 100.0
+                );
+            });
+        }
+    }
+    bench
+        .report
+        .series
+        .insert(format!("fig8/{}", app.name()), points.into());
+    Ok(saving_at_maximum)
+}
+
+/// Fig. 5: detection and reallocation overhead (SoC core time on them,
+/// per second per core) against the detection period, with the payload
+/// alternating between 1 KiB and 4 KiB at two intervals.
+fn fig5(bench: &mut Bench, quick: bool) -> Result<(), TigaBenchError> {
+    let periods_s: &[f64] = if quick {
+        &[0.01, 0.1]
+    } else {
+        &[0.01, 0.05, 0.1, 0.5]
+    };
+    let intervals_s = [0.2, 1.0];
+    let duration = if quick { 2 * SECOND_NS } else { 4 * SECOND_NS };
+    println!("\nFig. 5: overhead (s per s per core) against the detection period");
+    for interval in intervals_s {
+        let mut points = Vec::new();
+        for &period in periods_s {
+            let config = SocConfig {
+                detection_period_ns: (period * 1e9) as u64,
+                ..bench.config.clone()
+            };
+            let offered = SATURATION_FACTOR * bench.fluid_capacity(&[App::Mvs], &config);
+            let mut workload = bench.workload(&[App::Mvs], offered, duration);
+            workload.payload = PayloadSchedule::Alternating {
+                sizes: vec![DEFAULT_PAYLOAD_BYTES, SHIFTED_PAYLOAD_BYTES],
+                interval_ns: (interval * 1e9) as u64,
+            };
+            workload.measure_from_ns = 0;
+            let run = bench.simulate(Scheme::TigaWithoutCpu, &workload, &config)?;
+            let overhead = run.soc_overhead_ns / run.soc_core_ns;
+            bench.report.add(
+                &format!("fig5/change_every_{interval}s/period_{period}s"),
+                "overhead",
+                overhead,
+                "s/s",
+            );
+            bench.report.add(
+                &format!("fig5/change_every_{interval}s/period_{period}s"),
+                "throughput",
+                run.throughput_per_second / 1e6,
+                "Mrequests/s",
+            );
+            points.push(serde_json::json!({"period_s": period, "overhead_s_per_s": overhead, "throughput_per_second": run.throughput_per_second}));
+            bench.progress.suspend(|| {
+                println!(
+                    "  load changes every {interval:>4} s, period {period:>5} s: overhead {overhead:.2e} s/s, {:.3} M/s",
+                    run.throughput_per_second / 1e6
+                );
+            });
+        }
+        bench
+            .report
+            .series
+            .insert(format!("fig5/change_every_{interval}s"), points.into());
+    }
+    Ok(())
+}
+
+/// The allocation and forwarding ratio over time, MVS at 1.5 times the
+/// SoC's capacity with the payload shifting from 1 KiB to 4 KiB half-way.
+fn payload_shift(bench: &mut Bench) -> Result<(), TigaBenchError> {
+    let config = bench.config.clone();
+    let duration = bench.durations.overload_ns;
+    let offered = 1.5 * bench.fluid_capacity(&[App::Mvs], &config);
+    let mut workload = bench.workload(&[App::Mvs], offered, duration);
+    workload.payload = PayloadSchedule::Alternating {
+        sizes: vec![DEFAULT_PAYLOAD_BYTES, SHIFTED_PAYLOAD_BYTES],
+        interval_ns: duration / 2,
+    };
+    let run = bench.simulate(Scheme::Tiga, &workload, &config)?;
+    bench.record("shift/mvs/tiga", &run);
+    bench.report.series.insert(
+        "payload_shift/mvs/tiga".into(),
+        serde_json::to_value(&run.timeline).unwrap_or_default(),
+    );
+    let changes = run
+        .timeline
+        .windows(2)
+        .filter(|two| two[0].allocation != two[1].allocation)
+        .count();
+    bench.progress.suspend(|| {
+        println!(
+            "\npayload shift 1 KiB -> 4 KiB at {:.1} s: {} reallocations, final split {:?}, forwarding {:.0}% at the end",
+            duration as f64 / 2e9,
+            changes,
+            run.final_allocation,
+            run.timeline.last().map_or(0.0, |point| point.forwarding_ratio * 100.0)
+        );
+    });
+    Ok(())
+}
+
+/// Full run: MVS's Fig. 6 ratios under other slowdowns, context-switch
+/// costs and detection costs, each against its default.
+fn sweeps(bench: &mut Bench) -> Result<(), TigaBenchError> {
+    let base = bench.config.clone();
+    let context_switch = base
+        .context_switch_ns
+        .unwrap_or(bench.calibration.context_switch_ns * base.slowdown);
+    let detection = base
+        .detection_ns
+        .unwrap_or(bench.calibration.detection_ns * base.slowdown);
+    let variants: Vec<(String, SocConfig)> = [4.0, 8.8, 16.0]
+        .iter()
+        .map(|&slowdown| {
+            (
+                format!("slowdown_{slowdown}"),
+                SocConfig {
+                    slowdown,
+                    ..base.clone()
+                },
+            )
+        })
+        .chain([0.25, 1.0, 4.0].iter().map(|&factor| {
+            (
+                format!("context_switch_x{factor}"),
+                SocConfig {
+                    context_switch_ns: Some(context_switch * factor),
+                    ..base.clone()
+                },
+            )
+        }))
+        .chain([1.0, 100.0, 10_000.0].iter().map(|&factor| {
+            (
+                format!("detection_x{factor}"),
+                SocConfig {
+                    detection_ns: Some(detection * factor),
+                    ..base.clone()
+                },
+            )
+        }))
+        .collect();
+    println!("\nsweeps (MVS, SmartNIC alone): tiga over fairnic / floem / ipipe");
+    for (name, config) in variants {
+        let offered = SATURATION_FACTOR * bench.fluid_capacity(&[App::Mvs], &config);
+        let workload = bench.workload(&[App::Mvs], offered, bench.durations.saturation_ns);
+        let mut throughput = Vec::new();
+        for scheme in [
+            Scheme::TigaWithoutCpu,
+            Scheme::FairNic,
+            Scheme::FloemFcfs,
+            Scheme::IPipe,
+        ] {
+            throughput.push(
+                bench
+                    .simulate(scheme, &workload, &config)?
+                    .throughput_per_second,
+            );
+        }
+        let [tiga, fair, floem, ipipe] =
+            [throughput[0], throughput[1], throughput[2], throughput[3]];
+        for (against, value) in [
+            ("fairnic", tiga / fair),
+            ("floem", tiga / floem),
+            ("ipipe", tiga / ipipe),
+        ] {
+            bench.report.add(
+                &format!("sweep/{name}"),
+                &format!("mvs_vs_{against}"),
+                value,
+                "ratio",
+            );
+        }
+        bench.progress.suspend(|| {
+            println!(
+                "  {name:<24} {:>6.2} {:>6.2} {:>6.2}",
+                tiga / fair,
+                tiga / floem,
+                tiga / ipipe
+            );
+        });
+    }
+    Ok(())
+}
+
+fn print_ratios(report: &Report) {
+    let targets = [
+        ("mvs_vs_fairnic", 1.6),
+        ("mvs_vs_floem", 1.44),
+        ("mvs_vs_ipipe", 1.21),
+        ("coprocessing_vs_nocpu_overload_min", 1.6),
+        ("cn_cpu_saving_vs_cpu_only_min", 0.22),
+    ];
+    println!("\nratios:");
+    for (name, value) in &report.ratios {
+        let value = value.as_f64().unwrap_or(f64::NAN);
+        match targets.iter().find(|(target, _)| target == name) {
+            Some((_, target)) => {
+                let verdict = if value >= *target { "meets" } else { "MISSES" };
+                println!("  {name:<38} {value:>8.3}  (target >= {target}: {verdict})");
+            }
+            None => println!("  {name:<38} {value:>8.3}"),
+        }
+    }
+}
