@@ -8,6 +8,7 @@
 //! - [`allocator`]: Eq. 4 and the co-processing controller, with no I/O.
 //! - [`calibration`]: what the real stage code costs on this machine.
 //! - [`config`]: the virtual hardware's settings, with their sources.
+//! - [`rack`]: the NDP path on the embedded rack, end to end.
 //! - [`simulation`]: the virtual SoC and CN in virtual time, with TIGA and
 //!   the baselines (FairNIC, Floem, iPipe, CPU-only).
 
@@ -17,4 +18,5 @@ pub mod allocator;
 pub mod apps;
 pub mod calibration;
 pub mod config;
+pub mod rack;
 pub mod simulation;

@@ -26,6 +26,7 @@ pub mod icrc;
 pub mod ipv4;
 pub mod opcode;
 pub mod soda;
+pub mod tiga;
 pub mod types;
 pub mod udp;
 

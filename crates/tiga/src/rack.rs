@@ -1,0 +1,707 @@
+//! TIGA's NDP path on the embedded rack: real frames from a compute node
+//! (CN) to the NDP engine on the data node's (DN's) SmartNIC, the real
+//! stage code on the rack's threads, and the result back.
+//!
+//! The SmartNIC is an agent on the memory host's device. At its ingress a
+//! flow table, one match-action stage built from the switch's pipeline API
+//! ([`remora_switch::table::ExactTable`]), maps a flow (TIGA's UDP port and
+//! the NDP type flag) to the offload chain an application registered. The
+//! engine reads the data from the DN's memory (the emulated local DMA),
+//! runs the chain and returns the result; or, one request in
+//! `forward_every`, forwards the request with its data to the CN, which
+//! runs the CN version and acknowledges it. The CPU-only baseline fetches
+//! the raw data instead. Both cores ([`NdpEngine`], [`NdpClient`]) are
+//! sans-IO; the agents only move datagrams.
+//!
+//! Figures come from the virtual-time runs ([`crate::simulation`]); this
+//! path shows the design working end to end and checks its results.
+
+use crate::apps::{App, StageError};
+use remora_base::Timestamp;
+use remora_host::{Agent, AgentError, Progress};
+use remora_rnic::{DatagramPort, Verbs};
+use remora_switch::resources::TableResources;
+use remora_switch::table::{ExactTable, TableError, TableShape};
+use remora_wire::datagram::DatagramEnd;
+use remora_wire::tiga::{
+    MessageKind, Status, TigaError, TigaHeader, TigaRepr, HEADER_LEN, TIGA_PORT,
+};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The largest datagram payload the soft RNIC carries.
+pub const MAX_MESSAGE_BYTES: usize = remora_rnic::datagram::MAX_DATAGRAM_PAYLOAD;
+/// Datagrams taken per turn of an agent.
+const DATAGRAMS_PER_TURN: usize = 256;
+/// A datagram port's inbox.
+const INBOX_DEPTH: usize = 1024;
+/// Calls a client agent keeps in flight; the rest wait in the channel.
+const MAX_OUTSTANDING: usize = 256;
+/// The CN's UDP port.
+const CLIENT_PORT: u16 = 40_100;
+
+/// The flow table's shape: one stage, a 24-bit key (port, flag).
+const FLOW_TABLE: TableShape = TableShape {
+    name: "ndp_flows",
+    stage: 0,
+    key_bits: 24,
+    action_data_bits: 8,
+    capacity: 16,
+};
+
+/// A flow: TIGA's UDP port and the application's NDP type flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FlowKey {
+    udp_port: u16,
+    app_flag: u8,
+}
+
+/// What the engine counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineCounters {
+    pub requests: u64,
+    pub results: u64,
+    pub forwarded: u64,
+    pub acknowledged: u64,
+    pub fetches: u64,
+    /// Requests answered with an error status, by status.
+    pub refused: BTreeMap<String, u64>,
+    /// Datagrams dropped before any answer, by reason.
+    pub dropped: BTreeMap<String, u64>,
+}
+
+/// The DN SmartNIC's NDP engine, with no I/O.
+pub struct NdpEngine {
+    flows: ExactTable<FlowKey, App>,
+    memory: Vec<u8>,
+    forward_every: u64,
+    pending_acknowledgements: HashSet<(DatagramEnd, u64)>,
+    counters: EngineCounters,
+}
+
+fn reason(error: &TigaError) -> String {
+    let text = format!("{error:?}");
+    text.split(['(', ' ', '{'])
+        .next()
+        .unwrap_or("unknown")
+        .to_string()
+}
+
+impl NdpEngine {
+    /// An engine over the DN's `memory`, forwarding one request in
+    /// `forward_every` to the CN (0: never).
+    pub fn new(memory: Vec<u8>, forward_every: u64) -> NdpEngine {
+        NdpEngine {
+            flows: ExactTable::new(FLOW_TABLE),
+            memory,
+            forward_every,
+            pending_acknowledgements: HashSet::new(),
+            counters: EngineCounters::default(),
+        }
+    }
+
+    /// An application registers its offload chain before CNs use it.
+    pub fn register(&mut self, app: App) -> Result<(), TableError> {
+        let key = FlowKey {
+            udp_port: TIGA_PORT,
+            app_flag: app.type_flag(),
+        };
+        self.flows.insert(key, app)
+    }
+
+    pub fn counters(&self) -> &EngineCounters {
+        &self.counters
+    }
+
+    pub fn flow_table_resources(&self) -> TableResources {
+        self.flows.resources()
+    }
+
+    /// Forwarded requests the CN has not acknowledged.
+    pub fn unacknowledged(&self) -> usize {
+        self.pending_acknowledgements.len()
+    }
+
+    /// Handles one datagram from `from`; answers go to `outbox`.
+    pub fn handle(
+        &mut self,
+        from: DatagramEnd,
+        message: &[u8],
+        outbox: &mut Vec<(DatagramEnd, Vec<u8>)>,
+    ) {
+        let header = match TigaHeader::new_checked(message) {
+            Ok(header) => header,
+            Err(error) => return self.drop(reason(&error)),
+        };
+        let repr = TigaRepr::parse(&header);
+        match repr.kind {
+            MessageKind::Request => self.request(from, repr, outbox),
+            MessageKind::Fetch => self.fetch(from, repr, outbox),
+            MessageKind::Acknowledgement => {
+                if self
+                    .pending_acknowledgements
+                    .remove(&(from, repr.request_id))
+                {
+                    self.counters.acknowledged += 1;
+                } else {
+                    self.drop("UnexpectedAcknowledgement".into());
+                }
+            }
+            MessageKind::Result | MessageKind::Forwarded | MessageKind::Data => {
+                self.drop("NotForTheEngine".into());
+            }
+        }
+    }
+
+    fn drop(&mut self, reason: String) {
+        *self.counters.dropped.entry(reason).or_default() += 1;
+    }
+
+    fn answer(
+        &mut self,
+        to: DatagramEnd,
+        request: TigaRepr,
+        kind: MessageKind,
+        status: Status,
+        payload: &[u8],
+        outbox: &mut Vec<(DatagramEnd, Vec<u8>)>,
+    ) {
+        if status != Status::Ok {
+            *self
+                .counters
+                .refused
+                .entry(format!("{status:?}"))
+                .or_default() += 1;
+        }
+        let repr = TigaRepr {
+            kind,
+            status,
+            ..request
+        };
+        outbox.push((to, repr.to_message(payload)));
+    }
+
+    /// The requested range of the DN's memory (the local DMA), or why not.
+    fn data(&self, request: &TigaRepr) -> Result<&[u8], Status> {
+        let start = usize::try_from(request.data_address).map_err(|_| Status::OutOfRange)?;
+        let end = start
+            .checked_add(request.data_length as usize)
+            .ok_or(Status::OutOfRange)?;
+        let data = self.memory.get(start..end).ok_or(Status::OutOfRange)?;
+        if data.len() + HEADER_LEN > MAX_MESSAGE_BYTES {
+            return Err(Status::TooLarge);
+        }
+        Ok(data)
+    }
+
+    fn request(
+        &mut self,
+        from: DatagramEnd,
+        request: TigaRepr,
+        outbox: &mut Vec<(DatagramEnd, Vec<u8>)>,
+    ) {
+        self.counters.requests += 1;
+        let key = FlowKey {
+            udp_port: TIGA_PORT,
+            app_flag: request.app_flag,
+        };
+        let Some(&app) = self.flows.lookup(&key) else {
+            return self.answer(
+                from,
+                request,
+                MessageKind::Result,
+                Status::NotRegistered,
+                &[],
+                outbox,
+            );
+        };
+        let data = match self.data(&request) {
+            Ok(data) => data.to_vec(),
+            Err(status) => {
+                return self.answer(from, request, MessageKind::Result, status, &[], outbox)
+            }
+        };
+        if self.forward_every > 0 && self.counters.requests.is_multiple_of(self.forward_every) {
+            self.counters.forwarded += 1;
+            self.pending_acknowledgements
+                .insert((from, request.request_id));
+            return self.answer(
+                from,
+                request,
+                MessageKind::Forwarded,
+                Status::Ok,
+                &data,
+                outbox,
+            );
+        }
+        match app.run_pipeline(&data) {
+            Ok(result) if result.len() + HEADER_LEN <= MAX_MESSAGE_BYTES => {
+                self.counters.results += 1;
+                self.answer(
+                    from,
+                    request,
+                    MessageKind::Result,
+                    Status::Ok,
+                    &result,
+                    outbox,
+                );
+            }
+            Ok(_) => self.answer(
+                from,
+                request,
+                MessageKind::Result,
+                Status::TooLarge,
+                &[],
+                outbox,
+            ),
+            Err(error) => {
+                let text = error.to_string();
+                self.answer(
+                    from,
+                    request,
+                    MessageKind::Result,
+                    Status::StageFailed,
+                    text.as_bytes(),
+                    outbox,
+                );
+            }
+        }
+    }
+
+    fn fetch(
+        &mut self,
+        from: DatagramEnd,
+        request: TigaRepr,
+        outbox: &mut Vec<(DatagramEnd, Vec<u8>)>,
+    ) {
+        self.counters.fetches += 1;
+        match self.data(&request) {
+            Ok(data) => {
+                let data = data.to_vec();
+                self.answer(from, request, MessageKind::Data, Status::Ok, &data, outbox);
+            }
+            Err(status) => self.answer(from, request, MessageKind::Data, status, &[], outbox),
+        }
+    }
+}
+
+/// Why an NDP call failed, as the CN sees it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NdpError {
+    #[error("no offload chain is registered for {0:?}")]
+    NotRegistered(App),
+    #[error("the data range is outside the data node's memory")]
+    OutOfRange,
+    #[error("the data or its result is larger than one datagram ({MAX_MESSAGE_BYTES} bytes)")]
+    TooLarge,
+    #[error("a stage on the SmartNIC refused the data: {0}")]
+    StageFailed(String),
+    #[error("the CN version refused the data: {0}")]
+    CpuStage(StageError),
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+    #[error("the rack is gone")]
+    Disconnected,
+    #[error("an answer of an unexpected kind {0:?}")]
+    UnexpectedAnswer(MessageKind),
+}
+
+/// Who ran a request's stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ServedBy {
+    /// The SmartNIC ran the offload chain.
+    SmartNic,
+    /// The SmartNIC forwarded it; the CN ran its version (co-processing).
+    ComputeNodeForwarded,
+    /// No NDP: the CN fetched the data and ran its version.
+    CpuOnly,
+}
+
+/// A finished call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    pub result: Vec<u8>,
+    pub served_by: ServedBy,
+}
+
+/// How a call is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Ndp,
+    CpuOnly,
+}
+
+/// A call's outcome.
+pub type Outcome = Result<Completion, NdpError>;
+
+/// The CN side, with no I/O: requests out, answers in, acknowledgements of
+/// forwarded requests out.
+#[derive(Default)]
+pub struct NdpClient {
+    next_id: u64,
+    outstanding: HashMap<u64, (App, Mode)>,
+}
+
+impl NdpClient {
+    /// The message that starts a call, and its id.
+    pub fn begin(&mut self, app: App, address: u64, length: u32, mode: Mode) -> (u64, Vec<u8>) {
+        let request_id = self.next_id;
+        self.next_id += 1;
+        self.outstanding.insert(request_id, (app, mode));
+        let kind = match mode {
+            Mode::Ndp => MessageKind::Request,
+            Mode::CpuOnly => MessageKind::Fetch,
+        };
+        let repr = TigaRepr {
+            kind,
+            app_flag: app.type_flag(),
+            status: Status::Ok,
+            request_id,
+            data_address: address,
+            data_length: length,
+        };
+        (request_id, repr.to_message(&[]))
+    }
+
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    /// Handles an answer: the finished call, if any, and an
+    /// acknowledgement to send back, if the request was forwarded. Stray
+    /// or malformed answers are ignored (and give `None`).
+    pub fn handle(&mut self, message: &[u8]) -> (Option<(u64, Outcome)>, Option<Vec<u8>>) {
+        let Ok(header) = TigaHeader::new_checked(message) else {
+            return (None, None);
+        };
+        let repr = TigaRepr::parse(&header);
+        let Some((app, _mode)) = self.outstanding.remove(&repr.request_id) else {
+            return (None, None);
+        };
+        let outcome = match (repr.status, repr.kind) {
+            (Status::NotRegistered, _) => Err(NdpError::NotRegistered(app)),
+            (Status::OutOfRange, _) => Err(NdpError::OutOfRange),
+            (Status::TooLarge, _) => Err(NdpError::TooLarge),
+            (Status::StageFailed, _) => Err(NdpError::StageFailed(
+                String::from_utf8_lossy(header.payload()).into_owned(),
+            )),
+            (Status::Ok, MessageKind::Result) => Ok(Completion {
+                result: header.payload().to_vec(),
+                served_by: ServedBy::SmartNic,
+            }),
+            (Status::Ok, MessageKind::Forwarded) => {
+                let outcome = app
+                    .run_on_cpu(header.payload())
+                    .map_err(NdpError::CpuStage)
+                    .map(|result| Completion {
+                        result,
+                        served_by: ServedBy::ComputeNodeForwarded,
+                    });
+                let acknowledgement = TigaRepr {
+                    kind: MessageKind::Acknowledgement,
+                    ..repr
+                };
+                return (
+                    Some((repr.request_id, outcome)),
+                    Some(acknowledgement.to_message(&[])),
+                );
+            }
+            (Status::Ok, MessageKind::Data) => app
+                .run_on_cpu(header.payload())
+                .map_err(NdpError::CpuStage)
+                .map(|result| Completion {
+                    result,
+                    served_by: ServedBy::CpuOnly,
+                }),
+            (Status::Ok, kind) => Err(NdpError::UnexpectedAnswer(kind)),
+        };
+        (Some((repr.request_id, outcome)), None)
+    }
+}
+
+fn open(
+    nic: &mut dyn Verbs,
+    port: &mut Option<DatagramPort>,
+    udp_port: u16,
+) -> Result<DatagramPort, AgentError> {
+    if let Some(port) = *port {
+        return Ok(port);
+    }
+    let opened = nic.open_datagram_port(udp_port, INBOX_DEPTH)?;
+    *port = Some(opened);
+    Ok(opened)
+}
+
+/// The SmartNIC's engine on the memory host's device.
+pub struct NdpEngineAgent {
+    pub engine: NdpEngine,
+    port: Option<DatagramPort>,
+}
+
+impl NdpEngineAgent {
+    pub fn new(engine: NdpEngine) -> NdpEngineAgent {
+        NdpEngineAgent { engine, port: None }
+    }
+}
+
+impl Agent for NdpEngineAgent {
+    fn name(&self) -> &'static str {
+        "tiga-ndp-engine"
+    }
+
+    fn poll(&mut self, _now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+        let port = open(nic, &mut self.port, TIGA_PORT)?;
+        let mut buffer = vec![0u8; MAX_MESSAGE_BYTES];
+        let mut outbox = Vec::new();
+        let mut moved = false;
+        for _ in 0..DATAGRAMS_PER_TURN {
+            let Some(received) = nic.receive_datagram(port, &mut buffer)? else {
+                break;
+            };
+            self.engine
+                .handle(received.from, &buffer[..received.length], &mut outbox);
+            moved = true;
+        }
+        for (to, message) in outbox {
+            nic.send_datagram(port, to, &message)?;
+        }
+        Ok(Progress::from_moved(moved))
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        self.port.is_none().then_some(Timestamp::ZERO)
+    }
+
+    fn crash(&mut self) {
+        self.port = None;
+    }
+
+    fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+        Ok(())
+    }
+}
+
+/// A call handed to the CN's agent by an application thread.
+pub struct NdpCall {
+    pub app: App,
+    pub address: u64,
+    pub length: u32,
+    pub mode: Mode,
+    pub reply: SyncSender<Outcome>,
+}
+
+/// The CN's side on the compute host's device.
+pub struct NdpClientAgent {
+    client: NdpClient,
+    engine: DatagramEnd,
+    calls: Receiver<NdpCall>,
+    waiting: HashMap<u64, SyncSender<Outcome>>,
+    port: Option<DatagramPort>,
+}
+
+impl NdpClientAgent {
+    pub fn new(engine: DatagramEnd, calls: Receiver<NdpCall>) -> NdpClientAgent {
+        NdpClientAgent {
+            client: NdpClient::default(),
+            engine,
+            calls,
+            waiting: HashMap::new(),
+            port: None,
+        }
+    }
+}
+
+impl Agent for NdpClientAgent {
+    fn name(&self) -> &'static str {
+        "tiga-ndp-client"
+    }
+
+    fn poll(&mut self, _now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+        let port = open(nic, &mut self.port, CLIENT_PORT)?;
+        let mut moved = false;
+        let mut buffer = vec![0u8; MAX_MESSAGE_BYTES];
+        for _ in 0..DATAGRAMS_PER_TURN {
+            let Some(received) = nic.receive_datagram(port, &mut buffer)? else {
+                break;
+            };
+            let (finished, acknowledgement) = self.client.handle(&buffer[..received.length]);
+            if let Some(acknowledgement) = acknowledgement {
+                nic.send_datagram(port, self.engine, &acknowledgement)?;
+            }
+            if let Some((id, outcome)) = finished {
+                if let Some(reply) = self.waiting.remove(&id) {
+                    // A caller that gave up is gone: its outcome has no taker.
+                    let _ = reply.try_send(outcome);
+                }
+            }
+            moved = true;
+        }
+        while self.client.outstanding() < MAX_OUTSTANDING {
+            let Ok(call) = self.calls.try_recv() else {
+                break;
+            };
+            let (id, message) = self
+                .client
+                .begin(call.app, call.address, call.length, call.mode);
+            self.waiting.insert(id, call.reply);
+            nic.send_datagram(port, self.engine, &message)?;
+            moved = true;
+        }
+        Ok(Progress::from_moved(moved))
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        self.port.is_none().then_some(Timestamp::ZERO)
+    }
+
+    fn crash(&mut self) {
+        self.port = None;
+        // Calls in flight die with the host: their callers hear it.
+        for (_, reply) in self.waiting.drain() {
+            let _ = reply.try_send(Err(NdpError::Disconnected));
+        }
+        self.client = NdpClient::default();
+    }
+
+    fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+        Ok(())
+    }
+}
+
+/// Where one record of the DN's data lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordLocation {
+    pub app: App,
+    pub id: u64,
+    pub address: u64,
+    pub length: u32,
+}
+
+/// The DN's memory: `records_per_app` records of `bytes` bytes for each
+/// application, one after another.
+pub fn build_data(
+    seed: u64,
+    records_per_app: u64,
+    bytes: usize,
+) -> Result<(Vec<u8>, Vec<RecordLocation>), crate::apps::PayloadSizeError> {
+    let mut memory = Vec::new();
+    let mut locations = Vec::new();
+    for app in App::ALL {
+        for id in 0..records_per_app {
+            let record = app.make_payload(seed, id, bytes)?;
+            locations.push(RecordLocation {
+                app,
+                id,
+                address: memory.len() as u64,
+                length: record.len() as u32,
+            });
+            memory.extend_from_slice(&record);
+        }
+    }
+    Ok((memory, locations))
+}
+
+/// A rack running TIGA's NDP path: the engine on the memory host's
+/// SmartNIC, the client on the compute host, and the channel application
+/// threads call through.
+pub struct NdpRack {
+    pub rack: remora_rack::assembly::EmbeddedRack,
+    pub engine: Arc<Mutex<NdpEngineAgent>>,
+    calls: SyncSender<NdpCall>,
+    kicker: remora_rack::endpoint::DriverKicker,
+    deadline: Duration,
+}
+
+impl NdpRack {
+    /// Starts the rack with `memory` on the DN and `apps` registered.
+    pub fn start(
+        memory: Vec<u8>,
+        apps: &[App],
+        forward_every: u64,
+    ) -> Result<NdpRack, NdpRackError> {
+        use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
+        let topology = Topology::compute_and_memory();
+        let mut staged = remora_rack::assembly::RackBuilder::new(&topology)
+            .thread_name("tiga-fabric")
+            .build()?;
+        let mut engine = NdpEngine::new(memory, forward_every);
+        for &app in apps {
+            engine.register(app)?;
+        }
+        let engine = Arc::new(Mutex::new(NdpEngineAgent::new(engine)));
+        staged.add_agent(MEMORY_HOST, engine.clone());
+        let (calls, taken) = std::sync::mpsc::sync_channel(1024);
+        let engine_end = DatagramEnd {
+            mac: topology.switch_mac,
+            address: topology.host(MEMORY_HOST).address,
+            port: TIGA_PORT,
+        };
+        staged.add_agent(
+            COMPUTE_HOST,
+            Arc::new(Mutex::new(NdpClientAgent::new(engine_end, taken))),
+        );
+        let switch = staged.l2l3_switch();
+        let (rack, _switch) = staged.start(switch)?;
+        let kicker = rack.fabric().kicker();
+        Ok(NdpRack {
+            rack,
+            engine,
+            calls,
+            kicker,
+            deadline: Duration::from_secs(5),
+        })
+    }
+
+    /// Runs `app` on the record at (address, length): on the SmartNIC, or
+    /// with `Mode::CpuOnly` by fetching it to the CN.
+    pub fn call(&self, app: App, address: u64, length: u32, mode: Mode) -> Outcome {
+        let (reply, outcome) = std::sync::mpsc::sync_channel(1);
+        self.calls
+            .send(NdpCall {
+                app,
+                address,
+                length,
+                mode,
+                reply,
+            })
+            .map_err(|_| NdpError::Disconnected)?;
+        self.kicker.kick();
+        match outcome.recv_timeout(self.deadline) {
+            Ok(outcome) => outcome,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                Err(NdpError::TimedOut(self.deadline))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(NdpError::Disconnected),
+        }
+    }
+
+    /// The engine's counters, once every forwarded request is acknowledged
+    /// or `deadline` passes (acknowledgements trail the results).
+    pub fn settled_counters(&self, deadline: Duration) -> (EngineCounters, usize) {
+        let started = std::time::Instant::now();
+        loop {
+            let engine = self
+                .engine
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let unacknowledged = engine.engine.unacknowledged();
+            if unacknowledged == 0 || started.elapsed() > deadline {
+                return (engine.engine.counters().clone(), unacknowledged);
+            }
+            drop(engine);
+            self.kicker.kick();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Why an NDP rack could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NdpRackError {
+    #[error(transparent)]
+    Rack(#[from] remora_rack::RackError),
+    #[error("registering an offload chain: {0}")]
+    Register(#[from] TableError),
+}

@@ -1,0 +1,85 @@
+//! TIGA's NDP path on the embedded rack: real frames, the flow table, the
+//! real stages on the SmartNIC, co-processing on the CN, and the CPU-only
+//! baseline, all giving the same bytes as the CN version run locally.
+
+use remora_tiga::apps::App;
+use remora_tiga::rack::{build_data, Mode, NdpError, NdpRack, ServedBy};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const SEED: u64 = 5;
+
+#[test]
+fn the_smartnic_the_forwarded_path_and_cpu_only_give_the_cn_versions_bytes_exactly_once() {
+    let (memory, locations) = build_data(SEED, 6, 1024).unwrap();
+    let rack = NdpRack::start(memory, &App::ALL, 4).unwrap();
+    let mut served: BTreeMap<String, u64> = BTreeMap::new();
+    for location in &locations {
+        let payload = location.app.make_payload(SEED, location.id, 1024).unwrap();
+        let expected = location.app.run_on_cpu(&payload).unwrap();
+        let ndp = rack
+            .call(location.app, location.address, location.length, Mode::Ndp)
+            .unwrap();
+        assert_eq!(ndp.result, expected, "{location:?} via {:?}", ndp.served_by);
+        *served.entry(format!("{:?}", ndp.served_by)).or_default() += 1;
+        let cpu_only = rack
+            .call(
+                location.app,
+                location.address,
+                location.length,
+                Mode::CpuOnly,
+            )
+            .unwrap();
+        assert_eq!(cpu_only.result, expected);
+        assert_eq!(cpu_only.served_by, ServedBy::CpuOnly);
+    }
+    // One request in four went to the CN, the rest ran on the SmartNIC.
+    assert_eq!(served["ComputeNodeForwarded"], 18 / 4);
+    assert_eq!(served["SmartNic"], 18 - 18 / 4);
+    let (counters, unacknowledged) = rack.settled_counters(Duration::from_secs(5));
+    assert_eq!(unacknowledged, 0);
+    assert_eq!(counters.requests, 18);
+    assert_eq!(counters.forwarded, counters.acknowledged);
+    assert_eq!(counters.results + counters.forwarded, counters.requests);
+    assert_eq!(counters.fetches, 18);
+    assert!(counters.dropped.is_empty(), "{:?}", counters.dropped);
+}
+
+#[test]
+fn unregistered_apps_and_bad_ranges_get_typed_errors() {
+    let (memory, locations) = build_data(SEED, 12, 256).unwrap();
+    let size = memory.len() as u64;
+    let rack = NdpRack::start(memory, &[App::Mvs], 0).unwrap();
+    let spark = locations
+        .iter()
+        .find(|location| location.app == App::Spark)
+        .unwrap();
+    assert_eq!(
+        rack.call(App::Spark, spark.address, spark.length, Mode::Ndp),
+        Err(NdpError::NotRegistered(App::Spark))
+    );
+    assert_eq!(
+        rack.call(App::Mvs, size - 10, 100, Mode::Ndp),
+        Err(NdpError::OutOfRange)
+    );
+    assert_eq!(
+        rack.call(App::Mvs, u64::MAX, 100, Mode::CpuOnly),
+        Err(NdpError::OutOfRange)
+    );
+    // A range that is not an MVS record fails the CRC on the SmartNIC.
+    let mvs = locations[0];
+    assert!(matches!(
+        rack.call(App::Mvs, mvs.address + 1, mvs.length - 1, Mode::Ndp),
+        Err(NdpError::StageFailed(_))
+    ));
+    assert_eq!(
+        rack.call(App::Mvs, 0, 8000, Mode::Ndp),
+        Err(NdpError::TooLarge)
+    );
+    let (counters, _) = rack.settled_counters(Duration::from_secs(1));
+    assert_eq!(counters.refused["NotRegistered"], 1);
+    assert_eq!(counters.refused["OutOfRange"], 2);
+    // The flow table is one stage of the switch's pipeline API.
+    let table = rack.engine.lock().unwrap().engine.flow_table_resources();
+    assert_eq!((table.stage, table.entries), (0, 1));
+}
