@@ -32,7 +32,7 @@ pub trait System: Sync {
 }
 
 /// Every system, in the order the demo tours them.
-pub const SYSTEMS: [&dyn System; 4] = [&Clover, &Cowbird, &Soda, &Bifrost];
+pub const SYSTEMS: [&dyn System; 5] = [&Clover, &Cowbird, &Soda, &Bifrost, &Tiga];
 
 pub fn names() -> Vec<&'static str> {
     SYSTEMS.iter().map(|system| system.name()).collect()
@@ -156,5 +156,29 @@ impl System for Bifrost {
 
     fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
         crate::demo::bifrost_step()
+    }
+}
+
+struct Tiga;
+
+impl System for Tiga {
+    fn name(&self) -> &'static str {
+        "tiga"
+    }
+
+    fn title(&self) -> &'static str {
+        "TIGA"
+    }
+
+    fn check_section(&self, rack: &RackConfig) -> Result<(), String> {
+        refuse_section(
+            rack,
+            self.name(),
+            "TIGA's virtual hardware is set with `remora bench tiga --config FILE` (see examples/tiga.toml)",
+        )
+    }
+
+    fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
+        crate::demo::tiga_step()
     }
 }
