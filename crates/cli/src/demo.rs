@@ -804,10 +804,10 @@ pub fn tiga_step() -> Result<SystemStep, String> {
     let rack = NdpRack::start(memory, &App::ALL, 8).map_err(|error| error.to_string())?;
     let (mut on_nic, mut forwarded, mut matched) = (0u64, 0u64, 0u64);
     for location in locations.iter().filter(|location| location.app == App::Mvs) {
-        let expected = App::Mvs
+        let payload = App::Mvs
             .make_payload(SEED, location.id, 1024)
-            .and_then(|payload| Ok(App::Mvs.run_on_cpu(&payload)))
             .map_err(|error| error.to_string())?;
+        let expected = App::Mvs.run_on_cpu(&payload);
         match rack.call(App::Mvs, location.address, location.length, Mode::Ndp) {
             Ok(completion) => {
                 match completion.served_by {

@@ -258,6 +258,7 @@ fn run_checked(
     payload_shift(&mut bench)?;
     if !quick {
         sweeps(&mut bench)?;
+        saving_sweep(&mut bench)?;
     }
     bench.progress.finish_and_clear();
     print_ratios(&bench.report);
@@ -265,11 +266,11 @@ fn run_checked(
 }
 
 fn planned_runs(quick: bool) -> u64 {
-    let fig6 = 4 * FIG6_SCHEMES.len() as u64;
+    let fig6 = 4 * (FIG6_SCHEMES.len() as u64 + 5);
     let fig7 = 3 * 4;
     let fig8 = 3 * 2 * if quick { 2 } else { 4 };
     let fig5 = if quick { 2 * 2 } else { 4 * 2 };
-    let sweeps = if quick { 0 } else { 3 * 3 * 4 };
+    let sweeps = if quick { 0 } else { 3 * 3 * 4 + 3 * 3 };
     fig6 + fig7 + fig8 + fig5 + 1 + sweeps
 }
 
@@ -393,7 +394,59 @@ fn fig6_and_fig2_fig3(bench: &mut Bench) -> Result<(), TigaBenchError> {
             );
         }
         fig2_fig3_from(bench, &label, &runs);
+        let lowest = throughput.iter().copied().fold(f64::INFINITY, f64::min);
+        moderate_latency(bench, &apps, 0.5 * lowest, &config)?;
     }
+    Ok(())
+}
+
+/// p50 and p99 latency of every scheme at half the load the weakest one
+/// sustains, so that no queue is full: latency under overload is the
+/// queues' depth over the service rate.
+fn moderate_latency(
+    bench: &mut Bench,
+    apps: &[App],
+    offered: f64,
+    config: &SocConfig,
+) -> Result<(), TigaBenchError> {
+    let label = apps_label(apps);
+    let workload = bench.workload(apps, offered, bench.durations.saturation_ns);
+    let mut line = format!("  {label:<16} at {:.3} M/s, p50/p99 us:", offered / 1e6);
+    for scheme in [
+        Scheme::Tiga,
+        Scheme::FairNic,
+        Scheme::FloemFcfs,
+        Scheme::IPipe,
+        Scheme::CpuOnly,
+    ] {
+        let run = bench.simulate(scheme, &workload, config)?;
+        let variant = format!("moderate/{label}/{}", scheme.name());
+        bench.report.add(
+            &variant,
+            "latency_p50",
+            run.latency_p50_ns as f64 / 1e3,
+            "us",
+        );
+        bench.report.add(
+            &variant,
+            "latency_p99",
+            run.latency_p99_ns as f64 / 1e3,
+            "us",
+        );
+        bench.report.add(
+            &variant,
+            "throughput",
+            run.throughput_per_second / 1e6,
+            "Mrequests/s",
+        );
+        line.push_str(&format!(
+            " {} {:.1}/{:.1}",
+            scheme.name(),
+            run.latency_p50_ns as f64 / 1e3,
+            run.latency_p99_ns as f64 / 1e3
+        ));
+    }
+    bench.progress.suspend(|| println!("{line}"));
     Ok(())
 }
 
@@ -729,6 +782,41 @@ fn sweeps(bench: &mut Bench) -> Result<(), TigaBenchError> {
                 tiga / ipipe
             );
         });
+    }
+    Ok(())
+}
+
+/// Full run: the CN CPU saving at CPU-only's maximum (IPSec, the app
+/// with the least) under other slowdowns: what it would take to meet it.
+fn saving_sweep(bench: &mut Bench) -> Result<(), TigaBenchError> {
+    println!("\nsweep: IPSec's CN CPU saving at CPU-only's maximum, by slowdown");
+    let duration = bench.durations.overload_ns;
+    for slowdown in [2.0, 4.0, 8.8] {
+        let config = SocConfig {
+            slowdown,
+            ..bench.config.clone()
+        };
+        let mut overload = bench.workload(&[App::Ipsec], OVERLOAD_PER_SECOND, duration);
+        overload.measure_from_ns = duration * 3 / 5;
+        let maximum = bench
+            .simulate(Scheme::CpuOnly, &overload, &config)?
+            .throughput_per_second;
+        let at_maximum = Workload {
+            offered_per_second: maximum,
+            ..overload
+        };
+        let tiga = bench.simulate(Scheme::Tiga, &at_maximum, &config)?;
+        let cpu_only = bench.simulate(Scheme::CpuOnly, &at_maximum, &config)?;
+        let saving = 1.0 - tiga.cn_cores_busy / cpu_only.cn_cores_busy.max(f64::MIN_POSITIVE);
+        bench.report.add(
+            &format!("sweep/slowdown_{slowdown}"),
+            "ipsec_cn_cpu_saving",
+            saving,
+            "ratio",
+        );
+        bench
+            .progress
+            .suspend(|| println!("  slowdown {slowdown:>4}: saving {:.0}%", saving * 100.0));
     }
     Ok(())
 }
