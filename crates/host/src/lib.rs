@@ -17,7 +17,9 @@
 #![forbid(unsafe_code)]
 
 mod agent;
+mod datagram;
 mod host;
 
 pub use agent::{Agent, AgentError, AsAny, Progress};
+pub use datagram::AgentPort;
 pub use host::{AgentFailure, Host, MAX_AGENT_FAILURES};

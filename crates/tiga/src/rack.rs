@@ -18,8 +18,8 @@
 
 use crate::apps::{App, StageError};
 use remora_base::Timestamp;
-use remora_host::{Agent, AgentError, Progress};
-use remora_rnic::{DatagramPort, Verbs};
+use remora_host::{Agent, AgentError, AgentPort, Progress};
+use remora_rnic::Verbs;
 use remora_switch::resources::TableResources;
 use remora_switch::table::{ExactTable, TableError, TableShape};
 use remora_wire::datagram::DatagramEnd;
@@ -421,28 +421,18 @@ impl NdpClient {
     }
 }
 
-fn open(
-    nic: &mut dyn Verbs,
-    port: &mut Option<DatagramPort>,
-    udp_port: u16,
-) -> Result<DatagramPort, AgentError> {
-    if let Some(port) = *port {
-        return Ok(port);
-    }
-    let opened = nic.open_datagram_port(udp_port, INBOX_DEPTH)?;
-    *port = Some(opened);
-    Ok(opened)
-}
-
 /// The SmartNIC's engine on the memory host's device.
 pub struct NdpEngineAgent {
     pub engine: NdpEngine,
-    port: Option<DatagramPort>,
+    port: AgentPort,
 }
 
 impl NdpEngineAgent {
     pub fn new(engine: NdpEngine) -> NdpEngineAgent {
-        NdpEngineAgent { engine, port: None }
+        NdpEngineAgent {
+            engine,
+            port: AgentPort::new(TIGA_PORT, INBOX_DEPTH),
+        }
     }
 }
 
@@ -452,30 +442,25 @@ impl Agent for NdpEngineAgent {
     }
 
     fn poll(&mut self, _now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
-        let port = open(nic, &mut self.port, TIGA_PORT)?;
-        let mut buffer = vec![0u8; MAX_MESSAGE_BYTES];
         let mut outbox = Vec::new();
-        let mut moved = false;
-        for _ in 0..DATAGRAMS_PER_TURN {
-            let Some(received) = nic.receive_datagram(port, &mut buffer)? else {
-                break;
-            };
-            self.engine
-                .handle(received.from, &buffer[..received.length], &mut outbox);
-            moved = true;
-        }
+        let engine = &mut self.engine;
+        let moved = self
+            .port
+            .receive(nic, DATAGRAMS_PER_TURN, |from, message| {
+                engine.handle(from, message, &mut outbox)
+            })?;
         for (to, message) in outbox {
-            nic.send_datagram(port, to, &message)?;
+            self.port.send(nic, to, &message)?;
         }
         Ok(Progress::from_moved(moved))
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        self.port.is_none().then_some(Timestamp::ZERO)
+        (!self.port.is_open()).then_some(Timestamp::ZERO)
     }
 
     fn crash(&mut self) {
-        self.port = None;
+        self.port.forget();
     }
 
     fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
@@ -498,7 +483,7 @@ pub struct NdpClientAgent {
     engine: DatagramEnd,
     calls: Receiver<NdpCall>,
     waiting: HashMap<u64, SyncSender<Outcome>>,
-    port: Option<DatagramPort>,
+    port: AgentPort,
 }
 
 impl NdpClientAgent {
@@ -508,7 +493,7 @@ impl NdpClientAgent {
             engine,
             calls,
             waiting: HashMap::new(),
-            port: None,
+            port: AgentPort::new(CLIENT_PORT, INBOX_DEPTH),
         }
     }
 }
@@ -519,24 +504,21 @@ impl Agent for NdpClientAgent {
     }
 
     fn poll(&mut self, _now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
-        let port = open(nic, &mut self.port, CLIENT_PORT)?;
-        let mut moved = false;
-        let mut buffer = vec![0u8; MAX_MESSAGE_BYTES];
-        for _ in 0..DATAGRAMS_PER_TURN {
-            let Some(received) = nic.receive_datagram(port, &mut buffer)? else {
-                break;
+        let mut acknowledgements = Vec::new();
+        let (client, waiting) = (&mut self.client, &mut self.waiting);
+        let mut moved = self.port.receive(nic, DATAGRAMS_PER_TURN, |_, answer| {
+            let (finished, acknowledgement) = client.handle(answer);
+            acknowledgements.extend(acknowledgement);
+            let Some((id, outcome)) = finished else {
+                return;
             };
-            let (finished, acknowledgement) = self.client.handle(&buffer[..received.length]);
-            if let Some(acknowledgement) = acknowledgement {
-                nic.send_datagram(port, self.engine, &acknowledgement)?;
+            if let Some(reply) = waiting.remove(&id) {
+                // A caller that gave up is gone: its outcome has no taker.
+                let _ = reply.try_send(outcome);
             }
-            if let Some((id, outcome)) = finished {
-                if let Some(reply) = self.waiting.remove(&id) {
-                    // A caller that gave up is gone: its outcome has no taker.
-                    let _ = reply.try_send(outcome);
-                }
-            }
-            moved = true;
+        })?;
+        for acknowledgement in acknowledgements {
+            self.port.send(nic, self.engine, &acknowledgement)?;
         }
         while self.client.outstanding() < MAX_OUTSTANDING {
             let Ok(call) = self.calls.try_recv() else {
@@ -546,18 +528,18 @@ impl Agent for NdpClientAgent {
                 .client
                 .begin(call.app, call.address, call.length, call.mode);
             self.waiting.insert(id, call.reply);
-            nic.send_datagram(port, self.engine, &message)?;
+            self.port.send(nic, self.engine, &message)?;
             moved = true;
         }
         Ok(Progress::from_moved(moved))
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        self.port.is_none().then_some(Timestamp::ZERO)
+        (!self.port.is_open()).then_some(Timestamp::ZERO)
     }
 
     fn crash(&mut self) {
-        self.port = None;
+        self.port.forget();
         // Calls in flight die with the host: their callers hear it.
         for (_, reply) in self.waiting.drain() {
             let _ = reply.try_send(Err(NdpError::Disconnected));

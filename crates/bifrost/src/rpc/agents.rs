@@ -4,8 +4,8 @@
 
 use super::{Callee, Caller, RpcError};
 use remora_base::Timestamp;
-use remora_host::{Agent, AgentError, Progress};
-use remora_rnic::{DatagramPort, Verbs};
+use remora_host::{Agent, AgentError, AgentPort, Progress};
+use remora_rnic::Verbs;
 use remora_wire::bifrost::{GlobalAddress, BIFROST_PORT};
 use remora_wire::datagram::DatagramEnd;
 
@@ -13,38 +13,15 @@ use remora_wire::datagram::DatagramEnd;
 const DATAGRAMS_PER_TURN: usize = 256;
 /// A port's inbox.
 const INBOX_DEPTH: usize = 1024;
-/// The largest datagram payload.
-const MAX_PAYLOAD: usize = 4096;
-
-fn open(
-    nic: &mut dyn Verbs,
-    port: &mut Option<DatagramPort>,
-    udp_port: u16,
-) -> Result<DatagramPort, AgentError> {
-    if let Some(port) = *port {
-        return Ok(port);
-    }
-    let opened = nic.open_datagram_port(udp_port, INBOX_DEPTH)?;
-    *port = Some(opened);
-    Ok(opened)
-}
 
 /// A caller's incoming half of a turn: replies in, resends due.
 fn take_replies(
     nic: &mut dyn Verbs,
-    port: DatagramPort,
+    port: &mut AgentPort,
     caller: &mut Caller,
     now: Timestamp,
 ) -> Result<bool, AgentError> {
-    let mut moved = false;
-    let mut buffer = vec![0u8; MAX_PAYLOAD];
-    for _ in 0..DATAGRAMS_PER_TURN {
-        let Some(received) = nic.receive_datagram(port, &mut buffer)? else {
-            break;
-        };
-        caller.handle(&buffer[..received.length]);
-        moved = true;
-    }
+    let moved = port.receive(nic, DATAGRAMS_PER_TURN, |_, reply| caller.handle(reply))?;
     if caller.poll_timeout().is_some_and(|due| due <= now) {
         caller.handle_timeout(now);
     }
@@ -54,12 +31,12 @@ fn take_replies(
 /// A caller's outgoing half of a turn: every call and resend queued.
 fn send_calls(
     nic: &mut dyn Verbs,
-    port: DatagramPort,
+    port: &mut AgentPort,
     caller: &mut Caller,
 ) -> Result<bool, AgentError> {
     let mut moved = false;
     while let Some((to, payload)) = caller.poll_transmit() {
-        nic.send_datagram(port, to, &payload)?;
+        port.send(nic, to, &payload)?;
         moved = true;
     }
     Ok(moved)
@@ -68,12 +45,15 @@ fn send_calls(
 /// Serves calls on Bifröst's port.
 pub struct ServerAgent {
     pub callee: Callee,
-    port: Option<DatagramPort>,
+    port: AgentPort,
 }
 
 impl ServerAgent {
     pub fn new(callee: Callee) -> ServerAgent {
-        ServerAgent { callee, port: None }
+        ServerAgent {
+            callee,
+            port: AgentPort::new(BIFROST_PORT, INBOX_DEPTH),
+        }
     }
 }
 
@@ -83,19 +63,12 @@ impl Agent for ServerAgent {
     }
 
     fn poll(&mut self, _now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
-        let port = open(nic, &mut self.port, BIFROST_PORT)?;
-        let mut moved = false;
-        let mut buffer = vec![0u8; MAX_PAYLOAD];
-        for _ in 0..DATAGRAMS_PER_TURN {
-            let Some(received) = nic.receive_datagram(port, &mut buffer)? else {
-                break;
-            };
-            self.callee
-                .handle(received.from, &buffer[..received.length]);
-            moved = true;
-        }
+        let callee = &mut self.callee;
+        let mut moved = self.port.receive(nic, DATAGRAMS_PER_TURN, |from, call| {
+            callee.handle(from, call)
+        })?;
         while let Some((to, payload)) = self.callee.poll_transmit() {
-            nic.send_datagram(port, to, &payload)?;
+            self.port.send(nic, to, &payload)?;
             moved = true;
         }
         Ok(Progress::from_moved(moved))
@@ -103,11 +76,11 @@ impl Agent for ServerAgent {
 
     fn poll_timeout(&self) -> Option<Timestamp> {
         // Open the port at once, before the first call arrives.
-        self.port.is_none().then_some(Timestamp::ZERO)
+        (!self.port.is_open()).then_some(Timestamp::ZERO)
     }
 
     fn crash(&mut self) {
-        self.port = None;
+        self.port.forget();
     }
 
     fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
@@ -121,12 +94,11 @@ pub struct ClientAgent {
     pub caller: Caller,
     callee: DatagramEnd,
     method: &'static str,
-    udp_port: u16,
     calls: u64,
     window: usize,
     issued: u64,
     pub outcomes: Vec<(u64, Result<Vec<u8>, RpcError>)>,
-    port: Option<DatagramPort>,
+    port: AgentPort,
 }
 
 impl ClientAgent {
@@ -142,12 +114,11 @@ impl ClientAgent {
             caller,
             callee,
             method,
-            udp_port,
             calls,
             window: window.max(1),
             issued: 0,
             outcomes: Vec::new(),
-            port: None,
+            port: AgentPort::new(udp_port, INBOX_DEPTH),
         }
     }
 
@@ -162,8 +133,7 @@ impl Agent for ClientAgent {
     }
 
     fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
-        let port = open(nic, &mut self.port, self.udp_port)?;
-        let mut moved = take_replies(nic, port, &mut self.caller, now)?;
+        let mut moved = take_replies(nic, &mut self.port, &mut self.caller, now)?;
         while self.issued < self.calls && self.caller.outstanding() < self.window {
             let arguments = self.issued.to_be_bytes();
             self.caller
@@ -177,7 +147,7 @@ impl Agent for ClientAgent {
                 .map_err(|error| AgentError::system("bifrost-client", error))?;
             self.issued += 1;
         }
-        moved |= send_calls(nic, port, &mut self.caller)?;
+        moved |= send_calls(nic, &mut self.port, &mut self.caller)?;
         while let Some(outcome) = self.caller.take_completion() {
             self.outcomes.push(outcome);
             moved = true;
@@ -188,14 +158,14 @@ impl Agent for ClientAgent {
     fn poll_timeout(&self) -> Option<Timestamp> {
         // Calls to issue are due now; otherwise the next retransmission.
         let can_issue = self.issued < self.calls && self.caller.outstanding() < self.window;
-        if self.port.is_none() || can_issue {
+        if !self.port.is_open() || can_issue {
             return Some(Timestamp::ZERO);
         }
         self.caller.poll_timeout()
     }
 
     fn crash(&mut self) {
-        self.port = None;
+        self.port.forget();
     }
 
     fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
@@ -218,10 +188,9 @@ pub struct CallRequest {
 pub struct CallingAgent {
     pub caller: Caller,
     callee: DatagramEnd,
-    udp_port: u16,
     requests: std::sync::mpsc::Receiver<CallRequest>,
     waiting: std::collections::HashMap<u64, std::sync::mpsc::SyncSender<Result<Vec<u8>, RpcError>>>,
-    port: Option<DatagramPort>,
+    port: AgentPort,
 }
 
 impl CallingAgent {
@@ -234,10 +203,9 @@ impl CallingAgent {
         CallingAgent {
             caller,
             callee,
-            udp_port,
             requests,
             waiting: std::collections::HashMap::new(),
-            port: None,
+            port: AgentPort::new(udp_port, INBOX_DEPTH),
         }
     }
 }
@@ -248,8 +216,7 @@ impl Agent for CallingAgent {
     }
 
     fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
-        let port = open(nic, &mut self.port, self.udp_port)?;
-        let mut moved = take_replies(nic, port, &mut self.caller, now)?;
+        let mut moved = take_replies(nic, &mut self.port, &mut self.caller, now)?;
         // Bounded by the caller's window: a full window leaves the rest
         // queued in the channel.
         while self.caller.outstanding() < super::MAX_OUTSTANDING {
@@ -271,7 +238,7 @@ impl Agent for CallingAgent {
             }
             moved = true;
         }
-        moved |= send_calls(nic, port, &mut self.caller)?;
+        moved |= send_calls(nic, &mut self.port, &mut self.caller)?;
         while let Some((rpc_id, outcome)) = self.caller.take_completion() {
             if let Some(reply) = self.waiting.remove(&rpc_id) {
                 // A caller that gave up is gone: its outcome has no taker.
@@ -283,14 +250,14 @@ impl Agent for CallingAgent {
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        if self.port.is_none() {
+        if !self.port.is_open() {
             return Some(Timestamp::ZERO);
         }
         self.caller.poll_timeout()
     }
 
     fn crash(&mut self) {
-        self.port = None;
+        self.port.forget();
         // Calls in flight die with the host: their callers hear it.
         for (_, reply) in self.waiting.drain() {
             let _ = reply.try_send(Err(RpcError::CallerCrashed));
