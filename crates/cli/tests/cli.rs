@@ -26,7 +26,12 @@ fn the_demo_checks_every_operation() {
     }
     assert!(stdout.contains("all 9 operations checked"));
     assert!(
-        stdout.contains("Clover, Cowbird, SODA and Bifröst passed"),
+        stdout.contains("Clover, Cowbird, SODA, Bifröst and TIGA passed"),
+        "{stdout}"
+    );
+    // TIGA's NDP path on the rack, every result equal to the CN version's.
+    assert!(
+        stdout.contains("64 of 64 MVS queries match the CN version"),
         "{stdout}"
     );
     assert!(
