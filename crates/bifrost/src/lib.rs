@@ -2,11 +2,14 @@
 //! paper 001) on Remora.
 //!
 //! Built so far: the distributed shared memory ([`dsm`]) that RPCs pass
-//! their large arguments through by reference, over several memory nodes.
-//! The RPC runtime, Thrift transport, the switch's Gatekeeper and fault
+//! their large arguments through by reference, over several memory nodes;
+//! the exactly-once RPC runtime ([`rpc`], with worker threads for methods
+//! that block); Thrift services over it ([`transport`]); and the array
+//! services over the DSM ([`arrays`]). The switch's Gatekeeper and fault
 //! tolerance are the rest of issue 14.
 #![forbid(unsafe_code)]
 
+pub mod arrays;
 pub mod dsm;
 pub mod rpc;
 pub mod transport;

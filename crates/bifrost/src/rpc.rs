@@ -11,6 +11,7 @@
 
 pub mod agents;
 pub mod scenario;
+pub mod workers;
 
 use remora_base::Timestamp;
 use remora_wire::bifrost::{
@@ -55,7 +56,37 @@ pub trait Service: Send {
         pointer: GlobalAddress,
         arguments: &[u8],
     ) -> Result<Vec<u8>, String>;
+
+    /// Starts a call: its outcome now, or `None` when it finishes later
+    /// and [`Service::poll_finished`] hands it back under `ticket` (a
+    /// service whose methods block, on the DSM say, must not hold up the
+    /// agent that runs the callee). By default, runs [`Service::call`].
+    fn begin(
+        &mut self,
+        ticket: CallTicket,
+        method: &[u8],
+        pointer: GlobalAddress,
+        arguments: &[u8],
+    ) -> Option<Result<Vec<u8>, String>> {
+        let _ = ticket;
+        Some(self.call(method, pointer, arguments))
+    }
+
+    /// A call begun earlier that has finished, if any.
+    fn poll_finished(&mut self) -> Option<(CallTicket, Result<Vec<u8>, String>)> {
+        None
+    }
 }
+
+/// Which call a deferred outcome answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CallTicket {
+    pub caller: DatagramEnd,
+    pub rpc_id: u64,
+}
+
+/// Calls a callee may have begun and not finished.
+pub const MAX_IN_PROGRESS: usize = 1024;
 
 /// A datagram to send: where, and the payload (header first).
 pub type Outgoing = (DatagramEnd, Vec<u8>);
@@ -212,6 +243,9 @@ impl Caller {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CalleeCounters {
     pub executed: u64,
+    /// Calls refused because [`MAX_IN_PROGRESS`] were running (the caller
+    /// sends them again).
+    pub busy: u64,
     pub duplicates: u64,
     pub stale: u64,
     pub malformed: u64,
@@ -229,6 +263,8 @@ struct CallerMemory {
 pub struct Callee {
     service: Box<dyn Service>,
     callers: HashMap<DatagramEnd, CallerMemory>,
+    /// Calls begun and not finished, with the header their reply copies.
+    in_progress: HashMap<CallTicket, BifrostRepr>,
     sends: VecDeque<Outgoing>,
     counters: CalleeCounters,
 }
@@ -238,9 +274,15 @@ impl Callee {
         Callee {
             service,
             callers: HashMap::new(),
+            in_progress: HashMap::new(),
             sends: VecDeque::new(),
             counters: CalleeCounters::default(),
         }
+    }
+
+    /// Calls begun and not yet finished.
+    pub fn in_progress(&self) -> usize {
+        self.in_progress.len()
     }
 
     pub fn counters(&self) -> CalleeCounters {
@@ -282,30 +324,70 @@ impl Callee {
             self.counters.stale += 1;
             return;
         }
-        let outcome = self.service.call(
+        let ticket = CallTicket {
+            caller: from,
+            rpc_id,
+        };
+        if self.in_progress.contains_key(&ticket) {
+            // Still running: the reply goes out when it finishes.
+            self.counters.duplicates += 1;
+            return;
+        }
+        if self.in_progress.len() >= MAX_IN_PROGRESS {
+            self.counters.busy += 1;
+            return;
+        }
+        let repr = BifrostRepr::parse(&header);
+        match self.service.begin(
+            ticket,
             header.method_name(),
             header.global_address(),
             header.payload(),
-        );
+        ) {
+            Some(outcome) => self.finish(ticket, repr, outcome),
+            None => {
+                self.in_progress.insert(ticket, repr);
+            }
+        }
+    }
+
+    /// Takes the outcomes of deferred calls that have finished and
+    /// queues their replies; whether any finished.
+    pub fn poll_service(&mut self) -> bool {
+        let mut finished = false;
+        // Bounded: at most the calls in progress can finish.
+        for _ in 0..=self.in_progress.len() {
+            let Some((ticket, outcome)) = self.service.poll_finished() else {
+                break;
+            };
+            if let Some(repr) = self.in_progress.remove(&ticket) {
+                self.finish(ticket, repr, outcome);
+                finished = true;
+            }
+        }
+        finished
+    }
+
+    /// Remembers a call's outcome and answers it (ONEWAY: executed once,
+    /// never answered).
+    fn finish(&mut self, ticket: CallTicket, call: BifrostRepr, outcome: Result<Vec<u8>, String>) {
         self.counters.executed += 1;
         let (call_type, body) = match outcome {
             Ok(body) => (CallType::Reply, body),
             Err(message) => (CallType::Exception, message.into_bytes()),
         };
+        let oneway = call.call_type == CallType::Oneway;
         // The reply's header is the call's, method name bytes and all
         // (they need not be UTF-8), with the answer's type.
-        let repr = BifrostRepr {
-            call_type,
-            ..BifrostRepr::parse(&header)
-        };
+        let repr = BifrostRepr { call_type, ..call };
         let reply = encode(&repr, &body);
-        memory.replies.insert(rpc_id, reply.clone());
+        let memory = self.callers.entry(ticket.caller).or_default();
+        memory.replies.insert(ticket.rpc_id, reply.clone());
         while memory.replies.len() as u64 > REPLIES_KEPT_PER_CALLER {
             memory.replies.pop_first();
         }
-        // ONEWAY: executed once, never answered.
         if !oneway {
-            self.sends.push_back((from, reply));
+            self.sends.push_back((ticket.caller, reply));
         }
     }
 

@@ -16,3 +16,9 @@ service Arrays {
   // Writes a + b (bytewise, wrapping) into `sum`.
   void add_arrays(1: bifrost.GlobalPtr a, 2: bifrost.GlobalPtr b, 3: bifrost.GlobalPtr sum),
 }
+
+// The baseline of the thesis's comparison: the same sum with the arrays
+// passed by value.
+service ArraysByValue {
+  binary add_arrays(1: binary a, 2: binary b),
+}

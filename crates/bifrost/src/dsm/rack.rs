@@ -4,7 +4,7 @@
 
 use super::client::{Dsm, NodePath};
 use super::daemon::{self, MemoryDaemon};
-use remora_rack::assembly::{EmbeddedRack, RackBuilder};
+use remora_rack::assembly::{EmbeddedRack, RackBuilder, StagedRack};
 use remora_rack::channel::connect_channels;
 use remora_rack::endpoint::rack_queue_pair;
 use remora_rack::topology::{standard_host, HostSpec, Role, Topology, COMPUTE_HOST};
@@ -40,6 +40,8 @@ pub enum DsmRackError {
     Rack(#[from] RackError),
     #[error(transparent)]
     Verbs(#[from] VerbsError),
+    #[error(transparent)]
+    Topology(#[from] remora_rack::topology::TopologyError),
     #[error("{0} memory nodes: a DSM rack has 1 to 62")]
     MemoryNodes(usize),
 }
@@ -55,8 +57,20 @@ pub fn memory_host(node: usize) -> usize {
     node + 1
 }
 
-impl DsmRack {
-    pub fn start(config: DsmRackConfig) -> Result<DsmRack, DsmRackError> {
+/// A DSM rack before it starts: its memory nodes and daemons deployed,
+/// and each client host's channels to every node, so that systems can
+/// add their own agents first.
+pub struct StagedDsm {
+    pub staged: StagedRack,
+    pub daemons: Vec<Arc<Mutex<MemoryDaemon>>>,
+    /// Each client host's paths to the memory nodes, in `clients` order.
+    paths: Vec<Vec<NodePath>>,
+}
+
+impl StagedDsm {
+    /// Memory nodes at hosts 1..=N, the compute host at 0, and `extra_clients`
+    /// more compute hosts after the memory nodes, each a DSM client.
+    pub fn new(config: DsmRackConfig, extra_clients: usize) -> Result<StagedDsm, DsmRackError> {
         if !(1..=62).contains(&config.memory_nodes) {
             return Err(DsmRackError::MemoryNodes(config.memory_nodes));
         }
@@ -68,39 +82,85 @@ impl DsmRack {
                 .add_host(host)
                 .expect("distinct standard hosts fit a rack");
         }
+        let clients: Vec<usize> = std::iter::once(COMPUTE_HOST)
+            .chain((0..extra_clients).map(|extra| memory_host(config.memory_nodes) + extra))
+            .collect();
+        for &index in &clients[1..] {
+            let (mac, address) = standard_host(index);
+            let host = HostSpec::new(&format!("compute{index}"), Role::Compute, mac, address);
+            let added = topology.add_host(host)?;
+            debug_assert_eq!(added, index);
+        }
         let mut staged = RackBuilder::new(&topology)
             .thread_name("dsm-fabric")
             .build()?;
         let mut daemons = Vec::new();
-        let mut nodes = Vec::new();
+        let mut paths: Vec<Vec<NodePath>> = clients.iter().map(|_| Vec::new()).collect();
         for node in 0..config.memory_nodes {
             let host = memory_host(node);
             let daemon = daemon::deploy(staged.nic_mut(host), config.pool_bytes)?;
             let resources = daemon.resources();
-            let channels = connect_channels(
-                &mut staged,
-                COMPUTE_HOST,
-                host,
-                config.channels,
-                config.chunk_bytes,
-                || {
-                    let mut builder =
-                        rack_queue_pair(resources.protection_domain, resources.completion_queue);
-                    builder.shared_receive_queue = Some(resources.shared_receive_queue);
-                    builder
-                },
-            )?;
-            nodes.push(NodePath {
-                channels,
-                pool: resources.pool_region,
-            });
+            for (client, &client_host) in clients.iter().enumerate() {
+                let channels = connect_channels(
+                    &mut staged,
+                    client_host,
+                    host,
+                    config.channels,
+                    config.chunk_bytes,
+                    || {
+                        let mut builder = rack_queue_pair(
+                            resources.protection_domain,
+                            resources.completion_queue,
+                        );
+                        builder.shared_receive_queue = Some(resources.shared_receive_queue);
+                        builder
+                    },
+                )?;
+                paths[client].push(NodePath {
+                    channels,
+                    pool: resources.pool_region,
+                });
+            }
             let daemon = Arc::new(Mutex::new(daemon));
             staged.add_agent(host, daemon.clone());
             daemons.push(daemon);
         }
-        let switch = staged.l2l3_switch();
-        let (rack, _switch) = staged.start(switch)?;
-        let dsm = Dsm::new(nodes, rack.fabric().kicker());
-        Ok(DsmRack { rack, dsm, daemons })
+        Ok(StagedDsm {
+            staged,
+            daemons,
+            paths,
+        })
+    }
+
+    /// The host index of extra client `extra` (0 is the first after the
+    /// compute host).
+    pub fn extra_client_host(config: &DsmRackConfig, extra: usize) -> usize {
+        memory_host(config.memory_nodes) + extra
+    }
+
+    /// Starts the rack: the compute host's DSM in the rack, and each
+    /// extra client's after it.
+    pub fn start(self) -> Result<(DsmRack, Vec<Dsm>), DsmRackError> {
+        let switch = self.staged.l2l3_switch();
+        let (rack, _switch) = self.staged.start(switch)?;
+        let mut dsms = self
+            .paths
+            .into_iter()
+            .map(|nodes| Dsm::new(nodes, rack.fabric().kicker()));
+        let dsm = dsms.next().expect("the compute host is a client");
+        let extra = dsms.collect();
+        let rack = DsmRack {
+            rack,
+            dsm,
+            daemons: self.daemons,
+        };
+        Ok((rack, extra))
+    }
+}
+
+impl DsmRack {
+    pub fn start(config: DsmRackConfig) -> Result<DsmRack, DsmRackError> {
+        let (rack, _no_extra_clients) = StagedDsm::new(config, 0)?.start()?;
+        Ok(rack)
     }
 }

@@ -8,6 +8,7 @@ use remora_host::{Agent, AgentError, AgentPort, Progress};
 use remora_rnic::Verbs;
 use remora_wire::bifrost::{GlobalAddress, BIFROST_PORT};
 use remora_wire::datagram::DatagramEnd;
+use std::time::Duration;
 
 /// Datagrams taken per turn.
 const DATAGRAMS_PER_TURN: usize = 256;
@@ -42,10 +43,15 @@ fn send_calls(
     Ok(moved)
 }
 
+/// How often a server looks for deferred calls that finished (a worker
+/// thread's outcome waits at most this long for its reply to leave).
+const DEFERRED_POLL_INTERVAL: Duration = Duration::from_micros(20);
+
 /// Serves calls on Bifröst's port.
 pub struct ServerAgent {
     pub callee: Callee,
     port: AgentPort,
+    last_turn: Timestamp,
 }
 
 impl ServerAgent {
@@ -53,6 +59,7 @@ impl ServerAgent {
         ServerAgent {
             callee,
             port: AgentPort::new(BIFROST_PORT, INBOX_DEPTH),
+            last_turn: Timestamp::ZERO,
         }
     }
 }
@@ -62,11 +69,13 @@ impl Agent for ServerAgent {
         "bifrost-server"
     }
 
-    fn poll(&mut self, _now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+    fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+        self.last_turn = now;
         let callee = &mut self.callee;
         let mut moved = self.port.receive(nic, DATAGRAMS_PER_TURN, |from, call| {
             callee.handle(from, call)
         })?;
+        moved |= self.callee.poll_service();
         while let Some((to, payload)) = self.callee.poll_transmit() {
             self.port.send(nic, to, &payload)?;
             moved = true;
@@ -75,8 +84,13 @@ impl Agent for ServerAgent {
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        // Open the port at once, before the first call arrives.
-        (!self.port.is_open()).then_some(Timestamp::ZERO)
+        // Open the port at once, before the first call arrives; while
+        // calls run on other threads, look for their outcomes.
+        if !self.port.is_open() {
+            return Some(Timestamp::ZERO);
+        }
+        (self.callee.in_progress() > 0)
+            .then(|| self.last_turn.saturating_add(DEFERRED_POLL_INTERVAL))
     }
 
     fn crash(&mut self) {

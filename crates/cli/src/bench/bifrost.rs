@@ -8,7 +8,9 @@
 use super::{Host, Report};
 use hdrhistogram::Histogram;
 use remora_bifrost::services::{
-    PingSyncClient, PingSyncHandler, PingSyncProcessor, TPingSyncClient,
+    ArraysByValueSyncClient, ArraysByValueSyncHandler, ArraysByValueSyncProcessor,
+    ArraysSyncClient, PingSyncClient, PingSyncHandler, PingSyncProcessor, TArraysByValueSyncClient,
+    TArraysSyncClient, TPingSyncClient,
 };
 use remora_bifrost::transport::{client_protocols, ServiceRack, ThriftService};
 use std::io::{BufReader, BufWriter};
@@ -30,6 +32,10 @@ pub enum BifrostBenchError {
     Tcp(#[from] std::io::Error),
     #[error("{0}")]
     PingPong(String),
+    #[error(transparent)]
+    Arrays(#[from] remora_bifrost::arrays::ArraysRackError),
+    #[error("the DSM: {0}")]
+    Dsm(#[from] remora_bifrost::dsm::client::DsmError),
 }
 
 struct Pong;
@@ -70,8 +76,12 @@ fn bifrost_ping(duration: Duration) -> Result<Histogram<u64>, BifrostBenchError>
     time_pings(&mut PingSyncClient::new(input, output), duration)
 }
 
-/// The same Thrift service over TCP on loopback, Nagle off.
-fn thrift_tcp_ping(duration: Duration) -> Result<Histogram<u64>, BifrostBenchError> {
+/// A generated processor served over TCP on loopback (Nagle off) until
+/// the client hangs up; the client's protocols, its stream, and the
+/// server thread.
+fn thrift_over_tcp<P: TProcessor + Send + 'static>(
+    processor: P,
+) -> Result<TcpClient, BifrostBenchError> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let address = listener.local_addr()?;
     let server = std::thread::spawn(move || -> Result<(), thrift::Error> {
@@ -79,7 +89,6 @@ fn thrift_tcp_ping(duration: Duration) -> Result<Histogram<u64>, BifrostBenchErr
         stream.set_nodelay(true)?;
         let mut input = TBinaryInputProtocol::new(BufReader::new(stream.try_clone()?), true);
         let mut output = TBinaryOutputProtocol::new(BufWriter::new(stream), true);
-        let processor = PingSyncProcessor::new(Pong);
         // Until the client hangs up.
         while processor.process(&mut input, &mut output).is_ok() {}
         Ok(())
@@ -88,10 +97,169 @@ fn thrift_tcp_ping(duration: Duration) -> Result<Histogram<u64>, BifrostBenchErr
     stream.set_nodelay(true)?;
     let input = TBinaryInputProtocol::new(BufReader::new(stream.try_clone()?), true);
     let output = TBinaryOutputProtocol::new(BufWriter::new(stream.try_clone()?), true);
+    Ok(TcpClient {
+        input,
+        output,
+        stream,
+        server,
+    })
+}
+
+type TcpInput = TBinaryInputProtocol<BufReader<TcpStream>>;
+type TcpOutput = TBinaryOutputProtocol<BufWriter<TcpStream>>;
+
+struct TcpClient {
+    input: TcpInput,
+    output: TcpOutput,
+    stream: TcpStream,
+    server: std::thread::JoinHandle<Result<(), thrift::Error>>,
+}
+
+impl TcpClient {
+    fn hang_up(
+        stream: TcpStream,
+        server: std::thread::JoinHandle<Result<(), thrift::Error>>,
+    ) -> Result<(), BifrostBenchError> {
+        stream.shutdown(std::net::Shutdown::Both)?;
+        let _ = server.join();
+        Ok(())
+    }
+}
+
+/// The same Thrift service over TCP on loopback, Nagle off.
+fn thrift_tcp_ping(duration: Duration) -> Result<Histogram<u64>, BifrostBenchError> {
+    let TcpClient {
+        input,
+        output,
+        stream,
+        server,
+    } = thrift_over_tcp(PingSyncProcessor::new(Pong))?;
     let latencies = time_pings(&mut PingSyncClient::new(input, output), duration);
-    stream.shutdown(std::net::Shutdown::Both)?;
-    let _ = server.join();
+    TcpClient::hang_up(stream, server)?;
     latencies
+}
+
+/// The by-value baseline's handler.
+struct SumByValue;
+
+impl ArraysByValueSyncHandler for SumByValue {
+    fn handle_add_arrays(&self, mut a: Vec<u8>, b: Vec<u8>) -> thrift::Result<Vec<u8>> {
+        a.iter_mut()
+            .zip(&b)
+            .for_each(|(x, y)| *x = x.wrapping_add(*y));
+        Ok(a)
+    }
+}
+
+/// One size's add-arrays latencies, in ns.
+struct AddArrays {
+    bytes: usize,
+    by_reference: Histogram<u64>,
+    writing_inputs: Histogram<u64>,
+    thrift_tcp: Histogram<u64>,
+}
+
+/// Calls of one variant at one size, for `duration` and at least five,
+/// after one to warm up; each call returns its own timed region.
+fn time_calls(
+    duration: Duration,
+    mut call: impl FnMut() -> Result<Duration, BifrostBenchError>,
+) -> Result<Histogram<u64>, BifrostBenchError> {
+    call()?;
+    let mut latencies = histogram();
+    let started = Instant::now();
+    while started.elapsed() < duration || latencies.len() < 5 {
+        latencies.saturating_record(call()?.as_nanos() as u64);
+    }
+    Ok(latencies)
+}
+
+fn arrays(bytes: usize) -> (Vec<u8>, Vec<u8>) {
+    let a = (0..bytes).map(|index| (index % 251) as u8).collect();
+    let b = (0..bytes).map(|index| (index % 13) as u8).collect();
+    (a, b)
+}
+
+/// add_arrays at each size: Bifröst by reference (inputs already in global
+/// memory), Bifröst writing its inputs inside the timed region, and the
+/// same sum by value through Thrift over TCP.
+fn add_arrays(sizes: &[usize], duration: Duration) -> Result<Vec<AddArrays>, BifrostBenchError> {
+    use remora_bifrost::arrays::{to_idl, ArraysRack};
+    use remora_bifrost::dsm::rack::DsmRackConfig;
+    let config = DsmRackConfig {
+        pool_bytes: 32 << 20,
+        ..DsmRackConfig::default()
+    };
+    let ArraysRack {
+        rack: _rack,
+        dsm,
+        path,
+    } = ArraysRack::start(config, 2)?;
+    let (input, output) = client_protocols(path);
+    let mut bifrost = ArraysSyncClient::new(input, output);
+    let TcpClient {
+        input,
+        output,
+        stream,
+        server,
+    } = thrift_over_tcp(ArraysByValueSyncProcessor::new(SumByValue))?;
+    let mut thrift = ArraysByValueSyncClient::new(input, output);
+    let mut figures = Vec::new();
+    for &bytes in sizes {
+        let (a, b) = arrays(bytes);
+        let [pa, pb, ps] = [0, 1, 2].map(|node| dsm.alloc_on(node, bytes as u64));
+        let (pa, pb, ps) = (pa?, pb?, ps?);
+        dsm.write(pa, &a)?;
+        dsm.write(pb, &b)?;
+        let pointers = (to_idl(pa, bytes), to_idl(pb, bytes), to_idl(ps, bytes));
+        let by_reference = time_calls(duration, || {
+            let begun = Instant::now();
+            bifrost.add_arrays(pointers.0.clone(), pointers.1.clone(), pointers.2.clone())?;
+            Ok(begun.elapsed())
+        })?;
+        let writing_inputs = time_calls(duration, || {
+            let begun = Instant::now();
+            dsm.write(pa, &a)?;
+            dsm.write(pb, &b)?;
+            bifrost.add_arrays(pointers.0.clone(), pointers.1.clone(), pointers.2.clone())?;
+            Ok(begun.elapsed())
+        })?;
+        let mut check = vec![0u8; bytes];
+        dsm.read(ps, &mut check)?;
+        if check
+            .iter()
+            .zip(a.iter().zip(&b))
+            .any(|(sum, (x, y))| *sum != x.wrapping_add(*y))
+        {
+            return Err(BifrostBenchError::PingPong(format!(
+                "add_arrays of {bytes} B gave a wrong sum"
+            )));
+        }
+        // The client takes its arguments by value: they are copied outside
+        // the timed region, as the by-reference arrays were written.
+        let thrift_tcp = time_calls(duration, || {
+            let (x, y) = (a.clone(), b.clone());
+            let begun = Instant::now();
+            let sum = thrift.add_arrays(x, y)?;
+            let elapsed = begun.elapsed();
+            if sum.len() != bytes {
+                return Err(BifrostBenchError::PingPong("a short sum over TCP".into()));
+            }
+            Ok(elapsed)
+        })?;
+        for ptr in [pa, pb, ps] {
+            dsm.free(ptr)?;
+        }
+        figures.push(AddArrays {
+            bytes,
+            by_reference,
+            writing_inputs,
+            thrift_tcp,
+        });
+    }
+    drop(thrift);
+    TcpClient::hang_up(stream, server)?;
+    Ok(figures)
 }
 
 fn micros(nanos: u64) -> f64 {
@@ -111,7 +279,8 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
             "seconds_per_variant": duration.as_secs(),
             "bifrost": "embedded rack, in-process rings, L2/L3 switch; generated Thrift Ping client and processor",
             "thrift_tcp": "the same generated code over TCP on loopback with TCP_NODELAY",
-            "not_built": "the Gatekeeper (so no gatekeeper_ping_overhead), add_arrays by reference (so no add_arrays_1mib_vs_thrift_tcp), Thrift over UDP, raw TCP",
+            "add_arrays": "the generated Arrays client on the compute node passes three GlobalPtrs; the service, on a host of its own with two worker threads, reads a and b from two memory nodes and writes the sum to a third by one-sided RDMA; the inputs are in global memory before the timed call (and, in the second variant, written inside it); the baseline passes both arrays by value through the generated ArraysByValue client over loopback TCP",
+            "not_built": "the Gatekeeper (so no gatekeeper_ping_overhead), Thrift over UDP, raw TCP",
         }),
         host: Host::probe(),
         results: Vec::new(),
@@ -164,6 +333,70 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
             "(reported)",
         ),
     ];
+    let sizes: &[usize] = if quick {
+        &[1024, 64 << 10, 1 << 20]
+    } else {
+        &[1, 1024, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20]
+    };
+    let arrays_duration = Duration::from_millis(if quick { 300 } else { 1500 });
+    let figures = add_arrays(sizes, arrays_duration)?;
+    println!(
+        "\n{:<10} {:>22} {:>22} {:>22}",
+        "add_arrays", "by reference p50 us", "+ writing inputs p50", "thrift tcp p50 us"
+    );
+    let mut crossover = None;
+    for figure in &figures {
+        let label = super::size_label(figure.bytes as u32);
+        let [reference, writing, tcp] = [
+            &figure.by_reference,
+            &figure.writing_inputs,
+            &figure.thrift_tcp,
+        ]
+        .map(|latencies| micros(latencies.value_at_quantile(0.5)));
+        println!("{label:<10} {reference:>22.1} {writing:>22.1} {tcp:>22.1}");
+        for (variant, latencies) in [
+            ("bifrost by reference", &figure.by_reference),
+            ("bifrost writing inputs", &figure.writing_inputs),
+            ("thrift over tcp by value", &figure.thrift_tcp),
+        ] {
+            let variant = format!("add_arrays {label} {variant}");
+            report.add(&variant, "mean", latencies.mean() / 1e3, "us");
+            report.add(
+                &variant,
+                "p50",
+                micros(latencies.value_at_quantile(0.5)),
+                "us",
+            );
+            report.add(
+                &variant,
+                "p99",
+                micros(latencies.value_at_quantile(0.99)),
+                "us",
+            );
+        }
+        if crossover.is_none() && reference <= tcp {
+            crossover = Some(figure.bytes);
+        }
+    }
+    let at_one_mib = figures
+        .iter()
+        .find(|figure| figure.bytes == 1 << 20)
+        .map(|figure| ratio(&figure.by_reference, &figure.thrift_tcp));
+    let crossover_text = crossover
+        .map_or("none: by reference never caught up".to_string(), |bytes| {
+            super::size_label(bytes as u32)
+        });
+    println!("crossover (by reference no slower than by value): {crossover_text}");
+    report.add(
+        "add_arrays",
+        "crossover_bytes",
+        crossover.map_or(f64::NAN, |bytes| bytes as f64),
+        "bytes",
+    );
+    let named: Vec<(&str, f64, &str)> = named
+        .into_iter()
+        .chain(at_one_mib.map(|value| ("add_arrays_1mib_vs_thrift_tcp", value, "<= 1.0")))
+        .collect();
     println!("\nratios:");
     for (name, value, target) in named {
         println!("  {name:<30} {value:>7.3}   {target}");

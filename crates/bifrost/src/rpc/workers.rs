@@ -1,0 +1,182 @@
+//! A service whose calls run on threads of their own, so that methods may
+//! block (on the DSM's one-sided reads and writes, say) while the agent
+//! that runs the callee keeps the rack's fabric turning. Each worker
+//! thread owns one instance of the service; calls go to whichever worker
+//! is free, and outcomes come back through [`Service::poll_finished`].
+
+use super::{CallTicket, Service};
+use remora_wire::bifrost::GlobalAddress;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+struct Job {
+    ticket: CallTicket,
+    method: Vec<u8>,
+    pointer: GlobalAddress,
+    arguments: Vec<u8>,
+}
+
+type Finished = (CallTicket, Result<Vec<u8>, String>);
+
+/// Worker threads, each with its own instance of a service.
+pub struct WorkerPool {
+    jobs: Option<Sender<Job>>,
+    finished: Receiver<Finished>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl WorkerPool {
+    /// One thread per instance in `services`. The callee bounds the calls
+    /// in progress, and so the queue of jobs.
+    pub fn new(services: Vec<Box<dyn Service>>) -> std::io::Result<WorkerPool> {
+        let (jobs, taken) = channel::<Job>();
+        let taken = Arc::new(Mutex::new(taken));
+        let (done, finished) = channel();
+        let mut threads = Vec::new();
+        for (index, service) in services.into_iter().enumerate() {
+            let taken = Arc::clone(&taken);
+            let done = done.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("bifrost-worker-{index}"))
+                .spawn(move || work(service, &taken, &done))?;
+            threads.push(thread);
+        }
+        Ok(WorkerPool {
+            jobs: Some(jobs),
+            finished,
+            threads,
+        })
+    }
+}
+
+/// A worker's loop: until the pool is dropped, take a job, run it, hand
+/// the outcome back.
+fn work(mut service: Box<dyn Service>, taken: &Mutex<Receiver<Job>>, done: &Sender<Finished>) {
+    loop {
+        let job = {
+            let Ok(taken) = taken.lock() else { return };
+            match taken.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            }
+        };
+        let outcome = service.call(&job.method, job.pointer, &job.arguments);
+        if done.send((job.ticket, outcome)).is_err() {
+            return;
+        }
+    }
+}
+
+impl Service for WorkerPool {
+    /// The pool only runs calls through [`Service::begin`]: a blocking call
+    /// here would hold up the agent the workers need.
+    fn call(
+        &mut self,
+        _method: &[u8],
+        _pointer: GlobalAddress,
+        _arguments: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        Err("a worker pool runs calls through begin".into())
+    }
+
+    fn begin(
+        &mut self,
+        ticket: CallTicket,
+        method: &[u8],
+        pointer: GlobalAddress,
+        arguments: &[u8],
+    ) -> Option<Result<Vec<u8>, String>> {
+        let job = Job {
+            ticket,
+            method: method.to_vec(),
+            pointer,
+            arguments: arguments.to_vec(),
+        };
+        match self.jobs.as_ref().map(|jobs| jobs.send(job)) {
+            Some(Ok(())) => None,
+            _ => Some(Err("the service's worker threads are gone".into())),
+        }
+    }
+
+    fn poll_finished(&mut self) -> Option<Finished> {
+        self.finished.try_recv().ok()
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        // Closing the queue ends every worker after its current call.
+        self.jobs = None;
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::{Callee, Caller};
+    use remora_base::Timestamp;
+    use remora_wire::datagram::DatagramEnd;
+    use std::time::Duration;
+
+    /// Sleeps, then echoes: a method that blocks.
+    struct SlowEcho;
+
+    impl Service for SlowEcho {
+        fn call(
+            &mut self,
+            _: &[u8],
+            _: GlobalAddress,
+            arguments: &[u8],
+        ) -> Result<Vec<u8>, String> {
+            std::thread::sleep(Duration::from_millis(5));
+            Ok(arguments.to_vec())
+        }
+    }
+
+    #[test]
+    fn blocking_calls_finish_on_workers_and_each_runs_once() {
+        let workers: Vec<Box<dyn Service>> = (0..3)
+            .map(|_| Box::new(SlowEcho) as Box<dyn Service>)
+            .collect();
+        let mut callee = Callee::new(Box::new(WorkerPool::new(workers).unwrap()));
+        let mut caller = Caller::new(Duration::from_millis(1), 1000);
+        let end = DatagramEnd {
+            mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 9]),
+            address: remora_wire::Ipv4Address::new(10, 0, 0, 9),
+            port: 40000,
+        };
+        for index in 0..6u8 {
+            caller
+                .call(Timestamp::ZERO, end, "echo", GlobalAddress::NULL, &[index])
+                .unwrap();
+        }
+        let mut outcomes = Vec::new();
+        let started = std::time::Instant::now();
+        while outcomes.len() < 6 && started.elapsed() < Duration::from_secs(10) {
+            while let Some((_, call)) = caller.poll_transmit() {
+                // Every call is sent twice: the copy that comes while the
+                // first runs is a duplicate, not a second execution.
+                callee.handle(end, &call);
+                callee.handle(end, &call);
+            }
+            callee.poll_service();
+            while let Some((_, reply)) = callee.poll_transmit() {
+                caller.handle(&reply);
+            }
+            while let Some(outcome) = caller.take_completion() {
+                outcomes.push(outcome);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(outcomes.len(), 6);
+        for (rpc_id, outcome) in outcomes {
+            assert_eq!(outcome.unwrap(), vec![rpc_id as u8 - 1]);
+        }
+        assert_eq!(callee.counters().executed, 6);
+        assert_eq!(callee.in_progress(), 0);
+    }
+}
