@@ -11,6 +11,7 @@
 
 pub mod arrays;
 pub mod dsm;
+pub mod gatekeeper;
 pub mod rpc;
 pub mod transport;
 

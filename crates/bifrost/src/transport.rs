@@ -288,10 +288,33 @@ pub struct ServiceRack {
 /// machine is not a lost frame, so well above a round trip.
 pub const RACK_RESEND_AFTER: Duration = Duration::from_millis(20);
 
+/// Where a [`ServiceRack`]'s calls go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// Straight to the service's host, the switch forwarding plainly (the
+    /// thesis's measured setup, "Gatekeeper bypassed").
+    Bypass,
+    /// To the Gatekeeper's service address; the switch routes each call
+    /// by method and tracks it.
+    Gatekeeper,
+}
+
+/// The Gatekeeper's service address on a [`ServiceRack`].
+pub const SERVICE_ADDRESS: remora_wire::Ipv4Address = remora_wire::Ipv4Address::new(10, 0, 0, 200);
+
 impl ServiceRack {
-    pub fn start(service: Box<dyn Service>) -> Result<ServiceRack, remora_rack::RackError> {
+    /// The service on the memory host, serving `methods`, called through
+    /// `routing`.
+    pub fn start(
+        service: Box<dyn Service>,
+        routing: Routing,
+        methods: &[&str],
+    ) -> Result<ServiceRack, ServiceRackError> {
+        use crate::gatekeeper::{Gatekeeper, GatekeeperConfig, NodeKind};
         use crate::rpc::agents::{CallingAgent, ServerAgent};
         use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
+        use remora_switch::programs::overlay::Overlaid;
+        use remora_switch::{Switch, SwitchConfig};
         use std::sync::{Arc, Mutex};
         let topology = Topology::compute_and_memory();
         let mut staged = remora_rack::assembly::RackBuilder::new(&topology)
@@ -300,13 +323,40 @@ impl ServiceRack {
         let server = ServerAgent::new(Callee::new(service));
         staged.add_agent(MEMORY_HOST, Arc::new(Mutex::new(server)));
         let (requests, taken) = std::sync::mpsc::sync_channel(64);
-        let callee = crate::rpc::callee_at(topology.switch_mac, topology.host(MEMORY_HOST).address);
+        let server_address = topology.host(MEMORY_HOST).address;
+        let callee = match routing {
+            Routing::Bypass => crate::rpc::callee_at(topology.switch_mac, server_address),
+            Routing::Gatekeeper => crate::rpc::callee_at(topology.switch_mac, SERVICE_ADDRESS),
+        };
         let caller = Caller::new(RACK_RESEND_AFTER, 50);
         let calling = CallingAgent::new(caller, callee, 40000, taken);
         staged.add_agent(COMPUTE_HOST, Arc::new(Mutex::new(calling)));
-        let switch = staged.l2l3_switch();
-        let (rack, _switch) = staged.start(switch)?;
+        let rack = match routing {
+            Routing::Bypass => {
+                let switch = staged.l2l3_switch();
+                staged.start(switch)?.0
+            }
+            Routing::Gatekeeper => {
+                let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE_ADDRESS));
+                gatekeeper.register_node(server_address, NodeKind::Compute, 0)?;
+                for method in methods {
+                    gatekeeper.route(method, server_address)?;
+                }
+                let config = SwitchConfig::new(topology.hosts().len() as u16);
+                let program = Overlaid::new(topology.forwarding(), gatekeeper);
+                staged.start(Switch::new(config, program))?.0
+            }
+        };
         let path = RackPath::new(requests, rack.fabric().kicker(), Duration::from_secs(5));
         Ok(ServiceRack { rack, path })
     }
+}
+
+/// Why a service rack could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceRackError {
+    #[error(transparent)]
+    Rack(#[from] remora_rack::RackError),
+    #[error("the Gatekeeper's tables: {0}")]
+    Gatekeeper(#[from] crate::gatekeeper::GatekeeperError),
 }

@@ -82,13 +82,22 @@ fn method_names_come_from_the_thrift_message() {
 
 /// The same generated client and processor across the embedded rack: the
 /// client's thread hands each call to an agent on the compute host; RPCs
-/// cross the switch as datagrams to the server agent on another host.
+/// cross the switch as datagrams to the server agent on another host,
+/// straight or routed by the Gatekeeper in the switch.
 #[test]
 fn generated_clients_call_across_the_embedded_rack() {
+    use remora_bifrost::transport::Routing;
+    for routing in [Routing::Bypass, Routing::Gatekeeper] {
+        echo_across_the_rack(routing);
+    }
+}
+
+fn echo_across_the_rack(routing: remora_bifrost::transport::Routing) {
     use remora_bifrost::transport::ServiceRack;
     let echoes = Arc::new(AtomicU64::new(0));
     let service = ThriftService::new(EchoSyncProcessor::new(Echoed(Arc::clone(&echoes))));
-    let ServiceRack { rack: _rack, path } = ServiceRack::start(Box::new(service)).unwrap();
+    let ServiceRack { rack: _rack, path } =
+        ServiceRack::start(Box::new(service), routing, &["echo"]).unwrap();
     let (input, output) = client_protocols(path);
     let mut client = EchoSyncClient::new(input, output);
     for round in 0..200u32 {

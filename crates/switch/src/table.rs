@@ -81,6 +81,19 @@ impl<K: Hash + Eq, V> ExactTable<K, V> {
         self.entries.get_mut(key)
     }
 
+    /// Every entry, in no particular order: what a control plane reads.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.entries.iter()
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.entries.values()
+    }
+
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.entries.values_mut()
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }

@@ -1,0 +1,399 @@
+//! Bifröst's Gatekeeper (the thesis's §4 and §6.3), as a switch overlay:
+//! the switch parses the Bifröst header of every RPC datagram, routes
+//! calls addressed to the Gatekeeper's service address to the node
+//! registered for their method, keeps the graph of RPCs in flight, sends
+//! digests to its control plane, and holds calls to a failed node until a
+//! replacement takes its methods over.
+//!
+//! Built so far: registration, service routing, the RPC graph, digests,
+//! failure marking and recovery of routes, every table bounded with typed
+//! errors. Not yet: the ACL on DSM accesses, checkpoints, and replay by the
+//! switch itself (held calls reach the replacement through their callers'
+//! retransmissions, and callees drop duplicates by (caller, RPC id)).
+
+use remora_base::Timestamp;
+use remora_switch::packet::{Digest, Egress, Packet};
+use remora_switch::programs::overlay::{Claim, Overlay};
+use remora_switch::resources::ResourceReport;
+use remora_switch::table::{ExactTable, TableError, TableShape};
+use remora_wire::bifrost::{BifrostHeader, CallType, GlobalAddress, BIFROST_PORT, METHOD_NAME_LEN};
+use remora_wire::ipv4::Ipv4Packet;
+use remora_wire::Ipv4Address;
+
+/// Digest kinds the Gatekeeper sends its control plane.
+pub const DIGEST_CALL: u16 = 0xb1f0;
+pub const DIGEST_REPLY: u16 = 0xb1f1;
+/// A call for a method no node is registered for, or to a failed node
+/// that could not be held, or a full graph: an RPC failure.
+pub const DIGEST_RPC_FAILURE: u16 = 0xb1f2;
+
+/// What kind of node registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeKind {
+    Compute,
+    Memory,
+}
+
+/// A registered node's status (§6.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeStatus {
+    Free,
+    InUse,
+    Failed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub kind: NodeKind,
+    pub capacity_bytes: u64,
+    pub status: NodeStatus,
+}
+
+/// An RPC in flight: an edge of the node-centric graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallEdge {
+    pub caller: Ipv4Address,
+    pub caller_port: u16,
+    pub rpc_id: u64,
+    pub callee: Ipv4Address,
+    pub method: [u8; METHOD_NAME_LEN],
+    pub pointer: GlobalAddress,
+}
+
+/// Why a control-plane request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GatekeeperError {
+    #[error(transparent)]
+    Table(#[from] TableError),
+    #[error("node {0:?} is not registered")]
+    UnknownNode(Ipv4Address),
+    #[error("node {0:?} has failed: it serves no method")]
+    NodeFailed(Ipv4Address),
+    #[error("a method name of {0} bytes is longer than {METHOD_NAME_LEN}")]
+    MethodTooLong(usize),
+    #[error("node {0:?} has not failed")]
+    NotFailed(Ipv4Address),
+}
+
+/// What the data plane counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GatekeeperCounters {
+    pub calls_routed: u64,
+    pub replies: u64,
+    /// Calls for a method no node serves: dropped.
+    pub unrouted: u64,
+    /// Calls to a failed node, held until its replacement (dropped here;
+    /// the caller's retransmission delivers them after recovery).
+    pub held: u64,
+    /// Calls refused because the RPC graph was full.
+    pub graph_full: u64,
+    /// Bifröst-port datagrams whose header did not parse.
+    pub malformed: u64,
+    /// Calls addressed to a node directly: forwarded without routing.
+    pub direct: u64,
+}
+
+/// Table sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatekeeperConfig {
+    /// The address callers send calls to; the Gatekeeper routes them.
+    pub service_address: Ipv4Address,
+    pub nodes: usize,
+    pub routes: usize,
+    pub calls_in_flight: usize,
+}
+
+impl GatekeeperConfig {
+    pub fn new(service_address: Ipv4Address) -> GatekeeperConfig {
+        GatekeeperConfig {
+            service_address,
+            nodes: 64,
+            routes: 256,
+            calls_in_flight: 4096,
+        }
+    }
+}
+
+type MethodKey = [u8; METHOD_NAME_LEN];
+type CallKey = (Ipv4Address, u16, u64);
+
+/// The overlay.
+pub struct Gatekeeper {
+    service_address: Ipv4Address,
+    nodes: ExactTable<Ipv4Address, NodeInfo>,
+    routes: ExactTable<MethodKey, Ipv4Address>,
+    graph: ExactTable<CallKey, CallEdge>,
+    counters: GatekeeperCounters,
+}
+
+fn method_key(method: &[u8]) -> Result<MethodKey, GatekeeperError> {
+    if method.len() > METHOD_NAME_LEN {
+        return Err(GatekeeperError::MethodTooLong(method.len()));
+    }
+    let mut key = [0u8; METHOD_NAME_LEN];
+    key[..method.len()].copy_from_slice(method);
+    Ok(key)
+}
+
+/// Where a packet's IPv4 and UDP headers are, if it is a UDP datagram to
+/// or from Bifröst's port (calls go to it, replies come from it).
+fn bifrost_offsets(packet: &Packet) -> Option<(usize, usize)> {
+    let ipv4 = packet.headers.ipv4?;
+    let bytes = &packet.bytes;
+    if bytes.get(ipv4.offset + 9) != Some(&remora_wire::ipv4::PROTOCOL_UDP) {
+        return None;
+    }
+    let udp = ipv4.offset + ipv4.header_len;
+    let source = u16::from_be_bytes([*bytes.get(udp)?, *bytes.get(udp + 1)?]);
+    let destination = u16::from_be_bytes([*bytes.get(udp + 2)?, *bytes.get(udp + 3)?]);
+    (source == BIFROST_PORT || destination == BIFROST_PORT).then_some((ipv4.offset, udp))
+}
+
+impl Gatekeeper {
+    pub fn new(config: GatekeeperConfig) -> Gatekeeper {
+        let shape = |name, stage, key_bits, action_data_bits, capacity| TableShape {
+            name,
+            stage,
+            key_bits,
+            action_data_bits,
+            capacity,
+        };
+        Gatekeeper {
+            service_address: config.service_address,
+            nodes: ExactTable::new(shape("gatekeeper_nodes", 0, 32, 80, config.nodes)),
+            routes: ExactTable::new(shape("gatekeeper_routes", 0, 128, 32, config.routes)),
+            graph: ExactTable::new(shape(
+                "gatekeeper_graph",
+                1,
+                112,
+                304,
+                config.calls_in_flight,
+            )),
+            counters: GatekeeperCounters::default(),
+        }
+    }
+
+    pub fn counters(&self) -> GatekeeperCounters {
+        self.counters
+    }
+
+    pub fn node(&self, address: Ipv4Address) -> Option<NodeInfo> {
+        self.nodes.lookup(&address).copied()
+    }
+
+    /// A node announces itself on boot.
+    pub fn register_node(
+        &mut self,
+        address: Ipv4Address,
+        kind: NodeKind,
+        capacity_bytes: u64,
+    ) -> Result<(), GatekeeperError> {
+        let info = NodeInfo {
+            kind,
+            capacity_bytes,
+            status: NodeStatus::Free,
+        };
+        Ok(self.nodes.insert(address, info)?)
+    }
+
+    /// Calls of `method` go to `node`, which is then in use.
+    pub fn route(&mut self, method: &str, node: Ipv4Address) -> Result<(), GatekeeperError> {
+        let key = method_key(method.as_bytes())?;
+        let info = self
+            .nodes
+            .lookup_mut(&node)
+            .ok_or(GatekeeperError::UnknownNode(node))?;
+        if info.status == NodeStatus::Failed {
+            return Err(GatekeeperError::NodeFailed(node));
+        }
+        info.status = NodeStatus::InUse;
+        Ok(self.routes.insert(key, node)?)
+    }
+
+    /// The control plane saw `node` fail (a missed heartbeat): calls to it
+    /// are held from now on. Returns the calls in flight to it.
+    pub fn mark_failed(&mut self, node: Ipv4Address) -> Result<usize, GatekeeperError> {
+        let info = self
+            .nodes
+            .lookup_mut(&node)
+            .ok_or(GatekeeperError::UnknownNode(node))?;
+        info.status = NodeStatus::Failed;
+        Ok(self.edges().filter(|edge| edge.callee == node).count())
+    }
+
+    /// `replacement` takes over every method of the failed node, whose
+    /// routes and calls in flight move to it. Returns the routes moved.
+    pub fn recover(
+        &mut self,
+        failed: Ipv4Address,
+        replacement: Ipv4Address,
+    ) -> Result<usize, GatekeeperError> {
+        let info = self
+            .nodes
+            .lookup(&failed)
+            .ok_or(GatekeeperError::UnknownNode(failed))?;
+        if info.status != NodeStatus::Failed {
+            return Err(GatekeeperError::NotFailed(failed));
+        }
+        let spare = self
+            .nodes
+            .lookup_mut(&replacement)
+            .ok_or(GatekeeperError::UnknownNode(replacement))?;
+        if spare.status == NodeStatus::Failed {
+            return Err(GatekeeperError::NodeFailed(replacement));
+        }
+        spare.status = NodeStatus::InUse;
+        let methods: Vec<MethodKey> = self
+            .routes
+            .iter()
+            .filter(|(_, node)| **node == failed)
+            .map(|(method, _)| *method)
+            .collect();
+        for method in &methods {
+            self.routes.insert(*method, replacement)?;
+        }
+        for edge in self.graph.values_mut() {
+            if edge.callee == failed {
+                edge.callee = replacement;
+            }
+        }
+        // Forwarding to the failed node stops: it serves nothing now.
+        self.nodes.remove(&failed);
+        Ok(methods.len())
+    }
+
+    /// The RPCs in flight.
+    pub fn edges(&self) -> impl Iterator<Item = &CallEdge> {
+        self.graph.values()
+    }
+
+    fn fail(&mut self, packet: &mut Packet, value: u64) -> Claim {
+        packet.egress = Egress::Drop;
+        packet.digest = Some(Digest {
+            kind: DIGEST_RPC_FAILURE,
+            values: [value, 0, 0, 0],
+        });
+        Claim::Taken
+    }
+
+    /// A call to the service address: route it by method, or hold it.
+    fn route_call(&mut self, packet: &mut Packet, ip: usize, udp: usize) -> Claim {
+        let payload = &packet.bytes[udp + 8..];
+        let Ok(header) = BifrostHeader::new_checked(payload) else {
+            self.counters.malformed += 1;
+            packet.egress = Egress::Drop;
+            return Claim::Taken;
+        };
+        let Ok(key) = method_key(header.method_name()) else {
+            self.counters.malformed += 1;
+            packet.egress = Egress::Drop;
+            return Claim::Taken;
+        };
+        let Some(&node) = self.routes.lookup(&key) else {
+            self.counters.unrouted += 1;
+            return self.fail(packet, 1);
+        };
+        if self
+            .nodes
+            .lookup(&node)
+            .is_none_or(|info| info.status == NodeStatus::Failed)
+        {
+            self.counters.held += 1;
+            packet.egress = Egress::Drop;
+            return Claim::Taken;
+        }
+        let caller = packet
+            .headers
+            .ipv4
+            .map(|fields| fields.source)
+            .unwrap_or_default();
+        let caller_port = u16::from_be_bytes([packet.bytes[udp], packet.bytes[udp + 1]]);
+        let edge = CallEdge {
+            caller,
+            caller_port,
+            rpc_id: header.rpc_id(),
+            callee: node,
+            method: key,
+            pointer: header.global_address(),
+        };
+        let oneway = header.call_type() == CallType::Oneway;
+        if !oneway
+            && self
+                .graph
+                .insert((caller, caller_port, edge.rpc_id), edge)
+                .is_err()
+        {
+            self.counters.graph_full += 1;
+            return self.fail(packet, 2);
+        }
+        // Rewrite the destination to the node; forwarding routes it there.
+        packet.bytes[ip + 16..ip + 20].copy_from_slice(&node.0);
+        Ipv4Packet::new_unchecked(&mut packet.bytes[ip..]).fill_checksum();
+        if let Some(fields) = packet.headers.ipv4.as_mut() {
+            fields.destination = node;
+        }
+        self.counters.calls_routed += 1;
+        packet.digest = Some(Digest {
+            kind: DIGEST_CALL,
+            values: [
+                u64::from(u32::from_be_bytes(caller.0)),
+                edge.rpc_id,
+                u64::from(u32::from_be_bytes(node.0)),
+                0,
+            ],
+        });
+        Claim::Pass
+    }
+
+    /// A reply on its way to its caller: the call leaves the graph.
+    fn see_reply(&mut self, packet: &mut Packet, udp: usize, rpc_id: u64) {
+        let caller = packet
+            .headers
+            .ipv4
+            .map(|fields| fields.destination)
+            .unwrap_or_default();
+        let caller_port = u16::from_be_bytes([packet.bytes[udp + 2], packet.bytes[udp + 3]]);
+        if self.graph.remove(&(caller, caller_port, rpc_id)).is_some() {
+            self.counters.replies += 1;
+            packet.digest = Some(Digest {
+                kind: DIGEST_REPLY,
+                values: [u64::from(u32::from_be_bytes(caller.0)), rpc_id, 0, 0],
+            });
+        }
+    }
+}
+
+impl Overlay for Gatekeeper {
+    fn name(&self) -> &str {
+        "bifrost-gatekeeper"
+    }
+
+    fn before_forwarding(&mut self, _now: Timestamp, packet: &mut Packet) -> Claim {
+        let Some((ip, udp)) = bifrost_offsets(packet) else {
+            return Claim::Pass;
+        };
+        let destination = packet.headers.ipv4.map(|fields| fields.destination);
+        if destination == Some(self.service_address) {
+            return self.route_call(packet, ip, udp);
+        }
+        let Ok(header) = BifrostHeader::new_checked(&packet.bytes[udp + 8..]) else {
+            // Not the Gatekeeper's to judge: forwarded as any datagram.
+            self.counters.malformed += 1;
+            return Claim::Pass;
+        };
+        match header.call_type() {
+            CallType::Reply | CallType::Exception => {
+                let rpc_id = header.rpc_id();
+                self.see_reply(packet, udp, rpc_id);
+            }
+            CallType::Call | CallType::Oneway => self.counters.direct += 1,
+        }
+        Claim::Pass
+    }
+
+    fn add_resources(&self, report: &mut ResourceReport) {
+        report.tables.push(self.nodes.resources());
+        report.tables.push(self.routes.resources());
+        report.tables.push(self.graph.resources());
+    }
+}

@@ -1,0 +1,186 @@
+//! The Gatekeeper in the switch, in the simulator: calls addressed to its
+//! service address are routed by method, the RPC graph empties as replies
+//! pass, unknown methods fail fast, and when the serving node fails its
+//! calls are held until a replacement takes its methods over.
+
+use remora_bifrost::gatekeeper::{Gatekeeper, GatekeeperConfig, NodeKind};
+use remora_bifrost::rpc::agents::{ClientAgent, ServerAgent};
+use remora_bifrost::rpc::scenario::Counter;
+use remora_bifrost::rpc::{Callee, Caller, RpcError};
+use remora_rack::scenario::{Rack, RackStage, SimulatedStage};
+use remora_rack::topology::{standard_host, HostSpec, Role, Topology, COMPUTE_HOST, MEMORY_HOST};
+use remora_switch::programs::overlay::Overlaid;
+use remora_wire::bifrost::BIFROST_PORT;
+use remora_wire::datagram::DatagramEnd;
+use remora_wire::Ipv4Address;
+use std::time::Duration;
+
+const SERVICE: Ipv4Address = Ipv4Address::new(10, 0, 0, 200);
+const SPARE_HOST: usize = 2;
+
+fn topology() -> Topology {
+    let mut topology = Topology::compute_and_memory();
+    let (mac, address) = standard_host(SPARE_HOST);
+    topology
+        .add_host(HostSpec::new("spare", Role::Compute, mac, address))
+        .unwrap();
+    topology
+}
+
+/// A rack whose switch runs the Gatekeeper, with "increment" served by the
+/// memory host, a spare server standing by, and a client calling `method`
+/// at the service address.
+fn start(
+    seed: u64,
+    method: &'static str,
+    calls: u64,
+    attempts: u32,
+) -> (Topology, impl Rack<Program = Overlaid<Gatekeeper>>) {
+    let topology = topology();
+    let mut stage = SimulatedStage::new(seed, &topology, seed);
+    for host in [MEMORY_HOST, SPARE_HOST] {
+        stage.add_agent(
+            host,
+            Box::new(ServerAgent::new(Callee::new(Box::new(Counter(0))))),
+        );
+    }
+    let service = DatagramEnd {
+        mac: topology.switch_mac,
+        address: SERVICE,
+        port: BIFROST_PORT,
+    };
+    let caller = Caller::new(Duration::from_micros(50), attempts);
+    stage.add_agent(
+        COMPUTE_HOST,
+        Box::new(ClientAgent::new(caller, service, method, 40000, calls, 8)),
+    );
+    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE));
+    for host in [MEMORY_HOST, SPARE_HOST] {
+        gatekeeper
+            .register_node(topology.host(host).address, NodeKind::Compute, 1 << 30)
+            .unwrap();
+    }
+    gatekeeper
+        .route("increment", topology.host(MEMORY_HOST).address)
+        .unwrap();
+    let rack = stage
+        .start(Overlaid::new(topology.forwarding(), gatekeeper))
+        .unwrap();
+    (topology, rack)
+}
+
+fn outcomes(rack: &mut impl Rack) -> Vec<(u64, Result<Vec<u8>, RpcError>)> {
+    rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| client.outcomes.clone())
+        .unwrap()
+}
+
+fn done(rack: &mut impl Rack) -> bool {
+    rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| client.is_done())
+        .unwrap_or(false)
+}
+
+fn executed(rack: &mut impl Rack, host: usize) -> u64 {
+    rack.with_agent::<ServerAgent, _>(host, 0, |server| server.callee.counters().executed)
+        .unwrap()
+}
+
+#[test]
+fn calls_to_the_service_address_are_routed_by_method_and_run_once() {
+    let (_topology, mut rack) = start(1, "increment", 200, 1000);
+    rack.run_until(&mut done, Duration::from_secs(5)).unwrap();
+    let answers: Vec<u64> = outcomes(&mut rack)
+        .into_iter()
+        .map(|(_, outcome)| u64::from_be_bytes(outcome.unwrap()[..8].try_into().unwrap()))
+        .collect();
+    let mut sorted = answers.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (1..=200).collect::<Vec<_>>());
+    assert_eq!(executed(&mut rack, MEMORY_HOST), 200);
+    assert_eq!(executed(&mut rack, SPARE_HOST), 0);
+    let (counters, in_flight) =
+        rack.with_program(|program| (program.counters(), program.edges().count()));
+    assert_eq!(counters.calls_routed, 200);
+    assert_eq!(counters.replies, 200);
+    assert_eq!(in_flight, 0, "the RPC graph empties as replies pass");
+}
+
+#[test]
+fn a_method_no_node_serves_fails_fast_at_the_switch() {
+    let (_topology, mut rack) = start(2, "missing", 3, 4);
+    rack.run_until(&mut done, Duration::from_secs(5)).unwrap();
+    for (_, outcome) in outcomes(&mut rack) {
+        assert!(
+            matches!(outcome, Err(RpcError::NoAnswer { .. })),
+            "{outcome:?}"
+        );
+    }
+    let counters = rack.with_program(|program| program.counters());
+    assert_eq!(counters.unrouted, 3 * 4, "every attempt is refused");
+    assert_eq!(executed(&mut rack, MEMORY_HOST), 0);
+}
+
+#[test]
+fn calls_to_a_failed_node_are_held_until_its_replacement_serves_them() {
+    const CALLS: u64 = 4000;
+    let (topology, mut rack) = start(3, "increment", CALLS, 100_000);
+    let answered = |rack: &mut _| outcomes(rack).len() as u64 >= CALLS / 2;
+    rack.run_until(&mut |rack| answered(rack), Duration::from_secs(5))
+        .unwrap();
+    let memory = topology.host(MEMORY_HOST).address;
+    let spare = topology.host(SPARE_HOST).address;
+    rack.crash(MEMORY_HOST);
+    let in_flight = rack.with_program(|program| program.mark_failed(memory).unwrap());
+    assert!(in_flight <= 8, "at most the client's window is in flight");
+    // The failure is detected; until the replacement is up, calls are held.
+    rack.run_for(Duration::from_millis(2)).unwrap();
+    let held = rack.with_program(|program| program.counters().held);
+    assert!(held > 0);
+    let moved = rack.with_program(|program| program.recover(memory, spare).unwrap());
+    assert_eq!(moved, 1);
+    rack.run_until(&mut done, Duration::from_secs(5)).unwrap();
+    let outcomes = outcomes(&mut rack);
+    assert_eq!(outcomes.len() as u64, CALLS);
+    assert!(outcomes.iter().all(|(_, outcome)| outcome.is_ok()));
+    let before = executed(&mut rack, MEMORY_HOST);
+    let after = executed(&mut rack, SPARE_HOST);
+    assert!(after > 0, "the replacement served the rest");
+    // Without checkpoints, a call the failed node ran but whose reply it
+    // never sent runs again on the replacement: at most those in flight.
+    assert!(before + after >= CALLS && before + after <= CALLS + in_flight as u64);
+    let in_graph = rack.with_program(|program| program.edges().count());
+    assert_eq!(in_graph, 0);
+}
+
+#[test]
+fn control_plane_mistakes_are_typed_errors() {
+    use remora_bifrost::gatekeeper::GatekeeperError;
+    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig {
+        nodes: 1,
+        ..GatekeeperConfig::new(SERVICE)
+    });
+    let node = Ipv4Address::new(10, 0, 0, 9);
+    assert_eq!(
+        gatekeeper.route("ping", node),
+        Err(GatekeeperError::UnknownNode(node))
+    );
+    gatekeeper
+        .register_node(node, NodeKind::Compute, 1)
+        .unwrap();
+    assert!(matches!(
+        gatekeeper.register_node(Ipv4Address::new(10, 0, 0, 10), NodeKind::Memory, 1),
+        Err(GatekeeperError::Table(_))
+    ));
+    assert_eq!(
+        gatekeeper.route("a_method_name_too_long", node),
+        Err(GatekeeperError::MethodTooLong(22))
+    );
+    assert_eq!(
+        gatekeeper.recover(node, node),
+        Err(GatekeeperError::NotFailed(node))
+    );
+    gatekeeper.mark_failed(node).unwrap();
+    assert_eq!(
+        gatekeeper.route("ping", node),
+        Err(GatekeeperError::NodeFailed(node))
+    );
+}
