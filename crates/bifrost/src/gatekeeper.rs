@@ -6,17 +6,22 @@
 //! replacement takes its methods over.
 //!
 //! Built so far: registration, service routing, the RPC graph, digests,
-//! failure marking and recovery of routes, every table bounded with typed
-//! errors. Not yet: the ACL on DSM accesses, checkpoints, and replay by the
-//! switch itself (held calls reach the replacement through their callers'
-//! retransmissions, and callees drop duplicates by (caller, RPC id)).
+//! callee checkpoints (b2) taken off the replies that carry them, failure
+//! marking and recovery of routes, every table bounded with typed errors.
+//! Not yet: the ACL on DSM accesses, the caller's checkpoints (a1, b1,
+//! a2), and replay by the switch itself (held calls reach the replacement
+//! through their callers' retransmissions, and a replacement started from
+//! the failed node's checkpoint answers what it had answered).
 
 use remora_base::Timestamp;
 use remora_switch::packet::{Digest, Egress, Packet};
 use remora_switch::programs::overlay::{Claim, Overlay};
 use remora_switch::resources::ResourceReport;
 use remora_switch::table::{ExactTable, TableError, TableShape};
-use remora_wire::bifrost::{BifrostHeader, CallType, GlobalAddress, BIFROST_PORT, METHOD_NAME_LEN};
+use crate::rpc::checkpoint::{split_reply, CHECKPOINT_FLAG, MAX_CHECKPOINT_BYTES};
+use remora_wire::bifrost::{
+    BifrostHeader, BifrostRepr, CallType, GlobalAddress, BIFROST_PORT, HEADER_LEN, METHOD_NAME_LEN,
+};
 use remora_wire::ipv4::Ipv4Packet;
 use remora_wire::Ipv4Address;
 
@@ -91,6 +96,8 @@ pub struct GatekeeperCounters {
     pub malformed: u64,
     /// Calls addressed to a node directly: forwarded without routing.
     pub direct: u64,
+    /// Checkpoints taken off replies and kept (older ones are dropped).
+    pub checkpoints: u64,
 }
 
 /// Table sizes.
@@ -123,6 +130,8 @@ pub struct Gatekeeper {
     nodes: ExactTable<Ipv4Address, NodeInfo>,
     routes: ExactTable<MethodKey, Ipv4Address>,
     graph: ExactTable<CallKey, CallEdge>,
+    /// Each node's newest checkpoint (b2), taken off its replies.
+    checkpoints: ExactTable<Ipv4Address, (u64, Vec<u8>)>,
     counters: GatekeeperCounters,
 }
 
@@ -168,6 +177,13 @@ impl Gatekeeper {
                 112,
                 304,
                 config.calls_in_flight,
+            )),
+            checkpoints: ExactTable::new(shape(
+                "gatekeeper_checkpoints",
+                2,
+                32,
+                (MAX_CHECKPOINT_BYTES * 8) as u16,
+                config.nodes,
             )),
             counters: GatekeeperCounters::default(),
         }
@@ -265,6 +281,48 @@ impl Gatekeeper {
     /// The RPCs in flight.
     pub fn edges(&self) -> impl Iterator<Item = &CallEdge> {
         self.graph.values()
+    }
+
+    /// A node's newest checkpoint, to start its replacement from.
+    pub fn checkpoint_of(&self, node: Ipv4Address) -> Option<&[u8]> {
+        self.checkpoints.lookup(&node).map(|(_, bytes)| bytes.as_slice())
+    }
+
+    /// Takes the checkpoint off a reply and keeps it if it is the node's
+    /// newest; the reply goes on without it, its lengths and IPv4 checksum
+    /// rewritten (the UDP checksum is not used: zero).
+    fn take_checkpoint(&mut self, packet: &mut Packet, ip: usize, udp: usize) {
+        let payload = udp + 8;
+        let Ok(header) = BifrostHeader::new_checked(&packet.bytes[payload..]) else {
+            return;
+        };
+        let Some((body, checkpoint)) = split_reply(header.payload()) else {
+            self.counters.malformed += 1;
+            return;
+        };
+        let node = packet.headers.ipv4.map(|fields| fields.source).unwrap_or_default();
+        let sequence = checkpoint.get(..8).map(|bytes| u64::from_be_bytes(bytes.try_into().expect("eight bytes")));
+        if let Some(sequence) = sequence {
+            let newer = self.checkpoints.lookup(&node).is_none_or(|(kept, _)| *kept < sequence);
+            if newer && self.checkpoints.insert(node, (sequence, checkpoint.to_vec())).is_ok() {
+                self.counters.checkpoints += 1;
+            }
+        }
+        let repr = BifrostRepr {
+            flags: header.flags() & !CHECKPOINT_FLAG,
+            ..BifrostRepr::parse(&header)
+        };
+        let body = body.to_vec();
+        let end = payload + HEADER_LEN + body.len();
+        repr.emit(&mut packet.bytes[payload..]).expect("a header fits where one was");
+        packet.bytes.copy_within(payload + HEADER_LEN + 4..payload + HEADER_LEN + 4 + body.len(), payload + HEADER_LEN);
+        packet.bytes.truncate(end);
+        let udp_length = (end - udp) as u16;
+        packet.bytes[udp + 4..udp + 6].copy_from_slice(&udp_length.to_be_bytes());
+        packet.bytes[udp + 6..udp + 8].copy_from_slice(&[0, 0]);
+        let ip_length = (end - ip) as u16;
+        packet.bytes[ip + 2..ip + 4].copy_from_slice(&ip_length.to_be_bytes());
+        Ipv4Packet::new_unchecked(&mut packet.bytes[ip..]).fill_checksum();
     }
 
     fn fail(&mut self, packet: &mut Packet, value: u64) -> Claim {
@@ -384,6 +442,10 @@ impl Overlay for Gatekeeper {
         match header.call_type() {
             CallType::Reply | CallType::Exception => {
                 let rpc_id = header.rpc_id();
+                let checkpointed = header.flags() & CHECKPOINT_FLAG != 0;
+                if checkpointed {
+                    self.take_checkpoint(packet, ip, udp);
+                }
                 self.see_reply(packet, udp, rpc_id);
             }
             CallType::Call | CallType::Oneway => self.counters.direct += 1,
@@ -395,5 +457,6 @@ impl Overlay for Gatekeeper {
         report.tables.push(self.nodes.resources());
         report.tables.push(self.routes.resources());
         report.tables.push(self.graph.resources());
+        report.tables.push(self.checkpoints.resources());
     }
 }

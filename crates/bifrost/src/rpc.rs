@@ -10,6 +10,7 @@
 //! through the device's datagram verbs.
 
 pub mod agents;
+pub mod checkpoint;
 pub mod scenario;
 pub mod workers;
 
@@ -75,6 +76,18 @@ pub trait Service: Send {
     /// A call begun earlier that has finished, if any.
     fn poll_finished(&mut self) -> Option<(CallTicket, Result<Vec<u8>, String>)> {
         None
+    }
+
+    /// The service's state, for a checkpoint; `None` for a service that
+    /// keeps none (its callee then sends no checkpoints).
+    fn save_state(&self) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// Takes back a state [`Service::save_state`] gave.
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), String> {
+        let _ = state;
+        Err("this service keeps no state to restore".into())
     }
 }
 
@@ -181,16 +194,40 @@ impl Caller {
         self.sends.pop_front()
     }
 
+    /// Whether a new call stays within `window` RPC ids of the oldest
+    /// unanswered one. A window of ids, not of calls: a callee's checkpoint
+    /// keeps its newest [`checkpoint::REPLIES_PER_CALLER`] replies per
+    /// caller, which covers every call a caller may still resend only if
+    /// the caller's unanswered calls span no more ids than that.
+    pub fn within_span(&self, window: usize) -> bool {
+        self.outstanding
+            .first_key_value()
+            .is_none_or(|(&oldest, _)| self.next_rpc_id - oldest < window as u64)
+    }
+
     /// A datagram that reached the caller's port.
     pub fn handle(&mut self, payload: &[u8]) {
         let Ok(header) = BifrostHeader::new_checked(payload) else {
             self.counters.malformed += 1;
             return;
         };
+        // A checkpoint the Gatekeeper did not take (no Gatekeeper on the
+        // path) is not the caller's business.
+        let body = if header.flags() & checkpoint::CHECKPOINT_FLAG != 0 {
+            match checkpoint::split_reply(header.payload()) {
+                Some((body, _)) => body,
+                None => {
+                    self.counters.malformed += 1;
+                    return;
+                }
+            }
+        } else {
+            header.payload()
+        };
         let outcome = match header.call_type() {
-            CallType::Reply => Ok(header.payload().to_vec()),
+            CallType::Reply => Ok(body.to_vec()),
             CallType::Exception => Err(RpcError::Exception(
-                String::from_utf8_lossy(header.payload()).into(),
+                String::from_utf8_lossy(body).into(),
             )),
             CallType::Call | CallType::Oneway => {
                 self.counters.malformed += 1;
@@ -246,6 +283,8 @@ pub struct CalleeCounters {
     /// Calls refused because [`MAX_IN_PROGRESS`] were running (the caller
     /// sends them again).
     pub busy: u64,
+    /// Replies sent without their checkpoint, which did not fit.
+    pub checkpoints_too_large: u64,
     pub duplicates: u64,
     pub stale: u64,
     pub malformed: u64,
@@ -267,6 +306,8 @@ pub struct Callee {
     in_progress: HashMap<CallTicket, BifrostRepr>,
     sends: VecDeque<Outgoing>,
     counters: CalleeCounters,
+    /// Replies carry a checkpoint (for a Gatekeeper to keep).
+    checkpointing: bool,
 }
 
 impl Callee {
@@ -277,7 +318,59 @@ impl Callee {
             in_progress: HashMap::new(),
             sends: VecDeque::new(),
             counters: CalleeCounters::default(),
+            checkpointing: false,
         }
+    }
+
+    /// A callee whose every reply carries its checkpoint
+    /// ([`checkpoint`]), for a Gatekeeper to keep.
+    pub fn with_checkpoints(service: Box<dyn Service>) -> Callee {
+        Callee {
+            checkpointing: true,
+            ..Callee::new(service)
+        }
+    }
+
+    /// The checkpoint of what the callee has done: the service's state and
+    /// the newest replies to each caller.
+    pub fn checkpoint(&self) -> Option<checkpoint::Checkpoint> {
+        let state = self.service.save_state()?;
+        let replies = self
+            .callers
+            .iter()
+            .map(|(caller, memory)| {
+                let newest = memory
+                    .replies
+                    .iter()
+                    .rev()
+                    .take(checkpoint::REPLIES_PER_CALLER)
+                    .map(|(id, reply)| (*id, reply.clone()))
+                    .collect();
+                (*caller, newest)
+            })
+            .collect();
+        Some(checkpoint::Checkpoint {
+            sequence: self.counters.executed,
+            state,
+            replies,
+        })
+    }
+
+    /// Starts from a checkpoint (a replacement taking over a failed node):
+    /// the service's state and the replies it remembers.
+    pub fn restore(&mut self, bytes: &[u8]) -> Result<(), checkpoint::CheckpointError> {
+        let checkpoint = checkpoint::Checkpoint::decode(bytes)?;
+        self.service
+            .restore_state(&checkpoint.state)
+            .map_err(checkpoint::CheckpointError::Service)?;
+        self.callers = checkpoint
+            .replies
+            .into_iter()
+            .map(|(caller, replies)| (caller, CallerMemory { replies }))
+            .collect();
+        self.in_progress.clear();
+        self.counters.executed = checkpoint.sequence;
+        Ok(())
     }
 
     /// Calls begun and not yet finished.
@@ -314,7 +407,8 @@ impl Callee {
             // Run once: a duplicate gets the same answer again.
             self.counters.duplicates += 1;
             if !oneway {
-                self.sends.push_back((from, reply.clone()));
+                let reply = reply.clone();
+                self.send_reply(from, reply);
             }
             return;
         }
@@ -387,8 +481,35 @@ impl Callee {
             memory.replies.pop_first();
         }
         if !oneway {
-            self.sends.push_back((ticket.caller, reply));
+            self.send_reply(ticket.caller, reply);
         }
+    }
+
+    /// Sends a reply; with checkpoints on, it carries the callee's state
+    /// as of now (b2). Every reply does, a duplicate's too, so that no
+    /// caller holds an answer the Gatekeeper's checkpoint does not cover.
+    /// Kept replies stay plain.
+    fn send_reply(&mut self, to: DatagramEnd, reply: Vec<u8>) {
+        let checkpoint = self.checkpointing.then(|| self.checkpoint()).flatten();
+        let reply = match checkpoint.map(|checkpoint| checkpoint.encode()) {
+            Some(Ok(bytes)) => match BifrostHeader::new_checked(&reply[..]) {
+                Ok(header) => {
+                    let flagged = BifrostRepr {
+                        flags: header.flags() | checkpoint::CHECKPOINT_FLAG,
+                        ..BifrostRepr::parse(&header)
+                    };
+                    encode(&flagged, &checkpoint::join_reply(header.payload(), &bytes))
+                }
+                Err(_) => reply,
+            },
+            // Too large for a datagram: the reply goes alone, counted.
+            Some(Err(_)) => {
+                self.counters.checkpoints_too_large += 1;
+                reply
+            }
+            None => reply,
+        };
+        self.sends.push_back((to, reply));
     }
 
     pub fn poll_transmit(&mut self) -> Option<Outgoing> {

@@ -120,35 +120,23 @@ fn a_method_no_node_serves_fails_fast_at_the_switch() {
 }
 
 #[test]
-fn calls_to_a_failed_node_are_held_until_its_replacement_serves_them() {
-    const CALLS: u64 = 4000;
-    let (topology, mut rack) = start(3, "increment", CALLS, 100_000);
-    let answered = |rack: &mut _| outcomes(rack).len() as u64 >= CALLS / 2;
-    rack.run_until(&mut |rack| answered(rack), Duration::from_secs(5))
-        .unwrap();
-    let memory = topology.host(MEMORY_HOST).address;
-    let spare = topology.host(SPARE_HOST).address;
-    rack.crash(MEMORY_HOST);
-    let in_flight = rack.with_program(|program| program.mark_failed(memory).unwrap());
-    assert!(in_flight <= 8, "at most the client's window is in flight");
-    // The failure is detected; until the replacement is up, calls are held.
-    rack.run_for(Duration::from_millis(2)).unwrap();
-    let held = rack.with_program(|program| program.counters().held);
-    assert!(held > 0);
-    let moved = rack.with_program(|program| program.recover(memory, spare).unwrap());
-    assert_eq!(moved, 1);
-    rack.run_until(&mut done, Duration::from_secs(5)).unwrap();
-    let outcomes = outcomes(&mut rack);
-    assert_eq!(outcomes.len() as u64, CALLS);
-    assert!(outcomes.iter().all(|(_, outcome)| outcome.is_ok()));
-    let before = executed(&mut rack, MEMORY_HOST);
-    let after = executed(&mut rack, SPARE_HOST);
-    assert!(after > 0, "the replacement served the rest");
-    // Without checkpoints, a call the failed node ran but whose reply it
-    // never sent runs again on the replacement: at most those in flight.
-    assert!(before + after >= CALLS && before + after <= CALLS + in_flight as u64);
-    let in_graph = rack.with_program(|program| program.edges().count());
-    assert_eq!(in_graph, 0);
+fn a_failed_node_is_replaced_from_its_checkpoint_and_every_call_takes_effect_once() {
+    use remora_base::Probability;
+    use remora_bifrost::rpc::scenario::failover;
+    use remora_sim::LinkFaults;
+    let lossy = LinkFaults {
+        loss: Probability::literal(0.05),
+        duplicate: Probability::literal(0.02),
+        ..LinkFaults::NONE
+    };
+    for seed in 0..12 {
+        let faults = if seed % 2 == 0 { LinkFaults::NONE } else { lossy };
+        let outcome = failover(seed, faults, 3000, 1000 + seed * 100, Duration::from_millis(1))
+            .unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+        assert!(outcome.held > 0, "seed {seed}: {outcome:?}");
+        assert!(outcome.executed_by_spare > outcome.checkpoint_covers, "seed {seed}: the spare served the rest");
+        assert!(outcome.in_flight_at_failure <= 8, "seed {seed}: at most the window is in flight");
+    }
 }
 
 #[test]

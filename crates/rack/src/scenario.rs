@@ -192,9 +192,13 @@ impl<P: Program> Rack for SimulatedRack<P> {
             }
             let step_end = now.saturating_add(LOOK_EVERY).min(end);
             let outcome = self.simulation.run_until(step_end, MAX_EVENTS_PER_LOOK);
-            if outcome.quiesced && outcome.now < step_end {
-                // Nothing left to happen before the step's end: time
-                // moves on all the same (a scenario waiting out a crash).
+            let reached_the_end = outcome.quiesced || outcome.events < MAX_EVENTS_PER_LOOK;
+            if reached_the_end && outcome.now < step_end {
+                // Nothing left to happen before the step's end (the next
+                // wakeup is after it, or there is none): time moves on all
+                // the same. Without this, a rack whose next event is more
+                // than a step away never got there (a scenario waiting out
+                // a crash with only far timers left hung).
                 self.simulation.advance_to(step_end);
             }
             for host in 0..self.hosts.len() {

@@ -12,7 +12,7 @@ use crate::{Ipv4Address, MacAddress, WireError};
 pub const DATAGRAM_HEADERS_LEN: usize = ETHERNET_HEADER_LEN + IPV4_MIN_HEADER_LEN + UDP_HEADER_LEN;
 
 /// Who sent a datagram, or whom it is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DatagramEnd {
     pub mac: MacAddress,
     pub address: Ipv4Address,

@@ -7,7 +7,7 @@ use std::fmt;
 pub const ETHERTYPE_IPV4: u16 = 0x0800;
 pub const ETHERNET_HEADER_LEN: usize = 14;
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct MacAddress(pub [u8; 6]);
 
 impl fmt::Debug for MacAddress {

@@ -129,7 +129,9 @@ impl ClientAgent {
             callee,
             method,
             calls,
-            window: window.max(1),
+            // Within what a callee's checkpoint covers (see
+            // `Caller::within_span`).
+            window: window.clamp(1, super::checkpoint::REPLIES_PER_CALLER),
             issued: 0,
             outcomes: Vec::new(),
             port: AgentPort::new(udp_port, INBOX_DEPTH),
@@ -138,6 +140,14 @@ impl ClientAgent {
 
     pub fn is_done(&self) -> bool {
         self.outcomes.len() as u64 == self.calls
+    }
+
+    /// Calls left, and room in the window: `window` unanswered calls at
+    /// most, spanning `window` RPC ids at most.
+    fn can_issue(&self) -> bool {
+        self.issued < self.calls
+            && self.caller.outstanding() < self.window
+            && self.caller.within_span(self.window)
     }
 }
 
@@ -148,7 +158,7 @@ impl Agent for ClientAgent {
 
     fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
         let mut moved = take_replies(nic, &mut self.port, &mut self.caller, now)?;
-        while self.issued < self.calls && self.caller.outstanding() < self.window {
+        while self.can_issue() {
             let arguments = self.issued.to_be_bytes();
             self.caller
                 .call(
@@ -171,8 +181,7 @@ impl Agent for ClientAgent {
 
     fn poll_timeout(&self) -> Option<Timestamp> {
         // Calls to issue are due now; otherwise the next retransmission.
-        let can_issue = self.issued < self.calls && self.caller.outstanding() < self.window;
-        if !self.port.is_open() || can_issue {
+        if !self.port.is_open() || self.can_issue() {
             return Some(Timestamp::ZERO);
         }
         self.caller.poll_timeout()

@@ -1,7 +1,10 @@
-//! The exactly-once scenario, written once: a client calls a counter
-//! service on another host through the switch, over links with the given
-//! faults, in the simulator. Each answer is the count after that call, so
-//! a call run twice or never shows as a repeated or missing number.
+//! Exactly-once scenarios: a client calls a counter service on another
+//! host through the switch, over links with the given faults, in the
+//! simulator. Each answer is the count after that call, so a call that
+//! took effect twice or never shows as a repeated or missing number.
+//! [`exactly_once`] has plain forwarding; [`failover`] has the Gatekeeper,
+//! and the serving node crashes half-way and a spare takes over from its
+//! checkpoint.
 
 use super::agents::{ClientAgent, ServerAgent};
 use super::{callee_at, Callee, Caller, RpcError, Service};
@@ -29,6 +32,16 @@ impl Service for Counter {
         self.0 += 1;
         Ok(self.0.to_be_bytes().to_vec())
     }
+
+    fn save_state(&self) -> Option<Vec<u8>> {
+        Some(self.0.to_be_bytes().to_vec())
+    }
+
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), String> {
+        let count: [u8; 8] = state.try_into().map_err(|_| format!("a count of {} bytes", state.len()))?;
+        self.0 = u64::from_be_bytes(count);
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +66,16 @@ pub enum ScenarioError {
     WrongAnswers { calls: u64 },
     #[error("the {0} agent is missing")]
     MissingAgent(&'static str),
+    #[error("the Gatekeeper: {0}")]
+    Gatekeeper(#[from] crate::gatekeeper::GatekeeperError),
+    #[error(transparent)]
+    Topology(#[from] remora_rack::topology::TopologyError),
+    #[error("the failed node left no checkpoint")]
+    NoCheckpoint,
+    #[error("restoring the spare: {0}")]
+    Restore(#[from] super::checkpoint::CheckpointError),
+    #[error("the spare's count is {count} after {calls} calls")]
+    WrongFinalCount { calls: u64, count: u64 },
 }
 
 /// Runs `calls` calls, 8 at a time, and checks exactly-once.
@@ -111,19 +134,9 @@ pub fn exactly_once(
             (counters.executed, counters.duplicates)
         })
         .ok_or(ScenarioError::MissingAgent("server"))?;
-    let mut counts = BTreeSet::new();
-    for (rpc_id, outcome) in answers {
-        let bytes = outcome.map_err(|error| ScenarioError::CallFailed { rpc_id, error })?;
-        let count = bytes
-            .get(..8)
-            .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")));
-        counts.insert(count.ok_or(ScenarioError::WrongAnswers { calls })?);
-    }
+    check_counts(answers, calls)?;
     if executed != calls {
         return Err(ScenarioError::NotExactlyOnce { calls, executed });
-    }
-    if counts != (1..=calls).collect() {
-        return Err(ScenarioError::WrongAnswers { calls });
     }
     Ok(ExactlyOnce {
         calls,
@@ -132,3 +145,134 @@ pub fn exactly_once(
         duplicates,
     })
 }
+
+/// Each answer is a distinct count, and together they are 1..=calls.
+fn check_counts(answers: Vec<(u64, Result<Vec<u8>, RpcError>)>, calls: u64) -> Result<(), ScenarioError> {
+    let mut counts = BTreeSet::new();
+    for (rpc_id, outcome) in answers {
+        let bytes = outcome.map_err(|error| ScenarioError::CallFailed { rpc_id, error })?;
+        let count = bytes
+            .get(..8)
+            .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")));
+        if !counts.insert(count.ok_or(ScenarioError::WrongAnswers { calls })?) {
+            return Err(ScenarioError::WrongAnswers { calls });
+        }
+    }
+    if counts != (1..=calls).collect() {
+        return Err(ScenarioError::WrongAnswers { calls });
+    }
+    Ok(())
+}
+
+/// The Gatekeeper's service address in [`failover`].
+pub const SERVICE_ADDRESS: remora_wire::Ipv4Address = remora_wire::Ipv4Address::new(10, 0, 0, 200);
+/// The spare server's host in [`failover`].
+pub const SPARE_HOST: usize = 2;
+
+/// What [`failover`] saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failover {
+    pub calls: u64,
+    /// Calls run by the serving node before it crashed, and by the spare
+    /// (counting from the checkpoint it started from).
+    pub executed_before: u64,
+    pub executed_by_spare: u64,
+    /// Calls in flight to the node when it failed.
+    pub in_flight_at_failure: usize,
+    /// Calls the Gatekeeper held while no node served them.
+    pub held: u64,
+    /// The checkpoint's sequence: the calls it covers.
+    pub checkpoint_covers: u64,
+}
+
+/// `calls` calls to the Gatekeeper's service address, 8 at a time; after
+/// `crash_after` answers the serving node crashes, the control plane marks
+/// it failed, waits `detection` (calls held meanwhile), starts the spare
+/// from the node's last checkpoint and moves the routes to it. Checks that
+/// every call took effect exactly once.
+pub fn failover(
+    seed: u64,
+    faults: LinkFaults,
+    calls: u64,
+    crash_after: u64,
+    detection: Duration,
+) -> Result<Failover, ScenarioError> {
+    use crate::gatekeeper::{Gatekeeper, GatekeeperConfig, NodeKind};
+    use remora_rack::topology::{standard_host, HostSpec, Role};
+    use remora_switch::programs::overlay::Overlaid;
+    let mut topology = Topology::compute_and_memory();
+    let (mac, address) = standard_host(SPARE_HOST);
+    topology.add_host(HostSpec::new("spare", Role::Compute, mac, address))?;
+    for host in [COMPUTE_HOST, MEMORY_HOST, SPARE_HOST] {
+        topology.set_link(host, LinkSpec { faults, ..LinkSpec::CLEAN });
+    }
+    let mut stage = SimulatedStage::new(seed, &topology, seed);
+    for host in [MEMORY_HOST, SPARE_HOST] {
+        let server = ServerAgent::new(Callee::with_checkpoints(Box::new(Counter(0))));
+        stage.add_agent(host, Box::new(server));
+    }
+    let service = remora_wire::datagram::DatagramEnd {
+        mac: topology.switch_mac,
+        address: SERVICE_ADDRESS,
+        port: remora_wire::bifrost::BIFROST_PORT,
+    };
+    let caller = Caller::new(Duration::from_micros(50), 100_000);
+    let client = ClientAgent::new(caller, service, "increment", 40000, calls, 8);
+    stage.add_agent(COMPUTE_HOST, Box::new(client));
+    let (node, spare) = (topology.host(MEMORY_HOST).address, topology.host(SPARE_HOST).address);
+    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE_ADDRESS));
+    gatekeeper.register_node(node, NodeKind::Compute, 1 << 30)?;
+    gatekeeper.register_node(spare, NodeKind::Compute, 1 << 30)?;
+    gatekeeper.route("increment", node)?;
+    let mut rack = stage.start(Overlaid::new(topology.forwarding(), gatekeeper))?;
+    let answered = |rack: &mut SimulatedRackOf| {
+        rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| client.outcomes.len() as u64)
+            .unwrap_or(0)
+    };
+    rack.run_until(&mut |rack| answered(rack) >= crash_after, Duration::from_secs(10))?;
+    rack.crash(MEMORY_HOST);
+    let in_flight_at_failure = rack.with_program(|program| program.mark_failed(node))?;
+    rack.run_for(detection)?;
+    let checkpoint = rack
+        .with_program(|program| program.checkpoint_of(node).map(<[u8]>::to_vec))
+        .ok_or(ScenarioError::NoCheckpoint)?;
+    rack.with_agent::<ServerAgent, _>(SPARE_HOST, 0, |server| server.callee.restore(&checkpoint))
+        .ok_or(ScenarioError::MissingAgent("spare"))??;
+    let checkpoint_covers = super::checkpoint::Checkpoint::decode(&checkpoint)?.sequence;
+    rack.with_program(|program| program.recover(node, spare))?;
+    let done = |rack: &mut SimulatedRackOf| {
+        rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| client.is_done())
+            .unwrap_or(false)
+    };
+    rack.run_until(&mut |rack| done(rack), Duration::from_secs(10))?;
+    let answers = rack
+        .with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| client.outcomes.clone())
+        .ok_or(ScenarioError::MissingAgent("client"))?;
+    check_counts(answers, calls)?;
+    let executed = |rack: &mut SimulatedRackOf, host| {
+        rack.with_agent::<ServerAgent, _>(host, 0, |server| server.callee.counters().executed)
+            .ok_or(ScenarioError::MissingAgent("server"))
+    };
+    let executed_before = executed(&mut rack, MEMORY_HOST)?;
+    let executed_by_spare = executed(&mut rack, SPARE_HOST)?;
+    let count = rack
+        .with_agent::<ServerAgent, _>(SPARE_HOST, 0, |server| server.callee.checkpoint().map(|c| c.state))
+        .flatten()
+        .and_then(|state| state.try_into().ok().map(u64::from_be_bytes))
+        .ok_or(ScenarioError::MissingAgent("spare"))?;
+    if count != calls {
+        return Err(ScenarioError::WrongFinalCount { calls, count });
+    }
+    let held = rack.with_program(|program| program.counters().held);
+    Ok(Failover {
+        calls,
+        executed_before,
+        executed_by_spare,
+        in_flight_at_failure,
+        held,
+        checkpoint_covers,
+    })
+}
+
+type SimulatedRackOf =
+    remora_rack::simulated::SimulatedRack<remora_switch::programs::overlay::Overlaid<crate::gatekeeper::Gatekeeper>>;
