@@ -13,12 +13,12 @@
 //! through their callers' retransmissions, and a replacement started from
 //! the failed node's checkpoint answers what it had answered).
 
+use crate::rpc::checkpoint::{split_reply, CHECKPOINT_FLAG, MAX_CHECKPOINT_BYTES};
 use remora_base::Timestamp;
 use remora_switch::packet::{Digest, Egress, Packet};
 use remora_switch::programs::overlay::{Claim, Overlay};
 use remora_switch::resources::ResourceReport;
 use remora_switch::table::{ExactTable, TableError, TableShape};
-use crate::rpc::checkpoint::{split_reply, CHECKPOINT_FLAG, MAX_CHECKPOINT_BYTES};
 use remora_wire::bifrost::{
     BifrostHeader, BifrostRepr, CallType, GlobalAddress, BIFROST_PORT, HEADER_LEN, METHOD_NAME_LEN,
 };
@@ -285,7 +285,9 @@ impl Gatekeeper {
 
     /// A node's newest checkpoint, to start its replacement from.
     pub fn checkpoint_of(&self, node: Ipv4Address) -> Option<&[u8]> {
-        self.checkpoints.lookup(&node).map(|(_, bytes)| bytes.as_slice())
+        self.checkpoints
+            .lookup(&node)
+            .map(|(_, bytes)| bytes.as_slice())
     }
 
     /// Takes the checkpoint off a reply and keeps it if it is the node's
@@ -300,11 +302,25 @@ impl Gatekeeper {
             self.counters.malformed += 1;
             return;
         };
-        let node = packet.headers.ipv4.map(|fields| fields.source).unwrap_or_default();
-        let sequence = checkpoint.get(..8).map(|bytes| u64::from_be_bytes(bytes.try_into().expect("eight bytes")));
+        let node = packet
+            .headers
+            .ipv4
+            .map(|fields| fields.source)
+            .unwrap_or_default();
+        let sequence = checkpoint
+            .get(..8)
+            .map(|bytes| u64::from_be_bytes(bytes.try_into().expect("eight bytes")));
         if let Some(sequence) = sequence {
-            let newer = self.checkpoints.lookup(&node).is_none_or(|(kept, _)| *kept < sequence);
-            if newer && self.checkpoints.insert(node, (sequence, checkpoint.to_vec())).is_ok() {
+            let newer = self
+                .checkpoints
+                .lookup(&node)
+                .is_none_or(|(kept, _)| *kept < sequence);
+            if newer
+                && self
+                    .checkpoints
+                    .insert(node, (sequence, checkpoint.to_vec()))
+                    .is_ok()
+            {
                 self.counters.checkpoints += 1;
             }
         }
@@ -314,8 +330,12 @@ impl Gatekeeper {
         };
         let body = body.to_vec();
         let end = payload + HEADER_LEN + body.len();
-        repr.emit(&mut packet.bytes[payload..]).expect("a header fits where one was");
-        packet.bytes.copy_within(payload + HEADER_LEN + 4..payload + HEADER_LEN + 4 + body.len(), payload + HEADER_LEN);
+        repr.emit(&mut packet.bytes[payload..])
+            .expect("a header fits where one was");
+        packet.bytes.copy_within(
+            payload + HEADER_LEN + 4..payload + HEADER_LEN + 4 + body.len(),
+            payload + HEADER_LEN,
+        );
         packet.bytes.truncate(end);
         let udp_length = (end - udp) as u16;
         packet.bytes[udp + 4..udp + 6].copy_from_slice(&udp_length.to_be_bytes());

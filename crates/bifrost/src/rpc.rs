@@ -226,9 +226,7 @@ impl Caller {
         };
         let outcome = match header.call_type() {
             CallType::Reply => Ok(body.to_vec()),
-            CallType::Exception => Err(RpcError::Exception(
-                String::from_utf8_lossy(body).into(),
-            )),
+            CallType::Exception => Err(RpcError::Exception(String::from_utf8_lossy(body).into())),
             CallType::Call | CallType::Oneway => {
                 self.counters.malformed += 1;
                 return;

@@ -130,12 +130,28 @@ fn a_failed_node_is_replaced_from_its_checkpoint_and_every_call_takes_effect_onc
         ..LinkFaults::NONE
     };
     for seed in 0..12 {
-        let faults = if seed % 2 == 0 { LinkFaults::NONE } else { lossy };
-        let outcome = failover(seed, faults, 3000, 1000 + seed * 100, Duration::from_millis(1))
-            .unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+        let faults = if seed % 2 == 0 {
+            LinkFaults::NONE
+        } else {
+            lossy
+        };
+        let outcome = failover(
+            seed,
+            faults,
+            3000,
+            1000 + seed * 100,
+            Duration::from_millis(1),
+        )
+        .unwrap_or_else(|error| panic!("seed {seed}: {error}"));
         assert!(outcome.held > 0, "seed {seed}: {outcome:?}");
-        assert!(outcome.executed_by_spare > outcome.checkpoint_covers, "seed {seed}: the spare served the rest");
-        assert!(outcome.in_flight_at_failure <= 8, "seed {seed}: at most the window is in flight");
+        assert!(
+            outcome.executed_by_spare > outcome.checkpoint_covers,
+            "seed {seed}: the spare served the rest"
+        );
+        assert!(
+            outcome.in_flight_at_failure <= 8,
+            "seed {seed}: at most the window is in flight"
+        );
     }
 }
 
@@ -171,4 +187,21 @@ fn control_plane_mistakes_are_typed_errors() {
         gatekeeper.route("ping", node),
         Err(GatekeeperError::NodeFailed(node))
     );
+}
+
+/// The campaign `.ci/run`'s test suite holds: 200 seeds, each with its own
+/// crash point and call count, over lossy and duplicating links.
+#[test]
+fn two_hundred_failover_seeds_keep_every_call_exactly_once() {
+    use remora_base::Probability;
+    use remora_bifrost::rpc::scenario::failover_campaign;
+    use remora_sim::LinkFaults;
+    let faults = LinkFaults {
+        loss: Probability::literal(0.05),
+        duplicate: Probability::literal(0.02),
+        ..LinkFaults::NONE
+    };
+    let report = failover_campaign(1000, 200, faults, |_, _| {});
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert_eq!(report.passed, 200);
 }

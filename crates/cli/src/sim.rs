@@ -13,6 +13,34 @@ pub enum SimCommand {
     /// loss, duplication, reordering, corruption, partitions, crashes and
     /// access violations; each seed is checked against a plain model.
     Fabric(FabricArgs),
+    /// Bifröst's failover: a client calls a counter service through the
+    /// Gatekeeper; each seed crashes the serving node at its own point,
+    /// the Gatekeeper holds its calls, and a spare takes over from the
+    /// node's last checkpoint. Every call must take effect exactly once
+    /// (the answers are exactly the counts 1..=calls).
+    Bifrost(BifrostArgs),
+}
+
+#[derive(Args)]
+pub struct BifrostArgs {
+    /// How many seeds to run (at least one).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+    seeds: u64,
+    /// Run this one seed only (to replay a failure).
+    #[arg(long, conflicts_with = "seeds")]
+    seed: Option<u64>,
+    /// First seed of the campaign.
+    #[arg(long, default_value_t = 0)]
+    first_seed: u64,
+    /// Probability a frame is lost on any link.
+    #[arg(long, value_parser = probability, default_value = "0.05")]
+    loss: Probability,
+    /// Probability a frame is delivered twice.
+    #[arg(long, value_parser = probability, default_value = "0.02")]
+    duplicate: Probability,
+    /// Write `{seeds, passed, violations, ...}` as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -106,12 +134,13 @@ impl FabricArgs {
 }
 
 pub fn run(command: SimCommand) -> Result<ExitCode, String> {
-    let SimCommand::Fabric(args) = command;
-    let config = args.scenario()?;
-    let (first_seed, count) = match args.seed {
-        Some(seed) => (seed, 1),
-        None => (args.first_seed, args.seeds),
-    };
+    match command {
+        SimCommand::Fabric(args) => run_fabric(args),
+        SimCommand::Bifrost(args) => run_bifrost(args),
+    }
+}
+
+fn seed_progress(count: u64) -> ProgressBar {
     let progress = ProgressBar::new(count);
     progress.set_style(
         ProgressStyle::with_template(
@@ -119,6 +148,72 @@ pub fn run(command: SimCommand) -> Result<ExitCode, String> {
         )
         .expect("static template"),
     );
+    progress
+}
+
+fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, String> {
+    use remora_bifrost::rpc::scenario::{failover_campaign, failover_plan};
+    let faults = remora_sim::LinkFaults {
+        loss: args.loss,
+        duplicate: args.duplicate,
+        ..remora_sim::LinkFaults::NONE
+    };
+    let (first_seed, count) = match args.seed {
+        Some(seed) => (seed, 1),
+        None => (args.first_seed, args.seeds),
+    };
+    let progress = seed_progress(count);
+    let mut failed = 0u64;
+    let report = failover_campaign(first_seed, count, faults, |_, outcome| {
+        failed += u64::from(outcome.is_err());
+        progress.set_message(format!("{failed} failed"));
+        progress.inc(1);
+    });
+    progress.finish_and_clear();
+    println!(
+        "bifrost failover campaign: seeds {}..{} loss {} duplicate {}",
+        first_seed,
+        first_seed + count,
+        args.loss,
+        args.duplicate
+    );
+    println!(
+        "  seeds passed         {:>10} of {}",
+        report.passed, report.seeds
+    );
+    println!("  calls, each once     {:>10}", report.calls);
+    println!(
+        "  calls held by the Gatekeeper while the node was down {:>10}",
+        report.held
+    );
+    for violation in &report.violations {
+        let (calls, crash_after) = failover_plan(violation.seed);
+        println!(
+            "\nseed {} FAILED ({calls} calls, crash after {crash_after}): {}",
+            violation.seed, violation.error
+        );
+        println!(
+            "  replay: remora sim bifrost --seed {} --loss {} --duplicate {}",
+            violation.seed, args.loss, args.duplicate
+        );
+    }
+    if let Some(path) = &args.json {
+        crate::write_json(path, &report)?;
+    }
+    Ok(if report.violations.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn run_fabric(args: FabricArgs) -> Result<ExitCode, String> {
+    let config = args.scenario()?;
+    let (first_seed, count) = match args.seed {
+        Some(seed) => (seed, 1),
+        None => (args.first_seed, args.seeds),
+    };
+    let progress = seed_progress(count);
     let mut failed = 0;
     let report = run_campaign(first_seed, count, &config, |seed| {
         failed += u64::from(!seed.passed());

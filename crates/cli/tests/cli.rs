@@ -39,6 +39,10 @@ fn the_demo_checks_every_operation() {
         "{stdout}"
     );
     assert!(stdout.contains("300 calls ran exactly once"), "{stdout}");
+    assert!(
+        stdout.contains("2000 calls, each took effect once"),
+        "{stdout}"
+    );
     // SODA's BFS on far memory, once per far-memory backend.
     assert_eq!(
         stdout.matches("depths equal to local memory: yes").count(),

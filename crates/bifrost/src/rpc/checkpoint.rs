@@ -104,18 +104,28 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn take(&mut self, length: usize) -> Result<&'a [u8], CheckpointError> {
-        let end = self.at.checked_add(length).ok_or(CheckpointError::Truncated(self.at))?;
-        let taken = self.bytes.get(self.at..end).ok_or(CheckpointError::Truncated(self.at))?;
+        let end = self
+            .at
+            .checked_add(length)
+            .ok_or(CheckpointError::Truncated(self.at))?;
+        let taken = self
+            .bytes
+            .get(self.at..end)
+            .ok_or(CheckpointError::Truncated(self.at))?;
         self.at = end;
         Ok(taken)
     }
 
     fn u32(&mut self) -> Result<u32, CheckpointError> {
-        Ok(u32::from_be_bytes(self.take(4)?.try_into().expect("four bytes")))
+        Ok(u32::from_be_bytes(
+            self.take(4)?.try_into().expect("four bytes"),
+        ))
     }
 
     fn u64(&mut self) -> Result<u64, CheckpointError> {
-        Ok(u64::from_be_bytes(self.take(8)?.try_into().expect("eight bytes")))
+        Ok(u64::from_be_bytes(
+            self.take(8)?.try_into().expect("eight bytes"),
+        ))
     }
 }
 
@@ -160,7 +170,10 @@ mod tests {
             port: 40000,
         };
         let mut replies = BTreeMap::new();
-        replies.insert(caller, BTreeMap::from([(7u64, b"seven".to_vec()), (8, Vec::new())]));
+        replies.insert(
+            caller,
+            BTreeMap::from([(7u64, b"seven".to_vec()), (8, Vec::new())]),
+        );
         let checkpoint = Checkpoint {
             sequence: 9,
             state: 42u64.to_be_bytes().to_vec(),
@@ -169,7 +182,10 @@ mod tests {
         let bytes = checkpoint.encode().unwrap();
         assert_eq!(Checkpoint::decode(&bytes), Ok(checkpoint));
         for cut in 0..bytes.len() {
-            assert!(matches!(Checkpoint::decode(&bytes[..cut]), Err(CheckpointError::Truncated(_))));
+            assert!(matches!(
+                Checkpoint::decode(&bytes[..cut]),
+                Err(CheckpointError::Truncated(_))
+            ));
         }
         assert!(any_checkpoint(&bytes));
         let payload = join_reply(b"body", &bytes);
@@ -184,6 +200,9 @@ mod tests {
             state: vec![0; MAX_CHECKPOINT_BYTES],
             replies: BTreeMap::new(),
         };
-        assert!(matches!(checkpoint.encode(), Err(CheckpointError::TooLarge(_))));
+        assert!(matches!(
+            checkpoint.encode(),
+            Err(CheckpointError::TooLarge(_))
+        ));
     }
 }

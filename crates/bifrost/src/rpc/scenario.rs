@@ -38,7 +38,9 @@ impl Service for Counter {
     }
 
     fn restore_state(&mut self, state: &[u8]) -> Result<(), String> {
-        let count: [u8; 8] = state.try_into().map_err(|_| format!("a count of {} bytes", state.len()))?;
+        let count: [u8; 8] = state
+            .try_into()
+            .map_err(|_| format!("a count of {} bytes", state.len()))?;
         self.0 = u64::from_be_bytes(count);
         Ok(())
     }
@@ -147,7 +149,10 @@ pub fn exactly_once(
 }
 
 /// Each answer is a distinct count, and together they are 1..=calls.
-fn check_counts(answers: Vec<(u64, Result<Vec<u8>, RpcError>)>, calls: u64) -> Result<(), ScenarioError> {
+fn check_counts(
+    answers: Vec<(u64, Result<Vec<u8>, RpcError>)>,
+    calls: u64,
+) -> Result<(), ScenarioError> {
     let mut counts = BTreeSet::new();
     for (rpc_id, outcome) in answers {
         let bytes = outcome.map_err(|error| ScenarioError::CallFailed { rpc_id, error })?;
@@ -204,7 +209,13 @@ pub fn failover(
     let (mac, address) = standard_host(SPARE_HOST);
     topology.add_host(HostSpec::new("spare", Role::Compute, mac, address))?;
     for host in [COMPUTE_HOST, MEMORY_HOST, SPARE_HOST] {
-        topology.set_link(host, LinkSpec { faults, ..LinkSpec::CLEAN });
+        topology.set_link(
+            host,
+            LinkSpec {
+                faults,
+                ..LinkSpec::CLEAN
+            },
+        );
     }
     let mut stage = SimulatedStage::new(seed, &topology, seed);
     for host in [MEMORY_HOST, SPARE_HOST] {
@@ -219,7 +230,10 @@ pub fn failover(
     let caller = Caller::new(Duration::from_micros(50), 100_000);
     let client = ClientAgent::new(caller, service, "increment", 40000, calls, 8);
     stage.add_agent(COMPUTE_HOST, Box::new(client));
-    let (node, spare) = (topology.host(MEMORY_HOST).address, topology.host(SPARE_HOST).address);
+    let (node, spare) = (
+        topology.host(MEMORY_HOST).address,
+        topology.host(SPARE_HOST).address,
+    );
     let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE_ADDRESS));
     gatekeeper.register_node(node, NodeKind::Compute, 1 << 30)?;
     gatekeeper.register_node(spare, NodeKind::Compute, 1 << 30)?;
@@ -229,7 +243,10 @@ pub fn failover(
         rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| client.outcomes.len() as u64)
             .unwrap_or(0)
     };
-    rack.run_until(&mut |rack| answered(rack) >= crash_after, Duration::from_secs(10))?;
+    rack.run_until(
+        &mut |rack| answered(rack) >= crash_after,
+        Duration::from_secs(10),
+    )?;
     rack.crash(MEMORY_HOST);
     let in_flight_at_failure = rack.with_program(|program| program.mark_failed(node))?;
     rack.run_for(detection)?;
@@ -256,7 +273,9 @@ pub fn failover(
     let executed_before = executed(&mut rack, MEMORY_HOST)?;
     let executed_by_spare = executed(&mut rack, SPARE_HOST)?;
     let count = rack
-        .with_agent::<ServerAgent, _>(SPARE_HOST, 0, |server| server.callee.checkpoint().map(|c| c.state))
+        .with_agent::<ServerAgent, _>(SPARE_HOST, 0, |server| {
+            server.callee.checkpoint().map(|c| c.state)
+        })
         .flatten()
         .and_then(|state| state.try_into().ok().map(u64::from_be_bytes))
         .ok_or(ScenarioError::MissingAgent("spare"))?;
@@ -274,5 +293,70 @@ pub fn failover(
     })
 }
 
-type SimulatedRackOf =
-    remora_rack::simulated::SimulatedRack<remora_switch::programs::overlay::Overlaid<crate::gatekeeper::Gatekeeper>>;
+type SimulatedRackOf = remora_rack::simulated::SimulatedRack<
+    remora_switch::programs::overlay::Overlaid<crate::gatekeeper::Gatekeeper>,
+>;
+
+/// One seed's plan in a [`failover_campaign`]: how many calls, and after
+/// how many answers the serving node crashes (between a tenth and nine
+/// tenths of the way), drawn from the seed.
+pub fn failover_plan(seed: u64) -> (u64, u64) {
+    // SplitMix64's finaliser: a well-spread function of the seed.
+    let mut mixed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    mixed ^= mixed >> 31;
+    let calls = 500 + mixed % 1500;
+    let crash_after = calls / 10 + (mixed >> 20) % (calls * 8 / 10);
+    (calls, crash_after)
+}
+
+/// A failing seed of a campaign, and why.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Violation {
+    pub seed: u64,
+    pub error: String,
+}
+
+/// What a campaign of [`failover`] seeds found.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CampaignReport {
+    pub first_seed: u64,
+    pub seeds: u64,
+    pub passed: u64,
+    pub calls: u64,
+    pub held: u64,
+    pub violations: Vec<Violation>,
+}
+
+/// Runs [`failover`] for `count` seeds from `first_seed` over links with
+/// `faults`, each with its own plan; `each` hears every seed's outcome.
+pub fn failover_campaign(
+    first_seed: u64,
+    count: u64,
+    faults: LinkFaults,
+    mut each: impl FnMut(u64, &Result<Failover, ScenarioError>),
+) -> CampaignReport {
+    let mut report = CampaignReport {
+        first_seed,
+        seeds: count,
+        ..CampaignReport::default()
+    };
+    for seed in first_seed..first_seed.saturating_add(count) {
+        let (calls, crash_after) = failover_plan(seed);
+        let outcome = failover(seed, faults, calls, crash_after, Duration::from_millis(1));
+        each(seed, &outcome);
+        match outcome {
+            Ok(failover) => {
+                report.passed += 1;
+                report.calls += failover.calls;
+                report.held += failover.held;
+            }
+            Err(error) => report.violations.push(Violation {
+                seed,
+                error: error.to_string(),
+            }),
+        }
+    }
+    report
+}
