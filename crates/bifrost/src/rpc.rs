@@ -10,6 +10,7 @@
 //! through the device's datagram verbs.
 
 pub mod agents;
+pub mod chain;
 pub mod checkpoint;
 pub mod scenario;
 pub mod workers;

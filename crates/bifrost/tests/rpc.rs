@@ -13,15 +13,20 @@ fn every_call_runs_exactly_once_over_clean_links() {
     assert_eq!((outcome.executed, outcome.retransmissions), (200, 0));
 }
 
-#[test]
-fn every_call_runs_exactly_once_over_lossy_links() {
-    let faults = LinkFaults {
+/// 10% loss, 5% duplication, 5% reordering by 5 µs.
+fn lossy() -> LinkFaults {
+    LinkFaults {
         loss: Probability::literal(0.1),
         duplicate: Probability::literal(0.05),
         reorder: Probability::literal(0.05),
         reorder_delay: Duration::from_micros(5),
         ..LinkFaults::NONE
-    };
+    }
+}
+
+#[test]
+fn every_call_runs_exactly_once_over_lossy_links() {
+    let faults = lossy();
     let mut duplicates = 0;
     for seed in 0..20 {
         let outcome =
@@ -35,4 +40,20 @@ fn every_call_runs_exactly_once_over_lossy_links() {
     // The callee saw duplicates (retransmissions and duplicated frames)
     // and ran none of them.
     assert!(duplicates > 0);
+}
+
+/// A calls B calls C over lossy, duplicating, reordering links: each call
+/// from the head takes effect once at the tail, though both hops resend.
+#[test]
+fn a_chain_of_three_services_runs_each_nested_call_once() {
+    use remora_bifrost::rpc::scenario::chain;
+    for seed in 0..10 {
+        let outcome =
+            chain(seed, lossy(), 300).unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+        assert_eq!(outcome.executed_at_tail, 300);
+        assert!(
+            outcome.head_retransmissions + outcome.middle_retransmissions > 0,
+            "seed {seed}: the faults bit"
+        );
+    }
 }

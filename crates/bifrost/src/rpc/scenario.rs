@@ -80,14 +80,9 @@ pub enum ScenarioError {
     WrongFinalCount { calls: u64, count: u64 },
 }
 
-/// Runs `calls` calls, 8 at a time, and checks exactly-once.
-pub fn exactly_once(
-    seed: u64,
-    faults: LinkFaults,
-    calls: u64,
-) -> Result<ExactlyOnce, ScenarioError> {
-    let mut topology = Topology::compute_and_memory();
-    for host in [COMPUTE_HOST, MEMORY_HOST] {
+/// Every host's link gets `faults`.
+fn every_link_with(topology: &mut Topology, faults: LinkFaults) {
+    for host in 0..topology.hosts().len() {
         topology.set_link(
             host,
             LinkSpec {
@@ -96,6 +91,16 @@ pub fn exactly_once(
             },
         );
     }
+}
+
+/// Runs `calls` calls, 8 at a time, and checks exactly-once.
+pub fn exactly_once(
+    seed: u64,
+    faults: LinkFaults,
+    calls: u64,
+) -> Result<ExactlyOnce, ScenarioError> {
+    let mut topology = Topology::compute_and_memory();
+    every_link_with(&mut topology, faults);
     let mut stage = SimulatedStage::new(seed, &topology, seed);
     stage.add_agent(
         MEMORY_HOST,
@@ -208,15 +213,7 @@ pub fn failover(
     let mut topology = Topology::compute_and_memory();
     let (mac, address) = standard_host(SPARE_HOST);
     topology.add_host(HostSpec::new("spare", Role::Compute, mac, address))?;
-    for host in [COMPUTE_HOST, MEMORY_HOST, SPARE_HOST] {
-        topology.set_link(
-            host,
-            LinkSpec {
-                faults,
-                ..LinkSpec::CLEAN
-            },
-        );
-    }
+    every_link_with(&mut topology, faults);
     let mut stage = SimulatedStage::new(seed, &topology, seed);
     for host in [MEMORY_HOST, SPARE_HOST] {
         let server = ServerAgent::new(Callee::with_checkpoints(Box::new(Counter(0))));
@@ -359,4 +356,102 @@ pub fn failover_campaign(
         }
     }
     report
+}
+
+/// What [`chain`] saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    pub calls: u64,
+    /// Calls the tail service ran: one per call from the head.
+    pub executed_at_tail: u64,
+    /// Resends at each hop, and duplicates each callee dropped.
+    pub head_retransmissions: u64,
+    pub middle_retransmissions: u64,
+    pub duplicates_at_middle: u64,
+    pub duplicates_at_tail: u64,
+}
+
+/// The tail's host in [`chain`].
+pub const TAIL_HOST: usize = 2;
+
+/// A chain of three services, A calls B calls C, in the simulator over
+/// links with `faults`: the head (compute host) makes `calls` calls to the
+/// middle (memory host), each of which makes one nested call to the tail,
+/// a counter (host 2). Checks that every call took effect exactly once at
+/// the tail: the answers are exactly the counts 1..=calls.
+pub fn chain(seed: u64, faults: LinkFaults, calls: u64) -> Result<Chain, ScenarioError> {
+    use super::chain::RelayAgent;
+    use remora_rack::topology::{standard_host, HostSpec, Role};
+    let mut topology = Topology::compute_and_memory();
+    let (mac, address) = standard_host(TAIL_HOST);
+    topology.add_host(HostSpec::new("tail", Role::Compute, mac, address))?;
+    every_link_with(&mut topology, faults);
+    let mut stage = SimulatedStage::new(seed, &topology, seed);
+    stage.add_agent(
+        TAIL_HOST,
+        Box::new(ServerAgent::new(Callee::new(Box::new(Counter(0))))),
+    );
+    let tail = callee_at(topology.switch_mac, topology.host(TAIL_HOST).address);
+    let relay = RelayAgent::new(
+        Caller::new(Duration::from_micros(50), 100_000),
+        tail,
+        "increment",
+        40001,
+    );
+    stage.add_agent(MEMORY_HOST, Box::new(relay));
+    let middle = callee_at(topology.switch_mac, topology.host(MEMORY_HOST).address);
+    let head = ClientAgent::new(
+        Caller::new(Duration::from_micros(200), 100_000),
+        middle,
+        "relay",
+        40000,
+        calls,
+        8,
+    );
+    stage.add_agent(COMPUTE_HOST, Box::new(head));
+    let mut rack = stage.start(topology.forwarding())?;
+    rack.run_until(
+        &mut |rack| {
+            rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| client.is_done())
+                .unwrap_or(false)
+        },
+        Duration::from_secs(10),
+    )?;
+    let (answers, head_retransmissions) = rack
+        .with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| {
+            (
+                client.outcomes.clone(),
+                client.caller.counters().retransmissions,
+            )
+        })
+        .ok_or(ScenarioError::MissingAgent("head"))?;
+    check_counts(answers, calls)?;
+    let (middle_retransmissions, duplicates_at_middle) = rack
+        .with_agent::<RelayAgent, _>(MEMORY_HOST, 0, |relay| {
+            (
+                relay.caller.counters().retransmissions,
+                relay.callee.counters().duplicates,
+            )
+        })
+        .ok_or(ScenarioError::MissingAgent("middle"))?;
+    let (executed_at_tail, duplicates_at_tail) = rack
+        .with_agent::<ServerAgent, _>(TAIL_HOST, 0, |server| {
+            let counters = server.callee.counters();
+            (counters.executed, counters.duplicates)
+        })
+        .ok_or(ScenarioError::MissingAgent("tail"))?;
+    if executed_at_tail != calls {
+        return Err(ScenarioError::NotExactlyOnce {
+            calls,
+            executed: executed_at_tail,
+        });
+    }
+    Ok(Chain {
+        calls,
+        executed_at_tail,
+        head_retransmissions,
+        middle_retransmissions,
+        duplicates_at_middle,
+        duplicates_at_tail,
+    })
 }

@@ -1,0 +1,207 @@
+//! A service in the middle of a chain (the thesis's A calls B calls C,
+//! §7): each call it receives makes one nested call to the next service,
+//! and the nested call's answer is its answer. The callee and the caller
+//! run in one agent on the middle host: the callee defers each call
+//! ([`Service::begin`]), the agent issues the nested call, and its outcome
+//! finishes the deferred one. Duplicates are dropped at both hops by
+//! (caller, RPC id), so a call from the chain's head takes effect once at
+//! its tail however often either hop resends.
+
+use super::{CallTicket, Callee, Caller, RpcError, Service};
+use remora_base::Timestamp;
+use remora_host::{Agent, AgentError, AgentPort, Progress};
+use remora_rnic::Verbs;
+use remora_wire::bifrost::{GlobalAddress, BIFROST_PORT};
+use remora_wire::datagram::DatagramEnd;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+/// Datagrams taken per turn, on each port.
+const DATAGRAMS_PER_TURN: usize = 256;
+const INBOX_DEPTH: usize = 1024;
+
+/// A call the relay deferred, waiting for its nested call.
+struct Pending {
+    ticket: CallTicket,
+    pointer: GlobalAddress,
+    arguments: Vec<u8>,
+}
+
+/// What the relay service and its agent share.
+#[derive(Default)]
+struct RelayQueues {
+    /// Calls begun, not yet passed on.
+    begun: VecDeque<Pending>,
+    /// Nested calls answered: the deferred call's outcome.
+    finished: VecDeque<(CallTicket, Result<Vec<u8>, String>)>,
+}
+
+/// The middle service: every call is deferred to a nested call.
+struct Relay {
+    queues: Arc<Mutex<RelayQueues>>,
+}
+
+impl Service for Relay {
+    /// The relay only runs calls through `begin`.
+    fn call(&mut self, _: &[u8], _: GlobalAddress, _: &[u8]) -> Result<Vec<u8>, String> {
+        Err("a relay answers through begin".into())
+    }
+
+    fn begin(
+        &mut self,
+        ticket: CallTicket,
+        _method: &[u8],
+        pointer: GlobalAddress,
+        arguments: &[u8],
+    ) -> Option<Result<Vec<u8>, String>> {
+        let mut queues = self
+            .queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        queues.begun.push_back(Pending {
+            ticket,
+            pointer,
+            arguments: arguments.to_vec(),
+        });
+        None
+    }
+
+    fn poll_finished(&mut self) -> Option<(CallTicket, Result<Vec<u8>, String>)> {
+        let mut queues = self
+            .queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        queues.finished.pop_front()
+    }
+}
+
+/// The middle host's agent: serves calls on Bifröst's port and makes their
+/// nested calls to `next` (method `next_method`) from `caller_port`.
+pub struct RelayAgent {
+    pub callee: Callee,
+    pub caller: Caller,
+    queues: Arc<Mutex<RelayQueues>>,
+    next: DatagramEnd,
+    next_method: &'static str,
+    nested: HashMap<u64, CallTicket>,
+    serving: AgentPort,
+    calling: AgentPort,
+    last_turn: Timestamp,
+}
+
+impl RelayAgent {
+    pub fn new(
+        caller: Caller,
+        next: DatagramEnd,
+        next_method: &'static str,
+        caller_port: u16,
+    ) -> RelayAgent {
+        let queues = Arc::new(Mutex::new(RelayQueues::default()));
+        let relay = Relay {
+            queues: Arc::clone(&queues),
+        };
+        RelayAgent {
+            callee: Callee::new(Box::new(relay)),
+            caller,
+            queues,
+            next,
+            next_method,
+            nested: HashMap::new(),
+            serving: AgentPort::new(BIFROST_PORT, INBOX_DEPTH),
+            calling: AgentPort::new(caller_port, INBOX_DEPTH),
+            last_turn: Timestamp::ZERO,
+        }
+    }
+
+    /// Issues the nested call of every call begun since the last turn.
+    fn pass_on(&mut self, now: Timestamp) -> Result<bool, AgentError> {
+        let begun: Vec<Pending> = {
+            let mut queues = self
+                .queues
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            queues.begun.drain(..).collect()
+        };
+        let moved = !begun.is_empty();
+        for pending in begun {
+            match self.caller.call(
+                now,
+                self.next,
+                self.next_method,
+                pending.pointer,
+                &pending.arguments,
+            ) {
+                Ok(rpc_id) => {
+                    self.nested.insert(rpc_id, pending.ticket);
+                }
+                Err(error) => self.finish(pending.ticket, Err(error)),
+            }
+        }
+        Ok(moved)
+    }
+
+    fn finish(&mut self, ticket: CallTicket, outcome: Result<Vec<u8>, RpcError>) {
+        let outcome = outcome.map_err(|error| error.to_string());
+        let mut queues = self
+            .queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        queues.finished.push_back((ticket, outcome));
+    }
+}
+
+impl Agent for RelayAgent {
+    fn name(&self) -> &'static str {
+        "bifrost-relay"
+    }
+
+    fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+        self.last_turn = now;
+        let callee = &mut self.callee;
+        let mut moved = self
+            .serving
+            .receive(nic, DATAGRAMS_PER_TURN, |from, call| {
+                callee.handle(from, call)
+            })?;
+        moved |= self.pass_on(now)?;
+        let caller = &mut self.caller;
+        moved |= self
+            .calling
+            .receive(nic, DATAGRAMS_PER_TURN, |_, reply| caller.handle(reply))?;
+        if self.caller.poll_timeout().is_some_and(|due| due <= now) {
+            self.caller.handle_timeout(now);
+        }
+        while let Some((rpc_id, outcome)) = self.caller.take_completion() {
+            if let Some(ticket) = self.nested.remove(&rpc_id) {
+                self.finish(ticket, outcome);
+            }
+            moved = true;
+        }
+        while let Some((to, payload)) = self.caller.poll_transmit() {
+            self.calling.send(nic, to, &payload)?;
+            moved = true;
+        }
+        moved |= self.callee.poll_service();
+        while let Some((to, payload)) = self.callee.poll_transmit() {
+            self.serving.send(nic, to, &payload)?;
+            moved = true;
+        }
+        Ok(Progress::from_moved(moved))
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        if !self.serving.is_open() || !self.calling.is_open() {
+            return Some(Timestamp::ZERO);
+        }
+        self.caller.poll_timeout()
+    }
+
+    fn crash(&mut self) {
+        self.serving.forget();
+        self.calling.forget();
+    }
+
+    fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+        Ok(())
+    }
+}
