@@ -34,6 +34,10 @@ pub const MAX_CALLERS: usize = 1024;
 pub enum RpcError {
     #[error("{0} calls are unanswered: the caller's window is full")]
     TooManyOutstanding(usize),
+    #[error("RPC id {0} is already unanswered")]
+    IdInUse(u64),
+    #[error("a relay serves one upstream caller; {0:?} is a second")]
+    SecondUpstreamCaller(DatagramEnd),
     #[error(transparent)]
     Header(#[from] remora_wire::bifrost::BifrostError),
     #[error("call {rpc_id} got no answer after {attempts} attempts")]
@@ -170,12 +174,31 @@ impl Caller {
         pointer: GlobalAddress,
         arguments: &[u8],
     ) -> Result<u64, RpcError> {
+        let rpc_id = self.next_rpc_id;
+        self.call_as(now, rpc_id, to, method, pointer, arguments)
+    }
+
+    /// Starts a call under a chosen RPC id: a relay numbers its nested
+    /// calls after the calls that caused them, so that after a restart it
+    /// makes them again under the same ids and the callee drops them as
+    /// duplicates. An id already unanswered is refused.
+    pub fn call_as(
+        &mut self,
+        now: Timestamp,
+        rpc_id: u64,
+        to: DatagramEnd,
+        method: &str,
+        pointer: GlobalAddress,
+        arguments: &[u8],
+    ) -> Result<u64, RpcError> {
         if self.outstanding.len() >= MAX_OUTSTANDING {
             return Err(RpcError::TooManyOutstanding(self.outstanding.len()));
         }
-        let rpc_id = self.next_rpc_id;
+        if self.outstanding.contains_key(&rpc_id) {
+            return Err(RpcError::IdInUse(rpc_id));
+        }
         let repr = BifrostRepr::new(CallType::Call, method, rpc_id, pointer)?;
-        self.next_rpc_id += 1;
+        self.next_rpc_id = self.next_rpc_id.max(rpc_id.saturating_add(1));
         let payload = encode(&repr, arguments);
         self.sends.push_back((to, payload.clone()));
         self.outstanding.insert(

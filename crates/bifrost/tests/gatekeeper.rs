@@ -194,14 +194,14 @@ fn control_plane_mistakes_are_typed_errors() {
 #[test]
 fn two_hundred_failover_seeds_keep_every_call_exactly_once() {
     use remora_base::Probability;
-    use remora_bifrost::rpc::scenario::failover_campaign;
+    use remora_bifrost::rpc::scenario::crash_campaign;
     use remora_sim::LinkFaults;
     let faults = LinkFaults {
         loss: Probability::literal(0.05),
         duplicate: Probability::literal(0.02),
         ..LinkFaults::NONE
     };
-    let report = failover_campaign(1000, 200, faults, |_, _| {});
+    let report = crash_campaign(1000, 200, faults, |_, _| {});
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     assert_eq!(report.passed, 200);
 }

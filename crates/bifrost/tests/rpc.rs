@@ -49,11 +49,29 @@ fn a_chain_of_three_services_runs_each_nested_call_once() {
     use remora_bifrost::rpc::scenario::chain;
     for seed in 0..10 {
         let outcome =
-            chain(seed, lossy(), 300).unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+            chain(seed, lossy(), 300, None).unwrap_or_else(|error| panic!("seed {seed}: {error}"));
         assert_eq!(outcome.executed_at_tail, 300);
         assert!(
             outcome.head_retransmissions + outcome.middle_retransmissions > 0,
             "seed {seed}: the faults bit"
         );
+    }
+}
+
+/// The middle of the chain crashes, losing its calls in progress, the
+/// replies it remembered and its nested calls, and restarts in place. The
+/// head resends; the restarted middle makes the nested calls again under
+/// the same RPC ids, and the tail answers them from memory: still once.
+#[test]
+fn a_crash_in_the_middle_of_a_chain_replays_its_nested_calls_once() {
+    use remora_bifrost::rpc::scenario::{chain, MiddleCrash};
+    for seed in 0..10 {
+        let crash = MiddleCrash {
+            after_answers: 50 + seed * 20,
+            down_for: Duration::from_millis(2),
+        };
+        let outcome = chain(seed, lossy(), 400, Some(crash))
+            .unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+        assert_eq!(outcome.executed_at_tail, 400, "seed {seed}");
     }
 }

@@ -783,7 +783,7 @@ pub fn bifrost_step() -> Result<SystemStep, String> {
         }
         Err(error) => step.failures.push(format!("Bifröst RPC: {error}")),
     }
-    match remora_bifrost::rpc::scenario::chain(5, faults, 300) {
+    match remora_bifrost::rpc::scenario::chain(5, faults, 300, None) {
         Ok(outcome) => {
             println!(
                 "  a chain A calls B calls C over the same links: {} calls from A took effect once each at C ({} + {} resends on the two hops, {} + {} duplicates dropped)",

@@ -13,11 +13,12 @@ pub enum SimCommand {
     /// loss, duplication, reordering, corruption, partitions, crashes and
     /// access violations; each seed is checked against a plain model.
     Fabric(FabricArgs),
-    /// Bifröst's failover: a client calls a counter service through the
-    /// Gatekeeper; each seed crashes the serving node at its own point,
-    /// the Gatekeeper holds its calls, and a spare takes over from the
-    /// node's last checkpoint. Every call must take effect exactly once
-    /// (the answers are exactly the counts 1..=calls).
+    /// Bifröst under crashes: per seed, a client calls a counter service
+    /// through the Gatekeeper and the serving node crashes at the seed's
+    /// point (the Gatekeeper holds its calls; a spare takes over from the
+    /// node's last checkpoint), and a chain A calls B calls C whose middle
+    /// crashes and restarts in place. Every call must take effect exactly
+    /// once (the answers are exactly the counts 1..=calls).
     Bifrost(BifrostArgs),
 }
 
@@ -152,7 +153,7 @@ fn seed_progress(count: u64) -> ProgressBar {
 }
 
 fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, String> {
-    use remora_bifrost::rpc::scenario::{failover_campaign, failover_plan};
+    use remora_bifrost::rpc::scenario::{crash_campaign, failover_plan};
     let faults = remora_sim::LinkFaults {
         loss: args.loss,
         duplicate: args.duplicate,
@@ -164,14 +165,14 @@ fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, String> {
     };
     let progress = seed_progress(count);
     let mut failed = 0u64;
-    let report = failover_campaign(first_seed, count, faults, |_, outcome| {
-        failed += u64::from(outcome.is_err());
+    let report = crash_campaign(first_seed, count, faults, |_, passed| {
+        failed += u64::from(!passed);
         progress.set_message(format!("{failed} failed"));
         progress.inc(1);
     });
     progress.finish_and_clear();
     println!(
-        "bifrost failover campaign: seeds {}..{} loss {} duplicate {}",
+        "bifrost crash campaign (failover and a chain's middle): seeds {}..{} loss {} duplicate {}",
         first_seed,
         first_seed + count,
         args.loss,

@@ -6,6 +6,13 @@
 //! finishes the deferred one. Duplicates are dropped at both hops by
 //! (caller, RPC id), so a call from the chain's head takes effect once at
 //! its tail however often either hop resends.
+//!
+//! A nested call carries the RPC id of the call that caused it, so a relay
+//! that crashes and restarts (with nothing kept) makes its nested calls
+//! again under the same ids when its caller resends: the tail drops them
+//! as duplicates and answers as before. That ties a relay to one upstream
+//! caller (a second one's ids would collide): a call from another is
+//! refused with an EXCEPTION.
 
 use super::{CallTicket, Callee, Caller, RpcError, Service};
 use remora_base::Timestamp;
@@ -80,6 +87,10 @@ impl Service for Relay {
 pub struct RelayAgent {
     pub callee: Callee,
     pub caller: Caller,
+    /// The one caller this relay serves, once it has called.
+    upstream: Option<DatagramEnd>,
+    retransmit_after: std::time::Duration,
+    max_attempts: u32,
     queues: Arc<Mutex<RelayQueues>>,
     next: DatagramEnd,
     next_method: &'static str,
@@ -90,8 +101,11 @@ pub struct RelayAgent {
 }
 
 impl RelayAgent {
+    /// A relay whose nested calls resend every `retransmit_after`, up to
+    /// `max_attempts` times.
     pub fn new(
-        caller: Caller,
+        retransmit_after: std::time::Duration,
+        max_attempts: u32,
         next: DatagramEnd,
         next_method: &'static str,
         caller_port: u16,
@@ -102,7 +116,10 @@ impl RelayAgent {
         };
         RelayAgent {
             callee: Callee::new(Box::new(relay)),
-            caller,
+            caller: Caller::new(retransmit_after, max_attempts),
+            upstream: None,
+            retransmit_after,
+            max_attempts,
             queues,
             next,
             next_method,
@@ -124,8 +141,16 @@ impl RelayAgent {
         };
         let moved = !begun.is_empty();
         for pending in begun {
-            match self.caller.call(
+            let upstream = *self.upstream.get_or_insert(pending.ticket.caller);
+            if upstream != pending.ticket.caller {
+                let refused = RpcError::SecondUpstreamCaller(pending.ticket.caller);
+                self.finish(pending.ticket, Err(refused));
+                continue;
+            }
+            // The nested call carries the id of the call that caused it.
+            match self.caller.call_as(
                 now,
+                pending.ticket.rpc_id,
                 self.next,
                 self.next_method,
                 pending.pointer,
@@ -196,9 +221,19 @@ impl Agent for RelayAgent {
         self.caller.poll_timeout()
     }
 
+    /// A relay keeps nothing: its calls in progress, the replies it
+    /// remembers and its nested calls die with it; its caller resends.
     fn crash(&mut self) {
         self.serving.forget();
         self.calling.forget();
+        let queues = Arc::new(Mutex::new(RelayQueues::default()));
+        self.callee = Callee::new(Box::new(Relay {
+            queues: Arc::clone(&queues),
+        }));
+        self.queues = queues;
+        self.caller = Caller::new(self.retransmit_after, self.max_attempts);
+        self.nested.clear();
+        self.upstream = None;
     }
 
     fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {

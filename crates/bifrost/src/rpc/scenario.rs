@@ -326,13 +326,16 @@ pub struct CampaignReport {
     pub violations: Vec<Violation>,
 }
 
-/// Runs [`failover`] for `count` seeds from `first_seed` over links with
-/// `faults`, each with its own plan; `each` hears every seed's outcome.
-pub fn failover_campaign(
+/// Runs, for `count` seeds from `first_seed` over links with `faults`,
+/// each with its own plan: [`failover`] (the serving node crashes; a spare
+/// takes over from its checkpoint through the Gatekeeper) and [`chain`]
+/// with its middle crashing and restarting in place. `each` hears whether
+/// each seed passed.
+pub fn crash_campaign(
     first_seed: u64,
     count: u64,
     faults: LinkFaults,
-    mut each: impl FnMut(u64, &Result<Failover, ScenarioError>),
+    mut each: impl FnMut(u64, bool),
 ) -> CampaignReport {
     let mut report = CampaignReport {
         first_seed,
@@ -341,12 +344,19 @@ pub fn failover_campaign(
     };
     for seed in first_seed..first_seed.saturating_add(count) {
         let (calls, crash_after) = failover_plan(seed);
-        let outcome = failover(seed, faults, calls, crash_after, Duration::from_millis(1));
-        each(seed, &outcome);
+        let middle_crash = MiddleCrash {
+            after_answers: crash_after / 2,
+            down_for: Duration::from_millis(1 + seed % 3),
+        };
+        let outcome = failover(seed, faults, calls, crash_after, Duration::from_millis(1))
+            .and_then(|failover| {
+                chain(seed, faults, calls / 2, Some(middle_crash)).map(|chain| (failover, chain))
+            });
+        each(seed, outcome.is_ok());
         match outcome {
-            Ok(failover) => {
+            Ok((failover, chain)) => {
                 report.passed += 1;
-                report.calls += failover.calls;
+                report.calls += failover.calls + chain.calls;
                 report.held += failover.held;
             }
             Err(error) => report.violations.push(Violation {
@@ -374,12 +384,26 @@ pub struct Chain {
 /// The tail's host in [`chain`].
 pub const TAIL_HOST: usize = 2;
 
+/// When the middle of a [`chain`] crashes, and for how long it is down
+/// before it restarts in place with nothing kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MiddleCrash {
+    pub after_answers: u64,
+    pub down_for: Duration,
+}
+
 /// A chain of three services, A calls B calls C, in the simulator over
 /// links with `faults`: the head (compute host) makes `calls` calls to the
 /// middle (memory host), each of which makes one nested call to the tail,
-/// a counter (host 2). Checks that every call took effect exactly once at
-/// the tail: the answers are exactly the counts 1..=calls.
-pub fn chain(seed: u64, faults: LinkFaults, calls: u64) -> Result<Chain, ScenarioError> {
+/// a counter (host 2); with `crash`, the middle crashes and restarts. Checks
+/// that every call took effect exactly once at the tail: the answers are
+/// exactly the counts 1..=calls.
+pub fn chain(
+    seed: u64,
+    faults: LinkFaults,
+    calls: u64,
+    crash: Option<MiddleCrash>,
+) -> Result<Chain, ScenarioError> {
     use super::chain::RelayAgent;
     use remora_rack::topology::{standard_host, HostSpec, Role};
     let mut topology = Topology::compute_and_memory();
@@ -392,12 +416,7 @@ pub fn chain(seed: u64, faults: LinkFaults, calls: u64) -> Result<Chain, Scenari
         Box::new(ServerAgent::new(Callee::new(Box::new(Counter(0))))),
     );
     let tail = callee_at(topology.switch_mac, topology.host(TAIL_HOST).address);
-    let relay = RelayAgent::new(
-        Caller::new(Duration::from_micros(50), 100_000),
-        tail,
-        "increment",
-        40001,
-    );
+    let relay = RelayAgent::new(Duration::from_micros(50), 100_000, tail, "increment", 40001);
     stage.add_agent(MEMORY_HOST, Box::new(relay));
     let middle = callee_at(topology.switch_mac, topology.host(MEMORY_HOST).address);
     let head = ClientAgent::new(
@@ -410,6 +429,21 @@ pub fn chain(seed: u64, faults: LinkFaults, calls: u64) -> Result<Chain, Scenari
     );
     stage.add_agent(COMPUTE_HOST, Box::new(head));
     let mut rack = stage.start(topology.forwarding())?;
+    if let Some(crash) = crash {
+        let answered = |rack: &mut remora_rack::simulated::SimulatedRack<_>| {
+            rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| {
+                client.outcomes.len() as u64
+            })
+            .unwrap_or(0)
+        };
+        rack.run_until(
+            &mut |rack| answered(rack) >= crash.after_answers,
+            Duration::from_secs(10),
+        )?;
+        rack.crash(MEMORY_HOST);
+        rack.run_for(crash.down_for)?;
+        rack.restart(MEMORY_HOST)?;
+    }
     rack.run_until(
         &mut |rack| {
             rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| client.is_done())
