@@ -822,7 +822,7 @@ pub fn bifrost_step() -> Result<SystemStep, String> {
         }
         Err(error) => step.failures.push(format!("Bifröst failover: {error}")),
     }
-    println!("  (the Gatekeeper's ACL on DSM accesses, caller checkpoints and a crash in the middle of a chain are not built yet)");
+    println!("  (the Gatekeeper's ACL on DSM accesses and the head caller's own checkpoints are not built yet)");
     Ok(step)
 }
 
