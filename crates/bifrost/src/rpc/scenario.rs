@@ -120,21 +120,7 @@ pub fn exactly_once(
         )),
     );
     let mut rack = stage.start(topology.forwarding())?;
-    rack.run_until(
-        &mut |rack| {
-            rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| client.is_done())
-                .unwrap_or(false)
-        },
-        Duration::from_secs(10),
-    )?;
-    let (answers, retransmissions) = rack
-        .with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| {
-            (
-                client.outcomes.clone(),
-                client.caller.counters().retransmissions,
-            )
-        })
-        .ok_or(ScenarioError::MissingAgent("client"))?;
+    let (answers, retransmissions) = run_client_to_the_end(&mut rack)?;
     let (executed, duplicates) = rack
         .with_agent::<ServerAgent, _>(MEMORY_HOST, 0, |server| {
             let counters = server.callee.counters();
@@ -153,11 +139,36 @@ pub fn exactly_once(
     })
 }
 
+/// The head client's answers so far.
+fn answered(rack: &mut impl Rack) -> u64 {
+    rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| client.outcomes.len() as u64)
+        .unwrap_or(0)
+}
+
+/// A client's answers: each call's RPC id and outcome.
+type Answers = Vec<(u64, Result<Vec<u8>, RpcError>)>;
+
+/// Runs until the head client (on the compute host) has every answer;
+/// its answers and how often it resent.
+fn run_client_to_the_end(rack: &mut impl Rack) -> Result<(Answers, u64), ScenarioError> {
+    rack.run_until(
+        &mut |rack| {
+            rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| client.is_done())
+                .unwrap_or(false)
+        },
+        Duration::from_secs(10),
+    )?;
+    rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| {
+        (
+            client.outcomes.clone(),
+            client.caller.counters().retransmissions,
+        )
+    })
+    .ok_or(ScenarioError::MissingAgent("client"))
+}
+
 /// Each answer is a distinct count, and together they are 1..=calls.
-fn check_counts(
-    answers: Vec<(u64, Result<Vec<u8>, RpcError>)>,
-    calls: u64,
-) -> Result<(), ScenarioError> {
+fn check_counts(answers: Answers, calls: u64) -> Result<(), ScenarioError> {
     let mut counts = BTreeSet::new();
     for (rpc_id, outcome) in answers {
         let bytes = outcome.map_err(|error| ScenarioError::CallFailed { rpc_id, error })?;
@@ -236,10 +247,6 @@ pub fn failover(
     gatekeeper.register_node(spare, NodeKind::Compute, 1 << 30)?;
     gatekeeper.route("increment", node)?;
     let mut rack = stage.start(Overlaid::new(topology.forwarding(), gatekeeper))?;
-    let answered = |rack: &mut SimulatedRackOf| {
-        rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| client.outcomes.len() as u64)
-            .unwrap_or(0)
-    };
     rack.run_until(
         &mut |rack| answered(rack) >= crash_after,
         Duration::from_secs(10),
@@ -254,14 +261,7 @@ pub fn failover(
         .ok_or(ScenarioError::MissingAgent("spare"))??;
     let checkpoint_covers = super::checkpoint::Checkpoint::decode(&checkpoint)?.sequence;
     rack.with_program(|program| program.recover(node, spare))?;
-    let done = |rack: &mut SimulatedRackOf| {
-        rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| client.is_done())
-            .unwrap_or(false)
-    };
-    rack.run_until(&mut |rack| done(rack), Duration::from_secs(10))?;
-    let answers = rack
-        .with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| client.outcomes.clone())
-        .ok_or(ScenarioError::MissingAgent("client"))?;
+    let (answers, _) = run_client_to_the_end(&mut rack)?;
     check_counts(answers, calls)?;
     let executed = |rack: &mut SimulatedRackOf, host| {
         rack.with_agent::<ServerAgent, _>(host, 0, |server| server.callee.counters().executed)
@@ -430,12 +430,6 @@ pub fn chain(
     stage.add_agent(COMPUTE_HOST, Box::new(head));
     let mut rack = stage.start(topology.forwarding())?;
     if let Some(crash) = crash {
-        let answered = |rack: &mut remora_rack::simulated::SimulatedRack<_>| {
-            rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| {
-                client.outcomes.len() as u64
-            })
-            .unwrap_or(0)
-        };
         rack.run_until(
             &mut |rack| answered(rack) >= crash.after_answers,
             Duration::from_secs(10),
@@ -444,21 +438,7 @@ pub fn chain(
         rack.run_for(crash.down_for)?;
         rack.restart(MEMORY_HOST)?;
     }
-    rack.run_until(
-        &mut |rack| {
-            rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| client.is_done())
-                .unwrap_or(false)
-        },
-        Duration::from_secs(10),
-    )?;
-    let (answers, head_retransmissions) = rack
-        .with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| {
-            (
-                client.outcomes.clone(),
-                client.caller.counters().retransmissions,
-            )
-        })
-        .ok_or(ScenarioError::MissingAgent("head"))?;
+    let (answers, head_retransmissions) = run_client_to_the_end(&mut rack)?;
     check_counts(answers, calls)?;
     let (middle_retransmissions, duplicates_at_middle) = rack
         .with_agent::<RelayAgent, _>(MEMORY_HOST, 0, |relay| {
