@@ -187,6 +187,10 @@ fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, String> {
         "  calls held by the Gatekeeper while the node was down {:>10}",
         report.held
     );
+    println!(
+        "  recovery, crash to the spare's first answer (1 ms of it detection): p50 {:.0} us, max {:.0} us (virtual)",
+        report.recovery_p50_us, report.recovery_max_us
+    );
     for violation in &report.violations {
         let (calls, crash_after) = failover_plan(violation.seed);
         println!(

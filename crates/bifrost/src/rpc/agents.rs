@@ -112,6 +112,8 @@ pub struct ClientAgent {
     window: usize,
     issued: u64,
     pub outcomes: Vec<(u64, Result<Vec<u8>, RpcError>)>,
+    /// When each outcome came, in the same order.
+    pub answered_at: Vec<Timestamp>,
     port: AgentPort,
 }
 
@@ -134,6 +136,7 @@ impl ClientAgent {
             window: window.clamp(1, super::checkpoint::REPLIES_PER_CALLER),
             issued: 0,
             outcomes: Vec::new(),
+            answered_at: Vec::new(),
             port: AgentPort::new(udp_port, INBOX_DEPTH),
         }
     }
@@ -174,6 +177,7 @@ impl Agent for ClientAgent {
         moved |= send_calls(nic, &mut self.port, &mut self.caller)?;
         while let Some(outcome) = self.caller.take_completion() {
             self.outcomes.push(outcome);
+            self.answered_at.push(now);
             moved = true;
         }
         Ok(Progress::from_moved(moved))

@@ -411,6 +411,27 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
         .into_iter()
         .chain(at_one_mib.map(|value| ("add_arrays_1mib_vs_thrift_tcp", value, "<= 1.0")))
         .collect();
+    // Recovery after a crash, in the simulator (virtual time): the
+    // serving node fails, the Gatekeeper holds its calls, a spare takes
+    // over from its checkpoint.
+    let failover = remora_bifrost::rpc::scenario::failover(
+        1,
+        remora_sim::LinkFaults::NONE,
+        2000,
+        1000,
+        Duration::from_millis(1),
+    )
+    .map_err(|error| BifrostBenchError::PingPong(format!("failover: {error}")))?;
+    let recovery_us = failover.recovery_time.as_nanos() as f64 / 1e3;
+    println!(
+        "\nrecovery after the serving node crashes (simulator, detection 1 ms): {recovery_us:.0} us to the spare's first answer"
+    );
+    report.add(
+        "failover (simulator, detection 1 ms)",
+        "recovery_time",
+        recovery_us,
+        "us",
+    );
     println!("\nratios:");
     for (name, value, target) in named {
         println!("  {name:<30} {value:>7.3}   {target}");
