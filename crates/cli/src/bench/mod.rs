@@ -47,9 +47,12 @@ pub enum BenchCommand {
     /// fault latency, and host, DPU and fabric CPU apart.
     Soda(SodaArgs),
     /// Bifröst: the thesis's ping through a generated Thrift client and
-    /// processor over Bifröst on the embedded rack (Gatekeeper bypassed),
-    /// against the same Thrift service over loopback TCP and a raw UDP
-    /// ping-pong; mean, p50 and p99.
+    /// processor over Bifröst on the embedded rack, through the Gatekeeper
+    /// in the switch and bypassing it, against the same Thrift service over
+    /// loopback TCP and UDP and raw UDP and TCP request/response; add_arrays
+    /// by reference (arrays in global memory) against by value over Thrift
+    /// TCP, with the crossover size; recovery time after a crash (in the
+    /// simulator); mean, p50 and p99.
     Bifrost(CommonArgs),
     /// TIGA in virtual time on virtual SoC and CN cores, calibrated from
     /// the real stage code: MVS, Spark-style analysis and IPSec under
