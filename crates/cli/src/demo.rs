@@ -484,9 +484,10 @@ fn crash_step(step: &mut SystemStep) {
                 .push(format!("Cowbird memory crash, {mode}: {error}")),
         }
     };
-    let plan = |down_for, limit| CrashPlan {
+    let plan = |down_for, limit, hold_issuing| CrashPlan {
         after_completed: 400,
         down_for,
+        hold_issuing,
         limit,
     };
     let stage = SimulatedStage::new(1, &topology(), 0xc0b);
@@ -494,7 +495,7 @@ fn crash_step(step: &mut SystemStep) {
         stage,
         1,
         &workload,
-        plan(Duration::from_micros(500), Duration::from_secs(2)),
+        plan(Duration::from_micros(500), Duration::from_secs(2), false),
     )
     .map_err(|error| error.to_string());
     report("simulated", simulated, step);
@@ -508,7 +509,7 @@ fn crash_step(step: &mut SystemStep) {
                 stage,
                 1,
                 &workload,
-                plan(Duration::from_millis(20), Duration::from_secs(60)),
+                plan(Duration::from_millis(20), Duration::from_secs(60), true),
             )
             .map_err(|error| error.to_string())
         });

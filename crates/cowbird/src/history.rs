@@ -262,6 +262,9 @@ pub struct Histories {
     pub completed: u64,
     pub reads_checked: u64,
     total: u64,
+    /// Threads stop issuing once this many requests completed (they keep
+    /// polling), until released: see [`HistoryApplication::hold_issuing_at`].
+    hold_issuing_at: Option<u64>,
 }
 
 impl Histories {
@@ -288,6 +291,7 @@ impl Histories {
             completed: 0,
             reads_checked: 0,
             total: workload.operations_per_thread * workload.threads as u64,
+            hold_issuing_at: None,
         })
     }
 
@@ -299,6 +303,11 @@ impl Histories {
         self.completed == self.total
     }
 
+    /// Issuing is held: the hold's count of completions was reached.
+    pub fn is_holding(&self) -> bool {
+        self.hold_issuing_at.is_some_and(|at| self.completed >= at)
+    }
+
     /// One pass over the threads: each issues what its depth allows,
     /// polls, and checks what completed.
     pub fn step(
@@ -307,8 +316,9 @@ impl Histories {
         clients: &mut [Client],
     ) -> Result<(), HistoryError> {
         let rule = workload.read_check();
+        let holding = self.is_holding();
         for (thread, client) in self.threads.iter_mut().zip(clients.iter_mut()) {
-            while thread.issue(workload, client, &mut self.rng)? {}
+            while !holding && thread.issue(workload, client, &mut self.rng)? {}
             self.responses.clear();
             client.poll_wait(
                 thread.poll_group,
@@ -384,6 +394,20 @@ impl HistoryApplication {
 
     pub fn is_done(&self) -> bool {
         self.histories.is_done()
+    }
+
+    /// Stop issuing once `completed` requests completed, until
+    /// [`release`](Self::release); requests in flight still complete. A
+    /// scenario whose observer cannot stop time (the embedded rack looks
+    /// every 200 µs, in which Spot completes hundreds of requests) holds
+    /// the application so that what it does at that count still comes
+    /// mid-run.
+    pub fn hold_issuing_at(&mut self, completed: u64) {
+        self.histories.hold_issuing_at = Some(completed);
+    }
+
+    pub fn release(&mut self) {
+        self.histories.hold_issuing_at = None;
     }
 }
 

@@ -35,6 +35,7 @@ fn the_memory_host_crashes_and_restarts_in_the_simulator() {
         let plan = CrashPlan {
             after_completed: 300 + 100 * seed,
             down_for: Duration::from_micros(500),
+            hold_issuing: false,
             limit: Duration::from_secs(2),
         };
         let outcome = memory_crash(stage, seed, &Workload::new(LinkFaults::NONE), plan).unwrap();
@@ -57,6 +58,7 @@ fn the_memory_host_crashes_and_restarts_on_the_embedded_rack() {
     let plan = CrashPlan {
         after_completed: 400,
         down_for: Duration::from_millis(20),
+        hold_issuing: true,
         // Generous: the rack shares two vCPUs with the rest of the suite.
         limit: Duration::from_secs(60),
     };
