@@ -480,3 +480,86 @@ impl Overlay for Gatekeeper {
         report.tables.push(self.checkpoints.resources());
     }
 }
+
+/// The harness of the `bifrost_gatekeeper` fuzz target, kept here so that
+/// its seeds replay as tests. `data`'s first byte says which way the
+/// datagram goes: even, a call from a caller to the Gatekeeper's service
+/// address; odd, a reply from the serving node to the caller. The rest is
+/// the payload of a UDP datagram on Bifröst's port. (The first byte is a
+/// selector of its own so that well-formed headers reach both ways.) The switch must never panic, must account for every
+/// frame, and must forward only well-formed frames. Returns whether the
+/// frame left the switch.
+pub fn any_datagram(data: &[u8]) -> bool {
+    use remora_switch::programs::l2l3::L2L3Forwarding;
+    use remora_switch::programs::overlay::Overlaid;
+    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_wire::datagram::{emit_datagram, parse_datagram, DatagramEnd};
+    use remora_wire::MacAddress;
+    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
+    let caller = DatagramEnd {
+        mac: MacAddress([2, 0, 0, 0, 0, 1]),
+        address: Ipv4Address::new(10, 0, 0, 1),
+        port: 40000,
+    };
+    let node = DatagramEnd {
+        mac: MacAddress([2, 0, 0, 0, 0, 2]),
+        address: Ipv4Address::new(10, 0, 0, 2),
+        port: BIFROST_PORT,
+    };
+    let service = Ipv4Address::new(10, 0, 0, 200);
+    let hosts = [(caller.mac, caller.address), (node.mac, node.address)];
+    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).expect("two hosts fit");
+    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(service));
+    gatekeeper
+        .register_node(node.address, NodeKind::Compute, 1)
+        .expect("room for one node");
+    gatekeeper
+        .route("increment", node.address)
+        .expect("room for one route");
+    let mut switch = Switch::new(SwitchConfig::new(2), Overlaid::new(forwarding, gatekeeper));
+    let Some((&direction, data)) = data.split_first() else {
+        return false;
+    };
+    let reply = direction % 2 == 1;
+    let (from, to, port) = if reply {
+        (
+            node,
+            DatagramEnd {
+                mac: router,
+                ..caller
+            },
+            PortId(1),
+        )
+    } else {
+        (
+            caller,
+            DatagramEnd {
+                mac: router,
+                address: service,
+                port: BIFROST_PORT,
+            },
+            PortId(0),
+        )
+    };
+    let mut frame = vec![0u8; remora_wire::datagram::DATAGRAM_HEADERS_LEN + data.len()];
+    let Ok(length) = emit_datagram(from, to, data, &mut frame) else {
+        return false;
+    };
+    switch.handle_frame(Timestamp::ZERO, port, &frame[..length]);
+    let mut left = false;
+    let mut buffer = vec![0u8; 16 * 1024];
+    while let Some((_, length)) = switch.poll_transmit(Timestamp::ZERO, &mut buffer) {
+        // What the Gatekeeper forwards (a routed call, a reply it took a
+        // checkpoint off) is still a well-formed datagram.
+        let parsed = parse_datagram(&buffer[..length]);
+        assert!(
+            parsed.is_ok(),
+            "the Gatekeeper forwarded a malformed frame: {parsed:?}"
+        );
+        left = true;
+    }
+    switch
+        .check_frame_accounting()
+        .expect("every frame accounted for");
+    left
+}

@@ -205,3 +205,24 @@ fn two_hundred_failover_seeds_keep_every_call_exactly_once() {
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     assert_eq!(report.passed, 200);
 }
+
+/// The `bifrost_gatekeeper` fuzz target's seeds replay through its
+/// harness: a routed call leaves the switch, a truncated one does not.
+#[test]
+fn gatekeeper_fuzz_seeds_replay() {
+    use remora_bifrost::gatekeeper::any_datagram;
+    let directory = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../fuzz/seeds/bifrost_gatekeeper"
+    );
+    let mut left = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(directory).expect("the seed directory") {
+        let path = entry.expect("a seed").path();
+        let bytes = std::fs::read(&path).expect("a readable seed");
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        left.insert(name, any_datagram(&bytes));
+    }
+    assert_eq!(left.get("increment_call"), Some(&true), "{left:?}");
+    assert_eq!(left.get("truncated_call"), Some(&false), "{left:?}");
+    assert!(left.len() >= 4, "{left:?}");
+}
