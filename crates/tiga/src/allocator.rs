@@ -128,7 +128,11 @@ impl Controller {
             allocation,
             tolerance,
             forwarding_steps: 0,
-            max_forwarding_steps: (1.0 / step).round().max(1.0) as u32,
+            // Forwarding stops a step short of everything: at 100% the
+            // SmartNIC sees no inflow, which reads as a match, so the
+            // controller would step down and up again while the NIC idles,
+            // and TIGA would be CPU-only with extra hops.
+            max_forwarding_steps: ((1.0 / step).ceil() as u32).saturating_sub(1).max(1),
             step,
             mismatch_streak: 0,
             identical_streak: 0,
@@ -334,10 +338,17 @@ mod tests {
 
     #[test]
     fn forwarding_never_passes_everything() {
-        let mut controller = Controller::new(TIGA, 2, 8, 0.3, 0.02).unwrap();
-        for _ in 0..20 {
-            controller.on_period(&counters(100, 1, &[1.0, 1.0]));
+        // However long the SmartNIC stays overloaded, forwarding stops a
+        // step short of everything: 9 steps of 10%, 3 of 30% (90%), 2 of
+        // 40% (80%).
+        for (step, ceiling) in [(0.1, 0.9), (0.3, 0.9), (0.4, 0.8), (0.5, 0.5)] {
+            let mut controller = Controller::new(TIGA, 2, 8, step, 0.02).unwrap();
+            let mut highest: f64 = 0.0;
+            for _ in 0..40 {
+                let decision = controller.on_period(&counters(100, 1, &[1.0, 1.0]));
+                highest = highest.max(decision.forwarding_ratio);
+            }
+            assert!((highest - ceiling).abs() < 1e-9, "step {step}: {highest}");
         }
-        assert!(controller.forwarding_ratio() <= 1.0);
     }
 }

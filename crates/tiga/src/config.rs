@@ -108,7 +108,7 @@ pub enum ConfigError {
     TooFewSocCores(usize),
     #[error("{field} is {value}: it must be positive and finite")]
     NotPositive { field: &'static str, value: f64 },
-    #[error("forwarding_step is {0}: it must be in (0, 1]")]
+    #[error("forwarding_step is {0}: it must be in (0, 0.5], so that forwarding can stop short of everything")]
     BadForwardingStep(f64),
     #[error("mismatch_tolerance is {0}: it must be in [0, 1)")]
     BadTolerance(f64),
@@ -139,7 +139,7 @@ impl SocConfig {
                 return Err(ConfigError::NotPositive { field, value });
             }
         }
-        if !(self.forwarding_step > 0.0 && self.forwarding_step <= 1.0) {
+        if !(self.forwarding_step > 0.0 && self.forwarding_step <= 0.5) {
             return Err(ConfigError::BadForwardingStep(self.forwarding_step));
         }
         if !(0.0..1.0).contains(&self.mismatch_tolerance) {

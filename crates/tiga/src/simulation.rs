@@ -1063,19 +1063,24 @@ impl<'a> Run<'a> {
             self.ipipe_watch(mismatch);
             mismatch
         };
-        // Reading the counters stalls every core for a detection.
+        // Reading the counters stalls every core for a detection. An idle
+        // core pauses now, and its stall is counted here; a working core
+        // owes the stall, and `begin` counts it when the core pays it
+        // (counting it here too counted it twice).
         let detection_ns = self.costs.detection_ns;
+        let mut paused_cores = 0usize;
         for index in 0..self.cores.len() {
             let core = &mut self.cores[index];
             match core.state {
                 CoreState::Idle => {
-                    core.paused_until_ns = core.paused_until_ns.max(now + detection_ns)
+                    core.paused_until_ns = core.paused_until_ns.max(now + detection_ns);
+                    paused_cores += 1;
                 }
                 _ => core.debt_ns += detection_ns,
             }
         }
         self.measures.soc_overhead_ns +=
-            self.window_overlap(now, now + detection_ns) * self.cores.len() as f64;
+            self.window_overlap(now, now + detection_ns) * paused_cores as f64;
         self.timeline.push(TimelinePoint {
             time_s: now as f64 / 1e9,
             payload_bytes: self.workload.payload.bytes_at(now),
@@ -1214,5 +1219,72 @@ impl<'a> Run<'a> {
             timeline: std::mem::take(&mut self.timeline),
             sampled_checks: measures.sampled_checks,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_of_one_request<'a>(
+        workload: &'a Workload,
+        config: &'a SocConfig,
+        calibration: &Calibration,
+    ) -> (Run<'a>, Item) {
+        let mut run = Run::new(Scheme::Tiga, workload, config, calibration).unwrap();
+        run.status.push(IN_FLIGHT);
+        run.measures.offered += 1;
+        let item = Item {
+            id: 0,
+            pipeline: 0,
+            bytes: 1024,
+            arrived_ns: 0,
+            ready_ns: 0,
+        };
+        (run, item)
+    }
+
+    fn workload() -> Workload {
+        Workload {
+            apps: vec![App::Mvs],
+            offered_per_second: 1000.0,
+            payload: PayloadSchedule::Fixed(1024),
+            duration_ns: 1_000_000,
+            measure_from_ns: 0,
+            host_cpu_for_ipipe: false,
+            seed: 1,
+        }
+    }
+
+    /// The exactly-once check the benchmark's runs rely on catches a
+    /// request served by the NIC and then by the CN.
+    #[test]
+    fn a_request_completed_twice_fails_the_run() {
+        let (workload, config) = (workload(), SocConfig::default());
+        let calibration = Calibration::fixed_for_tests();
+        let (mut run, item) = run_of_one_request(&workload, &config, &calibration);
+        run.complete(item, 10, true);
+        run.complete(item, 20, false);
+        assert!(matches!(
+            run.finish(),
+            Err(RunError::CompletedTwice { id: 0 })
+        ));
+    }
+
+    /// A request neither completed, refused nor in flight breaks the books.
+    #[test]
+    fn a_request_lost_from_the_books_fails_the_run() {
+        let (workload, config) = (workload(), SocConfig::default());
+        let calibration = Calibration::fixed_for_tests();
+        let (mut run, item) = run_of_one_request(&workload, &config, &calibration);
+        run.complete(item, 10, true);
+        run.measures.offered += 1;
+        assert!(matches!(
+            run.finish(),
+            Err(RunError::Accounting { offered: 2, .. })
+        ));
+        let (mut run, item) = run_of_one_request(&workload, &config, &calibration);
+        run.complete(item, 10, true);
+        assert_eq!(run.finish().unwrap().completed, 1);
     }
 }
