@@ -89,7 +89,7 @@ fn main() -> ExitCode {
             history,
         } => demo::run(json.as_deref(), pcap.as_deref(), history.as_deref()),
         Command::Sim(command) => sim::run(command),
-        Command::Bench(command) => bench::run(command),
+        Command::Bench(command) => bench::run(command).map_err(|error| error.to_string()),
         Command::Soda(command) => soda::run(command),
         Command::Rack(command) => rack::run(command),
         Command::Node(args) => rack::run_node(args),

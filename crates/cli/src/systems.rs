@@ -1,8 +1,8 @@
 //! The systems the command line knows, in one place: adding a system is
-//! one entry here (its rack-file section, what `rack up` runs for it, and
-//! its step of the demo) and, for a benchmark, one `remora bench`
-//! subcommand.
+//! one entry here (its rack-file section, what `rack up` runs for it, its
+//! step of the demo and its `remora bench` subcommand).
 
+use crate::bench::Benchmark;
 use crate::demo::SystemStep;
 use crate::HistoryFile;
 use remora_rack::RackConfig;
@@ -29,6 +29,11 @@ pub trait System: Sync {
 
     /// The system's step of `remora demo`.
     fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, String>;
+
+    /// Its `remora bench` subcommand, if it has one.
+    fn benchmark(&self) -> Option<&'static dyn Benchmark> {
+        None
+    }
 }
 
 /// Every system, in the order the demo tours them.
@@ -83,6 +88,10 @@ impl System for Clover {
     fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
         crate::demo::clover_step(history)
     }
+
+    fn benchmark(&self) -> Option<&'static dyn Benchmark> {
+        Some(&crate::bench::clover::BENCH)
+    }
 }
 
 struct Cowbird;
@@ -109,6 +118,10 @@ impl System for Cowbird {
     fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
         crate::demo::cowbird_step(history)
     }
+
+    fn benchmark(&self) -> Option<&'static dyn Benchmark> {
+        Some(&crate::bench::cowbird::BENCH)
+    }
 }
 
 struct Soda;
@@ -132,6 +145,10 @@ impl System for Soda {
 
     fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
         crate::demo::soda_step()
+    }
+
+    fn benchmark(&self) -> Option<&'static dyn Benchmark> {
+        Some(&crate::bench::soda::BENCH)
     }
 }
 
@@ -157,6 +174,10 @@ impl System for Bifrost {
     fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
         crate::demo::bifrost_step()
     }
+
+    fn benchmark(&self) -> Option<&'static dyn Benchmark> {
+        Some(&crate::bench::bifrost::BENCH)
+    }
 }
 
 struct Tiga;
@@ -180,5 +201,36 @@ impl System for Tiga {
 
     fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
         crate::demo::tiga_step()
+    }
+
+    fn benchmark(&self) -> Option<&'static dyn Benchmark> {
+        Some(&crate::bench::tiga::BENCH)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `remora bench` lists each benchmark once: the substrate's and every
+    /// system's, by the system's own name.
+    #[test]
+    fn every_system_benchmark_is_a_bench_subcommand_under_its_name() {
+        let names: Vec<&str> = crate::bench::benchmarks()
+            .map(|benchmark| benchmark.name())
+            .collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
+        for system in SYSTEMS {
+            if let Some(benchmark) = system.benchmark() {
+                assert_eq!(benchmark.name(), system.name());
+            }
+        }
+        assert_eq!(
+            names,
+            ["fabric", "switch", "clover", "cowbird", "soda", "bifrost", "tiga"]
+        );
     }
 }

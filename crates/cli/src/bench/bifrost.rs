@@ -384,10 +384,6 @@ fn micros(nanos: u64) -> f64 {
     nanos as f64 / 1e3
 }
 
-pub fn run(quick: bool) -> Result<Report, String> {
-    run_checked(quick).map_err(|error| error.to_string())
-}
-
 fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
     let duration = Duration::from_secs(if quick { 1 } else { 5 });
     let mut report = Report {
@@ -572,3 +568,10 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
     }
     Ok(report)
 }
+
+/// `remora bench bifrost`.
+pub static BENCH: super::Entry<super::CommonArgs> = super::Entry {
+    name: "bifrost",
+    about: "Bifröst: exactly-once RPC against Thrift over TCP.\n\nThe thesis's ping through a generated Thrift client and processor over Bifröst on the embedded rack, through the Gatekeeper in the switch and bypassing it, against the same Thrift service over loopback TCP and UDP and raw UDP and TCP request/response; add_arrays by reference (arrays in global memory) against by value over Thrift TCP, with the crossover size; recovery time after a crash (in the simulator); mean, p50 and p99.",
+    run: |args| Ok(run_checked(args.quick)?),
+};

@@ -382,3 +382,31 @@ fn on_the_embedded_rack(quick: bool, report: &mut Report) -> Result<(), String> 
     );
     Ok(())
 }
+
+#[derive(clap::Args)]
+pub struct CloverArgs {
+    #[command(flatten)]
+    pub common: super::CommonArgs,
+    /// Record, check and write every simulated run's KV history to this
+    /// file as JSON lines, one request each: {"history", "client", "op",
+    /// "key", "value", "output", "call", "ret"} (times in simulated ns; no
+    /// "ret" for a request that never returned), for an outside
+    /// linearizability checker.
+    #[arg(long)]
+    pub history: Option<std::path::PathBuf>,
+}
+
+impl super::BenchArgs for CloverArgs {
+    fn common(&self) -> &super::CommonArgs {
+        &self.common
+    }
+}
+
+/// `remora bench clover`.
+pub static BENCH: super::Entry<CloverArgs> = super::Entry {
+    name: "clover",
+    about: "Clover with and without the in-network resolver, in the deterministic simulator.\n\nYCSB A/B/C, zipf 0.75/0.99 and uniform, 1 to 64 clients, a top-N cache sweep, conflicts and resolver memory; and on the embedded rack.",
+    run: |args| {
+        run(args.common.quick, args.history.as_deref()).map_err(super::BenchError::failed("clover"))
+    },
+};

@@ -335,3 +335,34 @@ pub fn run(quick: bool, settings: &Settings) -> Result<Report, String> {
     }
     Ok(report)
 }
+
+#[derive(clap::Args)]
+pub struct CowbirdArgs {
+    #[command(flatten)]
+    pub common: super::CommonArgs,
+    /// Application threads, each with its own queue pair, RPC server or
+    /// Cowbird instance (default: the rack file's `threads`, else 1).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub threads: Option<u16>,
+    /// A rack file whose `[cowbird]` section sets the rings and the Spot
+    /// and P4 engines' settings (see examples/rack-cowbird.toml).
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
+}
+
+impl super::BenchArgs for CowbirdArgs {
+    fn common(&self) -> &super::CommonArgs {
+        &self.common
+    }
+}
+
+/// `remora bench cowbird`.
+pub static BENCH: super::Entry<CowbirdArgs> = super::Entry {
+    name: "cowbird",
+    about: "Cowbird's hash-table probe on the embedded rack.\n\nAll-local, synchronous and batched asynchronous one-sided READs, two-sided RPC, and the client library with the Spot offload engine and with Cowbird-P4 in the switch; pure probe and compute-bound; application time per remote request split into issue and completion, latency, bytes per request, and fabric and engine CPU reported apart.",
+    run: |args| {
+        let settings = Settings::from_args(args.threads, args.config.as_deref())
+            .map_err(super::BenchError::failed("cowbird"))?;
+        run(args.common.quick, &settings).map_err(super::BenchError::failed("cowbird"))
+    },
+};

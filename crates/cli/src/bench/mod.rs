@@ -3,129 +3,159 @@
 //! `{"bench", "config", "host", "results": [{variant, metric, value, unit}], "ratios"}`,
 //! plus `"series"` where a benchmark has time series or sweeps to plot.
 
-mod bifrost;
-mod clover;
-mod cowbird;
+pub mod bifrost;
+pub mod clover;
+pub mod cowbird;
 mod rnic;
-mod soda;
+pub mod soda;
 mod switch;
-mod tiga;
+pub mod tiga;
 
-use clap::{Args, Subcommand};
+use clap::error::ErrorKind;
+use clap::{ArgMatches, Args, Command, FromArgMatches, Subcommand};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(Subcommand)]
-pub enum BenchCommand {
-    /// The soft RNIC's own cost: READ and WRITE of 64 B to 64 KiB between two
-    /// devices in one thread with no carrier, against memcpy in the same run.
-    #[command(name = "fabric")]
-    Rnic(CommonArgs),
-    /// The switch and the carriers: L2/L3 forwarding rate against
-    /// ring-to-ring, and READ latency and throughput through the switch over
-    /// in-process, shared-memory and UDP carriers against a raw UDP
-    /// ping-pong.
-    Switch(CommonArgs),
-    /// Clover with and without the in-network resolver, in the
-    /// deterministic simulator: YCSB A/B/C, zipf 0.75/0.99 and uniform,
-    /// 1 to 64 clients, a top-N cache sweep, conflicts and resolver memory.
-    Clover(CloverArgs),
-    /// Cowbird's hash-table probe on the embedded rack: all-local,
-    /// synchronous and batched asynchronous one-sided READs, two-sided
-    /// RPC, and the client library with the Spot offload engine and with
-    /// Cowbird-P4 in the switch; pure probe and compute-bound; application
-    /// time per remote request split into issue and completion, latency,
-    /// bytes per request, and fabric and engine CPU reported apart.
-    Cowbird(CowbirdArgs),
-    /// SODA: five graph applications (BFS, PageRank, Radii, BC, CC) on a
-    /// Kronecker graph through far memory: all-local, an O_DIRECT file,
-    /// the memory node direct, and the DPU base, with aggregation, with
-    /// asynchronous forwarding, and with static or dynamic caching, on
-    /// links shaped as the paper's testbed (B_intra = 2 B_net); runtime,
-    /// memory-link bytes on demand and in the background, hit rates,
-    /// fault latency, and host, DPU and fabric CPU apart.
-    Soda(SodaArgs),
-    /// Bifröst: the thesis's ping through a generated Thrift client and
-    /// processor over Bifröst on the embedded rack, through the Gatekeeper
-    /// in the switch and bypassing it, against the same Thrift service over
-    /// loopback TCP and UDP and raw UDP and TCP request/response; add_arrays
-    /// by reference (arrays in global memory) against by value over Thrift
-    /// TCP, with the crossover size; recovery time after a crash (in the
-    /// simulator); mean, p50 and p99.
-    Bifrost(CommonArgs),
-    /// TIGA in virtual time on virtual SoC and CN cores, calibrated from
-    /// the real stage code: MVS, Spark-style analysis and IPSec under
-    /// TIGA, FairNIC, Floem (FCFS, DRR), iPipe and CPU-only; the paper's
-    /// Figs. 2, 3, 5, 6, 7 and 8, latency, and the allocation and
-    /// forwarding ratio over a payload shift.
-    Tiga(TigaArgs),
+/// A benchmark as `remora bench NAME` runs it. Every benchmark is one
+/// entry of [`benchmarks`]: the substrate's here, each system's through its
+/// entry in [`crate::systems::SYSTEMS`], so adding a system's benchmark
+/// touches that one place.
+pub trait Benchmark: Sync {
+    fn name(&self) -> &'static str;
+
+    /// Its subcommand: help and arguments.
+    fn command(&self) -> Command;
+
+    /// Runs it with the arguments clap parsed from [`command`](Self::command).
+    fn run(&self, matches: &ArgMatches) -> Result<(Report, Option<PathBuf>), BenchError>;
 }
 
-#[derive(Args)]
-pub struct TigaArgs {
-    #[command(flatten)]
-    common: CommonArgs,
-    /// A TOML file of virtual-hardware settings (any of soc_cores,
-    /// cn_cores, slowdown, context_switch_ns, core_move_ns, detection_ns,
-    /// detection_period_ns, queue_depth, dma_bytes_per_second, ...; see
-    /// examples/tiga.toml).
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// The seed of the arrival streams.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+/// A benchmark's arguments: its own, and the ones every benchmark takes.
+pub trait BenchArgs: Args + FromArgMatches {
+    fn common(&self) -> &CommonArgs;
 }
 
-#[derive(Args)]
-pub struct SodaArgs {
-    #[command(flatten)]
-    common: CommonArgs,
-    /// Kronecker scale (default 16 with --quick, 20 otherwise; 22 is the
-    /// large run).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(10..=24))]
-    scale: Option<u32>,
-    /// A graph file to run on instead (.el, .wel, .sg, .adj or SNAP .txt;
-    /// taken as undirected).
-    #[arg(long, conflicts_with = "scale")]
-    graph: Option<String>,
+/// A benchmark whose arguments are a clap `Args` struct.
+pub struct Entry<A> {
+    pub name: &'static str,
+    /// The help: a first line, then what it measures.
+    pub about: &'static str,
+    pub run: fn(&A) -> Result<Report, BenchError>,
 }
 
-#[derive(Args)]
-pub struct CowbirdArgs {
-    #[command(flatten)]
-    common: CommonArgs,
-    /// Application threads, each with its own queue pair, RPC server or
-    /// Cowbird instance (default: the rack file's `threads`, else 1).
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=16))]
-    threads: Option<u16>,
-    /// A rack file whose `[cowbird]` section sets the rings and the Spot
-    /// and P4 engines' settings (see examples/rack-cowbird.toml).
-    #[arg(long)]
-    config: Option<PathBuf>,
+impl<A: BenchArgs> Benchmark for Entry<A> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn command(&self) -> Command {
+        let (short, _) = self.about.split_once("\n\n").unwrap_or((self.about, ""));
+        A::augment_args(Command::new(self.name).about(short).long_about(self.about))
+    }
+
+    fn run(&self, matches: &ArgMatches) -> Result<(Report, Option<PathBuf>), BenchError> {
+        let args = A::from_arg_matches(matches)?;
+        let report = (self.run)(&args)?;
+        Ok((report, args.common().json.clone()))
+    }
 }
 
-#[derive(Args)]
-pub struct CloverArgs {
-    #[command(flatten)]
-    common: CommonArgs,
-    /// Record, check and write every simulated run's KV history to this
-    /// file as JSON lines, one request each: {"history", "client", "op",
-    /// "key", "value", "output", "call", "ret"} (times in simulated ns; no
-    /// "ret" for a request that never returned), for an outside
-    /// linearizability checker.
-    #[arg(long)]
-    history: Option<PathBuf>,
+/// Every benchmark, in the order `remora bench --help` lists them.
+pub fn benchmarks() -> impl Iterator<Item = &'static dyn Benchmark> {
+    let substrate: [&'static dyn Benchmark; 2] = [&rnic::BENCH, &switch::BENCH];
+    substrate.into_iter().chain(
+        crate::systems::SYSTEMS
+            .iter()
+            .filter_map(|system| system.benchmark()),
+    )
+}
+
+/// `remora bench NAME ...`: the benchmark named and its parsed arguments.
+pub struct BenchCommand {
+    benchmark: &'static dyn Benchmark,
+    matches: ArgMatches,
+}
+
+impl FromArgMatches for BenchCommand {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let Some((name, matches)) = matches.subcommand() else {
+            return Err(clap::Error::new(ErrorKind::MissingSubcommand));
+        };
+        let benchmark = benchmarks()
+            .find(|benchmark| benchmark.name() == name)
+            .ok_or_else(|| clap::Error::new(ErrorKind::InvalidSubcommand))?;
+        Ok(BenchCommand {
+            benchmark,
+            matches: matches.clone(),
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = BenchCommand::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl Subcommand for BenchCommand {
+    fn augment_subcommands(command: Command) -> Command {
+        benchmarks().fold(command.subcommand_required(true), |command, benchmark| {
+            command.subcommand(benchmark.command())
+        })
+    }
+
+    fn augment_subcommands_for_update(command: Command) -> Command {
+        BenchCommand::augment_subcommands(command)
+    }
+
+    fn has_subcommand(name: &str) -> bool {
+        benchmarks().any(|benchmark| benchmark.name() == name)
+    }
+}
+
+/// Why a benchmark did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Arguments(#[from] clap::Error),
+    #[error(transparent)]
+    Tiga(#[from] tiga::TigaBenchError),
+    #[error(transparent)]
+    Soda(#[from] soda::SodaBenchError),
+    #[error(transparent)]
+    Bifrost(#[from] bifrost::BifrostBenchError),
+    /// A benchmark whose own errors are still text (fabric, switch,
+    /// Clover, Cowbird).
+    #[error("{bench}: {message}")]
+    Failed {
+        bench: &'static str,
+        message: String,
+    },
+    #[error("writing {path}: {error}")]
+    Json { path: PathBuf, error: String },
+}
+
+impl BenchError {
+    /// Wraps the text error of the benchmark `bench`.
+    pub fn failed(bench: &'static str) -> impl Fn(String) -> BenchError {
+        move |message| BenchError::Failed { bench, message }
+    }
+}
+
+impl BenchArgs for CommonArgs {
+    fn common(&self) -> &CommonArgs {
+        self
+    }
 }
 
 #[derive(Args)]
 pub struct CommonArgs {
     /// Short run (under a minute on 2 cores) with fewer repetitions.
     #[arg(long)]
-    quick: bool,
+    pub quick: bool,
     /// Write the results as JSON to this file.
     #[arg(long)]
-    json: Option<PathBuf>,
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -215,30 +245,13 @@ pub fn median(values: &mut [f64]) -> f64 {
     }
 }
 
-pub fn run(command: BenchCommand) -> Result<ExitCode, String> {
-    let (report, args) = match command {
-        BenchCommand::Rnic(args) => (rnic::run(args.quick)?, args),
-        BenchCommand::Switch(args) => (switch::run(args.quick)?, args),
-        BenchCommand::Clover(args) => (
-            clover::run(args.common.quick, args.history.as_deref())?,
-            args.common,
-        ),
-        BenchCommand::Soda(args) => (
-            soda::run(args.common.quick, args.scale, args.graph.as_deref())?,
-            args.common,
-        ),
-        BenchCommand::Bifrost(args) => (bifrost::run(args.quick)?, args),
-        BenchCommand::Tiga(args) => (
-            tiga::run(args.common.quick, args.config.as_deref(), args.seed)?,
-            args.common,
-        ),
-        BenchCommand::Cowbird(args) => {
-            let settings = cowbird::Settings::from_args(args.threads, args.config.as_deref())?;
-            (cowbird::run(args.common.quick, &settings)?, args.common)
-        }
-    };
-    if let Some(path) = &args.json {
-        crate::write_json(path, &report)?;
+pub fn run(command: BenchCommand) -> Result<ExitCode, BenchError> {
+    let (report, json) = command.benchmark.run(&command.matches)?;
+    if let Some(path) = &json {
+        crate::write_json(path, &report).map_err(|error| BenchError::Json {
+            path: path.clone(),
+            error,
+        })?;
         println!("\nwrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)

@@ -362,3 +362,10 @@ fn print_row(report: &mut Report, name: &str, size: u32, cpu_ns: f64, wall_ns: f
     report.add(name, "throughput", gbps, "GB/s");
     report.add(name, "cost_vs_memcpy_same_size", versus, "ratio");
 }
+
+/// `remora bench fabric`.
+pub static BENCH: super::Entry<super::CommonArgs> = super::Entry {
+    name: "fabric",
+    about: "The soft RNIC's own cost.\n\nREAD and WRITE of 64 B to 64 KiB between two devices in one thread with no carrier, against memcpy in the same run.",
+    run: |args| run(args.quick).map_err(super::BenchError::failed("fabric")),
+};

@@ -688,3 +688,10 @@ fn fill_report(report: &mut Report, rounds: &[Round]) {
         shm_vs_udp_large.into(),
     );
 }
+
+/// `remora bench switch`.
+pub static BENCH: super::Entry<super::CommonArgs> = super::Entry {
+    name: "switch",
+    about: "The switch and the carriers.\n\nL2/L3 forwarding rate against ring-to-ring, and READ latency and throughput through the switch over in-process, shared-memory and UDP carriers against a raw UDP ping-pong.",
+    run: |args| run(args.quick).map_err(super::BenchError::failed("switch")),
+};

@@ -57,10 +57,27 @@ pub enum TigaBenchError {
     Config(#[from] remora_tiga::config::ConfigError),
     #[error("progress bar: {0}")]
     Progress(String),
+    #[error("reading the calibration in {path}: {error}")]
+    CalibrationFile { path: String, error: String },
 }
 
-pub fn run(quick: bool, config: Option<&Path>, seed: u64) -> Result<Report, String> {
-    run_checked(quick, config, seed).map_err(|error| error.to_string())
+/// The calibration of an earlier run, from its `--json` report (under
+/// `config.calibration`) or a file holding the calibration alone, so that
+/// a run can be replayed exactly: runs are deterministic for a seed and a
+/// calibration.
+fn load_calibration(path: &Path) -> Result<Calibration, TigaBenchError> {
+    let failed = |error: String| TigaBenchError::CalibrationFile {
+        path: path.display().to_string(),
+        error,
+    };
+    let text = std::fs::read_to_string(path).map_err(|error| failed(error.to_string()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|error| failed(error.to_string()))?;
+    let calibration = match value.pointer("/config/calibration") {
+        Some(inner) => inner.clone(),
+        None => value,
+    };
+    serde_json::from_value(calibration).map_err(|error| failed(error.to_string()))
 }
 
 /// Virtual durations: settling needs detection periods (0.1 s each),
@@ -222,11 +239,20 @@ impl Bench {
 fn run_checked(
     quick: bool,
     config_path: Option<&Path>,
+    calibration_path: Option<&Path>,
     seed: u64,
 ) -> Result<Report, TigaBenchError> {
     let config = load_config(config_path)?;
-    println!("calibrating the stages' real code on this machine...");
-    let calibration = Calibration::measure(if quick { 11 } else { 31 })?;
+    let calibration = match calibration_path {
+        Some(path) => {
+            println!("replaying the calibration in {}", path.display());
+            load_calibration(path)?
+        }
+        None => {
+            println!("calibrating the stages' real code on this machine...");
+            Calibration::measure(if quick { 11 } else { 31 })?
+        }
+    };
     let progress = ProgressBar::new(planned_runs(quick));
     progress.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} virtual-time runs {msg}")
@@ -838,3 +864,43 @@ fn print_ratios(report: &Report) {
         }
     }
 }
+
+#[derive(clap::Args)]
+pub struct TigaArgs {
+    #[command(flatten)]
+    pub common: super::CommonArgs,
+    /// A TOML file of virtual-hardware settings (any of soc_cores,
+    /// cn_cores, slowdown, context_switch_ns, core_move_ns, detection_ns,
+    /// detection_period_ns, queue_depth, dma_bytes_per_second, ...; see
+    /// examples/tiga.toml).
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
+    /// The seed of the arrival streams.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Replay the stage costs of an earlier run (its --json report, or a
+    /// calibration alone) instead of measuring them: with the same seed
+    /// and settings, the run's figures come out the same.
+    #[arg(long)]
+    pub calibration: Option<std::path::PathBuf>,
+}
+
+impl super::BenchArgs for TigaArgs {
+    fn common(&self) -> &super::CommonArgs {
+        &self.common
+    }
+}
+
+/// `remora bench tiga`.
+pub static BENCH: super::Entry<TigaArgs> = super::Entry {
+    name: "tiga",
+    about: "TIGA in virtual time on virtual SoC and CN cores.\n\nCalibrated from the real stage code: MVS, Spark-style analysis and IPSec under TIGA, FairNIC, Floem (FCFS, DRR), iPipe and CPU-only; the paper's Figs. 2, 3, 5, 6, 7 and 8, latency, and the allocation and forwarding ratio over a payload shift.",
+    run: |args| {
+        Ok(run_checked(
+            args.common.quick,
+            args.config.as_deref(),
+            args.calibration.as_deref(),
+            args.seed,
+        )?)
+    },
+};
