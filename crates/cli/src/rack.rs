@@ -220,6 +220,74 @@ pub fn run_cowbird(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serd
     }
 }
 
+/// Runs the rack file's `[clover]` section on the embedded rack: its
+/// store and workload on a compute and a memory node behind the switch,
+/// with the resolver if the section asks for it, every key's history
+/// checked for linearizability if it asks for that.
+pub fn run_clover(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
+    let config = match remora_clover::config::CloverConfig::from_rack(rack) {
+        Ok(found) => found?,
+        Err(error) => {
+            failures.push(error.to_string());
+            return Some(serde_json::json!({ "error": error.to_string() }));
+        }
+    };
+    let run = config.run;
+    let switch = match run.switch {
+        remora_clover::harness::SwitchChoice::Plain => "plain forwarding".to_string(),
+        remora_clover::harness::SwitchChoice::Resolver { cached_keys } => {
+            format!("the resolver tracking {cached_keys} keys")
+        }
+    };
+    println!(
+        "clover: {} clients, {} requests on {} keys, through {switch}",
+        run.clients, run.operations, run.keys
+    );
+    match remora_clover::embedded::run(1, &run) {
+        Ok(outcome) => {
+            let violations = outcome
+                .verdict
+                .as_ref()
+                .map(|verdict| verdict.violations.clone());
+            let checked = match &outcome.verdict {
+                Some(verdict) if verdict.violations.is_empty() => format!(
+                    "{} keys' histories ({} requests) linearizable",
+                    verdict.keys, verdict.operations
+                ),
+                Some(verdict) => {
+                    failures.push(format!(
+                        "clover: keys {:?} are not linearizable",
+                        verdict.violations
+                    ));
+                    format!("keys {:?} NOT linearizable", verdict.violations)
+                }
+                None => "histories not checked".into(),
+            };
+            println!(
+                "  {} requests ({:.0}/s), {} write conflicts; {checked}",
+                outcome.operations(),
+                outcome.operations_per_second(),
+                outcome.stats.conflicts
+            );
+            Some(serde_json::json!({
+                "clients": run.clients,
+                "keys": run.keys,
+                "resolver": !matches!(run.switch, remora_clover::harness::SwitchChoice::Plain),
+                "operations": outcome.operations(),
+                "operations_per_second": outcome.operations_per_second(),
+                "conflicts": outcome.stats.conflicts,
+                "not_linearizable_keys": violations,
+                "fabric_cpu_seconds": outcome.cpu.fabric.as_secs_f64(),
+                "client_cpu_seconds": outcome.cpu.clients.as_secs_f64(),
+            }))
+        }
+        Err(error) => {
+            failures.push(format!("clover: {error}"));
+            Some(serde_json::json!({ "error": error.to_string() }))
+        }
+    }
+}
+
 fn run_switch(args: SwitchArgs) -> Result<ExitCode, String> {
     let rack = RackConfig::load(&args.rack).map_err(|error| error.to_string())?;
     println!("switch for rack {} up; Ctrl-C stops it", rack.name);

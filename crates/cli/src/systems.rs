@@ -70,7 +70,7 @@ struct Clover;
 
 impl System for Clover {
     fn name(&self) -> &'static str {
-        "clover"
+        remora_clover::config::SECTION
     }
 
     fn title(&self) -> &'static str {
@@ -78,11 +78,13 @@ impl System for Clover {
     }
 
     fn check_section(&self, rack: &RackConfig) -> Result<(), String> {
-        refuse_section(
-            rack,
-            self.name(),
-            "Clover runs in the simulator and in `remora bench clover`",
-        )
+        remora_clover::config::CloverConfig::from_rack(rack)
+            .map(|_| ())
+            .map_err(|error| error.to_string())
+    }
+
+    fn rack_up(&self, rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
+        crate::rack::run_clover(rack, failures)
     }
 
     fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {

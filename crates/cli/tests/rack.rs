@@ -265,6 +265,16 @@ fn bad_rack_files_fail_with_a_clear_message() {
     assert_eq!(code, Some(2));
     assert!(stderr.contains("[cowbrid] names no system"), "{stderr}");
 
+    // A system's own section is checked by the system, which names the
+    // field it refuses.
+    let clover = std::fs::read_to_string(example("rack-clover.toml")).unwrap();
+    let (code, stderr) = rack_up_with(
+        &clover.replace("zipf_theta = 0.99", "zipf_theta = 1.5"),
+        &[],
+    );
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("[clover] zipf_theta is 1.5"), "{stderr}");
+
     // A capture into a directory that does not exist names the path.
     let two_nodes = std::fs::read_to_string(example("rack-two-nodes.toml")).unwrap();
     let missing = "/nonexistent-remora-directory/rack.pcap";
@@ -507,4 +517,18 @@ fn bench_cowbird_refuses_bad_settings_clearly() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("has no [cowbird] section"), "{stderr}");
+}
+
+#[test]
+fn a_rack_file_with_a_clover_section_runs_clover_with_the_resolver() {
+    let report = rack_up("rack-clover.toml", &[], "rack-clover");
+    assert_workloads_complete(&report["rack"], 100);
+    let clover = &report["clover"];
+    assert_eq!(clover["resolver"], true, "{clover}");
+    assert_eq!(clover["operations"], 4000, "{clover}");
+    assert_eq!(
+        clover["not_linearizable_keys"],
+        serde_json::json!([]),
+        "{clover}"
+    );
 }

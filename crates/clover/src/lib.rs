@@ -15,6 +15,7 @@
 //! - [`history`]: request histories and their linearizability check.
 //! - [`deploy`]: the store set up on two soft RNICs, and the workload
 //!   feeder.
+//! - [`config`]: the rack file's `[clover]` section.
 //! - [`harness`]: a run's configuration and the application loop shared
 //!   by [`simulated`] (the deterministic simulator, simulated time) and
 //!   [`embedded`] (the embedded rack: real threads, rings and time).
@@ -22,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod config;
 pub mod deploy;
 pub mod embedded;
 pub mod harness;

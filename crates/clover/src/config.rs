@@ -1,0 +1,287 @@
+//! Clover's section of a rack file, `[clover]`: the store and its YCSB-style
+//! workload, and whether the switch runs the in-network resolver. The rack
+//! crate keeps the table unparsed; this module reads it, with typed
+//! errors, into a [`Run`] for the embedded rack.
+//!
+//! ```toml
+//! [clover]
+//! clients = 16            # logical clients, one queue pair each
+//! keys = 1024
+//! operations = 4000       # requests in all
+//! read_proportion = 0.5
+//! distribution = "zipf"   # or "uniform"
+//! zipf_theta = 0.75
+//! value_bytes = 16
+//! region = "8MiB"         # the memory node's region of versions
+//! resolver = true         # the switch resolves write conflicts in flight
+//! cached_keys = 1024      # hottest keys the resolver tracks
+//! check_history = true    # every key's history checked for linearizability
+//! ```
+
+use crate::harness::{Run, SwitchChoice};
+use remora_rack::{RackConfig, Role};
+use serde::Deserialize;
+
+/// The section's name in a rack file.
+pub const SECTION: &str = "clover";
+
+/// Why a `[clover]` section was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CloverConfigError {
+    #[error("[clover] {0}")]
+    Syntax(String),
+    #[error("[clover] {field} is {value}: {rule}")]
+    Invalid {
+        field: &'static str,
+        value: String,
+        rule: &'static str,
+    },
+    #[error("[clover] needs a compute node and a memory node")]
+    NoHosts,
+}
+
+/// How requests pick their keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Distribution {
+    Zipf,
+    Uniform,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClover {
+    #[serde(default = "default_clients")]
+    clients: usize,
+    #[serde(default = "default_keys")]
+    keys: u64,
+    #[serde(default = "default_operations")]
+    operations: u64,
+    #[serde(default = "default_read_proportion")]
+    read_proportion: f64,
+    #[serde(default = "default_distribution")]
+    distribution: Distribution,
+    #[serde(default = "default_zipf_theta")]
+    zipf_theta: f64,
+    #[serde(default = "default_value_bytes")]
+    value_bytes: usize,
+    #[serde(default = "default_region")]
+    region: String,
+    #[serde(default)]
+    resolver: bool,
+    cached_keys: Option<usize>,
+    #[serde(default = "default_check_history")]
+    check_history: bool,
+}
+
+fn default_clients() -> usize {
+    16
+}
+
+fn default_keys() -> u64 {
+    1024
+}
+
+fn default_operations() -> u64 {
+    4000
+}
+
+fn default_read_proportion() -> f64 {
+    0.5
+}
+
+fn default_distribution() -> Distribution {
+    Distribution::Zipf
+}
+
+fn default_zipf_theta() -> f64 {
+    0.75
+}
+
+fn default_value_bytes() -> usize {
+    16
+}
+
+fn default_region() -> String {
+    "8MiB".into()
+}
+
+fn default_check_history() -> bool {
+    true
+}
+
+/// Bounds the section is held to: a rack file is user input, and the run
+/// sizes its rings, regions and histories from it.
+const MAX_CLIENTS: usize = 256;
+const MAX_KEYS: u64 = 1 << 20;
+const MAX_OPERATIONS: u64 = 10_000_000;
+const MAX_VALUE_BYTES: usize = 4096;
+const MAX_REGION_BYTES: u64 = 1 << 30;
+
+/// The `[clover]` section, checked.
+#[derive(Debug, Clone, Copy)]
+pub struct CloverConfig {
+    pub run: Run,
+}
+
+impl CloverConfig {
+    /// The rack file's `[clover]` table, if it has one, checked against the
+    /// rack (Clover runs on its first compute and memory nodes).
+    pub fn from_rack(rack: &RackConfig) -> Result<Option<CloverConfig>, CloverConfigError> {
+        let Some(table) = rack.systems.get(SECTION) else {
+            return Ok(None);
+        };
+        let config = CloverConfig::parse(table)?;
+        if rack.first_node(Role::Compute).is_none() || rack.first_node(Role::Memory).is_none() {
+            return Err(CloverConfigError::NoHosts);
+        }
+        Ok(Some(config))
+    }
+
+    /// A `[clover]` table on its own.
+    pub fn parse(table: &toml::Table) -> Result<CloverConfig, CloverConfigError> {
+        let raw: RawClover =
+            toml::Value::Table(table.clone())
+                .try_into()
+                .map_err(|error: toml::de::Error| {
+                    CloverConfigError::Syntax(error.message().to_string())
+                })?;
+        CloverConfig::validate(raw)
+    }
+
+    fn validate(raw: RawClover) -> Result<CloverConfig, CloverConfigError> {
+        let invalid =
+            |field, value: String, rule| CloverConfigError::Invalid { field, value, rule };
+        if !(1..=MAX_CLIENTS).contains(&raw.clients) {
+            return Err(invalid("clients", raw.clients.to_string(), "from 1 to 256"));
+        }
+        if !(1..=MAX_KEYS).contains(&raw.keys) {
+            return Err(invalid("keys", raw.keys.to_string(), "from 1 to 1048576"));
+        }
+        if !(1..=MAX_OPERATIONS).contains(&raw.operations) {
+            return Err(invalid(
+                "operations",
+                raw.operations.to_string(),
+                "from 1 to 10000000",
+            ));
+        }
+        if !(0.0..=1.0).contains(&raw.read_proportion) {
+            return Err(invalid(
+                "read_proportion",
+                raw.read_proportion.to_string(),
+                "from 0 to 1",
+            ));
+        }
+        // YCSB's generator needs θ in (0, 1).
+        if !(raw.zipf_theta > 0.0 && raw.zipf_theta < 1.0) {
+            return Err(invalid(
+                "zipf_theta",
+                raw.zipf_theta.to_string(),
+                "above 0 and below 1",
+            ));
+        }
+        if !(1..=MAX_VALUE_BYTES).contains(&raw.value_bytes) {
+            return Err(invalid(
+                "value_bytes",
+                raw.value_bytes.to_string(),
+                "from 1 to 4096",
+            ));
+        }
+        let region_bytes = remora_rack::config::parse_size(&raw.region)
+            .ok()
+            .filter(|bytes| (1 << 20..=MAX_REGION_BYTES).contains(bytes))
+            .ok_or_else(|| invalid("region", raw.region.clone(), "a size from 1MiB to 1GiB"))?;
+        let switch = match (raw.resolver, raw.cached_keys) {
+            (false, None) => SwitchChoice::Plain,
+            (false, Some(_)) => {
+                return Err(invalid(
+                    "cached_keys",
+                    "set".into(),
+                    "only the resolver caches keys: set resolver = true",
+                ))
+            }
+            (true, cached_keys) => {
+                let cached_keys = cached_keys.unwrap_or(raw.keys as usize);
+                if cached_keys == 0 || cached_keys as u64 > raw.keys {
+                    return Err(invalid(
+                        "cached_keys",
+                        cached_keys.to_string(),
+                        "from 1 to the number of keys",
+                    ));
+                }
+                SwitchChoice::Resolver { cached_keys }
+            }
+        };
+        let mut run = Run::new(switch);
+        run.clients = raw.clients;
+        run.keys = raw.keys;
+        run.operations = raw.operations;
+        run.read_proportion = raw.read_proportion;
+        run.zipf_theta = match raw.distribution {
+            Distribution::Zipf => Some(raw.zipf_theta),
+            Distribution::Uniform => None,
+        };
+        run.value_bytes = raw.value_bytes;
+        run.region_bytes = region_bytes;
+        run.check_history = raw.check_history;
+        Ok(CloverConfig { run })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<CloverConfig, CloverConfigError> {
+        CloverConfig::parse(&text.parse::<toml::Table>().unwrap())
+    }
+
+    #[test]
+    fn a_section_sets_the_run_and_defaults_fill_the_rest() {
+        let config = parse("clients = 4\nresolver = true\ncached_keys = 8\n").unwrap();
+        assert_eq!(config.run.clients, 4);
+        assert_eq!(config.run.keys, 1024);
+        assert!(matches!(
+            config.run.switch,
+            SwitchChoice::Resolver { cached_keys: 8 }
+        ));
+        assert!(config.run.check_history);
+        let uniform = parse("distribution = \"uniform\"").unwrap();
+        assert_eq!(uniform.run.zipf_theta, None);
+        assert!(matches!(uniform.run.switch, SwitchChoice::Plain));
+        let all = parse("resolver = true\nkeys = 64").unwrap();
+        assert!(matches!(
+            all.run.switch,
+            SwitchChoice::Resolver { cached_keys: 64 }
+        ));
+    }
+
+    #[test]
+    fn bad_settings_name_their_field() {
+        let field = |text: &str| match parse(text) {
+            Err(CloverConfigError::Invalid { field, .. }) => field,
+            other => panic!("{text}: {other:?}"),
+        };
+        assert_eq!(field("clients = 0"), "clients");
+        assert_eq!(field("keys = 0"), "keys");
+        assert_eq!(field("operations = 0"), "operations");
+        assert_eq!(field("read_proportion = 1.5"), "read_proportion");
+        assert_eq!(field("zipf_theta = 1.0"), "zipf_theta");
+        assert_eq!(field("value_bytes = 0"), "value_bytes");
+        assert_eq!(field("region = \"4KiB\""), "region");
+        assert_eq!(field("region = \"lots\""), "region");
+        assert_eq!(field("cached_keys = 4"), "cached_keys");
+        assert_eq!(
+            field("resolver = true\nkeys = 8\ncached_keys = 9"),
+            "cached_keys"
+        );
+        assert!(matches!(
+            parse("clients = \"many\""),
+            Err(CloverConfigError::Syntax(_))
+        ));
+        assert!(matches!(
+            parse("engine = \"p4\""),
+            Err(CloverConfigError::Syntax(_))
+        ));
+    }
+}
