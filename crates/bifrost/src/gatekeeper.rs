@@ -5,13 +5,15 @@
 //! digests to its control plane, and holds calls to a failed node until a
 //! replacement takes its methods over.
 //!
-//! Built so far: registration, service routing, the RPC graph, digests,
-//! callee checkpoints (b2) taken off the replies that carry them, failure
-//! marking and recovery of routes, every table bounded with typed errors.
-//! Not yet: the ACL on DSM accesses, the caller's checkpoints (a1, b1,
-//! a2), and replay by the switch itself (held calls reach the replacement
-//! through their callers' retransmissions, and a replacement started from
-//! the failed node's checkpoint answers what it had answered).
+//! Built so far: registration (by the control plane, or by a node's own
+//! heartbeat on boot), failure detection by missed heartbeats, service
+//! routing, the RPC graph, digests, callee checkpoints (b2) taken off the
+//! replies that carry them, calls to a failed node held in a bounded
+//! queue, recovery that moves routes to a replacement and replays, as
+//! packet-outs, the held calls and the calls that were in flight to the
+//! failed node; every table and queue bounded with typed errors or
+//! counted drops. Not yet: the ACL on DSM accesses and the caller's
+//! checkpoints (a1, b1, a2).
 
 use crate::rpc::checkpoint::{split_reply, CHECKPOINT_FLAG, MAX_CHECKPOINT_BYTES};
 use remora_base::Timestamp;
@@ -19,11 +21,15 @@ use remora_switch::packet::{Digest, Egress, Packet};
 use remora_switch::programs::overlay::{Claim, Overlay};
 use remora_switch::resources::ResourceReport;
 use remora_switch::table::{ExactTable, TableError, TableShape};
+pub use remora_wire::bifrost::NodeKind;
 use remora_wire::bifrost::{
-    BifrostHeader, BifrostRepr, CallType, GlobalAddress, BIFROST_PORT, HEADER_LEN, METHOD_NAME_LEN,
+    BifrostHeader, BifrostRepr, CallType, GlobalAddress, HeartbeatRepr, BIFROST_PORT, HEADER_LEN,
+    HEARTBEAT_PORT, METHOD_NAME_LEN,
 };
 use remora_wire::ipv4::Ipv4Packet;
 use remora_wire::Ipv4Address;
+use std::collections::VecDeque;
+use std::time::Duration;
 
 /// Digest kinds the Gatekeeper sends its control plane.
 pub const DIGEST_CALL: u16 = 0xb1f0;
@@ -31,13 +37,8 @@ pub const DIGEST_REPLY: u16 = 0xb1f1;
 /// A call for a method no node is registered for, or to a failed node
 /// that could not be held, or a full graph: an RPC failure.
 pub const DIGEST_RPC_FAILURE: u16 = 0xb1f2;
-
-/// What kind of node registered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeKind {
-    Compute,
-    Memory,
-}
+/// A node missed its heartbeats: values[0] is its IPv4 address.
+pub const DIGEST_NODE_FAILED: u16 = 0xb1f3;
 
 /// A registered node's status (§6.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,9 +88,18 @@ pub struct GatekeeperCounters {
     pub replies: u64,
     /// Calls for a method no node serves: dropped.
     pub unrouted: u64,
-    /// Calls to a failed node, held until its replacement (dropped here;
-    /// the caller's retransmission delivers them after recovery).
+    /// Calls to a failed node, held until its replacement.
     pub held: u64,
+    /// Calls to a failed node the full hold queue could not take:
+    /// dropped, with an RPC-failure digest (the caller's resend may
+    /// still reach the replacement).
+    pub held_dropped: u64,
+    /// Held and in-flight calls sent to a replacement as packet-outs.
+    pub replayed: u64,
+    /// Heartbeats taken, nodes they announced, nodes found failed.
+    pub heartbeats: u64,
+    pub nodes_announced: u64,
+    pub failures_detected: u64,
     /// Calls refused because the RPC graph was full.
     pub graph_full: u64,
     /// Bifröst-port datagrams whose header did not parse.
@@ -108,6 +118,11 @@ pub struct GatekeeperConfig {
     pub nodes: usize,
     pub routes: usize,
     pub calls_in_flight: usize,
+    /// Calls held for failed nodes until their replacement.
+    pub held_calls: usize,
+    /// A node that sent heartbeats and then none for this long has
+    /// failed. None: only the control plane marks failures.
+    pub heartbeat_timeout: Option<Duration>,
 }
 
 impl GatekeeperConfig {
@@ -117,9 +132,15 @@ impl GatekeeperConfig {
             nodes: 64,
             routes: 256,
             calls_in_flight: 4096,
+            held_calls: 256,
+            heartbeat_timeout: None,
         }
     }
 }
+
+/// A call frame the Gatekeeper keeps to replay is at most this long (a
+/// call's datagram fits one MTU); longer ones rely on the caller's resend.
+const MAX_KEPT_FRAME_BYTES: usize = 2048;
 
 type MethodKey = [u8; METHOD_NAME_LEN];
 type CallKey = (Ipv4Address, u16, u64);
@@ -132,6 +153,19 @@ pub struct Gatekeeper {
     graph: ExactTable<CallKey, CallEdge>,
     /// Each node's newest checkpoint (b2), taken off its replies.
     checkpoints: ExactTable<Ipv4Address, (u64, Vec<u8>)>,
+    /// Each call in flight's frame as routed, to replay to a replacement.
+    call_frames: ExactTable<CallKey, Vec<u8>>,
+    /// When each node that sends heartbeats was last heard.
+    heard: ExactTable<Ipv4Address, Timestamp>,
+    heartbeat_timeout: Option<Duration>,
+    next_liveness_check: Timestamp,
+    /// Calls to failed nodes, as they arrived (to the service address).
+    held: VecDeque<Vec<u8>>,
+    held_capacity: usize,
+    /// Frames to send back into the pipeline (replays).
+    packet_outs: VecDeque<Vec<u8>>,
+    /// Nodes found failed, for the control plane.
+    detected: VecDeque<Ipv4Address>,
     counters: GatekeeperCounters,
 }
 
@@ -144,9 +178,10 @@ fn method_key(method: &[u8]) -> Result<MethodKey, GatekeeperError> {
     Ok(key)
 }
 
-/// Where a packet's IPv4 and UDP headers are, if it is a UDP datagram to
-/// or from Bifröst's port (calls go to it, replies come from it).
-fn bifrost_offsets(packet: &Packet) -> Option<(usize, usize)> {
+/// Where a packet's IPv4 and UDP headers are, and its destination port,
+/// if it is a UDP datagram to or from Bifröst's port (calls go to it,
+/// replies come from it) or a heartbeat.
+fn bifrost_offsets(packet: &Packet) -> Option<(usize, usize, u16)> {
     let ipv4 = packet.headers.ipv4?;
     let bytes = &packet.bytes;
     if bytes.get(ipv4.offset + 9) != Some(&remora_wire::ipv4::PROTOCOL_UDP) {
@@ -155,7 +190,16 @@ fn bifrost_offsets(packet: &Packet) -> Option<(usize, usize)> {
     let udp = ipv4.offset + ipv4.header_len;
     let source = u16::from_be_bytes([*bytes.get(udp)?, *bytes.get(udp + 1)?]);
     let destination = u16::from_be_bytes([*bytes.get(udp + 2)?, *bytes.get(udp + 3)?]);
-    (source == BIFROST_PORT || destination == BIFROST_PORT).then_some((ipv4.offset, udp))
+    (source == BIFROST_PORT || destination == BIFROST_PORT || destination == HEARTBEAT_PORT)
+        .then_some((ipv4.offset, udp, destination))
+}
+
+/// Rewrites a call frame's IPv4 destination (and checksum) to `node`.
+fn readdress(frame: &mut [u8], node: Ipv4Address) {
+    // The frames kept are IPv4 behind an untagged Ethernet header.
+    const IP: usize = remora_wire::ethernet::ETHERNET_HEADER_LEN;
+    frame[IP + 16..IP + 20].copy_from_slice(&node.0);
+    Ipv4Packet::new_unchecked(&mut frame[IP..]).fill_checksum();
 }
 
 impl Gatekeeper {
@@ -185,7 +229,100 @@ impl Gatekeeper {
                 (MAX_CHECKPOINT_BYTES * 8) as u16,
                 config.nodes,
             )),
+            call_frames: ExactTable::new(shape(
+                "gatekeeper_call_frames",
+                2,
+                112,
+                (MAX_KEPT_FRAME_BYTES * 8) as u16,
+                config.calls_in_flight,
+            )),
+            heard: ExactTable::new(shape("gatekeeper_heard", 0, 32, 64, config.nodes)),
+            heartbeat_timeout: config.heartbeat_timeout,
+            next_liveness_check: Timestamp::ZERO,
+            held: VecDeque::new(),
+            held_capacity: config.held_calls,
+            packet_outs: VecDeque::new(),
+            detected: VecDeque::new(),
             counters: GatekeeperCounters::default(),
+        }
+    }
+
+    /// Nodes found failed by missed heartbeats since the last call, oldest
+    /// first: the control plane starts their replacements.
+    pub fn take_detected(&mut self) -> Vec<Ipv4Address> {
+        self.detected.drain(..).collect()
+    }
+
+    /// Calls held for failed nodes.
+    pub fn held_calls(&self) -> usize {
+        self.held.len()
+    }
+
+    /// A heartbeat: the first from a node announces it (registration on
+    /// boot); every one says it is alive.
+    fn take_heartbeat(&mut self, now: Timestamp, packet: &mut Packet, udp: usize) -> Claim {
+        packet.egress = Egress::Drop;
+        let Ok(heartbeat) = HeartbeatRepr::parse(&packet.bytes[udp + 8..]) else {
+            self.counters.malformed += 1;
+            return Claim::Taken;
+        };
+        let node = packet
+            .headers
+            .ipv4
+            .map(|fields| fields.source)
+            .unwrap_or_default();
+        self.counters.heartbeats += 1;
+        if self.nodes.lookup(&node).is_none() {
+            if self
+                .register_node(node, heartbeat.kind, heartbeat.capacity_bytes)
+                .is_err()
+            {
+                // A full node table: the node stays unknown, and counted.
+                self.counters.malformed += 1;
+                return Claim::Taken;
+            }
+            self.counters.nodes_announced += 1;
+        }
+        if self.heard.insert(node, now).is_err() {
+            self.counters.malformed += 1;
+        }
+        Claim::Taken
+    }
+
+    /// Marks failed every node heard from before and silent for longer
+    /// than the timeout; checked at most four times a timeout, on whatever
+    /// packet passes (live nodes' heartbeats keep packets passing).
+    fn check_liveness(&mut self, now: Timestamp, packet: &mut Packet) {
+        let Some(timeout) = self.heartbeat_timeout else {
+            return;
+        };
+        if now < self.next_liveness_check {
+            return;
+        }
+        self.next_liveness_check = now.saturating_add(timeout / 4);
+        let mut silent: Vec<Ipv4Address> = self
+            .heard
+            .iter()
+            .filter(|(_, heard)| heard.saturating_add(timeout) < now)
+            .map(|(node, _)| *node)
+            .collect();
+        // One order for every run of a seed, whatever the table's.
+        silent.sort_unstable_by_key(|node| node.0);
+        for node in silent {
+            self.heard.remove(&node);
+            if self.mark_failed(node).is_err() {
+                continue;
+            }
+            self.counters.failures_detected += 1;
+            if self.detected.len() < self.nodes.capacity() {
+                self.detected.push_back(node);
+            }
+            if packet.digest.is_none() {
+                packet.digest = Some(Digest {
+                    kind: DIGEST_NODE_FAILED,
+                    values: [u64::from(u32::from_be_bytes(node.0)), 0, 0, 0],
+                });
+            }
         }
     }
 
@@ -268,13 +405,31 @@ impl Gatekeeper {
         for method in &methods {
             self.routes.insert(*method, replacement)?;
         }
-        for edge in self.graph.values_mut() {
+        let mut moved = Vec::new();
+        for (key, edge) in self.graph.iter_mut() {
             if edge.callee == failed {
                 edge.callee = replacement;
+                moved.push(*key);
             }
+        }
+        moved.sort_unstable_by_key(|(caller, port, rpc_id)| (caller.0, *port, *rpc_id));
+        // The calls in flight to the failed node go again to its
+        // replacement, which drops those it answered before (its
+        // checkpoint's replies), and the held calls are routed afresh.
+        for key in moved {
+            if let Some(mut frame) = self.call_frames.remove(&key) {
+                readdress(&mut frame, replacement);
+                self.packet_outs.push_back(frame);
+                self.counters.replayed += 1;
+            }
+        }
+        while let Some(frame) = self.held.pop_front() {
+            self.packet_outs.push_back(frame);
+            self.counters.replayed += 1;
         }
         // Forwarding to the failed node stops: it serves nothing now.
         self.nodes.remove(&failed);
+        self.heard.remove(&failed);
         Ok(methods.len())
     }
 
@@ -376,7 +531,12 @@ impl Gatekeeper {
             .lookup(&node)
             .is_none_or(|info| info.status == NodeStatus::Failed)
         {
+            if self.held.len() >= self.held_capacity {
+                self.counters.held_dropped += 1;
+                return self.fail(packet, 3);
+            }
             self.counters.held += 1;
+            self.held.push_back(packet.bytes.clone());
             packet.egress = Egress::Drop;
             return Claim::Taken;
         }
@@ -410,6 +570,13 @@ impl Gatekeeper {
         if let Some(fields) = packet.headers.ipv4.as_mut() {
             fields.destination = node;
         }
+        if !oneway && packet.bytes.len() <= MAX_KEPT_FRAME_BYTES {
+            // Same capacity as the graph, which just took this call.
+            let kept = self
+                .call_frames
+                .insert((caller, caller_port, edge.rpc_id), packet.bytes.clone());
+            debug_assert!(kept.is_ok(), "the call frames fill with the graph");
+        }
         self.counters.calls_routed += 1;
         packet.digest = Some(Digest {
             kind: DIGEST_CALL,
@@ -431,6 +598,7 @@ impl Gatekeeper {
             .map(|fields| fields.destination)
             .unwrap_or_default();
         let caller_port = u16::from_be_bytes([packet.bytes[udp + 2], packet.bytes[udp + 3]]);
+        self.call_frames.remove(&(caller, caller_port, rpc_id));
         if self.graph.remove(&(caller, caller_port, rpc_id)).is_some() {
             self.counters.replies += 1;
             packet.digest = Some(Digest {
@@ -446,13 +614,21 @@ impl Overlay for Gatekeeper {
         "bifrost-gatekeeper"
     }
 
-    fn before_forwarding(&mut self, _now: Timestamp, packet: &mut Packet) -> Claim {
-        let Some((ip, udp)) = bifrost_offsets(packet) else {
+    fn before_forwarding(&mut self, now: Timestamp, packet: &mut Packet) -> Claim {
+        self.check_liveness(now, packet);
+        let Some((ip, udp, destination_port)) = bifrost_offsets(packet) else {
             return Claim::Pass;
         };
         let destination = packet.headers.ipv4.map(|fields| fields.destination);
         if destination == Some(self.service_address) {
+            if destination_port == HEARTBEAT_PORT {
+                return self.take_heartbeat(now, packet, udp);
+            }
             return self.route_call(packet, ip, udp);
+        }
+        if destination_port == HEARTBEAT_PORT {
+            // A heartbeat to someone else is not the Gatekeeper's.
+            return Claim::Pass;
         }
         let Ok(header) = BifrostHeader::new_checked(&packet.bytes[udp + 8..]) else {
             // Not the Gatekeeper's to judge: forwarded as any datagram.
@@ -478,6 +654,16 @@ impl Overlay for Gatekeeper {
         report.tables.push(self.routes.resources());
         report.tables.push(self.graph.resources());
         report.tables.push(self.checkpoints.resources());
+        report.tables.push(self.call_frames.resources());
+        report.tables.push(self.heard.resources());
+    }
+
+    fn poll_packet_out(&mut self) -> Option<Vec<u8>> {
+        self.packet_outs.pop_front()
+    }
+
+    fn has_packet_out(&self) -> bool {
+        !self.packet_outs.is_empty()
     }
 }
 

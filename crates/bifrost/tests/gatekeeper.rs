@@ -144,6 +144,16 @@ fn a_failed_node_is_replaced_from_its_checkpoint_and_every_call_takes_effect_onc
         )
         .unwrap_or_else(|error| panic!("seed {seed}: {error}"));
         assert!(outcome.held > 0, "seed {seed}: {outcome:?}");
+        // The switch replayed what it held and what was in flight.
+        assert!(outcome.replayed >= outcome.held, "seed {seed}: {outcome:?}");
+        // Found by missed heartbeats: past the 1 ms timeout, within a
+        // quarter of it more (how often the Gatekeeper looks) and a
+        // heartbeat interval.
+        assert!(
+            outcome.detection_time > Duration::from_millis(1)
+                && outcome.detection_time <= Duration::from_micros(1400),
+            "seed {seed}: {outcome:?}"
+        );
         assert!(
             outcome.executed_by_spare > outcome.checkpoint_covers,
             "seed {seed}: the spare served the rest"
@@ -225,4 +235,119 @@ fn gatekeeper_fuzz_seeds_replay() {
     assert_eq!(left.get("increment_call"), Some(&true), "{left:?}");
     assert_eq!(left.get("truncated_call"), Some(&false), "{left:?}");
     assert!(left.len() >= 4, "{left:?}");
+}
+
+/// The switch alone, frame by frame: nodes announce themselves with
+/// heartbeats; one falls silent and the Gatekeeper finds it failed; a call
+/// for its method is held (nothing leaves); after recovery the switch
+/// itself sends the held call to the replacement, with no resend from the
+/// caller.
+#[test]
+fn the_switch_detects_a_silent_node_holds_its_calls_and_replays_them_to_the_replacement() {
+    use remora_base::Timestamp;
+    use remora_switch::programs::l2l3::L2L3Forwarding;
+    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_wire::bifrost::{
+        BifrostRepr, CallType, GlobalAddress, HeartbeatRepr, HEADER_LEN, HEARTBEAT_LEN,
+        HEARTBEAT_PORT,
+    };
+    use remora_wire::datagram::{emit_datagram, parse_datagram, DATAGRAM_HEADERS_LEN};
+    use remora_wire::MacAddress;
+    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
+    let end = |last: u8, port| DatagramEnd {
+        mac: MacAddress([2, 0, 0, 0, 0, last]),
+        address: Ipv4Address::new(10, 0, 0, last),
+        port,
+    };
+    let (caller, node, spare) = (end(1, 40000), end(2, BIFROST_PORT), end(3, BIFROST_PORT));
+    let hosts = [caller, node, spare].map(|end| (end.mac, end.address));
+    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).unwrap();
+    let gatekeeper = Gatekeeper::new(GatekeeperConfig {
+        heartbeat_timeout: Some(Duration::from_millis(1)),
+        ..GatekeeperConfig::new(SERVICE)
+    });
+    let mut switch = Switch::new(SwitchConfig::new(3), Overlaid::new(forwarding, gatekeeper));
+    let to_gatekeeper = |port| DatagramEnd {
+        mac: router,
+        address: SERVICE,
+        port,
+    };
+    let frame = |from: DatagramEnd, to: DatagramEnd, payload: &[u8]| {
+        let mut bytes = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
+        let length = emit_datagram(from, to, payload, &mut bytes).unwrap();
+        bytes.truncate(length);
+        bytes
+    };
+    let heartbeat = |from: DatagramEnd| {
+        let mut bytes = [0u8; HEARTBEAT_LEN];
+        HeartbeatRepr {
+            kind: NodeKind::Compute,
+            incarnation: 0,
+            capacity_bytes: 1 << 30,
+        }
+        .emit(&mut bytes)
+        .unwrap();
+        frame(
+            DatagramEnd {
+                port: HEARTBEAT_PORT,
+                ..from
+            },
+            to_gatekeeper(HEARTBEAT_PORT),
+            &bytes,
+        )
+    };
+    let at = |micros: u64| Timestamp::ZERO.saturating_add(Duration::from_micros(micros));
+    let mut buffer = vec![0u8; 4096];
+    let mut drain = |switch: &mut Switch<Overlaid<Gatekeeper>>| {
+        let mut left = Vec::new();
+        while let Some((port, length)) = switch.poll_transmit(Timestamp::ZERO, &mut buffer) {
+            left.push((
+                port,
+                parse_datagram(&buffer[..length])
+                    .unwrap()
+                    .0
+                    .destination
+                    .address,
+            ));
+        }
+        left
+    };
+    // Both announce themselves; nothing leaves the switch for a heartbeat.
+    switch.handle_frame(at(0), PortId(1), &heartbeat(node));
+    switch.handle_frame(at(0), PortId(2), &heartbeat(spare));
+    assert!(drain(&mut switch).is_empty());
+    assert_eq!(switch.program().counters().nodes_announced, 2);
+    switch
+        .program_mut()
+        .route("increment", node.address)
+        .unwrap();
+    // Only the spare goes on beating: past the timeout the node has failed.
+    for micros in (100..=1600).step_by(100) {
+        switch.handle_frame(at(micros), PortId(2), &heartbeat(spare));
+    }
+    assert_eq!(switch.program_mut().take_detected(), vec![node.address]);
+    // A call for its method is held: nothing leaves.
+    let mut call = [0u8; HEADER_LEN];
+    BifrostRepr::new(CallType::Call, "increment", 7, GlobalAddress::NULL)
+        .unwrap()
+        .emit(&mut call)
+        .unwrap();
+    switch.handle_frame(
+        at(1700),
+        PortId(0),
+        &frame(caller, to_gatekeeper(BIFROST_PORT), &call),
+    );
+    assert!(drain(&mut switch).is_empty());
+    assert_eq!(switch.program().held_calls(), 1);
+    // Recovery: the switch sends the held call to the spare by itself.
+    switch
+        .program_mut()
+        .recover(node.address, spare.address)
+        .unwrap();
+    assert!(switch.poll_timeout().is_some_and(|due| due <= at(1800)));
+    switch.handle_timeout(at(1800));
+    assert_eq!(drain(&mut switch), vec![(PortId(2), spare.address)]);
+    let counters = switch.program().counters();
+    assert_eq!((counters.held, counters.replayed), (1, 1));
+    switch.check_frame_accounting().unwrap();
 }

@@ -811,13 +811,19 @@ pub fn bifrost_step() -> Result<SystemStep, String> {
     ) {
         Ok(outcome) => {
             println!(
-                "  the Gatekeeper in the switch, the serving node crashed after 800 answers: {} calls held, a spare restored from its checkpoint of {} calls took over; {} calls, each took effect once",
-                outcome.held, outcome.checkpoint_covers, outcome.calls
+                "  the Gatekeeper in the switch, the serving node crashed after 800 answers: found silent {:.0} us later by its missed heartbeats, {} calls held, a spare restored from its checkpoint of {} calls took over and the switch replayed {} calls to it; {} calls, each took effect once",
+                outcome.detection_time.as_nanos() as f64 / 1e3,
+                outcome.held,
+                outcome.checkpoint_covers,
+                outcome.replayed,
+                outcome.calls
             );
             step.variants.push(serde_json::json!({
                 "variant": "gatekeeper failover",
                 "calls": outcome.calls,
                 "held": outcome.held,
+                "replayed": outcome.replayed,
+                "detection_us": outcome.detection_time.as_nanos() as f64 / 1e3,
                 "checkpoint_covers": outcome.checkpoint_covers,
             }));
         }

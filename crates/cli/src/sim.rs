@@ -184,11 +184,11 @@ fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, String> {
     );
     println!("  calls, each once     {:>10}", report.calls);
     println!(
-        "  calls held by the Gatekeeper while the node was down {:>10}",
-        report.held
+        "  calls held by the Gatekeeper while the node was down {:>10}, replayed by the switch {}",
+        report.held, report.replayed
     );
     println!(
-        "  recovery, crash to the spare's first answer (1 ms of it detection): p50 {:.0} us, max {:.0} us (virtual)",
+        "  recovery, the Gatekeeper's detection (1 ms heartbeat timeout) to the spare's first answer: p50 {:.0} us, max {:.0} us (virtual)",
         report.recovery_p50_us, report.recovery_max_us
     );
     for violation in &report.violations {

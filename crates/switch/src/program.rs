@@ -25,4 +25,19 @@ pub trait Program: Send {
     /// The control plane's answer to a digest, applied between packets
     /// (for example, learning a host). Programs without digests ignore it.
     fn control_plane(&mut self, _digest: &Digest) {}
+
+    /// A frame the program's control plane sends back into the pipeline
+    /// (a P4 switch's packet-out): frames it held and now releases, such
+    /// as calls held for a failed node and replayed to its replacement.
+    /// The runtime takes them after each frame and timeout; they enter
+    /// from the generator port and count as generated.
+    fn poll_packet_out(&mut self) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// Whether [`poll_packet_out`](Self::poll_packet_out) has a frame, so
+    /// that the runtime's timer fires now rather than at the next frame.
+    fn has_packet_out(&self) -> bool {
+        false
+    }
 }

@@ -102,6 +102,8 @@ pub type Emit<'a> = dyn FnMut(PortId, &[u8]) -> bool + 'a;
 
 /// Buffers kept for reuse, so forwarding does not allocate per frame.
 const MAX_POOLED_BUFFERS: usize = 4096;
+/// Packet-outs a program may send per frame or timeout handled.
+pub const MAX_PACKET_OUTS_PER_TURN: usize = 64;
 
 pub struct Switch<P: Program> {
     config: SwitchConfig,
@@ -217,7 +219,21 @@ impl<P: Program> Switch<P> {
             return;
         }
         self.inject(now, port, bytes, emit);
+        self.packets_out(now, emit);
         self.debug_check_invariants();
+    }
+
+    /// The program's packet-outs, into the pipeline from the generator
+    /// port; at most [`MAX_PACKET_OUTS_PER_TURN`] a turn, so one frame's
+    /// handling stays bounded (the rest go at the next frame or timeout).
+    fn packets_out(&mut self, now: Timestamp, emit: &mut Emit<'_>) {
+        for _ in 0..MAX_PACKET_OUTS_PER_TURN {
+            let Some(frame) = self.program.poll_packet_out() else {
+                return;
+            };
+            self.counters.generated += 1;
+            self.inject(now, GENERATOR_PORT, &frame, emit);
+        }
     }
 
     fn inject(&mut self, now: Timestamp, port: PortId, bytes: &[u8], emit: &mut Emit<'_>) {
@@ -441,6 +457,9 @@ impl<P: Program> Switch<P> {
     }
 
     pub fn poll_timeout(&self) -> Option<Timestamp> {
+        if self.program.has_packet_out() {
+            return Some(Timestamp::ZERO);
+        }
         self.generator.next_due()
     }
 
@@ -456,6 +475,7 @@ impl<P: Program> Switch<P> {
             self.inject(now, GENERATOR_PORT, &bytes, &mut |_, _| false);
             self.background = false;
         }
+        self.packets_out(now, &mut |_, _| false);
         self.debug_check_invariants();
     }
 

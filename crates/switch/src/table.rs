@@ -94,6 +94,15 @@ impl<K: Hash + Eq, V> ExactTable<K, V> {
         self.entries.values_mut()
     }
 
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut V)> {
+        self.entries.iter_mut()
+    }
+
+    /// The entries it holds at most.
+    pub fn capacity(&self) -> usize {
+        self.shape.capacity
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }

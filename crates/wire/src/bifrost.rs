@@ -273,6 +273,95 @@ pub fn any_header(data: &[u8]) -> bool {
     true
 }
 
+/// The UDP port nodes send heartbeats to, at the Gatekeeper's service
+/// address: apart from RPCs, so a heartbeat is never taken for a call.
+pub const HEARTBEAT_PORT: u16 = 4793;
+/// "BIFH": a Bifröst heartbeat.
+pub const HEARTBEAT_IDENTIFIER: u32 = u32::from_be_bytes(*b"BIFH");
+/// identifier u32, node kind u8, 3 zero bytes, incarnation u32, capacity
+/// in bytes u64.
+pub const HEARTBEAT_LEN: usize = 20;
+
+/// What kind of node sends a heartbeat (§6.4's node types).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NodeKind {
+    Compute = 1,
+    Memory = 2,
+}
+
+/// A node's heartbeat: on boot it announces the node (kind and
+/// capacity); after that it says the node is alive. The incarnation grows
+/// with each restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatRepr {
+    pub kind: NodeKind,
+    pub incarnation: u32,
+    pub capacity_bytes: u64,
+}
+
+/// Why a heartbeat did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeartbeatError {
+    #[error("{0} bytes are too few for a heartbeat ({HEARTBEAT_LEN})")]
+    Truncated(usize),
+    #[error("identifier {0:#010x} is not a Bifröst heartbeat's")]
+    Identifier(u32),
+    #[error("node kind {0} is neither compute (1) nor memory (2)")]
+    Kind(u8),
+    #[error("reserved bytes are not zero")]
+    Reserved,
+}
+
+impl HeartbeatRepr {
+    pub fn parse(bytes: &[u8]) -> Result<HeartbeatRepr, HeartbeatError> {
+        if bytes.len() < HEARTBEAT_LEN {
+            return Err(HeartbeatError::Truncated(bytes.len()));
+        }
+        let identifier = read_u32(bytes, 0);
+        if identifier != HEARTBEAT_IDENTIFIER {
+            return Err(HeartbeatError::Identifier(identifier));
+        }
+        let kind = match bytes[4] {
+            1 => NodeKind::Compute,
+            2 => NodeKind::Memory,
+            other => return Err(HeartbeatError::Kind(other)),
+        };
+        if bytes[5..8] != [0, 0, 0] {
+            return Err(HeartbeatError::Reserved);
+        }
+        Ok(HeartbeatRepr {
+            kind,
+            incarnation: read_u32(bytes, 8),
+            capacity_bytes: read_u64(bytes, 12),
+        })
+    }
+
+    pub fn emit(&self, bytes: &mut [u8]) -> Result<(), HeartbeatError> {
+        if bytes.len() < HEARTBEAT_LEN {
+            return Err(HeartbeatError::Truncated(bytes.len()));
+        }
+        let heartbeat = &mut bytes[..HEARTBEAT_LEN];
+        heartbeat.fill(0);
+        write_u32(heartbeat, 0, HEARTBEAT_IDENTIFIER);
+        heartbeat[4] = self.kind as u8;
+        write_u32(heartbeat, 8, self.incarnation);
+        write_u64(heartbeat, 12, self.capacity_bytes);
+        Ok(())
+    }
+}
+
+/// The harness of the `bifrost_heartbeat` fuzz target: any bytes parse or
+/// fail with a typed error; a heartbeat that parses emits the same bytes.
+pub fn any_heartbeat(data: &[u8]) -> bool {
+    let Ok(repr) = HeartbeatRepr::parse(data) else {
+        return false;
+    };
+    let mut emitted = [0u8; HEARTBEAT_LEN];
+    repr.emit(&mut emitted).expect("a whole heartbeat fits");
+    assert_eq!(&emitted[..], &data[..HEARTBEAT_LEN]);
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,5 +420,35 @@ mod tests {
             GlobalAddress::NULL
         )
         .is_err());
+    }
+
+    #[test]
+    fn heartbeats_round_trip_and_bad_ones_are_typed_errors() {
+        let repr = HeartbeatRepr {
+            kind: NodeKind::Memory,
+            incarnation: 3,
+            capacity_bytes: 1 << 30,
+        };
+        let mut bytes = [0u8; HEARTBEAT_LEN];
+        repr.emit(&mut bytes).unwrap();
+        assert_eq!(HeartbeatRepr::parse(&bytes), Ok(repr));
+        assert!(any_heartbeat(&bytes));
+        assert_eq!(
+            HeartbeatRepr::parse(&bytes[..19]),
+            Err(HeartbeatError::Truncated(19))
+        );
+        let mut wrong = bytes;
+        wrong[4] = 7;
+        assert_eq!(HeartbeatRepr::parse(&wrong), Err(HeartbeatError::Kind(7)));
+        let mut wrong = bytes;
+        wrong[6] = 1;
+        assert_eq!(HeartbeatRepr::parse(&wrong), Err(HeartbeatError::Reserved));
+        let mut wrong = bytes;
+        wrong[0] = b'X';
+        assert!(matches!(
+            HeartbeatRepr::parse(&wrong),
+            Err(HeartbeatError::Identifier(_))
+        ));
+        assert!(!any_heartbeat(&wrong));
     }
 }

@@ -23,3 +23,8 @@ fn bifrost_header_seeds_replay() {
 fn tiga_messages_seeds_replay() {
     assert!(replay("tiga_messages", remora_wire::tiga::any_message) >= 7);
 }
+
+#[test]
+fn bifrost_heartbeat_seeds_replay() {
+    assert!(replay("bifrost_heartbeat", remora_wire::bifrost::any_heartbeat) >= 2);
+}

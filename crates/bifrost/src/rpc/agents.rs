@@ -6,7 +6,9 @@ use super::{Callee, Caller, RpcError};
 use remora_base::Timestamp;
 use remora_host::{Agent, AgentError, AgentPort, Progress};
 use remora_rnic::Verbs;
-use remora_wire::bifrost::{GlobalAddress, BIFROST_PORT};
+use remora_wire::bifrost::{
+    GlobalAddress, HeartbeatRepr, NodeKind, BIFROST_PORT, HEARTBEAT_LEN, HEARTBEAT_PORT,
+};
 use remora_wire::datagram::DatagramEnd;
 use std::time::Duration;
 
@@ -292,6 +294,82 @@ impl Agent for CallingAgent {
     }
 
     fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+        Ok(())
+    }
+}
+
+/// A node's heartbeats to the Gatekeeper: the first announces the node
+/// (its kind and capacity, registration on boot), the rest say it lives.
+/// A crash silences them; a restart announces the node again with a new
+/// incarnation.
+pub struct HeartbeatAgent {
+    port: AgentPort,
+    gatekeeper: DatagramEnd,
+    heartbeat: HeartbeatRepr,
+    interval: Duration,
+    next_at: Timestamp,
+}
+
+impl HeartbeatAgent {
+    /// Heartbeats every `interval` to `gatekeeper` (the service address,
+    /// on [`HEARTBEAT_PORT`]).
+    pub fn new(
+        gatekeeper: DatagramEnd,
+        kind: NodeKind,
+        capacity_bytes: u64,
+        interval: Duration,
+    ) -> HeartbeatAgent {
+        HeartbeatAgent {
+            port: AgentPort::new(HEARTBEAT_PORT, 1),
+            gatekeeper: DatagramEnd {
+                port: HEARTBEAT_PORT,
+                ..gatekeeper
+            },
+            heartbeat: HeartbeatRepr {
+                kind,
+                incarnation: 0,
+                capacity_bytes,
+            },
+            interval,
+            next_at: Timestamp::ZERO,
+        }
+    }
+
+    /// How many times the node restarted.
+    pub fn incarnation(&self) -> u32 {
+        self.heartbeat.incarnation
+    }
+}
+
+impl Agent for HeartbeatAgent {
+    fn name(&self) -> &'static str {
+        "bifrost-heartbeat"
+    }
+
+    fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+        if now < self.next_at {
+            return Ok(Progress::Idle);
+        }
+        let mut bytes = [0u8; HEARTBEAT_LEN];
+        self.heartbeat
+            .emit(&mut bytes)
+            .expect("a heartbeat fits its own length");
+        self.port.send(nic, self.gatekeeper, &bytes)?;
+        self.next_at = now.saturating_add(self.interval);
+        Ok(Progress::from_moved(true))
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        Some(self.next_at)
+    }
+
+    fn crash(&mut self) {
+        self.port.forget();
+    }
+
+    fn restart(&mut self, now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+        self.heartbeat.incarnation = self.heartbeat.incarnation.wrapping_add(1);
+        self.next_at = now;
         Ok(())
     }
 }

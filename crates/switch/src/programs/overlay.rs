@@ -49,6 +49,16 @@ pub trait Overlay: Send {
 
     /// A digest, after forwarding's control plane saw it.
     fn control_plane(&mut self, _digest: &Digest) {}
+
+    /// See [`Program::poll_packet_out`].
+    fn poll_packet_out(&mut self) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// See [`Program::has_packet_out`].
+    fn has_packet_out(&self) -> bool {
+        false
+    }
 }
 
 /// An overlay on top of L2/L3 forwarding: the program a system deploys.
@@ -123,6 +133,14 @@ impl<O: Overlay> Program for Overlaid<O> {
     fn control_plane(&mut self, digest: &Digest) {
         self.forwarding.control_plane(digest);
         self.overlay.control_plane(digest);
+    }
+
+    fn poll_packet_out(&mut self) -> Option<Vec<u8>> {
+        self.overlay.poll_packet_out()
+    }
+
+    fn has_packet_out(&self) -> bool {
+        self.overlay.has_packet_out()
     }
 }
 
