@@ -108,6 +108,8 @@ pub struct GatekeeperCounters {
     pub direct: u64,
     /// Checkpoints taken off replies and kept (older ones are dropped).
     pub checkpoints: u64,
+    /// Callers' checkpoints taken off calls and kept.
+    pub caller_checkpoints: u64,
 }
 
 /// Table sizes.
@@ -153,6 +155,8 @@ pub struct Gatekeeper {
     graph: ExactTable<CallKey, CallEdge>,
     /// Each node's newest checkpoint (b2), taken off its replies.
     checkpoints: ExactTable<Ipv4Address, (u64, Vec<u8>)>,
+    /// Each caller's newest checkpoint (a1, a2), taken off its calls.
+    caller_checkpoints: ExactTable<(Ipv4Address, u16), (u64, Vec<u8>)>,
     /// Each call in flight's frame as routed, to replay to a replacement.
     call_frames: ExactTable<CallKey, Vec<u8>>,
     /// When each node that sends heartbeats was last heard.
@@ -194,6 +198,37 @@ fn bifrost_offsets(packet: &Packet) -> Option<(usize, usize, u16)> {
         .then_some((ipv4.offset, udp, destination))
 }
 
+/// Keeps `checkpoint` under `key` if its sequence (its first eight bytes)
+/// is newer than the one kept; whether it did. A full table keeps the old
+/// ones (the caller's or callee's next checkpoint tries again).
+fn keep_newest<K: std::hash::Hash + Eq>(
+    table: &mut ExactTable<K, (u64, Vec<u8>)>,
+    key: K,
+    checkpoint: Vec<u8>,
+) -> bool {
+    let Some(sequence) = checkpoint
+        .get(..8)
+        .map(|bytes| u64::from_be_bytes(bytes.try_into().expect("eight bytes")))
+    else {
+        return false;
+    };
+    let newer = table.lookup(&key).is_none_or(|(kept, _)| *kept < sequence);
+    newer && table.insert(key, (sequence, checkpoint)).is_ok()
+}
+
+/// The caller of a call (its address and UDP port).
+fn caller_of(packet: &Packet, udp: usize) -> (Ipv4Address, u16) {
+    let caller = packet
+        .headers
+        .ipv4
+        .map(|fields| fields.source)
+        .unwrap_or_default();
+    (
+        caller,
+        u16::from_be_bytes([packet.bytes[udp], packet.bytes[udp + 1]]),
+    )
+}
+
 /// Rewrites a call frame's IPv4 destination (and checksum) to `node`.
 fn readdress(frame: &mut [u8], node: Ipv4Address) {
     // The frames kept are IPv4 behind an untagged Ethernet header.
@@ -226,6 +261,13 @@ impl Gatekeeper {
                 "gatekeeper_checkpoints",
                 2,
                 32,
+                (MAX_CHECKPOINT_BYTES * 8) as u16,
+                config.nodes,
+            )),
+            caller_checkpoints: ExactTable::new(shape(
+                "gatekeeper_caller_checkpoints",
+                2,
+                48,
                 (MAX_CHECKPOINT_BYTES * 8) as u16,
                 config.nodes,
             )),
@@ -445,50 +487,55 @@ impl Gatekeeper {
             .map(|(_, bytes)| bytes.as_slice())
     }
 
-    /// Takes the checkpoint off a reply and keeps it if it is the node's
-    /// newest; the reply goes on without it, its lengths and IPv4 checksum
-    /// rewritten (the UDP checksum is not used: zero).
+    /// Takes the checkpoint off a reply (b2) and keeps it if it is the
+    /// node's newest.
     fn take_checkpoint(&mut self, packet: &mut Packet, ip: usize, udp: usize) {
-        let payload = udp + 8;
-        let Ok(header) = BifrostHeader::new_checked(&packet.bytes[payload..]) else {
-            return;
-        };
-        let Some((body, checkpoint)) = split_reply(header.payload()) else {
-            self.counters.malformed += 1;
-            return;
-        };
         let node = packet
             .headers
             .ipv4
             .map(|fields| fields.source)
             .unwrap_or_default();
-        let sequence = checkpoint
-            .get(..8)
-            .map(|bytes| u64::from_be_bytes(bytes.try_into().expect("eight bytes")));
-        if let Some(sequence) = sequence {
-            let newer = self
-                .checkpoints
-                .lookup(&node)
-                .is_none_or(|(kept, _)| *kept < sequence);
-            if newer
-                && self
-                    .checkpoints
-                    .insert(node, (sequence, checkpoint.to_vec()))
-                    .is_ok()
-            {
-                self.counters.checkpoints += 1;
-            }
+        let Some(checkpoint) = self.strip_checkpoint(packet, ip, udp) else {
+            return;
+        };
+        if keep_newest(&mut self.checkpoints, node, checkpoint) {
+            self.counters.checkpoints += 1;
         }
+    }
+
+    /// Takes the caller's checkpoint off a call (a1, a2) and keeps it if
+    /// it is the caller's newest.
+    fn take_caller_checkpoint(&mut self, packet: &mut Packet, ip: usize, udp: usize) {
+        let caller = caller_of(packet, udp);
+        let Some(checkpoint) = self.strip_checkpoint(packet, ip, udp) else {
+            return;
+        };
+        if keep_newest(&mut self.caller_checkpoints, caller, checkpoint) {
+            self.counters.caller_checkpoints += 1;
+        }
+    }
+
+    /// Cuts the checkpoint out of a datagram that carries one: the rest
+    /// goes on without it, its lengths and IPv4 checksum rewritten (the
+    /// UDP checksum is not used: zero). None, counted, if it is malformed.
+    fn strip_checkpoint(&mut self, packet: &mut Packet, ip: usize, udp: usize) -> Option<Vec<u8>> {
+        let payload = udp + 8;
+        let header = BifrostHeader::new_checked(&packet.bytes[payload..]).ok()?;
+        let Some((body, checkpoint)) = split_reply(header.payload()) else {
+            self.counters.malformed += 1;
+            return None;
+        };
+        let checkpoint = checkpoint.to_vec();
         let repr = BifrostRepr {
             flags: header.flags() & !CHECKPOINT_FLAG,
             ..BifrostRepr::parse(&header)
         };
-        let body = body.to_vec();
-        let end = payload + HEADER_LEN + body.len();
+        let body_length = body.len();
+        let end = payload + HEADER_LEN + body_length;
         repr.emit(&mut packet.bytes[payload..])
             .expect("a header fits where one was");
         packet.bytes.copy_within(
-            payload + HEADER_LEN + 4..payload + HEADER_LEN + 4 + body.len(),
+            payload + HEADER_LEN + 4..payload + HEADER_LEN + 4 + body_length,
             payload + HEADER_LEN,
         );
         packet.bytes.truncate(end);
@@ -498,6 +545,14 @@ impl Gatekeeper {
         let ip_length = (end - ip) as u16;
         packet.bytes[ip + 2..ip + 4].copy_from_slice(&ip_length.to_be_bytes());
         Ipv4Packet::new_unchecked(&mut packet.bytes[ip..]).fill_checksum();
+        Some(checkpoint)
+    }
+
+    /// A caller's newest checkpoint, to restart it from.
+    pub fn caller_checkpoint_of(&self, caller: (Ipv4Address, u16)) -> Option<&[u8]> {
+        self.caller_checkpoints
+            .lookup(&caller)
+            .map(|(_, bytes)| bytes.as_slice())
     }
 
     fn fail(&mut self, packet: &mut Packet, value: u64) -> Claim {
@@ -511,6 +566,11 @@ impl Gatekeeper {
 
     /// A call to the service address: route it by method, or hold it.
     fn route_call(&mut self, packet: &mut Packet, ip: usize, udp: usize) -> Claim {
+        let checkpointed = BifrostHeader::new_checked(&packet.bytes[udp + 8..])
+            .is_ok_and(|header| header.flags() & CHECKPOINT_FLAG != 0);
+        if checkpointed {
+            self.take_caller_checkpoint(packet, ip, udp);
+        }
         let payload = &packet.bytes[udp + 8..];
         let Ok(header) = BifrostHeader::new_checked(payload) else {
             self.counters.malformed += 1;
@@ -540,12 +600,7 @@ impl Gatekeeper {
             packet.egress = Egress::Drop;
             return Claim::Taken;
         }
-        let caller = packet
-            .headers
-            .ipv4
-            .map(|fields| fields.source)
-            .unwrap_or_default();
-        let caller_port = u16::from_be_bytes([packet.bytes[udp], packet.bytes[udp + 1]]);
+        let (caller, caller_port) = caller_of(packet, udp);
         let edge = CallEdge {
             caller,
             caller_port,
@@ -654,6 +709,7 @@ impl Overlay for Gatekeeper {
         report.tables.push(self.routes.resources());
         report.tables.push(self.graph.resources());
         report.tables.push(self.checkpoints.resources());
+        report.tables.push(self.caller_checkpoints.resources());
         report.tables.push(self.call_frames.resources());
         report.tables.push(self.heard.resources());
     }

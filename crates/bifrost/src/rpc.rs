@@ -52,6 +52,8 @@ pub enum RpcError {
     Disconnected,
     #[error("no outcome within {0:?}")]
     TimedOut(std::time::Duration),
+    #[error("the caller's checkpoint: {0}")]
+    Checkpoint(String),
 }
 
 /// What a method does; the error becomes an EXCEPTION reply.
@@ -161,6 +163,12 @@ impl Caller {
         self.counters
     }
 
+    /// A caller with this one's settings and nothing else: what a caller
+    /// that crashed comes back as.
+    pub fn fresh(&self) -> Caller {
+        Caller::new(self.retransmit_after, self.max_attempts)
+    }
+
     pub fn outstanding(&self) -> usize {
         self.outstanding.len()
     }
@@ -191,15 +199,71 @@ impl Caller {
         pointer: GlobalAddress,
         arguments: &[u8],
     ) -> Result<u64, RpcError> {
+        self.start(now, rpc_id, to, method, pointer, arguments, None)
+    }
+
+    /// Starts a call that carries the caller's checkpoint (a1, see
+    /// [`checkpoint::CallerCheckpoint`]) for the Gatekeeper to keep; its
+    /// resends carry the same, older, checkpoint, which the Gatekeeper
+    /// ignores once it holds a newer one.
+    #[allow(clippy::too_many_arguments)]
+    pub fn call_with_checkpoint(
+        &mut self,
+        now: Timestamp,
+        rpc_id: u64,
+        to: DatagramEnd,
+        method: &str,
+        arguments: &[u8],
+        checkpoint: &[u8],
+    ) -> Result<u64, RpcError> {
+        let pointer = GlobalAddress::NULL;
+        self.start(
+            now,
+            rpc_id,
+            to,
+            method,
+            pointer,
+            arguments,
+            Some(checkpoint),
+        )
+    }
+
+    /// Goes on numbering calls from `next_rpc_id` (a caller restored from
+    /// its checkpoint).
+    pub fn resume_at(&mut self, next_rpc_id: u64) {
+        self.next_rpc_id = self.next_rpc_id.max(next_rpc_id);
+    }
+
+    pub fn next_rpc_id(&self) -> u64 {
+        self.next_rpc_id
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &mut self,
+        now: Timestamp,
+        rpc_id: u64,
+        to: DatagramEnd,
+        method: &str,
+        pointer: GlobalAddress,
+        arguments: &[u8],
+        checkpoint: Option<&[u8]>,
+    ) -> Result<u64, RpcError> {
         if self.outstanding.len() >= MAX_OUTSTANDING {
             return Err(RpcError::TooManyOutstanding(self.outstanding.len()));
         }
         if self.outstanding.contains_key(&rpc_id) {
             return Err(RpcError::IdInUse(rpc_id));
         }
-        let repr = BifrostRepr::new(CallType::Call, method, rpc_id, pointer)?;
+        let mut repr = BifrostRepr::new(CallType::Call, method, rpc_id, pointer)?;
         self.next_rpc_id = self.next_rpc_id.max(rpc_id.saturating_add(1));
-        let payload = encode(&repr, arguments);
+        let payload = match checkpoint {
+            Some(checkpoint) => {
+                repr.flags |= checkpoint::CHECKPOINT_FLAG;
+                encode(&repr, &checkpoint::join_reply(arguments, checkpoint))
+            }
+            None => encode(&repr, arguments),
+        };
         self.sends.push_back((to, payload.clone()));
         self.outstanding.insert(
             rpc_id,
@@ -453,12 +517,28 @@ impl Callee {
             self.counters.busy += 1;
             return;
         }
-        let repr = BifrostRepr::parse(&header);
+        let repr = BifrostRepr {
+            flags: header.flags() & !checkpoint::CHECKPOINT_FLAG,
+            ..BifrostRepr::parse(&header)
+        };
+        // A caller's checkpoint the Gatekeeper did not take (no Gatekeeper
+        // on the path) is not the callee's business.
+        let arguments = if header.flags() & checkpoint::CHECKPOINT_FLAG != 0 {
+            match checkpoint::split_reply(header.payload()) {
+                Some((arguments, _)) => arguments,
+                None => {
+                    self.counters.malformed += 1;
+                    return;
+                }
+            }
+        } else {
+            header.payload()
+        };
         match self.service.begin(
             ticket,
             header.method_name(),
             header.global_address(),
-            header.payload(),
+            arguments,
         ) {
             Some(outcome) => self.finish(ticket, repr, outcome),
             None => {

@@ -351,3 +351,54 @@ fn the_switch_detects_a_silent_node_holds_its_calls_and_replays_them_to_the_repl
     assert_eq!((counters.held, counters.replayed), (1, 1));
     switch.check_frame_accounting().unwrap();
 }
+
+/// The head caller fails and comes back from the checkpoint its calls
+/// carried (a1, a2), kept by the Gatekeeper: before it sent anything, with
+/// calls unanswered (f1), and at points after replies it took (f2); over
+/// clean and lossy links. Every call takes effect once and the client
+/// delivers each outcome once.
+#[test]
+fn a_caller_restarted_from_its_checkpoint_keeps_every_call_exactly_once() {
+    use remora_base::Probability;
+    use remora_bifrost::rpc::scenario::caller_crash;
+    use remora_sim::LinkFaults;
+    let lossy = LinkFaults {
+        loss: Probability::literal(0.05),
+        duplicate: Probability::literal(0.02),
+        ..LinkFaults::NONE
+    };
+    // Before it sent anything: no checkpoint, it starts afresh.
+    let fresh = caller_crash(1, LinkFaults::NONE, 200, 0, Duration::from_micros(300)).unwrap();
+    assert_eq!(fresh.delivered_in_checkpoint, 0, "{fresh:?}");
+    let mut resent = 0;
+    let mut forgot_delivered = 0;
+    for seed in 0..16 {
+        let faults = if seed % 2 == 0 {
+            LinkFaults::NONE
+        } else {
+            lossy
+        };
+        let outcome = caller_crash(
+            seed,
+            faults,
+            600,
+            50 + seed * 31,
+            Duration::from_micros(100 + 50 * seed),
+        )
+        .unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+        assert_eq!(outcome.executed, 600, "seed {seed}: {outcome:?}");
+        assert!(outcome.caller_checkpoints > 0, "seed {seed}: {outcome:?}");
+        assert!(
+            outcome.delivered_in_checkpoint <= outcome.delivered_at_crash,
+            "seed {seed}: {outcome:?}"
+        );
+        resent += outcome.resent_after_restore;
+        forgot_delivered += outcome.delivered_at_crash - outcome.delivered_in_checkpoint;
+    }
+    // The seeds reached f1 (calls unanswered at the crash, resent) and f2
+    // (outcomes taken after the last checkpoint, taken again).
+    assert!(
+        resent > 0 && forgot_delivered > 0,
+        "{resent} {forgot_delivered}"
+    );
+}

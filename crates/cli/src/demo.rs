@@ -784,10 +784,14 @@ pub fn bifrost_step() -> Result<SystemStep, String> {
         }
         Err(error) => step.failures.push(format!("Bifröst RPC: {error}")),
     }
-    match remora_bifrost::rpc::scenario::chain(5, faults, 300, None) {
+    let middle_crash = remora_bifrost::rpc::scenario::MiddleCrash {
+        after_answers: 120,
+        down_for: std::time::Duration::from_millis(1),
+    };
+    match remora_bifrost::rpc::scenario::chain(5, faults, 300, Some(middle_crash)) {
         Ok(outcome) => {
             println!(
-                "  a chain A calls B calls C over the same links: {} calls from A took effect once each at C ({} + {} resends on the two hops, {} + {} duplicates dropped)",
+                "  a chain A calls B calls C over the same links, B crashing after 120 answers and restarting 1 ms later with nothing kept: {} calls from A took effect once each at C ({} + {} resends on the two hops, {} + {} duplicates dropped)",
                 outcome.calls,
                 outcome.head_retransmissions,
                 outcome.middle_retransmissions,
@@ -795,7 +799,7 @@ pub fn bifrost_step() -> Result<SystemStep, String> {
                 outcome.duplicates_at_tail
             );
             step.variants.push(serde_json::json!({
-                "variant": "chain of three services",
+                "variant": "chain of three services, the middle crashing",
                 "calls": outcome.calls,
                 "executed_at_tail": outcome.executed_at_tail,
             }));
@@ -829,7 +833,31 @@ pub fn bifrost_step() -> Result<SystemStep, String> {
         }
         Err(error) => step.failures.push(format!("Bifröst failover: {error}")),
     }
-    println!("  (the Gatekeeper's ACL on DSM accesses and the head caller's own checkpoints are not built yet)");
+    match remora_bifrost::rpc::scenario::caller_crash(
+        13,
+        faults,
+        400,
+        150,
+        std::time::Duration::from_micros(400),
+    ) {
+        Ok(outcome) => {
+            println!(
+                "  the head caller crashed after {} outcomes and came back from the checkpoint its calls carried ({} outcomes, {} calls unanswered, resent): {} calls, each ran once",
+                outcome.delivered_at_crash,
+                outcome.delivered_in_checkpoint,
+                outcome.resent_after_restore,
+                outcome.calls
+            );
+            step.variants.push(serde_json::json!({
+                "variant": "head caller crash",
+                "calls": outcome.calls,
+                "executed": outcome.executed,
+                "resent_after_restore": outcome.resent_after_restore,
+            }));
+        }
+        Err(error) => step.failures.push(format!("Bifröst caller crash: {error}")),
+    }
+    println!("  (the Gatekeeper's ACL on DSM accesses is not built yet)");
     Ok(step)
 }
 

@@ -15,10 +15,12 @@ pub enum SimCommand {
     Fabric(FabricArgs),
     /// Bifröst under crashes: per seed, a client calls a counter service
     /// through the Gatekeeper and the serving node crashes at the seed's
-    /// point (the Gatekeeper holds its calls; a spare takes over from the
-    /// node's last checkpoint), and a chain A calls B calls C whose middle
-    /// crashes and restarts in place. Every call must take effect exactly
-    /// once (the answers are exactly the counts 1..=calls).
+    /// point (the Gatekeeper finds it by its missed heartbeats, holds its
+    /// calls and replays them to a spare started from the node's last
+    /// checkpoint); a chain A calls B calls C whose middle crashes and
+    /// restarts in place; and the head caller crashes and comes back from
+    /// the checkpoint its calls carried. Every call must take effect
+    /// exactly once (the answers are exactly the counts 1..=calls).
     Bifrost(BifrostArgs),
 }
 
@@ -172,7 +174,7 @@ fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, String> {
     });
     progress.finish_and_clear();
     println!(
-        "bifrost crash campaign (failover and a chain's middle): seeds {}..{} loss {} duplicate {}",
+        "bifrost crash campaign (failover, a chain's middle, the head caller): seeds {}..{} loss {} duplicate {}",
         first_seed,
         first_seed + count,
         args.loss,

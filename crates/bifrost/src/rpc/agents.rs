@@ -105,7 +105,11 @@ impl Agent for ServerAgent {
 }
 
 /// Issues `calls` calls of `method` to `callee`, `window` at a time, and
-/// keeps every outcome.
+/// keeps every outcome. With [`with_checkpoints`](Self::with_checkpoints)
+/// each call carries the caller's checkpoint (a1, a2) and a crash loses
+/// everything but the outcomes delivered, until [`restore`](Self::restore)
+/// starts it again from the checkpoint the Gatekeeper kept; without, a
+/// crash loses only the port (the caller is not what is tested).
 pub struct ClientAgent {
     pub caller: Caller,
     callee: DatagramEnd,
@@ -113,10 +117,21 @@ pub struct ClientAgent {
     calls: u64,
     window: usize,
     issued: u64,
+    /// The application's output: each outcome once, in the order taken.
     pub outcomes: Vec<(u64, Result<Vec<u8>, RpcError>)>,
     /// When each outcome came, in the same order.
     pub answered_at: Vec<Timestamp>,
     port: AgentPort,
+    checkpoints: Option<CallerProgress>,
+}
+
+/// What a checkpointing client keeps to take its checkpoints.
+struct CallerProgress {
+    sequence: u64,
+    /// Unanswered calls' arguments, by RPC id.
+    unanswered: std::collections::BTreeMap<u64, Vec<u8>>,
+    /// Crashed and not yet restored: it issues nothing.
+    awaiting_restore: bool,
 }
 
 impl ClientAgent {
@@ -140,17 +155,114 @@ impl ClientAgent {
             outcomes: Vec::new(),
             answered_at: Vec::new(),
             port: AgentPort::new(udp_port, INBOX_DEPTH),
+            checkpoints: None,
         }
+    }
+
+    /// Every call carries the caller's checkpoint, and a crash loses the
+    /// caller's memory.
+    pub fn with_checkpoints(mut self) -> ClientAgent {
+        self.checkpoints = Some(CallerProgress {
+            sequence: 0,
+            unanswered: std::collections::BTreeMap::new(),
+            awaiting_restore: false,
+        });
+        self
     }
 
     pub fn is_done(&self) -> bool {
         self.outcomes.len() as u64 == self.calls
     }
 
+    /// Starts a crashed client again from `checkpoint` (the Gatekeeper's
+    /// newest for it; None if it never sent a call that carried one): the
+    /// outcomes it had delivered stay, later ones are forgotten, its
+    /// unanswered calls go again under their RPC ids, and it goes on.
+    pub fn restore(
+        &mut self,
+        now: Timestamp,
+        checkpoint: Option<&[u8]>,
+    ) -> Result<(), super::checkpoint::CheckpointError> {
+        let checkpoint = match checkpoint {
+            Some(bytes) => super::checkpoint::CallerCheckpoint::decode(bytes)?,
+            None => super::checkpoint::CallerCheckpoint::default(),
+        };
+        let delivered = checkpoint.delivered as usize;
+        self.outcomes.truncate(delivered);
+        self.answered_at.truncate(delivered);
+        self.issued = checkpoint.issued;
+        self.caller = self.caller.fresh();
+        self.caller.resume_at(checkpoint.next_rpc_id);
+        for (&rpc_id, arguments) in &checkpoint.unanswered {
+            self.caller
+                .call_as(
+                    now,
+                    rpc_id,
+                    self.callee,
+                    self.method,
+                    GlobalAddress::NULL,
+                    arguments,
+                )
+                .map_err(|error| super::checkpoint::CheckpointError::Service(error.to_string()))?;
+        }
+        self.checkpoints = Some(CallerProgress {
+            sequence: checkpoint.sequence,
+            unanswered: checkpoint.unanswered,
+            awaiting_restore: false,
+        });
+        Ok(())
+    }
+
+    /// Issues the next call; with checkpoints, the call carries the
+    /// caller's progress with this call in it (a1) and every outcome
+    /// taken so far (a2).
+    fn issue(&mut self, now: Timestamp) -> Result<(), RpcError> {
+        let arguments = self.issued.to_be_bytes();
+        let rpc_id = self.caller.next_rpc_id();
+        let Some(progress) = self.checkpoints.as_mut() else {
+            self.caller.call(
+                now,
+                self.callee,
+                self.method,
+                GlobalAddress::NULL,
+                &arguments,
+            )?;
+            self.issued += 1;
+            return Ok(());
+        };
+        progress.sequence += 1;
+        progress.unanswered.insert(rpc_id, arguments.to_vec());
+        let checkpoint = super::checkpoint::CallerCheckpoint {
+            sequence: progress.sequence,
+            issued: self.issued + 1,
+            delivered: self.outcomes.len() as u64,
+            next_rpc_id: rpc_id + 1,
+            unanswered: progress.unanswered.clone(),
+        };
+        let bytes = checkpoint
+            .encode()
+            .map_err(|error| RpcError::Checkpoint(error.to_string()))?;
+        self.caller.call_with_checkpoint(
+            now,
+            rpc_id,
+            self.callee,
+            self.method,
+            &arguments,
+            &bytes,
+        )?;
+        self.issued += 1;
+        Ok(())
+    }
+
     /// Calls left, and room in the window: `window` unanswered calls at
     /// most, spanning `window` RPC ids at most.
     fn can_issue(&self) -> bool {
-        self.issued < self.calls
+        let restoring = self
+            .checkpoints
+            .as_ref()
+            .is_some_and(|progress| progress.awaiting_restore);
+        !restoring
+            && self.issued < self.calls
             && self.caller.outstanding() < self.window
             && self.caller.within_span(self.window)
     }
@@ -163,25 +275,20 @@ impl Agent for ClientAgent {
 
     fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
         let mut moved = take_replies(nic, &mut self.port, &mut self.caller, now)?;
-        while self.can_issue() {
-            let arguments = self.issued.to_be_bytes();
-            self.caller
-                .call(
-                    now,
-                    self.callee,
-                    self.method,
-                    GlobalAddress::NULL,
-                    &arguments,
-                )
-                .map_err(|error| AgentError::system("bifrost-client", error))?;
-            self.issued += 1;
-        }
-        moved |= send_calls(nic, &mut self.port, &mut self.caller)?;
+        // Outcomes first, so the next call's checkpoint covers them (a2).
         while let Some(outcome) = self.caller.take_completion() {
+            if let Some(progress) = self.checkpoints.as_mut() {
+                progress.unanswered.remove(&outcome.0);
+            }
             self.outcomes.push(outcome);
             self.answered_at.push(now);
             moved = true;
         }
+        while self.can_issue() {
+            self.issue(now)
+                .map_err(|error| AgentError::system("bifrost-client", error))?;
+        }
+        moved |= send_calls(nic, &mut self.port, &mut self.caller)?;
         Ok(Progress::from_moved(moved))
     }
 
@@ -195,6 +302,14 @@ impl Agent for ClientAgent {
 
     fn crash(&mut self) {
         self.port.forget();
+        if let Some(progress) = self.checkpoints.as_mut() {
+            // The caller's memory goes; the outcomes it delivered stay
+            // (the application's output), trimmed by the restore.
+            self.caller = self.caller.fresh();
+            self.issued = 0;
+            progress.unanswered.clear();
+            progress.awaiting_restore = true;
+        }
     }
 
     fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {

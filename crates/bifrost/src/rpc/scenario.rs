@@ -357,6 +357,104 @@ pub fn failover(
     })
 }
 
+/// What [`caller_crash`] saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallerCrash {
+    pub calls: u64,
+    /// Outcomes the client had delivered when it crashed, and what its
+    /// restored checkpoint said it had delivered (a2: the rest it takes
+    /// again from the callee's memory).
+    pub delivered_at_crash: u64,
+    pub delivered_in_checkpoint: u64,
+    /// Calls the checkpoint had unanswered (a1): resent under their ids.
+    pub resent_after_restore: u64,
+    /// Calls the callee ran: each once.
+    pub executed: u64,
+    /// Duplicates the callee answered from memory.
+    pub duplicates: u64,
+    /// Checkpoints the Gatekeeper took off the caller's calls.
+    pub caller_checkpoints: u64,
+}
+
+/// The head caller fails (f1: with calls unanswered; f2: after replies
+/// it took and before its next call committed them; or before a call it
+/// meant to send left): `calls` calls to the Gatekeeper's service
+/// address, 8 at a time, each carrying the caller's checkpoint. After
+/// `crash_after` outcomes the compute host crashes, losing the caller's
+/// memory; it stays down `down_for` (replies to it are lost), restarts,
+/// and the control plane restores the client from the checkpoint the
+/// Gatekeeper kept. Checks that every call took effect exactly once and
+/// the client delivered each outcome once.
+pub fn caller_crash(
+    seed: u64,
+    faults: LinkFaults,
+    calls: u64,
+    crash_after: u64,
+    down_for: Duration,
+) -> Result<CallerCrash, ScenarioError> {
+    use crate::gatekeeper::{Gatekeeper, GatekeeperConfig, NodeKind};
+    use remora_switch::programs::overlay::Overlaid;
+    let mut topology = Topology::compute_and_memory();
+    every_link_with(&mut topology, faults);
+    let mut stage = SimulatedStage::new(seed, &topology, seed);
+    let server = ServerAgent::new(Callee::new(Box::new(Counter(0))));
+    stage.add_agent(MEMORY_HOST, Box::new(server));
+    let service = remora_wire::datagram::DatagramEnd {
+        mac: topology.switch_mac,
+        address: SERVICE_ADDRESS,
+        port: remora_wire::bifrost::BIFROST_PORT,
+    };
+    const CLIENT_PORT: u16 = 40000;
+    let caller = Caller::new(Duration::from_micros(50), 100_000);
+    let client = ClientAgent::new(caller, service, "increment", CLIENT_PORT, calls, 8);
+    stage.add_agent(COMPUTE_HOST, Box::new(client.with_checkpoints()));
+    let node = topology.host(MEMORY_HOST).address;
+    let client_end = (topology.host(COMPUTE_HOST).address, CLIENT_PORT);
+    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE_ADDRESS));
+    gatekeeper.register_node(node, NodeKind::Compute, 1 << 30)?;
+    gatekeeper.route("increment", node)?;
+    let mut rack = stage.start(Overlaid::new(topology.forwarding(), gatekeeper))?;
+    rack.run_until(
+        &mut |rack| answered(rack) >= crash_after,
+        Duration::from_secs(10),
+    )?;
+    let delivered_at_crash = answered(&mut rack);
+    rack.crash(COMPUTE_HOST);
+    rack.run_for(down_for)?;
+    rack.restart(COMPUTE_HOST)?;
+    let checkpoint =
+        rack.with_program(|program| program.caller_checkpoint_of(client_end).map(<[u8]>::to_vec));
+    let restored = match &checkpoint {
+        Some(bytes) => super::checkpoint::CallerCheckpoint::decode(bytes)?,
+        None => super::checkpoint::CallerCheckpoint::default(),
+    };
+    let now = rack.simulation.now();
+    rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| {
+        client.restore(now, checkpoint.as_deref())
+    })
+    .ok_or(ScenarioError::MissingAgent("client"))??;
+    let (answers, _) = run_client_to_the_end(&mut rack)?;
+    check_counts(answers, calls)?;
+    let counters = rack
+        .with_agent::<ServerAgent, _>(MEMORY_HOST, 0, |server| server.callee.counters())
+        .ok_or(ScenarioError::MissingAgent("server"))?;
+    if counters.executed != calls {
+        return Err(ScenarioError::NotExactlyOnce {
+            calls,
+            executed: counters.executed,
+        });
+    }
+    Ok(CallerCrash {
+        calls,
+        delivered_at_crash,
+        delivered_in_checkpoint: restored.delivered,
+        resent_after_restore: restored.unanswered.len() as u64,
+        executed: counters.executed,
+        duplicates: counters.duplicates,
+        caller_checkpoints: rack.with_program(|program| program.counters().caller_checkpoints),
+    })
+}
+
 type SimulatedRackOf = remora_rack::simulated::SimulatedRack<
     remora_switch::programs::overlay::Overlaid<crate::gatekeeper::Gatekeeper>,
 >;
@@ -402,8 +500,9 @@ pub struct CampaignReport {
 
 /// Runs, for `count` seeds from `first_seed` over links with `faults`,
 /// each with its own plan: [`failover`] (the serving node crashes; a spare
-/// takes over from its checkpoint through the Gatekeeper) and [`chain`]
-/// with its middle crashing and restarting in place. `each` hears whether
+/// takes over from its checkpoint through the Gatekeeper), [`chain`]
+/// with its middle crashing and restarting in place, and [`caller_crash`]
+/// (the head caller crashes and comes back from its checkpoint). `each` hears whether
 /// each seed passed.
 pub fn crash_campaign(
     first_seed: u64,
@@ -423,16 +522,21 @@ pub fn crash_campaign(
             after_answers: crash_after / 2,
             down_for: Duration::from_millis(1 + seed % 3),
         };
+        let caller_down = Duration::from_micros(100 + 100 * (seed % 5));
         let outcome = failover(seed, faults, calls, crash_after, Duration::from_millis(1))
             .and_then(|failover| {
                 chain(seed, faults, calls / 2, Some(middle_crash)).map(|chain| (failover, chain))
+            })
+            .and_then(|(failover, chain)| {
+                caller_crash(seed, faults, calls / 2, crash_after / 2, caller_down)
+                    .map(|caller| (failover, chain, caller))
             });
         each(seed, outcome.is_ok());
         match outcome {
-            Ok((failover, chain)) => {
+            Ok((failover, chain, caller)) => {
                 recoveries.push(failover.recovery_time.as_nanos() as f64 / 1e3);
                 report.passed += 1;
-                report.calls += failover.calls + chain.calls;
+                report.calls += failover.calls + chain.calls + caller.calls;
                 report.held += failover.held;
                 report.replayed += failover.replayed;
             }
