@@ -64,6 +64,8 @@ pub struct CallEdge {
     pub callee: Ipv4Address,
     pub method: [u8; METHOD_NAME_LEN],
     pub pointer: GlobalAddress,
+    /// When the call first passed.
+    pub since: Timestamp,
 }
 
 /// Why a control-plane request was refused.
@@ -110,6 +112,13 @@ pub struct GatekeeperCounters {
     pub checkpoints: u64,
     /// Callers' checkpoints taken off calls and kept.
     pub caller_checkpoints: u64,
+    /// Checkpoints (either kind) a full table could not take: the older
+    /// one stays, and the node's next checkpoint tries again.
+    pub checkpoints_refused: u64,
+    /// Calls whose reply never passed within the call lease: their edges
+    /// (and kept frames) expired, so a caller that gave up cannot fill
+    /// the graph.
+    pub calls_expired: u64,
 }
 
 /// Table sizes.
@@ -125,6 +134,10 @@ pub struct GatekeeperConfig {
     /// A node that sent heartbeats and then none for this long has
     /// failed. None: only the control plane marks failures.
     pub heartbeat_timeout: Option<Duration>,
+    /// A call whose reply has not passed this long after the call first
+    /// did leaves the graph (its caller gave up, or its callee died with
+    /// no replacement).
+    pub call_lease: Duration,
 }
 
 impl GatekeeperConfig {
@@ -136,6 +149,7 @@ impl GatekeeperConfig {
             calls_in_flight: 4096,
             held_calls: 256,
             heartbeat_timeout: None,
+            call_lease: Duration::from_secs(10),
         }
     }
 }
@@ -163,6 +177,8 @@ pub struct Gatekeeper {
     heard: ExactTable<Ipv4Address, Timestamp>,
     heartbeat_timeout: Option<Duration>,
     next_liveness_check: Timestamp,
+    call_lease: Duration,
+    next_lease_check: Timestamp,
     /// Calls to failed nodes, as they arrived (to the service address).
     held: VecDeque<Vec<u8>>,
     held_capacity: usize,
@@ -198,22 +214,38 @@ fn bifrost_offsets(packet: &Packet) -> Option<(usize, usize, u16)> {
         .then_some((ipv4.offset, udp, destination))
 }
 
+/// What became of a checkpoint.
+enum Kept {
+    Newest,
+    /// Not newer than the one kept (or too short to say): dropped.
+    Older,
+    /// Newer, but the table was full: the older ones stay.
+    Refused,
+}
+
 /// Keeps `checkpoint` under `key` if its sequence (its first eight bytes)
-/// is newer than the one kept; whether it did. A full table keeps the old
-/// ones (the caller's or callee's next checkpoint tries again).
+/// is newer than the one kept.
 fn keep_newest<K: std::hash::Hash + Eq>(
     table: &mut ExactTable<K, (u64, Vec<u8>)>,
     key: K,
     checkpoint: Vec<u8>,
-) -> bool {
+) -> Kept {
     let Some(sequence) = checkpoint
         .get(..8)
         .map(|bytes| u64::from_be_bytes(bytes.try_into().expect("eight bytes")))
     else {
-        return false;
+        return Kept::Older;
     };
-    let newer = table.lookup(&key).is_none_or(|(kept, _)| *kept < sequence);
-    newer && table.insert(key, (sequence, checkpoint)).is_ok()
+    if table
+        .lookup(&key)
+        .is_some_and(|(kept, _)| *kept >= sequence)
+    {
+        return Kept::Older;
+    }
+    match table.insert(key, (sequence, checkpoint)) {
+        Ok(()) => Kept::Newest,
+        Err(_) => Kept::Refused,
+    }
 }
 
 /// The caller of a call (its address and UDP port).
@@ -281,6 +313,8 @@ impl Gatekeeper {
             heard: ExactTable::new(shape("gatekeeper_heard", 0, 32, 64, config.nodes)),
             heartbeat_timeout: config.heartbeat_timeout,
             next_liveness_check: Timestamp::ZERO,
+            call_lease: config.call_lease,
+            next_lease_check: Timestamp::ZERO,
             held: VecDeque::new(),
             held_capacity: config.held_calls,
             packet_outs: VecDeque::new(),
@@ -329,6 +363,27 @@ impl Gatekeeper {
             self.counters.malformed += 1;
         }
         Claim::Taken
+    }
+
+    /// Removes the calls in flight longer than the call lease; looked at
+    /// most four times a lease, on whatever packet passes.
+    fn expire_calls(&mut self, now: Timestamp) {
+        if now < self.next_lease_check {
+            return;
+        }
+        self.next_lease_check = now.saturating_add(self.call_lease / 4);
+        let lease = self.call_lease;
+        let expired: Vec<CallKey> = self
+            .graph
+            .iter()
+            .filter(|(_, edge)| edge.since.saturating_add(lease) < now)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in expired {
+            self.graph.remove(&key);
+            self.call_frames.remove(&key);
+            self.counters.calls_expired += 1;
+        }
     }
 
     /// Marks failed every node heard from before and silent for longer
@@ -498,8 +553,10 @@ impl Gatekeeper {
         let Some(checkpoint) = self.strip_checkpoint(packet, ip, udp) else {
             return;
         };
-        if keep_newest(&mut self.checkpoints, node, checkpoint) {
-            self.counters.checkpoints += 1;
+        match keep_newest(&mut self.checkpoints, node, checkpoint) {
+            Kept::Newest => self.counters.checkpoints += 1,
+            Kept::Refused => self.counters.checkpoints_refused += 1,
+            Kept::Older => {}
         }
     }
 
@@ -510,8 +567,10 @@ impl Gatekeeper {
         let Some(checkpoint) = self.strip_checkpoint(packet, ip, udp) else {
             return;
         };
-        if keep_newest(&mut self.caller_checkpoints, caller, checkpoint) {
-            self.counters.caller_checkpoints += 1;
+        match keep_newest(&mut self.caller_checkpoints, caller, checkpoint) {
+            Kept::Newest => self.counters.caller_checkpoints += 1,
+            Kept::Refused => self.counters.checkpoints_refused += 1,
+            Kept::Older => {}
         }
     }
 
@@ -565,7 +624,7 @@ impl Gatekeeper {
     }
 
     /// A call to the service address: route it by method, or hold it.
-    fn route_call(&mut self, packet: &mut Packet, ip: usize, udp: usize) -> Claim {
+    fn route_call(&mut self, now: Timestamp, packet: &mut Packet, ip: usize, udp: usize) -> Claim {
         let checkpointed = BifrostHeader::new_checked(&packet.bytes[udp + 8..])
             .is_ok_and(|header| header.flags() & CHECKPOINT_FLAG != 0);
         if checkpointed {
@@ -608,14 +667,16 @@ impl Gatekeeper {
             callee: node,
             method: key,
             pointer: header.global_address(),
+            since: now,
         };
         let oneway = header.call_type() == CallType::Oneway;
-        if !oneway
-            && self
-                .graph
-                .insert((caller, caller_port, edge.rpc_id), edge)
-                .is_err()
-        {
+        let key = (caller, caller_port, edge.rpc_id);
+        let edge = CallEdge {
+            // A resend keeps the time the call first passed.
+            since: self.graph.lookup(&key).map_or(now, |kept| kept.since),
+            ..edge
+        };
+        if !oneway && self.graph.insert(key, edge).is_err() {
             self.counters.graph_full += 1;
             return self.fail(packet, 2);
         }
@@ -671,6 +732,7 @@ impl Overlay for Gatekeeper {
 
     fn before_forwarding(&mut self, now: Timestamp, packet: &mut Packet) -> Claim {
         self.check_liveness(now, packet);
+        self.expire_calls(now);
         let Some((ip, udp, destination_port)) = bifrost_offsets(packet) else {
             return Claim::Pass;
         };
@@ -679,7 +741,7 @@ impl Overlay for Gatekeeper {
             if destination_port == HEARTBEAT_PORT {
                 return self.take_heartbeat(now, packet, udp);
             }
-            return self.route_call(packet, ip, udp);
+            return self.route_call(now, packet, ip, udp);
         }
         if destination_port == HEARTBEAT_PORT {
             // A heartbeat to someone else is not the Gatekeeper's.

@@ -402,3 +402,59 @@ fn a_caller_restarted_from_its_checkpoint_keeps_every_call_exactly_once() {
         "{resent} {forgot_delivered}"
     );
 }
+
+/// A call whose reply never passes (its caller gave up) leaves the RPC
+/// graph once its lease is over, so callers that give up cannot fill it;
+/// a resend does not renew the lease.
+#[test]
+fn a_call_never_answered_expires_from_the_graph() {
+    use remora_base::Timestamp;
+    use remora_switch::programs::l2l3::L2L3Forwarding;
+    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress, HEADER_LEN};
+    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
+    use remora_wire::MacAddress;
+    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
+    let caller = DatagramEnd {
+        mac: MacAddress([2, 0, 0, 0, 0, 1]),
+        address: Ipv4Address::new(10, 0, 0, 1),
+        port: 40000,
+    };
+    let node = Ipv4Address::new(10, 0, 0, 2);
+    let hosts = [
+        (caller.mac, caller.address),
+        (MacAddress([2, 0, 0, 0, 0, 2]), node),
+    ];
+    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).unwrap();
+    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig {
+        call_lease: Duration::from_millis(10),
+        ..GatekeeperConfig::new(SERVICE)
+    });
+    gatekeeper
+        .register_node(node, NodeKind::Compute, 1)
+        .unwrap();
+    gatekeeper.route("increment", node).unwrap();
+    let mut switch = Switch::new(SwitchConfig::new(2), Overlaid::new(forwarding, gatekeeper));
+    let mut call = [0u8; HEADER_LEN];
+    BifrostRepr::new(CallType::Call, "increment", 7, GlobalAddress::NULL)
+        .unwrap()
+        .emit(&mut call)
+        .unwrap();
+    let to = DatagramEnd {
+        mac: router,
+        address: SERVICE,
+        port: BIFROST_PORT,
+    };
+    let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + HEADER_LEN];
+    let length = emit_datagram(caller, to, &call, &mut frame).unwrap();
+    let at = |millis: u64| Timestamp::ZERO.saturating_add(Duration::from_millis(millis));
+    switch.handle_frame(at(1), PortId(0), &frame[..length]);
+    // A resend at 8 ms keeps the lease from 1 ms.
+    switch.handle_frame(at(8), PortId(0), &frame[..length]);
+    assert_eq!(switch.program().edges().count(), 1);
+    switch.handle_frame(at(20), PortId(0), &frame[..length]);
+    // The resend at 20 ms found the old edge expired and entered anew.
+    assert_eq!(switch.program().counters().calls_expired, 1);
+    assert_eq!(switch.program().edges().count(), 1);
+    assert!(switch.program().edges().all(|edge| edge.since == at(20)));
+}
