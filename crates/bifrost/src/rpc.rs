@@ -299,18 +299,9 @@ impl Caller {
             self.counters.malformed += 1;
             return;
         };
-        // A checkpoint the Gatekeeper did not take (no Gatekeeper on the
-        // path) is not the caller's business.
-        let body = if header.flags() & checkpoint::CHECKPOINT_FLAG != 0 {
-            match checkpoint::split_reply(header.payload()) {
-                Some((body, _)) => body,
-                None => {
-                    self.counters.malformed += 1;
-                    return;
-                }
-            }
-        } else {
-            header.payload()
+        let Some(body) = checkpoint::without_checkpoint(&header) else {
+            self.counters.malformed += 1;
+            return;
         };
         let outcome = match header.call_type() {
             CallType::Reply => Ok(body.to_vec()),
@@ -521,18 +512,9 @@ impl Callee {
             flags: header.flags() & !checkpoint::CHECKPOINT_FLAG,
             ..BifrostRepr::parse(&header)
         };
-        // A caller's checkpoint the Gatekeeper did not take (no Gatekeeper
-        // on the path) is not the callee's business.
-        let arguments = if header.flags() & checkpoint::CHECKPOINT_FLAG != 0 {
-            match checkpoint::split_reply(header.payload()) {
-                Some((arguments, _)) => arguments,
-                None => {
-                    self.counters.malformed += 1;
-                    return;
-                }
-            }
-        } else {
-            header.payload()
+        let Some(arguments) = checkpoint::without_checkpoint(&header) else {
+            self.counters.malformed += 1;
+            return;
         };
         match self.service.begin(
             ticket,

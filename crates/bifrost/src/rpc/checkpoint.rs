@@ -136,6 +136,19 @@ pub fn split_reply(payload: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((body, &payload[4 + length..]))
 }
 
+/// A datagram's payload past its header without the checkpoint it may
+/// carry: a checkpoint the Gatekeeper did not take (no Gatekeeper on the
+/// path) is neither the caller's nor the callee's business. None if the
+/// flag says there is one and the payload does not hold it.
+pub fn without_checkpoint<T: AsRef<[u8]>>(
+    header: &remora_wire::bifrost::BifrostHeader<T>,
+) -> Option<&[u8]> {
+    if header.flags() & CHECKPOINT_FLAG == 0 {
+        return Some(header.payload());
+    }
+    split_reply(header.payload()).map(|(body, _)| body)
+}
+
 /// A checkpointed reply's payload.
 pub fn join_reply(body: &[u8], checkpoint: &[u8]) -> Vec<u8> {
     let mut payload = Vec::with_capacity(4 + body.len() + checkpoint.len());
