@@ -23,8 +23,8 @@ use remora_switch::resources::ResourceReport;
 use remora_switch::table::{ExactTable, TableError, TableShape};
 pub use remora_wire::bifrost::NodeKind;
 use remora_wire::bifrost::{
-    BifrostHeader, BifrostRepr, CallType, GlobalAddress, HeartbeatRepr, BIFROST_PORT, HEADER_LEN,
-    HEARTBEAT_PORT, METHOD_NAME_LEN,
+    BifrostHeader, BifrostRepr, CallType, ExportRepr, GlobalAddress, HeartbeatRepr, NodeMessage,
+    BIFROST_PORT, CONTROL_PORT, HEADER_LEN, METHOD_NAME_LEN,
 };
 use remora_wire::ipv4::Ipv4Packet;
 use remora_wire::Ipv4Address;
@@ -98,6 +98,11 @@ pub struct GatekeeperCounters {
     pub held_dropped: u64,
     /// Held and in-flight calls sent to a replacement as packet-outs.
     pub replayed: u64,
+    /// Exports that routed a method to their node, and exports refused
+    /// (another live node serves the method, or the node is unknown or
+    /// failed).
+    pub exports: u64,
+    pub exports_refused: u64,
     /// Heartbeats taken, nodes they announced, nodes found failed.
     pub heartbeats: u64,
     pub nodes_announced: u64,
@@ -210,7 +215,7 @@ fn bifrost_offsets(packet: &Packet) -> Option<(usize, usize, u16)> {
     let udp = ipv4.offset + ipv4.header_len;
     let source = u16::from_be_bytes([*bytes.get(udp)?, *bytes.get(udp + 1)?]);
     let destination = u16::from_be_bytes([*bytes.get(udp + 2)?, *bytes.get(udp + 3)?]);
-    (source == BIFROST_PORT || destination == BIFROST_PORT || destination == HEARTBEAT_PORT)
+    (source == BIFROST_PORT || destination == BIFROST_PORT || destination == CONTROL_PORT)
         .then_some((ipv4.offset, udp, destination))
 }
 
@@ -334,19 +339,61 @@ impl Gatekeeper {
         self.held.len()
     }
 
-    /// A heartbeat: the first from a node announces it (registration on
-    /// boot); every one says it is alive.
-    fn take_heartbeat(&mut self, now: Timestamp, packet: &mut Packet, udp: usize) -> Claim {
+    /// A node's message on the control port: a heartbeat or an export.
+    fn take_node_message(&mut self, now: Timestamp, packet: &mut Packet, udp: usize) -> Claim {
         packet.egress = Egress::Drop;
-        let Ok(heartbeat) = HeartbeatRepr::parse(&packet.bytes[udp + 8..]) else {
-            self.counters.malformed += 1;
-            return Claim::Taken;
-        };
         let node = packet
             .headers
             .ipv4
             .map(|fields| fields.source)
             .unwrap_or_default();
+        match NodeMessage::parse(&packet.bytes[udp + 8..]) {
+            Ok(NodeMessage::Heartbeat(heartbeat)) => self.take_heartbeat(now, node, heartbeat),
+            Ok(NodeMessage::Export(export)) => self.take_export(node, export),
+            Err(_) => self.counters.malformed += 1,
+        }
+        Claim::Taken
+    }
+
+    /// A node exports a method: calls of it go to the node, unless another
+    /// live node serves it (a restarted node does not take back what its
+    /// replacement took over) or the node is unknown or failed.
+    fn take_export(&mut self, node: Ipv4Address, export: ExportRepr) {
+        let Ok(key) = method_key(export.method()) else {
+            self.counters.malformed += 1;
+            return;
+        };
+        let served_by = self.routes.lookup(&key).copied();
+        let taken_by_another = served_by.is_some_and(|other| other != node);
+        let node_live = self
+            .nodes
+            .lookup(&node)
+            .is_some_and(|info| info.status != NodeStatus::Failed);
+        if taken_by_another || !node_live {
+            self.counters.exports_refused += 1;
+            return;
+        }
+        if served_by.is_none() {
+            let Some(info) = self.nodes.lookup_mut(&node) else {
+                return;
+            };
+            info.status = NodeStatus::InUse;
+            match self.routes.insert(key, node) {
+                Ok(()) => self.counters.exports += 1,
+                Err(_) => self.counters.exports_refused += 1,
+            }
+        }
+    }
+
+    /// The node calls of `method` go to, if any.
+    pub fn route_of(&self, method: &str) -> Option<Ipv4Address> {
+        let key = method_key(method.as_bytes()).ok()?;
+        self.routes.lookup(&key).copied()
+    }
+
+    /// A heartbeat: the first from a node announces it (registration on
+    /// boot); every one says it is alive.
+    fn take_heartbeat(&mut self, now: Timestamp, node: Ipv4Address, heartbeat: HeartbeatRepr) {
         self.counters.heartbeats += 1;
         if self.nodes.lookup(&node).is_none() {
             if self
@@ -355,14 +402,13 @@ impl Gatekeeper {
             {
                 // A full node table: the node stays unknown, and counted.
                 self.counters.malformed += 1;
-                return Claim::Taken;
+                return;
             }
             self.counters.nodes_announced += 1;
         }
         if self.heard.insert(node, now).is_err() {
             self.counters.malformed += 1;
         }
-        Claim::Taken
     }
 
     /// Removes the calls in flight longer than the call lease; looked at
@@ -738,12 +784,12 @@ impl Overlay for Gatekeeper {
         };
         let destination = packet.headers.ipv4.map(|fields| fields.destination);
         if destination == Some(self.service_address) {
-            if destination_port == HEARTBEAT_PORT {
-                return self.take_heartbeat(now, packet, udp);
+            if destination_port == CONTROL_PORT {
+                return self.take_node_message(now, packet, udp);
             }
             return self.route_call(now, packet, ip, udp);
         }
-        if destination_port == HEARTBEAT_PORT {
+        if destination_port == CONTROL_PORT {
             // A heartbeat to someone else is not the Gatekeeper's.
             return Claim::Pass;
         }

@@ -238,7 +238,8 @@ fn gatekeeper_fuzz_seeds_replay() {
 }
 
 /// The switch alone, frame by frame: nodes announce themselves with
-/// heartbeats; one falls silent and the Gatekeeper finds it failed; a call
+/// heartbeats and one exports its method (the other's export of it is
+/// refused); the first falls silent and the Gatekeeper finds it failed; a call
 /// for its method is held (nothing leaves); after recovery the switch
 /// itself sends the held call to the replacement, with no resend from the
 /// caller.
@@ -248,8 +249,8 @@ fn the_switch_detects_a_silent_node_holds_its_calls_and_replays_them_to_the_repl
     use remora_switch::programs::l2l3::L2L3Forwarding;
     use remora_switch::{PortId, Switch, SwitchConfig};
     use remora_wire::bifrost::{
-        BifrostRepr, CallType, GlobalAddress, HeartbeatRepr, HEADER_LEN, HEARTBEAT_LEN,
-        HEARTBEAT_PORT,
+        BifrostRepr, CallType, ExportRepr, GlobalAddress, HeartbeatRepr, CONTROL_PORT, EXPORT_LEN,
+        HEADER_LEN, HEARTBEAT_LEN,
     };
     use remora_wire::datagram::{emit_datagram, parse_datagram, DATAGRAM_HEADERS_LEN};
     use remora_wire::MacAddress;
@@ -289,10 +290,10 @@ fn the_switch_detects_a_silent_node_holds_its_calls_and_replays_them_to_the_repl
         .unwrap();
         frame(
             DatagramEnd {
-                port: HEARTBEAT_PORT,
+                port: CONTROL_PORT,
                 ..from
             },
-            to_gatekeeper(HEARTBEAT_PORT),
+            to_gatekeeper(CONTROL_PORT),
             &bytes,
         )
     };
@@ -317,10 +318,26 @@ fn the_switch_detects_a_silent_node_holds_its_calls_and_replays_them_to_the_repl
     switch.handle_frame(at(0), PortId(2), &heartbeat(spare));
     assert!(drain(&mut switch).is_empty());
     assert_eq!(switch.program().counters().nodes_announced, 2);
-    switch
-        .program_mut()
-        .route("increment", node.address)
-        .unwrap();
+    let export = |from: DatagramEnd| {
+        let mut bytes = [0u8; EXPORT_LEN];
+        ExportRepr::new("increment")
+            .unwrap()
+            .emit(&mut bytes)
+            .unwrap();
+        frame(
+            DatagramEnd {
+                port: CONTROL_PORT,
+                ..from
+            },
+            to_gatekeeper(CONTROL_PORT),
+            &bytes,
+        )
+    };
+    switch.handle_frame(at(0), PortId(1), &export(node));
+    switch.handle_frame(at(0), PortId(2), &export(spare));
+    assert_eq!(switch.program().route_of("increment"), Some(node.address));
+    let counters = switch.program().counters();
+    assert_eq!((counters.exports, counters.exports_refused), (1, 1));
     // Only the spare goes on beating: past the timeout the node has failed.
     for micros in (100..=1600).step_by(100) {
         switch.handle_frame(at(micros), PortId(2), &heartbeat(spare));

@@ -273,9 +273,15 @@ pub fn any_header(data: &[u8]) -> bool {
     true
 }
 
-/// The UDP port nodes send heartbeats to, at the Gatekeeper's service
-/// address: apart from RPCs, so a heartbeat is never taken for a call.
-pub const HEARTBEAT_PORT: u16 = 4793;
+/// The UDP port nodes send their messages to the Gatekeeper on (at its
+/// service address): heartbeats and exports, apart from RPCs, so neither
+/// is ever taken for a call.
+pub const CONTROL_PORT: u16 = 4793;
+/// "BIFE": a node exports a method (the thesis's `export`): calls of it
+/// go to the node from now on.
+pub const EXPORT_IDENTIFIER: u32 = u32::from_be_bytes(*b"BIFE");
+/// identifier u32, name length u8, 3 zero bytes, method name [16].
+pub const EXPORT_LEN: usize = 24;
 /// "BIFH": a Bifröst heartbeat.
 pub const HEARTBEAT_IDENTIFIER: u32 = u32::from_be_bytes(*b"BIFH");
 /// identifier u32, node kind u8, 3 zero bytes, incarnation u32, capacity
@@ -350,15 +356,132 @@ impl HeartbeatRepr {
     }
 }
 
-/// The harness of the `bifrost_heartbeat` fuzz target: any bytes parse or
-/// fail with a typed error; a heartbeat that parses emits the same bytes.
-pub fn any_heartbeat(data: &[u8]) -> bool {
-    let Ok(repr) = HeartbeatRepr::parse(data) else {
+/// A node's export of a method: calls of it are routed to the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExportRepr {
+    pub method_name: [u8; METHOD_NAME_LEN],
+    pub method_name_len: u8,
+}
+
+/// Why an export did not parse or could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExportError {
+    #[error("{0} bytes are too few for an export ({EXPORT_LEN})")]
+    Truncated(usize),
+    #[error("identifier {0:#010x} is not a Bifröst export's")]
+    Identifier(u32),
+    #[error("a method name of {0} bytes is empty or longer than {METHOD_NAME_LEN}")]
+    NameLength(usize),
+    #[error("reserved bytes or the name's padding are not zero")]
+    Reserved,
+}
+
+impl ExportRepr {
+    pub fn new(method: &str) -> Result<ExportRepr, ExportError> {
+        let bytes = method.as_bytes();
+        if bytes.is_empty() || bytes.len() > METHOD_NAME_LEN {
+            return Err(ExportError::NameLength(bytes.len()));
+        }
+        let mut method_name = [0u8; METHOD_NAME_LEN];
+        method_name[..bytes.len()].copy_from_slice(bytes);
+        Ok(ExportRepr {
+            method_name,
+            method_name_len: bytes.len() as u8,
+        })
+    }
+
+    /// The method's name as its bytes.
+    pub fn method(&self) -> &[u8] {
+        &self.method_name[..usize::from(self.method_name_len)]
+    }
+
+    pub fn parse(bytes: &[u8]) -> Result<ExportRepr, ExportError> {
+        if bytes.len() < EXPORT_LEN {
+            return Err(ExportError::Truncated(bytes.len()));
+        }
+        let identifier = read_u32(bytes, 0);
+        if identifier != EXPORT_IDENTIFIER {
+            return Err(ExportError::Identifier(identifier));
+        }
+        let length = usize::from(bytes[4]);
+        if length == 0 || length > METHOD_NAME_LEN {
+            return Err(ExportError::NameLength(length));
+        }
+        let name = &bytes[8..8 + METHOD_NAME_LEN];
+        if bytes[5..8] != [0, 0, 0] || name[length..].iter().any(|&byte| byte != 0) {
+            return Err(ExportError::Reserved);
+        }
+        let mut method_name = [0u8; METHOD_NAME_LEN];
+        method_name.copy_from_slice(name);
+        Ok(ExportRepr {
+            method_name,
+            method_name_len: length as u8,
+        })
+    }
+
+    pub fn emit(&self, bytes: &mut [u8]) -> Result<(), ExportError> {
+        if bytes.len() < EXPORT_LEN {
+            return Err(ExportError::Truncated(bytes.len()));
+        }
+        let export = &mut bytes[..EXPORT_LEN];
+        export.fill(0);
+        write_u32(export, 0, EXPORT_IDENTIFIER);
+        export[4] = self.method_name_len;
+        export[8..8 + METHOD_NAME_LEN].copy_from_slice(&self.method_name);
+        Ok(())
+    }
+}
+
+/// A message a node sends the Gatekeeper on [`CONTROL_PORT`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeMessage {
+    Heartbeat(HeartbeatRepr),
+    Export(ExportRepr),
+}
+
+/// Why a node's message did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeMessageError {
+    #[error(transparent)]
+    Heartbeat(#[from] HeartbeatError),
+    #[error(transparent)]
+    Export(#[from] ExportError),
+    #[error("{0} bytes are too few for a node's message")]
+    Truncated(usize),
+}
+
+impl NodeMessage {
+    /// A heartbeat or an export, told apart by the identifier.
+    pub fn parse(bytes: &[u8]) -> Result<NodeMessage, NodeMessageError> {
+        if bytes.len() < 4 {
+            return Err(NodeMessageError::Truncated(bytes.len()));
+        }
+        if read_u32(bytes, 0) == EXPORT_IDENTIFIER {
+            return Ok(NodeMessage::Export(ExportRepr::parse(bytes)?));
+        }
+        Ok(NodeMessage::Heartbeat(HeartbeatRepr::parse(bytes)?))
+    }
+}
+
+/// The harness of the `bifrost_node_messages` fuzz target: any bytes
+/// parse or fail with a typed error; a message that parses emits the same
+/// bytes.
+pub fn any_node_message(data: &[u8]) -> bool {
+    let Ok(message) = NodeMessage::parse(data) else {
         return false;
     };
-    let mut emitted = [0u8; HEARTBEAT_LEN];
-    repr.emit(&mut emitted).expect("a whole heartbeat fits");
-    assert_eq!(&emitted[..], &data[..HEARTBEAT_LEN]);
+    let mut emitted = [0u8; EXPORT_LEN];
+    let length = match message {
+        NodeMessage::Heartbeat(repr) => {
+            repr.emit(&mut emitted).expect("a whole heartbeat fits");
+            HEARTBEAT_LEN
+        }
+        NodeMessage::Export(repr) => {
+            repr.emit(&mut emitted).expect("a whole export fits");
+            EXPORT_LEN
+        }
+    };
+    assert_eq!(&emitted[..length], &data[..length]);
     true
 }
 
@@ -432,7 +555,7 @@ mod tests {
         let mut bytes = [0u8; HEARTBEAT_LEN];
         repr.emit(&mut bytes).unwrap();
         assert_eq!(HeartbeatRepr::parse(&bytes), Ok(repr));
-        assert!(any_heartbeat(&bytes));
+        assert!(any_node_message(&bytes));
         assert_eq!(
             HeartbeatRepr::parse(&bytes[..19]),
             Err(HeartbeatError::Truncated(19))
@@ -449,6 +572,31 @@ mod tests {
             HeartbeatRepr::parse(&wrong),
             Err(HeartbeatError::Identifier(_))
         ));
-        assert!(!any_heartbeat(&wrong));
+        assert!(!any_node_message(&wrong));
+    }
+
+    #[test]
+    fn exports_round_trip_and_bad_ones_are_typed_errors() {
+        let repr = ExportRepr::new("increment").unwrap();
+        let mut bytes = [0u8; EXPORT_LEN];
+        repr.emit(&mut bytes).unwrap();
+        assert_eq!(NodeMessage::parse(&bytes), Ok(NodeMessage::Export(repr)));
+        assert_eq!(repr.method(), b"increment");
+        assert!(any_node_message(&bytes));
+        assert_eq!(ExportRepr::new(""), Err(ExportError::NameLength(0)));
+        assert_eq!(
+            ExportRepr::new("a_method_name_too_long"),
+            Err(ExportError::NameLength(22))
+        );
+        let mut wrong = bytes;
+        wrong[4] = 17;
+        assert_eq!(ExportRepr::parse(&wrong), Err(ExportError::NameLength(17)));
+        let mut wrong = bytes;
+        wrong[20] = b'x';
+        assert_eq!(ExportRepr::parse(&wrong), Err(ExportError::Reserved));
+        assert_eq!(
+            NodeMessage::parse(&bytes[..10]),
+            Err(NodeMessageError::Export(ExportError::Truncated(10)))
+        );
     }
 }

@@ -25,6 +25,11 @@ fn tiga_messages_seeds_replay() {
 }
 
 #[test]
-fn bifrost_heartbeat_seeds_replay() {
-    assert!(replay("bifrost_heartbeat", remora_wire::bifrost::any_heartbeat) >= 2);
+fn bifrost_node_messages_seeds_replay() {
+    assert!(
+        replay(
+            "bifrost_node_messages",
+            remora_wire::bifrost::any_node_message
+        ) >= 3
+    );
 }

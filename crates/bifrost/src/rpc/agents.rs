@@ -7,7 +7,8 @@ use remora_base::Timestamp;
 use remora_host::{Agent, AgentError, AgentPort, Progress};
 use remora_rnic::Verbs;
 use remora_wire::bifrost::{
-    GlobalAddress, HeartbeatRepr, NodeKind, BIFROST_PORT, HEARTBEAT_LEN, HEARTBEAT_PORT,
+    ExportError, ExportRepr, GlobalAddress, HeartbeatRepr, NodeKind, BIFROST_PORT, CONTROL_PORT,
+    EXPORT_LEN, HEARTBEAT_LEN,
 };
 use remora_wire::datagram::DatagramEnd;
 use std::time::Duration;
@@ -413,31 +414,36 @@ impl Agent for CallingAgent {
     }
 }
 
-/// A node's heartbeats to the Gatekeeper: the first announces the node
-/// (its kind and capacity, registration on boot), the rest say it lives.
-/// A crash silences them; a restart announces the node again with a new
-/// incarnation.
-pub struct HeartbeatAgent {
+/// A node's messages to the Gatekeeper on its control port: heartbeats
+/// (the first announces the node, its kind and capacity: registration on
+/// boot; the rest say it lives) and, after each heartbeat, an export of
+/// each method it serves (the thesis's `export`: calls of the method go
+/// to it; the Gatekeeper refuses an export of a method another live node
+/// serves, so a restarted node does not take back what its replacement
+/// took over). A crash silences them; a restart announces the node again
+/// with a new incarnation.
+pub struct ControlAgent {
     port: AgentPort,
     gatekeeper: DatagramEnd,
     heartbeat: HeartbeatRepr,
+    exports: Vec<ExportRepr>,
     interval: Duration,
     next_at: Timestamp,
 }
 
-impl HeartbeatAgent {
+impl ControlAgent {
     /// Heartbeats every `interval` to `gatekeeper` (the service address,
-    /// on [`HEARTBEAT_PORT`]).
+    /// on [`CONTROL_PORT`]).
     pub fn new(
         gatekeeper: DatagramEnd,
         kind: NodeKind,
         capacity_bytes: u64,
         interval: Duration,
-    ) -> HeartbeatAgent {
-        HeartbeatAgent {
-            port: AgentPort::new(HEARTBEAT_PORT, 1),
+    ) -> ControlAgent {
+        ControlAgent {
+            port: AgentPort::new(CONTROL_PORT, 1),
             gatekeeper: DatagramEnd {
-                port: HEARTBEAT_PORT,
+                port: CONTROL_PORT,
                 ..gatekeeper
             },
             heartbeat: HeartbeatRepr {
@@ -445,9 +451,16 @@ impl HeartbeatAgent {
                 incarnation: 0,
                 capacity_bytes,
             },
+            exports: Vec::new(),
             interval,
             next_at: Timestamp::ZERO,
         }
+    }
+
+    /// Exports `method`: the node serves it.
+    pub fn export(mut self, method: &str) -> Result<ControlAgent, ExportError> {
+        self.exports.push(ExportRepr::new(method)?);
+        Ok(self)
     }
 
     /// How many times the node restarted.
@@ -456,20 +469,29 @@ impl HeartbeatAgent {
     }
 }
 
-impl Agent for HeartbeatAgent {
+impl Agent for ControlAgent {
     fn name(&self) -> &'static str {
-        "bifrost-heartbeat"
+        "bifrost-control"
     }
 
     fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
         if now < self.next_at {
             return Ok(Progress::Idle);
         }
-        let mut bytes = [0u8; HEARTBEAT_LEN];
+        let mut bytes = [0u8; EXPORT_LEN];
         self.heartbeat
             .emit(&mut bytes)
             .expect("a heartbeat fits its own length");
-        self.port.send(nic, self.gatekeeper, &bytes)?;
+        self.port
+            .send(nic, self.gatekeeper, &bytes[..HEARTBEAT_LEN])?;
+        // After the heartbeat that announced the node, so the Gatekeeper
+        // knows it; repeated, since a datagram may be lost.
+        for export in &self.exports {
+            export
+                .emit(&mut bytes)
+                .expect("an export fits its own length");
+            self.port.send(nic, self.gatekeeper, &bytes)?;
+        }
         self.next_at = now.saturating_add(self.interval);
         Ok(Progress::from_moved(true))
     }

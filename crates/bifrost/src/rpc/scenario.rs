@@ -6,7 +6,7 @@
 //! and the serving node crashes half-way and a spare takes over from its
 //! checkpoint.
 
-use super::agents::{ClientAgent, HeartbeatAgent, ServerAgent};
+use super::agents::{ClientAgent, ControlAgent, ServerAgent};
 use super::{callee_at, Callee, Caller, RpcError, Service};
 use remora_rack::scenario::{Rack, RackStage, SimulatedStage};
 use remora_rack::topology::{LinkSpec, Topology, COMPUTE_HOST, MEMORY_HOST};
@@ -78,6 +78,8 @@ pub enum ScenarioError {
     Restore(#[from] super::checkpoint::CheckpointError),
     #[error("the spare's count is {count} after {calls} calls")]
     WrongFinalCount { calls: u64, count: u64 },
+    #[error("an export: {0}")]
+    Export(#[from] remora_wire::bifrost::ExportError),
     #[error("the Gatekeeper found {detected:?} failed, not the crashed node alone")]
     WrongDetection {
         detected: Vec<remora_wire::Ipv4Address>,
@@ -258,9 +260,13 @@ pub fn failover(
     for host in [MEMORY_HOST, SPARE_HOST] {
         let server = ServerAgent::new(Callee::with_checkpoints(Box::new(Counter(0))));
         stage.add_agent(host, Box::new(server));
-        let heartbeats =
-            HeartbeatAgent::new(service, NodeKind::Compute, 1 << 30, HEARTBEAT_INTERVAL);
-        stage.add_agent(host, Box::new(heartbeats));
+        let control = ControlAgent::new(service, NodeKind::Compute, 1 << 30, HEARTBEAT_INTERVAL);
+        // The serving node exports the method; the spare stands by.
+        let control = match host {
+            MEMORY_HOST => control.export("increment")?,
+            _ => control,
+        };
+        stage.add_agent(host, Box::new(control));
     }
     let caller = Caller::new(Duration::from_micros(50), 100_000);
     let client = ClientAgent::new(caller, service, "increment", 40000, calls, 8);
@@ -274,16 +280,15 @@ pub fn failover(
         ..GatekeeperConfig::new(SERVICE_ADDRESS)
     });
     let mut rack = stage.start(Overlaid::new(topology.forwarding(), gatekeeper))?;
-    // The nodes announce themselves; then the control plane routes.
+    // The nodes announce themselves and the serving one exports its method.
     rack.run_until(
         &mut |rack| {
             rack.with_program(|program| {
-                program.node(node).is_some() && program.node(spare).is_some()
+                program.node(spare).is_some() && program.route_of("increment") == Some(node)
             })
         },
         Duration::from_secs(1),
     )?;
-    rack.with_program(|program| program.route("increment", node))?;
     rack.run_until(
         &mut |rack| answered(rack) >= crash_after,
         Duration::from_secs(10),
