@@ -110,6 +110,31 @@ fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> Result<(
         .map_err(|error| format!("cannot write {}: {error}", path.display()))
 }
 
+/// Why a `--history` file could not be written, or what it holds failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryFileError {
+    #[error("cannot write {path}: {error}")]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{0}: the run recorded no history")]
+    NoHistory(String),
+    #[error("{name}: keys {keys:?} are not linearizable (history in {path})")]
+    NotLinearizable {
+        name: String,
+        keys: Vec<u64>,
+        path: PathBuf,
+    },
+}
+
+/// The demo's steps still report text.
+impl From<HistoryFileError> for String {
+    fn from(error: HistoryFileError) -> String {
+        error.to_string()
+    }
+}
+
 /// A file of checked KV histories as JSON lines (`--history`).
 pub struct HistoryFile {
     path: PathBuf,
@@ -119,9 +144,11 @@ pub struct HistoryFile {
 }
 
 impl HistoryFile {
-    pub fn create(path: &std::path::Path) -> Result<HistoryFile, String> {
-        let file = std::fs::File::create(path)
-            .map_err(|error| format!("cannot create {}: {error}", path.display()))?;
+    pub fn create(path: &std::path::Path) -> Result<HistoryFile, HistoryFileError> {
+        let file = std::fs::File::create(path).map_err(|error| HistoryFileError::Io {
+            path: path.to_path_buf(),
+            error,
+        })?;
         Ok(HistoryFile {
             path: path.to_path_buf(),
             out: std::io::BufWriter::new(file),
@@ -130,37 +157,42 @@ impl HistoryFile {
         })
     }
 
+    fn io_error(&self, error: std::io::Error) -> HistoryFileError {
+        HistoryFileError::Io {
+            path: self.path.clone(),
+            error,
+        }
+    }
+
     /// Writes one run's history, refusing one its check found not
     /// linearizable (the file then still holds it, for a second opinion).
     pub fn write(
         &mut self,
         name: &str,
         outcome: &remora_clover::simulated::Outcome,
-    ) -> Result<(), String> {
+    ) -> Result<(), HistoryFileError> {
         let verdict = outcome
             .verdict
             .as_ref()
-            .ok_or(format!("{name}: the run recorded no history"))?;
+            .ok_or_else(|| HistoryFileError::NoHistory(name.to_string()))?;
         self.lines +=
             remora_clover::history::write_json_lines(name, &outcome.history, &mut self.out)
-                .map_err(|error| format!("cannot write {}: {error}", self.path.display()))?;
+                .map_err(|error| self.io_error(error))?;
         self.histories += 1;
         if !verdict.violations.is_empty() {
-            return Err(format!(
-                "{name}: keys {:?} are not linearizable (history in {})",
-                verdict.violations,
-                self.path.display()
-            ));
+            return Err(HistoryFileError::NotLinearizable {
+                name: name.to_string(),
+                keys: verdict.violations.clone(),
+                path: self.path.clone(),
+            });
         }
         Ok(())
     }
 
     /// Flushes; says what was written.
-    pub fn finish(mut self) -> Result<String, String> {
+    pub fn finish(mut self) -> Result<String, HistoryFileError> {
         use std::io::Write;
-        self.out
-            .flush()
-            .map_err(|error| format!("cannot write {}: {error}", self.path.display()))?;
+        self.out.flush().map_err(|error| self.io_error(error))?;
         Ok(format!(
             "wrote {} requests of {} checked histories to {}",
             self.lines,

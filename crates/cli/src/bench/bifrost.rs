@@ -32,6 +32,8 @@ pub enum BifrostBenchError {
     Tcp(#[from] std::io::Error),
     #[error("{0}")]
     PingPong(String),
+    #[error("the raw UDP ping-pong: {0}")]
+    UdpPingPong(#[from] super::switch::SwitchBenchError),
     #[error(transparent)]
     Arrays(#[from] remora_bifrost::arrays::ArraysRackError),
     #[error("the DSM: {0}")]
@@ -409,8 +411,7 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
     let thrift_tcp = thrift_tcp_ping(duration)?;
     let thrift_udp = thrift_udp_ping(duration)?;
     let tcp = tcp_pingpong(PING_BYTES, duration)?;
-    let udp =
-        super::switch::udp_pingpong(PING_BYTES, duration).map_err(BifrostBenchError::PingPong)?;
+    let udp = super::switch::udp_pingpong(PING_BYTES, duration)?;
     println!(
         "{:<34} {:>10} {:>10} {:>10} {:>8}",
         "ping", "mean us", "p50 us", "p99 us", "calls"

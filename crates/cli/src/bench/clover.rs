@@ -175,15 +175,27 @@ fn record(report: &mut Report, name: &str, figures: &Figures) {
     );
 }
 
-pub fn run(quick: bool, history: Option<&std::path::Path>) -> Result<Report, String> {
+/// Why the Clover benchmark stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CloverBenchError {
+    #[error(transparent)]
+    Harness(#[from] remora_clover::harness::HarnessError),
+    #[error(transparent)]
+    History(#[from] crate::HistoryFileError),
+    #[error("progress bar template: {0}")]
+    Progress(#[from] indicatif::style::TemplateError),
+    #[error("{0} was not measured")]
+    NotMeasured(&'static str),
+}
+
+pub fn run(quick: bool, history: Option<&std::path::Path>) -> Result<Report, CloverBenchError> {
     let mut history = history.map(crate::HistoryFile::create).transpose()?;
     let seeds: u64 = if quick { 3 } else { 5 };
     let plan = plan(quick);
     let progress = ProgressBar::new(plan.len() as u64 * seeds);
-    progress.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} runs {msg}")
-            .map_err(|error| error.to_string())?,
-    );
+    progress.set_style(ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} runs {msg}",
+    )?);
     let mut report = Report {
         bench: "clover".into(),
         config: serde_json::json!({
@@ -208,7 +220,7 @@ pub fn run(quick: bool, history: Option<&std::path::Path>) -> Result<Report, Str
                 check_history: history.is_some(),
                 ..configuration.run
             };
-            let outcome = simulate(seed, &run).map_err(|error| error.to_string())?;
+            let outcome = simulate(seed, &run)?;
             if let Some(file) = &mut history {
                 file.write(&format!("{}/seed{seed}", configuration.name), &outcome)?;
             }
@@ -222,7 +234,11 @@ pub fn run(quick: bool, history: Option<&std::path::Path>) -> Result<Report, Str
         });
     }
     progress.finish_and_clear();
-    let get = |name: &str| measured.get(name).ok_or(format!("{name} was not measured"));
+    let get = |name: &'static str| {
+        measured
+            .get(name)
+            .ok_or(CloverBenchError::NotMeasured(name))
+    };
     let plain = get("ycsba_z075_c64_plain")?;
     let resolver = get("ycsba_z075_c64_resolver")?;
     let top8 = get("ycsba_z075_c64_top8")?;
@@ -339,14 +355,13 @@ fn record_real(report: &mut Report, name: &str, rounds: &[RealFigures]) {
     );
 }
 
-fn on_the_embedded_rack(quick: bool, report: &mut Report) -> Result<(), String> {
+fn on_the_embedded_rack(quick: bool, report: &mut Report) -> Result<(), CloverBenchError> {
     let rounds = if quick { 5 } else { 7 };
     let resolver_all = SwitchChoice::Resolver { cached_keys: 1024 };
     let progress = ProgressBar::new(rounds * 2);
-    progress.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} embedded-rack runs")
-            .map_err(|error| error.to_string())?,
-    );
+    progress.set_style(ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} embedded-rack runs",
+    )?);
     let (mut plain, mut resolver, mut speedups) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         // Alternate which goes first, so drift on the host favours neither.
@@ -355,8 +370,7 @@ fn on_the_embedded_rack(quick: bool, report: &mut Report) -> Result<(), String> 
             order.reverse();
         }
         for switch in order {
-            let outcome = embedded::run(round, &embedded_run(switch, quick))
-                .map_err(|error| error.to_string())?;
+            let outcome = embedded::run(round, &embedded_run(switch, quick))?;
             let figures = real_figures(&outcome);
             match switch {
                 SwitchChoice::Plain => plain.push(figures),
@@ -407,6 +421,6 @@ pub static BENCH: super::Entry<CloverArgs> = super::Entry {
     name: "clover",
     about: "Clover with and without the in-network resolver, in the deterministic simulator.\n\nYCSB A/B/C, zipf 0.75/0.99 and uniform, 1 to 64 clients, a top-N cache sweep, conflicts and resolver memory; and on the embedded rack.",
     run: |args| {
-        run(args.common.quick, args.history.as_deref()).map_err(super::BenchError::failed("clover"))
+        Ok(run(args.common.quick, args.history.as_deref())?)
     },
 };

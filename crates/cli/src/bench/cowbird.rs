@@ -170,7 +170,10 @@ pub struct Settings {
 }
 
 impl Settings {
-    pub fn from_args(threads: Option<u16>, config: Option<&Path>) -> Result<Settings, String> {
+    pub fn from_args(
+        threads: Option<u16>,
+        config: Option<&Path>,
+    ) -> Result<Settings, CowbirdBenchError> {
         let mut settings = Settings {
             threads: 1,
             sizes: RingSizes::DEFAULT,
@@ -179,10 +182,13 @@ impl Settings {
             config_file: None,
         };
         if let Some(path) = config {
-            let rack = RackConfig::load(path).map_err(|error| error.to_string())?;
+            let rack = RackConfig::load(path)?;
             let (workload, _) = from_rack(&rack)
-                .map_err(|error| format!("{}: {error}", path.display()))?
-                .ok_or_else(|| format!("{} has no [cowbird] section", path.display()))?;
+                .map_err(|error| CowbirdBenchError::Section {
+                    path: path.to_path_buf(),
+                    error,
+                })?
+                .ok_or_else(|| CowbirdBenchError::NoSection(path.to_path_buf()))?;
             settings.threads = workload.threads;
             settings.sizes = workload.sizes;
             settings.spot = workload.spot;
@@ -196,17 +202,34 @@ impl Settings {
     }
 }
 
-pub fn run(quick: bool, settings: &Settings) -> Result<Report, String> {
+/// Why the Cowbird benchmark stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CowbirdBenchError {
+    #[error(transparent)]
+    RackFile(#[from] remora_rack::RackError),
+    #[error("{}: {error}", path.display())]
+    Section {
+        path: std::path::PathBuf,
+        error: remora_cowbird::config::CowbirdConfigError,
+    },
+    #[error("{} has no [cowbird] section", .0.display())]
+    NoSection(std::path::PathBuf),
+    #[error(transparent)]
+    Run(#[from] remora_cowbird::embedded::EmbeddedError),
+    #[error("progress bar template: {0}")]
+    Progress(#[from] indicatif::style::TemplateError),
+}
+
+pub fn run(quick: bool, settings: &Settings) -> Result<Report, CowbirdBenchError> {
     // This machine is shared and its vCPUs are stolen for milliseconds at
     // a time: runs long enough to average that out, medians over rounds.
     let rounds = if quick { 5 } else { 7 };
     let duration = Duration::from_millis(if quick { 500 } else { 2000 });
     let cases = cases(quick);
     let progress = ProgressBar::new(rounds * (cases.len() * Variant::ALL.len()) as u64);
-    progress.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} runs {msg}")
-            .map_err(|error| error.to_string())?,
-    );
+    progress.set_style(ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} runs {msg}",
+    )?);
     let mut measured: Rounds = BTreeMap::new();
     let mut ratios: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut p4_resources = None;
@@ -235,10 +258,7 @@ pub fn run(quick: bool, settings: &Settings) -> Result<Report, String> {
             let mut outcomes = BTreeMap::new();
             for variant in Variant::ALL {
                 progress.set_message(format!("{case} {}", variant.name()));
-                outcomes.insert(
-                    variant.name(),
-                    run_variant(&bench, variant, round).map_err(|error| error.to_string())?,
-                );
+                outcomes.insert(variant.name(), run_variant(&bench, variant, round)?);
                 progress.inc(1);
             }
             let local = outcomes["local"].operations_per_second();
@@ -362,7 +382,7 @@ pub static BENCH: super::Entry<CowbirdArgs> = super::Entry {
     about: "Cowbird's hash-table probe on the embedded rack.\n\nAll-local, synchronous and batched asynchronous one-sided READs, two-sided RPC, and the client library with the Spot offload engine and with Cowbird-P4 in the switch; pure probe and compute-bound; application time per remote request split into issue and completion, latency, bytes per request, and fabric and engine CPU reported apart.",
     run: |args| {
         let settings = Settings::from_args(args.threads, args.config.as_deref())
-            .map_err(super::BenchError::failed("cowbird"))?;
-        run(args.common.quick, &settings).map_err(super::BenchError::failed("cowbird"))
+?;
+        Ok(run(args.common.quick, &settings)?)
     },
 };

@@ -124,22 +124,16 @@ pub enum BenchError {
     Soda(#[from] soda::SodaBenchError),
     #[error(transparent)]
     Bifrost(#[from] bifrost::BifrostBenchError),
-    /// A benchmark whose own errors are still text (fabric, switch,
-    /// Clover, Cowbird).
-    #[error("{bench}: {message}")]
-    Failed {
-        bench: &'static str,
-        message: String,
-    },
+    #[error(transparent)]
+    Fabric(#[from] rnic::FabricBenchError),
+    #[error(transparent)]
+    Switch(#[from] switch::SwitchBenchError),
+    #[error(transparent)]
+    Clover(#[from] clover::CloverBenchError),
+    #[error(transparent)]
+    Cowbird(#[from] cowbird::CowbirdBenchError),
     #[error("writing {path}: {error}")]
     Json { path: PathBuf, error: String },
-}
-
-impl BenchError {
-    /// Wraps the text error of the benchmark `bench`.
-    pub fn failed(bench: &'static str) -> impl Fn(String) -> BenchError {
-        move |message| BenchError::Failed { bench, message }
-    }
 }
 
 impl BenchArgs for CommonArgs {

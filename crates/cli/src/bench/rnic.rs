@@ -33,14 +33,25 @@ enum Kind {
     Write,
 }
 
+/// Why the fabric benchmark stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum FabricBenchError {
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    #[error("the fabric stalled with requests outstanding")]
+    Stalled,
+    #[error("a benchmark transfer completed with {0:?}")]
+    TransferFailed(CompletionStatus),
+}
+
 fn run_transfers(
     kind: Kind,
     size: u32,
     depth: usize,
     duration: Duration,
-) -> Result<Sample, String> {
+) -> Result<Sample, FabricBenchError> {
     let mut fabric = BackToBack::new(11);
-    let error = |error: VerbsError| error.to_string();
+    let error = FabricBenchError::Verbs;
     let left_pd = fabric.left.alloc_protection_domain().map_err(error)?;
     let right_pd = fabric.right.alloc_protection_domain().map_err(error)?;
     // Every outstanding request uses the same two buffers of `size` bytes,
@@ -98,11 +109,11 @@ fn run_transfers(
             outstanding += 1;
         }
         if fabric.step(&mut |_, _| remora_rnic::back_to_back::Verdict::Deliver) == 0 {
-            return Err("the fabric stalled with requests outstanding".into());
+            return Err(FabricBenchError::Stalled);
         }
         while let Some(completion) = fabric.left.poll_completion(left_cq).map_err(error)? {
             if completion.status != CompletionStatus::Success {
-                return Err(format!("benchmark transfer failed: {completion:?}"));
+                return Err(FabricBenchError::TransferFailed(completion.status));
             }
             outstanding -= 1;
             completed += 1;
@@ -145,7 +156,7 @@ fn gigabytes_per_second(size: u32, ns_per_op: f64) -> f64 {
     f64::from(size) / ns_per_op
 }
 
-pub fn run(quick: bool) -> Result<Report, String> {
+pub fn run(quick: bool) -> Result<Report, FabricBenchError> {
     let plan = if quick {
         Plan {
             repetitions: 3,
@@ -206,7 +217,7 @@ struct Round {
     transfers: Vec<Vec<Sample>>,
 }
 
-fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, String> {
+fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, FabricBenchError> {
     let mut round = Round {
         memcpy: Vec::new(),
         transfers: VARIANTS.iter().map(|_| Vec::new()).collect(),
@@ -367,5 +378,5 @@ fn print_row(report: &mut Report, name: &str, size: u32, cpu_ns: f64, wall_ns: f
 pub static BENCH: super::Entry<super::CommonArgs> = super::Entry {
     name: "fabric",
     about: "The soft RNIC's own cost.\n\nREAD and WRITE of 64 B to 64 KiB between two devices in one thread with no carrier, against memcpy in the same run.",
-    run: |args| run(args.quick).map_err(super::BenchError::failed("fabric")),
+    run: |args| Ok(run(args.quick)?),
 };

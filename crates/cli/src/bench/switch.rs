@@ -86,16 +86,48 @@ fn l2l3_switch() -> Switch<L2L3Forwarding> {
     Switch::new(SwitchConfig::new(2), program)
 }
 
+/// Why the switch benchmark stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SwitchBenchError {
+    #[error(transparent)]
+    Carrier(#[from] remora_carrier::CarrierError),
+    #[error(transparent)]
+    Verbs(#[from] remora_rnic::VerbsError),
+    #[error(transparent)]
+    Rack(#[from] remora_rack::RackError),
+    #[error("the compute host was not driven apart")]
+    ComputeNotApart,
+    #[error("a READ completed with {status:?}; requester counters {counters}")]
+    ReadFailed {
+        status: CompletionStatus,
+        counters: String,
+    },
+    #[error("the fabric thread stopped: {0}")]
+    FabricStopped(String),
+    #[error("a READ took over 10 s")]
+    ReadTimedOut,
+    #[error("a {0}-byte READ through the switch returned the wrong bytes")]
+    WrongBytes(u32),
+    #[error("the switch dropped {0} frames on full queues; the rate would be wrong")]
+    FramesLost(u64),
+    #[error("the echo thread panicked")]
+    EchoPanicked,
+    #[error("READ {size} B over {carrier}: {error}")]
+    Read {
+        size: u32,
+        carrier: &'static str,
+        error: Box<SwitchBenchError>,
+    },
+}
+
 /// In-process rings on each side of a switch for the one-thread
 /// forwarding measurement: (source, switch port 0, switch port 1, sink).
 /// Not a rack: one thread moves every frame, so nothing sleeps.
-fn forwarding_ports() -> Result<[Box<dyn Port>; 4], String> {
+fn forwarding_ports() -> Result<[Box<dyn Port>; 4], SwitchBenchError> {
     let plan = SegmentPlan::star_one_waiter(2, RING_DEPTH);
-    let segment = Segment::anonymous(&plan).map_err(|error| error.to_string())?;
+    let segment = Segment::anonymous(&plan)?;
     let port = |result: Result<remora_carrier::RingPort, remora_carrier::CarrierError>| {
-        result
-            .map(|port| Box::new(port) as Box<dyn Port>)
-            .map_err(|error| error.to_string())
+        result.map(|port| Box::new(port) as Box<dyn Port>)
     };
     Ok([
         port(segment.spoke_port(1))?,
@@ -118,8 +150,7 @@ struct ReadRig {
 }
 
 impl ReadRig {
-    fn new(carrier: Carrier) -> Result<ReadRig, String> {
-        let text = |error: &dyn std::fmt::Display| error.to_string();
+    fn new(carrier: Carrier) -> Result<ReadRig, SwitchBenchError> {
         let topology = Topology::compute_and_memory();
         // The application polls the compute host's NIC itself; a fabric
         // thread runs the switch and the memory host.
@@ -127,36 +158,25 @@ impl ReadRig {
             .carrier(carrier.embedded())
             .ring_depth(RING_DEPTH)
             .drive_apart(COMPUTE_HOST)
-            .build()
-            .map_err(|e| text(&e))?;
+            .build()?;
         let mut sides = Vec::new();
         for host in [COMPUTE_HOST, MEMORY_HOST] {
             let rnic = staged.nic_mut(host);
-            let pd = rnic.alloc_protection_domain().map_err(|e| text(&e))?;
-            let region = rnic
-                .register_memory(pd, 1 << 20, AccessFlags::ALL)
-                .map_err(|e| text(&e))?;
-            let cq = rnic.create_completion_queue(1024).map_err(|e| text(&e))?;
-            let prepared = rnic
-                .create_queue_pair(&rack_queue_pair(pd, cq))
-                .map_err(|e| text(&e))?;
+            let pd = rnic.alloc_protection_domain()?;
+            let region = rnic.register_memory(pd, 1 << 20, AccessFlags::ALL)?;
+            let cq = rnic.create_completion_queue(1024)?;
+            let prepared = rnic.create_queue_pair(&rack_queue_pair(pd, cq))?;
             sides.push((region, cq, prepared));
         }
         let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
-        memory
-            .write_local(sides[1].0.lkey, sides[1].0.address, &remote_pattern())
-            .map_err(|e| text(&e))?;
-        let queue_pair = compute
-            .handshake(sides[0].2, sides[1].2.endpoint)
-            .map_err(|e| text(&e))?;
-        memory
-            .handshake(sides[1].2, sides[0].2.endpoint)
-            .map_err(|e| text(&e))?;
+        memory.write_local(sides[1].0.lkey, sides[1].0.address, &remote_pattern())?;
+        let queue_pair = compute.handshake(sides[0].2, sides[1].2.endpoint)?;
+        memory.handshake(sides[1].2, sides[0].2.endpoint)?;
         let compute = staged
             .take_apart(COMPUTE_HOST)
-            .ok_or("the compute host is driven apart")?;
+            .ok_or(SwitchBenchError::ComputeNotApart)?;
         let switch = staged.l2l3_switch();
-        let (rack, _switch) = staged.start(switch).map_err(|e| text(&e))?;
+        let (rack, _switch) = staged.start(switch)?;
         Ok(ReadRig {
             compute,
             clock: RackClock::new(),
@@ -168,7 +188,7 @@ impl ReadRig {
         })
     }
 
-    fn post_read(&mut self, size: u32, slot: u64) -> Result<(), String> {
+    fn post_read(&mut self, size: u32, slot: u64) -> Result<(), SwitchBenchError> {
         let offset = slot * u64::from(size);
         let request = SendRequest::new(
             slot,
@@ -176,47 +196,39 @@ impl ReadRig {
                 remote: self.remote.remote(offset),
             },
             &[self.local.slice(offset, size)],
-        )
-        .map_err(|error| error.to_string())?;
-        self.compute
-            .rnic
-            .post_send(self.queue_pair, request)
-            .map_err(|error| error.to_string())
+        )?;
+        Ok(self.compute.rnic.post_send(self.queue_pair, request)?)
     }
 
     /// Pumps the application's RNIC until a completion arrives.
-    fn wait_completion(&mut self) -> Result<u64, String> {
+    fn wait_completion(&mut self) -> Result<u64, SwitchBenchError> {
         let started = Instant::now();
         loop {
-            if let Some(completion) = self
-                .compute
-                .rnic
-                .poll_completion(self.cq)
-                .map_err(|error| error.to_string())?
-            {
+            if let Some(completion) = self.compute.rnic.poll_completion(self.cq)? {
                 if completion.status != CompletionStatus::Success {
-                    return Err(format!(
-                        "READ completed with {:?}; requester counters {:?}",
-                        completion.status,
-                        self.compute.rnic.counters()
-                    ));
+                    return Err(SwitchBenchError::ReadFailed {
+                        status: completion.status,
+                        counters: format!("{:?}", self.compute.rnic.counters()),
+                    });
                 }
                 return Ok(completion.work_request_id);
             }
-            self.compute
-                .pump(&self.clock)
-                .map_err(|error| error.to_string())?;
+            self.compute.pump(&self.clock)?;
             if self.rack.is_finished() {
                 let outcome = self.rack.stop_and_join();
-                return Err(format!("the fabric thread stopped: {outcome:?}"));
+                return Err(SwitchBenchError::FabricStopped(format!("{outcome:?}")));
             }
             if started.elapsed() > Duration::from_secs(10) {
-                return Err("a READ took over 10 s".into());
+                return Err(SwitchBenchError::ReadTimedOut);
             }
         }
     }
 
-    fn latency(&mut self, size: u32, duration: Duration) -> Result<Histogram<u64>, String> {
+    fn latency(
+        &mut self,
+        size: u32,
+        duration: Duration,
+    ) -> Result<Histogram<u64>, SwitchBenchError> {
         let mut histogram =
             Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("valid bounds");
         let started = Instant::now();
@@ -232,7 +244,7 @@ impl ReadRig {
         Ok(histogram)
     }
 
-    fn throughput(&mut self, size: u32, duration: Duration) -> Result<f64, String> {
+    fn throughput(&mut self, size: u32, duration: Duration) -> Result<f64, SwitchBenchError> {
         for slot in 0..THROUGHPUT_DEPTH as u64 {
             self.post_read(size, slot)?;
         }
@@ -251,16 +263,13 @@ impl ReadRig {
     }
 
     /// The last READ into slot 0 fetched the memory node's bytes.
-    fn verify(&self, size: u32) -> Result<(), String> {
+    fn verify(&self, size: u32) -> Result<(), SwitchBenchError> {
         let mut bytes = vec![0u8; size as usize];
         self.compute
             .rnic
-            .read_local(self.local.lkey, self.local.address, &mut bytes)
-            .map_err(|error| error.to_string())?;
+            .read_local(self.local.lkey, self.local.address, &mut bytes)?;
         if bytes != remote_pattern()[..size as usize] {
-            return Err(format!(
-                "a {size}-byte READ through the switch returned the wrong bytes"
-            ));
+            return Err(SwitchBenchError::WrongBytes(size));
         }
         Ok(())
     }
@@ -291,33 +300,29 @@ fn forwarded_frame(payload_bytes: usize, sequence: u32) -> Vec<u8> {
 /// all on this thread.
 fn forward_rate(
     duration: Duration,
-    middle: &mut dyn FnMut(&RackClock) -> Result<(), String>,
+    middle: &mut dyn FnMut(&RackClock) -> Result<(), SwitchBenchError>,
     source: &mut dyn Port,
     sink: &mut dyn Port,
     frames: &[Vec<u8>],
-) -> Result<f64, String> {
+) -> Result<f64, SwitchBenchError> {
     let clock = RackClock::new();
     let started = Instant::now();
     let mut delivered = 0u64;
     let mut next = 0;
     while started.elapsed() < duration {
         for _ in 0..FORWARD_BATCH {
-            source
-                .send(&frames[next % frames.len()])
-                .map_err(|error| error.to_string())?;
+            source.send(&frames[next % frames.len()])?;
             next += 1;
         }
-        source.flush().map_err(|error| error.to_string())?;
+        source.flush()?;
         middle(&clock)?;
-        delivered += sink
-            .receive(FORWARD_BATCH * 2, &mut |_| {})
-            .map_err(|error| error.to_string())? as u64;
+        delivered += sink.receive(FORWARD_BATCH * 2, &mut |_| {})? as u64;
     }
     Ok(delivered as f64 / started.elapsed().as_secs_f64())
 }
 
 /// (switch frames/s, ring-to-ring frames/s), measured back to back.
-fn forwarding(duration: Duration) -> Result<(f64, f64), String> {
+fn forwarding(duration: Duration) -> Result<(f64, f64), SwitchBenchError> {
     let frames: Vec<Vec<u8>> = (0..64)
         .map(|sequence| forwarded_frame(22, sequence))
         .collect();
@@ -326,10 +331,8 @@ fn forwarding(duration: Duration) -> Result<(f64, f64), String> {
     let through_switch = forward_rate(
         duration,
         &mut |clock| {
-            switch
-                .pump(clock)
-                .map(|_| ())
-                .map_err(|error| error.to_string())
+            switch.pump(clock)?;
+            Ok(())
         },
         source.as_mut(),
         sink.as_mut(),
@@ -337,24 +340,20 @@ fn forwarding(duration: Duration) -> Result<(f64, f64), String> {
     )?;
     let lost = switch.switch.counters().dropped_queue_full;
     if lost > 0 {
-        return Err(format!(
-            "the switch dropped {lost} frames on full queues; the rate would be wrong"
-        ));
+        return Err(SwitchBenchError::FramesLost(lost));
     }
     let [mut source, mut ring_in, mut ring_out, mut sink] = forwarding_ports()?;
     let ring_to_ring = forward_rate(
         duration,
         &mut |_| {
             let mut failure = None;
-            ring_in
-                .receive(FORWARD_BATCH * 2, &mut |frame| {
-                    if let Err(error) = ring_out.send(frame) {
-                        failure = Some(error.to_string());
-                    }
-                })
-                .map_err(|error| error.to_string())?;
-            ring_out.flush().map_err(|error| error.to_string())?;
-            failure.map_or(Ok(()), Err)
+            ring_in.receive(FORWARD_BATCH * 2, &mut |frame| {
+                if let Err(error) = ring_out.send(frame) {
+                    failure = Some(error);
+                }
+            })?;
+            ring_out.flush()?;
+            failure.map_or(Ok(()), |error| Err(error.into()))
         },
         source.as_mut(),
         sink.as_mut(),
@@ -365,24 +364,24 @@ fn forwarding(duration: Duration) -> Result<(f64, f64), String> {
 
 /// Round-trip time of a raw UDP ping-pong of `size`-byte datagrams between
 /// two threads, both polling (as the READ rig's ends do).
-pub(super) fn udp_pingpong(size: usize, duration: Duration) -> Result<Histogram<u64>, String> {
+pub(super) fn udp_pingpong(
+    size: usize,
+    duration: Duration,
+) -> Result<Histogram<u64>, SwitchBenchError> {
     let (mut client, mut server) = DatagramPort::udp_pair(
         SocketAddr::from(([127, 0, 0, 11], 0)),
         SocketAddr::from(([127, 0, 0, 12], 0)),
-    )
-    .map_err(|error| error.to_string())?;
+    )?;
     let stop = Arc::new(AtomicBool::new(false));
     let server_stop = Arc::clone(&stop);
-    let echo = std::thread::spawn(move || -> Result<(), String> {
+    let echo = std::thread::spawn(move || -> Result<(), SwitchBenchError> {
         while !server_stop.load(Ordering::Relaxed) {
             let mut replies = Vec::new();
-            server
-                .receive(32, &mut |datagram| replies.push(datagram.to_vec()))
-                .map_err(|error| error.to_string())?;
+            server.receive(32, &mut |datagram| replies.push(datagram.to_vec()))?;
             for reply in &replies {
-                server.send(reply).map_err(|error| error.to_string())?;
+                server.send(reply)?;
             }
-            server.flush().map_err(|error| error.to_string())?;
+            server.flush()?;
         }
         Ok(())
     });
@@ -392,13 +391,11 @@ pub(super) fn udp_pingpong(size: usize, duration: Duration) -> Result<Histogram<
     let started = Instant::now();
     while started.elapsed() < duration {
         let begun = Instant::now();
-        client.send(&datagram).map_err(|error| error.to_string())?;
-        client.flush().map_err(|error| error.to_string())?;
+        client.send(&datagram)?;
+        client.flush()?;
         let mut answered = 0;
         while answered == 0 {
-            answered = client
-                .receive(1, &mut |_| {})
-                .map_err(|error| error.to_string())?;
+            answered = client.receive(1, &mut |_| {})?;
             if begun.elapsed() > Duration::from_secs(1) {
                 // A lost datagram on loopback: resend rather than hang.
                 break;
@@ -409,8 +406,7 @@ pub(super) fn udp_pingpong(size: usize, duration: Duration) -> Result<Histogram<
         }
     }
     stop.store(true, Ordering::Relaxed);
-    echo.join()
-        .map_err(|_| "the echo thread panicked".to_string())??;
+    echo.join().map_err(|_| SwitchBenchError::EchoPanicked)??;
     Ok(histogram)
 }
 
@@ -425,7 +421,7 @@ struct Round {
     pingpong: Vec<(u32, f64, f64)>,
 }
 
-fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, String> {
+fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, SwitchBenchError> {
     let mut round = Round::default();
     let (forward, ring) = forwarding(plan.duration)?;
     round.forward_fps = forward;
@@ -434,7 +430,11 @@ fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, String> {
     for carrier in CARRIERS {
         let mut rig = ReadRig::new(carrier)?;
         for size in SIZES {
-            let context = |error: String| format!("READ {size} B over {}: {error}", carrier.name());
+            let context = |error: SwitchBenchError| SwitchBenchError::Read {
+                size,
+                carrier: carrier.name(),
+                error: Box::new(error),
+            };
             let histogram = rig.latency(size, plan.duration).map_err(context)?;
             rig.verify(size).map_err(context)?;
             let reads_per_second = rig.throughput(size, plan.duration).map_err(context)?;
@@ -517,7 +517,7 @@ fn pingpong_figure(round: &Round, size: u32, pick: impl Fn(&(u32, f64, f64)) -> 
         .expect("every round measures every size")
 }
 
-pub fn run(quick: bool) -> Result<Report, String> {
+pub fn run(quick: bool) -> Result<Report, SwitchBenchError> {
     let plan = if quick {
         Plan {
             rounds: 3,
@@ -693,5 +693,5 @@ fn fill_report(report: &mut Report, rounds: &[Round]) {
 pub static BENCH: super::Entry<super::CommonArgs> = super::Entry {
     name: "switch",
     about: "The switch and the carriers.\n\nL2/L3 forwarding rate against ring-to-ring, and READ latency and throughput through the switch over in-process, shared-memory and UDP carriers against a raw UDP ping-pong.",
-    run: |args| run(args.quick).map_err(super::BenchError::failed("switch")),
+    run: |args| Ok(run(args.quick)?),
 };
