@@ -279,6 +279,14 @@ fn the_switch_detects_a_silent_node_holds_its_calls_and_replays_them_to_the_repl
         bytes.truncate(length);
         bytes
     };
+    // A node's message on the control port.
+    let to_control = |from: DatagramEnd, bytes: &[u8]| {
+        let from = DatagramEnd {
+            port: CONTROL_PORT,
+            ..from
+        };
+        frame(from, to_gatekeeper(CONTROL_PORT), bytes)
+    };
     let heartbeat = |from: DatagramEnd| {
         let mut bytes = [0u8; HEARTBEAT_LEN];
         HeartbeatRepr {
@@ -288,14 +296,7 @@ fn the_switch_detects_a_silent_node_holds_its_calls_and_replays_them_to_the_repl
         }
         .emit(&mut bytes)
         .unwrap();
-        frame(
-            DatagramEnd {
-                port: CONTROL_PORT,
-                ..from
-            },
-            to_gatekeeper(CONTROL_PORT),
-            &bytes,
-        )
+        to_control(from, &bytes)
     };
     let at = |micros: u64| Timestamp::ZERO.saturating_add(Duration::from_micros(micros));
     let mut buffer = vec![0u8; 4096];
@@ -324,14 +325,7 @@ fn the_switch_detects_a_silent_node_holds_its_calls_and_replays_them_to_the_repl
             .unwrap()
             .emit(&mut bytes)
             .unwrap();
-        frame(
-            DatagramEnd {
-                port: CONTROL_PORT,
-                ..from
-            },
-            to_gatekeeper(CONTROL_PORT),
-            &bytes,
-        )
+        to_control(from, &bytes)
     };
     switch.handle_frame(at(0), PortId(1), &export(node));
     switch.handle_frame(at(0), PortId(2), &export(spare));
