@@ -280,9 +280,9 @@ fn soda_run_checks_and_writes_results() {
 }
 
 /// `bench bifrost` pings through Bifröst on the rack, Thrift over TCP and
-/// raw UDP, and writes the ping ratio.
+/// raw UDP, and writes the ratios and echo's.
 #[test]
-fn bench_bifrost_writes_its_ping_ratio() {
+fn bench_bifrost_writes_its_ratios() {
     let json =
         std::env::temp_dir().join(format!("remora-bifrost-bench-{}.json", std::process::id()));
     let output = remora(&[
@@ -299,7 +299,17 @@ fn bench_bifrost_writes_its_ping_ratio() {
         String::from_utf8_lossy(&output.stderr)
     );
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    let ratio = report["ratios"]["ping_p50_vs_thrift_tcp"].as_f64().unwrap();
-    assert!(ratio.is_finite() && ratio > 0.0, "{ratio}");
+    for key in [
+        "ping_p50_vs_thrift_tcp",
+        "gatekeeper_ping_overhead",
+        "add_arrays_1mib_vs_thrift_tcp",
+        "echo_64B_p50_vs_thrift_tcp",
+        "echo_1KiB_p50_vs_thrift_tcp",
+    ] {
+        let ratio = report["ratios"][key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} missing"));
+        assert!(ratio.is_finite() && ratio > 0.0, "{key} = {ratio}");
+    }
     std::fs::remove_file(&json).unwrap();
 }

@@ -9,8 +9,9 @@ use super::{Host, Report};
 use hdrhistogram::Histogram;
 use remora_bifrost::services::{
     ArraysByValueSyncClient, ArraysByValueSyncHandler, ArraysByValueSyncProcessor,
-    ArraysSyncClient, PingSyncClient, PingSyncHandler, PingSyncProcessor, TArraysByValueSyncClient,
-    TArraysSyncClient, TPingSyncClient,
+    ArraysSyncClient, EchoSyncClient, EchoSyncHandler, EchoSyncProcessor, PingSyncClient,
+    PingSyncHandler, PingSyncProcessor, TArraysByValueSyncClient, TArraysSyncClient,
+    TEchoSyncClient, TPingSyncClient,
 };
 use remora_bifrost::transport::{client_protocols, Routing, ServiceRack, ThriftService};
 use std::io::{BufReader, BufWriter};
@@ -259,6 +260,68 @@ fn thrift_udp_ping(duration: Duration) -> Result<Histogram<u64>, BifrostBenchErr
     latencies
 }
 
+/// The echo service's handler: the bytes back.
+struct Echoed;
+
+impl EchoSyncHandler for Echoed {
+    fn handle_echo(&self, data: Vec<u8>) -> thrift::Result<Vec<u8>> {
+        Ok(data)
+    }
+}
+
+/// Echoes of `bytes` through `client`, each checked.
+fn time_echoes(
+    client: &mut dyn TEchoSyncClient,
+    bytes: usize,
+    duration: Duration,
+) -> Result<Histogram<u64>, BifrostBenchError> {
+    let data: Vec<u8> = (0..bytes).map(|index| (index % 241) as u8).collect();
+    time_calls(duration, || {
+        let begun = Instant::now();
+        let back = client.echo(data.clone())?;
+        let elapsed = begun.elapsed();
+        if back != data {
+            return Err(BifrostBenchError::PingPong(format!(
+                "an echo of {bytes} bytes came back different"
+            )));
+        }
+        Ok(elapsed)
+    })
+}
+
+/// Echo at each size through Bifröst with the Gatekeeper on the embedded
+/// rack, then (the rack stopped, as for ping, so its polling thread does
+/// not share the cores) through the same generated service over Thrift
+/// TCP: (bytes, Bifröst, Thrift TCP) latencies.
+fn echo(sizes: &[usize], duration: Duration) -> EchoFigures {
+    let mut through_bifrost = Vec::new();
+    {
+        let service = ThriftService::new(EchoSyncProcessor::new(Echoed));
+        let ServiceRack { rack: _rack, path } =
+            ServiceRack::start(Box::new(service), Routing::Gatekeeper, &["echo"])?;
+        let (input, output) = client_protocols(path);
+        let mut client = EchoSyncClient::new(input, output);
+        for &bytes in sizes {
+            through_bifrost.push(time_echoes(&mut client, bytes, duration)?);
+        }
+    }
+    let TcpClient {
+        input,
+        output,
+        stream,
+        server,
+    } = thrift_over_tcp(EchoSyncProcessor::new(Echoed))?;
+    let mut client = EchoSyncClient::new(input, output);
+    let mut figures = Vec::new();
+    for (&bytes, bifrost) in sizes.iter().zip(through_bifrost) {
+        figures.push((bytes, bifrost, time_echoes(&mut client, bytes, duration)?));
+    }
+    TcpClient::hang_up(stream, server)?;
+    Ok(figures)
+}
+
+type EchoFigures = Result<Vec<(usize, Histogram<u64>, Histogram<u64>)>, BifrostBenchError>;
+
 /// The by-value baseline's handler.
 struct SumByValue;
 
@@ -477,6 +540,47 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
             "(reported)",
         ),
     ];
+    let echo_sizes: &[usize] = if quick {
+        &[64, 1024]
+    } else {
+        &[64, 1024, 2048]
+    };
+    let echo_duration = Duration::from_millis(if quick { 300 } else { 1500 });
+    println!(
+        "\n{:<10} {:>14} {:>14} {:>14} {:>14}",
+        "echo", "bifrost p50 us", "p99 us", "thrift tcp p50", "p99 us"
+    );
+    for (bytes, bifrost, tcp) in echo(echo_sizes, echo_duration)? {
+        let label = super::size_label(bytes as u32);
+        for (variant, latencies) in [("gatekeeper", &bifrost), ("thrift_tcp", &tcp)] {
+            let variant = format!("echo_{label}_{variant}");
+            report.add(&variant, "mean", latencies.mean() / 1e3, "us");
+            report.add(
+                &variant,
+                "p50",
+                micros(latencies.value_at_quantile(0.5)),
+                "us",
+            );
+            report.add(
+                &variant,
+                "p99",
+                micros(latencies.value_at_quantile(0.99)),
+                "us",
+            );
+        }
+        let quantiles = |latencies: &Histogram<u64>| {
+            [0.5, 0.99].map(|quantile| micros(latencies.value_at_quantile(quantile)))
+        };
+        let ([bifrost_p50, bifrost_p99], [tcp_p50, tcp_p99]) =
+            (quantiles(&bifrost), quantiles(&tcp));
+        println!(
+            "{label:<10} {bifrost_p50:>14.1} {bifrost_p99:>14.1} {tcp_p50:>14.1} {tcp_p99:>14.1}"
+        );
+        report.ratios.insert(
+            format!("echo_{label}_p50_vs_thrift_tcp"),
+            serde_json::json!(bifrost_p50 / tcp_p50),
+        );
+    }
     let sizes: &[usize] = if quick {
         &[1024, 64 << 10, 1 << 20]
     } else {
@@ -579,6 +683,6 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
 /// `remora bench bifrost`.
 pub static BENCH: super::Entry<super::CommonArgs> = super::Entry {
     name: "bifrost",
-    about: "Bifröst: exactly-once RPC against Thrift over TCP.\n\nThe thesis's ping through a generated Thrift client and processor over Bifröst on the embedded rack, through the Gatekeeper in the switch and bypassing it, against the same Thrift service over loopback TCP and UDP and raw UDP and TCP request/response; add_arrays by reference (arrays in global memory) against by value over Thrift TCP, with the crossover size; recovery time after a crash (in the simulator); mean, p50 and p99.",
+    about: "Bifröst: exactly-once RPC against Thrift over TCP.\n\nThe thesis's ping through a generated Thrift client and processor over Bifröst on the embedded rack, through the Gatekeeper in the switch and bypassing it, against the same Thrift service over loopback TCP and UDP and raw UDP and TCP request/response; echo at 64 B to 2 KiB through the Gatekeeper against Thrift over TCP; add_arrays by reference (arrays in global memory) against by value over Thrift TCP, with the crossover size; recovery time after a crash (in the simulator); mean, p50 and p99.",
     run: |args| Ok(run_checked(args.quick)?),
 };
