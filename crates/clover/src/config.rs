@@ -19,7 +19,8 @@
 //! ```
 
 use crate::harness::{Run, SwitchChoice};
-use remora_rack::{RackConfig, Role};
+use remora_rack::config::parse_section;
+use remora_rack::RackConfig;
 use serde::Deserialize;
 
 /// The section's name in a rack file.
@@ -132,7 +133,7 @@ impl CloverConfig {
             return Ok(None);
         };
         let config = CloverConfig::parse(table)?;
-        if rack.first_node(Role::Compute).is_none() || rack.first_node(Role::Memory).is_none() {
+        if !rack.has_compute_and_memory() {
             return Err(CloverConfigError::NoHosts);
         }
         Ok(Some(config))
@@ -140,12 +141,7 @@ impl CloverConfig {
 
     /// A `[clover]` table on its own.
     pub fn parse(table: &toml::Table) -> Result<CloverConfig, CloverConfigError> {
-        let raw: RawClover =
-            toml::Value::Table(table.clone())
-                .try_into()
-                .map_err(|error: toml::de::Error| {
-                    CloverConfigError::Syntax(error.message().to_string())
-                })?;
+        let raw: RawClover = parse_section(table).map_err(CloverConfigError::Syntax)?;
         CloverConfig::validate(raw)
     }
 

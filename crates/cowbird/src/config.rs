@@ -18,8 +18,8 @@
 //! path_mtu = 1024
 //! ```
 
-use remora_rack::config::parse_size;
-use remora_rack::{RackConfig, Role};
+use remora_rack::config::{parse_section, parse_size};
+use remora_rack::RackConfig;
 use serde::Deserialize;
 
 /// Why a `[cowbird]` section was refused.
@@ -41,7 +41,7 @@ impl CowbirdConfig {
             return Ok(None);
         };
         let config = CowbirdConfig::parse(table)?;
-        if rack.first_node(Role::Compute).is_none() || rack.first_node(Role::Memory).is_none() {
+        if !rack.has_compute_and_memory() {
             return Err(CowbirdConfigError::NoHosts);
         }
         Ok(Some(config))
@@ -49,12 +49,7 @@ impl CowbirdConfig {
 
     /// A `[cowbird]` table on its own.
     pub fn parse(table: &toml::Table) -> Result<CowbirdConfig, CowbirdConfigError> {
-        let raw: RawCowbird =
-            toml::Value::Table(table.clone())
-                .try_into()
-                .map_err(|error: toml::de::Error| {
-                    CowbirdConfigError::Syntax(error.message().to_string())
-                })?;
+        let raw: RawCowbird = parse_section(table).map_err(CowbirdConfigError::Syntax)?;
         CowbirdConfig::validate(raw)
     }
 }

@@ -316,6 +316,14 @@ fn number_and_unit<'a>(what: &str, text: &'a str) -> Result<(u64, &'a str), Stri
 }
 
 /// "64MiB", "4 KiB", "1GiB", "1048576".
+/// A system's table read into its own schema; the error is TOML's
+/// message, for the system to wrap in its typed error.
+pub fn parse_section<T: serde::de::DeserializeOwned>(table: &toml::Table) -> Result<T, String> {
+    toml::Value::Table(table.clone())
+        .try_into()
+        .map_err(|error: toml::de::Error| error.message().to_string())
+}
+
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let (value, unit) = number_and_unit("size", text)?;
     let multiplier = match unit {
@@ -543,6 +551,12 @@ impl RackConfig {
     /// The first node of `role`, which single-pair systems run on.
     pub fn first_node(&self, role: Role) -> Option<&NodeConfig> {
         self.nodes.iter().find(|node| node.role == role)
+    }
+
+    /// Whether the rack has a compute node and a memory node: what a
+    /// system running on the first of each needs.
+    pub fn has_compute_and_memory(&self) -> bool {
+        self.first_node(Role::Compute).is_some() && self.first_node(Role::Memory).is_some()
     }
 
     /// The rack as hosts and links, which every execution mode builds.
