@@ -266,12 +266,11 @@ fn caller_of(packet: &Packet, udp: usize) -> (Ipv4Address, u16) {
     )
 }
 
-/// Rewrites a call frame's IPv4 destination (and checksum) to `node`.
-fn readdress(frame: &mut [u8], node: Ipv4Address) {
-    // The frames kept are IPv4 behind an untagged Ethernet header.
-    const IP: usize = remora_wire::ethernet::ETHERNET_HEADER_LEN;
-    frame[IP + 16..IP + 20].copy_from_slice(&node.0);
-    Ipv4Packet::new_unchecked(&mut frame[IP..]).fill_checksum();
+/// Rewrites the IPv4 destination (and checksum) of the frame whose IPv4
+/// header starts at `ip` to `node`.
+fn readdress(frame: &mut [u8], ip: usize, node: Ipv4Address) {
+    frame[ip + 16..ip + 20].copy_from_slice(&node.0);
+    Ipv4Packet::new_unchecked(&mut frame[ip..]).fill_checksum();
 }
 
 impl Gatekeeper {
@@ -561,7 +560,13 @@ impl Gatekeeper {
         // checkpoint's replies), and the held calls are routed afresh.
         for key in moved {
             if let Some(mut frame) = self.call_frames.remove(&key) {
-                readdress(&mut frame, replacement);
+                // Kept frames are IPv4 behind an untagged Ethernet header
+                // (the switch's parser knows no other).
+                readdress(
+                    &mut frame,
+                    remora_wire::ethernet::ETHERNET_HEADER_LEN,
+                    replacement,
+                );
                 self.packet_outs.push_back(frame);
                 self.counters.replayed += 1;
             }
@@ -727,16 +732,13 @@ impl Gatekeeper {
             return self.fail(packet, 2);
         }
         // Rewrite the destination to the node; forwarding routes it there.
-        packet.bytes[ip + 16..ip + 20].copy_from_slice(&node.0);
-        Ipv4Packet::new_unchecked(&mut packet.bytes[ip..]).fill_checksum();
+        readdress(&mut packet.bytes, ip, node);
         if let Some(fields) = packet.headers.ipv4.as_mut() {
             fields.destination = node;
         }
         if !oneway && packet.bytes.len() <= MAX_KEPT_FRAME_BYTES {
             // Same capacity as the graph, which just took this call.
-            let kept = self
-                .call_frames
-                .insert((caller, caller_port, edge.rpc_id), packet.bytes.clone());
+            let kept = self.call_frames.insert(key, packet.bytes.clone());
             debug_assert!(kept.is_ok(), "the call frames fill with the graph");
         }
         self.counters.calls_routed += 1;
