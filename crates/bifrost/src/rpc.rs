@@ -206,7 +206,6 @@ impl Caller {
     /// [`checkpoint::CallerCheckpoint`]) for the Gatekeeper to keep; its
     /// resends carry the same, older, checkpoint, which the Gatekeeper
     /// ignores once it holds a newer one.
-    #[allow(clippy::too_many_arguments)]
     pub fn call_with_checkpoint(
         &mut self,
         now: Timestamp,

@@ -179,11 +179,12 @@ impl ClientAgent {
     /// newest for it; None if it never sent a call that carried one): the
     /// outcomes it had delivered stay, later ones are forgotten, its
     /// unanswered calls go again under their RPC ids, and it goes on.
+    /// Returns the checkpoint it restored from.
     pub fn restore(
         &mut self,
         now: Timestamp,
         checkpoint: Option<&[u8]>,
-    ) -> Result<(), super::checkpoint::CheckpointError> {
+    ) -> Result<super::checkpoint::CallerCheckpoint, super::checkpoint::CheckpointError> {
         let checkpoint = match checkpoint {
             Some(bytes) => super::checkpoint::CallerCheckpoint::decode(bytes)?,
             None => super::checkpoint::CallerCheckpoint::default(),
@@ -208,10 +209,10 @@ impl ClientAgent {
         }
         self.checkpoints = Some(CallerProgress {
             sequence: checkpoint.sequence,
-            unanswered: checkpoint.unanswered,
+            unanswered: checkpoint.unanswered.clone(),
             awaiting_restore: false,
         });
-        Ok(())
+        Ok(checkpoint)
     }
 
     /// Issues the next call; with checkpoints, the call carries the

@@ -429,15 +429,12 @@ pub fn caller_crash(
     rack.restart(COMPUTE_HOST)?;
     let checkpoint =
         rack.with_program(|program| program.caller_checkpoint_of(client_end).map(<[u8]>::to_vec));
-    let restored = match &checkpoint {
-        Some(bytes) => super::checkpoint::CallerCheckpoint::decode(bytes)?,
-        None => super::checkpoint::CallerCheckpoint::default(),
-    };
     let now = rack.simulation.now();
-    rack.with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| {
-        client.restore(now, checkpoint.as_deref())
-    })
-    .ok_or(ScenarioError::MissingAgent("client"))??;
+    let restored = rack
+        .with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| {
+            client.restore(now, checkpoint.as_deref())
+        })
+        .ok_or(ScenarioError::MissingAgent("client"))??;
     let (answers, _) = run_client_to_the_end(&mut rack)?;
     check_counts(answers, calls)?;
     let counters = rack
