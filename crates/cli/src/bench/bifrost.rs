@@ -445,6 +445,25 @@ fn add_arrays(sizes: &[usize], duration: Duration) -> Result<Vec<AddArrays>, Bif
     Ok(figures)
 }
 
+/// Adds a variant's mean, p50 and p99 in µs (metrics `{prefix}mean` and so
+/// on) to the report; returns them.
+fn record_latencies(
+    report: &mut Report,
+    variant: &str,
+    prefix: &str,
+    latencies: &Histogram<u64>,
+) -> [f64; 3] {
+    let figures = [
+        latencies.mean() / 1e3,
+        micros(latencies.value_at_quantile(0.5)),
+        micros(latencies.value_at_quantile(0.99)),
+    ];
+    for (metric, value) in ["mean", "p50", "p99"].iter().zip(figures) {
+        report.add(variant, &format!("{prefix}{metric}"), value, "us");
+    }
+    figures
+}
+
 fn micros(nanos: u64) -> f64 {
     nanos as f64 / 1e3
 }
@@ -487,18 +506,11 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
         ("raw udp ping-pong", &udp),
         ("raw tcp ping-pong", &tcp),
     ] {
-        let (mean, p50, p99) = (
-            latencies.mean() / 1e3,
-            micros(latencies.value_at_quantile(0.5)),
-            micros(latencies.value_at_quantile(0.99)),
-        );
+        let [mean, p50, p99] = record_latencies(&mut report, variant, "ping_", latencies);
         println!(
             "{variant:<34} {mean:>10.1} {p50:>10.1} {p99:>10.1} {:>8}",
             latencies.len()
         );
-        report.add(variant, "ping_mean", mean, "us");
-        report.add(variant, "ping_p50", p50, "us");
-        report.add(variant, "ping_p99", p99, "us");
     }
     let ratio = |a: &Histogram<u64>, b: &Histogram<u64>| {
         a.value_at_quantile(0.5) as f64 / b.value_at_quantile(0.5) as f64
@@ -552,27 +564,16 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
     );
     for (bytes, bifrost, tcp) in echo(echo_sizes, echo_duration)? {
         let label = super::size_label(bytes as u32);
-        for (variant, latencies) in [("gatekeeper", &bifrost), ("thrift_tcp", &tcp)] {
-            let variant = format!("echo_{label}_{variant}");
-            report.add(&variant, "mean", latencies.mean() / 1e3, "us");
-            report.add(
-                &variant,
-                "p50",
-                micros(latencies.value_at_quantile(0.5)),
-                "us",
-            );
-            report.add(
-                &variant,
-                "p99",
-                micros(latencies.value_at_quantile(0.99)),
-                "us",
-            );
-        }
-        let quantiles = |latencies: &Histogram<u64>| {
-            [0.5, 0.99].map(|quantile| micros(latencies.value_at_quantile(quantile)))
+        let mut record = |variant: &str, latencies: &Histogram<u64>| {
+            record_latencies(
+                &mut report,
+                &format!("echo_{label}_{variant}"),
+                "",
+                latencies,
+            )
         };
-        let ([bifrost_p50, bifrost_p99], [tcp_p50, tcp_p99]) =
-            (quantiles(&bifrost), quantiles(&tcp));
+        let [_, bifrost_p50, bifrost_p99] = record("gatekeeper", &bifrost);
+        let [_, tcp_p50, tcp_p99] = record("thrift_tcp", &tcp);
         println!(
             "{label:<10} {bifrost_p50:>14.1} {bifrost_p99:>14.1} {tcp_p50:>14.1} {tcp_p99:>14.1}"
         );
@@ -608,19 +609,7 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
             ("thrift over tcp by value", &figure.thrift_tcp),
         ] {
             let variant = format!("add_arrays {label} {variant}");
-            report.add(&variant, "mean", latencies.mean() / 1e3, "us");
-            report.add(
-                &variant,
-                "p50",
-                micros(latencies.value_at_quantile(0.5)),
-                "us",
-            );
-            report.add(
-                &variant,
-                "p99",
-                micros(latencies.value_at_quantile(0.99)),
-                "us",
-            );
+            record_latencies(&mut report, &variant, "", latencies);
         }
         if crossover.is_none() && reference <= tcp {
             crossover = Some(figure.bytes);
