@@ -277,8 +277,8 @@ pub fn run_clover(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde
                 "operations_per_second": outcome.operations_per_second(),
                 "conflicts": outcome.stats.conflicts,
                 "not_linearizable_keys": violations,
-                "fabric_cpu_seconds": outcome.cpu.fabric.as_secs_f64(),
-                "client_cpu_seconds": outcome.cpu.clients.as_secs_f64(),
+                "fabric_cpu_seconds": outcome.cpu.map(|cpu| cpu.fabric.as_secs_f64()),
+                "client_cpu_seconds": outcome.cpu.map(|cpu| cpu.clients.as_secs_f64()),
             }))
         }
         Err(error) => {

@@ -2,10 +2,9 @@
 //! ([`Run`]), the two hosts and their forwarding, the store's layout and
 //! workload derived from it, and the application ([`Application`]) that
 //! feeds the clients, moves them along and plays the metadata server.
-//! In the simulator the application runs as two agents
-//! ([`ClientsAgent`] on the compute host, [`MetadataAgent`] on the memory
-//! host); on the embedded rack an application thread drives the same
-//! calls, so both measure the same client code.
+//! The application runs as two agents ([`ClientsAgent`] on the compute
+//! host, [`MetadataAgent`] on the memory host) in both modes, through
+//! [`crate::scenario`].
 
 use crate::deploy::{Deployment, Feeder, StoreSpec};
 use crate::history::{self, MalformedHistory, Verdict};
@@ -42,14 +41,9 @@ pub enum HarnessError {
     #[error("{0}")]
     Rack(#[from] remora_rack::RackError),
     #[error("{host} host: {error}")]
-    Agent {
-        host: &'static str,
-        error: AgentError,
-    },
+    Agent { host: String, error: AgentError },
     #[error("the run did not finish within {0:?}")]
     Unfinished(Duration),
-    #[error("the application thread panicked")]
-    Panicked,
 }
 
 /// The rack's two hosts: compute (the clients) and memory (the store).
@@ -189,6 +183,13 @@ impl Run {
         Ok(workload)
     }
 
+    /// A bound on the whole run: every operation ends within the pool's
+    /// deadline, and clients run side by side, so the run fits in
+    /// operations × grace, plus time to start.
+    pub fn time_limit(&self) -> Duration {
+        Duration::from_secs(10) + self.grace * self.operations.min(1 << 20) as u32
+    }
+
     /// The keys the resolver caches: the hottest of the workload.
     pub fn hottest(&self, count: usize) -> Result<Vec<u64>, HarnessError> {
         let count = count.min(self.keys as usize);
@@ -227,6 +228,8 @@ pub struct Application {
     /// Completed writes when the last collection ran.
     writes_at_collection: u64,
     check_history: bool,
+    /// When the last request returned.
+    finished_at: Option<Timestamp>,
 }
 
 impl Application {
@@ -239,6 +242,7 @@ impl Application {
             last_collection: Timestamp::ZERO,
             writes_at_collection: 0,
             check_history: run.check_history,
+            finished_at: None,
         })
     }
 
@@ -251,7 +255,16 @@ impl Application {
     ) -> Result<bool, CloverError> {
         let pool = &mut self.deployment.pool;
         self.feeder.feed(pool)?;
-        pool.poll(now, compute)
+        let moved = pool.poll(now, compute)?;
+        if self.finished_at.is_none() && self.finished() {
+            self.finished_at = Some(now);
+        }
+        Ok(moved)
+    }
+
+    /// When the last request returned, once every one has.
+    pub fn finished_at(&self) -> Option<Timestamp> {
+        self.finished_at
     }
 
     /// Whether the metadata server has work: a client's request, or a

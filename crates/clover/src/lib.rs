@@ -16,8 +16,10 @@
 //! - [`deploy`]: the store set up on two soft RNICs, and the workload
 //!   feeder.
 //! - [`config`]: the rack file's `[clover]` section.
-//! - [`harness`]: a run's configuration and the application loop shared
-//!   by [`simulated`] (the deterministic simulator, simulated time) and
+//! - [`harness`]: a run's configuration, the switch programs a run can
+//!   use and the application as two agents (clients, metadata server).
+//! - [`scenario`]: a run written once against the rack, run by
+//!   [`simulated`] (the deterministic simulator, simulated time) and
 //!   [`embedded`] (the embedded rack: real threads, rings and time).
 
 #![forbid(unsafe_code)]
@@ -32,4 +34,5 @@ pub mod layout;
 pub mod metadata;
 pub mod pool;
 pub mod resolver;
+pub mod scenario;
 pub mod simulated;

@@ -3,7 +3,7 @@
 //! with the resolver, on a clean path and with loss on the compute node's
 //! link.
 
-use remora_clover::embedded::{run, EmbeddedOutcome};
+use remora_clover::embedded::{run, Outcome};
 use remora_clover::harness::{Run, SwitchChoice};
 use remora_sim::LinkFaults;
 use remora_sim::Probability;
@@ -26,17 +26,16 @@ fn checked_run(switch: SwitchChoice, faults: LinkFaults) -> Run {
     }
 }
 
-fn check(outcome: &EmbeddedOutcome, operations: u64) {
+fn check(outcome: &Outcome, operations: u64) {
     assert_eq!(outcome.operations(), operations, "every request completed");
     let verdict = outcome.verdict.as_ref().expect("history checked");
     assert_eq!(verdict.operations as u64, operations);
     assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
     assert!(outcome.versions >= 16, "every key's list audited whole");
-    assert!(
-        outcome.cpu.fabric > Duration::ZERO,
-        "the fabric thread worked"
-    );
-    assert!(outcome.cpu.clients > Duration::ZERO, "the clients worked");
+    let cpu = outcome.cpu.expect("the embedded rack measures its CPU");
+    assert!(cpu.fabric > Duration::ZERO, "the fabric thread worked");
+    assert!(cpu.clients > Duration::ZERO, "the clients worked");
+    assert!(cpu.metadata > Duration::ZERO, "the metadata server worked");
 }
 
 #[test]

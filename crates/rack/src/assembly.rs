@@ -14,6 +14,7 @@
 use crate::endpoint::{
     lock, Driver, FabricThread, NodeEndpoint, Pump, RackClock, Shared, SwitchEndpoint,
 };
+use crate::host_cpu::HostCpu;
 use crate::report::SwitchReport;
 use crate::topology::{HostSpec, Topology};
 use crate::RackError;
@@ -110,8 +111,19 @@ pub fn start_fabric(
     pumps: Vec<Arc<Mutex<dyn Pump>>>,
     pin: bool,
 ) -> Result<FabricThread, RackError> {
+    start_fabric_on(name, pumps, RackClock::new(), pin)
+}
+
+/// Starts a fabric thread pumping `pumps` on `clock`, the clock the
+/// rack's other threads read too.
+fn start_fabric_on(
+    name: &str,
+    pumps: Vec<Arc<Mutex<dyn Pump>>>,
+    clock: RackClock,
+    pin: bool,
+) -> Result<FabricThread, RackError> {
     let stop = Arc::new(AtomicBool::new(false));
-    let driver = Driver::new(pumps, RackClock::new(), Arc::clone(&stop))?;
+    let driver = Driver::new(pumps, clock, Arc::clone(&stop))?;
     FabricThread::start(name, driver, stop, pin)
 }
 
@@ -130,6 +142,7 @@ pub struct RackBuilder<'t> {
     nic_seed: u64,
     carrier: EmbeddedCarrier,
     apart: Vec<bool>,
+    own_cpu: Vec<bool>,
     stopping: Option<Arc<AtomicBool>>,
     ring_depth: u32,
 }
@@ -144,6 +157,7 @@ impl<'t> RackBuilder<'t> {
             nic_seed: 0x7ac4,
             carrier: EmbeddedCarrier::InProcess,
             apart: vec![false; topology.hosts().len()],
+            own_cpu: vec![false; topology.hosts().len()],
             stopping: None,
             ring_depth: RING_DEPTH,
         }
@@ -201,6 +215,14 @@ impl<'t> RackBuilder<'t> {
         self
     }
 
+    /// Host `index`'s agents run on a thread of their own, the host's
+    /// CPU, instead of on the fabric thread ([`crate::host_cpu`]): its
+    /// application's CPU is then measured apart from the NIC emulation.
+    pub fn own_cpu(mut self, index: usize) -> RackBuilder<'t> {
+        self.own_cpu[index] = true;
+        self
+    }
+
     /// Makes the carriers and the hosts' NICs.
     pub fn build(self) -> Result<StagedRack, RackError> {
         let hosts = self.topology.hosts();
@@ -231,6 +253,7 @@ impl<'t> RackBuilder<'t> {
             port_counters,
             agents: Vec::new(),
             apart: self.apart,
+            own_cpu: self.own_cpu,
             thread_name: self.thread_name,
             pin_threads: self.pin_threads,
             capture: self.capture,
@@ -301,12 +324,14 @@ fn udp_pairs(count: usize) -> Result<LinkEnds, RackError> {
         .collect()
 }
 
-/// An agent's busy time on the fabric thread: the CPU of the host it runs
-/// on, reported apart from the application's and the NICs'.
+/// An agent's busy time (its polls that moved): the CPU of the host it
+/// runs on, reported apart from the NICs'.
 pub type BusyNanos = Arc<AtomicU64>;
 
 /// An agent waiting for the fabric: its host, itself, its busy time.
 type StagedAgent = (usize, Arc<Mutex<dyn Agent>>, BusyNanos);
+/// An agent of a running rack and its busy time.
+type RunningAgent = (Arc<Mutex<dyn Agent>>, BusyNanos);
 
 /// Hosts with NICs ready for deployment, before the fabric starts.
 pub struct StagedRack {
@@ -317,6 +342,7 @@ pub struct StagedRack {
     port_counters: Vec<PortCountersHandle>,
     agents: Vec<StagedAgent>,
     apart: Vec<bool>,
+    own_cpu: Vec<bool>,
     thread_name: String,
     pin_threads: bool,
     capture: Option<PcapSink>,
@@ -377,8 +403,9 @@ impl StagedRack {
         busy
     }
 
-    /// Puts `switch` on the switch's ports and starts the fabric thread.
-    /// Returns the rack and a handle on the switch, typed by its program.
+    /// Puts `switch` on the switch's ports and starts the fabric thread
+    /// (and a thread for each host given its own CPU). Returns the rack
+    /// and a handle on the switch, typed by its program.
     pub fn start<P: Program + Send + 'static>(
         self,
         switch: Switch<P>,
@@ -395,23 +422,40 @@ impl StagedRack {
                 pumps.push(host.clone());
             }
         }
-        let mut agents: Vec<Vec<Arc<Mutex<dyn Agent>>>> = vec![Vec::new(); hosts.len()];
+        let mut agents: Vec<Vec<RunningAgent>> = vec![Vec::new(); hosts.len()];
         for (index, agent, busy) in self.agents {
-            agents[index].push(Arc::clone(&agent));
+            agents[index].push((Arc::clone(&agent), Arc::clone(&busy)));
             let host = hosts[index].clone().ok_or_else(|| {
                 RackError::Launch(format!(
                     "host {index}'s endpoint was taken apart: no agent can run on it"
                 ))
             })?;
-            pumps.push(Arc::new(Mutex::new(AgentPump {
-                host,
-                agent,
-                busy_ns: busy,
-            })));
+            if !self.own_cpu[index] {
+                pumps.push(Arc::new(Mutex::new(AgentPump {
+                    host,
+                    agent,
+                    busy_ns: busy,
+                })));
+            }
         }
-        let mut fabric = start_fabric(&self.thread_name, pumps, self.pin_threads)?;
+        let clock = RackClock::new();
+        let mut fabric = start_fabric_on(&self.thread_name, pumps, clock, self.pin_threads)?;
         if let Some(stop) = &self.stopping {
             fabric = fabric.stopping_rack(stop);
+        }
+        let mut host_cpus = Vec::new();
+        for (index, own) in self.own_cpu.iter().enumerate() {
+            if let (true, Some(host)) = (*own, &hosts[index]) {
+                let name = format!("{}-cpu", self.topology.host(index).name);
+                let cpu = HostCpu::start(
+                    &name,
+                    Arc::clone(host),
+                    agents[index].clone(),
+                    clock,
+                    fabric.kicker(),
+                )?;
+                host_cpus.push((index, cpu));
+            }
         }
         let switch_pump: Arc<Mutex<dyn SwitchReporting>> = switch.clone();
         let rack = EmbeddedRack {
@@ -419,11 +463,13 @@ impl StagedRack {
             hosts,
             agents,
             incarnations: Vec::new(),
-            clock: RackClock::new(),
+            clock,
             switch: switch_pump,
             port_counters: self.port_counters,
             capture: self.capture,
             carrier: self.carrier,
+            host_cpus,
+            host_cpu_times: Vec::new(),
             fabric: Some(fabric),
             fabric_cpu: Duration::ZERO,
         };
@@ -461,8 +507,8 @@ pub struct EmbeddedRack {
     topology: Topology,
     /// `None` for a host whose endpoint the application took.
     hosts: Vec<Option<Shared<NodeEndpoint>>>,
-    /// Each host's agents, in the order added.
-    agents: Vec<Vec<Arc<Mutex<dyn Agent>>>>,
+    /// Each host's agents, in the order added, with their busy time.
+    agents: Vec<Vec<RunningAgent>>,
     /// Restarts per host, which seed each new NIC apart.
     incarnations: Vec<u64>,
     /// Time as the agents see it on restart.
@@ -471,6 +517,10 @@ pub struct EmbeddedRack {
     port_counters: Vec<PortCountersHandle>,
     capture: Option<PcapSink>,
     carrier: EmbeddedCarrier,
+    /// The threads of hosts with a CPU of their own, by host.
+    host_cpus: Vec<(usize, HostCpu)>,
+    /// Their CPU time once stopped, by host.
+    host_cpu_times: Vec<(usize, Duration)>,
     fabric: Option<FabricThread>,
     fabric_cpu: Duration,
 }
@@ -501,19 +551,42 @@ impl EmbeddedRack {
     }
 
     /// Wakes the fabric thread after work was posted.
+    /// Wakes the fabric thread after work was posted (nothing once it
+    /// stopped).
     pub fn kick(&self) {
-        self.fabric().kicker().kick();
+        if let Some(fabric) = &self.fabric {
+            fabric.kicker().kick();
+        }
     }
 
+    /// The rack's clock: what its agents read as now.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// Whether the fabric thread or a host's CPU thread stopped: an
+    /// agent or a carrier failed.
     pub fn is_finished(&self) -> bool {
         self.fabric.as_ref().is_none_or(FabricThread::is_finished)
+            || self.host_cpus.iter().any(|(_, cpu)| cpu.is_finished())
     }
 
-    /// Stops the fabric thread; returns its CPU time (NIC emulation,
-    /// switch and agents), apart from the application's.
+    /// Stops the hosts' CPU threads and the fabric thread; returns the
+    /// fabric thread's CPU time (NIC emulation, switch and the agents it
+    /// pumped), apart from the application's.
     pub fn stop_and_join(&mut self) -> Result<Duration, RackError> {
+        let mut failure = None;
+        for (index, mut cpu) in std::mem::take(&mut self.host_cpus) {
+            match cpu.stop_and_join() {
+                Ok(time) => self.host_cpu_times.push((index, time)),
+                Err(error) => failure = failure.or(Some(error)),
+            }
+        }
         if let Some(fabric) = self.fabric.take() {
             self.fabric_cpu = fabric.stop_and_join()?;
+        }
+        if let Some(error) = failure {
+            return Err(error);
         }
         if let Some(sink) = &self.capture {
             sink.flush()?;
@@ -531,7 +604,36 @@ impl EmbeddedRack {
 
     /// Agent `agent` of host `host` (in the order added).
     pub fn agent(&self, host: usize, agent: usize) -> Option<&Arc<Mutex<dyn Agent>>> {
-        self.agents.get(host)?.get(agent)
+        self.agents.get(host)?.get(agent).map(|(agent, _)| agent)
+    }
+
+    /// Where the CPU went, once stopped ([`EmbeddedRack::stop_and_join`]).
+    pub fn cpu_account(&self) -> CpuAccount {
+        let agents: Vec<Vec<Duration>> = self
+            .agents
+            .iter()
+            .map(|agents| {
+                agents
+                    .iter()
+                    .map(|(_, busy)| Duration::from_nanos(busy.load(Ordering::Relaxed)))
+                    .collect()
+            })
+            .collect();
+        let on_fabric: Duration = agents
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| !self.host_cpu_times.iter().any(|(host, _)| host == index))
+            .flat_map(|(_, busy)| busy.iter())
+            .sum();
+        let mut host_cpus = vec![None; self.agents.len()];
+        for (index, time) in &self.host_cpu_times {
+            host_cpus[*index] = Some(*time);
+        }
+        CpuAccount {
+            fabric: self.fabric_cpu.saturating_sub(on_fabric),
+            host_cpus,
+            agents,
+        }
     }
 
     /// Host `index` crashes: its NIC stops and its agents lose their
@@ -539,7 +641,7 @@ impl EmbeddedRack {
     pub fn crash(&mut self, index: usize) {
         let _span = tracing::info_span!("crash", host = index).entered();
         lock(self.host(index)).crash();
-        for agent in &self.agents[index] {
+        for (agent, _) in &self.agents[index] {
             agent.lock().expect("agent lock").crash();
         }
     }
@@ -554,7 +656,7 @@ impl EmbeddedRack {
         self.incarnations[index] += 1;
         let now = self.clock.now();
         lock(self.host(index)).restart(self.incarnations[index]);
-        for agent in &self.agents[index] {
+        for (agent, _) in &self.agents[index] {
             let mut agent = agent.lock().expect("agent lock");
             let mut host = lock(self.host(index));
             agent
@@ -571,9 +673,25 @@ impl EmbeddedRack {
 
 impl Drop for EmbeddedRack {
     fn drop(&mut self) {
-        // FabricThread's own drop stops and joins it.
+        // The threads' own drops stop and join them, hosts' CPUs first:
+        // they kick the fabric.
+        self.host_cpus.clear();
         self.fabric.take();
     }
+}
+
+/// Where an embedded rack's CPU went, from each thread's CPU clock.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CpuAccount {
+    /// The fabric thread apart from the agents it pumped: NIC emulation
+    /// and the switch, including its short spin before each sleep.
+    pub fabric: Duration,
+    /// Each host's own CPU thread, for hosts given one: its agents' busy
+    /// time plus its polling between them.
+    pub host_cpus: Vec<Option<Duration>>,
+    /// Each host's agents' busy time (polls that moved), in the order
+    /// added, wherever they ran.
+    pub agents: Vec<Vec<Duration>>,
 }
 
 /// An agent as a pump of the fabric thread, its busy time counted apart.

@@ -7,6 +7,8 @@
 //! - [`endpoint`]: a node's runtime (its soft RNIC on a carrier port, driven
 //!   by a real clock) and the switch's runtime (the pipeline on one port
 //!   per node);
+//! - [`host_cpu`]: a host's agents on a thread of their own, beside the
+//!   fabric thread, so an application's CPU is measured apart;
 //! - [`control`]: the control channel that exchanges queue-pair endpoints
 //!   and memory-region keys over a Unix or TCP socket, so nothing about a
 //!   connection is hard-coded;
@@ -28,6 +30,7 @@ pub mod channel;
 pub mod config;
 pub mod control;
 pub mod endpoint;
+pub mod host_cpu;
 pub mod launch;
 pub mod pool;
 pub mod report;

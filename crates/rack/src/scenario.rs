@@ -11,11 +11,12 @@
 //! between two events; on the embedded rack time is the wall clock and a
 //! crash lands wherever the fabric thread happens to be.
 
-use crate::assembly::{EmbeddedRack, StagedRack};
+use crate::assembly::{CpuAccount, EmbeddedRack, StagedRack};
 use crate::endpoint::{lock, Shared, SwitchEndpoint};
 use crate::simulated::SimulatedRack;
 use crate::topology::Topology;
 use crate::RackError;
+use remora_base::Timestamp;
 use remora_host::{Agent, Host};
 use remora_rnic::{RnicConfig, SoftRnic};
 use remora_switch::{Program, Switch, SwitchConfig};
@@ -80,6 +81,16 @@ pub trait Rack {
             other => other,
         }
     }
+
+    /// The rack's time: virtual in the simulator, the rack's clock on the
+    /// embedded rack.
+    fn now(&self) -> Timestamp;
+
+    /// Stops the rack (the embedded rack's threads; nothing runs in the
+    /// simulator between calls anyway) and says where its CPU went: `None`
+    /// in the simulator, whose time is virtual. NICs, agents and the
+    /// program stay reachable for the scenario's last checks.
+    fn stop(&mut self) -> Result<Option<CpuAccount>, RackError>;
 
     /// Host `host` crashes now.
     fn crash(&mut self, host: usize);
@@ -207,6 +218,14 @@ impl<P: Program> Rack for SimulatedRack<P> {
         }
     }
 
+    fn now(&self) -> Timestamp {
+        self.simulation.now()
+    }
+
+    fn stop(&mut self) -> Result<Option<CpuAccount>, RackError> {
+        Ok(None)
+    }
+
     fn crash(&mut self, host: usize) {
         let node = self.hosts[host];
         self.simulation.crash_now(node);
@@ -319,6 +338,15 @@ impl<P: Program + Send + 'static> Rack for RunningRack<P> {
             }
             std::thread::sleep(EMBEDDED_LOOK_EVERY);
         }
+    }
+
+    fn now(&self) -> Timestamp {
+        self.rack.now()
+    }
+
+    fn stop(&mut self) -> Result<Option<CpuAccount>, RackError> {
+        self.rack.stop_and_join()?;
+        Ok(Some(self.rack.cpu_account()))
     }
 
     fn crash(&mut self, host: usize) {

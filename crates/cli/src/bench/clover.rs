@@ -21,7 +21,7 @@
 
 use super::{median, Host, Report};
 use indicatif::{ProgressBar, ProgressStyle};
-use remora_clover::embedded::{self, EmbeddedOutcome};
+use remora_clover::embedded;
 use remora_clover::simulated::{run as simulate, Outcome, Run, SwitchChoice};
 use std::time::Duration;
 
@@ -294,19 +294,22 @@ struct RealFigures {
     fabric_cpu_us_per_op: f64,
 }
 
-fn real_figures(outcome: &EmbeddedOutcome) -> RealFigures {
+fn real_figures(outcome: &Outcome) -> Result<RealFigures, CloverBenchError> {
     let operations = outcome.operations() as f64;
+    let cpu = outcome
+        .cpu
+        .ok_or(CloverBenchError::NotMeasured("the embedded rack's CPU"))?;
     let per_op = |cpu: Duration| cpu.as_secs_f64() * 1e6 / operations;
-    RealFigures {
+    Ok(RealFigures {
         throughput: outcome.operations_per_second(),
         p50_us: outcome.stats.latency.value_at_quantile(0.5) as f64 / 1e3,
         p99_us: outcome.stats.latency.value_at_quantile(0.99) as f64 / 1e3,
         conflicts_per_op: outcome.stats.conflicts as f64 / operations,
-        clients_cpu_us_per_op: per_op(outcome.cpu.clients),
-        polling_cpu_us_per_op: per_op(outcome.cpu.polling),
-        metadata_cpu_us_per_op: per_op(outcome.cpu.metadata),
-        fabric_cpu_us_per_op: per_op(outcome.cpu.fabric),
-    }
+        clients_cpu_us_per_op: per_op(cpu.clients),
+        polling_cpu_us_per_op: per_op(cpu.polling),
+        metadata_cpu_us_per_op: per_op(cpu.metadata),
+        fabric_cpu_us_per_op: per_op(cpu.fabric),
+    })
 }
 
 fn record_real(report: &mut Report, name: &str, rounds: &[RealFigures]) {
@@ -371,7 +374,7 @@ fn on_the_embedded_rack(quick: bool, report: &mut Report) -> Result<(), CloverBe
         }
         for switch in order {
             let outcome = embedded::run(round, &embedded_run(switch, quick))?;
-            let figures = real_figures(&outcome);
+            let figures = real_figures(&outcome)?;
             match switch {
                 SwitchChoice::Plain => plain.push(figures),
                 SwitchChoice::Resolver { .. } => resolver.push(figures),

@@ -1,0 +1,169 @@
+//! A host's own CPU on the embedded rack: a thread that runs the host's
+//! agents beside the fabric thread, as an application runs on its host's
+//! cores while the NIC works on its own.
+//!
+//! By default a host's agents are pumps of the fabric thread, which also
+//! emulates every NIC and the switch: cheap on a two-core machine, but the
+//! application's work then shares one thread with the hardware it drives.
+//! A host given its own CPU ([`RackBuilder::own_cpu`]) runs its agents on
+//! a busy-polling thread instead, so the application's CPU is measured on
+//! a thread of its own (its agents' busy time, and the polling between
+//! them) and the fabric thread's CPU is the NIC emulation and switch only.
+//!
+//! The thread polls an agent when its host's NIC moved (the endpoint's
+//! activity counter, a word the application reads without the NIC's lock,
+//! as a real application reads a completion queue in its own memory), or
+//! when the agent's timer is due, but an agent whose last poll found
+//! nothing waits at least [`IDLE_POLL_SPACING`] before its timer alone
+//! brings it back: the endpoint's lock is the NIC's, and polling under it
+//! in a tight loop would starve the fabric thread of it.
+//!
+//! [`RackBuilder::own_cpu`]: crate::assembly::RackBuilder::own_cpu
+
+use crate::assembly::BusyNanos;
+use crate::endpoint::{lock, thread_cpu_ns, DriverKicker, NodeEndpoint, RackClock, Shared};
+use crate::RackError;
+use remora_base::Timestamp;
+use remora_host::Agent;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The shortest time between two polls of an agent that its timer alone
+/// asks for, after a poll that found nothing: the rack's wake-up grain.
+pub const IDLE_POLL_SPACING: Duration = Duration::from_micros(100);
+
+/// One agent on a host's CPU, with its busy time and when it may next be
+/// polled for its timer alone.
+struct Seat {
+    agent: Arc<Mutex<dyn Agent>>,
+    busy_ns: BusyNanos,
+    idle_until: Timestamp,
+}
+
+/// A host's agents on a thread of their own.
+pub(crate) struct HostCpu {
+    handle: Option<JoinHandle<Result<Duration, RackError>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl HostCpu {
+    /// Starts a thread named `name` running `agents` on `host`'s NIC,
+    /// kicking the fabric thread after every poll that moved.
+    pub(crate) fn start(
+        name: &str,
+        host: Shared<NodeEndpoint>,
+        agents: Vec<(Arc<Mutex<dyn Agent>>, BusyNanos)>,
+        clock: RackClock,
+        fabric: DriverKicker,
+    ) -> Result<HostCpu, RackError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seats = agents
+            .into_iter()
+            .map(|(agent, busy_ns)| Seat {
+                agent,
+                busy_ns,
+                idle_until: Timestamp::ZERO,
+            })
+            .collect();
+        let thread_stop = Arc::clone(&stop);
+        let handle = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || run(&host, seats, clock, &fabric, &thread_stop))
+            .map_err(|error| {
+                RackError::Launch(format!("cannot start the {name} thread: {error}"))
+            })?;
+        Ok(HostCpu {
+            handle: Some(handle),
+            stop,
+        })
+    }
+
+    /// Whether the thread stopped by itself (an agent failed).
+    pub(crate) fn is_finished(&self) -> bool {
+        self.handle.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// Stops the thread; returns its CPU time, or the agent failure that
+    /// stopped it.
+    pub(crate) fn stop_and_join(&mut self) -> Result<Duration, RackError> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.handle.take().map(JoinHandle::join) {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Err(RackError::Launch("a host's CPU thread panicked".into())),
+            None => Ok(Duration::ZERO),
+        }
+    }
+}
+
+impl Drop for HostCpu {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// The thread's loop: busy-polls until stopped; returns its CPU time.
+fn run(
+    host: &Shared<NodeEndpoint>,
+    mut seats: Vec<Seat>,
+    clock: RackClock,
+    fabric: &DriverKicker,
+    stop: &AtomicBool,
+) -> Result<Duration, RackError> {
+    let started_ns = thread_cpu_ns();
+    let activity = lock(host).activity();
+    let mut seen_activity = u64::MAX;
+    while !stop.load(Ordering::Relaxed) {
+        let current = activity.load(Ordering::Acquire);
+        let nic_moved = current != seen_activity;
+        seen_activity = current;
+        let now = clock.now();
+        for seat in &mut seats {
+            if poll_seat(seat, host, now, nic_moved)? {
+                fabric.kick();
+            }
+        }
+        std::hint::spin_loop();
+    }
+    Ok(Duration::from_nanos(thread_cpu_ns() - started_ns))
+}
+
+/// Polls one agent if its NIC moved or its timer is due; returns whether
+/// it moved.
+fn poll_seat(
+    seat: &mut Seat,
+    host: &Shared<NodeEndpoint>,
+    now: Timestamp,
+    nic_moved: bool,
+) -> Result<bool, RackError> {
+    // Agent, then host: the order the fabric thread and a restart take.
+    let mut agent = seat.agent.lock().expect("agent lock");
+    let timer_due = now >= seat.idle_until && agent.poll_timeout().is_some_and(|at| at <= now);
+    if !timer_due && !(nic_moved && agent.woken_by_frames()) {
+        return Ok(false);
+    }
+    let started = Instant::now();
+    let mut endpoint = lock(host);
+    if endpoint.is_down() {
+        return Ok(false);
+    }
+    let progress = agent
+        .poll(now, &mut endpoint.rnic)
+        .map_err(|error| RackError::Agent {
+            host: endpoint.name.clone(),
+            error,
+        })?;
+    drop(endpoint);
+    if progress.moved() {
+        seat.busy_ns
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        seat.idle_until = now;
+    } else {
+        seat.idle_until = now.saturating_add(IDLE_POLL_SPACING);
+    }
+    Ok(progress.moved())
+}
