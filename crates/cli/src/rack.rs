@@ -210,7 +210,7 @@ pub fn run_cowbird(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serd
                 "completed": outcome.completed,
                 "reads_checked": outcome.reads_checked,
                 "seconds": outcome.elapsed.as_secs_f64(),
-                "p4_go_backs": outcome.p4.map(|stats| stats.go_backs),
+                "p4_go_backs": outcome.switch_engine.map(|stats| stats.go_backs),
             }))
         }
         Err(error) => {

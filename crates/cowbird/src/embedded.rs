@@ -29,9 +29,10 @@ use crate::deploy::{
     deploy, deploy_p4, CowbirdSpec, DeployError, Direct, DirectSpec, P4Deployment, RpcSpec,
 };
 use crate::hash_table::{calibrate, compute, is_record, record_bytes, record_of, TableSpec};
-use crate::history::{Engine, Histories, HistoryError, Workload};
+use crate::history::{Engine, Workload};
 use crate::layout::RingSizes;
 use crate::p4::{CowbirdP4, P4Config, P4Engine, P4Stats};
+use crate::scenario::{histories, Outcome, ScenarioError};
 use crate::simulated::{p4_config, topology};
 use crate::spot::{SpotConfig, SpotStats};
 use crate::spot_agent::SpotAgent;
@@ -45,7 +46,7 @@ use remora_rack::endpoint::{
 use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
 use remora_rack::{RackConfig, RackError, Role};
 use remora_rnic::*;
-use remora_switch::{ResourceReport, Switch, SwitchConfig, SwitchCounters};
+use remora_switch::{ResourceReport, Switch, SwitchConfig};
 use remora_wire::VirtAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -236,8 +237,6 @@ pub enum EmbeddedError {
     #[error(transparent)]
     Client(#[from] CowbirdError),
     #[error(transparent)]
-    History(#[from] HistoryError),
-    #[error(transparent)]
     Config(#[from] CowbirdConfigError),
     #[error("the switch's generator: {0}")]
     Generator(#[from] remora_switch::generator::GeneratorError),
@@ -260,18 +259,6 @@ pub enum EmbeddedError {
     Panicked,
     #[error("no application thread ran")]
     NoThreads,
-    #[error("the fabric thread stopped")]
-    FabricStopped,
-    #[error("{unfinished} in {limit:?}")]
-    TimedOut {
-        unfinished: HistoryError,
-        limit: Duration,
-    },
-    #[error("{error} ({context})")]
-    WithCounters {
-        error: Box<EmbeddedError>,
-        context: String,
-    },
 }
 
 fn histogram(error: impl std::fmt::Display) -> EmbeddedError {
@@ -987,112 +974,28 @@ fn measure(
     })
 }
 
-/// What a checked history run on the embedded rack saw.
-#[derive(Debug, Clone)]
-pub struct HistoryOutcome {
-    pub completed: u64,
-    pub reads_checked: u64,
-    pub elapsed: Duration,
-    pub spot: Option<SpotStats>,
-    pub p4: Option<P4Stats>,
-}
-
 /// Runs [`crate::history`]'s checked read/write histories on the embedded
 /// rack (real threads, real clock, in-process rings) through the engine
 /// `workload.engine` names, on `topology`'s compute and memory hosts
-/// (with its links' shapes and faults). The application runs on this
-/// thread; the Spot engine and the connection service are agents of
-/// their hosts on the fabric thread. Gives up after `time_limit`.
+/// (with its links' shapes and faults): [`crate::scenario::histories`].
+/// The compute host has a CPU of its own, on which the application and
+/// the connection service run, as on a real compute node; the Spot
+/// engine is an agent of the memory host on the fabric thread. Gives up
+/// after `time_limit`.
 pub fn run_histories(
     seed: u64,
     workload: &Workload,
     topology: &Topology,
     time_limit: Duration,
-) -> Result<HistoryOutcome, EmbeddedError> {
-    let mut staged = stage(topology)?;
-    let spec = CowbirdSpec {
-        ack_timeout: RACK_ACK_TIMEOUT,
-        ..crate::simulated::spec(workload)
-    };
-    let mut engine = None;
-    let mut p4_switch = None;
-    let switch_counters: Box<dyn Fn() -> SwitchCounters>;
-    let (mut clients, pool, rack) = match workload.engine {
-        Engine::Spot => {
-            let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
-            let deployment = deploy(spec, compute, memory)?;
-            let agent = Arc::new(Mutex::new(deployment.engine));
-            staged.add_agent(MEMORY_HOST, agent.clone());
-            let service = Arc::new(Mutex::new(deployment.connection_service));
-            staged.add_agent(COMPUTE_HOST, service);
-            engine = Some(agent);
-            let switch = staged.l2l3_switch();
-            let (rack, switch) = staged.start(switch)?;
-            switch_counters = Box::new(move || lock(&switch).switch.counters());
-            (deployment.clients, deployment.pool_memory[0].clone(), rack)
-        }
-        Engine::P4 => {
-            let (deployment, rack, switch) =
-                p4_rack(workload.p4, topology, &spec, staged, |_, _| Ok(()))?;
-            p4_switch = Some(switch.clone());
-            switch_counters = Box::new(move || lock(&switch).switch.counters());
-            (deployment.clients, deployment.pool_memory[0].clone(), rack)
-        }
-    };
-    let mut rack = rack;
-    let mut histories = Histories::new(seed, workload, &mut clients)?;
-    let started = Instant::now();
-    let mut outcome: Result<(), EmbeddedError> = Ok(());
-    while !histories.is_done() && outcome.is_ok() {
-        if started.elapsed() > time_limit {
-            outcome = Err(EmbeddedError::TimedOut {
-                unfinished: histories.unfinished(),
-                limit: time_limit,
-            });
-            break;
-        }
-        if rack.is_finished() {
-            outcome = Err(EmbeddedError::FabricStopped);
-            break;
-        }
-        outcome = histories.step(workload, &mut clients).map_err(Into::into);
-    }
-    let elapsed = started.elapsed();
-    let stopped = rack.stop_and_join();
-    // Whatever failed, say what the NICs and the switch saw.
-    let context = |error: EmbeddedError| {
-        let counters = |node: &Shared<NodeEndpoint>| {
-            let counters = lock(node).rnic.counters().clone();
-            format!(
-                "frames out/in {}/{}, retransmitted {}, timeouts {}, drops {:?}",
-                counters.frames_transmitted,
-                counters.frames_received,
-                counters.packets_retransmitted,
-                counters.retransmit_timeouts,
-                counters.drops_by_name()
-            )
-        };
-        EmbeddedError::WithCounters {
-            error: Box::new(error),
-            context: format!(
-                "compute NIC: {}; memory NIC: {}; switch: {:?}",
-                counters(rack.host(COMPUTE_HOST)),
-                counters(rack.host(MEMORY_HOST)),
-                switch_counters()
-            ),
-        }
-    };
-    outcome
-        .and(stopped.map(|_| ()).map_err(EmbeddedError::from))
-        .map_err(context)?;
-    histories.check_pool(&pool, workload)?;
-    Ok(HistoryOutcome {
-        completed: histories.completed,
-        reads_checked: histories.reads_checked,
-        elapsed,
-        spot: engine.map(|engine| engine.lock().expect("engine lock").stats()),
-        p4: p4_switch.map(|switch| lock(&switch).switch.program().stats()),
-    })
+) -> Result<Outcome, ScenarioError> {
+    let _span = tracing::info_span!("cowbird_embedded", seed, engine = ?workload.engine).entered();
+    let stage = RackBuilder::new(topology)
+        .thread_name("cowbird-fabric")
+        .ring_depth(RING_DEPTH)
+        .nic_seed(0xc0b ^ seed)
+        .own_cpu(COMPUTE_HOST)
+        .build()?;
+    histories(stage, seed, workload, None, time_limit)
 }
 
 /// Cowbird as a rack file's `[cowbird]` section asks for: the checked

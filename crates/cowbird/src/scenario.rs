@@ -1,24 +1,34 @@
 //! Cowbird scenarios written once against [`remora_rack::scenario::Rack`],
 //! run by the simulator and by the embedded rack alike.
 //!
+//! [`histories`]: the checked read/write histories through either engine
+//! (Spot on the memory host, or Cowbird-P4 in the switch), with the memory
+//! host crashed or its link cut mid-run if asked ([`Disruption`]). The
+//! simulator's runs ([`crate::simulated`]) and the embedded rack's
+//! ([`crate::embedded::run_histories`]) are this one function on two
+//! stages.
+//!
 //! [`memory_crash`]: the checked histories through the Spot engine while
-//! the memory host crashes and comes back. The pool survives (declared
-//! durable); the engine's NIC, queue pairs and batches do not. The engine
-//! reconnects through the compute host's connection service and resumes
-//! from the compute blocks' engine words, and the history must still
-//! hold: every request completes once and in order, every read is one the
-//! model allows (a redone read may see later, still incomplete writes),
-//! and the pool equals the models at the end.
+//! the memory host crashes and comes back once a number of requests
+//! completed. The pool survives (declared durable); the engine's NIC,
+//! queue pairs and batches do not. The engine reconnects through the
+//! compute host's connection service and resumes from the compute blocks'
+//! engine words, and the history must still hold: every request
+//! completes once and in order, every read is one the model allows (a
+//! redone read may see later, still incomplete writes), and the pool
+//! equals the models at the end.
 
 use crate::connection::ConnectionService;
-use crate::deploy::{deploy, CowbirdSpec, DeployError};
-use crate::history::{HistoryApplication, HistoryError, ReadCheck, Workload};
-use crate::simulated::{spec, topology};
+use crate::deploy::{deploy, deploy_p4, CowbirdSpec, DeployError};
+use crate::history::{Engine, HistoryApplication, HistoryError, ReadCheck, Workload};
+use crate::p4::{CowbirdP4, P4Engine, P4Stats};
+use crate::simulated::{spec, switch_ports};
 use crate::spot::SpotStats;
 use crate::spot_agent::SpotAgent;
 use remora_rack::scenario::{Rack, RackStage};
 use remora_rack::topology::{COMPUTE_HOST, MEMORY_HOST};
 use remora_rack::RackError;
+use remora_rnic::HostMemory;
 use std::time::Duration;
 
 /// Which part of a scenario failed.
@@ -32,6 +42,101 @@ pub enum ScenarioError {
     Rack(#[from] RackError),
     #[error("an agent the scenario placed is not where it put it")]
     AgentMissing,
+    #[error("Cowbird-P4: {failure}; {stats:?}; {states}")]
+    SwitchEngine {
+        failure: String,
+        stats: Box<P4Stats>,
+        states: String,
+    },
+    #[error("the switch's generator: {0}")]
+    Generator(#[from] remora_switch::generator::GeneratorError),
+    #[error("{error}; {context}")]
+    WithCounters {
+        error: Box<ScenarioError>,
+        /// What the NICs and the switch saw.
+        context: String,
+    },
+}
+
+impl ScenarioError {
+    /// The history check that failed, if that is what failed.
+    pub fn history(&self) -> Option<&HistoryError> {
+        match self {
+            ScenarioError::History(error) => Some(error),
+            ScenarioError::Rack(RackError::Agent { error, .. }) => {
+                error.downcast_ref::<HistoryError>()
+            }
+            ScenarioError::WithCounters { error, .. } => error.history(),
+            _ => None,
+        }
+    }
+}
+
+/// Something that happens to the memory host mid-run, its times counted
+/// from the start of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disruption {
+    /// The host goes down `at` into the run and comes back `down_for`
+    /// later, with a fresh NIC; its pool survives.
+    Crash { at: Duration, down_for: Duration },
+    /// The host's link is cut `at` into the run for `cut_for`: long
+    /// enough, the engine's queue pairs run out of retries.
+    Partition { at: Duration, cut_for: Duration },
+}
+
+impl Disruption {
+    /// When the disruption starts.
+    pub fn at(&self) -> Duration {
+        match *self {
+            Disruption::Crash { at, .. } | Disruption::Partition { at, .. } => at,
+        }
+    }
+
+    /// When the memory host is whole again.
+    pub fn over_at(&self) -> Duration {
+        match *self {
+            Disruption::Crash { at, down_for } => at + down_for,
+            Disruption::Partition { at, cut_for } => at + cut_for,
+        }
+    }
+
+    fn start(&self, rack: &mut impl Rack) {
+        match self {
+            Disruption::Crash { .. } => rack.crash(MEMORY_HOST),
+            Disruption::Partition { .. } => rack.partition(MEMORY_HOST),
+        }
+    }
+
+    fn end(&self, rack: &mut impl Rack) -> Result<(), RackError> {
+        match self {
+            Disruption::Crash { .. } => rack.restart(MEMORY_HOST),
+            Disruption::Partition { .. } => {
+                rack.heal(MEMORY_HOST);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// What a histories run measured.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// From the start to the end of the run: virtual time in the
+    /// simulator, the rack's clock on the embedded rack.
+    pub elapsed: Duration,
+    pub completed: u64,
+    pub reads_checked: u64,
+    /// The Spot engine's counters over every incarnation (zero under
+    /// Cowbird-P4).
+    pub engine: SpotStats,
+    /// Times the engine was rebuilt after its host restarted.
+    pub engine_restarts: u64,
+    /// Queue pairs the compute host connected anew for the engine.
+    pub compute_reconnects: u64,
+    /// Cowbird-P4's counters, when it was the engine.
+    pub switch_engine: Option<P4Stats>,
+    /// Packets the memory host's NIC sent again.
+    pub retransmissions: u64,
 }
 
 /// When the memory host goes down and for how long.
@@ -82,10 +187,7 @@ pub fn memory_crash<S: RackStage>(
         spot_reads: ReadCheck::MayBeRedone,
         ..*workload
     };
-    let spec = CowbirdSpec {
-        ack_timeout: stage.queue_pair_timeout(),
-        ..spec(&workload)
-    };
+    let spec = stage_spec(&stage, &workload);
     let (compute, memory) = stage.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
     let deployment = deploy(spec, compute, memory)?;
     let pool = deployment.pool_memory[0].clone();
@@ -96,7 +198,8 @@ pub fn memory_crash<S: RackStage>(
     stage.add_agent(COMPUTE_HOST, Box::new(application));
     stage.add_agent(COMPUTE_HOST, Box::new(deployment.connection_service));
     stage.add_agent(MEMORY_HOST, Box::new(deployment.engine));
-    let mut rack = stage.start(topology().forwarding())?;
+    let forwarding = stage.topology().forwarding();
+    let mut rack = stage.start(forwarding)?;
     let completed = |rack: &mut S::Running<_>| {
         rack.with_agent(
             COMPUTE_HOST,
@@ -119,44 +222,244 @@ pub fn memory_crash<S: RackStage>(
     .ok_or(ScenarioError::AgentMissing)?;
     rack.run_for(plan.down_for)?;
     rack.restart(MEMORY_HOST)?;
-    let done = |rack: &mut S::Running<_>| {
-        rack.with_agent(
-            COMPUTE_HOST,
-            APPLICATION,
-            |application: &mut HistoryApplication| application.is_done(),
-        )
-        .unwrap_or(false)
-    };
-    rack.run_until(&mut |rack| done(rack), plan.limit)?;
-    let (completed, reads_checked) = rack
-        .with_agent(
-            COMPUTE_HOST,
-            APPLICATION,
-            |application: &mut HistoryApplication| {
-                application.histories().check_pool(&pool, &workload)?;
-                let histories = application.histories();
-                Ok::<_, HistoryError>((histories.completed, histories.reads_checked))
-            },
-        )
-        .ok_or(ScenarioError::AgentMissing)??;
-    let (engine, engine_restarts) = rack
+    run_to_done(&mut rack, plan.limit, &|_| Ok(()), true)?;
+    let outcome = finish(&mut rack, &workload, &pool, Duration::ZERO)?;
+    let outcome = spot_report(&mut rack, outcome)?;
+    Ok(CrashOutcome {
+        completed: outcome.completed,
+        reads_checked: outcome.reads_checked,
+        completed_at_crash,
+        engine: outcome.engine,
+        engine_restarts: outcome.engine_restarts,
+        compute_reconnects: outcome.compute_reconnects,
+    })
+}
+
+/// The checked histories through `workload.engine` on the two hosts of
+/// `stage` (simulated or embedded), disrupting the memory host if asked;
+/// each phase of the run is bounded by `limit`.
+pub fn histories<S: RackStage>(
+    stage: S,
+    seed: u64,
+    workload: &Workload,
+    disruption: Option<Disruption>,
+    limit: Duration,
+) -> Result<Outcome, ScenarioError> {
+    let _span = tracing::info_span!("cowbird_histories", seed, engine = ?workload.engine).entered();
+    match workload.engine {
+        Engine::Spot => spot_histories(stage, seed, workload, disruption, limit),
+        Engine::P4 => p4_histories(stage, seed, workload, disruption, limit),
+    }
+}
+
+fn spot_histories<S: RackStage>(
+    mut stage: S,
+    seed: u64,
+    workload: &Workload,
+    disruption: Option<Disruption>,
+    limit: Duration,
+) -> Result<Outcome, ScenarioError> {
+    let spec = stage_spec(&stage, workload);
+    let (compute, memory) = stage.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
+    let deployment = deploy(spec, compute, memory)?;
+    let pool = deployment.pool_memory[0].clone();
+    let application = HistoryApplication::new(seed, *workload, deployment.clients)?;
+    stage.add_agent(COMPUTE_HOST, Box::new(application));
+    stage.add_agent(COMPUTE_HOST, Box::new(deployment.connection_service));
+    stage.add_agent(MEMORY_HOST, Box::new(deployment.engine));
+    let forwarding = stage.topology().forwarding();
+    let mut rack = stage.start(forwarding)?;
+    let elapsed = run_disrupted(&mut rack, disruption, limit, |_| Ok(()))
+        .map_err(|error| with_counters(&mut rack, error))?;
+    let outcome = finish(&mut rack, workload, &pool, elapsed)?;
+    spot_report(&mut rack, outcome)
+}
+
+fn p4_histories<S: RackStage>(
+    mut stage: S,
+    seed: u64,
+    workload: &Workload,
+    disruption: Option<Disruption>,
+    limit: Duration,
+) -> Result<Outcome, ScenarioError> {
+    let spec = stage_spec(&stage, workload);
+    let mut program = P4Engine::with_forwarding(workload.p4, stage.topology().forwarding());
+    let (compute, memory) = stage.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
+    let deployment = deploy_p4(&spec, compute, memory, &mut program, switch_ports())?;
+    let application = HistoryApplication::new(seed, *workload, deployment.clients)?;
+    stage.add_agent(COMPUTE_HOST, Box::new(application));
+    let template = program.probe_template();
+    let mut rack = stage.start(program)?;
+    let now = rack.now();
+    rack.with_switch(|switch| switch.add_template(template, now))?;
+    let elapsed = run_disrupted(&mut rack, disruption, limit, p4_failure)
+        .map_err(|error| with_counters(&mut rack, error))?;
+    let mut outcome = finish(&mut rack, workload, &deployment.pool_memory[0], elapsed)?;
+    outcome.switch_engine = Some(rack.with_program(|program| program.stats()));
+    Ok(outcome)
+}
+
+/// `outcome` with what the Spot engine and the compute host's connection
+/// service counted.
+fn spot_report(rack: &mut impl Rack, mut outcome: Outcome) -> Result<Outcome, ScenarioError> {
+    (outcome.engine, outcome.engine_restarts) = rack
         .with_agent(MEMORY_HOST, ENGINE, |engine: &mut SpotAgent| {
             (engine.stats(), engine.restarts())
         })
         .ok_or(ScenarioError::AgentMissing)?;
-    let compute_reconnects = rack
+    outcome.compute_reconnects = rack
         .with_agent(
             COMPUTE_HOST,
             CONNECTION_SERVICE,
             |service: &mut ConnectionService| service.reconnects(),
         )
         .ok_or(ScenarioError::AgentMissing)?;
-    Ok(CrashOutcome {
+    Ok(outcome)
+}
+
+/// The deployment of `workload`, its queue pairs timing out as the stage
+/// wants.
+fn stage_spec(stage: &impl RackStage, workload: &Workload) -> CowbirdSpec {
+    CowbirdSpec {
+        ack_timeout: stage.queue_pair_timeout(),
+        ..spec(workload)
+    }
+}
+
+/// Runs until the application is done, through `disruption` if given;
+/// `look` is asked between steps for a failure the agents cannot report
+/// (Cowbird-P4's, in the switch). Returns how long the run took.
+fn run_disrupted<R: Rack>(
+    rack: &mut R,
+    disruption: Option<Disruption>,
+    limit: Duration,
+    look: impl Fn(&mut R) -> Result<(), ScenarioError>,
+) -> Result<Duration, ScenarioError> {
+    let started = rack.now();
+    let elapsed = |rack: &R| rack.now().saturating_duration_since(started);
+    if let Some(disruption) = disruption {
+        let until = disruption.at();
+        if !run_to_done(rack, until, &look, false)? {
+            disruption.start(rack);
+            let over = disruption.over_at().saturating_sub(elapsed(rack));
+            run_to_done(rack, over, &|_: &mut R| Ok(()), false)?;
+            disruption.end(rack)?;
+        }
+    }
+    run_to_done(rack, limit, &look, true)?;
+    Ok(elapsed(rack))
+}
+
+/// Runs until the application is done (true) or `limit` passes (false,
+/// or the unfinished requests as the error if `must_finish`).
+fn run_to_done<R: Rack>(
+    rack: &mut R,
+    limit: Duration,
+    look: &dyn Fn(&mut R) -> Result<(), ScenarioError>,
+    must_finish: bool,
+) -> Result<bool, ScenarioError> {
+    let mut seen: Option<ScenarioError> = None;
+    let mut done = |rack: &mut R| match look(rack) {
+        Err(error) => {
+            seen = Some(error);
+            true
+        }
+        Ok(()) => application_is_done(rack),
+    };
+    let outcome = rack.run_until(&mut done, limit);
+    if let Some(error) = seen {
+        return Err(error);
+    }
+    match outcome {
+        Ok(()) => Ok(true),
+        Err(RackError::TimedOut(_)) if !must_finish => Ok(false),
+        Err(RackError::TimedOut(_)) => Err(rack
+            .with_agent(
+                COMPUTE_HOST,
+                APPLICATION,
+                |application: &mut HistoryApplication| application.histories().unfinished(),
+            )
+            .ok_or(ScenarioError::AgentMissing)?
+            .into()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+fn application_is_done(rack: &mut impl Rack) -> bool {
+    rack.with_agent(
+        COMPUTE_HOST,
+        APPLICATION,
+        |application: &mut HistoryApplication| application.is_done(),
+    )
+    .unwrap_or(false)
+}
+
+/// Cowbird-P4's first failure, with every instance's state.
+fn p4_failure(rack: &mut impl Rack<Program = CowbirdP4>) -> Result<(), ScenarioError> {
+    rack.with_program(|program| {
+        let threads = program.instance_count();
+        let Some(failure) = (0..threads).find_map(|index| program.failure(index)) else {
+            return Ok(());
+        };
+        let states: Vec<String> = (0..threads)
+            .filter_map(|index| program.describe(index))
+            .collect();
+        Err(ScenarioError::SwitchEngine {
+            failure: failure.to_string(),
+            stats: Box::new(program.stats()),
+            states: states.join("; "),
+        })
+    })
+}
+
+/// `error`, with what the NICs and the switch saw.
+fn with_counters<R: Rack>(rack: &mut R, error: ScenarioError) -> ScenarioError {
+    let describe = |counters: &remora_rnic::RnicCounters| {
+        format!(
+            "frames out/in {}/{}, retransmitted {}, timeouts {}, drops {:?}",
+            counters.frames_transmitted,
+            counters.frames_received,
+            counters.packets_retransmitted,
+            counters.retransmit_timeouts,
+            counters.drops_by_name()
+        )
+    };
+    let compute = rack.with_nic(COMPUTE_HOST, |nic| describe(nic.counters()));
+    let memory = rack.with_nic(MEMORY_HOST, |nic| describe(nic.counters()));
+    let switch = rack.with_switch(|switch| format!("{:?}", switch.counters()));
+    ScenarioError::WithCounters {
+        error: Box::new(error),
+        context: format!("compute NIC: {compute}; memory NIC: {memory}; switch: {switch}"),
+    }
+}
+
+/// The pool equals the models, and what the run measured.
+fn finish<R: Rack>(
+    rack: &mut R,
+    workload: &Workload,
+    pool: &HostMemory,
+    elapsed: Duration,
+) -> Result<Outcome, ScenarioError> {
+    rack.stop()?;
+    let (completed, reads_checked) = rack
+        .with_agent(
+            COMPUTE_HOST,
+            APPLICATION,
+            |application: &mut HistoryApplication| {
+                let histories = application.histories();
+                histories.check_pool(pool, workload)?;
+                Ok::<_, HistoryError>((histories.completed, histories.reads_checked))
+            },
+        )
+        .ok_or(ScenarioError::AgentMissing)??;
+    Ok(Outcome {
+        elapsed,
         completed,
         reads_checked,
-        completed_at_crash,
-        engine,
-        engine_restarts,
-        compute_reconnects,
+        engine: SpotStats::default(),
+        engine_restarts: 0,
+        compute_reconnects: 0,
+        switch_engine: None,
+        retransmissions: rack.with_nic(MEMORY_HOST, |nic| nic.counters().packets_retransmitted),
     })
 }

@@ -25,7 +25,7 @@ fn spot_histories_hold_on_the_embedded_rack() {
     let outcome = run_histories(1, &workload(Engine::Spot), &topology(), TIME_LIMIT).unwrap();
     assert_eq!(outcome.completed, 1200);
     assert!(outcome.reads_checked > 500, "{outcome:?}");
-    let spot = outcome.spot.expect("the Spot engine ran");
+    let spot = outcome.engine;
     assert!(spot.reads > 0, "{spot:?}");
 }
 
@@ -34,7 +34,7 @@ fn p4_histories_hold_on_the_embedded_rack() {
     let outcome = run_histories(2, &workload(Engine::P4), &topology(), TIME_LIMIT).unwrap();
     assert_eq!(outcome.completed, 1200);
     assert!(outcome.reads_checked > 500, "{outcome:?}");
-    let p4 = outcome.p4.expect("the switch was the engine");
+    let p4 = outcome.switch_engine.expect("the switch was the engine");
     assert_eq!(p4.reads_confirmed + p4.writes_confirmed, 1200, "{p4:?}");
 }
 

@@ -1,11 +1,11 @@
 //! One scenario, two execution modes: the Spot engine's memory host
-//! crashes mid-run and restarts, in the deterministic simulator and on the
-//! embedded rack (real threads, real clock), through the same code
-//! (`remora_cowbird::scenario::memory_crash`).
+//! crashes mid-run and restarts, or loses its link past the retry limit,
+//! in the deterministic simulator and on the embedded rack (real threads,
+//! real clock), through the same code (`remora_cowbird::scenario`).
 
 use remora_cowbird::embedded::embedded_p4_config;
-use remora_cowbird::scenario::{memory_crash, CrashOutcome, CrashPlan};
-use remora_cowbird::simulated::{topology, Workload};
+use remora_cowbird::scenario::{histories, memory_crash, CrashOutcome, CrashPlan, Disruption};
+use remora_cowbird::simulated::{topology, ReadCheck, Workload};
 use remora_rack::assembly::RackBuilder;
 use remora_rack::scenario::SimulatedStage;
 use remora_sim::LinkFaults;
@@ -64,4 +64,33 @@ fn the_memory_host_crashes_and_restarts_on_the_embedded_rack() {
     };
     let outcome = memory_crash(stage, 5, &workload, plan).unwrap();
     check(&outcome);
+}
+
+/// The memory host's link is cut from the start for longer than the
+/// engine's queue pairs retry (16 ms × 8 on the rack's clock): they reach
+/// RetryExceeded, and once the link is back the engine reconnects through
+/// the compute host and every request still completes once.
+#[test]
+fn a_cut_link_on_the_embedded_rack_ends_in_a_reconnection() {
+    let topology = topology();
+    let stage = RackBuilder::new(&topology)
+        .thread_name("partition-scenario")
+        .nic_seed(0xc0b)
+        .own_cpu(remora_rack::topology::COMPUTE_HOST)
+        .build()
+        .unwrap();
+    let workload = Workload {
+        spot_reads: ReadCheck::MayBeRedone,
+        ..Workload::new(LinkFaults::NONE)
+    };
+    let cut = Disruption::Partition {
+        at: Duration::ZERO,
+        cut_for: Duration::from_millis(400),
+    };
+    let outcome = histories(stage, 7, &workload, Some(cut), Duration::from_secs(60)).unwrap();
+    assert_eq!(outcome.completed, 1200, "{outcome:?}");
+    assert!(outcome.engine.reconnects >= 1, "{outcome:?}");
+    assert_eq!(outcome.compute_reconnects, outcome.engine.reconnects);
+    assert_eq!(outcome.engine_restarts, 0, "{outcome:?}");
+    assert!(outcome.elapsed >= cut.over_at(), "{outcome:?}");
 }

@@ -646,6 +646,14 @@ impl EmbeddedRack {
         }
     }
 
+    /// Cuts host `index`'s link both ways, or mends it: while cut, its NIC
+    /// runs on and every frame to or from it is lost.
+    pub fn set_partitioned(&mut self, index: usize, partitioned: bool) {
+        let _span = tracing::info_span!("partition", host = index, partitioned).entered();
+        lock(self.host(index)).set_partitioned(partitioned);
+        self.kick();
+    }
+
     /// Host `index` comes back with a fresh NIC; its agents rebuild from
     /// what they kept. An agent that cannot is an error.
     pub fn restart(&mut self, index: usize) -> Result<(), RackError> {

@@ -173,6 +173,8 @@ pub struct NodeEndpoint {
     /// The host is down (crashed): frames arriving are lost, nothing
     /// leaves, no timer runs.
     down: bool,
+    /// The host's link is cut: its NIC runs, its frames are lost both ways.
+    partitioned: bool,
 }
 
 /// Work requests one pump takes from one application's queue.
@@ -309,6 +311,7 @@ impl NodeEndpoint {
             activity: Arc::new(AtomicU64::new(0)),
             queues: Vec::new(),
             down: false,
+            partitioned: false,
         }
     }
 
@@ -319,6 +322,12 @@ impl NodeEndpoint {
     /// The host crashes: its NIC stops, and what arrives is lost.
     pub fn crash(&mut self) {
         self.down = true;
+    }
+
+    /// The host's link is cut (or mended): its NIC runs on, and every
+    /// frame it sends or that arrives for it is lost.
+    pub fn set_partitioned(&mut self, partitioned: bool) {
+        self.partitioned = partitioned;
     }
 
     /// The host comes back with a fresh NIC (no queue pairs, no regions,
@@ -370,9 +379,11 @@ impl Pump for NodeEndpoint {
             return Ok(received > 0);
         }
         let now = clock.now();
-        let rnic = &mut self.rnic;
+        let (rnic, partitioned) = (&mut self.rnic, self.partitioned);
         let received = self.port.receive(RECEIVE_BATCH_FRAMES, &mut |frame| {
-            rnic.handle_frame(now, frame)
+            if !partitioned {
+                rnic.handle_frame(now, frame);
+            }
         })?;
         let mut worked = received > 0;
         for queues in &mut self.queues {
@@ -405,7 +416,9 @@ impl Pump for NodeEndpoint {
             let Some(length) = self.rnic.poll_transmit(now, &mut self.buffer) else {
                 break;
             };
-            self.port.send(&self.buffer[..length])?;
+            if !self.partitioned {
+                self.port.send(&self.buffer[..length])?;
+            }
             sent += 1;
         }
         self.port.flush()?;

@@ -19,6 +19,7 @@ use crate::RackError;
 use remora_base::Timestamp;
 use remora_host::{Agent, Host};
 use remora_rnic::{RnicConfig, SoftRnic};
+use remora_sim::Event;
 use remora_switch::{Program, Switch, SwitchConfig};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,6 +30,9 @@ pub trait RackStage {
     type Running<P: Program + Send + 'static>: Rack<Program = P>;
 
     fn nic_mut(&mut self, host: usize) -> &mut SoftRnic;
+
+    /// The topology the stage's hosts come from.
+    fn topology(&self) -> &Topology;
 
     /// The ACK timeout this mode's queue pairs use: short in virtual
     /// time, [`RACK_ACK_TIMEOUT`](crate::endpoint::RACK_ACK_TIMEOUT) on a
@@ -62,7 +66,12 @@ pub trait Rack {
     ) -> Option<R>;
 
     /// Runs `f` on the switch program.
-    fn with_program<R>(&mut self, f: impl FnOnce(&mut Self::Program) -> R) -> R;
+    fn with_program<R>(&mut self, f: impl FnOnce(&mut Self::Program) -> R) -> R {
+        self.with_switch(|switch| f(switch.program_mut()))
+    }
+
+    /// Runs `f` on the switch (its generator, its counters).
+    fn with_switch<R>(&mut self, f: impl FnOnce(&mut Switch<Self::Program>) -> R) -> R;
 
     /// Runs until `done` holds, an agent fails, or `limit` passes
     /// (virtual time in the simulator, the wall clock on the embedded
@@ -97,6 +106,13 @@ pub trait Rack {
 
     /// Host `host` comes back now, with a fresh NIC.
     fn restart(&mut self, host: usize) -> Result<(), RackError>;
+
+    /// Host `host`'s link is cut now, both ways: the host runs on, and
+    /// every frame to or from it is lost.
+    fn partition(&mut self, host: usize);
+
+    /// Host `host`'s link carries frames again.
+    fn heal(&mut self, host: usize);
 }
 
 /// The simulator's stage: the topology's hosts as simulator hosts.
@@ -147,6 +163,10 @@ impl RackStage for SimulatedStage {
         self.hosts[host].nic_mut()
     }
 
+    fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
     fn nic_pair_mut(&mut self, first: usize, second: usize) -> (&mut SoftRnic, &mut SoftRnic) {
         let (first, second) = crate::assembly::two_mut(&mut self.hosts, first, second);
         (first.nic_mut(), second.nic_mut())
@@ -183,8 +203,8 @@ impl<P: Program> Rack for SimulatedRack<P> {
         self.host_mut(host).agent_as_mut::<A>(agent).map(f)
     }
 
-    fn with_program<R>(&mut self, f: impl FnOnce(&mut P) -> R) -> R {
-        f(self.switch_mut().program_mut())
+    fn with_switch<R>(&mut self, f: impl FnOnce(&mut Switch<P>) -> R) -> R {
+        f(self.switch_mut())
     }
 
     fn run_until(
@@ -236,6 +256,16 @@ impl<P: Program> Rack for SimulatedRack<P> {
         self.simulation.restart_now(node);
         self.host_failure(host)
     }
+
+    fn partition(&mut self, host: usize) {
+        let (now, link) = (self.simulation.now(), self.links[host]);
+        self.simulation.schedule(now, Event::Partition(link));
+    }
+
+    fn heal(&mut self, host: usize) {
+        let (now, link) = (self.simulation.now(), self.links[host]);
+        self.simulation.schedule(now, Event::Heal(link));
+    }
 }
 
 impl<P: Program> SimulatedRack<P> {
@@ -267,6 +297,10 @@ impl RackStage for StagedRack {
 
     fn nic_mut(&mut self, host: usize) -> &mut SoftRnic {
         StagedRack::nic_mut(self, host)
+    }
+
+    fn topology(&self) -> &Topology {
+        StagedRack::topology(self)
     }
 
     fn nic_pair_mut(&mut self, first: usize, second: usize) -> (&mut SoftRnic, &mut SoftRnic) {
@@ -312,8 +346,10 @@ impl<P: Program + Send + 'static> Rack for RunningRack<P> {
         (**boxed).as_any_mut().downcast_mut::<A>().map(f)
     }
 
-    fn with_program<R>(&mut self, f: impl FnOnce(&mut P) -> R) -> R {
-        f(lock(&self.switch).switch.program_mut())
+    fn with_switch<R>(&mut self, f: impl FnOnce(&mut Switch<P>) -> R) -> R {
+        let result = f(&mut lock(&self.switch).switch);
+        self.rack.kick();
+        result
     }
 
     fn run_until(
@@ -355,5 +391,13 @@ impl<P: Program + Send + 'static> Rack for RunningRack<P> {
 
     fn restart(&mut self, host: usize) -> Result<(), RackError> {
         self.rack.restart(host)
+    }
+
+    fn partition(&mut self, host: usize) {
+        self.rack.set_partitioned(host, true);
+    }
+
+    fn heal(&mut self, host: usize) {
+        self.rack.set_partitioned(host, false);
     }
 }

@@ -369,6 +369,11 @@ impl P4Engine {
         total
     }
 
+    /// Instances deployed so far.
+    pub fn instance_count(&self) -> usize {
+        self.instances.len()
+    }
+
     /// Instance `index`'s registers, in words, for diagnostics.
     pub fn describe(&self, index: usize) -> Option<String> {
         let instance = self.instances.get(index)?;
