@@ -2,6 +2,7 @@
 //! written through the carriers' pcap writer, so Wireshark opens the exact
 //! bytes the devices exchanged.
 
+use crate::error::CaptureError;
 use remora_carrier::wrappers::PcapSink;
 use std::path::Path;
 use std::time::Duration;
@@ -36,8 +37,11 @@ impl Capture {
         self.frames.len()
     }
 
-    pub fn write(&self, path: &Path) -> Result<(), String> {
-        let context = |error: remora_carrier::CarrierError| format!("{}: {error}", path.display());
+    pub fn write(&self, path: &Path) -> Result<(), CaptureError> {
+        let context = |source| CaptureError {
+            path: path.to_path_buf(),
+            source,
+        };
         let sink = PcapSink::create(path).map_err(context)?;
         for (at, frame) in &self.frames {
             sink.write(*at, frame).map_err(context)?;

@@ -2,6 +2,7 @@
 //! run every RC operation; each result is checked, not just reported.
 
 use crate::capture::Capture;
+use crate::error::{DemoError, InSystem, SystemError};
 use remora_rnic::back_to_back::{BackToBack, Verdict};
 use remora_rnic::*;
 use remora_sim::Probability;
@@ -363,13 +364,12 @@ pub fn run(
     json: Option<&Path>,
     pcap: Option<&Path>,
     history: Option<&Path>,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, DemoError> {
     let mut history = history.map(crate::HistoryFile::create).transpose()?;
-    let mut tour = setup(1, AccessFlags::ALL).map_err(|error| error.to_string())?;
-    tour_operations(&mut tour).map_err(|error| error.to_string())?;
+    let mut tour = setup(1, AccessFlags::ALL)?;
+    tour_operations(&mut tour)?;
     let mut rows = std::mem::take(&mut tour.rows);
-    let (violation, violation_counters) =
-        tour_violation(2, &mut tour.capture).map_err(|error| error.to_string())?;
+    let (violation, violation_counters) = tour_violation(2, &mut tour.capture)?;
     rows.push(violation);
     if let Some(path) = pcap {
         tour.capture.write(path)?;
@@ -429,20 +429,18 @@ pub fn run(
 /// The same RDMA, now on the embedded rack: a compute and a memory node
 /// behind the L2/L3 switch on in-process rings, connected over the control
 /// channel, running a checked mix of every operation.
-fn rack_step() -> Result<remora_rack::RackReport, String> {
+fn rack_step() -> Result<remora_rack::RackReport, DemoError> {
     let rack =
-        remora_rack::RackConfig::parse(include_str!("../../../examples/rack-two-nodes.toml"))
-            .map_err(|error| error.to_string())?;
+        remora_rack::RackConfig::parse(include_str!("../../../examples/rack-two-nodes.toml"))?;
     let options = remora_rack::LaunchOptions {
         mode: remora_rack::Mode::Embedded,
         carrier: remora_rack::CarrierKind::Shm,
         capture: None,
-        executable: std::env::current_exe().map_err(|error| error.to_string())?,
+        executable: std::env::current_exe().map_err(DemoError::Executable)?,
         rack_file: "examples/rack-two-nodes.toml".into(),
     };
     println!("\nthe embedded rack (examples/rack-two-nodes.toml):");
-    let report = remora_rack::launch::rack_up(&rack, &options, crate::rack::stop_flag())
-        .map_err(|error| error.to_string())?;
+    let report = remora_rack::launch::rack_up(&rack, &options, crate::rack::stop_flag())?;
     print!("{report}");
     Ok(report)
 }
@@ -457,7 +455,7 @@ pub struct SystemStep {
 /// Cowbird's memory host crashes mid-run and comes back, through one
 /// scenario run in the simulator and on the embedded rack.
 fn crash_step(step: &mut SystemStep) {
-    use remora_cowbird::scenario::{memory_crash, CrashOutcome, CrashPlan};
+    use remora_cowbird::scenario::{memory_crash, CrashOutcome, CrashPlan, ScenarioError};
     use remora_cowbird::simulated::{topology, Workload};
     use remora_rack::scenario::SimulatedStage;
     use std::time::Duration;
@@ -466,7 +464,9 @@ fn crash_step(step: &mut SystemStep) {
         p4: remora_cowbird::embedded::embedded_p4_config(),
         ..Workload::new(remora_sim::LinkFaults::NONE)
     };
-    let report = |mode: &str, result: Result<CrashOutcome, String>, step: &mut SystemStep| {
+    let report = |mode: &str,
+                  result: Result<CrashOutcome, ScenarioError>,
+                  step: &mut SystemStep| {
         match result {
             Ok(outcome) => {
                 println!(
@@ -496,14 +496,13 @@ fn crash_step(step: &mut SystemStep) {
         1,
         &workload,
         plan(Duration::from_micros(500), Duration::from_secs(2), false),
-    )
-    .map_err(|error| error.to_string());
+    );
     report("simulated", simulated, step);
     let topology = topology();
     let embedded = remora_rack::assembly::RackBuilder::new(&topology)
         .thread_name("demo-crash")
         .build()
-        .map_err(|error| error.to_string())
+        .map_err(ScenarioError::from)
         .and_then(|stage| {
             memory_crash(
                 stage,
@@ -511,7 +510,6 @@ fn crash_step(step: &mut SystemStep) {
                 &workload,
                 plan(Duration::from_millis(20), Duration::from_secs(60), true),
             )
-            .map_err(|error| error.to_string())
         });
     report("embedded", embedded, step);
 }
@@ -520,7 +518,9 @@ fn crash_step(step: &mut SystemStep) {
 /// 16 hot keys, plain and with the resolver. Every key's history goes
 /// through stateright's linearizability checker, and every version list
 /// is audited whole.
-pub fn clover_step(mut history: Option<&mut crate::HistoryFile>) -> Result<SystemStep, String> {
+pub fn clover_step(
+    mut history: Option<&mut crate::HistoryFile>,
+) -> Result<SystemStep, SystemError> {
     use remora_clover::simulated::{run, Run, SwitchChoice};
     println!("\nClover in the simulator (8 clients, 16 keys, YCSB-A zipf 0.99, 2% loss):");
     let mut step = SystemStep {
@@ -549,11 +549,16 @@ pub fn clover_step(mut history: Option<&mut crate::HistoryFile>) -> Result<Syste
             check_history: true,
             ..Run::new(switch)
         };
-        let outcome = run(1, &configuration).map_err(|error| error.to_string())?;
+        let outcome = run(1, &configuration).in_system("clover")?;
         if let Some(file) = history.as_deref_mut() {
-            file.write(&format!("demo/{name}"), &outcome)?;
+            file.write(&format!("demo/{name}"), &outcome)
+                .in_system("clover")?;
         }
-        let verdict = outcome.verdict.clone().ok_or("no history was recorded")?;
+        let verdict = outcome
+            .verdict
+            .clone()
+            .ok_or_else(|| crate::HistoryFileError::NoHistory(format!("demo/{name}")))
+            .in_system("clover")?;
         let operations = (outcome.stats.reads + outcome.stats.writes) as f64;
         println!(
             "  {name:<18} {:>8.0} ops/s (simulated)  conflicts/op {:.2}  {} operations linearizable on {} keys: {}  versions audited whole: {}",
@@ -588,7 +593,7 @@ pub fn clover_step(mut history: Option<&mut crate::HistoryFile>) -> Result<Syste
 /// the embedded rack, batched one-sided READs against the client library
 /// with the Spot engine and with Cowbird-P4, every record checked as it
 /// arrives.
-pub fn cowbird_step(_history: Option<&mut crate::HistoryFile>) -> Result<SystemStep, String> {
+pub fn cowbird_step(_history: Option<&mut crate::HistoryFile>) -> Result<SystemStep, SystemError> {
     use remora_cowbird::embedded::{run_variant, ProbeBench, Variant};
     use remora_cowbird::hash_table::TableSpec;
     use remora_cowbird::simulated::{run, Engine, Workload};
@@ -661,27 +666,27 @@ pub fn cowbird_step(_history: Option<&mut crate::HistoryFile>) -> Result<SystemS
 /// SODA: BFS on a small Kronecker graph whose arrays live in far-memory
 /// objects (userfaultfd, a host buffer of a third of the graph), checked
 /// against all-local memory.
-pub fn soda_step() -> Result<SystemStep, String> {
+pub fn soda_step() -> Result<SystemStep, SystemError> {
     use remora_graph::apps::App;
     use remora_soda::backend::{run_on, Backend, RunOptions};
     let mut step = SystemStep {
         variants: Vec::new(),
         failures: Vec::new(),
     };
-    let graph = crate::soda::graph_from("kron:14:8", 1, Default::default())
-        .map_err(|error| error.to_string())?;
+    let graph = crate::soda::graph_from("kron:14:8", 1, Default::default()).in_system("soda")?;
     println!(
         "\nSODA: BFS on a Kronecker graph ({} vertices, {} edges) in far memory, host buffer a third of it:",
         graph.vertex_count(),
         graph.edge_count()
     );
-    let work = tempfile::tempdir().map_err(|error| format!("work directory: {error}"))?;
+    let work = tempfile::tempdir()
+        .map_err(crate::soda::SodaCliError::WorkDirectory)
+        .in_system("soda")?;
     let options = RunOptions {
         chunk_bytes: 16 << 10,
         ..RunOptions::new(work.path().to_owned(), crate::soda::default_source(&graph))
     };
-    let run =
-        |backend| run_on(backend, App::Bfs, &graph, &options).map_err(|error| error.to_string());
+    let run = |backend| run_on(backend, App::Bfs, &graph, &options).in_system("soda");
     let local = run(Backend::Local)?;
     for backend in [
         Backend::InProcess,
@@ -726,7 +731,7 @@ fn in_prose(names: &[&str]) -> String {
 /// Bifröst, as far as it is built: the DSM over three memory nodes on the
 /// embedded rack (data through every node, misuse refused), and the RPC
 /// runtime's exactly-once calls over lossy links in the simulator.
-pub fn bifrost_step() -> Result<SystemStep, String> {
+pub fn bifrost_step() -> Result<SystemStep, SystemError> {
     use remora_bifrost::dsm::client::DsmError;
     use remora_bifrost::dsm::rack::{DsmRack, DsmRackConfig};
     use remora_bifrost::rpc::scenario::exactly_once;
@@ -737,25 +742,22 @@ pub fn bifrost_step() -> Result<SystemStep, String> {
     println!(
         "\nBifröst's global memory on the embedded rack (a compute node, three memory nodes):"
     );
-    let rack = DsmRack::start(DsmRackConfig::default()).map_err(|error| error.to_string())?;
+    let rack = DsmRack::start(DsmRackConfig::default()).in_system("bifrost")?;
     let dsm = &rack.dsm;
     let mut round_trips = 0;
     for index in 0..dsm.node_count() as u8 {
         let data = vec![index + 1; 100_000];
-        let ptr = dsm
-            .alloc(data.len() as u64)
-            .map_err(|error| error.to_string())?;
-        dsm.write(ptr, &data).map_err(|error| error.to_string())?;
+        let ptr = dsm.alloc(data.len() as u64).in_system("bifrost")?;
+        dsm.write(ptr, &data).in_system("bifrost")?;
         let mut back = vec![0u8; data.len()];
-        dsm.read(ptr, &mut back)
-            .map_err(|error| error.to_string())?;
+        dsm.read(ptr, &mut back).in_system("bifrost")?;
         if back == data {
             round_trips += 1;
         } else {
             step.failures
                 .push(format!("DSM: node {} returned other bytes", ptr.node));
         }
-        dsm.free(ptr).map_err(|error| error.to_string())?;
+        dsm.free(ptr).in_system("bifrost")?;
         if !matches!(dsm.free(ptr), Err(DsmError::DoubleFree(_))) {
             step.failures
                 .push("DSM: a double free was not refused".into());
@@ -864,7 +866,7 @@ pub fn bifrost_step() -> Result<SystemStep, String> {
 /// TIGA: MVS through the SmartNIC's NDP engine on the embedded rack,
 /// checked against the CN version, and one short virtual-time run of the
 /// allocator on calibrated costs.
-pub fn tiga_step() -> Result<SystemStep, String> {
+pub fn tiga_step() -> Result<SystemStep, SystemError> {
     use remora_tiga::apps::App;
     use remora_tiga::rack::{build_data, Mode, NdpRack, ServedBy};
     let mut step = SystemStep {
@@ -874,13 +876,13 @@ pub fn tiga_step() -> Result<SystemStep, String> {
     println!("\nTIGA's near-data processing on the embedded rack (a compute node, a data node's SmartNIC):");
     const RECORDS: u64 = 64;
     const SEED: u64 = 3;
-    let (memory, locations) = build_data(SEED, RECORDS, 1024).map_err(|error| error.to_string())?;
-    let rack = NdpRack::start(memory, &App::ALL, 8).map_err(|error| error.to_string())?;
+    let (memory, locations) = build_data(SEED, RECORDS, 1024).in_system("tiga")?;
+    let rack = NdpRack::start(memory, &App::ALL, 8).in_system("tiga")?;
     let (mut on_nic, mut forwarded, mut matched) = (0u64, 0u64, 0u64);
     for location in locations.iter().filter(|location| location.app == App::Mvs) {
         let payload = App::Mvs
             .make_payload(SEED, location.id, 1024)
-            .map_err(|error| error.to_string())?;
+            .in_system("tiga")?;
         let expected = App::Mvs.run_on_cpu(&payload);
         match rack.call(App::Mvs, location.address, location.length, Mode::Ndp) {
             Ok(completion) => {
@@ -920,12 +922,12 @@ pub fn tiga_step() -> Result<SystemStep, String> {
 
 /// Half a virtual second of MVS at 1.3 times the SoC's capacity: TIGA's
 /// allocator against the even split, on costs calibrated here.
-fn allocation_run(step: &mut SystemStep) -> Result<(), String> {
+fn allocation_run(step: &mut SystemStep) -> Result<(), SystemError> {
     use remora_tiga::apps::App;
     use remora_tiga::calibration::{soc_stage_costs_ns, Calibration};
     use remora_tiga::config::SocConfig;
     use remora_tiga::simulation::{run, PayloadSchedule, Scheme, Workload};
-    let calibration = Calibration::measure(5).map_err(|error| error.to_string())?;
+    let calibration = Calibration::measure(5).in_system("tiga")?;
     let config = SocConfig::default();
     let per_request_ns: f64 = soc_stage_costs_ns(&calibration, App::Mvs, config.slowdown)
         .iter()
@@ -939,10 +941,8 @@ fn allocation_run(step: &mut SystemStep) -> Result<(), String> {
         host_cpu_for_ipipe: false,
         seed: 1,
     };
-    let tiga = run(Scheme::TigaWithoutCpu, &workload, &config, &calibration)
-        .map_err(|error| error.to_string())?;
-    let fair = run(Scheme::FairNic, &workload, &config, &calibration)
-        .map_err(|error| error.to_string())?;
+    let tiga = run(Scheme::TigaWithoutCpu, &workload, &config, &calibration).in_system("tiga")?;
+    let fair = run(Scheme::FairNic, &workload, &config, &calibration).in_system("tiga")?;
     let ratio = tiga.throughput_per_second / fair.throughput_per_second;
     println!(
         "  virtual time, 8 SoC cores at 1/{:.1} of this core: TIGA moved the split from {:?} to {:?} and serves {:.2} M/s, {ratio:.2}x FairNIC's even split",

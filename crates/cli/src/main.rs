@@ -3,12 +3,14 @@
 mod bench;
 mod capture;
 mod demo;
+mod error;
 mod rack;
 mod sim;
 mod soda;
 mod systems;
 
 use clap::{Parser, Subcommand};
+use error::{CliError, OutputError};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -61,13 +63,11 @@ enum Command {
 /// `REMORA_LOG=info|debug|trace` prints the rack's and the systems'
 /// events to stderr (crashes, restarts, reconnections, scenario runs), so
 /// a replayed seed can be followed.
-fn install_log() -> Result<(), String> {
+fn install_log() -> Result<(), CliError> {
     let Ok(level) = std::env::var("REMORA_LOG") else {
         return Ok(());
     };
-    let level: tracing::Level = level
-        .parse()
-        .map_err(|_| format!("REMORA_LOG={level:?}: use error, warn, info, debug or trace"))?;
+    let level: tracing::Level = level.parse().map_err(|_| CliError::LogLevel(level))?;
     tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(std::io::stderr)
@@ -78,36 +78,38 @@ fn install_log() -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(message) = install_log() {
-        eprintln!("error: {message}");
-        return ExitCode::from(2);
-    }
-    let result = match cli.command {
-        Command::Demo {
-            json,
-            pcap,
-            history,
-        } => demo::run(json.as_deref(), pcap.as_deref(), history.as_deref()),
-        Command::Sim(command) => sim::run(command),
-        Command::Bench(command) => bench::run(command).map_err(|error| error.to_string()),
-        Command::Soda(command) => soda::run(command),
-        Command::Rack(command) => rack::run(command),
-        Command::Node(args) => rack::run_node(args),
-    };
-    match result {
+    match run(cli) {
         Ok(code) => code,
-        Err(message) => {
-            eprintln!("error: {message}");
+        Err(error) => {
+            eprintln!("error: {error}");
             ExitCode::from(2)
         }
     }
 }
 
+fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    install_log()?;
+    Ok(match cli.command {
+        Command::Demo {
+            json,
+            pcap,
+            history,
+        } => demo::run(json.as_deref(), pcap.as_deref(), history.as_deref())?,
+        Command::Sim(command) => sim::run(command)?,
+        Command::Bench(command) => bench::run(command)?,
+        Command::Soda(command) => soda::run(command)?,
+        Command::Rack(command) => rack::run(command)?,
+        Command::Node(args) => rack::run_node(args)?,
+    })
+}
+
 /// Writes `value` as pretty JSON to `path`.
-fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(value).map_err(|error| error.to_string())?;
-    std::fs::write(path, text + "\n")
-        .map_err(|error| format!("cannot write {}: {error}", path.display()))
+fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> Result<(), OutputError> {
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, text + "\n").map_err(|source| OutputError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Why a `--history` file could not be written, or what it holds failed.
@@ -126,13 +128,6 @@ pub enum HistoryFileError {
         keys: Vec<u64>,
         path: PathBuf,
     },
-}
-
-/// The demo's steps still report text.
-impl From<HistoryFileError> for String {
-    fn from(error: HistoryFileError) -> String {
-        error.to_string()
-    }
 }
 
 /// A file of checked KV histories as JSON lines (`--history`).

@@ -1,5 +1,6 @@
 //! `remora rack up` and `remora node`.
 
+use crate::error::{OutputError, RackCommandError};
 use clap::{Args, Subcommand, ValueEnum};
 use remora_rack::launch::{self, NodeCarrier};
 use remora_rack::{CarrierKind, LaunchOptions, Mode, RackConfig};
@@ -118,14 +119,13 @@ pub fn stop_flag() -> Arc<AtomicBool> {
     stop
 }
 
-pub fn run(command: RackCommand) -> Result<ExitCode, String> {
+pub fn run(command: RackCommand) -> Result<ExitCode, RackCommandError> {
     let args = match command {
         RackCommand::Up(args) => args,
         RackCommand::Switch(args) => return run_switch(args),
     };
-    let rack = RackConfig::load(&args.rack).map_err(|error| error.to_string())?;
-    crate::systems::check_sections(&rack)
-        .map_err(|error| format!("{}: {error}", args.rack.display()))?;
+    let rack = RackConfig::load(&args.rack)?;
+    crate::systems::check_sections(&rack, &args.rack)?;
     let options = LaunchOptions {
         mode: match args.mode {
             ModeArg::Embedded => Mode::Embedded,
@@ -137,12 +137,10 @@ pub fn run(command: RackCommand) -> Result<ExitCode, String> {
             CarrierArg::Udp => CarrierKind::Udp,
         },
         capture: args.capture.clone(),
-        executable: std::env::current_exe()
-            .map_err(|error| format!("cannot find the remora executable: {error}"))?,
+        executable: std::env::current_exe().map_err(RackCommandError::Executable)?,
         rack_file: args.rack.clone(),
     };
-    let report =
-        launch::rack_up(&rack, &options, stop_flag()).map_err(|error| error.to_string())?;
+    let report = launch::rack_up(&rack, &options, stop_flag())?;
     print!("{report}");
     if let Some(path) = &args.capture {
         println!("capture: {}", path.display());
@@ -288,14 +286,13 @@ pub fn run_clover(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde
     }
 }
 
-fn run_switch(args: SwitchArgs) -> Result<ExitCode, String> {
-    let rack = RackConfig::load(&args.rack).map_err(|error| error.to_string())?;
+fn run_switch(args: SwitchArgs) -> Result<ExitCode, RackCommandError> {
+    let rack = RackConfig::load(&args.rack)?;
     println!("switch for rack {} up; Ctrl-C stops it", rack.name);
-    let report = launch::run_switch(&rack, args.capture.as_deref(), stop_flag())
-        .map_err(|error| error.to_string())?;
+    let report = launch::run_switch(&rack, args.capture.as_deref(), stop_flag())?;
     println!(
         "{}",
-        serde_json::to_string_pretty(&report.counters).map_err(|error| error.to_string())?
+        serde_json::to_string_pretty(&report.counters).map_err(OutputError::from)?
     );
     if let Some(path) = &args.json {
         crate::write_json(path, &report)?;
@@ -305,33 +302,39 @@ fn run_switch(args: SwitchArgs) -> Result<ExitCode, String> {
 
 /// Takes ownership of a descriptor the launcher passed down, after checking
 /// that it is open and is not one of the standard streams.
-fn inherited(fd: i32) -> Result<std::os::fd::OwnedFd, String> {
+fn inherited(fd: i32) -> Result<std::os::fd::OwnedFd, RackCommandError> {
     if fd <= 2 {
-        return Err(format!(
-            "descriptor {fd} is a standard stream, not one the launcher passes"
-        ));
+        return Err(RackCommandError::StandardStream(fd));
     }
     // SAFETY: only borrowed for the check; F_GETFD fails on a closed fd.
     let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
     rustix::io::fcntl_getfd(borrowed)
-        .map_err(|error| format!("descriptor {fd} is not open: {error}"))?;
+        .map_err(|source| RackCommandError::DescriptorClosed { fd, source })?;
     // SAFETY: the descriptor is open, and by the launcher's contract this
     // process owns it and nothing else here refers to it.
     Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
-pub fn run_node(args: NodeArgs) -> Result<ExitCode, String> {
-    let rack = RackConfig::load(&args.rack).map_err(|error| error.to_string())?;
-    let carrier = match (args.shm_fd, args.udp_fd, args.udp_bind, args.udp_peer, args.packet_interface) {
+pub fn run_node(args: NodeArgs) -> Result<ExitCode, RackCommandError> {
+    let rack = RackConfig::load(&args.rack)?;
+    let carrier = match (
+        args.shm_fd,
+        args.udp_fd,
+        args.udp_bind,
+        args.udp_peer,
+        args.packet_interface,
+    ) {
         (Some(fd), ..) => NodeCarrier::Shm { fd: inherited(fd)? },
-        (_, Some(fd), _, Some(peer), _) => NodeCarrier::Udp { fd: inherited(fd)?, peer },
+        (_, Some(fd), _, Some(peer), _) => NodeCarrier::Udp {
+            fd: inherited(fd)?,
+            peer,
+        },
         (_, _, Some(local), Some(peer), _) => NodeCarrier::UdpBind { local, peer },
         (.., Some(interface)) => NodeCarrier::Packet { interface },
         _ if args.udp => NodeCarrier::UdpFromRack,
-        _ => return Err("say how this node reaches the switch: --shm-fd, --udp-fd with --udp-peer, --udp-bind with --udp-peer, --udp, or --packet-interface".into()),
+        _ => return Err(RackCommandError::NoCarrier),
     };
-    let report = launch::run_node(&rack, &args.name, carrier, &args.run_dir, stop_flag())
-        .map_err(|error| error.to_string())?;
+    let report = launch::run_node(&rack, &args.name, carrier, &args.run_dir, stop_flag())?;
     if let Some(path) = &args.report {
         crate::write_json(path, &report)?;
     }

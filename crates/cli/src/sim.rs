@@ -1,5 +1,6 @@
 //! `remora sim`: simulation campaigns.
 
+use crate::error::SimError;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_conformance::{run_campaign, FaultProfile, ScenarioConfig};
@@ -95,12 +96,18 @@ fn probability(text: &str) -> Result<Probability, String> {
 }
 
 impl FabricArgs {
-    fn scenario(&self) -> Result<ScenarioConfig, String> {
+    fn scenario(&self) -> Result<ScenarioConfig, SimError> {
         let mut config = match &self.config {
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-                toml::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))?
+                let text =
+                    std::fs::read_to_string(path).map_err(|source| SimError::ReadConfig {
+                        path: path.clone(),
+                        source,
+                    })?;
+                toml::from_str(&text).map_err(|source| SimError::ParseConfig {
+                    path: path.clone(),
+                    source,
+                })?
             }
             None => ScenarioConfig::new(FaultProfile::lossy(Probability::literal(0.01))),
         };
@@ -136,7 +143,7 @@ impl FabricArgs {
     }
 }
 
-pub fn run(command: SimCommand) -> Result<ExitCode, String> {
+pub fn run(command: SimCommand) -> Result<ExitCode, SimError> {
     match command {
         SimCommand::Fabric(args) => run_fabric(args),
         SimCommand::Bifrost(args) => run_bifrost(args),
@@ -154,7 +161,7 @@ fn seed_progress(count: u64) -> ProgressBar {
     progress
 }
 
-fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, String> {
+fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, SimError> {
     use remora_bifrost::rpc::scenario::{crash_campaign, failover_plan};
     let faults = remora_sim::LinkFaults {
         loss: args.loss,
@@ -214,7 +221,7 @@ fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, String> {
     })
 }
 
-fn run_fabric(args: FabricArgs) -> Result<ExitCode, String> {
+fn run_fabric(args: FabricArgs) -> Result<ExitCode, SimError> {
     let config = args.scenario()?;
     let (first_seed, count) = match args.seed {
         Some(seed) => (seed, 1),

@@ -164,11 +164,13 @@ pub enum SodaCliError {
     },
     #[error("work directory: {0}")]
     WorkDirectory(std::io::Error),
+    #[error(transparent)]
+    Output(#[from] crate::error::OutputError),
 }
 
-pub fn run(command: SodaCommand) -> Result<ExitCode, String> {
+pub fn run(command: SodaCommand) -> Result<ExitCode, SodaCliError> {
     match command {
-        SodaCommand::Run(args) => run_app(args).map_err(|error| error.to_string()),
+        SodaCommand::Run(args) => run_app(args),
     }
 }
 
@@ -275,10 +277,7 @@ fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {
             })?;
     }
     if let Some(path) = &args.json {
-        crate::write_json(path, &run_json(&run)).map_err(|message| SodaCliError::Write {
-            path: path.clone(),
-            source: std::io::Error::other(message),
-        })?;
+        crate::write_json(path, &run_json(&run))?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -4,8 +4,10 @@
 
 use crate::bench::Benchmark;
 use crate::demo::SystemStep;
+use crate::error::{InSystem, NoSection, RackCommandError, SystemError};
 use crate::HistoryFile;
 use remora_rack::RackConfig;
+use std::path::Path;
 
 /// A system as the command line drives it.
 pub trait System: Sync {
@@ -17,7 +19,7 @@ pub trait System: Sync {
 
     /// Checks the rack file's section for this system, if there is one;
     /// a system without a rack-file section refuses one.
-    fn check_section(&self, rack: &RackConfig) -> Result<(), String>;
+    fn check_section(&self, rack: &RackConfig) -> Result<(), SystemError>;
 
     /// Runs what the section asks for on the embedded rack after `rack
     /// up`'s own workload; None without a section. Failures are pushed
@@ -28,7 +30,7 @@ pub trait System: Sync {
     }
 
     /// The system's step of `remora demo`.
-    fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, String>;
+    fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, SystemError>;
 
     /// Its `remora bench` subcommand, if it has one.
     fn benchmark(&self) -> Option<&'static dyn Benchmark> {
@@ -49,19 +51,35 @@ pub fn titles() -> Vec<&'static str> {
 
 /// Checks every system table of a rack file: each must name a system,
 /// and each system must accept its table.
-pub fn check_sections(rack: &RackConfig) -> Result<(), String> {
+pub fn check_sections(rack: &RackConfig, path: &Path) -> Result<(), RackCommandError> {
     rack.check_systems(&names())
-        .map_err(|error| error.to_string())?;
+        .map_err(|source| RackCommandError::Unclaimed {
+            path: path.to_owned(),
+            source,
+        })?;
     for system in SYSTEMS {
-        system.check_section(rack)?;
+        system
+            .check_section(rack)
+            .map_err(|source| RackCommandError::Section {
+                path: path.to_owned(),
+                source,
+            })?;
     }
     Ok(())
 }
 
 /// A system without a rack-file section refuses one, saying where it runs.
-fn refuse_section(rack: &RackConfig, name: &str, instead: &str) -> Result<(), String> {
+fn refuse_section(
+    rack: &RackConfig,
+    name: &'static str,
+    instead: &'static str,
+) -> Result<(), SystemError> {
+    let refused = NoSection {
+        section: name.to_owned(),
+        instead,
+    };
     match rack.systems.contains_key(name) {
-        true => Err(format!("[{name}] has no rack-file section yet: {instead}")),
+        true => Err(SystemError::new(name, refused)),
         false => Ok(()),
     }
 }
@@ -77,17 +95,17 @@ impl System for Clover {
         "Clover"
     }
 
-    fn check_section(&self, rack: &RackConfig) -> Result<(), String> {
+    fn check_section(&self, rack: &RackConfig) -> Result<(), SystemError> {
         remora_clover::config::CloverConfig::from_rack(rack)
             .map(|_| ())
-            .map_err(|error| error.to_string())
+            .in_system(self.name())
     }
 
     fn rack_up(&self, rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
         crate::rack::run_clover(rack, failures)
     }
 
-    fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
+    fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, SystemError> {
         crate::demo::clover_step(history)
     }
 
@@ -107,17 +125,17 @@ impl System for Cowbird {
         "Cowbird"
     }
 
-    fn check_section(&self, rack: &RackConfig) -> Result<(), String> {
+    fn check_section(&self, rack: &RackConfig) -> Result<(), SystemError> {
         remora_cowbird::config::CowbirdConfig::from_rack(rack)
             .map(|_| ())
-            .map_err(|error| error.to_string())
+            .in_system(self.name())
     }
 
     fn rack_up(&self, rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
         crate::rack::run_cowbird(rack, failures)
     }
 
-    fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
+    fn demo_step(&self, history: Option<&mut HistoryFile>) -> Result<SystemStep, SystemError> {
         crate::demo::cowbird_step(history)
     }
 
@@ -137,7 +155,7 @@ impl System for Soda {
         "SODA"
     }
 
-    fn check_section(&self, rack: &RackConfig) -> Result<(), String> {
+    fn check_section(&self, rack: &RackConfig) -> Result<(), SystemError> {
         refuse_section(
             rack,
             self.name(),
@@ -145,7 +163,7 @@ impl System for Soda {
         )
     }
 
-    fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
+    fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, SystemError> {
         crate::demo::soda_step()
     }
 
@@ -165,7 +183,7 @@ impl System for Bifrost {
         "Bifröst"
     }
 
-    fn check_section(&self, rack: &RackConfig) -> Result<(), String> {
+    fn check_section(&self, rack: &RackConfig) -> Result<(), SystemError> {
         refuse_section(
             rack,
             self.name(),
@@ -173,7 +191,7 @@ impl System for Bifrost {
         )
     }
 
-    fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
+    fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, SystemError> {
         crate::demo::bifrost_step()
     }
 
@@ -193,7 +211,7 @@ impl System for Tiga {
         "TIGA"
     }
 
-    fn check_section(&self, rack: &RackConfig) -> Result<(), String> {
+    fn check_section(&self, rack: &RackConfig) -> Result<(), SystemError> {
         refuse_section(
             rack,
             self.name(),
@@ -201,7 +219,7 @@ impl System for Tiga {
         )
     }
 
-    fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, String> {
+    fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, SystemError> {
         crate::demo::tiga_step()
     }
 
@@ -213,6 +231,41 @@ impl System for Tiga {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rack_with(section: &str) -> RackConfig {
+        let text = format!(
+            "{}\n{section}\n",
+            include_str!("../../../examples/rack-two-nodes.toml")
+        );
+        RackConfig::parse(&text).expect("the example rack parses")
+    }
+
+    /// A section a system refuses keeps the system's own typed error, so
+    /// a caller can tell which check failed.
+    #[test]
+    fn a_refused_section_keeps_the_systems_own_error() {
+        let path = Path::new("rack.toml");
+        let error = check_sections(&rack_with("[cowbird]\nengine = \"warp\""), path)
+            .expect_err("an unknown engine is refused");
+        let RackCommandError::Section { source, .. } = &error else {
+            panic!("not a section error: {error}");
+        };
+        assert_eq!(source.system, "cowbird");
+        assert!(source
+            .source
+            .downcast_ref::<remora_cowbird::config::CowbirdConfigError>()
+            .is_some());
+        let error = check_sections(&rack_with("[tiga]\ncores = 8"), path)
+            .expect_err("TIGA has no section yet");
+        let RackCommandError::Section { source, .. } = &error else {
+            panic!("not a section error: {error}");
+        };
+        assert!(source.source.downcast_ref::<NoSection>().is_some());
+        assert!(matches!(
+            check_sections(&rack_with("[warp]\nspeed = 9"), path),
+            Err(RackCommandError::Unclaimed { .. })
+        ));
+    }
 
     /// `remora bench` lists each benchmark once: the substrate's and every
     /// system's, by the system's own name.

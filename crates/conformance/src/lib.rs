@@ -18,4 +18,4 @@ pub mod scenario;
 pub mod workload;
 
 pub use campaign::{run_campaign, CampaignReport};
-pub use scenario::{run_seed, FaultProfile, ScenarioConfig, SeedReport};
+pub use scenario::{run_seed, FaultProfile, ScenarioConfig, ScenarioConfigError, SeedReport};

@@ -111,23 +111,17 @@ impl ScenarioConfig {
         }
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ScenarioConfigError> {
         if !(1..=64).contains(&self.connections) {
-            return Err(format!(
-                "connections = {} is outside 1..=64",
-                self.connections
-            ));
+            return Err(ScenarioConfigError::Connections(self.connections));
         }
         if !(1..=1000).contains(&self.operations_per_stream) {
-            return Err(format!(
-                "operations_per_stream = {} is outside 1..=1000",
-                self.operations_per_stream
+            return Err(ScenarioConfigError::OperationsPerStream(
+                self.operations_per_stream,
             ));
         }
         if self.safety_phase_us == 0 || self.liveness_limit_ms == 0 || self.max_events == 0 {
-            return Err(
-                "safety_phase_us, liveness_limit_ms and max_events must be positive".into(),
-            );
+            return Err(ScenarioConfigError::ZeroBound);
         }
         Ok(())
     }
@@ -139,6 +133,17 @@ impl ScenarioConfig {
     fn liveness_limit(&self) -> Duration {
         Duration::from_millis(self.liveness_limit_ms)
     }
+}
+
+/// A campaign configuration refused before any seed runs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScenarioConfigError {
+    #[error("connections = {0} is outside 1..=64")]
+    Connections(usize),
+    #[error("operations_per_stream = {0} is outside 1..=1000")]
+    OperationsPerStream(usize),
+    #[error("safety_phase_us, liveness_limit_ms and max_events must be positive")]
+    ZeroBound,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -143,7 +143,8 @@ fn poll_seat(
     // Agent, then host: the order the fabric thread and a restart take.
     let mut agent = seat.agent.lock().expect("agent lock");
     let timer_due = now >= seat.idle_until && agent.poll_timeout().is_some_and(|at| at <= now);
-    if !timer_due && !(nic_moved && agent.woken_by_frames()) {
+    let woken = timer_due || (nic_moved && agent.woken_by_frames());
+    if !woken {
         return Ok(false);
     }
     let started = Instant::now();

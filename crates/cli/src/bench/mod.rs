@@ -132,8 +132,8 @@ pub enum BenchError {
     Clover(#[from] clover::CloverBenchError),
     #[error(transparent)]
     Cowbird(#[from] cowbird::CowbirdBenchError),
-    #[error("writing {path}: {error}")]
-    Json { path: PathBuf, error: String },
+    #[error(transparent)]
+    Output(#[from] crate::error::OutputError),
 }
 
 impl BenchArgs for CommonArgs {
@@ -242,10 +242,7 @@ pub fn median(values: &mut [f64]) -> f64 {
 pub fn run(command: BenchCommand) -> Result<ExitCode, BenchError> {
     let (report, json) = command.benchmark.run(&command.matches)?;
     if let Some(path) = &json {
-        crate::write_json(path, &report).map_err(|error| BenchError::Json {
-            path: path.clone(),
-            error,
-        })?;
+        crate::write_json(path, &report)?;
         println!("\nwrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
