@@ -1,7 +1,9 @@
-//! A host in the simulator: one soft RNIC on port 0 and the agents that
-//! run beside it.
+//! A host in the simulator: one soft RNIC on its uplink (port 0), and on
+//! a local link (port 1) if an offload host sits beside it, and the agents
+//! that run beside it.
 
 use crate::agent::{Agent, AgentError, Progress};
+use crate::ports::Ports;
 use remora_base::{PortId, Timestamp};
 use remora_rnic::{RnicConfig, SoftRnic};
 use remora_sim::Node;
@@ -34,6 +36,7 @@ pub struct Host {
     failures: Vec<AgentFailure>,
     failures_dropped: u64,
     crashes: u64,
+    ports: Ports,
 }
 
 impl Host {
@@ -46,7 +49,13 @@ impl Host {
             failures: Vec::new(),
             failures_dropped: 0,
             crashes: 0,
+            ports: Ports::UPLINK_ONLY,
         }
+    }
+
+    /// The host's ports: frames to its local peer take the local link.
+    pub fn set_ports(&mut self, ports: Ports) {
+        self.ports = ports;
     }
 
     pub fn name(&self) -> &str {
@@ -158,9 +167,8 @@ impl Node for Host {
     }
 
     fn poll_transmit(&mut self, now: Timestamp, buffer: &mut [u8]) -> Option<(PortId, usize)> {
-        self.nic
-            .poll_transmit(now, buffer)
-            .map(|length| (PortId(0), length))
+        let length = self.nic.poll_transmit(now, buffer)?;
+        Some((self.ports.port_for(&buffer[..length]), length))
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {

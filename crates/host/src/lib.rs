@@ -19,7 +19,9 @@
 mod agent;
 mod datagram;
 mod host;
+mod ports;
 
 pub use agent::{Agent, AgentError, AsAny, Progress};
 pub use datagram::AgentPort;
 pub use host::{AgentFailure, Host, MAX_AGENT_FAILURES};
+pub use ports::{Ports, LOCAL_PORT, UPLINK_PORT};

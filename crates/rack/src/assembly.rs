@@ -16,7 +16,7 @@ use crate::endpoint::{
 };
 use crate::host_cpu::HostCpu;
 use crate::report::SwitchReport;
-use crate::topology::{HostSpec, Topology};
+use crate::topology::{HostSpec, LinkSpec, Topology};
 use crate::RackError;
 use remora_base::Timestamp;
 use remora_carrier::wrappers::{
@@ -66,7 +66,7 @@ pub fn switch_port(
 ) -> (Box<dyn Port>, PortCountersHandle) {
     let counted = Counted::new(port);
     let handle = counted.handle();
-    let mut boxed = link_end(host, counted, 0x5717c4 ^ index as u64);
+    let mut boxed = link_end(&host.link, counted, 0x5717c4 ^ index as u64);
     if let Some(sink) = capture {
         boxed = Box::new(Captured::new(
             boxed,
@@ -78,19 +78,19 @@ pub fn switch_port(
 }
 
 /// The host's end of its link, shaped and faulted as the topology says.
-pub fn host_port(host: &HostSpec, index: usize, port: impl Port + 'static) -> Box<dyn Port> {
-    link_end(host, port, 0x40de ^ index as u64)
+pub fn host_port(link: &LinkSpec, index: usize, port: impl Port + 'static) -> Box<dyn Port> {
+    link_end(link, port, 0x40de ^ index as u64)
 }
 
 /// One direction of a link: frames sent through the port are shaped
 /// (serialization, delay), then faults drawn; both wrappers stack.
-fn link_end(host: &HostSpec, port: impl Port + 'static, fault_seed: u64) -> Box<dyn Port> {
+fn link_end(link: &LinkSpec, port: impl Port + 'static, fault_seed: u64) -> Box<dyn Port> {
     let mut boxed: Box<dyn Port> = Box::new(port);
-    if let Some(shape) = host.link.shape {
+    if let Some(shape) = link.shape {
         boxed = Box::new(Shaped::new(boxed, shape));
     }
-    if host.link.faults != LinkFaults::NONE {
-        boxed = Box::new(Faulty::new(boxed, host.link.faults, fault_seed));
+    if link.faults != LinkFaults::NONE {
+        boxed = Box::new(Faulty::new(boxed, link.faults, fault_seed));
     }
     boxed
 }
@@ -223,15 +223,28 @@ impl<'t> RackBuilder<'t> {
         self
     }
 
-    /// Makes the carriers and the hosts' NICs.
+    /// Makes the carriers and the hosts' NICs: a link from each host to
+    /// the switch, and a local link between each offload host and the
+    /// host it sits beside.
     pub fn build(self) -> Result<StagedRack, RackError> {
         let hosts = self.topology.hosts();
-        let pairs = match self.carrier {
-            EmbeddedCarrier::Udp => udp_pairs(hosts.len())?,
+        let local_links: Vec<(usize, usize)> = self.topology.local_links().collect();
+        for (host, offload) in &local_links {
+            if self.apart[*host] || self.apart[*offload] {
+                return Err(RackError::Launch(format!(
+                    "host {:?} has a local link: it cannot be driven apart",
+                    hosts[if self.apart[*host] { *host } else { *offload }].name
+                )));
+            }
+        }
+        let links = hosts.len() + local_links.len();
+        let mut pairs = match self.carrier {
+            EmbeddedCarrier::Udp => udp_pairs(links)?,
             EmbeddedCarrier::InProcess | EmbeddedCarrier::SharedMemory => {
-                ring_pairs(hosts.len(), &self.apart, self.carrier, self.ring_depth)?
+                ring_pairs(links, &self.apart, self.carrier, self.ring_depth)?
             }
         };
+        let local_pairs = pairs.split_off(hosts.len());
         let mut endpoints = Vec::with_capacity(hosts.len());
         let mut switch_ports = Vec::with_capacity(hosts.len());
         let mut port_counters = Vec::with_capacity(hosts.len());
@@ -243,8 +256,24 @@ impl<'t> RackBuilder<'t> {
             endpoints.push(Some(NodeEndpoint::new(
                 &host.name,
                 nic,
-                host_port(host, index, spoke),
+                host_port(&host.link, index, spoke),
             )));
+        }
+        for ((host, offload), (host_end, offload_end)) in local_links.into_iter().zip(local_pairs) {
+            let link = &hosts[offload].local_link;
+            let (host_mac, offload_mac) = (hosts[host].mac, hosts[offload].mac);
+            let host_end = link_end(link, host_end, 0x10ca1 ^ host as u64);
+            let offload_end = link_end(link, offload_end, 0x10ca1 ^ offload as u64);
+            let (host_endpoint, offload_endpoint) = two_mut(&mut endpoints, host, offload);
+            let apart = "no host with a local link is driven apart";
+            host_endpoint
+                .as_mut()
+                .expect(apart)
+                .set_local_link(offload_mac, host_end);
+            offload_endpoint
+                .as_mut()
+                .expect(apart)
+                .set_local_link(host_mac, offload_end);
         }
         Ok(StagedRack {
             topology: self.topology.clone(),

@@ -220,6 +220,8 @@ struct RawNode {
     tunnel: Option<std::net::SocketAddr>,
     #[serde(default)]
     link: LinkSection,
+    /// For an offload host: its local link to the node it sits beside.
+    local_link: Option<LinkSection>,
     workload: Option<WorkloadSection>,
     /// For an offload host (`role = "offload"`): the node it sits beside.
     attached_to: Option<String>,
@@ -250,6 +252,8 @@ pub struct NodeConfig {
     pub control: Option<String>,
     pub tunnel: Option<std::net::SocketAddr>,
     pub link: LinkSection,
+    /// For an offload host: its local link to the node it sits beside.
+    pub local_link: LinkSection,
     pub workload: WorkloadSection,
     /// The switch port this node sits on.
     pub port: u16,
@@ -346,9 +350,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 fn lower(switch_mac: MacAddress, nodes: &[NodeConfig]) -> Result<Topology, String> {
     let mut topology = Topology::new(switch_mac);
     for node in nodes {
-        let link = LinkSpec {
-            shape: node.link.shape()?,
-            faults: node.link.faults(),
+        let spec = |section: &LinkSection| -> Result<LinkSpec, String> {
+            Ok(LinkSpec {
+                shape: section.shape()?,
+                faults: section.faults(),
+            })
         };
         let host = HostSpec {
             name: node.name.clone(),
@@ -357,7 +363,8 @@ fn lower(switch_mac: MacAddress, nodes: &[NodeConfig]) -> Result<Topology, Strin
             address: node.address,
             memory_bytes: node.memory_bytes,
             attached_to: node.attached_to,
-            link,
+            link: spec(&node.link)?,
+            local_link: spec(&node.local_link)?,
         };
         topology.add_host(host).map_err(|error| error.to_string())?;
     }
@@ -433,6 +440,15 @@ impl RackConfig {
             node.link
                 .shape()
                 .map_err(|message| context(format!("link: {message}")))?;
+            if node.local_link.is_some() && node.role != Role::Offload {
+                return Err(context(
+                    "only an offload host has a local link (to the node it sits beside)".into(),
+                ));
+            }
+            let local_link = node.local_link.unwrap_or_default();
+            local_link
+                .shape()
+                .map_err(|message| context(format!("local_link: {message}")))?;
             if !names.insert(node.name.clone()) || !addresses.insert(address) || !macs.insert(mac) {
                 return Err(context(
                     "name, address and MAC must be unique in the rack".into(),
@@ -474,6 +490,7 @@ impl RackConfig {
                 control: node.control,
                 tunnel: node.tunnel,
                 link: node.link,
+                local_link,
                 workload,
                 port: index as u16,
                 attached_to,
@@ -688,6 +705,36 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("names no node"), "{error}");
+    }
+
+    #[test]
+    fn an_offload_hosts_local_link_is_shaped_apart_and_only_an_offload_host_has_one() {
+        let dpu = "\n[[node]]\nname = \"dpu\"\nrole = \"offload\"\naddress = \"10.0.0.3\"\nmemory = \"1MiB\"\nattached_to = \"c\"\n[node.local_link]\nbandwidth = \"2Gbit/s\"\ndelay_us = 10\n";
+        let rack = RackConfig::parse(&format!("{GOOD}{dpu}")).unwrap();
+        let topology = rack.topology();
+        assert_eq!(topology.local_links().collect::<Vec<_>>(), vec![(0, 2)]);
+        let local = topology.simulator_local_link(2);
+        assert_eq!(local.bandwidth_bits_per_second, 2_000_000_000);
+        assert_eq!(local.propagation_delay, Duration::from_micros(10));
+        assert_eq!(topology.simulator_link(2), remora_sim::LinkConfig::rack());
+        let notes = topology.shaping_notes();
+        assert!(
+            notes.iter().any(|note| note.contains("local link")),
+            "{notes:?}"
+        );
+        let on_compute = GOOD.replace(
+            "memory = \"1MiB\"\n",
+            "memory = \"1MiB\"\n[node.local_link]\nbandwidth = \"2Gbit/s\"\n",
+        );
+        let error = RackConfig::parse(&on_compute).unwrap_err().to_string();
+        assert!(error.contains("only an offload host"), "{error}");
+        let second = dpu
+            .replace("\"dpu\"", "\"dpu2\"")
+            .replace("10.0.0.3", "10.0.0.4");
+        let error = RackConfig::parse(&format!("{GOOD}{dpu}{second}"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("already has an offload host"), "{error}");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 use crate::RackError;
 use remora_carrier::{CarrierError, IdleStrategy, Kicker, Port, SendStatus, WaitSource, Waiter};
+use remora_host::{Ports, LOCAL_PORT};
 use remora_rnic::{
     CompletionQueue, CompletionStatus, MemoryRegion, ProtectionDomain, QueuePair, QueuePairBuilder,
     ReceiveRequest, SendRequest, SharedReceiveQueue, SoftRnic, Timestamp, Verbs, VerbsError,
@@ -18,6 +19,7 @@ use remora_rnic::{
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{PortId, Program, Switch};
 use remora_wire::frame::MAX_FRAME_LEN;
+use remora_wire::MacAddress;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
@@ -157,12 +159,16 @@ impl ReceivePool {
     }
 }
 
-/// A node: its soft RNIC on one carrier port.
+/// A node: its soft RNIC on its uplink's carrier port, and on a local
+/// link's if an offload host sits beside it (or it is that offload host).
 pub struct NodeEndpoint {
     pub name: String,
     pub rnic: SoftRnic,
     pub receive_pool: Option<ReceivePool>,
     port: Box<dyn Port>,
+    /// The local link's port, and which frames take it.
+    local: Option<Box<dyn Port>>,
+    ports: Ports,
     buffer: Box<[u8]>,
     /// The carrier was full when the RNIC may still have had frames: look
     /// again soon, since a consumer freeing slots rings nobody.
@@ -307,12 +313,26 @@ impl NodeEndpoint {
             receive_pool: None,
             blocked_since: None,
             port,
+            local: None,
+            ports: Ports::UPLINK_ONLY,
             buffer: vec![0u8; MAX_FRAME_LEN].into_boxed_slice(),
             activity: Arc::new(AtomicU64::new(0)),
             queues: Vec::new(),
             down: false,
             partitioned: false,
         }
+    }
+
+    /// Gives the node a local link to `peer` (the host beside it, or its
+    /// offload host): frames addressed to `peer` leave by `port`.
+    pub fn set_local_link(&mut self, peer: MacAddress, port: Box<dyn Port>) {
+        self.local = Some(port);
+        self.ports = Ports::with_local_peer(peer);
+    }
+
+    /// The uplink and, if there is one, the local link's port.
+    fn all_ports(&mut self) -> impl Iterator<Item = &mut Box<dyn Port>> {
+        std::iter::once(&mut self.port).chain(self.local.as_mut())
     }
 
     pub fn is_down(&self) -> bool {
@@ -375,17 +395,14 @@ impl Pump for NodeEndpoint {
     fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
         if self.down {
             // What arrives is lost, as at a crashed host.
-            let received = self.port.receive(RECEIVE_BATCH_FRAMES, &mut |_| {})?;
+            let mut received = 0;
+            for port in self.all_ports() {
+                received += port.receive(RECEIVE_BATCH_FRAMES, &mut |_| {})?;
+            }
             return Ok(received > 0);
         }
         let now = clock.now();
-        let (rnic, partitioned) = (&mut self.rnic, self.partitioned);
-        let received = self.port.receive(RECEIVE_BATCH_FRAMES, &mut |frame| {
-            if !partitioned {
-                rnic.handle_frame(now, frame);
-            }
-        })?;
-        let mut worked = received > 0;
+        let mut worked = self.receive(now)?;
         for queues in &mut self.queues {
             worked |= queues.take_submissions(&mut self.rnic)?;
         }
@@ -406,28 +423,15 @@ impl Pump for NodeEndpoint {
         if worked {
             self.activity.fetch_add(1, Ordering::Release);
         }
-        let mut sent = 0;
-        self.blocked_since = None;
-        while sent < TRANSMIT_BATCH_FRAMES {
-            if !self.port.has_room() {
-                self.blocked_since = Some(now);
-                break;
-            }
-            let Some(length) = self.rnic.poll_transmit(now, &mut self.buffer) else {
-                break;
-            };
-            if !self.partitioned {
-                self.port.send(&self.buffer[..length])?;
-            }
-            sent += 1;
-        }
-        self.port.flush()?;
+        let sent = self.transmit(now)?;
         Ok(worked || sent > 0)
     }
 
     fn deadline(&self, clock: &RackClock) -> Option<Instant> {
+        let ports = std::iter::once(&self.port).chain(self.local.as_ref());
+        let carriers = ports.filter_map(|port| port.next_due());
         if self.down {
-            return self.port.next_due();
+            return carriers.min();
         }
         let retry = self
             .blocked_since
@@ -436,15 +440,66 @@ impl Pump for NodeEndpoint {
             .into_iter()
             .flatten()
             .map(|at| clock.instant(at));
-        timers.chain(self.port.next_due()).min()
+        timers.chain(carriers).min()
     }
 
     fn has_frames(&mut self) -> bool {
-        self.port.has_frames()
+        self.all_ports().any(|port| port.has_frames())
     }
 
     fn wait_sources(&self) -> Vec<WaitSource> {
-        vec![self.port.wait_source()]
+        std::iter::once(&self.port)
+            .chain(self.local.as_ref())
+            .map(|port| port.wait_source())
+            .collect()
+    }
+}
+
+impl NodeEndpoint {
+    /// Feeds the RNIC what arrived on every port (nothing while the
+    /// link is cut); returns whether anything did.
+    fn receive(&mut self, now: Timestamp) -> Result<bool, RackError> {
+        let (rnic, partitioned) = (&mut self.rnic, self.partitioned);
+        let mut received = 0;
+        let ports = std::iter::once(&mut self.port).chain(self.local.as_mut());
+        for port in ports {
+            received += port.receive(RECEIVE_BATCH_FRAMES, &mut |frame| {
+                if !partitioned {
+                    rnic.handle_frame(now, frame);
+                }
+            })?;
+        }
+        Ok(received > 0)
+    }
+
+    /// Sends what the RNIC has, each frame by the port its destination
+    /// takes, while every port has room; returns the frames sent.
+    fn transmit(&mut self, now: Timestamp) -> Result<usize, RackError> {
+        let mut sent = 0;
+        self.blocked_since = None;
+        while sent < TRANSMIT_BATCH_FRAMES {
+            // The next frame's port is known only once it is built: wait
+            // for room on every port.
+            if !self.all_ports().all(|port| port.has_room()) {
+                self.blocked_since = Some(now);
+                break;
+            }
+            let Some(length) = self.rnic.poll_transmit(now, &mut self.buffer) else {
+                break;
+            };
+            let frame = &self.buffer[..length];
+            if !self.partitioned {
+                match (self.ports.port_for(frame), self.local.as_mut()) {
+                    (LOCAL_PORT, Some(local)) => local.send(frame)?,
+                    _ => self.port.send(frame)?,
+                };
+            }
+            sent += 1;
+        }
+        for port in self.all_ports() {
+            port.flush()?;
+        }
+        Ok(sent)
     }
 }
 

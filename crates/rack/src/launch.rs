@@ -146,7 +146,7 @@ fn node_endpoint(
     Arc::new(Mutex::new(NodeEndpoint::new(
         &node.name,
         assembly::host_nic(host, index, nic_seed()),
-        assembly::host_port(host, index, port),
+        assembly::host_port(&host.link, index, port),
     )))
 }
 
@@ -596,8 +596,24 @@ fn supervised(
         carrier: carrier_name.into(),
         nodes: reports,
         switch: switch_report,
-        notes: rack.topology().shaping_notes(),
+        notes: supervised_notes(rack, options.mode),
     })
+}
+
+/// The shaping notes, and that a node process has one carrier: an
+/// offload host's local link crosses the switch here.
+fn supervised_notes(rack: &RackConfig, mode: Mode) -> Vec<String> {
+    let topology = rack.topology();
+    let mut notes = topology.shaping_notes();
+    for (host, offload) in topology.local_links() {
+        notes.push(format!(
+            "host {:?}: in {} mode its local link to {:?} crosses the switch (one carrier per node process), shaped as its uplink",
+            topology.host(offload).name,
+            mode.name(),
+            topology.host(host).name
+        ));
+    }
+    notes
 }
 
 fn spawn_children(

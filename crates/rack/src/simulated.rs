@@ -4,7 +4,7 @@
 //! rack runs.
 
 use remora_base::{PortId, Timestamp};
-use remora_host::Host;
+use remora_host::{Host, Ports, LOCAL_PORT, UPLINK_PORT};
 use remora_rnic::SoftRnic;
 use remora_sim::{LinkConfig, LinkId, Node, NodeId, Simulation};
 use remora_switch::{Program, Switch, SwitchConfig};
@@ -18,6 +18,9 @@ pub struct SimulatedRack<P: Program> {
     pub hosts: Vec<NodeId>,
     /// Each host's link to the switch, in the same order.
     pub links: Vec<LinkId>,
+    /// The local links between offload hosts and their hosts, in the
+    /// topology's order.
+    pub local_links: Vec<LinkId>,
 }
 
 impl<P: Program> SimulatedRack<P> {
@@ -26,14 +29,30 @@ impl<P: Program> SimulatedRack<P> {
     }
 
     /// Hosts with each one's link as `topology` describes it (host `i` on
-    /// port `i`).
+    /// port `i`), and a local link between each offload host and the host
+    /// it sits beside (port 1 of both).
     pub fn with_topology(
         seed: u64,
         program: P,
-        hosts: Vec<Host>,
+        mut hosts: Vec<Host>,
         topology: &crate::topology::Topology,
     ) -> SimulatedRack<P> {
-        SimulatedRack::build(seed, program, hosts, |index| topology.simulator_link(index))
+        for (host, offload) in topology.local_links() {
+            hosts[host].set_ports(Ports::with_local_peer(topology.host(offload).mac));
+            hosts[offload].set_ports(Ports::with_local_peer(topology.host(host).mac));
+        }
+        let mut rack =
+            SimulatedRack::build(seed, program, hosts, |index| topology.simulator_link(index));
+        for (host, offload) in topology.local_links() {
+            let link = topology.simulator_local_link(offload);
+            let ends = (
+                (rack.hosts[host], LOCAL_PORT),
+                (rack.hosts[offload], LOCAL_PORT),
+            );
+            rack.local_links
+                .push(rack.simulation.connect(ends.0, ends.1, link));
+        }
+        rack
     }
 
     fn build(
@@ -50,7 +69,7 @@ impl<P: Program> SimulatedRack<P> {
         for (index, host) in hosts.into_iter().enumerate() {
             let id = simulation.add_node(RackNode::Host(Box::new(host)));
             let link = link(index);
-            links.push(simulation.connect((id, PortId(0)), (switch, PortId(index as u16)), link));
+            links.push(simulation.connect((id, UPLINK_PORT), (switch, PortId(index as u16)), link));
             ids.push(id);
         }
         SimulatedRack {
@@ -58,6 +77,7 @@ impl<P: Program> SimulatedRack<P> {
             switch,
             hosts: ids,
             links,
+            local_links: Vec::new(),
         }
     }
 

@@ -9,8 +9,11 @@
 //!
 //! Host `i` sits on switch port `i`. An offload host (a DPU beside a
 //! compute node, SmartNIC cores beside a memory node) has its own soft
-//! RNIC and its own port: its "local link" is that port's link, so a
-//! rack can make it faster and nearer than the host's uplink.
+//! RNIC and two links: its uplink to the switch port, like any host, and
+//! a local link straight to the host it sits beside (PCIe on a real DPU),
+//! which frames between the two take without crossing the switch. Each
+//! link has its own shape, so a rack can make the local link faster and
+//! nearer than the uplinks. A host has at most one offload host beside it.
 
 use remora_base::PortId;
 use remora_carrier::wrappers::LinkShape;
@@ -80,7 +83,10 @@ pub struct HostSpec {
     pub memory_bytes: u64,
     /// For an offload host: the index of the host it sits beside.
     pub attached_to: Option<usize>,
+    /// The link to the switch.
     pub link: LinkSpec,
+    /// For an offload host: its local link to the host it sits beside.
+    pub local_link: LinkSpec,
 }
 
 impl HostSpec {
@@ -93,6 +99,7 @@ impl HostSpec {
             memory_bytes: 64 << 20,
             attached_to: None,
             link: LinkSpec::CLEAN,
+            local_link: LinkSpec::CLEAN,
         }
     }
 }
@@ -109,6 +116,8 @@ pub enum TopologyError {
     AttachedNotOffload { name: String },
     #[error("host {name:?}: attached to host {index}, which is not an earlier non-offload host")]
     BadAttachment { name: String, index: usize },
+    #[error("host {name:?}: host {index} already has an offload host beside it")]
+    SecondOffload { name: String, index: usize },
 }
 
 /// Hosts behind one switch.
@@ -195,11 +204,13 @@ impl Topology {
                     .hosts
                     .get(index)
                     .is_some_and(|target| target.role != Role::Offload);
-                if valid {
-                    Ok(())
-                } else {
-                    Err(TopologyError::BadAttachment { name, index })
+                if !valid {
+                    return Err(TopologyError::BadAttachment { name, index });
                 }
+                if self.attached(index).next().is_some() {
+                    return Err(TopologyError::SecondOffload { name, index });
+                }
+                Ok(())
             }
             (_, Some(_)) => Err(TopologyError::AttachedNotOffload { name }),
             (_, None) => Ok(()),
@@ -222,6 +233,19 @@ impl Topology {
     /// The switch port host `index` sits on.
     pub fn port(&self, index: usize) -> PortId {
         PortId(index as u16)
+    }
+
+    /// Sets offload host `index`'s local link to the host beside it.
+    pub fn set_local_link(&mut self, index: usize, link: LinkSpec) {
+        self.hosts[index].local_link = link;
+    }
+
+    /// Every local link, as (host, the offload host beside it).
+    pub fn local_links(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.hosts
+            .iter()
+            .enumerate()
+            .filter_map(|(offload, host)| host.attached_to.map(|host| (host, offload)))
     }
 
     /// The offload hosts attached to host `index`.
@@ -247,15 +271,12 @@ impl Topology {
     /// Host `index`'s link as the simulator models it: the rack link
     /// (100 Gb/s, 1 µs) unless the topology shapes it.
     pub fn simulator_link(&self, index: usize) -> LinkConfig {
-        let link = &self.hosts[index].link;
-        let mut config = LinkConfig::rack();
-        if let Some(shape) = link.shape {
-            config.bandwidth_bits_per_second = shape.bandwidth_bits_per_second;
-            config.propagation_delay = shape.propagation_delay;
-            config.queue_limit_bytes = shape.queue_limit_bytes as usize;
-        }
-        config.faults = link.faults;
-        config
+        lower(&self.hosts[index].link)
+    }
+
+    /// Offload host `index`'s local link as the simulator models it.
+    pub fn simulator_local_link(&self, index: usize) -> LinkConfig {
+        lower(&self.hosts[index].local_link)
     }
 
     /// What a real-time rack cannot honour exactly in this topology, for
@@ -263,24 +284,44 @@ impl Topology {
     pub fn shaping_notes(&self) -> Vec<String> {
         let mut notes = Vec::new();
         for host in &self.hosts {
-            let Some(shape) = host.link.shape else {
-                continue;
-            };
-            if shape.bandwidth_bits_per_second > SOFT_RNIC_BITS_PER_SECOND {
-                notes.push(format!(
-                    "host {:?}: {} bit/s is above what a soft RNIC moves (about {SOFT_RNIC_BITS_PER_SECOND} bit/s at most): the NIC, not the shaper, sets the rate",
-                    host.name, shape.bandwidth_bits_per_second
-                ));
-            }
-            let delay = shape.propagation_delay;
-            if !delay.is_zero() && delay < WAKE_GRANULARITY {
-                notes.push(format!(
-                    "host {:?}: a delay of {delay:?} is finer than the rack's wake-up granularity ({WAKE_GRANULARITY:?}): frames may arrive up to that much later than set",
-                    host.name
-                ));
+            note_shape(&mut notes, &host.name, "link", &host.link);
+            if host.attached_to.is_some() {
+                note_shape(&mut notes, &host.name, "local link", &host.local_link);
             }
         }
         notes
+    }
+}
+
+/// A link as the simulator models it: the rack link (100 Gb/s, 1 µs)
+/// unless shaped.
+fn lower(link: &LinkSpec) -> LinkConfig {
+    let mut config = LinkConfig::rack();
+    if let Some(shape) = link.shape {
+        config.bandwidth_bits_per_second = shape.bandwidth_bits_per_second;
+        config.propagation_delay = shape.propagation_delay;
+        config.queue_limit_bytes = shape.queue_limit_bytes as usize;
+    }
+    config.faults = link.faults;
+    config
+}
+
+/// Notes what a real-time rack cannot honour of `link`'s shape.
+fn note_shape(notes: &mut Vec<String>, host: &str, which: &str, link: &LinkSpec) {
+    let Some(shape) = link.shape else {
+        return;
+    };
+    if shape.bandwidth_bits_per_second > SOFT_RNIC_BITS_PER_SECOND {
+        notes.push(format!(
+            "host {host:?}: its {which}'s {} bit/s is above what a soft RNIC moves (about {SOFT_RNIC_BITS_PER_SECOND} bit/s at most): the NIC, not the shaper, sets the rate",
+            shape.bandwidth_bits_per_second
+        ));
+    }
+    let delay = shape.propagation_delay;
+    if !delay.is_zero() && delay < WAKE_GRANULARITY {
+        notes.push(format!(
+            "host {host:?}: its {which}'s delay of {delay:?} is finer than the rack's wake-up granularity ({WAKE_GRANULARITY:?}): frames may arrive up to that much later than set"
+        ));
     }
 }
 

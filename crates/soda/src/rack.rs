@@ -51,12 +51,17 @@ pub enum Route {
     ThroughDpu,
 }
 
-/// Each host's link to the switch; `None` is as fast as the soft RNIC.
+/// The rack's links; `None` is as fast as the soft RNIC.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct RackLinks {
+    /// The compute node's link to the switch.
     pub compute: Option<LinkShape>,
-    /// B_net: the memory node's link.
+    /// B_net: the memory node's link to the switch.
     pub memory: Option<LinkShape>,
+    /// B_intra: the DPU's local link to the compute node (PCIe on a
+    /// BlueField), which their frames take without crossing the switch.
+    /// The DPU's own link to the switch is left as fast as the soft RNIC:
+    /// the memory node's link bounds what crosses it.
     pub dpu: Option<LinkShape>,
 }
 
@@ -169,21 +174,20 @@ fn topology(config: &SodaRackConfig) -> Topology {
         dpu.attached_to = Some(COMPUTE_HOST);
         topology.add_host(dpu).expect("a third distinct host fits");
     }
-    let links = [
+    let shaped = |shape| LinkSpec {
+        shape: Some(shape),
+        ..LinkSpec::CLEAN
+    };
+    for (index, shape) in [
         (COMPUTE_HOST, config.links.compute),
         (MEMORY_HOST, config.links.memory),
-        (DPU_HOST, config.links.dpu),
-    ];
-    for (index, shape) in links {
-        if let (Some(shape), true) = (shape, index < topology.hosts().len()) {
-            topology.set_link(
-                index,
-                LinkSpec {
-                    shape: Some(shape),
-                    ..LinkSpec::CLEAN
-                },
-            );
+    ] {
+        if let Some(shape) = shape {
+            topology.set_link(index, shaped(shape));
         }
+    }
+    if let (Some(shape), Some(_)) = (config.links.dpu, config.dpu) {
+        topology.set_local_link(DPU_HOST, shaped(shape));
     }
     topology
 }

@@ -6,8 +6,9 @@
 //!
 //! The links are shaped as the paper's testbed: B_net (the memory node's
 //! link) is half of what the soft RNIC sustains, measured at start-up, so
-//! the link and not the emulation is the bottleneck, and B_intra (compute
-//! and DPU links) is twice B_net. Every result is checked against
+//! the link and not the emulation is the bottleneck, and B_intra (the
+//! DPU's local link to the compute node, and the compute node's link) is
+//! twice B_net. Every result is checked against
 //! all-local memory; a disagreement fails the benchmark.
 
 use super::{median, Host, Report};
