@@ -95,6 +95,18 @@ fn the_embedded_rack_runs_its_workload_and_its_capture_passes_tshark_and_scapy()
     std::fs::remove_file(&capture).ok();
 }
 
+/// The DPU example: shaped uplinks and a local link, with no note, since
+/// its rates and delays are ones the rack keeps.
+#[test]
+fn the_dpu_example_runs_with_its_links_shaped_and_nothing_flagged() {
+    let report = rack_up("rack-dpu.toml", &[], "dpu");
+    assert_workloads_complete(&report, 300);
+    assert_eq!(report["notes"], serde_json::json!([]), "{report}");
+    let dpu = &report["nodes"][2];
+    assert_eq!(dpu["name"], "dpu0");
+    assert_eq!(dpu["role"], "offload");
+}
+
 fn check_capture_with_tshark(capture: &Path, expected_frames: u64) {
     let path = capture.to_str().unwrap();
     let Some(frames) = common::tshark_opcodes(path) else {
