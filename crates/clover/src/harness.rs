@@ -343,8 +343,18 @@ impl Application {
 /// state), off the data path, as the pool's `answer_metadata` describes.
 pub type SharedApplication = Arc<Mutex<Application>>;
 
-fn lock(application: &SharedApplication) -> std::sync::MutexGuard<'_, Application> {
-    application.lock().expect("application lock")
+/// The application, unless the other agent holds it now. On the embedded
+/// rack the two agents run on different threads (the clients on the
+/// compute host's CPU, the server on the fabric thread), and an agent that
+/// waited for the lock would count the wait as its busy time and hold up
+/// its thread; it takes its turn later instead. In the simulator the lock
+/// is never held across agents' turns.
+fn try_lock(application: &SharedApplication) -> Option<std::sync::MutexGuard<'_, Application>> {
+    match application.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+        Err(std::sync::TryLockError::Poisoned(_)) => panic!("application lock poisoned"),
+    }
 }
 
 /// How often the clients act with nothing arriving: their deadlines and
@@ -375,7 +385,9 @@ impl Agent for ClientsAgent {
     }
 
     fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
-        let mut application = lock(&self.application);
+        let Some(mut application) = try_lock(&self.application) else {
+            return Ok(Progress::Idle);
+        };
         if application.finished() {
             return Ok(Progress::Idle);
         }
@@ -387,7 +399,11 @@ impl Agent for ClientsAgent {
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        (!lock(&self.application).finished()).then_some(self.next_turn)
+        match try_lock(&self.application) {
+            Some(application) => (!application.finished()).then_some(self.next_turn),
+            // Held by the server: look again at the next turn.
+            None => Some(self.next_turn),
+        }
     }
 
     fn crash(&mut self) {}
@@ -421,7 +437,9 @@ impl Agent for MetadataAgent {
     }
 
     fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
-        let mut application = lock(&self.application);
+        let Some(mut application) = try_lock(&self.application) else {
+            return Ok(Progress::Idle);
+        };
         let answer_due = application.deployment.pool.wants_metadata() && now >= self.next_answer;
         if !answer_due && !application.collection_due(now) {
             return Ok(Progress::Idle);
@@ -434,7 +452,10 @@ impl Agent for MetadataAgent {
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        let application = lock(&self.application);
+        let Some(application) = try_lock(&self.application) else {
+            // Held by the clients: look again when an answer could be due.
+            return Some(self.next_answer);
+        };
         if application.finished() {
             return None;
         }

@@ -731,6 +731,33 @@ pub struct CpuAccount {
     pub agents: Vec<Vec<Duration>>,
 }
 
+/// Polls `agent` on `host`'s NIC, unless the host is down; a poll that
+/// moved adds the time since `started` to `busy_ns`. Returns whether it
+/// moved. The caller holds the agent's lock: agent, then host, the order
+/// a restart takes too.
+pub(crate) fn poll_on_host(
+    agent: &mut dyn Agent,
+    host: &Shared<NodeEndpoint>,
+    now: Timestamp,
+    started: Instant,
+    busy_ns: &BusyNanos,
+) -> Result<bool, RackError> {
+    let mut endpoint = lock(host);
+    if endpoint.is_down() {
+        return Ok(false);
+    }
+    let progress = agent
+        .poll(now, &mut endpoint.rnic)
+        .map_err(|error| RackError::Agent {
+            host: endpoint.name.clone(),
+            error,
+        })?;
+    if progress.moved() {
+        busy_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+    Ok(progress.moved())
+}
+
 /// An agent as a pump of the fabric thread, its busy time counted apart.
 struct AgentPump {
     host: Shared<NodeEndpoint>,
@@ -749,21 +776,8 @@ impl Pump for AgentPump {
         if !agent.woken_by_frames() && agent.poll_timeout().is_none_or(|at| at > now) {
             return Ok(false);
         }
-        let mut host = lock(&self.host);
-        if host.is_down() {
-            return Ok(false);
-        }
-        let progress = agent
-            .poll(now, &mut host.rnic)
-            .map_err(|error| RackError::Agent {
-                host: host.name.clone(),
-                error,
-            })?;
-        if progress.moved() {
-            self.busy_ns
-                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        }
-        Ok(progress.moved())
+        let moved = poll_on_host(&mut *agent, &self.host, now, started, &self.busy_ns)?;
+        Ok(moved)
     }
 
     fn deadline(&self, clock: &RackClock) -> Option<Instant> {

@@ -20,7 +20,7 @@
 //!
 //! [`RackBuilder::own_cpu`]: crate::assembly::RackBuilder::own_cpu
 
-use crate::assembly::BusyNanos;
+use crate::assembly::{poll_on_host, BusyNanos};
 use crate::endpoint::{lock, thread_cpu_ns, DriverKicker, NodeEndpoint, RackClock, Shared};
 use crate::RackError;
 use remora_base::Timestamp;
@@ -147,24 +147,10 @@ fn poll_seat(
     if !woken {
         return Ok(false);
     }
-    let started = Instant::now();
-    let mut endpoint = lock(host);
-    if endpoint.is_down() {
-        return Ok(false);
-    }
-    let progress = agent
-        .poll(now, &mut endpoint.rnic)
-        .map_err(|error| RackError::Agent {
-            host: endpoint.name.clone(),
-            error,
-        })?;
-    drop(endpoint);
-    if progress.moved() {
-        seat.busy_ns
-            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        seat.idle_until = now;
-    } else {
-        seat.idle_until = now.saturating_add(IDLE_POLL_SPACING);
-    }
-    Ok(progress.moved())
+    let moved = poll_on_host(&mut *agent, host, now, Instant::now(), &seat.busy_ns)?;
+    seat.idle_until = match moved {
+        true => now,
+        false => now.saturating_add(IDLE_POLL_SPACING),
+    };
+    Ok(moved)
 }
