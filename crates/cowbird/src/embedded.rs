@@ -519,15 +519,15 @@ impl Fetcher for VerbsFetcher {
         }
         for request in self.pending.drain(..) {
             // The queue holds a whole window, so it is never full here.
-            let queued = self.queues.post_send(self.direct.queue_pair, request)?;
-            assert!(queued, "the send queue holds the whole window");
+            self.queues.post_send(self.direct.queue_pair, request)?;
         }
         self.kicker.kick();
         Ok(())
     }
 
     fn poll(&mut self, done: &mut Vec<usize>) -> Result<(), EmbeddedError> {
-        while let Some(completion) = self.queues.poll_completion() {
+        let completion_queue = self.queues.completion_queue();
+        while let Some(completion) = self.queues.poll_completion(completion_queue)? {
             if completion.status != CompletionStatus::Success {
                 return Err(EmbeddedError::Completion {
                     variant: "a READ",
@@ -585,15 +585,6 @@ impl RpcFetcher {
             arena: Arena::new(window, record_bytes),
         })
     }
-
-    fn queue(
-        &self,
-        request: impl FnOnce(&AppQueues) -> Result<bool, RackError>,
-    ) -> Result<(), EmbeddedError> {
-        let queued = request(&self.path.queues)?;
-        assert!(queued, "the queues hold a whole window");
-        Ok(())
-    }
 }
 
 impl Fetcher for RpcFetcher {
@@ -614,8 +605,9 @@ impl Fetcher for RpcFetcher {
             &[region.slice(request_at, crate::rpc::REQUEST_BYTES)],
         )?;
         let queue_pair = self.path.queue_pair;
-        self.queue(|queues| queues.post_receive(queue_pair, receive))?;
-        self.queue(|queues| queues.post_send(queue_pair, send))?;
+        // The queues hold a whole window, so they are never full here.
+        self.path.queues.post_receive(queue_pair, receive)?;
+        self.path.queues.post_send(queue_pair, send)?;
         self.posted = true;
         Ok(Some(slot as usize))
     }
@@ -628,7 +620,8 @@ impl Fetcher for RpcFetcher {
     }
 
     fn poll(&mut self, done: &mut Vec<usize>) -> Result<(), EmbeddedError> {
-        while let Some(completion) = self.path.queues.poll_completion() {
+        let completion_queue = self.path.queues.completion_queue();
+        while let Some(completion) = self.path.queues.poll_completion(completion_queue)? {
             if completion.status != CompletionStatus::Success {
                 return Err(EmbeddedError::Completion {
                     variant: "an RPC",

@@ -192,7 +192,7 @@ impl remora_host::Agent for RpcServer {
 mod tests {
     use super::*;
     use remora_rnic::back_to_back::BackToBack;
-    use remora_rnic::{AccessFlags, QueuePairBuilder};
+    use remora_rnic::{AccessFlags, DataPath, QueuePairBuilder};
 
     /// A client on the left, the server on the right: a good request gets
     /// its record, a request past the pool gets an empty reply.

@@ -9,7 +9,7 @@ use crate::assembly::StagedRack;
 use crate::endpoint::{rack_queue_pair, AppQueues, DriverKicker};
 use crate::RackError;
 use remora_rnic::{
-    AccessFlags, CompletionOpcode, CompletionStatus, HostMemory, MemoryRegion, QueuePair,
+    AccessFlags, CompletionOpcode, CompletionStatus, DataPath, HostMemory, MemoryRegion, QueuePair,
     QueuePairBuilder, ReceiveRequest, RemoteAddress, SendOperation, SendRequest, Verbs, VerbsError,
     WorkCompletion,
 };
@@ -38,8 +38,6 @@ pub enum ChannelError {
     TimedOut { operation: &'static str },
     #[error("buffer: {0}")]
     Buffer(#[from] remora_rnic::HostMemoryOutOfBounds),
-    #[error("the NIC's queues are gone: {0}")]
-    Queues(String),
 }
 
 /// A transfer's data: where a read lands, or what a write sends.
@@ -98,7 +96,7 @@ impl<S> Channel<S> {
 
     /// A READ into the landing buffer, or a WRITE from it.
     pub fn one_sided(
-        &self,
+        &mut self,
         kicker: &DriverKicker,
         remote: RemoteAddress,
         length: usize,
@@ -124,7 +122,7 @@ impl<S> Channel<S> {
     /// Moves a transfer's bytes from or to `region` at `at`, one-sided, a
     /// landing buffer at a time.
     pub fn transfer(
-        &self,
+        &mut self,
         kicker: &DriverKicker,
         region: MemoryRegion,
         at: u64,
@@ -153,7 +151,7 @@ impl<S> Channel<S> {
     /// Sends `request` (with `immediate`) from the outbox and waits for
     /// the reply, which lands in the landing buffer.
     pub fn two_sided(
-        &self,
+        &mut self,
         kicker: &DriverKicker,
         immediate: u32,
         request: &[u8],
@@ -187,29 +185,20 @@ impl<S> Channel<S> {
         Ok(reply.expect("the loop ends with a reply"))
     }
 
-    fn post_send(&self, request: SendRequest) -> Result<(), ChannelError> {
-        let queued = self
-            .queues
-            .post_send(self.queue_pair, request)
-            .map_err(|error| ChannelError::Queues(error.to_string()))?;
-        assert!(queued, "a channel has at most two requests in flight");
-        Ok(())
+    fn post_send(&mut self, request: SendRequest) -> Result<(), ChannelError> {
+        Ok(self.queues.post_send(self.queue_pair, request)?)
     }
 
-    fn post_receive(&self, request: ReceiveRequest) -> Result<(), ChannelError> {
-        let queued = self
-            .queues
-            .post_receive(self.queue_pair, request)
-            .map_err(|error| ChannelError::Queues(error.to_string()))?;
-        assert!(queued, "a channel has at most two requests in flight");
-        Ok(())
+    fn post_receive(&mut self, request: ReceiveRequest) -> Result<(), ChannelError> {
+        Ok(self.queues.post_receive(self.queue_pair, request)?)
     }
 
-    fn wait(&self, operation: &'static str) -> Result<WorkCompletion, ChannelError> {
+    fn wait(&mut self, operation: &'static str) -> Result<WorkCompletion, ChannelError> {
         let deadline = Instant::now() + COMPLETION_DEADLINE;
         let mut spins = 0u32;
         loop {
-            if let Some(completion) = self.queues.poll_completion() {
+            let completion_queue = self.queues.completion_queue();
+            if let Some(completion) = self.queues.poll_completion(completion_queue)? {
                 return Ok(completion);
             }
             if Instant::now() > deadline {

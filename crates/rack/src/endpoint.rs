@@ -12,9 +12,9 @@ use crate::RackError;
 use remora_carrier::{CarrierError, IdleStrategy, Kicker, Port, SendStatus, WaitSource, Waiter};
 use remora_host::{Ports, LOCAL_PORT};
 use remora_rnic::{
-    CompletionQueue, CompletionStatus, MemoryRegion, ProtectionDomain, QueuePair, QueuePairBuilder,
-    ReceiveRequest, SendRequest, SharedReceiveQueue, SoftRnic, Timestamp, Verbs, VerbsError,
-    WorkCompletion,
+    CompletionQueue, CompletionStatus, DataPath, MemoryRegion, ProtectionDomain, QueuePair,
+    QueuePairBuilder, ReceiveRequest, SendRequest, SharedReceiveQueue, SoftRnic, Timestamp, Verbs,
+    VerbsError, WorkCompletion,
 };
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{PortId, Program, Switch};
@@ -195,6 +195,8 @@ const SUBMISSIONS_PER_PUMP: usize = 256;
 pub struct AppQueues {
     submissions: mpsc::SyncSender<(QueuePair, WorkRequest)>,
     completions: mpsc::Receiver<WorkCompletion>,
+    /// The one completion queue whose completions come back here.
+    completion_queue: CompletionQueue,
 }
 
 /// What an application hands its NIC.
@@ -205,36 +207,50 @@ enum WorkRequest {
 }
 
 impl AppQueues {
-    /// Queues a work request; `false` when the queue is full.
-    pub fn post_send(
-        &self,
-        queue_pair: QueuePair,
-        request: SendRequest,
-    ) -> Result<bool, RackError> {
+    /// The completion queue whose completions come back here.
+    pub fn completion_queue(&self) -> CompletionQueue {
+        self.completion_queue
+    }
+
+    fn submit(&mut self, queue_pair: QueuePair, request: WorkRequest) -> Result<(), VerbsError> {
+        match self.submissions.try_send((queue_pair, request)) {
+            Ok(()) => Ok(()),
+            Err(mpsc::TrySendError::Full(_)) => Err(VerbsError::QueueFull {
+                queue: "the application's queue to its NIC",
+            }),
+            Err(mpsc::TrySendError::Disconnected(_)) => Err(VerbsError::DeviceGone),
+        }
+    }
+}
+
+/// The verbs' data path without the NIC's lock: a request waits in the
+/// queue until the NIC's next pump posts it (a send queue the NIC finds
+/// full holds it there), and completions arrive the pump after.
+impl DataPath for AppQueues {
+    fn post_send(&mut self, queue_pair: QueuePair, request: SendRequest) -> Result<(), VerbsError> {
         self.submit(queue_pair, WorkRequest::Send(request))
     }
 
-    /// Queues a receive buffer; `false` when the queue is full.
-    pub fn post_receive(
-        &self,
+    fn post_receive(
+        &mut self,
         queue_pair: QueuePair,
         request: ReceiveRequest,
-    ) -> Result<bool, RackError> {
+    ) -> Result<(), VerbsError> {
         self.submit(queue_pair, WorkRequest::Receive(request))
     }
 
-    fn submit(&self, queue_pair: QueuePair, request: WorkRequest) -> Result<bool, RackError> {
-        match self.submissions.try_send((queue_pair, request)) {
-            Ok(()) => Ok(true),
-            Err(mpsc::TrySendError::Full(_)) => Ok(false),
-            Err(mpsc::TrySendError::Disconnected(_)) => {
-                Err(RackError::Workload("the NIC's queues are gone".into()))
-            }
+    fn poll_completion(
+        &mut self,
+        queue: CompletionQueue,
+    ) -> Result<Option<WorkCompletion>, VerbsError> {
+        if queue != self.completion_queue {
+            return Err(VerbsError::UnknownCompletionQueue);
         }
-    }
-
-    pub fn poll_completion(&self) -> Option<WorkCompletion> {
-        self.completions.try_recv().ok()
+        match self.completions.try_recv() {
+            Ok(completion) => Ok(Some(completion)),
+            Err(mpsc::TryRecvError::Empty) => Ok(None),
+            Err(mpsc::TryRecvError::Disconnected) => Err(VerbsError::DeviceGone),
+        }
     }
 }
 
@@ -377,6 +393,7 @@ impl NodeEndpoint {
         AppQueues {
             submissions: submit,
             completions,
+            completion_queue,
         }
     }
 

@@ -303,6 +303,35 @@ impl SoftRnic {
     }
 }
 
+impl DataPath for SoftRnic {
+    fn post_send(&mut self, queue_pair: QueuePair, request: SendRequest) -> Result<(), VerbsError> {
+        let max_message_bytes = self.config.max_message_bytes;
+        let (context, resources) = self.queue_pair_mut(queue_pair.0)?;
+        let posted = context.post_send(request, resources, max_message_bytes);
+        self.fail_queue_pairs_of_overrun_queues();
+        posted
+    }
+
+    fn post_receive(
+        &mut self,
+        queue_pair: QueuePair,
+        request: ReceiveRequest,
+    ) -> Result<(), VerbsError> {
+        let (context, resources) = self.queue_pair_mut(queue_pair.0)?;
+        let posted = context.post_receive(request, resources);
+        self.fail_queue_pairs_of_overrun_queues();
+        posted
+    }
+
+    fn poll_completion(
+        &mut self,
+        queue: CompletionQueue,
+    ) -> Result<Option<WorkCompletion>, VerbsError> {
+        self.check_completion_queue(queue)?;
+        self.resources.completion_queues[queue.0 as usize].pop()
+    }
+}
+
 impl Verbs for SoftRnic {
     fn alloc_protection_domain(&mut self) -> Result<ProtectionDomain, VerbsError> {
         let pd = ProtectionDomain(self.protection_domains);
@@ -414,25 +443,6 @@ impl Verbs for SoftRnic {
         Ok(to)
     }
 
-    fn post_send(&mut self, queue_pair: QueuePair, request: SendRequest) -> Result<(), VerbsError> {
-        let max_message_bytes = self.config.max_message_bytes;
-        let (context, resources) = self.queue_pair_mut(queue_pair.0)?;
-        let posted = context.post_send(request, resources, max_message_bytes);
-        self.fail_queue_pairs_of_overrun_queues();
-        posted
-    }
-
-    fn post_receive(
-        &mut self,
-        queue_pair: QueuePair,
-        request: ReceiveRequest,
-    ) -> Result<(), VerbsError> {
-        let (context, resources) = self.queue_pair_mut(queue_pair.0)?;
-        let posted = context.post_receive(request, resources);
-        self.fail_queue_pairs_of_overrun_queues();
-        posted
-    }
-
     fn post_shared_receive(
         &mut self,
         queue: SharedReceiveQueue,
@@ -447,14 +457,6 @@ impl Verbs for SoftRnic {
             .memory
             .check_local_list(protection_domain, &request.local, true)?;
         self.resources.shared_receive_queue(queue).push(request)
-    }
-
-    fn poll_completion(
-        &mut self,
-        queue: CompletionQueue,
-    ) -> Result<Option<WorkCompletion>, VerbsError> {
-        self.check_completion_queue(queue)?;
-        self.resources.completion_queues[queue.0 as usize].pop()
     }
 
     fn read_local(&self, lkey: Lkey, address: VirtAddr, into: &mut [u8]) -> Result<(), VerbsError> {

@@ -429,8 +429,32 @@ pub struct ReceivedDatagram {
     pub length: usize,
 }
 
+/// The data path of the verbs: what an application does for every
+/// request, posting work and taking completions. Every device has it (it
+/// is [`Verbs`]'s supertrait); so do the lock-free queues through which
+/// an application thread of the embedded rack reaches its NIC without the
+/// NIC's lock (`remora_rack::endpoint::AppQueues`), so code that only
+/// moves data is written once for both.
+pub trait DataPath {
+    /// Posts a send-queue work request; a full send queue is
+    /// [`VerbsError::QueueFull`].
+    fn post_send(&mut self, queue_pair: QueuePair, request: SendRequest) -> Result<(), VerbsError>;
+    /// Posts a receive buffer; a full receive queue is
+    /// [`VerbsError::QueueFull`].
+    fn post_receive(
+        &mut self,
+        queue_pair: QueuePair,
+        request: ReceiveRequest,
+    ) -> Result<(), VerbsError>;
+    /// Takes the oldest completion of `queue`, if any.
+    fn poll_completion(
+        &mut self,
+        queue: CompletionQueue,
+    ) -> Result<Option<WorkCompletion>, VerbsError>;
+}
+
 /// The verbs of a device, shaped after the `ibverbs` crate.
-pub trait Verbs {
+pub trait Verbs: DataPath {
     fn alloc_protection_domain(&mut self) -> Result<ProtectionDomain, VerbsError>;
     fn register_memory(
         &mut self,
@@ -474,21 +498,11 @@ pub trait Verbs {
         self.modify_queue_pair(prepared.qpn, QueuePairTransition::ReadyToSend)?;
         Ok(QueuePair(prepared.qpn))
     }
-    fn post_send(&mut self, queue_pair: QueuePair, request: SendRequest) -> Result<(), VerbsError>;
-    fn post_receive(
-        &mut self,
-        queue_pair: QueuePair,
-        request: ReceiveRequest,
-    ) -> Result<(), VerbsError>;
     fn post_shared_receive(
         &mut self,
         queue: SharedReceiveQueue,
         request: ReceiveRequest,
     ) -> Result<(), VerbsError>;
-    fn poll_completion(
-        &mut self,
-        queue: CompletionQueue,
-    ) -> Result<Option<WorkCompletion>, VerbsError>;
     /// The host CPU reading registered memory.
     fn read_local(&self, lkey: Lkey, address: VirtAddr, into: &mut [u8]) -> Result<(), VerbsError>;
     /// The host CPU writing registered memory.
@@ -540,6 +554,8 @@ pub enum VerbsError {
     },
     #[error("{queue} is full")]
     QueueFull { queue: &'static str },
+    #[error("the device behind these queues is gone")]
+    DeviceGone,
     #[error("unknown datagram port")]
     UnknownDatagramPort,
     #[error("UDP port {0} is RoCEv2's or already open")]

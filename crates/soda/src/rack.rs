@@ -569,7 +569,7 @@ impl SodaRack {
     /// the error bit is `Refused`. Returns the reply and its immediate.
     fn ask(
         &self,
-        channel: &Channel<WriteTracking>,
+        channel: &mut Channel<WriteTracking>,
         request: &SodaRequestRepr<'_>,
         object: ObjectId,
     ) -> Result<(remora_rack::channel::Reply, u32), SodaRackError> {
