@@ -2,7 +2,6 @@
 //! written through the carriers' pcap writer, so Wireshark opens the exact
 //! bytes the devices exchanged.
 
-use crate::error::CaptureError;
 use remora_carrier::wrappers::PcapSink;
 use std::path::Path;
 use std::time::Duration;
@@ -48,4 +47,12 @@ impl Capture {
         }
         sink.flush().map_err(context)
     }
+}
+
+/// A pcap file that could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {source}")]
+pub struct CaptureError {
+    pub path: std::path::PathBuf,
+    pub source: remora_carrier::CarrierError,
 }

@@ -1,41 +1,12 @@
-//! The command line's errors, typed down to `main`: each command has its
-//! own, and a system's failure keeps the system's own typed error as its
-//! source, so a test can match on which check failed.
+//! The command line's errors, typed down to `main` (whose `CliError` has
+//! one per command): a system's failure keeps the system's own typed error
+//! as its source, so a test can match on which check failed.
 
-use crate::bench::BenchError;
-use crate::soda::SodaCliError;
+use crate::capture::CaptureError;
+use crate::output::OutputError;
 use crate::HistoryFileError;
 use remora_rack::RackError;
 use std::path::PathBuf;
-
-/// Why a `remora` command could not run.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    #[error("REMORA_LOG={0:?}: use error, warn, info, debug or trace")]
-    LogLevel(String),
-    #[error(transparent)]
-    Demo(#[from] DemoError),
-    #[error(transparent)]
-    Sim(#[from] SimError),
-    #[error(transparent)]
-    Bench(#[from] BenchError),
-    #[error(transparent)]
-    Soda(#[from] SodaCliError),
-    #[error(transparent)]
-    Rack(#[from] RackCommandError),
-}
-
-/// A result file (`--json`) that could not be written.
-#[derive(Debug, thiserror::Error)]
-pub enum OutputError {
-    #[error("cannot encode the results as JSON: {0}")]
-    Encode(#[from] serde_json::Error),
-    #[error("cannot write {path}: {source}")]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-}
 
 /// A system's own error, with the system it came from: a demo step that
 /// could not run, or a rack-file section the system refuses. The source
@@ -97,14 +68,6 @@ pub enum DemoError {
     History(#[from] HistoryFileError),
     #[error(transparent)]
     Output(#[from] OutputError),
-}
-
-/// A pcap file that could not be written.
-#[derive(Debug, thiserror::Error)]
-#[error("{path}: {source}")]
-pub struct CaptureError {
-    pub path: PathBuf,
-    pub source: remora_carrier::CarrierError,
 }
 
 /// Why `remora sim` could not run (failing seeds are not an error: the

@@ -4,13 +4,13 @@ mod bench;
 mod capture;
 mod demo;
 mod error;
+mod output;
 mod rack;
 mod sim;
 mod soda;
 mod systems;
 
 use clap::{Parser, Subcommand};
-use error::{CliError, OutputError};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -103,13 +103,21 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
     })
 }
 
-/// Writes `value` as pretty JSON to `path`.
-fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> Result<(), OutputError> {
-    let text = serde_json::to_string_pretty(value)?;
-    std::fs::write(path, text + "\n").map_err(|source| OutputError::Write {
-        path: path.to_path_buf(),
-        source,
-    })
+/// Why a `remora` command could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("REMORA_LOG={0:?}: use error, warn, info, debug or trace")]
+    LogLevel(String),
+    #[error(transparent)]
+    Demo(#[from] error::DemoError),
+    #[error(transparent)]
+    Sim(#[from] error::SimError),
+    #[error(transparent)]
+    Bench(#[from] bench::BenchError),
+    #[error(transparent)]
+    Soda(#[from] soda::SodaCliError),
+    #[error(transparent)]
+    Rack(#[from] error::RackCommandError),
 }
 
 /// Why a `--history` file could not be written, or what it holds failed.

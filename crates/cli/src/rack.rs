@@ -1,6 +1,7 @@
 //! `remora rack up` and `remora node`.
 
-use crate::error::{OutputError, RackCommandError};
+use crate::error::RackCommandError;
+use crate::output::OutputError;
 use clap::{Args, Subcommand, ValueEnum};
 use remora_rack::launch::{self, NodeCarrier};
 use remora_rack::{CarrierKind, LaunchOptions, Mode, RackConfig};
@@ -162,11 +163,11 @@ pub fn run(command: RackCommand) -> Result<ExitCode, RackCommandError> {
     }
     if let Some(path) = &args.json {
         if systems.is_empty() {
-            crate::write_json(path, &report)?;
+            crate::output::write_json(path, &report)?;
         } else {
             let mut document = serde_json::json!({ "rack": report });
             document.as_object_mut().expect("an object").extend(systems);
-            crate::write_json(path, &document)?;
+            crate::output::write_json(path, &document)?;
         }
     }
     if failures.is_empty() {
@@ -179,113 +180,6 @@ pub fn run(command: RackCommand) -> Result<ExitCode, RackCommandError> {
     }
 }
 
-/// The rack file's `[cowbird]` section, run on the embedded rack: checked
-/// histories through the engine it names. Failures join the rack's.
-pub fn run_cowbird(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
-    let (workload, placement) = match remora_cowbird::embedded::from_rack(rack) {
-        Ok(found) => found?,
-        Err(error) => {
-            failures.push(error.to_string());
-            return Some(serde_json::json!({ "error": error.to_string() }));
-        }
-    };
-    let time_limit = std::time::Duration::from_secs(120);
-    println!(
-        "cowbird: {:?} engine, {} threads x {} checked requests",
-        workload.engine, workload.threads, workload.operations_per_thread
-    );
-    match remora_cowbird::embedded::run_histories(1, &workload, &placement, time_limit) {
-        Ok(outcome) => {
-            println!(
-                "  {} requests completed once and in order, {} reads allowed by the model, pool equal to the model: yes ({:.0} requests/s)",
-                outcome.completed,
-                outcome.reads_checked,
-                outcome.completed as f64 / outcome.elapsed.as_secs_f64()
-            );
-            Some(serde_json::json!({
-                "engine": format!("{:?}", workload.engine),
-                "threads": workload.threads,
-                "completed": outcome.completed,
-                "reads_checked": outcome.reads_checked,
-                "seconds": outcome.elapsed.as_secs_f64(),
-                "p4_go_backs": outcome.switch_engine.map(|stats| stats.go_backs),
-            }))
-        }
-        Err(error) => {
-            failures.push(format!("cowbird: {error}"));
-            Some(serde_json::json!({ "error": error.to_string() }))
-        }
-    }
-}
-
-/// Runs the rack file's `[clover]` section on the embedded rack: its
-/// store and workload on a compute and a memory node behind the switch,
-/// with the resolver if the section asks for it, every key's history
-/// checked for linearizability if it asks for that.
-pub fn run_clover(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
-    let config = match remora_clover::config::CloverConfig::from_rack(rack) {
-        Ok(found) => found?,
-        Err(error) => {
-            failures.push(error.to_string());
-            return Some(serde_json::json!({ "error": error.to_string() }));
-        }
-    };
-    let run = config.run;
-    let switch = match run.switch {
-        remora_clover::harness::SwitchChoice::Plain => "plain forwarding".to_string(),
-        remora_clover::harness::SwitchChoice::Resolver { cached_keys } => {
-            format!("the resolver tracking {cached_keys} keys")
-        }
-    };
-    println!(
-        "clover: {} clients, {} requests on {} keys, through {switch}",
-        run.clients, run.operations, run.keys
-    );
-    match remora_clover::embedded::run(1, &run) {
-        Ok(outcome) => {
-            let violations = outcome
-                .verdict
-                .as_ref()
-                .map(|verdict| verdict.violations.clone());
-            let checked = match &outcome.verdict {
-                Some(verdict) if verdict.violations.is_empty() => format!(
-                    "{} keys' histories ({} requests) linearizable",
-                    verdict.keys, verdict.operations
-                ),
-                Some(verdict) => {
-                    failures.push(format!(
-                        "clover: keys {:?} are not linearizable",
-                        verdict.violations
-                    ));
-                    format!("keys {:?} NOT linearizable", verdict.violations)
-                }
-                None => "histories not checked".into(),
-            };
-            println!(
-                "  {} requests ({:.0}/s), {} write conflicts; {checked}",
-                outcome.operations(),
-                outcome.operations_per_second(),
-                outcome.stats.conflicts
-            );
-            Some(serde_json::json!({
-                "clients": run.clients,
-                "keys": run.keys,
-                "resolver": !matches!(run.switch, remora_clover::harness::SwitchChoice::Plain),
-                "operations": outcome.operations(),
-                "operations_per_second": outcome.operations_per_second(),
-                "conflicts": outcome.stats.conflicts,
-                "not_linearizable_keys": violations,
-                "fabric_cpu_seconds": outcome.cpu.map(|cpu| cpu.fabric.as_secs_f64()),
-                "client_cpu_seconds": outcome.cpu.map(|cpu| cpu.clients.as_secs_f64()),
-            }))
-        }
-        Err(error) => {
-            failures.push(format!("clover: {error}"));
-            Some(serde_json::json!({ "error": error.to_string() }))
-        }
-    }
-}
-
 fn run_switch(args: SwitchArgs) -> Result<ExitCode, RackCommandError> {
     let rack = RackConfig::load(&args.rack)?;
     println!("switch for rack {} up; Ctrl-C stops it", rack.name);
@@ -295,7 +189,7 @@ fn run_switch(args: SwitchArgs) -> Result<ExitCode, RackCommandError> {
         serde_json::to_string_pretty(&report.counters).map_err(OutputError::from)?
     );
     if let Some(path) = &args.json {
-        crate::write_json(path, &report)?;
+        crate::output::write_json(path, &report)?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -336,7 +230,7 @@ pub fn run_node(args: NodeArgs) -> Result<ExitCode, RackCommandError> {
     };
     let report = launch::run_node(&rack, &args.name, carrier, &args.run_dir, stop_flag())?;
     if let Some(path) = &args.report {
-        crate::write_json(path, &report)?;
+        crate::output::write_json(path, &report)?;
     }
     match &report.error {
         None => Ok(ExitCode::SUCCESS),

@@ -212,7 +212,7 @@ fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, SimError> {
         );
     }
     if let Some(path) = &args.json {
-        crate::write_json(path, &report)?;
+        crate::output::write_json(path, &report)?;
     }
     Ok(if report.violations.is_empty() {
         ExitCode::SUCCESS
@@ -245,7 +245,7 @@ fn run_fabric(args: FabricArgs) -> Result<ExitCode, SimError> {
     }
     if let Some(path) = &args.json {
         let document = serde_json::json!({ "config": config, "report": report });
-        crate::write_json(path, &document)?;
+        crate::output::write_json(path, &document)?;
     }
     Ok(if report.failures.is_empty() {
         ExitCode::SUCCESS

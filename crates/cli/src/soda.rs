@@ -165,7 +165,7 @@ pub enum SodaCliError {
     #[error("work directory: {0}")]
     WorkDirectory(std::io::Error),
     #[error(transparent)]
-    Output(#[from] crate::error::OutputError),
+    Output(#[from] crate::output::OutputError),
 }
 
 pub fn run(command: SodaCommand) -> Result<ExitCode, SodaCliError> {
@@ -277,7 +277,7 @@ fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {
             })?;
     }
     if let Some(path) = &args.json {
-        crate::write_json(path, &run_json(&run))?;
+        crate::output::write_json(path, &run_json(&run))?;
     }
     Ok(ExitCode::SUCCESS)
 }

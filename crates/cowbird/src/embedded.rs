@@ -39,10 +39,11 @@ use crate::spot_agent::SpotAgent;
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use remora_rack::assembly::{BusyNanos, EmbeddedRack, RackBuilder, StagedRack};
+use remora_rack::assembly::{EmbeddedRack, RackBuilder, StagedRack};
 use remora_rack::endpoint::{
     lock, AppQueues, DriverKicker, NodeEndpoint, Shared, SwitchEndpoint, RACK_ACK_TIMEOUT,
 };
+use remora_rack::host_cpu::BusyNanos;
 use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
 use remora_rack::{RackConfig, RackError, Role};
 use remora_rnic::*;
@@ -303,7 +304,7 @@ fn p4_rack(
 > {
     let mut program = P4Engine::with_forwarding(config, topology.forwarding());
     let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
-    let ports = crate::simulated::switch_ports();
+    let ports = crate::scenario::switch_ports();
     let deployment = deploy_p4(spec, compute, memory, &mut program, ports)?;
     prepare(&mut staged, &deployment)?;
     let template = program.probe_template();

@@ -19,16 +19,16 @@
 //! equals the models at the end.
 
 use crate::connection::ConnectionService;
-use crate::deploy::{deploy, deploy_p4, CowbirdSpec, DeployError};
+use crate::deploy::{deploy, deploy_p4, CowbirdSpec, DeployError, SwitchPorts};
 use crate::history::{Engine, HistoryApplication, HistoryError, ReadCheck, Workload};
 use crate::p4::{CowbirdP4, P4Engine, P4Stats};
-use crate::simulated::{spec, switch_ports};
 use crate::spot::SpotStats;
 use crate::spot_agent::SpotAgent;
 use remora_rack::scenario::{Rack, RackStage};
 use remora_rack::topology::{COMPUTE_HOST, MEMORY_HOST};
 use remora_rack::RackError;
 use remora_rnic::HostMemory;
+use remora_switch::PortId;
 use std::time::Duration;
 
 /// Which part of a scenario failed.
@@ -462,4 +462,25 @@ fn finish<R: Rack>(
         switch_engine: None,
         retransmissions: rack.with_nic(MEMORY_HOST, |nic| nic.counters().packets_retransmitted),
     })
+}
+
+/// The deployment a checked workload runs on.
+pub fn spec(workload: &Workload) -> CowbirdSpec {
+    CowbirdSpec {
+        threads: workload.threads,
+        sizes: workload.sizes,
+        pool_regions: vec![workload.window_bytes * workload.threads as u64],
+        spot: workload.spot,
+        ack_timeout: Duration::from_micros(200),
+        direct: None,
+        rpc: None,
+    }
+}
+
+/// The switch ports of the two hosts, for Cowbird-P4.
+pub fn switch_ports() -> SwitchPorts {
+    SwitchPorts {
+        compute: PortId(COMPUTE_HOST as u16),
+        memory: PortId(MEMORY_HOST as u16),
+    }
 }

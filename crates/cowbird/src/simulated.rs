@@ -8,7 +8,6 @@
 //! ([`Disruption`]). The workload and its checks are
 //! [`crate::history`]'s.
 
-use crate::deploy::{CowbirdSpec, SwitchPorts};
 use crate::history::HistoryError;
 pub use crate::history::{Engine, ReadCheck, Workload};
 use crate::p4::P4Config;
@@ -18,7 +17,6 @@ use remora_rack::scenario::SimulatedStage;
 use remora_rack::topology::{LinkSpec, Topology, COMPUTE_HOST, MEMORY_HOST};
 use remora_sim::{LinkFaults, Probability};
 use remora_switch::programs::l2l3::L2L3Forwarding;
-use remora_switch::PortId;
 use std::time::Duration;
 
 /// The rack's two hosts and the switch between them.
@@ -44,19 +42,6 @@ impl RunError {
     /// The history check that failed, if that is what failed.
     pub fn history(&self) -> Option<&HistoryError> {
         self.error.history()
-    }
-}
-
-/// The deployment a checked workload runs on.
-pub fn spec(workload: &Workload) -> CowbirdSpec {
-    CowbirdSpec {
-        threads: workload.threads,
-        sizes: workload.sizes,
-        pool_regions: vec![workload.window_bytes * workload.threads as u64],
-        spot: workload.spot,
-        ack_timeout: Duration::from_micros(200),
-        direct: None,
-        rpc: None,
     }
 }
 
@@ -114,12 +99,4 @@ pub fn run_with(
     let limit = Duration::from_nanos(total * 20_000_000 + 1_000_000_000);
     let stage = SimulatedStage::new(seed, &topology, seed);
     histories(stage, seed, workload, disruption, limit).map_err(|error| RunError { seed, error })
-}
-
-/// The switch ports of the two hosts, for Cowbird-P4.
-pub fn switch_ports() -> SwitchPorts {
-    SwitchPorts {
-        compute: PortId(COMPUTE_HOST as u16),
-        memory: PortId(MEMORY_HOST as u16),
-    }
 }

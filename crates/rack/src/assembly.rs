@@ -14,7 +14,7 @@
 use crate::endpoint::{
     lock, Driver, FabricThread, NodeEndpoint, Pump, RackClock, Shared, SwitchEndpoint,
 };
-use crate::host_cpu::HostCpu;
+use crate::host_cpu::{poll_on_host, BusyNanos, HostCpu};
 use crate::report::SwitchReport;
 use crate::topology::{HostSpec, LinkSpec, Topology};
 use crate::RackError;
@@ -352,10 +352,6 @@ fn udp_pairs(count: usize) -> Result<LinkEnds, RackError> {
         })
         .collect()
 }
-
-/// An agent's busy time (its polls that moved): the CPU of the host it
-/// runs on, reported apart from the NICs'.
-pub type BusyNanos = Arc<AtomicU64>;
 
 /// An agent waiting for the fabric: its host, itself, its busy time.
 type StagedAgent = (usize, Arc<Mutex<dyn Agent>>, BusyNanos);
@@ -729,33 +725,6 @@ pub struct CpuAccount {
     /// Each host's agents' busy time (polls that moved), in the order
     /// added, wherever they ran.
     pub agents: Vec<Vec<Duration>>,
-}
-
-/// Polls `agent` on `host`'s NIC, unless the host is down; a poll that
-/// moved adds the time since `started` to `busy_ns`. Returns whether it
-/// moved. The caller holds the agent's lock: agent, then host, the order
-/// a restart takes too.
-pub(crate) fn poll_on_host(
-    agent: &mut dyn Agent,
-    host: &Shared<NodeEndpoint>,
-    now: Timestamp,
-    started: Instant,
-    busy_ns: &BusyNanos,
-) -> Result<bool, RackError> {
-    let mut endpoint = lock(host);
-    if endpoint.is_down() {
-        return Ok(false);
-    }
-    let progress = agent
-        .poll(now, &mut endpoint.rnic)
-        .map_err(|error| RackError::Agent {
-            host: endpoint.name.clone(),
-            error,
-        })?;
-    if progress.moved() {
-        busy_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    }
-    Ok(progress.moved())
 }
 
 /// An agent as a pump of the fabric thread, its busy time counted apart.

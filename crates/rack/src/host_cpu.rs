@@ -18,17 +18,50 @@
 //! brings it back: the endpoint's lock is the NIC's, and polling under it
 //! in a tight loop would starve the fabric thread of it.
 //!
+//! Both ways of running an agent, a pump of the fabric thread and a host's
+//! own CPU, poll it through [`poll_on_host`], which counts its busy time.
+//!
 //! [`RackBuilder::own_cpu`]: crate::assembly::RackBuilder::own_cpu
 
-use crate::assembly::{poll_on_host, BusyNanos};
 use crate::endpoint::{lock, thread_cpu_ns, DriverKicker, NodeEndpoint, RackClock, Shared};
 use crate::RackError;
 use remora_base::Timestamp;
 use remora_host::Agent;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// An agent's busy time (its polls that moved): the CPU of the host it
+/// runs on, reported apart from the NICs'.
+pub type BusyNanos = Arc<AtomicU64>;
+
+/// Polls `agent` on `host`'s NIC, unless the host is down; a poll that
+/// moved adds the time since `started` to `busy_ns`. Returns whether it
+/// moved. The caller holds the agent's lock: agent, then host, the order
+/// a restart takes too.
+pub(crate) fn poll_on_host(
+    agent: &mut dyn Agent,
+    host: &Shared<NodeEndpoint>,
+    now: Timestamp,
+    started: Instant,
+    busy_ns: &BusyNanos,
+) -> Result<bool, RackError> {
+    let mut endpoint = lock(host);
+    if endpoint.is_down() {
+        return Ok(false);
+    }
+    let progress = agent
+        .poll(now, &mut endpoint.rnic)
+        .map_err(|error| RackError::Agent {
+            host: endpoint.name.clone(),
+            error,
+        })?;
+    if progress.moved() {
+        busy_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+    Ok(progress.moved())
+}
 
 /// The shortest time between two polls of an agent that its timer alone
 /// asks for, after a poll that found nothing: the rack's wake-up grain.

@@ -24,8 +24,9 @@ use crate::dpu::{
 };
 use crate::store::{Advice, ChunkStore, ObjectId, StoreError};
 use remora_carrier::wrappers::LinkShape;
-use remora_rack::assembly::{BusyNanos, EmbeddedRack, RackBuilder, StagedRack};
+use remora_rack::assembly::{EmbeddedRack, RackBuilder, StagedRack};
 use remora_rack::endpoint::{rack_queue_pair, DriverKicker};
+use remora_rack::host_cpu::BusyNanos;
 use remora_rack::pool::{Pool, PoolError};
 use remora_rack::topology::{
     standard_host, HostSpec, LinkSpec, Role, Topology, COMPUTE_HOST, MEMORY_HOST,

@@ -5,7 +5,7 @@
 //! against the same Thrift service over TCP on loopback (TCP_NODELAY)
 //! and a raw UDP ping-pong, in one run.
 
-use super::{Host, Report};
+use super::report::{Host, Report};
 use hdrhistogram::Histogram;
 use remora_bifrost::services::{
     ArraysByValueSyncClient, ArraysByValueSyncHandler, ArraysByValueSyncProcessor,
@@ -563,7 +563,7 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
         "echo", "bifrost p50 us", "p99 us", "thrift tcp p50", "p99 us"
     );
     for (bytes, bifrost, tcp) in echo(echo_sizes, echo_duration)? {
-        let label = super::size_label(bytes as u32);
+        let label = super::report::size_label(bytes as u32);
         let mut record = |variant: &str, latencies: &Histogram<u64>| {
             record_latencies(
                 &mut report,
@@ -595,7 +595,7 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
     );
     let mut crossover = None;
     for figure in &figures {
-        let label = super::size_label(figure.bytes as u32);
+        let label = super::report::size_label(figure.bytes as u32);
         let [reference, writing, tcp] = [
             &figure.by_reference,
             &figure.writing_inputs,
@@ -621,7 +621,7 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
         .map(|figure| ratio(&figure.by_reference, &figure.thrift_tcp));
     let crossover_text = crossover
         .map_or("none: by reference never caught up".to_string(), |bytes| {
-            super::size_label(bytes as u32)
+            super::report::size_label(bytes as u32)
         });
     println!("crossover (by reference no slower than by value): {crossover_text}");
     report.add(
@@ -670,8 +670,8 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
 }
 
 /// `remora bench bifrost`.
-pub static BENCH: super::Entry<super::CommonArgs> = super::Entry {
+pub static BENCH: super::entry::Entry<super::entry::CommonArgs, BifrostBenchError> = super::entry::Entry {
     name: "bifrost",
     about: "Bifröst: exactly-once RPC against Thrift over TCP.\n\nThe thesis's ping through a generated Thrift client and processor over Bifröst on the embedded rack, through the Gatekeeper in the switch and bypassing it, against the same Thrift service over loopback TCP and UDP and raw UDP and TCP request/response; echo at 64 B to 2 KiB through the Gatekeeper against Thrift over TCP; add_arrays by reference (arrays in global memory) against by value over Thrift TCP, with the crossover size; recovery time after a crash (in the simulator); mean, p50 and p99.",
-    run: |args| Ok(run_checked(args.quick)?),
+    run: |args| run_checked(args.quick),
 };

@@ -19,7 +19,7 @@
 //! operation split into clients, metadata server and fabric (NIC
 //! emulation and switch).
 
-use super::{median, Host, Report};
+use super::report::{median, Host, Report};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_clover::embedded;
 use remora_clover::simulated::{run as simulate, Outcome, Run, SwitchChoice};
@@ -403,7 +403,7 @@ fn on_the_embedded_rack(quick: bool, report: &mut Report) -> Result<(), CloverBe
 #[derive(clap::Args)]
 pub struct CloverArgs {
     #[command(flatten)]
-    pub common: super::CommonArgs,
+    pub common: super::entry::CommonArgs,
     /// Record, check and write every simulated run's KV history to this
     /// file as JSON lines, one request each: {"history", "client", "op",
     /// "key", "value", "output", "call", "ret"} (times in simulated ns; no
@@ -413,17 +413,17 @@ pub struct CloverArgs {
     pub history: Option<std::path::PathBuf>,
 }
 
-impl super::BenchArgs for CloverArgs {
-    fn common(&self) -> &super::CommonArgs {
+impl super::entry::BenchArgs for CloverArgs {
+    fn common(&self) -> &super::entry::CommonArgs {
         &self.common
     }
 }
 
 /// `remora bench clover`.
-pub static BENCH: super::Entry<CloverArgs> = super::Entry {
+pub static BENCH: super::entry::Entry<CloverArgs, CloverBenchError> = super::entry::Entry {
     name: "clover",
     about: "Clover with and without the in-network resolver, in the deterministic simulator.\n\nYCSB A/B/C, zipf 0.75/0.99 and uniform, 1 to 64 clients, a top-N cache sweep, conflicts and resolver memory; and on the embedded rack.",
     run: |args| {
-        Ok(run(args.common.quick, args.history.as_deref())?)
+        run(args.common.quick, args.history.as_deref())
     },
 };

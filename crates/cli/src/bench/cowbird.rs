@@ -12,7 +12,7 @@
 //! variant runs in every round, back to back; ratios are taken within a
 //! round and the median over rounds is reported.
 
-use super::{median, Host, Report};
+use super::report::{median, Host, Report};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_cowbird::embedded::{
     embedded_p4_config, from_rack, run_variant, ProbeBench, Variant, VariantOutcome,
@@ -359,7 +359,7 @@ pub fn run(quick: bool, settings: &Settings) -> Result<Report, CowbirdBenchError
 #[derive(clap::Args)]
 pub struct CowbirdArgs {
     #[command(flatten)]
-    pub common: super::CommonArgs,
+    pub common: super::entry::CommonArgs,
     /// Application threads, each with its own queue pair, RPC server or
     /// Cowbird instance (default: the rack file's `threads`, else 1).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=16))]
@@ -370,19 +370,19 @@ pub struct CowbirdArgs {
     pub config: Option<std::path::PathBuf>,
 }
 
-impl super::BenchArgs for CowbirdArgs {
-    fn common(&self) -> &super::CommonArgs {
+impl super::entry::BenchArgs for CowbirdArgs {
+    fn common(&self) -> &super::entry::CommonArgs {
         &self.common
     }
 }
 
 /// `remora bench cowbird`.
-pub static BENCH: super::Entry<CowbirdArgs> = super::Entry {
+pub static BENCH: super::entry::Entry<CowbirdArgs, CowbirdBenchError> = super::entry::Entry {
     name: "cowbird",
     about: "Cowbird's hash-table probe on the embedded rack.\n\nAll-local, synchronous and batched asynchronous one-sided READs, two-sided RPC, and the client library with the Spot offload engine and with Cowbird-P4 in the switch; pure probe and compute-bound; application time per remote request split into issue and completion, latency, bytes per request, and fabric and engine CPU reported apart.",
     run: |args| {
         let settings = Settings::from_args(args.threads, args.config.as_deref())
 ?;
-        Ok(run(args.common.quick, &settings)?)
+        run(args.common.quick, &settings)
     },
 };

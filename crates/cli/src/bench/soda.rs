@@ -11,7 +11,7 @@
 //! twice B_net. Every result is checked against
 //! all-local memory; a disagreement fails the benchmark.
 
-use super::{median, Host, Report};
+use super::report::{median, Host, Report};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_carrier::wrappers::LinkShape;
 use remora_graph::apps::App;
@@ -524,7 +524,7 @@ fn gapbs_style(
 #[derive(clap::Args)]
 pub struct SodaArgs {
     #[command(flatten)]
-    pub common: super::CommonArgs,
+    pub common: super::entry::CommonArgs,
     /// Kronecker scale (default 16 with --quick, 20 otherwise; 22 is the
     /// large run).
     #[arg(long, value_parser = clap::value_parser!(u32).range(10..=24))]
@@ -535,15 +535,15 @@ pub struct SodaArgs {
     pub graph: Option<String>,
 }
 
-impl super::BenchArgs for SodaArgs {
-    fn common(&self) -> &super::CommonArgs {
+impl super::entry::BenchArgs for SodaArgs {
+    fn common(&self) -> &super::entry::CommonArgs {
         &self.common
     }
 }
 
 /// `remora bench soda`.
-pub static BENCH: super::Entry<SodaArgs> = super::Entry {
+pub static BENCH: super::entry::Entry<SodaArgs, SodaBenchError> = super::entry::Entry {
     name: "soda",
     about: "SODA: five graph applications through far memory.\n\nBFS, PageRank, Radii, BC and CC on a Kronecker graph through far memory: all-local, an O_DIRECT file, the memory node direct, and the DPU base, with aggregation, with asynchronous forwarding, and with static or dynamic caching, on links shaped as the paper's testbed (B_intra = 2 B_net); runtime, memory-link bytes on demand and in the background, hit rates, fault latency, and host, DPU and fabric CPU apart.",
-    run: |args| Ok(run_checked(args.common.quick, args.scale, args.graph.as_deref())?),
+    run: |args| run_checked(args.common.quick, args.scale, args.graph.as_deref()),
 };

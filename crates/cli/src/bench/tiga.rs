@@ -16,7 +16,7 @@
 //! - Fig. 8: the CN's CPU against throughput, TIGA and CPU-only.
 //! - The allocation and forwarding ratio over a payload-size shift.
 
-use super::{Host, Report};
+use super::report::{Host, Report};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_tiga::apps::{App, DEFAULT_PAYLOAD_BYTES};
 use remora_tiga::calibration::{soc_stage_costs_ns, Calibration};
@@ -868,7 +868,7 @@ fn print_ratios(report: &Report) {
 #[derive(clap::Args)]
 pub struct TigaArgs {
     #[command(flatten)]
-    pub common: super::CommonArgs,
+    pub common: super::entry::CommonArgs,
     /// A TOML file of virtual-hardware settings (any of soc_cores,
     /// cn_cores, slowdown, context_switch_ns, core_move_ns, detection_ns,
     /// detection_period_ns, queue_depth, dma_bytes_per_second, ...; see
@@ -885,22 +885,22 @@ pub struct TigaArgs {
     pub calibration: Option<std::path::PathBuf>,
 }
 
-impl super::BenchArgs for TigaArgs {
-    fn common(&self) -> &super::CommonArgs {
+impl super::entry::BenchArgs for TigaArgs {
+    fn common(&self) -> &super::entry::CommonArgs {
         &self.common
     }
 }
 
 /// `remora bench tiga`.
-pub static BENCH: super::Entry<TigaArgs> = super::Entry {
+pub static BENCH: super::entry::Entry<TigaArgs, TigaBenchError> = super::entry::Entry {
     name: "tiga",
     about: "TIGA in virtual time on virtual SoC and CN cores.\n\nCalibrated from the real stage code: MVS, Spark-style analysis and IPSec under TIGA, FairNIC, Floem (FCFS, DRR), iPipe and CPU-only; the paper's Figs. 2, 3, 5, 6, 7 and 8, latency, and the allocation and forwarding ratio over a payload shift.",
     run: |args| {
-        Ok(run_checked(
+        run_checked(
             args.common.quick,
             args.config.as_deref(),
             args.calibration.as_deref(),
             args.seed,
-        )?)
+        )
     },
 };

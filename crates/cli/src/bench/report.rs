@@ -1,0 +1,91 @@
+//! A benchmark's results as `--json` writes them, the machine they ran on,
+//! and the helpers every benchmark uses (medians, size labels).
+
+use serde::Serialize;
+
+#[derive(Serialize)]
+pub struct Measurement {
+    pub variant: String,
+    pub metric: String,
+    pub value: f64,
+    pub unit: String,
+}
+
+#[derive(Serialize)]
+pub struct Report {
+    pub bench: String,
+    pub config: serde_json::Value,
+    pub host: Host,
+    pub results: Vec<Measurement>,
+    pub ratios: serde_json::Map<String, serde_json::Value>,
+    /// Time series and sweeps that plots draw (for example TIGA's
+    /// allocation over time); absent when a benchmark has none.
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    pub series: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Report {
+    pub fn add(&mut self, variant: &str, metric: &str, value: f64, unit: &str) {
+        self.results.push(Measurement {
+            variant: variant.into(),
+            metric: metric.into(),
+            value,
+            unit: unit.into(),
+        });
+    }
+}
+
+#[derive(Serialize)]
+pub struct Host {
+    pub cpu: String,
+    pub logical_cpus: usize,
+    pub kernel: String,
+    pub remora_version: String,
+}
+
+impl Host {
+    pub fn probe() -> Host {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find(|line| line.starts_with("model name"))
+                    .map(|line| line.split(':').nth(1).unwrap_or("").trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let uname = rustix::system::uname();
+        Host {
+            cpu,
+            logical_cpus: std::thread::available_parallelism().map_or(1, |count| count.get()),
+            kernel: format!(
+                "{} {}",
+                uname.sysname().to_string_lossy(),
+                uname.release().to_string_lossy()
+            ),
+            remora_version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
+pub use remora_rack::endpoint::thread_cpu_ns;
+
+/// "64B", "4KiB": sizes as variant names show them.
+pub fn size_label(size: u32) -> String {
+    if size >= 1024 {
+        format!("{}KiB", size / 1024)
+    } else {
+        format!("{size}B")
+    }
+}
+
+/// The median, which shared and noisy machines call for.
+pub fn median(values: &mut [f64]) -> f64 {
+    assert!(!values.is_empty());
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[middle]
+    } else {
+        (values[middle - 1] + values[middle]) / 2.0
+    }
+}

@@ -1,0 +1,172 @@
+//! Bifröst in the command line: the demo's step and `bench bifrost`.
+
+use super::system::refuse_section;
+use super::system::{System, SystemStep};
+use crate::bench::entry::Benchmark;
+use crate::error::{InSystem, SystemError};
+use crate::HistoryFile;
+use remora_rack::RackConfig;
+use remora_sim::Probability;
+
+pub struct Bifrost;
+
+impl System for Bifrost {
+    fn name(&self) -> &'static str {
+        "bifrost"
+    }
+
+    fn title(&self) -> &'static str {
+        "Bifröst"
+    }
+
+    fn check_section(&self, rack: &RackConfig) -> Result<(), SystemError> {
+        refuse_section(
+            rack,
+            self.name(),
+            "Bifröst's DSM and RPC runtime are libraries so far (see the demo)",
+        )
+    }
+
+    fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, SystemError> {
+        bifrost_step()
+    }
+
+    fn benchmark(&self) -> Option<&'static dyn Benchmark> {
+        Some(&crate::bench::bifrost::BENCH)
+    }
+}
+
+/// Bifröst, as far as it is built: the DSM over three memory nodes on the
+/// embedded rack (data through every node, misuse refused), and the RPC
+/// runtime's exactly-once calls over lossy links in the simulator.
+pub fn bifrost_step() -> Result<SystemStep, SystemError> {
+    use remora_bifrost::dsm::client::DsmError;
+    use remora_bifrost::dsm::rack::{DsmRack, DsmRackConfig};
+    use remora_bifrost::rpc::scenario::exactly_once;
+    let mut step = SystemStep {
+        variants: Vec::new(),
+        failures: Vec::new(),
+    };
+    println!(
+        "\nBifröst's global memory on the embedded rack (a compute node, three memory nodes):"
+    );
+    let rack = DsmRack::start(DsmRackConfig::default()).in_system("bifrost")?;
+    let dsm = &rack.dsm;
+    let mut round_trips = 0;
+    for index in 0..dsm.node_count() as u8 {
+        let data = vec![index + 1; 100_000];
+        let ptr = dsm.alloc(data.len() as u64).in_system("bifrost")?;
+        dsm.write(ptr, &data).in_system("bifrost")?;
+        let mut back = vec![0u8; data.len()];
+        dsm.read(ptr, &mut back).in_system("bifrost")?;
+        if back == data {
+            round_trips += 1;
+        } else {
+            step.failures
+                .push(format!("DSM: node {} returned other bytes", ptr.node));
+        }
+        dsm.free(ptr).in_system("bifrost")?;
+        if !matches!(dsm.free(ptr), Err(DsmError::DoubleFree(_))) {
+            step.failures
+                .push("DSM: a double free was not refused".into());
+        }
+    }
+    println!("  100 kB written and read back on {round_trips} of 3 nodes; double frees refused");
+    step.variants
+        .push(serde_json::json!({ "variant": "dsm", "nodes_round_tripped": round_trips }));
+    let faults = remora_sim::LinkFaults {
+        loss: Probability::literal(0.1),
+        duplicate: Probability::literal(0.05),
+        ..remora_sim::LinkFaults::NONE
+    };
+    match exactly_once(7, faults, 300) {
+        Ok(outcome) => {
+            println!(
+                "  RPC in the simulator, 10% loss and 5% duplication: {} calls ran exactly once ({} retransmissions, {} duplicates answered from the reply kept)",
+                outcome.executed, outcome.retransmissions, outcome.duplicates
+            );
+            step.variants.push(serde_json::json!({
+                "variant": "rpc exactly once",
+                "calls": outcome.calls,
+                "retransmissions": outcome.retransmissions,
+                "duplicates": outcome.duplicates,
+            }));
+        }
+        Err(error) => step.failures.push(format!("Bifröst RPC: {error}")),
+    }
+    let middle_crash = remora_bifrost::rpc::scenario::MiddleCrash {
+        after_answers: 120,
+        down_for: std::time::Duration::from_millis(1),
+    };
+    match remora_bifrost::rpc::scenario::chain(5, faults, 300, Some(middle_crash)) {
+        Ok(outcome) => {
+            println!(
+                "  a chain A calls B calls C over the same links, B crashing after 120 answers and restarting 1 ms later with nothing kept: {} calls from A took effect once each at C ({} + {} resends on the two hops, {} + {} duplicates dropped)",
+                outcome.calls,
+                outcome.head_retransmissions,
+                outcome.middle_retransmissions,
+                outcome.duplicates_at_middle,
+                outcome.duplicates_at_tail
+            );
+            step.variants.push(serde_json::json!({
+                "variant": "chain of three services, the middle crashing",
+                "calls": outcome.calls,
+                "executed_at_tail": outcome.executed_at_tail,
+            }));
+        }
+        Err(error) => step.failures.push(format!("Bifröst chain: {error}")),
+    }
+    match remora_bifrost::rpc::scenario::failover(
+        11,
+        faults,
+        2000,
+        800,
+        std::time::Duration::from_millis(1),
+    ) {
+        Ok(outcome) => {
+            println!(
+                "  the Gatekeeper in the switch, the serving node crashed after 800 answers: found silent {:.0} us later by its missed heartbeats, {} calls held, a spare restored from its checkpoint of {} calls took over and the switch replayed {} calls to it; {} calls, each took effect once",
+                outcome.detection_time.as_nanos() as f64 / 1e3,
+                outcome.held,
+                outcome.checkpoint_covers,
+                outcome.replayed,
+                outcome.calls
+            );
+            step.variants.push(serde_json::json!({
+                "variant": "gatekeeper failover",
+                "calls": outcome.calls,
+                "held": outcome.held,
+                "replayed": outcome.replayed,
+                "detection_us": outcome.detection_time.as_nanos() as f64 / 1e3,
+                "checkpoint_covers": outcome.checkpoint_covers,
+            }));
+        }
+        Err(error) => step.failures.push(format!("Bifröst failover: {error}")),
+    }
+    match remora_bifrost::rpc::scenario::caller_crash(
+        13,
+        faults,
+        400,
+        150,
+        std::time::Duration::from_micros(400),
+    ) {
+        Ok(outcome) => {
+            println!(
+                "  the head caller crashed after {} outcomes and came back from the checkpoint its calls carried ({} outcomes, {} calls unanswered, resent): {} calls, each ran once",
+                outcome.delivered_at_crash,
+                outcome.delivered_in_checkpoint,
+                outcome.resent_after_restore,
+                outcome.calls
+            );
+            step.variants.push(serde_json::json!({
+                "variant": "head caller crash",
+                "calls": outcome.calls,
+                "executed": outcome.executed,
+                "resent_after_restore": outcome.resent_after_restore,
+            }));
+        }
+        Err(error) => step.failures.push(format!("Bifröst caller crash: {error}")),
+    }
+    println!("  (the Gatekeeper's ACL on DSM accesses is not built yet)");
+    Ok(step)
+}
