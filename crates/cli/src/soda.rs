@@ -164,6 +164,11 @@ pub enum SodaCliError {
     },
     #[error("work directory: {0}")]
     WorkDirectory(std::io::Error),
+    #[error("the graph needs {needed_bytes} B of far memory, more than the memory node's {memory_bytes} B")]
+    MemoryTooSmall {
+        needed_bytes: u64,
+        memory_bytes: u64,
+    },
     #[error(transparent)]
     Output(#[from] crate::output::OutputError),
 }
@@ -245,6 +250,7 @@ fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {
         source,
         seed: args.seed,
         links: Default::default(),
+        hosts: None,
         cache: CacheOptions {
             edge_fraction: args.cache_fraction,
             prefetch_depth: args.prefetch_depth,
@@ -331,7 +337,7 @@ pub fn print_run(run: &BackendRun) {
     }
 }
 
-fn run_json(run: &BackendRun) -> serde_json::Value {
+pub fn run_json(run: &BackendRun) -> serde_json::Value {
     let far = run.far.as_ref().map(|far| {
         serde_json::json!({
             "missing_faults": far.missing_faults,

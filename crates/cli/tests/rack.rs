@@ -544,3 +544,30 @@ fn a_rack_file_with_a_clover_section_runs_clover_with_the_resolver() {
         "{clover}"
     );
 }
+
+/// The `[soda]` section runs BFS through the DPU beside the compute node,
+/// over its local link, and checks every vertex against local memory; a
+/// section asking for a DPU on a rack without one is refused by name.
+#[test]
+fn a_rack_file_with_a_soda_section_runs_bfs_through_the_dpu_and_checks_it() {
+    let report = rack_up("rack-soda.toml", &[], "rack-soda");
+    assert_workloads_complete(&report["rack"], 100);
+    let soda = &report["soda"];
+    assert_eq!(soda["backend"], "dpu-static", "{soda}");
+    assert_eq!(soda["checked_against_local"], true, "{soda}");
+    assert!(
+        soda["far_memory"]["missing_faults"].as_u64().unwrap() > 0,
+        "{soda}"
+    );
+    let without_dpu = std::fs::read_to_string(example("rack-soda.toml"))
+        .unwrap()
+        .replace("role = \"offload\"", "role = \"memory\"")
+        .replace("attached_to = \"compute0\"\n", "")
+        .replace("[node.local_link]", "[node.link]");
+    let (code, stderr) = rack_up_with(&without_dpu, &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("[soda] backend dpu-static needs an offload node"),
+        "{stderr}"
+    );
+}

@@ -11,6 +11,7 @@ use crate::store::{Advice, ChunkStore, FileStore, InProcessStore, StoreError};
 use remora_graph::apps::{self, App, AppResult};
 use remora_graph::engine::with_threads;
 use remora_graph::{Graph, Vertex};
+use remora_rack::topology::Topology;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -71,6 +72,32 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// Every backend, in the order `remora soda run --help` lists them.
+    pub const ALL: [Backend; 9] = [
+        Backend::Local,
+        Backend::InProcess,
+        Backend::File,
+        Backend::MemServer,
+        Backend::Dpu(DpuVariant::Base),
+        Backend::Dpu(DpuVariant::Aggregation),
+        Backend::Dpu(DpuVariant::Async),
+        Backend::Dpu(DpuVariant::Static),
+        Backend::Dpu(DpuVariant::Dynamic),
+    ];
+
+    /// The backend of this name ([`Backend::name`]), if there is one.
+    pub fn from_name(name: &str) -> Option<Backend> {
+        Backend::ALL
+            .into_iter()
+            .find(|backend| backend.name() == name)
+    }
+
+    /// Whether it runs on a rack's hosts (a memory node, and a DPU for the
+    /// DPU variants).
+    pub fn on_rack(self) -> bool {
+        matches!(self, Backend::MemServer | Backend::Dpu(_))
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Backend::Local => "local",
@@ -122,6 +149,10 @@ pub struct RunOptions {
     pub seed: u64,
     /// The rack's links, for the rack backends.
     pub links: RackLinks,
+    /// The rack's hosts, when a rack file gives them (compute, memory and,
+    /// for the DPU variants, the DPU attached to the compute host, with
+    /// their links): `None` is the standard three on `links`.
+    pub hosts: Option<Topology>,
     pub cache: CacheOptions,
 }
 
@@ -138,6 +169,7 @@ impl RunOptions {
             source,
             seed: 1,
             links: RackLinks::default(),
+            hosts: None,
             cache: CacheOptions::default(),
         }
     }
@@ -490,6 +522,7 @@ fn soda_rack(
         dpu,
         route,
         links: options.links,
+        hosts: options.hosts.clone(),
     };
     SodaRack::start(&config).map_err(|error| SodaError::Store(error.into()))
 }

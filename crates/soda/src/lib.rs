@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod buffer;
 pub mod cache;
+pub mod config;
 pub mod dpu;
 pub mod far;
 pub mod mapping;

@@ -78,6 +78,10 @@ pub struct SodaRackConfig {
     pub dpu: Option<DpuConfig>,
     /// Where objects' chunks go.
     pub route: Route,
+    /// The hosts from a rack file (compute, memory, and the DPU attached
+    /// to the compute host), with their own links; `None` is the standard
+    /// three on [`links`](Self::links).
+    pub hosts: Option<Topology>,
     pub links: RackLinks,
 }
 
@@ -97,6 +101,8 @@ pub enum SodaRackError {
     TooManyObjects(ObjectId),
     #[error("route through the DPU asked of a rack without one")]
     NoDpu,
+    #[error("the hosts given are not a compute host, a memory host and, for a DPU, the DPU attached to the compute host, in that order")]
+    Hosts,
     #[error("object {0:?}: SODA's region ids are 16 bits")]
     RegionId(ObjectId),
     #[error(transparent)]
@@ -167,7 +173,16 @@ pub struct SodaRack {
     dpu_written_bytes: AtomicU64,
 }
 
-fn topology(config: &SodaRackConfig) -> Topology {
+fn topology(config: &SodaRackConfig) -> Result<Topology, SodaRackError> {
+    if let Some(hosts) = &config.hosts {
+        let dpu_beside_compute = hosts.hosts().len() > DPU_HOST
+            && hosts.host(DPU_HOST).attached_to == Some(COMPUTE_HOST);
+        let fits = hosts.hosts().len() >= 2 && (config.dpu.is_none() || dpu_beside_compute);
+        return match fits {
+            true => Ok(hosts.clone()),
+            false => Err(SodaRackError::Hosts),
+        };
+    }
     let mut topology = Topology::compute_and_memory();
     if config.dpu.is_some() {
         let (mac, address) = standard_host(DPU_HOST);
@@ -190,7 +205,7 @@ fn topology(config: &SodaRackConfig) -> Topology {
     if let (Some(shape), Some(_)) = (config.links.dpu, config.dpu) {
         topology.set_local_link(DPU_HOST, shaped(shape));
     }
-    topology
+    Ok(topology)
 }
 
 /// The DPU's queues and buffers, its queue pair to the memory node.
@@ -258,7 +273,7 @@ impl SodaRack {
         if config.route == Route::ThroughDpu && config.dpu.is_none() {
             return Err(SodaRackError::NoDpu);
         }
-        let topology = topology(config);
+        let topology = topology(config)?;
         let mut staged = RackBuilder::new(&topology)
             .thread_name("soda-fabric")
             .build()?;

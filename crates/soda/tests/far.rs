@@ -342,6 +342,7 @@ fn rack_config(route: Route) -> SodaRackConfig {
         dpu: (route == Route::ThroughDpu).then(|| DpuConfig::optimized(64 << 10)),
         route,
         links: Default::default(),
+        hosts: None,
     }
 }
 
@@ -475,6 +476,7 @@ fn auto_turns_the_dynamic_cache_off_when_it_does_not_pay() {
                 memory: Some(shaped(300_000_000)),
                 dpu: Some(shaped(1_200_000_000)),
             },
+            hosts: None,
         };
         let store = Arc::new(SodaRack::start(&config).unwrap());
         let memory = FarMemory::new(store.clone(), small_buffer(4, chunk)).unwrap();

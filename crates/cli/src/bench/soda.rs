@@ -85,6 +85,7 @@ fn soft_rnic_bytes_per_second(chunk_bytes: usize, channels: usize) -> Result<f64
         dpu: Some(DpuConfig::optimized(chunk_bytes)),
         route: Route::Direct,
         links: RackLinks::default(),
+        hosts: None,
     };
     let rack =
         SodaRack::start(&config).map_err(|error| SodaBenchError::Calibration(error.to_string()))?;

@@ -1,11 +1,14 @@
-//! SODA in the command line: the demo's step and `bench soda`.
+//! SODA in the command line: its `[soda]` section, the demo's step and
+//! `bench soda`.
 
-use super::system::refuse_section;
 use super::system::{System, SystemStep};
 use crate::bench::entry::Benchmark;
 use crate::error::{InSystem, SystemError};
+use crate::soda::{default_source, graph_from, print_run, run_json, SodaCliError};
 use crate::HistoryFile;
 use remora_rack::RackConfig;
+use remora_soda::backend::{run_on, Backend, RunOptions};
+use remora_soda::config::SodaSection;
 
 pub struct Soda;
 
@@ -19,11 +22,13 @@ impl System for Soda {
     }
 
     fn check_section(&self, rack: &RackConfig) -> Result<(), SystemError> {
-        refuse_section(
-            rack,
-            self.name(),
-            "SODA runs through `remora soda run` and `remora bench soda`",
-        )
+        SodaSection::from_rack(rack)
+            .map(|_| ())
+            .in_system(self.name())
+    }
+
+    fn rack_up(&self, rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
+        run_section(rack, failures)
     }
 
     fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, SystemError> {
@@ -40,23 +45,22 @@ impl System for Soda {
 /// against all-local memory.
 pub fn soda_step() -> Result<SystemStep, SystemError> {
     use remora_graph::apps::App;
-    use remora_soda::backend::{run_on, Backend, RunOptions};
     let mut step = SystemStep {
         variants: Vec::new(),
         failures: Vec::new(),
     };
-    let graph = crate::soda::graph_from("kron:14:8", 1, Default::default()).in_system("soda")?;
+    let graph = graph_from("kron:14:8", 1, Default::default()).in_system("soda")?;
     println!(
         "\nSODA: BFS on a Kronecker graph ({} vertices, {} edges) in far memory, host buffer a third of it:",
         graph.vertex_count(),
         graph.edge_count()
     );
     let work = tempfile::tempdir()
-        .map_err(crate::soda::SodaCliError::WorkDirectory)
+        .map_err(SodaCliError::WorkDirectory)
         .in_system("soda")?;
     let options = RunOptions {
         chunk_bytes: 16 << 10,
-        ..RunOptions::new(work.path().to_owned(), crate::soda::default_source(&graph))
+        ..RunOptions::new(work.path().to_owned(), default_source(&graph))
     };
     let run = |backend| run_on(backend, App::Bfs, &graph, &options).in_system("soda");
     let local = run(Backend::Local)?;
@@ -89,4 +93,76 @@ pub fn soda_step() -> Result<SystemStep, SystemError> {
         }));
     }
     Ok(step)
+}
+
+/// The rack file's `[soda]` section on the embedded rack: its application
+/// on its graph through its backend, on the rack's compute and memory
+/// nodes and the DPU beside the compute node, over the links the file
+/// sets; the result compared with all-local memory if the section asks.
+/// Failures join the rack's.
+fn run_section(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
+    let (section, hosts) = match SodaSection::from_rack(rack) {
+        Ok(Some(found)) => found,
+        Ok(None) => return None,
+        Err(error) => {
+            failures.push(error.to_string());
+            return Some(serde_json::json!({ "error": error.to_string() }));
+        }
+    };
+    println!(
+        "soda: {} on {} through {}",
+        section.app.name(),
+        section.graph,
+        section.backend.name()
+    );
+    match run_checked(&section, hosts) {
+        Ok(report) => Some(report),
+        Err(error) => {
+            failures.push(format!("soda: {error}"));
+            Some(serde_json::json!({ "error": error.to_string() }))
+        }
+    }
+}
+
+/// Runs the section's application; a result that disagrees with local
+/// memory is [`SodaCliError::Mismatch`].
+fn run_checked(
+    section: &SodaSection,
+    hosts: remora_rack::topology::Topology,
+) -> Result<serde_json::Value, SodaCliError> {
+    let graph = graph_from(&section.graph, section.seed, Default::default())?;
+    let memory_bytes = hosts.host(1).memory_bytes;
+    let needed_bytes = remora_soda::backend::footprint_bytes(&graph);
+    if needed_bytes > memory_bytes {
+        return Err(SodaCliError::MemoryTooSmall {
+            needed_bytes,
+            memory_bytes,
+        });
+    }
+    let work = tempfile::tempdir().map_err(SodaCliError::WorkDirectory)?;
+    let options = RunOptions {
+        threads: section.threads,
+        fault_threads: section.fault_threads,
+        buffer_fraction: section.buffer_fraction,
+        chunk_bytes: section.chunk_bytes,
+        seed: section.seed,
+        hosts: Some(hosts),
+        ..RunOptions::new(work.path().to_owned(), default_source(&graph))
+    };
+    let run = run_on(section.backend, section.app, &graph, &options)?;
+    print!("  ");
+    print_run(&run);
+    let mut report = run_json(&run);
+    if section.check {
+        let local = run_on(Backend::Local, section.app, &graph, &options)?;
+        run.result
+            .compare(&local.result)
+            .map_err(|mismatch| SodaCliError::Mismatch {
+                backend: run.backend.name(),
+                mismatch,
+            })?;
+        println!("  {} agrees with local memory", run.backend.name());
+        report["checked_against_local"] = serde_json::Value::Bool(true);
+    }
+    Ok(report)
 }
