@@ -571,3 +571,21 @@ fn a_rack_file_with_a_soda_section_runs_bfs_through_the_dpu_and_checks_it() {
         "{stderr}"
     );
 }
+
+/// The `[tiga]` section calls every record of the three applications
+/// through the memory node's SmartNIC and CPU-only, each checked against
+/// the compute node's version, every forwarded request acknowledged.
+#[test]
+fn a_rack_file_with_a_tiga_section_runs_every_app_through_the_smartnic() {
+    let report = rack_up("rack-tiga.toml", &[], "rack-tiga");
+    assert_workloads_complete(&report["rack"], 100);
+    let tiga = &report["tiga"];
+    let runs = tiga["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 6, "{tiga}");
+    for run in runs {
+        assert_eq!(run["matched"], 32, "{run}");
+    }
+    let forwarded = tiga["forwarded"].as_u64().unwrap();
+    assert!(forwarded > 0, "{tiga}");
+    assert_eq!(tiga["acknowledged"].as_u64(), Some(forwarded), "{tiga}");
+}

@@ -164,9 +164,200 @@ impl SocConfig {
     }
 }
 
+/// TIGA's section of a rack file, `[tiga]`: the NDP path on the rack's
+/// first compute node and first memory node (its SmartNIC runs the
+/// engine), every record of the named applications called and checked
+/// against the CN version.
+///
+/// ```toml
+/// [tiga]
+/// apps = ["mvs", "spark", "ipsec"]
+/// records = 64          # per application
+/// record_bytes = 1024
+/// forward_every = 8     # the SmartNIC forwards one request in this many to the CN
+/// cpu_only = true       # also call every record CPU-only (the CN fetches the data)
+/// seed = 3
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TigaSection {
+    pub apps: Vec<crate::apps::App>,
+    pub records: u64,
+    pub record_bytes: usize,
+    pub forward_every: u64,
+    pub cpu_only: bool,
+    pub seed: u64,
+}
+
+/// The section's name in a rack file.
+pub const SECTION: &str = "tiga";
+
+/// Why a `[tiga]` section was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TigaSectionError {
+    #[error("[tiga] {0}")]
+    Syntax(String),
+    #[error("[tiga] {field} is {value}: {rule}")]
+    Invalid {
+        field: &'static str,
+        value: String,
+        rule: &'static str,
+    },
+    #[error("[tiga] needs a compute node and a memory node")]
+    NoHosts,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSection {
+    #[serde(default = "all_apps")]
+    apps: Vec<String>,
+    #[serde(default = "default_records")]
+    records: u64,
+    #[serde(default = "default_record_bytes")]
+    record_bytes: usize,
+    #[serde(default = "default_forward_every")]
+    forward_every: u64,
+    #[serde(default = "default_cpu_only")]
+    cpu_only: bool,
+    #[serde(default = "default_seed")]
+    seed: u64,
+}
+
+fn all_apps() -> Vec<String> {
+    crate::apps::App::ALL
+        .iter()
+        .map(|app| app.name().to_owned())
+        .collect()
+}
+
+fn default_records() -> u64 {
+    64
+}
+
+fn default_record_bytes() -> usize {
+    1024
+}
+
+fn default_forward_every() -> u64 {
+    8
+}
+
+fn default_cpu_only() -> bool {
+    true
+}
+
+fn default_seed() -> u64 {
+    3
+}
+
+/// Records per application a rack file may ask for.
+const MAX_RECORDS: u64 = 100_000;
+
+impl TigaSection {
+    /// The rack file's `[tiga]` table, if it has one, and its two hosts
+    /// (the first compute node as host 0, the first memory node as host
+    /// 1, with their links).
+    pub fn from_rack(
+        rack: &remora_rack::RackConfig,
+    ) -> Result<Option<(TigaSection, remora_rack::topology::Topology)>, TigaSectionError> {
+        use remora_rack::Role;
+        let Some(table) = rack.systems.get(SECTION) else {
+            return Ok(None);
+        };
+        let section = TigaSection::parse(table)?;
+        let topology = rack.topology();
+        let first = |role| topology.hosts().iter().position(|host| host.role == role);
+        let (Some(compute), Some(memory)) = (first(Role::Compute), first(Role::Memory)) else {
+            return Err(TigaSectionError::NoHosts);
+        };
+        let mut pair = remora_rack::topology::Topology::new(topology.switch_mac);
+        for index in [compute, memory] {
+            pair.add_host(topology.host(index).clone())
+                .expect("a rack's hosts are distinct");
+        }
+        Ok(Some((section, pair)))
+    }
+
+    /// A `[tiga]` table on its own.
+    pub fn parse(table: &toml::Table) -> Result<TigaSection, TigaSectionError> {
+        let raw: RawSection =
+            remora_rack::config::parse_section(table).map_err(TigaSectionError::Syntax)?;
+        let invalid = |field, value: String, rule| TigaSectionError::Invalid { field, value, rule };
+        let mut apps = Vec::with_capacity(raw.apps.len());
+        for name in &raw.apps {
+            let app = crate::apps::App::ALL
+                .into_iter()
+                .find(|app| app.name() == name)
+                .ok_or_else(|| invalid("apps", name.clone(), "mvs, spark or ipsec"))?;
+            if !apps.contains(&app) {
+                apps.push(app);
+            }
+        }
+        if apps.is_empty() {
+            return Err(invalid(
+                "apps",
+                "empty".into(),
+                "at least one of mvs, spark, ipsec",
+            ));
+        }
+        if !(1..=MAX_RECORDS).contains(&raw.records) {
+            return Err(invalid(
+                "records",
+                raw.records.to_string(),
+                "from 1 to 100000",
+            ));
+        }
+        let payload = crate::apps::MIN_PAYLOAD_BYTES..=crate::apps::MAX_PAYLOAD_BYTES;
+        if !payload.contains(&raw.record_bytes) {
+            return Err(invalid(
+                "record_bytes",
+                raw.record_bytes.to_string(),
+                "from 64 to 65536",
+            ));
+        }
+        if raw.forward_every == 0 {
+            return Err(invalid("forward_every", "0".into(), "at least 1"));
+        }
+        Ok(TigaSection {
+            apps,
+            records: raw.records,
+            record_bytes: raw.record_bytes,
+            forward_every: raw.forward_every,
+            cpu_only: raw.cpu_only,
+            seed: raw.seed,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn section(text: &str) -> Result<TigaSection, TigaSectionError> {
+        TigaSection::parse(&text.parse::<toml::Table>().unwrap())
+    }
+
+    #[test]
+    fn a_tiga_section_sets_the_run_and_bad_settings_name_their_field() {
+        let defaults = section("").unwrap();
+        assert_eq!(defaults.apps, crate::apps::App::ALL.to_vec());
+        assert_eq!((defaults.records, defaults.forward_every), (64, 8));
+        let one = section("apps = [\"ipsec\", \"ipsec\"]\nrecords = 5").unwrap();
+        assert_eq!(one.apps, vec![crate::apps::App::Ipsec]);
+        let field = |text: &str| match section(text) {
+            Err(TigaSectionError::Invalid { field, .. }) => field,
+            other => panic!("{text}: {other:?}"),
+        };
+        assert_eq!(field("apps = [\"grep\"]"), "apps");
+        assert_eq!(field("apps = []"), "apps");
+        assert_eq!(field("records = 0"), "records");
+        assert_eq!(field("record_bytes = 8"), "record_bytes");
+        assert_eq!(field("forward_every = 0"), "forward_every");
+        assert!(matches!(
+            section("cores = 8"),
+            Err(TigaSectionError::Syntax(_))
+        ));
+    }
 
     #[test]
     fn the_defaults_are_valid_and_the_slowdown_is_the_clock_ratio() {

@@ -603,9 +603,20 @@ impl NdpRack {
         apps: &[App],
         forward_every: u64,
     ) -> Result<NdpRack, NdpRackError> {
-        use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
-        let topology = Topology::compute_and_memory();
-        let mut staged = remora_rack::assembly::RackBuilder::new(&topology)
+        let topology = remora_rack::topology::Topology::compute_and_memory();
+        NdpRack::start_on(&topology, memory, apps, forward_every)
+    }
+
+    /// The same on `topology`'s compute host (host 0) and memory host
+    /// (host 1), with their links: a rack file's nodes.
+    pub fn start_on(
+        topology: &remora_rack::topology::Topology,
+        memory: Vec<u8>,
+        apps: &[App],
+        forward_every: u64,
+    ) -> Result<NdpRack, NdpRackError> {
+        use remora_rack::topology::{COMPUTE_HOST, MEMORY_HOST};
+        let mut staged = remora_rack::assembly::RackBuilder::new(topology)
             .thread_name("tiga-fabric")
             .build()?;
         let mut engine = NdpEngine::new(memory, forward_every);
@@ -686,4 +697,64 @@ pub enum NdpRackError {
     Rack(#[from] remora_rack::RackError),
     #[error("registering an offload chain: {0}")]
     Register(#[from] TableError),
+}
+
+/// What calling every record of one application through the rack found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordCheck {
+    pub calls: u64,
+    /// Results equal to the CN version's.
+    pub matched: u64,
+    pub on_smartnic: u64,
+    pub forwarded: u64,
+    pub cpu_only: u64,
+    /// What went wrong, a line per record.
+    pub failures: Vec<String>,
+}
+
+impl NdpRack {
+    /// Calls every record of `app` among `locations` (`seed` and `bytes`
+    /// made them, as [`build_data`]) in `mode`, and checks each result
+    /// against the CN version run here.
+    pub fn check_records(
+        &self,
+        app: App,
+        mode: Mode,
+        locations: &[RecordLocation],
+        seed: u64,
+        bytes: usize,
+    ) -> RecordCheck {
+        let mut check = RecordCheck::default();
+        for location in locations.iter().filter(|location| location.app == app) {
+            check.calls += 1;
+            let expected = app
+                .make_payload(seed, location.id, bytes)
+                .map_err(|error| error.to_string())
+                .and_then(|payload| app.run_on_cpu(&payload).map_err(|error| error.to_string()));
+            match self.call(app, location.address, location.length, mode) {
+                Ok(completion) => {
+                    match completion.served_by {
+                        ServedBy::SmartNic => check.on_smartnic += 1,
+                        ServedBy::ComputeNodeForwarded => check.forwarded += 1,
+                        ServedBy::CpuOnly => check.cpu_only += 1,
+                    }
+                    if Ok(&completion.result) == expected.as_ref() {
+                        check.matched += 1;
+                    } else {
+                        check.failures.push(format!(
+                            "TIGA: {} record {} differs from the CN version",
+                            app.name(),
+                            location.id
+                        ));
+                    }
+                }
+                Err(error) => check.failures.push(format!(
+                    "TIGA: {} record {}: {error}",
+                    app.name(),
+                    location.id
+                )),
+            }
+        }
+        check
+    }
 }

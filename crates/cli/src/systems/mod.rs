@@ -79,7 +79,16 @@ mod tests {
             .downcast_ref::<remora_cowbird::config::CowbirdConfigError>()
             .is_some());
         let error = check_sections(&rack_with("[tiga]\ncores = 8"), path)
-            .expect_err("TIGA has no section yet");
+            .expect_err("TIGA's section has no cores");
+        let RackCommandError::Section { source, .. } = &error else {
+            panic!("not a section error: {error}");
+        };
+        assert!(source
+            .source
+            .downcast_ref::<remora_tiga::config::TigaSectionError>()
+            .is_some());
+        let error = check_sections(&rack_with("[bifrost]\nnodes = 3"), path)
+            .expect_err("Bifröst has no section yet");
         let RackCommandError::Section { source, .. } = &error else {
             panic!("not a section error: {error}");
         };

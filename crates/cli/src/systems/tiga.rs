@@ -1,11 +1,11 @@
 //! TIGA in the command line: the demo's step and `bench tiga`.
 
-use super::system::refuse_section;
 use super::system::{System, SystemStep};
 use crate::bench::entry::Benchmark;
 use crate::error::{InSystem, SystemError};
 use crate::HistoryFile;
 use remora_rack::RackConfig;
+use remora_tiga::config::TigaSection;
 
 pub struct Tiga;
 
@@ -19,11 +19,13 @@ impl System for Tiga {
     }
 
     fn check_section(&self, rack: &RackConfig) -> Result<(), SystemError> {
-        refuse_section(
-            rack,
-            self.name(),
-            "TIGA's virtual hardware is set with `remora bench tiga --config FILE` (see examples/tiga.toml)",
-        )
+        TigaSection::from_rack(rack)
+            .map(|_| ())
+            .in_system(self.name())
+    }
+
+    fn rack_up(&self, rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
+        run_section(rack, failures)
     }
 
     fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, SystemError> {
@@ -40,7 +42,7 @@ impl System for Tiga {
 /// allocator on calibrated costs.
 pub fn tiga_step() -> Result<SystemStep, SystemError> {
     use remora_tiga::apps::App;
-    use remora_tiga::rack::{build_data, Mode, NdpRack, ServedBy};
+    use remora_tiga::rack::{build_data, Mode, NdpRack};
     let mut step = SystemStep {
         variants: Vec::new(),
         failures: Vec::new(),
@@ -50,32 +52,9 @@ pub fn tiga_step() -> Result<SystemStep, SystemError> {
     const SEED: u64 = 3;
     let (memory, locations) = build_data(SEED, RECORDS, 1024).in_system("tiga")?;
     let rack = NdpRack::start(memory, &App::ALL, 8).in_system("tiga")?;
-    let (mut on_nic, mut forwarded, mut matched) = (0u64, 0u64, 0u64);
-    for location in locations.iter().filter(|location| location.app == App::Mvs) {
-        let payload = App::Mvs
-            .make_payload(SEED, location.id, 1024)
-            .in_system("tiga")?;
-        let expected = App::Mvs.run_on_cpu(&payload);
-        match rack.call(App::Mvs, location.address, location.length, Mode::Ndp) {
-            Ok(completion) => {
-                match completion.served_by {
-                    ServedBy::SmartNic => on_nic += 1,
-                    _ => forwarded += 1,
-                }
-                if Ok(&completion.result) == expected.as_ref() {
-                    matched += 1;
-                } else {
-                    step.failures.push(format!(
-                        "TIGA: MVS record {} differs from the CN version",
-                        location.id
-                    ));
-                }
-            }
-            Err(error) => step
-                .failures
-                .push(format!("TIGA: MVS record {}: {error}", location.id)),
-        }
-    }
+    let check = rack.check_records(App::Mvs, Mode::Ndp, &locations, SEED, 1024);
+    step.failures.extend(check.failures);
+    let (matched, on_nic, forwarded) = (check.matched, check.on_smartnic, check.forwarded);
     let (counters, unacknowledged) = rack.settled_counters(std::time::Duration::from_secs(5));
     if unacknowledged > 0 || counters.forwarded != counters.acknowledged {
         step.failures.push(format!(
@@ -131,4 +110,72 @@ fn allocation_run(step: &mut SystemStep) -> Result<(), SystemError> {
         "variant": "virtual-time allocation", "allocation": tiga.final_allocation, "tiga_over_fairnic": ratio,
     }));
     Ok(())
+}
+
+/// The rack file's `[tiga]` section on the embedded rack: every record of
+/// its applications called through the memory node's SmartNIC (and
+/// CPU-only if asked) from the compute node, each result checked against
+/// the CN version, and every forwarded request acknowledged. Failures
+/// join the rack's.
+fn run_section(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
+    use remora_tiga::rack::{build_data, Mode, NdpRack};
+    let (section, hosts) = match TigaSection::from_rack(rack) {
+        Ok(Some(found)) => found,
+        Ok(None) => return None,
+        Err(error) => {
+            failures.push(error.to_string());
+            return Some(serde_json::json!({ "error": error.to_string() }));
+        }
+    };
+    let started = build_data(section.seed, section.records, section.record_bytes)
+        .map_err(|error| error.to_string())
+        .and_then(|(memory, locations)| {
+            NdpRack::start_on(&hosts, memory, &section.apps, section.forward_every)
+                .map(|rack| (rack, locations))
+                .map_err(|error| error.to_string())
+        });
+    let (ndp, locations) = match started {
+        Ok(started) => started,
+        Err(error) => {
+            failures.push(format!("tiga: {error}"));
+            return Some(serde_json::json!({ "error": error }));
+        }
+    };
+    let modes: &[Mode] = match section.cpu_only {
+        true => &[Mode::Ndp, Mode::CpuOnly],
+        false => &[Mode::Ndp],
+    };
+    let mut runs = Vec::new();
+    for &app in &section.apps {
+        for &mode in modes {
+            let check =
+                ndp.check_records(app, mode, &locations, section.seed, section.record_bytes);
+            println!(
+                "tiga: {} {mode:?}: {} of {} results equal the CN version ({} on the SmartNIC, {} forwarded, {} CPU-only)",
+                app.name(),
+                check.matched,
+                check.calls,
+                check.on_smartnic,
+                check.forwarded,
+                check.cpu_only
+            );
+            runs.push(serde_json::json!({
+                "app": app.name(), "mode": format!("{mode:?}"), "calls": check.calls,
+                "matched": check.matched, "on_smartnic": check.on_smartnic,
+                "forwarded": check.forwarded, "cpu_only": check.cpu_only,
+            }));
+            failures.extend(check.failures);
+        }
+    }
+    let (counters, unacknowledged) = ndp.settled_counters(std::time::Duration::from_secs(5));
+    if unacknowledged > 0 || counters.forwarded != counters.acknowledged {
+        failures.push(format!(
+            "tiga: {unacknowledged} forwarded requests never acknowledged"
+        ));
+    }
+    Some(serde_json::json!({
+        "runs": runs,
+        "forwarded": counters.forwarded,
+        "acknowledged": counters.acknowledged,
+    }))
 }
