@@ -261,13 +261,7 @@ fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {
     let run = run_on(args.backend.into(), args.app, &graph, &options)?;
     print_run(&run);
     if args.check && run.backend != Backend::Local {
-        let local = run_on(Backend::Local, args.app, &graph, &options)?;
-        run.result
-            .compare(&local.result)
-            .map_err(|mismatch| SodaCliError::Mismatch {
-                backend: run.backend.name(),
-                mismatch,
-            })?;
+        let local = check_against_local(&run, &graph, &options)?;
         println!(
             "check: {} agrees with local memory ({:.3} s there)",
             run.backend.name(),
@@ -286,6 +280,23 @@ fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {
         crate::output::write_json(path, &run_json(&run))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `run`'s application on all-local memory and compares; returns
+/// the local run, or the mismatch as [`SodaCliError::Mismatch`].
+pub fn check_against_local(
+    run: &BackendRun,
+    graph: &Graph,
+    options: &RunOptions,
+) -> Result<BackendRun, SodaCliError> {
+    let local = run_on(Backend::Local, run.app, graph, options)?;
+    run.result
+        .compare(&local.result)
+        .map_err(|mismatch| SodaCliError::Mismatch {
+            backend: run.backend.name(),
+            mismatch,
+        })?;
+    Ok(local)
 }
 
 pub fn print_run(run: &BackendRun) {

@@ -4,7 +4,9 @@
 use super::system::{System, SystemStep};
 use crate::bench::entry::Benchmark;
 use crate::error::{InSystem, SystemError};
-use crate::soda::{default_source, graph_from, print_run, run_json, SodaCliError};
+use crate::soda::{
+    check_against_local, default_source, graph_from, print_run, run_json, SodaCliError,
+};
 use crate::HistoryFile;
 use remora_rack::RackConfig;
 use remora_soda::backend::{run_on, Backend, RunOptions};
@@ -154,13 +156,7 @@ fn run_checked(
     print_run(&run);
     let mut report = run_json(&run);
     if section.check {
-        let local = run_on(Backend::Local, section.app, &graph, &options)?;
-        run.result
-            .compare(&local.result)
-            .map_err(|mismatch| SodaCliError::Mismatch {
-                backend: run.backend.name(),
-                mismatch,
-            })?;
+        check_against_local(&run, &graph, &options)?;
         println!("  {} agrees with local memory", run.backend.name());
         report["checked_against_local"] = serde_json::Value::Bool(true);
     }

@@ -55,12 +55,8 @@ pub fn tiga_step() -> Result<SystemStep, SystemError> {
     let check = rack.check_records(App::Mvs, Mode::Ndp, &locations, SEED, 1024);
     step.failures.extend(check.failures);
     let (matched, on_nic, forwarded) = (check.matched, check.on_smartnic, check.forwarded);
-    let (counters, unacknowledged) = rack.settled_counters(std::time::Duration::from_secs(5));
-    if unacknowledged > 0 || counters.forwarded != counters.acknowledged {
-        step.failures.push(format!(
-            "TIGA: {unacknowledged} forwarded requests never acknowledged"
-        ));
-    }
+    let (_, unacknowledged) = settled(&rack);
+    step.failures.extend(unacknowledged);
     println!(
         "  {matched} of {RECORDS} MVS queries match the CN version: {on_nic} ran on the SmartNIC (CRC check, serialisation), {forwarded} were forwarded to the CN and acknowledged"
     );
@@ -167,15 +163,22 @@ fn run_section(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_js
             failures.extend(check.failures);
         }
     }
-    let (counters, unacknowledged) = ndp.settled_counters(std::time::Duration::from_secs(5));
-    if unacknowledged > 0 || counters.forwarded != counters.acknowledged {
-        failures.push(format!(
-            "tiga: {unacknowledged} forwarded requests never acknowledged"
-        ));
-    }
+    let (counters, unacknowledged) = settled(&ndp);
+    failures.extend(unacknowledged);
     Some(serde_json::json!({
         "runs": runs,
         "forwarded": counters.forwarded,
         "acknowledged": counters.acknowledged,
     }))
+}
+
+/// The engine's counters once every forwarded request was acknowledged
+/// (or 5 s passed), and a failure if one never was.
+fn settled(
+    rack: &remora_tiga::rack::NdpRack,
+) -> (remora_tiga::rack::EngineCounters, Option<String>) {
+    let (counters, unacknowledged) = rack.settled_counters(std::time::Duration::from_secs(5));
+    let failure = (unacknowledged > 0 || counters.forwarded != counters.acknowledged)
+        .then(|| format!("TIGA: {unacknowledged} forwarded requests never acknowledged"));
+    (counters, failure)
 }
