@@ -13,7 +13,7 @@
 //! A read starts from the client's cached location and follows next
 //! pointers to the tail, whose value it returns.
 //!
-//! Both walk the list the same way ([`Chase`]): from the cached location,
+//! Both walk the list the same way (`Chase`): from the cached location,
 //! or, with none, from the key's shortcut; after
 //! [`Thresholds::shortcut_after_hops`] hops they jump to the shortcut, and
 //! after [`Thresholds::metadata_after_hops`] they ask the metadata server,

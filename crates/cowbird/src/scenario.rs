@@ -175,7 +175,8 @@ const CONNECTION_SERVICE: usize = 1;
 const ENGINE: usize = 0;
 
 /// The Spot engine's memory host crashes mid-run and restarts; `stage`
-/// holds the two hosts of [`topology`] (simulated or embedded).
+/// holds the two hosts of [`crate::simulated::topology`] (simulated or
+/// embedded).
 pub fn memory_crash<S: RackStage>(
     mut stage: S,
     seed: u64,

@@ -19,7 +19,7 @@
 //! in a tight loop would starve the fabric thread of it.
 //!
 //! Both ways of running an agent, a pump of the fabric thread and a host's
-//! own CPU, poll it through [`poll_on_host`], which counts its busy time.
+//! own CPU, poll it through `poll_on_host`, which counts its busy time.
 //!
 //! [`RackBuilder::own_cpu`]: crate::assembly::RackBuilder::own_cpu
 
