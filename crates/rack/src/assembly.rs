@@ -493,6 +493,7 @@ impl StagedRack {
             port_counters: self.port_counters,
             capture: self.capture,
             carrier: self.carrier,
+            own_cpu: self.own_cpu,
             host_cpus,
             host_cpu_times: Vec::new(),
             fabric: Some(fabric),
@@ -542,6 +543,8 @@ pub struct EmbeddedRack {
     port_counters: Vec<PortCountersHandle>,
     capture: Option<PcapSink>,
     carrier: EmbeddedCarrier,
+    /// Which hosts have a CPU of their own.
+    own_cpu: Vec<bool>,
     /// The threads of hosts with a CPU of their own, by host.
     host_cpus: Vec<(usize, HostCpu)>,
     /// Their CPU time once stopped, by host.
@@ -575,7 +578,6 @@ impl EmbeddedRack {
             .expect("the fabric runs until stop_and_join")
     }
 
-    /// Wakes the fabric thread after work was posted.
     /// Wakes the fabric thread after work was posted (nothing once it
     /// stopped).
     pub fn kick(&self) {
@@ -646,9 +648,9 @@ impl EmbeddedRack {
             .collect();
         let on_fabric: Duration = agents
             .iter()
-            .enumerate()
-            .filter(|(index, _)| !self.host_cpu_times.iter().any(|(host, _)| host == index))
-            .flat_map(|(_, busy)| busy.iter())
+            .zip(&self.own_cpu)
+            .filter(|(_, own)| !**own)
+            .flat_map(|(busy, _)| busy.iter())
             .sum();
         let mut host_cpus = vec![None; self.agents.len()];
         for (index, time) in &self.host_cpu_times {
@@ -671,8 +673,8 @@ impl EmbeddedRack {
         }
     }
 
-    /// Cuts host `index`'s link both ways, or mends it: while cut, its NIC
-    /// runs on and every frame to or from it is lost.
+    /// Cuts host `index`'s link to the switch both ways, or mends it:
+    /// while cut, its NIC runs on and every frame over that link is lost.
     pub fn set_partitioned(&mut self, index: usize, partitioned: bool) {
         let _span = tracing::info_span!("partition", host = index, partitioned).entered();
         lock(self.host(index)).set_partitioned(partitioned);

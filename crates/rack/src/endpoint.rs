@@ -179,7 +179,8 @@ pub struct NodeEndpoint {
     /// The host is down (crashed): frames arriving are lost, nothing
     /// leaves, no timer runs.
     down: bool,
-    /// The host's link is cut: its NIC runs, its frames are lost both ways.
+    /// The host's uplink is cut: its NIC runs, the uplink's frames are
+    /// lost both ways (a local link still carries its own).
     partitioned: bool,
 }
 
@@ -347,7 +348,12 @@ impl NodeEndpoint {
     }
 
     /// The uplink and, if there is one, the local link's port.
-    fn all_ports(&mut self) -> impl Iterator<Item = &mut Box<dyn Port>> {
+    fn ports(&self) -> impl Iterator<Item = &Box<dyn Port>> {
+        std::iter::once(&self.port).chain(self.local.as_ref())
+    }
+
+    /// The same, mutably.
+    fn ports_mut(&mut self) -> impl Iterator<Item = &mut Box<dyn Port>> {
         std::iter::once(&mut self.port).chain(self.local.as_mut())
     }
 
@@ -360,8 +366,9 @@ impl NodeEndpoint {
         self.down = true;
     }
 
-    /// The host's link is cut (or mended): its NIC runs on, and every
-    /// frame it sends or that arrives for it is lost.
+    /// The host's uplink is cut (or mended): its NIC runs on, and every
+    /// frame it sends up it or that arrives over it is lost, as the
+    /// simulator's partition of the host's link does.
     pub fn set_partitioned(&mut self, partitioned: bool) {
         self.partitioned = partitioned;
     }
@@ -413,7 +420,7 @@ impl Pump for NodeEndpoint {
         if self.down {
             // What arrives is lost, as at a crashed host.
             let mut received = 0;
-            for port in self.all_ports() {
+            for port in self.ports_mut() {
                 received += port.receive(RECEIVE_BATCH_FRAMES, &mut |_| {})?;
             }
             return Ok(received > 0);
@@ -445,8 +452,7 @@ impl Pump for NodeEndpoint {
     }
 
     fn deadline(&self, clock: &RackClock) -> Option<Instant> {
-        let ports = std::iter::once(&self.port).chain(self.local.as_ref());
-        let carriers = ports.filter_map(|port| port.next_due());
+        let carriers = self.ports().filter_map(|port| port.next_due());
         if self.down {
             return carriers.min();
         }
@@ -461,29 +467,28 @@ impl Pump for NodeEndpoint {
     }
 
     fn has_frames(&mut self) -> bool {
-        self.all_ports().any(|port| port.has_frames())
+        self.ports_mut().any(|port| port.has_frames())
     }
 
     fn wait_sources(&self) -> Vec<WaitSource> {
-        std::iter::once(&self.port)
-            .chain(self.local.as_ref())
-            .map(|port| port.wait_source())
-            .collect()
+        self.ports().map(|port| port.wait_source()).collect()
     }
 }
 
 impl NodeEndpoint {
-    /// Feeds the RNIC what arrived on every port (nothing while the
-    /// link is cut); returns whether anything did.
+    /// Feeds the RNIC what arrived on every port (nothing from the
+    /// uplink while it is cut); returns whether anything arrived.
     fn receive(&mut self, now: Timestamp) -> Result<bool, RackError> {
-        let (rnic, partitioned) = (&mut self.rnic, self.partitioned);
-        let mut received = 0;
-        let ports = std::iter::once(&mut self.port).chain(self.local.as_mut());
-        for port in ports {
-            received += port.receive(RECEIVE_BATCH_FRAMES, &mut |frame| {
-                if !partitioned {
-                    rnic.handle_frame(now, frame);
-                }
+        let rnic = &mut self.rnic;
+        let uplink_cut = self.partitioned;
+        let mut received = self.port.receive(RECEIVE_BATCH_FRAMES, &mut |frame| {
+            if !uplink_cut {
+                rnic.handle_frame(now, frame);
+            }
+        })?;
+        if let Some(local) = &mut self.local {
+            received += local.receive(RECEIVE_BATCH_FRAMES, &mut |frame| {
+                rnic.handle_frame(now, frame);
             })?;
         }
         Ok(received > 0)
@@ -497,7 +502,7 @@ impl NodeEndpoint {
         while sent < TRANSMIT_BATCH_FRAMES {
             // The next frame's port is known only once it is built: wait
             // for room on every port.
-            if !self.all_ports().all(|port| port.has_room()) {
+            if !self.ports_mut().all(|port| port.has_room()) {
                 self.blocked_since = Some(now);
                 break;
             }
@@ -505,15 +510,19 @@ impl NodeEndpoint {
                 break;
             };
             let frame = &self.buffer[..length];
-            if !self.partitioned {
-                match (self.ports.port_for(frame), self.local.as_mut()) {
-                    (LOCAL_PORT, Some(local)) => local.send(frame)?,
-                    _ => self.port.send(frame)?,
-                };
+            match (self.ports.port_for(frame), self.local.as_mut()) {
+                (LOCAL_PORT, Some(local)) => {
+                    local.send(frame)?;
+                }
+                // A cut uplink loses what the NIC sends up it.
+                _ if self.partitioned => {}
+                _ => {
+                    self.port.send(frame)?;
+                }
             }
             sent += 1;
         }
-        for port in self.all_ports() {
+        for port in self.ports_mut() {
             port.flush()?;
         }
         Ok(sent)
@@ -786,12 +795,56 @@ impl Driver {
     }
 }
 
+/// A rack thread whose body returns the CPU time it used: started by
+/// name, joined by its owner once told to stop; a panic becomes an error
+/// naming what the thread was.
+pub(crate) struct RackThread {
+    what: &'static str,
+    handle: Option<std::thread::JoinHandle<Result<Duration, RackError>>>,
+}
+
+impl RackThread {
+    pub(crate) fn spawn(
+        name: &str,
+        what: &'static str,
+        body: impl FnOnce() -> Result<Duration, RackError> + Send + 'static,
+    ) -> Result<RackThread, RackError> {
+        let handle = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(body)
+            .map_err(|error| {
+                RackError::Launch(format!("cannot start the {name} thread: {error}"))
+            })?;
+        Ok(RackThread {
+            what,
+            handle: Some(handle),
+        })
+    }
+
+    /// Whether the body returned (or panicked).
+    pub(crate) fn is_finished(&self) -> bool {
+        self.handle
+            .as_ref()
+            .is_none_or(|handle| handle.is_finished())
+    }
+
+    /// Waits for the body; its CPU time, or its error. Joined already:
+    /// no time.
+    pub(crate) fn join(&mut self) -> Result<Duration, RackError> {
+        match self.handle.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Err(RackError::Launch(format!("{} panicked", self.what))),
+            None => Ok(Duration::ZERO),
+        }
+    }
+}
+
 /// A driver on its own thread. Stopping is one call, and dropping it on an
 /// error path stops it too, so no early return leaves a thread running
 /// (it also sets the rack's stop flag, which ends compute and control
 /// threads started before the failure).
 pub struct FabricThread {
-    handle: Option<std::thread::JoinHandle<Result<Duration, RackError>>>,
+    thread: RackThread,
     driver_stop: Arc<AtomicBool>,
     rack_stop: Option<Arc<AtomicBool>>,
     kicker: DriverKicker,
@@ -805,21 +858,16 @@ impl FabricThread {
         pin: bool,
     ) -> Result<FabricThread, RackError> {
         let kicker = driver.kicker();
-        let handle = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                if pin {
-                    pin_current_thread(ThreadRole::Fabric);
-                }
-                let started_ns = thread_cpu_ns();
-                driver.run()?;
-                Ok(Duration::from_nanos(thread_cpu_ns() - started_ns))
-            })
-            .map_err(|error| {
-                RackError::Launch(format!("cannot start the {name} thread: {error}"))
-            })?;
+        let thread = RackThread::spawn(name, "a fabric thread", move || {
+            if pin {
+                pin_current_thread(ThreadRole::Fabric);
+            }
+            let started_ns = thread_cpu_ns();
+            driver.run()?;
+            Ok(Duration::from_nanos(thread_cpu_ns() - started_ns))
+        })?;
         Ok(FabricThread {
-            handle: Some(handle),
+            thread,
             driver_stop,
             rack_stop: None,
             kicker,
@@ -837,20 +885,14 @@ impl FabricThread {
     }
 
     pub fn is_finished(&self) -> bool {
-        self.handle
-            .as_ref()
-            .is_none_or(|handle| handle.is_finished())
+        self.thread.is_finished()
     }
 
     /// Stops the driver and returns the CPU time its thread used: the
     /// NIC emulation and switch cost, apart from the application's.
     pub fn stop_and_join(mut self) -> Result<Duration, RackError> {
         self.stop();
-        match self.handle.take().map(std::thread::JoinHandle::join) {
-            Some(Ok(result)) => result,
-            Some(Err(_)) => Err(RackError::Launch("a fabric thread panicked".into())),
-            None => Ok(Duration::ZERO),
-        }
+        self.thread.join()
     }
 
     pub fn stop(&self) {
@@ -865,9 +907,7 @@ impl FabricThread {
 impl Drop for FabricThread {
     fn drop(&mut self) {
         self.stop();
-        if let Some(handle) = self.handle.take() {
-            let _ = handle.join();
-        }
+        let _ = self.thread.join();
     }
 }
 

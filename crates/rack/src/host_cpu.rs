@@ -23,13 +23,14 @@
 //!
 //! [`RackBuilder::own_cpu`]: crate::assembly::RackBuilder::own_cpu
 
-use crate::endpoint::{lock, thread_cpu_ns, DriverKicker, NodeEndpoint, RackClock, Shared};
+use crate::endpoint::{
+    lock, thread_cpu_ns, DriverKicker, NodeEndpoint, RackClock, RackThread, Shared,
+};
 use crate::RackError;
 use remora_base::Timestamp;
 use remora_host::Agent;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// An agent's busy time (its polls that moved): the CPU of the host it
@@ -77,7 +78,7 @@ struct Seat {
 
 /// A host's agents on a thread of their own.
 pub(crate) struct HostCpu {
-    handle: Option<JoinHandle<Result<Duration, RackError>>>,
+    thread: RackThread,
     stop: Arc<AtomicBool>,
 }
 
@@ -101,41 +102,28 @@ impl HostCpu {
             })
             .collect();
         let thread_stop = Arc::clone(&stop);
-        let handle = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || run(&host, seats, clock, &fabric, &thread_stop))
-            .map_err(|error| {
-                RackError::Launch(format!("cannot start the {name} thread: {error}"))
-            })?;
-        Ok(HostCpu {
-            handle: Some(handle),
-            stop,
-        })
+        let thread = RackThread::spawn(name, "a host's CPU thread", move || {
+            run(&host, seats, clock, &fabric, &thread_stop)
+        })?;
+        Ok(HostCpu { thread, stop })
     }
 
     /// Whether the thread stopped by itself (an agent failed).
     pub(crate) fn is_finished(&self) -> bool {
-        self.handle.as_ref().is_none_or(JoinHandle::is_finished)
+        self.thread.is_finished()
     }
 
     /// Stops the thread; returns its CPU time, or the agent failure that
     /// stopped it.
     pub(crate) fn stop_and_join(&mut self) -> Result<Duration, RackError> {
         self.stop.store(true, Ordering::Relaxed);
-        match self.handle.take().map(JoinHandle::join) {
-            Some(Ok(result)) => result,
-            Some(Err(_)) => Err(RackError::Launch("a host's CPU thread panicked".into())),
-            None => Ok(Duration::ZERO),
-        }
+        self.thread.join()
     }
 }
 
 impl Drop for HostCpu {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(handle) = self.handle.take() {
-            let _ = handle.join();
-        }
+        let _ = self.stop_and_join();
     }
 }
 

@@ -107,8 +107,9 @@ pub trait Rack {
     /// Host `host` comes back now, with a fresh NIC.
     fn restart(&mut self, host: usize) -> Result<(), RackError>;
 
-    /// Host `host`'s link is cut now, both ways: the host runs on, and
-    /// every frame to or from it is lost.
+    /// Host `host`'s link to the switch is cut now, both ways: the host
+    /// runs on, and every frame over that link is lost (a local link to
+    /// an offload host still carries its own).
     fn partition(&mut self, host: usize);
 
     /// Host `host`'s link carries frames again.
