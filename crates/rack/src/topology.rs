@@ -235,6 +235,27 @@ impl Topology {
         PortId(index as u16)
     }
 
+    /// The first host of `role`, if the rack has one.
+    pub fn first(&self, role: Role) -> Option<usize> {
+        self.hosts.iter().position(|host| host.role == role)
+    }
+
+    /// The hosts at `indices`, in that order, as a rack of their own
+    /// (host `indices[i]` becomes host `i`) with their links: the hosts a
+    /// system runs on. An offload host comes with the host it sits
+    /// beside, listed before it.
+    pub fn subset(&self, indices: &[usize]) -> Result<Topology, TopologyError> {
+        let mut subset = Topology::new(self.switch_mac);
+        for &index in indices {
+            let mut host = self.hosts[index].clone();
+            host.attached_to = host
+                .attached_to
+                .and_then(|beside| indices.iter().position(|&kept| kept == beside));
+            subset.add_host(host)?;
+        }
+        Ok(subset)
+    }
+
     /// Sets offload host `index`'s local link to the host beside it.
     pub fn set_local_link(&mut self, index: usize, link: LinkSpec) {
         self.hosts[index].local_link = link;
@@ -354,6 +375,35 @@ mod tests {
         assert_eq!(topology.add_host(dpu), Ok(2));
         assert_eq!(topology.attached(0).collect::<Vec<_>>(), vec![2]);
         assert_eq!(topology.port(2), PortId(2));
+    }
+
+    #[test]
+    fn a_subset_keeps_its_hosts_links_and_attachments_renumbered() {
+        let mut topology = Topology::pair((mac(1), ip(1)), (mac(2), ip(2)));
+        let mut dpu = HostSpec::new("dpu", Role::Offload, mac(3), ip(3));
+        dpu.attached_to = Some(0);
+        topology.add_host(dpu).unwrap();
+        topology.set_local_link(
+            2,
+            LinkSpec {
+                shape: None,
+                faults: LinkFaults::NONE,
+            },
+        );
+        assert_eq!(topology.first(Role::Memory), Some(1));
+        assert_eq!(topology.first(Role::Offload), Some(2));
+        let subset = topology.subset(&[1, 0, 2]).unwrap();
+        let names: Vec<&str> = subset
+            .hosts()
+            .iter()
+            .map(|host| host.name.as_str())
+            .collect();
+        assert_eq!(names, ["memory", "compute", "dpu"]);
+        assert_eq!(subset.local_links().collect::<Vec<_>>(), vec![(1, 2)]);
+        assert!(matches!(
+            topology.subset(&[2]),
+            Err(TopologyError::OffloadUnattached { .. })
+        ));
     }
 
     #[test]

@@ -21,7 +21,7 @@
 use crate::backend::Backend;
 use remora_graph::apps::App;
 use remora_rack::config::parse_section;
-use remora_rack::topology::{HostSpec, Topology};
+use remora_rack::topology::Topology;
 use remora_rack::{RackConfig, Role};
 use serde::Deserialize;
 
@@ -195,28 +195,22 @@ impl SodaSection {
 /// memory and, for a DPU backend, the DPU beside the compute node.
 fn hosts(rack: &RackConfig, backend: Backend) -> Result<Topology, SodaConfigError> {
     let topology = rack.topology();
-    let first = |role| topology.hosts().iter().position(|host| host.role == role);
-    let (Some(compute), Some(memory)) = (first(Role::Compute), first(Role::Memory)) else {
+    let (Some(compute), Some(memory)) =
+        (topology.first(Role::Compute), topology.first(Role::Memory))
+    else {
         return Err(SodaConfigError::NoHosts);
     };
-    let mut hosts = Topology::new(topology.switch_mac);
-    let mut add = |host: &HostSpec| {
-        hosts
-            .add_host(host.clone())
-            .expect("a rack's hosts are distinct")
-    };
-    add(topology.host(compute));
-    add(topology.host(memory));
+    let mut hosts = vec![compute, memory];
     if let Backend::Dpu(_) = backend {
         let dpu = topology
             .attached(compute)
             .next()
             .ok_or(SodaConfigError::NoDpu(backend.name()))?;
-        let mut spec = topology.host(dpu).clone();
-        spec.attached_to = Some(0);
-        add(&spec);
+        hosts.push(dpu);
     }
-    Ok(hosts)
+    Ok(topology
+        .subset(&hosts)
+        .expect("a rack's hosts, the DPU after its compute node, make a rack"))
 }
 
 #[cfg(test)]

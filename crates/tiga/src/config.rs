@@ -266,15 +266,14 @@ impl TigaSection {
         };
         let section = TigaSection::parse(table)?;
         let topology = rack.topology();
-        let first = |role| topology.hosts().iter().position(|host| host.role == role);
-        let (Some(compute), Some(memory)) = (first(Role::Compute), first(Role::Memory)) else {
+        let (Some(compute), Some(memory)) =
+            (topology.first(Role::Compute), topology.first(Role::Memory))
+        else {
             return Err(TigaSectionError::NoHosts);
         };
-        let mut pair = remora_rack::topology::Topology::new(topology.switch_mac);
-        for index in [compute, memory] {
-            pair.add_host(topology.host(index).clone())
-                .expect("a rack's hosts are distinct");
-        }
+        let pair = topology
+            .subset(&[compute, memory])
+            .expect("a rack's compute and memory nodes make a rack");
         Ok(Some((section, pair)))
     }
 
