@@ -267,12 +267,6 @@ impl Application {
         self.finished_at
     }
 
-    /// Whether the metadata server has work: a client's request, or a
-    /// collection that is due.
-    pub fn metadata_due(&self, now: Timestamp) -> bool {
-        self.deployment.pool.wants_metadata() || self.collection_due(now)
-    }
-
     pub fn collection_due(&self, now: Timestamp) -> bool {
         self.garbage_every
             .is_some_and(|period| now.saturating_duration_since(self.last_collection) >= period)

@@ -63,41 +63,36 @@ mod tests {
         RackConfig::parse(&text).expect("the example rack parses")
     }
 
+    /// The system error `section` is refused with.
+    fn refused(section: &str) -> crate::error::SystemError {
+        match check_sections(&rack_with(section), Path::new("rack.toml")) {
+            Err(RackCommandError::Section { source, .. }) => source,
+            other => panic!("{section}: not refused by its system: {other:?}"),
+        }
+    }
+
     /// A section a system refuses keeps the system's own typed error, so
     /// a caller can tell which check failed.
     #[test]
     fn a_refused_section_keeps_the_systems_own_error() {
-        let path = Path::new("rack.toml");
-        let error = check_sections(&rack_with("[cowbird]\nengine = \"warp\""), path)
-            .expect_err("an unknown engine is refused");
-        let RackCommandError::Section { source, .. } = &error else {
-            panic!("not a section error: {error}");
-        };
-        assert_eq!(source.system, "cowbird");
-        assert!(source
+        let cowbird = refused("[cowbird]\nengine = \"warp\"");
+        assert_eq!(cowbird.system, "cowbird");
+        assert!(cowbird
             .source
             .downcast_ref::<remora_cowbird::config::CowbirdConfigError>()
             .is_some());
-        let error = check_sections(&rack_with("[tiga]\ncores = 8"), path)
-            .expect_err("TIGA's section has no cores");
-        let RackCommandError::Section { source, .. } = &error else {
-            panic!("not a section error: {error}");
-        };
-        assert!(source
+        // TIGA's section has no cores.
+        assert!(refused("[tiga]\ncores = 8")
             .source
             .downcast_ref::<remora_tiga::config::TigaSectionError>()
             .is_some());
-        let error = check_sections(&rack_with("[bifrost]\nnodes = 3"), path)
-            .expect_err("Bifröst has no section yet");
-        let RackCommandError::Section { source, .. } = &error else {
-            panic!("not a section error: {error}");
-        };
-        assert!(source
+        // Bifröst has no section yet.
+        assert!(refused("[bifrost]\nnodes = 3")
             .source
             .downcast_ref::<crate::error::NoSection>()
             .is_some());
         assert!(matches!(
-            check_sections(&rack_with("[warp]\nspeed = 9"), path),
+            check_sections(&rack_with("[warp]\nspeed = 9"), Path::new("rack.toml")),
             Err(RackCommandError::Unclaimed { .. })
         ));
     }
