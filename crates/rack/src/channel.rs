@@ -6,12 +6,12 @@
 //! `state` (SODA counts the writes its DPU has not yet persisted).
 
 use crate::assembly::StagedRack;
-use crate::endpoint::{rack_queue_pair, AppQueues, DriverKicker};
+use crate::endpoint::{lock, rack_queue_pair, AppQueues, DriverKicker, NodeEndpoint, Shared};
 use crate::RackError;
 use remora_rnic::{
     AccessFlags, CompletionOpcode, CompletionStatus, DataPath, HostMemory, MemoryRegion, QueuePair,
-    QueuePairBuilder, ReceiveRequest, RemoteAddress, SendOperation, SendRequest, Verbs, VerbsError,
-    WorkCompletion,
+    QueuePairBuilder, QueuePairEndpoint, ReceiveRequest, RemoteAddress, SendOperation, SendRequest,
+    Verbs, VerbsError, WorkCompletion,
 };
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -68,6 +68,8 @@ pub struct Reply {
 
 pub struct Channel<S = ()> {
     pub queue_pair: QueuePair,
+    /// The peer's queue pair.
+    pub peer: QueuePairEndpoint,
     pub queues: AppQueues,
     /// Landing buffer (`0..chunk`) then outbox (`chunk + HEADER_ROOM..`).
     pub buffer: HostMemory,
@@ -167,22 +169,39 @@ impl<S> Channel<S> {
         self.post_send(SendRequest::new(SEND_ID, operation, &[local])?)?;
         kicker.kick();
         let mut reply = None;
-        let mut sent = false;
-        // Two completions: the SEND's and the reply's receive.
-        while reply.is_none() || !sent {
+        let mut sent = None;
+        // Two completions, the SEND's and the reply's receive, both taken
+        // before either is judged: when the SEND fails, the queue pair
+        // flushes the receive, and that completion must not be left for
+        // the channel's next user.
+        while reply.is_none() || sent.is_none() {
             let completion = self.wait("SEND")?;
-            check(&completion, "SEND")?;
             match completion.opcode {
                 CompletionOpcode::Receive | CompletionOpcode::ReceiveRdmaWithImmediate => {
-                    reply = Some(Reply {
-                        immediate: completion.immediate,
-                        byte_len: completion.byte_len,
-                    });
+                    reply = Some(completion)
                 }
-                _ => sent = true,
+                _ => sent = Some(completion),
             }
         }
-        Ok(reply.expect("the loop ends with a reply"))
+        let (sent, reply) = (
+            sent.expect("the loop ends with both"),
+            reply.expect("the loop ends with both"),
+        );
+        check(&sent, "SEND")?;
+        check(&reply, "SEND")?;
+        Ok(Reply {
+            immediate: reply.immediate,
+            byte_len: reply.byte_len,
+        })
+    }
+
+    /// Brings the channel's queue pair back after a request the switch
+    /// refused in the peer's name (its NAK put the queue pair in error,
+    /// and the peer never saw the request): see
+    /// [`Verbs::resume_queue_pair`]. Takes the NIC's lock, as a control
+    /// verb does.
+    pub fn resume(&mut self, endpoint: &Shared<NodeEndpoint>) -> Result<(), ChannelError> {
+        Ok(lock(endpoint).rnic.resume_queue_pair(self.queue_pair)?)
     }
 
     fn post_send(&mut self, request: SendRequest) -> Result<(), ChannelError> {
@@ -249,6 +268,30 @@ impl<S> ChannelPool<S> {
         self.count == 0
     }
 
+    /// Each channel's queue pair and its peer's.
+    pub fn connections(&self) -> Vec<(QueuePair, QueuePairEndpoint)> {
+        self.with_each(|channel| (channel.queue_pair, channel.peer))
+    }
+
+    /// `look` at every channel, waiting for those lent.
+    fn with_each<T>(&self, look: impl Fn(&Channel<S>) -> T) -> Vec<T> {
+        let mut seen = Vec::with_capacity(self.count);
+        let mut taken = Vec::with_capacity(self.count);
+        {
+            let mut channels = self.channels.lock().expect("channel lock");
+            while taken.len() < self.count {
+                match channels.pop() {
+                    Some(channel) => taken.push(channel),
+                    None => channels = self.returned.wait(channels).expect("channel lock"),
+                }
+            }
+            seen.extend(taken.iter().map(&look));
+            channels.append(&mut taken);
+        }
+        self.returned.notify_all();
+        seen
+    }
+
     /// Runs `work` on a free channel (waiting for one).
     pub fn with<T>(&self, work: impl FnOnce(&mut Channel<S>) -> T) -> T {
         let mut channel = {
@@ -292,19 +335,22 @@ pub fn connect_channels<S: Default>(
         far.handshake(far_queue, near_endpoint)?;
         let (compute, _) = staged.nic_pair_mut(near, peer);
         let queue_pair = compute.handshake(near_queue, far_endpoint)?;
-        pending.push((queue_pair, completion_queue, buffer, region));
+        pending.push((queue_pair, far_endpoint, completion_queue, buffer, region));
     }
     let endpoint = staged.endpoint_mut(near);
     let channels = pending
         .into_iter()
-        .map(|(queue_pair, completion_queue, buffer, region)| Channel {
-            queue_pair,
-            queues: endpoint.attach_queues(completion_queue, 8),
-            buffer,
-            region,
-            chunk_bytes,
-            state: S::default(),
-        })
+        .map(
+            |(queue_pair, peer, completion_queue, buffer, region)| Channel {
+                queue_pair,
+                peer,
+                queues: endpoint.attach_queues(completion_queue, 8),
+                buffer,
+                region,
+                chunk_bytes,
+                state: S::default(),
+            },
+        )
         .collect();
     Ok(ChannelPool::new(channels))
 }

@@ -433,14 +433,23 @@ impl Verbs for SoftRnic {
             QueuePairTransition::ReadyToReceive { remote } => {
                 (QueuePairState::ReadyToReceive, Some(remote))
             }
-            QueuePairTransition::ReadyToSend => (QueuePairState::ReadyToSend, None),
+            QueuePairTransition::ReadyToSend | QueuePairTransition::ReadyToSendFrom { .. } => {
+                (QueuePairState::ReadyToSend, None)
+            }
             QueuePairTransition::Error => (QueuePairState::Error, None),
             QueuePairTransition::Reset => (QueuePairState::Reset, None),
         };
         let (context, resources) = self.queue_pair_mut(qpn)?;
+        if let QueuePairTransition::ReadyToSendFrom { send_psn } = transition {
+            context.send_from(send_psn)?;
+        }
         context.transition(to, remote, resources)?;
         self.fail_queue_pairs_of_overrun_queues();
         Ok(to)
+    }
+
+    fn query_queue_pair(&self, queue_pair: QueuePair) -> Result<QueuePairStatus, VerbsError> {
+        Ok(self.queue_pair(queue_pair.0)?.status())
     }
 
     fn post_shared_receive(

@@ -337,6 +337,19 @@ pub struct QueuePairEndpoint {
     pub initial_psn: Psn,
 }
 
+/// What `ibv_query_qp` tells of a queue pair: its state, its peer and
+/// where each direction stands.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct QueuePairStatus {
+    pub state: QueuePairState,
+    pub remote: Option<QueuePairEndpoint>,
+    /// The oldest PSN of this side's requests the peer has not executed
+    /// (`sq_psn` to resume from).
+    pub resume_psn: Psn,
+    /// The PSN this side's responder expects next (`rq_psn`).
+    pub expected_psn: Psn,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum QueuePairState {
     Reset,
@@ -412,8 +425,15 @@ pub struct QueuePair(pub Qpn);
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum QueuePairTransition {
     Init,
-    ReadyToReceive { remote: QueuePairEndpoint },
+    ReadyToReceive {
+        remote: QueuePairEndpoint,
+    },
     ReadyToSend,
+    /// RTR → RTS with the send PSN set (`IBV_QP_SQ_PSN`) rather than the
+    /// queue pair's initial one.
+    ReadyToSendFrom {
+        send_psn: Psn,
+    },
     Error,
     Reset,
 }
@@ -487,6 +507,32 @@ pub trait Verbs: DataPath {
         qpn: Qpn,
         transition: QueuePairTransition,
     ) -> Result<QueuePairState, VerbsError>;
+    /// `ibv_query_qp`.
+    fn query_queue_pair(&self, queue_pair: QueuePair) -> Result<QueuePairStatus, VerbsError>;
+    /// Brings a queue pair in ERR back to RTS against the same peer, where
+    /// the peer's queue pair stands: RESET, INIT, RTR expecting the PSN it
+    /// expected, and RTS sending from the oldest PSN the peer has not
+    /// executed. Right only when the peer never saw the request that was
+    /// refused (a switch refused it in the peer's name), so the peer's
+    /// queue pair is still in RTS and in step with this one.
+    fn resume_queue_pair(&mut self, queue_pair: QueuePair) -> Result<(), VerbsError> {
+        let status = self.query_queue_pair(queue_pair)?;
+        let remote = status.remote.ok_or(VerbsError::InvalidTransition {
+            from: status.state,
+            to: QueuePairState::ReadyToSend,
+        })?;
+        let qpn = queue_pair.0;
+        self.modify_queue_pair(qpn, QueuePairTransition::Reset)?;
+        self.modify_queue_pair(qpn, QueuePairTransition::Init)?;
+        let remote = QueuePairEndpoint {
+            initial_psn: status.expected_psn,
+            ..remote
+        };
+        self.modify_queue_pair(qpn, QueuePairTransition::ReadyToReceive { remote })?;
+        let send_psn = status.resume_psn;
+        self.modify_queue_pair(qpn, QueuePairTransition::ReadyToSendFrom { send_psn })?;
+        Ok(())
+    }
     /// INIT → RTR → RTS against `remote`: what `ibverbs`'s `handshake` does.
     fn handshake(
         &mut self,

@@ -9,6 +9,7 @@ pub enum TableKind {
     Exact,
     Ternary,
     LongestPrefix,
+    Range,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

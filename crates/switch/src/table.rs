@@ -1,5 +1,5 @@
-//! Match-action tables: exact, ternary and longest-prefix match, each with
-//! a fixed capacity (as hardware tables have) and a stage.
+//! Match-action tables: exact, ternary, longest-prefix and range match,
+//! each with a fixed capacity (as hardware tables have) and a stage.
 
 use crate::resources::{TableKind, TableResources};
 // Table lookups sit on every packet's path and keys are a few bytes, so a
@@ -7,6 +7,7 @@ use crate::resources::{TableKind, TableResources};
 // installed by the control plane and every table is capacity-bounded, so
 // even contrived collisions cost at most a scan of a bounded table.
 use rustc_hash::FxHashMap as HashMap;
+use std::collections::BTreeMap;
 use std::hash::Hash;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -18,6 +19,12 @@ pub enum TableError {
     },
     #[error("prefix length {length} is longer than the key's {key_bits} bits")]
     PrefixTooLong { length: u8, key_bits: u8 },
+    #[error("range {start:#x}..{end:#x} of table {table} is empty or overlaps an entry")]
+    RangeOverlaps {
+        table: &'static str,
+        start: u64,
+        end: u64,
+    },
 }
 
 /// Name, stage and shape of a table, for its resource report.
@@ -227,5 +234,86 @@ impl<V> LpmTable<V> {
 
     pub fn resources(&self) -> TableResources {
         report(&self.shape, TableKind::LongestPrefix, self.count)
+    }
+}
+
+/// Range match on a 64-bit key: each entry covers `start..end`, and no two
+/// overlap, so a key matches at most one. (Tofino's range match kind; here
+/// an ordered map, so a lookup is a logarithmic search.)
+#[derive(Debug, Clone)]
+pub struct RangeTable<V> {
+    shape: TableShape,
+    /// Each entry by its start: its end and value.
+    entries: BTreeMap<u64, (u64, V)>,
+}
+
+impl<V> RangeTable<V> {
+    pub fn new(shape: TableShape) -> RangeTable<V> {
+        RangeTable {
+            shape,
+            entries: BTreeMap::new(),
+        }
+    }
+
+    /// Adds an entry for `start..end`, which must be non-empty and overlap
+    /// no other.
+    pub fn insert(&mut self, start: u64, end: u64, value: V) -> Result<(), TableError> {
+        let overlaps = start >= end
+            || self
+                .entries
+                .range(..end)
+                .next_back()
+                .is_some_and(|(_, (other_end, _))| *other_end > start);
+        if overlaps {
+            return Err(TableError::RangeOverlaps {
+                table: self.shape.name,
+                start,
+                end,
+            });
+        }
+        if self.entries.len() >= self.shape.capacity {
+            return Err(TableError::Full {
+                table: self.shape.name,
+                capacity: self.shape.capacity,
+            });
+        }
+        self.entries.insert(start, (end, value));
+        Ok(())
+    }
+
+    /// The entry starting at `start`, removed.
+    pub fn remove(&mut self, start: u64) -> Option<V> {
+        self.entries.remove(&start).map(|(_, value)| value)
+    }
+
+    /// The entry whose range holds all of `start..start + length` (a
+    /// zero-length span is held by the entry holding `start`), with its
+    /// start.
+    pub fn lookup_span(&self, start: u64, length: u64) -> Option<(u64, &V)> {
+        let (&entry_start, (entry_end, value)) = self.entries.range(..=start).next_back()?;
+        let end = start.checked_add(length)?;
+        (start < *entry_end && end <= *entry_end).then_some((entry_start, value))
+    }
+
+    pub fn lookup_span_mut(&mut self, start: u64, length: u64) -> Option<(u64, &mut V)> {
+        let (&entry_start, (entry_end, value)) = self.entries.range_mut(..=start).next_back()?;
+        let end = start.checked_add(length)?;
+        (start < *entry_end && end <= *entry_end).then_some((entry_start, value))
+    }
+
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.entries.values_mut().map(|(_, value)| value)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn resources(&self) -> TableResources {
+        report(&self.shape, TableKind::Range, self.entries.len())
     }
 }

@@ -436,3 +436,68 @@ fn a_program_that_cuts_a_frame_below_its_headers_gets_it_dropped_not_a_panic() {
     assert!(drain(&mut switch).is_empty());
     assert_eq!(switch.counters().dropped_runt, 1);
 }
+
+mod range_table {
+    use proptest::prelude::*;
+    use remora_switch::table::{RangeTable, TableError, TableShape};
+    use std::collections::BTreeMap;
+
+    fn table(capacity: usize) -> RangeTable<u32> {
+        RangeTable::new(TableShape {
+            name: "ranges",
+            stage: 0,
+            key_bits: 64,
+            action_data_bits: 32,
+            capacity,
+        })
+    }
+
+    #[test]
+    fn overlapping_and_empty_ranges_are_refused_and_a_full_table_says_so() {
+        let mut ranges = table(2);
+        ranges.insert(100, 200, 1).expect("room");
+        for (start, end) in [(150, 160), (50, 101), (199, 300), (0, 1000), (300, 300)] {
+            assert!(
+                matches!(
+                    ranges.insert(start, end, 9),
+                    Err(TableError::RangeOverlaps { .. })
+                ),
+                "{start}..{end}"
+            );
+        }
+        ranges
+            .insert(200, 300, 2)
+            .expect("adjacent ranges do not overlap");
+        assert!(matches!(
+            ranges.insert(400, 500, 3),
+            Err(TableError::Full { capacity: 2, .. })
+        ));
+    }
+
+    proptest! {
+        /// A span matches the one entry that holds all of it, and nothing
+        /// when it crosses an entry's end or falls between entries: the
+        /// same answers as a scan of every entry.
+        #[test]
+        fn a_span_matches_the_entry_that_holds_it_as_a_scan_says(
+            entries in proptest::collection::vec((0u64..1000, 1u64..100), 0..20),
+            spans in proptest::collection::vec((0u64..1200, 0u64..150), 1..40),
+        ) {
+            let mut ranges = table(64);
+            let mut kept = BTreeMap::new();
+            for (index, (start, length)) in entries.into_iter().enumerate() {
+                if ranges.insert(start, start + length, index as u32).is_ok() {
+                    kept.insert(start, (start + length, index as u32));
+                }
+            }
+            for (start, length) in spans {
+                let scanned = kept.iter().find(|(&entry_start, &(end, _))| {
+                    entry_start <= start && start < end && start + length <= end
+                });
+                let expected = scanned.map(|(&entry_start, &(_, value))| (entry_start, value));
+                let found = ranges.lookup_span(start, length).map(|(at, value)| (at, *value));
+                prop_assert_eq!(found, expected);
+            }
+        }
+    }
+}

@@ -9,9 +9,9 @@
 
 use super::message::{Operation, Reply, Request, Status, MESSAGE_LEN};
 use super::GlobalPtr;
-use remora_rack::channel::{ChannelError, ChannelPool, Transfer};
-use remora_rack::endpoint::DriverKicker;
-use remora_rnic::MemoryRegion;
+use remora_rack::channel::{Channel, ChannelError, ChannelPool, Transfer};
+use remora_rack::endpoint::{DriverKicker, NodeEndpoint, Shared};
+use remora_rnic::{CompletionStatus, MemoryRegion};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -45,8 +45,25 @@ pub enum DsmError {
     },
     #[error("memory node {node}'s reply is malformed: {reason}")]
     BadReply { node: u8, reason: String },
+    /// The switch's ACL refused the access (a NAK with a remote access
+    /// error): the caller holds no rule that allows it. Nothing was read
+    /// or written, and the channel was brought back for the next access.
+    #[error("the Gatekeeper refused {operation} on memory node {node}: no rule allows it")]
+    AccessRefused { node: u8, operation: &'static str },
     #[error(transparent)]
     Channel(#[from] ChannelError),
+}
+
+impl DsmError {
+    fn is_access_refusal(&self) -> bool {
+        matches!(
+            self,
+            DsmError::Channel(ChannelError::Completion {
+                status: CompletionStatus::RemoteAccessError,
+                ..
+            })
+        )
+    }
 }
 
 /// A caller's way to one memory node.
@@ -59,6 +76,8 @@ pub struct NodePath {
 pub struct Dsm {
     nodes: Vec<NodePath>,
     kicker: DriverKicker,
+    /// The caller's own NIC, to bring a channel back after a refusal.
+    endpoint: Shared<NodeEndpoint>,
     /// Sizes of live allocations the caller knows of.
     known: Mutex<HashMap<GlobalPtr, u64>>,
     next_node: AtomicUsize,
@@ -66,10 +85,11 @@ pub struct Dsm {
 }
 
 impl Dsm {
-    pub fn new(nodes: Vec<NodePath>, kicker: DriverKicker) -> Dsm {
+    pub fn new(nodes: Vec<NodePath>, kicker: DriverKicker, endpoint: Shared<NodeEndpoint>) -> Dsm {
         Dsm {
             nodes,
             kicker,
+            endpoint,
             known: Mutex::new(HashMap::new()),
             next_node: AtomicUsize::new(0),
             next_request: AtomicU32::new(1),
@@ -86,6 +106,28 @@ impl Dsm {
             .ok_or(DsmError::UnknownNode(node))
     }
 
+    /// Runs `work` on one of the node's channels. A refusal by the
+    /// switch's ACL left the channel's queue pair in error: it is brought
+    /// back, and the refusal is [`DsmError::AccessRefused`].
+    fn on_channel<T>(
+        &self,
+        node: u8,
+        operation: &'static str,
+        work: impl FnOnce(&mut Channel) -> Result<T, DsmError>,
+    ) -> Result<T, DsmError> {
+        let path = self.node(node)?;
+        path.channels.with(|channel| {
+            let outcome = work(channel);
+            match outcome {
+                Err(error) if error.is_access_refusal() => {
+                    channel.resume(&self.endpoint)?;
+                    Err(DsmError::AccessRefused { node, operation })
+                }
+                outcome => outcome,
+            }
+        })
+    }
+
     /// One message to a node's daemon and its reply.
     fn ask(
         &self,
@@ -94,7 +136,6 @@ impl Dsm {
         ptr: GlobalPtr,
         size: u64,
     ) -> Result<Reply, DsmError> {
-        let path = self.node(node)?;
         let request = Request {
             operation,
             generation: ptr.generation,
@@ -103,7 +144,7 @@ impl Dsm {
             size,
         };
         let bad = |reason: String| DsmError::BadReply { node, reason };
-        path.channels.with(|channel| {
+        self.on_channel(node, operation.name(), |channel| {
             let answer = channel.two_sided(&self.kicker, 0, &request.emit())?;
             if answer.byte_len as usize != MESSAGE_LEN {
                 return Err(bad(format!("{} bytes", answer.byte_len)));
@@ -208,13 +249,20 @@ impl Dsm {
         Ok(())
     }
 
+    /// The allocation's size, asked of its node even when the caller
+    /// knows it (so the switch's ACL judges the asking).
+    pub fn stat(&self, ptr: GlobalPtr) -> Result<u64, DsmError> {
+        self.forget(ptr);
+        self.size(ptr)
+    }
+
     pub fn read(&self, ptr: GlobalPtr, into: &mut [u8]) -> Result<(), DsmError> {
         self.read_at(ptr, 0, into)
     }
 
     pub fn read_at(&self, ptr: GlobalPtr, at: u64, into: &mut [u8]) -> Result<(), DsmError> {
         self.check(ptr, at, into.len())?;
-        self.transfer(ptr, at, Transfer::Into(into))
+        self.transfer(ptr, at, Transfer::Into(into), "READ")
     }
 
     pub fn write(&self, ptr: GlobalPtr, data: &[u8]) -> Result<(), DsmError> {
@@ -223,15 +271,21 @@ impl Dsm {
 
     pub fn write_at(&self, ptr: GlobalPtr, at: u64, data: &[u8]) -> Result<(), DsmError> {
         self.check(ptr, at, data.len())?;
-        self.transfer(ptr, at, Transfer::From(data))
+        self.transfer(ptr, at, Transfer::From(data), "WRITE")
     }
 
-    fn transfer(&self, ptr: GlobalPtr, at: u64, transfer: Transfer<'_>) -> Result<(), DsmError> {
-        let path = self.node(ptr.node)?;
+    fn transfer(
+        &self,
+        ptr: GlobalPtr,
+        at: u64,
+        transfer: Transfer<'_>,
+        operation: &'static str,
+    ) -> Result<(), DsmError> {
+        let pool = self.node(ptr.node)?.pool;
         let start = ptr.offset + at;
-        Ok(path
-            .channels
-            .with(|channel| channel.transfer(&self.kicker, path.pool, start, transfer))?)
+        self.on_channel(ptr.node, operation, |channel| {
+            Ok(channel.transfer(&self.kicker, pool, start, transfer)?)
+        })
     }
 
     /// The node keeps a copy of the allocation's bytes.

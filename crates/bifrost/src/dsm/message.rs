@@ -20,6 +20,18 @@ pub enum Operation {
     Restore = 5,
 }
 
+impl Operation {
+    pub fn name(self) -> &'static str {
+        match self {
+            Operation::Allocate => "alloc",
+            Operation::Free => "free",
+            Operation::Stat => "stat",
+            Operation::Snapshot => "snapshot",
+            Operation::Restore => "restore",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Status {
     Ok = 0,

@@ -4,12 +4,16 @@
 
 use super::client::{Dsm, NodePath};
 use super::daemon::{self, MemoryDaemon};
+use crate::gatekeeper::memory::MemoryNode;
+use crate::gatekeeper::{Gatekeeper, GatekeeperError};
 use remora_rack::assembly::{EmbeddedRack, RackBuilder, StagedRack};
 use remora_rack::channel::connect_channels;
-use remora_rack::endpoint::rack_queue_pair;
+use remora_rack::endpoint::{rack_queue_pair, Shared, SwitchEndpoint};
 use remora_rack::topology::{standard_host, HostSpec, Role, Topology, COMPUTE_HOST};
 use remora_rack::RackError;
 use remora_rnic::VerbsError;
+use remora_switch::{Program, Switch};
+use remora_wire::{Ipv4Address, Qpn};
 use std::sync::{Arc, Mutex};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +56,9 @@ pub struct DsmRack {
     pub daemons: Vec<Arc<Mutex<MemoryDaemon>>>,
 }
 
+/// A started DSM rack, the extra clients' DSMs, and the switch.
+pub type StartedDsm<P> = (DsmRack, Vec<Dsm>, Shared<SwitchEndpoint<P>>);
+
 /// The host index of memory node `node`.
 pub fn memory_host(node: usize) -> usize {
     node + 1
@@ -65,6 +72,11 @@ pub struct StagedDsm {
     pub daemons: Vec<Arc<Mutex<MemoryDaemon>>>,
     /// Each client host's paths to the memory nodes, in `clients` order.
     paths: Vec<Vec<NodePath>>,
+    clients: Vec<usize>,
+    /// Each memory node's address and pool, as a switch's ACL knows them.
+    memory_nodes: Vec<(Ipv4Address, MemoryNode)>,
+    /// Every channel: the client's queue pair and the memory node's.
+    connections: Vec<((Ipv4Address, Qpn), (Ipv4Address, Qpn))>,
 }
 
 impl StagedDsm {
@@ -96,10 +108,23 @@ impl StagedDsm {
             .build()?;
         let mut daemons = Vec::new();
         let mut paths: Vec<Vec<NodePath>> = clients.iter().map(|_| Vec::new()).collect();
+        let mut memory_nodes = Vec::new();
+        let mut connections = Vec::new();
         for node in 0..config.memory_nodes {
             let host = memory_host(node);
             let daemon = daemon::deploy(staged.nic_mut(host), config.pool_bytes)?;
             let resources = daemon.resources();
+            let pool = resources.pool_region;
+            let memory_address = topology.host(host).address;
+            memory_nodes.push((
+                memory_address,
+                MemoryNode {
+                    index: node as u8,
+                    pool_base: pool.address.0,
+                    pool_bytes: pool.length_bytes,
+                    rkey: pool.rkey,
+                },
+            ));
             for (client, &client_host) in clients.iter().enumerate() {
                 let channels = connect_channels(
                     &mut staged,
@@ -116,6 +141,10 @@ impl StagedDsm {
                         builder
                     },
                 )?;
+                let client_address = topology.host(client_host).address;
+                for (queue_pair, peer) in channels.connections() {
+                    connections.push(((client_address, queue_pair.0), (memory_address, peer.qpn)));
+                }
                 paths[client].push(NodePath {
                     channels,
                     pool: resources.pool_region,
@@ -129,7 +158,23 @@ impl StagedDsm {
             staged,
             daemons,
             paths,
+            clients,
+            memory_nodes,
+            connections,
         })
+    }
+
+    /// Tells a Gatekeeper the DSM's memory nodes and every client's
+    /// connection to them, so that its ACL judges their RDMA (and can
+    /// answer a refusal with a NAK).
+    pub fn install_acl(&self, gatekeeper: &mut Gatekeeper) -> Result<(), GatekeeperError> {
+        for (address, node) in &self.memory_nodes {
+            gatekeeper.register_memory_node(*address, *node)?;
+        }
+        for (client, memory) in &self.connections {
+            gatekeeper.register_connection(*client, *memory)?;
+        }
+        Ok(())
     }
 
     /// The host index of extra client `extra` (0 is the first after the
@@ -142,11 +187,22 @@ impl StagedDsm {
     /// extra client's after it.
     pub fn start(self) -> Result<(DsmRack, Vec<Dsm>), DsmRackError> {
         let switch = self.staged.l2l3_switch();
-        let (rack, _switch) = self.staged.start(switch)?;
+        let (rack, extra, _switch) = self.start_with(switch)?;
+        Ok((rack, extra))
+    }
+
+    /// Starts the rack with `switch`'s program (a Gatekeeper, say), and
+    /// hands back the switch too.
+    pub fn start_with<P: Program + Send + 'static>(
+        self,
+        switch: Switch<P>,
+    ) -> Result<StartedDsm<P>, DsmRackError> {
+        let (rack, switch) = self.staged.start(switch)?;
         let mut dsms = self
             .paths
             .into_iter()
-            .map(|nodes| Dsm::new(nodes, rack.fabric().kicker()));
+            .zip(&self.clients)
+            .map(|(nodes, &host)| Dsm::new(nodes, rack.fabric().kicker(), rack.host(host).clone()));
         let dsm = dsms.next().expect("the compute host is a client");
         let extra = dsms.collect();
         let rack = DsmRack {
@@ -154,7 +210,7 @@ impl StagedDsm {
             dsm,
             daemons: self.daemons,
         };
-        Ok((rack, extra))
+        Ok((rack, extra, switch))
     }
 }
 

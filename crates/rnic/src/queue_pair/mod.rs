@@ -15,7 +15,7 @@ use crate::resources::Resources;
 use crate::time::Timestamp;
 use crate::verbs::{
     CompletionOpcode, CompletionStatus, QueuePairBuilder, QueuePairEndpoint, QueuePairState,
-    ReceiveRequest, WorkCompletion,
+    QueuePairStatus, ReceiveRequest, WorkCompletion,
 };
 use crate::VerbsError;
 use remora_wire::{
@@ -171,6 +171,27 @@ impl QueuePairContext {
         }
         self.state = to;
         Ok(())
+    }
+
+    /// Sets the send PSN on the way from RTR to RTS (`IBV_QP_SQ_PSN`).
+    pub(crate) fn send_from(&mut self, send_psn: Psn) -> Result<(), VerbsError> {
+        if self.state != QueuePairState::ReadyToReceive {
+            return Err(VerbsError::InvalidTransition {
+                from: self.state,
+                to: QueuePairState::ReadyToSend,
+            });
+        }
+        self.requester = Requester::new(&self.attributes, send_psn);
+        Ok(())
+    }
+
+    pub(crate) fn status(&self) -> QueuePairStatus {
+        QueuePairStatus {
+            state: self.state,
+            remote: self.remote,
+            resume_psn: self.requester.resume_psn(),
+            expected_psn: self.responder.expected_psn(),
+        }
     }
 
     fn reset(&mut self) {

@@ -103,6 +103,12 @@ impl Requester {
         }
     }
 
+    /// The oldest PSN the responder is not known to have executed: where
+    /// a resumed connection starts sending.
+    pub(crate) fn resume_psn(&self) -> Psn {
+        self.acknowledged_psn.add(1)
+    }
+
     /// The oldest PSN the responder has not answered.
     fn unacked_psn(&self) -> Psn {
         self.queue

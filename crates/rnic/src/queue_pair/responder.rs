@@ -91,6 +91,10 @@ impl Responder {
         }
     }
 
+    pub(crate) fn expected_psn(&self) -> Psn {
+        self.expected_psn
+    }
+
     pub(crate) fn start(&mut self, expected_psn: Psn) {
         self.expected_psn = expected_psn;
     }

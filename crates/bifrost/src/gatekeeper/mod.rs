@@ -12,10 +12,18 @@
 //! queue, recovery that moves routes to a replacement and replays, as
 //! packet-outs, the held calls and the calls that were in flight to the
 //! failed node; every table and queue bounded with typed errors or
-//! counted drops. Not yet: the ACL on DSM accesses and the caller's
-//! checkpoints (a1, b1, a2).
+//! counted drops; and the ACL on RDMA to the DSM's memory nodes
+//! ([`memory`], [`acl`]): default deny, control and lease rules from
+//! alloc, free, CALL and REPLY, and a NAK in the memory node's name for
+//! what it refuses.
 
+pub mod acl;
+pub mod memory;
+
+use crate::dsm::GlobalPtr;
 use crate::rpc::checkpoint::{split_reply, CHECKPOINT_FLAG, MAX_CHECKPOINT_BYTES};
+use acl::{AclError, Rights};
+use memory::{MemoryCounters, MemoryNode, MemoryStage, MemoryStageConfig};
 use remora_base::Timestamp;
 use remora_switch::packet::{Digest, Egress, Packet};
 use remora_switch::programs::overlay::{Claim, Overlay};
@@ -66,6 +74,9 @@ pub struct CallEdge {
     pub pointer: GlobalAddress,
     /// When the call first passed.
     pub since: Timestamp,
+    /// The call lent its DSM pointer to the callee: what the caller had
+    /// on it before, given back with the reply.
+    pub caller_rights: Option<Rights>,
 }
 
 /// Why a control-plane request was refused.
@@ -81,6 +92,8 @@ pub enum GatekeeperError {
     MethodTooLong(usize),
     #[error("node {0:?} has not failed")]
     NotFailed(Ipv4Address),
+    #[error(transparent)]
+    Acl(#[from] AclError),
 }
 
 /// What the data plane counted.
@@ -124,6 +137,12 @@ pub struct GatekeeperCounters {
     /// (and kept frames) expired, so a caller that gave up cannot fill
     /// the graph.
     pub calls_expired: u64,
+    /// Calls whose pointer could not be lent to the callee (the caller
+    /// holds no rights on it, or it has no rules, or its grants are
+    /// full): routed, and the callee's accesses are refused.
+    pub leases_refused: u64,
+    /// What the memory stage (the ACL on RDMA) counted.
+    pub memory: MemoryCounters,
 }
 
 /// Table sizes.
@@ -143,6 +162,8 @@ pub struct GatekeeperConfig {
     /// did leaves the graph (its caller gave up, or its callee died with
     /// no replacement).
     pub call_lease: Duration,
+    /// The ACL and the tables of the memory stage.
+    pub memory: MemoryStageConfig,
 }
 
 impl GatekeeperConfig {
@@ -155,6 +176,7 @@ impl GatekeeperConfig {
             held_calls: 256,
             heartbeat_timeout: None,
             call_lease: Duration::from_secs(10),
+            memory: MemoryStageConfig::default(),
         }
     }
 }
@@ -191,6 +213,8 @@ pub struct Gatekeeper {
     packet_outs: VecDeque<Vec<u8>>,
     /// Nodes found failed, for the control plane.
     detected: VecDeque<Ipv4Address>,
+    /// The ACL on RDMA to the DSM's memory nodes.
+    memory: MemoryStage,
     counters: GatekeeperCounters,
 }
 
@@ -323,6 +347,7 @@ impl Gatekeeper {
             held_capacity: config.held_calls,
             packet_outs: VecDeque::new(),
             detected: VecDeque::new(),
+            memory: MemoryStage::new(config.memory),
             counters: GatekeeperCounters::default(),
         }
     }
@@ -425,7 +450,10 @@ impl Gatekeeper {
             .map(|(key, _)| *key)
             .collect();
         for key in expired {
-            self.graph.remove(&key);
+            if let Some(edge) = self.graph.remove(&key) {
+                // The lease ends with the call, answered or not.
+                self.settle_pointers(&edge, GlobalAddress::NULL);
+            }
             self.call_frames.remove(&key);
             self.counters.calls_expired += 1;
         }
@@ -469,7 +497,34 @@ impl Gatekeeper {
     }
 
     pub fn counters(&self) -> GatekeeperCounters {
-        self.counters
+        GatekeeperCounters {
+            memory: self.memory.counters(),
+            ..self.counters
+        }
+    }
+
+    /// A memory node of the DSM: RDMA to it is judged by the ACL.
+    pub fn register_memory_node(
+        &mut self,
+        address: Ipv4Address,
+        node: MemoryNode,
+    ) -> Result<(), GatekeeperError> {
+        Ok(self.memory.register_node(address, node)?)
+    }
+
+    /// A client's queue pair connected to a memory node's: what the
+    /// switch needs to answer a refused request with a NAK.
+    pub fn register_connection(
+        &mut self,
+        client: (Ipv4Address, remora_wire::Qpn),
+        memory: (Ipv4Address, remora_wire::Qpn),
+    ) -> Result<(), GatekeeperError> {
+        Ok(self.memory.register_connection(client, memory)?)
+    }
+
+    /// The ACL's rules.
+    pub fn acl(&self) -> &acl::Acl {
+        &self.memory.acl
     }
 
     pub fn node(&self, address: Ipv4Address) -> Option<NodeInfo> {
@@ -575,6 +630,9 @@ impl Gatekeeper {
             self.packet_outs.push_back(frame);
             self.counters.replayed += 1;
         }
+        // Its pointers pass to its replacement, which restarts from its
+        // checkpoint and so takes up what it controlled.
+        self.memory.acl.hand_over(failed, replacement);
         // Forwarding to the failed node stops: it serves nothing now.
         self.nodes.remove(&failed);
         self.heard.remove(&failed);
@@ -719,13 +777,21 @@ impl Gatekeeper {
             method: key,
             pointer: header.global_address(),
             since: now,
+            caller_rights: None,
         };
         let oneway = header.call_type() == CallType::Oneway;
         let key = (caller, caller_port, edge.rpc_id);
-        let edge = CallEdge {
-            // A resend keeps the time the call first passed.
-            since: self.graph.lookup(&key).map_or(now, |kept| kept.since),
-            ..edge
+        let edge = match self.graph.lookup(&key) {
+            // A resend keeps the time the call first passed and its lease.
+            Some(kept) => CallEdge {
+                since: kept.since,
+                caller_rights: kept.caller_rights,
+                ..edge
+            },
+            None => CallEdge {
+                caller_rights: self.lend(&edge),
+                ..edge
+            },
         };
         if !oneway && self.graph.insert(key, edge).is_err() {
             self.counters.graph_full += 1;
@@ -754,8 +820,53 @@ impl Gatekeeper {
         Claim::Pass
     }
 
+    /// A call's DSM pointer is lent to its callee to read (before the call
+    /// goes on, so the callee can read it as soon as it has the call), and
+    /// the caller's write is taken away. Returns what the caller had.
+    fn lend(&mut self, edge: &CallEdge) -> Option<Rights> {
+        let ptr = GlobalPtr::from_address(&edge.pointer)?;
+        match self
+            .memory
+            .acl
+            .lend(ptr.node, ptr.offset, edge.caller, edge.callee)
+        {
+            Ok(before) => Some(before),
+            Err(_) => {
+                self.counters.leases_refused += 1;
+                None
+            }
+        }
+    }
+
+    /// A reply ends its call's lease and hands the pointer it returns, if
+    /// any, from the callee to the caller.
+    fn settle_pointers(&mut self, edge: &CallEdge, reply_pointer: GlobalAddress) {
+        if let (Some(before), Some(ptr)) =
+            (edge.caller_rights, GlobalPtr::from_address(&edge.pointer))
+        {
+            self.memory
+                .acl
+                .end_lease(ptr.node, ptr.offset, edge.caller, edge.callee, Some(before));
+        }
+        // A reply echoes its call's header: the argument comes back, and
+        // only another pointer is one the callee returns.
+        if reply_pointer == edge.pointer {
+            return;
+        }
+        if let Some(ptr) = GlobalPtr::from_address(&reply_pointer) {
+            let moved = self
+                .memory
+                .acl
+                .transfer(ptr.node, ptr.offset, edge.callee, edge.caller);
+            if moved.is_err() {
+                self.counters.leases_refused += 1;
+            }
+        }
+    }
+
     /// A reply on its way to its caller: the call leaves the graph.
-    fn see_reply(&mut self, packet: &mut Packet, udp: usize, rpc_id: u64) {
+    fn see_reply(&mut self, packet: &mut Packet, udp: usize, header: (u64, GlobalAddress)) {
+        let (rpc_id, reply_pointer) = header;
         let caller = packet
             .headers
             .ipv4
@@ -763,7 +874,8 @@ impl Gatekeeper {
             .unwrap_or_default();
         let caller_port = u16::from_be_bytes([packet.bytes[udp + 2], packet.bytes[udp + 3]]);
         self.call_frames.remove(&(caller, caller_port, rpc_id));
-        if self.graph.remove(&(caller, caller_port, rpc_id)).is_some() {
+        if let Some(edge) = self.graph.remove(&(caller, caller_port, rpc_id)) {
+            self.settle_pointers(&edge, reply_pointer);
             self.counters.replies += 1;
             packet.digest = Some(Digest {
                 kind: DIGEST_REPLY,
@@ -781,6 +893,14 @@ impl Overlay for Gatekeeper {
     fn before_forwarding(&mut self, now: Timestamp, packet: &mut Packet) -> Claim {
         self.check_liveness(now, packet);
         self.expire_calls(now);
+        if self.memory.concerns(packet) {
+            self.memory.judge(now, packet, &mut self.packet_outs);
+            return if packet.egress == Egress::Drop {
+                Claim::Taken
+            } else {
+                Claim::Pass
+            };
+        }
         let Some((ip, udp, destination_port)) = bifrost_offsets(packet) else {
             return Claim::Pass;
         };
@@ -802,12 +922,12 @@ impl Overlay for Gatekeeper {
         };
         match header.call_type() {
             CallType::Reply | CallType::Exception => {
-                let rpc_id = header.rpc_id();
+                let answered = (header.rpc_id(), header.global_address());
                 let checkpointed = header.flags() & CHECKPOINT_FLAG != 0;
                 if checkpointed {
                     self.take_checkpoint(packet, ip, udp);
                 }
-                self.see_reply(packet, udp, rpc_id);
+                self.see_reply(packet, udp, answered);
             }
             CallType::Call | CallType::Oneway => self.counters.direct += 1,
         }
@@ -822,6 +942,7 @@ impl Overlay for Gatekeeper {
         report.tables.push(self.caller_checkpoints.resources());
         report.tables.push(self.call_frames.resources());
         report.tables.push(self.heard.resources());
+        self.memory.add_resources(report);
     }
 
     fn poll_packet_out(&mut self) -> Option<Vec<u8>> {

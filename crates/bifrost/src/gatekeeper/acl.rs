@@ -1,0 +1,411 @@
+//! The Gatekeeper's access control list over global memory (the thesis's
+//! §4.1 and §6.4): one range-match entry per allocation, keyed on its
+//! memory node and offsets, holding which node may do what to it.
+//!
+//! Control and lease:
+//! - `alloc` gives the requester control: every operation;
+//! - a CALL lends the argument to the callee, to read, and takes the
+//!   caller's write away while the lease lasts;
+//! - a REPLY ends the lease (the callee's access goes) and gives the caller
+//!   back what it had on the argument, and control of the returned
+//!   pointer, which leaves the callee;
+//! - `free` deletes every rule of the pointer;
+//! - anything no rule allows is refused.
+//!
+//! Where the thesis says the REPLY gives the caller "any memory
+//! operation" on the arguments it sent, the caller gets back the rights it
+//! had before the call: a middle service that passes on a pointer leased
+//! to it must not come out of the nested call in control of it.
+
+use remora_switch::resources::TableResources;
+use remora_switch::table::{RangeTable, TableError, TableShape};
+use remora_wire::Ipv4Address;
+
+/// What an access does to memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Read,
+    Write,
+}
+
+/// What a node may do to an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Rights {
+    /// A lease: reads only.
+    Read,
+    /// Control: reads, writes, free, snapshot and restore.
+    Control,
+}
+
+impl Rights {
+    pub fn permits(self, operation: Operation) -> bool {
+        match operation {
+            Operation::Read => true,
+            Operation::Write => self == Rights::Control,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AclError {
+    #[error(transparent)]
+    Table(#[from] TableError),
+    #[error("the pointer at memory node {node}, offset {offset:#x}, has no rules")]
+    NoRules { node: u8, offset: u64 },
+    #[error("{requester:?} does not control memory node {node}'s allocation at {offset:#x}")]
+    NotInControl {
+        requester: Ipv4Address,
+        node: u8,
+        offset: u64,
+    },
+    #[error("{requester:?} holds no rights on memory node {node}'s allocation at {offset:#x}")]
+    NotHolder {
+        requester: Ipv4Address,
+        node: u8,
+        offset: u64,
+    },
+    #[error(
+        "the allocation at memory node {node}, offset {offset:#x}, has {capacity} grants already"
+    )]
+    GrantsFull {
+        node: u8,
+        offset: u64,
+        capacity: usize,
+    },
+}
+
+/// The ACL's sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AclConfig {
+    /// Allocations with rules.
+    pub pointers: usize,
+    /// Nodes with access to one allocation at once.
+    pub grants_per_pointer: usize,
+}
+
+impl Default for AclConfig {
+    fn default() -> AclConfig {
+        AclConfig {
+            pointers: 4096,
+            grants_per_pointer: 8,
+        }
+    }
+}
+
+/// One allocation's rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grants {
+    pub generation: u8,
+    pub size_bytes: u64,
+    /// Who may do what: at most `grants_per_pointer`.
+    pub holders: Vec<(Ipv4Address, Rights)>,
+}
+
+impl Grants {
+    pub fn rights_of(&self, node: Ipv4Address) -> Option<Rights> {
+        self.holders
+            .iter()
+            .find(|(holder, _)| *holder == node)
+            .map(|(_, rights)| *rights)
+    }
+
+    fn set(&mut self, node: Ipv4Address, rights: Option<Rights>, capacity: usize) -> bool {
+        self.holders.retain(|(holder, _)| *holder != node);
+        if let Some(rights) = rights {
+            if self.holders.len() >= capacity {
+                return false;
+            }
+            self.holders.push((node, rights));
+        }
+        true
+    }
+}
+
+/// The table's key: the memory node in the top byte, the offset below.
+fn key(node: u8, offset: u64) -> u64 {
+    debug_assert!(offset < 1 << 56, "pool offsets fit 56 bits");
+    u64::from(node) << 56 | offset
+}
+
+pub struct Acl {
+    table: RangeTable<Grants>,
+    grants_per_pointer: usize,
+}
+
+impl Acl {
+    pub fn new(config: AclConfig) -> Acl {
+        Acl {
+            table: RangeTable::new(TableShape {
+                name: "gatekeeper_acl",
+                stage: 1,
+                key_bits: 64,
+                // Eight holders of an address and a rights bit, a size and
+                // a generation.
+                action_data_bits: (config.grants_per_pointer * 33 + 72) as u16,
+                capacity: config.pointers,
+            }),
+            grants_per_pointer: config.grants_per_pointer,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    pub fn resources(&self) -> TableResources {
+        self.table.resources()
+    }
+
+    /// Whether an allocation could take one more entry.
+    pub fn has_room(&self) -> bool {
+        self.table.len() < self.table.resources().capacity
+    }
+
+    /// Whether `source` may do `operation` to `length` bytes at `offset` of
+    /// memory node `node`: all of them inside one allocation it holds
+    /// rights on.
+    pub fn permits(
+        &self,
+        node: u8,
+        offset: u64,
+        length: u64,
+        operation: Operation,
+        source: Ipv4Address,
+    ) -> bool {
+        self.table
+            .lookup_span(key(node, offset), length)
+            .and_then(|(_, grants)| grants.rights_of(source))
+            .is_some_and(|rights| rights.permits(operation))
+    }
+
+    /// The rules of the allocation that holds `offset`.
+    pub fn grants(&self, node: u8, offset: u64) -> Option<&Grants> {
+        self.table
+            .lookup_span(key(node, offset), 0)
+            .map(|(_, grants)| grants)
+    }
+
+    fn grants_mut(&mut self, node: u8, offset: u64) -> Result<&mut Grants, AclError> {
+        self.table
+            .lookup_span_mut(key(node, offset), 0)
+            .map(|(_, grants)| grants)
+            .ok_or(AclError::NoRules { node, offset })
+    }
+
+    /// An allocation was made for `owner`, which controls it.
+    pub fn allocate(
+        &mut self,
+        node: u8,
+        offset: u64,
+        generation: u8,
+        size_bytes: u64,
+        owner: Ipv4Address,
+    ) -> Result<(), AclError> {
+        let start = key(node, offset);
+        // A stale entry (a free whose rules outlived it) gives way.
+        self.table.remove(start);
+        let grants = Grants {
+            generation,
+            size_bytes,
+            holders: vec![(owner, Rights::Control)],
+        };
+        Ok(self
+            .table
+            .insert(start, start + size_bytes.max(1), grants)?)
+    }
+
+    /// Whether `requester` controls the allocation at `offset` with this
+    /// generation (and so may free, snapshot or restore it).
+    pub fn controls(&self, node: u8, offset: u64, generation: u8, requester: Ipv4Address) -> bool {
+        self.table
+            .lookup_span(key(node, offset), 0)
+            .is_some_and(|(start, grants)| {
+                start == key(node, offset)
+                    && grants.generation == generation
+                    && grants.rights_of(requester) == Some(Rights::Control)
+            })
+    }
+
+    /// `free`: every rule of the allocation goes.
+    pub fn free(&mut self, node: u8, offset: u64) -> Option<Grants> {
+        self.table.remove(key(node, offset))
+    }
+
+    /// A CALL lends the allocation holding `offset` to `callee` to read,
+    /// and takes `caller`'s write away. Returns what the caller had, to
+    /// give back with the reply. A caller that holds no rights lends
+    /// nothing.
+    pub fn lend(
+        &mut self,
+        node: u8,
+        offset: u64,
+        caller: Ipv4Address,
+        callee: Ipv4Address,
+    ) -> Result<Rights, AclError> {
+        let capacity = self.grants_per_pointer;
+        let grants = self.grants_mut(node, offset)?;
+        let before = grants.rights_of(caller).ok_or(AclError::NotHolder {
+            requester: caller,
+            node,
+            offset,
+        })?;
+        let callee_keeps = grants.rights_of(callee).max(Some(Rights::Read));
+        if !grants.set(callee, callee_keeps, capacity) {
+            return Err(AclError::GrantsFull {
+                node,
+                offset,
+                capacity,
+            });
+        }
+        grants.set(caller, Some(Rights::Read), capacity);
+        Ok(before)
+    }
+
+    /// A REPLY ends the lease: the callee's access to the argument goes
+    /// and the caller gets back what it had.
+    pub fn end_lease(
+        &mut self,
+        node: u8,
+        offset: u64,
+        caller: Ipv4Address,
+        callee: Ipv4Address,
+        caller_before: Option<Rights>,
+    ) {
+        let capacity = self.grants_per_pointer;
+        if let Ok(grants) = self.grants_mut(node, offset) {
+            grants.set(callee, None, capacity);
+            let restored = grants.set(caller, caller_before, capacity);
+            debug_assert!(restored, "the caller's entry was there to restore");
+        }
+    }
+
+    /// A REPLY returns a pointer: control moves from the callee to the
+    /// caller.
+    pub fn transfer(
+        &mut self,
+        node: u8,
+        offset: u64,
+        callee: Ipv4Address,
+        caller: Ipv4Address,
+    ) -> Result<(), AclError> {
+        let capacity = self.grants_per_pointer;
+        let grants = self.grants_mut(node, offset)?;
+        if grants.rights_of(callee) != Some(Rights::Control) {
+            return Err(AclError::NotInControl {
+                requester: callee,
+                node,
+                offset,
+            });
+        }
+        grants.set(callee, None, capacity);
+        if !grants.set(caller, Some(Rights::Control), capacity) {
+            return Err(AclError::GrantsFull {
+                node,
+                offset,
+                capacity,
+            });
+        }
+        Ok(())
+    }
+
+    /// A failed node's rights pass to its replacement. Returns the
+    /// allocations whose rules changed.
+    pub fn hand_over(&mut self, failed: Ipv4Address, replacement: Ipv4Address) -> usize {
+        let mut changed = 0;
+        for grants in self.table.values_mut() {
+            if let Some(rights) = grants.rights_of(failed) {
+                let best = grants.rights_of(replacement).max(Some(rights));
+                grants.holders.retain(|(holder, _)| *holder != failed);
+                grants.holders.retain(|(holder, _)| *holder != replacement);
+                grants
+                    .holders
+                    .extend(best.map(|rights| (replacement, rights)));
+                changed += 1;
+            }
+        }
+        changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: Ipv4Address = Ipv4Address([10, 0, 0, 1]);
+    const B: Ipv4Address = Ipv4Address([10, 0, 0, 2]);
+    const C: Ipv4Address = Ipv4Address([10, 0, 0, 3]);
+
+    #[test]
+    fn control_and_lease_follow_a_call_and_its_reply() {
+        let mut acl = Acl::new(AclConfig::default());
+        acl.allocate(0, 4096, 0, 1024, A).expect("room");
+        assert!(acl.permits(0, 4096, 1024, Operation::Write, A));
+        assert!(!acl.permits(0, 4096, 8, Operation::Read, B), "default deny");
+        assert!(
+            !acl.permits(0, 4096, 1025, Operation::Read, A),
+            "past the end"
+        );
+        let before = acl.lend(0, 4096, A, B).expect("rules");
+        assert_eq!(before, Rights::Control);
+        assert!(acl.permits(0, 4100, 8, Operation::Read, B));
+        assert!(!acl.permits(0, 4100, 8, Operation::Write, B));
+        assert!(!acl.permits(0, 4100, 8, Operation::Write, A), "leased");
+        assert!(acl.permits(0, 4100, 8, Operation::Read, A));
+        // B passes it on to C, and gets back only its lease afterwards.
+        let b_before = acl.lend(0, 4096, B, C).expect("rules");
+        assert_eq!(b_before, Rights::Read);
+        acl.end_lease(0, 4096, B, C, Some(b_before));
+        assert!(!acl.permits(0, 4096, 8, Operation::Read, C));
+        assert!(!acl.permits(0, 4096, 8, Operation::Write, B));
+        acl.end_lease(0, 4096, A, B, Some(before));
+        assert!(matches!(
+            acl.lend(0, 4096, C, B),
+            Err(AclError::NotHolder { .. })
+        ));
+        assert!(!acl.permits(0, 4096, 8, Operation::Read, B));
+        assert!(acl.permits(0, 4096, 8, Operation::Write, A));
+        assert!(acl.controls(0, 4096, 0, A));
+        assert!(!acl.controls(0, 4096, 1, A), "another generation");
+    }
+
+    #[test]
+    fn a_returned_pointer_changes_hands_and_free_deletes_every_rule() {
+        let mut acl = Acl::new(AclConfig::default());
+        acl.allocate(2, 0, 3, 64, B).expect("room");
+        acl.transfer(2, 0, B, A).expect("B controls it");
+        assert!(acl.permits(2, 0, 64, Operation::Write, A));
+        assert!(!acl.permits(2, 0, 1, Operation::Read, B));
+        assert!(matches!(
+            acl.transfer(2, 0, B, C),
+            Err(AclError::NotInControl { .. })
+        ));
+        assert!(acl.free(2, 0).is_some());
+        assert!(!acl.permits(2, 0, 1, Operation::Read, A));
+        assert!(acl.is_empty());
+    }
+
+    #[test]
+    fn full_tables_and_full_grants_are_typed_errors() {
+        let mut acl = Acl::new(AclConfig {
+            pointers: 1,
+            grants_per_pointer: 2,
+        });
+        acl.allocate(0, 0, 0, 8, A).expect("room");
+        assert!(matches!(
+            acl.allocate(0, 64, 0, 8, A),
+            Err(AclError::Table(TableError::Full { .. }))
+        ));
+        acl.lend(0, 0, A, B).expect("a second holder fits");
+        assert!(matches!(
+            acl.lend(0, 0, A, C),
+            Err(AclError::GrantsFull { .. })
+        ));
+        assert_eq!(acl.hand_over(B, C), 1);
+        assert!(acl.permits(0, 0, 8, Operation::Read, C));
+        assert!(!acl.permits(0, 0, 8, Operation::Read, B));
+    }
+}

@@ -1,0 +1,537 @@
+//! The Gatekeeper's stage for RDMA to the DSM's memory nodes: every
+//! request a client sends a memory node is checked against the ACL
+//! ([`super::acl`]) before it may pass, and refused by default.
+//!
+//! - READ and WRITE carry their target in the RETH (virtual address,
+//!   rkey, length); the address is turned into an offset of the node's
+//!   pool. A WRITE's middle and last packets carry none, so the verdict on
+//!   its first packet holds for the rest of the message, per connection.
+//! - alloc, free, stat, snapshot and restore are SENDs to the node's
+//!   daemon (`dsm::message`): free, snapshot and restore need control,
+//!   stat a lease; an alloc passes if the ACL has room, and its reply
+//!   (the daemon's SEND back) installs the requester's control.
+//! - A refused request is dropped, and the switch answers it in the
+//!   memory node's name with an IB NAK (remote access error) for the
+//!   request's PSN, so the client fails at once rather than retrying; its
+//!   queue pair goes to the error state, as after any remote access error.
+//!   The NAK needs the client's queue pair, which no request carries: the
+//!   control plane installs each connection (the pair of queue pairs), as
+//!   it would learn them from the connection manager's exchange. A request
+//!   on a connection it does not know is dropped without a NAK.
+//!
+//! Memory stays unchanged: nothing refused reaches the node.
+
+use super::acl::{Acl, AclConfig, AclError, Operation};
+use crate::dsm::message::{self, Operation as DsmOperation, Status, MESSAGE_LEN};
+use remora_base::Timestamp;
+use remora_switch::packet::{Digest, Egress, Packet};
+use remora_switch::resources::ResourceReport;
+use remora_switch::table::{ExactTable, TableShape};
+use remora_wire::frame::{emit_frame, FrameRepr};
+use remora_wire::{
+    AckSyndrome, AethRepr, AtomicEthHeader, AtomicEthRepr, BthRepr, Ipv4Address, Msn, NakCode,
+    Opcode, Qpn, RethHeader, RethRepr, Rkey,
+};
+use std::collections::VecDeque;
+
+/// Digests of the memory stage.
+pub const DIGEST_ALLOC: u16 = 0xb1f4;
+pub const DIGEST_FREE: u16 = 0xb1f5;
+/// A request the ACL refused: values[0] the source, [1] the memory node.
+pub const DIGEST_ACCESS_REFUSED: u16 = 0xb1f6;
+
+/// A memory node of the DSM as the switch knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryNode {
+    /// Its index among the DSM's nodes (a `GlobalPtr`'s node).
+    pub index: u8,
+    /// Where its pool starts in its registered memory, how long it is,
+    /// and the key that reaches it.
+    pub pool_base: u64,
+    pub pool_bytes: u64,
+    pub rkey: Rkey,
+}
+
+/// A client's queue pair connected to a memory node's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Connection {
+    client: Ipv4Address,
+    client_qpn: Qpn,
+    /// The verdict on the WRITE whose first packet passed last, while its
+    /// middle and last packets are still to come.
+    open_write: Option<bool>,
+}
+
+/// What the memory stage counted, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryCounters {
+    pub reads_allowed: u64,
+    pub writes_allowed: u64,
+    pub reads_refused: u64,
+    pub writes_refused: u64,
+    /// DSM messages refused: free, snapshot or restore without control,
+    /// stat without a lease, alloc with the ACL full, malformed.
+    pub messages_refused: u64,
+    /// Allocations whose control rule was installed, and frees passed.
+    pub allocations: u64,
+    pub frees: u64,
+    /// Requests on a connection the control plane never installed:
+    /// dropped with no NAK (there is no queue pair to address).
+    pub unknown_connections: u64,
+    /// Packets of a refused WRITE after its first: dropped.
+    pub refused_continuations: u64,
+    /// Allocs refused because the ACL (with the allocs awaiting their
+    /// replies) was full.
+    pub acl_full: u64,
+    /// NAKs the switch sent.
+    pub naks_sent: u64,
+}
+
+/// Allocs awaiting their replies: memory node, client, request id.
+type PendingKey = (Ipv4Address, Ipv4Address, u32);
+
+pub struct MemoryStage {
+    pub(super) acl: Acl,
+    nodes: ExactTable<Ipv4Address, MemoryNode>,
+    connections: ExactTable<(Ipv4Address, Qpn), Connection>,
+    pending: ExactTable<PendingKey, (Timestamp, u64)>,
+    counters: MemoryCounters,
+}
+
+/// An alloc whose reply has not passed this long is forgotten (its node
+/// died), so that it stops holding room in the ACL.
+const PENDING_ALLOC_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The memory stage's sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryStageConfig {
+    pub acl: AclConfig,
+    pub memory_nodes: usize,
+    pub connections: usize,
+    pub pending_allocs: usize,
+}
+
+impl Default for MemoryStageConfig {
+    fn default() -> MemoryStageConfig {
+        MemoryStageConfig {
+            acl: AclConfig::default(),
+            memory_nodes: 64,
+            connections: 1024,
+            pending_allocs: 256,
+        }
+    }
+}
+
+/// A request's target: the memory node's pool offset and length, and the
+/// key it came with.
+struct Target {
+    virtual_address: u64,
+    rkey: Rkey,
+    length: u64,
+}
+
+impl MemoryStage {
+    pub fn new(config: MemoryStageConfig) -> MemoryStage {
+        let shape = |name, key_bits, action_data_bits, capacity| TableShape {
+            name,
+            stage: 1,
+            key_bits,
+            action_data_bits,
+            capacity,
+        };
+        MemoryStage {
+            acl: Acl::new(config.acl),
+            nodes: ExactTable::new(shape(
+                "gatekeeper_memory_nodes",
+                32,
+                168,
+                config.memory_nodes,
+            )),
+            connections: ExactTable::new(shape(
+                "gatekeeper_connections",
+                56,
+                58,
+                config.connections,
+            )),
+            pending: ExactTable::new(shape(
+                "gatekeeper_pending_allocs",
+                96,
+                128,
+                config.pending_allocs,
+            )),
+            counters: MemoryCounters::default(),
+        }
+    }
+
+    pub fn counters(&self) -> MemoryCounters {
+        self.counters
+    }
+
+    pub fn add_resources(&self, report: &mut ResourceReport) {
+        report.tables.push(self.acl.resources());
+        report.tables.push(self.nodes.resources());
+        report.tables.push(self.connections.resources());
+        report.tables.push(self.pending.resources());
+    }
+
+    pub fn register_node(
+        &mut self,
+        address: Ipv4Address,
+        node: MemoryNode,
+    ) -> Result<(), AclError> {
+        Ok(self.nodes.insert(address, node)?)
+    }
+
+    /// Installs a client's connection to a memory node.
+    pub fn register_connection(
+        &mut self,
+        client: (Ipv4Address, Qpn),
+        memory: (Ipv4Address, Qpn),
+    ) -> Result<(), AclError> {
+        let connection = Connection {
+            client: client.0,
+            client_qpn: client.1,
+            open_write: None,
+        };
+        Ok(self.connections.insert(memory, connection)?)
+    }
+
+    /// The memory node at `address`'s index, if it is one.
+    pub fn node_index(&self, address: Ipv4Address) -> Option<u8> {
+        self.nodes.lookup(&address).map(|node| node.index)
+    }
+
+    /// Whether the stage judges `packet`: RoCE to or from a memory node.
+    pub fn concerns(&self, packet: &Packet) -> bool {
+        let (Some(_), Some(ipv4)) = (packet.headers.roce, packet.headers.ipv4) else {
+            return false;
+        };
+        self.nodes.lookup(&ipv4.destination).is_some() || self.nodes.lookup(&ipv4.source).is_some()
+    }
+
+    /// Judges a RoCE packet to or from a memory node: a request from a
+    /// client passes only if the ACL allows it; a NAK for a refused one
+    /// joins `packet_outs`.
+    pub fn judge(
+        &mut self,
+        now: Timestamp,
+        packet: &mut Packet,
+        packet_outs: &mut VecDeque<Vec<u8>>,
+    ) {
+        let Some(ipv4) = packet.headers.ipv4 else {
+            return;
+        };
+        if self.nodes.lookup(&ipv4.source).is_some() {
+            self.watch_reply(packet);
+            return;
+        }
+        let memory = ipv4.destination;
+        let roce = packet.headers.roce.expect("concerns() saw RoCE");
+        let Some(connection) = self
+            .connections
+            .lookup(&(memory, roce.destination_qp))
+            .copied()
+        else {
+            self.counters.unknown_connections += 1;
+            packet.egress = Egress::Drop;
+            return;
+        };
+        let allowed = self.allows(now, packet, connection);
+        if let Some(allowed) = allowed {
+            if !allowed {
+                self.refuse(packet, connection, packet_outs);
+            }
+        } else {
+            // A continuation of a refused WRITE.
+            self.counters.refused_continuations += 1;
+            packet.egress = Egress::Drop;
+        }
+    }
+
+    /// Whether the request may pass; None for a packet that belongs to a
+    /// WRITE refused already (dropped with no second NAK).
+    fn allows(
+        &mut self,
+        now: Timestamp,
+        packet: &mut Packet,
+        connection: Connection,
+    ) -> Option<bool> {
+        let ipv4 = packet.headers.ipv4.expect("judged packets are IPv4");
+        let roce = packet.headers.roce.expect("judged packets are RoCE");
+        let (memory, source) = (ipv4.destination, ipv4.source);
+        let node = *self.nodes.lookup(&memory).expect("a memory node");
+        let key = (memory, roce.destination_qp);
+        let verdict = match roce.opcode {
+            // The client acknowledging the daemon's replies.
+            Opcode::Acknowledge => true,
+            Opcode::RdmaReadRequest => self.check_access(packet, &node, Operation::Read),
+            Opcode::RdmaWriteFirst => {
+                let allowed = self.check_access(packet, &node, Operation::Write);
+                self.set_open_write(key, Some(allowed));
+                allowed
+            }
+            Opcode::RdmaWriteOnly | Opcode::RdmaWriteOnlyWithImmediate => {
+                self.check_access(packet, &node, Operation::Write)
+            }
+            Opcode::RdmaWriteMiddle
+            | Opcode::RdmaWriteLast
+            | Opcode::RdmaWriteLastWithImmediate => {
+                let last = roce.opcode != Opcode::RdmaWriteMiddle;
+                let open = connection.open_write;
+                if last {
+                    self.set_open_write(key, None);
+                }
+                match open {
+                    Some(true) => true,
+                    Some(false) => return None,
+                    // No first packet passed: not part of any allowed WRITE.
+                    None => false,
+                }
+            }
+            Opcode::CompareSwap | Opcode::FetchAdd => {
+                self.check_access(packet, &node, Operation::Write)
+            }
+            Opcode::SendOnly | Opcode::SendOnlyWithImmediate => {
+                self.check_message(now, packet, &node, source, memory)
+            }
+            _ => false,
+        };
+        Some(verdict)
+    }
+
+    fn set_open_write(&mut self, key: (Ipv4Address, Qpn), open: Option<bool>) {
+        if let Some(connection) = self.connections.lookup_mut(&key) {
+            connection.open_write = open;
+        }
+    }
+
+    /// A READ, WRITE or atomic against the ACL, by its RETH or AtomicETH.
+    fn check_access(&mut self, packet: &Packet, node: &MemoryNode, operation: Operation) -> bool {
+        let source = packet.headers.ipv4.expect("IPv4").source;
+        let allowed = target_of(packet).is_some_and(|target| {
+            target.rkey == node.rkey
+                && target
+                    .virtual_address
+                    .checked_sub(node.pool_base)
+                    .filter(|offset| offset.saturating_add(target.length) <= node.pool_bytes)
+                    .is_some_and(|offset| {
+                        self.acl
+                            .permits(node.index, offset, target.length, operation, source)
+                    })
+        });
+        let counter = match (operation, allowed) {
+            (Operation::Read, true) => &mut self.counters.reads_allowed,
+            (Operation::Read, false) => &mut self.counters.reads_refused,
+            (Operation::Write, true) => &mut self.counters.writes_allowed,
+            (Operation::Write, false) => &mut self.counters.writes_refused,
+        };
+        *counter += 1;
+        allowed
+    }
+
+    /// A message to a memory node's daemon.
+    fn check_message(
+        &mut self,
+        now: Timestamp,
+        packet: &mut Packet,
+        node: &MemoryNode,
+        source: Ipv4Address,
+        memory: Ipv4Address,
+    ) -> bool {
+        let Some(request) =
+            dsm_payload(packet).and_then(|bytes| message::Request::parse(bytes).ok())
+        else {
+            self.counters.messages_refused += 1;
+            return false;
+        };
+        let allowed = match request.operation {
+            DsmOperation::Allocate => {
+                self.reserve_allocation(now, (memory, source, request.request_id), request.size)
+            }
+            DsmOperation::Free => {
+                let controls =
+                    self.acl
+                        .controls(node.index, request.offset, request.generation, source);
+                if controls {
+                    self.acl.free(node.index, request.offset);
+                    self.counters.frees += 1;
+                    packet.digest = Some(Digest {
+                        kind: DIGEST_FREE,
+                        values: [
+                            address_value(source),
+                            u64::from(node.index),
+                            request.offset,
+                            0,
+                        ],
+                    });
+                }
+                controls
+            }
+            DsmOperation::Snapshot | DsmOperation::Restore => {
+                self.acl
+                    .controls(node.index, request.offset, request.generation, source)
+            }
+            DsmOperation::Stat => {
+                self.acl
+                    .permits(node.index, request.offset, 0, Operation::Read, source)
+            }
+        };
+        if !allowed {
+            self.counters.messages_refused += 1;
+        }
+        allowed
+    }
+
+    /// Room for an alloc's rule, kept until its reply passes.
+    fn reserve_allocation(&mut self, now: Timestamp, key: PendingKey, size: u64) -> bool {
+        if self.pending.len() >= self.pending.capacity() {
+            let stale: Vec<PendingKey> = self
+                .pending
+                .iter()
+                .filter(|(_, (since, _))| since.saturating_add(PENDING_ALLOC_LEASE) < now)
+                .map(|(key, _)| *key)
+                .collect();
+            for key in stale {
+                self.pending.remove(&key);
+            }
+        }
+        let acl_room = self.acl.len() + self.pending.len() < self.acl.resources().capacity;
+        if !acl_room || self.pending.insert(key, (now, size)).is_err() {
+            self.counters.acl_full += 1;
+            return false;
+        }
+        true
+    }
+
+    /// A daemon's reply to an alloc installs the requester's control.
+    fn watch_reply(&mut self, packet: &mut Packet) {
+        let roce = packet.headers.roce.expect("RoCE");
+        let ipv4 = packet.headers.ipv4.expect("IPv4");
+        if !matches!(
+            roce.opcode,
+            Opcode::SendOnly | Opcode::SendOnlyWithImmediate
+        ) {
+            return;
+        }
+        let Some(reply) = dsm_payload(packet).and_then(|bytes| message::Reply::parse(bytes).ok())
+        else {
+            return;
+        };
+        let key = (ipv4.source, ipv4.destination, reply.request_id);
+        let Some((_, size)) = self.pending.remove(&key) else {
+            return;
+        };
+        if reply.status != Status::Ok {
+            return;
+        }
+        let index = self
+            .nodes
+            .lookup(&ipv4.source)
+            .expect("a memory node")
+            .index;
+        let client = ipv4.destination;
+        match self
+            .acl
+            .allocate(index, reply.offset, reply.generation, size, client)
+        {
+            Ok(()) => {
+                self.counters.allocations += 1;
+                packet.digest = Some(Digest {
+                    kind: DIGEST_ALLOC,
+                    values: [address_value(client), u64::from(index), reply.offset, size],
+                });
+            }
+            // Room was kept for it; only a node answering an offset inside
+            // a live allocation gets here, and its client's accesses are
+            // then refused.
+            Err(_) => self.counters.acl_full += 1,
+        }
+    }
+
+    /// Drops a refused request and queues the NAK that answers it.
+    fn refuse(
+        &mut self,
+        packet: &mut Packet,
+        connection: Connection,
+        packet_outs: &mut VecDeque<Vec<u8>>,
+    ) {
+        packet.egress = Egress::Drop;
+        let ipv4 = packet.headers.ipv4.expect("IPv4");
+        packet.digest = Some(Digest {
+            kind: DIGEST_ACCESS_REFUSED,
+            values: [
+                address_value(ipv4.source),
+                address_value(ipv4.destination),
+                0,
+                0,
+            ],
+        });
+        packet_outs.push_back(access_nak(packet, connection));
+        self.counters.naks_sent += 1;
+    }
+}
+
+fn address_value(address: Ipv4Address) -> u64 {
+    u64::from(u32::from_be_bytes(address.0))
+}
+
+/// The target of a READ or WRITE (RETH) or an atomic (AtomicETH).
+fn target_of(packet: &Packet) -> Option<Target> {
+    let roce = packet.headers.roce?;
+    let extension = packet.bytes.get(roce.extension_offset..)?;
+    if roce.opcode.has_reth() {
+        let reth = RethRepr::parse(&RethHeader::new_checked(extension).ok()?);
+        return Some(Target {
+            virtual_address: reth.virtual_address.0,
+            rkey: reth.rkey,
+            length: u64::from(reth.dma_length),
+        });
+    }
+    if roce.opcode.has_atomic_eth() {
+        let atomic = AtomicEthRepr::parse(&AtomicEthHeader::new_checked(extension).ok()?);
+        return Some(Target {
+            virtual_address: atomic.virtual_address.0,
+            rkey: atomic.rkey,
+            length: 8,
+        });
+    }
+    None
+}
+
+/// A SEND's DSM message: its payload, after the immediate if any.
+fn dsm_payload(packet: &Packet) -> Option<&[u8]> {
+    let roce = packet.headers.roce?;
+    let payload = packet.bytes.get(roce.payload_offset..roce.icrc_offset)?;
+    // The payload is padded to four bytes; a DSM message is 24 (a multiple).
+    payload
+        .get(..MESSAGE_LEN)
+        .filter(|_| payload.len() == MESSAGE_LEN)
+}
+
+/// The NAK (remote access error) for the request in `packet`, in the
+/// memory node's name, to the client's queue pair.
+fn access_nak(packet: &Packet, connection: Connection) -> Vec<u8> {
+    let headers = &packet.headers;
+    let ipv4 = headers.ipv4.expect("IPv4");
+    let roce = headers.roce.expect("RoCE");
+    let bth = BthRepr::new(Opcode::Acknowledge, connection.client_qpn, roce.psn);
+    let mut repr = FrameRepr::between(
+        (headers.destination_mac, ipv4.destination),
+        (headers.source_mac, connection.client),
+        NAK_SOURCE_PORT,
+        bth,
+    );
+    repr.extension.aeth = Some(AethRepr {
+        syndrome: AckSyndrome::Nak(NakCode::RemoteAccessError),
+        msn: Msn::new(0),
+    });
+    let repr = repr.with_payload_len(0);
+    let mut frame = vec![0u8; repr.frame_len(0)];
+    let length = emit_frame(&repr, &[], &mut frame).expect("a NAK fits its own length");
+    frame.truncate(length);
+    frame
+}
+
+/// The UDP source port of the switch's NAKs (any port is a flow's
+/// entropy; this one marks them in a capture).
+const NAK_SOURCE_PORT: u16 = 0xb1f6;
