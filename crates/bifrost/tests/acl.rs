@@ -231,3 +231,24 @@ fn a_call_lends_its_pointer_to_the_callee_until_the_reply() {
     assert_eq!(counters.leases_refused, 0, "{counters:?}");
     assert!(counters.memory.reads_allowed > 0, "{counters:?}");
 }
+
+/// The `bifrost_acl` fuzz target's seeds replay through its harness: a
+/// READ of the client's own memory reaches the node; one with a wrong key
+/// or past the end does not.
+#[test]
+fn acl_fuzz_seeds_replay() {
+    use remora_bifrost::gatekeeper::audit::any_memory_frame;
+    let directory = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/seeds/bifrost_acl");
+    let mut reached = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(directory).expect("the seed directory") {
+        let path = entry.expect("a seed").path();
+        let bytes = std::fs::read(&path).expect("a readable seed");
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        reached.insert(name, any_memory_frame(&bytes));
+    }
+    assert_eq!(reached.get("read_own"), Some(&true), "{reached:?}");
+    assert_eq!(reached.get("read_wrong_key"), Some(&false), "{reached:?}");
+    assert_eq!(reached.get("write_past_end"), Some(&false), "{reached:?}");
+    assert_eq!(reached.get("truncated_bth"), Some(&false), "{reached:?}");
+    assert_eq!(reached.len(), 5, "{reached:?}");
+}

@@ -21,7 +21,10 @@ pub enum SimCommand {
     /// checkpoint); a chain A calls B calls C whose middle crashes and
     /// restarts in place; and the head caller crashes and comes back from
     /// the checkpoint its calls carried. Every call must take effect
-    /// exactly once (the answers are exactly the counts 1..=calls).
+    /// exactly once (the answers are exactly the counts 1..=calls). Each
+    /// seed also audits the ACL: random allocs, calls, replies, frees,
+    /// READs and WRITEs through the Gatekeeper, every verdict checked
+    /// against a plain model, every refusal answered by one NAK.
     Bifrost(BifrostArgs),
 }
 
@@ -199,6 +202,10 @@ fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, SimError> {
     println!(
         "  recovery, the Gatekeeper's detection (1 ms heartbeat timeout) to the spare's first answer: p50 {:.0} us, max {:.0} us (virtual)",
         report.recovery_p50_us, report.recovery_max_us
+    );
+    println!(
+        "  ACL audit: {} READs and WRITEs through the Gatekeeper, {} allowed, each verdict as the model says",
+        report.acl_accesses, report.acl_allowed
     );
     for violation in &report.violations {
         let (calls, crash_after) = failover_plan(violation.seed);

@@ -85,6 +85,9 @@ pub struct MemoryCounters {
     pub acl_full: u64,
     /// NAKs the switch sent.
     pub naks_sent: u64,
+    /// Frames to a memory node's RoCE port whose transport headers do not
+    /// parse: dropped.
+    pub malformed: u64,
 }
 
 /// Allocs awaiting their replies: memory node, client, request id.
@@ -201,12 +204,16 @@ impl MemoryStage {
         self.nodes.lookup(&address).map(|node| node.index)
     }
 
-    /// Whether the stage judges `packet`: RoCE to or from a memory node.
+    /// Whether the stage judges `packet`: RoCE to or from a memory node
+    /// (UDP to port 4791, whether or not its transport headers parse).
     pub fn concerns(&self, packet: &Packet) -> bool {
-        let (Some(_), Some(ipv4)) = (packet.headers.roce, packet.headers.ipv4) else {
+        let Some(ipv4) = packet.headers.ipv4 else {
             return false;
         };
-        self.nodes.lookup(&ipv4.destination).is_some() || self.nodes.lookup(&ipv4.source).is_some()
+        let to_roce_port = packet.headers.roce.is_some() || is_roce_port(packet, ipv4);
+        to_roce_port
+            && (self.nodes.lookup(&ipv4.destination).is_some()
+                || self.nodes.lookup(&ipv4.source).is_some())
     }
 
     /// Judges a RoCE packet to or from a memory node: a request from a
@@ -226,7 +233,12 @@ impl MemoryStage {
             return;
         }
         let memory = ipv4.destination;
-        let roce = packet.headers.roce.expect("concerns() saw RoCE");
+        let Some(roce) = packet.headers.roce else {
+            // Its transport headers do not parse: nothing to judge it by.
+            self.counters.malformed += 1;
+            packet.egress = Egress::Drop;
+            return;
+        };
         let Some(connection) = self
             .connections
             .lookup(&(memory, roce.destination_qp))
@@ -405,7 +417,11 @@ impl MemoryStage {
 
     /// A daemon's reply to an alloc installs the requester's control.
     fn watch_reply(&mut self, packet: &mut Packet) {
-        let roce = packet.headers.roce.expect("RoCE");
+        // The memory node's own frames pass, parsed or not: its NIC is
+        // not the one the ACL guards against.
+        let Some(roce) = packet.headers.roce else {
+            return;
+        };
         let ipv4 = packet.headers.ipv4.expect("IPv4");
         if !matches!(
             roce.opcode,
@@ -469,6 +485,15 @@ impl MemoryStage {
         packet_outs.push_back(access_nak(packet, connection));
         self.counters.naks_sent += 1;
     }
+}
+
+/// Whether `packet` is UDP to the RoCEv2 port.
+fn is_roce_port(packet: &Packet, ipv4: remora_switch::parser::Ipv4Fields) -> bool {
+    let udp = ipv4.offset + ipv4.header_len;
+    packet.bytes.get(ipv4.offset + 9) == Some(&remora_wire::ipv4::PROTOCOL_UDP)
+        && packet.bytes.get(udp + 2..udp + 4).is_some_and(|port| {
+            u16::from_be_bytes([port[0], port[1]]) == remora_wire::ROCEV2_UDP_PORT
+        })
 }
 
 fn address_value(address: Ipv4Address) -> u64 {

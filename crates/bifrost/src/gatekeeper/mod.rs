@@ -18,6 +18,7 @@
 //! what it refuses.
 
 pub mod acl;
+pub mod audit;
 pub mod memory;
 
 use crate::dsm::GlobalPtr;

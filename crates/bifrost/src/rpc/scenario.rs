@@ -84,6 +84,8 @@ pub enum ScenarioError {
     WrongDetection {
         detected: Vec<remora_wire::Ipv4Address>,
     },
+    #[error("the ACL audit: {0}")]
+    Acl(#[from] crate::gatekeeper::audit::AclViolation),
 }
 
 /// Every host's link gets `faults`.
@@ -497,15 +499,24 @@ pub struct CampaignReport {
     /// replacement's first answer (virtual µs).
     pub recovery_p50_us: f64,
     pub recovery_max_us: f64,
+    /// READs and WRITEs the ACL audits sent through the Gatekeeper, and
+    /// how many it let through (each verdict checked against the model).
+    pub acl_accesses: u64,
+    pub acl_allowed: u64,
     pub violations: Vec<Violation>,
 }
+
+/// Random events each seed's ACL audit sends through the Gatekeeper.
+pub const ACL_EVENTS_PER_SEED: usize = 400;
 
 /// Runs, for `count` seeds from `first_seed` over links with `faults`,
 /// each with its own plan: [`failover`] (the serving node crashes; a spare
 /// takes over from its checkpoint through the Gatekeeper), [`chain`]
 /// with its middle crashing and restarting in place, and [`caller_crash`]
-/// (the head caller crashes and comes back from its checkpoint). `each` hears whether
-/// each seed passed.
+/// (the head caller crashes and comes back from its checkpoint), and an
+/// audit of the ACL on random DSM traffic
+/// ([`crate::gatekeeper::audit::acl_audit`]). `each` hears whether each
+/// seed passed.
 pub fn crash_campaign(
     first_seed: u64,
     count: u64,
@@ -532,10 +543,17 @@ pub fn crash_campaign(
             .and_then(|(failover, chain)| {
                 caller_crash(seed, faults, calls / 2, crash_after / 2, caller_down)
                     .map(|caller| (failover, chain, caller))
+            })
+            .and_then(|runs| {
+                crate::gatekeeper::audit::acl_audit(seed, ACL_EVENTS_PER_SEED)
+                    .map(|audit| (runs, audit))
+                    .map_err(ScenarioError::from)
             });
         each(seed, outcome.is_ok());
         match outcome {
-            Ok((failover, chain, caller)) => {
+            Ok(((failover, chain, caller), audit)) => {
+                report.acl_accesses += audit.accesses;
+                report.acl_allowed += audit.allowed;
                 recoveries.push(failover.recovery_time.as_nanos() as f64 / 1e3);
                 report.passed += 1;
                 report.calls += failover.calls + chain.calls + caller.calls;

@@ -1,0 +1,607 @@
+//! Checks the Gatekeeper's ACL against a plain model, on random traffic
+//! through a switch that runs it: allocs and their replies, calls that
+//! lend a pointer and replies that end the lease, frees, and READs and
+//! WRITEs from every client at every kind of address (inside an
+//! allocation, across its end, between allocations, with a wrong key).
+//!
+//! The model knows one level of lending (only the owner calls, and only
+//! with a pointer not lent already): a node may read an allocation it owns
+//! or is lent, and write one it owns and has not lent. Every request the
+//! switch forwards must be one the model allows, every one it refuses must
+//! come back to its sender as a NAK (remote access error) for its PSN, and
+//! none may do both. `remora sim bifrost` runs one audit per seed.
+
+use super::memory::MemoryNode;
+use super::{Gatekeeper, GatekeeperConfig, NodeKind};
+use crate::dsm::message::{Operation as DsmOperation, Reply, Request, Status};
+use crate::dsm::GlobalPtr;
+use remora_base::Timestamp;
+use remora_switch::programs::l2l3::L2L3Forwarding;
+use remora_switch::programs::overlay::Overlaid;
+use remora_switch::{PortId, Switch, SwitchConfig};
+use remora_wire::bifrost::{BifrostRepr, CallType, BIFROST_PORT, HEADER_LEN};
+use remora_wire::datagram::{emit_datagram, DatagramEnd, DATAGRAM_HEADERS_LEN};
+use remora_wire::frame::{emit_frame, parse_frame, FrameRepr};
+use remora_wire::{
+    AckSyndrome, BthRepr, Ipv4Address, MacAddress, NakCode, Opcode, Psn, Qpn, RethRepr, Rkey,
+    VirtAddr,
+};
+use std::time::Duration;
+
+/// What an audit saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AclAudit {
+    /// READs and WRITEs sent, and how many the switch let through.
+    pub accesses: u64,
+    pub allowed: u64,
+    /// Every DSM message and RPC the audit sent besides.
+    pub messages: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AclViolation {
+    #[error(
+        "event {event}: client {client}'s {operation} of {length} B at {offset:#x} was {}, \
+         but the model says it is {}",
+        verdict(*forwarded), verdict(*expected)
+    )]
+    Verdict {
+        event: usize,
+        client: usize,
+        operation: &'static str,
+        offset: u64,
+        length: u64,
+        forwarded: bool,
+        expected: bool,
+    },
+    #[error("event {event}: a refused request (PSN {psn}) got {naks} NAKs for it, not one")]
+    Nak { event: usize, psn: u32, naks: usize },
+    #[error("event {event}: {what}")]
+    Lost { event: usize, what: String },
+}
+
+fn verdict(forwarded: bool) -> &'static str {
+    if forwarded {
+        "allowed"
+    } else {
+        "refused"
+    }
+}
+
+const CLIENTS: usize = 3;
+const MEMORY_PORT: PortId = PortId(0);
+const POOL_BASE: u64 = 0x10_0000;
+const POOL_BYTES: u64 = 1 << 20;
+const RKEY: Rkey = Rkey(0x00b1_f0de);
+const ROUTER: MacAddress = MacAddress([2, 0, 0, 0, 0, 0xfe]);
+const SERVICE: Ipv4Address = Ipv4Address::new(10, 0, 0, 200);
+const CALLER_PORT: u16 = 40000;
+
+fn mac(host: usize) -> MacAddress {
+    MacAddress([2, 0, 0, 0, 0, host as u8 + 1])
+}
+
+fn address(host: usize) -> Ipv4Address {
+    Ipv4Address::new(10, 0, 0, host as u8 + 1)
+}
+
+/// Host 0 is the memory node; clients are hosts 1..=CLIENTS.
+fn client_qpn(client: usize) -> Qpn {
+    Qpn::new(0x100 + client as u32).expect("a small QPN")
+}
+
+fn memory_qpn(client: usize) -> Qpn {
+    Qpn::new(0x200 + client as u32).expect("a small QPN")
+}
+
+/// SplitMix64: each draw a well-spread function of the seed and a count.
+struct Draws {
+    state: u64,
+}
+
+impl Draws {
+    fn next(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut mixed = self.state;
+        mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        mixed ^ (mixed >> 31)
+    }
+
+    fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound.max(1)
+    }
+}
+
+/// An allocation as the model sees it.
+#[derive(Debug, Clone, Copy)]
+struct Allocation {
+    offset: u64,
+    size: u64,
+    owner: usize,
+    /// The callee it is lent to, and the call's RPC id.
+    lent: Option<(usize, u64)>,
+}
+
+impl Allocation {
+    fn allows(&self, client: usize, write: bool) -> bool {
+        let owner = client == self.owner;
+        let lessee = self.lent.is_some_and(|(callee, _)| callee == client);
+        if write {
+            owner && self.lent.is_none()
+        } else {
+            owner || lessee
+        }
+    }
+}
+
+struct Audit {
+    switch: Switch<Overlaid<Gatekeeper>>,
+    draws: Draws,
+    allocations: Vec<Allocation>,
+    next_offset: u64,
+    next_psn: [u32; CLIENTS + 1],
+    next_rpc_id: u64,
+    now: Timestamp,
+    event: usize,
+    report: AclAudit,
+}
+
+/// Runs `events` random events from `seed` and checks each verdict.
+pub fn acl_audit(seed: u64, events: usize) -> Result<AclAudit, AclViolation> {
+    let mut audit = Audit::new(seed);
+    for event in 0..events {
+        audit.event = event;
+        audit.now = Timestamp::ZERO.saturating_add(Duration::from_micros(event as u64));
+        audit.step()?;
+    }
+    Ok(audit.report)
+}
+
+impl Audit {
+    fn new(seed: u64) -> Audit {
+        let hosts: Vec<(MacAddress, Ipv4Address)> = (0..=CLIENTS)
+            .map(|host| (mac(host), address(host)))
+            .collect();
+        let forwarding =
+            L2L3Forwarding::with_attached_hosts(ROUTER, &hosts).expect("four hosts fit");
+        let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE));
+        let memory = MemoryNode {
+            index: 0,
+            pool_base: POOL_BASE,
+            pool_bytes: POOL_BYTES,
+            rkey: RKEY,
+        };
+        gatekeeper
+            .register_memory_node(address(0), memory)
+            .expect("room for a memory node");
+        for client in 1..=CLIENTS {
+            let node = address(client);
+            gatekeeper
+                .register_connection((node, client_qpn(client)), (address(0), memory_qpn(client)))
+                .expect("room for the connections");
+            gatekeeper
+                .register_node(node, NodeKind::Compute, 0)
+                .expect("room for the nodes");
+            gatekeeper
+                .route(&method_of(client), node)
+                .expect("room for the routes");
+        }
+        let switch = Switch::new(
+            SwitchConfig::new(hosts.len() as u16),
+            Overlaid::new(forwarding, gatekeeper),
+        );
+        Audit {
+            switch,
+            draws: Draws { state: seed },
+            allocations: Vec::new(),
+            next_offset: 0,
+            next_psn: [0; CLIENTS + 1],
+            next_rpc_id: 1,
+            now: Timestamp::ZERO,
+            event: 0,
+            report: AclAudit::default(),
+        }
+    }
+
+    fn step(&mut self) -> Result<(), AclViolation> {
+        match self.draws.below(10) {
+            0 | 1 => self.allocate(),
+            2 => self.call(),
+            3 => self.reply(),
+            4 => self.free(),
+            _ => self.access(),
+        }
+    }
+
+    fn client(&mut self) -> usize {
+        1 + self.draws.below(CLIENTS as u64) as usize
+    }
+
+    fn psn(&mut self, client: usize) -> Psn {
+        let psn = self.next_psn[client];
+        self.next_psn[client] = psn.wrapping_add(1) & 0x00ff_ffff;
+        Psn::new(psn)
+    }
+
+    fn lost(&self, what: String) -> AclViolation {
+        AclViolation::Lost {
+            event: self.event,
+            what,
+        }
+    }
+
+    /// Sends a frame in at `port`; returns the frames that left, by port.
+    fn send(&mut self, port: PortId, frame: &[u8]) -> Vec<(PortId, Vec<u8>)> {
+        self.switch.handle_frame(self.now, port, frame);
+        let mut out = Vec::new();
+        let mut buffer = vec![0u8; 16 * 1024];
+        while let Some((port, length)) = self.switch.poll_transmit(self.now, &mut buffer) {
+            out.push((port, buffer[..length].to_vec()));
+        }
+        out
+    }
+
+    /// A request from `client` to the memory node: whether it was
+    /// forwarded, after checking that a refusal got exactly one NAK.
+    fn request(
+        &mut self,
+        client: usize,
+        bth: BthRepr,
+        reth: Option<RethRepr>,
+        payload: &[u8],
+    ) -> Result<bool, AclViolation> {
+        let psn = bth.psn;
+        let mut repr = FrameRepr::between(
+            (mac(client), address(client)),
+            (mac(0), address(0)),
+            49152,
+            bth,
+        );
+        repr.extension.reth = reth;
+        let repr = repr.with_payload_len(payload.len());
+        let mut frame = vec![0u8; repr.frame_len(payload.len())];
+        let length = emit_frame(&repr, payload, &mut frame).expect("the frame fits");
+        let out = self.send(PortId(client as u16), &frame[..length]);
+        let forwarded = out.iter().any(|(port, _)| *port == MEMORY_PORT);
+        let naks = out
+            .iter()
+            .filter(|(port, _)| *port == PortId(client as u16))
+            .filter(|(_, frame)| is_access_nak(frame, client, psn))
+            .count();
+        if naks != usize::from(!forwarded) {
+            return Err(AclViolation::Nak {
+                event: self.event,
+                psn: psn.value(),
+                naks,
+            });
+        }
+        Ok(forwarded)
+    }
+
+    fn dsm_request(&mut self, client: usize, request: Request) -> Result<bool, AclViolation> {
+        self.report.messages += 1;
+        let bth = BthRepr::new(Opcode::SendOnly, memory_qpn(client), self.psn(client));
+        self.request(client, bth, None, &request.emit())
+    }
+
+    fn allocate(&mut self) -> Result<(), AclViolation> {
+        let client = self.client();
+        let size = 1 + self.draws.below(8192);
+        self.allocate_for(client, size)
+    }
+
+    fn allocate_for(&mut self, client: usize, size: u64) -> Result<(), AclViolation> {
+        if self.next_offset + size > POOL_BYTES {
+            return Ok(());
+        }
+        let request_id = self.event as u32;
+        let request = Request {
+            operation: DsmOperation::Allocate,
+            generation: 0,
+            request_id,
+            offset: 0,
+            size,
+        };
+        if !self.dsm_request(client, request)? {
+            return Err(self.lost("an alloc was refused with room in the ACL".into()));
+        }
+        let reply = Reply {
+            status: Status::Ok,
+            generation: 0,
+            request_id,
+            offset: self.next_offset,
+            size,
+        };
+        let bth = BthRepr::new(Opcode::SendOnly, client_qpn(client), Psn::new(0));
+        let repr = FrameRepr::between(
+            (mac(0), address(0)),
+            (mac(client), address(client)),
+            49152,
+            bth,
+        )
+        .with_payload_len(reply.emit().len());
+        let mut frame = vec![0u8; repr.frame_len(reply.emit().len())];
+        let length = emit_frame(&repr, &reply.emit(), &mut frame).expect("fits");
+        let out = self.send(MEMORY_PORT, &frame[..length]);
+        if !out.iter().any(|(port, _)| *port == PortId(client as u16)) {
+            return Err(self.lost("the daemon's reply was not forwarded".into()));
+        }
+        self.allocations.push(Allocation {
+            offset: self.next_offset,
+            size,
+            owner: client,
+            lent: None,
+        });
+        // Allocations leave gaps, so some accesses fall between them.
+        self.next_offset += size + self.draws.below(3) * 512;
+        Ok(())
+    }
+
+    fn pick(&mut self) -> Option<usize> {
+        (!self.allocations.is_empty())
+            .then(|| self.draws.below(self.allocations.len() as u64) as usize)
+    }
+
+    fn datagram(
+        &mut self,
+        from: DatagramEnd,
+        to: DatagramEnd,
+        repr: &BifrostRepr,
+    ) -> Vec<(PortId, Vec<u8>)> {
+        self.report.messages += 1;
+        let mut payload = [0u8; HEADER_LEN];
+        repr.emit(&mut payload).expect("a header fits");
+        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + HEADER_LEN];
+        let length = emit_datagram(from, to, &payload, &mut frame).expect("fits");
+        let port = PortId((u32::from_be_bytes(from.address.0) & 0xff) as u16 - 1);
+        self.send(port, &frame[..length])
+    }
+
+    /// The owner of an allocation not lent calls another client with it.
+    fn call(&mut self) -> Result<(), AclViolation> {
+        let Some(index) = self.pick() else {
+            return Ok(());
+        };
+        let allocation = self.allocations[index];
+        if allocation.lent.is_some() {
+            return Ok(());
+        }
+        let callee =
+            1 + (allocation.owner + self.draws.below(CLIENTS as u64 - 1) as usize) % CLIENTS;
+        let rpc_id = self.next_rpc_id;
+        self.next_rpc_id += 1;
+        let pointer = pointer_at(allocation.offset);
+        let repr = BifrostRepr::new(CallType::Call, &method_of(callee), rpc_id, pointer)
+            .expect("a short name");
+        let from = DatagramEnd {
+            mac: mac(allocation.owner),
+            address: address(allocation.owner),
+            port: CALLER_PORT,
+        };
+        let to = DatagramEnd {
+            mac: ROUTER,
+            address: SERVICE,
+            port: BIFROST_PORT,
+        };
+        let out = self.datagram(from, to, &repr);
+        if !out.iter().any(|(port, _)| *port == PortId(callee as u16)) {
+            return Err(self.lost(format!("the call to client {callee} was not routed to it")));
+        }
+        self.allocations[index].lent = Some((callee, rpc_id));
+        Ok(())
+    }
+
+    /// A callee answers the call that lent it an allocation.
+    fn reply(&mut self) -> Result<(), AclViolation> {
+        let Some(index) = self.pick() else {
+            return Ok(());
+        };
+        let allocation = self.allocations[index];
+        let Some((callee, rpc_id)) = allocation.lent else {
+            return Ok(());
+        };
+        let pointer = pointer_at(allocation.offset);
+        let repr = BifrostRepr::new(CallType::Reply, &method_of(callee), rpc_id, pointer)
+            .expect("a short name");
+        let from = DatagramEnd {
+            mac: mac(callee),
+            address: address(callee),
+            port: BIFROST_PORT,
+        };
+        let to = DatagramEnd {
+            mac: mac(allocation.owner),
+            address: address(allocation.owner),
+            port: CALLER_PORT,
+        };
+        let out = self.datagram(from, to, &repr);
+        if !out
+            .iter()
+            .any(|(port, _)| *port == PortId(allocation.owner as u16))
+        {
+            return Err(self.lost("a reply was not forwarded".into()));
+        }
+        self.allocations[index].lent = None;
+        Ok(())
+    }
+
+    /// Any client frees any allocation: only its owner, with it not lent,
+    /// may.
+    fn free(&mut self) -> Result<(), AclViolation> {
+        let Some(index) = self.pick() else {
+            return Ok(());
+        };
+        let allocation = self.allocations[index];
+        let client = self.client();
+        let request = Request {
+            operation: DsmOperation::Free,
+            generation: 0,
+            request_id: self.event as u32,
+            offset: allocation.offset,
+            size: 0,
+        };
+        let forwarded = self.dsm_request(client, request)?;
+        let expected = allocation.allows(client, true);
+        if forwarded != expected {
+            return Err(AclViolation::Verdict {
+                event: self.event,
+                client,
+                operation: "free",
+                offset: allocation.offset,
+                length: 0,
+                forwarded,
+                expected,
+            });
+        }
+        if forwarded {
+            self.allocations.swap_remove(index);
+        }
+        Ok(())
+    }
+
+    /// A READ or WRITE from any client, somewhere near an allocation.
+    fn access(&mut self) -> Result<(), AclViolation> {
+        let client = self.client();
+        let write = self.draws.below(2) == 0;
+        let (offset, length) = match self.pick() {
+            Some(index) => {
+                let allocation = self.allocations[index];
+                let offset = allocation.offset + self.draws.below(allocation.size + 64);
+                (offset, 1 + self.draws.below(1024))
+            }
+            None => (self.draws.below(POOL_BYTES), 1 + self.draws.below(1024)),
+        };
+        let wrong_key = self.draws.below(20) == 0;
+        let expected = !wrong_key
+            && self.allocations.iter().any(|allocation| {
+                allocation.offset <= offset
+                    && offset + length <= allocation.offset + allocation.size
+                    && allocation.allows(client, write)
+            });
+        let reth = RethRepr {
+            virtual_address: VirtAddr(POOL_BASE + offset),
+            rkey: if wrong_key { Rkey(RKEY.0 ^ 1) } else { RKEY },
+            dma_length: length as u32,
+        };
+        let (opcode, payload) = if write {
+            (Opcode::RdmaWriteOnly, vec![0xa5; length as usize])
+        } else {
+            (Opcode::RdmaReadRequest, Vec::new())
+        };
+        let bth = BthRepr::new(opcode, memory_qpn(client), self.psn(client));
+        let forwarded = self.request(client, bth, Some(reth), &payload)?;
+        self.report.accesses += 1;
+        self.report.allowed += u64::from(forwarded);
+        if forwarded != expected {
+            return Err(AclViolation::Verdict {
+                event: self.event,
+                client,
+                operation: if write { "WRITE" } else { "READ" },
+                offset,
+                length,
+                forwarded,
+                expected,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn method_of(client: usize) -> String {
+    format!("serve{client}")
+}
+
+fn pointer_at(offset: u64) -> remora_wire::bifrost::GlobalAddress {
+    GlobalPtr {
+        node: 0,
+        generation: 0,
+        offset,
+    }
+    .to_address(None)
+}
+
+/// Whether `frame` is the switch's NAK (remote access error) to
+/// `client`'s queue pair for `psn`.
+fn is_access_nak(frame: &[u8], client: usize, psn: Psn) -> bool {
+    parse_frame(frame).is_ok_and(|parsed| {
+        let repr = parsed.repr;
+        repr.bth.opcode == Opcode::Acknowledge
+            && repr.bth.destination_qp == client_qpn(client)
+            && repr.bth.psn == psn
+            && repr
+                .extension
+                .aeth
+                .is_some_and(|aeth| aeth.syndrome == AckSyndrome::Nak(NakCode::RemoteAccessError))
+    })
+}
+
+/// The harness of the `bifrost_acl` fuzz target, kept here so that its
+/// seeds replay as tests. `data`'s first byte picks the sender: even,
+/// client 1 to the memory node; odd, the memory node to client 1. The
+/// rest is the RoCE transport (BTH, extension headers, payload, ICRC) of a
+/// UDP datagram to port 4791, in a switch whose Gatekeeper knows client
+/// 1's connection and holds client 1's 4 KiB at the pool's start. The switch must
+/// never panic and must account for every frame; a NAK it sends must be
+/// well formed. Returns whether anything reached the memory node.
+pub fn any_memory_frame(data: &[u8]) -> bool {
+    let Some((&selector, transport)) = data.split_first() else {
+        return false;
+    };
+    let mut audit = Audit::new(0);
+    // Client 1 holds 4 KiB at the pool's start.
+    if audit.allocate_for(1, 4096).is_err() {
+        return false;
+    }
+    let client = DatagramEnd {
+        mac: mac(1),
+        address: address(1),
+        port: 49152,
+    };
+    let memory = DatagramEnd {
+        mac: mac(0),
+        address: address(0),
+        port: remora_wire::ROCEV2_UDP_PORT,
+    };
+    let (from, to, port) = if selector % 2 == 0 {
+        (client, memory, PortId(1))
+    } else {
+        let reply_to = DatagramEnd {
+            port: remora_wire::ROCEV2_UDP_PORT,
+            ..client
+        };
+        (memory, reply_to, MEMORY_PORT)
+    };
+    let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + transport.len()];
+    let Ok(length) = emit_datagram(from, to, transport, &mut frame) else {
+        return false;
+    };
+    let out = audit.send(port, &frame[..length]);
+    for (to_port, sent) in &out {
+        if *to_port == PortId(1) && from.address == address(1) {
+            assert!(
+                parse_frame(sent).is_ok(),
+                "the switch's NAK is malformed: {sent:02x?}"
+            );
+        }
+    }
+    audit
+        .switch
+        .check_frame_accounting()
+        .expect("every frame accounted for");
+    out.iter().any(|(to_port, _)| *to_port == MEMORY_PORT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_acl_agrees_with_the_model_on_twenty_seeds() {
+        for seed in 0..20 {
+            let audit = acl_audit(seed, 400).unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+            assert!(audit.accesses > 100, "seed {seed}: {audit:?}");
+            assert!(audit.allowed > 0, "seed {seed}: {audit:?}");
+            assert!(audit.allowed < audit.accesses, "seed {seed}: {audit:?}");
+        }
+    }
+}
