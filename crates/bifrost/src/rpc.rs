@@ -56,14 +56,31 @@ pub enum RpcError {
     Checkpoint(String),
 }
 
+/// A method's answer: the reply's bytes and, when the method returns
+/// global memory of its own, the pointer the REPLY's header carries (the
+/// Gatekeeper then hands its control to the caller). Without one, the
+/// reply's header keeps the call's pointer.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Answer {
+    pub body: Vec<u8>,
+    pub pointer: Option<GlobalAddress>,
+}
+
+impl From<Vec<u8>> for Answer {
+    fn from(body: Vec<u8>) -> Answer {
+        Answer {
+            body,
+            pointer: None,
+        }
+    }
+}
+
+/// What a method comes to: its answer, or the error an EXCEPTION carries.
+pub type Outcome = Result<Answer, String>;
+
 /// What a method does; the error becomes an EXCEPTION reply.
 pub trait Service: Send {
-    fn call(
-        &mut self,
-        method: &[u8],
-        pointer: GlobalAddress,
-        arguments: &[u8],
-    ) -> Result<Vec<u8>, String>;
+    fn call(&mut self, method: &[u8], pointer: GlobalAddress, arguments: &[u8]) -> Outcome;
 
     /// Starts a call: its outcome now, or `None` when it finishes later
     /// and [`Service::poll_finished`] hands it back under `ticket` (a
@@ -75,13 +92,13 @@ pub trait Service: Send {
         method: &[u8],
         pointer: GlobalAddress,
         arguments: &[u8],
-    ) -> Option<Result<Vec<u8>, String>> {
+    ) -> Option<Outcome> {
         let _ = ticket;
         Some(self.call(method, pointer, arguments))
     }
 
     /// A call begun earlier that has finished, if any.
-    fn poll_finished(&mut self) -> Option<(CallTicket, Result<Vec<u8>, String>)> {
+    fn poll_finished(&mut self) -> Option<(CallTicket, Outcome)> {
         None
     }
 
@@ -547,16 +564,21 @@ impl Callee {
 
     /// Remembers a call's outcome and answers it (ONEWAY: executed once,
     /// never answered).
-    fn finish(&mut self, ticket: CallTicket, call: BifrostRepr, outcome: Result<Vec<u8>, String>) {
+    fn finish(&mut self, ticket: CallTicket, call: BifrostRepr, outcome: Outcome) {
         self.counters.executed += 1;
-        let (call_type, body) = match outcome {
-            Ok(body) => (CallType::Reply, body),
-            Err(message) => (CallType::Exception, message.into_bytes()),
+        let (call_type, body, returned) = match outcome {
+            Ok(answer) => (CallType::Reply, answer.body, answer.pointer),
+            Err(message) => (CallType::Exception, message.into_bytes(), None),
         };
         let oneway = call.call_type == CallType::Oneway;
         // The reply's header is the call's, method name bytes and all
-        // (they need not be UTF-8), with the answer's type.
-        let repr = BifrostRepr { call_type, ..call };
+        // (they need not be UTF-8), with the answer's type and the pointer
+        // it returns, if any.
+        let repr = BifrostRepr {
+            call_type,
+            global_address: returned.unwrap_or(call.global_address),
+            ..call
+        };
         let reply = encode(&repr, &body);
         let memory = self.callers.entry(ticket.caller).or_default();
         memory.replies.insert(ticket.rpc_id, reply.clone());
@@ -620,13 +642,8 @@ mod tests {
     struct Answer;
 
     impl Service for Answer {
-        fn call(
-            &mut self,
-            _method: &[u8],
-            _pointer: GlobalAddress,
-            _arguments: &[u8],
-        ) -> Result<Vec<u8>, String> {
-            Ok(b"ok".to_vec())
+        fn call(&mut self, _method: &[u8], _pointer: GlobalAddress, _arguments: &[u8]) -> Outcome {
+            Ok(b"ok".to_vec().into())
         }
     }
 

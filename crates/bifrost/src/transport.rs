@@ -8,12 +8,19 @@
 //! return the reply. On the server, [`ThriftService`] runs a generated
 //! processor as a Bifröst [`Service`]. Both sides speak Thrift's strict
 //! binary protocol.
+//!
+//! Pointers: a call's header names the one allocation its pointer
+//! arguments share ([`PointerSlot::pass`] before the call), so the
+//! Gatekeeper lends it to the callee; a handler that returns global memory
+//! of its own names it with [`return_pointer`], and the reply's header
+//! carries it, so the Gatekeeper hands its control to the caller.
 
+use crate::rpc::Outcome;
 use crate::rpc::{Callee, Caller, RpcError, Service};
 use remora_base::Timestamp;
 use remora_wire::bifrost::GlobalAddress;
 use remora_wire::datagram::DatagramEnd;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io::{self, Cursor, Read, Write};
 use std::rc::Rc;
 use std::time::Duration;
@@ -45,6 +52,19 @@ struct Shared<P> {
     path: P,
     outgoing: Vec<u8>,
     incoming: Cursor<Vec<u8>>,
+    pointer: Rc<Cell<GlobalAddress>>,
+}
+
+/// The pointer the next call's header carries: the allocation its
+/// pointer arguments share. Each call takes it, so a call that passes
+/// none carries none.
+#[derive(Clone)]
+pub struct PointerSlot(Rc<Cell<GlobalAddress>>);
+
+impl PointerSlot {
+    pub fn pass(&self, pointer: GlobalAddress) {
+        self.0.set(pointer);
+    }
 }
 
 /// A generated client's input half.
@@ -52,28 +72,44 @@ pub struct ReadHalf<P>(Rc<RefCell<Shared<P>>>);
 /// A generated client's output half.
 pub struct WriteHalf<P>(Rc<RefCell<Shared<P>>>);
 
-/// The two halves over `path`.
-pub fn client_transport<P: CallPath>(path: P) -> (ReadHalf<P>, WriteHalf<P>) {
+/// The two halves over `path`, and the slot for the next call's pointer.
+pub fn client_transport<P: CallPath>(path: P) -> (ReadHalf<P>, WriteHalf<P>, PointerSlot) {
+    let pointer = Rc::new(Cell::new(GlobalAddress::NULL));
     let shared = Rc::new(RefCell::new(Shared {
         path,
         outgoing: Vec::new(),
         incoming: Cursor::new(Vec::new()),
+        pointer: Rc::clone(&pointer),
     }));
-    (ReadHalf(Rc::clone(&shared)), WriteHalf(shared))
+    (
+        ReadHalf(Rc::clone(&shared)),
+        WriteHalf(shared),
+        PointerSlot(pointer),
+    )
 }
 
-/// Protocols over the halves, ready for a generated client's `new`.
-pub fn client_protocols<P: CallPath>(
-    path: P,
-) -> (
+/// A generated client's protocols over Bifröst.
+pub type ClientProtocols<P> = (
     TBinaryInputProtocol<ReadHalf<P>>,
     TBinaryOutputProtocol<WriteHalf<P>>,
-) {
-    let (read, write) = client_transport(path);
-    (
+);
+
+/// Protocols over the halves, ready for a generated client's `new`, for
+/// services that pass no pointers.
+pub fn client_protocols<P: CallPath>(path: P) -> ClientProtocols<P> {
+    let (protocols, _no_pointers) = client_protocols_passing(path);
+    protocols
+}
+
+/// Protocols over the halves, and the slot through which calls pass
+/// their pointer arguments' allocation.
+pub fn client_protocols_passing<P: CallPath>(path: P) -> (ClientProtocols<P>, PointerSlot) {
+    let (read, write, slot) = client_transport(path);
+    let protocols = (
         TBinaryInputProtocol::new(read, true),
         TBinaryOutputProtocol::new(write, true),
-    )
+    );
+    (protocols, slot)
 }
 
 impl<P> Read for ReadHalf<P> {
@@ -100,9 +136,10 @@ impl<P: CallPath> Write for WriteHalf<P> {
                 )
             })?
             .to_owned();
+        let pointer = shared.pointer.replace(GlobalAddress::NULL);
         let reply = shared
             .path
-            .call(&method, GlobalAddress::NULL, &message)
+            .call(&method, pointer, &message)
             .map_err(io::Error::other)?;
         shared.incoming = Cursor::new(reply);
         Ok(())
@@ -120,19 +157,31 @@ impl<P: TProcessor + Send> ThriftService<P> {
     }
 }
 
+thread_local! {
+    /// The pointer the handler running on this thread returns.
+    static RETURNED: Cell<Option<GlobalAddress>> = const { Cell::new(None) };
+}
+
+/// Called by a handler that returns global memory of its own: the reply's
+/// header carries `pointer`, so the Gatekeeper hands its control to the
+/// caller. (The Rust generator knows nothing of pointers; the handler
+/// runs on the thread of the [`ThriftService`] that called it.)
+pub fn return_pointer(pointer: GlobalAddress) {
+    RETURNED.with(|returned| returned.set(Some(pointer)));
+}
+
 impl<P: TProcessor + Send> Service for ThriftService<P> {
-    fn call(
-        &mut self,
-        _method: &[u8],
-        _pointer: GlobalAddress,
-        arguments: &[u8],
-    ) -> Result<Vec<u8>, String> {
+    fn call(&mut self, _method: &[u8], _pointer: GlobalAddress, arguments: &[u8]) -> Outcome {
         let mut input = TBinaryInputProtocol::new(arguments, true);
         let mut output = TBinaryOutputProtocol::new(Vec::new(), true);
-        self.processor
-            .process(&mut input, &mut output)
-            .map_err(|error| error.to_string())?;
-        Ok(output.transport)
+        RETURNED.with(|returned| returned.set(None));
+        let processed = self.processor.process(&mut input, &mut output);
+        let pointer = RETURNED.with(|returned| returned.take());
+        processed.map_err(|error| error.to_string())?;
+        Ok(crate::rpc::Answer {
+            body: output.transport,
+            pointer,
+        })
     }
 }
 

@@ -10,12 +10,12 @@ use remora_bifrost::dsm::GlobalPtr;
 use remora_bifrost::gatekeeper::{Gatekeeper, GatekeeperConfig, GatekeeperCounters, NodeKind};
 use remora_bifrost::rpc::agents::{CallRequest, CallingAgent, ServerAgent};
 use remora_bifrost::rpc::workers::WorkerPool;
+use remora_bifrost::rpc::Outcome;
 use remora_bifrost::rpc::{callee_at, Callee, Caller, Service};
 use remora_bifrost::transport::SERVICE_ADDRESS;
 use remora_rack::endpoint::{lock, Shared, SwitchEndpoint};
 use remora_rack::topology::COMPUTE_HOST;
 use remora_switch::programs::overlay::Overlaid;
-use remora_switch::{Switch, SwitchConfig};
 use remora_wire::bifrost::GlobalAddress;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -29,12 +29,7 @@ struct SumService {
 }
 
 impl Service for SumService {
-    fn call(
-        &mut self,
-        _method: &[u8],
-        pointer: GlobalAddress,
-        _arguments: &[u8],
-    ) -> Result<Vec<u8>, String> {
+    fn call(&mut self, _method: &[u8], pointer: GlobalAddress, _arguments: &[u8]) -> Outcome {
         let dsm = self.dsm.get().ok_or("no DSM yet")?;
         let ptr = GlobalPtr::from_address(&pointer).ok_or("no pointer")?;
         let size = dsm.stat(ptr).map_err(|error| error.to_string())?;
@@ -48,7 +43,7 @@ impl Service for SumService {
         );
         let mut answer = sum.to_be_bytes().to_vec();
         answer.push(u8::from(write_refused));
-        Ok(answer)
+        Ok(answer.into())
     }
 }
 
@@ -119,14 +114,7 @@ fn start() -> GuardedRack {
         .register_node(service_address, NodeKind::Compute, 0)
         .unwrap();
     gatekeeper.route("sum", service_address).unwrap();
-    staged
-        .install_acl(&mut gatekeeper)
-        .expect("the ACL's tables fit");
-    let switch = Switch::new(
-        SwitchConfig::new(topology.hosts().len() as u16),
-        Overlaid::new(topology.forwarding(), gatekeeper),
-    );
-    let (rack, extra, switch) = staged.start_with(switch).expect("the rack starts");
+    let (rack, extra, switch) = staged.start_guarded(gatekeeper).expect("the rack starts");
     let _ = service_dsm.set(extra.into_iter().next().expect("the service's DSM"));
     GuardedRack {
         rack,

@@ -1,11 +1,14 @@
-//! The array services with their arrays in global memory: the client puts
-//! the arrays in the DSM and passes pointers; the service, on a host of its
-//! own, reads and writes the DSM on worker threads.
+//! The array services with their arrays in global memory, through the
+//! Gatekeeper with its ACL on: the client's library puts a call's arrays
+//! in one allocation and passes its pointer in the call's header; the
+//! service, on a host of its own, reads them under the call's lease and
+//! returns a new array of its own, whose control the reply hands to the
+//! client.
 
-use remora_bifrost::arrays::{to_idl, ArraysRack};
+use remora_bifrost::arrays::{from_idl, pass_by_reference, to_idl, whole, ArraysRack};
 use remora_bifrost::dsm::rack::DsmRackConfig;
 use remora_bifrost::services::{ArraysSyncClient, TArraysSyncClient};
-use remora_bifrost::transport::client_protocols;
+use remora_bifrost::transport::{client_protocols_passing, Routing};
 
 #[test]
 fn add_arrays_and_increment_array_work_on_global_memory() {
@@ -13,32 +16,64 @@ fn add_arrays_and_increment_array_work_on_global_memory() {
         rack: _rack,
         dsm,
         path,
-    } = ArraysRack::start(DsmRackConfig::default(), 2).unwrap();
-    let (input, output) = client_protocols(path);
+    } = ArraysRack::start(DsmRackConfig::default(), 2, Routing::Gatekeeper).unwrap();
+    let ((input, output), pointer) = client_protocols_passing(path);
     let mut client = ArraysSyncClient::new(input, output);
     for length in [1usize, 4096, 300_000] {
         let a: Vec<u8> = (0..length).map(|index| (index % 251) as u8).collect();
         let b: Vec<u8> = (0..length).map(|index| (index % 13) as u8 + 200).collect();
-        let [pa, pb, ps] = [0, 1, 2].map(|node| dsm.alloc_on(node, length as u64).unwrap());
-        dsm.write(pa, &a).unwrap();
-        dsm.write(pb, &b).unwrap();
-        client
-            .add_arrays(to_idl(pa, length), to_idl(pb, length), to_idl(ps, length))
+        let (inputs, arguments) = pass_by_reference(&dsm, &[&a, &b]).unwrap();
+        pointer.pass(inputs.to_address(None));
+        let returned = client
+            .add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))
             .unwrap();
+        let sum_pointer = from_idl(&returned).unwrap();
+        assert_eq!(sum_pointer.length, length);
         let mut sum = vec![0u8; length];
-        dsm.read(ps, &mut sum).unwrap();
+        dsm.read(sum_pointer.allocation, &mut sum).unwrap();
         let expected: Vec<u8> = a.iter().zip(&b).map(|(x, y)| x.wrapping_add(*y)).collect();
         assert_eq!(sum, expected, "{length} bytes");
-        client.increment_array(to_idl(ps, length)).unwrap();
-        dsm.read(ps, &mut sum).unwrap();
-        assert!(sum
+        // The client controls the returned array: it passes it on.
+        pointer.pass(sum_pointer.allocation.to_address(None));
+        let incremented = client
+            .increment_array(to_idl(whole(sum_pointer.allocation, length)), 3)
+            .unwrap();
+        let incremented = from_idl(&incremented).unwrap().allocation;
+        let mut back = vec![0u8; length];
+        dsm.read(incremented, &mut back).unwrap();
+        assert!(back
             .iter()
             .zip(&expected)
-            .all(|(now, before)| *now == before.wrapping_add(1)));
-        for ptr in [pa, pb, ps] {
-            dsm.free(ptr).unwrap();
+            .all(|(now, before)| *now == before.wrapping_add(3)));
+        for ptr in [inputs, sum_pointer.allocation, incremented] {
+            dsm.free(ptr).expect("the client controls every array");
         }
     }
+}
+
+#[test]
+fn a_call_that_passes_no_pointer_lends_nothing_and_the_service_is_refused() {
+    let ArraysRack {
+        rack: _rack,
+        dsm,
+        path,
+    } = ArraysRack::start(DsmRackConfig::default(), 1, Routing::Gatekeeper).unwrap();
+    let ((input, output), pointer) = client_protocols_passing(path);
+    let mut client = ArraysSyncClient::new(input, output);
+    let (inputs, arguments) = pass_by_reference(&dsm, &[&[1; 64], &[2; 64]]).unwrap();
+    let refused = client
+        .add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))
+        .expect_err("no lease: the service's read is refused");
+    assert!(format!("{refused:?}").contains("refused"), "{refused:?}");
+    // Passed, the same call works.
+    pointer.pass(inputs.to_address(None));
+    let sum = client
+        .add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))
+        .unwrap();
+    let mut back = vec![0u8; 64];
+    dsm.read(from_idl(&sum).unwrap().allocation, &mut back)
+        .unwrap();
+    assert_eq!(back, vec![3; 64]);
 }
 
 #[test]
@@ -47,16 +82,24 @@ fn bad_pointers_come_back_as_errors_not_hangs() {
         rack: _rack,
         dsm,
         path,
-    } = ArraysRack::start(DsmRackConfig::default(), 1).unwrap();
-    let (input, output) = client_protocols(path);
+    } = ArraysRack::start(DsmRackConfig::default(), 1, Routing::Gatekeeper).unwrap();
+    let ((input, output), pointer) = client_protocols_passing(path);
     let mut client = ArraysSyncClient::new(input, output);
-    let a = dsm.alloc(64).unwrap();
-    // Lengths that differ, and a pointer past its allocation.
+    let (inputs, arguments) = pass_by_reference(&dsm, &[&[0; 64], &[0; 32]]).unwrap();
+    // Lengths that differ.
+    pointer.pass(inputs.to_address(None));
     assert!(client
-        .add_arrays(to_idl(a, 64), to_idl(a, 32), to_idl(a, 64))
+        .add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))
         .is_err());
-    assert!(client.increment_array(to_idl(a, 1 << 20)).is_err());
-    dsm.free(a).unwrap();
+    // A pointer past its allocation.
+    pointer.pass(inputs.to_address(None));
+    assert!(client
+        .increment_array(to_idl(whole(inputs, 1 << 20)), 1)
+        .is_err());
+    dsm.free(inputs).unwrap();
     // A freed pointer.
-    assert!(client.increment_array(to_idl(a, 64)).is_err());
+    pointer.pass(inputs.to_address(None));
+    assert!(client
+        .increment_array(to_idl(whole(inputs, 64)), 1)
+        .is_err());
 }

@@ -12,7 +12,8 @@ use remora_rack::endpoint::{rack_queue_pair, Shared, SwitchEndpoint};
 use remora_rack::topology::{standard_host, HostSpec, Role, Topology, COMPUTE_HOST};
 use remora_rack::RackError;
 use remora_rnic::VerbsError;
-use remora_switch::{Program, Switch};
+use remora_switch::programs::overlay::Overlaid;
+use remora_switch::{Program, Switch, SwitchConfig};
 use remora_wire::{Ipv4Address, Qpn};
 use std::sync::{Arc, Mutex};
 
@@ -48,6 +49,8 @@ pub enum DsmRackError {
     Topology(#[from] remora_rack::topology::TopologyError),
     #[error("{0} memory nodes: a DSM rack has 1 to 62")]
     MemoryNodes(usize),
+    #[error("the Gatekeeper's tables: {0}")]
+    Gatekeeper(#[from] GatekeeperError),
 }
 
 pub struct DsmRack {
@@ -189,6 +192,21 @@ impl StagedDsm {
         let switch = self.staged.l2l3_switch();
         let (rack, extra, _switch) = self.start_with(switch)?;
         Ok((rack, extra))
+    }
+
+    /// Starts the rack with `gatekeeper` in its switch, the DSM's memory
+    /// nodes and connections installed in its ACL.
+    pub fn start_guarded(
+        self,
+        mut gatekeeper: Gatekeeper,
+    ) -> Result<StartedDsm<Overlaid<Gatekeeper>>, DsmRackError> {
+        self.install_acl(&mut gatekeeper)?;
+        let topology = self.staged.topology();
+        let switch = Switch::new(
+            SwitchConfig::new(topology.hosts().len() as u16),
+            Overlaid::new(topology.forwarding(), gatekeeper),
+        );
+        self.start_with(switch)
     }
 
     /// Starts the rack with `switch`'s program (a Gatekeeper, say), and

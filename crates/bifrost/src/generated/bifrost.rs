@@ -35,15 +35,17 @@ pub struct GlobalPtr {
   pub generation: i8,
   pub offset: i64,
   pub length: i64,
+  pub at: i64,
 }
 
 impl GlobalPtr {
-  pub fn new(node: i8, generation: i8, offset: i64, length: i64) -> GlobalPtr {
+  pub fn new(node: i8, generation: i8, offset: i64, length: i64, at: i64) -> GlobalPtr {
     GlobalPtr {
       node,
       generation,
       offset,
       length,
+      at,
     }
   }
 }
@@ -55,6 +57,7 @@ impl TSerializable for GlobalPtr {
     let mut f_2: Option<i8> = None;
     let mut f_3: Option<i64> = None;
     let mut f_4: Option<i64> = None;
+    let mut f_5: Option<i64> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -78,6 +81,10 @@ impl TSerializable for GlobalPtr {
           let val = i_prot.read_i64()?;
           f_4 = Some(val);
         },
+        5 => {
+          let val = i_prot.read_i64()?;
+          f_5 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -89,11 +96,13 @@ impl TSerializable for GlobalPtr {
     verify_required_field_exists("GlobalPtr.generation", &f_2)?;
     verify_required_field_exists("GlobalPtr.offset", &f_3)?;
     verify_required_field_exists("GlobalPtr.length", &f_4)?;
+    verify_required_field_exists("GlobalPtr.at", &f_5)?;
     let ret = GlobalPtr {
       node: f_1.expect("auto-generated code should have checked for presence of required fields"),
       generation: f_2.expect("auto-generated code should have checked for presence of required fields"),
       offset: f_3.expect("auto-generated code should have checked for presence of required fields"),
       length: f_4.expect("auto-generated code should have checked for presence of required fields"),
+      at: f_5.expect("auto-generated code should have checked for presence of required fields"),
     };
     Ok(ret)
   }
@@ -111,6 +120,9 @@ impl TSerializable for GlobalPtr {
     o_prot.write_field_end()?;
     o_prot.write_field_begin(&TFieldIdentifier::new("length", TType::I64, 4))?;
     o_prot.write_i64(self.length)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("at", TType::I64, 5))?;
+    o_prot.write_i64(self.at)?;
     o_prot.write_field_end()?;
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()

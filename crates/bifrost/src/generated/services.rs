@@ -514,8 +514,8 @@ impl EchoEchoResult {
 //
 
 pub trait TArraysSyncClient {
-  fn increment_array(&mut self, array: bifrost::GlobalPtr) -> thrift::Result<()>;
-  fn add_arrays(&mut self, a: bifrost::GlobalPtr, b: bifrost::GlobalPtr, sum: bifrost::GlobalPtr) -> thrift::Result<()>;
+  fn increment_array(&mut self, array: bifrost::GlobalPtr, value: i8) -> thrift::Result<bifrost::GlobalPtr>;
+  fn add_arrays(&mut self, a: bifrost::GlobalPtr, b: bifrost::GlobalPtr) -> thrift::Result<bifrost::GlobalPtr>;
 }
 
 pub trait TArraysSyncClientMarker {}
@@ -542,12 +542,12 @@ impl <IP, OP> TThriftClient for ArraysSyncClient<IP, OP> where IP: TInputProtoco
 impl <IP, OP> TArraysSyncClientMarker for ArraysSyncClient<IP, OP> where IP: TInputProtocol, OP: TOutputProtocol {}
 
 impl <C: TThriftClient + TArraysSyncClientMarker> TArraysSyncClient for C {
-  fn increment_array(&mut self, array: bifrost::GlobalPtr) -> thrift::Result<()> {
+  fn increment_array(&mut self, array: bifrost::GlobalPtr, value: i8) -> thrift::Result<bifrost::GlobalPtr> {
     (
       {
         self.increment_sequence_number();
         let message_ident = TMessageIdentifier::new("increment_array", TMessageType::Call, self.sequence_number());
-        let call_args = ArraysIncrementArrayArgs { array };
+        let call_args = ArraysIncrementArrayArgs { array, value };
         self.o_prot_mut().write_message_begin(&message_ident)?;
         call_args.write_to_out_protocol(self.o_prot_mut())?;
         self.o_prot_mut().write_message_end()?;
@@ -569,12 +569,12 @@ impl <C: TThriftClient + TArraysSyncClientMarker> TArraysSyncClient for C {
       result.ok_or()
     }
   }
-  fn add_arrays(&mut self, a: bifrost::GlobalPtr, b: bifrost::GlobalPtr, sum: bifrost::GlobalPtr) -> thrift::Result<()> {
+  fn add_arrays(&mut self, a: bifrost::GlobalPtr, b: bifrost::GlobalPtr) -> thrift::Result<bifrost::GlobalPtr> {
     (
       {
         self.increment_sequence_number();
         let message_ident = TMessageIdentifier::new("add_arrays", TMessageType::Call, self.sequence_number());
-        let call_args = ArraysAddArraysArgs { a, b, sum };
+        let call_args = ArraysAddArraysArgs { a, b };
         self.o_prot_mut().write_message_begin(&message_ident)?;
         call_args.write_to_out_protocol(self.o_prot_mut())?;
         self.o_prot_mut().write_message_end()?;
@@ -603,8 +603,8 @@ impl <C: TThriftClient + TArraysSyncClientMarker> TArraysSyncClient for C {
 //
 
 pub trait ArraysSyncHandler {
-  fn handle_increment_array(&self, array: bifrost::GlobalPtr) -> thrift::Result<()>;
-  fn handle_add_arrays(&self, a: bifrost::GlobalPtr, b: bifrost::GlobalPtr, sum: bifrost::GlobalPtr) -> thrift::Result<()>;
+  fn handle_increment_array(&self, array: bifrost::GlobalPtr, value: i8) -> thrift::Result<bifrost::GlobalPtr>;
+  fn handle_add_arrays(&self, a: bifrost::GlobalPtr, b: bifrost::GlobalPtr) -> thrift::Result<bifrost::GlobalPtr>;
 }
 
 pub struct ArraysSyncProcessor<H: ArraysSyncHandler> {
@@ -630,11 +630,11 @@ pub struct TArraysProcessFunctions;
 impl TArraysProcessFunctions {
   pub fn process_increment_array<H: ArraysSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     let args = ArraysIncrementArrayArgs::read_from_in_protocol(i_prot)?;
-    match handler.handle_increment_array(args.array) {
-      Ok(_) => {
+    match handler.handle_increment_array(args.array, args.value) {
+      Ok(handler_return) => {
         let message_ident = TMessageIdentifier::new("increment_array", TMessageType::Reply, incoming_sequence_number);
         o_prot.write_message_begin(&message_ident)?;
-        let ret = ArraysIncrementArrayResult {  };
+        let ret = ArraysIncrementArrayResult { result_value: Some(handler_return) };
         ret.write_to_out_protocol(o_prot)?;
         o_prot.write_message_end()?;
         o_prot.flush()
@@ -667,11 +667,11 @@ impl TArraysProcessFunctions {
   }
   pub fn process_add_arrays<H: ArraysSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     let args = ArraysAddArraysArgs::read_from_in_protocol(i_prot)?;
-    match handler.handle_add_arrays(args.a, args.b, args.sum) {
-      Ok(_) => {
+    match handler.handle_add_arrays(args.a, args.b) {
+      Ok(handler_return) => {
         let message_ident = TMessageIdentifier::new("add_arrays", TMessageType::Reply, incoming_sequence_number);
         o_prot.write_message_begin(&message_ident)?;
-        let ret = ArraysAddArraysResult {  };
+        let ret = ArraysAddArraysResult { result_value: Some(handler_return) };
         ret.write_to_out_protocol(o_prot)?;
         o_prot.write_message_end()?;
         o_prot.flush()
@@ -736,12 +736,14 @@ impl <H: ArraysSyncHandler> TProcessor for ArraysSyncProcessor<H> {
 #[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
 struct ArraysIncrementArrayArgs {
   array: bifrost::GlobalPtr,
+  value: i8,
 }
 
 impl ArraysIncrementArrayArgs {
   fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<ArraysIncrementArrayArgs> {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<bifrost::GlobalPtr> = None;
+    let mut f_2: Option<i8> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -753,6 +755,10 @@ impl ArraysIncrementArrayArgs {
           let val = bifrost::GlobalPtr::read_from_in_protocol(i_prot)?;
           f_1 = Some(val);
         },
+        2 => {
+          let val = i_prot.read_i8()?;
+          f_2 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -761,8 +767,10 @@ impl ArraysIncrementArrayArgs {
     }
     i_prot.read_struct_end()?;
     verify_required_field_exists("ArraysIncrementArrayArgs.array", &f_1)?;
+    verify_required_field_exists("ArraysIncrementArrayArgs.value", &f_2)?;
     let ret = ArraysIncrementArrayArgs {
       array: f_1.expect("auto-generated code should have checked for presence of required fields"),
+      value: f_2.expect("auto-generated code should have checked for presence of required fields"),
     };
     Ok(ret)
   }
@@ -771,6 +779,9 @@ impl ArraysIncrementArrayArgs {
     o_prot.write_struct_begin(&struct_ident)?;
     o_prot.write_field_begin(&TFieldIdentifier::new("array", TType::Struct, 1))?;
     self.array.write_to_out_protocol(o_prot)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("value", TType::I08, 2))?;
+    o_prot.write_i8(self.value)?;
     o_prot.write_field_end()?;
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
@@ -783,14 +794,27 @@ impl ArraysIncrementArrayArgs {
 
 #[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
 struct ArraysIncrementArrayResult {
+  result_value: Option<bifrost::GlobalPtr>,
 }
 
 impl ArraysIncrementArrayResult {
-  fn ok_or(self) -> thrift::Result<()> {
-    Ok(())
+  fn ok_or(self) -> thrift::Result<bifrost::GlobalPtr> {
+    if self.result_value.is_some() {
+      Ok(self.result_value.unwrap())
+    } else {
+      Err(
+        thrift::Error::Application(
+          ApplicationError::new(
+            ApplicationErrorKind::MissingResult,
+            "no result received for ArraysIncrementArray"
+          )
+        )
+      )
+    }
   }
   fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<ArraysIncrementArrayResult> {
     i_prot.read_struct_begin()?;
+    let mut f_0: Option<bifrost::GlobalPtr> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -798,6 +822,10 @@ impl ArraysIncrementArrayResult {
       }
       let field_id = field_id(&field_ident)?;
       match field_id {
+        0 => {
+          let val = bifrost::GlobalPtr::read_from_in_protocol(i_prot)?;
+          f_0 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -805,12 +833,19 @@ impl ArraysIncrementArrayResult {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    let ret = ArraysIncrementArrayResult {};
+    let ret = ArraysIncrementArrayResult {
+      result_value: f_0,
+    };
     Ok(ret)
   }
   fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     let struct_ident = TStructIdentifier::new("ArraysIncrementArrayResult");
     o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.result_value {
+      o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -824,7 +859,6 @@ impl ArraysIncrementArrayResult {
 struct ArraysAddArraysArgs {
   a: bifrost::GlobalPtr,
   b: bifrost::GlobalPtr,
-  sum: bifrost::GlobalPtr,
 }
 
 impl ArraysAddArraysArgs {
@@ -832,7 +866,6 @@ impl ArraysAddArraysArgs {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<bifrost::GlobalPtr> = None;
     let mut f_2: Option<bifrost::GlobalPtr> = None;
-    let mut f_3: Option<bifrost::GlobalPtr> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -848,10 +881,6 @@ impl ArraysAddArraysArgs {
           let val = bifrost::GlobalPtr::read_from_in_protocol(i_prot)?;
           f_2 = Some(val);
         },
-        3 => {
-          let val = bifrost::GlobalPtr::read_from_in_protocol(i_prot)?;
-          f_3 = Some(val);
-        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -861,11 +890,9 @@ impl ArraysAddArraysArgs {
     i_prot.read_struct_end()?;
     verify_required_field_exists("ArraysAddArraysArgs.a", &f_1)?;
     verify_required_field_exists("ArraysAddArraysArgs.b", &f_2)?;
-    verify_required_field_exists("ArraysAddArraysArgs.sum", &f_3)?;
     let ret = ArraysAddArraysArgs {
       a: f_1.expect("auto-generated code should have checked for presence of required fields"),
       b: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      sum: f_3.expect("auto-generated code should have checked for presence of required fields"),
     };
     Ok(ret)
   }
@@ -878,9 +905,6 @@ impl ArraysAddArraysArgs {
     o_prot.write_field_begin(&TFieldIdentifier::new("b", TType::Struct, 2))?;
     self.b.write_to_out_protocol(o_prot)?;
     o_prot.write_field_end()?;
-    o_prot.write_field_begin(&TFieldIdentifier::new("sum", TType::Struct, 3))?;
-    self.sum.write_to_out_protocol(o_prot)?;
-    o_prot.write_field_end()?;
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -892,14 +916,27 @@ impl ArraysAddArraysArgs {
 
 #[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
 struct ArraysAddArraysResult {
+  result_value: Option<bifrost::GlobalPtr>,
 }
 
 impl ArraysAddArraysResult {
-  fn ok_or(self) -> thrift::Result<()> {
-    Ok(())
+  fn ok_or(self) -> thrift::Result<bifrost::GlobalPtr> {
+    if self.result_value.is_some() {
+      Ok(self.result_value.unwrap())
+    } else {
+      Err(
+        thrift::Error::Application(
+          ApplicationError::new(
+            ApplicationErrorKind::MissingResult,
+            "no result received for ArraysAddArrays"
+          )
+        )
+      )
+    }
   }
   fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<ArraysAddArraysResult> {
     i_prot.read_struct_begin()?;
+    let mut f_0: Option<bifrost::GlobalPtr> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -907,6 +944,10 @@ impl ArraysAddArraysResult {
       }
       let field_id = field_id(&field_ident)?;
       match field_id {
+        0 => {
+          let val = bifrost::GlobalPtr::read_from_in_protocol(i_prot)?;
+          f_0 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -914,12 +955,19 @@ impl ArraysAddArraysResult {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    let ret = ArraysAddArraysResult {};
+    let ret = ArraysAddArraysResult {
+      result_value: f_0,
+    };
     Ok(ret)
   }
   fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     let struct_ident = TStructIdentifier::new("ArraysAddArraysResult");
     o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.result_value {
+      o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -930,6 +978,7 @@ impl ArraysAddArraysResult {
 //
 
 pub trait TArraysByValueSyncClient {
+  fn increment_array(&mut self, array: Vec<u8>, value: i8) -> thrift::Result<Vec<u8>>;
   fn add_arrays(&mut self, a: Vec<u8>, b: Vec<u8>) -> thrift::Result<Vec<u8>>;
 }
 
@@ -957,6 +1006,33 @@ impl <IP, OP> TThriftClient for ArraysByValueSyncClient<IP, OP> where IP: TInput
 impl <IP, OP> TArraysByValueSyncClientMarker for ArraysByValueSyncClient<IP, OP> where IP: TInputProtocol, OP: TOutputProtocol {}
 
 impl <C: TThriftClient + TArraysByValueSyncClientMarker> TArraysByValueSyncClient for C {
+  fn increment_array(&mut self, array: Vec<u8>, value: i8) -> thrift::Result<Vec<u8>> {
+    (
+      {
+        self.increment_sequence_number();
+        let message_ident = TMessageIdentifier::new("increment_array", TMessageType::Call, self.sequence_number());
+        let call_args = ArraysByValueIncrementArrayArgs { array, value };
+        self.o_prot_mut().write_message_begin(&message_ident)?;
+        call_args.write_to_out_protocol(self.o_prot_mut())?;
+        self.o_prot_mut().write_message_end()?;
+        self.o_prot_mut().flush()
+      }
+    )?;
+    {
+      let message_ident = self.i_prot_mut().read_message_begin()?;
+      verify_expected_sequence_number(self.sequence_number(), message_ident.sequence_number)?;
+      verify_expected_service_call("increment_array", &message_ident.name)?;
+      if message_ident.message_type == TMessageType::Exception {
+        let remote_error = thrift::Error::read_application_error_from_in_protocol(self.i_prot_mut())?;
+        self.i_prot_mut().read_message_end()?;
+        return Err(thrift::Error::Application(remote_error))
+      }
+      verify_expected_message_type(TMessageType::Reply, message_ident.message_type)?;
+      let result = ArraysByValueIncrementArrayResult::read_from_in_protocol(self.i_prot_mut())?;
+      self.i_prot_mut().read_message_end()?;
+      result.ok_or()
+    }
+  }
   fn add_arrays(&mut self, a: Vec<u8>, b: Vec<u8>) -> thrift::Result<Vec<u8>> {
     (
       {
@@ -991,6 +1067,7 @@ impl <C: TThriftClient + TArraysByValueSyncClientMarker> TArraysByValueSyncClien
 //
 
 pub trait ArraysByValueSyncHandler {
+  fn handle_increment_array(&self, array: Vec<u8>, value: i8) -> thrift::Result<Vec<u8>>;
   fn handle_add_arrays(&self, a: Vec<u8>, b: Vec<u8>) -> thrift::Result<Vec<u8>>;
 }
 
@@ -1004,6 +1081,9 @@ impl <H: ArraysByValueSyncHandler> ArraysByValueSyncProcessor<H> {
       handler,
     }
   }
+  fn process_increment_array(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    TArraysByValueProcessFunctions::process_increment_array(&self.handler, incoming_sequence_number, i_prot, o_prot)
+  }
   fn process_add_arrays(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     TArraysByValueProcessFunctions::process_add_arrays(&self.handler, incoming_sequence_number, i_prot, o_prot)
   }
@@ -1012,6 +1092,43 @@ impl <H: ArraysByValueSyncHandler> ArraysByValueSyncProcessor<H> {
 pub struct TArraysByValueProcessFunctions;
 
 impl TArraysByValueProcessFunctions {
+  pub fn process_increment_array<H: ArraysByValueSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let args = ArraysByValueIncrementArrayArgs::read_from_in_protocol(i_prot)?;
+    match handler.handle_increment_array(args.array, args.value) {
+      Ok(handler_return) => {
+        let message_ident = TMessageIdentifier::new("increment_array", TMessageType::Reply, incoming_sequence_number);
+        o_prot.write_message_begin(&message_ident)?;
+        let ret = ArraysByValueIncrementArrayResult { result_value: Some(handler_return) };
+        ret.write_to_out_protocol(o_prot)?;
+        o_prot.write_message_end()?;
+        o_prot.flush()
+      },
+      Err(e) => {
+        match e {
+          thrift::Error::Application(app_err) => {
+            let message_ident = TMessageIdentifier::new("increment_array", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&app_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+          _ => {
+            let ret_err = {
+              ApplicationError::new(
+                ApplicationErrorKind::Unknown,
+                e.to_string()
+              )
+            };
+            let message_ident = TMessageIdentifier::new("increment_array", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+        }
+      },
+    }
+  }
   pub fn process_add_arrays<H: ArraysByValueSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     let args = ArraysByValueAddArraysArgs::read_from_in_protocol(i_prot)?;
     match handler.handle_add_arrays(args.a, args.b) {
@@ -1055,6 +1172,9 @@ impl <H: ArraysByValueSyncHandler> TProcessor for ArraysByValueSyncProcessor<H> 
   fn process(&self, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     let message_ident = i_prot.read_message_begin()?;
     let res = match &*message_ident.name {
+      "increment_array" => {
+        self.process_increment_array(message_ident.sequence_number, i_prot, o_prot)
+      },
       "add_arrays" => {
         self.process_add_arrays(message_ident.sequence_number, i_prot, o_prot)
       },
@@ -1070,6 +1190,128 @@ impl <H: ArraysByValueSyncHandler> TProcessor for ArraysByValueSyncProcessor<H> 
       },
     };
     thrift::server::handle_process_result(&message_ident, res, o_prot)
+  }
+}
+
+//
+// ArraysByValueIncrementArrayArgs
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+struct ArraysByValueIncrementArrayArgs {
+  array: Vec<u8>,
+  value: i8,
+}
+
+impl ArraysByValueIncrementArrayArgs {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<ArraysByValueIncrementArrayArgs> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<Vec<u8>> = None;
+    let mut f_2: Option<i8> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_bytes()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_i8()?;
+          f_2 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    verify_required_field_exists("ArraysByValueIncrementArrayArgs.array", &f_1)?;
+    verify_required_field_exists("ArraysByValueIncrementArrayArgs.value", &f_2)?;
+    let ret = ArraysByValueIncrementArrayArgs {
+      array: f_1.expect("auto-generated code should have checked for presence of required fields"),
+      value: f_2.expect("auto-generated code should have checked for presence of required fields"),
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("increment_array_args");
+    o_prot.write_struct_begin(&struct_ident)?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("array", TType::String, 1))?;
+    o_prot.write_bytes(&self.array)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("value", TType::I08, 2))?;
+    o_prot.write_i8(self.value)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// ArraysByValueIncrementArrayResult
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+struct ArraysByValueIncrementArrayResult {
+  result_value: Option<Vec<u8>>,
+}
+
+impl ArraysByValueIncrementArrayResult {
+  fn ok_or(self) -> thrift::Result<Vec<u8>> {
+    if self.result_value.is_some() {
+      Ok(self.result_value.unwrap())
+    } else {
+      Err(
+        thrift::Error::Application(
+          ApplicationError::new(
+            ApplicationErrorKind::MissingResult,
+            "no result received for ArraysByValueIncrementArray"
+          )
+        )
+      )
+    }
+  }
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<ArraysByValueIncrementArrayResult> {
+    i_prot.read_struct_begin()?;
+    let mut f_0: Option<Vec<u8>> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        0 => {
+          let val = i_prot.read_bytes()?;
+          f_0 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = ArraysByValueIncrementArrayResult {
+      result_value: f_0,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("ArraysByValueIncrementArrayResult");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.result_value {
+      o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::String, 0))?;
+      o_prot.write_bytes(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
   }
 }
 

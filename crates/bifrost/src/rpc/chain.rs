@@ -15,6 +15,7 @@
 //! refused with an EXCEPTION.
 
 use super::{CallTicket, Callee, Caller, RpcError, Service};
+use crate::rpc::Outcome;
 use remora_base::Timestamp;
 use remora_host::{Agent, AgentError, AgentPort, Progress};
 use remora_rnic::Verbs;
@@ -40,7 +41,7 @@ struct RelayQueues {
     /// Calls begun, not yet passed on.
     begun: VecDeque<Pending>,
     /// Nested calls answered: the deferred call's outcome.
-    finished: VecDeque<(CallTicket, Result<Vec<u8>, String>)>,
+    finished: VecDeque<(CallTicket, Outcome)>,
 }
 
 /// The middle service: every call is deferred to a nested call.
@@ -50,7 +51,7 @@ struct Relay {
 
 impl Service for Relay {
     /// The relay only runs calls through `begin`.
-    fn call(&mut self, _: &[u8], _: GlobalAddress, _: &[u8]) -> Result<Vec<u8>, String> {
+    fn call(&mut self, _: &[u8], _: GlobalAddress, _: &[u8]) -> Outcome {
         Err("a relay answers through begin".into())
     }
 
@@ -60,7 +61,7 @@ impl Service for Relay {
         _method: &[u8],
         pointer: GlobalAddress,
         arguments: &[u8],
-    ) -> Option<Result<Vec<u8>, String>> {
+    ) -> Option<Outcome> {
         let mut queues = self
             .queues
             .lock()
@@ -73,7 +74,7 @@ impl Service for Relay {
         None
     }
 
-    fn poll_finished(&mut self) -> Option<(CallTicket, Result<Vec<u8>, String>)> {
+    fn poll_finished(&mut self) -> Option<(CallTicket, Outcome)> {
         let mut queues = self
             .queues
             .lock()
@@ -166,7 +167,7 @@ impl RelayAgent {
     }
 
     fn finish(&mut self, ticket: CallTicket, outcome: Result<Vec<u8>, RpcError>) {
-        let outcome = outcome.map_err(|error| error.to_string());
+        let outcome = outcome.map(Into::into).map_err(|error| error.to_string());
         let mut queues = self
             .queues
             .lock()

@@ -8,6 +8,7 @@
 
 use super::agents::{ClientAgent, ControlAgent, ServerAgent};
 use super::{callee_at, Callee, Caller, RpcError, Service};
+use crate::rpc::Outcome;
 use remora_rack::scenario::{Rack, RackStage, SimulatedStage};
 use remora_rack::topology::{LinkSpec, Topology, COMPUTE_HOST, MEMORY_HOST};
 use remora_rack::RackError;
@@ -20,17 +21,12 @@ use std::time::Duration;
 pub struct Counter(pub u64);
 
 impl Service for Counter {
-    fn call(
-        &mut self,
-        method: &[u8],
-        _pointer: GlobalAddress,
-        _arguments: &[u8],
-    ) -> Result<Vec<u8>, String> {
+    fn call(&mut self, method: &[u8], _pointer: GlobalAddress, _arguments: &[u8]) -> Outcome {
         if method != b"increment" {
             return Err(format!("no method {}", String::from_utf8_lossy(method)));
         }
         self.0 += 1;
-        Ok(self.0.to_be_bytes().to_vec())
+        Ok(self.0.to_be_bytes().to_vec().into())
     }
 
     fn save_state(&self) -> Option<Vec<u8>> {

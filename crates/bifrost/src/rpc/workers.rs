@@ -5,6 +5,7 @@
 //! is free, and outcomes come back through [`Service::poll_finished`].
 
 use super::{CallTicket, Service};
+use crate::rpc::Outcome;
 use remora_wire::bifrost::GlobalAddress;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -17,7 +18,7 @@ struct Job {
     arguments: Vec<u8>,
 }
 
-type Finished = (CallTicket, Result<Vec<u8>, String>);
+type Finished = (CallTicket, Outcome);
 
 /// Worker threads, each with its own instance of a service.
 pub struct WorkerPool {
@@ -71,12 +72,7 @@ fn work(mut service: Box<dyn Service>, taken: &Mutex<Receiver<Job>>, done: &Send
 impl Service for WorkerPool {
     /// The pool only runs calls through [`Service::begin`]: a blocking call
     /// here would hold up the agent the workers need.
-    fn call(
-        &mut self,
-        _method: &[u8],
-        _pointer: GlobalAddress,
-        _arguments: &[u8],
-    ) -> Result<Vec<u8>, String> {
+    fn call(&mut self, _method: &[u8], _pointer: GlobalAddress, _arguments: &[u8]) -> Outcome {
         Err("a worker pool runs calls through begin".into())
     }
 
@@ -86,7 +82,7 @@ impl Service for WorkerPool {
         method: &[u8],
         pointer: GlobalAddress,
         arguments: &[u8],
-    ) -> Option<Result<Vec<u8>, String>> {
+    ) -> Option<Outcome> {
         let job = Job {
             ticket,
             method: method.to_vec(),
@@ -126,14 +122,9 @@ mod tests {
     struct SlowEcho;
 
     impl Service for SlowEcho {
-        fn call(
-            &mut self,
-            _: &[u8],
-            _: GlobalAddress,
-            arguments: &[u8],
-        ) -> Result<Vec<u8>, String> {
+        fn call(&mut self, _: &[u8], _: GlobalAddress, arguments: &[u8]) -> Outcome {
             std::thread::sleep(Duration::from_millis(5));
-            Ok(arguments.to_vec())
+            Ok(arguments.to_vec().into())
         }
     }
 

@@ -7,13 +7,19 @@
 
 use super::report::{Host, Report};
 use hdrhistogram::Histogram;
+use remora_bifrost::arrays::{from_idl, pass_by_reference, to_idl, Argument, ArraysRack};
+use remora_bifrost::dsm::rack::DsmRackConfig;
+use remora_bifrost::dsm::GlobalPtr;
 use remora_bifrost::services::{
     ArraysByValueSyncClient, ArraysByValueSyncHandler, ArraysByValueSyncProcessor,
     ArraysSyncClient, EchoSyncClient, EchoSyncHandler, EchoSyncProcessor, PingSyncClient,
     PingSyncHandler, PingSyncProcessor, TArraysByValueSyncClient, TArraysSyncClient,
     TEchoSyncClient, TPingSyncClient,
 };
-use remora_bifrost::transport::{client_protocols, Routing, ServiceRack, ThriftService};
+use remora_bifrost::transport::{
+    client_protocols, client_protocols_passing, PointerSlot, RackPath, Routing, ServiceRack,
+    ThriftService,
+};
 use std::io::{BufReader, BufWriter};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -323,9 +329,16 @@ fn echo(sizes: &[usize], duration: Duration) -> EchoFigures {
 type EchoFigures = Result<Vec<(usize, Histogram<u64>, Histogram<u64>)>, BifrostBenchError>;
 
 /// The by-value baseline's handler.
-struct SumByValue;
+struct ArraysByValue;
 
-impl ArraysByValueSyncHandler for SumByValue {
+impl ArraysByValueSyncHandler for ArraysByValue {
+    fn handle_increment_array(&self, mut array: Vec<u8>, value: i8) -> thrift::Result<Vec<u8>> {
+        array
+            .iter_mut()
+            .for_each(|byte| *byte = byte.wrapping_add(value as u8));
+        Ok(array)
+    }
+
     fn handle_add_arrays(&self, mut a: Vec<u8>, b: Vec<u8>) -> thrift::Result<Vec<u8>> {
         a.iter_mut()
             .zip(&b)
@@ -334,11 +347,60 @@ impl ArraysByValueSyncHandler for SumByValue {
     }
 }
 
-/// One size's add-arrays latencies, in ns.
-struct AddArrays {
+/// The thesis's two array workloads (§7.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ArraysWorkload {
+    /// One array and a byte; the array with the byte added back.
+    IncrementArray,
+    /// Two arrays; their sum back.
+    AddArrays,
+}
+
+impl ArraysWorkload {
+    fn name(self) -> &'static str {
+        match self {
+            ArraysWorkload::IncrementArray => "increment_array",
+            ArraysWorkload::AddArrays => "add_arrays",
+        }
+    }
+
+    /// The workload's input arrays of `bytes` each.
+    fn inputs(self, bytes: usize) -> Vec<Vec<u8>> {
+        let a = (0..bytes).map(|index| (index % 251) as u8).collect();
+        let b = (0..bytes).map(|index| (index % 13) as u8).collect();
+        match self {
+            ArraysWorkload::IncrementArray => vec![a],
+            ArraysWorkload::AddArrays => vec![a, b],
+        }
+    }
+
+    /// What the service must answer.
+    fn expected(self, inputs: &[Vec<u8>]) -> Vec<u8> {
+        match self {
+            ArraysWorkload::IncrementArray => inputs[0]
+                .iter()
+                .map(|byte| byte.wrapping_add(INCREMENT as u8))
+                .collect(),
+            ArraysWorkload::AddArrays => inputs[0]
+                .iter()
+                .zip(&inputs[1])
+                .map(|(x, y)| x.wrapping_add(*y))
+                .collect(),
+        }
+    }
+}
+
+/// What increment_array adds.
+const INCREMENT: i8 = 7;
+
+/// One workload's latencies at one size, in ns.
+struct ArraysFigure {
     bytes: usize,
+    /// Through the Gatekeeper, its ACL on.
     by_reference: Histogram<u64>,
     writing_inputs: Histogram<u64>,
+    /// By reference, the Gatekeeper bypassed (plain forwarding, no ACL).
+    bypassed: Histogram<u64>,
     thrift_tcp: Histogram<u64>,
 }
 
@@ -357,18 +419,71 @@ fn time_calls(
     Ok(latencies)
 }
 
-fn arrays(bytes: usize) -> (Vec<u8>, Vec<u8>) {
-    let a = (0..bytes).map(|index| (index % 251) as u8).collect();
-    let b = (0..bytes).map(|index| (index % 13) as u8).collect();
-    (a, b)
+type BifrostArraysClient = ArraysSyncClient<
+    thrift::protocol::TBinaryInputProtocol<remora_bifrost::transport::ReadHalf<RackPath>>,
+    thrift::protocol::TBinaryOutputProtocol<remora_bifrost::transport::WriteHalf<RackPath>>,
+>;
+
+/// One call of `workload` by reference: the inputs' allocation passed in
+/// the header, a new array of the service's back. Returns that array.
+fn call_by_reference(
+    client: &mut BifrostArraysClient,
+    pointer: &PointerSlot,
+    workload: ArraysWorkload,
+    (inputs, arguments): &(GlobalPtr, Vec<Argument>),
+) -> Result<Argument, BifrostBenchError> {
+    pointer.pass(inputs.to_address(None));
+    let returned = match workload {
+        ArraysWorkload::IncrementArray => {
+            client.increment_array(to_idl(arguments[0]), INCREMENT)?
+        }
+        ArraysWorkload::AddArrays => {
+            client.add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))?
+        }
+    };
+    Ok(from_idl(&returned)?)
 }
 
-/// add_arrays at each size: Bifröst by reference (inputs already in global
-/// memory), Bifröst writing its inputs inside the timed region, and the
-/// same sum by value through Thrift over TCP.
-fn add_arrays(sizes: &[usize], duration: Duration) -> Result<Vec<AddArrays>, BifrostBenchError> {
-    use remora_bifrost::arrays::{to_idl, ArraysRack};
-    use remora_bifrost::dsm::rack::DsmRackConfig;
+/// The array workloads at each size: Bifröst by reference (inputs already
+/// in global memory) through the Gatekeeper and bypassing it, Bifröst
+/// writing its inputs inside the timed region, and the same service by
+/// value through Thrift over TCP.
+fn arrays_workload(
+    workload: ArraysWorkload,
+    sizes: &[usize],
+    duration: Duration,
+) -> Result<Vec<ArraysFigure>, BifrostBenchError> {
+    let guarded = by_reference(workload, Routing::Gatekeeper, sizes, duration)?;
+    let bypassed = by_reference(workload, Routing::Bypass, sizes, duration)?;
+    let by_value = by_value(workload, sizes, duration)?;
+    Ok(sizes
+        .iter()
+        .zip(guarded.into_iter().zip(bypassed).zip(by_value))
+        .map(
+            |(&bytes, (((by_reference, writing_inputs), (bypassed, _)), thrift_tcp))| {
+                ArraysFigure {
+                    bytes,
+                    by_reference,
+                    writing_inputs,
+                    bypassed,
+                    thrift_tcp,
+                }
+            },
+        )
+        .collect())
+}
+
+/// Bifröst's calls of `workload` at each size, by reference: with the
+/// inputs in global memory before the call, and written inside it.
+/// Through the Gatekeeper, its ACL lends the inputs to the service for the
+/// call and hands it the result's control with the reply; the result is
+/// freed after each timed call.
+fn by_reference(
+    workload: ArraysWorkload,
+    routing: Routing,
+    sizes: &[usize],
+    duration: Duration,
+) -> Result<Vec<(Histogram<u64>, Histogram<u64>)>, BifrostBenchError> {
     let config = DsmRackConfig {
         pool_bytes: 32 << 20,
         ..DsmRackConfig::default()
@@ -377,72 +492,154 @@ fn add_arrays(sizes: &[usize], duration: Duration) -> Result<Vec<AddArrays>, Bif
         rack: _rack,
         dsm,
         path,
-    } = ArraysRack::start(config, 2)?;
-    let (input, output) = client_protocols(path);
+    } = ArraysRack::start(config, 2, routing)?;
+    let ((input, output), pointer) = client_protocols_passing(path);
     let mut bifrost = ArraysSyncClient::new(input, output);
+    let mut figures = Vec::new();
+    for &bytes in sizes {
+        let inputs = workload.inputs(bytes);
+        let slices: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+        let passed = pass_by_reference(&dsm, &slices)?;
+        let mut result = vec![0u8; bytes];
+        let returned = call_by_reference(&mut bifrost, &pointer, workload, &passed)?;
+        dsm.read(returned.allocation, &mut result)?;
+        dsm.free(returned.allocation)?;
+        if result != workload.expected(&inputs) {
+            return Err(BifrostBenchError::PingPong(format!(
+                "{} of {bytes} B gave a wrong answer",
+                workload.name()
+            )));
+        }
+        let timed = time_calls(duration, || {
+            let begun = Instant::now();
+            let returned = call_by_reference(&mut bifrost, &pointer, workload, &passed)?;
+            let elapsed = begun.elapsed();
+            dsm.free(returned.allocation)?;
+            Ok(elapsed)
+        })?;
+        let writing_inputs = time_calls(duration, || {
+            let begun = Instant::now();
+            for (argument, input) in passed.1.iter().zip(&inputs) {
+                dsm.write_at(argument.allocation, argument.at, input)?;
+            }
+            let returned = call_by_reference(&mut bifrost, &pointer, workload, &passed)?;
+            let elapsed = begun.elapsed();
+            dsm.free(returned.allocation)?;
+            Ok(elapsed)
+        })?;
+        dsm.free(passed.0)?;
+        figures.push((timed, writing_inputs));
+    }
+    Ok(figures)
+}
+
+/// The same service by value through Thrift over TCP, at each size. The
+/// client takes its arguments by value: they are copied outside the timed
+/// region, as the by-reference arrays were written.
+fn by_value(
+    workload: ArraysWorkload,
+    sizes: &[usize],
+    duration: Duration,
+) -> Result<Vec<Histogram<u64>>, BifrostBenchError> {
     let TcpClient {
         input,
         output,
         stream,
         server,
-    } = thrift_over_tcp(ArraysByValueSyncProcessor::new(SumByValue))?;
+    } = thrift_over_tcp(ArraysByValueSyncProcessor::new(ArraysByValue))?;
     let mut thrift = ArraysByValueSyncClient::new(input, output);
     let mut figures = Vec::new();
     for &bytes in sizes {
-        let (a, b) = arrays(bytes);
-        let [pa, pb, ps] = [0, 1, 2].map(|node| dsm.alloc_on(node, bytes as u64));
-        let (pa, pb, ps) = (pa?, pb?, ps?);
-        dsm.write(pa, &a)?;
-        dsm.write(pb, &b)?;
-        let pointers = (to_idl(pa, bytes), to_idl(pb, bytes), to_idl(ps, bytes));
-        let by_reference = time_calls(duration, || {
+        let inputs = workload.inputs(bytes);
+        let expected = workload.expected(&inputs);
+        let mut checked = false;
+        figures.push(time_calls(duration, || {
+            let mut copies = inputs.clone();
             let begun = Instant::now();
-            bifrost.add_arrays(pointers.0.clone(), pointers.1.clone(), pointers.2.clone())?;
-            Ok(begun.elapsed())
-        })?;
-        let writing_inputs = time_calls(duration, || {
-            let begun = Instant::now();
-            dsm.write(pa, &a)?;
-            dsm.write(pb, &b)?;
-            bifrost.add_arrays(pointers.0.clone(), pointers.1.clone(), pointers.2.clone())?;
-            Ok(begun.elapsed())
-        })?;
-        let mut check = vec![0u8; bytes];
-        dsm.read(ps, &mut check)?;
-        if check
-            .iter()
-            .zip(a.iter().zip(&b))
-            .any(|(sum, (x, y))| *sum != x.wrapping_add(*y))
-        {
-            return Err(BifrostBenchError::PingPong(format!(
-                "add_arrays of {bytes} B gave a wrong sum"
-            )));
-        }
-        // The client takes its arguments by value: they are copied outside
-        // the timed region, as the by-reference arrays were written.
-        let thrift_tcp = time_calls(duration, || {
-            let (x, y) = (a.clone(), b.clone());
-            let begun = Instant::now();
-            let sum = thrift.add_arrays(x, y)?;
+            let answer = match workload {
+                ArraysWorkload::IncrementArray => {
+                    thrift.increment_array(copies.remove(0), INCREMENT)?
+                }
+                ArraysWorkload::AddArrays => {
+                    let a = copies.remove(0);
+                    thrift.add_arrays(a, copies.remove(0))?
+                }
+            };
             let elapsed = begun.elapsed();
-            if sum.len() != bytes {
-                return Err(BifrostBenchError::PingPong("a short sum over TCP".into()));
+            if !checked && answer != expected {
+                return Err(BifrostBenchError::PingPong(
+                    "a wrong answer over TCP".into(),
+                ));
             }
+            checked = true;
             Ok(elapsed)
-        })?;
-        for ptr in [pa, pb, ps] {
-            dsm.free(ptr)?;
-        }
-        figures.push(AddArrays {
-            bytes,
-            by_reference,
-            writing_inputs,
-            thrift_tcp,
-        });
+        })?);
     }
     drop(thrift);
     TcpClient::hang_up(stream, server)?;
     Ok(figures)
+}
+
+/// Prints and records one workload's figures; returns, at 1 MiB if
+/// measured, the by-reference p50 over Thrift's and over the bypass's.
+fn report_arrays(
+    report: &mut Report,
+    workload: ArraysWorkload,
+    figures: &[ArraysFigure],
+) -> Option<(f64, f64)> {
+    let name = workload.name();
+    println!(
+        "\n{:<16} {:>20} {:>20} {:>20} {:>20}",
+        name, "by reference p50 us", "+ writing inputs", "gatekeeper bypassed", "thrift tcp p50 us"
+    );
+    let mut crossover = None;
+    for figure in figures {
+        let label = super::report::size_label(figure.bytes as u32);
+        let [reference, writing, bypassed, tcp] = [
+            &figure.by_reference,
+            &figure.writing_inputs,
+            &figure.bypassed,
+            &figure.thrift_tcp,
+        ]
+        .map(|latencies| micros(latencies.value_at_quantile(0.5)));
+        println!("{label:<16} {reference:>20.1} {writing:>20.1} {bypassed:>20.1} {tcp:>20.1}");
+        for (variant, latencies) in [
+            ("bifrost by reference", &figure.by_reference),
+            ("bifrost writing inputs", &figure.writing_inputs),
+            (
+                "bifrost by reference, gatekeeper bypassed",
+                &figure.bypassed,
+            ),
+            ("thrift over tcp by value", &figure.thrift_tcp),
+        ] {
+            let variant = format!("{name} {label} {variant}");
+            record_latencies(report, &variant, "", latencies);
+        }
+        if crossover.is_none() && reference <= tcp {
+            crossover = Some(figure.bytes);
+        }
+    }
+    let crossover_text = crossover
+        .map_or("none: by reference never caught up".to_string(), |bytes| {
+            super::report::size_label(bytes as u32)
+        });
+    println!("crossover (by reference no slower than by value): {crossover_text}");
+    report.add(
+        name,
+        "crossover_bytes",
+        crossover.map_or(f64::NAN, |bytes| bytes as f64),
+        "bytes",
+    );
+    figures
+        .iter()
+        .find(|figure| figure.bytes == 1 << 20)
+        .map(|figure| {
+            let p50 = |latencies: &Histogram<u64>| latencies.value_at_quantile(0.5) as f64;
+            (
+                p50(&figure.by_reference) / p50(&figure.thrift_tcp),
+                p50(&figure.by_reference) / p50(&figure.bypassed),
+            )
+        })
 }
 
 /// Adds a variant's mean, p50 and p99 in µs (metrics `{prefix}mean` and so
@@ -477,11 +674,11 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
             "seconds_per_variant": duration.as_secs(),
             "bifrost": "embedded rack, in-process rings, L2/L3 switch; generated Thrift Ping client and processor",
             "thrift_tcp": "the same generated code over TCP on loopback with TCP_NODELAY",
-            "add_arrays": "the generated Arrays client on the compute node passes three GlobalPtrs; the service, on a host of its own with two worker threads, reads a and b from two memory nodes and writes the sum to a third by one-sided RDMA; the inputs are in global memory before the timed call (and, in the second variant, written inside it); the baseline passes both arrays by value through the generated ArraysByValue client over loopback TCP",
+            "arrays": "increment_array and add_arrays (the thesis's §7.5): the generated Arrays client on the compute node passes its arrays by reference, in one allocation whose pointer the call's header carries, through the Gatekeeper with its ACL on (the call lends the allocation to the service, to read); the service, on a host of its own with two worker threads, reads them by one-sided RDMA, writes the result into an allocation of its own and returns it (the reply hands its control to the caller, which frees it after the timed call); the inputs are in global memory before the timed call (and, in the second variant, written inside it); the baseline passes the arrays by value through the generated ArraysByValue client over loopback TCP",
             "gatekeeper": "the switch runs the Gatekeeper overlay: calls go to its service address and are routed by method, tracked in the RPC graph, and digested; the bypass runs plain L2/L3 forwarding to the host's own address",
             "thrift_udp": "the same generated code, one Thrift message per UDP datagram on loopback",
             "caveat": "the TCP and Thrift-over-UDP ends block in the kernel (as Thrift's servers do) while Bifröst's fabric thread and the raw UDP ping-pong poll: on this 2-core VM a blocking wake-up costs tens of microseconds, which raw TCP's own p50 shows",
-            "not_built": "the Gatekeeper's ACL on DSM accesses; the latency breakdown of the thesis's Fig. 7.8",
+            "not_built": "the latency breakdown of the thesis's Fig. 7.8",
         }),
         host: Host::probe(),
         results: Vec::new(),
@@ -588,52 +785,27 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
         &[1, 1024, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20]
     };
     let arrays_duration = Duration::from_millis(if quick { 300 } else { 1500 });
-    let figures = add_arrays(sizes, arrays_duration)?;
-    println!(
-        "\n{:<10} {:>22} {:>22} {:>22}",
-        "add_arrays", "by reference p50 us", "+ writing inputs p50", "thrift tcp p50 us"
-    );
-    let mut crossover = None;
-    for figure in &figures {
-        let label = super::report::size_label(figure.bytes as u32);
-        let [reference, writing, tcp] = [
-            &figure.by_reference,
-            &figure.writing_inputs,
-            &figure.thrift_tcp,
-        ]
-        .map(|latencies| micros(latencies.value_at_quantile(0.5)));
-        println!("{label:<10} {reference:>22.1} {writing:>22.1} {tcp:>22.1}");
-        for (variant, latencies) in [
-            ("bifrost by reference", &figure.by_reference),
-            ("bifrost writing inputs", &figure.writing_inputs),
-            ("thrift over tcp by value", &figure.thrift_tcp),
-        ] {
-            let variant = format!("add_arrays {label} {variant}");
-            record_latencies(&mut report, &variant, "", latencies);
-        }
-        if crossover.is_none() && reference <= tcp {
-            crossover = Some(figure.bytes);
-        }
+    let mut named: Vec<(&str, f64, &str)> = named.into_iter().collect();
+    for workload in [ArraysWorkload::IncrementArray, ArraysWorkload::AddArrays] {
+        let figures = arrays_workload(workload, sizes, arrays_duration)?;
+        let Some((vs_thrift, vs_bypass)) = report_arrays(&mut report, workload, &figures) else {
+            continue;
+        };
+        let (name, target, overhead) = match workload {
+            ArraysWorkload::AddArrays => (
+                "add_arrays_1mib_vs_thrift_tcp",
+                "<= 1.0",
+                "gatekeeper_add_arrays_1mib_overhead",
+            ),
+            ArraysWorkload::IncrementArray => (
+                "increment_array_1mib_vs_thrift_tcp",
+                "(reported)",
+                "gatekeeper_increment_array_1mib_overhead",
+            ),
+        };
+        named.push((name, vs_thrift, target));
+        named.push((overhead, vs_bypass, "(reported: the ACL's cost)"));
     }
-    let at_one_mib = figures
-        .iter()
-        .find(|figure| figure.bytes == 1 << 20)
-        .map(|figure| ratio(&figure.by_reference, &figure.thrift_tcp));
-    let crossover_text = crossover
-        .map_or("none: by reference never caught up".to_string(), |bytes| {
-            super::report::size_label(bytes as u32)
-        });
-    println!("crossover (by reference no slower than by value): {crossover_text}");
-    report.add(
-        "add_arrays",
-        "crossover_bytes",
-        crossover.map_or(f64::NAN, |bytes| bytes as f64),
-        "bytes",
-    );
-    let named: Vec<(&str, f64, &str)> = named
-        .into_iter()
-        .chain(at_one_mib.map(|value| ("add_arrays_1mib_vs_thrift_tcp", value, "<= 1.0")))
-        .collect();
     // Recovery after a crash, in the simulator (virtual time): the
     // serving node falls silent, the Gatekeeper finds it failed by its
     // missed heartbeats and holds its calls, the control plane starts a
@@ -672,6 +844,6 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
 /// `remora bench bifrost`.
 pub static BENCH: super::entry::Entry<super::entry::CommonArgs, BifrostBenchError> = super::entry::Entry {
     name: "bifrost",
-    about: "Bifröst: exactly-once RPC against Thrift over TCP.\n\nThe thesis's ping through a generated Thrift client and processor over Bifröst on the embedded rack, through the Gatekeeper in the switch and bypassing it, against the same Thrift service over loopback TCP and UDP and raw UDP and TCP request/response; echo at 64 B to 2 KiB through the Gatekeeper against Thrift over TCP; add_arrays by reference (arrays in global memory) against by value over Thrift TCP, with the crossover size; recovery time after a crash (in the simulator); mean, p50 and p99.",
+    about: "Bifröst: exactly-once RPC against Thrift over TCP.\n\nThe thesis's ping through a generated Thrift client and processor over Bifröst on the embedded rack, through the Gatekeeper in the switch and bypassing it, against the same Thrift service over loopback TCP and UDP and raw UDP and TCP request/response; echo at 64 B to 2 KiB through the Gatekeeper against Thrift over TCP; increment_array and add_arrays by reference (arrays in global memory, the Gatekeeper's ACL on) against by value over Thrift TCP, with the crossover size; recovery time after a crash (in the simulator); mean, p50 and p99.",
     run: |args| run_checked(args.quick),
 };
