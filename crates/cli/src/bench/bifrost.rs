@@ -473,6 +473,10 @@ fn arrays_workload(
         .collect())
 }
 
+/// One size's latencies by reference: inputs already in global memory,
+/// and written inside the timed call.
+type ByReference = (Histogram<u64>, Histogram<u64>);
+
 /// Bifröst's calls of `workload` at each size, by reference: with the
 /// inputs in global memory before the call, and written inside it.
 /// Through the Gatekeeper, its ACL lends the inputs to the service for the
@@ -483,7 +487,7 @@ fn by_reference(
     routing: Routing,
     sizes: &[usize],
     duration: Duration,
-) -> Result<Vec<(Histogram<u64>, Histogram<u64>)>, BifrostBenchError> {
+) -> Result<Vec<ByReference>, BifrostBenchError> {
     let config = DsmRackConfig {
         pool_bytes: 32 << 20,
         ..DsmRackConfig::default()
