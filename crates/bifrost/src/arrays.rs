@@ -20,6 +20,8 @@ use crate::services::{ArraysSyncHandler, ArraysSyncProcessor};
 use crate::transport::{
     return_pointer, RackPath, Routing, ThriftService, RACK_RESEND_AFTER, SERVICE_ADDRESS,
 };
+use remora_rack::endpoint::{lock, Shared, SwitchEndpoint};
+use remora_switch::programs::overlay::Overlaid;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -213,6 +215,17 @@ pub struct ArraysRack {
     /// The client's DSM, where it puts arrays before calling.
     pub dsm: Dsm,
     pub path: RackPath,
+    /// The switch, when it runs the Gatekeeper.
+    pub gatekeeper: Option<Shared<SwitchEndpoint<Overlaid<Gatekeeper>>>>,
+}
+
+impl ArraysRack {
+    /// The Gatekeeper's counters, when the switch runs it.
+    pub fn gatekeeper_counters(&self) -> Option<crate::gatekeeper::GatekeeperCounters> {
+        self.gatekeeper
+            .as_ref()
+            .map(|switch| lock(switch).switch.program().counters())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -258,17 +271,20 @@ impl ArraysRack {
             remora_rack::topology::COMPUTE_HOST,
             Arc::new(Mutex::new(calling)),
         );
-        let (rack, extra) = match routing {
+        let (rack, extra, gatekeeper) = match routing {
             Routing::Gatekeeper => {
                 let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE_ADDRESS));
                 gatekeeper.register_node(service_address, NodeKind::Compute, 0)?;
                 for method in ["add_arrays", "increment_array"] {
                     gatekeeper.route(method, service_address)?;
                 }
-                let (rack, extra, _switch) = staged.start_guarded(gatekeeper)?;
-                (rack, extra)
+                let (rack, extra, switch) = staged.start_guarded(gatekeeper)?;
+                (rack, extra, Some(switch))
             }
-            Routing::Bypass => staged.start()?,
+            Routing::Bypass => {
+                let (rack, extra) = staged.start()?;
+                (rack, extra, None)
+            }
         };
         let service = extra
             .into_iter()
@@ -277,6 +293,11 @@ impl ArraysRack {
         let _ = service_dsm.set(service);
         let crate::dsm::rack::DsmRack { rack, dsm, .. } = rack;
         let path = RackPath::new(requests, rack.fabric().kicker(), Duration::from_secs(10));
-        Ok(ArraysRack { rack, dsm, path })
+        Ok(ArraysRack {
+            rack,
+            dsm,
+            path,
+            gatekeeper,
+        })
     }
 }

@@ -1,12 +1,14 @@
 //! Bifröst (Tarango, "Bifröst: exactly-once RPC over global memory",
 //! paper 001) on Remora.
 //!
-//! Built so far: the distributed shared memory ([`dsm`]) that RPCs pass
-//! their large arguments through by reference, over several memory nodes;
-//! the exactly-once RPC runtime ([`rpc`], with worker threads for methods
-//! that block); Thrift services over it ([`transport`]); and the array
-//! services over the DSM ([`arrays`]). The switch's Gatekeeper and fault
-//! tolerance are the rest of issue 14.
+//! The distributed shared memory ([`dsm`]) that RPCs pass their large
+//! arguments through by reference, over several memory nodes; the
+//! exactly-once RPC runtime ([`rpc`], with worker threads for methods that
+//! block, checkpoints, relays and the crash scenarios); Thrift services
+//! over it ([`transport`]); the array services over the DSM ([`arrays`]);
+//! and the switch's Gatekeeper ([`gatekeeper`]): service routing, the RPC
+//! graph, failure detection, held calls and replay, checkpoints, and the
+//! ACL on global memory. What issue 14 still lacks is in ARCHITECTURE.md.
 #![forbid(unsafe_code)]
 
 pub mod arrays;

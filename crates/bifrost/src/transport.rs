@@ -275,7 +275,8 @@ impl CallPath for InProcessPath {
 
 /// Calls through a [`CallingAgent`](crate::rpc::agents::CallingAgent) on
 /// the embedded rack: the application thread hands each call over and
-/// waits for its outcome.
+/// waits for its outcome. Clones call through the same agent.
+#[derive(Clone)]
 pub struct RackPath {
     requests: std::sync::mpsc::SyncSender<crate::rpc::agents::CallRequest>,
     kicker: remora_rack::endpoint::DriverKicker,

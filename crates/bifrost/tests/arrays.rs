@@ -16,6 +16,7 @@ fn add_arrays_and_increment_array_work_on_global_memory() {
         rack: _rack,
         dsm,
         path,
+        ..
     } = ArraysRack::start(DsmRackConfig::default(), 2, Routing::Gatekeeper).unwrap();
     let ((input, output), pointer) = client_protocols_passing(path);
     let mut client = ArraysSyncClient::new(input, output);
@@ -57,6 +58,7 @@ fn a_call_that_passes_no_pointer_lends_nothing_and_the_service_is_refused() {
         rack: _rack,
         dsm,
         path,
+        ..
     } = ArraysRack::start(DsmRackConfig::default(), 1, Routing::Gatekeeper).unwrap();
     let ((input, output), pointer) = client_protocols_passing(path);
     let mut client = ArraysSyncClient::new(input, output);
@@ -82,6 +84,7 @@ fn bad_pointers_come_back_as_errors_not_hangs() {
         rack: _rack,
         dsm,
         path,
+        ..
     } = ArraysRack::start(DsmRackConfig::default(), 1, Routing::Gatekeeper).unwrap();
     let ((input, output), pointer) = client_protocols_passing(path);
     let mut client = ArraysSyncClient::new(input, output);

@@ -58,6 +58,8 @@ pub enum AclError {
         node: u8,
         offset: u64,
     },
+    #[error("offset {offset:#x} at memory node {node} is past any pool (56 bits)")]
+    OffsetTooLarge { node: u8, offset: u64 },
     #[error("{requester:?} holds no rights on memory node {node}'s allocation at {offset:#x}")]
     NotHolder {
         requester: Ipv4Address,
@@ -121,10 +123,14 @@ impl Grants {
     }
 }
 
-/// The table's key: the memory node in the top byte, the offset below.
-fn key(node: u8, offset: u64) -> u64 {
-    debug_assert!(offset < 1 << 56, "pool offsets fit 56 bits");
-    u64::from(node) << 56 | offset
+/// Pool offsets fit 56 bits: the table's key is the memory node in the
+/// top byte and the offset below.
+const OFFSET_LIMIT: u64 = 1 << 56;
+
+/// The table's key, if the offset fits: a larger one would alias another
+/// node's (it comes from the wire, in a DSM message, so anything comes).
+fn key(node: u8, offset: u64) -> Option<u64> {
+    (offset < OFFSET_LIMIT).then_some(u64::from(node) << 56 | offset)
 }
 
 pub struct Acl {
@@ -176,22 +182,22 @@ impl Acl {
         operation: Operation,
         source: Ipv4Address,
     ) -> bool {
-        self.table
-            .lookup_span(key(node, offset), length)
+        key(node, offset)
+            .and_then(|start| self.table.lookup_span(start, length))
+            .filter(|(_, _)| offset.saturating_add(length) <= OFFSET_LIMIT)
             .and_then(|(_, grants)| grants.rights_of(source))
             .is_some_and(|rights| rights.permits(operation))
     }
 
     /// The rules of the allocation that holds `offset`.
     pub fn grants(&self, node: u8, offset: u64) -> Option<&Grants> {
-        self.table
-            .lookup_span(key(node, offset), 0)
-            .map(|(_, grants)| grants)
+        let start = key(node, offset)?;
+        self.table.lookup_span(start, 0).map(|(_, grants)| grants)
     }
 
     fn grants_mut(&mut self, node: u8, offset: u64) -> Result<&mut Grants, AclError> {
-        self.table
-            .lookup_span_mut(key(node, offset), 0)
+        key(node, offset)
+            .and_then(|start| self.table.lookup_span_mut(start, 0))
             .map(|(_, grants)| grants)
             .ok_or(AclError::NoRules { node, offset })
     }
@@ -205,7 +211,16 @@ impl Acl {
         size_bytes: u64,
         owner: Ipv4Address,
     ) -> Result<(), AclError> {
-        let start = key(node, offset);
+        let too_large = AclError::OffsetTooLarge { node, offset };
+        // The end stays below the limit too, so no key overflows.
+        let end_offset = offset
+            .checked_add(size_bytes.max(1))
+            .filter(|end| *end < OFFSET_LIMIT)
+            .ok_or(too_large.clone())?;
+        let (start, end) = (
+            key(node, offset).ok_or(too_large.clone())?,
+            key(node, end_offset).ok_or(too_large)?,
+        );
         // A stale entry (a free whose rules outlived it) gives way.
         self.table.remove(start);
         let grants = Grants {
@@ -213,18 +228,19 @@ impl Acl {
             size_bytes,
             holders: vec![(owner, Rights::Control)],
         };
-        Ok(self
-            .table
-            .insert(start, start + size_bytes.max(1), grants)?)
+        Ok(self.table.insert(start, end, grants)?)
     }
 
     /// Whether `requester` controls the allocation at `offset` with this
     /// generation (and so may free, snapshot or restore it).
     pub fn controls(&self, node: u8, offset: u64, generation: u8, requester: Ipv4Address) -> bool {
+        let Some(wanted) = key(node, offset) else {
+            return false;
+        };
         self.table
-            .lookup_span(key(node, offset), 0)
+            .lookup_span(wanted, 0)
             .is_some_and(|(start, grants)| {
-                start == key(node, offset)
+                start == wanted
                     && grants.generation == generation
                     && grants.rights_of(requester) == Some(Rights::Control)
             })
@@ -232,7 +248,7 @@ impl Acl {
 
     /// `free`: every rule of the allocation goes.
     pub fn free(&mut self, node: u8, offset: u64) -> Option<Grants> {
-        self.table.remove(key(node, offset))
+        self.table.remove(key(node, offset)?)
     }
 
     /// A CALL lends the allocation holding `offset` to `callee` to read,
@@ -386,6 +402,30 @@ mod tests {
         assert!(acl.free(2, 0).is_some());
         assert!(!acl.permits(2, 0, 1, Operation::Read, A));
         assert!(acl.is_empty());
+    }
+
+    /// Found by the `bifrost_acl` fuzz target: a DSM message's offset
+    /// past 56 bits made a key that aliased another node's allocation (a
+    /// debug assertion caught it; a release build would have looked up,
+    /// or freed, the other node's rules).
+    #[test]
+    fn an_offset_past_56_bits_names_no_rules_of_another_node() {
+        let mut acl = Acl::new(AclConfig::default());
+        acl.allocate(1, 0x40, 0, 64, A).expect("room");
+        let aliasing = (1 << 56) | 0x40;
+        assert!(!acl.permits(0, aliasing, 0, Operation::Read, A));
+        assert!(!acl.controls(0, aliasing, 0, A));
+        assert!(acl.free(0, aliasing).is_none());
+        assert!(acl.grants(0, aliasing).is_none());
+        assert!(matches!(
+            acl.allocate(0, aliasing, 0, 8, A),
+            Err(AclError::OffsetTooLarge { .. })
+        ));
+        assert!(matches!(
+            acl.allocate(0, OFFSET_LIMIT - 4, 0, 8, A),
+            Err(AclError::OffsetTooLarge { .. })
+        ));
+        assert!(acl.permits(1, 0x40, 64, Operation::Write, A), "untouched");
     }
 
     #[test]

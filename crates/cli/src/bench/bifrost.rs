@@ -496,6 +496,7 @@ fn by_reference(
         rack: _rack,
         dsm,
         path,
+        ..
     } = ArraysRack::start(config, 2, routing)?;
     let ((input, output), pointer) = client_protocols_passing(path);
     let mut bifrost = ArraysSyncClient::new(input, output);

@@ -36,9 +36,11 @@ impl System for Bifrost {
     }
 }
 
-/// Bifröst, as far as it is built: the DSM over three memory nodes on the
-/// embedded rack (data through every node, misuse refused), and the RPC
-/// runtime's exactly-once calls over lossy links in the simulator.
+/// Bifröst: the DSM over three memory nodes on the embedded rack (data
+/// through every node, misuse refused), the RPC runtime's exactly-once
+/// calls over lossy links in the simulator, a chain whose middle crashes,
+/// the Gatekeeper's failover and a caller's crash, and the Gatekeeper's
+/// ACL on the embedded rack.
 pub fn bifrost_step() -> Result<SystemStep, SystemError> {
     use remora_bifrost::dsm::client::DsmError;
     use remora_bifrost::dsm::rack::{DsmRack, DsmRackConfig};
@@ -167,6 +169,58 @@ pub fn bifrost_step() -> Result<SystemStep, SystemError> {
         }
         Err(error) => step.failures.push(format!("Bifröst caller crash: {error}")),
     }
-    println!("  (the Gatekeeper's ACL on DSM accesses is not built yet)");
+    acl_step(&mut step)?;
     Ok(step)
+}
+
+/// The Gatekeeper's ACL on the embedded rack: add_arrays by reference, the
+/// inputs lent to the service for the call and the sum's control handed
+/// back; a call that lends nothing, whose service is refused by the
+/// switch.
+fn acl_step(step: &mut SystemStep) -> Result<(), SystemError> {
+    use remora_bifrost::arrays::{from_idl, pass_by_reference, to_idl, ArraysRack};
+    use remora_bifrost::dsm::rack::DsmRackConfig;
+    use remora_bifrost::services::{ArraysSyncClient, TArraysSyncClient};
+    use remora_bifrost::transport::{client_protocols_passing, Routing};
+    let arrays =
+        ArraysRack::start(DsmRackConfig::default(), 1, Routing::Gatekeeper).in_system("bifrost")?;
+    let dsm = &arrays.dsm;
+    let ((input, output), pointer) = client_protocols_passing(arrays.path.clone());
+    let mut client = ArraysSyncClient::new(input, output);
+    let (a, b) = (vec![40u8; 65_536], vec![2u8; 65_536]);
+    let (inputs, arguments) = pass_by_reference(dsm, &[&a, &b]).in_system("bifrost")?;
+    let unlent = client.add_arrays(to_idl(arguments[0]), to_idl(arguments[1]));
+    if unlent.is_ok() {
+        step.failures
+            .push("ACL: a call that lent nothing still read the caller's arrays".into());
+    }
+    pointer.pass(inputs.to_address(None));
+    let sum = client
+        .add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))
+        .in_system("bifrost")?;
+    let sum = from_idl(&sum).in_system("bifrost")?.allocation;
+    let mut back = vec![0u8; a.len()];
+    dsm.read(sum, &mut back).in_system("bifrost")?;
+    if back.iter().any(|&byte| byte != 42) {
+        step.failures
+            .push("ACL: add_arrays gave a wrong sum".into());
+    }
+    for ptr in [inputs, sum] {
+        dsm.free(ptr).in_system("bifrost")?;
+    }
+    let counters = arrays.gatekeeper_counters().unwrap_or_default().memory;
+    println!(
+        "  the Gatekeeper's ACL (refuse by default): add_arrays of 64 KiB by reference through it, the inputs lent to the service for the call and the sum's control handed to the caller with the reply; a call that lent nothing was refused at the switch ({} READs allowed, {} refused, {} NAKs sent in the memory node's name)",
+        counters.reads_allowed, counters.reads_refused + counters.messages_refused, counters.naks_sent
+    );
+    if counters.naks_sent == 0 {
+        step.failures.push("ACL: the switch sent no NAK".into());
+    }
+    step.variants.push(serde_json::json!({
+        "variant": "gatekeeper acl",
+        "reads_allowed": counters.reads_allowed,
+        "refused": counters.reads_refused + counters.messages_refused,
+        "naks_sent": counters.naks_sent,
+    }));
+    Ok(())
 }
