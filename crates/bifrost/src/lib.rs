@@ -12,7 +12,9 @@
 #![forbid(unsafe_code)]
 
 pub mod arrays;
+pub mod by_reference;
 pub mod dsm;
+pub mod dsm_service;
 pub mod gatekeeper;
 pub mod rpc;
 pub mod transport;

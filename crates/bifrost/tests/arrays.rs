@@ -5,19 +5,21 @@
 //! returns a new array of its own, whose control the reply hands to the
 //! client.
 
-use remora_bifrost::arrays::{from_idl, pass_by_reference, to_idl, whole, ArraysRack};
+use remora_bifrost::arrays::arrays_rack;
+use remora_bifrost::by_reference::{from_idl, pass_by_reference, to_idl, whole};
 use remora_bifrost::dsm::rack::DsmRackConfig;
+use remora_bifrost::dsm_service::DsmServiceRack;
 use remora_bifrost::services::{ArraysSyncClient, TArraysSyncClient};
 use remora_bifrost::transport::{client_protocols_passing, Routing};
 
 #[test]
 fn add_arrays_and_increment_array_work_on_global_memory() {
-    let ArraysRack {
+    let DsmServiceRack {
         rack: _rack,
         dsm,
         path,
         ..
-    } = ArraysRack::start(DsmRackConfig::default(), 2, Routing::Gatekeeper).unwrap();
+    } = arrays_rack(DsmRackConfig::default(), 2, Routing::Gatekeeper).unwrap();
     let ((input, output), pointer) = client_protocols_passing(path);
     let mut client = ArraysSyncClient::new(input, output);
     for length in [1usize, 4096, 300_000] {
@@ -54,12 +56,12 @@ fn add_arrays_and_increment_array_work_on_global_memory() {
 
 #[test]
 fn a_call_that_passes_no_pointer_lends_nothing_and_the_service_is_refused() {
-    let ArraysRack {
+    let DsmServiceRack {
         rack: _rack,
         dsm,
         path,
         ..
-    } = ArraysRack::start(DsmRackConfig::default(), 1, Routing::Gatekeeper).unwrap();
+    } = arrays_rack(DsmRackConfig::default(), 1, Routing::Gatekeeper).unwrap();
     let ((input, output), pointer) = client_protocols_passing(path);
     let mut client = ArraysSyncClient::new(input, output);
     let (inputs, arguments) = pass_by_reference(&dsm, &[&[1; 64], &[2; 64]]).unwrap();
@@ -80,15 +82,15 @@ fn a_call_that_passes_no_pointer_lends_nothing_and_the_service_is_refused() {
 
 #[test]
 fn bad_pointers_come_back_as_errors_not_hangs() {
-    let ArraysRack {
+    let DsmServiceRack {
         rack: _rack,
         dsm,
         path,
         ..
-    } = ArraysRack::start(DsmRackConfig::default(), 1, Routing::Gatekeeper).unwrap();
+    } = arrays_rack(DsmRackConfig::default(), 1, Routing::Gatekeeper).unwrap();
     let ((input, output), pointer) = client_protocols_passing(path);
     let mut client = ArraysSyncClient::new(input, output);
-    let (inputs, arguments) = pass_by_reference(&dsm, &[&[0; 64], &[0; 32]]).unwrap();
+    let (inputs, arguments) = pass_by_reference(&dsm, &[&[0u8; 64][..], &[0u8; 32][..]]).unwrap();
     // Lengths that differ.
     pointer.pass(inputs.to_address(None));
     assert!(client

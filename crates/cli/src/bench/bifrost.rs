@@ -7,9 +7,11 @@
 
 use super::report::{Host, Report};
 use hdrhistogram::Histogram;
-use remora_bifrost::arrays::{from_idl, pass_by_reference, to_idl, Argument, ArraysRack};
+use remora_bifrost::arrays::arrays_rack;
+use remora_bifrost::by_reference::{from_idl, pass_by_reference, to_idl, Argument};
 use remora_bifrost::dsm::rack::DsmRackConfig;
 use remora_bifrost::dsm::GlobalPtr;
+use remora_bifrost::dsm_service::DsmServiceRack;
 use remora_bifrost::services::{
     ArraysByValueSyncClient, ArraysByValueSyncHandler, ArraysByValueSyncProcessor,
     ArraysSyncClient, EchoSyncClient, EchoSyncHandler, EchoSyncProcessor, PingSyncClient,
@@ -42,7 +44,7 @@ pub enum BifrostBenchError {
     #[error("the raw UDP ping-pong: {0}")]
     UdpPingPong(#[from] super::switch::SwitchBenchError),
     #[error(transparent)]
-    Arrays(#[from] remora_bifrost::arrays::ArraysRackError),
+    Arrays(#[from] remora_bifrost::dsm_service::DsmServiceRackError),
     #[error("the DSM: {0}")]
     Dsm(#[from] remora_bifrost::dsm::client::DsmError),
 }
@@ -492,12 +494,12 @@ fn by_reference(
         pool_bytes: 32 << 20,
         ..DsmRackConfig::default()
     };
-    let ArraysRack {
+    let DsmServiceRack {
         rack: _rack,
         dsm,
         path,
         ..
-    } = ArraysRack::start(config, 2, routing)?;
+    } = arrays_rack(config, 2, routing)?;
     let ((input, output), pointer) = client_protocols_passing(path);
     let mut bifrost = ArraysSyncClient::new(input, output);
     let mut figures = Vec::new();

@@ -178,12 +178,13 @@ pub fn bifrost_step() -> Result<SystemStep, SystemError> {
 /// back; a call that lends nothing, whose service is refused by the
 /// switch.
 fn acl_step(step: &mut SystemStep) -> Result<(), SystemError> {
-    use remora_bifrost::arrays::{from_idl, pass_by_reference, to_idl, ArraysRack};
+    use remora_bifrost::arrays::arrays_rack;
+    use remora_bifrost::by_reference::{from_idl, pass_by_reference, to_idl};
     use remora_bifrost::dsm::rack::DsmRackConfig;
     use remora_bifrost::services::{ArraysSyncClient, TArraysSyncClient};
     use remora_bifrost::transport::{client_protocols_passing, Routing};
     let arrays =
-        ArraysRack::start(DsmRackConfig::default(), 1, Routing::Gatekeeper).in_system("bifrost")?;
+        arrays_rack(DsmRackConfig::default(), 1, Routing::Gatekeeper).in_system("bifrost")?;
     let dsm = &arrays.dsm;
     let ((input, output), pointer) = client_protocols_passing(arrays.path.clone());
     let mut client = ArraysSyncClient::new(input, output);
