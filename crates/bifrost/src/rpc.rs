@@ -44,6 +44,11 @@ pub enum RpcError {
     NoAnswer { rpc_id: u64, attempts: u32 },
     #[error("the callee raised: {0}")]
     Exception(String),
+    /// A call that shares its callee's fate: the callee failed with it
+    /// unanswered, and the Gatekeeper answered for it. The call may or may
+    /// not have taken effect before the failure; it is not replayed.
+    #[error("the callee failed with the call in flight, and the call shares its fate: {0}")]
+    SharedFate(String),
     #[error("the callee knows no method {0:?}")]
     UnknownMethod(String),
     #[error("the calling host crashed with the call in flight")]
@@ -77,6 +82,24 @@ impl From<Vec<u8>> for Answer {
 
 /// What a method comes to: its answer, or the error an EXCEPTION carries.
 pub type Outcome = Result<Answer, String>;
+
+/// A call's failure domain (the thesis's §4.2), chosen per call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailureDomain {
+    /// The callee's failure is recovered: the call is held or replayed to
+    /// its replacement and takes effect once.
+    #[default]
+    Recover,
+    /// The call shares its callee's fate: if the callee fails with the
+    /// call unanswered, the caller gets [`RpcError::SharedFate`] at once.
+    ShareFate,
+}
+
+/// The header flag of a call that shares its callee's fate.
+pub const SHARE_FATE_FLAG: u16 = 0x0002;
+/// The header flag of the Gatekeeper's answer for a call whose callee
+/// failed (an EXCEPTION no callee sent).
+pub const CALLEE_FAILED_FLAG: u16 = 0x0004;
 
 /// What a method does; the error becomes an EXCEPTION reply.
 pub trait Service: Send {
@@ -203,6 +226,25 @@ impl Caller {
         self.call_as(now, rpc_id, to, method, pointer, arguments)
     }
 
+    /// Starts a call in a failure domain of its choosing.
+    pub fn call_in(
+        &mut self,
+        now: Timestamp,
+        domain: FailureDomain,
+        to: DatagramEnd,
+        method: &str,
+        pointer: GlobalAddress,
+        arguments: &[u8],
+    ) -> Result<u64, RpcError> {
+        let rpc_id = self.next_rpc_id;
+        let flags = match domain {
+            FailureDomain::Recover => 0,
+            FailureDomain::ShareFate => SHARE_FATE_FLAG,
+        };
+        let call = (rpc_id, to, method, pointer, arguments);
+        self.start_flagged(now, call, None, flags)
+    }
+
     /// Starts a call under a chosen RPC id: a relay numbers its nested
     /// calls after the calls that caused them, so that after a restart it
     /// makes them again under the same ids and the callee drops them as
@@ -265,6 +307,17 @@ impl Caller {
         arguments: &[u8],
         checkpoint: Option<&[u8]>,
     ) -> Result<u64, RpcError> {
+        let call = (rpc_id, to, method, pointer, arguments);
+        self.start_flagged(now, call, checkpoint, 0)
+    }
+
+    fn start_flagged(
+        &mut self,
+        now: Timestamp,
+        (rpc_id, to, method, pointer, arguments): (u64, DatagramEnd, &str, GlobalAddress, &[u8]),
+        checkpoint: Option<&[u8]>,
+        flags: u16,
+    ) -> Result<u64, RpcError> {
         if self.outstanding.len() >= MAX_OUTSTANDING {
             return Err(RpcError::TooManyOutstanding(self.outstanding.len()));
         }
@@ -272,6 +325,7 @@ impl Caller {
             return Err(RpcError::IdInUse(rpc_id));
         }
         let mut repr = BifrostRepr::new(CallType::Call, method, rpc_id, pointer)?;
+        repr.flags |= flags;
         self.next_rpc_id = self.next_rpc_id.max(rpc_id.saturating_add(1));
         let payload = match checkpoint {
             Some(checkpoint) => {
@@ -321,6 +375,9 @@ impl Caller {
         };
         let outcome = match header.call_type() {
             CallType::Reply => Ok(body.to_vec()),
+            CallType::Exception if header.flags() & CALLEE_FAILED_FLAG != 0 => {
+                Err(RpcError::SharedFate(String::from_utf8_lossy(body).into()))
+            }
             CallType::Exception => Err(RpcError::Exception(String::from_utf8_lossy(body).into())),
             CallType::Call | CallType::Oneway => {
                 self.counters.malformed += 1;

@@ -469,3 +469,23 @@ fn a_call_never_answered_expires_from_the_graph() {
     assert_eq!(switch.program().edges().count(), 1);
     assert!(switch.program().edges().all(|edge| edge.since == at(20)));
 }
+
+/// Calls that share their callee's fate fail with it, answered by the
+/// Gatekeeper at the failure, and are never replayed; the rest recover
+/// and take effect once.
+#[test]
+fn calls_that_share_fate_fail_with_their_callee_and_the_rest_recover() {
+    use remora_bifrost::rpc::scenario::failover_with;
+    let faults = remora_sim::LinkFaults::NONE;
+    let mut shared = 0;
+    for seed in 0..6 {
+        let outcome = failover_with(seed, faults, (600, 300), Duration::from_millis(1), Some(2))
+            .unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+        shared += outcome.shared_fate;
+        assert!(
+            outcome.shared_fate <= outcome.in_flight_at_failure as u64 + outcome.held,
+            "seed {seed}: {outcome:?}"
+        );
+    }
+    assert!(shared > 0, "some call shared a failed node's fate");
+}

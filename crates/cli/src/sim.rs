@@ -21,7 +21,9 @@ pub enum SimCommand {
     /// checkpoint); a chain A calls B calls C whose middle crashes and
     /// restarts in place; and the head caller crashes and comes back from
     /// the checkpoint its calls carried. Every call must take effect
-    /// exactly once (the answers are exactly the counts 1..=calls). Each
+    /// exactly once (the answers are exactly the counts 1..=calls); on odd
+    /// seeds every third call shares its callee's fate instead, and those
+    /// in flight at the crash must fail with it, each once. Each
     /// seed also audits the ACL: random allocs, calls, replies, frees,
     /// READs and WRITEs through the Gatekeeper, every verdict checked
     /// against a plain model, every refusal answered by one NAK.
@@ -202,6 +204,10 @@ fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, SimError> {
     println!(
         "  recovery, the Gatekeeper's detection (1 ms heartbeat timeout) to the spare's first answer: p50 {:.0} us, max {:.0} us (virtual)",
         report.recovery_p50_us, report.recovery_max_us
+    );
+    println!(
+        "  calls that shared the failed node's fate (odd seeds, every third call), answered with its failure: {}",
+        report.shared_fate
     );
     println!(
         "  ACL audit: {} READs and WRITEs through the Gatekeeper, {} allowed, each verdict as the model says",

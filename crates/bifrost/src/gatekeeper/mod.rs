@@ -35,6 +35,7 @@ use remora_wire::bifrost::{
     BifrostHeader, BifrostRepr, CallType, ExportRepr, GlobalAddress, HeartbeatRepr, NodeMessage,
     BIFROST_PORT, CONTROL_PORT, HEADER_LEN, METHOD_NAME_LEN,
 };
+use remora_wire::datagram::{emit_datagram, DatagramEnd, DATAGRAM_HEADERS_LEN};
 use remora_wire::ipv4::Ipv4Packet;
 use remora_wire::Ipv4Address;
 use std::collections::VecDeque;
@@ -78,6 +79,10 @@ pub struct CallEdge {
     /// The call lent its DSM pointer to the callee: what the caller had
     /// on it before, given back with the reply.
     pub caller_rights: Option<Rights>,
+    /// The call shares its callee's fate (`rpc::SHARE_FATE_FLAG`): if the
+    /// callee fails, the Gatekeeper answers the caller with a failure
+    /// instead of holding or replaying the call.
+    pub shares_fate: bool,
 }
 
 /// Why a control-plane request was refused.
@@ -138,6 +143,9 @@ pub struct GatekeeperCounters {
     /// (and kept frames) expired, so a caller that gave up cannot fill
     /// the graph.
     pub calls_expired: u64,
+    /// Calls that shared a failed callee's fate, answered with the failure
+    /// by the Gatekeeper.
+    pub fate_shared: u64,
     /// Calls whose pointer could not be lent to the callee (the caller
     /// holds no rights on it, or it has no rules, or its grants are
     /// full): routed, and the callee's accesses are refused.
@@ -216,6 +224,9 @@ pub struct Gatekeeper {
     detected: VecDeque<Ipv4Address>,
     /// The ACL on RDMA to the DSM's memory nodes.
     memory: MemoryStage,
+    /// The switch's own MAC, as calls to the service address carry it:
+    /// the Gatekeeper's own answers are addressed to it, for routing.
+    router_mac: Option<remora_wire::MacAddress>,
     counters: GatekeeperCounters,
 }
 
@@ -349,6 +360,7 @@ impl Gatekeeper {
             packet_outs: VecDeque::new(),
             detected: VecDeque::new(),
             memory: MemoryStage::new(config.memory),
+            router_mac: None,
             counters: GatekeeperCounters::default(),
         }
     }
@@ -562,14 +574,72 @@ impl Gatekeeper {
     }
 
     /// The control plane saw `node` fail (a missed heartbeat): calls to it
-    /// are held from now on. Returns the calls in flight to it.
+    /// are held from now on, and those in flight to it that share its fate
+    /// are answered with the failure at once. Returns the calls in flight
+    /// to it that will be recovered.
     pub fn mark_failed(&mut self, node: Ipv4Address) -> Result<usize, GatekeeperError> {
         let info = self
             .nodes
             .lookup_mut(&node)
             .ok_or(GatekeeperError::UnknownNode(node))?;
         info.status = NodeStatus::Failed;
+        let mut sharing: Vec<CallKey> = self
+            .graph
+            .iter()
+            .filter(|(_, edge)| edge.callee == node && edge.shares_fate)
+            .map(|(key, _)| *key)
+            .collect();
+        // One order for every run of a seed, whatever the table's.
+        sharing.sort_unstable_by_key(|(caller, port, rpc_id)| (caller.0, *port, *rpc_id));
+        for key in sharing {
+            self.call_frames.remove(&key);
+            if let Some(edge) = self.graph.remove(&key) {
+                self.settle_pointers(&edge, GlobalAddress::NULL);
+                self.answer_failed(&edge);
+            }
+        }
         Ok(self.edges().filter(|edge| edge.callee == node).count())
+    }
+
+    /// Answers a call that shares its callee's fate, in the callee's
+    /// stead: an EXCEPTION flagged `CALLEE_FAILED_FLAG`, from the service
+    /// address, sent back into the pipeline (routing takes it to the
+    /// caller).
+    fn answer_failed(&mut self, edge: &CallEdge) {
+        let Some(router) = self.router_mac else {
+            return;
+        };
+        let name_length = edge
+            .method
+            .iter()
+            .position(|&byte| byte == 0)
+            .unwrap_or(METHOD_NAME_LEN);
+        let method = std::str::from_utf8(&edge.method[..name_length]).unwrap_or("");
+        let Ok(mut repr) = BifrostRepr::new(CallType::Exception, method, edge.rpc_id, edge.pointer)
+        else {
+            return;
+        };
+        repr.flags = crate::rpc::CALLEE_FAILED_FLAG;
+        let body = format!("callee {:?} failed", edge.callee);
+        let mut payload = vec![0u8; HEADER_LEN + body.len()];
+        repr.emit(&mut payload).expect("the buffer holds a header");
+        payload[HEADER_LEN..].copy_from_slice(body.as_bytes());
+        let from = DatagramEnd {
+            mac: router,
+            address: self.service_address,
+            port: BIFROST_PORT,
+        };
+        let to = DatagramEnd {
+            mac: router,
+            address: edge.caller,
+            port: edge.caller_port,
+        };
+        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
+        if let Ok(length) = emit_datagram(from, to, &payload, &mut frame) {
+            frame.truncate(length);
+            self.packet_outs.push_back(frame);
+            self.counters.fate_shared += 1;
+        }
     }
 
     /// `replacement` takes over every method of the failed node, whose
@@ -755,11 +825,30 @@ impl Gatekeeper {
             self.counters.unrouted += 1;
             return self.fail(packet, 1);
         };
-        if self
+        self.router_mac = Some(packet.headers.destination_mac);
+        let shares_fate = header.flags() & crate::rpc::SHARE_FATE_FLAG != 0;
+        let node_failed = self
             .nodes
             .lookup(&node)
-            .is_none_or(|info| info.status == NodeStatus::Failed)
-        {
+            .is_none_or(|info| info.status == NodeStatus::Failed);
+        if node_failed && shares_fate {
+            let (caller, caller_port) = caller_of(packet, udp);
+            let edge = CallEdge {
+                caller,
+                caller_port,
+                rpc_id: header.rpc_id(),
+                callee: node,
+                method: key,
+                pointer: GlobalAddress::NULL,
+                since: now,
+                caller_rights: None,
+                shares_fate,
+            };
+            self.answer_failed(&edge);
+            packet.egress = Egress::Drop;
+            return Claim::Taken;
+        }
+        if node_failed {
             if self.held.len() >= self.held_capacity {
                 self.counters.held_dropped += 1;
                 return self.fail(packet, 3);
@@ -779,6 +868,7 @@ impl Gatekeeper {
             pointer: header.global_address(),
             since: now,
             caller_rights: None,
+            shares_fate,
         };
         let oneway = header.call_type() == CallType::Oneway;
         let key = (caller, caller_port, edge.rpc_id);

@@ -124,6 +124,14 @@ pub struct ClientAgent {
     pub answered_at: Vec<Timestamp>,
     port: AgentPort,
     checkpoints: Option<CallerProgress>,
+    /// Every n-th call (the first included) shares its callee's fate.
+    share_fate_every: Option<u64>,
+}
+
+/// Whether a [`ClientAgent`]'s `index`-th call (RPC id `index + 1`)
+/// shares its callee's fate, with every `every`-th doing so.
+pub fn shares_fate(index: u64, every: Option<u64>) -> bool {
+    every.is_some_and(|every| index.is_multiple_of(every))
 }
 
 /// What a checkpointing client keeps to take its checkpoints.
@@ -157,7 +165,21 @@ impl ClientAgent {
             answered_at: Vec::new(),
             port: AgentPort::new(udp_port, INBOX_DEPTH),
             checkpoints: None,
+            share_fate_every: None,
         }
+    }
+
+    /// Every `every`-th call shares its callee's fate
+    /// ([`super::FailureDomain::ShareFate`]); the rest are recovered. (A
+    /// client with checkpoints recovers every call.)
+    pub fn share_fate_every(mut self, every: u64) -> ClientAgent {
+        self.share_fate_every = Some(every.max(1));
+        self
+    }
+
+    /// Whether the call issued `index`-th shares its callee's fate.
+    pub fn shares_fate(&self, index: u64) -> bool {
+        shares_fate(index, self.share_fate_every)
     }
 
     /// Every call carries the caller's checkpoint, and a crash loses the
@@ -222,8 +244,14 @@ impl ClientAgent {
         let arguments = self.issued.to_be_bytes();
         let rpc_id = self.caller.next_rpc_id();
         let Some(progress) = self.checkpoints.as_mut() else {
-            self.caller.call(
+            let domain = if self.shares_fate(self.issued) {
+                super::FailureDomain::ShareFate
+            } else {
+                super::FailureDomain::Recover
+            };
+            self.caller.call_in(
                 now,
+                domain,
                 self.callee,
                 self.method,
                 GlobalAddress::NULL,

@@ -80,6 +80,8 @@ pub enum ScenarioError {
     WrongDetection {
         detected: Vec<remora_wire::Ipv4Address>,
     },
+    #[error("call {rpc_id} failed with its callee but was to be recovered")]
+    UnsharedFate { rpc_id: u64 },
     #[error("the ACL audit: {0}")]
     Acl(#[from] crate::gatekeeper::audit::AclViolation),
 }
@@ -173,6 +175,16 @@ fn run_client_to_the_end(rack: &mut impl Rack) -> Result<(Answers, u64), Scenari
 
 /// Each answer is a distinct count, and together they are 1..=calls.
 fn check_counts(answers: Answers, calls: u64) -> Result<(), ScenarioError> {
+    let counts = check_distinct_counts(answers, calls)?;
+    if counts != (1..=calls).collect() {
+        return Err(ScenarioError::WrongAnswers { calls });
+    }
+    Ok(())
+}
+
+/// Each answer is a count no other answer has (no call took effect twice
+/// as its caller saw it); returns them.
+fn check_distinct_counts(answers: Answers, calls: u64) -> Result<BTreeSet<u64>, ScenarioError> {
     let mut counts = BTreeSet::new();
     for (rpc_id, outcome) in answers {
         let bytes = outcome.map_err(|error| ScenarioError::CallFailed { rpc_id, error })?;
@@ -183,10 +195,30 @@ fn check_counts(answers: Answers, calls: u64) -> Result<(), ScenarioError> {
             return Err(ScenarioError::WrongAnswers { calls });
         }
     }
-    if counts != (1..=calls).collect() {
-        return Err(ScenarioError::WrongAnswers { calls });
+    Ok(counts)
+}
+
+/// Takes the calls that failed with their callee out of `answers`: each
+/// must be one that shares its callee's fate (the client's `index`-th
+/// call has RPC id `index + 1`). Returns the rest and how many failed.
+fn split_shared_fate(
+    answers: Answers,
+    share_fate_every: Option<u64>,
+) -> Result<(Answers, u64), ScenarioError> {
+    let mut rest = Vec::with_capacity(answers.len());
+    let mut failed = 0;
+    for (rpc_id, outcome) in answers {
+        match outcome {
+            Err(RpcError::SharedFate(_)) => {
+                if !super::agents::shares_fate(rpc_id - 1, share_fate_every) {
+                    return Err(ScenarioError::UnsharedFate { rpc_id });
+                }
+                failed += 1;
+            }
+            outcome => rest.push((rpc_id, outcome)),
+        }
     }
-    Ok(())
+    Ok((rest, failed))
 }
 
 /// The Gatekeeper's service address in [`failover`].
@@ -217,6 +249,9 @@ pub struct Failover {
     /// replacement's start ([`REPLACEMENT_START`]), the routes moved and
     /// the switch's replay (virtual time).
     pub recovery_time: Duration,
+    /// Calls that shared the failed node's fate and were answered with
+    /// its failure (none unless some calls share fate).
+    pub shared_fate: u64,
 }
 
 /// How often [`failover`]'s nodes send heartbeats.
@@ -241,6 +276,23 @@ pub fn failover(
     calls: u64,
     crash_after: u64,
     heartbeat_timeout: Duration,
+) -> Result<Failover, ScenarioError> {
+    failover_with(seed, faults, (calls, crash_after), heartbeat_timeout, None)
+}
+
+/// [`failover`], with every `share_fate_every`-th call sharing its
+/// callee's fate: those in flight when the node fails are answered with
+/// the failure ([`RpcError::SharedFate`]) and never replayed; the rest
+/// are recovered. Checks that every call got one outcome, that only calls
+/// that share fate failed, that the answers are distinct counts, and that
+/// the final count is the successful calls plus at most one for each call
+/// that failed with the node (it may have run before the failure).
+pub fn failover_with(
+    seed: u64,
+    faults: LinkFaults,
+    (calls, crash_after): (u64, u64),
+    heartbeat_timeout: Duration,
+    share_fate_every: Option<u64>,
 ) -> Result<Failover, ScenarioError> {
     use crate::gatekeeper::{Gatekeeper, GatekeeperConfig, NodeKind};
     use remora_rack::topology::{standard_host, HostSpec, Role};
@@ -268,6 +320,10 @@ pub fn failover(
     }
     let caller = Caller::new(Duration::from_micros(50), 100_000);
     let client = ClientAgent::new(caller, service, "increment", 40000, calls, 8);
+    let client = match share_fate_every {
+        Some(every) => client.share_fate_every(every),
+        None => client,
+    };
     stage.add_agent(COMPUTE_HOST, Box::new(client));
     let (node, spare) = (
         topology.host(MEMORY_HOST).address,
@@ -316,7 +372,13 @@ pub fn failover(
     let checkpoint_covers = super::checkpoint::Checkpoint::decode(&checkpoint)?.sequence;
     rack.with_program(|program| program.recover(node, spare))?;
     let (answers, _) = run_client_to_the_end(&mut rack)?;
-    check_counts(answers, calls)?;
+    let (answers, shared_fate) = split_shared_fate(answers, share_fate_every)?;
+    let successes = answers.len() as u64;
+    if share_fate_every.is_none() {
+        check_counts(answers, calls)?;
+    } else {
+        check_distinct_counts(answers, calls)?;
+    }
     // The first answer after the routes moved: the replacement served.
     let first_answer_after = rack
         .with_agent::<ClientAgent, _>(COMPUTE_HOST, 0, |client| {
@@ -343,11 +405,13 @@ pub fn failover(
         .flatten()
         .and_then(|state| state.try_into().ok().map(u64::from_be_bytes))
         .ok_or(ScenarioError::MissingAgent("spare"))?;
-    if count != calls {
+    // Each call that failed with the node may have run before it failed.
+    if count < successes || count > successes + shared_fate {
         return Err(ScenarioError::WrongFinalCount { calls, count });
     }
     let counters = rack.with_program(|program| program.counters());
     Ok(Failover {
+        shared_fate,
         calls,
         executed_before,
         executed_by_spare,
@@ -488,6 +552,9 @@ pub struct CampaignReport {
     pub passed: u64,
     pub calls: u64,
     pub held: u64,
+    /// Calls that shared a failed callee's fate (odd seeds: every third
+    /// call) and were answered with the failure, never replayed.
+    pub shared_fate: u64,
     /// Calls the switch replayed to replacements.
     pub replayed: u64,
     /// The median and the longest recovery of the failovers, from the
@@ -532,19 +599,28 @@ pub fn crash_campaign(
             down_for: Duration::from_millis(1 + seed % 3),
         };
         let caller_down = Duration::from_micros(100 + 100 * (seed % 5));
-        let outcome = failover(seed, faults, calls, crash_after, Duration::from_millis(1))
-            .and_then(|failover| {
-                chain(seed, faults, calls / 2, Some(middle_crash)).map(|chain| (failover, chain))
-            })
-            .and_then(|(failover, chain)| {
-                caller_crash(seed, faults, calls / 2, crash_after / 2, caller_down)
-                    .map(|caller| (failover, chain, caller))
-            })
-            .and_then(|runs| {
-                crate::gatekeeper::audit::acl_audit(seed, ACL_EVENTS_PER_SEED)
-                    .map(|audit| (runs, audit))
-                    .map_err(ScenarioError::from)
-            });
+        // Odd seeds have every third call share its callee's fate.
+        let share_fate_every = (seed % 2 == 1).then_some(3);
+        let timeout = Duration::from_millis(1);
+        let outcome = failover_with(
+            seed,
+            faults,
+            (calls, crash_after),
+            timeout,
+            share_fate_every,
+        )
+        .and_then(|failover| {
+            chain(seed, faults, calls / 2, Some(middle_crash)).map(|chain| (failover, chain))
+        })
+        .and_then(|(failover, chain)| {
+            caller_crash(seed, faults, calls / 2, crash_after / 2, caller_down)
+                .map(|caller| (failover, chain, caller))
+        })
+        .and_then(|runs| {
+            crate::gatekeeper::audit::acl_audit(seed, ACL_EVENTS_PER_SEED)
+                .map(|audit| (runs, audit))
+                .map_err(ScenarioError::from)
+        });
         each(seed, outcome.is_ok());
         match outcome {
             Ok(((failover, chain, caller), audit)) => {
@@ -554,6 +630,7 @@ pub fn crash_campaign(
                 report.passed += 1;
                 report.calls += failover.calls + chain.calls + caller.calls;
                 report.held += failover.held;
+                report.shared_fate += failover.shared_fate;
                 report.replayed += failover.replayed;
             }
             Err(error) => report.violations.push(Violation {
