@@ -10,18 +10,22 @@ use crate::dsm::client::Dsm;
 use crate::dsm::rack::DsmRackConfig;
 use crate::dsm_service::{DsmServiceRack, DsmServiceRackError};
 use crate::services::{ArraysSyncHandler, ArraysSyncProcessor};
-use crate::transport::{Routing, ThriftService};
+use crate::transport::{Routing, StageClock, ThriftService};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 /// The array services' handler over the DSM. The DSM is set once the rack
 /// that carries it has started.
 pub struct DsmArrays {
     dsm: Arc<OnceLock<Dsm>>,
+    /// Where each call's computation (its DSM reads, the arithmetic, the
+    /// result written back) is timed, if anywhere.
+    compute: Option<Arc<StageClock>>,
 }
 
 impl DsmArrays {
     pub fn new(dsm: Arc<OnceLock<Dsm>>) -> DsmArrays {
-        DsmArrays { dsm }
+        DsmArrays { dsm, compute: None }
     }
 
     fn dsm(&self) -> Result<&Dsm, thrift::Error> {
@@ -42,6 +46,7 @@ impl DsmArrays {
         pointers: &[&idl::GlobalPtr],
         work: impl FnOnce(&[Argument]) -> thrift::Result<Vec<u8>>,
     ) -> thrift::Result<idl::GlobalPtr> {
+        let started = Instant::now();
         let arguments = pointers
             .iter()
             .map(|pointer| from_idl(pointer))
@@ -52,7 +57,11 @@ impl DsmArrays {
                 dsm.forget(argument.allocation);
             }
         }
-        return_array(self.dsm()?, &outcome?)
+        let returned = return_array(self.dsm()?, &outcome?);
+        if let Some(clock) = &self.compute {
+            clock.record(started.elapsed());
+        }
+        returned
     }
 }
 
@@ -101,15 +110,44 @@ pub fn arrays_rack(
     workers: usize,
     routing: Routing,
 ) -> Result<DsmServiceRack, DsmServiceRackError> {
+    arrays_rack_timed(config, workers, routing, None)
+}
+
+/// Where a timed service's calls spend their time: the whole processor
+/// (unmarshalling, the handler, marshalling) and the handler's
+/// computation.
+#[derive(Debug, Clone, Default)]
+pub struct ServerClocks {
+    pub processor: Arc<StageClock>,
+    pub compute: Arc<StageClock>,
+}
+
+/// [`arrays_rack`], with each call's time in the processor and in the
+/// computation recorded in `clocks`.
+pub fn arrays_rack_timed(
+    config: DsmRackConfig,
+    workers: usize,
+    routing: Routing,
+    clocks: Option<ServerClocks>,
+) -> Result<DsmServiceRack, DsmServiceRackError> {
     DsmServiceRack::start(
         config,
         routing,
         &["add_arrays", "increment_array"],
         workers,
         |dsm| {
-            Box::new(ThriftService::new(ArraysSyncProcessor::new(
-                DsmArrays::new(dsm),
-            )))
+            let handler = DsmArrays {
+                dsm,
+                compute: clocks.as_ref().map(|clocks| Arc::clone(&clocks.compute)),
+            };
+            let processor = ArraysSyncProcessor::new(handler);
+            match &clocks {
+                Some(clocks) => Box::new(ThriftService::timed(
+                    processor,
+                    Arc::clone(&clocks.processor),
+                )),
+                None => Box::new(ThriftService::new(processor)),
+            }
         },
     )
 }

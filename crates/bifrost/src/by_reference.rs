@@ -62,7 +62,7 @@ pub fn whole(allocation: GlobalPtr, length: usize) -> Argument {
 
 /// What the caller's library does before a call: one allocation holding
 /// every array, in order, and an argument for each. The call passes the
-/// allocation's pointer in its header ([`crate::transport::PointerSlot`]).
+/// allocation's pointer in its header ([`crate::transport::CallHandle`]).
 pub fn pass_by_reference(
     dsm: &Dsm,
     arrays: &[&[u8]],

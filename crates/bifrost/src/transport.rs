@@ -10,7 +10,7 @@
 //! binary protocol.
 //!
 //! Pointers: a call's header names the one allocation its pointer
-//! arguments share ([`PointerSlot::pass`] before the call), so the
+//! arguments share ([`CallHandle::pass`] before the call), so the
 //! Gatekeeper lends it to the callee; a handler that returns global memory
 //! of its own names it with [`return_pointer`], and the reply's header
 //! carries it, so the Gatekeeper hands its control to the caller.
@@ -23,7 +23,8 @@ use remora_wire::datagram::DatagramEnd;
 use std::cell::{Cell, RefCell};
 use std::io::{self, Cursor, Read, Write};
 use std::rc::Rc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use thrift::protocol::{TBinaryInputProtocol, TBinaryOutputProtocol};
 use thrift::server::TProcessor;
 
@@ -52,18 +53,63 @@ struct Shared<P> {
     path: P,
     outgoing: Vec<u8>,
     incoming: Cursor<Vec<u8>>,
-    pointer: Rc<Cell<GlobalAddress>>,
+    handle: CallHandle,
 }
 
-/// The pointer the next call's header carries: the allocation its
-/// pointer arguments share. Each call takes it, so a call that passes
-/// none carries none.
-#[derive(Clone)]
-pub struct PointerSlot(Rc<Cell<GlobalAddress>>);
+/// When a client's last call had its message complete (the generated
+/// client's marshalling done, the call handed to the path) and when its
+/// reply came back (the client's unmarshalling then begins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallTiming {
+    pub flushed_at: Instant,
+    pub answered_at: Instant,
+}
 
-impl PointerSlot {
+/// What an application holds beside a generated client: the pointer the
+/// next call's header carries (the allocation its pointer arguments
+/// share; each call takes it, so a call that passes none carries none),
+/// and the last call's timing.
+#[derive(Clone, Default)]
+pub struct CallHandle {
+    pointer: Rc<Cell<Option<GlobalAddress>>>,
+    timing: Rc<Cell<Option<CallTiming>>>,
+}
+
+impl CallHandle {
     pub fn pass(&self, pointer: GlobalAddress) {
-        self.0.set(pointer);
+        self.pointer.set(Some(pointer));
+    }
+
+    pub fn last_timing(&self) -> Option<CallTiming> {
+        self.timing.get()
+    }
+}
+
+/// Time spent in one stage, summed over calls, shared between threads (a
+/// server's workers record into it; a benchmark reads the mean).
+#[derive(Debug, Default)]
+pub struct StageClock {
+    total_ns: AtomicU64,
+    count: AtomicU64,
+}
+
+impl StageClock {
+    pub fn record(&self, spent: Duration) {
+        let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
+        self.total_ns.fetch_add(nanos, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The mean since the last reset, and how many calls it covers.
+    pub fn mean(&self) -> (Duration, u64) {
+        let count = self.count.load(Ordering::Relaxed);
+        let total = self.total_ns.load(Ordering::Relaxed);
+        (Duration::from_nanos(total / count.max(1)), count)
+    }
+
+    pub fn reset(&self) {
+        self.total_ns.store(0, Ordering::Relaxed);
+        self.count.store(0, Ordering::Relaxed);
     }
 }
 
@@ -72,20 +118,16 @@ pub struct ReadHalf<P>(Rc<RefCell<Shared<P>>>);
 /// A generated client's output half.
 pub struct WriteHalf<P>(Rc<RefCell<Shared<P>>>);
 
-/// The two halves over `path`, and the slot for the next call's pointer.
-pub fn client_transport<P: CallPath>(path: P) -> (ReadHalf<P>, WriteHalf<P>, PointerSlot) {
-    let pointer = Rc::new(Cell::new(GlobalAddress::NULL));
+/// The two halves over `path`, and the handle on the client's calls.
+pub fn client_transport<P: CallPath>(path: P) -> (ReadHalf<P>, WriteHalf<P>, CallHandle) {
+    let handle = CallHandle::default();
     let shared = Rc::new(RefCell::new(Shared {
         path,
         outgoing: Vec::new(),
         incoming: Cursor::new(Vec::new()),
-        pointer: Rc::clone(&pointer),
+        handle: handle.clone(),
     }));
-    (
-        ReadHalf(Rc::clone(&shared)),
-        WriteHalf(shared),
-        PointerSlot(pointer),
-    )
+    (ReadHalf(Rc::clone(&shared)), WriteHalf(shared), handle)
 }
 
 /// A generated client's protocols over Bifröst.
@@ -101,9 +143,9 @@ pub fn client_protocols<P: CallPath>(path: P) -> ClientProtocols<P> {
     protocols
 }
 
-/// Protocols over the halves, and the slot through which calls pass
+/// Protocols over the halves, and the handle through which calls pass
 /// their pointer arguments' allocation.
-pub fn client_protocols_passing<P: CallPath>(path: P) -> (ClientProtocols<P>, PointerSlot) {
+pub fn client_protocols_passing<P: CallPath>(path: P) -> (ClientProtocols<P>, CallHandle) {
     let (read, write, slot) = client_transport(path);
     let protocols = (
         TBinaryInputProtocol::new(read, true),
@@ -136,11 +178,17 @@ impl<P: CallPath> Write for WriteHalf<P> {
                 )
             })?
             .to_owned();
-        let pointer = shared.pointer.replace(GlobalAddress::NULL);
+        let pointer = shared.handle.pointer.take().unwrap_or(GlobalAddress::NULL);
+        let flushed_at = Instant::now();
         let reply = shared
             .path
             .call(&method, pointer, &message)
             .map_err(io::Error::other)?;
+        let timing = CallTiming {
+            flushed_at,
+            answered_at: Instant::now(),
+        };
+        shared.handle.timing.set(Some(timing));
         shared.incoming = Cursor::new(reply);
         Ok(())
     }
@@ -149,11 +197,25 @@ impl<P: CallPath> Write for WriteHalf<P> {
 /// A generated processor as a Bifröst service.
 pub struct ThriftService<P: TProcessor + Send> {
     processor: P,
+    /// Where the time each call spends in the processor goes, if timed.
+    clock: Option<std::sync::Arc<StageClock>>,
 }
 
 impl<P: TProcessor + Send> ThriftService<P> {
     pub fn new(processor: P) -> ThriftService<P> {
-        ThriftService { processor }
+        ThriftService {
+            processor,
+            clock: None,
+        }
+    }
+
+    /// Records each call's time in the processor (unmarshalling, the
+    /// handler, marshalling) in `clock`.
+    pub fn timed(processor: P, clock: std::sync::Arc<StageClock>) -> ThriftService<P> {
+        ThriftService {
+            processor,
+            clock: Some(clock),
+        }
     }
 }
 
@@ -175,7 +237,11 @@ impl<P: TProcessor + Send> Service for ThriftService<P> {
         let mut input = TBinaryInputProtocol::new(arguments, true);
         let mut output = TBinaryOutputProtocol::new(Vec::new(), true);
         RETURNED.with(|returned| returned.set(None));
+        let started = Instant::now();
         let processed = self.processor.process(&mut input, &mut output);
+        if let Some(clock) = &self.clock {
+            clock.record(started.elapsed());
+        }
         let pointer = RETURNED.with(|returned| returned.take());
         processed.map_err(|error| error.to_string())?;
         Ok(crate::rpc::Answer {

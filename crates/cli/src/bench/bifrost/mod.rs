@@ -5,6 +5,8 @@
 //! against the same Thrift service over TCP on loopback (TCP_NODELAY)
 //! and a raw UDP ping-pong, in one run.
 
+mod breakdown;
+
 use super::report::{Host, Report};
 use hdrhistogram::Histogram;
 use remora_bifrost::arrays::arrays_rack;
@@ -19,8 +21,8 @@ use remora_bifrost::services::{
     TEchoSyncClient, TPingSyncClient,
 };
 use remora_bifrost::transport::{
-    client_protocols, client_protocols_passing, PointerSlot, RackPath, Routing, ServiceRack,
-    ThriftService,
+    client_protocols, client_protocols_passing, CallHandle, RackPath, Routing, ServiceRack,
+    StageClock, ThriftService,
 };
 use std::io::{BufReader, BufWriter};
 use std::net::{TcpListener, TcpStream};
@@ -94,21 +96,39 @@ fn bifrost_ping(duration: Duration, routing: Routing) -> Result<Histogram<u64>, 
 fn thrift_over_tcp<P: TProcessor + Send + 'static>(
     processor: P,
 ) -> Result<TcpClient, BifrostBenchError> {
+    thrift_over_tcp_with(processor, None, &breakdown::StreamClock::default())
+}
+
+/// [`thrift_over_tcp`], timed: the server records in `server_clock` each
+/// call's time from its request's first bytes to its reply written, and
+/// the client's stream notes in `client_clock` when it flushed and when
+/// its reply's first bytes came.
+fn thrift_over_tcp_with<P: TProcessor + Send + 'static>(
+    processor: P,
+    server_clock: Option<std::sync::Arc<StageClock>>,
+    client_clock: &breakdown::StreamClock,
+) -> Result<TcpClient, BifrostBenchError> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let address = listener.local_addr()?;
     let server = std::thread::spawn(move || -> Result<(), thrift::Error> {
         let (stream, _) = listener.accept()?;
         stream.set_nodelay(true)?;
-        let mut input = TBinaryInputProtocol::new(BufReader::new(stream.try_clone()?), true);
-        let mut output = TBinaryOutputProtocol::new(BufWriter::new(stream), true);
+        let clock = breakdown::StreamClock::default();
+        let (mut input, mut output) = timed_protocols(stream, &clock)?;
         // Until the client hangs up.
-        while processor.process(&mut input, &mut output).is_ok() {}
-        Ok(())
+        loop {
+            clock.expect_reply();
+            if processor.process(&mut input, &mut output).is_err() {
+                return Ok(());
+            }
+            if let (Some(server_clock), Some(arrived)) = (&server_clock, clock.first_read()) {
+                server_clock.record(arrived.elapsed());
+            }
+        }
     });
     let stream = TcpStream::connect(address)?;
     stream.set_nodelay(true)?;
-    let input = TBinaryInputProtocol::new(BufReader::new(stream.try_clone()?), true);
-    let output = TBinaryOutputProtocol::new(BufWriter::new(stream.try_clone()?), true);
+    let (input, output) = timed_protocols(stream.try_clone()?, client_clock)?;
     Ok(TcpClient {
         input,
         output,
@@ -117,8 +137,34 @@ fn thrift_over_tcp<P: TProcessor + Send + 'static>(
     })
 }
 
-type TcpInput = TBinaryInputProtocol<BufReader<TcpStream>>;
-type TcpOutput = TBinaryOutputProtocol<BufWriter<TcpStream>>;
+/// Bytes a TCP end buffers before it writes: a whole message of the
+/// largest size measured, so that each message leaves in one write at the
+/// flush, as Thrift's buffered transport sends it, and marshalling and
+/// sending do not overlap in the breakdown.
+const TCP_BUFFER_BYTES: usize = 5 << 20;
+
+/// Binary protocols over `stream`, both halves noting their times in
+/// `clock`.
+fn timed_protocols(
+    stream: TcpStream,
+    clock: &breakdown::StreamClock,
+) -> std::io::Result<(TcpInput, TcpOutput)> {
+    let reader = breakdown::TimedReader {
+        inner: stream.try_clone()?,
+        clock: clock.clone(),
+    };
+    let writer = breakdown::TimedWriter {
+        inner: stream,
+        clock: clock.clone(),
+    };
+    Ok((
+        TBinaryInputProtocol::new(BufReader::new(reader), true),
+        TBinaryOutputProtocol::new(BufWriter::with_capacity(TCP_BUFFER_BYTES, writer), true),
+    ))
+}
+
+type TcpInput = TBinaryInputProtocol<BufReader<breakdown::TimedReader<TcpStream>>>;
+type TcpOutput = TBinaryOutputProtocol<BufWriter<breakdown::TimedWriter<TcpStream>>>;
 
 struct TcpClient {
     input: TcpInput,
@@ -330,22 +376,41 @@ fn echo(sizes: &[usize], duration: Duration) -> EchoFigures {
 
 type EchoFigures = Result<Vec<(usize, Histogram<u64>, Histogram<u64>)>, BifrostBenchError>;
 
-/// The by-value baseline's handler.
-struct ArraysByValue;
+/// The by-value baseline's handler; with a clock, each call's
+/// computation is timed.
+#[derive(Default)]
+struct ArraysByValue {
+    compute: Option<std::sync::Arc<StageClock>>,
+}
+
+impl ArraysByValue {
+    fn timed<T>(&self, work: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let result = work();
+        if let Some(clock) = &self.compute {
+            clock.record(started.elapsed());
+        }
+        result
+    }
+}
 
 impl ArraysByValueSyncHandler for ArraysByValue {
     fn handle_increment_array(&self, mut array: Vec<u8>, value: i8) -> thrift::Result<Vec<u8>> {
-        array
-            .iter_mut()
-            .for_each(|byte| *byte = byte.wrapping_add(value as u8));
-        Ok(array)
+        self.timed(|| {
+            array
+                .iter_mut()
+                .for_each(|byte| *byte = byte.wrapping_add(value as u8));
+            Ok(array)
+        })
     }
 
     fn handle_add_arrays(&self, mut a: Vec<u8>, b: Vec<u8>) -> thrift::Result<Vec<u8>> {
-        a.iter_mut()
-            .zip(&b)
-            .for_each(|(x, y)| *x = x.wrapping_add(*y));
-        Ok(a)
+        self.timed(|| {
+            a.iter_mut()
+                .zip(&b)
+                .for_each(|(x, y)| *x = x.wrapping_add(*y));
+            Ok(a)
+        })
     }
 }
 
@@ -430,7 +495,7 @@ type BifrostArraysClient = ArraysSyncClient<
 /// the header, a new array of the service's back. Returns that array.
 fn call_by_reference(
     client: &mut BifrostArraysClient,
-    pointer: &PointerSlot,
+    pointer: &CallHandle,
     workload: ArraysWorkload,
     (inputs, arguments): &(GlobalPtr, Vec<Argument>),
 ) -> Result<Argument, BifrostBenchError> {
@@ -553,7 +618,7 @@ fn by_value(
         output,
         stream,
         server,
-    } = thrift_over_tcp(ArraysByValueSyncProcessor::new(ArraysByValue))?;
+    } = thrift_over_tcp(ArraysByValueSyncProcessor::new(ArraysByValue::default()))?;
     let mut thrift = ArraysByValueSyncClient::new(input, output);
     let mut figures = Vec::new();
     for &bytes in sizes {
@@ -649,6 +714,54 @@ fn report_arrays(
         })
 }
 
+/// Prints the Fig. 7.8 breakdowns and records each stage's mean, and the
+/// whole figure as a series.
+fn report_breakdowns(report: &mut Report, breakdowns: &[breakdown::Breakdown]) {
+    println!("\nlatency breakdown, 16 KiB arrays (Fig. 7.8), mean us per call:");
+    let labels: Vec<String> = breakdowns
+        .iter()
+        .map(|figure| format!("{} {}", figure.workload.name(), figure.system))
+        .collect();
+    print!("{:<38}", "stage");
+    for label in &labels {
+        print!(" {label:>30}");
+    }
+    println!();
+    for (index, stage) in breakdown::STAGES.iter().enumerate() {
+        print!("{stage:<38}");
+        for (figure, label) in breakdowns.iter().zip(&labels) {
+            let micros = figure.stages_us[index];
+            print!(" {micros:>30.1}");
+            report.add(&format!("breakdown {label}"), stage, micros, "us");
+        }
+        println!();
+    }
+    print!("{:<38}", "total");
+    for figure in breakdowns {
+        print!(" {:>30.1}", figure.stages_us.iter().sum::<f64>());
+    }
+    println!();
+    let mut series = serde_json::Map::new();
+    for (figure, label) in breakdowns.iter().zip(labels) {
+        report.add(
+            &format!("breakdown {label}"),
+            "calls",
+            figure.calls as f64,
+            "calls",
+        );
+        let stages: serde_json::Map<String, serde_json::Value> = breakdown::STAGES
+            .iter()
+            .zip(figure.stages_us)
+            .map(|(stage, micros)| ((*stage).to_string(), serde_json::json!(micros)))
+            .collect();
+        series.insert(label, serde_json::Value::Object(stages));
+    }
+    report.series.insert(
+        "fig7_8_breakdown_us".into(),
+        serde_json::Value::Object(series),
+    );
+}
+
 /// Adds a variant's mean, p50 and p99 in µs (metrics `{prefix}mean` and so
 /// on) to the report; returns them.
 fn record_latencies(
@@ -685,7 +798,7 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
             "gatekeeper": "the switch runs the Gatekeeper overlay: calls go to its service address and are routed by method, tracked in the RPC graph, and digested; the bypass runs plain L2/L3 forwarding to the host's own address",
             "thrift_udp": "the same generated code, one Thrift message per UDP datagram on loopback",
             "caveat": "the TCP and Thrift-over-UDP ends block in the kernel (as Thrift's servers do) while Bifröst's fabric thread and the raw UDP ping-pong poll: on this 2-core VM a blocking wake-up costs tens of microseconds, which raw TCP's own p50 shows",
-            "not_built": "the latency breakdown of the thesis's Fig. 7.8",
+            "breakdown": "Fig. 7.8: 16 KiB arrays, Bifröst by reference through the Gatekeeper against Thrift by value over TCP; client stages timed per call, server stages as the server's means over the same calls; Bifröst's network includes its RPC runtime, the switch and the worker pool's hand-over",
         }),
         host: Host::probe(),
         results: Vec::new(),
@@ -813,6 +926,8 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
         named.push((name, vs_thrift, target));
         named.push((overhead, vs_bypass, "(reported: the ACL's cost)"));
     }
+    let calls = if quick { 100 } else { 500 };
+    report_breakdowns(&mut report, &breakdown::breakdowns(calls)?);
     // Recovery after a crash, in the simulator (virtual time): the
     // serving node falls silent, the Gatekeeper finds it failed by its
     // missed heartbeats and holds its calls, the control plane starts a
