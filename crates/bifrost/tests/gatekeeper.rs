@@ -489,3 +489,29 @@ fn calls_that_share_fate_fail_with_their_callee_and_the_rest_recover() {
     }
     assert!(shared > 0, "some call shared a failed node's fate");
 }
+
+/// The middle of a chain A calls B calls C fails for good and a fresh
+/// relay on another host takes its place: the Gatekeeper replays the
+/// head's calls to it, and its nested calls leave under the middle's
+/// address, so the tail answers those it ran before from memory. Every
+/// call from the head takes effect once at the tail.
+#[test]
+fn a_middle_service_replaced_on_another_host_keeps_every_call_exactly_once() {
+    use remora_bifrost::rpc::scenario::chain_replaced;
+    let faults = remora_sim::LinkFaults {
+        loss: remora_sim::Probability::literal(0.05),
+        duplicate: remora_sim::Probability::literal(0.02),
+        ..remora_sim::LinkFaults::NONE
+    };
+    let mut answered_from_memory = 0;
+    for seed in 0..10 {
+        let outcome = chain_replaced(seed, faults, 400, 50 + seed * 30)
+            .unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+        assert_eq!(outcome.executed_at_tail, 400, "seed {seed}");
+        answered_from_memory += outcome.duplicates_at_tail;
+    }
+    assert!(
+        answered_from_memory > 0,
+        "the tail answered some replayed nested call from memory"
+    );
+}

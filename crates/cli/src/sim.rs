@@ -19,7 +19,9 @@ pub enum SimCommand {
     /// point (the Gatekeeper finds it by its missed heartbeats, holds its
     /// calls and replays them to a spare started from the node's last
     /// checkpoint); a chain A calls B calls C whose middle crashes and
-    /// restarts in place; and the head caller crashes and comes back from
+    /// restarts in place (even seeds) or is replaced on another host that
+    /// takes its place (odd seeds); and the head caller crashes and comes
+    /// back from
     /// the checkpoint its calls carried. Every call must take effect
     /// exactly once (the answers are exactly the counts 1..=calls); on odd
     /// seeds every third call shares its callee's fate instead, and those

@@ -146,6 +146,8 @@ pub struct GatekeeperCounters {
     /// Calls that shared a failed callee's fate, answered with the failure
     /// by the Gatekeeper.
     pub fate_shared: u64,
+    /// RPC datagrams readdressed for a node standing in for a failed one.
+    pub stood_in: u64,
     /// Calls whose pointer could not be lent to the callee (the caller
     /// holds no rights on it, or it has no rules, or its grants are
     /// full): routed, and the callee's accesses are refused.
@@ -224,6 +226,14 @@ pub struct Gatekeeper {
     detected: VecDeque<Ipv4Address>,
     /// The ACL on RDMA to the DSM's memory nodes.
     memory: MemoryStage,
+    /// Failed nodes whose replacement took their place on another host:
+    /// RPC datagrams to the failed node's address go to the replacement,
+    /// and the replacement's leave under the failed node's address, so its
+    /// callees see the caller they knew (and drop the calls it makes again
+    /// as duplicates).
+    stand_ins: ExactTable<Ipv4Address, Ipv4Address>,
+    /// The same pairs, replacement to failed node.
+    standing_for: ExactTable<Ipv4Address, Ipv4Address>,
     /// The switch's own MAC, as calls to the service address carry it:
     /// the Gatekeeper's own answers are addressed to it, for routing.
     router_mac: Option<remora_wire::MacAddress>,
@@ -309,6 +319,13 @@ fn readdress(frame: &mut [u8], ip: usize, node: Ipv4Address) {
     Ipv4Packet::new_unchecked(&mut frame[ip..]).fill_checksum();
 }
 
+/// Rewrites the IPv4 source (and checksum) of the frame whose IPv4 header
+/// starts at `ip` to `node`.
+fn readdress_source(frame: &mut [u8], ip: usize, node: Ipv4Address) {
+    frame[ip + 12..ip + 16].copy_from_slice(&node.0);
+    Ipv4Packet::new_unchecked(&mut frame[ip..]).fill_checksum();
+}
+
 impl Gatekeeper {
     pub fn new(config: GatekeeperConfig) -> Gatekeeper {
         let shape = |name, stage, key_bits, action_data_bits, capacity| TableShape {
@@ -360,6 +377,14 @@ impl Gatekeeper {
             packet_outs: VecDeque::new(),
             detected: VecDeque::new(),
             memory: MemoryStage::new(config.memory),
+            stand_ins: ExactTable::new(shape("gatekeeper_stand_ins", 0, 32, 32, config.nodes)),
+            standing_for: ExactTable::new(shape(
+                "gatekeeper_standing_for",
+                0,
+                32,
+                32,
+                config.nodes,
+            )),
             router_mac: None,
             counters: GatekeeperCounters::default(),
         }
@@ -639,6 +664,45 @@ impl Gatekeeper {
             frame.truncate(length);
             self.packet_outs.push_back(frame);
             self.counters.fate_shared += 1;
+        }
+    }
+
+    /// [`Gatekeeper::recover`], and `replacement` takes the failed node's
+    /// place in the network too: RPC datagrams to the failed node's
+    /// address go to it, and its own leave under the failed node's
+    /// address. A middle service restarted on another host then calls on
+    /// as the caller its callees knew, and they answer the calls it makes
+    /// again from memory. Returns the routes moved.
+    pub fn recover_in_place_of(
+        &mut self,
+        failed: Ipv4Address,
+        replacement: Ipv4Address,
+    ) -> Result<usize, GatekeeperError> {
+        let moved = self.recover(failed, replacement)?;
+        self.stand_ins.insert(failed, replacement)?;
+        self.standing_for.insert(replacement, failed)?;
+        Ok(moved)
+    }
+
+    /// Rewrites an RPC datagram's addresses for the nodes standing in for
+    /// failed ones (see [`Gatekeeper::recover_in_place_of`]).
+    fn stand_in(&mut self, packet: &mut Packet, ip: usize) {
+        let Some(fields) = packet.headers.ipv4 else {
+            return;
+        };
+        if let Some(&failed) = self.standing_for.lookup(&fields.source) {
+            readdress_source(&mut packet.bytes, ip, failed);
+            if let Some(fields) = packet.headers.ipv4.as_mut() {
+                fields.source = failed;
+            }
+            self.counters.stood_in += 1;
+        }
+        if let Some(&replacement) = self.stand_ins.lookup(&fields.destination) {
+            readdress(&mut packet.bytes, ip, replacement);
+            if let Some(fields) = packet.headers.ipv4.as_mut() {
+                fields.destination = replacement;
+            }
+            self.counters.stood_in += 1;
         }
     }
 
@@ -995,6 +1059,11 @@ impl Overlay for Gatekeeper {
         let Some((ip, udp, destination_port)) = bifrost_offsets(packet) else {
             return Claim::Pass;
         };
+        // Heartbeats and exports keep their own addresses: a stand-in is
+        // a node of its own to the control plane.
+        if destination_port != CONTROL_PORT {
+            self.stand_in(packet, ip);
+        }
         let destination = packet.headers.ipv4.map(|fields| fields.destination);
         if destination == Some(self.service_address) {
             if destination_port == CONTROL_PORT {
@@ -1033,6 +1102,8 @@ impl Overlay for Gatekeeper {
         report.tables.push(self.caller_checkpoints.resources());
         report.tables.push(self.call_frames.resources());
         report.tables.push(self.heard.resources());
+        report.tables.push(self.stand_ins.resources());
+        report.tables.push(self.standing_for.resources());
         self.memory.add_resources(report);
     }
 

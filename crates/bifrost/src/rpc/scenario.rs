@@ -424,6 +424,121 @@ pub fn failover_with(
     })
 }
 
+/// The spare middle's host in [`chain_replaced`].
+pub const SPARE_MIDDLE_HOST: usize = 3;
+
+/// A chain A calls B calls C whose middle is replaced on another host:
+/// the head (compute host) calls the Gatekeeper's service address, which
+/// routes "relay" to the middle (memory host); the middle calls the tail
+/// (host 2) directly. After `crash_after` answers the middle crashes for
+/// good; the Gatekeeper finds it by its missed heartbeats and holds its
+/// calls; the control plane starts a fresh relay on the spare (host 3),
+/// with nothing kept, in the middle's place
+/// ([`crate::gatekeeper::Gatekeeper::recover_in_place_of`]): the switch
+/// replays the calls that were in flight and held, and the spare's nested
+/// calls leave under the middle's address, so the tail answers those it
+/// ran before from memory. Checks that every call from the head took
+/// effect once at the tail.
+pub fn chain_replaced(
+    seed: u64,
+    faults: LinkFaults,
+    calls: u64,
+    crash_after: u64,
+) -> Result<Chain, ScenarioError> {
+    use super::chain::RelayAgent;
+    use crate::gatekeeper::{Gatekeeper, GatekeeperConfig, NodeKind};
+    use remora_rack::topology::{standard_host, HostSpec, Role};
+    use remora_switch::programs::overlay::Overlaid;
+    let mut topology = Topology::compute_and_memory();
+    for (host, name) in [(TAIL_HOST, "tail"), (SPARE_MIDDLE_HOST, "spare")] {
+        let (mac, address) = standard_host(host);
+        topology.add_host(HostSpec::new(name, Role::Compute, mac, address))?;
+    }
+    every_link_with(&mut topology, faults);
+    let mut stage = SimulatedStage::new(seed, &topology, seed);
+    stage.add_agent(
+        TAIL_HOST,
+        Box::new(ServerAgent::new(Callee::new(Box::new(Counter(0))))),
+    );
+    let service = callee_at(topology.switch_mac, SERVICE_ADDRESS);
+    let tail = callee_at(topology.switch_mac, topology.host(TAIL_HOST).address);
+    for host in [MEMORY_HOST, SPARE_MIDDLE_HOST] {
+        let relay = RelayAgent::new(Duration::from_micros(50), 100_000, tail, "increment", 40001);
+        stage.add_agent(host, Box::new(relay));
+        let control = ControlAgent::new(service, NodeKind::Compute, 1 << 30, HEARTBEAT_INTERVAL);
+        let control = match host {
+            MEMORY_HOST => control.export("relay")?,
+            _ => control,
+        };
+        stage.add_agent(host, Box::new(control));
+    }
+    let caller = Caller::new(Duration::from_micros(200), 100_000);
+    let head = ClientAgent::new(caller, service, "relay", 40000, calls, 8);
+    stage.add_agent(COMPUTE_HOST, Box::new(head));
+    let (middle, spare) = (
+        topology.host(MEMORY_HOST).address,
+        topology.host(SPARE_MIDDLE_HOST).address,
+    );
+    let gatekeeper = Gatekeeper::new(GatekeeperConfig {
+        heartbeat_timeout: Some(Duration::from_millis(1)),
+        ..GatekeeperConfig::new(SERVICE_ADDRESS)
+    });
+    let mut rack = stage.start(Overlaid::new(topology.forwarding(), gatekeeper))?;
+    rack.run_until(
+        &mut |rack| answered(rack) >= crash_after,
+        Duration::from_secs(10),
+    )?;
+    rack.crash(MEMORY_HOST);
+    let mut detected = Vec::new();
+    rack.run_until(
+        &mut |rack| {
+            detected.extend(rack.with_program(|program| program.take_detected()));
+            detected.contains(&middle)
+        },
+        Duration::from_secs(1),
+    )?;
+    if detected != [middle] {
+        return Err(ScenarioError::WrongDetection { detected });
+    }
+    rack.run_for(REPLACEMENT_START)?;
+    rack.with_program(|program| program.recover_in_place_of(middle, spare))?;
+    let (answers, head_retransmissions) = run_client_to_the_end(&mut rack)?;
+    check_counts(answers, calls)?;
+    let relay_counters = |rack: &mut SimulatedRackOf, host| {
+        rack.with_agent::<RelayAgent, _>(host, 0, |relay| {
+            (
+                relay.caller.counters().retransmissions,
+                relay.callee.counters().duplicates,
+            )
+        })
+        .ok_or(ScenarioError::MissingAgent("middle"))
+    };
+    let (before, after) = (
+        relay_counters(&mut rack, MEMORY_HOST)?,
+        relay_counters(&mut rack, SPARE_MIDDLE_HOST)?,
+    );
+    let (executed_at_tail, duplicates_at_tail) = rack
+        .with_agent::<ServerAgent, _>(TAIL_HOST, 0, |server| {
+            let counters = server.callee.counters();
+            (counters.executed, counters.duplicates)
+        })
+        .ok_or(ScenarioError::MissingAgent("tail"))?;
+    if executed_at_tail != calls {
+        return Err(ScenarioError::NotExactlyOnce {
+            calls,
+            executed: executed_at_tail,
+        });
+    }
+    Ok(Chain {
+        calls,
+        executed_at_tail,
+        head_retransmissions,
+        middle_retransmissions: before.0 + after.0,
+        duplicates_at_middle: before.1 + after.1,
+        duplicates_at_tail,
+    })
+}
+
 /// What [`caller_crash`] saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallerCrash {
@@ -573,9 +688,11 @@ pub struct CampaignReport {
 pub const ACL_EVENTS_PER_SEED: usize = 400;
 
 /// Runs, for `count` seeds from `first_seed` over links with `faults`,
-/// each with its own plan: [`failover`] (the serving node crashes; a spare
-/// takes over from its checkpoint through the Gatekeeper), [`chain`]
-/// with its middle crashing and restarting in place, and [`caller_crash`]
+/// each with its own plan: [`failover_with`] (the serving node crashes; a
+/// spare takes over from its checkpoint through the Gatekeeper; on odd
+/// seeds every third call shares the node's fate), a chain whose middle
+/// crashes ([`chain`], restarting in place, on even seeds;
+/// [`chain_replaced`], replaced on another host, on odd ones), and [`caller_crash`]
 /// (the head caller crashes and comes back from its checkpoint), and an
 /// audit of the ACL on random DSM traffic
 /// ([`crate::gatekeeper::audit::acl_audit`]). `each` hears whether each
@@ -610,7 +727,14 @@ pub fn crash_campaign(
             share_fate_every,
         )
         .and_then(|failover| {
-            chain(seed, faults, calls / 2, Some(middle_crash)).map(|chain| (failover, chain))
+            // Even seeds restart the middle in place; odd ones replace it
+            // on another host.
+            let chain = if seed % 2 == 0 {
+                chain(seed, faults, calls / 2, Some(middle_crash))
+            } else {
+                chain_replaced(seed, faults, calls / 2, crash_after / 2)
+            };
+            chain.map(|chain| (failover, chain))
         })
         .and_then(|(failover, chain)| {
             caller_crash(seed, faults, calls / 2, crash_after / 2, caller_down)
