@@ -305,11 +305,26 @@ fn bench_bifrost_writes_its_ratios() {
         "add_arrays_1mib_vs_thrift_tcp",
         "echo_64B_p50_vs_thrift_tcp",
         "echo_1KiB_p50_vs_thrift_tcp",
+        "increment_array_1mib_vs_thrift_tcp",
+        "gatekeeper_add_arrays_1mib_overhead",
+        "gatekeeper_increment_array_1mib_overhead",
     ] {
         let ratio = report["ratios"][key]
             .as_f64()
             .unwrap_or_else(|| panic!("{key} missing"));
         assert!(ratio.is_finite() && ratio > 0.0, "{key} = {ratio}");
+    }
+    // Fig. 7.8: both systems on both workloads, every stage, and the
+    // stages of each adding up to a call's time.
+    let breakdown = report["series"]["fig7_8_breakdown_us"]
+        .as_object()
+        .expect("the breakdown series");
+    assert_eq!(breakdown.len(), 4, "{breakdown:?}");
+    for (label, stages) in breakdown {
+        let stages = stages.as_object().expect("stages");
+        assert_eq!(stages.len(), 7, "{label}: {stages:?}");
+        let total: f64 = stages.values().filter_map(|value| value.as_f64()).sum();
+        assert!(total > 0.0 && total.is_finite(), "{label}: {stages:?}");
     }
     std::fs::remove_file(&json).unwrap();
 }
