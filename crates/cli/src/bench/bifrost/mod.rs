@@ -540,6 +540,9 @@ fn arrays_workload(
         .collect())
 }
 
+/// The DSM's largest single transfer in the array benchmarks.
+const ARRAYS_CHUNK_BYTES: usize = 1 << 20;
+
 /// One size's latencies by reference: inputs already in global memory,
 /// and written inside the timed call.
 type ByReference = (Histogram<u64>, Histogram<u64>);
@@ -557,6 +560,10 @@ fn by_reference(
 ) -> Result<Vec<ByReference>, BifrostBenchError> {
     let config = DsmRackConfig {
         pool_bytes: 32 << 20,
+        // One work request moves up to 1 MiB (RDMA allows 2 GiB): an
+        // array of the sizes measured is one READ or WRITE, not sixteen
+        // each waited for.
+        chunk_bytes: ARRAYS_CHUNK_BYTES,
         ..DsmRackConfig::default()
     };
     let DsmServiceRack {
