@@ -177,6 +177,12 @@ impl StagedDsm {
         for (client, memory) in &self.connections {
             gatekeeper.register_connection(*client, *memory)?;
         }
+        // Host i is on switch port i.
+        let topology = self.staged.topology();
+        for &host in &self.clients {
+            let port = remora_base::PortId(host as u16);
+            gatekeeper.register_client_port(topology.host(host).address, port)?;
+        }
         Ok(())
     }
 

@@ -9,7 +9,9 @@
 //! or is lent, and write one it owns and has not lent. Every request the
 //! switch forwards must be one the model allows, every one it refuses must
 //! come back to its sender as a NAK (remote access error) for its PSN, and
-//! none may do both. `remora sim bifrost` runs one audit per seed.
+//! none may do both. A request under another client's address, or on
+//! another client's connection, must neither pass nor draw a NAK.
+//! `remora sim bifrost` runs one audit per seed.
 
 use super::memory::MemoryNode;
 use super::{Gatekeeper, GatekeeperConfig, NodeKind};
@@ -36,6 +38,9 @@ pub struct AclAudit {
     pub allowed: u64,
     /// Every DSM message and RPC the audit sent besides.
     pub messages: u64,
+    /// Requests sent under another client's address or on another
+    /// client's connection: none may pass.
+    pub spoofed: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,6 +61,17 @@ pub enum AclViolation {
     },
     #[error("event {event}: a refused request (PSN {psn}) got {naks} NAKs for it, not one")]
     Nak { event: usize, psn: u32, naks: usize },
+    #[error(
+        "event {event}: client {attacker}'s spoofed READ of client {victim}'s memory was \
+         forwarded ({forwarded}) or drew {naks} NAKs"
+    )]
+    Spoofed {
+        event: usize,
+        attacker: usize,
+        victim: usize,
+        forwarded: bool,
+        naks: usize,
+    },
     #[error("event {event}: {what}")]
     Lost { event: usize, what: String },
 }
@@ -181,6 +197,9 @@ impl Audit {
                 .register_connection((node, client_qpn(client)), (address(0), memory_qpn(client)))
                 .expect("room for the connections");
             gatekeeper
+                .register_client_port(node, PortId(client as u16))
+                .expect("room for the ports");
+            gatekeeper
                 .register_node(node, NodeKind::Compute, 0)
                 .expect("room for the nodes");
             gatekeeper
@@ -205,13 +224,59 @@ impl Audit {
     }
 
     fn step(&mut self) -> Result<(), AclViolation> {
-        match self.draws.below(10) {
+        match self.draws.below(11) {
             0 | 1 => self.allocate(),
             2 => self.call(),
             3 => self.reply(),
             4 => self.free(),
+            5 => self.spoof(),
             _ => self.access(),
         }
+    }
+
+    /// A client sends a READ of memory another client may read: under
+    /// that client's address through its own port, or under its own
+    /// address on the other's connection. Neither may pass, and neither
+    /// may draw a NAK (which would break the real client's connection).
+    fn spoof(&mut self) -> Result<(), AclViolation> {
+        let Some(index) = self.pick() else {
+            return Ok(());
+        };
+        let allocation = self.allocations[index];
+        let victim = allocation.owner;
+        let attacker = 1 + (victim + self.draws.below(CLIENTS as u64 - 1) as usize) % CLIENTS;
+        let impersonating = self.draws.below(2) == 0;
+        let as_client = if impersonating { victim } else { attacker };
+        let bth = BthRepr::new(
+            Opcode::RdmaReadRequest,
+            memory_qpn(victim),
+            self.psn(victim),
+        );
+        let reth = RethRepr {
+            virtual_address: VirtAddr(POOL_BASE + allocation.offset),
+            rkey: RKEY,
+            dma_length: allocation.size.min(1024) as u32,
+        };
+        let frame = request_frame(as_client, bth, Some(reth), &[]);
+        let out = self.send(PortId(attacker as u16), &frame);
+        self.report.spoofed += 1;
+        let forwarded = out.iter().any(|(port, _)| *port == MEMORY_PORT);
+        let naks = out
+            .iter()
+            .filter(|(_, frame)| {
+                parse_frame(frame).is_ok_and(|parsed| parsed.repr.bth.opcode == Opcode::Acknowledge)
+            })
+            .count();
+        if forwarded || naks > 0 {
+            return Err(AclViolation::Spoofed {
+                event: self.event,
+                attacker,
+                victim,
+                forwarded,
+                naks,
+            });
+        }
+        Ok(())
     }
 
     fn client(&mut self) -> usize {
@@ -252,17 +317,8 @@ impl Audit {
         payload: &[u8],
     ) -> Result<bool, AclViolation> {
         let psn = bth.psn;
-        let mut repr = FrameRepr::between(
-            (mac(client), address(client)),
-            (mac(0), address(0)),
-            49152,
-            bth,
-        );
-        repr.extension.reth = reth;
-        let repr = repr.with_payload_len(payload.len());
-        let mut frame = vec![0u8; repr.frame_len(payload.len())];
-        let length = emit_frame(&repr, payload, &mut frame).expect("the frame fits");
-        let out = self.send(PortId(client as u16), &frame[..length]);
+        let frame = request_frame(client, bth, reth, payload);
+        let out = self.send(PortId(client as u16), &frame);
         let forwarded = out.iter().any(|(port, _)| *port == MEMORY_PORT);
         let naks = out
             .iter()
@@ -507,6 +563,22 @@ impl Audit {
     }
 }
 
+/// A request frame from `client`'s address to the memory node.
+fn request_frame(client: usize, bth: BthRepr, reth: Option<RethRepr>, payload: &[u8]) -> Vec<u8> {
+    let mut repr = FrameRepr::between(
+        (mac(client), address(client)),
+        (mac(0), address(0)),
+        49152,
+        bth,
+    );
+    repr.extension.reth = reth;
+    let repr = repr.with_payload_len(payload.len());
+    let mut frame = vec![0u8; repr.frame_len(payload.len())];
+    let length = emit_frame(&repr, payload, &mut frame).expect("the frame fits");
+    frame.truncate(length);
+    frame
+}
+
 fn method_of(client: usize) -> String {
     format!("serve{client}")
 }
@@ -600,6 +672,7 @@ mod tests {
         for seed in 0..20 {
             let audit = acl_audit(seed, 400).unwrap_or_else(|error| panic!("seed {seed}: {error}"));
             assert!(audit.accesses > 100, "seed {seed}: {audit:?}");
+            assert!(audit.spoofed > 0, "seed {seed}: {audit:?}");
             assert!(audit.allowed > 0, "seed {seed}: {audit:?}");
             assert!(audit.allowed < audit.accesses, "seed {seed}: {audit:?}");
         }

@@ -20,9 +20,17 @@
 //!   on a connection it does not know is dropped without a NAK.
 //!
 //! Memory stays unchanged: nothing refused reaches the node.
+//!
+//! A request must come from the client its connection was installed for,
+//! and, where the control plane said which switch port that client is on,
+//! through that port: RoCE carries no proof of who sent a packet, and
+//! without the check a host could use another's address (and its rights).
+//! Such a request is dropped with no NAK, which would break the real
+//! client's connection.
 
 use super::acl::{Acl, AclConfig, AclError, Operation};
 use crate::dsm::message::{self, Operation as DsmOperation, Status, MESSAGE_LEN};
+use remora_base::PortId;
 use remora_base::Timestamp;
 use remora_switch::packet::{Digest, Egress, Packet};
 use remora_switch::resources::ResourceReport;
@@ -85,6 +93,9 @@ pub struct MemoryCounters {
     pub acl_full: u64,
     /// NAKs the switch sent.
     pub naks_sent: u64,
+    /// Requests from another source than their connection's client, or
+    /// through another port than that client's: dropped, no NAK.
+    pub spoofed: u64,
     /// Frames to a memory node's RoCE port whose transport headers do not
     /// parse: dropped.
     pub malformed: u64,
@@ -97,6 +108,8 @@ pub struct MemoryStage {
     pub(super) acl: Acl,
     nodes: ExactTable<Ipv4Address, MemoryNode>,
     connections: ExactTable<(Ipv4Address, Qpn), Connection>,
+    /// The switch port each client is attached to, where known.
+    client_ports: ExactTable<Ipv4Address, PortId>,
     pending: ExactTable<PendingKey, (Timestamp, u64)>,
     counters: MemoryCounters,
 }
@@ -156,6 +169,12 @@ impl MemoryStage {
                 58,
                 config.connections,
             )),
+            client_ports: ExactTable::new(shape(
+                "gatekeeper_client_ports",
+                32,
+                16,
+                config.connections,
+            )),
             pending: ExactTable::new(shape(
                 "gatekeeper_pending_allocs",
                 96,
@@ -174,6 +193,7 @@ impl MemoryStage {
         report.tables.push(self.acl.resources());
         report.tables.push(self.nodes.resources());
         report.tables.push(self.connections.resources());
+        report.tables.push(self.client_ports.resources());
         report.tables.push(self.pending.resources());
     }
 
@@ -197,6 +217,16 @@ impl MemoryStage {
             open_write: None,
         };
         Ok(self.connections.insert(memory, connection)?)
+    }
+
+    /// The switch port `client` is attached to: its requests must come
+    /// through it.
+    pub fn register_client_port(
+        &mut self,
+        client: Ipv4Address,
+        port: PortId,
+    ) -> Result<(), AclError> {
+        Ok(self.client_ports.insert(client, port)?)
     }
 
     /// The memory node at `address`'s index, if it is one.
@@ -248,6 +278,11 @@ impl MemoryStage {
             packet.egress = Egress::Drop;
             return;
         };
+        if !self.sent_by_its_client(packet, &connection) {
+            self.counters.spoofed += 1;
+            packet.egress = Egress::Drop;
+            return;
+        }
         let allowed = self.allows(now, packet, connection);
         if let Some(allowed) = allowed {
             if !allowed {
@@ -258,6 +293,17 @@ impl MemoryStage {
             self.counters.refused_continuations += 1;
             packet.egress = Egress::Drop;
         }
+    }
+
+    /// Whether the request came from its connection's client, through the
+    /// client's port if the control plane gave it.
+    fn sent_by_its_client(&self, packet: &Packet, connection: &Connection) -> bool {
+        let source = packet.headers.ipv4.map(|ipv4| ipv4.source);
+        source == Some(connection.client)
+            && self
+                .client_ports
+                .lookup(&connection.client)
+                .is_none_or(|port| *port == packet.original_ingress_port)
     }
 
     /// Whether the request may pass; None for a packet that belongs to a

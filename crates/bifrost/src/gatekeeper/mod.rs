@@ -560,6 +560,16 @@ impl Gatekeeper {
         Ok(self.memory.register_connection(client, memory)?)
     }
 
+    /// The switch port a DSM client is attached to: its requests to
+    /// memory nodes must come through it.
+    pub fn register_client_port(
+        &mut self,
+        client: Ipv4Address,
+        port: remora_base::PortId,
+    ) -> Result<(), GatekeeperError> {
+        Ok(self.memory.register_client_port(client, port)?)
+    }
+
     /// The ACL's rules.
     pub fn acl(&self) -> &acl::Acl {
         &self.memory.acl

@@ -681,6 +681,9 @@ pub struct CampaignReport {
     /// how many it let through (each verdict checked against the model).
     pub acl_accesses: u64,
     pub acl_allowed: u64,
+    /// Requests the audits sent under another client's address or on
+    /// another's connection: none passed.
+    pub acl_spoofed: u64,
     pub violations: Vec<Violation>,
 }
 
@@ -750,6 +753,7 @@ pub fn crash_campaign(
             Ok(((failover, chain, caller), audit)) => {
                 report.acl_accesses += audit.accesses;
                 report.acl_allowed += audit.allowed;
+                report.acl_spoofed += audit.spoofed;
                 recoveries.push(failover.recovery_time.as_nanos() as f64 / 1e3);
                 report.passed += 1;
                 report.calls += failover.calls + chain.calls + caller.calls;
