@@ -118,6 +118,23 @@ pub fn bifrost_step() -> Result<SystemStep, SystemError> {
         }
         Err(error) => step.failures.push(format!("Bifröst chain: {error}")),
     }
+    match remora_bifrost::rpc::scenario::chain_replaced(6, faults, 300, 120) {
+        Ok(outcome) => {
+            println!(
+                "  the same chain behind the Gatekeeper, B crashing for good after 120 answers: found by its missed heartbeats and replaced by a fresh relay on another host in its place; {} calls from A took effect once each at C (C answered {} duplicates from memory, the replacement's repeated nested calls among them)",
+                outcome.calls, outcome.duplicates_at_tail
+            );
+            step.variants.push(serde_json::json!({
+                "variant": "chain of three services, the middle replaced on another host",
+                "calls": outcome.calls,
+                "executed_at_tail": outcome.executed_at_tail,
+                "duplicates_at_tail": outcome.duplicates_at_tail,
+            }));
+        }
+        Err(error) => step
+            .failures
+            .push(format!("Bifröst chain replaced: {error}")),
+    }
     match remora_bifrost::rpc::scenario::failover(
         11,
         faults,
