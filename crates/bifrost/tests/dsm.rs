@@ -104,6 +104,40 @@ fn snapshots_restore_a_region() {
     assert!(back.iter().all(|&byte| byte == 1));
 }
 
+/// Snapshots by version: each restores its own bytes, an unknown version
+/// is refused, and only the newest 32 are kept.
+#[test]
+fn snapshots_are_kept_by_version() {
+    use remora_bifrost::dsm::daemon::SNAPSHOTS_PER_ALLOCATION;
+    let rack = rack();
+    let dsm = &rack.dsm;
+    let ptr = dsm.alloc_on(1, 64).unwrap();
+    let versions = SNAPSHOTS_PER_ALLOCATION as u64 + 8;
+    for version in 1..=versions {
+        dsm.write(ptr, &[version as u8; 64]).unwrap();
+        dsm.snapshot_version(ptr, version).unwrap();
+    }
+    let mut back = [0u8; 64];
+    for version in [versions, versions - 5, 9] {
+        dsm.restore_version(ptr, version).unwrap();
+        dsm.read(ptr, &mut back).unwrap();
+        assert_eq!(back, [version as u8; 64], "version {version}");
+    }
+    for dropped in [1, 8] {
+        assert!(
+            matches!(
+                dsm.restore_version(ptr, dropped),
+                Err(DsmError::NoSnapshot(_))
+            ),
+            "version {dropped} is older than the newest {SNAPSHOTS_PER_ALLOCATION}"
+        );
+    }
+    assert!(matches!(
+        dsm.restore_version(ptr, versions + 1),
+        Err(DsmError::NoSnapshot(_))
+    ));
+}
+
 #[test]
 fn the_daemon_answers_a_malformed_request_and_stays_up() {
     use remora_bifrost::dsm::message::Reply;

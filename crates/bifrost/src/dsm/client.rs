@@ -290,16 +290,28 @@ impl Dsm {
 
     /// The node keeps a copy of the allocation's bytes.
     pub fn snapshot(&self, ptr: GlobalPtr) -> Result<(), DsmError> {
-        self.simple(ptr, Operation::Snapshot)
+        self.snapshot_version(ptr, 0)
     }
 
     /// The node puts the copy back.
     pub fn restore(&self, ptr: GlobalPtr) -> Result<(), DsmError> {
-        self.simple(ptr, Operation::Restore)
+        self.restore_version(ptr, 0)
     }
 
-    fn simple(&self, ptr: GlobalPtr, operation: Operation) -> Result<(), DsmError> {
-        let reply = self.ask(ptr.node, operation, ptr, 0)?;
+    /// The node keeps a copy of the allocation's bytes as `version`
+    /// (replacing one of that version; the newest
+    /// [`super::daemon::SNAPSHOTS_PER_ALLOCATION`] versions are kept).
+    pub fn snapshot_version(&self, ptr: GlobalPtr, version: u64) -> Result<(), DsmError> {
+        self.simple(ptr, Operation::Snapshot, version)
+    }
+
+    /// The node puts back the copy of `version`.
+    pub fn restore_version(&self, ptr: GlobalPtr, version: u64) -> Result<(), DsmError> {
+        self.simple(ptr, Operation::Restore, version)
+    }
+
+    fn simple(&self, ptr: GlobalPtr, operation: Operation, version: u64) -> Result<(), DsmError> {
+        let reply = self.ask(ptr.node, operation, ptr, version)?;
         match reply.status {
             Status::Ok => Ok(()),
             status => Err(self.refused(ptr, operation, status)),

@@ -30,6 +30,10 @@ const COMPLETIONS_PER_TURN: usize = 256;
 /// Replies waiting for a send buffer, at most.
 const PENDING_REPLIES: usize = 4096;
 const RECEIVE_KIND: u64 = 1 << 32;
+/// Versions of one allocation's snapshot the daemon keeps: a callee
+/// snapshots its regions with each checkpoint, and the Gatekeeper's kept
+/// checkpoint can lag its newest by the replies lost on their way.
+pub const SNAPSHOTS_PER_ALLOCATION: usize = 32;
 const SEND_KIND: u64 = 2 << 32;
 
 /// What deployment made on the memory node's NIC.
@@ -75,7 +79,9 @@ pub struct MemoryDaemon {
     allocations: HashMap<u64, Allocation>,
     /// The last generation handed out at each offset ever allocated.
     generations: HashMap<u64, u8>,
-    snapshots: HashMap<u64, (u8, Vec<u8>)>,
+    /// Each allocation's snapshots, by version, the newest
+    /// [`SNAPSHOTS_PER_ALLOCATION`] kept (with the generation they are of).
+    snapshots: HashMap<u64, (u8, std::collections::BTreeMap<u64, Vec<u8>>)>,
     next_id: u64,
     free_send_slots: Vec<u32>,
     replies: VecDeque<(Qpn, Reply)>,
@@ -209,18 +215,33 @@ impl MemoryDaemon {
                 self.counters.frees += 1;
             }
             Operation::Stat => {}
+            // A snapshot's and a restore's version ride in the size field.
             Operation::Snapshot => {
                 let mut copy = vec![0u8; allocation.size as usize];
                 self.pool
                     .read(offset, &mut copy)
                     .expect("an allocation lies in the pool");
-                self.snapshots.insert(offset, (allocation.generation, copy));
+                let kept = self
+                    .snapshots
+                    .entry(offset)
+                    .or_insert_with(|| (allocation.generation, Default::default()));
+                if kept.0 != allocation.generation {
+                    *kept = (allocation.generation, Default::default());
+                }
+                kept.1.insert(request.size, copy);
+                while kept.1.len() > SNAPSHOTS_PER_ALLOCATION {
+                    kept.1.pop_first();
+                }
             }
             Operation::Restore => match self.snapshots.get(&offset) {
-                Some((generation, copy)) if *generation == allocation.generation => {
-                    self.pool
-                        .write(offset, copy)
-                        .expect("an allocation lies in the pool");
+                Some((generation, versions)) if *generation == allocation.generation => {
+                    match versions.get(&request.size) {
+                        Some(copy) => self
+                            .pool
+                            .write(offset, copy)
+                            .expect("an allocation lies in the pool"),
+                        None => status = Status::NoSnapshot,
+                    }
                 }
                 _ => status = Status::NoSnapshot,
             },
