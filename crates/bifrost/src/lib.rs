@@ -14,6 +14,7 @@
 pub mod arrays;
 pub mod by_reference;
 pub mod dsm;
+pub mod dsm_failover;
 pub mod dsm_service;
 pub mod gatekeeper;
 pub mod rpc;

@@ -69,6 +69,11 @@ pub enum RpcError {
 pub struct Answer {
     pub body: Vec<u8>,
     pub pointer: Option<GlobalAddress>,
+    /// The service's state right after the call, for the checkpoint its
+    /// reply carries: what a service run on other threads
+    /// ([`workers::WorkerPool`]) hands back, since its callee cannot ask
+    /// it for its state.
+    pub state: Option<Vec<u8>>,
 }
 
 impl From<Vec<u8>> for Answer {
@@ -76,6 +81,7 @@ impl From<Vec<u8>> for Answer {
         Answer {
             body,
             pointer: None,
+            state: None,
         }
     }
 }
@@ -130,6 +136,10 @@ pub trait Service: Send {
     fn save_state(&self) -> Option<Vec<u8>> {
         None
     }
+
+    /// The host crashed: work the service runs on threads of its own
+    /// stops, as a crashed host's threads would.
+    fn crash(&mut self) {}
 
     /// Takes back a state [`Service::save_state`] gave.
     fn restore_state(&mut self, state: &[u8]) -> Result<(), String> {
@@ -458,6 +468,9 @@ pub struct Callee {
     counters: CalleeCounters,
     /// Replies carry a checkpoint (for a Gatekeeper to keep).
     checkpointing: bool,
+    /// The newest state a finished call handed back with its answer,
+    /// for a service that cannot be asked for its state.
+    latest_state: Option<Vec<u8>>,
 }
 
 impl Callee {
@@ -469,6 +482,7 @@ impl Callee {
             sends: VecDeque::new(),
             counters: CalleeCounters::default(),
             checkpointing: false,
+            latest_state: None,
         }
     }
 
@@ -481,10 +495,19 @@ impl Callee {
         }
     }
 
+    /// The host crashed: the service's own threads stop.
+    pub fn crash(&mut self) {
+        self.service.crash();
+        self.in_progress.clear();
+    }
+
     /// The checkpoint of what the callee has done: the service's state and
     /// the newest replies to each caller.
     pub fn checkpoint(&self) -> Option<checkpoint::Checkpoint> {
-        let state = self.service.save_state()?;
+        let state = self
+            .service
+            .save_state()
+            .or_else(|| self.latest_state.clone())?;
         let replies = self
             .callers
             .iter()
@@ -513,6 +536,7 @@ impl Callee {
         self.service
             .restore_state(&checkpoint.state)
             .map_err(checkpoint::CheckpointError::Service)?;
+        self.latest_state = Some(checkpoint.state.clone());
         self.callers = checkpoint
             .replies
             .into_iter()
@@ -624,7 +648,12 @@ impl Callee {
     fn finish(&mut self, ticket: CallTicket, call: BifrostRepr, outcome: Outcome) {
         self.counters.executed += 1;
         let (call_type, body, returned) = match outcome {
-            Ok(answer) => (CallType::Reply, answer.body, answer.pointer),
+            Ok(answer) => {
+                if answer.state.is_some() {
+                    self.latest_state = answer.state;
+                }
+                (CallType::Reply, answer.body, answer.pointer)
+            }
             Err(message) => (CallType::Exception, message.into_bytes(), None),
         };
         let oneway = call.call_type == CallType::Oneway;

@@ -247,6 +247,7 @@ impl<P: TProcessor + Send> Service for ThriftService<P> {
         Ok(crate::rpc::Answer {
             body: output.transport,
             pointer,
+            state: None,
         })
     }
 }

@@ -716,6 +716,15 @@ impl Gatekeeper {
         }
     }
 
+    /// A failed node's rights on global memory pass to its replacement:
+    /// done by [`Gatekeeper::recover`], and before it by a control plane
+    /// whose replacement must restore the node's regions (their
+    /// snapshots) before calls reach it. Returns the allocations whose
+    /// rules changed.
+    pub fn hand_over_memory(&mut self, failed: Ipv4Address, replacement: Ipv4Address) -> usize {
+        self.memory.acl.hand_over(failed, replacement)
+    }
+
     /// `replacement` takes over every method of the failed node, whose
     /// routes and calls in flight move to it. Returns the routes moved.
     pub fn recover(
@@ -777,7 +786,7 @@ impl Gatekeeper {
         }
         // Its pointers pass to its replacement, which restarts from its
         // checkpoint and so takes up what it controlled.
-        self.memory.acl.hand_over(failed, replacement);
+        self.hand_over_memory(failed, replacement);
         // Forwarding to the failed node stops: it serves nothing now.
         self.nodes.remove(&failed);
         self.heard.remove(&failed);

@@ -98,6 +98,7 @@ impl Agent for ServerAgent {
 
     fn crash(&mut self) {
         self.port.forget();
+        self.callee.crash();
     }
 
     fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {

@@ -11,12 +11,23 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-struct Job {
-    ticket: CallTicket,
-    method: Vec<u8>,
-    pointer: GlobalAddress,
-    arguments: Vec<u8>,
+/// What a worker is handed.
+enum Job {
+    Call {
+        ticket: CallTicket,
+        method: Vec<u8>,
+        pointer: GlobalAddress,
+        arguments: Vec<u8>,
+    },
+    /// A replacement's state, from its checkpoint.
+    Restore {
+        state: Vec<u8>,
+        done: Sender<Result<(), String>>,
+    },
 }
+
+/// How long restoring a pool's service may take.
+const RESTORE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 
 type Finished = (CallTicket, Outcome);
 
@@ -25,6 +36,9 @@ pub struct WorkerPool {
     jobs: Option<Sender<Job>>,
     finished: Receiver<Finished>,
     threads: Vec<JoinHandle<()>>,
+    /// The host crashed: workers drop the jobs left and stop, as the
+    /// threads of a crashed host would.
+    crashed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl WorkerPool {
@@ -35,26 +49,39 @@ impl WorkerPool {
         let taken = Arc::new(Mutex::new(taken));
         let (done, finished) = channel();
         let mut threads = Vec::new();
+        let crashed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         for (index, service) in services.into_iter().enumerate() {
             let taken = Arc::clone(&taken);
             let done = done.clone();
+            let stop = Arc::clone(&crashed);
             let thread = std::thread::Builder::new()
                 .name(format!("bifrost-worker-{index}"))
-                .spawn(move || work(service, &taken, &done))?;
+                .spawn(move || work(service, &taken, &done, &stop))?;
             threads.push(thread);
         }
         Ok(WorkerPool {
             jobs: Some(jobs),
             finished,
             threads,
+            crashed,
         })
     }
 }
 
 /// A worker's loop: until the pool is dropped, take a job, run it, hand
-/// the outcome back.
-fn work(mut service: Box<dyn Service>, taken: &Mutex<Receiver<Job>>, done: &Sender<Finished>) {
+/// the outcome back, with the service's state as of then (what the
+/// callee's checkpoint of the reply carries: it cannot ask this thread's
+/// service itself).
+fn work(
+    mut service: Box<dyn Service>,
+    taken: &Mutex<Receiver<Job>>,
+    done: &Sender<Finished>,
+    crashed: &std::sync::atomic::AtomicBool,
+) {
     loop {
+        if crashed.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         let job = {
             let Ok(taken) = taken.lock() else { return };
             match taken.recv() {
@@ -62,9 +89,28 @@ fn work(mut service: Box<dyn Service>, taken: &Mutex<Receiver<Job>>, done: &Send
                 Err(_) => return,
             }
         };
-        let outcome = service.call(&job.method, job.pointer, &job.arguments);
-        if done.send((job.ticket, outcome)).is_err() {
-            return;
+        match job {
+            Job::Call {
+                ticket,
+                method,
+                pointer,
+                arguments,
+            } => {
+                let outcome = service
+                    .call(&method, pointer, &arguments)
+                    .map(|mut answer| {
+                        if answer.state.is_none() {
+                            answer.state = service.save_state();
+                        }
+                        answer
+                    });
+                if done.send((ticket, outcome)).is_err() {
+                    return;
+                }
+            }
+            Job::Restore { state, done } => {
+                let _ = done.send(service.restore_state(&state));
+            }
         }
     }
 }
@@ -83,7 +129,7 @@ impl Service for WorkerPool {
         pointer: GlobalAddress,
         arguments: &[u8],
     ) -> Option<Outcome> {
-        let job = Job {
+        let job = Job::Call {
             ticket,
             method: method.to_vec(),
             pointer,
@@ -97,6 +143,38 @@ impl Service for WorkerPool {
 
     fn poll_finished(&mut self) -> Option<Finished> {
         self.finished.try_recv().ok()
+    }
+
+    /// The host crashed: the workers stop (each after the call it is in),
+    /// and the calls queued for them are lost with the host. The pool
+    /// does not come back: a restarted host serves with a new one.
+    fn crash(&mut self) {
+        self.crashed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.jobs = None;
+    }
+
+    /// Restores the service's state, on its thread: only for a pool of
+    /// one worker (instances of a stateful service on several workers
+    /// would each keep a state of their own). Its state after each call
+    /// comes back with the call's answer.
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), String> {
+        if self.threads.len() != 1 {
+            return Err(format!(
+                "a pool of {} workers keeps no one state to restore",
+                self.threads.len()
+            ));
+        }
+        let (done, restored) = channel();
+        let job = Job::Restore {
+            state: state.to_vec(),
+            done,
+        };
+        let jobs = self.jobs.as_ref().ok_or("the service's worker is gone")?;
+        jobs.send(job).map_err(|_| "the service's worker is gone")?;
+        restored
+            .recv_timeout(RESTORE_DEADLINE)
+            .map_err(|error| format!("the service's worker did not restore: {error}"))?
     }
 }
 

@@ -1,0 +1,16 @@
+//! A callee whose state is a region of global memory fails on the
+//! embedded rack, and a spare on another host takes over from its
+//! checkpoint with the region's snapshot of the same version put back:
+//! every call takes effect once, in the answers and in the region.
+
+use remora_bifrost::dsm_failover::region_failover;
+
+#[test]
+fn a_callee_with_state_in_global_memory_fails_over_and_every_call_counts_once() {
+    let outcome = region_failover(400, 150).unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(outcome.calls, 400);
+    assert!(
+        outcome.checkpoint_version <= outcome.region_at_failure,
+        "{outcome:?}"
+    );
+}
