@@ -5,11 +5,16 @@
 //! host of its own beside a client and three memory nodes.
 
 use crate::bifrost as idl;
-use crate::by_reference::{application_error, from_idl, read_argument, return_array, Argument};
+use crate::by_reference::{
+    application_error, from_idl, read_argument, return_array, to_idl, Argument,
+};
 use crate::dsm::client::Dsm;
 use crate::dsm::rack::DsmRackConfig;
+use crate::dsm::GlobalPtr;
 use crate::dsm_service::{DsmServiceRack, DsmServiceRackError};
+use crate::services::TArraysSyncClient;
 use crate::services::{ArraysSyncHandler, ArraysSyncProcessor};
+use crate::transport::CallHandle;
 use crate::transport::{Routing, StageClock, ThriftService};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -113,6 +118,29 @@ pub fn arrays_rack(
     arrays_rack_timed(config, workers, routing, None)
 }
 
+/// The array services on a topology's own hosts, served as a rack file's
+/// `[bifrost]` section says.
+pub fn arrays_rack_on(
+    topology: &remora_rack::topology::Topology,
+    hosts: crate::dsm_service::DsmServiceHosts<'_>,
+    config: DsmRackConfig,
+    section: &crate::rack_section::BifrostSection,
+) -> Result<DsmServiceRack, DsmServiceRackError> {
+    let serving = crate::dsm_service::Serving {
+        routing: section.routing,
+        methods: &ARRAY_METHODS,
+        workers: section.workers,
+    };
+    DsmServiceRack::start_on(topology, hosts, config, serving, |dsm| {
+        Box::new(ThriftService::new(ArraysSyncProcessor::new(
+            DsmArrays::new(dsm),
+        )))
+    })
+}
+
+/// The array services' methods, as the Gatekeeper routes them.
+const ARRAY_METHODS: [&str; 2] = ["add_arrays", "increment_array"];
+
 /// Where a timed service's calls spend their time: the whole processor
 /// (unmarshalling, the handler, marshalling) and the handler's
 /// computation.
@@ -130,24 +158,82 @@ pub fn arrays_rack_timed(
     routing: Routing,
     clocks: Option<ServerClocks>,
 ) -> Result<DsmServiceRack, DsmServiceRackError> {
-    DsmServiceRack::start(
-        config,
-        routing,
-        &["add_arrays", "increment_array"],
-        workers,
-        |dsm| {
-            let handler = DsmArrays {
-                dsm,
-                compute: clocks.as_ref().map(|clocks| Arc::clone(&clocks.compute)),
-            };
-            let processor = ArraysSyncProcessor::new(handler);
-            match &clocks {
-                Some(clocks) => Box::new(ThriftService::timed(
-                    processor,
-                    Arc::clone(&clocks.processor),
-                )),
-                None => Box::new(ThriftService::new(processor)),
-            }
-        },
-    )
+    DsmServiceRack::start(config, routing, &ARRAY_METHODS, workers, |dsm| {
+        let handler = DsmArrays {
+            dsm,
+            compute: clocks.as_ref().map(|clocks| Arc::clone(&clocks.compute)),
+        };
+        let processor = ArraysSyncProcessor::new(handler);
+        match &clocks {
+            Some(clocks) => Box::new(ThriftService::timed(
+                processor,
+                Arc::clone(&clocks.processor),
+            )),
+            None => Box::new(ThriftService::new(processor)),
+        }
+    })
+}
+
+/// The thesis's two array workloads (§7.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// One array and a byte; the array with the byte added back.
+    IncrementArray,
+    /// Two arrays; their sum back.
+    AddArrays,
+}
+
+/// What increment_array adds.
+pub const INCREMENT: i8 = 7;
+
+impl Workload {
+    pub const ALL: [Workload; 2] = [Workload::IncrementArray, Workload::AddArrays];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::IncrementArray => "increment_array",
+            Workload::AddArrays => "add_arrays",
+        }
+    }
+
+    /// The workload's input arrays of `bytes` each.
+    pub fn inputs(self, bytes: usize) -> Vec<Vec<u8>> {
+        let a = (0..bytes).map(|index| (index % 251) as u8).collect();
+        let b = (0..bytes).map(|index| (index % 13) as u8).collect();
+        match self {
+            Workload::IncrementArray => vec![a],
+            Workload::AddArrays => vec![a, b],
+        }
+    }
+
+    /// What the service must answer.
+    pub fn expected(self, inputs: &[Vec<u8>]) -> Vec<u8> {
+        match self {
+            Workload::IncrementArray => inputs[0]
+                .iter()
+                .map(|byte| byte.wrapping_add(INCREMENT as u8))
+                .collect(),
+            Workload::AddArrays => inputs[0]
+                .iter()
+                .zip(&inputs[1])
+                .map(|(x, y)| x.wrapping_add(*y))
+                .collect(),
+        }
+    }
+
+    /// One call by reference: the inputs' allocation passed in the header,
+    /// a new array of the service's back. Returns that array.
+    pub fn call<C: TArraysSyncClient>(
+        self,
+        client: &mut C,
+        handle: &CallHandle,
+        (inputs, arguments): &(GlobalPtr, Vec<Argument>),
+    ) -> thrift::Result<Argument> {
+        handle.pass(inputs.to_address(None));
+        let returned = match self {
+            Workload::IncrementArray => client.increment_array(to_idl(arguments[0]), INCREMENT)?,
+            Workload::AddArrays => client.add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))?,
+        };
+        from_idl(&returned)
+    }
 }

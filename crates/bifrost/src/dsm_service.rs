@@ -17,7 +17,7 @@ use crate::rpc::workers::WorkerPool;
 use crate::rpc::{callee_at, Callee, Caller, Service};
 use crate::transport::{RackPath, Routing, RACK_RESEND_AFTER, SERVICE_ADDRESS};
 use remora_rack::endpoint::{lock, Shared, SwitchEndpoint};
-use remora_rack::topology::COMPUTE_HOST;
+use remora_rack::topology::Topology;
 use remora_switch::programs::overlay::Overlaid;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -26,6 +26,23 @@ use std::time::Duration;
 const CLIENT_PORT: u16 = 40000;
 /// How long the client waits for an outcome.
 const CALL_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How a [`DsmServiceRack`] serves: routed by the Gatekeeper or not, the
+/// methods it routes, and the worker threads.
+#[derive(Debug, Clone, Copy)]
+pub struct Serving<'a> {
+    pub routing: Routing,
+    pub methods: &'a [&'a str],
+    pub workers: usize,
+}
+
+/// Which of a topology's hosts a [`DsmServiceRack`] uses.
+#[derive(Debug, Clone, Copy)]
+pub struct DsmServiceHosts<'a> {
+    pub client: usize,
+    pub service: usize,
+    pub memory: &'a [usize],
+}
 
 pub struct DsmServiceRack {
     pub rack: remora_rack::assembly::EmbeddedRack,
@@ -49,7 +66,8 @@ pub enum DsmServiceRackError {
 impl DsmServiceRack {
     /// Starts the rack, serving `methods` with `workers` instances made by
     /// `service` (each given the service host's DSM, set once the rack
-    /// runs).
+    /// runs): a client at host 0, `config.memory_nodes` memory nodes, and
+    /// the service's host after them.
     pub fn start(
         config: DsmRackConfig,
         routing: Routing,
@@ -57,8 +75,42 @@ impl DsmServiceRack {
         workers: usize,
         service: impl Fn(Arc<OnceLock<Dsm>>) -> Box<dyn Service>,
     ) -> Result<DsmServiceRack, DsmServiceRackError> {
-        let mut staged = StagedDsm::new(config, 1)?;
+        let staged = StagedDsm::new(config, 1)?;
         let service_host = StagedDsm::extra_client_host(&config, 0);
+        let serving = Serving {
+            routing,
+            methods,
+            workers,
+        };
+        DsmServiceRack::start_staged(staged, service_host, serving, service)
+    }
+
+    /// [`DsmServiceRack::start`] on a topology's own hosts: the client,
+    /// the service's host and the memory nodes.
+    pub fn start_on(
+        topology: &Topology,
+        hosts: DsmServiceHosts<'_>,
+        config: DsmRackConfig,
+        serving: Serving<'_>,
+        service: impl Fn(Arc<OnceLock<Dsm>>) -> Box<dyn Service>,
+    ) -> Result<DsmServiceRack, DsmServiceRackError> {
+        let clients = [hosts.client, hosts.service];
+        let staged = StagedDsm::on(topology, &clients, hosts.memory, config)?;
+        DsmServiceRack::start_staged(staged, hosts.service, serving, service)
+    }
+
+    fn start_staged(
+        mut staged: StagedDsm,
+        service_host: usize,
+        serving: Serving<'_>,
+        service: impl Fn(Arc<OnceLock<Dsm>>) -> Box<dyn Service>,
+    ) -> Result<DsmServiceRack, DsmServiceRackError> {
+        let Serving {
+            routing,
+            methods,
+            workers,
+        } = serving;
+        let client_host = staged.client_host(0);
         let service_dsm = Arc::new(OnceLock::new());
         let instances: Vec<Box<dyn Service>> = (0..workers.max(1))
             .map(|_| service(Arc::clone(&service_dsm)))
@@ -78,7 +130,7 @@ impl DsmServiceRack {
         let calling = CallingAgent::new(caller, callee, CLIENT_PORT, taken);
         staged
             .staged
-            .add_agent(COMPUTE_HOST, Arc::new(Mutex::new(calling)));
+            .add_agent(client_host, Arc::new(Mutex::new(calling)));
         let (rack, extra, gatekeeper) = match routing {
             Routing::Gatekeeper => {
                 let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE_ADDRESS));

@@ -17,6 +17,7 @@ pub mod dsm;
 pub mod dsm_failover;
 pub mod dsm_service;
 pub mod gatekeeper;
+pub mod rack_section;
 pub mod rpc;
 pub mod transport;
 

@@ -41,15 +41,6 @@ impl<T, E: std::error::Error + Send + Sync + 'static> InSystem<T> for Result<T, 
     }
 }
 
-/// A check a system's rack-file section fails, said in words (the
-/// section's own parser has no typed error for it).
-#[derive(Debug, thiserror::Error)]
-#[error("[{section}] has no rack-file section yet: {instead}")]
-pub struct NoSection {
-    pub section: String,
-    pub instead: &'static str,
-}
-
 /// Why `remora demo` could not run (a failed check is not an error: the
 /// demo reports it and exits 1).
 #[derive(Debug, thiserror::Error)]

@@ -589,3 +589,39 @@ fn a_rack_file_with_a_tiga_section_runs_every_app_through_the_smartnic() {
     assert!(forwarded > 0, "{tiga}");
     assert_eq!(tiga["acknowledged"].as_u64(), Some(forwarded), "{tiga}");
 }
+
+/// The `[bifrost]` section runs the array services on the rack's own
+/// hosts through the Gatekeeper, every answer right; a rack with one
+/// compute node is refused by name.
+#[test]
+fn a_rack_file_with_a_bifrost_section_runs_the_array_services_through_the_gatekeeper() {
+    let report = rack_up("rack-bifrost.toml", &[], "rack-bifrost");
+    for node in report["rack"]["nodes"].as_array().expect("nodes") {
+        assert!(node["error"].is_null(), "{node}");
+    }
+    let bifrost = &report["bifrost"];
+    let runs = bifrost["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2, "{bifrost}");
+    for run in runs {
+        assert_eq!(run["matched"], 50, "{run}");
+    }
+    let gatekeeper = &bifrost["gatekeeper"];
+    assert_eq!(gatekeeper["calls_routed"].as_u64(), Some(100), "{bifrost}");
+    assert!(
+        gatekeeper["reads_allowed"].as_u64().unwrap() > 0,
+        "{bifrost}"
+    );
+    let one_compute_node = std::fs::read_to_string(example("rack-bifrost.toml"))
+        .unwrap()
+        .replacen(
+            "role = \"compute\"\naddress = \"10.0.0.2\"",
+            "role = \"memory\"\naddress = \"10.0.0.2\"",
+            1,
+        );
+    let (code, stderr) = rack_up_with(&one_compute_node, &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("[bifrost] needs two compute nodes"),
+        "{stderr}"
+    );
+}

@@ -49,6 +49,8 @@ pub enum DsmRackError {
     Topology(#[from] remora_rack::topology::TopologyError),
     #[error("{0} memory nodes: a DSM rack has 1 to 62")]
     MemoryNodes(usize),
+    #[error("a DSM rack needs a client")]
+    NoClients,
     #[error("the Gatekeeper's tables: {0}")]
     Gatekeeper(#[from] GatekeeperError),
 }
@@ -106,15 +108,35 @@ impl StagedDsm {
             let added = topology.add_host(host)?;
             debug_assert_eq!(added, index);
         }
-        let mut staged = RackBuilder::new(&topology)
+        let memory_hosts: Vec<usize> = (0..config.memory_nodes).map(memory_host).collect();
+        StagedDsm::on(&topology, &clients, &memory_hosts, config)
+    }
+
+    /// A DSM on `topology`'s hosts: a daemon on each of `memory_hosts` (the
+    /// DSM's nodes 0, 1, ... in that order), and each of `clients` a DSM
+    /// client with channels to every node (the first is the rack's own
+    /// [`DsmRack::dsm`]). `config.memory_nodes` is not used: the hosts say.
+    pub fn on(
+        topology: &Topology,
+        clients: &[usize],
+        memory_hosts: &[usize],
+        config: DsmRackConfig,
+    ) -> Result<StagedDsm, DsmRackError> {
+        if !(1..=62).contains(&memory_hosts.len()) {
+            return Err(DsmRackError::MemoryNodes(memory_hosts.len()));
+        }
+        if clients.is_empty() {
+            return Err(DsmRackError::NoClients);
+        }
+        let clients = clients.to_vec();
+        let mut staged = RackBuilder::new(topology)
             .thread_name("dsm-fabric")
             .build()?;
         let mut daemons = Vec::new();
         let mut paths: Vec<Vec<NodePath>> = clients.iter().map(|_| Vec::new()).collect();
         let mut memory_nodes = Vec::new();
         let mut connections = Vec::new();
-        for node in 0..config.memory_nodes {
-            let host = memory_host(node);
+        for (node, &host) in memory_hosts.iter().enumerate() {
             let daemon = daemon::deploy(staged.nic_mut(host), config.pool_bytes)?;
             let resources = daemon.resources();
             let pool = resources.pool_region;
@@ -167,6 +189,11 @@ impl StagedDsm {
         })
     }
 
+    /// The host of client `index` (0 is the rack's own DSM's).
+    pub fn client_host(&self, index: usize) -> usize {
+        self.clients[index]
+    }
+
     /// Tells a Gatekeeper the DSM's memory nodes and every client's
     /// connection to them, so that its ACL judges their RDMA (and can
     /// answer a refusal with a NAK).
@@ -177,11 +204,9 @@ impl StagedDsm {
         for (client, memory) in &self.connections {
             gatekeeper.register_connection(*client, *memory)?;
         }
-        // Host i is on switch port i.
         let topology = self.staged.topology();
         for &host in &self.clients {
-            let port = remora_base::PortId(host as u16);
-            gatekeeper.register_client_port(topology.host(host).address, port)?;
+            gatekeeper.register_client_port(topology.host(host).address, topology.port(host))?;
         }
         Ok(())
     }

@@ -1,10 +1,10 @@
 //! Bifröst in the command line: the demo's step and `bench bifrost`.
 
-use super::system::refuse_section;
 use super::system::{System, SystemStep};
 use crate::bench::entry::Benchmark;
 use crate::error::{InSystem, SystemError};
 use crate::HistoryFile;
+use remora_bifrost::rack_section::BifrostSection;
 use remora_rack::RackConfig;
 use remora_sim::Probability;
 
@@ -20,11 +20,13 @@ impl System for Bifrost {
     }
 
     fn check_section(&self, rack: &RackConfig) -> Result<(), SystemError> {
-        refuse_section(
-            rack,
-            self.name(),
-            "Bifröst's DSM and RPC runtime are libraries so far (see the demo)",
-        )
+        BifrostSection::from_rack(rack)
+            .map(|_| ())
+            .in_system(self.name())
+    }
+
+    fn rack_up(&self, rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
+        run_section(rack, failures)
     }
 
     fn demo_step(&self, _history: Option<&mut HistoryFile>) -> Result<SystemStep, SystemError> {
@@ -241,4 +243,60 @@ fn acl_step(step: &mut SystemStep) -> Result<(), SystemError> {
         "naks_sent": counters.naks_sent,
     }));
     Ok(())
+}
+
+/// The rack file's `[bifrost]` section on the embedded rack: the array
+/// services on the rack's own hosts, every call by reference and its
+/// answer checked. Failures join the rack's.
+fn run_section(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_json::Value> {
+    let (section, hosts) = match BifrostSection::from_rack(rack) {
+        Ok(Some(found)) => found,
+        Ok(None) => return None,
+        Err(error) => {
+            failures.push(error.to_string());
+            return Some(serde_json::json!({ "error": error.to_string() }));
+        }
+    };
+    let (runs, counters) = match remora_bifrost::rack_section::run_section(&section, &hosts) {
+        Ok(ran) => ran,
+        Err(error) => {
+            failures.push(format!("bifrost: {error}"));
+            return Some(serde_json::json!({ "error": error.to_string() }));
+        }
+    };
+    for run in &runs {
+        println!(
+            "bifrost: {} of {} B by reference, {:?}: {} of {} answers right, p50 {:.1} us, p99 {:.1} us",
+            run.workload, section.array_bytes, section.routing, run.matched, run.calls, run.p50_us, run.p99_us
+        );
+        if run.matched != run.calls {
+            failures.push(format!(
+                "bifrost: {} gave {} wrong answers",
+                run.workload,
+                run.calls - run.matched
+            ));
+        }
+    }
+    let gatekeeper = counters.map(|counters| {
+        println!(
+            "bifrost: the Gatekeeper routed {} calls; its ACL allowed {} READs and {} WRITEs and refused {}",
+            counters.calls_routed,
+            counters.memory.reads_allowed,
+            counters.memory.writes_allowed,
+            counters.memory.reads_refused + counters.memory.writes_refused + counters.memory.messages_refused
+        );
+        serde_json::json!({
+            "calls_routed": counters.calls_routed,
+            "reads_allowed": counters.memory.reads_allowed,
+            "writes_allowed": counters.memory.writes_allowed,
+            "refused": counters.memory.reads_refused + counters.memory.writes_refused + counters.memory.messages_refused,
+            "naks_sent": counters.memory.naks_sent,
+        })
+    });
+    Some(serde_json::json!({
+        "array_bytes": section.array_bytes,
+        "routing": format!("{:?}", section.routing),
+        "runs": runs,
+        "gatekeeper": gatekeeper,
+    }))
 }

@@ -86,10 +86,10 @@ mod tests {
             .source
             .downcast_ref::<remora_tiga::config::TigaSectionError>()
             .is_some());
-        // Bifröst has no section yet.
+        // Bifröst's section has no nodes.
         assert!(refused("[bifrost]\nnodes = 3")
             .source
-            .downcast_ref::<crate::error::NoSection>()
+            .downcast_ref::<remora_bifrost::rack_section::BifrostSectionError>()
             .is_some());
         assert!(matches!(
             check_sections(&rack_with("[warp]\nspeed = 9"), Path::new("rack.toml")),

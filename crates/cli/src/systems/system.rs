@@ -2,7 +2,7 @@
 //! what `rack up` runs for it, its step of the demo and its benchmark.
 
 use crate::bench::entry::Benchmark;
-use crate::error::{NoSection, SystemError};
+use crate::error::SystemError;
 use crate::HistoryFile;
 use remora_rack::RackConfig;
 
@@ -40,20 +40,4 @@ pub trait System: Sync {
 pub struct SystemStep {
     pub variants: Vec<serde_json::Value>,
     pub failures: Vec<String>,
-}
-
-/// A system without a rack-file section refuses one, saying where it runs.
-pub fn refuse_section(
-    rack: &RackConfig,
-    name: &'static str,
-    instead: &'static str,
-) -> Result<(), SystemError> {
-    let refused = NoSection {
-        section: name.to_owned(),
-        instead,
-    };
-    match rack.systems.contains_key(name) {
-        true => Err(SystemError::new(name, refused)),
-        false => Ok(()),
-    }
 }

@@ -23,8 +23,9 @@
 //! Client stages are timed per call; server stages are means recorded by
 //! the server over the same calls.
 
-use super::{thrift_over_tcp_with, ArraysByValue, ArraysWorkload, BifrostBenchError, INCREMENT};
+use super::{thrift_over_tcp_with, ArraysByValue, BifrostBenchError};
 use remora_bifrost::arrays::{arrays_rack_timed, ServerClocks};
+use remora_bifrost::arrays::{Workload, INCREMENT};
 use remora_bifrost::by_reference::{from_idl, pass_by_reference, to_idl};
 use remora_bifrost::dsm::rack::DsmRackConfig;
 use remora_bifrost::dsm_service::DsmServiceRack;
@@ -57,7 +58,7 @@ pub const STAGES: [&str; 7] = [
 #[derive(Debug, Clone)]
 pub struct Breakdown {
     pub system: &'static str,
-    pub workload: ArraysWorkload,
+    pub workload: Workload,
     pub stages_us: [f64; 7],
     pub calls: u64,
 }
@@ -88,7 +89,7 @@ impl ClientStages {
     fn breakdown(
         &self,
         system: &'static str,
-        workload: ArraysWorkload,
+        workload: Workload,
         server: &ServerClocks,
     ) -> Breakdown {
         let calls = self.calls.max(1) as f64;
@@ -116,14 +117,14 @@ impl ClientStages {
 /// up).
 pub fn breakdowns(calls: u64) -> Result<Vec<Breakdown>, BifrostBenchError> {
     let mut all = Vec::new();
-    for workload in [ArraysWorkload::IncrementArray, ArraysWorkload::AddArrays] {
+    for workload in [Workload::IncrementArray, Workload::AddArrays] {
         all.push(bifrost(workload, calls)?);
         all.push(thrift_tcp(workload, calls)?);
     }
     Ok(all)
 }
 
-fn bifrost(workload: ArraysWorkload, calls: u64) -> Result<Breakdown, BifrostBenchError> {
+fn bifrost(workload: Workload, calls: u64) -> Result<Breakdown, BifrostBenchError> {
     let clocks = ServerClocks::default();
     let config = DsmRackConfig::default();
     let DsmServiceRack {
@@ -153,12 +154,8 @@ fn bifrost(workload: ArraysWorkload, calls: u64) -> Result<Breakdown, BifrostBen
         let prepared = Instant::now();
         handle.pass(allocation.to_address(None));
         let returned = match workload {
-            ArraysWorkload::IncrementArray => {
-                client.increment_array(to_idl(arguments[0]), INCREMENT)?
-            }
-            ArraysWorkload::AddArrays => {
-                client.add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))?
-            }
+            Workload::IncrementArray => client.increment_array(to_idl(arguments[0]), INCREMENT)?,
+            Workload::AddArrays => client.add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))?,
         };
         let returned_at = Instant::now();
         let sum = from_idl(&returned)?.allocation;
@@ -239,7 +236,7 @@ impl<R: Read> Read for TimedReader<R> {
     }
 }
 
-fn thrift_tcp(workload: ArraysWorkload, calls: u64) -> Result<Breakdown, BifrostBenchError> {
+fn thrift_tcp(workload: Workload, calls: u64) -> Result<Breakdown, BifrostBenchError> {
     let clocks = ServerClocks::default();
     let handler = ArraysByValue {
         compute: Some(Arc::clone(&clocks.compute)),
@@ -266,10 +263,8 @@ fn thrift_tcp(workload: ArraysWorkload, calls: u64) -> Result<Breakdown, Bifrost
         let prepared = Instant::now();
         client_clock.expect_reply();
         let reply = match workload {
-            ArraysWorkload::IncrementArray => {
-                client.increment_array(copies.remove(0), INCREMENT)?
-            }
-            ArraysWorkload::AddArrays => {
+            Workload::IncrementArray => client.increment_array(copies.remove(0), INCREMENT)?,
+            Workload::AddArrays => {
                 let a = copies.remove(0);
                 client.add_arrays(a, copies.remove(0))?
             }

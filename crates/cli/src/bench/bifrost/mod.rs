@@ -9,20 +9,17 @@ mod breakdown;
 
 use super::report::{Host, Report};
 use hdrhistogram::Histogram;
-use remora_bifrost::arrays::arrays_rack;
-use remora_bifrost::by_reference::{from_idl, pass_by_reference, to_idl, Argument};
+use remora_bifrost::arrays::{arrays_rack, Workload, INCREMENT};
+use remora_bifrost::by_reference::pass_by_reference;
 use remora_bifrost::dsm::rack::DsmRackConfig;
-use remora_bifrost::dsm::GlobalPtr;
 use remora_bifrost::dsm_service::DsmServiceRack;
 use remora_bifrost::services::{
     ArraysByValueSyncClient, ArraysByValueSyncHandler, ArraysByValueSyncProcessor,
     ArraysSyncClient, EchoSyncClient, EchoSyncHandler, EchoSyncProcessor, PingSyncClient,
-    PingSyncHandler, PingSyncProcessor, TArraysByValueSyncClient, TArraysSyncClient,
-    TEchoSyncClient, TPingSyncClient,
+    PingSyncHandler, PingSyncProcessor, TArraysByValueSyncClient, TEchoSyncClient, TPingSyncClient,
 };
 use remora_bifrost::transport::{
-    client_protocols, client_protocols_passing, CallHandle, RackPath, Routing, ServiceRack,
-    StageClock, ThriftService,
+    client_protocols, client_protocols_passing, Routing, ServiceRack, StageClock, ThriftService,
 };
 use std::io::{BufReader, BufWriter};
 use std::net::{TcpListener, TcpStream};
@@ -414,52 +411,6 @@ impl ArraysByValueSyncHandler for ArraysByValue {
     }
 }
 
-/// The thesis's two array workloads (§7.5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ArraysWorkload {
-    /// One array and a byte; the array with the byte added back.
-    IncrementArray,
-    /// Two arrays; their sum back.
-    AddArrays,
-}
-
-impl ArraysWorkload {
-    fn name(self) -> &'static str {
-        match self {
-            ArraysWorkload::IncrementArray => "increment_array",
-            ArraysWorkload::AddArrays => "add_arrays",
-        }
-    }
-
-    /// The workload's input arrays of `bytes` each.
-    fn inputs(self, bytes: usize) -> Vec<Vec<u8>> {
-        let a = (0..bytes).map(|index| (index % 251) as u8).collect();
-        let b = (0..bytes).map(|index| (index % 13) as u8).collect();
-        match self {
-            ArraysWorkload::IncrementArray => vec![a],
-            ArraysWorkload::AddArrays => vec![a, b],
-        }
-    }
-
-    /// What the service must answer.
-    fn expected(self, inputs: &[Vec<u8>]) -> Vec<u8> {
-        match self {
-            ArraysWorkload::IncrementArray => inputs[0]
-                .iter()
-                .map(|byte| byte.wrapping_add(INCREMENT as u8))
-                .collect(),
-            ArraysWorkload::AddArrays => inputs[0]
-                .iter()
-                .zip(&inputs[1])
-                .map(|(x, y)| x.wrapping_add(*y))
-                .collect(),
-        }
-    }
-}
-
-/// What increment_array adds.
-const INCREMENT: i8 = 7;
-
 /// One workload's latencies at one size, in ns.
 struct ArraysFigure {
     bytes: usize,
@@ -486,37 +437,12 @@ fn time_calls(
     Ok(latencies)
 }
 
-type BifrostArraysClient = ArraysSyncClient<
-    thrift::protocol::TBinaryInputProtocol<remora_bifrost::transport::ReadHalf<RackPath>>,
-    thrift::protocol::TBinaryOutputProtocol<remora_bifrost::transport::WriteHalf<RackPath>>,
->;
-
-/// One call of `workload` by reference: the inputs' allocation passed in
-/// the header, a new array of the service's back. Returns that array.
-fn call_by_reference(
-    client: &mut BifrostArraysClient,
-    pointer: &CallHandle,
-    workload: ArraysWorkload,
-    (inputs, arguments): &(GlobalPtr, Vec<Argument>),
-) -> Result<Argument, BifrostBenchError> {
-    pointer.pass(inputs.to_address(None));
-    let returned = match workload {
-        ArraysWorkload::IncrementArray => {
-            client.increment_array(to_idl(arguments[0]), INCREMENT)?
-        }
-        ArraysWorkload::AddArrays => {
-            client.add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))?
-        }
-    };
-    Ok(from_idl(&returned)?)
-}
-
 /// The array workloads at each size: Bifröst by reference (inputs already
 /// in global memory) through the Gatekeeper and bypassing it, Bifröst
 /// writing its inputs inside the timed region, and the same service by
 /// value through Thrift over TCP.
 fn arrays_workload(
-    workload: ArraysWorkload,
+    workload: Workload,
     sizes: &[usize],
     duration: Duration,
 ) -> Result<Vec<ArraysFigure>, BifrostBenchError> {
@@ -553,7 +479,7 @@ type ByReference = (Histogram<u64>, Histogram<u64>);
 /// call and hands it the result's control with the reply; the result is
 /// freed after each timed call.
 fn by_reference(
-    workload: ArraysWorkload,
+    workload: Workload,
     routing: Routing,
     sizes: &[usize],
     duration: Duration,
@@ -580,7 +506,7 @@ fn by_reference(
         let slices: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
         let passed = pass_by_reference(&dsm, &slices)?;
         let mut result = vec![0u8; bytes];
-        let returned = call_by_reference(&mut bifrost, &pointer, workload, &passed)?;
+        let returned = workload.call(&mut bifrost, &pointer, &passed)?;
         dsm.read(returned.allocation, &mut result)?;
         dsm.free(returned.allocation)?;
         if result != workload.expected(&inputs) {
@@ -591,7 +517,7 @@ fn by_reference(
         }
         let timed = time_calls(duration, || {
             let begun = Instant::now();
-            let returned = call_by_reference(&mut bifrost, &pointer, workload, &passed)?;
+            let returned = workload.call(&mut bifrost, &pointer, &passed)?;
             let elapsed = begun.elapsed();
             dsm.free(returned.allocation)?;
             Ok(elapsed)
@@ -601,7 +527,7 @@ fn by_reference(
             for (argument, input) in passed.1.iter().zip(&inputs) {
                 dsm.write_at(argument.allocation, argument.at, input)?;
             }
-            let returned = call_by_reference(&mut bifrost, &pointer, workload, &passed)?;
+            let returned = workload.call(&mut bifrost, &pointer, &passed)?;
             let elapsed = begun.elapsed();
             dsm.free(returned.allocation)?;
             Ok(elapsed)
@@ -616,7 +542,7 @@ fn by_reference(
 /// client takes its arguments by value: they are copied outside the timed
 /// region, as the by-reference arrays were written.
 fn by_value(
-    workload: ArraysWorkload,
+    workload: Workload,
     sizes: &[usize],
     duration: Duration,
 ) -> Result<Vec<Histogram<u64>>, BifrostBenchError> {
@@ -636,10 +562,8 @@ fn by_value(
             let mut copies = inputs.clone();
             let begun = Instant::now();
             let answer = match workload {
-                ArraysWorkload::IncrementArray => {
-                    thrift.increment_array(copies.remove(0), INCREMENT)?
-                }
-                ArraysWorkload::AddArrays => {
+                Workload::IncrementArray => thrift.increment_array(copies.remove(0), INCREMENT)?,
+                Workload::AddArrays => {
                     let a = copies.remove(0);
                     thrift.add_arrays(a, copies.remove(0))?
                 }
@@ -663,7 +587,7 @@ fn by_value(
 /// measured, the by-reference p50 over Thrift's and over the bypass's.
 fn report_arrays(
     report: &mut Report,
-    workload: ArraysWorkload,
+    workload: Workload,
     figures: &[ArraysFigure],
 ) -> Option<(f64, f64)> {
     let name = workload.name();
@@ -913,18 +837,18 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
     };
     let arrays_duration = Duration::from_millis(if quick { 300 } else { 1500 });
     let mut named: Vec<(&str, f64, &str)> = named.into_iter().collect();
-    for workload in [ArraysWorkload::IncrementArray, ArraysWorkload::AddArrays] {
+    for workload in [Workload::IncrementArray, Workload::AddArrays] {
         let figures = arrays_workload(workload, sizes, arrays_duration)?;
         let Some((vs_thrift, vs_bypass)) = report_arrays(&mut report, workload, &figures) else {
             continue;
         };
         let (name, target, overhead) = match workload {
-            ArraysWorkload::AddArrays => (
+            Workload::AddArrays => (
                 "add_arrays_1mib_vs_thrift_tcp",
                 "<= 1.0",
                 "gatekeeper_add_arrays_1mib_overhead",
             ),
-            ArraysWorkload::IncrementArray => (
+            Workload::IncrementArray => (
                 "increment_array_1mib_vs_thrift_tcp",
                 "(reported)",
                 "gatekeeper_increment_array_1mib_overhead",
