@@ -16,6 +16,11 @@
 //! The version matters: the newest snapshot can be newer than the kept
 //! checkpoint, when the replies that carried the newer checkpoints never
 //! reached the switch.
+//!
+//! The callee also commits a checkpoint as each call reaches its worker
+//! (b1, [`Callee::committing_to`]): the replacement runs the calls the
+//! kept checkpoint had received and not answered, and answers their
+//! callers itself.
 
 use crate::dsm::client::Dsm;
 use crate::dsm::rack::{DsmRackConfig, DsmRackError, StagedDsm};
@@ -193,6 +198,11 @@ pub struct RegionFailover {
     pub region_at_failure: u64,
     pub checkpoint_version: u64,
     pub replayed: u64,
+    /// b1 commits the Gatekeeper took (each call as it reached the
+    /// service's worker), and the calls the kept checkpoint had received
+    /// and not answered, which the replacement ran itself.
+    pub commits: u64,
+    pub received_in_checkpoint: u64,
 }
 
 const SERVICE_HOST_INDEX: usize = 0;
@@ -222,7 +232,8 @@ pub fn region_failover(
     for (index, &host) in hosts.iter().enumerate() {
         let counter = RegionCounter::new(Arc::clone(&dsms[index]));
         let worker = WorkerPool::new(vec![Box::new(counter)])?;
-        let server = ServerAgent::new(Callee::with_checkpoints(Box::new(worker)));
+        let callee = Callee::with_checkpoints(Box::new(worker)).committing_to(service);
+        let server = ServerAgent::new(callee);
         staged.staged.add_agent(host, Arc::new(Mutex::new(server)));
         let control = ControlAgent::new(service, NodeKind::Compute, 1 << 20, HEARTBEAT_INTERVAL);
         let control = if index == SERVICE_HOST_INDEX {
@@ -284,7 +295,12 @@ pub fn region_failover(
     for region in regions {
         spare_dsm.restore_version(region, version)?;
     }
-    let checkpoint_version = decoded.sequence;
+    let checkpoint_version = decoded.executed;
+    let received_in_checkpoint = decoded
+        .received
+        .values()
+        .map(|calls| calls.len() as u64)
+        .sum();
     with_server(rack, hosts[1], |server| server.callee.restore(&checkpoint))??;
     lock(&switch).switch.program_mut().recover(node, spare)?;
     rack.kick();
@@ -320,12 +336,14 @@ pub fn region_failover(
     if value != calls {
         return Err(RegionFailoverError::WrongRegion { calls, value });
     }
-    let replayed = lock(&switch).switch.program().counters().replayed;
+    let counters = lock(&switch).switch.program().counters();
     Ok(RegionFailover {
         calls,
         region_at_failure,
         checkpoint_version,
-        replayed,
+        replayed: counters.replayed,
+        commits: counters.commits,
+        received_in_checkpoint,
     })
 }
 

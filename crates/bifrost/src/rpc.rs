@@ -69,10 +69,9 @@ pub enum RpcError {
 pub struct Answer {
     pub body: Vec<u8>,
     pub pointer: Option<GlobalAddress>,
-    /// The service's state right after the call, for the checkpoint its
-    /// reply carries: what a service run on other threads
-    /// ([`workers::WorkerPool`]) hands back, since its callee cannot ask
-    /// it for its state.
+    /// The service's state right after the call: what a service run on
+    /// another thread hands back ([`workers::WorkerPool`] keeps it, to
+    /// answer for the service's state in the reply's checkpoint).
     pub state: Option<Vec<u8>>,
 }
 
@@ -149,7 +148,7 @@ pub trait Service: Send {
 }
 
 /// Which call a deferred outcome answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CallTicket {
     pub caller: DatagramEnd,
     pub rpc_id: u64,
@@ -443,8 +442,11 @@ pub struct CalleeCounters {
     /// Calls refused because [`MAX_IN_PROGRESS`] were running (the caller
     /// sends them again).
     pub busy: u64,
-    /// Replies sent without their checkpoint, which did not fit.
+    /// Replies sent without their checkpoint, and commits not sent, which
+    /// did not fit.
     pub checkpoints_too_large: u64,
+    /// b1 commits sent.
+    pub commits: u64,
     pub duplicates: u64,
     pub stale: u64,
     pub malformed: u64,
@@ -468,9 +470,13 @@ pub struct Callee {
     counters: CalleeCounters,
     /// Replies carry a checkpoint (for a Gatekeeper to keep).
     checkpointing: bool,
-    /// The newest state a finished call handed back with its answer,
-    /// for a service that cannot be asked for its state.
-    latest_state: Option<Vec<u8>>,
+    /// Checkpoints taken: the next one's sequence follows.
+    checkpoints_taken: u64,
+    /// Deferred calls received and not yet answered, as their datagrams
+    /// came (what a b1 checkpoint carries).
+    received: BTreeMap<CallTicket, Vec<u8>>,
+    /// Where b1 commits go (the Gatekeeper's control port), if anywhere.
+    commit_to: Option<DatagramEnd>,
 }
 
 impl Callee {
@@ -482,7 +488,9 @@ impl Callee {
             sends: VecDeque::new(),
             counters: CalleeCounters::default(),
             checkpointing: false,
-            latest_state: None,
+            checkpoints_taken: 0,
+            received: BTreeMap::new(),
+            commit_to: None,
         }
     }
 
@@ -501,13 +509,48 @@ impl Callee {
         self.in_progress.clear();
     }
 
+    /// With checkpoints, each call deferred to the service also commits a
+    /// checkpoint to `gatekeeper` (its control port) as it arrives (b1):
+    /// the call received and not yet answered, which a replacement runs
+    /// and answers its caller. (A call the service answers at once needs
+    /// none: its reply's checkpoint, b2, follows at once.)
+    pub fn committing_to(mut self, gatekeeper: DatagramEnd) -> Callee {
+        self.commit_to = Some(DatagramEnd {
+            port: remora_wire::bifrost::CONTROL_PORT,
+            ..gatekeeper
+        });
+        self
+    }
+
+    /// The next checkpoint to send: its sequence follows the last sent.
+    fn take_checkpoint(&mut self) -> Option<checkpoint::Checkpoint> {
+        let mut checkpoint = self.checkpoint()?;
+        self.checkpoints_taken += 1;
+        checkpoint.sequence = self.checkpoints_taken;
+        Some(checkpoint)
+    }
+
+    /// Commits a b1 checkpoint: what the callee has received and not
+    /// answered, now.
+    fn commit(&mut self) {
+        let Some(to) = self.commit_to else {
+            return;
+        };
+        match self.take_checkpoint().map(|checkpoint| checkpoint.encode()) {
+            Some(Ok(bytes)) => {
+                self.sends
+                    .push_back((to, remora_wire::bifrost::emit_commit(&bytes)));
+                self.counters.commits += 1;
+            }
+            Some(Err(_)) => self.counters.checkpoints_too_large += 1,
+            None => {}
+        }
+    }
+
     /// The checkpoint of what the callee has done: the service's state and
     /// the newest replies to each caller.
     pub fn checkpoint(&self) -> Option<checkpoint::Checkpoint> {
-        let state = self
-            .service
-            .save_state()
-            .or_else(|| self.latest_state.clone())?;
+        let state = self.service.save_state()?;
         let replies = self
             .callers
             .iter()
@@ -522,10 +565,19 @@ impl Callee {
                 (*caller, newest)
             })
             .collect();
+        let mut received: BTreeMap<DatagramEnd, BTreeMap<u64, Vec<u8>>> = BTreeMap::new();
+        for (ticket, payload) in &self.received {
+            received
+                .entry(ticket.caller)
+                .or_default()
+                .insert(ticket.rpc_id, payload.clone());
+        }
         Some(checkpoint::Checkpoint {
-            sequence: self.counters.executed,
+            sequence: self.checkpoints_taken,
+            executed: self.counters.executed,
             state,
             replies,
+            received,
         })
     }
 
@@ -536,14 +588,23 @@ impl Callee {
         self.service
             .restore_state(&checkpoint.state)
             .map_err(checkpoint::CheckpointError::Service)?;
-        self.latest_state = Some(checkpoint.state.clone());
         self.callers = checkpoint
             .replies
             .into_iter()
             .map(|(caller, replies)| (caller, CallerMemory { replies }))
             .collect();
         self.in_progress.clear();
-        self.counters.executed = checkpoint.sequence;
+        self.received.clear();
+        self.counters.executed = checkpoint.executed;
+        self.checkpoints_taken = checkpoint.sequence;
+        // The calls the failed node had received and not answered (b1) run
+        // here now, and their callers hear from the replacement; copies
+        // that come later are duplicates.
+        for (caller, calls) in checkpoint.received {
+            for payload in calls.into_values() {
+                self.handle(caller, &payload);
+            }
+        }
         Ok(())
     }
 
@@ -622,6 +683,10 @@ impl Callee {
             Some(outcome) => self.finish(ticket, repr, outcome),
             None => {
                 self.in_progress.insert(ticket, repr);
+                if self.checkpointing && self.commit_to.is_some() {
+                    self.received.insert(ticket, payload.to_vec());
+                    self.commit();
+                }
             }
         }
     }
@@ -647,13 +712,9 @@ impl Callee {
     /// never answered).
     fn finish(&mut self, ticket: CallTicket, call: BifrostRepr, outcome: Outcome) {
         self.counters.executed += 1;
+        self.received.remove(&ticket);
         let (call_type, body, returned) = match outcome {
-            Ok(answer) => {
-                if answer.state.is_some() {
-                    self.latest_state = answer.state;
-                }
-                (CallType::Reply, answer.body, answer.pointer)
-            }
+            Ok(answer) => (CallType::Reply, answer.body, answer.pointer),
             Err(message) => (CallType::Exception, message.into_bytes(), None),
         };
         let oneway = call.call_type == CallType::Oneway;
@@ -681,7 +742,11 @@ impl Callee {
     /// caller holds an answer the Gatekeeper's checkpoint does not cover.
     /// Kept replies stay plain.
     fn send_reply(&mut self, to: DatagramEnd, reply: Vec<u8>) {
-        let checkpoint = self.checkpointing.then(|| self.checkpoint()).flatten();
+        let checkpoint = if self.checkpointing {
+            self.take_checkpoint()
+        } else {
+            None
+        };
         let reply = match checkpoint.map(|checkpoint| checkpoint.encode()) {
             Some(Ok(bytes)) => match BifrostHeader::new_checked(&reply[..]) {
                 Ok(header) => {

@@ -13,4 +13,8 @@ fn a_callee_with_state_in_global_memory_fails_over_and_every_call_counts_once() 
         outcome.checkpoint_version <= outcome.region_at_failure,
         "{outcome:?}"
     );
+    assert!(
+        outcome.commits > 0,
+        "b1 commits reached the Gatekeeper: {outcome:?}"
+    );
 }

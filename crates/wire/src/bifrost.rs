@@ -432,11 +432,56 @@ impl ExportRepr {
     }
 }
 
+/// A commit: a callee's checkpoint taken when a call arrived (the
+/// thesis's b1), sent to the Gatekeeper on its own, since no packet
+/// leaves a callee between a call's arrival and its reply. "BIFC", a
+/// 4-byte length, then that many bytes of checkpoint.
+pub const COMMIT_IDENTIFIER: u32 = u32::from_be_bytes(*b"BIFC");
+pub const COMMIT_HEADER_LEN: usize = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CommitError {
+    #[error("{0} bytes are too few for a commit's header ({COMMIT_HEADER_LEN})")]
+    Truncated(usize),
+    #[error("identifier {0:#010x} is not a commit's")]
+    Identifier(u32),
+    #[error("a commit says {said} bytes of checkpoint and carries {carried}")]
+    Length { said: usize, carried: usize },
+}
+
+/// A commit's checkpoint bytes, checked.
+pub fn parse_commit(bytes: &[u8]) -> Result<&[u8], CommitError> {
+    if bytes.len() < COMMIT_HEADER_LEN {
+        return Err(CommitError::Truncated(bytes.len()));
+    }
+    let identifier = read_u32(bytes, 0);
+    if identifier != COMMIT_IDENTIFIER {
+        return Err(CommitError::Identifier(identifier));
+    }
+    let said = read_u32(bytes, 4) as usize;
+    let carried = bytes.len() - COMMIT_HEADER_LEN;
+    if said != carried {
+        return Err(CommitError::Length { said, carried });
+    }
+    Ok(&bytes[COMMIT_HEADER_LEN..])
+}
+
+/// A commit carrying `checkpoint`.
+pub fn emit_commit(checkpoint: &[u8]) -> Vec<u8> {
+    let mut bytes = vec![0u8; COMMIT_HEADER_LEN + checkpoint.len()];
+    write_u32(&mut bytes, 0, COMMIT_IDENTIFIER);
+    write_u32(&mut bytes, 4, checkpoint.len() as u32);
+    bytes[COMMIT_HEADER_LEN..].copy_from_slice(checkpoint);
+    bytes
+}
+
 /// A message a node sends the Gatekeeper on [`CONTROL_PORT`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeMessage {
+pub enum NodeMessage<'a> {
     Heartbeat(HeartbeatRepr),
     Export(ExportRepr),
+    /// A callee's checkpoint (its bytes).
+    Commit(&'a [u8]),
 }
 
 /// Why a node's message did not parse.
@@ -446,20 +491,23 @@ pub enum NodeMessageError {
     Heartbeat(#[from] HeartbeatError),
     #[error(transparent)]
     Export(#[from] ExportError),
+    #[error(transparent)]
+    Commit(#[from] CommitError),
     #[error("{0} bytes are too few for a node's message")]
     Truncated(usize),
 }
 
-impl NodeMessage {
-    /// A heartbeat or an export, told apart by the identifier.
-    pub fn parse(bytes: &[u8]) -> Result<NodeMessage, NodeMessageError> {
+impl NodeMessage<'_> {
+    /// A heartbeat, an export or a commit, told apart by the identifier.
+    pub fn parse(bytes: &[u8]) -> Result<NodeMessage<'_>, NodeMessageError> {
         if bytes.len() < 4 {
             return Err(NodeMessageError::Truncated(bytes.len()));
         }
-        if read_u32(bytes, 0) == EXPORT_IDENTIFIER {
-            return Ok(NodeMessage::Export(ExportRepr::parse(bytes)?));
+        match read_u32(bytes, 0) {
+            EXPORT_IDENTIFIER => Ok(NodeMessage::Export(ExportRepr::parse(bytes)?)),
+            COMMIT_IDENTIFIER => Ok(NodeMessage::Commit(parse_commit(bytes)?)),
+            _ => Ok(NodeMessage::Heartbeat(HeartbeatRepr::parse(bytes)?)),
         }
-        Ok(NodeMessage::Heartbeat(HeartbeatRepr::parse(bytes)?))
     }
 }
 
@@ -479,6 +527,14 @@ pub fn any_node_message(data: &[u8]) -> bool {
         NodeMessage::Export(repr) => {
             repr.emit(&mut emitted).expect("a whole export fits");
             EXPORT_LEN
+        }
+        NodeMessage::Commit(checkpoint) => {
+            assert_eq!(
+                emit_commit(checkpoint),
+                data,
+                "a commit emits the same bytes"
+            );
+            return true;
         }
     };
     assert_eq!(&emitted[..length], &data[..length]);
@@ -573,6 +629,31 @@ mod tests {
             Err(HeartbeatError::Identifier(_))
         ));
         assert!(!any_node_message(&wrong));
+    }
+
+    #[test]
+    fn commits_round_trip_and_bad_ones_are_typed_errors() {
+        let checkpoint = b"a callee's checkpoint";
+        let bytes = emit_commit(checkpoint);
+        assert_eq!(
+            NodeMessage::parse(&bytes),
+            Ok(NodeMessage::Commit(&checkpoint[..]))
+        );
+        assert!(any_node_message(&bytes));
+        assert!(matches!(
+            parse_commit(&bytes[..bytes.len() - 1]),
+            Err(CommitError::Length { .. })
+        ));
+        assert!(matches!(
+            parse_commit(&bytes[..5]),
+            Err(CommitError::Truncated(5))
+        ));
+        let mut other = bytes.clone();
+        other[0] ^= 1;
+        assert!(matches!(
+            parse_commit(&other),
+            Err(CommitError::Identifier(_))
+        ));
     }
 
     #[test]

@@ -132,8 +132,11 @@ pub struct GatekeeperCounters {
     pub malformed: u64,
     /// Calls addressed to a node directly: forwarded without routing.
     pub direct: u64,
-    /// Checkpoints taken off replies and kept (older ones are dropped).
+    /// Checkpoints taken off replies or commits and kept (older ones are
+    /// dropped).
     pub checkpoints: u64,
+    /// Commits (b1: a callee's checkpoint as a call arrived) taken.
+    pub commits: u64,
     /// Callers' checkpoints taken off calls and kept.
     pub caller_checkpoints: u64,
     /// Checkpoints (either kind) a full table could not take: the older
@@ -401,7 +404,8 @@ impl Gatekeeper {
         self.held.len()
     }
 
-    /// A node's message on the control port: a heartbeat or an export.
+    /// A node's message on the control port: a heartbeat, an export, or
+    /// a commit (a callee's checkpoint taken as a call arrived, b1).
     fn take_node_message(&mut self, now: Timestamp, packet: &mut Packet, udp: usize) -> Claim {
         packet.egress = Egress::Drop;
         let node = packet
@@ -409,12 +413,35 @@ impl Gatekeeper {
             .ipv4
             .map(|fields| fields.source)
             .unwrap_or_default();
-        match NodeMessage::parse(&packet.bytes[udp + 8..]) {
-            Ok(NodeMessage::Heartbeat(heartbeat)) => self.take_heartbeat(now, node, heartbeat),
-            Ok(NodeMessage::Export(export)) => self.take_export(node, export),
-            Err(_) => self.counters.malformed += 1,
+        let commit = match NodeMessage::parse(&packet.bytes[udp + 8..]) {
+            Ok(NodeMessage::Heartbeat(heartbeat)) => {
+                self.take_heartbeat(now, node, heartbeat);
+                None
+            }
+            Ok(NodeMessage::Export(export)) => {
+                self.take_export(node, export);
+                None
+            }
+            Ok(NodeMessage::Commit(checkpoint)) => Some(checkpoint.to_vec()),
+            Err(_) => {
+                self.counters.malformed += 1;
+                None
+            }
+        };
+        if let Some(checkpoint) = commit {
+            self.keep_checkpoint(node, checkpoint);
+            self.counters.commits += 1;
         }
         Claim::Taken
+    }
+
+    /// Keeps `checkpoint` as `node`'s if it is its newest.
+    fn keep_checkpoint(&mut self, node: Ipv4Address, checkpoint: Vec<u8>) {
+        match keep_newest(&mut self.checkpoints, node, checkpoint) {
+            Kept::Newest => self.counters.checkpoints += 1,
+            Kept::Refused => self.counters.checkpoints_refused += 1,
+            Kept::Older => {}
+        }
     }
 
     /// A node exports a method: calls of it go to the node, unless another
@@ -816,11 +843,7 @@ impl Gatekeeper {
         let Some(checkpoint) = self.strip_checkpoint(packet, ip, udp) else {
             return;
         };
-        match keep_newest(&mut self.checkpoints, node, checkpoint) {
-            Kept::Newest => self.counters.checkpoints += 1,
-            Kept::Refused => self.counters.checkpoints_refused += 1,
-            Kept::Older => {}
-        }
+        self.keep_checkpoint(node, checkpoint);
     }
 
     /// Takes the caller's checkpoint off a call (a1, a2) and keeps it if

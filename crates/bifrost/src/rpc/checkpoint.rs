@@ -38,30 +38,64 @@ pub enum CheckpointError {
 /// What a checkpoint holds.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Checkpoint {
-    /// Calls the callee had run when it was taken: a newer one wins.
+    /// The callee's count of checkpoints taken: a newer one wins.
     pub sequence: u64,
+    /// Calls the callee had run when it was taken.
+    pub executed: u64,
     pub state: Vec<u8>,
     pub replies: BTreeMap<DatagramEnd, BTreeMap<u64, Vec<u8>>>,
+    /// Calls received and not yet answered (b1), as their datagrams came:
+    /// a replacement runs them and answers their callers.
+    pub received: BTreeMap<DatagramEnd, BTreeMap<u64, Vec<u8>>>,
+}
+
+/// Appends `calls` (by caller, by RPC id) to `bytes`.
+fn encode_calls(bytes: &mut Vec<u8>, calls: &BTreeMap<DatagramEnd, BTreeMap<u64, Vec<u8>>>) {
+    bytes.extend_from_slice(&(calls.len() as u32).to_be_bytes());
+    for (caller, kept) in calls {
+        bytes.extend_from_slice(&caller.mac.0);
+        bytes.extend_from_slice(&caller.address.0);
+        bytes.extend_from_slice(&caller.port.to_be_bytes());
+        bytes.extend_from_slice(&(kept.len() as u32).to_be_bytes());
+        for (rpc_id, payload) in kept {
+            bytes.extend_from_slice(&rpc_id.to_be_bytes());
+            bytes.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+            bytes.extend_from_slice(payload);
+        }
+    }
+}
+
+/// Reads what [`encode_calls`] wrote.
+fn decode_calls(
+    reader: &mut Reader<'_>,
+) -> Result<BTreeMap<DatagramEnd, BTreeMap<u64, Vec<u8>>>, CheckpointError> {
+    let callers = reader.u32()?;
+    let mut calls = BTreeMap::new();
+    for _ in 0..callers {
+        let mac = MacAddress(reader.take(6)?.try_into().expect("six bytes"));
+        let address = Ipv4Address(reader.take(4)?.try_into().expect("four bytes"));
+        let port = u16::from_be_bytes(reader.take(2)?.try_into().expect("two bytes"));
+        let count = reader.u32()?;
+        let mut kept = BTreeMap::new();
+        for _ in 0..count {
+            let rpc_id = reader.u64()?;
+            let length = reader.u32()? as usize;
+            kept.insert(rpc_id, reader.take(length)?.to_vec());
+        }
+        calls.insert(DatagramEnd { mac, address, port }, kept);
+    }
+    Ok(calls)
 }
 
 impl Checkpoint {
     pub fn encode(&self) -> Result<Vec<u8>, CheckpointError> {
         let mut bytes = Vec::new();
         bytes.extend_from_slice(&self.sequence.to_be_bytes());
+        bytes.extend_from_slice(&self.executed.to_be_bytes());
         bytes.extend_from_slice(&(self.state.len() as u32).to_be_bytes());
         bytes.extend_from_slice(&self.state);
-        bytes.extend_from_slice(&(self.replies.len() as u32).to_be_bytes());
-        for (caller, replies) in &self.replies {
-            bytes.extend_from_slice(&caller.mac.0);
-            bytes.extend_from_slice(&caller.address.0);
-            bytes.extend_from_slice(&caller.port.to_be_bytes());
-            bytes.extend_from_slice(&(replies.len() as u32).to_be_bytes());
-            for (rpc_id, reply) in replies {
-                bytes.extend_from_slice(&rpc_id.to_be_bytes());
-                bytes.extend_from_slice(&(reply.len() as u32).to_be_bytes());
-                bytes.extend_from_slice(reply);
-            }
-        }
+        encode_calls(&mut bytes, &self.replies);
+        encode_calls(&mut bytes, &self.received);
         if bytes.len() > MAX_CHECKPOINT_BYTES {
             return Err(CheckpointError::TooLarge(bytes.len()));
         }
@@ -71,27 +105,17 @@ impl Checkpoint {
     pub fn decode(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
         let mut reader = Reader { bytes, at: 0 };
         let sequence = reader.u64()?;
+        let executed = reader.u64()?;
         let state_length = reader.u32()? as usize;
         let state = reader.take(state_length)?.to_vec();
-        let callers = reader.u32()?;
-        let mut replies = BTreeMap::new();
-        for _ in 0..callers {
-            let mac = MacAddress(reader.take(6)?.try_into().expect("six bytes"));
-            let address = Ipv4Address(reader.take(4)?.try_into().expect("four bytes"));
-            let port = u16::from_be_bytes(reader.take(2)?.try_into().expect("two bytes"));
-            let count = reader.u32()?;
-            let mut kept = BTreeMap::new();
-            for _ in 0..count {
-                let rpc_id = reader.u64()?;
-                let length = reader.u32()? as usize;
-                kept.insert(rpc_id, reader.take(length)?.to_vec());
-            }
-            replies.insert(DatagramEnd { mac, address, port }, kept);
-        }
+        let replies = decode_calls(&mut reader)?;
+        let received = decode_calls(&mut reader)?;
         Ok(Checkpoint {
             sequence,
+            executed,
             state,
             replies,
+            received,
         })
     }
 }
@@ -263,10 +287,13 @@ mod tests {
             caller,
             BTreeMap::from([(7u64, b"seven".to_vec()), (8, Vec::new())]),
         );
+        let received = BTreeMap::from([(caller, BTreeMap::from([(9u64, b"call".to_vec())]))]);
         let checkpoint = Checkpoint {
-            sequence: 9,
+            sequence: 11,
+            executed: 9,
             state: 42u64.to_be_bytes().to_vec(),
             replies,
+            received,
         };
         let bytes = checkpoint.encode().unwrap();
         assert_eq!(Checkpoint::decode(&bytes), Ok(checkpoint));
@@ -286,8 +313,10 @@ mod tests {
     fn a_checkpoint_past_one_datagram_is_refused() {
         let checkpoint = Checkpoint {
             sequence: 1,
+            executed: 0,
             state: vec![0; MAX_CHECKPOINT_BYTES],
             replies: BTreeMap::new(),
+            received: BTreeMap::new(),
         };
         assert!(matches!(
             checkpoint.encode(),

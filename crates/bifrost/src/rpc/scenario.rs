@@ -369,7 +369,7 @@ pub fn failover_with(
         .ok_or(ScenarioError::NoCheckpoint)?;
     rack.with_agent::<ServerAgent, _>(SPARE_HOST, 0, |server| server.callee.restore(&checkpoint))
         .ok_or(ScenarioError::MissingAgent("spare"))??;
-    let checkpoint_covers = super::checkpoint::Checkpoint::decode(&checkpoint)?.sequence;
+    let checkpoint_covers = super::checkpoint::Checkpoint::decode(&checkpoint)?.executed;
     rack.with_program(|program| program.recover(node, spare))?;
     let (answers, _) = run_client_to_the_end(&mut rack)?;
     let (answers, shared_fate) = split_shared_fate(answers, share_fate_every)?;

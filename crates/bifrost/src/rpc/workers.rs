@@ -39,6 +39,10 @@ pub struct WorkerPool {
     /// The host crashed: workers drop the jobs left and stop, as the
     /// threads of a crashed host would.
     crashed: Arc<std::sync::atomic::AtomicBool>,
+    /// The service's state: at first, the first instance's; then as the
+    /// newest finished call handed it back, or as restored. Meaningful
+    /// with one worker.
+    state: Option<Vec<u8>>,
 }
 
 impl WorkerPool {
@@ -50,6 +54,7 @@ impl WorkerPool {
         let (done, finished) = channel();
         let mut threads = Vec::new();
         let crashed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let state = services.first().and_then(|service| service.save_state());
         for (index, service) in services.into_iter().enumerate() {
             let taken = Arc::clone(&taken);
             let done = done.clone();
@@ -64,6 +69,7 @@ impl WorkerPool {
             finished,
             threads,
             crashed,
+            state,
         })
     }
 }
@@ -142,7 +148,19 @@ impl Service for WorkerPool {
     }
 
     fn poll_finished(&mut self) -> Option<Finished> {
-        self.finished.try_recv().ok()
+        let finished = self.finished.try_recv().ok()?;
+        if let (_, Ok(answer)) = &finished {
+            if let Some(state) = &answer.state {
+                self.state = Some(state.clone());
+            }
+        }
+        Some(finished)
+    }
+
+    /// The service's state as of the newest finished call (which its
+    /// worker took right after running it).
+    fn save_state(&self) -> Option<Vec<u8>> {
+        self.state.clone()
     }
 
     /// The host crashed: the workers stop (each after the call it is in),
@@ -174,7 +192,9 @@ impl Service for WorkerPool {
         jobs.send(job).map_err(|_| "the service's worker is gone")?;
         restored
             .recv_timeout(RESTORE_DEADLINE)
-            .map_err(|error| format!("the service's worker did not restore: {error}"))?
+            .map_err(|error| format!("the service's worker did not restore: {error}"))??;
+        self.state = Some(state.to_vec());
+        Ok(())
     }
 }
 
