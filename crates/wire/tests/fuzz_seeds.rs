@@ -30,6 +30,6 @@ fn bifrost_node_messages_seeds_replay() {
         replay(
             "bifrost_node_messages",
             remora_wire::bifrost::any_node_message
-        ) >= 3
+        ) >= 4
     );
 }
