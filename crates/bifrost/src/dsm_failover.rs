@@ -220,131 +220,200 @@ pub fn region_failover(
     calls: u64,
     crash_after: u64,
 ) -> Result<RegionFailover, RegionFailoverError> {
-    let config = DsmRackConfig::default();
-    let mut staged = StagedDsm::new(config, 2)?;
-    let hosts = [
-        StagedDsm::extra_client_host(&config, SERVICE_HOST_INDEX),
-        StagedDsm::extra_client_host(&config, SPARE_HOST_INDEX),
-    ];
-    let topology = staged.staged.topology().clone();
-    let service = callee_at(topology.switch_mac, SERVICE_ADDRESS);
-    let dsms: [Arc<OnceLock<Dsm>>; 2] = [Arc::default(), Arc::default()];
-    for (index, &host) in hosts.iter().enumerate() {
-        let counter = RegionCounter::new(Arc::clone(&dsms[index]));
-        let worker = WorkerPool::new(vec![Box::new(counter)])?;
-        let callee = Callee::with_checkpoints(Box::new(worker)).committing_to(service);
-        let server = ServerAgent::new(callee);
-        staged.staged.add_agent(host, Arc::new(Mutex::new(server)));
-        let control = ControlAgent::new(service, NodeKind::Compute, 1 << 20, HEARTBEAT_INTERVAL);
-        let control = if index == SERVICE_HOST_INDEX {
-            control.export("add")?
-        } else {
-            control
-        };
-        staged.staged.add_agent(host, Arc::new(Mutex::new(control)));
-    }
-    let caller = Caller::new(RACK_RESEND_AFTER, 10_000);
-    let client = ClientAgent::new(caller, service, "add", 40000, calls, 8);
-    staged
-        .staged
-        .add_agent(COMPUTE_HOST, Arc::new(Mutex::new(client)));
-    let gatekeeper = Gatekeeper::new(GatekeeperConfig {
-        heartbeat_timeout: Some(HEARTBEAT_TIMEOUT),
-        ..GatekeeperConfig::new(SERVICE_ADDRESS)
-    });
-    let (mut dsm_rack, extra, switch) = staged.start_guarded(gatekeeper)?;
-    for (slot, dsm) in dsms.iter().zip(extra) {
-        let _ = slot.set(dsm);
-    }
-    let rack = &mut dsm_rack.rack;
-    let answered = |rack: &remora_rack::assembly::EmbeddedRack| -> Option<usize> {
-        let agent = rack.agent(COMPUTE_HOST, 0)?;
-        let mut guard = agent.lock().expect("agent lock");
-        let client = guard.as_any_mut().downcast_mut::<ClientAgent>()?;
-        Some(client.outcomes.len())
-    };
-    wait_for(
-        "the answers before the crash",
-        Duration::from_secs(20),
-        || answered(rack).is_some_and(|count| count as u64 >= crash_after),
-    )?;
-    let [node, spare] = hosts.map(|host| topology.host(host).address);
-    rack.crash(hosts[0]);
+    let mut rack = RegionRack::start(calls)?;
+    rack.wait_for_answers("the answers before the crash", crash_after)?;
+    let [node, spare] = rack.hosts.map(|host| rack.address(host));
+    rack.dsm_rack.rack.crash(rack.hosts[0]);
     wait_for("the Gatekeeper's detection", Duration::from_secs(5), || {
-        lock(&switch)
+        lock(&rack.switch)
             .switch
             .program_mut()
             .take_detected()
             .contains(&node)
     })?;
-    let checkpoint = {
-        let mut endpoint = lock(&switch);
-        let program = endpoint.switch.program_mut();
-        program.hand_over_memory(node, spare);
-        program
-            .checkpoint_of(node)
-            .map(<[u8]>::to_vec)
-            .ok_or(RegionFailoverError::NoCheckpoint)?
-    };
-    let decoded = crate::rpc::checkpoint::Checkpoint::decode(&checkpoint)?;
-    let (regions, version) = regions_of(&decoded.state).map_err(RegionFailoverError::State)?;
-    let spare_dsm = dsms[1].get().ok_or(RegionFailoverError::MissingAgent)?;
-    let mut count = [0u8; 8];
-    spare_dsm.read(regions[0], &mut count)?;
-    let region_at_failure = u64::from_be_bytes(count);
-    for region in regions {
-        spare_dsm.restore_version(region, version)?;
-    }
-    let checkpoint_version = decoded.executed;
-    let received_in_checkpoint = decoded
-        .received
-        .values()
-        .map(|calls| calls.len() as u64)
-        .sum();
-    with_server(rack, hosts[1], |server| server.callee.restore(&checkpoint))??;
-    lock(&switch).switch.program_mut().recover(node, spare)?;
-    rack.kick();
-    wait_for("every answer", Duration::from_secs(30), || {
-        answered(rack).is_some_and(|count| count as u64 >= calls)
-    })?;
-    let outcomes = {
-        let agent = rack
-            .agent(COMPUTE_HOST, 0)
-            .ok_or(RegionFailoverError::MissingAgent)?;
-        let mut guard = agent.lock().expect("agent lock");
-        let client = guard
-            .as_any_mut()
-            .downcast_mut::<ClientAgent>()
-            .ok_or(RegionFailoverError::MissingAgent)?;
-        client.outcomes.clone()
-    };
-    check_answers(outcomes, calls)?;
-    let region = with_server(rack, hosts[1], |server| {
-        server
-            .callee
-            .checkpoint()
-            .and_then(|checkpoint| decode_state(&checkpoint.state).ok())
-    })?
-    .ok_or(RegionFailoverError::NoCheckpoint)?
-    .0;
-    let mut value = [0u8; 8];
-    dsms[1]
-        .get()
-        .ok_or(RegionFailoverError::MissingAgent)?
-        .read(region, &mut value)?;
-    let value = u64::from_be_bytes(value);
+    let start = rack.start_spare(node, spare)?;
+    lock(&rack.switch)
+        .switch
+        .program_mut()
+        .recover(node, spare)?;
+    rack.dsm_rack.rack.kick();
+    rack.wait_for_answers("every answer", calls)?;
+    check_answers(rack.outcomes()?, calls)?;
+    let value = rack.spare_region_count()?;
     if value != calls {
         return Err(RegionFailoverError::WrongRegion { calls, value });
     }
-    let counters = lock(&switch).switch.program().counters();
+    let counters = lock(&rack.switch).switch.program().counters();
     Ok(RegionFailover {
         calls,
-        region_at_failure,
-        checkpoint_version,
+        region_at_failure: start.region_at_failure,
+        checkpoint_version: start.checkpoint_version,
         replayed: counters.replayed,
         commits: counters.commits,
-        received_in_checkpoint,
+        received_in_checkpoint: start.received_in_checkpoint,
     })
+}
+
+/// [`region_failover`]'s rack, running.
+struct RegionRack {
+    dsm_rack: crate::dsm::rack::DsmRack,
+    switch: remora_rack::endpoint::Shared<
+        remora_rack::endpoint::SwitchEndpoint<
+            remora_switch::programs::overlay::Overlaid<Gatekeeper>,
+        >,
+    >,
+    /// The service's host and the spare's.
+    hosts: [usize; 2],
+    /// Their DSMs, set once the rack runs.
+    dsms: [Arc<OnceLock<Dsm>>; 2],
+    calls: u64,
+}
+
+/// The client's outcomes, by RPC id.
+type Outcomes = Vec<(u64, Result<Vec<u8>, crate::rpc::RpcError>)>;
+
+/// What the spare started from.
+struct SpareStart {
+    region_at_failure: u64,
+    checkpoint_version: u64,
+    received_in_checkpoint: u64,
+}
+
+impl RegionRack {
+    /// The service's host and the spare, each a [`RegionCounter`] on a
+    /// worker with heartbeats to the Gatekeeper (the first exports "add"),
+    /// and a client making `calls` calls, 8 at a time.
+    fn start(calls: u64) -> Result<RegionRack, RegionFailoverError> {
+        let config = DsmRackConfig::default();
+        let mut staged = StagedDsm::new(config, 2)?;
+        let hosts = [
+            StagedDsm::extra_client_host(&config, SERVICE_HOST_INDEX),
+            StagedDsm::extra_client_host(&config, SPARE_HOST_INDEX),
+        ];
+        let topology = staged.staged.topology().clone();
+        let service = callee_at(topology.switch_mac, SERVICE_ADDRESS);
+        let dsms: [Arc<OnceLock<Dsm>>; 2] = [Arc::default(), Arc::default()];
+        for (index, &host) in hosts.iter().enumerate() {
+            let counter = RegionCounter::new(Arc::clone(&dsms[index]));
+            let worker = WorkerPool::new(vec![Box::new(counter)])?;
+            let callee = Callee::with_checkpoints(Box::new(worker)).committing_to(service);
+            staged
+                .staged
+                .add_agent(host, Arc::new(Mutex::new(ServerAgent::new(callee))));
+            let control =
+                ControlAgent::new(service, NodeKind::Compute, 1 << 20, HEARTBEAT_INTERVAL);
+            let control = if index == SERVICE_HOST_INDEX {
+                control.export("add")?
+            } else {
+                control
+            };
+            staged.staged.add_agent(host, Arc::new(Mutex::new(control)));
+        }
+        let caller = Caller::new(RACK_RESEND_AFTER, 10_000);
+        let client = ClientAgent::new(caller, service, "add", 40000, calls, 8);
+        staged
+            .staged
+            .add_agent(COMPUTE_HOST, Arc::new(Mutex::new(client)));
+        let gatekeeper = Gatekeeper::new(GatekeeperConfig {
+            heartbeat_timeout: Some(HEARTBEAT_TIMEOUT),
+            ..GatekeeperConfig::new(SERVICE_ADDRESS)
+        });
+        let (dsm_rack, extra, switch) = staged.start_guarded(gatekeeper)?;
+        for (slot, dsm) in dsms.iter().zip(extra) {
+            let _ = slot.set(dsm);
+        }
+        Ok(RegionRack {
+            dsm_rack,
+            switch,
+            hosts,
+            dsms,
+            calls,
+        })
+    }
+
+    fn address(&self, host: usize) -> remora_wire::Ipv4Address {
+        self.dsm_rack.rack.topology().host(host).address
+    }
+
+    fn spare_dsm(&self) -> Result<&Dsm, RegionFailoverError> {
+        self.dsms[1].get().ok_or(RegionFailoverError::MissingAgent)
+    }
+
+    /// Runs `f` on the client agent.
+    fn with_client<R>(&self, f: impl FnOnce(&ClientAgent) -> R) -> Option<R> {
+        let agent = self.dsm_rack.rack.agent(COMPUTE_HOST, 0)?;
+        let mut guard = agent.lock().expect("agent lock");
+        guard
+            .as_any_mut()
+            .downcast_mut::<ClientAgent>()
+            .map(|client| f(client))
+    }
+
+    fn wait_for_answers(&self, what: &'static str, count: u64) -> Result<(), RegionFailoverError> {
+        let limit = Duration::from_secs(20 + self.calls / 10);
+        wait_for(what, limit, || {
+            self.with_client(|client| client.outcomes.len() as u64 >= count)
+                .unwrap_or(false)
+        })
+    }
+
+    fn outcomes(&self) -> Result<Outcomes, RegionFailoverError> {
+        self.with_client(|client| client.outcomes.clone())
+            .ok_or(RegionFailoverError::MissingAgent)
+    }
+
+    /// The control plane's part: the failed node's rights to the spare,
+    /// its regions' snapshots of the kept checkpoint's version put back,
+    /// then the spare restored from that checkpoint.
+    fn start_spare(
+        &mut self,
+        node: remora_wire::Ipv4Address,
+        spare: remora_wire::Ipv4Address,
+    ) -> Result<SpareStart, RegionFailoverError> {
+        let checkpoint = {
+            let mut endpoint = lock(&self.switch);
+            let program = endpoint.switch.program_mut();
+            program.hand_over_memory(node, spare);
+            program
+                .checkpoint_of(node)
+                .map(<[u8]>::to_vec)
+                .ok_or(RegionFailoverError::NoCheckpoint)?
+        };
+        let decoded = crate::rpc::checkpoint::Checkpoint::decode(&checkpoint)?;
+        let (regions, version) = regions_of(&decoded.state).map_err(RegionFailoverError::State)?;
+        let mut count = [0u8; 8];
+        self.spare_dsm()?.read(regions[0], &mut count)?;
+        for region in regions {
+            self.spare_dsm()?.restore_version(region, version)?;
+        }
+        with_server(&self.dsm_rack.rack, self.hosts[1], |server| {
+            server.callee.restore(&checkpoint)
+        })??;
+        Ok(SpareStart {
+            region_at_failure: u64::from_be_bytes(count),
+            checkpoint_version: decoded.executed,
+            received_in_checkpoint: decoded
+                .received
+                .values()
+                .map(|calls| calls.len() as u64)
+                .sum(),
+        })
+    }
+
+    /// The count in the spare's region now.
+    fn spare_region_count(&self) -> Result<u64, RegionFailoverError> {
+        let region = with_server(&self.dsm_rack.rack, self.hosts[1], |server| {
+            server
+                .callee
+                .checkpoint()
+                .and_then(|checkpoint| decode_state(&checkpoint.state).ok())
+        })?
+        .ok_or(RegionFailoverError::NoCheckpoint)?
+        .0;
+        let mut value = [0u8; 8];
+        self.spare_dsm()?.read(region, &mut value)?;
+        Ok(u64::from_be_bytes(value))
+    }
 }
 
 /// How often the nodes send heartbeats, and how long a silence fails a
@@ -385,10 +454,7 @@ fn with_server<R>(
 }
 
 /// Each answer is a distinct count, and together they are 1..=calls.
-fn check_answers(
-    outcomes: Vec<(u64, Result<Vec<u8>, crate::rpc::RpcError>)>,
-    calls: u64,
-) -> Result<(), RegionFailoverError> {
+fn check_answers(outcomes: Outcomes, calls: u64) -> Result<(), RegionFailoverError> {
     let mut counts = std::collections::BTreeSet::new();
     for (rpc_id, outcome) in outcomes {
         let bytes = outcome.map_err(|error| RegionFailoverError::CallFailed { rpc_id, error })?;
