@@ -515,3 +515,50 @@ fn a_middle_service_replaced_on_another_host_keeps_every_call_exactly_once() {
         "the tail answered some replayed nested call from memory"
     );
 }
+
+/// Found by review: a UDP datagram to or from Bifröst's port, or to the
+/// control port, cut short inside its UDP header made the Gatekeeper
+/// slice past the frame's end (a panic). Each is now left to forwarding.
+#[test]
+fn a_datagram_cut_inside_its_udp_header_never_panics_the_gatekeeper() {
+    use remora_base::Timestamp;
+    use remora_bifrost::gatekeeper::GatekeeperConfig;
+    use remora_switch::programs::l2l3::L2L3Forwarding;
+    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_wire::bifrost::CONTROL_PORT;
+    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
+    use remora_wire::ipv4::Ipv4Packet;
+    use remora_wire::MacAddress;
+    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
+    let caller = DatagramEnd {
+        mac: MacAddress([2, 0, 0, 0, 0, 1]),
+        address: Ipv4Address::new(10, 0, 0, 1),
+        port: 40000,
+    };
+    let hosts = [(caller.mac, caller.address)];
+    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).unwrap();
+    let gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE));
+    let mut switch = Switch::new(SwitchConfig::new(1), Overlaid::new(forwarding, gatekeeper));
+    for port in [BIFROST_PORT, CONTROL_PORT] {
+        let to = DatagramEnd {
+            mac: router,
+            address: SERVICE,
+            port,
+        };
+        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + 16];
+        let length = emit_datagram(caller, to, &[0u8; 16], &mut frame).unwrap();
+        frame.truncate(length);
+        for kept in 0..8usize {
+            let mut cut = frame[..14 + 20 + kept].to_vec();
+            let total = (20 + kept) as u16;
+            cut[16..18].copy_from_slice(&total.to_be_bytes());
+            Ipv4Packet::new_unchecked(&mut cut[14..]).fill_checksum();
+            switch.handle_frame(Timestamp::ZERO, PortId(0), &cut);
+            let mut buffer = vec![0u8; 4096];
+            while switch.poll_transmit(Timestamp::ZERO, &mut buffer).is_some() {}
+        }
+    }
+    switch
+        .check_frame_accounting()
+        .expect("every frame accounted for");
+}

@@ -254,7 +254,8 @@ fn method_key(method: &[u8]) -> Result<MethodKey, GatekeeperError> {
 
 /// Where a packet's IPv4 and UDP headers are, and its destination port,
 /// if it is a UDP datagram to or from Bifröst's port (calls go to it,
-/// replies come from it) or a heartbeat.
+/// replies come from it) or a heartbeat, with its whole UDP header there
+/// (every later read of the payload starts after it).
 fn bifrost_offsets(packet: &Packet) -> Option<(usize, usize, u16)> {
     let ipv4 = packet.headers.ipv4?;
     let bytes = &packet.bytes;
@@ -262,6 +263,9 @@ fn bifrost_offsets(packet: &Packet) -> Option<(usize, usize, u16)> {
         return None;
     }
     let udp = ipv4.offset + ipv4.header_len;
+    if bytes.len() < udp + remora_wire::udp::UDP_HEADER_LEN {
+        return None;
+    }
     let source = u16::from_be_bytes([*bytes.get(udp)?, *bytes.get(udp + 1)?]);
     let destination = u16::from_be_bytes([*bytes.get(udp + 2)?, *bytes.get(udp + 3)?]);
     (source == BIFROST_PORT || destination == BIFROST_PORT || destination == CONTROL_PORT)
