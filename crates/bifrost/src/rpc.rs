@@ -648,7 +648,7 @@ impl Callee {
             return;
         }
         let newest = memory.replies.last_key_value().map_or(0, |(&id, _)| id);
-        if rpc_id + REPLIES_KEPT_PER_CALLER <= newest {
+        if rpc_id.saturating_add(REPLIES_KEPT_PER_CALLER) <= newest {
             // Older than anything remembered: long answered.
             self.counters.stale += 1;
             return;

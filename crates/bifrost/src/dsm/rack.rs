@@ -78,6 +78,7 @@ pub struct StagedDsm {
     /// Each client host's paths to the memory nodes, in `clients` order.
     paths: Vec<Vec<NodePath>>,
     clients: Vec<usize>,
+    memory_hosts: Vec<usize>,
     /// Each memory node's address and pool, as a switch's ACL knows them.
     memory_nodes: Vec<(Ipv4Address, MemoryNode)>,
     /// Every channel: the client's queue pair and the memory node's.
@@ -184,6 +185,7 @@ impl StagedDsm {
             daemons,
             paths,
             clients,
+            memory_hosts: memory_hosts.to_vec(),
             memory_nodes,
             connections,
         })
@@ -205,8 +207,8 @@ impl StagedDsm {
             gatekeeper.register_connection(*client, *memory)?;
         }
         let topology = self.staged.topology();
-        for &host in &self.clients {
-            gatekeeper.register_client_port(topology.host(host).address, topology.port(host))?;
+        for &host in self.clients.iter().chain(&self.memory_hosts) {
+            gatekeeper.register_host_port(topology.host(host).address, topology.port(host))?;
         }
         Ok(())
     }

@@ -6,16 +6,20 @@
 //! - `alloc` gives the requester control: every operation;
 //! - a CALL lends the argument to the callee, to read, and takes the
 //!   caller's write away while the lease lasts;
-//! - a REPLY ends the lease (the callee's access goes) and gives the caller
-//!   back what it had on the argument, and control of the returned
-//!   pointer, which leaves the callee;
+//! - a REPLY ends the lease (the callee's access goes) and, once no lease
+//!   on the pointer is left, gives its owner back what it had; and it
+//!   hands control of a returned pointer from the callee to the caller;
 //! - `free` deletes every rule of the pointer;
 //! - anything no rule allows is refused.
 //!
-//! Where the thesis says the REPLY gives the caller "any memory
-//! operation" on the arguments it sent, the caller gets back the rights it
-//! had before the call: a middle service that passes on a pointer leased
-//! to it must not come out of the nested call in control of it.
+//! Leases are counted per pointer: the first lends on the owner's behalf
+//! (its rights are kept to give back), later ones (more calls with the
+//! same pointer, or a lessee passing it on) only add lessees, and the
+//! owner's rights come back when the last ends. Where the thesis says the
+//! REPLY gives the caller "any memory operation" on the arguments it
+//! sent, it is the owner that gets back what it had: a middle service
+//! that passes on a pointer leased to it must not come out of the nested
+//! call in control of it.
 
 use remora_switch::resources::TableResources;
 use remora_switch::table::{RangeTable, TableError, TableShape};
@@ -101,6 +105,19 @@ pub struct Grants {
     pub size_bytes: u64,
     /// Who may do what: at most `grants_per_pointer`.
     pub holders: Vec<(Ipv4Address, Rights)>,
+    /// The leases open on it, if any.
+    pub lease: Option<Lease>,
+}
+
+/// The leases open on one allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// Who lent it first, and what it had then: given back when the last
+    /// lease ends.
+    pub owner: Ipv4Address,
+    pub owner_rights: Rights,
+    /// Each lessee and how many of its leases are open.
+    pub lessees: Vec<(Ipv4Address, u32)>,
 }
 
 impl Grants {
@@ -227,6 +244,7 @@ impl Acl {
             generation,
             size_bytes,
             holders: vec![(owner, Rights::Control)],
+            lease: None,
         };
         Ok(self.table.insert(start, end, grants)?)
     }
@@ -251,51 +269,83 @@ impl Acl {
         self.table.remove(key(node, offset)?)
     }
 
-    /// A CALL lends the allocation holding `offset` to `callee` to read,
-    /// and takes `caller`'s write away. Returns what the caller had, to
-    /// give back with the reply. A caller that holds no rights lends
-    /// nothing.
+    /// A CALL lends the allocation holding `offset` to `callee` to read.
+    /// The first lease takes the lender's write away and keeps its rights
+    /// to give back; a lender that holds no rights lends nothing.
     pub fn lend(
         &mut self,
         node: u8,
         offset: u64,
         caller: Ipv4Address,
         callee: Ipv4Address,
-    ) -> Result<Rights, AclError> {
+    ) -> Result<(), AclError> {
         let capacity = self.grants_per_pointer;
         let grants = self.grants_mut(node, offset)?;
-        let before = grants.rights_of(caller).ok_or(AclError::NotHolder {
+        let rights = grants.rights_of(caller).ok_or(AclError::NotHolder {
             requester: caller,
             node,
             offset,
         })?;
-        let callee_keeps = grants.rights_of(callee).max(Some(Rights::Read));
-        if !grants.set(callee, callee_keeps, capacity) {
-            return Err(AclError::GrantsFull {
-                node,
-                offset,
-                capacity,
-            });
+        let full = AclError::GrantsFull {
+            node,
+            offset,
+            capacity,
+        };
+        let callee_rights = grants.rights_of(callee).max(Some(Rights::Read));
+        if !grants.set(callee, callee_rights, capacity) {
+            return Err(full);
         }
-        grants.set(caller, Some(Rights::Read), capacity);
-        Ok(before)
+        let lease = grants.lease.get_or_insert(Lease {
+            owner: caller,
+            owner_rights: rights,
+            lessees: Vec::new(),
+        });
+        match lease
+            .lessees
+            .iter_mut()
+            .find(|(lessee, _)| *lessee == callee)
+        {
+            Some((_, count)) => *count += 1,
+            None => lease.lessees.push((callee, 1)),
+        }
+        if lease.owner == caller {
+            grants.set(caller, Some(Rights::Read), capacity);
+        }
+        Ok(())
     }
 
-    /// A REPLY ends the lease: the callee's access to the argument goes
-    /// and the caller gets back what it had.
-    pub fn end_lease(
-        &mut self,
-        node: u8,
-        offset: u64,
-        caller: Ipv4Address,
-        callee: Ipv4Address,
-        caller_before: Option<Rights>,
-    ) {
+    /// A REPLY ends one of `callee`'s leases on the allocation holding
+    /// `offset`: with its last, its access goes; with the allocation's
+    /// last, the owner gets back what it had.
+    pub fn end_lease(&mut self, node: u8, offset: u64, callee: Ipv4Address) {
         let capacity = self.grants_per_pointer;
-        if let Ok(grants) = self.grants_mut(node, offset) {
+        let Ok(grants) = self.grants_mut(node, offset) else {
+            return;
+        };
+        let Some(lease) = grants.lease.as_mut() else {
+            return;
+        };
+        let Some(at) = lease
+            .lessees
+            .iter()
+            .position(|(lessee, _)| *lessee == callee)
+        else {
+            return;
+        };
+        lease.lessees[at].1 -= 1;
+        let callee_done = lease.lessees[at].1 == 0;
+        if callee_done {
+            lease.lessees.remove(at);
+        }
+        let (owner, owner_rights, all_done) =
+            (lease.owner, lease.owner_rights, lease.lessees.is_empty());
+        if callee_done && callee != owner {
             grants.set(callee, None, capacity);
-            let restored = grants.set(caller, caller_before, capacity);
-            debug_assert!(restored, "the caller's entry was there to restore");
+        }
+        if all_done {
+            grants.lease = None;
+            let restored = grants.set(owner, Some(owner_rights), capacity);
+            debug_assert!(restored, "the owner's entry was there to restore");
         }
     }
 
@@ -365,19 +415,22 @@ mod tests {
             !acl.permits(0, 4096, 1025, Operation::Read, A),
             "past the end"
         );
-        let before = acl.lend(0, 4096, A, B).expect("rules");
-        assert_eq!(before, Rights::Control);
+        acl.lend(0, 4096, A, B).expect("rules");
         assert!(acl.permits(0, 4100, 8, Operation::Read, B));
         assert!(!acl.permits(0, 4100, 8, Operation::Write, B));
         assert!(!acl.permits(0, 4100, 8, Operation::Write, A), "leased");
         assert!(acl.permits(0, 4100, 8, Operation::Read, A));
-        // B passes it on to C, and gets back only its lease afterwards.
-        let b_before = acl.lend(0, 4096, B, C).expect("rules");
-        assert_eq!(b_before, Rights::Read);
-        acl.end_lease(0, 4096, B, C, Some(b_before));
+        // B passes it on to C, and keeps only its lease afterwards.
+        acl.lend(0, 4096, B, C).expect("rules");
+        acl.end_lease(0, 4096, C);
         assert!(!acl.permits(0, 4096, 8, Operation::Read, C));
         assert!(!acl.permits(0, 4096, 8, Operation::Write, B));
-        acl.end_lease(0, 4096, A, B, Some(before));
+        assert!(acl.permits(0, 4096, 8, Operation::Read, B));
+        assert!(
+            !acl.permits(0, 4096, 8, Operation::Write, A),
+            "B's lease is open"
+        );
+        acl.end_lease(0, 4096, B);
         assert!(matches!(
             acl.lend(0, 4096, C, B),
             Err(AclError::NotHolder { .. })
@@ -402,6 +455,41 @@ mod tests {
         assert!(acl.free(2, 0).is_some());
         assert!(!acl.permits(2, 0, 1, Operation::Read, A));
         assert!(acl.is_empty());
+    }
+
+    /// Found by review: two leases open on one pointer (two calls with
+    /// it) ended as a stack, so the first reply gave the owner control
+    /// while the second lease was open and the second left it with a read
+    /// for good. Leases are counted: the owner's rights come back with the
+    /// last.
+    #[test]
+    fn two_leases_on_one_pointer_end_in_any_order_and_the_owner_gets_its_rights_back() {
+        let mut acl = Acl::new(AclConfig::default());
+        acl.allocate(0, 0, 0, 64, A).expect("room");
+        acl.lend(0, 0, A, B).expect("first call");
+        acl.lend(0, 0, A, B).expect("second call, same callee");
+        acl.lend(0, 0, A, C).expect("third call, another callee");
+        acl.end_lease(0, 0, B);
+        assert!(
+            acl.permits(0, 0, 8, Operation::Read, B),
+            "B's second lease is open"
+        );
+        assert!(
+            !acl.permits(0, 0, 8, Operation::Write, A),
+            "leases are open"
+        );
+        acl.end_lease(0, 0, C);
+        assert!(!acl.permits(0, 0, 8, Operation::Read, C));
+        assert!(!acl.permits(0, 0, 8, Operation::Write, A));
+        acl.end_lease(0, 0, B);
+        assert!(!acl.permits(0, 0, 8, Operation::Read, B));
+        assert!(
+            acl.permits(0, 0, 8, Operation::Write, A),
+            "the owner's control is back"
+        );
+        // A lease ended twice (a late duplicate reply) changes nothing.
+        acl.end_lease(0, 0, B);
+        assert!(acl.permits(0, 0, 8, Operation::Write, A));
     }
 
     /// Found by the `bifrost_acl` fuzz target: a DSM message's offset

@@ -10,7 +10,9 @@
 //! switch forwards must be one the model allows, every one it refuses must
 //! come back to its sender as a NAK (remote access error) for its PSN, and
 //! none may do both. A request under another client's address, or on
-//! another client's connection, must neither pass nor draw a NAK.
+//! another client's connection, must neither pass nor draw a NAK; a reply
+//! forged by another client than the callee must not reach the caller;
+//! and neither it nor a resend naming another pointer may change a rule.
 //! `remora sim bifrost` runs one audit per seed.
 
 use super::memory::MemoryNode;
@@ -41,6 +43,9 @@ pub struct AclAudit {
     /// Requests sent under another client's address or on another
     /// client's connection: none may pass.
     pub spoofed: u64,
+    /// Replies forged by another client than the callee, and resends that
+    /// name another pointer: neither may change a rule.
+    pub forged: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -191,13 +196,16 @@ impl Audit {
         gatekeeper
             .register_memory_node(address(0), memory)
             .expect("room for a memory node");
+        gatekeeper
+            .register_host_port(address(0), MEMORY_PORT)
+            .expect("room for the ports");
         for client in 1..=CLIENTS {
             let node = address(client);
             gatekeeper
                 .register_connection((node, client_qpn(client)), (address(0), memory_qpn(client)))
                 .expect("room for the connections");
             gatekeeper
-                .register_client_port(node, PortId(client as u16))
+                .register_host_port(node, PortId(client as u16))
                 .expect("room for the ports");
             gatekeeper
                 .register_node(node, NodeKind::Compute, 0)
@@ -224,12 +232,14 @@ impl Audit {
     }
 
     fn step(&mut self) -> Result<(), AclViolation> {
-        match self.draws.below(11) {
+        match self.draws.below(13) {
             0 | 1 => self.allocate(),
             2 => self.call(),
             3 => self.reply(),
             4 => self.free(),
             5 => self.spoof(),
+            6 => self.forge_reply(),
+            7 => self.resend_swapped(),
             _ => self.access(),
         }
     }
@@ -481,6 +491,73 @@ impl Audit {
         Ok(())
     }
 
+    /// A client other than the callee answers a call that lent a pointer,
+    /// naming an allocation it would take: the switch drops it (the
+    /// caller never sees it), and nothing changes (later accesses check).
+    fn forge_reply(&mut self) -> Result<(), AclViolation> {
+        let (Some(index), Some(target)) = (self.pick(), self.pick()) else {
+            return Ok(());
+        };
+        let allocation = self.allocations[index];
+        let Some((callee, rpc_id)) = allocation.lent else {
+            return Ok(());
+        };
+        let forger = 1 + (callee + self.draws.below(CLIENTS as u64 - 1) as usize) % CLIENTS;
+        let pointer = pointer_at(self.allocations[target].offset);
+        let repr = BifrostRepr::new(CallType::Reply, &method_of(callee), rpc_id, pointer)
+            .expect("a short name");
+        let from = DatagramEnd {
+            mac: mac(forger),
+            address: address(forger),
+            port: BIFROST_PORT,
+        };
+        let to = DatagramEnd {
+            mac: mac(allocation.owner),
+            address: address(allocation.owner),
+            port: CALLER_PORT,
+        };
+        self.report.forged += 1;
+        let out = self.datagram(from, to, &repr);
+        if out
+            .iter()
+            .any(|(port, _)| *port == PortId(allocation.owner as u16))
+        {
+            return Err(self.lost(format!(
+                "client {forger}'s forged reply to call {rpc_id} reached its caller"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The owner of a lent allocation sends its call again, naming another
+    /// allocation: the resend is the call as it first passed, and nothing
+    /// changes on the other allocation (later accesses check).
+    fn resend_swapped(&mut self) -> Result<(), AclViolation> {
+        let (Some(index), Some(target)) = (self.pick(), self.pick()) else {
+            return Ok(());
+        };
+        let allocation = self.allocations[index];
+        let Some((callee, rpc_id)) = allocation.lent else {
+            return Ok(());
+        };
+        let pointer = pointer_at(self.allocations[target].offset);
+        let repr = BifrostRepr::new(CallType::Call, &method_of(callee), rpc_id, pointer)
+            .expect("a short name");
+        let from = DatagramEnd {
+            mac: mac(allocation.owner),
+            address: address(allocation.owner),
+            port: CALLER_PORT,
+        };
+        let to = DatagramEnd {
+            mac: ROUTER,
+            address: SERVICE,
+            port: BIFROST_PORT,
+        };
+        self.report.forged += 1;
+        self.datagram(from, to, &repr);
+        Ok(())
+    }
+
     /// Any client frees any allocation: only its owner, with it not lent,
     /// may.
     fn free(&mut self) -> Result<(), AclViolation> {
@@ -673,6 +750,7 @@ mod tests {
             let audit = acl_audit(seed, 400).unwrap_or_else(|error| panic!("seed {seed}: {error}"));
             assert!(audit.accesses > 100, "seed {seed}: {audit:?}");
             assert!(audit.spoofed > 0, "seed {seed}: {audit:?}");
+            assert!(audit.forged > 0, "seed {seed}: {audit:?}");
             assert!(audit.allowed > 0, "seed {seed}: {audit:?}");
             assert!(audit.allowed < audit.accesses, "seed {seed}: {audit:?}");
         }

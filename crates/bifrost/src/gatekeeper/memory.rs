@@ -108,8 +108,9 @@ pub struct MemoryStage {
     pub(super) acl: Acl,
     nodes: ExactTable<Ipv4Address, MemoryNode>,
     connections: ExactTable<(Ipv4Address, Qpn), Connection>,
-    /// The switch port each client is attached to, where known.
-    client_ports: ExactTable<Ipv4Address, PortId>,
+    /// The switch port each client and memory node is attached to, where
+    /// the control plane gave it.
+    host_ports: ExactTable<Ipv4Address, PortId>,
     pending: ExactTable<PendingKey, (Timestamp, u64)>,
     counters: MemoryCounters,
 }
@@ -169,12 +170,7 @@ impl MemoryStage {
                 58,
                 config.connections,
             )),
-            client_ports: ExactTable::new(shape(
-                "gatekeeper_client_ports",
-                32,
-                16,
-                config.connections,
-            )),
+            host_ports: ExactTable::new(shape("gatekeeper_host_ports", 32, 16, config.connections)),
             pending: ExactTable::new(shape(
                 "gatekeeper_pending_allocs",
                 96,
@@ -193,7 +189,7 @@ impl MemoryStage {
         report.tables.push(self.acl.resources());
         report.tables.push(self.nodes.resources());
         report.tables.push(self.connections.resources());
-        report.tables.push(self.client_ports.resources());
+        report.tables.push(self.host_ports.resources());
         report.tables.push(self.pending.resources());
     }
 
@@ -219,14 +215,14 @@ impl MemoryStage {
         Ok(self.connections.insert(memory, connection)?)
     }
 
-    /// The switch port `client` is attached to: its requests must come
-    /// through it.
-    pub fn register_client_port(
+    /// The switch port a DSM host (client or memory node) is attached to:
+    /// its frames must come through it.
+    pub fn register_host_port(
         &mut self,
         client: Ipv4Address,
         port: PortId,
     ) -> Result<(), AclError> {
-        Ok(self.client_ports.insert(client, port)?)
+        Ok(self.host_ports.insert(client, port)?)
     }
 
     /// The memory node at `address`'s index, if it is one.
@@ -259,6 +255,17 @@ impl MemoryStage {
             return;
         };
         if self.nodes.lookup(&ipv4.source).is_some() {
+            // A memory node's frames pass unjudged: only through its own
+            // port, where the control plane gave it (the switch's own
+            // NAKs, in the node's name, come from its generator).
+            let port = self.host_ports.lookup(&ipv4.source).copied();
+            let ingress = packet.original_ingress_port;
+            let generated = ingress == remora_switch::packet::GENERATOR_PORT;
+            if !generated && port.is_some_and(|port| port != ingress) {
+                self.counters.spoofed += 1;
+                packet.egress = Egress::Drop;
+                return;
+            }
             self.watch_reply(packet);
             return;
         }
@@ -301,7 +308,7 @@ impl MemoryStage {
         let source = packet.headers.ipv4.map(|ipv4| ipv4.source);
         source == Some(connection.client)
             && self
-                .client_ports
+                .host_ports
                 .lookup(&connection.client)
                 .is_none_or(|port| *port == packet.original_ingress_port)
     }
@@ -440,18 +447,17 @@ impl MemoryStage {
         allowed
     }
 
-    /// Room for an alloc's rule, kept until its reply passes.
+    /// Room for an alloc's rule, kept until its reply passes. Allocs whose
+    /// replies never came (their node died) give their room back first.
     fn reserve_allocation(&mut self, now: Timestamp, key: PendingKey, size: u64) -> bool {
-        if self.pending.len() >= self.pending.capacity() {
-            let stale: Vec<PendingKey> = self
-                .pending
-                .iter()
-                .filter(|(_, (since, _))| since.saturating_add(PENDING_ALLOC_LEASE) < now)
-                .map(|(key, _)| *key)
-                .collect();
-            for key in stale {
-                self.pending.remove(&key);
-            }
+        let stale: Vec<PendingKey> = self
+            .pending
+            .iter()
+            .filter(|(_, (since, _))| since.saturating_add(PENDING_ALLOC_LEASE) < now)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in stale {
+            self.pending.remove(&key);
         }
         let acl_room = self.acl.len() + self.pending.len() < self.acl.resources().capacity;
         if !acl_room || self.pending.insert(key, (now, size)).is_err() {

@@ -23,7 +23,7 @@ pub mod memory;
 
 use crate::dsm::GlobalPtr;
 use crate::rpc::checkpoint::{split_reply, CHECKPOINT_FLAG, MAX_CHECKPOINT_BYTES};
-use acl::{AclError, Rights};
+use acl::AclError;
 use memory::{MemoryCounters, MemoryNode, MemoryStage, MemoryStageConfig};
 use remora_base::Timestamp;
 use remora_switch::packet::{Digest, Egress, Packet};
@@ -76,9 +76,9 @@ pub struct CallEdge {
     pub pointer: GlobalAddress,
     /// When the call first passed.
     pub since: Timestamp,
-    /// The call lent its DSM pointer to the callee: what the caller had
-    /// on it before, given back with the reply.
-    pub caller_rights: Option<Rights>,
+    /// The call lent its DSM pointer to the callee: the reply ends the
+    /// lease.
+    pub lent: bool,
     /// The call shares its callee's fate (`rpc::SHARE_FATE_FLAG`): if the
     /// callee fails, the Gatekeeper answers the caller with a failure
     /// instead of holding or replaying the call.
@@ -151,6 +151,9 @@ pub struct GatekeeperCounters {
     pub fate_shared: u64,
     /// RPC datagrams readdressed for a node standing in for a failed one.
     pub stood_in: u64,
+    /// Replies to calls in the graph from another node than the callee:
+    /// dropped.
+    pub forged_replies: u64,
     /// Calls whose pointer could not be lent to the callee (the caller
     /// holds no rights on it, or it has no rules, or its grants are
     /// full): routed, and the callee's accesses are refused.
@@ -591,14 +594,14 @@ impl Gatekeeper {
         Ok(self.memory.register_connection(client, memory)?)
     }
 
-    /// The switch port a DSM client is attached to: its requests to
-    /// memory nodes must come through it.
-    pub fn register_client_port(
+    /// The switch port a DSM host (a client or a memory node) is attached
+    /// to: its frames to or from memory nodes must come through it.
+    pub fn register_host_port(
         &mut self,
         client: Ipv4Address,
         port: remora_base::PortId,
     ) -> Result<(), GatekeeperError> {
-        Ok(self.memory.register_client_port(client, port)?)
+        Ok(self.memory.register_host_port(client, port)?)
     }
 
     /// The ACL's rules.
@@ -951,7 +954,7 @@ impl Gatekeeper {
                 method: key,
                 pointer: GlobalAddress::NULL,
                 since: now,
-                caller_rights: None,
+                lent: false,
                 shares_fate,
             };
             self.answer_failed(&edge);
@@ -977,26 +980,35 @@ impl Gatekeeper {
             method: key,
             pointer: header.global_address(),
             since: now,
-            caller_rights: None,
+            lent: false,
             shares_fate,
         };
         let oneway = header.call_type() == CallType::Oneway;
         let key = (caller, caller_port, edge.rpc_id);
-        let edge = match self.graph.lookup(&key) {
-            // A resend keeps the time the call first passed and its lease.
+        let kept = self.graph.lookup(&key).copied();
+        let mut edge = match kept {
+            // A resend keeps the call as it first passed: its time, its
+            // pointer and its lease (a resend naming another pointer
+            // gets no lease on it).
             Some(kept) => CallEdge {
                 since: kept.since,
-                caller_rights: kept.caller_rights,
+                pointer: kept.pointer,
+                lent: kept.lent,
                 ..edge
             },
-            None => CallEdge {
-                caller_rights: self.lend(&edge),
-                ..edge
-            },
+            None => edge,
         };
+        // A ONEWAY has no reply to end a lease: it lends nothing.
         if !oneway && self.graph.insert(key, edge).is_err() {
             self.counters.graph_full += 1;
             return self.fail(packet, 2);
+        }
+        if !oneway && kept.is_none() {
+            edge.lent = self.lend(&edge);
+            if edge.lent {
+                let updated = self.graph.insert(key, edge);
+                debug_assert!(updated.is_ok(), "the edge is in the graph already");
+            }
         }
         // Rewrite the destination to the node; forwarding routes it there.
         readdress(&mut packet.bytes, ip, node);
@@ -1021,33 +1033,33 @@ impl Gatekeeper {
         Claim::Pass
     }
 
+    /// The node whose rights an address holds: a failed node's stand-in
+    /// holds them in its own name.
+    fn holder(&self, address: Ipv4Address) -> Ipv4Address {
+        self.stand_ins.lookup(&address).copied().unwrap_or(address)
+    }
+
     /// A call's DSM pointer is lent to its callee to read (before the call
     /// goes on, so the callee can read it as soon as it has the call), and
-    /// the caller's write is taken away. Returns what the caller had.
-    fn lend(&mut self, edge: &CallEdge) -> Option<Rights> {
-        let ptr = GlobalPtr::from_address(&edge.pointer)?;
-        match self
-            .memory
-            .acl
-            .lend(ptr.node, ptr.offset, edge.caller, edge.callee)
-        {
-            Ok(before) => Some(before),
-            Err(_) => {
-                self.counters.leases_refused += 1;
-                None
-            }
+    /// the caller's write is taken away. Whether it was lent.
+    fn lend(&mut self, edge: &CallEdge) -> bool {
+        let Some(ptr) = GlobalPtr::from_address(&edge.pointer) else {
+            return false;
+        };
+        let (caller, callee) = (self.holder(edge.caller), self.holder(edge.callee));
+        let lent = self.memory.acl.lend(ptr.node, ptr.offset, caller, callee);
+        if lent.is_err() {
+            self.counters.leases_refused += 1;
         }
+        lent.is_ok()
     }
 
     /// A reply ends its call's lease and hands the pointer it returns, if
     /// any, from the callee to the caller.
     fn settle_pointers(&mut self, edge: &CallEdge, reply_pointer: GlobalAddress) {
-        if let (Some(before), Some(ptr)) =
-            (edge.caller_rights, GlobalPtr::from_address(&edge.pointer))
-        {
-            self.memory
-                .acl
-                .end_lease(ptr.node, ptr.offset, edge.caller, edge.callee, Some(before));
+        let (caller, callee) = (self.holder(edge.caller), self.holder(edge.callee));
+        if let (true, Some(ptr)) = (edge.lent, GlobalPtr::from_address(&edge.pointer)) {
+            self.memory.acl.end_lease(ptr.node, ptr.offset, callee);
         }
         // A reply echoes its call's header: the argument comes back, and
         // only another pointer is one the callee returns.
@@ -1058,24 +1070,52 @@ impl Gatekeeper {
             let moved = self
                 .memory
                 .acl
-                .transfer(ptr.node, ptr.offset, edge.callee, edge.caller);
+                .transfer(ptr.node, ptr.offset, callee, caller);
             if moved.is_err() {
                 self.counters.leases_refused += 1;
             }
         }
     }
 
-    /// A reply on its way to its caller: the call leaves the graph.
-    fn see_reply(&mut self, packet: &mut Packet, udp: usize, header: (u64, GlobalAddress)) {
-        let (rpc_id, reply_pointer) = header;
-        let caller = packet
+    /// The call a reply answers: under the address it was made from (a
+    /// reply to a node a stand-in replaced was readdressed to the
+    /// stand-in), its port and RPC id.
+    fn answered_call(&self, packet: &Packet, udp: usize, rpc_id: u64) -> CallKey {
+        let destination = packet
             .headers
             .ipv4
             .map(|fields| fields.destination)
             .unwrap_or_default();
+        let caller = self
+            .standing_for
+            .lookup(&destination)
+            .copied()
+            .unwrap_or(destination);
         let caller_port = u16::from_be_bytes([packet.bytes[udp + 2], packet.bytes[udp + 3]]);
-        self.call_frames.remove(&(caller, caller_port, rpc_id));
-        if let Some(edge) = self.graph.remove(&(caller, caller_port, rpc_id)) {
+        (caller, caller_port, rpc_id)
+    }
+
+    /// Whether a reply answers a call in the graph from another node than
+    /// its callee: forged, to be dropped, the call staying.
+    fn is_forged_reply(&self, packet: &Packet, udp: usize, rpc_id: u64) -> bool {
+        let source = packet
+            .headers
+            .ipv4
+            .map(|fields| fields.source)
+            .unwrap_or_default();
+        let key = self.answered_call(packet, udp, rpc_id);
+        self.graph
+            .lookup(&key)
+            .is_some_and(|edge| self.holder(source) != self.holder(edge.callee))
+    }
+
+    /// A reply on its way to its caller: the call leaves the graph.
+    fn see_reply(&mut self, packet: &mut Packet, udp: usize, header: (u64, GlobalAddress)) {
+        let (rpc_id, reply_pointer) = header;
+        let key = self.answered_call(packet, udp, rpc_id);
+        let caller = key.0;
+        self.call_frames.remove(&key);
+        if let Some(edge) = self.graph.remove(&key) {
             self.settle_pointers(&edge, reply_pointer);
             self.counters.replies += 1;
             packet.digest = Some(Digest {
@@ -1130,6 +1170,11 @@ impl Overlay for Gatekeeper {
             CallType::Reply | CallType::Exception => {
                 let answered = (header.rpc_id(), header.global_address());
                 let checkpointed = header.flags() & CHECKPOINT_FLAG != 0;
+                if self.is_forged_reply(packet, udp, answered.0) {
+                    self.counters.forged_replies += 1;
+                    packet.egress = Egress::Drop;
+                    return Claim::Taken;
+                }
                 if checkpointed {
                     self.take_checkpoint(packet, ip, udp);
                 }
