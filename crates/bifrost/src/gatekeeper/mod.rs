@@ -240,6 +240,10 @@ pub struct Gatekeeper {
     stand_ins: ExactTable<Ipv4Address, Ipv4Address>,
     /// The same pairs, replacement to failed node.
     standing_for: ExactTable<Ipv4Address, Ipv4Address>,
+    /// Every failed node's replacement, in place or not: its rights are
+    /// the replacement's (calls it made before failing still end their
+    /// leases and take their returned pointers in the replacement's name).
+    replaced_by: ExactTable<Ipv4Address, Ipv4Address>,
     /// The switch's own MAC, as calls to the service address carry it:
     /// the Gatekeeper's own answers are addressed to it, for routing.
     router_mac: Option<remora_wire::MacAddress>,
@@ -395,6 +399,7 @@ impl Gatekeeper {
                 32,
                 config.nodes,
             )),
+            replaced_by: ExactTable::new(shape("gatekeeper_replaced_by", 0, 32, 32, config.nodes)),
             router_mac: None,
             counters: GatekeeperCounters::default(),
         }
@@ -821,6 +826,7 @@ impl Gatekeeper {
         // Its pointers pass to its replacement, which restarts from its
         // checkpoint and so takes up what it controlled.
         self.hand_over_memory(failed, replacement);
+        self.replaced_by.insert(failed, replacement)?;
         // Forwarding to the failed node stops: it serves nothing now.
         self.nodes.remove(&failed);
         self.heard.remove(&failed);
@@ -1033,10 +1039,13 @@ impl Gatekeeper {
         Claim::Pass
     }
 
-    /// The node whose rights an address holds: a failed node's stand-in
-    /// holds them in its own name.
+    /// The node whose rights an address holds: a failed node's
+    /// replacement holds them in its own name.
     fn holder(&self, address: Ipv4Address) -> Ipv4Address {
-        self.stand_ins.lookup(&address).copied().unwrap_or(address)
+        self.replaced_by
+            .lookup(&address)
+            .copied()
+            .unwrap_or(address)
     }
 
     /// A call's DSM pointer is lent to its callee to read (before the call
@@ -1195,6 +1204,7 @@ impl Overlay for Gatekeeper {
         report.tables.push(self.heard.resources());
         report.tables.push(self.stand_ins.resources());
         report.tables.push(self.standing_for.resources());
+        report.tables.push(self.replaced_by.resources());
         self.memory.add_resources(report);
     }
 
