@@ -212,8 +212,8 @@ fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, SimError> {
         report.shared_fate
     );
     println!(
-        "  ACL audit: {} READs and WRITEs through the Gatekeeper, {} allowed, each verdict as the model says; {} spoofed requests, none passed",
-        report.acl_accesses, report.acl_allowed, report.acl_spoofed
+        "  ACL audit: {} READs and WRITEs through the Gatekeeper, {} allowed, each verdict as the model says; {} spoofed requests, none passed; {} forged replies and swapped resends, none took a right",
+        report.acl_accesses, report.acl_allowed, report.acl_spoofed, report.acl_forged
     );
     for violation in &report.violations {
         let (calls, crash_after) = failover_plan(violation.seed);

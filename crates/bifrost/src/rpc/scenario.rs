@@ -684,6 +684,9 @@ pub struct CampaignReport {
     /// Requests the audits sent under another client's address or on
     /// another's connection: none passed.
     pub acl_spoofed: u64,
+    /// Replies the audits forged and resends naming another pointer: none
+    /// changed a rule.
+    pub acl_forged: u64,
     pub violations: Vec<Violation>,
 }
 
@@ -754,6 +757,7 @@ pub fn crash_campaign(
                 report.acl_accesses += audit.accesses;
                 report.acl_allowed += audit.allowed;
                 report.acl_spoofed += audit.spoofed;
+                report.acl_forged += audit.forged;
                 recoveries.push(failover.recovery_time.as_nanos() as f64 / 1e3);
                 report.passed += 1;
                 report.calls += failover.calls + chain.calls + caller.calls;
