@@ -168,13 +168,8 @@ pub enum RegionFailoverError {
     NoCheckpoint,
     #[error("restoring the spare: {0}")]
     Restore(#[from] crate::rpc::checkpoint::CheckpointError),
-    #[error("call {rpc_id} failed: {error}")]
-    CallFailed {
-        rpc_id: u64,
-        error: crate::rpc::RpcError,
-    },
-    #[error("the answers are not the counts 1..={calls}: a call ran twice or never")]
-    WrongAnswers { calls: u64 },
+    #[error(transparent)]
+    Answers(#[from] crate::rpc::scenario::ScenarioError),
     #[error("the region holds {value} after {calls} calls")]
     WrongRegion { calls: u64, value: u64 },
     #[error("an agent is missing")]
@@ -238,7 +233,7 @@ pub fn region_failover(
         .recover(node, spare)?;
     rack.dsm_rack.rack.kick();
     rack.wait_for_answers("every answer", calls)?;
-    check_answers(rack.outcomes()?, calls)?;
+    crate::rpc::scenario::check_counts(rack.outcomes()?, calls)?;
     let value = rack.spare_region_count()?;
     if value != calls {
         return Err(RegionFailoverError::WrongRegion { calls, value });
@@ -268,9 +263,6 @@ struct RegionRack {
     dsms: [Arc<OnceLock<Dsm>>; 2],
     calls: u64,
 }
-
-/// The client's outcomes, by RPC id.
-type Outcomes = Vec<(u64, Result<Vec<u8>, crate::rpc::RpcError>)>;
 
 /// What the spare started from.
 struct SpareStart {
@@ -357,7 +349,7 @@ impl RegionRack {
         })
     }
 
-    fn outcomes(&self) -> Result<Outcomes, RegionFailoverError> {
+    fn outcomes(&self) -> Result<crate::rpc::scenario::Answers, RegionFailoverError> {
         self.with_client(|client| client.outcomes.clone())
             .ok_or(RegionFailoverError::MissingAgent)
     }
@@ -451,23 +443,4 @@ fn with_server<R>(
         .downcast_mut::<ServerAgent>()
         .ok_or(RegionFailoverError::MissingAgent)?;
     Ok(f(server))
-}
-
-/// Each answer is a distinct count, and together they are 1..=calls.
-fn check_answers(outcomes: Outcomes, calls: u64) -> Result<(), RegionFailoverError> {
-    let mut counts = std::collections::BTreeSet::new();
-    for (rpc_id, outcome) in outcomes {
-        let bytes = outcome.map_err(|error| RegionFailoverError::CallFailed { rpc_id, error })?;
-        let count = bytes
-            .get(..8)
-            .map(|bytes| u64::from_be_bytes(bytes.try_into().expect("8 bytes")))
-            .ok_or(RegionFailoverError::WrongAnswers { calls })?;
-        if !counts.insert(count) {
-            return Err(RegionFailoverError::WrongAnswers { calls });
-        }
-    }
-    if counts != (1..=calls).collect() {
-        return Err(RegionFailoverError::WrongAnswers { calls });
-    }
-    Ok(())
 }

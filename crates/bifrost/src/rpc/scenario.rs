@@ -152,7 +152,7 @@ fn answered(rack: &mut impl Rack) -> u64 {
 }
 
 /// A client's answers: each call's RPC id and outcome.
-type Answers = Vec<(u64, Result<Vec<u8>, RpcError>)>;
+pub(crate) type Answers = Vec<(u64, Result<Vec<u8>, RpcError>)>;
 
 /// Runs until the head client (on the compute host) has every answer;
 /// its answers and how often it resent.
@@ -174,7 +174,7 @@ fn run_client_to_the_end(rack: &mut impl Rack) -> Result<(Answers, u64), Scenari
 }
 
 /// Each answer is a distinct count, and together they are 1..=calls.
-fn check_counts(answers: Answers, calls: u64) -> Result<(), ScenarioError> {
+pub(crate) fn check_counts(answers: Answers, calls: u64) -> Result<(), ScenarioError> {
     let counts = check_distinct_counts(answers, calls)?;
     if counts != (1..=calls).collect() {
         return Err(ScenarioError::WrongAnswers { calls });
@@ -351,18 +351,8 @@ pub fn failover_with(
     let failed_at = rack.simulation.now();
     let in_flight_at_failure =
         rack.with_program(|program| program.edges().filter(|edge| edge.callee == node).count());
-    let mut detected = Vec::new();
-    rack.run_until(
-        &mut |rack| {
-            detected.extend(rack.with_program(|program| program.take_detected()));
-            detected.contains(&node)
-        },
-        Duration::from_secs(1),
-    )?;
+    wait_for_detection(&mut rack, node)?;
     let detected_at = rack.simulation.now();
-    if detected != [node] {
-        return Err(ScenarioError::WrongDetection { detected });
-    }
     rack.run_for(REPLACEMENT_START)?;
     let checkpoint = rack
         .with_program(|program| program.checkpoint_of(node).map(<[u8]>::to_vec))
@@ -422,6 +412,53 @@ pub fn failover_with(
         detection_time,
         recovery_time,
     })
+}
+
+/// Runs until the Gatekeeper has found `node` failed by its missed
+/// heartbeats; any other node found failed is an error.
+fn wait_for_detection(
+    rack: &mut SimulatedRackOf,
+    node: remora_wire::Ipv4Address,
+) -> Result<(), ScenarioError> {
+    let mut detected = Vec::new();
+    rack.run_until(
+        &mut |rack| {
+            detected.extend(rack.with_program(|program| program.take_detected()));
+            detected.contains(&node)
+        },
+        Duration::from_secs(1),
+    )?;
+    if detected != [node] {
+        return Err(ScenarioError::WrongDetection { detected });
+    }
+    Ok(())
+}
+
+/// The resends of the relay at `host` and the duplicates its callee
+/// dropped.
+fn relay_counters(rack: &mut impl Rack, host: usize) -> Result<(u64, u64), ScenarioError> {
+    rack.with_agent::<super::chain::RelayAgent, _>(host, 0, |relay| {
+        (
+            relay.caller.counters().retransmissions,
+            relay.callee.counters().duplicates,
+        )
+    })
+    .ok_or(ScenarioError::MissingAgent("middle"))
+}
+
+/// Checks that a chain's tail ran each of `calls` calls once; returns the
+/// calls it ran and the duplicates it dropped.
+fn tail_ran_each_once(rack: &mut impl Rack, calls: u64) -> Result<(u64, u64), ScenarioError> {
+    let (executed, duplicates) = rack
+        .with_agent::<ServerAgent, _>(TAIL_HOST, 0, |server| {
+            let counters = server.callee.counters();
+            (counters.executed, counters.duplicates)
+        })
+        .ok_or(ScenarioError::MissingAgent("tail"))?;
+    if executed != calls {
+        return Err(ScenarioError::NotExactlyOnce { calls, executed });
+    }
+    Ok((executed, duplicates))
 }
 
 /// The spare middle's host in [`chain_replaced`].
@@ -489,46 +526,16 @@ pub fn chain_replaced(
         Duration::from_secs(10),
     )?;
     rack.crash(MEMORY_HOST);
-    let mut detected = Vec::new();
-    rack.run_until(
-        &mut |rack| {
-            detected.extend(rack.with_program(|program| program.take_detected()));
-            detected.contains(&middle)
-        },
-        Duration::from_secs(1),
-    )?;
-    if detected != [middle] {
-        return Err(ScenarioError::WrongDetection { detected });
-    }
+    wait_for_detection(&mut rack, middle)?;
     rack.run_for(REPLACEMENT_START)?;
     rack.with_program(|program| program.recover_in_place_of(middle, spare))?;
     let (answers, head_retransmissions) = run_client_to_the_end(&mut rack)?;
     check_counts(answers, calls)?;
-    let relay_counters = |rack: &mut SimulatedRackOf, host| {
-        rack.with_agent::<RelayAgent, _>(host, 0, |relay| {
-            (
-                relay.caller.counters().retransmissions,
-                relay.callee.counters().duplicates,
-            )
-        })
-        .ok_or(ScenarioError::MissingAgent("middle"))
-    };
     let (before, after) = (
         relay_counters(&mut rack, MEMORY_HOST)?,
         relay_counters(&mut rack, SPARE_MIDDLE_HOST)?,
     );
-    let (executed_at_tail, duplicates_at_tail) = rack
-        .with_agent::<ServerAgent, _>(TAIL_HOST, 0, |server| {
-            let counters = server.callee.counters();
-            (counters.executed, counters.duplicates)
-        })
-        .ok_or(ScenarioError::MissingAgent("tail"))?;
-    if executed_at_tail != calls {
-        return Err(ScenarioError::NotExactlyOnce {
-            calls,
-            executed: executed_at_tail,
-        });
-    }
+    let (executed_at_tail, duplicates_at_tail) = tail_ran_each_once(&mut rack, calls)?;
     Ok(Chain {
         calls,
         executed_at_tail,
@@ -849,26 +856,8 @@ pub fn chain(
     }
     let (answers, head_retransmissions) = run_client_to_the_end(&mut rack)?;
     check_counts(answers, calls)?;
-    let (middle_retransmissions, duplicates_at_middle) = rack
-        .with_agent::<RelayAgent, _>(MEMORY_HOST, 0, |relay| {
-            (
-                relay.caller.counters().retransmissions,
-                relay.callee.counters().duplicates,
-            )
-        })
-        .ok_or(ScenarioError::MissingAgent("middle"))?;
-    let (executed_at_tail, duplicates_at_tail) = rack
-        .with_agent::<ServerAgent, _>(TAIL_HOST, 0, |server| {
-            let counters = server.callee.counters();
-            (counters.executed, counters.duplicates)
-        })
-        .ok_or(ScenarioError::MissingAgent("tail"))?;
-    if executed_at_tail != calls {
-        return Err(ScenarioError::NotExactlyOnce {
-            calls,
-            executed: executed_at_tail,
-        });
-    }
+    let (middle_retransmissions, duplicates_at_middle) = relay_counters(&mut rack, MEMORY_HOST)?;
+    let (executed_at_tail, duplicates_at_tail) = tail_ran_each_once(&mut rack, calls)?;
     Ok(Chain {
         calls,
         executed_at_tail,
