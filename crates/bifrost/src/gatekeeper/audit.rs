@@ -19,6 +19,8 @@ use super::memory::MemoryNode;
 use super::{Gatekeeper, GatekeeperConfig, NodeKind};
 use crate::dsm::message::{Operation as DsmOperation, Reply, Request, Status};
 use crate::dsm::GlobalPtr;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use remora_base::Timestamp;
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::programs::overlay::Overlaid;
@@ -115,25 +117,6 @@ fn memory_qpn(client: usize) -> Qpn {
     Qpn::new(0x200 + client as u32).expect("a small QPN")
 }
 
-/// SplitMix64: each draw a well-spread function of the seed and a count.
-struct Draws {
-    state: u64,
-}
-
-impl Draws {
-    fn next(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut mixed = self.state;
-        mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        mixed ^ (mixed >> 31)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound.max(1)
-    }
-}
-
 /// An allocation as the model sees it.
 #[derive(Debug, Clone, Copy)]
 struct Allocation {
@@ -158,7 +141,8 @@ impl Allocation {
 
 struct Audit {
     switch: Switch<Overlaid<Gatekeeper>>,
-    draws: Draws,
+    /// The seed's draws (the simulator's seeded generator).
+    draws: ChaCha8Rng,
     allocations: Vec<Allocation>,
     next_offset: u64,
     next_psn: [u32; CLIENTS + 1],
@@ -220,7 +204,7 @@ impl Audit {
         );
         Audit {
             switch,
-            draws: Draws { state: seed },
+            draws: ChaCha8Rng::seed_from_u64(seed),
             allocations: Vec::new(),
             next_offset: 0,
             next_psn: [0; CLIENTS + 1],
@@ -232,7 +216,7 @@ impl Audit {
     }
 
     fn step(&mut self) -> Result<(), AclViolation> {
-        match self.draws.below(13) {
+        match self.draws.gen_range(0..13) {
             0 | 1 => self.allocate(),
             2 => self.call(),
             3 => self.reply(),
@@ -254,8 +238,8 @@ impl Audit {
         };
         let allocation = self.allocations[index];
         let victim = allocation.owner;
-        let attacker = 1 + (victim + self.draws.below(CLIENTS as u64 - 1) as usize) % CLIENTS;
-        let impersonating = self.draws.below(2) == 0;
+        let attacker = self.other_client(victim);
+        let impersonating = self.draws.gen_range(0..2) == 0;
         let as_client = if impersonating { victim } else { attacker };
         let bth = BthRepr::new(
             Opcode::RdmaReadRequest,
@@ -289,8 +273,13 @@ impl Audit {
         Ok(())
     }
 
+    /// Any client but `client`.
+    fn other_client(&mut self, client: usize) -> usize {
+        1 + (client + self.draws.gen_range(0..CLIENTS - 1)) % CLIENTS
+    }
+
     fn client(&mut self) -> usize {
-        1 + self.draws.below(CLIENTS as u64) as usize
+        self.draws.gen_range(1..=CLIENTS)
     }
 
     fn psn(&mut self, client: usize) -> Psn {
@@ -353,7 +342,7 @@ impl Audit {
 
     fn allocate(&mut self) -> Result<(), AclViolation> {
         let client = self.client();
-        let size = 1 + self.draws.below(8192);
+        let size = 1 + self.draws.gen_range(0..8192);
         self.allocate_for(client, size)
     }
 
@@ -400,13 +389,12 @@ impl Audit {
             lent: None,
         });
         // Allocations leave gaps, so some accesses fall between them.
-        self.next_offset += size + self.draws.below(3) * 512;
+        self.next_offset += size + self.draws.gen_range(0..3) * 512;
         Ok(())
     }
 
     fn pick(&mut self) -> Option<usize> {
-        (!self.allocations.is_empty())
-            .then(|| self.draws.below(self.allocations.len() as u64) as usize)
+        (!self.allocations.is_empty()).then(|| self.draws.gen_range(0..self.allocations.len()))
     }
 
     fn datagram(
@@ -433,8 +421,7 @@ impl Audit {
         if allocation.lent.is_some() {
             return Ok(());
         }
-        let callee =
-            1 + (allocation.owner + self.draws.below(CLIENTS as u64 - 1) as usize) % CLIENTS;
+        let callee = self.other_client(allocation.owner);
         let rpc_id = self.next_rpc_id;
         self.next_rpc_id += 1;
         let pointer = pointer_at(allocation.offset);
@@ -502,7 +489,7 @@ impl Audit {
         let Some((callee, rpc_id)) = allocation.lent else {
             return Ok(());
         };
-        let forger = 1 + (callee + self.draws.below(CLIENTS as u64 - 1) as usize) % CLIENTS;
+        let forger = self.other_client(callee);
         let pointer = pointer_at(self.allocations[target].offset);
         let repr = BifrostRepr::new(CallType::Reply, &method_of(callee), rpc_id, pointer)
             .expect("a short name");
@@ -595,16 +582,19 @@ impl Audit {
     /// A READ or WRITE from any client, somewhere near an allocation.
     fn access(&mut self) -> Result<(), AclViolation> {
         let client = self.client();
-        let write = self.draws.below(2) == 0;
+        let write = self.draws.gen_range(0..2) == 0;
         let (offset, length) = match self.pick() {
             Some(index) => {
                 let allocation = self.allocations[index];
-                let offset = allocation.offset + self.draws.below(allocation.size + 64);
-                (offset, 1 + self.draws.below(1024))
+                let offset = allocation.offset + self.draws.gen_range(0..allocation.size + 64);
+                (offset, 1 + self.draws.gen_range(0..1024))
             }
-            None => (self.draws.below(POOL_BYTES), 1 + self.draws.below(1024)),
+            None => (
+                self.draws.gen_range(0..POOL_BYTES),
+                1 + self.draws.gen_range(0..1024),
+            ),
         };
-        let wrong_key = self.draws.below(20) == 0;
+        let wrong_key = self.draws.gen_range(0..20) == 0;
         let expected = !wrong_key
             && self.allocations.iter().any(|allocation| {
                 allocation.offset <= offset
