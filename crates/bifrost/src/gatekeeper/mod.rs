@@ -202,6 +202,14 @@ impl GatekeeperConfig {
 /// call's datagram fits one MTU); longer ones rely on the caller's resend.
 const MAX_KEPT_FRAME_BYTES: usize = 2048;
 
+/// A failed node's replacement, and whether it took the node's place in
+/// the network ([`Gatekeeper::recover_in_place_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Replacement {
+    node: Ipv4Address,
+    in_place: bool,
+}
+
 type MethodKey = [u8; METHOD_NAME_LEN];
 type CallKey = (Ipv4Address, u16, u64);
 
@@ -232,18 +240,13 @@ pub struct Gatekeeper {
     detected: VecDeque<Ipv4Address>,
     /// The ACL on RDMA to the DSM's memory nodes.
     memory: MemoryStage,
-    /// Failed nodes whose replacement took their place on another host:
-    /// RPC datagrams to the failed node's address go to the replacement,
-    /// and the replacement's leave under the failed node's address, so its
-    /// callees see the caller they knew (and drop the calls it makes again
-    /// as duplicates).
-    stand_ins: ExactTable<Ipv4Address, Ipv4Address>,
-    /// The same pairs, replacement to failed node.
+    /// Every failed node's replacement: its rights are the replacement's
+    /// (calls it made before failing still end their leases and take their
+    /// returned pointers in the replacement's name).
+    replaced_by: ExactTable<Ipv4Address, Replacement>,
+    /// The replacements that took their failed node's place, to the failed
+    /// node: their RPC datagrams leave under its address.
     standing_for: ExactTable<Ipv4Address, Ipv4Address>,
-    /// Every failed node's replacement, in place or not: its rights are
-    /// the replacement's (calls it made before failing still end their
-    /// leases and take their returned pointers in the replacement's name).
-    replaced_by: ExactTable<Ipv4Address, Ipv4Address>,
     /// The switch's own MAC, as calls to the service address carry it:
     /// the Gatekeeper's own answers are addressed to it, for routing.
     router_mac: Option<remora_wire::MacAddress>,
@@ -391,7 +394,6 @@ impl Gatekeeper {
             packet_outs: VecDeque::new(),
             detected: VecDeque::new(),
             memory: MemoryStage::new(config.memory),
-            stand_ins: ExactTable::new(shape("gatekeeper_stand_ins", 0, 32, 32, config.nodes)),
             standing_for: ExactTable::new(shape(
                 "gatekeeper_standing_for",
                 0,
@@ -399,7 +401,7 @@ impl Gatekeeper {
                 32,
                 config.nodes,
             )),
-            replaced_by: ExactTable::new(shape("gatekeeper_replaced_by", 0, 32, 32, config.nodes)),
+            replaced_by: ExactTable::new(shape("gatekeeper_replaced_by", 0, 32, 33, config.nodes)),
             router_mac: None,
             counters: GatekeeperCounters::default(),
         }
@@ -728,7 +730,11 @@ impl Gatekeeper {
         replacement: Ipv4Address,
     ) -> Result<usize, GatekeeperError> {
         let moved = self.recover(failed, replacement)?;
-        self.stand_ins.insert(failed, replacement)?;
+        let in_place = Replacement {
+            node: replacement,
+            in_place: true,
+        };
+        self.replaced_by.insert(failed, in_place)?;
         self.standing_for.insert(replacement, failed)?;
         Ok(moved)
     }
@@ -746,7 +752,12 @@ impl Gatekeeper {
             }
             self.counters.stood_in += 1;
         }
-        if let Some(&replacement) = self.stand_ins.lookup(&fields.destination) {
+        let stand_in = self
+            .replaced_by
+            .lookup(&fields.destination)
+            .filter(|replaced| replaced.in_place)
+            .map(|replaced| replaced.node);
+        if let Some(replacement) = stand_in {
             readdress(&mut packet.bytes, ip, replacement);
             if let Some(fields) = packet.headers.ipv4.as_mut() {
                 fields.destination = replacement;
@@ -826,7 +837,11 @@ impl Gatekeeper {
         // Its pointers pass to its replacement, which restarts from its
         // checkpoint and so takes up what it controlled.
         self.hand_over_memory(failed, replacement);
-        self.replaced_by.insert(failed, replacement)?;
+        let elsewhere = Replacement {
+            node: replacement,
+            in_place: false,
+        };
+        self.replaced_by.insert(failed, elsewhere)?;
         // Forwarding to the failed node stops: it serves nothing now.
         self.nodes.remove(&failed);
         self.heard.remove(&failed);
@@ -1044,8 +1059,7 @@ impl Gatekeeper {
     fn holder(&self, address: Ipv4Address) -> Ipv4Address {
         self.replaced_by
             .lookup(&address)
-            .copied()
-            .unwrap_or(address)
+            .map_or(address, |replaced| replaced.node)
     }
 
     /// A call's DSM pointer is lent to its callee to read (before the call
@@ -1202,7 +1216,6 @@ impl Overlay for Gatekeeper {
         report.tables.push(self.caller_checkpoints.resources());
         report.tables.push(self.call_frames.resources());
         report.tables.push(self.heard.resources());
-        report.tables.push(self.stand_ins.resources());
         report.tables.push(self.standing_for.resources());
         report.tables.push(self.replaced_by.resources());
         self.memory.add_resources(report);
