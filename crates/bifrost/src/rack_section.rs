@@ -20,9 +20,10 @@ use crate::dsm_service::{DsmServiceHosts, DsmServiceRackError};
 use crate::gatekeeper::GatekeeperCounters;
 use crate::services::ArraysSyncClient;
 use crate::transport::{client_protocols_passing, Routing};
+use hdrhistogram::Histogram;
 use remora_rack::topology::Topology;
 use serde::Deserialize;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The section's name in a rack file.
 pub const SECTION: &str = "bifrost";
@@ -240,7 +241,7 @@ pub fn run_section(
         let expected = workload.expected(&inputs);
         let slices: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
         let passed = pass_by_reference(&rack.dsm, &slices)?;
-        let mut latencies = Vec::with_capacity(section.calls as usize);
+        let mut latencies = Histogram::<u64>::new(3).expect("3 significant digits");
         let mut matched = 0;
         let mut answer = vec![0u8; section.array_bytes];
         for call in 0..section.calls {
@@ -252,22 +253,13 @@ pub fn run_section(
                     call,
                     source,
                 })?;
-            latencies.push(began.elapsed());
+            latencies.saturating_record(began.elapsed().as_nanos() as u64);
             rack.dsm.read(returned.allocation, &mut answer)?;
             rack.dsm.free(returned.allocation)?;
             matched += u64::from(answer == expected);
         }
         rack.dsm.free(passed.0)?;
-        latencies.sort_unstable();
-        let at = |quantile: f64| {
-            let index = ((latencies.len() - 1) as f64 * quantile).round() as usize;
-            latencies
-                .get(index)
-                .copied()
-                .unwrap_or(Duration::ZERO)
-                .as_nanos() as f64
-                / 1e3
-        };
+        let at = |quantile: f64| latencies.value_at_quantile(quantile) as f64 / 1e3;
         runs.push(WorkloadRun {
             workload: workload.name(),
             calls: section.calls,
