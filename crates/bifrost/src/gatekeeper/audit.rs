@@ -25,7 +25,7 @@ use remora_base::Timestamp;
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::programs::overlay::Overlaid;
 use remora_switch::{PortId, Switch, SwitchConfig};
-use remora_wire::bifrost::{BifrostRepr, CallType, BIFROST_PORT, HEADER_LEN};
+use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress, BIFROST_PORT, HEADER_LEN};
 use remora_wire::datagram::{emit_datagram, DatagramEnd, DATAGRAM_HEADERS_LEN};
 use remora_wire::frame::{emit_frame, parse_frame, FrameRepr};
 use remora_wire::{
@@ -478,19 +478,27 @@ impl Audit {
         Ok(())
     }
 
+    /// An allocation lent by a call (its callee and RPC id), and the
+    /// pointer of any allocation: what a forger would swap in.
+    fn lent_and_another(&mut self) -> Option<(Allocation, (usize, u64), GlobalAddress)> {
+        let (index, target) = (self.pick()?, self.pick()?);
+        let allocation = self.allocations[index];
+        let lent = allocation.lent?;
+        Some((
+            allocation,
+            lent,
+            pointer_at(self.allocations[target].offset),
+        ))
+    }
+
     /// A client other than the callee answers a call that lent a pointer,
     /// naming an allocation it would take: the switch drops it (the
     /// caller never sees it), and nothing changes (later accesses check).
     fn forge_reply(&mut self) -> Result<(), AclViolation> {
-        let (Some(index), Some(target)) = (self.pick(), self.pick()) else {
-            return Ok(());
-        };
-        let allocation = self.allocations[index];
-        let Some((callee, rpc_id)) = allocation.lent else {
+        let Some((allocation, (callee, rpc_id), pointer)) = self.lent_and_another() else {
             return Ok(());
         };
         let forger = self.other_client(callee);
-        let pointer = pointer_at(self.allocations[target].offset);
         let repr = BifrostRepr::new(CallType::Reply, &method_of(callee), rpc_id, pointer)
             .expect("a short name");
         let from = DatagramEnd {
@@ -520,14 +528,9 @@ impl Audit {
     /// allocation: the resend is the call as it first passed, and nothing
     /// changes on the other allocation (later accesses check).
     fn resend_swapped(&mut self) -> Result<(), AclViolation> {
-        let (Some(index), Some(target)) = (self.pick(), self.pick()) else {
+        let Some((allocation, (callee, rpc_id), pointer)) = self.lent_and_another() else {
             return Ok(());
         };
-        let allocation = self.allocations[index];
-        let Some((callee, rpc_id)) = allocation.lent else {
-            return Ok(());
-        };
-        let pointer = pointer_at(self.allocations[target].offset);
         let repr = BifrostRepr::new(CallType::Call, &method_of(callee), rpc_id, pointer)
             .expect("a short name");
         let from = DatagramEnd {
@@ -650,7 +653,7 @@ fn method_of(client: usize) -> String {
     format!("serve{client}")
 }
 
-fn pointer_at(offset: u64) -> remora_wire::bifrost::GlobalAddress {
+fn pointer_at(offset: u64) -> GlobalAddress {
     GlobalPtr {
         node: 0,
         generation: 0,

@@ -101,6 +101,13 @@ pub struct MemoryCounters {
     pub malformed: u64,
 }
 
+impl MemoryCounters {
+    /// Requests refused by the ACL: READs, WRITEs and DSM messages.
+    pub fn refused(&self) -> u64 {
+        self.reads_refused + self.writes_refused + self.messages_refused
+    }
+}
+
 /// Allocs awaiting their replies: memory node, client, request id.
 type PendingKey = (Ipv4Address, Ipv4Address, u32);
 

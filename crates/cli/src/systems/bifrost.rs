@@ -231,7 +231,7 @@ fn acl_step(step: &mut SystemStep) -> Result<(), SystemError> {
     let counters = arrays.gatekeeper_counters().unwrap_or_default().memory;
     println!(
         "  the Gatekeeper's ACL (refuse by default): add_arrays of 64 KiB by reference through it, the inputs lent to the service for the call and the sum's control handed to the caller with the reply; a call that lent nothing was refused at the switch ({} READs allowed, {} refused, {} NAKs sent in the memory node's name)",
-        counters.reads_allowed, counters.reads_refused + counters.messages_refused, counters.naks_sent
+        counters.reads_allowed, counters.refused(), counters.naks_sent
     );
     if counters.naks_sent == 0 {
         step.failures.push("ACL: the switch sent no NAK".into());
@@ -239,7 +239,7 @@ fn acl_step(step: &mut SystemStep) -> Result<(), SystemError> {
     step.variants.push(serde_json::json!({
         "variant": "gatekeeper acl",
         "reads_allowed": counters.reads_allowed,
-        "refused": counters.reads_refused + counters.messages_refused,
+        "refused": counters.refused(),
         "naks_sent": counters.naks_sent,
     }));
     Ok(())
@@ -283,13 +283,13 @@ fn run_section(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_js
             counters.calls_routed,
             counters.memory.reads_allowed,
             counters.memory.writes_allowed,
-            counters.memory.reads_refused + counters.memory.writes_refused + counters.memory.messages_refused
+            counters.memory.refused()
         );
         serde_json::json!({
             "calls_routed": counters.calls_routed,
             "reads_allowed": counters.memory.reads_allowed,
             "writes_allowed": counters.memory.writes_allowed,
-            "refused": counters.memory.reads_refused + counters.memory.writes_refused + counters.memory.messages_refused,
+            "refused": counters.memory.refused(),
             "naks_sent": counters.memory.naks_sent,
         })
     });
