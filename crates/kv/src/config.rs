@@ -1,0 +1,93 @@
+//! A store's shape, checked when the store is made.
+
+use crate::record::{record_bytes, MAX_KEY_BYTES, MAX_VALUE_BYTES};
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("page_bits {0} is out of range: pages are 2^14 (16 KiB, the largest record rounded up) to 2^26 bytes")]
+    PageBits(u32),
+    #[error("memory_pages {0}: the log needs at least 4 pages in memory (mutable, read-only, one being flushed, one free)")]
+    MemoryPages(u64),
+    #[error("mutable_fraction {0} must be in (0, 1)")]
+    MutableFraction(f64),
+    #[error("index_buckets {0} must be a power of two")]
+    IndexBuckets(u64),
+    #[error("the device holds {device_bytes} bytes, less than the {memory_bytes} bytes of the in-memory log")]
+    DeviceTooSmall {
+        device_bytes: u64,
+        memory_bytes: u64,
+    },
+    #[error("sessions {0} must be between 1 and 1024")]
+    Sessions(usize),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreConfig {
+    /// Hash buckets (a power of two), seven entries each.
+    pub index_buckets: u64,
+    /// Buckets chained on when a bucket's seven entries are taken.
+    pub overflow_buckets: u32,
+    /// log2 of the page size.
+    pub page_bits: u32,
+    /// Pages of log kept in memory: the store's local-memory budget.
+    pub memory_pages: u64,
+    /// Share of the in-memory pages that take in-place updates (FASTER's 0.9).
+    pub mutable_fraction: f64,
+    /// Bytes read from the device for a record before its size is known.
+    pub first_read_bytes: usize,
+    /// Sessions that can be open at once.
+    pub sessions: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> StoreConfig {
+        StoreConfig {
+            index_buckets: 1 << 16,
+            overflow_buckets: 1 << 14,
+            page_bits: 16,
+            memory_pages: 64,
+            mutable_fraction: 0.9,
+            first_read_bytes: 128,
+            sessions: 64,
+        }
+    }
+}
+
+impl StoreConfig {
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_pages << self.page_bits
+    }
+
+    /// Pages that take in-place updates: at least one, and at most all
+    /// but two (one read-only page to flush from, one free frame).
+    pub fn mutable_pages(&self) -> u64 {
+        let share = (self.memory_pages as f64 * self.mutable_fraction).round() as u64;
+        share.clamp(1, self.memory_pages - 2)
+    }
+
+    pub fn check(&self, device_bytes: u64) -> Result<(), ConfigError> {
+        let largest = record_bytes(MAX_KEY_BYTES, MAX_VALUE_BYTES) + 64;
+        if !(14..=26).contains(&self.page_bits) || (1u64 << self.page_bits) < largest {
+            return Err(ConfigError::PageBits(self.page_bits));
+        }
+        if self.memory_pages < 4 {
+            return Err(ConfigError::MemoryPages(self.memory_pages));
+        }
+        if !(self.mutable_fraction > 0.0 && self.mutable_fraction < 1.0) {
+            return Err(ConfigError::MutableFraction(self.mutable_fraction));
+        }
+        if self.index_buckets == 0 || !self.index_buckets.is_power_of_two() {
+            return Err(ConfigError::IndexBuckets(self.index_buckets));
+        }
+        if device_bytes < self.memory_bytes() {
+            return Err(ConfigError::DeviceTooSmall {
+                device_bytes,
+                memory_bytes: self.memory_bytes(),
+            });
+        }
+        if !(1..=1024).contains(&self.sessions) {
+            return Err(ConfigError::Sessions(self.sessions));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,375 @@
+//! The hybrid log: one address space split by four boundaries,
+//!
+//! ```text
+//! begin ........ head ........ safe read-only ... read-only ........ tail
+//!   | on the device |  in memory, read-only  | fuzzy |  mutable: updated in place |
+//! ```
+//!
+//! Records are appended at the tail. When the tail enters a new page, the
+//! read-only boundary moves so that a fixed number of pages stay mutable,
+//! and the head moves so that one frame stays free for the next page.
+//! Each move is published first and completed in an epoch action: once
+//! every thread has seen the new read-only boundary, nobody updates those
+//! pages in place and they are flushed (the safe read-only boundary);
+//! once every thread has seen the new head, nobody reads those frames and
+//! they can be reused (the safe head). The head never passes a page whose
+//! flush has not completed, so the device is never asked for bytes it is
+//! still writing.
+
+use crate::address::{LogAddress, FIRST_ADDRESS};
+use crate::device::{Device, DeviceError, DeviceQueue, Finished};
+use crate::epoch::{Epoch, EpochError};
+use crate::frames::Frames;
+use crate::record::Header;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LogError {
+    #[error("the device is full: the log from its begin address needs {needed_bytes} bytes of the device's {capacity_bytes}; truncate the log or use a larger device")]
+    DeviceFull {
+        needed_bytes: u64,
+        capacity_bytes: u64,
+    },
+    #[error("flushing the log failed: {0}")]
+    Flush(DeviceError),
+    #[error(transparent)]
+    Epoch(#[from] EpochError),
+    #[error("truncating to {wanted} would drop records still in memory (the head is at {head})")]
+    TruncateAboveHead {
+        wanted: LogAddress,
+        head: LogAddress,
+    },
+}
+
+/// How many pages and which of them stay mutable.
+#[derive(Debug, Clone, Copy)]
+pub struct LogShape {
+    pub page_bits: u32,
+    pub frame_count: u64,
+    pub mutable_pages: u64,
+}
+
+struct Tail {
+    page: u64,
+    offset: u64,
+}
+
+struct Flushing {
+    queue: Box<dyn DeviceQueue>,
+    /// The next page to hand to the device.
+    next_page: u64,
+    /// Pages whose writes completed, above `flushed_until`.
+    completed: BTreeSet<u64>,
+    buffer: Vec<u8>,
+    finished: Finished,
+}
+
+pub struct HybridLog {
+    pub frames: Frames,
+    shape: LogShape,
+    epoch: Arc<Epoch>,
+    device_capacity_bytes: u64,
+    begin: AtomicU64,
+    head: AtomicU64,
+    safe_head: AtomicU64,
+    /// Where the head should be once flushes allow it.
+    head_target: AtomicU64,
+    read_only: AtomicU64,
+    safe_read_only: AtomicU64,
+    flushed_until: AtomicU64,
+    tail_address: AtomicU64,
+    tail: Mutex<Tail>,
+    flushing: Mutex<Flushing>,
+    /// A flush failure, reported to the next operation that looks.
+    failure: Mutex<Option<DeviceError>>,
+}
+
+/// Where a record sits, as one thread sees the boundaries now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Region {
+    /// Below the begin address: gone.
+    Truncated,
+    OnDevice,
+    /// In memory and below the safe read-only boundary: nobody writes it.
+    Immutable,
+    /// In memory, read-only to this thread, but an older thread may still
+    /// lock it: take the record lock to read it.
+    Fuzzy,
+    /// In memory and updated in place under the record lock.
+    Mutable,
+}
+
+impl HybridLog {
+    pub fn new(
+        shape: LogShape,
+        epoch: Arc<Epoch>,
+        device: &dyn Device,
+    ) -> Result<HybridLog, DeviceError> {
+        let queue = device.open_queue()?;
+        Ok(HybridLog {
+            frames: Frames::new(shape.page_bits, shape.frame_count),
+            shape,
+            epoch,
+            // The device is a ring of whole pages, so no page wraps.
+            device_capacity_bytes: device.capacity_bytes() >> shape.page_bits << shape.page_bits,
+            begin: AtomicU64::new(0),
+            head: AtomicU64::new(0),
+            safe_head: AtomicU64::new(0),
+            head_target: AtomicU64::new(0),
+            read_only: AtomicU64::new(0),
+            safe_read_only: AtomicU64::new(0),
+            flushed_until: AtomicU64::new(0),
+            tail_address: AtomicU64::new(FIRST_ADDRESS.value()),
+            tail: Mutex::new(Tail {
+                page: 0,
+                offset: FIRST_ADDRESS.value(),
+            }),
+            flushing: Mutex::new(Flushing {
+                queue,
+                next_page: 0,
+                completed: BTreeSet::new(),
+                buffer: Vec::new(),
+                finished: Finished::default(),
+            }),
+            failure: Mutex::new(None),
+        })
+    }
+
+    fn load(word: &AtomicU64) -> LogAddress {
+        LogAddress::new(word.load(Ordering::SeqCst))
+    }
+
+    pub fn begin(&self) -> LogAddress {
+        Self::load(&self.begin)
+    }
+
+    pub fn head(&self) -> LogAddress {
+        Self::load(&self.head)
+    }
+
+    pub fn read_only(&self) -> LogAddress {
+        Self::load(&self.read_only)
+    }
+
+    pub fn tail(&self) -> LogAddress {
+        Self::load(&self.tail_address)
+    }
+
+    pub fn flushed_until(&self) -> LogAddress {
+        Self::load(&self.flushed_until)
+    }
+
+    fn page_start(&self, page: u64) -> LogAddress {
+        LogAddress::page_start(page, self.shape.page_bits)
+    }
+
+    /// Where `address` is, as the calling (protected) thread sees it now.
+    pub fn region(&self, address: LogAddress) -> Region {
+        if address.is_none() || address < self.begin() {
+            Region::Truncated
+        } else if address < self.head() {
+            Region::OnDevice
+        } else if address >= self.read_only() {
+            Region::Mutable
+        } else if address >= Self::load(&self.safe_read_only) {
+            Region::Fuzzy
+        } else {
+            Region::Immutable
+        }
+    }
+
+    /// Where the device keeps `address`: the device is a ring over the log.
+    pub fn device_offset(&self, address: LogAddress) -> u64 {
+        address.value() % self.device_capacity_bytes
+    }
+
+    /// Reserves `bytes` at the tail. `Ok(None)` means the next page's
+    /// frame is not free yet (or another thread holds the tail): refresh
+    /// the epoch, poll flushes and try again.
+    pub fn allocate(self: &Arc<Self>, bytes: u64) -> Result<Option<LogAddress>, LogError> {
+        self.check_failure()?;
+        let Ok(mut tail) = self.tail.try_lock() else {
+            return Ok(None);
+        };
+        let page_bytes = 1u64 << self.shape.page_bits;
+        debug_assert!(bytes <= page_bytes - FIRST_ADDRESS.value());
+        if tail.offset + bytes > page_bytes && !self.turn_page(&mut tail)? {
+            return Ok(None);
+        }
+        let address = self.page_start(tail.page).plus(tail.offset);
+        tail.offset += bytes;
+        self.tail_address
+            .store(address.value() + bytes, Ordering::SeqCst);
+        Ok(Some(address))
+    }
+
+    /// Moves the tail to the next page if its frame is free; moves the
+    /// boundaries behind it either way.
+    fn turn_page(self: &Arc<Self>, tail: &mut Tail) -> Result<bool, LogError> {
+        let next = tail.page + 1;
+        let needed_bytes = self.page_start(next + 1).value() - self.begin().value();
+        if needed_bytes > self.device_capacity_bytes {
+            return Err(LogError::DeviceFull {
+                needed_bytes,
+                capacity_bytes: self.device_capacity_bytes,
+            });
+        }
+        self.shift_read_only(next.saturating_sub(self.shape.mutable_pages - 1))?;
+        let first_kept = (next + 2).saturating_sub(self.shape.frame_count);
+        self.head_target
+            .fetch_max(self.page_start(first_kept).value(), Ordering::SeqCst);
+        self.shift_head()?;
+        let frame_free_from = (next + 1).saturating_sub(self.shape.frame_count);
+        if Self::load(&self.safe_head) < self.page_start(frame_free_from) {
+            return Ok(false);
+        }
+        self.end_page(tail);
+        tail.page = next;
+        tail.offset = 0;
+        Ok(true)
+    }
+
+    /// Marks the rest of the tail's page as empty, for scans.
+    fn end_page(&self, tail: &Tail) {
+        let page_bytes = 1u64 << self.shape.page_bits;
+        if tail.offset + 8 <= page_bytes {
+            let at = self.page_start(tail.page).plus(tail.offset);
+            let header = self.frames.word(at, crate::record::HEADER_WORD);
+            header.store(Header::PAGE_END.0, Ordering::Release);
+        }
+    }
+
+    /// Publishes a read-only boundary at the start of `page`; its pages
+    /// are flushed once every thread has seen it.
+    fn shift_read_only(self: &Arc<Self>, page: u64) -> Result<(), LogError> {
+        let boundary = self.page_start(page).value();
+        if self.read_only.fetch_max(boundary, Ordering::SeqCst) >= boundary {
+            return Ok(());
+        }
+        let log = self.clone();
+        self.epoch.bump_with(move || {
+            log.safe_read_only.fetch_max(boundary, Ordering::SeqCst);
+            if let Err(failure) = log.flush_until(page) {
+                log.keep_failure(failure);
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Moves the head toward its target as far as completed flushes allow;
+    /// frames are free once every thread has seen it.
+    fn shift_head(self: &Arc<Self>) -> Result<(), LogError> {
+        let target = self.head_target.load(Ordering::SeqCst);
+        let boundary = target.min(self.flushed_until.load(Ordering::SeqCst));
+        if self.head.fetch_max(boundary, Ordering::SeqCst) >= boundary {
+            return Ok(());
+        }
+        let log = self.clone();
+        self.epoch.bump_with(move || {
+            log.safe_head.fetch_max(boundary, Ordering::SeqCst);
+        })?;
+        Ok(())
+    }
+
+    /// Hands every page below `page` that is not yet on its way to the device.
+    fn flush_until(&self, page: u64) -> Result<(), DeviceError> {
+        let mut flushing = self.flushing.lock().unwrap_or_else(|e| e.into_inner());
+        let flushing = &mut *flushing;
+        while flushing.next_page < page {
+            let number = flushing.next_page;
+            self.frames.copy_page(number, &mut flushing.buffer);
+            let offset = self.device_offset(self.page_start(number));
+            flushing.queue.write(offset, &flushing.buffer, number)?;
+            flushing.next_page += 1;
+        }
+        Ok(())
+    }
+
+    /// Collects completed flushes and moves the head behind them. Any
+    /// thread may call it; one at a time does the work.
+    pub fn poll_flushes(self: &Arc<Self>) -> Result<(), LogError> {
+        self.check_failure()?;
+        let advanced = {
+            let Ok(mut flushing) = self.flushing.try_lock() else {
+                return Ok(());
+            };
+            let flushing = &mut *flushing;
+            let finished = &mut flushing.finished;
+            flushing
+                .queue
+                .poll(&mut |page, _| finished.push_write(page))
+                .map_err(LogError::Flush)?;
+            let completed = &mut flushing.completed;
+            finished.drain(&mut |page, _| {
+                completed.insert(page);
+            });
+            self.advance_flushed(completed)
+        };
+        if advanced {
+            self.shift_head()?;
+        }
+        Ok(())
+    }
+
+    /// Moves `flushed_until` over the completed pages that follow it.
+    fn advance_flushed(&self, completed: &mut BTreeSet<u64>) -> bool {
+        let mut next = self.flushed_until().page(self.shape.page_bits);
+        let before = next;
+        while completed.remove(&next) {
+            next += 1;
+        }
+        self.flushed_until
+            .store(self.page_start(next).value(), Ordering::SeqCst);
+        next != before
+    }
+
+    /// Forgets everything below `address` (rounded down to a page): its
+    /// records read as absent and its device space is reused.
+    pub fn truncate_until(&self, address: LogAddress) -> Result<(), LogError> {
+        let head = self.head();
+        if address > head {
+            return Err(LogError::TruncateAboveHead {
+                wanted: address,
+                head,
+            });
+        }
+        let page = address.page(self.shape.page_bits);
+        self.begin
+            .fetch_max(self.page_start(page).value(), Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn keep_failure(&self, failure: DeviceError) {
+        let mut kept = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        kept.get_or_insert(failure);
+    }
+
+    fn check_failure(&self) -> Result<(), LogError> {
+        let kept = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        match &*kept {
+            Some(failure) => Err(LogError::Flush(failure.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks the boundaries' order (debug builds call it often).
+    pub fn debug_check_invariants(&self) {
+        let begin = self.begin();
+        let head = self.head();
+        let safe_head = Self::load(&self.safe_head);
+        let safe_read_only = Self::load(&self.safe_read_only);
+        let read_only = self.read_only();
+        let flushed = self.flushed_until();
+        debug_assert!(safe_head <= head, "safe head {safe_head} above head {head}");
+        debug_assert!(head <= flushed, "head {head} above flushed {flushed}");
+        debug_assert!(
+            flushed <= safe_read_only,
+            "flushed {flushed} above safe read-only {safe_read_only}"
+        );
+        debug_assert!(safe_read_only <= read_only);
+        debug_assert!(read_only <= self.tail());
+        debug_assert!(begin <= head || begin.page(self.shape.page_bits) == 0);
+    }
+}

@@ -1,0 +1,827 @@
+//! The store and its sessions: FASTER's operations over the index and the
+//! hybrid log.
+//!
+//! Each thread opens a [`Session`]. An operation that finds its record in
+//! memory completes at once; one whose record is on the device returns
+//! [`Status::Pending`], and [`Session::complete_pending`] finishes it
+//! when the device answers, handing back the operation's context.
+//!
+//! Updates happen in place only in the mutable region, and only to the
+//! record the index entry points at, under the record's lock, after
+//! checking (under the lock) that the entry still points there. A copy to
+//! the tail holds the old record's lock across its compare-and-swap on
+//! the entry whenever the old record may still be locked by others. So an
+//! in-place update and a copy of the same record never both win, and no
+//! read-modify-write is lost.
+
+use crate::address::LogAddress;
+use crate::config::{ConfigError, StoreConfig};
+use crate::device::{Device, DeviceError, DeviceQueue, Finished};
+use crate::epoch::{Epoch, EpochError, SlotIndex};
+use crate::index::{HashIndex, IndexError, IndexUsage, Slot};
+use crate::log::{HybridLog, LogError, LogShape, Region};
+use crate::record::{
+    parse_stored, record_bytes, write_new, Header, MemoryRecord, Parsed, MAX_KEY_BYTES,
+    MAX_VALUE_BYTES,
+};
+use crate::update::{Update, UpdateError};
+use std::hash::Hasher;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Operations between epoch refreshes: bounds how long a page waits to
+/// become safe to flush or a frame to reuse.
+const REFRESH_EVERY_OPERATIONS: u32 = 64;
+/// How long an operation waits for a free frame before reporting the
+/// store stalled (a flush that never completes).
+const MAX_WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum KvError {
+    #[error("a key of {length} bytes is longer than the {MAX_KEY_BYTES}-byte limit")]
+    KeyTooLong { length: usize },
+    #[error("a value of {length} bytes is longer than the {MAX_VALUE_BYTES}-byte limit")]
+    ValueTooLong { length: usize },
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error(transparent)]
+    Epoch(#[from] EpochError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Update(#[from] UpdateError),
+    #[error("the device returned a record that does not parse: {0}")]
+    Corrupt(&'static str),
+    #[error("waited {0:?} for the log to free a page: the device stopped completing flushes")]
+    Stalled(Duration),
+}
+
+/// How an operation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// A read or RMW found the key (an RMW's result is in the output).
+    Found,
+    /// A read found no live record (an RMW made one from nothing).
+    NotFound,
+    /// An upsert or delete is done.
+    Done,
+    /// The record is on the device: `complete_pending` will finish it.
+    Pending,
+}
+
+/// The kind of operation a completion belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperationKind {
+    Read,
+    ReadModifyWrite,
+}
+
+/// A pending operation, finished.
+#[derive(Debug)]
+pub struct Completion<'a> {
+    pub context: u64,
+    pub kind: OperationKind,
+    pub result: Result<Status, KvError>,
+    /// A read's value, or an RMW's new value.
+    pub value: &'a [u8],
+}
+
+/// Counters of what a session's operations did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    pub operations: u64,
+    pub in_place_updates: u64,
+    pub copies_to_tail: u64,
+    pub pending: u64,
+    pub device_reads: u64,
+}
+
+struct Shared {
+    config: StoreConfig,
+    epoch: Arc<Epoch>,
+    index: HashIndex,
+    log: Arc<HybridLog>,
+    device: Arc<dyn Device>,
+}
+
+/// A FASTER-style store, shared by its sessions.
+#[derive(Clone)]
+pub struct Store {
+    shared: Arc<Shared>,
+}
+
+impl Store {
+    pub fn new(config: StoreConfig, device: Arc<dyn Device>) -> Result<Store, KvError> {
+        config.check(device.capacity_bytes())?;
+        let epoch = Arc::new(Epoch::new(config.sessions + 1));
+        let shape = LogShape {
+            page_bits: config.page_bits,
+            frame_count: config.memory_pages,
+            mutable_pages: config.mutable_pages(),
+        };
+        let log = Arc::new(HybridLog::new(shape, epoch.clone(), device.as_ref())?);
+        let index = HashIndex::new(config.index_buckets, config.overflow_buckets)?;
+        let shared = Shared {
+            config,
+            epoch,
+            index,
+            log,
+            device,
+        };
+        Ok(Store {
+            shared: Arc::new(shared),
+        })
+    }
+
+    pub fn session(&self) -> Result<Session, KvError> {
+        let slot = self.shared.epoch.acquire()?;
+        let queue = self.shared.device.open_queue()?;
+        Ok(Session {
+            shared: self.shared.clone(),
+            slot: Some(slot),
+            queue,
+            pending: Vec::new(),
+            free_tokens: Vec::new(),
+            arrived: Finished::default(),
+            since_refresh: 0,
+            waiting_since: None,
+            scratch: Vec::new(),
+            stats: SessionStats::default(),
+        })
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.shared.config
+    }
+
+    pub fn device_name(&self) -> &str {
+        self.shared.device.name()
+    }
+
+    pub fn index_usage(&self) -> IndexUsage {
+        self.shared.index.usage()
+    }
+
+    /// The log's boundaries now: begin, head, read-only, tail.
+    pub fn boundaries(&self) -> [LogAddress; 4] {
+        let log = &self.shared.log;
+        [log.begin(), log.head(), log.read_only(), log.tail()]
+    }
+
+    /// Drops every record below `address` (see [`HybridLog::truncate_until`]).
+    pub fn truncate_until(&self, address: LogAddress) -> Result<(), KvError> {
+        Ok(self.shared.log.truncate_until(address)?)
+    }
+}
+
+/// The key's hash: FxHash, then a finalizer so that both the bucket (low
+/// bits) and the tag (high bits) are well mixed.
+pub fn hash_key(key: &[u8]) -> u64 {
+    let mut hasher = rustc_hash::FxHasher::default();
+    hasher.write(key);
+    hasher.write_usize(key.len());
+    let mut mixed = hasher.finish();
+    mixed ^= mixed >> 33;
+    mixed = mixed.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    mixed ^= mixed >> 33;
+    mixed
+}
+
+fn check_key(key: &[u8]) -> Result<(), KvError> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(KvError::KeyTooLong { length: key.len() });
+    }
+    Ok(())
+}
+
+fn check_value(value: &[u8]) -> Result<(), KvError> {
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(KvError::ValueTooLong {
+            length: value.len(),
+        });
+    }
+    Ok(())
+}
+
+/// An operation waiting for the device.
+struct PendingOperation {
+    context: u64,
+    key: Vec<u8>,
+    /// The record being read.
+    address: LogAddress,
+    /// The index entry's address when the operation started: an RMW
+    /// publishes only if nothing newer arrived meanwhile.
+    chain_head: LogAddress,
+    update: Option<Update>,
+}
+
+/// Where a key's newest record is.
+enum Located<'a> {
+    Memory(MemoryRecord<'a>, LogAddress, Region),
+    Device(LogAddress),
+    Absent,
+}
+
+/// One thread's handle on a store.
+pub struct Session {
+    shared: Arc<Shared>,
+    /// Always `Some` until drop.
+    slot: Option<SlotIndex>,
+    queue: Box<dyn DeviceQueue>,
+    pending: Vec<Option<PendingOperation>>,
+    free_tokens: Vec<usize>,
+    arrived: Finished,
+    since_refresh: u32,
+    /// When the current wait for a free page began.
+    waiting_since: Option<Instant>,
+    scratch: Vec<u8>,
+    stats: SessionStats,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            self.shared.epoch.release(slot);
+        }
+    }
+}
+
+impl Session {
+    fn slot(&self) -> &SlotIndex {
+        self.slot.as_ref().expect("the slot is held until drop")
+    }
+
+    pub fn stats(&self) -> SessionStats {
+        self.stats
+    }
+
+    /// Operations started and not yet completed.
+    pub fn pending_count(&self) -> usize {
+        self.pending.len() - self.free_tokens.len()
+    }
+
+    /// Leaves epoch protection while idle, so that an idle session never
+    /// holds up the log. The next operation re-enters.
+    pub fn suspend(&mut self) {
+        self.shared.epoch.unprotect(self.slot());
+    }
+
+    /// Enters protection, and refreshes every few operations.
+    fn enter(&mut self) -> Result<(), KvError> {
+        self.stats.operations += 1;
+        let epoch = &self.shared.epoch;
+        if !epoch.is_protected(self.slot()) {
+            epoch.protect(self.slot());
+            return Ok(());
+        }
+        self.since_refresh += 1;
+        if self.since_refresh >= REFRESH_EVERY_OPERATIONS {
+            self.refresh()?;
+        }
+        Ok(())
+    }
+
+    /// Moves to the current epoch and collects finished flushes.
+    fn refresh(&mut self) -> Result<(), KvError> {
+        self.since_refresh = 0;
+        self.shared.epoch.refresh(self.slot());
+        self.shared.log.poll_flushes()?;
+        if cfg!(debug_assertions) {
+            self.shared.log.debug_check_invariants();
+        }
+        Ok(())
+    }
+
+    /// Reserves `bytes` at the tail, refreshing while the log frees a page.
+    /// Only for callers that hold no memory record: a refresh may let
+    /// the record's frame go.
+    fn allocate(&mut self, bytes: u64) -> Result<LogAddress, KvError> {
+        loop {
+            if let Some(address) = self.try_allocate(bytes)? {
+                return Ok(address);
+            }
+        }
+    }
+
+    /// One try at reserving `bytes`; on `None` the session has refreshed
+    /// (so any memory record it held must be located again).
+    fn try_allocate(&mut self, bytes: u64) -> Result<Option<LogAddress>, KvError> {
+        if let Some(address) = self.shared.log.allocate(bytes)? {
+            self.waiting_since = None;
+            return Ok(Some(address));
+        }
+        let started = *self.waiting_since.get_or_insert_with(Instant::now);
+        if started.elapsed() > MAX_WAIT {
+            return Err(KvError::Stalled(MAX_WAIT));
+        }
+        self.refresh()?;
+        std::thread::yield_now();
+        Ok(None)
+    }
+}
+
+/// Follows the chain from `address` to `key`'s newest record. The caller
+/// is a protected session.
+fn locate<'a>(log: &'a HybridLog, key: &[u8], mut address: LogAddress) -> Located<'a> {
+    loop {
+        match log.region(address) {
+            Region::Truncated => return Located::Absent,
+            Region::OnDevice => return Located::Device(address),
+            region => {
+                // SAFETY: this session is protected and saw `address` at
+                // or above the head (its region is in memory); it came
+                // from the index or a published record's chain.
+                let record = unsafe { MemoryRecord::new(&log.frames, address) };
+                if record.key() == key {
+                    return Located::Memory(record, address, region);
+                }
+                address = record.header().previous();
+            }
+        }
+    }
+}
+
+impl Session {
+    /// Reads `key` into `out`.
+    pub fn read(&mut self, key: &[u8], out: &mut Vec<u8>, context: u64) -> Result<Status, KvError> {
+        check_key(key)?;
+        self.enter()?;
+        let shared = self.shared.clone();
+        let Some(slot) = shared.index.find(hash_key(key)) else {
+            return Ok(Status::NotFound);
+        };
+        let chain_head = slot.entry.address();
+        match locate(&shared.log, key, chain_head) {
+            Located::Absent => Ok(Status::NotFound),
+            Located::Device(address) => self.start_pending(key, address, chain_head, None, context),
+            Located::Memory(record, _, region) => {
+                let locked = matches!(region, Region::Mutable | Region::Fuzzy);
+                if locked {
+                    record.lock();
+                }
+                let tombstone = record.header().is_tombstone();
+                if !tombstone {
+                    // SAFETY: locked where others may write; below the safe
+                    // read-only boundary nobody writes.
+                    unsafe { record.copy_value(out) };
+                }
+                if locked {
+                    record.unlock();
+                }
+                Ok(if tombstone {
+                    Status::NotFound
+                } else {
+                    Status::Found
+                })
+            }
+        }
+    }
+
+    /// Sets `key` to `value`.
+    pub fn upsert(&mut self, key: &[u8], value: &[u8]) -> Result<Status, KvError> {
+        check_key(key)?;
+        check_value(value)?;
+        self.enter()?;
+        self.write(key, value, false)
+    }
+
+    /// Deletes `key` (a tombstone; FASTER's delete does not say whether
+    /// the key existed).
+    pub fn delete(&mut self, key: &[u8]) -> Result<Status, KvError> {
+        check_key(key)?;
+        self.enter()?;
+        self.write(key, &[], true)
+    }
+
+    /// An upsert or a delete: in place if the newest record is the entry's
+    /// own and mutable, else a new record at the tail.
+    fn write(&mut self, key: &[u8], value: &[u8], tombstone: bool) -> Result<Status, KvError> {
+        let hash = hash_key(key);
+        let shared = self.shared.clone();
+        loop {
+            let slot = shared.index.find_or_create(hash)?;
+            if let Some(done) = self.write_in_place(&slot, key, value, tombstone) {
+                if done {
+                    self.stats.in_place_updates += 1;
+                    return Ok(Status::Done);
+                }
+                continue;
+            }
+            let capacity = value.len();
+            if self.append(slot, key, value, capacity, tombstone)? {
+                self.stats.copies_to_tail += 1;
+                return Ok(Status::Done);
+            }
+        }
+    }
+
+    /// `None`: not possible in place. `Some(false)`: the entry moved; retry.
+    fn write_in_place(
+        &self,
+        slot: &Slot<'_>,
+        key: &[u8],
+        value: &[u8],
+        tombstone: bool,
+    ) -> Option<bool> {
+        let address = slot.entry.address();
+        let Located::Memory(record, found, Region::Mutable) =
+            locate(&self.shared.log, key, address)
+        else {
+            return None;
+        };
+        if found != address || value.len() > record.value_capacity() {
+            return None;
+        }
+        record.lock();
+        let still = self.shared.index.find(hash_key(key)).map(|now| now.entry) == Some(slot.entry);
+        if still {
+            if !tombstone {
+                // SAFETY: the lock is held and the record is mutable.
+                unsafe { record.set_value(value) };
+            }
+            record.mark_tombstone(tombstone);
+        }
+        record.unlock();
+        Some(still)
+    }
+
+    /// Writes a new record at the tail pointing back at the entry's chain
+    /// and swaps the entry to it. `false`: the entry moved; retry.
+    fn append(
+        &mut self,
+        mut slot: Slot<'_>,
+        key: &[u8],
+        value: &[u8],
+        capacity: usize,
+        tombstone: bool,
+    ) -> Result<bool, KvError> {
+        let chain_head = slot.entry.address();
+        let address = self.allocate(record_bytes(key.len(), capacity))?;
+        let log = &self.shared.log;
+        // SAFETY: just allocated by this session and not yet published.
+        unsafe {
+            write_new(
+                &log.frames,
+                address,
+                Header::new(chain_head, tombstone),
+                key,
+                value,
+                capacity,
+            )
+        };
+        if slot.swap_address(address) {
+            return Ok(true);
+        }
+        // SAFETY: the record was allocated in this protected section.
+        unsafe { MemoryRecord::new(&log.frames, address) }.mark_invalid();
+        Ok(false)
+    }
+
+    /// Applies `update` to `key`'s value; the new value lands in `out`.
+    pub fn rmw(
+        &mut self,
+        key: &[u8],
+        update: Update,
+        out: &mut Vec<u8>,
+        context: u64,
+    ) -> Result<Status, KvError> {
+        check_key(key)?;
+        self.enter()?;
+        self.rmw_from_scratch(key, update, out, context)
+    }
+
+    fn rmw_from_scratch(
+        &mut self,
+        key: &[u8],
+        update: Update,
+        out: &mut Vec<u8>,
+        context: u64,
+    ) -> Result<Status, KvError> {
+        let hash = hash_key(key);
+        let shared = self.shared.clone();
+        loop {
+            let slot = shared.index.find_or_create(hash)?;
+            let chain_head = slot.entry.address();
+            let outcome = match locate(&shared.log, key, chain_head) {
+                Located::Device(address) => {
+                    return self.start_pending(key, address, chain_head, Some(update), context)
+                }
+                Located::Absent => self.rmw_append(slot, key, update, None, out)?,
+                Located::Memory(record, address, region) => {
+                    self.rmw_in_memory(slot, key, update, record, address, region, out)?
+                }
+            };
+            if let Some(status) = outcome {
+                return Ok(status);
+            }
+        }
+    }
+
+    /// An RMW on a record in memory: in place if it may, else a copy.
+    /// `None`: the entry moved; retry.
+    #[allow(clippy::too_many_arguments)]
+    fn rmw_in_memory(
+        &mut self,
+        slot: Slot<'_>,
+        key: &[u8],
+        update: Update,
+        record: MemoryRecord<'_>,
+        address: LogAddress,
+        region: Region,
+        out: &mut Vec<u8>,
+    ) -> Result<Option<Status>, KvError> {
+        let current = slot.entry;
+        let capacity = update.capacity_for(record.value_capacity());
+        let in_place = region == Region::Mutable && address == current.address();
+        let locked = matches!(region, Region::Mutable | Region::Fuzzy);
+        // Allocate before locking: waiting for a page with a record locked
+        // could hold up the very thread whose refresh frees the page.
+        let fresh = if in_place && capacity <= record.value_capacity() {
+            None
+        } else {
+            match self.try_allocate(record_bytes(key.len(), capacity))? {
+                Some(address) => Some(address),
+                None => return Ok(None),
+            }
+        };
+        if locked {
+            record.lock();
+        }
+        let result = self.rmw_locked(slot, key, update, &record, fresh, capacity, out);
+        if locked {
+            record.unlock();
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rmw_locked(
+        &mut self,
+        mut slot: Slot<'_>,
+        key: &[u8],
+        update: Update,
+        record: &MemoryRecord<'_>,
+        fresh: Option<LogAddress>,
+        capacity: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<Option<Status>, KvError> {
+        let log = self.shared.log.clone();
+        let now = self.shared.index.find(hash_key(key)).map(|now| now.entry);
+        let tombstone = record.header().is_tombstone();
+        let mut old = std::mem::take(&mut self.scratch);
+        // SAFETY: locked where others may write; below the safe read-only
+        // boundary nobody writes.
+        unsafe { record.copy_value(&mut old) };
+        let result = self.rmw_publish(
+            &mut slot, now, key, update, tombstone, &old, record, fresh, capacity, out,
+        );
+        self.scratch = old;
+        if let (Ok(None), Some(address)) = (&result, fresh) {
+            // SAFETY: allocated in this protected section, never published.
+            unsafe { MemoryRecord::new(&log.frames, address) }.mark_invalid();
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rmw_publish(
+        &mut self,
+        slot: &mut Slot<'_>,
+        now: Option<crate::index::Entry>,
+        key: &[u8],
+        update: Update,
+        tombstone: bool,
+        old: &[u8],
+        record: &MemoryRecord<'_>,
+        fresh: Option<LogAddress>,
+        capacity: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<Option<Status>, KvError> {
+        if now != Some(slot.entry) {
+            return Ok(None);
+        }
+        let found = !tombstone;
+        update.apply(found.then_some(old), out)?;
+        let status = if found {
+            Status::Found
+        } else {
+            Status::NotFound
+        };
+        let Some(address) = fresh else {
+            // SAFETY: in place only under the lock in the mutable region.
+            unsafe { record.set_value(out) };
+            record.mark_tombstone(false);
+            self.stats.in_place_updates += 1;
+            return Ok(Some(status));
+        };
+        let log = &self.shared.log;
+        let header = Header::new(slot.entry.address(), false);
+        // SAFETY: allocated by this session and not yet published.
+        unsafe { write_new(&log.frames, address, header, key, out, capacity) };
+        if !slot.swap_address(address) {
+            return Ok(None);
+        }
+        self.stats.copies_to_tail += 1;
+        Ok(Some(status))
+    }
+
+    /// An RMW of a key with no live record (or whose old value is `old`,
+    /// read from the device): a new record at the tail. `None`: retry.
+    fn rmw_append(
+        &mut self,
+        slot: Slot<'_>,
+        key: &[u8],
+        update: Update,
+        old: Option<&[u8]>,
+        out: &mut Vec<u8>,
+    ) -> Result<Option<Status>, KvError> {
+        update.apply(old, out)?;
+        let capacity = update.capacity_for(out.len()).max(out.len());
+        let value = std::mem::take(out);
+        let appended = self.append(slot, key, &value, capacity, false);
+        *out = value;
+        let status = if old.is_some() {
+            Status::Found
+        } else {
+            Status::NotFound
+        };
+        Ok(appended?.then_some(status))
+    }
+
+    fn start_pending(
+        &mut self,
+        key: &[u8],
+        address: LogAddress,
+        chain_head: LogAddress,
+        update: Option<Update>,
+        context: u64,
+    ) -> Result<Status, KvError> {
+        let operation = PendingOperation {
+            context,
+            key: key.to_vec(),
+            address,
+            chain_head,
+            update,
+        };
+        let token = match self.free_tokens.pop() {
+            Some(token) => {
+                self.pending[token] = Some(operation);
+                token
+            }
+            None => {
+                self.pending.push(Some(operation));
+                self.pending.len() - 1
+            }
+        };
+        self.stats.pending += 1;
+        self.issue_read(token, self.shared.config.first_read_bytes)?;
+        Ok(Status::Pending)
+    }
+
+    /// Reads `length` bytes of the pending operation's record, cut at its page's end.
+    fn issue_read(&mut self, token: usize, length: usize) -> Result<(), KvError> {
+        let address = self.pending[token].as_ref().expect("a live token").address;
+        let page_bytes = 1u64 << self.shared.config.page_bits;
+        let room = page_bytes - address.offset_in_page(self.shared.config.page_bits);
+        let length = (length as u64).min(room) as usize;
+        let offset = self.shared.log.device_offset(address);
+        self.stats.device_reads += 1;
+        Ok(self.queue.read(offset, length, token as u64)?)
+    }
+
+    /// Finishes pending operations as the device answers, handing each to
+    /// `done`. With `wait`, returns only when none is left.
+    pub fn complete_pending(
+        &mut self,
+        wait: bool,
+        done: &mut dyn FnMut(Completion<'_>),
+    ) -> Result<usize, KvError> {
+        let mut completed = 0;
+        let started = Instant::now();
+        loop {
+            self.enter_for_completion()?;
+            let arrived = &mut self.arrived;
+            self.queue.poll(&mut |token, bytes| {
+                arrived.push_read(token, bytes.unwrap_or(&[]));
+            })?;
+            let mut arrived = std::mem::take(&mut self.arrived);
+            let mut failure = None;
+            arrived.drain(&mut |token, bytes| {
+                if failure.is_none() {
+                    match self.on_arrival(token as usize, bytes.unwrap_or(&[]), done) {
+                        Ok(finished) => completed += usize::from(finished),
+                        Err(error) => failure = Some(error),
+                    }
+                }
+            });
+            self.arrived = arrived;
+            if let Some(failure) = failure {
+                return Err(failure);
+            }
+            if !wait || self.pending_count() == 0 {
+                return Ok(completed);
+            }
+            if started.elapsed() > MAX_WAIT {
+                return Err(KvError::Stalled(MAX_WAIT));
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    fn enter_for_completion(&mut self) -> Result<(), KvError> {
+        if !self.shared.epoch.is_protected(self.slot()) {
+            self.shared.epoch.protect(self.slot());
+        }
+        self.refresh()
+    }
+
+    /// A device read for a pending operation arrived. `true`: it finished.
+    fn on_arrival(
+        &mut self,
+        token: usize,
+        bytes: &[u8],
+        done: &mut dyn FnMut(Completion<'_>),
+    ) -> Result<bool, KvError> {
+        let record = match parse_stored(bytes) {
+            Parsed::Corrupt(why) => return Err(KvError::Corrupt(why)),
+            Parsed::Needs(length) => {
+                self.issue_read(token, length)?;
+                return Ok(false);
+            }
+            Parsed::Whole(record) => record,
+        };
+        let operation = self.pending[token].as_mut().expect("a live token");
+        let old = if record.key == operation.key.as_slice() {
+            (!record.header.is_tombstone()).then_some(record.value)
+        } else if self.shared.log.region(record.header.previous()) == Region::Truncated {
+            None
+        } else {
+            // Another key's record: read the one before it.
+            operation.address = record.header.previous();
+            self.issue_read(token, self.shared.config.first_read_bytes)?;
+            return Ok(false);
+        };
+        let operation = self.pending[token].take().expect("a live token");
+        self.free_tokens.push(token);
+        self.finish(operation, old, done)?;
+        Ok(true)
+    }
+
+    /// Completes an operation whose record (or absence) is known.
+    fn finish(
+        &mut self,
+        operation: PendingOperation,
+        old: Option<&[u8]>,
+        done: &mut dyn FnMut(Completion<'_>),
+    ) -> Result<(), KvError> {
+        let found = if old.is_some() {
+            Status::Found
+        } else {
+            Status::NotFound
+        };
+        let Some(update) = operation.update else {
+            done(Completion {
+                context: operation.context,
+                kind: OperationKind::Read,
+                result: Ok(found),
+                value: old.unwrap_or(&[]),
+            });
+            return Ok(());
+        };
+        let mut out = Vec::new();
+        let result = self.finish_rmw(&operation, update, old, &mut out);
+        if !matches!(result, Ok(Status::Pending)) {
+            done(Completion {
+                context: operation.context,
+                kind: OperationKind::ReadModifyWrite,
+                result,
+                value: &out,
+            });
+        }
+        Ok(())
+    }
+
+    /// An RMW whose old value came from the device: publish the new
+    /// record if the entry has not moved, else start over.
+    fn finish_rmw(
+        &mut self,
+        operation: &PendingOperation,
+        update: Update,
+        old: Option<&[u8]>,
+        out: &mut Vec<u8>,
+    ) -> Result<Status, KvError> {
+        let hash = hash_key(&operation.key);
+        let shared = self.shared.clone();
+        let slot = shared.index.find_or_create(hash)?;
+        if slot.entry.address() == operation.chain_head {
+            if let Some(status) = self.rmw_append(slot, &operation.key, update, old, out)? {
+                return Ok(status);
+            }
+        }
+        self.rmw_from_scratch(&operation.key, update, out, operation.context)
+    }
+}

@@ -1,0 +1,387 @@
+//! The store against a model, on small memories that push records to the
+//! device, on every local device; and its typed errors.
+
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use remora_kv::device::{Completed, DeviceQueue};
+use remora_kv::index::IndexError;
+use remora_kv::log::LogError;
+use remora_kv::*;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Four 16 KiB pages in memory: a few hundred small records push the
+/// rest to the device.
+fn small_config() -> StoreConfig {
+    StoreConfig {
+        index_buckets: 1 << 8,
+        overflow_buckets: 1 << 10,
+        page_bits: 14,
+        memory_pages: 4,
+        mutable_fraction: 0.5,
+        first_read_bytes: 64,
+        sessions: 4,
+    }
+}
+
+fn read_now(session: &mut Session, key: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    match session.read(key, &mut out, 7).unwrap() {
+        Status::Found => Some(out),
+        Status::NotFound => None,
+        Status::Pending => {
+            let mut answer = None;
+            session
+                .complete_pending(true, &mut |completion| {
+                    assert_eq!(completion.context, 7);
+                    answer = match completion.result.unwrap() {
+                        Status::Found => Some(Some(completion.value.to_vec())),
+                        Status::NotFound => Some(None),
+                        other => panic!("a read completed as {other:?}"),
+                    };
+                })
+                .unwrap();
+            answer.expect("the pending read completed")
+        }
+        other => panic!("a read returned {other:?}"),
+    }
+}
+
+fn rmw_now(session: &mut Session, key: &[u8], update: Update) -> Result<Vec<u8>, KvError> {
+    let mut out = Vec::new();
+    match session.rmw(key, update, &mut out, 9)? {
+        Status::Found | Status::NotFound => Ok(out),
+        Status::Pending => {
+            let mut answer = None;
+            session.complete_pending(true, &mut |completion| {
+                answer = Some(completion.result.map(|_| completion.value.to_vec()));
+            })?;
+            answer.expect("the pending RMW completed")
+        }
+        other => panic!("an RMW returned {other:?}"),
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Upsert(u8, usize),
+    Read(u8),
+    Delete(u8),
+    Increment(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (any::<u8>(), 0usize..300).prop_map(|(k, n)| Op::Upsert(k, n)),
+        4 => any::<u8>().prop_map(Op::Read),
+        1 => any::<u8>().prop_map(Op::Delete),
+        2 => any::<u8>().prop_map(Op::Increment),
+    ]
+}
+
+fn key_of(number: u8) -> Vec<u8> {
+    format!("key-{number}").into_bytes()
+}
+
+fn value_of(number: u8, length: usize, step: usize) -> Vec<u8> {
+    (0..length)
+        .map(|i| (i + step + number as usize) as u8)
+        .collect()
+}
+
+/// Runs `ops` against the store and a map, checking every read and RMW.
+/// Returns the session's counters.
+fn check_against_model(device: Arc<dyn Device>, ops: &[Op]) -> SessionStats {
+    let store = Store::new(small_config(), device).unwrap();
+    let mut session = store.session().unwrap();
+    let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    for (step, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Upsert(k, length) => {
+                let value = value_of(k, length, step);
+                assert_eq!(session.upsert(&key_of(k), &value).unwrap(), Status::Done);
+                model.insert(key_of(k), value);
+            }
+            Op::Read(k) => {
+                assert_eq!(
+                    read_now(&mut session, &key_of(k)),
+                    model.get(&key_of(k)).cloned(),
+                    "step {step}: read of key {k}"
+                );
+            }
+            Op::Delete(k) => {
+                session.delete(&key_of(k)).unwrap();
+                model.remove(&key_of(k));
+            }
+            Op::Increment(k) => {
+                let expected = model.get(&key_of(k)).map(|old| {
+                    let mut out = Vec::new();
+                    Update::AddToCounter(1)
+                        .apply(Some(old), &mut out)
+                        .map(|()| out)
+                        .unwrap()
+                });
+                let expected = expected.unwrap_or_else(|| 1u64.to_le_bytes().to_vec());
+                let got = rmw_now(&mut session, &key_of(k), Update::AddToCounter(1)).unwrap();
+                assert_eq!(got, expected, "step {step}: RMW of key {k}");
+                model.insert(key_of(k), got);
+            }
+        }
+    }
+    for number in 0..=255u8 {
+        assert_eq!(
+            read_now(&mut session, &key_of(number)),
+            model.get(&key_of(number)).cloned()
+        );
+    }
+    session.stats()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn the_store_on_the_memory_device_agrees_with_a_map(ops in prop::collection::vec(op(), 1..1500)) {
+        let _ = check_against_model(Arc::new(MemoryDevice::new(8 << 20)), &ops);
+    }
+}
+
+#[test]
+fn the_store_on_a_direct_file_agrees_with_a_map() {
+    let directory = tempfile::tempdir_in("/var/tmp").unwrap();
+    let device = FileDevice::create(&directory.path().join("log"), 8 << 20, 4, true).unwrap();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(1));
+    let ops = prop::collection::vec(op(), 2000)
+        .new_tree(&mut runner)
+        .unwrap()
+        .current();
+    let stats = check_against_model(Arc::new(device), &ops);
+    assert!(stats.pending > 100, "the file must serve reads: {stats:?}");
+}
+
+#[test]
+fn concurrent_increments_are_never_lost_while_pages_move_to_the_device() {
+    let store = Store::new(small_config(), Arc::new(MemoryDevice::new(64 << 20))).unwrap();
+    const KEYS: u64 = 300;
+    const ROUNDS: u64 = 40;
+    std::thread::scope(|scope| {
+        for thread in 0..2u64 {
+            let store = store.clone();
+            scope.spawn(move || {
+                let mut session = store.session().unwrap();
+                for round in 0..ROUNDS {
+                    for key in 0..KEYS {
+                        let key = (key + thread * 7 + round) % KEYS;
+                        rmw_now(&mut session, &key.to_le_bytes(), Update::AddToCounter(1)).unwrap();
+                    }
+                    // Upserts of other keys move the tail, so that the
+                    // counters go read-only and then to the device.
+                    for filler in 0..10 {
+                        let filler = (1000 + thread * 100_000 + round * 10 + filler).to_le_bytes();
+                        session.upsert(&filler, &[0; 1000]).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let mut session = store.session().unwrap();
+    for key in 0..KEYS {
+        let value = read_now(&mut session, &key.to_le_bytes()).expect("every key was incremented");
+        assert_eq!(
+            u64::from_le_bytes(value[..8].try_into().unwrap()),
+            2 * ROUNDS,
+            "key {key}"
+        );
+    }
+    let [_, head, _, _] = store.boundaries();
+    assert!(head.value() > 0, "the test must push pages to the device");
+}
+
+#[test]
+fn a_full_device_is_a_typed_error_until_the_log_is_truncated() {
+    let config = small_config();
+    let store = Store::new(config.clone(), Arc::new(MemoryDevice::new(8 << 14))).unwrap();
+    let mut session = store.session().unwrap();
+    let mut written = 0u64;
+    let error = loop {
+        match session.upsert(&written.to_le_bytes(), &[1; 500]) {
+            Ok(_) => written += 1,
+            Err(error) => break error,
+        }
+        assert!(written < 10_000, "an 8-page device must fill up");
+    };
+    assert!(
+        matches!(error, KvError::Log(LogError::DeviceFull { .. })),
+        "{error}"
+    );
+    let [_, head, _, _] = store.boundaries();
+    store.truncate_until(head).unwrap();
+    session.upsert(b"after", b"truncation").unwrap();
+    assert_eq!(
+        read_now(&mut session, b"after"),
+        Some(b"truncation".to_vec())
+    );
+    assert_eq!(
+        read_now(&mut session, &0u64.to_le_bytes()),
+        None,
+        "truncated records are gone"
+    );
+}
+
+#[test]
+fn a_full_index_is_a_typed_error() {
+    let config = StoreConfig {
+        index_buckets: 1,
+        overflow_buckets: 1,
+        ..small_config()
+    };
+    let store = Store::new(config, Arc::new(MemoryDevice::new(1 << 20))).unwrap();
+    let mut session = store.session().unwrap();
+    let error = (0u64..10_000)
+        .find_map(|key| session.upsert(&key.to_le_bytes(), b"v").err())
+        .expect("two buckets fill up");
+    assert!(
+        matches!(error, KvError::Index(IndexError::Full { .. })),
+        "{error}"
+    );
+}
+
+#[test]
+fn bad_arguments_get_typed_errors() {
+    let store = Store::new(small_config(), Arc::new(MemoryDevice::new(1 << 20))).unwrap();
+    let mut session = store.session().unwrap();
+    assert!(matches!(
+        session.upsert(&[0; 5000], b"v"),
+        Err(KvError::KeyTooLong { length: 5000 })
+    ));
+    assert!(matches!(
+        session.upsert(b"k", &[0; 5000]),
+        Err(KvError::ValueTooLong { length: 5000 })
+    ));
+    session.upsert(b"word", b"remora").unwrap();
+    assert!(matches!(
+        rmw_now(&mut session, b"word", Update::AddToDecimal(1)),
+        Err(KvError::Update(UpdateError::NotAnInteger))
+    ));
+    let too_small = StoreConfig {
+        memory_pages: 2,
+        ..small_config()
+    };
+    assert!(matches!(
+        Store::new(too_small, Arc::new(MemoryDevice::new(1 << 20))),
+        Err(KvError::Config(ConfigError::MemoryPages(2)))
+    ));
+}
+
+/// A memory device whose writes complete only when the test lets them.
+struct HeldWrites {
+    inner: MemoryDevice,
+    release: Arc<AtomicBool>,
+}
+
+struct HeldQueue {
+    inner: Box<dyn DeviceQueue>,
+    release: Arc<AtomicBool>,
+    held: Vec<u64>,
+}
+
+impl Device for HeldWrites {
+    fn name(&self) -> &str {
+        "held"
+    }
+    fn capacity_bytes(&self) -> u64 {
+        self.inner.capacity_bytes()
+    }
+    fn open_queue(&self) -> Result<Box<dyn DeviceQueue>, DeviceError> {
+        Ok(Box::new(HeldQueue {
+            inner: self.inner.open_queue()?,
+            release: self.release.clone(),
+            held: Vec::new(),
+        }))
+    }
+}
+
+impl DeviceQueue for HeldQueue {
+    fn read(&mut self, offset: u64, length: usize, token: u64) -> Result<(), DeviceError> {
+        self.inner.read(offset, length, token)
+    }
+    fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
+        // The bytes land at once, but the write is not reported done.
+        self.inner.write(offset, data, token)
+    }
+    fn poll(&mut self, done: &mut dyn FnMut(u64, Completed<'_>)) -> Result<usize, DeviceError> {
+        let held = &mut self.held;
+        let mut reads = 0;
+        self.inner.poll(&mut |token, bytes| match bytes {
+            None => held.push(token),
+            Some(_) => {
+                reads += 1;
+                done(token, bytes)
+            }
+        })?;
+        if !self.release.load(Ordering::SeqCst) {
+            return Ok(reads);
+        }
+        let writes = held.len();
+        for token in held.drain(..) {
+            done(token, None);
+        }
+        Ok(reads + writes)
+    }
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight() + self.held.len()
+    }
+}
+
+#[test]
+fn records_whose_flush_is_in_flight_stay_readable_with_their_newest_value() {
+    let release = Arc::new(AtomicBool::new(false));
+    let device = HeldWrites {
+        inner: MemoryDevice::new(8 << 20),
+        release: release.clone(),
+    };
+    let store = Store::new(small_config(), Arc::new(device)).unwrap();
+    let mut session = store.session().unwrap();
+    // Fill the mutable pages; the next page then needs a flush that the
+    // device holds, so the writer stalls on its own thread...
+    let writer = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            let mut session = store.session().unwrap();
+            for key in 0u64..200 {
+                session
+                    .upsert(&key.to_le_bytes(), &[key as u8; 300])
+                    .unwrap();
+                session
+                    .upsert(&key.to_le_bytes(), &[key as u8 ^ 0xff; 300])
+                    .unwrap();
+            }
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // ...while every record already written reads back its newest value.
+    let [_, head, _, _] = store.boundaries();
+    assert_eq!(
+        head.value(),
+        0,
+        "no page left memory while its flush was held"
+    );
+    let mut newest = 0;
+    for key in 0u64..200 {
+        if let Some(value) = read_now(&mut session, &key.to_le_bytes()) {
+            assert!(value == [key as u8; 300] || value == [key as u8 ^ 0xff; 300]);
+            newest += 1;
+        }
+    }
+    assert!(newest > 0);
+    session.suspend();
+    release.store(true, Ordering::SeqCst);
+    writer.join().unwrap();
+    for key in 0u64..200 {
+        assert_eq!(
+            read_now(&mut session, &key.to_le_bytes()),
+            Some(vec![key as u8 ^ 0xff; 300])
+        );
+    }
+}
