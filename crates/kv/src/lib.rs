@@ -12,7 +12,8 @@
 //! - [`record`]: the record layout, and [`frames`] the memory it lives in
 //!   (the crate's only unsafe code);
 //! - [`device`]: the `IDevice`-shaped trait and the local devices;
-//! - [`update`]: what an RMW does.
+//! - [`update`]: what an RMW does;
+//! - [`ycsb`]: YCSB's load and run phases on the store.
 
 pub mod address;
 pub mod config;
@@ -24,6 +25,7 @@ pub mod log;
 pub mod record;
 pub mod store;
 pub mod update;
+pub mod ycsb;
 
 pub use address::LogAddress;
 pub use config::{ConfigError, StoreConfig};

@@ -82,6 +82,8 @@ pub struct HybridLog {
     tail_address: AtomicU64,
     tail: Mutex<Tail>,
     flushing: Mutex<Flushing>,
+    /// Time inside the device's write calls for flushes.
+    flush_nanos: AtomicU64,
     /// A flush failure, reported to the next operation that looks.
     failure: Mutex<Option<DeviceError>>,
 }
@@ -133,6 +135,7 @@ impl HybridLog {
                 buffer: Vec::new(),
                 finished: Finished::default(),
             }),
+            flush_nanos: AtomicU64::new(0),
             failure: Mutex::new(None),
         })
     }
@@ -281,7 +284,11 @@ impl HybridLog {
             let number = flushing.next_page;
             self.frames.copy_page(number, &mut flushing.buffer);
             let offset = self.device_offset(self.page_start(number));
-            flushing.queue.write(offset, &flushing.buffer, number)?;
+            let started = std::time::Instant::now();
+            let written = flushing.queue.write(offset, &flushing.buffer, number);
+            let nanos = started.elapsed().as_nanos() as u64;
+            self.flush_nanos.fetch_add(nanos, Ordering::Relaxed);
+            written?;
             flushing.next_page += 1;
         }
         Ok(())
@@ -323,6 +330,10 @@ impl HybridLog {
         self.flushed_until
             .store(self.page_start(next).value(), Ordering::SeqCst);
         next != before
+    }
+
+    pub fn flush_time(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.flush_nanos.load(Ordering::Relaxed))
     }
 
     /// Forgets everything below `address` (rounded down to a page): its

@@ -98,6 +98,14 @@ pub struct SessionStats {
     pub copies_to_tail: u64,
     pub pending: u64,
     pub device_reads: u64,
+    /// Time inside the device queue's read calls.
+    pub device_issue_nanos: u64,
+}
+
+impl SessionStats {
+    pub fn device_time(&self) -> Duration {
+        Duration::from_nanos(self.device_issue_nanos)
+    }
 }
 
 struct Shared {
@@ -170,6 +178,11 @@ impl Store {
     pub fn boundaries(&self) -> [LogAddress; 4] {
         let log = &self.shared.log;
         [log.begin(), log.head(), log.read_only(), log.tail()]
+    }
+
+    /// Time spent handing pages to the device, over every thread.
+    pub fn flush_time(&self) -> Duration {
+        self.shared.log.flush_time()
     }
 
     /// Drops every record below `address` (see [`HybridLog::truncate_until`]).
@@ -690,7 +703,10 @@ impl Session {
         let length = (length as u64).min(room) as usize;
         let offset = self.shared.log.device_offset(address);
         self.stats.device_reads += 1;
-        Ok(self.queue.read(offset, length, token as u64)?)
+        let started = Instant::now();
+        let issued = self.queue.read(offset, length, token as u64);
+        self.stats.device_issue_nanos += started.elapsed().as_nanos() as u64;
+        Ok(issued?)
     }
 
     /// Finishes pending operations as the device answers, handing each to

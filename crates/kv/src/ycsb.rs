@@ -1,0 +1,286 @@
+//! YCSB on the store, through the shared generator
+//! (`remora_workloads::ycsb`): a load phase, then a run phase on one or
+//! more threads, each with its own session.
+//!
+//! Keys are the record numbers as 8 little-endian bytes. A value starts
+//! with its key, so that every read checks it got its own record back;
+//! the rest is filler that updates change.
+//!
+//! YCSB-E (range scans) needs an ordered index, which a hash index cannot
+//! serve: it is refused, not silently skipped.
+
+use crate::store::{KvError, Session, Status, Store};
+use crate::update::Update;
+use hdrhistogram::Histogram;
+use remora_workloads::ycsb::{Generator, Operation, WorkloadError, WorkloadSpec};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Operations between non-blocking `complete_pending` calls.
+const COMPLETE_EVERY_OPERATIONS: u64 = 16;
+/// Pending operations a thread lets build up before it waits for some:
+/// the device's batch of 100.
+const MAX_PENDING: usize = 100;
+/// One operation in this many is timed for the latency histogram, so
+/// that timing does not slow the loop it measures.
+const LATENCY_SAMPLE_EVERY: u64 = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum YcsbError {
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    #[error(transparent)]
+    Store(#[from] KvError),
+    #[error("YCSB-E needs range scans, which a hash index cannot serve")]
+    ScansUnsupported,
+    #[error("key {key} read back a value that belongs to key {found}")]
+    WrongValue { key: u64, found: u64 },
+    #[error("key {0} was loaded but reads as absent")]
+    Missing(u64),
+    #[error("values must be at least 8 bytes (they start with their key); {0} given")]
+    ValueTooShort(usize),
+    #[error("a YCSB thread panicked")]
+    Panicked,
+}
+
+/// A YCSB run's settings.
+#[derive(Debug, Clone)]
+pub struct YcsbRun {
+    pub spec: WorkloadSpec,
+    pub value_bytes: usize,
+    pub threads: usize,
+    /// How long the run phase lasts.
+    pub duration: Duration,
+    pub seed: u64,
+}
+
+/// What one run phase measured, summed over its threads.
+#[derive(Debug, Clone)]
+pub struct YcsbOutcome {
+    pub operations: u64,
+    pub elapsed: Duration,
+    /// Time the threads spent in device calls and in `complete_pending`.
+    pub device_time: Duration,
+    /// Sampled latencies, issue to completion, in nanoseconds.
+    pub latency: Histogram<u64>,
+    pub pending: u64,
+}
+
+impl YcsbOutcome {
+    pub fn operations_per_second(&self) -> f64 {
+        self.operations as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Fig. 10's communication ratio: time in the communication library
+    /// over total execution time, over every thread.
+    pub fn communication_ratio(&self, threads: usize) -> f64 {
+        self.device_time.as_secs_f64() / (self.elapsed.as_secs_f64() * threads as f64)
+    }
+}
+
+pub fn key_bytes(key: u64) -> [u8; 8] {
+    key.to_le_bytes()
+}
+
+/// A value for `key`: the key, then filler.
+pub fn value_for(key: u64, version: u64, value_bytes: usize, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&key.to_le_bytes());
+    out.resize(value_bytes, (version % 251) as u8);
+}
+
+fn check_value(key: u64, value: &[u8]) -> Result<(), YcsbError> {
+    let found = u64::from_le_bytes(value[..8].try_into().expect("values have 8 bytes"));
+    if found != key {
+        return Err(YcsbError::WrongValue { key, found });
+    }
+    Ok(())
+}
+
+/// Inserts every record of the workload's load phase, split over threads.
+pub fn load(store: &Store, run: &YcsbRun) -> Result<Duration, YcsbError> {
+    if run.value_bytes < 8 {
+        return Err(YcsbError::ValueTooShort(run.value_bytes));
+    }
+    let started = Instant::now();
+    let keys = Generator::new(run.spec.clone(), run.seed)?.loaded_keys();
+    let threads = run.threads.max(1) as u64;
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|thread| {
+                let keys = keys.clone();
+                scope.spawn(move || -> Result<(), YcsbError> {
+                    let mut session = store.session()?;
+                    let mut value = Vec::new();
+                    for key in keys.skip(thread as usize).step_by(threads as usize) {
+                        value_for(key, 0, run.value_bytes, &mut value);
+                        session.upsert(&key_bytes(key), &value)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        join_all(workers)
+    })?;
+    Ok(started.elapsed())
+}
+
+fn join_all<T>(
+    workers: Vec<std::thread::ScopedJoinHandle<'_, Result<T, YcsbError>>>,
+) -> Result<Vec<T>, YcsbError> {
+    workers
+        .into_iter()
+        .map(|worker| worker.join().map_err(|_| YcsbError::Panicked)?)
+        .collect()
+}
+
+/// Runs the workload's operations on every thread for the run's duration.
+pub fn run(store: &Store, run: &YcsbRun) -> Result<YcsbOutcome, YcsbError> {
+    if run.spec.mix.scan > 0.0 {
+        return Err(YcsbError::ScansUnsupported);
+    }
+    let started = Instant::now();
+    let outcomes = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..run.threads.max(1))
+            .map(|thread| {
+                let seed = run.seed.wrapping_add(1 + thread as u64);
+                scope.spawn(move || run_thread(store, run, seed))
+            })
+            .collect();
+        join_all(workers)
+    })?;
+    let elapsed = started.elapsed();
+    let mut total = outcomes
+        .into_iter()
+        .reduce(|mut sum, next| {
+            sum.operations += next.operations;
+            sum.device_time += next.device_time;
+            sum.pending += next.pending;
+            let _ = sum.latency.add(&next.latency);
+            sum
+        })
+        .expect("at least one thread");
+    total.elapsed = elapsed;
+    Ok(total)
+}
+
+/// One thread's loop of the run phase.
+struct Worker<'a> {
+    session: Session,
+    run: &'a YcsbRun,
+    value: Vec<u8>,
+    out: Vec<u8>,
+    /// Pending operations by context (their operation number): the key
+    /// to check, and the issue time if sampled.
+    waiting: HashMap<u64, (u64, Option<Instant>)>,
+    latency: Histogram<u64>,
+    device_time: Duration,
+    version: u64,
+}
+
+fn run_thread(store: &Store, run: &YcsbRun, seed: u64) -> Result<YcsbOutcome, YcsbError> {
+    let mut generator = Generator::new(run.spec.clone(), seed)?;
+    let mut worker = Worker {
+        session: store.session()?,
+        run,
+        value: Vec::new(),
+        out: Vec::new(),
+        waiting: HashMap::new(),
+        latency: Histogram::new(3).expect("3 significant figures are valid"),
+        device_time: Duration::ZERO,
+        version: 0,
+    };
+    let deadline = Instant::now() + run.duration;
+    let mut operations = 0u64;
+    while operations % 1024 != 0 || Instant::now() < deadline {
+        let operation = generator.next_operation();
+        worker.perform(operation, operations)?;
+        operations += 1;
+        if operations % COMPLETE_EVERY_OPERATIONS == 0 || worker.session.pending_count() >= MAX_PENDING {
+            let wait = worker.session.pending_count() >= MAX_PENDING;
+            worker.complete(wait)?;
+        }
+    }
+    worker.complete(true)?;
+    worker.session.suspend();
+    let stats = worker.session.stats();
+    Ok(YcsbOutcome {
+        operations,
+        elapsed: run.duration,
+        device_time: worker.device_time + stats.device_time(),
+        latency: worker.latency,
+        pending: stats.pending,
+    })
+}
+
+impl Worker<'_> {
+    fn perform(&mut self, operation: Operation, number: u64) -> Result<(), YcsbError> {
+        let sampled = number % LATENCY_SAMPLE_EVERY == 0;
+        let started = sampled.then(Instant::now);
+        let status = match operation {
+            Operation::Read { key } => {
+                let status = self.session.read(&key_bytes(key), &mut self.out, number)?;
+                match status {
+                    Status::Found => check_value(key, &self.out)?,
+                    Status::NotFound => return Err(YcsbError::Missing(key)),
+                    _ => {}
+                }
+                status
+            }
+            Operation::Update { key } | Operation::Insert { key } => {
+                self.version += 1;
+                value_for(key, self.version, self.run.value_bytes, &mut self.value);
+                self.session.upsert(&key_bytes(key), &self.value)?
+            }
+            Operation::ReadModifyWrite { key } => {
+                // The counter sits past the key, so the value still starts with it.
+                self.session.rmw(&key_bytes(key), Update::AddToCounter(0), &mut self.out, number)?
+            }
+            Operation::Scan { .. } => return Err(YcsbError::ScansUnsupported),
+        };
+        if status == Status::Pending {
+            self.waiting.insert(number, (operation_key(operation), started));
+        } else if let Some(started) = started {
+            let _ = self.latency.record(started.elapsed().as_nanos() as u64);
+        }
+        Ok(())
+    }
+
+    /// Completes pending operations, checking reads and timing samples.
+    fn complete(&mut self, wait: bool) -> Result<(), YcsbError> {
+        let started = Instant::now();
+        let mut failure = None;
+        let (waiting, latency) = (&mut self.waiting, &mut self.latency);
+        self.session.complete_pending(wait, &mut |completion| {
+            let Some((key, issued)) = waiting.remove(&completion.context) else {
+                return;
+            };
+            if let Some(issued) = issued {
+                let _ = latency.record(issued.elapsed().as_nanos() as u64);
+            }
+            let outcome = match completion.result {
+                Ok(Status::Found) => check_value(key, completion.value),
+                Ok(_) => Err(YcsbError::Missing(key)),
+                Err(error) => Err(error.into()),
+            };
+            if let Err(error) = outcome {
+                failure.get_or_insert(error);
+            }
+        })?;
+        self.device_time += started.elapsed();
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+}
+
+fn operation_key(operation: Operation) -> u64 {
+    match operation {
+        Operation::Read { key }
+        | Operation::Update { key }
+        | Operation::Insert { key }
+        | Operation::Scan { key, .. }
+        | Operation::ReadModifyWrite { key } => key,
+    }
+}
