@@ -25,37 +25,27 @@
 
 use crate::client::{Client, Completion, CowbirdError};
 use crate::config::{CowbirdConfig, CowbirdConfigError, EngineChoice};
-use crate::deploy::{
-    deploy, deploy_p4, CowbirdSpec, DeployError, Direct, DirectSpec, P4Deployment, RpcSpec,
-};
+use crate::deploy::{CowbirdSpec, Direct, DirectSpec, RpcSpec};
+use crate::far_memory::{FarMemoryError, FarMemoryRack, Offload, RpcPath, RING_DEPTH};
 use crate::hash_table::{calibrate, compute, is_record, record_bytes, record_of, TableSpec};
 use crate::history::{Engine, Workload};
 use crate::layout::RingSizes;
-use crate::p4::{CowbirdP4, P4Config, P4Engine, P4Stats};
+use crate::p4::{P4Config, P4Stats};
 use crate::scenario::{histories, Outcome, ScenarioError};
-use crate::simulated::{p4_config, topology};
+use crate::simulated::p4_config;
 use crate::spot::{SpotConfig, SpotStats};
-use crate::spot_agent::SpotAgent;
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use remora_rack::assembly::{EmbeddedRack, RackBuilder, StagedRack};
-use remora_rack::endpoint::{
-    lock, AppQueues, DriverKicker, NodeEndpoint, Shared, SwitchEndpoint, RACK_ACK_TIMEOUT,
-};
-use remora_rack::host_cpu::BusyNanos;
+use remora_rack::assembly::RackBuilder;
+use remora_rack::endpoint::{lock, AppQueues, DriverKicker, RACK_ACK_TIMEOUT};
 use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
 use remora_rack::{RackConfig, RackError, Role};
 use remora_rnic::*;
-use remora_switch::{ResourceReport, Switch, SwitchConfig};
+use remora_switch::ResourceReport;
 use remora_wire::VirtAddr;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// Ring slots per link: a probe batch of two windows of requests and
-/// their answers fits without a full ring.
-const RING_DEPTH: u32 = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
@@ -212,35 +202,19 @@ impl Arena {
 
 /// The rack: endpoints, the pool filled with the table's remote records,
 /// and the fabric thread.
-struct Rig {
-    rack: EmbeddedRack,
-    pool: MemoryRegion,
-    clients: Vec<Client>,
-    /// One per application thread, taken by the fetchers.
-    direct: Vec<(Direct, AppQueues)>,
-    rpc: Vec<RpcPath>,
-    /// The memory node's agents' busy time (engine or RPC servers).
-    engine_busy: Vec<BusyNanos>,
-    engine: Option<Arc<Mutex<SpotAgent>>>,
-    /// The switch, when it runs Cowbird-P4.
-    p4_switch: Option<Shared<SwitchEndpoint<CowbirdP4>>>,
-}
-
 /// Which part of an embedded run failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
     #[error(transparent)]
     Rack(#[from] RackError),
-    #[error("deploying: {0}")]
-    Deploy(#[from] DeployError),
+    #[error(transparent)]
+    FarMemory(#[from] FarMemoryError),
     #[error(transparent)]
     Verbs(#[from] VerbsError),
     #[error(transparent)]
     Client(#[from] CowbirdError),
     #[error(transparent)]
     Config(#[from] CowbirdConfigError),
-    #[error("the switch's generator: {0}")]
-    Generator(#[from] remora_switch::generator::GeneratorError),
     #[error("host memory: {0}")]
     HostMemory(#[from] HostMemoryOutOfBounds),
     #[error("latency histogram: {0}")]
@@ -266,16 +240,6 @@ fn histogram(error: impl std::fmt::Display) -> EmbeddedError {
     EmbeddedError::Histogram(error.to_string())
 }
 
-/// The two hosts of the topology with their NICs, before the fabric runs.
-fn stage(topology: &Topology) -> Result<StagedRack, EmbeddedError> {
-    RackBuilder::new(topology)
-        .thread_name("cowbird-fabric")
-        .ring_depth(RING_DEPTH)
-        .nic_seed(0xc0b)
-        .build()
-        .map_err(EmbeddedError::from)
-}
-
 /// The P4 settings the embedded rack uses by default: the simulator's,
 /// with the rack's timeout (a fabric thread descheduled for milliseconds
 /// is not a lost packet).
@@ -286,151 +250,37 @@ pub fn embedded_p4_config() -> P4Config {
     }
 }
 
-/// Cowbird-P4 on the two hosts: the clients and the pool deployed with
-/// the switch program, then the switch with its probe generator running.
-fn p4_rack(
-    config: P4Config,
-    topology: &Topology,
-    spec: &CowbirdSpec,
-    mut staged: StagedRack,
-    prepare: impl FnOnce(&mut StagedRack, &P4Deployment) -> Result<(), EmbeddedError>,
-) -> Result<
-    (
-        P4Deployment,
-        EmbeddedRack,
-        Shared<SwitchEndpoint<CowbirdP4>>,
-    ),
-    EmbeddedError,
-> {
-    let mut program = P4Engine::with_forwarding(config, topology.forwarding());
-    let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
-    let ports = crate::scenario::switch_ports();
-    let deployment = deploy_p4(spec, compute, memory, &mut program, ports)?;
-    prepare(&mut staged, &deployment)?;
-    let template = program.probe_template();
-    let mut switch = Switch::new(SwitchConfig::new(2), program);
-    switch.add_template(template, Timestamp::ZERO)?;
-    let (rack, switch) = staged.start(switch)?;
-    Ok((deployment, rack, switch))
-}
-
-impl Rig {
-    fn new(bench: &ProbeBench, variant: Variant, window: usize) -> Result<Rig, EmbeddedError> {
-        if variant == Variant::P4 {
-            return Rig::new_p4(bench);
-        }
-        let with_engine = matches!(variant, Variant::Spot | Variant::SpotSync);
-        let with_rpc = variant == Variant::Rpc;
-        let topology = topology();
-        let mut staged = stage(&topology)?;
-        // Per application thread: a Cowbird instance, a direct queue pair
-        // and, for the RPC variant, a server.
-        let spec = CowbirdSpec {
-            direct: Some(DirectSpec {
-                depth: window,
-                landing_bytes: window * bench.table.record_bytes,
-            }),
-            rpc: with_rpc.then_some(RpcSpec {
-                depth: window,
-                record_bytes: bench.table.record_bytes as u32,
-            }),
-            ..probe_spec(bench, bench.threads)
-        };
-        let (compute, memory) = staged.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
-        let deployment = deploy(spec, compute, memory)?;
-        let pool = deployment.pool[0];
-        let compute = staged.endpoint_mut(COMPUTE_HOST);
-        let direct = deployment
-            .direct
-            .into_iter()
-            .map(|direct| {
-                let queues = compute.attach_queues(direct.completion_queue, window);
-                (direct, queues)
-            })
-            .collect();
-        let mut servers = Vec::new();
-        let rpc = deployment
-            .rpc
-            .into_iter()
-            .map(|rpc| {
-                // Requests and their replies' receives: two entries per
-                // request.
-                let queues = compute.attach_queues(rpc.completion_queue, 2 * window);
-                servers.push(rpc.server);
-                RpcPath {
-                    queue_pair: rpc.queue_pair,
-                    buffers: rpc.buffers,
-                    buffers_region: rpc.buffers_region,
-                    queues,
-                }
-            })
-            .collect();
-        fill_pool(&bench.table, pool, staged.nic_mut(MEMORY_HOST))?;
-        let mut engine_busy = Vec::new();
-        let mut engine = None;
-        if with_engine {
-            let agent = Arc::new(Mutex::new(deployment.engine));
-            engine_busy.push(staged.add_agent(MEMORY_HOST, agent.clone()));
-            engine = Some(agent);
-            // The compute node's connection service is left out: the
-            // benchmark measures the data path, and on the embedded rack
-            // every agent shares the fabric thread, where an idle control
-            // service still costs each turn (a real compute node runs it
-            // on its own CPU). A queue pair that dies here ends the run
-            // with a typed error, as before reconnection existed.
-        }
-        for server in servers {
-            engine_busy.push(staged.add_agent(MEMORY_HOST, Arc::new(Mutex::new(server))));
-        }
-        let switch = staged.l2l3_switch();
-        let (rack, _switch) = staged.start(switch)?;
-        Ok(Rig {
-            rack,
-            pool,
-            clients: deployment.clients,
-            direct,
-            rpc,
-            engine_busy,
-            engine,
-            p4_switch: None,
-        })
-    }
-
-    /// Cowbird-P4: the clients on the compute node, the pool on the
-    /// memory node, the engine in the switch; nothing else.
-    fn new_p4(bench: &ProbeBench) -> Result<Rig, EmbeddedError> {
-        let topology = topology();
-        let staged = stage(&topology)?;
-        let spec = probe_spec(bench, bench.threads);
-        // The pool is filled before the switch runs.
-        let fill = |staged: &mut StagedRack, deployment: &P4Deployment| {
-            fill_pool(
-                &bench.table,
-                deployment.pool[0],
-                staged.nic_mut(MEMORY_HOST),
-            )
-        };
-        let (deployment, rack, switch) = p4_rack(bench.p4, &topology, &spec, staged, fill)?;
-        let pool = deployment.pool[0];
-        Ok(Rig {
-            rack,
-            pool,
-            clients: deployment.clients,
-            direct: Vec::new(),
-            rpc: Vec::new(),
-            engine_busy: Vec::new(),
-            engine: None,
-            p4_switch: Some(switch),
-        })
-    }
-
-    fn compute(&self) -> &Shared<NodeEndpoint> {
-        self.rack.host(COMPUTE_HOST)
-    }
-
-    fn memory(&self) -> &Shared<NodeEndpoint> {
-        self.rack.host(MEMORY_HOST)
-    }
+/// The rack a variant probes: the direct paths (every variant but the
+/// two Cowbird engines' reads them), RPC servers for `rpc`, and the
+/// engine for the Cowbird variants; the pool holds the table's remote
+/// records.
+fn probe_rack(
+    bench: &ProbeBench,
+    variant: Variant,
+    window: usize,
+) -> Result<FarMemoryRack, EmbeddedError> {
+    let offload = match variant {
+        Variant::Spot | Variant::SpotSync => Offload::Spot,
+        Variant::P4 => Offload::P4(bench.p4),
+        Variant::Local | Variant::Sync | Variant::Async | Variant::Rpc => Offload::None,
+    };
+    let verbs = matches!(offload, Offload::None | Offload::Spot);
+    let spec = CowbirdSpec {
+        direct: verbs.then_some(DirectSpec {
+            depth: window,
+            landing_bytes: window * bench.table.record_bytes,
+        }),
+        rpc: (variant == Variant::Rpc).then_some(RpcSpec {
+            depth: window,
+            record_bytes: bench.table.record_bytes as u32,
+        }),
+        ..probe_spec(bench, bench.threads)
+    };
+    let table = bench.table;
+    let fill = move |pool, memory: &mut SoftRnic| {
+        fill_pool(&table, pool, memory).map_err(|error| FarMemoryError::Fill(error.to_string()))
+    };
+    Ok(FarMemoryRack::start(spec, offload, Box::new(fill))?)
 }
 
 /// The probe benchmark's Cowbird deployment: `threads` instances with
@@ -476,7 +326,7 @@ struct VerbsFetcher {
 
 impl VerbsFetcher {
     fn new(
-        rig: &mut Rig,
+        rig: &mut FarMemoryRack,
         window: usize,
         record_bytes: usize,
     ) -> Result<VerbsFetcher, EmbeddedError> {
@@ -486,7 +336,7 @@ impl VerbsFetcher {
             .ok_or(EmbeddedError::NoPath("direct path"))?;
         Ok(VerbsFetcher {
             queues,
-            kicker: rig.rack.fabric().kicker(),
+            kicker: rig.kicker(),
             direct,
             pool: rig.pool,
             record_bytes: record_bytes as u32,
@@ -550,14 +400,6 @@ impl Fetcher for VerbsFetcher {
 }
 
 /// The compute node's end of the two-sided path.
-struct RpcPath {
-    queue_pair: QueuePair,
-    /// Request slots, then reply slots.
-    buffers: HostMemory,
-    buffers_region: MemoryRegion,
-    queues: AppQueues,
-}
-
 /// Two-sided fetches: a receive for the reply and a SEND of the request
 /// per record, through the compute NIC's lock-free queues.
 struct RpcFetcher {
@@ -572,12 +414,16 @@ struct RpcFetcher {
 }
 
 impl RpcFetcher {
-    fn new(rig: &mut Rig, window: usize, record_bytes: usize) -> Result<RpcFetcher, EmbeddedError> {
+    fn new(
+        rig: &mut FarMemoryRack,
+        window: usize,
+        record_bytes: usize,
+    ) -> Result<RpcFetcher, EmbeddedError> {
         let path = rig.rpc.pop().ok_or(EmbeddedError::NoPath("RPC path"))?;
         let slot_bytes = u64::from((record_bytes as u32).max(crate::rpc::REQUEST_BYTES));
         Ok(RpcFetcher {
             path,
-            kicker: rig.rack.fabric().kicker(),
+            kicker: rig.kicker(),
             slot_bytes,
             window: window as u64,
             record_bytes,
@@ -664,7 +510,7 @@ struct SpotFetcher {
 
 impl SpotFetcher {
     fn new(
-        rig: &mut Rig,
+        rig: &mut FarMemoryRack,
         window: usize,
         record_bytes: usize,
     ) -> Result<SpotFetcher, EmbeddedError> {
@@ -914,7 +760,7 @@ fn measure(
     if variant == Variant::Local {
         table_bench.table.local_fraction = 1.0;
     }
-    let mut rig = Rig::new(&table_bench, variant, window)?;
+    let mut rig = probe_rack(&table_bench, variant, window)?;
     let compute_before = lock(rig.compute()).rnic.counters().clone();
     let record_bytes = bench.table.record_bytes;
     let mut fetchers = Vec::with_capacity(bench.threads);

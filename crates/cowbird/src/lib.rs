@@ -26,6 +26,7 @@ pub mod config;
 pub mod connection;
 pub mod deploy;
 pub mod embedded;
+pub mod far_memory;
 pub mod fuzzing;
 pub mod hash_table;
 pub mod history;
