@@ -177,6 +177,11 @@ impl Client {
     /// Refuses writes longer than `bytes` ([`CowbirdError::TooLong`]):
     /// Cowbird-P4 moves a write's payload in one packet (see
     /// [`crate::p4`]), so its deployments cap writes at the path MTU.
+    /// The longest write this client's engine takes in one request.
+    pub fn max_write_bytes(&self) -> u32 {
+        self.max_write_bytes
+    }
+
     pub fn limit_write_bytes(&mut self, bytes: u32) {
         self.max_write_bytes = bytes.clamp(1, MAX_REQUEST_BYTES);
     }

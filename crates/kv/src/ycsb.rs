@@ -196,7 +196,9 @@ fn run_thread(store: &Store, run: &YcsbRun, seed: u64) -> Result<YcsbOutcome, Yc
         let operation = generator.next_operation();
         worker.perform(operation, operations)?;
         operations += 1;
-        if operations % COMPLETE_EVERY_OPERATIONS == 0 || worker.session.pending_count() >= MAX_PENDING {
+        if operations % COMPLETE_EVERY_OPERATIONS == 0
+            || worker.session.pending_count() >= MAX_PENDING
+        {
             let wait = worker.session.pending_count() >= MAX_PENDING;
             worker.complete(wait)?;
         }
@@ -234,12 +236,18 @@ impl Worker<'_> {
             }
             Operation::ReadModifyWrite { key } => {
                 // The counter sits past the key, so the value still starts with it.
-                self.session.rmw(&key_bytes(key), Update::AddToCounter(0), &mut self.out, number)?
+                self.session.rmw(
+                    &key_bytes(key),
+                    Update::AddToCounter(0),
+                    &mut self.out,
+                    number,
+                )?
             }
             Operation::Scan { .. } => return Err(YcsbError::ScansUnsupported),
         };
         if status == Status::Pending {
-            self.waiting.insert(number, (operation_key(operation), started));
+            self.waiting
+                .insert(number, (operation_key(operation), started));
         } else if let Some(started) = started {
             let _ = self.latency.record(started.elapsed().as_nanos() as u64);
         }

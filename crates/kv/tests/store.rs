@@ -1,142 +1,17 @@
 //! The store against a model, on small memories that push records to the
 //! device, on every local device; and its typed errors.
 
+mod common;
+
+use common::*;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use remora_kv::device::{Completed, DeviceQueue};
 use remora_kv::index::IndexError;
 use remora_kv::log::LogError;
 use remora_kv::*;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-
-/// Four 16 KiB pages in memory: a few hundred small records push the
-/// rest to the device.
-fn small_config() -> StoreConfig {
-    StoreConfig {
-        index_buckets: 1 << 8,
-        overflow_buckets: 1 << 10,
-        page_bits: 14,
-        memory_pages: 4,
-        mutable_fraction: 0.5,
-        first_read_bytes: 64,
-        sessions: 4,
-    }
-}
-
-fn read_now(session: &mut Session, key: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    match session.read(key, &mut out, 7).unwrap() {
-        Status::Found => Some(out),
-        Status::NotFound => None,
-        Status::Pending => {
-            let mut answer = None;
-            session
-                .complete_pending(true, &mut |completion| {
-                    assert_eq!(completion.context, 7);
-                    answer = match completion.result.unwrap() {
-                        Status::Found => Some(Some(completion.value.to_vec())),
-                        Status::NotFound => Some(None),
-                        other => panic!("a read completed as {other:?}"),
-                    };
-                })
-                .unwrap();
-            answer.expect("the pending read completed")
-        }
-        other => panic!("a read returned {other:?}"),
-    }
-}
-
-fn rmw_now(session: &mut Session, key: &[u8], update: Update) -> Result<Vec<u8>, KvError> {
-    let mut out = Vec::new();
-    match session.rmw(key, update, &mut out, 9)? {
-        Status::Found | Status::NotFound => Ok(out),
-        Status::Pending => {
-            let mut answer = None;
-            session.complete_pending(true, &mut |completion| {
-                answer = Some(completion.result.map(|_| completion.value.to_vec()));
-            })?;
-            answer.expect("the pending RMW completed")
-        }
-        other => panic!("an RMW returned {other:?}"),
-    }
-}
-
-#[derive(Debug, Clone)]
-enum Op {
-    Upsert(u8, usize),
-    Read(u8),
-    Delete(u8),
-    Increment(u8),
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        4 => (any::<u8>(), 0usize..300).prop_map(|(k, n)| Op::Upsert(k, n)),
-        4 => any::<u8>().prop_map(Op::Read),
-        1 => any::<u8>().prop_map(Op::Delete),
-        2 => any::<u8>().prop_map(Op::Increment),
-    ]
-}
-
-fn key_of(number: u8) -> Vec<u8> {
-    format!("key-{number}").into_bytes()
-}
-
-fn value_of(number: u8, length: usize, step: usize) -> Vec<u8> {
-    (0..length)
-        .map(|i| (i + step + number as usize) as u8)
-        .collect()
-}
-
-/// Runs `ops` against the store and a map, checking every read and RMW.
-/// Returns the session's counters.
-fn check_against_model(device: Arc<dyn Device>, ops: &[Op]) -> SessionStats {
-    let store = Store::new(small_config(), device).unwrap();
-    let mut session = store.session().unwrap();
-    let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
-    for (step, op) in ops.iter().enumerate() {
-        match *op {
-            Op::Upsert(k, length) => {
-                let value = value_of(k, length, step);
-                assert_eq!(session.upsert(&key_of(k), &value).unwrap(), Status::Done);
-                model.insert(key_of(k), value);
-            }
-            Op::Read(k) => {
-                assert_eq!(
-                    read_now(&mut session, &key_of(k)),
-                    model.get(&key_of(k)).cloned(),
-                    "step {step}: read of key {k}"
-                );
-            }
-            Op::Delete(k) => {
-                session.delete(&key_of(k)).unwrap();
-                model.remove(&key_of(k));
-            }
-            Op::Increment(k) => {
-                let expected = model.get(&key_of(k)).map(|old| {
-                    let mut out = Vec::new();
-                    Update::AddToCounter(1)
-                        .apply(Some(old), &mut out)
-                        .map(|()| out)
-                        .unwrap()
-                });
-                let expected = expected.unwrap_or_else(|| 1u64.to_le_bytes().to_vec());
-                let got = rmw_now(&mut session, &key_of(k), Update::AddToCounter(1)).unwrap();
-                assert_eq!(got, expected, "step {step}: RMW of key {k}");
-                model.insert(key_of(k), got);
-            }
-        }
-    }
-    for number in 0..=255u8 {
-        assert_eq!(
-            read_now(&mut session, &key_of(number)),
-            model.get(&key_of(number)).cloned()
-        );
-    }
-    session.stats()
-}
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]

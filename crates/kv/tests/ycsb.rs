@@ -37,7 +37,10 @@ fn every_workload_but_e_runs_with_checked_reads_on_two_threads() {
         load(&store, &run_spec).unwrap();
         let outcome = run(&store, &run_spec).unwrap();
         assert!(outcome.operations > 1000, "{preset}: {outcome:?}");
-        assert!(outcome.pending > 0, "{preset}: the device must serve some reads");
+        assert!(
+            outcome.pending > 0,
+            "{preset}: the device must serve some reads"
+        );
         assert!(outcome.latency.len() > 0);
         let ratio = outcome.communication_ratio(2);
         assert!(ratio > 0.0 && ratio < 1.0, "{preset}: ratio {ratio}");
@@ -48,5 +51,8 @@ fn every_workload_but_e_runs_with_checked_reads_on_two_threads() {
 fn workload_e_is_refused_because_a_hash_index_cannot_scan() {
     let store = store();
     let run_spec = ycsb("e", 1);
-    assert!(matches!(run(&store, &run_spec), Err(YcsbError::ScansUnsupported)));
+    assert!(matches!(
+        run(&store, &run_spec),
+        Err(YcsbError::ScansUnsupported)
+    ));
 }

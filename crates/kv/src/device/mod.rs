@@ -8,9 +8,11 @@
 //! whose write has not completed is never issued by the store: a page
 //! leaves memory only after its flush completes.
 
+pub mod far_memory;
 pub mod file;
 pub mod memory;
 
+pub use far_memory::{FarMemoryDevice, FarMemoryPath};
 pub use file::FileDevice;
 pub use memory::MemoryDevice;
 

@@ -1,0 +1,585 @@
+//! Far memory as the device: a pool on the memory node of the embedded
+//! rack, reached by each thread on its own path.
+//!
+//! - **One-sided, synchronous**: each read is a READ posted on the
+//!   thread's queue pair and waited for (one at a time).
+//! - **One-sided, asynchronous**: READs and WRITEs are posted as issued
+//!   and the doorbell rung once per poll, so a batch of up to 100 shares
+//!   one (doorbell batching).
+//! - **Cowbird** (Spot on the memory node, or P4 in the switch): each
+//!   thread's queue is a Cowbird instance. As §7 says, the queue calls
+//!   `poll_create` once, `poll_add` after every `async_read`/`async_write`
+//!   and `poll_wait` when the store polls. A full ring is handled as
+//!   §4.3 says: a write retries at once, a read first drains the reads
+//!   already issued.
+//!
+//! Queues go back to the device when dropped, so a store can open and
+//! close sessions freely: the device holds a path per session plus one
+//! for the log's flushes.
+
+use super::{check_range, Completed, Device, DeviceError, DeviceQueue, Finished};
+use remora_cowbird::client::{Client, Completion, CowbirdError};
+use remora_cowbird::deploy::{CowbirdSpec, Direct, DirectSpec};
+use remora_cowbird::far_memory::{FarMemoryRack, Offload};
+use remora_cowbird::layout::{RequestId, RingSizes, MAX_REQUEST_BYTES};
+use remora_cowbird::spot::SpotConfig;
+use remora_rack::endpoint::{AppQueues, DriverKicker, RACK_ACK_TIMEOUT};
+use remora_rnic::{CompletionStatus, DataPath, MemoryRegion, SendOperation, SendRequest};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Requests one path keeps outstanding: the paper's batch of 100.
+pub const WINDOW: usize = 100;
+/// Bytes of one landing slot: a write longer than this goes as several.
+pub const SLOT_BYTES: usize = 64 * 1024;
+/// How long a queue waits for its NIC or engine before reporting it stuck.
+const MAX_WAIT: Duration = Duration::from_secs(10);
+
+/// Which far-memory path a device takes.
+#[derive(Debug, Clone, Copy)]
+pub enum FarMemoryPath {
+    OneSidedSync,
+    OneSidedAsync,
+    CowbirdSpot,
+    CowbirdP4(remora_cowbird::p4::P4Config),
+}
+
+impl FarMemoryPath {
+    pub fn name(self) -> &'static str {
+        match self {
+            FarMemoryPath::OneSidedSync => "one-sided-sync",
+            FarMemoryPath::OneSidedAsync => "one-sided-async",
+            FarMemoryPath::CowbirdSpot => "cowbird-spot",
+            FarMemoryPath::CowbirdP4(_) => "cowbird-p4",
+        }
+    }
+
+    fn offload(self) -> Offload {
+        match self {
+            FarMemoryPath::OneSidedSync | FarMemoryPath::OneSidedAsync => Offload::None,
+            FarMemoryPath::CowbirdSpot => Offload::Spot,
+            FarMemoryPath::CowbirdP4(config) => Offload::P4(config),
+        }
+    }
+}
+
+fn far_error(error: impl std::fmt::Display) -> DeviceError {
+    DeviceError::FarMemory(error.to_string())
+}
+
+/// A path a queue takes and gives back.
+enum Path {
+    Verbs(Box<(Direct, AppQueues)>),
+    Cowbird(Box<Client>),
+}
+
+/// A far-memory device on its own embedded rack.
+pub struct FarMemoryDevice {
+    path: FarMemoryPath,
+    capacity_bytes: u64,
+    pool: MemoryRegion,
+    kicker: DriverKicker,
+    paths: Arc<Mutex<Vec<Path>>>,
+    rack: Mutex<Option<FarMemoryRack>>,
+}
+
+impl FarMemoryDevice {
+    /// Starts a rack whose pool holds `capacity_bytes`, with `queues`
+    /// paths (sessions at once, plus one for the log's flushes).
+    pub fn start(
+        path: FarMemoryPath,
+        capacity_bytes: u64,
+        queues: usize,
+    ) -> Result<FarMemoryDevice, DeviceError> {
+        let verbs = matches!(
+            path,
+            FarMemoryPath::OneSidedSync | FarMemoryPath::OneSidedAsync
+        );
+        let spec = CowbirdSpec {
+            // Deploys a Cowbird instance and a direct queue pair per
+            // queue; the device hands out only the ones its path uses.
+            threads: queues,
+            sizes: RingSizes::DEFAULT,
+            pool_regions: vec![capacity_bytes],
+            spot: SpotConfig::DEFAULT,
+            ack_timeout: RACK_ACK_TIMEOUT,
+            direct: verbs.then_some(DirectSpec {
+                depth: WINDOW,
+                landing_bytes: WINDOW * SLOT_BYTES,
+            }),
+            rpc: None,
+        };
+        let fill = |_, _: &mut _| Ok(());
+        let mut rack =
+            FarMemoryRack::start(spec, path.offload(), Box::new(fill)).map_err(far_error)?;
+        let paths: Vec<Path> = if verbs {
+            let direct = rack.direct.drain(..);
+            direct.map(|direct| Path::Verbs(Box::new(direct))).collect()
+        } else {
+            let clients = rack.clients.drain(..);
+            clients
+                .map(|client| Path::Cowbird(Box::new(client)))
+                .collect()
+        };
+        Ok(FarMemoryDevice {
+            path,
+            capacity_bytes,
+            pool: rack.pool,
+            kicker: rack.kicker(),
+            paths: Arc::new(Mutex::new(paths)),
+            rack: Mutex::new(Some(rack)),
+        })
+    }
+
+    /// Stops the rack and returns the fabric thread's CPU time (NIC
+    /// emulation, switch, and the Spot engine when it runs there).
+    pub fn stop(&self) -> Result<Duration, DeviceError> {
+        let rack = self.rack.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match rack {
+            Some(mut rack) => rack.rack.stop_and_join().map_err(far_error),
+            None => Ok(Duration::ZERO),
+        }
+    }
+
+    /// The memory node's engine's busy time so far (Spot), if it has one.
+    pub fn engine_busy(&self) -> Duration {
+        let rack = self.rack.lock().unwrap_or_else(|e| e.into_inner());
+        let nanos = rack.as_ref().map_or(0, |rack| {
+            rack.engine_busy
+                .iter()
+                .map(|busy| busy.load(std::sync::atomic::Ordering::Relaxed))
+                .sum()
+        });
+        Duration::from_nanos(nanos)
+    }
+}
+
+impl Device for FarMemoryDevice {
+    fn name(&self) -> &str {
+        self.path.name()
+    }
+
+    fn capacity_bytes(&self) -> u64 {
+        self.capacity_bytes
+    }
+
+    fn open_queue(&self) -> Result<Box<dyn DeviceQueue>, DeviceError> {
+        let path = self
+            .paths
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .ok_or_else(|| {
+                far_error("every path to the pool is taken: start the device with more queues")
+            })?;
+        let returns = self.paths.clone();
+        Ok(match path {
+            Path::Verbs(direct) => Box::new(VerbsQueue::new(
+                direct,
+                returns,
+                self.pool,
+                self.kicker.clone(),
+                self.capacity_bytes,
+                matches!(self.path, FarMemoryPath::OneSidedSync),
+            )),
+            Path::Cowbird(client) => {
+                Box::new(CowbirdQueue::new(client, returns, self.capacity_bytes)?)
+            }
+        })
+    }
+}
+
+/// What a landing slot is doing.
+#[derive(Clone, Copy)]
+enum SlotUse {
+    Read { token: u64, length: usize },
+    WritePiece { token: u64 },
+}
+
+/// One thread's queue pair to the pool.
+struct VerbsQueue {
+    direct: Option<Box<(Direct, AppQueues)>>,
+    returns: Arc<Mutex<Vec<Path>>>,
+    pool: MemoryRegion,
+    kicker: DriverKicker,
+    capacity_bytes: u64,
+    synchronous: bool,
+    free_slots: Vec<usize>,
+    slots: Vec<Option<SlotUse>>,
+    /// Pieces of each write still in flight.
+    write_pieces: HashMap<u64, usize>,
+    posted_since_kick: bool,
+    finished: Finished,
+    scratch: Vec<u8>,
+}
+
+impl VerbsQueue {
+    fn new(
+        direct: Box<(Direct, AppQueues)>,
+        returns: Arc<Mutex<Vec<Path>>>,
+        pool: MemoryRegion,
+        kicker: DriverKicker,
+        capacity_bytes: u64,
+        synchronous: bool,
+    ) -> VerbsQueue {
+        VerbsQueue {
+            direct: Some(direct),
+            returns,
+            pool,
+            kicker,
+            capacity_bytes,
+            synchronous,
+            free_slots: (0..WINDOW).rev().collect(),
+            slots: vec![None; WINDOW],
+            write_pieces: HashMap::new(),
+            posted_since_kick: false,
+            finished: Finished::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    fn direct(&mut self) -> &mut (Direct, AppQueues) {
+        self.direct.as_mut().expect("held until drop")
+    }
+
+    /// A free slot, waiting for completions if every one is in flight.
+    fn take_slot(&mut self) -> Result<usize, DeviceError> {
+        let started = Instant::now();
+        loop {
+            if let Some(slot) = self.free_slots.pop() {
+                return Ok(slot);
+            }
+            self.collect()?;
+            if started.elapsed() > MAX_WAIT {
+                return Err(far_error("no READ or WRITE completed within 10 s"));
+            }
+        }
+    }
+
+    fn post(
+        &mut self,
+        slot: usize,
+        operation: SendOperation,
+        length: usize,
+    ) -> Result<(), DeviceError> {
+        let (direct, queues) = self.direct();
+        let local = direct
+            .landing_region
+            .slice((slot * SLOT_BYTES) as u64, length as u32);
+        let request = SendRequest::new(slot as u64, operation, &[local]).map_err(far_error)?;
+        let queue_pair = direct.queue_pair;
+        // A window of slots never overfills a queue of the window's depth.
+        queues.post_send(queue_pair, request).map_err(far_error)?;
+        self.posted_since_kick = true;
+        Ok(())
+    }
+
+    fn kick(&mut self) {
+        if std::mem::take(&mut self.posted_since_kick) {
+            self.kicker.kick();
+        }
+    }
+
+    /// Rings the doorbell if needed and takes every completion there is.
+    fn collect(&mut self) -> Result<(), DeviceError> {
+        self.kick();
+        loop {
+            let (direct, queues) = self.direct.as_mut().expect("held until drop").as_mut();
+            let completion_queue = queues.completion_queue();
+            let Some(completion) = queues
+                .poll_completion(completion_queue)
+                .map_err(far_error)?
+            else {
+                return Ok(());
+            };
+            if completion.status != CompletionStatus::Success {
+                return Err(far_error(format!(
+                    "a verb completed with {:?}",
+                    completion.status
+                )));
+            }
+            let slot = completion.work_request_id as usize;
+            match self.slots[slot]
+                .take()
+                .expect("completions name posted slots")
+            {
+                SlotUse::Read { token, length } => {
+                    self.scratch.resize(length, 0);
+                    direct
+                        .landing
+                        .read(slot * SLOT_BYTES, &mut self.scratch)
+                        .map_err(far_error)?;
+                    self.finished.push_read(token, &self.scratch);
+                }
+                SlotUse::WritePiece { token } => {
+                    count_down(&mut self.write_pieces, &mut self.finished, token)
+                }
+            }
+            self.free_slots.push(slot);
+        }
+    }
+}
+
+impl DeviceQueue for VerbsQueue {
+    fn read(&mut self, offset: u64, length: usize, token: u64) -> Result<(), DeviceError> {
+        check_range(offset, length as u64, self.capacity_bytes)?;
+        if length > SLOT_BYTES {
+            return Err(far_error(format!(
+                "a read of {length} bytes exceeds a {SLOT_BYTES}-byte slot"
+            )));
+        }
+        let slot = self.take_slot()?;
+        self.slots[slot] = Some(SlotUse::Read { token, length });
+        let remote = self.pool.remote(offset);
+        self.post(slot, SendOperation::Read { remote }, length)?;
+        if self.synchronous {
+            let started = Instant::now();
+            let before = self.finished.len();
+            while self.finished.len() == before {
+                self.collect()?;
+                if started.elapsed() > MAX_WAIT {
+                    return Err(far_error("a synchronous READ did not complete within 10 s"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
+        check_range(offset, data.len() as u64, self.capacity_bytes)?;
+        let pieces = data.chunks(SLOT_BYTES).count();
+        self.write_pieces.insert(token, pieces);
+        for (number, piece) in data.chunks(SLOT_BYTES).enumerate() {
+            let slot = self.take_slot()?;
+            let (direct, _) = self.direct();
+            direct
+                .landing
+                .write(slot * SLOT_BYTES, piece)
+                .map_err(far_error)?;
+            self.slots[slot] = Some(SlotUse::WritePiece { token });
+            let remote = self.pool.remote(offset + (number * SLOT_BYTES) as u64);
+            let operation = SendOperation::Write {
+                remote,
+                immediate: None,
+            };
+            self.post(slot, operation, piece.len())?;
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u64, Completed<'_>)) -> Result<usize, DeviceError> {
+        self.collect()?;
+        Ok(self.finished.drain(done))
+    }
+
+    fn in_flight(&self) -> usize {
+        WINDOW - self.free_slots.len() + self.finished.len()
+    }
+}
+
+impl Drop for VerbsQueue {
+    fn drop(&mut self) {
+        // Whatever is in flight lands in slots nobody reads again; the
+        // path goes back for the next session.
+        if let Some(direct) = self.direct.take() {
+            let mut paths = self.returns.lock().unwrap_or_else(|e| e.into_inner());
+            paths.push(Path::Verbs(direct));
+        }
+    }
+}
+
+/// One piece of a write completed: the write is done with its last.
+fn count_down(pieces: &mut HashMap<u64, usize>, finished: &mut Finished, token: u64) {
+    let left = pieces.get_mut(&token).expect("pieces are counted");
+    *left -= 1;
+    if *left == 0 {
+        pieces.remove(&token);
+        finished.push_write(token);
+    }
+}
+
+/// One thread's Cowbird instance.
+struct CowbirdQueue {
+    client: Option<Box<Client>>,
+    returns: Arc<Mutex<Vec<Path>>>,
+    capacity_bytes: u64,
+    group: usize,
+    /// The store's token for each request and, for a read's pieces,
+    /// where the piece goes in the whole.
+    tokens: HashMap<RequestId, (u64, usize)>,
+    write_pieces: HashMap<u64, usize>,
+    /// Reads longer than one request, assembled: bytes, pieces left.
+    read_pieces: HashMap<u64, (Vec<u8>, usize)>,
+    reads_in_flight: usize,
+    responses: Vec<Completion>,
+    finished: Finished,
+    scratch: Vec<u8>,
+    max_piece_bytes: usize,
+}
+
+impl CowbirdQueue {
+    fn new(
+        mut client: Box<Client>,
+        returns: Arc<Mutex<Vec<Path>>>,
+        capacity_bytes: u64,
+    ) -> Result<CowbirdQueue, DeviceError> {
+        let group = client.poll_create().map_err(far_error)?;
+        // A quarter of the request data ring, so that several pieces of a
+        // flushed page are in flight at once.
+        let ring_share = client.sizes().request_data_bytes / 4;
+        let max_piece_bytes = ring_share.min(u64::from(client.max_write_bytes())).max(64) as usize;
+        Ok(CowbirdQueue {
+            client: Some(client),
+            returns,
+            capacity_bytes,
+            group,
+            tokens: HashMap::new(),
+            write_pieces: HashMap::new(),
+            read_pieces: HashMap::new(),
+            reads_in_flight: 0,
+            responses: Vec::new(),
+            finished: Finished::default(),
+            scratch: Vec::new(),
+            max_piece_bytes,
+        })
+    }
+
+    fn client(&mut self) -> &mut Client {
+        self.client.as_mut().expect("held until drop")
+    }
+
+    /// Takes every completed request (a `poll_wait` with no timeout).
+    fn collect(&mut self) -> Result<(), DeviceError> {
+        let mut responses = std::mem::take(&mut self.responses);
+        responses.clear();
+        let group = self.group;
+        self.client()
+            .poll_wait(group, &mut responses, usize::MAX, Duration::ZERO)
+            .map_err(far_error)?;
+        for completion in &responses {
+            let (token, at) = self
+                .tokens
+                .remove(&completion.id)
+                .expect("every request has a token");
+            match completion.response {
+                Some((_, length)) => self.on_read_piece(completion, token, at, length as usize)?,
+                None => count_down(&mut self.write_pieces, &mut self.finished, token),
+            }
+        }
+        self.responses = responses;
+        Ok(())
+    }
+
+    /// A piece of a read arrived: the read is done when its last does.
+    fn on_read_piece(
+        &mut self,
+        completion: &Completion,
+        token: u64,
+        at: usize,
+        length: usize,
+    ) -> Result<(), DeviceError> {
+        self.reads_in_flight -= 1;
+        let (mut bytes, left) = self.read_pieces.remove(&token).expect("reads are counted");
+        let client = self.client.as_ref().expect("held until drop");
+        client
+            .response(completion, &mut bytes[at..at + length])
+            .map_err(far_error)?;
+        if left == 1 {
+            self.finished.push_read(token, &bytes);
+            self.scratch = bytes;
+        } else {
+            self.read_pieces.insert(token, (bytes, left - 1));
+        }
+        Ok(())
+    }
+
+    /// Issues one request, retrying on a full ring as §4.3 says.
+    fn issue(
+        &mut self,
+        token: u64,
+        at: usize,
+        is_read: bool,
+        mut attempt: impl FnMut(&mut Client) -> Result<RequestId, CowbirdError>,
+    ) -> Result<(), DeviceError> {
+        let started = Instant::now();
+        loop {
+            match attempt(self.client()) {
+                Ok(id) => {
+                    let group = self.group;
+                    self.client().poll_add(group, id).map_err(far_error)?;
+                    self.tokens.insert(id, (token, at));
+                    return Ok(());
+                }
+                Err(CowbirdError::RetryLater(_)) => {
+                    // A read drains the reads already issued (they hold
+                    // the response ring); a write retries at once, and
+                    // completions make room as the engine moves.
+                    if is_read || self.reads_in_flight > 0 {
+                        self.collect()?;
+                    } else {
+                        self.collect()?;
+                        std::hint::spin_loop();
+                    }
+                }
+                Err(error) => return Err(far_error(error)),
+            }
+            if started.elapsed() > MAX_WAIT {
+                return Err(far_error("the Cowbird ring stayed full for 10 s"));
+            }
+        }
+    }
+}
+
+impl DeviceQueue for CowbirdQueue {
+    fn read(&mut self, offset: u64, length: usize, token: u64) -> Result<(), DeviceError> {
+        check_range(offset, length as u64, self.capacity_bytes)?;
+        let piece_bytes = MAX_REQUEST_BYTES as usize;
+        let pieces = length.div_ceil(piece_bytes);
+        let mut bytes = std::mem::take(&mut self.scratch);
+        bytes.clear();
+        bytes.resize(length, 0);
+        self.read_pieces.insert(token, (bytes, pieces));
+        for piece in 0..pieces {
+            let at = piece * piece_bytes;
+            let piece_length = piece_bytes.min(length - at);
+            let from = offset + at as u64;
+            self.issue(token, at, true, |client| {
+                client.async_read(0, from, piece_length)
+            })?;
+            self.reads_in_flight += 1;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
+        check_range(offset, data.len() as u64, self.capacity_bytes)?;
+        let piece_bytes = self.max_piece_bytes;
+        self.write_pieces
+            .insert(token, data.chunks(piece_bytes).count());
+        for (number, piece) in data.chunks(piece_bytes).enumerate() {
+            let at = offset + (number * piece_bytes) as u64;
+            self.issue(token, 0, false, |client| client.async_write(0, at, piece))?;
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u64, Completed<'_>)) -> Result<usize, DeviceError> {
+        self.collect()?;
+        Ok(self.finished.drain(done))
+    }
+
+    fn in_flight(&self) -> usize {
+        self.tokens.len() + self.finished.len()
+    }
+}
+
+impl Drop for CowbirdQueue {
+    fn drop(&mut self) {
+        if let Some(mut client) = self.client.take() {
+            let _ = client.poll_destroy(self.group);
+            let mut paths = self.returns.lock().unwrap_or_else(|e| e.into_inner());
+            paths.push(Path::Cowbird(client));
+        }
+    }
+}
