@@ -23,6 +23,7 @@ pub mod frames;
 pub mod index;
 pub mod log;
 pub mod record;
+pub mod resp;
 pub mod store;
 pub mod update;
 pub mod ycsb;

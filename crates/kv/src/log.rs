@@ -332,6 +332,12 @@ impl HybridLog {
         next != before
     }
 
+    /// Bytes the log can still grow (from its tail) before the device is full.
+    pub fn device_room_bytes(&self) -> u64 {
+        let used = self.tail().value() - self.begin().value();
+        self.device_capacity_bytes.saturating_sub(used)
+    }
+
     pub fn flush_time(&self) -> std::time::Duration {
         std::time::Duration::from_nanos(self.flush_nanos.load(Ordering::Relaxed))
     }

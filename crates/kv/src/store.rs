@@ -180,6 +180,11 @@ impl Store {
         [log.begin(), log.head(), log.read_only(), log.tail()]
     }
 
+    /// Bytes the log can still grow before the device is full.
+    pub fn device_room_bytes(&self) -> u64 {
+        self.shared.log.device_room_bytes()
+    }
+
     /// Time spent handing pages to the device, over every thread.
     pub fn flush_time(&self) -> Duration {
         self.shared.log.flush_time()

@@ -12,6 +12,7 @@
 use crate::store::{KvError, Session, Status, Store};
 use crate::update::Update;
 use hdrhistogram::Histogram;
+use remora_rack::endpoint::thread_cpu_ns;
 use remora_workloads::ycsb::{Generator, Operation, WorkloadError, WorkloadSpec};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -21,6 +22,8 @@ const COMPLETE_EVERY_OPERATIONS: u64 = 16;
 /// Pending operations a thread lets build up before it waits for some:
 /// the device's batch of 100.
 const MAX_PENDING: usize = 100;
+/// Device room below which a run phase stops early (a few pages).
+const RUN_STOPS_WITH_ROOM_BYTES: u64 = 16 << 20;
 /// One operation in this many is timed for the latency histogram, so
 /// that timing does not slow the loop it measures.
 const LATENCY_SAMPLE_EVERY: u64 = 16;
@@ -64,6 +67,12 @@ pub struct YcsbOutcome {
     /// Sampled latencies, issue to completion, in nanoseconds.
     pub latency: Histogram<u64>,
     pub pending: u64,
+    /// The run stopped before its duration because the device was
+    /// nearly full.
+    pub stopped_early: bool,
+    /// CPU time of the application threads (the store's own work and its
+    /// device calls; not the NIC emulation or an engine elsewhere).
+    pub application_cpu: Duration,
 }
 
 impl YcsbOutcome {
@@ -156,6 +165,8 @@ pub fn run(store: &Store, run: &YcsbRun) -> Result<YcsbOutcome, YcsbError> {
             sum.operations += next.operations;
             sum.device_time += next.device_time;
             sum.pending += next.pending;
+            sum.application_cpu += next.application_cpu;
+            sum.stopped_early |= next.stopped_early;
             let _ = sum.latency.add(&next.latency);
             sum
         })
@@ -190,34 +201,46 @@ fn run_thread(store: &Store, run: &YcsbRun, seed: u64) -> Result<YcsbOutcome, Yc
         device_time: Duration::ZERO,
         version: 0,
     };
-    let deadline = Instant::now() + run.duration;
+    let cpu_before = thread_cpu_ns();
+    let started = Instant::now();
+    let deadline = started + run.duration;
     let mut operations = 0u64;
-    while operations % 1024 != 0 || Instant::now() < deadline {
+    while !operations.is_multiple_of(1024) || (Instant::now() < deadline && has_room(store)) {
         let operation = generator.next_operation();
         worker.perform(operation, operations)?;
         operations += 1;
-        if operations % COMPLETE_EVERY_OPERATIONS == 0
+        if operations.is_multiple_of(COMPLETE_EVERY_OPERATIONS)
             || worker.session.pending_count() >= MAX_PENDING
         {
             let wait = worker.session.pending_count() >= MAX_PENDING;
             worker.complete(wait)?;
         }
     }
+    let stopped_early = Instant::now() < deadline;
     worker.complete(true)?;
+    let elapsed = started.elapsed();
     worker.session.suspend();
     let stats = worker.session.stats();
     Ok(YcsbOutcome {
         operations,
-        elapsed: run.duration,
+        elapsed,
+        stopped_early,
         device_time: worker.device_time + stats.device_time(),
         latency: worker.latency,
         pending: stats.pending,
+        application_cpu: Duration::from_nanos(thread_cpu_ns() - cpu_before),
     })
+}
+
+/// A run stops early rather than fill the device: updates append copies
+/// of records, and the store has no compaction yet.
+fn has_room(store: &Store) -> bool {
+    store.device_room_bytes() > RUN_STOPS_WITH_ROOM_BYTES
 }
 
 impl Worker<'_> {
     fn perform(&mut self, operation: Operation, number: u64) -> Result<(), YcsbError> {
-        let sampled = number % LATENCY_SAMPLE_EVERY == 0;
+        let sampled = number.is_multiple_of(LATENCY_SAMPLE_EVERY);
         let started = sampled.then(Instant::now);
         let status = match operation {
             Operation::Read { key } => {

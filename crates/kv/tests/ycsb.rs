@@ -41,7 +41,7 @@ fn every_workload_but_e_runs_with_checked_reads_on_two_threads() {
             outcome.pending > 0,
             "{preset}: the device must serve some reads"
         );
-        assert!(outcome.latency.len() > 0);
+        assert!(!outcome.latency.is_empty());
         let ratio = outcome.communication_ratio(2);
         assert!(ratio > 0.0 && ratio < 1.0, "{preset}: ratio {ratio}");
     }

@@ -7,6 +7,7 @@ pub mod bifrost;
 pub mod clover;
 pub mod cowbird;
 pub mod entry;
+pub mod kv;
 pub mod report;
 mod rnic;
 pub mod soda;

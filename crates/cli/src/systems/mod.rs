@@ -6,6 +6,7 @@
 mod bifrost;
 mod clover;
 mod cowbird;
+mod kv;
 mod soda;
 pub mod system;
 mod tiga;
@@ -16,12 +17,13 @@ use std::path::Path;
 pub use system::System;
 
 /// Every system, in the order the demo tours them.
-pub const SYSTEMS: [&dyn System; 5] = [
+pub const SYSTEMS: [&dyn System; 6] = [
     &clover::Clover,
     &cowbird::Cowbird,
     &soda::Soda,
     &bifrost::Bifrost,
     &tiga::Tiga,
+    &kv::Kv,
 ];
 
 pub fn names() -> Vec<&'static str> {

@@ -269,8 +269,8 @@ impl DeviceQueue for FileQueue {
     fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
         check_range(offset, data.len() as u64, self.capacity_bytes)?;
         let length = data.len() as u64;
-        if offset % ALIGNMENT_BYTES != 0
-            || length % ALIGNMENT_BYTES != 0
+        if !offset.is_multiple_of(ALIGNMENT_BYTES)
+            || !length.is_multiple_of(ALIGNMENT_BYTES)
             || data.len() > MAX_REQUEST_BYTES
         {
             return Err(DeviceError::Unaligned {

@@ -8,10 +8,12 @@
 //! whose write has not completed is never issued by the store: a page
 //! leaves memory only after its flush completes.
 
+pub mod choice;
 pub mod far_memory;
 pub mod file;
 pub mod memory;
 
+pub use choice::{DeviceKind, FileSettings, OpenDevice};
 pub use far_memory::{FarMemoryDevice, FarMemoryPath};
 pub use file::FileDevice;
 pub use memory::MemoryDevice;

@@ -1,0 +1,434 @@
+//! `remora bench kv`: the Cowbird paper's FASTER case study (§7, §8.2).
+//!
+//! A FASTER-style store keeps the paper's share of its log in local
+//! memory (27.8% of the data at 64 B values, 20.8% at 512 B) and the rest
+//! on a device. YCSB-A with zipf 0.99 (the mix the issue names for Fig. 9)
+//! runs on one and two threads on every device: local memory (the upper
+//! bound), an O_DIRECT file (the SSD baseline), one-sided RDMA
+//! synchronous and asynchronous, Cowbird-Spot and Cowbird-P4. Each run
+//! reports throughput, p50/p99 latency, the communication ratio (Fig. 10:
+//! time inside device calls and `complete_pending` over execution time),
+//! and application, NIC-emulation and engine CPU apart.
+//!
+//! The local-memory store is also measured against FASTER's own C++
+//! benchmark numbers on YCSB-B and C (every record in memory, 8-byte
+//! values, one thread).
+
+use super::report::{median, Host, Report};
+use indicatif::{ProgressBar, ProgressStyle};
+use remora_kv::device::{DeviceError, DeviceKind, FileSettings, OpenDevice};
+use remora_kv::record::record_bytes;
+use remora_kv::ycsb::{self, YcsbError, YcsbOutcome, YcsbRun};
+use remora_kv::{KvError, Store, StoreConfig};
+use remora_workloads::ycsb::{WorkloadError, WorkloadSpec};
+use std::time::Duration;
+
+/// FASTER's own benchmark on this kind of machine (the issue's figures,
+/// operations per second, 16 M keys in memory, one thread).
+const FASTER_YCSB_B_PER_SECOND: f64 = 2.65e6;
+const FASTER_YCSB_C_PER_SECOND: f64 = 3.00e6;
+/// The paper's share of the data in local memory (§8.2: 5 GB of 18 GB
+/// at 64 B, of 24 GB at 512 B).
+const LOCAL_SHARE_64B: f64 = 5.0 / 18.0;
+const LOCAL_SHARE_512B: f64 = 5.0 / 24.0;
+/// The index's load: records per bucket entry slot, FASTER's ½ to 1.
+const RECORDS_PER_BUCKET: u64 = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KvBenchError {
+    #[error("{device}: {source}")]
+    Device {
+        device: &'static str,
+        source: DeviceError,
+    },
+    #[error("{device}: {source}")]
+    Store {
+        device: &'static str,
+        source: KvError,
+    },
+    #[error("{device}: {source}")]
+    Ycsb {
+        device: &'static str,
+        source: YcsbError,
+    },
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    #[error("progress bar: {0}")]
+    Progress(String),
+}
+
+struct Plan {
+    records_64b: u64,
+    records_512b: u64,
+    in_memory_records: u64,
+    duration: Duration,
+    repetitions: usize,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                records_64b: 600_000,
+                records_512b: 120_000,
+                in_memory_records: 2_000_000,
+                duration: Duration::from_millis(700),
+                repetitions: 1,
+            }
+        } else {
+            Plan {
+                records_64b: 4_000_000,
+                records_512b: 800_000,
+                in_memory_records: 16_000_000,
+                duration: Duration::from_secs(3),
+                repetitions: 3,
+            }
+        }
+    }
+}
+
+/// One store's shape: its records, their value size, the share of its
+/// log that stays in memory.
+struct Shape {
+    records: u64,
+    value_bytes: usize,
+    local_share: f64,
+}
+
+impl Shape {
+    fn log_bytes(&self) -> u64 {
+        // 8-byte keys; a loaded log plus room for the run's copies.
+        let record = record_bytes(8, self.value_bytes);
+        self.records * record * 2
+    }
+
+    fn config(&self, threads: usize) -> StoreConfig {
+        let page_bits = 20;
+        let memory_bytes = (self.log_bytes() as f64 / 2.0 * self.local_share) as u64;
+        let memory_pages = (memory_bytes >> page_bits).max(8);
+        let buckets = (self.records / RECORDS_PER_BUCKET).next_power_of_two();
+        StoreConfig {
+            index_buckets: buckets,
+            overflow_buckets: (buckets / 8) as u32,
+            page_bits,
+            memory_pages,
+            mutable_fraction: 0.9,
+            first_read_bytes: record_bytes(8, self.value_bytes) as usize,
+            sessions: threads + 2,
+        }
+    }
+
+    /// The device holds the loaded log and the run's appended copies;
+    /// a run that would fill it stops early (see `ycsb::run`).
+    fn device_bytes(&self) -> u64 {
+        (self.log_bytes() * 4).max(256 << 20)
+    }
+}
+
+fn ycsb_run(
+    preset: &str,
+    records: u64,
+    value_bytes: usize,
+    threads: usize,
+    duration: Duration,
+) -> Result<YcsbRun, KvBenchError> {
+    let mut spec = WorkloadSpec::preset(preset)?;
+    spec.record_count = records;
+    Ok(YcsbRun {
+        spec,
+        value_bytes,
+        threads,
+        duration,
+        seed: 7,
+    })
+}
+
+struct Bench {
+    plan: Plan,
+    report: Report,
+    progress: ProgressBar,
+    file: FileSettings,
+    /// YCSB-A ops/s at 64 B, one thread, by device: for the ratios.
+    one_thread_64b: Vec<(DeviceKind, f64)>,
+    communication_ratio_spot: Option<f64>,
+}
+
+impl Bench {
+    /// Loads a store on `kind` and runs YCSB-A on one and two threads.
+    fn device(&mut self, kind: DeviceKind, shape: &Shape) -> Result<(), KvBenchError> {
+        let name = kind.name();
+        let device_error = |source| KvBenchError::Device {
+            device: name,
+            source,
+        };
+        let store_error = |source| KvBenchError::Store {
+            device: name,
+            source,
+        };
+        let ycsb_error = |source| KvBenchError::Ycsb {
+            device: name,
+            source,
+        };
+        let config = shape.config(2);
+        let opened = OpenDevice::open(kind, shape.device_bytes(), config.sessions + 1, &self.file)
+            .map_err(device_error)?;
+        let store = Store::new(config, opened.device.clone()).map_err(store_error)?;
+        let load = ycsb_run("a", shape.records, shape.value_bytes, 2, self.plan.duration)?;
+        self.progress.set_message(format!(
+            "{name}: loading {} records of {} B",
+            shape.records, shape.value_bytes
+        ));
+        ycsb::load(&store, &load).map_err(ycsb_error)?;
+        for threads in [1, 2] {
+            let run = ycsb_run(
+                "a",
+                shape.records,
+                shape.value_bytes,
+                threads,
+                self.plan.duration,
+            )?;
+            self.progress.set_message(format!(
+                "{name}: YCSB-A, {} B, {threads} thread(s)",
+                shape.value_bytes
+            ));
+            let mut outcomes = Vec::new();
+            for _ in 0..self.plan.repetitions {
+                outcomes.push(ycsb::run(&store, &run).map_err(ycsb_error)?);
+            }
+            let flush = store.flush_time();
+            self.record(kind, shape, threads, outcomes, flush);
+            self.progress.inc(1);
+        }
+        drop(store);
+        if let Some((fabric, engine)) = opened.stop().map_err(device_error)? {
+            let variant = format!("{name}/{}B", shape.value_bytes);
+            self.report
+                .add(&variant, "fabric_cpu", fabric.as_secs_f64(), "s");
+            self.report
+                .add(&variant, "engine_cpu", engine.as_secs_f64(), "s");
+            let nic = fabric.saturating_sub(engine);
+            self.report
+                .add(&variant, "nic_emulation_cpu", nic.as_secs_f64(), "s");
+        }
+        Ok(())
+    }
+
+    /// Reports the median repetition (by throughput) of one configuration.
+    fn record(
+        &mut self,
+        kind: DeviceKind,
+        shape: &Shape,
+        threads: usize,
+        mut outcomes: Vec<YcsbOutcome>,
+        flush: Duration,
+    ) {
+        outcomes.sort_by(|a, b| {
+            a.operations_per_second()
+                .total_cmp(&b.operations_per_second())
+        });
+        let outcome = &outcomes[outcomes.len() / 2];
+        let variant = format!("{}/{}B/{threads}t", kind.name(), shape.value_bytes);
+        let per_second = outcome.operations_per_second();
+        self.report.add(&variant, "throughput", per_second, "ops/s");
+        let quantile = |q| outcome.latency.value_at_quantile(q) as f64 / 1000.0;
+        self.report
+            .add(&variant, "latency_p50", quantile(0.5), "us");
+        self.report
+            .add(&variant, "latency_p99", quantile(0.99), "us");
+        // Flushes run in whichever thread turns a page; over every
+        // repetition, so spread evenly.
+        let flush_share = flush.as_secs_f64() / outcomes.len() as f64 / 3.0;
+        let ratio = outcome.communication_ratio(threads)
+            + flush_share / (outcome.elapsed.as_secs_f64() * threads as f64);
+        self.report
+            .add(&variant, "communication_ratio", ratio, "fraction");
+        self.report.add(
+            &variant,
+            "application_cpu",
+            outcome.application_cpu.as_secs_f64(),
+            "s",
+        );
+        self.report.add(
+            &variant,
+            "pending_operations",
+            outcome.pending as f64,
+            "count",
+        );
+        if shape.value_bytes == 64 && threads == 1 {
+            self.one_thread_64b.push((kind, per_second));
+            if kind == DeviceKind::CowbirdSpot {
+                self.communication_ratio_spot = Some(ratio);
+            }
+        }
+    }
+
+    /// The local-memory store with every record in memory, against
+    /// FASTER's own numbers on YCSB-B and C.
+    fn against_faster(&mut self) -> Result<(), KvBenchError> {
+        let shape = Shape {
+            records: self.plan.in_memory_records,
+            value_bytes: 8,
+            local_share: 2.5,
+        };
+        let error = |source| KvBenchError::Store {
+            device: "memory",
+            source,
+        };
+        let opened = OpenDevice::open(DeviceKind::Memory, shape.device_bytes(), 4, &self.file)
+            .map_err(|source| KvBenchError::Device {
+                device: "memory",
+                source,
+            })?;
+        let store = Store::new(shape.config(1), opened.device.clone()).map_err(error)?;
+        let ycsb_error = |source| KvBenchError::Ycsb {
+            device: "memory",
+            source,
+        };
+        self.progress
+            .set_message(format!("in memory: loading {} records", shape.records));
+        let load = ycsb_run("b", shape.records, 8, 2, self.plan.duration)?;
+        ycsb::load(&store, &load).map_err(ycsb_error)?;
+        for (preset, faster) in [
+            ("b", FASTER_YCSB_B_PER_SECOND),
+            ("c", FASTER_YCSB_C_PER_SECOND),
+        ] {
+            self.progress
+                .set_message(format!("in memory: YCSB-{}", preset.to_uppercase()));
+            let run = ycsb_run(preset, shape.records, 8, 1, self.plan.duration)?;
+            let mut rates = Vec::new();
+            for _ in 0..self.plan.repetitions {
+                rates.push(
+                    ycsb::run(&store, &run)
+                        .map_err(ycsb_error)?
+                        .operations_per_second(),
+                );
+            }
+            let rate = median(&mut rates);
+            let variant = format!("in-memory/ycsb-{preset}/8B/1t");
+            self.report.add(&variant, "throughput", rate, "ops/s");
+            self.report
+                .add(&variant, "faster_cpp_reference", faster, "ops/s");
+            self.report.ratios.insert(
+                format!("local_vs_faster_ycsb_{preset}"),
+                serde_json::json!(rate / faster),
+            );
+            self.progress.inc(1);
+        }
+        Ok(())
+    }
+
+    fn ratio_against(&self, baseline: DeviceKind) -> Option<f64> {
+        let rate = |kind| {
+            self.one_thread_64b
+                .iter()
+                .find(|(k, _)| *k == kind)
+                .map(|(_, r)| *r)
+        };
+        Some(rate(DeviceKind::CowbirdSpot)? / rate(baseline)?)
+    }
+
+    fn finish_ratios(&mut self) {
+        let ratios = [
+            (
+                "cowbird_vs_local_ycsb_z099_64b",
+                self.ratio_against(DeviceKind::Memory),
+            ),
+            (
+                "cowbird_vs_file_ycsb_z099_64b",
+                self.ratio_against(DeviceKind::File),
+            ),
+            (
+                "cowbird_vs_async_one_sided_ycsb_z099_64b",
+                self.ratio_against(DeviceKind::OneSidedAsync),
+            ),
+            ("comm_ratio_cowbird", self.communication_ratio_spot),
+        ];
+        for (name, value) in ratios {
+            if let Some(value) = value {
+                self.report
+                    .ratios
+                    .insert(name.into(), serde_json::json!(value));
+            }
+        }
+    }
+}
+
+pub fn run(quick: bool, devices: &[DeviceKind]) -> Result<Report, KvBenchError> {
+    let plan = Plan::new(quick);
+    let shapes = [
+        Shape {
+            records: plan.records_64b,
+            value_bytes: 64,
+            local_share: LOCAL_SHARE_64B,
+        },
+        Shape {
+            records: plan.records_512b,
+            value_bytes: 512,
+            local_share: LOCAL_SHARE_512B,
+        },
+    ];
+    let steps = devices.len() * shapes.len() * 2 + 2;
+    let progress = ProgressBar::new(steps as u64);
+    progress.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .map_err(|error| KvBenchError::Progress(error.to_string()))?,
+    );
+    let config = serde_json::json!({
+        "workload": "YCSB-A (zipf 0.99) for the devices; YCSB-B and C for the in-memory store",
+        "records_64b": plan.records_64b,
+        "records_512b": plan.records_512b,
+        "in_memory_records": plan.in_memory_records,
+        "local_share_64b": LOCAL_SHARE_64B,
+        "local_share_512b": LOCAL_SHARE_512B,
+        "run_seconds": plan.duration.as_secs_f64(),
+        "repetitions": plan.repetitions,
+        "page_bytes": 1 << 20,
+        "devices": devices.iter().map(|kind| kind.name()).collect::<Vec<_>>(),
+        "batch": remora_kv::device::far_memory::WINDOW,
+        "file": "O_DIRECT under /var/tmp, 4 I/O threads, up to 100 requests in flight per queue",
+        "caveat": "soft RNIC and engine share this machine's 2 cores with the application; the fabric thread's CPU is reported apart",
+    });
+    let mut bench = Bench {
+        plan,
+        report: Report {
+            bench: "kv".into(),
+            config,
+            host: Host::probe(),
+            results: Vec::new(),
+            ratios: serde_json::Map::new(),
+            series: serde_json::Map::new(),
+        },
+        progress,
+        file: FileSettings::default(),
+        one_thread_64b: Vec::new(),
+        communication_ratio_spot: None,
+    };
+    for shape in &shapes {
+        for &kind in devices {
+            bench.device(kind, shape)?;
+        }
+    }
+    bench.against_faster()?;
+    bench.finish_ratios();
+    bench.progress.finish_and_clear();
+    Ok(bench.report)
+}
+
+#[derive(clap::Args)]
+pub struct KvArgs {
+    #[command(flatten)]
+    pub common: super::entry::CommonArgs,
+}
+
+impl super::entry::BenchArgs for KvArgs {
+    fn common(&self) -> &super::entry::CommonArgs {
+        &self.common
+    }
+}
+
+/// `remora bench kv`.
+pub static BENCH: super::entry::Entry<KvArgs, KvBenchError> = super::entry::Entry {
+    name: "kv",
+    about: "The far-memory KV store: YCSB on every device (Cowbird's §8.2).\n\nA FASTER-style hybrid log keeps the paper's share of the data in local memory (27.8% at 64 B values, 20.8% at 512 B) and the rest on a device: local memory, an O_DIRECT file, one-sided RDMA (synchronous and in batches of 100), Cowbird-Spot and Cowbird-P4. YCSB-A at zipf 0.99 on 1 and 2 threads: throughput, p50/p99 latency, the communication ratio (Fig. 10), and application, NIC-emulation and engine CPU apart; then YCSB-B and C with every record in memory against FASTER's C++ numbers. YCSB-E (range scans) is not run: a hash index cannot serve scans.",
+    run: |args| run(args.common.quick, &DeviceKind::ALL),
+};

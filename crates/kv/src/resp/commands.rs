@@ -1,0 +1,592 @@
+//! The commands, run against one connection's [`Session`].
+//!
+//! Each command appends its whole reply before the next one runs. An
+//! operation whose record is on the device returns [`Status::Pending`];
+//! the command waits for it with `complete_pending(true, ...)` at once,
+//! which keeps replies in request order and the session with at most one
+//! pending operation, so the completion handed back is always that one.
+//!
+//! Multi-key commands are not atomic: each key is its own store
+//! operation, and other connections' operations may fall in between.
+
+use super::protocol::{
+    encode_array_header, encode_bulk, encode_error, encode_integer, encode_null, encode_simple,
+    parse_integer,
+};
+use crate::record::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
+use crate::{KvError, Session, SessionStats, Status, Store, Update, UpdateError};
+use std::borrow::Cow;
+
+/// Context numbers handed to the store; the server never has two
+/// operations pending, so they only label completions for debugging.
+const READ_CONTEXT: u64 = 1;
+const READ_MODIFY_WRITE_CONTEXT: u64 = 2;
+
+/// How many bytes of an unknown command's name an error quotes, as Redis.
+const QUOTED_NAME_BYTES: usize = 128;
+
+/// What the connection does after a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    /// QUIT: write the replies so far, then close.
+    Close,
+}
+
+/// A command the store could not carry out. The reply is `-ERR` and the
+/// message, and the connection stays open. The wordings follow Redis's,
+/// since clients and people match on them.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CommandError {
+    #[error("unknown command '{0}'")]
+    Unknown(String),
+    #[error("unknown subcommand '{subcommand}'. Try {command} HELP.")]
+    UnknownSubcommand {
+        command: &'static str,
+        subcommand: String,
+    },
+    #[error("wrong number of arguments for '{0}' command")]
+    WrongArity(&'static str),
+    #[error("value is not an integer or out of range")]
+    NotAnInteger,
+    #[error("increment or decrement would overflow")]
+    Overflow,
+    #[error("syntax error")]
+    Syntax,
+    #[error("DB index is out of range")]
+    DatabaseOutOfRange,
+    #[error("the store finished waiting without completing the pending operation")]
+    LostCompletion,
+    #[error(transparent)]
+    Store(KvError),
+}
+
+impl From<KvError> for CommandError {
+    /// The store's update errors get Redis's wordings; the rest (a key
+    /// too long, a full device...) keep the store's own.
+    fn from(error: KvError) -> CommandError {
+        match error {
+            KvError::Update(UpdateError::NotAnInteger) => CommandError::NotAnInteger,
+            KvError::Update(UpdateError::Overflow) => CommandError::Overflow,
+            other => CommandError::Store(other),
+        }
+    }
+}
+
+/// One command as received: its canonical (lowercase) name and the
+/// arguments after the name.
+struct Call<'c, 'a> {
+    name: &'static str,
+    arguments: &'c [Cow<'a, [u8]>],
+}
+
+impl<'c, 'a> Call<'c, 'a> {
+    fn exactly<const COUNT: usize>(&self) -> Result<&'c [Cow<'a, [u8]>; COUNT], CommandError> {
+        self.arguments.try_into().map_err(|_| self.wrong_arity())
+    }
+
+    fn at_least(&self, minimum: usize) -> Result<&'c [Cow<'a, [u8]>], CommandError> {
+        if self.arguments.len() < minimum {
+            return Err(self.wrong_arity());
+        }
+        Ok(self.arguments)
+    }
+
+    fn wrong_arity(&self) -> CommandError {
+        CommandError::WrongArity(self.name)
+    }
+}
+
+type Handler = fn(&mut Executor, &Call<'_, '_>, &mut Vec<u8>) -> Result<(), CommandError>;
+
+/// The commands, by lowercase name. QUIT is not here: it changes the
+/// connection's flow rather than replying from the store.
+const COMMANDS: &[(&str, Handler)] = &[
+    ("get", Executor::get),
+    ("set", Executor::set),
+    ("del", Executor::delete),
+    ("exists", Executor::exists),
+    ("incr", Executor::increment),
+    ("decr", Executor::decrement),
+    ("incrby", Executor::increment_by),
+    ("decrby", Executor::decrement_by),
+    ("mget", Executor::multiple_get),
+    ("mset", Executor::multiple_set),
+    ("ping", Executor::ping),
+    ("info", Executor::info),
+    ("command", Executor::command),
+    ("config", Executor::config),
+    ("select", Executor::select),
+];
+
+/// Runs one connection's commands on its own session.
+pub struct Executor {
+    store: Store,
+    session: Session,
+    /// Reused for every value read or computed, so that a GET allocates
+    /// nothing once the connection is warm.
+    value: Vec<u8>,
+}
+
+impl Executor {
+    /// Opens a session; fails when the store's sessions are all taken.
+    pub fn new(store: Store) -> Result<Executor, KvError> {
+        let session = store.session()?;
+        Ok(Executor {
+            store,
+            session,
+            value: Vec::new(),
+        })
+    }
+
+    /// Leaves epoch protection: call before waiting on the network, so
+    /// that an idle or slow client never holds up the store's log.
+    pub fn suspend(&mut self) {
+        self.session.suspend();
+    }
+
+    pub fn stats(&self) -> SessionStats {
+        self.session.stats()
+    }
+
+    /// Runs the request `arguments` (the command name first) and appends
+    /// its reply to `reply`. An empty request gets no reply, as in Redis.
+    pub fn execute(&mut self, arguments: &[Cow<'_, [u8]>], reply: &mut Vec<u8>) -> Flow {
+        let Some((name, rest)) = arguments.split_first() else {
+            return Flow::Continue;
+        };
+        if name.eq_ignore_ascii_case(b"quit") {
+            encode_simple(reply, "OK");
+            return Flow::Close;
+        }
+        let start = reply.len();
+        if let Err(error) = self.dispatch(name, rest, reply) {
+            // A command that fails part way (an MGET with one key too
+            // long) must not leave half an array behind.
+            reply.truncate(start);
+            encode_error(reply, &format!("ERR {error}"));
+        }
+        Flow::Continue
+    }
+
+    fn dispatch(
+        &mut self,
+        name: &[u8],
+        arguments: &[Cow<'_, [u8]>],
+        reply: &mut Vec<u8>,
+    ) -> Result<(), CommandError> {
+        let Some(&(name, handler)) = COMMANDS
+            .iter()
+            .find(|(known, _)| name.eq_ignore_ascii_case(known.as_bytes()))
+        else {
+            return Err(CommandError::Unknown(quoted(name)));
+        };
+        handler(self, &Call { name, arguments }, reply)
+    }
+
+    fn get(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
+        let [key] = call.exactly()?;
+        self.reply_with_value(key, reply)
+    }
+
+    /// Plain `SET key value`; Redis's options (EX, NX...) are a syntax
+    /// error, since the store has neither expiry nor conditional writes.
+    fn set(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
+        match call.at_least(2)? {
+            [key, value] => {
+                self.session.upsert(key, value)?;
+                encode_simple(reply, "OK");
+                Ok(())
+            }
+            _ => Err(CommandError::Syntax),
+        }
+    }
+
+    /// Replies how many of the keys existed. The store's delete does not
+    /// say, so each key is read first and deleted only if it exists.
+    fn delete(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
+        let keys = call.at_least(1)?;
+        check_key_lengths(keys.iter().map(|key| key.len()))?;
+        let mut existed = 0;
+        for key in keys {
+            if self.read(key)? {
+                self.session.delete(key)?;
+                existed += 1;
+            }
+        }
+        encode_integer(reply, existed);
+        Ok(())
+    }
+
+    /// Counts existing keys; a key named twice counts twice, as in Redis.
+    fn exists(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
+        let mut existing = 0;
+        for key in call.at_least(1)? {
+            existing += i64::from(self.read(key)?);
+        }
+        encode_integer(reply, existing);
+        Ok(())
+    }
+
+    fn increment(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
+        let [key] = call.exactly()?;
+        self.add(key, 1, reply)
+    }
+
+    fn decrement(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
+        let [key] = call.exactly()?;
+        self.add(key, -1, reply)
+    }
+
+    fn increment_by(
+        &mut self,
+        call: &Call<'_, '_>,
+        reply: &mut Vec<u8>,
+    ) -> Result<(), CommandError> {
+        let [key, delta] = call.exactly()?;
+        let delta = parse_integer(delta).ok_or(CommandError::NotAnInteger)?;
+        self.add(key, delta, reply)
+    }
+
+    fn decrement_by(
+        &mut self,
+        call: &Call<'_, '_>,
+        reply: &mut Vec<u8>,
+    ) -> Result<(), CommandError> {
+        let [key, delta] = call.exactly()?;
+        let delta = parse_integer(delta).ok_or(CommandError::NotAnInteger)?;
+        let negated = delta.checked_neg().ok_or(CommandError::Overflow)?;
+        self.add(key, negated, reply)
+    }
+
+    fn multiple_get(
+        &mut self,
+        call: &Call<'_, '_>,
+        reply: &mut Vec<u8>,
+    ) -> Result<(), CommandError> {
+        let keys = call.at_least(1)?;
+        encode_array_header(reply, keys.len());
+        for key in keys {
+            self.reply_with_value(key, reply)?;
+        }
+        Ok(())
+    }
+
+    /// Checks every length before writing anything, so that a pair over
+    /// the store's limits fails the whole MSET rather than half of it.
+    fn multiple_set(
+        &mut self,
+        call: &Call<'_, '_>,
+        reply: &mut Vec<u8>,
+    ) -> Result<(), CommandError> {
+        let arguments = call.at_least(2)?;
+        if arguments.len() % 2 != 0 {
+            return Err(call.wrong_arity());
+        }
+        let pairs = arguments.chunks_exact(2);
+        check_key_lengths(pairs.clone().map(|pair| pair[0].len()))?;
+        check_value_lengths(pairs.clone().map(|pair| pair[1].len()))?;
+        for pair in pairs {
+            if let [key, value] = pair {
+                self.session.upsert(key, value)?;
+            }
+        }
+        encode_simple(reply, "OK");
+        Ok(())
+    }
+
+    fn ping(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
+        match call.arguments {
+            [] => encode_simple(reply, "PONG"),
+            [message] => encode_bulk(reply, message),
+            _ => return Err(call.wrong_arity()),
+        }
+        Ok(())
+    }
+
+    /// One text for every section asked for: the store has few numbers.
+    fn info(&mut self, _call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
+        encode_bulk(reply, self.info_text().as_bytes());
+        Ok(())
+    }
+
+    /// The command table is not described: an empty array, which
+    /// redis-cli takes (from `COMMAND DOCS`) as "no hints" and goes on.
+    fn command(&mut self, _call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
+        encode_array_header(reply, 0);
+        Ok(())
+    }
+
+    /// `CONFIG GET` of anything is an empty array: the store has none of
+    /// Redis's settings (redis-benchmark asks for `save` and
+    /// `appendonly`, and proceeds without them).
+    fn config(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
+        let [subcommand, parameters @ ..] = call.at_least(1)? else {
+            return Err(call.wrong_arity());
+        };
+        if !subcommand.eq_ignore_ascii_case(b"get") {
+            return Err(CommandError::UnknownSubcommand {
+                command: "CONFIG",
+                subcommand: quoted(subcommand),
+            });
+        }
+        if parameters.is_empty() {
+            return Err(CommandError::WrongArity("config|get"));
+        }
+        encode_array_header(reply, 0);
+        Ok(())
+    }
+
+    /// The store is one keyspace: database 0.
+    fn select(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
+        let [index] = call.exactly()?;
+        match parse_integer(index) {
+            Some(0) => encode_simple(reply, "OK"),
+            Some(_) => return Err(CommandError::DatabaseOutOfRange),
+            None => return Err(CommandError::NotAnInteger),
+        }
+        Ok(())
+    }
+
+    fn info_text(&self) -> String {
+        let stats = self.session.stats();
+        format!(
+            "# Server\r\n\
+             server_name:remora-kv\r\n\
+             remora_kv_version:{version}\r\n\
+             protocol:RESP2\r\n\
+             \r\n\
+             # Keyspace\r\n\
+             db0:device={device},operations={operations},in_place_updates={in_place},\
+             copies_to_tail={copies},pending={pending},device_reads={device_reads}\r\n",
+            version = env!("CARGO_PKG_VERSION"),
+            device = self.store.device_name(),
+            operations = stats.operations,
+            in_place = stats.in_place_updates,
+            copies = stats.copies_to_tail,
+            pending = stats.pending,
+            device_reads = stats.device_reads,
+        )
+    }
+
+    /// Appends `key`'s value as a bulk string, or null if it is absent.
+    fn reply_with_value(&mut self, key: &[u8], reply: &mut Vec<u8>) -> Result<(), CommandError> {
+        if self.read(key)? {
+            encode_bulk(reply, &self.value);
+        } else {
+            encode_null(reply);
+        }
+        Ok(())
+    }
+
+    /// Reads `key` into `self.value`; `true` if it exists.
+    fn read(&mut self, key: &[u8]) -> Result<bool, CommandError> {
+        let status = match self.session.read(key, &mut self.value, READ_CONTEXT)? {
+            Status::Pending => complete_one(&mut self.session, &mut self.value)?,
+            status => status,
+        };
+        Ok(status == Status::Found)
+    }
+
+    /// Adds `delta` to the decimal at `key` (a missing key counts as 0)
+    /// and replies with the new number.
+    fn add(&mut self, key: &[u8], delta: i64, reply: &mut Vec<u8>) -> Result<(), CommandError> {
+        let update = Update::AddToDecimal(delta);
+        let status = self
+            .session
+            .rmw(key, update, &mut self.value, READ_MODIFY_WRITE_CONTEXT)?;
+        if status == Status::Pending {
+            complete_one(&mut self.session, &mut self.value)?;
+        }
+        let number = parse_integer(&self.value).ok_or(CommandError::NotAnInteger)?;
+        encode_integer(reply, number);
+        Ok(())
+    }
+}
+
+/// Waits for the session's one pending operation and copies its value
+/// (a read's value or an RMW's new value) into `value`.
+fn complete_one(session: &mut Session, value: &mut Vec<u8>) -> Result<Status, CommandError> {
+    let mut result = None;
+    session.complete_pending(true, &mut |completion| {
+        value.clear();
+        value.extend_from_slice(completion.value);
+        result = Some(completion.result);
+    })?;
+    Ok(result.ok_or(CommandError::LostCompletion)??)
+}
+
+fn check_key_lengths(mut lengths: impl Iterator<Item = usize>) -> Result<(), CommandError> {
+    match lengths.find(|&length| length > MAX_KEY_BYTES) {
+        Some(length) => Err(CommandError::Store(KvError::KeyTooLong { length })),
+        None => Ok(()),
+    }
+}
+
+fn check_value_lengths(mut lengths: impl Iterator<Item = usize>) -> Result<(), CommandError> {
+    match lengths.find(|&length| length > MAX_VALUE_BYTES) {
+        Some(length) => Err(CommandError::Store(KvError::ValueTooLong { length })),
+        None => Ok(()),
+    }
+}
+
+/// A name for an error message: at most [`QUOTED_NAME_BYTES`], lossily
+/// decoded (the encoder turns any CR or LF into a space).
+fn quoted(name: &[u8]) -> String {
+    String::from_utf8_lossy(&name[..name.len().min(QUOTED_NAME_BYTES)]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{MemoryDevice, StoreConfig};
+    use std::sync::Arc;
+
+    /// Four 16 KiB pages in memory, so that a few hundred records push
+    /// the oldest to the device.
+    fn small_store() -> Store {
+        let config = StoreConfig {
+            index_buckets: 1 << 8,
+            overflow_buckets: 1 << 10,
+            page_bits: 14,
+            memory_pages: 4,
+            mutable_fraction: 0.5,
+            first_read_bytes: 64,
+            sessions: 4,
+        };
+        Store::new(config, Arc::new(MemoryDevice::new(16 << 20))).unwrap()
+    }
+
+    fn run(executor: &mut Executor, arguments: &[&[u8]]) -> (String, Flow) {
+        let arguments: Vec<Cow<'_, [u8]>> = arguments
+            .iter()
+            .map(|argument| Cow::Borrowed(*argument))
+            .collect();
+        let mut reply = Vec::new();
+        let flow = executor.execute(&arguments, &mut reply);
+        (String::from_utf8_lossy(&reply).into_owned(), flow)
+    }
+
+    fn reply(executor: &mut Executor, text: &str) -> String {
+        let words: Vec<&[u8]> = text.split(' ').map(str::as_bytes).collect();
+        run(executor, &words).0
+    }
+
+    #[test]
+    fn strings_and_counters_behave_as_in_redis() {
+        let mut executor = Executor::new(small_store()).unwrap();
+        assert_eq!(reply(&mut executor, "GET k"), "$-1\r\n");
+        assert_eq!(reply(&mut executor, "set k v"), "+OK\r\n");
+        assert_eq!(reply(&mut executor, "GeT k"), "$1\r\nv\r\n");
+        assert_eq!(reply(&mut executor, "INCR n"), ":1\r\n");
+        assert_eq!(reply(&mut executor, "INCRBY n 41"), ":42\r\n");
+        assert_eq!(reply(&mut executor, "DECRBY n 2"), ":40\r\n");
+        assert_eq!(reply(&mut executor, "DECR n"), ":39\r\n");
+        assert_eq!(reply(&mut executor, "EXISTS k n k missing"), ":3\r\n");
+        assert_eq!(reply(&mut executor, "DEL k missing"), ":1\r\n");
+        assert_eq!(reply(&mut executor, "DEL k"), ":0\r\n");
+        assert_eq!(reply(&mut executor, "MSET a 1 b 2"), "+OK\r\n");
+        assert_eq!(
+            reply(&mut executor, "MGET a k b"),
+            "*3\r\n$1\r\n1\r\n$-1\r\n$1\r\n2\r\n"
+        );
+    }
+
+    #[test]
+    fn errors_get_redis_wordings_and_leave_the_executor_usable() {
+        let mut executor = Executor::new(small_store()).unwrap();
+        let cases = [
+            ("FLUSHALL", "-ERR unknown command 'FLUSHALL'\r\n"),
+            (
+                "GET",
+                "-ERR wrong number of arguments for 'get' command\r\n",
+            ),
+            (
+                "GET a b",
+                "-ERR wrong number of arguments for 'get' command\r\n",
+            ),
+            (
+                "MSET a 1 b",
+                "-ERR wrong number of arguments for 'mset' command\r\n",
+            ),
+            (
+                "PING a b",
+                "-ERR wrong number of arguments for 'ping' command\r\n",
+            ),
+            ("SET k v EX 10", "-ERR syntax error\r\n"),
+            (
+                "INCRBY n x",
+                "-ERR value is not an integer or out of range\r\n",
+            ),
+            (
+                "DECRBY n -9223372036854775808",
+                "-ERR increment or decrement would overflow\r\n",
+            ),
+            ("SELECT 1", "-ERR DB index is out of range\r\n"),
+            (
+                "CONFIG SET save x",
+                "-ERR unknown subcommand 'SET'. Try CONFIG HELP.\r\n",
+            ),
+            (
+                "CONFIG GET",
+                "-ERR wrong number of arguments for 'config|get' command\r\n",
+            ),
+        ];
+        for (request, expected) in cases {
+            assert_eq!(reply(&mut executor, request), expected, "{request}");
+        }
+        assert_eq!(reply(&mut executor, "SET word remora"), "+OK\r\n");
+        assert_eq!(
+            reply(&mut executor, "INCR word"),
+            "-ERR value is not an integer or out of range\r\n"
+        );
+        assert_eq!(reply(&mut executor, "PING"), "+PONG\r\n");
+    }
+
+    #[test]
+    fn over_long_keys_and_values_are_errors_and_nothing_is_half_written() {
+        let mut executor = Executor::new(small_store()).unwrap();
+        let long = vec![b'x'; MAX_VALUE_BYTES + 1];
+        let (text, _) = run(&mut executor, &[b"SET", b"k", &long]);
+        assert!(text.starts_with("-ERR a value of 4097 bytes"), "{text}");
+        let (text, _) = run(&mut executor, &[b"MSET", b"first", b"1", b"k", &long]);
+        assert!(text.starts_with("-ERR a value of"), "{text}");
+        assert_eq!(reply(&mut executor, "EXISTS first"), ":0\r\n");
+        let (text, _) = run(&mut executor, &[b"MGET", b"first", &long]);
+        assert!(text.starts_with("-ERR a key of 4097 bytes"), "{text}");
+    }
+
+    #[test]
+    fn administrative_commands_answer_so_that_clients_proceed() {
+        let mut executor = Executor::new(small_store()).unwrap();
+        assert_eq!(reply(&mut executor, "PING hello"), "$5\r\nhello\r\n");
+        assert_eq!(reply(&mut executor, "CONFIG GET save"), "*0\r\n");
+        assert_eq!(reply(&mut executor, "COMMAND DOCS"), "*0\r\n");
+        assert_eq!(reply(&mut executor, "COMMAND"), "*0\r\n");
+        assert_eq!(reply(&mut executor, "SELECT 0"), "+OK\r\n");
+        assert_eq!(run(&mut executor, &[]), (String::new(), Flow::Continue));
+        assert_eq!(
+            run(&mut executor, &[b"quit"]),
+            ("+OK\r\n".into(), Flow::Close)
+        );
+        let info = reply(&mut executor, "INFO");
+        assert!(info.contains("# Server\r\nserver_name:remora-kv"), "{info}");
+        assert!(info.contains("db0:device=memory,operations="), "{info}");
+    }
+
+    #[test]
+    fn values_on_the_device_are_read_and_incremented_through_pending() {
+        let mut executor = Executor::new(small_store()).unwrap();
+        assert_eq!(reply(&mut executor, "SET counter 10"), "+OK\r\n");
+        assert_eq!(reply(&mut executor, "SET first value"), "+OK\r\n");
+        let filler = vec![b'f'; 1000];
+        for number in 0..200 {
+            let key = format!("filler-{number}");
+            run(&mut executor, &[b"SET", key.as_bytes(), &filler]);
+        }
+        assert_eq!(reply(&mut executor, "GET first"), "$5\r\nvalue\r\n");
+        assert_eq!(reply(&mut executor, "INCR counter"), ":11\r\n");
+        assert_eq!(reply(&mut executor, "GET counter"), "$2\r\n11\r\n");
+        assert!(executor.stats().pending >= 2, "{:?}", executor.stats());
+    }
+}

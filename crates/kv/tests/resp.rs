@@ -1,0 +1,380 @@
+//! The RESP2 front end, driven by Debian's `redis-cli` and
+//! `redis-benchmark` and by raw sockets, on a store small enough that
+//! values go to the device.
+//!
+//! Without the Redis tools these tests fail, unless `REMORA_SKIP_REDIS`
+//! is set, in which case the ones that need the tools say they skipped.
+
+use remora_kv::resp::{serve, ServeError, ServerLimits};
+use remora_kv::{MemoryDevice, Store, StoreConfig};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a tool or a socket may take before the test fails rather
+/// than hangs.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Four 16 KiB pages in memory, as in tests/store.rs, so that a few
+/// hundred records push the oldest to the device; sessions for
+/// redis-benchmark's 50 clients and the tools' own connections.
+fn small_config() -> StoreConfig {
+    StoreConfig {
+        index_buckets: 1 << 8,
+        overflow_buckets: 1 << 10,
+        page_bits: 14,
+        memory_pages: 4,
+        mutable_fraction: 0.5,
+        first_read_bytes: 64,
+        sessions: 64,
+    }
+}
+
+struct TestServer {
+    store: Store,
+    port: u16,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<(), ServeError>>>,
+}
+
+impl TestServer {
+    fn start(max_connections: usize) -> TestServer {
+        let store = Store::new(small_config(), Arc::new(MemoryDevice::new(64 << 20))).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let limits = ServerLimits { max_connections };
+        let thread = {
+            let (store, stop) = (store.clone(), stop.clone());
+            std::thread::spawn(move || serve(store, listener, limits, stop))
+        };
+        TestServer {
+            store,
+            port,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn connect(&self) -> TcpStream {
+        let stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        stream.set_read_timeout(Some(DEADLINE)).unwrap();
+        stream
+    }
+
+    /// Stops the server and returns what `serve` returned.
+    fn stop(mut self) -> Result<(), ServeError> {
+        self.stop.store(true, Ordering::SeqCst);
+        let thread = self.thread.take().expect("stopped once");
+        thread.join().expect("serve does not panic")
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// `true` if `tool` runs. Without it the test fails with a clear message,
+/// or, with `REMORA_SKIP_REDIS` set, says it skipped and returns `false`.
+fn have(tool: &str) -> bool {
+    let runs = Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if runs {
+        return true;
+    }
+    if std::env::var_os("REMORA_SKIP_REDIS").is_some() {
+        eprintln!("skipped: {tool} is not installed and REMORA_SKIP_REDIS is set");
+        return false;
+    }
+    panic!(
+        "{tool} is not installed or does not run: install Debian's redis-tools \
+         (apt-get install redis-tools), or set REMORA_SKIP_REDIS=1 to skip these tests"
+    );
+}
+
+/// Runs `program`, feeding it `input`, and fails the test if it takes
+/// longer than [`DEADLINE`].
+fn run(program: &str, arguments: &[&str], input: &[u8]) -> Output {
+    let mut child = Command::new(program)
+        .args(arguments)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|error| panic!("{program} does not start: {error}"));
+    let mut stdin = child.stdin.take().expect("piped");
+    stdin.write_all(input).unwrap();
+    drop(stdin);
+    let stdout = read_in_background(child.stdout.take().expect("piped"));
+    let stderr = read_in_background(child.stderr.take().expect("piped"));
+    let status = wait_with_deadline(&mut child, program);
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}
+
+/// Drains a pipe on its own thread, so that a chatty child never blocks
+/// on a full pipe while the test waits for it.
+fn read_in_background(mut pipe: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        pipe.read_to_end(&mut bytes).unwrap();
+        bytes
+    })
+}
+
+fn wait_with_deadline(child: &mut Child, program: &str) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            panic!("{program} did not finish within {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `redis-cli -p PORT arguments...`: its output, without the newlines at
+/// its end (redis-cli prints an error with an empty line after it).
+fn redis_cli(server: &TestServer, arguments: &[&str]) -> String {
+    redis_cli_with_input(server, arguments, b"")
+}
+
+fn redis_cli_with_input(server: &TestServer, arguments: &[&str], input: &[u8]) -> String {
+    let port = server.port.to_string();
+    let mut all = vec!["-h", "127.0.0.1", "-p", &port];
+    all.extend_from_slice(arguments);
+    let output = run("redis-cli", &all, input);
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.trim_end_matches('\n').to_string()
+}
+
+/// Reads from `stream` until the peer closes it.
+fn read_until_closed(stream: &mut TcpStream) -> String {
+    let mut bytes = Vec::new();
+    stream.read_to_end(&mut bytes).unwrap();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Reads until `expected` bytes have arrived.
+fn read_exactly(stream: &mut TcpStream, expected: usize) -> String {
+    let mut bytes = vec![0; expected];
+    stream.read_exact(&mut bytes).unwrap();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[test]
+fn redis_cli_sets_gets_counts_and_deletes() {
+    if !have("redis-cli") {
+        return;
+    }
+    let server = TestServer::start(8);
+    assert_eq!(redis_cli(&server, &["PING"]), "PONG");
+    assert_eq!(redis_cli(&server, &["SET", "k", "v"]), "OK");
+    assert_eq!(redis_cli(&server, &["GET", "k"]), "v");
+    assert_eq!(redis_cli(&server, &["GET", "missing"]), "");
+    assert_eq!(redis_cli(&server, &["INCR", "n"]), "1");
+    assert_eq!(redis_cli(&server, &["incr", "n"]), "2");
+    assert_eq!(redis_cli(&server, &["DECR", "n"]), "1");
+    assert_eq!(redis_cli(&server, &["INCRBY", "n", "41"]), "42");
+    assert_eq!(redis_cli(&server, &["EXISTS", "k", "n", "missing"]), "2");
+    assert_eq!(redis_cli(&server, &["DEL", "k", "missing"]), "1");
+    assert_eq!(redis_cli(&server, &["EXISTS", "k"]), "0");
+    assert_eq!(redis_cli(&server, &["MSET", "a", "1", "b", "2"]), "OK");
+    assert_eq!(redis_cli(&server, &["MGET", "a", "missing", "b"]), "1\n\n2");
+    assert_eq!(redis_cli(&server, &["SET", "word", "remora"]), "OK");
+    assert_eq!(
+        redis_cli(&server, &["INCR", "word"]),
+        "ERR value is not an integer or out of range"
+    );
+    let info = redis_cli(&server, &["INFO"]);
+    assert!(
+        info.contains("# Server") && info.contains("remora-kv"),
+        "{info}"
+    );
+    assert!(info.contains("db0:device=memory"), "{info}");
+    server.stop().unwrap();
+}
+
+#[test]
+fn values_pushed_to_the_device_come_back_through_pending_operations() {
+    if !have("redis-cli") {
+        return;
+    }
+    let server = TestServer::start(8);
+    assert_eq!(redis_cli(&server, &["SET", "counter", "10"]), "OK");
+    let filler = "f".repeat(500);
+    let keys: Vec<String> = (0..200).map(|number| format!("filler-{number}")).collect();
+    let mut set_all = vec!["MSET"];
+    for key in &keys {
+        set_all.extend([key.as_str(), filler.as_str()]);
+    }
+    assert_eq!(redis_cli(&server, &set_all), "OK");
+    let [_, head, _, _] = server.store.boundaries();
+    assert!(head.value() > 0, "the first pages must have left memory");
+    // One connection, so that INFO's session counters are its own.
+    let answers = redis_cli_with_input(&server, &[], b"GET filler-0\nINCR counter\nINFO\n");
+    let mut lines = answers.lines();
+    assert_eq!(lines.next(), Some(filler.as_str()));
+    assert_eq!(lines.next(), Some("11"));
+    let pending = answers
+        .split_once(",pending=")
+        .and_then(|(_, rest)| rest.split(',').next())
+        .and_then(|count| count.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("INFO reports pending operations: {answers}"));
+    assert!(pending >= 2, "both lookups went to the device: {answers}");
+    server.stop().unwrap();
+}
+
+#[test]
+fn a_protocol_error_closes_only_its_own_connection() {
+    if !have("redis-cli") {
+        return;
+    }
+    let server = TestServer::start(8);
+    let mut stream = server.connect();
+    stream.write_all(b"PING\r\n*1\r\n$abc\r\n").unwrap();
+    assert_eq!(
+        read_until_closed(&mut stream),
+        "+PONG\r\n-ERR Protocol error: invalid bulk length\r\n"
+    );
+    let mut stream = server.connect();
+    stream.write_all(b"*2000\r\n").unwrap();
+    let answer = read_until_closed(&mut stream);
+    assert!(
+        answer.starts_with("-ERR Protocol error: too many arguments"),
+        "{answer}"
+    );
+    assert_eq!(redis_cli(&server, &["SET", "after", "error"]), "OK");
+    assert_eq!(redis_cli(&server, &["GET", "after"]), "error");
+    server.stop().unwrap();
+}
+
+#[test]
+fn an_unknown_command_leaves_the_connection_usable() {
+    if !have("redis-cli") {
+        return;
+    }
+    let server = TestServer::start(8);
+    let mut stream = server.connect();
+    stream
+        .write_all(b"*2\r\n$7\r\nNOTACMD\r\n$1\r\nx\r\n")
+        .unwrap();
+    let expected = "-ERR unknown command 'NOTACMD'\r\n";
+    assert_eq!(read_exactly(&mut stream, expected.len()), expected);
+    stream
+        .write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\nok\r\n")
+        .unwrap();
+    assert_eq!(read_exactly(&mut stream, 5), "+OK\r\n");
+    stream.write_all(b"GET k\r\n").unwrap();
+    assert_eq!(read_exactly(&mut stream, 8), "$2\r\nok\r\n");
+    // redis-cli sends lines from its input on one connection.
+    let answers = redis_cli_with_input(&server, &[], b"NOTACMD\nSET a b\nGET a\n");
+    let lines: Vec<&str> = answers.lines().filter(|line| !line.is_empty()).collect();
+    assert_eq!(lines, ["ERR unknown command 'NOTACMD'", "OK", "b"]);
+    server.stop().unwrap();
+}
+
+#[test]
+fn redis_benchmark_runs_pipelined_sets_and_gets() {
+    if !have("redis-benchmark") {
+        return;
+    }
+    let server = TestServer::start(60);
+    let port = server.port.to_string();
+    let arguments = [
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-t",
+        "get,set",
+        "-n",
+        "2000",
+        "-q",
+        "-P",
+        "16",
+        "-r",
+        "1000",
+        "-d",
+        "64",
+    ];
+    let output = run("redis-benchmark", &arguments, b"");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    for command in ["SET", "GET"] {
+        let reported = stdout.split(['\r', '\n']).any(|line| {
+            line.starts_with(&format!("{command}: ")) && line.contains("requests per second")
+        });
+        assert!(reported, "no {command} rate in: {stdout}\n{stderr}");
+    }
+    let [_, head, _, _] = server.store.boundaries();
+    assert!(
+        head.value() > 0,
+        "the benchmark's values must reach the device"
+    );
+    server.stop().unwrap();
+}
+
+#[test]
+fn connections_beyond_the_limit_are_refused_until_one_closes() {
+    let server = TestServer::start(1);
+    let mut first = server.connect();
+    first.write_all(b"PING\r\n").unwrap();
+    assert_eq!(read_exactly(&mut first, 7), "+PONG\r\n");
+    let mut second = server.connect();
+    assert_eq!(
+        read_until_closed(&mut second),
+        "-ERR max number of clients reached\r\n"
+    );
+    drop(first);
+    let started = Instant::now();
+    loop {
+        let mut third = server.connect();
+        // A refused connection may be reset before the PING is written.
+        let _ = third.write_all(b"PING\r\n");
+        let mut answer = [0; 7];
+        if third.read_exact(&mut answer).is_ok() && &answer == b"+PONG\r\n" {
+            break;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the closed slot was never reused"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server.stop().unwrap();
+}
+
+#[test]
+fn stopping_closes_idle_connections_and_returns() {
+    let server = TestServer::start(4);
+    let mut idle = server.connect();
+    idle.write_all(b"PING\r\n").unwrap();
+    assert_eq!(read_exactly(&mut idle, 7), "+PONG\r\n");
+    let started = Instant::now();
+    server.stop().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(read_until_closed(&mut idle), "");
+}
