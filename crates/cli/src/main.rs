@@ -4,6 +4,7 @@ mod bench;
 mod capture;
 mod demo;
 mod error;
+mod kv;
 mod output;
 mod rack;
 mod sim;
@@ -52,6 +53,9 @@ enum Command {
     /// SODA: graph applications on far-memory objects.
     #[command(subcommand)]
     Soda(soda::SodaCommand),
+    /// The far-memory KV store: a Redis-compatible server, or one YCSB run.
+    #[command(subcommand)]
+    Kv(kv::KvCommand),
     /// Launch a rack of nodes behind the programmable switch.
     #[command(subcommand)]
     Rack(rack::RackCommand),
@@ -98,6 +102,7 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Sim(command) => sim::run(command)?,
         Command::Bench(command) => bench::run(command)?,
         Command::Soda(command) => soda::run(command)?,
+        Command::Kv(command) => kv::run(command)?,
         Command::Rack(command) => rack::run(command)?,
         Command::Node(args) => rack::run_node(args)?,
     })
@@ -116,6 +121,8 @@ pub enum CliError {
     Bench(#[from] bench::BenchError),
     #[error(transparent)]
     Soda(#[from] soda::SodaCliError),
+    #[error(transparent)]
+    Kv(#[from] kv::KvCliError),
     #[error(transparent)]
     Rack(#[from] error::RackCommandError),
 }

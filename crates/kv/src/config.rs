@@ -19,9 +19,23 @@ pub enum ConfigError {
     },
     #[error("sessions {0} must be between 1 and 1024")]
     Sessions(usize),
+    #[error("store settings: {0}")]
+    Toml(String),
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// A store's settings; in TOML, every key is optional:
+///
+/// ```toml
+/// index_buckets = 65536
+/// overflow_buckets = 16384
+/// page_bits = 16
+/// memory_pages = 64
+/// mutable_fraction = 0.9
+/// first_read_bytes = 128
+/// sessions = 64
+/// ```
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
     /// Hash buckets (a power of two), seven entries each.
     pub index_buckets: u64,
@@ -54,6 +68,11 @@ impl Default for StoreConfig {
 }
 
 impl StoreConfig {
+    /// Reads a TOML file's settings (missing keys keep their defaults).
+    pub fn from_toml(text: &str) -> Result<StoreConfig, ConfigError> {
+        toml::from_str(text).map_err(|error| ConfigError::Toml(error.message().to_string()))
+    }
+
     pub fn memory_bytes(&self) -> u64 {
         self.memory_pages << self.page_bits
     }
@@ -89,5 +108,24 @@ impl StoreConfig {
             return Err(ConfigError::Sessions(self.sessions));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_toml_file_sets_some_keys_and_keeps_the_rest() {
+        let config = StoreConfig::from_toml("memory_pages = 8\npage_bits = 20").unwrap();
+        assert_eq!(config.memory_pages, 8);
+        assert_eq!(config.page_bits, 20);
+        assert_eq!(config.sessions, StoreConfig::default().sessions);
+    }
+
+    #[test]
+    fn an_unknown_key_is_refused_by_name() {
+        let error = StoreConfig::from_toml("memory_page = 8").unwrap_err();
+        assert!(matches!(&error, ConfigError::Toml(message) if message.contains("memory_page")), "{error}");
     }
 }

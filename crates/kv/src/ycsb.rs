@@ -111,6 +111,10 @@ pub fn load(store: &Store, run: &YcsbRun) -> Result<Duration, YcsbError> {
     if run.value_bytes < 8 {
         return Err(YcsbError::ValueTooShort(run.value_bytes));
     }
+    // Refused before loading, since the run would refuse it after.
+    if run.spec.mix.scan > 0.0 {
+        return Err(YcsbError::ScansUnsupported);
+    }
     let started = Instant::now();
     let keys = Generator::new(run.spec.clone(), run.seed)?.loaded_keys();
     let threads = run.threads.max(1) as u64;

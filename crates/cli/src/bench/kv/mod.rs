@@ -14,7 +14,10 @@
 //! benchmark numbers on YCSB-B and C (every record in memory, 8-byte
 //! values, one thread).
 
+mod resp;
+
 use super::report::{median, Host, Report};
+use resp::{RespBenchError, RespPlan};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_kv::device::{DeviceError, DeviceKind, FileSettings, OpenDevice};
 use remora_kv::record::record_bytes;
@@ -55,9 +58,12 @@ pub enum KvBenchError {
     Workload(#[from] WorkloadError),
     #[error("progress bar: {0}")]
     Progress(String),
+    #[error("RESP comparison: {0}")]
+    Resp(#[from] RespBenchError),
 }
 
 struct Plan {
+    resp: RespPlan,
     records_64b: u64,
     records_512b: u64,
     in_memory_records: u64,
@@ -66,9 +72,29 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(quick: bool) -> Plan {
+    fn new(quick: bool, records: Option<u64>, keyspace: Option<u64>) -> Plan {
+        let mut plan = Plan::defaults(quick);
+        if let Some(records) = records {
+            plan.records_64b = records;
+            plan.records_512b = (records / 5).max(1);
+            plan.in_memory_records = records;
+        }
+        if let Some(keyspace) = keyspace {
+            plan.resp.keyspace = keyspace;
+            plan.resp.preload = plan.resp.preload.min(keyspace);
+        }
+        plan
+    }
+
+    fn defaults(quick: bool) -> Plan {
         if quick {
             Plan {
+                resp: RespPlan {
+                    keyspace: 10_000_000,
+                    preload: 2_000_000,
+                    pipelined_requests: 1_000_000,
+                    plain_requests: 100_000,
+                },
                 records_64b: 600_000,
                 records_512b: 120_000,
                 in_memory_records: 2_000_000,
@@ -77,6 +103,12 @@ impl Plan {
             }
         } else {
             Plan {
+                resp: RespPlan {
+                    keyspace: 10_000_000,
+                    preload: 10_000_000,
+                    pipelined_requests: 3_000_000,
+                    plain_requests: 300_000,
+                },
                 records_64b: 4_000_000,
                 records_512b: 800_000,
                 in_memory_records: 16_000_000,
@@ -317,6 +349,36 @@ impl Bench {
         Ok(())
     }
 
+    /// redis-benchmark against `remora kv serve` (Cowbird-Spot) and
+    /// `redis-server`, side by side.
+    fn resp(&mut self) -> Result<(), KvBenchError> {
+        self.progress.set_message("redis-benchmark against remora kv serve (cowbird-spot)");
+        let remora = resp::remora_rates(&self.plan.resp)?;
+        self.progress.inc(1);
+        self.progress.set_message("redis-benchmark against redis-server");
+        let redis = resp::redis_rates(&self.plan.resp)?;
+        self.progress.inc(1);
+        for (server, rates) in [("remora-kv-cowbird-spot", &remora), ("redis-server", &redis)] {
+            for (test, pipeline, rate) in rates {
+                let variant = format!("resp/{server}/{}/P{pipeline}", test.to_lowercase());
+                self.report.add(&variant, "throughput", *rate, "requests/s");
+            }
+        }
+        let rate = |rates: &resp::Rates, test: &str, pipeline: usize| {
+            rates.iter().find(|(t, p, _)| t == test && *p == pipeline).map(|(_, _, r)| *r)
+        };
+        for (name, test, pipeline) in [
+            ("resp_get_vs_redis_pipelined", "GET", 16),
+            ("resp_set_vs_redis_pipelined", "SET", 16),
+            ("resp_get_vs_redis", "GET", 1),
+        ] {
+            if let (Some(ours), Some(theirs)) = (rate(&remora, test, pipeline), rate(&redis, test, pipeline)) {
+                self.report.ratios.insert(name.into(), serde_json::json!(ours / theirs));
+            }
+        }
+        Ok(())
+    }
+
     fn ratio_against(&self, baseline: DeviceKind) -> Option<f64> {
         let rate = |kind| {
             self.one_thread_64b
@@ -353,8 +415,9 @@ impl Bench {
     }
 }
 
-pub fn run(quick: bool, devices: &[DeviceKind]) -> Result<Report, KvBenchError> {
-    let plan = Plan::new(quick);
+pub fn run(args: &KvArgs) -> Result<Report, KvBenchError> {
+    let plan = Plan::new(args.common.quick, args.records, args.keyspace);
+    let devices = &DeviceKind::ALL;
     let shapes = [
         Shape {
             records: plan.records_64b,
@@ -367,7 +430,7 @@ pub fn run(quick: bool, devices: &[DeviceKind]) -> Result<Report, KvBenchError> 
             local_share: LOCAL_SHARE_512B,
         },
     ];
-    let steps = devices.len() * shapes.len() * 2 + 2;
+    let steps = devices.len() * shapes.len() * 2 + 4;
     let progress = ProgressBar::new(steps as u64);
     progress.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
@@ -386,6 +449,15 @@ pub fn run(quick: bool, devices: &[DeviceKind]) -> Result<Report, KvBenchError> 
         "devices": devices.iter().map(|kind| kind.name()).collect::<Vec<_>>(),
         "batch": remora_kv::device::far_memory::WINDOW,
         "file": "O_DIRECT under /var/tmp, 4 I/O threads, up to 100 requests in flight per queue",
+        "resp": {
+            "keyspace": plan.resp.keyspace,
+            "preload": plan.resp.preload,
+            "pipelined_requests": plan.resp.pipelined_requests,
+            "plain_requests": plan.resp.plain_requests,
+            "clients": 50,
+            "value_bytes": 64,
+            "pipeline": 16,
+        },
         "caveat": "soft RNIC and engine share this machine's 2 cores with the application; the fabric thread's CPU is reported apart",
     });
     let mut bench = Bench {
@@ -409,6 +481,7 @@ pub fn run(quick: bool, devices: &[DeviceKind]) -> Result<Report, KvBenchError> 
         }
     }
     bench.against_faster()?;
+    bench.resp()?;
     bench.finish_ratios();
     bench.progress.finish_and_clear();
     Ok(bench.report)
@@ -418,6 +491,14 @@ pub fn run(quick: bool, devices: &[DeviceKind]) -> Result<Report, KvBenchError> 
 pub struct KvArgs {
     #[command(flatten)]
     pub common: super::entry::CommonArgs,
+    /// Records of 64 B values (a fifth as many of 512 B, as many in
+    /// memory for the FASTER comparison); default 600 000 with --quick,
+    /// 4 000 000 otherwise.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1000..))]
+    pub records: Option<u64>,
+    /// Keys redis-benchmark draws from (default 10 million).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1000..))]
+    pub keyspace: Option<u64>,
 }
 
 impl super::entry::BenchArgs for KvArgs {
@@ -429,6 +510,6 @@ impl super::entry::BenchArgs for KvArgs {
 /// `remora bench kv`.
 pub static BENCH: super::entry::Entry<KvArgs, KvBenchError> = super::entry::Entry {
     name: "kv",
-    about: "The far-memory KV store: YCSB on every device (Cowbird's §8.2).\n\nA FASTER-style hybrid log keeps the paper's share of the data in local memory (27.8% at 64 B values, 20.8% at 512 B) and the rest on a device: local memory, an O_DIRECT file, one-sided RDMA (synchronous and in batches of 100), Cowbird-Spot and Cowbird-P4. YCSB-A at zipf 0.99 on 1 and 2 threads: throughput, p50/p99 latency, the communication ratio (Fig. 10), and application, NIC-emulation and engine CPU apart; then YCSB-B and C with every record in memory against FASTER's C++ numbers. YCSB-E (range scans) is not run: a hash index cannot serve scans.",
-    run: |args| run(args.common.quick, &DeviceKind::ALL),
+    about: "The far-memory KV store: YCSB on every device (Cowbird's §8.2).\n\nA FASTER-style hybrid log keeps the paper's share of the data in local memory (27.8% at 64 B values, 20.8% at 512 B) and the rest on a device: local memory, an O_DIRECT file, one-sided RDMA (synchronous and in batches of 100), Cowbird-Spot and Cowbird-P4. YCSB-A at zipf 0.99 on 1 and 2 threads: throughput, p50/p99 latency, the communication ratio (Fig. 10), and application, NIC-emulation and engine CPU apart; then YCSB-B and C with every record in memory against FASTER's C++ numbers; then redis-benchmark GET/SET (64 B values, a 10-million-key random keyspace, preloaded; -P 16 and not) against `remora kv serve` on Cowbird-Spot and against redis-server. YCSB-E (range scans) is not run: a hash index cannot serve scans.",
+    run: run,
 };

@@ -1,0 +1,216 @@
+//! `remora kv`: the far-memory KV store as a Redis-compatible server, and
+//! one YCSB run on a device of your choice.
+
+use remora_kv::device::{DeviceKind, FileSettings, OpenDevice};
+use remora_kv::resp::{serve, ServeError, ServerLimits};
+use remora_kv::ycsb::{self, YcsbError, YcsbRun};
+use remora_kv::{ConfigError, DeviceError, KvError, Store, StoreConfig};
+use remora_workloads::ycsb::{WorkloadError, WorkloadSpec};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Subcommand)]
+pub enum KvCommand {
+    /// Serve the store over the Redis protocol (RESP2): GET, SET, DEL,
+    /// INCR, DECR, INCRBY, MGET, MSET, EXISTS, PING, INFO, pipelined.
+    /// `redis-cli -p PORT` and `redis-benchmark -p PORT` work against it.
+    /// Stops on Ctrl-C.
+    Serve(ServeArgs),
+    /// Load a YCSB workload and run it on one device, every read checked.
+    /// YCSB-E (range scans) is refused: a hash index cannot serve scans.
+    Ycsb(YcsbArgs),
+}
+
+#[derive(clap::Args)]
+pub struct StoreArgs {
+    /// Where the log's cold part lives: memory, file, one-sided-sync,
+    /// one-sided-async, cowbird-spot or cowbird-p4 (the far-memory ones
+    /// start an embedded rack of their own).
+    #[arg(long, default_value = "cowbird-spot", value_parser = parse_device)]
+    pub device: DeviceKind,
+    /// The device's size in MiB.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub device_mib: u64,
+    /// Store settings in TOML (index size, page size, pages in memory,
+    /// sessions); see `remora_kv::StoreConfig`.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Directory of the file device's file (a disk, not tmpfs: O_DIRECT).
+    #[arg(long, default_value = "/var/tmp")]
+    pub file_directory: PathBuf,
+}
+
+fn parse_device(name: &str) -> Result<DeviceKind, String> {
+    DeviceKind::from_name(name).ok_or_else(|| {
+        let names: Vec<_> = DeviceKind::ALL.iter().map(|kind| kind.name()).collect();
+        format!("no device {name:?}; there are {}", names.join(", "))
+    })
+}
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:6379")]
+    pub listen: String,
+    /// Connections served at once; more are refused with a RESP error.
+    #[arg(long, default_value_t = 32)]
+    pub max_connections: usize,
+}
+
+#[derive(clap::Args)]
+pub struct YcsbArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// A YCSB preset: a, b, c, d or f.
+    #[arg(long, default_value = "a")]
+    pub workload: String,
+    #[arg(long, default_value_t = 100_000)]
+    pub records: u64,
+    #[arg(long, default_value_t = 64)]
+    pub value_bytes: usize,
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub seconds: f64,
+    /// Also write the outcome as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KvCliError {
+    #[error("reading {path}: {error}")]
+    ConfigFile { path: PathBuf, error: String },
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error(transparent)]
+    Store(#[from] KvError),
+    #[error(transparent)]
+    Ycsb(#[from] YcsbError),
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    #[error("listening on {address}: {error}")]
+    Listen { address: String, error: std::io::Error },
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+    #[error("{0} seconds is not a run length")]
+    Seconds(f64),
+    #[error(transparent)]
+    Output(#[from] crate::output::OutputError),
+}
+
+fn store_config(path: Option<&Path>) -> Result<StoreConfig, KvCliError> {
+    let Some(path) = path else {
+        return Ok(StoreConfig::default());
+    };
+    let text = std::fs::read_to_string(path).map_err(|error| KvCliError::ConfigFile {
+        path: path.to_owned(),
+        error: error.to_string(),
+    })?;
+    Ok(StoreConfig::from_toml(&text)?)
+}
+
+fn open_store(args: &StoreArgs, config: StoreConfig) -> Result<(Store, OpenDevice), KvCliError> {
+    let file = FileSettings {
+        directory: args.file_directory.clone(),
+        ..FileSettings::default()
+    };
+    let opened = OpenDevice::open(args.device, args.device_mib << 20, config.sessions + 1, &file)?;
+    let store = Store::new(config, opened.device.clone())?;
+    Ok((store, opened))
+}
+
+pub fn run(command: KvCommand) -> Result<ExitCode, KvCliError> {
+    match command {
+        KvCommand::Serve(args) => run_serve(&args),
+        KvCommand::Ycsb(args) => run_ycsb(&args),
+    }
+}
+
+fn run_serve(args: &ServeArgs) -> Result<ExitCode, KvCliError> {
+    let config = store_config(args.store.config.as_deref())?;
+    let (store, opened) = open_store(&args.store, config)?;
+    let listener = TcpListener::bind(&args.listen).map_err(|error| KvCliError::Listen {
+        address: args.listen.clone(),
+        error,
+    })?;
+    let address = listener.local_addr().map_err(|error| KvCliError::Listen {
+        address: args.listen.clone(),
+        error,
+    })?;
+    println!("remora kv: serving RESP on {address} over the {} device (Ctrl-C stops)", args.store.device.name());
+    let stop = Arc::new(AtomicBool::new(false));
+    let handler = stop.clone();
+    let _ = ctrlc::set_handler(move || handler.store(true, Ordering::Relaxed));
+    let limits = ServerLimits {
+        max_connections: args.max_connections,
+    };
+    serve(store, listener, limits, stop)?;
+    opened.stop()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_ycsb(args: &YcsbArgs) -> Result<ExitCode, KvCliError> {
+    if !(args.seconds > 0.0 && args.seconds.is_finite()) {
+        return Err(KvCliError::Seconds(args.seconds));
+    }
+    let mut config = store_config(args.store.config.as_deref())?;
+    config.sessions = config.sessions.max(args.threads + 1);
+    let (store, opened) = open_store(&args.store, config)?;
+    let mut spec = WorkloadSpec::preset(&args.workload)?;
+    spec.record_count = args.records;
+    let run = YcsbRun {
+        spec,
+        value_bytes: args.value_bytes,
+        threads: args.threads,
+        duration: Duration::from_secs_f64(args.seconds),
+        seed: 1,
+    };
+    let loaded = ycsb::load(&store, &run)?;
+    let outcome = ycsb::run(&store, &run)?;
+    drop(store);
+    let cpu = opened.stop()?;
+    let quantile = |q| outcome.latency.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "YCSB-{} on {}: loaded {} records in {:.2} s; {:.0} ops/s, p50 {:.1} µs, p99 {:.1} µs, communication ratio {:.2}, {} operations waited for the device{}",
+        args.workload.to_uppercase(),
+        args.store.device.name(),
+        args.records,
+        loaded.as_secs_f64(),
+        outcome.operations_per_second(),
+        quantile(0.5),
+        quantile(0.99),
+        outcome.communication_ratio(args.threads),
+        outcome.pending,
+        if outcome.stopped_early { " (stopped early: the device is nearly full)" } else { "" },
+    );
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "workload": args.workload,
+            "device": args.store.device.name(),
+            "records": args.records,
+            "value_bytes": args.value_bytes,
+            "threads": args.threads,
+            "operations": outcome.operations,
+            "operations_per_second": outcome.operations_per_second(),
+            "latency_p50_us": quantile(0.5),
+            "latency_p99_us": quantile(0.99),
+            "communication_ratio": outcome.communication_ratio(args.threads),
+            "pending": outcome.pending,
+            "stopped_early": outcome.stopped_early,
+            "application_cpu_s": outcome.application_cpu.as_secs_f64(),
+            "fabric_cpu_s": cpu.map(|(fabric, _)| fabric.as_secs_f64()),
+            "engine_cpu_s": cpu.map(|(_, engine)| engine.as_secs_f64()),
+        });
+        crate::output::write_json(path, &json)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
