@@ -1,10 +1,14 @@
 //! The commands, run against one connection's [`Session`].
 //!
-//! Each command appends its whole reply before the next one runs. An
-//! operation whose record is on the device returns [`Status::Pending`];
-//! the command waits for it with `complete_pending(true, ...)` at once,
-//! which keeps replies in request order and the session with at most one
-//! pending operation, so the completion handed back is always that one.
+//! Each command appends its reply before the next one runs, with one
+//! exception that pipelining pays for: a GET whose record is on the
+//! device ([`Status::Pending`]) leaves a gap in the replies and the next
+//! GETs go on, so that a pipelined batch's device reads are in flight
+//! together (as Garnet serves its FASTER-derived store). The gaps are
+//! filled, in request order, by [`Executor::settle`]: at the end of the
+//! batch, or before any command other than GET runs, so a read is never
+//! reordered with a write. Other commands wait for their own pending
+//! operation at once.
 //!
 //! Multi-key commands are not atomic: each key is its own store
 //! operation, and other connections' operations may fall in between.
@@ -17,10 +21,14 @@ use crate::record::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
 use crate::{KvError, Session, SessionStats, Status, Store, Update, UpdateError};
 use std::borrow::Cow;
 
-/// Context numbers handed to the store; the server never has two
-/// operations pending, so they only label completions for debugging.
+/// Context numbers handed to the store for operations waited for at
+/// once; deferred GETs are numbered from [`FIRST_DEFERRED_CONTEXT`].
 const READ_CONTEXT: u64 = 1;
 const READ_MODIFY_WRITE_CONTEXT: u64 = 2;
+const FIRST_DEFERRED_CONTEXT: u64 = 16;
+/// GETs a batch may leave waiting before they are settled: the device's
+/// batch of 100.
+const MAX_DEFERRED: usize = 100;
 
 /// How many bytes of an unknown command's name an error quotes, as Redis.
 const QUOTED_NAME_BYTES: usize = 128;
@@ -126,6 +134,13 @@ pub struct Executor {
     /// Reused for every value read or computed, so that a GET allocates
     /// nothing once the connection is warm.
     value: Vec<u8>,
+    /// GETs waiting for the device: where their reply goes in the reply
+    /// buffer, in request order, and their context.
+    deferred: Vec<(usize, u64)>,
+    /// Values of settled GETs, by context less the first (None: absent).
+    arrived: Vec<Option<Vec<u8>>>,
+    /// Scratch for rebuilding the reply buffer around the gaps.
+    rebuilt: Vec<u8>,
 }
 
 impl Executor {
@@ -136,6 +151,9 @@ impl Executor {
             store,
             session,
             value: Vec::new(),
+            deferred: Vec::new(),
+            arrived: Vec::new(),
+            rebuilt: Vec::new(),
         })
     }
 
@@ -158,6 +176,10 @@ impl Executor {
         if name.eq_ignore_ascii_case(b"quit") {
             encode_simple(reply, "OK");
             return Flow::Close;
+        }
+        let is_get = name.eq_ignore_ascii_case(b"get");
+        if !is_get || self.deferred.len() >= MAX_DEFERRED {
+            self.settle(reply);
         }
         let start = reply.len();
         if let Err(error) = self.dispatch(name, rest, reply) {
@@ -186,7 +208,60 @@ impl Executor {
 
     fn get(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
         let [key] = call.exactly()?;
-        self.reply_with_value(key, reply)
+        let context = FIRST_DEFERRED_CONTEXT + self.deferred.len() as u64;
+        match self.session.read(key, &mut self.value, context)? {
+            Status::Pending => self.deferred.push((reply.len(), context)),
+            Status::Found => encode_bulk(reply, &self.value),
+            _ => encode_null(reply),
+        }
+        Ok(())
+    }
+
+    /// Waits for the deferred GETs and writes their replies into their
+    /// gaps in `reply`, in request order. A failed read's gap gets an
+    /// error reply, as it would have without deferral; every gap gets a
+    /// reply, so the client's count of replies stays right.
+    pub fn settle(&mut self, reply: &mut Vec<u8>) {
+        if self.deferred.is_empty() {
+            return;
+        }
+        self.arrived.clear();
+        self.arrived.resize(self.deferred.len(), None);
+        let mut failure = None;
+        let arrived = &mut self.arrived;
+        let completed = self.session.complete_pending(true, &mut |completion| {
+            let Some(slot) = completion.context.checked_sub(FIRST_DEFERRED_CONTEXT) else {
+                return;
+            };
+            match completion.result {
+                Ok(Status::Found) => arrived[slot as usize] = Some(completion.value.to_vec()),
+                Ok(_) => {}
+                Err(error) => failure = Some(error),
+            }
+        });
+        if let Err(error) = completed {
+            failure = Some(error);
+        }
+        self.fill_gaps(reply, failure.as_ref());
+    }
+
+    fn fill_gaps(&mut self, reply: &mut Vec<u8>, failure: Option<&KvError>) {
+        let mut rebuilt = std::mem::take(&mut self.rebuilt);
+        rebuilt.clear();
+        let mut copied = 0;
+        for (index, &(at, _)) in self.deferred.iter().enumerate() {
+            rebuilt.extend_from_slice(&reply[copied..at]);
+            copied = at;
+            match (&self.arrived[index], failure) {
+                (_, Some(error)) => encode_error(&mut rebuilt, &format!("ERR {error}")),
+                (Some(value), None) => encode_bulk(&mut rebuilt, value),
+                (None, None) => encode_null(&mut rebuilt),
+            }
+        }
+        rebuilt.extend_from_slice(&reply[copied..]);
+        std::mem::swap(reply, &mut rebuilt);
+        self.rebuilt = rebuilt;
+        self.deferred.clear();
     }
 
     /// Plain `SET key value`; Redis's options (EX, NX...) are a syntax
@@ -464,6 +539,8 @@ mod tests {
             .collect();
         let mut reply = Vec::new();
         let flow = executor.execute(&arguments, &mut reply);
+        // A batch of one: the server settles at the end of each batch.
+        executor.settle(&mut reply);
         (String::from_utf8_lossy(&reply).into_owned(), flow)
     }
 
@@ -572,6 +649,46 @@ mod tests {
         let info = reply(&mut executor, "INFO");
         assert!(info.contains("# Server\r\nserver_name:remora-kv"), "{info}");
         assert!(info.contains("db0:device=memory,operations="), "{info}");
+    }
+
+    #[test]
+    fn pipelined_gets_wait_for_the_device_together_and_answer_in_order() {
+        let mut executor = Executor::new(small_store()).unwrap();
+        for number in 0..8 {
+            reply(&mut executor, &format!("SET key-{number} old-{number}"));
+        }
+        let filler = vec![b'f'; 1000];
+        for number in 0..200 {
+            let key = format!("filler-{number}");
+            run(&mut executor, &[b"SET", key.as_bytes(), &filler]);
+        }
+        let pending_before = executor.stats().pending;
+        // One batch: GETs of keys on the device, a SET in the middle, and
+        // GETs after it; replies must come back in request order, the SET
+        // seen only by the GETs after it.
+        let mut batch = Vec::new();
+        for number in 0..8 {
+            batch.push(format!("GET key-{number}"));
+        }
+        batch.push("SET key-3 new-3".into());
+        batch.push("GET key-3".into());
+        batch.push("GET missing".into());
+        let mut replies = Vec::new();
+        for command in &batch {
+            let arguments: Vec<Cow<'_, [u8]>> = command
+                .split(' ')
+                .map(|word| Cow::Borrowed(word.as_bytes()))
+                .collect();
+            executor.execute(&arguments, &mut replies);
+        }
+        executor.settle(&mut replies);
+        let mut expected = String::new();
+        for number in 0..8 {
+            expected += &format!("$5\r\nold-{number}\r\n");
+        }
+        expected += "+OK\r\n$5\r\nnew-3\r\n$-1\r\n";
+        assert_eq!(String::from_utf8_lossy(&replies), expected);
+        assert!(executor.stats().pending >= pending_before + 8, "{:?}", executor.stats());
     }
 
     #[test]

@@ -301,6 +301,8 @@ impl Connection<'_> {
                 break Flow::Close;
             }
         };
+        // The batch's GETs that went to the device are answered together.
+        self.executor.settle(&mut self.output);
         self.input.drain(..consumed);
         debug_assert!(flow == Flow::Close || self.input.len() <= MAX_REQUEST_BYTES);
         flow
@@ -309,6 +311,7 @@ impl Connection<'_> {
     /// Writes the held replies, waiting for a slow client as long as the
     /// server is not stopping.
     fn flush(&mut self) -> io::Result<()> {
+        self.executor.settle(&mut self.output);
         self.executor.suspend();
         let mut written = 0;
         while written < self.output.len() {
