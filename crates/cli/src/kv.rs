@@ -98,7 +98,10 @@ pub enum KvCliError {
     #[error(transparent)]
     Workload(#[from] WorkloadError),
     #[error("listening on {address}: {error}")]
-    Listen { address: String, error: std::io::Error },
+    Listen {
+        address: String,
+        error: std::io::Error,
+    },
     #[error(transparent)]
     Serve(#[from] ServeError),
     #[error("{0} seconds is not a run length")]
@@ -123,7 +126,12 @@ fn open_store(args: &StoreArgs, config: StoreConfig) -> Result<(Store, OpenDevic
         directory: args.file_directory.clone(),
         ..FileSettings::default()
     };
-    let opened = OpenDevice::open(args.device, args.device_mib << 20, config.sessions + 1, &file)?;
+    let opened = OpenDevice::open(
+        args.device,
+        args.device_mib << 20,
+        config.sessions + 1,
+        &file,
+    )?;
     let store = Store::new(config, opened.device.clone())?;
     Ok((store, opened))
 }
@@ -146,7 +154,10 @@ fn run_serve(args: &ServeArgs) -> Result<ExitCode, KvCliError> {
         address: args.listen.clone(),
         error,
     })?;
-    println!("remora kv: serving RESP on {address} over the {} device (Ctrl-C stops)", args.store.device.name());
+    println!(
+        "remora kv: serving RESP on {address} over the {} device (Ctrl-C stops)",
+        args.store.device.name()
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let handler = stop.clone();
     let _ = ctrlc::set_handler(move || handler.store(true, Ordering::Relaxed));

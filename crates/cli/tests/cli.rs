@@ -328,3 +328,82 @@ fn bench_bifrost_writes_its_ratios() {
     }
     std::fs::remove_file(&json).unwrap();
 }
+
+/// `bench kv` runs YCSB on every device, the in-memory comparison with
+/// FASTER and redis-benchmark against both servers, and writes the
+/// issue's ratios (their values are the benchmark's business).
+#[test]
+fn bench_kv_writes_its_ratios() {
+    let directory = std::env::temp_dir().join(format!("remora-kv-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let json = directory.join("kv.json");
+    let output = remora(&[
+        "bench",
+        "kv",
+        "--quick",
+        "--records",
+        "20000",
+        "--keyspace",
+        "20000",
+        "--seconds",
+        "0.1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    for ratio in [
+        "cowbird_vs_local_ycsb_z099_64b",
+        "cowbird_vs_file_ycsb_z099_64b",
+        "cowbird_vs_async_one_sided_ycsb_z099_64b",
+        "comm_ratio_cowbird",
+        "resp_get_vs_redis_pipelined",
+        "local_vs_faster_ycsb_b",
+    ] {
+        let value = report["ratios"][ratio].as_f64().unwrap_or(f64::NAN);
+        assert!(value.is_finite() && value > 0.0, "{ratio} = {value}");
+    }
+    let variants: Vec<&str> = report["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|result| result["variant"].as_str())
+        .collect();
+    for device in [
+        "memory",
+        "file",
+        "one-sided-sync",
+        "one-sided-async",
+        "cowbird-spot",
+        "cowbird-p4",
+    ] {
+        for shape in ["64B/1t", "64B/2t", "512B/1t", "512B/2t"] {
+            let variant = format!("{device}/{shape}");
+            assert!(variants.contains(&variant.as_str()), "{variant} missing");
+        }
+    }
+    std::fs::remove_dir_all(&directory).ok();
+}
+
+#[test]
+fn kv_ycsb_refuses_bad_input_clearly() {
+    let output = remora(&["kv", "ycsb", "--device", "tape"]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("no device \"tape\""));
+    let output = remora(&[
+        "kv",
+        "ycsb",
+        "--device",
+        "memory",
+        "--workload",
+        "e",
+        "--records",
+        "1000",
+    ]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("range scans"));
+}

@@ -126,6 +126,9 @@ mod tests {
     #[test]
     fn an_unknown_key_is_refused_by_name() {
         let error = StoreConfig::from_toml("memory_page = 8").unwrap_err();
-        assert!(matches!(&error, ConfigError::Toml(message) if message.contains("memory_page")), "{error}");
+        assert!(
+            matches!(&error, ConfigError::Toml(message) if message.contains("memory_page")),
+            "{error}"
+        );
     }
 }

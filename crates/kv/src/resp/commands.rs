@@ -688,7 +688,11 @@ mod tests {
         }
         expected += "+OK\r\n$5\r\nnew-3\r\n$-1\r\n";
         assert_eq!(String::from_utf8_lossy(&replies), expected);
-        assert!(executor.stats().pending >= pending_before + 8, "{:?}", executor.stats());
+        assert!(
+            executor.stats().pending >= pending_before + 8,
+            "{:?}",
+            executor.stats()
+        );
     }
 
     #[test]

@@ -17,13 +17,13 @@
 mod resp;
 
 use super::report::{median, Host, Report};
-use resp::{RespBenchError, RespPlan};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_kv::device::{DeviceError, DeviceKind, FileSettings, OpenDevice};
 use remora_kv::record::record_bytes;
 use remora_kv::ycsb::{self, YcsbError, YcsbOutcome, YcsbRun};
 use remora_kv::{KvError, Store, StoreConfig};
 use remora_workloads::ycsb::{WorkloadError, WorkloadSpec};
+use resp::{RespBenchError, RespPlan};
 use std::time::Duration;
 
 /// FASTER's own benchmark on this kind of machine (the issue's figures,
@@ -72,16 +72,24 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(quick: bool, records: Option<u64>, keyspace: Option<u64>) -> Plan {
-        let mut plan = Plan::defaults(quick);
+    fn new(args: &KvArgs) -> Plan {
+        let mut plan = Plan::defaults(args.common.quick);
+        let (records, keyspace) = (args.records, args.keyspace);
+        if let Some(seconds) = args.seconds {
+            plan.duration = Duration::from_secs_f64(seconds);
+        }
         if let Some(records) = records {
             plan.records_64b = records;
             plan.records_512b = (records / 5).max(1);
             plan.in_memory_records = records;
         }
         if let Some(keyspace) = keyspace {
-            plan.resp.keyspace = keyspace;
-            plan.resp.preload = plan.resp.preload.min(keyspace);
+            plan.resp = RespPlan {
+                keyspace,
+                preload: keyspace,
+                pipelined_requests: keyspace * 2,
+                plain_requests: (keyspace / 5).max(1000),
+            };
         }
         plan
     }
@@ -98,8 +106,8 @@ impl Plan {
                 records_64b: 600_000,
                 records_512b: 120_000,
                 in_memory_records: 2_000_000,
-                duration: Duration::from_millis(700),
-                repetitions: 1,
+                duration: Duration::from_millis(400),
+                repetitions: 3,
             }
         } else {
             Plan {
@@ -352,28 +360,40 @@ impl Bench {
     /// redis-benchmark against `remora kv serve` (Cowbird-Spot) and
     /// `redis-server`, side by side.
     fn resp(&mut self) -> Result<(), KvBenchError> {
-        self.progress.set_message("redis-benchmark against remora kv serve (cowbird-spot)");
+        self.progress
+            .set_message("redis-benchmark against remora kv serve (cowbird-spot)");
         let remora = resp::remora_rates(&self.plan.resp)?;
         self.progress.inc(1);
-        self.progress.set_message("redis-benchmark against redis-server");
+        self.progress
+            .set_message("redis-benchmark against redis-server");
         let redis = resp::redis_rates(&self.plan.resp)?;
         self.progress.inc(1);
-        for (server, rates) in [("remora-kv-cowbird-spot", &remora), ("redis-server", &redis)] {
+        for (server, rates) in [
+            ("remora-kv-cowbird-spot", &remora),
+            ("redis-server", &redis),
+        ] {
             for (test, pipeline, rate) in rates {
                 let variant = format!("resp/{server}/{}/P{pipeline}", test.to_lowercase());
                 self.report.add(&variant, "throughput", *rate, "requests/s");
             }
         }
         let rate = |rates: &resp::Rates, test: &str, pipeline: usize| {
-            rates.iter().find(|(t, p, _)| t == test && *p == pipeline).map(|(_, _, r)| *r)
+            rates
+                .iter()
+                .find(|(t, p, _)| t == test && *p == pipeline)
+                .map(|(_, _, r)| *r)
         };
         for (name, test, pipeline) in [
             ("resp_get_vs_redis_pipelined", "GET", 16),
             ("resp_set_vs_redis_pipelined", "SET", 16),
             ("resp_get_vs_redis", "GET", 1),
         ] {
-            if let (Some(ours), Some(theirs)) = (rate(&remora, test, pipeline), rate(&redis, test, pipeline)) {
-                self.report.ratios.insert(name.into(), serde_json::json!(ours / theirs));
+            if let (Some(ours), Some(theirs)) =
+                (rate(&remora, test, pipeline), rate(&redis, test, pipeline))
+            {
+                self.report
+                    .ratios
+                    .insert(name.into(), serde_json::json!(ours / theirs));
             }
         }
         Ok(())
@@ -416,7 +436,7 @@ impl Bench {
 }
 
 pub fn run(args: &KvArgs) -> Result<Report, KvBenchError> {
-    let plan = Plan::new(args.common.quick, args.records, args.keyspace);
+    let plan = Plan::new(args);
     let devices = &DeviceKind::ALL;
     let shapes = [
         Shape {
@@ -496,9 +516,21 @@ pub struct KvArgs {
     /// 4 000 000 otherwise.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1000..))]
     pub records: Option<u64>,
-    /// Keys redis-benchmark draws from (default 10 million).
+    /// Keys redis-benchmark draws from (default 10 million); with it,
+    /// every key is preloaded, and the runs issue twice as many pipelined
+    /// requests and a fifth as many unpipelined.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1000..))]
     pub keyspace: Option<u64>,
+    /// Length of each YCSB run (default 0.4 s with --quick, 3 s otherwise).
+    #[arg(long, value_parser = parse_seconds)]
+    pub seconds: Option<f64>,
+}
+
+fn parse_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(seconds) if seconds > 0.0 && seconds <= 600.0 => Ok(seconds),
+        _ => Err(format!("{text:?} is not a run length in (0, 600] seconds")),
+    }
 }
 
 impl super::entry::BenchArgs for KvArgs {

@@ -53,14 +53,31 @@ pub type Rates = Vec<(String, usize, f64)>;
 fn tool_error(tool: &'static str) -> impl Fn(std::io::Error) -> RespBenchError {
     move |error| match error.kind() {
         std::io::ErrorKind::NotFound => RespBenchError::Missing { tool },
-        _ => RespBenchError::Tool { tool, detail: error.to_string() },
+        _ => RespBenchError::Tool {
+            tool,
+            detail: error.to_string(),
+        },
     }
 }
 
 /// Runs redis-benchmark's GET and SET against `port` and parses its CSV.
-fn benchmark(port: u16, requests: u64, keyspace: u64, pipeline: usize, tests: &str) -> Result<Rates, RespBenchError> {
+fn benchmark(
+    port: u16,
+    requests: u64,
+    keyspace: u64,
+    pipeline: usize,
+    tests: &str,
+) -> Result<Rates, RespBenchError> {
     let output = Command::new("redis-benchmark")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", tests, "--csv"])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-t",
+            tests,
+            "--csv",
+        ])
         .args(["-n", &requests.to_string(), "-r", &keyspace.to_string()])
         .args(["-d", &VALUE_BYTES.to_string(), "-P", &pipeline.to_string()])
         .args(["-c", &CLIENTS.to_string()])
@@ -68,8 +85,15 @@ fn benchmark(port: u16, requests: u64, keyspace: u64, pipeline: usize, tests: &s
         .map_err(tool_error("redis-benchmark"))?;
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     if !output.status.success() {
-        let detail = format!("{}: {}", output.status, String::from_utf8_lossy(&output.stderr));
-        return Err(RespBenchError::Tool { tool: "redis-benchmark", detail });
+        let detail = format!(
+            "{}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        return Err(RespBenchError::Tool {
+            tool: "redis-benchmark",
+            detail,
+        });
     }
     let mut rates = Vec::new();
     for test in tests.split(',') {
@@ -78,7 +102,10 @@ fn benchmark(port: u16, requests: u64, keyspace: u64, pipeline: usize, tests: &s
             .lines()
             .filter_map(|line| line.strip_prefix(&format!("\"{name}\",\"")))
             .find_map(|rest| rest.split('"').next()?.parse::<f64>().ok())
-            .ok_or_else(|| RespBenchError::NoRate { test: name.clone(), output: text.clone() })?;
+            .ok_or_else(|| RespBenchError::NoRate {
+                test: name.clone(),
+                output: text.clone(),
+            })?;
         rates.push((name, pipeline, rate));
     }
     Ok(rates)
@@ -87,14 +114,29 @@ fn benchmark(port: u16, requests: u64, keyspace: u64, pipeline: usize, tests: &s
 /// Preloads the keyspace, then measures GET and SET pipelined and not.
 fn measure(port: u16, plan: &RespPlan) -> Result<Rates, RespBenchError> {
     benchmark(port, plan.preload, plan.keyspace, 64, "set")?;
-    let mut rates = benchmark(port, plan.pipelined_requests, plan.keyspace, PIPELINE, "get,set")?;
-    rates.extend(benchmark(port, plan.plain_requests, plan.keyspace, 1, "get,set")?);
+    let mut rates = benchmark(
+        port,
+        plan.pipelined_requests,
+        plan.keyspace,
+        PIPELINE,
+        "get,set",
+    )?;
+    rates.extend(benchmark(
+        port,
+        plan.plain_requests,
+        plan.keyspace,
+        1,
+        "get,set",
+    )?);
     Ok(rates)
 }
 
 fn free_port() -> Result<u16, RespBenchError> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(tool_error("a local port"))?;
-    let port = listener.local_addr().map_err(tool_error("a local port"))?.port();
+    let port = listener
+        .local_addr()
+        .map_err(tool_error("a local port"))?
+        .port();
     Ok(port)
 }
 
@@ -136,20 +178,32 @@ pub fn remora_rates(plan: &RespPlan) -> Result<Rates, RespBenchError> {
     let config = store_config(plan);
     let store_error = |error: &dyn std::fmt::Display| RespBenchError::Store(error.to_string());
     let device_bytes = 1 << 30; // the soft RNIC's largest region
-    let opened = OpenDevice::open(DeviceKind::CowbirdSpot, device_bytes, config.sessions + 1, &FileSettings::default())
-        .map_err(|error| store_error(&error))?;
+    let opened = OpenDevice::open(
+        DeviceKind::CowbirdSpot,
+        device_bytes,
+        config.sessions + 1,
+        &FileSettings::default(),
+    )
+    .map_err(|error| store_error(&error))?;
     let store = Store::new(config, opened.device.clone()).map_err(|error| store_error(&error))?;
     let listener = TcpListener::bind("127.0.0.1:0").map_err(tool_error("a local port"))?;
-    let port = listener.local_addr().map_err(tool_error("a local port"))?.port();
+    let port = listener
+        .local_addr()
+        .map_err(tool_error("a local port"))?
+        .port();
     let stop = Arc::new(AtomicBool::new(false));
     let server = {
         let stop = stop.clone();
-        let limits = ServerLimits { max_connections: CLIENTS + 2 };
+        let limits = ServerLimits {
+            max_connections: CLIENTS + 2,
+        };
         std::thread::spawn(move || serve(store, listener, limits, stop))
     };
     let rates = wait_ready(port, "remora kv serve").and_then(|()| measure(port, plan));
     stop.store(true, Ordering::Relaxed);
-    let served = server.join().map_err(|_| RespBenchError::Store("the server panicked".into()))?;
+    let served = server
+        .join()
+        .map_err(|_| RespBenchError::Store("the server panicked".into()))?;
     served.map_err(|error| store_error(&error))?;
     opened.stop().map_err(|error| store_error(&error))?;
     rates
@@ -159,7 +213,14 @@ pub fn remora_rates(plan: &RespPlan) -> Result<Rates, RespBenchError> {
 pub fn redis_rates(plan: &RespPlan) -> Result<Rates, RespBenchError> {
     let port = free_port()?;
     let server: Child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
         .stdout(Stdio::null())
         .spawn()
         .map_err(tool_error("redis-server"))?;
