@@ -543,5 +543,5 @@ impl super::entry::BenchArgs for KvArgs {
 pub static BENCH: super::entry::Entry<KvArgs, KvBenchError> = super::entry::Entry {
     name: "kv",
     about: "The far-memory KV store: YCSB on every device (Cowbird's §8.2).\n\nA FASTER-style hybrid log keeps the paper's share of the data in local memory (27.8% at 64 B values, 20.8% at 512 B) and the rest on a device: local memory, an O_DIRECT file, one-sided RDMA (synchronous and in batches of 100), Cowbird-Spot and Cowbird-P4. YCSB-A at zipf 0.99 on 1 and 2 threads: throughput, p50/p99 latency, the communication ratio (Fig. 10), and application, NIC-emulation and engine CPU apart; then YCSB-B and C with every record in memory against FASTER's C++ numbers; then redis-benchmark GET/SET (64 B values, a 10-million-key random keyspace, preloaded; -P 16 and not) against `remora kv serve` on Cowbird-Spot and against redis-server. YCSB-E (range scans) is not run: a hash index cannot serve scans.",
-    run: run,
+    run,
 };
