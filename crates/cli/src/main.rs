@@ -186,7 +186,7 @@ impl HistoryFile {
             .as_ref()
             .ok_or_else(|| HistoryFileError::NoHistory(name.to_string()))?;
         self.lines +=
-            remora_clover::history::write_json_lines(name, &outcome.history, &mut self.out)
+            remora_workloads::history::write_json_lines(name, &outcome.history, &mut self.out)
                 .map_err(|error| self.io_error(error))?;
         self.histories += 1;
         if !verdict.violations.is_empty() {

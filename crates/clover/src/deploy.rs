@@ -4,7 +4,6 @@
 //! clients and the hottest keys. The simulator tests, the benchmark and
 //! the demo all deploy through here.
 
-use crate::history::{value_with_id, LOADED_ID};
 use crate::layout::NextPointer;
 use crate::metadata::{MetadataConfig, MetadataServer, RegionPlan, RnicRegion};
 use crate::pool::{ClientPool, CloverError, PoolConfig, PoolWiring, Request, CLIENT_BUFFER_BYTES};
@@ -13,6 +12,7 @@ use remora_rnic::{AccessFlags, MemoryRegion, QueuePairBuilder, SoftRnic, Verbs};
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::table::TableError;
 use remora_wire::Qpn;
+use remora_workloads::history::{value_with_id, LOADED_ID};
 use remora_workloads::ycsb::{Generator, Operation};
 use std::time::Duration;
 

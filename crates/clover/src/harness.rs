@@ -7,7 +7,6 @@
 //! [`crate::scenario`].
 
 use crate::deploy::{Deployment, Feeder, StoreSpec};
-use crate::history::{self, MalformedHistory, Verdict};
 use crate::metadata::{MetadataConfig, MetadataError, MetadataStats, RnicRegion};
 use crate::pool::{CloverError, PoolConfig, PoolStats};
 use crate::resolver::{CloverResolver, ResolverCounters, ResolverMemory};
@@ -19,6 +18,7 @@ use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::table::TableError;
 use remora_switch::Program;
 use remora_workloads::distribution::{DistributionError, KeyChooser};
+use remora_workloads::history::{self, MalformedHistory, Verdict};
 use remora_workloads::ycsb::{Generator, RequestDistribution, WorkloadError, WorkloadSpec};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -12,7 +12,6 @@
 //!   one application thread over a soft RNIC.
 //! - [`resolver`]: the switch program that rewrites stale CAS targets to
 //!   the true tail in flight.
-//! - [`history`]: request histories and their linearizability check.
 //! - [`deploy`]: the store set up on two soft RNICs, and the workload
 //!   feeder.
 //! - [`config`]: the rack file's `[clover]` section.
@@ -29,7 +28,6 @@ pub mod config;
 pub mod deploy;
 pub mod embedded;
 pub mod harness;
-pub mod history;
 pub mod layout;
 pub mod metadata;
 pub mod pool;

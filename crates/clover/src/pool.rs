@@ -12,7 +12,6 @@
 use crate::client::{
     ClientError, Lookup, Outcome, ReadOperation, Step, Thresholds, Trail, Verb, WriteOperation,
 };
-use crate::history::{Event, EventKind};
 use crate::layout::{size_class, LayoutError, NextPointer, MAX_VALUE_BYTES, MIN_VALUE_BYTES};
 use crate::metadata::{MetadataError, MetadataServer, RegionAccess, RegionPlan};
 use hdrhistogram::Histogram;
@@ -21,6 +20,7 @@ use remora_rnic::{
     SendRequest, Timestamp, Verbs, VerbsError,
 };
 use remora_wire::{Rkey, VirtAddr};
+use remora_workloads::history::{Event, EventKind};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -463,7 +463,9 @@ impl ClientPool {
         if self.config.record_history {
             let kind = match &reply {
                 Reply::Stored => EventKind::WriteReturned,
-                Reply::Value(value) => EventKind::ReadReturned(crate::history::value_id(value)),
+                Reply::Value(value) => {
+                    EventKind::ReadReturned(remora_workloads::history::value_id(value))
+                }
             };
             self.history.push(Event {
                 key,
@@ -511,7 +513,7 @@ impl ClientPool {
                 let kind = match &request {
                     Request::Get { .. } => EventKind::ReadInvoked,
                     Request::Put { value, .. } => {
-                        EventKind::WriteInvoked(crate::history::value_id(value))
+                        EventKind::WriteInvoked(remora_workloads::history::value_id(value))
                     }
                 };
                 self.history.push(Event {

@@ -12,7 +12,6 @@ use crate::harness::{
     Application, ClientsAgent, CloverSwitch, HarnessError, MetadataAgent, Run, SharedApplication,
     SwitchChoice,
 };
-use crate::history::{Event, Verdict};
 use crate::metadata::MetadataStats;
 use crate::pool::PoolStats;
 use crate::resolver::{CloverResolver, ResolverCounters, ResolverMemory};
@@ -22,6 +21,7 @@ use remora_rack::topology::{COMPUTE_HOST, MEMORY_HOST};
 use remora_rack::RackError;
 use remora_rnic::RnicCounters;
 use remora_switch::programs::l2l3::L2L3Forwarding;
+use remora_workloads::history::{Event, Verdict};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

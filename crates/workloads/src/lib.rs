@@ -5,8 +5,11 @@
 //!   [`distribution`].
 //! - [`distribution`]: uniform, zipfian (scrambled or by rank) and
 //!   latest key choosers, seeded so a run is reproducible.
+//! - [`history`]: histories of key-value requests and their
+//!   linearizability check (Clover's and the KV store's).
 
 #![forbid(unsafe_code)]
 
 pub mod distribution;
+pub mod history;
 pub mod ycsb;

@@ -3,8 +3,8 @@
 //! verdict, linearizable or not.
 
 use proptest::prelude::*;
-use remora_clover::history::{check, Event, EventKind, LOADED_ID};
-use remora_rnic::Timestamp;
+use remora_base::Timestamp;
+use remora_workloads::history::{check, Event, EventKind, LOADED_ID};
 use stateright::semantics::register::{Register, RegisterOp, RegisterRet};
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester};
 
@@ -114,7 +114,7 @@ fn a_request_that_never_returned_has_no_ret_and_returns_carry_their_outputs() {
         event(1, EventKind::ReadReturned(9), 30),
     ];
     let mut out = Vec::new();
-    let lines = remora_clover::history::write_json_lines("h", &events, &mut out).unwrap();
+    let lines = remora_workloads::history::write_json_lines("h", &events, &mut out).unwrap();
     assert_eq!(lines, 2);
     let text = String::from_utf8(out).unwrap();
     let records: Vec<serde_json::Value> = text

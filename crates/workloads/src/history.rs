@@ -1,4 +1,6 @@
-//! Histories of Clover requests and their linearizability check.
+//! Histories of key-value requests and their linearizability check:
+//! Clover's and the KV store's runs record them, and `--history` files
+//! hold them as JSON lines.
 //!
 //! Every value a checked run writes starts with a unique 8-byte id, so a
 //! read's result names the write it saw. Linearizability is local (a
@@ -21,7 +23,7 @@
 //! retransmissions; the tests check this checker against that one on
 //! every small history proptest makes.
 
-use remora_rnic::Timestamp;
+use remora_base::Timestamp;
 use std::collections::BTreeMap;
 use std::io::Write;
 
