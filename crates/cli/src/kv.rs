@@ -81,6 +81,14 @@ pub struct YcsbArgs {
     /// Also write the outcome as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Record every operation, check the history linearizable, and write
+    /// it to this file as JSON lines, one request each: {"history",
+    /// "client", "op", "key", "value", "output", "call", "ret"} (times in
+    /// ns since the run began; values are write ids). The run stops after
+    /// 10 000 operations per thread, since the check grows with the square
+    /// of a hot key's operations.
+    #[arg(long)]
+    pub history: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +116,44 @@ pub enum KvCliError {
     Seconds(f64),
     #[error(transparent)]
     Output(#[from] crate::output::OutputError),
+    #[error(transparent)]
+    History(#[from] crate::HistoryFileError),
+    #[error(transparent)]
+    MalformedHistory(#[from] remora_workloads::history::MalformedHistory),
+}
+
+/// Writes a run's history and refuses one that is not linearizable (the
+/// file still holds it, for a second opinion).
+fn write_history(
+    path: &Path,
+    workload: &str,
+    history: &[remora_workloads::history::Event],
+) -> Result<(), KvCliError> {
+    let name = format!("kv-ycsb-{workload}");
+    let io = |error| crate::HistoryFileError::Io {
+        path: path.to_owned(),
+        error,
+    };
+    let file = std::fs::File::create(path).map_err(io)?;
+    let mut out = std::io::BufWriter::new(file);
+    let lines =
+        remora_workloads::history::write_json_lines(&name, history, &mut out).map_err(io)?;
+    std::io::Write::flush(&mut out).map_err(io)?;
+    let verdict = remora_workloads::history::check(history)?;
+    if !verdict.violations.is_empty() {
+        return Err(crate::HistoryFileError::NotLinearizable {
+            name,
+            keys: verdict.violations,
+            path: path.to_owned(),
+        }
+        .into());
+    }
+    println!(
+        "history: {lines} requests on {} keys, linearizable, written to {}",
+        verdict.keys,
+        path.display()
+    );
+    Ok(())
 }
 
 fn store_config(path: Option<&Path>) -> Result<StoreConfig, KvCliError> {
@@ -184,6 +230,7 @@ fn run_ycsb(args: &YcsbArgs) -> Result<ExitCode, KvCliError> {
         threads: args.threads,
         duration: Duration::from_secs_f64(args.seconds),
         seed: 1,
+        record_history: args.history.is_some(),
     };
     let loaded = ycsb::load(&store, &run)?;
     let outcome = ycsb::run(&store, &run)?;
@@ -203,6 +250,9 @@ fn run_ycsb(args: &YcsbArgs) -> Result<ExitCode, KvCliError> {
         outcome.pending,
         if outcome.stopped_early { " (stopped early: the device is nearly full)" } else { "" },
     );
+    if let Some(path) = &args.history {
+        write_history(path, &args.workload, &outcome.history)?;
+    }
     if let Some(path) = &args.json {
         let json = serde_json::json!({
             "workload": args.workload,

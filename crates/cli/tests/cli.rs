@@ -407,3 +407,39 @@ fn kv_ycsb_refuses_bad_input_clearly() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("range scans"));
 }
+
+/// `kv ycsb --history` records a concurrent run, checks it and writes it
+/// as JSON lines that name each request's key, value and times.
+#[test]
+fn kv_ycsb_writes_a_checked_history() {
+    let directory = std::env::temp_dir().join(format!("remora-kv-history-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let history = directory.join("history.jsonl");
+    let output = remora(&[
+        "kv",
+        "ycsb",
+        "--device",
+        "memory",
+        "--records",
+        "500",
+        "--threads",
+        "2",
+        "--seconds",
+        "0.2",
+        "--history",
+        history.to_str().unwrap(),
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("linearizable"));
+    let text = std::fs::read_to_string(&history).unwrap();
+    let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    for field in ["history", "client", "op", "key", "call"] {
+        assert!(first.get(field).is_some(), "{field} missing from {first}");
+    }
+    assert!(text.lines().count() > 1000);
+    std::fs::remove_dir_all(&directory).ok();
+}

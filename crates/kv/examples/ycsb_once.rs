@@ -29,6 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         threads: 1,
         duration: Duration::from_secs(1),
         seed: 7,
+        record_history: false,
     };
     let loaded = load(&store, &ycsb)?;
     println!("loaded in {loaded:?}: boundaries {:?}", store.boundaries());

@@ -12,7 +12,9 @@
 use crate::store::{KvError, Session, Status, Store};
 use crate::update::Update;
 use hdrhistogram::Histogram;
+use remora_base::Timestamp;
 use remora_rack::endpoint::thread_cpu_ns;
+use remora_workloads::history::{Event, EventKind};
 use remora_workloads::ycsb::{Generator, Operation, WorkloadError, WorkloadSpec};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -22,6 +24,9 @@ const COMPLETE_EVERY_OPERATIONS: u64 = 16;
 /// Pending operations a thread lets build up before it waits for some:
 /// the device's batch of 100.
 const MAX_PENDING: usize = 100;
+/// Operations a thread records at most: the check's cost grows with the
+/// square of a hot key's operations, so a recorded run stops here.
+pub const MAX_RECORDED_OPERATIONS: u64 = 10_000;
 /// Device room below which a run phase stops early (a few pages).
 const RUN_STOPS_WITH_ROOM_BYTES: u64 = 16 << 20;
 /// One operation in this many is timed for the latency histogram, so
@@ -40,10 +45,12 @@ pub enum YcsbError {
     WrongValue { key: u64, found: u64 },
     #[error("key {0} was loaded but reads as absent")]
     Missing(u64),
-    #[error("values must be at least 8 bytes (they start with their key); {0} given")]
+    #[error("values must be at least 8 bytes (they start with their key), and 16 to record a history (then a write id follows); {0} given")]
     ValueTooShort(usize),
     #[error("a YCSB thread panicked")]
     Panicked,
+    #[error("a history needs every key loaded before the run: YCSB-D's inserts are not recorded")]
+    HistoryWithInserts,
 }
 
 /// A YCSB run's settings.
@@ -55,6 +62,10 @@ pub struct YcsbRun {
     /// How long the run phase lasts.
     pub duration: Duration,
     pub seed: u64,
+    /// Record every operation's invocation and return, for the
+    /// linearizability check (values then carry a unique write id); a
+    /// recorded run stops after [`MAX_RECORDED_OPERATIONS`] per thread.
+    pub record_history: bool,
 }
 
 /// What one run phase measured, summed over its threads.
@@ -70,6 +81,9 @@ pub struct YcsbOutcome {
     /// The run stopped before its duration because the device was
     /// nearly full.
     pub stopped_early: bool,
+    /// Every operation's invocation and return, when recorded, in
+    /// real-time order (nanoseconds since the run began).
+    pub history: Vec<Event>,
     /// CPU time of the application threads (the store's own work and its
     /// device calls; not the NIC emulation or an engine elsewhere).
     pub application_cpu: Duration,
@@ -91,14 +105,31 @@ pub fn key_bytes(key: u64) -> [u8; 8] {
     key.to_le_bytes()
 }
 
-/// A value for `key`: the key, then filler.
-pub fn value_for(key: u64, version: u64, value_bytes: usize, out: &mut Vec<u8>) {
+/// A value for `key`: the key, the write's id (unique in the run; 0 for
+/// the loaded version) if the value has room, then filler.
+pub fn value_for(key: u64, write_id: u64, value_bytes: usize, out: &mut Vec<u8>) {
     out.clear();
     out.extend_from_slice(&key.to_le_bytes());
-    out.resize(value_bytes, (version % 251) as u8);
+    if value_bytes >= 16 {
+        out.extend_from_slice(&write_id.to_le_bytes());
+    }
+    out.resize(value_bytes, (write_id % 251) as u8);
+}
+
+/// The write id a value carries (0 in a value too short for one).
+fn write_id_of(value: &[u8]) -> u64 {
+    value.get(8..16).map_or(0, |bytes| {
+        u64::from_le_bytes(bytes.try_into().expect("8 bytes"))
+    })
 }
 
 fn check_value(key: u64, value: &[u8]) -> Result<(), YcsbError> {
+    if value.len() < 8 {
+        return Err(YcsbError::WrongValue {
+            key,
+            found: u64::MAX,
+        });
+    }
     let found = u64::from_le_bytes(value[..8].try_into().expect("values have 8 bytes"));
     if found != key {
         return Err(YcsbError::WrongValue { key, found });
@@ -108,7 +139,8 @@ fn check_value(key: u64, value: &[u8]) -> Result<(), YcsbError> {
 
 /// Inserts every record of the workload's load phase, split over threads.
 pub fn load(store: &Store, run: &YcsbRun) -> Result<Duration, YcsbError> {
-    if run.value_bytes < 8 {
+    let shortest = if run.record_history { 16 } else { 8 };
+    if run.value_bytes < shortest {
         return Err(YcsbError::ValueTooShort(run.value_bytes));
     }
     // Refused before loading, since the run would refuse it after.
@@ -152,12 +184,16 @@ pub fn run(store: &Store, run: &YcsbRun) -> Result<YcsbOutcome, YcsbError> {
     if run.spec.mix.scan > 0.0 {
         return Err(YcsbError::ScansUnsupported);
     }
+    if run.record_history && run.spec.mix.insert > 0.0 {
+        return Err(YcsbError::HistoryWithInserts);
+    }
+    let clock = Instant::now();
     let started = Instant::now();
     let outcomes = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..run.threads.max(1))
             .map(|thread| {
                 let seed = run.seed.wrapping_add(1 + thread as u64);
-                scope.spawn(move || run_thread(store, run, seed))
+                scope.spawn(move || run_thread(store, run, seed, thread as u64, clock))
             })
             .collect();
         join_all(workers)
@@ -171,11 +207,15 @@ pub fn run(store: &Store, run: &YcsbRun) -> Result<YcsbOutcome, YcsbError> {
             sum.pending += next.pending;
             sum.application_cpu += next.application_cpu;
             sum.stopped_early |= next.stopped_early;
+            sum.history.extend(next.history);
             let _ = sum.latency.add(&next.latency);
             sum
         })
         .expect("at least one thread");
     total.elapsed = elapsed;
+    // Each thread's events are in its own order; a stable sort by time
+    // keeps a thread's invocation before its return at equal times.
+    total.history.sort_by_key(|event| event.at);
     Ok(total)
 }
 
@@ -190,10 +230,21 @@ struct Worker<'a> {
     waiting: HashMap<u64, (u64, Option<Instant>)>,
     latency: Histogram<u64>,
     device_time: Duration,
-    version: u64,
+    /// This thread's writes so far; its ids are `thread << 40 | number`.
+    writes: u64,
+    thread: u64,
+    /// Events when the run records its history, timed from `clock`.
+    history: Option<Vec<Event>>,
+    clock: Instant,
 }
 
-fn run_thread(store: &Store, run: &YcsbRun, seed: u64) -> Result<YcsbOutcome, YcsbError> {
+fn run_thread(
+    store: &Store,
+    run: &YcsbRun,
+    seed: u64,
+    thread: u64,
+    clock: Instant,
+) -> Result<YcsbOutcome, YcsbError> {
     let mut generator = Generator::new(run.spec.clone(), seed)?;
     let mut worker = Worker {
         session: store.session()?,
@@ -203,13 +254,23 @@ fn run_thread(store: &Store, run: &YcsbRun, seed: u64) -> Result<YcsbOutcome, Yc
         waiting: HashMap::new(),
         latency: Histogram::new(3).expect("3 significant figures are valid"),
         device_time: Duration::ZERO,
-        version: 0,
+        writes: 0,
+        thread,
+        history: run.record_history.then(Vec::new),
+        clock,
     };
     let cpu_before = thread_cpu_ns();
     let started = Instant::now();
     let deadline = started + run.duration;
     let mut operations = 0u64;
-    while !operations.is_multiple_of(1024) || (Instant::now() < deadline && has_room(store)) {
+    let limit = if run.record_history {
+        MAX_RECORDED_OPERATIONS
+    } else {
+        u64::MAX
+    };
+    while operations < limit
+        && (!operations.is_multiple_of(1024) || (Instant::now() < deadline && has_room(store)))
+    {
         let operation = generator.next_operation();
         worker.perform(operation, operations)?;
         operations += 1;
@@ -220,7 +281,7 @@ fn run_thread(store: &Store, run: &YcsbRun, seed: u64) -> Result<YcsbOutcome, Yc
             worker.complete(wait)?;
         }
     }
-    let stopped_early = Instant::now() < deadline;
+    let stopped_early = Instant::now() < deadline && !has_room(store);
     worker.complete(true)?;
     let elapsed = started.elapsed();
     worker.session.suspend();
@@ -229,6 +290,7 @@ fn run_thread(store: &Store, run: &YcsbRun, seed: u64) -> Result<YcsbOutcome, Yc
         operations,
         elapsed,
         stopped_early,
+        history: worker.history.take().unwrap_or_default(),
         device_time: worker.device_time + stats.device_time(),
         latency: worker.latency,
         pending: stats.pending,
@@ -246,39 +308,61 @@ impl Worker<'_> {
     fn perform(&mut self, operation: Operation, number: u64) -> Result<(), YcsbError> {
         let sampled = number.is_multiple_of(LATENCY_SAMPLE_EVERY);
         let started = sampled.then(Instant::now);
+        let key = operation_key(operation);
         let status = match operation {
-            Operation::Read { key } => {
-                let status = self.session.read(&key_bytes(key), &mut self.out, number)?;
+            Operation::Read { .. } | Operation::ReadModifyWrite { .. } => {
+                self.record(key, number, EventKind::ReadInvoked);
+                let status = match operation {
+                    // The counter is the key itself, and adding 0 keeps it:
+                    // the value (and its write id) comes back unchanged.
+                    Operation::ReadModifyWrite { .. } => {
+                        let update = Update::AddToCounter(0);
+                        self.session
+                            .rmw(&key_bytes(key), update, &mut self.out, number)?
+                    }
+                    _ => self.session.read(&key_bytes(key), &mut self.out, number)?,
+                };
                 match status {
-                    Status::Found => check_value(key, &self.out)?,
+                    Status::Pending => {}
                     Status::NotFound => return Err(YcsbError::Missing(key)),
-                    _ => {}
+                    _ => {
+                        check_value(key, &self.out)?;
+                        let id = write_id_of(&self.out);
+                        self.record(key, number, EventKind::ReadReturned(id));
+                    }
                 }
                 status
             }
-            Operation::Update { key } | Operation::Insert { key } => {
-                self.version += 1;
-                value_for(key, self.version, self.run.value_bytes, &mut self.value);
-                self.session.upsert(&key_bytes(key), &self.value)?
-            }
-            Operation::ReadModifyWrite { key } => {
-                // The counter sits past the key, so the value still starts with it.
-                self.session.rmw(
-                    &key_bytes(key),
-                    Update::AddToCounter(0),
-                    &mut self.out,
-                    number,
-                )?
+            Operation::Update { .. } | Operation::Insert { .. } => {
+                self.writes += 1;
+                let id = self.thread << 40 | self.writes;
+                value_for(key, id, self.run.value_bytes, &mut self.value);
+                self.record(key, number, EventKind::WriteInvoked(id));
+                let status = self.session.upsert(&key_bytes(key), &self.value)?;
+                self.record(key, number, EventKind::WriteReturned);
+                status
             }
             Operation::Scan { .. } => return Err(YcsbError::ScansUnsupported),
         };
         if status == Status::Pending {
-            self.waiting
-                .insert(number, (operation_key(operation), started));
+            self.waiting.insert(number, (key, started));
         } else if let Some(started) = started {
             let _ = self.latency.record(started.elapsed().as_nanos() as u64);
         }
         Ok(())
+    }
+
+    /// Records an event of operation `number` (each operation is its own
+    /// client: a thread has many in flight, even on one key).
+    fn record(&mut self, key: u64, number: u64, kind: EventKind) {
+        if let Some(history) = &mut self.history {
+            history.push(Event {
+                key,
+                client: (self.thread << 40 | number) as usize,
+                kind,
+                at: Timestamp::from_nanos(self.clock.elapsed().as_nanos() as u64),
+            });
+        }
     }
 
     /// Completes pending operations, checking reads and timing samples.
@@ -286,6 +370,7 @@ impl Worker<'_> {
         let started = Instant::now();
         let mut failure = None;
         let (waiting, latency) = (&mut self.waiting, &mut self.latency);
+        let mut returned = Vec::new();
         self.session.complete_pending(wait, &mut |completion| {
             let Some((key, issued)) = waiting.remove(&completion.context) else {
                 return;
@@ -294,7 +379,9 @@ impl Worker<'_> {
                 let _ = latency.record(issued.elapsed().as_nanos() as u64);
             }
             let outcome = match completion.result {
-                Ok(Status::Found) => check_value(key, completion.value),
+                Ok(Status::Found) => check_value(key, completion.value).map(|()| {
+                    returned.push((key, completion.context, write_id_of(completion.value)));
+                }),
                 Ok(_) => Err(YcsbError::Missing(key)),
                 Err(error) => Err(error.into()),
             };
@@ -303,6 +390,9 @@ impl Worker<'_> {
             }
         })?;
         self.device_time += started.elapsed();
+        for (key, number, id) in returned {
+            self.record(key, number, EventKind::ReadReturned(id));
+        }
         match failure {
             Some(error) => Err(error),
             None => Ok(()),

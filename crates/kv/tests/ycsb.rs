@@ -26,6 +26,7 @@ fn ycsb(preset: &str, threads: usize) -> YcsbRun {
         threads,
         duration: Duration::from_millis(200),
         seed: 1,
+        record_history: false,
     }
 }
 

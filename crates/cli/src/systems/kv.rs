@@ -80,6 +80,7 @@ fn kv_step() -> Result<SystemStep, KvStepError> {
         threads: 2,
         duration: Duration::from_millis(300),
         seed: 3,
+        record_history: false,
     };
     for kind in [DeviceKind::Memory, DeviceKind::CowbirdSpot] {
         let opened = OpenDevice::open(

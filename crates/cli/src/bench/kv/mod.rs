@@ -180,6 +180,7 @@ fn ycsb_run(
         threads,
         duration,
         seed: 7,
+        record_history: false,
     })
 }
 
