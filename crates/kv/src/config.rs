@@ -98,7 +98,7 @@ impl StoreConfig {
         if self.index_buckets == 0 || !self.index_buckets.is_power_of_two() {
             return Err(ConfigError::IndexBuckets(self.index_buckets));
         }
-        if device_bytes < self.memory_bytes() {
+        if crate::log::log_capacity_bytes(device_bytes, self.page_bits) < self.memory_bytes() {
             return Err(ConfigError::DeviceTooSmall {
                 device_bytes,
                 memory_bytes: self.memory_bytes(),

@@ -12,10 +12,12 @@
 //! - [`record`]: the record layout, and [`frames`] the memory it lives in
 //!   (the crate's only unsafe code);
 //! - [`device`]: the `IDevice`-shaped trait and the local devices;
+//! - [`checkpoint`]: fold-over checkpoints on the device, and recovery;
 //! - [`update`]: what an RMW does;
 //! - [`ycsb`]: YCSB's load and run phases on the store.
 
 pub mod address;
+pub mod checkpoint;
 pub mod config;
 pub mod device;
 pub mod epoch;

@@ -43,6 +43,14 @@ pub enum LogError {
     },
 }
 
+/// Device bytes before the log's ring: two checkpoint records.
+pub const CHECKPOINT_AREA_BYTES: u64 = 2 * crate::checkpoint::RECORD_SLOT_BYTES;
+
+/// The log's share of a device: whole pages after the checkpoint area.
+pub fn log_capacity_bytes(device_bytes: u64, page_bits: u32) -> u64 {
+    device_bytes.saturating_sub(CHECKPOINT_AREA_BYTES) >> page_bits << page_bits
+}
+
 /// How many pages and which of them stay mutable.
 #[derive(Debug, Clone, Copy)]
 pub struct LogShape {
@@ -114,8 +122,9 @@ impl HybridLog {
             frames: Frames::new(shape.page_bits, shape.frame_count),
             shape,
             epoch,
-            // The device is a ring of whole pages, so no page wraps.
-            device_capacity_bytes: device.capacity_bytes() >> shape.page_bits << shape.page_bits,
+            // The device keeps the checkpoint records first, then a ring
+            // of whole pages, so no page wraps.
+            device_capacity_bytes: log_capacity_bytes(device.capacity_bytes(), shape.page_bits),
             begin: AtomicU64::new(0),
             head: AtomicU64::new(0),
             safe_head: AtomicU64::new(0),
@@ -183,9 +192,10 @@ impl HybridLog {
         }
     }
 
-    /// Where the device keeps `address`: the device is a ring over the log.
+    /// Where the device keeps `address`: past the checkpoint records, a
+    /// ring over the log.
     pub fn device_offset(&self, address: LogAddress) -> u64 {
-        address.value() % self.device_capacity_bytes
+        CHECKPOINT_AREA_BYTES + address.value() % self.device_capacity_bytes
     }
 
     /// Reserves `bytes` at the tail. `Ok(None)` means the next page's
@@ -232,6 +242,50 @@ impl HybridLog {
         tail.page = next;
         tail.offset = 0;
         Ok(true)
+    }
+
+    /// Ends the tail's page and moves every page before the new tail to
+    /// read-only, so that all of them are flushed: a checkpoint's fold-over.
+    /// `Ok(None)`: the next frame is not free yet; refresh and try again.
+    pub fn seal(self: &Arc<Self>) -> Result<Option<LogAddress>, LogError> {
+        self.check_failure()?;
+        let Ok(mut tail) = self.tail.try_lock() else {
+            return Ok(None);
+        };
+        if tail.offset > 0 && !self.turn_page(&mut tail)? {
+            return Ok(None);
+        }
+        self.shift_read_only(tail.page)?;
+        let boundary = self.page_start(tail.page);
+        self.tail_address.store(boundary.value(), Ordering::SeqCst);
+        Ok(Some(boundary))
+    }
+
+    /// Restarts the log from a checkpoint: everything from `begin` to
+    /// `tail` (a page start) is on the device, nothing is in memory.
+    pub fn restore(&self, begin: LogAddress, tail: LogAddress) {
+        let mut tail_state = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let page = tail.page(self.shape.page_bits);
+        tail_state.page = page;
+        tail_state.offset = tail.offset_in_page(self.shape.page_bits);
+        for boundary in [
+            &self.head,
+            &self.safe_head,
+            &self.head_target,
+            &self.read_only,
+            &self.safe_read_only,
+            &self.flushed_until,
+            &self.tail_address,
+        ] {
+            boundary.store(tail.value(), Ordering::SeqCst);
+        }
+        self.begin.store(begin.value(), Ordering::SeqCst);
+        let mut flushing = self.flushing.lock().unwrap_or_else(|e| e.into_inner());
+        flushing.next_page = page;
+    }
+
+    pub fn page_bits(&self) -> u32 {
+        self.shape.page_bits
     }
 
     /// Marks the rest of the tail's page as empty, for scans.

@@ -15,6 +15,7 @@
 //! read-modify-write is lost.
 
 use crate::address::LogAddress;
+use crate::checkpoint::{newest_record, scan_page, write_now, CheckpointError, CheckpointRecord};
 use crate::config::{ConfigError, StoreConfig};
 use crate::device::{Device, DeviceError, DeviceQueue, Finished};
 use crate::epoch::{Epoch, EpochError, SlotIndex};
@@ -58,6 +59,8 @@ pub enum KvError {
     Corrupt(&'static str),
     #[error("waited {0:?} for the log to free a page: the device stopped completing flushes")]
     Stalled(Duration),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
 }
 
 /// How an operation ended.
@@ -110,6 +113,8 @@ impl SessionStats {
 
 struct Shared {
     config: StoreConfig,
+    /// The last checkpoint's sequence number (0: none yet).
+    checkpoints: std::sync::Mutex<u64>,
     epoch: Arc<Epoch>,
     index: HashIndex,
     log: Arc<HybridLog>,
@@ -135,6 +140,7 @@ impl Store {
         let index = HashIndex::new(config.index_buckets, config.overflow_buckets)?;
         let shared = Shared {
             config,
+            checkpoints: std::sync::Mutex::new(0),
             epoch,
             index,
             log,
@@ -160,6 +166,64 @@ impl Store {
             scratch: Vec::new(),
             stats: SessionStats::default(),
         })
+    }
+
+    /// Opens a store on a device that holds a checkpoint: the log from
+    /// the checkpoint's begin to its tail, and an index rebuilt by
+    /// scanning it. Returns the store and the checkpoint recovered.
+    pub fn recover(
+        config: StoreConfig,
+        device: Arc<dyn Device>,
+    ) -> Result<(Store, CheckpointRecord), KvError> {
+        let store = Store::new(config, device)?;
+        let shared = &store.shared;
+        let mut queue = shared.device.open_queue()?;
+        let record = newest_record(queue.as_mut())?;
+        let page_bits = shared.config.page_bits;
+        if record.page_bits != page_bits {
+            let found = record.page_bits;
+            return Err(CheckpointError::PageSize {
+                found,
+                configured: page_bits,
+            }
+            .into());
+        }
+        shared.log.restore(record.begin, record.tail);
+        *shared.checkpoints.lock().unwrap_or_else(|e| e.into_inner()) = record.sequence;
+        store.rebuild_index(queue.as_mut(), record)?;
+        Ok((store, record))
+    }
+
+    /// Points each index entry at its newest record in the log.
+    fn rebuild_index(
+        &self,
+        queue: &mut dyn DeviceQueue,
+        record: CheckpointRecord,
+    ) -> Result<(), KvError> {
+        let page_bits = record.page_bits;
+        let mut bytes = Vec::new();
+        let first = record.begin.page(page_bits);
+        for page in first..record.tail.page(page_bits) {
+            let start = LogAddress::page_start(page, page_bits);
+            let offset = self.shared.log.device_offset(start);
+            crate::checkpoint::read_now(queue, offset, 1 << page_bits, &mut bytes)?;
+            let mut failure = None;
+            scan_page(start, &bytes, |address, key| {
+                if failure.is_some() || address < record.begin {
+                    return;
+                }
+                match self.shared.index.find_or_create(hash_key(key)) {
+                    // Pages are scanned in address order: the last record
+                    // seen for an entry is its newest.
+                    Ok(mut slot) => while !slot.swap_address(address) {},
+                    Err(error) => failure = Some(error),
+                }
+            })?;
+            if let Some(error) = failure {
+                return Err(error.into());
+            }
+        }
+        Ok(())
     }
 
     pub fn config(&self) -> &StoreConfig {
@@ -282,6 +346,51 @@ impl Session {
         self.pending.len() - self.free_tokens.len()
     }
 
+    /// Takes a checkpoint: every write acknowledged before the call is on
+    /// the device when it returns, with a record that [`Store::recover`]
+    /// finds. Other sessions keep working meanwhile.
+    pub fn checkpoint(&mut self) -> Result<CheckpointRecord, KvError> {
+        if self.pending_count() > 0 {
+            return Err(CheckpointError::PendingOperations(self.pending_count()).into());
+        }
+        self.enter_for_completion()?;
+        let tail = loop {
+            if let Some(tail) = self.shared.log.seal()? {
+                break tail;
+            }
+            self.wait_a_little()?;
+        };
+        while self.shared.log.flushed_until() < tail {
+            self.wait_a_little()?;
+        }
+        let mut sequence = self
+            .shared
+            .checkpoints
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let record = CheckpointRecord {
+            sequence: *sequence + 1,
+            page_bits: self.shared.config.page_bits,
+            begin: self.shared.log.begin(),
+            tail,
+        };
+        write_now(self.queue.as_mut(), record.slot_offset(), &record.encode())?;
+        *sequence = record.sequence;
+        self.waiting_since = None;
+        Ok(record)
+    }
+
+    /// Refreshes and yields while the log moves; errs if it stalls.
+    fn wait_a_little(&mut self) -> Result<(), KvError> {
+        let started = *self.waiting_since.get_or_insert_with(Instant::now);
+        if started.elapsed() > MAX_WAIT {
+            return Err(KvError::Stalled(MAX_WAIT));
+        }
+        self.refresh()?;
+        std::thread::yield_now();
+        Ok(())
+    }
+
     /// Leaves epoch protection while idle, so that an idle session never
     /// holds up the log. The next operation re-enters.
     pub fn suspend(&mut self) {
@@ -332,12 +441,7 @@ impl Session {
             self.waiting_since = None;
             return Ok(Some(address));
         }
-        let started = *self.waiting_since.get_or_insert_with(Instant::now);
-        if started.elapsed() > MAX_WAIT {
-            return Err(KvError::Stalled(MAX_WAIT));
-        }
-        self.refresh()?;
-        std::thread::yield_now();
+        self.wait_a_little()?;
         Ok(None)
     }
 }

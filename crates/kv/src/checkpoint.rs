@@ -1,0 +1,210 @@
+//! Checkpoints on the device, and recovery from them.
+//!
+//! Far memory outlives the compute host, so the log on the device is the
+//! store's durable state. A checkpoint is FASTER's fold-over: the tail's
+//! page is ended, every page before it becomes read-only and is flushed,
+//! and a checkpoint record naming the log's begin and tail is written to
+//! one of two slots at the device's start (alternating, so that a crash
+//! while writing one leaves the other whole). Recovery reads the newer
+//! valid record and rebuilds the hash index by scanning the log from
+//! begin to tail: each record's previous-address already chains the
+//! older records of its bucket entry, so the index needs only each
+//! entry's newest record. Writes acknowledged before the checkpoint began
+//! are in it; later ones are not.
+
+use crate::address::{LogAddress, FIRST_ADDRESS};
+use crate::device::{DeviceError, DeviceQueue};
+use crate::record::{parse_stored, record_bytes, Header, Parsed, KEY_OFFSET_BYTES};
+
+/// One checkpoint record's slot: one direct-I/O block.
+pub const RECORD_SLOT_BYTES: u64 = 4096;
+const MAGIC: &[u8; 8] = b"RMKVCKPT";
+const FORMAT_VERSION: u32 = 1;
+/// Magic, version, page bits, sequence, begin, tail, then a CRC-32.
+const RECORD_BYTES: usize = 8 + 4 + 4 + 8 + 8 + 8 + 4;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("the device holds no valid checkpoint record")]
+    NoCheckpoint,
+    #[error("the checkpoint was taken with pages of 2^{found} bytes; the store is configured for 2^{configured}")]
+    PageSize { found: u32, configured: u32 },
+    #[error("a record at {address} does not parse: {reason}")]
+    CorruptLog {
+        address: LogAddress,
+        reason: &'static str,
+    },
+    #[error("the session has {0} operations pending: complete them before a checkpoint")]
+    PendingOperations(usize),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+/// What a checkpoint record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointRecord {
+    pub sequence: u64,
+    pub page_bits: u32,
+    pub begin: LogAddress,
+    pub tail: LogAddress,
+}
+
+impl CheckpointRecord {
+    /// The slot's bytes: the record, a CRC-32 over it, zeros to the end.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(RECORD_SLOT_BYTES as usize);
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        bytes.extend_from_slice(&self.page_bits.to_le_bytes());
+        bytes.extend_from_slice(&self.sequence.to_le_bytes());
+        bytes.extend_from_slice(&self.begin.value().to_le_bytes());
+        bytes.extend_from_slice(&self.tail.value().to_le_bytes());
+        let crc = crc32fast::hash(&bytes);
+        bytes.extend_from_slice(&crc.to_le_bytes());
+        bytes.resize(RECORD_SLOT_BYTES as usize, 0);
+        bytes
+    }
+
+    /// A slot's record, or `None` for a slot never written or torn.
+    pub fn decode(bytes: &[u8]) -> Option<CheckpointRecord> {
+        let bytes = bytes.get(..RECORD_BYTES)?;
+        let (body, crc) = bytes.split_at(RECORD_BYTES - 4);
+        if &body[..8] != MAGIC || crc32fast::hash(body).to_le_bytes() != crc {
+            return None;
+        }
+        let word = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
+        let half = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().expect("4 bytes"));
+        if half(8) != FORMAT_VERSION {
+            return None;
+        }
+        Some(CheckpointRecord {
+            page_bits: half(12),
+            sequence: word(16),
+            begin: LogAddress::new(word(24)),
+            tail: LogAddress::new(word(32)),
+        })
+    }
+
+    /// The slot this record goes to.
+    pub fn slot_offset(&self) -> u64 {
+        (self.sequence % 2) * RECORD_SLOT_BYTES
+    }
+}
+
+/// Reads `length` bytes at `offset` through `queue`, waiting for them.
+pub fn read_now(
+    queue: &mut dyn DeviceQueue,
+    offset: u64,
+    length: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), DeviceError> {
+    const TOKEN: u64 = u64::MAX;
+    queue.read(offset, length, TOKEN)?;
+    let mut arrived = false;
+    while !arrived {
+        queue.poll(&mut |token, bytes| {
+            if token == TOKEN {
+                out.clear();
+                out.extend_from_slice(bytes.unwrap_or(&[]));
+                arrived = true;
+            }
+        })?;
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
+/// Writes `data` at `offset` through `queue`, waiting for completion.
+pub fn write_now(queue: &mut dyn DeviceQueue, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+    const TOKEN: u64 = u64::MAX - 1;
+    queue.write(offset, data, TOKEN)?;
+    let mut done = false;
+    while !done {
+        queue.poll(&mut |token, _| done |= token == TOKEN)?;
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
+/// The newest valid checkpoint record on the device.
+pub fn newest_record(queue: &mut dyn DeviceQueue) -> Result<CheckpointRecord, CheckpointError> {
+    let mut bytes = Vec::new();
+    let mut newest: Option<CheckpointRecord> = None;
+    for slot in 0..2 {
+        read_now(
+            queue,
+            slot * RECORD_SLOT_BYTES,
+            RECORD_SLOT_BYTES as usize,
+            &mut bytes,
+        )?;
+        if let Some(record) = CheckpointRecord::decode(&bytes) {
+            if newest.is_none_or(|newest| record.sequence > newest.sequence) {
+                newest = Some(record);
+            }
+        }
+    }
+    newest.ok_or(CheckpointError::NoCheckpoint)
+}
+
+/// Calls `each(address, key)` for every live record of one page's bytes
+/// (`page_start` is the page's first address), in address order.
+pub fn scan_page(
+    page_start: LogAddress,
+    page: &[u8],
+    mut each: impl FnMut(LogAddress, &[u8]),
+) -> Result<(), CheckpointError> {
+    let mut offset = if page_start.is_none() {
+        FIRST_ADDRESS.value() as usize
+    } else {
+        0
+    };
+    while offset + KEY_OFFSET_BYTES as usize <= page.len() {
+        let address = page_start.plus(offset as u64);
+        let header = u64::from_le_bytes(page[offset..offset + 8].try_into().expect("8 bytes"));
+        if Header(header).is_page_end() {
+            return Ok(());
+        }
+        let record = match parse_stored(&page[offset..]) {
+            Parsed::Whole(record) => record,
+            Parsed::Corrupt(reason) => return Err(CheckpointError::CorruptLog { address, reason }),
+            Parsed::Needs(_) => {
+                let reason = "a record crosses its page's end";
+                return Err(CheckpointError::CorruptLog { address, reason });
+            }
+        };
+        if !record.header.is_invalid() {
+            each(address, record.key);
+        }
+        let capacity = stored_capacity(&page[offset..]);
+        offset += record_bytes(record.key.len(), capacity) as usize;
+    }
+    Ok(())
+}
+
+/// A stored record's value capacity (its size word's high half).
+fn stored_capacity(bytes: &[u8]) -> usize {
+    let word = u64::from_le_bytes(bytes[8..16].try_into().expect("parsed records have sizes"));
+    (word >> 32) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_round_trips_and_a_torn_one_is_refused() {
+        let record = CheckpointRecord {
+            sequence: 7,
+            page_bits: 16,
+            begin: LogAddress::new(0),
+            tail: LogAddress::new(5 << 16),
+        };
+        let mut bytes = record.encode();
+        assert_eq!(bytes.len(), RECORD_SLOT_BYTES as usize);
+        assert_eq!(CheckpointRecord::decode(&bytes), Some(record));
+        assert_eq!(record.slot_offset(), RECORD_SLOT_BYTES);
+        bytes[30] ^= 1;
+        assert_eq!(CheckpointRecord::decode(&bytes), None);
+        assert_eq!(CheckpointRecord::decode(&[0; 64]), None);
+    }
+}

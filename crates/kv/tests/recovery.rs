@@ -1,0 +1,187 @@
+//! Checkpoints and recovery after the compute side loses its memory (the
+//! store is dropped without a word to the device; the device, like far
+//! memory, outlives it): every write acknowledged before a checkpoint
+//! comes back, on every kind of device.
+
+mod common;
+
+use common::*;
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use remora_kv::checkpoint::CheckpointError;
+use remora_kv::device::{DeviceKind, FileSettings, OpenDevice};
+use remora_kv::*;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+type Model = HashMap<Vec<u8>, Vec<u8>>;
+
+/// Applies `ops` to the store and the model; at every `checkpoint_every`
+/// operations takes a checkpoint and keeps the model as it was then.
+fn apply(session: &mut Session, model: &mut Model, ops: &[Op], checkpoint_every: usize) -> Model {
+    let mut at_checkpoint = model.clone();
+    for (step, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Upsert(k, length) => {
+                let value = value_of(k, length, step);
+                session.upsert(&key_of(k), &value).unwrap();
+                model.insert(key_of(k), value);
+            }
+            Op::Read(k) => assert_eq!(
+                read_now(session, &key_of(k)),
+                model.get(&key_of(k)).cloned()
+            ),
+            Op::Delete(k) => {
+                session.delete(&key_of(k)).unwrap();
+                model.remove(&key_of(k));
+            }
+            Op::Increment(k) => {
+                let value = rmw_now(session, &key_of(k), Update::AddToCounter(1)).unwrap();
+                model.insert(key_of(k), value);
+            }
+        }
+        if step % checkpoint_every == checkpoint_every - 1 {
+            session.checkpoint().unwrap();
+            at_checkpoint = model.clone();
+        }
+    }
+    at_checkpoint
+}
+
+fn check_recovered(store: &Store, model: &Model) {
+    let mut session = store.session().unwrap();
+    for number in 0..=255u8 {
+        let key = key_of(number);
+        assert_eq!(
+            read_now(&mut session, &key),
+            model.get(&key).cloned(),
+            "key {number}"
+        );
+    }
+}
+
+fn ops(count: usize, seed: u64) -> Vec<Op> {
+    let config = proptest::test_runner::Config::default();
+    let rng = proptest::test_runner::TestRng::from_seed(
+        proptest::test_runner::RngAlgorithm::ChaCha,
+        &[seed as u8; 32],
+    );
+    let mut runner = proptest::test_runner::TestRunner::new_with_rng(config, rng);
+    prop::collection::vec(op(), count)
+        .new_tree(&mut runner)
+        .unwrap()
+        .current()
+}
+
+/// Two generations: write, checkpoint, write more, crash, recover, check;
+/// then the same again on the recovered store.
+fn crash_and_recover_twice(device: Arc<dyn Device>) {
+    let mut model = Model::new();
+    let mut at_checkpoint = Model::new();
+    let mut store = Store::new(small_config(), device.clone()).unwrap();
+    for generation in 0..2u64 {
+        {
+            let mut session = store.session().unwrap();
+            at_checkpoint = apply(&mut session, &mut model, &ops(700, generation), 300);
+        }
+        drop(store);
+        let (recovered, record) = Store::recover(small_config(), device.clone()).unwrap();
+        assert_eq!(record.sequence, 2 * (generation + 1));
+        check_recovered(&recovered, &at_checkpoint);
+        model = at_checkpoint.clone();
+        store = recovered;
+    }
+    let _ = at_checkpoint;
+}
+
+#[test]
+fn the_memory_device_recovers_every_checkpointed_write() {
+    crash_and_recover_twice(Arc::new(MemoryDevice::new(16 << 20)));
+}
+
+#[test]
+fn the_file_device_recovers_every_checkpointed_write() {
+    let opened = OpenDevice::open(DeviceKind::File, 16 << 20, 6, &FileSettings::default()).unwrap();
+    crash_and_recover_twice(opened.device.clone());
+}
+
+#[test]
+fn far_memory_behind_cowbird_recovers_every_checkpointed_write() {
+    let opened = OpenDevice::open(
+        DeviceKind::CowbirdSpot,
+        16 << 20,
+        6,
+        &FileSettings::default(),
+    )
+    .unwrap();
+    crash_and_recover_twice(opened.device.clone());
+    opened.stop().unwrap();
+}
+
+#[test]
+fn a_device_without_a_checkpoint_says_so() {
+    let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(16 << 20));
+    let error = Store::recover(small_config(), device).err().unwrap();
+    assert!(
+        matches!(error, KvError::Checkpoint(CheckpointError::NoCheckpoint)),
+        "{error}"
+    );
+}
+
+/// Writers keep incrementing while a checkpoint is taken: each counter
+/// comes back at least at what was acknowledged before the checkpoint
+/// began, and at most one past what was acknowledged when it ended.
+#[test]
+fn a_checkpoint_taken_under_concurrent_writes_holds_what_was_acknowledged() {
+    const KEYS: u64 = 64;
+    let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(64 << 20));
+    let store = Store::new(small_config(), device.clone()).unwrap();
+    let acknowledged: Arc<Vec<AtomicU64>> =
+        Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..2u64)
+        .map(|thread| {
+            let (store, acknowledged, stop) = (store.clone(), acknowledged.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut session = store.session().unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    for key in (thread..KEYS).step_by(2) {
+                        let value =
+                            rmw_now(&mut session, &key.to_le_bytes(), Update::AddToCounter(1))
+                                .unwrap();
+                        let count = u64::from_le_bytes(value[..8].try_into().unwrap());
+                        acknowledged[key as usize].store(count, Ordering::SeqCst);
+                    }
+                    session
+                        .upsert(&(1000 + thread).to_le_bytes(), &[7; 900])
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let snapshot = |counts: &Vec<AtomicU64>| -> Vec<u64> {
+        counts.iter().map(|c| c.load(Ordering::SeqCst)).collect()
+    };
+    let before = snapshot(&acknowledged);
+    store.session().unwrap().checkpoint().unwrap();
+    let after = snapshot(&acknowledged);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    stop.store(true, Ordering::Relaxed);
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    drop(store);
+    let (recovered, _) = Store::recover(small_config(), device).unwrap();
+    let mut session = recovered.session().unwrap();
+    for key in 0..KEYS {
+        let value = read_now(&mut session, &key.to_le_bytes()).expect("every counter was written");
+        let count = u64::from_le_bytes(value[..8].try_into().unwrap());
+        let (low, high) = (before[key as usize], after[key as usize] + 1);
+        assert!(
+            low <= count && count <= high,
+            "key {key}: {count} outside [{low}, {high}]"
+        );
+    }
+}
