@@ -1,10 +1,11 @@
 //! `remora kv`: the far-memory KV store as a Redis-compatible server, and
 //! one YCSB run on a device of your choice.
 
-use remora_kv::device::{DeviceKind, FileSettings, OpenDevice};
+use remora_kv::device::{DeviceKind, FarMemoryDevice, FileSettings, OpenDevice};
 use remora_kv::resp::{serve, ServeError, ServerLimits};
 use remora_kv::ycsb::{self, YcsbError, YcsbRun};
 use remora_kv::{ConfigError, DeviceError, KvError, Store, StoreConfig};
+use remora_rack::{RackConfig, Role};
 use remora_workloads::ycsb::{WorkloadError, WorkloadSpec};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -42,6 +43,26 @@ pub struct StoreArgs {
     /// Directory of the file device's file (a disk, not tmpfs: O_DIRECT).
     #[arg(long, default_value = "/var/tmp")]
     pub file_directory: PathBuf,
+    /// Join this rack file's rack as a node and use a memory node's
+    /// region as the device (one-sided RDMA), instead of `--device`. The
+    /// switch and the memory node run as processes of their own
+    /// (`remora rack switch`, `remora node --udp`), so the far memory
+    /// outlives this process.
+    #[arg(long)]
+    pub rack: Option<PathBuf>,
+    /// The rack's node this process is (default: its first compute node).
+    #[arg(long, requires = "rack")]
+    pub node: Option<String>,
+    /// The memory node whose region is the device (default: the first).
+    #[arg(long, requires = "rack")]
+    pub memory_node: Option<String>,
+    /// Where memory nodes without a `control` address keep their sockets.
+    #[arg(long, default_value = "/tmp", requires = "rack")]
+    pub run_dir: PathBuf,
+    /// Start from the device's last checkpoint (taken by SAVE, or by
+    /// `Session::checkpoint`) instead of an empty store.
+    #[arg(long)]
+    pub recover: bool,
 }
 
 fn parse_device(name: &str) -> Result<DeviceKind, String> {
@@ -114,6 +135,10 @@ pub enum KvCliError {
     Serve(#[from] ServeError),
     #[error("{0} seconds is not a run length")]
     Seconds(f64),
+    #[error("{0}: the rack needs a compute node (this process) and a memory node (the device)")]
+    RackNodes(PathBuf),
+    #[error(transparent)]
+    Rack(#[from] remora_rack::RackError),
     #[error(transparent)]
     Output(#[from] crate::output::OutputError),
     #[error(transparent)]
@@ -168,18 +193,42 @@ fn store_config(path: Option<&Path>) -> Result<StoreConfig, KvCliError> {
 }
 
 fn open_store(args: &StoreArgs, config: StoreConfig) -> Result<(Store, OpenDevice), KvCliError> {
-    let file = FileSettings {
-        directory: args.file_directory.clone(),
-        ..FileSettings::default()
+    let queues = config.sessions + 1;
+    let opened = match &args.rack {
+        Some(path) => open_on_rack(args, path, queues)?,
+        None => {
+            let file = FileSettings {
+                directory: args.file_directory.clone(),
+                ..FileSettings::default()
+            };
+            OpenDevice::open(args.device, args.device_mib << 20, queues, &file)?
+        }
     };
-    let opened = OpenDevice::open(
-        args.device,
-        args.device_mib << 20,
-        config.sessions + 1,
-        &file,
-    )?;
-    let store = Store::new(config, opened.device.clone())?;
+    let store = if args.recover {
+        let (store, record) = Store::recover(config, opened.device.clone())?;
+        println!(
+            "recovered checkpoint {} (log {}..{})",
+            record.sequence, record.begin, record.tail
+        );
+        store
+    } else {
+        Store::new(config, opened.device.clone())?
+    };
     Ok((store, opened))
+}
+
+/// The device on a rack file's memory node, this process its node.
+fn open_on_rack(args: &StoreArgs, path: &Path, queues: usize) -> Result<OpenDevice, KvCliError> {
+    let rack = RackConfig::load(path)?;
+    let first = |role| rack.first_node(role).map(|node| node.name.clone());
+    let node = args.node.clone().or_else(|| first(Role::Compute));
+    let memory = args.memory_node.clone().or_else(|| first(Role::Memory));
+    let (Some(node), Some(memory)) = (node, memory) else {
+        return Err(KvCliError::RackNodes(path.to_owned()));
+    };
+    let stop = AtomicBool::new(false);
+    let device = FarMemoryDevice::on_rack(&rack, &node, &memory, &args.run_dir, queues, &stop)?;
+    Ok(OpenDevice::far_memory(Arc::new(device)))
 }
 
 pub fn run(command: KvCommand) -> Result<ExitCode, KvCliError> {
@@ -202,7 +251,7 @@ fn run_serve(args: &ServeArgs) -> Result<ExitCode, KvCliError> {
     })?;
     println!(
         "remora kv: serving RESP on {address} over the {} device (Ctrl-C stops)",
-        args.store.device.name()
+        opened.device.name()
     );
     let stop = Arc::new(AtomicBool::new(false));
     let handler = stop.clone();

@@ -216,6 +216,36 @@ pub fn request(
     read_message(stream.as_mut())
 }
 
+/// Asks the memory node at `address` to connect a queue pair made from
+/// `builder` on this node's NIC, completes the handshake and wakes the
+/// fabric: the connected queue pair and the region the node offers.
+pub fn connect_queue_pair(
+    endpoint: &Shared<NodeEndpoint>,
+    kicker: &DriverKicker,
+    client: &str,
+    builder: &QueuePairBuilder,
+    address: &ControlAddress,
+    stop: &AtomicBool,
+) -> Result<(QueuePair, RegionMessage), RackError> {
+    const CONTROL_TIMEOUT: Duration = Duration::from_secs(20);
+    let prepared = lock(endpoint).rnic.create_queue_pair(builder)?;
+    let message = Request::Connect {
+        client: client.to_string(),
+        endpoint: prepared.endpoint.into(),
+    };
+    let (remote, region) = match request(address, &message, CONTROL_TIMEOUT, stop)? {
+        Reply::Connected { endpoint, region } => (endpoint, region),
+        Reply::Refused { reason } => {
+            return Err(RackError::Control(format!("{address} refused: {reason}")))
+        }
+    };
+    let queue_pair = lock(endpoint)
+        .rnic
+        .handshake(prepared, remote.try_into()?)?;
+    kicker.kick();
+    Ok((queue_pair, region))
+}
+
 /// What a memory node offers: one region every client may read, write and
 /// use atomics on, and a pool of receive buffers for SENDs.
 #[derive(Debug, Clone, Copy)]

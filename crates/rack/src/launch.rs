@@ -136,7 +136,7 @@ fn switch_port(
 }
 
 /// A node's end of its link, and its endpoint (one process per node).
-fn node_endpoint(
+pub(crate) fn node_endpoint(
     rack: &RackConfig,
     node: &NodeConfig,
     port: impl Port + 'static,

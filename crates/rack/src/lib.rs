@@ -26,6 +26,7 @@
 //!   network namespaces (veths and AF_PACKET).
 
 pub mod assembly;
+pub mod attach;
 pub mod channel;
 pub mod config;
 pub mod control;

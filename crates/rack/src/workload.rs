@@ -5,7 +5,7 @@
 //! anywhere between the two RNICs (carriers, switch) fails the run.
 
 use crate::config::NodeConfig;
-use crate::control::{self, ControlAddress, Reply, Request};
+use crate::control::{self, ControlAddress};
 use crate::endpoint::{lock, rack_queue_pair, DriverKicker, NodeEndpoint, Shared};
 use crate::report::WorkloadReport;
 use crate::RackError;
@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 /// How long one operation may take before the run fails.
 const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
-const CONTROL_TIMEOUT: Duration = Duration::from_secs(20);
 /// Bytes of each memory node's region reserved per compute node for its
 /// atomics counter, after its data window.
 const COUNTER_BYTES: u64 = 8;
@@ -133,25 +132,8 @@ fn connect(
     placement: &Placement,
     stop: &AtomicBool,
 ) -> Result<Connection, RackError> {
-    let prepared = lock(endpoint).rnic.create_queue_pair(builder)?;
-    let request = Request::Connect {
-        client: node.name.clone(),
-        endpoint: prepared.endpoint.into(),
-    };
-    let (remote, region) = match control::request(&target.control, &request, CONTROL_TIMEOUT, stop)?
-    {
-        Reply::Connected { endpoint, region } => (endpoint, region),
-        Reply::Refused { reason } => {
-            return Err(RackError::Control(format!(
-                "{} refused: {reason}",
-                target.name
-            )))
-        }
-    };
-    let queue_pair = lock(endpoint)
-        .rnic
-        .handshake(prepared, remote.try_into()?)?;
-    kicker.kick();
+    let (queue_pair, region) =
+        control::connect_queue_pair(endpoint, kicker, &node.name, builder, &target.control, stop)?;
     // Eight-byte aligned, so every compute node's atomics counter is too.
     let share = (region.length_bytes / placement.compute_count) & !7;
     let window = (share.saturating_sub(COUNTER_BYTES) & !7).min(1 << 20);

@@ -121,6 +121,15 @@ impl OpenDevice {
         })
     }
 
+    /// A far-memory device opened elsewhere (on a rack file's node).
+    pub fn far_memory(device: Arc<FarMemoryDevice>) -> OpenDevice {
+        OpenDevice {
+            device: device.clone(),
+            far_memory: Some(device),
+            _directory: None,
+        }
+    }
+
     /// Stops a far-memory device's rack: the fabric thread's CPU (NIC
     /// emulation and switch, engine included) and the engine's share.
     pub fn stop(&self) -> Result<Option<(Duration, Duration)>, DeviceError> {

@@ -23,9 +23,13 @@ use remora_cowbird::deploy::{CowbirdSpec, Direct, DirectSpec};
 use remora_cowbird::far_memory::{FarMemoryRack, Offload};
 use remora_cowbird::layout::{RequestId, RingSizes, MAX_REQUEST_BYTES};
 use remora_cowbird::spot::SpotConfig;
+use remora_rack::attach::AttachedNode;
 use remora_rack::endpoint::{AppQueues, DriverKicker, RACK_ACK_TIMEOUT};
-use remora_rnic::{CompletionStatus, DataPath, MemoryRegion, SendOperation, SendRequest};
+use remora_rack::RackConfig;
+use remora_rnic::{CompletionStatus, DataPath, RemoteAddress, SendOperation, SendRequest};
+use remora_wire::{Rkey, VirtAddr};
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -74,14 +78,40 @@ enum Path {
     Cowbird(Box<Client>),
 }
 
-/// A far-memory device on its own embedded rack.
+/// The memory node's region, as the compute side addresses it.
+#[derive(Debug, Clone, Copy)]
+struct RemotePool {
+    address: u64,
+    rkey: Rkey,
+}
+
+impl RemotePool {
+    fn remote(&self, offset: u64) -> RemoteAddress {
+        RemoteAddress {
+            address: VirtAddr(self.address + offset),
+            rkey: self.rkey,
+        }
+    }
+}
+
+/// What the device's paths run on.
+enum Backing {
+    /// An embedded rack of the device's own (this process).
+    Embedded(FarMemoryRack),
+    /// This process as a node of a rack whose switch and memory node are
+    /// processes of their own.
+    Attached(AttachedNode),
+}
+
+/// A far-memory device: a pool on a memory node, a path to it per queue.
 pub struct FarMemoryDevice {
+    name: &'static str,
     path: FarMemoryPath,
     capacity_bytes: u64,
-    pool: MemoryRegion,
+    pool: RemotePool,
     kicker: DriverKicker,
     paths: Arc<Mutex<Vec<Path>>>,
-    rack: Mutex<Option<FarMemoryRack>>,
+    backing: Mutex<Option<Backing>>,
 }
 
 impl FarMemoryDevice {
@@ -123,41 +153,102 @@ impl FarMemoryDevice {
                 .collect()
         };
         Ok(FarMemoryDevice {
+            name: path.name(),
             path,
             capacity_bytes,
-            pool: rack.pool,
+            pool: RemotePool {
+                address: rack.pool.address.0,
+                rkey: rack.pool.rkey,
+            },
             kicker: rack.kicker(),
             paths: Arc::new(Mutex::new(paths)),
-            rack: Mutex::new(Some(rack)),
+            backing: Mutex::new(Some(Backing::Embedded(rack))),
+        })
+    }
+
+    /// Joins `rack` as its node `node` and takes memory node `memory`'s
+    /// region as the device (one-sided, asynchronous): the region outlives
+    /// this process, so a store here can be recovered by the next.
+    /// `queues` queue pairs are connected (sessions plus one for flushes).
+    pub fn on_rack(
+        rack: &RackConfig,
+        node: &str,
+        memory: &str,
+        run_directory: &std::path::Path,
+        queues: usize,
+        stop: &AtomicBool,
+    ) -> Result<FarMemoryDevice, DeviceError> {
+        let attached = AttachedNode::attach(rack, node).map_err(far_error)?;
+        let mut paths = Vec::with_capacity(queues);
+        let mut region = None;
+        for _ in 0..queues {
+            let remote = attached
+                .connect(
+                    rack,
+                    memory,
+                    run_directory,
+                    WINDOW,
+                    WINDOW * SLOT_BYTES,
+                    stop,
+                )
+                .map_err(far_error)?;
+            region = Some(remote.region);
+            let direct = Direct {
+                queue_pair: remote.queue_pair,
+                completion_queue: remote.completion_queue,
+                landing: remote.landing,
+                landing_region: remote.landing_region,
+            };
+            paths.push(Path::Verbs(Box::new((direct, remote.queues))));
+        }
+        let region = region.ok_or_else(|| far_error("a device needs at least one queue"))?;
+        Ok(FarMemoryDevice {
+            name: "rack-one-sided-async",
+            path: FarMemoryPath::OneSidedAsync,
+            capacity_bytes: region.length_bytes,
+            pool: RemotePool {
+                address: region.address,
+                rkey: Rkey(region.rkey),
+            },
+            kicker: attached.kicker(),
+            paths: Arc::new(Mutex::new(paths)),
+            backing: Mutex::new(Some(Backing::Attached(attached))),
         })
     }
 
     /// Stops the rack and returns the fabric thread's CPU time (NIC
     /// emulation, switch, and the Spot engine when it runs there).
     pub fn stop(&self) -> Result<Duration, DeviceError> {
-        let rack = self.rack.lock().unwrap_or_else(|e| e.into_inner()).take();
-        match rack {
-            Some(mut rack) => rack.rack.stop_and_join().map_err(far_error),
+        let backing = self
+            .backing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        match backing {
+            Some(Backing::Embedded(mut rack)) => rack.rack.stop_and_join().map_err(far_error),
+            Some(Backing::Attached(mut node)) => node.stop().map_err(far_error),
             None => Ok(Duration::ZERO),
         }
     }
 
     /// The memory node's engine's busy time so far (Spot), if it has one.
     pub fn engine_busy(&self) -> Duration {
-        let rack = self.rack.lock().unwrap_or_else(|e| e.into_inner());
-        let nanos = rack.as_ref().map_or(0, |rack| {
-            rack.engine_busy
+        let backing = self.backing.lock().unwrap_or_else(|e| e.into_inner());
+        let nanos = match backing.as_ref() {
+            Some(Backing::Embedded(rack)) => rack
+                .engine_busy
                 .iter()
                 .map(|busy| busy.load(std::sync::atomic::Ordering::Relaxed))
-                .sum()
-        });
+                .sum(),
+            _ => 0,
+        };
         Duration::from_nanos(nanos)
     }
 }
 
 impl Device for FarMemoryDevice {
     fn name(&self) -> &str {
-        self.path.name()
+        self.name
     }
 
     fn capacity_bytes(&self) -> u64 {
@@ -201,7 +292,7 @@ enum SlotUse {
 struct VerbsQueue {
     direct: Option<Box<(Direct, AppQueues)>>,
     returns: Arc<Mutex<Vec<Path>>>,
-    pool: MemoryRegion,
+    pool: RemotePool,
     kicker: DriverKicker,
     capacity_bytes: u64,
     synchronous: bool,
@@ -218,7 +309,7 @@ impl VerbsQueue {
     fn new(
         direct: Box<(Direct, AppQueues)>,
         returns: Arc<Mutex<Vec<Path>>>,
-        pool: MemoryRegion,
+        pool: RemotePool,
         kicker: DriverKicker,
         capacity_bytes: u64,
         synchronous: bool,

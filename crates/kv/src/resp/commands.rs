@@ -121,6 +121,7 @@ const COMMANDS: &[(&str, Handler)] = &[
     ("mget", Executor::multiple_get),
     ("mset", Executor::multiple_set),
     ("ping", Executor::ping),
+    ("save", Executor::save),
     ("info", Executor::info),
     ("command", Executor::command),
     ("config", Executor::config),
@@ -366,6 +367,15 @@ impl Executor {
                 self.session.upsert(key, value)?;
             }
         }
+        encode_simple(reply, "OK");
+        Ok(())
+    }
+
+    /// Redis's SAVE: a checkpoint on the device, answered once every write
+    /// acknowledged before it is there (see `Session::checkpoint`).
+    fn save(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
+        let [] = call.exactly()?;
+        self.session.checkpoint()?;
         encode_simple(reply, "OK");
         Ok(())
     }
