@@ -26,7 +26,7 @@ fn the_demo_checks_every_operation() {
     }
     assert!(stdout.contains("all 9 operations checked"));
     assert!(
-        stdout.contains("Clover, Cowbird, SODA, Bifröst and TIGA passed"),
+        stdout.contains("Clover, Cowbird, SODA, Bifröst, TIGA and the far-memory KV store passed"),
         "{stdout}"
     );
     // TIGA's NDP path on the rack, every result equal to the CN version's.

@@ -22,6 +22,7 @@ pub mod config;
 pub mod device;
 pub mod epoch;
 pub mod frames;
+pub mod fuzzing;
 pub mod index;
 pub mod log;
 pub mod record;
