@@ -804,6 +804,14 @@ impl Session {
         Ok(Status::Pending)
     }
 
+    /// Whether `length` bytes from the pending operation's record stay in its page.
+    fn fits_its_page(&self, token: usize, length: usize) -> bool {
+        let address = self.pending[token].as_ref().expect("a live token").address;
+        let page_bits = self.shared.config.page_bits;
+        let room = (1u64 << page_bits) - address.offset_in_page(page_bits);
+        length as u64 <= room
+    }
+
     /// Reads `length` bytes of the pending operation's record, cut at its page's end.
     fn issue_read(&mut self, token: usize, length: usize) -> Result<(), KvError> {
         let address = self.pending[token].as_ref().expect("a live token").address;
@@ -873,6 +881,13 @@ impl Session {
     ) -> Result<bool, KvError> {
         let record = match parse_stored(bytes) {
             Parsed::Corrupt(why) => return Err(KvError::Corrupt(why)),
+            // A record longer than what is left of its page was never
+            // written by this log: reading again would bring the same bytes.
+            Parsed::Needs(length)
+                if length <= bytes.len() || !self.fits_its_page(token, length) =>
+            {
+                return Err(KvError::Corrupt("a record runs past its page's end"));
+            }
             Parsed::Needs(length) => {
                 self.issue_read(token, length)?;
                 return Ok(false);

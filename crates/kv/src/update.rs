@@ -64,11 +64,18 @@ impl Update {
     }
 }
 
-/// Redis's rule: an optional minus sign, digits, no spaces, no leading
-/// plus, fitting an i64.
+/// Redis's rule (`string2ll`): an optional minus sign, then digits with
+/// no leading zero (the lone "0" aside, and no "-0"), no spaces, no plus,
+/// fitting an i64.
 fn parse_decimal(bytes: &[u8]) -> Result<i64, UpdateError> {
     let text = std::str::from_utf8(bytes).map_err(|_| UpdateError::NotAnInteger)?;
-    if text.is_empty() || text.starts_with('+') || text.trim() != text {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    let canonical = match digits.as_bytes() {
+        [] => false,
+        [b'0'] => digits.len() == text.len(),
+        [first, ..] => first.is_ascii_digit() && *first != b'0',
+    };
+    if !canonical || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
         return Err(UpdateError::NotAnInteger);
     }
     text.parse().map_err(|_| UpdateError::NotAnInteger)
@@ -97,7 +104,17 @@ mod tests {
             .apply(Some(b"3"), &mut out)
             .unwrap();
         assert_eq!(out, b"-2");
-        for bad in [&b"abc"[..], b" 1", b"+1", b""] {
+        for bad in [
+            &b"abc"[..],
+            b" 1",
+            b"+1",
+            b"",
+            b"007",
+            b"-0",
+            b"-",
+            b"1 ",
+            b"00",
+        ] {
             assert_eq!(
                 Update::AddToDecimal(1).apply(Some(bad), &mut out),
                 Err(UpdateError::NotAnInteger)

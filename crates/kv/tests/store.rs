@@ -260,3 +260,38 @@ fn records_whose_flush_is_in_flight_stay_readable_with_their_newest_value() {
         );
     }
 }
+
+/// Regression: a record on the device whose sizes run past its page's end
+/// made the pending read ask for the same bytes again and again until the
+/// 30-second stall error; it is a corrupt log, reported at once.
+#[test]
+fn a_record_running_past_its_page_end_is_reported_corrupt_at_once() {
+    use remora_kv::log::CHECKPOINT_AREA_BYTES;
+    use remora_kv::record::record_bytes;
+    let device = Arc::new(MemoryDevice::new(8 << 20));
+    let store = Store::new(small_config(), device.clone()).unwrap();
+    let mut session = store.session().unwrap();
+    // Twelve fillers of about 1 KiB put the victim late in page 0.
+    for number in 0u64..12 {
+        session.upsert(&number.to_le_bytes(), &[1; 1000]).unwrap();
+    }
+    session.upsert(b"victim", b"value").unwrap();
+    for number in 100u64..400 {
+        session.upsert(&number.to_le_bytes(), &[2; 1000]).unwrap();
+    }
+    let victim_at = 64 + 12 * record_bytes(8, 1000);
+    // Its sizes word now claims a 4 KiB value: more than the page holds.
+    let mut queue = device.open_queue().unwrap();
+    let sizes = 6u64 | (4096u64 << 32);
+    let offset = CHECKPOINT_AREA_BYTES + victim_at + 8;
+    remora_kv::checkpoint::write_now(queue.as_mut(), offset, &sizes.to_le_bytes()).unwrap();
+    let mut out = Vec::new();
+    assert_eq!(
+        session.read(b"victim", &mut out, 1).unwrap(),
+        Status::Pending
+    );
+    let started = std::time::Instant::now();
+    let error = session.complete_pending(true, &mut |_| {}).unwrap_err();
+    assert!(matches!(error, KvError::Corrupt(_)), "{error}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}

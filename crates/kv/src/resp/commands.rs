@@ -22,7 +22,8 @@ use crate::{KvError, Session, SessionStats, Status, Store, Update, UpdateError};
 use std::borrow::Cow;
 
 /// Context numbers handed to the store for operations waited for at
-/// once; deferred GETs are numbered from [`FIRST_DEFERRED_CONTEXT`].
+/// once; deferred GETs are numbered from [`FIRST_DEFERRED_CONTEXT`] on,
+/// never reused.
 const READ_CONTEXT: u64 = 1;
 const READ_MODIFY_WRITE_CONTEXT: u64 = 2;
 const FIRST_DEFERRED_CONTEXT: u64 = 16;
@@ -142,6 +143,9 @@ pub struct Executor {
     arrived: Vec<Option<Vec<u8>>>,
     /// Scratch for rebuilding the reply buffer around the gaps.
     rebuilt: Vec<u8>,
+    /// The next deferred GET's context, and the first of this batch's.
+    next_context: u64,
+    batch_base: u64,
 }
 
 impl Executor {
@@ -155,6 +159,8 @@ impl Executor {
             deferred: Vec::new(),
             arrived: Vec::new(),
             rebuilt: Vec::new(),
+            next_context: FIRST_DEFERRED_CONTEXT,
+            batch_base: FIRST_DEFERRED_CONTEXT,
         })
     }
 
@@ -209,7 +215,13 @@ impl Executor {
 
     fn get(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
         let [key] = call.exactly()?;
-        let context = FIRST_DEFERRED_CONTEXT + self.deferred.len() as u64;
+        if self.deferred.is_empty() {
+            // Every batch numbers its GETs afresh past the last batch's,
+            // so a stale completion (after a failed settle) matches none.
+            self.batch_base = self.next_context;
+        }
+        let context = self.next_context;
+        self.next_context += 1;
         match self.session.read(key, &mut self.value, context)? {
             Status::Pending => self.deferred.push((reply.len(), context)),
             Status::Found => encode_bulk(reply, &self.value),
@@ -230,12 +242,16 @@ impl Executor {
         self.arrived.resize(self.deferred.len(), None);
         let mut failure = None;
         let arrived = &mut self.arrived;
+        let base = self.batch_base;
         let completed = self.session.complete_pending(true, &mut |completion| {
-            let Some(slot) = completion.context.checked_sub(FIRST_DEFERRED_CONTEXT) else {
+            let Some(slot) = completion.context.checked_sub(base) else {
+                return;
+            };
+            let Some(slot) = arrived.get_mut(slot as usize) else {
                 return;
             };
             match completion.result {
-                Ok(Status::Found) => arrived[slot as usize] = Some(completion.value.to_vec()),
+                Ok(Status::Found) => *slot = Some(completion.value.to_vec()),
                 Ok(_) => {}
                 Err(error) => failure = Some(error),
             }
@@ -703,6 +719,101 @@ mod tests {
             "{:?}",
             executor.stats()
         );
+    }
+
+    /// A memory device whose queues fail the first poll that has a read
+    /// to deliver, losing nothing: the read is delivered by the next poll.
+    struct FailsOnce(MemoryDevice);
+
+    struct FailsOnceQueue {
+        inner: Box<dyn crate::DeviceQueue>,
+        failed: bool,
+        held: crate::device::Finished,
+    }
+
+    impl crate::Device for FailsOnce {
+        fn name(&self) -> &str {
+            "fails-once"
+        }
+        fn capacity_bytes(&self) -> u64 {
+            self.0.capacity_bytes()
+        }
+        fn open_queue(&self) -> Result<Box<dyn crate::DeviceQueue>, crate::DeviceError> {
+            let inner = self.0.open_queue()?;
+            Ok(Box::new(FailsOnceQueue {
+                inner,
+                failed: false,
+                held: Default::default(),
+            }))
+        }
+    }
+
+    impl crate::DeviceQueue for FailsOnceQueue {
+        fn read(
+            &mut self,
+            offset: u64,
+            length: usize,
+            token: u64,
+        ) -> Result<(), crate::DeviceError> {
+            self.inner.read(offset, length, token)
+        }
+        fn write(
+            &mut self,
+            offset: u64,
+            data: &[u8],
+            token: u64,
+        ) -> Result<(), crate::DeviceError> {
+            self.inner.write(offset, data, token)
+        }
+        fn poll(
+            &mut self,
+            done: &mut dyn FnMut(u64, crate::device::Completed<'_>),
+        ) -> Result<usize, crate::DeviceError> {
+            let held = &mut self.held;
+            self.inner.poll(&mut |token, bytes| match bytes {
+                Some(bytes) => held.push_read(token, bytes),
+                None => held.push_write(token),
+            })?;
+            if !self.failed && !self.held.is_empty() {
+                self.failed = true;
+                return Err(crate::DeviceError::Io("injected".into()));
+            }
+            Ok(self.held.drain(done))
+        }
+        fn in_flight(&self) -> usize {
+            self.inner.in_flight() + self.held.len()
+        }
+    }
+
+    /// Regression: a settle whose device poll failed left its GETs pending
+    /// in the session, and the next batch reused their contexts, so their
+    /// late completions indexed past the next batch's gaps (a panic).
+    #[test]
+    fn a_failed_settle_never_lets_stale_completions_into_the_next_batch() {
+        let config = StoreConfig {
+            index_buckets: 1 << 8,
+            overflow_buckets: 1 << 10,
+            page_bits: 14,
+            memory_pages: 4,
+            mutable_fraction: 0.5,
+            first_read_bytes: 64,
+            sessions: 4,
+        };
+        let store = Store::new(config, Arc::new(FailsOnce(MemoryDevice::new(16 << 20)))).unwrap();
+        let mut executor = Executor::new(store).unwrap();
+        reply(&mut executor, "SET first one");
+        reply(&mut executor, "SET second two");
+        let filler = vec![b'f'; 1000];
+        for number in 0..200 {
+            let key = format!("filler-{number}");
+            run(&mut executor, &[b"SET", key.as_bytes(), &filler]);
+        }
+        assert!(
+            reply(&mut executor, "GET first").starts_with("-ERR"),
+            "the injected failure"
+        );
+        assert_eq!(reply(&mut executor, "GET second"), "$3\r\ntwo\r\n");
+        assert_eq!(reply(&mut executor, "GET first"), "$3\r\none\r\n");
     }
 
     #[test]
