@@ -118,18 +118,19 @@ pub fn arrays_rack(
     arrays_rack_timed(config, workers, routing, None)
 }
 
-/// The array services on a topology's own hosts, served as a rack file's
-/// `[bifrost]` section says.
+/// The array services on a topology's own hosts (as a rack file's
+/// `[bifrost]` section asks), with `workers` threads.
 pub fn arrays_rack_on(
     topology: &remora_rack::topology::Topology,
     hosts: crate::dsm_service::DsmServiceHosts<'_>,
     config: DsmRackConfig,
-    section: &crate::rack_section::BifrostSection,
+    routing: Routing,
+    workers: usize,
 ) -> Result<DsmServiceRack, DsmServiceRackError> {
     let serving = crate::dsm_service::Serving {
-        routing: section.routing,
+        routing,
         methods: &ARRAY_METHODS,
-        workers: section.workers,
+        workers,
     };
     DsmServiceRack::start_on(topology, hosts, config, serving, |dsm| {
         Box::new(ThriftService::new(ArraysSyncProcessor::new(

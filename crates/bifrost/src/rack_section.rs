@@ -232,7 +232,8 @@ pub fn run_section(
         service: 1,
         memory: &hosts.memory,
     };
-    let rack = arrays_rack_on(&hosts.topology, service_hosts, config, section)?;
+    let (routing, workers) = (section.routing, section.workers);
+    let rack = arrays_rack_on(&hosts.topology, service_hosts, config, routing, workers)?;
     let ((input, output), handle) = client_protocols_passing(rack.path.clone());
     let mut client = ArraysSyncClient::new(input, output);
     let mut runs = Vec::new();
