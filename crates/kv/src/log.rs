@@ -229,7 +229,12 @@ impl HybridLog {
                 capacity_bytes: self.device_capacity_bytes,
             });
         }
-        self.shift_read_only(next.saturating_sub(self.shape.mutable_pages - 1))?;
+        // Pages from `next` back keep `mutable_pages` mutable, but the
+        // boundary never passes the page being left: until the turn
+        // succeeds, small records may still go there, and a page must not
+        // be flushed while records are still allocated in it.
+        let read_only_page = (next + 1).saturating_sub(self.shape.mutable_pages);
+        self.shift_read_only(read_only_page.min(tail.page))?;
         let first_kept = (next + 2).saturating_sub(self.shape.frame_count);
         self.head_target
             .fetch_max(self.page_start(first_kept).value(), Ordering::SeqCst);
@@ -255,9 +260,11 @@ impl HybridLog {
         if tail.offset > 0 && !self.turn_page(&mut tail)? {
             return Ok(None);
         }
-        self.shift_read_only(tail.page)?;
+        // The tail moves first, so that no thread sees the read-only
+        // boundary above it.
         let boundary = self.page_start(tail.page);
         self.tail_address.store(boundary.value(), Ordering::SeqCst);
+        self.shift_read_only(tail.page)?;
         Ok(Some(boundary))
     }
 

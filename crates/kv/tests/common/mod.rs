@@ -89,7 +89,16 @@ pub fn value_of(number: u8, length: usize, step: usize) -> Vec<u8> {
 /// Runs `ops` against the store and a map, checking every read and RMW.
 /// Returns the session's counters.
 pub fn check_against_model(device: Arc<dyn Device>, ops: &[Op]) -> SessionStats {
-    let store = Store::new(small_config(), device).unwrap();
+    check_against_model_with(small_config(), device, ops)
+}
+
+/// [`check_against_model`] on a store of `config`.
+pub fn check_against_model_with(
+    config: StoreConfig,
+    device: Arc<dyn Device>,
+    ops: &[Op],
+) -> SessionStats {
+    let store = Store::new(config, device).unwrap();
     let mut session = store.session().unwrap();
     let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
     for (step, op) in ops.iter().enumerate() {
