@@ -34,6 +34,9 @@ const FASTER_YCSB_C_PER_SECOND: f64 = 3.00e6;
 /// at 64 B, of 24 GB at 512 B).
 const LOCAL_SHARE_64B: f64 = 5.0 / 18.0;
 const LOCAL_SHARE_512B: f64 = 5.0 / 24.0;
+/// A far-memory device's pool is one region, and the soft RNIC registers
+/// at most 1 GiB in one.
+const MAX_DEVICE_BYTES: u64 = 1 << 30;
 /// The index's load: records per bucket entry slot, FASTER's ½ to 1.
 const RECORDS_PER_BUCKET: u64 = 4;
 
@@ -111,11 +114,15 @@ impl Plan {
             }
         } else {
             Plan {
+                // Every SET appends a 104-byte record when its key is not in
+                // the mutable region, and the Cowbird device is one 1 GiB
+                // region (the soft RNIC's limit): the preload and the runs'
+                // SETs must fit it.
                 resp: RespPlan {
                     keyspace: 10_000_000,
-                    preload: 10_000_000,
-                    pipelined_requests: 3_000_000,
-                    plain_requests: 300_000,
+                    preload: 5_000_000,
+                    pipelined_requests: 2_000_000,
+                    plain_requests: 200_000,
                 },
                 records_64b: 4_000_000,
                 records_512b: 800_000,
@@ -158,10 +165,11 @@ impl Shape {
         }
     }
 
-    /// The device holds the loaded log and the run's appended copies;
-    /// a run that would fill it stops early (see `ycsb::run`).
+    /// The device holds the loaded log and the run's appended copies,
+    /// up to the soft RNIC's largest region (every device gets the same
+    /// size); a run that would fill it stops early (see `ycsb::run`).
     fn device_bytes(&self) -> u64 {
-        (self.log_bytes() * 4).max(256 << 20)
+        (self.log_bytes() * 4).clamp(256 << 20, MAX_DEVICE_BYTES)
     }
 }
 
@@ -195,8 +203,25 @@ struct Bench {
 }
 
 impl Bench {
-    /// Loads a store on `kind` and runs YCSB-A on one and two threads.
+    /// YCSB-A on `kind` with one and with two threads, each on a store
+    /// loaded afresh (a run's appended copies would otherwise leave the
+    /// next less room and a longer log).
     fn device(&mut self, kind: DeviceKind, shape: &Shape) -> Result<(), KvBenchError> {
+        for threads in [1, 2] {
+            self.configuration(kind, shape, threads)?;
+            self.progress.inc(1);
+        }
+        Ok(())
+    }
+
+    /// Loads a store on `kind`, runs the repetitions, reports the median
+    /// and the CPU of the device's rack apart.
+    fn configuration(
+        &mut self,
+        kind: DeviceKind,
+        shape: &Shape,
+        threads: usize,
+    ) -> Result<(), KvBenchError> {
         let name = kind.name();
         let device_error = |source| KvBenchError::Device {
             device: name,
@@ -214,35 +239,32 @@ impl Bench {
         let opened = OpenDevice::open(kind, shape.device_bytes(), config.sessions + 1, &self.file)
             .map_err(device_error)?;
         let store = Store::new(config, opened.device.clone()).map_err(store_error)?;
-        let load = ycsb_run("a", shape.records, shape.value_bytes, 2, self.plan.duration)?;
+        let run = ycsb_run(
+            "a",
+            shape.records,
+            shape.value_bytes,
+            threads,
+            self.plan.duration,
+        )?;
+        let value_bytes = shape.value_bytes;
         self.progress.set_message(format!(
-            "{name}: loading {} records of {} B",
-            shape.records, shape.value_bytes
+            "{name}: loading {} records of {value_bytes} B",
+            shape.records
         ));
-        ycsb::load(&store, &load).map_err(ycsb_error)?;
-        for threads in [1, 2] {
-            let run = ycsb_run(
-                "a",
-                shape.records,
-                shape.value_bytes,
-                threads,
-                self.plan.duration,
-            )?;
-            self.progress.set_message(format!(
-                "{name}: YCSB-A, {} B, {threads} thread(s)",
-                shape.value_bytes
-            ));
-            let mut outcomes = Vec::new();
-            for _ in 0..self.plan.repetitions {
-                outcomes.push(ycsb::run(&store, &run).map_err(ycsb_error)?);
-            }
-            let flush = store.flush_time();
-            self.record(kind, shape, threads, outcomes, flush);
-            self.progress.inc(1);
+        ycsb::load(&store, &run).map_err(ycsb_error)?;
+        self.progress.set_message(format!(
+            "{name}: YCSB-A, {value_bytes} B, {threads} thread(s)"
+        ));
+        let flushed_before = store.flush_time();
+        let mut outcomes = Vec::new();
+        for _ in 0..self.plan.repetitions {
+            outcomes.push(ycsb::run(&store, &run).map_err(ycsb_error)?);
         }
+        let flush_per_run = (store.flush_time() - flushed_before) / outcomes.len() as u32;
+        self.record(kind, shape, threads, outcomes, flush_per_run);
         drop(store);
         if let Some((fabric, engine)) = opened.stop().map_err(device_error)? {
-            let variant = format!("{name}/{}B", shape.value_bytes);
+            let variant = format!("{name}/{value_bytes}B/{threads}t");
             self.report
                 .add(&variant, "fabric_cpu", fabric.as_secs_f64(), "s");
             self.report
@@ -276,11 +298,10 @@ impl Bench {
             .add(&variant, "latency_p50", quantile(0.5), "us");
         self.report
             .add(&variant, "latency_p99", quantile(0.99), "us");
-        // Flushes run in whichever thread turns a page; over every
-        // repetition, so spread evenly.
-        let flush_share = flush.as_secs_f64() / outcomes.len() as f64 / 3.0;
+        // Flushes are device calls too; they run in whichever thread turns
+        // a page, so a run's share is the mean per repetition.
         let ratio = outcome.communication_ratio(threads)
-            + flush_share / (outcome.elapsed.as_secs_f64() * threads as f64);
+            + flush.as_secs_f64() / (outcome.elapsed.as_secs_f64() * threads as f64);
         self.report
             .add(&variant, "communication_ratio", ratio, "fraction");
         self.report.add(
@@ -315,12 +336,17 @@ impl Bench {
             device: "memory",
             source,
         };
-        let opened = OpenDevice::open(DeviceKind::Memory, shape.device_bytes(), 4, &self.file)
-            .map_err(|source| KvBenchError::Device {
+        // Every record stays in memory; the device only has to be as
+        // large as the memory, which the store's config requires.
+        let config = shape.config(1);
+        let device_bytes = config.memory_bytes() + remora_kv::log::CHECKPOINT_AREA_BYTES;
+        let opened = OpenDevice::open(DeviceKind::Memory, device_bytes, 4, &self.file).map_err(
+            |source| KvBenchError::Device {
                 device: "memory",
                 source,
-            })?;
-        let store = Store::new(shape.config(1), opened.device.clone()).map_err(error)?;
+            },
+        )?;
+        let store = Store::new(config, opened.device.clone()).map_err(error)?;
         let ycsb_error = |source| KvBenchError::Ycsb {
             device: "memory",
             source,
