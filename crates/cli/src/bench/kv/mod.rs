@@ -63,6 +63,8 @@ pub enum KvBenchError {
     Progress(String),
     #[error("RESP comparison: {0}")]
     Resp(#[from] RespBenchError),
+    #[error("{0}: a run did no operation (its device had no room left)")]
+    EmptyRun(String),
 }
 
 struct Plan {
@@ -260,6 +262,11 @@ impl Bench {
         for _ in 0..self.plan.repetitions {
             outcomes.push(ycsb::run(&store, &run).map_err(ycsb_error)?);
         }
+        if outcomes.iter().any(|outcome| outcome.operations == 0) {
+            return Err(KvBenchError::EmptyRun(format!(
+                "{name}/{value_bytes}B/{threads}t"
+            )));
+        }
         let flush_per_run = (store.flush_time() - flushed_before) / outcomes.len() as u32;
         self.record(kind, shape, threads, outcomes, flush_per_run);
         drop(store);
@@ -339,7 +346,10 @@ impl Bench {
         // Every record stays in memory; the device only has to be as
         // large as the memory, which the store's config requires.
         let config = shape.config(1);
-        let device_bytes = config.memory_bytes() + remora_kv::log::CHECKPOINT_AREA_BYTES;
+        // Room to append beyond it too: a run stops early rather than
+        // fill the device, and this one must not stop at all.
+        let device_bytes =
+            2 * config.memory_bytes() + (64 << 20) + remora_kv::log::CHECKPOINT_AREA_BYTES;
         let opened = OpenDevice::open(DeviceKind::Memory, device_bytes, 4, &self.file).map_err(
             |source| KvBenchError::Device {
                 device: "memory",
@@ -364,11 +374,11 @@ impl Bench {
             let run = ycsb_run(preset, shape.records, 8, 1, self.plan.duration)?;
             let mut rates = Vec::new();
             for _ in 0..self.plan.repetitions {
-                rates.push(
-                    ycsb::run(&store, &run)
-                        .map_err(ycsb_error)?
-                        .operations_per_second(),
-                );
+                let outcome = ycsb::run(&store, &run).map_err(ycsb_error)?;
+                if outcome.operations == 0 || outcome.stopped_early {
+                    return Err(KvBenchError::EmptyRun(format!("in-memory/ycsb-{preset}")));
+                }
+                rates.push(outcome.operations_per_second());
             }
             let rate = median(&mut rates);
             let variant = format!("in-memory/ycsb-{preset}/8B/1t");
