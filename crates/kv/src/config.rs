@@ -68,6 +68,22 @@ impl Default for StoreConfig {
 }
 
 impl StoreConfig {
+    /// The smallest store the checks allow, for tests and fuzzing: four
+    /// 16 KiB pages in memory, half of them mutable, so that a few
+    /// hundred records push the oldest to the device, and a first device
+    /// read of 64 bytes, so that longer records take two.
+    pub fn smallest() -> StoreConfig {
+        StoreConfig {
+            index_buckets: 1 << 8,
+            overflow_buckets: 1 << 10,
+            page_bits: 14,
+            memory_pages: 4,
+            mutable_fraction: 0.5,
+            first_read_bytes: 64,
+            sessions: 4,
+        }
+    }
+
     /// Reads a TOML file's settings (missing keys keep their defaults).
     pub fn from_toml(text: &str) -> Result<StoreConfig, ConfigError> {
         toml::from_str(text).map_err(|error| ConfigError::Toml(error.message().to_string()))

@@ -13,13 +13,9 @@ use std::time::Duration;
 /// Runs a recorded YCSB run on `kind` and checks its history; returns it.
 fn checked_history(kind: DeviceKind, preset: &str) -> Vec<remora_workloads::history::Event> {
     let config = StoreConfig {
-        index_buckets: 1 << 8,
         overflow_buckets: 1 << 8,
-        page_bits: 14,
-        memory_pages: 4,
-        mutable_fraction: 0.5,
         first_read_bytes: 256,
-        sessions: 4,
+        ..StoreConfig::smallest()
     };
     let opened = OpenDevice::open(
         kind,

@@ -79,14 +79,14 @@ fn ops(count: usize, seed: u64) -> Vec<Op> {
 fn crash_and_recover_twice(device: Arc<dyn Device>) {
     let mut model = Model::new();
     let mut at_checkpoint = Model::new();
-    let mut store = Store::new(small_config(), device.clone()).unwrap();
+    let mut store = Store::new(StoreConfig::smallest(), device.clone()).unwrap();
     for generation in 0..2u64 {
         {
             let mut session = store.session().unwrap();
             at_checkpoint = apply(&mut session, &mut model, &ops(700, generation), 300);
         }
         drop(store);
-        let (recovered, record) = Store::recover(small_config(), device.clone()).unwrap();
+        let (recovered, record) = Store::recover(StoreConfig::smallest(), device.clone()).unwrap();
         assert_eq!(record.sequence, 2 * (generation + 1));
         check_recovered(&recovered, &at_checkpoint);
         model = at_checkpoint.clone();
@@ -122,7 +122,9 @@ fn far_memory_behind_cowbird_recovers_every_checkpointed_write() {
 #[test]
 fn a_device_without_a_checkpoint_says_so() {
     let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(16 << 20));
-    let error = Store::recover(small_config(), device).err().unwrap();
+    let error = Store::recover(StoreConfig::smallest(), device)
+        .err()
+        .unwrap();
     assert!(
         matches!(error, KvError::Checkpoint(CheckpointError::NoCheckpoint)),
         "{error}"
@@ -136,7 +138,7 @@ fn a_device_without_a_checkpoint_says_so() {
 fn a_checkpoint_taken_under_concurrent_writes_holds_what_was_acknowledged() {
     const KEYS: u64 = 64;
     let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(64 << 20));
-    let store = Store::new(small_config(), device.clone()).unwrap();
+    let store = Store::new(StoreConfig::smallest(), device.clone()).unwrap();
     let acknowledged: Arc<Vec<AtomicU64>> =
         Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
     let stop = Arc::new(AtomicBool::new(false));
@@ -173,7 +175,7 @@ fn a_checkpoint_taken_under_concurrent_writes_holds_what_was_acknowledged() {
         writer.join().unwrap();
     }
     drop(store);
-    let (recovered, _) = Store::recover(small_config(), device).unwrap();
+    let (recovered, _) = Store::recover(StoreConfig::smallest(), device).unwrap();
     let mut session = recovered.session().unwrap();
     for key in 0..KEYS {
         let value = read_now(&mut session, &key.to_le_bytes()).expect("every counter was written");

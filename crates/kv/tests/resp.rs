@@ -24,13 +24,8 @@ const DEADLINE: Duration = Duration::from_secs(60);
 /// redis-benchmark's 50 clients and the tools' own connections.
 fn small_config() -> StoreConfig {
     StoreConfig {
-        index_buckets: 1 << 8,
-        overflow_buckets: 1 << 10,
-        page_bits: 14,
-        memory_pages: 4,
-        mutable_fraction: 0.5,
-        first_read_bytes: 64,
         sessions: 64,
+        ..StoreConfig::smallest()
     }
 }
 

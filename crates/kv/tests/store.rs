@@ -31,7 +31,7 @@ proptest! {
 fn one_mutable_page_flushes_no_page_still_being_filled() {
     let config = StoreConfig {
         mutable_fraction: 0.1,
-        ..small_config()
+        ..StoreConfig::smallest()
     };
     assert_eq!(config.mutable_pages(), 1);
     let value = |thread: u64, number: u64| {
@@ -85,7 +85,11 @@ fn the_store_on_a_direct_file_agrees_with_a_map() {
 
 #[test]
 fn concurrent_increments_are_never_lost_while_pages_move_to_the_device() {
-    let store = Store::new(small_config(), Arc::new(MemoryDevice::new(64 << 20))).unwrap();
+    let store = Store::new(
+        StoreConfig::smallest(),
+        Arc::new(MemoryDevice::new(64 << 20)),
+    )
+    .unwrap();
     const KEYS: u64 = 300;
     const ROUNDS: u64 = 40;
     std::thread::scope(|scope| {
@@ -123,7 +127,7 @@ fn concurrent_increments_are_never_lost_while_pages_move_to_the_device() {
 
 #[test]
 fn a_full_device_is_a_typed_error_until_the_log_is_truncated() {
-    let config = small_config();
+    let config = StoreConfig::smallest();
     let store = Store::new(config.clone(), Arc::new(MemoryDevice::new(8 << 14))).unwrap();
     let mut session = store.session().unwrap();
     let mut written = 0u64;
@@ -157,7 +161,7 @@ fn a_full_index_is_a_typed_error() {
     let config = StoreConfig {
         index_buckets: 1,
         overflow_buckets: 1,
-        ..small_config()
+        ..StoreConfig::smallest()
     };
     let store = Store::new(config, Arc::new(MemoryDevice::new(1 << 20))).unwrap();
     let mut session = store.session().unwrap();
@@ -172,7 +176,11 @@ fn a_full_index_is_a_typed_error() {
 
 #[test]
 fn bad_arguments_get_typed_errors() {
-    let store = Store::new(small_config(), Arc::new(MemoryDevice::new(1 << 20))).unwrap();
+    let store = Store::new(
+        StoreConfig::smallest(),
+        Arc::new(MemoryDevice::new(1 << 20)),
+    )
+    .unwrap();
     let mut session = store.session().unwrap();
     assert!(matches!(
         session.upsert(&[0; 5000], b"v"),
@@ -189,7 +197,7 @@ fn bad_arguments_get_typed_errors() {
     ));
     let too_small = StoreConfig {
         memory_pages: 2,
-        ..small_config()
+        ..StoreConfig::smallest()
     };
     assert!(matches!(
         Store::new(too_small, Arc::new(MemoryDevice::new(1 << 20))),
@@ -264,7 +272,7 @@ fn records_whose_flush_is_in_flight_stay_readable_with_their_newest_value() {
         inner: MemoryDevice::new(8 << 20),
         release: release.clone(),
     };
-    let store = Store::new(small_config(), Arc::new(device)).unwrap();
+    let store = Store::new(StoreConfig::smallest(), Arc::new(device)).unwrap();
     let mut session = store.session().unwrap();
     // Fill the mutable pages; the next page then needs a flush that the
     // device holds, so the writer stalls on its own thread...
@@ -317,7 +325,7 @@ fn a_record_running_past_its_page_end_is_reported_corrupt_at_once() {
     use remora_kv::log::CHECKPOINT_AREA_BYTES;
     use remora_kv::record::record_bytes;
     let device = Arc::new(MemoryDevice::new(8 << 20));
-    let store = Store::new(small_config(), device.clone()).unwrap();
+    let store = Store::new(StoreConfig::smallest(), device.clone()).unwrap();
     let mut session = store.session().unwrap();
     // Twelve fillers of about 1 KiB put the victim late in page 0.
     for number in 0u64..12 {

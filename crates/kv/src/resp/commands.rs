@@ -543,18 +543,9 @@ mod tests {
     use crate::{MemoryDevice, StoreConfig};
     use std::sync::Arc;
 
-    /// Four 16 KiB pages in memory, so that a few hundred records push
-    /// the oldest to the device.
+    /// A store whose oldest records a few hundred writes push to the device.
     fn small_store() -> Store {
-        let config = StoreConfig {
-            index_buckets: 1 << 8,
-            overflow_buckets: 1 << 10,
-            page_bits: 14,
-            memory_pages: 4,
-            mutable_fraction: 0.5,
-            first_read_bytes: 64,
-            sessions: 4,
-        };
+        let config = StoreConfig::smallest();
         Store::new(config, Arc::new(MemoryDevice::new(16 << 20))).unwrap()
     }
 
@@ -790,15 +781,7 @@ mod tests {
     /// late completions indexed past the next batch's gaps (a panic).
     #[test]
     fn a_failed_settle_never_lets_stale_completions_into_the_next_batch() {
-        let config = StoreConfig {
-            index_buckets: 1 << 8,
-            overflow_buckets: 1 << 10,
-            page_bits: 14,
-            memory_pages: 4,
-            mutable_fraction: 0.5,
-            first_read_bytes: 64,
-            sessions: 4,
-        };
+        let config = StoreConfig::smallest();
         let store = Store::new(config, Arc::new(FailsOnce(MemoryDevice::new(16 << 20)))).unwrap();
         let mut executor = Executor::new(store).unwrap();
         reply(&mut executor, "SET first one");

@@ -7,20 +7,6 @@ use remora_kv::*;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Four 16 KiB pages in memory: a few hundred small records push the
-/// rest to the device.
-pub fn small_config() -> StoreConfig {
-    StoreConfig {
-        index_buckets: 1 << 8,
-        overflow_buckets: 1 << 10,
-        page_bits: 14,
-        memory_pages: 4,
-        mutable_fraction: 0.5,
-        first_read_bytes: 64,
-        sessions: 4,
-    }
-}
-
 pub fn read_now(session: &mut Session, key: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     match session.read(key, &mut out, 7).unwrap() {
@@ -89,7 +75,7 @@ pub fn value_of(number: u8, length: usize, step: usize) -> Vec<u8> {
 /// Runs `ops` against the store and a map, checking every read and RMW.
 /// Returns the session's counters.
 pub fn check_against_model(device: Arc<dyn Device>, ops: &[Op]) -> SessionStats {
-    check_against_model_with(small_config(), device, ops)
+    check_against_model_with(StoreConfig::smallest(), device, ops)
 }
 
 /// [`check_against_model`] on a store of `config`.
