@@ -9,9 +9,10 @@ use crate::address::LogAddress;
 use crate::checkpoint::{scan_page, CheckpointError, CheckpointRecord, RECORD_SLOT_BYTES};
 use crate::log::CHECKPOINT_AREA_BYTES;
 use crate::record::{self, parse_stored, record_bytes, MAX_KEY_BYTES, MAX_VALUE_BYTES};
-use crate::resp::protocol::{encode_error, parse_integer, parse_request, MAX_ARGUMENTS};
+use crate::resp::protocol::{encode_error, parse_request, MAX_ARGUMENTS};
 use crate::resp::protocol::{Parsed, MAX_REQUEST_BYTES};
 use crate::resp::{Executor, Flow};
+use crate::update::parse_decimal;
 use crate::{MemoryDevice, Store, StoreConfig};
 use std::sync::Arc;
 
@@ -200,7 +201,7 @@ fn value_end(replies: &[u8], at: usize) -> Result<usize, MalformedReply> {
     let (line, next) = line_at(replies, at + 1)?;
     match marker {
         b'+' | b'-' => Ok(next),
-        b':' => parse_integer(line)
+        b':' => parse_decimal(line)
             .map(|_| next)
             .ok_or(MalformedReply::BadNumber { at }),
         b'$' => match length(line, at)? {
@@ -242,7 +243,7 @@ fn line_at(replies: &[u8], start: usize) -> Result<(&[u8], usize), MalformedRepl
 
 /// A bulk or array length: `None` for -1 (null).
 fn length(line: &[u8], at: usize) -> Result<Option<usize>, MalformedReply> {
-    match parse_integer(line) {
+    match parse_decimal(line) {
         Some(-1) => Ok(None),
         Some(length) => usize::try_from(length)
             .map(Some)

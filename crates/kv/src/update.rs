@@ -44,7 +44,7 @@ impl Update {
             Update::AddToDecimal(delta) => {
                 let current = match old {
                     None => 0,
-                    Some(bytes) => parse_decimal(bytes)?,
+                    Some(bytes) => parse_decimal(bytes).ok_or(UpdateError::NotAnInteger)?,
                 };
                 let next = current.checked_add(delta).ok_or(UpdateError::Overflow)?;
                 out.extend_from_slice(next.to_string().as_bytes());
@@ -64,21 +64,24 @@ impl Update {
     }
 }
 
-/// Redis's rule (`string2ll`): an optional minus sign, then digits with
-/// no leading zero (the lone "0" aside, and no "-0"), no spaces, no plus,
-/// fitting an i64.
-fn parse_decimal(bytes: &[u8]) -> Result<i64, UpdateError> {
-    let text = std::str::from_utf8(bytes).map_err(|_| UpdateError::NotAnInteger)?;
-    let digits = text.strip_prefix('-').unwrap_or(text);
-    let canonical = match digits.as_bytes() {
-        [] => false,
-        [b'0'] => digits.len() == text.len(),
-        [first, ..] => first.is_ascii_digit() && *first != b'0',
+/// Redis's strict integer syntax (`string2ll`): an optional minus, then
+/// digits with no leading zero (only "0" itself, and no "-0"), fitting an
+/// i64. Rust's `parse` would also take "+1" and "007", which Redis
+/// rejects. The RESP parser reads its length lines with it too.
+pub fn parse_decimal(text: &[u8]) -> Option<i64> {
+    let (negative, digits) = match text.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, text),
     };
-    if !canonical || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
-        return Err(UpdateError::NotAnInteger);
+    let canonical = match digits {
+        [b'0'] => !negative,
+        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
+    if !canonical {
+        return None;
     }
-    text.parse().map_err(|_| UpdateError::NotAnInteger)
+    std::str::from_utf8(text).ok()?.parse().ok()
 }
 
 #[cfg(test)]

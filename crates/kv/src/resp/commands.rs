@@ -15,9 +15,9 @@
 
 use super::protocol::{
     encode_array_header, encode_bulk, encode_error, encode_integer, encode_null, encode_simple,
-    parse_integer,
 };
 use crate::record::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
+use crate::update::parse_decimal;
 use crate::{KvError, Session, SessionStats, Status, Store, Update, UpdateError};
 use std::borrow::Cow;
 
@@ -336,7 +336,7 @@ impl Executor {
         reply: &mut Vec<u8>,
     ) -> Result<(), CommandError> {
         let [key, delta] = call.exactly()?;
-        let delta = parse_integer(delta).ok_or(CommandError::NotAnInteger)?;
+        let delta = parse_decimal(delta).ok_or(CommandError::NotAnInteger)?;
         self.add(key, delta, reply)
     }
 
@@ -346,7 +346,7 @@ impl Executor {
         reply: &mut Vec<u8>,
     ) -> Result<(), CommandError> {
         let [key, delta] = call.exactly()?;
-        let delta = parse_integer(delta).ok_or(CommandError::NotAnInteger)?;
+        let delta = parse_decimal(delta).ok_or(CommandError::NotAnInteger)?;
         let negated = delta.checked_neg().ok_or(CommandError::Overflow)?;
         self.add(key, negated, reply)
     }
@@ -441,7 +441,7 @@ impl Executor {
     /// The store is one keyspace: database 0.
     fn select(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
         let [index] = call.exactly()?;
-        match parse_integer(index) {
+        match parse_decimal(index) {
             Some(0) => encode_simple(reply, "OK"),
             Some(_) => return Err(CommandError::DatabaseOutOfRange),
             None => return Err(CommandError::NotAnInteger),
@@ -499,7 +499,7 @@ impl Executor {
         if status == Status::Pending {
             complete_one(&mut self.session, &mut self.value)?;
         }
-        let number = parse_integer(&self.value).ok_or(CommandError::NotAnInteger)?;
+        let number = parse_decimal(&self.value).ok_or(CommandError::NotAnInteger)?;
         encode_integer(reply, number);
         Ok(())
     }

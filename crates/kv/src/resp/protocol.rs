@@ -12,6 +12,7 @@
 //! [`MAX_REQUEST_BYTES`] of a request that is still arriving.
 
 use crate::record::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
+use crate::update::parse_decimal;
 use std::borrow::Cow;
 use std::fmt::Display;
 use std::io::Write;
@@ -103,30 +104,11 @@ pub fn parse_request(input: &[u8]) -> Result<Parsed<'_>, ProtocolError> {
     }
 }
 
-/// Redis's strict integer syntax: an optional minus, then digits with no
-/// leading zero (only "0" itself), fitting an i64. Rust's `parse` would
-/// also take "+1" and "007", which Redis rejects.
-pub fn parse_integer(text: &[u8]) -> Option<i64> {
-    let (negative, digits) = match text.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, text),
-    };
-    let canonical = match digits {
-        [b'0'] => !negative,
-        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
-        _ => false,
-    };
-    if !canonical {
-        return None;
-    }
-    std::str::from_utf8(text).ok()?.parse().ok()
-}
-
 fn parse_multibulk(input: &[u8]) -> Result<Parsed<'_>, ProtocolError> {
     let Some((digits, mut position)) = length_line(input, 1)? else {
         return Ok(Parsed::Incomplete);
     };
-    let count = parse_integer(digits).ok_or(ProtocolError::InvalidMultibulkLength)?;
+    let count = parse_decimal(digits).ok_or(ProtocolError::InvalidMultibulkLength)?;
     // Redis treats a negative count (a null array) like an empty one.
     let count = usize::try_from(count).unwrap_or(0);
     if count > MAX_ARGUMENTS {
@@ -169,7 +151,7 @@ fn parse_bulk(input: &[u8], start: usize) -> Result<Option<(&[u8], usize)>, Prot
 }
 
 fn bulk_length(digits: &[u8]) -> Result<usize, ProtocolError> {
-    let length = parse_integer(digits)
+    let length = parse_decimal(digits)
         .and_then(|length| usize::try_from(length).ok())
         .ok_or(ProtocolError::InvalidBulkLength)?;
     if length > MAX_BULK_BYTES {
@@ -583,9 +565,9 @@ mod tests {
 
     #[test]
     fn integers_follow_redis() {
-        assert_eq!(parse_integer(b"0"), Some(0));
-        assert_eq!(parse_integer(b"-12"), Some(-12));
-        assert_eq!(parse_integer(b"-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(parse_decimal(b"0"), Some(0));
+        assert_eq!(parse_decimal(b"-12"), Some(-12));
+        assert_eq!(parse_decimal(b"-9223372036854775808"), Some(i64::MIN));
         for bad in [
             &b""[..],
             b"-",
@@ -597,7 +579,7 @@ mod tests {
             b"1a",
             b"9223372036854775808",
         ] {
-            assert_eq!(parse_integer(bad), None, "{bad:?}");
+            assert_eq!(parse_decimal(bad), None, "{bad:?}");
         }
     }
 
