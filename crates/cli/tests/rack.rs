@@ -376,6 +376,22 @@ fn a_node_that_dies_is_reported_and_the_rack_stops_instead_of_waiting() {
 /// Runs `remora bench NAME --quick --json`, checks that every ratio in
 /// `ratios` is a positive finite number, and returns the variants measured.
 fn quick_bench_variants(name: &str, ratios: &[&str]) -> Vec<String> {
+    variants_of(&quick_bench(name, ratios))
+}
+
+/// The variants a report measured.
+fn variants_of(report: &Value) -> Vec<String> {
+    report["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|result| result["variant"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Runs `remora bench NAME --quick --json`, checks that every ratio in
+/// `ratios` is a positive finite number, and returns the report.
+fn quick_bench(name: &str, ratios: &[&str]) -> Value {
     let json = common::scratch(&format!("bench-{name}.json"));
     let output = Command::new(env!("CARGO_BIN_EXE_remora"))
         .args(["bench", name, "--quick", "--json"])
@@ -396,12 +412,7 @@ fn quick_bench_variants(name: &str, ratios: &[&str]) -> Vec<String> {
             .unwrap_or_else(|| panic!("ratio {key} missing"));
         assert!(value.is_finite() && value > 0.0, "{key} = {value}");
     }
-    report["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|result| result["variant"].as_str().unwrap().to_string())
-        .collect()
+    report
 }
 
 /// The benchmark's figures are not checked here (targets live in the
@@ -425,6 +436,33 @@ fn bench_switch_quick_writes_the_ratios_as_json() {
             );
         }
     }
+}
+
+/// The fabric benchmark's ratios, its scaling and size-sweep figures and
+/// its baselines' absolute figures are in the JSON.
+#[test]
+fn bench_fabric_quick_writes_scaling_sweep_and_baselines() {
+    let report = quick_bench(
+        "fabric",
+        &[
+            "read64_vs_memcpy1k",
+            "write64k_vs_memcpy_bw",
+            "qp_scaling_1024_vs_1",
+        ],
+    );
+    for baseline in ["memcpy_1kib_ns", "memcpy_64kib_ns"] {
+        let value = report["baselines"][baseline].as_f64().unwrap();
+        assert!(value.is_finite() && value > 0.0, "{baseline} = {value}");
+    }
+    let variants = variants_of(&report);
+    for queue_pairs in [1, 16, 256, 1024] {
+        let name = format!("read 64B over {queue_pairs} queue pairs");
+        assert!(variants.contains(&name), "no {name}");
+    }
+    for size in ["64B", "1024KiB"] {
+        assert!(variants.contains(&format!("write {size} sweep")));
+    }
+    assert!(variants.contains(&"queue pair".to_string()));
 }
 
 /// Three compute nodes split a memory region into shares that must stay

@@ -19,7 +19,7 @@
 //! operation split into clients, metadata server and fabric (NIC
 //! emulation and switch).
 
-use super::report::{median, Host, Report};
+use super::report::{median, Report};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_clover::embedded;
 use remora_clover::simulated::{run as simulate, Outcome, Run, SwitchChoice};
@@ -196,9 +196,9 @@ pub fn run(quick: bool, history: Option<&std::path::Path>) -> Result<Report, Clo
     progress.set_style(ProgressStyle::with_template(
         "{bar:40} {pos}/{len} runs {msg}",
     )?);
-    let mut report = Report {
-        bench: "clover".into(),
-        config: serde_json::json!({
+    let mut report = Report::new(
+        "clover",
+        serde_json::json!({
             "quick": quick,
             "seeds": seeds,
             "clock": "simulated: 100 Gb/s links, 1 us propagation, RNIC work instantaneous",
@@ -206,11 +206,7 @@ pub fn run(quick: bool, history: Option<&std::path::Path>) -> Result<Report, Clo
             "keys": 1024,
             "operations_per_run": plan[0].run.operations,
         }),
-        host: Host::probe(),
-        results: Vec::new(),
-        ratios: serde_json::Map::new(),
-        series: serde_json::Map::new(),
-    };
+    );
     let mut measured = std::collections::HashMap::new();
     for configuration in &plan {
         progress.set_message(configuration.name.clone());

@@ -12,7 +12,7 @@
 //! variant runs in every round, back to back; ratios are taken within a
 //! round and the median over rounds is reported.
 
-use super::report::{median, Host, Report};
+use super::report::{median, Report};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_cowbird::embedded::{
     embedded_p4_config, from_rack, run_variant, ProbeBench, Variant, VariantOutcome,
@@ -299,9 +299,9 @@ pub fn run(quick: bool, settings: &Settings) -> Result<Report, CowbirdBenchError
         }
     }
     progress.finish_and_clear();
-    let mut report = Report {
-        bench: "cowbird".into(),
-        config: serde_json::json!({
+    let mut report = Report::new(
+        "cowbird",
+        serde_json::json!({
             "quick": quick,
             "rounds": rounds,
             "seconds_per_variant": duration.as_secs_f64(),
@@ -328,11 +328,7 @@ pub fn run(quick: bool, settings: &Settings) -> Result<Report, CowbirdBenchError
             "p4_go_backs_all_rounds": p4_go_backs,
             "p4_resources": p4_resources,
         }),
-        host: Host::probe(),
-        results: Vec::new(),
-        ratios: serde_json::Map::new(),
-        series: serde_json::Map::new(),
-    };
+    );
     println!(
         "hash-table probe, 95% remote, {} application thread(s) (medians of {rounds} rounds):",
         settings.threads

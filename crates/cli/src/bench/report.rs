@@ -22,9 +22,34 @@ pub struct Report {
     /// allocation over time); absent when a benchmark has none.
     #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
     pub series: serde_json::Map<String, serde_json::Value>,
+    /// The absolute figures of the baselines the ratios divide by (memcpy,
+    /// ring-to-ring, a raw UDP ping-pong), so that a ratio cannot improve
+    /// by its baseline slowing down unnoticed.
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    pub baselines: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Report {
+    /// An empty report of the benchmark `bench`, run with `config`, on
+    /// this machine.
+    pub fn new(bench: &str, config: serde_json::Value) -> Report {
+        Report {
+            bench: bench.into(),
+            config,
+            host: Host::probe(),
+            results: Vec::new(),
+            ratios: serde_json::Map::new(),
+            series: serde_json::Map::new(),
+            baselines: serde_json::Map::new(),
+        }
+    }
+
+    /// Records a baseline's absolute figure, named with its unit last
+    /// (`memcpy_1kib_ns`).
+    pub fn baseline(&mut self, name: &str, value: f64) {
+        self.baselines.insert(name.into(), serde_json::json!(value));
+    }
+
     pub fn add(&mut self, variant: &str, metric: &str, value: f64, unit: &str) {
         self.results.push(Measurement {
             variant: variant.into(),

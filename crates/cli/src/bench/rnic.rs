@@ -4,7 +4,7 @@
 //! protection checks, copies, acknowledgements and completions. All of it is
 //! NIC-emulation CPU; there is no application CPU in this benchmark.
 
-use super::report::{median, size_label, thread_cpu_ns, Host, Report};
+use super::report::{median, size_label, thread_cpu_ns, Report};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_rnic::back_to_back::BackToBack;
 use remora_rnic::*;
@@ -14,6 +14,15 @@ use std::time::{Duration, Instant};
 const SIZES: [u32; 4] = [64, 1024, 4096, 65536];
 /// Outstanding requests in the pipelined variant.
 const PIPELINE_DEPTH: usize = 16;
+/// Active queue pairs in the scaling figures.
+const QUEUE_PAIR_COUNTS: [usize; 4] = [1, 16, 256, 1024];
+/// Requests outstanding in every scaling run, spread evenly over its queue
+/// pairs, so the one-queue-pair run is not starved by its own window.
+const SCALING_IN_FLIGHT: usize = 1024;
+/// Message sizes of the throughput sweep, 64 B to 1 MiB.
+const SWEEP_SIZES: [u32; 8] = [64, 256, 1024, 4096, 16384, 65536, 262_144, 1_048_576];
+/// Requests outstanding in the sweep.
+const SWEEP_IN_FLIGHT: usize = 8;
 
 struct Plan {
     repetitions: usize,
@@ -44,12 +53,30 @@ pub enum FabricBenchError {
     TransferFailed(CompletionStatus),
 }
 
-fn run_transfers(
+/// One shape of traffic: an operation at a size, spread over queue pairs,
+/// with a number of requests posted and not yet completed at all times.
+#[derive(Clone, Copy)]
+struct Transfer {
     kind: Kind,
     size: u32,
-    depth: usize,
-    duration: Duration,
-) -> Result<Sample, FabricBenchError> {
+    queue_pairs: usize,
+    in_flight: usize,
+}
+
+/// The largest READ window a queue pair grants (`max_read_atomic`): READs
+/// posted beyond it wait in the send queue, still outstanding to the
+/// application.
+const MAX_READ_WINDOW: usize = 128;
+
+fn run_transfers(transfer: Transfer, duration: Duration) -> Result<Sample, FabricBenchError> {
+    let Transfer {
+        kind,
+        size,
+        queue_pairs,
+        in_flight,
+    } = transfer;
+    assert!(queue_pairs > 0 && in_flight.is_multiple_of(queue_pairs));
+    let per_queue_pair = in_flight / queue_pairs;
     let mut fabric = BackToBack::new(11);
     let error = FabricBenchError::Verbs;
     let left_pd = fabric.left.alloc_protection_domain().map_err(error)?;
@@ -67,47 +94,47 @@ fn run_transfers(
         .map_err(error)?;
     let left_cq = fabric
         .left
-        .create_completion_queue(depth * 2)
+        .create_completion_queue(in_flight * 2)
         .map_err(error)?;
     let right_cq = fabric
         .right
-        .create_completion_queue(depth * 2)
+        .create_completion_queue(in_flight * 2)
         .map_err(error)?;
     let mut left_builder = QueuePairBuilder::new(left_pd, left_cq, left_cq);
-    left_builder.max_read_atomic = depth.max(1);
-    left_builder.send_queue_depth = depth * 2;
-    let right_builder = QueuePairBuilder::new(right_pd, right_cq, right_cq);
-    let (qp, _) = fabric
-        .connect(&left_builder, &right_builder)
-        .map_err(error)?;
-    let requests: Vec<SendRequest> = (0..depth)
-        .map(|slot| {
-            let operation = match kind {
-                Kind::Read => SendOperation::Read {
-                    remote: remote.remote(0),
-                },
-                Kind::Write => SendOperation::Write {
-                    remote: remote.remote(0),
-                    immediate: None,
-                },
-            };
-            SendRequest::new(slot as u64, operation, &[local.slice(0, size)]).expect("one element")
-        })
-        .collect();
-    let mut outstanding = 0;
+    left_builder.max_read_atomic = per_queue_pair.min(MAX_READ_WINDOW);
+    left_builder.send_queue_depth = per_queue_pair * 2;
+    let mut right_builder = QueuePairBuilder::new(right_pd, right_cq, right_cq);
+    right_builder.max_destination_read_atomic = per_queue_pair.min(MAX_READ_WINDOW);
+    let mut connections = Vec::with_capacity(queue_pairs);
+    for _ in 0..queue_pairs {
+        let (qp, _) = fabric
+            .connect(&left_builder, &right_builder)
+            .map_err(error)?;
+        connections.push(qp);
+    }
+    let operation = match kind {
+        Kind::Read => SendOperation::Read {
+            remote: remote.remote(0),
+        },
+        Kind::Write => SendOperation::Write {
+            remote: remote.remote(0),
+            immediate: None,
+        },
+    };
+    let request = |slot: usize| {
+        SendRequest::new(slot as u64, operation, &[local.slice(0, size)]).expect("one element")
+    };
+    // Fill every queue pair's share; each completion is replaced on the
+    // queue pair it came from (the work request id names it).
+    for (index, qp) in connections.iter().enumerate() {
+        for _ in 0..per_queue_pair {
+            fabric.left.post_send(*qp, request(index)).map_err(error)?;
+        }
+    }
     let mut completed = 0u64;
-    let mut next_request = 0;
     let start_wall = Instant::now();
     let start_cpu = thread_cpu_ns();
     loop {
-        while outstanding < depth {
-            fabric
-                .left
-                .post_send(qp, requests[next_request % depth])
-                .map_err(error)?;
-            next_request += 1;
-            outstanding += 1;
-        }
         if fabric.step(&mut |_, _| remora_rnic::back_to_back::Verdict::Deliver) == 0 {
             return Err(FabricBenchError::Stalled);
         }
@@ -115,7 +142,11 @@ fn run_transfers(
             if completion.status != CompletionStatus::Success {
                 return Err(FabricBenchError::TransferFailed(completion.status));
             }
-            outstanding -= 1;
+            let index = completion.work_request_id as usize;
+            fabric
+                .left
+                .post_send(connections[index], request(index))
+                .map_err(error)?;
             completed += 1;
         }
         if completed.is_multiple_of(64) && start_wall.elapsed() >= duration {
@@ -168,24 +199,27 @@ pub fn run(quick: bool) -> Result<Report, FabricBenchError> {
             duration: Duration::from_millis(600),
         }
     };
-    let mut report = Report {
-        bench: "fabric".into(),
-        config: serde_json::json!({
+    let mut report = Report::new(
+        "fabric",
+        serde_json::json!({
             "quick": quick,
             "repetitions": plan.repetitions,
             "seconds_per_repetition": plan.duration.as_secs_f64(),
             "sizes_bytes": SIZES,
             "pipeline_depth": PIPELINE_DEPTH,
+            "queue_pair_counts": QUEUE_PAIR_COUNTS,
+            "scaling_requests_in_flight": SCALING_IN_FLIGHT,
+            "scaling_read_window_per_queue_pair": MAX_READ_WINDOW,
+            "sweep_sizes_bytes": SWEEP_SIZES,
+            "sweep_requests_in_flight": SWEEP_IN_FLIGHT,
             "path_mtu_bytes": 4096,
             "carrier": "none: frames passed in memory between two devices in one thread",
             "cpu": "thread CPU time of the one thread that runs both devices (all NIC emulation)",
         }),
-        host: Host::probe(),
-        results: Vec::new(),
-        ratios: serde_json::Map::new(),
-        series: serde_json::Map::new(),
-    };
-    let total = (SIZES.len() * (VARIANTS.len() + 1) * plan.repetitions) as u64;
+    );
+    let runs_per_round =
+        SIZES.len() * (VARIANTS.len() + 1) + QUEUE_PAIR_COUNTS.len() + 2 * SWEEP_SIZES.len();
+    let total = (runs_per_round * plan.repetitions) as u64;
     let progress = ProgressBar::new(total);
     progress.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} runs {msg}").expect("static template"),
@@ -215,12 +249,18 @@ struct Round {
     memcpy: Vec<Sample>,
     /// Indexed by variant, then size.
     transfers: Vec<Vec<Sample>>,
+    /// 64 B READs, indexed as `QUEUE_PAIR_COUNTS`.
+    scaling: Vec<Sample>,
+    /// READs then WRITEs, each indexed as `SWEEP_SIZES`.
+    sweep: Vec<Sample>,
 }
 
 fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, FabricBenchError> {
     let mut round = Round {
         memcpy: Vec::new(),
         transfers: VARIANTS.iter().map(|_| Vec::new()).collect(),
+        scaling: Vec::new(),
+        sweep: Vec::new(),
     };
     for size in SIZES {
         progress.set_message(format!("memcpy {}", size_label(size)));
@@ -228,7 +268,37 @@ fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, FabricBenchEr
         progress.inc(1);
         for (index, (kind, depth)) in VARIANTS.iter().enumerate() {
             progress.set_message(variant_name(*kind, *depth, size));
-            round.transfers[index].push(run_transfers(*kind, size, *depth, plan.duration)?);
+            let transfer = Transfer {
+                kind: *kind,
+                size,
+                queue_pairs: 1,
+                in_flight: *depth,
+            };
+            round.transfers[index].push(run_transfers(transfer, plan.duration)?);
+            progress.inc(1);
+        }
+    }
+    for queue_pairs in QUEUE_PAIR_COUNTS {
+        progress.set_message(format!("64B READs over {queue_pairs} queue pairs"));
+        let transfer = Transfer {
+            kind: Kind::Read,
+            size: 64,
+            queue_pairs,
+            in_flight: SCALING_IN_FLIGHT,
+        };
+        round.scaling.push(run_transfers(transfer, plan.duration)?);
+        progress.inc(1);
+    }
+    for kind in [Kind::Read, Kind::Write] {
+        for size in SWEEP_SIZES {
+            progress.set_message(format!("{} sweep", variant_name(kind, 1, size)));
+            let transfer = Transfer {
+                kind,
+                size,
+                queue_pairs: 1,
+                in_flight: SWEEP_IN_FLIGHT,
+            };
+            round.sweep.push(run_transfers(transfer, plan.duration)?);
             progress.inc(1);
         }
     }
@@ -353,7 +423,118 @@ fn fill_report(report: &mut Report, rounds: &[Round]) {
         report.add(key, "ratio_lowest_round", low, "ratio");
         report.add(key, "ratio_highest_round", high, "ratio");
     }
-    println!("targets: read64_vs_memcpy1k <= 15, write64k_vs_memcpy_bw >= 0.25");
+    fill_scaling(report, rounds);
+    fill_sweep(report, rounds);
+    for size in SIZES {
+        let at = size_index(size);
+        let cpu = median_over(rounds, |round| round.memcpy[at].cpu_ns_per_op());
+        report.baseline(
+            &format!("memcpy_{}_ns", size_label(size).to_lowercase()),
+            cpu,
+        );
+    }
+    println!(
+        "targets: read64_vs_memcpy1k <= 15, write64k_vs_memcpy_bw >= 0.25, qp_scaling_1024_vs_1 >= 0.8"
+    );
+}
+
+/// 64 B READ throughput and NIC CPU per operation against the number of
+/// active queue pairs, and `qp_scaling_1024_vs_1`.
+fn fill_scaling(report: &mut Report, rounds: &[Round]) {
+    println!();
+    println!(
+        "{:<26} {:>12} {:>12} {:>10}",
+        "queue pairs (64B READ)", "cpu ns/op", "wall ns/op", "Mops/s"
+    );
+    for (at, queue_pairs) in QUEUE_PAIR_COUNTS.iter().enumerate() {
+        let cpu = median_over(rounds, |round| round.scaling[at].cpu_ns_per_op());
+        let wall = median_over(rounds, |round| round.scaling[at].wall_ns_per_op());
+        let name = format!("read 64B over {queue_pairs} queue pairs");
+        println!("{name:<26} {cpu:>12.1} {wall:>12.1} {:>10.3}", 1e3 / wall);
+        report.add(&name, "nic_cpu_ns_per_op", cpu, "ns");
+        report.add(&name, "operations_per_second", 1e9 / wall, "ops/s");
+    }
+    let last = QUEUE_PAIR_COUNTS.len() - 1;
+    let per_round: Vec<f64> = rounds
+        .iter()
+        .map(|round| round.scaling[0].wall_ns_per_op() / round.scaling[last].wall_ns_per_op())
+        .collect();
+    let value = median(&mut per_round.clone());
+    println!("{:<32} {value:8.3}", "qp_scaling_1024_vs_1");
+    report
+        .ratios
+        .insert("qp_scaling_1024_vs_1".into(), serde_json::json!(value));
+    let bytes = resident_bytes_per_queue_pair();
+    println!("resident memory per queue pair: {bytes:.0} B");
+    report.add(
+        "queue pair",
+        "resident_bytes_per_queue_pair",
+        bytes,
+        "bytes",
+    );
+}
+
+/// Throughput against message size, READ and WRITE, as a series.
+fn fill_sweep(report: &mut Report, rounds: &[Round]) {
+    println!();
+    println!("{:<26} {:>12} {:>10}", "size sweep", "wall ns/op", "GB/s");
+    let mut series = Vec::new();
+    for (kind_index, kind) in [Kind::Read, Kind::Write].into_iter().enumerate() {
+        for (at, size) in SWEEP_SIZES.iter().enumerate() {
+            let index = kind_index * SWEEP_SIZES.len() + at;
+            let wall = median_over(rounds, |round| round.sweep[index].wall_ns_per_op());
+            let gbps = gigabytes_per_second(*size, wall);
+            let operation = if kind == Kind::Read { "read" } else { "write" };
+            let name = format!("{operation} {} sweep", size_label(*size));
+            println!("{name:<26} {wall:>12.1} {gbps:>10.2}");
+            report.add(&name, "throughput", gbps, "GB/s");
+            series.push(serde_json::json!({
+                "operation": operation,
+                "size_bytes": size,
+                "gigabytes_per_second": gbps,
+            }));
+        }
+    }
+    report
+        .series
+        .insert("throughput_by_size".into(), serde_json::json!(series));
+}
+
+/// Resident memory a queue pair costs: the growth of this process's
+/// resident set over creating and connecting 1024 pairs (2048 queue pairs,
+/// both ends counted), divided by 2048. Queue capacity reserved but never
+/// touched is not resident, as on a real host.
+fn resident_bytes_per_queue_pair() -> f64 {
+    const CONNECTIONS: usize = 1024;
+    let before = resident_bytes();
+    let mut fabric = BackToBack::new(3);
+    let connected = (|| -> Result<(), VerbsError> {
+        let left_pd = fabric.left.alloc_protection_domain()?;
+        let right_pd = fabric.right.alloc_protection_domain()?;
+        let left_cq = fabric.left.create_completion_queue(64)?;
+        let right_cq = fabric.right.create_completion_queue(64)?;
+        let left = QueuePairBuilder::new(left_pd, left_cq, left_cq);
+        let right = QueuePairBuilder::new(right_pd, right_cq, right_cq);
+        for _ in 0..CONNECTIONS {
+            fabric.connect(&left, &right)?;
+        }
+        Ok(())
+    })();
+    let after = resident_bytes();
+    drop(fabric);
+    match connected {
+        Ok(()) => after.saturating_sub(before) as f64 / (2 * CONNECTIONS) as f64,
+        Err(_) => f64::NAN,
+    }
+}
+
+/// This process's resident set, from `/proc/self/statm` (0 where absent).
+fn resident_bytes() -> u64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|text| text.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    pages * rustix::param::page_size() as u64
 }
 
 fn print_row(report: &mut Report, name: &str, size: u32, cpu_ns: f64, wall_ns: f64, versus: f64) {

@@ -11,7 +11,7 @@
 //! twice B_net. Every result is checked against
 //! all-local memory; a disagreement fails the benchmark.
 
-use super::report::{median, Host, Report};
+use super::report::{median, Report};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_carrier::wrappers::LinkShape;
 use remora_graph::apps::App;
@@ -153,9 +153,9 @@ fn run_checked(
         b_net / 1e9,
         b_intra / 1e9
     );
-    let mut report = Report {
-        bench: "soda".into(),
-        config: serde_json::json!({
+    let mut report = Report::new(
+        "soda",
+        serde_json::json!({
             "quick": quick,
             "graph": graph_name,
             "vertices": graph.vertex_count(),
@@ -180,11 +180,7 @@ fn run_checked(
             "dpu_opt": "dpu-static for every app (vertex data pinned); dpu-dynamic caches edge data",
             "fig8": "each app beside BFS in a second process, sharing the memory node and the DPU (dpu-static against memserver)",
         }),
-        host: Host::probe(),
-        results: Vec::new(),
-        ratios: serde_json::Map::new(),
-        series: serde_json::Map::new(),
-    };
+    );
     let figures = measure(&graph, &options, &settings)?;
     record(&mut report, &figures);
     let at_scale_20 = graph_name == "kron:20:16";

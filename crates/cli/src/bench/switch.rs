@@ -12,7 +12,7 @@
 //!
 //! Rounds alternate every variant, and figures are medians over rounds.
 
-use super::report::{median, size_label, Host, Report};
+use super::report::{median, size_label, Report};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_carrier::{DatagramPort, Port, Segment, SegmentPlan};
@@ -529,9 +529,9 @@ pub fn run(quick: bool) -> Result<Report, SwitchBenchError> {
             duration: Duration::from_secs(1),
         }
     };
-    let mut report = Report {
-        bench: "switch".into(),
-        config: serde_json::json!({
+    let mut report = Report::new(
+        "switch",
+        serde_json::json!({
             "quick": quick,
             "rounds": plan.rounds,
             "seconds_per_measurement": plan.duration.as_secs_f64(),
@@ -541,11 +541,7 @@ pub fn run(quick: bool) -> Result<Report, SwitchBenchError> {
             "reads": "application thread polls its own soft RNIC; one fabric thread runs the switch and the memory node and sleeps on a doorbell (rings) or in poll (UDP) when idle; the shm carrier maps a memfd segment (both ends in this process here; rack up --mode processes uses it across processes)",
             "pingpong": "raw UDP datagrams of the same sizes between two polling threads on loopback, through the same sendmmsg/recvmmsg port code",
         }),
-        host: Host::probe(),
-        results: Vec::new(),
-        ratios: serde_json::Map::new(),
-        series: serde_json::Map::new(),
-    };
+    );
     let steps = (1 + CARRIERS.len() * SIZES.len() + SIZES.len()) * plan.rounds;
     let progress = ProgressBar::new(steps as u64);
     progress.set_style(

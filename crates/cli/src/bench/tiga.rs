@@ -16,7 +16,7 @@
 //! - Fig. 8: the CN's CPU against throughput, TIGA and CPU-only.
 //! - The allocation and forwarding ratio over a payload-size shift.
 
-use super::report::{Host, Report};
+use super::report::Report;
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_tiga::apps::{App, DEFAULT_PAYLOAD_BYTES};
 use remora_tiga::calibration::{soc_stage_costs_ns, Calibration};
@@ -258,9 +258,9 @@ fn run_checked(
         ProgressStyle::with_template("{bar:40} {pos}/{len} virtual-time runs {msg}")
             .map_err(|error| TigaBenchError::Progress(error.to_string()))?,
     );
-    let report = Report {
-        bench: "tiga".into(),
-        config: serde_json::json!({
+    let report = Report::new(
+        "tiga",
+        serde_json::json!({
             "quick": quick,
             "seed": seed,
             "soc": config,
@@ -268,11 +268,7 @@ fn run_checked(
             "virtual_hardware": "SoC and CN cores are virtual: each stage's real code was timed on this machine (calibration), charged times the slowdown on a SoC core and as measured on a CN core, in virtual time; one request in sample_every runs the real code on both paths and is compared",
             "departures": "the paper's SoC is 8 RISC-V cores at 250 MHz on an FPGA with a hardware RMT dispatcher; here the slowdown is the clock ratio, context switches are this machine's (lmbench lat_ctx method) times the slowdown, a detection is the allocator's real code times the slowdown, a core move is two context switches; the SoC runs portable code (no carry-less multiply for the CRC; SHA-256 portable on every core, as the paper's Xeon Gold 5117 has no SHA extensions) but AES keeps AES-NI, which flatters the SoC; the top-K grid spatial join and SHA-256/AES-128-CTR are Remora's choices",
         }),
-        host: Host::probe(),
-        results: Vec::new(),
-        ratios: serde_json::Map::new(),
-        series: serde_json::Map::new(),
-    };
+    );
     let mut bench = Bench {
         calibration,
         config,

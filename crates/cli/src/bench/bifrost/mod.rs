@@ -7,7 +7,7 @@
 
 mod breakdown;
 
-use super::report::{Host, Report};
+use super::report::Report;
 use hdrhistogram::Histogram;
 use remora_bifrost::arrays::{arrays_rack, Workload, INCREMENT};
 use remora_bifrost::by_reference::pass_by_reference;
@@ -718,9 +718,9 @@ fn micros(nanos: u64) -> f64 {
 
 fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
     let duration = Duration::from_secs(if quick { 1 } else { 5 });
-    let mut report = Report {
-        bench: "bifrost".into(),
-        config: serde_json::json!({
+    let mut report = Report::new(
+        "bifrost",
+        serde_json::json!({
             "quick": quick,
             "seconds_per_variant": duration.as_secs(),
             "bifrost": "embedded rack, in-process rings, L2/L3 switch; generated Thrift Ping client and processor",
@@ -731,11 +731,7 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
             "caveat": "the TCP and Thrift-over-UDP ends block in the kernel (as Thrift's servers do) while Bifröst's fabric thread and the raw UDP ping-pong poll: on this 2-core VM a blocking wake-up costs tens of microseconds, which raw TCP's own p50 shows",
             "breakdown": "Fig. 7.8: 16 KiB arrays, Bifröst by reference through the Gatekeeper against Thrift by value over TCP; client stages timed per call, server stages as the server's means over the same calls; Bifröst's network includes its RPC runtime, the switch and the worker pool's hand-over",
         }),
-        host: Host::probe(),
-        results: Vec::new(),
-        ratios: serde_json::Map::new(),
-        series: serde_json::Map::new(),
-    };
+    );
     let bifrost = bifrost_ping(duration, Routing::Bypass)?;
     let gatekeeper = bifrost_ping(duration, Routing::Gatekeeper)?;
     let thrift_tcp = thrift_tcp_ping(duration)?;

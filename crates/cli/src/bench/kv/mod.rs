@@ -16,7 +16,7 @@
 
 mod resp;
 
-use super::report::{median, Host, Report};
+use super::report::{median, Report};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_kv::device::{DeviceError, DeviceKind, FileSettings, OpenDevice};
 use remora_kv::record::record_bytes;
@@ -519,14 +519,7 @@ pub fn run(args: &KvArgs) -> Result<Report, KvBenchError> {
     });
     let mut bench = Bench {
         plan,
-        report: Report {
-            bench: "kv".into(),
-            config,
-            host: Host::probe(),
-            results: Vec::new(),
-            ratios: serde_json::Map::new(),
-            series: serde_json::Map::new(),
-        },
+        report: Report::new("kv", config),
         progress,
         file: FileSettings::default(),
         one_thread_64b: Vec::new(),
