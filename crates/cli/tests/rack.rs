@@ -530,6 +530,7 @@ fn bench_cowbird_quick_writes_every_variant_and_the_ratios_as_json() {
             "spot_vs_async_probe",
             "app_cpu_per_op_spot_vs_async",
             "p4_vs_local_compute_bound",
+            "p4_vs_spot_probe",
         ],
     );
     for case in ["probe", "compute_bound"] {

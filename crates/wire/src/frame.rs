@@ -139,19 +139,31 @@ fn pad_count(payload_len: usize) -> u8 {
     ((4 - payload_len % 4) % 4) as u8
 }
 
+/// Bytes after the UDP header of a frame of `opcode` with a payload of
+/// `payload_len` bytes.
+fn transport_len(opcode: Opcode, payload_len: usize) -> usize {
+    BTH_LEN
+        + ExtensionHeaders::len_for(opcode)
+        + payload_len
+        + usize::from(pad_count(payload_len))
+        + ICRC_LEN
+}
+
+/// Total bytes of a frame (IPv4 with no options) of `opcode` with a payload
+/// of `payload_len` bytes: what a buffer needs to hold it.
+pub fn frame_len(opcode: Opcode, payload_len: usize) -> usize {
+    ETHERNET_HEADER_LEN + Ipv4Repr::LEN + UDP_HEADER_LEN + transport_len(opcode, payload_len)
+}
+
 impl FrameRepr {
     /// Bytes after the UDP header for a payload of `payload_len` bytes.
     fn transport_len(&self, payload_len: usize) -> usize {
-        BTH_LEN
-            + ExtensionHeaders::len_for(self.bth.opcode)
-            + payload_len
-            + usize::from(pad_count(payload_len))
-            + ICRC_LEN
+        transport_len(self.bth.opcode, payload_len)
     }
 
     /// Total frame bytes for a payload of `payload_len` bytes.
     pub fn frame_len(&self, payload_len: usize) -> usize {
-        ETHERNET_HEADER_LEN + Ipv4Repr::LEN + UDP_HEADER_LEN + self.transport_len(payload_len)
+        frame_len(self.bth.opcode, payload_len)
     }
 
     /// Sets the fields a payload of `payload_len` bytes implies.
@@ -427,8 +439,7 @@ impl FlowTemplate {
             return Err(WireError::UnknownOpcode(bth.opcode as u8));
         }
         let pad = usize::from(pad_count(payload_len));
-        let extension_len = ExtensionHeaders::len_for(bth.opcode);
-        let transport_len = BTH_LEN + extension_len + payload_len + pad + ICRC_LEN;
+        let transport_len = transport_len(bth.opcode, payload_len);
         let frame_len = BTH_START + transport_len;
         let ip_total = u16::try_from(frame_len - IP_START)
             .map_err(|_| WireError::PayloadTooLarge(payload_len))?;

@@ -234,6 +234,7 @@ pub fn run(quick: bool, settings: &Settings) -> Result<Report, CowbirdBenchError
     let mut ratios: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut p4_resources = None;
     let mut p4_go_backs = 0u64;
+    let mut local_probe_rates = Vec::new();
     // The work per record is calibrated once, so every variant and round
     // does the same work.
     let benches: Vec<(&str, ProbeBench)> = cases
@@ -262,6 +263,9 @@ pub fn run(quick: bool, settings: &Settings) -> Result<Report, CowbirdBenchError
                 progress.inc(1);
             }
             let local = outcomes["local"].operations_per_second();
+            if case == "probe" {
+                local_probe_rates.push(local);
+            }
             if let Some((stats, resources)) = &outcomes["p4"].p4 {
                 p4_resources.get_or_insert_with(|| resources.clone());
                 p4_go_backs += stats.go_backs;
@@ -283,6 +287,12 @@ pub fn run(quick: bool, settings: &Settings) -> Result<Report, CowbirdBenchError
                         .entry("app_cpu_per_op_spot_vs_async")
                         .or_default()
                         .push(spot.app_ns_per_remote() / asynchronous.app_ns_per_remote());
+                    // The P4 chain is ten frames through the fabric thread
+                    // per batch: this ratio shows the fabric's cost most.
+                    ratios
+                        .entry("p4_vs_spot_probe")
+                        .or_default()
+                        .push(outcomes["p4"].operations_per_second() / spot.operations_per_second());
                 }
                 "compute_bound" => {
                     ratios
@@ -349,6 +359,10 @@ pub fn run(quick: bool, settings: &Settings) -> Result<Report, CowbirdBenchError
         println!("{name:<40} {value:.3}");
         report.ratios.insert(name.into(), serde_json::json!(value));
     }
+    report.baseline(
+        "local_probe_operations_per_second",
+        median(&mut local_probe_rates),
+    );
     Ok(report)
 }
 
