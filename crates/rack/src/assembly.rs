@@ -111,20 +111,59 @@ pub fn start_fabric(
     pumps: Vec<Arc<Mutex<dyn Pump>>>,
     pin: bool,
 ) -> Result<FabricThread, RackError> {
-    start_fabric_on(name, pumps, RackClock::new(), pin)
+    start_fabric_on(name, vec![pumps], RackClock::new(), pin)
 }
 
-/// Starts a fabric thread pumping `pumps` on `clock`, the clock the
-/// rack's other threads read too.
+/// Starts a fabric thread for each group of pumps (groups left empty get
+/// none), all on `clock`, the clock the rack's other threads read too.
 fn start_fabric_on(
     name: &str,
-    pumps: Vec<Arc<Mutex<dyn Pump>>>,
+    groups: Vec<Vec<Arc<Mutex<dyn Pump>>>>,
     clock: RackClock,
     pin: bool,
 ) -> Result<FabricThread, RackError> {
     let stop = Arc::new(AtomicBool::new(false));
-    let driver = Driver::new(pumps, clock, Arc::clone(&stop))?;
-    FabricThread::start(name, driver, stop, pin)
+    let drivers = groups
+        .into_iter()
+        .filter(|pumps| !pumps.is_empty())
+        .map(|pumps| Driver::new(pumps, clock, Arc::clone(&stop)))
+        .collect::<Result<Vec<_>, _>>()?;
+    FabricThread::start(name, drivers, stop, pin)
+}
+
+/// How many threads pump the embedded rack's switch and hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FabricThreads {
+    /// One on a machine of two cores or fewer, where a second fabric
+    /// thread would only take turns with the application; otherwise one
+    /// fewer than the cores, at most one per host plus the switch.
+    Auto,
+    Exactly(usize),
+}
+
+impl FabricThreads {
+    /// The thread count for a rack of `hosts` hosts on this machine.
+    pub fn resolve(self, hosts: usize) -> usize {
+        let wanted = match self {
+            FabricThreads::Exactly(count) => count,
+            FabricThreads::Auto => {
+                let cores = std::thread::available_parallelism().map_or(1, |count| count.get());
+                if cores <= 2 {
+                    1
+                } else {
+                    cores - 1
+                }
+            }
+        };
+        wanted.clamp(1, hosts + 1)
+    }
+}
+
+/// The fabric thread that pumps host `index`: the switch is on thread 0,
+/// and hosts are dealt out from thread 1 on, so with two threads the
+/// switch and the first host do not share one.
+fn fabric_thread_of_host(index: usize, threads: usize) -> usize {
+    (index + 1) % threads
 }
 
 /// Pumps `pumps` on this thread until `stop` (a switch alone, for a rack
@@ -145,6 +184,7 @@ pub struct RackBuilder<'t> {
     own_cpu: Vec<bool>,
     stopping: Option<Arc<AtomicBool>>,
     ring_depth: u32,
+    fabric_threads: FabricThreads,
 }
 
 impl<'t> RackBuilder<'t> {
@@ -160,7 +200,14 @@ impl<'t> RackBuilder<'t> {
             own_cpu: vec![false; topology.hosts().len()],
             stopping: None,
             ring_depth: RING_DEPTH,
+            fabric_threads: FabricThreads::Auto,
         }
+    }
+
+    /// How many threads pump the switch and the hosts ([`FabricThreads`]).
+    pub fn fabric_threads(mut self, threads: FabricThreads) -> RackBuilder<'t> {
+        self.fabric_threads = threads;
+        self
     }
 
     /// Slots per ring (a power of two).
@@ -238,10 +285,12 @@ impl<'t> RackBuilder<'t> {
             }
         }
         let links = hosts.len() + local_links.len();
+        let fabric_threads = self.fabric_threads.resolve(hosts.len());
         let mut pairs = match self.carrier {
             EmbeddedCarrier::Udp => udp_pairs(links)?,
             EmbeddedCarrier::InProcess | EmbeddedCarrier::SharedMemory => {
-                ring_pairs(links, &self.apart, self.carrier, self.ring_depth)?
+                let plan = ring_plan(&self.apart, &local_links, fabric_threads, self.ring_depth);
+                ring_pairs(links, &plan, self.carrier)?
             }
         };
         let local_pairs = pairs.split_off(hosts.len());
@@ -285,6 +334,7 @@ impl<'t> RackBuilder<'t> {
             own_cpu: self.own_cpu,
             thread_name: self.thread_name,
             pin_threads: self.pin_threads,
+            fabric_threads,
             capture: self.capture,
             carrier: self.carrier,
             stopping: self.stopping,
@@ -312,23 +362,49 @@ pub(crate) fn two_mut<T>(items: &mut [T], first: usize, second: usize) -> (&mut 
 type LinkEnd = (Box<dyn Port>, Box<dyn Port>);
 type LinkEnds = Vec<LinkEnd>;
 
-/// Rings in one segment: every ring is consumed by the fabric thread's
-/// doorbell, except a host driven apart, which sleeps on its own.
+/// Which doorbell wakes the consumer of each ring: doorbell `k` is fabric
+/// thread `k`'s, and a host driven apart sleeps on one of its own. Link
+/// `i` is ring `2i` (spoke → hub) and ring `2i + 1` (hub → spoke); the
+/// hosts' uplinks come first (the switch is the hub), then the local links
+/// (the host is the hub, its offload host the spoke).
+fn ring_plan(
+    apart: &[bool],
+    local_links: &[(usize, usize)],
+    fabric_threads: usize,
+    ring_depth: u32,
+) -> SegmentPlan {
+    let mut doorbell_count = fabric_threads as u32;
+    let mut ring_consumers = Vec::with_capacity(2 * (apart.len() + local_links.len()));
+    for (index, apart) in apart.iter().enumerate() {
+        ring_consumers.push(0);
+        let host = if *apart {
+            doorbell_count += 1;
+            doorbell_count - 1
+        } else {
+            fabric_thread_of_host(index, fabric_threads) as u32
+        };
+        ring_consumers.push(host);
+    }
+    for (host, offload) in local_links {
+        ring_consumers.push(fabric_thread_of_host(*host, fabric_threads) as u32);
+        ring_consumers.push(fabric_thread_of_host(*offload, fabric_threads) as u32);
+    }
+    SegmentPlan {
+        doorbell_count,
+        ring_consumers,
+        ring_depth,
+    }
+}
+
+/// Rings in one segment, laid out by `plan`.
 fn ring_pairs(
     count: usize,
-    apart: &[bool],
+    plan: &SegmentPlan,
     carrier: EmbeddedCarrier,
-    ring_depth: u32,
 ) -> Result<LinkEnds, RackError> {
-    let mut plan = SegmentPlan::star_one_waiter(count as u32, ring_depth);
-    for (index, _) in apart.iter().enumerate().filter(|(_, apart)| **apart) {
-        // Ring 2i+1 carries switch → host i+1: its consumer is the host.
-        plan.ring_consumers[2 * index + 1] = plan.doorbell_count;
-        plan.doorbell_count += 1;
-    }
     let segment = match carrier {
-        EmbeddedCarrier::SharedMemory => Segment::shared("remora-rack", &plan)?,
-        _ => Segment::anonymous(&plan)?,
+        EmbeddedCarrier::SharedMemory => Segment::shared("remora-rack", plan)?,
+        _ => Segment::anonymous(plan)?,
     };
     (1..=count as u32)
         .map(|spoke| -> Result<LinkEnd, RackError> {
@@ -370,6 +446,8 @@ pub struct StagedRack {
     own_cpu: Vec<bool>,
     thread_name: String,
     pin_threads: bool,
+    /// Resolved at build, where the rings' doorbells were laid out for it.
+    fabric_threads: usize,
     capture: Option<PcapSink>,
     carrier: EmbeddedCarrier,
     stopping: Option<Arc<AtomicBool>>,
@@ -441,10 +519,14 @@ impl StagedRack {
             .into_iter()
             .map(|endpoint| endpoint.map(|endpoint| Arc::new(Mutex::new(endpoint))))
             .collect();
-        let mut pumps: Vec<Arc<Mutex<dyn Pump>>> = vec![switch.clone()];
-        for (host, apart) in hosts.iter().zip(&self.apart) {
+        // A host's agents are pumped on its NIC's thread, so the two never
+        // wait for each other's lock across threads.
+        let threads = self.fabric_threads;
+        let mut groups: Vec<Vec<Arc<Mutex<dyn Pump>>>> = vec![Vec::new(); threads];
+        groups[0].push(switch.clone());
+        for (index, (host, apart)) in hosts.iter().zip(&self.apart).enumerate() {
             if let (Some(host), false) = (host, apart) {
-                pumps.push(host.clone());
+                groups[fabric_thread_of_host(index, threads)].push(host.clone());
             }
         }
         let mut agents: Vec<Vec<RunningAgent>> = vec![Vec::new(); hosts.len()];
@@ -456,15 +538,17 @@ impl StagedRack {
                 ))
             })?;
             if !self.own_cpu[index] {
-                pumps.push(Arc::new(Mutex::new(AgentPump {
-                    host,
-                    agent,
-                    busy_ns: busy,
-                })));
+                groups[fabric_thread_of_host(index, threads)].push(Arc::new(Mutex::new(
+                    AgentPump {
+                        host,
+                        agent,
+                        busy_ns: busy,
+                    },
+                )));
             }
         }
         let clock = RackClock::new();
-        let mut fabric = start_fabric_on(&self.thread_name, pumps, clock, self.pin_threads)?;
+        let mut fabric = start_fabric_on(&self.thread_name, groups, clock, self.pin_threads)?;
         if let Some(stop) = &self.stopping {
             fabric = fabric.stopping_rack(stop);
         }

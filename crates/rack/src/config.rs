@@ -48,7 +48,13 @@ pub use crate::topology::Role;
 #[serde(deny_unknown_fields)]
 pub struct RackSection {
     pub name: String,
+    /// Threads that pump the embedded rack's switch and nodes; absent is
+    /// `auto` (one on a machine of two cores or fewer).
+    pub fabric_threads: Option<usize>,
 }
+
+/// The most fabric threads a rack file may ask for.
+pub const MAX_FABRIC_THREADS: usize = MAX_NODES + 1;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -270,6 +276,8 @@ pub struct RackConfig {
     topology: Topology,
     pub tunnel_host: Option<std::net::IpAddr>,
     pub tunnel_base_port: u16,
+    /// Threads pumping the embedded rack (`[rack] fabric_threads`).
+    pub fabric_threads: crate::assembly::FabricThreads,
     /// Each system's own table (`[cowbird]`, ...), unparsed: the system's
     /// crate reads it, with its own typed errors.
     pub systems: BTreeMap<String, toml::Table>,
@@ -392,6 +400,15 @@ impl RackConfig {
 
     fn validate(raw: RawRack) -> Result<RackConfig, String> {
         check_name(&raw.rack.name).map_err(|message| format!("rack names use {message}"))?;
+        let fabric_threads = match raw.rack.fabric_threads {
+            None => crate::assembly::FabricThreads::Auto,
+            Some(count @ 1..=MAX_FABRIC_THREADS) => crate::assembly::FabricThreads::Exactly(count),
+            Some(count) => {
+                return Err(format!(
+                    "fabric_threads is 1 to {MAX_FABRIC_THREADS}, not {count}"
+                ))
+            }
+        };
         if raw.nodes.is_empty() || raw.nodes.len() > MAX_NODES {
             return Err(format!(
                 "a rack holds 1 to {MAX_NODES} nodes, not {}",
@@ -545,6 +562,7 @@ impl RackConfig {
             topology,
             tunnel_host: raw.switch.tunnel_host,
             tunnel_base_port: raw.switch.tunnel_base_port,
+            fabric_threads,
             systems,
         })
     }
@@ -651,6 +669,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("neither a rack section"), "{error}");
+    }
+
+    #[test]
+    fn fabric_threads_are_auto_by_default_and_refused_out_of_range() {
+        use crate::assembly::FabricThreads;
+        assert_eq!(
+            RackConfig::parse(GOOD).unwrap().fabric_threads,
+            FabricThreads::Auto
+        );
+        let two = GOOD.replace("name = \"t\"", "name = \"t\"\nfabric_threads = 2");
+        assert_eq!(
+            RackConfig::parse(&two).unwrap().fabric_threads,
+            FabricThreads::Exactly(2)
+        );
+        for bad in [0, MAX_FABRIC_THREADS + 1] {
+            let text = GOOD.replace(
+                "name = \"t\"",
+                &format!("name = \"t\"\nfabric_threads = {bad}"),
+            );
+            let error = RackConfig::parse(&text).unwrap_err().to_string();
+            assert!(error.contains("fabric_threads is 1 to"), "{error}");
+        }
     }
 
     #[test]

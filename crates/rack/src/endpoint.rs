@@ -720,14 +720,17 @@ pub fn lock<T: ?Sized>(shared: &Arc<Mutex<T>>) -> MutexGuard<'_, T> {
 /// sleep: the driver checks the flag after the announcement.
 #[derive(Clone)]
 pub struct DriverKicker {
-    kicked: Arc<AtomicBool>,
-    kicker: Kicker,
+    /// Each driver's flag and doorbell: a rack spread over several fabric
+    /// threads wakes them all, since the work posted may be any of theirs.
+    drivers: Vec<(Arc<AtomicBool>, Kicker)>,
 }
 
 impl DriverKicker {
     pub fn kick(&self) {
-        self.kicked.store(true, Ordering::SeqCst);
-        self.kicker.kick();
+        for (kicked, kicker) in &self.drivers {
+            kicked.store(true, Ordering::SeqCst);
+            kicker.kick();
+        }
     }
 }
 
@@ -764,8 +767,7 @@ impl Driver {
     /// Wakes the driver from another thread (after posting work).
     pub fn kicker(&self) -> DriverKicker {
         DriverKicker {
-            kicked: Arc::clone(&self.kicked),
-            kicker: self.waiter.kicker(),
+            drivers: vec![(Arc::clone(&self.kicked), self.waiter.kicker())],
         }
     }
 
@@ -839,39 +841,64 @@ impl RackThread {
     }
 }
 
-/// A driver on its own thread. Stopping is one call, and dropping it on an
-/// error path stops it too, so no early return leaves a thread running
-/// (it also sets the rack's stop flag, which ends compute and control
-/// threads started before the failure).
+/// Drivers on threads of their own, one thread each: the rack's fabric.
+/// Stopping is one call, and dropping it on an error path stops it too, so
+/// no early return leaves a thread running (it also sets the rack's stop
+/// flag, which ends compute and control threads started before the
+/// failure).
 pub struct FabricThread {
-    thread: RackThread,
+    threads: Vec<RackThread>,
     driver_stop: Arc<AtomicBool>,
     rack_stop: Option<Arc<AtomicBool>>,
     kicker: DriverKicker,
 }
 
 impl FabricThread {
+    /// Starts one thread per driver; every driver must stop on
+    /// `driver_stop`. One driver's thread is called `name`; several are
+    /// `name-0`, `name-1`, and so on.
     pub fn start(
         name: &str,
-        driver: Driver,
+        drivers: Vec<Driver>,
         driver_stop: Arc<AtomicBool>,
         pin: bool,
     ) -> Result<FabricThread, RackError> {
-        let kicker = driver.kicker();
-        let thread = RackThread::spawn(name, "a fabric thread", move || {
-            if pin {
-                pin_current_thread(ThreadRole::Fabric);
-            }
-            let started_ns = thread_cpu_ns();
-            driver.run()?;
-            Ok(Duration::from_nanos(thread_cpu_ns() - started_ns))
-        })?;
-        Ok(FabricThread {
-            thread,
+        assert!(!drivers.is_empty(), "a fabric has at least one thread");
+        let kicker = DriverKicker {
+            drivers: drivers
+                .iter()
+                .flat_map(|driver| driver.kicker().drivers)
+                .collect(),
+        };
+        let count = drivers.len();
+        let mut fabric = FabricThread {
+            threads: Vec::with_capacity(count),
             driver_stop,
             rack_stop: None,
             kicker,
-        })
+        };
+        for (index, driver) in drivers.into_iter().enumerate() {
+            let thread_name = if count == 1 {
+                name.to_string()
+            } else {
+                format!("{name}-{index}")
+            };
+            // On failure `fabric` drops here, which stops and joins the
+            // threads already started.
+            fabric.threads.push(RackThread::spawn(
+                &thread_name,
+                "a fabric thread",
+                move || {
+                    if pin {
+                        pin_current_thread(ThreadRole::Fabric);
+                    }
+                    let started_ns = thread_cpu_ns();
+                    driver.run()?;
+                    Ok(Duration::from_nanos(thread_cpu_ns() - started_ns))
+                },
+            )?);
+        }
+        Ok(fabric)
     }
 
     /// Also sets the rack's stop flag when this thread is stopped or dropped.
@@ -884,15 +911,38 @@ impl FabricThread {
         self.kicker.clone()
     }
 
-    pub fn is_finished(&self) -> bool {
-        self.thread.is_finished()
+    /// How many threads the fabric runs on.
+    pub fn thread_count(&self) -> usize {
+        self.threads.len()
     }
 
-    /// Stops the driver and returns the CPU time its thread used: the
-    /// NIC emulation and switch cost, apart from the application's.
+    /// Whether any of its threads ended (a failure, unless it was told to
+    /// stop).
+    pub fn is_finished(&self) -> bool {
+        self.threads.iter().any(RackThread::is_finished)
+    }
+
+    /// Stops the drivers and returns the CPU time their threads used
+    /// together: the NIC emulation and switch cost, apart from the
+    /// application's. The first failure is returned, after every thread
+    /// is joined.
     pub fn stop_and_join(mut self) -> Result<Duration, RackError> {
         self.stop();
-        self.thread.join()
+        self.join_all()
+    }
+
+    fn join_all(&mut self) -> Result<Duration, RackError> {
+        let mut total = Duration::ZERO;
+        let mut failure = None;
+        for thread in &mut self.threads {
+            match thread.join() {
+                Ok(cpu) => total += cpu,
+                Err(error) => {
+                    failure.get_or_insert(error);
+                }
+            }
+        }
+        failure.map_or(Ok(total), Err)
     }
 
     pub fn stop(&self) {
@@ -907,7 +957,7 @@ impl FabricThread {
 impl Drop for FabricThread {
     fn drop(&mut self) {
         self.stop();
-        let _ = self.thread.join();
+        let _ = self.join_all();
     }
 }
 

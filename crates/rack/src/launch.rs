@@ -326,6 +326,7 @@ fn embedded(
     let mut builder = RackBuilder::new(rack.topology())
         .nic_seed(nic_seed())
         .pin_threads(pin_threads)
+        .fabric_threads(rack.fabric_threads)
         .stopping(&stop);
     if let Some(sink) = capture {
         builder = builder.capture(sink.clone());

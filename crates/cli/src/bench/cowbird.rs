@@ -289,10 +289,9 @@ pub fn run(quick: bool, settings: &Settings) -> Result<Report, CowbirdBenchError
                         .push(spot.app_ns_per_remote() / asynchronous.app_ns_per_remote());
                     // The P4 chain is ten frames through the fabric thread
                     // per batch: this ratio shows the fabric's cost most.
-                    ratios
-                        .entry("p4_vs_spot_probe")
-                        .or_default()
-                        .push(outcomes["p4"].operations_per_second() / spot.operations_per_second());
+                    ratios.entry("p4_vs_spot_probe").or_default().push(
+                        outcomes["p4"].operations_per_second() / spot.operations_per_second(),
+                    );
                 }
                 "compute_bound" => {
                     ratios

@@ -1,0 +1,174 @@
+//! The embedded rack spread over several fabric threads: the switch on one,
+//! hosts dealt out over the others, each ring waking the thread that
+//! consumes it. On this 2-core machine the threads take turns, so this
+//! checks behaviour, not speed: every transfer completes and the bytes
+//! arrive, across the switch and across a DPU's local link, on each
+//! carrier that uses rings.
+
+use remora_rack::assembly::{EmbeddedCarrier, EmbeddedRack, FabricThreads, RackBuilder};
+use remora_rack::endpoint::{lock, rack_queue_pair};
+use remora_rack::topology::{standard_host, HostSpec, Role, Topology};
+use remora_rnic::*;
+use std::time::{Duration, Instant};
+
+const COMPUTE: usize = 0;
+const MEMORY: usize = 1;
+const DPU: usize = 2;
+const REGION_BYTES: u64 = 1 << 20;
+const MESSAGE_BYTES: u32 = 8 * 1024;
+const ROUNDS: u64 = 50;
+
+fn topology() -> Topology {
+    let mut topology = Topology::compute_and_memory();
+    let (mac, address) = standard_host(DPU);
+    let mut dpu = HostSpec::new("dpu", Role::Offload, mac, address);
+    dpu.attached_to = Some(COMPUTE);
+    topology.add_host(dpu).unwrap();
+    topology
+}
+
+/// The compute host's queue pair to one peer, with a region on each side.
+struct Connection {
+    queue_pair: QueuePair,
+    completion_queue: CompletionQueue,
+    local: MemoryRegion,
+    remote: MemoryRegion,
+}
+
+fn connect(stage: &mut remora_rack::assembly::StagedRack, peer: usize) -> Connection {
+    let mut sides = Vec::new();
+    for host in [COMPUTE, peer] {
+        let nic = stage.nic_mut(host);
+        let pd = nic.alloc_protection_domain().unwrap();
+        let region = nic
+            .register_memory(pd, REGION_BYTES, AccessFlags::ALL)
+            .unwrap();
+        let cq = nic.create_completion_queue(256).unwrap();
+        let prepared = nic.create_queue_pair(&rack_queue_pair(pd, cq)).unwrap();
+        sides.push((region, cq, prepared));
+    }
+    let (compute, other) = stage.nic_pair_mut(COMPUTE, peer);
+    let queue_pair = compute.handshake(sides[0].2, sides[1].2.endpoint).unwrap();
+    other.handshake(sides[1].2, sides[0].2.endpoint).unwrap();
+    Connection {
+        queue_pair,
+        completion_queue: sides[0].1,
+        local: sides[0].0,
+        remote: sides[1].0,
+    }
+}
+
+impl Connection {
+    /// Posts one request and waits for its completion.
+    fn transfer(&self, rack: &EmbeddedRack, operation: SendOperation, local_offset: u64) {
+        let element = self.local.slice(local_offset, MESSAGE_BYTES);
+        let request = SendRequest::new(local_offset, operation, &[element]).unwrap();
+        lock(rack.host(COMPUTE))
+            .rnic
+            .post_send(self.queue_pair, request)
+            .unwrap();
+        rack.kick();
+        let limit = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < limit, "no completion in 10 s");
+            let completion = lock(rack.host(COMPUTE))
+                .rnic
+                .poll_completion(self.completion_queue)
+                .unwrap();
+            if let Some(completion) = completion {
+                assert_eq!(completion.status, CompletionStatus::Success);
+                return;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Writes a pattern to the peer, reads it back into another buffer,
+    /// and compares.
+    fn round_trip(&self, rack: &EmbeddedRack, round: u64) {
+        let pattern: Vec<u8> = (0..MESSAGE_BYTES as u64)
+            .map(|index| (index.wrapping_mul(31) ^ round) as u8)
+            .collect();
+        let remote_offset = (round * u64::from(MESSAGE_BYTES)) % (REGION_BYTES / 2);
+        let write_from = 0;
+        let read_into = u64::from(MESSAGE_BYTES);
+        lock(rack.host(COMPUTE))
+            .rnic
+            .write_local(
+                self.local.lkey,
+                self.local.address.checked_add(write_from).unwrap(),
+                &pattern,
+            )
+            .unwrap();
+        let remote = self.remote.remote(remote_offset);
+        let write = SendOperation::Write {
+            remote,
+            immediate: None,
+        };
+        self.transfer(rack, write, write_from);
+        self.transfer(rack, SendOperation::Read { remote }, read_into);
+        let mut read = vec![0u8; MESSAGE_BYTES as usize];
+        lock(rack.host(COMPUTE))
+            .rnic
+            .read_local(
+                self.local.lkey,
+                self.local.address.checked_add(read_into).unwrap(),
+                &mut read,
+            )
+            .unwrap();
+        assert_eq!(read, pattern, "round {round}");
+    }
+}
+
+fn run(threads: usize, carrier: EmbeddedCarrier) {
+    let topology = topology();
+    let mut stage = RackBuilder::new(&topology)
+        .thread_name("spread")
+        .carrier(carrier)
+        .fabric_threads(FabricThreads::Exactly(threads))
+        .build()
+        .unwrap();
+    let to_memory = connect(&mut stage, MEMORY);
+    let to_dpu = connect(&mut stage, DPU);
+    let switch = stage.l2l3_switch();
+    let (mut rack, _switch) = stage.start(switch).unwrap();
+    assert_eq!(rack.fabric().thread_count(), threads);
+    for round in 0..ROUNDS {
+        to_memory.round_trip(&rack, round);
+        to_dpu.round_trip(&rack, round);
+    }
+    rack.stop_and_join().unwrap();
+    let report = rack.switch_report();
+    assert_eq!(
+        report.ports[DPU].frames_received, 0,
+        "the DPU's traffic took its local link"
+    );
+    assert!(report.ports[MEMORY].frames_received >= 2 * ROUNDS);
+}
+
+#[test]
+fn one_fabric_thread_carries_every_transfer() {
+    run(1, EmbeddedCarrier::InProcess);
+}
+
+#[test]
+fn two_fabric_threads_carry_every_transfer() {
+    run(2, EmbeddedCarrier::InProcess);
+}
+
+#[test]
+fn three_fabric_threads_carry_every_transfer_over_shared_memory() {
+    run(3, EmbeddedCarrier::SharedMemory);
+}
+
+#[test]
+fn four_fabric_threads_for_three_hosts_are_four() {
+    run(4, EmbeddedCarrier::InProcess);
+}
+
+#[test]
+fn a_thread_count_is_at_least_one_and_at_most_one_per_host_and_the_switch() {
+    assert_eq!(FabricThreads::Exactly(0).resolve(3), 1);
+    assert_eq!(FabricThreads::Exactly(9).resolve(3), 4);
+    assert!(FabricThreads::Auto.resolve(3) >= 1);
+}
