@@ -1,7 +1,9 @@
 //! A loop of one kind of transfer between two back-to-back soft RNICs, for
 //! profiling: `cargo run --release -p remora-rnic --example transfer_loop --
 //! read 64 1 5` runs serial 64 B READs for five seconds, under `perf record`
-//! or any sampling profiler (README, "Profiling").
+//! or any sampling profiler (README, "Profiling"). A last argument of
+//! `100000ops` runs that many transfers instead, for instruction counts
+//! under `valgrind --tool=callgrind`, which a noisy machine cannot skew.
 
 use remora_rnic::back_to_back::{BackToBack, Verdict};
 use remora_rnic::*;
@@ -9,7 +11,7 @@ use std::time::{Duration, Instant};
 
 fn main() -> Result<(), VerbsError> {
     let arguments: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: transfer_loop read|write SIZE_BYTES DEPTH SECONDS";
+    let usage = "usage: transfer_loop read|write SIZE_BYTES DEPTH SECONDS|COUNTops";
     let [kind, size, depth, seconds] = arguments.as_slice() else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -30,7 +32,10 @@ fn main() -> Result<(), VerbsError> {
     };
     let size_bytes = parse(size);
     let depth = parse(depth) as usize;
-    let duration = Duration::from_secs(parse(seconds));
+    let (duration, max_transfers) = match seconds.strip_suffix("ops") {
+        Some(count) => (Duration::MAX, parse(count)),
+        None => (Duration::from_secs(parse(seconds)), u64::MAX),
+    };
 
     let mut fabric = BackToBack::new(7);
     let left_pd = fabric.left.alloc_protection_domain()?;
@@ -63,7 +68,7 @@ fn main() -> Result<(), VerbsError> {
     let start = Instant::now();
     let mut outstanding = 0;
     let mut completed = 0u64;
-    while start.elapsed() < duration {
+    while start.elapsed() < duration && completed < max_transfers {
         for _ in 0..1024 {
             while outstanding < depth {
                 fabric.left.post_send(qp, request)?;

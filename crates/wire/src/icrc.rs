@@ -12,6 +12,22 @@ use crate::ethernet::ETHERNET_HEADER_LEN;
 use crate::udp::UDP_HEADER_LEN;
 
 pub const ICRC_LEN: usize = 4;
+
+/// A hasher from a register of `initial`, cloned from one made once:
+/// making a `crc32fast::Hasher` detects the CPU's features every time, a
+/// cost comparable to hashing a small frame; a clone keeps what was found.
+fn hasher(initial: u32) -> crc32fast::Hasher {
+    static FROM_ZERO: std::sync::OnceLock<crc32fast::Hasher> = std::sync::OnceLock::new();
+    static FROM_ONES: std::sync::OnceLock<crc32fast::Hasher> = std::sync::OnceLock::new();
+    let template = match initial {
+        0 => &FROM_ZERO,
+        0xffff_ffff => &FROM_ONES,
+        _ => return crc32fast::Hasher::new_with_initial(initial),
+    };
+    template
+        .get_or_init(|| crc32fast::Hasher::new_with_initial(initial))
+        .clone()
+}
 const MAX_IPV4_HEADER_LEN: usize = 60;
 /// crc32fast hashes shorter slices with a table loop, longer ones with
 /// carry-less multiplication, which costs about the same at 128 bytes as
@@ -62,7 +78,7 @@ pub fn compute(ipv4_header: &[u8], udp_header: &[u8], transport: &[u8]) -> u32 {
         staged[masked] = 0xff;
     }
     // An initial value of all ones is a zero register in crc32fast's terms.
-    let mut hasher = crc32fast::Hasher::new_with_initial(0xffff_ffff);
+    let mut hasher = hasher(0xffff_ffff);
     // Pad only a frame that fits whole: a large frame's headers alone hash
     // faster on the table path than padded to the vector path.
     let hashed_from = if inline {
@@ -106,7 +122,9 @@ pub fn compute_in_place(frame: &mut [u8], icrc_start: usize) -> u32 {
     for index in masked {
         frame[index] = 0xff;
     }
-    let icrc = crc32fast::hash(&frame[prefix.start..icrc_start]);
+    let mut hasher = hasher(0);
+    hasher.update(&frame[prefix.start..icrc_start]);
+    let icrc = hasher.finalize();
     frame[prefix].copy_from_slice(&saved_prefix);
     for (index, value) in masked.into_iter().zip(saved) {
         frame[index] = value;
