@@ -496,6 +496,7 @@ impl QueuePairContext {
         // Snapshot now: a later WRITE on this queue pair must not change
         // what this READ returns, even if its answer is still queued.
         let data = &mut responder.replay.entry_mut(slot).data;
+        // Only a longer READ than the slot's last zeroes anything: its tail.
         data.resize(range.len(), 0);
         resources.memory.slot_read(region_slot, range, data);
         responder.push(Output::ReadResponse {
