@@ -5,77 +5,52 @@
 //! `100000ops` runs that many transfers instead, for instruction counts
 //! under `valgrind --tool=callgrind`, which a noisy machine cannot skew.
 
-use remora_rnic::back_to_back::{BackToBack, Verdict};
+use remora_rnic::back_to_back::{TransferRig, Verdict};
 use remora_rnic::*;
 use std::time::{Duration, Instant};
 
+const USAGE: &str = "usage: transfer_loop read|write SIZE_BYTES DEPTH SECONDS|COUNTops";
+
+fn refuse(what: &str) -> ! {
+    eprintln!("{USAGE}{what}");
+    std::process::exit(2)
+}
+
+fn number(text: &str) -> u64 {
+    text.parse()
+        .unwrap_or_else(|_| refuse(&format!(": {text:?} is not a number")))
+}
+
 fn main() -> Result<(), VerbsError> {
     let arguments: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: transfer_loop read|write SIZE_BYTES DEPTH SECONDS|COUNTops";
-    let [kind, size, depth, seconds] = arguments.as_slice() else {
-        eprintln!("{usage}");
-        std::process::exit(2);
+    let [kind, size, depth, length] = arguments.as_slice() else {
+        refuse("")
     };
-    let is_read = match kind.as_str() {
+    let read = match kind.as_str() {
         "read" => true,
         "write" => false,
-        _ => {
-            eprintln!("{usage}");
-            std::process::exit(2);
-        }
+        _ => refuse(""),
     };
-    let parse = |text: &str| -> u64 {
-        text.parse().unwrap_or_else(|_| {
-            eprintln!("{usage}: {text:?} is not a number");
-            std::process::exit(2)
-        })
+    let size_bytes = u32::try_from(number(size)).unwrap_or_else(|_| refuse(": size too large"));
+    let depth = number(depth).max(1) as usize;
+    let (duration, max_transfers) = match length.strip_suffix("ops") {
+        Some(count) => (Duration::MAX, number(count)),
+        None => (Duration::from_secs(number(length)), u64::MAX),
     };
-    let size_bytes = parse(size);
-    let depth = parse(depth) as usize;
-    let (duration, max_transfers) = match seconds.strip_suffix("ops") {
-        Some(count) => (Duration::MAX, parse(count)),
-        None => (Duration::from_secs(parse(seconds)), u64::MAX),
-    };
-
-    let mut fabric = BackToBack::new(7);
-    let left_pd = fabric.left.alloc_protection_domain()?;
-    let right_pd = fabric.right.alloc_protection_domain()?;
-    let local = fabric
-        .left
-        .register_memory(left_pd, size_bytes, AccessFlags::ALL)?;
-    let remote = fabric
-        .right
-        .register_memory(right_pd, size_bytes, AccessFlags::ALL)?;
-    let left_cq = fabric.left.create_completion_queue(depth * 2)?;
-    let right_cq = fabric.right.create_completion_queue(depth * 2)?;
-    let mut left_builder = QueuePairBuilder::new(left_pd, left_cq, left_cq);
-    left_builder.max_read_atomic = depth;
-    left_builder.send_queue_depth = depth * 2;
-    let right_builder = QueuePairBuilder::new(right_pd, right_cq, right_cq);
-    let (qp, _) = fabric.connect(&left_builder, &right_builder)?;
-    let operation = if is_read {
-        SendOperation::Read {
-            remote: remote.remote(0),
-        }
-    } else {
-        SendOperation::Write {
-            remote: remote.remote(0),
-            immediate: None,
-        }
-    };
-    let request =
-        SendRequest::new(0, operation, &[local.slice(0, size_bytes as u32)]).expect("one element");
+    let mut rig = TransferRig::new(size_bytes, 1, depth)?;
+    let request = rig.request(0, read);
+    let queue_pair = rig.queue_pairs[0];
     let start = Instant::now();
     let mut outstanding = 0;
     let mut completed = 0u64;
     while start.elapsed() < duration && completed < max_transfers {
         for _ in 0..1024 {
             while outstanding < depth {
-                fabric.left.post_send(qp, request)?;
+                rig.fabric.left.post_send(queue_pair, request)?;
                 outstanding += 1;
             }
-            fabric.step(&mut |_, _| Verdict::Deliver);
-            while let Some(completion) = fabric.left.poll_completion(left_cq)? {
+            rig.fabric.step(&mut |_, _| Verdict::Deliver);
+            while let Some(completion) = rig.fabric.left.poll_completion(rig.completions)? {
                 assert_eq!(completion.status, CompletionStatus::Success);
                 outstanding -= 1;
                 completed += 1;

@@ -7,7 +7,10 @@
 
 use crate::device::{RnicConfig, SoftRnic};
 use crate::time::Timestamp;
-use crate::verbs::{QueuePair, QueuePairBuilder, Verbs};
+use crate::verbs::{
+    AccessFlags, CompletionQueue, MemoryRegion, QueuePair, QueuePairBuilder, SendOperation,
+    SendRequest, Verbs,
+};
 use crate::VerbsError;
 use remora_wire::frame::MAX_FRAME_LEN;
 use remora_wire::{Ipv4Address, MacAddress};
@@ -136,5 +139,80 @@ impl BackToBack {
 
     pub fn run(&mut self, max_steps: u64) -> RunSummary {
         self.run_filtered(max_steps, &mut |_, _| Verdict::Deliver)
+    }
+}
+
+/// Two devices back to back, connected by one or more queue pairs, with a
+/// region of the same size on each side: the setup every transfer
+/// benchmark and profiling loop shares. Every request uses the same two
+/// buffers, as a memcpy baseline reuses its two, so comparisons are
+/// between like working sets.
+pub struct TransferRig {
+    pub fabric: BackToBack,
+    /// The left device's queue pairs, all completing to `completions`.
+    pub queue_pairs: Vec<QueuePair>,
+    pub completions: CompletionQueue,
+    pub local: MemoryRegion,
+    pub remote: MemoryRegion,
+}
+
+/// The largest READ window a queue pair grants (`max_read_atomic`, the
+/// device's limit): READs posted beyond it wait in the send queue.
+pub const MAX_READ_WINDOW: usize = 128;
+
+impl TransferRig {
+    /// `queue_pairs` connections, each with room for `window` requests
+    /// outstanding (READs beyond [`MAX_READ_WINDOW`] wait in its send
+    /// queue), and regions of `size_bytes` (at least 8).
+    pub fn new(
+        size_bytes: u32,
+        queue_pairs: usize,
+        window: usize,
+    ) -> Result<TransferRig, VerbsError> {
+        let mut fabric = BackToBack::new(11);
+        let left_pd = fabric.left.alloc_protection_domain()?;
+        let right_pd = fabric.right.alloc_protection_domain()?;
+        let size = u64::from(size_bytes.max(8));
+        let local = fabric
+            .left
+            .register_memory(left_pd, size, AccessFlags::ALL)?;
+        let remote = fabric
+            .right
+            .register_memory(right_pd, size, AccessFlags::ALL)?;
+        let completion_depth = (queue_pairs * window * 2).max(16);
+        let left_cq = fabric.left.create_completion_queue(completion_depth)?;
+        let right_cq = fabric.right.create_completion_queue(completion_depth)?;
+        let mut left = QueuePairBuilder::new(left_pd, left_cq, left_cq);
+        left.max_read_atomic = window.clamp(1, MAX_READ_WINDOW);
+        left.send_queue_depth = (window * 2).max(2);
+        let mut right = QueuePairBuilder::new(right_pd, right_cq, right_cq);
+        right.max_destination_read_atomic = window.clamp(1, MAX_READ_WINDOW);
+        let mut connections = Vec::with_capacity(queue_pairs);
+        for _ in 0..queue_pairs {
+            connections.push(fabric.connect(&left, &right)?.0);
+        }
+        Ok(TransferRig {
+            fabric,
+            queue_pairs: connections,
+            completions: left_cq,
+            local,
+            remote,
+        })
+    }
+
+    /// A READ (or WRITE) of the whole region, named `id`.
+    pub fn request(&self, id: u64, read: bool) -> SendRequest {
+        let operation = if read {
+            SendOperation::Read {
+                remote: self.remote.remote(0),
+            }
+        } else {
+            SendOperation::Write {
+                remote: self.remote.remote(0),
+                immediate: None,
+            }
+        };
+        let length = u32::try_from(self.local.length_bytes).expect("sized from a u32");
+        SendRequest::new(id, operation, &[self.local.slice(0, length)]).expect("one element")
     }
 }

@@ -6,7 +6,7 @@
 
 use super::report::{median, size_label, thread_cpu_ns, Report};
 use indicatif::{ProgressBar, ProgressStyle};
-use remora_rnic::back_to_back::BackToBack;
+use remora_rnic::back_to_back::{TransferRig, Verdict, MAX_READ_WINDOW};
 use remora_rnic::*;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -63,11 +63,6 @@ struct Transfer {
     in_flight: usize,
 }
 
-/// The largest READ window a queue pair grants (`max_read_atomic`): READs
-/// posted beyond it wait in the send queue, still outstanding to the
-/// application.
-const MAX_READ_WINDOW: usize = 128;
-
 fn run_transfers(transfer: Transfer, duration: Duration) -> Result<Sample, FabricBenchError> {
     let Transfer {
         kind,
@@ -77,76 +72,33 @@ fn run_transfers(transfer: Transfer, duration: Duration) -> Result<Sample, Fabri
     } = transfer;
     assert!(queue_pairs > 0 && in_flight.is_multiple_of(queue_pairs));
     let per_queue_pair = in_flight / queue_pairs;
-    let mut fabric = BackToBack::new(11);
-    let error = FabricBenchError::Verbs;
-    let left_pd = fabric.left.alloc_protection_domain().map_err(error)?;
-    let right_pd = fabric.right.alloc_protection_domain().map_err(error)?;
-    // Every outstanding request uses the same two buffers of `size` bytes,
-    // as memcpy reuses its two: the comparison is between like working
-    // sets, not between cache levels.
-    let local = fabric
-        .left
-        .register_memory(left_pd, u64::from(size), AccessFlags::ALL)
-        .map_err(error)?;
-    let remote = fabric
-        .right
-        .register_memory(right_pd, u64::from(size), AccessFlags::ALL)
-        .map_err(error)?;
-    let left_cq = fabric
-        .left
-        .create_completion_queue(in_flight * 2)
-        .map_err(error)?;
-    let right_cq = fabric
-        .right
-        .create_completion_queue(in_flight * 2)
-        .map_err(error)?;
-    let mut left_builder = QueuePairBuilder::new(left_pd, left_cq, left_cq);
-    left_builder.max_read_atomic = per_queue_pair.min(MAX_READ_WINDOW);
-    left_builder.send_queue_depth = per_queue_pair * 2;
-    let mut right_builder = QueuePairBuilder::new(right_pd, right_cq, right_cq);
-    right_builder.max_destination_read_atomic = per_queue_pair.min(MAX_READ_WINDOW);
-    let mut connections = Vec::with_capacity(queue_pairs);
-    for _ in 0..queue_pairs {
-        let (qp, _) = fabric
-            .connect(&left_builder, &right_builder)
-            .map_err(error)?;
-        connections.push(qp);
-    }
-    let operation = match kind {
-        Kind::Read => SendOperation::Read {
-            remote: remote.remote(0),
-        },
-        Kind::Write => SendOperation::Write {
-            remote: remote.remote(0),
-            immediate: None,
-        },
-    };
-    let request = |slot: usize| {
-        SendRequest::new(slot as u64, operation, &[local.slice(0, size)]).expect("one element")
-    };
+    let mut rig = TransferRig::new(size, queue_pairs, per_queue_pair)?;
+    let read = kind == Kind::Read;
     // Fill every queue pair's share; each completion is replaced on the
     // queue pair it came from (the work request id names it).
-    for (index, qp) in connections.iter().enumerate() {
+    for (index, qp) in rig.queue_pairs.iter().enumerate() {
         for _ in 0..per_queue_pair {
-            fabric.left.post_send(*qp, request(index)).map_err(error)?;
+            rig.fabric
+                .left
+                .post_send(*qp, rig.request(index as u64, read))?;
         }
     }
     let mut completed = 0u64;
     let start_wall = Instant::now();
     let start_cpu = thread_cpu_ns();
     loop {
-        if fabric.step(&mut |_, _| remora_rnic::back_to_back::Verdict::Deliver) == 0 {
+        if rig.fabric.step(&mut |_, _| Verdict::Deliver) == 0 {
             return Err(FabricBenchError::Stalled);
         }
-        while let Some(completion) = fabric.left.poll_completion(left_cq).map_err(error)? {
+        while let Some(completion) = rig.fabric.left.poll_completion(rig.completions)? {
             if completion.status != CompletionStatus::Success {
                 return Err(FabricBenchError::TransferFailed(completion.status));
             }
-            let index = completion.work_request_id as usize;
-            fabric
+            let index = completion.work_request_id;
+            let queue_pair = rig.queue_pairs[index as usize];
+            rig.fabric
                 .left
-                .post_send(connections[index], request(index))
-                .map_err(error)?;
+                .post_send(queue_pair, rig.request(index, read))?;
             completed += 1;
         }
         if completed.is_multiple_of(64) && start_wall.elapsed() >= duration {
@@ -209,7 +161,7 @@ pub fn run(quick: bool) -> Result<Report, FabricBenchError> {
             "pipeline_depth": PIPELINE_DEPTH,
             "queue_pair_counts": QUEUE_PAIR_COUNTS,
             "scaling_requests_in_flight": SCALING_IN_FLIGHT,
-            "scaling_read_window_per_queue_pair": MAX_READ_WINDOW,
+            "scaling_read_window_per_queue_pair_max": MAX_READ_WINDOW,
             "sweep_sizes_bytes": SWEEP_SIZES,
             "sweep_requests_in_flight": SWEEP_IN_FLIGHT,
             "path_mtu_bytes": 4096,
@@ -507,23 +459,10 @@ fn fill_sweep(report: &mut Report, rounds: &[Round]) {
 fn resident_bytes_per_queue_pair() -> f64 {
     const CONNECTIONS: usize = 1024;
     let before = resident_bytes();
-    let mut fabric = BackToBack::new(3);
-    let connected = (|| -> Result<(), VerbsError> {
-        let left_pd = fabric.left.alloc_protection_domain()?;
-        let right_pd = fabric.right.alloc_protection_domain()?;
-        let left_cq = fabric.left.create_completion_queue(64)?;
-        let right_cq = fabric.right.create_completion_queue(64)?;
-        let left = QueuePairBuilder::new(left_pd, left_cq, left_cq);
-        let right = QueuePairBuilder::new(right_pd, right_cq, right_cq);
-        for _ in 0..CONNECTIONS {
-            fabric.connect(&left, &right)?;
-        }
-        Ok(())
-    })();
+    let rig = TransferRig::new(64, CONNECTIONS, 16);
     let after = resident_bytes();
-    drop(fabric);
-    match connected {
-        Ok(()) => after.saturating_sub(before) as f64 / (2 * CONNECTIONS) as f64,
+    match rig {
+        Ok(_) => after.saturating_sub(before) as f64 / (2 * CONNECTIONS) as f64,
         Err(_) => f64::NAN,
     }
 }
