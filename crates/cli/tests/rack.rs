@@ -465,6 +465,43 @@ fn bench_fabric_quick_writes_scaling_sweep_and_baselines() {
     assert!(variants.contains(&"queue pair".to_string()));
 }
 
+/// `[rack] fabric_threads` spreads the embedded rack over that many
+/// threads (here more than this machine's cores), every workload still
+/// checked, and the report says how many ran.
+#[test]
+fn a_rack_file_spreads_the_embedded_rack_over_its_fabric_threads() {
+    let mut rack = String::from(
+        "[rack]\nname = \"spread\"\nfabric_threads = 3\n[switch]\nprogram = \"l2l3\"\n",
+    );
+    for index in 1..=2 {
+        rack += &format!("[[node]]\nname = \"c{index}\"\nrole = \"compute\"\naddress = \"10.0.0.{index}\"\nmemory = \"1MiB\"\n[node.workload]\noperations = 100\n");
+    }
+    rack +=
+        "[[node]]\nname = \"m\"\nrole = \"memory\"\naddress = \"10.0.0.9\"\nmemory = \"4MiB\"\n";
+    let path = common::scratch("spread.toml");
+    std::fs::write(&path, rack).unwrap();
+    let json = common::scratch("spread.json");
+    let output = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["rack", "up"])
+        .arg(&path)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&path).ok();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("3 fabric threads"), "{stdout}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).ok();
+    assert_eq!(report["fabric_threads"], 3);
+    assert_workloads_complete(&report, 100);
+}
+
 /// Three compute nodes split a memory region into shares that must stay
 /// 8-byte aligned for their atomics (16 MiB / 3 is not).
 #[test]

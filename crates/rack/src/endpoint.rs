@@ -82,11 +82,13 @@ pub fn rack_queue_pair(
 }
 
 /// Where the rack's threads run when the machine has cores to spare: the
-/// fabric thread on the last core, application threads on the others, as
-/// the design's embedded rack puts "the rest of the rack" on its own core.
+/// fabric threads on the last cores (the first on the last), application
+/// threads on the others, as the design's embedded rack puts "the rest of
+/// the rack" on a core of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ThreadRole {
-    Fabric,
+    /// The `n`th fabric thread.
+    Fabric(usize),
     /// The `n`th application thread.
     Application(usize),
 }
@@ -100,7 +102,7 @@ pub fn pin_current_thread(role: ThreadRole) -> Option<usize> {
         return None;
     }
     let core = match role {
-        ThreadRole::Fabric => cores - 1,
+        ThreadRole::Fabric(index) => cores - 1 - index % cores,
         ThreadRole::Application(index) => index % (cores - 1),
     };
     let mut set = rustix::thread::CpuSet::new();
@@ -890,7 +892,7 @@ impl FabricThread {
                 "a fabric thread",
                 move || {
                     if pin {
-                        pin_current_thread(ThreadRole::Fabric);
+                        pin_current_thread(ThreadRole::Fabric(index));
                     }
                     let started_ns = thread_cpu_ns();
                     driver.run()?;

@@ -332,6 +332,7 @@ fn embedded(
         builder = builder.capture(sink.clone());
     }
     let (mut embedded, _switch) = builder.build()?.start(build_switch(rack)?)?;
+    let fabric_threads = embedded.fabric().thread_count();
     let endpoints: Vec<Shared<NodeEndpoint>> = (0..rack.nodes.len())
         .map(|index| embedded.host(index).clone())
         .collect();
@@ -372,6 +373,7 @@ fn embedded(
         rack: rack.name.clone(),
         mode: Mode::Embedded.name().into(),
         carrier: embedded.carrier().name().into(),
+        fabric_threads,
         nodes: reports,
         switch: embedded.switch_report(),
         notes: rack.topology().shaping_notes(),
@@ -595,6 +597,9 @@ fn supervised(
         rack: rack.name.clone(),
         mode: options.mode.name().into(),
         carrier: carrier_name.into(),
+        // The switch process pumps its ports on one thread; each node
+        // process pumps its own NIC.
+        fabric_threads: 1,
         nodes: reports,
         switch: switch_report,
         notes: supervised_notes(rack, options.mode),

@@ -86,6 +86,8 @@ pub struct RackReport {
     pub rack: String,
     pub mode: String,
     pub carrier: String,
+    /// Threads that pumped the switch and the nodes it drove.
+    pub fabric_threads: usize,
     pub nodes: Vec<NodeReport>,
     pub switch: SwitchReport,
     /// What the rack could not honour exactly (shaping finer or faster
@@ -114,8 +116,12 @@ impl std::fmt::Display for RackReport {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             formatter,
-            "rack {} ({} mode, {} carrier)",
-            self.rack, self.mode, self.carrier
+            "rack {} ({} mode, {} carrier, {} fabric thread{})",
+            self.rack,
+            self.mode,
+            self.carrier,
+            self.fabric_threads,
+            if self.fabric_threads == 1 { "" } else { "s" }
         )?;
         for node in &self.nodes {
             let rnic = &node.rnic;
