@@ -51,7 +51,28 @@ pub struct DatagramPort {
     outgoing_count: usize,
     incoming: Vec<Vec<u8>>,
     drops: DatagramDrops,
+    segmentation: Segmentation,
 }
+
+/// Whether runs of equal-sized frames leave as one UDP GSO send
+/// (`UDP_SEGMENT`): the kernel then walks its send path once per run, not
+/// once per frame, and the peer still receives one datagram per frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Segmentation {
+    /// A UDP socket whose kernel has not refused it yet.
+    Offered,
+    /// Not UDP (AF_PACKET), or the kernel refused it once: `sendmmsg`.
+    Off,
+}
+
+/// `UDP_SEGMENT` from `linux/udp.h` (Linux 4.18), which the libc crate
+/// does not name.
+const UDP_SEGMENT: libc::c_int = 103;
+/// The kernel's most segments in one GSO send (`UDP_MAX_SEGMENTS`).
+const MAX_SEGMENTS: usize = 64;
+/// The most payload bytes one GSO send carries: what one IPv4 datagram
+/// could, before the kernel cuts it.
+const MAX_SEGMENTED_BYTES: usize = 65_507;
 
 /// Two UDP sockets bound to `left` and `right` (port 0 lets the kernel
 /// pick), each with the address it was given: what the other end sends
@@ -101,7 +122,20 @@ impl DatagramPort {
         socket
             .set_nonblocking(true)
             .map_err(|error| CarrierError::io("set UDP tunnel non-blocking", error))?;
-        DatagramPort::from_fd(OwnedFd::from(socket))
+        let mut port = DatagramPort::from_fd(OwnedFd::from(socket))?;
+        port.segmentation = Segmentation::Offered;
+        Ok(port)
+    }
+
+    /// Sends every run of equal-sized frames with `sendmmsg` instead of
+    /// UDP GSO: for comparisons, and for kernels that mis-handle it.
+    pub fn without_segmentation(mut self) -> DatagramPort {
+        self.segmentation = Segmentation::Off;
+        self
+    }
+
+    pub fn segmentation(&self) -> Segmentation {
+        self.segmentation
     }
 
     /// AF_PACKET on an interface. Needs CAP_NET_RAW.
@@ -181,6 +215,7 @@ impl DatagramPort {
                 .map(|_| vec![0u8; RECEIVE_BUFFER_BYTES])
                 .collect(),
             drops: DatagramDrops::default(),
+            segmentation: Segmentation::Off,
         })
     }
 
@@ -193,6 +228,122 @@ impl DatagramPort {
         let socket =
             std::mem::ManuallyDrop::new(unsafe { UdpSocket::from_raw_fd(self.fd.as_raw_fd()) });
         socket.local_addr().ok()
+    }
+}
+
+impl DatagramPort {
+    /// How many frames from `start` on one GSO send can carry: frames of
+    /// the first one's size, the last of them possibly shorter, within the
+    /// kernel's limits. 1 when segmentation is off.
+    fn segment_run(&self, start: usize) -> usize {
+        if self.segmentation == Segmentation::Off {
+            return 1;
+        }
+        let pending = &self.outgoing[start..self.outgoing_count];
+        let segment_bytes = pending[0].len();
+        let mut total_bytes = segment_bytes;
+        let mut run = 1;
+        for frame in &pending[1..] {
+            let length = frame.len();
+            if run == MAX_SEGMENTS
+                || length > segment_bytes
+                || total_bytes + length > MAX_SEGMENTED_BYTES
+            {
+                break;
+            }
+            run += 1;
+            total_bytes += length;
+            if length < segment_bytes {
+                break;
+            }
+        }
+        run
+    }
+
+    /// One `sendmmsg` of frames `start..end`; returns how many left or
+    /// were dropped (at least one).
+    fn send_each(&mut self, start: usize, end: usize) -> Result<usize, CarrierError> {
+        // SAFETY: all zero bits are a valid iovec (null, length zero).
+        let mut iovecs: [libc::iovec; BATCH_FRAMES] = unsafe { std::mem::zeroed() };
+        let pending = &mut self.outgoing[start..end];
+        let count = pending.len();
+        let mut headers = message_headers(pending, |buffer| buffer.len(), &mut iovecs);
+        // SAFETY: headers point at `count` live buffers of their length.
+        let result = unsafe {
+            libc::sendmmsg(
+                self.fd.as_raw_fd(),
+                headers.as_mut_ptr(),
+                count as u32,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if result > 0 {
+            return Ok(result as usize);
+        }
+        let error = std::io::Error::last_os_error();
+        if result == 0 || would_block(&error) {
+            // Like a full switch queue: drop the frame that failed, count
+            // it, let RC recover, and try the rest.
+            self.drops.send_refused += 1;
+            return Ok(1);
+        }
+        Err(CarrierError::io("sendmmsg", error))
+    }
+
+    /// One GSO `sendmsg` of the `run` frames from `start`: one iovec per
+    /// frame, cut by the kernel at the first frame's size. A kernel that
+    /// refuses the option turns segmentation off and the frames go by
+    /// `sendmmsg` instead.
+    fn send_segmented(&mut self, start: usize, run: usize) -> Result<usize, CarrierError> {
+        debug_assert!((2..=MAX_SEGMENTS.min(BATCH_FRAMES)).contains(&run));
+        let segment_bytes = self.outgoing[start].len() as u16;
+        // SAFETY: all zero bits are a valid iovec (null, length zero).
+        let mut iovecs: [libc::iovec; BATCH_FRAMES] = unsafe { std::mem::zeroed() };
+        for (iovec, frame) in iovecs
+            .iter_mut()
+            .zip(&mut self.outgoing[start..start + run])
+        {
+            *iovec = libc::iovec {
+                iov_base: frame.as_mut_ptr() as *mut libc::c_void,
+                iov_len: frame.len(),
+            };
+        }
+        // A cmsghdr and a u16, aligned as the kernel reads it.
+        let mut control = [0u64; 4];
+        // SAFETY: all zero bits are a valid msghdr (null name, no iovecs).
+        let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+        message.msg_iov = iovecs.as_mut_ptr();
+        message.msg_iovlen = run;
+        message.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+        // SAFETY: CMSG_SPACE only computes a size.
+        message.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
+        // SAFETY: `control` holds CMSG_SPACE(2) bytes, so the first header
+        // and its two data bytes lie inside it.
+        unsafe {
+            let header = libc::CMSG_FIRSTHDR(&message);
+            (*header).cmsg_level = libc::SOL_UDP;
+            (*header).cmsg_type = UDP_SEGMENT;
+            (*header).cmsg_len = libc::CMSG_LEN(2) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(header) as *mut u16, segment_bytes);
+        }
+        // SAFETY: the message points at live iovecs and control bytes.
+        let result = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &message, libc::MSG_DONTWAIT) };
+        if result >= 0 {
+            return Ok(run);
+        }
+        let error = std::io::Error::last_os_error();
+        if would_block(&error) {
+            self.drops.send_refused += 1;
+            return Ok(1);
+        }
+        if matches!(
+            error.raw_os_error(),
+            Some(libc::EINVAL | libc::EIO | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+        ) {
+            self.segmentation = Segmentation::Off;
+            return self.send_each(start, start + run);
+        }
+        Err(CarrierError::io("sendmsg with UDP_SEGMENT", error))
     }
 }
 
@@ -310,33 +461,23 @@ impl Port for DatagramPort {
         // Each round sends or drops at least one frame, so the loop is
         // bounded by the batch size.
         while sent < self.outgoing_count {
-            // SAFETY: all zero bits are a valid iovec (null, length zero).
-            let mut iovecs: [libc::iovec; BATCH_FRAMES] = unsafe { std::mem::zeroed() };
-            let pending = &mut self.outgoing[sent..self.outgoing_count];
-            let count = pending.len();
-            let mut headers = message_headers(pending, |buffer| buffer.len(), &mut iovecs);
-            // SAFETY: headers point at `count` live buffers of their length.
-            let result = unsafe {
-                libc::sendmmsg(
-                    self.fd.as_raw_fd(),
-                    headers.as_mut_ptr(),
-                    count as u32,
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if result <= 0 {
-                let error = std::io::Error::last_os_error();
-                if result == 0 || would_block(&error) {
-                    // Like a full switch queue: drop the frame that failed,
-                    // count it, let RC recover, and try the rest.
-                    self.drops.send_refused += 1;
-                    sent += 1;
-                    continue;
+            let run = self.segment_run(sent);
+            let outcome = if run >= 2 {
+                self.send_segmented(sent, run)
+            } else {
+                let mut end = sent + 1;
+                while end < self.outgoing_count && self.segment_run(end) < 2 {
+                    end += 1;
                 }
-                self.outgoing_count = 0;
-                return Err(CarrierError::io("sendmmsg", error));
+                self.send_each(sent, end)
+            };
+            match outcome {
+                Ok(count) => sent += count,
+                Err(error) => {
+                    self.outgoing_count = 0;
+                    return Err(error);
+                }
             }
-            sent += result as usize;
         }
         self.outgoing_count = 0;
         Ok(())

@@ -29,7 +29,7 @@ pub mod wait;
 pub mod wrappers;
 
 #[cfg(not(loom))]
-pub use datagram::{bind_pair, DatagramPort, PacketSocketOptions};
+pub use datagram::{bind_pair, DatagramPort, PacketSocketOptions, Segmentation};
 #[cfg(not(loom))]
 pub use doorbell::Doorbell;
 #[cfg(not(loom))]

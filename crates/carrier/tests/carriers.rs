@@ -3,8 +3,8 @@
 
 use remora_carrier::wrappers::{CaptureDirection, Captured, Counted, Faulty, PcapSink};
 use remora_carrier::{
-    DatagramPort, IdleStrategy, PacketSocketOptions, Port, Segment, SegmentPlan, SendStatus,
-    WaitSource, Waiter, MAX_CARRIED_FRAME_BYTES,
+    DatagramPort, IdleStrategy, PacketSocketOptions, Port, Segment, SegmentPlan, Segmentation,
+    SendStatus, WaitSource, Waiter, MAX_CARRIED_FRAME_BYTES,
 };
 use remora_sim::LinkFaults;
 use remora_sim::Probability;
@@ -189,6 +189,58 @@ fn the_udp_tunnel_carries_one_frame_per_datagram_in_batches() {
         .iter()
         .enumerate()
         .all(|(index, bytes)| *bytes == frame(index as u8, 200)));
+}
+
+/// Frame sizes that make runs of every shape: long equal runs (cut at the
+/// batch), a run ending in a shorter frame, a longer frame starting a new
+/// run, lone frames between runs.
+fn mixed_sizes() -> Vec<usize> {
+    let mut sizes = vec![1000; 40];
+    sizes.extend([300, 4150, 4150, 4150, 64, 1000, 999, 999, 70, 4096, 4096]);
+    sizes.extend(std::iter::repeat_n(64, 70));
+    sizes
+}
+
+fn kernel_has_udp_segmentation() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut numbers = release
+        .split(|character: char| !character.is_ascii_digit())
+        .filter_map(|part| part.parse::<u32>().ok());
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    (major, minor) >= (4, 18)
+}
+
+#[test]
+fn runs_of_equal_frames_leave_segmented_and_arrive_one_per_datagram() {
+    for segmented in [true, false] {
+        let (left, mut right) = udp_pair();
+        let mut left = if segmented {
+            left
+        } else {
+            left.without_segmentation()
+        };
+        let sizes = mixed_sizes();
+        for (index, size) in sizes.iter().enumerate() {
+            left.send(&frame(index as u8, *size)).unwrap();
+        }
+        left.flush().unwrap();
+        let received = receive_all(&mut right, sizes.len(), Duration::from_secs(5));
+        assert_eq!(received.len(), sizes.len(), "segmented: {segmented}");
+        for (index, (bytes, size)) in received.iter().zip(&sizes).enumerate() {
+            assert_eq!(
+                *bytes,
+                frame(index as u8, *size),
+                "frame {index}, segmented: {segmented}"
+            );
+        }
+        assert_eq!(left.drops().send_refused, 0);
+        let expected = if segmented && kernel_has_udp_segmentation() {
+            Segmentation::Offered
+        } else {
+            Segmentation::Off
+        };
+        assert_eq!(left.segmentation(), expected);
+    }
 }
 
 #[test]
