@@ -42,8 +42,12 @@ fn rate(segmented: bool, frame_bytes: usize, duration: Duration) -> f64 {
 
 fn main() {
     let mut arguments = std::env::args().skip(1);
-    let frame_bytes = arguments.next().map_or(4096, |text| text.parse().expect("FRAME_BYTES"));
-    let seconds = arguments.next().map_or(2, |text| text.parse().expect("SECONDS"));
+    let frame_bytes = arguments
+        .next()
+        .map_or(4096, |text| text.parse().expect("FRAME_BYTES"));
+    let seconds = arguments
+        .next()
+        .map_or(2, |text| text.parse().expect("SECONDS"));
     let duration = Duration::from_secs(seconds);
     for round in 0..3 {
         let plain = rate(false, frame_bytes, duration);
