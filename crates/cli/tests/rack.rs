@@ -448,6 +448,7 @@ fn bench_fabric_quick_writes_scaling_sweep_and_baselines() {
             "read64_vs_memcpy1k",
             "write64k_vs_memcpy_bw",
             "qp_scaling_1024_vs_1",
+            "idle_qps_1023_vs_none",
         ],
     );
     for baseline in ["memcpy_1kib_ns", "memcpy_64kib_ns"] {
@@ -463,6 +464,7 @@ fn bench_fabric_quick_writes_scaling_sweep_and_baselines() {
         assert!(variants.contains(&format!("write {size} sweep")));
     }
     assert!(variants.contains(&"queue pair".to_string()));
+    assert!(variants.contains(&"read 64B beside 1023 idle queue pairs".to_string()));
 }
 
 /// `[rack] fabric_threads` spreads the embedded rack over that many

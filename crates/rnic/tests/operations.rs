@@ -257,3 +257,54 @@ fn unsignaled_requests_complete_silently_on_success() {
     assert!(s.fabric.run(1000).quiesced);
     assert!(drain(&mut s.fabric.left, s.left_cq).is_empty());
 }
+
+/// Queue pairs take turns among those with work: among 1024 connections
+/// the few that are busy are served, each of them, and READs posted on
+/// idle ones later are served too, with every byte right.
+#[test]
+fn busy_queue_pairs_among_many_idle_ones_all_complete() {
+    use remora_rnic::back_to_back::{TransferRig, Verdict};
+    let mut rig = TransferRig::new(64, 1024, 4).unwrap();
+    let pattern: Vec<u8> = (0..64u8).collect();
+    let remote = rig.remote;
+    rig.fabric
+        .right
+        .write_local(remote.lkey, remote.address, &pattern)
+        .unwrap();
+    for round in 0..3u64 {
+        // A few busy queue pairs, different ones each round.
+        let busy: Vec<usize> = (0..8)
+            .map(|index| (index * 131 + round as usize * 7) % 1024)
+            .collect();
+        for slot in &busy {
+            for _ in 0..4 {
+                let request = rig.request(*slot as u64, true);
+                rig.fabric
+                    .left
+                    .post_send(rig.queue_pairs[*slot], request)
+                    .unwrap();
+            }
+        }
+        let mut done = vec![0; 1024];
+        let mut steps = 0;
+        while done.iter().sum::<usize>() < busy.len() * 4 {
+            steps += 1;
+            assert!(steps < 10_000, "stalled with {done:?}");
+            rig.fabric.step(&mut |_, _| Verdict::Deliver);
+            while let Some(completion) = rig.fabric.left.poll_completion(rig.completions).unwrap() {
+                assert_eq!(completion.status, CompletionStatus::Success);
+                done[completion.work_request_id as usize] += 1;
+            }
+        }
+        for slot in &busy {
+            assert_eq!(done[*slot], 4, "queue pair {slot}");
+        }
+        let mut read = vec![0u8; 64];
+        let local = rig.local;
+        rig.fabric
+            .left
+            .read_local(local.lkey, local.address, &mut read)
+            .unwrap();
+        assert_eq!(read, pattern);
+    }
+}

@@ -19,6 +19,9 @@ const QUEUE_PAIR_COUNTS: [usize; 4] = [1, 16, 256, 1024];
 /// Requests outstanding in every scaling run, spread evenly over its queue
 /// pairs, so the one-queue-pair run is not starved by its own window.
 const SCALING_IN_FLIGHT: usize = 1024;
+/// Queue pairs connected and idle beside the one that works, in
+/// `idle_qps_1023_vs_none`.
+const IDLE_QUEUE_PAIRS: usize = 1023;
 /// Message sizes of the throughput sweep, 64 B to 1 MiB.
 const SWEEP_SIZES: [u32; 8] = [64, 256, 1024, 4096, 16384, 65536, 262_144, 1_048_576];
 /// Requests outstanding in the sweep.
@@ -59,7 +62,10 @@ pub enum FabricBenchError {
 struct Transfer {
     kind: Kind,
     size: u32,
+    /// Queue pairs carrying the traffic.
     queue_pairs: usize,
+    /// Further queue pairs connected but never used.
+    idle_queue_pairs: usize,
     in_flight: usize,
 }
 
@@ -68,15 +74,16 @@ fn run_transfers(transfer: Transfer, duration: Duration) -> Result<Sample, Fabri
         kind,
         size,
         queue_pairs,
+        idle_queue_pairs,
         in_flight,
     } = transfer;
     assert!(queue_pairs > 0 && in_flight.is_multiple_of(queue_pairs));
     let per_queue_pair = in_flight / queue_pairs;
-    let mut rig = TransferRig::new(size, queue_pairs, per_queue_pair)?;
+    let mut rig = TransferRig::new(size, queue_pairs + idle_queue_pairs, per_queue_pair)?;
     let read = kind == Kind::Read;
     // Fill every queue pair's share; each completion is replaced on the
     // queue pair it came from (the work request id names it).
-    for (index, qp) in rig.queue_pairs.iter().enumerate() {
+    for (index, qp) in rig.queue_pairs[..queue_pairs].iter().enumerate() {
         for _ in 0..per_queue_pair {
             rig.fabric
                 .left
@@ -181,7 +188,7 @@ pub fn run(quick: bool) -> Result<Report, FabricBenchError> {
         rounds.push(run_round(&plan, &progress)?);
     }
     progress.finish_and_clear();
-    fill_report(&mut report, &rounds);
+    fill_report(&mut report, &rounds)?;
     Ok(report)
 }
 
@@ -205,6 +212,9 @@ struct Round {
     scaling: Vec<Sample>,
     /// READs then WRITEs, each indexed as `SWEEP_SIZES`.
     sweep: Vec<Sample>,
+    /// Serial 64 B READs on one queue pair with `IDLE_QUEUE_PAIRS` others
+    /// connected and idle.
+    beside_idle: Option<Sample>,
 }
 
 fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, FabricBenchError> {
@@ -213,6 +223,7 @@ fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, FabricBenchEr
         transfers: VARIANTS.iter().map(|_| Vec::new()).collect(),
         scaling: Vec::new(),
         sweep: Vec::new(),
+        beside_idle: None,
     };
     for size in SIZES {
         progress.set_message(format!("memcpy {}", size_label(size)));
@@ -224,6 +235,7 @@ fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, FabricBenchEr
                 kind: *kind,
                 size,
                 queue_pairs: 1,
+                idle_queue_pairs: 0,
                 in_flight: *depth,
             };
             round.transfers[index].push(run_transfers(transfer, plan.duration)?);
@@ -236,11 +248,22 @@ fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, FabricBenchEr
             kind: Kind::Read,
             size: 64,
             queue_pairs,
+            idle_queue_pairs: 0,
             in_flight: SCALING_IN_FLIGHT,
         };
         round.scaling.push(run_transfers(transfer, plan.duration)?);
         progress.inc(1);
     }
+    progress.set_message("64B READs on 1 queue pair beside 1023 idle ones");
+    let beside_idle = Transfer {
+        kind: Kind::Read,
+        size: 64,
+        queue_pairs: 1,
+        idle_queue_pairs: IDLE_QUEUE_PAIRS,
+        in_flight: 1,
+    };
+    round.beside_idle = Some(run_transfers(beside_idle, plan.duration)?);
+    progress.inc(1);
     for kind in [Kind::Read, Kind::Write] {
         for size in SWEEP_SIZES {
             progress.set_message(format!("{} sweep", variant_name(kind, 1, size)));
@@ -248,6 +271,7 @@ fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, FabricBenchEr
                 kind,
                 size,
                 queue_pairs: 1,
+                idle_queue_pairs: 0,
                 in_flight: SWEEP_IN_FLIGHT,
             };
             round.sweep.push(run_transfers(transfer, plan.duration)?);
@@ -307,7 +331,7 @@ fn variant_name(kind: Kind, depth: usize, size: u32) -> String {
     format!("{operation} {} {mode}", size_label(size))
 }
 
-fn fill_report(report: &mut Report, rounds: &[Round]) {
+fn fill_report(report: &mut Report, rounds: &[Round]) -> Result<(), FabricBenchError> {
     println!(
         "{:<26} {:>12} {:>12} {:>10} {:>10} {:>14}",
         "variant", "cpu ns/op", "wall ns/op", "Mops/s", "GB/s", "x memcpy time"
@@ -375,7 +399,7 @@ fn fill_report(report: &mut Report, rounds: &[Round]) {
         report.add(key, "ratio_lowest_round", low, "ratio");
         report.add(key, "ratio_highest_round", high, "ratio");
     }
-    fill_scaling(report, rounds);
+    fill_scaling(report, rounds)?;
     fill_sweep(report, rounds);
     for size in SIZES {
         let at = size_index(size);
@@ -388,11 +412,12 @@ fn fill_report(report: &mut Report, rounds: &[Round]) {
     println!(
         "targets: read64_vs_memcpy1k <= 15, write64k_vs_memcpy_bw >= 0.25, qp_scaling_1024_vs_1 >= 0.8"
     );
+    Ok(())
 }
 
 /// 64 B READ throughput and NIC CPU per operation against the number of
 /// active queue pairs, and `qp_scaling_1024_vs_1`.
-fn fill_scaling(report: &mut Report, rounds: &[Round]) {
+fn fill_scaling(report: &mut Report, rounds: &[Round]) -> Result<(), FabricBenchError> {
     println!();
     println!(
         "{:<26} {:>12} {:>12} {:>10}",
@@ -416,7 +441,33 @@ fn fill_scaling(report: &mut Report, rounds: &[Round]) {
     report
         .ratios
         .insert("qp_scaling_1024_vs_1".into(), serde_json::json!(value));
-    let bytes = resident_bytes_per_queue_pair();
+    // Idle queue pairs must cost nothing per operation: serial 64 B READs
+    // beside 1023 idle queue pairs against the same with none.
+    let beside_idle: Vec<f64> = rounds
+        .iter()
+        .map(|round| {
+            let alone =
+                round.transfers[variant_index(Kind::Read, 1)][size_index(64)].wall_ns_per_op();
+            let idle = round.beside_idle.as_ref().expect("measured each round");
+            alone / idle.wall_ns_per_op()
+        })
+        .collect();
+    let value = median(&mut beside_idle.clone());
+    let cpu = median_over(rounds, |round| {
+        round
+            .beside_idle
+            .as_ref()
+            .expect("measured each round")
+            .cpu_ns_per_op()
+    });
+    let name = "read 64B beside 1023 idle queue pairs";
+    println!("{name:<26} {cpu:>12.1}");
+    report.add(name, "nic_cpu_ns_per_op", cpu, "ns");
+    println!("{:<32} {value:8.3}", "idle_qps_1023_vs_none");
+    report
+        .ratios
+        .insert("idle_qps_1023_vs_none".into(), serde_json::json!(value));
+    let bytes = resident_bytes_per_queue_pair()?;
     println!("resident memory per queue pair: {bytes:.0} B");
     report.add(
         "queue pair",
@@ -424,6 +475,7 @@ fn fill_scaling(report: &mut Report, rounds: &[Round]) {
         bytes,
         "bytes",
     );
+    Ok(())
 }
 
 /// Throughput against message size, READ and WRITE, as a series.
@@ -456,15 +508,14 @@ fn fill_sweep(report: &mut Report, rounds: &[Round]) {
 /// resident set over creating and connecting 1024 pairs (2048 queue pairs,
 /// both ends counted), divided by 2048. Queue capacity reserved but never
 /// touched is not resident, as on a real host.
-fn resident_bytes_per_queue_pair() -> f64 {
+fn resident_bytes_per_queue_pair() -> Result<f64, FabricBenchError> {
     const CONNECTIONS: usize = 1024;
     let before = resident_bytes();
-    let rig = TransferRig::new(64, CONNECTIONS, 16);
+    // A window of 8: send queues of 16, the builder's default depth.
+    let rig = TransferRig::new(64, CONNECTIONS, 8);
     let after = resident_bytes();
-    match rig {
-        Ok(_) => after.saturating_sub(before) as f64 / (2 * CONNECTIONS) as f64,
-        Err(_) => f64::NAN,
-    }
+    rig?;
+    Ok(after.saturating_sub(before) as f64 / (2 * CONNECTIONS) as f64)
 }
 
 /// This process's resident set, from `/proc/self/statm` (0 where absent).
