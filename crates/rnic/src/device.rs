@@ -80,6 +80,14 @@ pub struct SoftRnic {
     transmit_queue: std::collections::VecDeque<usize>,
     /// Indexed by slot: whether the queue pair is in `transmit_queue`.
     transmit_queued: Vec<bool>,
+    /// Queue pairs that may have a timer running: every queue pair that
+    /// does, and maybe others. `poll_timeout` and `handle_timeout` look at
+    /// these only. A queue pair joins when it is woken (only what wakes one
+    /// can arm its timers) and leaves when it leaves the transmit queue
+    /// with no timer running.
+    timed: Vec<usize>,
+    /// Indexed by slot: where the queue pair is in `timed`, if it is.
+    timed_position: Vec<Option<usize>>,
     datagrams: Datagrams,
 }
 
@@ -104,6 +112,8 @@ impl SoftRnic {
             datagrams: Datagrams::default(),
             transmit_queue: std::collections::VecDeque::new(),
             transmit_queued: Vec::new(),
+            timed: Vec::new(),
+            timed_position: Vec::new(),
             config,
         }
     }
@@ -150,6 +160,25 @@ impl SoftRnic {
         if !self.transmit_queued[slot] {
             self.transmit_queued[slot] = true;
             self.transmit_queue.push_back(slot);
+        }
+        if self.timed_position[slot].is_none() {
+            self.timed_position[slot] = Some(self.timed.len());
+            self.timed.push(slot);
+        }
+    }
+
+    /// Queue pair `slot` left the transmit queue: with no timer running it
+    /// stops being watched (constant time: the last one takes its place).
+    fn unwatch_if_untimed(&mut self, slot: usize) {
+        if self.queue_pairs[slot].poll_timeout().is_some() {
+            return;
+        }
+        let Some(position) = self.timed_position[slot].take() else {
+            return;
+        };
+        self.timed.swap_remove(position);
+        if let Some(moved) = self.timed.get(position) {
+            self.timed_position[*moved] = Some(position);
         }
     }
 
@@ -276,6 +305,7 @@ impl SoftRnic {
                 return Some(len);
             }
             self.transmit_queued[slot] = false;
+            self.unwatch_if_untimed(slot);
         }
         // A request can fail while transmitting (its local buffer vanished).
         self.fail_queue_pairs_of_overrun_queues();
@@ -284,14 +314,29 @@ impl SoftRnic {
 
     /// The earliest time `handle_timeout` has work to do.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
-        self.queue_pairs
+        debug_assert!(
+            (0..self.queue_pairs.len()).all(|slot| self.timed_position[slot].is_some()
+                || self.queue_pairs[slot].poll_timeout().is_none()),
+            "every queue pair with a timer is watched"
+        );
+        debug_assert!(
+            self.timed
+                .iter()
+                .enumerate()
+                .all(|(position, slot)| self.timed_position[*slot] == Some(position)),
+            "the watched queue pairs know their places"
+        );
+        self.timed
             .iter()
-            .filter_map(QueuePairContext::poll_timeout)
+            .filter_map(|slot| self.queue_pairs[*slot].poll_timeout())
             .min()
     }
 
     pub fn handle_timeout(&mut self, now: Timestamp) {
-        for slot in 0..self.queue_pairs.len() {
+        // Only watched queue pairs have timers. Waking one below leaves
+        // `timed` as it is: the queue pair is in it already.
+        for index in 0..self.timed.len() {
+            let slot = self.timed[index];
             let queue_pair = &mut self.queue_pairs[slot];
             // A due timer is how a queue pair with nothing new to do comes
             // to retransmit: it takes a turn.
@@ -476,6 +521,7 @@ impl Verbs for SoftRnic {
         let endpoint = context.endpoint();
         self.queue_pairs.push(context);
         self.transmit_queued.push(false);
+        self.timed_position.push(None);
         Ok(PreparedQueuePair { qpn, endpoint })
     }
 
