@@ -134,25 +134,28 @@ impl SoftRnic {
         self.resources.memory.handle(lkey)
     }
 
-    fn queue_pair(&self, qpn: Qpn) -> Result<&QueuePairContext, VerbsError> {
+    /// Where `qpn` sits in `queue_pairs`, if it names one of this device's
+    /// queue pairs.
+    fn slot_of(&self, qpn: Qpn) -> Result<usize, VerbsError> {
         qpn.value()
             .checked_sub(FIRST_QPN)
-            .and_then(|slot| self.queue_pairs.get(slot as usize))
+            .map(|slot| slot as usize)
+            .filter(|slot| *slot < self.queue_pairs.len())
             .ok_or(VerbsError::UnknownQueuePair(qpn))
     }
 
-    /// A queue pair together with the resources it works on: two disjoint
-    /// borrows of the device.
+    fn queue_pair(&self, qpn: Qpn) -> Result<&QueuePairContext, VerbsError> {
+        Ok(&self.queue_pairs[self.slot_of(qpn)?])
+    }
+
+    /// A queue pair's slot, and the queue pair together with the resources
+    /// it works on: two disjoint borrows of the device.
     fn queue_pair_mut(
         &mut self,
         qpn: Qpn,
-    ) -> Result<(&mut QueuePairContext, &mut Resources), VerbsError> {
-        let context = qpn
-            .value()
-            .checked_sub(FIRST_QPN)
-            .and_then(|slot| self.queue_pairs.get_mut(slot as usize))
-            .ok_or(VerbsError::UnknownQueuePair(qpn))?;
-        Ok((context, &mut self.resources))
+    ) -> Result<(usize, &mut QueuePairContext, &mut Resources), VerbsError> {
+        let slot = self.slot_of(qpn)?;
+        Ok((slot, &mut self.queue_pairs[slot], &mut self.resources))
     }
 
     /// Queue pair `slot` may have a frame to send: it takes its turn.
@@ -180,14 +183,6 @@ impl SoftRnic {
         if let Some(moved) = self.timed.get(position) {
             self.timed_position[*moved] = Some(position);
         }
-    }
-
-    /// The slot of `qpn`, if it names one of this device's queue pairs.
-    fn slot_of(&self, qpn: Qpn) -> Option<usize> {
-        qpn.value()
-            .checked_sub(FIRST_QPN)
-            .map(|slot| slot as usize)
-            .filter(|slot| *slot < self.queue_pairs.len())
     }
 
     /// Moves the queue pairs bound to a newly overrun completion queue to
@@ -246,7 +241,8 @@ impl SoftRnic {
         if frame.bth().opcode == Opcode::CongestionNotification {
             return counters.count_drop(DropReason::CongestionNotification);
         }
-        let Ok((queue_pair, resources)) = self.queue_pair_mut(frame.bth().destination_qp) else {
+        let Ok((slot, queue_pair, resources)) = self.queue_pair_mut(frame.bth().destination_qp)
+        else {
             return self
                 .resources
                 .counters
@@ -259,9 +255,7 @@ impl SoftRnic {
             return resources.counters.count_drop(DropReason::WrongPeer);
         }
         queue_pair.handle_frame(now, &frame, resources);
-        if let Some(slot) = self.slot_of(frame.bth().destination_qp) {
-            self.wake(slot);
-        }
+        self.wake(slot);
         self.fail_queue_pairs_of_overrun_queues();
     }
 
@@ -400,11 +394,9 @@ impl SoftRnic {
 impl DataPath for SoftRnic {
     fn post_send(&mut self, queue_pair: QueuePair, request: SendRequest) -> Result<(), VerbsError> {
         let max_message_bytes = self.config.max_message_bytes;
-        let (context, resources) = self.queue_pair_mut(queue_pair.0)?;
+        let (slot, context, resources) = self.queue_pair_mut(queue_pair.0)?;
         let posted = context.post_send(request, resources, max_message_bytes);
-        if let Some(slot) = self.slot_of(queue_pair.0) {
-            self.wake(slot);
-        }
+        self.wake(slot);
         self.fail_queue_pairs_of_overrun_queues();
         posted
     }
@@ -414,11 +406,9 @@ impl DataPath for SoftRnic {
         queue_pair: QueuePair,
         request: ReceiveRequest,
     ) -> Result<(), VerbsError> {
-        let (context, resources) = self.queue_pair_mut(queue_pair.0)?;
+        let (slot, context, resources) = self.queue_pair_mut(queue_pair.0)?;
         let posted = context.post_receive(request, resources);
-        if let Some(slot) = self.slot_of(queue_pair.0) {
-            self.wake(slot);
-        }
+        self.wake(slot);
         self.fail_queue_pairs_of_overrun_queues();
         posted
     }
@@ -541,14 +531,12 @@ impl Verbs for SoftRnic {
             QueuePairTransition::Error => (QueuePairState::Error, None),
             QueuePairTransition::Reset => (QueuePairState::Reset, None),
         };
-        let (context, resources) = self.queue_pair_mut(qpn)?;
+        let (slot, context, resources) = self.queue_pair_mut(qpn)?;
         if let QueuePairTransition::ReadyToSendFrom { send_psn } = transition {
             context.send_from(send_psn)?;
         }
         context.transition(to, remote, resources)?;
-        if let Some(slot) = self.slot_of(qpn) {
-            self.wake(slot);
-        }
+        self.wake(slot);
         self.fail_queue_pairs_of_overrun_queues();
         Ok(to)
     }
