@@ -214,23 +214,23 @@ struct Round {
     sweep: Vec<Sample>,
     /// Serial 64 B READs on one queue pair with `IDLE_QUEUE_PAIRS` others
     /// connected and idle.
-    beside_idle: Option<Sample>,
+    beside_idle: Sample,
 }
 
 fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, FabricBenchError> {
-    let mut round = Round {
-        memcpy: Vec::new(),
-        transfers: VARIANTS.iter().map(|_| Vec::new()).collect(),
-        scaling: Vec::new(),
-        sweep: Vec::new(),
-        beside_idle: None,
+    let measure = |message: String, transfer: Transfer| {
+        progress.set_message(message);
+        let sample = run_transfers(transfer, plan.duration);
+        progress.inc(1);
+        sample
     };
+    let mut memcpy = Vec::new();
+    let mut transfers: Vec<Vec<Sample>> = VARIANTS.iter().map(|_| Vec::new()).collect();
     for size in SIZES {
         progress.set_message(format!("memcpy {}", size_label(size)));
-        round.memcpy.push(run_memcpy(size, plan.duration));
+        memcpy.push(run_memcpy(size, plan.duration));
         progress.inc(1);
         for (index, (kind, depth)) in VARIANTS.iter().enumerate() {
-            progress.set_message(variant_name(*kind, *depth, size));
             let transfer = Transfer {
                 kind: *kind,
                 size,
@@ -238,12 +238,12 @@ fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, FabricBenchEr
                 idle_queue_pairs: 0,
                 in_flight: *depth,
             };
-            round.transfers[index].push(run_transfers(transfer, plan.duration)?);
-            progress.inc(1);
+            let message = variant_name(*kind, *depth, size);
+            transfers[index].push(measure(message, transfer)?);
         }
     }
+    let mut scaling = Vec::new();
     for queue_pairs in QUEUE_PAIR_COUNTS {
-        progress.set_message(format!("64B READs over {queue_pairs} queue pairs"));
         let transfer = Transfer {
             kind: Kind::Read,
             size: 64,
@@ -251,10 +251,9 @@ fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, FabricBenchEr
             idle_queue_pairs: 0,
             in_flight: SCALING_IN_FLIGHT,
         };
-        round.scaling.push(run_transfers(transfer, plan.duration)?);
-        progress.inc(1);
+        let message = format!("64B READs over {queue_pairs} queue pairs");
+        scaling.push(measure(message, transfer)?);
     }
-    progress.set_message("64B READs on 1 queue pair beside 1023 idle ones");
     let beside_idle = Transfer {
         kind: Kind::Read,
         size: 64,
@@ -262,11 +261,13 @@ fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, FabricBenchEr
         idle_queue_pairs: IDLE_QUEUE_PAIRS,
         in_flight: 1,
     };
-    round.beside_idle = Some(run_transfers(beside_idle, plan.duration)?);
-    progress.inc(1);
+    let beside_idle = measure(
+        format!("64B READs on 1 queue pair beside {IDLE_QUEUE_PAIRS} idle ones"),
+        beside_idle,
+    )?;
+    let mut sweep = Vec::new();
     for kind in [Kind::Read, Kind::Write] {
         for size in SWEEP_SIZES {
-            progress.set_message(format!("{} sweep", variant_name(kind, 1, size)));
             let transfer = Transfer {
                 kind,
                 size,
@@ -274,11 +275,17 @@ fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, FabricBenchEr
                 idle_queue_pairs: 0,
                 in_flight: SWEEP_IN_FLIGHT,
             };
-            round.sweep.push(run_transfers(transfer, plan.duration)?);
-            progress.inc(1);
+            let message = format!("{} sweep", variant_name(kind, 1, size));
+            sweep.push(measure(message, transfer)?);
         }
     }
-    Ok(round)
+    Ok(Round {
+        memcpy,
+        transfers,
+        scaling,
+        sweep,
+        beside_idle,
+    })
 }
 
 impl Sample {
@@ -432,35 +439,21 @@ fn fill_scaling(report: &mut Report, rounds: &[Round]) -> Result<(), FabricBench
         report.add(&name, "operations_per_second", 1e9 / wall, "ops/s");
     }
     let last = QUEUE_PAIR_COUNTS.len() - 1;
-    let per_round: Vec<f64> = rounds
-        .iter()
-        .map(|round| round.scaling[0].wall_ns_per_op() / round.scaling[last].wall_ns_per_op())
-        .collect();
-    let value = median(&mut per_round.clone());
+    let value = median_over(rounds, |round| {
+        round.scaling[0].wall_ns_per_op() / round.scaling[last].wall_ns_per_op()
+    });
     println!("{:<32} {value:8.3}", "qp_scaling_1024_vs_1");
     report
         .ratios
         .insert("qp_scaling_1024_vs_1".into(), serde_json::json!(value));
     // Idle queue pairs must cost nothing per operation: serial 64 B READs
     // beside 1023 idle queue pairs against the same with none.
-    let beside_idle: Vec<f64> = rounds
-        .iter()
-        .map(|round| {
-            let alone =
-                round.transfers[variant_index(Kind::Read, 1)][size_index(64)].wall_ns_per_op();
-            let idle = round.beside_idle.as_ref().expect("measured each round");
-            alone / idle.wall_ns_per_op()
-        })
-        .collect();
-    let value = median(&mut beside_idle.clone());
-    let cpu = median_over(rounds, |round| {
-        round
-            .beside_idle
-            .as_ref()
-            .expect("measured each round")
-            .cpu_ns_per_op()
+    let value = median_over(rounds, |round| {
+        let alone = round.transfers[variant_index(Kind::Read, 1)][size_index(64)].wall_ns_per_op();
+        alone / round.beside_idle.wall_ns_per_op()
     });
-    let name = "read 64B beside 1023 idle queue pairs";
+    let cpu = median_over(rounds, |round| round.beside_idle.cpu_ns_per_op());
+    let name = &format!("read 64B beside {IDLE_QUEUE_PAIRS} idle queue pairs");
     println!("{name:<26} {cpu:>12.1}");
     report.add(name, "nic_cpu_ns_per_op", cpu, "ns");
     println!("{:<32} {value:8.3}", "idle_qps_1023_vs_none");
