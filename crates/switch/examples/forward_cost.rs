@@ -5,33 +5,17 @@
 //! `cargo run --release -p remora-switch --example forward_cost [FRAMES]`
 //! (two million frames a run unless given: fewer for callgrind).
 
+#[path = "common/two_hosts.rs"]
+mod two_hosts;
+
 use remora_base::Timestamp;
-use remora_switch::programs::l2l3::L2L3Forwarding;
-use remora_switch::{PortId, Switch, SwitchConfig};
-use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
-use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn};
+use remora_switch::PortId;
 use std::time::Instant;
 
 fn main() {
-    let mac = |index: u8| MacAddress([2, 0, 10, 0, 0, index]);
-    let mut program = L2L3Forwarding::new(MacAddress([2, 0x5e, 0, 0, 0, 0xfe]), 16);
-    for index in 1..=2u8 {
-        let port = PortId(u16::from(index - 1));
-        program
-            .add_attached_host(mac(index), Ipv4Address::new(10, 0, 0, index), port)
-            .unwrap();
-    }
-    let mut switch = Switch::new(SwitchConfig::new(2), program);
-    let bth = BthRepr::new(Opcode::SendOnly, Qpn::new(0x100).unwrap(), Psn::new(1));
-    let repr = FrameRepr::between(
-        (mac(1), Ipv4Address::new(10, 0, 0, 1)),
-        (mac(2), Ipv4Address::new(10, 0, 0, 2)),
-        49152,
-        bth,
-    );
-    let mut frame = vec![0u8; MAX_FRAME_LEN];
-    let length = emit_frame(&repr, &[0x5a; 22], &mut frame).unwrap();
-    frame.truncate(length);
+    let mut switch = two_hosts::two_host_switch();
+    let frame = two_hosts::send_frame();
+    let length = frame.len();
     let frames: u64 = match std::env::args().nth(1) {
         Some(text) => text.parse().expect("FRAMES is a number"),
         None => 2_000_000,
