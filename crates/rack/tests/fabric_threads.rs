@@ -5,8 +5,11 @@
 //! arrive, across the switch and across a DPU's local link, on each
 //! carrier that uses rings.
 
+mod common;
+
+use common::{connect, Connection};
 use remora_rack::assembly::{EmbeddedCarrier, EmbeddedRack, FabricThreads, RackBuilder};
-use remora_rack::endpoint::{lock, rack_queue_pair};
+use remora_rack::endpoint::{lock, RACK_ACK_TIMEOUT};
 use remora_rack::topology::{standard_host, HostSpec, Role, Topology};
 use remora_rnic::*;
 use std::time::{Duration, Instant};
@@ -25,37 +28,6 @@ fn topology() -> Topology {
     dpu.attached_to = Some(COMPUTE);
     topology.add_host(dpu).unwrap();
     topology
-}
-
-/// The compute host's queue pair to one peer, with a region on each side.
-struct Connection {
-    queue_pair: QueuePair,
-    completion_queue: CompletionQueue,
-    local: MemoryRegion,
-    remote: MemoryRegion,
-}
-
-fn connect(stage: &mut remora_rack::assembly::StagedRack, peer: usize) -> Connection {
-    let mut sides = Vec::new();
-    for host in [COMPUTE, peer] {
-        let nic = stage.nic_mut(host);
-        let pd = nic.alloc_protection_domain().unwrap();
-        let region = nic
-            .register_memory(pd, REGION_BYTES, AccessFlags::ALL)
-            .unwrap();
-        let cq = nic.create_completion_queue(256).unwrap();
-        let prepared = nic.create_queue_pair(&rack_queue_pair(pd, cq)).unwrap();
-        sides.push((region, cq, prepared));
-    }
-    let (compute, other) = stage.nic_pair_mut(COMPUTE, peer);
-    let queue_pair = compute.handshake(sides[0].2, sides[1].2.endpoint).unwrap();
-    other.handshake(sides[1].2, sides[0].2.endpoint).unwrap();
-    Connection {
-        queue_pair,
-        completion_queue: sides[0].1,
-        local: sides[0].0,
-        remote: sides[1].0,
-    }
 }
 
 impl Connection {
@@ -128,8 +100,13 @@ fn run(threads: usize, carrier: EmbeddedCarrier) {
         .fabric_threads(FabricThreads::Exactly(threads))
         .build()
         .unwrap();
-    let to_memory = connect(&mut stage, MEMORY);
-    let to_dpu = connect(&mut stage, DPU);
+    let to_memory = connect(
+        &mut stage,
+        (COMPUTE, MEMORY),
+        REGION_BYTES,
+        RACK_ACK_TIMEOUT,
+    );
+    let to_dpu = connect(&mut stage, (COMPUTE, DPU), REGION_BYTES, RACK_ACK_TIMEOUT);
     let switch = stage.l2l3_switch();
     let (mut rack, _switch) = stage.start(switch).unwrap();
     assert_eq!(rack.fabric().thread_count(), threads);

@@ -3,9 +3,12 @@
 //! embedded rack, and the local link is shaped on its own: at 1 Gb/s it
 //! carries within 10% of 1 Gb/s while the hosts' uplinks stay unshaped.
 
+mod common;
+
+use common::{connect, Connection};
 use remora_carrier::wrappers::LinkShape;
 use remora_rack::assembly::{EmbeddedRack, RackBuilder};
-use remora_rack::endpoint::{lock, rack_queue_pair, RACK_ACK_TIMEOUT};
+use remora_rack::endpoint::{lock, RACK_ACK_TIMEOUT};
 use remora_rack::scenario::{Rack, RackStage, SimulatedStage, SIMULATED_ACK_TIMEOUT};
 use remora_rack::topology::{standard_host, HostSpec, LinkSpec, Role, Topology};
 use remora_rnic::*;
@@ -16,6 +19,7 @@ const COMPUTE: usize = 0;
 const MEMORY: usize = 1;
 const DPU: usize = 2;
 const MESSAGE_BYTES: u32 = 64 * 1024;
+const REGION_BYTES: u64 = 4 << 20;
 /// Writes in flight: 512 KiB, inside the local link's 1 MiB queue.
 const IN_FLIGHT: u64 = 8;
 
@@ -35,37 +39,6 @@ fn topology(local: Option<LinkShape>) -> Topology {
         },
     );
     topology
-}
-
-/// A queue pair from the compute host to a region on the DPU.
-struct Connection {
-    queue_pair: QueuePair,
-    completion_queue: CompletionQueue,
-    local: MemoryRegion,
-    remote: MemoryRegion,
-}
-
-fn connect(stage: &mut impl RackStage, ack_timeout: Duration) -> Connection {
-    let mut sides = Vec::new();
-    for host in [COMPUTE, DPU] {
-        let nic = stage.nic_mut(host);
-        let pd = nic.alloc_protection_domain().unwrap();
-        let region = nic.register_memory(pd, 4 << 20, AccessFlags::ALL).unwrap();
-        let cq = nic.create_completion_queue(1024).unwrap();
-        let mut builder = rack_queue_pair(pd, cq);
-        builder.timeout = ack_timeout;
-        let prepared = nic.create_queue_pair(&builder).unwrap();
-        sides.push((region, cq, prepared));
-    }
-    let (compute, dpu) = stage.nic_pair_mut(COMPUTE, DPU);
-    let queue_pair = compute.handshake(sides[0].2, sides[1].2.endpoint).unwrap();
-    dpu.handshake(sides[1].2, sides[0].2.endpoint).unwrap();
-    Connection {
-        queue_pair,
-        completion_queue: sides[0].1,
-        local: sides[0].0,
-        remote: sides[1].0,
-    }
 }
 
 impl Connection {
@@ -93,7 +66,12 @@ impl Connection {
 fn frames_between_a_host_and_its_dpu_never_cross_the_switch_in_the_simulator() {
     let topology = topology(None);
     let mut stage = SimulatedStage::new(1, &topology, 7);
-    let connection = connect(&mut stage, SIMULATED_ACK_TIMEOUT);
+    let connection = connect(
+        &mut stage,
+        (COMPUTE, DPU),
+        REGION_BYTES,
+        SIMULATED_ACK_TIMEOUT,
+    );
     let mut rack = stage.start(topology.forwarding()).unwrap();
     for id in 0..4 {
         let (queue_pair, request) = connection.write(id);
@@ -124,7 +102,7 @@ fn start_embedded(topology: &Topology) -> (EmbeddedRack, Connection) {
         .thread_name("local-link")
         .build()
         .unwrap();
-    let connection = connect(&mut stage, RACK_ACK_TIMEOUT);
+    let connection = connect(&mut stage, (COMPUTE, DPU), REGION_BYTES, RACK_ACK_TIMEOUT);
     let switch = stage.l2l3_switch();
     let (rack, _switch) = stage.start(switch).unwrap();
     (rack, connection)
