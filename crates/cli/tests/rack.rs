@@ -467,22 +467,26 @@ fn bench_fabric_quick_writes_scaling_sweep_and_baselines() {
     assert!(variants.contains(&"read 64B beside 1023 idle queue pairs".to_string()));
 }
 
-/// `[rack] fabric_threads` spreads the embedded rack over that many
-/// threads (here more than this machine's cores), every workload still
-/// checked, and the report says how many ran.
-#[test]
-fn a_rack_file_spreads_the_embedded_rack_over_its_fabric_threads() {
-    let mut rack = String::from(
-        "[rack]\nname = \"spread\"\nfabric_threads = 3\n[switch]\nprogram = \"l2l3\"\n",
-    );
-    for index in 1..=2 {
+/// A rack file of `computes` compute nodes, each with a workload of 100
+/// operations, and one memory node of `memory`; `rack_settings` are more
+/// lines of its `[rack]` table.
+fn compute_nodes_rack(name: &str, rack_settings: &str, computes: u32, memory: &str) -> String {
+    let mut rack =
+        format!("[rack]\nname = \"{name}\"\n{rack_settings}[switch]\nprogram = \"l2l3\"\n");
+    for index in 1..=computes {
         rack += &format!("[[node]]\nname = \"c{index}\"\nrole = \"compute\"\naddress = \"10.0.0.{index}\"\nmemory = \"1MiB\"\n[node.workload]\noperations = 100\n");
     }
-    rack +=
-        "[[node]]\nname = \"m\"\nrole = \"memory\"\naddress = \"10.0.0.9\"\nmemory = \"4MiB\"\n";
-    let path = common::scratch("spread.toml");
-    std::fs::write(&path, rack).unwrap();
-    let json = common::scratch("spread.json");
+    rack + &format!(
+        "[[node]]\nname = \"m\"\nrole = \"memory\"\naddress = \"10.0.0.9\"\nmemory = \"{memory}\"\n"
+    )
+}
+
+/// Runs `rack up --json` on the rack file `text`, which must succeed;
+/// returns what it printed and its JSON report.
+fn rack_up_text(text: &str, tag: &str) -> (String, Value) {
+    let path = common::scratch(&format!("{tag}.toml"));
+    std::fs::write(&path, text).unwrap();
+    let json = common::scratch(&format!("{tag}.json"));
     let output = Command::new(env!("CARGO_BIN_EXE_remora"))
         .args(["rack", "up"])
         .arg(&path)
@@ -491,15 +495,25 @@ fn a_rack_file_spreads_the_embedded_rack_over_its_fabric_threads() {
         .output()
         .unwrap();
     std::fs::remove_file(&path).ok();
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
         "{stdout}{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(stdout.contains("3 fabric threads"), "{stdout}");
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     std::fs::remove_file(&json).ok();
+    (stdout, report)
+}
+
+/// `[rack] fabric_threads` spreads the embedded rack over that many
+/// threads (here more than this machine's cores), every workload still
+/// checked, and the report says how many ran.
+#[test]
+fn a_rack_file_spreads_the_embedded_rack_over_its_fabric_threads() {
+    let rack = compute_nodes_rack("spread", "fabric_threads = 3\n", 2, "4MiB");
+    let (stdout, report) = rack_up_text(&rack, "spread");
+    assert!(stdout.contains("3 fabric threads"), "{stdout}");
     assert_eq!(report["fabric_threads"], 3);
     assert_workloads_complete(&report, 100);
 }
@@ -508,30 +522,8 @@ fn a_rack_file_spreads_the_embedded_rack_over_its_fabric_threads() {
 /// 8-byte aligned for their atomics (16 MiB / 3 is not).
 #[test]
 fn three_compute_nodes_share_a_memory_node_with_aligned_atomics() {
-    let mut rack = String::from("[rack]\nname = \"three\"\n[switch]\nprogram = \"l2l3\"\n");
-    for index in 1..=3 {
-        rack += &format!("[[node]]\nname = \"c{index}\"\nrole = \"compute\"\naddress = \"10.0.0.{index}\"\nmemory = \"1MiB\"\n[node.workload]\noperations = 100\n");
-    }
-    rack +=
-        "[[node]]\nname = \"m\"\nrole = \"memory\"\naddress = \"10.0.0.9\"\nmemory = \"16MiB\"\n";
-    let path = common::scratch("three.toml");
-    std::fs::write(&path, rack).unwrap();
-    let json = common::scratch("three.json");
-    let output = Command::new(env!("CARGO_BIN_EXE_remora"))
-        .args(["rack", "up"])
-        .arg(&path)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    std::fs::remove_file(&path).ok();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    std::fs::remove_file(&json).ok();
+    let rack = compute_nodes_rack("three", "", 3, "16MiB");
+    let (_, report) = rack_up_text(&rack, "three");
     assert_workloads_complete(&report, 100);
 }
 

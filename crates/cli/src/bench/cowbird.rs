@@ -287,8 +287,9 @@ pub fn run(quick: bool, settings: &Settings) -> Result<Report, CowbirdBenchError
                         .entry("app_cpu_per_op_spot_vs_async")
                         .or_default()
                         .push(spot.app_ns_per_remote() / asynchronous.app_ns_per_remote());
-                    // The P4 chain is ten frames through the fabric thread
-                    // per batch: this ratio shows the fabric's cost most.
+                    // The P4 chain is about ten frames through the fabric
+                    // thread per request: this ratio shows the fabric's
+                    // cost most.
                     ratios.entry("p4_vs_spot_probe").or_default().push(
                         outcomes["p4"].operations_per_second() / spot.operations_per_second(),
                     );
