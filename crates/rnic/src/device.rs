@@ -130,6 +130,28 @@ impl SoftRnic {
         Ok(self.queue_pair(qpn)?.state())
     }
 
+    /// Registers memory the application owns outside Rust's heap, at the
+    /// address it names: what `ibv_reg_mr` does for a C program's buffer.
+    pub fn register_external_memory(
+        &mut self,
+        protection_domain: ProtectionDomain,
+        memory: Box<dyn crate::host_memory::ExternalMemory>,
+        address: VirtAddr,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        self.check_protection_domain(protection_domain)?;
+        self.resources
+            .memory
+            .register_external(protection_domain, memory, address, access)
+    }
+
+    /// How many completions `queue` holds, without taking them: what a
+    /// completion channel's event is raised on.
+    pub fn completions_waiting(&self, queue: CompletionQueue) -> Result<usize, VerbsError> {
+        self.check_completion_queue(queue)?;
+        Ok(self.resources.completion_queues[queue.0 as usize].waiting())
+    }
+
     pub fn memory_region(&self, lkey: Lkey) -> Result<MemoryRegion, VerbsError> {
         self.resources.memory.handle(lkey)
     }

@@ -25,6 +25,6 @@ pub mod verbs;
 
 pub use counters::{DropReason, RnicCounters};
 pub use device::{RnicConfig, SoftRnic};
-pub use host_memory::{HostMemory, HostMemoryOutOfBounds};
+pub use host_memory::{ExternalMemory, HostMemory, HostMemoryOutOfBounds};
 pub use time::Timestamp;
 pub use verbs::*;

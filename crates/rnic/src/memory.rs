@@ -6,7 +6,7 @@
 //! region never reaches a later region in the same slot. Remote keys are
 //! salted per device so that one device's lkeys are not its rkeys.
 
-use crate::host_memory::HostMemory;
+use crate::host_memory::{ExternalMemory, HostMemory};
 use crate::verbs::VerbsError;
 use crate::verbs::{AccessFlags, Lkey, MemoryRegion, ProtectionDomain, ScatterGatherList};
 use remora_wire::{Rkey, VirtAddr};
@@ -24,12 +24,23 @@ struct Region {
 }
 
 /// Where a region's bytes live: inside the device (host memory only the
-/// NIC and `read_local`/`write_local` touch), or in [`HostMemory`] the
-/// application shares with the NIC.
-#[derive(Debug)]
+/// NIC and `read_local`/`write_local` touch), in [`HostMemory`] the
+/// application shares with the NIC, or in memory outside Rust's heap that
+/// an [`ExternalMemory`] reaches (a C program's own pages).
 enum Backing {
     Device(Vec<u8>),
     Host(HostMemory),
+    External(Box<dyn ExternalMemory>),
+}
+
+impl std::fmt::Debug for Backing {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Backing::Device(bytes) => write!(formatter, "Device({} bytes)", bytes.len()),
+            Backing::Host(memory) => memory.fmt(formatter),
+            Backing::External(memory) => write!(formatter, "External({} bytes)", memory.len()),
+        }
+    }
 }
 
 impl Backing {
@@ -39,6 +50,7 @@ impl Backing {
             Backing::Host(memory) => memory
                 .read(range.start, into)
                 .expect("range checked against the region"),
+            Backing::External(memory) => memory.read(range.start, into),
         }
     }
 
@@ -48,6 +60,7 @@ impl Backing {
             Backing::Host(memory) => memory
                 .write(range.start, from)
                 .expect("range checked against the region"),
+            Backing::External(memory) => memory.write(range.start, from),
         }
     }
 
@@ -61,6 +74,7 @@ impl Backing {
                 target.copy_from_slice(&update(original).to_le_bytes());
                 original
             }
+            Backing::External(memory) => memory.update_word(offset, &update),
             Backing::Host(memory) => {
                 let mut current = memory
                     .load_u64(offset, std::sync::atomic::Ordering::Acquire)
@@ -158,6 +172,38 @@ impl MemoryTable {
         )
     }
 
+    /// Registers memory outside Rust's heap at the address its owner
+    /// names (`ibv_reg_mr`'s `addr`, or `iova`): remote peers address it
+    /// by that address, as they would a real RNIC's registration.
+    pub(crate) fn register_external(
+        &mut self,
+        protection_domain: ProtectionDomain,
+        memory: Box<dyn ExternalMemory>,
+        address: VirtAddr,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        let length_bytes = memory.len() as u64;
+        if length_bytes == 0 || length_bytes > self.max_region_bytes {
+            return Err(VerbsError::InvalidRegionLength(length_bytes));
+        }
+        if address.0.checked_add(length_bytes).is_none() {
+            return Err(VerbsError::RemoteRangeOverflow {
+                address,
+                length_bytes,
+            });
+        }
+        let slot = self.free_slot()?;
+        let bytes = Backing::External(memory);
+        self.insert_at(
+            slot,
+            protection_domain,
+            address,
+            length_bytes,
+            access,
+            bytes,
+        )
+    }
+
     fn insert(
         &mut self,
         slot: usize,
@@ -172,12 +218,32 @@ impl MemoryTable {
             .and_then(|end| end.checked_add(GUARD_BYTES))
             .ok_or(VerbsError::AddressSpaceExhausted)?;
         self.next_address = end.next_multiple_of(GUARD_BYTES);
+        let address = VirtAddr(address);
+        self.insert_at(
+            slot,
+            protection_domain,
+            address,
+            length_bytes,
+            access,
+            bytes,
+        )
+    }
+
+    fn insert_at(
+        &mut self,
+        slot: usize,
+        protection_domain: ProtectionDomain,
+        address: VirtAddr,
+        length_bytes: u64,
+        access: AccessFlags,
+        bytes: Backing,
+    ) -> Result<MemoryRegion, VerbsError> {
         self.generations[slot] = self.generations[slot].wrapping_add(1);
         let key = ((slot as u32 + 1) << 8) | u32::from(self.generations[slot]);
         let handle = MemoryRegion {
             lkey: Lkey(key),
             rkey: Rkey(key ^ self.rkey_salt),
-            address: VirtAddr(address),
+            address,
             length_bytes,
             access,
         };

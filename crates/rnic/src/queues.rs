@@ -114,6 +114,12 @@ impl CompletionRing {
         true
     }
 
+    /// Completions waiting to be polled (an overrun counts as one: the
+    /// poll that reports it).
+    pub(crate) fn waiting(&self) -> usize {
+        self.queue.len().max(usize::from(self.overrun))
+    }
+
     pub(crate) fn is_overrun(&self) -> bool {
         self.overrun
     }

@@ -1,0 +1,213 @@
+//! Where a process's Remora device finds its peer: read once, from the
+//! environment or a small TOML file.
+//!
+//! - `REMORA_VERBS_CONFIG=FILE`: a TOML file (see [`VerbsConfig`]).
+//! - `REMORA_VERBS=SPEC`: the same in one line, either
+//!   `udp LOCAL_IP:PORT PEER_IP:PORT` (a point-to-point UDP tunnel; the
+//!   device's address, and so its GID, is LOCAL_IP) or
+//!   `shm RENDEZVOUS_SOCKET` (a shared-memory ring pair with the one
+//!   other process that names the same socket path).
+
+use remora_wire::Ipv4Address;
+use serde::Deserialize;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+pub const CONFIG_FILE_VARIABLE: &str = "REMORA_VERBS_CONFIG";
+pub const SPEC_VARIABLE: &str = "REMORA_VERBS";
+
+/// A node's configuration file.
+///
+/// ```toml
+/// [carrier]
+/// udp = { local = "127.0.0.1:7471", peer = "127.0.0.2:7471" }
+/// # or: shared_memory = { rendezvous = "/tmp/remora-verbs.sock" }
+///
+/// [progress]
+/// spin_microseconds = 20   # how long the progress thread polls before it sleeps
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerbsConfig {
+    pub carrier: CarrierConfig,
+    #[serde(default)]
+    pub progress: ProgressConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum CarrierConfig {
+    Udp { local: SocketAddr, peer: SocketAddr },
+    SharedMemory { rendezvous: PathBuf },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgressConfig {
+    pub spin_microseconds: u64,
+}
+
+/// The longest spin a configuration may ask for: beyond it two processes
+/// on a small machine starve each other's progress threads.
+pub const MAX_SPIN_MICROSECONDS: u64 = 10_000;
+
+impl Default for ProgressConfig {
+    fn default() -> ProgressConfig {
+        ProgressConfig {
+            spin_microseconds: 20,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("neither {CONFIG_FILE_VARIABLE} nor {SPEC_VARIABLE} is set; set {SPEC_VARIABLE}=\"udp LOCAL_IP:PORT PEER_IP:PORT\" or \"shm SOCKET_PATH\"")]
+    Missing,
+    #[error("{CONFIG_FILE_VARIABLE}={path}: {source}")]
+    Unreadable {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{CONFIG_FILE_VARIABLE}={path}: {source}")]
+    Invalid {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("{SPEC_VARIABLE}={spec:?}: {reason}; expected \"udp LOCAL_IP:PORT PEER_IP:PORT\" or \"shm SOCKET_PATH\"")]
+    BadSpec { spec: String, reason: String },
+    #[error("the UDP carrier needs IPv4 addresses (the GID is IPv4-mapped), not {0}")]
+    NotIpv4(SocketAddr),
+    #[error("progress.spin_microseconds {0} is past the limit of {MAX_SPIN_MICROSECONDS}")]
+    SpinTooLong(u64),
+}
+
+impl VerbsConfig {
+    /// Reads the configuration the environment names.
+    pub fn from_environment() -> Result<VerbsConfig, ConfigError> {
+        if let Some(path) = std::env::var_os(CONFIG_FILE_VARIABLE) {
+            let path = PathBuf::from(path);
+            let text =
+                std::fs::read_to_string(&path).map_err(|source| ConfigError::Unreadable {
+                    path: path.clone(),
+                    source,
+                })?;
+            return VerbsConfig::from_toml(&text)
+                .map_err(|source| ConfigError::Invalid { path, source })?
+                .validated();
+        }
+        match std::env::var(SPEC_VARIABLE) {
+            Ok(spec) => VerbsConfig::from_spec(&spec)?.validated(),
+            Err(_) => Err(ConfigError::Missing),
+        }
+    }
+
+    pub fn from_toml(text: &str) -> Result<VerbsConfig, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    /// Parses the one-line form of `REMORA_VERBS`.
+    pub fn from_spec(spec: &str) -> Result<VerbsConfig, ConfigError> {
+        let bad = |reason: &str| ConfigError::BadSpec {
+            spec: spec.to_string(),
+            reason: reason.to_string(),
+        };
+        let words: Vec<&str> = spec.split_whitespace().collect();
+        let carrier = match words.as_slice() {
+            ["udp", local, peer] => CarrierConfig::Udp {
+                local: local
+                    .parse()
+                    .map_err(|_| bad(&format!("{local:?} is not IP:PORT")))?,
+                peer: peer
+                    .parse()
+                    .map_err(|_| bad(&format!("{peer:?} is not IP:PORT")))?,
+            },
+            ["shm", path] => CarrierConfig::SharedMemory {
+                rendezvous: PathBuf::from(path),
+            },
+            ["udp", ..] => return Err(bad("udp takes two addresses")),
+            ["shm", ..] => return Err(bad("shm takes one socket path")),
+            [] => return Err(bad("it is empty")),
+            [other, ..] => return Err(bad(&format!("unknown carrier {other:?}"))),
+        };
+        Ok(VerbsConfig {
+            carrier,
+            progress: ProgressConfig::default(),
+        })
+    }
+
+    fn validated(self) -> Result<VerbsConfig, ConfigError> {
+        if let CarrierConfig::Udp { local, peer } = &self.carrier {
+            for address in [local, peer] {
+                if !address.is_ipv4() {
+                    return Err(ConfigError::NotIpv4(*address));
+                }
+            }
+        }
+        if self.progress.spin_microseconds > MAX_SPIN_MICROSECONDS {
+            return Err(ConfigError::SpinTooLong(self.progress.spin_microseconds));
+        }
+        Ok(self)
+    }
+}
+
+/// The IPv4 address of a socket address the configuration checked.
+pub(crate) fn ipv4_of(address: SocketAddr) -> Ipv4Address {
+    match address.ip() {
+        IpAddr::V4(ip) => Ipv4Address(ip.octets()),
+        IpAddr::V6(_) => unreachable!("validated as IPv4"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_one_line_forms_parse() {
+        let udp = VerbsConfig::from_spec("udp 127.0.0.1:7471 127.0.0.2:7471").unwrap();
+        assert_eq!(
+            udp.carrier,
+            CarrierConfig::Udp {
+                local: "127.0.0.1:7471".parse().unwrap(),
+                peer: "127.0.0.2:7471".parse().unwrap()
+            }
+        );
+        let shm = VerbsConfig::from_spec("shm /tmp/x.sock").unwrap();
+        assert_eq!(
+            shm.carrier,
+            CarrierConfig::SharedMemory {
+                rendezvous: "/tmp/x.sock".into()
+            }
+        );
+    }
+
+    #[test]
+    fn bad_specs_say_what_is_wrong() {
+        for (spec, reason) in [
+            ("", "empty"),
+            ("tcp 1.2.3.4:5", "unknown carrier"),
+            ("udp 127.0.0.1:1", "two addresses"),
+            ("udp localhost:1 127.0.0.1:2", "is not IP:PORT"),
+        ] {
+            let error = VerbsConfig::from_spec(spec).unwrap_err().to_string();
+            assert!(error.contains(reason), "{spec:?}: {error}");
+        }
+        let v6 = VerbsConfig::from_spec("udp [::1]:1 127.0.0.1:2")
+            .unwrap()
+            .validated();
+        assert!(matches!(v6, Err(ConfigError::NotIpv4(_))));
+    }
+
+    #[test]
+    fn the_file_form_parses_and_refuses_unknown_keys() {
+        let config = VerbsConfig::from_toml(
+            "[carrier]\nshared_memory = { rendezvous = \"/tmp/r.sock\" }\n[progress]\nspin_microseconds = 5\n",
+        )
+        .unwrap();
+        assert_eq!(config.progress.spin_microseconds, 5);
+        assert!(VerbsConfig::from_toml("[carrier]\nudp = { local = \"1.2.3.4:1\" }\n").is_err());
+        assert!(VerbsConfig::from_toml("[carrier]\nsharedmemory = {}\n").is_err());
+    }
+}

@@ -1,0 +1,338 @@
+//! One process, one node: a soft RNIC, the carrier to its peer, and a
+//! progress thread that keeps the protocol moving when the application is
+//! not calling in.
+//!
+//! # Progress
+//!
+//! Progress is both inline and threaded:
+//!
+//! - **Inline.** Every call that posts work transmits what it produced
+//!   before returning, and a `poll_cq` that finds nothing first takes in
+//!   what arrived. A busy-polling application pays no thread hand-off.
+//! - **A progress thread.** Programs also wait in ways no verb sees
+//!   (perftest's latency tests spin on a byte of their own buffer until
+//!   the peer's WRITE lands; a server may sleep in `ibv_get_cq_event`),
+//!   so a thread takes in frames, fires timers and raises completion
+//!   events on its own. It polls for `progress.spin_microseconds` after
+//!   the last work, then sleeps until the carrier has frames, the next
+//!   timer is due, or a poster kicks it. The spin is bounded so that two
+//!   processes on a 2-core machine do not starve each other: a sleeping
+//!   thread costs one wake-up (a futex on shared memory, `poll` on UDP)
+//!   per burst of traffic, a spinning one costs a core.
+
+use crate::config::{ipv4_of, CarrierConfig, VerbsConfig};
+use crate::rendezvous::{Rendezvous, RendezvousError};
+use remora_carrier::{CarrierError, DatagramPort, Kicker, Port, Waiter};
+use remora_rnic::{CompletionQueue, RnicConfig, SoftRnic, Timestamp};
+use remora_wire::frame::MAX_FRAME_LEN;
+use remora_wire::{Ipv4Address, MacAddress};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Frames taken from the carrier, or sent to it, in one pass.
+const BATCH_FRAMES: usize = 64;
+/// The longest single sleep of the progress thread, so a stop is seen.
+const MAX_SLEEP: Duration = Duration::from_millis(20);
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("UDP carrier {local} -> {peer}: {source}")]
+    Udp {
+        local: std::net::SocketAddr,
+        peer: std::net::SocketAddr,
+        #[source]
+        source: CarrierError,
+    },
+    #[error(transparent)]
+    Rendezvous(#[from] RendezvousError),
+    #[error("progress thread: {0}")]
+    Carrier(#[from] CarrierError),
+    #[error("spawning the progress thread: {0}")]
+    Spawn(std::io::Error),
+}
+
+/// The Ethernet address a node with IPv4 address `address` uses. Derived,
+/// so a peer's MAC follows from its GID with no neighbour discovery.
+pub fn mac_for(address: Ipv4Address) -> MacAddress {
+    let [a, b, c, d] = address.0;
+    MacAddress([0x02, 0x52, a, b, c, d])
+}
+
+/// Someone to tell when an armed completion queue has completions (a
+/// completion channel).
+pub type Notify = Arc<dyn Fn() + Send + Sync>;
+
+struct Armed {
+    queue: CompletionQueue,
+    notify: Notify,
+}
+
+/// What the node's lock guards.
+pub struct NodeState {
+    pub rnic: SoftRnic,
+    port: Box<dyn Port>,
+    buffer: Box<[u8]>,
+    armed: Vec<Armed>,
+    /// Carrier errors seen by the progress thread, reported once.
+    carrier_failed: bool,
+}
+
+pub struct Node {
+    state: Mutex<NodeState>,
+    address: Ipv4Address,
+    peer: Ipv4Address,
+    epoch: Instant,
+    sleeping: AtomicBool,
+    stopping: AtomicBool,
+    kicker: Kicker,
+}
+
+impl Node {
+    /// Opens the carrier and starts the progress thread.
+    pub fn start(config: &VerbsConfig) -> Result<Arc<Node>, NodeError> {
+        let (port, address, peer): (Box<dyn Port>, Ipv4Address, Ipv4Address) = match &config.carrier
+        {
+            CarrierConfig::Udp { local, peer } => {
+                let port = DatagramPort::udp(*local, *peer).map_err(|source| NodeError::Udp {
+                    local: *local,
+                    peer: *peer,
+                    source,
+                })?;
+                (Box::new(port), ipv4_of(*local), ipv4_of(*peer))
+            }
+            CarrierConfig::SharedMemory { rendezvous } => {
+                let joined = Rendezvous::join_or_create(rendezvous)?;
+                (Box::new(joined.port), joined.address, joined.peer)
+            }
+        };
+        let waiter = Waiter::new(&[port.wait_source()])?;
+        let seed = u64::from(std::process::id()) ^ u64::from(u32::from_be_bytes(address.0));
+        let node = Arc::new(Node {
+            state: Mutex::new(NodeState {
+                rnic: SoftRnic::new(RnicConfig::new(mac_for(address), address, seed)),
+                port,
+                buffer: vec![0u8; MAX_FRAME_LEN].into_boxed_slice(),
+                armed: Vec::new(),
+                carrier_failed: false,
+            }),
+            address,
+            peer,
+            epoch: Instant::now(),
+            sleeping: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            kicker: waiter.kicker(),
+        });
+        let spin = Duration::from_micros(config.progress.spin_microseconds);
+        let progress = Arc::clone(&node);
+        std::thread::Builder::new()
+            .name("remora-verbs-progress".into())
+            .spawn(move || progress.run_progress(&waiter, spin))
+            .map_err(NodeError::Spawn)?;
+        Ok(node)
+    }
+
+    /// The node's IPv4 address: its GID, and its frames' source address.
+    pub fn address(&self) -> Ipv4Address {
+        self.address
+    }
+
+    /// The other end of the point-to-point carrier: the peer of a queue
+    /// pair whose program connects by LID alone, with no GID.
+    pub fn peer_address(&self) -> Option<Ipv4Address> {
+        Some(self.peer)
+    }
+
+    pub fn now(&self) -> Timestamp {
+        Timestamp::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, NodeState> {
+        // A panic elsewhere never leaves the device half-updated in a way
+        // the next caller cannot see: keep serving.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `action` on the device, then sends what it produced: every verb
+    /// that posts work goes through here.
+    pub fn with_device<R>(&self, action: impl FnOnce(&mut SoftRnic) -> R) -> R {
+        let result = {
+            let mut state = self.lock();
+            let result = action(&mut state.rnic);
+            let now = self.now();
+            state.transmit(now);
+            result
+        };
+        // The progress thread may be asleep past a timer this post set.
+        if self.sleeping.load(Ordering::SeqCst) {
+            self.kicker.kick();
+        }
+        result
+    }
+
+    /// Reads the device without sending anything.
+    pub fn inspect<R>(&self, action: impl FnOnce(&SoftRnic) -> R) -> R {
+        action(&self.lock().rnic)
+    }
+
+    /// Takes completions from `queue` into `sink` (at most `max`), taking in
+    /// what arrived first when none wait: `poll_cq`'s inline progress.
+    pub fn poll_completions(
+        &self,
+        queue: CompletionQueue,
+        max: usize,
+        sink: &mut dyn FnMut(remora_rnic::WorkCompletion),
+    ) -> Result<usize, remora_rnic::VerbsError> {
+        use remora_rnic::DataPath;
+        let mut state = self.lock();
+        if state.rnic.completions_waiting(queue)? == 0 {
+            let now = self.now();
+            state.pump(now);
+        }
+        let mut taken = 0;
+        while taken < max {
+            match state.rnic.poll_completion(queue)? {
+                Some(completion) => sink(completion),
+                None => break,
+            }
+            taken += 1;
+        }
+        Ok(taken)
+    }
+
+    /// Calls `notify` once, when `queue` next holds a completion
+    /// (`ibv_req_notify_cq`).
+    pub fn arm(&self, queue: CompletionQueue, notify: Notify) {
+        let mut state = self.lock();
+        state.armed.retain(|armed| armed.queue != queue);
+        state.armed.push(Armed { queue, notify });
+        state.notify_armed();
+    }
+
+    /// Forgets an armed queue (it is being destroyed).
+    pub fn disarm(&self, queue: CompletionQueue) {
+        self.lock().armed.retain(|armed| armed.queue != queue);
+    }
+
+    /// Stops the progress thread (tests and benchmarks that start many
+    /// nodes in one process).
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.kicker.kick();
+    }
+
+    fn run_progress(&self, waiter: &Waiter, spin: Duration) {
+        let mut idle_since = Instant::now();
+        while !self.stopping.load(Ordering::SeqCst) {
+            let worked = {
+                let mut state = self.lock();
+                let now = self.now();
+                state.pump(now)
+            };
+            if worked {
+                idle_since = Instant::now();
+                continue;
+            }
+            if idle_since.elapsed() < spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.sleep(waiter);
+            idle_since = Instant::now();
+        }
+    }
+
+    fn sleep(&self, waiter: &Waiter) {
+        // Announce the sleep before the last look, so a poster either is
+        // seen here or sees the flag and kicks.
+        self.sleeping.store(true, Ordering::SeqCst);
+        let timeout = {
+            let mut state = self.lock();
+            let now = self.now();
+            let has_frames = state.port.has_frames();
+            match state.rnic.poll_timeout() {
+                _ if has_frames => Duration::ZERO,
+                Some(deadline) => deadline.saturating_duration_since(now).min(MAX_SLEEP),
+                None => MAX_SLEEP,
+            }
+        };
+        if !timeout.is_zero() {
+            waiter.block(timeout, &mut || self.lock().port.has_frames());
+        }
+        self.sleeping.store(false, Ordering::SeqCst);
+    }
+}
+
+impl NodeState {
+    /// Takes in frames, fires due timers, sends, and raises completion
+    /// events. Returns whether anything moved.
+    fn pump(&mut self, now: Timestamp) -> bool {
+        let rnic = &mut self.rnic;
+        let received = match self.port.receive(BATCH_FRAMES, &mut |frame| {
+            rnic.handle_frame(now, frame);
+        }) {
+            Ok(count) => count,
+            Err(error) => {
+                self.report_carrier_error(&error);
+                0
+            }
+        };
+        let mut fired = false;
+        if self
+            .rnic
+            .poll_timeout()
+            .is_some_and(|deadline| deadline <= now)
+        {
+            self.rnic.handle_timeout(now);
+            fired = true;
+        }
+        let sent = self.transmit(now);
+        if received > 0 || fired {
+            self.notify_armed();
+        }
+        received > 0 || fired || sent > 0
+    }
+
+    /// Sends what the device has, while the carrier has room.
+    fn transmit(&mut self, now: Timestamp) -> usize {
+        let mut sent = 0;
+        while sent < BATCH_FRAMES && self.port.has_room() {
+            let Some(length) = self.rnic.poll_transmit(now, &mut self.buffer) else {
+                break;
+            };
+            if let Err(error) = self.port.send(&self.buffer[..length]) {
+                self.report_carrier_error(&error);
+            }
+            sent += 1;
+        }
+        if sent > 0 {
+            if let Err(error) = self.port.flush() {
+                self.report_carrier_error(&error);
+            }
+        }
+        sent
+    }
+
+    fn notify_armed(&mut self) {
+        let rnic = &self.rnic;
+        self.armed.retain(|armed| {
+            let ready = rnic
+                .completions_waiting(armed.queue)
+                .map_or(true, |waiting| waiting > 0);
+            if ready {
+                (armed.notify)();
+            }
+            !ready
+        });
+    }
+
+    fn report_carrier_error(&mut self, error: &CarrierError) {
+        // The RNIC's retransmission recovers lost frames; say it once.
+        if !self.carrier_failed {
+            self.carrier_failed = true;
+            eprintln!("remora-verbs: carrier: {error}");
+        }
+    }
+}

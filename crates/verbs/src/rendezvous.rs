@@ -1,0 +1,176 @@
+//! How two unrelated processes share one ring segment: whichever binds the
+//! rendezvous socket first creates the segment (a memfd) and hands its
+//! descriptor to the other over the Unix socket (`SCM_RIGHTS`).
+//!
+//! The creator is the hub of a one-spoke star and takes the first node
+//! address; the joiner is the spoke and takes the second. A socket file
+//! left by a process that died is found (connecting is refused), removed
+//! and bound again. The creator serves exactly one joiner, then removes
+//! the socket file, so a third process gets a clear error, not a ring
+//! someone else owns.
+
+use remora_carrier::{CarrierError, RingPort, Segment, SegmentPlan};
+use remora_wire::Ipv4Address;
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Frames each ring holds.
+const RING_DEPTH_FRAMES: u32 = 256;
+/// The creator's and the joiner's node addresses (a private /24).
+pub const CREATOR_ADDRESS: Ipv4Address = Ipv4Address([10, 77, 0, 1]);
+pub const JOINER_ADDRESS: Ipv4Address = Ipv4Address([10, 77, 0, 2]);
+/// How long a joiner waits for the creator's descriptor.
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bind attempts when a stale socket file is in the way.
+const MAX_BIND_ATTEMPTS: usize = 3;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RendezvousError {
+    #[error("rendezvous socket {path}: {operation}: {source}")]
+    Socket {
+        path: PathBuf,
+        operation: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("rendezvous socket {0}: the creator sent no segment descriptor")]
+    NoDescriptor(PathBuf),
+    #[error("rendezvous socket {0}: could neither bind it nor reach a process on it")]
+    Contended(PathBuf),
+    #[error("shared segment: {0}")]
+    Carrier(#[from] CarrierError),
+}
+
+/// This process's end of the shared segment (the port keeps the mapping).
+pub struct Rendezvous {
+    pub port: RingPort,
+    pub address: Ipv4Address,
+    pub peer: Ipv4Address,
+}
+
+impl Rendezvous {
+    pub fn join_or_create(path: &Path) -> Result<Rendezvous, RendezvousError> {
+        let socket_error = |operation, source| RendezvousError::Socket {
+            path: path.to_path_buf(),
+            operation,
+            source,
+        };
+        for _ in 0..MAX_BIND_ATTEMPTS {
+            match UnixListener::bind(path) {
+                Ok(listener) => return Rendezvous::create(path, listener),
+                Err(error) if error.kind() != std::io::ErrorKind::AddrInUse => {
+                    return Err(socket_error("bind", error));
+                }
+                Err(_) => {}
+            }
+            match UnixStream::connect(path) {
+                Ok(stream) => return Rendezvous::join(path, stream),
+                Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    // Its creator died: the file is stale.
+                    std::fs::remove_file(path).map_err(|error| socket_error("remove", error))?;
+                }
+                Err(error) => return Err(socket_error("connect", error)),
+            }
+        }
+        Err(RendezvousError::Contended(path.to_path_buf()))
+    }
+
+    fn create(path: &Path, listener: UnixListener) -> Result<Rendezvous, RendezvousError> {
+        let segment = Segment::shared("remora-verbs", &SegmentPlan::star(1, RING_DEPTH_FRAMES))?;
+        let port = segment.hub_port(1)?;
+        let descriptor: OwnedFd = segment
+            .shared_fd()?
+            .try_clone_to_owned()
+            .map_err(|source| RendezvousError::Socket {
+                path: path.to_path_buf(),
+                operation: "dup the segment",
+                source,
+            })?;
+        let path_owned = path.to_path_buf();
+        std::thread::Builder::new()
+            .name("remora-verbs-rendezvous".into())
+            .spawn(move || serve_one_joiner(&path_owned, &listener, &descriptor))
+            .map_err(|source| RendezvousError::Socket {
+                path: path.to_path_buf(),
+                operation: "spawn the listener",
+                source,
+            })?;
+        Ok(Rendezvous {
+            port,
+            address: CREATOR_ADDRESS,
+            peer: JOINER_ADDRESS,
+        })
+    }
+
+    fn join(path: &Path, stream: UnixStream) -> Result<Rendezvous, RendezvousError> {
+        let socket_error = |operation, source| RendezvousError::Socket {
+            path: path.to_path_buf(),
+            operation,
+            source,
+        };
+        stream
+            .set_read_timeout(Some(HANDOVER_TIMEOUT))
+            .map_err(|error| socket_error("set timeout", error))?;
+        let descriptor = receive_descriptor(&stream)
+            .map_err(|error| socket_error("receive the descriptor", error))?
+            .ok_or_else(|| RendezvousError::NoDescriptor(path.to_path_buf()))?;
+        let segment = Segment::attach(descriptor)?;
+        let port = segment.spoke_port(1)?;
+        Ok(Rendezvous {
+            port,
+            address: JOINER_ADDRESS,
+            peer: CREATOR_ADDRESS,
+        })
+    }
+}
+
+fn serve_one_joiner(path: &Path, listener: &UnixListener, descriptor: &OwnedFd) {
+    if let Ok((stream, _)) = listener.accept() {
+        if let Err(error) = send_descriptor(&stream, descriptor) {
+            eprintln!("remora-verbs: rendezvous {}: {error}", path.display());
+        }
+    }
+    // One joiner only; a later process must not attach to a ring in use.
+    let _ = std::fs::remove_file(path);
+}
+
+fn send_descriptor(stream: &UnixStream, descriptor: &OwnedFd) -> std::io::Result<()> {
+    let descriptors = [descriptor.as_fd()];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut ancillary = SendAncillaryBuffer::new(&mut space);
+    ancillary.push(SendAncillaryMessage::ScmRights(&descriptors));
+    rustix::net::sendmsg(
+        stream,
+        &[IoSlice::new(b"remora")],
+        &mut ancillary,
+        SendFlags::empty(),
+    )?;
+    Ok(())
+}
+
+fn receive_descriptor(stream: &UnixStream) -> std::io::Result<Option<OwnedFd>> {
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+    let mut bytes = [0u8; 16];
+    rustix::net::recvmsg(
+        stream,
+        &mut [IoSliceMut::new(&mut bytes)],
+        &mut ancillary,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    for message in ancillary.drain() {
+        if let RecvAncillaryMessage::ScmRights(mut descriptors) = message {
+            if let Some(descriptor) = descriptors.next() {
+                return Ok(Some(descriptor));
+            }
+        }
+    }
+    Ok(None)
+}

@@ -1,0 +1,3 @@
+fn main() {
+    remora_verbs_exports::emit_link_args("libefa.so.1", "version.map");
+}
