@@ -15,6 +15,8 @@ use std::path::PathBuf;
 
 pub const CONFIG_FILE_VARIABLE: &str = "REMORA_VERBS_CONFIG";
 pub const SPEC_VARIABLE: &str = "REMORA_VERBS";
+/// Where to write a pcap of every frame the node sends and receives.
+pub const CAPTURE_VARIABLE: &str = "REMORA_VERBS_PCAP";
 
 /// A node's configuration file.
 ///
@@ -25,13 +27,19 @@ pub const SPEC_VARIABLE: &str = "REMORA_VERBS";
 ///
 /// [progress]
 /// spin_microseconds = 20   # how long the progress thread polls before it sleeps
+///
+/// capture = "run.pcap"     # optional: every frame sent and received
 /// ```
+///
+/// `REMORA_VERBS_PCAP=FILE` sets `capture` in either form.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VerbsConfig {
     pub carrier: CarrierConfig,
     #[serde(default)]
     pub progress: ProgressConfig,
+    #[serde(default)]
+    pub capture: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -86,6 +94,14 @@ pub enum ConfigError {
 impl VerbsConfig {
     /// Reads the configuration the environment names.
     pub fn from_environment() -> Result<VerbsConfig, ConfigError> {
+        let mut config = VerbsConfig::from_environment_variables()?;
+        if let Some(capture) = std::env::var_os(CAPTURE_VARIABLE) {
+            config.capture = Some(PathBuf::from(capture));
+        }
+        Ok(config)
+    }
+
+    fn from_environment_variables() -> Result<VerbsConfig, ConfigError> {
         if let Some(path) = std::env::var_os(CONFIG_FILE_VARIABLE) {
             let path = PathBuf::from(path);
             let text =
@@ -134,6 +150,7 @@ impl VerbsConfig {
         Ok(VerbsConfig {
             carrier,
             progress: ProgressConfig::default(),
+            capture: None,
         })
     }
 

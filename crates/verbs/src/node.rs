@@ -22,6 +22,7 @@
 
 use crate::config::{ipv4_of, CarrierConfig, VerbsConfig};
 use crate::rendezvous::{Rendezvous, RendezvousError};
+use remora_carrier::wrappers::{CaptureDirection, Captured, PcapSink};
 use remora_carrier::{CarrierError, DatagramPort, Kicker, Port, Waiter};
 use remora_rnic::{CompletionQueue, RnicConfig, SoftRnic, Timestamp};
 use remora_wire::frame::MAX_FRAME_LEN;
@@ -46,7 +47,7 @@ pub enum NodeError {
     },
     #[error(transparent)]
     Rendezvous(#[from] RendezvousError),
-    #[error("progress thread: {0}")]
+    #[error("carrier: {0}")]
     Carrier(#[from] CarrierError),
     #[error("spawning the progress thread: {0}")]
     Spawn(std::io::Error),
@@ -86,6 +87,10 @@ pub struct Node {
     sleeping: AtomicBool,
     stopping: AtomicBool,
     kicker: Kicker,
+    /// The capture file, flushed whenever the node goes idle and when the
+    /// program closes its device (a program's exit runs no destructors of
+    /// the process-wide node).
+    capture: Option<PcapSink>,
 }
 
 impl Node {
@@ -106,6 +111,18 @@ impl Node {
                 (Box::new(joined.port), joined.address, joined.peer)
             }
         };
+        let capture = config
+            .capture
+            .as_deref()
+            .map(PcapSink::create)
+            .transpose()?;
+        let port = match &capture {
+            Some(sink) => {
+                let captured = Captured::new(port, sink.clone(), CaptureDirection::Both);
+                Box::new(captured) as Box<dyn Port>
+            }
+            None => port,
+        };
         let waiter = Waiter::new(&[port.wait_source()])?;
         let seed = u64::from(std::process::id()) ^ u64::from(u32::from_be_bytes(address.0));
         let node = Arc::new(Node {
@@ -122,6 +139,7 @@ impl Node {
             sleeping: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             kicker: waiter.kicker(),
+            capture,
         });
         let spin = Duration::from_micros(config.progress.spin_microseconds);
         let progress = Arc::clone(&node);
@@ -244,7 +262,17 @@ impl Node {
         }
     }
 
+    /// Writes out what the capture file buffered.
+    pub fn flush_capture(&self) {
+        if let Some(sink) = &self.capture {
+            if let Err(error) = sink.flush() {
+                eprintln!("remora-verbs: capture: {error}");
+            }
+        }
+    }
+
     fn sleep(&self, waiter: &Waiter) {
+        self.flush_capture();
         // Announce the sleep before the last look, so a poster either is
         // seen here or sees the flag and kicks.
         self.sleeping.store(true, Ordering::SeqCst);

@@ -185,9 +185,10 @@ pub(super) unsafe fn close_device(context: *mut ibv_context) -> c_int {
     if context.is_null() {
         return libc::EINVAL;
     }
+    // SAFETY: the context came from open_device (the verbs contract).
+    unsafe { node_of(context) }.flush_capture();
     let offset = std::mem::offset_of!(verbs_context, context);
-    // SAFETY: the context came from open_device (the verbs contract); the
-    // program gives it up here.
+    // SAFETY: as above; the program gives it up here.
     drop(unsafe { Box::from_raw(context.cast::<u8>().sub(offset).cast::<ContextObject>()) });
     0
 }
