@@ -207,6 +207,28 @@ impl HostMemory {
     }
 }
 
+/// Memory outside Rust's heap that a region may be backed by: a C
+/// program's own pages, registered with `ibv_reg_mr`. Offsets are from the
+/// start of the block; the device checks every range against
+/// [`ExternalMemory::len`] before it calls, so implementations may treat an
+/// out-of-range offset as a broken invariant. How the bytes are reached
+/// (and whatever `unsafe` that takes) is the implementation's own, so this
+/// crate stays free of it.
+pub trait ExternalMemory: Send {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copies `into.len()` bytes from `offset`.
+    fn read(&self, offset: usize, into: &mut [u8]);
+    /// Copies `from` to `offset`.
+    fn write(&mut self, offset: usize, from: &[u8]);
+    /// Applies `update` atomically to the 8-byte-aligned little-endian
+    /// word at `offset` (the owner may touch it concurrently) and returns
+    /// the original.
+    fn update_word(&mut self, offset: usize, update: &dyn Fn(u64) -> u64) -> u64;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,26 +304,4 @@ mod tests {
         assert_eq!(payload, [7u8; 40]);
         thread.join().unwrap();
     }
-}
-
-/// Memory outside Rust's heap that a region may be backed by: a C
-/// program's own pages, registered with `ibv_reg_mr`. Offsets are from the
-/// start of the block; the device checks every range against
-/// [`ExternalMemory::len`] before it calls, so implementations may treat an
-/// out-of-range offset as a broken invariant. How the bytes are reached
-/// (and whatever `unsafe` that takes) is the implementation's own, so this
-/// crate stays free of it.
-pub trait ExternalMemory: Send {
-    fn len(&self) -> usize;
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Copies `into.len()` bytes from `offset`.
-    fn read(&self, offset: usize, into: &mut [u8]);
-    /// Copies `from` to `offset`.
-    fn write(&mut self, offset: usize, from: &[u8]);
-    /// Applies `update` atomically to the 8-byte-aligned little-endian
-    /// word at `offset` (the owner may touch it concurrently) and returns
-    /// the original.
-    fn update_word(&mut self, offset: usize, update: &dyn Fn(u64) -> u64) -> u64;
 }

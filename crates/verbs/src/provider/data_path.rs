@@ -47,7 +47,7 @@ pub(super) fn install_operations(verbs: &mut verbs_context) {
 /// # Safety
 /// `list` points at `count` entries (the caller's work request).
 unsafe fn elements(list: *const ibv_sge, count: c_int) -> Result<Vec<ScatterGatherElement>, c_int> {
-    if count < 0 || count > MAX_SCATTER_GATHER {
+    if !(0..=MAX_SCATTER_GATHER).contains(&count) {
         return Err(libc::EINVAL);
     }
     if count == 0 {

@@ -282,7 +282,7 @@ pub(super) unsafe fn create_cq(
     channel: *mut ibv_comp_channel,
     vector: c_int,
 ) -> *mut ibv_cq {
-    if context.is_null() || entries < 1 || entries > MAX_QUEUE_DEPTH || vector != 0 {
+    if context.is_null() || !(1..=MAX_QUEUE_DEPTH).contains(&entries) || vector != 0 {
         return null_with(libc::EINVAL);
     }
     // SAFETY: a live context.
@@ -714,9 +714,12 @@ pub(super) unsafe fn modify_qp(
     0
 }
 
+/// Copies one attribute from what the program gave into what is kept.
+type CopyAttribute<'a> = &'a dyn Fn(&mut ibv_qp_attr);
+
 /// Keeps what `query_qp` reports back.
 fn remember_attributes(kept: &mut ibv_qp_attr, given: &ibv_qp_attr, mask: u32) {
-    let fields: [(u32, &dyn Fn(&mut ibv_qp_attr)); 10] = [
+    let fields: [(u32, CopyAttribute); 10] = [
         (IBV_QP_PATH_MTU, &|kept| kept.path_mtu = given.path_mtu),
         (IBV_QP_ACCESS_FLAGS, &|kept| {
             kept.qp_access_flags = given.qp_access_flags
