@@ -13,6 +13,7 @@ mod rnic;
 pub mod soda;
 mod switch;
 pub mod tiga;
+mod verbs;
 
 use clap::error::ErrorKind;
 use clap::{ArgMatches, Command, FromArgMatches, Subcommand};
@@ -22,7 +23,7 @@ use std::process::ExitCode;
 
 /// Every benchmark, in the order `remora bench --help` lists them.
 pub fn benchmarks() -> impl Iterator<Item = &'static dyn Benchmark> {
-    let substrate: [&'static dyn Benchmark; 2] = [&rnic::BENCH, &switch::BENCH];
+    let substrate: [&'static dyn Benchmark; 3] = [&rnic::BENCH, &switch::BENCH, &verbs::BENCH];
     substrate.into_iter().chain(
         crate::systems::SYSTEMS
             .iter()

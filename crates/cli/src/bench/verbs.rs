@@ -1,0 +1,466 @@
+//! `remora bench verbs`: Debian's perftest on Remora's libibverbs, beside
+//! the same WRITEs through Remora's own API on the same carrier and a raw
+//! UDP ping-pong, all in one run.
+//!
+//! perftest's latency tools report half a round trip (`t_typical`); the
+//! native ping-pong and the UDP ping-pong are halved the same way, so every
+//! latency here is one way. Bandwidths are MiB/s, as perftest prints them.
+
+use super::report::{median, Report};
+use ibverbs::config::{CarrierConfig, ProgressConfig, VerbsConfig};
+use ibverbs::node::Node;
+use remora_rnic::{
+    AccessFlags, CompletionQueue, HostMemory, MemoryRegion, QueuePair, QueuePairBuilder,
+    SendOperation, SendRequest, Verbs, VerbsError,
+};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const LATENCY_BYTES: u32 = 64;
+const BANDWIDTH_BYTES: u32 = 65_536;
+/// WRITEs in flight in the bandwidth runs (perftest's default TX depth).
+const BANDWIDTH_WINDOW: usize = 128;
+/// Each side's region: it sends from the first half and the peer WRITEs
+/// into the second, so a side never mistakes its own mark for the peer's
+/// (perftest splits its buffer the same way).
+const HALF_BYTES: u64 = BANDWIDTH_BYTES as u64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VerbsBenchError {
+    #[error("{0} is missing: build the drop-in first (cargo build --release --workspace)")]
+    LibraryMissing(PathBuf),
+    #[error("{0} is not installed (Debian package perftest)")]
+    PerftestMissing(&'static str),
+    #[error("{program} over {carrier} failed: {output}")]
+    PerftestFailed {
+        program: &'static str,
+        carrier: &'static str,
+        output: String,
+    },
+    #[error("{program}: no result row in: {output}")]
+    NoTable {
+        program: &'static str,
+        output: String,
+    },
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    #[error(transparent)]
+    Node(#[from] ibverbs::NodeError),
+    #[error("a native WRITE completed with {0:?}")]
+    WriteFailed(remora_rnic::CompletionStatus),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Switch(#[from] super::switch::SwitchBenchError),
+}
+
+/// A directory of `lib*.so.1` links to the libraries built beside this
+/// executable: what `LD_LIBRARY_PATH` names.
+fn library_directory() -> Result<PathBuf, VerbsBenchError> {
+    let built = std::env::current_exe()?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let directory = built.join("remora-verbs-libraries");
+    std::fs::create_dir_all(&directory)?;
+    for name in ["ibverbs", "rdmacm", "mlx5", "efa"] {
+        let library = built.join(format!("lib{name}.so"));
+        if !library.exists() {
+            return Err(VerbsBenchError::LibraryMissing(library));
+        }
+        let link = directory.join(format!("lib{name}.so.1"));
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&library, &link)?;
+    }
+    Ok(directory)
+}
+
+/// perftest's figures from the last row of its table.
+struct PerftestRow {
+    /// `t_typical` and the 99th percentile (latency tools), in µs.
+    typical_microseconds: f64,
+    p99_microseconds: f64,
+    /// `BW average` (bandwidth tools), MiB/s.
+    bandwidth_mebibytes_per_second: f64,
+}
+
+fn run_perftest(
+    libraries: &Path,
+    program: &'static str,
+    carrier: &'static str,
+    arguments: &[String],
+) -> Result<PerftestRow, VerbsBenchError> {
+    let port = 21_000 + (std::process::id() % 1_000) as u16 * 4;
+    let (server_spec, client_spec) = match carrier {
+        "udp" => (
+            format!("udp 127.0.0.1:{port} 127.0.0.2:{port}"),
+            format!("udp 127.0.0.2:{port} 127.0.0.1:{port}"),
+        ),
+        _ => {
+            let socket = std::env::temp_dir().join(format!("remora-bench-verbs-{port}.sock"));
+            let _ = std::fs::remove_file(&socket);
+            let spec = format!("shm {}", socket.display());
+            (spec.clone(), spec)
+        }
+    };
+    let tcp_port = (port + 1).to_string();
+    let command = |spec: &str| {
+        let mut command = Command::new(program);
+        command
+            .args(arguments)
+            .args(["-p", &tcp_port])
+            .env("LD_LIBRARY_PATH", libraries)
+            .env("REMORA_VERBS", spec)
+            .stdin(Stdio::null());
+        command
+    };
+    let server = command(&server_spec)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    std::thread::sleep(Duration::from_millis(300));
+    let client = command(&client_spec).arg("127.0.0.1").output()?;
+    let server = server.wait_with_output()?;
+    let printed = String::from_utf8_lossy(&client.stdout).to_string();
+    if !client.status.success() || !server.status.success() {
+        return Err(VerbsBenchError::PerftestFailed {
+            program,
+            carrier,
+            output: format!(
+                "{printed}{}{}",
+                String::from_utf8_lossy(&client.stderr),
+                String::from_utf8_lossy(&server.stderr)
+            ),
+        });
+    }
+    parse_row(program, &printed)
+}
+
+fn parse_row(program: &'static str, printed: &str) -> Result<PerftestRow, VerbsBenchError> {
+    let no_table = || VerbsBenchError::NoTable {
+        program,
+        output: printed.to_string(),
+    };
+    let row = printed
+        .lines()
+        .skip_while(|line| !line.contains("#bytes"))
+        .nth(1)
+        .ok_or_else(no_table)?;
+    let fields: Vec<f64> = row
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .map_err(|_| no_table())?;
+    // Latency: #bytes #iterations t_min t_max t_typical t_avg t_stdev p99 p99.9.
+    // Bandwidth: #bytes #iterations BW_peak BW_average MsgRate.
+    let field = |index: usize| fields.get(index).copied().ok_or_else(no_table);
+    Ok(if program.ends_with("_lat") {
+        PerftestRow {
+            typical_microseconds: field(4)?,
+            p99_microseconds: field(7)?,
+            bandwidth_mebibytes_per_second: 0.0,
+        }
+    } else {
+        PerftestRow {
+            typical_microseconds: 0.0,
+            p99_microseconds: 0.0,
+            bandwidth_mebibytes_per_second: field(3)?,
+        }
+    })
+}
+
+/// One side of the native pair: a node, a region its peer WRITEs into, and
+/// a connected queue pair.
+struct NativeSide {
+    node: Arc<Node>,
+    memory: HostMemory,
+    region: MemoryRegion,
+    completions: CompletionQueue,
+    queue_pair: QueuePair,
+    peer_region: MemoryRegion,
+}
+
+/// Two nodes on one shared-memory segment, as two perftest processes get.
+fn native_pair() -> Result<(NativeSide, NativeSide), VerbsBenchError> {
+    let socket =
+        std::env::temp_dir().join(format!("remora-bench-native-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&socket);
+    let config = VerbsConfig {
+        carrier: CarrierConfig::SharedMemory { rendezvous: socket },
+        progress: ProgressConfig::default(),
+        capture: None,
+    };
+    let nodes = [Node::start(&config)?, Node::start(&config)?];
+    let mut prepared = Vec::new();
+    for node in &nodes {
+        let memory = HostMemory::new(2 * HALF_BYTES as usize);
+        let built = node.with_device(|rnic| -> Result<_, VerbsError> {
+            let pd = rnic.alloc_protection_domain()?;
+            let region = rnic.register_host_memory(pd, memory.clone(), AccessFlags::ALL)?;
+            let completions = rnic.create_completion_queue(4 * BANDWIDTH_WINDOW)?;
+            let mut builder = QueuePairBuilder::new(pd, completions, completions);
+            builder.send_queue_depth = 2 * BANDWIDTH_WINDOW;
+            Ok((region, completions, rnic.create_queue_pair(&builder)?))
+        })?;
+        prepared.push((memory, built));
+    }
+    let endpoints = [prepared[0].1 .2.endpoint, prepared[1].1 .2.endpoint];
+    let regions = [prepared[0].1 .0, prepared[1].1 .0];
+    let mut sides = Vec::new();
+    for (index, (node, (memory, (region, completions, queue_pair)))) in
+        nodes.into_iter().zip(prepared).enumerate()
+    {
+        let remote = endpoints[1 - index];
+        let queue_pair = node.with_device(|rnic| rnic.handshake(queue_pair, remote))?;
+        sides.push(NativeSide {
+            node,
+            memory,
+            region,
+            completions,
+            queue_pair,
+            peer_region: regions[1 - index],
+        });
+    }
+    let second = sides.pop().expect("two sides");
+    let first = sides.pop().expect("two sides");
+    Ok((first, second))
+}
+
+impl NativeSide {
+    fn write(&self, id: u64, length: u32) -> Result<(), VerbsBenchError> {
+        let operation = SendOperation::Write {
+            remote: self.peer_region.remote(HALF_BYTES),
+            immediate: None,
+        };
+        let request = SendRequest::new(id, operation, &[self.region.slice(0, length)])?;
+        use remora_rnic::DataPath;
+        // A full send queue waits for ACKs (as perftest's post loop does),
+        // bounded so a peer that stopped answering is an error, not a hang.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self
+                .node
+                .with_device(|rnic| rnic.post_send(self.queue_pair, request))
+            {
+                Err(VerbsError::QueueFull { .. }) if Instant::now() < deadline => {
+                    self.reap()?;
+                }
+                result => return Ok(result?),
+            }
+        }
+    }
+
+    /// Takes completions; returns how many, failing on an error status.
+    fn reap(&self) -> Result<usize, VerbsBenchError> {
+        let mut failed = None;
+        let taken = self
+            .node
+            .poll_completions(self.completions, 64, &mut |completion| {
+                if completion.status != remora_rnic::CompletionStatus::Success {
+                    failed = Some(completion.status);
+                }
+            })?;
+        match failed {
+            Some(status) => Err(VerbsBenchError::WriteFailed(status)),
+            None => Ok(taken),
+        }
+    }
+
+    /// Spins until the last byte of a `length`-byte message reads `mark`.
+    fn await_mark(&self, length: u32, mark: u8) {
+        let mut byte = [0u8; 1];
+        loop {
+            self.memory
+                .read((HALF_BYTES + u64::from(length)) as usize - 1, &mut byte)
+                .expect("inside the region");
+            if byte[0] == mark {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    fn set_mark(&self, length: u32, mark: u8) {
+        // The local copy of the message the next WRITE sends: its last byte.
+        self.node
+            .with_device(|rnic| {
+                rnic.write_local(
+                    self.region.lkey,
+                    remora_wire::VirtAddr(self.region.address.0 + u64::from(length) - 1),
+                    &[mark],
+                )
+            })
+            .expect("inside the region");
+    }
+}
+
+/// perftest's `ib_write_lat`, through the native API: each side WRITEs
+/// when the other's WRITE has landed. Returns one-way latencies in µs.
+fn native_write_latency(iterations: usize) -> Result<Vec<f64>, VerbsBenchError> {
+    let (initiator, responder) = native_pair()?;
+    let echo = std::thread::spawn(move || -> Result<(), VerbsBenchError> {
+        for iteration in 1..=iterations {
+            let mark = (iteration % 251) as u8 + 1;
+            responder.await_mark(LATENCY_BYTES, mark);
+            responder.set_mark(LATENCY_BYTES, mark);
+            responder.write(iteration as u64, LATENCY_BYTES)?;
+            responder.reap()?;
+        }
+        responder.node.stop();
+        Ok(())
+    });
+    let mut latencies = Vec::with_capacity(iterations);
+    for iteration in 1..=iterations {
+        let mark = (iteration % 251) as u8 + 1;
+        initiator.set_mark(LATENCY_BYTES, mark);
+        let started = Instant::now();
+        initiator.write(iteration as u64, LATENCY_BYTES)?;
+        initiator.await_mark(LATENCY_BYTES, mark);
+        latencies.push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
+        initiator.reap()?;
+    }
+    initiator.node.stop();
+    echo.join().expect("the echo thread")?;
+    Ok(latencies)
+}
+
+/// perftest's `ib_write_bw`, through the native API: a window of 64 KiB
+/// WRITEs kept full. Returns MiB/s.
+fn native_write_bandwidth(iterations: usize) -> Result<f64, VerbsBenchError> {
+    let (writer, target) = native_pair()?;
+    let started = Instant::now();
+    let (mut posted, mut completed) = (0usize, 0usize);
+    while completed < iterations {
+        while posted < iterations && posted - completed < BANDWIDTH_WINDOW {
+            writer.write(posted as u64, BANDWIDTH_BYTES)?;
+            posted += 1;
+        }
+        completed += writer.reap()?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    writer.node.stop();
+    target.node.stop();
+    Ok(iterations as f64 * f64::from(BANDWIDTH_BYTES) / seconds / (1 << 20) as f64)
+}
+
+pub fn run(quick: bool) -> Result<Report, VerbsBenchError> {
+    let libraries = library_directory()?;
+    for program in ["ib_write_lat", "ib_write_bw"] {
+        if Command::new(program).arg("--help").output().is_err() {
+            return Err(VerbsBenchError::PerftestMissing(program));
+        }
+    }
+    let (latency_iterations, bandwidth_iterations) = if quick {
+        (2_000, 2_000)
+    } else {
+        (20_000, 20_000)
+    };
+    let rounds = if quick { 3 } else { 5 };
+    let mut report = Report::new(
+        "verbs",
+        serde_json::json!({
+            "quick": quick,
+            "rounds": rounds,
+            "latency_bytes": LATENCY_BYTES,
+            "latency_iterations": latency_iterations,
+            "bandwidth_bytes": BANDWIDTH_BYTES,
+            "bandwidth_iterations": bandwidth_iterations,
+            "latency": "one way: perftest's t_typical (half a round trip), the native and UDP ping-pongs halved alike",
+        }),
+    );
+    let latency_arguments: Vec<String> = ["-s", "64", "-n", &latency_iterations.to_string()]
+        .map(String::from)
+        .to_vec();
+    let bandwidth_arguments: Vec<String> = ["-s", "65536", "-n", &bandwidth_iterations.to_string()]
+        .map(String::from)
+        .to_vec();
+    let mut figures: [Vec<f64>; 7] = Default::default();
+    // Rounds interleave every variant, so machine noise hits all alike.
+    for round in 0..rounds {
+        eprintln!("round {}/{rounds}", round + 1);
+        let shm = run_perftest(&libraries, "ib_write_lat", "shm", &latency_arguments)?;
+        figures[0].push(shm.typical_microseconds);
+        figures[1].push(shm.p99_microseconds);
+        let udp = run_perftest(&libraries, "ib_write_lat", "udp", &latency_arguments)?;
+        figures[2].push(udp.typical_microseconds);
+        figures[3].push(udp.p99_microseconds);
+        let bandwidth = run_perftest(&libraries, "ib_write_bw", "shm", &bandwidth_arguments)?;
+        figures[4].push(bandwidth.bandwidth_mebibytes_per_second);
+        let mut native = native_write_latency(latency_iterations)?;
+        figures[5].push(median(&mut native));
+        figures[6].push(native_write_bandwidth(bandwidth_iterations)?);
+    }
+    let pingpong = super::switch::udp_pingpong(
+        LATENCY_BYTES as usize,
+        Duration::from_millis(if quick { 300 } else { 1_000 }),
+    )?;
+    let udp_pingpong_one_way = pingpong.value_at_quantile(0.5) as f64 / 1e3 / 2.0;
+    let [shm_typical, shm_p99, udp_typical, udp_p99, shm_bandwidth, native_latency, native_bandwidth] =
+        figures.map(|mut values| median(&mut values));
+    for (variant, metric, value, unit) in [
+        ("perftest_write_lat_64_shm", "typical", shm_typical, "us"),
+        ("perftest_write_lat_64_shm", "p99", shm_p99, "us"),
+        ("perftest_write_lat_64_udp", "typical", udp_typical, "us"),
+        ("perftest_write_lat_64_udp", "p99", udp_p99, "us"),
+        (
+            "perftest_write_bw_64k_shm",
+            "bandwidth",
+            shm_bandwidth,
+            "MiB/s",
+        ),
+        ("native_write_lat_64_shm", "median", native_latency, "us"),
+        (
+            "native_write_bw_64k_shm",
+            "bandwidth",
+            native_bandwidth,
+            "MiB/s",
+        ),
+        (
+            "udp_pingpong_64",
+            "median_one_way",
+            udp_pingpong_one_way,
+            "us",
+        ),
+    ] {
+        report.add(variant, metric, value, unit);
+    }
+    report.baseline("udp_pingpong_64_one_way_us", udp_pingpong_one_way);
+    report.baseline("native_write_lat_64_shm_us", native_latency);
+    report.baseline("native_write_bw_64k_shm_mib_per_s", native_bandwidth);
+    let ratios = [
+        (
+            "write_lat_64_shm_vs_native",
+            shm_typical / native_latency,
+            "<= 1.2",
+        ),
+        (
+            "write_lat_64_udp_vs_udp_pingpong",
+            udp_typical / udp_pingpong_one_way,
+            "<= 1.5",
+        ),
+        (
+            "write_bw_64k_shm_vs_native",
+            shm_bandwidth / native_bandwidth,
+            ">= 0.8",
+        ),
+    ];
+    println!("verbs: perftest on Remora's libibverbs against Remora's own API and raw UDP (medians of {rounds} rounds)");
+    println!("  ib_write_lat 64 B shm   typical {shm_typical:.2} us  p99 {shm_p99:.2} us   native {native_latency:.2} us");
+    println!("  ib_write_lat 64 B udp   typical {udp_typical:.2} us  p99 {udp_p99:.2} us   UDP ping-pong {udp_pingpong_one_way:.2} us one way");
+    println!(
+        "  ib_write_bw 64 KiB shm  {shm_bandwidth:.0} MiB/s   native {native_bandwidth:.0} MiB/s"
+    );
+    for (name, value, target) in ratios {
+        println!("  {name:<36} {value:.2}   target {target}");
+        report.ratios.insert(name.into(), serde_json::json!(value));
+    }
+    Ok(report)
+}
+
+pub static BENCH: super::entry::Entry<super::entry::CommonArgs, VerbsBenchError> = super::entry::Entry {
+    name: "verbs",
+    about: "perftest on Remora's libibverbs.\n\nRuns Debian's ib_write_lat (64 B, over shared memory and UDP) and ib_write_bw (64 KiB, shared memory) between two processes on the verbs drop-in, beside the same WRITEs through Remora's own API on the same carrier and a raw UDP ping-pong, in one run. Needs the drop-in built (cargo build --release --workspace) and perftest installed.",
+    run: |args| run(args.quick),
+};
