@@ -21,6 +21,15 @@
 //! and an acquire fence after a read, as [`remora_rnic::HostMemory`] does.
 //! Bytes are copied in ascending order, so the last byte of a message is
 //! the last one stored.
+//!
+//! The tests pass under miri with
+//! `MIRIFLAGS=-Zmiri-disable-weak-memory-emulation cargo +nightly miri test
+//! -p remora-verbs --lib foreign_memory`. With weak-memory emulation on,
+//! miri stops (an internal error, "cannot have partially overlapping store
+//! buffer") because two accesses here may split one word differently, a
+//! byte as `AtomicU8` and then its word as `AtomicU64`: mixed-size atomics,
+//! which the C++ memory model leaves undefined and x86-64 orders like any
+//! other accesses.
 
 use remora_rnic::ExternalMemory;
 use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
