@@ -15,7 +15,7 @@
 use super::report::{median, size_label, Report};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
-use remora_carrier::{DatagramPort, Port, Segment, SegmentPlan};
+use remora_carrier::{DatagramPort, Port, Segment, SegmentPlan, Waiter};
 use remora_rack::assembly::{EmbeddedCarrier, EmbeddedRack, RackBuilder};
 use remora_rack::endpoint::{rack_queue_pair, NodeEndpoint, Pump, RackClock, SwitchEndpoint};
 use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
@@ -362,22 +362,50 @@ fn forwarding(duration: Duration) -> Result<(f64, f64), SwitchBenchError> {
     Ok((through_switch, ring_to_ring))
 }
 
+/// How the ends of a UDP ping-pong wait for a datagram.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum PingPongWait {
+    /// Both poll the socket without sleeping (as the READ rig's ends do).
+    Poll,
+    /// Both sleep in `poll(2)` until the kernel wakes them (as a progress
+    /// thread that has stopped spinning does).
+    Sleep,
+}
+
+/// Waits for `port` when `wait` says to sleep: at most `limit`.
+fn sleep_for(waiter: &Option<Waiter>, limit: Duration) {
+    if let Some(waiter) = waiter {
+        waiter.block(limit, &mut || false);
+    }
+}
+
 /// Round-trip time of a raw UDP ping-pong of `size`-byte datagrams between
-/// two threads, both polling (as the READ rig's ends do).
+/// two threads, both waiting as `wait` says.
 pub(super) fn udp_pingpong(
     size: usize,
     duration: Duration,
+    wait: PingPongWait,
 ) -> Result<Histogram<u64>, SwitchBenchError> {
     let (mut client, mut server) = DatagramPort::udp_pair(
         SocketAddr::from(([127, 0, 0, 11], 0)),
         SocketAddr::from(([127, 0, 0, 12], 0)),
     )?;
+    let waiter_of = |port: &DatagramPort| -> Result<Option<Waiter>, SwitchBenchError> {
+        Ok(match wait {
+            PingPongWait::Poll => None,
+            PingPongWait::Sleep => Some(Waiter::new(&[port.wait_source()])?),
+        })
+    };
+    let (client_waiter, server_waiter) = (waiter_of(&client)?, waiter_of(&server)?);
     let stop = Arc::new(AtomicBool::new(false));
     let server_stop = Arc::clone(&stop);
     let echo = std::thread::spawn(move || -> Result<(), SwitchBenchError> {
         while !server_stop.load(Ordering::Relaxed) {
             let mut replies = Vec::new();
             server.receive(32, &mut |datagram| replies.push(datagram.to_vec()))?;
+            if replies.is_empty() {
+                sleep_for(&server_waiter, Duration::from_millis(10));
+            }
             for reply in &replies {
                 server.send(reply)?;
             }
@@ -396,6 +424,9 @@ pub(super) fn udp_pingpong(
         let mut answered = 0;
         while answered == 0 {
             answered = client.receive(1, &mut |_| {})?;
+            if answered == 0 {
+                sleep_for(&client_waiter, Duration::from_millis(10));
+            }
             if begun.elapsed() > Duration::from_secs(1) {
                 // A lost datagram on loopback: resend rather than hang.
                 break;
@@ -449,7 +480,7 @@ fn run_round(plan: &Plan, progress: &ProgressBar) -> Result<Round, SwitchBenchEr
         }
     }
     for size in SIZES {
-        let histogram = udp_pingpong(size as usize, plan.duration)?;
+        let histogram = udp_pingpong(size as usize, plan.duration, PingPongWait::Poll)?;
         round.pingpong.push((
             size,
             histogram.value_at_quantile(0.5) as f64,

@@ -737,7 +737,7 @@ fn run_checked(quick: bool) -> Result<Report, BifrostBenchError> {
     let thrift_tcp = thrift_tcp_ping(duration)?;
     let thrift_udp = thrift_udp_ping(duration)?;
     let tcp = tcp_pingpong(PING_BYTES, duration)?;
-    let udp = super::switch::udp_pingpong(PING_BYTES, duration)?;
+    let udp = super::switch::udp_pingpong(PING_BYTES, duration, super::switch::PingPongWait::Poll)?;
     println!(
         "{:<34} {:>10} {:>10} {:>10} {:>8}",
         "ping", "mean us", "p50 us", "p99 us", "calls"
