@@ -443,3 +443,44 @@ fn kv_ycsb_writes_a_checked_history() {
     assert!(text.lines().count() > 1000);
     std::fs::remove_dir_all(&directory).ok();
 }
+
+/// `bench verbs` runs perftest on the drop-in beside the native API and
+/// a UDP ping-pong, and writes the three ratios. It needs the
+/// drop-in built (`.ci/run` builds the workspace) and perftest.
+#[test]
+fn bench_verbs_writes_its_ratios() {
+    let installed = std::process::Command::new("sh")
+        .args(["-c", "command -v ib_write_lat"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !installed {
+        assert!(
+            std::env::var_os("REMORA_REQUIRE_PERFTEST").is_none(),
+            "perftest is required but not installed"
+        );
+        eprintln!("SKIPPED: perftest is not installed (.ci/run installs it)");
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("remora-verbs-bench-{}.json", std::process::id()));
+    let output = remora(&["bench", "verbs", "--quick", "--json", json.to_str().unwrap()]);
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    for ratio in [
+        "write_lat_64_shm_vs_native",
+        "write_lat_64_udp_vs_udp_pingpong",
+        "write_bw_64k_shm_vs_native",
+    ] {
+        let value = report["ratios"][ratio].as_f64().unwrap_or(f64::NAN);
+        assert!(value.is_finite() && value > 0.0, "{ratio} = {value}");
+    }
+    let native = report["baselines"]["native_write_bw_64k_shm_mib_per_s"]
+        .as_f64()
+        .unwrap_or(f64::NAN);
+    assert!(native > 0.0, "native bandwidth {native}");
+    std::fs::remove_file(&json).ok();
+}
