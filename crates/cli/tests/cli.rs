@@ -462,7 +462,13 @@ fn bench_verbs_writes_its_ratios() {
         return;
     }
     let json = std::env::temp_dir().join(format!("remora-verbs-bench-{}.json", std::process::id()));
-    let output = remora(&["bench", "verbs", "--quick", "--json", json.to_str().unwrap()]);
+    let output = remora(&[
+        "bench",
+        "verbs",
+        "--quick",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
     assert!(
         output.status.success(),
         "{}\n{}",

@@ -3,8 +3,9 @@
 //!
 //! - `REMORA_VERBS_CONFIG=FILE`: a TOML file (see [`VerbsConfig`]).
 //! - `REMORA_VERBS=SPEC`: the same in one line, either
-//!   `udp LOCAL_IP:PORT PEER_IP:PORT` (a point-to-point UDP tunnel; the
-//!   device's address, and so its GID, is LOCAL_IP) or
+//!   `udp LOCAL_IP:PORT PEER_IP:PORT [ADDRESS]` (a UDP tunnel to a peer
+//!   or to a port of `remora rack switch`; the device's address, and so
+//!   its GID, is ADDRESS, or LOCAL_IP without it) or
 //!   `shm RENDEZVOUS_SOCKET` (a shared-memory ring pair with the one
 //!   other process that names the same socket path).
 
@@ -21,6 +22,8 @@ pub const CAPTURE_VARIABLE: &str = "REMORA_VERBS_PCAP";
 /// A node's configuration file.
 ///
 /// ```toml
+/// address = "10.0.0.1"     # optional: the node's IPv4 address (its GID)
+///
 /// [carrier]
 /// udp = { local = "127.0.0.1:7471", peer = "127.0.0.2:7471" }
 /// # or: shared_memory = { rendezvous = "/tmp/remora-verbs.sock" }
@@ -35,6 +38,10 @@ pub const CAPTURE_VARIABLE: &str = "REMORA_VERBS_PCAP";
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VerbsConfig {
+    /// The node's own address when it is not the UDP tunnel's (a rack
+    /// switch routes by the rack file's node addresses).
+    #[serde(default)]
+    pub address: Option<std::net::Ipv4Addr>,
     pub carrier: CarrierConfig,
     #[serde(default)]
     pub progress: ProgressConfig,
@@ -85,6 +92,8 @@ pub enum ConfigError {
     },
     #[error("{SPEC_VARIABLE}={spec:?}: {reason}; expected \"udp LOCAL_IP:PORT PEER_IP:PORT\" or \"shm SOCKET_PATH\"")]
     BadSpec { spec: String, reason: String },
+    #[error("a shared-memory node takes its address from the rendezvous; drop `address`")]
+    AddressWithSharedMemory,
     #[error("the UDP carrier needs IPv4 addresses (the GID is IPv4-mapped), not {0}")]
     NotIpv4(SocketAddr),
     #[error("progress.spin_microseconds {0} is past the limit of {MAX_SPIN_MICROSECONDS}")]
@@ -130,7 +139,22 @@ impl VerbsConfig {
             reason: reason.to_string(),
         };
         let words: Vec<&str> = spec.split_whitespace().collect();
+        let mut address = None;
         let carrier = match words.as_slice() {
+            ["udp", local, peer, node] => {
+                address = Some(
+                    node.parse()
+                        .map_err(|_| bad(&format!("{node:?} is not an IPv4 address")))?,
+                );
+                CarrierConfig::Udp {
+                    local: local
+                        .parse()
+                        .map_err(|_| bad(&format!("{local:?} is not IP:PORT")))?,
+                    peer: peer
+                        .parse()
+                        .map_err(|_| bad(&format!("{peer:?} is not IP:PORT")))?,
+                }
+            }
             ["udp", local, peer] => CarrierConfig::Udp {
                 local: local
                     .parse()
@@ -142,12 +166,13 @@ impl VerbsConfig {
             ["shm", path] => CarrierConfig::SharedMemory {
                 rendezvous: PathBuf::from(path),
             },
-            ["udp", ..] => return Err(bad("udp takes two addresses")),
+            ["udp", ..] => return Err(bad("udp takes two addresses and an optional node address")),
             ["shm", ..] => return Err(bad("shm takes one socket path")),
             [] => return Err(bad("it is empty")),
             [other, ..] => return Err(bad(&format!("unknown carrier {other:?}"))),
         };
         Ok(VerbsConfig {
+            address,
             carrier,
             progress: ProgressConfig::default(),
             capture: None,
@@ -161,6 +186,9 @@ impl VerbsConfig {
                     return Err(ConfigError::NotIpv4(*address));
                 }
             }
+        }
+        if self.address.is_some() && matches!(self.carrier, CarrierConfig::SharedMemory { .. }) {
+            return Err(ConfigError::AddressWithSharedMemory);
         }
         if self.progress.spin_microseconds > MAX_SPIN_MICROSECONDS {
             return Err(ConfigError::SpinTooLong(self.progress.spin_microseconds));
@@ -206,6 +234,7 @@ mod tests {
             ("", "empty"),
             ("tcp 1.2.3.4:5", "unknown carrier"),
             ("udp 127.0.0.1:1", "two addresses"),
+            ("udp 127.0.0.1:1 127.0.0.1:2 10.0.0", "not an IPv4 address"),
             ("udp localhost:1 127.0.0.1:2", "is not IP:PORT"),
         ] {
             let error = VerbsConfig::from_spec(spec).unwrap_err().to_string();
@@ -215,6 +244,19 @@ mod tests {
             .unwrap()
             .validated();
         assert!(matches!(v6, Err(ConfigError::NotIpv4(_))));
+    }
+
+    #[test]
+    fn a_rack_switch_tunnel_names_the_node_address() {
+        let config =
+            VerbsConfig::from_spec("udp 127.0.0.31:47931 127.0.0.1:47900 10.0.0.1").unwrap();
+        assert_eq!(config.address, Some(std::net::Ipv4Addr::new(10, 0, 0, 1)));
+        let mut shared = VerbsConfig::from_spec("shm /tmp/x.sock").unwrap();
+        shared.address = config.address;
+        assert!(matches!(
+            shared.validated(),
+            Err(ConfigError::AddressWithSharedMemory)
+        ));
     }
 
     #[test]

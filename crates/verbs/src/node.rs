@@ -62,10 +62,12 @@ pub enum NodeError {
 }
 
 /// The Ethernet address a node with IPv4 address `address` uses. Derived,
-/// so a peer's MAC follows from its GID with no neighbour discovery.
+/// so a peer's MAC follows from its GID with no neighbour discovery, by
+/// the rule rack files use (`02:00` and the address), so a rack switch
+/// forwards to the node its rack file names.
 pub fn mac_for(address: Ipv4Address) -> MacAddress {
     let [a, b, c, d] = address.0;
-    MacAddress([0x02, 0x52, a, b, c, d])
+    MacAddress([0x02, 0x00, a, b, c, d])
 }
 
 /// Someone to tell when an armed completion queue has completions (a
@@ -90,7 +92,7 @@ pub struct NodeState {
 pub struct Node {
     state: Mutex<NodeState>,
     address: Ipv4Address,
-    peer: Ipv4Address,
+    peer: Option<Ipv4Address>,
     epoch: Instant,
     sleeping: AtomicBool,
     stopping: AtomicBool,
@@ -118,6 +120,12 @@ impl Node {
                 let joined = Rendezvous::join_or_create(rendezvous)?;
                 (Box::new(joined.port), joined.address, joined.peer)
             }
+        };
+        // Behind a rack switch the node has the rack's address, and its
+        // tunnel's other end is the switch, not a peer.
+        let (address, peer) = match config.address {
+            Some(own) => (Ipv4Address(own.octets()), None),
+            None => (address, Some(peer)),
         };
         let capture = config
             .capture
@@ -163,10 +171,11 @@ impl Node {
         self.address
     }
 
-    /// The other end of the point-to-point carrier: the peer of a queue
-    /// pair whose program connects by LID alone, with no GID.
+    /// The other end of a point-to-point carrier: the peer of a queue pair
+    /// whose program connects by LID alone, with no GID. None behind a
+    /// switch, where only a GID names the peer.
     pub fn peer_address(&self) -> Option<Ipv4Address> {
-        Some(self.peer)
+        self.peer
     }
 
     pub fn now(&self) -> Timestamp {

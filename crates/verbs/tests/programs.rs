@@ -118,13 +118,29 @@ fn server_and_client(
     client_environment: &[(&str, &Path)],
 ) -> (Output, Output) {
     let (server_spec, client_spec) = specs(&carrier, program);
+    run_pair(
+        program,
+        &server_spec,
+        &client_spec,
+        arguments,
+        client_environment,
+    )
+}
+
+fn run_pair(
+    program: &str,
+    server_spec: &str,
+    client_spec: &str,
+    arguments: &[&str],
+    client_environment: &[(&str, &Path)],
+) -> (Output, Output) {
     let tcp_port = next_port() + 1;
     let mut arguments: Vec<String> = arguments
         .iter()
         .map(|argument| argument.to_string())
         .collect();
     arguments.extend(["-p".to_string(), tcp_port.to_string()]);
-    let server = command(program, &server_spec, &arguments)
+    let server = command(program, server_spec, &arguments)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -132,7 +148,7 @@ fn server_and_client(
     // The server listens on its TCP port before the client connects.
     std::thread::sleep(Duration::from_millis(300));
     arguments.push("127.0.0.1".to_string());
-    let mut client_command = command(program, &client_spec, &arguments);
+    let mut client_command = command(program, client_spec, &arguments);
     for (name, value) in client_environment {
         client_command.env(name, value);
     }
@@ -379,5 +395,59 @@ fn check_icrcs_with_scapy(capture: &Path, frames: usize) {
     assert!(
         report.contains(&format!("\"matched\": {frames}")),
         "{report}"
+    );
+}
+
+/// Through a running `remora rack switch`: each process tunnels to its
+/// switch port and takes its node's address from the rack file
+/// (`examples/rack-across-hosts.toml`), and the switch forwards every frame.
+#[test]
+fn perftest_runs_through_a_rack_switch() {
+    if !installed("ib_write_lat") {
+        return;
+    }
+    let remora = build_directory().join("remora");
+    assert!(
+        remora.exists(),
+        "{} is missing: run `cargo build --workspace`",
+        remora.display()
+    );
+    let rack =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/rack-across-hosts.toml");
+    let switch = Command::new(&remora)
+        .arg("rack")
+        .arg("switch")
+        .arg(&rack)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the switch");
+    std::thread::sleep(Duration::from_millis(500));
+    let (server, client) = run_pair(
+        "ib_write_lat",
+        "udp 127.0.0.32:47932 127.0.0.1:47901 10.0.0.2",
+        "udp 127.0.0.31:47931 127.0.0.1:47900 10.0.0.1",
+        &["-n", "200"],
+        &[],
+    );
+    // The switch prints its counters when interrupted.
+    let interrupted = Command::new("kill")
+        .args(["-INT", &switch.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    let report = switch.wait_with_output().unwrap();
+    assert_succeeded("server", &server);
+    assert_succeeded("client", &client);
+    let printed = text(&report);
+    let transmitted: u64 = printed
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("\"transmitted\": "))
+        .and_then(|value| value.trim_end_matches(',').parse().ok())
+        .unwrap_or_else(|| panic!("no transmitted count in the switch's report:\n{printed}"));
+    // 200 WRITEs each way and their ACKs, at least.
+    assert!(
+        transmitted >= 800,
+        "the switch forwarded {transmitted} frames"
     );
 }

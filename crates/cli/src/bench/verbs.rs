@@ -188,6 +188,7 @@ fn native_pair() -> Result<(NativeSide, NativeSide), VerbsBenchError> {
         std::env::temp_dir().join(format!("remora-bench-native-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&socket);
     let config = VerbsConfig {
+        address: None,
         carrier: CarrierConfig::SharedMemory { rendezvous: socket },
         progress: ProgressConfig::default(),
         capture: None,
