@@ -4,8 +4,8 @@ use super::{provider, report_once, set_errno};
 use crate::abi::*;
 use crate::node::Node;
 use remora_wire::Ipv4Address;
-use std::ffi::{c_char, c_int, c_void};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::ffi::{c_char, c_int};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, OnceLock};
 
 pub(super) const DEVICE_NAME: &str = "remora0";
@@ -26,6 +26,20 @@ pub(super) struct ContextObject {
     pub node: Arc<Node>,
     /// `async_fd`: Remora raises no asynchronous events, so it never fires.
     _async_events: OwnedFd,
+}
+
+impl ContextObject {
+    pub(super) fn new(
+        verbs: verbs_context,
+        node: Arc<Node>,
+        async_events: OwnedFd,
+    ) -> ContextObject {
+        ContextObject {
+            verbs,
+            node,
+            _async_events: async_events,
+        }
+    }
 }
 
 /// The context object behind an `ibv_context` this library created.
@@ -60,7 +74,7 @@ unsafe impl Send for DevicePointer {}
 // SAFETY: as above.
 unsafe impl Sync for DevicePointer {}
 
-fn device() -> *mut ibv_device {
+pub(super) fn device() -> *mut ibv_device {
     static DEVICE: OnceLock<DevicePointer> = OnceLock::new();
     DEVICE
         .get_or_init(|| {
@@ -130,67 +144,13 @@ pub(super) fn device_guid(device_pointer: *mut ibv_device) -> u64 {
     }
 }
 
-fn node() -> Result<Arc<Node>, String> {
+pub(super) fn node() -> Result<Arc<Node>, String> {
     let provider = provider();
     let config = provider.config.as_ref().map_err(Clone::clone)?;
     provider
         .node
         .get_or_init(|| Node::start(config).map_err(|error| error.to_string()))
         .clone()
-}
-
-pub(super) unsafe fn open_device(device_pointer: *mut ibv_device) -> *mut ibv_context {
-    if device_pointer != device() {
-        set_errno(libc::ENODEV);
-        return std::ptr::null_mut();
-    }
-    let node = match node() {
-        Ok(node) => node,
-        Err(message) => {
-            report_once(&message);
-            set_errno(libc::ENODEV);
-            return std::ptr::null_mut();
-        }
-    };
-    let async_events = match rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC) {
-        Ok(fd) => fd,
-        Err(error) => {
-            set_errno(error.raw_os_error());
-            return std::ptr::null_mut();
-        }
-    };
-    let mut verbs = verbs_context {
-        sz: std::mem::size_of::<verbs_context>(),
-        ..Default::default()
-    };
-    super::data_path::install_operations(&mut verbs);
-    super::resources::install_extended_operations(&mut verbs);
-    verbs.query_port = Some(query_port_extended);
-    verbs.query_device_ex = Some(query_device_extended);
-    verbs.context.device = device_pointer;
-    verbs.context.cmd_fd = -1;
-    verbs.context.async_fd = async_events.as_raw_fd();
-    verbs.context.num_comp_vectors = 1;
-    verbs.context.abi_compat = VERBS_ABI_IS_EXTENDED as *mut c_void;
-    let object = Box::into_raw(Box::new(ContextObject {
-        verbs,
-        node,
-        _async_events: async_events,
-    }));
-    // SAFETY: just allocated; the program gets the ibv_context inside it.
-    unsafe { &raw mut (*object).verbs.context }
-}
-
-pub(super) unsafe fn close_device(context: *mut ibv_context) -> c_int {
-    if context.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: the context came from open_device (the verbs contract).
-    unsafe { node_of(context) }.flush_capture();
-    let offset = std::mem::offset_of!(verbs_context, context);
-    // SAFETY: as above; the program gives it up here.
-    drop(unsafe { Box::from_raw(context.cast::<u8>().sub(offset).cast::<ContextObject>()) });
-    0
 }
 
 fn device_attributes(address: Ipv4Address) -> ibv_device_attr {
@@ -236,7 +196,7 @@ pub(super) unsafe fn query_device(context: *mut ibv_context, into: *mut ibv_devi
     0
 }
 
-unsafe extern "C" fn query_device_extended(
+pub(super) unsafe extern "C" fn query_device_extended(
     context: *mut ibv_context,
     input: *const ibv_query_device_ex_input,
     into: *mut ibv_device_attr_ex,
@@ -299,7 +259,7 @@ pub(super) unsafe fn query_port(
     0
 }
 
-unsafe extern "C" fn query_port_extended(
+pub(super) unsafe extern "C" fn query_port_extended(
     context: *mut ibv_context,
     port: u8,
     into: *mut ibv_port_attr,

@@ -8,7 +8,7 @@
 // the function that implements it: the one safety argument of this table.
 #![allow(clippy::undocumented_unsafe_blocks)]
 
-use super::{device, resources, set_errno};
+use super::{context, device, queue_pair, resources, set_errno};
 use crate::abi::*;
 use std::ffi::{c_char, c_int, c_void};
 
@@ -57,9 +57,9 @@ remora_verbs_exports::export! {
     "IBVERBS_1.1" fn ibv_get_device_guid(device: *mut ibv_device) -> u64
         as remora_ibv_get_device_guid { device::device_guid(device) }
     "IBVERBS_1.1" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context
-        as remora_ibv_open_device { unsafe { device::open_device(device) } }
+        as remora_ibv_open_device { unsafe { context::open_device(device) } }
     "IBVERBS_1.1" fn ibv_close_device(context: *mut ibv_context) -> c_int
-        as remora_ibv_close_device { unsafe { device::close_device(context) } }
+        as remora_ibv_close_device { unsafe { context::close_device(context) } }
     "IBVERBS_1.1" fn ibv_query_device(context: *mut ibv_context, attributes: *mut ibv_device_attr) -> c_int
         as remora_ibv_query_device { unsafe { device::query_device(context, attributes) } }
     "IBVERBS_1.1" fn ibv_query_port(context: *mut ibv_context, port: u8, attributes: *mut ibv_port_attr) -> c_int
@@ -103,15 +103,15 @@ remora_verbs_exports::export! {
     "IBVERBS_1.1" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int
         as remora_ibv_destroy_srq { unsafe { resources::destroy_srq(srq) } }
     "IBVERBS_1.1" fn ibv_create_qp(pd: *mut ibv_pd, attributes: *mut ibv_qp_init_attr) -> *mut ibv_qp
-        as remora_ibv_create_qp { unsafe { resources::create_qp(pd, attributes) } }
+        as remora_ibv_create_qp { unsafe { queue_pair::create_qp(pd, attributes) } }
     "IBVERBS_1.1" fn ibv_modify_qp(qp: *mut ibv_qp, attributes: *mut ibv_qp_attr, mask: c_int) -> c_int
-        as remora_ibv_modify_qp { unsafe { resources::modify_qp(qp, attributes, mask) } }
+        as remora_ibv_modify_qp { unsafe { queue_pair::modify_qp(qp, attributes, mask) } }
     "IBVERBS_1.1" fn ibv_query_qp(qp: *mut ibv_qp, attributes: *mut ibv_qp_attr, mask: c_int, init: *mut ibv_qp_init_attr) -> c_int
-        as remora_ibv_query_qp { unsafe { resources::query_qp(qp, attributes, mask, init) } }
+        as remora_ibv_query_qp { unsafe { queue_pair::query_qp(qp, attributes, mask, init) } }
     "IBVERBS_1.1" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int
-        as remora_ibv_destroy_qp { unsafe { resources::destroy_qp(qp) } }
+        as remora_ibv_destroy_qp { unsafe { queue_pair::destroy_qp(qp) } }
     "IBVERBS_1.6" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex
-        as remora_ibv_qp_to_qp_ex { unsafe { resources::qp_to_qp_ex(qp) } }
+        as remora_ibv_qp_to_qp_ex { unsafe { queue_pair::qp_to_qp_ex(qp) } }
     "IBVERBS_1.1" fn ibv_create_ah(pd: *mut ibv_pd, attributes: *mut ibv_ah_attr) -> *mut ibv_ah
         as remora_ibv_create_ah { unsafe { resources::create_ah(pd, attributes) } }
     "IBVERBS_1.1" fn ibv_create_ah_from_wc(pd: *mut ibv_pd, completion: *mut ibv_wc, grh: *mut c_void, port: u8) -> *mut ibv_ah

@@ -8,16 +8,22 @@
 //! program's own memory (work requests, attributes, inline data) are read
 //! for the duration of the call only.
 //!
-//! - `device`: the device list, contexts, and the `query_*` verbs;
-//! - `resources`: PDs, MRs, CQs and completion channels, SRQs, QPs, AHs;
-//! - `data_path`: `post_send`, `post_recv`, `poll_cq` and the
-//!   `ibv_qp_ex` work-request builder;
+//! From the bottom up:
+//! - `device`: the device list and the `query_*` verbs;
+//! - `work_request`: a program's work requests read into Remora's types;
+//! - `resources`: PDs, MRs, CQs and completion channels, SRQs, AHs;
+//! - `queue_pair`: QPs, posting, and the `ibv_qp_ex` request builder;
+//! - `data_path`: `post_send`, `post_recv`, `poll_cq`;
+//! - `context`: open and close, filling the operation tables;
 //! - `exports`: the versioned symbol table.
 
+mod context;
 mod data_path;
 mod device;
 mod exports;
+mod queue_pair;
 mod resources;
+mod work_request;
 
 use crate::config::VerbsConfig;
 use crate::node::Node;
