@@ -117,7 +117,7 @@ mod tests {
         }
         assert_eq!(
             names,
-            ["fabric", "switch", "clover", "cowbird", "soda", "bifrost", "tiga", "kv"]
+            ["fabric", "switch", "verbs", "clover", "cowbird", "soda", "bifrost", "tiga", "kv"]
         );
     }
 }
