@@ -451,3 +451,50 @@ fn perftest_runs_through_a_rack_switch() {
         "the switch forwarded {transmitted} frames"
     );
 }
+
+/// `tests/c/api.c`, built against rdma-core's headers and its libibverbs,
+/// run on Remora's: every supported operation between two queue pairs of
+/// one process, a WRITE past a region answered with a NAK, and the errno
+/// of each refused request.
+#[test]
+fn the_verbs_api_from_c_checks_operations_naks_and_refusals() {
+    if !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() {
+        assert!(
+            std::env::var_os("REMORA_REQUIRE_PERFTEST").is_none(),
+            "libibverbs-dev is required but not installed"
+        );
+        eprintln!("SKIPPED: no rdma-core headers (.ci/run installs libibverbs-dev)");
+        return;
+    }
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/api.c");
+    let program = std::env::temp_dir().join(format!("remora-verbs-api-{}", std::process::id()));
+    let compiled = Command::new("gcc")
+        .arg("-O1")
+        .arg("-Wall")
+        .arg("-Werror")
+        .arg(&source)
+        .arg("-o")
+        .arg(&program)
+        .arg("-libverbs")
+        .output()
+        .expect("gcc");
+    assert!(
+        compiled.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&compiled.stderr)
+    );
+    let port = next_port();
+    let output = Command::new("timeout")
+        .arg("60")
+        .arg(&program)
+        .env("LD_LIBRARY_PATH", library_directory())
+        .env(
+            "REMORA_VERBS",
+            format!("udp 127.0.0.1:{port} 127.0.0.1:{port}"),
+        )
+        .output()
+        .unwrap();
+    std::fs::remove_file(&program).ok();
+    assert_succeeded("api", &output);
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "ok\n");
+}

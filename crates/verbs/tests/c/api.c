@@ -1,0 +1,225 @@
+/*
+ * Remora's libibverbs from C, in one process: two RC queue pairs of one
+ * device connected to each other through the node's own UDP tunnel
+ * (REMORA_VERBS="udp A A"), every operation the drop-in supports, the
+ * NAKs a bad access earns, and the errno of every refused request.
+ *
+ * Built against rdma-core's own headers and libibverbs, run with Remora's
+ * first on LD_LIBRARY_PATH: an unmodified program. Prints "ok" on success;
+ * any failed check prints what and exits 1.
+ */
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(condition, ...)                                              \
+	do {                                                                   \
+		if (!(condition)) {                                                \
+			fprintf(stderr, "line %d: ", __LINE__);                        \
+			fprintf(stderr, __VA_ARGS__);                                  \
+			fprintf(stderr, " (errno %d)\n", errno);                       \
+			exit(1);                                                       \
+		}                                                                  \
+	} while (0)
+
+enum { BUFFER_BYTES = 8192, MAX_POLLS = 100000000 };
+
+static struct ibv_context *context;
+static struct ibv_pd *pd;
+static struct ibv_cq *cq;
+
+/* Waits for one completion; returns it. */
+static struct ibv_wc complete(void)
+{
+	struct ibv_wc wc;
+	for (long polls = 0; polls < MAX_POLLS; polls++) {
+		int found = ibv_poll_cq(cq, 1, &wc);
+		CHECK(found >= 0, "poll_cq failed");
+		if (found == 1)
+			return wc;
+	}
+	CHECK(0, "no completion");
+	return wc;
+}
+
+static struct ibv_qp *make_qp(void)
+{
+	struct ibv_qp_init_attr init = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
+			 .max_recv_sge = 1, .max_inline_data = 64 },
+	};
+	struct ibv_qp *qp = ibv_create_qp(pd, &init);
+	CHECK(qp, "create_qp");
+	CHECK(init.cap.max_inline_data >= 64, "inline capability");
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+		.qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC };
+	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0, "to INIT");
+	return qp;
+}
+
+static void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid gid)
+{
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024,
+		.dest_qp_num = remote_qpn, .rq_psn = 100, .max_dest_rd_atomic = 4, .min_rnr_timer = 12,
+		.ah_attr = { .is_global = 1, .port_num = 1, .grh = { .dgid = gid, .hop_limit = 1 } } };
+	int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN
+		| IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_AV) == EINVAL, "RTR without a PSN is refused");
+	CHECK(ibv_modify_qp(qp, &attr, mask) == 0, "to RTR");
+	attr.qp_state = IBV_QPS_RTS;
+	attr.sq_psn = 100;
+	attr.timeout = 14;
+	attr.retry_cnt = 7;
+	attr.rnr_retry = 7;
+	attr.max_rd_atomic = 4;
+	mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+	CHECK(ibv_modify_qp(qp, &attr, mask) == 0, "to RTS");
+	struct ibv_qp_attr queried;
+	struct ibv_qp_init_attr queried_init;
+	CHECK(ibv_query_qp(qp, &queried, IBV_QP_STATE, &queried_init) == 0, "query_qp");
+	CHECK(queried.qp_state == IBV_QPS_RTS && queried.dest_qp_num == remote_qpn, "queried state");
+}
+
+static struct ibv_wc post_one(struct ibv_qp *qp, struct ibv_send_wr *wr)
+{
+	struct ibv_send_wr *bad = NULL;
+	CHECK(ibv_post_send(qp, wr, &bad) == 0, "post_send opcode %d", wr->opcode);
+	return complete();
+}
+
+static void refusals(void)
+{
+	struct ibv_qp_init_attr ud = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_UD,
+		.cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1 } };
+	errno = 0;
+	CHECK(ibv_create_qp(pd, &ud) == NULL && errno == EOPNOTSUPP, "a UD QP is refused with EOPNOTSUPP");
+	char page[64];
+	errno = 0;
+	CHECK(ibv_reg_mr(pd, page, sizeof page, IBV_ACCESS_ON_DEMAND) == NULL && errno == EOPNOTSUPP,
+	      "on-demand paging is refused with EOPNOTSUPP");
+	errno = 0;
+	CHECK(ibv_create_cq(context, 0, NULL, NULL, 0) == NULL && errno == EINVAL, "a CQ of 0 entries is EINVAL");
+	struct ibv_cq_init_attr_ex cq_ex = { .cqe = 4 };
+	errno = 0;
+	CHECK(ibv_create_cq_ex(context, &cq_ex) == NULL && errno == EOPNOTSUPP, "create_cq_ex is EOPNOTSUPP");
+	union ibv_gid gid;
+	CHECK(ibv_query_gid(context, 1, 1, &gid) != 0, "GID index 1 does not exist");
+	struct ibv_port_attr port;
+	CHECK(ibv_query_port(context, 2, &port) != 0, "port 2 does not exist");
+}
+
+int main(void)
+{
+	int count = 0;
+	struct ibv_device **devices = ibv_get_device_list(&count);
+	CHECK(devices && count == 1, "one device");
+	CHECK(strcmp(ibv_get_device_name(devices[0]), "remora0") == 0, "named remora0");
+	context = ibv_open_device(devices[0]);
+	CHECK(context, "open_device");
+	ibv_free_device_list(devices);
+	union ibv_gid gid;
+	CHECK(ibv_query_gid(context, 1, 0, &gid) == 0, "query_gid");
+	CHECK(gid.raw[10] == 0xff && gid.raw[11] == 0xff && gid.raw[12] == 127, "an IPv4-mapped GID");
+	pd = ibv_alloc_pd(context);
+	CHECK(pd, "alloc_pd");
+	cq = ibv_create_cq(context, 64, NULL, NULL, 0);
+	CHECK(cq, "create_cq");
+	refusals();
+
+	/* Unaligned on purpose: registered at the program's own address. */
+	uint8_t *raw = malloc(2 * BUFFER_BYTES + 16);
+	uint8_t *local = raw + 3, *remote = raw + BUFFER_BYTES + 8;
+	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+	struct ibv_mr *local_mr = ibv_reg_mr(pd, local, BUFFER_BYTES, access);
+	struct ibv_mr *remote_mr = ibv_reg_mr(pd, remote, BUFFER_BYTES, access);
+	CHECK(local_mr && remote_mr, "reg_mr");
+	struct ibv_qp *a = make_qp(), *b = make_qp();
+	connect_qp(a, b->qp_num, gid);
+	connect_qp(b, a->qp_num, gid);
+
+	/* WRITE 4000 bytes, then READ them back elsewhere. */
+	for (int i = 0; i < 4000; i++)
+		local[i] = (uint8_t)(i * 7 + 1);
+	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = 4000, .lkey = local_mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)remote, .rkey = remote_mr->rkey } };
+	struct ibv_wc wc = post_one(a, &wr);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE && wc.wr_id == 1, "WRITE completes");
+	CHECK(memcmp(local, remote, 4000) == 0, "WRITE landed");
+	memset(local, 0, 4000);
+	wr.wr_id = 2;
+	wr.opcode = IBV_WR_RDMA_READ;
+	wc = post_one(a, &wr);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_READ, "READ completes");
+	CHECK(memcmp(local, remote, 4000) == 0, "READ brought the bytes back");
+
+	/* Atomics on an aligned word of the remote buffer. */
+	uint64_t *word = (uint64_t *)(remote + 4096);
+	*word = 41;
+	sge.length = 8;
+	sge.addr = (uintptr_t)(local + 5); /* 8-aligned: local = raw + 3 */
+	wr.wr_id = 3;
+	wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+	wr.wr.atomic.remote_addr = (uintptr_t)word;
+	wr.wr.atomic.rkey = remote_mr->rkey;
+	wr.wr.atomic.compare_add = 1;
+	wc = post_one(a, &wr);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_FETCH_ADD, "FETCH_ADD completes");
+	CHECK(*(uint64_t *)(local + 5) == 41 && *word == 42, "FETCH_ADD returned 41 and left 42");
+	wr.wr_id = 4;
+	wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+	wr.wr.atomic.compare_add = 42;
+	wr.wr.atomic.swap = 7;
+	wc = post_one(a, &wr);
+	CHECK(wc.status == IBV_WC_SUCCESS && *word == 7, "CAS swapped");
+
+	/* SEND with immediate, inline, into a posted receive. */
+	struct ibv_sge receive_sge = { .addr = (uintptr_t)remote, .length = 64, .lkey = remote_mr->lkey };
+	struct ibv_recv_wr receive = { .wr_id = 50, .sg_list = &receive_sge, .num_sge = 1 }, *bad_receive;
+	CHECK(ibv_post_recv(b, &receive, &bad_receive) == 0, "post_recv");
+	char message[] = "inline hello";
+	struct ibv_sge inline_sge = { .addr = (uintptr_t)message, .length = sizeof message, .lkey = 0 };
+	struct ibv_send_wr send = { .wr_id = 5, .sg_list = &inline_sge, .num_sge = 1,
+		.opcode = IBV_WR_SEND_WITH_IMM, .send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE,
+		.imm_data = htobe32(0xabcd) };
+	struct ibv_send_wr *bad = NULL;
+	CHECK(ibv_post_send(a, &send, &bad) == 0, "post inline SEND");
+	int seen_send = 0, seen_receive = 0;
+	for (int i = 0; i < 2; i++) {
+		wc = complete();
+		CHECK(wc.status == IBV_WC_SUCCESS, "SEND side %d status %d", i, wc.status);
+		if (wc.opcode == IBV_WC_RECV) {
+			seen_receive = 1;
+			CHECK(wc.wr_id == 50 && wc.byte_len == sizeof message, "receive length");
+			CHECK((wc.wc_flags & IBV_WC_WITH_IMM) && be32toh(wc.imm_data) == 0xabcd, "immediate");
+		} else {
+			seen_send = wc.opcode == IBV_WC_SEND;
+		}
+	}
+	CHECK(seen_send && seen_receive, "both sides of the SEND completed");
+	CHECK(memcmp(remote, message, sizeof message) == 0, "the inline payload arrived");
+
+	/* Bad local arguments: too many SGEs, with bad_wr naming the request. */
+	struct ibv_sge five[5] = { sge, sge, sge, sge, sge };
+	struct ibv_send_wr too_many = { .wr_id = 6, .sg_list = five, .num_sge = 5, .opcode = IBV_WR_RDMA_WRITE,
+		.wr.rdma = { .remote_addr = (uintptr_t)remote, .rkey = remote_mr->rkey } };
+	CHECK(ibv_post_send(a, &too_many, &bad) == EINVAL && bad == &too_many, "five SGEs are EINVAL");
+
+	/* Remote faults become NAKs and error completions. */
+	sge.addr = (uintptr_t)local;
+	sge.length = 64;
+	wr.wr_id = 7;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.wr.rdma.remote_addr = (uintptr_t)remote + BUFFER_BYTES - 8;
+	wr.wr.rdma.rkey = remote_mr->rkey;
+	wc = post_one(a, &wr);
+	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR, "a WRITE past the region is a remote access error, not %s",
+	      ibv_wc_status_str(wc.status));
+	printf("ok\n");
+	return 0;
+}
