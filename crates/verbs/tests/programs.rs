@@ -23,10 +23,19 @@ fn build_directory() -> PathBuf {
 }
 
 /// A directory holding `lib*.so.1` links to the built libraries: what a
-/// user's `LD_LIBRARY_PATH` names.
+/// user's `LD_LIBRARY_PATH` names. Made once per test process (the tests
+/// run in parallel threads).
 fn library_directory() -> PathBuf {
+    static DIRECTORY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIRECTORY.get_or_init(link_libraries).clone()
+}
+
+fn link_libraries() -> PathBuf {
     let built = build_directory();
-    let directory = built.join("remora-verbs-test-libraries");
+    let directory = built.join(format!(
+        "remora-verbs-test-libraries-{}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&directory).unwrap();
     for name in ["ibverbs", "rdmacm", "mlx5", "efa"] {
         let library = built.join(format!("lib{name}.so"));

@@ -71,8 +71,17 @@ fn library_directory() -> Result<PathBuf, VerbsBenchError> {
             return Err(VerbsBenchError::LibraryMissing(library));
         }
         let link = directory.join(format!("lib{name}.so.1"));
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&library, &link)?;
+        // Another run may be making the same link: one that already
+        // points at this library is as good as a new one.
+        if std::fs::read_link(&link).ok().as_deref() != Some(library.as_path()) {
+            let _ = std::fs::remove_file(&link);
+            match std::os::unix::fs::symlink(&library, &link) {
+                Err(error) if error.kind() != std::io::ErrorKind::AlreadyExists => {
+                    return Err(error.into())
+                }
+                _ => {}
+            }
+        }
     }
     Ok(directory)
 }

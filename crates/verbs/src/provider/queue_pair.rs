@@ -242,7 +242,6 @@ fn transition_for(
     node: &Node,
     attributes: &ibv_qp_attr,
     mask: u32,
-    qpn: Qpn,
 ) -> Result<Option<QueuePairTransition>, c_int> {
     if mask & IBV_QP_STATE == 0 {
         return Ok(None);
@@ -271,7 +270,6 @@ fn transition_for(
         IBV_QPS_ERR => QueuePairTransition::Error,
         _ => return Err(libc::EINVAL),
     };
-    let _ = qpn;
     Ok(Some(transition))
 }
 
@@ -299,7 +297,7 @@ pub(super) unsafe fn modify_qp(
     // SAFETY: its context is live.
     let node = unsafe { node_of(qp_object.qp.qp_base.context) };
     let qpn = qp_object.qpn;
-    let transition = match transition_for(node, attributes, mask, qpn) {
+    let transition = match transition_for(node, attributes, mask) {
         Ok(transition) => transition,
         Err(errno) => return errno,
     };
