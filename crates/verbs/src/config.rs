@@ -179,7 +179,9 @@ impl VerbsConfig {
         })
     }
 
-    fn validated(self) -> Result<VerbsConfig, ConfigError> {
+    /// Checks what parsing cannot: IPv4 addresses for the UDP carrier, an
+    /// address only where one may be given, and the bound on the spin.
+    pub fn validated(self) -> Result<VerbsConfig, ConfigError> {
         if let CarrierConfig::Udp { local, peer } = &self.carrier {
             for address in [local, peer] {
                 if !address.is_ipv4() {
