@@ -133,15 +133,21 @@ impl MemoryTable {
         }
     }
 
+    /// A region is 1 byte to the device's limit long.
+    fn check_length(&self, length_bytes: u64) -> Result<(), VerbsError> {
+        if length_bytes == 0 || length_bytes > self.max_region_bytes {
+            return Err(VerbsError::InvalidRegionLength(length_bytes));
+        }
+        Ok(())
+    }
+
     pub(crate) fn register(
         &mut self,
         protection_domain: ProtectionDomain,
         length_bytes: u64,
         access: AccessFlags,
     ) -> Result<MemoryRegion, VerbsError> {
-        if length_bytes == 0 || length_bytes > self.max_region_bytes {
-            return Err(VerbsError::InvalidRegionLength(length_bytes));
-        }
+        self.check_length(length_bytes)?;
         let slot = self.free_slot()?;
         let bytes = Backing::Device(vec![
             0u8;
@@ -159,9 +165,7 @@ impl MemoryTable {
         access: AccessFlags,
     ) -> Result<MemoryRegion, VerbsError> {
         let length_bytes = memory.len() as u64;
-        if length_bytes == 0 || length_bytes > self.max_region_bytes {
-            return Err(VerbsError::InvalidRegionLength(length_bytes));
-        }
+        self.check_length(length_bytes)?;
         let slot = self.free_slot()?;
         self.insert(
             slot,
@@ -183,9 +187,7 @@ impl MemoryTable {
         access: AccessFlags,
     ) -> Result<MemoryRegion, VerbsError> {
         let length_bytes = memory.len() as u64;
-        if length_bytes == 0 || length_bytes > self.max_region_bytes {
-            return Err(VerbsError::InvalidRegionLength(length_bytes));
-        }
+        self.check_length(length_bytes)?;
         if address.0.checked_add(length_bytes).is_none() {
             return Err(VerbsError::RemoteRangeOverflow {
                 address,
