@@ -141,11 +141,13 @@ impl VerbsConfig {
         let words: Vec<&str> = spec.split_whitespace().collect();
         let mut address = None;
         let carrier = match words.as_slice() {
-            ["udp", local, peer, node] => {
-                address = Some(
-                    node.parse()
-                        .map_err(|_| bad(&format!("{node:?} is not an IPv4 address")))?,
-                );
+            ["udp", local, peer, node @ ..] if node.len() <= 1 => {
+                if let [node] = node {
+                    let parsed = node
+                        .parse()
+                        .map_err(|_| bad(&format!("{node:?} is not an IPv4 address")))?;
+                    address = Some(parsed);
+                }
                 CarrierConfig::Udp {
                     local: local
                         .parse()
@@ -155,14 +157,6 @@ impl VerbsConfig {
                         .map_err(|_| bad(&format!("{peer:?} is not IP:PORT")))?,
                 }
             }
-            ["udp", local, peer] => CarrierConfig::Udp {
-                local: local
-                    .parse()
-                    .map_err(|_| bad(&format!("{local:?} is not IP:PORT")))?,
-                peer: peer
-                    .parse()
-                    .map_err(|_| bad(&format!("{peer:?} is not IP:PORT")))?,
-            },
             ["shm", path] => CarrierConfig::SharedMemory {
                 rendezvous: PathBuf::from(path),
             },

@@ -27,6 +27,54 @@ pub(super) fn install_operations(verbs: &mut verbs_context) {
     operations.post_srq_recv = Some(post_srq_recv);
 }
 
+/// A work request of a program's linked list.
+trait Linked {
+    fn next(&self) -> *mut Self;
+}
+
+impl Linked for ibv_send_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+impl Linked for ibv_recv_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// Walks a program's list of work requests, handing each to `post`; on
+/// the first refusal, names that request in `bad_request` and returns
+/// its errno. A list longer than any queue is refused (EINVAL).
+///
+/// # Safety
+/// `request` is the program's valid list; `bad_request` is null or the
+/// caller's out-parameter.
+unsafe fn walk_chain<T: Linked>(
+    request: *mut T,
+    bad_request: *mut *mut T,
+    post: &mut dyn FnMut(&T) -> Result<(), c_int>,
+) -> c_int {
+    let mut current = request;
+    for _ in 0..MAX_CHAIN {
+        if current.is_null() {
+            return 0;
+        }
+        // SAFETY: the caller's promise.
+        let work_request = unsafe { &*current };
+        if let Err(errno) = post(work_request) {
+            if !bad_request.is_null() {
+                // SAFETY: the caller's out-parameter.
+                unsafe { *bad_request = current };
+            }
+            return errno;
+        }
+        current = work_request.next();
+    }
+    libc::EINVAL
+}
+
 unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
     request: *mut ibv_send_wr,
@@ -37,28 +85,14 @@ unsafe extern "C" fn post_send(
     }
     // SAFETY: a live QP.
     let qp_object = unsafe { object::<QpObject, _>(qp) };
-    let mut current = request;
-    for _ in 0..MAX_CHAIN {
-        if current.is_null() {
-            return 0;
-        }
-        // SAFETY: the program's work request list.
-        let work_request = unsafe { &*current };
-        // SAFETY: as above.
-        let result =
-            unsafe { pending_of(work_request, qp_object.signal_all) }.and_then(|pending| {
-                post_pending(qp_object, &[pending]).map_err(|error| errno_of(&error))
-            });
-        if let Err(errno) = result {
-            if !bad_request.is_null() {
-                // SAFETY: the caller's out-parameter.
-                unsafe { *bad_request = current };
-            }
-            return errno;
-        }
-        current = work_request.next;
-    }
-    libc::EINVAL
+    let signal_all = qp_object.signal_all;
+    let mut post = |work_request: &ibv_send_wr| {
+        // SAFETY: a request of the program's list.
+        let pending = unsafe { pending_of(work_request, signal_all) }?;
+        post_pending(qp_object, &[pending]).map_err(|error| errno_of(&error))
+    };
+    // SAFETY: the program's list.
+    unsafe { walk_chain(request, bad_request, &mut post) }
 }
 
 /// Walks a receive list, posting each through `post`.
@@ -70,30 +104,15 @@ unsafe fn post_receive_chain(
     bad_request: *mut *mut ibv_recv_wr,
     post: &mut dyn FnMut(ReceiveRequest) -> Result<(), VerbsError>,
 ) -> c_int {
-    let mut current = request;
-    for _ in 0..MAX_CHAIN {
-        if current.is_null() {
-            return 0;
-        }
-        // SAFETY: the program's list.
-        let work_request = unsafe { &*current };
+    let mut post_one = |work_request: &ibv_recv_wr| {
         // SAFETY: the request's own scatter/gather list.
-        let result =
-            unsafe { elements(work_request.sg_list, work_request.num_sge) }.and_then(|list| {
-                ReceiveRequest::new(work_request.wr_id, &list)
-                    .and_then(&mut *post)
-                    .map_err(|error| errno_of(&error))
-            });
-        if let Err(errno) = result {
-            if !bad_request.is_null() {
-                // SAFETY: the caller's out-parameter.
-                unsafe { *bad_request = current };
-            }
-            return errno;
-        }
-        current = work_request.next;
-    }
-    libc::EINVAL
+        let list = unsafe { elements(work_request.sg_list, work_request.num_sge) }?;
+        ReceiveRequest::new(work_request.wr_id, &list)
+            .and_then(&mut *post)
+            .map_err(|error| errno_of(&error))
+    };
+    // SAFETY: the caller's promise.
+    unsafe { walk_chain(request, bad_request, &mut post_one) }
 }
 
 unsafe extern "C" fn post_recv(

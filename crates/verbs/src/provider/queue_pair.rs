@@ -407,9 +407,10 @@ pub(super) fn post_pending(
     let staging = &mut qp_object.inline;
     node.with_device(|rnic| {
         for pending in requests {
-            let elements = match &pending.local {
-                LocalData::List(list) => list.clone(),
-                LocalData::Inline(bytes) if bytes.is_empty() => Vec::new(),
+            let staged: [ScatterGatherElement; 1];
+            let elements: &[ScatterGatherElement] = match &pending.local {
+                LocalData::List(list) => list,
+                LocalData::Inline(bytes) if bytes.is_empty() => &[],
                 LocalData::Inline(bytes) => {
                     let staging = staging.as_mut().ok_or(VerbsError::MessageTooLong {
                         length_bytes: bytes.len() as u64,
@@ -421,11 +422,12 @@ pub(super) fn post_pending(
                         .region
                         .slice(slot * u64::from(MAX_INLINE_BYTES), bytes.len() as u32);
                     rnic.write_local(element.lkey, element.address, bytes)?;
-                    vec![element]
+                    staged = [element];
+                    &staged
                 }
             };
             let mut request =
-                SendRequest::new(pending.work_request_id, pending.operation, &elements)?;
+                SendRequest::new(pending.work_request_id, pending.operation, elements)?;
             request.signaled = pending.signaled;
             rnic.post_send(queue_pair, request)?;
         }
