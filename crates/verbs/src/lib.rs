@@ -6,6 +6,7 @@
 //! linked against rdma-core runs on a soft RNIC of its own:
 //!
 //! - [`config`]: `REMORA_VERBS` and `REMORA_VERBS_CONFIG`;
+//! - [`libraries`]: the `lib*.so.1` links `LD_LIBRARY_PATH` names;
 //! - [`node`]: the process's soft RNIC, carrier and progress thread,
 //!   usable from Rust too (the benchmark's native side);
 //! - [`rendezvous`]: two processes meeting on one shared-memory segment;
@@ -16,6 +17,7 @@
 pub mod abi;
 pub mod config;
 mod foreign_memory;
+pub mod libraries;
 pub mod node;
 mod provider;
 pub mod rendezvous;

@@ -3,6 +3,8 @@
 //! its size and each field's offset. Skipped loudly without the header or
 //! gcc, and failing instead where `REMORA_REQUIRE_PERFTEST` is set.
 
+mod common;
+
 use ibverbs::abi::*;
 use std::mem::{offset_of, size_of};
 use std::process::Command;
@@ -60,16 +62,8 @@ fn rust_layout() -> Vec<(String, usize)> {
 
 #[test]
 fn the_bindings_match_rdma_cores_header() {
-    let header = std::path::Path::new("/usr/include/infiniband/verbs.h");
-    if !header.exists() {
-        assert!(
-            std::env::var_os("REMORA_REQUIRE_PERFTEST").is_none(),
-            "libibverbs-dev is required but not installed"
-        );
-        eprintln!(
-            "SKIPPED: no {} (.ci/run installs libibverbs-dev)",
-            header.display()
-        );
+    let header_found = std::path::Path::new(common::RDMA_HEADER).exists();
+    if !common::available(header_found, "libibverbs-dev", "REMORA_REQUIRE_PERFTEST") {
         return;
     }
     let expected = rust_layout();

@@ -6,21 +6,13 @@
 //! The libraries are the workspace's build output (`cargo build
 //! --workspace` builds the stand-ins, which `cargo test` alone does not).
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
-
-/// The directory `cargo build` writes the cdylibs to.
-fn build_directory() -> PathBuf {
-    let executable = std::env::current_exe().expect("test executable");
-    executable
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps")
-        .to_path_buf()
-}
 
 /// A directory holding `lib*.so.1` links to the built libraries: what a
 /// user's `LD_LIBRARY_PATH` names. Made once per test process (the tests
@@ -31,24 +23,8 @@ fn library_directory() -> PathBuf {
 }
 
 fn link_libraries() -> PathBuf {
-    let built = build_directory();
-    let directory = built.join(format!(
-        "remora-verbs-test-libraries-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&directory).unwrap();
-    for name in ["ibverbs", "rdmacm", "mlx5", "efa"] {
-        let library = built.join(format!("lib{name}.so"));
-        assert!(
-            library.exists(),
-            "{} is missing: run `cargo build --workspace` before the tests",
-            library.display()
-        );
-        let link = directory.join(format!("lib{name}.so.1"));
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&library, &link).unwrap();
-    }
-    directory
+    ibverbs::libraries::link_libraries(&common::build_directory(), "remora-verbs-test-libraries")
+        .unwrap_or_else(|error| panic!("{error}"))
 }
 
 /// Whether `program` is installed; if not, the test is skipped loudly, or
@@ -58,16 +34,7 @@ fn installed(program: &str) -> bool {
         .args(["-c", &format!("command -v {program}")])
         .output()
         .is_ok_and(|output| output.status.success());
-    if !found {
-        assert!(
-            std::env::var_os("REMORA_REQUIRE_PERFTEST").is_none(),
-            "{program} is required but not installed"
-        );
-        eprintln!(
-            "SKIPPED: {program} is not installed (.ci/run installs perftest and ibverbs-utils)"
-        );
-    }
-    found
+    common::available(found, program, "REMORA_REQUIRE_PERFTEST")
 }
 
 /// Ports no two tests share: UDP carrier ports and the programs' own TCP
@@ -359,14 +326,11 @@ fn check_capture(capture: &Path) {
 }
 
 fn tshark(arguments: &[&str]) -> Option<String> {
-    let Ok(output) = Command::new("tshark").args(arguments).output() else {
-        assert!(
-            std::env::var_os("REMORA_REQUIRE_TSHARK").is_none(),
-            "tshark is required but not installed"
-        );
-        eprintln!("SKIPPED: tshark is not installed (.ci/run installs it)");
+    let output = Command::new("tshark").args(arguments).output();
+    if !common::available(output.is_ok(), "tshark", "REMORA_REQUIRE_TSHARK") {
         return None;
-    };
+    }
+    let output = output.expect("checked");
     assert!(
         output.status.success(),
         "tshark: {}",
@@ -382,19 +346,18 @@ fn check_icrcs_with_scapy(capture: &Path, frames: usize) {
     let python = std::env::var_os("REMORA_SCAPY_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join(".ci/venv/bin/python"));
-    let Ok(output) = Command::new(&python)
+    let output = Command::new(&python)
         .arg(root.join("tools/scapy_icrc.py"))
         .arg(capture)
-        .output()
-    else {
-        assert!(
-            std::env::var_os("REMORA_REQUIRE_SCAPY").is_none(),
-            "scapy is required but {} does not run",
-            python.display()
-        );
-        eprintln!("SKIPPED: no Python with scapy (.ci/run installs it)");
+        .output();
+    if !common::available(
+        output.is_ok(),
+        "a Python with scapy",
+        "REMORA_REQUIRE_SCAPY",
+    ) {
         return;
-    };
+    }
+    let output = output.expect("checked");
     let report = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -415,7 +378,7 @@ fn perftest_runs_through_a_rack_switch() {
     if !installed("ib_write_lat") {
         return;
     }
-    let remora = build_directory().join("remora");
+    let remora = common::build_directory().join("remora");
     assert!(
         remora.exists(),
         "{} is missing: run `cargo build --workspace`",
@@ -467,12 +430,8 @@ fn perftest_runs_through_a_rack_switch() {
 /// of each refused request.
 #[test]
 fn the_verbs_api_from_c_checks_operations_naks_and_refusals() {
-    if !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() {
-        assert!(
-            std::env::var_os("REMORA_REQUIRE_PERFTEST").is_none(),
-            "libibverbs-dev is required but not installed"
-        );
-        eprintln!("SKIPPED: no rdma-core headers (.ci/run installs libibverbs-dev)");
+    let header_found = Path::new(common::RDMA_HEADER).exists();
+    if !common::available(header_found, "libibverbs-dev", "REMORA_REQUIRE_PERFTEST") {
         return;
     }
     let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/api.c");

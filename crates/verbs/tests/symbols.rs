@@ -2,6 +2,8 @@
 //! libraries is exported by Remora's, with the same version
 //! (`objdump -T`). A program whose import is missing would fail to load.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -44,15 +46,6 @@ fn dynamic_symbols(path: &Path, imports: bool) -> BTreeSet<(String, String)> {
         .collect()
 }
 
-fn build_directory() -> PathBuf {
-    let executable = std::env::current_exe().unwrap();
-    executable
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .to_path_buf()
-}
-
 #[test]
 fn every_import_of_the_rdma_programs_is_exported_with_its_version() {
     let programs: Vec<PathBuf> = PROGRAMS
@@ -60,12 +53,12 @@ fn every_import_of_the_rdma_programs_is_exported_with_its_version() {
         .map(|name| PathBuf::from("/usr/bin").join(name))
         .filter(|path| path.exists())
         .collect();
-    if programs.len() < PROGRAMS.len() {
-        assert!(
-            std::env::var_os("REMORA_REQUIRE_PERFTEST").is_none(),
-            "perftest and ibverbs-utils are required but not installed"
-        );
-        eprintln!("SKIPPED: perftest or ibverbs-utils is not installed");
+    let all_found = programs.len() == PROGRAMS.len();
+    if !common::available(
+        all_found,
+        "perftest or ibverbs-utils",
+        "REMORA_REQUIRE_PERFTEST",
+    ) {
         return;
     }
     let imports: BTreeSet<(String, String)> = programs
@@ -74,7 +67,7 @@ fn every_import_of_the_rdma_programs_is_exported_with_its_version() {
         .collect();
     let mut exports = BTreeSet::new();
     for library in ["ibverbs", "rdmacm", "mlx5", "efa"] {
-        let path = build_directory().join(format!("lib{library}.so"));
+        let path = common::build_directory().join(format!("lib{library}.so"));
         assert!(
             path.exists(),
             "{} is missing: run `cargo build --workspace`",

@@ -29,8 +29,8 @@ const HALF_BYTES: u64 = BANDWIDTH_BYTES as u64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VerbsBenchError {
-    #[error("{0} is missing: build the drop-in first (cargo build --release --workspace)")]
-    LibraryMissing(PathBuf),
+    #[error(transparent)]
+    Libraries(#[from] ibverbs::libraries::LibrariesError),
     #[error("{0} is not installed (Debian package perftest)")]
     PerftestMissing(&'static str),
     #[error("{program} over {carrier} failed: {output}")]
@@ -56,34 +56,17 @@ pub enum VerbsBenchError {
     Switch(#[from] super::switch::SwitchBenchError),
 }
 
-/// A directory of `lib*.so.1` links to the libraries built beside this
-/// executable: what `LD_LIBRARY_PATH` names.
+/// The `lib*.so.1` links to the libraries built beside this executable:
+/// what `LD_LIBRARY_PATH` names.
 fn library_directory() -> Result<PathBuf, VerbsBenchError> {
     let built = std::env::current_exe()?
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
-    let directory = built.join("remora-verbs-libraries");
-    std::fs::create_dir_all(&directory)?;
-    for name in ["ibverbs", "rdmacm", "mlx5", "efa"] {
-        let library = built.join(format!("lib{name}.so"));
-        if !library.exists() {
-            return Err(VerbsBenchError::LibraryMissing(library));
-        }
-        let link = directory.join(format!("lib{name}.so.1"));
-        // Another run may be making the same link: one that already
-        // points at this library is as good as a new one.
-        if std::fs::read_link(&link).ok().as_deref() != Some(library.as_path()) {
-            let _ = std::fs::remove_file(&link);
-            match std::os::unix::fs::symlink(&library, &link) {
-                Err(error) if error.kind() != std::io::ErrorKind::AlreadyExists => {
-                    return Err(error.into())
-                }
-                _ => {}
-            }
-        }
-    }
-    Ok(directory)
+    Ok(ibverbs::libraries::link_libraries(
+        &built,
+        "remora-verbs-libraries",
+    )?)
 }
 
 /// perftest's figures from the last row of its table.
