@@ -16,7 +16,13 @@
 //! resolver = true         # the switch resolves write conflicts in flight
 //! cached_keys = 1024      # hottest keys the resolver tracks
 //! check_history = true    # every key's history checked for linearizability
+//! grace_ms = 400          # garbage collection's grace; requests must end in half
 //! ```
+//!
+//! The grace is real time here, not simulated: the embedded rack shares the
+//! machine's cores with whatever else runs, and a request descheduled past
+//! half the grace fails the run (it could read a reclaimed version). So a
+//! rack file's default grace is ten times the simulator's 40 ms.
 
 use crate::harness::{Run, SwitchChoice};
 use remora_rack::config::parse_section;
@@ -73,6 +79,8 @@ struct RawClover {
     cached_keys: Option<usize>,
     #[serde(default = "default_check_history")]
     check_history: bool,
+    #[serde(default = "default_grace_ms")]
+    grace_ms: u64,
 }
 
 fn default_clients() -> usize {
@@ -111,6 +119,10 @@ fn default_check_history() -> bool {
     true
 }
 
+fn default_grace_ms() -> u64 {
+    400
+}
+
 /// Bounds the section is held to: a rack file is user input, and the run
 /// sizes its rings, regions and histories from it.
 const MAX_CLIENTS: usize = 256;
@@ -118,6 +130,10 @@ const MAX_KEYS: u64 = 1 << 20;
 const MAX_OPERATIONS: u64 = 10_000_000;
 const MAX_VALUE_BYTES: usize = 4096;
 const MAX_REGION_BYTES: u64 = 1 << 30;
+/// The grace bounds: below 4 ms a request's deadline (half the grace) is
+/// shorter than a scheduler tick; above a minute the run's time limit
+/// (operations × grace) stops meaning anything.
+const GRACE_MILLISECONDS: std::ops::RangeInclusive<u64> = 4..=60_000;
 
 /// The `[clover]` section, checked.
 #[derive(Debug, Clone, Copy)]
@@ -183,6 +199,13 @@ impl CloverConfig {
                 "from 1 to 4096",
             ));
         }
+        if !GRACE_MILLISECONDS.contains(&raw.grace_ms) {
+            return Err(invalid(
+                "grace_ms",
+                raw.grace_ms.to_string(),
+                "from 4 to 60000",
+            ));
+        }
         let region_bytes = remora_rack::config::parse_size(&raw.region)
             .ok()
             .filter(|bytes| (1 << 20..=MAX_REGION_BYTES).contains(bytes))
@@ -220,6 +243,7 @@ impl CloverConfig {
         run.value_bytes = raw.value_bytes;
         run.region_bytes = region_bytes;
         run.check_history = raw.check_history;
+        run.grace = std::time::Duration::from_millis(raw.grace_ms);
         Ok(CloverConfig { run })
     }
 }
@@ -242,6 +266,9 @@ mod tests {
             SwitchChoice::Resolver { cached_keys: 8 }
         ));
         assert!(config.run.check_history);
+        assert_eq!(config.run.grace, std::time::Duration::from_millis(400));
+        let short = parse("grace_ms = 40").unwrap();
+        assert_eq!(short.run.grace, std::time::Duration::from_millis(40));
         let uniform = parse("distribution = \"uniform\"").unwrap();
         assert_eq!(uniform.run.zipf_theta, None);
         assert!(matches!(uniform.run.switch, SwitchChoice::Plain));
@@ -267,6 +294,8 @@ mod tests {
         assert_eq!(field("region = \"4KiB\""), "region");
         assert_eq!(field("region = \"lots\""), "region");
         assert_eq!(field("cached_keys = 4"), "cached_keys");
+        assert_eq!(field("grace_ms = 3"), "grace_ms");
+        assert_eq!(field("grace_ms = 60001"), "grace_ms");
         assert_eq!(
             field("resolver = true\nkeys = 8\ncached_keys = 9"),
             "cached_keys"
