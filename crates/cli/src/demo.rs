@@ -359,18 +359,26 @@ fn print_table(rows: &[Row]) {
     }
 }
 
-pub fn run(
-    json: Option<&Path>,
-    pcap: Option<&Path>,
-    history: Option<&Path>,
-) -> Result<ExitCode, DemoError> {
-    let mut history = history.map(crate::HistoryFile::create).transpose()?;
+/// The files `remora demo` writes besides its table.
+pub struct Outputs<'a> {
+    pub json: Option<&'a Path>,
+    pub pcap: Option<&'a Path>,
+    pub history: Option<&'a Path>,
+    /// A directory for the HTML report.
+    pub report: Option<&'a Path>,
+}
+
+pub fn run(outputs: &Outputs<'_>) -> Result<ExitCode, DemoError> {
+    let mut history = outputs
+        .history
+        .map(crate::HistoryFile::create)
+        .transpose()?;
     let mut tour = setup(1, AccessFlags::ALL)?;
     tour_operations(&mut tour)?;
     let mut rows = std::mem::take(&mut tour.rows);
     let (violation, violation_counters) = tour_violation(2, &mut tour.capture)?;
     rows.push(violation);
-    if let Some(path) = pcap {
+    if let Some(path) = outputs.pcap {
         tour.capture.write(path)?;
         println!("wrote {} frames to {}", tour.capture.len(), path.display());
     }
@@ -405,10 +413,16 @@ pub fn run(
         println!("{}", file.finish()?);
     }
     let failed = rows.iter().filter(|row| !row.ok).count() + rack_failures.len();
-    if let Some(path) = json {
-        let mut summary = serde_json::json!({ "rows": rows, "rack": rack, "failed": failed });
-        summary.as_object_mut().expect("an object").extend(steps);
+    let mut summary = serde_json::json!({ "rows": rows, "rack": rack, "failed": failed });
+    summary.as_object_mut().expect("an object").extend(steps);
+    if let Some(path) = outputs.json {
         crate::output::write_json(path, &summary)?;
+    }
+    if let Some(directory) = outputs.report {
+        let html = remora_report::page::demo_page(&summary, &remora_report::utc_now())
+            .map_err(remora_report::ReportError::from)?;
+        let page = remora_report::write_page(directory, &html)?;
+        println!("wrote the demo's report to {}", page.display());
     }
     if failed > 0 {
         println!("\n{failed} checks FAILED");

@@ -59,6 +59,8 @@ pub enum DemoError {
     History(#[from] HistoryFileError),
     #[error(transparent)]
     Output(#[from] OutputError),
+    #[error("the report: {0}")]
+    Report(#[from] remora_report::ReportError),
 }
 
 /// Why `remora sim` could not run (failing seeds are not an error: the

@@ -7,6 +7,7 @@ mod error;
 mod kv;
 mod output;
 mod rack;
+mod report;
 mod sim;
 mod soda;
 mod systems;
@@ -43,13 +44,23 @@ enum Command {
         /// checker.
         #[arg(long)]
         history: Option<PathBuf>,
+        /// Also write an HTML report of the demo's checks and figures
+        /// (index.html in this directory).
+        #[arg(long)]
+        report: Option<PathBuf>,
     },
     /// Run deterministic simulation campaigns.
     #[command(subcommand)]
     Sim(sim::SimCommand),
-    /// Run a benchmark and print a table (and JSON with --json).
+    /// Run a benchmark and print a table (and JSON with --json); every run
+    /// is also saved in the results directory ($REMORA_RESULTS, else
+    /// $XDG_DATA_HOME/remora/results, else ~/.local/share/remora/results).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Draw benchmark results as one self-contained HTML page: each
+    /// paper's figures with the paper's values beside Remora's, and every
+    /// ratio against its target.
+    Report(report::ReportArgs),
     /// SODA: graph applications on far-memory objects.
     #[command(subcommand)]
     Soda(soda::SodaCommand),
@@ -98,9 +109,16 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
             json,
             pcap,
             history,
-        } => demo::run(json.as_deref(), pcap.as_deref(), history.as_deref())?,
+            report,
+        } => demo::run(&demo::Outputs {
+            json: json.as_deref(),
+            pcap: pcap.as_deref(),
+            history: history.as_deref(),
+            report: report.as_deref(),
+        })?,
         Command::Sim(command) => sim::run(command)?,
         Command::Bench(command) => bench::run(command)?,
+        Command::Report(args) => report::run(&args)?,
         Command::Soda(command) => soda::run(command)?,
         Command::Kv(command) => kv::run(command)?,
         Command::Rack(command) => rack::run(command)?,
@@ -125,6 +143,8 @@ pub enum CliError {
     Kv(#[from] kv::KvCliError),
     #[error(transparent)]
     Rack(#[from] error::RackCommandError),
+    #[error(transparent)]
+    Report(#[from] remora_report::ReportError),
 }
 
 /// Why a `--history` file could not be written, or what it holds failed.

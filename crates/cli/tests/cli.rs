@@ -2,18 +2,35 @@
 
 use std::process::Command;
 
+/// Runs `remora`; benchmark runs are saved in a scratch results
+/// directory, not the user's.
 fn remora(arguments: &[&str]) -> std::process::Output {
+    let results = std::env::temp_dir().join(format!("remora-test-results-{}", std::process::id()));
     Command::new(env!("CARGO_BIN_EXE_remora"))
         .args(arguments)
+        .env("REMORA_RESULTS", results)
         .output()
         .expect("run remora")
 }
 
 #[test]
 fn the_demo_checks_every_operation() {
-    let output = remora(&["demo"]);
+    let report = std::env::temp_dir().join(format!("remora-demo-report-{}", std::process::id()));
+    let output = remora(&["demo", "--report", report.to_str().unwrap()]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
+    // The report holds the tour's checks and every system's step.
+    let page = std::fs::read_to_string(report.join("index.html")).unwrap();
+    std::fs::remove_dir_all(&report).ok();
+    assert!(page.contains("Every check passed."), "{page}");
+    assert!(page.contains("id=\"demo-tour\""));
+    for system in ["clover", "cowbird", "soda", "bifrost", "tiga", "kv"] {
+        assert!(
+            page.contains(&format!("id=\"demo-{system}\"")),
+            "no {system} step"
+        );
+    }
+    assert!(page.contains("<svg"), "the tour's plot");
     for operation in [
         "SEND",
         "RDMA WRITE",
@@ -489,4 +506,48 @@ fn bench_verbs_writes_its_ratios() {
         .unwrap_or(f64::NAN);
     assert!(native > 0.0, "native bandwidth {native}");
     std::fs::remove_file(&json).ok();
+}
+
+/// `remora report` draws named JSON files, or the latest run of each
+/// benchmark in the results directory, and refuses what it cannot read
+/// with the file's name.
+#[test]
+fn report_draws_benchmark_results_and_names_what_it_cannot_read() {
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../report/tests/fixtures");
+    let scratch = std::env::temp_dir().join(format!("remora-report-{}", std::process::id()));
+    let results = scratch.join("results");
+    std::fs::create_dir_all(&results).unwrap();
+    for (bench, run) in [("clover", 5), ("clover", 40), ("switch", 7)] {
+        std::fs::copy(
+            fixtures.join(format!("{bench}.json")),
+            results.join(format!("{bench}-{run}.json")),
+        )
+        .unwrap();
+    }
+    let out = scratch.join("page");
+    let output = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["report", "--out", out.to_str().unwrap()])
+        .env("REMORA_RESULTS", &results)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let page = std::fs::read_to_string(out.join("index.html")).unwrap();
+    assert!(page.contains("clover-40.json"), "the latest clover run");
+    assert!(!page.contains("clover-5.json"));
+    assert!(page.contains("id=\"bench-switch\""));
+
+    let missing = remora(&["report", "no-such-run.json", "--out", out.to_str().unwrap()]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no-such-run.json"));
+    let empty = scratch.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let none = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["report", "--out", out.to_str().unwrap()])
+        .env("REMORA_RESULTS", &empty)
+        .output()
+        .unwrap();
+    assert_eq!(none.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&none.stderr).contains("no benchmark results here"));
+    std::fs::remove_dir_all(&scratch).ok();
 }

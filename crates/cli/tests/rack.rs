@@ -393,9 +393,11 @@ fn variants_of(report: &Value) -> Vec<String> {
 /// `ratios` is a positive finite number, and returns the report.
 fn quick_bench(name: &str, ratios: &[&str]) -> Value {
     let json = common::scratch(&format!("bench-{name}.json"));
+    let results = common::scratch(&format!("results-{name}"));
     let output = Command::new(env!("CARGO_BIN_EXE_remora"))
         .args(["bench", name, "--quick", "--json"])
         .arg(&json)
+        .env("REMORA_RESULTS", &results)
         .output()
         .unwrap();
     assert!(
@@ -406,6 +408,12 @@ fn quick_bench(name: &str, ratios: &[&str]) -> Value {
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     std::fs::remove_file(&json).ok();
     assert_eq!(report["bench"], name);
+    assert_eq!(
+        saved_runs(&results),
+        std::slice::from_ref(&report),
+        "the run is saved once"
+    );
+    std::fs::remove_dir_all(&results).ok();
     for key in ratios {
         let value = report["ratios"][key]
             .as_f64()
@@ -413,6 +421,17 @@ fn quick_bench(name: &str, ratios: &[&str]) -> Value {
         assert!(value.is_finite() && value > 0.0, "{key} = {value}");
     }
     report
+}
+
+/// The runs saved in a results directory.
+fn saved_runs(directory: &std::path::Path) -> Vec<Value> {
+    std::fs::read_dir(directory)
+        .unwrap()
+        .map(|entry| {
+            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+            serde_json::from_str(&text).unwrap()
+        })
+        .collect()
 }
 
 /// The benchmark's figures are not checked here (targets live in the

@@ -66,6 +66,10 @@ pub enum BenchError {
     },
     #[error(transparent)]
     Output(#[from] crate::output::OutputError),
+    #[error(transparent)]
+    Results(#[from] remora_report::results::ResultsError),
+    #[error(transparent)]
+    Report(#[from] remora_report::ReportError),
 }
 
 impl BenchArgs for CommonArgs {

@@ -3,6 +3,7 @@
 //! `{"bench", "config", "host", "results": [{variant, metric, value, unit}], "ratios"}`,
 //! plus `"series"` where a benchmark has time series or sweeps to plot.
 
+pub mod all;
 pub mod bifrost;
 pub mod clover;
 pub mod cowbird;
@@ -16,7 +17,7 @@ pub mod tiga;
 mod verbs;
 
 use clap::error::ErrorKind;
-use clap::{ArgMatches, Command, FromArgMatches, Subcommand};
+use clap::{ArgMatches, Args, Command, FromArgMatches, Subcommand};
 pub use entry::BenchError;
 use entry::Benchmark;
 use std::process::ExitCode;
@@ -31,10 +32,14 @@ pub fn benchmarks() -> impl Iterator<Item = &'static dyn Benchmark> {
     )
 }
 
-/// `remora bench NAME ...`: the benchmark named and its parsed arguments.
-pub struct BenchCommand {
-    benchmark: &'static dyn Benchmark,
-    matches: ArgMatches,
+/// `remora bench NAME ...`: the benchmark named and its parsed arguments,
+/// or `remora bench all`.
+pub enum BenchCommand {
+    One {
+        benchmark: &'static dyn Benchmark,
+        matches: ArgMatches,
+    },
+    All(all::AllArgs),
 }
 
 impl FromArgMatches for BenchCommand {
@@ -42,10 +47,13 @@ impl FromArgMatches for BenchCommand {
         let Some((name, matches)) = matches.subcommand() else {
             return Err(clap::Error::new(ErrorKind::MissingSubcommand));
         };
+        if name == all::NAME {
+            return Ok(BenchCommand::All(all::AllArgs::from_arg_matches(matches)?));
+        }
         let benchmark = benchmarks()
             .find(|benchmark| benchmark.name() == name)
             .ok_or_else(|| clap::Error::new(ErrorKind::InvalidSubcommand))?;
-        Ok(BenchCommand {
+        Ok(BenchCommand::One {
             benchmark,
             matches: matches.clone(),
         })
@@ -59,9 +67,14 @@ impl FromArgMatches for BenchCommand {
 
 impl Subcommand for BenchCommand {
     fn augment_subcommands(command: Command) -> Command {
-        benchmarks().fold(command.subcommand_required(true), |command, benchmark| {
-            command.subcommand(benchmark.command())
-        })
+        let command = command.subcommand_required(true);
+        benchmarks()
+            .fold(command, |command, benchmark| {
+                command.subcommand(benchmark.command())
+            })
+            .subcommand(all::AllArgs::augment_args(
+                Command::new(all::NAME).about(all::ABOUT),
+            ))
     }
 
     fn augment_subcommands_for_update(command: Command) -> Command {
@@ -69,15 +82,39 @@ impl Subcommand for BenchCommand {
     }
 
     fn has_subcommand(name: &str) -> bool {
-        benchmarks().any(|benchmark| benchmark.name() == name)
+        name == all::NAME || benchmarks().any(|benchmark| benchmark.name() == name)
     }
 }
 
 pub fn run(command: BenchCommand) -> Result<ExitCode, BenchError> {
-    let (report, json) = command.benchmark.run(&command.matches)?;
+    let (benchmark, matches) = match command {
+        BenchCommand::One { benchmark, matches } => (benchmark, matches),
+        BenchCommand::All(args) => return all::run(&args),
+    };
+    let (report, json) = benchmark.run(&matches)?;
     if let Some(path) = &json {
         crate::output::write_json(path, &report)?;
         println!("\nwrote {}", path.display());
     }
+    match save(&report) {
+        Ok(path) => println!("saved in the results directory as {}", path.display()),
+        // The run is not lost when --json wrote it elsewhere.
+        Err(error) if json.is_some() => {
+            eprintln!("warning: not saved in the results directory: {error}")
+        }
+        Err(error) => return Err(error),
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Saves a run in the results directory, where `remora report` finds the
+/// latest of each benchmark.
+pub fn save(report: &report::Report) -> Result<std::path::PathBuf, BenchError> {
+    let json = serde_json::to_value(report).map_err(crate::output::OutputError::Encode)?;
+    let directory = remora_report::results::directory()?;
+    Ok(remora_report::results::save(
+        &directory,
+        &report.bench,
+        &json,
+    )?)
 }

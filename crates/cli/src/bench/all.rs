@@ -1,0 +1,75 @@
+//! `remora bench all`: every benchmark in turn, each saved in the results
+//! directory, then one report of the lot.
+
+use super::entry::BenchError;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+pub const NAME: &str = "all";
+
+pub const ABOUT: &str = "Run every benchmark in turn (with a progress bar), save each run in the results directory, and finish with the HTML report of them all";
+
+#[derive(Args)]
+pub struct AllArgs {
+    /// Short runs: each benchmark's --quick.
+    #[arg(long)]
+    pub quick: bool,
+    /// Where the report goes (index.html in this directory).
+    #[arg(long, default_value = "remora-report")]
+    pub out: PathBuf,
+}
+
+/// Runs every benchmark; one that fails is reported and the rest go on,
+/// so a long run is not lost to one failure. The report covers those that
+/// finished; the exit code says whether any failed.
+pub fn run(args: &AllArgs) -> Result<ExitCode, BenchError> {
+    let benchmarks: Vec<_> = super::benchmarks().collect();
+    let progress = ProgressBar::new(benchmarks.len() as u64);
+    progress.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} benchmarks: {msg}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    let mut results = Vec::new();
+    let mut failures = Vec::new();
+    for benchmark in benchmarks {
+        progress.set_message(benchmark.name());
+        match run_one(benchmark, args.quick) {
+            Ok(path) => results.push(remora_report::results::read(&path)?),
+            Err(error) => {
+                progress.println(format!("{}: FAILED: {error}", benchmark.name()));
+                failures.push(benchmark.name());
+            }
+        }
+        progress.inc(1);
+    }
+    progress.finish_with_message("done");
+    let html = remora_report::page::benchmarks_page(&results, &remora_report::utc_now())
+        .map_err(remora_report::ReportError::from)?;
+    let page = remora_report::write_page(&args.out, &html)?;
+    println!(
+        "\nreport of {} benchmarks: {}",
+        results.len(),
+        page.display()
+    );
+    if failures.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("failed: {}", failures.join(", "));
+    Ok(ExitCode::FAILURE)
+}
+
+fn run_one(
+    benchmark: &'static dyn super::entry::Benchmark,
+    quick: bool,
+) -> Result<PathBuf, BenchError> {
+    let mut arguments = vec![benchmark.name()];
+    if quick {
+        arguments.push("--quick");
+    }
+    let matches = benchmark.command().try_get_matches_from(arguments)?;
+    let (report, _) = benchmark.run(&matches)?;
+    super::save(&report)
+}

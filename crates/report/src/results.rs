@@ -1,0 +1,177 @@
+//! Where benchmark results live: `remora bench` saves every run's JSON in
+//! a results directory outside the source tree, and `remora report`
+//! reads the latest of each benchmark from it.
+//!
+//! The directory is `$REMORA_RESULTS` when set, else
+//! `$XDG_DATA_HOME/remora/results`, else `~/.local/share/remora/results`.
+//! A run is saved as `<bench>-<unix milliseconds>.json`, so the latest
+//! run of a benchmark is the one with the largest number.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// Why results could not be saved or read.
+#[derive(Debug, thiserror::Error)]
+pub enum ResultsError {
+    #[error("no results directory: set REMORA_RESULTS, XDG_DATA_HOME or HOME")]
+    NoDirectory,
+    #[error("{path}: {error}")]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{path}: not a benchmark's JSON: {error}")]
+    Json {
+        path: PathBuf,
+        error: serde_json::Error,
+    },
+    #[error("{path}: not a benchmark's JSON: it has no \"bench\" name")]
+    NoBenchName { path: PathBuf },
+    #[error(
+        "{directory}: no benchmark results here; run `remora bench NAME` first, or name JSON files"
+    )]
+    NoResults { directory: PathBuf },
+}
+
+/// The results directory this process uses.
+pub fn directory() -> Result<PathBuf, ResultsError> {
+    let from = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty());
+    if let Some(directory) = from("REMORA_RESULTS") {
+        return Ok(PathBuf::from(directory));
+    }
+    if let Some(data) = from("XDG_DATA_HOME") {
+        return Ok(PathBuf::from(data).join("remora/results"));
+    }
+    let home = from("HOME").ok_or(ResultsError::NoDirectory)?;
+    Ok(PathBuf::from(home).join(".local/share/remora/results"))
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> ResultsError + '_ {
+    move |error| ResultsError::Io {
+        path: path.to_path_buf(),
+        error,
+    }
+}
+
+/// Saves one run of `bench` in `directory`, returning its path.
+pub fn save(directory: &Path, bench: &str, json: &Value) -> Result<PathBuf, ResultsError> {
+    std::fs::create_dir_all(directory).map_err(io_error(directory))?;
+    let now_milliseconds = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis());
+    let path = directory.join(format!("{bench}-{now_milliseconds}.json"));
+    let text = serde_json::to_string_pretty(json).expect("a JSON value serializes");
+    // Written beside its final name and renamed, so a reader never sees
+    // half a file.
+    let partial = path.with_extension("json.partial");
+    std::fs::write(&partial, text + "\n").map_err(io_error(&partial))?;
+    std::fs::rename(&partial, &path).map_err(io_error(&path))?;
+    Ok(path)
+}
+
+/// A benchmark's JSON, read from a file.
+#[derive(Debug, Clone)]
+pub struct BenchResult {
+    pub bench: String,
+    pub path: PathBuf,
+    pub json: Value,
+}
+
+/// Reads one benchmark JSON file.
+pub fn read(path: &Path) -> Result<BenchResult, ResultsError> {
+    let text = std::fs::read_to_string(path).map_err(io_error(path))?;
+    let json: Value = serde_json::from_str(&text).map_err(|error| ResultsError::Json {
+        path: path.to_path_buf(),
+        error,
+    })?;
+    let bench = json["bench"]
+        .as_str()
+        .ok_or_else(|| ResultsError::NoBenchName {
+            path: path.to_path_buf(),
+        })?
+        .to_string();
+    Ok(BenchResult {
+        bench,
+        path: path.to_path_buf(),
+        json,
+    })
+}
+
+/// The run number in a saved file's name, `<bench>-<number>.json`.
+fn run_number(path: &Path) -> Option<(String, u128)> {
+    let stem = path.file_name()?.to_str()?.strip_suffix(".json")?;
+    let (bench, number) = stem.rsplit_once('-')?;
+    Some((bench.to_string(), number.parse().ok()?))
+}
+
+/// The latest saved run of each benchmark in `directory`, by name.
+pub fn latest(directory: &Path) -> Result<Vec<BenchResult>, ResultsError> {
+    let entries = std::fs::read_dir(directory).map_err(io_error(directory))?;
+    let mut newest: std::collections::BTreeMap<String, (u128, PathBuf)> = Default::default();
+    for entry in entries {
+        let path = entry.map_err(io_error(directory))?.path();
+        let Some((bench, number)) = run_number(&path) else {
+            continue;
+        };
+        let slot = newest.entry(bench).or_insert((number, path.clone()));
+        if number >= slot.0 {
+            *slot = (number, path);
+        }
+    }
+    if newest.is_empty() {
+        return Err(ResultsError::NoResults {
+            directory: directory.to_path_buf(),
+        });
+    }
+    newest.values().map(|(_, path)| read(path)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_latest_run_of_each_benchmark_is_read_and_others_are_ignored() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path();
+        let write = |name: &str, bench: &str, marker: u32| {
+            let text = json!({"bench": bench, "marker": marker}).to_string();
+            std::fs::write(path.join(name), text).unwrap();
+        };
+        write("clover-100.json", "clover", 1);
+        write("clover-900.json", "clover", 2);
+        write("bench-name-with-dashes-5.json", "bench-name-with-dashes", 3);
+        write("notes.txt", "clover", 4);
+        write("clover-900.json.partial", "clover", 5);
+        let latest = latest(path).unwrap();
+        let markers: Vec<_> = latest
+            .iter()
+            .map(|result| (result.bench.as_str(), result.json["marker"].as_u64()))
+            .collect();
+        assert_eq!(
+            markers,
+            [("bench-name-with-dashes", Some(3)), ("clover", Some(2))]
+        );
+    }
+
+    #[test]
+    fn a_saved_run_reads_back_and_bad_files_name_their_fault() {
+        let directory = tempfile::tempdir().unwrap();
+        let saved = save(directory.path(), "fabric", &json!({"bench": "fabric"})).unwrap();
+        assert_eq!(read(&saved).unwrap().bench, "fabric");
+        let empty = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            latest(empty.path()),
+            Err(ResultsError::NoResults { .. })
+        ));
+        let nameless = directory.path().join("x.json");
+        std::fs::write(&nameless, "{}").unwrap();
+        assert!(matches!(
+            read(&nameless),
+            Err(ResultsError::NoBenchName { .. })
+        ));
+        std::fs::write(&nameless, "{").unwrap();
+        assert!(matches!(read(&nameless), Err(ResultsError::Json { .. })));
+    }
+}
