@@ -9,7 +9,9 @@ use std::process::ExitCode;
 
 pub const NAME: &str = "all";
 
-pub const ABOUT: &str = "Run every benchmark in turn (with a progress bar), save each run in the results directory, and finish with the HTML report of them all";
+pub const ABOUT: &str = "Every benchmark in turn, then the HTML report of them all.";
+
+pub const LONG_ABOUT: &str = "Every benchmark in turn, then the HTML report of them all.\n\nRuns each benchmark (with --quick, each one's short run) under a progress bar, saves every run in the results directory as `remora bench NAME` does, goes on past a benchmark that fails, and writes the report of those that finished to --out. Exits 1 if any failed.";
 
 #[derive(Args)]
 pub struct AllArgs {

@@ -73,7 +73,9 @@ impl Subcommand for BenchCommand {
                 command.subcommand(benchmark.command())
             })
             .subcommand(all::AllArgs::augment_args(
-                Command::new(all::NAME).about(all::ABOUT),
+                Command::new(all::NAME)
+                    .about(all::ABOUT)
+                    .long_about(all::LONG_ABOUT),
             ))
     }
 
