@@ -10,6 +10,7 @@ use crate::deploy::{Deployment, Feeder, StoreSpec};
 use crate::metadata::{MetadataConfig, MetadataError, MetadataStats, RnicRegion};
 use crate::pool::{CloverError, PoolConfig, PoolStats};
 use crate::resolver::{CloverResolver, ResolverCounters, ResolverMemory};
+use remora_host::hardware::NicHardware;
 use remora_host::{Agent, AgentError, Progress};
 use remora_rack::topology::Topology;
 use remora_rnic::{SoftRnic, Timestamp, Verbs};
@@ -124,6 +125,9 @@ pub struct Run {
     /// deadline follow from it.
     pub grace: Duration,
     pub check_history: bool,
+    /// The simulated NICs' hardware (the embedded rack's NICs are what
+    /// they are).
+    pub hardware: NicHardware,
 }
 
 impl Run {
@@ -142,6 +146,7 @@ impl Run {
             garbage_every: Some(Duration::from_millis(1)),
             grace: Duration::from_millis(40),
             check_history: false,
+            hardware: NicHardware::Ideal,
         }
     }
 

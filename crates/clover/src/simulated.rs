@@ -23,5 +23,6 @@ pub fn run(seed: u64, run: &Run) -> Result<Outcome, HarnessError> {
             },
         );
     }
-    crate::scenario::run(SimulatedStage::new(seed, &topology, seed), seed, run)
+    let stage = SimulatedStage::with_hardware(seed, &topology, seed, run.hardware);
+    crate::scenario::run(stage, seed, run)
 }

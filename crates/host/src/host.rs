@@ -3,6 +3,7 @@
 //! that run beside it.
 
 use crate::agent::{Agent, AgentError, Progress};
+use crate::hardware::{HardwareProfile, NicPipeline};
 use crate::ports::Ports;
 use remora_base::{PortId, Timestamp};
 use remora_rnic::{RnicConfig, SoftRnic};
@@ -37,10 +38,32 @@ pub struct Host {
     failures_dropped: u64,
     crashes: u64,
     ports: Ports,
+    /// The NIC hardware's costs; none under the ideal profile, whose
+    /// frames go straight between the simulator and the soft RNIC.
+    pipeline: Option<NicPipeline>,
+    /// A frame the soft RNIC sends, on its way into the pipeline.
+    transmit_buffer: Vec<u8>,
 }
 
+/// Frames moved from the soft RNIC into the pipeline per turn; the rest
+/// wait in the RNIC's own queues.
+const MAX_FRAMES_INTO_PIPELINE: usize = 4096;
+
 impl Host {
+    /// A host whose NIC is ideal: it costs no time.
     pub fn new(name: impl Into<String>, config: RnicConfig) -> Host {
+        Host::with_profile(name, config, HardwareProfile::ideal())
+    }
+
+    /// A host whose NIC charges `profile`'s costs, and has its limit on
+    /// outstanding READs and atomics.
+    pub fn with_profile(
+        name: impl Into<String>,
+        mut config: RnicConfig,
+        profile: HardwareProfile,
+    ) -> Host {
+        config.max_read_atomic = profile.max_read_atomic.value as usize;
+        let pipeline = (!profile.is_free()).then(|| NicPipeline::new(profile));
         Host {
             name: name.into(),
             nic: SoftRnic::new(config.clone()),
@@ -50,7 +73,14 @@ impl Host {
             failures_dropped: 0,
             crashes: 0,
             ports: Ports::UPLINK_ONLY,
+            pipeline,
+            transmit_buffer: vec![0; remora_sim::FRAME_BUFFER_BYTES],
         }
+    }
+
+    /// The NIC hardware's pipeline, unless the profile is ideal.
+    pub fn pipeline(&self) -> Option<&NicPipeline> {
+        self.pipeline.as_ref()
     }
 
     /// The host's ports: frames to its local peer take the local link.
@@ -160,34 +190,84 @@ impl Host {
     }
 }
 
+impl Host {
+    /// Hands the soft RNIC the received frames whose hardware time is up;
+    /// whether there were any.
+    fn deliver_received(&mut self, now: Timestamp) -> bool {
+        let Some(pipeline) = &mut self.pipeline else {
+            return false;
+        };
+        let mut delivered = false;
+        while let Some(frame) = pipeline.poll_received(now) {
+            self.nic.handle_frame(now, &frame);
+            delivered = true;
+        }
+        delivered
+    }
+
+    /// Moves what the soft RNIC sends into the pipeline's transmit side.
+    fn feed_transmit(&mut self, now: Timestamp) {
+        let Some(pipeline) = &mut self.pipeline else {
+            return;
+        };
+        for _ in 0..MAX_FRAMES_INTO_PIPELINE {
+            let Some(length) = self.nic.poll_transmit(now, &mut self.transmit_buffer) else {
+                break;
+            };
+            pipeline.handle_transmitted(now, &self.transmit_buffer[..length]);
+        }
+    }
+}
+
 impl Node for Host {
     fn handle_frame(&mut self, now: Timestamp, _port: PortId, frame: &[u8]) {
-        self.nic.handle_frame(now, frame);
+        match &mut self.pipeline {
+            None => self.nic.handle_frame(now, frame),
+            Some(pipeline) => {
+                pipeline.handle_received(now, frame);
+                self.deliver_received(now);
+            }
+        }
         let _ = self.poll_agents(now, true);
     }
 
     fn poll_transmit(&mut self, now: Timestamp, buffer: &mut [u8]) -> Option<(PortId, usize)> {
-        let length = self.nic.poll_transmit(now, buffer)?;
+        let length = match &mut self.pipeline {
+            None => self.nic.poll_transmit(now, buffer)?,
+            Some(_) => {
+                self.feed_transmit(now);
+                let frame = self.pipeline.as_mut()?.poll_transmit(now)?;
+                buffer[..frame.len()].copy_from_slice(&frame);
+                frame.len()
+            }
+        };
         Some((self.ports.port_for(&buffer[..length]), length))
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        [self.nic.poll_timeout(), self.agents_timeout()]
+        let pipeline = self.pipeline.as_ref().and_then(NicPipeline::poll_timeout);
+        [self.nic.poll_timeout(), self.agents_timeout(), pipeline]
             .into_iter()
             .flatten()
             .min()
     }
 
     fn handle_timeout(&mut self, now: Timestamp) {
+        self.deliver_received(now);
         if self.nic.poll_timeout().is_some_and(|at| at <= now) {
             self.nic.handle_timeout(now);
         }
+        // Agents woken by frames see what the released frames did; those
+        // whose timers are due get their turn.
         let _ = self.poll_agents(now, false);
     }
 
     fn crash(&mut self, now: Timestamp) {
         tracing::info!(host = %self.name, at_ns = now.as_nanos(), "host crashed");
         self.crashes += 1;
+        if let Some(pipeline) = &mut self.pipeline {
+            pipeline.clear();
+        }
         for slot in &mut self.agents {
             slot.agent.crash();
         }

@@ -18,10 +18,13 @@
 
 mod agent;
 mod datagram;
+pub mod hardware;
 mod host;
 mod ports;
+pub mod validation;
 
 pub use agent::{Agent, AgentError, AsAny, Progress};
 pub use datagram::AgentPort;
+pub use hardware::{HardwareProfile, NicPipeline};
 pub use host::{AgentFailure, Host, MAX_AGENT_FAILURES};
 pub use ports::{Ports, LOCAL_PORT, UPLINK_PORT};

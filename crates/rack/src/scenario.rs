@@ -17,6 +17,7 @@ use crate::simulated::SimulatedRack;
 use crate::topology::Topology;
 use crate::RackError;
 use remora_base::Timestamp;
+use remora_host::hardware::NicHardware;
 use remora_host::{Agent, Host};
 use remora_rnic::{RnicConfig, SoftRnic};
 use remora_sim::Event;
@@ -124,8 +125,20 @@ pub struct SimulatedStage {
 }
 
 impl SimulatedStage {
-    /// Host `i` gets a NIC at its topology address, seeded by `nic_seed`.
+    /// Host `i` gets an ideal NIC at its topology address, seeded by
+    /// `nic_seed`.
     pub fn new(seed: u64, topology: &Topology, nic_seed: u64) -> SimulatedStage {
+        SimulatedStage::with_hardware(seed, topology, nic_seed, NicHardware::Ideal)
+    }
+
+    /// The same, with every NIC charging `hardware`'s costs.
+    pub fn with_hardware(
+        seed: u64,
+        topology: &Topology,
+        nic_seed: u64,
+        hardware: NicHardware,
+    ) -> SimulatedStage {
+        let profile = hardware.profile();
         let hosts = topology
             .hosts()
             .iter()
@@ -133,7 +146,7 @@ impl SimulatedStage {
             .map(|(index, spec)| {
                 let config =
                     RnicConfig::new(spec.mac, spec.address, nic_seed ^ ((index as u64) << 8));
-                Host::new(spec.name.clone(), config)
+                Host::with_profile(spec.name.clone(), config, profile.clone())
             })
             .collect();
         SimulatedStage {

@@ -38,6 +38,10 @@ pub struct RnicConfig {
     pub max_completion_queues: usize,
     pub max_shared_receive_queues: usize,
     pub max_message_bytes: u32,
+    /// READs and atomics a queue pair may have outstanding, as initiator
+    /// and as target: the device's max_qp_rd_atom (a hardware profile may
+    /// lower it).
+    pub max_read_atomic: usize,
 }
 
 impl RnicConfig {
@@ -53,6 +57,7 @@ impl RnicConfig {
             max_completion_queues: 1024,
             max_shared_receive_queues: 1024,
             max_message_bytes: 1 << 24,
+            max_read_atomic: MAX_READ_ATOMIC_LIMIT,
         }
     }
 }
@@ -397,15 +402,12 @@ impl SoftRnic {
         let max_depth = self.config.max_queue_depth;
         check_depth("send queue", builder.send_queue_depth, max_depth)?;
         check_depth("receive queue", builder.receive_queue_depth, max_depth)?;
-        check_depth(
-            "max_read_atomic",
-            builder.max_read_atomic,
-            MAX_READ_ATOMIC_LIMIT,
-        )?;
+        let max_read_atomic = self.config.max_read_atomic.min(MAX_READ_ATOMIC_LIMIT);
+        check_depth("max_read_atomic", builder.max_read_atomic, max_read_atomic)?;
         check_depth(
             "max_destination_read_atomic",
             builder.max_destination_read_atomic,
-            MAX_READ_ATOMIC_LIMIT,
+            max_read_atomic,
         )?;
         check_depth("retry_count", usize::from(builder.retry_count) + 1, 8)?;
         check_depth("rnr_retry", usize::from(builder.rnr_retry) + 1, 8)?;

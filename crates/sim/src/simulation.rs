@@ -9,7 +9,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
 /// The largest frame a node may hand the simulator.
-const FRAME_BUFFER_BYTES: usize = 16 * 1024;
+pub const FRAME_BUFFER_BYTES: usize = 16 * 1024;
 /// Frames one node may emit in one turn, so a runaway node cannot stall
 /// the clock.
 const MAX_FRAMES_PER_TURN: usize = 4096;

@@ -1,0 +1,452 @@
+//! A NIC's hardware costs in the simulator. The soft RNIC acts on a frame
+//! the instant it arrives; a real RNIC does not: each verb costs pipeline
+//! time, a port processes a bounded number of messages per second, a
+//! responder's READ or atomic waits on a PCIe round trip to host memory,
+//! and atomics to one cache line are serialized. A [`HardwareProfile`]
+//! states those costs; a [`NicPipeline`] charges them to the frames
+//! between the simulator and the soft RNIC, in both directions, keeping
+//! each direction's order (RC needs its frames in PSN order).
+//!
+//! The `ideal` profile charges nothing and is the default: every earlier
+//! simulated figure stays as it was. The profiles' files
+//! (`profiles/*.toml`) cite a published measurement for every value.
+
+use remora_base::Timestamp;
+use remora_wire::frame::RoceFrame;
+use remora_wire::opcode::OpcodeFamily;
+use serde::Deserialize;
+use std::collections::{BTreeMap, VecDeque};
+
+/// The profiles compiled in, by name.
+const PROFILES: [(&str, &str); 2] = [
+    ("ideal", include_str!("../profiles/ideal.toml")),
+    ("cx5", include_str!("../profiles/cx5.toml")),
+];
+
+/// Which NIC a simulated host has: a name for the compiled-in profiles
+/// that configurations can copy around.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NicHardware {
+    /// No NIC costs: the simulator as it always was.
+    #[default]
+    Ideal,
+    /// A ConnectX-5 at 100 Gb/s, from published measurements.
+    Cx5,
+}
+
+impl NicHardware {
+    pub const ALL: [NicHardware; 2] = [NicHardware::Ideal, NicHardware::Cx5];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            NicHardware::Ideal => "ideal",
+            NicHardware::Cx5 => "cx5",
+        }
+    }
+
+    /// Its profile, checked.
+    pub fn profile(self) -> HardwareProfile {
+        HardwareProfile::named(self.name()).expect("compiled-in profiles are checked by tests")
+    }
+}
+
+impl std::str::FromStr for NicHardware {
+    type Err = ProfileError;
+
+    fn from_str(name: &str) -> Result<NicHardware, ProfileError> {
+        NicHardware::ALL
+            .into_iter()
+            .find(|hardware| hardware.name() == name)
+            .ok_or_else(|| ProfileError::Unknown(name.into()))
+    }
+}
+
+/// Frames a pipeline holds per direction; more are dropped, as a NIC
+/// whose receive buffer is full drops them, and the RC transport
+/// retransmits.
+pub const MAX_FRAMES_HELD: usize = 8192;
+
+/// Cache lines whose atomic serialization is remembered at once; an
+/// older line's is forgotten (its atomics are long done).
+const MAX_LINES_TRACKED: usize = 4096;
+
+/// A value of a profile and the published measurement it comes from.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cited {
+    pub value: f64,
+    pub source: String,
+}
+
+/// One NIC's costs, each cited.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HardwareProfile {
+    pub name: String,
+    pub description: String,
+    /// Time a received frame spends in the NIC before the transport acts
+    /// on it (ns).
+    pub receive_pipeline_ns: Cited,
+    /// Time a frame spends in the NIC between the transport and the wire
+    /// (ns).
+    pub transmit_pipeline_ns: Cited,
+    /// Messages one port processes per second, each way (0: no limit).
+    pub messages_per_second: Cited,
+    /// A responder's READ or atomic reads host memory over PCIe first (ns).
+    pub pcie_round_trip_ns: Cited,
+    /// Atomics to one cache line run one at a time, each holding the line
+    /// this long (ns).
+    pub atomic_same_line_ns: Cited,
+    /// The unit atomics are serialized on (bytes).
+    pub cache_line_bytes: Cited,
+    /// READs and atomics a queue pair has outstanding, as initiator and
+    /// as target (the device's max_qp_rd_atom).
+    pub max_read_atomic: Cited,
+    /// Published measurements the profile is validated against.
+    #[serde(default, rename = "validation")]
+    pub validations: Vec<Validation>,
+}
+
+/// A published figure a simulated microbenchmark must come within 15% of.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Validation {
+    /// Which simulated microbenchmark it checks (`read_latency_us`,
+    /// `write_latency_us`, `read_rate_mops`, `write_rate_mops`,
+    /// `same_address_atomic_rate_mops`).
+    pub measure: String,
+    pub value: f64,
+    pub unit: String,
+    pub source: String,
+}
+
+/// Why a profile was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("no hardware profile named {0:?}: use ideal or cx5")]
+    Unknown(String),
+    #[error("hardware profile {name}: {error}")]
+    Syntax { name: String, error: toml::de::Error },
+    #[error("hardware profile {name}: {field} is {value}: {rule}")]
+    Invalid {
+        name: String,
+        field: &'static str,
+        value: f64,
+        rule: &'static str,
+    },
+}
+
+impl HardwareProfile {
+    /// The profile named `name`, checked.
+    pub fn named(name: &str) -> Result<HardwareProfile, ProfileError> {
+        let (_, text) = PROFILES
+            .iter()
+            .find(|(known, _)| *known == name)
+            .ok_or_else(|| ProfileError::Unknown(name.into()))?;
+        let profile: HardwareProfile = toml::from_str(text).map_err(|error| ProfileError::Syntax {
+            name: name.into(),
+            error,
+        })?;
+        profile.check()?;
+        Ok(profile)
+    }
+
+    /// Today's simulator: no NIC costs.
+    pub fn ideal() -> HardwareProfile {
+        NicHardware::Ideal.profile()
+    }
+
+    fn check(&self) -> Result<(), ProfileError> {
+        let invalid = |field, value, rule| ProfileError::Invalid {
+            name: self.name.clone(),
+            field,
+            value,
+            rule,
+        };
+        let times = [
+            ("receive_pipeline_ns", &self.receive_pipeline_ns),
+            ("transmit_pipeline_ns", &self.transmit_pipeline_ns),
+            ("pcie_round_trip_ns", &self.pcie_round_trip_ns),
+            ("atomic_same_line_ns", &self.atomic_same_line_ns),
+            ("messages_per_second", &self.messages_per_second),
+        ];
+        for (field, cited) in times {
+            if !(0.0..=1e10).contains(&cited.value) {
+                return Err(invalid(field, cited.value, "from 0 to 10^10"));
+            }
+        }
+        let line = self.cache_line_bytes.value;
+        if !(line >= 8.0 && (line as u64).is_power_of_two()) {
+            return Err(invalid("cache_line_bytes", line, "a power of two, at least 8"));
+        }
+        if !(1.0..=128.0).contains(&self.max_read_atomic.value) {
+            return Err(invalid("max_read_atomic", self.max_read_atomic.value, "from 1 to 128"));
+        }
+        Ok(())
+    }
+
+    /// Whether the profile charges nothing (the frames then skip the
+    /// pipeline entirely).
+    pub fn is_free(&self) -> bool {
+        [
+            &self.receive_pipeline_ns,
+            &self.transmit_pipeline_ns,
+            &self.pcie_round_trip_ns,
+            &self.atomic_same_line_ns,
+            &self.messages_per_second,
+        ]
+        .iter()
+        .all(|cited| cited.value == 0.0)
+    }
+
+    fn nanoseconds(cited: &Cited) -> u64 {
+        cited.value.round() as u64
+    }
+
+    /// Time one message holds a port's pipeline: the inverse of its rate.
+    fn message_interval_ns(&self) -> u64 {
+        match self.messages_per_second.value {
+            rate if rate > 0.0 => (1e9 / rate).round() as u64,
+            _ => 0,
+        }
+    }
+}
+
+/// A frame held in the pipeline until its time.
+#[derive(Debug)]
+struct Held {
+    release: Timestamp,
+    frame: Vec<u8>,
+}
+
+/// One direction of a NIC's pipeline: frames leave in the order they
+/// came, each no earlier than its own costs allow.
+#[derive(Debug, Default)]
+struct Direction {
+    held: VecDeque<Held>,
+    /// When the port can start its next message.
+    port_free_at: u64,
+    /// When the last frame left: none leaves before it (order).
+    last_release: u64,
+    dropped: u64,
+}
+
+impl Direction {
+    /// Admits a frame that arrived at `now` and whose own costs end
+    /// `cost_ns` after the port takes it, returning when it is ready; a
+    /// full pipeline drops it.
+    fn admit(&mut self, now: u64, interval_ns: u64, cost_ns: u64) -> Option<u64> {
+        if self.held.len() >= MAX_FRAMES_HELD {
+            self.dropped += 1;
+            return None;
+        }
+        let start = now.max(self.port_free_at);
+        self.port_free_at = start + interval_ns;
+        Some(start + cost_ns)
+    }
+
+    fn hold(&mut self, ready: u64, frame: &[u8]) {
+        let release = ready.max(self.last_release);
+        self.last_release = release;
+        self.held.push_back(Held {
+            release: Timestamp::from_nanos(release),
+            frame: frame.to_vec(),
+        });
+    }
+
+    fn next_release(&self) -> Option<Timestamp> {
+        self.held.front().map(|held| held.release)
+    }
+
+    fn take_due(&mut self, now: Timestamp) -> Option<Vec<u8>> {
+        if self.next_release()? > now {
+            return None;
+        }
+        self.held.pop_front().map(|held| held.frame)
+    }
+}
+
+/// What a pipeline has counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PipelineCounters {
+    pub received_dropped: u64,
+    pub transmitted_dropped: u64,
+    /// Atomics that waited for their cache line.
+    pub atomics_serialized: u64,
+}
+
+/// The costs of one NIC's hardware, charged to its frames.
+#[derive(Debug)]
+pub struct NicPipeline {
+    profile: HardwareProfile,
+    receive: Direction,
+    transmit: Direction,
+    /// When each recently used cache line is free for the next atomic.
+    line_free_at: BTreeMap<u64, u64>,
+    atomics_serialized: u64,
+}
+
+impl NicPipeline {
+    pub fn new(profile: HardwareProfile) -> NicPipeline {
+        NicPipeline {
+            profile,
+            receive: Direction::default(),
+            transmit: Direction::default(),
+            line_free_at: BTreeMap::new(),
+            atomics_serialized: 0,
+        }
+    }
+
+    pub fn profile(&self) -> &HardwareProfile {
+        &self.profile
+    }
+
+    /// A frame from the wire, at `now`. A responder's READ request or
+    /// atomic also waits for PCIe, and an atomic for its cache line.
+    pub fn handle_received(&mut self, now: Timestamp, frame: &[u8]) {
+        let now = now.as_nanos();
+        let interval = self.profile.message_interval_ns();
+        let mut cost = HardwareProfile::nanoseconds(&self.profile.receive_pipeline_ns);
+        let parsed = RoceFrame::new_checked(frame).ok();
+        let family = parsed.map(|parsed| parsed.opcode().family());
+        if matches!(
+            family,
+            Some(OpcodeFamily::RdmaReadRequest | OpcodeFamily::Atomic)
+        ) {
+            cost += HardwareProfile::nanoseconds(&self.profile.pcie_round_trip_ns);
+        }
+        let Some(mut ready) = self.receive.admit(now, interval, cost) else {
+            return;
+        };
+        if let Some(atomic) = parsed.and_then(|parsed| parsed.atomic_eth()) {
+            ready = self.serialize_atomic(atomic.virtual_address.0, ready);
+        }
+        self.receive.hold(ready, frame);
+    }
+
+    /// Delays an atomic ready at `ready` until its cache line is free, and
+    /// holds the line for the profile's time.
+    fn serialize_atomic(&mut self, address: u64, ready: u64) -> u64 {
+        let line = address / self.profile.cache_line_bytes.value as u64;
+        let hold = HardwareProfile::nanoseconds(&self.profile.atomic_same_line_ns);
+        let free_at = self.line_free_at.get(&line).copied().unwrap_or(0);
+        if free_at > ready {
+            self.atomics_serialized += 1;
+        }
+        let start = ready.max(free_at);
+        if self.line_free_at.len() >= MAX_LINES_TRACKED && !self.line_free_at.contains_key(&line) {
+            // Forget the line freed longest ago; nothing waits on it.
+            let oldest = self
+                .line_free_at
+                .iter()
+                .min_by_key(|(_, free)| **free)
+                .map(|(line, _)| *line);
+            if let Some(oldest) = oldest {
+                self.line_free_at.remove(&oldest);
+            }
+        }
+        self.line_free_at.insert(line, start + hold);
+        start
+    }
+
+    /// A frame the soft RNIC sent, at `now`.
+    pub fn handle_transmitted(&mut self, now: Timestamp, frame: &[u8]) {
+        let interval = self.profile.message_interval_ns();
+        let cost = HardwareProfile::nanoseconds(&self.profile.transmit_pipeline_ns);
+        if let Some(ready) = self.transmit.admit(now.as_nanos(), interval, cost) {
+            self.transmit.hold(ready, frame);
+        }
+    }
+
+    /// The next received frame whose time has come, for the soft RNIC.
+    pub fn poll_received(&mut self, now: Timestamp) -> Option<Vec<u8>> {
+        self.receive.take_due(now)
+    }
+
+    /// The next sent frame whose time has come, for the wire.
+    pub fn poll_transmit(&mut self, now: Timestamp) -> Option<Vec<u8>> {
+        self.transmit.take_due(now)
+    }
+
+    /// When a held frame is next due.
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        [self.receive.next_release(), self.transmit.next_release()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// A crash loses what the NIC held.
+    pub fn clear(&mut self) {
+        self.receive = Direction::default();
+        self.transmit = Direction::default();
+        self.line_free_at.clear();
+    }
+
+    pub fn counters(&self) -> PipelineCounters {
+        PipelineCounters {
+            received_dropped: self.receive.dropped,
+            transmitted_dropped: self.transmit.dropped,
+            atomics_serialized: self.atomics_serialized,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_profile_parses_and_cites_every_value() {
+        for hardware in NicHardware::ALL {
+            let profile = hardware.profile();
+            assert_eq!(profile.name, hardware.name());
+            let values = [
+                &profile.receive_pipeline_ns,
+                &profile.transmit_pipeline_ns,
+                &profile.messages_per_second,
+                &profile.pcie_round_trip_ns,
+                &profile.atomic_same_line_ns,
+                &profile.cache_line_bytes,
+                &profile.max_read_atomic,
+            ];
+            for value in values {
+                assert!(!value.source.trim().is_empty(), "{}: {value:?}", profile.name);
+            }
+            for validation in &profile.validations {
+                assert!(!validation.source.trim().is_empty(), "{validation:?}");
+            }
+        }
+        assert!(HardwareProfile::ideal().is_free());
+        assert!(!NicHardware::Cx5.profile().is_free());
+        assert!(matches!(
+            "bluefield".parse::<NicHardware>(),
+            Err(ProfileError::Unknown(_))
+        ));
+    }
+
+    #[test]
+    fn frames_leave_in_order_after_their_costs_and_a_full_pipeline_drops() {
+        let mut profile = HardwareProfile::ideal();
+        profile.receive_pipeline_ns.value = 100.0;
+        profile.transmit_pipeline_ns.value = 50.0;
+        profile.messages_per_second.value = 1e8; // One per 10 ns.
+        let mut pipeline = NicPipeline::new(profile);
+        let at = Timestamp::from_nanos;
+        pipeline.handle_received(at(0), b"first");
+        pipeline.handle_received(at(0), b"second");
+        assert_eq!(pipeline.poll_timeout(), Some(at(100)));
+        assert_eq!(pipeline.poll_received(at(99)), None);
+        assert_eq!(pipeline.poll_received(at(100)).as_deref(), Some(&b"first"[..]));
+        // The port took the second 10 ns after the first.
+        assert_eq!(pipeline.poll_timeout(), Some(at(110)));
+        assert_eq!(pipeline.poll_received(at(110)).as_deref(), Some(&b"second"[..]));
+        pipeline.handle_transmitted(at(200), b"out");
+        assert_eq!(pipeline.poll_transmit(at(250)).as_deref(), Some(&b"out"[..]));
+        for _ in 0..=MAX_FRAMES_HELD {
+            pipeline.handle_received(at(300), b"x");
+        }
+        assert_eq!(pipeline.counters().received_dropped, 1);
+    }
+}
