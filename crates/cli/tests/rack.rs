@@ -555,10 +555,16 @@ fn bench_clover_quick_writes_the_ratios_and_the_sweeps_as_json() {
             "top8_speedup_ycsba_z075_c64",
             "resolver_p99_ratio_ycsba_z075_c64",
             "embedded_resolver_speedup_ycsba_z075_c64",
+            "resolver_speedup_ycsba_z075_c64_cx5",
+            "top8_speedup_ycsba_z075_c64_cx5",
+            "cx5_profile_max_error",
         ],
     );
     for variant in [
         "ycsba_z075_c1_plain",
+        "ycsba_z075_c64_plain_cx5",
+        "ycsba_z075_c64_top8_cx5",
+        "cx5_validation/same_address_atomic_rate_mops",
         "ycsba_z075_c64_resolver",
         "ycsba_z075_c64_top0",
         "ycsba_z075_c64_top8",

@@ -127,7 +127,10 @@ pub enum ProfileError {
     #[error("no hardware profile named {0:?}: use ideal or cx5")]
     Unknown(String),
     #[error("hardware profile {name}: {error}")]
-    Syntax { name: String, error: toml::de::Error },
+    Syntax {
+        name: String,
+        error: toml::de::Error,
+    },
     #[error("hardware profile {name}: {field} is {value}: {rule}")]
     Invalid {
         name: String,
@@ -144,10 +147,11 @@ impl HardwareProfile {
             .iter()
             .find(|(known, _)| *known == name)
             .ok_or_else(|| ProfileError::Unknown(name.into()))?;
-        let profile: HardwareProfile = toml::from_str(text).map_err(|error| ProfileError::Syntax {
-            name: name.into(),
-            error,
-        })?;
+        let profile: HardwareProfile =
+            toml::from_str(text).map_err(|error| ProfileError::Syntax {
+                name: name.into(),
+                error,
+            })?;
         profile.check()?;
         Ok(profile)
     }
@@ -178,10 +182,18 @@ impl HardwareProfile {
         }
         let line = self.cache_line_bytes.value;
         if !(line >= 8.0 && (line as u64).is_power_of_two()) {
-            return Err(invalid("cache_line_bytes", line, "a power of two, at least 8"));
+            return Err(invalid(
+                "cache_line_bytes",
+                line,
+                "a power of two, at least 8",
+            ));
         }
         if !(1.0..=128.0).contains(&self.max_read_atomic.value) {
-            return Err(invalid("max_read_atomic", self.max_read_atomic.value, "from 1 to 128"));
+            return Err(invalid(
+                "max_read_atomic",
+                self.max_read_atomic.value,
+                "from 1 to 128",
+            ));
         }
         Ok(())
     }
@@ -412,7 +424,11 @@ mod tests {
                 &profile.max_read_atomic,
             ];
             for value in values {
-                assert!(!value.source.trim().is_empty(), "{}: {value:?}", profile.name);
+                assert!(
+                    !value.source.trim().is_empty(),
+                    "{}: {value:?}",
+                    profile.name
+                );
             }
             for validation in &profile.validations {
                 assert!(!validation.source.trim().is_empty(), "{validation:?}");
@@ -438,12 +454,21 @@ mod tests {
         pipeline.handle_received(at(0), b"second");
         assert_eq!(pipeline.poll_timeout(), Some(at(100)));
         assert_eq!(pipeline.poll_received(at(99)), None);
-        assert_eq!(pipeline.poll_received(at(100)).as_deref(), Some(&b"first"[..]));
+        assert_eq!(
+            pipeline.poll_received(at(100)).as_deref(),
+            Some(&b"first"[..])
+        );
         // The port took the second 10 ns after the first.
         assert_eq!(pipeline.poll_timeout(), Some(at(110)));
-        assert_eq!(pipeline.poll_received(at(110)).as_deref(), Some(&b"second"[..]));
+        assert_eq!(
+            pipeline.poll_received(at(110)).as_deref(),
+            Some(&b"second"[..])
+        );
         pipeline.handle_transmitted(at(200), b"out");
-        assert_eq!(pipeline.poll_transmit(at(250)).as_deref(), Some(&b"out"[..]));
+        assert_eq!(
+            pipeline.poll_transmit(at(250)).as_deref(),
+            Some(&b"out"[..])
+        );
         for _ in 0..=MAX_FRAMES_HELD {
             pipeline.handle_received(at(300), b"x");
         }

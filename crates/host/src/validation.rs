@@ -113,12 +113,20 @@ fn measure(profile: &HardwareProfile, measure: &str) -> Result<f64, ValidationEr
     let result = match measure {
         "read_latency_us" => run(Operation::Read, 1, 1, LATENCY_OPERATIONS)?.median_latency_us(),
         "write_latency_us" => run(Operation::Write, 1, 1, LATENCY_OPERATIONS)?.median_one_way_us(),
-        "read_rate_mops" => {
-            run(Operation::Read, RATE_QUEUE_PAIRS, RATE_WINDOW, RATE_OPERATIONS)?.rate_mops()
-        }
-        "write_rate_mops" => {
-            run(Operation::Write, RATE_QUEUE_PAIRS, RATE_WINDOW, RATE_OPERATIONS)?.rate_mops()
-        }
+        "read_rate_mops" => run(
+            Operation::Read,
+            RATE_QUEUE_PAIRS,
+            RATE_WINDOW,
+            RATE_OPERATIONS,
+        )?
+        .rate_mops(),
+        "write_rate_mops" => run(
+            Operation::Write,
+            RATE_QUEUE_PAIRS,
+            RATE_WINDOW,
+            RATE_OPERATIONS,
+        )?
+        .rate_mops(),
         "same_address_atomic_rate_mops" => run(
             Operation::CompareSwapOneAddress,
             RATE_QUEUE_PAIRS,
@@ -167,7 +175,9 @@ struct ProbeResult {
 fn median_us(values_ns: &[u64]) -> f64 {
     let mut sorted = values_ns.to_vec();
     sorted.sort_unstable();
-    sorted.get(sorted.len() / 2).map_or(0.0, |ns| *ns as f64 / 1e3)
+    sorted
+        .get(sorted.len() / 2)
+        .map_or(0.0, |ns| *ns as f64 / 1e3)
 }
 
 impl ProbeResult {
@@ -205,7 +215,11 @@ fn run_probe(
     let mut simulation = Simulation::new(1);
     let requester_id = simulation.add_node(requester);
     let responder_id = simulation.add_node(responder);
-    simulation.connect((requester_id, PortId(0)), (responder_id, PortId(0)), cable());
+    simulation.connect(
+        (requester_id, PortId(0)),
+        (responder_id, PortId(0)),
+        cable(),
+    );
     // A bound well past any sane run: 10 s of virtual time.
     simulation.run_until(Timestamp::from_nanos(10_000_000_000), 200_000_000);
     let probe = simulation
@@ -258,7 +272,12 @@ impl Operation {
         }
     }
 
-    fn request(self, work_request_id: u64, local: &MemoryRegion, remote: RemoteAddress) -> SendRequest {
+    fn request(
+        self,
+        work_request_id: u64,
+        local: &MemoryRegion,
+        remote: RemoteAddress,
+    ) -> SendRequest {
         let operation = match self {
             Operation::Read => SendOperation::Read { remote },
             Operation::Write => SendOperation::Write {
@@ -375,7 +394,9 @@ impl Probe {
                 // end times its arrival.
                 let stamp = now.to_le_bytes();
                 nic.write_local(self.local.lkey, self.local.address, &stamp)?;
-                let request = self.operation.request(work_request_id, &self.local, self.remote);
+                let request = self
+                    .operation
+                    .request(work_request_id, &self.local, self.remote);
                 nic.post_send(self.queue_pairs[index], request)?;
                 self.outstanding[index] += 1;
                 self.posted += 1;

@@ -23,6 +23,7 @@ use super::report::{median, Report};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_clover::embedded;
 use remora_clover::simulated::{run as simulate, Outcome, Run, SwitchChoice};
+use remora_host::hardware::NicHardware;
 use std::time::Duration;
 
 struct Configuration {
@@ -92,6 +93,22 @@ fn plan(quick: bool) -> Vec<Configuration> {
             },
         ));
     }
+    // The client sweep and the top-N sweep again on simulated ConnectX-5
+    // NICs (issue 20): side by side with the ideal NIC's.
+    let on_hardware: Vec<Configuration> = plan
+        .iter()
+        .filter(|ideal| ideal.name.starts_with("ycsba_z075_c"))
+        .map(|ideal| {
+            configuration(
+                format!("{}_{}", ideal.name, NicHardware::Cx5.name()),
+                Run {
+                    hardware: NicHardware::Cx5,
+                    ..ideal.run
+                },
+            )
+        })
+        .collect();
+    plan.extend(on_hardware);
     let big_keys: &[u64] = if quick { &[10_000] } else { &[10_000, 100_000] };
     for keys in big_keys {
         for (label, cached) in [("plain", None), ("resolver", Some(*keys as usize))] {
@@ -186,6 +203,8 @@ pub enum CloverBenchError {
     Progress(#[from] indicatif::style::TemplateError),
     #[error("{0} was not measured")]
     NotMeasured(&'static str),
+    #[error("validating the hardware profile: {0}")]
+    Validation(#[from] remora_host::validation::ValidationError),
 }
 
 pub fn run(quick: bool, history: Option<&std::path::Path>) -> Result<Report, CloverBenchError> {
@@ -201,7 +220,8 @@ pub fn run(quick: bool, history: Option<&std::path::Path>) -> Result<Report, Clo
         serde_json::json!({
             "quick": quick,
             "seeds": seeds,
-            "clock": "simulated: 100 Gb/s links, 1 us propagation, RNIC work instantaneous",
+            "clock": "simulated: 100 Gb/s links, 1 us propagation; RNIC work instantaneous (ideal), or charged as a ConnectX-5's (variants ending _cx5, crates/host/profiles/cx5.toml)",
+            "hardware_profiles": NicHardware::ALL.map(|hardware| hardware.profile().description),
             "value_bytes": 16,
             "keys": 1024,
             "operations_per_run": plan[0].run.operations,
@@ -238,6 +258,10 @@ pub fn run(quick: bool, history: Option<&std::path::Path>) -> Result<Report, Clo
     let plain = get("ycsba_z075_c64_plain")?;
     let resolver = get("ycsba_z075_c64_resolver")?;
     let top8 = get("ycsba_z075_c64_top8")?;
+    let plain_cx5 = get("ycsba_z075_c64_plain_cx5")?;
+    let resolver_cx5 = get("ycsba_z075_c64_resolver_cx5")?;
+    let top8_cx5 = get("ycsba_z075_c64_top8_cx5")?;
+    let cx5_error = validate_hardware(NicHardware::Cx5, &mut report)?;
     let ratios = [
         (
             "resolver_speedup_ycsba_z075_c64",
@@ -251,6 +275,15 @@ pub fn run(quick: bool, history: Option<&std::path::Path>) -> Result<Report, Clo
             "resolver_p99_ratio_ycsba_z075_c64",
             resolver.p99_us / plain.p99_us,
         ),
+        (
+            "resolver_speedup_ycsba_z075_c64_cx5",
+            resolver_cx5.throughput / plain_cx5.throughput,
+        ),
+        (
+            "top8_speedup_ycsba_z075_c64_cx5",
+            top8_cx5.throughput / plain_cx5.throughput,
+        ),
+        ("cx5_profile_max_error", cx5_error),
     ];
     println!();
     for (name, value) in ratios {
@@ -263,6 +296,36 @@ pub fn run(quick: bool, history: Option<&std::path::Path>) -> Result<Report, Clo
     }
     on_the_embedded_rack(quick, &mut report)?;
     Ok(report)
+}
+
+/// Checks a hardware profile against the published figures it cites,
+/// recording each beside its published value (results
+/// `NAME_validation/MEASURE`, and the whole check with its sources in
+/// `series.NAME_validation`), and returns the largest relative error.
+fn validate_hardware(hardware: NicHardware, report: &mut Report) -> Result<f64, CloverBenchError> {
+    let checked = remora_host::validation::validate(&hardware.profile())?;
+    let variant = format!("{}_validation", hardware.name());
+    println!(
+        "\n{} profile against its published figures:",
+        hardware.name()
+    );
+    for check in &checked {
+        println!(
+            "  {:<32} simulated {:>8.3} published {:>8.3} {:<5} error {:>5.1}%",
+            check.measure,
+            check.simulated,
+            check.published,
+            check.unit,
+            check.relative_error * 100.0
+        );
+        let row = format!("{variant}/{}", check.measure);
+        report.add(&row, "simulated", check.simulated, &check.unit);
+        report.add(&row, "published", check.published, &check.unit);
+        let ratio = check.simulated / check.published;
+        report.add(&row, "simulated_over_published", ratio, "ratio");
+    }
+    report.series.insert(variant, serde_json::json!(checked));
+    Ok(remora_host::validation::max_relative_error(&checked))
 }
 
 /// The headline configuration on the embedded rack: real threads, real
