@@ -4,6 +4,7 @@ use crate::error::SimError;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_conformance::{run_campaign, FaultProfile, ScenarioConfig};
+use remora_host::hardware::NicHardware;
 use remora_sim::Probability;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -89,6 +90,10 @@ pub struct FabricArgs {
     /// Probability a stream ends with a remote access violation.
     #[arg(long, value_parser = probability)]
     violation: Option<Probability>,
+    /// The simulated NICs' hardware profile: ideal (no NIC costs) or cx5
+    /// (a ConnectX-5's pipeline, message rate, PCIe and atomic costs).
+    #[arg(long)]
+    hardware: Option<NicHardware>,
     /// Write the campaign report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -132,6 +137,9 @@ impl FabricArgs {
                 *field = value;
             }
         }
+        if let Some(hardware) = self.hardware {
+            config.hardware = hardware;
+        }
         config.validate()?;
         Ok(config)
     }
@@ -143,6 +151,7 @@ impl FabricArgs {
             "remora sim fabric --seed {seed} --loss {} --duplicate {} --reorder {} --corrupt {} --partition {} --crash {} --violation {}",
             faults.loss, faults.duplicate, faults.reorder, faults.corrupt, faults.partition, faults.crash, faults.violation
         );
+        command += &format!(" --hardware {}", config.hardware.name());
         if let Some(path) = &self.config {
             command += &format!(" --config {}", path.display());
         }

@@ -21,6 +21,7 @@ use crate::workload::{
 };
 use rand::Rng;
 use remora_base::Probability;
+use remora_host::hardware::NicHardware;
 use remora_host::Host as HostNode;
 use remora_rnic::*;
 use remora_sim::{Event, LinkConfig, LinkFaults, NodeId, PortId, Simulation};
@@ -91,6 +92,9 @@ pub struct ScenarioConfig {
     pub liveness_limit_ms: u64,
     /// A bound on simulator steps per phase.
     pub max_events: u64,
+    /// The NICs' hardware: `ideal` (no NIC costs), or a profile whose
+    /// pipeline, PCIe and atomic costs the transport must survive too.
+    pub hardware: NicHardware,
 }
 
 impl Default for ScenarioConfig {
@@ -108,6 +112,7 @@ impl ScenarioConfig {
             safety_phase_us: 400,
             liveness_limit_ms: 1000,
             max_events: 2_000_000,
+            hardware: NicHardware::Ideal,
         }
     }
 
@@ -251,6 +256,7 @@ struct Build {
 
 fn build(seed: u64, config: &ScenarioConfig) -> Build {
     let mut sim = Simulation::new(seed);
+    let hardware = config.hardware;
     let node = |index: u8, sim: &mut Simulation<HostNode>| {
         let device_seed = sim.rng().gen();
         let config = RnicConfig::new(
@@ -258,7 +264,8 @@ fn build(seed: u64, config: &ScenarioConfig) -> Build {
             Ipv4Address::new(192, 0, 2, index),
             device_seed,
         );
-        let mut host = HostNode::new(format!("host-{index}"), config);
+        let mut host =
+            HostNode::with_profile(format!("host-{index}"), config, hardware.profile());
         host.add_agent(Box::new(LateReceives::default()));
         sim.add_node(host)
     };

@@ -3,10 +3,14 @@
 //! partitions, crashes and access violations. `remora sim fabric` runs more.
 
 use remora_conformance::{run_campaign, FaultProfile, ScenarioConfig};
+use remora_host::hardware::NicHardware;
 use remora_sim::Probability;
 
 fn campaign(first_seed: u64, seeds: u64, faults: FaultProfile) {
-    let config = ScenarioConfig::new(faults);
+    campaign_on(first_seed, seeds, ScenarioConfig::new(faults));
+}
+
+fn campaign_on(first_seed: u64, seeds: u64, config: ScenarioConfig) {
     let report = run_campaign(first_seed, seeds, &config, |_| {});
     let failures: Vec<String> = report
         .failures
@@ -43,4 +47,25 @@ fn one_percent_loss() {
 #[test]
 fn ten_percent_loss() {
     campaign(2_000, 100, FaultProfile::lossy(Probability::literal(0.10)));
+}
+
+/// The same faults on NICs that charge a ConnectX-5's costs: frames held
+/// in the hardware pipeline, READs and atomics behind PCIe, atomics
+/// serialized, at most 16 READs or atomics outstanding per queue pair.
+#[test]
+fn one_percent_loss_on_connectx5_hardware() {
+    let mut config = ScenarioConfig::new(FaultProfile::lossy(Probability::literal(0.01)));
+    config.hardware = NicHardware::Cx5;
+    campaign_on(3_000, 60, config);
+}
+
+/// With no faults the hardware's costs alone never time a request out.
+#[test]
+fn no_faults_on_connectx5_hardware_every_operation_succeeds() {
+    let mut config = ScenarioConfig::new(FaultProfile::NONE);
+    config.hardware = NicHardware::Cx5;
+    let report = run_campaign(0, 20, &config, |_| {});
+    assert!(report.failures.is_empty(), "{:?}", report.failures.first());
+    assert_eq!(report.succeeded, report.operations);
+    assert_eq!(report.retransmit_timeouts, 0);
 }
