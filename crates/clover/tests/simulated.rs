@@ -7,6 +7,7 @@
 //! garbage collection stays within a fixed region.
 
 use remora_clover::simulated::{run, Run, SwitchChoice};
+use remora_host::hardware::NicHardware;
 use remora_sim::{LinkFaults, Probability};
 use std::time::Duration;
 
@@ -151,4 +152,24 @@ fn a_long_write_heavy_run_stays_within_a_fixed_region() {
         outcome.writes_since_collection
     );
     assert!(outcome.metadata.collections >= 2, "{:?}", outcome.metadata);
+}
+
+/// On simulated ConnectX-5 NICs (frames held in the NIC's pipeline, CASes
+/// behind PCIe and serialized on their word), both switch programs keep
+/// every history linearizable under loss.
+#[test]
+fn on_connectx5_hardware_histories_stay_linearizable_under_loss() {
+    for seed in 0..4 {
+        for switch in [
+            SwitchChoice::Plain,
+            SwitchChoice::Resolver { cached_keys: 16 },
+        ] {
+            let configuration = Run {
+                hardware: NicHardware::Cx5,
+                ..contended(switch, lossy(Probability::literal(0.02)))
+            };
+            let outcome = checked(seed, &configuration);
+            assert!(outcome.versions > 16, "seed {seed}: {switch:?}");
+        }
+    }
 }
