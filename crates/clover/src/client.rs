@@ -10,6 +10,11 @@
 //!    CAS returns their pointer: a conflict. The client then READs headers
 //!    along the list (pointer chasing) to the new tail and CASes again.
 //!
+//! 3. WRITE the new entry's pointer into the key's shortcut word, so that
+//!    readers without a cached location start near the tail (the collector
+//!    re-checks shortcuts before it reuses a slot: a late shortcut WRITE
+//!    naming a retired version is repaired first).
+//!
 //! A read starts from the client's cached location and follows next
 //! pointers to the tail, whose value it returns.
 //!
@@ -276,6 +281,8 @@ enum WriteState {
     WritingEntry,
     Looking,
     Swapping,
+    /// Linked; the shortcut WRITE is in flight.
+    AdvancingShortcut,
 }
 
 /// Appends a version of a key.
@@ -357,15 +364,25 @@ impl WriteOperation {
             (WriteState::Swapping, Outcome::Swapped { original }) => {
                 let cursor = self.chase.cursor.expect("a CAS has a cursor");
                 if original == 0 {
-                    return Ok(Step::Written {
-                        tail: self.new_tail(cursor),
-                        trail: self.chase.trail,
-                    });
+                    // Linked: the write has taken effect. Point the
+                    // shortcut at it before reporting.
+                    self.state = WriteState::AdvancingShortcut;
+                    return Ok(Step::Issue(Verb::Write {
+                        offset: self.chase.lookup.shortcut,
+                        bytes: self.new_tail(cursor).word().to_le_bytes().to_vec(),
+                    }));
                 }
                 // Another writer linked first: chase from its entry.
                 self.chase.trail.conflicts += 1;
                 self.chase.cursor = Some(NextPointer::from_word(original));
                 self.look()
+            }
+            (WriteState::AdvancingShortcut, Outcome::Written) => {
+                let cursor = self.chase.cursor.expect("a linked write has a cursor");
+                Ok(Step::Written {
+                    tail: self.new_tail(cursor),
+                    trail: self.chase.trail,
+                })
             }
             _ => Err(ClientError::UnexpectedOutcome),
         }

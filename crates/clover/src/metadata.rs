@@ -193,6 +193,8 @@ pub struct MetadataStats {
     pub collections: u64,
     pub versions_retired: u64,
     pub slots_released: u64,
+    /// Shortcuts found naming a slot about to be reused, and moved on.
+    pub shortcuts_repaired: u64,
     pub locates: u64,
     /// The highest offset ever carved: the region's high-water mark.
     pub carved_bytes: u64,
@@ -201,6 +203,7 @@ pub struct MetadataStats {
 #[derive(Debug, Clone, Copy)]
 struct Retired {
     at: Timestamp,
+    key: u64,
     offset: u64,
     class: usize,
 }
@@ -231,6 +234,7 @@ pub struct Collection {
     pub retired: u64,
     pub released: u64,
     pub versions_walked: u64,
+    pub shortcuts_repaired: u64,
 }
 
 impl MetadataServer {
@@ -376,10 +380,11 @@ impl MetadataServer {
         memory: &mut dyn RegionAccess,
     ) -> Result<Collection, MetadataError> {
         let mut collection = Collection::default();
-        while let Some(retired) = self.quarantine.front() {
+        while let Some(&retired) = self.quarantine.front() {
             if retired.at.saturating_add(self.config.grace) > now {
                 break;
             }
+            self.repair_shortcut(&retired, memory, &mut collection)?;
             self.free[retired.class].push(retired.offset);
             self.quarantine.pop_front();
             collection.released += 1;
@@ -400,6 +405,7 @@ impl MetadataServer {
                 let class = Self::class_index(entry_length(pointer.offset(), memory)?)?;
                 self.quarantine.push_back(Retired {
                     at: now,
+                    key,
                     offset: pointer.offset(),
                     class,
                 });
@@ -414,6 +420,34 @@ impl MetadataServer {
         self.stats.versions_retired += collection.retired;
         self.stats.slots_released += collection.released;
         Ok(collection)
+    }
+
+    /// Before a retired slot is reused: a writer's shortcut WRITE that
+    /// landed after the slot was retired may name it. Writers end within
+    /// the operation deadline, which is shorter than the grace, so by now
+    /// every such WRITE has landed; a shortcut naming the slot is moved
+    /// to the key's tail.
+    fn repair_shortcut(
+        &mut self,
+        retired: &Retired,
+        memory: &mut dyn RegionAccess,
+        collection: &mut Collection,
+    ) -> Result<(), MetadataError> {
+        let shortcut_offset = self.plan.shortcut_offset(retired.key)?;
+        let mut word = [0u8; 8];
+        memory.read(shortcut_offset, &mut word)?;
+        let shortcut = NextPointer::from_word(u64::from_le_bytes(word));
+        if shortcut.is_null() || shortcut.offset() != retired.offset {
+            return Ok(());
+        }
+        let head = self.keys[retired.key as usize].head;
+        let tail = *walk(retired.key, head, memory)?
+            .last()
+            .expect("a walk has the start");
+        memory.write(shortcut_offset, &tail.word().to_le_bytes())?;
+        collection.shortcuts_repaired += 1;
+        self.stats.shortcuts_repaired += 1;
+        Ok(())
     }
 
     /// Walks every key's list, checking that it is whole: no cycle, no
@@ -484,5 +518,71 @@ fn walk(
             return Err(broken(format!("longer than {MAX_HOPS} versions")));
         }
         chain.push(next);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Links `value` after `tail` in a slot the server hands out.
+    fn append(
+        server: &mut MetadataServer,
+        memory: &mut Vec<u8>,
+        tail: NextPointer,
+        value: &[u8],
+    ) -> NextPointer {
+        let slot = server.allocate(value.len()).unwrap()[0];
+        let mut entry = vec![0; HEADER_BYTES + value.len()];
+        encode_entry(0, value, &mut entry).unwrap();
+        memory.write(slot, &entry).unwrap();
+        let pointer = NextPointer::new(slot, 0, true).unwrap();
+        memory
+            .write(tail.offset(), &pointer.word().to_le_bytes())
+            .unwrap();
+        pointer
+    }
+
+    fn shortcut(server: &MetadataServer, memory: &mut Vec<u8>) -> u64 {
+        let mut word = [0u8; 8];
+        memory
+            .read(server.plan.shortcut_offset(0).unwrap(), &mut word)
+            .unwrap();
+        NextPointer::from_word(u64::from_le_bytes(word)).offset()
+    }
+
+    /// A writer's shortcut WRITE that lands after its version was retired
+    /// names a slot in quarantine; before the slot is reused, the
+    /// collector moves the shortcut on to the tail.
+    #[test]
+    fn a_late_shortcut_naming_a_retired_slot_is_repaired_before_reuse() {
+        let grace = Duration::from_millis(1);
+        let config = MetadataConfig {
+            batch_slots: 1,
+            keep_versions: 1,
+            grace,
+        };
+        let plan = RegionPlan::new(1, 1 << 16).unwrap();
+        let mut server = MetadataServer::new(plan, config).unwrap();
+        let mut memory = vec![0u8; 1 << 16];
+        let first = server.load(0, b"version zero....", &mut memory).unwrap();
+        let second = append(&mut server, &mut memory, first, b"version one.....");
+        let third = append(&mut server, &mut memory, second, b"version two.....");
+        let at = Timestamp::from_nanos;
+        let collection = server.collect(at(0), &mut memory).unwrap();
+        assert_eq!(collection.retired, 2);
+        assert_eq!(shortcut(&server, &mut memory), third.offset());
+        // The writer of `second` advances the shortcut late.
+        let late = second.word().to_le_bytes();
+        memory
+            .write(server.plan.shortcut_offset(0).unwrap(), &late)
+            .unwrap();
+        let released = server
+            .collect(at(grace.as_nanos() as u64 + 1), &mut memory)
+            .unwrap();
+        assert_eq!(released.released, 2);
+        assert_eq!(released.shortcuts_repaired, 1);
+        assert_eq!(shortcut(&server, &mut memory), third.offset());
+        assert_eq!(server.stats().shortcuts_repaired, 1);
     }
 }

@@ -17,7 +17,7 @@ use std::collections::{HashMap, HashSet};
 
 const KEY: u64 = 42;
 const FIRST: u64 = 64;
-/// The key's shortcut word, which names the first version throughout.
+/// The key's shortcut word: writers move it to their entries.
 const SHORTCUT: u64 = 8;
 
 fn lookup(cached: NextPointer) -> Lookup {
@@ -320,4 +320,33 @@ fn an_entry_of_another_key_in_the_chain_is_a_broken_list() {
         read.handle(region.execute(verb)),
         Err(ClientError::WrongKey { .. })
     ));
+}
+
+/// A linked write points the key's shortcut at its entry before it
+/// reports, so a reader with no cached location starts at the tail.
+#[test]
+fn a_linked_write_moves_the_shortcut_to_its_entry() {
+    let mut region = Region(vec![0; 1 << 16]);
+    encode_entry(KEY, b"initial!", &mut region.0[FIRST as usize..]).unwrap();
+    let first = NextPointer::new(FIRST, 0, true).unwrap();
+    region.0[SHORTCUT as usize..][..8].copy_from_slice(&first.word().to_le_bytes());
+    let slot = FIRST + size_class(16).unwrap() as u64;
+    let mut machine = WriteOperation::new(lookup(first), &value_of(0, 1), slot).unwrap();
+    let mut step = machine.start();
+    let mut verbs = 0;
+    let tail = loop {
+        match step {
+            Step::Issue(verb) => {
+                verbs += 1;
+                step = machine.handle(region.execute(verb)).unwrap();
+            }
+            Step::Written { tail, .. } => break tail,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    // The entry, the CAS, the shortcut.
+    assert_eq!(verbs, 3);
+    assert_eq!(tail.offset(), slot);
+    let shortcut = u64::from_le_bytes(region.0[SHORTCUT as usize..][..8].try_into().unwrap());
+    assert_eq!(NextPointer::from_word(shortcut).offset(), slot);
 }
