@@ -18,7 +18,7 @@ pub const SETUP_DIFFERENCES: [&str; 5] = [
     "The programmable switch is Remora's software switch, not a Tofino ASIC: its per-packet cost is CPU time, not a fixed pipeline latency.",
     "The benchmarks ran on the machine named in each section (2 logical CPUs here, shared and noisy) where the papers used multi-core servers and 25–100 Gb/s links; absolute figures differ, so the targets are ratios measured side by side in one run, and medians are quoted.",
     "SmartNIC and DPU cores (SODA's DPU, TIGA's SoC cores) are virtual: their speed is calibrated from real runs of the real code on this machine, and each benchmark's configuration carries that calibration.",
-    "Simulated runs use the simulator's ideal NIC, which charges link time but no NIC processing, PCIe crossing or atomic serialization.",
+    "Simulated runs use the simulator's ideal NIC, which charges link time but no NIC processing, PCIe crossing or atomic serialization, except the variants marked ConnectX-5, whose NICs charge a hardware profile's costs, each cited from a published measurement (crates/host/profiles/cx5.toml).",
 ];
 
 /// Why a page could not be made.
