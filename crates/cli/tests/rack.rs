@@ -587,6 +587,8 @@ fn bench_cowbird_quick_writes_every_variant_and_the_ratios_as_json() {
             "app_cpu_per_op_spot_vs_async",
             "p4_vs_local_compute_bound",
             "p4_vs_spot_probe",
+            "simulated_p4_vs_spot_ideal",
+            "simulated_p4_vs_spot_cx5",
         ],
     );
     for case in ["probe", "compute_bound"] {
@@ -594,6 +596,9 @@ fn bench_cowbird_quick_writes_every_variant_and_the_ratios_as_json() {
             let name = format!("{case}_{variant}");
             assert!(variants.contains(&name), "no {name}");
         }
+    }
+    for variant in ["simulated_spot_ideal", "simulated_p4_cx5"] {
+        assert!(variants.iter().any(|name| name == variant), "no {variant}");
     }
 }
 

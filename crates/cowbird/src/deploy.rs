@@ -271,14 +271,15 @@ pub fn deploy_p4(
     let mtu = switch.config().path_mtu;
     // The switch keeps up to a window of PSNs in flight on each queue
     // pair; the hosts remember as many READs for replays as they can (an
-    // older duplicate goes unanswered, and a later answer settles it).
+    // older duplicate goes unanswered, and a later answer settles it), up
+    // to what their device allows (a ConnectX-5 remembers 16).
     let depth = (impersonated::WINDOW_PACKETS as usize).min(MAX_DESTINATION_READ_ATOMIC);
     let builder = |rnic: &mut SoftRnic, pd| -> Result<QueuePairBuilder, VerbsError> {
         let queue = rnic.create_completion_queue(4)?;
         let mut builder = QueuePairBuilder::new(pd, queue, queue);
         builder.timeout = spec.ack_timeout;
         builder.path_mtu = mtu;
-        builder.max_destination_read_atomic = depth;
+        builder.max_destination_read_atomic = depth.min(rnic.config().max_read_atomic);
         Ok(builder)
     };
     let compute_builder = builder(compute, compute_pd)?;

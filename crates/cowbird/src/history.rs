@@ -19,6 +19,7 @@ use crate::spot::SpotConfig;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use remora_base::Timestamp;
+use remora_host::hardware::NicHardware;
 use remora_host::{Agent, AgentError, Progress};
 use remora_rnic::{HostMemory, HostMemoryOutOfBounds, Verbs};
 use remora_sim::LinkFaults;
@@ -83,6 +84,9 @@ pub struct Workload {
     /// Spot reads are exact unless the scenario lets the engine redo
     /// them (a crash, a reconnection); P4 reads may always be redone.
     pub spot_reads: ReadCheck,
+    /// The simulated NICs' hardware (the embedded rack's are what they
+    /// are).
+    pub hardware: NicHardware,
 }
 
 impl Workload {
@@ -122,6 +126,7 @@ impl Workload {
             spot: SpotConfig::DEFAULT,
             p4: P4Config::rack_default(),
             spot_reads: ReadCheck::AtIssue,
+            hardware: NicHardware::Ideal,
         }
     }
 }

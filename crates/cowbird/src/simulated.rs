@@ -97,6 +97,6 @@ pub fn run_with(
     }
     let total = workload.operations_per_thread * workload.threads as u64;
     let limit = Duration::from_nanos(total * 20_000_000 + 1_000_000_000);
-    let stage = SimulatedStage::new(seed, &topology, seed);
+    let stage = SimulatedStage::with_hardware(seed, &topology, seed, workload.hardware);
     histories(stage, seed, workload, disruption, limit).map_err(|error| RunError { seed, error })
 }

@@ -210,3 +210,18 @@ fn a_replayed_batch_lands_its_writes_before_its_reads() {
         assert_eq!(outcome.completed, 1200, "seed {seed}");
     }
 }
+
+/// On simulated ConnectX-5 NICs (frames held in the NIC's pipeline,
+/// READs behind PCIe, 16 READs outstanding per queue pair), Spot's
+/// histories stay exact under loss.
+#[test]
+fn spot_histories_are_exact_on_connectx5_hardware_under_loss() {
+    for seed in 30..33 {
+        let workload = Workload {
+            hardware: remora_host::hardware::NicHardware::Cx5,
+            ..Workload::new(lossy(Probability::literal(0.01)))
+        };
+        let outcome = run(seed, &workload).unwrap();
+        assert_eq!(outcome.completed, 1200);
+    }
+}

@@ -121,3 +121,18 @@ fn a_go_back_never_redoes_a_confirmed_request() {
     let stats = outcome.switch_engine.expect("the switch was the engine");
     assert!(stats.skipped_confirmed > 0, "{stats:?}");
 }
+
+/// On simulated ConnectX-5 NICs, whose queue pairs remember only 16 READs
+/// for replay, the switch's Go-Back-N still completes every request under
+/// loss with every read exact.
+#[test]
+fn p4_completes_every_request_on_connectx5_hardware_under_loss() {
+    for seed in 40..43 {
+        let workload = Workload {
+            hardware: remora_host::hardware::NicHardware::Cx5,
+            ..p4(lossy(Probability::literal(0.01)))
+        };
+        let outcome = run(seed, &workload).unwrap();
+        assert_eq!(outcome.completed, 1200);
+    }
+}

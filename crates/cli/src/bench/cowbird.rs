@@ -21,6 +21,7 @@ use remora_cowbird::hash_table::TableSpec;
 use remora_cowbird::layout::RingSizes;
 use remora_cowbird::p4::P4Config;
 use remora_cowbird::spot::SpotConfig;
+use remora_host::hardware::NicHardware;
 use remora_rack::RackConfig;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -218,6 +219,46 @@ pub enum CowbirdBenchError {
     Run(#[from] remora_cowbird::embedded::EmbeddedError),
     #[error("progress bar template: {0}")]
     Progress(#[from] indicatif::style::TemplateError),
+    #[error("the simulated runs: {0}")]
+    Simulated(#[from] remora_cowbird::simulated::RunError),
+}
+
+/// Cowbird's checked mixed workload in the simulator, on ideal and on
+/// ConnectX-5 NICs side by side, both engines (issue 20). Rates are
+/// requests per second of simulated time, medians over seeds.
+fn simulated_runs(quick: bool, report: &mut Report) -> Result<(), CowbirdBenchError> {
+    use remora_cowbird::simulated::{run, Engine, Workload};
+    let seeds: u64 = if quick { 3 } else { 5 };
+    // The simulated stage reports elapsed time in steps of 100 µs: runs
+    // of several milliseconds keep that under a few percent.
+    let operations_per_thread = if quick { 3_000 } else { 10_000 };
+    println!("\nin the simulator (simulated time, medians of {seeds} seeds):");
+    for hardware in NicHardware::ALL {
+        let mut rates = BTreeMap::new();
+        for (name, engine) in [("spot", Engine::Spot), ("p4", Engine::P4)] {
+            let workload = Workload {
+                engine,
+                hardware,
+                operations_per_thread,
+                ..Workload::new(remora_sim::LinkFaults::NONE)
+            };
+            let mut per_seed = Vec::new();
+            for seed in 0..seeds {
+                let outcome = run(seed, &workload)?;
+                per_seed.push(outcome.completed as f64 / outcome.elapsed.as_secs_f64());
+            }
+            let rate = median(&mut per_seed);
+            let variant = format!("simulated_{name}_{}", hardware.name());
+            println!("  {variant:<24} {rate:>12.0} requests/s");
+            report.add(&variant, "requests_per_second", rate, "requests/s");
+            rates.insert(name, rate);
+        }
+        report.ratios.insert(
+            format!("simulated_p4_vs_spot_{}", hardware.name()),
+            serde_json::json!(rates["p4"] / rates["spot"]),
+        );
+    }
+    Ok(())
 }
 
 pub fn run(quick: bool, settings: &Settings) -> Result<Report, CowbirdBenchError> {
@@ -363,6 +404,7 @@ pub fn run(quick: bool, settings: &Settings) -> Result<Report, CowbirdBenchError
         "local_probe_operations_per_second",
         median(&mut local_probe_rates),
     );
+    simulated_runs(quick, &mut report)?;
     Ok(report)
 }
 
