@@ -216,6 +216,28 @@ fn two_hundred_failover_seeds_keep_every_call_exactly_once() {
     assert_eq!(report.passed, 200);
 }
 
+/// The same crash campaign on simulated ConnectX-5 NICs (frames held in
+/// the NIC's pipeline, DSM READs behind PCIe): every call still runs
+/// exactly once through failover, a chain's crash and the caller's.
+#[test]
+fn failover_seeds_keep_every_call_exactly_once_on_connectx5_hardware() {
+    use remora_base::Probability;
+    use remora_bifrost::rpc::scenario::{crash_campaign, Network};
+    use remora_host::hardware::NicHardware;
+    use remora_sim::LinkFaults;
+    let network = Network {
+        faults: LinkFaults {
+            loss: Probability::literal(0.05),
+            duplicate: Probability::literal(0.02),
+            ..LinkFaults::NONE
+        },
+        hardware: NicHardware::Cx5,
+    };
+    let report = crash_campaign(3000, 40, network, |_, _| {});
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert_eq!(report.passed, 40);
+}
+
 /// The `bifrost_gatekeeper` fuzz target's seeds replay through its
 /// harness: a routed call leaves the switch, a truncated one does not.
 #[test]

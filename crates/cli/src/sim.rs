@@ -50,6 +50,10 @@ pub struct BifrostArgs {
     /// Probability a frame is delivered twice.
     #[arg(long, value_parser = probability, default_value = "0.02")]
     duplicate: Probability,
+    /// The simulated NICs' hardware profile: ideal (no NIC costs) or cx5
+    /// (a ConnectX-5's pipeline, message rate, PCIe and atomic costs).
+    #[arg(long, default_value = "ideal")]
+    hardware: NicHardware,
     /// Write `{seeds, passed, violations, ...}` as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -190,18 +194,23 @@ fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, SimError> {
     };
     let progress = seed_progress(count);
     let mut failed = 0u64;
-    let report = crash_campaign(first_seed, count, faults, |_, passed| {
+    let network = remora_bifrost::rpc::scenario::Network {
+        faults,
+        hardware: args.hardware,
+    };
+    let report = crash_campaign(first_seed, count, network, |_, passed| {
         failed += u64::from(!passed);
         progress.set_message(format!("{failed} failed"));
         progress.inc(1);
     });
     progress.finish_and_clear();
     println!(
-        "bifrost crash campaign (failover, a chain's middle, the head caller): seeds {}..{} loss {} duplicate {}",
+        "bifrost crash campaign (failover, a chain's middle, the head caller): seeds {}..{} loss {} duplicate {} hardware {}",
         first_seed,
         first_seed + count,
         args.loss,
-        args.duplicate
+        args.duplicate,
+        args.hardware.name()
     );
     println!(
         "  seeds passed         {:>10} of {}",
@@ -231,8 +240,11 @@ fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, SimError> {
             violation.seed, violation.error
         );
         println!(
-            "  replay: remora sim bifrost --seed {} --loss {} --duplicate {}",
-            violation.seed, args.loss, args.duplicate
+            "  replay: remora sim bifrost --seed {} --loss {} --duplicate {} --hardware {}",
+            violation.seed,
+            args.loss,
+            args.duplicate,
+            args.hardware.name()
         );
     }
     if let Some(path) = &args.json {

@@ -9,6 +9,7 @@
 use super::agents::{ClientAgent, ControlAgent, ServerAgent};
 use super::{callee_at, Callee, Caller, RpcError, Service};
 use crate::rpc::Outcome;
+use remora_host::hardware::NicHardware;
 use remora_rack::scenario::{Rack, RackStage, SimulatedStage};
 use remora_rack::topology::{LinkSpec, Topology, COMPUTE_HOST, MEMORY_HOST};
 use remora_rack::RackError;
@@ -86,6 +87,30 @@ pub enum ScenarioError {
     Acl(#[from] crate::gatekeeper::audit::AclViolation),
 }
 
+/// The network a scenario runs on: its links' faults and its NICs'
+/// hardware. Link faults alone are a network of ideal NICs.
+#[derive(Debug, Clone, Copy)]
+pub struct Network {
+    pub faults: LinkFaults,
+    pub hardware: NicHardware,
+}
+
+impl From<LinkFaults> for Network {
+    fn from(faults: LinkFaults) -> Network {
+        Network {
+            faults,
+            hardware: NicHardware::Ideal,
+        }
+    }
+}
+
+/// The simulator's stage for `topology`: every link with the network's
+/// faults, every NIC with its hardware.
+fn stage_on(seed: u64, topology: &mut Topology, network: Network) -> SimulatedStage {
+    every_link_with(topology, network.faults);
+    SimulatedStage::with_hardware(seed, topology, seed, network.hardware)
+}
+
 /// Every host's link gets `faults`.
 fn every_link_with(topology: &mut Topology, faults: LinkFaults) {
     for host in 0..topology.hosts().len() {
@@ -102,12 +127,12 @@ fn every_link_with(topology: &mut Topology, faults: LinkFaults) {
 /// Runs `calls` calls, 8 at a time, and checks exactly-once.
 pub fn exactly_once(
     seed: u64,
-    faults: LinkFaults,
+    network: impl Into<Network>,
     calls: u64,
 ) -> Result<ExactlyOnce, ScenarioError> {
+    let network: Network = network.into();
     let mut topology = Topology::compute_and_memory();
-    every_link_with(&mut topology, faults);
-    let mut stage = SimulatedStage::new(seed, &topology, seed);
+    let mut stage = stage_on(seed, &mut topology, network);
     stage.add_agent(
         MEMORY_HOST,
         Box::new(ServerAgent::new(Callee::new(Box::new(Counter(0))))),
@@ -272,12 +297,13 @@ pub const REPLACEMENT_START: Duration = Duration::from_micros(500);
 /// Checks that every call took effect exactly once.
 pub fn failover(
     seed: u64,
-    faults: LinkFaults,
+    network: impl Into<Network>,
     calls: u64,
     crash_after: u64,
     heartbeat_timeout: Duration,
 ) -> Result<Failover, ScenarioError> {
-    failover_with(seed, faults, (calls, crash_after), heartbeat_timeout, None)
+    let network: Network = network.into();
+    failover_with(seed, network, (calls, crash_after), heartbeat_timeout, None)
 }
 
 /// [`failover`], with every `share_fate_every`-th call sharing its
@@ -289,19 +315,19 @@ pub fn failover(
 /// that failed with the node (it may have run before the failure).
 pub fn failover_with(
     seed: u64,
-    faults: LinkFaults,
+    network: impl Into<Network>,
     (calls, crash_after): (u64, u64),
     heartbeat_timeout: Duration,
     share_fate_every: Option<u64>,
 ) -> Result<Failover, ScenarioError> {
+    let network: Network = network.into();
     use crate::gatekeeper::{Gatekeeper, GatekeeperConfig, NodeKind};
     use remora_rack::topology::{standard_host, HostSpec, Role};
     use remora_switch::programs::overlay::Overlaid;
     let mut topology = Topology::compute_and_memory();
     let (mac, address) = standard_host(SPARE_HOST);
     topology.add_host(HostSpec::new("spare", Role::Compute, mac, address))?;
-    every_link_with(&mut topology, faults);
-    let mut stage = SimulatedStage::new(seed, &topology, seed);
+    let mut stage = stage_on(seed, &mut topology, network);
     let service = remora_wire::datagram::DatagramEnd {
         mac: topology.switch_mac,
         address: SERVICE_ADDRESS,
@@ -478,10 +504,11 @@ pub const SPARE_MIDDLE_HOST: usize = 3;
 /// effect once at the tail.
 pub fn chain_replaced(
     seed: u64,
-    faults: LinkFaults,
+    network: impl Into<Network>,
     calls: u64,
     crash_after: u64,
 ) -> Result<Chain, ScenarioError> {
+    let network: Network = network.into();
     use super::chain::RelayAgent;
     use crate::gatekeeper::{Gatekeeper, GatekeeperConfig, NodeKind};
     use remora_rack::topology::{standard_host, HostSpec, Role};
@@ -491,8 +518,7 @@ pub fn chain_replaced(
         let (mac, address) = standard_host(host);
         topology.add_host(HostSpec::new(name, Role::Compute, mac, address))?;
     }
-    every_link_with(&mut topology, faults);
-    let mut stage = SimulatedStage::new(seed, &topology, seed);
+    let mut stage = stage_on(seed, &mut topology, network);
     stage.add_agent(
         TAIL_HOST,
         Box::new(ServerAgent::new(Callee::new(Box::new(Counter(0))))),
@@ -576,16 +602,16 @@ pub struct CallerCrash {
 /// the client delivered each outcome once.
 pub fn caller_crash(
     seed: u64,
-    faults: LinkFaults,
+    network: impl Into<Network>,
     calls: u64,
     crash_after: u64,
     down_for: Duration,
 ) -> Result<CallerCrash, ScenarioError> {
+    let network: Network = network.into();
     use crate::gatekeeper::{Gatekeeper, GatekeeperConfig, NodeKind};
     use remora_switch::programs::overlay::Overlaid;
     let mut topology = Topology::compute_and_memory();
-    every_link_with(&mut topology, faults);
-    let mut stage = SimulatedStage::new(seed, &topology, seed);
+    let mut stage = stage_on(seed, &mut topology, network);
     let server = ServerAgent::new(Callee::new(Box::new(Counter(0))));
     stage.add_agent(MEMORY_HOST, Box::new(server));
     let service = remora_wire::datagram::DatagramEnd {
@@ -713,9 +739,10 @@ pub const ACL_EVENTS_PER_SEED: usize = 400;
 pub fn crash_campaign(
     first_seed: u64,
     count: u64,
-    faults: LinkFaults,
+    network: impl Into<Network>,
     mut each: impl FnMut(u64, bool),
 ) -> CampaignReport {
+    let network: Network = network.into();
     let mut report = CampaignReport {
         first_seed,
         seeds: count,
@@ -734,7 +761,7 @@ pub fn crash_campaign(
         let timeout = Duration::from_millis(1);
         let outcome = failover_with(
             seed,
-            faults,
+            network,
             (calls, crash_after),
             timeout,
             share_fate_every,
@@ -743,14 +770,14 @@ pub fn crash_campaign(
             // Even seeds restart the middle in place; odd ones replace it
             // on another host.
             let chain = if seed % 2 == 0 {
-                chain(seed, faults, calls / 2, Some(middle_crash))
+                chain(seed, network, calls / 2, Some(middle_crash))
             } else {
-                chain_replaced(seed, faults, calls / 2, crash_after / 2)
+                chain_replaced(seed, network, calls / 2, crash_after / 2)
             };
             chain.map(|chain| (failover, chain))
         })
         .and_then(|(failover, chain)| {
-            caller_crash(seed, faults, calls / 2, crash_after / 2, caller_down)
+            caller_crash(seed, network, calls / 2, crash_after / 2, caller_down)
                 .map(|caller| (failover, chain, caller))
         })
         .and_then(|runs| {
@@ -816,17 +843,17 @@ pub struct MiddleCrash {
 /// exactly the counts 1..=calls.
 pub fn chain(
     seed: u64,
-    faults: LinkFaults,
+    network: impl Into<Network>,
     calls: u64,
     crash: Option<MiddleCrash>,
 ) -> Result<Chain, ScenarioError> {
+    let network: Network = network.into();
     use super::chain::RelayAgent;
     use remora_rack::topology::{standard_host, HostSpec, Role};
     let mut topology = Topology::compute_and_memory();
     let (mac, address) = standard_host(TAIL_HOST);
     topology.add_host(HostSpec::new("tail", Role::Compute, mac, address))?;
-    every_link_with(&mut topology, faults);
-    let mut stage = SimulatedStage::new(seed, &topology, seed);
+    let mut stage = stage_on(seed, &mut topology, network);
     stage.add_agent(
         TAIL_HOST,
         Box::new(ServerAgent::new(Callee::new(Box::new(Counter(0))))),
