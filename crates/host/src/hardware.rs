@@ -45,9 +45,20 @@ impl NicHardware {
         }
     }
 
-    /// Its profile, checked.
+    /// Its profile, checked; each compiled-in file is parsed once per
+    /// process, not once per simulated host.
     pub fn profile(self) -> HardwareProfile {
-        HardwareProfile::named(self.name()).expect("compiled-in profiles are checked by tests")
+        static PARSED: std::sync::OnceLock<Vec<HardwareProfile>> = std::sync::OnceLock::new();
+        let parsed = PARSED.get_or_init(|| {
+            NicHardware::ALL
+                .iter()
+                .map(|hardware| {
+                    HardwareProfile::named(hardware.name())
+                        .expect("compiled-in profiles are checked by tests")
+                })
+                .collect()
+        });
+        parsed[self as usize].clone()
     }
 }
 

@@ -64,6 +64,11 @@ impl Host {
     ) -> Host {
         config.max_read_atomic = profile.max_read_atomic.value as usize;
         let pipeline = (!profile.is_free()).then(|| NicPipeline::new(profile));
+        // Only a pipeline's frames pass through the host's own buffer.
+        let transmit_buffer = match pipeline {
+            Some(_) => vec![0; remora_sim::FRAME_BUFFER_BYTES],
+            None => Vec::new(),
+        };
         Host {
             name: name.into(),
             nic: SoftRnic::new(config.clone()),
@@ -74,7 +79,7 @@ impl Host {
             crashes: 0,
             ports: Ports::UPLINK_ONLY,
             pipeline,
-            transmit_buffer: vec![0; remora_sim::FRAME_BUFFER_BYTES],
+            transmit_buffer,
         }
     }
 

@@ -392,8 +392,9 @@ impl Probe {
                 let work_request_id = (now << 8) | index as u64;
                 // A WRITE carries its post time: the watcher at the far
                 // end times its arrival.
-                let stamp = now.to_le_bytes();
-                nic.write_local(self.local.lkey, self.local.address, &stamp)?;
+                if self.operation == Operation::Write {
+                    nic.write_local(self.local.lkey, self.local.address, &now.to_le_bytes())?;
+                }
                 let request = self
                     .operation
                     .request(work_request_id, &self.local, self.remote);

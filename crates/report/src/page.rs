@@ -284,19 +284,23 @@ fn points_text(series: &DrawnSeries) -> String {
     escape(&points.join(", "))
 }
 
+/// A JSON object's fields as table rows, strings bare and other values
+/// as JSON (nothing for a value that is not an object).
+fn push_rows(html: &mut String, object: &Value) {
+    for (key, value) in object.as_object().into_iter().flatten() {
+        let text = value.as_str().map_or(value.to_string(), str::to_string);
+        let _ = write!(
+            html,
+            "<tr><th>{}</th><td>{}</td></tr>",
+            escape(key),
+            escape(&text)
+        );
+    }
+}
+
 fn configuration_and_host(json: &Value) -> String {
     let mut html = String::from("<h3>Configuration and host</h3><table class=\"host\">");
-    if let Some(host) = json["host"].as_object() {
-        for (key, value) in host {
-            let text = value.as_str().map_or(value.to_string(), str::to_string);
-            let _ = write!(
-                html,
-                "<tr><th>{}</th><td>{}</td></tr>",
-                escape(key),
-                escape(&text)
-            );
-        }
-    }
+    push_rows(&mut html, &json["host"]);
     let config = serde_json::to_string_pretty(&json["config"]).unwrap_or_default();
     let _ = write!(
         html,
@@ -413,15 +417,7 @@ fn demo_system(name: &str, step: &Value) -> String {
     }
     for variant in step["variants"].as_array().into_iter().flatten() {
         html.push_str("<table class=\"host\">");
-        for (key, value) in variant.as_object().into_iter().flatten() {
-            let text = value.as_str().map_or(value.to_string(), str::to_string);
-            let _ = write!(
-                html,
-                "<tr><th>{}</th><td>{}</td></tr>",
-                escape(key),
-                escape(&text)
-            );
-        }
+        push_rows(&mut html, variant);
         html.push_str("</table>");
     }
     html.push_str("</section>");

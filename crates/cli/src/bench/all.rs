@@ -39,7 +39,7 @@ pub fn run(args: &AllArgs) -> Result<ExitCode, BenchError> {
     for benchmark in benchmarks {
         progress.set_message(benchmark.name());
         match run_one(benchmark, args.quick) {
-            Ok(path) => results.push(remora_report::results::read(&path)?),
+            Ok(saved) => results.push(saved),
             Err(error) => {
                 progress.println(format!("{}: FAILED: {error}", benchmark.name()));
                 failures.push(benchmark.name());
@@ -66,7 +66,7 @@ pub fn run(args: &AllArgs) -> Result<ExitCode, BenchError> {
 fn run_one(
     benchmark: &'static dyn super::entry::Benchmark,
     quick: bool,
-) -> Result<PathBuf, BenchError> {
+) -> Result<remora_report::results::BenchResult, BenchError> {
     let mut arguments = vec![benchmark.name()];
     if quick {
         arguments.push("--quick");

@@ -99,7 +99,7 @@ pub fn run(command: BenchCommand) -> Result<ExitCode, BenchError> {
         println!("\nwrote {}", path.display());
     }
     match save(&report) {
-        Ok(path) => println!("saved in the results directory as {}", path.display()),
+        Ok(saved) => println!("saved in the results directory as {}", saved.path.display()),
         // The run is not lost when --json wrote it elsewhere.
         Err(error) if json.is_some() => {
             eprintln!("warning: not saved in the results directory: {error}")
@@ -111,12 +111,13 @@ pub fn run(command: BenchCommand) -> Result<ExitCode, BenchError> {
 
 /// Saves a run in the results directory, where `remora report` finds the
 /// latest of each benchmark.
-pub fn save(report: &report::Report) -> Result<std::path::PathBuf, BenchError> {
+pub fn save(report: &report::Report) -> Result<remora_report::results::BenchResult, BenchError> {
     let json = serde_json::to_value(report).map_err(crate::output::OutputError::Encode)?;
     let directory = remora_report::results::directory()?;
-    Ok(remora_report::results::save(
-        &directory,
-        &report.bench,
-        &json,
-    )?)
+    let path = remora_report::results::save(&directory, &report.bench, &json)?;
+    Ok(remora_report::results::BenchResult {
+        bench: report.bench.clone(),
+        path,
+        json,
+    })
 }
