@@ -7,22 +7,15 @@
 use crate::harness::{topology, HarnessError};
 pub use crate::harness::{Run, SwitchChoice};
 pub use crate::scenario::Outcome;
-use remora_rack::scenario::SimulatedStage;
-use remora_rack::topology::LinkSpec;
+use remora_rack::scenario::{Network, SimulatedStage};
 
 /// Runs one configuration; errors name what went wrong.
 pub fn run(seed: u64, run: &Run) -> Result<Outcome, HarnessError> {
     let _span = tracing::info_span!("clover_simulated", seed, switch = ?run.switch).entered();
-    let mut topology = topology();
-    for host in 0..topology.hosts().len() {
-        topology.set_link(
-            host,
-            LinkSpec {
-                shape: None,
-                faults: run.faults,
-            },
-        );
-    }
-    let stage = SimulatedStage::with_hardware(seed, &topology, seed, run.hardware);
+    let network = Network {
+        faults: run.faults,
+        hardware: run.hardware,
+    };
+    let stage = SimulatedStage::on_network(seed, &topology(), network);
     crate::scenario::run(stage, seed, run)
 }

@@ -13,8 +13,8 @@ pub use crate::history::{Engine, ReadCheck, Workload};
 use crate::p4::P4Config;
 use crate::scenario::{histories, ScenarioError};
 pub use crate::scenario::{Disruption, Outcome};
-use remora_rack::scenario::SimulatedStage;
-use remora_rack::topology::{LinkSpec, Topology, COMPUTE_HOST, MEMORY_HOST};
+use remora_rack::scenario::{Network, SimulatedStage};
+use remora_rack::topology::Topology;
 use remora_sim::{LinkFaults, Probability};
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use std::time::Duration;
@@ -85,18 +85,12 @@ pub fn run_with(
     disruption: Option<Disruption>,
 ) -> Result<Outcome, RunError> {
     let _span = tracing::info_span!("cowbird_simulated", seed, engine = ?workload.engine).entered();
-    let mut topology = topology();
-    for host in [COMPUTE_HOST, MEMORY_HOST] {
-        topology.set_link(
-            host,
-            LinkSpec {
-                shape: None,
-                faults: workload.faults,
-            },
-        );
-    }
+    let network = Network {
+        faults: workload.faults,
+        hardware: workload.hardware,
+    };
     let total = workload.operations_per_thread * workload.threads as u64;
     let limit = Duration::from_nanos(total * 20_000_000 + 1_000_000_000);
-    let stage = SimulatedStage::with_hardware(seed, &topology, seed, workload.hardware);
+    let stage = SimulatedStage::on_network(seed, &topology(), network);
     histories(stage, seed, workload, disruption, limit).map_err(|error| RunError { seed, error })
 }

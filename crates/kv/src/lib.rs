@@ -27,6 +27,7 @@ pub mod index;
 pub mod log;
 pub mod record;
 pub mod resp;
+pub mod scenario;
 pub mod store;
 pub mod update;
 pub mod ycsb;

@@ -51,6 +51,12 @@ pub fn log_capacity_bytes(device_bytes: u64, page_bits: u32) -> u64 {
     device_bytes.saturating_sub(CHECKPOINT_AREA_BYTES) >> page_bits << page_bits
 }
 
+/// Where a device keeps `address` of a log whose ring holds
+/// `log_capacity_bytes` (see [`log_capacity_bytes`]).
+pub fn ring_offset(address: LogAddress, log_capacity_bytes: u64) -> u64 {
+    CHECKPOINT_AREA_BYTES + address.value() % log_capacity_bytes
+}
+
 /// How many pages and which of them stay mutable.
 #[derive(Debug, Clone, Copy)]
 pub struct LogShape {
@@ -195,7 +201,7 @@ impl HybridLog {
     /// Where the device keeps `address`: past the checkpoint records, a
     /// ring over the log.
     pub fn device_offset(&self, address: LogAddress) -> u64 {
-        CHECKPOINT_AREA_BYTES + address.value() % self.device_capacity_bytes
+        ring_offset(address, self.device_capacity_bytes)
     }
 
     /// Reserves `bytes` at the tail. `Ok(None)` means the next page's

@@ -14,13 +14,13 @@
 use crate::assembly::{CpuAccount, EmbeddedRack, StagedRack};
 use crate::endpoint::{lock, Shared, SwitchEndpoint};
 use crate::simulated::SimulatedRack;
-use crate::topology::Topology;
+use crate::topology::{LinkSpec, Topology};
 use crate::RackError;
 use remora_base::Timestamp;
 use remora_host::hardware::NicHardware;
 use remora_host::{Agent, Host};
 use remora_rnic::{RnicConfig, SoftRnic};
-use remora_sim::Event;
+use remora_sim::{Event, LinkFaults};
 use remora_switch::{Program, Switch, SwitchConfig};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -117,6 +117,37 @@ pub trait Rack {
     fn heal(&mut self, host: usize);
 }
 
+/// The network a simulated scenario runs on: its links' faults and its
+/// NICs' hardware. Link faults alone are a network of ideal NICs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Network {
+    pub faults: LinkFaults,
+    pub hardware: NicHardware,
+}
+
+impl Network {
+    /// Clean links, ideal NICs.
+    pub const CLEAN: Network = Network {
+        faults: LinkFaults::NONE,
+        hardware: NicHardware::Ideal,
+    };
+}
+
+impl Default for Network {
+    fn default() -> Network {
+        Network::CLEAN
+    }
+}
+
+impl From<LinkFaults> for Network {
+    fn from(faults: LinkFaults) -> Network {
+        Network {
+            faults,
+            hardware: NicHardware::Ideal,
+        }
+    }
+}
+
 /// The simulator's stage: the topology's hosts as simulator hosts.
 pub struct SimulatedStage {
     seed: u64,
@@ -129,6 +160,21 @@ impl SimulatedStage {
     /// `nic_seed`.
     pub fn new(seed: u64, topology: &Topology, nic_seed: u64) -> SimulatedStage {
         SimulatedStage::with_hardware(seed, topology, nic_seed, NicHardware::Ideal)
+    }
+
+    /// `topology` on `network`: every host's link to the switch with its
+    /// faults (shapes as the topology has them), every NIC with its
+    /// hardware, each seeded by `seed`.
+    pub fn on_network(seed: u64, topology: &Topology, network: Network) -> SimulatedStage {
+        let mut topology = topology.clone();
+        for host in 0..topology.hosts().len() {
+            let link = LinkSpec {
+                faults: network.faults,
+                ..topology.host(host).link
+            };
+            topology.set_link(host, link);
+        }
+        SimulatedStage::with_hardware(seed, &topology, seed, network.hardware)
     }
 
     /// The same, with every NIC charging `hardware`'s costs.

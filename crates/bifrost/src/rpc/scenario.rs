@@ -9,11 +9,9 @@
 use super::agents::{ClientAgent, ControlAgent, ServerAgent};
 use super::{callee_at, Callee, Caller, RpcError, Service};
 use crate::rpc::Outcome;
-use remora_host::hardware::NicHardware;
 use remora_rack::scenario::{Rack, RackStage, SimulatedStage};
-use remora_rack::topology::{LinkSpec, Topology, COMPUTE_HOST, MEMORY_HOST};
+use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
 use remora_rack::RackError;
-use remora_sim::LinkFaults;
 use remora_wire::bifrost::GlobalAddress;
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -87,41 +85,11 @@ pub enum ScenarioError {
     Acl(#[from] crate::gatekeeper::audit::AclViolation),
 }
 
-/// The network a scenario runs on: its links' faults and its NICs'
-/// hardware. Link faults alone are a network of ideal NICs.
-#[derive(Debug, Clone, Copy)]
-pub struct Network {
-    pub faults: LinkFaults,
-    pub hardware: NicHardware,
-}
+pub use remora_rack::scenario::Network;
 
-impl From<LinkFaults> for Network {
-    fn from(faults: LinkFaults) -> Network {
-        Network {
-            faults,
-            hardware: NicHardware::Ideal,
-        }
-    }
-}
-
-/// The simulator's stage for `topology`: every link with the network's
-/// faults, every NIC with its hardware.
-fn stage_on(seed: u64, topology: &mut Topology, network: Network) -> SimulatedStage {
-    every_link_with(topology, network.faults);
-    SimulatedStage::with_hardware(seed, topology, seed, network.hardware)
-}
-
-/// Every host's link gets `faults`.
-fn every_link_with(topology: &mut Topology, faults: LinkFaults) {
-    for host in 0..topology.hosts().len() {
-        topology.set_link(
-            host,
-            LinkSpec {
-                faults,
-                ..LinkSpec::CLEAN
-            },
-        );
-    }
+/// The simulator's stage for `topology` on `network`.
+fn stage_on(seed: u64, topology: &Topology, network: Network) -> SimulatedStage {
+    SimulatedStage::on_network(seed, topology, network)
 }
 
 /// Runs `calls` calls, 8 at a time, and checks exactly-once.
@@ -131,8 +99,8 @@ pub fn exactly_once(
     calls: u64,
 ) -> Result<ExactlyOnce, ScenarioError> {
     let network: Network = network.into();
-    let mut topology = Topology::compute_and_memory();
-    let mut stage = stage_on(seed, &mut topology, network);
+    let topology = Topology::compute_and_memory();
+    let mut stage = stage_on(seed, &topology, network);
     stage.add_agent(
         MEMORY_HOST,
         Box::new(ServerAgent::new(Callee::new(Box::new(Counter(0))))),
@@ -327,7 +295,7 @@ pub fn failover_with(
     let mut topology = Topology::compute_and_memory();
     let (mac, address) = standard_host(SPARE_HOST);
     topology.add_host(HostSpec::new("spare", Role::Compute, mac, address))?;
-    let mut stage = stage_on(seed, &mut topology, network);
+    let mut stage = stage_on(seed, &topology, network);
     let service = remora_wire::datagram::DatagramEnd {
         mac: topology.switch_mac,
         address: SERVICE_ADDRESS,
@@ -518,7 +486,7 @@ pub fn chain_replaced(
         let (mac, address) = standard_host(host);
         topology.add_host(HostSpec::new(name, Role::Compute, mac, address))?;
     }
-    let mut stage = stage_on(seed, &mut topology, network);
+    let mut stage = stage_on(seed, &topology, network);
     stage.add_agent(
         TAIL_HOST,
         Box::new(ServerAgent::new(Callee::new(Box::new(Counter(0))))),
@@ -610,8 +578,8 @@ pub fn caller_crash(
     let network: Network = network.into();
     use crate::gatekeeper::{Gatekeeper, GatekeeperConfig, NodeKind};
     use remora_switch::programs::overlay::Overlaid;
-    let mut topology = Topology::compute_and_memory();
-    let mut stage = stage_on(seed, &mut topology, network);
+    let topology = Topology::compute_and_memory();
+    let mut stage = stage_on(seed, &topology, network);
     let server = ServerAgent::new(Callee::new(Box::new(Counter(0))));
     stage.add_agent(MEMORY_HOST, Box::new(server));
     let service = remora_wire::datagram::DatagramEnd {
@@ -853,7 +821,7 @@ pub fn chain(
     let mut topology = Topology::compute_and_memory();
     let (mac, address) = standard_host(TAIL_HOST);
     topology.add_host(HostSpec::new("tail", Role::Compute, mac, address))?;
-    let mut stage = stage_on(seed, &mut topology, network);
+    let mut stage = stage_on(seed, &topology, network);
     stage.add_agent(
         TAIL_HOST,
         Box::new(ServerAgent::new(Callee::new(Box::new(Counter(0))))),

@@ -26,7 +26,10 @@ use remora_cowbird::spot::SpotConfig;
 use remora_rack::attach::AttachedNode;
 use remora_rack::endpoint::{AppQueues, DriverKicker, RACK_ACK_TIMEOUT};
 use remora_rack::RackConfig;
-use remora_rnic::{CompletionStatus, DataPath, RemoteAddress, SendOperation, SendRequest};
+use remora_rnic::{
+    CompletionQueue, CompletionStatus, DataPath, MemoryRegion, QueuePair, ReceiveRequest,
+    RemoteAddress, SendOperation, SendRequest, VerbsError, WorkCompletion,
+};
 use remora_wire::{Rkey, VirtAddr};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -74,8 +77,64 @@ fn far_error(error: impl std::fmt::Display) -> DeviceError {
 
 /// A path a queue takes and gives back.
 enum Path {
-    Verbs(Box<(Direct, AppQueues)>),
+    Verbs(Box<VerbsPath>),
     Cowbird(Box<Client>),
+}
+
+/// How a queue's verbs reach its NIC: a data path and a doorbell.
+pub trait VerbsPort: DataPath + Send {
+    /// Tells the NIC that work was posted since the last ring.
+    fn ring_doorbell(&mut self);
+}
+
+/// The embedded rack's lock-free application queues, whose doorbell
+/// kicks the rack's driver.
+struct KickedQueues {
+    queues: AppQueues,
+    kicker: DriverKicker,
+}
+
+impl DataPath for KickedQueues {
+    fn post_send(&mut self, queue_pair: QueuePair, request: SendRequest) -> Result<(), VerbsError> {
+        self.queues.post_send(queue_pair, request)
+    }
+
+    fn post_receive(
+        &mut self,
+        queue_pair: QueuePair,
+        request: ReceiveRequest,
+    ) -> Result<(), VerbsError> {
+        self.queues.post_receive(queue_pair, request)
+    }
+
+    fn poll_completion(
+        &mut self,
+        queue: CompletionQueue,
+    ) -> Result<Option<WorkCompletion>, VerbsError> {
+        self.queues.poll_completion(queue)
+    }
+}
+
+impl VerbsPort for KickedQueues {
+    fn ring_doorbell(&mut self) {
+        self.kicker.kick();
+    }
+}
+
+/// A queue pair to the pool, the host memory its verbs land in, and the
+/// port its verbs go through.
+pub struct VerbsPath {
+    pub direct: Direct,
+    pub port: Box<dyn VerbsPort>,
+}
+
+impl VerbsPath {
+    fn kicked(direct: Direct, queues: AppQueues, kicker: DriverKicker) -> Box<VerbsPath> {
+        Box::new(VerbsPath {
+            direct,
+            port: Box::new(KickedQueues { queues, kicker }),
+        })
+    }
 }
 
 /// The memory node's region, as the compute side addresses it.
@@ -109,7 +168,6 @@ pub struct FarMemoryDevice {
     path: FarMemoryPath,
     capacity_bytes: u64,
     pool: RemotePool,
-    kicker: DriverKicker,
     paths: Arc<Mutex<Vec<Path>>>,
     backing: Mutex<Option<Backing>>,
 }
@@ -143,9 +201,14 @@ impl FarMemoryDevice {
         let fill = |_, _: &mut _| Ok(());
         let mut rack =
             FarMemoryRack::start(spec, path.offload(), Box::new(fill)).map_err(far_error)?;
+        let kicker = rack.kicker();
         let paths: Vec<Path> = if verbs {
             let direct = rack.direct.drain(..);
-            direct.map(|direct| Path::Verbs(Box::new(direct))).collect()
+            direct
+                .map(|(direct, queues)| {
+                    Path::Verbs(VerbsPath::kicked(direct, queues, kicker.clone()))
+                })
+                .collect()
         } else {
             let clients = rack.clients.drain(..);
             clients
@@ -160,7 +223,6 @@ impl FarMemoryDevice {
                 address: rack.pool.address.0,
                 rkey: rack.pool.rkey,
             },
-            kicker: rack.kicker(),
             paths: Arc::new(Mutex::new(paths)),
             backing: Mutex::new(Some(Backing::Embedded(rack))),
         })
@@ -199,7 +261,11 @@ impl FarMemoryDevice {
                 landing: remote.landing,
                 landing_region: remote.landing_region,
             };
-            paths.push(Path::Verbs(Box::new((direct, remote.queues))));
+            paths.push(Path::Verbs(VerbsPath::kicked(
+                direct,
+                remote.queues,
+                attached.kicker(),
+            )));
         }
         let region = region.ok_or_else(|| far_error("a device needs at least one queue"))?;
         Ok(FarMemoryDevice {
@@ -210,10 +276,34 @@ impl FarMemoryDevice {
                 address: region.address,
                 rkey: Rkey(region.rkey),
             },
-            kicker: attached.kicker(),
             paths: Arc::new(Mutex::new(paths)),
             backing: Mutex::new(Some(Backing::Attached(attached))),
         })
+    }
+
+    /// A device on paths made elsewhere (a running rack's own NICs, as
+    /// [`super::rack_nic::connect`] makes them) to `region` on the memory
+    /// node, one-sided and asynchronous. Nothing of its own to stop.
+    pub fn on_paths(
+        name: &'static str,
+        region: &MemoryRegion,
+        paths: Vec<VerbsPath>,
+    ) -> FarMemoryDevice {
+        let paths = paths
+            .into_iter()
+            .map(|path| Path::Verbs(Box::new(path)))
+            .collect();
+        FarMemoryDevice {
+            name,
+            path: FarMemoryPath::OneSidedAsync,
+            capacity_bytes: region.length_bytes,
+            pool: RemotePool {
+                address: region.address.0,
+                rkey: region.rkey,
+            },
+            paths: Arc::new(Mutex::new(paths)),
+            backing: Mutex::new(None),
+        }
     }
 
     /// Stops the rack and returns the fabric thread's CPU time (NIC
@@ -266,11 +356,10 @@ impl Device for FarMemoryDevice {
             })?;
         let returns = self.paths.clone();
         Ok(match path {
-            Path::Verbs(direct) => Box::new(VerbsQueue::new(
-                direct,
+            Path::Verbs(path) => Box::new(VerbsQueue::new(
+                path,
                 returns,
                 self.pool,
-                self.kicker.clone(),
                 self.capacity_bytes,
                 matches!(self.path, FarMemoryPath::OneSidedSync),
             )),
@@ -290,10 +379,9 @@ enum SlotUse {
 
 /// One thread's queue pair to the pool.
 struct VerbsQueue {
-    direct: Option<Box<(Direct, AppQueues)>>,
+    path: Option<Box<VerbsPath>>,
     returns: Arc<Mutex<Vec<Path>>>,
     pool: RemotePool,
-    kicker: DriverKicker,
     capacity_bytes: u64,
     synchronous: bool,
     free_slots: Vec<usize>,
@@ -307,18 +395,16 @@ struct VerbsQueue {
 
 impl VerbsQueue {
     fn new(
-        direct: Box<(Direct, AppQueues)>,
+        path: Box<VerbsPath>,
         returns: Arc<Mutex<Vec<Path>>>,
         pool: RemotePool,
-        kicker: DriverKicker,
         capacity_bytes: u64,
         synchronous: bool,
     ) -> VerbsQueue {
         VerbsQueue {
-            direct: Some(direct),
+            path: Some(path),
             returns,
             pool,
-            kicker,
             capacity_bytes,
             synchronous,
             free_slots: (0..WINDOW).rev().collect(),
@@ -330,8 +416,8 @@ impl VerbsQueue {
         }
     }
 
-    fn direct(&mut self) -> &mut (Direct, AppQueues) {
-        self.direct.as_mut().expect("held until drop")
+    fn path(&mut self) -> &mut VerbsPath {
+        self.path.as_mut().expect("held until drop")
     }
 
     /// A free slot, waiting for completions if every one is in flight.
@@ -354,21 +440,24 @@ impl VerbsQueue {
         operation: SendOperation,
         length: usize,
     ) -> Result<(), DeviceError> {
-        let (direct, queues) = self.direct();
-        let local = direct
+        let path = self.path();
+        let local = path
+            .direct
             .landing_region
             .slice((slot * SLOT_BYTES) as u64, length as u32);
         let request = SendRequest::new(slot as u64, operation, &[local]).map_err(far_error)?;
-        let queue_pair = direct.queue_pair;
+        let queue_pair = path.direct.queue_pair;
         // A window of slots never overfills a queue of the window's depth.
-        queues.post_send(queue_pair, request).map_err(far_error)?;
+        path.port
+            .post_send(queue_pair, request)
+            .map_err(far_error)?;
         self.posted_since_kick = true;
         Ok(())
     }
 
     fn kick(&mut self) {
         if std::mem::take(&mut self.posted_since_kick) {
-            self.kicker.kick();
+            self.path().port.ring_doorbell();
         }
     }
 
@@ -376,9 +465,10 @@ impl VerbsQueue {
     fn collect(&mut self) -> Result<(), DeviceError> {
         self.kick();
         loop {
-            let (direct, queues) = self.direct.as_mut().expect("held until drop").as_mut();
-            let completion_queue = queues.completion_queue();
-            let Some(completion) = queues
+            let path = self.path.as_mut().expect("held until drop");
+            let completion_queue = path.direct.completion_queue;
+            let Some(completion) = path
+                .port
                 .poll_completion(completion_queue)
                 .map_err(far_error)?
             else {
@@ -397,7 +487,7 @@ impl VerbsQueue {
             {
                 SlotUse::Read { token, length } => {
                     self.scratch.resize(length, 0);
-                    direct
+                    path.direct
                         .landing
                         .read(slot * SLOT_BYTES, &mut self.scratch)
                         .map_err(far_error)?;
@@ -443,8 +533,8 @@ impl DeviceQueue for VerbsQueue {
         self.write_pieces.insert(token, pieces);
         for (number, piece) in data.chunks(SLOT_BYTES).enumerate() {
             let slot = self.take_slot()?;
-            let (direct, _) = self.direct();
-            direct
+            self.path()
+                .direct
                 .landing
                 .write(slot * SLOT_BYTES, piece)
                 .map_err(far_error)?;
@@ -473,9 +563,9 @@ impl Drop for VerbsQueue {
     fn drop(&mut self) {
         // Whatever is in flight lands in slots nobody reads again; the
         // path goes back for the next session.
-        if let Some(direct) = self.direct.take() {
+        if let Some(path) = self.path.take() {
             let mut paths = self.returns.lock().unwrap_or_else(|e| e.into_inner());
-            paths.push(Path::Verbs(direct));
+            paths.push(Path::Verbs(path));
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod choice;
 pub mod far_memory;
 pub mod file;
 pub mod memory;
+pub mod rack_nic;
 
 pub use choice::{DeviceKind, FileSettings, OpenDevice};
 pub use far_memory::{FarMemoryDevice, FarMemoryPath};

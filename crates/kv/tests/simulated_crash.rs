@@ -1,0 +1,98 @@
+//! The compute host crashes under a running store in the simulator, and a
+//! new store recovers from the checkpoint in far memory
+//! (`remora_kv::scenario::compute_crash`), seed by seed.
+
+use remora_host::hardware::NicHardware;
+use remora_kv::scenario::{
+    compute_crash_campaign, simulated_compute_crash, Activity, CampaignReport, Control, CrashPlan,
+    ScenarioError,
+};
+use remora_rack::scenario::Network;
+use remora_sim::{LinkFaults, Probability};
+
+fn lossy() -> LinkFaults {
+    LinkFaults {
+        loss: Probability::literal(0.01),
+        duplicate: Probability::literal(0.01),
+        ..LinkFaults::NONE
+    }
+}
+
+fn campaign(seeds: u64, network: Network) -> CampaignReport {
+    let report = compute_crash_campaign(0, seeds, network, CrashPlan::DEFAULT, |_, _| {});
+    assert!(
+        report.violations.is_empty(),
+        "seeds that failed: {:?}",
+        report.violations
+    );
+    assert_eq!(report.passed, seeds);
+    report
+}
+
+/// Every seed recovers exactly the checkpoint's state, and some crashes
+/// land mid-checkpoint, some of them after the record reached far memory
+/// (so the checks cover both outcomes of a torn checkpoint).
+#[test]
+fn every_acknowledged_write_before_a_checkpoint_survives_a_compute_crash() {
+    let report = campaign(120, Network::default());
+    assert!(report.crashed_mid_checkpoint >= 10, "{report:?}");
+    assert!(report.recovered_unacknowledged >= 2, "{report:?}");
+    assert!(report.keys_checked >= 120 * 64);
+}
+
+#[test]
+fn recovery_holds_under_loss_and_duplication() {
+    let report = campaign(
+        60,
+        Network {
+            faults: lossy(),
+            hardware: NicHardware::Ideal,
+        },
+    );
+    assert!(report.retransmissions > 0, "{report:?}");
+}
+
+#[test]
+fn recovery_holds_on_connectx5_nics() {
+    campaign(
+        40,
+        Network {
+            faults: lossy(),
+            hardware: NicHardware::Cx5,
+        },
+    );
+}
+
+/// The control: the newest page under the acknowledged checkpoint is
+/// zeroed in far memory before recovery, and the checks must say so.
+/// Only a crash before the second checkpoint has nothing to lose (the
+/// first checkpoint is of the empty store).
+#[test]
+fn a_lost_page_under_the_checkpoint_is_caught() {
+    let plan = CrashPlan {
+        control: Control::LoseNewestPage,
+        ..CrashPlan::DEFAULT
+    };
+    let mut caught = 0;
+    for seed in 0..40 {
+        match simulated_compute_crash(seed, Network::default(), plan) {
+            Err(ScenarioError::Lost { .. } | ScenarioError::Recover(_)) => caught += 1,
+            Ok(outcome) => assert_eq!(outcome.recovered_sequence, 1, "seed {seed}: {outcome:?}"),
+            Err(other) => panic!("seed {seed}: {other}"),
+        }
+    }
+    assert!(caught >= 30, "only {caught} of 40 caught");
+}
+
+#[test]
+fn a_crash_mid_operation_and_mid_checkpoint_are_both_seen() {
+    let activities: Vec<Activity> = (0..30)
+        .map(|seed| {
+            simulated_compute_crash(seed, Network::default(), CrashPlan::DEFAULT)
+                .unwrap()
+                .crashed_during
+        })
+        .collect();
+    assert!(activities.contains(&Activity::Operation));
+    assert!(activities.contains(&Activity::Checkpoint));
+}
