@@ -31,6 +31,43 @@ pub enum SimCommand {
     /// READs and WRITEs through the Gatekeeper, every verdict checked
     /// against a plain model, every refusal answered by one NAK.
     Bifrost(BifrostArgs),
+    /// The far-memory KV store under a compute-host crash: per seed, one
+    /// session runs random reads, upserts, deletes and read-modify-writes
+    /// (each checked against a map) on a log kept in the memory host's
+    /// region, checkpointing every 24 operations, until the compute host
+    /// loses its power at the seed's instant (mid-operation, mid-flush or
+    /// mid-checkpoint). The host crashes and restarts with a fresh NIC, and
+    /// a new store recovers from far memory: it must hold the last
+    /// acknowledged checkpoint (or the one being taken, if its record
+    /// landed), every key exactly as the map stood then, and work on
+    /// through a further checkpoint.
+    Kv(KvArgs),
+}
+
+#[derive(Args)]
+pub struct KvArgs {
+    /// How many seeds to run (at least one).
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
+    seeds: u64,
+    /// Run this one seed only (to replay a failure).
+    #[arg(long, conflicts_with = "seeds")]
+    seed: Option<u64>,
+    /// First seed of the campaign.
+    #[arg(long, default_value_t = 0)]
+    first_seed: u64,
+    /// Probability a frame is lost on either link.
+    #[arg(long, value_parser = probability, default_value = "0.01")]
+    loss: Probability,
+    /// Probability a frame is delivered twice.
+    #[arg(long, value_parser = probability, default_value = "0.01")]
+    duplicate: Probability,
+    /// The simulated NICs' hardware profile: ideal (no NIC costs) or cx5
+    /// (a ConnectX-5's pipeline, message rate, PCIe and atomic costs).
+    #[arg(long, default_value = "ideal")]
+    hardware: NicHardware,
+    /// Write `{seeds, passed, violations, ...}` as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -167,6 +204,7 @@ pub fn run(command: SimCommand) -> Result<ExitCode, SimError> {
     match command {
         SimCommand::Fabric(args) => run_fabric(args),
         SimCommand::Bifrost(args) => run_bifrost(args),
+        SimCommand::Kv(args) => run_kv(args),
     }
 }
 
@@ -246,6 +284,74 @@ fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, SimError> {
             args.duplicate,
             args.hardware.name()
         );
+    }
+    if let Some(path) = &args.json {
+        crate::output::write_json(path, &report)?;
+    }
+    Ok(if report.violations.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn run_kv(args: KvArgs) -> Result<ExitCode, SimError> {
+    use remora_kv::scenario::{compute_crash_campaign, CrashPlan};
+    let network = remora_rack::scenario::Network {
+        faults: remora_sim::LinkFaults {
+            loss: args.loss,
+            duplicate: args.duplicate,
+            ..remora_sim::LinkFaults::NONE
+        },
+        hardware: args.hardware,
+    };
+    let (first_seed, count) = match args.seed {
+        Some(seed) => (seed, 1),
+        None => (args.first_seed, args.seeds),
+    };
+    let progress = seed_progress(count);
+    let mut failed = 0u64;
+    let plan = CrashPlan::DEFAULT;
+    let report = compute_crash_campaign(first_seed, count, network, plan, |_, passed| {
+        failed += u64::from(!passed);
+        progress.set_message(format!("{failed} failed"));
+        progress.inc(1);
+    });
+    progress.finish_and_clear();
+    let flags = format!(
+        "--loss {} --duplicate {} --hardware {}",
+        args.loss,
+        args.duplicate,
+        args.hardware.name()
+    );
+    println!(
+        "kv compute-host crash campaign: seeds {}..{} {flags}",
+        first_seed,
+        first_seed + count
+    );
+    println!(
+        "  seeds passed        {:>10} of {}",
+        report.passed, report.seeds
+    );
+    println!(
+        "  operations checked  {:>10} before the crashes, {} on the recovered stores",
+        report.operations_before, report.operations_after
+    );
+    println!(
+        "  keys read back      {:>10} after recovery, each as its checkpoint held it",
+        report.keys_checked
+    );
+    println!(
+        "  crashes mid-checkpoint {:>7}; of those, {} recovered the checkpoint being taken",
+        report.crashed_mid_checkpoint, report.recovered_unacknowledged
+    );
+    println!(
+        "  crash instants (virtual, from the start): p50 {:.0} us, latest {:.0} us; {} packets retransmitted",
+        report.crash_at_p50_us, report.crash_at_max_us, report.retransmissions
+    );
+    for violation in &report.violations {
+        println!("\nseed {} FAILED: {}", violation.seed, violation.error);
+        println!("  replay: remora sim kv --seed {} {flags}", violation.seed);
     }
     if let Some(path) = &args.json {
         crate::output::write_json(path, &report)?;

@@ -105,6 +105,35 @@ fn a_campaign_writes_its_report_as_json() {
     assert!(text.contains("\"failures\": []"));
 }
 
+/// `sim kv`: the compute host crashes under the store, and every seed's
+/// recovery holds; the report says what was checked.
+#[test]
+fn the_kv_crash_campaign_passes_and_writes_its_report() {
+    let path = std::env::temp_dir().join(format!("remora-kv-sim-{}.json", std::process::id()));
+    let output = remora(&[
+        "sim",
+        "kv",
+        "--seeds",
+        "12",
+        "--loss",
+        "0.02",
+        "--json",
+        path.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("seeds passed                12 of 12"),
+        "{stdout}"
+    );
+    let text = std::fs::read_to_string(&path).expect("the JSON report");
+    std::fs::remove_file(&path).ok();
+    let report: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(report["passed"], 12);
+    assert_eq!(report["keys_checked"], 12 * 64);
+    assert!(report["violations"].as_array().unwrap().is_empty());
+}
+
 #[test]
 fn bad_input_gets_a_clear_error() {
     let output = remora(&["sim", "fabric", "--seeds", "1", "--loss", "2"]);

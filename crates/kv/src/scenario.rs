@@ -58,6 +58,18 @@ pub struct CrashPlan {
     pub control: Control,
 }
 
+impl CrashPlan {
+    fn check(&self) -> Result<(), ScenarioError> {
+        if self.keys == 0 {
+            return Err(ScenarioError::Plan("a run needs at least one key"));
+        }
+        if self.checkpoint_every == 0 {
+            return Err(ScenarioError::Plan("checkpoint_every must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
 /// A run that must fail, to show the checks can.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
@@ -84,6 +96,8 @@ impl CrashPlan {
 /// Which check failed, or what broke before a check could run.
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
+    #[error("the plan: {0}")]
+    Plan(&'static str),
     #[error("the rack: {0}")]
     Rack(#[from] RackError),
     #[error("connecting the compute host to far memory: {0}")]
@@ -340,6 +354,7 @@ where
     S::Running<L2L3Forwarding>: Send + 'static,
 {
     let _span = tracing::info_span!("kv_compute_crash", seed).entered();
+    plan.check()?;
     let forwarding = stage.topology().forwarding();
     let mut rack = stage.start(forwarding)?;
     let pool = register_pool(&mut rack, MEMORY_HOST, plan.device_bytes)?;
@@ -552,7 +567,10 @@ fn run_until_power_cut<R: Rack + Send + 'static>(
         if let Err(failure) = workload.step(&mut session) {
             break failure;
         }
-        if workload.operations % u64::from(plan.checkpoint_every) == 0 {
+        if workload
+            .operations
+            .is_multiple_of(u64::from(plan.checkpoint_every))
+        {
             activity = Activity::Checkpoint;
             let sequence = snapshots.acknowledged.0 + 1;
             snapshots.started = Some((sequence, workload.model.clone()));

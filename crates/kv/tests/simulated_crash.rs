@@ -96,3 +96,15 @@ fn a_crash_mid_operation_and_mid_checkpoint_are_both_seen() {
     assert!(activities.contains(&Activity::Operation));
     assert!(activities.contains(&Activity::Checkpoint));
 }
+
+#[test]
+fn a_plan_that_cannot_check_anything_is_refused() {
+    let plan = CrashPlan {
+        checkpoint_every: 0,
+        ..CrashPlan::DEFAULT
+    };
+    assert!(matches!(
+        simulated_compute_crash(1, Network::default(), plan),
+        Err(ScenarioError::Plan(_))
+    ));
+}
