@@ -125,14 +125,24 @@ pub struct IndexUsage {
     pub overflow_buckets_used: u32,
 }
 
+/// `count` empty buckets, on huge pages where the kernel gives them:
+/// advised before the first touch, which is the fill.
+fn huge_page_buckets(count: usize) -> Box<[Bucket]> {
+    let mut buckets = Vec::with_capacity(count);
+    let spare = buckets.spare_capacity_mut();
+    crate::frames::advise_huge_pages(spare.as_ptr().cast(), std::mem::size_of_val(spare));
+    buckets.extend((0..count).map(|_| Bucket::empty()));
+    buckets.into_boxed_slice()
+}
+
 impl HashIndex {
     pub fn new(buckets: u64, overflow_buckets: u32) -> Result<HashIndex, IndexError> {
         if buckets == 0 || !buckets.is_power_of_two() {
             return Err(IndexError::BucketCount(buckets));
         }
         Ok(HashIndex {
-            buckets: (0..buckets).map(|_| Bucket::empty()).collect(),
-            overflow: (0..overflow_buckets).map(|_| Bucket::empty()).collect(),
+            buckets: huge_page_buckets(buckets as usize),
+            overflow: huge_page_buckets(overflow_buckets as usize),
             overflow_used: AtomicU32::new(0),
             mask: buckets - 1,
         })

@@ -22,7 +22,7 @@ use crate::epoch::{Epoch, EpochError};
 use crate::frames::Frames;
 use crate::record::Header;
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -100,6 +100,8 @@ pub struct HybridLog {
     flush_nanos: AtomicU64,
     /// A flush failure, reported to the next operation that looks.
     failure: Mutex<Option<DeviceError>>,
+    /// Set once `failure` holds one.
+    failed: AtomicBool,
 }
 
 /// Where a record sits, as one thread sees the boundaries now.
@@ -152,6 +154,7 @@ impl HybridLog {
             }),
             flush_nanos: AtomicU64::new(0),
             failure: Mutex::new(None),
+            failed: AtomicBool::new(false),
         })
     }
 
@@ -428,9 +431,14 @@ impl HybridLog {
     fn keep_failure(&self, failure: DeviceError) {
         let mut kept = self.failure.lock().unwrap_or_else(|e| e.into_inner());
         kept.get_or_insert(failure);
+        self.failed.store(true, Ordering::Release);
     }
 
+    /// Every append asks, so the common answer is one load, not a lock.
     fn check_failure(&self) -> Result<(), LogError> {
+        if !self.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let kept = self.failure.lock().unwrap_or_else(|e| e.into_inner());
         match &*kept {
             Some(failure) => Err(LogError::Flush(failure.clone())),
