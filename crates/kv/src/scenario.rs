@@ -312,18 +312,20 @@ struct Compute<R> {
     rack: Arc<Mutex<R>>,
     pool: Pool,
     config: StoreConfig,
+    /// The stage's queue-pair timeout: short in virtual time, the rack's
+    /// own on a real clock.
+    timeout: Duration,
 }
 
 impl<R: Rack + Send + 'static> Compute<R> {
     /// A device on fresh queue pairs from the compute host's NIC.
     fn device(&self, power: Arc<PowerCut>) -> Result<Arc<FarMemoryDevice>, ScenarioError> {
-        let timeout = crate::device::rack_nic::IDLE_STEP * 200;
         let paths = connect(
             &self.rack,
             (COMPUTE_HOST, MEMORY_HOST),
             self.pool,
             self.config.sessions + 1,
-            (timeout, power),
+            (self.timeout, power),
         )?;
         Ok(Arc::new(FarMemoryDevice::on_paths(
             "rack-one-sided",
@@ -356,6 +358,7 @@ where
     let _span = tracing::info_span!("kv_compute_crash", seed).entered();
     plan.check()?;
     let forwarding = stage.topology().forwarding();
+    let timeout = stage.queue_pair_timeout();
     let mut rack = stage.start(forwarding)?;
     let pool = register_pool(&mut rack, MEMORY_HOST, plan.device_bytes)?;
     let started = rack.now();
@@ -363,6 +366,7 @@ where
         rack: Arc::new(Mutex::new(rack)),
         pool,
         config: store_config(),
+        timeout,
     };
     let mut random = ChaCha8Rng::seed_from_u64(seed);
     let window_nanos = plan.crash_window.as_nanos() as u64;

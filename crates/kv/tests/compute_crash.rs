@@ -1,6 +1,7 @@
 //! The compute host crashes under a running store in the simulator, and a
 //! new store recovers from the checkpoint in far memory
-//! (`remora_kv::scenario::compute_crash`), seed by seed.
+//! (`remora_kv::scenario::compute_crash`), seed by seed; and the same
+//! scenario on the embedded rack.
 
 use remora_host::hardware::NicHardware;
 use remora_kv::scenario::{
@@ -107,4 +108,26 @@ fn a_plan_that_cannot_check_anything_is_refused() {
         simulated_compute_crash(1, Network::default(), plan),
         Err(ScenarioError::Plan(_))
     ));
+}
+
+/// The same scenario on the embedded rack: real threads, the real clock,
+/// the power cut at a wall-clock instant.
+#[test]
+fn the_compute_host_crashes_under_the_store_on_the_embedded_rack() {
+    let topology = remora_rack::topology::Topology::compute_and_memory();
+    for seed in [3, 4] {
+        let stage = remora_rack::assembly::RackBuilder::new(&topology)
+            .thread_name("kv-crash")
+            .nic_seed(seed)
+            .build()
+            .unwrap();
+        let plan = CrashPlan {
+            crash_window: std::time::Duration::from_millis(30),
+            down_for: std::time::Duration::from_millis(5),
+            ..CrashPlan::DEFAULT
+        };
+        let outcome = remora_kv::scenario::compute_crash(stage, seed, plan).unwrap();
+        assert_eq!(outcome.keys_checked, 64);
+        assert!(outcome.operations_after > 0);
+    }
 }
