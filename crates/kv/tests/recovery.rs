@@ -77,16 +77,20 @@ fn ops(count: usize, seed: u64) -> Vec<Op> {
 /// Two generations: write, checkpoint, write more, crash, recover, check;
 /// then the same again on the recovered store.
 fn crash_and_recover_twice(device: Arc<dyn Device>) {
+    crash_and_recover_twice_with(StoreConfig::smallest(), device);
+}
+
+fn crash_and_recover_twice_with(config: StoreConfig, device: Arc<dyn Device>) {
     let mut model = Model::new();
     let mut at_checkpoint = Model::new();
-    let mut store = Store::new(StoreConfig::smallest(), device.clone()).unwrap();
+    let mut store = Store::new(config.clone(), device.clone()).unwrap();
     for generation in 0..2u64 {
         {
             let mut session = store.session().unwrap();
             at_checkpoint = apply(&mut session, &mut model, &ops(700, generation), 300);
         }
         drop(store);
-        let (recovered, record) = Store::recover(StoreConfig::smallest(), device.clone()).unwrap();
+        let (recovered, record) = Store::recover(config.clone(), device.clone()).unwrap();
         assert_eq!(record.sequence, 2 * (generation + 1));
         check_recovered(&recovered, &at_checkpoint);
         model = at_checkpoint.clone();
@@ -117,6 +121,22 @@ fn far_memory_behind_cowbird_recovers_every_checkpointed_write() {
     .unwrap();
     crash_and_recover_twice(opened.device.clone());
     opened.stop().unwrap();
+}
+
+/// Recovery reads whole pages; a page larger than a one-sided queue's
+/// landing slot (64 KiB) is read in pieces.
+#[test]
+fn far_memory_with_pages_larger_than_a_landing_slot_recovers() {
+    use remora_kv::device::{FarMemoryDevice, FarMemoryPath};
+    let config = StoreConfig {
+        page_bits: 18,
+        ..StoreConfig::smallest()
+    };
+    for path in [FarMemoryPath::OneSidedAsync, FarMemoryPath::OneSidedSync] {
+        let device = Arc::new(FarMemoryDevice::start(path, 16 << 20, 6).unwrap());
+        crash_and_recover_twice_with(config.clone(), device.clone());
+        device.stop().unwrap();
+    }
 }
 
 #[test]

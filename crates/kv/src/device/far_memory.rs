@@ -373,8 +373,20 @@ impl Device for FarMemoryDevice {
 /// What a landing slot is doing.
 #[derive(Clone, Copy)]
 enum SlotUse {
-    Read { token: u64, length: usize },
-    WritePiece { token: u64 },
+    /// A whole read.
+    Read {
+        token: u64,
+        length: usize,
+    },
+    /// The piece at `at` of a read longer than a slot.
+    ReadPiece {
+        token: u64,
+        at: usize,
+        length: usize,
+    },
+    WritePiece {
+        token: u64,
+    },
 }
 
 /// One thread's queue pair to the pool.
@@ -388,6 +400,8 @@ struct VerbsQueue {
     slots: Vec<Option<SlotUse>>,
     /// Pieces of each write still in flight.
     write_pieces: HashMap<u64, usize>,
+    /// Reads longer than a slot, assembled from their pieces.
+    read_pieces: ReadAssembly,
     posted_since_kick: bool,
     finished: Finished,
     scratch: Vec<u8>,
@@ -410,6 +424,7 @@ impl VerbsQueue {
             free_slots: (0..WINDOW).rev().collect(),
             slots: vec![None; WINDOW],
             write_pieces: HashMap::new(),
+            read_pieces: ReadAssembly::default(),
             posted_since_kick: false,
             finished: Finished::default(),
             scratch: Vec::new(),
@@ -493,6 +508,13 @@ impl VerbsQueue {
                         .map_err(far_error)?;
                     self.finished.push_read(token, &self.scratch);
                 }
+                SlotUse::ReadPiece { token, at, length } => {
+                    let landing = &path.direct.landing;
+                    self.read_pieces
+                        .piece((token, at, length), &mut self.finished, |into| {
+                            landing.read(slot * SLOT_BYTES, into).map_err(far_error)
+                        })?;
+                }
                 SlotUse::WritePiece { token } => {
                     count_down(&mut self.write_pieces, &mut self.finished, token)
                 }
@@ -502,18 +524,42 @@ impl VerbsQueue {
     }
 }
 
+impl VerbsQueue {
+    /// A read longer than a slot: a READ per slot's worth, gathered.
+    fn read_in_pieces(
+        &mut self,
+        offset: u64,
+        length: usize,
+        token: u64,
+    ) -> Result<(), DeviceError> {
+        self.read_pieces
+            .start(token, length, length.div_ceil(SLOT_BYTES));
+        for at in (0..length).step_by(SLOT_BYTES) {
+            let piece = SLOT_BYTES.min(length - at);
+            let slot = self.take_slot()?;
+            self.slots[slot] = Some(SlotUse::ReadPiece {
+                token,
+                at,
+                length: piece,
+            });
+            let remote = self.pool.remote(offset + at as u64);
+            self.post(slot, SendOperation::Read { remote }, piece)?;
+        }
+        Ok(())
+    }
+}
+
 impl DeviceQueue for VerbsQueue {
     fn read(&mut self, offset: u64, length: usize, token: u64) -> Result<(), DeviceError> {
         check_range(offset, length as u64, self.capacity_bytes)?;
-        if length > SLOT_BYTES {
-            return Err(far_error(format!(
-                "a read of {length} bytes exceeds a {SLOT_BYTES}-byte slot"
-            )));
+        if length <= SLOT_BYTES {
+            let slot = self.take_slot()?;
+            self.slots[slot] = Some(SlotUse::Read { token, length });
+            let remote = self.pool.remote(offset);
+            self.post(slot, SendOperation::Read { remote }, length)?;
+        } else {
+            self.read_in_pieces(offset, length, token)?;
         }
-        let slot = self.take_slot()?;
-        self.slots[slot] = Some(SlotUse::Read { token, length });
-        let remote = self.pool.remote(offset);
-        self.post(slot, SendOperation::Read { remote }, length)?;
         if self.synchronous {
             let started = Instant::now();
             let before = self.finished.len();
@@ -580,6 +626,44 @@ fn count_down(pieces: &mut HashMap<u64, usize>, finished: &mut Finished, token: 
     }
 }
 
+/// Reads issued as several requests: each read's bytes, gathered until
+/// its last piece arrives.
+#[derive(Default)]
+struct ReadAssembly {
+    /// Each read's bytes and the pieces still to come.
+    reads: HashMap<u64, (Vec<u8>, usize)>,
+    /// A finished read's buffer, for the next to reuse.
+    spare: Vec<u8>,
+}
+
+impl ReadAssembly {
+    fn start(&mut self, token: u64, length: usize, pieces: usize) {
+        let mut bytes = std::mem::take(&mut self.spare);
+        bytes.clear();
+        bytes.resize(length, 0);
+        self.reads.insert(token, (bytes, pieces));
+    }
+
+    /// The piece of `token`'s read at `at` arrived: `fill` copies it into
+    /// place. The last piece hands the whole read to `finished`.
+    fn piece(
+        &mut self,
+        (token, at, length): (u64, usize, usize),
+        finished: &mut Finished,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), DeviceError>,
+    ) -> Result<(), DeviceError> {
+        let (mut bytes, left) = self.reads.remove(&token).expect("reads are counted");
+        fill(&mut bytes[at..at + length])?;
+        if left == 1 {
+            finished.push_read(token, &bytes);
+            self.spare = bytes;
+        } else {
+            self.reads.insert(token, (bytes, left - 1));
+        }
+        Ok(())
+    }
+}
+
 /// One thread's Cowbird instance.
 struct CowbirdQueue {
     client: Option<Box<Client>>,
@@ -590,12 +674,11 @@ struct CowbirdQueue {
     /// where the piece goes in the whole.
     tokens: HashMap<RequestId, (u64, usize)>,
     write_pieces: HashMap<u64, usize>,
-    /// Reads longer than one request, assembled: bytes, pieces left.
-    read_pieces: HashMap<u64, (Vec<u8>, usize)>,
+    /// Reads, assembled from their requests.
+    read_pieces: ReadAssembly,
     reads_in_flight: usize,
     responses: Vec<Completion>,
     finished: Finished,
-    scratch: Vec<u8>,
     max_piece_bytes: usize,
 }
 
@@ -617,11 +700,10 @@ impl CowbirdQueue {
             group,
             tokens: HashMap::new(),
             write_pieces: HashMap::new(),
-            read_pieces: HashMap::new(),
+            read_pieces: ReadAssembly::default(),
             reads_in_flight: 0,
             responses: Vec::new(),
             finished: Finished::default(),
-            scratch: Vec::new(),
             max_piece_bytes,
         })
     }
@@ -661,18 +743,11 @@ impl CowbirdQueue {
         length: usize,
     ) -> Result<(), DeviceError> {
         self.reads_in_flight -= 1;
-        let (mut bytes, left) = self.read_pieces.remove(&token).expect("reads are counted");
         let client = self.client.as_ref().expect("held until drop");
-        client
-            .response(completion, &mut bytes[at..at + length])
-            .map_err(far_error)?;
-        if left == 1 {
-            self.finished.push_read(token, &bytes);
-            self.scratch = bytes;
-        } else {
-            self.read_pieces.insert(token, (bytes, left - 1));
-        }
-        Ok(())
+        self.read_pieces
+            .piece((token, at, length), &mut self.finished, |into| {
+                client.response(completion, into).map_err(far_error)
+            })
     }
 
     /// Issues one request, retrying on a full ring as §4.3 says.
@@ -717,10 +792,7 @@ impl DeviceQueue for CowbirdQueue {
         check_range(offset, length as u64, self.capacity_bytes)?;
         let piece_bytes = MAX_REQUEST_BYTES as usize;
         let pieces = length.div_ceil(piece_bytes);
-        let mut bytes = std::mem::take(&mut self.scratch);
-        bytes.clear();
-        bytes.resize(length, 0);
-        self.read_pieces.insert(token, (bytes, pieces));
+        self.read_pieces.start(token, length, pieces);
         for piece in 0..pieces {
             let at = piece * piece_bytes;
             let piece_length = piece_bytes.min(length - at);
