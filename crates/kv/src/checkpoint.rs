@@ -14,7 +14,7 @@
 
 use crate::address::{LogAddress, FIRST_ADDRESS};
 use crate::device::{DeviceError, DeviceQueue};
-use crate::record::{parse_stored, record_bytes, Header, Parsed, KEY_OFFSET_BYTES};
+use crate::record::{parse_stored, record_bytes, Header, Parsed, StoredRecord, KEY_OFFSET_BYTES};
 
 /// One checkpoint record's slot: one direct-I/O block.
 pub const RECORD_SLOT_BYTES: u64 = 4096;
@@ -146,12 +146,12 @@ pub fn newest_record(queue: &mut dyn DeviceQueue) -> Result<CheckpointRecord, Ch
     newest.ok_or(CheckpointError::NoCheckpoint)
 }
 
-/// Calls `each(address, key)` for every live record of one page's bytes
-/// (`page_start` is the page's first address), in address order.
+/// Calls `each(address, record)` for every valid record of one page's
+/// bytes (`page_start` is the page's first address), in address order.
 pub fn scan_page(
     page_start: LogAddress,
     page: &[u8],
-    mut each: impl FnMut(LogAddress, &[u8]),
+    mut each: impl FnMut(LogAddress, &StoredRecord<'_>),
 ) -> Result<(), CheckpointError> {
     let mut offset = if page_start.is_none() {
         FIRST_ADDRESS.value() as usize
@@ -173,7 +173,7 @@ pub fn scan_page(
             }
         };
         if !record.header.is_invalid() {
-            each(address, record.key);
+            each(address, &record);
         }
         let capacity = stored_capacity(&page[offset..]);
         offset += record_bytes(record.key.len(), capacity) as usize;

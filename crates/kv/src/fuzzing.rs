@@ -307,10 +307,10 @@ pub fn records(input: &[u8]) -> RecordsOutcome {
     let page_end = page_start.plus(input.len() as u64);
     let mut previous: Option<LogAddress> = None;
     let mut live = 0;
-    let scanned = scan_page(page_start, input, |address, key| {
+    let scanned = scan_page(page_start, input, |address, record| {
         assert!(address >= page_start && address < page_end, "{address}");
         assert!(previous.is_none_or(|previous| previous < address));
-        assert!(key.len() <= MAX_KEY_BYTES);
+        assert!(record.key.len() <= MAX_KEY_BYTES);
         previous = Some(address);
         live += 1;
     })

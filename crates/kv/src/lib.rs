@@ -35,5 +35,8 @@ pub mod ycsb;
 pub use address::LogAddress;
 pub use config::{ConfigError, StoreConfig};
 pub use device::{Device, DeviceError, DeviceQueue, FileDevice, MemoryDevice};
-pub use store::{Completion, KvError, OperationKind, Session, SessionStats, Status, Store};
+pub use store::{
+    Compaction, CompactionError, Completion, KvError, OperationKind, Session, SessionStats, Status,
+    Store,
+};
 pub use update::{Update, UpdateError};

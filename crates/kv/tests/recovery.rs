@@ -6,8 +6,6 @@
 mod common;
 
 use common::*;
-use proptest::prelude::*;
-use proptest::strategy::ValueTree;
 use remora_kv::checkpoint::CheckpointError;
 use remora_kv::device::{DeviceKind, FileSettings, OpenDevice};
 use remora_kv::*;
@@ -61,19 +59,6 @@ fn check_recovered(store: &Store, model: &Model) {
     }
 }
 
-fn ops(count: usize, seed: u64) -> Vec<Op> {
-    let config = proptest::test_runner::Config::default();
-    let rng = proptest::test_runner::TestRng::from_seed(
-        proptest::test_runner::RngAlgorithm::ChaCha,
-        &[seed as u8; 32],
-    );
-    let mut runner = proptest::test_runner::TestRunner::new_with_rng(config, rng);
-    prop::collection::vec(op(), count)
-        .new_tree(&mut runner)
-        .unwrap()
-        .current()
-}
-
 /// Two generations: write, checkpoint, write more, crash, recover, check;
 /// then the same again on the recovered store.
 fn crash_and_recover_twice(device: Arc<dyn Device>) {
@@ -87,7 +72,7 @@ fn crash_and_recover_twice_with(config: StoreConfig, device: Arc<dyn Device>) {
     for generation in 0..2u64 {
         {
             let mut session = store.session().unwrap();
-            at_checkpoint = apply(&mut session, &mut model, &ops(700, generation), 300);
+            at_checkpoint = apply(&mut session, &mut model, &random_ops(700, generation), 300);
         }
         drop(store);
         let (recovered, record) = Store::recover(config.clone(), device.clone()).unwrap();

@@ -62,6 +62,21 @@ pub fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// `count` random operations, the same for the same seed.
+pub fn random_ops(count: usize, seed: u64) -> Vec<Op> {
+    use proptest::strategy::ValueTree;
+    let config = proptest::test_runner::Config::default();
+    let rng = proptest::test_runner::TestRng::from_seed(
+        proptest::test_runner::RngAlgorithm::ChaCha,
+        &[seed as u8; 32],
+    );
+    let mut runner = proptest::test_runner::TestRunner::new_with_rng(config, rng);
+    prop::collection::vec(op(), count)
+        .new_tree(&mut runner)
+        .unwrap()
+        .current()
+}
+
 pub fn key_of(number: u8) -> Vec<u8> {
     format!("key-{number}").into_bytes()
 }

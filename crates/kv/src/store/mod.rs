@@ -15,6 +15,8 @@
 //! read-modify-write is lost.
 
 use crate::address::LogAddress;
+mod compaction;
+
 use crate::checkpoint::{newest_record, scan_page, write_now, CheckpointError, CheckpointRecord};
 use crate::config::{ConfigError, StoreConfig};
 use crate::device::{Device, DeviceError, DeviceQueue, Finished};
@@ -26,6 +28,7 @@ use crate::record::{
     MAX_VALUE_BYTES,
 };
 use crate::update::{Update, UpdateError};
+pub use compaction::{Compaction, CompactionError};
 use std::hash::Hasher;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,6 +64,8 @@ pub enum KvError {
     Stalled(Duration),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Compaction(#[from] CompactionError),
 }
 
 /// How an operation ended.
@@ -208,11 +213,11 @@ impl Store {
             let offset = self.shared.log.device_offset(start);
             crate::checkpoint::read_now(queue, offset, 1 << page_bits, &mut bytes)?;
             let mut failure = None;
-            scan_page(start, &bytes, |address, key| {
+            scan_page(start, &bytes, |address, stored| {
                 if failure.is_some() || address < record.begin {
                     return;
                 }
-                match self.shared.index.find_or_create(hash_key(key)) {
+                match self.shared.index.find_or_create(hash_key(stored.key)) {
                     // Pages are scanned in address order: the last record
                     // seen for an entry is its newest.
                     Ok(mut slot) => while !slot.swap_address(address) {},

@@ -1,0 +1,236 @@
+//! Log compaction: live records below the head are copied to the tail and
+//! the log truncated there; no live key is lost, deleted keys stay
+//! deleted, and a store that keeps updating runs on a device it would
+//! otherwise fill.
+
+mod common;
+
+use common::*;
+use remora_kv::device::{FarMemoryDevice, FarMemoryPath};
+use remora_kv::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+type Model = HashMap<Vec<u8>, Vec<u8>>;
+
+fn check_all(session: &mut Session, model: &Model, keys: u8) {
+    for number in 0..keys {
+        let key = key_of(number);
+        assert_eq!(
+            read_now(session, &key),
+            model.get(&key).cloned(),
+            "key {number}"
+        );
+    }
+}
+
+/// Applies `ops` to the store and the model.
+fn apply(session: &mut Session, model: &mut Model, ops: &[Op], step: usize) {
+    for (offset, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Upsert(k, length) => {
+                let value = value_of(k, length, step + offset);
+                session.upsert(&key_of(k), &value).unwrap();
+                model.insert(key_of(k), value);
+            }
+            Op::Read(k) => assert_eq!(
+                read_now(session, &key_of(k)),
+                model.get(&key_of(k)).cloned()
+            ),
+            Op::Delete(k) => {
+                session.delete(&key_of(k)).unwrap();
+                model.remove(&key_of(k));
+            }
+            Op::Increment(k) => {
+                let value = rmw_now(session, &key_of(k), Update::AddToCounter(1)).unwrap();
+                model.insert(key_of(k), value);
+            }
+        }
+    }
+}
+
+/// Upserts whose values outgrow their records, so the log grows and
+/// earlier records leave memory.
+fn push_below_the_head(session: &mut Session, count: usize) {
+    for step in 0..count {
+        let number = (step % 200) as u8;
+        let value = value_of(number, 50 + step % 250, step);
+        session.upsert(&key_of(number), &value).unwrap();
+    }
+}
+
+fn head(store: &Store) -> LogAddress {
+    store.boundaries()[1]
+}
+
+fn compacted_store_agrees_with_a_map(device: Arc<dyn Device>) {
+    let store = Store::new(StoreConfig::smallest(), device).unwrap();
+    let mut session = store.session().unwrap();
+    let mut model = Model::new();
+    let mut copied = 0;
+    for round in 0..8u64 {
+        let ops = random_ops(4000, round);
+        apply(&mut session, &mut model, &ops, round as usize * 1000);
+        let before = store.boundaries()[0];
+        let compaction = session.compact(head(&store)).unwrap();
+        assert!(compaction.begin > before, "round {round}: {compaction:?}");
+        assert!(compaction.records_copied <= compaction.records_scanned);
+        copied += compaction.records_copied;
+        check_all(&mut session, &model, 255);
+    }
+    assert!(copied > 0, "some records were still live below the head");
+}
+
+#[test]
+fn compaction_keeps_every_live_key_in_memory_device() {
+    compacted_store_agrees_with_a_map(Arc::new(MemoryDevice::new(16 << 20)));
+}
+
+#[test]
+fn compaction_keeps_every_live_key_on_one_sided_far_memory() {
+    let device =
+        Arc::new(FarMemoryDevice::start(FarMemoryPath::OneSidedAsync, 16 << 20, 4).unwrap());
+    compacted_store_agrees_with_a_map(device.clone());
+    device.stop().unwrap();
+}
+
+/// 64 keys updated over and over: without compaction the device fills
+/// (the control); compacting whenever room runs low, the same run goes on
+/// four times as long and every key reads its last value.
+#[test]
+fn compaction_lets_a_store_that_keeps_updating_outlive_its_device() {
+    let updates = |store: &Store, compact: bool| -> Result<Model, KvError> {
+        let mut session = store.session().unwrap();
+        let mut model = Model::new();
+        for step in 0..40_000usize {
+            let number = (step % 64) as u8;
+            // Lengths that change, so updates often outgrow their
+            // record and append a copy.
+            let value = value_of(number, 100 + (step % 7) * 30, step);
+            session.upsert(&key_of(number), &value)?;
+            model.insert(key_of(number), value);
+            if compact && store.device_room_bytes() < (256 << 10) {
+                session.compact(head(store))?;
+            }
+        }
+        check_all(&mut session, &model, 64);
+        Ok(model)
+    };
+    let small = || Arc::new(MemoryDevice::new(2 << 20));
+    let without = Store::new(StoreConfig::smallest(), small()).unwrap();
+    assert!(matches!(
+        updates(&without, false),
+        Err(KvError::Log(remora_kv::log::LogError::DeviceFull { .. }))
+    ));
+    let with = Store::new(StoreConfig::smallest(), small()).unwrap();
+    updates(&with, true).unwrap();
+}
+
+/// A delete below the compaction address stays deleted, though its
+/// tombstone is not copied.
+#[test]
+fn a_deleted_key_stays_deleted_after_its_tombstone_is_compacted_away() {
+    let store = Store::new(
+        StoreConfig::smallest(),
+        Arc::new(MemoryDevice::new(16 << 20)),
+    )
+    .unwrap();
+    let mut session = store.session().unwrap();
+    session.upsert(b"gone", b"soon").unwrap();
+    session.delete(b"gone").unwrap();
+    push_below_the_head(&mut session, 2000);
+    let compaction = session.compact(head(&store)).unwrap();
+    assert!(compaction.records_scanned > 0);
+    assert_eq!(read_now(&mut session, b"gone"), None);
+}
+
+/// One session compacts while another keeps writing: the writer's last
+/// value of every key survives.
+#[test]
+fn compaction_races_a_writer_and_loses_nothing() {
+    let store = Store::new(
+        StoreConfig::smallest(),
+        Arc::new(MemoryDevice::new(32 << 20)),
+    )
+    .unwrap();
+    let model = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let mut session = store.session().unwrap();
+            let mut model = Model::new();
+            // Cold keys, written once, soon below the head where the
+            // compactor copies them; then hot keys, rewritten over and
+            // over while it does.
+            for number in 0..128u8 {
+                let value = value_of(number, 400, 0);
+                session.upsert(&key_of(number), &value).unwrap();
+                model.insert(key_of(number), value);
+            }
+            for step in 0..30_000usize {
+                let number = 128 + (step * 7 % 128) as u8;
+                let value = value_of(number, 200 + step % 300, step);
+                session.upsert(&key_of(number), &value).unwrap();
+                model.insert(key_of(number), value);
+            }
+            session.suspend();
+            model
+        });
+        let mut compactor = store.session().unwrap();
+        let (mut compactions, mut copied) = (0, 0);
+        while !writer.is_finished() {
+            copied += compactor.compact(head(&store)).unwrap().records_copied;
+            compactor.suspend();
+            compactions += 1;
+            std::thread::yield_now();
+        }
+        assert!(compactions > 1 && copied > 0, "{compactions} {copied}");
+        writer.join().unwrap()
+    });
+    let mut session = store.session().unwrap();
+    check_all(&mut session, &model, 255);
+}
+
+/// Compacted, checkpointed, recovered: the recovered store holds every
+/// live key, from the log's new begin.
+#[test]
+fn a_compacted_log_recovers() {
+    let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(16 << 20));
+    let store = Store::new(StoreConfig::smallest(), device.clone()).unwrap();
+    let mut session = store.session().unwrap();
+    let mut model = Model::new();
+    apply(&mut session, &mut model, &random_ops(2000, 9), 0);
+    session.compact(head(&store)).unwrap();
+    apply(&mut session, &mut model, &random_ops(300, 10), 5000);
+    let checkpoint = session.checkpoint().unwrap();
+    assert!(checkpoint.begin > LogAddress::new(0));
+    drop(session);
+    drop(store);
+    let (recovered, _) = Store::recover(StoreConfig::smallest(), device).unwrap();
+    let mut session = recovered.session().unwrap();
+    check_all(&mut session, &model, 255);
+}
+
+#[test]
+fn compacting_past_the_head_or_with_operations_pending_is_refused() {
+    let store = Store::new(
+        StoreConfig::smallest(),
+        Arc::new(MemoryDevice::new(16 << 20)),
+    )
+    .unwrap();
+    let mut session = store.session().unwrap();
+    push_below_the_head(&mut session, 3000);
+    let tail = store.boundaries()[3];
+    assert!(matches!(
+        session.compact(tail),
+        Err(KvError::Compaction(CompactionError::AboveHead { .. }))
+    ));
+    // A read of a record on the device is left pending.
+    let mut out = Vec::new();
+    assert_eq!(
+        session.read(&key_of(0), &mut out, 1).unwrap(),
+        Status::Pending
+    );
+    assert!(matches!(
+        session.compact(head(&store)),
+        Err(KvError::Compaction(CompactionError::PendingOperations(1)))
+    ));
+}
