@@ -1,6 +1,7 @@
 //! `remora kv`: the far-memory KV store as a Redis-compatible server, and
 //! one YCSB run on a device of your choice.
 
+use remora_kv::compactor::{CompactionPolicy, Compactor};
 use remora_kv::device::{DeviceKind, FarMemoryDevice, FileSettings, OpenDevice};
 use remora_kv::resp::{serve, ServeError, ServerLimits};
 use remora_kv::ycsb::{self, YcsbError, YcsbRun};
@@ -82,6 +83,25 @@ pub struct ServeArgs {
     /// Connections served at once; more are refused with a RESP error.
     #[arg(long, default_value_t = 32)]
     pub max_connections: usize,
+    /// Compact the log in the background when the device's free room
+    /// falls below this share of the log's capacity: every record below
+    /// the head that is still its key's newest is copied to the tail and
+    /// the rest given back. INFO's `# Log` section counts compactions.
+    #[arg(long, default_value_t = 0.25, value_parser = room_fraction)]
+    pub compact_below_room: f64,
+    /// No background compaction: a store that keeps updating fills its
+    /// device and then refuses writes.
+    #[arg(long, conflicts_with = "compact_below_room")]
+    pub no_compaction: bool,
+}
+
+fn room_fraction(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(fraction) if fraction > 0.0 && fraction < 1.0 => Ok(fraction),
+        _ => Err(format!(
+            "{text:?} is not a share of the log's capacity in (0, 1)"
+        )),
+    }
 }
 
 #[derive(clap::Args)]
@@ -124,6 +144,8 @@ pub enum KvCliError {
     Store(#[from] KvError),
     #[error(transparent)]
     Ycsb(#[from] YcsbError),
+    #[error(transparent)]
+    Compactor(#[from] remora_kv::compactor::CompactorError),
     #[error(transparent)]
     Workload(#[from] WorkloadError),
     #[error("listening on {address}: {error}")]
@@ -259,7 +281,20 @@ fn run_serve(args: &ServeArgs) -> Result<ExitCode, KvCliError> {
     let limits = ServerLimits {
         max_connections: args.max_connections,
     };
-    serve(store, listener, limits, stop)?;
+    let compactor = if args.no_compaction {
+        None
+    } else {
+        let policy = CompactionPolicy {
+            below_room_fraction: args.compact_below_room,
+            ..CompactionPolicy::default()
+        };
+        Some(Compactor::start(store.clone(), policy)?)
+    };
+    let served = serve(store, listener, limits, stop);
+    if let Some(compactor) = compactor {
+        compactor.stop()?;
+    }
+    served?;
     opened.stop()?;
     Ok(ExitCode::SUCCESS)
 }

@@ -150,6 +150,14 @@ fn bad_input_gets_a_clear_error() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("'--seeds <SEEDS>'"), "{stderr}");
 
+    let output = remora(&["kv", "serve", "--compact-below-room", "1.5"]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("not a share of the log's capacity"),
+        "{stderr}"
+    );
+
     let output = remora(&["sim", "fabric", "--config", "/nonexistent/remora.toml"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(

@@ -18,6 +18,7 @@
 
 pub mod address;
 pub mod checkpoint;
+pub mod compactor;
 pub mod config;
 pub mod device;
 pub mod epoch;
@@ -36,7 +37,7 @@ pub use address::LogAddress;
 pub use config::{ConfigError, StoreConfig};
 pub use device::{Device, DeviceError, DeviceQueue, FileDevice, MemoryDevice};
 pub use store::{
-    Compaction, CompactionError, Completion, KvError, OperationKind, Session, SessionStats, Status,
-    Store,
+    Compaction, CompactionError, CompactionTotals, Completion, KvError, OperationKind, Session,
+    SessionStats, Status, Store,
 };
 pub use update::{Update, UpdateError};

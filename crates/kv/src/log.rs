@@ -43,6 +43,21 @@ pub enum LogError {
     },
 }
 
+/// Pages at the device's end that only compaction's copies (and a
+/// checkpoint's page turn) may fill: copying one page's live records takes
+/// at most a page, plus the end of the page the tail leaves, so a
+/// compaction of a full device can always free its first page.
+pub const COMPACTION_RESERVE_PAGES: u64 = 2;
+
+/// Who asks for room at the tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocation {
+    /// An operation's record: it stops short of the reserve.
+    Ordinary,
+    /// A compaction's copy, which may fill the reserve.
+    Compaction,
+}
+
 /// Device bytes before the log's ring: two checkpoint records.
 pub const CHECKPOINT_AREA_BYTES: u64 = 2 * crate::checkpoint::RECORD_SLOT_BYTES;
 
@@ -209,15 +224,23 @@ impl HybridLog {
 
     /// Reserves `bytes` at the tail. `Ok(None)` means the next page's
     /// frame is not free yet (or another thread holds the tail): refresh
-    /// the epoch, poll flushes and try again.
-    pub fn allocate(self: &Arc<Self>, bytes: u64) -> Result<Option<LogAddress>, LogError> {
+    /// the epoch, poll flushes and try again. Only `Allocation::Compaction`
+    /// may take the device's last [`COMPACTION_RESERVE_PAGES`] pages.
+    pub fn allocate(
+        self: &Arc<Self>,
+        bytes: u64,
+        allocation: Allocation,
+    ) -> Result<Option<LogAddress>, LogError> {
         self.check_failure()?;
         let Ok(mut tail) = self.tail.try_lock() else {
             return Ok(None);
         };
         let page_bytes = 1u64 << self.shape.page_bits;
         debug_assert!(bytes <= page_bytes - FIRST_ADDRESS.value());
-        if tail.offset + bytes > page_bytes && !self.turn_page(&mut tail)? {
+        // Ordinary records never land in the reserve, whoever turned the
+        // page it is in: a compaction's page is not the writers' to fill.
+        self.check_room(tail.page, allocation)?;
+        if tail.offset + bytes > page_bytes && !self.turn_page(&mut tail, allocation)? {
             return Ok(None);
         }
         let address = self.page_start(tail.page).plus(tail.offset);
@@ -227,17 +250,33 @@ impl HybridLog {
         Ok(Some(address))
     }
 
-    /// Moves the tail to the next page if its frame is free; moves the
-    /// boundaries behind it either way.
-    fn turn_page(self: &Arc<Self>, tail: &mut Tail) -> Result<bool, LogError> {
-        let next = tail.page + 1;
-        let needed_bytes = self.page_start(next + 1).value() - self.begin().value();
-        if needed_bytes > self.device_capacity_bytes {
+    /// Refuses `allocation` a place in page `page` when the device cannot
+    /// hold the log through that page, plus the reserve for an ordinary
+    /// record.
+    fn check_room(&self, page: u64, allocation: Allocation) -> Result<(), LogError> {
+        let reserve_bytes = match allocation {
+            Allocation::Ordinary => COMPACTION_RESERVE_PAGES << self.shape.page_bits,
+            Allocation::Compaction => 0,
+        };
+        let needed_bytes = self.page_start(page + 1).value() - self.begin().value();
+        if needed_bytes + reserve_bytes > self.device_capacity_bytes {
             return Err(LogError::DeviceFull {
                 needed_bytes,
                 capacity_bytes: self.device_capacity_bytes,
             });
         }
+        Ok(())
+    }
+
+    /// Moves the tail to the next page if its frame is free; moves the
+    /// boundaries behind it either way.
+    fn turn_page(
+        self: &Arc<Self>,
+        tail: &mut Tail,
+        allocation: Allocation,
+    ) -> Result<bool, LogError> {
+        let next = tail.page + 1;
+        self.check_room(next, allocation)?;
         // Pages from `next` back keep `mutable_pages` mutable, but the
         // boundary never passes the page being left: until the turn
         // succeeds, small records may still go there, and a page must not
@@ -266,7 +305,8 @@ impl HybridLog {
         let Ok(mut tail) = self.tail.try_lock() else {
             return Ok(None);
         };
-        if tail.offset > 0 && !self.turn_page(&mut tail)? {
+        // A checkpoint may take the reserve: it turns at most one page.
+        if tail.offset > 0 && !self.turn_page(&mut tail, Allocation::Compaction)? {
             return Ok(None);
         }
         // The tail moves first, so that no thread sees the read-only
@@ -406,6 +446,11 @@ impl HybridLog {
     pub fn device_room_bytes(&self) -> u64 {
         let used = self.tail().value() - self.begin().value();
         self.device_capacity_bytes.saturating_sub(used)
+    }
+
+    /// The device's bytes the log's ring can use.
+    pub fn device_capacity_bytes(&self) -> u64 {
+        self.device_capacity_bytes
     }
 
     pub fn flush_time(&self) -> std::time::Duration {

@@ -234,3 +234,58 @@ fn compacting_past_the_head_or_with_operations_pending_is_refused() {
         Err(KvError::Compaction(CompactionError::PendingOperations(1)))
     ));
 }
+
+/// The background compactor (what `remora kv serve` runs) keeps a store
+/// that keeps updating writable on a device it would otherwise fill: a
+/// write that finds the device full waits for it, and every key ends with
+/// its last value.
+#[test]
+fn the_background_compactor_keeps_a_store_that_keeps_updating_writable() {
+    use remora_kv::compactor::{CompactionPolicy, Compactor};
+    let store = Store::new(
+        StoreConfig::smallest(),
+        Arc::new(MemoryDevice::new(2 << 20)),
+    )
+    .unwrap();
+    let policy = CompactionPolicy {
+        below_room_fraction: 0.5,
+        check_every_ms: 1,
+        ..CompactionPolicy::default()
+    };
+    let compactor = Compactor::start(store.clone(), policy).unwrap();
+    let mut session = store.session().unwrap();
+    let mut model = Model::new();
+    for step in 0..40_000usize {
+        let number = (step % 64) as u8;
+        let value = value_of(number, 100 + (step % 7) * 30, step);
+        session.upsert(&key_of(number), &value).unwrap();
+        model.insert(key_of(number), value);
+    }
+    check_all(&mut session, &model, 64);
+    drop(session);
+    compactor.stop().unwrap();
+    let totals = store.compaction_totals();
+    assert!(totals.compactions > 0, "{totals:?}");
+    // The log went past the device's size: only compaction made room.
+    assert!(store.boundaries()[3].value() > 2 << 20);
+}
+
+#[test]
+fn a_policy_that_could_never_fire_or_never_stop_is_refused() {
+    use remora_kv::compactor::{CompactionPolicy, CompactorError};
+    for fraction in [0.0, 1.0, -1.0, f64::NAN] {
+        let policy = CompactionPolicy {
+            below_room_fraction: fraction,
+            ..CompactionPolicy::default()
+        };
+        assert!(matches!(
+            policy.check(),
+            Err(CompactorError::RoomFraction(_))
+        ));
+    }
+    let policy = CompactionPolicy {
+        check_every_ms: 0,
+        ..CompactionPolicy::default()
+    };
+    assert_eq!(policy.check(), Err(CompactorError::CheckEvery));
+}

@@ -38,7 +38,11 @@ struct TestServer {
 
 impl TestServer {
     fn start(max_connections: usize) -> TestServer {
-        let store = Store::new(small_config(), Arc::new(MemoryDevice::new(64 << 20))).unwrap();
+        TestServer::on_device(max_connections, 64 << 20)
+    }
+
+    fn on_device(max_connections: usize, device_bytes: u64) -> TestServer {
+        let store = Store::new(small_config(), Arc::new(MemoryDevice::new(device_bytes))).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let stop = Arc::new(AtomicBool::new(false));
@@ -204,6 +208,10 @@ fn redis_cli_sets_gets_counts_and_deletes() {
         "{info}"
     );
     assert!(info.contains("db0:device=memory"), "{info}");
+    assert!(
+        info.contains("# Log") && info.contains("compactions=0,records_copied=0"),
+        "{info}"
+    );
     server.stop().unwrap();
 }
 
@@ -325,6 +333,57 @@ fn redis_benchmark_runs_pipelined_sets_and_gets() {
         head.value() > 0,
         "the benchmark's values must reach the device"
     );
+    server.stop().unwrap();
+}
+
+/// `kv serve`'s background compactor: redis-benchmark writes a 2 MiB
+/// device's worth many times over; writers that outrun the compactor wait
+/// for it, every SET succeeds, and a key written last reads back.
+#[test]
+fn a_compacted_server_takes_far_more_writes_than_its_device_holds() {
+    use remora_kv::compactor::{CompactionPolicy, Compactor};
+    if !have("redis-benchmark") {
+        return;
+    }
+    let server = TestServer::on_device(60, 2 << 20);
+    let compactor = Compactor::start(server.store.clone(), CompactionPolicy::default()).unwrap();
+    let port = server.port.to_string();
+    let arguments = [
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-t",
+        "set",
+        "-n",
+        "60000",
+        "-q",
+        "-P",
+        "16",
+        "-c",
+        "8",
+        "-r",
+        "2000",
+        "-d",
+        "200",
+    ];
+    let output = run("redis-benchmark", &arguments, b"");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && !stdout.contains("ERR") && !stderr.contains("ERR"),
+        "{stdout}\n{stderr}"
+    );
+    let [begin, _, _, tail] = server.store.boundaries();
+    assert!(
+        tail.value() > 4 * (2 << 20) && begin.value() > 0,
+        "the log went around the device several times: {begin} .. {tail}"
+    );
+    assert_eq!(redis_cli(&server, &["SET", "last", "word"]), "OK");
+    assert_eq!(redis_cli(&server, &["GET", "last"]), "word");
+    let info = redis_cli(&server, &["INFO"]);
+    assert!(!info.contains("compactions=0,"), "{info}");
+    compactor.stop().unwrap();
     server.stop().unwrap();
 }
 

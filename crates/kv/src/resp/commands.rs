@@ -451,6 +451,8 @@ impl Executor {
 
     fn info_text(&self) -> String {
         let stats = self.session.stats();
+        let [begin, head, _, tail] = self.store.boundaries();
+        let compactions = self.store.compaction_totals();
         format!(
             "# Server\r\n\
              server_name:remora-kv\r\n\
@@ -459,7 +461,11 @@ impl Executor {
              \r\n\
              # Keyspace\r\n\
              db0:device={device},operations={operations},in_place_updates={in_place},\
-             copies_to_tail={copies},pending={pending},device_reads={device_reads}\r\n",
+             copies_to_tail={copies},pending={pending},device_reads={device_reads}\r\n\
+             \r\n\
+             # Log\r\n\
+             log:begin={begin},head={head},tail={tail},device_room_bytes={room},\
+             compactions={compactions},records_copied={copied}\r\n",
             version = env!("CARGO_PKG_VERSION"),
             device = self.store.device_name(),
             operations = stats.operations,
@@ -467,6 +473,12 @@ impl Executor {
             copies = stats.copies_to_tail,
             pending = stats.pending,
             device_reads = stats.device_reads,
+            begin = begin.value(),
+            head = head.value(),
+            tail = tail.value(),
+            room = self.store.device_room_bytes(),
+            compactions = compactions.compactions,
+            copied = compactions.records_copied,
         )
     }
 

@@ -5,7 +5,8 @@
 //! without losing a live key.
 //!
 //! Only records on the device are compacted (the address may not pass the
-//! head). Other sessions keep working meanwhile. A copy is published like
+//! head), a page at a time: each page is truncated as soon as its live
+//! records are copied. Other sessions keep working meanwhile. A copy is published like
 //! any append, by a compare-and-swap on the key's index entry after
 //! checking that the record is still its key's newest, so a write that
 //! lands in between wins and the copy is dropped. A live tombstone is not
@@ -17,6 +18,7 @@ use crate::address::LogAddress;
 use crate::checkpoint::{read_now, scan_page};
 use crate::log::Region;
 use crate::record::{parse_stored, Parsed};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum CompactionError {
@@ -37,6 +39,41 @@ pub struct Compaction {
     pub begin: LogAddress,
 }
 
+/// Every compaction of a store, summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CompactionTotals {
+    pub compactions: u64,
+    pub records_scanned: u64,
+    pub records_copied: u64,
+}
+
+/// The store's running [`CompactionTotals`].
+#[derive(Default)]
+pub(super) struct Counters {
+    compactions: AtomicU64,
+    records_scanned: AtomicU64,
+    records_copied: AtomicU64,
+}
+
+impl Counters {
+    fn add(&self, compaction: &Compaction) {
+        self.compactions.fetch_add(1, Ordering::Relaxed);
+        self.records_scanned
+            .fetch_add(compaction.records_scanned, Ordering::Relaxed);
+        self.records_copied
+            .fetch_add(compaction.records_copied, Ordering::Relaxed);
+    }
+
+    pub(super) fn totals(&self) -> CompactionTotals {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        CompactionTotals {
+            compactions: load(&self.compactions),
+            records_scanned: load(&self.records_scanned),
+            records_copied: load(&self.records_copied),
+        }
+    }
+}
+
 /// Records read while following a chain on the device before the log is
 /// judged corrupt: far more than any chain of tag collisions.
 const MAX_CHAIN_RECORDS: usize = 1 << 20;
@@ -51,8 +88,9 @@ struct Scanned {
 
 impl Session {
     /// Copies every record below `until`'s page that is still its key's
-    /// newest to the tail, then truncates the log at that page. `until`
-    /// may not pass the head.
+    /// newest to the tail, truncating the log page by page up to `until`'s
+    /// page. `until` may not pass the head. An error (the device full, say)
+    /// leaves the pages already done truncated.
     pub fn compact(&mut self, until: LogAddress) -> Result<Compaction, KvError> {
         if self.pending_count() > 0 {
             return Err(CompactionError::PendingOperations(self.pending_count()).into());
@@ -70,6 +108,23 @@ impl Session {
             begin,
             ..Compaction::default()
         };
+        self.compacting = true;
+        let compacted = self.compact_pages(begin, until, &mut report);
+        self.compacting = false;
+        compacted?;
+        self.shared.compactions.add(&report);
+        Ok(report)
+    }
+
+    /// The pages from `begin`'s to `until`'s, each copied and truncated.
+    fn compact_pages(
+        &mut self,
+        begin: LogAddress,
+        until: LogAddress,
+        report: &mut Compaction,
+    ) -> Result<(), KvError> {
+        let log = self.shared.log.clone();
+        let page_bits = self.shared.config.page_bits;
         let mut page = Vec::new();
         for number in begin.page(page_bits)..until.page(page_bits) {
             let start = LogAddress::page_start(number, page_bits);
@@ -79,13 +134,16 @@ impl Session {
                 report.records_scanned += 1;
                 report.records_copied += u64::from(self.copy_if_newest(&record)?);
             }
+            // The page is done: its room goes back at once, so that a
+            // compaction of a nearly full device needs at most a page's
+            // live records of room, and one cut short keeps its progress.
+            log.truncate_until(LogAddress::page_start(number + 1, page_bits))?;
+            report.begin = log.begin();
             // Let the epoch move between pages: a long compaction must
             // not hold up the other sessions' flushes.
             self.refresh()?;
         }
-        log.truncate_until(until)?;
-        report.begin = log.begin();
-        Ok(report)
+        Ok(())
     }
 
     /// Copies `record` to the tail if it is still its key's newest and not

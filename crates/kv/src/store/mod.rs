@@ -22,16 +22,20 @@ use crate::config::{ConfigError, StoreConfig};
 use crate::device::{Device, DeviceError, DeviceQueue, Finished};
 use crate::epoch::{Epoch, EpochError, SlotIndex};
 use crate::index::{HashIndex, IndexError, IndexUsage, Slot};
-use crate::log::{HybridLog, LogError, LogShape, Region};
+use crate::log::{Allocation, HybridLog, LogError, LogShape, Region};
 use crate::record::{
     parse_stored, record_bytes, write_new, Header, MemoryRecord, Parsed, MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
 };
 use crate::update::{Update, UpdateError};
-pub use compaction::{Compaction, CompactionError};
+pub use compaction::{Compaction, CompactionError, CompactionTotals};
 use std::hash::Hasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How often a write waiting for room looks again.
+const ROOM_POLL_INTERVAL: Duration = Duration::from_micros(200);
 
 /// Operations between epoch refreshes: bounds how long a page waits to
 /// become safe to flush or a frame to reuse.
@@ -124,6 +128,9 @@ struct Shared {
     index: HashIndex,
     log: Arc<HybridLog>,
     device: Arc<dyn Device>,
+    compactions: compaction::Counters,
+    /// How long a write that finds the device full waits for room.
+    room_wait_nanos: AtomicU64,
 }
 
 /// A FASTER-style store, shared by its sessions.
@@ -150,6 +157,8 @@ impl Store {
             index,
             log,
             device,
+            compactions: compaction::Counters::default(),
+            room_wait_nanos: AtomicU64::new(0),
         };
         Ok(Store {
             shared: Arc::new(shared),
@@ -170,6 +179,8 @@ impl Store {
             waiting_since: None,
             scratch: Vec::new(),
             stats: SessionStats::default(),
+            compacting: false,
+            full_since: None,
         })
     }
 
@@ -254,6 +265,25 @@ impl Store {
         self.shared.log.device_room_bytes()
     }
 
+    /// The device's bytes the log can use in all.
+    pub fn log_capacity_bytes(&self) -> u64 {
+        self.shared.log.device_capacity_bytes()
+    }
+
+    /// Writes that find the device full wait up to `wait` for room before
+    /// failing with `DeviceFull` (0, the default: fail at once). For a
+    /// store that a compactor keeps ([`crate::compactor`]): writers that
+    /// outrun it wait on it rather than fail.
+    pub fn wait_for_room(&self, wait: Duration) {
+        let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        self.shared.room_wait_nanos.store(nanos, Ordering::Relaxed);
+    }
+
+    /// What every session's compactions did so far.
+    pub fn compaction_totals(&self) -> CompactionTotals {
+        self.shared.compactions.totals()
+    }
+
     /// Time spent handing pages to the device, over every thread.
     pub fn flush_time(&self) -> Duration {
         self.shared.log.flush_time()
@@ -327,6 +357,10 @@ pub struct Session {
     waiting_since: Option<Instant>,
     scratch: Vec<u8>,
     stats: SessionStats,
+    /// Set while this session compacts: its copies may take the reserve.
+    compacting: bool,
+    /// When a write of this session first found the device full.
+    full_since: Option<Instant>,
 }
 
 impl Drop for Session {
@@ -442,12 +476,40 @@ impl Session {
     /// One try at reserving `bytes`; on `None` the session has refreshed
     /// (so any memory record it held must be located again).
     fn try_allocate(&mut self, bytes: u64) -> Result<Option<LogAddress>, KvError> {
-        if let Some(address) = self.shared.log.allocate(bytes)? {
-            self.waiting_since = None;
-            return Ok(Some(address));
+        let allocation = if self.compacting {
+            Allocation::Compaction
+        } else {
+            Allocation::Ordinary
+        };
+        match self.shared.log.allocate(bytes, allocation) {
+            Ok(Some(address)) => {
+                self.waiting_since = None;
+                self.full_since = None;
+                return Ok(Some(address));
+            }
+            Ok(None) => {}
+            Err(LogError::DeviceFull { .. }) if self.may_wait_for_room() => {
+                std::thread::sleep(ROOM_POLL_INTERVAL);
+            }
+            Err(error) => {
+                self.full_since = None;
+                return Err(error.into());
+            }
         }
         self.wait_a_little()?;
         Ok(None)
+    }
+
+    /// Whether a write that found the device full may wait on for a
+    /// compaction to make room ([`Store::wait_for_room`]).
+    fn may_wait_for_room(&mut self) -> bool {
+        let wait = Duration::from_nanos(self.shared.room_wait_nanos.load(Ordering::Relaxed));
+        let since = *self.full_since.get_or_insert_with(Instant::now);
+        let waiting = since.elapsed() < wait;
+        if !waiting {
+            self.full_since = None;
+        }
+        waiting
     }
 }
 

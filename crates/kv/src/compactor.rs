@@ -1,0 +1,170 @@
+//! A background compactor for a long-running store (`remora kv serve`):
+//! a thread with a session of its own that looks at the device's free
+//! room every so often and, when it falls below a share of the log's
+//! capacity, compacts everything below the head
+//! ([`crate::Session::compact`]). Without it a store that keeps updating
+//! fills its device with superseded copies and refuses writes.
+
+use crate::log::LogError;
+use crate::{KvError, Session, Store};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// When the compactor works.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CompactionPolicy {
+    /// Compact when the device's free room falls below this share of the
+    /// log's capacity, in (0, 1).
+    pub below_room_fraction: f64,
+    /// How often the room is looked at, in milliseconds (at least 1).
+    pub check_every_ms: u64,
+    /// How long a write that finds the device full waits for the
+    /// compactor to make room before it fails, in milliseconds.
+    pub writers_wait_ms: u64,
+}
+
+impl Default for CompactionPolicy {
+    fn default() -> CompactionPolicy {
+        CompactionPolicy {
+            below_room_fraction: 0.25,
+            check_every_ms: 5,
+            writers_wait_ms: 2000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CompactorError {
+    #[error("below_room_fraction {0} is outside (0, 1)")]
+    RoomFraction(f64),
+    #[error("check_every_ms must be at least 1")]
+    CheckEvery,
+    #[error("compacting: {0}")]
+    Store(#[from] KvError),
+    #[error("the compactor's thread could not start: {0}")]
+    Thread(String),
+    #[error("the compactor's thread panicked")]
+    Panicked,
+}
+
+impl CompactionPolicy {
+    pub fn check(&self) -> Result<(), CompactorError> {
+        if !(self.below_room_fraction > 0.0 && self.below_room_fraction < 1.0) {
+            return Err(CompactorError::RoomFraction(self.below_room_fraction));
+        }
+        if self.check_every_ms == 0 {
+            return Err(CompactorError::CheckEvery);
+        }
+        Ok(())
+    }
+
+    /// Whether `store` has less room than the policy allows.
+    fn is_due(&self, store: &Store) -> bool {
+        let floor = store.log_capacity_bytes() as f64 * self.below_room_fraction;
+        (store.device_room_bytes() as f64) < floor
+    }
+}
+
+/// Compactions to the head while the room stays below the policy's floor
+/// and each one gains some. A full device is not a failure: writers that
+/// outran the compactor wait on it, and the pages it freed stay freed.
+fn compact_while_due(
+    store: &Store,
+    session: &mut Session,
+    policy: CompactionPolicy,
+) -> Result<(), KvError> {
+    while policy.is_due(store) {
+        let before = store.boundaries()[0];
+        let head = store.boundaries()[1];
+        let compacted = session.compact(head);
+        session.suspend();
+        match compacted {
+            Ok(_) | Err(KvError::Log(LogError::DeviceFull { .. })) => {}
+            Err(error) => return Err(error),
+        }
+        if store.boundaries()[0] == before {
+            // Nothing below the head to give back yet: wait for it.
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// A running compactor; [`Compactor::stop`] ends it.
+pub struct Compactor {
+    store: Store,
+    stop: Arc<AtomicBool>,
+    failure: Arc<Mutex<Option<KvError>>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Compactor {
+    /// Starts compacting `store` as `policy` says. It takes one of the
+    /// store's sessions.
+    pub fn start(store: Store, policy: CompactionPolicy) -> Result<Compactor, CompactorError> {
+        policy.check()?;
+        let mut session = store.session()?;
+        session.suspend();
+        store.wait_for_room(Duration::from_millis(policy.writers_wait_ms));
+        let stop = Arc::new(AtomicBool::new(false));
+        let failure = Arc::new(Mutex::new(None));
+        let (stopping, failing, kept) = (stop.clone(), failure.clone(), store.clone());
+        let handle = std::thread::Builder::new()
+            .name("remora-kv-compactor".into())
+            .spawn(move || {
+                let interval = Duration::from_millis(policy.check_every_ms);
+                while !stopping.load(Ordering::Relaxed) {
+                    if let Err(error) = compact_while_due(&store, &mut session, policy) {
+                        *failing.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+                        return;
+                    }
+                    std::thread::sleep(interval);
+                }
+            })
+            .map_err(|error| CompactorError::Thread(error.to_string()))?;
+        Ok(Compactor {
+            store: kept,
+            stop,
+            failure,
+            handle: Some(handle),
+        })
+    }
+
+    /// Stops the thread; the error that stopped it early, if one did.
+    pub fn stop(mut self) -> Result<(), CompactorError> {
+        self.halt();
+        let joined = self.handle.take().map(JoinHandle::join);
+        if let Some(Err(_)) = joined {
+            return Err(CompactorError::Panicked);
+        }
+        match self
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            Some(error) => Err(error.into()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Compactor {
+    /// Tells the thread to stop; writers no longer wait for room.
+    fn halt(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.store.wait_for_room(Duration::ZERO);
+    }
+}
+
+impl Drop for Compactor {
+    fn drop(&mut self) {
+        self.halt();
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
