@@ -304,7 +304,7 @@ fn is_device_gone(error: &KvError) -> bool {
         KvError::Log(LogError::Flush(device)) => device,
         _ => return false,
     };
-    matches!(device, DeviceError::FarMemory(text) if text == &VerbsError::DeviceGone.to_string())
+    *device == DeviceError::Gone
 }
 
 /// The compute host, its store and its connection to far memory.
@@ -337,10 +337,39 @@ impl<R: Rack + Send + 'static> Compute<R> {
     fn now(&self) -> Timestamp {
         self.rack.lock().unwrap_or_else(|e| e.into_inner()).now()
     }
+
+    /// The compute host goes down (its store is already gone), stays down
+    /// for the plan's while, and comes back with a fresh NIC. Under the
+    /// control, a page the checkpoint ending at `acknowledged_tail` holds
+    /// is lost meanwhile.
+    fn crash_and_restart(
+        &self,
+        plan: CrashPlan,
+        acknowledged_tail: LogAddress,
+    ) -> Result<(), ScenarioError> {
+        let mut rack = self.rack.lock().unwrap_or_else(|e| e.into_inner());
+        rack.crash(COMPUTE_HOST);
+        rack.run_for(plan.down_for)?;
+        rack.restart(COMPUTE_HOST)?;
+        if plan.control == Control::LoseNewestPage {
+            let page_bits = self.config.page_bits;
+            lose_page(&mut *rack, &self.pool, acknowledged_tail, page_bits)?;
+        }
+        Ok(())
+    }
+
+    /// Packets both NICs sent again (the compute host's since its restart).
+    fn retransmissions(&self) -> u64 {
+        let mut rack = self.rack.lock().unwrap_or_else(|e| e.into_inner());
+        [COMPUTE_HOST, MEMORY_HOST]
+            .map(|host| rack.with_nic(host, |nic| nic.counters().packets_retransmitted))
+            .iter()
+            .sum()
+    }
 }
 
-/// The store's settings for the scenario: two sessions' worth of epoch
-/// slots, the smallest pages and memory, so records reach the device.
+/// The store's settings for the scenario: one session, the smallest pages
+/// and memory, so that records reach the device.
 fn store_config() -> StoreConfig {
     StoreConfig {
         sessions: 1,
@@ -380,21 +409,7 @@ where
     let power = PowerCut::never();
     let before = run_until_power_cut(&compute, &mut workload, plan, (crash_offset, power))?;
     let crash_at = compute.now().saturating_duration_since(started);
-    {
-        let mut rack = compute.rack.lock().unwrap_or_else(|e| e.into_inner());
-        rack.crash(COMPUTE_HOST);
-        rack.run_for(plan.down_for)?;
-        rack.restart(COMPUTE_HOST)?;
-        if plan.control == Control::LoseNewestPage {
-            let page_bits = compute.config.page_bits;
-            lose_page(
-                &mut *rack,
-                &pool,
-                before.snapshots.acknowledged_tail,
-                page_bits,
-            )?;
-        }
-    }
+    compute.crash_and_restart(plan, before.snapshots.acknowledged_tail)?;
     let (store, record) =
         Store::recover(compute.config.clone(), compute.device(PowerCut::never())?)
             .map_err(ScenarioError::Recover)?;
@@ -403,14 +418,6 @@ where
     let keys_checked = check_recovered(&store, record.sequence, &model, plan.keys)?;
     workload.model = model;
     let operations_after = work_on(&store, &mut workload, plan)?;
-    drop(store);
-    let retransmissions = {
-        let mut rack = compute.rack.lock().unwrap_or_else(|e| e.into_inner());
-        [COMPUTE_HOST, MEMORY_HOST]
-            .map(|host| rack.with_nic(host, |nic| nic.counters().packets_retransmitted))
-            .iter()
-            .sum()
-    };
     Ok(CrashOutcome {
         operations_before: before.operations,
         last_acknowledged_checkpoint,
@@ -420,7 +427,7 @@ where
         recovered_unacknowledged,
         keys_checked,
         operations_after,
-        retransmissions,
+        retransmissions: compute.retransmissions(),
     })
 }
 

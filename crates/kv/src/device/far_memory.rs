@@ -71,6 +71,15 @@ impl FarMemoryPath {
     }
 }
 
+/// A verb's failure: a NIC that is gone (its host crashed) is
+/// [`DeviceError::Gone`], so the store's caller can tell it from a bug.
+fn verbs_error(error: VerbsError) -> DeviceError {
+    match error {
+        VerbsError::DeviceGone => DeviceError::Gone,
+        other => far_error(other),
+    }
+}
+
 fn far_error(error: impl std::fmt::Display) -> DeviceError {
     DeviceError::FarMemory(error.to_string())
 }
@@ -465,7 +474,7 @@ impl VerbsQueue {
         // A window of slots never overfills a queue of the window's depth.
         path.port
             .post_send(queue_pair, request)
-            .map_err(far_error)?;
+            .map_err(verbs_error)?;
         self.posted_since_kick = true;
         Ok(())
     }
@@ -485,7 +494,7 @@ impl VerbsQueue {
             let Some(completion) = path
                 .port
                 .poll_completion(completion_queue)
-                .map_err(far_error)?
+                .map_err(verbs_error)?
             else {
                 return Ok(());
             };

@@ -39,6 +39,8 @@ pub enum DeviceError {
     Closed,
     #[error("the far-memory path failed: {0}")]
     FarMemory(String),
+    #[error("the device is gone: its NIC's host is down")]
+    Gone,
 }
 
 /// What a completion carries: a read's bytes, or nothing for a write.
