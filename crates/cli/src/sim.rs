@@ -208,6 +208,59 @@ pub fn run(command: SimCommand) -> Result<ExitCode, SimError> {
     }
 }
 
+/// One seed (`--seed`, to replay a failure) or a campaign's range.
+fn seed_range(seed: Option<u64>, first_seed: u64, seeds: u64) -> (u64, u64) {
+    match seed {
+        Some(seed) => (seed, 1),
+        None => (first_seed, seeds),
+    }
+}
+
+/// Links that lose and duplicate frames, between NICs of `hardware`.
+fn lossy_network(
+    loss: Probability,
+    duplicate: Probability,
+    hardware: NicHardware,
+) -> remora_rack::scenario::Network {
+    remora_rack::scenario::Network {
+        faults: remora_sim::LinkFaults {
+            loss,
+            duplicate,
+            ..remora_sim::LinkFaults::NONE
+        },
+        hardware,
+    }
+}
+
+/// Runs `campaign` with a progress bar that its per-seed callback moves.
+fn with_seed_progress<R>(count: u64, campaign: impl FnOnce(&mut dyn FnMut(u64, bool)) -> R) -> R {
+    let progress = seed_progress(count);
+    let mut failed = 0u64;
+    let report = campaign(&mut |_, passed| {
+        failed += u64::from(!passed);
+        progress.set_message(format!("{failed} failed"));
+        progress.inc(1);
+    });
+    progress.finish_and_clear();
+    report
+}
+
+/// Writes the report if asked; fails the command if a seed failed.
+fn finish_campaign(
+    json: Option<&std::path::Path>,
+    report: &impl serde::Serialize,
+    passed: bool,
+) -> Result<ExitCode, SimError> {
+    if let Some(path) = json {
+        crate::output::write_json(path, report)?;
+    }
+    Ok(if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
 fn seed_progress(count: u64) -> ProgressBar {
     let progress = ProgressBar::new(count);
     progress.set_style(
@@ -221,27 +274,11 @@ fn seed_progress(count: u64) -> ProgressBar {
 
 fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, SimError> {
     use remora_bifrost::rpc::scenario::{crash_campaign, failover_plan};
-    let faults = remora_sim::LinkFaults {
-        loss: args.loss,
-        duplicate: args.duplicate,
-        ..remora_sim::LinkFaults::NONE
-    };
-    let (first_seed, count) = match args.seed {
-        Some(seed) => (seed, 1),
-        None => (args.first_seed, args.seeds),
-    };
-    let progress = seed_progress(count);
-    let mut failed = 0u64;
-    let network = remora_bifrost::rpc::scenario::Network {
-        faults,
-        hardware: args.hardware,
-    };
-    let report = crash_campaign(first_seed, count, network, |_, passed| {
-        failed += u64::from(!passed);
-        progress.set_message(format!("{failed} failed"));
-        progress.inc(1);
+    let network = lossy_network(args.loss, args.duplicate, args.hardware);
+    let (first_seed, count) = seed_range(args.seed, args.first_seed, args.seeds);
+    let report = with_seed_progress(count, |each| {
+        crash_campaign(first_seed, count, network, each)
     });
-    progress.finish_and_clear();
     println!(
         "bifrost crash campaign (failover, a chain's middle, the head caller): seeds {}..{} loss {} duplicate {} hardware {}",
         first_seed,
@@ -285,39 +322,16 @@ fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, SimError> {
             args.hardware.name()
         );
     }
-    if let Some(path) = &args.json {
-        crate::output::write_json(path, &report)?;
-    }
-    Ok(if report.violations.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    finish_campaign(args.json.as_deref(), &report, report.violations.is_empty())
 }
 
 fn run_kv(args: KvArgs) -> Result<ExitCode, SimError> {
     use remora_kv::scenario::{compute_crash_campaign, CrashPlan};
-    let network = remora_rack::scenario::Network {
-        faults: remora_sim::LinkFaults {
-            loss: args.loss,
-            duplicate: args.duplicate,
-            ..remora_sim::LinkFaults::NONE
-        },
-        hardware: args.hardware,
-    };
-    let (first_seed, count) = match args.seed {
-        Some(seed) => (seed, 1),
-        None => (args.first_seed, args.seeds),
-    };
-    let progress = seed_progress(count);
-    let mut failed = 0u64;
-    let plan = CrashPlan::DEFAULT;
-    let report = compute_crash_campaign(first_seed, count, network, plan, |_, passed| {
-        failed += u64::from(!passed);
-        progress.set_message(format!("{failed} failed"));
-        progress.inc(1);
+    let network = lossy_network(args.loss, args.duplicate, args.hardware);
+    let (first_seed, count) = seed_range(args.seed, args.first_seed, args.seeds);
+    let report = with_seed_progress(count, |each| {
+        compute_crash_campaign(first_seed, count, network, CrashPlan::DEFAULT, each)
     });
-    progress.finish_and_clear();
     let flags = format!(
         "--loss {} --duplicate {} --hardware {}",
         args.loss,
@@ -353,14 +367,7 @@ fn run_kv(args: KvArgs) -> Result<ExitCode, SimError> {
         println!("\nseed {} FAILED: {}", violation.seed, violation.error);
         println!("  replay: remora sim kv --seed {} {flags}", violation.seed);
     }
-    if let Some(path) = &args.json {
-        crate::output::write_json(path, &report)?;
-    }
-    Ok(if report.violations.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    finish_campaign(args.json.as_deref(), &report, report.violations.is_empty())
 }
 
 fn run_fabric(args: FabricArgs) -> Result<ExitCode, SimError> {

@@ -30,7 +30,7 @@ use crate::{DeviceError, KvError, Session, Status, Store, StoreConfig, Update};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use remora_base::Timestamp;
-use remora_rack::scenario::{Network, Rack, RackStage, SimulatedStage};
+use remora_rack::scenario::{Network, Rack, RackStage, SimulatedStage, Violation};
 use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
 use remora_rack::RackError;
 use remora_rnic::{Verbs, VerbsError};
@@ -440,13 +440,6 @@ pub fn simulated_compute_crash(
 ) -> Result<CrashOutcome, ScenarioError> {
     let stage = SimulatedStage::on_network(seed, &Topology::compute_and_memory(), network);
     compute_crash(stage, seed, plan)
-}
-
-/// A seed that failed, and how.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Violation {
-    pub seed: u64,
-    pub error: String,
 }
 
 /// What a campaign of [`simulated_compute_crash`] seeds found.

@@ -8,10 +8,7 @@ mod common;
 use common::*;
 use remora_kv::device::{FarMemoryDevice, FarMemoryPath};
 use remora_kv::*;
-use std::collections::HashMap;
 use std::sync::Arc;
-
-type Model = HashMap<Vec<u8>, Vec<u8>>;
 
 fn check_all(session: &mut Session, model: &Model, keys: u8) {
     for number in 0..keys {
@@ -24,28 +21,10 @@ fn check_all(session: &mut Session, model: &Model, keys: u8) {
     }
 }
 
-/// Applies `ops` to the store and the model.
+/// Applies `ops` to the store and the model, numbered from `step`.
 fn apply(session: &mut Session, model: &mut Model, ops: &[Op], step: usize) {
     for (offset, op) in ops.iter().enumerate() {
-        match *op {
-            Op::Upsert(k, length) => {
-                let value = value_of(k, length, step + offset);
-                session.upsert(&key_of(k), &value).unwrap();
-                model.insert(key_of(k), value);
-            }
-            Op::Read(k) => assert_eq!(
-                read_now(session, &key_of(k)),
-                model.get(&key_of(k)).cloned()
-            ),
-            Op::Delete(k) => {
-                session.delete(&key_of(k)).unwrap();
-                model.remove(&key_of(k));
-            }
-            Op::Increment(k) => {
-                let value = rmw_now(session, &key_of(k), Update::AddToCounter(1)).unwrap();
-                model.insert(key_of(k), value);
-            }
-        }
+        apply_op(session, model, op, step + offset);
     }
 }
 

@@ -9,36 +9,15 @@ use common::*;
 use remora_kv::checkpoint::CheckpointError;
 use remora_kv::device::{DeviceKind, FileSettings, OpenDevice};
 use remora_kv::*;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-
-type Model = HashMap<Vec<u8>, Vec<u8>>;
 
 /// Applies `ops` to the store and the model; at every `checkpoint_every`
 /// operations takes a checkpoint and keeps the model as it was then.
 fn apply(session: &mut Session, model: &mut Model, ops: &[Op], checkpoint_every: usize) -> Model {
     let mut at_checkpoint = model.clone();
     for (step, op) in ops.iter().enumerate() {
-        match *op {
-            Op::Upsert(k, length) => {
-                let value = value_of(k, length, step);
-                session.upsert(&key_of(k), &value).unwrap();
-                model.insert(key_of(k), value);
-            }
-            Op::Read(k) => assert_eq!(
-                read_now(session, &key_of(k)),
-                model.get(&key_of(k)).cloned()
-            ),
-            Op::Delete(k) => {
-                session.delete(&key_of(k)).unwrap();
-                model.remove(&key_of(k));
-            }
-            Op::Increment(k) => {
-                let value = rmw_now(session, &key_of(k), Update::AddToCounter(1)).unwrap();
-                model.insert(key_of(k), value);
-            }
-        }
+        apply_op(session, model, op, step);
         if step % checkpoint_every == checkpoint_every - 1 {
             session.checkpoint().unwrap();
             at_checkpoint = model.clone();

@@ -117,6 +117,13 @@ pub trait Rack {
     fn heal(&mut self, host: usize);
 }
 
+/// A seed of a simulated campaign that failed, and why.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Violation {
+    pub seed: u64,
+    pub error: String,
+}
+
 /// The network a simulated scenario runs on: its links' faults and its
 /// NICs' hardware. Link faults alone are a network of ideal NICs.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -85,7 +85,7 @@ pub enum ScenarioError {
     Acl(#[from] crate::gatekeeper::audit::AclViolation),
 }
 
-pub use remora_rack::scenario::Network;
+pub use remora_rack::scenario::{Network, Violation};
 
 /// The simulator's stage for `topology` on `network`.
 fn stage_on(seed: u64, topology: &Topology, network: Network) -> SimulatedStage {
@@ -651,13 +651,6 @@ pub fn failover_plan(seed: u64) -> (u64, u64) {
     let calls = 500 + mixed % 1500;
     let crash_after = calls / 10 + (mixed >> 20) % (calls * 8 / 10);
     (calls, crash_after)
-}
-
-/// A failing seed of a campaign, and why.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Violation {
-    pub seed: u64,
-    pub error: String,
 }
 
 /// What a campaign of [`failover`] seeds found.

@@ -77,6 +77,39 @@ pub fn random_ops(count: usize, seed: u64) -> Vec<Op> {
         .current()
 }
 
+/// The map a store's contents are checked against.
+pub type Model = HashMap<Vec<u8>, Vec<u8>>;
+
+/// Applies `op` (number `step` of a run) to the store and the model,
+/// checking every read and read-modify-write against the model.
+pub fn apply_op(session: &mut Session, model: &mut Model, op: &Op, step: usize) {
+    match *op {
+        Op::Upsert(k, length) => {
+            let value = value_of(k, length, step);
+            assert_eq!(session.upsert(&key_of(k), &value).unwrap(), Status::Done);
+            model.insert(key_of(k), value);
+        }
+        Op::Read(k) => assert_eq!(
+            read_now(session, &key_of(k)),
+            model.get(&key_of(k)).cloned(),
+            "step {step}: read of key {k}"
+        ),
+        Op::Delete(k) => {
+            session.delete(&key_of(k)).unwrap();
+            model.remove(&key_of(k));
+        }
+        Op::Increment(k) => {
+            let mut expected = Vec::new();
+            Update::AddToCounter(1)
+                .apply(model.get(&key_of(k)).map(Vec::as_slice), &mut expected)
+                .unwrap();
+            let got = rmw_now(session, &key_of(k), Update::AddToCounter(1)).unwrap();
+            assert_eq!(got, expected, "step {step}: RMW of key {k}");
+            model.insert(key_of(k), got);
+        }
+    }
+}
+
 pub fn key_of(number: u8) -> Vec<u8> {
     format!("key-{number}").into_bytes()
 }
@@ -101,39 +134,9 @@ pub fn check_against_model_with(
 ) -> SessionStats {
     let store = Store::new(config, device).unwrap();
     let mut session = store.session().unwrap();
-    let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    let mut model = Model::new();
     for (step, op) in ops.iter().enumerate() {
-        match *op {
-            Op::Upsert(k, length) => {
-                let value = value_of(k, length, step);
-                assert_eq!(session.upsert(&key_of(k), &value).unwrap(), Status::Done);
-                model.insert(key_of(k), value);
-            }
-            Op::Read(k) => {
-                assert_eq!(
-                    read_now(&mut session, &key_of(k)),
-                    model.get(&key_of(k)).cloned(),
-                    "step {step}: read of key {k}"
-                );
-            }
-            Op::Delete(k) => {
-                session.delete(&key_of(k)).unwrap();
-                model.remove(&key_of(k));
-            }
-            Op::Increment(k) => {
-                let expected = model.get(&key_of(k)).map(|old| {
-                    let mut out = Vec::new();
-                    Update::AddToCounter(1)
-                        .apply(Some(old), &mut out)
-                        .map(|()| out)
-                        .unwrap()
-                });
-                let expected = expected.unwrap_or_else(|| 1u64.to_le_bytes().to_vec());
-                let got = rmw_now(&mut session, &key_of(k), Update::AddToCounter(1)).unwrap();
-                assert_eq!(got, expected, "step {step}: RMW of key {k}");
-                model.insert(key_of(k), got);
-            }
-        }
+        apply_op(&mut session, &mut model, op, step);
     }
     for number in 0..=255u8 {
         assert_eq!(
