@@ -151,6 +151,20 @@ fn wait_with_deadline(child: &mut Child, program: &str) -> std::process::ExitSta
 
 /// `redis-cli -p PORT arguments...`: its output, without the newlines at
 /// its end (redis-cli prints an error with an empty line after it).
+/// Runs `redis-benchmark -q` against `server` with `arguments`: whether
+/// it succeeded, its stdout and its stderr.
+fn redis_benchmark(server: &TestServer, arguments: &[&str]) -> (bool, String, String) {
+    let port = server.port.to_string();
+    let mut all = vec!["-h", "127.0.0.1", "-p", &port, "-q"];
+    all.extend_from_slice(arguments);
+    let output = run("redis-benchmark", &all, b"");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
 fn redis_cli(server: &TestServer, arguments: &[&str]) -> String {
     redis_cli_with_input(server, arguments, b"")
 }
@@ -300,28 +314,13 @@ fn redis_benchmark_runs_pipelined_sets_and_gets() {
         return;
     }
     let server = TestServer::start(60);
-    let port = server.port.to_string();
-    let arguments = [
-        "-h",
-        "127.0.0.1",
-        "-p",
-        &port,
-        "-t",
-        "get,set",
-        "-n",
-        "2000",
-        "-q",
-        "-P",
-        "16",
-        "-r",
-        "1000",
-        "-d",
-        "64",
-    ];
-    let output = run("redis-benchmark", &arguments, b"");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let (success, stdout, stderr) = redis_benchmark(
+        &server,
+        &[
+            "-t", "get,set", "-n", "2000", "-P", "16", "-r", "1000", "-d", "64",
+        ],
+    );
+    assert!(success, "{stdout}\n{stderr}");
     for command in ["SET", "GET"] {
         let reported = stdout.split(['\r', '\n']).any(|line| {
             line.starts_with(&format!("{command}: ")) && line.contains("requests per second")
@@ -347,31 +346,14 @@ fn a_compacted_server_takes_far_more_writes_than_its_device_holds() {
     }
     let server = TestServer::on_device(60, 2 << 20);
     let compactor = Compactor::start(server.store.clone(), CompactionPolicy::default()).unwrap();
-    let port = server.port.to_string();
-    let arguments = [
-        "-h",
-        "127.0.0.1",
-        "-p",
-        &port,
-        "-t",
-        "set",
-        "-n",
-        "60000",
-        "-q",
-        "-P",
-        "16",
-        "-c",
-        "8",
-        "-r",
-        "2000",
-        "-d",
-        "200",
-    ];
-    let output = run("redis-benchmark", &arguments, b"");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (success, stdout, stderr) = redis_benchmark(
+        &server,
+        &[
+            "-t", "set", "-n", "60000", "-P", "16", "-c", "8", "-r", "2000", "-d", "200",
+        ],
+    );
     assert!(
-        output.status.success() && !stdout.contains("ERR") && !stderr.contains("ERR"),
+        success && !stdout.contains("ERR") && !stderr.contains("ERR"),
         "{stdout}\n{stderr}"
     );
     let [begin, _, _, tail] = server.store.boundaries();
