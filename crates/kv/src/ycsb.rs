@@ -299,7 +299,8 @@ fn run_thread(
 }
 
 /// A run stops early rather than fill the device: updates append copies
-/// of records, and the store has no compaction yet.
+/// of records, and a run does not compact (FASTER's benchmark does not);
+/// its caller may compact between runs (`Session::compact`).
 fn has_room(store: &Store) -> bool {
     store.device_room_bytes() > RUN_STOPS_WITH_ROOM_BYTES
 }
