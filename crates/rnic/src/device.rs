@@ -131,6 +131,24 @@ impl SoftRnic {
         &self.resources.counters
     }
 
+    /// Changes how long `qpn` waits for an acknowledgement before sending
+    /// again, and how many times it sends again before failing with
+    /// `RetryExceeded` (`ibv_modify_qp`'s `timeout` and `retry_cnt`); `None`
+    /// keeps what it has. The retry budget starts over.
+    pub fn set_retransmission(
+        &mut self,
+        qpn: Qpn,
+        timeout: Option<std::time::Duration>,
+        retry_count: Option<u8>,
+    ) -> Result<(), VerbsError> {
+        if let Some(retry_count) = retry_count {
+            check_depth("retry_count", usize::from(retry_count) + 1, 8)?;
+        }
+        let (_, queue_pair, _) = self.queue_pair_mut(qpn)?;
+        queue_pair.set_retransmission(timeout, retry_count);
+        Ok(())
+    }
+
     pub fn queue_pair_state(&self, qpn: Qpn) -> Result<QueuePairState, VerbsError> {
         Ok(self.queue_pair(qpn)?.state())
     }

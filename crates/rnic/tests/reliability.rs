@@ -313,6 +313,36 @@ fn a_dead_link_exhausts_the_retry_count() {
     assert_eq!(s.fabric.now, Timestamp::from_nanos(400_000));
 }
 
+/// `ibv_modify_qp`'s timeout and retry count, set after the queue pair
+/// was made, are the ones a dead link exhausts.
+#[test]
+fn retransmission_set_after_creation_is_the_one_used() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| {
+        builder.retry_count = 7;
+        builder.timeout = Duration::from_millis(1);
+    });
+    let qpn = s.left_qp.0;
+    s.fabric
+        .left
+        .set_retransmission(qpn, Some(Duration::from_micros(50)), Some(2))
+        .unwrap();
+    assert!(matches!(
+        s.fabric.left.set_retransmission(qpn, None, Some(8)),
+        Err(VerbsError::InvalidQueueDepth { .. })
+    ));
+    s.fabric
+        .left
+        .post_send(s.left_qp, write_request(&s, 1, 0, s.right_mr.remote(0), 8))
+        .unwrap();
+    let summary = s.fabric.run_filtered(1000, &mut |_, _| Verdict::Drop);
+    assert_eq!(summary.timeouts_fired, 3, "the first send plus two retries");
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::RetryExceeded)]
+    );
+    assert_eq!(s.fabric.now, Timestamp::from_nanos(150_000));
+}
+
 #[test]
 fn receiver_not_ready_waits_then_delivers() {
     let mut s = setup_with(AccessFlags::ALL, |builder| {

@@ -173,6 +173,21 @@ impl QueuePairContext {
         Ok(())
     }
 
+    /// See [`crate::SoftRnic::set_retransmission`].
+    pub(crate) fn set_retransmission(
+        &mut self,
+        timeout: Option<std::time::Duration>,
+        retry_count: Option<u8>,
+    ) {
+        if let Some(timeout) = timeout {
+            self.attributes.timeout = timeout;
+        }
+        if let Some(retry_count) = retry_count {
+            self.attributes.retry_count = retry_count;
+            self.requester.retries_left = retry_count;
+        }
+    }
+
     /// Sets the send PSN on the way from RTR to RTS (`IBV_QP_SQ_PSN`).
     pub(crate) fn send_from(&mut self, send_psn: Psn) -> Result<(), VerbsError> {
         if self.state != QueuePairState::ReadyToReceive {

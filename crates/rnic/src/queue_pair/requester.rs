@@ -73,7 +73,7 @@ pub(crate) struct Requester {
     /// Highest PSN ever sent, plus one: anything before it is a retransmission.
     sent_high_psn: Psn,
     outstanding_read_atomic: usize,
-    retries_left: u8,
+    pub(super) retries_left: u8,
     rnr_retries_left: u8,
     retransmit_deadline: Option<Timestamp>,
     rnr_resume_at: Option<Timestamp>,

@@ -312,11 +312,35 @@ pub(super) unsafe fn modify_qp(
     if let Err(error) = result {
         return errno_of(&error);
     }
+    let (timeout, retry_count) = retransmission_of(attributes, mask);
+    if timeout.is_some() || retry_count.is_some() {
+        let set = node.with_device(|rnic| rnic.set_retransmission(qpn, timeout, retry_count));
+        if let Err(error) = set {
+            return errno_of(&error);
+        }
+    }
     remember_attributes(&mut qp_object.attributes, attributes, mask);
     qp_object.qp.qp_base.state = node
         .inspect(|rnic| rnic.queue_pair_state(qpn))
         .map_or(IBV_QPS_ERR, state_of);
     0
+}
+
+/// The retransmission timeout and retry count a program set, if it set
+/// them. The timeout is IB's exponent: 4.096 µs × 2^timeout. Its 0 means
+/// "wait forever", which a soft RNIC on carriers that can drop a datagram
+/// cannot honour without hanging, so 0 keeps the device's own timeout.
+fn retransmission_of(
+    attributes: &ibv_qp_attr,
+    mask: u32,
+) -> (Option<std::time::Duration>, Option<u8>) {
+    const TIMEOUT_UNIT_NANOS: u64 = 4096;
+    let timeout = (mask & IBV_QP_TIMEOUT != 0 && attributes.timeout != 0).then(|| {
+        let exponent = u32::from(attributes.timeout.min(31));
+        std::time::Duration::from_nanos(TIMEOUT_UNIT_NANOS << exponent)
+    });
+    let retry_count = (mask & IBV_QP_RETRY_CNT != 0).then_some(attributes.retry_cnt.min(7));
+    (timeout, retry_count)
 }
 
 /// Copies one attribute from what the program gave into what is kept.
