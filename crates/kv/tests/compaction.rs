@@ -73,6 +73,13 @@ fn compaction_keeps_every_live_key_on_one_sided_far_memory() {
     device.stop().unwrap();
 }
 
+#[test]
+fn compaction_keeps_every_live_key_behind_cowbird_spot() {
+    let device = Arc::new(FarMemoryDevice::start(FarMemoryPath::CowbirdSpot, 16 << 20, 4).unwrap());
+    compacted_store_agrees_with_a_map(device.clone());
+    device.stop().unwrap();
+}
+
 /// 64 keys updated over and over: without compaction the device fills
 /// (the control); compacting whenever room runs low, the same run goes on
 /// four times as long and every key reads its last value.
