@@ -382,12 +382,8 @@ impl Device for FarMemoryDevice {
 /// What a landing slot is doing.
 #[derive(Clone, Copy)]
 enum SlotUse {
-    /// A whole read.
-    Read {
-        token: u64,
-        length: usize,
-    },
-    /// The piece at `at` of a read longer than a slot.
+    /// The piece at `at` of a read (a whole read of at most a slot is its
+    /// only piece).
     ReadPiece {
         token: u64,
         at: usize,
@@ -409,11 +405,10 @@ struct VerbsQueue {
     slots: Vec<Option<SlotUse>>,
     /// Pieces of each write still in flight.
     write_pieces: HashMap<u64, usize>,
-    /// Reads longer than a slot, assembled from their pieces.
+    /// Reads, assembled from their slots' pieces.
     read_pieces: ReadAssembly,
     posted_since_kick: bool,
     finished: Finished,
-    scratch: Vec<u8>,
 }
 
 impl VerbsQueue {
@@ -436,7 +431,6 @@ impl VerbsQueue {
             read_pieces: ReadAssembly::default(),
             posted_since_kick: false,
             finished: Finished::default(),
-            scratch: Vec::new(),
         }
     }
 
@@ -509,14 +503,6 @@ impl VerbsQueue {
                 .take()
                 .expect("completions name posted slots")
             {
-                SlotUse::Read { token, length } => {
-                    self.scratch.resize(length, 0);
-                    path.direct
-                        .landing
-                        .read(slot * SLOT_BYTES, &mut self.scratch)
-                        .map_err(far_error)?;
-                    self.finished.push_read(token, &self.scratch);
-                }
                 SlotUse::ReadPiece { token, at, length } => {
                     let landing = &path.direct.landing;
                     self.read_pieces
@@ -533,41 +519,23 @@ impl VerbsQueue {
     }
 }
 
-impl VerbsQueue {
-    /// A read longer than a slot: a READ per slot's worth, gathered.
-    fn read_in_pieces(
-        &mut self,
-        offset: u64,
-        length: usize,
-        token: u64,
-    ) -> Result<(), DeviceError> {
-        self.read_pieces
-            .start(token, length, length.div_ceil(SLOT_BYTES));
-        for at in (0..length).step_by(SLOT_BYTES) {
-            let piece = SLOT_BYTES.min(length - at);
+impl DeviceQueue for VerbsQueue {
+    fn read(&mut self, offset: u64, length: usize, token: u64) -> Result<(), DeviceError> {
+        check_range(offset, length as u64, self.capacity_bytes)?;
+        // A READ per slot's worth (an empty read is one empty piece).
+        let pieces = length.div_ceil(SLOT_BYTES).max(1);
+        self.read_pieces.start(token, length, pieces);
+        for piece in 0..pieces {
+            let at = piece * SLOT_BYTES;
+            let piece_length = SLOT_BYTES.min(length - at);
             let slot = self.take_slot()?;
             self.slots[slot] = Some(SlotUse::ReadPiece {
                 token,
                 at,
-                length: piece,
+                length: piece_length,
             });
             let remote = self.pool.remote(offset + at as u64);
-            self.post(slot, SendOperation::Read { remote }, piece)?;
-        }
-        Ok(())
-    }
-}
-
-impl DeviceQueue for VerbsQueue {
-    fn read(&mut self, offset: u64, length: usize, token: u64) -> Result<(), DeviceError> {
-        check_range(offset, length as u64, self.capacity_bytes)?;
-        if length <= SLOT_BYTES {
-            let slot = self.take_slot()?;
-            self.slots[slot] = Some(SlotUse::Read { token, length });
-            let remote = self.pool.remote(offset);
-            self.post(slot, SendOperation::Read { remote }, length)?;
-        } else {
-            self.read_in_pieces(offset, length, token)?;
+            self.post(slot, SendOperation::Read { remote }, piece_length)?;
         }
         if self.synchronous {
             let started = Instant::now();
