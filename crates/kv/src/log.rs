@@ -493,12 +493,16 @@ impl HybridLog {
 
     /// Checks the boundaries' order (debug builds call it often).
     pub fn debug_check_invariants(&self) {
+        // Every boundary only moves up, and other threads move them while
+        // this reads. So each is loaded before the boundary it must stay
+        // below: that one, read later, can only have moved further up, and
+        // the check never sees a false order.
         let begin = self.begin();
-        let head = self.head();
         let safe_head = Self::load(&self.safe_head);
+        let head = self.head();
+        let flushed = self.flushed_until();
         let safe_read_only = Self::load(&self.safe_read_only);
         let read_only = self.read_only();
-        let flushed = self.flushed_until();
         debug_assert!(safe_head <= head, "safe head {safe_head} above head {head}");
         debug_assert!(head <= flushed, "head {head} above flushed {flushed}");
         debug_assert!(
