@@ -49,6 +49,11 @@ impl LogAddress {
         self.0 & ((1 << page_bits) - 1)
     }
 
+    /// Bytes from this address to its page's end.
+    pub const fn bytes_to_page_end(self, page_bits: u32) -> u64 {
+        (1 << page_bits) - self.offset_in_page(page_bits)
+    }
+
     /// The first address of page `page`.
     pub const fn page_start(page: u64, page_bits: u32) -> LogAddress {
         LogAddress::new(page << page_bits)
@@ -74,6 +79,7 @@ mod tests {
         let address = LogAddress::new((5 << 16) + 40);
         assert_eq!(address.page(16), 5);
         assert_eq!(address.offset_in_page(16), 40);
+        assert_eq!(address.bytes_to_page_end(16), (1 << 16) - 40);
         assert_eq!(LogAddress::page_start(5, 16).plus(40), address);
     }
 

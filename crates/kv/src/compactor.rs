@@ -77,8 +77,7 @@ fn compact_while_due(
     policy: CompactionPolicy,
 ) -> Result<(), KvError> {
     while policy.is_due(store) {
-        let before = store.boundaries()[0];
-        let head = store.boundaries()[1];
+        let [before, head, ..] = store.boundaries();
         let compacted = session.compact(head);
         session.suspend();
         match compacted {

@@ -347,8 +347,7 @@ mod tests {
         assert_eq!(tail.page(PAGE_BITS), 3, "{tail}");
         assert_eq!(head, LogAddress::page_start(1, PAGE_BITS));
         assert_eq!(read_only, LogAddress::page_start(2, PAGE_BITS));
-        let room = (1 << PAGE_BITS) - tail.offset_in_page(PAGE_BITS);
-        assert_eq!(room, TAIL_PAGE_ROOM_BYTES);
+        assert_eq!(tail.bytes_to_page_end(PAGE_BITS), TAIL_PAGE_ROOM_BYTES);
 
         assert_eq!(run(&mut executor, "GET k2"), "$2\r\nv2\r\n");
         assert_eq!(run(&mut executor, "INCR counter"), ":42\r\n");

@@ -16,7 +16,7 @@
 use super::{hash_key, locate, KvError, Located, Session};
 use crate::address::LogAddress;
 use crate::checkpoint::{read_now, scan_page};
-use crate::log::Region;
+use crate::log::{Allocation, Region};
 use crate::record::{parse_stored, Parsed};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -108,9 +108,9 @@ impl Session {
             begin,
             ..Compaction::default()
         };
-        self.compacting = true;
+        self.allocation = Allocation::Compaction;
         let compacted = self.compact_pages(begin, until, &mut report);
-        self.compacting = false;
+        self.allocation = Allocation::Ordinary;
         compacted?;
         self.shared.compactions.add(&report);
         Ok(report)
@@ -196,8 +196,7 @@ impl Session {
 
     /// The whole record at `address` on the device, into `bytes`.
     fn read_record_now(&mut self, address: LogAddress, bytes: &mut Vec<u8>) -> Result<(), KvError> {
-        let page_bits = self.shared.config.page_bits;
-        let room = ((1u64 << page_bits) - address.offset_in_page(page_bits)) as usize;
+        let room = address.bytes_to_page_end(self.shared.config.page_bits) as usize;
         let offset = self.shared.log.device_offset(address);
         let mut length = self.shared.config.first_read_bytes.min(room);
         loop {

@@ -15,8 +15,6 @@
 //! read-modify-write is lost.
 
 use crate::address::LogAddress;
-mod compaction;
-
 use crate::checkpoint::{newest_record, scan_page, write_now, CheckpointError, CheckpointRecord};
 use crate::config::{ConfigError, StoreConfig};
 use crate::device::{Device, DeviceError, DeviceQueue, Finished};
@@ -28,11 +26,14 @@ use crate::record::{
     MAX_VALUE_BYTES,
 };
 use crate::update::{Update, UpdateError};
-pub use compaction::{Compaction, CompactionError, CompactionTotals};
 use std::hash::Hasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod compaction;
+
+pub use compaction::{Compaction, CompactionError, CompactionTotals};
 
 /// How often a write waiting for room looks again.
 const ROOM_POLL_INTERVAL: Duration = Duration::from_micros(200);
@@ -179,7 +180,7 @@ impl Store {
             waiting_since: None,
             scratch: Vec::new(),
             stats: SessionStats::default(),
-            compacting: false,
+            allocation: Allocation::Ordinary,
             full_since: None,
         })
     }
@@ -357,8 +358,9 @@ pub struct Session {
     waiting_since: Option<Instant>,
     scratch: Vec<u8>,
     stats: SessionStats,
-    /// Set while this session compacts: its copies may take the reserve.
-    compacting: bool,
+    /// What this session's appends are: compaction's copies while it
+    /// compacts (they may take the reserve), ordinary records otherwise.
+    allocation: Allocation,
     /// When a write of this session first found the device full.
     full_since: Option<Instant>,
 }
@@ -476,12 +478,7 @@ impl Session {
     /// One try at reserving `bytes`; on `None` the session has refreshed
     /// (so any memory record it held must be located again).
     fn try_allocate(&mut self, bytes: u64) -> Result<Option<LogAddress>, KvError> {
-        let allocation = if self.compacting {
-            Allocation::Compaction
-        } else {
-            Allocation::Ordinary
-        };
-        match self.shared.log.allocate(bytes, allocation) {
+        match self.shared.log.allocate(bytes, self.allocation) {
             Ok(Some(address)) => {
                 self.waiting_since = None;
                 self.full_since = None;
@@ -874,16 +871,13 @@ impl Session {
     /// Whether `length` bytes from the pending operation's record stay in its page.
     fn fits_its_page(&self, token: usize, length: usize) -> bool {
         let address = self.pending[token].as_ref().expect("a live token").address;
-        let page_bits = self.shared.config.page_bits;
-        let room = (1u64 << page_bits) - address.offset_in_page(page_bits);
-        length as u64 <= room
+        length as u64 <= address.bytes_to_page_end(self.shared.config.page_bits)
     }
 
     /// Reads `length` bytes of the pending operation's record, cut at its page's end.
     fn issue_read(&mut self, token: usize, length: usize) -> Result<(), KvError> {
         let address = self.pending[token].as_ref().expect("a live token").address;
-        let page_bytes = 1u64 << self.shared.config.page_bits;
-        let room = page_bytes - address.offset_in_page(self.shared.config.page_bits);
+        let room = address.bytes_to_page_end(self.shared.config.page_bits);
         let length = (length as u64).min(room) as usize;
         let offset = self.shared.log.device_offset(address);
         self.stats.device_reads += 1;
