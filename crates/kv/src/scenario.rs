@@ -202,15 +202,11 @@ impl Workload {
             }
             8..=14 => {
                 let found = read_now(session, &key)?;
-                let expected = self.model.get(&key).cloned();
-                if found != expected {
-                    return Err(Failure::Check(ScenarioError::WrongRead {
-                        operation: self.operations,
-                        key: String::from_utf8_lossy(&key).into_owned(),
-                        expected,
-                        found,
-                    }));
-                }
+                self.expect(
+                    &key,
+                    self.model.get(&key).map(Vec::as_slice),
+                    found.as_deref(),
+                )?;
             }
             15..=16 => {
                 session.delete(&key)?;
@@ -223,19 +219,30 @@ impl Workload {
                 Update::AddToCounter(delta)
                     .apply(self.model.get(&key).map(Vec::as_slice), &mut expected)
                     .expect("a counter update applies to any value");
-                if found != expected {
-                    return Err(Failure::Check(ScenarioError::WrongRead {
-                        operation: self.operations,
-                        key: String::from_utf8_lossy(&key).into_owned(),
-                        expected: Some(expected),
-                        found: Some(found),
-                    }));
-                }
+                self.expect(&key, Some(&expected), Some(&found))?;
                 self.model.insert(key, found);
             }
         }
         self.operations += 1;
         Ok(())
+    }
+
+    /// A read's or RMW's answer against what the model holds.
+    fn expect(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        found: Option<&[u8]>,
+    ) -> Result<(), Failure> {
+        if found == expected {
+            return Ok(());
+        }
+        Err(Failure::Check(ScenarioError::WrongRead {
+            operation: self.operations,
+            key: String::from_utf8_lossy(key).into_owned(),
+            expected: expected.map(<[u8]>::to_vec),
+            found: found.map(<[u8]>::to_vec),
+        }))
     }
 }
 
@@ -609,9 +616,9 @@ fn lose_page<R: Rack>(
     page_bits: u32,
 ) -> Result<(), ScenarioError> {
     let page = LogAddress::new(tail.value() - 1).page(page_bits);
-    let start = LogAddress::page_start(page, page_bits).value();
+    let start = LogAddress::page_start(page, page_bits);
     let capacity = log_capacity_bytes(pool.region.length_bytes, page_bits);
-    let offset = ring_offset(LogAddress::new(start), capacity);
+    let offset = ring_offset(start, capacity);
     let zeros = vec![0u8; 1 << page_bits];
     let address = remora_wire::VirtAddr(pool.region.address.0 + offset);
     rack.with_nic(MEMORY_HOST, |nic| {

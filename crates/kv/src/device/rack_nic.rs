@@ -101,9 +101,10 @@ impl<R: Rack> RackNic<R> {
             Some(at) => IDLE_STEP.min(at.saturating_duration_since(now)),
             None => IDLE_STEP,
         };
-        // Only an agent's failure ends a run early, and the paths' hosts
-        // run none of the store's: a failure is some other agent's, and
-        // the rack's owner sees it on its own next run.
+        // Only an agent's failure ends a run early. The KV scenario's
+        // hosts run no agents; on a rack whose hosts do, the failure is
+        // taken by this run and not reported (a `DataPath` error has no
+        // room for it).
         let _ = rack.run_for(step);
         Ok(())
     }
