@@ -12,12 +12,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let preset = arguments.get(1).map_or("a", String::as_str);
     let records: u64 = arguments.get(2).map_or(Ok(600_000), |text| text.parse())?;
     let memory_pages: u64 = arguments.get(3).map_or(Ok(16), |text| text.parse())?;
+    let value_bytes: usize = arguments.get(4).map_or(Ok(64), |text| text.parse())?;
+    let seconds: u64 = arguments.get(5).map_or(Ok(1), |text| text.parse())?;
     let config = StoreConfig {
         index_buckets: (records / 4).next_power_of_two(),
-        overflow_buckets: 1 << 16,
+        overflow_buckets: ((records / 4).next_power_of_two() / 8) as u32,
         page_bits: 20,
         memory_pages,
-        first_read_bytes: 96,
+        first_read_bytes: record::record_bytes(8, value_bytes) as usize,
         ..StoreConfig::default()
     };
     let store = Store::new(config, Arc::new(MemoryDevice::new(4 << 30)))?;
@@ -25,9 +27,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     spec.record_count = records;
     let ycsb = YcsbRun {
         spec,
-        value_bytes: 64,
+        value_bytes,
         threads: 1,
-        duration: Duration::from_secs(1),
+        duration: Duration::from_secs(seconds),
         seed: 7,
         record_history: false,
     };

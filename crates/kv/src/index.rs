@@ -188,6 +188,13 @@ impl HashIndex {
         None
     }
 
+    /// Starts loading `hash`'s first bucket into the cache, so that a
+    /// lookup a few operations later does not wait on memory for it.
+    pub fn prefetch(&self, hash: u64) {
+        let bucket = &self.buckets[(hash & self.mask) as usize];
+        crate::frames::prefetch_line((bucket as *const Bucket).cast());
+    }
+
     /// The entry for `hash`'s tag, made (pointing nowhere) if missing.
     pub fn find_or_create(&self, hash: u64) -> Result<Slot<'_>, IndexError> {
         let tag = Self::tag_of(hash);

@@ -37,7 +37,7 @@ pub use address::LogAddress;
 pub use config::{ConfigError, StoreConfig};
 pub use device::{Device, DeviceError, DeviceQueue, FileDevice, MemoryDevice};
 pub use store::{
-    Compaction, CompactionError, CompactionTotals, Completion, KvError, OperationKind, Session,
-    SessionStats, Status, Store,
+    Compaction, CompactionError, CompactionTotals, Completion, KvError, OperationKind,
+    PrefetchStage, Session, SessionStats, Status, Store,
 };
 pub use update::{Update, UpdateError};
