@@ -16,7 +16,7 @@ use remora_base::Timestamp;
 use remora_rack::endpoint::thread_cpu_ns;
 use remora_workloads::history::{Event, EventKind};
 use remora_workloads::ycsb::{Generator, Operation, WorkloadError, WorkloadSpec};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// Operations between non-blocking `complete_pending` calls.
@@ -32,11 +32,18 @@ const RUN_STOPS_WITH_ROOM_BYTES: u64 = 16 << 20;
 /// One operation in this many is timed for the latency histogram, so
 /// that timing does not slow the loop it measures.
 const LATENCY_SAMPLE_EVERY: u64 = 16;
-/// Operations drawn from the generator before they are performed: each
-/// key's index bucket is prefetched this many operations ahead, and its
-/// record half as many (a YCSB client knows its next keys, as a batch or
-/// a pipeline does).
+/// Each key's index bucket is prefetched this many operations before
+/// its operation runs, and its record half as many (a client that knows
+/// its next keys, as a trace, a batch or a pipeline does).
 const LOOKAHEAD_OPERATIONS: usize = 16;
+/// The most operations a thread draws before its run starts; a run that
+/// performs more cycles through them, as FASTER's benchmark cycles
+/// through the keys it loaded from YCSB's files.
+pub const MAX_TRACE_OPERATIONS: usize = 1 << 22;
+/// Operations per second no device here reaches on one thread: a run's
+/// trace is its duration times this, so that a short run does not spend
+/// longer drawing its trace than running it.
+const TRACE_OPERATIONS_PER_SECOND: f64 = 5e6;
 
 #[derive(Debug, thiserror::Error)]
 pub enum YcsbError {
@@ -192,18 +199,31 @@ pub fn run(store: &Store, run: &YcsbRun) -> Result<YcsbOutcome, YcsbError> {
     if run.record_history && run.spec.mix.insert > 0.0 {
         return Err(YcsbError::HistoryWithInserts);
     }
+    let threads = run.threads.max(1);
+    // One clock for every thread's history: the check orders events
+    // across threads in real time.
     let clock = Instant::now();
-    let started = Instant::now();
+    // Every thread draws its trace, then they start together.
+    let start = std::sync::Barrier::new(threads);
     let outcomes = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..run.threads.max(1))
+        let workers: Vec<_> = (0..threads)
             .map(|thread| {
                 let seed = run.seed.wrapping_add(1 + thread as u64);
-                scope.spawn(move || run_thread(store, run, seed, thread as u64, clock))
+                let start = &start;
+                scope.spawn(move || {
+                    let trace = Trace::draw(run, seed)?;
+                    start.wait();
+                    run_thread(store, run, &trace, thread as u64, clock)
+                })
             })
             .collect();
         join_all(workers)
     })?;
-    let elapsed = started.elapsed();
+    let elapsed = outcomes
+        .iter()
+        .map(|outcome| outcome.elapsed)
+        .max()
+        .unwrap_or_default();
     let mut total = outcomes
         .into_iter()
         .reduce(|mut sum, next| {
@@ -246,11 +266,10 @@ struct Worker<'a> {
 fn run_thread(
     store: &Store,
     run: &YcsbRun,
-    seed: u64,
+    trace: &Trace,
     thread: u64,
     clock: Instant,
 ) -> Result<YcsbOutcome, YcsbError> {
-    let mut generator = Generator::new(run.spec.clone(), seed)?;
     let mut worker = Worker {
         session: store.session()?,
         run,
@@ -273,11 +292,10 @@ fn run_thread(
     } else {
         u64::MAX
     };
-    let mut ahead = Lookahead::new(&mut generator, &worker.session);
     while operations < limit
         && (!operations.is_multiple_of(1024) || (Instant::now() < deadline && has_room(store)))
     {
-        let operation = ahead.next(&mut generator, &worker.session);
+        let operation = trace.next(operations, &worker.session);
         worker.perform(operation, operations)?;
         operations += 1;
         if operations.is_multiple_of(COMPLETE_EVERY_OPERATIONS)
@@ -304,36 +322,44 @@ fn run_thread(
     })
 }
 
-/// The next operations, drawn ahead of time so that their keys' buckets
-/// and records are on their way into the cache before they are needed
-/// ([`Session::prefetch`]): without it, each operation waits on memory
-/// twice, one after the other.
-struct Lookahead {
-    operations: VecDeque<Operation>,
+/// A thread's operations, drawn before its run starts so that the run
+/// times the store and not the workload generator (as FASTER's benchmark,
+/// the Cowbird paper's, times it: YCSB's keys are loaded from files
+/// first). Operation `n` of a run is the trace's `n` modulo its length.
+struct Trace {
+    operations: Vec<Operation>,
 }
 
-impl Lookahead {
-    fn new(generator: &mut Generator, session: &Session) -> Lookahead {
-        let operations: VecDeque<Operation> = (0..LOOKAHEAD_OPERATIONS)
-            .map(|_| generator.next_operation())
-            .collect();
-        for operation in &operations {
-            session.prefetch(&key_bytes(operation_key(*operation)), PrefetchStage::Bucket);
-        }
-        Lookahead { operations }
+impl Trace {
+    /// Enough operations for `run`'s duration on the fastest device, at
+    /// most [`MAX_TRACE_OPERATIONS`] (a recorded run's are all it does).
+    fn draw(run: &YcsbRun, seed: u64) -> Result<Trace, YcsbError> {
+        let for_duration = run.duration.as_secs_f64() * TRACE_OPERATIONS_PER_SECOND;
+        let count = if run.record_history {
+            MAX_RECORDED_OPERATIONS as usize
+        } else {
+            (for_duration as usize).clamp(LOOKAHEAD_OPERATIONS, MAX_TRACE_OPERATIONS)
+        };
+        let mut generator = Generator::new(run.spec.clone(), seed)?;
+        let operations = (0..count).map(|_| generator.next_operation()).collect();
+        Ok(Trace { operations })
     }
 
-    /// The next operation to perform; draws its replacement.
-    fn next(&mut self, generator: &mut Generator, session: &Session) -> Operation {
-        let drawn = generator.next_operation();
-        session.prefetch(&key_bytes(operation_key(drawn)), PrefetchStage::Bucket);
-        self.operations.push_back(drawn);
-        if let Some(halfway) = self.operations.get(LOOKAHEAD_OPERATIONS / 2) {
-            session.prefetch(&key_bytes(operation_key(*halfway)), PrefetchStage::Record);
-        }
-        self.operations
-            .pop_front()
-            .expect("the window holds its operations")
+    fn at(&self, number: u64) -> Operation {
+        self.operations[(number % self.operations.len() as u64) as usize]
+    }
+
+    /// Operation `number`, after prefetching the keys of the operations
+    /// [`LOOKAHEAD_OPERATIONS`] and half as many after it
+    /// ([`Session::prefetch`]): without that, each operation waits on
+    /// memory twice, one after the other.
+    fn next(&self, number: u64, session: &Session) -> Operation {
+        let ahead = LOOKAHEAD_OPERATIONS as u64;
+        let bucket = operation_key(self.at(number + ahead));
+        session.prefetch(&key_bytes(bucket), PrefetchStage::Bucket);
+        let record = operation_key(self.at(number + ahead / 2));
+        session.prefetch(&key_bytes(record), PrefetchStage::Record);
+        self.at(number)
     }
 }
 
@@ -456,11 +482,11 @@ mod tests {
     use crate::{MemoryDevice, StoreConfig};
     use std::sync::Arc;
 
-    /// Drawing operations ahead to prefetch their keys must not change
-    /// which operations run, nor their order: the window hands out the
-    /// generator's own sequence.
+    /// Drawing a thread's operations before its run must not change
+    /// which operations run, nor their order: the trace is the
+    /// generator's own sequence, cycled past its end.
     #[test]
-    fn the_lookahead_hands_out_the_generators_sequence_in_order() {
+    fn the_trace_hands_out_the_generators_sequence_in_order() {
         let store = Store::new(
             StoreConfig::smallest(),
             Arc::new(MemoryDevice::new(8 << 20)),
@@ -469,14 +495,21 @@ mod tests {
         let session = store.session().expect("a session");
         let mut spec = WorkloadSpec::preset("d").expect("YCSB-D exists");
         spec.record_count = 1000;
-        let mut reference = Generator::new(spec.clone(), 5).expect("a generator");
-        let mut generator = Generator::new(spec, 5).expect("a generator");
-        let mut ahead = Lookahead::new(&mut generator, &session);
-        for _ in 0..5000 {
-            assert_eq!(
-                ahead.next(&mut generator, &session),
-                reference.next_operation()
-            );
+        let run = YcsbRun {
+            spec: spec.clone(),
+            value_bytes: 64,
+            threads: 1,
+            duration: Duration::from_millis(1),
+            seed: 5,
+            record_history: false,
+        };
+        let trace = Trace::draw(&run, 5).expect("a trace");
+        let length = trace.operations.len() as u64;
+        assert_eq!(length, 5000, "1 ms at 5 M operations per second");
+        let mut reference = Generator::new(spec, 5).expect("a generator");
+        for number in 0..length {
+            assert_eq!(trace.next(number, &session), reference.next_operation());
         }
+        assert_eq!(trace.next(length + 3, &session), trace.at(3));
     }
 }
