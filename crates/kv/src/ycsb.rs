@@ -16,7 +16,7 @@ use remora_base::Timestamp;
 use remora_rack::endpoint::thread_cpu_ns;
 use remora_workloads::history::{Event, EventKind};
 use remora_workloads::ycsb::{Generator, Operation, WorkloadError, WorkloadSpec};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant};
 
 /// Operations between non-blocking `complete_pending` calls.
@@ -252,7 +252,7 @@ struct Worker<'a> {
     out: Vec<u8>,
     /// Pending operations by context (their operation number): the key
     /// to check, and the issue time if sampled.
-    waiting: HashMap<u64, (u64, Option<Instant>)>,
+    waiting: FxHashMap<u64, (u64, Option<Instant>)>,
     latency: Histogram<u64>,
     device_time: Duration,
     /// This thread's writes so far; its ids are `thread << 40 | number`.
@@ -275,7 +275,7 @@ fn run_thread(
         run,
         value: Vec::new(),
         out: Vec::new(),
-        waiting: HashMap::new(),
+        waiting: FxHashMap::default(),
         latency: Histogram::new(3).expect("3 significant figures are valid"),
         device_time: Duration::ZERO,
         writes: 0,

@@ -8,6 +8,7 @@ mod common;
 use common::*;
 use remora_kv::device::{FarMemoryDevice, FarMemoryPath};
 use remora_kv::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 fn check_all(session: &mut Session, model: &Model, keys: u8) {
@@ -139,6 +140,13 @@ fn compaction_races_a_writer_and_loses_nothing() {
         Arc::new(MemoryDevice::new(32 << 20)),
     )
     .unwrap();
+    // The writer goes on until the compactor has raced it for real (two
+    // compactions, records copied), however the two threads are
+    // scheduled: on a loaded machine 30 000 writes can end before the
+    // compactor's first turn.
+    let raced = AtomicBool::new(false);
+    // A writer that outruns the compactor waits for it, as `kv serve`'s do.
+    store.wait_for_room(std::time::Duration::from_secs(10));
     let model = std::thread::scope(|scope| {
         let writer = scope.spawn(|| {
             let mut session = store.session().unwrap();
@@ -151,7 +159,11 @@ fn compaction_races_a_writer_and_loses_nothing() {
                 session.upsert(&key_of(number), &value).unwrap();
                 model.insert(key_of(number), value);
             }
-            for step in 0..30_000usize {
+            for step in 0usize.. {
+                if step >= 30_000 && raced.load(Ordering::Acquire) {
+                    break;
+                }
+                assert!(step < 3_000_000, "the compactor never raced the writer");
                 let number = 128 + (step * 7 % 128) as u8;
                 let value = value_of(number, 200 + step % 300, step);
                 session.upsert(&key_of(number), &value).unwrap();
@@ -166,6 +178,9 @@ fn compaction_races_a_writer_and_loses_nothing() {
             copied += compactor.compact(head(&store)).unwrap().records_copied;
             compactor.suspend();
             compactions += 1;
+            if compactions > 1 && copied > 0 {
+                raced.store(true, Ordering::Release);
+            }
             std::thread::yield_now();
         }
         assert!(compactions > 1 && copied > 0, "{compactions} {copied}");

@@ -31,7 +31,7 @@ use remora_rnic::{
     RemoteAddress, SendOperation, SendRequest, VerbsError, WorkCompletion,
 };
 use remora_wire::{Rkey, VirtAddr};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -404,7 +404,7 @@ struct VerbsQueue {
     free_slots: Vec<usize>,
     slots: Vec<Option<SlotUse>>,
     /// Pieces of each write still in flight.
-    write_pieces: HashMap<u64, usize>,
+    write_pieces: FxHashMap<u64, usize>,
     /// Reads, assembled from their slots' pieces.
     read_pieces: ReadAssembly,
     posted_since_kick: bool,
@@ -427,7 +427,7 @@ impl VerbsQueue {
             synchronous,
             free_slots: (0..WINDOW).rev().collect(),
             slots: vec![None; WINDOW],
-            write_pieces: HashMap::new(),
+            write_pieces: FxHashMap::default(),
             read_pieces: ReadAssembly::default(),
             posted_since_kick: false,
             finished: Finished::default(),
@@ -594,7 +594,7 @@ impl Drop for VerbsQueue {
 }
 
 /// One piece of a write completed: the write is done with its last.
-fn count_down(pieces: &mut HashMap<u64, usize>, finished: &mut Finished, token: u64) {
+fn count_down(pieces: &mut FxHashMap<u64, usize>, finished: &mut Finished, token: u64) {
     let left = pieces.get_mut(&token).expect("pieces are counted");
     *left -= 1;
     if *left == 0 {
@@ -608,14 +608,20 @@ fn count_down(pieces: &mut HashMap<u64, usize>, finished: &mut Finished, token: 
 #[derive(Default)]
 struct ReadAssembly {
     /// Each read's bytes and the pieces still to come.
-    reads: HashMap<u64, (Vec<u8>, usize)>,
-    /// A finished read's buffer, for the next to reuse.
-    spare: Vec<u8>,
+    reads: FxHashMap<u64, (Vec<u8>, usize)>,
+    /// Finished reads' buffers, for the next to reuse (at most
+    /// [`MAX_SPARE_BUFFERS`]): a queue has up to a batch of reads in
+    /// flight, and each would otherwise allocate its own.
+    spare: Vec<Vec<u8>>,
 }
+
+/// Buffers a [`ReadAssembly`] keeps for reuse: the device's batch of 100
+/// reads in flight, and some.
+const MAX_SPARE_BUFFERS: usize = 128;
 
 impl ReadAssembly {
     fn start(&mut self, token: u64, length: usize, pieces: usize) {
-        let mut bytes = std::mem::take(&mut self.spare);
+        let mut bytes = self.spare.pop().unwrap_or_default();
         bytes.clear();
         bytes.resize(length, 0);
         self.reads.insert(token, (bytes, pieces));
@@ -633,7 +639,9 @@ impl ReadAssembly {
         fill(&mut bytes[at..at + length])?;
         if left == 1 {
             finished.push_read(token, &bytes);
-            self.spare = bytes;
+            if self.spare.len() < MAX_SPARE_BUFFERS {
+                self.spare.push(bytes);
+            }
         } else {
             self.reads.insert(token, (bytes, left - 1));
         }
@@ -649,8 +657,8 @@ struct CowbirdQueue {
     group: usize,
     /// The store's token for each request and, for a read's pieces,
     /// where the piece goes in the whole.
-    tokens: HashMap<RequestId, (u64, usize)>,
-    write_pieces: HashMap<u64, usize>,
+    tokens: FxHashMap<RequestId, (u64, usize)>,
+    write_pieces: FxHashMap<u64, usize>,
     /// Reads, assembled from their requests.
     read_pieces: ReadAssembly,
     reads_in_flight: usize,
@@ -675,8 +683,8 @@ impl CowbirdQueue {
             returns,
             capacity_bytes,
             group,
-            tokens: HashMap::new(),
-            write_pieces: HashMap::new(),
+            tokens: FxHashMap::default(),
+            write_pieces: FxHashMap::default(),
             read_pieces: ReadAssembly::default(),
             reads_in_flight: 0,
             responses: Vec::new(),
