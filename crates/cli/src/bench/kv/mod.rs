@@ -517,6 +517,7 @@ pub fn run(args: &KvArgs) -> Result<Report, KvBenchError> {
         "local_share_64b": LOCAL_SHARE_64B,
         "local_share_512b": LOCAL_SHARE_512B,
         "run_seconds": plan.duration.as_secs_f64(),
+        "operations": format!("each thread draws its run's operations before the clock starts (at most {}, cycled), as FASTER's benchmark loads YCSB's keys first; each operation prefetches the index bucket of the operation 16 ahead and the record of the one 8 ahead", remora_kv::ycsb::MAX_TRACE_OPERATIONS),
         "repetitions": plan.repetitions,
         "page_bytes": 1 << 20,
         "devices": devices.iter().map(|kind| kind.name()).collect::<Vec<_>>(),
