@@ -204,25 +204,51 @@ struct Bench {
     communication_ratio_spot: Option<f64>,
 }
 
+/// One configuration's runs so far, one per round.
+#[derive(Default)]
+struct Runs {
+    outcomes: Vec<YcsbOutcome>,
+    /// Time the runs' flushes spent in device calls.
+    flush: Duration,
+    /// The device's rack: its fabric thread's and engine's CPU, over
+    /// every round (loads included).
+    fabric_cpu: Duration,
+    engine_cpu: Duration,
+}
+
 impl Bench {
-    /// YCSB-A on `kind` with one and with two threads, each on a store
-    /// loaded afresh (a run's appended copies would otherwise leave the
-    /// next less room and a longer log).
-    fn device(&mut self, kind: DeviceKind, shape: &Shape) -> Result<(), KvBenchError> {
-        for threads in [1, 2] {
-            self.configuration(kind, shape, threads)?;
-            self.progress.inc(1);
+    /// YCSB-A on every device, one and two threads, in rounds: each
+    /// round runs every configuration once, on a store loaded afresh, so
+    /// that the ratios compare runs made minutes apart at most, not a
+    /// device measured at the start against one measured at the end (this
+    /// machine's speed drifts by tens of percent over a run).
+    fn devices(&mut self, devices: &[DeviceKind], shape: &Shape) -> Result<(), KvBenchError> {
+        let configurations: Vec<(DeviceKind, usize)> = devices
+            .iter()
+            .flat_map(|&kind| [(kind, 1), (kind, 2)])
+            .collect();
+        let mut runs: Vec<Runs> = configurations.iter().map(|_| Runs::default()).collect();
+        for round in 0..self.plan.repetitions {
+            for (&(kind, threads), runs) in configurations.iter().zip(&mut runs) {
+                self.run_once(kind, shape, threads, round, runs)?;
+                self.progress.inc(1);
+            }
+        }
+        for ((kind, threads), runs) in configurations.into_iter().zip(runs) {
+            self.record_runs(kind, shape, threads, runs)?;
         }
         Ok(())
     }
 
-    /// Loads a store on `kind`, runs the repetitions, reports the median
-    /// and the CPU of the device's rack apart.
-    fn configuration(
+    /// Loads a store on `kind` and runs YCSB-A once, adding the outcome
+    /// and the device's CPU to `runs`.
+    fn run_once(
         &mut self,
         kind: DeviceKind,
         shape: &Shape,
         threads: usize,
+        round: usize,
+        runs: &mut Runs,
     ) -> Result<(), KvBenchError> {
         let name = kind.name();
         let device_error = |source| KvBenchError::Device {
@@ -249,45 +275,56 @@ impl Bench {
             self.plan.duration,
         )?;
         let value_bytes = shape.value_bytes;
+        let rounds = self.plan.repetitions;
         self.progress.set_message(format!(
-            "{name}: loading {} records of {value_bytes} B",
+            "round {}/{rounds}, {name}: loading {} records of {value_bytes} B",
+            round + 1,
             shape.records
         ));
         ycsb::load(&store, &run).map_err(ycsb_error)?;
         self.progress.set_message(format!(
-            "{name}: YCSB-A, {value_bytes} B, {threads} thread(s)"
+            "round {}/{rounds}, {name}: YCSB-A, {value_bytes} B, {threads} thread(s)",
+            round + 1
         ));
         let flushed_before = store.flush_time();
-        let mut outcomes: Vec<YcsbOutcome> = Vec::new();
-        for _ in 0..self.plan.repetitions {
-            // A run that filled the device leaves the next none: the log
-            // is compacted between them, outside the runs' time (FASTER's
-            // benchmark does not compact while it runs).
-            if outcomes.last().is_some_and(|last| last.stopped_early) {
-                let mut session = store.session().map_err(store_error)?;
-                let head = store.boundaries()[1];
-                session.compact(head).map_err(store_error)?;
-            }
-            outcomes.push(ycsb::run(&store, &run).map_err(ycsb_error)?);
-        }
-        if outcomes.iter().any(|outcome| outcome.operations == 0) {
-            return Err(KvBenchError::EmptyRun(format!(
-                "{name}/{value_bytes}B/{threads}t"
-            )));
-        }
-        let flush_per_run = (store.flush_time() - flushed_before) / outcomes.len() as u32;
-        let compactions = store.compaction_totals().compactions;
-        self.record(kind, shape, threads, outcomes, flush_per_run);
-        let variant = format!("{name}/{value_bytes}B/{threads}t");
-        self.report.add(
-            &variant,
-            "compactions_between_runs",
-            compactions as f64,
-            "count",
-        );
+        runs.outcomes
+            .push(ycsb::run(&store, &run).map_err(ycsb_error)?);
+        runs.flush += store.flush_time() - flushed_before;
         drop(store);
         if let Some((fabric, engine)) = opened.stop().map_err(device_error)? {
-            let variant = format!("{name}/{value_bytes}B/{threads}t");
+            runs.fabric_cpu += fabric;
+            runs.engine_cpu += engine;
+        }
+        Ok(())
+    }
+
+    /// Reports one configuration's median run and its rack's CPU apart.
+    fn record_runs(
+        &mut self,
+        kind: DeviceKind,
+        shape: &Shape,
+        threads: usize,
+        runs: Runs,
+    ) -> Result<(), KvBenchError> {
+        let variant = format!("{}/{}B/{threads}t", kind.name(), shape.value_bytes);
+        if runs.outcomes.iter().any(|outcome| outcome.operations == 0) {
+            return Err(KvBenchError::EmptyRun(variant));
+        }
+        let stopped_early = runs
+            .outcomes
+            .iter()
+            .filter(|outcome| outcome.stopped_early)
+            .count();
+        self.report.add(
+            &variant,
+            "runs_stopped_early",
+            stopped_early as f64,
+            "count",
+        );
+        let flush_per_run = runs.flush / runs.outcomes.len().max(1) as u32;
+        self.record(kind, shape, threads, runs.outcomes, flush_per_run);
+        if !runs.fabric_cpu.is_zero() {
+            let (fabric, engine) = (runs.fabric_cpu, runs.engine_cpu);
             self.report
                 .add(&variant, "fabric_cpu", fabric.as_secs_f64(), "s");
             self.report
@@ -503,7 +540,7 @@ pub fn run(args: &KvArgs) -> Result<Report, KvBenchError> {
             local_share: LOCAL_SHARE_512B,
         },
     ];
-    let steps = devices.len() * shapes.len() * 2 + 4;
+    let steps = devices.len() * shapes.len() * 2 * plan.repetitions + 4;
     let progress = ProgressBar::new(steps as u64);
     progress.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
@@ -543,9 +580,7 @@ pub fn run(args: &KvArgs) -> Result<Report, KvBenchError> {
         communication_ratio_spot: None,
     };
     for shape in &shapes {
-        for &kind in devices {
-            bench.device(kind, shape)?;
-        }
+        bench.devices(devices, shape)?;
     }
     bench.against_faster()?;
     bench.resp()?;
