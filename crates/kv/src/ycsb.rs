@@ -211,9 +211,11 @@ pub fn run(store: &Store, run: &YcsbRun) -> Result<YcsbOutcome, YcsbError> {
                 let seed = run.seed.wrapping_add(1 + thread as u64);
                 let start = &start;
                 scope.spawn(move || {
-                    let trace = Trace::draw(run, seed)?;
+                    // Every thread reaches the barrier, even one that
+                    // could not draw its trace: the others wait there.
+                    let trace = Trace::draw(run, seed);
                     start.wait();
-                    run_thread(store, run, &trace, thread as u64, clock)
+                    run_thread(store, run, &trace?, thread as u64, clock)
                 })
             })
             .collect();
@@ -481,6 +483,31 @@ mod tests {
     use super::*;
     use crate::{MemoryDevice, StoreConfig};
     use std::sync::Arc;
+
+    /// A workload the generator refuses is the run's error, on every
+    /// thread, not a hang at the barrier where the threads start.
+    #[test]
+    fn a_workload_no_thread_can_draw_fails_without_hanging() {
+        let store = Store::new(
+            StoreConfig::smallest(),
+            Arc::new(MemoryDevice::new(8 << 20)),
+        )
+        .expect("a small store");
+        let mut spec = WorkloadSpec::preset("a").expect("YCSB-A exists");
+        spec.record_count = 0;
+        let run = YcsbRun {
+            spec,
+            value_bytes: 64,
+            threads: 2,
+            duration: Duration::from_millis(1),
+            seed: 5,
+            record_history: false,
+        };
+        assert!(matches!(
+            super::run(&store, &run),
+            Err(YcsbError::Workload(_))
+        ));
+    }
 
     /// Drawing a thread's operations before its run must not change
     /// which operations run, nor their order: the trace is the
