@@ -484,6 +484,18 @@ mod tests {
     use crate::{MemoryDevice, StoreConfig};
     use std::sync::Arc;
 
+    /// A run of `spec` on `threads` threads for 1 ms, seed 5.
+    fn one_millisecond(spec: WorkloadSpec, threads: usize) -> YcsbRun {
+        YcsbRun {
+            spec,
+            value_bytes: 64,
+            threads,
+            duration: Duration::from_millis(1),
+            seed: 5,
+            record_history: false,
+        }
+    }
+
     /// A workload the generator refuses is the run's error, on every
     /// thread, not a hang at the barrier where the threads start.
     #[test]
@@ -495,14 +507,7 @@ mod tests {
         .expect("a small store");
         let mut spec = WorkloadSpec::preset("a").expect("YCSB-A exists");
         spec.record_count = 0;
-        let run = YcsbRun {
-            spec,
-            value_bytes: 64,
-            threads: 2,
-            duration: Duration::from_millis(1),
-            seed: 5,
-            record_history: false,
-        };
+        let run = one_millisecond(spec, 2);
         assert!(matches!(
             super::run(&store, &run),
             Err(YcsbError::Workload(_))
@@ -522,14 +527,7 @@ mod tests {
         let session = store.session().expect("a session");
         let mut spec = WorkloadSpec::preset("d").expect("YCSB-D exists");
         spec.record_count = 1000;
-        let run = YcsbRun {
-            spec: spec.clone(),
-            value_bytes: 64,
-            threads: 1,
-            duration: Duration::from_millis(1),
-            seed: 5,
-            record_history: false,
-        };
+        let run = one_millisecond(spec.clone(), 1);
         let trace = Trace::draw(&run, 5).expect("a trace");
         let length = trace.operations.len() as u64;
         assert_eq!(length, 5000, "1 ms at 5 M operations per second");
