@@ -138,10 +138,7 @@ impl Frames {
     /// reused since it was seen: a prefetch reads nothing the program
     /// sees and cannot fault, and the position is always inside the block.
     pub fn prefetch(&self, address: LogAddress) {
-        let offset = address.offset_in_page(self.page_bits) as usize;
-        let frame = address.page(self.page_bits) % self.frame_count;
-        let at = ((frame << self.page_bits) as usize) + offset;
-        prefetch_line(self.base.as_ptr().wrapping_add(at));
+        prefetch_line(self.base.as_ptr().wrapping_add(self.position(address, 0)));
     }
 
     /// The bytes `length` long at `address`.

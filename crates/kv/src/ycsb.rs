@@ -484,6 +484,14 @@ mod tests {
     use crate::{MemoryDevice, StoreConfig};
     use std::sync::Arc;
 
+    fn small_store() -> Store {
+        Store::new(
+            StoreConfig::smallest(),
+            Arc::new(MemoryDevice::new(8 << 20)),
+        )
+        .expect("a small store")
+    }
+
     /// A run of `spec` on `threads` threads for 1 ms, seed 5.
     fn one_millisecond(spec: WorkloadSpec, threads: usize) -> YcsbRun {
         YcsbRun {
@@ -500,11 +508,7 @@ mod tests {
     /// thread, not a hang at the barrier where the threads start.
     #[test]
     fn a_workload_no_thread_can_draw_fails_without_hanging() {
-        let store = Store::new(
-            StoreConfig::smallest(),
-            Arc::new(MemoryDevice::new(8 << 20)),
-        )
-        .expect("a small store");
+        let store = small_store();
         let mut spec = WorkloadSpec::preset("a").expect("YCSB-A exists");
         spec.record_count = 0;
         let run = one_millisecond(spec, 2);
@@ -519,11 +523,7 @@ mod tests {
     /// generator's own sequence, cycled past its end.
     #[test]
     fn the_trace_hands_out_the_generators_sequence_in_order() {
-        let store = Store::new(
-            StoreConfig::smallest(),
-            Arc::new(MemoryDevice::new(8 << 20)),
-        )
-        .expect("a small store");
+        let store = small_store();
         let session = store.session().expect("a session");
         let mut spec = WorkloadSpec::preset("d").expect("YCSB-D exists");
         spec.record_count = 1000;

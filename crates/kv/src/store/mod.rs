@@ -344,7 +344,6 @@ enum Located<'a> {
     Absent,
 }
 
-/// One thread's handle on a store.
 /// Which part of a key's lookup [`Session::prefetch`] loads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrefetchStage {
@@ -355,6 +354,7 @@ pub enum PrefetchStage {
     Record,
 }
 
+/// One thread's handle on a store.
 pub struct Session {
     shared: Arc<Shared>,
     /// Always `Some` until drop.

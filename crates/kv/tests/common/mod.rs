@@ -138,11 +138,21 @@ pub fn check_against_model_with(
     for (step, op) in ops.iter().enumerate() {
         apply_op(&mut session, &mut model, op, step);
     }
-    for number in 0..=255u8 {
+    assert_first_keys(&mut session, &model, EVERY_KEY);
+    session.stats()
+}
+
+/// Every key the operations can name: numbers 0 to 255.
+pub const EVERY_KEY: u16 = 256;
+
+/// Keys `0..count` read back as the model holds them.
+pub fn assert_first_keys(session: &mut Session, model: &Model, count: u16) {
+    for number in 0..count {
+        let key = key_of(number as u8);
         assert_eq!(
-            read_now(&mut session, &key_of(number)),
-            model.get(&key_of(number)).cloned()
+            read_now(session, &key),
+            model.get(&key).cloned(),
+            "key {number}"
         );
     }
-    session.stats()
 }
