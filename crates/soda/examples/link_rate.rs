@@ -9,8 +9,12 @@ use remora_soda::rack::{RackLinks, Route, SodaRack, SodaRackConfig};
 
 fn main() {
     let mut arguments = std::env::args().skip(1);
-    let starts: usize = arguments.next().map_or(5, |text| text.parse().expect("STARTS"));
-    let channels: usize = arguments.next().map_or(3, |text| text.parse().expect("CHANNELS"));
+    let starts: usize = arguments
+        .next()
+        .map_or(5, |text| text.parse().expect("STARTS"));
+    let channels: usize = arguments
+        .next()
+        .map_or(3, |text| text.parse().expect("CHANNELS"));
     let chunk_bytes = 64 << 10;
     for _ in 0..starts {
         let config = SodaRackConfig {

@@ -181,13 +181,16 @@ impl RecentList {
     }
 
     /// Entries pushed since `seen` (at most the ring's length, oldest
-    /// first), and the new sequence number.
-    pub fn since(&self, seen: u64) -> (Vec<EntryKey>, u64) {
+    /// first), each with its sequence number: a reader that handles only
+    /// some of them resumes after the last it handled.
+    pub fn since(&self, seen: u64) -> Vec<(u64, EntryKey)> {
         let first = seen.max(self.pushed.saturating_sub(RECENT_LIST_LENGTH as u64));
-        let keys = (first..self.pushed)
-            .filter_map(|at| self.ring[(at % RECENT_LIST_LENGTH as u64) as usize])
-            .collect();
-        (keys, self.pushed)
+        (first..self.pushed)
+            .filter_map(|at| {
+                let key = self.ring[(at % RECENT_LIST_LENGTH as u64) as usize]?;
+                Some((at, key))
+            })
+            .collect()
     }
 }
 
@@ -259,11 +262,16 @@ mod tests {
         for entry in 0..200 {
             list.push(key(entry));
         }
-        let (keys, seen) = list.since(0);
+        let keys = list.since(0);
         assert_eq!(keys.len(), RECENT_LIST_LENGTH);
-        assert_eq!(keys[0], key(72));
+        assert_eq!(keys[0], (72, key(72)));
         list.push(key(500));
-        assert_eq!(list.since(seen).0, vec![key(500)]);
+        assert_eq!(list.since(200), vec![(200, key(500))]);
+        assert_eq!(
+            list.since(199),
+            vec![(199, key(199)), (200, key(500))],
+            "a reader resumes at the first entry it did not handle"
+        );
     }
 
     #[test]

@@ -967,22 +967,31 @@ impl DpuState {
         if !cache.enabled {
             return Ok(Progress::from_moved(moved));
         }
-        let (recent, seen) = cache.recent.since(cache.seen);
-        cache.seen = seen;
+        let recent = cache.recent.since(cache.seen);
         let depth = cache.config.prefetch_depth;
-        for key in recent {
+        for (sequence, key) in recent {
             for ahead in 0..=depth {
                 let next = EntryKey {
                     entry: key.entry + ahead,
                     ..key
                 };
                 if self.background_in_flight >= BACKGROUND_IN_FLIGHT {
+                    // This request and the ones after it wait for the next
+                    // turn. (Marking them all seen here dropped their
+                    // prefetches whenever the cap was reached, and the host
+                    // then missed on entries nobody had fetched.)
+                    self.cache_mut().seen = sequence;
                     return Ok(Progress::from_moved(moved));
                 }
                 moved |= self.prefetch(nic, next)?;
             }
+            self.cache_mut().seen = sequence + 1;
         }
         Ok(Progress::from_moved(moved))
+    }
+
+    fn cache_mut(&mut self) -> &mut DynamicCache {
+        self.cache.as_mut().expect("prefetching needs a cache")
     }
 
     /// Starts fetching entry `key` into the cache, if it is not there, it
@@ -991,7 +1000,7 @@ impl DpuState {
         let Some(&(start, length)) = self.regions.get(&key.region) else {
             return Ok(false);
         };
-        let cache = self.cache.as_mut().expect("prefetching needs a cache");
+        let cache = self.cache_mut();
         let entry_bytes = cache.config.entry_bytes as u64;
         let offset = key.entry * entry_bytes;
         if offset >= length

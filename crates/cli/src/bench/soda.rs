@@ -74,8 +74,14 @@ fn backends() -> Vec<Backend> {
     backends
 }
 
+/// Measurements of the unshaped rack the calibration takes the median of:
+/// single measurements of a few milliseconds ranged over a factor of two
+/// on this machine.
+const CALIBRATION_MEASUREMENTS: usize = 7;
+
 /// What the soft RNIC moves with no shaping, through the DPU rack's own
-/// measurement (the faster of its two paths).
+/// measurement (the faster of its two paths), as the median of
+/// [`CALIBRATION_MEASUREMENTS`].
 fn soft_rnic_bytes_per_second(chunk_bytes: usize, channels: usize) -> Result<f64, SodaBenchError> {
     let config = SodaRackConfig {
         pool_bytes: 4 << 20,
@@ -87,10 +93,15 @@ fn soft_rnic_bytes_per_second(chunk_bytes: usize, channels: usize) -> Result<f64
         links: RackLinks::default(),
         hosts: None,
     };
-    let rack =
-        SodaRack::start(&config).map_err(|error| SodaBenchError::Calibration(error.to_string()))?;
-    let (net, intra) = rack.bandwidths().expect("a DPU rack measures its links");
-    Ok(net.max(intra))
+    let calibration =
+        |error: remora_soda::rack::SodaRackError| SodaBenchError::Calibration(error.to_string());
+    let rack = SodaRack::start(&config).map_err(calibration)?;
+    let mut rates = Vec::with_capacity(CALIBRATION_MEASUREMENTS);
+    for _ in 0..CALIBRATION_MEASUREMENTS {
+        let (net, intra) = rack.measure_bandwidths().map_err(calibration)?;
+        rates.push(net.max(intra));
+    }
+    Ok(median(&mut rates))
 }
 
 fn shape(bytes_per_second: f64) -> LinkShape {
