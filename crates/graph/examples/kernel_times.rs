@@ -45,7 +45,7 @@ fn main() {
         let source = graph.first_vertex_with_out_edges().unwrap_or(0);
         println!(
             "bfs      {:.4} s",
-            median_seconds(|| drop(bfs(&graph, source)))
+            median_seconds(|| drop(bfs(&graph, source).expect("local values")))
         );
         let per_vertex = pagerank::PageRankOptions {
             contributions: pagerank::Contributions::PerVertex,
@@ -53,20 +53,25 @@ fn main() {
         };
         println!(
             "pagerank {:.4} s (shares per edge, Ligra's)",
-            median_seconds(|| drop(pagerank::pagerank(&graph, Default::default())))
+            median_seconds(|| drop(
+                pagerank::pagerank(&graph, Default::default()).expect("local values")
+            ))
         );
         println!(
             "pagerank {:.4} s (shares per vertex, GAPBS's)",
-            median_seconds(|| drop(pagerank::pagerank(&graph, per_vertex)))
+            median_seconds(|| drop(pagerank::pagerank(&graph, per_vertex).expect("local values")))
         );
-        println!("cc       {:.4} s", median_seconds(|| drop(cc(&graph))));
+        println!(
+            "cc       {:.4} s",
+            median_seconds(|| drop(cc(&graph).expect("local values")))
+        );
         println!(
             "bc       {:.4} s",
-            median_seconds(|| drop(bc(&graph, source)))
+            median_seconds(|| drop(bc(&graph, source).expect("local values")))
         );
         println!(
             "radii    {:.4} s",
-            median_seconds(|| drop(radii(&graph, 1)))
+            median_seconds(|| drop(radii(&graph, 1).expect("local values")))
         );
     });
 }

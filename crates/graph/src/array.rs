@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::ops::Deref;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::Arc;
 
 /// An immutable array of `T`, shared cheaply between threads.
@@ -64,6 +65,20 @@ pub struct PlacementError {
 pub trait Placement {
     fn place_offsets(&self, name: &str, data: Vec<u64>) -> Result<Array<u64>, PlacementError>;
     fn place_vertices(&self, name: &str, data: Vec<u32>) -> Result<Array<u32>, PlacementError>;
+    /// Where the applications run on the placed graph keep their
+    /// per-vertex values; `None` keeps them in local memory.
+    fn values(&self) -> Option<Arc<dyn ValuePlacement>> {
+        None
+    }
+}
+
+/// Where applications keep their per-vertex values (PageRank's ranks,
+/// BFS's parents, ...): vertex data as much as the offsets are, so SODA's
+/// Ligra allocates them in far memory too (§V). Values are atomic words,
+/// zeroed, because the kernels' threads update them in place.
+pub trait ValuePlacement: Send + Sync {
+    fn place_words32(&self, name: &str, count: usize) -> Result<Array<AtomicU32>, PlacementError>;
+    fn place_words64(&self, name: &str, count: usize) -> Result<Array<AtomicU64>, PlacementError>;
 }
 
 /// Local memory: the array is the vector itself.
@@ -76,5 +91,18 @@ impl Placement for LocalPlacement {
     }
     fn place_vertices(&self, _name: &str, data: Vec<u32>) -> Result<Array<u32>, PlacementError> {
         Ok(Array::from(data))
+    }
+}
+
+impl ValuePlacement for LocalPlacement {
+    fn place_words32(&self, _name: &str, count: usize) -> Result<Array<AtomicU32>, PlacementError> {
+        Ok(Array::from(
+            (0..count).map(|_| AtomicU32::new(0)).collect::<Vec<_>>(),
+        ))
+    }
+    fn place_words64(&self, _name: &str, count: usize) -> Result<Array<AtomicU64>, PlacementError> {
+        Ok(Array::from(
+            (0..count).map(|_| AtomicU64::new(0)).collect::<Vec<_>>(),
+        ))
     }
 }

@@ -4,9 +4,43 @@
 //! passes need them); an undirected graph stores each edge both ways and
 //! its in-edges are its out-edges.
 
-use crate::array::{Array, Placement, PlacementError};
+use crate::array::{Array, LocalPlacement, Placement, PlacementError, ValuePlacement};
 use crate::Vertex;
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// What every per-vertex value array's name starts with, so a placement
+/// can tell them from the graph's own arrays.
+pub const VALUES_PREFIX: &str = "values: ";
+
+fn values_name(name: &str) -> String {
+    format!("{VALUES_PREFIX}{name}")
+}
+
+/// Sets every value, in parallel: the initialisation Ligra's kernels do.
+fn fill<W: Send + Sync>(values: &[W], set: impl Fn(&W, usize) + Sync) {
+    values
+        .par_iter()
+        .enumerate()
+        .for_each(|(vertex, value)| set(value, vertex));
+}
+
+/// Where a graph's applications keep their per-vertex values.
+#[derive(Clone)]
+struct ValuesHome(Arc<dyn ValuePlacement>);
+
+impl std::fmt::Debug for ValuesHome {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("ValuesHome")
+    }
+}
+
+impl Default for ValuesHome {
+    fn default() -> ValuesHome {
+        ValuesHome(Arc::new(LocalPlacement))
+    }
+}
 
 /// Which edges a traversal follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +99,7 @@ pub struct Graph {
     outgoing: Adjacency,
     /// `None` for an undirected graph, whose in-edges are its out-edges.
     incoming: Option<Adjacency>,
+    values: ValuesHome,
 }
 
 impl Graph {
@@ -100,6 +135,7 @@ impl Graph {
             directed,
             outgoing: outgoing.into_arrays(),
             incoming: incoming.map(Built::into_arrays),
+            values: ValuesHome::default(),
         })
     }
 
@@ -132,6 +168,7 @@ impl Graph {
                 offsets: offsets.into(),
                 neighbours: neighbours.into(),
             }),
+            values: ValuesHome::default(),
         })
     }
 
@@ -153,7 +190,41 @@ impl Graph {
                 Some(incoming) => Some(place(incoming, "in")?),
                 None => None,
             },
+            values: placement.values().map(ValuesHome).unwrap_or_default(),
         })
+    }
+
+    /// A 32-bit value per vertex for an application, where the graph's
+    /// placement keeps values, each set to `initial(vertex)`.
+    pub fn values32(
+        &self,
+        name: &str,
+        initial: impl Fn(usize) -> u32 + Sync,
+    ) -> Result<Array<AtomicU32>, PlacementError> {
+        let values = self
+            .values
+            .0
+            .place_words32(&values_name(name), self.vertex_count)?;
+        fill(&values, |value, vertex| {
+            value.store(initial(vertex), Ordering::Relaxed)
+        });
+        Ok(values)
+    }
+
+    /// A 64-bit value per vertex, as [`Graph::values32`].
+    pub fn values64(
+        &self,
+        name: &str,
+        initial: impl Fn(usize) -> u64 + Sync,
+    ) -> Result<Array<AtomicU64>, PlacementError> {
+        let values = self
+            .values
+            .0
+            .place_words64(&values_name(name), self.vertex_count)?;
+        fill(&values, |value, vertex| {
+            value.store(initial(vertex), Ordering::Relaxed)
+        });
+        Ok(values)
     }
 
     pub fn vertex_count(&self) -> usize {

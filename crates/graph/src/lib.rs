@@ -22,7 +22,7 @@ pub mod generate;
 pub mod load;
 pub mod output;
 
-pub use array::{Array, LocalPlacement, Placement, PlacementError};
+pub use array::{Array, LocalPlacement, Placement, PlacementError, ValuePlacement};
 pub use csr::{Direction, Graph};
 pub use frontier::Frontier;
 

@@ -139,7 +139,7 @@ proptest! {
 
     #[test]
     fn bfs_depths_are_shortest_distances_and_parents_are_one_closer(graph in graphs(), threads in 1usize..4) {
-        let result = with_threads(threads, || bfs(&graph, 0));
+        let result = with_threads(threads, || bfs(&graph, 0)).unwrap();
         prop_assert_eq!(&result.depths, &distances(&graph, 0));
         for (vertex, &parent) in result.parents.iter().enumerate() {
             if vertex == 0 || result.depths[vertex] == UNREACHED {
@@ -153,14 +153,14 @@ proptest! {
 
     #[test]
     fn cc_labels_equal_union_find(graph in graphs(), threads in 1usize..4) {
-        let result = with_threads(threads, || cc(&graph));
+        let result = with_threads(threads, || cc(&graph)).unwrap();
         prop_assert_eq!(result.labels, components(&graph));
     }
 
     #[test]
     fn pagerank_matches_the_matrix_product(graph in graphs(), threads in 1usize..4) {
         let options = PageRankOptions { tolerance: None, max_iterations: 15, ..PageRankOptions::default() };
-        let result = with_threads(threads, || pagerank(&graph, options));
+        let result = with_threads(threads, || pagerank(&graph, options)).unwrap();
         let reference = dense_pagerank(&graph, options);
         for (got, wanted) in result.ranks.iter().zip(&reference) {
             prop_assert!(close(*got, *wanted, 1e-9), "{} against {}", got, wanted);
@@ -169,7 +169,7 @@ proptest! {
 
     #[test]
     fn bc_matches_brandes(graph in graphs(), threads in 1usize..4) {
-        let result = with_threads(threads, || bc(&graph, 0));
+        let result = with_threads(threads, || bc(&graph, 0)).unwrap();
         for (got, wanted) in result.scores.iter().zip(brandes(&graph, 0)) {
             prop_assert!(close(*got, wanted, 1e-9), "{} against {}", got, wanted);
         }
@@ -177,7 +177,7 @@ proptest! {
 
     #[test]
     fn radii_are_the_farthest_sampled_source(graph in graphs(), threads in 1usize..4, seed in 0u64..1000) {
-        let result = with_threads(threads, || radii(&graph, seed));
+        let result = with_threads(threads, || radii(&graph, seed)).unwrap();
         let from_sources: Vec<Vec<u32>> = result.sources.iter().map(|&s| distances(&graph, s)).collect();
         for vertex in 0..graph.vertex_count() {
             let farthest = from_sources
@@ -194,7 +194,7 @@ proptest! {
 #[test]
 fn pagerank_stops_at_its_tolerance() {
     let graph = Graph::from_edges(4, &[(0, 1), (1, 2), (2, 3), (3, 0), (0, 2)], false).unwrap();
-    let result = pagerank(&graph, PageRankOptions::default());
+    let result = pagerank(&graph, PageRankOptions::default()).unwrap();
     assert!(result.iterations < 20);
     assert!(result.last_change < 1e-4);
     let sum: f64 = result.ranks.iter().sum();
@@ -210,13 +210,126 @@ fn both_ways_to_pagerank_give_the_same_bits() {
         seed: 4,
     })
     .unwrap();
-    let per_edge = pagerank(&graph, PageRankOptions::default());
+    let per_edge = pagerank(&graph, PageRankOptions::default()).unwrap();
     let per_vertex = pagerank(
         &graph,
         PageRankOptions {
             contributions: Contributions::PerVertex,
             ..PageRankOptions::default()
         },
-    );
+    )
+    .unwrap();
     assert_eq!(per_edge, per_vertex);
+}
+
+/// A placement that keeps everything local but records what values each
+/// application places, and can refuse them.
+#[derive(Default)]
+struct CountingValues {
+    placed: std::sync::Mutex<Vec<(String, u64)>>,
+    refuse: bool,
+}
+
+impl CountingValues {
+    fn record(&self, name: &str, bytes: u64) -> Result<(), remora_graph::PlacementError> {
+        if self.refuse {
+            return Err(remora_graph::PlacementError {
+                name: name.into(),
+                bytes,
+                reason: "refused by the test".into(),
+            });
+        }
+        self.placed.lock().unwrap().push((name.into(), bytes));
+        Ok(())
+    }
+}
+
+impl remora_graph::ValuePlacement for CountingValues {
+    fn place_words32(
+        &self,
+        name: &str,
+        count: usize,
+    ) -> Result<remora_graph::Array<std::sync::atomic::AtomicU32>, remora_graph::PlacementError>
+    {
+        self.record(name, count as u64 * 4)?;
+        remora_graph::LocalPlacement.place_words32(name, count)
+    }
+
+    fn place_words64(
+        &self,
+        name: &str,
+        count: usize,
+    ) -> Result<remora_graph::Array<std::sync::atomic::AtomicU64>, remora_graph::PlacementError>
+    {
+        self.record(name, count as u64 * 8)?;
+        remora_graph::LocalPlacement.place_words64(name, count)
+    }
+}
+
+struct CountingPlacement(std::sync::Arc<CountingValues>);
+
+impl remora_graph::Placement for CountingPlacement {
+    fn place_offsets(
+        &self,
+        name: &str,
+        data: Vec<u64>,
+    ) -> Result<remora_graph::Array<u64>, remora_graph::PlacementError> {
+        remora_graph::LocalPlacement.place_offsets(name, data)
+    }
+
+    fn place_vertices(
+        &self,
+        name: &str,
+        data: Vec<u32>,
+    ) -> Result<remora_graph::Array<u32>, remora_graph::PlacementError> {
+        remora_graph::LocalPlacement.place_vertices(name, data)
+    }
+
+    fn values(&self) -> Option<std::sync::Arc<dyn remora_graph::ValuePlacement>> {
+        Some(self.0.clone())
+    }
+}
+
+/// Each app places exactly the values `App::value_bytes_per_vertex` says
+/// (the SODA benchmark sizes its buffers and the DPU's static cache by
+/// it), in at most `App::MOST_VALUE_ARRAYS` arrays, every one named as
+/// values; and a placement that refuses them fails the app with its error.
+#[test]
+fn apps_place_the_values_they_declare_and_fail_when_refused() {
+    use remora_graph::apps::{run, App};
+    let graph = small_kronecker();
+    for app in App::ALL {
+        let values = std::sync::Arc::new(CountingValues::default());
+        let placed = graph.place(&CountingPlacement(values.clone())).unwrap();
+        let result = run(app, &placed, 0, 1).unwrap();
+        result.compare(&run(app, &graph, 0, 1).unwrap()).unwrap();
+        let arrays = values.placed.lock().unwrap().clone();
+        let bytes: u64 = arrays.iter().map(|(_, bytes)| bytes).sum();
+        assert_eq!(
+            bytes,
+            app.value_bytes_per_vertex() * graph.vertex_count() as u64,
+            "{app:?}: {arrays:?}"
+        );
+        assert!(arrays.len() as u64 <= App::MOST_VALUE_ARRAYS, "{arrays:?}");
+        assert!(arrays
+            .iter()
+            .all(|(name, _)| name.starts_with(remora_graph::csr::VALUES_PREFIX)));
+        let refusing = std::sync::Arc::new(CountingValues {
+            refuse: true,
+            ..CountingValues::default()
+        });
+        let placed = graph.place(&CountingPlacement(refusing)).unwrap();
+        let error = run(app, &placed, 0, 1).unwrap_err();
+        assert_eq!(error.reason, "refused by the test", "{app:?}");
+    }
+}
+
+fn small_kronecker() -> Graph {
+    remora_graph::generate::generate(remora_graph::generate::GeneratorSpec {
+        kind: remora_graph::generate::GraphKind::Kronecker,
+        scale: 9,
+        degree: 8,
+        seed: 11,
+    })
+    .unwrap()
 }

@@ -9,8 +9,9 @@ use crate::placement::FarPlacement;
 use crate::rack::{RackLinks, Route, SodaRack, SodaRackConfig, Traffic};
 use crate::store::{Advice, ChunkStore, FileStore, InProcessStore, StoreError};
 use remora_graph::apps::{self, App, AppResult};
+use remora_graph::csr::VALUES_PREFIX;
 use remora_graph::engine::with_threads;
-use remora_graph::{Graph, Vertex};
+use remora_graph::{Graph, PlacementError, Vertex};
 use remora_rack::topology::Topology;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -230,23 +231,43 @@ pub fn footprint_bytes(graph: &Graph) -> u64 {
     edges + offsets
 }
 
-fn buffer_bytes(graph: &Graph, options: &RunOptions) -> u64 {
+/// What `app` keeps in far memory: the graph and its own per-vertex
+/// values.
+pub fn app_footprint_bytes(graph: &Graph, app: App) -> u64 {
+    footprint_bytes(graph) + app.value_bytes_per_vertex() * graph.vertex_count() as u64
+}
+
+/// The most any app's values take, each array rounded up to chunks.
+fn most_value_bytes(graph: &Graph, chunk_bytes: u64) -> u64 {
+    let per_vertex = App::ALL
+        .iter()
+        .map(|app| app.value_bytes_per_vertex())
+        .max()
+        .unwrap_or(0);
+    per_vertex * graph.vertex_count() as u64 + App::MOST_VALUE_ARRAYS * chunk_bytes
+}
+
+fn buffer_bytes(graph: &Graph, app: App, options: &RunOptions) -> u64 {
     let chunk = options.chunk_bytes as u64;
-    let share = (footprint_bytes(graph) as f64 * options.buffer_fraction) as u64;
+    let share = (app_footprint_bytes(graph, app) as f64 * options.buffer_fraction) as u64;
     // At least a few chunks, so that one fault per kernel thread fits.
     share
         .next_multiple_of(chunk)
         .max(chunk * (options.fault_threads as u64 + 4))
 }
 
-/// What each array is told: vertex data pinned (static), or edge data
-/// cached dynamically.
+/// What each array is told: vertex data (the offsets and the apps'
+/// values) pinned (static), or edge data cached dynamically.
 fn advice_for(variant: Option<DpuVariant>) -> impl Fn(&str) -> Option<Advice> {
     move |name: &str| match variant {
-        Some(DpuVariant::Static) if name.ends_with("offsets") => Some(Advice::Pin),
+        Some(DpuVariant::Static) if is_vertex_data(name) => Some(Advice::Pin),
         Some(DpuVariant::Dynamic) if name.ends_with("neighbours") => Some(Advice::CacheDynamically),
         _ => None,
     }
+}
+
+fn is_vertex_data(name: &str) -> bool {
+    name.ends_with("offsets") || name.starts_with(VALUES_PREFIX)
 }
 
 pub fn run_on(
@@ -257,7 +278,7 @@ pub fn run_on(
 ) -> Result<BackendRun, SodaError> {
     let mut rack = None;
     let store: Arc<dyn ChunkStore> = match backend {
-        Backend::Local => return Ok(run_local(app, graph, options)),
+        Backend::Local => return run_local(app, graph, options),
         Backend::InProcess => Arc::new(InProcessStore::default()),
         Backend::File => Arc::new(FileStore::create(
             &options.work_directory.join("soda-file-store"),
@@ -268,7 +289,7 @@ pub fn run_on(
             store
         }
     };
-    let config = far_memory_config(graph, options);
+    let config = far_memory_config(graph, app, options);
     let buffer_bytes = config.buffer_bytes;
     let memory = FarMemory::new(store, config)?;
     let far_graph = place(&memory, backend, graph, options, "")?;
@@ -279,6 +300,7 @@ pub fn run_on(
         apps::run(app, &far_graph, options.source, options.seed)
     });
     let seconds = started.elapsed().as_secs_f64();
+    let result = result?;
     drop(far_graph);
     let far = memory.stats();
     drop(memory);
@@ -300,9 +322,9 @@ pub fn run_on(
     })
 }
 
-fn far_memory_config(graph: &Graph, options: &RunOptions) -> FarMemoryConfig {
+fn far_memory_config(graph: &Graph, app: App, options: &RunOptions) -> FarMemoryConfig {
     FarMemoryConfig {
-        buffer_bytes: buffer_bytes(graph, options),
+        buffer_bytes: buffer_bytes(graph, app, options),
         fault_threads: options.fault_threads,
         ..FarMemoryConfig::default()
     }
@@ -362,12 +384,14 @@ pub fn run_beside(
         ));
     }
     let rack = Arc::new(soda_rack(backend, graph, options, 2)?);
-    let config = far_memory_config(graph, options);
     let mut memories = Vec::new();
     let mut graphs = Vec::new();
-    for process in 0..2 {
+    let mut buffers = Vec::new();
+    for (process, &app) in apps.iter().enumerate() {
         let store =
             SodaRack::process(&rack, process).map_err(|error| SodaError::Store(error.into()))?;
+        let config = far_memory_config(graph, app, options);
+        buffers.push(config.buffer_bytes);
         let memory = FarMemory::new(Arc::new(store), config)?;
         graphs.push(place(
             &memory,
@@ -379,7 +403,7 @@ pub fn run_beside(
         memories.push(memory);
     }
     let before = rack_report(&rack, 0.0);
-    let outcomes: Vec<(AppResult, f64)> = std::thread::scope(|scope| {
+    let outcomes: Vec<(Result<AppResult, PlacementError>, f64)> = std::thread::scope(|scope| {
         let workers: Vec<_> = apps
             .iter()
             .zip(&graphs)
@@ -403,20 +427,21 @@ pub fn run_beside(
     drop(memories);
     let cpu = rack.stop().map_err(StoreError::from)?.as_secs_f64();
     let report = difference(rack_report(&rack, cpu), before);
-    let mut runs =
-        outcomes
-            .into_iter()
-            .zip(stats)
-            .zip(apps)
-            .map(|(((result, seconds), far), app)| BackendRun {
-                backend,
-                app,
-                seconds,
-                result,
-                buffer_bytes: config.buffer_bytes,
-                far: Some(far),
-                rack: None,
-            });
+    let mut runs = Vec::with_capacity(apps.len());
+    for ((((result, seconds), far), app), buffer_bytes) in
+        outcomes.into_iter().zip(stats).zip(apps).zip(buffers)
+    {
+        runs.push(BackendRun {
+            backend,
+            app,
+            seconds,
+            result: result?,
+            buffer_bytes,
+            far: Some(far),
+            rack: None,
+        });
+    }
+    let mut runs = runs.into_iter();
     let first = runs.next().expect("two runs");
     let second = runs.next().expect("two runs");
     Ok(SideBySide {
@@ -479,8 +504,9 @@ fn soda_rack(
     processes: usize,
 ) -> Result<SodaRack, SodaError> {
     let chunk = options.chunk_bytes as u64;
-    // Four arrays at most, each rounded up to whole chunks.
-    let pool_bytes = footprint_bytes(graph) + 4 * chunk;
+    // Four arrays at most, each rounded up to whole chunks, and any app's
+    // values.
+    let pool_bytes = footprint_bytes(graph) + 4 * chunk + most_value_bytes(graph, chunk);
     let (edge_bytes, offset_bytes) = graph.footprint_bytes();
     let (dpu, route) = match backend {
         Backend::Dpu(variant) => {
@@ -495,8 +521,10 @@ fn soda_rack(
                 _ => Route::ThroughDpu,
             };
             if variant == DpuVariant::Static {
-                // Room for every offsets array, each rounded to chunks.
-                config.static_bytes = (offset_bytes + 4 * chunk) * processes as u64;
+                // Room for every offsets array, each rounded to chunks,
+                // and any app's values.
+                config.static_bytes =
+                    (offset_bytes + 4 * chunk + most_value_bytes(graph, chunk)) * processes as u64;
             }
             if variant == DpuVariant::Dynamic {
                 let capacity = (edge_bytes as f64 * options.cache.edge_fraction) as u64;
@@ -540,18 +568,18 @@ pub fn entry_chunks(capacity_bytes: u64, options: &RunOptions) -> usize {
         .unwrap_or_else(|| (capacity_bytes / ENTRIES_WANTED / chunk).clamp(1, MOST_CHUNKS) as usize)
 }
 
-fn run_local(app: App, graph: &Graph, options: &RunOptions) -> BackendRun {
+fn run_local(app: App, graph: &Graph, options: &RunOptions) -> Result<BackendRun, SodaError> {
     let started = Instant::now();
     let result = with_threads(options.threads, || {
         apps::run(app, graph, options.source, options.seed)
-    });
-    BackendRun {
+    })?;
+    Ok(BackendRun {
         backend: Backend::Local,
         app,
         seconds: started.elapsed().as_secs_f64(),
         result,
-        buffer_bytes: footprint_bytes(graph),
+        buffer_bytes: app_footprint_bytes(graph, app),
         far: None,
         rack: None,
-    }
+    })
 }

@@ -74,6 +74,8 @@ pub enum SodaError {
     Placement(#[from] remora_graph::PlacementError),
     #[error("object of {bytes} bytes is not a whole number of {element}-byte elements")]
     Misaligned { bytes: usize, element: usize },
+    #[error("the far memory is closed: no more objects can be allocated")]
+    Closed,
 }
 
 /// What the far memory did, for reports. CPU times are thread CPU time
@@ -475,45 +477,17 @@ impl FarMemory {
         chunk_bytes: usize,
         file: Option<&Path>,
     ) -> Result<FarObject, SodaError> {
-        let chunk_valid = chunk_bytes >= MIN_CHUNK_BYTES
-            && chunk_bytes.is_multiple_of(mapping::PAGE_BYTES)
-            && chunk_bytes as u64 <= self.config.buffer_bytes;
-        if !chunk_valid {
-            return Err(SodaError::ChunkSize(chunk_bytes));
-        }
-        let length = bytes.max(1).next_multiple_of(chunk_bytes);
-        let mapping = Mapping::new(length).map_err(|errno| SodaError::Map {
-            bytes: length,
-            errno,
-        })?;
-        let id = {
-            let mut inner = self.shared.lock();
-            let id = ObjectId(inner.next_id);
-            inner.next_id += 1;
-            id
-        };
-        self.shared.store.reserve(id, length as u64, file)?;
-        if let Err(error) = self.shared.userfault.register(mapping.address(), length) {
-            let _ = self.shared.store.release(id);
-            return Err(error.into());
-        }
-        let info = ObjectInfo {
-            id,
-            address: mapping.address(),
-            length,
-            chunk_bytes,
-            lost: None,
-        };
-        let mut inner = self.shared.lock();
-        inner.addresses.insert(id, info.address);
-        inner.objects.insert(info.address, info);
-        Ok(FarObject {
+        self.allocator().alloc_chunked(bytes, chunk_bytes, file)
+    }
+
+    /// A handle that allocates objects here from anywhere (the values of
+    /// applications running on a placed graph); it refuses once this far
+    /// memory is dropped.
+    pub fn allocator(&self) -> FarAllocator {
+        FarAllocator {
             shared: Arc::clone(&self.shared),
-            mapping: Some(mapping),
-            id,
-            bytes,
-            chunk_bytes,
-        })
+            buffer_bytes: self.config.buffer_bytes,
+        }
     }
 
     pub fn stats(&self) -> FarMemoryStats {
@@ -561,6 +535,74 @@ impl Drop for FarMemory {
     }
 }
 
+/// Allocates objects in a [`FarMemory`]: see [`FarMemory::allocator`].
+#[derive(Clone)]
+pub struct FarAllocator {
+    shared: Arc<Shared>,
+    buffer_bytes: u64,
+}
+
+impl FarAllocator {
+    pub fn alloc_chunked(
+        &self,
+        bytes: usize,
+        chunk_bytes: usize,
+        file: Option<&Path>,
+    ) -> Result<FarObject, SodaError> {
+        if self.shared.stopping.load(Ordering::Relaxed) {
+            return Err(SodaError::Closed);
+        }
+        let chunk_valid = chunk_bytes >= MIN_CHUNK_BYTES
+            && chunk_bytes.is_multiple_of(mapping::PAGE_BYTES)
+            && chunk_bytes as u64 <= self.buffer_bytes;
+        if !chunk_valid {
+            return Err(SodaError::ChunkSize(chunk_bytes));
+        }
+        let length = bytes.max(1).next_multiple_of(chunk_bytes);
+        let mapping = Mapping::new(length).map_err(|errno| SodaError::Map {
+            bytes: length,
+            errno,
+        })?;
+        let id = {
+            let mut inner = self.shared.lock();
+            let id = ObjectId(inner.next_id);
+            inner.next_id += 1;
+            id
+        };
+        self.shared.store.reserve(id, length as u64, file)?;
+        if let Err(error) = self.shared.userfault.register(mapping.address(), length) {
+            let _ = self.shared.store.release(id);
+            return Err(error.into());
+        }
+        let info = ObjectInfo {
+            id,
+            address: mapping.address(),
+            length,
+            chunk_bytes,
+            lost: None,
+        };
+        let mut inner = self.shared.lock();
+        // Checked again under the lock the far memory's drop takes to see
+        // whether objects remain: its threads then either serve this
+        // object or were never going to.
+        if self.shared.stopping.load(Ordering::Relaxed) {
+            drop(inner);
+            let _ = self.shared.userfault.unregister(mapping.address(), length);
+            let _ = self.shared.store.release(id);
+            return Err(SodaError::Closed);
+        }
+        inner.addresses.insert(id, info.address);
+        inner.objects.insert(info.address, info);
+        Ok(FarObject {
+            shared: Arc::clone(&self.shared),
+            mapping: Some(mapping),
+            id,
+            bytes,
+            chunk_bytes,
+        })
+    }
+}
+
 /// A far-memory object: plain memory to the application. Freed on drop;
 /// ownership makes use after free impossible in safe code.
 pub struct FarObject {
@@ -604,6 +646,13 @@ impl FarObject {
             .as_mut()
             .expect("live until freed")
             .as_mut_slice()[..bytes]
+    }
+
+    /// The object as atomic words (its length rounded down to whole
+    /// words), for values threads update in place; not to be mixed with
+    /// [`FarObject::as_bytes`] on the same object.
+    pub fn as_atomics<W: mapping::AtomicWord>(&self) -> &[W] {
+        &self.mapping().as_atomics::<W>()[..self.bytes / std::mem::size_of::<W>()]
     }
 
     /// The object as `T`s.

@@ -3,6 +3,20 @@
 
 use rustix::mm::{madvise, mmap_anonymous, munmap, Advice, MapFlags, ProtFlags};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Atomic integers a mapping can be seen as: each has its integer's size
+/// and bit validity (every bit pattern, the kernel's zero pages included,
+/// is a value), an alignment of at most a page, and no drop.
+pub trait AtomicWord: sealed::Sealed + Send + Sync + 'static {}
+impl sealed::Sealed for AtomicU32 {}
+impl AtomicWord for AtomicU32 {}
+impl sealed::Sealed for AtomicU64 {}
+impl AtomicWord for AtomicU64 {}
 
 pub const PAGE_BYTES: usize = 4096;
 
@@ -58,6 +72,21 @@ impl Mapping {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_slice`, and `&mut self` makes the access unique.
         unsafe { std::slice::from_raw_parts_mut(self.start.as_ptr(), self.length) }
+    }
+
+    /// The mapping as atomic words, which threads update in place through
+    /// shared references. A caller must not also read the same bytes
+    /// through [`Mapping::as_slice`] while it holds these (the far-memory
+    /// code's own copies happen under write protection, as with any
+    /// application write).
+    pub fn as_atomics<W: AtomicWord>(&self) -> &[W] {
+        let count = self.length / std::mem::size_of::<W>();
+        // SAFETY: the start is page aligned, which satisfies W's alignment;
+        // `count` words lie within the `length` bytes, which stay mapped
+        // and readable for `&self`'s lifetime (pages not yet present are
+        // supplied on touch); every bit pattern is a valid W; and atomics
+        // allow mutation through `&`.
+        unsafe { std::slice::from_raw_parts(self.start.as_ptr().cast::<W>(), count) }
     }
 }
 

@@ -2,11 +2,15 @@
 //! store loads into a new object (SODA's `alloc(bytes, file)`), and the
 //! graph reads it through the object.
 
-use crate::far::{FarMemory, FarObject};
+use crate::far::{FarAllocator, FarMemory, FarObject};
+use crate::mapping::AtomicWord;
 use crate::store::Advice;
-use remora_graph::{Array, Placement, PlacementError};
+use remora_graph::csr::VALUES_PREFIX;
+use remora_graph::{Array, Placement, PlacementError, ValuePlacement};
 use std::marker::PhantomData;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::Arc;
 
 /// A far-memory object seen as a slice of `T`.
 pub struct ObjectArray<T> {
@@ -81,5 +85,68 @@ impl Placement for FarPlacement<'_> {
 
     fn place_vertices(&self, name: &str, data: Vec<u32>) -> Result<Array<u32>, PlacementError> {
         self.place(name, data)
+    }
+
+    /// Applications' values go to far memory too, as SODA's Ligra
+    /// allocates its vertex data there, with the advice values get.
+    fn values(&self) -> Option<Arc<dyn ValuePlacement>> {
+        Some(Arc::new(FarValues {
+            allocator: self.memory.allocator(),
+            chunk_bytes: self.chunk_bytes,
+            advice: (self.advice)(VALUES_PREFIX),
+        }))
+    }
+}
+
+/// Where applications on a far-placed graph keep their values: zeroed
+/// far-memory objects, advised as the placement's advice says for names
+/// starting with [`VALUES_PREFIX`].
+pub struct FarValues {
+    allocator: FarAllocator,
+    chunk_bytes: usize,
+    advice: Option<Advice>,
+}
+
+/// A far-memory object seen only as atomic words.
+struct ObjectWords<W> {
+    object: FarObject,
+    word: PhantomData<W>,
+}
+
+impl<W: AtomicWord> AsRef<[W]> for ObjectWords<W> {
+    fn as_ref(&self) -> &[W] {
+        self.object.as_atomics()
+    }
+}
+
+impl FarValues {
+    fn place<W: AtomicWord>(&self, name: &str, count: usize) -> Result<Array<W>, PlacementError> {
+        let bytes = count * std::mem::size_of::<W>();
+        let error = |reason: String| PlacementError {
+            name: name.into(),
+            bytes: bytes as u64,
+            reason,
+        };
+        let object = self
+            .allocator
+            .alloc_chunked(bytes, self.chunk_bytes, None)
+            .map_err(|e| error(e.to_string()))?;
+        if let Some(advice) = self.advice {
+            object.advise(advice).map_err(|e| error(e.to_string()))?;
+        }
+        Ok(Array::new(ObjectWords {
+            object,
+            word: PhantomData::<W>,
+        }))
+    }
+}
+
+impl ValuePlacement for FarValues {
+    fn place_words32(&self, name: &str, count: usize) -> Result<Array<AtomicU32>, PlacementError> {
+        self.place(name, count)
+    }
+
+    fn place_words64(&self, name: &str, count: usize) -> Result<Array<AtomicU64>, PlacementError> {
+        self.place(name, count)
     }
 }

@@ -215,12 +215,15 @@ fn graphs_in_far_memory_give_the_local_results() {
     };
     let far = graph.place(&placement).unwrap();
     let source = graph.first_vertex_with_out_edges().unwrap();
-    assert_eq!(bfs(&far, source).depths, bfs(&graph, source).depths);
-    assert_eq!(cc(&far).labels, cc(&graph).labels);
+    assert_eq!(
+        bfs(&far, source).unwrap().depths,
+        bfs(&graph, source).unwrap().depths
+    );
+    assert_eq!(cc(&far).unwrap().labels, cc(&graph).unwrap().labels);
     let options = pagerank::PageRankOptions::default();
     assert_eq!(
-        pagerank::pagerank(&far, options).ranks,
-        pagerank::pagerank(&graph, options).ranks
+        pagerank::pagerank(&far, options).unwrap().ranks,
+        pagerank::pagerank(&graph, options).unwrap().ranks
     );
     assert!(memory.stats().evictions > 0);
 }
@@ -414,9 +417,22 @@ fn two_processes_share_the_dpu_and_both_get_local_results() {
         assert!(run.far.as_ref().unwrap().missing_faults > 0);
     }
     assert!(pair.rack.memory_on_demand_bytes() > 0);
+    // The graph's offsets are pinned before the run. The apps' values are
+    // allocated during it and pinned then: the DPU loads each from the
+    // memory node, and writes it back when the app frees it. Nothing else
+    // moves in the background.
+    let chunk = options.chunk_bytes as u64;
+    let values_bytes: u64 = apps
+        .iter()
+        .map(|app| {
+            app.value_bytes_per_vertex() * graph.vertex_count() as u64
+                + App::MOST_VALUE_ARRAYS * chunk
+        })
+        .sum();
+    let background = pair.rack.memory_background_bytes();
     assert!(
-        pair.rack.memory_background_bytes() == 0,
-        "pinning happens before the run"
+        0 < background && background <= 2 * values_bytes,
+        "{background} background bytes against {values_bytes} bytes of values"
     );
 }
 

@@ -52,6 +52,8 @@ pub enum SodaBenchError {
     },
     #[error("progress bar template: {0}")]
     Progress(String),
+    #[error(transparent)]
+    Placement(#[from] remora_graph::PlacementError),
 }
 
 pub struct Settings {
@@ -196,7 +198,7 @@ fn run_checked(
     record(&mut report, &figures);
     let at_scale_20 = graph_name == "kron:20:16";
     let gapbs_style_seconds = if at_scale_20 {
-        gapbs_style(&graph, &options, &settings, &mut report)
+        gapbs_style(&graph, &options, &settings, &mut report)?
     } else {
         BTreeMap::new()
     };
@@ -509,24 +511,24 @@ fn gapbs_style(
     options: &RunOptions,
     settings: &Settings,
     report: &mut Report,
-) -> BTreeMap<App, f64> {
+) -> Result<BTreeMap<App, f64>, SodaBenchError> {
     use remora_graph::apps::pagerank::{pagerank, Contributions, PageRankOptions};
     let per_vertex = PageRankOptions {
         contributions: Contributions::PerVertex,
         ..PageRankOptions::default()
     };
-    let mut times: Vec<f64> = (0..settings.repetitions)
+    let mut times = (0..settings.repetitions)
         .map(|_| {
             remora_graph::engine::with_threads(options.threads, || {
                 let started = std::time::Instant::now();
-                drop(pagerank(graph, per_vertex));
-                started.elapsed().as_secs_f64()
+                pagerank(graph, per_vertex)?;
+                Ok(started.elapsed().as_secs_f64())
             })
         })
-        .collect();
+        .collect::<Result<Vec<f64>, SodaBenchError>>()?;
     let seconds = median(&mut times);
     report.add("pr/local-gapbs-style", "runtime", seconds, "s");
-    BTreeMap::from([(App::PageRank, seconds)])
+    Ok(BTreeMap::from([(App::PageRank, seconds)]))
 }
 
 #[derive(clap::Args)]

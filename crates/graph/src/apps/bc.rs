@@ -3,12 +3,12 @@
 //! a backward pass over the levels, along reversed edges, accumulates
 //! dependencies.
 
-use crate::apps::AtomicF64;
+use crate::apps::F64Word;
 use crate::csr::{Direction, Graph};
 use crate::engine::{edge_map, vertex_map, EdgeFunction};
 use crate::frontier::Frontier;
-use crate::Vertex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use crate::{PlacementError, Vertex};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct BcResult {
@@ -17,84 +17,90 @@ pub struct BcResult {
     pub scores: Vec<f64>,
 }
 
+/// A vertex's visited flag: a 32-bit value, as every per-vertex value is
+/// an atomic word.
+fn is_visited(flags: &[AtomicU32], vertex: usize) -> bool {
+    flags[vertex].load(Ordering::Relaxed) != 0
+}
+
+fn set_visited(flags: &[AtomicU32], vertex: usize, visited: bool) {
+    flags[vertex].store(u32::from(visited), Ordering::Relaxed);
+}
+
 struct CountPaths<'a> {
-    paths: &'a [AtomicF64],
-    visited: &'a [AtomicBool],
+    paths: &'a [AtomicU64],
+    visited: &'a [AtomicU32],
 }
 
 impl EdgeFunction for CountPaths<'_> {
     fn update(&self, source: Vertex, destination: Vertex) -> bool {
-        let before = self.paths[destination as usize].load();
-        let added = before + self.paths[source as usize].load();
-        self.paths[destination as usize].store(added);
+        let before = self.paths[destination as usize].load_f64();
+        let added = before + self.paths[source as usize].load_f64();
+        self.paths[destination as usize].store_f64(added);
         before == 0.0
     }
 
     fn update_atomic(&self, source: Vertex, destination: Vertex) -> bool {
-        let before = self.paths[destination as usize].fetch_add(self.paths[source as usize].load());
+        let before =
+            self.paths[destination as usize].fetch_add_f64(self.paths[source as usize].load_f64());
         before == 0.0
     }
 
     fn condition(&self, destination: Vertex) -> bool {
-        !self.visited[destination as usize].load(Ordering::Relaxed)
+        !is_visited(self.visited, destination as usize)
     }
 }
 
 struct AddDependencies<'a> {
-    dependencies: &'a [AtomicF64],
-    visited: &'a [AtomicBool],
+    dependencies: &'a [AtomicU64],
+    visited: &'a [AtomicU32],
 }
 
 impl EdgeFunction for AddDependencies<'_> {
     fn update(&self, source: Vertex, destination: Vertex) -> bool {
-        let sum = self.dependencies[destination as usize].load()
-            + self.dependencies[source as usize].load();
-        self.dependencies[destination as usize].store(sum);
+        let sum = self.dependencies[destination as usize].load_f64()
+            + self.dependencies[source as usize].load_f64();
+        self.dependencies[destination as usize].store_f64(sum);
         false
     }
 
     fn update_atomic(&self, source: Vertex, destination: Vertex) -> bool {
         self.dependencies[destination as usize]
-            .fetch_add(self.dependencies[source as usize].load());
+            .fetch_add_f64(self.dependencies[source as usize].load_f64());
         false
     }
 
     fn condition(&self, destination: Vertex) -> bool {
-        !self.visited[destination as usize].load(Ordering::Relaxed)
+        !is_visited(self.visited, destination as usize)
     }
 }
 
-pub fn bc(graph: &Graph, source: Vertex) -> BcResult {
+pub fn bc(graph: &Graph, source: Vertex) -> Result<BcResult, PlacementError> {
     let vertex_count = graph.vertex_count();
     assert!((source as usize) < vertex_count, "source is a vertex");
-    let paths: Vec<AtomicF64> = (0..vertex_count).map(|_| AtomicF64::new(0.0)).collect();
-    let visited: Vec<AtomicBool> = (0..vertex_count).map(|_| AtomicBool::new(false)).collect();
-    paths[source as usize].store(1.0);
-    visited[source as usize].store(true, Ordering::Relaxed);
+    let paths = graph.values64("bc paths", |_| 0.0f64.to_bits())?;
+    let visited = graph.values32("bc visited", |_| 0)?;
+    paths[source as usize].store_f64(1.0);
+    set_visited(&visited, source as usize, true);
     let levels = count_paths(graph, source, &paths, &visited);
 
     // Backward: dependency'(v) = 1/σ(v) + Σ over children w of
     // dependency'(w); the score is σ(v)·dependency'(v) − 1.
-    let inverse_paths: Vec<f64> = paths
-        .iter()
-        .map(|count| {
-            let count = count.load();
-            if count == 0.0 {
-                0.0
-            } else {
-                1.0 / count
-            }
-        })
-        .collect();
-    let dependencies: Vec<AtomicF64> = (0..vertex_count).map(|_| AtomicF64::new(0.0)).collect();
+    let inverse_paths = graph.values64("bc inverse paths", |vertex| {
+        let count = paths[vertex].load_f64();
+        let inverse = if count == 0.0 { 0.0 } else { 1.0 / count };
+        inverse.to_bits()
+    })?;
+    let inverse = |vertex: usize| inverse_paths[vertex].load_f64();
+    let dependencies = graph.values64("bc dependencies", |_| 0.0f64.to_bits())?;
     visited
         .iter()
-        .for_each(|flag| flag.store(false, Ordering::Relaxed));
+        .for_each(|flag| flag.store(0, Ordering::Relaxed));
     let settle = |level: &Frontier| {
         vertex_map(level, |vertex| {
             let vertex = vertex as usize;
-            visited[vertex].store(true, Ordering::Relaxed);
-            dependencies[vertex].fetch_add(inverse_paths[vertex]);
+            set_visited(&visited, vertex, true);
+            dependencies[vertex].fetch_add_f64(inverse(vertex));
         })
     };
     let function = AddDependencies {
@@ -113,22 +119,22 @@ pub fn bc(graph: &Graph, source: Vertex) -> BcResult {
     }
     let scores = (0..vertex_count)
         .map(|vertex| {
-            if vertex == source as usize || inverse_paths[vertex] == 0.0 {
+            if vertex == source as usize || inverse(vertex) == 0.0 {
                 0.0
             } else {
-                (dependencies[vertex].load() - inverse_paths[vertex]) / inverse_paths[vertex]
+                (dependencies[vertex].load_f64() - inverse(vertex)) / inverse(vertex)
             }
         })
         .collect();
-    BcResult { scores }
+    Ok(BcResult { scores })
 }
 
 /// The forward pass; returns the frontier of every level, source first.
 fn count_paths(
     graph: &Graph,
     source: Vertex,
-    paths: &[AtomicF64],
-    visited: &[AtomicBool],
+    paths: &[AtomicU64],
+    visited: &[AtomicU32],
 ) -> Vec<Frontier> {
     let function = CountPaths { paths, visited };
     let mut levels = vec![Frontier::single(source)];
@@ -143,9 +149,7 @@ fn count_paths(
         if next.is_empty() {
             return levels;
         }
-        vertex_map(&next, |vertex| {
-            visited[vertex as usize].store(true, Ordering::Relaxed)
-        });
+        vertex_map(&next, |vertex| set_visited(visited, vertex as usize, true));
         levels.push(next);
         debug_assert!(levels.len() <= graph.vertex_count());
     }

@@ -1,9 +1,10 @@
 //! Breadth-first search: a parent and a depth for every reached vertex.
 
+use crate::apps::read_words32;
 use crate::csr::{Direction, Graph};
 use crate::engine::{edge_map, vertex_map, EdgeFunction};
 use crate::frontier::Frontier;
-use crate::{Vertex, NO_VERTEX};
+use crate::{PlacementError, Vertex, NO_VERTEX};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Depth of a vertex the search never reached.
@@ -39,15 +40,11 @@ impl EdgeFunction for ClaimParent<'_> {
     }
 }
 
-pub fn bfs(graph: &Graph, source: Vertex) -> BfsResult {
+pub fn bfs(graph: &Graph, source: Vertex) -> Result<BfsResult, PlacementError> {
     let vertex_count = graph.vertex_count();
     assert!((source as usize) < vertex_count, "source is a vertex");
-    let parents: Vec<AtomicU32> = (0..vertex_count)
-        .map(|_| AtomicU32::new(NO_VERTEX))
-        .collect();
-    let depths: Vec<AtomicU32> = (0..vertex_count)
-        .map(|_| AtomicU32::new(UNREACHED))
-        .collect();
+    let parents = graph.values32("bfs parents", |_| NO_VERTEX)?;
+    let depths = graph.values32("bfs depths", |_| UNREACHED)?;
     parents[source as usize].store(source, Ordering::Relaxed);
     depths[source as usize].store(0, Ordering::Relaxed);
     let function = ClaimParent { parents: &parents };
@@ -62,8 +59,8 @@ pub fn bfs(graph: &Graph, source: Vertex) -> BfsResult {
         });
         debug_assert!(depth as usize <= vertex_count);
     }
-    BfsResult {
-        parents: parents.into_iter().map(AtomicU32::into_inner).collect(),
-        depths: depths.into_iter().map(AtomicU32::into_inner).collect(),
-    }
+    Ok(BfsResult {
+        parents: read_words32(&parents),
+        depths: read_words32(&depths),
+    })
 }

@@ -6,8 +6,9 @@
 //! smallest vertex: the result does not depend on thread timing. A
 //! directed graph's components are its weak components.
 
+use crate::apps::read_words32;
 use crate::csr::Graph;
-use crate::Vertex;
+use crate::{PlacementError, Vertex};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
@@ -35,9 +36,9 @@ impl CcResult {
     }
 }
 
-pub fn cc(graph: &Graph) -> CcResult {
+pub fn cc(graph: &Graph) -> Result<CcResult, PlacementError> {
     let vertex_count = graph.vertex_count();
-    let labels: Vec<AtomicU32> = (0..vertex_count as Vertex).map(AtomicU32::new).collect();
+    let labels = graph.values32("cc labels", |vertex| vertex as Vertex)?;
     for round in 0..NEIGHBOUR_ROUNDS {
         (0..vertex_count).into_par_iter().for_each(|vertex| {
             if let Some(&neighbour) = graph.out_neighbours(vertex as Vertex).get(round) {
@@ -66,9 +67,9 @@ pub fn cc(graph: &Graph) -> CcResult {
             }
         });
     compress(&labels);
-    CcResult {
-        labels: labels.into_iter().map(AtomicU32::into_inner).collect(),
-    }
+    Ok(CcResult {
+        labels: read_words32(&labels),
+    })
 }
 
 /// Joins the trees of `first` and `second`, pointing the larger root at

@@ -6,6 +6,7 @@ pub mod cc;
 pub mod pagerank;
 pub mod radii;
 
+use crate::PlacementError;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -20,6 +21,25 @@ pub enum App {
 
 impl App {
     pub const ALL: [App; 5] = [App::Bfs, App::PageRank, App::Radii, App::Bc, App::Cc];
+
+    /// Bytes of per-vertex values the app places (what its
+    /// `Graph::values32` and `values64` calls ask for), per vertex: BFS
+    /// parents and depths; PageRank's two rank arrays (shares per edge);
+    /// Radii's two visited sets and radii; BC's path counts, visited
+    /// flags, inverse counts and dependencies; CC's labels.
+    pub fn value_bytes_per_vertex(self) -> u64 {
+        match self {
+            App::Bfs => 4 + 4,
+            App::PageRank => 8 + 8,
+            App::Radii => 8 + 8 + 4,
+            App::Bc => 8 + 4 + 8 + 8,
+            App::Cc => 4,
+        }
+    }
+
+    /// Arrays of values an app places at most (each rounded up to whole
+    /// chunks where chunks are the unit).
+    pub const MOST_VALUE_ARRAYS: u64 = 4;
 
     pub fn name(self) -> &'static str {
         match self {
@@ -46,37 +66,43 @@ impl FromStr for App {
     }
 }
 
-/// An `f64` updated by several threads (BC's path counts and dependencies).
-#[derive(Debug, Default)]
-pub(crate) struct AtomicF64(AtomicU64);
-
-impl AtomicF64 {
-    pub(crate) fn new(value: f64) -> AtomicF64 {
-        AtomicF64(AtomicU64::new(value.to_bits()))
-    }
-
-    pub(crate) fn load(&self) -> f64 {
-        f64::from_bits(self.0.load(Ordering::Relaxed))
-    }
-
-    pub(crate) fn store(&self, value: f64) {
-        self.0.store(value.to_bits(), Ordering::Relaxed);
-    }
-
+/// An `f64` kept as its bits in an `AtomicU64`, updated by several threads
+/// (BC's path counts and dependencies, PageRank's ranks): per-vertex values
+/// are atomic words wherever they live.
+pub(crate) trait F64Word {
+    fn load_f64(&self) -> f64;
+    fn store_f64(&self, value: f64);
     /// Adds `value`; returns what was there before.
-    pub(crate) fn fetch_add(&self, value: f64) -> f64 {
-        let mut current = self.0.load(Ordering::Relaxed);
+    fn fetch_add_f64(&self, value: f64) -> f64;
+}
+
+impl F64Word for AtomicU64 {
+    fn load_f64(&self) -> f64 {
+        f64::from_bits(self.load(Ordering::Relaxed))
+    }
+
+    fn store_f64(&self, value: f64) {
+        self.store(value.to_bits(), Ordering::Relaxed);
+    }
+
+    fn fetch_add_f64(&self, value: f64) -> f64 {
+        let mut current = self.load(Ordering::Relaxed);
         loop {
             let next = (f64::from_bits(current) + value).to_bits();
-            match self
-                .0
-                .compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed)
-            {
+            match self.compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(previous) => return f64::from_bits(previous),
                 Err(actual) => current = actual,
             }
         }
     }
+}
+
+/// The values an application leaves, read out of wherever they lived.
+pub(crate) fn read_words32(values: &[std::sync::atomic::AtomicU32]) -> Vec<u32> {
+    values
+        .iter()
+        .map(|value| value.load(Ordering::Relaxed))
+        .collect()
 }
 
 /// What an application computed, per vertex.
@@ -111,14 +137,20 @@ pub enum ResultMismatch {
 }
 
 /// Runs `app` from `source` (BFS and BC) with `seed` (Radii's sampling).
-pub fn run(app: App, graph: &crate::Graph, source: crate::Vertex, seed: u64) -> AppResult {
-    match app {
-        App::Bfs => AppResult::Bfs(bfs::bfs(graph, source)),
-        App::PageRank => AppResult::PageRank(pagerank::pagerank(graph, Default::default())),
-        App::Radii => AppResult::Radii(radii::radii(graph, seed)),
-        App::Bc => AppResult::Bc(bc::bc(graph, source)),
-        App::Cc => AppResult::Cc(cc::cc(graph)),
-    }
+/// Fails only if the graph's placement cannot hold the app's values.
+pub fn run(
+    app: App,
+    graph: &crate::Graph,
+    source: crate::Vertex,
+    seed: u64,
+) -> Result<AppResult, PlacementError> {
+    Ok(match app {
+        App::Bfs => AppResult::Bfs(bfs::bfs(graph, source)?),
+        App::PageRank => AppResult::PageRank(pagerank::pagerank(graph, Default::default())?),
+        App::Radii => AppResult::Radii(radii::radii(graph, seed)?),
+        App::Bc => AppResult::Bc(bc::bc(graph, source)?),
+        App::Cc => AppResult::Cc(cc::cc(graph)?),
+    })
 }
 
 fn first_difference<T: PartialEq + std::fmt::Display>(

@@ -5,8 +5,9 @@
 //! so the result is the same bit for bit whatever the thread count or the
 //! memory the graph lives in: backends can be compared exactly.
 
+use crate::apps::F64Word;
 use crate::csr::Graph;
-use crate::Vertex;
+use crate::{PlacementError, Vertex};
 use rayon::prelude::*;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,62 +53,63 @@ pub struct PageRankResult {
     pub last_change: f64,
 }
 
-pub fn pagerank(graph: &Graph, options: PageRankOptions) -> PageRankResult {
+pub fn pagerank(graph: &Graph, options: PageRankOptions) -> Result<PageRankResult, PlacementError> {
     let vertex_count = graph.vertex_count();
     if vertex_count == 0 {
-        return PageRankResult {
+        return Ok(PageRankResult {
             ranks: Vec::new(),
             iterations: 0,
             last_change: 0.0,
-        };
+        });
     }
     let base = (1.0 - options.damping) / vertex_count as f64;
-    let mut ranks = vec![1.0 / vertex_count as f64; vertex_count];
-    let mut next = vec![0.0; vertex_count];
+    let initial = (1.0 / vertex_count as f64).to_bits();
+    let mut ranks = graph.values64("pr ranks", |_| initial)?;
+    let mut next = graph.values64("pr next ranks", |_| 0)?;
     // Plain slices, read once: the per-edge degree lookups below must not
     // go through the array's storage each time.
     let ((out_offsets, _), _) = graph.arrays();
     let out_degree =
         |vertex: Vertex| out_offsets[vertex as usize + 1] - out_offsets[vertex as usize];
-    let mut shares = match options.contributions {
-        Contributions::PerVertex => vec![0.0; vertex_count],
-        Contributions::PerEdge => Vec::new(),
+    let shares = match options.contributions {
+        Contributions::PerVertex => Some(graph.values64("pr shares", |_| 0)?),
+        Contributions::PerEdge => None,
     };
     let mut iterations = 0;
     let mut last_change = f64::INFINITY;
     while iterations < options.max_iterations {
-        if options.contributions == Contributions::PerVertex {
-            shares
-                .par_iter_mut()
-                .enumerate()
-                .for_each(|(vertex, share)| {
-                    let degree = out_degree(vertex as Vertex);
-                    *share = if degree == 0 {
-                        0.0
-                    } else {
-                        ranks[vertex] / degree as f64
-                    };
+        if let Some(shares) = &shares {
+            shares.par_iter().enumerate().for_each(|(vertex, share)| {
+                let degree = out_degree(vertex as Vertex);
+                share.store_f64(if degree == 0 {
+                    0.0
+                } else {
+                    ranks[vertex].load_f64() / degree as f64
                 });
+            });
         }
         // Summed in vertex order, so the stopping point is deterministic too.
         let changes: Vec<f64> = next
-            .par_iter_mut()
+            .par_iter()
             .enumerate()
             .with_min_len(256)
             .map(|(vertex, rank)| {
                 // A source on an in-edge has an out-edge: its degree is
                 // not 0.
                 let sources = graph.in_neighbours(vertex as Vertex).iter();
-                let incoming: f64 = match options.contributions {
-                    Contributions::PerEdge => sources
-                        .map(|&source| ranks[source as usize] / out_degree(source) as f64)
+                let incoming: f64 = match &shares {
+                    None => sources
+                        .map(|&source| {
+                            ranks[source as usize].load_f64() / out_degree(source) as f64
+                        })
                         .sum(),
-                    Contributions::PerVertex => {
-                        sources.map(|&source| shares[source as usize]).sum()
-                    }
+                    Some(shares) => sources
+                        .map(|&source| shares[source as usize].load_f64())
+                        .sum(),
                 };
-                *rank = base + options.damping * incoming;
-                (*rank - ranks[vertex]).abs()
+                let updated = base + options.damping * incoming;
+                rank.store_f64(updated);
+                (updated - ranks[vertex].load_f64()).abs()
             })
             .collect();
         std::mem::swap(&mut ranks, &mut next);
@@ -120,9 +122,9 @@ pub fn pagerank(graph: &Graph, options: PageRankOptions) -> PageRankResult {
             break;
         }
     }
-    PageRankResult {
-        ranks,
+    Ok(PageRankResult {
+        ranks: ranks.iter().map(F64Word::load_f64).collect(),
         iterations,
         last_change,
-    }
+    })
 }

@@ -3,10 +3,11 @@
 //! vertex's radius is the last round its set of reached sources grew: its
 //! greatest distance from a sampled source that reaches it.
 
+use crate::apps::read_words32;
 use crate::csr::{Direction, Graph};
 use crate::engine::{edge_map, vertex_map, EdgeFunction};
 use crate::frontier::Frontier;
-use crate::Vertex;
+use crate::{PlacementError, Vertex};
 use rand::seq::index::sample;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -79,7 +80,7 @@ impl EdgeFunction for Spread<'_> {
 }
 
 /// Samples the sources with `seed`, so a run is reproducible.
-pub fn radii(graph: &Graph, seed: u64) -> RadiiResult {
+pub fn radii(graph: &Graph, seed: u64) -> Result<RadiiResult, PlacementError> {
     let vertex_count = graph.vertex_count();
     let mut random = ChaCha8Rng::seed_from_u64(seed);
     let count = vertex_count.min(MAX_SOURCES);
@@ -88,11 +89,9 @@ pub fn radii(graph: &Graph, seed: u64) -> RadiiResult {
         .map(|vertex| vertex as Vertex)
         .collect();
     sources.sort_unstable();
-    let visited: Vec<AtomicU64> = (0..vertex_count).map(|_| AtomicU64::new(0)).collect();
-    let next_visited: Vec<AtomicU64> = (0..vertex_count).map(|_| AtomicU64::new(0)).collect();
-    let radii: Vec<AtomicU32> = (0..vertex_count)
-        .map(|_| AtomicU32::new(UNREACHED))
-        .collect();
+    let visited = graph.values64("radii visited", |_| 0)?;
+    let next_visited = graph.values64("radii next visited", |_| 0)?;
+    let radii = graph.values32("radii", |_| UNREACHED)?;
     for (bit, &source) in sources.iter().enumerate() {
         visited[source as usize].store(1 << bit, Ordering::Relaxed);
         next_visited[source as usize].store(1 << bit, Ordering::Relaxed);
@@ -117,8 +116,8 @@ pub fn radii(graph: &Graph, seed: u64) -> RadiiResult {
             visited[vertex].store(grown, Ordering::Relaxed);
         });
     }
-    RadiiResult {
+    Ok(RadiiResult {
         sources,
-        radii: radii.into_iter().map(AtomicU32::into_inner).collect(),
-    }
+        radii: read_words32(&radii),
+    })
 }
