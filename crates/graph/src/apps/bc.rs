@@ -78,34 +78,39 @@ impl EdgeFunction for AddDependencies<'_> {
 pub fn bc(graph: &Graph, source: Vertex) -> Result<BcResult, PlacementError> {
     let vertex_count = graph.vertex_count();
     assert!((source as usize) < vertex_count, "source is a vertex");
-    let paths = graph.values64("bc paths", |_| 0.0f64.to_bits())?;
-    let visited = graph.values32("bc visited", |_| 0)?;
+    let paths_values = graph.values64("bc paths", |_| 0.0f64.to_bits())?;
+    let visited_values = graph.values32("bc visited", |_| 0)?;
+    // Plain slices, taken once: indexing an `Array` goes through its
+    // storage every time.
+    let (paths, visited): (&[AtomicU64], &[AtomicU32]) = (&paths_values, &visited_values);
     paths[source as usize].store_f64(1.0);
-    set_visited(&visited, source as usize, true);
-    let levels = count_paths(graph, source, &paths, &visited);
+    set_visited(visited, source as usize, true);
+    let levels = count_paths(graph, source, paths, visited);
 
     // Backward: dependency'(v) = 1/σ(v) + Σ over children w of
     // dependency'(w); the score is σ(v)·dependency'(v) − 1.
-    let inverse_paths = graph.values64("bc inverse paths", |vertex| {
+    let inverse_values = graph.values64("bc inverse paths", |vertex| {
         let count = paths[vertex].load_f64();
         let inverse = if count == 0.0 { 0.0 } else { 1.0 / count };
         inverse.to_bits()
     })?;
+    let dependencies_values = graph.values64("bc dependencies", |_| 0.0f64.to_bits())?;
+    let (inverse_paths, dependencies): (&[AtomicU64], &[AtomicU64]) =
+        (&inverse_values, &dependencies_values);
     let inverse = |vertex: usize| inverse_paths[vertex].load_f64();
-    let dependencies = graph.values64("bc dependencies", |_| 0.0f64.to_bits())?;
     visited
         .iter()
         .for_each(|flag| flag.store(0, Ordering::Relaxed));
     let settle = |level: &Frontier| {
         vertex_map(level, |vertex| {
             let vertex = vertex as usize;
-            set_visited(&visited, vertex, true);
+            set_visited(visited, vertex, true);
             dependencies[vertex].fetch_add_f64(inverse(vertex));
         })
     };
     let function = AddDependencies {
-        dependencies: &dependencies,
-        visited: &visited,
+        dependencies,
+        visited,
     };
     let mut levels = levels.into_iter().rev();
     if let Some(deepest) = levels.next() {

@@ -43,11 +43,14 @@ impl EdgeFunction for ClaimParent<'_> {
 pub fn bfs(graph: &Graph, source: Vertex) -> Result<BfsResult, PlacementError> {
     let vertex_count = graph.vertex_count();
     assert!((source as usize) < vertex_count, "source is a vertex");
-    let parents = graph.values32("bfs parents", |_| NO_VERTEX)?;
-    let depths = graph.values32("bfs depths", |_| UNREACHED)?;
+    let parents_values = graph.values32("bfs parents", |_| NO_VERTEX)?;
+    let depths_values = graph.values32("bfs depths", |_| UNREACHED)?;
+    // Plain slices, taken once: indexing an `Array` goes through its
+    // storage every time.
+    let (parents, depths): (&[AtomicU32], &[AtomicU32]) = (&parents_values, &depths_values);
     parents[source as usize].store(source, Ordering::Relaxed);
     depths[source as usize].store(0, Ordering::Relaxed);
-    let function = ClaimParent { parents: &parents };
+    let function = ClaimParent { parents };
     let mut frontier = Frontier::single(source);
     let mut depth = 0u32;
     // Each round reaches at least one new vertex, so at most n rounds.
@@ -60,7 +63,7 @@ pub fn bfs(graph: &Graph, source: Vertex) -> Result<BfsResult, PlacementError> {
         debug_assert!(depth as usize <= vertex_count);
     }
     Ok(BfsResult {
-        parents: read_words32(&parents),
-        depths: read_words32(&depths),
+        parents: read_words32(parents),
+        depths: read_words32(depths),
     })
 }

@@ -38,16 +38,19 @@ impl CcResult {
 
 pub fn cc(graph: &Graph) -> Result<CcResult, PlacementError> {
     let vertex_count = graph.vertex_count();
-    let labels = graph.values32("cc labels", |vertex| vertex as Vertex)?;
+    let labels_values = graph.values32("cc labels", |vertex| vertex as Vertex)?;
+    // A plain slice, taken once: indexing an `Array` goes through its
+    // storage every time.
+    let labels: &[AtomicU32] = &labels_values;
     for round in 0..NEIGHBOUR_ROUNDS {
         (0..vertex_count).into_par_iter().for_each(|vertex| {
             if let Some(&neighbour) = graph.out_neighbours(vertex as Vertex).get(round) {
-                link(&labels, vertex as Vertex, neighbour);
+                link(labels, vertex as Vertex, neighbour);
             }
         });
-        compress(&labels);
+        compress(labels);
     }
-    let largest = most_frequent_label(&labels);
+    let largest = most_frequent_label(labels);
     (0..vertex_count)
         .into_par_iter()
         .with_min_len(64)
@@ -58,17 +61,17 @@ pub fn cc(graph: &Graph) -> Result<CcResult, PlacementError> {
             }
             let rest = graph.out_neighbours(vertex).iter().skip(NEIGHBOUR_ROUNDS);
             for &neighbour in rest {
-                link(&labels, vertex, neighbour);
+                link(labels, vertex, neighbour);
             }
             if graph.is_directed() {
                 for &neighbour in graph.in_neighbours(vertex) {
-                    link(&labels, vertex, neighbour);
+                    link(labels, vertex, neighbour);
                 }
             }
         });
-    compress(&labels);
+    compress(labels);
     Ok(CcResult {
-        labels: read_words32(&labels),
+        labels: read_words32(labels),
     })
 }
 

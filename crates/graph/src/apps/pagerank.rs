@@ -9,6 +9,7 @@ use crate::apps::F64Word;
 use crate::csr::Graph;
 use crate::{PlacementError, Vertex};
 use rayon::prelude::*;
+use std::sync::atomic::AtomicU64;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PageRankOptions {
@@ -71,25 +72,30 @@ pub fn pagerank(graph: &Graph, options: PageRankOptions) -> Result<PageRankResul
     let ((out_offsets, _), _) = graph.arrays();
     let out_degree =
         |vertex: Vertex| out_offsets[vertex as usize + 1] - out_offsets[vertex as usize];
-    let shares = match options.contributions {
+    let shares_values = match options.contributions {
         Contributions::PerVertex => Some(graph.values64("pr shares", |_| 0)?),
         Contributions::PerEdge => None,
     };
+    // Plain slices, taken once (the ranks' each iteration, as the two
+    // arrays swap): indexing an `Array` goes through its storage every
+    // time, which doubled this kernel's time when it did.
+    let shares: Option<&[AtomicU64]> = shares_values.as_deref();
     let mut iterations = 0;
     let mut last_change = f64::INFINITY;
     while iterations < options.max_iterations {
-        if let Some(shares) = &shares {
+        let (current, following): (&[AtomicU64], &[AtomicU64]) = (&ranks, &next);
+        if let Some(shares) = shares {
             shares.par_iter().enumerate().for_each(|(vertex, share)| {
                 let degree = out_degree(vertex as Vertex);
                 share.store_f64(if degree == 0 {
                     0.0
                 } else {
-                    ranks[vertex].load_f64() / degree as f64
+                    current[vertex].load_f64() / degree as f64
                 });
             });
         }
         // Summed in vertex order, so the stopping point is deterministic too.
-        let changes: Vec<f64> = next
+        let changes: Vec<f64> = following
             .par_iter()
             .enumerate()
             .with_min_len(256)
@@ -97,10 +103,10 @@ pub fn pagerank(graph: &Graph, options: PageRankOptions) -> Result<PageRankResul
                 // A source on an in-edge has an out-edge: its degree is
                 // not 0.
                 let sources = graph.in_neighbours(vertex as Vertex).iter();
-                let incoming: f64 = match &shares {
+                let incoming: f64 = match shares {
                     None => sources
                         .map(|&source| {
-                            ranks[source as usize].load_f64() / out_degree(source) as f64
+                            current[source as usize].load_f64() / out_degree(source) as f64
                         })
                         .sum(),
                     Some(shares) => sources
@@ -109,7 +115,7 @@ pub fn pagerank(graph: &Graph, options: PageRankOptions) -> Result<PageRankResul
                 };
                 let updated = base + options.damping * incoming;
                 rank.store_f64(updated);
-                (updated - ranks[vertex].load_f64()).abs()
+                (updated - current[vertex].load_f64()).abs()
             })
             .collect();
         std::mem::swap(&mut ranks, &mut next);

@@ -89,9 +89,13 @@ pub fn radii(graph: &Graph, seed: u64) -> Result<RadiiResult, PlacementError> {
         .map(|vertex| vertex as Vertex)
         .collect();
     sources.sort_unstable();
-    let visited = graph.values64("radii visited", |_| 0)?;
-    let next_visited = graph.values64("radii next visited", |_| 0)?;
-    let radii = graph.values32("radii", |_| UNREACHED)?;
+    let visited_values = graph.values64("radii visited", |_| 0)?;
+    let next_visited_values = graph.values64("radii next visited", |_| 0)?;
+    let radii_values = graph.values32("radii", |_| UNREACHED)?;
+    // Plain slices, taken once: indexing an `Array` goes through its
+    // storage every time.
+    let (visited, next_visited, radii): (&[AtomicU64], &[AtomicU64], &[AtomicU32]) =
+        (&visited_values, &next_visited_values, &radii_values);
     for (bit, &source) in sources.iter().enumerate() {
         visited[source as usize].store(1 << bit, Ordering::Relaxed);
         next_visited[source as usize].store(1 << bit, Ordering::Relaxed);
@@ -104,9 +108,9 @@ pub fn radii(graph: &Graph, seed: u64) -> Result<RadiiResult, PlacementError> {
     while !frontier.is_empty() {
         round += 1;
         let spread = Spread {
-            visited: &visited,
-            next_visited: &next_visited,
-            radii: &radii,
+            visited,
+            next_visited,
+            radii,
             round,
         };
         frontier = edge_map(graph, &frontier, &spread, Direction::Forward);
@@ -118,6 +122,6 @@ pub fn radii(graph: &Graph, seed: u64) -> Result<RadiiResult, PlacementError> {
     }
     Ok(RadiiResult {
         sources,
-        radii: read_words32(&radii),
+        radii: read_words32(radii),
     })
 }
