@@ -4,8 +4,7 @@
 //!
 //! `cargo run --release -p remora-soda --example link_rate [STARTS] [CHANNELS]`
 
-use remora_soda::dpu::DpuConfig;
-use remora_soda::rack::{RackLinks, Route, SodaRack, SodaRackConfig};
+use remora_soda::rack::{SodaRack, SodaRackConfig};
 
 fn main() {
     let mut arguments = std::env::args().skip(1);
@@ -17,16 +16,7 @@ fn main() {
         .map_or(3, |text| text.parse().expect("CHANNELS"));
     let chunk_bytes = 64 << 10;
     for _ in 0..starts {
-        let config = SodaRackConfig {
-            pool_bytes: 4 << 20,
-            processes: 1,
-            channels,
-            chunk_bytes,
-            dpu: Some(DpuConfig::optimized(chunk_bytes)),
-            route: Route::Direct,
-            links: RackLinks::default(),
-            hosts: None,
-        };
+        let config = SodaRackConfig::unshaped_with_dpu(chunk_bytes, channels);
         let rack = SodaRack::start(&config).expect("the rack starts");
         let (net, intra) = rack.bandwidths().expect("a DPU rack measures its links");
         println!(

@@ -93,6 +93,23 @@ pub struct SodaRackConfig {
     pub links: RackLinks,
 }
 
+impl SodaRackConfig {
+    /// A DPU rack on unshaped links with `channels` channels, for
+    /// measuring what the soft RNIC itself sustains at `chunk_bytes`.
+    pub fn unshaped_with_dpu(chunk_bytes: usize, channels: usize) -> SodaRackConfig {
+        SodaRackConfig {
+            pool_bytes: 4 << 20,
+            processes: 1,
+            channels,
+            chunk_bytes,
+            dpu: Some(DpuConfig::optimized(chunk_bytes)),
+            route: Route::Direct,
+            links: RackLinks::default(),
+            hosts: None,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SodaRackError {
     #[error(transparent)]

@@ -19,8 +19,7 @@ use remora_graph::Graph;
 use remora_soda::backend::{
     footprint_bytes, run_beside, run_on, Backend, BackendRun, DpuVariant, RunOptions,
 };
-use remora_soda::dpu::DpuConfig;
-use remora_soda::rack::{RackLinks, Route, SodaRack, SodaRackConfig};
+use remora_soda::rack::{RackLinks, SodaRack, SodaRackConfig};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -85,16 +84,7 @@ const CALIBRATION_MEASUREMENTS: usize = 7;
 /// measurement (the faster of its two paths), as the median of
 /// [`CALIBRATION_MEASUREMENTS`].
 fn soft_rnic_bytes_per_second(chunk_bytes: usize, channels: usize) -> Result<f64, SodaBenchError> {
-    let config = SodaRackConfig {
-        pool_bytes: 4 << 20,
-        processes: 1,
-        channels,
-        chunk_bytes,
-        dpu: Some(DpuConfig::optimized(chunk_bytes)),
-        route: Route::Direct,
-        links: RackLinks::default(),
-        hosts: None,
-    };
+    let config = SodaRackConfig::unshaped_with_dpu(chunk_bytes, channels);
     let calibration =
         |error: remora_soda::rack::SodaRackError| SodaBenchError::Calibration(error.to_string());
     let rack = SodaRack::start(&config).map_err(calibration)?;
