@@ -536,3 +536,45 @@ fn shaped(bits_per_second: u64) -> remora_carrier::wrappers::LinkShape {
         queue_limit_bytes: 1 << 20,
     }
 }
+
+/// A placed graph's applications allocate their values through the far
+/// memory's allocator: atomic words that several threads update and that
+/// survive eviction; once the far memory is dropped, the allocator refuses
+/// (no fault handler would serve a new object), while objects made before
+/// keep working.
+#[test]
+fn values_are_atomic_words_in_far_memory_and_a_closed_allocator_refuses() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let chunk_bytes = 16 << 10;
+    let memory = FarMemory::new(
+        Arc::new(InProcessStore::default()),
+        small_buffer(4, chunk_bytes),
+    )
+    .unwrap();
+    let allocator = memory.allocator();
+    let object = allocator
+        .alloc_chunked(16 * chunk_bytes, chunk_bytes, None)
+        .unwrap();
+    let words: &[AtomicU64] = object.as_atomics();
+    assert_eq!(words.len(), 16 * chunk_bytes / 8);
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                for word in words {
+                    word.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    assert!(words.iter().all(|word| word.load(Ordering::Relaxed) == 3));
+    assert!(
+        memory.stats().evictions > 0,
+        "16 chunks through a 4-chunk buffer"
+    );
+    drop(memory);
+    assert!(matches!(
+        allocator.alloc_chunked(chunk_bytes, chunk_bytes, None),
+        Err(SodaError::Closed)
+    ));
+    assert!(words.iter().all(|word| word.load(Ordering::Relaxed) == 3));
+}
