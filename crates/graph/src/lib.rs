@@ -5,7 +5,9 @@
 //! The arrays of a [`Graph`] are [`Array`]s: a local vector, or any memory
 //! a [`Placement`] hands out. SODA places them in far-memory objects, so
 //! the same kernels run on local memory and on memory that faults in from
-//! a memory node, and their results can be compared exactly.
+//! a memory node, and their results can be compared exactly. The
+//! applications' per-vertex values go where the placement says too
+//! ([`ValuePlacement`]), as SODA's Ligra keeps them on the memory node.
 //!
 //! Loaders read GAPBS (`.el`, `.wel`, `.sg`), Ligra (`AdjacencyGraph`) and
 //! SNAP edge lists; generators make seeded Kronecker (GAPBS parameters)

@@ -170,6 +170,8 @@ fn run_checked(
             "fault_threads": options.fault_threads,
             "chunk_bytes": options.chunk_bytes,
             "buffer_fraction": options.buffer_fraction,
+            "buffer_of": "the graph's arrays plus the app's per-vertex values (both in far memory)",
+            "calibration_measurements": CALIBRATION_MEASUREMENTS,
             "soft_rnic_bytes_per_second": soft,
             "b_net_bytes_per_second": b_net,
             "b_intra_bytes_per_second": b_intra,
@@ -180,7 +182,7 @@ fn run_checked(
                 "prefetch_depth": options.cache.prefetch_depth,
                 "mode": format!("{:?}", options.cache.mode),
             },
-            "dpu_opt": "dpu-static for every app (vertex data pinned); dpu-dynamic caches edge data",
+            "dpu_opt": "dpu-static for every app (vertex data pinned: the offsets and the app's values); dpu-dynamic caches edge data",
             "fig8": "each app beside BFS in a second process, sharing the memory node and the DPU (dpu-static against memserver)",
         }),
     );
