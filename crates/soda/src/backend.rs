@@ -427,23 +427,24 @@ pub fn run_beside(
     drop(memories);
     let cpu = rack.stop().map_err(StoreError::from)?.as_secs_f64();
     let report = difference(rack_report(&rack, cpu), before);
-    let mut runs = Vec::with_capacity(apps.len());
-    for ((((result, seconds), far), app), buffer_bytes) in
-        outcomes.into_iter().zip(stats).zip(apps).zip(buffers)
-    {
-        runs.push(BackendRun {
-            backend,
-            app,
-            seconds,
-            result: result?,
-            buffer_bytes,
-            far: Some(far),
-            rack: None,
-        });
-    }
-    let mut runs = runs.into_iter();
-    let first = runs.next().expect("two runs");
-    let second = runs.next().expect("two runs");
+    let runs = outcomes
+        .into_iter()
+        .zip(stats)
+        .zip(apps)
+        .zip(buffers)
+        .map(|((((result, seconds), far), app), buffer_bytes)| {
+            Ok(BackendRun {
+                backend,
+                app,
+                seconds,
+                result: result?,
+                buffer_bytes,
+                far: Some(far),
+                rack: None,
+            })
+        })
+        .collect::<Result<Vec<BackendRun>, SodaError>>()?;
+    let [first, second]: [BackendRun; 2] = runs.try_into().expect("two runs");
     Ok(SideBySide {
         runs: [first, second],
         rack: report,

@@ -40,6 +40,15 @@ pub struct FarPlacement<'a> {
     pub advice: &'a dyn Fn(&str) -> Option<Advice>,
 }
 
+/// Why array `name` of `bytes` could not be placed.
+fn placement_error(name: &str, bytes: usize, reason: String) -> PlacementError {
+    PlacementError {
+        name: name.into(),
+        bytes: bytes as u64,
+        reason,
+    }
+}
+
 /// No advice for any array.
 pub fn no_advice(_name: &str) -> Option<Advice> {
     None
@@ -52,11 +61,7 @@ impl FarPlacement<'_> {
         data: Vec<T>,
     ) -> Result<Array<T>, PlacementError> {
         let bytes: &[u8] = bytemuck::cast_slice(&data);
-        let error = |reason: String| PlacementError {
-            name: name.into(),
-            bytes: bytes.len() as u64,
-            reason,
-        };
+        let error = |reason: String| placement_error(name, bytes.len(), reason);
         let path = self
             .staging_directory
             .join(format!("{}.bin", name.replace(' ', "-")));
@@ -122,11 +127,7 @@ impl<W: AtomicWord> AsRef<[W]> for ObjectWords<W> {
 impl FarValues {
     fn place<W: AtomicWord>(&self, name: &str, count: usize) -> Result<Array<W>, PlacementError> {
         let bytes = count * std::mem::size_of::<W>();
-        let error = |reason: String| PlacementError {
-            name: name.into(),
-            bytes: bytes as u64,
-            reason,
-        };
+        let error = |reason: String| placement_error(name, bytes, reason);
         let object = self
             .allocator
             .alloc_chunked(bytes, self.chunk_bytes, None)

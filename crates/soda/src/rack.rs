@@ -388,6 +388,13 @@ impl SodaRack {
             dpu_written_bytes: AtomicU64::new(0),
         };
         if let Some(dpu) = &soda.dpu {
+            // A fresh rack's first pass over its paths pays for first
+            // touches (the rings' slots, the landing buffers, the switch's
+            // buffer pool, the NICs' replay slots) as page faults, and
+            // measured a third to a half of what the same paths sustain
+            // from the second pass on; the application's transfers come
+            // later, on warm paths. So the first pass is discarded.
+            soda.measure_bandwidths()?;
             let bandwidths = soda.measure_bandwidths()?;
             dpu.state
                 .lock()
@@ -400,22 +407,12 @@ impl SodaRack {
 
     /// (B_net, B_intra): every channel at once reads `MEASURE_BYTES` from
     /// the memory node, then from the DPU, on the links as shaped.
-    ///
-    /// Each path is read once untimed first. A fresh rack's first pass
-    /// pays for first touches (the rings' slots, the landing buffers, the
-    /// switch's buffer pool, the NICs' replay slots) as page faults, which
-    /// made it measure a third to a half of what the same path sustains
-    /// from its second pass on; the application's transfers come later,
-    /// on warm paths.
     pub fn measure_bandwidths(&self) -> Result<(f64, f64), SodaRackError> {
         let dpu = self.dpu()?;
         let static_region = dpu.state.lock().expect("DPU state lock").static_region();
         let paths = &self.processes[0];
-        let dpu_paths = Self::dpu_channels(paths)?;
-        self.measure(&paths.direct, self.pool)?;
-        self.measure(dpu_paths, static_region)?;
         let net = self.measure(&paths.direct, self.pool)?;
-        let intra = self.measure(dpu_paths, static_region)?;
+        let intra = self.measure(Self::dpu_channels(paths)?, static_region)?;
         Ok((net, intra))
     }
 
