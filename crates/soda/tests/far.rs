@@ -24,6 +24,15 @@ fn small_buffer(chunks: u64, chunk_bytes: usize) -> FarMemoryConfig {
     }
 }
 
+/// Far memory over an in-process store, with a buffer of `chunks`.
+fn in_process_memory(chunks: u64, chunk_bytes: usize) -> FarMemory {
+    FarMemory::new(
+        Arc::new(InProcessStore::default()),
+        small_buffer(chunks, chunk_bytes),
+    )
+    .unwrap()
+}
+
 #[derive(Debug, Clone)]
 enum Step {
     Write { offset: usize, bytes: Vec<u8> },
@@ -90,11 +99,7 @@ proptest! {
 #[test]
 fn evictions_write_back_and_counters_add_up() {
     let chunk_bytes = 64 << 10;
-    let memory = FarMemory::new(
-        Arc::new(InProcessStore::default()),
-        small_buffer(8, chunk_bytes),
-    )
-    .unwrap();
+    let memory = in_process_memory(8, chunk_bytes);
     let mut object = memory.alloc(64 * chunk_bytes, None).unwrap();
     for (index, chunk) in object.as_bytes_mut().chunks_mut(chunk_bytes).enumerate() {
         chunk.fill(index as u8);
@@ -121,11 +126,7 @@ fn evictions_write_back_and_counters_add_up() {
 #[test]
 fn threads_share_one_buffer_and_see_their_own_writes() {
     let chunk_bytes = 16 << 10;
-    let memory = FarMemory::new(
-        Arc::new(InProcessStore::default()),
-        small_buffer(6, chunk_bytes),
-    )
-    .unwrap();
+    let memory = in_process_memory(6, chunk_bytes);
     let mut object = memory
         .alloc_chunked(4 * 32 * chunk_bytes, chunk_bytes, None)
         .unwrap();
@@ -546,11 +547,7 @@ fn shaped(bits_per_second: u64) -> remora_carrier::wrappers::LinkShape {
 fn values_are_atomic_words_in_far_memory_and_a_closed_allocator_refuses() {
     use std::sync::atomic::{AtomicU64, Ordering};
     let chunk_bytes = 16 << 10;
-    let memory = FarMemory::new(
-        Arc::new(InProcessStore::default()),
-        small_buffer(4, chunk_bytes),
-    )
-    .unwrap();
+    let memory = in_process_memory(4, chunk_bytes);
     let allocator = memory.allocator();
     let object = allocator
         .alloc_chunked(16 * chunk_bytes, chunk_bytes, None)
