@@ -68,15 +68,24 @@ impl CompactionPolicy {
     }
 }
 
+/// The longest the compactor waits between looks after passes that
+/// gained nothing: short enough that writers waiting for room are not
+/// kept long once superseded records appear below the head.
+const MOST_BACKOFF: Duration = Duration::from_millis(200);
+
 /// Compactions to the head while the room stays below the policy's floor
 /// and each one gains some. A full device is not a failure: writers that
 /// outran the compactor wait on it, and the pages it freed stay freed.
+/// `false`: the last pass gained no room, so the data still live fill the
+/// device past the floor and another pass now would only move them.
 fn compact_while_due(
     store: &Store,
     session: &mut Session,
     policy: CompactionPolicy,
-) -> Result<(), KvError> {
-    while policy.is_due(store) {
+    stopping: &AtomicBool,
+) -> Result<bool, KvError> {
+    while policy.is_due(store) && !stopping.load(Ordering::Relaxed) {
+        let room_before = store.device_room_bytes();
         let [before, head, ..] = store.boundaries();
         let compacted = session.compact(head);
         session.suspend();
@@ -84,12 +93,13 @@ fn compact_while_due(
             Ok(_) | Err(KvError::Log(LogError::DeviceFull { .. })) => {}
             Err(error) => return Err(error),
         }
-        if store.boundaries()[0] == before {
-            // Nothing below the head to give back yet: wait for it.
-            return Ok(());
+        // Nothing below the head to give back yet, or nothing gained by
+        // giving it back: wait for writers to supersede records.
+        if store.boundaries()[0] == before || store.device_room_bytes() <= room_before {
+            return Ok(false);
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// A running compactor; [`Compactor::stop`] ends it.
@@ -115,12 +125,19 @@ impl Compactor {
             .name("remora-kv-compactor".into())
             .spawn(move || {
                 let interval = Duration::from_millis(policy.check_every_ms);
+                let mut wait = interval;
                 while !stopping.load(Ordering::Relaxed) {
-                    if let Err(error) = compact_while_due(&store, &mut session, policy) {
-                        *failing.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
-                        return;
+                    match compact_while_due(&store, &mut session, policy, &stopping) {
+                        Ok(true) => wait = interval,
+                        // Looking again at once would copy the same live
+                        // records round the log: back off.
+                        Ok(false) => wait = (wait * 2).min(MOST_BACKOFF.max(interval)),
+                        Err(error) => {
+                            *failing.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+                            return;
+                        }
                     }
-                    std::thread::sleep(interval);
+                    std::thread::sleep(wait);
                 }
             })
             .map_err(|error| CompactorError::Thread(error.to_string()))?;

@@ -260,6 +260,52 @@ fn the_background_compactor_keeps_a_store_that_keeps_updating_writable() {
     assert!(store.boundaries()[3].value() > 2 << 20);
 }
 
+/// A compactor whose store's live records alone fill the device past the
+/// policy's floor can gain nothing: it backs off rather than copying the
+/// same records round the log without end, loses none of them, and stops
+/// when told. (`remora kv serve`, preloaded past its floor, once spun a
+/// core on this and then hung when stopped.)
+#[test]
+fn a_compactor_that_can_gain_nothing_backs_off_loses_nothing_and_stops() {
+    use remora_kv::compactor::{CompactionPolicy, Compactor};
+    use std::time::Duration;
+    let store = Store::new(
+        StoreConfig::smallest(),
+        Arc::new(MemoryDevice::new(2 << 20)),
+    )
+    .unwrap();
+    let mut session = store.session().unwrap();
+    let value = vec![7u8; 400];
+    let capacity = store.log_capacity_bytes() as f64;
+    let mut keys = 0u32;
+    // Distinct keys, so every record stays live: 60% of the device.
+    while store.device_room_bytes() as f64 > 0.4 * capacity {
+        session.upsert(&keys.to_le_bytes(), &value).unwrap();
+        keys += 1;
+        assert!(keys < 10_000, "the device never filled");
+    }
+    session.suspend();
+    let policy = CompactionPolicy {
+        below_room_fraction: 0.5,
+        check_every_ms: 1,
+        ..CompactionPolicy::default()
+    };
+    let compactor = Compactor::start(store.clone(), policy).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || sender.send(compactor.stop()));
+    let stopped = receiver.recv_timeout(Duration::from_secs(10));
+    stopped.expect("the compactor stops when told").unwrap();
+    // Looks 1, 2, 4 ... 128 ms apart, then 200: about ten in half a
+    // second, against one pass after another without the back-off.
+    let passes = store.compaction_totals().compactions;
+    assert!((1..=20).contains(&passes), "{passes} passes in 0.5 s");
+    for key in 0..keys {
+        let read = read_now(&mut session, &key.to_le_bytes());
+        assert_eq!(read.as_deref(), Some(&value[..]), "key {key}");
+    }
+}
+
 #[test]
 fn a_policy_that_could_never_fire_or_never_stop_is_refused() {
     use remora_kv::compactor::{CompactionPolicy, CompactorError};
