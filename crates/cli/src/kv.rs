@@ -81,8 +81,13 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:6379")]
     pub listen: String,
     /// Connections served at once; more are refused with a RESP error.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = ServerLimits::default().max_connections)]
     pub max_connections: usize,
+    /// Event-loop threads serving the connections, each with one of the
+    /// store's sessions. One, as Redis has, suits a small machine: a
+    /// second competes with the clients and the emulated NICs for cores.
+    #[arg(long, default_value_t = ServerLimits::default().workers, value_parser = worker_count)]
+    pub workers: usize,
     /// Compact the log in the background when the device's free room
     /// falls below this share of the log's capacity: every record below
     /// the head that is still its key's newest is copied to the tail and
@@ -93,6 +98,19 @@ pub struct ServeArgs {
     /// device and then refuses writes.
     #[arg(long, conflicts_with = "compact_below_room")]
     pub no_compaction: bool,
+}
+
+/// The most event-loop threads `--workers` takes: far more than cores on
+/// any machine this runs on.
+const MOST_WORKERS: usize = 256;
+
+fn worker_count(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(count) if (1..=MOST_WORKERS).contains(&count) => Ok(count),
+        _ => Err(format!(
+            "{text:?} is not a number of workers from 1 to {MOST_WORKERS}"
+        )),
+    }
 }
 
 fn room_fraction(text: &str) -> Result<f64, String> {
@@ -280,6 +298,7 @@ fn run_serve(args: &ServeArgs) -> Result<ExitCode, KvCliError> {
     let _ = ctrlc::set_handler(move || handler.store(true, Ordering::Relaxed));
     let limits = ServerLimits {
         max_connections: args.max_connections,
+        workers: args.workers,
     };
     let compactor = if args.no_compaction {
         None

@@ -46,7 +46,10 @@ impl TestServer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let stop = Arc::new(AtomicBool::new(false));
-        let limits = ServerLimits { max_connections };
+        let limits = ServerLimits {
+            max_connections,
+            ..ServerLimits::default()
+        };
         let thread = {
             let (store, stop) = (store.clone(), stop.clone());
             std::thread::spawn(move || serve(store, listener, limits, stop))
@@ -256,6 +259,53 @@ fn values_pushed_to_the_device_come_back_through_pending_operations() {
         .and_then(|count| count.parse::<u64>().ok())
         .unwrap_or_else(|| panic!("INFO reports pending operations: {answers}"));
     assert!(pending >= 2, "both lookups went to the device: {answers}");
+    server.stop().unwrap();
+}
+
+/// Connections pipeline GETs of values that have left memory, at once:
+/// the server's round detaches one connection's device reads while it
+/// answers the others' batches (and their INCRs, which wait on the shared
+/// session), yet every reply reaches its own connection, in order.
+#[test]
+fn concurrent_pipelines_of_device_reads_get_their_own_replies_in_order() {
+    const KEYS: usize = 200;
+    let server = TestServer::start(16);
+    let value_of = |number: usize| format!("{number:03}-{}", "v".repeat(400));
+    let mut writer = server.connect();
+    let sets: String = (0..KEYS)
+        .map(|number| format!("SET key-{number} {}\r\n", value_of(number)))
+        .collect();
+    writer.write_all(sets.as_bytes()).unwrap();
+    assert_eq!(read_exactly(&mut writer, 5 * KEYS), "+OK\r\n".repeat(KEYS));
+    let [_, head, _, _] = server.store.boundaries();
+    assert!(head.value() > 0, "the first values must have left memory");
+    let clients: Vec<_> = (0..4)
+        .map(|client| {
+            let mut stream = server.connect();
+            std::thread::spawn(move || {
+                let (mut requests, mut expected) = (String::new(), String::new());
+                for round in 0..60 {
+                    let number = (client * 50 + round * 7) % KEYS;
+                    let value = value_of(number);
+                    requests.push_str(&format!("GET key-{number}\r\nINCR count-{client}\r\n"));
+                    expected.push_str(&format!(
+                        "${}\r\n{value}\r\n:{}\r\n",
+                        value.len(),
+                        round + 1
+                    ));
+                }
+                stream.write_all(requests.as_bytes()).unwrap();
+                assert_eq!(
+                    read_exactly(&mut stream, expected.len()),
+                    expected,
+                    "client {client}"
+                );
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().unwrap();
+    }
     server.stop().unwrap();
 }
 

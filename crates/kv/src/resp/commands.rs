@@ -1,14 +1,17 @@
-//! The commands, run against one connection's [`Session`].
+//! The commands, run against a server worker's [`Session`].
 //!
 //! Each command appends its reply before the next one runs, with one
 //! exception that pipelining pays for: a GET whose record is on the
 //! device ([`Status::Pending`]) leaves a gap in the replies and the next
 //! GETs go on, so that a pipelined batch's device reads are in flight
 //! together (as Garnet serves its FASTER-derived store). The gaps are
-//! filled, in request order, by [`Executor::settle`]: at the end of the
-//! batch, or before any command other than GET runs, so a read is never
-//! reordered with a write. Other commands wait for their own pending
-//! operation at once.
+//! filled, in request order, by [`Executor::settle`] before any command
+//! other than GET runs, so a read is never reordered with a write, and at
+//! the end of the batch; or a server detaches the batch's gaps
+//! ([`Executor::detach`]), runs other connections' batches, waits for all
+//! of them at once ([`Executor::complete`]) and fills each
+//! ([`Executor::fill`]). Other commands wait for their own pending
+//! operation at once, after every read the session has pending.
 //!
 //! Multi-key commands are not atomic: each key is its own store
 //! operation, and other connections' operations may fall in between.
@@ -19,6 +22,7 @@ use super::protocol::{
 use crate::record::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
 use crate::update::parse_decimal;
 use crate::{KvError, Session, SessionStats, Status, Store, Update, UpdateError};
+use rustc_hash::FxHashMap;
 use std::borrow::Cow;
 
 /// Context numbers handed to the store for operations waited for at
@@ -129,23 +133,53 @@ const COMMANDS: &[(&str, Handler)] = &[
     ("select", Executor::select),
 ];
 
-/// Runs one connection's commands on its own session.
+/// A batch's GETs that went to the device, taken out of the executor
+/// ([`Executor::detach`]) so that other connections' batches can run
+/// before they are waited for: where each reply goes in the batch's reply
+/// buffer, in request order, and its context.
+#[derive(Debug, Default)]
+#[must_use = "every gap needs its reply: hand it to Executor::fill"]
+pub struct Deferred {
+    gaps: Vec<(usize, u64)>,
+}
+
+impl Deferred {
+    pub fn is_empty(&self) -> bool {
+        self.gaps.is_empty()
+    }
+}
+
+/// What came back for a deferred GET.
+#[derive(Debug)]
+enum Arrival {
+    Found(Vec<u8>),
+    Absent,
+    Failed(String),
+}
+
+/// Runs connections' commands on one session. A batch's GETs that must
+/// wait for the device are deferred and answered together when the batch
+/// settles; a server may also detach a batch's deferred GETs, run other
+/// connections' batches, and wait for all of them at once.
 pub struct Executor {
     store: Store,
     session: Session,
     /// Reused for every value read or computed, so that a GET allocates
     /// nothing once the connection is warm.
     value: Vec<u8>,
-    /// GETs waiting for the device: where their reply goes in the reply
-    /// buffer, in request order, and their context.
+    /// The current batch's GETs waiting for the device.
     deferred: Vec<(usize, u64)>,
-    /// Values of settled GETs, by context less the first (None: absent).
-    arrived: Vec<Option<Vec<u8>>>,
-    /// Scratch for rebuilding the reply buffer around the gaps.
+    /// Batches detached and not yet filled.
+    detached: usize,
+    /// Completed deferred GETs by context, until their batch is filled.
+    arrived: FxHashMap<u64, Arrival>,
+    /// Why the last wait for the device failed, for the gaps it left.
+    failure: Option<String>,
+    /// Scratch for rebuilding a reply buffer around its gaps.
     rebuilt: Vec<u8>,
-    /// The next deferred GET's context, and the first of this batch's.
+    /// The next deferred GET's context; contexts are never reused, so a
+    /// stale completion matches no gap.
     next_context: u64,
-    batch_base: u64,
 }
 
 impl Executor {
@@ -157,10 +191,11 @@ impl Executor {
             session,
             value: Vec::new(),
             deferred: Vec::new(),
-            arrived: Vec::new(),
+            detached: 0,
+            arrived: FxHashMap::default(),
+            failure: None,
             rebuilt: Vec::new(),
             next_context: FIRST_DEFERRED_CONTEXT,
-            batch_base: FIRST_DEFERRED_CONTEXT,
         })
     }
 
@@ -215,11 +250,6 @@ impl Executor {
 
     fn get(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
         let [key] = call.exactly()?;
-        if self.deferred.is_empty() {
-            // Every batch numbers its GETs afresh past the last batch's,
-            // so a stale completion (after a failed settle) matches none.
-            self.batch_base = self.next_context;
-        }
         let context = self.next_context;
         self.next_context += 1;
         match self.session.read(key, &mut self.value, context)? {
@@ -230,55 +260,81 @@ impl Executor {
         Ok(())
     }
 
-    /// Waits for the deferred GETs and writes their replies into their
-    /// gaps in `reply`, in request order. A failed read's gap gets an
-    /// error reply, as it would have without deferral; every gap gets a
+    /// Waits for the batch's deferred GETs and writes their replies into
+    /// their gaps in `reply`, in request order. A failed read's gap gets
+    /// an error reply, as it would have without deferral; every gap gets a
     /// reply, so the client's count of replies stays right.
     pub fn settle(&mut self, reply: &mut Vec<u8>) {
-        if self.deferred.is_empty() {
-            return;
-        }
-        self.arrived.clear();
-        self.arrived.resize(self.deferred.len(), None);
-        let mut failure = None;
-        let arrived = &mut self.arrived;
-        let base = self.batch_base;
-        let completed = self.session.complete_pending(true, &mut |completion| {
-            let Some(slot) = completion.context.checked_sub(base) else {
-                return;
-            };
-            let Some(slot) = arrived.get_mut(slot as usize) else {
-                return;
-            };
-            match completion.result {
-                Ok(Status::Found) => *slot = Some(completion.value.to_vec()),
-                Ok(_) => {}
-                Err(error) => failure = Some(error),
-            }
-        });
-        if let Err(error) = completed {
-            failure = Some(error);
-        }
-        self.fill_gaps(reply, failure.as_ref());
+        self.complete();
+        let deferred = self.detach();
+        self.fill(deferred, reply);
     }
 
-    fn fill_gaps(&mut self, reply: &mut Vec<u8>, failure: Option<&KvError>) {
+    /// Takes the batch's deferred GETs out, so that another batch can run
+    /// on this session before they are waited for ([`Executor::complete`])
+    /// and answered ([`Executor::fill`]).
+    pub fn detach(&mut self) -> Deferred {
+        let gaps = std::mem::take(&mut self.deferred);
+        self.detached += usize::from(!gaps.is_empty());
+        Deferred { gaps }
+    }
+
+    /// Waits for every read the session has pending, the batch's and the
+    /// detached ones, and keeps what came back. Commands other than GET
+    /// wait on the session themselves, so they run only after this.
+    pub fn complete(&mut self) {
+        if self.session.pending_count() == 0 {
+            return;
+        }
+        let arrived = &mut self.arrived;
+        let completed = self.session.complete_pending(true, &mut |completion| {
+            let arrival = match completion.result {
+                Ok(Status::Found) => Arrival::Found(completion.value.to_vec()),
+                Ok(_) => Arrival::Absent,
+                Err(error) => Arrival::Failed(error.to_string()),
+            };
+            arrived.insert(completion.context, arrival);
+        });
+        if let Err(error) = completed {
+            self.failure = Some(error.to_string());
+        }
+    }
+
+    /// Writes the replies of `deferred`'s GETs, which must have been
+    /// waited for, into their gaps in `reply`, the buffer they were
+    /// deferred from.
+    pub fn fill(&mut self, deferred: Deferred, reply: &mut Vec<u8>) {
+        if deferred.gaps.is_empty() {
+            return;
+        }
         let mut rebuilt = std::mem::take(&mut self.rebuilt);
         rebuilt.clear();
         let mut copied = 0;
-        for (index, &(at, _)) in self.deferred.iter().enumerate() {
+        for &(at, context) in &deferred.gaps {
             rebuilt.extend_from_slice(&reply[copied..at]);
             copied = at;
-            match (&self.arrived[index], failure) {
-                (_, Some(error)) => encode_error(&mut rebuilt, &format!("ERR {error}")),
-                (Some(value), None) => encode_bulk(&mut rebuilt, value),
-                (None, None) => encode_null(&mut rebuilt),
+            match self.arrived.remove(&context) {
+                Some(Arrival::Found(value)) => encode_bulk(&mut rebuilt, &value),
+                Some(Arrival::Absent) => encode_null(&mut rebuilt),
+                Some(Arrival::Failed(why)) => encode_error(&mut rebuilt, &format!("ERR {why}")),
+                None => {
+                    let why = self
+                        .failure
+                        .as_deref()
+                        .unwrap_or("the device read was lost");
+                    encode_error(&mut rebuilt, &format!("ERR {why}"));
+                }
             }
         }
         rebuilt.extend_from_slice(&reply[copied..]);
         std::mem::swap(reply, &mut rebuilt);
         self.rebuilt = rebuilt;
-        self.deferred.clear();
+        self.detached -= 1;
+        if self.detached == 0 && self.deferred.is_empty() {
+            // Nothing is waited for: what is left came for no gap.
+            self.arrived.clear();
+            self.failure = None;
+        }
     }
 
     /// Plain `SET key value`; Redis's options (EX, NX...) are a syntax

@@ -6,8 +6,10 @@
 //! - [`commands`]: the commands (GET, SET, DEL, INCR, MGET, MSET, INFO,
 //!   ...) run against one [`Session`](crate::Session), completing pending
 //!   operations before answering;
-//! - [`server`]: a thread per connection over `std::net`, each with its
-//!   own session, answering a pipelined batch with one write.
+//! - [`server`]: event-loop workers (`epoll`), one session each, serving
+//!   many connections; a round detaches every connection's device reads
+//!   and waits for them at once, and a pipelined batch is answered with
+//!   one write.
 //!
 //! The store has no expiry, no databases but 0 and no persistence
 //! settings, so the commands that clients send to learn about those
@@ -20,6 +22,6 @@ pub mod commands;
 pub mod protocol;
 pub mod server;
 
-pub use commands::{CommandError, Executor, Flow};
+pub use commands::{CommandError, Deferred, Executor, Flow};
 pub use protocol::{Parsed, ProtocolError, Request};
 pub use server::{serve, ServeError, ServerLimits};

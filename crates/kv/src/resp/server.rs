@@ -1,53 +1,82 @@
-//! The TCP server: one thread per connection, each with its own session.
+//! The TCP server: a few event-loop workers, each with one session,
+//! serving many connections, as Redis serves them from one thread.
 //!
-//! A connection reads what has arrived, answers every whole request in
-//! it, and writes the replies of the batch with one write, so that a
-//! pipelining client gets one segment back per segment it sent. Before
-//! it waits on the network (to read, or to write to a slow client) it
-//! suspends its session, so that no connection holds up the store's
-//! epoch while it waits. Sockets wait with short timeouts, so that every
-//! thread notices a stop within [`POLL_INTERVAL`].
+//! A worker waits on all of its connections at once (`epoll`) and, for
+//! each that has something, reads what has arrived, answers every whole
+//! request in it and writes the replies with one write, so that a
+//! pipelining client gets one segment back per segment it sent. A thread
+//! per connection would instead pay a wake-up and a context switch for
+//! every batch, and on a machine with few cores its waiting threads would
+//! crowd out the clients and the emulated NICs.
+//!
+//! A worker serves in rounds. Each connection with something to do
+//! answers one batch with its device reads detached; then the worker waits
+//! for all of those reads at once, so that they overlap on the device
+//! rather than queue one connection behind another; then each connection
+//! fills in its replies and writes them. The worker suspends its session
+//! before it waits on the network, so that it never holds up the store's
+//! epoch while it waits. A client too slow to take its replies is read no
+//! further until it does (the worker then waits for it to be writable
+//! instead), so a connection holds at most one batch of replies. Every
+//! worker wakes at least every [`POLL_INTERVAL`] to notice a stop.
+//!
+//! Workers accept from the shared listener themselves, after their round,
+//! so that a client that closes and reconnects at once (redis-benchmark
+//! between tests) is not refused for a connection whose close the server
+//! had not yet seen.
 
-use super::commands::{Executor, Flow};
+use super::commands::{Deferred, Executor, Flow};
 use super::protocol::{encode_error, parse_request, Parsed, MAX_REQUEST_BYTES};
-use crate::Store;
-use std::io::{self, Read, Write};
+use crate::{KvError, Store};
+use rustix::event::epoll;
+use rustix::fd::OwnedFd;
+use std::io::{self, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// How long a connection waits on its socket before looking at the stop
+/// The longest a worker waits on its sockets before looking at the stop
 /// flag again.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
-
-/// How long the accept loop sleeps when no connection is waiting: short,
-/// because a client's first request waits for it.
-const ACCEPT_INTERVAL: Duration = Duration::from_millis(2);
 
 /// Bytes read from a socket at a time.
 const READ_CHUNK_BYTES: usize = 16 * 1024;
 
-/// Replies held before writing in the middle of a batch. A batch of small
+/// Input held per connection: one incomplete request at most, plus what
+/// one read brings.
+const INPUT_BOUND_BYTES: usize = MAX_REQUEST_BYTES + READ_CHUNK_BYTES;
+
+/// Replies a batch gathers before they are written. A batch of small
 /// requests can ask for large replies (a buffer of GETs of 4 KiB values),
 /// and this bounds what a connection holds.
 const FLUSH_BYTES: usize = 64 * 1024;
 
+/// Socket events a worker takes from one wait.
+const EVENTS_PER_WAIT: usize = 256;
+
+/// The event token of the listener; connections' tokens are their slot
+/// numbers.
+const LISTENER_TOKEN: u64 = u64::MAX;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerLimits {
     /// Connections served at once; one more is refused with
-    /// `-ERR max number of clients reached`. Each holds a session, so
-    /// keep this within the store's `sessions` less those used elsewhere.
+    /// `-ERR max number of clients reached`.
     pub max_connections: usize,
+    /// Event-loop threads. Each holds one of the store's sessions and
+    /// serves its share of the connections.
+    pub workers: usize,
 }
 
 impl Default for ServerLimits {
-    /// Half of the default store's 64 sessions, leaving the rest to other
-    /// users of the store.
+    /// One worker, as Redis has one thread: on a small machine a second
+    /// competes with the clients and the emulated NICs for the cores.
     fn default() -> ServerLimits {
         ServerLimits {
-            max_connections: 32,
+            max_connections: 1024,
+            workers: 1,
         }
     }
 }
@@ -58,60 +87,205 @@ pub enum ServeError {
     Listener(#[source] io::Error),
     #[error("accepting a connection failed: {0}")]
     Accept(#[source] io::Error),
-    #[error("{0} connection thread(s) panicked")]
-    ConnectionPanicked(usize),
+    #[error("a server needs at least one worker and room for one connection")]
+    NoCapacity,
+    #[error("a worker could not open a session: {0}")]
+    Session(#[source] KvError),
+    #[error("a worker could not set up its event loop: {0}")]
+    EventLoop(#[source] io::Error),
+    #[error("{0} worker thread(s) panicked")]
+    WorkerPanicked(usize),
 }
 
 /// Serves RESP2 clients on `listener` until `stop` is set, then closes
-/// every connection (within [`POLL_INTERVAL`]) and joins its thread.
+/// every connection (within [`POLL_INTERVAL`]) and joins the workers.
+/// The first worker runs on the calling thread.
 pub fn serve(
     store: Store,
     listener: TcpListener,
     limits: ServerLimits,
     stop: Arc<AtomicBool>,
 ) -> Result<(), ServeError> {
-    // Nonblocking, so that the loop sees `stop` without a connection
-    // arriving.
+    if limits.workers == 0 || limits.max_connections == 0 {
+        return Err(ServeError::NoCapacity);
+    }
+    // Nonblocking, so that workers woken for the same connection do not
+    // wait in accept.
     listener
         .set_nonblocking(true)
         .map_err(ServeError::Listener)?;
-    let mut acceptor = Acceptor {
-        store,
-        limits,
-        closing: Arc::new(AtomicBool::new(false)),
-        connections: Vec::new(),
-        panicked: 0,
-    };
-    let accepted = acceptor.accept_until(&listener, &stop);
-    let panicked = acceptor.close_all();
-    accepted?;
+    let shared = Arc::new(Shared {
+        listener,
+        max_connections: limits.max_connections,
+        live: AtomicUsize::new(0),
+        stop,
+        closing: AtomicBool::new(false),
+    });
+    let mut workers = (0..limits.workers)
+        .map(|_| Worker::new(&store, shared.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut first = workers.remove(0);
+    let mut threads = Vec::with_capacity(workers.len());
+    for mut worker in workers {
+        let spawned = std::thread::Builder::new()
+            .name("remora-resp".into())
+            .spawn(move || worker.run());
+        match spawned {
+            Ok(thread) => threads.push(thread),
+            Err(error) => {
+                shared.closing.store(true, Ordering::SeqCst);
+                join_workers(threads);
+                return Err(ServeError::EventLoop(error));
+            }
+        }
+    }
+    let served = first.run();
+    drop(first);
+    let (failure, panicked) = join_workers(threads);
+    served?;
+    if let Some(error) = failure {
+        return Err(error);
+    }
     match panicked {
         0 => Ok(()),
-        count => Err(ServeError::ConnectionPanicked(count)),
+        count => Err(ServeError::WorkerPanicked(count)),
     }
 }
 
-struct Acceptor {
-    store: Store,
-    limits: ServerLimits,
-    /// Set when the accept loop ends for any reason; the connections
-    /// watch this rather than the caller's flag, so that they also close
-    /// when accepting fails.
-    closing: Arc<AtomicBool>,
-    connections: Vec<JoinHandle<()>>,
-    panicked: usize,
+/// Joins the workers; the first error one returned, and how many
+/// panicked.
+fn join_workers(threads: Vec<JoinHandle<Result<(), ServeError>>>) -> (Option<ServeError>, usize) {
+    let mut failure = None;
+    let mut panicked = 0;
+    for thread in threads {
+        match thread.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => failure = failure.or(Some(error)),
+            Err(_) => panicked += 1,
+        }
+    }
+    (failure, panicked)
 }
 
-impl Acceptor {
-    fn accept_until(
-        &mut self,
-        listener: &TcpListener,
-        stop: &AtomicBool,
-    ) -> Result<(), ServeError> {
-        while !stop.load(Ordering::SeqCst) {
-            match listener.accept() {
+/// What the workers share.
+struct Shared {
+    listener: TcpListener,
+    max_connections: usize,
+    /// Connections open on every worker.
+    live: AtomicUsize,
+    /// The caller's stop.
+    stop: Arc<AtomicBool>,
+    /// Set when a worker fails, so that the others stop too.
+    closing: AtomicBool,
+}
+
+impl Shared {
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst) || self.closing.load(Ordering::SeqCst)
+    }
+}
+
+/// One event loop: its connections, its session, and the listener.
+struct Worker {
+    poller: OwnedFd,
+    shared: Arc<Shared>,
+    executor: Executor,
+    /// Connections by slot; a slot's number is its event token.
+    connections: Vec<Option<Connection>>,
+    free_slots: Vec<usize>,
+    /// Connections that still had whole requests when their turn ended.
+    again: Vec<usize>,
+    /// Connections of the round in progress that began a batch, and how
+    /// it ended (kept to reuse its allocation).
+    begun: Vec<(usize, Batch)>,
+}
+
+fn event_loop_error(errno: rustix::io::Errno) -> ServeError {
+    ServeError::EventLoop(errno.into())
+}
+
+impl Worker {
+    fn new(store: &Store, shared: Arc<Shared>) -> Result<Worker, ServeError> {
+        let executor = Executor::new(store.clone()).map_err(ServeError::Session)?;
+        let poller = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(event_loop_error)?;
+        // Exclusive: a connection arriving wakes one worker, not all.
+        let flags = epoll::EventFlags::IN | epoll::EventFlags::EXCLUSIVE;
+        let token = epoll::EventData::new_u64(LISTENER_TOKEN);
+        epoll::add(&poller, &shared.listener, token, flags).map_err(event_loop_error)?;
+        Ok(Worker {
+            poller,
+            shared,
+            executor,
+            connections: Vec::new(),
+            free_slots: Vec::new(),
+            again: Vec::new(),
+            begun: Vec::new(),
+        })
+    }
+
+    /// Serves until the server stops; then closes this worker's
+    /// connections. An error stops the other workers too.
+    fn run(&mut self) -> Result<(), ServeError> {
+        let served = self.serve_until_stopped();
+        if served.is_err() {
+            self.shared.closing.store(true, Ordering::SeqCst);
+        }
+        for slot in 0..self.connections.len() {
+            self.close(slot);
+        }
+        served
+    }
+
+    fn serve_until_stopped(&mut self) -> Result<(), ServeError> {
+        let mut events = Vec::with_capacity(EVENTS_PER_WAIT);
+        let poll_interval = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: POLL_INTERVAL.as_nanos() as _,
+        };
+        let no_wait = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        while !self.shared.stopping() {
+            // Idle, or about to be: the store's epoch may move on.
+            self.executor.suspend();
+            let timeout = match self.again.is_empty() {
+                true => &poll_interval,
+                false => &no_wait,
+            };
+            events.clear();
+            let buffer = rustix::buffer::spare_capacity(&mut events);
+            match epoll::wait(&self.poller, buffer, Some(timeout)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(errno) => return Err(event_loop_error(errno)),
+            }
+            let mut slots = std::mem::take(&mut self.again);
+            let mut connecting = false;
+            for event in &events {
+                match event.data.u64() {
+                    LISTENER_TOKEN => connecting = true,
+                    slot => slots.push(slot as usize),
+                }
+            }
+            self.serve_round(&slots);
+            // After the round, so that connections that just closed no
+            // longer count against the limit.
+            if connecting {
+                self.accept()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the connections waiting on the listener, a bounded number a
+    /// round. Their first requests are not missed: the poller is
+    /// level-triggered.
+    fn accept(&mut self) -> Result<(), ServeError> {
+        for _ in 0..EVENTS_PER_WAIT {
+            match self.shared.listener.accept() {
                 Ok((stream, _)) => self.admit(stream),
-                Err(error) if is_passing(&error) => std::thread::sleep(ACCEPT_INTERVAL),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(error) if is_passing(&error) => {}
                 Err(error) => return Err(ServeError::Accept(error)),
             }
         }
@@ -119,49 +293,95 @@ impl Acceptor {
     }
 
     fn admit(&mut self, stream: TcpStream) {
-        self.reap();
-        if self.connections.len() >= self.limits.max_connections {
-            refuse(stream, "ERR max number of clients reached");
+        let live = &self.shared.live;
+        if live.load(Ordering::SeqCst) >= self.shared.max_connections {
+            return refuse(stream, "ERR max number of clients reached");
+        }
+        if configure(&stream).is_err() {
             return;
         }
-        let store = self.store.clone();
-        let closing = self.closing.clone();
-        let spawned = std::thread::Builder::new()
-            .name("remora-resp".into())
-            .spawn(move || serve_connection(store, stream, &closing));
-        // A thread that cannot start drops its stream, closing the
-        // connection; the server goes on with the others.
-        if let Ok(handle) = spawned {
-            self.connections.push(handle);
+        let slot = self.free_slots.pop().unwrap_or_else(|| {
+            self.connections.push(None);
+            self.connections.len() - 1
+        });
+        let token = epoll::EventData::new_u64(slot as u64);
+        if epoll::add(&self.poller, &stream, token, epoll::EventFlags::IN).is_err() {
+            self.free_slots.push(slot);
+            return;
         }
+        live.fetch_add(1, Ordering::SeqCst);
+        self.connections[slot] = Some(Connection::new(stream));
     }
 
-    /// Joins the threads whose connections have ended, so that they stop
-    /// counting against the limit. A thread finishes only after its
-    /// session is dropped, so its slot is free again by then.
-    fn reap(&mut self) {
-        let (finished, running) = std::mem::take(&mut self.connections)
-            .into_iter()
-            .partition(|handle| handle.is_finished());
-        self.connections = running;
-        self.join(finished);
-    }
-
-    /// Tells every connection to close and joins them; returns how many
-    /// threads panicked.
-    fn close_all(&mut self) -> usize {
-        self.closing.store(true, Ordering::SeqCst);
-        let connections = std::mem::take(&mut self.connections);
-        self.join(connections);
-        self.panicked
-    }
-
-    fn join(&mut self, handles: Vec<JoinHandle<()>>) {
-        for handle in handles {
-            if handle.join().is_err() {
-                self.panicked += 1;
+    /// A turn for each connection in `slots`, in three steps: each
+    /// answers a batch with its device reads detached; the worker waits
+    /// for all of those reads at once, so that they overlap on the device
+    /// rather than queue one connection behind another; then each fills
+    /// in its replies and writes them.
+    fn serve_round(&mut self, slots: &[usize]) {
+        let mut begun = std::mem::take(&mut self.begun);
+        for &slot in slots {
+            let Some(connection) = self.connections.get_mut(slot).and_then(Option::as_mut) else {
+                // Closed earlier in this round.
+                continue;
+            };
+            if connection.in_round {
+                // Both woken and left over from the last round.
+                continue;
+            }
+            match connection.begin_turn(&mut self.executor) {
+                Begun::Batch(batch) => {
+                    connection.in_round = true;
+                    begun.push((slot, batch));
+                }
+                Begun::Over(turn) => self.conclude(slot, turn),
             }
         }
+        self.executor.complete();
+        for (slot, batch) in begun.drain(..) {
+            let connection = self.connections[slot]
+                .as_mut()
+                .expect("a connection that began a batch stays open until it ends it");
+            connection.in_round = false;
+            let turn = connection.finish_turn(batch, &mut self.executor);
+            self.conclude(slot, turn);
+        }
+        self.begun = begun;
+    }
+
+    /// Watches the connection for what its turn ended waiting for.
+    fn conclude(&mut self, slot: usize, turn: Turn) {
+        let Some(connection) = self.connections[slot].as_mut() else {
+            return;
+        };
+        let interest = match turn {
+            Turn::Read => epoll::EventFlags::IN,
+            Turn::Write => epoll::EventFlags::OUT,
+            Turn::Again => {
+                self.again.push(slot);
+                epoll::EventFlags::IN
+            }
+            Turn::Close => return self.close(slot),
+        };
+        if connection.interest != interest {
+            let token = epoll::EventData::new_u64(slot as u64);
+            if epoll::modify(&self.poller, &connection.stream, token, interest).is_err() {
+                return self.close(slot);
+            }
+            connection.interest = interest;
+        }
+    }
+
+    fn close(&mut self, slot: usize) {
+        let Some(connection) = self.connections[slot].take() else {
+            return;
+        };
+        // Closing the socket removes it from the poller as well; deleting
+        // it first keeps that true even if the descriptor were shared.
+        let _ = epoll::delete(&self.poller, &connection.stream);
+        drop(connection);
+        self.free_slots.push(slot);
+        self.shared.live.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -182,15 +402,6 @@ fn is_passing(error: &io::Error) -> bool {
             .is_some_and(|code| shortage.contains(&code))
 }
 
-/// A socket wait that ran out (or was interrupted): time to look at the
-/// stop flag and wait again.
-fn is_timeout(error: &io::Error) -> bool {
-    matches!(
-        error.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
-    )
-}
-
 /// Answers `message` as an error and closes. Best effort: the connection
 /// is being turned away, and nobody is left to tell if the write fails.
 fn refuse(mut stream: TcpStream, message: &str) {
@@ -202,127 +413,194 @@ fn refuse(mut stream: TcpStream, message: &str) {
     let _ = stream.shutdown(Shutdown::Write);
 }
 
-fn serve_connection(store: Store, stream: TcpStream, closing: &AtomicBool) {
-    if configure(&stream).is_err() {
-        return;
-    }
-    let executor = match Executor::new(store) {
-        Ok(executor) => executor,
-        Err(error) => return refuse(stream, &format!("ERR {error}")),
-    };
-    let mut connection = Connection {
-        stream,
-        executor,
-        input: Vec::new(),
-        output: Vec::new(),
-        closing,
-    };
-    // An I/O error (the client reset the connection, or stopped reading
-    // while the server stops) ends this connection only; there is no one
-    // to report it to.
-    let _ = connection.run();
-}
-
 fn configure(stream: &TcpStream) -> io::Result<()> {
-    // An accepted socket may inherit the listener's nonblocking mode on
-    // some systems; the timeouts below need a blocking one.
-    stream.set_nonblocking(false)?;
+    // An accepted socket may inherit the listener's mode on some
+    // systems; the event loop needs a nonblocking one either way.
+    stream.set_nonblocking(true)?;
     // Replies go out as soon as they are written: a client waiting for
     // them is not going to send more first.
-    stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(POLL_INTERVAL))?;
-    stream.set_write_timeout(Some(POLL_INTERVAL))
+    stream.set_nodelay(true)
 }
 
-struct Connection<'a> {
+/// What a connection waits for after its turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// More requests.
+    Read,
+    /// The client to take the replies held.
+    Write,
+    /// Nothing: whole requests are left, for another turn soon.
+    Again,
+    Close,
+}
+
+/// How the first half of a turn ended.
+enum Begun {
+    /// A batch was answered, its device reads still to wait for.
+    Batch(Batch),
+    /// The turn is over without a batch.
+    Over(Turn),
+}
+
+/// How answering a batch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Batch {
+    /// No whole request is left in the input.
+    Drained,
+    /// The replies reached [`FLUSH_BYTES`]; whole requests may be left.
+    Full,
+    /// The client asked to close, or broke the protocol.
+    Close,
+}
+
+struct Connection {
     stream: TcpStream,
-    executor: Executor,
     /// Bytes read and not yet answered: at most one incomplete request
-    /// ([`MAX_REQUEST_BYTES`]) plus one read.
+    /// plus one read ([`INPUT_BOUND_BYTES`]).
     input: Vec<u8>,
-    /// Replies not yet written.
+    /// Replies of the last batch, written up to `written`.
     output: Vec<u8>,
-    closing: &'a AtomicBool,
+    written: usize,
+    /// Set when the connection closes once its replies are written.
+    ending: bool,
+    /// Cleared when a read finds that the client has closed its side.
+    client_open: bool,
+    /// The current batch's GETs that went to the device.
+    deferred: Deferred,
+    /// Set while the connection has a batch in the worker's round.
+    in_round: bool,
+    /// What the poller watches the socket for.
+    interest: epoll::EventFlags,
 }
 
-impl Connection<'_> {
-    fn run(&mut self) -> io::Result<()> {
-        while self.fill()? {
-            let flow = self.answer_batch();
-            self.flush()?;
-            if flow == Flow::Close {
-                return self.stream.shutdown(Shutdown::Write);
-            }
+impl Connection {
+    fn new(stream: TcpStream) -> Connection {
+        Connection {
+            stream,
+            input: Vec::new(),
+            output: Vec::new(),
+            written: 0,
+            ending: false,
+            client_open: true,
+            deferred: Deferred::default(),
+            in_round: false,
+            interest: epoll::EventFlags::IN,
         }
-        Ok(())
     }
 
-    /// Waits for bytes and appends them to the input; `false` when the
-    /// client has closed or the server is stopping.
+    /// The first half of a turn: writes the replies still held, reads
+    /// what has arrived and answers a batch of it, its device reads
+    /// detached. An I/O error (the client reset the connection) closes
+    /// this connection only: there is no one to report it to.
+    fn begin_turn(&mut self, executor: &mut Executor) -> Begun {
+        self.try_begin_turn(executor)
+            .unwrap_or(Begun::Over(Turn::Close))
+    }
+
+    fn try_begin_turn(&mut self, executor: &mut Executor) -> io::Result<Begun> {
+        if !self.write_held()? {
+            return Ok(Begun::Over(Turn::Write));
+        }
+        if self.ending {
+            return self.end().map(Begun::Over);
+        }
+        self.client_open = self.fill()?;
+        let batch = self.answer_batch(executor);
+        self.deferred = executor.detach();
+        Ok(Begun::Batch(batch))
+    }
+
+    /// The second half, once the worker has waited for the device: fills
+    /// in the replies of the batch's detached reads and writes the batch.
+    fn finish_turn(&mut self, batch: Batch, executor: &mut Executor) -> Turn {
+        executor.fill(std::mem::take(&mut self.deferred), &mut self.output);
+        self.ending = batch == Batch::Close;
+        self.try_finish_turn(batch).unwrap_or(Turn::Close)
+    }
+
+    fn try_finish_turn(&mut self, batch: Batch) -> io::Result<Turn> {
+        if !self.write_held()? {
+            return Ok(Turn::Write);
+        }
+        match batch {
+            Batch::Close => self.end(),
+            Batch::Drained if self.client_open => Ok(Turn::Read),
+            // The client has closed its side and everything it sent is
+            // answered.
+            Batch::Drained => Ok(Turn::Close),
+            Batch::Full => Ok(Turn::Again),
+        }
+    }
+
+    fn end(&mut self) -> io::Result<Turn> {
+        self.stream.shutdown(Shutdown::Write)?;
+        Ok(Turn::Close)
+    }
+
+    /// Reads what has arrived, up to the input bound; `false` once the
+    /// client has closed its side.
     fn fill(&mut self) -> io::Result<bool> {
-        self.executor.suspend();
-        let mut chunk = [0; READ_CHUNK_BYTES];
-        loop {
-            if self.closing.load(Ordering::SeqCst) {
-                return Ok(false);
-            }
-            match self.stream.read(&mut chunk) {
+        // Each read adds at least a byte, so this ends within the bound.
+        while self.input.len() < INPUT_BOUND_BYTES {
+            self.input.reserve(READ_CHUNK_BYTES);
+            let buffer = rustix::buffer::spare_capacity(&mut self.input);
+            match rustix::io::read(&self.stream, buffer) {
                 Ok(0) => return Ok(false),
-                Ok(length) => {
-                    self.input.extend_from_slice(&chunk[..length]);
-                    return Ok(true);
-                }
-                Err(error) if is_timeout(&error) => continue,
-                Err(error) => return Err(error),
+                Ok(_) => {}
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(errno) => return Err(errno.into()),
             }
         }
+        Ok(true)
     }
 
-    /// Answers every whole request in the input, in order, and drops
-    /// them from it. A protocol error is answered and closes the
-    /// connection, since where the next request starts is unknown.
-    fn answer_batch(&mut self) -> Flow {
+    /// Answers the whole requests at the front of the input, in order,
+    /// until the replies fill [`FLUSH_BYTES`], and drops them from it;
+    /// GETs that went to the device are left as gaps in the replies. A
+    /// protocol error is answered and closes the connection, since where
+    /// the next request starts is unknown.
+    fn answer_batch(&mut self, executor: &mut Executor) -> Batch {
+        debug_assert!(self.output.is_empty(), "the last batch was written");
         let mut consumed = 0;
-        let flow = loop {
+        let batch = loop {
+            if self.output.len() >= FLUSH_BYTES {
+                break Batch::Full;
+            }
             match parse_request(&self.input[consumed..]) {
-                Ok(Parsed::Incomplete) => break Flow::Continue,
+                Ok(Parsed::Incomplete) => break Batch::Drained,
                 Ok(Parsed::Request(request)) => {
                     consumed += request.consumed;
-                    if self.executor.execute(&request.arguments, &mut self.output) == Flow::Close {
-                        break Flow::Close;
+                    if executor.execute(&request.arguments, &mut self.output) == Flow::Close {
+                        break Batch::Close;
                     }
                 }
                 Err(error) => {
                     encode_error(&mut self.output, &format!("ERR Protocol error: {error}"));
-                    break Flow::Close;
+                    break Batch::Close;
                 }
             }
-            if self.output.len() >= FLUSH_BYTES && self.flush().is_err() {
-                break Flow::Close;
-            }
         };
-        // The batch's GETs that went to the device are answered together.
-        self.executor.settle(&mut self.output);
         self.input.drain(..consumed);
-        debug_assert!(flow == Flow::Close || self.input.len() <= MAX_REQUEST_BYTES);
-        flow
+        debug_assert!(batch != Batch::Drained || self.input.len() <= MAX_REQUEST_BYTES);
+        batch
     }
 
-    /// Writes the held replies, waiting for a slow client as long as the
-    /// server is not stopping.
-    fn flush(&mut self) -> io::Result<()> {
-        self.executor.settle(&mut self.output);
-        self.executor.suspend();
-        let mut written = 0;
-        while written < self.output.len() {
-            match self.stream.write(&self.output[written..]) {
+    /// Writes the held replies; `false` while the client is not taking
+    /// them.
+    fn write_held(&mut self) -> io::Result<bool> {
+        // Each write takes at least a byte, so this ends.
+        while self.written < self.output.len() {
+            match self.stream.write(&self.output[self.written..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(length) => written += length,
-                Err(error) if is_timeout(&error) && !self.closing.load(Ordering::SeqCst) => {}
+                Ok(length) => self.written += length,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
                 Err(error) => return Err(error),
             }
         }
         self.output.clear();
-        Ok(())
+        self.written = 0;
+        Ok(true)
     }
 }

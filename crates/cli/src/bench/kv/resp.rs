@@ -169,7 +169,10 @@ fn store_config(plan: &RespPlan) -> StoreConfig {
         memory_pages: (((loaded as f64 * LOCAL_SHARE) as u64) >> page_bits).max(8),
         mutable_fraction: 0.9,
         first_read_bytes: record as usize,
-        sessions: CLIENTS + 4,
+        // One per server worker: the clients' connections share them.
+        // Each session is a queue the Cowbird engine polls, so there
+        // are no spare ones.
+        sessions: ServerLimits::default().workers,
     }
 }
 
@@ -196,6 +199,7 @@ pub fn remora_rates(plan: &RespPlan) -> Result<Rates, RespBenchError> {
         let stop = stop.clone();
         let limits = ServerLimits {
             max_connections: CLIENTS + 2,
+            ..ServerLimits::default()
         };
         std::thread::spawn(move || serve(store, listener, limits, stop))
     };
