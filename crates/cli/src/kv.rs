@@ -279,7 +279,12 @@ pub fn run(command: KvCommand) -> Result<ExitCode, KvCliError> {
 }
 
 fn run_serve(args: &ServeArgs) -> Result<ExitCode, KvCliError> {
-    let config = store_config(args.store.config.as_deref())?;
+    let mut config = store_config(args.store.config.as_deref())?;
+    if args.store.config.is_none() {
+        // The workers' sessions and the compactor's, no more: a device
+        // opens a queue per session, and Cowbird's engine polls each one.
+        config.sessions = args.workers + 1;
+    }
     let (store, opened) = open_store(&args.store, config)?;
     let listener = TcpListener::bind(&args.listen).map_err(|error| KvCliError::Listen {
         address: args.listen.clone(),
