@@ -21,7 +21,7 @@ use super::protocol::{
 };
 use crate::record::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
 use crate::update::parse_decimal;
-use crate::{KvError, Session, SessionStats, Status, Store, Update, UpdateError};
+use crate::{KvError, PrefetchStage, Session, SessionStats, Status, Store, Update, UpdateError};
 use rustc_hash::FxHashMap;
 use std::borrow::Cow;
 
@@ -207,6 +207,15 @@ impl Executor {
 
     pub fn stats(&self) -> SessionStats {
         self.session.stats()
+    }
+
+    /// Starts loading the index bucket of the request's key (its first
+    /// argument), so that a batch's lookups overlap their cache misses.
+    /// It changes nothing: a request without a key loads a useless line.
+    pub fn prefetch(&self, arguments: &[Cow<'_, [u8]>]) {
+        if let [_, key, ..] = arguments {
+            self.session.prefetch(key, PrefetchStage::Bucket);
+        }
     }
 
     /// Runs the request `arguments` (the command name first) and appends

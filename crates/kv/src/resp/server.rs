@@ -26,7 +26,9 @@
 //! had not yet seen.
 
 use super::commands::{Deferred, Executor, Flow};
-use super::protocol::{encode_error, parse_request, Parsed, MAX_REQUEST_BYTES};
+use super::protocol::{
+    encode_error, parse_request, Parsed, ProtocolError, Request, MAX_REQUEST_BYTES,
+};
 use crate::{KvError, Store};
 use rustix::event::epoll;
 use rustix::fd::OwnedFd;
@@ -434,6 +436,38 @@ enum Turn {
     Close,
 }
 
+/// Requests a batch parses before it answers them, so that their keys'
+/// index buckets load together rather than one cache miss after another:
+/// the depth redis-benchmark pipelines at (`-P 16`).
+const PREFETCH_WINDOW: usize = 16;
+
+/// How parsing a window of requests ended.
+enum WindowEnd {
+    /// The window filled; more requests may follow.
+    More,
+    /// The input ends in an incomplete request, or at a request's end.
+    Incomplete,
+    /// The input breaks the protocol after the window's requests.
+    Invalid(ProtocolError),
+}
+
+/// Up to [`PREFETCH_WINDOW`] whole requests from the front of `input`.
+fn parse_window(input: &[u8]) -> (Vec<Request<'_>>, WindowEnd) {
+    let mut window = Vec::with_capacity(PREFETCH_WINDOW);
+    let mut scanned = 0;
+    while window.len() < PREFETCH_WINDOW {
+        match parse_request(&input[scanned..]) {
+            Ok(Parsed::Incomplete) => return (window, WindowEnd::Incomplete),
+            Ok(Parsed::Request(request)) => {
+                scanned += request.consumed;
+                window.push(request);
+            }
+            Err(error) => return (window, WindowEnd::Invalid(error)),
+        }
+    }
+    (window, WindowEnd::More)
+}
+
 /// How the first half of a turn ended.
 enum Begun {
     /// A batch was answered, its device reads still to wait for.
@@ -564,18 +598,27 @@ impl Connection {
         debug_assert!(self.output.is_empty(), "the last batch was written");
         let mut consumed = 0;
         let batch = loop {
-            if self.output.len() >= FLUSH_BYTES {
-                break Batch::Full;
+            let (window, end) = parse_window(&self.input[consumed..]);
+            for request in &window {
+                executor.prefetch(&request.arguments);
             }
-            match parse_request(&self.input[consumed..]) {
-                Ok(Parsed::Incomplete) => break Batch::Drained,
-                Ok(Parsed::Request(request)) => {
-                    consumed += request.consumed;
-                    if executor.execute(&request.arguments, &mut self.output) == Flow::Close {
-                        break Batch::Close;
-                    }
+            let mut stopped = None;
+            for request in &window {
+                if self.output.len() >= FLUSH_BYTES {
+                    stopped = Some(Batch::Full);
+                    break;
                 }
-                Err(error) => {
+                consumed += request.consumed;
+                if executor.execute(&request.arguments, &mut self.output) == Flow::Close {
+                    stopped = Some(Batch::Close);
+                    break;
+                }
+            }
+            match (stopped, end) {
+                (Some(batch), _) => break batch,
+                (None, WindowEnd::More) => {}
+                (None, WindowEnd::Incomplete) => break Batch::Drained,
+                (None, WindowEnd::Invalid(error)) => {
                     encode_error(&mut self.output, &format!("ERR Protocol error: {error}"));
                     break Batch::Close;
                 }
