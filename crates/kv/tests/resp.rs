@@ -309,6 +309,48 @@ fn concurrent_pipelines_of_device_reads_get_their_own_replies_in_order() {
     server.stop().unwrap();
 }
 
+/// A client that sends thousands of GETs of 4 KB values and reads none of
+/// the 16 MB of replies fills its socket: the server stops reading it and
+/// waits for it to take them, serves another client meanwhile, and hands
+/// every reply over, in order, once the client reads.
+#[test]
+fn a_client_that_does_not_read_its_replies_holds_up_only_itself() {
+    const KEYS: usize = 64;
+    const GETS: usize = 4000;
+    let server = TestServer::start(4);
+    let value_of = |number: usize| format!("{number:02}{}", "w".repeat(3998));
+    let mut writer = server.connect();
+    let mut sets = Vec::new();
+    for number in 0..KEYS {
+        let (key, value) = (format!("big-{number}"), value_of(number));
+        sets.extend_from_slice(
+            format!(
+                "*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n{value}\r\n",
+                key.len(),
+                value.len()
+            )
+            .as_bytes(),
+        );
+    }
+    writer.write_all(&sets).unwrap();
+    assert_eq!(read_exactly(&mut writer, 5 * KEYS), "+OK\r\n".repeat(KEYS));
+    let mut hoarder = server.connect();
+    let requests: String = (0..GETS)
+        .map(|get| format!("GET big-{}\r\n", get % KEYS))
+        .collect();
+    hoarder.write_all(requests.as_bytes()).unwrap();
+    let mut other = server.connect();
+    other.write_all(b"PING\r\n").unwrap();
+    assert_eq!(read_exactly(&mut other, 7), "+PONG\r\n");
+    let reply_bytes = "$4000\r\n".len() + 4000 + "\r\n".len();
+    let replies = read_exactly(&mut hoarder, GETS * reply_bytes);
+    for (get, reply) in replies.as_bytes().chunks(reply_bytes).enumerate() {
+        let expected = format!("$4000\r\n{}\r\n", value_of(get % KEYS));
+        assert!(reply == expected.as_bytes(), "reply {get}");
+    }
+    server.stop().unwrap();
+}
+
 #[test]
 fn a_protocol_error_closes_only_its_own_connection() {
     if !have("redis-cli") {
