@@ -53,13 +53,13 @@ pub const TAIL_PAGE_ROOM_BYTES: u64 = 2048;
 /// Refreshes after the preload, at most, for the head to pass page 0.
 const PRELOAD_REFRESHES: usize = 8;
 
-/// Runs `input` as one pipelined batch from a client, as the server does
-/// (see [`crate::resp::server`]): requests are parsed from the front and
-/// executed one after another until the input ends part way through a
-/// request, a QUIT, or a protocol error (answered `-ERR Protocol error`);
-/// then the batch's pending GETs are settled. The store is a small one on
-/// a [`MemoryDevice`], preloaded with [`ON_DEVICE`] and fillers, so that
-/// reads, read-modify-writes and deferred GETs go to the device.
+/// Runs `input` as one pipelined batch from a client: requests are parsed
+/// from the front and executed one after another until the input ends
+/// part way through a request, a QUIT, or a protocol error (answered
+/// `-ERR Protocol error`); then the batch's pending GETs are settled. The
+/// store is a small one on a [`MemoryDevice`], preloaded with
+/// [`ON_DEVICE`] and fillers, so that reads, read-modify-writes and
+/// deferred GETs go to the device.
 ///
 /// Panics if the executor or the parser does, if the parser breaks its
 /// own bounds, or if the replies are not exactly one well-formed RESP
@@ -67,6 +67,70 @@ const PRELOAD_REFRESHES: usize = 8;
 pub fn resp(input: &[u8]) -> Vec<u8> {
     let (_store, mut executor) = preloaded_executor();
     let mut replies = Vec::new();
+    let expected = answer_batch(&mut executor, input, &mut replies);
+    executor.settle(&mut replies);
+    check_replies(&replies, expected);
+    replies
+}
+
+/// Runs `input` as two connections' batches in one round of the server
+/// ([`crate::resp::server`]): the first connection sends the whole
+/// requests that end in the input's first half, the second the rest.
+/// Each batch runs with its device reads detached; then the round waits
+/// for all of them at once and fills each batch's replies in.
+///
+/// Panics as [`resp`] does, and unless each connection's replies equal
+/// those of running the two batches one after the other on a fresh
+/// store: detaching a batch's reads must reorder nothing. Returns both
+/// connections' replies.
+pub fn resp_round(input: &[u8]) -> Vec<u8> {
+    let split = whole_requests_within(input, input.len() / 2);
+    let parts = [&input[..split], &input[split..]];
+    let (_store, mut executor) = preloaded_executor();
+    let mut round = [Vec::new(), Vec::new()];
+    let mut detached = Vec::new();
+    for (part, replies) in parts.iter().zip(&mut round) {
+        let expected = answer_batch(&mut executor, part, replies);
+        detached.push((executor.detach(), expected));
+    }
+    executor.complete();
+    for ((deferred, expected), replies) in detached.into_iter().zip(&mut round) {
+        executor.fill(deferred, replies);
+        check_replies(replies, expected);
+    }
+    let (_store, mut executor) = preloaded_executor();
+    for (part, replies) in parts.iter().zip(&round) {
+        let mut alone = Vec::new();
+        answer_batch(&mut executor, part, &mut alone);
+        executor.settle(&mut alone);
+        assert!(
+            alone == *replies,
+            "a detached batch answered otherwise: {} against {}",
+            String::from_utf8_lossy(replies),
+            String::from_utf8_lossy(&alone)
+        );
+    }
+    round.concat()
+}
+
+/// The length of the whole requests at the front of `input` that end
+/// within its first `limit` bytes.
+fn whole_requests_within(input: &[u8], limit: usize) -> usize {
+    let mut consumed = 0;
+    while let Ok(Parsed::Request(request)) = parse_request(&input[consumed..]) {
+        if consumed + request.consumed > limit {
+            break;
+        }
+        consumed += request.consumed;
+    }
+    consumed
+}
+
+/// Executes the requests at the front of `input` as the server does,
+/// leaving deferred GETs to the caller, and checks the parser's bounds.
+/// Returns the replies the batch must produce: one per non-empty request,
+/// and one for a protocol error.
+fn answer_batch(executor: &mut Executor, input: &[u8], replies: &mut Vec<u8>) -> usize {
     let mut expected_replies = 0;
     let mut consumed = 0;
     loop {
@@ -92,31 +156,34 @@ pub fn resp(input: &[u8]) -> Vec<u8> {
                 if !request.arguments.is_empty() {
                     expected_replies += 1;
                 }
-                if executor.execute(&request.arguments, &mut replies) == Flow::Close {
+                if executor.execute(&request.arguments, replies) == Flow::Close {
                     break;
                 }
             }
             Err(error) => {
-                encode_error(&mut replies, &format!("ERR Protocol error: {error}"));
+                encode_error(replies, &format!("ERR Protocol error: {error}"));
                 expected_replies += 1;
                 break;
             }
         }
     }
-    executor.settle(&mut replies);
-    match count_replies(&replies) {
+    expected_replies
+}
+
+/// Panics unless `replies` are exactly `expected` well-formed RESP values.
+fn check_replies(replies: &[u8], expected: usize) {
+    match count_replies(replies) {
         Ok(count) => assert_eq!(
             count,
-            expected_replies,
+            expected,
             "one reply per request: {}",
-            String::from_utf8_lossy(&replies)
+            String::from_utf8_lossy(replies)
         ),
         Err(malformed) => panic!(
             "malformed reply ({malformed:?}): {}",
-            String::from_utf8_lossy(&replies)
+            String::from_utf8_lossy(replies)
         ),
     }
-    replies
 }
 
 /// A store shaped as described at [`ON_DEVICE`], and an executor on it.
