@@ -28,6 +28,15 @@ fn push_below_the_head(session: &mut Session, count: usize) {
     }
 }
 
+/// The smallest store's shape on a memory device of `device_bytes`.
+fn smallest_store_on(device_bytes: u64) -> Store {
+    Store::new(
+        StoreConfig::smallest(),
+        Arc::new(MemoryDevice::new(device_bytes)),
+    )
+    .unwrap()
+}
+
 fn head(store: &Store) -> LogAddress {
     store.boundaries()[1]
 }
@@ -106,11 +115,7 @@ fn compaction_lets_a_store_that_keeps_updating_outlive_its_device() {
 /// tombstone is not copied.
 #[test]
 fn a_deleted_key_stays_deleted_after_its_tombstone_is_compacted_away() {
-    let store = Store::new(
-        StoreConfig::smallest(),
-        Arc::new(MemoryDevice::new(16 << 20)),
-    )
-    .unwrap();
+    let store = smallest_store_on(16 << 20);
     let mut session = store.session().unwrap();
     session.upsert(b"gone", b"soon").unwrap();
     session.delete(b"gone").unwrap();
@@ -124,11 +129,7 @@ fn a_deleted_key_stays_deleted_after_its_tombstone_is_compacted_away() {
 /// value of every key survives.
 #[test]
 fn compaction_races_a_writer_and_loses_nothing() {
-    let store = Store::new(
-        StoreConfig::smallest(),
-        Arc::new(MemoryDevice::new(32 << 20)),
-    )
-    .unwrap();
+    let store = smallest_store_on(32 << 20);
     // The writer goes on until the compactor has raced it for real (two
     // compactions, records copied), however the two threads are
     // scheduled: on a loaded machine 30 000 writes can end before the
@@ -201,11 +202,7 @@ fn a_compacted_log_recovers() {
 
 #[test]
 fn compacting_past_the_head_or_with_operations_pending_is_refused() {
-    let store = Store::new(
-        StoreConfig::smallest(),
-        Arc::new(MemoryDevice::new(16 << 20)),
-    )
-    .unwrap();
+    let store = smallest_store_on(16 << 20);
     let mut session = store.session().unwrap();
     push_below_the_head(&mut session, 3000);
     let tail = store.boundaries()[3];
@@ -232,11 +229,7 @@ fn compacting_past_the_head_or_with_operations_pending_is_refused() {
 #[test]
 fn the_background_compactor_keeps_a_store_that_keeps_updating_writable() {
     use remora_kv::compactor::{CompactionPolicy, Compactor};
-    let store = Store::new(
-        StoreConfig::smallest(),
-        Arc::new(MemoryDevice::new(2 << 20)),
-    )
-    .unwrap();
+    let store = smallest_store_on(2 << 20);
     let policy = CompactionPolicy {
         below_room_fraction: 0.5,
         check_every_ms: 1,
@@ -269,11 +262,7 @@ fn the_background_compactor_keeps_a_store_that_keeps_updating_writable() {
 fn a_compactor_that_can_gain_nothing_backs_off_loses_nothing_and_stops() {
     use remora_kv::compactor::{CompactionPolicy, Compactor};
     use std::time::Duration;
-    let store = Store::new(
-        StoreConfig::smallest(),
-        Arc::new(MemoryDevice::new(2 << 20)),
-    )
-    .unwrap();
+    let store = smallest_store_on(2 << 20);
     let mut session = store.session().unwrap();
     let value = vec![7u8; 400];
     let capacity = store.log_capacity_bytes() as f64;
