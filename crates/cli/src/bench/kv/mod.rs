@@ -564,6 +564,8 @@ pub fn run(args: &KvArgs) -> Result<Report, KvBenchError> {
             "keyspace": plan.resp.keyspace,
             "preload": plan.resp.preload,
             "pipelined_requests": plan.resp.pipelined_requests,
+            "pipelined_runs": resp::PIPELINED_RUNS,
+            "pipelined_figure": "the median of the pipelined runs, each server started and preloaded once",
             "plain_requests": plan.resp.plain_requests,
             "clients": 50,
             "value_bytes": 64,
