@@ -316,10 +316,11 @@ impl Worker {
     }
 
     /// A turn for each connection in `slots`, in three steps: each
-    /// answers a batch with its device reads detached; the worker waits
-    /// for all of those reads at once, so that they overlap on the device
-    /// rather than queue one connection behind another; then each fills
-    /// in its replies and writes them.
+    /// answers a batch with its device reads detached (one that needed
+    /// none writes its replies at once); the worker waits for all of
+    /// those reads at once, so that they overlap on the device rather
+    /// than queue one connection behind another; then each fills in its
+    /// replies and writes them.
     fn serve_round(&mut self, slots: &[usize]) {
         let mut begun = std::mem::take(&mut self.begun);
         for &slot in slots {
@@ -332,6 +333,12 @@ impl Worker {
                 continue;
             }
             match connection.begin_turn(&mut self.executor) {
+                // Answered from memory: written now, not held back by
+                // other connections' device reads.
+                Begun::Batch(batch) if connection.deferred.is_empty() => {
+                    let turn = connection.finish_turn(batch, &mut self.executor);
+                    self.conclude(slot, turn);
+                }
                 Begun::Batch(batch) => {
                     connection.in_round = true;
                     begun.push((slot, batch));
