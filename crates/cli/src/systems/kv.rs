@@ -54,11 +54,18 @@ pub enum KvStepError {
     Ycsb(#[from] remora_kv::ycsb::YcsbError),
     #[error(transparent)]
     Workload(#[from] remora_workloads::ycsb::WorkloadError),
+    #[error("the RESP server: {0}")]
+    Serve(#[from] remora_kv::resp::ServeError),
+    #[error("talking RESP to the server: {0}")]
+    RespClient(#[from] std::io::Error),
+    #[error("the RESP server's thread panicked")]
+    ServerPanicked,
 }
 
 /// YCSB-A on a store whose memory holds a quarter of its records, the
 /// rest in far memory behind Cowbird-Spot, then the same on local
-/// memory: every read checks it got its own record.
+/// memory: every read checks it got its own record. The Cowbird-Spot
+/// store then answers one pipelined exchange over RESP.
 fn kv_step() -> Result<SystemStep, KvStepError> {
     let mut step = SystemStep {
         variants: Vec::new(),
@@ -92,6 +99,9 @@ fn kv_step() -> Result<SystemStep, KvStepError> {
         let store = Store::new(config.clone(), opened.device.clone())?;
         ycsb::load(&store, &run)?;
         let outcome = ycsb::run(&store, &run)?;
+        let resp = (kind == DeviceKind::CowbirdSpot)
+            .then(|| resp_round_trip(&store))
+            .transpose()?;
         drop(store);
         let _ = opened.stop()?;
         println!(
@@ -104,6 +114,17 @@ fn kv_step() -> Result<SystemStep, KvStepError> {
             step.failures
                 .push(format!("kv on {}: no read reached the device", kind.name()));
         }
+        match resp.as_deref() {
+            Some(RESP_EXPECTED) => println!(
+                "  RESP over TCP on {}: a pipelined SET, GET and two INCRs answered as Redis answers them (`remora kv serve` takes redis-cli and redis-benchmark)",
+                kind.name()
+            ),
+            Some(other) => step.failures.push(format!(
+                "kv serve on {}: answered {other:?}, not {RESP_EXPECTED:?}",
+                kind.name()
+            )),
+            None => {}
+        }
         step.variants.push(serde_json::json!({
             "variant": format!("kv on {}", kind.name()),
             "operations_per_second": outcome.operations_per_second(),
@@ -111,4 +132,37 @@ fn kv_step() -> Result<SystemStep, KvStepError> {
         }));
     }
     Ok(step)
+}
+
+/// What a Redis server answers to [`RESP_REQUESTS`].
+const RESP_EXPECTED: &str = "+OK\r\n$5\r\nhello\r\n:1\r\n:2\r\n";
+const RESP_REQUESTS: &[u8] =
+    b"SET greeting hello\r\nGET greeting\r\nINCR visits\r\nINCR visits\r\n";
+
+/// Serves `store` over RESP on a loopback port for one pipelined
+/// exchange, as `remora kv serve` does; returns the replies.
+fn resp_round_trip(store: &Store) -> Result<String, KvStepError> {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = {
+        let (store, stop) = (store.clone(), stop.clone());
+        let limits = remora_kv::resp::ServerLimits::default();
+        std::thread::spawn(move || remora_kv::resp::serve(store, listener, limits, stop))
+    };
+    let exchange = || -> std::io::Result<String> {
+        let mut client = std::net::TcpStream::connect(address)?;
+        client.set_read_timeout(Some(Duration::from_secs(10)))?;
+        client.write_all(RESP_REQUESTS)?;
+        let mut replies = vec![0; RESP_EXPECTED.len()];
+        client.read_exact(&mut replies)?;
+        Ok(String::from_utf8_lossy(&replies).into_owned())
+    };
+    let replies = exchange();
+    stop.store(true, Ordering::SeqCst);
+    server.join().map_err(|_| KvStepError::ServerPanicked)??;
+    Ok(replies?)
 }
