@@ -42,14 +42,18 @@ impl TestServer {
     }
 
     fn on_device(max_connections: usize, device_bytes: u64) -> TestServer {
-        let store = Store::new(small_config(), Arc::new(MemoryDevice::new(device_bytes))).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let stop = Arc::new(AtomicBool::new(false));
         let limits = ServerLimits {
             max_connections,
             ..ServerLimits::default()
         };
+        TestServer::with(limits, device_bytes)
+    }
+
+    fn with(limits: ServerLimits, device_bytes: u64) -> TestServer {
+        let store = Store::new(small_config(), Arc::new(MemoryDevice::new(device_bytes))).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (store, stop) = (store.clone(), stop.clone());
             std::thread::spawn(move || serve(store, listener, limits, stop))
@@ -349,6 +353,58 @@ fn a_client_that_does_not_read_its_replies_holds_up_only_itself() {
         assert!(reply == expected.as_bytes(), "reply {get}");
     }
     server.stop().unwrap();
+}
+
+/// Three workers share the listener and the store: connections land on
+/// whichever worker takes them, and each sees every other's writes.
+#[test]
+fn several_workers_serve_connections_that_share_one_store() {
+    let limits = ServerLimits {
+        max_connections: 16,
+        workers: 3,
+    };
+    let server = TestServer::with(limits, 64 << 20);
+    let mut clients: Vec<TcpStream> = (0..9).map(|_| server.connect()).collect();
+    for (number, client) in clients.iter_mut().enumerate() {
+        client
+            .write_all(format!("SET key-{number} value-{number}\r\nINCR shared\r\n").as_bytes())
+            .unwrap();
+        let expected = format!("+OK\r\n:{}\r\n", number + 1);
+        assert_eq!(read_exactly(client, expected.len()), expected);
+    }
+    for (number, client) in clients.iter_mut().rev().enumerate() {
+        let other = (number + 4) % 9;
+        client
+            .write_all(format!("GET key-{other}\r\n").as_bytes())
+            .unwrap();
+        let value = format!("value-{other}");
+        let expected = format!("${}\r\n{value}\r\n", value.len());
+        assert_eq!(read_exactly(client, expected.len()), expected);
+    }
+    server.stop().unwrap();
+}
+
+/// A server with no worker, or no room for a connection, is refused.
+#[test]
+fn a_server_without_workers_or_connections_is_refused() {
+    for limits in [
+        ServerLimits {
+            workers: 0,
+            ..ServerLimits::default()
+        },
+        ServerLimits {
+            max_connections: 0,
+            ..ServerLimits::default()
+        },
+    ] {
+        let store = Store::new(small_config(), Arc::new(MemoryDevice::new(1 << 20))).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        assert!(matches!(
+            serve(store, listener, limits, stop),
+            Err(ServeError::NoCapacity)
+        ));
+    }
 }
 
 #[test]
