@@ -252,7 +252,8 @@ fn values_pushed_to_the_device_come_back_through_pending_operations() {
     assert_eq!(redis_cli(&server, &set_all), "OK");
     let [_, head, _, _] = server.store.boundaries();
     assert!(head.value() > 0, "the first pages must have left memory");
-    // One connection, so that INFO's session counters are its own.
+    // INFO's counters are the serving worker's session's: with one worker,
+    // every connection's operations so far, these two lookups among them.
     let answers = redis_cli_with_input(&server, &[], b"GET filler-0\nINCR counter\nINFO\n");
     let mut lines = answers.lines();
     assert_eq!(lines.next(), Some(filler.as_str()));

@@ -514,6 +514,8 @@ impl Executor {
         Ok(())
     }
 
+    /// The `# Keyspace` counters are this executor's session's: under `kv
+    /// serve`, the operations of every connection its worker served.
     fn info_text(&self) -> String {
         let stats = self.session.stats();
         let [begin, head, _, tail] = self.store.boundaries();
