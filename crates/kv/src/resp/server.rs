@@ -296,11 +296,22 @@ impl Worker {
 
     fn admit(&mut self, stream: TcpStream) {
         let live = &self.shared.live;
-        if live.load(Ordering::SeqCst) >= self.shared.max_connections {
+        // Counted before the check, so that workers accepting at the same
+        // instant never pass the limit between them.
+        if live.fetch_add(1, Ordering::SeqCst) >= self.shared.max_connections {
+            live.fetch_sub(1, Ordering::SeqCst);
             return refuse(stream, "ERR max number of clients reached");
         }
+        if !self.register(stream) {
+            self.shared.live.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Adds an admitted connection to this worker's poller; `false` (the
+    /// stream dropped, so closed) if the socket cannot be set up.
+    fn register(&mut self, stream: TcpStream) -> bool {
         if configure(&stream).is_err() {
-            return;
+            return false;
         }
         let slot = self.free_slots.pop().unwrap_or_else(|| {
             self.connections.push(None);
@@ -309,10 +320,10 @@ impl Worker {
         let token = epoll::EventData::new_u64(slot as u64);
         if epoll::add(&self.poller, &stream, token, epoll::EventFlags::IN).is_err() {
             self.free_slots.push(slot);
-            return;
+            return false;
         }
-        live.fetch_add(1, Ordering::SeqCst);
         self.connections[slot] = Some(Connection::new(stream));
+        true
     }
 
     /// A turn for each connection in `slots`, in three steps: each
