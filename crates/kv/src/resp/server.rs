@@ -58,6 +58,10 @@ const FLUSH_BYTES: usize = 64 * 1024;
 /// Socket events a worker takes from one wait.
 const EVENTS_PER_WAIT: usize = 256;
 
+/// Connections a worker accepts in one round, so that a burst of them
+/// does not keep it from the connections it serves.
+const ACCEPTS_PER_ROUND: usize = 64;
+
 /// The event token of the listener; connections' tokens are their slot
 /// numbers.
 const LISTENER_TOKEN: u64 = u64::MAX;
@@ -283,11 +287,15 @@ impl Worker {
     /// round. Their first requests are not missed: the poller is
     /// level-triggered.
     fn accept(&mut self) -> Result<(), ServeError> {
-        for _ in 0..EVENTS_PER_WAIT {
+        for _ in 0..ACCEPTS_PER_ROUND {
             match self.shared.listener.accept() {
                 Ok((stream, _)) => self.admit(stream),
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(error) if is_passing(&error) => {}
+                Err(error) if concerns_one_connection(&error) => {}
+                // None waiting, or none can be taken now: the next round
+                // tries again, and the connections go on being served.
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock || is_shortage(&error) => {
+                    return Ok(())
+                }
                 Err(error) => return Err(ServeError::Accept(error)),
             }
         }
@@ -405,21 +413,23 @@ impl Worker {
     }
 }
 
-/// Accept errors that concern one connection or a passing shortage (no
-/// file descriptors left), after which the server keeps accepting.
-fn is_passing(error: &io::Error) -> bool {
-    let kind_passes = matches!(
+/// Accept errors that concern one connection only: the next may be taken.
+fn concerns_one_connection(error: &io::Error) -> bool {
+    matches!(
         error.kind(),
-        io::ErrorKind::WouldBlock
-            | io::ErrorKind::Interrupted
+        io::ErrorKind::Interrupted
             | io::ErrorKind::ConnectionAborted
             | io::ErrorKind::ConnectionReset
-    );
+    )
+}
+
+/// A passing shortage (no file descriptors or buffers left), after which
+/// the server keeps serving and accepts again later.
+fn is_shortage(error: &io::Error) -> bool {
     let shortage = [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM];
-    kind_passes
-        || error
-            .raw_os_error()
-            .is_some_and(|code| shortage.contains(&code))
+    error
+        .raw_os_error()
+        .is_some_and(|code| shortage.contains(&code))
 }
 
 /// Answers `message` as an error and closes. Best effort: the connection
