@@ -5,14 +5,18 @@
 //!   whoever drives them (the simulator's virtual clock or a real one);
 //! - [`PortId`]: a port of a simulated node or of the switch;
 //! - [`Probability`]: a probability in `[0, 1]`, checked once when it is
-//!   made, so the code that draws from it never checks again.
+//!   made, so the code that draws from it never checks again;
+//! - [`copy_bytes`]: bulk copies at the same speed wherever their buffers
+//!   lie (the data path's frames, slots and registered memory).
 
 #![forbid(unsafe_code)]
 
+mod bytes;
 mod port;
 mod probability;
 mod time;
 
+pub use bytes::{copy_bytes, extend_bytes, COPY_PIECE_BYTES};
 pub use port::PortId;
 pub use probability::{Probability, ProbabilityError};
 pub use time::Timestamp;

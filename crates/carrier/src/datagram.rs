@@ -17,6 +17,7 @@
 
 use crate::wait::WaitSource;
 use crate::{check_frame_length, CarrierError, Port, SendStatus, MAX_CARRIED_FRAME_BYTES};
+use remora_base::extend_bytes;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -451,7 +452,7 @@ impl Port for DatagramPort {
         }
         let slot = &mut self.outgoing[self.outgoing_count];
         slot.clear();
-        slot.extend_from_slice(frame);
+        extend_bytes(slot, frame);
         self.outgoing_count += 1;
         Ok(SendStatus::Queued)
     }

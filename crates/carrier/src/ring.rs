@@ -17,6 +17,7 @@
 
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU64, Ordering};
+use remora_base::copy_bytes;
 #[cfg(not(loom))]
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -204,7 +205,7 @@ impl<'a, S: SlotStorage> Producer<'a, S> {
             self.slots.with_slot_mut(index, |slot| {
                 let length = frame.len() as u32;
                 slot[..SLOT_LENGTH_PREFIX_BYTES].copy_from_slice(&length.to_le_bytes());
-                slot[SLOT_LENGTH_PREFIX_BYTES..][..frame.len()].copy_from_slice(frame);
+                copy_bytes(&mut slot[SLOT_LENGTH_PREFIX_BYTES..][..frame.len()], frame);
             });
         }
         self.local_tail += 1;

@@ -10,6 +10,7 @@
 
 use crate::counters::DropReason;
 use crate::verbs::{DatagramPort, ReceivedDatagram, VerbsError};
+use remora_base::copy_bytes;
 use remora_wire::datagram::{emit_datagram, parse_datagram, DatagramEnd, DATAGRAM_HEADERS_LEN};
 use remora_wire::{Ipv4Address, MacAddress};
 use std::collections::VecDeque;
@@ -148,7 +149,7 @@ impl Datagrams {
             });
         }
         let (from, payload) = state.inbox.pop_front().expect("just looked");
-        into[..payload.len()].copy_from_slice(&payload);
+        copy_bytes(&mut into[..payload.len()], &payload);
         Ok(Some(ReceivedDatagram {
             from,
             length: payload.len(),
@@ -158,7 +159,7 @@ impl Datagrams {
     /// The next frame to send, written into `buffer`.
     pub(crate) fn poll_transmit(&mut self, buffer: &mut [u8]) -> Option<usize> {
         let frame = self.outbox.pop_front()?;
-        buffer[..frame.len()].copy_from_slice(&frame);
+        copy_bytes(&mut buffer[..frame.len()], &frame);
         Some(frame.len())
     }
 }

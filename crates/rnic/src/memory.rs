@@ -9,6 +9,7 @@
 use crate::host_memory::{ExternalMemory, HostMemory};
 use crate::verbs::VerbsError;
 use crate::verbs::{AccessFlags, Lkey, MemoryRegion, ProtectionDomain, ScatterGatherList};
+use remora_base::copy_bytes;
 use remora_wire::{Rkey, VirtAddr};
 use std::ops::Range;
 
@@ -46,7 +47,7 @@ impl std::fmt::Debug for Backing {
 impl Backing {
     fn read(&self, range: Range<usize>, into: &mut [u8]) {
         match self {
-            Backing::Device(bytes) => into.copy_from_slice(&bytes[range]),
+            Backing::Device(bytes) => copy_bytes(into, &bytes[range]),
             Backing::Host(memory) => memory
                 .read(range.start, into)
                 .expect("range checked against the region"),
@@ -56,7 +57,7 @@ impl Backing {
 
     fn write(&mut self, range: Range<usize>, from: &[u8]) {
         match self {
-            Backing::Device(bytes) => bytes[range].copy_from_slice(from),
+            Backing::Device(bytes) => copy_bytes(&mut bytes[range], from),
             Backing::Host(memory) => memory
                 .write(range.start, from)
                 .expect("range checked against the region"),

@@ -8,6 +8,7 @@ use crate::parser;
 use crate::program::{Digest, Program};
 use crate::resources::ResourceReport;
 use remora_base::Timestamp;
+use remora_base::{copy_bytes, extend_bytes};
 use remora_wire::icrc;
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -186,7 +187,7 @@ impl<P: Program> Switch<P> {
     fn buffer_from(&mut self, bytes: &[u8]) -> Vec<u8> {
         let mut buffer = self.pool.pop().unwrap_or_default();
         buffer.clear();
-        buffer.extend_from_slice(bytes);
+        extend_bytes(&mut buffer, bytes);
         buffer
     }
 
@@ -431,7 +432,7 @@ impl<P: Program> Switch<P> {
             if let Some(frame) = self.egress[port].pop() {
                 self.transmit_cursor = (port + 1) % ports;
                 let length = frame.len();
-                buffer[..length].copy_from_slice(&frame);
+                copy_bytes(&mut buffer[..length], &frame);
                 self.recycle(frame);
                 self.counters.transmitted += 1;
                 return Some((PortId(port as u16), length));

@@ -7,6 +7,7 @@ use crate::ethernet::{EthernetFrame, EthernetRepr, ETHERNET_HEADER_LEN, ETHERTYP
 use crate::ipv4::{Ipv4Packet, Ipv4Repr, IPV4_MIN_HEADER_LEN, PROTOCOL_UDP};
 use crate::udp::{UdpDatagram, UdpRepr, UDP_HEADER_LEN};
 use crate::{Ipv4Address, MacAddress, WireError};
+use remora_base::copy_bytes;
 
 /// Bytes of headers before a datagram's payload.
 pub const DATAGRAM_HEADERS_LEN: usize = ETHERNET_HEADER_LEN + IPV4_MIN_HEADER_LEN + UDP_HEADER_LEN;
@@ -101,7 +102,7 @@ pub fn emit_datagram(
         payload_len: payload.len(),
     };
     udp.emit(&mut buffer[ETHERNET_HEADER_LEN + IPV4_MIN_HEADER_LEN..])?;
-    buffer[DATAGRAM_HEADERS_LEN..length].copy_from_slice(payload);
+    copy_bytes(&mut buffer[DATAGRAM_HEADERS_LEN..length], payload);
     Ok(length)
 }
 

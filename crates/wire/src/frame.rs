@@ -12,6 +12,7 @@ use crate::{
     Ipv4Address, Ipv4Packet, Ipv4Repr, MacAddress, Opcode, RethRepr, UdpDatagram, UdpRepr,
     WireError, ETHERTYPE_IPV4, ROCEV2_UDP_PORT,
 };
+use remora_base::copy_bytes;
 
 /// Ethernet, IPv4 (no options), UDP and BTH.
 pub const BASE_HEADERS_LEN: usize = ETHERNET_HEADER_LEN + Ipv4Repr::LEN + UDP_HEADER_LEN + BTH_LEN;
@@ -366,7 +367,7 @@ pub fn parse_frame(bytes: &[u8]) -> Result<ParsedFrame<'_>, WireError> {
 /// Emits a frame with `payload` into `buffer`; returns the frame length.
 pub fn emit_frame(repr: &FrameRepr, payload: &[u8], buffer: &mut [u8]) -> Result<usize, WireError> {
     emit_frame_with(repr, payload.len(), buffer, |space| {
-        space.copy_from_slice(payload)
+        copy_bytes(space, payload)
     })
 }
 

@@ -20,6 +20,7 @@ use crate::verbs::{
     WorkCompletion,
 };
 use crate::DropReason;
+use remora_base::copy_bytes;
 use remora_wire::opcode::{OpcodeFamily, Segment};
 use remora_wire::{
     AckSyndrome, AethRepr, AtomicAckEthRepr, ExtensionHeaders, Msn, NakCode, Opcode, Psn, RethRepr,
@@ -606,7 +607,7 @@ impl QueuePairContext {
                 let payload = &entry.data[start..end];
                 let header = (opcode, entry.first_psn.add(next_packet), false);
                 let written = path.emit(header, &extension, payload.len(), buffer, |space| {
-                    space.copy_from_slice(payload)
+                    copy_bytes(space, payload)
                 });
                 if is_last {
                     responder.outputs.pop_front();
