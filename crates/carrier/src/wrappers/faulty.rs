@@ -42,7 +42,7 @@ impl<P: Port> Faulty<P> {
     }
 
     fn release_due(&mut self, now: Instant) -> Result<(), CarrierError> {
-        super::release_due(&mut self.held, &mut self.inner, now)
+        super::release_due(&mut self.held, &mut self.inner, now, &mut drop)
     }
 }
 

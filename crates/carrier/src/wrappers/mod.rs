@@ -46,11 +46,13 @@ macro_rules! pass_through_next_due {
 /// Sends the frames of `held` (in due order) whose time has come, while
 /// the carrier behind has room: the delay lines of the fault injector and
 /// the shaper. A frame the carrier has no room for stays, as a NIC's
-/// queue holds it, and goes on a later turn.
+/// queue holds it, and goes on a later turn. Each sent frame's buffer is
+/// handed to `recycle`.
 fn release_due(
     held: &mut std::collections::VecDeque<(std::time::Instant, Vec<u8>)>,
     inner: &mut dyn crate::Port,
     now: std::time::Instant,
+    recycle: &mut dyn FnMut(Vec<u8>),
 ) -> Result<(), crate::CarrierError> {
     // Bounded by the queue's length.
     while held.front().is_some_and(|(due, _)| *due <= now) {
@@ -59,6 +61,7 @@ fn release_due(
         }
         let (_, frame) = held.pop_front().expect("front checked");
         inner.send(&frame)?;
+        recycle(frame);
     }
     Ok(())
 }

@@ -13,6 +13,7 @@
 //! flags them.
 
 use crate::{CarrierError, Port, SendStatus};
+use remora_base::extend_bytes;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,9 @@ use std::time::{Duration, Instant};
 /// counted, as a full queue drops it: bandwidth × delay fits far below
 /// this for any sane link (1 Gb/s × 1 ms is about 80 jumbo frames).
 pub const MAX_DELAYED_FRAMES: usize = 16_384;
+/// Buffers of frames already released, kept for the next frames: a
+/// shaped link at full rate would otherwise allocate a buffer per frame.
+const MAX_SPARE_BUFFERS: usize = 64;
 
 /// Bandwidth, propagation delay and queue limit of one direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +63,7 @@ pub struct Shaped<P> {
     /// Frames and when they arrive, in arrival order (serialization is
     /// FIFO and the delay is constant, so arrivals are sorted).
     delayed: VecDeque<(Instant, Vec<u8>)>,
+    spare: Vec<Vec<u8>>,
     counters: ShapeCounters,
 }
 
@@ -69,6 +74,7 @@ impl<P: Port> Shaped<P> {
             shape,
             busy_until: None,
             delayed: VecDeque::new(),
+            spare: Vec::with_capacity(MAX_SPARE_BUFFERS),
             counters: ShapeCounters::default(),
         }
     }
@@ -78,7 +84,20 @@ impl<P: Port> Shaped<P> {
     }
 
     fn release_due(&mut self, now: Instant) -> Result<(), CarrierError> {
-        super::release_due(&mut self.delayed, &mut self.inner, now)
+        let spare = &mut self.spare;
+        super::release_due(&mut self.delayed, &mut self.inner, now, &mut |buffer| {
+            if spare.len() < MAX_SPARE_BUFFERS {
+                spare.push(buffer);
+            }
+        })
+    }
+
+    /// A copy of `frame` in a spare buffer if there is one.
+    fn held_copy(&mut self, frame: &[u8]) -> Vec<u8> {
+        let mut buffer = self.spare.pop().unwrap_or_default();
+        buffer.clear();
+        extend_bytes(&mut buffer, frame);
+        buffer
     }
 }
 
@@ -102,8 +121,9 @@ impl<P: Port> Port for Shaped<P> {
         self.busy_until = Some(finished);
         self.counters.frames_shaped += 1;
         self.counters.bytes_shaped += frame.len() as u64;
+        let held = self.held_copy(frame);
         self.delayed
-            .push_back((finished + self.shape.propagation_delay, frame.to_vec()));
+            .push_back((finished + self.shape.propagation_delay, held));
         Ok(SendStatus::Queued)
     }
 
@@ -130,5 +150,75 @@ impl<P: Port> Port for Shaped<P> {
     fn next_due(&self) -> Option<Instant> {
         let delayed = self.delayed.front().map(|(due, _)| *due);
         [delayed, self.inner.next_due()].into_iter().flatten().min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wait::WaitSource;
+
+    /// Keeps what it is sent.
+    #[derive(Default)]
+    struct Collector {
+        sent: Vec<Vec<u8>>,
+    }
+
+    impl Port for Collector {
+        fn receive(
+            &mut self,
+            _max_frames: usize,
+            _sink: &mut dyn FnMut(&[u8]),
+        ) -> Result<usize, CarrierError> {
+            Ok(0)
+        }
+
+        fn send(&mut self, frame: &[u8]) -> Result<SendStatus, CarrierError> {
+            self.sent.push(frame.to_vec());
+            Ok(SendStatus::Queued)
+        }
+
+        fn flush(&mut self) -> Result<(), CarrierError> {
+            Ok(())
+        }
+
+        fn has_room(&mut self) -> bool {
+            true
+        }
+
+        fn has_frames(&mut self) -> bool {
+            false
+        }
+
+        fn wait_source(&self) -> WaitSource {
+            WaitSource::Fd(-1)
+        }
+    }
+
+    #[test]
+    fn frames_in_reused_buffers_arrive_whole_and_in_order() {
+        let shape = LinkShape {
+            bandwidth_bits_per_second: 100_000_000_000,
+            propagation_delay: Duration::ZERO,
+            queue_limit_bytes: 1 << 30,
+        };
+        let mut shaped = Shaped::new(Collector::default(), shape);
+        // Long and short frames alternate, so a reused buffer that kept a
+        // longer frame's tail would show.
+        let frames: Vec<Vec<u8>> = (0..3 * MAX_SPARE_BUFFERS)
+            .map(|index| vec![index as u8; if index % 2 == 0 { 4160 } else { 60 }])
+            .collect();
+        for frame in &frames {
+            shaped.send(frame).unwrap();
+            std::thread::sleep(Duration::from_micros(1));
+            shaped.flush().unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while shaped.inner.sent.len() < frames.len() && Instant::now() < deadline {
+            shaped.flush().unwrap();
+        }
+        assert_eq!(shaped.inner.sent, frames);
+        assert!(shaped.spare.len() <= MAX_SPARE_BUFFERS);
+        assert!(!shaped.spare.is_empty(), "released buffers are kept");
     }
 }
