@@ -3,6 +3,7 @@
 //! through the DPU), a local file (the SSD baseline), or this process's
 //! own memory (for tests of the buffer alone).
 
+use remora_base::copy_bytes;
 use rustix::fs::{Mode, OFlags};
 use std::collections::HashMap;
 use std::fs::File;
@@ -153,7 +154,7 @@ impl ChunkStore for InProcessStore {
             .get(&object)
             .ok_or(StoreError::UnknownObject(object))?;
         check_range(object, offset, into.len(), data.len() as u64)?;
-        into.copy_from_slice(&data[offset as usize..offset as usize + into.len()]);
+        copy_bytes(into, &data[offset as usize..offset as usize + into.len()]);
         Ok(())
     }
 
@@ -163,7 +164,7 @@ impl ChunkStore for InProcessStore {
             .get_mut(&object)
             .ok_or(StoreError::UnknownObject(object))?;
         check_range(object, offset, chunk.len(), data.len() as u64)?;
-        data[offset as usize..offset as usize + chunk.len()].copy_from_slice(chunk);
+        copy_bytes(&mut data[offset as usize..offset as usize + chunk.len()], chunk);
         Ok(())
     }
 
