@@ -19,9 +19,12 @@ use std::time::{Duration, Instant};
 /// A request not completed by then means a dead peer (the NIC itself
 /// gives up after its retries, well before).
 pub const COMPLETION_DEADLINE: Duration = Duration::from_secs(5);
-/// Polls of the completion queue before a waiting thread starts sleeping.
-const SPINS_BEFORE_SLEEP: u32 = 64;
-const SLEEP_BETWEEN_POLLS: Duration = Duration::from_micros(20);
+/// Polls of the completion queue, each after a yield, before a waiting
+/// thread sleeps on its completion channel.
+const SPINS_BEFORE_SLEEP: u32 = 4;
+/// The longest sleep on the completion channel: a NIC that went away
+/// never rings, and its queues' disconnection is seen on the next poll.
+const LONGEST_SLEEP: Duration = Duration::from_millis(1);
 /// Room kept after a chunk for a request's header.
 pub const HEADER_ROOM: usize = 64;
 
@@ -220,38 +223,20 @@ impl<S> Channel<S> {
             if let Some(completion) = self.queues.poll_completion(completion_queue)? {
                 return Ok(completion);
             }
-            if Instant::now() > deadline {
+            let now = Instant::now();
+            if now > deadline {
                 return Err(ChannelError::TimedOut { operation });
             }
             if spins < SPINS_BEFORE_SLEEP {
                 std::thread::yield_now();
                 spins += 1;
             } else {
-                sleep_briefly(SLEEP_BETWEEN_POLLS);
+                let remaining = deadline.saturating_duration_since(now);
+                self.queues
+                    .sleep_until_completion(remaining.min(LONGEST_SLEEP));
             }
         }
     }
-}
-
-/// Timer slack a waiting thread asks for: Linux lets a sleep run late by
-/// the thread's slack, 50 µs unless set, so a 20 µs sleep took about 75 µs
-/// here and a 64 KiB READ waited three times as long as it ran.
-const WAITER_TIMER_SLACK_NS: u64 = 1_000;
-
-/// Sleeps `duration`, late by at most about a microsecond: the first call
-/// on a thread lowers that thread's timer slack (best effort: a kernel
-/// that refuses leaves the default).
-fn sleep_briefly(duration: Duration) {
-    thread_local! {
-        static SLACK_SET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
-    SLACK_SET.with(|set| {
-        if !set.replace(true) {
-            let slack = std::num::NonZeroU64::new(WAITER_TIMER_SLACK_NS);
-            let _ = rustix::thread::set_current_timer_slack(slack);
-        }
-    });
-    std::thread::sleep(duration);
 }
 
 fn check(completion: &WorkCompletion, operation: &'static str) -> Result<(), ChannelError> {

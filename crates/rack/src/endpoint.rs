@@ -9,7 +9,9 @@
 //! poll completions or set up queue pairs, then kick the driver.
 
 use crate::RackError;
-use remora_carrier::{CarrierError, IdleStrategy, Kicker, Port, SendStatus, WaitSource, Waiter};
+use remora_carrier::{
+    CarrierError, Doorbell, IdleStrategy, Kicker, Port, SendStatus, WaitSource, Waiter,
+};
 use remora_host::{Ports, LOCAL_PORT};
 use remora_rnic::{
     CompletionQueue, CompletionStatus, DataPath, MemoryRegion, ProtectionDomain, QueuePair,
@@ -198,8 +200,13 @@ const SUBMISSIONS_PER_PUMP: usize = 256;
 pub struct AppQueues {
     submissions: mpsc::SyncSender<(QueuePair, WorkRequest)>,
     completions: mpsc::Receiver<WorkCompletion>,
+    /// A completion taken while looking for one before a sleep.
+    early: Option<WorkCompletion>,
     /// The one completion queue whose completions come back here.
     completion_queue: CompletionQueue,
+    /// Rung by the NIC's side after it hands over completions: the
+    /// completion channel a waiting thread sleeps on.
+    completed: Arc<Doorbell>,
 }
 
 /// What an application hands its NIC.
@@ -213,6 +220,21 @@ impl AppQueues {
     /// The completion queue whose completions come back here.
     pub fn completion_queue(&self) -> CompletionQueue {
         self.completion_queue
+    }
+
+    /// Sleeps until a completion is ready or `timeout` passes (a
+    /// completion already waiting returns at once), as a thread blocks on
+    /// `ibv_get_cq_event`: the NIC's side rings after handing completions
+    /// over, so a waiting thread needs neither to spin nor to poll on a
+    /// timer, and leaves the core to the fabric thread.
+    pub fn sleep_until_completion(&mut self, timeout: Duration) {
+        let (early, completions) = (&mut self.early, &self.completions);
+        self.completed.sleep(timeout, &mut || {
+            if early.is_none() {
+                *early = completions.try_recv().ok();
+            }
+            early.is_some()
+        });
     }
 
     fn submit(&mut self, queue_pair: QueuePair, request: WorkRequest) -> Result<(), VerbsError> {
@@ -249,6 +271,9 @@ impl DataPath for AppQueues {
         if queue != self.completion_queue {
             return Err(VerbsError::UnknownCompletionQueue);
         }
+        if let Some(completion) = self.early.take() {
+            return Ok(Some(completion));
+        }
         match self.completions.try_recv() {
             Ok(completion) => Ok(Some(completion)),
             Err(mpsc::TryRecvError::Empty) => Ok(None),
@@ -266,6 +291,8 @@ struct NicSide {
     completions: mpsc::SyncSender<WorkCompletion>,
     /// A completion the application's queue had no room for yet.
     unsent: Option<WorkCompletion>,
+    /// The application's completion channel.
+    completed: Arc<Doorbell>,
 }
 
 impl NicSide {
@@ -298,7 +325,17 @@ impl NicSide {
     }
 
     /// Hands completions to the application, until its queue is full.
+    /// Hands the completion queue's completions to the application, then
+    /// wakes it if it sleeps on them.
     fn give_completions(&mut self, rnic: &mut SoftRnic) -> Result<bool, RackError> {
+        let given = self.hand_over(rnic)?;
+        if given {
+            self.completed.ring();
+        }
+        Ok(given)
+    }
+
+    fn hand_over(&mut self, rnic: &mut SoftRnic) -> Result<bool, RackError> {
         let mut worked = false;
         loop {
             let completion = match self.unsent.take() {
@@ -392,17 +429,21 @@ impl NodeEndpoint {
     pub fn attach_queues(&mut self, completion_queue: CompletionQueue, depth: usize) -> AppQueues {
         let (submit, submissions) = mpsc::sync_channel(depth);
         let (complete, completions) = mpsc::sync_channel(depth);
+        let completed = Arc::new(Doorbell::new());
         self.queues.push(NicSide {
             submissions,
             held: None,
             completion_queue,
             completions: complete,
             unsent: None,
+            completed: Arc::clone(&completed),
         });
         AppQueues {
             submissions: submit,
             completions,
+            early: None,
             completion_queue,
+            completed,
         }
     }
 

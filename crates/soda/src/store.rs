@@ -164,7 +164,10 @@ impl ChunkStore for InProcessStore {
             .get_mut(&object)
             .ok_or(StoreError::UnknownObject(object))?;
         check_range(object, offset, chunk.len(), data.len() as u64)?;
-        copy_bytes(&mut data[offset as usize..offset as usize + chunk.len()], chunk);
+        copy_bytes(
+            &mut data[offset as usize..offset as usize + chunk.len()],
+            chunk,
+        );
         Ok(())
     }
 

@@ -1,0 +1,70 @@
+//! A channel's completion channel: a thread that sleeps on it is woken by
+//! the NIC's side when a completion arrives, not by its timeout, as a
+//! thread blocked in `ibv_get_cq_event` is woken by the NIC.
+
+use remora_rack::assembly::RackBuilder;
+use remora_rack::channel::connect_channels;
+use remora_rack::endpoint::rack_queue_pair;
+use remora_rack::topology::Topology;
+use remora_rnic::*;
+use std::time::{Duration, Instant};
+
+const COMPUTE: usize = 0;
+const MEMORY: usize = 1;
+const CHUNK_BYTES: usize = 64 << 10;
+
+#[test]
+fn a_thread_asleep_on_its_completion_channel_wakes_when_the_read_completes() {
+    let topology = Topology::compute_and_memory();
+    let mut staged = RackBuilder::new(&topology)
+        .thread_name("completion-channel")
+        .build()
+        .unwrap();
+    let memory = staged.nic_mut(MEMORY);
+    let domain = memory.alloc_protection_domain().unwrap();
+    let completions = memory.create_completion_queue(8).unwrap();
+    let remote = memory
+        .register_memory(domain, CHUNK_BYTES as u64, AccessFlags::ALL)
+        .unwrap();
+    let pool = connect_channels::<()>(&mut staged, COMPUTE, MEMORY, 1, CHUNK_BYTES, || {
+        rack_queue_pair(domain, completions)
+    })
+    .unwrap();
+    let switch = staged.l2l3_switch();
+    let (rack, _switch) = staged.start(switch).unwrap();
+    let kicker = rack.fabric().kicker();
+    pool.with(|channel| {
+        for round in 0..20 {
+            let operation = SendOperation::Read {
+                remote: remote.remote(0),
+            };
+            let local = channel.region.slice(0, CHUNK_BYTES as u32);
+            let request = SendRequest::new(round, operation, &[local]).unwrap();
+            channel
+                .queues
+                .post_send(channel.queue_pair, request)
+                .unwrap();
+            kicker.kick();
+            let started = Instant::now();
+            // Without the NIC's ring this sleeps its whole minute.
+            channel
+                .queues
+                .sleep_until_completion(Duration::from_secs(60));
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "round {round}: woken after {:?}",
+                started.elapsed()
+            );
+            let completion_queue = channel.queues.completion_queue();
+            let completion = channel
+                .queues
+                .poll_completion(completion_queue)
+                .unwrap()
+                .expect("the completion that woke the thread");
+            assert_eq!(completion.status, CompletionStatus::Success);
+            assert_eq!(completion.work_request_id, round);
+        }
+    });
+    let mut rack = rack;
+    rack.stop_and_join().unwrap();
+}
