@@ -1,7 +1,7 @@
 //! `memcpy` (`copy_from_slice`) against [`copy_bytes`] at controlled
 //! offsets of the destination past the source, modulo 4096: the offsets
 //! where glibc's `rep movsb` is slow on some machines (see
-//! `remora_base::bytes`) and some where it is not. Prints the best of
+//! `remora_base::copy_bytes`) and some where it is not. Prints the best of
 //! three runs per case, in nanoseconds per copy.
 //!
 //! `cargo run --release -p remora-base --example copy_rates`

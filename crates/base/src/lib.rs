@@ -11,12 +11,12 @@
 
 #![forbid(unsafe_code)]
 
-mod bytes;
+mod copy;
 mod port;
 mod probability;
 mod time;
 
-pub use bytes::{copy_bytes, extend_bytes, COPY_PIECE_BYTES};
+pub use copy::{copy_bytes, extend_bytes, COPY_PIECE_BYTES};
 pub use port::PortId;
 pub use probability::{Probability, ProbabilityError};
 pub use time::Timestamp;
