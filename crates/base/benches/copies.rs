@@ -1,13 +1,13 @@
 //! `copy_bytes` against `copy_from_slice` for a frame (4160 B) and a
-//! chunk (64 KiB), with the destination at an offset where glibc's
-//! `rep movsb` is fast (0) and one where it is slow on some machines (16,
-//! modulo 4096): `cargo bench -p remora-base`.
+//! chunk (64 KiB), with the destination at offsets past the source,
+//! modulo 4096, where glibc's `rep movsb` is slow on some machines (8–24)
+//! and where it is not: `cargo bench -p remora-base`.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use remora_base::copy_bytes;
 
 const SIZES_BYTES: [usize; 2] = [4160, 64 << 10];
-const OFFSETS_BYTES: [usize; 2] = [0, 16];
+const OFFSETS_BYTES: [usize; 6] = [0, 8, 16, 24, 32, 64];
 /// The destination starts this far past the source, plus the offset: a
 /// multiple of 4096, so the offset alone decides the case.
 const DISTANCE_BYTES: usize = 128 << 10;

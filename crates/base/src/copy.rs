@@ -10,7 +10,7 @@
 //! depended on where the allocator had put its buffers. Copying in pieces
 //! below glibc's threshold keeps every copy on its vector loop, which was
 //! as fast as the good case of `rep movsb` or faster at every offset
-//! measured (`cargo run --release -p remora-base --example copy_rates`).
+//! measured (`cargo bench -p remora-base`).
 
 /// The largest piece handed to `memcpy` at once: under glibc's
 /// `rep movsb` threshold, which is 4 KiB on AVX2 machines and at least
@@ -51,6 +51,49 @@ pub fn extend_bytes(vector: &mut Vec<u8>, from: &[u8]) {
     }
 }
 
+/// Byte buffers kept for reuse, at most `capacity` of them, so that a
+/// path holding frames or reads for a while does not allocate for each.
+#[derive(Debug)]
+pub struct BufferPool {
+    spare: Vec<Vec<u8>>,
+    capacity: usize,
+}
+
+impl BufferPool {
+    pub fn new(capacity: usize) -> BufferPool {
+        BufferPool {
+            spare: Vec::new(),
+            capacity,
+        }
+    }
+
+    /// An empty buffer: a kept one if there is one.
+    pub fn take(&mut self) -> Vec<u8> {
+        let mut buffer = self.spare.pop().unwrap_or_default();
+        buffer.clear();
+        buffer
+    }
+
+    /// A buffer holding a copy of `bytes`, copied as [`copy_bytes`] does.
+    pub fn copy_of(&mut self, bytes: &[u8]) -> Vec<u8> {
+        let mut buffer = self.take();
+        extend_bytes(&mut buffer, bytes);
+        buffer
+    }
+
+    /// Keeps `buffer` for reuse, unless `capacity` are kept already.
+    pub fn give_back(&mut self, buffer: Vec<u8>) {
+        if self.spare.len() < self.capacity {
+            self.spare.push(buffer);
+        }
+    }
+
+    /// Buffers kept now.
+    pub fn kept(&self) -> usize {
+        self.spare.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,6 +115,19 @@ mod tests {
             prop_assert_eq!(&grown[offset..], &source[..]);
             prop_assert_eq!(grown.len(), offset + source.len());
         }
+    }
+
+    #[test]
+    fn a_pool_keeps_at_most_its_capacity_and_hands_out_empty_buffers() {
+        let mut pool = BufferPool::new(2);
+        let long = pool.copy_of(&[9u8; 4160]);
+        pool.give_back(long);
+        pool.give_back(vec![1, 2, 3]);
+        pool.give_back(vec![4]);
+        assert_eq!(pool.kept(), 2);
+        assert!(pool.take().is_empty());
+        assert_eq!(pool.copy_of(&[5, 6]), vec![5, 6]);
+        assert_eq!(pool.kept(), 0);
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! - [`Probability`]: a probability in `[0, 1]`, checked once when it is
 //!   made, so the code that draws from it never checks again;
 //! - [`copy_bytes`]: bulk copies at the same speed wherever their buffers
-//!   lie (the data path's frames, slots and registered memory).
+//!   lie (the data path's frames, slots and registered memory), and
+//!   [`BufferPool`], byte buffers kept for reuse.
 
 #![forbid(unsafe_code)]
 
@@ -16,7 +17,7 @@ mod port;
 mod probability;
 mod time;
 
-pub use copy::{copy_bytes, extend_bytes, COPY_PIECE_BYTES};
+pub use copy::{copy_bytes, extend_bytes, BufferPool, COPY_PIECE_BYTES};
 pub use port::PortId;
 pub use probability::{Probability, ProbabilityError};
 pub use time::Timestamp;

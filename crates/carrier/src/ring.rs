@@ -17,9 +17,10 @@
 
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU64, Ordering};
-use remora_base::copy_bytes;
 #[cfg(not(loom))]
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use remora_base::copy_bytes;
 
 /// Each slot starts with the frame's length.
 pub const SLOT_LENGTH_PREFIX_BYTES: usize = 4;

@@ -324,7 +324,6 @@ impl NicSide {
         Ok(worked)
     }
 
-    /// Hands completions to the application, until its queue is full.
     /// Hands the completion queue's completions to the application, then
     /// wakes it if it sleeps on them.
     fn give_completions(&mut self, rnic: &mut SoftRnic) -> Result<bool, RackError> {
@@ -335,6 +334,7 @@ impl NicSide {
         Ok(given)
     }
 
+    /// Hands completions to the application, until its queue is full.
     fn hand_over(&mut self, rnic: &mut SoftRnic) -> Result<bool, RackError> {
         let mut worked = false;
         loop {

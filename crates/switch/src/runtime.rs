@@ -7,8 +7,7 @@ use crate::packet::{Egress, Packet, PortId, GENERATOR_PORT, RECIRCULATION_PORT};
 use crate::parser;
 use crate::program::{Digest, Program};
 use crate::resources::ResourceReport;
-use remora_base::Timestamp;
-use remora_base::{copy_bytes, extend_bytes};
+use remora_base::{copy_bytes, BufferPool, Timestamp};
 use remora_wire::icrc;
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -114,7 +113,7 @@ pub struct Switch<P: Program> {
     digests: VecDeque<Digest>,
     counters: SwitchCounters,
     transmit_cursor: usize,
-    pool: Vec<Vec<u8>>,
+    pool: BufferPool,
     /// Whether the packet in the pipeline came from a background template.
     background: bool,
 }
@@ -132,7 +131,7 @@ impl<P: Program> Switch<P> {
             digests: VecDeque::new(),
             counters: SwitchCounters::default(),
             transmit_cursor: 0,
-            pool: Vec::new(),
+            pool: BufferPool::new(MAX_POOLED_BUFFERS),
             background: false,
         }
     }
@@ -185,16 +184,11 @@ impl<P: Program> Switch<P> {
     }
 
     fn buffer_from(&mut self, bytes: &[u8]) -> Vec<u8> {
-        let mut buffer = self.pool.pop().unwrap_or_default();
-        buffer.clear();
-        extend_bytes(&mut buffer, bytes);
-        buffer
+        self.pool.copy_of(bytes)
     }
 
     fn recycle(&mut self, buffer: Vec<u8>) {
-        if self.pool.len() < MAX_POOLED_BUFFERS {
-            self.pool.push(buffer);
-        }
+        self.pool.give_back(buffer);
     }
 
     /// A frame arrived on `port`. What leaves waits in the egress queues

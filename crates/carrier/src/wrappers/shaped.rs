@@ -13,7 +13,7 @@
 //! flags them.
 
 use crate::{CarrierError, Port, SendStatus};
-use remora_base::extend_bytes;
+use remora_base::BufferPool;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -63,7 +63,7 @@ pub struct Shaped<P> {
     /// Frames and when they arrive, in arrival order (serialization is
     /// FIFO and the delay is constant, so arrivals are sorted).
     delayed: VecDeque<(Instant, Vec<u8>)>,
-    spare: Vec<Vec<u8>>,
+    spare: BufferPool,
     counters: ShapeCounters,
 }
 
@@ -74,7 +74,7 @@ impl<P: Port> Shaped<P> {
             shape,
             busy_until: None,
             delayed: VecDeque::new(),
-            spare: Vec::with_capacity(MAX_SPARE_BUFFERS),
+            spare: BufferPool::new(MAX_SPARE_BUFFERS),
             counters: ShapeCounters::default(),
         }
     }
@@ -86,18 +86,8 @@ impl<P: Port> Shaped<P> {
     fn release_due(&mut self, now: Instant) -> Result<(), CarrierError> {
         let spare = &mut self.spare;
         super::release_due(&mut self.delayed, &mut self.inner, now, &mut |buffer| {
-            if spare.len() < MAX_SPARE_BUFFERS {
-                spare.push(buffer);
-            }
+            spare.give_back(buffer)
         })
-    }
-
-    /// A copy of `frame` in a spare buffer if there is one.
-    fn held_copy(&mut self, frame: &[u8]) -> Vec<u8> {
-        let mut buffer = self.spare.pop().unwrap_or_default();
-        buffer.clear();
-        extend_bytes(&mut buffer, frame);
-        buffer
     }
 }
 
@@ -121,7 +111,7 @@ impl<P: Port> Port for Shaped<P> {
         self.busy_until = Some(finished);
         self.counters.frames_shaped += 1;
         self.counters.bytes_shaped += frame.len() as u64;
-        let held = self.held_copy(frame);
+        let held = self.spare.copy_of(frame);
         self.delayed
             .push_back((finished + self.shape.propagation_delay, held));
         Ok(SendStatus::Queued)
@@ -218,7 +208,7 @@ mod tests {
             shaped.flush().unwrap();
         }
         assert_eq!(shaped.inner.sent, frames);
-        assert!(shaped.spare.len() <= MAX_SPARE_BUFFERS);
-        assert!(!shaped.spare.is_empty(), "released buffers are kept");
+        assert!(shaped.spare.kept() <= MAX_SPARE_BUFFERS);
+        assert!(shaped.spare.kept() > 0, "released buffers are kept");
     }
 }

@@ -18,6 +18,7 @@
 //! for the log's flushes.
 
 use super::{check_range, Completed, Device, DeviceError, DeviceQueue, Finished};
+use remora_base::BufferPool;
 use remora_cowbird::client::{Client, Completion, CowbirdError};
 use remora_cowbird::deploy::{CowbirdSpec, Direct, DirectSpec};
 use remora_cowbird::far_memory::{FarMemoryRack, Offload};
@@ -605,24 +606,31 @@ fn count_down(pieces: &mut FxHashMap<u64, usize>, finished: &mut Finished, token
 
 /// Reads issued as several requests: each read's bytes, gathered until
 /// its last piece arrives.
-#[derive(Default)]
 struct ReadAssembly {
     /// Each read's bytes and the pieces still to come.
     reads: FxHashMap<u64, (Vec<u8>, usize)>,
     /// Finished reads' buffers, for the next to reuse (at most
     /// [`MAX_SPARE_BUFFERS`]): a queue has up to a batch of reads in
     /// flight, and each would otherwise allocate its own.
-    spare: Vec<Vec<u8>>,
+    spare: BufferPool,
 }
 
 /// Buffers a [`ReadAssembly`] keeps for reuse: the device's batch of 100
 /// reads in flight, and some.
 const MAX_SPARE_BUFFERS: usize = 128;
 
+impl Default for ReadAssembly {
+    fn default() -> ReadAssembly {
+        ReadAssembly {
+            reads: FxHashMap::default(),
+            spare: BufferPool::new(MAX_SPARE_BUFFERS),
+        }
+    }
+}
+
 impl ReadAssembly {
     fn start(&mut self, token: u64, length: usize, pieces: usize) {
-        let mut bytes = self.spare.pop().unwrap_or_default();
-        bytes.clear();
+        let mut bytes = self.spare.take();
         bytes.resize(length, 0);
         self.reads.insert(token, (bytes, pieces));
     }
@@ -639,9 +647,7 @@ impl ReadAssembly {
         fill(&mut bytes[at..at + length])?;
         if left == 1 {
             finished.push_read(token, &bytes);
-            if self.spare.len() < MAX_SPARE_BUFFERS {
-                self.spare.push(bytes);
-            }
+            self.spare.give_back(bytes);
         } else {
             self.reads.insert(token, (bytes, left - 1));
         }
