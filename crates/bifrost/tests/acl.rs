@@ -247,3 +247,18 @@ fn acl_fuzz_seeds_replay() {
     );
     assert_eq!(reached.len(), 6, "{reached:?}");
 }
+
+/// Found by CI (stop 33): `remora bench bifrost` died with "the Gatekeeper
+/// refused free on memory node 0". A caller's resend timer fired while
+/// the reply to its by-reference call was on its way; the resend passed
+/// the switch after the reply, found no call in the graph, and lent the
+/// pointer to the callee again, taking the caller's control away until
+/// the callee's answer from its replies passed. The caller's free, sent
+/// in that window, was refused. Seed 0 of the ACL audit resends an
+/// answered call and then frees: it failed at event 36 before the fix.
+#[test]
+fn a_resend_after_its_reply_leaves_the_caller_in_control() {
+    use remora_bifrost::gatekeeper::audit::acl_audit;
+    let audit = acl_audit(0, 400).unwrap_or_else(|violation| panic!("{violation}"));
+    assert!(audit.late_resends > 0, "{audit:?}");
+}

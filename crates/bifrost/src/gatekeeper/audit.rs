@@ -13,6 +13,8 @@
 //! another client's connection, must neither pass nor draw a NAK; a reply
 //! forged by another client than the callee must not reach the caller;
 //! and neither it nor a resend naming another pointer may change a rule.
+//! A resend of a call already answered (the caller's timer fired as the
+//! reply was on its way) reaches the callee and changes no rule either.
 //! `remora sim bifrost` runs one audit per seed.
 
 use super::memory::MemoryNode;
@@ -48,6 +50,8 @@ pub struct AclAudit {
     /// Replies forged by another client than the callee, and resends that
     /// name another pointer: neither may change a rule.
     pub forged: u64,
+    /// Resends of calls already answered: none may change a rule.
+    pub late_resends: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -99,6 +103,12 @@ const RKEY: Rkey = Rkey(0x00b1_f0de);
 const ROUTER: MacAddress = MacAddress([2, 0, 0, 0, 0, 0xfe]);
 const SERVICE: Ipv4Address = Ipv4Address::new(10, 0, 0, 200);
 const CALLER_PORT: u16 = 40000;
+/// Where callers send calls: the Gatekeeper routes them.
+const SERVICE_END: DatagramEnd = DatagramEnd {
+    mac: ROUTER,
+    address: SERVICE,
+    port: BIFROST_PORT,
+};
 
 fn mac(host: usize) -> MacAddress {
     MacAddress([2, 0, 0, 0, 0, host as u8 + 1])
@@ -125,6 +135,8 @@ struct Allocation {
     owner: usize,
     /// The callee it is lent to, and the call's RPC id.
     lent: Option<(usize, u64)>,
+    /// The callee and RPC id of the last call with it that was answered.
+    answered: Option<(usize, u64)>,
 }
 
 impl Allocation {
@@ -216,7 +228,7 @@ impl Audit {
     }
 
     fn step(&mut self) -> Result<(), AclViolation> {
-        match self.draws.gen_range(0..13) {
+        match self.draws.gen_range(0..14) {
             0 | 1 => self.allocate(),
             2 => self.call(),
             3 => self.reply(),
@@ -224,6 +236,7 @@ impl Audit {
             5 => self.spoof(),
             6 => self.forge_reply(),
             7 => self.resend_swapped(),
+            8 => self.resend_answered(),
             _ => self.access(),
         }
     }
@@ -387,6 +400,7 @@ impl Audit {
             size,
             owner: client,
             lent: None,
+            answered: None,
         });
         // Allocations leave gaps, so some accesses fall between them.
         self.next_offset += size + self.draws.gen_range(0..3) * 512;
@@ -427,16 +441,7 @@ impl Audit {
         let pointer = pointer_at(allocation.offset);
         let repr = BifrostRepr::new(CallType::Call, &method_of(callee), rpc_id, pointer)
             .expect("a short name");
-        let from = DatagramEnd {
-            mac: mac(allocation.owner),
-            address: address(allocation.owner),
-            port: CALLER_PORT,
-        };
-        let to = DatagramEnd {
-            mac: ROUTER,
-            address: SERVICE,
-            port: BIFROST_PORT,
-        };
+        let (from, to) = (caller_end(allocation.owner), SERVICE_END);
         let out = self.datagram(from, to, &repr);
         if !out.iter().any(|(port, _)| *port == PortId(callee as u16)) {
             return Err(self.lost(format!("the call to client {callee} was not routed to it")));
@@ -462,11 +467,7 @@ impl Audit {
             address: address(callee),
             port: BIFROST_PORT,
         };
-        let to = DatagramEnd {
-            mac: mac(allocation.owner),
-            address: address(allocation.owner),
-            port: CALLER_PORT,
-        };
+        let to = caller_end(allocation.owner);
         let out = self.datagram(from, to, &repr);
         if !out
             .iter()
@@ -474,7 +475,39 @@ impl Audit {
         {
             return Err(self.lost("a reply was not forwarded".into()));
         }
+        self.allocations[index].answered = allocation.lent;
         self.allocations[index].lent = None;
+        Ok(())
+    }
+
+    /// The owner sends an answered call again, as a caller whose timer
+    /// fired while the reply was on its way does: the callee gets it (to
+    /// answer from its replies), and no rule changes (later accesses and
+    /// frees check), even with the allocation lent again by a newer call.
+    fn resend_answered(&mut self) -> Result<(), AclViolation> {
+        let answered: Vec<Allocation> = self
+            .allocations
+            .iter()
+            .filter(|allocation| allocation.answered.is_some())
+            .copied()
+            .collect();
+        if answered.is_empty() {
+            return Ok(());
+        }
+        let allocation = answered[self.draws.gen_range(0..answered.len())];
+        let Some((callee, rpc_id)) = allocation.answered else {
+            unreachable!("only answered allocations were kept");
+        };
+        let pointer = pointer_at(allocation.offset);
+        let repr = BifrostRepr::new(CallType::Call, &method_of(callee), rpc_id, pointer)
+            .expect("a short name");
+        let out = self.datagram(caller_end(allocation.owner), SERVICE_END, &repr);
+        self.report.late_resends += 1;
+        if !out.iter().any(|(port, _)| *port == PortId(callee as u16)) {
+            return Err(self.lost(format!(
+                "the resend of answered call {rpc_id} did not reach client {callee}"
+            )));
+        }
         Ok(())
     }
 
@@ -506,11 +539,7 @@ impl Audit {
             address: address(forger),
             port: BIFROST_PORT,
         };
-        let to = DatagramEnd {
-            mac: mac(allocation.owner),
-            address: address(allocation.owner),
-            port: CALLER_PORT,
-        };
+        let to = caller_end(allocation.owner);
         self.report.forged += 1;
         let out = self.datagram(from, to, &repr);
         if out
@@ -533,16 +562,7 @@ impl Audit {
         };
         let repr = BifrostRepr::new(CallType::Call, &method_of(callee), rpc_id, pointer)
             .expect("a short name");
-        let from = DatagramEnd {
-            mac: mac(allocation.owner),
-            address: address(allocation.owner),
-            port: CALLER_PORT,
-        };
-        let to = DatagramEnd {
-            mac: ROUTER,
-            address: SERVICE,
-            port: BIFROST_PORT,
-        };
+        let (from, to) = (caller_end(allocation.owner), SERVICE_END);
         self.report.forged += 1;
         self.datagram(from, to, &repr);
         Ok(())
@@ -649,6 +669,15 @@ fn request_frame(client: usize, bth: BthRepr, reth: Option<RethRepr>, payload: &
     frame
 }
 
+/// Where `client` calls from, and its replies go.
+fn caller_end(client: usize) -> DatagramEnd {
+    DatagramEnd {
+        mac: mac(client),
+        address: address(client),
+        port: CALLER_PORT,
+    }
+}
+
 fn method_of(client: usize) -> String {
     format!("serve{client}")
 }
@@ -744,6 +773,7 @@ mod tests {
             assert!(audit.accesses > 100, "seed {seed}: {audit:?}");
             assert!(audit.spoofed > 0, "seed {seed}: {audit:?}");
             assert!(audit.forged > 0, "seed {seed}: {audit:?}");
+            assert!(audit.late_resends > 0, "seed {seed}: {audit:?}");
             assert!(audit.allowed > 0, "seed {seed}: {audit:?}");
             assert!(audit.allowed < audit.accesses, "seed {seed}: {audit:?}");
         }

@@ -28,6 +28,7 @@ use memory::{MemoryCounters, MemoryNode, MemoryStage, MemoryStageConfig};
 use remora_base::Timestamp;
 use remora_switch::packet::{Digest, Egress, Packet};
 use remora_switch::programs::overlay::{Claim, Overlay};
+use remora_switch::register::RegisterArray;
 use remora_switch::resources::ResourceReport;
 use remora_switch::table::{ExactTable, TableError, TableShape};
 pub use remora_wire::bifrost::NodeKind;
@@ -146,6 +147,11 @@ pub struct GatekeeperCounters {
     /// (and kept frames) expired, so a caller that gave up cannot fill
     /// the graph.
     pub calls_expired: u64,
+    /// Resends of calls whose reply had passed already (the caller's timer
+    /// fired before the reply reached it, or the reply was lost after the
+    /// switch): routed to the callee, which answers from its replies, and
+    /// lending nothing.
+    pub answered_resends: u64,
     /// Calls that shared a failed callee's fate, answered with the failure
     /// by the Gatekeeper.
     pub fate_shared: u64,
@@ -219,6 +225,11 @@ pub struct Gatekeeper {
     nodes: ExactTable<Ipv4Address, NodeInfo>,
     routes: ExactTable<MethodKey, Ipv4Address>,
     graph: ExactTable<CallKey, CallEdge>,
+    /// Calls recently answered, one per cell at their key's hash (a newer
+    /// answer overwrites an older one in its cell): a resend of one lends
+    /// nothing, for its reply has ended its lease and the callee will not
+    /// run it again.
+    answered: RegisterArray<Option<CallKey>>,
     /// Each node's newest checkpoint (b2), taken off its replies.
     checkpoints: ExactTable<Ipv4Address, (u64, Vec<u8>)>,
     /// Each caller's newest checkpoint (a1, a2), taken off its calls.
@@ -363,6 +374,7 @@ impl Gatekeeper {
                 304,
                 config.calls_in_flight,
             )),
+            answered: RegisterArray::new("gatekeeper_answered", 1, config.calls_in_flight),
             checkpoints: ExactTable::new(shape(
                 "gatekeeper_checkpoints",
                 2,
@@ -1007,6 +1019,10 @@ impl Gatekeeper {
         let oneway = header.call_type() == CallType::Oneway;
         let key = (caller, caller_port, edge.rpc_id);
         let kept = self.graph.lookup(&key).copied();
+        let answered = kept.is_none() && self.was_answered(&key);
+        if answered {
+            self.counters.answered_resends += 1;
+        }
         let mut edge = match kept {
             // A resend keeps the call as it first passed: its time, its
             // pointer and its lease (a resend naming another pointer
@@ -1019,12 +1035,15 @@ impl Gatekeeper {
             },
             None => edge,
         };
-        // A ONEWAY has no reply to end a lease: it lends nothing.
-        if !oneway && self.graph.insert(key, edge).is_err() {
+        // A ONEWAY has no reply to end a lease: it lends nothing. A resend
+        // of an answered call is not in flight again: the callee answers it
+        // from its replies, and no reply is owed a lease's end.
+        let in_flight = !oneway && !answered;
+        if in_flight && self.graph.insert(key, edge).is_err() {
             self.counters.graph_full += 1;
             return self.fail(packet, 2);
         }
-        if !oneway && kept.is_none() {
+        if in_flight && kept.is_none() {
             edge.lent = self.lend(&edge);
             if edge.lent {
                 let updated = self.graph.insert(key, edge);
@@ -1036,7 +1055,7 @@ impl Gatekeeper {
         if let Some(fields) = packet.headers.ipv4.as_mut() {
             fields.destination = node;
         }
-        if !oneway && packet.bytes.len() <= MAX_KEPT_FRAME_BYTES {
+        if in_flight && packet.bytes.len() <= MAX_KEPT_FRAME_BYTES {
             // Same capacity as the graph, which just took this call.
             let kept = self.call_frames.insert(key, packet.bytes.clone());
             debug_assert!(kept.is_ok(), "the call frames fill with the graph");
@@ -1132,6 +1151,26 @@ impl Gatekeeper {
             .is_some_and(|edge| self.holder(source) != self.holder(edge.callee))
     }
 
+    /// The cell of `answered` that remembers `key`.
+    fn answered_cell(&self, key: &CallKey) -> usize {
+        let (address, port, rpc_id) = *key;
+        let mixed = (u64::from(u32::from_be_bytes(address.0)) << 16 | u64::from(port))
+            ^ rpc_id.rotate_left(29);
+        // Fibonacci hashing: the high bits of the product mix every field.
+        let hash = mixed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+        (hash as usize) % self.answered.len().max(1)
+    }
+
+    fn was_answered(&self, key: &CallKey) -> bool {
+        let cell = self.answered_cell(key);
+        self.answered.read(cell).flatten() == Some(*key)
+    }
+
+    fn remember_answered(&mut self, key: CallKey) {
+        let cell = self.answered_cell(&key);
+        self.answered.update(cell, |_| Some(key));
+    }
+
     /// A reply on its way to its caller: the call leaves the graph.
     fn see_reply(&mut self, packet: &mut Packet, udp: usize, header: (u64, GlobalAddress)) {
         let (rpc_id, reply_pointer) = header;
@@ -1140,6 +1179,7 @@ impl Gatekeeper {
         self.call_frames.remove(&key);
         if let Some(edge) = self.graph.remove(&key) {
             self.settle_pointers(&edge, reply_pointer);
+            self.remember_answered(key);
             self.counters.replies += 1;
             packet.digest = Some(Digest {
                 kind: DIGEST_REPLY,
@@ -1215,6 +1255,7 @@ impl Overlay for Gatekeeper {
         report.tables.push(self.checkpoints.resources());
         report.tables.push(self.caller_checkpoints.resources());
         report.tables.push(self.call_frames.resources());
+        report.registers.push(self.answered.resources());
         report.tables.push(self.heard.resources());
         report.tables.push(self.standing_for.resources());
         report.tables.push(self.replaced_by.resources());
