@@ -43,7 +43,15 @@ fn main() -> Result<(), VerbsError> {
     let start = Instant::now();
     let mut outstanding = 0;
     let mut completed = 0u64;
+    // Each second's rate too: it tells a process that runs slow from the
+    // start (where its memory landed) from a machine that slows down.
+    let mut second = (start, 0u64);
     while start.elapsed() < duration && completed < max_transfers {
+        if second.0.elapsed() >= Duration::from_secs(1) {
+            let nanoseconds = second.0.elapsed().as_nanos() as f64;
+            eprintln!("  {:.1} ns each", nanoseconds / (completed - second.1) as f64);
+            second = (Instant::now(), completed);
+        }
         for _ in 0..1024 {
             while outstanding < depth {
                 rig.fabric.left.post_send(queue_pair, request)?;
