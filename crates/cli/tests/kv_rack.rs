@@ -1,10 +1,17 @@
+//! `remora kv serve` as a process of its own.
+//!
 //! Recovery after the compute process is killed: the switch and the
 //! memory node run as processes of their own (`remora rack switch`,
 //! `remora node --udp`), `remora kv serve --rack` keeps its log in the
 //! memory node's region, redis-cli writes and SAVEs, the server is killed
 //! with SIGKILL, and a new one started with `--recover` serves every write
 //! acknowledged before the SAVE, and none after it.
+//!
+//! A server out of file descriptors keeps serving, does not spin, and
+//! accepts again once descriptors free.
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -170,4 +177,92 @@ fn a_killed_server_recovers_every_saved_write_from_the_memory_node() {
     assert_eq!(redis_cli(port, &["get", "counter"]), "5");
     assert_eq!(redis_cli(port, &["get", "filler-0"]), filler);
     assert_eq!(redis_cli(port, &["get", "filler-399"]), filler);
+}
+
+/// The CPU time, user and system, a process has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the server runs");
+    // Fields after the command name, which ends with the last ')'.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    // utime and stime are fields 14 and 15 of proc(5), in clock ticks
+    // (100 a second on Linux).
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// PING on a connection of its own: whether PONG came back in time.
+fn pongs(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut reply = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut reply).is_ok()
+        && &reply == b"+PONG\r\n"
+}
+
+/// Found by review: with every descriptor in use, the listener stayed
+/// readable, so the worker woke at once, failed to accept, and spun a
+/// core until a connection closed. It now leaves the listener alone for
+/// a pause and goes on serving.
+#[test]
+fn a_server_out_of_descriptors_serves_on_without_spinning_and_accepts_again() {
+    let dir = std::env::temp_dir().join(format!("remora-kv-descriptors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = 7900 + (std::process::id() % 90) as u16;
+    let listen = format!("127.0.0.1:{port}");
+    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
+    // Few descriptors, so that a few dozen clients use them all.
+    let server = Command::new("bash")
+        .args(["-c", "ulimit -n 48 && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_remora"))
+        .args(["kv", "serve", "--device", "memory", "--listen", &listen])
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start remora");
+    let server = Running(server);
+    wait_for_server(port, &dir.join("serve.log"));
+    // The kernel completes connections the server cannot accept, so these
+    // all connect; the first ones the server takes use up its descriptors.
+    let held: Vec<TcpStream> = (0..80)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let served = held
+        .iter()
+        .take(4)
+        .filter(|stream| {
+            let mut stream = *stream;
+            stream
+                .set_read_timeout(Some(Duration::from_secs(2)))
+                .unwrap();
+            let mut reply = [0u8; 7];
+            stream.write_all(b"PING\r\n").is_ok() && stream.read_exact(&mut reply).is_ok()
+        })
+        .count();
+    assert_eq!(
+        served, 4,
+        "the connections taken before the shortage are served"
+    );
+    let before = cpu_time(server.0.id());
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu_time(server.0.id()) - before;
+    assert!(
+        used < Duration::from_millis(300),
+        "the server used {used:?} of CPU in a second out of descriptors"
+    );
+    drop(held);
+    let started = Instant::now();
+    while !pongs(port) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no connection accepted after descriptors freed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

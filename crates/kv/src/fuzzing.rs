@@ -9,9 +9,9 @@ use crate::address::LogAddress;
 use crate::checkpoint::{scan_page, CheckpointError, CheckpointRecord, RECORD_SLOT_BYTES};
 use crate::log::CHECKPOINT_AREA_BYTES;
 use crate::record::{self, parse_stored, record_bytes, MAX_KEY_BYTES, MAX_VALUE_BYTES};
-use crate::resp::protocol::{encode_error, parse_request, MAX_ARGUMENTS};
-use crate::resp::protocol::{Parsed, MAX_REQUEST_BYTES};
-use crate::resp::{Executor, Flow};
+use crate::resp::protocol::{parse_request, Parsed, MAX_ARGUMENTS, MAX_REQUEST_BYTES};
+use crate::resp::server::{answer_requests, Batch};
+use crate::resp::Executor;
 use crate::update::parse_decimal;
 use crate::{MemoryDevice, Store, StoreConfig};
 use std::sync::Arc;
@@ -126,46 +126,41 @@ fn whole_requests_within(input: &[u8], limit: usize) -> usize {
     consumed
 }
 
-/// Executes the requests at the front of `input` as the server does,
-/// leaving deferred GETs to the caller, and checks the parser's bounds.
-/// Returns the replies the batch must produce: one per non-empty request,
-/// and one for a protocol error.
+/// Executes the requests at the front of `input` with the server's own
+/// batch loop ([`answer_requests`], no flush limit), leaving deferred GETs
+/// to the caller, and checks the parser's bounds. Returns the replies the
+/// batch must produce: one per non-empty request, and one for a protocol
+/// error.
 fn answer_batch(executor: &mut Executor, input: &[u8], replies: &mut Vec<u8>) -> usize {
     let mut expected_replies = 0;
-    let mut consumed = 0;
-    loop {
-        let rest = &input[consumed..];
-        match parse_request(rest) {
-            Ok(Parsed::Incomplete) => {
-                assert!(
-                    rest.len() <= MAX_REQUEST_BYTES,
-                    "{} bytes held as an incomplete request",
-                    rest.len()
-                );
-                break;
-            }
-            Ok(Parsed::Request(request)) => {
-                assert!(
-                    request.consumed > 0 && request.consumed <= rest.len(),
-                    "a request took {} of {} bytes",
-                    request.consumed,
-                    rest.len()
-                );
-                assert!(request.arguments.len() <= MAX_ARGUMENTS);
-                consumed += request.consumed;
-                if !request.arguments.is_empty() {
-                    expected_replies += 1;
-                }
-                if executor.execute(&request.arguments, replies) == Flow::Close {
-                    break;
-                }
-            }
-            Err(error) => {
-                encode_error(replies, &format!("ERR Protocol error: {error}"));
+    let (consumed, batch) = answer_requests(
+        executor,
+        input,
+        replies,
+        usize::MAX,
+        &mut |request, left| {
+            assert!(
+                request.consumed > 0 && request.consumed <= left,
+                "a request took {} of {left} bytes",
+                request.consumed,
+            );
+            assert!(request.arguments.len() <= MAX_ARGUMENTS);
+            if !request.arguments.is_empty() {
                 expected_replies += 1;
-                break;
             }
+        },
+    );
+    match batch {
+        Batch::Drained => {
+            let held = input.len() - consumed;
+            assert!(
+                held <= MAX_REQUEST_BYTES,
+                "{held} bytes held as an incomplete request"
+            );
         }
+        Batch::Invalid => expected_replies += 1,
+        Batch::Close => {}
+        Batch::Full => unreachable!("no flush limit"),
     }
     expected_replies
 }

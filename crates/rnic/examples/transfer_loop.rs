@@ -49,7 +49,10 @@ fn main() -> Result<(), VerbsError> {
     while start.elapsed() < duration && completed < max_transfers {
         if second.0.elapsed() >= Duration::from_secs(1) {
             let nanoseconds = second.0.elapsed().as_nanos() as f64;
-            eprintln!("  {:.1} ns each", nanoseconds / (completed - second.1) as f64);
+            eprintln!(
+                "  {:.1} ns each",
+                nanoseconds / (completed - second.1) as f64
+            );
             second = (Instant::now(), completed);
         }
         for _ in 0..1024 {

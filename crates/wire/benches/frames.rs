@@ -83,7 +83,11 @@ fn frames(criterion: &mut Criterion) {
         criterion.bench_function(&format!("parse {payload_bytes} B READ response"), |bench| {
             bench.iter(|| parse_frame(black_box(&frame)).unwrap().payload.len())
         });
-        bench_icrc(criterion, &format!("{payload_bytes} B READ response"), &frame);
+        bench_icrc(
+            criterion,
+            &format!("{payload_bytes} B READ response"),
+            &frame,
+        );
     }
 }
 

@@ -62,6 +62,12 @@ const EVENTS_PER_WAIT: usize = 256;
 /// does not keep it from the connections it serves.
 const ACCEPTS_PER_ROUND: usize = 64;
 
+/// How long a worker leaves the listener alone after a shortage of
+/// descriptors or buffers. The listener is level-triggered, so a worker
+/// that kept watching it would wake at once, fail to accept again, and
+/// spin until a descriptor freed.
+const SHORTAGE_PAUSE: Duration = Duration::from_millis(10);
+
 /// The event token of the listener; connections' tokens are their slot
 /// numbers.
 const LISTENER_TOKEN: u64 = u64::MAX;
@@ -204,6 +210,9 @@ struct Worker {
     /// Connections of the round in progress that began a batch, and how
     /// it ended (kept to reuse its allocation).
     begun: Vec<(usize, Batch)>,
+    /// Set while the listener is out of the poller after a shortage: when
+    /// it goes back in.
+    accepting_again_at: Option<std::time::Instant>,
 }
 
 fn event_loop_error(errno: rustix::io::Errno) -> ServeError {
@@ -214,10 +223,7 @@ impl Worker {
     fn new(store: &Store, shared: Arc<Shared>) -> Result<Worker, ServeError> {
         let executor = Executor::new(store.clone()).map_err(ServeError::Session)?;
         let poller = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(event_loop_error)?;
-        // Exclusive: a connection arriving wakes one worker, not all.
-        let flags = epoll::EventFlags::IN | epoll::EventFlags::EXCLUSIVE;
-        let token = epoll::EventData::new_u64(LISTENER_TOKEN);
-        epoll::add(&poller, &shared.listener, token, flags).map_err(event_loop_error)?;
+        watch_listener(&poller, &shared.listener)?;
         Ok(Worker {
             poller,
             shared,
@@ -226,7 +232,27 @@ impl Worker {
             free_slots: Vec::new(),
             again: Vec::new(),
             begun: Vec::new(),
+            accepting_again_at: None,
         })
+    }
+
+    /// Takes the listener out of the poller for [`SHORTAGE_PAUSE`].
+    fn pause_accepting(&mut self) -> Result<(), ServeError> {
+        epoll::delete(&self.poller, &self.shared.listener).map_err(event_loop_error)?;
+        self.accepting_again_at = Some(std::time::Instant::now() + SHORTAGE_PAUSE);
+        Ok(())
+    }
+
+    /// Puts the listener back once its pause is over.
+    fn resume_accepting_when_due(&mut self) -> Result<(), ServeError> {
+        match self.accepting_again_at {
+            Some(at) if std::time::Instant::now() >= at => {
+                watch_listener(&self.poller, &self.shared.listener)?;
+                self.accepting_again_at = None;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Serves until the server stops; then closes this worker's
@@ -252,12 +278,18 @@ impl Worker {
             tv_sec: 0,
             tv_nsec: 0,
         };
+        let pause = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: SHORTAGE_PAUSE.as_nanos() as _,
+        };
         while !self.shared.stopping() {
+            self.resume_accepting_when_due()?;
             // Idle, or about to be: the store's epoch may move on.
             self.executor.suspend();
-            let timeout = match self.again.is_empty() {
-                true => &poll_interval,
-                false => &no_wait,
+            let timeout = match (self.again.is_empty(), self.accepting_again_at) {
+                (false, _) => &no_wait,
+                (true, Some(_)) => &pause,
+                (true, None) => &poll_interval,
             };
             events.clear();
             let buffer = rustix::buffer::spare_capacity(&mut events);
@@ -291,11 +323,11 @@ impl Worker {
             match self.shared.listener.accept() {
                 Ok((stream, _)) => self.admit(stream),
                 Err(error) if concerns_one_connection(&error) => {}
-                // None waiting, or none can be taken now: the next round
-                // tries again, and the connections go on being served.
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock || is_shortage(&error) => {
-                    return Ok(())
-                }
+                // None waiting: the listener wakes this worker again.
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                // None can be taken now: the connections go on being
+                // served, and accepting resumes after a pause.
+                Err(error) if is_shortage(&error) => return self.pause_accepting(),
                 Err(error) => return Err(ServeError::Accept(error)),
             }
         }
@@ -413,6 +445,14 @@ impl Worker {
     }
 }
 
+/// Watches the listener for connections. Exclusive: a connection arriving
+/// wakes one worker, not all.
+fn watch_listener(poller: &OwnedFd, listener: &TcpListener) -> Result<(), ServeError> {
+    let flags = epoll::EventFlags::IN | epoll::EventFlags::EXCLUSIVE;
+    let token = epoll::EventData::new_u64(LISTENER_TOKEN);
+    epoll::add(poller, listener, token, flags).map_err(event_loop_error)
+}
+
 /// Accept errors that concern one connection only: the next may be taken.
 fn concerns_one_connection(error: &io::Error) -> bool {
     matches!(
@@ -506,13 +546,63 @@ enum Begun {
 
 /// How answering a batch ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Batch {
+pub(crate) enum Batch {
     /// No whole request is left in the input.
     Drained,
-    /// The replies reached [`FLUSH_BYTES`]; whole requests may be left.
+    /// The replies reached the flush limit; whole requests may be left.
     Full,
-    /// The client asked to close, or broke the protocol.
+    /// The client asked to close.
     Close,
+    /// The client broke the protocol: the error is answered, and the
+    /// connection closes, since where the next request starts is unknown.
+    Invalid,
+}
+
+impl Batch {
+    fn closes(self) -> bool {
+        matches!(self, Batch::Close | Batch::Invalid)
+    }
+}
+
+/// Answers the whole requests at the front of `input`, in order, until
+/// the replies in `output` reach `flush_bytes`: the server's batch, with
+/// no I/O, so the fuzz harness runs the very loop the server does. GETs
+/// that went to the device are left as gaps in the replies. `inspect`
+/// sees each request just before it runs, with the input left from its
+/// start. Returns the bytes of input consumed and how the batch ended.
+pub(crate) fn answer_requests(
+    executor: &mut Executor,
+    input: &[u8],
+    output: &mut Vec<u8>,
+    flush_bytes: usize,
+    inspect: &mut dyn FnMut(&Request<'_>, usize),
+) -> (usize, Batch) {
+    let mut consumed = 0;
+    // Bounded: each window consumes at least one request, or ends the loop.
+    loop {
+        let (window, end) = parse_window(&input[consumed..]);
+        for request in &window {
+            executor.prefetch(&request.arguments);
+        }
+        for request in &window {
+            if output.len() >= flush_bytes {
+                return (consumed, Batch::Full);
+            }
+            inspect(request, input.len() - consumed);
+            consumed += request.consumed;
+            if executor.execute(&request.arguments, output) == Flow::Close {
+                return (consumed, Batch::Close);
+            }
+        }
+        match end {
+            WindowEnd::More => {}
+            WindowEnd::Incomplete => return (consumed, Batch::Drained),
+            WindowEnd::Invalid(error) => {
+                encode_error(output, &format!("ERR Protocol error: {error}"));
+                return (consumed, Batch::Invalid);
+            }
+        }
+    }
 }
 
 struct Connection {
@@ -576,7 +666,7 @@ impl Connection {
     /// in the replies of the batch's detached reads and writes the batch.
     fn finish_turn(&mut self, batch: Batch, executor: &mut Executor) -> Turn {
         executor.fill(std::mem::take(&mut self.deferred), &mut self.output);
-        self.ending = batch == Batch::Close;
+        self.ending = batch.closes();
         self.try_finish_turn(batch).unwrap_or(Turn::Close)
     }
 
@@ -585,7 +675,7 @@ impl Connection {
             return Ok(Turn::Write);
         }
         match batch {
-            Batch::Close => self.end(),
+            Batch::Close | Batch::Invalid => self.end(),
             Batch::Drained if self.client_open => Ok(Turn::Read),
             // The client has closed its side and everything it sent is
             // answered.
@@ -617,41 +707,18 @@ impl Connection {
         Ok(true)
     }
 
-    /// Answers the whole requests at the front of the input, in order,
-    /// until the replies fill [`FLUSH_BYTES`], and drops them from it;
-    /// GETs that went to the device are left as gaps in the replies. A
-    /// protocol error is answered and closes the connection, since where
-    /// the next request starts is unknown.
+    /// Answers the whole requests at the front of the input (see
+    /// [`answer_requests`]) until the replies fill [`FLUSH_BYTES`], and
+    /// drops them from it.
     fn answer_batch(&mut self, executor: &mut Executor) -> Batch {
         debug_assert!(self.output.is_empty(), "the last batch was written");
-        let mut consumed = 0;
-        let batch = loop {
-            let (window, end) = parse_window(&self.input[consumed..]);
-            for request in &window {
-                executor.prefetch(&request.arguments);
-            }
-            let mut stopped = None;
-            for request in &window {
-                if self.output.len() >= FLUSH_BYTES {
-                    stopped = Some(Batch::Full);
-                    break;
-                }
-                consumed += request.consumed;
-                if executor.execute(&request.arguments, &mut self.output) == Flow::Close {
-                    stopped = Some(Batch::Close);
-                    break;
-                }
-            }
-            match (stopped, end) {
-                (Some(batch), _) => break batch,
-                (None, WindowEnd::More) => {}
-                (None, WindowEnd::Incomplete) => break Batch::Drained,
-                (None, WindowEnd::Invalid(error)) => {
-                    encode_error(&mut self.output, &format!("ERR Protocol error: {error}"));
-                    break Batch::Close;
-                }
-            }
-        };
+        let (consumed, batch) = answer_requests(
+            executor,
+            &self.input,
+            &mut self.output,
+            FLUSH_BYTES,
+            &mut |_, _| {},
+        );
         self.input.drain(..consumed);
         debug_assert!(batch != Batch::Drained || self.input.len() <= MAX_REQUEST_BYTES);
         batch
