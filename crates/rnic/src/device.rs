@@ -231,9 +231,19 @@ impl SoftRnic {
     }
 
     /// Moves the queue pairs bound to a newly overrun completion queue to
-    /// ERR. Flushing them can overrun another queue, so this runs until no
-    /// queue is newly overrun; each queue overruns once, which bounds it.
+    /// ERR. It runs after every step of the device, and a queue almost
+    /// never overruns: the check is inlined, the work is not.
+    #[inline]
     fn fail_queue_pairs_of_overrun_queues(&mut self) {
+        if !self.resources.newly_overrun.is_empty() {
+            self.fail_queue_pairs_of_newly_overrun_queues();
+        }
+    }
+
+    /// Flushing a queue pair can overrun another queue, so this runs until
+    /// no queue is newly overrun; each queue overruns once, which bounds it.
+    #[cold]
+    fn fail_queue_pairs_of_newly_overrun_queues(&mut self) {
         for _ in 0..=self.resources.completion_queues.len() {
             let Some(queue) = self.resources.newly_overrun.pop() else {
                 return;
