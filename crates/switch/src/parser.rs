@@ -63,6 +63,9 @@ pub struct ParsedHeaders {
 }
 
 /// Parses `frame`; `Err` only for a frame too short to be Ethernet.
+/// Inlined, so the headers are built where the caller keeps them rather
+/// than copied out of the function.
+#[inline]
 pub fn parse(frame: &[u8]) -> Result<ParsedHeaders, ParseStop> {
     let ethernet = EthernetFrame::new_checked(frame).map_err(|_| ParseStop::RuntFrame)?;
     let mut headers = ParsedHeaders {
