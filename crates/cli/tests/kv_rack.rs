@@ -190,18 +190,19 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-/// PING on a connection of its own: whether PONG came back in time.
-fn pongs(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    stream
-        .set_read_timeout(Some(Duration::from_millis(500)))
-        .unwrap();
+/// PING on `stream`: whether PONG came back within `timeout`.
+fn pongs_on(mut stream: &TcpStream, timeout: Duration) -> bool {
+    stream.set_read_timeout(Some(timeout)).unwrap();
     let mut reply = [0u8; 7];
     stream.write_all(b"PING\r\n").is_ok()
         && stream.read_exact(&mut reply).is_ok()
         && &reply == b"+PONG\r\n"
+}
+
+/// PING on a connection of its own: whether PONG came back in time.
+fn pongs(port: u16) -> bool {
+    TcpStream::connect(("127.0.0.1", port))
+        .is_ok_and(|stream| pongs_on(&stream, Duration::from_millis(500)))
 }
 
 /// Found by review: with every descriptor in use, the listener stayed
@@ -235,14 +236,7 @@ fn a_server_out_of_descriptors_serves_on_without_spinning_and_accepts_again() {
     let served = held
         .iter()
         .take(4)
-        .filter(|stream| {
-            let mut stream = *stream;
-            stream
-                .set_read_timeout(Some(Duration::from_secs(2)))
-                .unwrap();
-            let mut reply = [0u8; 7];
-            stream.write_all(b"PING\r\n").is_ok() && stream.read_exact(&mut reply).is_ok()
-        })
+        .filter(|stream| pongs_on(stream, Duration::from_secs(2)))
         .count();
     assert_eq!(
         served, 4,
