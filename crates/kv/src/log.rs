@@ -17,7 +17,7 @@
 //! still writing.
 
 use crate::address::{LogAddress, FIRST_ADDRESS};
-use crate::device::{Device, DeviceError, DeviceQueue, Finished};
+use crate::device::{call_time, Device, DeviceError, DeviceQueue, Finished};
 use crate::epoch::{Epoch, EpochError};
 use crate::frames::Frames;
 use crate::record::Header;
@@ -394,10 +394,10 @@ impl HybridLog {
             let number = flushing.next_page;
             self.frames.copy_page(number, &mut flushing.buffer);
             let offset = self.device_offset(self.page_start(number));
-            let started = std::time::Instant::now();
-            let written = flushing.queue.write(offset, &flushing.buffer, number);
-            let nanos = started.elapsed().as_nanos() as u64;
-            self.flush_nanos.fetch_add(nanos, Ordering::Relaxed);
+            let (queue, buffer) = (&mut flushing.queue, &flushing.buffer);
+            let (written, spent) = call_time::timed(|| queue.write(offset, buffer, number));
+            self.flush_nanos
+                .fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
             written?;
             flushing.next_page += 1;
         }

@@ -9,6 +9,7 @@
 //! YCSB-E (range scans) needs an ordered index, which a hash index cannot
 //! serve: it is refused, not silently skipped.
 
+use crate::device::call_time;
 use crate::store::{KvError, PrefetchStage, Session, Status, Store};
 use crate::update::Update;
 use hdrhistogram::Histogram;
@@ -85,7 +86,9 @@ pub struct YcsbRun {
 pub struct YcsbOutcome {
     pub operations: u64,
     pub elapsed: Duration,
-    /// Time the threads spent in device calls and in `complete_pending`.
+    /// Time the threads spent in device calls: issuing reads, in
+    /// `complete_pending`, and flushing pages (each counted once, as
+    /// [`call_time::timed`] says).
     pub device_time: Duration,
     /// Sampled latencies, issue to completion, in nanoseconds.
     pub latency: Histogram<u64>,
@@ -205,6 +208,8 @@ pub fn run(store: &Store, run: &YcsbRun) -> Result<YcsbOutcome, YcsbError> {
     let clock = Instant::now();
     // Every thread draws its trace, then they start together.
     let start = std::sync::Barrier::new(threads);
+    // Flushes run in whichever worker turns a page.
+    let flushed_before = store.flush_time();
     let outcomes = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|thread| {
@@ -240,6 +245,7 @@ pub fn run(store: &Store, run: &YcsbRun) -> Result<YcsbOutcome, YcsbError> {
         })
         .expect("at least one thread");
     total.elapsed = elapsed;
+    total.device_time += store.flush_time().saturating_sub(flushed_before);
     // Each thread's events are in its own order; a stable sort by time
     // keeps a thread's invocation before its return at equal times.
     total.history.sort_by_key(|event| event.at);
@@ -435,29 +441,32 @@ impl Worker<'_> {
 
     /// Completes pending operations, checking reads and timing samples.
     fn complete(&mut self, wait: bool) -> Result<(), YcsbError> {
-        let started = Instant::now();
         let mut failure = None;
         let (waiting, latency) = (&mut self.waiting, &mut self.latency);
         let mut returned = Vec::new();
-        self.session.complete_pending(wait, &mut |completion| {
-            let Some((key, issued)) = waiting.remove(&completion.context) else {
-                return;
-            };
-            if let Some(issued) = issued {
-                let _ = latency.record(issued.elapsed().as_nanos() as u64);
-            }
-            let outcome = match completion.result {
-                Ok(Status::Found) => check_value(key, completion.value).map(|()| {
-                    returned.push((key, completion.context, write_id_of(completion.value)));
-                }),
-                Ok(_) => Err(YcsbError::Missing(key)),
-                Err(error) => Err(error.into()),
-            };
-            if let Err(error) = outcome {
-                failure.get_or_insert(error);
-            }
-        })?;
-        self.device_time += started.elapsed();
+        let session = &mut self.session;
+        let (completed, spent) = call_time::timed(|| {
+            session.complete_pending(wait, &mut |completion| {
+                let Some((key, issued)) = waiting.remove(&completion.context) else {
+                    return;
+                };
+                if let Some(issued) = issued {
+                    let _ = latency.record(issued.elapsed().as_nanos() as u64);
+                }
+                let outcome = match completion.result {
+                    Ok(Status::Found) => check_value(key, completion.value).map(|()| {
+                        returned.push((key, completion.context, write_id_of(completion.value)));
+                    }),
+                    Ok(_) => Err(YcsbError::Missing(key)),
+                    Err(error) => Err(error.into()),
+                };
+                if let Err(error) = outcome {
+                    failure.get_or_insert(error);
+                }
+            })
+        });
+        self.device_time += spent;
+        completed?;
         for (key, number, id) in returned {
             self.record(key, number, EventKind::ReadReturned(id));
         }

@@ -8,6 +8,7 @@
 //! whose write has not completed is never issued by the store: a page
 //! leaves memory only after its flush completes.
 
+pub mod call_time;
 pub mod choice;
 pub mod far_memory;
 pub mod file;

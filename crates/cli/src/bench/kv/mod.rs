@@ -65,6 +65,10 @@ pub enum KvBenchError {
     Resp(#[from] RespBenchError),
     #[error("{0}: a run did no operation (its device had no room left)")]
     EmptyRun(String),
+    /// Time in device calls is a share of each thread's run: more than
+    /// all of it means some call was counted twice.
+    #[error("{variant}: the communication ratio came out at {ratio:.3}, above 1")]
+    ImpossibleRatio { variant: String, ratio: f64 },
 }
 
 struct Plan {
@@ -208,8 +212,6 @@ struct Bench {
 #[derive(Default)]
 struct Runs {
     outcomes: Vec<YcsbOutcome>,
-    /// Time the runs' flushes spent in device calls.
-    flush: Duration,
     /// The device's rack: its fabric thread's and engine's CPU, over
     /// every round (loads included).
     fabric_cpu: Duration,
@@ -286,10 +288,8 @@ impl Bench {
             "round {}/{rounds}, {name}: YCSB-A, {value_bytes} B, {threads} thread(s)",
             round + 1
         ));
-        let flushed_before = store.flush_time();
         runs.outcomes
             .push(ycsb::run(&store, &run).map_err(ycsb_error)?);
-        runs.flush += store.flush_time() - flushed_before;
         drop(store);
         if let Some((fabric, engine)) = opened.stop().map_err(device_error)? {
             runs.fabric_cpu += fabric;
@@ -321,8 +321,7 @@ impl Bench {
             stopped_early as f64,
             "count",
         );
-        let flush_per_run = runs.flush / runs.outcomes.len().max(1) as u32;
-        self.record(kind, shape, threads, runs.outcomes, flush_per_run);
+        self.record(kind, shape, threads, runs.outcomes)?;
         if !runs.fabric_cpu.is_zero() {
             let (fabric, engine) = (runs.fabric_cpu, runs.engine_cpu);
             self.report
@@ -343,8 +342,7 @@ impl Bench {
         shape: &Shape,
         threads: usize,
         mut outcomes: Vec<YcsbOutcome>,
-        flush: Duration,
-    ) {
+    ) -> Result<(), KvBenchError> {
         outcomes.sort_by(|a, b| {
             a.operations_per_second()
                 .total_cmp(&b.operations_per_second())
@@ -358,10 +356,10 @@ impl Bench {
             .add(&variant, "latency_p50", quantile(0.5), "us");
         self.report
             .add(&variant, "latency_p99", quantile(0.99), "us");
-        // Flushes are device calls too; they run in whichever thread turns
-        // a page, so a run's share is the mean per repetition.
-        let ratio = outcome.communication_ratio(threads)
-            + flush.as_secs_f64() / (outcome.elapsed.as_secs_f64() * threads as f64);
+        let ratio = outcome.communication_ratio(threads);
+        if ratio > 1.0 {
+            return Err(KvBenchError::ImpossibleRatio { variant, ratio });
+        }
         self.report
             .add(&variant, "communication_ratio", ratio, "fraction");
         self.report.add(
@@ -382,6 +380,7 @@ impl Bench {
                 self.communication_ratio_spot = Some(ratio);
             }
         }
+        Ok(())
     }
 
     /// The local-memory store with every record in memory, against
