@@ -362,12 +362,33 @@ fn bench_bifrost_writes_its_ratios() {
         "increment_array_1mib_vs_thrift_tcp",
         "gatekeeper_add_arrays_1mib_overhead",
         "gatekeeper_increment_array_1mib_overhead",
+        "simulated_call_rate_cx5_vs_ideal",
     ] {
         let ratio = report["ratios"][key]
             .as_f64()
             .unwrap_or_else(|| panic!("{key} missing"));
         assert!(ratio.is_finite() && ratio > 0.0, "{key} = {ratio}");
     }
+    // Issue 20: the simulator's figures under both NIC profiles, where a
+    // ConnectX-5's costs can only slow the calls down.
+    let variants: Vec<&str> = report["results"]
+        .as_array()
+        .expect("the results")
+        .iter()
+        .filter_map(|result| result["variant"].as_str())
+        .collect();
+    for variant in [
+        "failover (simulator, heartbeat timeout 1 ms)",
+        "failover (simulator, heartbeat timeout 1 ms, cx5 NICs)",
+        "calls (simulator, 8 outstanding, ideal NICs)",
+        "calls (simulator, 8 outstanding, cx5 NICs)",
+    ] {
+        assert!(variants.contains(&variant), "{variant} missing");
+    }
+    let slowed = report["ratios"]["simulated_call_rate_cx5_vs_ideal"]
+        .as_f64()
+        .unwrap();
+    assert!(slowed < 1.0, "cx5 NICs made calls faster: {slowed}");
     // Fig. 7.8: both systems on both workloads, every stage, and the
     // stages of each adding up to a call's time.
     let breakdown = report["series"]["fig7_8_breakdown_us"]

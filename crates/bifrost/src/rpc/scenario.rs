@@ -49,6 +49,8 @@ pub struct ExactlyOnce {
     pub retransmissions: u64,
     /// Duplicates the callee answered without running them.
     pub duplicates: u64,
+    /// Virtual time from the rack's start to the last answer.
+    pub elapsed: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -119,7 +121,9 @@ pub fn exactly_once(
         )),
     );
     let mut rack = stage.start(topology.forwarding())?;
+    let started = rack.now();
     let (answers, retransmissions) = run_client_to_the_end(&mut rack)?;
+    let elapsed = rack.now().saturating_duration_since(started);
     let (executed, duplicates) = rack
         .with_agent::<ServerAgent, _>(MEMORY_HOST, 0, |server| {
             let counters = server.callee.counters();
@@ -135,6 +139,7 @@ pub fn exactly_once(
         executed,
         retransmissions,
         duplicates,
+        elapsed,
     })
 }
 
