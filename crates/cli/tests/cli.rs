@@ -13,6 +13,16 @@ fn remora(arguments: &[&str]) -> std::process::Output {
         .expect("run remora")
 }
 
+/// The variants a benchmark's JSON report has results for.
+fn result_variants(report: &serde_json::Value) -> Vec<&str> {
+    report["results"]
+        .as_array()
+        .expect("the results")
+        .iter()
+        .filter_map(|result| result["variant"].as_str())
+        .collect()
+}
+
 #[test]
 fn the_demo_checks_every_operation() {
     let report = std::env::temp_dir().join(format!("remora-demo-report-{}", std::process::id()));
@@ -371,12 +381,7 @@ fn bench_bifrost_writes_its_ratios() {
     }
     // Issue 20: the simulator's figures under both NIC profiles, where a
     // ConnectX-5's costs can only slow the calls down.
-    let variants: Vec<&str> = report["results"]
-        .as_array()
-        .expect("the results")
-        .iter()
-        .filter_map(|result| result["variant"].as_str())
-        .collect();
+    let variants = result_variants(&report);
     for variant in [
         "failover (simulator, heartbeat timeout 1 ms)",
         "failover (simulator, heartbeat timeout 1 ms, cx5 NICs)",
@@ -442,12 +447,7 @@ fn bench_kv_writes_its_ratios() {
         let value = report["ratios"][ratio].as_f64().unwrap_or(f64::NAN);
         assert!(value.is_finite() && value > 0.0, "{ratio} = {value}");
     }
-    let variants: Vec<&str> = report["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|result| result["variant"].as_str())
-        .collect();
+    let variants = result_variants(&report);
     for device in [
         "memory",
         "file",

@@ -27,11 +27,7 @@ proptest! {
 /// operation, and every read still agrees with the map.
 #[test]
 fn prefetching_any_key_changes_nothing_the_store_returns() {
-    let store = Store::new(
-        StoreConfig::smallest(),
-        Arc::new(MemoryDevice::new(8 << 20)),
-    )
-    .unwrap();
+    let store = smallest_store_in_memory();
     let mut session = store.session().unwrap();
     let mut model = Model::new();
     let ops = random_ops(4000, 11);
@@ -386,11 +382,7 @@ fn a_record_running_past_its_page_end_is_reported_corrupt_at_once() {
 /// timed `complete_pending`, they count once, in its time.
 #[test]
 fn reads_issued_while_completing_are_not_timed_as_issues() {
-    let store = Store::new(
-        StoreConfig::smallest(),
-        Arc::new(MemoryDevice::new(8 << 20)),
-    )
-    .unwrap();
+    let store = smallest_store_in_memory();
     let mut session = store.session().unwrap();
     // 300-byte values are longer than the first 64-byte device read.
     for number in 0u64..400 {

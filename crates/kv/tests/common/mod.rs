@@ -7,6 +7,15 @@ use remora_kv::*;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// The smallest store, on 8 MiB of memory device.
+pub fn smallest_store_in_memory() -> Store {
+    Store::new(
+        StoreConfig::smallest(),
+        Arc::new(MemoryDevice::new(8 << 20)),
+    )
+    .unwrap()
+}
+
 pub fn read_now(session: &mut Session, key: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     match session.read(key, &mut out, 7).unwrap() {
