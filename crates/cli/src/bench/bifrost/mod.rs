@@ -46,6 +46,11 @@ pub enum BifrostBenchError {
     Arrays(#[from] remora_bifrost::dsm_service::DsmServiceRackError),
     #[error("the DSM: {0}")]
     Dsm(#[from] remora_bifrost::dsm::client::DsmError),
+    #[error("the simulator's {run}: {source}")]
+    Simulator {
+        run: &'static str,
+        source: remora_bifrost::rpc::scenario::ScenarioError,
+    },
 }
 
 struct Pong;
@@ -886,8 +891,13 @@ fn simulator_runs(quick: bool, report: &mut Report) -> Result<(), BifrostBenchEr
         // its missed heartbeats and holds its calls, the control plane
         // starts a spare from its checkpoint, and the switch replays the
         // held calls.
-        let recovered = failover(1, network, 2000, 1000, Duration::from_millis(1))
-            .map_err(|error| BifrostBenchError::PingPong(format!("failover: {error}")))?;
+        let recovered =
+            failover(1, network, 2000, 1000, Duration::from_millis(1)).map_err(|source| {
+                BifrostBenchError::Simulator {
+                    run: "failover",
+                    source,
+                }
+            })?;
         let (detection_us, recovery_us) = (
             micros(recovered.detection_time),
             micros(recovered.recovery_time),
@@ -914,8 +924,11 @@ fn simulator_runs(quick: bool, report: &mut Report) -> Result<(), BifrostBenchEr
             recovered.replayed as f64,
             "calls",
         );
-        let run = exactly_once(1, network, calls)
-            .map_err(|error| BifrostBenchError::PingPong(format!("simulated calls: {error}")))?;
+        let run =
+            exactly_once(1, network, calls).map_err(|source| BifrostBenchError::Simulator {
+                run: "calls",
+                source,
+            })?;
         let rate = run.calls as f64 / run.elapsed.as_secs_f64();
         println!(
             "  {calls} calls, 8 outstanding, exactly once: {rate:.0} calls/s of simulated time",
