@@ -112,7 +112,7 @@ impl BthRepr {
 
     pub fn parse<T: AsRef<[u8]>>(header: &BthHeader<T>) -> Result<BthRepr, WireError> {
         // The twelve bytes as an array: one length check here instead of
-        // one per field read below (this halved the parse's instructions).
+        // one per field read below (80 instructions a parse became 53).
         let fixed: &[u8; BTH_LEN] = header
             .buffer
             .as_ref()
