@@ -94,16 +94,9 @@ fn frames(criterion: &mut Criterion) {
 /// The ICRC of `frame`, beside a plain CRC-32 of the same bytes: the
 /// masking's price is the difference.
 fn bench_icrc(criterion: &mut Criterion, name: &str, frame: &[u8]) {
-    let transport_start = frame::BASE_HEADERS_LEN - BthRepr::LEN;
     let icrc_start = frame.len() - icrc::ICRC_LEN;
     criterion.bench_function(&format!("icrc of {name}"), |bench| {
-        bench.iter(|| {
-            icrc::compute(
-                black_box(&frame[14..34]),
-                &frame[34..42],
-                &frame[transport_start..icrc_start],
-            )
-        })
+        bench.iter(|| icrc::compute_frame(black_box(frame), icrc_start))
     });
     criterion.bench_function(&format!("plain crc32 of {name}"), |bench| {
         bench.iter(|| crc32fast::hash(black_box(&frame[6..icrc_start])))

@@ -29,6 +29,11 @@ fn connectx4_lx_cnp_icrc_matches_the_hardware() {
     let frame = captured_cnp();
     assert_eq!(&frame[frame.len() - 4..], &[0x82, 0xfd, 0x00, 0x2a]);
     assert_eq!(icrc::to_wire(icrc_of(&frame)), [0x82, 0xfd, 0x00, 0x2a]);
+    let icrc_start = frame.len() - 4;
+    assert_eq!(
+        icrc::to_wire(icrc::compute_frame(&frame, icrc_start)),
+        [0x82, 0xfd, 0x00, 0x2a]
+    );
 
     let parsed = parse_frame(&frame).expect("the captured CNP parses");
     assert_eq!(parsed.repr.bth.opcode, Opcode::CongestionNotification);
