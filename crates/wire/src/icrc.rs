@@ -119,7 +119,7 @@ const CHUNK_BYTES: usize = 16;
 const MAX_STAGED_CHUNKS: usize = 12;
 /// Chunks that reach past every masked byte wherever the chunk grid starts
 /// (at most 15 bytes into the frame).
-const MASKED_CHUNKS: usize = (MASKED_END + CHUNK_BYTES - 1) / CHUNK_BYTES;
+const MASKED_CHUNKS: usize = MASKED_END.div_ceil(CHUNK_BYTES);
 /// Bytes of the staging masks: every chunk that starts before `MASKED_END`.
 const MASK_BYTES: usize = MASKED_END + CHUNK_BYTES;
 
