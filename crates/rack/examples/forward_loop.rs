@@ -6,45 +6,17 @@
 
 use remora_carrier::{Port, Segment, SegmentPlan};
 use remora_rack::endpoint::{Pump, RackClock, SwitchEndpoint};
-use remora_switch::programs::l2l3::L2L3Forwarding;
-use remora_switch::{PortId, Switch, SwitchConfig};
-use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
-use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn};
+use remora_switch::two_hosts;
 use std::time::{Duration, Instant};
 
 const BATCH_FRAMES: usize = 32;
 const RING_DEPTH: u32 = 1024;
-
-fn mac(index: u8) -> MacAddress {
-    MacAddress([0x02, 0, 10, 0, 0, index])
-}
-
-fn address(index: u8) -> Ipv4Address {
-    Ipv4Address::new(10, 0, 0, index)
-}
-
-fn frame(sequence: u32) -> Vec<u8> {
-    let bth = BthRepr::new(
-        Opcode::SendOnly,
-        Qpn::new(0x100).expect("valid QPN"),
-        Psn::new(sequence),
-    );
-    let repr = FrameRepr::between((mac(1), address(1)), (mac(2), address(2)), 49152, bth);
-    let mut buffer = vec![0u8; MAX_FRAME_LEN];
-    let length = emit_frame(&repr, &[0x5a; 22], &mut buffer).expect("the frame fits");
-    buffer.truncate(length);
-    buffer
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seconds: u64 = match std::env::args().nth(1) {
         Some(text) => text.parse()?,
         None => 5,
     };
-    let mut program = L2L3Forwarding::new(MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]), 16);
-    for index in 1..=2u8 {
-        program.add_attached_host(mac(index), address(index), PortId(u16::from(index - 1)))?;
-    }
     let plan = SegmentPlan::star_one_waiter(2, RING_DEPTH);
     let segment = Segment::anonymous(&plan)?;
     let mut source = segment.spoke_port(1)?;
@@ -53,8 +25,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Box::new(segment.hub_port(1)?),
         Box::new(segment.hub_port(2)?),
     ];
-    let mut switch = SwitchEndpoint::new(Switch::new(SwitchConfig::new(2), program), switch_ports);
-    let frames: Vec<Vec<u8>> = (0..64).map(frame).collect();
+    let mut switch = SwitchEndpoint::new(two_hosts::two_host_switch(), switch_ports);
+    let frames: Vec<Vec<u8>> = (0..64)
+        .map(|sequence| two_hosts::send_frame(two_hosts::SMALL_PAYLOAD_BYTES, sequence))
+        .collect();
     let clock = RackClock::new();
     let started = Instant::now();
     let mut delivered = 0u64;

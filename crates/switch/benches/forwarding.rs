@@ -1,15 +1,14 @@
 //! The switch's hot path, one benchmark per stage, so a regression in any
 //! of them shows: `cargo bench -p remora-switch`.
 
-#[path = "../examples/common/two_hosts.rs"]
-mod two_hosts;
+use remora_switch::two_hosts;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use remora_base::Timestamp;
 use remora_switch::{parser, PortId};
 
 fn forwarding(criterion: &mut Criterion) {
-    let frame = two_hosts::send_frame();
+    let frame = two_hosts::send_frame(two_hosts::SMALL_PAYLOAD_BYTES, 1);
     criterion.bench_function("parse an 82-byte RoCE frame", |bench| {
         bench.iter(|| parser::parse(black_box(&frame)).unwrap())
     });

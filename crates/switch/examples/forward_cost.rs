@@ -5,8 +5,7 @@
 //! `cargo run --release -p remora-switch --example forward_cost [FRAMES]`
 //! (two million frames a run unless given: fewer for callgrind).
 
-#[path = "common/two_hosts.rs"]
-mod two_hosts;
+use remora_switch::two_hosts;
 
 use remora_base::Timestamp;
 use remora_switch::PortId;
@@ -14,7 +13,7 @@ use std::time::Instant;
 
 fn main() {
     let mut switch = two_hosts::two_host_switch();
-    let frame = two_hosts::send_frame();
+    let frame = two_hosts::send_frame(two_hosts::SMALL_PAYLOAD_BYTES, 1);
     let length = frame.len();
     let frames: u64 = match std::env::args().nth(1) {
         Some(text) => text.parse().expect("FRAMES is a number"),

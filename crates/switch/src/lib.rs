@@ -29,6 +29,7 @@ pub mod register;
 pub mod resources;
 pub mod runtime;
 pub mod table;
+pub mod two_hosts;
 
 pub use packet::{Egress, Packet, PortId};
 pub use program::{Digest, Program};

@@ -20,10 +20,7 @@ use remora_rack::assembly::{EmbeddedCarrier, EmbeddedRack, RackBuilder};
 use remora_rack::endpoint::{rack_queue_pair, NodeEndpoint, Pump, RackClock, SwitchEndpoint};
 use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
 use remora_rnic::*;
-use remora_switch::programs::l2l3::L2L3Forwarding;
-use remora_switch::{PortId, Switch, SwitchConfig};
-use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
-use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn};
+use remora_switch::two_hosts;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -65,25 +62,6 @@ impl Carrier {
 struct Plan {
     rounds: usize,
     duration: Duration,
-}
-
-fn mac(index: u8) -> MacAddress {
-    MacAddress([0x02, 0, 10, 0, 0, index])
-}
-
-fn address(index: u8) -> Ipv4Address {
-    Ipv4Address::new(10, 0, 0, index)
-}
-
-fn l2l3_switch() -> Switch<L2L3Forwarding> {
-    let mut program = L2L3Forwarding::new(MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]), 16);
-    for index in 1..=2u8 {
-        let port = PortId(u16::from(index - 1));
-        program
-            .add_attached_host(mac(index), address(index), port)
-            .expect("room for two hosts");
-    }
-    Switch::new(SwitchConfig::new(2), program)
 }
 
 /// Why the switch benchmark stopped.
@@ -282,20 +260,6 @@ fn remote_pattern() -> Vec<u8> {
 }
 
 /// A SEND-only frame with `payload_bytes` of payload from host 1 to host 2.
-fn forwarded_frame(payload_bytes: usize, sequence: u32) -> Vec<u8> {
-    let bth = BthRepr::new(
-        Opcode::SendOnly,
-        Qpn::new(0x100).expect("valid QPN"),
-        Psn::new(sequence),
-    );
-    let repr = FrameRepr::between((mac(1), address(1)), (mac(2), address(2)), 49152, bth);
-    let mut buffer = vec![0u8; MAX_FRAME_LEN];
-    let length =
-        emit_frame(&repr, &vec![0x5a; payload_bytes], &mut buffer).expect("the frame fits");
-    buffer.truncate(length);
-    buffer
-}
-
 /// Frames per second from a source ring, through `middle`, to a sink ring,
 /// all on this thread.
 fn forward_rate(
@@ -324,10 +288,10 @@ fn forward_rate(
 /// (switch frames/s, ring-to-ring frames/s), measured back to back.
 fn forwarding(duration: Duration) -> Result<(f64, f64), SwitchBenchError> {
     let frames: Vec<Vec<u8>> = (0..64)
-        .map(|sequence| forwarded_frame(22, sequence))
+        .map(|sequence| two_hosts::send_frame(two_hosts::SMALL_PAYLOAD_BYTES, sequence))
         .collect();
     let [mut source, switch0, switch1, mut sink] = forwarding_ports()?;
-    let mut switch = SwitchEndpoint::new(l2l3_switch(), vec![switch0, switch1]);
+    let mut switch = SwitchEndpoint::new(two_hosts::two_host_switch(), vec![switch0, switch1]);
     let through_switch = forward_rate(
         duration,
         &mut |clock| {
