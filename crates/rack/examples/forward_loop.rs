@@ -1,6 +1,7 @@
 //! The switch's forwarding loop as `remora bench switch` measures it: 82-byte
 //! frames from a source ring, through the L2/L3 switch on its own rings, to
-//! a sink ring, all on this thread. For `perf record` (README,
+//! a sink ring, all on this thread (the bench reaches the source and sink
+//! through `dyn Port`, this loop directly). For `perf record` (README,
 //! "Profiling"): `cargo run --release -p remora-rack --example forward_loop
 //! -- SECONDS`.
 
@@ -41,6 +42,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         source.flush()?;
         switch.pump(&clock)?;
         delivered += sink.receive(BATCH_FRAMES * 2, &mut |_| {})? as u64;
+    }
+    let lost = switch.switch.counters().dropped_queue_full;
+    if lost > 0 || delivered == 0 {
+        return Err(format!("{delivered} frames delivered, {lost} lost at full queues").into());
     }
     let elapsed = started.elapsed().as_nanos() as f64;
     println!(

@@ -11,10 +11,12 @@ use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn};
 /// The payload that makes an 82-byte frame.
 pub const SMALL_PAYLOAD_BYTES: usize = 22;
 
+/// Host `index`'s MAC address (hosts 1 and 2 are attached).
 pub fn host_mac(index: u8) -> MacAddress {
     MacAddress([2, 0, 10, 0, 0, index])
 }
 
+/// Host `index`'s IPv4 address, 10.0.0.`index`.
 pub fn host_address(index: u8) -> Ipv4Address {
     Ipv4Address::new(10, 0, 0, index)
 }

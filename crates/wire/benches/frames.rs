@@ -95,7 +95,7 @@ fn frames(criterion: &mut Criterion) {
 /// masking's price is the difference.
 fn bench_icrc(criterion: &mut Criterion, name: &str, frame: &[u8]) {
     let icrc_start = frame.len() - icrc::ICRC_LEN;
-    criterion.bench_function(&format!("icrc of {name}"), |bench| {
+    criterion.bench_function(&format!("icrc (compute_frame) of {name}"), |bench| {
         bench.iter(|| icrc::compute_frame(black_box(frame), icrc_start))
     });
     criterion.bench_function(&format!("plain crc32 of {name}"), |bench| {

@@ -29,9 +29,9 @@ fn hasher(initial: u32) -> crc32fast::Hasher {
         .clone()
 }
 const MAX_IPV4_HEADER_LEN: usize = 60;
-/// crc32fast hashes shorter slices with a table loop, longer ones with
-/// carry-less multiplication, which costs about the same at 128 bytes as
-/// the table loop at 64.
+/// From this length crc32fast folds four carry-less-multiply streams at
+/// once (below it, one), which costs about the same at 128 bytes as one
+/// stream at 64.
 const VECTOR_MIN_BYTES: usize = 128;
 /// Staging room: small frames fit whole, larger ones stage the headers.
 const STAGED_BYTES: usize = 192;
@@ -52,8 +52,8 @@ pub fn compute(ipv4_header: &[u8], udp_header: &[u8], transport: &[u8]) -> u32 {
     // CRC from a zero register over 0xFF x 4, the masked headers and the
     // rest, and from a zero register leading zero bytes change nothing.
     // Small frames are therefore staged after zero padding up to
-    // `VECTOR_MIN_BYTES`, where crc32fast switches from its table loop to
-    // its carry-less-multiply path, and hashed in one call.
+    // `VECTOR_MIN_BYTES`, where crc32fast starts folding four streams at
+    // once, and hashed in one call.
     let mut staged = [0u8; STAGED_BYTES];
     let head_len = 4 + ipv4_header.len() + UDP_HEADER_LEN + BTH_LEN;
     let rest = &transport[BTH_LEN..];
@@ -109,19 +109,22 @@ const IPV4_WITHOUT_OPTIONS: u8 = 0x45;
 /// four bytes of ones that survive the preset stand where the last four
 /// bytes of the Ethernet header are.
 const RECIPE_START: usize = IP_START - 4;
+/// The length of an IPv4 header without options.
+const IPV4_HEADER_LEN: usize = 20;
 /// One past the last masked byte (BTH byte 4) when the IPv4 header has no
 /// options.
-const MASKED_END: usize = IP_START + 20 + UDP_HEADER_LEN + 4 + 1;
+const MASKED_END: usize = IP_START + IPV4_HEADER_LEN + UDP_HEADER_LEN + 4 + 1;
 /// The unit of staging: crc32fast's vector paths load 16 bytes at a time.
 const CHUNK_BYTES: usize = 16;
-/// Frames whose recipe fits in this many chunks are staged whole and
+/// Frames whose chunk grid (`icrc_start / 16` chunks, from byte
+/// `icrc_start % 16`) has at most this many chunks are staged whole and
 /// hashed in one call; larger ones stage only the chunks with masked bytes.
 const MAX_STAGED_CHUNKS: usize = 12;
 /// Chunks that reach past every masked byte wherever the chunk grid starts
 /// (at most 15 bytes into the frame).
 const MASKED_CHUNKS: usize = MASKED_END.div_ceil(CHUNK_BYTES);
 /// Bytes of the staging masks: every chunk that starts before `MASKED_END`.
-const MASK_BYTES: usize = MASKED_END + CHUNK_BYTES;
+const MASK_BYTES: usize = MASKED_END - 1 + CHUNK_BYTES;
 
 /// What staging does to each of a frame's leading bytes: `keep` clears the
 /// bytes before the recipe (leading zeros leave a zero register as it is),
@@ -143,7 +146,8 @@ const STAGING_MASKS: StagingMasks = {
         set[index] = 0xff;
         index += 1;
     }
-    let masked = masked_offsets(IP_START, IP_START + 20, IP_START + 20 + UDP_HEADER_LEN);
+    let udp = IP_START + IPV4_HEADER_LEN;
+    let masked = masked_offsets(IP_START, udp, udp + UDP_HEADER_LEN);
     let mut each = 0;
     while each < masked.len() {
         set[masked[each]] = 0xff;
@@ -159,7 +163,7 @@ const STAGING_MASKS: StagingMasks = {
 /// a mask and one store. Staging byte by byte, as `compute` does, costs
 /// more than it seems: a 16-byte load of bytes written by narrower stores
 /// cannot take them from the store buffer, so the CRC waits until those
-/// stores retire. That wait was a third of the time to verify a 4 KiB
+/// stores reach the cache. That wait was a third of the time to verify a 4 KiB
 /// frame, and more than half of it for a small one.
 ///
 /// The chunk grid ends at `icrc_start`. It starts within the first 16
@@ -168,7 +172,8 @@ const STAGING_MASKS: StagingMasks = {
 /// five bytes into it (which the starting register then accounts for).
 ///
 /// # Panics
-/// If the frame is shorter than its headers; callers check those first.
+/// If the frame is shorter than its headers, or its IPv4 header length is
+/// under 20 bytes; `RoceFrame::new_checked` checks both first.
 pub fn compute_frame(frame: &[u8], icrc_start: usize) -> u32 {
     let udp = IP_START + usize::from(frame[IP_START] & 0x0f) * 4;
     let bth = udp + UDP_HEADER_LEN;
@@ -208,7 +213,8 @@ pub fn compute_frame(frame: &[u8], icrc_start: usize) -> u32 {
 
 /// A hasher that has taken the recipe's bytes before `grid_start`: none
 /// when the grid starts at or before the recipe, else up to four ones and
-/// the IPv4 version byte. Cloned from ones made once, as `hasher` is.
+/// the IPv4 version and header-length byte. Cloned from ones made once,
+/// as `hasher` is.
 fn hasher_after_recipe_prefix(grid_start: usize) -> crc32fast::Hasher {
     const PREFIX: [u8; IP_START + 1 - RECIPE_START] =
         [0xff, 0xff, 0xff, 0xff, IPV4_WITHOUT_OPTIONS];

@@ -259,7 +259,6 @@ fn remote_pattern() -> Vec<u8> {
         .collect()
 }
 
-/// A SEND-only frame with `payload_bytes` of payload from host 1 to host 2.
 /// Frames per second from a source ring, through `middle`, to a sink ring,
 /// all on this thread.
 fn forward_rate(
