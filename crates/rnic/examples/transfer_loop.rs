@@ -4,12 +4,15 @@
 //! or any sampling profiler (README, "Profiling"). A last argument of
 //! `100000ops` runs that many transfers instead, for instruction counts
 //! under `valgrind --tool=callgrind`, which a noisy machine cannot skew.
+//! A fifth argument spreads the work over that many queue pairs, DEPTH on
+//! each, as `bench fabric`'s queue-pair scaling does: `read 64 1 5 1024`.
 
 use remora_rnic::back_to_back::{TransferRig, Verdict};
 use remora_rnic::*;
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "usage: transfer_loop read|write SIZE_BYTES DEPTH SECONDS|COUNTops";
+const USAGE: &str =
+    "usage: transfer_loop read|write SIZE_BYTES DEPTH SECONDS|COUNTops [QUEUE_PAIRS]";
 
 fn refuse(what: &str) -> ! {
     eprintln!("{USAGE}{what}");
@@ -23,8 +26,10 @@ fn number(text: &str) -> u64 {
 
 fn main() -> Result<(), VerbsError> {
     let arguments: Vec<String> = std::env::args().skip(1).collect();
-    let [kind, size, depth, length] = arguments.as_slice() else {
-        refuse("")
+    let (kind, size, depth, length, queue_pair_count) = match arguments.as_slice() {
+        [kind, size, depth, length] => (kind, size, depth, length, 1),
+        [kind, size, depth, length, count] => (kind, size, depth, length, number(count).max(1)),
+        _ => refuse(""),
     };
     let read = match kind.as_str() {
         "read" => true,
@@ -37,11 +42,17 @@ fn main() -> Result<(), VerbsError> {
         Some(count) => (Duration::MAX, number(count)),
         None => (Duration::from_secs(number(length)), u64::MAX),
     };
-    let mut rig = TransferRig::new(size_bytes, 1, depth)?;
-    let request = rig.request(0, read);
-    let queue_pair = rig.queue_pairs[0];
+    let mut rig = TransferRig::new(size_bytes, queue_pair_count as usize, depth)?;
+    // Each queue pair keeps DEPTH requests posted; a completion is
+    // replaced on the queue pair its work request id names.
+    for (index, queue_pair) in rig.queue_pairs.iter().enumerate() {
+        for _ in 0..depth {
+            rig.fabric
+                .left
+                .post_send(*queue_pair, rig.request(index as u64, read))?;
+        }
+    }
     let start = Instant::now();
-    let mut outstanding = 0;
     let mut completed = 0u64;
     // Each second's rate too: it tells a process that runs slow from the
     // start (where its memory landed) from a machine that slows down.
@@ -56,14 +67,14 @@ fn main() -> Result<(), VerbsError> {
             second = (Instant::now(), completed);
         }
         for _ in 0..1024 {
-            while outstanding < depth {
-                rig.fabric.left.post_send(queue_pair, request)?;
-                outstanding += 1;
-            }
             rig.fabric.step(&mut |_, _| Verdict::Deliver);
             while let Some(completion) = rig.fabric.left.poll_completion(rig.completions)? {
                 assert_eq!(completion.status, CompletionStatus::Success);
-                outstanding -= 1;
+                let index = completion.work_request_id;
+                let queue_pair = rig.queue_pairs[index as usize];
+                rig.fabric
+                    .left
+                    .post_send(queue_pair, rig.request(index, read))?;
                 completed += 1;
             }
         }
