@@ -9,6 +9,7 @@
 
 use crate::bth::BTH_LEN;
 use crate::ethernet::ETHERNET_HEADER_LEN;
+use crate::ipv4::Ipv4Packet;
 use crate::udp::UDP_HEADER_LEN;
 
 pub const ICRC_LEN: usize = 4;
@@ -175,9 +176,7 @@ const STAGING_MASKS: StagingMasks = {
 /// If the frame is shorter than its headers, or its IPv4 header length is
 /// under 20 bytes; `RoceFrame::new_checked` checks both first.
 pub fn compute_frame(frame: &[u8], icrc_start: usize) -> u32 {
-    let udp = IP_START + usize::from(frame[IP_START] & 0x0f) * 4;
-    let bth = udp + UDP_HEADER_LEN;
-    assert!(bth + BTH_LEN <= icrc_start && icrc_start <= frame.len());
+    let (udp, bth) = transport_layout(frame, icrc_start);
     if frame[IP_START] != IPV4_WITHOUT_OPTIONS {
         return compute(
             &frame[IP_START..udp],
@@ -211,6 +210,19 @@ pub fn compute_frame(frame: &[u8], icrc_start: usize) -> u32 {
     hasher.finalize()
 }
 
+/// Where the UDP header and the BTH start in an Ethernet II / IPv4 frame,
+/// from the IPv4 header's length.
+///
+/// # Panics
+/// If the BTH does not fit before `icrc_start`, or `icrc_start` is past
+/// the frame.
+fn transport_layout(frame: &[u8], icrc_start: usize) -> (usize, usize) {
+    let udp = IP_START + Ipv4Packet::new_unchecked(&frame[IP_START..]).header_len();
+    let bth = udp + UDP_HEADER_LEN;
+    assert!(bth + BTH_LEN <= icrc_start && icrc_start <= frame.len());
+    (udp, bth)
+}
+
 /// A hasher that has taken the recipe's bytes before `grid_start`: none
 /// when the grid starts at or before the recipe, else up to four ones and
 /// the IPv4 version and header-length byte. Cloned from ones made once,
@@ -242,10 +254,8 @@ fn hasher_after_recipe_prefix(grid_start: usize) -> crc32fast::Hasher {
 /// # Panics
 /// If the frame is shorter than its headers; callers emit it first.
 pub fn compute_in_place(frame: &mut [u8], icrc_start: usize) -> u32 {
-    let ip = ETHERNET_HEADER_LEN;
-    let udp = ip + usize::from(frame[ip] & 0x0f) * 4;
-    let bth = udp + UDP_HEADER_LEN;
-    assert!(bth + BTH_LEN <= icrc_start && icrc_start <= frame.len());
+    let ip = IP_START;
+    let (udp, bth) = transport_layout(frame, icrc_start);
     let masked = masked_offsets(ip, udp, bth);
     let prefix = ip - 8..ip;
     let saved_prefix: [u8; 8] = frame[prefix.clone()].try_into().expect("8 bytes");
