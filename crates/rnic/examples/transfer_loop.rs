@@ -42,16 +42,11 @@ fn main() -> Result<(), VerbsError> {
         Some(count) => (Duration::MAX, number(count)),
         None => (Duration::from_secs(number(length)), u64::MAX),
     };
-    let mut rig = TransferRig::new(size_bytes, queue_pair_count as usize, depth)?;
+    let queue_pair_count = queue_pair_count as usize;
+    let mut rig = TransferRig::new(size_bytes, queue_pair_count, depth)?;
     // Each queue pair keeps DEPTH requests posted; a completion is
-    // replaced on the queue pair its work request id names.
-    for (index, queue_pair) in rig.queue_pairs.iter().enumerate() {
-        for _ in 0..depth {
-            rig.fabric
-                .left
-                .post_send(*queue_pair, rig.request(index as u64, read))?;
-        }
-    }
+    // replaced on the queue pair it came from.
+    rig.post_on_each(queue_pair_count, depth, read)?;
     let start = Instant::now();
     let mut completed = 0u64;
     // Each second's rate too: it tells a process that runs slow from the
@@ -70,11 +65,7 @@ fn main() -> Result<(), VerbsError> {
             rig.fabric.step(&mut |_, _| Verdict::Deliver);
             while let Some(completion) = rig.fabric.left.poll_completion(rig.completions)? {
                 assert_eq!(completion.status, CompletionStatus::Success);
-                let index = completion.work_request_id;
-                let queue_pair = rig.queue_pairs[index as usize];
-                rig.fabric
-                    .left
-                    .post_send(queue_pair, rig.request(index, read))?;
+                rig.post_again(completion.work_request_id, read)?;
                 completed += 1;
             }
         }

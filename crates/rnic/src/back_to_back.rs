@@ -11,7 +11,7 @@ use crate::verbs::{
     AccessFlags, CompletionQueue, MemoryRegion, QueuePair, QueuePairBuilder, SendOperation,
     SendRequest, Verbs,
 };
-use crate::VerbsError;
+use crate::{DataPath, VerbsError};
 use remora_wire::frame::MAX_FRAME_LEN;
 use remora_wire::{Ipv4Address, MacAddress};
 
@@ -214,5 +214,30 @@ impl TransferRig {
         };
         let length = u32::try_from(self.local.length_bytes).expect("sized from a u32");
         SendRequest::new(id, operation, &[self.local.slice(0, length)]).expect("one element")
+    }
+
+    /// Posts `per_queue_pair` requests on each of the first `active` queue
+    /// pairs, each named by its queue pair's index, so that
+    /// [`TransferRig::post_again`] can replace a completed one where it ran.
+    pub fn post_on_each(
+        &mut self,
+        active: usize,
+        per_queue_pair: usize,
+        read: bool,
+    ) -> Result<(), VerbsError> {
+        for index in 0..active {
+            for _ in 0..per_queue_pair {
+                self.post_again(index as u64, read)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts a request named `id` on the queue pair that id names: the one
+    /// a completion with that id came from.
+    pub fn post_again(&mut self, id: u64, read: bool) -> Result<(), VerbsError> {
+        let queue_pair = self.queue_pairs[id as usize];
+        let request = self.request(id, read);
+        self.fabric.left.post_send(queue_pair, request)
     }
 }

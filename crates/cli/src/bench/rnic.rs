@@ -83,13 +83,7 @@ fn run_transfers(transfer: Transfer, duration: Duration) -> Result<Sample, Fabri
     let read = kind == Kind::Read;
     // Fill every queue pair's share; each completion is replaced on the
     // queue pair it came from (the work request id names it).
-    for (index, qp) in rig.queue_pairs[..queue_pairs].iter().enumerate() {
-        for _ in 0..per_queue_pair {
-            rig.fabric
-                .left
-                .post_send(*qp, rig.request(index as u64, read))?;
-        }
-    }
+    rig.post_on_each(queue_pairs, per_queue_pair, read)?;
     let mut completed = 0u64;
     let start_wall = Instant::now();
     let start_cpu = thread_cpu_ns();
@@ -101,11 +95,7 @@ fn run_transfers(transfer: Transfer, duration: Duration) -> Result<Sample, Fabri
             if completion.status != CompletionStatus::Success {
                 return Err(FabricBenchError::TransferFailed(completion.status));
             }
-            let index = completion.work_request_id;
-            let queue_pair = rig.queue_pairs[index as usize];
-            rig.fabric
-                .left
-                .post_send(queue_pair, rig.request(index, read))?;
+            rig.post_again(completion.work_request_id, read)?;
             completed += 1;
         }
         if completed.is_multiple_of(64) && start_wall.elapsed() >= duration {
