@@ -28,8 +28,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Tour the fabric: two soft RNICs run every RC operation, a refused
-    /// access and a lossy transfer, each checked, then print a summary.
+    /// Tour the rack and every system on it: two soft RNICs run every RC
+    /// operation, a refused access and a lossy transfer; then the embedded
+    /// rack runs a checked workload, and Clover, Cowbird, SODA, Bifröst,
+    /// TIGA and the KV store each take a checked step. Prints a summary and
+    /// exits non-zero if any check failed.
     Demo {
         /// Also write the summary as JSON to this file.
         #[arg(long)]

@@ -171,3 +171,42 @@ fn a_checkpoint_taken_under_concurrent_writes_holds_what_was_acknowledged() {
         );
     }
 }
+
+/// A refused INCR (a value that is not an integer, or one that would
+/// overflow) had already taken room at the tail for its new record, and
+/// left that room unwritten: the next checkpoint's recovery then read the
+/// gap as records and stopped with a corrupt log. The room now reads as an
+/// invalid record, so every key written around it comes back.
+#[test]
+fn a_refused_increment_leaves_a_log_that_recovers() {
+    let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(16 << 20));
+    let store = Store::new(StoreConfig::smallest(), device.clone()).unwrap();
+    let mut session = store.session().unwrap();
+    let mut model = Model::new();
+    let mut write = |session: &mut Session, key: &[u8], value: &[u8]| {
+        session.upsert(key, value).unwrap();
+        model.insert(key.to_vec(), value.to_vec());
+    };
+    write(&mut session, b"word", b"remora");
+    write(&mut session, b"largest", b"9223372036854775807");
+    for (key, refusal) in [
+        (&b"word"[..], UpdateError::NotAnInteger),
+        (b"largest", UpdateError::Overflow),
+    ] {
+        match rmw_now(&mut session, key, Update::AddToDecimal(1)) {
+            Err(KvError::Update(error)) => assert_eq!(error, refusal),
+            other => panic!("{key:?}: {other:?}"),
+        }
+    }
+    for number in 0..=255u8 {
+        write(&mut session, &key_of(number), &value_of(number, 40, 1));
+    }
+    session.checkpoint().unwrap();
+    drop(session);
+    drop(store);
+    let (recovered, _) = Store::recover(StoreConfig::smallest(), device).unwrap();
+    let mut session = recovered.session().unwrap();
+    for (key, value) in &model {
+        assert_eq!(read_now(&mut session, key).as_ref(), Some(value), "{key:?}");
+    }
+}

@@ -22,8 +22,8 @@ use crate::epoch::{Epoch, EpochError, SlotIndex};
 use crate::index::{HashIndex, IndexError, IndexUsage, Slot};
 use crate::log::{Allocation, HybridLog, LogError, LogShape, Region};
 use crate::record::{
-    parse_stored, record_bytes, write_new, Header, MemoryRecord, Parsed, MAX_KEY_BYTES,
-    MAX_VALUE_BYTES,
+    parse_stored, record_bytes, write_invalid, write_new, Header, MemoryRecord, Parsed,
+    MAX_KEY_BYTES, MAX_VALUE_BYTES,
 };
 use crate::update::{Update, UpdateError};
 use std::hash::Hasher;
@@ -806,9 +806,12 @@ impl Session {
             &mut slot, now, key, update, tombstone, &old, record, fresh, capacity, out,
         );
         self.scratch = old;
-        if let (Ok(None), Some(address)) = (&result, fresh) {
+        if let (Ok(None) | Err(_), Some(address)) = (&result, fresh) {
+            // The update refused the value (INCR of a word), or the entry
+            // moved, perhaps before the record was written: either way the
+            // space must still read as a record, or scans stop at it.
             // SAFETY: allocated in this protected section, never published.
-            unsafe { MemoryRecord::new(&log.frames, address) }.mark_invalid();
+            unsafe { write_invalid(&log.frames, address, key.len(), capacity) };
         }
         result
     }
