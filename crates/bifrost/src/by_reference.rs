@@ -96,10 +96,8 @@ pub fn dsm_error(error: DsmError) -> thrift::Error {
 
 /// Reads an argument the call lent.
 pub fn read_argument(dsm: &Dsm, argument: &Argument) -> Result<Vec<u8>, thrift::Error> {
-    let mut data = vec![0u8; argument.length];
-    dsm.read_at(argument.allocation, argument.at, &mut data)
-        .map_err(dsm_error)?;
-    Ok(data)
+    dsm.read_vec_at(argument.allocation, argument.at, argument.length)
+        .map_err(dsm_error)
 }
 
 /// Puts `result` in an allocation of the callee's and returns it: the

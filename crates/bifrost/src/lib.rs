@@ -13,6 +13,7 @@
 
 pub mod arrays;
 pub mod by_reference;
+pub mod checked_input;
 pub mod dsm;
 pub mod dsm_failover;
 pub mod dsm_service;

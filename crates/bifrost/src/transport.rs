@@ -15,6 +15,7 @@
 //! of its own names it with [`return_pointer`], and the reply's header
 //! carries it, so the Gatekeeper hands its control to the caller.
 
+use crate::checked_input::{CheckedInput, UnreadBytes};
 use crate::rpc::Outcome;
 use crate::rpc::{Callee, Caller, RpcError, Service};
 use remora_base::Timestamp;
@@ -25,7 +26,7 @@ use std::io::{self, Cursor, Read, Write};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use thrift::protocol::{TBinaryInputProtocol, TBinaryOutputProtocol};
+use thrift::protocol::TBinaryOutputProtocol;
 use thrift::server::TProcessor;
 
 /// How a client's calls reach a callee: one blocking call.
@@ -132,7 +133,7 @@ pub fn client_transport<P: CallPath>(path: P) -> (ReadHalf<P>, WriteHalf<P>, Cal
 
 /// A generated client's protocols over Bifröst.
 pub type ClientProtocols<P> = (
-    TBinaryInputProtocol<ReadHalf<P>>,
+    CheckedInput<ReadHalf<P>>,
     TBinaryOutputProtocol<WriteHalf<P>>,
 );
 
@@ -148,10 +149,26 @@ pub fn client_protocols<P: CallPath>(path: P) -> ClientProtocols<P> {
 pub fn client_protocols_passing<P: CallPath>(path: P) -> (ClientProtocols<P>, CallHandle) {
     let (read, write, slot) = client_transport(path);
     let protocols = (
-        TBinaryInputProtocol::new(read, true),
+        CheckedInput::new(read),
         TBinaryOutputProtocol::new(write, true),
     );
     (protocols, slot)
+}
+
+/// A reply's body is a peer's bytes: the client reads it checked.
+impl<P> UnreadBytes for ReadHalf<P> {
+    fn remaining(&self) -> usize {
+        let shared = self.0.borrow();
+        let position = usize::try_from(shared.incoming.position()).unwrap_or(usize::MAX);
+        shared.incoming.get_ref().len().saturating_sub(position)
+    }
+
+    fn peek_i32(&self, offset: usize) -> Option<i32> {
+        let shared = self.0.borrow();
+        let at = usize::try_from(shared.incoming.position()).ok()?;
+        let unread = shared.incoming.get_ref().get(at..)?;
+        unread.peek_i32(offset)
+    }
 }
 
 impl<P> Read for ReadHalf<P> {
@@ -234,7 +251,7 @@ pub fn return_pointer(pointer: GlobalAddress) {
 
 impl<P: TProcessor + Send> Service for ThriftService<P> {
     fn call(&mut self, _method: &[u8], _pointer: GlobalAddress, arguments: &[u8]) -> Outcome {
-        let mut input = TBinaryInputProtocol::new(arguments, true);
+        let mut input = CheckedInput::new(arguments);
         let mut output = TBinaryOutputProtocol::new(Vec::new(), true);
         RETURNED.with(|returned| returned.set(None));
         let started = Instant::now();

@@ -53,6 +53,14 @@ fn misuse_is_a_typed_error() {
         dsm.read_at(ptr, 4090, &mut buffer),
         Err(DsmError::OutOfRange { size: 4096, .. })
     ));
+    // A length a caller lent is refused before a buffer of it is made:
+    // `by_reference::read_argument` allocated first, and a lent length of
+    // 2^60 aborted the service's process.
+    assert!(matches!(
+        dsm.read_vec_at(ptr, 0, 1 << 60),
+        Err(DsmError::OutOfRange { size: 4096, .. })
+    ));
+    assert_eq!(dsm.read_vec_at(ptr, 4088, 8).unwrap().len(), 8);
     assert!(matches!(
         dsm.write_at(ptr, 4096, &[1]),
         Err(DsmError::OutOfRange { .. })

@@ -107,3 +107,42 @@ fn echo_across_the_rack(routing: remora_bifrost::transport::Routing) {
     }
     assert_eq!(echoes.load(Ordering::Relaxed), 200);
 }
+
+/// A call's arguments are a peer's bytes. The thrift crate's reader
+/// allocates a length as it reads it, so a negative one panicked with a
+/// capacity overflow (on the fabric thread, stopping the whole embedded
+/// rack) and a huge one asked for gigabytes. Such calls now fail as
+/// malformed, and the service goes on answering.
+#[test]
+fn a_call_with_a_negative_or_huge_length_fails_without_a_panic() {
+    use remora_bifrost::rpc::Service;
+    let echoes = Arc::new(AtomicU64::new(0));
+    let mut service = ThriftService::new(EchoSyncProcessor::new(Echoed(Arc::clone(&echoes))));
+    let header = |name_length: i32| {
+        let mut bytes = 0x8001_0001u32.to_be_bytes().to_vec();
+        bytes.extend_from_slice(&name_length.to_be_bytes());
+        bytes
+    };
+    let mut echo_with_data_length = header(4);
+    echo_with_data_length.extend_from_slice(b"echo");
+    echo_with_data_length.extend_from_slice(&1i32.to_be_bytes());
+    // Field 1, a binary, whose length is given below.
+    echo_with_data_length.extend_from_slice(&[11, 0, 1]);
+    for call in [
+        header(-1),
+        header(i32::MAX),
+        [&echo_with_data_length[..], &(-1i32).to_be_bytes()].concat(),
+        [&echo_with_data_length[..], &i32::MAX.to_be_bytes()].concat(),
+    ] {
+        // A bad header fails the call; a bad argument is answered, as
+        // Thrift answers it, with an exception message (type 3).
+        match service.call(b"echo", Default::default(), &call) {
+            Err(_) => {}
+            Ok(answer) => assert_eq!(answer.body.get(..4), Some(&[0x80, 1, 0, 3][..])),
+        }
+    }
+    assert_eq!(echoes.load(Ordering::Relaxed), 0);
+    let (input, output) = client_protocols(InProcessPath::new(Box::new(service), 0));
+    let mut client = EchoSyncClient::new(input, output);
+    assert_eq!(client.echo(b"ab".to_vec()).unwrap(), b"ba");
+}

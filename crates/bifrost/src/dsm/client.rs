@@ -265,6 +265,16 @@ impl Dsm {
         self.transfer(ptr, at, Transfer::Into(into), "READ")
     }
 
+    /// Reads `length` bytes at `at` into a new buffer, checked against the
+    /// allocation's size before the buffer is made: a length a caller
+    /// lent is untrusted, and a huge one must be refused, not allocated.
+    pub fn read_vec_at(&self, ptr: GlobalPtr, at: u64, length: usize) -> Result<Vec<u8>, DsmError> {
+        self.check(ptr, at, length)?;
+        let mut data = vec![0u8; length];
+        self.transfer(ptr, at, Transfer::Into(&mut data), "READ")?;
+        Ok(data)
+    }
+
     pub fn write(&self, ptr: GlobalPtr, data: &[u8]) -> Result<(), DsmError> {
         self.write_at(ptr, 0, data)
     }
