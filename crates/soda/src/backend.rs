@@ -123,6 +123,29 @@ pub struct CacheOptions {
     pub mode: CacheMode,
 }
 
+/// The most entries a DPU fetches ahead of a requested one.
+pub const MAX_PREFETCH_DEPTH: u64 = 64;
+
+impl CacheOptions {
+    /// Refuses options no cache can run with.
+    pub fn check(&self) -> Result<(), SodaError> {
+        if !(self.edge_fraction > 0.0 && self.edge_fraction <= 1.0) {
+            return Err(SodaError::Config(
+                "the cache's share of the edge bytes must be above 0 and at most 1",
+            ));
+        }
+        if self.chunks_per_entry == Some(0) {
+            return Err(SodaError::Config("a cache entry holds at least one chunk"));
+        }
+        if self.prefetch_depth > MAX_PREFETCH_DEPTH {
+            return Err(SodaError::Config(
+                "the prefetch depth is at most 64 entries",
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for CacheOptions {
     fn default() -> CacheOptions {
         CacheOptions {
@@ -481,6 +504,7 @@ fn difference(after: RackReport, before: RackReport) -> RackReport {
                 written_bytes: late.written_bytes - early.written_bytes,
                 lookups: late.lookups - early.lookups,
                 hits: late.hits - early.hits,
+                straddling_reads: late.straddling_reads - early.straddling_reads,
                 background_bytes: late.background_bytes - early.background_bytes,
                 static_bytes: late.static_bytes - early.static_bytes,
                 ..late
@@ -504,6 +528,7 @@ fn soda_rack(
     options: &RunOptions,
     processes: usize,
 ) -> Result<SodaRack, SodaError> {
+    options.cache.check()?;
     let chunk = options.chunk_bytes as u64;
     // Four arrays at most, each rounded up to whole chunks, and any app's
     // values.
@@ -583,4 +608,39 @@ fn run_local(app: App, graph: &Graph, options: &RunOptions) -> Result<BackendRun
         far: None,
         rack: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_options_no_cache_can_run_with_are_refused() {
+        let good = CacheOptions::default();
+        good.check().unwrap();
+        let bad = [
+            CacheOptions {
+                chunks_per_entry: Some(0),
+                ..good
+            },
+            CacheOptions {
+                prefetch_depth: MAX_PREFETCH_DEPTH + 1,
+                ..good
+            },
+            CacheOptions {
+                edge_fraction: 0.0,
+                ..good
+            },
+            CacheOptions {
+                edge_fraction: f64::NAN,
+                ..good
+            },
+        ];
+        for options in bad {
+            assert!(
+                matches!(options.check(), Err(SodaError::Config(_))),
+                "{options:?}"
+            );
+        }
+    }
 }

@@ -119,6 +119,8 @@ pub struct DpuCounters {
     /// entry, ready or being prefetched).
     pub lookups: u64,
     pub hits: u64,
+    /// Reads that straddle two cache entries: served by the memory node.
+    pub straddling_reads: u64,
     /// Bytes prefetched from the memory node (off the critical path).
     pub background_bytes: u64,
     /// Bytes loaded into and flushed from the static cache.
@@ -612,6 +614,13 @@ impl DpuState {
             within: page_offset % entry_bytes,
             ..waiter
         };
+        if waiter.within + u64::from(waiter.size) > entry_bytes {
+            // Straddles two entries: one entry's slot cannot answer it (the
+            // reply would run into the next slot, another key's bytes), so
+            // the memory node does.
+            self.counters.straddling_reads += 1;
+            return Ok(false);
+        }
         cache.recent.push(key);
         self.counters.lookups += 1;
         let lookup = cache.table.lookup(key);
@@ -971,9 +980,12 @@ impl DpuState {
         let depth = cache.config.prefetch_depth;
         for (sequence, key) in recent {
             for ahead in 0..=depth {
-                let next = EntryKey {
-                    entry: key.entry + ahead,
-                    ..key
+                let next = match key.entry.checked_add(ahead) {
+                    Some(entry) if self.entry_in_region(EntryKey { entry, ..key }) => {
+                        EntryKey { entry, ..key }
+                    }
+                    // Past the region's end: nothing further to fetch.
+                    _ => break,
                 };
                 if self.background_in_flight >= BACKGROUND_IN_FLIGHT {
                     // This request and the ones after it wait for the next
@@ -992,6 +1004,16 @@ impl DpuState {
 
     fn cache_mut(&mut self) -> &mut DynamicCache {
         self.cache.as_mut().expect("prefetching needs a cache")
+    }
+
+    /// Whether entry `key` starts inside its region.
+    fn entry_in_region(&self, key: EntryKey) -> bool {
+        let (Some(&(_, length)), Some(cache)) = (self.regions.get(&key.region), &self.cache) else {
+            return false;
+        };
+        key.entry
+            .checked_mul(cache.config.entry_bytes as u64)
+            .is_some_and(|offset| offset < length)
     }
 
     /// Starts fetching entry `key` into the cache, if it is not there, it

@@ -575,3 +575,61 @@ fn values_are_atomic_words_in_far_memory_and_a_closed_allocator_refuses() {
     ));
     assert!(words.iter().all(|word| word.load(Ordering::Relaxed) == 3));
 }
+
+/// A host read that straddles two dynamic-cache entries was answered from
+/// the first entry's slot, running on into the next slot: another entry's
+/// bytes, reported as success. It now goes to the memory node, and the
+/// DPU counts it.
+#[test]
+fn a_read_straddling_two_cache_entries_gets_its_own_bytes() {
+    use remora_soda::cache::{CacheMode, DynamicCacheConfig};
+    use remora_soda::Advice;
+    let chunk = 8 << 10;
+    let entry = 2 * chunk;
+    let mut dpu = DpuConfig::optimized(chunk);
+    // No prefetching: the entries cached are the ones read, in slots
+    // taken in order, so entry 5 sits in the slot after entry 0's.
+    dpu.dynamic = Some(DynamicCacheConfig {
+        capacity_bytes: 8 * entry as u64,
+        entry_bytes: entry,
+        prefetch_depth: 0,
+        mode: CacheMode::On,
+    });
+    let config = SodaRackConfig {
+        pool_bytes: 4 << 20,
+        processes: 1,
+        channels: 2,
+        chunk_bytes: chunk,
+        dpu: Some(dpu),
+        route: Route::Direct,
+        links: Default::default(),
+        hosts: None,
+    };
+    let store = SodaRack::start(&config).unwrap();
+    let object = ObjectId(1);
+    let bytes: Vec<u8> = (0..16 * entry).map(|at| (at / 512) as u8).collect();
+    store.reserve(object, bytes.len() as u64, None).unwrap();
+    store.write_back(object, 0, &bytes).unwrap();
+    store.advise(object, Advice::CacheDynamically).unwrap();
+    let mut into = vec![0u8; chunk];
+    for cached in [0, 5] {
+        // Until the entry is in the cache (a hit: ready, or being filled).
+        for _ in 0..1000 {
+            let before = store.dpu_report().unwrap().0.hits;
+            store
+                .fetch(object, (cached * entry) as u64, &mut into)
+                .unwrap();
+            if store.dpu_report().unwrap().0.hits > before {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    let straddling = entry - chunk / 2;
+    store.fetch(object, straddling as u64, &mut into).unwrap();
+    assert!(
+        into == bytes[straddling..straddling + chunk],
+        "the read got another entry's bytes"
+    );
+    assert_eq!(store.dpu_report().unwrap().0.straddling_reads, 1);
+}
