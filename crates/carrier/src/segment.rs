@@ -231,8 +231,12 @@ impl Segment {
         // SAFETY: as above; the header is validated before any other use.
         let map = unsafe { MmapMut::map_mut(&file) }
             .map_err(|error| CarrierError::io("mmap inherited segment", error))?;
-        // SAFETY: the mapping is at least a header long and page aligned.
-        let header = unsafe { &*(map.as_ptr() as *const SegmentHeader) };
+        // One copy of the header, checked and then used: the fields live in
+        // memory other processes can write, and a second read after the
+        // check could size the rings past the mapping.
+        // SAFETY: the mapping is at least a header long and page aligned,
+        // and every bit pattern is a valid `SegmentHeader` (plain integers).
+        let header = unsafe { std::ptr::read_volatile(map.as_ptr() as *const SegmentHeader) };
         let valid = header.magic == MAGIC
             && header.version == LAYOUT_VERSION
             && header.slot_bytes == SLOT_BYTES as u64

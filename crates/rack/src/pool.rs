@@ -15,6 +15,8 @@ pub enum PoolError {
     Full { wanted: u64, free: u64 },
     #[error("no extent is held under this key")]
     Unknown,
+    #[error("an extent is already held under this key")]
+    AlreadyHeld,
     #[error("bytes {offset}..{end} are outside an extent of {length} bytes")]
     OutOfRange { offset: u64, end: u64, length: u64 },
     #[error("the pool's memory: {0}")]
@@ -40,7 +42,16 @@ impl<K: Hash + Eq + Copy> Pool<K> {
 
     /// Reserves an extent of at least `bytes` for `key`; returns its start.
     pub fn reserve(&mut self, key: K, bytes: u64) -> Result<u64, PoolError> {
-        let wanted = bytes.max(1).next_multiple_of(EXTENT_ALIGNMENT);
+        if self.held.contains_key(&key) {
+            // A second extent under one key would leak the first.
+            return Err(PoolError::AlreadyHeld);
+        }
+        // A size from the wire may be anything: one that rounds past
+        // u64::MAX wants more than any pool has.
+        let wanted = bytes
+            .max(1)
+            .checked_next_multiple_of(EXTENT_ALIGNMENT)
+            .unwrap_or(u64::MAX);
         let Some((&start, &length)) = self.free.iter().find(|(_, &length)| length >= wanted) else {
             let free = self.free.values().sum();
             return Err(PoolError::Full { wanted, free });
@@ -122,5 +133,22 @@ mod tests {
             pool.locate(3, 12288, 1),
             Err(PoolError::OutOfRange { .. })
         ));
+    }
+
+    /// A size from the wire of u64::MAX wrapped to a zero-length extent
+    /// at the first free start, which the next reservation was then given
+    /// too; a key reserved twice lost its first extent.
+    #[test]
+    fn a_size_past_the_largest_and_a_key_held_twice_are_refused() {
+        let mut pool: Pool<u32> = Pool::new(HostMemory::new(4 * 4096));
+        for bytes in [u64::MAX, u64::MAX - 1, (u64::MAX / 4096) * 4096 + 1] {
+            assert!(
+                matches!(pool.reserve(1, bytes), Err(PoolError::Full { .. })),
+                "{bytes}"
+            );
+        }
+        assert_eq!(pool.reserve(1, 10), Ok(0));
+        assert_eq!(pool.reserve(1, 10), Err(PoolError::AlreadyHeld));
+        assert_eq!(pool.reserve(2, 10), Ok(4096), "no two owners of one extent");
     }
 }

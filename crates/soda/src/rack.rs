@@ -674,7 +674,9 @@ fn pool_error(object: ObjectId) -> impl Fn(PoolError) -> StoreError {
             end,
             length,
         },
-        PoolError::Memory(error) => StoreError::Remote(Box::new(error)),
+        error @ (PoolError::Memory(_) | PoolError::AlreadyHeld) => {
+            StoreError::Remote(Box::new(error))
+        }
     }
 }
 

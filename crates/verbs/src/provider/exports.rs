@@ -78,6 +78,8 @@ remora_verbs_exports::export! {
         as remora_ibv_dealloc_pd { unsafe { resources::dealloc_pd(pd) } }
     "IBVERBS_1.1" fn ibv_reg_mr(pd: *mut ibv_pd, address: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr
         as remora_ibv_reg_mr { unsafe { resources::reg_mr_iova(pd, address, length, address as u64, access) } }
+    "IBVERBS_1.7" fn ibv_reg_mr_iova(pd: *mut ibv_pd, address: *mut c_void, length: usize, iova: u64, access: c_int) -> *mut ibv_mr
+        as remora_ibv_reg_mr_iova { unsafe { resources::reg_mr_iova(pd, address, length, iova, access) } }
     "IBVERBS_1.8" fn ibv_reg_mr_iova2(pd: *mut ibv_pd, address: *mut c_void, length: usize, iova: u64, access: u32) -> *mut ibv_mr
         as remora_ibv_reg_mr_iova2 { unsafe { resources::reg_mr_iova(pd, address, length, iova, access as c_int) } }
     "IBVERBS_1.1" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int

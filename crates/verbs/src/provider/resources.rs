@@ -107,9 +107,21 @@ pub(super) unsafe fn reg_mr_iova(
     if pd.is_null() || address.is_null() || length == 0 {
         return null_with(libc::EINVAL);
     }
+    // A range that runs past the address space is not memory the program
+    // has (the kernel's pinning refuses it with EFAULT).
+    if (address as usize).checked_add(length).is_none() {
+        return null_with(libc::EFAULT);
+    }
     let access_bits = access as u32;
     if access_bits & UNSUPPORTED_ACCESS != 0 {
         return null_with(libc::EOPNOTSUPP);
+    }
+    // A peer's atomic names an 8-byte-aligned IOVA; it must land on an
+    // 8-byte-aligned word of the program's memory, so the IOVA and the
+    // address must agree modulo 8.
+    let misaligned = iova.wrapping_sub(address as u64) % 8 != 0;
+    if access_bits & IBV_ACCESS_REMOTE_ATOMIC != 0 && misaligned {
+        return null_with(libc::EINVAL);
     }
     // SAFETY: a live PD.
     let pd_object = unsafe { object::<PdObject, _>(pd) };
@@ -165,16 +177,47 @@ pub(super) unsafe fn dereg_mr(mr: *mut ibv_mr) -> c_int {
 /// so one read takes one event) and the queues they came from.
 pub(super) struct ChannelShared {
     events: OwnedFd,
+    /// The queues the counted events came from, in order; a destroyed
+    /// queue's events stay counted but name [`DESTROYED`]. The lock also
+    /// guards the channel's `refcnt`, which rdma-core updates under the
+    /// context's lock.
     ready: Mutex<VecDeque<usize>>,
 }
 
+/// What a destroyed queue's pending events name: `ibv_get_cq_event` skips
+/// them, as the kernel drops a destroyed CQ's events.
+const DESTROYED: usize = 0;
+
 impl ChannelShared {
-    fn raise(&self, cq: *mut ibv_cq) {
+    fn ready(&self) -> std::sync::MutexGuard<'_, VecDeque<usize>> {
         self.ready
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push_back(cq as usize);
+    }
+
+    fn raise(&self, cq: *mut ibv_cq) {
+        self.ready().push_back(cq as usize);
         let _ = rustix::io::write(&self.events, &1u64.to_ne_bytes());
+    }
+
+    /// Forgets `cq`'s pending events: the program can no longer be handed
+    /// a queue it destroyed.
+    fn forget(&self, cq: *mut ibv_cq) {
+        for entry in self.ready().iter_mut() {
+            if *entry == cq as usize {
+                *entry = DESTROYED;
+            }
+        }
+    }
+
+    /// Changes the channel's count of queues under the lock.
+    ///
+    /// # Safety
+    /// `channel` is live.
+    unsafe fn count_queues(&self, channel: *mut ibv_comp_channel, change: c_int) {
+        let _guard = self.ready();
+        // SAFETY: live (the caller's promise); the lock serializes writers.
+        unsafe { (*channel).refcnt += change };
     }
 }
 
@@ -212,11 +255,12 @@ pub(super) unsafe fn destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_i
         return libc::EINVAL;
     }
     // SAFETY: a live channel.
-    if unsafe { object::<ChannelObject, _>(channel) }
-        .channel
-        .refcnt
-        > 0
-    {
+    let channel_object = unsafe { object::<ChannelObject, _>(channel) };
+    let in_use = {
+        let _guard = channel_object.shared.ready();
+        channel_object.channel.refcnt > 0
+    };
+    if in_use {
         return libc::EBUSY;
     }
     // SAFETY: the program gives it up.
@@ -237,21 +281,23 @@ pub(super) unsafe fn get_cq_event(
     }
     // SAFETY: a live channel.
     let shared = Arc::clone(&unsafe { object::<ChannelObject, _>(channel) }.shared);
-    let mut counter = [0u8; 8];
-    if let Err(error) = rustix::io::read(&shared.events, &mut counter) {
-        set_errno(error.raw_os_error());
-        return -1;
-    }
-    let cq = shared
-        .ready
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .pop_front();
-    let Some(cq) = cq else {
-        set_errno(libc::EAGAIN);
-        return -1;
+    // Each turn takes one counted event; a destroyed queue's are skipped,
+    // and each turn consumes an entry, so the loop ends.
+    let cq = loop {
+        let mut counter = [0u8; 8];
+        if let Err(error) = rustix::io::read(&shared.events, &mut counter) {
+            set_errno(error.raw_os_error());
+            return -1;
+        }
+        match shared.ready().pop_front() {
+            Some(DESTROYED) => continue,
+            Some(cq) => break cq as *mut ibv_cq,
+            None => {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+        }
     };
-    let cq = cq as *mut ibv_cq;
     // SAFETY: the queue was live when armed, and a program acks its events
     // before destroying it; the out-parameters are the caller's.
     unsafe {
@@ -266,7 +312,9 @@ pub(super) struct CqObject {
     pub cq: ibv_cq,
     pub queue: CompletionQueue,
     pub channel: Option<Arc<ChannelShared>>,
-    pub events_acknowledged: u32,
+    /// Threads may ack one queue's events at once: rdma-core sums them
+    /// under the CQ's lock, and so does this.
+    pub acknowledging: Mutex<()>,
 }
 
 pub(super) unsafe fn create_cq(
@@ -290,7 +338,8 @@ pub(super) unsafe fn create_cq(
     } else {
         // SAFETY: a live channel.
         let channel_object = unsafe { object::<ChannelObject, _>(channel) };
-        channel_object.channel.refcnt += 1;
+        // SAFETY: live, as above.
+        unsafe { channel_object.shared.count_queues(channel, 1) };
         Some(Arc::clone(&channel_object.shared))
     };
     hand_out(CqObject {
@@ -304,7 +353,7 @@ pub(super) unsafe fn create_cq(
         },
         queue,
         channel: shared,
-        events_acknowledged: 0,
+        acknowledging: Mutex::new(()),
     })
 }
 
@@ -316,11 +365,10 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     let cq_object = unsafe { object::<CqObject, _>(cq) };
     // SAFETY: its context is live.
     unsafe { node_of(cq_object.cq.context) }.disarm(cq_object.queue);
-    if !cq_object.cq.channel.is_null() {
+    if let Some(shared) = &cq_object.channel {
+        shared.forget(cq);
         // SAFETY: a CQ's channel outlives it (destroying it first is EBUSY).
-        unsafe { object::<ChannelObject, _>(cq_object.cq.channel) }
-            .channel
-            .refcnt -= 1;
+        unsafe { shared.count_queues(cq_object.cq.channel, -1) };
     }
     // SAFETY: the program gives it up. The device's queue stays allocated:
     // the soft RNIC does not reuse completion queue numbers.
@@ -332,8 +380,11 @@ pub(super) unsafe fn ack_cq_events(cq: *mut ibv_cq, count: u32) {
     if !cq.is_null() {
         // SAFETY: a live CQ.
         let cq_object = unsafe { object::<CqObject, _>(cq) };
-        cq_object.events_acknowledged = cq_object.events_acknowledged.wrapping_add(count);
-        cq_object.cq.comp_events_completed = cq_object.events_acknowledged;
+        let _guard = cq_object
+            .acknowledging
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        cq_object.cq.comp_events_completed = cq_object.cq.comp_events_completed.wrapping_add(count);
     }
 }
 

@@ -9,6 +9,8 @@
  * any failed check prints what and exits 1.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,10 +47,10 @@ static struct ibv_wc complete(void)
 	return wc;
 }
 
-static struct ibv_qp *make_qp(void)
+static struct ibv_qp *make_qp_on(struct ibv_cq *completions)
 {
 	struct ibv_qp_init_attr init = {
-		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.send_cq = completions, .recv_cq = completions, .qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
 			 .max_recv_sge = 1, .max_inline_data = 64 },
 	};
@@ -59,6 +61,11 @@ static struct ibv_qp *make_qp(void)
 		.qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC };
 	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0, "to INIT");
 	return qp;
+}
+
+static struct ibv_qp *make_qp(void)
+{
+	return make_qp_on(cq);
 }
 
 static void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid gid)
@@ -102,6 +109,15 @@ static void refusals(void)
 	CHECK(ibv_reg_mr(pd, page, sizeof page, IBV_ACCESS_ON_DEMAND) == NULL && errno == EOPNOTSUPP,
 	      "on-demand paging is refused with EOPNOTSUPP");
 	errno = 0;
+	CHECK(ibv_reg_mr(pd, (void *)(uintptr_t)-4096, 8192, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EFAULT,
+	      "a range past the address space is refused with EFAULT");
+	/* A peer's 8-byte-aligned atomic would land on a misaligned word. */
+	uint64_t words[4];
+	errno = 0;
+	CHECK(ibv_reg_mr_iova(pd, (char *)words + 4, 16, 0x10000,
+			      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC) == NULL && errno == EINVAL,
+	      "remote atomics on an IOVA misaligned with its memory are EINVAL");
+	errno = 0;
 	CHECK(ibv_create_cq(context, 0, NULL, NULL, 0) == NULL && errno == EINVAL, "a CQ of 0 entries is EINVAL");
 	struct ibv_cq_init_attr_ex cq_ex = { .cqe = 4 };
 	errno = 0;
@@ -110,6 +126,42 @@ static void refusals(void)
 	CHECK(ibv_query_gid(context, 1, 1, &gid) != 0, "GID index 1 does not exist");
 	struct ibv_port_attr port;
 	CHECK(ibv_query_port(context, 2, &port) != 0, "port 2 does not exist");
+}
+
+/* A destroyed CQ's pending event is dropped, as the kernel drops it: the
+ * program is never handed a queue it destroyed. */
+static void destroyed_queue_events(union ibv_gid gid, uint8_t *local, struct ibv_mr *local_mr,
+				   uint8_t *remote, struct ibv_mr *remote_mr)
+{
+	struct ibv_comp_channel *channel = ibv_create_comp_channel(context);
+	CHECK(channel, "create_comp_channel");
+	struct ibv_cq *evented = ibv_create_cq(context, 8, NULL, channel, 0);
+	struct ibv_cq *other = ibv_create_cq(context, 8, NULL, channel, 0);
+	CHECK(evented && other, "two CQs on one channel");
+	CHECK(ibv_destroy_comp_channel(channel) == EBUSY, "a channel with CQs is busy");
+	struct ibv_qp *c = make_qp_on(evented), *d = make_qp_on(evented);
+	connect_qp(c, d->qp_num, gid);
+	connect_qp(d, c->qp_num, gid);
+	CHECK(ibv_req_notify_cq(evented, 0) == 0, "arm");
+	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = 8, .lkey = local_mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 9, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)remote, .rkey = remote_mr->rkey } }, *bad = NULL;
+	CHECK(ibv_post_send(c, &wr, &bad) == 0, "post on the armed queue's QP");
+	struct pollfd readable = { .fd = channel->fd, .events = POLLIN };
+	CHECK(poll(&readable, 1, 5000) == 1, "the completion raised an event");
+	struct ibv_wc wc;
+	CHECK(ibv_poll_cq(evented, 1, &wc) == 1 && wc.status == IBV_WC_SUCCESS, "the WRITE completed");
+	CHECK(ibv_destroy_qp(c) == 0 && ibv_destroy_qp(d) == 0, "destroy the QPs");
+	CHECK(ibv_destroy_cq(evented) == 0, "destroy the armed CQ with its event pending");
+	CHECK(fcntl(channel->fd, F_SETFL, fcntl(channel->fd, F_GETFL) | O_NONBLOCK) == 0, "non-blocking");
+	struct ibv_cq *named = NULL;
+	void *cq_context = NULL;
+	errno = 0;
+	CHECK(ibv_get_cq_event(channel, &named, &cq_context) == -1 && errno == EAGAIN,
+	      "no event names the destroyed CQ (got %p)", (void *)named);
+	CHECK(ibv_destroy_cq(other) == 0, "destroy the other CQ");
+	CHECK(ibv_destroy_comp_channel(channel) == 0, "an unused channel is destroyed");
 }
 
 int main(void)
@@ -220,6 +272,7 @@ int main(void)
 	wc = post_one(a, &wr);
 	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR, "a WRITE past the region is a remote access error, not %s",
 	      ibv_wc_status_str(wc.status));
+	destroyed_queue_events(gid, local, local_mr, remote, remote_mr);
 	printf("ok\n");
 	return 0;
 }
