@@ -324,9 +324,11 @@ fn run_serve(args: &ServeArgs) -> Result<ExitCode, KvCliError> {
 }
 
 fn run_ycsb(args: &YcsbArgs) -> Result<ExitCode, KvCliError> {
-    if !(args.seconds > 0.0 && args.seconds.is_finite()) {
-        return Err(KvCliError::Seconds(args.seconds));
-    }
+    // Positive, and a length a Duration can hold (1e20 s cannot).
+    let duration = Duration::try_from_secs_f64(args.seconds)
+        .ok()
+        .filter(|duration| !duration.is_zero())
+        .ok_or(KvCliError::Seconds(args.seconds))?;
     let mut config = store_config(args.store.config.as_deref())?;
     config.sessions = config.sessions.max(args.threads + 1);
     let (store, opened) = open_store(&args.store, config)?;
@@ -336,7 +338,7 @@ fn run_ycsb(args: &YcsbArgs) -> Result<ExitCode, KvCliError> {
         spec,
         value_bytes: args.value_bytes,
         threads: args.threads,
-        duration: Duration::from_secs_f64(args.seconds),
+        duration,
         seed: 1,
         record_history: args.history.is_some(),
     };

@@ -481,6 +481,18 @@ fn kv_ycsb_refuses_bad_input_clearly() {
     ]);
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("range scans"));
+    // Finite but past what a Duration holds: this panicked.
+    for seconds in ["1e20", "0", "-1", "NaN"] {
+        let argument = format!("--seconds={seconds}");
+        let output = remora(&["kv", "ycsb", "--device", "memory", &argument]);
+        // The command line's error exit, not a panic's 101.
+        assert_eq!(output.status.code(), Some(2), "{seconds}");
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("is not a run length"),
+            "{seconds}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 }
 
 /// `kv ycsb --history` records a concurrent run, checks it and writes it

@@ -6,12 +6,16 @@ use crate::record::{record_bytes, MAX_KEY_BYTES, MAX_VALUE_BYTES};
 pub enum ConfigError {
     #[error("page_bits {0} is out of range: pages are 2^14 (16 KiB, the largest record rounded up) to 2^26 bytes")]
     PageBits(u32),
-    #[error("memory_pages {0}: the log needs at least 4 pages in memory (mutable, read-only, one being flushed, one free)")]
+    #[error("memory_pages {0}: the log needs at least 4 pages in memory (mutable, read-only, one being flushed, one free), and at most 1 TiB of them")]
     MemoryPages(u64),
     #[error("mutable_fraction {0} must be in (0, 1)")]
     MutableFraction(f64),
-    #[error("index_buckets {0} must be a power of two")]
+    #[error("index_buckets {0} must be a power of two, at most 2^30")]
     IndexBuckets(u64),
+    #[error("overflow_buckets {0} must be at most 2^30")]
+    OverflowBuckets(u32),
+    #[error("first_read_bytes {0} must be from 1 to a page's bytes")]
+    FirstReadBytes(usize),
     #[error("the device holds {device_bytes} bytes, less than the {memory_bytes} bytes of the in-memory log")]
     DeviceTooSmall {
         device_bytes: u64,
@@ -22,6 +26,11 @@ pub enum ConfigError {
     #[error("store settings: {0}")]
     Toml(String),
 }
+
+/// The most bytes of log a store keeps in memory.
+const MAX_MEMORY_BYTES: u64 = 1 << 40;
+/// The most hash or overflow buckets (64 GiB of them).
+const MAX_BUCKETS: u64 = 1 << 30;
 
 /// A store's settings; in TOML, every key is optional:
 ///
@@ -89,8 +98,10 @@ impl StoreConfig {
         toml::from_str(text).map_err(|error| ConfigError::Toml(error.message().to_string()))
     }
 
+    /// The in-memory log's bytes (saturating: `check` bounds it).
     pub fn memory_bytes(&self) -> u64 {
-        self.memory_pages << self.page_bits
+        self.memory_pages
+            .saturating_mul(1u64.checked_shl(self.page_bits).unwrap_or(u64::MAX))
     }
 
     /// Pages that take in-place updates: at least one, and at most all
@@ -105,14 +116,23 @@ impl StoreConfig {
         if !(14..=26).contains(&self.page_bits) || (1u64 << self.page_bits) < largest {
             return Err(ConfigError::PageBits(self.page_bits));
         }
-        if self.memory_pages < 4 {
+        // Past 1 TiB, `memory_pages << page_bits` nears wrapping, and a
+        // wrapped size once passed the device check with a small
+        // allocation that the log then wrote past.
+        if self.memory_pages < 4 || self.memory_pages > MAX_MEMORY_BYTES >> self.page_bits {
             return Err(ConfigError::MemoryPages(self.memory_pages));
         }
         if !(self.mutable_fraction > 0.0 && self.mutable_fraction < 1.0) {
             return Err(ConfigError::MutableFraction(self.mutable_fraction));
         }
-        if self.index_buckets == 0 || !self.index_buckets.is_power_of_two() {
+        if !self.index_buckets.is_power_of_two() || self.index_buckets > MAX_BUCKETS {
             return Err(ConfigError::IndexBuckets(self.index_buckets));
+        }
+        if u64::from(self.overflow_buckets) > MAX_BUCKETS {
+            return Err(ConfigError::OverflowBuckets(self.overflow_buckets));
+        }
+        if !(1..=1usize << self.page_bits).contains(&self.first_read_bytes) {
+            return Err(ConfigError::FirstReadBytes(self.first_read_bytes));
         }
         if crate::log::log_capacity_bytes(device_bytes, self.page_bits) < self.memory_bytes() {
             return Err(ConfigError::DeviceTooSmall {
@@ -137,6 +157,50 @@ mod tests {
         assert_eq!(config.memory_pages, 8);
         assert_eq!(config.page_bits, 20);
         assert_eq!(config.sessions, StoreConfig::default().sessions);
+    }
+
+    /// Sizes past what a machine has were refused only by wrapping: 2^48 + 4
+    /// pages of 64 KiB wrapped to 256 KiB and passed; 2^60 buckets panicked
+    /// with a capacity overflow.
+    #[test]
+    fn sizes_past_any_machine_are_typed_errors() {
+        let device = 1 << 40;
+        let good = StoreConfig::default();
+        good.check(device).unwrap();
+        let cases = [
+            StoreConfig {
+                memory_pages: (1 << 48) + 4,
+                ..good.clone()
+            },
+            StoreConfig {
+                index_buckets: 1 << 60,
+                ..good.clone()
+            },
+            StoreConfig {
+                overflow_buckets: u32::MAX,
+                ..good.clone()
+            },
+            StoreConfig {
+                first_read_bytes: 0,
+                ..good.clone()
+            },
+            StoreConfig {
+                first_read_bytes: usize::MAX,
+                ..good.clone()
+            },
+        ];
+        for config in cases {
+            assert!(
+                matches!(
+                    config.check(device),
+                    Err(ConfigError::MemoryPages(_)
+                        | ConfigError::IndexBuckets(_)
+                        | ConfigError::OverflowBuckets(_)
+                        | ConfigError::FirstReadBytes(_))
+                ),
+                "{config:?}"
+            );
+        }
     }
 
     #[test]
