@@ -2,9 +2,13 @@
 //! access rights checked on every access.
 //!
 //! The regions live inside the device, as host memory pinned for DMA would.
-//! Keys carry a slot index and a generation, so a key from a deregistered
-//! region never reaches a later region in the same slot. Remote keys are
-//! salted per device so that one device's lkeys are not its rkeys.
+//! Keys carry a slot index and an 8-bit generation, as a ConnectX's memory
+//! keys carry an index and an 8-bit variant. A freed slot is reused only
+//! once every slot has been used, least recently freed first, so a key
+//! from a deregistered region names nothing, and reaches a later region
+//! only after 256 reuses of its slot: at least `max_regions` × 256
+//! registrations later. Remote keys are salted per device so that one
+//! device's lkeys are not its rkeys.
 
 use crate::host_memory::{ExternalMemory, HostMemory};
 use crate::verbs::VerbsError;
@@ -115,6 +119,8 @@ pub(crate) enum RemoteAccessFault {
 pub(crate) struct MemoryTable {
     slots: Vec<Option<Region>>,
     generations: Vec<u8>,
+    /// Freed slots, least recently freed first.
+    freed: std::collections::VecDeque<usize>,
     rkey_salt: u32,
     next_address: u64,
     max_regions: usize,
@@ -127,6 +133,7 @@ impl MemoryTable {
         MemoryTable {
             slots: Vec::with_capacity(max_regions),
             generations: Vec::with_capacity(max_regions),
+            freed: std::collections::VecDeque::with_capacity(max_regions),
             rkey_salt,
             next_address: FIRST_ADDRESS,
             max_regions,
@@ -258,19 +265,19 @@ impl MemoryTable {
         Ok(handle)
     }
 
+    /// A new slot while the table may grow, else the least recently
+    /// freed: a slot's generation, and so its keys, then recur as late as
+    /// they can.
     fn free_slot(&mut self) -> Result<usize, VerbsError> {
-        if let Some(slot) = self.slots.iter().position(Option::is_none) {
-            return Ok(slot);
+        if self.slots.len() < self.max_regions {
+            self.slots.push(None);
+            self.generations.push(0);
+            return Ok(self.slots.len() - 1);
         }
-        if self.slots.len() == self.max_regions {
-            return Err(VerbsError::TooManyObjects {
-                kind: "memory regions",
-                max: self.max_regions,
-            });
-        }
-        self.slots.push(None);
-        self.generations.push(0);
-        Ok(self.slots.len() - 1)
+        self.freed.pop_front().ok_or(VerbsError::TooManyObjects {
+            kind: "memory regions",
+            max: self.max_regions,
+        })
     }
 
     pub(crate) fn deregister(&mut self, lkey: Lkey) -> Result<(), VerbsError> {
@@ -278,6 +285,8 @@ impl MemoryTable {
             .slot_of_lkey(lkey)
             .ok_or(VerbsError::UnknownLocalKey(lkey))?;
         self.slots[slot] = None;
+        self.freed.push_back(slot);
+        debug_assert!(self.freed.len() <= self.max_regions);
         Ok(())
     }
 
@@ -525,6 +534,25 @@ mod tests {
             .register(ProtectionDomain(0), 4096, AccessFlags::ALL)
             .unwrap();
         (table, region)
+    }
+
+    /// The first free slot was always reused, so its 8-bit generation
+    /// wrapped after 256 registrations, and the 257th region answered to
+    /// the 1st one's rkey.
+    #[test]
+    fn a_deregistered_key_names_nothing_for_many_registrations() {
+        let (mut table, first) = table();
+        let pd = ProtectionDomain(0);
+        table.deregister(first.lkey).unwrap();
+        let mut keys = std::collections::HashSet::from([first.rkey]);
+        for _ in 0..4 * 256 - 1 {
+            let region = table.register(pd, 4096, AccessFlags::ALL).unwrap();
+            assert!(keys.insert(region.rkey), "{:?} came back", region.rkey);
+            let stale =
+                table.check_remote(pd, first.rkey, region.address, 8, AccessFlags::REMOTE_READ);
+            assert!(stale.is_err(), "the first rkey reached a later region");
+            table.deregister(region.lkey).unwrap();
+        }
     }
 
     #[test]

@@ -436,3 +436,38 @@ fn duplicated_requests_execute_once() {
     );
     assert_eq!(s.fabric.right.counters().duplicate_requests, 10);
 }
+
+/// A SEND's middle packet shorter than the MTU is an invalid request. The
+/// receive its first packet had taken was dropped with it: no completion,
+/// not even a flush, and the program never learned of that buffer again.
+/// It now completes, flushed, ahead of the receives behind it.
+#[test]
+fn a_receive_taken_by_a_refused_send_still_completes() {
+    let mut s = setup();
+    for id in [9, 10] {
+        let receive = ReceiveRequest::new(id, &[s.right_mr.slice(0, 16 * 1024)]).unwrap();
+        s.fabric.right.post_receive(s.right_qp, receive).unwrap();
+    }
+    // Three packets at the 4 KiB MTU: First, Middle, Last.
+    let send = send_request(&s, 1, 0, 3 * 4096);
+    s.fabric.left.post_send(s.left_qp, send).unwrap();
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    let mut frames = Vec::new();
+    while let Some(len) = s.fabric.left.poll_transmit(s.fabric.now, &mut buffer) {
+        frames.push(buffer[..len].to_vec());
+    }
+    assert_eq!(opcode_of(&frames[0]), Opcode::SendFirst);
+    s.fabric.right.handle_frame(s.fabric.now, &frames[0]);
+    let middle = parse_frame(&frames[1]).unwrap();
+    let short = middle.repr.with_payload_len(10);
+    let length =
+        remora_wire::frame::emit_frame(&short, &middle.payload[..10], &mut buffer).unwrap();
+    s.fabric.right.handle_frame(s.fabric.now, &buffer[..length]);
+    assert_eq!(
+        statuses(&mut s.fabric.right, s.right_cq),
+        vec![
+            (9, CompletionStatus::WorkRequestFlushError),
+            (10, CompletionStatus::WorkRequestFlushError)
+        ]
+    );
+}

@@ -225,7 +225,10 @@ impl QueuePairContext {
     pub(crate) fn enter_error(&mut self, resources: &mut Resources) {
         self.state = QueuePairState::Error;
         self.requester.flush(self.qpn, &self.attributes, resources);
-        while let Some(request) = self.receive_queue.pop() {
+        // A SEND under way holds the oldest receive: it is flushed first.
+        let in_progress = self.responder.take_receive_in_progress();
+        let queued = std::iter::from_fn(|| self.receive_queue.pop());
+        for request in in_progress.into_iter().chain(queued) {
             let completion = WorkCompletion {
                 work_request_id: request.work_request_id,
                 status: CompletionStatus::WorkRequestFlushError,

@@ -97,6 +97,15 @@ impl Responder {
         self.expected_psn
     }
 
+    /// The receive a multi-packet SEND has under way, taken: the queue
+    /// pair is failing, and that receive is flushed with the rest.
+    pub(crate) fn take_receive_in_progress(&mut self) -> Option<ReceiveRequest> {
+        match self.in_progress.take() {
+            Some(InProgress::Send { receive, .. }) => Some(receive),
+            _ => None,
+        }
+    }
+
     pub(crate) fn start(&mut self, expected_psn: Psn) {
         self.expected_psn = expected_psn;
     }
@@ -294,6 +303,8 @@ impl QueuePairContext {
     ) {
         resources.counters.error_naks_sent += 1;
         if let Some((receive, status)) = consumed_receive {
+            // Reported here: `enter_error` must not flush it again.
+            self.responder.in_progress = None;
             self.complete_receive(
                 &receive,
                 status,
@@ -304,7 +315,6 @@ impl QueuePairContext {
             );
         }
         let responder = &mut self.responder;
-        responder.in_progress = None;
         let nak = Output::Acknowledge {
             psn,
             syndrome: AckSyndrome::Nak(refusal),
