@@ -26,7 +26,7 @@ use remora_wire::datagram::DatagramEnd;
 use remora_wire::tiga::{
     MessageKind, Status, TigaError, TigaHeader, TigaRepr, HEADER_LEN, TIGA_PORT,
 };
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -39,6 +39,13 @@ const DATAGRAMS_PER_TURN: usize = 256;
 const INBOX_DEPTH: usize = 1024;
 /// Calls a client agent keeps in flight; the rest wait in the channel.
 const MAX_OUTSTANDING: usize = 256;
+/// How long a call waits for its answer, on the CN's agent and in
+/// [`NdpRack::call`]: a lost request or answer frees its slot then.
+pub const CALL_DEADLINE: Duration = Duration::from_secs(5);
+/// Forwarded requests the engine remembers awaiting their CN's
+/// acknowledgement; past it the oldest is forgotten (and counted), so a CN
+/// that never acknowledges cannot grow the engine's memory.
+pub const MAX_UNACKNOWLEDGED: usize = 4096;
 /// The CN's UDP port.
 const CLIENT_PORT: u16 = 40_100;
 
@@ -78,6 +85,9 @@ pub struct NdpEngine {
     memory: Vec<u8>,
     forward_every: u64,
     pending_acknowledgements: HashSet<(DatagramEnd, u64)>,
+    /// The same, oldest first (acknowledged ones linger until they reach
+    /// the front or a compaction).
+    acknowledgement_order: VecDeque<(DatagramEnd, u64)>,
     counters: EngineCounters,
 }
 
@@ -98,6 +108,7 @@ impl NdpEngine {
             memory,
             forward_every,
             pending_acknowledgements: HashSet::new(),
+            acknowledgement_order: VecDeque::new(),
             counters: EngineCounters::default(),
         }
     }
@@ -157,6 +168,29 @@ impl NdpEngine {
 
     fn drop(&mut self, reason: String) {
         *self.counters.dropped.entry(reason).or_default() += 1;
+    }
+
+    /// Remembers a forwarded request until its CN acknowledges it, within
+    /// [`MAX_UNACKNOWLEDGED`].
+    fn await_acknowledgement(&mut self, key: (DatagramEnd, u64)) {
+        while self.pending_acknowledgements.len() >= MAX_UNACKNOWLEDGED {
+            let oldest = self
+                .acknowledgement_order
+                .pop_front()
+                .expect("every pending acknowledgement is in the order");
+            if self.pending_acknowledgements.remove(&oldest) {
+                self.drop("ForgottenAcknowledgement".into());
+            }
+        }
+        if self.acknowledgement_order.len() >= 2 * MAX_UNACKNOWLEDGED {
+            let pending = &self.pending_acknowledgements;
+            self.acknowledgement_order
+                .retain(|waiting| pending.contains(waiting));
+        }
+        if self.pending_acknowledgements.insert(key) {
+            self.acknowledgement_order.push_back(key);
+        }
+        debug_assert!(self.acknowledgement_order.len() <= 2 * MAX_UNACKNOWLEDGED);
     }
 
     fn answer(
@@ -225,8 +259,7 @@ impl NdpEngine {
         };
         if self.forward_every > 0 && self.counters.requests.is_multiple_of(self.forward_every) {
             self.counters.forwarded += 1;
-            self.pending_acknowledgements
-                .insert((from, request.request_id));
+            self.await_acknowledgement((from, request.request_id));
             return self.answer(
                 from,
                 request,
@@ -341,15 +374,23 @@ pub type Outcome = Result<Completion, NdpError>;
 #[derive(Default)]
 pub struct NdpClient {
     next_id: u64,
-    outstanding: HashMap<u64, (App, Mode)>,
+    /// Each call's app, mode and when it was sent.
+    outstanding: HashMap<u64, (App, Mode, Timestamp)>,
 }
 
 impl NdpClient {
     /// The message that starts a call, and its id.
-    pub fn begin(&mut self, app: App, address: u64, length: u32, mode: Mode) -> (u64, Vec<u8>) {
+    pub fn begin(
+        &mut self,
+        now: Timestamp,
+        app: App,
+        address: u64,
+        length: u32,
+        mode: Mode,
+    ) -> (u64, Vec<u8>) {
         let request_id = self.next_id;
         self.next_id += 1;
-        self.outstanding.insert(request_id, (app, mode));
+        self.outstanding.insert(request_id, (app, mode, now));
         let kind = match mode {
             Mode::Ndp => MessageKind::Request,
             Mode::CpuOnly => MessageKind::Fetch,
@@ -369,6 +410,30 @@ impl NdpClient {
         self.outstanding.len()
     }
 
+    /// Gives up the calls sent `deadline` or longer before `now` (their
+    /// request or answer was lost): returns their ids, and their slots are
+    /// free again.
+    pub fn expire(&mut self, now: Timestamp, deadline: Duration) -> Vec<u64> {
+        let expired: Vec<u64> = self
+            .outstanding
+            .iter()
+            .filter(|(_, (_, _, sent))| now.saturating_duration_since(*sent) >= deadline)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &expired {
+            self.outstanding.remove(id);
+        }
+        expired
+    }
+
+    /// When the oldest call expires, if any is out.
+    pub fn next_expiry(&self, deadline: Duration) -> Option<Timestamp> {
+        self.outstanding
+            .values()
+            .map(|(_, _, sent)| sent.saturating_add(deadline))
+            .min()
+    }
+
     /// Handles an answer: the finished call, if any, and an
     /// acknowledgement to send back, if the request was forwarded. Stray
     /// or malformed answers are ignored (and give `None`).
@@ -377,7 +442,7 @@ impl NdpClient {
             return (None, None);
         };
         let repr = TigaRepr::parse(&header);
-        let Some((app, _mode)) = self.outstanding.remove(&repr.request_id) else {
+        let Some((app, _mode, _sent)) = self.outstanding.remove(&repr.request_id) else {
             return (None, None);
         };
         let outcome = match (repr.status, repr.kind) {
@@ -503,8 +568,13 @@ impl Agent for NdpClientAgent {
         "tiga-ndp-client"
     }
 
-    fn poll(&mut self, _now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+    fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
         let mut acknowledgements = Vec::new();
+        for id in self.client.expire(now, CALL_DEADLINE) {
+            if let Some(reply) = self.waiting.remove(&id) {
+                let _ = reply.try_send(Err(NdpError::TimedOut(CALL_DEADLINE)));
+            }
+        }
         let (client, waiting) = (&mut self.client, &mut self.waiting);
         let mut moved = self.port.receive(nic, DATAGRAMS_PER_TURN, |_, answer| {
             let (finished, acknowledgement) = client.handle(answer);
@@ -524,9 +594,9 @@ impl Agent for NdpClientAgent {
             let Ok(call) = self.calls.try_recv() else {
                 break;
             };
-            let (id, message) = self
-                .client
-                .begin(call.app, call.address, call.length, call.mode);
+            let (id, message) =
+                self.client
+                    .begin(now, call.app, call.address, call.length, call.mode);
             self.waiting.insert(id, call.reply);
             self.port.send(nic, self.engine, &message)?;
             moved = true;
@@ -535,7 +605,10 @@ impl Agent for NdpClientAgent {
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        (!self.port.is_open()).then_some(Timestamp::ZERO)
+        if !self.port.is_open() {
+            return Some(Timestamp::ZERO);
+        }
+        self.client.next_expiry(CALL_DEADLINE)
     }
 
     fn crash(&mut self) {
@@ -643,7 +716,7 @@ impl NdpRack {
             engine,
             calls,
             kicker,
-            deadline: Duration::from_secs(5),
+            deadline: CALL_DEADLINE,
         })
     }
 
@@ -756,5 +829,66 @@ impl NdpRack {
             }
         }
         check
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remora_wire::{Ipv4Address, MacAddress};
+
+    fn client_end(port: u16) -> DatagramEnd {
+        DatagramEnd {
+            mac: MacAddress([2, 0, 0, 0, 0, 1]),
+            address: Ipv4Address::new(10, 0, 0, 1),
+            port,
+        }
+    }
+
+    /// A CN that never acknowledged its forwarded requests grew the
+    /// engine's set of them without end.
+    #[test]
+    fn unacknowledged_forwards_are_bounded_and_the_oldest_forgotten() {
+        let mut engine = NdpEngine::new(vec![7u8; 4096], 1);
+        engine.register(App::Mvs).unwrap();
+        let mut client = NdpClient::default();
+        let mut outbox = Vec::new();
+        let forwards = MAX_UNACKNOWLEDGED + 10;
+        for _ in 0..forwards {
+            let (_, request) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
+            engine.handle(client_end(1), &request, &mut outbox);
+        }
+        assert_eq!(engine.counters().forwarded, forwards as u64);
+        assert_eq!(engine.unacknowledged(), MAX_UNACKNOWLEDGED);
+        assert_eq!(engine.counters().dropped["ForgottenAcknowledgement"], 10);
+        // The newest still wait for, and take, their acknowledgement.
+        let (_, newest) = outbox.last().unwrap();
+        let (_, acknowledgement) = client.handle(newest);
+        engine.handle(client_end(1), &acknowledgement.unwrap(), &mut Vec::new());
+        assert_eq!(engine.counters().acknowledged, 1);
+        assert_eq!(engine.unacknowledged(), MAX_UNACKNOWLEDGED - 1);
+    }
+
+    /// A call whose request or answer was lost held one of the CN's slots
+    /// for good; after 256 losses the client never sent again.
+    #[test]
+    fn a_call_without_an_answer_expires_and_frees_its_slot() {
+        let mut client = NdpClient::default();
+        let sent = Timestamp::from_nanos(1_000);
+        let (id, _) = client.begin(sent, App::Mvs, 0, 64, Mode::Ndp);
+        let deadline = Duration::from_millis(5);
+        assert_eq!(
+            client.next_expiry(deadline),
+            Some(sent.saturating_add(deadline))
+        );
+        let early = sent.saturating_add(deadline / 2);
+        assert!(client.expire(early, deadline).is_empty());
+        assert_eq!(client.outstanding(), 1);
+        assert_eq!(
+            client.expire(sent.saturating_add(deadline), deadline),
+            vec![id]
+        );
+        assert_eq!(client.outstanding(), 0);
+        assert_eq!(client.next_expiry(deadline), None);
     }
 }
