@@ -948,19 +948,15 @@ impl Session {
                 arrived.push_read(token, bytes.unwrap_or(&[]));
             })?;
             let mut arrived = std::mem::take(&mut self.arrived);
-            let mut failure = None;
             arrived.drain(&mut |token, bytes| {
-                if failure.is_none() {
-                    match self.on_arrival(token as usize, bytes.unwrap_or(&[]), done) {
-                        Ok(finished) => completed += usize::from(finished),
-                        Err(error) => failure = Some(error),
-                    }
-                }
+                let token = token as usize;
+                let finished = match self.on_arrival(token, bytes.unwrap_or(&[]), done) {
+                    Ok(finished) => finished,
+                    Err(error) => self.fail_pending(token, error, done),
+                };
+                completed += usize::from(finished);
             });
             self.arrived = arrived;
-            if let Some(failure) = failure {
-                return Err(failure);
-            }
             if !wait || self.pending_count() == 0 {
                 return Ok(completed);
             }
@@ -969,6 +965,34 @@ impl Session {
             }
             std::thread::yield_now();
         }
+    }
+
+    /// A pending operation whose record could not be read (a corrupt
+    /// record, a device that failed) completes with the error: its caller
+    /// hears why and its token is free. The first such failure used to
+    /// end the call, and the operations drained after it stayed pending
+    /// for good: every later wait stalled for 30 s.
+    fn fail_pending(
+        &mut self,
+        token: usize,
+        error: KvError,
+        done: &mut dyn FnMut(Completion<'_>),
+    ) -> bool {
+        let Some(operation) = self.pending.get_mut(token).and_then(Option::take) else {
+            return false;
+        };
+        self.free_tokens.push(token);
+        let kind = match operation.update {
+            Some(_) => OperationKind::ReadModifyWrite,
+            None => OperationKind::Read,
+        };
+        done(Completion {
+            context: operation.context,
+            kind,
+            result: Err(error),
+            value: &[],
+        });
+        true
     }
 
     fn enter_for_completion(&mut self) -> Result<(), KvError> {
