@@ -88,11 +88,17 @@ fn compact_while_due(
         let room_before = store.device_room_bytes();
         let [before, head, ..] = store.boundaries();
         let compacted = session.compact(head);
-        session.suspend();
         match compacted {
             Ok(_) | Err(KvError::Log(LogError::DeviceFull { .. })) => {}
             Err(error) => return Err(error),
         }
+        // The pages given back still hold the kept checkpoint's log: a
+        // new checkpoint lets their space go (else writers would fill the
+        // device waiting on it).
+        if store.checkpoint_holds_room() {
+            session.checkpoint()?;
+        }
+        session.suspend();
         // Nothing below the head to give back yet, or nothing gained by
         // giving it back: wait for writers to supersede records.
         if store.boundaries()[0] == before || store.device_room_bytes() <= room_before {

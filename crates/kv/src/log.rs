@@ -95,12 +95,20 @@ struct Flushing {
     finished: Finished,
 }
 
+/// `kept_from` when no checkpoint is kept.
+const NO_CHECKPOINT: u64 = u64::MAX;
+
 pub struct HybridLog {
     pub frames: Frames,
     shape: LogShape,
     epoch: Arc<Epoch>,
     device_capacity_bytes: u64,
     begin: AtomicU64,
+    /// Where the newest checkpoint's log begins (or one being taken, if
+    /// lower): its pages' device space is not reused, though compaction
+    /// moved `begin` past them, or recovery would read overwritten pages.
+    /// `NO_CHECKPOINT` when there is none to keep.
+    kept_from: AtomicU64,
     head: AtomicU64,
     safe_head: AtomicU64,
     /// Where the head should be once flushes allow it.
@@ -149,6 +157,7 @@ impl HybridLog {
             // of whole pages, so no page wraps.
             device_capacity_bytes: log_capacity_bytes(device.capacity_bytes(), shape.page_bits),
             begin: AtomicU64::new(0),
+            kept_from: AtomicU64::new(NO_CHECKPOINT),
             head: AtomicU64::new(0),
             safe_head: AtomicU64::new(0),
             head_target: AtomicU64::new(0),
@@ -179,6 +188,32 @@ impl HybridLog {
 
     pub fn begin(&self) -> LogAddress {
         Self::load(&self.begin)
+    }
+
+    /// The lowest address whose device space is still needed: the begin,
+    /// or a kept checkpoint's begin below it.
+    pub fn needed_from(&self) -> LogAddress {
+        let kept = self.kept_from.load(Ordering::SeqCst);
+        LogAddress::new(self.begin.load(Ordering::SeqCst).min(kept))
+    }
+
+    /// A checkpoint from `begin` is being taken: its pages are kept from
+    /// now on, beside the last one's.
+    pub fn keep_checkpoint_from(&self, begin: LogAddress) {
+        self.kept_from.fetch_min(begin.value(), Ordering::SeqCst);
+    }
+
+    /// A checkpoint from `begin` is durable and supersedes every earlier
+    /// one: only its pages are kept.
+    pub fn checkpoint_durable_from(&self, begin: LogAddress) {
+        self.kept_from.store(begin.value(), Ordering::SeqCst);
+    }
+
+    /// Whether compaction has moved the begin past the kept checkpoint's:
+    /// device space waits for a new checkpoint.
+    pub fn checkpoint_holds_room(&self) -> bool {
+        let kept = self.kept_from.load(Ordering::SeqCst);
+        kept != NO_CHECKPOINT && kept < self.begin.load(Ordering::SeqCst)
     }
 
     pub fn head(&self) -> LogAddress {
@@ -258,7 +293,7 @@ impl HybridLog {
             Allocation::Ordinary => COMPACTION_RESERVE_PAGES << self.shape.page_bits,
             Allocation::Compaction => 0,
         };
-        let needed_bytes = self.page_start(page + 1).value() - self.begin().value();
+        let needed_bytes = self.page_start(page + 1).value() - self.needed_from().value();
         if needed_bytes + reserve_bytes > self.device_capacity_bytes {
             return Err(LogError::DeviceFull {
                 needed_bytes,
@@ -336,6 +371,7 @@ impl HybridLog {
             boundary.store(tail.value(), Ordering::SeqCst);
         }
         self.begin.store(begin.value(), Ordering::SeqCst);
+        self.kept_from.store(begin.value(), Ordering::SeqCst);
         let mut flushing = self.flushing.lock().unwrap_or_else(|e| e.into_inner());
         flushing.next_page = page;
     }
@@ -444,7 +480,7 @@ impl HybridLog {
 
     /// Bytes the log can still grow (from its tail) before the device is full.
     pub fn device_room_bytes(&self) -> u64 {
-        let used = self.tail().value() - self.begin().value();
+        let used = self.tail().value() - self.needed_from().value();
         self.device_capacity_bytes.saturating_sub(used)
     }
 

@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use remora_kv::device::{FarMemoryDevice, FarMemoryPath};
+use remora_kv::log::LogError;
 use remora_kv::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -313,4 +314,103 @@ fn a_policy_that_could_never_fire_or_never_stop_is_refused() {
         ..CompactionPolicy::default()
     };
     assert_eq!(policy.check(), Err(CompactorError::CheckEvery));
+}
+
+/// Compaction moved the begin past the pages of the last checkpoint, and
+/// later writes reused their device space: a crash then recovered from
+/// overwritten pages. The kept checkpoint's pages now hold their space
+/// until a newer checkpoint: writes past it find the device full, and
+/// recovery gives back exactly what was checkpointed.
+#[test]
+fn truncated_pages_of_the_kept_checkpoint_are_not_overwritten() {
+    let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(2 << 20));
+    let store = Store::new(StoreConfig::smallest(), device.clone()).unwrap();
+    let mut session = store.session().unwrap();
+    let mut model = Model::new();
+    for step in 0..400usize {
+        let number = (step % 64) as u8;
+        let value = value_of(number, 200, step);
+        session.upsert(&key_of(number), &value).unwrap();
+        model.insert(key_of(number), value);
+    }
+    session.checkpoint().unwrap();
+    let checkpointed = model.clone();
+    let mut written = 0u64;
+    let mut full = false;
+    for step in 400..40_000usize {
+        if step % 500 == 0 {
+            // Truncates pages the checkpoint still names.
+            match session.compact(head(&store)) {
+                Ok(_) | Err(KvError::Log(LogError::DeviceFull { .. })) => {}
+                Err(error) => panic!("{error}"),
+            }
+        }
+        let number = (step % 64) as u8;
+        // Lengths that outgrow their records, so updates go to the tail.
+        match session.upsert(&key_of(number), &value_of(number, 50 + step % 250, step)) {
+            Ok(_) => written += 1,
+            Err(KvError::Log(LogError::DeviceFull { .. })) => {
+                full = true;
+                break;
+            }
+            Err(error) => panic!("{error}"),
+        }
+    }
+    assert!(full, "the kept checkpoint's pages held their space");
+    assert!(written > 0);
+    drop(session);
+    drop(store);
+    let (recovered, _) = Store::recover(StoreConfig::smallest(), device).unwrap();
+    let mut session = recovered.session().unwrap();
+    assert_first_keys(&mut session, &checkpointed, 64);
+}
+
+/// With the background compactor, a checkpoint no longer pins the device:
+/// the compactor checkpoints after truncating, so a store that keeps
+/// updating stays writable past the device's size, and a crash recovers
+/// each key at a value no older than the explicit checkpoint's.
+#[test]
+fn the_compactor_checkpoints_so_a_kept_checkpoint_does_not_fill_the_device() {
+    use remora_kv::compactor::{CompactionPolicy, Compactor};
+    let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(2 << 20));
+    let store = Store::new(StoreConfig::smallest(), device.clone()).unwrap();
+    let policy = CompactionPolicy {
+        below_room_fraction: 0.5,
+        check_every_ms: 1,
+        ..CompactionPolicy::default()
+    };
+    let compactor = Compactor::start(store.clone(), policy).unwrap();
+    let mut session = store.session().unwrap();
+    // Values carry their step; each key's step at the checkpoint is kept.
+    let mut at_checkpoint = [0usize; 64];
+    for step in 0..40_000usize {
+        let number = (step % 64) as u8;
+        // Lengths that outgrow their records, so updates go to the tail.
+        let mut value = vec![number; 50 + step % 250];
+        value[..8].copy_from_slice(&(step as u64).to_le_bytes());
+        session.upsert(&key_of(number), &value).unwrap();
+        if step == 1_000 {
+            session.checkpoint().unwrap();
+            for (key, kept) in at_checkpoint.iter_mut().enumerate() {
+                *kept = step - (step + 64 - key) % 64;
+            }
+        }
+    }
+    assert!(
+        store.boundaries()[3].value() > 2 << 20,
+        "the log passed the device's size"
+    );
+    drop(session);
+    compactor.stop().unwrap();
+    drop(store);
+    let (recovered, _) = Store::recover(StoreConfig::smallest(), device).unwrap();
+    let mut session = recovered.session().unwrap();
+    for (number, kept) in at_checkpoint.iter().enumerate() {
+        let value = read_now(&mut session, &key_of(number as u8)).expect("every key");
+        let step = u64::from_le_bytes(value[..8].try_into().unwrap()) as usize;
+        assert!(
+            step >= *kept && step % 64 == number,
+            "key {number}: step {step}, kept {kept}"
+        );
+    }
 }

@@ -268,6 +268,12 @@ impl Store {
         self.shared.log.device_room_bytes()
     }
 
+    /// Whether truncated pages' device space waits for a new checkpoint
+    /// (the kept one still needs it).
+    pub fn checkpoint_holds_room(&self) -> bool {
+        self.shared.log.checkpoint_holds_room()
+    }
+
     /// The device's bytes the log can use in all.
     pub fn log_capacity_bytes(&self) -> u64 {
         self.shared.log.device_capacity_bytes()
@@ -401,34 +407,51 @@ impl Session {
 
     /// Takes a checkpoint: every write acknowledged before the call is on
     /// the device when it returns, with a record that [`Store::recover`]
-    /// finds. Other sessions keep working meanwhile.
+    /// finds. Other sessions keep working meanwhile; checkpoints run one
+    /// at a time. The newest checkpoint's pages keep their device space
+    /// until a newer one supersedes it, though compaction truncates them
+    /// ([`crate::compactor`] checkpoints after it truncates, so the space
+    /// comes back).
     pub fn checkpoint(&mut self) -> Result<CheckpointRecord, KvError> {
         if self.pending_count() > 0 {
             return Err(CheckpointError::PendingOperations(self.pending_count()).into());
         }
         self.enter_for_completion()?;
+        let shared = self.shared.clone();
+        // One checkpoint at a time, so each keeps its pages until it is
+        // durable; a second waits, refreshing, rather than block the log.
+        let mut sequence = loop {
+            match shared.checkpoints.try_lock() {
+                Ok(sequence) => break sequence,
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => break poisoned.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => self.wait_a_little()?,
+            }
+        };
+        // The begin is read before the seal: a compaction that truncates
+        // after this read copied its live records either below the tail
+        // sealed next (inside the checkpoint) or from pages at or above
+        // this begin (inside it too). Read after, it could name a begin
+        // past records whose copies lie beyond the sealed tail.
+        let begin = shared.log.begin();
+        shared.log.keep_checkpoint_from(begin);
         let tail = loop {
-            if let Some(tail) = self.shared.log.seal()? {
+            if let Some(tail) = shared.log.seal()? {
                 break tail;
             }
             self.wait_a_little()?;
         };
-        while self.shared.log.flushed_until() < tail {
+        while shared.log.flushed_until() < tail {
             self.wait_a_little()?;
         }
-        let mut sequence = self
-            .shared
-            .checkpoints
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
         let record = CheckpointRecord {
             sequence: *sequence + 1,
-            page_bits: self.shared.config.page_bits,
-            begin: self.shared.log.begin(),
+            page_bits: shared.config.page_bits,
+            begin,
             tail,
         };
         write_now(self.queue.as_mut(), record.slot_offset(), &record.encode())?;
         *sequence = record.sequence;
+        shared.log.checkpoint_durable_from(begin);
         self.waiting_since = None;
         Ok(record)
     }
