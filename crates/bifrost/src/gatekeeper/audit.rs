@@ -381,6 +381,21 @@ impl Audit {
             offset: self.next_offset,
             size,
         };
+        self.daemon_reply(client, reply)?;
+        self.allocations.push(Allocation {
+            offset: self.next_offset,
+            size,
+            owner: client,
+            lent: None,
+            answered: None,
+        });
+        // Allocations leave gaps, so some accesses fall between them.
+        self.next_offset += size + self.draws.gen_range(0..3) * 512;
+        Ok(())
+    }
+
+    /// The memory node's daemon answers `client`; the switch must pass it.
+    fn daemon_reply(&mut self, client: usize, reply: Reply) -> Result<(), AclViolation> {
         let bth = BthRepr::new(Opcode::SendOnly, client_qpn(client), Psn::new(0));
         let repr = FrameRepr::between(
             (mac(0), address(0)),
@@ -395,15 +410,6 @@ impl Audit {
         if !out.iter().any(|(port, _)| *port == PortId(client as u16)) {
             return Err(self.lost("the daemon's reply was not forwarded".into()));
         }
-        self.allocations.push(Allocation {
-            offset: self.next_offset,
-            size,
-            owner: client,
-            lent: None,
-            answered: None,
-        });
-        // Allocations leave gaps, so some accesses fall between them.
-        self.next_offset += size + self.draws.gen_range(0..3) * 512;
         Ok(())
     }
 
@@ -597,6 +603,15 @@ impl Audit {
             });
         }
         if forwarded {
+            // The rules go with the daemon's reply, not the request.
+            let reply = Reply {
+                status: Status::Ok,
+                generation: 0,
+                request_id: request.request_id,
+                offset: allocation.offset,
+                size: 0,
+            };
+            self.daemon_reply(client, reply)?;
             self.allocations.swap_remove(index);
         }
         Ok(())
@@ -765,6 +780,43 @@ pub fn any_memory_frame(data: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Free lost between the switch and the memory node is sent again
+    /// by RC. The switch deleted the rules as the first copy passed, so
+    /// the second was refused, and the memory stayed allocated with no
+    /// one allowed to free it. The rules now go with the daemon's reply.
+    #[test]
+    fn a_free_sent_again_passes_until_its_reply_deletes_the_rules() {
+        let mut audit = Audit::new(0);
+        audit.allocate_for(1, 4096).unwrap();
+        let offset = audit.allocations[0].offset;
+        let free = |request_id| Request {
+            operation: DsmOperation::Free,
+            generation: 0,
+            request_id,
+            offset,
+            size: 0,
+        };
+        assert!(audit.dsm_request(1, free(77)).unwrap(), "the first copy");
+        assert!(
+            audit.dsm_request(1, free(77)).unwrap(),
+            "the copy sent again"
+        );
+        let reply = Reply {
+            status: Status::Ok,
+            generation: 0,
+            request_id: 77,
+            offset,
+            size: 0,
+        };
+        audit.daemon_reply(1, reply).unwrap();
+        assert!(
+            !audit.dsm_request(1, free(78)).unwrap(),
+            "freed: no rules left"
+        );
+        let counters = audit.switch.program().overlay().counters().memory;
+        assert_eq!(counters.frees, 1);
+    }
 
     #[test]
     fn the_acl_agrees_with_the_model_on_twenty_seeds() {

@@ -9,7 +9,9 @@
 //! - alloc, free, stat, snapshot and restore are SENDs to the node's
 //!   daemon (`dsm::message`): free, snapshot and restore need control,
 //!   stat a lease; an alloc passes if the ACL has room, and its reply
-//!   (the daemon's SEND back) installs the requester's control.
+//!   (the daemon's SEND back) installs the requester's control. A free's
+//!   reply deletes the allocation's rules: until then a copy of the free
+//!   that RC sends again (the first lost on the way) still passes.
 //! - A refused request is dropped, and the switch answers it in the
 //!   memory node's name with an IB NAK (remote access error) for the
 //!   request's PSN, so the client fails at once rather than retrying; its
@@ -80,7 +82,8 @@ pub struct MemoryCounters {
     /// DSM messages refused: free, snapshot or restore without control,
     /// stat without a lease, alloc with the ACL full, malformed.
     pub messages_refused: u64,
-    /// Allocations whose control rule was installed, and frees passed.
+    /// Allocations whose control rule was installed, and frees whose
+    /// daemon replied that they happened (their rules then went).
     pub allocations: u64,
     pub frees: u64,
     /// Requests on a connection the control plane never installed:
@@ -111,6 +114,16 @@ impl MemoryCounters {
 /// Allocs awaiting their replies: memory node, client, request id.
 type PendingKey = (Ipv4Address, Ipv4Address, u32);
 
+/// What a request passed to a daemon waits for its reply to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Awaiting {
+    /// Install the requester's control over `size` bytes at the offset the
+    /// reply names.
+    Allocate { size: u64 },
+    /// Delete every rule of the allocation at `offset`.
+    Free { offset: u64 },
+}
+
 pub struct MemoryStage {
     pub(super) acl: Acl,
     nodes: ExactTable<Ipv4Address, MemoryNode>,
@@ -118,7 +131,8 @@ pub struct MemoryStage {
     /// The switch port each client and memory node is attached to, where
     /// the control plane gave it.
     host_ports: ExactTable<Ipv4Address, PortId>,
-    pending: ExactTable<PendingKey, (Timestamp, u64)>,
+    /// Allocs and frees awaiting their daemon's reply, since when.
+    pending: ExactTable<PendingKey, (Timestamp, Awaiting)>,
     counters: MemoryCounters,
 }
 
@@ -418,26 +432,21 @@ impl MemoryStage {
         };
         let allowed = match request.operation {
             DsmOperation::Allocate => {
-                self.reserve_allocation(now, (memory, source, request.request_id), request.size)
+                let awaiting = Awaiting::Allocate { size: request.size };
+                self.await_reply(now, (memory, source, request.request_id), awaiting)
             }
             DsmOperation::Free => {
+                // The rules go when the daemon replies that the free
+                // happened. Deleted as the request passed, a Free lost on
+                // the way was refused when RC sent it again, and its
+                // memory stayed allocated with nobody allowed to free it.
                 let controls =
                     self.acl
                         .controls(node.index, request.offset, request.generation, source);
-                if controls {
-                    self.acl.free(node.index, request.offset);
-                    self.counters.frees += 1;
-                    packet.digest = Some(Digest {
-                        kind: DIGEST_FREE,
-                        values: [
-                            address_value(source),
-                            u64::from(node.index),
-                            request.offset,
-                            0,
-                        ],
-                    });
-                }
-                controls
+                let awaiting = Awaiting::Free {
+                    offset: request.offset,
+                };
+                controls && self.await_reply(now, (memory, source, request.request_id), awaiting)
             }
             DsmOperation::Snapshot | DsmOperation::Restore => {
                 self.acl
@@ -454,9 +463,11 @@ impl MemoryStage {
         allowed
     }
 
-    /// Room for an alloc's rule, kept until its reply passes. Allocs whose
-    /// replies never came (their node died) give their room back first.
-    fn reserve_allocation(&mut self, now: Timestamp, key: PendingKey, size: u64) -> bool {
+    /// Remembers a request until its reply passes; an alloc also keeps
+    /// room for its rule. Requests whose replies never came (their node
+    /// died) are forgotten first. A request sent again (same key) waits on
+    /// the first one's entry.
+    fn await_reply(&mut self, now: Timestamp, key: PendingKey, awaiting: Awaiting) -> bool {
         let stale: Vec<PendingKey> = self
             .pending
             .iter()
@@ -466,15 +477,24 @@ impl MemoryStage {
         for key in stale {
             self.pending.remove(&key);
         }
-        let acl_room = self.acl.len() + self.pending.len() < self.acl.resources().capacity;
-        if !acl_room || self.pending.insert(key, (now, size)).is_err() {
+        if self.pending.lookup(&key).is_some() {
+            return true;
+        }
+        let acl_room = match awaiting {
+            Awaiting::Allocate { .. } => {
+                self.acl.len() + self.pending.len() < self.acl.resources().capacity
+            }
+            Awaiting::Free { .. } => true,
+        };
+        if !acl_room || self.pending.insert(key, (now, awaiting)).is_err() {
             self.counters.acl_full += 1;
             return false;
         }
         true
     }
 
-    /// A daemon's reply to an alloc installs the requester's control.
+    /// A daemon's reply to an alloc installs the requester's control; to
+    /// a free, deletes the allocation's rules.
     fn watch_reply(&mut self, packet: &mut Packet) {
         // The memory node's own frames pass, parsed or not: its NIC is
         // not the one the ACL guards against.
@@ -493,7 +513,7 @@ impl MemoryStage {
             return;
         };
         let key = (ipv4.source, ipv4.destination, reply.request_id);
-        let Some((_, size)) = self.pending.remove(&key) else {
+        let Some((_, awaiting)) = self.pending.remove(&key) else {
             return;
         };
         if reply.status != Status::Ok {
@@ -505,6 +525,18 @@ impl MemoryStage {
             .expect("a memory node")
             .index;
         let client = ipv4.destination;
+        let size = match awaiting {
+            Awaiting::Allocate { size } => size,
+            Awaiting::Free { offset } => {
+                self.acl.free(index, offset);
+                self.counters.frees += 1;
+                packet.digest = Some(Digest {
+                    kind: DIGEST_FREE,
+                    values: [address_value(client), u64::from(index), offset, 0],
+                });
+                return;
+            }
+        };
         match self
             .acl
             .allocate(index, reply.offset, reply.generation, size, client)
