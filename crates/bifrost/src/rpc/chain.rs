@@ -11,8 +11,12 @@
 //! that crashes and restarts (with nothing kept) makes its nested calls
 //! again under the same ids when its caller resends: the tail drops them
 //! as duplicates and answers as before. That ties a relay to one upstream
-//! caller (a second one's ids would collide): a call from another is
-//! refused with an EXCEPTION.
+//! caller (a second one's ids would collide), named in its configuration
+//! like the next hop, so that it survives a crash: a call from another is
+//! refused with an EXCEPTION. (Learned from the first call, it was lost in
+//! a crash, and another caller's first call to the restarted relay reused
+//! an id of the first one's at the tail, which answered it with the first
+//! caller's reply.)
 
 use super::{CallTicket, Callee, Caller, RpcError, Service};
 use crate::rpc::Outcome;
@@ -83,13 +87,27 @@ impl Service for Relay {
     }
 }
 
+/// The one caller a relay serves, by its address and port (the MAC a
+/// call arrives with is the last hop's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Upstream {
+    pub address: remora_wire::Ipv4Address,
+    pub port: u16,
+}
+
+impl Upstream {
+    fn is(&self, caller: DatagramEnd) -> bool {
+        caller.address == self.address && caller.port == self.port
+    }
+}
+
 /// The middle host's agent: serves calls on Bifröst's port and makes their
 /// nested calls to `next` (method `next_method`) from `caller_port`.
 pub struct RelayAgent {
     pub callee: Callee,
     pub caller: Caller,
-    /// The one caller this relay serves, once it has called.
-    upstream: Option<DatagramEnd>,
+    /// The one caller this relay serves: its address and port.
+    upstream: Upstream,
     retransmit_after: std::time::Duration,
     max_attempts: u32,
     queues: Arc<Mutex<RelayQueues>>,
@@ -102,9 +120,10 @@ pub struct RelayAgent {
 }
 
 impl RelayAgent {
-    /// A relay whose nested calls resend every `retransmit_after`, up to
-    /// `max_attempts` times.
+    /// A relay serving `upstream`, whose nested calls resend every
+    /// `retransmit_after`, up to `max_attempts` times.
     pub fn new(
+        upstream: Upstream,
         retransmit_after: std::time::Duration,
         max_attempts: u32,
         next: DatagramEnd,
@@ -118,7 +137,7 @@ impl RelayAgent {
         RelayAgent {
             callee: Callee::new(Box::new(relay)),
             caller: Caller::new(retransmit_after, max_attempts),
-            upstream: None,
+            upstream,
             retransmit_after,
             max_attempts,
             queues,
@@ -142,8 +161,7 @@ impl RelayAgent {
         };
         let moved = !begun.is_empty();
         for pending in begun {
-            let upstream = *self.upstream.get_or_insert(pending.ticket.caller);
-            if upstream != pending.ticket.caller {
+            if !self.upstream.is(pending.ticket.caller) {
                 let refused = RpcError::SecondUpstreamCaller(pending.ticket.caller);
                 self.finish(pending.ticket, Err(refused));
                 continue;
@@ -234,10 +252,64 @@ impl Agent for RelayAgent {
         self.queues = queues;
         self.caller = Caller::new(self.retransmit_after, self.max_attempts);
         self.nested.clear();
-        self.upstream = None;
     }
 
     fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remora_wire::{Ipv4Address, MacAddress};
+
+    fn end(host: u8, port: u16) -> DatagramEnd {
+        DatagramEnd {
+            mac: MacAddress([2, 0, 0, 0, 0, host]),
+            address: Ipv4Address::new(10, 0, 0, host),
+            port,
+        }
+    }
+
+    /// A stranger's call, begun on `relay`, is refused at the next turn.
+    fn stranger_is_refused(relay: &mut RelayAgent, rpc_id: u64) -> bool {
+        let ticket = CallTicket {
+            caller: end(9, 40000),
+            rpc_id,
+        };
+        let pending = Pending {
+            ticket,
+            pointer: GlobalAddress::NULL,
+            arguments: Vec::new(),
+        };
+        relay.queues.lock().unwrap().begun.push_back(pending);
+        relay.pass_on(Timestamp::ZERO).unwrap();
+        let finished = relay.queues.lock().unwrap().finished.pop_front();
+        matches!(finished, Some((refused, Err(_))) if refused == ticket)
+    }
+
+    /// The upstream was learned from the first call and forgotten in a
+    /// crash, so a stranger calling the restarted relay first became its
+    /// upstream, and the tail answered the stranger's ids with the first
+    /// caller's replies. It is configuration now, and a crash keeps it.
+    #[test]
+    fn a_relay_serves_its_configured_upstream_only_before_and_after_a_crash() {
+        let upstream = Upstream {
+            address: Ipv4Address::new(10, 0, 0, 1),
+            port: 40000,
+        };
+        let mut relay = RelayAgent::new(
+            upstream,
+            std::time::Duration::from_micros(50),
+            10,
+            end(2, BIFROST_PORT),
+            "increment",
+            40001,
+        );
+        assert!(stranger_is_refused(&mut relay, 1));
+        relay.crash();
+        assert!(stranger_is_refused(&mut relay, 1));
+        assert_eq!(relay.nested.len(), 0, "no nested call was made for it");
     }
 }

@@ -462,6 +462,8 @@ fn tail_ran_each_once(rack: &mut impl Rack, calls: u64) -> Result<(u64, u64), Sc
 
 /// The spare middle's host in [`chain_replaced`].
 pub const SPARE_MIDDLE_HOST: usize = 3;
+/// The chain head's port: the one caller its relays serve.
+const HEAD_PORT: u16 = 40000;
 
 /// A chain A calls B calls C whose middle is replaced on another host:
 /// the head (compute host) calls the Gatekeeper's service address, which
@@ -498,8 +500,19 @@ pub fn chain_replaced(
     );
     let service = callee_at(topology.switch_mac, SERVICE_ADDRESS);
     let tail = callee_at(topology.switch_mac, topology.host(TAIL_HOST).address);
+    let upstream = super::chain::Upstream {
+        address: topology.host(COMPUTE_HOST).address,
+        port: HEAD_PORT,
+    };
     for host in [MEMORY_HOST, SPARE_MIDDLE_HOST] {
-        let relay = RelayAgent::new(Duration::from_micros(50), 100_000, tail, "increment", 40001);
+        let relay = RelayAgent::new(
+            upstream,
+            Duration::from_micros(50),
+            100_000,
+            tail,
+            "increment",
+            40001,
+        );
         stage.add_agent(host, Box::new(relay));
         let control = ControlAgent::new(service, NodeKind::Compute, 1 << 30, HEARTBEAT_INTERVAL);
         let control = match host {
@@ -509,7 +522,7 @@ pub fn chain_replaced(
         stage.add_agent(host, Box::new(control));
     }
     let caller = Caller::new(Duration::from_micros(200), 100_000);
-    let head = ClientAgent::new(caller, service, "relay", 40000, calls, 8);
+    let head = ClientAgent::new(caller, service, "relay", HEAD_PORT, calls, 8);
     stage.add_agent(COMPUTE_HOST, Box::new(head));
     let (middle, spare) = (
         topology.host(MEMORY_HOST).address,
@@ -825,14 +838,25 @@ pub fn chain(
         Box::new(ServerAgent::new(Callee::new(Box::new(Counter(0))))),
     );
     let tail = callee_at(topology.switch_mac, topology.host(TAIL_HOST).address);
-    let relay = RelayAgent::new(Duration::from_micros(50), 100_000, tail, "increment", 40001);
+    let upstream = super::chain::Upstream {
+        address: topology.host(COMPUTE_HOST).address,
+        port: HEAD_PORT,
+    };
+    let relay = RelayAgent::new(
+        upstream,
+        Duration::from_micros(50),
+        100_000,
+        tail,
+        "increment",
+        40001,
+    );
     stage.add_agent(MEMORY_HOST, Box::new(relay));
     let middle = callee_at(topology.switch_mac, topology.host(MEMORY_HOST).address);
     let head = ClientAgent::new(
         Caller::new(Duration::from_micros(200), 100_000),
         middle,
         "relay",
-        40000,
+        HEAD_PORT,
         calls,
         8,
     );
