@@ -432,6 +432,7 @@ pub(super) fn post_pending(
     node.with_device(|rnic| {
         for pending in requests {
             let staged: [ScatterGatherElement; 1];
+            let mut inline = None;
             let elements: &[ScatterGatherElement] = match &pending.local {
                 LocalData::List(list) => list,
                 LocalData::Inline(bytes) if bytes.is_empty() => &[],
@@ -441,11 +442,10 @@ pub(super) fn post_pending(
                         max_bytes: 0,
                     })?;
                     let slot = staging.next % staging.slots;
-                    staging.next += 1;
                     let element = staging
                         .region
                         .slice(slot * u64::from(MAX_INLINE_BYTES), bytes.len() as u32);
-                    rnic.write_local(element.lkey, element.address, bytes)?;
+                    inline = Some((element, bytes));
                     staged = [element];
                     &staged
                 }
@@ -454,6 +454,15 @@ pub(super) fn post_pending(
                 SendRequest::new(pending.work_request_id, pending.operation, elements)?;
             request.signaled = pending.signaled;
             rnic.post_send(queue_pair, request)?;
+            // Staged only once the device took the request: a refused one
+            // must neither overwrite a slot a request in flight still
+            // sends from nor step the slots out of line with the send
+            // queue. The device gathers when it transmits, later, under
+            // this same lock's next holder.
+            if let (Some((element, bytes)), Some(staging)) = (inline, staging.as_mut()) {
+                rnic.write_local(element.lkey, element.address, bytes)?;
+                staging.next += 1;
+            }
         }
         Ok(())
     })

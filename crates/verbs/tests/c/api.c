@@ -164,6 +164,52 @@ static void destroyed_queue_events(union ibv_gid gid, uint8_t *local, struct ibv
 	CHECK(ibv_destroy_comp_channel(channel) == 0, "an unused channel is destroyed");
 }
 
+/* Inline sends past a full send queue: a refused one must not overwrite
+ * the staging slot of one still in flight. */
+static void a_refused_inline_send_leaves_the_others_alone(union ibv_gid gid, uint8_t *remote,
+							   struct ibv_mr *remote_mr)
+{
+	struct ibv_qp_init_attr init = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 2, .max_recv_wr = 2, .max_send_sge = 1,
+			 .max_recv_sge = 1, .max_inline_data = 64 },
+	};
+	struct ibv_qp *e = ibv_create_qp(pd, &init), *f = make_qp();
+	CHECK(e && init.cap.max_send_wr == 2, "a QP of two send slots");
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
+	CHECK(ibv_modify_qp(e, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
+	      "to INIT");
+	connect_qp(e, f->qp_num, gid);
+	connect_qp(f, e->qp_num, gid);
+	char payloads[3][16] = { "first payload", "second payload", "third payload" };
+	struct ibv_sge sges[3];
+	struct ibv_send_wr wrs[3];
+	for (int i = 0; i < 3; i++) {
+		sges[i] = (struct ibv_sge){ .addr = (uintptr_t)payloads[i], .length = 16 };
+		wrs[i] = (struct ibv_send_wr){ .wr_id = 20 + i, .sg_list = &sges[i], .num_sge = 1,
+			.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE,
+			.next = i < 2 ? &wrs[i + 1] : NULL,
+			.wr.rdma = { .remote_addr = (uintptr_t)remote + 64 * i, .rkey = remote_mr->rkey } };
+	}
+	memset(remote, 0, 3 * 64);
+	struct ibv_send_wr *bad = NULL;
+	/* The progress thread may free a slot between the posts: the third is
+	 * either refused with ENOMEM or taken. Whichever, every WRITE taken
+	 * lands its own bytes. */
+	int posted = ibv_post_send(e, wrs, &bad);
+	int taken = posted == 0 ? 3 : 2;
+	CHECK(posted == 0 || (posted == ENOMEM && bad == &wrs[2]), "posted %d, request %d", posted,
+	      bad ? (int)(bad - wrs) : -1);
+	for (int i = 0; i < taken; i++) {
+		struct ibv_wc wc = complete();
+		CHECK(wc.status == IBV_WC_SUCCESS, "inline WRITE %d", i);
+	}
+	for (int i = 0; i < taken; i++)
+		CHECK(memcmp(remote + 64 * i, payloads[i], 16) == 0, "WRITE %d landed its own bytes", i);
+	CHECK(ibv_destroy_qp(e) == 0 && ibv_destroy_qp(f) == 0, "destroy the QPs");
+}
+
 int main(void)
 {
 	int count = 0;
@@ -272,6 +318,7 @@ int main(void)
 	wc = post_one(a, &wr);
 	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR, "a WRITE past the region is a remote access error, not %s",
 	      ibv_wc_status_str(wc.status));
+	a_refused_inline_send_leaves_the_others_alone(gid, remote, remote_mr);
 	destroyed_queue_events(gid, local, local_mr, remote, remote_mr);
 	printf("ok\n");
 	return 0;
