@@ -61,8 +61,10 @@ pub struct StoreArgs {
     #[arg(long, default_value = "/tmp", requires = "rack")]
     pub run_dir: PathBuf,
     /// Start from the device's last checkpoint (taken by SAVE, or by
-    /// `Session::checkpoint`) instead of an empty store.
-    #[arg(long)]
+    /// `Session::checkpoint`) instead of an empty store. Needs --rack: only
+    /// a memory node's region outlives this process (the memory and file
+    /// devices, and an embedded rack, end with it).
+    #[arg(long, requires = "rack")]
     pub recover: bool,
 }
 

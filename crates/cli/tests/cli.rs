@@ -481,6 +481,11 @@ fn kv_ycsb_refuses_bad_input_clearly() {
     ]);
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("range scans"));
+    // Only a memory node's region outlives the process: recovering from
+    // any other device always found nothing.
+    let output = remora(&["kv", "ycsb", "--device", "file", "--recover"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--rack"));
     // Finite but past what a Duration holds: this panicked.
     for seconds in ["1e20", "0", "-1", "NaN"] {
         let argument = format!("--seconds={seconds}");

@@ -605,6 +605,9 @@ pub(crate) fn answer_requests(
     }
 }
 
+/// Bytes a connection's input and output buffers keep between bursts.
+const KEPT_BUFFER_BYTES: usize = 64 << 10;
+
 struct Connection {
     stream: TcpStream,
     /// Bytes read and not yet answered: at most one incomplete request
@@ -721,6 +724,13 @@ impl Connection {
         );
         self.input.drain(..consumed);
         debug_assert!(batch != Batch::Drained || self.input.len() <= MAX_REQUEST_BYTES);
+        // A burst of large requests grew the buffer to megabytes: give
+        // them back once the burst is answered, so idle connections do not
+        // each keep the most they ever held.
+        if self.input.capacity() > KEPT_BUFFER_BYTES {
+            self.input
+                .shrink_to(KEPT_BUFFER_BYTES.max(self.input.len()));
+        }
         batch
     }
 
@@ -739,6 +749,30 @@ impl Connection {
         }
         self.output.clear();
         self.written = 0;
+        // As for the input: a large MGET's replies are not kept for good.
+        self.output.shrink_to(KEPT_BUFFER_BYTES);
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A large MGET's replies grew the output buffer for good: with
+    /// hundreds of connections, gigabytes were kept for idle clients.
+    #[test]
+    fn a_connection_gives_back_a_large_reply_buffer_once_written() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (served, _) = listener.accept().unwrap();
+        let mut connection = Connection::new(served);
+        connection.output = Vec::with_capacity(4 << 20);
+        connection.output.extend_from_slice(b"+OK\r\n");
+        assert!(connection.write_held().unwrap());
+        assert!(connection.output.capacity() <= KEPT_BUFFER_BYTES);
+        let mut reply = [0u8; 5];
+        std::io::Read::read_exact(&mut &client, &mut reply).unwrap();
+        assert_eq!(&reply, b"+OK\r\n");
     }
 }
