@@ -4,7 +4,10 @@
 
 use super::device::{address_of, node_of, MAX_QUEUE_DEPTH, MAX_SCATTER_GATHER};
 use super::errno_of;
-use super::resources::{hand_out, null_with, object, take_back, CqObject, PdObject, SrqObject};
+use super::resources::{
+    cq_users, hand_out, null_with, object, pd_users, srq_users, take_back, CqObject, PdObject,
+    SrqObject,
+};
 use super::work_request::{
     element_of, elements, inline_bytes, remote, LocalData, PendingRequest, MAX_INLINE_BYTES,
 };
@@ -189,6 +192,8 @@ fn build_queue_pair(
         ..Default::default()
     };
     install_request_builder(&mut qp);
+    // SAFETY: the objects named were live above.
+    unsafe { hold_users(&qp.qp_base, true) };
     Ok(hand_out(QpObject {
         qp,
         qpn: prepared.qpn,
@@ -217,9 +222,35 @@ pub(super) unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         let _ = rnic.modify_queue_pair(qpn, QueuePairTransition::Error);
         inline.map(|lkey| rnic.deregister_memory(lkey))
     });
+    // SAFETY: a QP's PD, CQs and SRQ outlive it (their destroy is EBUSY).
+    unsafe { hold_users(&qp_object.qp.qp_base, false) };
     // SAFETY: the program gives it up.
     drop(unsafe { take_back::<QpObject, _>(qp) });
     0
+}
+
+/// Counts a QP among the users of its PD, CQs and SRQ (`hold`), or no
+/// longer.
+///
+/// # Safety
+/// The objects `qp` names are live.
+unsafe fn hold_users(qp: &ibv_qp, hold: bool) {
+    // SAFETY: the caller's promise.
+    let users = unsafe {
+        [
+            Some(pd_users(qp.pd)),
+            Some(cq_users(qp.send_cq)),
+            Some(cq_users(qp.recv_cq)),
+            srq_users(qp.srq),
+        ]
+    };
+    for users in users.into_iter().flatten() {
+        if hold {
+            users.hold();
+        } else {
+            users.release();
+        }
+    }
 }
 
 pub(super) unsafe fn qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {

@@ -42,10 +42,59 @@ pub(super) fn null_with<T>(errno: i32) -> *mut T {
     std::ptr::null_mut()
 }
 
+/// How many objects use a PD, CQ or SRQ: destroying it while any does is
+/// EBUSY, as the kernel answers rdma-core (a QP would otherwise complete
+/// into a queue the program freed).
+#[derive(Default)]
+pub(super) struct Users(std::sync::atomic::AtomicU32);
+
+impl Users {
+    pub fn hold(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    pub fn release(&self) {
+        let before = self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        debug_assert!(before > 0, "released more than held");
+    }
+
+    pub fn in_use(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire) > 0
+    }
+}
+
+/// The users of the PD behind `pd`.
+///
+/// # Safety
+/// `pd` is live.
+pub(super) unsafe fn pd_users<'a>(pd: *mut ibv_pd) -> &'a Users {
+    // SAFETY: the caller's promise.
+    &unsafe { object::<PdObject, _>(pd) }.users
+}
+
+/// The users of the CQ behind `cq`.
+///
+/// # Safety
+/// `cq` is live.
+pub(super) unsafe fn cq_users<'a>(cq: *mut ibv_cq) -> &'a Users {
+    // SAFETY: the caller's promise.
+    &unsafe { object::<CqObject, _>(cq) }.users
+}
+
+/// The users of the SRQ behind `srq`, if there is one.
+///
+/// # Safety
+/// `srq` is null or live.
+pub(super) unsafe fn srq_users<'a>(srq: *mut ibv_srq) -> Option<&'a Users> {
+    // SAFETY: the caller's promise.
+    (!srq.is_null()).then(|| &unsafe { object::<SrqObject, _>(srq) }.users)
+}
+
 #[repr(C)]
 pub(super) struct PdObject {
     pub pd: ibv_pd,
     pub handle: ProtectionDomain,
+    pub users: Users,
 }
 
 pub(super) unsafe fn alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
@@ -58,6 +107,7 @@ pub(super) unsafe fn alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
         Ok(handle) => hand_out(PdObject {
             pd: ibv_pd { context, handle: 0 },
             handle,
+            users: Users::default(),
         }),
         Err(error) => null_with(errno_of(&error)),
     }
@@ -66,6 +116,10 @@ pub(super) unsafe fn alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
 pub(super) unsafe fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
     if pd.is_null() {
         return libc::EINVAL;
+    }
+    // SAFETY: a live PD.
+    if unsafe { pd_users(pd) }.in_use() {
+        return libc::EBUSY;
     }
     // SAFETY: the program gives the PD up.
     drop(unsafe { take_back::<PdObject, _>(pd) });
@@ -138,6 +192,9 @@ pub(super) unsafe fn reg_mr_iova(
             access_of(access_bits),
         )
     });
+    if registered.is_ok() {
+        pd_object.users.hold();
+    }
     match registered {
         Ok(region) => hand_out(MrObject {
             mr: ibv_mr {
@@ -165,6 +222,8 @@ pub(super) unsafe fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     let node = unsafe { node_of(mr_object.mr.context) };
     match node.with_device(|rnic| rnic.deregister_memory(mr_object.region.lkey)) {
         Ok(()) => {
+            // SAFETY: an MR's PD outlives it (EBUSY above).
+            unsafe { pd_users(mr_object.mr.pd) }.release();
             // SAFETY: the program gives the MR up.
             drop(unsafe { take_back::<MrObject, _>(mr) });
             0
@@ -312,6 +371,7 @@ pub(super) struct CqObject {
     pub cq: ibv_cq,
     pub queue: CompletionQueue,
     pub channel: Option<Arc<ChannelShared>>,
+    pub users: Users,
     /// Threads may ack one queue's events at once: rdma-core sums them
     /// under the CQ's lock, and so does this.
     pub acknowledging: Mutex<()>,
@@ -353,6 +413,7 @@ pub(super) unsafe fn create_cq(
         },
         queue,
         channel: shared,
+        users: Users::default(),
         acknowledging: Mutex::new(()),
     })
 }
@@ -363,6 +424,9 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     }
     // SAFETY: a live CQ.
     let cq_object = unsafe { object::<CqObject, _>(cq) };
+    if cq_object.users.in_use() {
+        return libc::EBUSY;
+    }
     // SAFETY: its context is live.
     unsafe { node_of(cq_object.cq.context) }.disarm(cq_object.queue);
     if let Some(shared) = &cq_object.channel {
@@ -413,6 +477,7 @@ pub(super) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
 pub(super) struct SrqObject {
     pub srq: ibv_srq,
     pub queue: SharedReceiveQueue,
+    pub users: Users,
 }
 
 pub(super) unsafe fn create_srq(
@@ -433,6 +498,7 @@ pub(super) unsafe fn create_srq(
     match node.with_device(|rnic| rnic.create_shared_receive_queue(pd_object.handle, depth)) {
         Ok(queue) => {
             attributes.attr.max_sge = MAX_SCATTER_GATHER as u32;
+            pd_object.users.hold();
             hand_out(SrqObject {
                 srq: ibv_srq {
                     context: pd_object.pd.context,
@@ -441,6 +507,7 @@ pub(super) unsafe fn create_srq(
                     ..Default::default()
                 },
                 queue,
+                users: Users::default(),
             })
         }
         Err(error) => null_with(errno_of(&error)),
@@ -451,6 +518,13 @@ pub(super) unsafe fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     if srq.is_null() {
         return libc::EINVAL;
     }
+    // SAFETY: a live SRQ.
+    let srq_object = unsafe { object::<SrqObject, _>(srq) };
+    if srq_object.users.in_use() {
+        return libc::EBUSY;
+    }
+    // SAFETY: an SRQ's PD outlives it.
+    unsafe { pd_users(srq_object.srq.pd) }.release();
     // SAFETY: the program gives it up.
     drop(unsafe { take_back::<SrqObject, _>(srq) });
     0
@@ -468,7 +542,9 @@ pub(super) unsafe fn create_ah(pd: *mut ibv_pd, attributes: *mut ibv_ah_attr) ->
         return null_with(libc::EINVAL);
     }
     // SAFETY: a live PD.
-    let context = unsafe { object::<PdObject, _>(pd) }.pd.context;
+    let pd_object = unsafe { object::<PdObject, _>(pd) };
+    pd_object.users.hold();
+    let context = pd_object.pd.context;
     hand_out(AhObject {
         ah: ibv_ah {
             context,
@@ -482,6 +558,8 @@ pub(super) unsafe fn destroy_ah(ah: *mut ibv_ah) -> c_int {
     if ah.is_null() {
         return libc::EINVAL;
     }
+    // SAFETY: a live AH, whose PD outlives it.
+    unsafe { pd_users((*ah).pd) }.release();
     // SAFETY: the program gives it up.
     drop(unsafe { take_back::<AhObject, _>(ah) });
     0

@@ -238,6 +238,9 @@ int main(void)
 	struct ibv_qp *a = make_qp(), *b = make_qp();
 	connect_qp(a, b->qp_num, gid);
 	connect_qp(b, a->qp_num, gid);
+	/* Objects in use are not destroyed: QPs use the CQ, MRs the PD. */
+	CHECK(ibv_destroy_cq(cq) == EBUSY, "a CQ that QPs use is busy");
+	CHECK(ibv_dealloc_pd(pd) == EBUSY, "a PD with MRs and QPs is busy");
 
 	/* WRITE 4000 bytes, then READ them back elsewhere. */
 	for (int i = 0; i < 4000; i++)
