@@ -584,3 +584,79 @@ fn a_datagram_cut_inside_its_udp_header_never_panics_the_gatekeeper() {
         .check_frame_accounting()
         .expect("every frame accounted for");
 }
+
+/// A commit on the control port keeps a checkpoint in a node's name. Any
+/// host could send one with the node's address, and any unknown sender
+/// filled the table sized for the nodes; now a commit must come in where
+/// its node is attached, from a node that announced itself.
+#[test]
+fn a_commit_in_another_nodes_name_or_from_a_stranger_is_not_kept() {
+    use remora_base::Timestamp;
+    use remora_switch::programs::l2l3::L2L3Forwarding;
+    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_wire::bifrost::{emit_commit, HeartbeatRepr, CONTROL_PORT, HEARTBEAT_LEN};
+    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
+    use remora_wire::MacAddress;
+    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
+    let end = |last: u8| DatagramEnd {
+        mac: MacAddress([2, 0, 0, 0, 0, last]),
+        address: Ipv4Address::new(10, 0, 0, last),
+        port: CONTROL_PORT,
+    };
+    let (node, other, stranger) = (end(1), end(2), end(3));
+    let hosts = [node, other, stranger].map(|end| (end.mac, end.address));
+    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).unwrap();
+    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE));
+    gatekeeper
+        .register_host_port(node.address, PortId(0))
+        .unwrap();
+    gatekeeper
+        .register_host_port(other.address, PortId(1))
+        .unwrap();
+    let mut switch = Switch::new(SwitchConfig::new(3), Overlaid::new(forwarding, gatekeeper));
+    let to_control = |from: DatagramEnd, bytes: &[u8]| {
+        let to = DatagramEnd {
+            mac: router,
+            address: SERVICE,
+            port: CONTROL_PORT,
+        };
+        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + bytes.len()];
+        let length = emit_datagram(from, to, bytes, &mut frame).unwrap();
+        frame.truncate(length);
+        frame
+    };
+    let mut heartbeat = [0u8; HEARTBEAT_LEN];
+    HeartbeatRepr {
+        kind: NodeKind::Compute,
+        incarnation: 0,
+        capacity_bytes: 1 << 30,
+    }
+    .emit(&mut heartbeat)
+    .unwrap();
+    let now = Timestamp::ZERO;
+    // A checkpoint opens with its sequence number.
+    let checkpoint = |text: &[u8]| [&1u64.to_be_bytes()[..], text].concat();
+    switch.handle_frame(now, PortId(0), &to_control(node, &heartbeat));
+    // The other node's port, with the node's address: dropped, counted.
+    switch.handle_frame(
+        now,
+        PortId(1),
+        &to_control(node, &emit_commit(&checkpoint(b"forged"))),
+    );
+    assert_eq!(switch.program().checkpoint_of(node.address), None);
+    assert_eq!(switch.program().counters().memory.spoofed, 1);
+    // A sender that never announced itself keeps nothing.
+    switch.handle_frame(
+        now,
+        PortId(2),
+        &to_control(stranger, &emit_commit(&checkpoint(b"mine"))),
+    );
+    assert_eq!(switch.program().checkpoint_of(stranger.address), None);
+    // The node itself, where it is attached.
+    let real = checkpoint(b"real");
+    switch.handle_frame(now, PortId(0), &to_control(node, &emit_commit(&real)));
+    assert_eq!(
+        switch.program().checkpoint_of(node.address),
+        Some(&real[..])
+    );
+}

@@ -246,6 +246,19 @@ impl MemoryStage {
         Ok(self.host_ports.insert(client, port)?)
     }
 
+    /// Whether a packet from `source` came in where the control plane
+    /// said that host is attached (or no port was given for it).
+    pub fn arrived_where_expected(&self, source: Ipv4Address, ingress: PortId) -> bool {
+        self.host_ports
+            .lookup(&source)
+            .is_none_or(|port| *port == ingress)
+    }
+
+    /// Counts a packet dropped for coming in where its source is not.
+    pub fn count_spoofed(&mut self) {
+        self.counters.spoofed += 1;
+    }
+
     /// The memory node at `address`'s index, if it is one.
     pub fn node_index(&self, address: Ipv4Address) -> Option<u8> {
         self.nodes.lookup(&address).map(|node| node.index)

@@ -439,6 +439,16 @@ impl Gatekeeper {
             .ipv4
             .map(|fields| fields.source)
             .unwrap_or_default();
+        // RoCE and UDP carry no proof of their sender: a node's messages
+        // (heartbeats, exports, commits) must come in where it is attached,
+        // or any host could commit checkpoints in its name.
+        if !self
+            .memory
+            .arrived_where_expected(node, packet.original_ingress_port)
+        {
+            self.memory.count_spoofed();
+            return Claim::Taken;
+        }
         let commit = match NodeMessage::parse(&packet.bytes[udp + 8..]) {
             Ok(NodeMessage::Heartbeat(heartbeat)) => {
                 self.take_heartbeat(now, node, heartbeat);
@@ -455,6 +465,12 @@ impl Gatekeeper {
             }
         };
         if let Some(checkpoint) = commit {
+            // Only a node that announced itself keeps checkpoints: the
+            // table is sized for the nodes, not for whoever sends.
+            if self.nodes.lookup(&node).is_none() {
+                self.counters.malformed += 1;
+                return Claim::Taken;
+            }
             self.keep_checkpoint(node, checkpoint);
             self.counters.commits += 1;
         }
