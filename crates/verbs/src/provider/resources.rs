@@ -173,7 +173,7 @@ pub(super) unsafe fn reg_mr_iova(
     // A peer's atomic names an 8-byte-aligned IOVA; it must land on an
     // 8-byte-aligned word of the program's memory, so the IOVA and the
     // address must agree modulo 8.
-    let misaligned = iova.wrapping_sub(address as u64) % 8 != 0;
+    let misaligned = !iova.wrapping_sub(address as u64).is_multiple_of(8);
     if access_bits & IBV_ACCESS_REMOTE_ATOMIC != 0 && misaligned {
         return null_with(libc::EINVAL);
     }
