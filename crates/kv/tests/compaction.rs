@@ -38,6 +38,17 @@ fn smallest_store_on(device_bytes: u64) -> Store {
     .unwrap()
 }
 
+/// A background compactor that looks every millisecond and compacts below
+/// half the device's room.
+fn eager_compactor(store: &Store) -> remora_kv::compactor::Compactor {
+    let policy = remora_kv::compactor::CompactionPolicy {
+        below_room_fraction: 0.5,
+        check_every_ms: 1,
+        ..Default::default()
+    };
+    remora_kv::compactor::Compactor::start(store.clone(), policy).unwrap()
+}
+
 fn head(store: &Store) -> LogAddress {
     store.boundaries()[1]
 }
@@ -196,9 +207,7 @@ fn a_compacted_log_recovers() {
     assert!(checkpoint.begin > LogAddress::new(0));
     drop(session);
     drop(store);
-    let (recovered, _) = Store::recover(StoreConfig::smallest(), device).unwrap();
-    let mut session = recovered.session().unwrap();
-    assert_first_keys(&mut session, &model, 255);
+    assert_recovers(device, &model, 255);
 }
 
 #[test]
@@ -229,14 +238,8 @@ fn compacting_past_the_head_or_with_operations_pending_is_refused() {
 /// its last value.
 #[test]
 fn the_background_compactor_keeps_a_store_that_keeps_updating_writable() {
-    use remora_kv::compactor::{CompactionPolicy, Compactor};
     let store = smallest_store_on(2 << 20);
-    let policy = CompactionPolicy {
-        below_room_fraction: 0.5,
-        check_every_ms: 1,
-        ..CompactionPolicy::default()
-    };
-    let compactor = Compactor::start(store.clone(), policy).unwrap();
+    let compactor = eager_compactor(&store);
     let mut session = store.session().unwrap();
     let mut model = Model::new();
     for step in 0..40_000usize {
@@ -360,9 +363,14 @@ fn truncated_pages_of_the_kept_checkpoint_are_not_overwritten() {
     assert!(written > 0);
     drop(session);
     drop(store);
+    assert_recovers(device, &checkpointed, 64);
+}
+
+/// A store recovered from `device` holds `model`'s first `count` keys.
+fn assert_recovers(device: Arc<dyn Device>, model: &Model, count: u16) {
     let (recovered, _) = Store::recover(StoreConfig::smallest(), device).unwrap();
     let mut session = recovered.session().unwrap();
-    assert_first_keys(&mut session, &checkpointed, 64);
+    assert_first_keys(&mut session, model, count);
 }
 
 /// With the background compactor, a checkpoint no longer pins the device:
@@ -371,15 +379,9 @@ fn truncated_pages_of_the_kept_checkpoint_are_not_overwritten() {
 /// each key at a value no older than the explicit checkpoint's.
 #[test]
 fn the_compactor_checkpoints_so_a_kept_checkpoint_does_not_fill_the_device() {
-    use remora_kv::compactor::{CompactionPolicy, Compactor};
     let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(2 << 20));
     let store = Store::new(StoreConfig::smallest(), device.clone()).unwrap();
-    let policy = CompactionPolicy {
-        below_room_fraction: 0.5,
-        check_every_ms: 1,
-        ..CompactionPolicy::default()
-    };
-    let compactor = Compactor::start(store.clone(), policy).unwrap();
+    let compactor = eager_compactor(&store);
     let mut session = store.session().unwrap();
     // Values carry their step; each key's step at the checkpoint is kept.
     let mut at_checkpoint = [0usize; 64];

@@ -461,20 +461,14 @@ fn expect_sigbus_in_child(name: &str, child_variable: &str) {
 /// rate is under B_net / B_intra); sequential scans keep it on.
 #[test]
 fn auto_turns_the_dynamic_cache_off_when_it_does_not_pay() {
-    use remora_soda::cache::{CacheMode, DynamicCacheConfig};
+    use remora_soda::cache::CacheMode;
     use remora_soda::Advice;
     // 64 KiB chunks, as the benchmark's: at 4 KiB both paths are bound by
     // the soft RNIC's per-operation cost, their ratio is near 1, and by Eq. 3
     // caching would rightly never pay.
     let chunk = 64 << 10;
     let run = |random: bool| {
-        let mut dpu = DpuConfig::optimized(chunk);
-        dpu.dynamic = Some(DynamicCacheConfig {
-            capacity_bytes: 8 * chunk as u64,
-            entry_bytes: chunk,
-            prefetch_depth: 1,
-            mode: CacheMode::Auto,
-        });
+        let dpu = dpu_with_cache(chunk, chunk, 1, CacheMode::Auto);
         let config = SodaRackConfig {
             pool_bytes: 32 << 20,
             processes: 1,
@@ -530,6 +524,24 @@ fn auto_turns_the_dynamic_cache_off_when_it_does_not_pay() {
     assert!(sequential.hits * 2 > sequential.lookups, "{sequential:?}");
 }
 
+/// The optimized DPU of `chunk`-byte chunks with a dynamic cache of eight
+/// `entry`-byte entries.
+fn dpu_with_cache(
+    chunk: usize,
+    entry: usize,
+    prefetch_depth: u64,
+    mode: remora_soda::cache::CacheMode,
+) -> DpuConfig {
+    let mut dpu = DpuConfig::optimized(chunk);
+    dpu.dynamic = Some(remora_soda::cache::DynamicCacheConfig {
+        capacity_bytes: 8 * entry as u64,
+        entry_bytes: entry,
+        prefetch_depth,
+        mode,
+    });
+    dpu
+}
+
 fn shaped(bits_per_second: u64) -> remora_carrier::wrappers::LinkShape {
     remora_carrier::wrappers::LinkShape {
         bandwidth_bits_per_second: bits_per_second,
@@ -582,19 +594,13 @@ fn values_are_atomic_words_in_far_memory_and_a_closed_allocator_refuses() {
 /// DPU counts it.
 #[test]
 fn a_read_straddling_two_cache_entries_gets_its_own_bytes() {
-    use remora_soda::cache::{CacheMode, DynamicCacheConfig};
+    use remora_soda::cache::CacheMode;
     use remora_soda::Advice;
     let chunk = 8 << 10;
     let entry = 2 * chunk;
-    let mut dpu = DpuConfig::optimized(chunk);
     // No prefetching: the entries cached are the ones read, in slots
     // taken in order, so entry 5 sits in the slot after entry 0's.
-    dpu.dynamic = Some(DynamicCacheConfig {
-        capacity_bytes: 8 * entry as u64,
-        entry_bytes: entry,
-        prefetch_depth: 0,
-        mode: CacheMode::On,
-    });
+    let dpu = dpu_with_cache(chunk, entry, 0, CacheMode::On);
     let config = SodaRackConfig {
         pool_bytes: 4 << 20,
         processes: 1,

@@ -465,6 +465,26 @@ pub const SPARE_MIDDLE_HOST: usize = 3;
 /// The chain head's port: the one caller its relays serve.
 const HEAD_PORT: u16 = 40000;
 
+/// A chain's middle: serves the head (on the compute host) and calls the
+/// tail's `increment`.
+fn chain_relay(
+    topology: &Topology,
+    tail: remora_wire::datagram::DatagramEnd,
+) -> super::chain::RelayAgent {
+    let upstream = super::chain::Upstream {
+        address: topology.host(COMPUTE_HOST).address,
+        port: HEAD_PORT,
+    };
+    super::chain::RelayAgent::new(
+        upstream,
+        Duration::from_micros(50),
+        100_000,
+        tail,
+        "increment",
+        40001,
+    )
+}
+
 /// A chain A calls B calls C whose middle is replaced on another host:
 /// the head (compute host) calls the Gatekeeper's service address, which
 /// routes "relay" to the middle (memory host); the middle calls the tail
@@ -484,7 +504,6 @@ pub fn chain_replaced(
     crash_after: u64,
 ) -> Result<Chain, ScenarioError> {
     let network: Network = network.into();
-    use super::chain::RelayAgent;
     use crate::gatekeeper::{Gatekeeper, GatekeeperConfig, NodeKind};
     use remora_rack::topology::{standard_host, HostSpec, Role};
     use remora_switch::programs::overlay::Overlaid;
@@ -500,20 +519,8 @@ pub fn chain_replaced(
     );
     let service = callee_at(topology.switch_mac, SERVICE_ADDRESS);
     let tail = callee_at(topology.switch_mac, topology.host(TAIL_HOST).address);
-    let upstream = super::chain::Upstream {
-        address: topology.host(COMPUTE_HOST).address,
-        port: HEAD_PORT,
-    };
     for host in [MEMORY_HOST, SPARE_MIDDLE_HOST] {
-        let relay = RelayAgent::new(
-            upstream,
-            Duration::from_micros(50),
-            100_000,
-            tail,
-            "increment",
-            40001,
-        );
-        stage.add_agent(host, Box::new(relay));
+        stage.add_agent(host, Box::new(chain_relay(&topology, tail)));
         let control = ControlAgent::new(service, NodeKind::Compute, 1 << 30, HEARTBEAT_INTERVAL);
         let control = match host {
             MEMORY_HOST => control.export("relay")?,
@@ -827,7 +834,6 @@ pub fn chain(
     crash: Option<MiddleCrash>,
 ) -> Result<Chain, ScenarioError> {
     let network: Network = network.into();
-    use super::chain::RelayAgent;
     use remora_rack::topology::{standard_host, HostSpec, Role};
     let mut topology = Topology::compute_and_memory();
     let (mac, address) = standard_host(TAIL_HOST);
@@ -838,19 +844,7 @@ pub fn chain(
         Box::new(ServerAgent::new(Callee::new(Box::new(Counter(0))))),
     );
     let tail = callee_at(topology.switch_mac, topology.host(TAIL_HOST).address);
-    let upstream = super::chain::Upstream {
-        address: topology.host(COMPUTE_HOST).address,
-        port: HEAD_PORT,
-    };
-    let relay = RelayAgent::new(
-        upstream,
-        Duration::from_micros(50),
-        100_000,
-        tail,
-        "increment",
-        40001,
-    );
-    stage.add_agent(MEMORY_HOST, Box::new(relay));
+    stage.add_agent(MEMORY_HOST, Box::new(chain_relay(&topology, tail)));
     let middle = callee_at(topology.switch_mac, topology.host(MEMORY_HOST).address);
     let head = ClientAgent::new(
         Caller::new(Duration::from_micros(200), 100_000),
