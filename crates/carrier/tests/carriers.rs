@@ -469,3 +469,65 @@ fn a_reordered_frame_is_held_says_when_it_falls_due_and_leaves_at_a_flush_after(
     );
     assert!(node.next_due().is_none());
 }
+
+/// A port that hands its consumer frames where they lie in its own
+/// buffer, as a ring hands them where they lie in a shared segment.
+struct InPlace {
+    buffer: Vec<u8>,
+}
+
+impl Port for InPlace {
+    fn receive(
+        &mut self,
+        _max_frames: usize,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, remora_carrier::CarrierError> {
+        sink(&self.buffer);
+        Ok(1)
+    }
+
+    fn send(&mut self, _frame: &[u8]) -> Result<SendStatus, remora_carrier::CarrierError> {
+        Ok(SendStatus::Queued)
+    }
+
+    fn flush(&mut self) -> Result<(), remora_carrier::CarrierError> {
+        Ok(())
+    }
+
+    fn has_room(&mut self) -> bool {
+        true
+    }
+
+    fn has_frames(&mut self) -> bool {
+        true
+    }
+
+    fn wait_source(&self) -> WaitSource {
+        WaitSource::Fd(0)
+    }
+}
+
+/// A ring hands its consumer the frame where it lies, in memory a sibling
+/// process can write; `Copied` hands a private copy instead, so a frame
+/// rewritten while it is parsed cannot make two reads of one field
+/// disagree. The same bytes, never the place they lay.
+#[test]
+fn a_copied_port_hands_over_private_copies_of_the_same_bytes() {
+    use remora_carrier::wrappers::Copied;
+    let frame: Vec<u8> = (0..64).collect();
+    let in_place = InPlace {
+        buffer: frame.clone(),
+    };
+    // Moving the port does not move its buffer's bytes.
+    let shared_at = in_place.buffer.as_ptr() as usize;
+    let mut port = Copied::new(in_place);
+    let mut seen = Vec::new();
+    let mut seen_at = 0usize;
+    port.receive(1, &mut |bytes| {
+        seen_at = bytes.as_ptr() as usize;
+        seen = bytes.to_vec();
+    })
+    .unwrap();
+    assert_eq!(seen, frame);
+    assert_ne!(seen_at, shared_at);
+}

@@ -24,7 +24,7 @@ use crate::endpoint::{
 use crate::report::{NodeReport, RackReport, RnicSummary, SwitchReport};
 use crate::workload::{self, Placement, Target};
 use crate::RackError;
-use remora_carrier::wrappers::{PcapSink, PortCountersHandle};
+use remora_carrier::wrappers::{Copied, PcapSink, PortCountersHandle};
 use remora_carrier::{bind_pair, DatagramPort, PacketSocketOptions, Port, Segment, SegmentPlan};
 use remora_rnic::*;
 use remora_switch::programs::l2l3::L2L3Forwarding;
@@ -821,9 +821,10 @@ pub fn run_node(
 ) -> Result<NodeReport, RackError> {
     let node = rack.node(name)?;
     let port: Box<dyn Port> = match carrier {
-        NodeCarrier::Shm { fd } => {
-            Box::new(Segment::attach(fd)?.spoke_port(u32::from(node.port) + 1)?)
-        }
+        // Every node process maps the whole segment: parse private copies.
+        NodeCarrier::Shm { fd } => Box::new(Copied::new(
+            Segment::attach(fd)?.spoke_port(u32::from(node.port) + 1)?,
+        )),
         NodeCarrier::Udp { fd, peer } => Box::new(DatagramPort::udp_on(UdpSocket::from(fd), peer)?),
         NodeCarrier::UdpBind { local, peer } => Box::new(DatagramPort::udp(local, peer)?),
         NodeCarrier::UdpFromRack => Box::new(DatagramPort::udp(

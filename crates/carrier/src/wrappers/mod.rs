@@ -67,11 +67,13 @@ fn release_due(
 }
 
 pub mod capture;
+pub mod copied;
 pub mod counted;
 pub mod faulty;
 pub mod shaped;
 
 pub use capture::{CaptureDirection, Captured, PcapSink};
+pub use copied::Copied;
 pub use counted::{Counted, PortCounters, PortCountersHandle};
 pub use faulty::Faulty;
 pub use shaped::{LinkShape, ShapeCounters, Shaped};
