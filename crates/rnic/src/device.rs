@@ -111,6 +111,7 @@ impl SoftRnic {
                 shared_receive_queues: Vec::new(),
                 counters: RnicCounters::default(),
                 newly_overrun: Vec::new(),
+                max_message_bytes: config.max_message_bytes,
             },
             protection_domains: 0,
             queue_pairs: Vec::new(),

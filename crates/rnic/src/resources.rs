@@ -24,6 +24,9 @@ pub(crate) struct Resources {
     /// Completion queues that overran since the device last looked; at most
     /// one entry per queue.
     pub(crate) newly_overrun: Vec<CompletionQueue>,
+    /// The longest message the device sends or answers: a READ asking for
+    /// more is refused, since its answer is snapshotted whole.
+    pub(crate) max_message_bytes: u32,
 }
 
 impl Resources {

@@ -471,3 +471,34 @@ fn a_receive_taken_by_a_refused_send_still_completes() {
         ]
     );
 }
+
+/// A READ's answer is snapshotted whole into the replay cache, and the
+/// responder took any length its region allowed: a peer asking for a
+/// region's worth per READ, a window of them, had the device hold that
+/// many copies. A READ longer than the device's largest message is now an
+/// invalid request.
+#[test]
+fn a_read_longer_than_the_largest_message_is_refused() {
+    let mut s = setup();
+    let read = read_request(&s, 1, 0, 0, 64);
+    s.fabric.left.post_send(s.left_qp, read).unwrap();
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    let length = s
+        .fabric
+        .left
+        .poll_transmit(s.fabric.now, &mut buffer)
+        .unwrap();
+    let parsed = parse_frame(&buffer[..length]).unwrap();
+    let mut repr = parsed.repr;
+    let largest = s.fabric.right.config().max_message_bytes;
+    repr.extension.reth.as_mut().unwrap().dma_length = largest + 1;
+    let mut forged = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    let length = remora_wire::frame::emit_frame(&repr, parsed.payload, &mut forged).unwrap();
+    s.fabric.right.handle_frame(s.fabric.now, &forged[..length]);
+    assert_eq!(s.fabric.right.counters().error_naks_sent, 1);
+    assert!(s.fabric.run(1000).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::RemoteInvalidRequestError)]
+    );
+}

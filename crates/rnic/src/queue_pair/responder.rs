@@ -491,6 +491,12 @@ impl QueuePairContext {
 
     fn execute_read(&mut self, frame: &RoceFrame<'_>, resources: &mut Resources) -> StepResult {
         let reth: RethRepr = frame.reth().expect("opcode implies RETH");
+        // The answer is snapshotted whole into the replay cache: a peer
+        // asking for a region's worth per READ, a window of them, would
+        // have the device hold that many copies.
+        if reth.dma_length > resources.max_message_bytes {
+            return Err((NakCode::InvalidRequest, None));
+        }
         let length = u64::from(reth.dma_length);
         let pd = self.attributes.protection_domain;
         let checked = resources.memory.check_remote(
