@@ -34,8 +34,12 @@
 //! interrupted batch runs again: writes land again (the same bytes in the
 //! same place) and reads are served again, so a read of that batch may see
 //! writes issued after it that had landed before the failure, which
-//! linearizability allows for requests still outstanding. Every request
-//! completes once: progress words only move forward.
+//! linearizability allows for requests still outstanding. A write of that
+//! batch whose payload had already landed is not landed again: since it
+//! landed, another instance may have landed a newer write over the same
+//! bytes, and a reader may have seen it. (An engine that restarts has no
+//! such record and lands them all again.) Every request completes once:
+//! progress words only move forward.
 
 use crate::connection::{ConnectionError, Connector};
 use crate::layout::{
@@ -131,6 +135,9 @@ pub struct SpotStats {
     pub stalls: u64,
     /// Queue pairs made anew after one died.
     pub reconnects: u64,
+    /// Writes of a batch run again after a reconnection that had landed
+    /// before it, and were not landed again.
+    pub writes_not_landed_again: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,6 +191,11 @@ struct Instance {
     /// The first batch after a reconnection lands its writes before it
     /// serves its reads (see [`SpotEngine::fetched`]).
     writes_first: bool,
+    /// Writes (by sequence) whose payload landed in the pool while their
+    /// batch's progress may not have reached the compute node. A batch run
+    /// again after a reconnection skips them: landed again, one could
+    /// overwrite a newer write another instance landed since.
+    landed_writes: Vec<u64>,
 }
 
 /// A write whose payload is landing in the pool: reads overlapping it wait.
@@ -291,6 +303,7 @@ impl SpotEngine {
                 epoch: 0,
                 prepared: None,
                 reconnects_in_a_row: 0,
+                landed_writes: Vec::new(),
                 writes_first: false,
             })
             .collect();
@@ -489,6 +502,10 @@ impl SpotEngine {
         instance.fetched = head;
         instance.read_progress = read_progress;
         instance.write_progress = write_progress;
+        // What the compute node's progress covers will not be fetched again.
+        instance
+            .landed_writes
+            .retain(|sequence| *sequence > write_progress);
         instance.phase = Phase::Idle;
         instance.interval = self.config.probe_interval_min;
         instance.next_probe = now;
@@ -567,6 +584,9 @@ impl SpotEngine {
             TAG_RESUME => self.resumed(now, rnic, index),
             TAG_PROGRESS => {
                 let instance = &mut self.instances[index];
+                // The compute node has the progress: no write of it is
+                // fetched again.
+                instance.landed_writes.clear();
                 instance.reconnects_in_a_row = 0;
                 instance.phase = Phase::Idle;
                 instance.interval = self.config.probe_interval_min;
@@ -681,6 +701,20 @@ impl SpotEngine {
             // failure: that fetch started at the same head and took at
             // most a batch.
             batch.sort_by_key(|step| step.entry.kind != Kind::Write);
+            // A write that already landed is not landed again: since it
+            // landed, another instance may have landed a newer write over
+            // the same bytes, and a reader may have seen that one.
+            let mut skipped = 0;
+            for step in &mut batch {
+                if step.entry.kind == Kind::Write
+                    && instance.landed_writes.contains(&step.entry.sequence)
+                {
+                    step.posted = true;
+                    step.done = true;
+                    skipped += 1;
+                }
+            }
+            self.stats.writes_not_landed_again += skipped;
         }
         instance.batch = batch;
         instance.cursor = 0;
@@ -736,6 +770,11 @@ impl SpotEngine {
         while self.instances[index].cursor < batch_len {
             let cursor = self.instances[index].cursor;
             let step = self.instances[index].batch[cursor];
+            if step.done {
+                // A write that landed before a reconnection.
+                self.instances[index].cursor += 1;
+                continue;
+            }
             // Overlapping writes must land in order, and a retried READ
             // may place its data again, so a write waits for an
             // overlapping write as a read does.
@@ -830,6 +869,10 @@ impl SpotEngine {
         assert!(instance.batch[step].posted && !instance.batch[step].done);
         instance.batch[step].done = true;
         instance.writes_in_flight -= 1;
+        instance.landed_writes.push(entry.sequence);
+        // Cleared when a batch's progress lands, pruned on resuming: at
+        // most the writes of the batches since the last progress landed.
+        debug_assert!(instance.landed_writes.len() <= 2 * instance.batch.len());
         let position = self
             .in_flight
             .iter()

@@ -124,6 +124,7 @@ fn add(a: SpotStats, b: SpotStats) -> SpotStats {
         response_writes: a.response_writes + b.response_writes,
         stalls: a.stalls + b.stalls,
         reconnects: a.reconnects + b.reconnects,
+        writes_not_landed_again: a.writes_not_landed_again + b.writes_not_landed_again,
     }
 }
 

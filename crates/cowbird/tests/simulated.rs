@@ -169,6 +169,13 @@ fn retry_exceeded_reconnects_instead_of_stopping() {
         };
         let outcome = run_with(seed, &workload, Some(cut)).unwrap();
         assert_eq!(outcome.completed, 1200, "seed {seed}");
+        // Writes that landed before the cut are not landed again (another
+        // instance's newer write may lie over them); the pool still
+        // matches the models.
+        assert!(
+            outcome.engine.writes_not_landed_again > 0,
+            "seed {seed}: {outcome:?}"
+        );
         assert!(outcome.engine.reconnects >= 1, "seed {seed}: {outcome:?}");
         assert_eq!(outcome.compute_reconnects, outcome.engine.reconnects);
         assert_eq!(outcome.engine_restarts, 0);
