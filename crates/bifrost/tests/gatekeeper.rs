@@ -660,3 +660,70 @@ fn a_commit_in_another_nodes_name_or_from_a_stranger_is_not_kept() {
         Some(&real[..])
     );
 }
+
+/// Callers' checkpoints are kept per (address, port), in a table sized for
+/// the nodes. Callers that came and went (a restarted one may call from a
+/// new port) filled it, and every new caller's checkpoint was refused for
+/// good. A full table now makes room by the least recently renewed.
+#[test]
+fn a_full_caller_checkpoint_table_makes_room_by_the_oldest_caller() {
+    use remora_base::Timestamp;
+    use remora_bifrost::rpc::checkpoint::{join_reply, CHECKPOINT_FLAG};
+    use remora_switch::programs::l2l3::L2L3Forwarding;
+    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress, HEADER_LEN};
+    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
+    use remora_wire::MacAddress;
+    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
+    let host = |last: u8, port| DatagramEnd {
+        mac: MacAddress([2, 0, 0, 0, 0, last]),
+        address: Ipv4Address::new(10, 0, 0, last),
+        port,
+    };
+    let (caller, server) = (host(1, 40000), host(2, BIFROST_PORT));
+    let hosts = [caller, server].map(|end| (end.mac, end.address));
+    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).unwrap();
+    let mut config = GatekeeperConfig::new(SERVICE);
+    config.nodes = 2;
+    let mut gatekeeper = Gatekeeper::new(config);
+    gatekeeper
+        .register_node(server.address, NodeKind::Compute, 0)
+        .unwrap();
+    gatekeeper.route("increment", server.address).unwrap();
+    let mut switch = Switch::new(SwitchConfig::new(2), Overlaid::new(forwarding, gatekeeper));
+    let service = DatagramEnd {
+        mac: router,
+        address: SERVICE,
+        port: BIFROST_PORT,
+    };
+    // A call from `port` carrying a checkpoint of sequence 1.
+    let call = |port: u16, rpc_id: u64| {
+        let mut repr =
+            BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
+        repr.flags |= CHECKPOINT_FLAG;
+        let checkpoint = 1u64.to_be_bytes();
+        let body = join_reply(b"", &checkpoint);
+        let mut payload = vec![0u8; HEADER_LEN + body.len()];
+        repr.emit(&mut payload).unwrap();
+        payload[HEADER_LEN..].copy_from_slice(&body);
+        let from = DatagramEnd { port, ..caller };
+        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
+        let length = emit_datagram(from, service, &payload, &mut frame).unwrap();
+        frame.truncate(length);
+        frame
+    };
+    for (rpc_id, port) in [40000u16, 40001, 40002].into_iter().enumerate() {
+        switch.handle_frame(Timestamp::ZERO, PortId(0), &call(port, rpc_id as u64 + 1));
+    }
+    let gatekeeper = switch.program();
+    let kept = |port| {
+        gatekeeper
+            .caller_checkpoint_of((caller.address, port))
+            .is_some()
+    };
+    assert!(!kept(40000), "the least recently renewed made room");
+    assert!(kept(40001) && kept(40002));
+    let counters = gatekeeper.counters();
+    assert_eq!(counters.caller_checkpoints_evicted, 1);
+    assert_eq!(counters.checkpoints_refused, 0);
+}

@@ -140,6 +140,9 @@ pub struct GatekeeperCounters {
     pub commits: u64,
     /// Callers' checkpoints taken off calls and kept.
     pub caller_checkpoints: u64,
+    /// Callers' checkpoints dropped, least recently renewed first, to make
+    /// room for a caller the full table had no place for.
+    pub caller_checkpoints_evicted: u64,
     /// Checkpoints (either kind) a full table could not take: the older
     /// one stays, and the node's next checkpoint tries again.
     pub checkpoints_refused: u64,
@@ -234,6 +237,11 @@ pub struct Gatekeeper {
     checkpoints: ExactTable<Ipv4Address, (u64, Vec<u8>)>,
     /// Each caller's newest checkpoint (a1, a2), taken off its calls.
     caller_checkpoints: ExactTable<(Ipv4Address, u16), (u64, Vec<u8>)>,
+    /// The callers of `caller_checkpoints`, least recently renewed first:
+    /// callers come and go (a restarted one may call from a new port), and
+    /// a full table makes room by the oldest rather than refuse new
+    /// callers for good.
+    caller_checkpoint_order: VecDeque<(Ipv4Address, u16)>,
     /// Each call in flight's frame as routed, to replay to a replacement.
     call_frames: ExactTable<CallKey, Vec<u8>>,
     /// When each node that sends heartbeats was last heard.
@@ -382,6 +390,7 @@ impl Gatekeeper {
                 (MAX_CHECKPOINT_BYTES * 8) as u16,
                 config.nodes,
             )),
+            caller_checkpoint_order: VecDeque::new(),
             caller_checkpoints: ExactTable::new(shape(
                 "gatekeeper_caller_checkpoints",
                 2,
@@ -909,8 +918,24 @@ impl Gatekeeper {
         let Some(checkpoint) = self.strip_checkpoint(packet, ip, udp) else {
             return;
         };
+        let table = &self.caller_checkpoints;
+        let new_caller = table.lookup(&caller).is_none();
+        let full = table.len() >= table.resources().capacity;
+        // A checkpoint too short to carry its sequence is dropped anyway.
+        if new_caller && full && checkpoint.len() >= 8 {
+            if let Some(oldest) = self.caller_checkpoint_order.pop_front() {
+                self.caller_checkpoints.remove(&oldest);
+                self.counters.caller_checkpoints_evicted += 1;
+            }
+        }
         match keep_newest(&mut self.caller_checkpoints, caller, checkpoint) {
-            Kept::Newest => self.counters.caller_checkpoints += 1,
+            Kept::Newest => {
+                self.counters.caller_checkpoints += 1;
+                self.caller_checkpoint_order
+                    .retain(|known| *known != caller);
+                self.caller_checkpoint_order.push_back(caller);
+                debug_assert!(self.caller_checkpoint_order.len() <= self.caller_checkpoints.len());
+            }
             Kept::Refused => self.counters.checkpoints_refused += 1,
             Kept::Older => {}
         }
