@@ -451,11 +451,8 @@ fn a_receive_taken_by_a_refused_send_still_completes() {
     // Three packets at the 4 KiB MTU: First, Middle, Last.
     let send = send_request(&s, 1, 0, 3 * 4096);
     s.fabric.left.post_send(s.left_qp, send).unwrap();
+    let frames = left_frames(&mut s);
     let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
-    let mut frames = Vec::new();
-    while let Some(len) = s.fabric.left.poll_transmit(s.fabric.now, &mut buffer) {
-        frames.push(buffer[..len].to_vec());
-    }
     assert_eq!(opcode_of(&frames[0]), Opcode::SendFirst);
     s.fabric.right.handle_frame(s.fabric.now, &frames[0]);
     let middle = parse_frame(&frames[1]).unwrap();
@@ -482,13 +479,8 @@ fn a_read_longer_than_the_largest_message_is_refused() {
     let mut s = setup();
     let read = read_request(&s, 1, 0, 0, 64);
     s.fabric.left.post_send(s.left_qp, read).unwrap();
-    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
-    let length = s
-        .fabric
-        .left
-        .poll_transmit(s.fabric.now, &mut buffer)
-        .unwrap();
-    let parsed = parse_frame(&buffer[..length]).unwrap();
+    let frames = left_frames(&mut s);
+    let parsed = parse_frame(&frames[0]).unwrap();
     let mut repr = parsed.repr;
     let largest = s.fabric.right.config().max_message_bytes;
     repr.extension.reth.as_mut().unwrap().dma_length = largest + 1;

@@ -132,3 +132,13 @@ pub fn send_request(s: &Setup, id: u64, local_offset: u64, len: u32) -> SendRequ
         s.left_mr.slice(local_offset, len),
     )
 }
+
+/// Every frame the left device has to send now, in order.
+pub fn left_frames(s: &mut Setup) -> Vec<Vec<u8>> {
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    let mut frames = Vec::new();
+    while let Some(length) = s.fabric.left.poll_transmit(s.fabric.now, &mut buffer) {
+        frames.push(buffer[..length].to_vec());
+    }
+    frames
+}
