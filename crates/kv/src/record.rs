@@ -195,32 +195,6 @@ impl<'a> MemoryRecord<'a> {
     }
 }
 
-/// Writes an abandoned allocation as an invalid record of the size it was
-/// allocated for: a scan of the log (recovery, compaction) must be able to
-/// step over every byte of a page, including space a writer took and then
-/// gave up before writing it whole. The key and value bytes stay as they
-/// are; nobody reads an invalid record's contents.
-///
-/// # Safety
-/// As for [`write_new`]: the session allocated `address` and has not
-/// published it.
-pub unsafe fn write_invalid(
-    frames: &Frames,
-    address: LogAddress,
-    key_length: usize,
-    value_capacity: usize,
-) {
-    frames
-        .word(address, HEADER_WORD)
-        .store(INVALID, Ordering::Relaxed);
-    frames
-        .word(address, SIZES_WORD)
-        .store(sizes_word(key_length, value_capacity), Ordering::Relaxed);
-    frames
-        .word(address, VALUE_LENGTH_WORD)
-        .store(0, Ordering::Release);
-}
-
 /// Writes a fresh record at `address`, which the caller has just
 /// allocated and not published.
 ///

@@ -22,8 +22,8 @@ use crate::epoch::{Epoch, EpochError, SlotIndex};
 use crate::index::{HashIndex, IndexError, IndexUsage, Slot};
 use crate::log::{Allocation, HybridLog, LogError, LogShape, Region};
 use crate::record::{
-    parse_stored, record_bytes, write_invalid, write_new, Header, MemoryRecord, Parsed,
-    MAX_KEY_BYTES, MAX_VALUE_BYTES,
+    parse_stored, record_bytes, write_new, Header, MemoryRecord, Parsed, MAX_KEY_BYTES,
+    MAX_VALUE_BYTES,
 };
 use crate::update::{Update, UpdateError};
 use std::hash::Hasher;
@@ -834,7 +834,17 @@ impl Session {
             // moved, perhaps before the record was written: either way the
             // space must still read as a record, or scans stop at it.
             // SAFETY: allocated in this protected section, never published.
-            unsafe { write_invalid(&log.frames, address, key.len(), capacity) };
+            unsafe {
+                write_new(
+                    &log.frames,
+                    address,
+                    Header::new(LogAddress::NONE, false),
+                    key,
+                    &[],
+                    capacity,
+                );
+                MemoryRecord::new(&log.frames, address).mark_invalid();
+            }
         }
         result
     }
