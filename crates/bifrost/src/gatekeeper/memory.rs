@@ -292,10 +292,9 @@ impl MemoryStage {
             // A memory node's frames pass unjudged: only through its own
             // port, where the control plane gave it (the switch's own
             // NAKs, in the node's name, come from its generator).
-            let port = self.host_ports.lookup(&ipv4.source).copied();
             let ingress = packet.original_ingress_port;
             let generated = ingress == remora_switch::packet::GENERATOR_PORT;
-            if !generated && port.is_some_and(|port| port != ingress) {
+            if !generated && !self.arrived_where_expected(ipv4.source, ingress) {
                 self.counters.spoofed += 1;
                 packet.egress = Egress::Drop;
                 return;
@@ -341,10 +340,7 @@ impl MemoryStage {
     fn sent_by_its_client(&self, packet: &Packet, connection: &Connection) -> bool {
         let source = packet.headers.ipv4.map(|ipv4| ipv4.source);
         source == Some(connection.client)
-            && self
-                .host_ports
-                .lookup(&connection.client)
-                .is_none_or(|port| *port == packet.original_ingress_port)
+            && self.arrived_where_expected(connection.client, packet.original_ingress_port)
     }
 
     /// Whether the request may pass; None for a packet that belongs to a
