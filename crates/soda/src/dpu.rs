@@ -1019,16 +1019,16 @@ impl DpuState {
     /// Starts fetching entry `key` into the cache, if it is not there, it
     /// lies inside its region, and a slot is free.
     fn prefetch(&mut self, nic: &mut dyn Verbs, key: EntryKey) -> Result<bool, AgentError> {
+        if !self.entry_in_region(key) {
+            return Ok(false);
+        }
         let Some(&(start, length)) = self.regions.get(&key.region) else {
             return Ok(false);
         };
         let cache = self.cache_mut();
         let entry_bytes = cache.config.entry_bytes as u64;
         let offset = key.entry * entry_bytes;
-        if offset >= length
-            || cache.table.lookup(key) != Lookup::Absent
-            || cache.uncacheable.contains(&key.region)
-        {
+        if cache.table.lookup(key) != Lookup::Absent || cache.uncacheable.contains(&key.region) {
             return Ok(false);
         }
         let Some(entry) = cache.table.reserve(key) else {
