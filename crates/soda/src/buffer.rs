@@ -43,6 +43,8 @@ pub struct HostBuffer {
     next_stamp: u64,
     /// Bytes of chunks fetching, resident or evicting.
     occupied_bytes: u64,
+    /// Bytes of chunks evicting: what leaves once their evictions finish.
+    evicting_bytes: u64,
 }
 
 impl HostBuffer {
@@ -62,6 +64,7 @@ impl HostBuffer {
             order: BTreeMap::new(),
             next_stamp: 0,
             occupied_bytes: 0,
+            evicting_bytes: 0,
         }
     }
 
@@ -145,13 +148,31 @@ impl HostBuffer {
             unreachable!("ordered chunks are resident");
         };
         entry.state = ChunkState::Evicting;
+        self.evicting_bytes += entry.bytes;
         Some((key, dirty))
+    }
+
+    /// Takes up to `most` chunks for eviction, oldest first, as many as
+    /// bring the buffer down to its low watermark once they are evicted
+    /// (at least one while it is above it): the evictor's batch.
+    pub fn begin_evict_to_low_watermark(&mut self, most: usize) -> Vec<(ChunkKey, bool)> {
+        let mut victims = Vec::new();
+        while victims.len() < most
+            && self.occupied_bytes - self.evicting_bytes > self.low_watermark_bytes
+        {
+            let Some(victim) = self.begin_evict() else {
+                break;
+            };
+            victims.push(victim);
+        }
+        victims
     }
 
     pub fn finish_evict(&mut self, key: ChunkKey) {
         let entry = self.chunks.remove(&key).expect("an evicting chunk");
         assert_eq!(entry.state, ChunkState::Evicting);
         self.occupied_bytes -= entry.bytes;
+        self.evicting_bytes -= entry.bytes;
     }
 
     /// Dirty resident chunks, for a flush.
@@ -194,8 +215,12 @@ impl HostBuffer {
             .collect();
         for key in keys {
             let entry = self.chunks.remove(&key).expect("listed just now");
-            if let ChunkState::Resident { stamp, .. } = entry.state {
-                self.order.remove(&stamp);
+            match entry.state {
+                ChunkState::Resident { stamp, .. } => {
+                    self.order.remove(&stamp);
+                }
+                ChunkState::Evicting => self.evicting_bytes -= entry.bytes,
+                ChunkState::Fetching => {}
             }
             self.occupied_bytes -= entry.bytes;
         }
@@ -210,6 +235,13 @@ impl HostBuffer {
         if cfg!(debug_assertions) {
             let total: u64 = self.chunks.values().map(|entry| entry.bytes).sum();
             assert_eq!(total, self.occupied_bytes);
+            let evicting: u64 = self
+                .chunks
+                .values()
+                .filter(|entry| entry.state == ChunkState::Evicting)
+                .map(|entry| entry.bytes)
+                .sum();
+            assert_eq!(evicting, self.evicting_bytes);
             let resident = self
                 .chunks
                 .values()
@@ -260,5 +292,33 @@ mod tests {
         assert_eq!(buffer.occupied_bytes(), 1);
         buffer.remove_object(ObjectId(1));
         assert_eq!((buffer.occupied_bytes(), buffer.resident_chunks()), (0, 0));
+    }
+
+    #[test]
+    fn a_batch_takes_the_oldest_chunks_down_to_the_low_watermark_and_no_further() {
+        let mut buffer = HostBuffer::new(10, 9, 6);
+        for index in 0..10 {
+            buffer.begin_fetch(key(index), 1);
+            buffer.finish_fetch(key(index), index == 2);
+        }
+        let oldest_four: Vec<_> = (0..4).map(|index| (key(index), index == 2)).collect();
+        assert_eq!(buffer.begin_evict_to_low_watermark(16), oldest_four);
+        // Evicting already counts: a second batch before they finish
+        // takes nothing more.
+        assert_eq!(buffer.begin_evict_to_low_watermark(16), vec![]);
+        assert_eq!(buffer.occupied_bytes(), 10);
+        for (victim, _) in oldest_four {
+            buffer.finish_evict(victim);
+        }
+        buffer.debug_check_invariants();
+        assert_eq!(buffer.occupied_bytes(), 6);
+        assert_eq!(buffer.begin_evict_to_low_watermark(16), vec![]);
+        buffer.begin_fetch(key(10), 1);
+        buffer.finish_fetch(key(10), false);
+        assert_eq!(buffer.begin_evict_to_low_watermark(0), vec![]);
+        assert_eq!(
+            buffer.begin_evict_to_low_watermark(16),
+            vec![(key(4), false)]
+        );
     }
 }

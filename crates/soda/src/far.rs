@@ -27,6 +27,11 @@ use std::time::{Duration, Instant};
 
 /// How long a handler waits for a fault before checking whether to stop.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// The most chunks the evictor drops together. Dropping pages costs a
+/// TLB shootdown, which batching shares (see [`mapping::drop_ranges`]);
+/// 16 chunks are 1 MiB at the default chunk size, and the kernel's own
+/// batch of flushes is of that order.
+const EVICTION_BATCH: usize = 16;
 /// The smallest chunk: a page.
 pub const MIN_CHUNK_BYTES: usize = mapping::PAGE_BYTES;
 pub const DEFAULT_CHUNK_BYTES: usize = 64 << 10;
@@ -243,7 +248,7 @@ impl Shared {
             let victim = inner.buffer.begin_evict();
             drop(inner);
             match victim {
-                Some((victim, dirty)) => self.evict(victim, dirty, staging),
+                Some(victim) => self.evict(&[victim], staging),
                 None => drop(self.changed.wait_timeout(self.lock(), POLL_INTERVAL)),
             }
             return self.handle_fault(fault, staging);
@@ -288,19 +293,28 @@ impl Shared {
         self.changed.notify_all();
     }
 
-    /// Writes back (if dirty) and drops a chunk `begin_evict` handed out.
-    fn evict(&self, key: ChunkKey, dirty: bool, staging: &mut Staging) {
-        let (address, length) = {
+    /// Writes back (if dirty) and drops chunks `begin_evict` handed out,
+    /// their pages in one call (see [`mapping::drop_ranges`]).
+    fn evict(&self, victims: &[(ChunkKey, bool)], staging: &mut Staging) {
+        let ranges: Vec<(usize, usize)> = {
             let inner = self.lock();
-            let info = inner
-                .info(key.object)
-                .expect("an evicting chunk's object is live");
-            (
-                info.address + key.index as usize * info.chunk_bytes,
-                info.chunk_bytes,
-            )
+            victims
+                .iter()
+                .map(|(key, _)| {
+                    let info = inner
+                        .info(key.object)
+                        .expect("an evicting chunk's object is live");
+                    (
+                        info.address + key.index as usize * info.chunk_bytes,
+                        info.chunk_bytes,
+                    )
+                })
+                .collect()
         };
-        if dirty {
+        for (&(key, dirty), &(address, length)) in victims.iter().zip(&ranges) {
+            if !dirty {
+                continue;
+            }
             if let Err(error) = self.write_back(key, address, length, staging) {
                 tracing::error!(object = key.object.0, %error, "write-back failed; the object is lost");
                 if let Some(info) = self.lock().info_mut(key.object) {
@@ -308,18 +322,24 @@ impl Shared {
                 }
             }
         }
-        // SAFETY: the chunk lies in a live object's mapping (the object
+        // SAFETY: each chunk lies in a live object's mapping (an object
         // cannot be freed while one of its chunks is evicting).
-        let dropped = unsafe { mapping::drop_range(address, length) };
+        let dropped = unsafe { mapping::drop_ranges(&ranges) };
         debug_assert!(dropped.is_ok(), "dropping our own pages failed");
         let mut inner = self.lock();
-        inner.buffer.finish_evict(key);
+        for (key, _) in victims {
+            inner.buffer.finish_evict(*key);
+        }
         inner.buffer.debug_check_invariants();
         drop(inner);
-        self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .evictions
+            .fetch_add(victims.len() as u64, Ordering::Relaxed);
         self.changed.notify_all();
         // Writers that faulted while it was protected fault again now.
-        self.report(self.userfault.wake(address, length));
+        for &(address, length) in &ranges {
+            self.report(self.userfault.wake(address, length));
+        }
     }
 
     fn write_back(
@@ -384,13 +404,14 @@ fn evictor_loop(shared: Arc<Shared>) {
             continue;
         }
         let started = thread_cpu_nanos();
-        // Each pass evicts one chunk; resident chunks are finite.
+        // Each pass evicts at least one chunk; resident chunks are finite.
         while inner.buffer.is_above_low_watermark() {
-            let Some((victim, dirty)) = inner.buffer.begin_evict() else {
+            let victims = inner.buffer.begin_evict_to_low_watermark(EVICTION_BATCH);
+            if victims.is_empty() {
                 break;
-            };
+            }
             drop(inner);
-            shared.evict(victim, dirty, &mut staging);
+            shared.evict(&victims, &mut staging);
             inner = shared.lock();
         }
         drop(inner);
