@@ -378,7 +378,9 @@ fn writes_through_the_dpu_read_back_exactly() {
 const DPU_CRASH_CHILD: &str = "REMORA_SODA_DPU_CRASH_CHILD";
 
 /// The DPU crashes holding writes it acknowledged: the next access to an
-/// object gets SIGBUS, never stale data and never a hang.
+/// object gets SIGBUS, never stale data and never a hang. (Any failure on
+/// the DPU path poisons the chunk here; the tracking of which writes the
+/// DPU held is checked by `writes_the_dpu_held_unpersisted_are_lost_when_it_dies`.)
 #[test]
 fn a_dpu_crash_raises_sigbus_not_stale_data() {
     if std::env::var_os(DPU_CRASH_CHILD).is_some() {
@@ -392,6 +394,41 @@ fn a_dpu_crash_raises_sigbus_not_stale_data() {
         std::process::exit(0);
     }
     expect_sigbus_in_child("a_dpu_crash_raises_sigbus_not_stale_data", DPU_CRASH_CHILD);
+}
+
+/// What the DPU acknowledged but the memory node never got is lost with
+/// the DPU, even for an object nobody touched since: the memory node is
+/// down, so the DPU holds a write it cannot persist; the DPU then dies;
+/// the next DPU access, to another object, fails, and the written object
+/// is reported lost for the writes the DPU held, before any access to it
+/// could return the memory node's stale copy.
+#[test]
+fn writes_the_dpu_held_unpersisted_are_lost_when_it_dies() {
+    const CHUNK_BYTES: usize = 64 << 10;
+    let store = SodaRack::start(&rack_config(Route::ThroughDpu)).unwrap();
+    let (written, other) = (ObjectId(1), ObjectId(2));
+    for object in [written, other] {
+        store.reserve(object, 4 * CHUNK_BYTES as u64, None).unwrap();
+    }
+    store.crash(remora_rack::topology::MEMORY_HOST);
+    store
+        .write_back(written, 0, &vec![7u8; CHUNK_BYTES])
+        .expect("the DPU acknowledges a write it holds");
+    store.crash(remora_soda::rack::DPU_HOST);
+    let mut into = vec![0u8; CHUNK_BYTES];
+    let failed = store.fetch(other, 0, &mut into).unwrap_err();
+    assert!(
+        !matches!(failed, StoreError::Lost { .. }),
+        "the first failure is the DPU's own: {failed}"
+    );
+    match store.fetch(written, 0, &mut into) {
+        Err(StoreError::Lost { object, reason }) => {
+            assert_eq!(object, written);
+            assert!(reason.contains("never got"), "{reason}");
+        }
+        other => panic!("the written object is not reported lost: {other:?}"),
+    }
+    store.stop().unwrap();
 }
 
 /// Two processes share one DPU agent (Fig. 8): each gets its own results,
