@@ -90,6 +90,8 @@ pub enum GraphError {
     TooManyVertices { vertex_count: u64 },
     #[error("offsets are not a valid CSR: {reason}")]
     BadOffsets { reason: String },
+    #[error("an undirected graph must list each edge both ways, but vertex {vertex}'s neighbours differ from the vertices that list it")]
+    NotSymmetric { vertex: u64 },
 }
 
 #[derive(Debug, Clone)]
@@ -155,6 +157,8 @@ impl Graph {
                 return Err(bad_offsets("in-offsets and out-offsets differ in length"));
             }
             check_csr(offsets, neighbours, vertex_count)?;
+        } else {
+            check_symmetric(&out_offsets, &out_neighbours, vertex_count)?;
         }
         let directed = incoming.is_some();
         Ok(Graph {
@@ -333,6 +337,47 @@ fn check_csr(
     Ok(())
 }
 
+/// An undirected graph's in-edges are its out-edges, so each vertex's list
+/// must hold the same vertices, as often, as the lists that name it: the
+/// transpose, built by counting (its lists come out sorted), against each
+/// list sorted. A vertex-centric kernel that pulls would otherwise see
+/// other edges than one that pushes.
+fn check_symmetric(
+    offsets: &[u64],
+    neighbours: &[Vertex],
+    vertex_count: usize,
+) -> Result<(), GraphError> {
+    let list = |at: &[u64], vertex: usize| at[vertex] as usize..at[vertex + 1] as usize;
+    let mut transpose_offsets = vec![0u64; vertex_count + 1];
+    for &neighbour in neighbours {
+        transpose_offsets[neighbour as usize + 1] += 1;
+    }
+    for vertex in 0..vertex_count {
+        transpose_offsets[vertex + 1] += transpose_offsets[vertex];
+    }
+    let mut cursor: Vec<u64> = transpose_offsets[..vertex_count].to_vec();
+    let mut transpose = vec![0 as Vertex; neighbours.len()];
+    for vertex in 0..vertex_count {
+        for &neighbour in &neighbours[list(offsets, vertex)] {
+            let slot = &mut cursor[neighbour as usize];
+            transpose[*slot as usize] = vertex as Vertex;
+            *slot += 1;
+        }
+    }
+    let mut sorted = Vec::new();
+    for vertex in 0..vertex_count {
+        sorted.clear();
+        sorted.extend_from_slice(&neighbours[list(offsets, vertex)]);
+        sorted.sort_unstable();
+        if sorted[..] != transpose[list(&transpose_offsets, vertex)] {
+            return Err(GraphError::NotSymmetric {
+                vertex: vertex as u64,
+            });
+        }
+    }
+    Ok(())
+}
+
 struct Built {
     offsets: Vec<u64>,
     neighbours: Vec<Vertex>,
@@ -452,6 +497,21 @@ mod tests {
         assert!(matches!(
             Graph::from_csr(vec![0, 1, 2], vec![1, 5], None),
             Err(GraphError::VertexOutOfRange { .. })
+        ));
+    }
+
+    #[test]
+    fn an_undirected_csr_must_list_each_edge_both_ways_as_often() {
+        let both_ways = Graph::from_csr(vec![0, 2, 3, 4], vec![2, 1, 0, 0], None);
+        assert!(both_ways.is_ok());
+        assert!(matches!(
+            Graph::from_csr(vec![0, 1, 1], vec![1], None),
+            Err(GraphError::NotSymmetric { vertex: 0 })
+        ));
+        // The same vertices but a multi-edge counted once the other way.
+        assert!(matches!(
+            Graph::from_csr(vec![0, 2, 3], vec![1, 1, 0], None),
+            Err(GraphError::NotSymmetric { vertex: 0 })
         ));
     }
 }

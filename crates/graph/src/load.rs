@@ -219,6 +219,12 @@ fn parse_adjacency(bytes: &[u8]) -> Result<(usize, Vec<(Vertex, Vertex)>), LoadE
     let mut offsets = Vec::with_capacity(vertex_count as usize + 1);
     for _ in 0..vertex_count {
         let (line, offset) = number("an offset")?;
+        if offsets.is_empty() && offset != 0 {
+            return Err(line_error(
+                line,
+                format!("the first offset is {offset}, not 0"),
+            ));
+        }
         if offset > edge_count || offsets.last().is_some_and(|&last| offset < last) {
             return Err(line_error(
                 line,
@@ -242,6 +248,14 @@ fn parse_adjacency(bytes: &[u8]) -> Result<(usize, Vec<(Vertex, Vertex)>), LoadE
             source += 1;
         }
         edges.push((source as Vertex, destination as Vertex));
+    }
+    // Ligra refuses a file with more neighbours than m says: a wrong m
+    // would otherwise drop edges silently.
+    if let Ok((line, text)) = next("nothing more") {
+        return Err(line_error(
+            line,
+            format!("{text:?} follows the {edge_count} neighbours the header counts"),
+        ));
     }
     Ok((vertex_count as usize, edges))
 }
@@ -404,6 +418,42 @@ mod tests {
             ),
             6,
         );
+    }
+
+    #[test]
+    fn a_ligra_file_whose_offsets_start_past_0_or_that_runs_past_m_is_refused() {
+        let offsets_from_1 = b"AdjacencyGraph\n2\n2\n1\n1\n1\n0\n";
+        expect_line(
+            parse(
+                GraphFormat::Adjacency,
+                offsets_from_1,
+                LoadOptions::default(),
+            ),
+            4,
+        );
+        let one_neighbour_too_many = b"AdjacencyGraph\n1\n0\n0\n5\n";
+        expect_line(
+            parse(
+                GraphFormat::Adjacency,
+                one_neighbour_too_many,
+                LoadOptions::default(),
+            ),
+            5,
+        );
+    }
+
+    #[test]
+    fn an_undirected_serialized_graph_listing_an_edge_one_way_is_refused() {
+        // Undirected, 1 edge, 2 vertices: 0 lists 1, but 1 lists nothing.
+        let mut bytes = vec![0u8];
+        for value in [1i64, 2, 0, 1, 1] {
+            bytes.extend_from_slice(&value.to_le_bytes());
+        }
+        bytes.extend_from_slice(&1i32.to_le_bytes());
+        assert!(matches!(
+            parse(GraphFormat::Serialized, &bytes, LoadOptions::default()),
+            Err(LoadError::Graph(GraphError::NotSymmetric { vertex: 0 }))
+        ));
     }
 
     #[test]
