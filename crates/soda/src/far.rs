@@ -180,6 +180,18 @@ impl Staging {
     }
 }
 
+/// Runs a store call that moves a chunk. A panic in it (a bug in the
+/// store) becomes that call's error, so the chunk is abandoned and its
+/// object lost, as for any failed move, instead of staying "moving" for
+/// ever with every thread that faults on it asleep.
+fn guarded(
+    call: &'static str,
+    work: impl FnOnce() -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+        .unwrap_or(Err(StoreError::Panicked { call }))
+}
+
 fn thread_cpu_nanos() -> u64 {
     let time = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
@@ -213,9 +225,14 @@ impl Shared {
                 }
                 Some(ChunkState::Resident { .. }) if fault.write_protected => {
                     inner.buffer.mark_dirty(key);
+                    // Unprotected under the lock: an eviction that began
+                    // between the two would write the chunk back while the
+                    // writer, woken by the unprotect, still wrote to it,
+                    // then drop the write; or a late unprotect would leave
+                    // a refetched clean chunk writable, its writes unseen.
+                    self.report(self.userfault.write_protect(address, length, false));
                     drop(inner);
                     self.counters.write_faults.fetch_add(1, Ordering::Relaxed);
-                    self.report(self.userfault.write_protect(address, length, false));
                     return;
                 }
                 Some(ChunkState::Resident { .. }) => {
@@ -239,7 +256,7 @@ impl Shared {
         if let Some(reason) = inner.info(key.object).and_then(|info| info.lost.clone()) {
             drop(inner);
             tracing::warn!(object = key.object.0, %reason, "access to a lost object");
-            self.report(self.userfault.poison(address, length).map(drop));
+            self.report(self.userfault.poison(address, length));
             return;
         }
         // Make room first; an eviction may let other faults change this
@@ -258,7 +275,7 @@ impl Shared {
         drop(inner);
         let started = Instant::now();
         let result = staging.get(length).and_then(|buffer| {
-            self.store.fetch(key.object, offset, buffer)?;
+            guarded("fetch", || self.store.fetch(key.object, offset, buffer))?;
             // A write fault's chunk goes in writable and dirty; a read's
             // goes in write-protected, so its first write is seen.
             Ok(self.userfault.install(address, buffer, !fault.write)?)
@@ -285,7 +302,7 @@ impl Shared {
                     info.lost = Some(error.to_string());
                 }
                 tracing::error!(object = key.object.0, %error, "fetch failed; the object is lost");
-                self.report(self.userfault.poison(address, length).map(drop));
+                self.report(self.userfault.poison(address, length));
             }
         }
         inner.buffer.debug_check_invariants();
@@ -355,7 +372,9 @@ impl Shared {
         // wait in the kernel until it is dropped, so nothing writes it.
         unsafe { mapping::copy_out(address, buffer) };
         let offset = u64::from(key.index) * length as u64;
-        self.store.write_back(key.object, offset, buffer)?;
+        guarded("write-back", || {
+            self.store.write_back(key.object, offset, buffer)
+        })?;
         self.counters
             .written_back_bytes
             .fetch_add(length as u64, Ordering::Relaxed);

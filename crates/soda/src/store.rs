@@ -36,6 +36,10 @@ pub enum StoreError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The store panicked during a call: a bug in it, taken as a failure
+    /// of that call.
+    #[error("the store panicked during a {call}")]
+    Panicked { call: &'static str },
     /// The remote side failed (a dead memory node, a failed RDMA
     /// operation); the source says which.
     #[error("remote store: {0}")]

@@ -72,12 +72,13 @@ pub enum Installed {
 
 pub struct Userfault {
     fd: OwnedFd,
-    poison: bool,
 }
 
 impl Userfault {
-    /// Opens a userfaultfd with write-protect faults (for dirty tracking)
-    /// and poison (for objects whose data is lost) when the kernel has it.
+    /// Opens a userfaultfd with write-protect faults (for dirty tracking),
+    /// on a kernel that also has poison (for objects whose data is lost).
+    /// Without poison a fault on lost data could only be left unserved,
+    /// and its thread would hang, so such a kernel is refused.
     pub fn open() -> Result<Userfault, UserfaultError> {
         let flags = rustix::mm::UserfaultfdFlags::CLOEXEC | rustix::mm::UserfaultfdFlags::NONBLOCK;
         // SAFETY: the descriptor handles faults only for ranges this process
@@ -92,8 +93,10 @@ impl Userfault {
         // SAFETY: UFFDIO_API reads and writes one uffdio_api, which `api` is.
         unsafe { ioctl(&fd, Updater::<API, uffdio_api>::new(&mut api)) }
             .map_err(|_| UserfaultError::MissingFeature("write-protect faults"))?;
-        let poison = probe_poison();
-        Ok(Userfault { fd, poison })
+        if !probe_poison() {
+            return Err(UserfaultError::MissingFeature("poison"));
+        }
+        Ok(Userfault { fd })
     }
 
     /// Sends missing-page and write-protect faults in the range here.
@@ -188,11 +191,8 @@ impl Userfault {
     }
 
     /// Marks missing pages so that touching them raises SIGBUS instead of
-    /// a fault nobody can serve. Returns false when the kernel lacks it.
-    pub fn poison(&self, start: usize, length: usize) -> Result<bool, UserfaultError> {
-        if !self.poison {
-            return Ok(false);
-        }
+    /// a fault nobody can serve.
+    pub fn poison(&self, start: usize, length: usize) -> Result<(), UserfaultError> {
         let mut request = uffdio_poison {
             range: range(start, length),
             mode: 0,
@@ -205,7 +205,7 @@ impl Userfault {
                 Updater::<POISON, uffdio_poison>::new(&mut request),
             )
         } {
-            Ok(()) | Err(Errno::EXIST) => Ok(true),
+            Ok(()) | Err(Errno::EXIST) => Ok(()),
             Err(errno) => Err(UserfaultError::Call {
                 call: "UFFDIO_POISON",
                 errno,

@@ -229,21 +229,32 @@ fn graphs_in_far_memory_give_the_local_results() {
     assert!(memory.stats().evictions > 0);
 }
 
-/// A store whose data is gone: every fetch fails.
-struct LostStore;
+/// How a [`FailingStore`]'s every fetch fails.
+#[derive(Clone, Copy)]
+enum Failure {
+    /// Its data is gone.
+    Lost,
+    /// A bug: the store panics.
+    Panics,
+}
 
-impl ChunkStore for LostStore {
+struct FailingStore(Failure);
+
+impl ChunkStore for FailingStore {
     fn name(&self) -> &'static str {
-        "lost"
+        "failing"
     }
     fn reserve(&self, _: ObjectId, _: u64, _: Option<&Path>) -> Result<(), StoreError> {
         Ok(())
     }
     fn fetch(&self, object: ObjectId, _: u64, _: &mut [u8]) -> Result<(), StoreError> {
-        Err(StoreError::Lost {
-            object,
-            reason: "the memory node crashed".into(),
-        })
+        match self.0 {
+            Failure::Lost => Err(StoreError::Lost {
+                object,
+                reason: "the memory node crashed".into(),
+            }),
+            Failure::Panics => panic!("a store bug"),
+        }
     }
     fn write_back(&self, _: ObjectId, _: u64, _: &[u8]) -> Result<(), StoreError> {
         Ok(())
@@ -251,6 +262,17 @@ impl ChunkStore for LostStore {
     fn release(&self, _: ObjectId) -> Result<(), StoreError> {
         Ok(())
     }
+}
+
+/// In a child process (SIGBUS ends it): touches an object on a store that
+/// fails as `failure` says.
+fn touch_an_object_on_a_failing_store(failure: Failure) {
+    let memory =
+        FarMemory::new(Arc::new(FailingStore(failure)), FarMemoryConfig::default()).unwrap();
+    let object = memory.alloc(1 << 20, None).unwrap();
+    let first = std::hint::black_box(object.as_bytes()[0]);
+    eprintln!("child touched a lost object and read {first}");
+    std::process::exit(0);
 }
 
 const CHILD: &str = "REMORA_SODA_LOST_CHILD";
@@ -261,13 +283,24 @@ const CHILD: &str = "REMORA_SODA_LOST_CHILD";
 #[test]
 fn touching_a_lost_object_raises_sigbus() {
     if std::env::var_os(CHILD).is_some() {
-        let memory = FarMemory::new(Arc::new(LostStore), FarMemoryConfig::default()).unwrap();
-        let object = memory.alloc(1 << 20, None).unwrap();
-        let first = std::hint::black_box(object.as_bytes()[0]);
-        eprintln!("child touched a lost object and read {first}");
-        std::process::exit(0);
+        touch_an_object_on_a_failing_store(Failure::Lost);
     }
     expect_sigbus_in_child("touching_a_lost_object_raises_sigbus", CHILD);
+}
+
+const PANIC_CHILD: &str = "REMORA_SODA_PANIC_CHILD";
+
+/// A store that panics in a fetch fails that fetch: the toucher gets
+/// SIGBUS. Before, the chunk stayed "fetching" and the toucher hung.
+#[test]
+fn a_store_that_panics_in_a_fetch_raises_sigbus_not_a_hang() {
+    if std::env::var_os(PANIC_CHILD).is_some() {
+        touch_an_object_on_a_failing_store(Failure::Panics);
+    }
+    expect_sigbus_in_child(
+        "a_store_that_panics_in_a_fetch_raises_sigbus_not_a_hang",
+        PANIC_CHILD,
+    );
 }
 
 fn memory_node_options(directory: &Path) -> remora_soda::backend::RunOptions {
