@@ -95,6 +95,8 @@ pub struct Node {
     peer: Option<Ipv4Address>,
     epoch: Instant,
     sleeping: AtomicBool,
+    /// Set by a poster that saw `sleeping` (see `wake_progress`).
+    kicked: AtomicBool,
     stopping: AtomicBool,
     kicker: Kicker,
     /// The capture file, flushed whenever the node goes idle and when the
@@ -153,6 +155,7 @@ impl Node {
             peer,
             epoch: Instant::now(),
             sleeping: AtomicBool::new(false),
+            kicked: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             kicker: waiter.kicker(),
             capture,
@@ -198,11 +201,15 @@ impl Node {
             let result = action(&mut state.rnic);
             let now = self.now();
             state.transmit(now);
+            // A verb can complete work itself (a post to a queue pair in
+            // error, a move to error that flushes): an armed queue's
+            // waiter hears of it now, not at the next frame.
+            state.notify_armed();
             result
         };
         // The progress thread may be asleep past a timer this post set.
         if self.sleeping.load(Ordering::SeqCst) {
-            self.kicker.kick();
+            self.wake_progress();
         }
         result
     }
@@ -255,6 +262,15 @@ impl Node {
     /// nodes in one process).
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
+        self.wake_progress();
+    }
+
+    /// The flag closes the race in which the kick lands after the progress
+    /// thread announced its sleep but before its doorbell did, which a
+    /// doorbell ignores: the thread checks the flag once its doorbell
+    /// announced the sleep.
+    fn wake_progress(&self) {
+        self.kicked.store(true, Ordering::SeqCst);
         self.kicker.kick();
     }
 
@@ -293,6 +309,7 @@ impl Node {
         self.flush_capture();
         // Announce the sleep before the last look, so a poster either is
         // seen here or sees the flag and kicks.
+        self.kicked.store(false, Ordering::SeqCst);
         self.sleeping.store(true, Ordering::SeqCst);
         let timeout = {
             let mut state = self.lock();
@@ -305,7 +322,9 @@ impl Node {
             }
         };
         if !timeout.is_zero() {
-            waiter.block(timeout, &mut || self.lock().port.has_frames());
+            waiter.block(timeout, &mut || {
+                self.kicked.load(Ordering::SeqCst) || self.lock().port.has_frames()
+            });
         }
         self.sleeping.store(false, Ordering::SeqCst);
     }
@@ -335,10 +354,11 @@ impl NodeState {
             fired = true;
         }
         let sent = self.transmit(now);
-        if received > 0 || fired {
+        let moved = received > 0 || fired || sent > 0;
+        if moved {
             self.notify_armed();
         }
-        received > 0 || fired || sent > 0
+        moved
     }
 
     /// Sends what the device has, while the carrier has room.

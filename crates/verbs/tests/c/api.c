@@ -164,6 +164,35 @@ static void destroyed_queue_events(union ibv_gid gid, uint8_t *local, struct ibv
 	CHECK(ibv_destroy_comp_channel(channel) == 0, "an unused channel is destroyed");
 }
 
+/* Moving a QP to the error state flushes its posted receive into the CQ
+ * inside the verb: an armed channel hears of it then, with no frame or
+ * timer to wake the progress thread (the usual drain before teardown). */
+static void a_flush_raises_the_armed_event(uint8_t *remote, struct ibv_mr *remote_mr)
+{
+	struct ibv_comp_channel *channel = ibv_create_comp_channel(context);
+	CHECK(channel, "create_comp_channel");
+	struct ibv_cq *evented = ibv_create_cq(context, 8, NULL, channel, 0);
+	CHECK(evented, "create an evented CQ");
+	struct ibv_qp *qp = make_qp_on(evented);
+	struct ibv_sge sge = { .addr = (uintptr_t)remote, .length = 64, .lkey = remote_mr->lkey };
+	struct ibv_recv_wr receive = { .wr_id = 77, .sg_list = &sge, .num_sge = 1 }, *bad = NULL;
+	CHECK(ibv_post_recv(qp, &receive, &bad) == 0, "post a receive to flush");
+	CHECK(ibv_req_notify_cq(evented, 0) == 0, "arm");
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_ERR };
+	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == 0, "to ERR");
+	struct pollfd readable = { .fd = channel->fd, .events = POLLIN };
+	CHECK(poll(&readable, 1, 5000) == 1, "the flush raised the armed event");
+	struct ibv_cq *named = NULL;
+	void *cq_context = NULL;
+	CHECK(ibv_get_cq_event(channel, &named, &cq_context) == 0 && named == evented, "the event names the CQ");
+	ibv_ack_cq_events(evented, 1);
+	struct ibv_wc wc;
+	CHECK(ibv_poll_cq(evented, 1, &wc) == 1 && wc.wr_id == 77 && wc.status == IBV_WC_WR_FLUSH_ERR,
+	      "the receive was flushed");
+	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(evented) == 0, "destroy");
+	CHECK(ibv_destroy_comp_channel(channel) == 0, "destroy the channel");
+}
+
 /* Inline sends past a full send queue: a refused one must not overwrite
  * the staging slot of one still in flight. */
 static void a_refused_inline_send_leaves_the_others_alone(union ibv_gid gid, uint8_t *remote,
@@ -323,6 +352,7 @@ int main(void)
 	      ibv_wc_status_str(wc.status));
 	a_refused_inline_send_leaves_the_others_alone(gid, remote, remote_mr);
 	destroyed_queue_events(gid, local, local_mr, remote, remote_mr);
+	a_flush_raises_the_armed_event(remote, remote_mr);
 	printf("ok\n");
 	return 0;
 }
