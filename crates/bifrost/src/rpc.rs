@@ -637,8 +637,12 @@ impl Callee {
             return;
         }
         let rpc_id = header.rpc_id();
-        let memory = self.callers.entry(from).or_default();
-        if let Some(reply) = memory.replies.get(&rpc_id) {
+        // Looked up, not made: a caller is remembered once a call of its
+        // ran (in `finish`). Made here, every refused or malformed call
+        // from a new port would hold a place for ever, in the table and
+        // in every checkpoint.
+        let memory = self.callers.get(&from);
+        if let Some(reply) = memory.and_then(|memory| memory.replies.get(&rpc_id)) {
             // Run once: a duplicate gets the same answer again.
             self.counters.duplicates += 1;
             if !oneway {
@@ -647,7 +651,9 @@ impl Callee {
             }
             return;
         }
-        let newest = memory.replies.last_key_value().map_or(0, |(&id, _)| id);
+        let newest = memory
+            .and_then(|memory| memory.replies.last_key_value())
+            .map_or(0, |(&id, _)| id);
         if rpc_id.saturating_add(REPLIES_KEPT_PER_CALLER) <= newest {
             // Older than anything remembered: long answered.
             self.counters.stale += 1;
@@ -800,6 +806,40 @@ mod tests {
 
     /// A method name is 16 bytes off the wire, not a string: bytes that
     /// are not UTF-8 come back in the reply as they were, and once.
+    /// Calls that are refused before they run (here: flagged as carrying a
+    /// checkpoint but too short to hold one) leave nothing behind, so a
+    /// sender cycling through source ports fills neither the caller table
+    /// nor the checkpoint, and a real caller is still served.
+    #[test]
+    fn refused_calls_from_many_ports_leave_no_caller_behind() {
+        let caller_on = |port| DatagramEnd {
+            mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 1]),
+            address: remora_wire::Ipv4Address::new(10, 0, 0, 1),
+            port,
+        };
+        let junk = BifrostRepr {
+            flags: checkpoint::CHECKPOINT_FLAG,
+            ..BifrostRepr::new(CallType::Call, "", 1, GlobalAddress::NULL).unwrap()
+        };
+        let mut callee = Callee::new(Box::new(Answer));
+        let junk_senders = MAX_CALLERS as u16 + 100;
+        for port in 0..junk_senders {
+            callee.handle(caller_on(port), &encode(&junk, b""));
+        }
+        assert_eq!(callee.counters().malformed, u64::from(junk_senders));
+        assert!(callee.callers.is_empty());
+        let call = BifrostRepr::new(CallType::Call, "", 2, GlobalAddress::NULL).unwrap();
+        callee.handle(caller_on(60000), &encode(&call, b""));
+        assert_eq!(callee.counters().refused_callers, 0);
+        let (to, reply) = callee.poll_transmit().expect("the real caller is answered");
+        assert_eq!(to, caller_on(60000));
+        assert_eq!(
+            BifrostHeader::new_checked(&reply[..]).unwrap().payload(),
+            b"ok"
+        );
+        assert_eq!(callee.callers.len(), 1);
+    }
+
     #[test]
     fn a_method_name_that_is_not_utf8_is_answered_with_the_same_bytes() {
         let call = BifrostRepr {

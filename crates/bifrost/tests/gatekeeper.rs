@@ -727,3 +727,72 @@ fn a_full_caller_checkpoint_table_makes_room_by_the_oldest_caller() {
     assert_eq!(counters.caller_checkpoints_evicted, 1);
     assert_eq!(counters.checkpoints_refused, 0);
 }
+
+/// A reply carries its callee's checkpoint (b2). The Gatekeeper kept one
+/// from any sender: a "reply" to no call, in a node's name, from another
+/// port, set the checkpoint that node's failover restores; one from a
+/// host that never announced itself took a place in the table sized for
+/// the nodes. Now a reply's checkpoint is kept as a commit's is.
+#[test]
+fn a_reply_checkpoint_in_another_nodes_name_or_from_a_stranger_is_not_kept() {
+    use remora_base::Timestamp;
+    use remora_bifrost::rpc::checkpoint::{join_reply, CHECKPOINT_FLAG};
+    use remora_switch::programs::l2l3::L2L3Forwarding;
+    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress, HEADER_LEN};
+    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
+    use remora_wire::MacAddress;
+    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
+    let end = |last: u8, port| DatagramEnd {
+        mac: MacAddress([2, 0, 0, 0, 0, last]),
+        address: Ipv4Address::new(10, 0, 0, last),
+        port,
+    };
+    let (node, other, stranger) = (
+        end(1, BIFROST_PORT),
+        end(2, BIFROST_PORT),
+        end(3, BIFROST_PORT),
+    );
+    let caller = end(4, 40000);
+    let hosts = [node, other, stranger, caller].map(|end| (end.mac, end.address));
+    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).unwrap();
+    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE));
+    for (host, port) in [(node, 0), (other, 1), (caller, 3)] {
+        gatekeeper
+            .register_host_port(host.address, PortId(port))
+            .unwrap();
+    }
+    gatekeeper
+        .register_node(node.address, NodeKind::Compute, 0)
+        .unwrap();
+    let mut switch = Switch::new(SwitchConfig::new(4), Overlaid::new(forwarding, gatekeeper));
+    // A reply from `from` to the caller, to a call never made, carrying a
+    // checkpoint of sequence 1 with `text`.
+    let reply = |from: DatagramEnd, text: &[u8]| {
+        let mut repr = BifrostRepr::new(CallType::Reply, "", 99, GlobalAddress::NULL).unwrap();
+        repr.flags |= CHECKPOINT_FLAG;
+        let checkpoint = [&1u64.to_be_bytes()[..], text].concat();
+        let body = join_reply(b"", &checkpoint);
+        let mut payload = vec![0u8; HEADER_LEN + body.len()];
+        repr.emit(&mut payload).unwrap();
+        payload[HEADER_LEN..].copy_from_slice(&body);
+        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
+        let length = emit_datagram(from, caller, &payload, &mut frame).unwrap();
+        frame.truncate(length);
+        (frame, checkpoint)
+    };
+    let now = Timestamp::ZERO;
+    let (forged, _) = reply(node, b"forged");
+    switch.handle_frame(now, PortId(1), &forged);
+    assert_eq!(switch.program().checkpoint_of(node.address), None);
+    assert_eq!(switch.program().counters().memory.spoofed, 1);
+    let (strangers, _) = reply(stranger, b"mine");
+    switch.handle_frame(now, PortId(2), &strangers);
+    assert_eq!(switch.program().checkpoint_of(stranger.address), None);
+    let (real, checkpoint) = reply(node, b"real");
+    switch.handle_frame(now, PortId(0), &real);
+    assert_eq!(
+        switch.program().checkpoint_of(node.address),
+        Some(&checkpoint[..])
+    );
+}

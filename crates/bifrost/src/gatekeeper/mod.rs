@@ -908,6 +908,21 @@ impl Gatekeeper {
         let Some(checkpoint) = self.strip_checkpoint(packet, ip, udp) else {
             return;
         };
+        // As for a commit: a reply's checkpoint is kept in its node's name
+        // only if it came in where that node is attached, from a node that
+        // announced itself. Otherwise any host could send a "reply" to no
+        // call, in a node's name, with a checkpoint its failover restores.
+        if !self
+            .memory
+            .arrived_where_expected(node, packet.original_ingress_port)
+        {
+            self.memory.count_spoofed();
+            return;
+        }
+        if self.nodes.lookup(&node).is_none() {
+            self.counters.malformed += 1;
+            return;
+        }
         self.keep_checkpoint(node, checkpoint);
     }
 
@@ -918,6 +933,14 @@ impl Gatekeeper {
         let Some(checkpoint) = self.strip_checkpoint(packet, ip, udp) else {
             return;
         };
+        // A caller's restart restores this: not from a host posing as it.
+        if !self
+            .memory
+            .arrived_where_expected(caller.0, packet.original_ingress_port)
+        {
+            self.memory.count_spoofed();
+            return;
+        }
         let table = &self.caller_checkpoints;
         let new_caller = table.lookup(&caller).is_none();
         let full = table.len() >= table.resources().capacity;
