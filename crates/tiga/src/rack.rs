@@ -26,7 +26,7 @@ use remora_wire::datagram::DatagramEnd;
 use remora_wire::tiga::{
     MessageKind, Status, TigaError, TigaHeader, TigaRepr, HEADER_LEN, TIGA_PORT,
 };
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -84,10 +84,15 @@ pub struct NdpEngine {
     flows: ExactTable<FlowKey, App>,
     memory: Vec<u8>,
     forward_every: u64,
-    pending_acknowledgements: HashSet<(DatagramEnd, u64)>,
-    /// The same, oldest first (acknowledged ones linger until they reach
-    /// the front or a compaction).
-    acknowledgement_order: VecDeque<(DatagramEnd, u64)>,
+    /// Forwarded requests awaiting their acknowledgement, each with the
+    /// generation of its newest forward.
+    pending_acknowledgements: HashMap<(DatagramEnd, u64), u64>,
+    /// The forwards, oldest first, with their generations. An entry whose
+    /// generation is no longer its key's (acknowledged, or forwarded again
+    /// since) is stale: it lingers until it reaches the front or a
+    /// compaction, and never forgets the newer forward.
+    acknowledgement_order: VecDeque<((DatagramEnd, u64), u64)>,
+    next_generation: u64,
     counters: EngineCounters,
 }
 
@@ -107,8 +112,9 @@ impl NdpEngine {
             flows: ExactTable::new(FLOW_TABLE),
             memory,
             forward_every,
-            pending_acknowledgements: HashSet::new(),
+            pending_acknowledgements: HashMap::new(),
             acknowledgement_order: VecDeque::new(),
+            next_generation: 0,
             counters: EngineCounters::default(),
         }
     }
@@ -154,6 +160,7 @@ impl NdpEngine {
                 if self
                     .pending_acknowledgements
                     .remove(&(from, repr.request_id))
+                    .is_some()
                 {
                     self.counters.acknowledged += 1;
                 } else {
@@ -173,23 +180,30 @@ impl NdpEngine {
     /// Remembers a forwarded request until its CN acknowledges it, within
     /// [`MAX_UNACKNOWLEDGED`].
     fn await_acknowledgement(&mut self, key: (DatagramEnd, u64)) {
-        while self.pending_acknowledgements.len() >= MAX_UNACKNOWLEDGED {
-            let oldest = self
+        let pending = &mut self.pending_acknowledgements;
+        while pending.len() >= MAX_UNACKNOWLEDGED {
+            let (oldest, generation) = self
                 .acknowledgement_order
                 .pop_front()
                 .expect("every pending acknowledgement is in the order");
-            if self.pending_acknowledgements.remove(&oldest) {
-                self.drop("ForgottenAcknowledgement".into());
+            if pending.get(&oldest) == Some(&generation) {
+                pending.remove(&oldest);
+                *self
+                    .counters
+                    .dropped
+                    .entry("ForgottenAcknowledgement".into())
+                    .or_default() += 1;
             }
         }
+        // Compacted, the order holds one entry per pending forward.
         if self.acknowledgement_order.len() >= 2 * MAX_UNACKNOWLEDGED {
-            let pending = &self.pending_acknowledgements;
             self.acknowledgement_order
-                .retain(|waiting| pending.contains(waiting));
+                .retain(|(waiting, generation)| pending.get(waiting) == Some(generation));
         }
-        if self.pending_acknowledgements.insert(key) {
-            self.acknowledgement_order.push_back(key);
-        }
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        pending.insert(key, generation);
+        self.acknowledgement_order.push_back((key, generation));
         debug_assert!(self.acknowledgement_order.len() <= 2 * MAX_UNACKNOWLEDGED);
     }
 
@@ -867,6 +881,41 @@ mod tests {
         engine.handle(client_end(1), &acknowledgement.unwrap(), &mut Vec::new());
         assert_eq!(engine.counters().acknowledged, 1);
         assert_eq!(engine.unacknowledged(), MAX_UNACKNOWLEDGED - 1);
+    }
+
+    /// A request forwarded and acknowledged over and over, then forwarded
+    /// once more, left one copy of its key in the order per round, all
+    /// kept while it waited: past 8192 the order outgrew its bound, and a
+    /// stale copy at the front would have forgotten the newest forward.
+    #[test]
+    fn a_request_forwarded_again_and_again_keeps_the_order_bounded() {
+        let mut engine = NdpEngine::new(vec![7u8; 4096], 1);
+        engine.register(App::Mvs).unwrap();
+        let mut client = NdpClient::default();
+        let (_, request) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
+        let acknowledgement = TigaRepr {
+            kind: MessageKind::Acknowledgement,
+            ..TigaRepr::parse(&TigaHeader::new_checked(&request[..]).unwrap())
+        }
+        .to_message(&[]);
+        let mut outbox = Vec::new();
+        for _ in 0..2 * MAX_UNACKNOWLEDGED + 10 {
+            engine.handle(client_end(1), &request, &mut outbox);
+            engine.handle(client_end(1), &acknowledgement, &mut outbox);
+            outbox.clear();
+        }
+        engine.handle(client_end(1), &request, &mut outbox);
+        let (_, other) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
+        engine.handle(client_end(1), &other, &mut outbox);
+        assert_eq!(engine.unacknowledged(), 2);
+        assert!(engine.acknowledgement_order.len() <= 2 * MAX_UNACKNOWLEDGED);
+        assert!(!engine
+            .counters()
+            .dropped
+            .contains_key("ForgottenAcknowledgement"));
+        // The request's newest forward still takes its acknowledgement.
+        engine.handle(client_end(1), &acknowledgement, &mut outbox);
+        assert_eq!(engine.unacknowledged(), 1);
     }
 
     /// A call whose request or answer was lost held one of the CN's slots
