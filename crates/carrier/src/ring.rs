@@ -209,7 +209,9 @@ impl<'a, S: SlotStorage> Producer<'a, S> {
                 copy_bytes(&mut slot[SLOT_LENGTH_PREFIX_BYTES..][..frame.len()], frame);
             });
         }
-        self.local_tail += 1;
+        // Sequence numbers wrap: the first one comes from the shared
+        // header, which a peer process may have set anywhere.
+        self.local_tail = self.local_tail.wrapping_add(1);
         true
     }
 
@@ -271,7 +273,9 @@ impl<'a, S: SlotStorage> Consumer<'a, S> {
         }
         let count = available.min(max_frames as u64);
         let capacity = self.slots.slot_bytes() - SLOT_LENGTH_PREFIX_BYTES;
-        for sequence in self.local_head..self.local_head + count {
+        for offset in 0..count {
+            // Wrapping, as in `push`: the head too starts from the header.
+            let sequence = self.local_head.wrapping_add(offset);
             let index = (sequence & (depth - 1)) as usize;
             // SAFETY: the slot is below the acquired tail and not yet
             // released, so the producer does not touch it.
@@ -286,8 +290,51 @@ impl<'a, S: SlotStorage> Consumer<'a, S> {
                 });
             }
         }
-        self.local_head += count;
+        self.local_head = self.local_head.wrapping_add(count);
         self.header.head.0.store(self.local_head, Ordering::Release);
         Ok(count as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SLOT_BYTES: usize = 64;
+    const DEPTH: usize = 4;
+
+    /// Sequence numbers come from the shared header, which a peer process
+    /// may set anywhere: next to the top of the range, the producer's
+    /// `+ 1` and the consumer's `head + count` overflowed (a panic in a
+    /// debug build, an empty range and lost frames in a release build).
+    #[test]
+    fn frames_pass_where_the_sequence_numbers_wrap() {
+        let header = RingHeader::new();
+        let start = u64::MAX - 1;
+        header.tail.0.store(start, Ordering::Relaxed);
+        header.head.0.store(start, Ordering::Relaxed);
+        let mut memory = vec![0u8; SLOT_BYTES * DEPTH];
+        let base = memory.as_mut_ptr();
+        // SAFETY: `memory` outlives both ends and is used only as slots;
+        // one producer and one consumer, on this thread.
+        let (mut producer, mut consumer) = unsafe {
+            (
+                Producer::new(&header, RawSlots::new(base, SLOT_BYTES, DEPTH)),
+                Consumer::new(&header, RawSlots::new(base, SLOT_BYTES, DEPTH)),
+            )
+        };
+        let mut received = Vec::new();
+        for round in 0..3u8 {
+            for frame in 0..3u8 {
+                assert!(producer.push(&[round * 3 + frame; 5]));
+            }
+            producer.publish();
+            let count = consumer
+                .consume(8, &mut |frame| received.push(frame[0]))
+                .expect("a sound ring");
+            assert_eq!(count, 3);
+        }
+        assert_eq!(received, (0..9).collect::<Vec<u8>>());
+        assert_eq!(header.head.0.load(Ordering::Relaxed), start.wrapping_add(9));
     }
 }

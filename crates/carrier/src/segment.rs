@@ -218,6 +218,15 @@ impl Segment {
     /// descriptor) and checks its header and every ring's doorbell.
     pub fn attach(fd: OwnedFd) -> Result<Segment, CarrierError> {
         let fd_number = fd.as_raw_fd();
+        // Sealed against resizing, or the peer that made it could shrink it
+        // under this mapping and turn the next ring access into SIGBUS.
+        let required = rustix::fs::SealFlags::SHRINK | rustix::fs::SealFlags::GROW;
+        let sealed = rustix::fs::fcntl_get_seals(&fd).is_ok_and(|seals| seals.contains(required));
+        if !sealed {
+            return Err(CarrierError::Segment(format!(
+                "descriptor {fd_number} is not sealed against resizing"
+            )));
+        }
         let file = std::fs::File::from(fd);
         let length = file
             .metadata()

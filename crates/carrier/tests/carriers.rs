@@ -139,15 +139,33 @@ fn a_shared_segment_attached_by_descriptor_carries_frames_between_threads() {
     node_thread.join().unwrap();
 }
 
+fn memfd(sealed: bool) -> rustix::fd::OwnedFd {
+    let fd =
+        rustix::fs::memfd_create("not-a-segment", rustix::fs::MemfdFlags::ALLOW_SEALING).unwrap();
+    rustix::fs::ftruncate(&fd, 1 << 20).unwrap();
+    if sealed {
+        let seals = rustix::fs::SealFlags::SHRINK | rustix::fs::SealFlags::GROW;
+        rustix::fs::fcntl_add_seals(&fd, seals).unwrap();
+    }
+    fd
+}
+
 #[test]
 fn attaching_something_that_is_not_a_segment_is_refused() {
-    let fd = rustix::fs::memfd_create("not-a-segment", rustix::fs::MemfdFlags::empty()).unwrap();
-    rustix::fs::ftruncate(&fd, 1 << 20).unwrap();
-    let error = Segment::attach(fd).err().expect("refused");
+    let error = Segment::attach(memfd(true)).err().expect("refused");
     assert!(
         error.to_string().contains("not a Remora segment"),
         "{error}"
     );
+}
+
+/// A segment its maker can still shrink could turn the attacher's next
+/// ring access into SIGBUS; the maker seals its own, and an attacher now
+/// refuses one that is not sealed.
+#[test]
+fn a_segment_not_sealed_against_resizing_is_refused() {
+    let error = Segment::attach(memfd(false)).err().expect("refused");
+    assert!(error.to_string().contains("not sealed"), "{error}");
 }
 
 /// Found by the `segment_attach` fuzz target: a segment whose header says
