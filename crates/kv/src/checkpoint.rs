@@ -29,6 +29,12 @@ pub enum CheckpointError {
     NoCheckpoint,
     #[error("the checkpoint was taken with pages of 2^{found} bytes; the store is configured for 2^{configured}")]
     PageSize { found: u32, configured: u32 },
+    #[error("the checkpoint record's log runs from {begin} to {tail}, more than this device's {capacity_bytes} bytes hold: not a record this store wrote")]
+    ImpossibleLog {
+        begin: LogAddress,
+        tail: LogAddress,
+        capacity_bytes: u64,
+    },
     #[error("a record at {address} does not parse: {reason}")]
     CorruptLog {
         address: LogAddress,

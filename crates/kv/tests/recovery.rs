@@ -115,6 +115,37 @@ fn a_device_without_a_checkpoint_says_so() {
     );
 }
 
+/// A checkpoint record whose CRC holds but whose log ends before it
+/// begins, or is longer than the device, is refused by name: the first
+/// underflowed the room arithmetic (every write then failed, or a debug
+/// build panicked), the second scanned for hours.
+#[test]
+fn a_checkpoint_record_naming_an_impossible_log_is_refused() {
+    use remora_kv::address::LogAddress;
+    use remora_kv::checkpoint::{write_now, CheckpointRecord};
+    let config = StoreConfig::smallest();
+    for (begin, tail) in [(0x1_0000_0000, 0x10040), (0, 1 << 47)] {
+        let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(16 << 20));
+        let record = CheckpointRecord {
+            sequence: 1,
+            page_bits: config.page_bits,
+            begin: LogAddress::new(begin),
+            tail: LogAddress::new(tail),
+        };
+        let mut queue = device.open_queue().unwrap();
+        write_now(queue.as_mut(), record.slot_offset(), &record.encode()).unwrap();
+        drop(queue);
+        let error = Store::recover(config.clone(), device).err().unwrap();
+        assert!(
+            matches!(
+                error,
+                KvError::Checkpoint(CheckpointError::ImpossibleLog { .. })
+            ),
+            "{error}"
+        );
+    }
+}
+
 /// Writers keep incrementing while a checkpoint is taken: each counter
 /// comes back at least at what was acknowledged before the checkpoint
 /// began, and at most one past what was acknowledged when it ended.

@@ -207,6 +207,19 @@ impl Store {
             }
             .into());
         }
+        // The CRC says the record is whole, not that it is sane: a log
+        // that ends before it begins, or outgrows the device, would wrap
+        // the room arithmetic or scan for ever.
+        let capacity_bytes = shared.log.device_capacity_bytes();
+        let length = record.tail.value().checked_sub(record.begin.value());
+        if length.is_none_or(|length| length > capacity_bytes) {
+            return Err(CheckpointError::ImpossibleLog {
+                begin: record.begin,
+                tail: record.tail,
+                capacity_bytes,
+            }
+            .into());
+        }
         shared.log.restore(record.begin, record.tail);
         *shared.checkpoints.lock().unwrap_or_else(|e| e.into_inner()) = record.sequence;
         store.rebuild_index(queue.as_mut(), record)?;
