@@ -95,9 +95,69 @@ pub enum CalibrationError {
     Payload(#[from] crate::apps::PayloadSizeError),
     #[error("measuring a context switch: {0}")]
     ContextSwitch(std::io::Error),
+    #[error("the calibration has no {0}: it must cover every app")]
+    MissingApp(&'static str),
+    #[error("the calibration of {app} has no {stage:?} stage")]
+    MissingStage { app: &'static str, stage: Stage },
+    #[error(
+        "the calibration's {what} is {value}: costs must be finite, at least 0, and not all 0"
+    )]
+    BadCost { what: String, value: String },
+}
+
+impl LinearCost {
+    /// Finite, neither part negative, and not free: a free stage would
+    /// give its agent unbounded capacity.
+    fn is_usable(&self) -> bool {
+        let parts = [self.per_call_ns, self.per_byte_ns];
+        parts.iter().all(|part| part.is_finite() && *part >= 0.0)
+            && parts.iter().any(|part| *part > 0.0)
+    }
 }
 
 impl Calibration {
+    /// Checks a calibration read from a file (a measured one is complete by
+    /// construction): every app and stage present, every cost usable.
+    pub fn check(&self) -> Result<(), CalibrationError> {
+        let bad = |what: String, value: String| CalibrationError::BadCost { what, value };
+        for (what, value) in [
+            ("context_switch_ns", self.context_switch_ns),
+            ("detection_ns", self.detection_ns),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(bad(what.into(), value.to_string()));
+            }
+        }
+        for app in App::ALL {
+            let calibration = self
+                .apps
+                .iter()
+                .find(|calibration| calibration.app == app)
+                .ok_or(CalibrationError::MissingApp(app.name()))?;
+            if !calibration.cpu_version.is_usable() {
+                let what = format!("{} CPU version's cost", app.name());
+                return Err(bad(what, format!("{:?}", calibration.cpu_version)));
+            }
+            for &stage in app.stages() {
+                let measured = calibration
+                    .stages
+                    .iter()
+                    .find(|measured| measured.stage == stage)
+                    .ok_or(CalibrationError::MissingStage {
+                        app: app.name(),
+                        stage,
+                    })?;
+                for cost in [measured.cost, measured.portable_cost] {
+                    if !cost.is_usable() {
+                        let what = format!("{} {stage:?} cost", app.name());
+                        return Err(bad(what, format!("{cost:?}")));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn app(&self, app: App) -> &AppCalibration {
         self.apps
             .iter()
@@ -368,5 +428,36 @@ mod tests {
         }
         assert!(calibration.context_switch_ns >= 0.0);
         assert!(calibration.detection_ns > 0.0);
+        calibration.check().unwrap();
+    }
+
+    /// A calibration file missing an app panicked the benchmark, and one
+    /// with a free stage gave its agent infinite capacity (another panic).
+    #[test]
+    fn a_calibration_file_missing_an_app_or_with_a_free_stage_is_refused() {
+        let measured = Calibration::measure(3).unwrap();
+        let mut missing = measured.clone();
+        missing
+            .apps
+            .retain(|calibration| calibration.app != App::Spark);
+        assert!(matches!(
+            missing.check(),
+            Err(CalibrationError::MissingApp("spark"))
+        ));
+        let mut free = measured.clone();
+        free.apps[0].stages[0].cost = LinearCost {
+            per_call_ns: 0.0,
+            per_byte_ns: 0.0,
+        };
+        assert!(matches!(
+            free.check(),
+            Err(CalibrationError::BadCost { .. })
+        ));
+        let mut without_stage = measured;
+        without_stage.apps[0].stages.pop();
+        assert!(matches!(
+            without_stage.check(),
+            Err(CalibrationError::MissingStage { .. })
+        ));
     }
 }

@@ -114,12 +114,23 @@ pub enum ConfigError {
     BadTolerance(f64),
     #[error("{field} is 0: it must be at least 1")]
     Zero { field: &'static str },
+    #[error("{field} is {cores}: it must be between 1 and {MAX_CORES}")]
+    Cores { field: &'static str, cores: usize },
 }
+
+/// The most cores a simulated SoC or CN may have.
+pub const MAX_CORES: usize = 1024;
 
 impl SocConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.soc_cores < 2 {
             return Err(ConfigError::TooFewSocCores(self.soc_cores));
+        }
+        // Each core is simulated, one state and one loop turn apiece.
+        for (field, cores) in [("soc_cores", self.soc_cores), ("cn_cores", self.cn_cores)] {
+            if !(1..=MAX_CORES).contains(&cores) {
+                return Err(ConfigError::Cores { field, cores });
+            }
         }
         let positive = [
             ("slowdown", self.slowdown),
@@ -398,6 +409,36 @@ mod tests {
                 field: "queue_depth"
             })
         );
+    }
+
+    /// Each core is simulated: 2^60 CN cores was a capacity-overflow
+    /// panic, 10^11 an allocation abort, and 0 a failure minutes later.
+    #[test]
+    fn core_counts_past_the_bound_or_zero_are_refused() {
+        for cn_cores in [0, MAX_CORES + 1, 1 << 60] {
+            let config = SocConfig {
+                cn_cores,
+                ..SocConfig::default()
+            };
+            assert_eq!(
+                config.validate(),
+                Err(ConfigError::Cores {
+                    field: "cn_cores",
+                    cores: cn_cores
+                })
+            );
+        }
+        let config = SocConfig {
+            soc_cores: 100_000_000_000,
+            ..SocConfig::default()
+        };
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::Cores {
+                field: "soc_cores",
+                ..
+            })
+        ));
     }
 
     #[test]

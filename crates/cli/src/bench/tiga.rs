@@ -77,7 +77,12 @@ fn load_calibration(path: &Path) -> Result<Calibration, TigaBenchError> {
         Some(inner) => inner.clone(),
         None => value,
     };
-    serde_json::from_value(calibration).map_err(|error| failed(error.to_string()))
+    let calibration: Calibration =
+        serde_json::from_value(calibration).map_err(|error| failed(error.to_string()))?;
+    calibration
+        .check()
+        .map_err(|error| failed(error.to_string()))?;
+    Ok(calibration)
 }
 
 /// Virtual durations: settling needs detection periods (0.1 s each),
