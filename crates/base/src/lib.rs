@@ -8,16 +8,19 @@
 //!   made, so the code that draws from it never checks again;
 //! - [`copy_bytes`]: bulk copies at the same speed wherever their buffers
 //!   lie (the data path's frames, slots and registered memory), and
-//!   [`BufferPool`], byte buffers kept for reuse.
+//!   [`BufferPool`], byte buffers kept for reuse;
+//! - [`at_position`]: a config file's parse error on one line.
 
 #![forbid(unsafe_code)]
 
 mod copy;
 mod port;
+mod position;
 mod probability;
 mod time;
 
 pub use copy::{copy_bytes, extend_bytes, BufferPool, COPY_PIECE_BYTES};
 pub use port::PortId;
+pub use position::at_position;
 pub use probability::{Probability, ProbabilityError};
 pub use time::Timestamp;

@@ -369,6 +369,12 @@ pub struct Outputs<'a> {
 }
 
 pub fn run(outputs: &Outputs<'_>) -> Result<ExitCode, DemoError> {
+    if let Some(path) = outputs.json {
+        crate::output::check_file_path(path)?;
+    }
+    if let Some(directory) = outputs.report {
+        crate::output::check_directory_path(directory)?;
+    }
     let mut history = outputs
         .history
         .map(crate::HistoryFile::create)

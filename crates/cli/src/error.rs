@@ -72,15 +72,14 @@ pub enum SimError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path}: {source}")]
-    ParseConfig {
-        path: PathBuf,
-        source: toml::de::Error,
-    },
+    #[error("{path}: {position}")]
+    ParseConfig { path: PathBuf, position: String },
     #[error(transparent)]
     Config(#[from] remora_conformance::ScenarioConfigError),
     #[error(transparent)]
     Output(#[from] OutputError),
+    #[error("{count} seeds from {first}: a campaign runs at least one seed, and none past {}", u64::MAX - 1)]
+    Seeds { first: u64, count: u64 },
 }
 
 /// Why `remora rack` or `remora node` could not run.

@@ -3,6 +3,7 @@
 
 use remora_kv::compactor::{CompactionPolicy, Compactor};
 use remora_kv::device::{DeviceKind, FarMemoryDevice, FileSettings, OpenDevice};
+use remora_kv::record::MAX_VALUE_BYTES;
 use remora_kv::resp::{serve, ServeError, ServerLimits};
 use remora_kv::ycsb::{self, YcsbError, YcsbRun};
 use remora_kv::{ConfigError, DeviceError, KvError, Store, StoreConfig};
@@ -131,12 +132,17 @@ pub struct YcsbArgs {
     /// A YCSB preset: a, b, c, d or f.
     #[arg(long, default_value = "a")]
     pub workload: String,
+    /// Records loaded before the run; the workload's keys are drawn from
+    /// them.
     #[arg(long, default_value_t = 100_000)]
     pub records: u64,
+    /// Bytes of each value (at most 4096).
     #[arg(long, default_value_t = 64)]
     pub value_bytes: usize,
+    /// Client threads, a session each (1 to 1023).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// How long the run lasts, after loading.
     #[arg(long, default_value_t = 1.0)]
     pub seconds: f64,
     /// Also write the outcome as JSON to this file.
@@ -175,6 +181,10 @@ pub enum KvCliError {
     },
     #[error(transparent)]
     Serve(#[from] ServeError),
+    #[error("--threads {0}: it must be from 1 to {MAX_YCSB_THREADS}")]
+    Threads(usize),
+    #[error("--value-bytes {0}: a value is at most {MAX_VALUE_BYTES} bytes")]
+    ValueBytes(usize),
     #[error("{0} seconds is not a run length")]
     Seconds(f64),
     #[error("{0}: the rack needs a compute node (this process) and a memory node (the device)")]
@@ -231,10 +241,23 @@ fn store_config(path: Option<&Path>) -> Result<StoreConfig, KvCliError> {
         path: path.to_owned(),
         error: error.to_string(),
     })?;
-    Ok(StoreConfig::from_toml(&text)?)
+    StoreConfig::from_toml(&text).map_err(|error| KvCliError::ConfigFile {
+        path: path.to_owned(),
+        error: error.to_string(),
+    })
 }
 
+/// Threads of `kv ycsb`: a session each, and one more for loading, within
+/// a store's 1024 sessions.
+const MAX_YCSB_THREADS: usize = 1023;
+
 fn open_store(args: &StoreArgs, config: StoreConfig) -> Result<(Store, OpenDevice), KvCliError> {
+    // The settings are checked before the device is opened: a far-memory
+    // device opens a queue per session, and a bad session count would
+    // fail there, in the device's words.
+    if args.rack.is_none() {
+        config.check(args.device_mib << 20)?;
+    }
     let queues = config.sessions + 1;
     let opened = match &args.rack {
         Some(path) => open_on_rack(args, path, queues)?,
@@ -326,11 +349,20 @@ fn run_serve(args: &ServeArgs) -> Result<ExitCode, KvCliError> {
 }
 
 fn run_ycsb(args: &YcsbArgs) -> Result<ExitCode, KvCliError> {
+    if let Some(path) = &args.json {
+        crate::output::check_file_path(path)?;
+    }
     // Positive, and a length a Duration can hold (1e20 s cannot).
     let duration = Duration::try_from_secs_f64(args.seconds)
         .ok()
         .filter(|duration| !duration.is_zero())
         .ok_or(KvCliError::Seconds(args.seconds))?;
+    if !(1..=MAX_YCSB_THREADS).contains(&args.threads) {
+        return Err(KvCliError::Threads(args.threads));
+    }
+    if args.value_bytes > MAX_VALUE_BYTES {
+        return Err(KvCliError::ValueBytes(args.value_bytes));
+    }
     let mut config = store_config(args.store.config.as_deref())?;
     config.sessions = config.sessions.max(args.threads + 1);
     let (store, opened) = open_store(&args.store, config)?;

@@ -62,6 +62,8 @@ pub enum CarrierArg {
 pub struct UpArgs {
     /// The rack file (see examples/).
     rack: PathBuf,
+    /// How the rack runs: on threads of this process, a process per node,
+    /// or a network namespace per node.
     #[arg(long, value_enum, default_value = "embedded")]
     mode: ModeArg,
     /// The carrier between node processes and the switch (processes mode).
@@ -127,6 +129,9 @@ pub fn run(command: RackCommand) -> Result<ExitCode, RackCommandError> {
     };
     let rack = RackConfig::load(&args.rack)?;
     crate::systems::check_sections(&rack, &args.rack)?;
+    if let Some(path) = &args.json {
+        crate::output::check_file_path(path)?;
+    }
     let options = LaunchOptions {
         mode: match args.mode {
             ModeArg::Embedded => Mode::Embedded,
@@ -182,6 +187,15 @@ pub fn run(command: RackCommand) -> Result<ExitCode, RackCommandError> {
 
 fn run_switch(args: SwitchArgs) -> Result<ExitCode, RackCommandError> {
     let rack = RackConfig::load(&args.rack)?;
+    if let Some(path) = &args.json {
+        crate::output::check_file_path(path)?;
+    }
+    // Each node's tunnel, before saying the switch is up: a rack file
+    // without tunnel addresses is refused first.
+    for node in &rack.nodes {
+        rack.switch_tunnel(node)?;
+        rack.node_tunnel(node)?;
+    }
     println!("switch for rack {} up; Ctrl-C stops it", rack.name);
     let report = launch::run_switch(&rack, args.capture.as_deref(), stop_flag())?;
     println!(

@@ -157,9 +157,9 @@ impl FabricArgs {
                         path: path.clone(),
                         source,
                     })?;
-                toml::from_str(&text).map_err(|source| SimError::ParseConfig {
+                toml::from_str(&text).map_err(|error: toml::de::Error| SimError::ParseConfig {
                     path: path.clone(),
-                    source,
+                    position: remora_base::at_position(&text, error.span(), error.message()),
                 })?
             }
             None => ScenarioConfig::new(FaultProfile::lossy(Probability::literal(0.01))),
@@ -208,11 +208,17 @@ pub fn run(command: SimCommand) -> Result<ExitCode, SimError> {
     }
 }
 
-/// One seed (`--seed`, to replay a failure) or a campaign's range.
-fn seed_range(seed: Option<u64>, first_seed: u64, seeds: u64) -> (u64, u64) {
-    match seed {
+/// One seed (`--seed`, to replay a failure) or a campaign's range: its
+/// first seed and count. A campaign runs `first..first + count`, so a
+/// range that passes `u64::MAX` is refused (it ran nothing and passed).
+fn seed_range(seed: Option<u64>, first_seed: u64, seeds: u64) -> Result<(u64, u64), SimError> {
+    let (first, count) = match seed {
         Some(seed) => (seed, 1),
         None => (first_seed, seeds),
+    };
+    match first.checked_add(count) {
+        Some(_) if count > 0 => Ok((first, count)),
+        _ => Err(SimError::Seeds { first, count }),
     }
 }
 
@@ -273,9 +279,12 @@ fn seed_progress(count: u64) -> ProgressBar {
 }
 
 fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, SimError> {
+    if let Some(path) = &args.json {
+        crate::output::check_file_path(path)?;
+    }
     use remora_bifrost::rpc::scenario::{crash_campaign, failover_plan};
     let network = lossy_network(args.loss, args.duplicate, args.hardware);
-    let (first_seed, count) = seed_range(args.seed, args.first_seed, args.seeds);
+    let (first_seed, count) = seed_range(args.seed, args.first_seed, args.seeds)?;
     let report = with_seed_progress(count, |each| {
         crash_campaign(first_seed, count, network, each)
     });
@@ -326,9 +335,12 @@ fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, SimError> {
 }
 
 fn run_kv(args: KvArgs) -> Result<ExitCode, SimError> {
+    if let Some(path) = &args.json {
+        crate::output::check_file_path(path)?;
+    }
     use remora_kv::scenario::{compute_crash_campaign, CrashPlan};
     let network = lossy_network(args.loss, args.duplicate, args.hardware);
-    let (first_seed, count) = seed_range(args.seed, args.first_seed, args.seeds);
+    let (first_seed, count) = seed_range(args.seed, args.first_seed, args.seeds)?;
     let report = with_seed_progress(count, |each| {
         compute_crash_campaign(first_seed, count, network, CrashPlan::DEFAULT, each)
     });
@@ -371,11 +383,11 @@ fn run_kv(args: KvArgs) -> Result<ExitCode, SimError> {
 }
 
 fn run_fabric(args: FabricArgs) -> Result<ExitCode, SimError> {
+    if let Some(path) = &args.json {
+        crate::output::check_file_path(path)?;
+    }
     let config = args.scenario()?;
-    let (first_seed, count) = match args.seed {
-        Some(seed) => (seed, 1),
-        None => (args.first_seed, args.seeds),
-    };
+    let (first_seed, count) = seed_range(args.seed, args.first_seed, args.seeds)?;
     let progress = seed_progress(count);
     let mut failed = 0;
     let report = run_campaign(first_seed, count, &config, |seed| {

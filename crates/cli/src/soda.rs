@@ -9,6 +9,7 @@ use remora_soda::backend::{
     footprint_bytes, run_on, Backend, BackendRun, CacheOptions, DpuVariant, RackReport, RunOptions,
 };
 use remora_soda::cache::CacheMode;
+use remora_soda::config::{is_chunk_kib, MAX_CHUNK_KIB, MAX_THREADS, MIN_CHUNK_KIB};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -84,6 +85,7 @@ pub struct RunArgs {
     /// A graph file (.el, .wel, .sg, .adj, or a SNAP .txt), or a generated
     /// graph: kron:SCALE[:DEGREE] or uniform:SCALE[:DEGREE] (degree 16).
     graph: String,
+    /// Where the graph's far memory lives.
     #[arg(long, value_enum, default_value = "file")]
     backend: BackendChoice,
     /// Kernel threads.
@@ -145,8 +147,10 @@ pub enum SodaCliError {
     Load(#[from] remora_graph::load::LoadError),
     #[error(transparent)]
     Soda(#[from] remora_soda::SodaError),
-    #[error("--buffer-fraction must be in (0, 1], --threads and --chunk-kib at least 1")]
+    #[error("--buffer-fraction must be in (0, 1], --threads and --fault-threads from 1 to {MAX_THREADS}, and --chunk-kib a power of two from {MIN_CHUNK_KIB} to {MAX_CHUNK_KIB}")]
     Options,
+    #[error("the graph has no vertices")]
+    EmptyGraph,
     #[error("source {source_vertex} is not a vertex of a {vertex_count}-vertex graph")]
     Source {
         source_vertex: Vertex,
@@ -207,16 +211,33 @@ pub fn graph_from(spec: &str, seed: u64, options: LoadOptions) -> Result<Graph, 
     Ok(load(std::path::Path::new(spec), options)?)
 }
 
-/// The first vertex with an out-edge: a source whose search goes somewhere.
-pub fn default_source(graph: &Graph) -> Vertex {
-    graph.first_vertex_with_out_edges().unwrap_or(0)
+/// The source BFS and BC start from: `requested`, or the first vertex
+/// with an out-edge (a source whose search goes somewhere), which must be
+/// a vertex of `graph`.
+pub fn source_of(graph: &Graph, requested: Option<Vertex>) -> Result<Vertex, SodaCliError> {
+    if graph.vertex_count() == 0 {
+        return Err(SodaCliError::EmptyGraph);
+    }
+    let source = requested.unwrap_or_else(|| graph.first_vertex_with_out_edges().unwrap_or(0));
+    if source as usize >= graph.vertex_count() {
+        return Err(SodaCliError::Source {
+            source_vertex: source,
+            vertex_count: graph.vertex_count(),
+        });
+    }
+    Ok(source)
 }
 
 fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {
+    for path in [&args.out, &args.json].into_iter().flatten() {
+        crate::output::check_file_path(path)?;
+    }
+    let threads = 1..=MAX_THREADS;
     let options_valid = args.buffer_fraction > 0.0
         && args.buffer_fraction <= 1.0
-        && args.threads >= 1
-        && args.chunk_kib >= 1;
+        && threads.contains(&args.threads)
+        && threads.contains(&args.fault_threads)
+        && is_chunk_kib(args.chunk_kib);
     if !options_valid {
         return Err(SodaCliError::Options);
     }
@@ -226,13 +247,7 @@ fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {
         max_vertex_count: args.max_vertices,
     };
     let graph = graph_from(&args.graph, args.seed, load)?;
-    let source = args.source.unwrap_or_else(|| default_source(&graph));
-    if source as usize >= graph.vertex_count() {
-        return Err(SodaCliError::Source {
-            source_vertex: source,
-            vertex_count: graph.vertex_count(),
-        });
-    }
+    let source = source_of(&graph, args.source)?;
     println!(
         "graph: {} vertices, {} edges, {:.1} MiB, ready in {:.2} s",
         graph.vertex_count(),

@@ -500,6 +500,129 @@ fn kv_ycsb_refuses_bad_input_clearly() {
     }
 }
 
+/// Inputs a review found panicking, aborting, hanging or running to the
+/// end before failing: each is now one error line and exit code 2, at
+/// once.
+#[test]
+fn inputs_that_crashed_or_ran_for_nothing_are_refused_at_once() {
+    let scratch = std::env::temp_dir().join(format!("remora-bad-inputs-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    let empty = scratch.join("empty.el");
+    std::fs::write(&empty, "").unwrap();
+    let edges = scratch.join("edges.el");
+    std::fs::write(&edges, "0 1\n1 2\n").unwrap();
+    let calibration = scratch.join("calibration.json");
+    std::fs::write(
+        &calibration,
+        r#"{"apps":[],"context_switch_ns":1.0,"detection_ns":1.0,"repetitions":0}"#,
+    )
+    .unwrap();
+    let path = |file: &std::path::Path| file.to_str().unwrap().to_string();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["soda", "run", "bfs", &path(&empty), "--backend", "local"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            "no vertices",
+        ),
+        (
+            [
+                "soda",
+                "run",
+                "bfs",
+                &path(&edges),
+                "--chunk-kib",
+                "18014398509481984",
+            ]
+            .map(String::from)
+            .to_vec(),
+            "--chunk-kib",
+        ),
+        (
+            ["soda", "run", "bfs", &path(&edges), "--threads", "100000"]
+                .map(String::from)
+                .to_vec(),
+            "--threads",
+        ),
+        (
+            ["soda", "run", "bfs", "kron:30"].map(String::from).to_vec(),
+            "edges",
+        ),
+        (
+            ["kv", "ycsb", "--device", "memory", "--threads", "0"]
+                .map(String::from)
+                .to_vec(),
+            "--threads",
+        ),
+        (
+            [
+                "kv",
+                "ycsb",
+                "--device",
+                "memory",
+                "--value-bytes",
+                "100000000000",
+            ]
+            .map(String::from)
+            .to_vec(),
+            "--value-bytes",
+        ),
+        (
+            ["kv", "ycsb", "--device-mib", "65536", "--records", "10"]
+                .map(String::from)
+                .to_vec(),
+            "one registered region",
+        ),
+        (
+            ["sim", "fabric", "--seed", "18446744073709551615"]
+                .map(String::from)
+                .to_vec(),
+            "a campaign runs at least one seed",
+        ),
+        (
+            [
+                "sim",
+                "fabric",
+                "--seeds",
+                "1",
+                "--json",
+                "/nonexistent/x.json",
+            ]
+            .map(String::from)
+            .to_vec(),
+            "its directory does not exist",
+        ),
+        (
+            [
+                "bench",
+                "tiga",
+                "--quick",
+                "--calibration",
+                &path(&calibration),
+            ]
+            .map(String::from)
+            .to_vec(),
+            "no mvs",
+        ),
+    ];
+    for (arguments, expected) in cases {
+        let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
+        let started = std::time::Instant::now();
+        let output = remora(&arguments);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{arguments:?}: {stderr}");
+        assert!(stderr.contains(expected), "{arguments:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{arguments:?}: {stderr}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{arguments:?} took {:?}",
+            started.elapsed()
+        );
+    }
+    std::fs::remove_dir_all(&scratch).ok();
+}
+
 /// `kv ycsb --history` records a concurrent run, checks it and writes it
 /// as JSON lines that name each request's key, value and times.
 #[test]

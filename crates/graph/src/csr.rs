@@ -90,6 +90,8 @@ pub enum GraphError {
     TooManyVertices { vertex_count: u64 },
     #[error("offsets are not a valid CSR: {reason}")]
     BadOffsets { reason: String },
+    #[error("the graph needs an array of {bytes} bytes, more than this machine can allocate")]
+    TooLarge { bytes: u64 },
     #[error("an undirected graph must list each edge both ways, but vertex {vertex}'s neighbours differ from the vertices that list it")]
     NotSymmetric { vertex: u64 },
 }
@@ -125,13 +127,18 @@ impl Graph {
             });
         }
         let outgoing = if directed {
-            build_adjacency(vertex_count, edges.iter().copied())
+            build_adjacency(vertex_count, edges.iter().copied())?
         } else {
             let both_ways = edges.iter().flat_map(|&(s, d)| [(s, d), (d, s)]);
-            build_adjacency(vertex_count, both_ways)
+            build_adjacency(vertex_count, both_ways)?
         };
-        let incoming =
-            directed.then(|| build_adjacency(vertex_count, edges.iter().map(|&(s, d)| (d, s))));
+        let incoming = match directed {
+            true => Some(build_adjacency(
+                vertex_count,
+                edges.iter().map(|&(s, d)| (d, s)),
+            )?),
+            false => None,
+        };
         Ok(Graph {
             vertex_count,
             directed,
@@ -394,11 +401,25 @@ impl Built {
 
 /// Counting sort by source, then each list sorted and deduplicated in
 /// parallel, then compacted.
+/// A vector of `length` zeros, or `TooLarge` where the allocator refuses:
+/// a sparse id or a big count can ask for more than the machine has, and
+/// that is an error to report, not an abort.
+fn zeroed<T: Clone + Default>(length: usize) -> Result<Vec<T>, GraphError> {
+    let mut vector = Vec::new();
+    vector
+        .try_reserve_exact(length)
+        .map_err(|_| GraphError::TooLarge {
+            bytes: (length as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+        })?;
+    vector.resize(length, T::default());
+    Ok(vector)
+}
+
 fn build_adjacency(
     vertex_count: usize,
     edges: impl Iterator<Item = (Vertex, Vertex)> + Clone,
-) -> Built {
-    let mut counts = vec![0u64; vertex_count + 1];
+) -> Result<Built, GraphError> {
+    let mut counts: Vec<u64> = zeroed(vertex_count + 1)?;
     for (source, _) in edges.clone() {
         counts[source as usize + 1] += 1;
     }
@@ -406,7 +427,7 @@ fn build_adjacency(
         counts[index] += counts[index - 1];
     }
     let mut cursor = counts.clone();
-    let mut neighbours = vec![0 as Vertex; counts[vertex_count] as usize];
+    let mut neighbours: Vec<Vertex> = zeroed(counts[vertex_count] as usize)?;
     for (source, destination) in edges {
         let slot = &mut cursor[source as usize];
         neighbours[*slot as usize] = destination;
@@ -431,7 +452,7 @@ fn build_adjacency(
         })
         .collect();
     drop(lists);
-    compact(neighbours, &counts, &kept)
+    Ok(compact(neighbours, &counts, &kept))
 }
 
 fn split_lists<'a>(neighbours: &'a mut [Vertex], offsets: &[u64]) -> Vec<&'a mut [Vertex]> {
@@ -497,6 +518,16 @@ mod tests {
         assert!(matches!(
             Graph::from_csr(vec![0, 1, 2], vec![1, 5], None),
             Err(GraphError::VertexOutOfRange { .. })
+        ));
+    }
+
+    /// A one-line edge list with a sparse id and a raised vertex limit
+    /// asked for 34 GB of offsets and aborted the process.
+    #[test]
+    fn offsets_past_what_the_machine_can_allocate_are_a_typed_error() {
+        assert!(matches!(
+            zeroed::<u64>(usize::MAX / 8),
+            Err(GraphError::TooLarge { .. })
         ));
     }
 

@@ -21,6 +21,9 @@ const EDGES_PER_BLOCK: usize = 1 << 16;
 /// The largest scale accepted: 2^30 vertices is past this machine's memory
 /// at any useful degree.
 pub const MAX_SCALE: u32 = 30;
+/// The most edges a generated graph may have: 2^30, 8 GiB of edge list
+/// and as much again of CSR (scale 26 at GAPBS's degree 16).
+pub const MAX_GENERATED_EDGES: usize = 1 << 30;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GraphKind {
@@ -43,6 +46,8 @@ pub enum GenerateError {
     Scale(u32),
     #[error("degree must be at least 1")]
     Degree,
+    #[error("scale {scale} with degree {degree} is more than {MAX_GENERATED_EDGES} edges")]
+    TooManyEdges { scale: u32, degree: u32 },
     #[error(transparent)]
     Graph(#[from] GraphError),
 }
@@ -60,7 +65,13 @@ pub fn generate_edges(spec: GeneratorSpec) -> Result<Vec<(Vertex, Vertex)>, Gene
         return Err(GenerateError::Degree);
     }
     let vertex_count = 1usize << spec.scale;
-    let edge_count = vertex_count * spec.degree as usize;
+    let edge_count = vertex_count
+        .checked_mul(spec.degree as usize)
+        .filter(|count| *count <= MAX_GENERATED_EDGES)
+        .ok_or(GenerateError::TooManyEdges {
+            scale: spec.scale,
+            degree: spec.degree,
+        })?;
     let block_count = edge_count.div_ceil(EDGES_PER_BLOCK);
     let mut edges: Vec<(Vertex, Vertex)> = (0..block_count)
         .into_par_iter()
@@ -120,6 +131,24 @@ fn kronecker_edge(random: &mut ChaCha8Rng, scale: u32) -> (Vertex, Vertex) {
 mod tests {
     use super::*;
     use crate::engine::with_threads;
+
+    /// kron:30 generated for minutes before the allocator gave up, and a
+    /// huge degree aborted: both are refused before any work.
+    #[test]
+    fn a_graph_of_more_edges_than_the_limit_is_refused_at_once() {
+        for (scale, degree) in [(30, 16), (20, u32::MAX)] {
+            let spec = GeneratorSpec {
+                kind: GraphKind::Uniform,
+                scale,
+                degree,
+                seed: 1,
+            };
+            assert_eq!(
+                generate_edges(spec),
+                Err(GenerateError::TooManyEdges { scale, degree })
+            );
+        }
+    }
 
     #[test]
     fn the_same_seed_gives_the_same_graph_on_any_thread_count() {

@@ -60,6 +60,12 @@ pub enum LoadError {
     },
     #[error(transparent)]
     Graph(#[from] GraphError),
+    /// What was wrong with a file's contents, with the file named.
+    #[error("{path}: {source}")]
+    InFile {
+        path: PathBuf,
+        source: Box<LoadError>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -87,7 +93,10 @@ pub fn load(path: &Path, options: LoadOptions) -> Result<Graph, LoadError> {
         path: path.to_owned(),
         source,
     })?;
-    parse(format, &bytes, options)
+    parse(format, &bytes, options).map_err(|source| LoadError::InFile {
+        path: path.to_owned(),
+        source: Box::new(source),
+    })
 }
 
 pub fn parse(format: GraphFormat, bytes: &[u8], options: LoadOptions) -> Result<Graph, LoadError> {
@@ -186,10 +195,17 @@ fn parse_adjacency(bytes: &[u8]) -> Result<(usize, Vec<(Vertex, Vertex)>), LoadE
         .enumerate()
         .map(|(index, text)| (index + 1, text.trim()))
         .filter(|(_, text)| !text.is_empty());
-    let mut next = |what: &str| {
-        tokens
-            .next()
-            .ok_or_else(|| line_error(0, format!("the file ends before {what}")))
+    // The line an early end is reported at: the one after the last read.
+    let mut last_line = 0;
+    let mut next = |what: &str| match tokens.next() {
+        Some((line, text)) => {
+            last_line = line;
+            Ok((line, text))
+        }
+        None => Err(line_error(
+            last_line + 1,
+            format!("the file ends before {what}"),
+        )),
     };
     let (line, header) = next("the header")?;
     if header != "AdjacencyGraph" {

@@ -95,7 +95,13 @@ impl StoreConfig {
 
     /// Reads a TOML file's settings (missing keys keep their defaults).
     pub fn from_toml(text: &str) -> Result<StoreConfig, ConfigError> {
-        toml::from_str(text).map_err(|error| ConfigError::Toml(error.message().to_string()))
+        toml::from_str(text).map_err(|error: toml::de::Error| {
+            ConfigError::Toml(remora_base::at_position(
+                text,
+                error.span(),
+                error.message(),
+            ))
+        })
     }
 
     /// The in-memory log's bytes (saturating: `check` bounds it).

@@ -321,9 +321,12 @@ fn number_and_unit<'a>(what: &str, text: &'a str) -> Result<(u64, &'a str), Stri
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(trimmed.len());
     let (digits, unit) = trimmed.split_at(split);
+    if digits.is_empty() {
+        return Err(format!("{what} {text:?} does not start with a number"));
+    }
     let value = digits
         .parse()
-        .map_err(|_| format!("{what} {text:?} does not start with a number"))?;
+        .map_err(|_| format!("{what} {text:?} is too large"))?;
     Ok((value, unit.trim()))
 }
 
@@ -393,8 +396,13 @@ impl RackConfig {
     }
 
     pub fn parse(text: &str) -> Result<RackConfig, RackError> {
-        let raw: RawRack =
-            toml::from_str(text).map_err(|error| RackError::Config(error.to_string()))?;
+        let raw: RawRack = toml::from_str(text).map_err(|error: toml::de::Error| {
+            RackError::Config(remora_base::at_position(
+                text,
+                error.span(),
+                error.message(),
+            ))
+        })?;
         RackConfig::validate(raw).map_err(RackError::Config)
     }
 
@@ -549,7 +557,8 @@ impl RackConfig {
             };
             systems.insert(name, table);
         }
-        let spare_ports = usize::from(u16::MAX - raw.switch.tunnel_base_port);
+        // Node ports count from 0: base + n - 1 must be a port.
+        let spare_ports = usize::from(u16::MAX - raw.switch.tunnel_base_port) + 1;
         if raw.switch.tunnel_host.is_some() && nodes.len() > spare_ports {
             return Err("tunnel_base_port leaves no room for every node's port".into());
         }
@@ -822,5 +831,29 @@ mod tests {
         assert_eq!(parse_size("4 KiB"), Ok(4096));
         assert_eq!(parse_size("12"), Ok(12));
         assert!(parse_size("MiB").is_err());
+        let too_large = parse_size("99999999999999999999999").unwrap_err();
+        assert!(too_large.contains("too large"), "{too_large}");
+    }
+
+    /// Node ports count from 0, so two nodes fit from port 65534; the
+    /// check counted one port too few.
+    #[test]
+    fn the_last_tunnel_ports_are_usable() {
+        let rack = |base: u16| {
+            let text = std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../examples/rack-across-hosts.toml"
+            ))
+            .unwrap()
+            .replace(
+                "tunnel_base_port = 47900",
+                &format!("tunnel_base_port = {base}"),
+            );
+            RackConfig::parse(&text)
+        };
+        let fitting = rack(65534).unwrap();
+        let last = fitting.nodes.last().unwrap();
+        assert_eq!(fitting.switch_tunnel(last).unwrap().port(), 65535);
+        assert!(rack(65535).is_err());
     }
 }

@@ -122,7 +122,15 @@ fn range_of(
     } else {
         low - span * 0.08
     };
-    bottom..high + span * headroom
+    let top = high + span * headroom;
+    // Values near f64's limits overflow the span, and an infinite axis
+    // never finishes placing its ticks: such an axis is drawn from the
+    // values' own bounds, or a unit one if even those are infinite.
+    match (bottom.is_finite(), top.is_finite()) {
+        (true, true) => bottom..top,
+        _ if low < high && (high - low).is_finite() => low..high,
+        _ => 0.0..1.0,
+    }
 }
 
 /// "1.2k", "0.35", "4M": an axis label in the original unit.
@@ -369,6 +377,25 @@ pub fn describe_x(x: &X) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Values of ±1e308 made an infinite axis, whose tick loop never
+    /// ended: `remora report` hung on such a result file.
+    #[test]
+    fn an_axis_over_values_near_the_limits_of_f64_is_finite() {
+        for values in [vec![1e308, -1e308], vec![f64::MAX], vec![-f64::MAX, 0.0]] {
+            for from_zero in [false, true] {
+                let range = range_of(values.iter().copied(), from_zero, 0.1);
+                assert!(
+                    range.start.is_finite() && range.end.is_finite() && range.start < range.end,
+                    "{values:?}: {range:?}"
+                );
+                assert!(
+                    (range.end - range.start).is_finite(),
+                    "{values:?}: {range:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn labels_read_in_the_original_unit_on_either_axis() {

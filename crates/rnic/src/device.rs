@@ -45,6 +45,9 @@ pub struct RnicConfig {
 }
 
 impl RnicConfig {
+    /// The largest memory region a device takes unless configured otherwise.
+    pub const DEFAULT_MAX_REGION_BYTES: u64 = 1 << 30;
+
     pub fn new(mac: MacAddress, address: Ipv4Address, seed: u64) -> RnicConfig {
         RnicConfig {
             mac,
@@ -52,7 +55,7 @@ impl RnicConfig {
             seed,
             max_queue_pairs: 1024,
             max_memory_regions: 1024,
-            max_region_bytes: 1 << 30,
+            max_region_bytes: RnicConfig::DEFAULT_MAX_REGION_BYTES,
             max_queue_depth: 16_384,
             max_completion_queues: 1024,
             max_shared_receive_queues: 1024,

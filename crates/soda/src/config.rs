@@ -95,9 +95,16 @@ fn default_check() -> bool {
     true
 }
 
-/// Bounds a rack file is held to.
-const MAX_THREADS: usize = 64;
-const MAX_CHUNK_KIB: usize = 1024;
+/// Bounds a rack file and `remora soda run` are held to.
+pub const MAX_THREADS: usize = 64;
+pub const MIN_CHUNK_KIB: usize = 4;
+pub const MAX_CHUNK_KIB: usize = 1024;
+
+/// Whether `chunk_kib` is a chunk size SODA takes: a power of two from
+/// [`MIN_CHUNK_KIB`] to [`MAX_CHUNK_KIB`].
+pub fn is_chunk_kib(chunk_kib: usize) -> bool {
+    (MIN_CHUNK_KIB..=MAX_CHUNK_KIB).contains(&chunk_kib) && chunk_kib.is_power_of_two()
+}
 
 /// The `[soda]` section, checked.
 #[derive(Debug, Clone, PartialEq)]
@@ -170,7 +177,7 @@ impl SodaSection {
                 "above 0 and at most 1",
             ));
         }
-        if !(4..=MAX_CHUNK_KIB).contains(&raw.chunk_kib) || !raw.chunk_kib.is_power_of_two() {
+        if !is_chunk_kib(raw.chunk_kib) {
             return Err(invalid(
                 "chunk_kib",
                 raw.chunk_kib.to_string(),

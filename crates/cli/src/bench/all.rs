@@ -27,6 +27,7 @@ pub struct AllArgs {
 /// so a long run is not lost to one failure. The report covers those that
 /// finished; the exit code says whether any failed.
 pub fn run(args: &AllArgs) -> Result<ExitCode, BenchError> {
+    crate::output::check_directory_path(&args.out)?;
     let benchmarks: Vec<_> = super::benchmarks().collect();
     let progress = ProgressBar::new(benchmarks.len() as u64);
     progress.set_style(

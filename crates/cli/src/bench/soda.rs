@@ -138,7 +138,10 @@ fn run_checked(
     let graph = crate::soda::graph_from(&graph_name, 1, load)?;
     let work =
         tempfile::tempdir().map_err(|error| SodaBenchError::Calibration(error.to_string()))?;
-    let mut options = RunOptions::new(work.path().to_owned(), crate::soda::default_source(&graph));
+    let mut options = RunOptions::new(
+        work.path().to_owned(),
+        crate::soda::source_of(&graph, None)?,
+    );
     let soft = soft_rnic_bytes_per_second(options.chunk_bytes, options.fault_threads + 1)?;
     let b_net = soft / 2.0;
     let b_intra = 2.0 * b_net;

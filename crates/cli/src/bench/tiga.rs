@@ -126,7 +126,13 @@ fn load_config(path: Option<&Path>) -> Result<SocConfig, TigaBenchError> {
         error,
     };
     let text = std::fs::read_to_string(path).map_err(|error| failed(error.to_string()))?;
-    let config: SocConfig = toml::from_str(&text).map_err(|error| failed(error.to_string()))?;
+    let config: SocConfig = toml::from_str(&text).map_err(|error: toml::de::Error| {
+        failed(remora_base::at_position(
+            &text,
+            error.span(),
+            error.message(),
+        ))
+    })?;
     config.validate()?;
     Ok(config)
 }

@@ -4,9 +4,7 @@
 use super::system::{System, SystemStep};
 use crate::bench::entry::Benchmark;
 use crate::error::{InSystem, SystemError};
-use crate::soda::{
-    check_against_local, default_source, graph_from, print_run, run_json, SodaCliError,
-};
+use crate::soda::{check_against_local, graph_from, print_run, run_json, source_of, SodaCliError};
 use crate::HistoryFile;
 use remora_rack::RackConfig;
 use remora_soda::backend::{run_on, Backend, RunOptions};
@@ -62,7 +60,10 @@ pub fn soda_step() -> Result<SystemStep, SystemError> {
         .in_system("soda")?;
     let options = RunOptions {
         chunk_bytes: 16 << 10,
-        ..RunOptions::new(work.path().to_owned(), default_source(&graph))
+        ..RunOptions::new(
+            work.path().to_owned(),
+            source_of(&graph, None).in_system("soda")?,
+        )
     };
     let run = |backend| run_on(backend, App::Bfs, &graph, &options).in_system("soda");
     let local = run(Backend::Local)?;
@@ -149,7 +150,7 @@ fn run_checked(
         chunk_bytes: section.chunk_bytes,
         seed: section.seed,
         hosts: Some(hosts),
-        ..RunOptions::new(work.path().to_owned(), default_source(&graph))
+        ..RunOptions::new(work.path().to_owned(), source_of(&graph, None)?)
     };
     let run = run_on(section.backend, section.app, &graph, &options)?;
     print!("  ");

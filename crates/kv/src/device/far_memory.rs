@@ -190,6 +190,16 @@ impl FarMemoryDevice {
         capacity_bytes: u64,
         queues: usize,
     ) -> Result<FarMemoryDevice, DeviceError> {
+        // Checked before the rack allocates the memory node's pool: past
+        // the limit the deployment fails only after that allocation,
+        // which for a large request aborts the process.
+        let limit_bytes = remora_rnic::RnicConfig::DEFAULT_MAX_REGION_BYTES;
+        if capacity_bytes > limit_bytes {
+            return Err(DeviceError::TooLarge {
+                capacity_bytes,
+                limit_bytes,
+            });
+        }
         let verbs = matches!(
             path,
             FarMemoryPath::OneSidedSync | FarMemoryPath::OneSidedAsync

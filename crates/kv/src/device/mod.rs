@@ -40,6 +40,11 @@ pub enum DeviceError {
     Closed,
     #[error("the far-memory path failed: {0}")]
     FarMemory(String),
+    #[error("a far-memory device is one registered region of at most {limit_bytes} bytes, not {capacity_bytes}")]
+    TooLarge {
+        capacity_bytes: u64,
+        limit_bytes: u64,
+    },
     #[error("the device is gone: its NIC's host is down")]
     Gone,
 }
