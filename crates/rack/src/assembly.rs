@@ -753,7 +753,10 @@ impl EmbeddedRack {
         let _span = tracing::info_span!("crash", host = index).entered();
         lock(self.host(index)).crash();
         for (agent, _) in &self.agents[index] {
-            agent.lock().expect("agent lock").crash();
+            agent
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .crash();
         }
     }
 
@@ -776,7 +779,9 @@ impl EmbeddedRack {
         let now = self.clock.now();
         lock(self.host(index)).restart(self.incarnations[index]);
         for (agent, _) in &self.agents[index] {
-            let mut agent = agent.lock().expect("agent lock");
+            let mut agent = agent
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             let mut host = lock(self.host(index));
             agent
                 .restart(now, &mut host.rnic)
@@ -827,7 +832,10 @@ impl Pump for AgentPump {
         let started = Instant::now();
         let now = clock.at(started);
         // Agent, then host: the order `EmbeddedRack::restart` takes too.
-        let mut agent = self.agent.lock().expect("agent lock");
+        let mut agent = self
+            .agent
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         if !agent.woken_by_frames() && agent.poll_timeout().is_none_or(|at| at > now) {
             return Ok(false);
         }
@@ -836,7 +844,11 @@ impl Pump for AgentPump {
     }
 
     fn deadline(&self, clock: &RackClock) -> Option<Instant> {
-        let at: Option<Timestamp> = self.agent.lock().expect("agent lock").poll_timeout();
+        let at: Option<Timestamp> = self
+            .agent
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .poll_timeout();
         at.map(|at| clock.instant(at))
     }
 

@@ -291,11 +291,16 @@ impl<S> ChannelPool<S> {
         let mut seen = Vec::with_capacity(self.count);
         let mut taken = Vec::with_capacity(self.count);
         {
-            let mut channels = self.channels.lock().expect("channel lock");
+            let mut channels = lock(&self.channels);
             while taken.len() < self.count {
                 match channels.pop() {
                     Some(channel) => taken.push(channel),
-                    None => channels = self.returned.wait(channels).expect("channel lock"),
+                    None => {
+                        channels = self
+                            .returned
+                            .wait(channels)
+                            .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    }
                 }
             }
             seen.extend(taken.iter().map(&look));
@@ -305,21 +310,42 @@ impl<S> ChannelPool<S> {
         seen
     }
 
-    /// Runs `work` on a free channel (waiting for one).
+    /// Runs `work` on a free channel (waiting for one). The channel goes
+    /// back to the pool even if `work` panics, or every later borrower
+    /// (and `with_each`, which waits for them all) would wait for ever.
     pub fn with<T>(&self, work: impl FnOnce(&mut Channel<S>) -> T) -> T {
-        let mut channel = {
-            let mut channels = self.channels.lock().expect("channel lock");
+        let channel = {
+            let mut channels = lock(&self.channels);
             loop {
                 if let Some(channel) = channels.pop() {
                     break channel;
                 }
-                channels = self.returned.wait(channels).expect("channel lock");
+                channels = self
+                    .returned
+                    .wait(channels)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
             }
         };
-        let result = work(&mut channel);
-        self.channels.lock().expect("channel lock").push(channel);
-        self.returned.notify_one();
-        result
+        let mut borrowed = Borrowed {
+            pool: self,
+            channel: Some(channel),
+        };
+        work(borrowed.channel.as_mut().expect("held until dropped"))
+    }
+}
+
+/// A channel lent out by [`ChannelPool::with`], returned when dropped.
+struct Borrowed<'a, S> {
+    pool: &'a ChannelPool<S>,
+    channel: Option<Channel<S>>,
+}
+
+impl<S> Drop for Borrowed<'_, S> {
+    fn drop(&mut self) {
+        if let Some(channel) = self.channel.take() {
+            lock(&self.pool.channels).push(channel);
+            self.pool.returned.notify_one();
+        }
     }
 }
 

@@ -581,6 +581,12 @@ pub struct SwitchEndpoint<P: Program = L2L3Forwarding> {
     /// port finds it borrowed and waits in the egress queue instead.
     ports: Vec<RefCell<Box<dyn Port>>>,
     health: PortHealth,
+    /// When egress frames last waited on a full carrier. A ring that
+    /// drains rings nobody's doorbell, so the switch looks again after
+    /// [`FULL_CARRIER_RETRY`], as a node blocked on its carrier does:
+    /// with the reader on another fabric thread, nothing else would wake
+    /// it before its longest sleep.
+    blocked_since: Option<Timestamp>,
 }
 
 /// What went wrong on the switch's carriers. One bad port (a corrupt ring
@@ -618,6 +624,7 @@ impl<P: Program> SwitchEndpoint<P> {
                 failed: vec![None; ports.len()],
             },
             ports: ports.into_iter().map(RefCell::new).collect(),
+            blocked_since: None,
         }
     }
 
@@ -719,7 +726,9 @@ impl<P: Program> Pump for SwitchEndpoint<P> {
         while let Some(digest) = self.switch.poll_digest() {
             self.switch.program_mut().control_plane(&digest);
         }
-        Ok(self.drain_queues() || worked)
+        let drained = self.drain_queues();
+        self.blocked_since = (self.switch.queued_frames() > 0).then_some(now);
+        Ok(drained || worked)
     }
 
     fn deadline(&self, clock: &RackClock) -> Option<Instant> {
@@ -727,10 +736,13 @@ impl<P: Program> Pump for SwitchEndpoint<P> {
             .ports
             .iter()
             .filter_map(|port| port.borrow().next_due());
-        self.switch
-            .poll_timeout()
-            .map(|at| clock.instant(at))
+        let retry = self
+            .blocked_since
+            .map(|since| since.saturating_add(FULL_CARRIER_RETRY));
+        [self.switch.poll_timeout(), retry]
             .into_iter()
+            .flatten()
+            .map(|at| clock.instant(at))
             .chain(ports)
             .min()
     }
@@ -750,7 +762,7 @@ impl<P: Program> Pump for SwitchEndpoint<P> {
 /// A pumpable shared between the driver and other threads.
 pub type Shared<T> = Arc<Mutex<T>>;
 
-pub fn lock<T: ?Sized>(shared: &Arc<Mutex<T>>) -> MutexGuard<'_, T> {
+pub fn lock<T: ?Sized>(shared: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock already failed the rack loudly; the
     // state is still the best record of what happened.
     shared

@@ -68,3 +68,36 @@ fn a_thread_asleep_on_its_completion_channel_wakes_when_the_read_completes() {
     let mut rack = rack;
     rack.stop_and_join().unwrap();
 }
+
+/// A borrower that panics still returns its channel: the pool's one
+/// channel was lost with it, and the next borrower waited for ever.
+#[test]
+fn a_channel_comes_back_to_its_pool_when_its_borrower_panics() {
+    let topology = Topology::compute_and_memory();
+    let mut staged = RackBuilder::new(&topology)
+        .thread_name("channel-unwind")
+        .build()
+        .unwrap();
+    let memory = staged.nic_mut(MEMORY);
+    let domain = memory.alloc_protection_domain().unwrap();
+    let completions = memory.create_completion_queue(8).unwrap();
+    let pool = connect_channels::<()>(&mut staged, COMPUTE, MEMORY, 1, CHUNK_BYTES, || {
+        rack_queue_pair(domain, completions)
+    })
+    .unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pool.with(|_| panic!("a borrower's bug"))
+    }));
+    assert!(panicked.is_err());
+    // On a thread of its own, so that a lost channel fails the test
+    // rather than hanging it.
+    let pool = std::sync::Arc::new(pool);
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let borrower = std::sync::Arc::clone(&pool);
+    std::thread::spawn(move || sender.send(borrower.with(|_| "borrowed again")));
+    assert_eq!(
+        receiver.recv_timeout(Duration::from_secs(10)),
+        Ok("borrowed again"),
+        "the channel never came back"
+    );
+}

@@ -149,3 +149,47 @@ fn a_thread_count_is_at_least_one_and_at_most_one_per_host_and_the_switch() {
     assert_eq!(FabricThreads::Exactly(9).resolve(3), 4);
     assert!(FabricThreads::Auto.resolve(3) >= 1);
 }
+
+/// Frames queued in the switch behind a full ring: the ring's reader on
+/// another fabric thread frees slots without ringing the switch, so the
+/// switch must look again by itself. It named no deadline, and slept up to
+/// its longest block (50 ms) with frames waiting.
+#[test]
+fn a_switch_holding_frames_for_a_full_ring_names_a_deadline() {
+    use remora_carrier::{Port, Segment, SegmentPlan};
+    use remora_rack::endpoint::{Pump, RackClock, SwitchEndpoint};
+    use remora_switch::two_hosts;
+    const DEPTH: u32 = 4;
+    let segment = Segment::anonymous(&SegmentPlan::star_one_waiter(2, DEPTH)).unwrap();
+    let mut source = segment.spoke_port(1).unwrap();
+    let switch_ports: Vec<Box<dyn Port>> = vec![
+        Box::new(segment.hub_port(1).unwrap()),
+        Box::new(segment.hub_port(2).unwrap()),
+    ];
+    let mut switch = SwitchEndpoint::new(two_hosts::two_host_switch(), switch_ports);
+    let clock = RackClock::new();
+    assert_eq!(switch.deadline(&clock), None, "an idle switch has no timer");
+    for sequence in 0..DEPTH {
+        source
+            .send(&two_hosts::send_frame(
+                two_hosts::SMALL_PAYLOAD_BYTES,
+                sequence.into(),
+            ))
+            .unwrap();
+    }
+    source.flush().unwrap();
+    switch.pump(&clock).unwrap();
+    for sequence in DEPTH..2 * DEPTH {
+        source
+            .send(&two_hosts::send_frame(
+                two_hosts::SMALL_PAYLOAD_BYTES,
+                sequence.into(),
+            ))
+            .unwrap();
+    }
+    source.flush().unwrap();
+    switch.pump(&clock).unwrap();
+    assert!(switch.switch.queued_frames() > 0, "the sink's ring is full");
+    let deadline = switch.deadline(&clock).expect("a deadline to look again");
+    assert!(deadline <= Instant::now() + Duration::from_millis(1));
+}
