@@ -173,7 +173,7 @@ fn a_switch_holding_frames_for_a_full_ring_names_a_deadline() {
         source
             .send(&two_hosts::send_frame(
                 two_hosts::SMALL_PAYLOAD_BYTES,
-                sequence.into(),
+                sequence,
             ))
             .unwrap();
     }
@@ -183,7 +183,7 @@ fn a_switch_holding_frames_for_a_full_ring_names_a_deadline() {
         source
             .send(&two_hosts::send_frame(
                 two_hosts::SMALL_PAYLOAD_BYTES,
-                sequence.into(),
+                sequence,
             ))
             .unwrap();
     }
