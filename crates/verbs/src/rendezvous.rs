@@ -62,6 +62,10 @@ impl Rendezvous {
             operation,
             source,
         };
+        // Deciding who creates is one step across processes: two that both
+        // found a stale socket would otherwise each remove the other's new
+        // one and create a segment of their own, and never meet.
+        let _deciding = decision_lock(path).map_err(|error| socket_error("lock", error))?;
         for _ in 0..MAX_BIND_ATTEMPTS {
             match UnixListener::bind(path) {
                 Ok(listener) => return Rendezvous::create(path, listener),
@@ -131,6 +135,21 @@ impl Rendezvous {
     }
 }
 
+/// An exclusive lock on a file beside the socket (`PATH.lock`), held while
+/// a process binds, connects or removes a stale socket; released when the
+/// returned file closes.
+fn decision_lock(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut lock_path = path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(lock_path)?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)?;
+    Ok(file)
+}
+
 fn serve_one_joiner(path: &Path, listener: &UnixListener, descriptor: &OwnedFd) {
     if let Ok((stream, _)) = listener.accept() {
         if let Err(error) = send_descriptor(&stream, descriptor) {
@@ -173,4 +192,30 @@ fn receive_descriptor(stream: &UnixStream) -> std::io::Result<Option<OwnedFd>> {
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two processes (threads here: flock locks are per open file) that
+    /// both find a socket a crashed run left behind meet on one segment:
+    /// one creates, the other joins.
+    #[test]
+    fn two_finding_a_stale_socket_at_once_meet() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("rendezvous.sock");
+        drop(UnixListener::bind(&path).unwrap());
+        assert!(path.exists(), "a stale socket file");
+        let (first, second) = std::thread::scope(|scope| {
+            let first = scope.spawn(|| Rendezvous::join_or_create(&path));
+            let second = scope.spawn(|| Rendezvous::join_or_create(&path));
+            (first.join().unwrap(), second.join().unwrap())
+        });
+        let mut addresses = [first.unwrap().address, second.unwrap().address];
+        addresses.sort();
+        let mut expected = [CREATOR_ADDRESS, JOINER_ADDRESS];
+        expected.sort();
+        assert_eq!(addresses, expected);
+    }
 }
