@@ -46,6 +46,8 @@ pub enum ChannelError {
     },
     #[error("an RDMA {operation} did not complete within {COMPLETION_DEADLINE:?}")]
     TimedOut { operation: &'static str },
+    #[error("the channel timed out earlier and is not used again: a late completion of that request could pass for another's")]
+    Retired,
     #[error("buffer: {0}")]
     Buffer(#[from] remora_rnic::HostMemoryOutOfBounds),
 }
@@ -87,6 +89,11 @@ pub struct Channel<S = ()> {
     pub chunk_bytes: usize,
     /// The system's own state for this channel.
     pub state: S,
+    /// Set when a request timed out. Its SEND and receive may still
+    /// complete, and completions carry no request number a later user
+    /// could tell apart (a posted receive takes the next reply, whoever it
+    /// answers), so the channel refuses all later work.
+    retired: bool,
 }
 
 const RECEIVE_ID: u64 = 1;
@@ -215,10 +222,16 @@ impl<S> Channel<S> {
     }
 
     fn post_send(&mut self, request: SendRequest) -> Result<(), ChannelError> {
+        if self.retired {
+            return Err(ChannelError::Retired);
+        }
         Ok(self.queues.post_send(self.queue_pair, request)?)
     }
 
     fn post_receive(&mut self, request: ReceiveRequest) -> Result<(), ChannelError> {
+        if self.retired {
+            return Err(ChannelError::Retired);
+        }
         Ok(self.queues.post_receive(self.queue_pair, request)?)
     }
 
@@ -232,6 +245,7 @@ impl<S> Channel<S> {
             }
             let now = Instant::now();
             if now > deadline {
+                self.retired = true;
                 return Err(ChannelError::TimedOut { operation });
             }
             if spins < SPINS_BEFORE_SLEEP {
@@ -392,6 +406,7 @@ pub fn connect_channels<S: Default>(
                 region,
                 chunk_bytes,
                 state: S::default(),
+                retired: false,
             },
         )
         .collect();

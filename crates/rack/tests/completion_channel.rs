@@ -101,3 +101,38 @@ fn a_channel_comes_back_to_its_pool_when_its_borrower_panics() {
         "the channel never came back"
     );
 }
+
+/// A request that timed out may still complete later, and its completion
+/// could pass for the next request's: the channel is retired instead of
+/// being lent out again as good.
+#[test]
+fn a_channel_whose_request_timed_out_is_retired() {
+    use remora_rack::channel::ChannelError;
+    let topology = Topology::compute_and_memory();
+    let mut staged = RackBuilder::new(&topology)
+        .thread_name("channel-retired")
+        .build()
+        .unwrap();
+    let memory = staged.nic_mut(MEMORY);
+    let domain = memory.alloc_protection_domain().unwrap();
+    let completions = memory.create_completion_queue(8).unwrap();
+    let remote = memory
+        .register_memory(domain, CHUNK_BYTES as u64, AccessFlags::ALL)
+        .unwrap();
+    let pool = connect_channels::<()>(&mut staged, COMPUTE, MEMORY, 1, CHUNK_BYTES, || {
+        rack_queue_pair(domain, completions)
+    })
+    .unwrap();
+    let switch = staged.l2l3_switch();
+    let (rack, _switch) = staged.start(switch).unwrap();
+    let kicker = rack.fabric().kicker();
+    // No fabric: nothing the channel posts is ever carried.
+    rack.fabric().stop();
+    pool.with(|channel| {
+        let read = |channel: &mut remora_rack::channel::Channel| {
+            channel.one_sided(&kicker, remote.remote(0), 64, true)
+        };
+        assert!(matches!(read(channel), Err(ChannelError::TimedOut { .. })));
+        assert!(matches!(read(channel), Err(ChannelError::Retired)));
+    });
+}
