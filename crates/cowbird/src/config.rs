@@ -236,6 +236,20 @@ impl CowbirdConfig {
         };
         let request_data_bytes = ring("request_data", &raw.request_data)?;
         let response_data_bytes = ring("response_data", &raw.response_data)?;
+        // An instance's rings are one registered region: checked here, not
+        // when the deployment fails after the rack has run.
+        let block_bytes = crate::layout::RingSizes {
+            metadata_entries: raw.metadata_entries,
+            request_data_bytes,
+            response_data_bytes,
+        }
+        .block_bytes();
+        let region_limit = remora_rnic::RnicConfig::DEFAULT_MAX_REGION_BYTES;
+        if block_bytes > region_limit {
+            return Err(context(format!(
+                "the rings take {block_bytes} B, more than one registered region's {region_limit} B"
+            )));
+        }
         // Only the chosen engine's section is checked: the other one's
         // defaults need not fit rings sized for this one.
         match raw.engine {
@@ -346,6 +360,12 @@ mod tests {
                 "max_entries_in_flight",
             ),
             ("engine = \"p4\"\nspeed = 3", "unknown field"),
+            // Each ring fits, but not with the others in one region: this
+            // failed only after the rack had run.
+            (
+                "engine = \"spot\"\nrequest_data = \"1GiB\"",
+                "more than one registered region",
+            ),
         ] {
             let text = format!("{GOOD}\n[cowbird]\n{section}\n");
             let error = read(&text).unwrap_err().to_string();

@@ -162,6 +162,17 @@ impl SodaSection {
         if raw.graph.is_empty() {
             return Err(invalid("graph", "empty".into(), "a generator or a file"));
         }
+        // A file is looked for now, not after the rack has run.
+        let generated = ["kron:", "uniform:"]
+            .iter()
+            .any(|prefix| raw.graph.starts_with(prefix));
+        if !generated && !std::path::Path::new(&raw.graph).is_file() {
+            return Err(invalid(
+                "graph",
+                raw.graph.clone(),
+                "kron:SCALE[:DEGREE], uniform:SCALE[:DEGREE] or an existing file",
+            ));
+        }
         for (field, threads) in [
             ("threads", raw.threads),
             ("fault_threads", raw.fault_threads),
@@ -253,6 +264,11 @@ mod tests {
         assert_eq!(field("fault_threads = 65"), "fault_threads");
         assert_eq!(field("buffer_fraction = 0.0"), "buffer_fraction");
         assert_eq!(field("chunk_kib = 48"), "chunk_kib");
+        // A missing file is named before the rack runs, not after.
+        assert!(matches!(
+            parse("graph = \"/nonexistent/graph.el\""),
+            Err(SodaConfigError::Invalid { field: "graph", .. })
+        ));
         assert!(matches!(
             parse("app = \"bfs\""),
             Err(SodaConfigError::Syntax(_))
