@@ -31,6 +31,8 @@ pub enum CheckpointError {
     Truncated(usize),
     #[error("a checkpoint of {0} bytes is past {MAX_CHECKPOINT_BYTES}")]
     TooLarge(usize),
+    #[error("bytes follow the checkpoint's end at byte {0}")]
+    TrailingBytes(usize),
     #[error("the service refused its state: {0}")]
     Service(String),
 }
@@ -110,6 +112,7 @@ impl Checkpoint {
         let state = reader.take(state_length)?.to_vec();
         let replies = decode_calls(&mut reader)?;
         let received = decode_calls(&mut reader)?;
+        reader.finish()?;
         Ok(Checkpoint {
             sequence,
             executed,
@@ -127,6 +130,16 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    /// Every byte was read: a checkpoint is exactly its encoding, so that
+    /// two different byte strings never decode to the same checkpoint.
+    fn finish(&self) -> Result<(), CheckpointError> {
+        if self.at == self.bytes.len() {
+            Ok(())
+        } else {
+            Err(CheckpointError::TrailingBytes(self.at))
+        }
+    }
+
     fn take(&mut self, length: usize) -> Result<&'a [u8], CheckpointError> {
         let end = self
             .at
@@ -241,6 +254,7 @@ impl CallerCheckpoint {
             let arguments = reader.take(length)?.to_vec();
             checkpoint.unanswered.insert(rpc_id, arguments);
         }
+        reader.finish()?;
         Ok(checkpoint)
     }
 }
@@ -304,6 +318,12 @@ mod tests {
             ));
         }
         assert!(any_checkpoint(&bytes));
+        // One encoding per checkpoint: bytes after its end are refused.
+        let padded = [&bytes[..], &[0]].concat();
+        assert_eq!(
+            Checkpoint::decode(&padded),
+            Err(CheckpointError::TrailingBytes(bytes.len()))
+        );
         let payload = join_reply(b"body", &bytes);
         assert_eq!(split_reply(&payload), Some((&b"body"[..], &bytes[..])));
         assert_eq!(split_reply(&[0, 0, 0, 9, 1]), None);
