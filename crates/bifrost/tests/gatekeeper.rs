@@ -482,14 +482,16 @@ fn a_call_never_answered_expires_from_the_graph() {
     let length = emit_datagram(caller, to, &call, &mut frame).unwrap();
     let at = |millis: u64| Timestamp::ZERO.saturating_add(Duration::from_millis(millis));
     switch.handle_frame(at(1), PortId(0), &frame[..length]);
-    // A resend at 8 ms keeps the lease from 1 ms.
+    // A resend at 8 ms keeps the lease from 1 ms...
     switch.handle_frame(at(8), PortId(0), &frame[..length]);
     assert_eq!(switch.program().edges().count(), 1);
-    switch.handle_frame(at(20), PortId(0), &frame[..length]);
-    // The resend at 20 ms found the old edge expired and entered anew.
+    assert!(switch.program().edges().all(|edge| edge.since == at(1)));
+    // ...so at 14 ms, past 1 + 10 but before a renewed 8 + 10, the edge
+    // has expired, and the resend enters anew.
+    switch.handle_frame(at(14), PortId(0), &frame[..length]);
     assert_eq!(switch.program().counters().calls_expired, 1);
     assert_eq!(switch.program().edges().count(), 1);
-    assert!(switch.program().edges().all(|edge| edge.since == at(20)));
+    assert!(switch.program().edges().all(|edge| edge.since == at(14)));
 }
 
 /// Calls that share their callee's fate fail with it, answered by the

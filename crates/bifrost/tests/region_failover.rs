@@ -7,8 +7,14 @@ use remora_bifrost::dsm_failover::region_failover;
 
 #[test]
 fn a_callee_with_state_in_global_memory_fails_over_and_every_call_counts_once() {
+    // Each call's answer and the region's final count are checked inside
+    // `region_failover` (a miscount is its `WrongRegion` error); here, that
+    // the failure struck mid-run, so the replacement had work to take over.
     let outcome = region_failover(400, 150).unwrap_or_else(|error| panic!("{error}"));
-    assert_eq!(outcome.calls, 400);
+    assert!(
+        0 < outcome.region_at_failure && outcome.region_at_failure < outcome.calls,
+        "{outcome:?}"
+    );
     assert!(
         outcome.checkpoint_version <= outcome.region_at_failure,
         "{outcome:?}"

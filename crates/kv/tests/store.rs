@@ -299,8 +299,11 @@ fn records_whose_flush_is_in_flight_stay_readable_with_their_newest_value() {
     let mut session = store.session().unwrap();
     // Fill the mutable pages; the next page then needs a flush that the
     // device holds, so the writer stalls on its own thread...
+    // The writer counts the keys whose newest value was acknowledged.
+    let acknowledged = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let writer = {
         let store = store.clone();
+        let acknowledged = acknowledged.clone();
         std::thread::spawn(move || {
             let mut session = store.session().unwrap();
             for key in 0u64..200 {
@@ -310,10 +313,31 @@ fn records_whose_flush_is_in_flight_stay_readable_with_their_newest_value() {
                 session
                     .upsert(&key.to_le_bytes(), &[key as u8 ^ 0xff; 300])
                     .unwrap();
+                acknowledged.store(key + 1, Ordering::SeqCst);
             }
         })
     };
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    // Wait until the writer stalls on the held flush: its count stops.
+    let mut last = u64::MAX;
+    let stalled_by = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let now = acknowledged.load(Ordering::SeqCst);
+        if now == last {
+            break;
+        }
+        last = now;
+        assert!(
+            std::time::Instant::now() < stalled_by,
+            "the writer never stalled"
+        );
+    }
+    assert!(
+        !writer.is_finished(),
+        "the writer stalled on the held flush"
+    );
+    let written = acknowledged.load(Ordering::SeqCst);
+    assert!(written > 0, "some keys were written before the stall");
     // ...while every record already written reads back its newest value.
     let [_, head, _, _] = store.boundaries();
     assert_eq!(
@@ -321,14 +345,13 @@ fn records_whose_flush_is_in_flight_stay_readable_with_their_newest_value() {
         0,
         "no page left memory while its flush was held"
     );
-    let mut newest = 0;
-    for key in 0u64..200 {
-        if let Some(value) = read_now(&mut session, &key.to_le_bytes()) {
-            assert!(value == [key as u8; 300] || value == [key as u8 ^ 0xff; 300]);
-            newest += 1;
-        }
+    for key in 0..written {
+        assert_eq!(
+            read_now(&mut session, &key.to_le_bytes()),
+            Some(vec![key as u8 ^ 0xff; 300]),
+            "key {key}, acknowledged before the stall"
+        );
     }
-    assert!(newest > 0);
     session.suspend();
     release.store(true, Ordering::SeqCst);
     writer.join().unwrap();

@@ -285,6 +285,14 @@ impl SoftRnic {
                 }
                 return;
             }
+            // Neither RoCE nor an open port: said as such, not counted as
+            // a RoCE frame that failed to parse.
+            if port != remora_wire::udp::ROCEV2_UDP_PORT {
+                return self
+                    .resources
+                    .counters
+                    .count_drop(DropReason::NoDatagramPort);
+            }
         }
         let counters = &mut self.resources.counters;
         let frame = match RoceFrame::new_checked(bytes) {

@@ -72,7 +72,8 @@ fn a_datagram_reaches_the_port_it_was_sent_to() {
     .unwrap();
     carry(&mut a, &mut b);
     let drops = b.counters().drops_by_name();
-    assert!(drops.contains_key("not_for_this_device"), "{drops:?}");
+    assert_eq!(drops.get("no_datagram_port"), Some(&1), "{drops:?}");
+    assert_eq!(drops.get("not_for_this_device"), Some(&1), "{drops:?}");
 }
 
 #[test]

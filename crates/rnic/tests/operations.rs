@@ -248,14 +248,29 @@ fn a_shared_receive_queue_feeds_several_queue_pairs() {
     assert_ne!(received[0].qpn, received[1].qpn);
 }
 
+/// An unsignaled WRITE lands and completes without a completion; the
+/// signaled one after it is the only completion, so the unsignaled one's
+/// slot was retired and the queue pair is sound.
 #[test]
 fn unsignaled_requests_complete_silently_on_success() {
     let mut s = setup();
+    let data: Vec<u8> = (1..=8).collect();
+    write_region(&mut s.fabric.left, &s.left_mr, 0, &data);
     let mut write = write_request(&s, 1, 0, s.right_mr.remote(0), 8);
     write.signaled = false;
     s.fabric.left.post_send(s.left_qp, write).unwrap();
     assert!(s.fabric.run(1000).quiesced);
     assert!(drain(&mut s.fabric.left, s.left_cq).is_empty());
+    assert_eq!(read_region(&s.fabric.right, &s.right_mr, 0, 8), data);
+    let signaled = write_request(&s, 2, 0, s.right_mr.remote(64), 8);
+    s.fabric.left.post_send(s.left_qp, signaled).unwrap();
+    assert!(s.fabric.run(1000).quiesced);
+    let completions = drain(&mut s.fabric.left, s.left_cq);
+    assert_eq!(completions.len(), 1);
+    assert_eq!(
+        (completions[0].work_request_id, completions[0].status),
+        (2, CompletionStatus::Success)
+    );
 }
 
 /// Queue pairs take turns among those with work: among 1024 connections

@@ -116,10 +116,9 @@ fn evictions_write_back_and_counters_add_up() {
         stats.written_back_bytes >= 56 * chunk_bytes as u64,
         "{stats:?}"
     );
-    assert_eq!(
-        stats.fetched_bytes,
-        stats.missing_faults * chunk_bytes as u64
-    );
+    // Each chunk faulted in to be written, and the 56 the buffer could
+    // not keep faulted in again to be read.
+    assert!(stats.missing_faults >= 64 + 56, "{stats:?}");
     assert!(stats.fault_p50_nanos > 0 && stats.fault_p99_nanos >= stats.fault_p50_nanos);
 }
 
@@ -513,17 +512,29 @@ fn two_processes_share_the_dpu_and_both_get_local_results() {
 fn expect_sigbus_in_child(name: &str, child_variable: &str) {
     use std::os::unix::process::ExitStatusExt;
     const SIGBUS: i32 = 7;
+    // Polled, not waited for: a child that hangs (the failure these tests
+    // guard against) is killed and fails the test instead of hanging it.
+    const DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
     let started = std::time::Instant::now();
-    let output = std::process::Command::new(std::env::current_exe().unwrap())
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", name, "--nocapture"])
         .env(child_variable, "1")
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
         .unwrap();
-    assert_eq!(output.status.signal(), Some(SIGBUS), "{output:?}");
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(30),
-        "the child hung for a while"
-    );
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > DEADLINE {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("the child hung for {DEADLINE:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(status.signal(), Some(SIGBUS), "{status:?}");
 }
 
 /// Eq. 3 in `auto` mode: random chunks of a big object miss the small

@@ -217,10 +217,14 @@ mod tests {
     use std::time::Duration;
 
     /// Sleeps, then echoes: a method that blocks.
-    struct SlowEcho;
+    /// Echoes after a while, counting the calls it really ran: the
+    /// callee's own `executed` counts only outcomes it kept, so a duplicate
+    /// run whose outcome was dropped would not show there.
+    struct SlowEcho(std::sync::Arc<std::sync::atomic::AtomicU64>);
 
     impl Service for SlowEcho {
         fn call(&mut self, _: &[u8], _: GlobalAddress, arguments: &[u8]) -> Outcome {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             std::thread::sleep(Duration::from_millis(5));
             Ok(arguments.to_vec().into())
         }
@@ -228,8 +232,9 @@ mod tests {
 
     #[test]
     fn blocking_calls_finish_on_workers_and_each_runs_once() {
+        let ran = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let workers: Vec<Box<dyn Service>> = (0..3)
-            .map(|_| Box::new(SlowEcho) as Box<dyn Service>)
+            .map(|_| Box::new(SlowEcho(ran.clone())) as Box<dyn Service>)
             .collect();
         let mut callee = Callee::new(Box::new(WorkerPool::new(workers).unwrap()));
         let mut caller = Caller::new(Duration::from_millis(1), 1000);
@@ -265,7 +270,12 @@ mod tests {
         for (rpc_id, outcome) in outcomes {
             assert_eq!(outcome.unwrap(), vec![rpc_id as u8 - 1]);
         }
+        // A late duplicate run would show after the replies: give it time.
+        std::thread::sleep(Duration::from_millis(50));
+        callee.poll_service();
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 6);
         assert_eq!(callee.counters().executed, 6);
+        assert_eq!(callee.counters().duplicates, 6);
         assert_eq!(callee.in_progress(), 0);
     }
 }
