@@ -61,6 +61,22 @@ struct KeyCell {
     successes: u16,
 }
 
+impl KeyCell {
+    /// The cell once one of its batch's CASes is answered: `succeeded`,
+    /// and its entry is then the newest success.
+    fn answered(mut self, succeeded: bool, entry: u64) -> KeyCell {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if succeeded {
+            // Only none, one and more count (`close_batch`), and a batch
+            // under steady contention may not close for 65 536 successes:
+            // past that a u16 wrapped (or a debug switch panicked).
+            self.successes = self.successes.saturating_add(1);
+            self.last_success = entry;
+        }
+        self
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct OutstandingCell {
     key: u64,
@@ -345,7 +361,7 @@ impl Resolver {
             self.counters.passed_busy += 1;
         }
         self.key_cells.update(slot as usize, |cell| KeyCell {
-            in_flight: cell.in_flight + 1,
+            in_flight: cell.in_flight.saturating_add(1),
             ..cell
         });
         self.cas.update(client, |_| CasCell {
@@ -393,13 +409,8 @@ impl Resolver {
         }
         let cell = self
             .key_cells
-            .update(record.key_slot as usize, |mut cell| {
-                cell.in_flight = cell.in_flight.saturating_sub(1);
-                if original == 0 {
-                    cell.successes += 1;
-                    cell.last_success = record.entry;
-                }
-                cell
+            .update(record.key_slot as usize, |cell| {
+                cell.answered(original == 0, record.entry)
             })
             .expect("key cells exist");
         if cell.in_flight == 0 {
@@ -463,5 +474,28 @@ impl Overlay for Resolver {
             self.cas.resources(),
         ]);
         report.recomputes_icrc = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch kept open by steady contention counted its successes in a
+    /// u16 that wrapped after 65 535 (a debug switch panicked), and a count
+    /// that wrapped to 0 restored a tail long retired.
+    #[test]
+    fn a_batch_with_more_successes_than_a_u16_still_counts_many() {
+        let busy = KeyCell {
+            tail: 0x1000,
+            last_success: 0x2000,
+            in_flight: 3,
+            successes: u16::MAX,
+        };
+        let answered = busy.answered(true, 0x3000);
+        assert_eq!(answered.successes, u16::MAX);
+        assert_eq!((answered.in_flight, answered.last_success), (2, 0x3000));
+        let failed = answered.answered(false, 0x4000);
+        assert_eq!((failed.in_flight, failed.last_success), (1, 0x3000));
     }
 }

@@ -465,10 +465,18 @@ impl Client {
         Ok(())
     }
 
-    /// Deletes a poll group.
+    /// Deletes a poll group. Its members are released, as `poll_remove`
+    /// releases one: nobody will wait for them through it, and a request
+    /// left grouped would stop reclaiming at the ring's front for good.
     pub fn poll_destroy(&mut self, poll_id: usize) -> Result<(), CowbirdError> {
         self.group(poll_id)?;
-        self.groups[poll_id] = None;
+        let group = self.groups[poll_id].take().expect("checked just now");
+        for id in group.members.into_iter().flatten() {
+            if let Some(request) = self.find(id) {
+                request.released = true;
+                request.grouped = false;
+            }
+        }
         Ok(())
     }
 
@@ -557,5 +565,45 @@ impl Client {
             .read(at as usize, &mut into[..length])
             .expect("ring inside the block");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::READ_PROGRESS_AT;
+    use std::sync::atomic::Ordering;
+
+    /// A group destroyed with requests in it (a kv session dropped with
+    /// reads in flight) left them grouped: reclaiming stopped at them, and
+    /// after a ring's worth of requests the client refused every one.
+    #[test]
+    fn a_destroyed_groups_requests_are_reclaimed_once_complete() {
+        let sizes = RingSizes {
+            metadata_entries: 8,
+            ..RingSizes::DEFAULT
+        };
+        let block = HostMemory::new(sizes.block_bytes() as usize);
+        let mut client = Client::new(block.clone(), sizes, vec![1 << 20]).unwrap();
+        let group = client.poll_create().unwrap();
+        for index in 0..4 {
+            let id = client.async_read(0, index * 64, 64).unwrap();
+            client.poll_add(group, id).unwrap();
+        }
+        client.poll_destroy(group).unwrap();
+        // The engine completes them.
+        block
+            .store_u64(READ_PROGRESS_AT as usize, 4, Ordering::Release)
+            .unwrap();
+        // Four rings' worth more, each completed as it goes: room comes
+        // back only if the first four were reclaimed.
+        for sequence in 5..=4 * sizes.metadata_entries {
+            client
+                .async_read(0, 0, 64)
+                .unwrap_or_else(|error| panic!("request {sequence}: {error}"));
+            block
+                .store_u64(READ_PROGRESS_AT as usize, sequence, Ordering::Release)
+                .unwrap();
+        }
     }
 }

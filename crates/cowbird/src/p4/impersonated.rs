@@ -242,8 +242,11 @@ impl ImpersonatedQueuePair {
         let packets = self.packets_of(&sent);
         for index in 0..packets {
             let skipped = (index * self.mtu.bytes()).min(sent.length);
+            // Saturating: a client's entry may name an address near the
+            // top (the memory node refuses it with a NAK, which fails
+            // that instance), and a switch must not panic on it.
             let resume = Sent {
-                remote: VirtAddr(sent.remote.0 + u64::from(skipped)),
+                remote: VirtAddr(sent.remote.0.saturating_add(u64::from(skipped))),
                 length: sent.length - skipped,
                 ..sent
             };
