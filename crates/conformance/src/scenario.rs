@@ -222,6 +222,13 @@ fn setup_host(sim: &mut Simulation<HostNode>, id: NodeId) -> HostResources {
     }
 }
 
+/// The queue pairs' retransmission timeout: longer than a full window
+/// takes to drain (256 x 4 KiB at 100 Gb/s is about 80 us), or timeouts
+/// fire while the head is merely queued.
+const RETRY_TIMEOUT: Duration = Duration::from_micros(500);
+/// Tries after the first before a queue pair gives up.
+const RETRY_COUNT: u8 = 7;
+
 fn queue_pair_builder(
     host: &HostResources,
     rng: &mut impl Rng,
@@ -236,9 +243,8 @@ fn queue_pair_builder(
     builder.path_mtu = mtu;
     builder.send_queue_depth = depth;
     builder.receive_queue_depth = depth;
-    // Longer than a full window takes to drain (256 x 4 KiB at 100 Gb/s is
-    // about 80 us), or timeouts fire while the head is merely queued.
-    builder.timeout = Duration::from_micros(500);
+    builder.timeout = RETRY_TIMEOUT;
+    builder.retry_count = RETRY_COUNT;
     builder.min_rnr_timer = Duration::from_micros(10);
     builder.max_read_atomic = rng.gen_range(1..=16);
     builder.max_destination_read_atomic = 16;
@@ -251,6 +257,8 @@ struct Build {
     hosts: [HostResources; 2],
     streams: Vec<Stream>,
     partitioned: bool,
+    /// The partition drawn lasts a timeout for every try.
+    partition_outlasts_retries: bool,
     crashed: bool,
 }
 
@@ -287,6 +295,7 @@ fn build(seed: u64, config: &ScenarioConfig) -> Build {
     }
     let safety_end = Timestamp::ZERO.saturating_add(config.safety_phase());
     let partitioned = sim.rng().gen_bool(faults.partition.get());
+    let mut partition_outlasts_retries = false;
     if partitioned {
         let start = sim.random_time(
             Timestamp::ZERO,
@@ -295,6 +304,11 @@ fn build(seed: u64, config: &ScenarioConfig) -> Build {
         let end = sim.random_time(start, start.saturating_add(config.safety_phase() / 3));
         sim.schedule(start, Event::Partition(link_id));
         sim.schedule(end, Event::Heal(link_id));
+        // Progress resets the retries, so only a partition that spans a
+        // timeout for every try can make a queue pair give up.
+        let every_try = RETRY_TIMEOUT * (u32::from(RETRY_COUNT) + 1);
+        partition_outlasts_retries =
+            end.as_nanos().saturating_sub(start.as_nanos()) >= every_try.as_nanos() as u64;
     }
     let crashed = sim.rng().gen_bool(faults.crash.get());
     if crashed {
@@ -309,6 +323,7 @@ fn build(seed: u64, config: &ScenarioConfig) -> Build {
         hosts,
         streams,
         partitioned,
+        partition_outlasts_retries,
         crashed,
     }
 }
@@ -463,15 +478,32 @@ fn post_receives(sim: &mut Simulation<HostNode>, stream: &Stream, config: &Scena
     }
 }
 
+/// The byte a READ's or atomic's local slot holds before its answer.
+const ANSWER_MARKER: u8 = 0xa5;
+
 fn post_operations(sim: &mut Simulation<HostNode>, stream: &Stream, responder: &HostResources) {
     let device = device(sim, stream.requester);
     for (index, operation) in stream.operations.iter().enumerate() {
         let slot_offset = index as u64 * LOCAL_SLOT_BYTES;
-        if let Operation::Write { data, .. } | Operation::Send { data, .. } = operation {
-            let address = remora_wire::VirtAddr(stream.local.address.0 + slot_offset);
-            device
+        let address = remora_wire::VirtAddr(stream.local.address.0 + slot_offset);
+        match operation {
+            Operation::Write { data, .. } | Operation::Send { data, .. } => device
                 .write_local(stream.local.lkey, address, data)
-                .expect("slot fits");
+                .expect("slot fits"),
+            // Where an answer lands, a marker first: zeroed memory would
+            // pass for the answer wherever the model expects zeros, so a
+            // READ or atomic reported done with nothing placed would pass.
+            Operation::Read { length, .. } => device
+                .write_local(
+                    stream.local.lkey,
+                    address,
+                    &vec![ANSWER_MARKER; *length as usize],
+                )
+                .expect("slot fits"),
+            Operation::CompareSwap { .. } | Operation::FetchAdd { .. } => device
+                .write_local(stream.local.lkey, address, &[ANSWER_MARKER; 8])
+                .expect("slot fits"),
+            Operation::Violation(_) => {}
         }
         let request = send_request(stream, responder, index, operation);
         device
@@ -576,6 +608,7 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         hosts,
         streams,
         partitioned,
+        partition_outlasts_retries,
         crashed,
     } = build(seed, config);
     let safety_end = Timestamp::ZERO.saturating_add(config.safety_phase());
@@ -604,17 +637,22 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
     for stream in &streams {
         let requester_completions = completions[stream.requester.0].as_deref();
         let responder_completions = completions[stream.responder.0].as_deref();
-        let peer_violation = streams.iter().any(|other| {
-            other.connection == stream.connection
-                && matches!(other.operations.last(), Some(Operation::Violation(_)))
+        let ends_in_violation =
+            |stream: &Stream| matches!(stream.operations.last(), Some(Operation::Violation(_)));
+        let opposite_violation = streams.iter().any(|other| {
+            !std::ptr::eq(other, stream)
+                && other.connection == stream.connection
+                && ends_in_violation(other)
         });
-        // A transport gives up only when its peer is gone (crash,
-        // partition) or errored after a violation and the loss ate the
-        // NAK that said so. Loss alone must never exhaust the retries.
-        let may_give_up = crashed || partitioned || (peer_violation && lossy);
+        // A transport gives up only when its peer is gone (a crash, or a
+        // partition long enough to outlast every retry) or errored after a
+        // violation and the loss ate the NAK that said so. Loss alone must
+        // never exhaust the retries, nor a partition shorter than them.
+        let violation = opposite_violation || ends_in_violation(stream);
+        let may_give_up = crashed || partition_outlasts_retries || (violation && lossy);
         let context = CheckContext {
             may_give_up,
-            peer_violation,
+            opposite_violation,
         };
         check_stream(
             &sim,
@@ -656,11 +694,14 @@ fn drain_completions(
 
 #[derive(Clone, Copy)]
 struct CheckContext {
-    /// Giving up (retry or RNR limit) is legal in this run.
+    /// Giving up (the retry limit) is legal in this run.
     may_give_up: bool,
-    /// A stream on this connection ends with a violation, which errors both
-    /// queue pairs of the connection.
-    peer_violation: bool,
+    /// The other stream on this connection ends with a violation, which
+    /// errors both queue pairs of the connection, so this stream's
+    /// requests may be flushed with no error of its own. A stream's own
+    /// violation explains its flushes only if the violation itself was
+    /// refused (checked from its completion).
+    opposite_violation: bool,
 }
 
 fn check_stream(
@@ -737,6 +778,17 @@ fn check_requester(
     let mut succeeded = 0;
     let mut errored = false;
     let mut gave_up = false;
+    // The stream's own violation errors its queue pair once refused: a
+    // NAK (or, when the loss ate it and giving up is legal, the retries
+    // running out). Only then may requests before it be flushed.
+    let own_violation_refused = matches!(stream.operations.last(), Some(Operation::Violation(_)))
+        && completions
+            .get(stream.operations.len() - 1)
+            .is_some_and(|completion| match completion.status {
+                CompletionStatus::RemoteAccessError => true,
+                CompletionStatus::RetryExceeded => context.may_give_up,
+                _ => false,
+            });
     for (index, (operation, completion)) in stream.operations.iter().zip(completions).enumerate() {
         if completion.work_request_id != index as u64 {
             fail(format!(
@@ -760,7 +812,7 @@ fn check_requester(
                 check_returned_value(device, stream, index, &expected, fail);
             }
             CompletionStatus::WorkRequestFlushError => {
-                let explained = errored || context.peer_violation;
+                let explained = errored || context.opposite_violation || own_violation_refused;
                 if !explained {
                     fail(format!("op {index} flushed with no error before it"));
                 }
@@ -769,9 +821,9 @@ fn check_requester(
             // Requests before the refused one may have been flushed already
             // (a READ whose answer was lost), so this may follow flushes.
             CompletionStatus::RemoteAccessError if is_violation => errored = true,
-            CompletionStatus::RetryExceeded | CompletionStatus::ReceiverNotReadyRetryExceeded
-                if context.may_give_up && !errored =>
-            {
+            // Not ReceiverNotReadyRetryExceeded: the queue pairs keep
+            // rnr_retry at 7, which retries for ever.
+            CompletionStatus::RetryExceeded if context.may_give_up && !errored => {
                 errored = true;
                 gave_up = true;
             }
