@@ -670,11 +670,9 @@ fn a_commit_in_another_nodes_name_or_from_a_stranger_is_not_kept() {
 #[test]
 fn a_full_caller_checkpoint_table_makes_room_by_the_oldest_caller() {
     use remora_base::Timestamp;
-    use remora_bifrost::rpc::checkpoint::{join_reply, CHECKPOINT_FLAG};
     use remora_switch::programs::l2l3::L2L3Forwarding;
     use remora_switch::{PortId, Switch, SwitchConfig};
-    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress, HEADER_LEN};
-    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
     use remora_wire::MacAddress;
     let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
     let host = |last: u8, port| DatagramEnd {
@@ -700,19 +698,10 @@ fn a_full_caller_checkpoint_table_makes_room_by_the_oldest_caller() {
     };
     // A call from `port` carrying a checkpoint of sequence 1.
     let call = |port: u16, rpc_id: u64| {
-        let mut repr =
+        let repr =
             BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
-        repr.flags |= CHECKPOINT_FLAG;
-        let checkpoint = 1u64.to_be_bytes();
-        let body = join_reply(b"", &checkpoint);
-        let mut payload = vec![0u8; HEADER_LEN + body.len()];
-        repr.emit(&mut payload).unwrap();
-        payload[HEADER_LEN..].copy_from_slice(&body);
         let from = DatagramEnd { port, ..caller };
-        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
-        let length = emit_datagram(from, service, &payload, &mut frame).unwrap();
-        frame.truncate(length);
-        frame
+        checkpointed_datagram(repr, &1u64.to_be_bytes(), from, service)
     };
     for (rpc_id, port) in [40000u16, 40001, 40002].into_iter().enumerate() {
         switch.handle_frame(Timestamp::ZERO, PortId(0), &call(port, rpc_id as u64 + 1));
@@ -738,11 +727,9 @@ fn a_full_caller_checkpoint_table_makes_room_by_the_oldest_caller() {
 #[test]
 fn a_reply_checkpoint_in_another_nodes_name_or_from_a_stranger_is_not_kept() {
     use remora_base::Timestamp;
-    use remora_bifrost::rpc::checkpoint::{join_reply, CHECKPOINT_FLAG};
     use remora_switch::programs::l2l3::L2L3Forwarding;
     use remora_switch::{PortId, Switch, SwitchConfig};
-    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress, HEADER_LEN};
-    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
     use remora_wire::MacAddress;
     let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
     let end = |last: u8, port| DatagramEnd {
@@ -771,17 +758,12 @@ fn a_reply_checkpoint_in_another_nodes_name_or_from_a_stranger_is_not_kept() {
     // A reply from `from` to the caller, to a call never made, carrying a
     // checkpoint of sequence 1 with `text`.
     let reply = |from: DatagramEnd, text: &[u8]| {
-        let mut repr = BifrostRepr::new(CallType::Reply, "", 99, GlobalAddress::NULL).unwrap();
-        repr.flags |= CHECKPOINT_FLAG;
+        let repr = BifrostRepr::new(CallType::Reply, "", 99, GlobalAddress::NULL).unwrap();
         let checkpoint = [&1u64.to_be_bytes()[..], text].concat();
-        let body = join_reply(b"", &checkpoint);
-        let mut payload = vec![0u8; HEADER_LEN + body.len()];
-        repr.emit(&mut payload).unwrap();
-        payload[HEADER_LEN..].copy_from_slice(&body);
-        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
-        let length = emit_datagram(from, caller, &payload, &mut frame).unwrap();
-        frame.truncate(length);
-        (frame, checkpoint)
+        (
+            checkpointed_datagram(repr, &checkpoint, from, caller),
+            checkpoint,
+        )
     };
     let now = Timestamp::ZERO;
     let (forged, _) = reply(node, b"forged");
@@ -797,4 +779,26 @@ fn a_reply_checkpoint_in_another_nodes_name_or_from_a_stranger_is_not_kept() {
         switch.program().checkpoint_of(node.address),
         Some(&checkpoint[..])
     );
+}
+
+/// The frame of `repr` from `from` to `to`, flagged as carrying
+/// `checkpoint` after an empty body.
+fn checkpointed_datagram(
+    mut repr: remora_wire::bifrost::BifrostRepr,
+    checkpoint: &[u8],
+    from: DatagramEnd,
+    to: DatagramEnd,
+) -> Vec<u8> {
+    use remora_bifrost::rpc::checkpoint::{join_reply, CHECKPOINT_FLAG};
+    use remora_wire::bifrost::HEADER_LEN;
+    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
+    repr.flags |= CHECKPOINT_FLAG;
+    let body = join_reply(b"", checkpoint);
+    let mut payload = vec![0u8; HEADER_LEN + body.len()];
+    repr.emit(&mut payload).unwrap();
+    payload[HEADER_LEN..].copy_from_slice(&body);
+    let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
+    let length = emit_datagram(from, to, &payload, &mut frame).unwrap();
+    frame.truncate(length);
+    frame
 }

@@ -2,8 +2,8 @@
 //! the NIC's side when a completion arrives, not by its timeout, as a
 //! thread blocked in `ibv_get_cq_event` is woken by the NIC.
 
-use remora_rack::assembly::RackBuilder;
-use remora_rack::channel::connect_channels;
+use remora_rack::assembly::{RackBuilder, StagedRack};
+use remora_rack::channel::{connect_channels, ChannelPool};
 use remora_rack::endpoint::rack_queue_pair;
 use remora_rack::topology::Topology;
 use remora_rnic::*;
@@ -13,11 +13,12 @@ const COMPUTE: usize = 0;
 const MEMORY: usize = 1;
 const CHUNK_BYTES: usize = 64 << 10;
 
-#[test]
-fn a_thread_asleep_on_its_completion_channel_wakes_when_the_read_completes() {
+/// A staged rack with one channel from the compute node to the memory
+/// node, and a chunk of the memory node's memory it may read.
+fn one_channel_rack(name: &str) -> (StagedRack, ChannelPool, MemoryRegion) {
     let topology = Topology::compute_and_memory();
     let mut staged = RackBuilder::new(&topology)
-        .thread_name("completion-channel")
+        .thread_name(name)
         .build()
         .unwrap();
     let memory = staged.nic_mut(MEMORY);
@@ -30,6 +31,12 @@ fn a_thread_asleep_on_its_completion_channel_wakes_when_the_read_completes() {
         rack_queue_pair(domain, completions)
     })
     .unwrap();
+    (staged, pool, remote)
+}
+
+#[test]
+fn a_thread_asleep_on_its_completion_channel_wakes_when_the_read_completes() {
+    let (staged, pool, remote) = one_channel_rack("completion-channel");
     let switch = staged.l2l3_switch();
     let (rack, _switch) = staged.start(switch).unwrap();
     let kicker = rack.fabric().kicker();
@@ -73,18 +80,7 @@ fn a_thread_asleep_on_its_completion_channel_wakes_when_the_read_completes() {
 /// channel was lost with it, and the next borrower waited for ever.
 #[test]
 fn a_channel_comes_back_to_its_pool_when_its_borrower_panics() {
-    let topology = Topology::compute_and_memory();
-    let mut staged = RackBuilder::new(&topology)
-        .thread_name("channel-unwind")
-        .build()
-        .unwrap();
-    let memory = staged.nic_mut(MEMORY);
-    let domain = memory.alloc_protection_domain().unwrap();
-    let completions = memory.create_completion_queue(8).unwrap();
-    let pool = connect_channels::<()>(&mut staged, COMPUTE, MEMORY, 1, CHUNK_BYTES, || {
-        rack_queue_pair(domain, completions)
-    })
-    .unwrap();
+    let (_staged, pool, _remote) = one_channel_rack("channel-unwind");
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         pool.with(|_| panic!("a borrower's bug"))
     }));
@@ -108,21 +104,7 @@ fn a_channel_comes_back_to_its_pool_when_its_borrower_panics() {
 #[test]
 fn a_channel_whose_request_timed_out_is_retired() {
     use remora_rack::channel::ChannelError;
-    let topology = Topology::compute_and_memory();
-    let mut staged = RackBuilder::new(&topology)
-        .thread_name("channel-retired")
-        .build()
-        .unwrap();
-    let memory = staged.nic_mut(MEMORY);
-    let domain = memory.alloc_protection_domain().unwrap();
-    let completions = memory.create_completion_queue(8).unwrap();
-    let remote = memory
-        .register_memory(domain, CHUNK_BYTES as u64, AccessFlags::ALL)
-        .unwrap();
-    let pool = connect_channels::<()>(&mut staged, COMPUTE, MEMORY, 1, CHUNK_BYTES, || {
-        rack_queue_pair(domain, completions)
-    })
-    .unwrap();
+    let (staged, pool, remote) = one_channel_rack("channel-retired");
     let switch = staged.l2l3_switch();
     let (rack, _switch) = staged.start(switch).unwrap();
     let kicker = rack.fabric().kicker();

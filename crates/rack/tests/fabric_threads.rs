@@ -169,26 +169,15 @@ fn a_switch_holding_frames_for_a_full_ring_names_a_deadline() {
     let mut switch = SwitchEndpoint::new(two_hosts::two_host_switch(), switch_ports);
     let clock = RackClock::new();
     assert_eq!(switch.deadline(&clock), None, "an idle switch has no timer");
-    for sequence in 0..DEPTH {
-        source
-            .send(&two_hosts::send_frame(
-                two_hosts::SMALL_PAYLOAD_BYTES,
-                sequence,
-            ))
-            .unwrap();
+    // Two rings' worth, a ring at a time: the sink never reads.
+    for round in 0..2 {
+        for sequence in round * DEPTH..(round + 1) * DEPTH {
+            let frame = two_hosts::send_frame(two_hosts::SMALL_PAYLOAD_BYTES, sequence);
+            source.send(&frame).unwrap();
+        }
+        source.flush().unwrap();
+        switch.pump(&clock).unwrap();
     }
-    source.flush().unwrap();
-    switch.pump(&clock).unwrap();
-    for sequence in DEPTH..2 * DEPTH {
-        source
-            .send(&two_hosts::send_frame(
-                two_hosts::SMALL_PAYLOAD_BYTES,
-                sequence,
-            ))
-            .unwrap();
-    }
-    source.flush().unwrap();
-    switch.pump(&clock).unwrap();
     assert!(switch.switch.queued_frames() > 0, "the sink's ring is full");
     let deadline = switch.deadline(&clock).expect("a deadline to look again");
     assert!(deadline <= Instant::now() + Duration::from_millis(1));
