@@ -33,8 +33,9 @@ mod tests {
             "line 1, column 1: bad"
         );
         assert_eq!(at_position(text, None, "bad"), "bad");
+        // "é" is two bytes and one column: "x" is byte 5 and column 5.
         assert_eq!(
-            at_position("é = x", Some(6..7), "bad"),
+            at_position("é = x", Some(5..6), "bad"),
             "line 1, column 5: bad"
         );
         assert_eq!(
