@@ -181,6 +181,8 @@ pub enum KvCliError {
     },
     #[error(transparent)]
     Serve(#[from] ServeError),
+    #[error("the config's {sessions} sessions are fewer than the {needed} the server needs: one per --workers, and one for the compactor")]
+    TooFewSessions { sessions: usize, needed: usize },
     #[error("--threads {0}: it must be from 1 to {MAX_YCSB_THREADS}")]
     Threads(usize),
     #[error("--value-bytes {0}: a value is at most {MAX_VALUE_BYTES} bytes")]
@@ -305,10 +307,17 @@ pub fn run(command: KvCommand) -> Result<ExitCode, KvCliError> {
 
 fn run_serve(args: &ServeArgs) -> Result<ExitCode, KvCliError> {
     let mut config = store_config(args.store.config.as_deref())?;
+    // The workers' sessions and the compactor's, no more: a device opens a
+    // queue per session, and Cowbird's engine polls each one.
+    let needed = args.workers + usize::from(!args.no_compaction);
     if args.store.config.is_none() {
-        // The workers' sessions and the compactor's, no more: a device
-        // opens a queue per session, and Cowbird's engine polls each one.
         config.sessions = args.workers + 1;
+    } else if config.sessions < needed {
+        // Refused before the device opens and the server says it serves.
+        return Err(KvCliError::TooFewSessions {
+            sessions: config.sessions,
+            needed,
+        });
     }
     let (store, opened) = open_store(&args.store, config)?;
     let listener = TcpListener::bind(&args.listen).map_err(|error| KvCliError::Listen {

@@ -511,6 +511,8 @@ fn inputs_that_crashed_or_ran_for_nothing_are_refused_at_once() {
     std::fs::write(&empty, "").unwrap();
     let edges = scratch.join("edges.el");
     std::fs::write(&edges, "0 1\n1 2\n").unwrap();
+    let one_session = scratch.join("one-session.toml");
+    std::fs::write(&one_session, "sessions = 1\n").unwrap();
     let calibration = scratch.join("calibration.json");
     std::fs::write(
         &calibration,
@@ -604,6 +606,19 @@ fn inputs_that_crashed_or_ran_for_nothing_are_refused_at_once() {
             .map(String::from)
             .to_vec(),
             "no mvs",
+        ),
+        (
+            [
+                "kv",
+                "serve",
+                "--workers",
+                "4",
+                "--config",
+                &path(&one_session),
+            ]
+            .map(String::from)
+            .to_vec(),
+            "sessions are fewer",
         ),
     ];
     for (arguments, expected) in cases {
