@@ -24,7 +24,7 @@ use remora_base::Probability;
 use remora_host::hardware::NicHardware;
 use remora_host::Host as HostNode;
 use remora_rnic::*;
-use remora_sim::{Event, LinkConfig, LinkFaults, NodeId, PortId, Simulation};
+use remora_sim::{Event, LinkConfig, LinkFaults, LinkId, NodeId, PortId, Simulation};
 use remora_wire::{Ipv4Address, MacAddress, Qpn, Rkey};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -260,6 +260,8 @@ struct Build {
     /// The partition drawn lasts a timeout for every try.
     partition_outlasts_retries: bool,
     crashed: bool,
+    /// The link between the two hosts.
+    link: LinkId,
 }
 
 fn build(seed: u64, config: &ScenarioConfig) -> Build {
@@ -325,6 +327,7 @@ fn build(seed: u64, config: &ScenarioConfig) -> Build {
         partitioned,
         partition_outlasts_retries,
         crashed,
+        link: link_id,
     }
 }
 
@@ -610,12 +613,23 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         partitioned,
         partition_outlasts_retries,
         crashed,
+        link,
     } = build(seed, config);
     let safety_end = Timestamp::ZERO.saturating_add(config.safety_phase());
     sim.run_until(safety_end, config.max_events);
     sim.stop_faults();
     let liveness_end = sim.now().saturating_add(config.liveness_limit());
     let outcome = sim.run_until(liveness_end, config.max_events);
+    // Faults as they happened, not as they were drawn: a run that hit its
+    // event limit cancels those still to come, and what never happened
+    // excuses nothing.
+    let crashed = crashed && hosts.iter().any(|host| sim.node(host.id).crashes() > 0);
+    let cut = sim
+        .link_counters(link)
+        .iter()
+        .any(|counters| counters.partition_drops > 0);
+    let (partitioned, partition_outlasts_retries) =
+        (partitioned && cut, partition_outlasts_retries && cut);
     let mut report = SeedReport {
         seed,
         crashed,
