@@ -254,9 +254,14 @@ impl MemoryStage {
             .is_none_or(|port| *port == ingress)
     }
 
-    /// Counts a packet dropped for coming in where its source is not.
-    pub fn count_spoofed(&mut self) {
-        self.counters.spoofed += 1;
+    /// [`MemoryStage::arrived_where_expected`], counting a packet that
+    /// did not as spoofed (its caller drops it).
+    pub fn check_arrival(&mut self, source: Ipv4Address, ingress: PortId) -> bool {
+        let expected = self.arrived_where_expected(source, ingress);
+        if !expected {
+            self.counters.spoofed += 1;
+        }
+        expected
     }
 
     /// The memory node at `address`'s index, if it is one.
@@ -294,8 +299,7 @@ impl MemoryStage {
             // NAKs, in the node's name, come from its generator).
             let ingress = packet.original_ingress_port;
             let generated = ingress == remora_switch::packet::GENERATOR_PORT;
-            if !generated && !self.arrived_where_expected(ipv4.source, ingress) {
-                self.counters.spoofed += 1;
+            if !generated && !self.check_arrival(ipv4.source, ingress) {
                 packet.egress = Egress::Drop;
                 return;
             }

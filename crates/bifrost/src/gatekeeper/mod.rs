@@ -453,9 +453,8 @@ impl Gatekeeper {
         // or any host could commit checkpoints in its name.
         if !self
             .memory
-            .arrived_where_expected(node, packet.original_ingress_port)
+            .check_arrival(node, packet.original_ingress_port)
         {
-            self.memory.count_spoofed();
             return Claim::Taken;
         }
         let commit = match NodeMessage::parse(&packet.bytes[udp + 8..]) {
@@ -474,25 +473,28 @@ impl Gatekeeper {
             }
         };
         if let Some(checkpoint) = commit {
-            // Only a node that announced itself keeps checkpoints: the
-            // table is sized for the nodes, not for whoever sends.
-            if self.nodes.lookup(&node).is_none() {
-                self.counters.malformed += 1;
-                return Claim::Taken;
+            if self.keep_checkpoint(node, checkpoint) {
+                self.counters.commits += 1;
             }
-            self.keep_checkpoint(node, checkpoint);
-            self.counters.commits += 1;
         }
         Claim::Taken
     }
 
-    /// Keeps `checkpoint` as `node`'s if it is its newest.
-    fn keep_checkpoint(&mut self, node: Ipv4Address, checkpoint: Vec<u8>) {
+    /// Keeps `checkpoint` as `node`'s if it is its newest. Only a node
+    /// that announced itself keeps checkpoints (false, counted malformed,
+    /// for any other): the table is sized for the nodes, not for whoever
+    /// sends.
+    fn keep_checkpoint(&mut self, node: Ipv4Address, checkpoint: Vec<u8>) -> bool {
+        if self.nodes.lookup(&node).is_none() {
+            self.counters.malformed += 1;
+            return false;
+        }
         match keep_newest(&mut self.checkpoints, node, checkpoint) {
             Kept::Newest => self.counters.checkpoints += 1,
             Kept::Refused => self.counters.checkpoints_refused += 1,
             Kept::Older => {}
         }
+        true
     }
 
     /// A node exports a method: calls of it go to the node, unless another
@@ -912,18 +914,12 @@ impl Gatekeeper {
         // only if it came in where that node is attached, from a node that
         // announced itself. Otherwise any host could send a "reply" to no
         // call, in a node's name, with a checkpoint its failover restores.
-        if !self
+        if self
             .memory
-            .arrived_where_expected(node, packet.original_ingress_port)
+            .check_arrival(node, packet.original_ingress_port)
         {
-            self.memory.count_spoofed();
-            return;
+            self.keep_checkpoint(node, checkpoint);
         }
-        if self.nodes.lookup(&node).is_none() {
-            self.counters.malformed += 1;
-            return;
-        }
-        self.keep_checkpoint(node, checkpoint);
     }
 
     /// Takes the caller's checkpoint off a call (a1, a2) and keeps it if
@@ -936,9 +932,8 @@ impl Gatekeeper {
         // A caller's restart restores this: not from a host posing as it.
         if !self
             .memory
-            .arrived_where_expected(caller.0, packet.original_ingress_port)
+            .check_arrival(caller.0, packet.original_ingress_port)
         {
-            self.memory.count_spoofed();
             return;
         }
         let table = &self.caller_checkpoints;
