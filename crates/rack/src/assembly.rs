@@ -753,10 +753,7 @@ impl EmbeddedRack {
         let _span = tracing::info_span!("crash", host = index).entered();
         lock(self.host(index)).crash();
         for (agent, _) in &self.agents[index] {
-            agent
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .crash();
+            lock(agent).crash();
         }
     }
 
@@ -779,9 +776,7 @@ impl EmbeddedRack {
         let now = self.clock.now();
         lock(self.host(index)).restart(self.incarnations[index]);
         for (agent, _) in &self.agents[index] {
-            let mut agent = agent
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut agent = lock(agent);
             let mut host = lock(self.host(index));
             agent
                 .restart(now, &mut host.rnic)
@@ -832,10 +827,7 @@ impl Pump for AgentPump {
         let started = Instant::now();
         let now = clock.at(started);
         // Agent, then host: the order `EmbeddedRack::restart` takes too.
-        let mut agent = self
-            .agent
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut agent = lock(&self.agent);
         if !agent.woken_by_frames() && agent.poll_timeout().is_none_or(|at| at > now) {
             return Ok(false);
         }
@@ -844,11 +836,7 @@ impl Pump for AgentPump {
     }
 
     fn deadline(&self, clock: &RackClock) -> Option<Instant> {
-        let at: Option<Timestamp> = self
-            .agent
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .poll_timeout();
+        let at: Option<Timestamp> = lock(&self.agent).poll_timeout();
         at.map(|at| clock.instant(at))
     }
 

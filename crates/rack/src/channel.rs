@@ -13,7 +13,7 @@ use remora_rnic::{
     QueuePairBuilder, QueuePairEndpoint, ReceiveRequest, RemoteAddress, SendOperation, SendRequest,
     Verbs, VerbsError, WorkCompletion,
 };
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// A request not completed by then means a dead peer (the NIC itself
@@ -300,6 +300,23 @@ impl<S> ChannelPool<S> {
         self.with_each(|channel| (channel.queue_pair, channel.peer))
     }
 
+    /// A free channel, waiting under `channels` for one to come back; the
+    /// lock stays held.
+    fn take_free<'a>(
+        &self,
+        mut channels: MutexGuard<'a, Vec<Channel<S>>>,
+    ) -> (MutexGuard<'a, Vec<Channel<S>>>, Channel<S>) {
+        loop {
+            if let Some(channel) = channels.pop() {
+                return (channels, channel);
+            }
+            channels = self
+                .returned
+                .wait(channels)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+
     /// `look` at every channel, waiting for those lent.
     fn with_each<T>(&self, look: impl Fn(&Channel<S>) -> T) -> Vec<T> {
         let mut seen = Vec::with_capacity(self.count);
@@ -307,15 +324,9 @@ impl<S> ChannelPool<S> {
         {
             let mut channels = lock(&self.channels);
             while taken.len() < self.count {
-                match channels.pop() {
-                    Some(channel) => taken.push(channel),
-                    None => {
-                        channels = self
-                            .returned
-                            .wait(channels)
-                            .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    }
-                }
+                let (still_held, channel) = self.take_free(channels);
+                channels = still_held;
+                taken.push(channel);
             }
             seen.extend(taken.iter().map(&look));
             channels.append(&mut taken);
@@ -328,18 +339,9 @@ impl<S> ChannelPool<S> {
     /// back to the pool even if `work` panics, or every later borrower
     /// (and `with_each`, which waits for them all) would wait for ever.
     pub fn with<T>(&self, work: impl FnOnce(&mut Channel<S>) -> T) -> T {
-        let channel = {
-            let mut channels = lock(&self.channels);
-            loop {
-                if let Some(channel) = channels.pop() {
-                    break channel;
-                }
-                channels = self
-                    .returned
-                    .wait(channels)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-            }
-        };
+        let (channels, channel) = self.take_free(lock(&self.channels));
+        // Released before the work: other threads borrow meanwhile.
+        drop(channels);
         let mut borrowed = Borrowed {
             pool: self,
             channel: Some(channel),

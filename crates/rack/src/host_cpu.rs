@@ -162,10 +162,7 @@ fn poll_seat(
     nic_moved: bool,
 ) -> Result<bool, RackError> {
     // Agent, then host: the order the fabric thread and a restart take.
-    let mut agent = seat
-        .agent
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut agent = lock(&seat.agent);
     let timer_due = now >= seat.idle_until && agent.poll_timeout().is_some_and(|at| at <= now);
     let woken = timer_due || (nic_moved && agent.woken_by_frames());
     if !woken {

@@ -407,9 +407,7 @@ impl<P: Program + Send + 'static> Rack for RunningRack<P> {
         f: impl FnOnce(&mut A) -> R,
     ) -> Option<R> {
         let shared = self.rack.agent(host, agent)?;
-        let mut guard = shared
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut guard = lock(shared);
         // The stage boxed the agent: look through the box.
         let boxed = guard.as_any_mut().downcast_mut::<Box<dyn Agent>>()?;
         (**boxed).as_any_mut().downcast_mut::<A>().map(f)
