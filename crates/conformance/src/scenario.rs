@@ -197,6 +197,13 @@ struct Stream {
     mtu: Mtu,
 }
 
+impl Stream {
+    /// Whether the stream's last request is a remote access violation.
+    fn ends_in_violation(&self) -> bool {
+        matches!(self.operations.last(), Some(Operation::Violation(_)))
+    }
+}
+
 const COMPLETION_QUEUE_DEPTH: usize = 16_384;
 /// The late-receives agent's index on every scenario host.
 const LATE_RECEIVES: usize = 0;
@@ -651,18 +658,16 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
     for stream in &streams {
         let requester_completions = completions[stream.requester.0].as_deref();
         let responder_completions = completions[stream.responder.0].as_deref();
-        let ends_in_violation =
-            |stream: &Stream| matches!(stream.operations.last(), Some(Operation::Violation(_)));
         let opposite_violation = streams.iter().any(|other| {
             !std::ptr::eq(other, stream)
                 && other.connection == stream.connection
-                && ends_in_violation(other)
+                && other.ends_in_violation()
         });
         // A transport gives up only when its peer is gone (a crash, or a
         // partition long enough to outlast every retry) or errored after a
         // violation and the loss ate the NAK that said so. Loss alone must
         // never exhaust the retries, nor a partition shorter than them.
-        let violation = opposite_violation || ends_in_violation(stream);
+        let violation = opposite_violation || stream.ends_in_violation();
         let may_give_up = crashed || partition_outlasts_retries || (violation && lossy);
         let context = CheckContext {
             may_give_up,
@@ -795,7 +800,7 @@ fn check_requester(
     // The stream's own violation errors its queue pair once refused: a
     // NAK (or, when the loss ate it and giving up is legal, the retries
     // running out). Only then may requests before it be flushed.
-    let own_violation_refused = matches!(stream.operations.last(), Some(Operation::Violation(_)))
+    let own_violation_refused = stream.ends_in_violation()
         && completions
             .get(stream.operations.len() - 1)
             .is_some_and(|completion| match completion.status {

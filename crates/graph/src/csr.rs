@@ -132,13 +132,9 @@ impl Graph {
             let both_ways = edges.iter().flat_map(|&(s, d)| [(s, d), (d, s)]);
             build_adjacency(vertex_count, both_ways)?
         };
-        let incoming = match directed {
-            true => Some(build_adjacency(
-                vertex_count,
-                edges.iter().map(|&(s, d)| (d, s)),
-            )?),
-            false => None,
-        };
+        let incoming = directed
+            .then(|| build_adjacency(vertex_count, edges.iter().map(|&(s, d)| (d, s))))
+            .transpose()?;
         Ok(Graph {
             vertex_count,
             directed,
