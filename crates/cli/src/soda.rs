@@ -202,11 +202,8 @@ pub fn graph_from(spec: &str, seed: u64, options: LoadOptions) -> Result<Graph, 
             seed,
         })?)
     };
-    if let Some(rest) = spec.strip_prefix("kron:") {
-        return generated(GraphKind::Kronecker, rest);
-    }
-    if let Some(rest) = spec.strip_prefix("uniform:") {
-        return generated(GraphKind::Uniform, rest);
+    if let Some((kind, rest)) = GraphKind::from_spec(spec) {
+        return generated(kind, rest);
     }
     Ok(load(std::path::Path::new(spec), options)?)
 }

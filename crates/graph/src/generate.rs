@@ -31,6 +31,20 @@ pub enum GraphKind {
     Uniform,
 }
 
+impl GraphKind {
+    /// The generator a graph spec names (`kron:SCALE[:DEGREE]` or
+    /// `uniform:SCALE[:DEGREE]`) and the spec after its prefix; `None`
+    /// for anything else, which names a file.
+    pub fn from_spec(spec: &str) -> Option<(GraphKind, &str)> {
+        [
+            ("kron:", GraphKind::Kronecker),
+            ("uniform:", GraphKind::Uniform),
+        ]
+        .into_iter()
+        .find_map(|(prefix, kind)| spec.strip_prefix(prefix).map(|rest| (kind, rest)))
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GeneratorSpec {
     pub kind: GraphKind,

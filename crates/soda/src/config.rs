@@ -163,9 +163,7 @@ impl SodaSection {
             return Err(invalid("graph", "empty".into(), "a generator or a file"));
         }
         // A file is looked for now, not after the rack has run.
-        let generated = ["kron:", "uniform:"]
-            .iter()
-            .any(|prefix| raw.graph.starts_with(prefix));
+        let generated = remora_graph::generate::GraphKind::from_spec(&raw.graph).is_some();
         if !generated && !std::path::Path::new(&raw.graph).is_file() {
             return Err(invalid(
                 "graph",
