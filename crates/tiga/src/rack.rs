@@ -180,29 +180,25 @@ impl NdpEngine {
     /// Remembers a forwarded request until its CN acknowledges it, within
     /// [`MAX_UNACKNOWLEDGED`].
     fn await_acknowledgement(&mut self, key: (DatagramEnd, u64)) {
-        let pending = &mut self.pending_acknowledgements;
-        while pending.len() >= MAX_UNACKNOWLEDGED {
+        while self.pending_acknowledgements.len() >= MAX_UNACKNOWLEDGED {
             let (oldest, generation) = self
                 .acknowledgement_order
                 .pop_front()
                 .expect("every pending acknowledgement is in the order");
-            if pending.get(&oldest) == Some(&generation) {
-                pending.remove(&oldest);
-                *self
-                    .counters
-                    .dropped
-                    .entry("ForgottenAcknowledgement".into())
-                    .or_default() += 1;
+            if self.pending_acknowledgements.get(&oldest) == Some(&generation) {
+                self.pending_acknowledgements.remove(&oldest);
+                self.drop("ForgottenAcknowledgement".into());
             }
         }
         // Compacted, the order holds one entry per pending forward.
         if self.acknowledgement_order.len() >= 2 * MAX_UNACKNOWLEDGED {
+            let pending = &self.pending_acknowledgements;
             self.acknowledgement_order
                 .retain(|(waiting, generation)| pending.get(waiting) == Some(generation));
         }
         let generation = self.next_generation;
         self.next_generation += 1;
-        pending.insert(key, generation);
+        self.pending_acknowledgements.insert(key, generation);
         self.acknowledgement_order.push_back((key, generation));
         debug_assert!(self.acknowledgement_order.len() <= 2 * MAX_UNACKNOWLEDGED);
     }
