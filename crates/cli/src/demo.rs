@@ -369,9 +369,7 @@ pub struct Outputs<'a> {
 }
 
 pub fn run(outputs: &Outputs<'_>) -> Result<ExitCode, DemoError> {
-    if let Some(path) = outputs.json {
-        crate::output::check_file_path(path)?;
-    }
+    crate::output::check_optional_file_path(outputs.json)?;
     if let Some(directory) = outputs.report {
         crate::output::check_directory_path(directory)?;
     }

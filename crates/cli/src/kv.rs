@@ -358,9 +358,7 @@ fn run_serve(args: &ServeArgs) -> Result<ExitCode, KvCliError> {
 }
 
 fn run_ycsb(args: &YcsbArgs) -> Result<ExitCode, KvCliError> {
-    if let Some(path) = &args.json {
-        crate::output::check_file_path(path)?;
-    }
+    crate::output::check_optional_file_path(args.json.as_deref())?;
     // Positive, and a length a Duration can hold (1e20 s cannot).
     let duration = Duration::try_from_secs_f64(args.seconds)
         .ok()

@@ -35,6 +35,11 @@ pub fn check_file_path(path: &Path) -> Result<(), OutputError> {
     Ok(())
 }
 
+/// [`check_file_path`] for a result file the user may have asked for.
+pub fn check_optional_file_path(path: Option<&Path>) -> Result<(), OutputError> {
+    path.map_or(Ok(()), check_file_path)
+}
+
 /// Checks, before any work, that `path` can hold written pages: a
 /// directory, or nothing yet under an existing directory.
 pub fn check_directory_path(path: &Path) -> Result<(), OutputError> {

@@ -129,9 +129,7 @@ pub fn run(command: RackCommand) -> Result<ExitCode, RackCommandError> {
     };
     let rack = RackConfig::load(&args.rack)?;
     crate::systems::check_sections(&rack, &args.rack)?;
-    if let Some(path) = &args.json {
-        crate::output::check_file_path(path)?;
-    }
+    crate::output::check_optional_file_path(args.json.as_deref())?;
     let options = LaunchOptions {
         mode: match args.mode {
             ModeArg::Embedded => Mode::Embedded,
@@ -187,9 +185,7 @@ pub fn run(command: RackCommand) -> Result<ExitCode, RackCommandError> {
 
 fn run_switch(args: SwitchArgs) -> Result<ExitCode, RackCommandError> {
     let rack = RackConfig::load(&args.rack)?;
-    if let Some(path) = &args.json {
-        crate::output::check_file_path(path)?;
-    }
+    crate::output::check_optional_file_path(args.json.as_deref())?;
     // Each node's tunnel, before saying the switch is up: a rack file
     // without tunnel addresses is refused first.
     for node in &rack.nodes {

@@ -279,9 +279,7 @@ fn seed_progress(count: u64) -> ProgressBar {
 }
 
 fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, SimError> {
-    if let Some(path) = &args.json {
-        crate::output::check_file_path(path)?;
-    }
+    crate::output::check_optional_file_path(args.json.as_deref())?;
     use remora_bifrost::rpc::scenario::{crash_campaign, failover_plan};
     let network = lossy_network(args.loss, args.duplicate, args.hardware);
     let (first_seed, count) = seed_range(args.seed, args.first_seed, args.seeds)?;
@@ -335,9 +333,7 @@ fn run_bifrost(args: BifrostArgs) -> Result<ExitCode, SimError> {
 }
 
 fn run_kv(args: KvArgs) -> Result<ExitCode, SimError> {
-    if let Some(path) = &args.json {
-        crate::output::check_file_path(path)?;
-    }
+    crate::output::check_optional_file_path(args.json.as_deref())?;
     use remora_kv::scenario::{compute_crash_campaign, CrashPlan};
     let network = lossy_network(args.loss, args.duplicate, args.hardware);
     let (first_seed, count) = seed_range(args.seed, args.first_seed, args.seeds)?;
@@ -383,9 +379,7 @@ fn run_kv(args: KvArgs) -> Result<ExitCode, SimError> {
 }
 
 fn run_fabric(args: FabricArgs) -> Result<ExitCode, SimError> {
-    if let Some(path) = &args.json {
-        crate::output::check_file_path(path)?;
-    }
+    crate::output::check_optional_file_path(args.json.as_deref())?;
     let config = args.scenario()?;
     let (first_seed, count) = seed_range(args.seed, args.first_seed, args.seeds)?;
     let progress = seed_progress(count);

@@ -226,8 +226,8 @@ pub fn source_of(graph: &Graph, requested: Option<Vertex>) -> Result<Vertex, Sod
 }
 
 fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {
-    for path in [&args.out, &args.json].into_iter().flatten() {
-        crate::output::check_file_path(path)?;
+    for path in [&args.out, &args.json] {
+        crate::output::check_optional_file_path(path.as_deref())?;
     }
     let threads = 1..=MAX_THREADS;
     let options_valid = args.buffer_fraction > 0.0

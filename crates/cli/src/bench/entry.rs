@@ -44,9 +44,7 @@ impl<A: BenchArgs, E: std::error::Error + Send + Sync + 'static> Benchmark for E
 
     fn run(&self, matches: &ArgMatches) -> Result<(Report, Option<PathBuf>), BenchError> {
         let args = A::from_arg_matches(matches)?;
-        if let Some(path) = &args.common().json {
-            crate::output::check_file_path(path)?;
-        }
+        crate::output::check_optional_file_path(args.common().json.as_deref())?;
         let report = (self.run)(&args).map_err(|error| BenchError::Failed {
             benchmark: self.name,
             source: Box::new(error),
