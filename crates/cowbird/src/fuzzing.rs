@@ -17,7 +17,8 @@ const POOL_BYTES: u64 = 4096;
 const TURNS: usize = 64;
 
 /// Runs the engine against a block holding `bytes` (from offset 0).
-/// Returns how many engine turns ran before it stopped or refused.
+/// Returns how many engine turns ran before it stopped, or refused the
+/// instance (stopped serving it alone).
 pub fn hostile_block(bytes: &[u8]) -> usize {
     let mut fabric = BackToBack::new(7);
     let sizes = RingSizes {
@@ -44,7 +45,8 @@ pub fn hostile_block(bytes: &[u8]) -> usize {
     block.write(0, &bytes[..length]).expect("within the block");
     for turn in 0..TURNS {
         let now = fabric.now;
-        if deployment.engine.turn(now, &mut fabric.right).is_err() {
+        let turned = deployment.engine.turn(now, &mut fabric.right);
+        if turned.is_err() || !deployment.engine.failures().is_empty() {
             return turn;
         }
         fabric.run(1_000);

@@ -18,17 +18,20 @@
 //! redone read may see later, still incomplete writes), and the pool
 //! equals the models at the end.
 
+use crate::client::Client;
 use crate::connection::ConnectionService;
 use crate::deploy::{deploy, deploy_p4, CowbirdSpec, DeployError, SwitchPorts};
 use crate::history::{Engine, HistoryApplication, HistoryError, ReadCheck, Workload};
+use crate::layout::{ENTRY_BYTES, METADATA_TAIL_AT};
 use crate::p4::{CowbirdP4, P4Engine, P4Stats};
-use crate::spot::SpotStats;
+use crate::spot::{InstanceFailure, SpotStats};
 use crate::spot_agent::SpotAgent;
 use remora_rack::scenario::{Rack, RackStage};
 use remora_rack::topology::{COMPUTE_HOST, MEMORY_HOST};
 use remora_rack::RackError;
 use remora_rnic::HostMemory;
 use remora_switch::PortId;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// Which part of a scenario failed.
@@ -48,6 +51,8 @@ pub enum ScenarioError {
         stats: Box<P4Stats>,
         states: String,
     },
+    #[error("writing a broken client's entry: {0}")]
+    BrokenClient(remora_rnic::HostMemoryOutOfBounds),
     #[error("the switch's generator: {0}")]
     Generator(#[from] remora_switch::generator::GeneratorError),
     #[error("{error}; {context}")]
@@ -137,6 +142,8 @@ pub struct Outcome {
     pub switch_engine: Option<P4Stats>,
     /// Packets the memory host's NIC sent again.
     pub retransmissions: u64,
+    /// The instances the Spot engine stopped serving, and why.
+    pub engine_failures: Vec<InstanceFailure>,
 }
 
 /// When the memory host goes down and for how long.
@@ -248,9 +255,44 @@ pub fn histories<S: RackStage>(
 ) -> Result<Outcome, ScenarioError> {
     let _span = tracing::info_span!("cowbird_histories", seed, engine = ?workload.engine).entered();
     match workload.engine {
-        Engine::Spot => spot_histories(stage, seed, workload, disruption, limit),
+        Engine::Spot => spot_histories(stage, seed, workload, disruption, limit, 0),
         Engine::P4 => p4_histories(stage, seed, workload, disruption, limit),
     }
+}
+
+/// The checked histories through the Spot engine beside `broken`
+/// clients that each put one entry no client library writes (an unknown
+/// request type) in their ring: the engine must stop serving those
+/// instances alone, and the workload's threads must all finish.
+pub fn histories_beside_broken_clients<S: RackStage>(
+    stage: S,
+    seed: u64,
+    workload: &Workload,
+    broken: usize,
+    limit: Duration,
+) -> Result<Outcome, ScenarioError> {
+    let _span = tracing::info_span!("cowbird_broken_clients", seed, broken).entered();
+    spot_histories(stage, seed, workload, None, limit, broken)
+}
+
+/// The unknown request type a broken client writes.
+pub const BROKEN_ENTRY_TYPE: u16 = 7;
+
+/// Puts one entry of [`BROKEN_ENTRY_TYPE`] in `client`'s ring, behind the
+/// library's back, and publishes it.
+fn break_client(client: &Client) -> Result<(), ScenarioError> {
+    let block = client.block();
+    let mut entry = [0u8; ENTRY_BYTES as usize];
+    entry[0..2].copy_from_slice(&BROKEN_ENTRY_TYPE.to_le_bytes());
+    entry[4..8].copy_from_slice(&64u32.to_le_bytes());
+    let at = client.sizes().entry_at(0) as usize;
+    block
+        .write(at, &entry)
+        .map_err(ScenarioError::BrokenClient)?;
+    block
+        .store_u64(METADATA_TAIL_AT as usize, 1, Ordering::Release)
+        .map_err(ScenarioError::BrokenClient)?;
+    Ok(())
 }
 
 fn spot_histories<S: RackStage>(
@@ -259,11 +301,18 @@ fn spot_histories<S: RackStage>(
     workload: &Workload,
     disruption: Option<Disruption>,
     limit: Duration,
+    broken: usize,
 ) -> Result<Outcome, ScenarioError> {
-    let spec = stage_spec(&stage, workload);
+    let mut spec = stage_spec(&stage, workload);
+    spec.threads += broken;
     let (compute, memory) = stage.nic_pair_mut(COMPUTE_HOST, MEMORY_HOST);
-    let deployment = deploy(spec, compute, memory)?;
+    let mut deployment = deploy(spec, compute, memory)?;
     let pool = deployment.pool_memory[0].clone();
+    // Kept for the run: the engine reads their blocks.
+    let broken_clients: Vec<Client> = deployment.clients.drain(..broken).collect();
+    for client in &broken_clients {
+        break_client(client)?;
+    }
     let application = HistoryApplication::new(seed, *workload, deployment.clients)?;
     stage.add_agent(COMPUTE_HOST, Box::new(application));
     stage.add_agent(COMPUTE_HOST, Box::new(deployment.connection_service));
@@ -273,6 +322,7 @@ fn spot_histories<S: RackStage>(
     let elapsed = run_disrupted(&mut rack, disruption, limit, |_| Ok(()))
         .map_err(|error| with_counters(&mut rack, error))?;
     let outcome = finish(&mut rack, workload, &pool, elapsed)?;
+    drop(broken_clients);
     spot_report(&mut rack, outcome)
 }
 
@@ -303,9 +353,17 @@ fn p4_histories<S: RackStage>(
 /// `outcome` with what the Spot engine and the compute host's connection
 /// service counted.
 fn spot_report(rack: &mut impl Rack, mut outcome: Outcome) -> Result<Outcome, ScenarioError> {
-    (outcome.engine, outcome.engine_restarts) = rack
+    (
+        outcome.engine,
+        outcome.engine_restarts,
+        outcome.engine_failures,
+    ) = rack
         .with_agent(MEMORY_HOST, ENGINE, |engine: &mut SpotAgent| {
-            (engine.stats(), engine.restarts())
+            (
+                engine.stats(),
+                engine.restarts(),
+                engine.failures().to_vec(),
+            )
         })
         .ok_or(ScenarioError::AgentMissing)?;
     outcome.compute_reconnects = rack
@@ -461,6 +519,7 @@ fn finish<R: Rack>(
         engine_restarts: 0,
         compute_reconnects: 0,
         switch_engine: None,
+        engine_failures: Vec::new(),
         retransmissions: rack.with_nic(MEMORY_HOST, |nic| nic.counters().packets_retransmitted),
     })
 }

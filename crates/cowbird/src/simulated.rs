@@ -11,7 +11,7 @@
 use crate::history::HistoryError;
 pub use crate::history::{Engine, ReadCheck, Workload};
 use crate::p4::P4Config;
-use crate::scenario::{histories, ScenarioError};
+use crate::scenario::{histories, histories_beside_broken_clients, ScenarioError};
 pub use crate::scenario::{Disruption, Outcome};
 use remora_rack::scenario::{Network, SimulatedStage};
 use remora_rack::topology::Topology;
@@ -85,12 +85,34 @@ pub fn run_with(
     disruption: Option<Disruption>,
 ) -> Result<Outcome, RunError> {
     let _span = tracing::info_span!("cowbird_simulated", seed, engine = ?workload.engine).entered();
+    let (stage, limit) = stage_for(seed, workload);
+    histories(stage, seed, workload, disruption, limit).map_err(|error| RunError { seed, error })
+}
+
+/// Runs the Spot workload on one seed beside `broken` clients whose
+/// rings hold an entry no client library writes
+/// ([`crate::scenario::histories_beside_broken_clients`]).
+pub fn run_beside_broken_clients(
+    seed: u64,
+    workload: &Workload,
+    broken: usize,
+) -> Result<Outcome, RunError> {
+    let (stage, limit) = stage_for(seed, workload);
+    histories_beside_broken_clients(stage, seed, workload, broken, limit)
+        .map_err(|error| RunError { seed, error })
+}
+
+/// The simulated rack for `workload` on `seed`, and the bound on each
+/// phase of a run: 20 ms of virtual time per request, and a second more.
+fn stage_for(seed: u64, workload: &Workload) -> (SimulatedStage, Duration) {
     let network = Network {
         faults: workload.faults,
         hardware: workload.hardware,
     };
     let total = workload.operations_per_thread * workload.threads as u64;
     let limit = Duration::from_nanos(total * 20_000_000 + 1_000_000_000);
-    let stage = SimulatedStage::on_network(seed, &topology(), network);
-    histories(stage, seed, workload, disruption, limit).map_err(|error| RunError { seed, error })
+    (
+        SimulatedStage::on_network(seed, &topology(), network),
+        limit,
+    )
 }

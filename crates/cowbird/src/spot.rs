@@ -48,7 +48,8 @@ use crate::layout::{
 };
 use remora_rnic::{
     CompletionQueue, CompletionStatus, MemoryRegion, PreparedQueuePair, QueuePair,
-    QueuePairBuilder, RemoteAddress, SendOperation, SendRequest, Timestamp, Verbs, VerbsError,
+    QueuePairBuilder, QueuePairTransition, RemoteAddress, SendOperation, SendRequest, Timestamp,
+    Verbs, VerbsError,
 };
 use remora_wire::VirtAddr;
 use std::time::Duration;
@@ -80,7 +81,7 @@ const STAGING_PROBE_AT: u64 = 0;
 const STAGING_ENGINE_WORDS_AT: u64 = 64;
 const STAGING_ENTRIES_AT: u64 = 128;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpotError {
     #[error(transparent)]
     Verbs(#[from] VerbsError),
@@ -104,6 +105,31 @@ pub enum SpotError {
     },
     #[error("instance {instance}: {MAX_RECONNECTS_IN_A_ROW} reconnections in a row without finishing a batch")]
     ReconnectsExhausted { instance: usize },
+}
+
+impl SpotError {
+    /// The instance an error belongs to alone: its client wrote what no
+    /// client library writes, or its link is gone. Such an error stops
+    /// that instance; the others go on. `None` is the engine's own (its
+    /// NIC, its staging), which stops the engine.
+    pub fn instance(&self) -> Option<usize> {
+        match *self {
+            SpotError::Entry { instance, .. }
+            | SpotError::UnknownRegion { instance, .. }
+            | SpotError::OutOfBounds { instance, .. }
+            | SpotError::Completion { instance, .. }
+            | SpotError::Reconnect { instance, .. }
+            | SpotError::ReconnectsExhausted { instance } => Some(instance),
+            SpotError::Verbs(_) | SpotError::StagingTooSmall { .. } => None,
+        }
+    }
+}
+
+/// An instance the engine stopped serving, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceFailure {
+    pub instance: usize,
+    pub error: SpotError,
 }
 
 /// Reconnections an instance may make without finishing a batch between
@@ -138,6 +164,9 @@ pub struct SpotStats {
     /// Writes of a batch run again after a reconnection that had landed
     /// before it, and were not landed again.
     pub writes_not_landed_again: u64,
+    /// Instances stopped for an error of their own (see
+    /// [`SpotEngine::failures`]).
+    pub failed_instances: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +182,9 @@ enum Phase {
     },
     Executing,
     Completing,
+    /// Stopped for an error of its own: never served again, its queue
+    /// pair in ERR.
+    Failed,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -223,6 +255,8 @@ pub struct SpotEngine {
     /// them.
     builder: QueuePairBuilder,
     connector: Connector,
+    /// At most one per instance.
+    failures: Vec<InstanceFailure>,
 }
 
 /// Work request ids: the connection's epoch in the top byte, then the
@@ -319,6 +353,7 @@ impl SpotEngine {
             scratch: Vec::new(),
             builder,
             connector,
+            failures: Vec::new(),
         })
     }
 
@@ -360,6 +395,12 @@ impl SpotEngine {
         self.stats
     }
 
+    /// The instances stopped for errors of their own, in the order they
+    /// stopped.
+    pub fn failures(&self) -> &[InstanceFailure] {
+        &self.failures
+    }
+
     /// The earliest probe or reconnection answer due, for a driver that
     /// sleeps.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
@@ -388,31 +429,94 @@ impl SpotEngine {
             if request_epoch(id) != self.instances[instance].epoch {
                 continue; // Flushed work of a queue pair that died.
             }
-            if is_connection_failure(completion.status) {
+            let result = if is_connection_failure(completion.status) {
                 tracing::debug!(instance, status = ?completion.status, "engine queue pair died");
-                self.reconnect(now, rnic, instance)?;
-                continue;
-            }
-            if completion.status != CompletionStatus::Success {
-                return Err(SpotError::Completion {
+                self.reconnect(now, rnic, instance)
+            } else if completion.status != CompletionStatus::Success {
+                Err(SpotError::Completion {
                     instance,
                     status: completion.status,
-                });
-            }
-            self.complete(now, rnic, instance, id)?;
+                })
+            } else {
+                self.complete(now, rnic, instance, id)
+            };
+            self.contain(rnic, result)?;
         }
         for index in 0..self.instances.len() {
-            moved |= self.finish_reconnect(now, rnic, index)?;
+            let result = self.finish_reconnect(now, rnic, index);
+            moved |= self.contain(rnic, result)?.unwrap_or(true);
         }
         let count = self.instances.len();
         for offset in 0..count {
             let index = (self.next_instance + offset) % count;
-            moved |= self.start_probe(now, rnic, index)?;
+            let result = self.start_probe(now, rnic, index);
+            moved |= self.contain(rnic, result)?.unwrap_or(true);
         }
         if count > 0 {
             self.next_instance = (self.next_instance + 1) % count;
         }
         Ok(moved)
+    }
+
+    /// `result`, with an error of one instance's own (see
+    /// [`SpotError::instance`]) taken as that instance's failure: `None`.
+    /// An error of the engine's own stays an error.
+    fn contain<T>(
+        &mut self,
+        rnic: &mut dyn Verbs,
+        result: Result<T, SpotError>,
+    ) -> Result<Option<T>, SpotError> {
+        match result {
+            Ok(value) => Ok(Some(value)),
+            Err(error) => match error.instance() {
+                Some(index) => {
+                    self.fail_instance(rnic, index, error)?;
+                    Ok(None)
+                }
+                None => Err(error),
+            },
+        }
+    }
+
+    /// Stops serving instance `index`. Its queue pairs go to ERR, which
+    /// flushes what it posted and drops what still arrives for them: none
+    /// of its payload READs lands after this, so its writes leave the
+    /// overlap guard, and reads of other instances that waited for them
+    /// go on.
+    fn fail_instance(
+        &mut self,
+        rnic: &mut dyn Verbs,
+        index: usize,
+        error: SpotError,
+    ) -> Result<(), SpotError> {
+        let instance = &mut self.instances[index];
+        assert_ne!(instance.phase, Phase::Failed, "an instance fails once");
+        instance.phase = Phase::Failed;
+        // Completions of what it posted are ignored from now.
+        instance.epoch = instance.epoch.wrapping_add(1);
+        instance.batch.clear();
+        instance.cursor = 0;
+        instance.writes_in_flight = 0;
+        instance.landed_writes.clear();
+        let queue_pairs = [
+            Some(instance.wiring.queue_pair.0),
+            instance.prepared.take().map(|prepared| prepared.qpn),
+        ];
+        for qpn in queue_pairs.into_iter().flatten() {
+            if let Err(refused) = rnic.modify_queue_pair(qpn, QueuePairTransition::Error) {
+                // One already in ERR, or never connected: nothing of it lands.
+                tracing::debug!(instance = index, %refused, "failed instance's queue pair");
+            }
+        }
+        self.in_flight.retain(|write| write.instance != index);
+        self.stats.failed_instances += 1;
+        tracing::warn!(instance = index, %error, "offload instance stopped; the others go on");
+        self.failures.push(InstanceFailure {
+            instance: index,
+            error,
+        });
+        debug_assert!(self.failures.len() <= self.instances.len());
+        self.execute_waiting(rnic)
     }
 
     /// Drops instance `index`'s connection and its batch, makes a new
@@ -883,10 +987,15 @@ impl SpotEngine {
             })
             .expect("a landed write was in flight");
         self.in_flight.swap_remove(position);
-        // Reads of any instance may have waited for this write.
-        for other in 0..self.instances.len() {
-            if self.instances[other].phase == Phase::Executing {
-                self.execute(rnic, other)?;
+        self.execute_waiting(rnic)
+    }
+
+    /// Executes every instance's batch further: called when writes left
+    /// the overlap guard, which reads of any instance may have waited for.
+    fn execute_waiting(&mut self, rnic: &mut dyn Verbs) -> Result<(), SpotError> {
+        for index in 0..self.instances.len() {
+            if self.instances[index].phase == Phase::Executing {
+                self.execute(rnic, index)?;
             }
         }
         Ok(())

@@ -11,7 +11,7 @@
 
 use crate::connection::Connector;
 use crate::layout::RingSizes;
-use crate::spot::{SpotConfig, SpotEngine, SpotError, SpotStats};
+use crate::spot::{InstanceFailure, SpotConfig, SpotEngine, SpotError, SpotStats};
 use remora_base::Timestamp;
 use remora_host::{Agent, AgentError, Progress};
 use remora_rnic::{AccessFlags, HostMemory, QueuePairBuilder, RemoteAddress, Verbs};
@@ -60,6 +60,11 @@ impl SpotAgent {
             .map(SpotEngine::stats)
             .unwrap_or_default();
         add(self.earlier, current)
+    }
+
+    /// The instances the current incarnation stopped serving, and why.
+    pub fn failures(&self) -> &[InstanceFailure] {
+        self.engine.as_ref().map_or(&[], |engine| engine.failures())
     }
 
     pub fn restarts(&self) -> u64 {
@@ -125,6 +130,7 @@ fn add(a: SpotStats, b: SpotStats) -> SpotStats {
         stalls: a.stalls + b.stalls,
         reconnects: a.reconnects + b.reconnects,
         writes_not_landed_again: a.writes_not_landed_again + b.writes_not_landed_again,
+        failed_instances: a.failed_instances + b.failed_instances,
     }
 }
 

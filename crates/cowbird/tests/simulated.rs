@@ -232,3 +232,31 @@ fn spot_histories_are_exact_on_connectx5_hardware_under_loss() {
         assert_eq!(outcome.completed, 1200);
     }
 }
+
+/// One client's entry with an unknown request type stopped the whole
+/// Spot engine, and every other client's requests with it: the engine now
+/// stops serving that instance alone, puts its queue pair in ERR, and
+/// the other threads' histories finish and hold.
+#[test]
+fn a_broken_clients_entry_stops_only_its_own_instance() {
+    use remora_cowbird::layout::EntryError;
+    use remora_cowbird::scenario::BROKEN_ENTRY_TYPE;
+    use remora_cowbird::simulated::run_beside_broken_clients;
+    use remora_cowbird::spot::{InstanceFailure, SpotError};
+    for seed in 0..3 {
+        let workload = Workload::new(lossy(Probability::literal(0.01)));
+        let outcome = run_beside_broken_clients(seed, &workload, 1).unwrap();
+        assert_eq!(outcome.completed, 1200, "seed {seed}");
+        assert_eq!(outcome.engine.failed_instances, 1, "seed {seed}");
+        assert_eq!(
+            outcome.engine_failures,
+            vec![InstanceFailure {
+                instance: 0,
+                error: SpotError::Entry {
+                    instance: 0,
+                    error: EntryError::Type(BROKEN_ENTRY_TYPE),
+                },
+            }]
+        );
+    }
+}
