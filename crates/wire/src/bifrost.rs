@@ -276,7 +276,7 @@ pub fn any_header(data: &[u8]) -> bool {
 /// The UDP port nodes send their messages to the Gatekeeper on (at its
 /// service address): heartbeats and exports, apart from RPCs, so neither
 /// is ever taken for a call.
-pub const CONTROL_PORT: u16 = 4793;
+pub const CONTROL_PORT: u16 = 4794;
 /// "BIFE": a node exports a method (the thesis's `export`): calls of it
 /// go to the node from now on.
 pub const EXPORT_IDENTIFIER: u32 = u32::from_be_bytes(*b"BIFE");

@@ -82,3 +82,22 @@ impl UdpRepr {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// TIGA's port and the Bifröst Gatekeeper's control port were both
+    /// 4793: a Gatekeeper took every TIGA datagram to its service address
+    /// for a node message. Each protocol the rack carries has its own.
+    #[test]
+    fn every_protocol_of_the_rack_has_its_own_port() {
+        let ports = [
+            super::ROCEV2_UDP_PORT,
+            crate::bifrost::BIFROST_PORT,
+            crate::bifrost::CONTROL_PORT,
+            crate::tiga::TIGA_PORT,
+        ];
+        for (index, port) in ports.iter().enumerate() {
+            assert!(!ports[index + 1..].contains(port), "port {port} twice");
+        }
+    }
+}
