@@ -157,6 +157,11 @@ pub struct Resolver {
     counters: ResolverCounters,
 }
 
+/// How far (in PSNs) a client's requests run past its records before
+/// they are forgotten: a quarter of the 24-bit space, half the reach of
+/// a PSN comparison, and far beyond any retransmission's.
+const RECORD_REACH_PSNS: i32 = 1 << 22;
+
 fn queue_pair_key(address: Ipv4Address, qpn: Qpn) -> u64 {
     u64::from(u32::from_be_bytes(address.0)) << 24 | u64::from(qpn.value())
 }
@@ -306,6 +311,29 @@ impl Resolver {
         });
     }
 
+    /// Forgets a client's entry WRITE and CAS records once its requests
+    /// ran [`RECORD_REACH_PSNS`] past them. PSNs compare within half their
+    /// 24-bit space: a client that sent 2^23 packets (reads, say) after its
+    /// last entry WRITE had its next WRITE and CAS look older than the
+    /// records, ignored as late duplicates, and its key unresolved from
+    /// then on. A record forgotten while its CAS is unanswered abandons
+    /// that key's tail, as a new CAS would.
+    fn age_records(&mut self, client: usize, psn: Psn) {
+        let reached = |recorded: u32| Psn::new(recorded).distance_to(psn) >= RECORD_REACH_PSNS;
+        let outstanding = self.outstanding.read(client).expect("client cells exist");
+        if outstanding.entry != 0 && reached(outstanding.psn) {
+            self.outstanding
+                .update(client, |_| OutstandingCell::default());
+        }
+        let record = self.cas.read(client).expect("client cells exist");
+        if record.seen && reached(record.psn) {
+            if record.active {
+                self.abandon(record);
+            }
+            self.cas.update(client, |_| CasCell::default());
+        }
+    }
+
     fn rewrite_target(packet: &mut Packet, target: u64) {
         let at = packet.headers.roce.expect("a RoCE packet").extension_offset;
         packet.bytes[at..at + 8].copy_from_slice(&target.to_be_bytes());
@@ -446,18 +474,19 @@ impl Overlay for Resolver {
         let Some(roce) = packet.headers.roce else {
             return;
         };
+        if roce.opcode == Opcode::AtomicAcknowledge {
+            return self.watch_ack(packet);
+        }
+        if !roce.opcode.is_request() {
+            return;
+        }
+        let Some(client) = self.client_of_request(packet) else {
+            return;
+        };
+        self.age_records(client, roce.psn);
         match roce.opcode {
-            Opcode::RdmaWriteFirst | Opcode::RdmaWriteOnly => {
-                if let Some(client) = self.client_of_request(packet) {
-                    self.watch_write(client, packet);
-                }
-            }
-            Opcode::CompareSwap => {
-                if let Some(client) = self.client_of_request(packet) {
-                    self.watch_cas(client, packet);
-                }
-            }
-            Opcode::AtomicAcknowledge => self.watch_ack(packet),
+            Opcode::RdmaWriteFirst | Opcode::RdmaWriteOnly => self.watch_write(client, packet),
+            Opcode::CompareSwap => self.watch_cas(client, packet),
             _ => {}
         }
     }
@@ -480,6 +509,172 @@ impl Overlay for Resolver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use remora_switch::PortId;
+    use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
+    use remora_wire::{
+        AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, MacAddress, Msn, RethRepr,
+    };
+
+    const COMPUTE: (MacAddress, Ipv4Address) =
+        (MacAddress([2, 0, 0, 0, 0, 1]), Ipv4Address([10, 0, 0, 1]));
+    const MEMORY: (MacAddress, Ipv4Address) =
+        (MacAddress([2, 0, 0, 0, 0, 2]), Ipv4Address([10, 0, 0, 2]));
+    const REGION: WatchedRegion = WatchedRegion {
+        memory_address: MEMORY.1,
+        base: VirtAddr(0x10_0000),
+        rkey: Rkey(0x42),
+        slab_start: 0x1000,
+        region_bytes: 0x10_0000,
+    };
+    const KEY: u64 = 7;
+    const MEMORY_QPN: u32 = 0x21;
+    const COMPUTE_QPN: u32 = 0x11;
+
+    fn qpn(value: u32) -> Qpn {
+        Qpn::new(value).expect("24 bits")
+    }
+
+    /// One client, with [`KEY`] cached at a tail in the slabs.
+    fn resolver() -> Resolver {
+        let mut resolver = Resolver::new(REGION, 4, 2);
+        resolver
+            .add_client((MEMORY.1, qpn(MEMORY_QPN)), (COMPUTE.1, qpn(COMPUTE_QPN)))
+            .unwrap();
+        let tail = NextPointer::new(0x2000, 1, true).unwrap();
+        resolver.cache_key(KEY, tail).unwrap();
+        resolver
+    }
+
+    /// A frame through the resolver, client to memory node (`to_memory`)
+    /// or back; `fill` sets its extension headers.
+    fn pass(
+        resolver: &mut Resolver,
+        to_memory: bool,
+        opcode: Opcode,
+        psn: u32,
+        payload: &[u8],
+        fill: impl FnOnce(&mut remora_wire::frame::ExtensionHeaders),
+    ) {
+        let (from, to, destination_qpn) = match to_memory {
+            true => (COMPUTE, MEMORY, MEMORY_QPN),
+            false => (MEMORY, COMPUTE, COMPUTE_QPN),
+        };
+        let bth = BthRepr::new(opcode, qpn(destination_qpn), Psn::new(psn));
+        let mut repr = FrameRepr::between(from, to, 0xc000, bth);
+        fill(&mut repr.extension);
+        let mut bytes = vec![0u8; MAX_FRAME_LEN];
+        let length =
+            emit_frame(&repr.with_payload_len(payload.len()), payload, &mut bytes).unwrap();
+        bytes.truncate(length);
+        let headers = remora_switch::parser::parse(&bytes).unwrap();
+        let mut packet = Packet::new(bytes, PortId(0), headers);
+        resolver.after_forwarding(Timestamp::ZERO, &mut packet);
+    }
+
+    /// The entry WRITE of [`KEY`] at `entry` (an offset in the region).
+    fn entry_write(resolver: &mut Resolver, psn: u32, entry: u64) {
+        let mut payload = [0u8; 32];
+        payload[8..16].copy_from_slice(&KEY.to_le_bytes());
+        pass(
+            resolver,
+            true,
+            Opcode::RdmaWriteOnly,
+            psn,
+            &payload,
+            |headers| {
+                headers.reth = Some(RethRepr {
+                    virtual_address: VirtAddr(REGION.base.0 + entry),
+                    rkey: REGION.rkey,
+                    dma_length: 32,
+                });
+            },
+        );
+    }
+
+    /// The CAS linking the entry at `entry` after the tail at `target`.
+    fn link(resolver: &mut Resolver, psn: u32, target: u64, entry: u64) {
+        let swap = NextPointer::new(entry, 1, false).unwrap().word();
+        pass(resolver, true, Opcode::CompareSwap, psn, &[], |headers| {
+            headers.atomic_eth = Some(AtomicEthRepr {
+                virtual_address: VirtAddr(REGION.base.0 + target),
+                rkey: REGION.rkey,
+                swap_or_add: swap,
+                compare: 0,
+            });
+        });
+    }
+
+    fn read(resolver: &mut Resolver, psn: u32) {
+        pass(
+            resolver,
+            true,
+            Opcode::RdmaReadRequest,
+            psn,
+            &[],
+            |headers| {
+                headers.reth = Some(RethRepr {
+                    virtual_address: VirtAddr(REGION.base.0 + 0x2000),
+                    rkey: REGION.rkey,
+                    dma_length: 64,
+                });
+            },
+        );
+    }
+
+    /// A client that sent 2^23 packets (reads) after its last entry WRITE
+    /// and CAS had its next ones look older than those records: ignored
+    /// as late duplicates, and its key never resolved again. Records are
+    /// now forgotten once the client's requests run 2^22 past them.
+    #[test]
+    fn a_clients_records_do_not_outlive_half_the_psn_space() {
+        let mut resolver = resolver();
+        entry_write(&mut resolver, 10, 0x3000);
+        link(&mut resolver, 11, 0x2000, 0x3000);
+        // The CAS's acknowledgement is lost; the client reads and reads.
+        let mut psn = 12;
+        for _ in 0..4 {
+            psn += 1 << 21;
+            read(&mut resolver, psn);
+        }
+        let later = 11 + (1 << 23) + 9;
+        entry_write(&mut resolver, later, 0x4000);
+        link(&mut resolver, later + 1, 0x3000, 0x4000);
+        let counters = resolver.counters();
+        assert_eq!(counters.stale_duplicates, 0, "{counters:?}");
+        assert_eq!(counters.entry_writes_seen, 2);
+        // The forgotten CAS abandoned the key's tail: the new one passes.
+        assert_eq!(counters.passed_busy, 1, "{counters:?}");
+        pass(
+            &mut resolver,
+            false,
+            Opcode::AtomicAcknowledge,
+            later + 1,
+            &[],
+            |headers| {
+                headers.aeth = Some(AethRepr {
+                    syndrome: remora_wire::AckSyndrome::Ack { credit_count: 0 },
+                    msn: Msn::new(0),
+                });
+                headers.atomic_ack_eth = Some(AtomicAckEthRepr { original_data: 0 });
+            },
+        );
+        let slot = *resolver.keys.lookup(&KEY).unwrap() as usize;
+        let cell = resolver.key_cells.read(slot).unwrap();
+        assert_eq!(cell.in_flight, 0, "every CAS counted out: {cell:?}");
+    }
+
+    /// A retransmission or late duplicate comes within a few PSNs: still
+    /// recognised with the records kept.
+    #[test]
+    fn a_late_duplicate_within_reach_is_still_ignored() {
+        let mut resolver = resolver();
+        entry_write(&mut resolver, 100, 0x3000);
+        entry_write(&mut resolver, 200, 0x4000);
+        entry_write(&mut resolver, 100, 0x3000);
+        let counters = resolver.counters();
+        assert_eq!(counters.stale_duplicates, 1, "{counters:?}");
+        assert_eq!(counters.entry_writes_seen, 2);
+    }
 
     /// A batch kept open by steady contention counted its successes in a
     /// u16 that wrapped after 65 535 (a debug switch panicked), and a count
