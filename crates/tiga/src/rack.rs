@@ -531,7 +531,7 @@ impl Agent for NdpEngineAgent {
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        (!self.port.is_open()).then_some(Timestamp::ZERO)
+        self.port.poll_timeout()
     }
 
     fn crash(&mut self) {
@@ -615,8 +615,8 @@ impl Agent for NdpClientAgent {
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        if !self.port.is_open() {
-            return Some(Timestamp::ZERO);
+        if let Some(due) = self.port.poll_timeout() {
+            return Some(due);
         }
         self.client.next_expiry(CALL_DEADLINE)
     }

@@ -89,8 +89,8 @@ impl Agent for ServerAgent {
     fn poll_timeout(&self) -> Option<Timestamp> {
         // Open the port at once, before the first call arrives; while
         // calls run on other threads, look for their outcomes.
-        if !self.port.is_open() {
-            return Some(Timestamp::ZERO);
+        if let Some(due) = self.port.poll_timeout() {
+            return Some(due);
         }
         (self.callee.in_progress() > 0)
             .then(|| self.last_turn.saturating_add(DEFERRED_POLL_INTERVAL))
@@ -325,7 +325,7 @@ impl Agent for ClientAgent {
 
     fn poll_timeout(&self) -> Option<Timestamp> {
         // Calls to issue are due now; otherwise the next retransmission.
-        if !self.port.is_open() || self.can_issue() {
+        if self.port.poll_timeout().is_some() || self.can_issue() {
             return Some(Timestamp::ZERO);
         }
         self.caller.poll_timeout()
@@ -425,8 +425,8 @@ impl Agent for CallingAgent {
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        if !self.port.is_open() {
-            return Some(Timestamp::ZERO);
+        if let Some(due) = self.port.poll_timeout() {
+            return Some(due);
         }
         self.caller.poll_timeout()
     }
@@ -527,7 +527,11 @@ impl Agent for ControlAgent {
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        Some(self.next_at)
+        Some(
+            self.port
+                .poll_timeout()
+                .map_or(self.next_at, |due| due.min(self.next_at)),
+        )
     }
 
     fn crash(&mut self) {

@@ -234,8 +234,8 @@ impl Agent for RelayAgent {
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        if !self.serving.is_open() || !self.calling.is_open() {
-            return Some(Timestamp::ZERO);
+        if let Some(due) = self.serving.poll_timeout().or(self.calling.poll_timeout()) {
+            return Some(due);
         }
         self.caller.poll_timeout()
     }
