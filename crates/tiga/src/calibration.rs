@@ -99,6 +99,12 @@ pub enum CalibrationError {
     MissingApp(&'static str),
     #[error("the calibration of {app} has no {stage:?} stage")]
     MissingStage { app: &'static str, stage: Stage },
+    #[error("the calibration of {app} lists stages {listed:?}; the app's are {wanted:?}, once each and in that order")]
+    StagesOutOfOrder {
+        app: &'static str,
+        listed: Vec<Stage>,
+        wanted: Vec<Stage>,
+    },
     #[error(
         "the calibration's {what} is {value}: costs must be finite, at least 0, and not all 0"
     )]
@@ -137,6 +143,22 @@ impl Calibration {
             if !calibration.cpu_version.is_usable() {
                 let what = format!("{} CPU version's cost", app.name());
                 return Err(bad(what, format!("{:?}", calibration.cpu_version)));
+            }
+            // The runs build one processing stage per listed stage, in
+            // list order: a repeated or reordered list would charge the
+            // wrong costs (or run a stage twice).
+            let listed: Vec<Stage> = calibration
+                .stages
+                .iter()
+                .map(|measured| measured.stage)
+                .collect();
+            let all_present = app.stages().iter().all(|stage| listed.contains(stage));
+            if all_present && listed != app.stages() {
+                return Err(CalibrationError::StagesOutOfOrder {
+                    app: app.name(),
+                    listed,
+                    wanted: app.stages().to_vec(),
+                });
             }
             for &stage in app.stages() {
                 let measured = calibration
@@ -429,6 +451,28 @@ mod tests {
         assert!(calibration.context_switch_ns >= 0.0);
         assert!(calibration.detection_ns > 0.0);
         calibration.check().unwrap();
+    }
+
+    /// A calibration file with a stage listed twice ran that stage as a
+    /// third processing stage; one with its stages swapped charged each
+    /// the other's cost. Both are refused.
+    #[test]
+    fn a_calibration_file_with_repeated_or_reordered_stages_is_refused() {
+        let good = Calibration::fixed_for_tests();
+        good.check().unwrap();
+        let mut repeated = good.clone();
+        let first = repeated.apps[0].stages[0].clone();
+        repeated.apps[0].stages.push(first);
+        assert!(matches!(
+            repeated.check(),
+            Err(CalibrationError::StagesOutOfOrder { .. })
+        ));
+        let mut reordered = good.clone();
+        reordered.apps[0].stages.reverse();
+        assert!(matches!(
+            reordered.check(),
+            Err(CalibrationError::StagesOutOfOrder { .. })
+        ));
     }
 
     /// A calibration file missing an app panicked the benchmark, and one

@@ -317,12 +317,15 @@ impl TigaSection {
                 "from 1 to 100000",
             ));
         }
-        let payload = crate::apps::MIN_PAYLOAD_BYTES..=crate::apps::MAX_PAYLOAD_BYTES;
+        // A record's answer must fit one datagram on the rack.
+        const _: () = assert!(crate::apps::MIN_PAYLOAD_BYTES == 64);
+        const _: () = assert!(crate::rack::MAX_RECORD_BYTES == 4032);
+        let payload = crate::apps::MIN_PAYLOAD_BYTES..=crate::rack::MAX_RECORD_BYTES;
         if !payload.contains(&raw.record_bytes) {
             return Err(invalid(
                 "record_bytes",
                 raw.record_bytes.to_string(),
-                "from 64 to 65536",
+                "from 64 to 4032",
             ));
         }
         if raw.forward_every == 0 {
@@ -362,6 +365,8 @@ mod tests {
         assert_eq!(field("apps = []"), "apps");
         assert_eq!(field("records = 0"), "records");
         assert_eq!(field("record_bytes = 8"), "record_bytes");
+        // An answer above a datagram could never come back.
+        assert_eq!(field("record_bytes = 8192"), "record_bytes");
         assert_eq!(field("forward_every = 0"), "forward_every");
         assert!(matches!(
             section("cores = 8"),

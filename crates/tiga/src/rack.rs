@@ -33,6 +33,10 @@ use std::time::Duration;
 
 /// The largest datagram payload the soft RNIC carries.
 pub const MAX_MESSAGE_BYTES: usize = remora_rnic::datagram::MAX_DATAGRAM_PAYLOAD;
+/// The largest record the rack serves: its answer, for every app, fits
+/// one message with the header (MVS's result is the longest, the record
+/// and a few bytes more; a test holds every app to it).
+pub const MAX_RECORD_BYTES: usize = MAX_MESSAGE_BYTES - HEADER_LEN - 32;
 /// Datagrams taken per turn of an agent.
 const DATAGRAMS_PER_TURN: usize = 256;
 /// A datagram port's inbox.
@@ -69,6 +73,9 @@ struct FlowKey {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EngineCounters {
     pub requests: u64,
+    /// Requests with a registered app and data in range: the ones that
+    /// run, or are forwarded one in `forward_every`.
+    pub servable: u64,
     pub results: u64,
     pub forwarded: u64,
     pub acknowledged: u64,
@@ -267,7 +274,10 @@ impl NdpEngine {
                 return self.answer(from, request, MessageKind::Result, status, &[], outbox)
             }
         };
-        if self.forward_every > 0 && self.counters.requests.is_multiple_of(self.forward_every) {
+        // Counted among servable requests only: refused ones must not
+        // shift which requests are forwarded.
+        self.counters.servable += 1;
+        if self.forward_every > 0 && self.counters.servable.is_multiple_of(self.forward_every) {
             self.counters.forwarded += 1;
             self.await_acknowledgement((from, request.request_id));
             return self.answer(
@@ -347,8 +357,6 @@ pub enum NdpError {
     TimedOut(Duration),
     #[error("the rack is gone")]
     Disconnected,
-    #[error("an answer of an unexpected kind {0:?}")]
-    UnexpectedAnswer(MessageKind),
 }
 
 /// Who ran a request's stages.
@@ -389,6 +397,17 @@ pub struct NdpClient {
 }
 
 impl NdpClient {
+    /// A client whose first call takes id `first_id`. A client that comes
+    /// back after a crash starts at its restart time in nanoseconds: above
+    /// every id its earlier life used (fewer than one call a nanosecond),
+    /// so a late answer to one of those can never finish a new call.
+    pub fn starting_at(first_id: u64) -> NdpClient {
+        NdpClient {
+            next_id: first_id,
+            outstanding: HashMap::new(),
+        }
+    }
+
     /// The message that starts a call, and its id.
     pub fn begin(
         &mut self,
@@ -452,21 +471,32 @@ impl NdpClient {
             return (None, None);
         };
         let repr = TigaRepr::parse(&header);
-        let Some((app, _mode, _sent)) = self.outstanding.remove(&repr.request_id) else {
+        let Some(&(app, mode, _sent)) = self.outstanding.get(&repr.request_id) else {
             return (None, None);
         };
-        let outcome = match (repr.status, repr.kind) {
-            (Status::NotRegistered, _) => Err(NdpError::NotRegistered(app)),
-            (Status::OutOfRange, _) => Err(NdpError::OutOfRange),
-            (Status::TooLarge, _) => Err(NdpError::TooLarge),
-            (Status::StageFailed, _) => Err(NdpError::StageFailed(
+        // The engine answers a call, refusals too, in its mode's kinds: any
+        // other is a stray (another client's, or no answer at all), and
+        // the call still waits for its own.
+        let answers_the_call = match mode {
+            Mode::Ndp => matches!(repr.kind, MessageKind::Result | MessageKind::Forwarded),
+            Mode::CpuOnly => repr.kind == MessageKind::Data,
+        };
+        if !answers_the_call {
+            return (None, None);
+        }
+        let outcome = match (repr.status, repr.kind, mode) {
+            (Status::NotRegistered, ..) => Err(NdpError::NotRegistered(app)),
+            (Status::OutOfRange, ..) => Err(NdpError::OutOfRange),
+            (Status::TooLarge, ..) => Err(NdpError::TooLarge),
+            (Status::StageFailed, ..) => Err(NdpError::StageFailed(
                 String::from_utf8_lossy(header.payload()).into_owned(),
             )),
-            (Status::Ok, MessageKind::Result) => Ok(Completion {
+            (Status::Ok, MessageKind::Result, Mode::Ndp) => Ok(Completion {
                 result: header.payload().to_vec(),
                 served_by: ServedBy::SmartNic,
             }),
-            (Status::Ok, MessageKind::Forwarded) => {
+            (Status::Ok, MessageKind::Forwarded, Mode::Ndp) => {
+                self.outstanding.remove(&repr.request_id);
                 let outcome = app
                     .run_on_cpu(header.payload())
                     .map_err(NdpError::CpuStage)
@@ -483,15 +513,18 @@ impl NdpClient {
                     Some(acknowledgement.to_message(&[])),
                 );
             }
-            (Status::Ok, MessageKind::Data) => app
+            (Status::Ok, MessageKind::Data, Mode::CpuOnly) => app
                 .run_on_cpu(header.payload())
                 .map_err(NdpError::CpuStage)
                 .map(|result| Completion {
                     result,
                     served_by: ServedBy::CpuOnly,
                 }),
-            (Status::Ok, kind) => Err(NdpError::UnexpectedAnswer(kind)),
+            (Status::Ok, kind, mode) => {
+                unreachable!("{kind:?} answers a {mode:?} call: checked above")
+            }
         };
+        self.outstanding.remove(&repr.request_id);
         (Some((repr.request_id, outcome)), None)
     }
 }
@@ -630,7 +663,8 @@ impl Agent for NdpClientAgent {
         self.client = NdpClient::default();
     }
 
-    fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+    fn restart(&mut self, now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+        self.client = NdpClient::starting_at(now.as_nanos());
         Ok(())
     }
 }
@@ -853,6 +887,92 @@ mod tests {
             address: Ipv4Address::new(10, 0, 0, 1),
             port,
         }
+    }
+
+    /// Refused requests counted toward `forward_every`: with refused and
+    /// good requests alternating, every good one was forwarded (or none).
+    #[test]
+    fn forward_every_counts_only_requests_that_can_be_served() {
+        let mut engine = NdpEngine::new(vec![7u8; 4096], 2);
+        engine.register(App::Mvs).unwrap();
+        let mut client = NdpClient::default();
+        let mut outbox = Vec::new();
+        for _ in 0..2 {
+            let (_, refused) = client.begin(Timestamp::ZERO, App::Mvs, 1 << 40, 64, Mode::Ndp);
+            engine.handle(client_end(1), &refused, &mut outbox);
+            let (_, good) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
+            engine.handle(client_end(1), &good, &mut outbox);
+        }
+        let counters = engine.counters();
+        assert_eq!((counters.requests, counters.servable), (4, 2));
+        assert_eq!(counters.forwarded, 1, "one good request in two");
+    }
+
+    /// `[tiga] record_bytes` took up to 64 KiB, but a record above about
+    /// 4 KiB has no answer that fits a datagram: every call failed. The
+    /// largest record the rack takes has an answer that fits, for every
+    /// app.
+    #[test]
+    fn the_largest_record_has_an_answer_that_fits_one_message() {
+        for app in App::ALL {
+            for bytes in [crate::apps::MIN_PAYLOAD_BYTES, MAX_RECORD_BYTES] {
+                let record = app.make_payload(1, 3, bytes).unwrap();
+                assert!(record.len() + HEADER_LEN <= MAX_MESSAGE_BYTES);
+                let result = app.run_on_cpu(&record).unwrap();
+                assert!(
+                    result.len() + HEADER_LEN <= MAX_MESSAGE_BYTES,
+                    "{app:?}: {bytes}-byte record, {}-byte result",
+                    result.len()
+                );
+            }
+        }
+    }
+
+    /// A compute node that crashed came back numbering its calls from 0
+    /// again: an answer to its earlier life's call 0, late, finished the
+    /// new call 0 with another record's result.
+    #[test]
+    fn a_restarted_client_never_reuses_its_earlier_lifes_ids() {
+        let (_calls, receiver) = std::sync::mpsc::sync_channel(1);
+        let mut agent = NdpClientAgent::new(client_end(9), receiver);
+        let mut engine = NdpEngine::new(vec![7u8; 4096], 1);
+        engine.register(App::Mvs).unwrap();
+        let (old_id, request) = agent
+            .client
+            .begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
+        let mut outbox = Vec::new();
+        engine.handle(client_end(1), &request, &mut outbox);
+        let (_, late_answer) = outbox.pop().unwrap();
+        agent.crash();
+        let restarted = Timestamp::from_nanos(5_000);
+        let mut fabric = remora_rnic::back_to_back::BackToBack::new(1);
+        agent.restart(restarted, &mut fabric.left).unwrap();
+        let (new_id, _) = agent.client.begin(restarted, App::Mvs, 64, 64, Mode::Ndp);
+        assert_ne!(new_id, old_id);
+        let (finished, _) = agent.client.handle(&late_answer);
+        assert!(finished.is_none(), "a late answer finished a new call");
+        assert_eq!(agent.client.outstanding(), 1);
+    }
+
+    /// An answer of the other mode's kind (a SmartNIC result to a plain
+    /// fetch) is a stray: the call still waits for its own.
+    #[test]
+    fn an_answer_of_the_other_modes_kind_is_a_stray() {
+        let mut engine = NdpEngine::new(vec![7u8; 4096], 1_000);
+        engine.register(App::Mvs).unwrap();
+        let mut client = NdpClient::default();
+        let mut other = NdpClient::default();
+        let (id, _) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::CpuOnly);
+        let (other_id, request) = other.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
+        assert_eq!(id, other_id);
+        let mut outbox = Vec::new();
+        engine.handle(client_end(1), &request, &mut outbox);
+        let (_, answer) = outbox.pop().unwrap();
+        let (finished, _) = client.handle(&answer);
+        assert!(finished.is_none(), "an NDP call's answer finished a fetch");
+        assert_eq!(client.outstanding(), 1);
+        let (finished, _) = other.handle(&answer);
+        assert_eq!(finished.unwrap().0, other_id, "it is the NDP call's own");
     }
 
     /// A CN that never acknowledged its forwarded requests grew the

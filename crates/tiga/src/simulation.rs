@@ -138,6 +138,8 @@ pub enum RunError {
     Allocation(#[from] crate::allocator::AllocationError),
     #[error("a workload needs at least one application")]
     NoApps,
+    #[error("an alternating payload needs at least one size")]
+    NoPayloadSizes,
     #[error("payload of {0} bytes is outside {MIN_PAYLOAD_BYTES}..={MAX_PAYLOAD_BYTES}")]
     PayloadSize(usize),
     #[error("offered load {0}/s is not positive and finite")]
@@ -365,6 +367,9 @@ fn validate(workload: &Workload, config: &SocConfig) -> Result<(), RunError> {
     config.validate()?;
     if workload.apps.is_empty() {
         return Err(RunError::NoApps);
+    }
+    if workload.payload.sizes().is_empty() {
+        return Err(RunError::NoPayloadSizes);
     }
     if let Some(&bad) = workload
         .payload
@@ -1254,6 +1259,22 @@ mod tests {
             host_cpu_for_ipipe: false,
             seed: 1,
         }
+    }
+
+    /// An alternating payload with no sizes divided by zero at the first
+    /// arrival; it is a typed error before the run.
+    #[test]
+    fn an_alternating_payload_without_sizes_is_refused() {
+        let workload = Workload {
+            payload: PayloadSchedule::Alternating {
+                sizes: Vec::new(),
+                interval_ns: 1,
+            },
+            ..workload()
+        };
+        let calibration = Calibration::fixed_for_tests();
+        let result = run(Scheme::Tiga, &workload, &SocConfig::default(), &calibration);
+        assert!(matches!(result, Err(RunError::NoPayloadSizes)));
     }
 
     /// The exactly-once check the benchmark's runs rely on catches a
