@@ -452,3 +452,76 @@ fn reads_issued_while_completing_are_not_timed_as_issues() {
     );
     assert_eq!(completed.device_issue_nanos, issued.device_issue_nanos);
 }
+
+/// A memory device whose queues refuse the next read while `refuse` is set
+/// (then clear it), as a far-memory slot timeout or a failed post does.
+struct RefusingRead {
+    inner: MemoryDevice,
+    refuse: Arc<AtomicBool>,
+}
+
+struct RefusingQueue {
+    inner: Box<dyn DeviceQueue>,
+    refuse: Arc<AtomicBool>,
+}
+
+impl Device for RefusingRead {
+    fn name(&self) -> &str {
+        "refusing"
+    }
+    fn capacity_bytes(&self) -> u64 {
+        self.inner.capacity_bytes()
+    }
+    fn open_queue(&self) -> Result<Box<dyn DeviceQueue>, DeviceError> {
+        Ok(Box::new(RefusingQueue {
+            inner: self.inner.open_queue()?,
+            refuse: self.refuse.clone(),
+        }))
+    }
+}
+
+impl DeviceQueue for RefusingQueue {
+    fn read(&mut self, offset: u64, length: usize, token: u64) -> Result<(), DeviceError> {
+        if self.refuse.swap(false, Ordering::SeqCst) {
+            return Err(DeviceError::Io("refused for the test".into()));
+        }
+        self.inner.read(offset, length, token)
+    }
+    fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
+        self.inner.write(offset, data, token)
+    }
+    fn poll(&mut self, done: &mut dyn FnMut(u64, Completed<'_>)) -> Result<usize, DeviceError> {
+        self.inner.poll(done)
+    }
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight()
+    }
+}
+
+/// Regression: a device read that failed as it was issued left its
+/// operation pending for good: every later wait stalled for 30 s and
+/// SAVE was refused with "operations pending" ever after. The caller now
+/// hears the failure at once, and the session goes on.
+#[test]
+fn a_read_the_device_refuses_to_issue_is_not_left_pending() {
+    let refuse = Arc::new(AtomicBool::new(false));
+    let device = RefusingRead {
+        inner: MemoryDevice::new(8 << 20),
+        refuse: refuse.clone(),
+    };
+    let store = Store::new(StoreConfig::smallest(), Arc::new(device)).unwrap();
+    let mut session = store.session().unwrap();
+    session.upsert(b"key", b"value").unwrap();
+    for number in 0u64..300 {
+        session.upsert(&number.to_le_bytes(), &[3; 1000]).unwrap();
+    }
+    refuse.store(true, Ordering::SeqCst);
+    let mut out = Vec::new();
+    assert!(matches!(
+        session.read(b"key", &mut out, 1),
+        Err(KvError::Device(DeviceError::Io(_)))
+    ));
+    assert_eq!(session.pending_count(), 0);
+    assert_eq!(read_now(&mut session, b"key"), Some(b"value".to_vec()));
+    session.checkpoint().unwrap();
+}

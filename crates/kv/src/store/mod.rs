@@ -953,7 +953,14 @@ impl Session {
             }
         };
         self.stats.pending += 1;
-        self.issue_read(token, self.shared.config.first_read_bytes)?;
+        if let Err(error) = self.issue_read(token, self.shared.config.first_read_bytes) {
+            // Never issued: the caller hears it now, and the token is
+            // free. Left pending, it was waited for by every later call
+            // (each stalled for 30 s) and SAVE refused for good.
+            self.pending[token] = None;
+            self.free_tokens.push(token);
+            return Err(error);
+        }
         Ok(Status::Pending)
     }
 
