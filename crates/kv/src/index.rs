@@ -234,38 +234,57 @@ impl HashIndex {
     }
 
     /// Writes `entry` into the first empty word of the chain, growing the
-    /// chain by an overflow bucket when every word is taken.
+    /// chain by an overflow bucket when every word is taken. Every word is
+    /// claimed by compare-and-swap, a grown bucket's too: another thread
+    /// may have linked it first and filled its words, and a plain store
+    /// there overwrote a live entry (an acknowledged write then read as
+    /// missing).
     fn claim_empty(&self, hash: u64, entry: Entry) -> Result<&AtomicU64, IndexError> {
-        let mut last = &self.buckets[(hash & self.mask) as usize];
-        for bucket in self.chain(hash) {
-            last = bucket;
-            for word in &bucket.entries {
-                if word
-                    .compare_exchange(0, entry.0, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    return Ok(word);
+        // Each round either claims a word or grows the chain by a bucket
+        // (linking one or following another thread's): at most one round
+        // per overflow bucket, and one more.
+        for _ in 0..=self.overflow.len() {
+            let mut last = &self.buckets[(hash & self.mask) as usize];
+            for bucket in self.chain(hash) {
+                last = bucket;
+                for word in &bucket.entries {
+                    if word
+                        .compare_exchange(0, entry.0, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        return Ok(word);
+                    }
                 }
             }
+            self.grow(last)?;
         }
-        let grown = self.grow(last)?;
-        grown.entries[0].store(entry.0, Ordering::Release);
-        Ok(&grown.entries[0])
+        Err(self.full())
+    }
+
+    fn full(&self) -> IndexError {
+        IndexError::Full {
+            buckets: self.buckets.len() as u64,
+            overflow_buckets: self.overflow.len() as u32,
+        }
     }
 
     /// Links a fresh overflow bucket after `last` (or follows the one
     /// another thread linked first).
     fn grow(&self, last: &Bucket) -> Result<&Bucket, IndexError> {
-        let number = self.overflow_used.fetch_add(1, Ordering::AcqRel);
-        if number as usize >= self.overflow.len() {
+        // Taken only while buckets remain: a count bumped on every refusal
+        // wrapped after 2^32 of them and handed out buckets in use.
+        let capacity = self.overflow.len();
+        let taken = self
+            .overflow_used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                ((used as usize) < capacity).then_some(used + 1)
+            });
+        let Ok(number) = taken else {
             if let link @ 1.. = last.overflow.load(Ordering::Acquire) {
                 return Ok(&self.overflow[(link - 1) as usize]);
             }
-            return Err(IndexError::Full {
-                buckets: self.buckets.len() as u64,
-                overflow_buckets: self.overflow.len() as u32,
-            });
-        }
+            return Err(self.full());
+        };
         let link = u64::from(number) + 1;
         match last
             .overflow
@@ -282,6 +301,56 @@ impl HashIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Threads that grew one chain at once stored into the grown bucket's
+    /// first word blindly: one thread's entry, already pointed at its
+    /// record, was overwritten by another's, and that key read as missing.
+    /// Every tag inserted by racing threads must be found at its address.
+    #[test]
+    fn racing_threads_growing_one_chain_lose_no_entry() {
+        const THREADS: u64 = 4;
+        const TAGS_PER_THREAD: u64 = 40;
+        for round in 0..50 {
+            let index = HashIndex::new(1, 64).unwrap();
+            let start = std::sync::Barrier::new(THREADS as usize);
+            std::thread::scope(|scope| {
+                for thread in 0..THREADS {
+                    let (index, start) = (&index, &start);
+                    scope.spawn(move || {
+                        start.wait();
+                        for number in 0..TAGS_PER_THREAD {
+                            let tag = 1 + thread * TAGS_PER_THREAD + number;
+                            let mut slot = index.find_or_create(hash_with(tag, 0)).unwrap();
+                            assert!(slot.swap_address(LogAddress::new(64 * tag)));
+                        }
+                    });
+                }
+            });
+            for tag in 1..=THREADS * TAGS_PER_THREAD {
+                let found = index.find(hash_with(tag, 0)).map(|slot| slot.entry.address());
+                assert_eq!(found, Some(LogAddress::new(64 * tag)), "round {round}, tag {tag}");
+            }
+        }
+    }
+
+    /// A full index refused every later insert, and each refusal bumped the
+    /// count of overflow buckets taken: it wrapped after 2^32 refusals and
+    /// handed out buckets in use. Refusals leave it at the capacity.
+    #[test]
+    fn refusals_of_a_full_index_do_not_count_buckets_taken() {
+        let index = HashIndex::new(1, 1).unwrap();
+        let capacity = 2 * ENTRIES_PER_BUCKET as u64;
+        for tag in 1..=capacity {
+            index.find_or_create(hash_with(tag, 0)).unwrap();
+        }
+        for tag in capacity + 1..capacity + 100 {
+            assert!(matches!(
+                index.find_or_create(hash_with(tag, 0)),
+                Err(IndexError::Full { .. })
+            ));
+        }
+        assert_eq!(index.overflow_used.load(Ordering::Relaxed), 1);
+    }
 
     fn hash_with(tag: u64, bucket: u64) -> u64 {
         (tag << (64 - TAG_BITS)) | bucket
