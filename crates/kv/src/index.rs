@@ -327,8 +327,14 @@ mod tests {
                 }
             });
             for tag in 1..=THREADS * TAGS_PER_THREAD {
-                let found = index.find(hash_with(tag, 0)).map(|slot| slot.entry.address());
-                assert_eq!(found, Some(LogAddress::new(64 * tag)), "round {round}, tag {tag}");
+                let found = index
+                    .find(hash_with(tag, 0))
+                    .map(|slot| slot.entry.address());
+                assert_eq!(
+                    found,
+                    Some(LogAddress::new(64 * tag)),
+                    "round {round}, tag {tag}"
+                );
             }
         }
     }

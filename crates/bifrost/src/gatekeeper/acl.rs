@@ -378,11 +378,16 @@ impl Acl {
         Ok(())
     }
 
-    /// A failed node's rights pass to its replacement. Returns the
-    /// allocations whose rules changed.
+    /// A failed node's rights, and its places in leases (as their owner or
+    /// a lessee), pass to its replacement. Returns the allocations whose
+    /// rules changed. Rights alone once passed: the replacement's reply
+    /// then ended no lease (the lessee list named the failed node), so the
+    /// owner kept only Read for good; and a lease owned by the failed node
+    /// gave its Control back to that dead address.
     pub fn hand_over(&mut self, failed: Ipv4Address, replacement: Ipv4Address) -> usize {
         let mut changed = 0;
         for grants in self.table.values_mut() {
+            let mut touched = false;
             if let Some(rights) = grants.rights_of(failed) {
                 let best = grants.rights_of(replacement).max(Some(rights));
                 grants.holders.retain(|(holder, _)| *holder != failed);
@@ -390,10 +395,44 @@ impl Acl {
                 grants
                     .holders
                     .extend(best.map(|rights| (replacement, rights)));
-                changed += 1;
+                touched = true;
             }
+            if let Some(lease) = grants.lease.as_mut() {
+                touched |= lease.hand_over(failed, replacement);
+            }
+            changed += usize::from(touched);
         }
         changed
+    }
+}
+
+impl Lease {
+    /// Puts `replacement` wherever `failed` stands; whether it stood
+    /// anywhere. A replacement already a lessee keeps one entry, with
+    /// both counts.
+    fn hand_over(&mut self, failed: Ipv4Address, replacement: Ipv4Address) -> bool {
+        let mut touched = false;
+        if self.owner == failed {
+            self.owner = replacement;
+            touched = true;
+        }
+        if let Some(at) = self
+            .lessees
+            .iter()
+            .position(|(lessee, _)| *lessee == failed)
+        {
+            let (_, count) = self.lessees.remove(at);
+            match self
+                .lessees
+                .iter_mut()
+                .find(|(lessee, _)| *lessee == replacement)
+            {
+                Some((_, existing)) => *existing += count,
+                None => self.lessees.push((replacement, count)),
+            }
+            touched = true;
+        }
+        touched
     }
 }
 
@@ -404,6 +443,40 @@ mod tests {
     const A: Ipv4Address = Ipv4Address([10, 0, 0, 1]);
     const B: Ipv4Address = Ipv4Address([10, 0, 0, 2]);
     const C: Ipv4Address = Ipv4Address([10, 0, 0, 3]);
+
+    /// Recovery handed a failed node's rights to its replacement but left
+    /// the lease records naming the failed node: the replacement's reply
+    /// ended nothing, so the owner kept only Read for good; a failed owner
+    /// got its Control back at a dead address. Leases follow now.
+    #[test]
+    fn leases_follow_a_failed_lessee_or_owner_to_its_replacement() {
+        const B2: Ipv4Address = Ipv4Address([10, 0, 0, 12]);
+        const A2: Ipv4Address = Ipv4Address([10, 0, 0, 11]);
+        let mut acl = Acl::new(AclConfig::default());
+        acl.allocate(0, 0, 0, 64, A).unwrap();
+        acl.lend(0, 0, A, B).unwrap();
+        assert_eq!(acl.hand_over(B, B2), 1);
+        acl.end_lease(0, 0, B2);
+        assert!(
+            acl.permits(0, 0, 8, Operation::Write, A),
+            "the owner writes again"
+        );
+        assert!(
+            !acl.permits(0, 0, 8, Operation::Read, B2),
+            "the lease is over"
+        );
+        assert!(acl.grants(0, 0).unwrap().lease.is_none());
+        // The owner fails with a lease out: its replacement gets Control
+        // back when the lease ends.
+        acl.lend(0, 0, A, B).unwrap();
+        assert_eq!(acl.hand_over(A, A2), 1);
+        acl.end_lease(0, 0, B);
+        assert!(
+            acl.permits(0, 0, 8, Operation::Write, A2),
+            "the replacement controls it"
+        );
+        assert!(acl.grants(0, 0).unwrap().rights_of(A).is_none());
+    }
 
     #[test]
     fn control_and_lease_follow_a_call_and_its_reply() {
