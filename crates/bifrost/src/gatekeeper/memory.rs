@@ -40,7 +40,7 @@ use remora_switch::table::{ExactTable, TableShape};
 use remora_wire::frame::{emit_frame, FrameRepr};
 use remora_wire::{
     AckSyndrome, AethRepr, AtomicEthHeader, AtomicEthRepr, BthRepr, Ipv4Address, Msn, NakCode,
-    Opcode, Qpn, RethHeader, RethRepr, Rkey,
+    Opcode, Psn, Qpn, RethHeader, RethRepr, Rkey,
 };
 use std::collections::VecDeque;
 
@@ -70,7 +70,16 @@ struct Connection {
     /// The verdict on the WRITE whose first packet passed last, while its
     /// middle and last packets are still to come.
     open_write: Option<bool>,
+    /// The PSN of the last packet of the newest allowed WRITE that ended.
+    /// Go-back-N resends a WRITE from a lost middle packet, after its last
+    /// passed: those packets are that allowed WRITE's, and must pass.
+    allowed_write_end: Option<Psn>,
 }
+
+/// How far back a resent WRITE packet may be from the newest allowed
+/// WRITE's end: far beyond any send window, well within the half of the
+/// PSN space in which PSNs compare.
+const RESENT_WRITE_REACH_PSNS: i32 = 1 << 20;
 
 /// What the memory stage counted, by reason.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -232,6 +241,7 @@ impl MemoryStage {
             client: client.0,
             client_qpn: client.1,
             open_write: None,
+            allowed_write_end: None,
         };
         Ok(self.connections.insert(memory, connection)?)
     }
@@ -379,12 +389,20 @@ impl MemoryStage {
                 let open = connection.open_write;
                 if last {
                     self.set_open_write(key, None);
+                    if open == Some(true) {
+                        self.set_allowed_write_end(key, roce.psn);
+                    }
                 }
                 match open {
                     Some(true) => true,
                     Some(false) => return None,
-                    // No first packet passed: not part of any allowed WRITE.
-                    None => false,
+                    // No first packet open: a resent packet of the newest
+                    // allowed WRITE passes (the memory node takes it as a
+                    // duplicate, or as the rest of that WRITE); any other
+                    // is part of no allowed WRITE.
+                    None => connection
+                        .allowed_write_end
+                        .is_some_and(|end| is_resent_within(roce.psn, end)),
                 }
             }
             Opcode::CompareSwap | Opcode::FetchAdd => {
@@ -401,6 +419,12 @@ impl MemoryStage {
     fn set_open_write(&mut self, key: (Ipv4Address, Qpn), open: Option<bool>) {
         if let Some(connection) = self.connections.lookup_mut(&key) {
             connection.open_write = open;
+        }
+    }
+
+    fn set_allowed_write_end(&mut self, key: (Ipv4Address, Qpn), end: Psn) {
+        if let Some(connection) = self.connections.lookup_mut(&key) {
+            connection.allowed_write_end = Some(end);
         }
     }
 
@@ -664,3 +688,97 @@ fn access_nak(packet: &Packet, connection: Connection) -> Vec<u8> {
 /// The UDP source port of the switch's NAKs (any port is a flow's
 /// entropy; this one marks them in a capture).
 const NAK_SOURCE_PORT: u16 = 0xb1f6;
+
+/// Whether `psn` is at or before `end`, by at most
+/// [`RESENT_WRITE_REACH_PSNS`].
+fn is_resent_within(psn: Psn, end: Psn) -> bool {
+    (0..RESENT_WRITE_REACH_PSNS).contains(&psn.distance_to(end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remora_wire::frame::MAX_FRAME_LEN;
+    use remora_wire::MacAddress;
+
+    const CLIENT: (MacAddress, Ipv4Address) =
+        (MacAddress([2, 0, 0, 0, 0, 1]), Ipv4Address([10, 0, 0, 1]));
+    const MEMORY: (MacAddress, Ipv4Address) =
+        (MacAddress([2, 0, 0, 0, 0, 2]), Ipv4Address([10, 0, 0, 2]));
+    const RKEY: Rkey = Rkey(0x42);
+    const POOL_BASE: u64 = 0x10_0000;
+
+    fn qpn(value: u32) -> Qpn {
+        Qpn::new(value).expect("24 bits")
+    }
+
+    /// A stage with one memory node, one connection, and the client in
+    /// control of the pool's first 64 KiB.
+    fn stage() -> MemoryStage {
+        let mut stage = MemoryStage::new(MemoryStageConfig::default());
+        let node = MemoryNode {
+            index: 0,
+            pool_base: POOL_BASE,
+            pool_bytes: 1 << 20,
+            rkey: RKEY,
+        };
+        stage.register_node(MEMORY.1, node).unwrap();
+        stage
+            .register_connection((CLIENT.1, qpn(0x11)), (MEMORY.1, qpn(0x21)))
+            .unwrap();
+        stage.acl.allocate(0, 0, 0, 64 << 10, CLIENT.1).unwrap();
+        stage
+    }
+
+    /// One WRITE packet from the client; whether the stage let it pass.
+    fn passes(stage: &mut MemoryStage, opcode: Opcode, psn: u32) -> bool {
+        let bth = BthRepr::new(opcode, qpn(0x21), Psn::new(psn));
+        let mut repr = FrameRepr::between(CLIENT, MEMORY, 0xc000, bth);
+        if opcode == Opcode::RdmaWriteFirst {
+            repr.extension.reth = Some(RethRepr {
+                virtual_address: remora_wire::VirtAddr(POOL_BASE),
+                rkey: RKEY,
+                dma_length: 3 * 1024,
+            });
+        }
+        let payload = [0u8; 1024];
+        let mut bytes = vec![0u8; MAX_FRAME_LEN];
+        let length = emit_frame(&repr.with_payload_len(payload.len()), &payload, &mut bytes)
+            .expect("a WRITE packet fits");
+        bytes.truncate(length);
+        let headers = remora_switch::parser::parse(&bytes).expect("it parses");
+        let mut packet = Packet::new(bytes, PortId(0), headers);
+        stage.judge(Timestamp::ZERO, &mut packet, &mut VecDeque::new());
+        packet.egress != Egress::Drop
+    }
+
+    /// A middle packet of an allowed WRITE was lost after the switch; its
+    /// last passed and closed the WRITE, and the go-back-N resend from the
+    /// lost middle was refused with a NAK: a permitted WRITE failed and the
+    /// queue pair went to error. The resend passes now.
+    #[test]
+    fn a_go_back_n_resend_of_an_allowed_write_passes() {
+        let mut stage = stage();
+        assert!(passes(&mut stage, Opcode::RdmaWriteFirst, 10));
+        assert!(passes(&mut stage, Opcode::RdmaWriteMiddle, 11));
+        assert!(passes(&mut stage, Opcode::RdmaWriteLast, 12));
+        // The memory node saw no PSN 11 and asked for it again.
+        assert!(passes(&mut stage, Opcode::RdmaWriteMiddle, 11));
+        assert!(passes(&mut stage, Opcode::RdmaWriteLast, 12));
+        assert_eq!(stage.counters().refused(), 0);
+    }
+
+    /// A middle or last packet with no allowed WRITE behind it is still
+    /// refused: one beyond the newest allowed WRITE's end, or any before
+    /// a first packet ever passed.
+    #[test]
+    fn a_continuation_of_no_allowed_write_is_refused() {
+        let mut fresh = stage();
+        assert!(!passes(&mut fresh, Opcode::RdmaWriteMiddle, 5));
+        let mut stage = stage();
+        assert!(passes(&mut stage, Opcode::RdmaWriteFirst, 10));
+        assert!(passes(&mut stage, Opcode::RdmaWriteLast, 11));
+        assert!(!passes(&mut stage, Opcode::RdmaWriteMiddle, 12));
+        assert!(!passes(&mut stage, Opcode::RdmaWriteLast, 13));
+    }
+}
