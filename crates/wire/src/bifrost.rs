@@ -232,12 +232,18 @@ impl BifrostRepr {
         }
     }
 
+    /// The method's name; a length past the field (the fields are public)
+    /// gives the whole field, never a panic.
     pub fn method(&self) -> &[u8] {
-        &self.method_name[..self.method_name_len as usize]
+        &self.method_name[..usize::from(self.method_name_len).min(METHOD_NAME_LEN)]
     }
 
     /// Writes the header into the first [`HEADER_LEN`] bytes.
     pub fn emit(&self, bytes: &mut [u8]) -> Result<(), BifrostError> {
+        let name_len = usize::from(self.method_name_len);
+        if name_len > METHOD_NAME_LEN {
+            return Err(BifrostError::NameTooLongToEmit(name_len));
+        }
         if bytes.len() < HEADER_LEN {
             return Err(BifrostError::Truncated(bytes.len()));
         }
@@ -390,9 +396,10 @@ impl ExportRepr {
         })
     }
 
-    /// The method's name as its bytes.
+    /// The method's name as its bytes; a length past the field (the
+    /// fields are public) gives the whole field, never a panic.
     pub fn method(&self) -> &[u8] {
-        &self.method_name[..usize::from(self.method_name_len)]
+        &self.method_name[..usize::from(self.method_name_len).min(METHOD_NAME_LEN)]
     }
 
     pub fn parse(bytes: &[u8]) -> Result<ExportRepr, ExportError> {
@@ -420,6 +427,10 @@ impl ExportRepr {
     }
 
     pub fn emit(&self, bytes: &mut [u8]) -> Result<(), ExportError> {
+        let name_len = usize::from(self.method_name_len);
+        if name_len == 0 || name_len > METHOD_NAME_LEN {
+            return Err(ExportError::NameLength(name_len));
+        }
         if bytes.len() < EXPORT_LEN {
             return Err(ExportError::Truncated(bytes.len()));
         }
@@ -544,6 +555,27 @@ pub fn any_node_message(data: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The representations' fields are public, and a name length past
+    /// the 16-byte field sliced past it: `emit` and `method` panicked. They
+    /// give the typed error (and the whole field) now.
+    #[test]
+    fn a_name_length_past_the_field_is_an_error_not_a_panic() {
+        let mut repr = BifrostRepr::new(CallType::Call, "add", 1, GlobalAddress::NULL).unwrap();
+        repr.method_name_len = 17;
+        assert_eq!(repr.method().len(), METHOD_NAME_LEN);
+        assert_eq!(
+            repr.emit(&mut [0u8; HEADER_LEN]),
+            Err(BifrostError::NameTooLongToEmit(17))
+        );
+        let mut export = ExportRepr::new("add").unwrap();
+        export.method_name_len = 200;
+        assert_eq!(export.method().len(), METHOD_NAME_LEN);
+        assert_eq!(
+            export.emit(&mut [0u8; EXPORT_LEN]),
+            Err(ExportError::NameLength(200))
+        );
+    }
 
     #[test]
     fn headers_round_trip_and_bad_ones_are_typed_errors() {
