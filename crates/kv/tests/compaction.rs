@@ -436,3 +436,43 @@ fn the_compactor_checkpoints_so_a_kept_checkpoint_does_not_fill_the_device() {
         );
     }
 }
+
+/// A read of K whose chain went through a colliding key J (one index
+/// entry: same bucket, same tag) was pending on J's record when a
+/// compaction copied K to the tail and truncated K's old page: the walk
+/// from J ran below the log's begin and answered NotFound, though K was
+/// there all along (so a DEL of K did nothing). The read looks again from
+/// the index's new head.
+#[test]
+fn a_read_racing_a_compaction_that_moves_its_key_still_finds_it() {
+    let store = smallest_store_on(16 << 20);
+    let mut reader = store.session().unwrap();
+    let mut compacting = store.session().unwrap();
+    let buckets = StoreConfig::smallest().index_buckets;
+    let entry_of = |key: &[u8]| {
+        let hash = remora_kv::store::hash_key(key);
+        (hash & (buckets - 1), hash >> 50)
+    };
+    let key = b"the key".to_vec();
+    let wanted = entry_of(&key);
+    let colliding = (0u64..1 << 28)
+        .map(u64::to_le_bytes)
+        .find(|candidate| entry_of(candidate) == wanted)
+        .expect("a key sharing the entry");
+    reader.upsert(&key, b"value").unwrap();
+    reader.upsert(&colliding, b"other").unwrap();
+    push_below_the_head(&mut reader, 3000);
+    let mut out = Vec::new();
+    assert_eq!(reader.read(&key, &mut out, 1).unwrap(), Status::Pending);
+    reader.suspend();
+    compacting.compact(head(&store)).unwrap();
+    compacting.suspend();
+    let mut answer = None;
+    reader
+        .complete_pending(true, &mut |completion| {
+            answer = Some((completion.result.clone(), completion.value.to_vec()));
+        })
+        .unwrap();
+    assert_eq!(answer, Some((Ok(Status::Found), b"value".to_vec())));
+    assert_eq!(read_now(&mut reader, &key), Some(b"value".to_vec()));
+}

@@ -67,6 +67,8 @@ pub enum KvError {
     Corrupt(&'static str),
     #[error("waited {0:?} for the log to free a page: the device stopped completing flushes")]
     Stalled(Duration),
+    #[error("the key's chain changed {0} times during one read")]
+    LookupContended(u32),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
@@ -356,6 +358,8 @@ struct PendingOperation {
     /// publishes only if nothing newer arrived meanwhile.
     chain_head: LogAddress,
     update: Option<Update>,
+    /// Times a read looked again from a moved head ([`head_moved`]).
+    restarts: u32,
 }
 
 /// Where a key's newest record is.
@@ -558,6 +562,41 @@ impl Session {
     }
 }
 
+/// Lookups a read starts again because the key's chain changed under it.
+const MAX_LOOKUP_RESTARTS: u32 = 64;
+
+/// Whether the index names another head for `hash` than `chain_head`. A
+/// chain walk that ran below the log's begin may have raced a compaction
+/// that copied the key's record to the tail and pointed the index at the
+/// copy: the key was there all along, and the read must look again from
+/// the new head, or it answers NotFound (and a DEL does nothing).
+fn head_moved(shared: &Shared, hash: u64, chain_head: LogAddress) -> bool {
+    shared.index.find(hash).map(|slot| slot.entry.address()) != Some(chain_head)
+}
+
+/// Copies a live record's value into `out`: Found, or NotFound for a
+/// tombstone.
+fn copy_live_value(record: &MemoryRecord<'_>, region: Region, out: &mut Vec<u8>) -> Status {
+    let locked = matches!(region, Region::Mutable | Region::Fuzzy);
+    if locked {
+        record.lock();
+    }
+    let tombstone = record.header().is_tombstone();
+    if !tombstone {
+        // SAFETY: locked where others may write; below the safe read-only
+        // boundary nobody writes.
+        unsafe { record.copy_value(out) };
+    }
+    if locked {
+        record.unlock();
+    }
+    if tombstone {
+        Status::NotFound
+    } else {
+        Status::Found
+    }
+}
+
 /// Follows the chain from `address` to `key`'s newest record. The caller
 /// is a protected session.
 fn locate<'a>(log: &'a HybridLog, key: &[u8], mut address: LogAddress) -> Located<'a> {
@@ -613,34 +652,22 @@ impl Session {
         check_key(key)?;
         self.enter()?;
         let shared = self.shared.clone();
-        let Some(slot) = shared.index.find(hash_key(key)) else {
-            return Ok(Status::NotFound);
-        };
-        let chain_head = slot.entry.address();
-        match locate(&shared.log, key, chain_head) {
-            Located::Absent => Ok(Status::NotFound),
-            Located::Device(address) => self.start_pending(key, address, chain_head, None, context),
-            Located::Memory(record, _, region) => {
-                let locked = matches!(region, Region::Mutable | Region::Fuzzy);
-                if locked {
-                    record.lock();
+        let hash = hash_key(key);
+        for _ in 0..MAX_LOOKUP_RESTARTS {
+            let Some(slot) = shared.index.find(hash) else {
+                return Ok(Status::NotFound);
+            };
+            let chain_head = slot.entry.address();
+            return match locate(&shared.log, key, chain_head) {
+                Located::Absent if head_moved(&shared, hash, chain_head) => continue,
+                Located::Absent => Ok(Status::NotFound),
+                Located::Device(address) => {
+                    self.start_pending(key, address, chain_head, None, context)
                 }
-                let tombstone = record.header().is_tombstone();
-                if !tombstone {
-                    // SAFETY: locked where others may write; below the safe
-                    // read-only boundary nobody writes.
-                    unsafe { record.copy_value(out) };
-                }
-                if locked {
-                    record.unlock();
-                }
-                Ok(if tombstone {
-                    Status::NotFound
-                } else {
-                    Status::Found
-                })
-            }
+                Located::Memory(record, _, region) => Ok(copy_live_value(&record, region, out)),
+            };
         }
+        Err(KvError::LookupContended(MAX_LOOKUP_RESTARTS))
     }
 
     /// Sets `key` to `value`.
@@ -941,6 +968,7 @@ impl Session {
             address,
             chain_head,
             update,
+            restarts: 0,
         };
         let token = match self.free_tokens.pop() {
             Some(token) => {
@@ -1081,6 +1109,12 @@ impl Session {
         let old = if record.key == operation.key.as_slice() {
             (!record.header.is_tombstone()).then_some(record.value)
         } else if self.shared.log.region(record.header.previous()) == Region::Truncated {
+            // An RMW whose head moved starts over when it finishes.
+            if operation.update.is_none() {
+                if let Some(finished) = self.restart_read(token, done)? {
+                    return Ok(finished);
+                }
+            }
             None
         } else {
             // Another key's record: read the one before it.
@@ -1092,6 +1126,56 @@ impl Session {
         self.free_tokens.push(token);
         self.finish(operation, old, done)?;
         Ok(true)
+    }
+
+    /// A pending read whose chain ran below the log's begin looks again
+    /// from the index's head if it moved (see [`head_moved`]): `None` if it
+    /// did not (the key is absent), else whether the read finished.
+    fn restart_read(
+        &mut self,
+        token: usize,
+        done: &mut dyn FnMut(Completion<'_>),
+    ) -> Result<Option<bool>, KvError> {
+        let shared = self.shared.clone();
+        let operation = self.pending[token].as_mut().expect("a live token");
+        let hash = hash_key(&operation.key);
+        if !head_moved(&shared, hash, operation.chain_head) {
+            return Ok(None);
+        }
+        operation.restarts += 1;
+        if operation.restarts > MAX_LOOKUP_RESTARTS {
+            let operation = self.pending[token].take().expect("a live token");
+            self.free_tokens.push(token);
+            done(Completion {
+                context: operation.context,
+                kind: OperationKind::Read,
+                result: Err(KvError::LookupContended(MAX_LOOKUP_RESTARTS)),
+                value: &[],
+            });
+            return Ok(Some(true));
+        }
+        let Some(slot) = shared.index.find(hash) else {
+            return Ok(None);
+        };
+        operation.chain_head = slot.entry.address();
+        match locate(&shared.log, &operation.key, operation.chain_head) {
+            Located::Device(address) => {
+                operation.address = address;
+                self.issue_read(token, shared.config.first_read_bytes)?;
+                Ok(Some(false))
+            }
+            Located::Memory(record, _, region) => {
+                let mut value = Vec::new();
+                let status = copy_live_value(&record, region, &mut value);
+                let operation = self.pending[token].take().expect("a live token");
+                self.free_tokens.push(token);
+                let old = (status == Status::Found).then_some(value.as_slice());
+                self.finish(operation, old, done)?;
+                Ok(Some(true))
+            }
+            // Gone from the new head too: absent, unless it moved again.
+            Located::Absent => self.restart_read(token, done),
+        }
     }
 
     /// Completes an operation whose record (or absence) is known.
