@@ -48,3 +48,48 @@ fn cowbird_spot_agrees_with_a_map() {
 fn cowbird_p4_agrees_with_a_map() {
     run_on(FarMemoryPath::CowbirdP4(embedded_p4_config()));
 }
+
+/// Takes what `queue` finishes until `token` does (dropping the others);
+/// its bytes (none for a write).
+fn await_token(queue: &mut dyn remora_kv::DeviceQueue, token: u64) -> Option<Vec<u8>> {
+    let started = std::time::Instant::now();
+    loop {
+        let mut found = None;
+        queue
+            .poll(&mut |done, bytes| {
+                if done == token {
+                    found = Some(bytes.map(<[u8]>::to_vec));
+                }
+            })
+            .unwrap();
+        if let Some(bytes) = found {
+            return bytes;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "token {token} never finished"
+        );
+    }
+}
+
+/// A queue dropped with a READ in flight gave its path back as it was:
+/// the READ's completion then reached the next queue on the path, which
+/// took it for its own READ in the same slot and returned the other
+/// request's bytes. A queue now lets its work finish before it goes.
+#[test]
+fn a_queue_dropped_with_work_in_flight_passes_none_of_it_on() {
+    use remora_kv::Device;
+    let device = FarMemoryDevice::start(FarMemoryPath::OneSidedAsync, 1 << 20, 1).unwrap();
+    let mut first = device.open_queue().unwrap();
+    let mut pattern = vec![0xaa; 4096];
+    pattern.extend_from_slice(&[0xbb; 4096]);
+    first.write(0, &pattern, 1).unwrap();
+    await_token(first.as_mut(), 1);
+    first.read(0, 64, 3).unwrap();
+    drop(first);
+    let mut second = device.open_queue().unwrap();
+    second.read(4096, 64, 4).unwrap();
+    assert_eq!(await_token(second.as_mut(), 4), Some(vec![0xbb; 64]));
+    drop(second);
+    device.stop().unwrap();
+}

@@ -595,8 +595,19 @@ impl DeviceQueue for VerbsQueue {
 
 impl Drop for VerbsQueue {
     fn drop(&mut self) {
-        // Whatever is in flight lands in slots nobody reads again; the
-        // path goes back for the next session.
+        // What is in flight finishes before the path goes back for the next
+        // session: its completions come on the path's completion queue,
+        // and the next queue on it took them for its own slots' (a READ
+        // then returned another request's bytes, or a panic). A path whose
+        // work fails or does not finish in time is not given back.
+        let started = Instant::now();
+        while self.free_slots.len() < WINDOW {
+            if self.collect().is_err() || started.elapsed() > MAX_WAIT {
+                tracing::warn!("a far-memory path's work did not finish; the path is dropped");
+                return;
+            }
+            std::hint::spin_loop();
+        }
         if let Some(path) = self.path.take() {
             let mut paths = self.returns.lock().unwrap_or_else(|e| e.into_inner());
             paths.push(Path::Verbs(path));
