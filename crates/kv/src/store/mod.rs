@@ -541,7 +541,10 @@ impl Session {
                 std::thread::sleep(ROOM_POLL_INTERVAL);
             }
             Err(error) => {
+                // The wait is over: a start kept from it made a later
+                // wait, 30 s on, report a stall at its first look.
                 self.full_since = None;
+                self.waiting_since = None;
                 return Err(error.into());
             }
         }
@@ -1230,5 +1233,34 @@ impl Session {
             }
         }
         self.rmw_from_scratch(&operation.key, update, out, operation.context)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemoryDevice;
+
+    /// A write that waited for room and then failed with DeviceFull kept
+    /// the time its wait started: more than 30 s later, the session's
+    /// first wait of any kind reported a stall at once (and the background
+    /// compactor, which tolerates DeviceFull, died on it).
+    #[test]
+    fn a_failed_write_leaves_no_wait_behind() {
+        let store = Store::new(
+            StoreConfig::smallest(),
+            Arc::new(MemoryDevice::new(1 << 20)),
+        )
+        .unwrap();
+        store.wait_for_room(Duration::from_millis(1));
+        let mut session = store.session().unwrap();
+        let failed = (0u64..100_000)
+            .map(|number| session.upsert(&number.to_le_bytes(), &[5; 1000]))
+            .find(|result| result.is_err());
+        assert!(
+            matches!(failed, Some(Err(KvError::Log(LogError::DeviceFull { .. })))),
+            "{failed:?}"
+        );
+        assert_eq!(session.waiting_since, None);
     }
 }
