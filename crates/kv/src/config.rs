@@ -21,6 +21,12 @@ pub enum ConfigError {
         device_bytes: u64,
         memory_bytes: u64,
     },
+    #[error("a page of {page_bytes} bytes (page_bits) is longer than one request to the {device} device ({limit_bytes} bytes): its flushes would all fail")]
+    PageTooLongForDevice {
+        page_bytes: u64,
+        device: String,
+        limit_bytes: u64,
+    },
     #[error("sessions {0} must be between 1 and 1024")]
     Sessions(usize),
     #[error("store settings: {0}")]

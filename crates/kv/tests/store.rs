@@ -525,3 +525,28 @@ fn a_read_the_device_refuses_to_issue_is_not_left_pending() {
     assert_eq!(read_now(&mut session, b"key"), Some(b"value".to_vec()));
     session.checkpoint().unwrap();
 }
+
+/// `page_bits` up to 26 passed the config check, but the file device moves
+/// at most 1 MiB per request: every flush failed. Refused at the start now.
+#[test]
+fn a_page_longer_than_the_devices_requests_is_refused_at_the_start() {
+    let directory = tempfile::tempdir_in("/var/tmp").unwrap();
+    let device =
+        Arc::new(FileDevice::create(&directory.path().join("log"), 256 << 20, 1, true).unwrap());
+    let config = StoreConfig {
+        page_bits: 21,
+        ..StoreConfig::smallest()
+    };
+    assert!(matches!(
+        Store::new(config, device.clone()),
+        Err(KvError::Config(ConfigError::PageTooLongForDevice {
+            page_bytes: 2097152,
+            ..
+        }))
+    ));
+    let fits = StoreConfig {
+        page_bits: 20,
+        ..StoreConfig::smallest()
+    };
+    Store::new(fits, device).unwrap();
+}

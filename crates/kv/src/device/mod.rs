@@ -57,6 +57,11 @@ pub trait Device: Send + Sync {
     /// A short name for reports: `memory`, `file`, `cowbird-spot`, ...
     fn name(&self) -> &str;
     fn capacity_bytes(&self) -> u64;
+    /// The longest read or write one request may move: a log page must
+    /// fit, since flushes, compaction and recovery move whole pages.
+    fn max_request_bytes(&self) -> u64 {
+        u64::MAX
+    }
     /// A queue for one thread.
     fn open_queue(&self) -> Result<Box<dyn DeviceQueue>, DeviceError>;
 }

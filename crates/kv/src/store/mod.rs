@@ -147,6 +147,15 @@ pub struct Store {
 impl Store {
     pub fn new(config: StoreConfig, device: Arc<dyn Device>) -> Result<Store, KvError> {
         config.check(device.capacity_bytes())?;
+        let page_bytes = 1u64 << config.page_bits;
+        if page_bytes > device.max_request_bytes() {
+            return Err(ConfigError::PageTooLongForDevice {
+                page_bytes,
+                device: device.name().into(),
+                limit_bytes: device.max_request_bytes(),
+            }
+            .into());
+        }
         let epoch = Arc::new(Epoch::new(config.sessions + 1));
         let shape = LogShape {
             page_bits: config.page_bits,
