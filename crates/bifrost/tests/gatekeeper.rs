@@ -587,79 +587,123 @@ fn a_datagram_cut_inside_its_udp_header_never_panics_the_gatekeeper() {
         .expect("every frame accounted for");
 }
 
-/// A commit on the control port keeps a checkpoint in a node's name. Any
-/// host could send one with the node's address, and any unknown sender
-/// filled the table sized for the nodes; now a commit must come in where
-/// its node is attached, from a node that announced itself.
-#[test]
-fn a_commit_in_another_nodes_name_or_from_a_stranger_is_not_kept() {
+/// Three hosts on ports 0 to 2 (the first two with their ports given to
+/// the Gatekeeper) and what they send its control port.
+mod control {
+    use super::*;
     use remora_base::Timestamp;
     use remora_switch::programs::l2l3::L2L3Forwarding;
     use remora_switch::{PortId, Switch, SwitchConfig};
     use remora_wire::bifrost::{emit_commit, HeartbeatRepr, CONTROL_PORT, HEARTBEAT_LEN};
     use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
     use remora_wire::MacAddress;
-    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
-    let end = |last: u8| DatagramEnd {
-        mac: MacAddress([2, 0, 0, 0, 0, last]),
-        address: Ipv4Address::new(10, 0, 0, last),
-        port: CONTROL_PORT,
-    };
-    let (node, other, stranger) = (end(1), end(2), end(3));
-    let hosts = [node, other, stranger].map(|end| (end.mac, end.address));
-    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).unwrap();
-    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE));
-    gatekeeper
-        .register_host_port(node.address, PortId(0))
-        .unwrap();
-    gatekeeper
-        .register_host_port(other.address, PortId(1))
-        .unwrap();
-    let mut switch = Switch::new(SwitchConfig::new(3), Overlaid::new(forwarding, gatekeeper));
-    let to_control = |from: DatagramEnd, bytes: &[u8]| {
+
+    pub const ROUTER: MacAddress = MacAddress([2, 0, 0, 0, 0, 0xfe]);
+
+    /// The host on switch port `last - 1`.
+    pub fn end(last: u8) -> DatagramEnd {
+        DatagramEnd {
+            mac: MacAddress([2, 0, 0, 0, 0, last]),
+            address: Ipv4Address::new(10, 0, 0, last),
+            port: CONTROL_PORT,
+        }
+    }
+
+    pub type ControlSwitch = Switch<Overlaid<Gatekeeper>>;
+
+    pub fn switch() -> ControlSwitch {
+        let hosts = [end(1), end(2), end(3)].map(|end| (end.mac, end.address));
+        let forwarding = L2L3Forwarding::with_attached_hosts(ROUTER, &hosts).unwrap();
+        let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE));
+        for (last, port) in [(1, 0), (2, 1)] {
+            gatekeeper
+                .register_host_port(end(last).address, PortId(port))
+                .unwrap();
+        }
+        Switch::new(SwitchConfig::new(3), Overlaid::new(forwarding, gatekeeper))
+    }
+
+    /// `bytes` from `from`, arriving on switch port `port`.
+    pub fn send(switch: &mut ControlSwitch, port: u16, from: DatagramEnd, bytes: &[u8]) {
         let to = DatagramEnd {
-            mac: router,
+            mac: ROUTER,
             address: SERVICE,
             port: CONTROL_PORT,
         };
         let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + bytes.len()];
         let length = emit_datagram(from, to, bytes, &mut frame).unwrap();
         frame.truncate(length);
-        frame
-    };
-    let mut heartbeat = [0u8; HEARTBEAT_LEN];
-    HeartbeatRepr {
-        kind: NodeKind::Compute,
-        incarnation: 0,
-        capacity_bytes: 1 << 30,
+        switch.handle_frame(Timestamp::ZERO, PortId(port), &frame);
     }
-    .emit(&mut heartbeat)
-    .unwrap();
-    let now = Timestamp::ZERO;
-    // A checkpoint opens with its sequence number.
-    let checkpoint = |text: &[u8]| [&1u64.to_be_bytes()[..], text].concat();
-    switch.handle_frame(now, PortId(0), &to_control(node, &heartbeat));
+
+    pub fn heartbeat() -> [u8; HEARTBEAT_LEN] {
+        let mut heartbeat = [0u8; HEARTBEAT_LEN];
+        HeartbeatRepr {
+            kind: NodeKind::Compute,
+            incarnation: 0,
+            capacity_bytes: 1 << 30,
+        }
+        .emit(&mut heartbeat)
+        .unwrap();
+        heartbeat
+    }
+
+    /// A checkpoint of `sequence` (it opens with it), as a commit.
+    pub fn commit(sequence: u64, text: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let checkpoint = [&sequence.to_be_bytes()[..], text].concat();
+        (emit_commit(&checkpoint), checkpoint)
+    }
+}
+
+/// A commit on the control port keeps a checkpoint in a node's name. Any
+/// host could send one with the node's address, and any unknown sender
+/// filled the table sized for the nodes; now a commit must come in where
+/// its node is attached, from a node that announced itself.
+#[test]
+fn a_commit_in_another_nodes_name_or_from_a_stranger_is_not_kept() {
+    let (node, stranger) = (control::end(1), control::end(3));
+    let mut switch = control::switch();
+    control::send(&mut switch, 0, node, &control::heartbeat());
     // The other node's port, with the node's address: dropped, counted.
-    switch.handle_frame(
-        now,
-        PortId(1),
-        &to_control(node, &emit_commit(&checkpoint(b"forged"))),
-    );
+    control::send(&mut switch, 1, node, &control::commit(1, b"forged").0);
     assert_eq!(switch.program().checkpoint_of(node.address), None);
     assert_eq!(switch.program().counters().memory.spoofed, 1);
     // A sender that never announced itself keeps nothing.
-    switch.handle_frame(
-        now,
-        PortId(2),
-        &to_control(stranger, &emit_commit(&checkpoint(b"mine"))),
-    );
+    control::send(&mut switch, 2, stranger, &control::commit(1, b"mine").0);
     assert_eq!(switch.program().checkpoint_of(stranger.address), None);
     // The node itself, where it is attached.
-    let real = checkpoint(b"real");
-    switch.handle_frame(now, PortId(0), &to_control(node, &emit_commit(&real)));
+    let (commit, real) = control::commit(1, b"real");
+    control::send(&mut switch, 0, node, &commit);
     assert_eq!(
         switch.program().checkpoint_of(node.address),
         Some(&real[..])
+    );
+}
+
+/// A node replaced after a failure and later back at its address (a new
+/// boot) had its fresh checkpoints (sequence 1 on) refused as older than
+/// its earlier life's, kept for good; and every recovery left an entry
+/// that filled the replacements table. The earlier life's checkpoint goes
+/// with its recovery, and a node that announces itself starts afresh.
+#[test]
+fn a_node_back_at_a_replaced_address_starts_afresh() {
+    let (node, spare) = (control::end(1), control::end(2));
+    let mut switch = control::switch();
+    control::send(&mut switch, 0, node, &control::heartbeat());
+    control::send(&mut switch, 1, spare, &control::heartbeat());
+    control::send(&mut switch, 0, node, &control::commit(9, b"earlier life").0);
+    let gatekeeper = switch.program_mut();
+    assert!(gatekeeper.checkpoint_of(node.address).is_some());
+    gatekeeper.mark_failed(node.address).unwrap();
+    gatekeeper.recover(node.address, spare.address).unwrap();
+    assert_eq!(gatekeeper.checkpoint_of(node.address), None);
+    // Back at its address, it boots afresh and checkpoints from 1.
+    control::send(&mut switch, 0, node, &control::heartbeat());
+    let (commit, fresh) = control::commit(1, b"new life");
+    control::send(&mut switch, 0, node, &commit);
+    assert_eq!(
+        switch.program().checkpoint_of(node.address),
+        Some(&fresh[..])
     );
 }
 

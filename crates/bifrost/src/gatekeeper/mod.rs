@@ -547,6 +547,12 @@ impl Gatekeeper {
                 return;
             }
             self.counters.nodes_announced += 1;
+            // A node that announces itself starts afresh: an earlier life
+            // at this address, replaced, must not keep its newer
+            // checkpoints out (kept by sequence) or send its rights to
+            // that life's replacement.
+            self.checkpoints.remove(&node);
+            self.replaced_by.remove(&node);
         }
         if self.heard.insert(node, now).is_err() {
             self.counters.malformed += 1;
@@ -835,6 +841,19 @@ impl Gatekeeper {
         if spare.status == NodeStatus::Failed {
             return Err(GatekeeperError::NodeFailed(replacement));
         }
+        // Refused before anything moves: a full table once failed here
+        // after the routes, the calls and the memory had moved.
+        let replaced = &self.replaced_by;
+        if replaced.lookup(&failed).is_none() && replaced.len() >= replaced.capacity() {
+            return Err(GatekeeperError::Table(TableError::Full {
+                table: "gatekeeper_replaced_by",
+                capacity: replaced.capacity(),
+            }));
+        }
+        let spare = self
+            .nodes
+            .lookup_mut(&replacement)
+            .ok_or(GatekeeperError::UnknownNode(replacement))?;
         spare.status = NodeStatus::InUse;
         let methods: Vec<MethodKey> = self
             .routes
@@ -881,9 +900,12 @@ impl Gatekeeper {
             in_place: false,
         };
         self.replaced_by.insert(failed, elsewhere)?;
-        // Forwarding to the failed node stops: it serves nothing now.
+        // Forwarding to the failed node stops: it serves nothing now. Its
+        // checkpoint went to its replacement (the control plane takes it
+        // before recovering).
         self.nodes.remove(&failed);
         self.heard.remove(&failed);
+        self.checkpoints.remove(&failed);
         Ok(methods.len())
     }
 
