@@ -637,10 +637,15 @@ mod control {
     }
 
     pub fn heartbeat() -> [u8; HEARTBEAT_LEN] {
+        heartbeat_of(0)
+    }
+
+    /// A heartbeat of a node's `incarnation`th boot.
+    pub fn heartbeat_of(incarnation: u32) -> [u8; HEARTBEAT_LEN] {
         let mut heartbeat = [0u8; HEARTBEAT_LEN];
         HeartbeatRepr {
             kind: NodeKind::Compute,
-            incarnation: 0,
+            incarnation,
             capacity_bytes: 1 << 30,
         }
         .emit(&mut heartbeat)
@@ -678,6 +683,25 @@ fn a_commit_in_another_nodes_name_or_from_a_stranger_is_not_kept() {
         switch.program().checkpoint_of(node.address),
         Some(&real[..])
     );
+}
+
+/// A node that restarted faster than the heartbeat timeout went unseen: it
+/// kept its routes with its state gone (a counter answered from 1 again).
+/// A heartbeat with a new incarnation is a failure, detected at once.
+#[test]
+fn a_node_back_with_a_new_incarnation_has_failed() {
+    let node = control::end(1);
+    let mut switch = control::switch();
+    control::send(&mut switch, 0, node, &control::heartbeat_of(0));
+    control::send(&mut switch, 0, node, &control::heartbeat_of(0));
+    assert!(switch.program_mut().take_detected().is_empty());
+    control::send(&mut switch, 0, node, &control::heartbeat_of(1));
+    assert_eq!(switch.program_mut().take_detected(), vec![node.address]);
+    assert_eq!(
+        switch.program().node(node.address).map(|info| info.status),
+        Some(remora_bifrost::gatekeeper::NodeStatus::Failed)
+    );
+    assert_eq!(switch.program().counters().failures_detected, 1);
 }
 
 /// A node replaced after a failure and later back at its address (a new

@@ -244,8 +244,8 @@ pub struct Gatekeeper {
     caller_checkpoint_order: VecDeque<(Ipv4Address, u16)>,
     /// Each call in flight's frame as routed, to replay to a replacement.
     call_frames: ExactTable<CallKey, Vec<u8>>,
-    /// When each node that sends heartbeats was last heard.
-    heard: ExactTable<Ipv4Address, Timestamp>,
+    /// When each node was last heard from, and its incarnation then.
+    heard: ExactTable<Ipv4Address, (Timestamp, u32)>,
     heartbeat_timeout: Option<Duration>,
     next_liveness_check: Timestamp,
     call_lease: Duration,
@@ -405,7 +405,7 @@ impl Gatekeeper {
                 (MAX_KEPT_FRAME_BYTES * 8) as u16,
                 config.calls_in_flight,
             )),
-            heard: ExactTable::new(shape("gatekeeper_heard", 0, 32, 64, config.nodes)),
+            heard: ExactTable::new(shape("gatekeeper_heard", 0, 32, 96, config.nodes)),
             heartbeat_timeout: config.heartbeat_timeout,
             next_liveness_check: Timestamp::ZERO,
             call_lease: config.call_lease,
@@ -459,7 +459,7 @@ impl Gatekeeper {
         }
         let commit = match NodeMessage::parse(&packet.bytes[udp + 8..]) {
             Ok(NodeMessage::Heartbeat(heartbeat)) => {
-                self.take_heartbeat(now, node, heartbeat);
+                self.take_heartbeat(now, node, heartbeat, packet);
                 None
             }
             Ok(NodeMessage::Export(export)) => {
@@ -535,8 +535,23 @@ impl Gatekeeper {
 
     /// A heartbeat: the first from a node announces it (registration on
     /// boot); every one says it is alive.
-    fn take_heartbeat(&mut self, now: Timestamp, node: Ipv4Address, heartbeat: HeartbeatRepr) {
+    fn take_heartbeat(
+        &mut self,
+        now: Timestamp,
+        node: Ipv4Address,
+        heartbeat: HeartbeatRepr,
+        packet: &mut Packet,
+    ) {
         self.counters.heartbeats += 1;
+        let restarted = self
+            .heard
+            .lookup(&node)
+            .is_some_and(|(_, incarnation)| *incarnation != heartbeat.incarnation);
+        if restarted {
+            // A node that came back faster than the heartbeat timeout has
+            // lost its state all the same: it fails, and is recovered.
+            self.detect_failure(node, packet);
+        }
         if self.nodes.lookup(&node).is_none() {
             if self
                 .register_node(node, heartbeat.kind, heartbeat.capacity_bytes)
@@ -554,7 +569,11 @@ impl Gatekeeper {
             self.checkpoints.remove(&node);
             self.replaced_by.remove(&node);
         }
-        if self.heard.insert(node, now).is_err() {
+        if self
+            .heard
+            .insert(node, (now, heartbeat.incarnation))
+            .is_err()
+        {
             self.counters.malformed += 1;
         }
     }
@@ -597,26 +616,32 @@ impl Gatekeeper {
         let mut silent: Vec<Ipv4Address> = self
             .heard
             .iter()
-            .filter(|(_, heard)| heard.saturating_add(timeout) < now)
+            .filter(|(_, (heard, _))| heard.saturating_add(timeout) < now)
             .map(|(node, _)| *node)
             .collect();
         // One order for every run of a seed, whatever the table's.
         silent.sort_unstable_by_key(|node| node.0);
         for node in silent {
             self.heard.remove(&node);
-            if self.mark_failed(node).is_err() {
-                continue;
-            }
-            self.counters.failures_detected += 1;
-            if self.detected.len() < self.nodes.capacity() {
-                self.detected.push_back(node);
-            }
-            if packet.digest.is_none() {
-                packet.digest = Some(Digest {
-                    kind: DIGEST_NODE_FAILED,
-                    values: [u64::from(u32::from_be_bytes(node.0)), 0, 0, 0],
-                });
-            }
+            self.detect_failure(node, packet);
+        }
+    }
+
+    /// `node` failed (silent, or back with a new incarnation): marked
+    /// failed, queued for the control plane, and digested.
+    fn detect_failure(&mut self, node: Ipv4Address, packet: &mut Packet) {
+        if self.mark_failed(node).is_err() {
+            return;
+        }
+        self.counters.failures_detected += 1;
+        if self.detected.len() < self.nodes.capacity() {
+            self.detected.push_back(node);
+        }
+        if packet.digest.is_none() {
+            packet.digest = Some(Digest {
+                kind: DIGEST_NODE_FAILED,
+                values: [u64::from(u32::from_be_bytes(node.0)), 0, 0, 0],
+            });
         }
     }
 
