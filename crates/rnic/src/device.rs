@@ -157,6 +157,22 @@ impl SoftRnic {
         Ok(self.queue_pair(qpn)?.state())
     }
 
+    /// `ibv_destroy_qp`'s part on the device: the queue pair drops its work
+    /// with no completions (RESET), and its completions still waiting in
+    /// its completion queues go too, as a real device cleans a destroyed
+    /// queue pair's entries from its CQs. Flushed instead, they reached
+    /// live queues with work request ids the program had freed (and could
+    /// overrun a queue shared with live queue pairs).
+    pub fn retire_queue_pair(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
+        let (slot, context, resources) = self.queue_pair_mut(qpn)?;
+        context.transition(QueuePairState::Reset, None, resources)?;
+        for queue in context.completion_queues() {
+            resources.completion_queues[queue.0 as usize].discard_of(qpn);
+        }
+        self.wake(slot);
+        Ok(())
+    }
+
     /// Registers memory the application owns outside Rust's heap, at the
     /// address it names: what `ibv_reg_mr` does for a C program's buffer.
     pub fn register_external_memory(

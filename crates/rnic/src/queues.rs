@@ -56,6 +56,12 @@ impl<T> BoundedQueue<T> {
         self.entries.iter()
     }
 
+    /// Keeps only the entries `keep` says, in order.
+    pub(crate) fn retain(&mut self, keep: impl FnMut(&T) -> bool) {
+        self.entries.retain(keep);
+        reuse_first_slot_when_empty(&mut self.entries);
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
@@ -116,6 +122,11 @@ impl CompletionRing {
             queue: BoundedQueue::new("completion queue", depth),
             overrun: false,
         }
+    }
+
+    /// Drops the completions of queue pair `qpn`.
+    pub(crate) fn discard_of(&mut self, qpn: remora_wire::Qpn) {
+        self.queue.retain(|completion| completion.qpn != qpn);
     }
 
     /// Returns false when the completion was lost to an overrun.

@@ -198,29 +198,84 @@ impl RecentList {
 #[derive(Debug)]
 pub struct StaticSpace {
     capacity_bytes: u64,
-    used_bytes: u64,
+    /// Free ranges (start, end), by start, none touching another: at
+    /// most one more than the pinned regions.
+    free: Vec<(u64, u64)>,
 }
+
+/// Pinned regions start on a page, as the memory node's do.
+const STATIC_ALIGNMENT_BYTES: u64 = 4096;
 
 impl StaticSpace {
     pub fn new(capacity_bytes: u64) -> StaticSpace {
         StaticSpace {
             capacity_bytes,
-            used_bytes: 0,
+            free: (capacity_bytes > 0)
+                .then_some((0, capacity_bytes))
+                .into_iter()
+                .collect(),
         }
     }
 
-    /// `bytes` of space; its offset, or `None` when full.
+    /// `bytes` of space starting on a page, first fit; its offset, or
+    /// `None` when no free range holds it.
     pub fn allocate(&mut self, bytes: u64) -> Option<u64> {
-        let start = self.used_bytes.next_multiple_of(4096);
-        let end = start.checked_add(bytes)?;
-        (end <= self.capacity_bytes).then(|| {
-            self.used_bytes = end;
-            start
-        })
+        let fits = |&(start, end): &(u64, u64)| {
+            let aligned = start.checked_next_multiple_of(STATIC_ALIGNMENT_BYTES)?;
+            aligned
+                .checked_add(bytes)
+                .filter(|&taken_end| taken_end <= end)?;
+            Some(aligned)
+        };
+        let (at, aligned) = self
+            .free
+            .iter()
+            .enumerate()
+            .find_map(|(at, range)| fits(range).map(|aligned| (at, aligned)))?;
+        let (start, end) = self.free.remove(at);
+        // What is left on either side stays free, in order.
+        let mut index = at;
+        for (left_start, left_end) in [(start, aligned), (aligned + bytes, end)] {
+            if left_end > left_start {
+                self.free.insert(index, (left_start, left_end));
+                index += 1;
+            }
+        }
+        Some(aligned)
+    }
+
+    /// Gives back what `allocate(bytes)` returned at `offset`. A pin and
+    /// an unpin once used the space up for good: it was only ever taken.
+    pub fn release(&mut self, offset: u64, bytes: u64) {
+        let end = offset.saturating_add(bytes).min(self.capacity_bytes);
+        if end <= offset {
+            return;
+        }
+        let at = self.free.partition_point(|&(start, _)| start < offset);
+        debug_assert!(at == 0 || self.free[at - 1].1 <= offset, "a double release");
+        self.free.insert(at, (offset, end));
+        // Joins the neighbours it touches.
+        if at + 1 < self.free.len() && self.free[at].1 == self.free[at + 1].0 {
+            self.free[at].1 = self.free[at + 1].1;
+            self.free.remove(at + 1);
+        }
+        if at > 0 && self.free[at - 1].1 == self.free[at].0 {
+            self.free[at - 1].1 = self.free[at].1;
+            self.free.remove(at);
+        }
     }
 
     pub fn capacity_bytes(&self) -> u64 {
         self.capacity_bytes
+    }
+
+    /// The longest free range: the largest region a pin can take now.
+    pub fn largest_free_bytes(&self) -> u64 {
+        self.free
+            .iter()
+            .map(|(start, end)| end - start)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -254,6 +309,31 @@ mod tests {
         table.release(first);
         table.filled(third);
         assert!(table.reserve(key(3)).is_some());
+    }
+
+    /// Static space was a bump allocator: pinning and unpinning one
+    /// object again and again ran it out while the cache held nothing.
+    #[test]
+    fn static_space_comes_back_and_joins_its_neighbours() {
+        let mut space = StaticSpace::new(64 << 10);
+        for _ in 0..10 {
+            let whole = space.allocate(64 << 10).expect("all of it is free again");
+            space.release(whole, 64 << 10);
+        }
+        let first = space.allocate(16 << 10).unwrap();
+        let second = space.allocate(100).unwrap();
+        let third = space.allocate(16 << 10).unwrap();
+        assert_eq!((first, second, third), (0, 16 << 10, 20 << 10));
+        assert_eq!(space.allocate(64 << 10), None);
+        // The page-rounding gap after the 100 bytes is free, and joins the
+        // 100 bytes once they come back.
+        assert_eq!(space.largest_free_bytes(), 28 << 10);
+        space.release(second, 100);
+        assert_eq!(space.largest_free_bytes(), 28 << 10);
+        space.release(first, 16 << 10);
+        space.release(third, 16 << 10);
+        assert_eq!(space.largest_free_bytes(), 64 << 10);
+        assert_eq!(space.allocate(64 << 10), Some(0));
     }
 
     #[test]

@@ -172,6 +172,7 @@ enum Forward {
     },
     Static {
         region: RegionId,
+        static_at: u64,
         bytes: u32,
     },
 }
@@ -296,6 +297,9 @@ pub struct DpuState {
     /// Requests already looked up in the cache (a miss waiting for a
     /// staging buffer is not counted twice).
     looked_up: std::collections::HashSet<(Qpn, u32)>,
+    /// Static copies taken out of the cache with pieces still in flight.
+    retired_statics: Vec<(RegionId, StaticEntry)>,
+    crashes: u64,
 }
 
 impl DpuState {
@@ -330,6 +334,8 @@ impl DpuState {
             static_jobs: VecDeque::new(),
             background_in_flight: 0,
             looked_up: Default::default(),
+            retired_statics: Vec::new(),
+            crashes: 0,
         }
     }
 
@@ -354,11 +360,15 @@ impl DpuState {
             .allocate(length)
             .ok_or(DpuError::StaticFull {
                 wanted: length,
-                free: self.static_space.capacity_bytes(),
+                free: self.static_space.largest_free_bytes(),
             })?;
         let pieces = self.queue_static(region, memory_offset, offset, length, false);
-        let state = StaticState::Loading {
-            pieces_left: pieces,
+        // An empty region has nothing to load: no piece would ever say so.
+        let state = match pieces {
+            0 => StaticState::Ready,
+            _ => StaticState::Loading {
+                pieces_left: pieces,
+            },
         };
         self.statics.insert(
             region,
@@ -371,12 +381,18 @@ impl DpuState {
         Ok(offset)
     }
 
-    /// Control plane: the region leaves the static cache, its contents
-    /// written to the memory node first when `flush`.
-    pub fn begin_unpin(&mut self, region: RegionId, flush: bool) {
+    /// Control plane: `region` starts its way out of the static cache, its
+    /// copy written to the memory node first if `flush`; whether the cache
+    /// held it. Its space comes back once it is out.
+    pub fn begin_unpin(&mut self, region: RegionId, flush: bool) -> bool {
         let Some(entry) = self.statics.get(&region).copied() else {
-            return;
+            return false;
         };
+        // Writes while pinned went to the static copy only: what the
+        // dynamic cache held of the region from before is stale.
+        if let Some(cache) = &mut self.cache {
+            cache.table.forget_region(region);
+        }
         let memory_offset = self.regions.get(&region).map(|&(offset, _)| offset);
         match (flush, memory_offset) {
             (true, Some(memory_offset)) => {
@@ -387,10 +403,15 @@ impl DpuState {
                 };
                 self.statics.insert(region, StaticEntry { state, ..entry });
             }
-            _ => {
-                self.statics.remove(&region);
-            }
+            _ => self.remove_static(region),
         }
+        true
+    }
+
+    /// How many times the DPU crashed: what it held before a crash (its
+    /// static copies among it) is gone.
+    pub fn crashes(&self) -> u64 {
+        self.crashes
     }
 
     /// The static cache's state for `region`; `None` once gone.
@@ -431,7 +452,7 @@ impl DpuState {
 
     pub fn forget_region(&mut self, region: RegionId) {
         self.regions.remove(&region);
-        self.statics.remove(&region);
+        self.remove_static(region);
         if let Some(cache) = &mut self.cache {
             cache.table.forget_region(region);
         }
@@ -896,7 +917,11 @@ impl DpuState {
                     self.repost(nic, slot)?;
                 }
                 Forward::Prefetch { entry, bytes } => self.prefetched(nic, entry, bytes, failed)?,
-                Forward::Static { region, bytes } => self.static_piece_done(region, bytes),
+                Forward::Static {
+                    region,
+                    static_at,
+                    bytes,
+                } => self.static_piece_done(region, static_at, bytes),
             }
         }
         Ok(Progress::from_moved(moved))
@@ -938,9 +963,31 @@ impl DpuState {
         Ok(())
     }
 
-    fn static_piece_done(&mut self, region: RegionId, bytes: u32) {
+    fn static_piece_done(&mut self, region: RegionId, static_at: u64, bytes: u32) {
         self.background_in_flight -= 1;
         self.counters.static_bytes += u64::from(bytes);
+        let holds = |entry: &StaticEntry| {
+            (entry.offset..entry.offset + entry.length.max(1)).contains(&static_at)
+        };
+        if let Some(at) = self
+            .retired_statics
+            .iter()
+            .position(|(retired, entry)| *retired == region && holds(entry))
+        {
+            // A piece of a copy already out of the cache: its space comes
+            // back with its last piece.
+            let (_, entry) = &mut self.retired_statics[at];
+            if let StaticState::Loading { pieces_left } | StaticState::Flushing { pieces_left } =
+                &mut entry.state
+            {
+                *pieces_left -= 1;
+                if *pieces_left == 0 {
+                    let (_, entry) = self.retired_statics.swap_remove(at);
+                    self.static_space.release(entry.offset, entry.length);
+                }
+            }
+            return;
+        }
         let Some(entry) = self.statics.get_mut(&region) else {
             return;
         };
@@ -952,10 +999,31 @@ impl DpuState {
         }
         match entry.state {
             StaticState::Loading { pieces_left: 0 } => entry.state = StaticState::Ready,
-            StaticState::Flushing { pieces_left: 0 } => {
-                self.statics.remove(&region);
-            }
+            StaticState::Flushing { pieces_left: 0 } => self.remove_static(region),
             _ => {}
+        }
+    }
+
+    /// Takes `region` out of the static cache: its queued loads and
+    /// flushes are dropped (posted later, they would move bytes of space
+    /// or memory given to others), and its space comes back once no piece
+    /// of it is in flight.
+    fn remove_static(&mut self, region: RegionId) {
+        let Some(mut entry) = self.statics.remove(&region) else {
+            return;
+        };
+        let queued_before = self.static_jobs.len();
+        self.static_jobs.retain(|job| job.region != region);
+        let dropped = (queued_before - self.static_jobs.len()) as u32;
+        match &mut entry.state {
+            StaticState::Loading { pieces_left } | StaticState::Flushing { pieces_left }
+                if *pieces_left > dropped =>
+            {
+                *pieces_left -= dropped;
+                // Bounded by the pieces in flight, each of which ends.
+                self.retired_statics.push((region, entry));
+            }
+            _ => self.static_space.release(entry.offset, entry.length),
         }
     }
 
@@ -1061,6 +1129,7 @@ impl DpuState {
         };
         let forward = Forward::Static {
             region: job.region,
+            static_at: job.static_at,
             bytes: job.bytes,
         };
         self.forward(nic, forward, operation, local, WorkKind::Background)
@@ -1069,6 +1138,7 @@ impl DpuState {
     fn crash(&mut self) {
         // What the DPU held is gone: queued requests, forwards, and the
         // writes it acknowledged but had not persisted.
+        self.crashes += 1;
         self.requests.clear();
         self.in_flight.clear();
         self.free_staging = (0..self.config.staging_slots as u32).collect();
@@ -1077,6 +1147,8 @@ impl DpuState {
         self.looked_up.clear();
         self.static_jobs.clear();
         self.statics.clear();
+        self.retired_statics.clear();
+        self.static_space = StaticSpace::new(self.config.static_bytes);
         self.background_in_flight = 0;
         if let Some(cache) = &mut self.cache {
             let entries = cache.table.entries();

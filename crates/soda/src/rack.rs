@@ -132,6 +132,8 @@ pub enum SodaRackError {
     RegionId(ObjectId),
     #[error(transparent)]
     Dpu(#[from] crate::dpu::DpuError),
+    #[error("object {0:?}: the DPU died holding the only copy of its writes (pinned in its static cache)")]
+    StaticCopyLost(ObjectId),
     #[error("the DPU's static cache did not settle region {0:?} in time")]
     StaticTimedOut(RegionId),
     #[error("the DPU replied {got} bytes where {wanted} were asked")]
@@ -173,6 +175,11 @@ struct DpuPath {
     /// Writes the DPU acknowledged and has not yet reported persisted, by
     /// object: what a DPU crash would lose.
     unconfirmed: Mutex<HashMap<ObjectId, u32>>,
+    /// Objects released while the DPU still held writes to them: their
+    /// room on the memory node is freed when those writes are confirmed
+    /// (or the DPU dies). Freed at once, a late write landed in the room
+    /// of the next object given it. Locked inside `unconfirmed`.
+    releasing: Mutex<std::collections::HashSet<ObjectId>>,
 }
 
 pub struct SodaRack {
@@ -335,6 +342,7 @@ impl SodaRack {
                 state,
                 busy,
                 unconfirmed: Mutex::new(HashMap::new()),
+                releasing: Mutex::new(Default::default()),
             });
         }
         let mut processes = Vec::with_capacity(config.processes);
@@ -517,21 +525,40 @@ impl SodaRack {
         Ok(())
     }
 
-    /// Drops the unconfirmed writes a reply reports persisted.
+    /// Drops the unconfirmed writes a reply reports persisted, and frees
+    /// the room of released objects that held the last of them.
     fn confirm(&self, dpu: &DpuPath, channel: &mut Channel<WriteTracking>, immediate: u32) {
         let persisted = immediate & PERSISTED_MASK;
-        let mut unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
-        // Bounded by the channel's unconfirmed writes.
-        while let Some(&(index, object)) = channel.state.unconfirmed.front() {
-            if index > persisted {
-                break;
-            }
-            channel.state.unconfirmed.pop_front();
-            if let Some(count) = unconfirmed.get_mut(&object) {
-                *count -= 1;
-                if *count == 0 {
-                    unconfirmed.remove(&object);
+        let mut settled = Vec::new();
+        {
+            let mut unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
+            let mut releasing = dpu.releasing.lock().expect("releasing lock");
+            // Bounded by the channel's unconfirmed writes.
+            while let Some(&(index, object)) = channel.state.unconfirmed.front() {
+                if index > persisted {
+                    break;
                 }
+                channel.state.unconfirmed.pop_front();
+                if let Some(count) = unconfirmed.get_mut(&object) {
+                    *count -= 1;
+                    if *count == 0 {
+                        unconfirmed.remove(&object);
+                        if releasing.remove(&object) {
+                            settled.push(object);
+                        }
+                    }
+                }
+            }
+        }
+        self.free_rooms(settled);
+    }
+
+    /// Gives the memory node back the rooms of released objects.
+    fn free_rooms(&self, objects: Vec<ObjectId>) {
+        let mut memory = self.memory.lock().expect("memory agent lock");
+        for object in objects {
+            if let Err(error) = memory.release(object) {
+                tracing::warn!(object = object.0, %error, "freeing a released object's room");
             }
         }
     }
@@ -635,15 +662,30 @@ impl SodaRack {
     }
 
     /// A failure on the DPU path loses the DPU's unpersisted writes: their
-    /// objects are marked lost, and so is the object that failed.
+    /// objects are marked lost (those written two-sided and unconfirmed,
+    /// and the pinned ones written in its static cache since they were
+    /// pinned), and so is the object that failed.
     fn dpu_failed(&self, object: ObjectId, error: &SodaRackError) {
         let mut lost = self.lost.lock().expect("lost lock");
         lost.insert(object, error.to_string());
         if let Some(dpu) = &self.dpu {
-            for (other, _) in dpu.unconfirmed.lock().expect("unconfirmed lock").drain() {
-                lost.entry(other).or_insert_with(|| {
-                    "the DPU failed holding writes the memory node never got".into()
-                });
+            let held = "the DPU failed holding writes the memory node never got";
+            let mut unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
+            let released: Vec<ObjectId> = dpu
+                .releasing
+                .lock()
+                .expect("releasing lock")
+                .drain()
+                .collect();
+            for (other, _) in unconfirmed.drain() {
+                lost.entry(other).or_insert_with(|| held.into());
+            }
+            drop(unconfirmed);
+            // What the dead DPU held never lands: their rooms are free.
+            self.free_rooms(released);
+            let pinned = self.pinned.lock().expect("pinned lock");
+            for (other, _) in pinned.iter().filter(|(_, (_, dirty))| *dirty) {
+                lost.entry(*other).or_insert_with(|| held.into());
             }
         }
     }
@@ -760,10 +802,13 @@ impl SodaRack {
             .expect("DPU state lock")
             .begin_pin(region)?;
         self.wait_static(region, |state| state == Some(StaticState::Ready))?;
+        // Pinned again, it keeps what it was: a fresh clean mark made an
+        // unpin drop writes the memory node never got.
         self.pinned
             .lock()
             .expect("pinned lock")
-            .insert(object, (offset, false));
+            .entry(object)
+            .or_insert((offset, false));
         Ok(())
     }
 
@@ -772,12 +817,25 @@ impl SodaRack {
             return Ok(());
         };
         let region = Self::region(object)?;
-        self.dpu()?
-            .state
-            .lock()
-            .expect("DPU state lock")
-            .begin_unpin(region, dirty);
-        self.wait_static(region, |state| state.is_none())
+        let dpu = self.dpu()?;
+        let (held, crashes) = {
+            let mut state = dpu.state.lock().expect("DPU state lock");
+            (state.begin_unpin(region, dirty), state.crashes())
+        };
+        self.wait_static(region, |state| state.is_none())?;
+        let crashed = dpu.state.lock().expect("DPU state lock").crashes() != crashes;
+        if dirty && (!held || crashed) {
+            // The DPU died with the only copy of the object's writes: an
+            // unpin that returned would let the next fetch read the memory
+            // node's stale copy.
+            let error = SodaRackError::StaticCopyLost(object);
+            self.lost
+                .lock()
+                .expect("lost lock")
+                .insert(object, error.to_string());
+            return Err(error);
+        }
+        Ok(())
     }
 }
 
@@ -883,6 +941,14 @@ impl ChunkStore for SodaRack {
                 .forget_region(region);
         }
         self.lost.lock().expect("lost lock").remove(&object);
+        if let Some(dpu) = &self.dpu {
+            let unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
+            if unconfirmed.contains_key(&object) {
+                // Freed when the DPU confirms its writes (see `releasing`).
+                dpu.releasing.lock().expect("releasing lock").insert(object);
+                return Ok(());
+            }
+        }
         self.memory
             .lock()
             .expect("memory agent lock")

@@ -720,3 +720,117 @@ fn a_read_straddling_two_cache_entries_gets_its_own_bytes() {
     );
     assert_eq!(store.dpu_report().unwrap().0.straddling_reads, 1);
 }
+
+/// A rack that reaches the memory node directly, with a DPU whose static
+/// cache holds `static_bytes`.
+fn static_cache_rack(static_bytes: u64) -> SodaRack {
+    let config = SodaRackConfig {
+        dpu: Some(DpuConfig {
+            static_bytes,
+            ..DpuConfig::optimized(64 << 10)
+        }),
+        ..rack_config(Route::Direct)
+    };
+    SodaRack::start(&config).unwrap()
+}
+
+/// A second pin of a pinned object marked it clean again: the unpin then
+/// dropped the DPU's copy instead of flushing it, and the next fetch read
+/// the memory node's stale bytes.
+#[test]
+fn pinning_a_pinned_object_again_keeps_its_writes() {
+    use remora_soda::Advice;
+    const CHUNK_BYTES: usize = 64 << 10;
+    let store = static_cache_rack(1 << 20);
+    let object = ObjectId(1);
+    store.reserve(object, CHUNK_BYTES as u64, None).unwrap();
+    store.advise(object, Advice::Pin).unwrap();
+    store.write_back(object, 0, &[7u8; CHUNK_BYTES]).unwrap();
+    store.advise(object, Advice::Pin).unwrap();
+    store.advise(object, Advice::Unpin).unwrap();
+    let mut into = vec![0u8; CHUNK_BYTES];
+    store.fetch(object, 0, &mut into).unwrap();
+    assert!(
+        into.iter().all(|&byte| byte == 7),
+        "the pinned writes reached memory"
+    );
+    store.stop().unwrap();
+}
+
+/// The DPU died holding a pinned object's writes in its static cache: the
+/// unpin found nothing to flush and returned, and the next fetch read the
+/// memory node's stale copy. The unpin and the fetch now say it is lost.
+#[test]
+fn a_dpu_crash_loses_a_pinned_objects_writes_loudly() {
+    use remora_soda::Advice;
+    const CHUNK_BYTES: usize = 64 << 10;
+    let store = static_cache_rack(1 << 20);
+    let object = ObjectId(1);
+    store.reserve(object, CHUNK_BYTES as u64, None).unwrap();
+    store.advise(object, Advice::Pin).unwrap();
+    store.write_back(object, 0, &[7u8; CHUNK_BYTES]).unwrap();
+    store.crash(remora_soda::rack::DPU_HOST);
+    assert!(store.advise(object, Advice::Unpin).is_err());
+    let mut into = vec![0u8; CHUNK_BYTES];
+    assert!(matches!(
+        store.fetch(object, 0, &mut into),
+        Err(StoreError::Lost { .. })
+    ));
+    store.stop().unwrap();
+}
+
+/// An object released while the DPU still held a write to it gave its
+/// room on the memory node back at once: the next object got that room,
+/// and the late write landed on it. The room is now freed when the DPU
+/// confirms the write.
+#[test]
+fn a_write_the_dpu_still_holds_never_lands_in_the_next_objects_room() {
+    const CHUNK_BYTES: usize = 64 << 10;
+    let config = SodaRackConfig {
+        links: remora_soda::rack::RackLinks {
+            memory: Some(shaped(200_000_000)),
+            ..Default::default()
+        },
+        ..rack_config(Route::ThroughDpu)
+    };
+    let store = SodaRack::start(&config).unwrap();
+    let (first, second) = (ObjectId(1), ObjectId(2));
+    store.reserve(first, CHUNK_BYTES as u64, None).unwrap();
+    store.write_back(first, 0, &[7u8; CHUNK_BYTES]).unwrap();
+    store.release(first).unwrap();
+    store.reserve(second, CHUNK_BYTES as u64, None).unwrap();
+    // Until the DPU has written the chunk to the memory node.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while store.dpu_report().unwrap().0.written_bytes < CHUNK_BYTES as u64 {
+        assert!(std::time::Instant::now() < deadline, "the DPU never wrote");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let mut into = vec![1u8; CHUNK_BYTES];
+    store.fetch(second, 0, &mut into).unwrap();
+    assert!(
+        into.iter().all(|&byte| byte == 0),
+        "the new object is untouched"
+    );
+    store.stop().unwrap();
+}
+
+/// The static cache's space was only ever taken: pinning and unpinning an
+/// object filled it while it held nothing, and an empty object's pin waited
+/// its whole deadline for a load with no pieces.
+#[test]
+fn the_static_cache_takes_pins_again_and_again_and_empty_ones_at_once() {
+    use remora_soda::Advice;
+    let store = static_cache_rack(64 << 10);
+    let (object, empty) = (ObjectId(1), ObjectId(2));
+    store.reserve(object, 64 << 10, None).unwrap();
+    for _ in 0..4 {
+        store.advise(object, Advice::Pin).unwrap();
+        store.advise(object, Advice::Unpin).unwrap();
+    }
+    store.reserve(empty, 0, None).unwrap();
+    let started = std::time::Instant::now();
+    store.advise(empty, Advice::Pin).unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    store.stop().unwrap();
+}

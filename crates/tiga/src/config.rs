@@ -116,7 +116,20 @@ pub enum ConfigError {
     Zero { field: &'static str },
     #[error("{field} is {cores}: it must be between 1 and {MAX_CORES}")]
     Cores { field: &'static str, cores: usize },
+    #[error("{field} is {value}: at most {limit}")]
+    TooLarge {
+        field: &'static str,
+        value: f64,
+        limit: f64,
+    },
 }
+
+/// The largest SoC slowdown against the measuring CPU: far past any
+/// SmartNIC's, and small enough that a stage's cost in nanoseconds stays
+/// far from overflowing virtual time.
+pub const MAX_SLOWDOWN: f64 = 1e4;
+/// The largest fixed cost (a context switch, a core move, a detection).
+pub const MAX_FIXED_COST_NS: f64 = 1e9;
 
 /// The most cores a simulated SoC or CN may have.
 pub const MAX_CORES: usize = 1024;
@@ -148,6 +161,23 @@ impl SocConfig {
         {
             if !(value.is_finite() && value >= 0.0) || (value == 0.0 && !field.ends_with("_ns")) {
                 return Err(ConfigError::NotPositive { field, value });
+            }
+        }
+        // Virtual time is u64 nanoseconds: costs past these bounds once
+        // overflowed it (a panic, or time running backwards).
+        let bounded =
+            [("slowdown", self.slowdown, MAX_SLOWDOWN)]
+                .into_iter()
+                .chain(optional.into_iter().filter_map(|(field, value)| {
+                    value.map(|value| (field, value, MAX_FIXED_COST_NS))
+                }));
+        for (field, value, limit) in bounded {
+            if value > limit {
+                return Err(ConfigError::TooLarge {
+                    field,
+                    value,
+                    limit,
+                });
             }
         }
         if !(self.forwarding_step > 0.0 && self.forwarding_step <= 0.5) {
@@ -371,6 +401,35 @@ mod tests {
         assert!(matches!(
             section("cores = 8"),
             Err(TigaSectionError::Syntax(_))
+        ));
+    }
+
+    /// A context switch of 1e20 ns (or a slowdown of 1e17) overflowed
+    /// virtual time: a panic in debug builds, time running backwards in
+    /// release. They are typed errors now.
+    #[test]
+    fn costs_that_would_overflow_virtual_time_are_refused() {
+        let huge_switch = SocConfig {
+            context_switch_ns: Some(1e20),
+            ..SocConfig::default()
+        };
+        assert!(matches!(
+            huge_switch.validate(),
+            Err(ConfigError::TooLarge {
+                field: "context_switch_ns",
+                ..
+            })
+        ));
+        let huge_slowdown = SocConfig {
+            slowdown: 1e17,
+            ..SocConfig::default()
+        };
+        assert!(matches!(
+            huge_slowdown.validate(),
+            Err(ConfigError::TooLarge {
+                field: "slowdown",
+                ..
+            })
         ));
     }
 

@@ -144,6 +144,8 @@ pub enum RunError {
     PayloadSize(usize),
     #[error("offered load {0}/s is not positive and finite")]
     BadLoad(f64),
+    #[error("the run would offer {0:.0} requests: at most {MAX_REQUESTS}")]
+    TooManyRequests(f64),
     #[error("the measurement window starts at {measure_from_ns} ns, after the run's end at {duration_ns} ns")]
     BadWindow {
         measure_from_ns: u64,
@@ -159,6 +161,10 @@ pub enum RunError {
         app: App,
         error: crate::apps::StageError,
     },
+    #[error(
+        "{in_flight} requests are in flight by their status, but queues and cores hold {held}"
+    )]
+    LostRequests { in_flight: u64, held: u64 },
     #[error("accounting: {offered} offered, but {completed} completed + {rejected} rejected + {in_flight} in flight")]
     Accounting {
         offered: u64,
@@ -363,6 +369,10 @@ pub fn run(
     run.finish()
 }
 
+/// The most requests one run offers: each keeps a status byte, and a
+/// valid but huge load once asked for more memory than there is.
+pub const MAX_REQUESTS: u64 = 1 << 30;
+
 fn validate(workload: &Workload, config: &SocConfig) -> Result<(), RunError> {
     config.validate()?;
     if workload.apps.is_empty() {
@@ -381,6 +391,10 @@ fn validate(workload: &Workload, config: &SocConfig) -> Result<(), RunError> {
     }
     if !(workload.offered_per_second.is_finite() && workload.offered_per_second > 0.0) {
         return Err(RunError::BadLoad(workload.offered_per_second));
+    }
+    let requests = workload.offered_per_second * workload.duration_ns as f64 / 1e9;
+    if requests > MAX_REQUESTS as f64 {
+        return Err(RunError::TooManyRequests(requests));
     }
     if workload.measure_from_ns >= workload.duration_ns {
         return Err(RunError::BadWindow {
@@ -1179,6 +1193,27 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// The in-flight requests some queue or core holds, each checked to
+    /// be in flight.
+    fn requests_held(&self) -> u64 {
+        let soc = self.cores.iter().filter_map(|core| match core.state {
+            CoreState::Busy { item, .. } | CoreState::Blocked { item } => Some(item),
+            CoreState::Idle | CoreState::Moving => None,
+        });
+        let pools = std::iter::once(&self.cn).chain(self.host.as_ref());
+        let pooled = pools.flat_map(|pool| {
+            let running = pool.cores.iter().filter_map(|core| match core {
+                CpuState::Busy { item, .. } | CpuState::Blocked { item } => Some(*item),
+                CpuState::Idle => None,
+            });
+            running.chain(pool.queue.iter().map(|(item, _)| *item))
+        });
+        let queued = self.queues.iter().flatten().copied();
+        let held = soc.chain(pooled).chain(queued);
+        held.filter(|item| self.status[item.id as usize] == IN_FLIGHT)
+            .count() as u64
+    }
+
     fn finish(mut self) -> Result<RunReport, RunError> {
         if let Some(error) = self.measures.error.take() {
             return Err(error);
@@ -1196,6 +1231,13 @@ impl<'a> Run<'a> {
                 rejected: measures.rejected,
                 in_flight,
             });
+        }
+        // The books above move together with the status bytes, so they
+        // cannot see a request dropped from every queue and core: count
+        // the requests actually held.
+        let held = self.requests_held();
+        if held != in_flight {
+            return Err(RunError::LostRequests { in_flight, held });
         }
         let window_ns = (self.workload.duration_ns - self.workload.measure_from_ns) as f64;
         let latency = measures.latency.as_ref().expect("made in new");
@@ -1261,6 +1303,20 @@ mod tests {
         }
     }
 
+    /// A valid but huge load sized the run's books for more requests than
+    /// memory holds, and the process aborted: a typed error now.
+    #[test]
+    fn a_load_past_the_run_limit_is_refused() {
+        let workload = Workload {
+            offered_per_second: 1e12,
+            duration_ns: 1_000_000_000,
+            ..workload()
+        };
+        let calibration = Calibration::fixed_for_tests();
+        let result = run(Scheme::Tiga, &workload, &SocConfig::default(), &calibration);
+        assert!(matches!(result, Err(RunError::TooManyRequests(_))));
+    }
+
     /// An alternating payload with no sizes divided by zero at the first
     /// arrival; it is a typed error before the run.
     #[test]
@@ -1289,6 +1345,25 @@ mod tests {
         assert!(matches!(
             run.finish(),
             Err(RunError::CompletedTwice { id: 0 })
+        ));
+    }
+
+    /// A request dropped from every queue and core still read as in flight
+    /// by its status, and the books (which move with the status) held: the
+    /// run passed. The requests held are counted now.
+    #[test]
+    fn a_request_dropped_from_every_queue_fails_the_run() {
+        let (workload, config) = (workload(), SocConfig::default());
+        let calibration = Calibration::fixed_for_tests();
+        let mut run = Run::new(Scheme::Tiga, &workload, &config, &calibration).unwrap();
+        run.arrive(0);
+        run.queues.iter_mut().for_each(VecDeque::clear);
+        assert!(matches!(
+            run.finish(),
+            Err(RunError::LostRequests {
+                in_flight: 1,
+                held: 0
+            })
         ));
     }
 

@@ -117,6 +117,14 @@ impl QueuePairContext {
         self.state
     }
 
+    /// The completion queues its sends and its receives complete into.
+    pub(crate) fn completion_queues(&self) -> [crate::verbs::CompletionQueue; 2] {
+        [
+            self.attributes.send_completion_queue,
+            self.attributes.receive_completion_queue,
+        ]
+    }
+
     /// True if this queue pair completes work into `queue`.
     pub(crate) fn uses_completion_queue(&self, queue: crate::verbs::CompletionQueue) -> bool {
         self.attributes.send_completion_queue == queue

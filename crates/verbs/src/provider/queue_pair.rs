@@ -217,9 +217,10 @@ pub(super) unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     let node = unsafe { node_of(qp_object.qp.qp_base.context) };
     let qpn = qp_object.qpn;
     let inline = qp_object.inline.as_ref().map(|staging| staging.region.lkey);
-    // Flush what is outstanding; the device keeps the queue pair's slot.
+    // Its work goes with it, completions included; the device keeps the
+    // queue pair's slot.
     let _ = node.with_device(|rnic| {
-        let _ = rnic.modify_queue_pair(qpn, QueuePairTransition::Error);
+        let _ = rnic.retire_queue_pair(qpn);
         inline.map(|lkey| rnic.deregister_memory(lkey))
     });
     // SAFETY: a QP's PD, CQs and SRQ outlive it (their destroy is EBUSY).

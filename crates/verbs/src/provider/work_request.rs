@@ -72,7 +72,9 @@ pub(super) unsafe fn inline_bytes(list: &[ScatterGatherElement]) -> Result<Vec<u
         return Err(libc::EINVAL);
     }
     let mut bytes = Vec::with_capacity(total as usize);
-    for element in list {
+    // An empty element may carry a null address (`ibv_wr_set_inline_data(qp,
+    // NULL, 0)`): a slice, even an empty one, may not start at null.
+    for element in list.iter().filter(|element| element.length_bytes > 0) {
         // SAFETY: the caller's promise.
         let source = unsafe {
             std::slice::from_raw_parts(

@@ -122,6 +122,10 @@ static void refusals(void)
 	struct ibv_cq_init_attr_ex cq_ex = { .cqe = 4 };
 	errno = 0;
 	CHECK(ibv_create_cq_ex(context, &cq_ex) == NULL && errno == EOPNOTSUPP, "create_cq_ex is EOPNOTSUPP");
+	/* Arming a CQ with no channel is legal (mlx5, rxe): programs arm unconditionally. */
+	struct ibv_cq *plain = ibv_create_cq(context, 4, NULL, NULL, 0);
+	CHECK(plain && ibv_req_notify_cq(plain, 0) == 0, "arming a CQ without a channel is 0");
+	CHECK(ibv_destroy_cq(plain) == 0, "destroy the plain CQ");
 	union ibv_gid gid;
 	CHECK(ibv_query_gid(context, 1, 1, &gid) != 0, "GID index 1 does not exist");
 	struct ibv_port_attr port;
@@ -191,6 +195,29 @@ static void a_flush_raises_the_armed_event(uint8_t *remote, struct ibv_mr *remot
 	      "the receive was flushed");
 	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(evented) == 0, "destroy");
 	CHECK(ibv_destroy_comp_channel(channel) == 0, "destroy the channel");
+}
+
+/* Destroying a QP takes its work with it: its posted receives complete
+ * nowhere (a flush put them in a CQ shared with live QPs, carrying wr_ids
+ * the program had freed), and a live QP on that CQ goes on. */
+static void a_destroyed_qp_leaves_no_completions(uint8_t *remote, struct ibv_mr *remote_mr)
+{
+	struct ibv_cq *shared = ibv_create_cq(context, 4, NULL, NULL, 0);
+	CHECK(shared, "create a small shared CQ");
+	struct ibv_qp *live = make_qp_on(shared), *doomed = make_qp_on(shared);
+	struct ibv_sge sge = { .addr = (uintptr_t)remote, .length = 64, .lkey = remote_mr->lkey };
+	struct ibv_recv_wr receive = { .wr_id = 90, .sg_list = &sge, .num_sge = 1 }, *bad = NULL;
+	for (int i = 0; i < 4; i++)
+		CHECK(ibv_post_recv(doomed, &receive, &bad) == 0, "post receive %d on the doomed QP", i);
+	CHECK(ibv_post_recv(live, &receive, &bad) == 0, "post a receive on the live QP");
+	CHECK(ibv_destroy_qp(doomed) == 0, "destroy the QP with its receives posted");
+	struct ibv_wc wc[8];
+	CHECK(ibv_poll_cq(shared, 8, wc) == 0, "no completion of the destroyed QP");
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+	CHECK(ibv_query_qp(live, &attr, IBV_QP_STATE, &init) == 0 && attr.qp_state != IBV_QPS_ERR,
+	      "the live QP is not in error");
+	CHECK(ibv_destroy_qp(live) == 0 && ibv_destroy_cq(shared) == 0, "destroy");
 }
 
 /* Inline sends past a full send queue: a refused one must not overwrite
@@ -334,6 +361,14 @@ int main(void)
 	CHECK(seen_send && seen_receive, "both sides of the SEND completed");
 	CHECK(memcmp(remote, message, sizeof message) == 0, "the inline payload arrived");
 
+	/* An empty inline WRITE may name no address at all. */
+	struct ibv_sge empty = { .addr = 0, .length = 0, .lkey = 0 };
+	struct ibv_send_wr nothing = { .wr_id = 8, .sg_list = &empty, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE,
+		.wr.rdma = { .remote_addr = (uintptr_t)remote, .rkey = remote_mr->rkey } };
+	wc = post_one(a, &nothing);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 8, "an empty inline WRITE from a null address completes");
+
 	/* Bad local arguments: too many SGEs, with bad_wr naming the request. */
 	struct ibv_sge five[5] = { sge, sge, sge, sge, sge };
 	struct ibv_send_wr too_many = { .wr_id = 6, .sg_list = five, .num_sge = 5, .opcode = IBV_WR_RDMA_WRITE,
@@ -353,6 +388,7 @@ int main(void)
 	a_refused_inline_send_leaves_the_others_alone(gid, remote, remote_mr);
 	destroyed_queue_events(gid, local, local_mr, remote, remote_mr);
 	a_flush_raises_the_armed_event(remote, remote_mr);
+	a_destroyed_qp_leaves_no_completions(remote, remote_mr);
 	printf("ok\n");
 	return 0;
 }
