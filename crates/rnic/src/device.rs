@@ -153,6 +153,14 @@ impl SoftRnic {
         Ok(())
     }
 
+    /// What remote peers may do through queue pair `qpn` (`ibv_modify_qp`'s
+    /// `qp_access_flags`; see [`QueuePairBuilder::remote_access`]).
+    pub fn set_remote_access(&mut self, qpn: Qpn, access: AccessFlags) -> Result<(), VerbsError> {
+        let (_, queue_pair, _) = self.queue_pair_mut(qpn)?;
+        queue_pair.set_remote_access(access);
+        Ok(())
+    }
+
     pub fn queue_pair_state(&self, qpn: Qpn) -> Result<QueuePairState, VerbsError> {
         Ok(self.queue_pair(qpn)?.state())
     }

@@ -383,6 +383,11 @@ pub struct QueuePairBuilder {
     pub max_destination_read_atomic: usize,
     /// Fixed initial send PSN; drawn from the device otherwise.
     pub initial_psn: Option<Psn>,
+    /// What remote peers may do through this queue pair, beside what each
+    /// region allows (`ibv_modify_qp`'s `qp_access_flags`): a READ, WRITE
+    /// or atomic the queue pair does not allow gets a remote access NAK
+    /// whatever the key. Only the remote flags count.
+    pub remote_access: AccessFlags,
 }
 
 impl QueuePairBuilder {
@@ -406,6 +411,7 @@ impl QueuePairBuilder {
             max_read_atomic: 16,
             max_destination_read_atomic: 16,
             initial_psn: None,
+            remote_access: AccessFlags::ALL,
         }
     }
 }

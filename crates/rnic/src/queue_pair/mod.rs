@@ -117,6 +117,10 @@ impl QueuePairContext {
         self.state
     }
 
+    pub(crate) fn set_remote_access(&mut self, access: crate::verbs::AccessFlags) {
+        self.attributes.remote_access = access;
+    }
+
     /// The completion queues its sends and its receives complete into.
     pub(crate) fn completion_queues(&self) -> [crate::verbs::CompletionQueue; 2] {
         [

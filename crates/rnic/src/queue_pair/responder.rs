@@ -170,6 +170,15 @@ fn access_needed(opcode: Opcode) -> AccessFlags {
 }
 
 impl QueuePairContext {
+    /// Whether the queue pair lets remote peers do `needed` at all.
+    fn allows_remote(&self, needed: AccessFlags) -> StepResult<()> {
+        if self.attributes.remote_access.contains(needed) {
+            Ok(())
+        } else {
+            Err((NakCode::RemoteAccessError, None))
+        }
+    }
+
     pub(super) fn handle_request(&mut self, frame: &RoceFrame<'_>, resources: &mut Resources) {
         let psn = frame.bth().psn;
         let distance = self.responder.expected_psn.distance_to(psn);
@@ -453,6 +462,7 @@ impl QueuePairContext {
         if payload_len > remaining_bytes || (is_end && payload_len != remaining_bytes) {
             return refuse_invalid;
         }
+        self.allows_remote(AccessFlags::REMOTE_WRITE)?;
         let pd = self.attributes.protection_domain;
         let checked = resources.memory.check_remote(
             pd,
@@ -498,6 +508,7 @@ impl QueuePairContext {
             return Err((NakCode::InvalidRequest, None));
         }
         let length = u64::from(reth.dma_length);
+        self.allows_remote(AccessFlags::REMOTE_READ)?;
         let pd = self.attributes.protection_domain;
         let checked = resources.memory.check_remote(
             pd,
@@ -538,6 +549,7 @@ impl QueuePairContext {
         if !atomic.virtual_address.0.is_multiple_of(8) {
             return Err((NakCode::InvalidRequest, None));
         }
+        self.allows_remote(AccessFlags::REMOTE_ATOMIC)?;
         let pd = self.attributes.protection_domain;
         let checked = resources.memory.check_remote(
             pd,
@@ -670,4 +682,4 @@ enum Step {
 
 /// A refusal is the NAK to send and, if the request consumed a receive, the
 /// status that receive completes with.
-type StepResult = Result<Step, (NakCode, Option<(ReceiveRequest, CompletionStatus)>)>;
+type StepResult<T = Step> = Result<T, (NakCode, Option<(ReceiveRequest, CompletionStatus)>)>;

@@ -5,8 +5,8 @@
 use super::device::{address_of, node_of, MAX_QUEUE_DEPTH, MAX_SCATTER_GATHER};
 use super::errno_of;
 use super::resources::{
-    cq_users, hand_out, null_with, object, pd_users, srq_users, take_back, CqObject, PdObject,
-    SrqObject,
+    access_of, cq_users, hand_out, null_with, object, pd_users, srq_users, take_back, CqObject,
+    PdObject, SrqObject,
 };
 use super::work_request::{
     element_of, elements, inline_bytes, remote, LocalData, PendingRequest, MAX_INLINE_BYTES,
@@ -343,6 +343,12 @@ pub(super) unsafe fn modify_qp(
     };
     if let Err(error) = result {
         return errno_of(&error);
+    }
+    if mask & IBV_QP_ACCESS_FLAGS != 0 {
+        let access = access_of(attributes.qp_access_flags);
+        if let Err(error) = node.with_device(|rnic| rnic.set_remote_access(qpn, access)) {
+            return errno_of(&error);
+        }
     }
     let (timeout, retry_count) = retransmission_of(attributes, mask);
     if timeout.is_some() || retry_count.is_some() {

@@ -132,7 +132,7 @@ pub(super) struct MrObject {
     pub region: MemoryRegion,
 }
 
-fn access_of(flags: u32) -> AccessFlags {
+pub(super) fn access_of(flags: u32) -> AccessFlags {
     let mut access = AccessFlags::NONE;
     for (bit, flag) in [
         (IBV_ACCESS_LOCAL_WRITE, AccessFlags::LOCAL_WRITE),

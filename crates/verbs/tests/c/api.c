@@ -220,6 +220,31 @@ static void a_destroyed_qp_leaves_no_completions(uint8_t *remote, struct ibv_mr 
 	CHECK(ibv_destroy_qp(live) == 0 && ibv_destroy_cq(shared) == 0, "destroy");
 }
 
+/* A QP's qp_access_flags bound what peers may do through it, whatever the
+ * key: they were kept and never applied, so a QP brought up for SEND and
+ * RECV alone took any peer's WRITE into any region of its PD. */
+static void a_qps_access_flags_bound_its_peers(union ibv_gid gid, uint8_t *local, struct ibv_mr *local_mr,
+					       uint8_t *remote, struct ibv_mr *remote_mr)
+{
+	struct ibv_qp *writer = make_qp(), *reader_only = make_qp();
+	struct ibv_qp_attr attr = { .qp_access_flags = IBV_ACCESS_REMOTE_READ };
+	CHECK(ibv_modify_qp(reader_only, &attr, IBV_QP_ACCESS_FLAGS) == 0, "INIT with remote reads only");
+	connect_qp(writer, reader_only->qp_num, gid);
+	connect_qp(reader_only, writer->qp_num, gid);
+	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = 64, .lkey = local_mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 60, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)remote, .rkey = remote_mr->rkey } };
+	struct ibv_wc wc = post_one(writer, &wr);
+	CHECK(wc.status == IBV_WC_SUCCESS, "a READ the QP allows completes");
+	wr.wr_id = 61;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wc = post_one(writer, &wr);
+	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR, "a WRITE the QP does not allow is a remote access error, not %s",
+	      ibv_wc_status_str(wc.status));
+	CHECK(ibv_destroy_qp(writer) == 0 && ibv_destroy_qp(reader_only) == 0, "destroy");
+}
+
 /* Inline sends past a full send queue: a refused one must not overwrite
  * the staging slot of one still in flight. */
 static void a_refused_inline_send_leaves_the_others_alone(union ibv_gid gid, uint8_t *remote,
@@ -389,6 +414,7 @@ int main(void)
 	destroyed_queue_events(gid, local, local_mr, remote, remote_mr);
 	a_flush_raises_the_armed_event(remote, remote_mr);
 	a_destroyed_qp_leaves_no_completions(remote, remote_mr);
+	a_qps_access_flags_bound_its_peers(gid, local, local_mr, remote, remote_mr);
 	printf("ok\n");
 	return 0;
 }
