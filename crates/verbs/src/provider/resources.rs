@@ -12,7 +12,9 @@ use remora_wire::VirtAddr;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Boxes `object` and hands the program a pointer to its first field.
 pub(super) fn hand_out<T, C>(object: T) -> *mut C {
@@ -342,29 +344,40 @@ pub(super) unsafe fn get_cq_event(
     let shared = Arc::clone(&unsafe { object::<ChannelObject, _>(channel) }.shared);
     // Each turn takes one counted event; a destroyed queue's are skipped,
     // and each turn consumes an entry, so the loop ends.
-    let cq = loop {
+    loop {
         let mut counter = [0u8; 8];
         if let Err(error) = rustix::io::read(&shared.events, &mut counter) {
             set_errno(error.raw_os_error());
             return -1;
         }
-        match shared.ready().pop_front() {
+        // Held until the event is counted: a destroy forgets the queue
+        // under this lock first, so the queue named here is live.
+        let mut ready = shared.ready();
+        match ready.pop_front() {
             Some(DESTROYED) => continue,
-            Some(cq) => break cq as *mut ibv_cq,
+            Some(cq) => {
+                let cq = cq as *mut ibv_cq;
+                // SAFETY: live (above); the out-parameters are the caller's.
+                unsafe {
+                    let cq_object = object::<CqObject, _>(cq);
+                    cq_object.events_handed.fetch_add(1, Ordering::AcqRel);
+                    *cq_out = cq;
+                    *context_out = (*cq).cq_context;
+                }
+                return 0;
+            }
             None => {
                 set_errno(libc::EAGAIN);
                 return -1;
             }
         }
-    };
-    // SAFETY: the queue was live when armed, and a program acks its events
-    // before destroying it; the out-parameters are the caller's.
-    unsafe {
-        *cq_out = cq;
-        *context_out = (*cq).cq_context;
     }
-    0
 }
+
+/// How long `ibv_destroy_cq` waits for the events it handed out to be
+/// acknowledged before it gives up with EBUSY (rdma-core's waits for
+/// ever; freed before, the acknowledging thread wrote freed memory).
+const UNACKNOWLEDGED_EVENTS_WAIT: Duration = Duration::from_secs(1);
 
 #[repr(C)]
 pub(super) struct CqObject {
@@ -375,6 +388,8 @@ pub(super) struct CqObject {
     /// Threads may ack one queue's events at once: rdma-core sums them
     /// under the CQ's lock, and so does this.
     pub acknowledging: Mutex<()>,
+    /// Events `ibv_get_cq_event` named this queue in, all told.
+    pub events_handed: AtomicU32,
 }
 
 pub(super) unsafe fn create_cq(
@@ -415,6 +430,7 @@ pub(super) unsafe fn create_cq(
         channel: shared,
         users: Users::default(),
         acknowledging: Mutex::new(()),
+        events_handed: AtomicU32::new(0),
     })
 }
 
@@ -430,7 +446,11 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     // SAFETY: its context is live.
     unsafe { node_of(cq_object.cq.context) }.disarm(cq_object.queue);
     if let Some(shared) = &cq_object.channel {
+        // No event names it from now on; those handed out must be acked.
         shared.forget(cq);
+        if !events_acknowledged(cq_object) {
+            return libc::EBUSY;
+        }
         // SAFETY: a CQ's channel outlives it (destroying it first is EBUSY).
         unsafe { shared.count_queues(cq_object.cq.channel, -1) };
     }
@@ -438,6 +458,28 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     // the soft RNIC does not reuse completion queue numbers.
     drop(unsafe { take_back::<CqObject, _>(cq) });
     0
+}
+
+/// Waits (bounded) until every event handed out for the queue is
+/// acknowledged; whether they are.
+fn events_acknowledged(cq_object: &CqObject) -> bool {
+    let started = Instant::now();
+    loop {
+        let acknowledged = {
+            let _guard = cq_object
+                .acknowledging
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            cq_object.cq.comp_events_completed
+        };
+        if acknowledged == cq_object.events_handed.load(Ordering::Acquire) {
+            return true;
+        }
+        if started.elapsed() > UNACKNOWLEDGED_EVENTS_WAIT {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 pub(super) unsafe fn ack_cq_events(cq: *mut ibv_cq, count: u32) {
