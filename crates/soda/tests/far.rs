@@ -734,6 +734,16 @@ fn static_cache_rack(static_bytes: u64) -> SodaRack {
     SodaRack::start(&config).unwrap()
 }
 
+/// Reserves `object` as one chunk of `chunk_bytes`, pins it, and writes
+/// sevens into its DPU copy.
+fn pin_and_write_sevens(store: &SodaRack, object: ObjectId, chunk_bytes: usize) {
+    store.reserve(object, chunk_bytes as u64, None).unwrap();
+    store.advise(object, remora_soda::Advice::Pin).unwrap();
+    store
+        .write_back(object, 0, &vec![7u8; chunk_bytes])
+        .unwrap();
+}
+
 /// A second pin of a pinned object marked it clean again: the unpin then
 /// dropped the DPU's copy instead of flushing it, and the next fetch read
 /// the memory node's stale bytes.
@@ -743,9 +753,7 @@ fn pinning_a_pinned_object_again_keeps_its_writes() {
     const CHUNK_BYTES: usize = 64 << 10;
     let store = static_cache_rack(1 << 20);
     let object = ObjectId(1);
-    store.reserve(object, CHUNK_BYTES as u64, None).unwrap();
-    store.advise(object, Advice::Pin).unwrap();
-    store.write_back(object, 0, &[7u8; CHUNK_BYTES]).unwrap();
+    pin_and_write_sevens(&store, object, CHUNK_BYTES);
     store.advise(object, Advice::Pin).unwrap();
     store.advise(object, Advice::Unpin).unwrap();
     let mut into = vec![0u8; CHUNK_BYTES];
@@ -766,9 +774,7 @@ fn a_dpu_crash_loses_a_pinned_objects_writes_loudly() {
     const CHUNK_BYTES: usize = 64 << 10;
     let store = static_cache_rack(1 << 20);
     let object = ObjectId(1);
-    store.reserve(object, CHUNK_BYTES as u64, None).unwrap();
-    store.advise(object, Advice::Pin).unwrap();
-    store.write_back(object, 0, &[7u8; CHUNK_BYTES]).unwrap();
+    pin_and_write_sevens(&store, object, CHUNK_BYTES);
     store.crash(remora_soda::rack::DPU_HOST);
     assert!(store.advise(object, Advice::Unpin).is_err());
     let mut into = vec![0u8; CHUNK_BYTES];

@@ -161,6 +161,9 @@ impl QueuePairContext {
             (Reset, Init)
                 | (Init, ReadyToReceive)
                 | (ReadyToReceive, ReadyToSend)
+                // IB allows RTS → RTS to change attributes of a live queue
+                // pair (timers, access flags); its state stays as it is.
+                | (ReadyToSend, ReadyToSend)
                 | (_, Error)
                 | (_, Reset)
         );

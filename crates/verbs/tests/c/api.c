@@ -239,6 +239,9 @@ static void a_qps_access_flags_bound_its_peers(union ibv_gid gid, uint8_t *local
 	struct ibv_send_wr wr = { .wr_id = 60, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
 		.send_flags = IBV_SEND_SIGNALED,
 		.wr.rdma = { .remote_addr = (uintptr_t)remote, .rkey = remote_mr->rkey } };
+	/* RTS to RTS changes a live QP's attributes (it was EINVAL). */
+	struct ibv_qp_attr again = { .qp_state = IBV_QPS_RTS, .min_rnr_timer = 12 };
+	CHECK(ibv_modify_qp(writer, &again, IBV_QP_STATE | IBV_QP_MIN_RNR_TIMER) == 0, "RTS to RTS");
 	struct ibv_wc wc = post_one(writer, &wr);
 	CHECK(wc.status == IBV_WC_SUCCESS, "a READ the QP allows completes");
 	wr.wr_id = 61;
