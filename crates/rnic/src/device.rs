@@ -153,6 +153,16 @@ impl SoftRnic {
         Ok(())
     }
 
+    /// How many times queue pair `qpn` sends again after an RNR NAK before
+    /// failing with `ReceiverNotReadyRetryExceeded` (`ibv_modify_qp`'s
+    /// `rnr_retry`; 7 is for ever, as in IB). The budget starts over.
+    pub fn set_rnr_retry(&mut self, qpn: Qpn, rnr_retry: u8) -> Result<(), VerbsError> {
+        check_depth("rnr_retry", usize::from(rnr_retry) + 1, 8)?;
+        let (_, queue_pair, _) = self.queue_pair_mut(qpn)?;
+        queue_pair.set_rnr_retry(rnr_retry);
+        Ok(())
+    }
+
     /// What remote peers may do through queue pair `qpn` (`ibv_modify_qp`'s
     /// `qp_access_flags`; see [`QueuePairBuilder::remote_access`]).
     pub fn set_remote_access(&mut self, qpn: Qpn, access: AccessFlags) -> Result<(), VerbsError> {

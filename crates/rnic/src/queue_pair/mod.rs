@@ -203,6 +203,12 @@ impl QueuePairContext {
         }
     }
 
+    /// See [`crate::SoftRnic::set_rnr_retry`].
+    pub(crate) fn set_rnr_retry(&mut self, rnr_retry: u8) {
+        self.attributes.rnr_retry = rnr_retry;
+        self.requester.rnr_retries_left = rnr_retry;
+    }
+
     /// Sets the send PSN on the way from RTR to RTS (`IBV_QP_SQ_PSN`).
     pub(crate) fn send_from(&mut self, send_psn: Psn) -> Result<(), VerbsError> {
         if self.state != QueuePairState::ReadyToReceive {

@@ -74,7 +74,7 @@ pub(crate) struct Requester {
     sent_high_psn: Psn,
     outstanding_read_atomic: usize,
     pub(super) retries_left: u8,
-    rnr_retries_left: u8,
+    pub(super) rnr_retries_left: u8,
     retransmit_deadline: Option<Timestamp>,
     rnr_resume_at: Option<Timestamp>,
     /// The resume point of the last implicit NAK, cleared on progress.

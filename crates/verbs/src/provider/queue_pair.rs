@@ -344,6 +344,12 @@ pub(super) unsafe fn modify_qp(
     if let Err(error) = result {
         return errno_of(&error);
     }
+    if mask & IBV_QP_RNR_RETRY != 0 {
+        let rnr_retry = attributes.rnr_retry.min(7);
+        if let Err(error) = node.with_device(|rnic| rnic.set_rnr_retry(qpn, rnr_retry)) {
+            return errno_of(&error);
+        }
+    }
     if mask & IBV_QP_ACCESS_FLAGS != 0 {
         let access = access_of(attributes.qp_access_flags);
         if let Err(error) = node.with_device(|rnic| rnic.set_remote_access(qpn, access)) {

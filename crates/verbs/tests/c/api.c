@@ -252,6 +252,25 @@ static void a_qps_access_flags_bound_its_peers(union ibv_gid gid, uint8_t *local
 	CHECK(ibv_destroy_qp(writer) == 0 && ibv_destroy_qp(reader_only) == 0, "destroy");
 }
 
+/* rnr_retry reaches the device: with 0, a SEND to a peer with no receive
+ * posted fails at its first RNR NAK (it was retried for ever, a hang for
+ * a program waiting on the completion). */
+static void rnr_retry_zero_gives_up_at_once(union ibv_gid gid, uint8_t *local, struct ibv_mr *local_mr)
+{
+	struct ibv_qp *sender = make_qp(), *idle = make_qp();
+	connect_qp(sender, idle->qp_num, gid);
+	connect_qp(idle, sender->qp_num, gid);
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_RTS, .rnr_retry = 0 };
+	CHECK(ibv_modify_qp(sender, &attr, IBV_QP_STATE | IBV_QP_RNR_RETRY) == 0, "rnr_retry 0");
+	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = 16, .lkey = local_mr->lkey };
+	struct ibv_send_wr send = { .wr_id = 70, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+		.send_flags = IBV_SEND_SIGNALED };
+	struct ibv_wc wc = post_one(sender, &send);
+	CHECK(wc.wr_id == 70 && wc.status == IBV_WC_RNR_RETRY_EXC_ERR, "the SEND gave up on RNR, not %s",
+	      ibv_wc_status_str(wc.status));
+	CHECK(ibv_destroy_qp(sender) == 0 && ibv_destroy_qp(idle) == 0, "destroy");
+}
+
 /* Inline sends past a full send queue: a refused one must not overwrite
  * the staging slot of one still in flight. */
 static void a_refused_inline_send_leaves_the_others_alone(union ibv_gid gid, uint8_t *remote,
@@ -422,6 +441,7 @@ int main(void)
 	a_flush_raises_the_armed_event(remote, remote_mr);
 	a_destroyed_qp_leaves_no_completions(remote, remote_mr);
 	a_qps_access_flags_bound_its_peers(gid, local, local_mr, remote, remote_mr);
+	rnr_retry_zero_gives_up_at_once(gid, local, local_mr);
 	printf("ok\n");
 	return 0;
 }
