@@ -27,7 +27,10 @@ use std::time::Duration;
 pub const MAX_OUTSTANDING: usize = 1024;
 /// Answered calls a callee remembers per caller, to answer duplicates.
 pub const REPLIES_KEPT_PER_CALLER: u64 = 1024;
-/// Callers a callee remembers.
+/// Callers a callee remembers. Past it, the caller answered least
+/// recently is forgotten to make room: a resend of one of its answered
+/// calls after that would run again, where refusing every new caller (as
+/// before) stopped the callee serving anyone new for good.
 pub const MAX_CALLERS: usize = 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -450,7 +453,8 @@ pub struct CalleeCounters {
     pub duplicates: u64,
     pub stale: u64,
     pub malformed: u64,
-    pub refused_callers: u64,
+    /// Callers forgotten to make room for new ones ([`MAX_CALLERS`]).
+    pub callers_forgotten: u64,
 }
 
 /// What a callee remembers of one caller.
@@ -458,6 +462,9 @@ pub struct CalleeCounters {
 struct CallerMemory {
     /// Replies by RPC id, the newest [`REPLIES_KEPT_PER_CALLER`].
     replies: BTreeMap<u64, Vec<u8>>,
+    /// The callee's executed count when it last answered this caller: the
+    /// least recent is forgotten first.
+    last_answered: u64,
 }
 
 /// The called side.
@@ -591,7 +598,13 @@ impl Callee {
         self.callers = checkpoint
             .replies
             .into_iter()
-            .map(|(caller, replies)| (caller, CallerMemory { replies }))
+            .map(|(caller, replies)| {
+                let memory = CallerMemory {
+                    replies,
+                    last_answered: 0,
+                };
+                (caller, memory)
+            })
             .collect();
         self.in_progress.clear();
         self.received.clear();
@@ -630,10 +643,6 @@ impl Callee {
         let oneway = header.call_type() == CallType::Oneway;
         if !oneway && header.call_type() != CallType::Call {
             self.counters.malformed += 1;
-            return;
-        }
-        if !self.callers.contains_key(&from) && self.callers.len() >= MAX_CALLERS {
-            self.counters.refused_callers += 1;
             return;
         }
         let rpc_id = header.rpc_id();
@@ -733,7 +742,12 @@ impl Callee {
             ..call
         };
         let reply = encode(&repr, &body);
+        if !self.callers.contains_key(&ticket.caller) && self.callers.len() >= MAX_CALLERS {
+            self.forget_least_recent_caller();
+        }
+        let executed = self.counters.executed;
         let memory = self.callers.entry(ticket.caller).or_default();
+        memory.last_answered = executed;
         memory.replies.insert(ticket.rpc_id, reply.clone());
         while memory.replies.len() as u64 > REPLIES_KEPT_PER_CALLER {
             memory.replies.pop_first();
@@ -741,6 +755,20 @@ impl Callee {
         if !oneway {
             self.send_reply(ticket.caller, reply);
         }
+    }
+
+    /// Makes room for a new caller: the one answered least recently goes.
+    fn forget_least_recent_caller(&mut self) {
+        let least_recent = self
+            .callers
+            .iter()
+            .min_by_key(|(caller, memory)| (memory.last_answered, caller.address.0, caller.port))
+            .map(|(caller, _)| *caller);
+        if let Some(caller) = least_recent {
+            self.callers.remove(&caller);
+            self.counters.callers_forgotten += 1;
+        }
+        debug_assert!(self.callers.len() < MAX_CALLERS);
     }
 
     /// Sends a reply; with checkpoints on, it carries the callee's state
@@ -830,7 +858,7 @@ mod tests {
         assert!(callee.callers.is_empty());
         let call = BifrostRepr::new(CallType::Call, "", 2, GlobalAddress::NULL).unwrap();
         callee.handle(caller_on(60000), &encode(&call, b""));
-        assert_eq!(callee.counters().refused_callers, 0);
+        assert_eq!(callee.counters().callers_forgotten, 0);
         let (to, reply) = callee.poll_transmit().expect("the real caller is answered");
         assert_eq!(to, caller_on(60000));
         assert_eq!(
@@ -838,6 +866,40 @@ mod tests {
             b"ok"
         );
         assert_eq!(callee.callers.len(), 1);
+    }
+
+    /// A callee never forgot a caller: after 1024 callers (clients that
+    /// restarted on new ports, say) it refused every new one for good. The
+    /// caller answered least recently makes room now, and the newest are
+    /// still answered exactly once.
+    #[test]
+    fn a_callee_with_every_caller_place_taken_forgets_the_least_recent() {
+        let caller_on = |port| DatagramEnd {
+            mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 1]),
+            address: remora_wire::Ipv4Address::new(10, 0, 0, 1),
+            port,
+        };
+        let call = BifrostRepr::new(CallType::Call, "", 1, GlobalAddress::NULL).unwrap();
+        let mut callee = Callee::new(Box::new(Answer));
+        let callers = MAX_CALLERS as u16 + 10;
+        for port in 0..callers {
+            callee.handle(caller_on(port), &encode(&call, b""));
+            assert!(
+                callee.poll_transmit().is_some(),
+                "caller {port} is answered"
+            );
+        }
+        assert_eq!(callee.counters().executed, u64::from(callers));
+        assert_eq!(callee.counters().callers_forgotten, 10);
+        assert_eq!(callee.callers.len(), MAX_CALLERS);
+        assert!(
+            !callee.callers.contains_key(&caller_on(0)),
+            "the least recent went"
+        );
+        // The newest caller's resend is still a duplicate, not a second run.
+        callee.handle(caller_on(callers - 1), &encode(&call, b""));
+        assert_eq!(callee.counters().executed, u64::from(callers));
+        assert_eq!(callee.counters().duplicates, 1);
     }
 
     #[test]
