@@ -31,10 +31,15 @@ const RESTORE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 
 type Finished = (CallTicket, Outcome);
 
+/// A finished call as a worker reports it: with the service's state after
+/// it, whether it answered or failed (a method may change state and then
+/// fail, and a failed call is never run again).
+type Reported = (CallTicket, Outcome, Option<Vec<u8>>);
+
 /// Worker threads, each with its own instance of a service.
 pub struct WorkerPool {
     jobs: Option<Sender<Job>>,
-    finished: Receiver<Finished>,
+    finished: Receiver<Reported>,
     threads: Vec<JoinHandle<()>>,
     /// The host crashed: workers drop the jobs left and stop, as the
     /// threads of a crashed host would.
@@ -81,7 +86,7 @@ impl WorkerPool {
 fn work(
     mut service: Box<dyn Service>,
     taken: &Mutex<Receiver<Job>>,
-    done: &Sender<Finished>,
+    done: &Sender<Reported>,
     crashed: &std::sync::atomic::AtomicBool,
 ) {
     loop {
@@ -110,7 +115,11 @@ fn work(
                         }
                         answer
                     });
-                if done.send((ticket, outcome)).is_err() {
+                let state = match &outcome {
+                    Ok(answer) => answer.state.clone(),
+                    Err(_) => service.save_state(),
+                };
+                if done.send((ticket, outcome, state)).is_err() {
                     return;
                 }
             }
@@ -148,13 +157,11 @@ impl Service for WorkerPool {
     }
 
     fn poll_finished(&mut self) -> Option<Finished> {
-        let finished = self.finished.try_recv().ok()?;
-        if let (_, Ok(answer)) = &finished {
-            if let Some(state) = &answer.state {
-                self.state = Some(state.clone());
-            }
+        let (ticket, outcome, state) = self.finished.try_recv().ok()?;
+        if state.is_some() {
+            self.state = state;
         }
-        Some(finished)
+        Some((ticket, outcome))
     }
 
     /// The service's state as of the newest finished call (which its
@@ -228,6 +235,50 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
             Ok(arguments.to_vec().into())
         }
+    }
+
+    /// Counts, then fails: state changed by a call that failed.
+    struct CountThenFail(u64);
+
+    impl Service for CountThenFail {
+        fn call(&mut self, _: &[u8], _: GlobalAddress, _: &[u8]) -> Outcome {
+            self.0 += 1;
+            Err("counted, then failed".into())
+        }
+        fn save_state(&self) -> Option<Vec<u8>> {
+            Some(self.0.to_be_bytes().to_vec())
+        }
+    }
+
+    /// The pool kept the state of answered calls only: a method that
+    /// changed its state and then failed (an exception, remembered and
+    /// never run again) left the pool's state, and so the checkpoint, as
+    /// before it, and a failover lost that change.
+    #[test]
+    fn a_failed_calls_state_is_kept_too() {
+        let mut pool =
+            WorkerPool::new(vec![Box::new(CountThenFail(0)) as Box<dyn Service>]).unwrap();
+        let ticket = CallTicket {
+            caller: DatagramEnd {
+                mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 9]),
+                address: remora_wire::Ipv4Address::new(10, 0, 0, 9),
+                port: 40000,
+            },
+            rpc_id: 1,
+        };
+        assert!(pool
+            .begin(ticket, b"count", GlobalAddress::NULL, b"")
+            .is_none());
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let finished = loop {
+            if let Some(finished) = pool.poll_finished() {
+                break finished;
+            }
+            assert!(std::time::Instant::now() < deadline, "the call finished");
+            std::thread::yield_now();
+        };
+        assert!(finished.1.is_err());
+        assert_eq!(pool.save_state(), Some(1u64.to_be_bytes().to_vec()));
     }
 
     #[test]
