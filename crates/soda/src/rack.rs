@@ -879,7 +879,11 @@ impl SodaRack {
             }
         };
         if let Err(error) = &result {
-            if path != Path::Direct {
+            // A refusal is the DPU answering: it is alive, and holds what
+            // it held. Taken for its failure, it marked every object with
+            // writes not yet confirmed as lost.
+            let refused = matches!(error, SodaRackError::Refused(_));
+            if path != Path::Direct && !refused {
                 self.dpu_failed(object, error);
             }
         }

@@ -840,3 +840,23 @@ fn the_static_cache_takes_pins_again_and_again_and_empty_ones_at_once() {
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
     store.stop().unwrap();
 }
+
+/// A request the DPU refused (here, a read past an object's end that the
+/// memory node's rounded room allowed) was taken for the DPU's failure:
+/// every object with writes it had not yet confirmed was marked lost,
+/// though the DPU was alive and persisted them.
+#[test]
+fn a_refusal_from_a_live_dpu_loses_nothing() {
+    const CHUNK_BYTES: usize = 64 << 10;
+    let store = SodaRack::start(&rack_config(Route::ThroughDpu)).unwrap();
+    let (written, short) = (ObjectId(1), ObjectId(2));
+    store.reserve(written, CHUNK_BYTES as u64, None).unwrap();
+    store.reserve(short, 5000, None).unwrap();
+    store.write_back(written, 0, &[7u8; CHUNK_BYTES]).unwrap();
+    let mut past_the_end = vec![0u8; 4096];
+    assert!(store.fetch(short, 4096, &mut past_the_end).is_err());
+    let mut into = vec![0u8; CHUNK_BYTES];
+    store.fetch(written, 0, &mut into).unwrap();
+    assert!(into.iter().all(|&byte| byte == 7));
+    store.stop().unwrap();
+}
