@@ -34,6 +34,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The immediate data of a reply: this bit set is an error.
 pub const REPLY_ERROR: u32 = 1 << 31;
+/// Whether write number `index` (mod 2^31, as [`PERSISTED_MASK`] keeps
+/// both) is covered by a reply's `persisted` count: within half the space
+/// behind it. A plain `index <= persisted` took write 0 after the wrap for
+/// persisted (as 2^31 - 1 is above it), while the DPU still held it.
+pub fn is_persisted(index: u32, persisted: u32) -> bool {
+    let behind = persisted.wrapping_sub(index) & PERSISTED_MASK;
+    behind <= PERSISTED_MASK / 2
+}
+
 /// The low bits: the queue pair's writes persisted so far (mod 2^31).
 pub const PERSISTED_MASK: u32 = REPLY_ERROR - 1;
 /// Completions each agent takes per turn.
@@ -913,7 +922,10 @@ impl DpuState {
                 }
                 Forward::Write { qpn, slot, size } => {
                     self.counters.written_bytes += u64::from(size);
-                    *self.persisted.entry(qpn).or_insert(0) += 1;
+                    let persisted = self.persisted.entry(qpn).or_insert(0);
+                    // Counted mod 2^31, as the reply carries it: a plain
+                    // add overflowed (a panic in a debug build).
+                    *persisted = persisted.wrapping_add(1) & PERSISTED_MASK;
                     self.repost(nic, slot)?;
                 }
                 Forward::Prefetch { entry, bytes } => self.prefetched(nic, entry, bytes, failed)?,
@@ -1223,5 +1235,23 @@ impl Agent for DpuStager {
     fn crash(&mut self) {}
     fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes are numbered mod 2^31. Compared plainly, write 0 after the
+    /// wrap read as persisted by a count of 2^31 - 1 (so a DPU crash would
+    /// not have reported it lost), and the DPU's count overflowed.
+    #[test]
+    fn write_numbers_compare_across_the_wrap() {
+        assert!(!is_persisted(1, 0), "nothing persisted yet");
+        assert!(is_persisted(1, 1) && is_persisted(1, 5));
+        assert!(!is_persisted(6, 5));
+        assert!(!is_persisted(0, PERSISTED_MASK), "write 0 after the wrap");
+        assert!(is_persisted(PERSISTED_MASK, 0), "the count wrapped past it");
+        assert!(is_persisted(0, 3) && is_persisted(PERSISTED_MASK - 2, 3));
     }
 }

@@ -535,7 +535,7 @@ impl SodaRack {
             let mut releasing = dpu.releasing.lock().expect("releasing lock");
             // Bounded by the channel's unconfirmed writes.
             while let Some(&(index, object)) = channel.state.unconfirmed.front() {
-                if index > persisted {
+                if !crate::dpu::is_persisted(index, persisted) {
                     break;
                 }
                 channel.state.unconfirmed.pop_front();
