@@ -849,6 +849,54 @@ fn a_reply_checkpoint_in_another_nodes_name_or_from_a_stranger_is_not_kept() {
     );
 }
 
+/// A node replaced in place by a stand-in: the stand-in's replies leave
+/// readdressed to the failed node, and their checkpoints were keyed under
+/// that address, which recovery had removed: all refused (counted
+/// malformed), so a second failure had nothing to restore. They are kept
+/// as the stand-in's own.
+#[test]
+fn a_stand_ins_reply_checkpoints_are_kept_as_its_own() {
+    use remora_base::Timestamp;
+    use remora_switch::programs::l2l3::L2L3Forwarding;
+    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
+    use remora_wire::MacAddress;
+    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
+    let end = |last: u8, port| DatagramEnd {
+        mac: MacAddress([2, 0, 0, 0, 0, last]),
+        address: Ipv4Address::new(10, 0, 0, last),
+        port,
+    };
+    let (failed, stand_in, caller) = (end(1, BIFROST_PORT), end(2, BIFROST_PORT), end(4, 40000));
+    let hosts = [failed, stand_in, caller].map(|end| (end.mac, end.address));
+    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).unwrap();
+    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE));
+    for (host, port) in [(failed, 0), (stand_in, 1), (caller, 2)] {
+        gatekeeper
+            .register_host_port(host.address, PortId(port))
+            .unwrap();
+    }
+    for node in [failed, stand_in] {
+        gatekeeper
+            .register_node(node.address, NodeKind::Compute, 0)
+            .unwrap();
+    }
+    gatekeeper.mark_failed(failed.address).unwrap();
+    gatekeeper
+        .recover_in_place_of(failed.address, stand_in.address)
+        .unwrap();
+    let mut switch = Switch::new(SwitchConfig::new(3), Overlaid::new(forwarding, gatekeeper));
+    let repr = BifrostRepr::new(CallType::Reply, "", 99, GlobalAddress::NULL).unwrap();
+    let checkpoint = [&1u64.to_be_bytes()[..], b"stand-in"].concat();
+    let frame = checkpointed_datagram(repr, &checkpoint, stand_in, caller);
+    switch.handle_frame(Timestamp::ZERO, PortId(1), &frame);
+    assert_eq!(
+        switch.program().checkpoint_of(stand_in.address),
+        Some(&checkpoint[..])
+    );
+    assert_eq!(switch.program().counters().malformed, 0);
+}
+
 /// The frame of `repr` from `from` to `to`, flagged as carrying
 /// `checkpoint` after an empty body.
 fn checkpointed_datagram(

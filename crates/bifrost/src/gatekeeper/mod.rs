@@ -949,11 +949,20 @@ impl Gatekeeper {
     /// Takes the checkpoint off a reply (b2) and keeps it if it is the
     /// node's newest.
     fn take_checkpoint(&mut self, packet: &mut Packet, ip: usize, udp: usize) {
-        let node = packet
+        let source = packet
             .headers
             .ipv4
             .map(|fields| fields.source)
             .unwrap_or_default();
+        // A stand-in's reply left here readdressed to the node it stands
+        // for, which recovery removed: keyed there, its checkpoints were all
+        // refused, and a second failure had none to restore. They are the
+        // stand-in's own.
+        let node = self
+            .replaced_by
+            .lookup(&source)
+            .filter(|replaced| replaced.in_place)
+            .map_or(source, |replaced| replaced.node);
         let Some(checkpoint) = self.strip_checkpoint(packet, ip, udp) else {
             return;
         };
