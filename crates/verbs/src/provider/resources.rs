@@ -149,6 +149,52 @@ pub(super) fn access_of(flags: u32) -> AccessFlags {
     access
 }
 
+/// Whether every byte of `[start, start + length)` is mapped readable (and
+/// writable, if `writable`), by the process's own map of its memory.
+fn is_mapped(start: usize, length: usize, writable: bool) -> bool {
+    if length == 0 {
+        return true;
+    }
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        // No map to read (no procfs): leave it to the program's promise.
+        return true;
+    };
+    let end = start.saturating_add(length);
+    let mut covered_until = start;
+    // The map lists mappings in address order, once each.
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(permissions)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Some((low, high)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(low), Ok(high)) = (
+            usize::from_str_radix(low, 16),
+            usize::from_str_radix(high, 16),
+        ) else {
+            continue;
+        };
+        if high <= covered_until {
+            continue;
+        }
+        if low > covered_until {
+            return false;
+        }
+        let permitted = permissions.starts_with('r')
+            && (!writable || permissions.as_bytes().get(1) == Some(&b'w'));
+        if !permitted {
+            return false;
+        }
+        covered_until = high;
+        if covered_until >= end {
+            return true;
+        }
+    }
+    false
+}
+
 /// Flags Remora does not implement: a real provider without them refuses
 /// with EOPNOTSUPP (on-demand paging, zero-based, memory windows).
 const UNSUPPORTED_ACCESS: u32 = IBV_ACCESS_ON_DEMAND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_MW_BIND;
@@ -171,6 +217,13 @@ pub(super) unsafe fn reg_mr_iova(
     let access_bits = access as u32;
     if access_bits & UNSUPPORTED_ACCESS != 0 {
         return null_with(libc::EOPNOTSUPP);
+    }
+    // The kernel's pinning refuses memory that is not mapped, or not
+    // writable when the device may write it; accepted, the first peer
+    // WRITE or landing answer faulted inside the progress thread.
+    let written = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+    if !is_mapped(address as usize, length, access_bits & written != 0) {
+        return null_with(libc::EFAULT);
     }
     // A peer's atomic names an 8-byte-aligned IOVA; it must land on an
     // 8-byte-aligned word of the program's memory, so the IOVA and the

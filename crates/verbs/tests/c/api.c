@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -119,6 +120,21 @@ static void refusals(void)
 	      "remote atomics on an IOVA misaligned with its memory are EINVAL");
 	errno = 0;
 	CHECK(ibv_create_cq(context, 0, NULL, NULL, 0) == NULL && errno == EINVAL, "a CQ of 0 entries is EINVAL");
+	/* Memory that is not mapped, or not writable where the device may write,
+	 * is refused as the kernel's pinning refuses it (it faulted later, in
+	 * the progress thread). */
+	errno = 0;
+	CHECK(ibv_reg_mr(pd, (void *)(uintptr_t)0x1000, 4096, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EFAULT,
+	      "an unmapped range is EFAULT");
+	void *read_only = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(read_only != MAP_FAILED, "mmap");
+	errno = 0;
+	CHECK(ibv_reg_mr(pd, read_only, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) == NULL
+		      && errno == EFAULT,
+	      "a read-only page registered for writes is EFAULT");
+	struct ibv_mr *readable = ibv_reg_mr(pd, read_only, 4096, IBV_ACCESS_REMOTE_READ);
+	CHECK(readable && ibv_dereg_mr(readable) == 0, "a read-only page registered for remote reads");
+	munmap(read_only, 4096);
 	struct ibv_cq_init_attr_ex cq_ex = { .cqe = 4 };
 	errno = 0;
 	CHECK(ibv_create_cq_ex(context, &cq_ex) == NULL && errno == EOPNOTSUPP, "create_cq_ex is EOPNOTSUPP");
