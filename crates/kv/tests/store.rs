@@ -550,3 +550,98 @@ fn a_page_longer_than_the_devices_requests_is_refused_at_the_start() {
     };
     Store::new(fits, device).unwrap();
 }
+
+/// A memory device whose queues fail the next read after `fail` is set:
+/// the read is taken, and its failure comes back from `poll`, by name.
+struct FailingRead {
+    inner: MemoryDevice,
+    fail: Arc<AtomicBool>,
+}
+
+struct FailingQueue {
+    inner: Box<dyn DeviceQueue>,
+    fail: Arc<AtomicBool>,
+    failed: Vec<u64>,
+}
+
+impl Device for FailingRead {
+    fn name(&self) -> &str {
+        "failing"
+    }
+    fn capacity_bytes(&self) -> u64 {
+        self.inner.capacity_bytes()
+    }
+    fn open_queue(&self) -> Result<Box<dyn DeviceQueue>, DeviceError> {
+        Ok(Box::new(FailingQueue {
+            inner: self.inner.open_queue()?,
+            fail: self.fail.clone(),
+            failed: Vec::new(),
+        }))
+    }
+}
+
+impl DeviceQueue for FailingQueue {
+    fn read(&mut self, offset: u64, length: usize, token: u64) -> Result<(), DeviceError> {
+        if self.fail.swap(false, Ordering::SeqCst) {
+            self.failed.push(token);
+            return Ok(());
+        }
+        self.inner.read(offset, length, token)
+    }
+    fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
+        self.inner.write(offset, data, token)
+    }
+    fn poll(&mut self, done: &mut dyn FnMut(u64, Completed<'_>)) -> Result<usize, DeviceError> {
+        if let Some(token) = self.failed.pop() {
+            return Err(DeviceError::RequestFailed {
+                token,
+                reason: "failed for the test".into(),
+            });
+        }
+        self.inner.poll(done)
+    }
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight() + self.failed.len()
+    }
+}
+
+/// The file device dropped a failed read with its token: the operation
+/// waiting on it stayed pending for good (every later wait stalled 30 s).
+/// A failed request is reported by name, and its operation fails alone.
+#[test]
+fn a_read_that_fails_on_the_device_fails_its_operation_alone() {
+    let fail = Arc::new(AtomicBool::new(false));
+    let device = FailingRead {
+        inner: MemoryDevice::new(8 << 20),
+        fail: fail.clone(),
+    };
+    let store = Store::new(StoreConfig::smallest(), Arc::new(device)).unwrap();
+    let mut session = store.session().unwrap();
+    session.upsert(b"key", b"value").unwrap();
+    for number in 0u64..300 {
+        session.upsert(&number.to_le_bytes(), &[3; 1000]).unwrap();
+    }
+    fail.store(true, Ordering::SeqCst);
+    let mut out = Vec::new();
+    assert_eq!(session.read(b"key", &mut out, 1).unwrap(), Status::Pending);
+    assert_eq!(
+        session.read(&150u64.to_le_bytes(), &mut out, 2).unwrap(),
+        Status::Pending
+    );
+    let mut results = std::collections::BTreeMap::new();
+    session
+        .complete_pending(true, &mut |completion| {
+            results.insert(completion.context, completion.result);
+        })
+        .unwrap();
+    assert!(
+        matches!(
+            results[&1],
+            Err(KvError::Device(DeviceError::RequestFailed { .. }))
+        ),
+        "{results:?}"
+    );
+    assert!(matches!(results[&2], Ok(Status::Found)), "{results:?}");
+    assert_eq!(session.pending_count(), 0);
+    assert_eq!(read_now(&mut session, b"key"), Some(b"value".to_vec()));
+}

@@ -191,7 +191,7 @@ impl Device for FileDevice {
             capacity_bytes: self.capacity_bytes,
             issued: 0,
             finished: Finished::default(),
-            failure: None,
+            failed: Default::default(),
         }))
     }
 }
@@ -214,7 +214,8 @@ struct FileQueue {
     /// Sent to the workers and not yet back.
     issued: usize,
     finished: Finished,
-    failure: Option<DeviceError>,
+    /// Requests that failed, each to be reported once by name.
+    failed: std::collections::VecDeque<DeviceError>,
 }
 
 impl FileQueue {
@@ -243,7 +244,7 @@ impl FileQueue {
         while let Ok(reply) = self.replies.try_recv() {
             self.keep(reply);
         }
-        match self.failure.take() {
+        match self.failed.pop_front() {
             Some(failure) => Err(failure),
             None => Ok(()),
         }
@@ -254,7 +255,12 @@ impl FileQueue {
         match reply.result {
             Ok(Some(bytes)) => self.finished.push_read(reply.token, &bytes),
             Ok(None) => self.finished.push_write(reply.token),
-            Err(failure) => self.failure = Some(failure),
+            // Dropped with its token, the request's owner waited for it
+            // for good; it is reported by name (`RequestFailed`).
+            Err(failure) => self.failed.push_back(DeviceError::RequestFailed {
+                token: reply.token,
+                reason: failure.to_string(),
+            }),
         }
     }
 }

@@ -47,6 +47,11 @@ pub enum DeviceError {
     },
     #[error("the device is gone: its NIC's host is down")]
     Gone,
+    /// One request failed, and only it: the queue goes on. `poll` returns
+    /// it (one per call) so that its caller can fail the request's owner
+    /// rather than wait for a completion that never comes.
+    #[error("request {token} failed: {reason}")]
+    RequestFailed { token: u64, reason: String },
 }
 
 /// What a completion carries: a read's bytes, or nothing for a write.

@@ -1037,9 +1037,19 @@ impl Session {
         loop {
             self.enter_for_completion()?;
             let arrived = &mut self.arrived;
-            self.queue.poll(&mut |token, bytes| {
+            let polled = self.queue.poll(&mut |token, bytes| {
                 arrived.push_read(token, bytes.unwrap_or(&[]));
-            })?;
+            });
+            match polled {
+                // One read failed: its operation fails, the others go on.
+                Err(DeviceError::RequestFailed { token, reason }) => {
+                    let error = KvError::Device(DeviceError::RequestFailed { token, reason });
+                    completed += usize::from(self.fail_pending(token as usize, error, done));
+                }
+                polled => {
+                    polled?;
+                }
+            }
             let mut arrived = std::mem::take(&mut self.arrived);
             arrived.drain(&mut |token, bytes| {
                 let token = token as usize;
