@@ -453,49 +453,94 @@ fn reads_issued_while_completing_are_not_timed_as_issues() {
     assert_eq!(completed.device_issue_nanos, issued.device_issue_nanos);
 }
 
-/// A memory device whose queues refuse the next read while `refuse` is set
-/// (then clear it), as a far-memory slot timeout or a failed post does.
-struct RefusingRead {
+/// How a [`FaultyReads`] device spoils its next read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadFault {
+    /// Refused as it is issued (a slot timeout, a failed post).
+    Refused,
+    /// Taken, and reported failed by `poll` (an I/O error).
+    Failed,
+}
+
+/// A memory device whose queues spoil the next read as `fault` says (then
+/// clear it).
+struct FaultyReads {
     inner: MemoryDevice,
-    refuse: Arc<AtomicBool>,
+    fault: Arc<std::sync::Mutex<Option<ReadFault>>>,
 }
 
-struct RefusingQueue {
+struct FaultyQueue {
     inner: Box<dyn DeviceQueue>,
-    refuse: Arc<AtomicBool>,
+    fault: Arc<std::sync::Mutex<Option<ReadFault>>>,
+    failed: Vec<u64>,
 }
 
-impl Device for RefusingRead {
+impl FaultyReads {
+    fn new() -> (FaultyReads, Arc<std::sync::Mutex<Option<ReadFault>>>) {
+        let fault = Arc::new(std::sync::Mutex::new(None));
+        let device = FaultyReads {
+            inner: MemoryDevice::new(8 << 20),
+            fault: fault.clone(),
+        };
+        (device, fault)
+    }
+}
+
+impl Device for FaultyReads {
     fn name(&self) -> &str {
-        "refusing"
+        "faulty"
     }
     fn capacity_bytes(&self) -> u64 {
         self.inner.capacity_bytes()
     }
     fn open_queue(&self) -> Result<Box<dyn DeviceQueue>, DeviceError> {
-        Ok(Box::new(RefusingQueue {
+        Ok(Box::new(FaultyQueue {
             inner: self.inner.open_queue()?,
-            refuse: self.refuse.clone(),
+            fault: self.fault.clone(),
+            failed: Vec::new(),
         }))
     }
 }
 
-impl DeviceQueue for RefusingQueue {
+impl DeviceQueue for FaultyQueue {
     fn read(&mut self, offset: u64, length: usize, token: u64) -> Result<(), DeviceError> {
-        if self.refuse.swap(false, Ordering::SeqCst) {
-            return Err(DeviceError::Io("refused for the test".into()));
+        match self.fault.lock().unwrap().take() {
+            Some(ReadFault::Refused) => Err(DeviceError::Io("refused for the test".into())),
+            Some(ReadFault::Failed) => {
+                self.failed.push(token);
+                Ok(())
+            }
+            None => self.inner.read(offset, length, token),
         }
-        self.inner.read(offset, length, token)
     }
     fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
         self.inner.write(offset, data, token)
     }
     fn poll(&mut self, done: &mut dyn FnMut(u64, Completed<'_>)) -> Result<usize, DeviceError> {
+        if let Some(token) = self.failed.pop() {
+            return Err(DeviceError::RequestFailed {
+                token,
+                reason: "failed for the test".into(),
+            });
+        }
         self.inner.poll(done)
     }
     fn in_flight(&self) -> usize {
-        self.inner.in_flight()
+        self.inner.in_flight() + self.failed.len()
     }
+}
+
+/// A store on a [`FaultyReads`] device with "key" and 300 fillers that push
+/// it to the device.
+fn store_with_key_on_the_device() -> (Store, Arc<std::sync::Mutex<Option<ReadFault>>>) {
+    let (device, fault) = FaultyReads::new();
+    let store = Store::new(StoreConfig::smallest(), Arc::new(device)).unwrap();
+    let mut session = store.session().unwrap();
+    session.upsert(b"key", b"value").unwrap();
+    for number in 0u64..300 {
+        session.upsert(&number.to_le_bytes(), &[3; 1000]).unwrap();
+    }
+    (store, fault)
 }
 
 /// Regression: a device read that failed as it was issued left its
@@ -504,18 +549,9 @@ impl DeviceQueue for RefusingQueue {
 /// hears the failure at once, and the session goes on.
 #[test]
 fn a_read_the_device_refuses_to_issue_is_not_left_pending() {
-    let refuse = Arc::new(AtomicBool::new(false));
-    let device = RefusingRead {
-        inner: MemoryDevice::new(8 << 20),
-        refuse: refuse.clone(),
-    };
-    let store = Store::new(StoreConfig::smallest(), Arc::new(device)).unwrap();
+    let (store, fault) = store_with_key_on_the_device();
     let mut session = store.session().unwrap();
-    session.upsert(b"key", b"value").unwrap();
-    for number in 0u64..300 {
-        session.upsert(&number.to_le_bytes(), &[3; 1000]).unwrap();
-    }
-    refuse.store(true, Ordering::SeqCst);
+    *fault.lock().unwrap() = Some(ReadFault::Refused);
     let mut out = Vec::new();
     assert!(matches!(
         session.read(b"key", &mut out, 1),
@@ -551,77 +587,14 @@ fn a_page_longer_than_the_devices_requests_is_refused_at_the_start() {
     Store::new(fits, device).unwrap();
 }
 
-/// A memory device whose queues fail the next read after `fail` is set:
-/// the read is taken, and its failure comes back from `poll`, by name.
-struct FailingRead {
-    inner: MemoryDevice,
-    fail: Arc<AtomicBool>,
-}
-
-struct FailingQueue {
-    inner: Box<dyn DeviceQueue>,
-    fail: Arc<AtomicBool>,
-    failed: Vec<u64>,
-}
-
-impl Device for FailingRead {
-    fn name(&self) -> &str {
-        "failing"
-    }
-    fn capacity_bytes(&self) -> u64 {
-        self.inner.capacity_bytes()
-    }
-    fn open_queue(&self) -> Result<Box<dyn DeviceQueue>, DeviceError> {
-        Ok(Box::new(FailingQueue {
-            inner: self.inner.open_queue()?,
-            fail: self.fail.clone(),
-            failed: Vec::new(),
-        }))
-    }
-}
-
-impl DeviceQueue for FailingQueue {
-    fn read(&mut self, offset: u64, length: usize, token: u64) -> Result<(), DeviceError> {
-        if self.fail.swap(false, Ordering::SeqCst) {
-            self.failed.push(token);
-            return Ok(());
-        }
-        self.inner.read(offset, length, token)
-    }
-    fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
-        self.inner.write(offset, data, token)
-    }
-    fn poll(&mut self, done: &mut dyn FnMut(u64, Completed<'_>)) -> Result<usize, DeviceError> {
-        if let Some(token) = self.failed.pop() {
-            return Err(DeviceError::RequestFailed {
-                token,
-                reason: "failed for the test".into(),
-            });
-        }
-        self.inner.poll(done)
-    }
-    fn in_flight(&self) -> usize {
-        self.inner.in_flight() + self.failed.len()
-    }
-}
-
 /// The file device dropped a failed read with its token: the operation
 /// waiting on it stayed pending for good (every later wait stalled 30 s).
 /// A failed request is reported by name, and its operation fails alone.
 #[test]
 fn a_read_that_fails_on_the_device_fails_its_operation_alone() {
-    let fail = Arc::new(AtomicBool::new(false));
-    let device = FailingRead {
-        inner: MemoryDevice::new(8 << 20),
-        fail: fail.clone(),
-    };
-    let store = Store::new(StoreConfig::smallest(), Arc::new(device)).unwrap();
+    let (store, fault) = store_with_key_on_the_device();
     let mut session = store.session().unwrap();
-    session.upsert(b"key", b"value").unwrap();
-    for number in 0u64..300 {
-        session.upsert(&number.to_le_bytes(), &[3; 1000]).unwrap();
-    }
-    fail.store(true, Ordering::SeqCst);
+    *fault.lock().unwrap() = Some(ReadFault::Failed);
     let mut out = Vec::new();
     assert_eq!(session.read(b"key", &mut out, 1).unwrap(), Status::Pending);
     assert_eq!(
