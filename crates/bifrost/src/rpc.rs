@@ -579,13 +579,56 @@ impl Callee {
                 .or_default()
                 .insert(ticket.rpc_id, payload.clone());
         }
-        Some(checkpoint::Checkpoint {
+        let mut checkpoint = checkpoint::Checkpoint {
             sequence: self.checkpoints_taken,
             executed: self.counters.executed,
             state,
             replies,
             received,
-        })
+        };
+        self.fit(&mut checkpoint);
+        Some(checkpoint)
+    }
+
+    /// Shrinks a checkpoint past one datagram until it fits: fewer kept
+    /// replies per caller (halving down to one, the newest, whose id still
+    /// marks older calls answered), then the callers answered least
+    /// recently. Dropped whole, as before, it left the Gatekeeper's older
+    /// checkpoint, and a failover rolled the state back under every caller
+    /// (three callers of a counter were enough). Shrunk, only a resend of
+    /// an answered call older than what is kept could run again.
+    fn fit(&self, checkpoint: &mut checkpoint::Checkpoint) {
+        let too_large = |checkpoint: &checkpoint::Checkpoint| {
+            matches!(
+                checkpoint.encode(),
+                Err(checkpoint::CheckpointError::TooLarge(_))
+            )
+        };
+        let mut keep = checkpoint::REPLIES_PER_CALLER;
+        while keep > 1 && too_large(checkpoint) {
+            keep /= 2;
+            for replies in checkpoint.replies.values_mut() {
+                // Bounded by the replies kept per caller.
+                while replies.len() > keep {
+                    replies.pop_first();
+                }
+            }
+        }
+        let mut least_recent_first: Vec<(u64, DatagramEnd)> = self
+            .callers
+            .iter()
+            .map(|(caller, memory)| (memory.last_answered, *caller))
+            .collect();
+        least_recent_first
+            .sort_unstable_by_key(|(answered, caller)| (*answered, caller.address.0, caller.port));
+        let mut dropping = least_recent_first.into_iter();
+        // Bounded by the callers.
+        while too_large(checkpoint) {
+            let Some((_, caller)) = dropping.next() else {
+                return;
+            };
+            checkpoint.replies.remove(&caller);
+        }
     }
 
     /// Starts from a checkpoint (a replacement taking over a failed node):
@@ -866,6 +909,45 @@ mod tests {
             b"ok"
         );
         assert_eq!(callee.callers.len(), 1);
+    }
+
+    /// A checkpoint keeps replies for every caller; past one datagram it
+    /// was dropped whole, and replies went out bare from then on (three
+    /// callers of a counter, sixteen calls each, were enough), so the
+    /// Gatekeeper kept an old state for a failover to roll back to. It is
+    /// shrunk to fit now, and carries the newest state.
+    #[test]
+    fn a_checkpoint_past_a_datagram_is_shrunk_to_fit_not_dropped() {
+        let caller_on = |port| DatagramEnd {
+            mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 1]),
+            address: remora_wire::Ipv4Address::new(10, 0, 0, 1),
+            port,
+        };
+        let mut callee = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
+        let mut last_reply = Vec::new();
+        for rpc_id in 1..=16u64 {
+            for port in [1, 2, 3, 4] {
+                let call =
+                    BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL)
+                        .unwrap();
+                callee.handle(caller_on(port), &encode(&call, b""));
+                last_reply = callee.poll_transmit().expect("answered").1;
+            }
+        }
+        assert_eq!(callee.counters().checkpoints_too_large, 0);
+        let header = BifrostHeader::new_checked(&last_reply[..]).unwrap();
+        assert_ne!(
+            header.flags() & checkpoint::CHECKPOINT_FLAG,
+            0,
+            "the reply carries its checkpoint"
+        );
+        let kept = callee.checkpoint().unwrap();
+        assert!(kept.encode().is_ok());
+        assert_eq!(kept.state, 64u64.to_be_bytes().to_vec(), "the newest state");
+        assert!(kept
+            .replies
+            .values()
+            .all(|replies| replies.contains_key(&16)));
     }
 
     /// A callee never forgot a caller: after 1024 callers (clients that
