@@ -457,6 +457,12 @@ pub struct CalleeCounters {
     pub callers_forgotten: u64,
 }
 
+/// Which caller goes first when room is short: the one answered least
+/// recently (ties by address and port, so a seed's runs agree).
+fn recency(caller: &DatagramEnd, memory: &CallerMemory) -> (u64, [u8; 4], u16) {
+    (memory.last_answered, caller.address.0, caller.port)
+}
+
 /// What a callee remembers of one caller.
 #[derive(Debug, Default)]
 struct CallerMemory {
@@ -529,12 +535,13 @@ impl Callee {
         self
     }
 
-    /// The next checkpoint to send: its sequence follows the last sent.
-    fn take_checkpoint(&mut self) -> Option<checkpoint::Checkpoint> {
-        let mut checkpoint = self.checkpoint()?;
+    /// The next checkpoint to send, encoded: its sequence follows the last
+    /// sent.
+    fn take_checkpoint(&mut self) -> Option<Result<Vec<u8>, checkpoint::CheckpointError>> {
+        let mut checkpoint = self.whole_checkpoint()?;
         self.checkpoints_taken += 1;
         checkpoint.sequence = self.checkpoints_taken;
-        Some(checkpoint)
+        Some(self.fit(&mut checkpoint))
     }
 
     /// Commits a b1 checkpoint: what the callee has received and not
@@ -543,7 +550,7 @@ impl Callee {
         let Some(to) = self.commit_to else {
             return;
         };
-        match self.take_checkpoint().map(|checkpoint| checkpoint.encode()) {
+        match self.take_checkpoint() {
             Some(Ok(bytes)) => {
                 self.sends
                     .push_back((to, remora_wire::bifrost::emit_commit(&bytes)));
@@ -554,9 +561,19 @@ impl Callee {
         }
     }
 
-    /// The checkpoint of what the callee has done: the service's state and
-    /// the newest replies to each caller.
+    /// The checkpoint of what the callee has done, as it would be sent:
+    /// the service's state and the newest replies to each caller, shrunk
+    /// to one datagram if need be.
     pub fn checkpoint(&self) -> Option<checkpoint::Checkpoint> {
+        let mut checkpoint = self.whole_checkpoint()?;
+        // Only its shape is wanted here, not its encoding.
+        let _ = self.fit(&mut checkpoint);
+        Some(checkpoint)
+    }
+
+    /// The checkpoint with up to [`checkpoint::REPLIES_PER_CALLER`]
+    /// replies for every caller, whatever its size.
+    fn whole_checkpoint(&self) -> Option<checkpoint::Checkpoint> {
         let state = self.service.save_state()?;
         let replies = self
             .callers
@@ -579,53 +596,54 @@ impl Callee {
                 .or_default()
                 .insert(ticket.rpc_id, payload.clone());
         }
-        let mut checkpoint = checkpoint::Checkpoint {
+        Some(checkpoint::Checkpoint {
             sequence: self.checkpoints_taken,
             executed: self.counters.executed,
             state,
             replies,
             received,
-        };
-        self.fit(&mut checkpoint);
-        Some(checkpoint)
+        })
     }
 
-    /// Shrinks a checkpoint past one datagram until it fits: fewer kept
-    /// replies per caller (halving down to one, the newest, whose id still
-    /// marks older calls answered), then the callers answered least
-    /// recently. Dropped whole, as before, it left the Gatekeeper's older
-    /// checkpoint, and a failover rolled the state back under every caller
-    /// (three callers of a counter were enough). Shrunk, only a resend of
-    /// an answered call older than what is kept could run again.
-    fn fit(&self, checkpoint: &mut checkpoint::Checkpoint) {
-        let too_large = |checkpoint: &checkpoint::Checkpoint| {
-            matches!(
-                checkpoint.encode(),
-                Err(checkpoint::CheckpointError::TooLarge(_))
-            )
-        };
+    /// Encodes `checkpoint`, shrinking it first while it is past one
+    /// datagram: fewer kept replies per caller (halving down to one, the
+    /// newest, whose id still marks older calls answered), then the
+    /// callers answered least recently. Dropped whole, as before, it left
+    /// the Gatekeeper's older checkpoint, and a failover rolled the state
+    /// back under every caller (four callers of a counter, sixteen calls
+    /// each, were enough).
+    /// Shrunk, only a resend of an answered call older than what is kept
+    /// could run again. One that fits is encoded once, as nearly all do.
+    fn fit(
+        &self,
+        checkpoint: &mut checkpoint::Checkpoint,
+    ) -> Result<Vec<u8>, checkpoint::CheckpointError> {
         let mut keep = checkpoint::REPLIES_PER_CALLER;
-        while keep > 1 && too_large(checkpoint) {
-            keep /= 2;
-            for replies in checkpoint.replies.values_mut() {
-                // Bounded by the replies kept per caller.
-                while replies.len() > keep {
-                    replies.pop_first();
+        let mut dropping = None;
+        // Each turn halves the replies kept or drops a caller: bounded by
+        // log2 of the replies plus the callers.
+        loop {
+            let too_large = match checkpoint.encode() {
+                Err(error @ checkpoint::CheckpointError::TooLarge(_)) => error,
+                encoded => return encoded,
+            };
+            if keep > 1 {
+                keep /= 2;
+                for replies in checkpoint.replies.values_mut() {
+                    // Bounded by the replies kept per caller.
+                    while replies.len() > keep {
+                        replies.pop_first();
+                    }
                 }
+                continue;
             }
-        }
-        let mut least_recent_first: Vec<(u64, DatagramEnd)> = self
-            .callers
-            .iter()
-            .map(|(caller, memory)| (memory.last_answered, *caller))
-            .collect();
-        least_recent_first
-            .sort_unstable_by_key(|(answered, caller)| (*answered, caller.address.0, caller.port));
-        let mut dropping = least_recent_first.into_iter();
-        // Bounded by the callers.
-        while too_large(checkpoint) {
-            let Some((_, caller)) = dropping.next() else {
-                return;
+            let order = dropping.get_or_insert_with(|| {
+                let mut callers: Vec<_> = self.callers.iter().collect();
+                callers.sort_unstable_by_key(|&(caller, memory)| recency(caller, memory));
+                callers.into_iter().map(|(caller, _)| *caller)
+            });
+            let Some(caller) = order.next() else {
+                return Err(too_large);
             };
             checkpoint.replies.remove(&caller);
         }
@@ -805,7 +823,7 @@ impl Callee {
         let least_recent = self
             .callers
             .iter()
-            .min_by_key(|(caller, memory)| (memory.last_answered, caller.address.0, caller.port))
+            .min_by_key(|&(caller, memory)| recency(caller, memory))
             .map(|(caller, _)| *caller);
         if let Some(caller) = least_recent {
             self.callers.remove(&caller);
@@ -824,7 +842,7 @@ impl Callee {
         } else {
             None
         };
-        let reply = match checkpoint.map(|checkpoint| checkpoint.encode()) {
+        let reply = match checkpoint {
             Some(Ok(bytes)) => match BifrostHeader::new_checked(&reply[..]) {
                 Ok(header) => {
                     let flagged = BifrostRepr {
@@ -912,7 +930,7 @@ mod tests {
     }
 
     /// A checkpoint keeps replies for every caller; past one datagram it
-    /// was dropped whole, and replies went out bare from then on (three
+    /// was dropped whole, and replies went out bare from then on (four
     /// callers of a counter, sixteen calls each, were enough), so the
     /// Gatekeeper kept an old state for a failover to roll back to. It is
     /// shrunk to fit now, and carries the newest state.
