@@ -388,10 +388,7 @@ impl MemoryStage {
                 let last = roce.opcode != Opcode::RdmaWriteMiddle;
                 let open = connection.open_write;
                 if last {
-                    self.set_open_write(key, None);
-                    if open == Some(true) {
-                        self.set_allowed_write_end(key, roce.psn);
-                    }
+                    self.close_write(key, (open == Some(true)).then_some(roce.psn));
                 }
                 match open {
                     Some(true) => true,
@@ -422,9 +419,14 @@ impl MemoryStage {
         }
     }
 
-    fn set_allowed_write_end(&mut self, key: (Ipv4Address, Qpn), end: Psn) {
+    /// A WRITE's last packet passed: none is open now, and an allowed one
+    /// ended at `allowed_end`.
+    fn close_write(&mut self, key: (Ipv4Address, Qpn), allowed_end: Option<Psn>) {
         if let Some(connection) = self.connections.lookup_mut(&key) {
-            connection.allowed_write_end = Some(end);
+            connection.open_write = None;
+            if allowed_end.is_some() {
+                connection.allowed_write_end = allowed_end;
+            }
         }
     }
 
