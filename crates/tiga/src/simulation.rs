@@ -378,12 +378,11 @@ fn validate(workload: &Workload, config: &SocConfig) -> Result<(), RunError> {
     if workload.apps.is_empty() {
         return Err(RunError::NoApps);
     }
-    if workload.payload.sizes().is_empty() {
+    let sizes = workload.payload.sizes();
+    if sizes.is_empty() {
         return Err(RunError::NoPayloadSizes);
     }
-    if let Some(&bad) = workload
-        .payload
-        .sizes()
+    if let Some(&bad) = sizes
         .iter()
         .find(|&&bytes| !(MIN_PAYLOAD_BYTES..=MAX_PAYLOAD_BYTES).contains(&bytes))
     {
