@@ -367,7 +367,7 @@ struct PendingOperation {
     /// publishes only if nothing newer arrived meanwhile.
     chain_head: LogAddress,
     update: Option<Update>,
-    /// Times a read looked again from a moved head ([`head_moved`]).
+    /// Times a read looked again from a moved head ([`moved_head`]).
     restarts: u32,
 }
 
@@ -577,13 +577,14 @@ impl Session {
 /// Lookups a read starts again because the key's chain changed under it.
 const MAX_LOOKUP_RESTARTS: u32 = 64;
 
-/// Whether the index names another head for `hash` than `chain_head`. A
+/// The head the index names for `hash` now, if it is not `chain_head`. A
 /// chain walk that ran below the log's begin may have raced a compaction
 /// that copied the key's record to the tail and pointed the index at the
 /// copy: the key was there all along, and the read must look again from
 /// the new head, or it answers NotFound (and a DEL does nothing).
-fn head_moved(shared: &Shared, hash: u64, chain_head: LogAddress) -> bool {
-    shared.index.find(hash).map(|slot| slot.entry.address()) != Some(chain_head)
+fn moved_head(shared: &Shared, hash: u64, chain_head: LogAddress) -> Option<LogAddress> {
+    let head = shared.index.find(hash)?.entry.address();
+    (head != chain_head).then_some(head)
 }
 
 /// Copies a live record's value into `out`: Found, or NotFound for a
@@ -665,19 +666,23 @@ impl Session {
         self.enter()?;
         let shared = self.shared.clone();
         let hash = hash_key(key);
+        let Some(slot) = shared.index.find(hash) else {
+            return Ok(Status::NotFound);
+        };
+        let mut chain_head = slot.entry.address();
         for _ in 0..MAX_LOOKUP_RESTARTS {
-            let Some(slot) = shared.index.find(hash) else {
-                return Ok(Status::NotFound);
-            };
-            let chain_head = slot.entry.address();
-            return match locate(&shared.log, key, chain_head) {
-                Located::Absent if head_moved(&shared, hash, chain_head) => continue,
-                Located::Absent => Ok(Status::NotFound),
+            match locate(&shared.log, key, chain_head) {
+                Located::Absent => match moved_head(&shared, hash, chain_head) {
+                    Some(head) => chain_head = head,
+                    None => return Ok(Status::NotFound),
+                },
                 Located::Device(address) => {
-                    self.start_pending(key, address, chain_head, None, context)
+                    return self.start_pending(key, address, chain_head, None, context)
                 }
-                Located::Memory(record, _, region) => Ok(copy_live_value(&record, region, out)),
-            };
+                Located::Memory(record, _, region) => {
+                    return Ok(copy_live_value(&record, region, out))
+                }
+            }
         }
         Err(KvError::LookupContended(MAX_LOOKUP_RESTARTS))
     }
@@ -1151,7 +1156,7 @@ impl Session {
     }
 
     /// A pending read whose chain ran below the log's begin looks again
-    /// from the index's head if it moved (see [`head_moved`]): `None` if it
+    /// from the index's head if it moved (see [`moved_head`]): `None` if it
     /// did not (the key is absent), else whether the read finished.
     fn restart_read(
         &mut self,
@@ -1161,9 +1166,9 @@ impl Session {
         let shared = self.shared.clone();
         let operation = self.pending[token].as_mut().expect("a live token");
         let hash = hash_key(&operation.key);
-        if !head_moved(&shared, hash, operation.chain_head) {
+        let Some(head) = moved_head(&shared, hash, operation.chain_head) else {
             return Ok(None);
-        }
+        };
         operation.restarts += 1;
         if operation.restarts > MAX_LOOKUP_RESTARTS {
             let operation = self.pending[token].take().expect("a live token");
@@ -1176,11 +1181,8 @@ impl Session {
             });
             return Ok(Some(true));
         }
-        let Some(slot) = shared.index.find(hash) else {
-            return Ok(None);
-        };
-        operation.chain_head = slot.entry.address();
-        match locate(&shared.log, &operation.key, operation.chain_head) {
+        operation.chain_head = head;
+        match locate(&shared.log, &operation.key, head) {
             Located::Device(address) => {
                 operation.address = address;
                 self.issue_read(token, shared.config.first_read_bytes)?;
