@@ -145,8 +145,9 @@ mod tests {
 
     const PORT: u16 = 4793;
 
-    fn to_right(fabric: &BackToBack) -> DatagramEnd {
-        let config = fabric.right.config();
+    /// [`PORT`] on `nic`.
+    fn end_of(nic: &remora_rnic::SoftRnic) -> DatagramEnd {
+        let config = nic.config();
         DatagramEnd {
             mac: config.mac,
             address: config.address,
@@ -164,7 +165,7 @@ mod tests {
         let mut sender = AgentPort::new(PORT, 16);
         let mut receiver = AgentPort::new(PORT, 4096);
         receiver.open(&mut fabric.right).unwrap();
-        let to = to_right(&fabric);
+        let to = end_of(&fabric.right);
         let total = 1500u32;
         for index in 0..total {
             sender
@@ -209,15 +210,11 @@ mod tests {
         let mut left = AgentPort::new(PORT, 16);
         let mut right = AgentPort::new(PORT, 16);
         right.open(&mut fabric.right).unwrap();
-        let to_left = DatagramEnd {
-            mac: fabric.left.config().mac,
-            address: fabric.left.config().address,
-            port: PORT,
-        };
+        let to_left = end_of(&fabric.left);
         left.open(&mut fabric.left).unwrap();
         right.send(&mut fabric.right, to_left, b"request").unwrap();
         fabric.run(10_000);
-        let to = to_right(&fabric);
+        let to = end_of(&fabric.right);
         while left.held() == 0 {
             left.send(&mut fabric.left, to, b"answer").unwrap();
         }
