@@ -744,6 +744,15 @@ fn pin_and_write_sevens(store: &SodaRack, object: ObjectId, chunk_bytes: usize) 
         .unwrap();
 }
 
+/// Whether `object`'s first `chunk_bytes`, fetched, are all `byte`.
+fn first_chunk_is(store: &SodaRack, object: ObjectId, chunk_bytes: usize, byte: u8) -> bool {
+    // Filled with another byte first, so that a fetch that wrote nothing
+    // cannot pass.
+    let mut into = vec![!byte; chunk_bytes];
+    store.fetch(object, 0, &mut into).unwrap();
+    into.iter().all(|&fetched| fetched == byte)
+}
+
 /// A second pin of a pinned object marked it clean again: the unpin then
 /// dropped the DPU's copy instead of flushing it, and the next fetch read
 /// the memory node's stale bytes.
@@ -756,10 +765,8 @@ fn pinning_a_pinned_object_again_keeps_its_writes() {
     pin_and_write_sevens(&store, object, CHUNK_BYTES);
     store.advise(object, Advice::Pin).unwrap();
     store.advise(object, Advice::Unpin).unwrap();
-    let mut into = vec![0u8; CHUNK_BYTES];
-    store.fetch(object, 0, &mut into).unwrap();
     assert!(
-        into.iter().all(|&byte| byte == 7),
+        first_chunk_is(&store, object, CHUNK_BYTES, 7),
         "the pinned writes reached memory"
     );
     store.stop().unwrap();
@@ -812,10 +819,8 @@ fn a_write_the_dpu_still_holds_never_lands_in_the_next_objects_room() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     std::thread::sleep(std::time::Duration::from_millis(100));
-    let mut into = vec![1u8; CHUNK_BYTES];
-    store.fetch(second, 0, &mut into).unwrap();
     assert!(
-        into.iter().all(|&byte| byte == 0),
+        first_chunk_is(&store, second, CHUNK_BYTES, 0),
         "the new object is untouched"
     );
     store.stop().unwrap();
@@ -855,8 +860,6 @@ fn a_refusal_from_a_live_dpu_loses_nothing() {
     store.write_back(written, 0, &[7u8; CHUNK_BYTES]).unwrap();
     let mut past_the_end = vec![0u8; 4096];
     assert!(store.fetch(short, 4096, &mut past_the_end).is_err());
-    let mut into = vec![0u8; CHUNK_BYTES];
-    store.fetch(written, 0, &mut into).unwrap();
-    assert!(into.iter().all(|&byte| byte == 7));
+    assert!(first_chunk_is(&store, written, CHUNK_BYTES, 7));
     store.stop().unwrap();
 }
