@@ -12,6 +12,7 @@ pub mod config;
 pub mod dpu;
 pub mod far;
 pub mod mapping;
+pub mod pins;
 pub mod placement;
 pub mod rack;
 pub mod store;

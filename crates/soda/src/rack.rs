@@ -22,6 +22,7 @@ use crate::dpu::{
     DpuConfig, DpuCounters, DpuPrefetcher, DpuReceiver, DpuResources, DpuStager, DpuState,
     SharedDpu, StaticState, PERSISTED_MASK, REPLY_ERROR,
 };
+use crate::pins::{PinTable, Standing, StillMoving};
 use crate::store::{Advice, ChunkStore, ObjectId, StoreError};
 use remora_carrier::wrappers::LinkShape;
 use remora_rack::assembly::{EmbeddedRack, RackBuilder, StagedRack};
@@ -37,7 +38,7 @@ use remora_wire::soda::{ReadRequestRepr, RegionId, SodaRequestRepr, WriteRequest
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The DPU's index in the rack.
 pub const DPU_HOST: usize = 2;
@@ -136,6 +137,8 @@ pub enum SodaRackError {
     StaticCopyLost(ObjectId),
     #[error("the DPU's static cache did not settle region {0:?} in time")]
     StaticTimedOut(RegionId),
+    #[error(transparent)]
+    StillMoving(#[from] StillMoving),
     #[error("the DPU replied {got} bytes where {wanted} were asked")]
     ShortReply { got: u32, wanted: usize },
 }
@@ -192,8 +195,9 @@ pub struct SodaRack {
     processes: Vec<ProcessPaths>,
     dpu: Option<DpuPath>,
     route: Route,
-    /// Objects in the DPU's static cache: where, and whether written.
-    pinned: Mutex<HashMap<ObjectId, (u64, bool)>>,
+    /// Objects in the DPU's static cache, and the gate that holds an
+    /// object's transfers while it moves in or out.
+    pins: PinTable,
     /// Objects routed through the DPU's dynamic cache.
     dynamic: Mutex<std::collections::HashSet<ObjectId>>,
     /// (B_net, B_intra) in bytes per second, measured at start-up.
@@ -386,7 +390,7 @@ impl SodaRack {
             processes,
             dpu,
             route: config.route,
-            pinned: Mutex::new(HashMap::new()),
+            pins: PinTable::default(),
             dynamic: Mutex::new(Default::default()),
             bandwidths: None,
             lost: Mutex::new(HashMap::new()),
@@ -683,9 +687,8 @@ impl SodaRack {
             drop(unconfirmed);
             // What the dead DPU held never lands: their rooms are free.
             self.free_rooms(released);
-            let pinned = self.pinned.lock().expect("pinned lock");
-            for (other, _) in pinned.iter().filter(|(_, (_, dirty))| *dirty) {
-                lost.entry(*other).or_insert_with(|| held.into());
+            for other in self.pins.dirty_objects() {
+                lost.entry(other).or_insert_with(|| held.into());
             }
         }
     }
@@ -735,8 +738,10 @@ enum Path {
 const STATIC_DEADLINE: Duration = Duration::from_secs(60);
 
 impl SodaRack {
-    fn path(&self, object: ObjectId) -> Path {
-        if let Some(&(offset, _)) = self.pinned.lock().expect("pinned lock").get(&object) {
+    /// The path of a transfer of `object`, given its static offset if
+    /// it is pinned.
+    fn path(&self, object: ObjectId, static_offset: Option<u64>) -> Path {
+        if let Some(offset) = static_offset {
             return Path::Static(offset);
         }
         if self.dynamic.lock().expect("dynamic lock").contains(&object) {
@@ -772,7 +777,7 @@ impl SodaRack {
         done: impl Fn(Option<StaticState>) -> bool,
     ) -> Result<(), SodaRackError> {
         let dpu = self.dpu()?;
-        let deadline = std::time::Instant::now() + STATIC_DEADLINE;
+        let deadline = Self::static_deadline();
         // Bounded by the deadline.
         loop {
             if done(
@@ -783,9 +788,7 @@ impl SodaRack {
             ) {
                 return Ok(());
             }
-            if std::time::Instant::now() > deadline
-                || self.rack.lock().expect("rack lock").is_finished()
-            {
+            if Instant::now() > deadline || self.rack.lock().expect("rack lock").is_finished() {
                 return Err(SodaRackError::StaticTimedOut(region));
             }
             self.kicker.kick();
@@ -796,26 +799,55 @@ impl SodaRack {
     fn pin(&self, object: ObjectId) -> Result<(), SodaRackError> {
         let dpu = self.dpu()?;
         let region = Self::region(object)?;
-        let offset = dpu
-            .state
-            .lock()
-            .expect("DPU state lock")
-            .begin_pin(region)?;
-        self.wait_static(region, |state| state == Some(StaticState::Ready))?;
-        // Pinned again, it keeps what it was: a fresh clean mark made an
-        // unpin drop writes the memory node never got.
-        self.pinned
-            .lock()
-            .expect("pinned lock")
-            .entry(object)
-            .or_insert((offset, false));
-        Ok(())
+        let before = self.pins.begin_move(object, Self::static_deadline())?;
+        let begun = dpu.state.lock().expect("DPU state lock").begin_pin(region);
+        let loaded = begun.map_err(SodaRackError::from).and_then(|offset| {
+            self.wait_static(region, |state| state == Some(StaticState::Ready))?;
+            Ok(offset)
+        });
+        // Pinned again, it keeps its mark: a fresh clean one made an unpin
+        // drop writes the memory node never got.
+        let dirty = before.is_some_and(Standing::dirty);
+        match loaded {
+            Ok(offset) => {
+                self.pins
+                    .end_move(object, Some(Standing::Pinned { offset, dirty }));
+                Ok(())
+            }
+            Err(error) => {
+                self.pins.end_move(object, before);
+                Err(error)
+            }
+        }
     }
 
     fn unpin(&self, object: ObjectId) -> Result<(), SodaRackError> {
-        let Some((_, dirty)) = self.pinned.lock().expect("pinned lock").remove(&object) else {
+        let before = self.pins.begin_move(object, Self::static_deadline())?;
+        let Some(Standing::Pinned { dirty, .. }) = before else {
+            self.pins.end_move(object, before);
             return Ok(());
         };
+        let flushed = self.flush_static(object, dirty);
+        if let Err(error) = &flushed {
+            if dirty {
+                // The memory node may never get the static copy's writes:
+                // reading its copy from now on could return stale bytes.
+                self.lost
+                    .lock()
+                    .expect("lost lock")
+                    .insert(object, error.to_string());
+            }
+        }
+        // Out of the static cache either way: the DPU frees the space once
+        // the flush is done, so routing there again could read another
+        // object's bytes.
+        self.pins.end_move(object, None);
+        flushed
+    }
+
+    /// Writes the DPU's static copy of `object` to the memory node, if
+    /// `dirty`, and waits until the DPU has let it go.
+    fn flush_static(&self, object: ObjectId, dirty: bool) -> Result<(), SodaRackError> {
         let region = Self::region(object)?;
         let dpu = self.dpu()?;
         let (held, crashes) = {
@@ -828,14 +860,13 @@ impl SodaRack {
             // The DPU died with the only copy of the object's writes: an
             // unpin that returned would let the next fetch read the memory
             // node's stale copy.
-            let error = SodaRackError::StaticCopyLost(object);
-            self.lost
-                .lock()
-                .expect("lost lock")
-                .insert(object, error.to_string());
-            return Err(error);
+            return Err(SodaRackError::StaticCopyLost(object));
         }
         Ok(())
+    }
+
+    fn static_deadline() -> Instant {
+        Instant::now() + STATIC_DEADLINE
     }
 }
 
@@ -850,6 +881,12 @@ impl SodaRack {
         transfer: Transfer<'_>,
     ) -> Result<(), StoreError> {
         let paths = &self.processes[process];
+        let writes = matches!(transfer, Transfer::From(_));
+        let passage = self
+            .pins
+            .enter(object, writes, Self::static_deadline())
+            .map_err(SodaRackError::from)?;
+        // Checked once through the gate: a move may have lost the object.
         self.check_lost(object)?;
         let start = self
             .memory
@@ -857,7 +894,7 @@ impl SodaRack {
             .expect("memory agent lock")
             .locate(object, offset, transfer.len())
             .map_err(pool_error(object))?;
-        let path = self.path(object);
+        let path = self.path(object, passage.static_offset);
         let result = match (path, transfer) {
             (Path::Direct, transfer) => self.direct_transfer(paths, start, transfer),
             (Path::ThroughDpu, Transfer::Into(into)) => {
@@ -866,17 +903,10 @@ impl SodaRack {
             (Path::ThroughDpu, Transfer::From(data)) => {
                 self.write_through_dpu(paths, object, offset, data)
             }
-            (Path::Static(at), transfer) => {
-                if let Transfer::From(_) = transfer {
-                    // The DPU's copy is now newer than the memory node's:
-                    // it goes there when the object is unpinned.
-                    if let Some(pinned) = self.pinned.lock().expect("pinned lock").get_mut(&object)
-                    {
-                        pinned.1 = true;
-                    }
-                }
-                self.static_transfer(paths, at + offset, transfer)
-            }
+            // A write makes the DPU's copy newer than the memory node's
+            // (the gate marked it): it goes there when the object is
+            // unpinned.
+            (Path::Static(at), transfer) => self.static_transfer(paths, at + offset, transfer),
         };
         if let Err(error) = &result {
             // A refusal is the DPU answering: it is alive, and holds what
@@ -936,7 +966,7 @@ impl ChunkStore for SodaRack {
     }
 
     fn release(&self, object: ObjectId) -> Result<(), StoreError> {
-        self.pinned.lock().expect("pinned lock").remove(&object);
+        self.pins.forget(object);
         self.dynamic.lock().expect("dynamic lock").remove(&object);
         if let (Some(dpu), Ok(region)) = (&self.dpu, Self::region(object)) {
             dpu.state

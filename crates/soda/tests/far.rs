@@ -826,6 +826,86 @@ fn a_write_the_dpu_still_holds_never_lands_in_the_next_objects_room() {
     store.stop().unwrap();
 }
 
+/// A static-cache rack whose memory link runs at 200 Mb/s, so that a 4
+/// MiB object's load or flush takes about 170 ms; and such an object.
+fn slow_static_cache_rack() -> (Arc<SodaRack>, ObjectId, usize) {
+    const OBJECT_BYTES: usize = 4 << 20;
+    let config = SodaRackConfig {
+        dpu: Some(DpuConfig {
+            static_bytes: OBJECT_BYTES as u64,
+            ..DpuConfig::optimized(64 << 10)
+        }),
+        links: remora_soda::rack::RackLinks {
+            memory: Some(shaped(200_000_000)),
+            ..Default::default()
+        },
+        ..rack_config(Route::Direct)
+    };
+    let store = Arc::new(SodaRack::start(&config).unwrap());
+    let object = ObjectId(1);
+    store.reserve(object, OBJECT_BYTES as u64, None).unwrap();
+    (store, object, OBJECT_BYTES)
+}
+
+/// Runs `advice` on `object` in another thread, and `meanwhile` here once
+/// the move is well under way (20 ms into about 170).
+fn during_move(
+    store: &Arc<SodaRack>,
+    object: ObjectId,
+    advice: remora_soda::Advice,
+    meanwhile: impl FnOnce(),
+) {
+    let mover = {
+        let store = Arc::clone(store);
+        std::thread::spawn(move || store.advise(object, advice))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    meanwhile();
+    mover.join().unwrap().unwrap();
+}
+
+/// An unpin took the object out of the host's pinned set before the DPU's
+/// flush landed: a fetch meanwhile went to the memory node and read bytes
+/// the flush had not yet replaced. Transfers now wait for the move.
+#[test]
+fn a_fetch_during_an_unpin_reads_the_flushed_bytes() {
+    use remora_soda::Advice;
+    const CHUNK_BYTES: usize = 64 << 10;
+    let (store, object, object_bytes) = slow_static_cache_rack();
+    store.advise(object, Advice::Pin).unwrap();
+    store
+        .write_back(object, 0, &vec![7u8; object_bytes])
+        .unwrap();
+    let last = (object_bytes - CHUNK_BYTES) as u64;
+    let mut into = vec![0u8; CHUNK_BYTES];
+    during_move(&store, object, Advice::Unpin, || {
+        store.fetch(object, last, &mut into).unwrap();
+    });
+    assert!(
+        into.iter().all(|&byte| byte == 7),
+        "the fetch read the pinned writes, not the memory node's old bytes"
+    );
+    store.stop().unwrap();
+}
+
+/// A write-back during a pin went to the memory node after the DPU's load
+/// had read that piece: the static copy missed it, and once pinned the
+/// object read back its old bytes. Transfers now wait for the move.
+#[test]
+fn a_write_back_during_a_pin_reaches_the_static_copy() {
+    use remora_soda::Advice;
+    const CHUNK_BYTES: usize = 64 << 10;
+    let (store, object, _) = slow_static_cache_rack();
+    during_move(&store, object, Advice::Pin, || {
+        store.write_back(object, 0, &[7u8; CHUNK_BYTES]).unwrap();
+    });
+    assert!(
+        first_chunk_is(&store, object, CHUNK_BYTES, 7),
+        "the pinned object holds the write made during its pin"
+    );
+    store.stop().unwrap();
+}
+
 /// The static cache's space was only ever taken: pinning and unpinning an
 /// object filled it while it held nothing, and an empty object's pin waited
 /// its whole deadline for a load with no pieces.
