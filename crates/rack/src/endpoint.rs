@@ -14,15 +14,16 @@ use remora_carrier::{
 };
 use remora_host::{Ports, LOCAL_PORT};
 use remora_rnic::{
-    CompletionQueue, CompletionStatus, DataPath, MemoryRegion, ProtectionDomain, QueuePair,
-    QueuePairBuilder, ReceiveRequest, SendRequest, SharedReceiveQueue, SoftRnic, Timestamp, Verbs,
-    VerbsError, WorkCompletion,
+    CompletionOpcode, CompletionQueue, CompletionStatus, DataPath, MemoryRegion, ProtectionDomain,
+    QueuePair, QueuePairBuilder, ReceiveRequest, SendRequest, SharedReceiveQueue, SoftRnic,
+    Timestamp, Verbs, VerbsError, WorkCompletion,
 };
 use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::{PortId, Program, Switch};
 use remora_wire::frame::MAX_FRAME_LEN;
 use remora_wire::MacAddress;
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -229,11 +230,18 @@ impl AppQueues {
     /// timer, and leaves the core to the fabric thread.
     pub fn sleep_until_completion(&mut self, timeout: Duration) {
         let (early, completions) = (&mut self.early, &self.completions);
+        // A NIC gone (its host restarted) wakes the thread too: its next
+        // poll says so.
+        let mut gone = false;
         self.completed.sleep(timeout, &mut || {
             if early.is_none() {
-                *early = completions.try_recv().ok();
+                match completions.try_recv() {
+                    Ok(completion) => *early = Some(completion),
+                    Err(mpsc::TryRecvError::Disconnected) => gone = true,
+                    Err(mpsc::TryRecvError::Empty) => {}
+                }
             }
-            early.is_some()
+            early.is_some() || gone
         });
     }
 
@@ -291,8 +299,39 @@ struct NicSide {
     completions: mpsc::SyncSender<WorkCompletion>,
     /// A completion the application's queue had no room for yet.
     unsent: Option<WorkCompletion>,
+    /// Failed completions for requests the NIC refused, to hand over.
+    refused: VecDeque<WorkCompletion>,
     /// The application's completion channel.
     completed: Arc<Doorbell>,
+}
+
+/// The failed completion of a work request the NIC refused: the
+/// application was told its post went in, so it learns of the refusal as
+/// a NIC reports a bad request it took, and the rack runs on.
+fn refusal(queue_pair: QueuePair, request: &WorkRequest, error: &VerbsError) -> WorkCompletion {
+    let status = match error {
+        VerbsError::LocalAccessOutOfBounds { .. }
+        | VerbsError::UnknownLocalKey(_)
+        | VerbsError::WrongProtectionDomain
+        | VerbsError::LocalWriteNotPermitted
+        | VerbsError::AtomicBufferInvalid => CompletionStatus::LocalProtectionError,
+        VerbsError::MessageTooLong { .. } | VerbsError::TooManyScatterGatherElements { .. } => {
+            CompletionStatus::LocalLengthError
+        }
+        _ => CompletionStatus::LocalQueuePairOperationError,
+    };
+    let (work_request_id, opcode) = match request {
+        WorkRequest::Send(send) => (send.work_request_id, send.operation.completion_opcode()),
+        WorkRequest::Receive(receive) => (receive.work_request_id, CompletionOpcode::Receive),
+    };
+    WorkCompletion {
+        work_request_id,
+        status,
+        opcode,
+        qpn: queue_pair.0,
+        byte_len: 0,
+        immediate: None,
+    }
 }
 
 impl NicSide {
@@ -301,6 +340,10 @@ impl NicSide {
     fn take_submissions(&mut self, rnic: &mut SoftRnic) -> Result<bool, RackError> {
         let mut worked = false;
         for _ in 0..SUBMISSIONS_PER_PUMP {
+            if self.refused.len() >= SUBMISSIONS_PER_PUMP {
+                // The application has not taken its refusals: it waits.
+                break;
+            }
             let Some((queue_pair, request)) = self
                 .held
                 .take()
@@ -318,7 +361,12 @@ impl NicSide {
                     self.held = Some((queue_pair, request));
                     break;
                 }
-                Err(error) => return Err(error.into()),
+                Err(error) => {
+                    tracing::warn!(%error, "the NIC refused an application's work request");
+                    self.refused
+                        .push_back(refusal(queue_pair, &request, &error));
+                    worked = true;
+                }
             }
         }
         Ok(worked)
@@ -337,8 +385,9 @@ impl NicSide {
     /// Hands completions to the application, until its queue is full.
     fn hand_over(&mut self, rnic: &mut SoftRnic) -> Result<bool, RackError> {
         let mut worked = false;
+        // Bounded: each turn hands one completion over or returns.
         loop {
-            let completion = match self.unsent.take() {
+            let completion = match self.unsent.take().or_else(|| self.refused.pop_front()) {
                 Some(completion) => completion,
                 None => match rnic.poll_completion(self.completion_queue)? {
                     Some(completion) => completion,
@@ -418,6 +467,14 @@ impl NodeEndpoint {
         let mut config = self.rnic.config().clone();
         config.seed = config.seed.wrapping_add(incarnation << 32);
         self.rnic = SoftRnic::new(config);
+        // The old NIC's queue pairs and completion queues are gone: the
+        // applications on them see `DeviceGone` (woken, if they sleep),
+        // and a pump no longer polls a completion queue the new NIC lacks.
+        let doorbells: Vec<Arc<Doorbell>> =
+            self.queues.drain(..).map(|side| side.completed).collect();
+        for doorbell in doorbells {
+            doorbell.ring();
+        }
         self.receive_pool = None;
         self.blocked_since = None;
         self.down = false;
@@ -436,6 +493,7 @@ impl NodeEndpoint {
             completion_queue,
             completions: complete,
             unsent: None,
+            refused: VecDeque::new(),
             completed: Arc::clone(&completed),
         });
         AppQueues {

@@ -118,3 +118,76 @@ fn a_channel_whose_request_timed_out_is_retired() {
         assert!(matches!(read(channel), Err(ChannelError::Retired)));
     });
 }
+
+/// Posts a READ of the memory node's chunk into `local`, and sleeps at
+/// most `timeout` for its completion.
+fn read_and_wait(
+    channel: &mut remora_rack::channel::Channel,
+    remote: &MemoryRegion,
+    local: ScatterGatherElement,
+    timeout: Duration,
+) -> Result<Option<WorkCompletion>, VerbsError> {
+    let operation = SendOperation::Read {
+        remote: remote.remote(0),
+    };
+    let request = SendRequest::new(7, operation, &[local]).unwrap();
+    channel.queues.post_send(channel.queue_pair, request)?;
+    channel.queues.sleep_until_completion(timeout);
+    let completion_queue = channel.queues.completion_queue();
+    channel.queues.poll_completion(completion_queue)
+}
+
+/// A work request the NIC refused when it took it from an application's
+/// queue (here, naming a local key that does not exist) was an error for
+/// the whole fabric thread: every host and the switch stopped, and the
+/// application, told its post went in, waited out its timeout. It is now
+/// that request's failed completion, and the rack runs on.
+#[test]
+fn a_request_the_nic_refuses_fails_alone_and_the_rack_runs_on() {
+    let (staged, pool, remote) = one_channel_rack("refused-request");
+    let switch = staged.l2l3_switch();
+    let (mut rack, _switch) = staged.start(switch).unwrap();
+    pool.with(|channel| {
+        let unknown_key = ScatterGatherElement {
+            address: channel.region.address,
+            length_bytes: 64,
+            lkey: Lkey(channel.region.lkey.0 ^ 0x5a5a_0000),
+        };
+        let refused = read_and_wait(channel, &remote, unknown_key, Duration::from_secs(10))
+            .unwrap()
+            .expect("the refused request completes");
+        assert_eq!(refused.status, CompletionStatus::LocalProtectionError);
+        assert_eq!(refused.work_request_id, 7);
+        let good = channel.region.slice(0, 64);
+        let completion = read_and_wait(channel, &remote, good, Duration::from_secs(10))
+            .unwrap()
+            .expect("the rack still serves the next READ");
+        assert_eq!(completion.status, CompletionStatus::Success);
+    });
+    rack.stop_and_join().unwrap();
+}
+
+/// A host restarted with applications attached kept their queues, and
+/// the next pump polled a completion queue the fresh NIC did not have:
+/// the error ended the fabric thread. The applications now see their
+/// device gone, and the rack runs on.
+#[test]
+fn a_restart_under_attached_applications_leaves_the_rack_running() {
+    let (staged, pool, remote) = one_channel_rack("restart-attached");
+    let switch = staged.l2l3_switch();
+    let (mut rack, _switch) = staged.start(switch).unwrap();
+    rack.crash(COMPUTE);
+    rack.restart(COMPUTE).unwrap();
+    pool.with(|channel| {
+        let local = channel.region.slice(0, 64);
+        let started = Instant::now();
+        let gone = read_and_wait(channel, &remote, local, Duration::from_secs(10));
+        assert!(matches!(gone, Err(VerbsError::DeviceGone)), "{gone:?}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    });
+    assert!(
+        !rack.is_finished(),
+        "the fabric thread outlived the restart"
+    );
+    rack.stop_and_join().unwrap();
+}
