@@ -155,22 +155,35 @@ fn ratios_table(
     json: &Value,
     targets: Option<&std::collections::BTreeMap<String, Target>>,
 ) -> String {
-    let Some(ratios) = json["ratios"]
-        .as_object()
-        .filter(|ratios| !ratios.is_empty())
-    else {
+    let written = json["ratios"].as_object();
+    // Every ratio the run wrote, and every ratio with a bound it did not:
+    // a target the run never measured is shown missed, not left out.
+    let mut names: std::collections::BTreeSet<&str> = written
+        .into_iter()
+        .flat_map(|ratios| ratios.keys().map(String::as_str))
+        .collect();
+    names.extend(targets.into_iter().flat_map(|targets| {
+        targets
+            .iter()
+            .filter(|(_, target)| target.has_bound())
+            .map(|(name, _)| name.as_str())
+    }));
+    if names.is_empty() {
         return "<p>This run wrote no ratios.</p>".into();
-    };
+    }
     let mut html = String::from(
         "<h3>Ratios against their targets</h3><table class=\"ratios\"><tr><th>ratio</th><th>measured</th><th>target</th><th>verdict</th><th>what it measures</th></tr>",
     );
-    for (name, value) in ratios {
-        let value = value.as_f64();
+    for name in names {
+        let value = written
+            .and_then(|ratios| ratios.get(name))
+            .and_then(Value::as_f64);
         let target = targets.and_then(|targets| targets.get(name));
         let verdict = target.map_or(Verdict::Unjudged, |target| target.judge(value));
         let (class, word) = match verdict {
             Verdict::Met => ("met", "met"),
             Verdict::Missed => ("missed", "missed"),
+            Verdict::NotMeasured => ("missed", "missed: not measured"),
             Verdict::Unjudged => ("unjudged", "no target"),
         };
         let measured = value.map_or("not measured".into(), figure_text);

@@ -25,14 +25,20 @@ pub struct Target {
 pub enum Verdict {
     Met,
     Missed,
-    /// No target, or no number to judge.
+    /// A target, and no number to judge (absent, null, or not finite):
+    /// not met, since the run never showed it.
+    NotMeasured,
+    /// No target.
     Unjudged,
 }
 
 impl Target {
     pub fn judge(&self, value: Option<f64>) -> Verdict {
-        let Some(value) = value.filter(|value| value.is_finite()) else {
+        if !self.has_bound() {
             return Verdict::Unjudged;
+        }
+        let Some(value) = value.filter(|value| value.is_finite()) else {
+            return Verdict::NotMeasured;
         };
         let verdicts = [
             self.at_least.map(|bound| value >= bound),
@@ -43,6 +49,11 @@ impl Target {
             _ if verdicts.iter().flatten().all(|&met| met) => Verdict::Met,
             _ => Verdict::Missed,
         }
+    }
+
+    /// Whether the ratio is judged (it has a bound), not only described.
+    pub fn has_bound(&self) -> bool {
+        self.at_least.is_some() || self.at_most.is_some()
     }
 
     /// "≥ 1.42", "≤ 0.15", "none".
@@ -98,11 +109,12 @@ mod tests {
         assert_eq!(target(None, Some(0.15)).judge(Some(0.1)), Verdict::Met);
         assert_eq!(target(None, Some(0.15)).judge(Some(0.2)), Verdict::Missed);
         assert_eq!(target(None, None).judge(Some(3.0)), Verdict::Unjudged);
-        assert_eq!(target(Some(1.0), None).judge(None), Verdict::Unjudged);
+        assert_eq!(target(Some(1.0), None).judge(None), Verdict::NotMeasured);
         assert_eq!(
             target(Some(1.0), None).judge(Some(f64::NAN)),
-            Verdict::Unjudged
+            Verdict::NotMeasured
         );
+        assert_eq!(target(None, None).judge(None), Verdict::Unjudged);
         assert_eq!(target(Some(2.0), None).attainment(1.0), Some(0.5));
         assert_eq!(target(None, Some(1.5)).attainment(3.0), Some(0.5));
     }

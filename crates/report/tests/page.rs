@@ -133,6 +133,34 @@ fn nothing_on_the_page_loads_from_the_network() {
     assert!(!html.contains("url("));
 }
 
+/// The table row of `ratio` on `html`.
+fn ratio_row<'a>(html: &'a str, ratio: &str) -> Option<&'a str> {
+    let cell = format!("<td>{ratio}</td>");
+    let at = html.find(&cell)?;
+    let start = html[..at].rfind("<tr")?;
+    let end = at + html[at..].find("</tr>")?;
+    Some(&html[start..end])
+}
+
+/// A targeted ratio that a run wrote as null (a NaN), or did not write at
+/// all (a figure it could not measure), showed grey as "no target", or not
+/// at all: a target could not fail by going unmeasured. Both now show
+/// missed.
+#[test]
+fn a_targeted_ratio_the_run_did_not_measure_shows_missed() {
+    let mut result = fixture("clover");
+    result.json["ratios"] = serde_json::json!({"resolver_speedup_ycsba_z075_c64": null});
+    let html = benchmarks_page(&[result], "now").unwrap();
+    for ratio in [
+        "resolver_speedup_ycsba_z075_c64",
+        "top8_speedup_ycsba_z075_c64",
+    ] {
+        let row = ratio_row(&html, ratio).unwrap_or_else(|| panic!("no row for {ratio}"));
+        assert!(row.contains("class=\"missed\""), "{row}");
+        assert!(row.contains("not measured"), "{row}");
+    }
+}
+
 #[test]
 fn text_from_results_is_escaped() {
     let mut result = fixture("fabric");
