@@ -5,6 +5,7 @@
 
 pub mod all;
 pub mod bifrost;
+mod child;
 pub mod clover;
 pub mod cowbird;
 pub mod entry;

@@ -6,6 +6,7 @@
 //! native ping-pong and the UDP ping-pong are halved the same way, so every
 //! latency here is one way. Bandwidths are MiB/s, as perftest prints them.
 
+use super::child::KillOnDrop;
 use super::report::{median, Report};
 use ibverbs::config::{CarrierConfig, ProgressConfig, VerbsConfig};
 use ibverbs::node::Node;
@@ -78,6 +79,9 @@ struct PerftestRow {
     bandwidth_mebibytes_per_second: f64,
 }
 
+/// How long one perftest program may run: its runs take seconds.
+const PERFTEST_LIMIT: Duration = Duration::from_secs(120);
+
 fn run_perftest(
     libraries: &Path,
     program: &'static str,
@@ -108,24 +112,46 @@ fn run_perftest(
             .stdin(Stdio::null());
         command
     };
-    let server = command(&server_spec)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
+    let server = KillOnDrop::spawn(
+        command(&server_spec)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    )?;
     std::thread::sleep(Duration::from_millis(300));
-    let client = command(&client_spec).arg("127.0.0.1").output()?;
-    let server = server.wait_with_output()?;
+    let client = KillOnDrop::spawn(
+        command(&client_spec)
+            .arg("127.0.0.1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )?
+    .wait_within(PERFTEST_LIMIT)?;
+    // A client that failed (it came before the server listened, say)
+    // leaves the server waiting for ever in accept: it is killed, not
+    // awaited.
+    let server = match &client {
+        Some(client) if client.status.success() => server.wait_within(PERFTEST_LIMIT)?,
+        _ => None,
+    };
+    let failed = |output: String| VerbsBenchError::PerftestFailed {
+        program,
+        carrier,
+        output,
+    };
+    let client = client.ok_or_else(|| failed(format!("the client ran past {PERFTEST_LIMIT:?}")))?;
     let printed = String::from_utf8_lossy(&client.stdout).to_string();
-    if !client.status.success() || !server.status.success() {
-        return Err(VerbsBenchError::PerftestFailed {
-            program,
-            carrier,
-            output: format!(
-                "{printed}{}{}",
-                String::from_utf8_lossy(&client.stderr),
-                String::from_utf8_lossy(&server.stderr)
-            ),
-        });
+    let client_said = format!("{printed}{}", String::from_utf8_lossy(&client.stderr));
+    match server {
+        Some(server) if client.status.success() && server.status.success() => {}
+        Some(server) => {
+            let server_said = String::from_utf8_lossy(&server.stderr);
+            return Err(failed(format!("{client_said}{server_said}")));
+        }
+        None if client.status.success() => {
+            return Err(failed(format!(
+                "{client_said}the server ran past {PERFTEST_LIMIT:?}"
+            )))
+        }
+        None => return Err(failed(client_said)),
     }
     parse_row(program, &printed)
 }
@@ -463,3 +489,37 @@ pub static BENCH: super::entry::Entry<super::entry::CommonArgs, VerbsBenchError>
     about: "perftest on Remora's libibverbs.\n\nRuns Debian's ib_write_lat (64 B, over shared memory and UDP) and ib_write_bw (64 KiB, shared memory) between two processes on the verbs drop-in, beside the same WRITEs through Remora's own API on the same carrier and a raw UDP ping-pong, in one run. Needs the drop-in built (cargo build --release --workspace) and perftest installed.",
     run: |args| run(args.quick),
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A perftest client that failed (it came before its server listened)
+    /// left the benchmark waiting for ever on the server, which sat in
+    /// accept. The server is now killed and the failure returned.
+    #[test]
+    fn a_failed_perftest_client_fails_the_run_instead_of_hanging_it() {
+        let directory =
+            std::env::temp_dir().join(format!("remora-fake-perftest-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).unwrap();
+        let program = directory.join("ib_fake_lat");
+        // The client names the server's address; the server does not.
+        std::fs::write(
+            &program,
+            "#!/bin/sh\ncase \"$*\" in *127.0.0.1*) echo refused >&2; exit 1;; esac\nexec sleep 600\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let program: &'static str = Box::leak(program.display().to_string().into_boxed_str());
+        let started = Instant::now();
+        let result = run_perftest(&directory, program, "udp", &[]);
+        assert!(
+            matches!(&result, Err(VerbsBenchError::PerftestFailed { output, .. }) if output.contains("refused")),
+            "{:?}",
+            result.err()
+        );
+        assert!(started.elapsed() < Duration::from_secs(10));
+        std::fs::remove_dir_all(&directory).unwrap();
+    }
+}

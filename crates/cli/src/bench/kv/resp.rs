@@ -4,12 +4,13 @@
 //! larger than the store's local memory, preloaded, pipelined (`-P 16`)
 //! and not.
 
+use crate::bench::child::KillOnDrop;
 use crate::bench::report::median;
 use remora_kv::device::{DeviceKind, FileSettings, OpenDevice};
 use remora_kv::resp::{serve, ServerLimits};
 use remora_kv::{Store, StoreConfig};
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -245,31 +246,20 @@ pub fn remora_rates(plan: &RespPlan) -> Result<Rates, RespBenchError> {
 /// Debian's `redis-server`, without persistence, on a free port.
 pub fn redis_rates(plan: &RespPlan) -> Result<Rates, RespBenchError> {
     let port = free_port()?;
-    let server: Child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(tool_error("redis-server"))?;
-    let mut server = KillOnDrop(server);
+    let server = KillOnDrop::spawn(
+        Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null()),
+    )
+    .map_err(tool_error("redis-server"))?;
     let rates = wait_ready(port, "redis-server").and_then(|()| measure(port, plan));
-    let _ = server.0.kill();
-    let _ = server.0.wait();
+    drop(server);
     rates
-}
-
-/// A child process that never outlives an early return.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
