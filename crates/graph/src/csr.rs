@@ -94,6 +94,8 @@ pub enum GraphError {
     TooLarge { bytes: u64 },
     #[error("an undirected graph must list each edge both ways, but vertex {vertex}'s neighbours differ from the vertices that list it")]
     NotSymmetric { vertex: u64 },
+    #[error("a directed graph's in-edges must be its out-edges reversed, but vertex {vertex}'s in-neighbours differ from the vertices whose out-edges name it")]
+    InEdgesNotTranspose { vertex: u64 },
 }
 
 #[derive(Debug, Clone)]
@@ -145,8 +147,9 @@ impl Graph {
     }
 
     /// Takes ready CSR arrays (a `.sg` file's), checking that the offsets
-    /// start at 0, never decrease and end at the neighbour count, and that
-    /// every neighbour is a vertex.
+    /// start at 0, never decrease and end at the neighbour count, that
+    /// every neighbour is a vertex, and that the in-edges (or, undirected,
+    /// the out-edges themselves) are the out-edges reversed.
     pub fn from_csr(
         out_offsets: Vec<u64>,
         out_neighbours: Vec<Vertex>,
@@ -160,8 +163,22 @@ impl Graph {
                 return Err(bad_offsets("in-offsets and out-offsets differ in length"));
             }
             check_csr(offsets, neighbours, vertex_count)?;
-        } else {
-            check_symmetric(&out_offsets, &out_neighbours, vertex_count)?;
+        }
+        // The kernels pull along in-edges and push along out-edges: two
+        // sides that disagree give answers that hang on which way a step
+        // went (and PageRank divides by an out-degree of 0).
+        let out_lists = (&out_offsets[..], &out_neighbours[..]);
+        let in_lists = incoming
+            .as_ref()
+            .map_or(out_lists, |(offsets, neighbours)| {
+                (&offsets[..], &neighbours[..])
+            });
+        if let Some(vertex) = first_not_transpose(out_lists, in_lists, vertex_count) {
+            let vertex = vertex as u64;
+            return Err(match incoming {
+                Some(_) => GraphError::InEdgesNotTranspose { vertex },
+                None => GraphError::NotSymmetric { vertex },
+            });
         }
         let directed = incoming.is_some();
         Ok(Graph {
@@ -345,40 +362,42 @@ fn check_csr(
 /// transpose, built by counting (its lists come out sorted), against each
 /// list sorted. A vertex-centric kernel that pulls would otherwise see
 /// other edges than one that pushes.
-fn check_symmetric(
-    offsets: &[u64],
-    neighbours: &[Vertex],
+/// One side of a graph's CSR: offsets and neighbours.
+type Lists<'a> = (&'a [u64], &'a [Vertex]);
+
+/// The first vertex whose `incoming` list is not, as a multiset, the
+/// vertices whose `outgoing` lists name it: the in-edges must be the
+/// out-edges' transpose (an undirected graph's lists are their own).
+fn first_not_transpose(
+    (out_offsets, out_neighbours): Lists<'_>,
+    (in_offsets, in_neighbours): Lists<'_>,
     vertex_count: usize,
-) -> Result<(), GraphError> {
+) -> Option<usize> {
     let list = |at: &[u64], vertex: usize| at[vertex] as usize..at[vertex + 1] as usize;
     let mut transpose_offsets = vec![0u64; vertex_count + 1];
-    for &neighbour in neighbours {
+    for &neighbour in out_neighbours {
         transpose_offsets[neighbour as usize + 1] += 1;
     }
     for vertex in 0..vertex_count {
         transpose_offsets[vertex + 1] += transpose_offsets[vertex];
     }
     let mut cursor: Vec<u64> = transpose_offsets[..vertex_count].to_vec();
-    let mut transpose = vec![0 as Vertex; neighbours.len()];
+    let mut transpose = vec![0 as Vertex; out_neighbours.len()];
     for vertex in 0..vertex_count {
-        for &neighbour in &neighbours[list(offsets, vertex)] {
+        for &neighbour in &out_neighbours[list(out_offsets, vertex)] {
             let slot = &mut cursor[neighbour as usize];
             transpose[*slot as usize] = vertex as Vertex;
             *slot += 1;
         }
     }
+    // Filled in vertex order, each transposed list is sorted.
     let mut sorted = Vec::new();
-    for vertex in 0..vertex_count {
+    (0..vertex_count).find(|&vertex| {
         sorted.clear();
-        sorted.extend_from_slice(&neighbours[list(offsets, vertex)]);
+        sorted.extend_from_slice(&in_neighbours[list(in_offsets, vertex)]);
         sorted.sort_unstable();
-        if sorted[..] != transpose[list(&transpose_offsets, vertex)] {
-            return Err(GraphError::NotSymmetric {
-                vertex: vertex as u64,
-            });
-        }
-    }
-    Ok(())
+        sorted[..] != transpose[list(&transpose_offsets, vertex)]
+    })
 }
 
 struct Built {
@@ -539,6 +558,29 @@ mod tests {
         assert!(matches!(
             Graph::from_csr(vec![0, 2, 3], vec![1, 1, 0], None),
             Err(GraphError::NotSymmetric { vertex: 0 })
+        ));
+    }
+
+    /// A directed CSR's in-edges were checked only as a CSR, not against
+    /// the out-edges: out-edges saying 0 -> 1 with in-edges saying 1 -> 0
+    /// loaded, and PageRank pulled along an in-edge from a vertex with no
+    /// out-edges (a rank of infinity).
+    #[test]
+    fn a_directed_csrs_in_edges_must_be_its_out_edges_reversed() {
+        let reversed = Graph::from_csr(vec![0, 1, 1], vec![1], Some((vec![0, 0, 1], vec![0])));
+        assert!(reversed.is_ok());
+        assert!(matches!(
+            Graph::from_csr(vec![0, 1, 1], vec![1], Some((vec![0, 1, 1], vec![1]))),
+            Err(GraphError::InEdgesNotTranspose { vertex: 0 })
+        ));
+        // An in-edge too few: vertex 1 hears of only one of its two.
+        assert!(matches!(
+            Graph::from_csr(
+                vec![0, 1, 2, 2],
+                vec![1, 1],
+                Some((vec![0, 0, 1, 1], vec![0]))
+            ),
+            Err(GraphError::InEdgesNotTranspose { vertex: 1 })
         ));
     }
 }
