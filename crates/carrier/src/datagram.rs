@@ -33,7 +33,8 @@ const RECEIVE_BUFFER_BYTES: usize = MAX_CARRIED_FRAME_BYTES + 64;
 pub struct DatagramDrops {
     /// Received datagrams longer than any frame (truncated or not).
     pub truncated: u64,
-    /// Frames the kernel refused (buffer full, peer not there yet).
+    /// Frames the kernel refused (buffer full, peer not there yet or
+    /// unreachable, a firewall, over the MTU).
     pub send_refused: u64,
 }
 
@@ -282,7 +283,7 @@ impl DatagramPort {
             return Ok(result as usize);
         }
         let error = std::io::Error::last_os_error();
-        if result == 0 || would_block(&error) {
+        if result == 0 || loses_only_a_frame(&error) {
             // Like a full switch queue: drop the frame that failed, count
             // it, let RC recover, and try the rest.
             self.drops.send_refused += 1;
@@ -333,7 +334,7 @@ impl DatagramPort {
             return Ok(run);
         }
         let error = std::io::Error::last_os_error();
-        if would_block(&error) {
+        if loses_only_a_frame(&error) {
             self.drops.send_refused += 1;
             return Ok(1);
         }
@@ -389,10 +390,28 @@ fn message_headers(
     headers
 }
 
-fn would_block(error: &std::io::Error) -> bool {
+/// Whether `error` costs a frame, not the port: the socket has no room or
+/// nothing to give (`EAGAIN`, `EINTR`, `ENOBUFS`), the network said the
+/// peer is not there (yet) or not reachable (`ECONNREFUSED`,
+/// `EHOSTUNREACH`, `ENETUNREACH`, `EHOSTDOWN`: ICMP reports on a connected
+/// socket, while a peer starts or a route flaps), a firewall dropped it on
+/// the way out (`EPERM`), or the frame is over the link's MTU
+/// (`EMSGSIZE`). The frame is lost, as on a wire, and RC recovers; taken
+/// for the port's failure, any of these ended a switch port for good.
+fn loses_only_a_frame(error: &std::io::Error) -> bool {
     matches!(
         error.raw_os_error(),
-        Some(libc::EAGAIN) | Some(libc::EINTR) | Some(libc::ENOBUFS) | Some(libc::ECONNREFUSED)
+        Some(
+            libc::EAGAIN
+                | libc::EINTR
+                | libc::ENOBUFS
+                | libc::ECONNREFUSED
+                | libc::EHOSTUNREACH
+                | libc::ENETUNREACH
+                | libc::EHOSTDOWN
+                | libc::EPERM
+                | libc::EMSGSIZE
+        )
     )
 }
 
@@ -426,7 +445,7 @@ impl Port for DatagramPort {
         };
         if received < 0 {
             let error = std::io::Error::last_os_error();
-            if would_block(&error) {
+            if loses_only_a_frame(&error) {
                 return Ok(0);
             }
             return Err(CarrierError::io("recvmmsg", error));
@@ -494,5 +513,33 @@ impl Port for DatagramPort {
 
     fn wait_source(&self) -> WaitSource {
         WaitSource::Fd(self.fd.as_raw_fd())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An ICMP "host unreachable" on a connected socket, a firewall's
+    /// drop or an over-MTU frame took the port out of service for good
+    /// (a switch port never came back); each now costs only its frame.
+    #[test]
+    fn network_refusals_cost_a_frame_and_real_faults_the_port() {
+        for errno in [
+            libc::EAGAIN,
+            libc::ECONNREFUSED,
+            libc::EHOSTUNREACH,
+            libc::ENETUNREACH,
+            libc::EHOSTDOWN,
+            libc::EPERM,
+            libc::EMSGSIZE,
+        ] {
+            let error = std::io::Error::from_raw_os_error(errno);
+            assert!(loses_only_a_frame(&error), "{error}");
+        }
+        for errno in [libc::EBADF, libc::ENOTSOCK, libc::EFAULT] {
+            let error = std::io::Error::from_raw_os_error(errno);
+            assert!(!loses_only_a_frame(&error), "{error}");
+        }
     }
 }

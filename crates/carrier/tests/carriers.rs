@@ -464,6 +464,34 @@ fn af_packet_carries_frames_across_a_veth_pair() {
     }
 }
 
+/// A 4 KiB RoCE frame on a veth at the default 1500-byte MTU: the kernel
+/// refuses it with EMSGSIZE, which ended the port (a switch port never
+/// came back). It is now one dropped frame, counted, and the port sends on.
+#[test]
+fn af_packet_drops_an_over_mtu_frame_and_sends_on() {
+    let outcome = in_veth_namespace(|| {
+        let options = |interface: &str| PacketSocketOptions {
+            interface: interface.into(),
+            promiscuous: true,
+        };
+        let mut port = DatagramPort::packet(&options("port0")).unwrap();
+        let mut large = vec![0x02, 0, 0, 0, 0, 0xb, 0x02, 0, 0, 0, 0, 0xa, 0x88, 0xb5];
+        large.extend(frame(4, 4200));
+        let mut small = large[..14].to_vec();
+        small.extend(frame(5, 200));
+        port.send(&large).unwrap();
+        let over_mtu = port.flush();
+        port.send(&small).unwrap();
+        let after = port.flush();
+        (over_mtu.is_ok(), after.is_ok(), port.drops().send_refused)
+    });
+    if let Some((over_mtu, after, refused)) = outcome {
+        assert!(over_mtu, "the over-MTU frame failed the port");
+        assert!(after, "the port sends on");
+        assert_eq!(refused, 1);
+    }
+}
+
 #[test]
 fn a_reordered_frame_is_held_says_when_it_falls_due_and_leaves_at_a_flush_after() {
     let segment = Segment::anonymous(&SegmentPlan::star(1, 8)).unwrap();
