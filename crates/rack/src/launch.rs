@@ -526,8 +526,7 @@ fn supervised(
                 &SegmentPlan::star(spokes, RING_DEPTH),
             )?;
             for node in &rack.nodes {
-                let fd = rustix::io::dup(shared.shared_fd()?)
-                    .map_err(|error| RackError::Launch(format!("dup the segment: {error}")))?;
+                let fd = descriptor_for_one_child(shared.shared_fd()?)?;
                 let (port, counters) = switch_port(
                     rack,
                     node,
@@ -892,4 +891,26 @@ pub fn run_switch(
     }
     let report = lock(&switch).report(&counters);
     Ok(report)
+}
+
+/// A copy of `fd` for one child to inherit: close-on-exec until that
+/// child's `pre_exec` clears the flag on it. (A plain `dup` left every
+/// copy inheritable, so every node inherited every node's descriptor.)
+fn descriptor_for_one_child(fd: std::os::fd::BorrowedFd<'_>) -> Result<OwnedFd, RackError> {
+    rustix::io::fcntl_dupfd_cloexec(fd, 0)
+        .map_err(|error| RackError::Launch(format!("dup the segment: {error}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn a_childs_copy_of_the_segment_stays_close_on_exec_for_the_others() {
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let copy = descriptor_for_one_child(file.as_fd()).unwrap();
+        let flags = rustix::io::fcntl_getfd(&copy).unwrap();
+        assert!(flags.contains(rustix::io::FdFlags::CLOEXEC));
+    }
 }
