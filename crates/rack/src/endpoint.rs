@@ -654,6 +654,8 @@ pub struct SwitchEndpoint<P: Program = L2L3Forwarding> {
 pub struct PortHealth {
     /// Frames a carrier refused outright (too large for it).
     pub frames_refused: u64,
+    /// Frames that arrived on, or were bound for, a port out of service.
+    pub frames_discarded: u64,
     /// Ports taken out of service, with the reason.
     pub failed: Vec<Option<String>>,
 }
@@ -679,6 +681,7 @@ impl<P: Program> SwitchEndpoint<P> {
             switch,
             health: PortHealth {
                 frames_refused: 0,
+                frames_discarded: 0,
                 failed: vec![None; ports.len()],
             },
             ports: ports.into_iter().map(RefCell::new).collect(),
@@ -697,6 +700,14 @@ impl<P: Program> SwitchEndpoint<P> {
         let (switch, ports, health) = (&mut self.switch, &self.ports, &mut self.health);
         for (index, ingress) in ports.iter().enumerate() {
             if !health.in_service(index) {
+                // Still drained, its frames discarded: a socket left
+                // unread stays readable, and its wake-ups kept the thread
+                // from ever sleeping. Its errors were reported already.
+                let drained = ingress
+                    .borrow_mut()
+                    .receive(RECEIVE_BATCH_FRAMES, &mut |_| {})
+                    .unwrap_or(0);
+                health.frames_discarded += drained as u64;
                 continue;
             }
             let id = PortId(index as u16);
@@ -738,6 +749,14 @@ impl<P: Program> SwitchEndpoint<P> {
         let mut worked = false;
         for (index, port) in self.ports.iter().enumerate() {
             if !self.health.in_service(index) {
+                // Discarded: waiting for ever, they kept the switch
+                // retrying every 50 µs. Bounded by the egress queue.
+                let discarded = &mut self.health.frames_discarded;
+                while self
+                    .switch
+                    .poll_transmit_port(PortId(index as u16), &mut |_| *discarded += 1)
+                {
+                }
                 continue;
             }
             let mut port = port.borrow_mut();
@@ -806,7 +825,12 @@ impl<P: Program> Pump for SwitchEndpoint<P> {
     }
 
     fn has_frames(&mut self) -> bool {
-        self.ports.iter().any(|port| port.borrow_mut().has_frames())
+        // A port out of service (a corrupt ring says it holds frames for
+        // ever) must not keep the thread from sleeping.
+        self.ports
+            .iter()
+            .enumerate()
+            .any(|(index, port)| self.health.in_service(index) && port.borrow_mut().has_frames())
     }
 
     fn wait_sources(&self) -> Vec<WaitSource> {
@@ -954,6 +978,26 @@ impl RackThread {
     }
 }
 
+/// What a fabric thread does as it ends, told to or not: it stops the
+/// fabric's other threads (one fabric thread's failure is the fabric's)
+/// and sets the rack's stop flag.
+struct FabricEnding {
+    driver_stop: Arc<AtomicBool>,
+    rack_stop: Arc<Mutex<RackStop>>,
+    kicker: DriverKicker,
+}
+
+impl FabricEnding {
+    fn signal(&self) {
+        let mut rack_stop = lock(&self.rack_stop);
+        rack_stop.ended = true;
+        rack_stop.raise();
+        drop(rack_stop);
+        self.driver_stop.store(true, Ordering::Relaxed);
+        self.kicker.kick();
+    }
+}
+
 /// Drivers on threads of their own, one thread each: the rack's fabric.
 /// Stopping is one call, and dropping it on an error path stops it too, so
 /// no early return leaves a thread running (it also sets the rack's stop
@@ -962,8 +1006,27 @@ impl RackThread {
 pub struct FabricThread {
     threads: Vec<RackThread>,
     driver_stop: Arc<AtomicBool>,
-    rack_stop: Option<Arc<AtomicBool>>,
+    /// The rack's stop flag, once given: set by whichever thread ends
+    /// first, so workloads beside a failed fabric end at once instead of
+    /// waiting out their own timeouts.
+    rack_stop: Arc<Mutex<RackStop>>,
     kicker: DriverKicker,
+}
+
+/// The rack's stop flag, once given, and whether a fabric thread ended
+/// (under one lock, so a thread that ends as the flag is given sets it).
+#[derive(Default)]
+struct RackStop {
+    flag: Option<Arc<AtomicBool>>,
+    ended: bool,
+}
+
+impl RackStop {
+    fn raise(&self) {
+        if let Some(flag) = &self.flag {
+            flag.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 impl FabricThread {
@@ -987,7 +1050,7 @@ impl FabricThread {
         let mut fabric = FabricThread {
             threads: Vec::with_capacity(count),
             driver_stop,
-            rack_stop: None,
+            rack_stop: Arc::default(),
             kicker,
         };
         for (index, driver) in drivers.into_iter().enumerate() {
@@ -995,6 +1058,11 @@ impl FabricThread {
                 name.to_string()
             } else {
                 format!("{name}-{index}")
+            };
+            let ending = FabricEnding {
+                driver_stop: Arc::clone(&fabric.driver_stop),
+                rack_stop: Arc::clone(&fabric.rack_stop),
+                kicker: fabric.kicker.clone(),
             };
             // On failure `fabric` drops here, which stops and joins the
             // threads already started.
@@ -1006,7 +1074,9 @@ impl FabricThread {
                         pin_current_thread(ThreadRole::Fabric(index));
                     }
                     let started_ns = thread_cpu_ns();
-                    driver.run()?;
+                    let ran = driver.run();
+                    ending.signal();
+                    ran?;
                     Ok(Duration::from_nanos(thread_cpu_ns() - started_ns))
                 },
             )?);
@@ -1014,9 +1084,16 @@ impl FabricThread {
         Ok(fabric)
     }
 
-    /// Also sets the rack's stop flag when this thread is stopped or dropped.
-    pub fn stopping_rack(mut self, stop: &Arc<AtomicBool>) -> FabricThread {
-        self.rack_stop = Some(Arc::clone(stop));
+    /// Also sets the rack's stop flag when this fabric stops, fails or
+    /// is dropped.
+    pub fn stopping_rack(self, stop: &Arc<AtomicBool>) -> FabricThread {
+        let mut rack_stop = lock(&self.rack_stop);
+        rack_stop.flag = Some(Arc::clone(stop));
+        if rack_stop.ended {
+            // A thread ended before the flag was given.
+            rack_stop.raise();
+        }
+        drop(rack_stop);
         self
     }
 
@@ -1059,9 +1136,7 @@ impl FabricThread {
     }
 
     pub fn stop(&self) {
-        if let Some(stop) = &self.rack_stop {
-            stop.store(true, Ordering::Relaxed);
-        }
+        lock(&self.rack_stop).raise();
         self.driver_stop.store(true, Ordering::Relaxed);
         self.kicker.kick();
     }

@@ -76,6 +76,8 @@ pub struct SwitchReport {
     pub ports: Vec<PortCounters>,
     /// Frames a carrier refused (too large for it).
     pub frames_refused_by_carriers: u64,
+    /// Frames that arrived on, or were bound for, a port out of service.
+    pub frames_discarded_at_failed_ports: u64,
     /// Ports taken out of service, with the reason (null while healthy).
     pub failed_ports: Vec<Option<String>>,
     pub resources: ResourceReport,
