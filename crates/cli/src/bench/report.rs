@@ -104,6 +104,20 @@ pub fn size_label(size: u32) -> String {
 }
 
 /// The median, which shared and noisy machines call for.
+/// The median over rounds of `numerator / denominator`, each ratio taken
+/// within one round (the slices are in round order), so that it compares
+/// runs made side by side, not the best round of one against the worst of
+/// the other. `None` without a round that measured both.
+pub fn median_of_ratios(numerator: &[f64], denominator: &[f64]) -> Option<f64> {
+    let mut ratios: Vec<f64> = numerator
+        .iter()
+        .zip(denominator)
+        .map(|(top, bottom)| top / bottom)
+        .filter(|ratio| ratio.is_finite())
+        .collect();
+    (!ratios.is_empty()).then(|| median(&mut ratios))
+}
+
 pub fn median(values: &mut [f64]) -> f64 {
     assert!(!values.is_empty());
     values.sort_by(f64::total_cmp);
@@ -112,5 +126,24 @@ pub fn median(values: &mut [f64]) -> f64 {
         values[middle]
     } else {
         (values[middle - 1] + values[middle]) / 2.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kv and verbs benchmarks divided each side's median round,
+    /// which could come from different rounds: with the machine's drift,
+    /// one device's best round against another's worst.
+    #[test]
+    fn ratios_are_taken_within_rounds_then_their_median() {
+        let cowbird = [1.0, 2.0, 3.0];
+        let local = [3.0, 1.0, 2.0];
+        // Within rounds: 1/3, 2, 1.5; their median is 1.5. The medians'
+        // ratio (2 / 2) would say 1.0.
+        assert_eq!(median_of_ratios(&cowbird, &local), Some(1.5));
+        assert_eq!(median_of_ratios(&[1.0], &[0.0]), None, "no finite ratio");
+        assert_eq!(median_of_ratios(&[], &[]), None);
     }
 }

@@ -231,21 +231,33 @@ fn measure(
                 runs.push(run_on(backend, app, graph, options)?);
                 progress.inc(1);
             }
+            // Every repetition is checked, not only the one reported
+            // (local memory's first run is the expected result).
+            let expected = local.get_or_insert_with(|| runs[0].result.clone());
+            for run in &runs {
+                run.result
+                    .compare(expected)
+                    .map_err(|mismatch| SodaBenchError::Mismatch {
+                        app: app.name(),
+                        backend: backend.name(),
+                        mismatch,
+                    })?;
+            }
             let mut seconds: Vec<f64> = runs.iter().map(|run| run.seconds).collect();
             let seconds = median(&mut seconds);
-            let run = runs.pop().expect("at least one repetition");
-            match &local {
-                None => local = Some(run.result.clone()),
-                Some(expected) => {
-                    run.result
-                        .compare(expected)
-                        .map_err(|mismatch| SodaBenchError::Mismatch {
-                            app: app.name(),
-                            backend: backend.name(),
-                            mismatch,
-                        })?
-                }
-            }
+            // The counters reported come from the repetition nearest the
+            // median runtime, so they describe the run the time does.
+            let nearest = runs
+                .iter()
+                .enumerate()
+                .min_by(|(_, a), (_, b)| {
+                    (a.seconds - seconds)
+                        .abs()
+                        .total_cmp(&(b.seconds - seconds).abs())
+                })
+                .map(|(index, _)| index)
+                .expect("at least one repetition");
+            let run = runs.swap_remove(nearest);
             figures.insert((app, backend), Figures { seconds, run });
         }
     }

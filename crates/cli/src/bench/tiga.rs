@@ -562,7 +562,12 @@ fn fig7_and_fig8(bench: &mut Bench, quick: bool) -> Result<(), TigaBenchError> {
             serde_json::to_value(&tiga.timeline).unwrap_or_default(),
         );
         let saving = fig8(bench, app, &cpu_only, quick)?;
-        saving_min = saving_min.min(saving);
+        // A saving not measured (NaN) makes the minimum not measured: a
+        // plain `min` would pass it over.
+        saving_min = match saving.is_nan() {
+            true => f64::NAN,
+            false => saving_min.min(saving),
+        };
     }
     let ratios = &mut bench.report.ratios;
     ratios.insert(
@@ -597,12 +602,7 @@ fn fig8(
         workload.measure_from_ns = duration * 3 / 5;
         let tiga = bench.simulate(Scheme::Tiga, &workload, &config)?;
         let cpu_only = bench.simulate(Scheme::CpuOnly, &workload, &config)?;
-        // CN CPU per request served, so that a scheme that served less
-        // (dropped at a full queue) is not credited with the CPU it saved by
-        // not serving; at equal throughput this is the ratio of busy cores.
-        let per_request =
-            |run: &RunReport| run.cn_cores_busy / run.throughput_per_second.max(f64::MIN_POSITIVE);
-        let saving = 1.0 - per_request(&tiga) / per_request(&cpu_only).max(f64::MIN_POSITIVE);
+        let saving = cn_cpu_saving(&tiga, &cpu_only);
         points.push(serde_json::json!({
             "offered_per_second": maximum * fraction,
             "tiga_throughput_per_second": tiga.throughput_per_second,
@@ -832,12 +832,7 @@ fn saving_sweep(bench: &mut Bench) -> Result<(), TigaBenchError> {
         };
         let tiga = bench.simulate(Scheme::Tiga, &at_maximum, &config)?;
         let cpu_only = bench.simulate(Scheme::CpuOnly, &at_maximum, &config)?;
-        // CN CPU per request served, so that a scheme that served less
-        // (dropped at a full queue) is not credited with the CPU it saved by
-        // not serving; at equal throughput this is the ratio of busy cores.
-        let per_request =
-            |run: &RunReport| run.cn_cores_busy / run.throughput_per_second.max(f64::MIN_POSITIVE);
-        let saving = 1.0 - per_request(&tiga) / per_request(&cpu_only).max(f64::MIN_POSITIVE);
+        let saving = cn_cpu_saving(&tiga, &cpu_only);
         bench.report.add(
             &format!("sweep/slowdown_{slowdown}"),
             "ipsec_cn_cpu_saving",
@@ -911,3 +906,64 @@ pub static BENCH: super::entry::Entry<TigaArgs, TigaBenchError> = super::entry::
         )
     },
 };
+
+/// TIGA's saving of compute-node CPU over CPU-only: one minus the ratio of
+/// CN CPU per request served, so that a scheme that served less (dropped
+/// at a full queue) is not credited with the CPU it saved by not serving;
+/// at equal throughput it is the ratio of busy cores. Not a number when
+/// either served nothing: a run that served nothing on no CPU saved
+/// nothing (it read as a saving of 100%).
+fn cn_cpu_saving(tiga: &RunReport, cpu_only: &RunReport) -> f64 {
+    let load = |run: &RunReport| CnLoad {
+        served_per_second: run.throughput_per_second,
+        cores_busy: run.cn_cores_busy,
+    };
+    load(tiga).saving_over(load(cpu_only))
+}
+
+/// What a run served, and the compute node's cores it kept busy.
+#[derive(Debug, Clone, Copy)]
+struct CnLoad {
+    served_per_second: f64,
+    cores_busy: f64,
+}
+
+impl CnLoad {
+    fn cores_per_request(self) -> f64 {
+        match self.served_per_second > 0.0 {
+            true => self.cores_busy / self.served_per_second,
+            false => f64::NAN,
+        }
+    }
+
+    fn saving_over(self, baseline: CnLoad) -> f64 {
+        let baseline = baseline.cores_per_request();
+        match baseline > 0.0 {
+            true => 1.0 - self.cores_per_request() / baseline,
+            false => f64::NAN,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(served_per_second: f64, cores_busy: f64) -> CnLoad {
+        CnLoad {
+            served_per_second,
+            cores_busy,
+        }
+    }
+
+    #[test]
+    fn a_scheme_that_served_nothing_saved_nothing() {
+        let cpu_only = run(1e6, 2.0);
+        assert!((run(1e6, 1.0).saving_over(cpu_only) - 0.5).abs() < 1e-12);
+        // Half the requests served on a quarter of the cores: half the CPU
+        // per request.
+        assert!((run(5e5, 0.5).saving_over(cpu_only) - 0.5).abs() < 1e-12);
+        assert!(run(0.0, 0.0).saving_over(cpu_only).is_nan());
+        assert!(run(1e6, 1.0).saving_over(run(0.0, 0.0)).is_nan());
+    }
+}

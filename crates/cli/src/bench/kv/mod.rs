@@ -16,7 +16,7 @@
 
 mod resp;
 
-use super::report::{median, Report};
+use super::report::{median, median_of_ratios, Report};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_kv::device::{DeviceError, DeviceKind, FileSettings, OpenDevice};
 use remora_kv::record::record_bytes;
@@ -203,8 +203,9 @@ struct Bench {
     report: Report,
     progress: ProgressBar,
     file: FileSettings,
-    /// YCSB-A ops/s at 64 B, one thread, by device: for the ratios.
-    one_thread_64b: Vec<(DeviceKind, f64)>,
+    /// YCSB-A ops/s at 64 B, one thread, by device, one per round in
+    /// round order: for the ratios, each taken within a round.
+    one_thread_64b: Vec<(DeviceKind, Vec<f64>)>,
     communication_ratio_spot: Option<f64>,
 }
 
@@ -343,6 +344,10 @@ impl Bench {
         threads: usize,
         mut outcomes: Vec<YcsbOutcome>,
     ) -> Result<(), KvBenchError> {
+        let rates_by_round: Vec<f64> = outcomes
+            .iter()
+            .map(YcsbOutcome::operations_per_second)
+            .collect();
         outcomes.sort_by(|a, b| {
             a.operations_per_second()
                 .total_cmp(&b.operations_per_second())
@@ -375,7 +380,7 @@ impl Bench {
             "count",
         );
         if shape.value_bytes == 64 && threads == 1 {
-            self.one_thread_64b.push((kind, per_second));
+            self.one_thread_64b.push((kind, rates_by_round));
             if kind == DeviceKind::CowbirdSpot {
                 self.communication_ratio_spot = Some(ratio);
             }
@@ -489,13 +494,13 @@ impl Bench {
     }
 
     fn ratio_against(&self, baseline: DeviceKind) -> Option<f64> {
-        let rate = |kind| {
+        let rates = |kind| {
             self.one_thread_64b
                 .iter()
                 .find(|(k, _)| *k == kind)
-                .map(|(_, r)| *r)
+                .map(|(_, rates)| &rates[..])
         };
-        Some(rate(DeviceKind::CowbirdSpot)? / rate(baseline)?)
+        median_of_ratios(rates(DeviceKind::CowbirdSpot)?, rates(baseline)?)
     }
 
     fn finish_ratios(&mut self) {
