@@ -62,23 +62,24 @@ pub fn hostile_block(bytes: &[u8]) -> usize {
 /// payload, between generator ticks. The engine must drop, count or act
 /// on each without a panic, and everything it emits must be a valid frame.
 /// Returns how many frames the switch sent.
-pub fn p4_hostile_answers(bytes: &[u8]) -> usize {
+/// The switch running Cowbird-P4 with one instance between hosts 1
+/// (compute, port 0) and 2 (memory, port 1), its probe template armed;
+/// with the switch-side queue pair numbers (compute's, memory's).
+fn p4_switch_with_one_instance() -> (
+    remora_switch::Switch<crate::p4::CowbirdP4>,
+    remora_wire::Qpn,
+    remora_wire::Qpn,
+) {
     use crate::p4::impersonated::Peer;
     use crate::p4::{InstanceSpec, P4Engine};
     use crate::simulated::{forwarding, p4_config};
     use remora_rack::topology::standard_host;
-    let mac = |index: u8| standard_host(usize::from(index) - 1).0;
-    let ip = |index: u8| standard_host(usize::from(index) - 1).1;
     use remora_rnic::{RemoteAddress, Timestamp};
     use remora_switch::{PortId, Switch, SwitchConfig};
-    use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
-    use remora_wire::{
-        AckSyndrome, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, ImmDtRepr, Msn, Opcode,
-        Psn, Qpn, RethRepr, Rkey, RoceFrame, VirtAddr,
-    };
-
-    let config = p4_config();
-    let mut program = P4Engine::with_forwarding(config, forwarding());
+    use remora_wire::{Psn, Qpn, Rkey, VirtAddr};
+    let mac = |index: u8| standard_host(usize::from(index) - 1).0;
+    let ip = |index: u8| standard_host(usize::from(index) - 1).1;
+    let mut program = P4Engine::with_forwarding(p4_config(), forwarding());
     let peer = |index: u8, port: u16| Peer {
         port: PortId(port),
         mac: mac(index),
@@ -108,6 +109,24 @@ pub fn p4_hostile_answers(bytes: &[u8]) -> usize {
     switch
         .add_template(template, Timestamp::ZERO)
         .expect("one template");
+    (switch, compute_qpn, memory_qpn)
+}
+
+pub fn p4_hostile_answers(bytes: &[u8]) -> usize {
+    use crate::simulated::p4_config;
+    use remora_rack::topology::standard_host;
+    let mac = |index: u8| standard_host(usize::from(index) - 1).0;
+    let ip = |index: u8| standard_host(usize::from(index) - 1).1;
+    use remora_rnic::Timestamp;
+    use remora_switch::PortId;
+    use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
+    use remora_wire::{
+        AckSyndrome, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, ImmDtRepr, Msn, Opcode,
+        Psn, RethRepr, Rkey, RoceFrame, VirtAddr,
+    };
+
+    let config = p4_config();
+    let (mut switch, compute_qpn, memory_qpn) = p4_switch_with_one_instance();
     let mut now = Timestamp::ZERO;
     let mut frame = vec![0u8; MAX_FRAME_LEN];
     let mut out = vec![0u8; MAX_FRAME_LEN];
@@ -252,6 +271,32 @@ mod tests {
         bytes[0..8].copy_from_slice(&3u64.to_le_bytes());
         let reason = p4_hostile_block(&bytes).expect("garbage entries stop the instance");
         assert!(reason.contains("makes no sense"), "{reason}");
+    }
+
+    /// A host that answers nothing (a restarted NIC drops frames for a
+    /// queue pair it no longer knows) kept the instance going back for
+    /// ever, and it never said why its requests did not finish. It now
+    /// fails, naming the silence, after a bounded number of go-backs.
+    #[test]
+    fn p4_fails_an_instance_whose_host_answers_nothing() {
+        use remora_rnic::Timestamp;
+        let (mut switch, _, _) = p4_switch_with_one_instance();
+        let mut out = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+        let mut now = Timestamp::ZERO;
+        // A second of virtual time in 20 µs steps, every frame lost.
+        for _ in 0..50_000 {
+            now = now.saturating_add(Duration::from_micros(20));
+            switch.handle_timeout(now);
+            while switch.poll_transmit(now, &mut out).is_some() {}
+            if switch.program().overlay().failure(0).is_some() {
+                break;
+            }
+        }
+        let failure = switch.program().overlay().failure(0);
+        assert!(
+            failure.is_some_and(|reason| reason.contains("answered nothing")),
+            "{failure:?}"
+        );
     }
 
     #[test]

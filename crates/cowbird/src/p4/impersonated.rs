@@ -95,6 +95,12 @@ pub enum Answer {
     ReadResponse(Sent),
     /// An ACK covering PSNs up to this one, all WRITEs.
     Acknowledged,
+    /// A READ response past WRITEs not yet acknowledged: in RC the host
+    /// executes in order, so it executed them, through this PSN (an ACK
+    /// of them lost or coalesced). Account them with
+    /// [`ImpersonatedQueuePair::take_acknowledged`], then hand the
+    /// response in again.
+    WritesImplied { through: Psn },
     /// Something was lost or refused: go back. A sequence NAK says where
     /// the host's responder stands.
     Lost { resume: Option<Psn> },
@@ -295,6 +301,12 @@ impl ImpersonatedQueuePair {
     ) -> Answer {
         if let Some(AckSyndrome::Nak(code)) = aeth {
             return match code {
+                // A NAK for a PSN the host has since been seen to execute:
+                // late or duplicated on the way (a full go-back for it
+                // resent the whole window).
+                NakCode::PsnSequenceError if !self.is_outstanding(psn) && psn != self.next => {
+                    Answer::Duplicate
+                }
                 NakCode::PsnSequenceError => Answer::Lost {
                     resume: self.is_outstanding(psn).then_some(psn),
                 },
@@ -312,8 +324,17 @@ impl ImpersonatedQueuePair {
         if opcode == Opcode::Acknowledge {
             return self.acknowledge(psn);
         }
-        if psn != self.acked.add(1) || self.record(psn).write_segment.is_some() {
+        if self.record(psn).write_segment.is_some() {
             return Answer::Lost { resume: None };
+        }
+        if psn != self.acked.add(1) {
+            let through = psn.sub(1);
+            // A response past a READ whose own response is missing means
+            // that one was lost.
+            return match self.acknowledge(through) {
+                Answer::Acknowledged => Answer::WritesImplied { through },
+                lost => lost,
+            };
         }
         self.advance(now, psn);
         Answer::ReadResponse(self.record(psn))
@@ -606,6 +627,68 @@ mod tests {
             queue_pair.handle_answer(now, ack, Psn::new(102), nak),
             Answer::Lost {
                 resume: Some(Psn::new(102))
+            }
+        );
+    }
+
+    /// A READ response after WRITEs whose ACK was lost was taken for a
+    /// loss: a go-back of the whole window on both queue pairs. In RC the
+    /// response says the WRITEs before it were executed.
+    #[test]
+    fn a_read_response_past_unacknowledged_writes_acknowledges_them() {
+        let mut queue_pair = queue_pair();
+        let mut out = Vec::new();
+        let now = Timestamp::ZERO;
+        queue_pair.send(now, write(Segment::Only, 8, 8), &mut out, |b| b.fill(1));
+        queue_pair.send(now, read(1, 64), &mut out, |_| {});
+        let only = Opcode::RdmaReadResponseOnly;
+        assert_eq!(
+            queue_pair.handle_answer(now, only, Psn::new(101), ACK),
+            Answer::WritesImplied {
+                through: Psn::new(100)
+            }
+        );
+        let mut seen = Vec::new();
+        queue_pair.take_acknowledged(now, Psn::new(100), |sent| seen.push(sent.write_segment));
+        assert_eq!(seen, [Some(Segment::Only)]);
+        assert!(matches!(
+            queue_pair.handle_answer(now, only, Psn::new(101), ACK),
+            Answer::ReadResponse(_)
+        ));
+        assert_eq!(queue_pair.in_flight(), 0);
+        // Past a READ whose response is missing, it is still a loss.
+        queue_pair.send(now, read(2, 64), &mut out, |_| {});
+        queue_pair.send(now, read(3, 64), &mut out, |_| {});
+        assert_eq!(
+            queue_pair.handle_answer(now, only, Psn::new(103), ACK),
+            Answer::Lost { resume: None }
+        );
+    }
+
+    /// A sequence NAK for a PSN already acknowledged (late, or duplicated
+    /// by a reordering link) started a full go-back.
+    #[test]
+    fn a_stale_sequence_nak_is_a_duplicate() {
+        let mut queue_pair = queue_pair();
+        let mut out = Vec::new();
+        let now = Timestamp::ZERO;
+        queue_pair.send(now, write(Segment::Only, 8, 8), &mut out, |b| b.fill(1));
+        queue_pair.send(now, write(Segment::Only, 8, 8), &mut out, |b| b.fill(2));
+        let ack = Opcode::Acknowledge;
+        assert_eq!(
+            queue_pair.handle_answer(now, ack, Psn::new(100), ACK),
+            Answer::Acknowledged
+        );
+        queue_pair.take_acknowledged(now, Psn::new(100), |_| {});
+        let nak = Some(AckSyndrome::Nak(NakCode::PsnSequenceError));
+        assert_eq!(
+            queue_pair.handle_answer(now, ack, Psn::new(100), nak),
+            Answer::Duplicate
+        );
+        assert_eq!(
+            queue_pair.handle_answer(now, ack, Psn::new(101), nak),
+            Answer::Lost {
+                resume: Some(Psn::new(101))
             }
         );
     }

@@ -210,10 +210,19 @@ struct Instance {
     read_progress: u64,
     write_progress: u64,
     recovering: bool,
+    /// Go-backs in a row that resent everything and heard nothing back
+    /// within the timeout; reset when a go-back completes.
+    stalled_recoveries: u32,
     bookkeeping_due: bool,
     failed: Option<String>,
     stats: P4Stats,
 }
+
+/// Stalled go-backs in a row after which an instance fails: a host that
+/// answers nothing for this many timeouts (a restarted NIC that no longer
+/// knows the queue pair) will not answer. Without a bound the instance
+/// went back for ever and never said why its requests never finished.
+pub const MAX_STALLED_RECOVERIES: u32 = 64;
 
 /// Cowbird-P4 as the rack runs it: the engine's stages on top of L2/L3
 /// forwarding.
@@ -322,6 +331,7 @@ impl P4Engine {
             write_progress: 0,
             recovering: false,
             bookkeeping_due: false,
+            stalled_recoveries: 0,
             failed: None,
             stats: P4Stats::default(),
         });
@@ -579,11 +589,17 @@ impl Instance {
     /// hosts acknowledged everything, the end of it.
     fn recover(&mut self, now: Timestamp, config: &P4Config, out: &mut Vec<u8>) -> Option<PortId> {
         for side in [Side::Compute, Side::Memory] {
-            let queue_pair = self.queue_pair(side);
-            if queue_pair.recovery_stalled(now, config.timeout) {
-                queue_pair.go_back(now, None);
+            if self.queue_pair(side).recovery_stalled(now, config.timeout) {
+                self.queue_pair(side).go_back(now, None);
+                self.stalled_recoveries += 1;
+                if self.stalled_recoveries >= MAX_STALLED_RECOVERIES {
+                    self.fail(format!(
+                        "the {side:?} node answered nothing through {MAX_STALLED_RECOVERIES} go-backs in a row"
+                    ));
+                    return None;
+                }
             }
-            if queue_pair.poll_retransmit(out) {
+            if self.queue_pair(side).poll_retransmit(out) {
                 self.stats.retransmitted += 1;
                 return Some(self.queue_pair(side).port());
             }
@@ -594,6 +610,7 @@ impl Instance {
         self.compute.finish_recovery();
         self.memory.finish_recovery();
         self.recovering = false;
+        self.stalled_recoveries = 0;
         self.send_bookkeeping(now, out)
     }
 
@@ -647,10 +664,18 @@ impl Instance {
             }
             return None;
         }
-        match self
+        let mut answer = self
             .queue_pair(side)
-            .handle_answer(now, frame.opcode(), psn, syndrome)
-        {
+            .handle_answer(now, frame.opcode(), psn, syndrome);
+        if let Answer::WritesImplied { through } = answer {
+            if self.account_acknowledged(now, side, through).is_none() {
+                return None;
+            }
+            answer = self
+                .queue_pair(side)
+                .handle_answer(now, frame.opcode(), psn, syndrome);
+        }
+        match answer {
             Answer::Duplicate => {
                 self.stats.duplicate_answers += 1;
                 None
@@ -666,6 +691,9 @@ impl Instance {
             Answer::Acknowledged => self.on_acknowledged(now, config, side, psn, out),
             Answer::ReadResponse(sent) => {
                 self.on_read_response(now, config, sent, frame.opcode(), frame.payload(), out)
+            }
+            Answer::WritesImplied { .. } => {
+                unreachable!("the writes before the response were just accounted")
             }
         }
     }
@@ -911,14 +939,11 @@ impl Instance {
     /// An ACK in order: confirms the requests whose last WRITE it covers,
     /// then recycles into the bookkeeping WRITE, or else into the next
     /// metadata READ.
-    fn on_acknowledged(
-        &mut self,
-        now: Timestamp,
-        config: &P4Config,
-        side: Side,
-        psn: Psn,
-        out: &mut Vec<u8>,
-    ) -> Option<PortId> {
+    /// Accounts the WRITEs the host executed through `psn`: the entries
+    /// whose last WRITE they were are confirmed, and bookkeeping falls due.
+    /// Whether any was; `None` after a go-back (a confirmation out of
+    /// place).
+    fn account_acknowledged(&mut self, now: Timestamp, side: Side, psn: Psn) -> Option<bool> {
         let mut confirmed = Vec::new();
         self.queue_pair(side)
             .take_acknowledged(now, psn, |sent| match sent.purpose {
@@ -934,6 +959,19 @@ impl Instance {
         }
         if !confirmed.is_empty() {
             self.bookkeeping_due = true;
+        }
+        Some(!confirmed.is_empty())
+    }
+
+    fn on_acknowledged(
+        &mut self,
+        now: Timestamp,
+        config: &P4Config,
+        side: Side,
+        psn: Psn,
+        out: &mut Vec<u8>,
+    ) -> Option<PortId> {
+        if self.account_acknowledged(now, side, psn)? {
             return self.send_bookkeeping(now, out);
         }
         if side == Side::Compute {
