@@ -215,6 +215,9 @@ pub struct RunReport {
     pub migrated_stages: Vec<usize>,
     pub timeline: Vec<TimelinePoint>,
     pub sampled_checks: u64,
+    /// The most items that waited at once in the DN host's queue (iPipe
+    /// with the host; 0 otherwise).
+    pub host_queue_peak: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -258,6 +261,9 @@ struct CpuPool {
     cores: Vec<CpuState>,
     queue: VecDeque<(Item, usize)>,
     depth: usize,
+    /// SoC cores holding an item for a stage iPipe migrated here, waiting
+    /// for room in the queue (backpressure, as for a stage's own queue).
+    waiting: VecDeque<(Waiter, usize)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -352,6 +358,7 @@ struct Measures {
     soc_context_switch_ns: f64,
     soc_overhead_ns: f64,
     sampled_checks: u64,
+    host_queue_peak: usize,
     latency: Option<Histogram<u64>>,
     error: Option<RunError>,
 }
@@ -479,6 +486,7 @@ impl<'a> Run<'a> {
             cores: vec![CpuState::Idle; cores],
             queue: VecDeque::new(),
             depth: config.cn_queue_depth,
+            waiting: VecDeque::new(),
         };
         let host =
             (scheme == Scheme::IPipe && workload.host_cpu_for_ipipe).then(|| pool(config.cn_cores));
@@ -752,6 +760,15 @@ impl<'a> Run<'a> {
         if self.migrated[stage] {
             let latency = self.config.dma_latency_ns;
             let host = self.host.as_mut().expect("only iPipe with a host migrates");
+            // SoC cores wait for room. A host core is the queue's own
+            // consumer (it took an item out before putting this one in),
+            // so it never waits: waiting for room only it could make would
+            // deadlock, and the queue stays within its depth plus one item
+            // per host core.
+            if matches!(waiter, Waiter::Soc(_)) && host.queue.len() >= host.depth {
+                host.waiting.push_back((waiter, stage));
+                return false;
+            }
             host.queue.push_back((
                 Item {
                     ready_ns: now + latency,
@@ -759,6 +776,7 @@ impl<'a> Run<'a> {
                 },
                 stage,
             ));
+            self.measures.host_queue_peak = self.measures.host_queue_peak.max(host.queue.len());
             return true;
         }
         if self.queues[stage].len() >= self.config.queue_depth {
@@ -776,24 +794,7 @@ impl<'a> Run<'a> {
         let item = self.queues[stage].pop_front()?;
         // Room now: the oldest waiter's item goes in, and the waiter is free.
         if let Some(waiter) = self.waiting[stage].pop_front() {
-            let held = match waiter {
-                Waiter::Soc(core) => {
-                    match std::mem::replace(&mut self.cores[core].state, CoreState::Idle) {
-                        CoreState::Blocked { item } => item,
-                        _ => unreachable!("a waiting core holds an item"),
-                    }
-                }
-                Waiter::Host(core) => {
-                    let host = self
-                        .host
-                        .as_mut()
-                        .expect("host waiters exist only with a host");
-                    match std::mem::replace(&mut host.cores[core], CpuState::Idle) {
-                        CpuState::Blocked { item } => item,
-                        _ => unreachable!("a waiting host core holds an item"),
-                    }
-                }
-            };
+            let held = self.release(waiter);
             self.queues[stage].push_back(Item {
                 ready_ns: now,
                 ..held
@@ -803,6 +804,44 @@ impl<'a> Run<'a> {
             }
         }
         Some(item)
+    }
+
+    /// Frees a waiting core: the item it held, and the core is idle.
+    fn release(&mut self, waiter: Waiter) -> Item {
+        match waiter {
+            Waiter::Soc(core) => {
+                match std::mem::replace(&mut self.cores[core].state, CoreState::Idle) {
+                    CoreState::Blocked { item } => item,
+                    _ => unreachable!("a waiting core holds an item"),
+                }
+            }
+            Waiter::Host(core) => {
+                let host = self
+                    .host
+                    .as_mut()
+                    .expect("host waiters exist only with a host");
+                match std::mem::replace(&mut host.cores[core], CpuState::Idle) {
+                    CpuState::Blocked { item } => item,
+                    _ => unreachable!("a waiting host core holds an item"),
+                }
+            }
+        }
+    }
+
+    /// Room in the DN host's queue: the oldest SoC core waiting on it puts
+    /// its item in and is free.
+    fn admit_host_waiter(&mut self, now: u64) {
+        let Some((waiter, stage)) = self.host.as_mut().and_then(|host| host.waiting.pop_front())
+        else {
+            return;
+        };
+        let held = self.release(waiter);
+        let ready_ns = now + self.config.dma_latency_ns;
+        let host = self.host.as_mut().expect("a host waiter has a host");
+        host.queue.push_back((Item { ready_ns, ..held }, stage));
+        if let Waiter::Soc(core) = waiter {
+            self.after_release(core, now);
+        }
     }
 
     fn complete(&mut self, item: Item, now: u64, on_nic: bool) {
@@ -1015,6 +1054,9 @@ impl<'a> Run<'a> {
         let Some((item, stage)) = pool.queue.pop_front() else {
             return false;
         };
+        if on_host {
+            self.admit_host_waiter(now);
+        }
         let pipeline = &self.pipelines[item.pipeline as usize];
         let bytes = u64::from(item.bytes);
         let cost_ns = if on_host {
@@ -1264,6 +1306,7 @@ impl<'a> Run<'a> {
                 .collect(),
             timeline: std::mem::take(&mut self.timeline),
             sampled_checks: measures.sampled_checks,
+            host_queue_peak: measures.host_queue_peak,
         })
     }
 }

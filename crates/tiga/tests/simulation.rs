@@ -123,12 +123,45 @@ fn ipipe_migrates(payload: usize) {
     );
     assert_eq!(with_host.migrated_stages.len(), 1);
     assert!(alone.migrated_stages.is_empty());
+
     assert!(
         with_host.throughput_per_second > alone.throughput_per_second,
         "{payload} B: with the host {} against alone {}",
         with_host.throughput_per_second,
         alone.throughput_per_second
     );
+}
+
+/// The SoC cores feeding a stage iPipe migrated to the DN host put items
+/// in the host's queue without looking at its depth: with one host core
+/// behind an overloaded pipeline the queue grew without bound. They now
+/// wait for room, as for a stage's own queue.
+#[test]
+fn ipipe_feeds_a_migrated_stage_no_faster_than_the_host_takes_it() {
+    let config = SocConfig {
+        cn_cores: 1,
+        ..config()
+    };
+    let overload = Workload {
+        host_cpu_for_ipipe: true,
+        payload: PayloadSchedule::Fixed(1024),
+        ..workload(App::Mvs, 3.0 * ideal_capacity(&config), 300)
+    };
+    let report = run(
+        Scheme::IPipe,
+        &overload,
+        &config,
+        &Calibration::fixed_for_tests(),
+    )
+    .unwrap();
+    assert_eq!(report.migrated_stages.len(), 1);
+    let bound = config.cn_queue_depth + config.cn_cores;
+    assert!(
+        report.host_queue_peak <= bound,
+        "the host's queue held {} against a bound of {bound}",
+        report.host_queue_peak
+    );
+    assert!(report.completed > 0);
 }
 
 #[test]
