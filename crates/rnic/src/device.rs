@@ -11,7 +11,7 @@ use crate::datagram::Datagrams;
 use crate::host_memory::HostMemory;
 use crate::memory::MemoryTable;
 use crate::queue_pair::QueuePairContext;
-use crate::queues::{check_depth, check_room, BoundedQueue, CompletionRing};
+use crate::queues::{check_depth, check_room, BoundedQueue, CompletionRing, Retired};
 use crate::resources::{Resources, SharedReceiveRing};
 use crate::time::Timestamp;
 use crate::verbs::*;
@@ -79,6 +79,10 @@ pub struct SoftRnic {
     resources: Resources,
     protection_domains: u32,
     queue_pairs: Vec<QueuePairContext>,
+    /// Slots of destroyed queue pairs: the next queue pairs take them,
+    /// under numbers of a new generation, so that a late frame for the old
+    /// queue pair finds no queue pair rather than the new one.
+    retired_queue_pairs: Retired,
     /// Queue pairs that may have a frame to send, each once, in the order
     /// they take turns: `poll_transmit` costs the busy queue pairs, not
     /// every one connected (with 1023 idle ones, scanning them all made a
@@ -111,13 +115,16 @@ impl SoftRnic {
             resources: Resources {
                 memory,
                 completion_queues: Vec::new(),
+                retired_completion_queues: Retired::default(),
                 shared_receive_queues: Vec::new(),
+                retired_shared_receive_queues: Retired::default(),
                 counters: RnicCounters::default(),
                 newly_overrun: Vec::new(),
                 max_message_bytes: config.max_message_bytes,
             },
             protection_domains: 0,
             queue_pairs: Vec::new(),
+            retired_queue_pairs: Retired::default(),
             datagrams: Datagrams::default(),
             transmit_queue: std::collections::VecDeque::new(),
             transmit_queued: Vec::new(),
@@ -187,8 +194,61 @@ impl SoftRnic {
         for queue in context.completion_queues() {
             resources.completion_queues[queue.0 as usize].discard_of(qpn);
         }
+        self.retired_queue_pairs.retire(slot);
         self.wake(slot);
         Ok(())
+    }
+
+    /// Destroys a completion queue no queue pair uses (`QueueInUse`
+    /// otherwise); a later one takes its number.
+    pub fn destroy_completion_queue(&mut self, queue: CompletionQueue) -> Result<(), VerbsError> {
+        self.check_completion_queue(queue)?;
+        if self
+            .live_queue_pairs()
+            .any(|context| context.uses_completion_queue(queue))
+        {
+            return Err(VerbsError::QueueInUse {
+                kind: "completion queue",
+            });
+        }
+        // Its memory goes now; the number waits for reuse.
+        self.resources.completion_queues[queue.0 as usize] = CompletionRing::new(1);
+        self.resources
+            .retired_completion_queues
+            .retire(queue.0 as usize);
+        Ok(())
+    }
+
+    /// Destroys a shared receive queue no queue pair uses, as
+    /// [`SoftRnic::destroy_completion_queue`].
+    pub fn destroy_shared_receive_queue(
+        &mut self,
+        queue: SharedReceiveQueue,
+    ) -> Result<(), VerbsError> {
+        self.check_shared_receive_queue(queue)?;
+        if self
+            .live_queue_pairs()
+            .any(|context| context.uses_shared_receive_queue(queue))
+        {
+            return Err(VerbsError::QueueInUse {
+                kind: "shared receive queue",
+            });
+        }
+        let ring = &mut self.resources.shared_receive_queues[queue.0 as usize];
+        ring.queue = BoundedQueue::new("shared receive queue", 1);
+        self.resources
+            .retired_shared_receive_queues
+            .retire(queue.0 as usize);
+        Ok(())
+    }
+
+    /// The queue pairs not destroyed.
+    fn live_queue_pairs(&self) -> impl Iterator<Item = &QueuePairContext> {
+        self.queue_pairs
+            .iter()
+            .enumerate()
+            .filter(|(slot, _)| !self.retired_queue_pairs.is_retired(*slot))
+            .map(|(_, context)| context)
     }
 
     /// Registers memory the application owns outside Rust's heap, at the
@@ -219,12 +279,35 @@ impl SoftRnic {
 
     /// Where `qpn` sits in `queue_pairs`, if it names one of this device's
     /// queue pairs.
+    /// A queue pair number's slot: its offset from the first number,
+    /// modulo the most queue pairs (a slot's generation is the quotient),
+    /// if the slot holds that very queue pair.
     fn slot_of(&self, qpn: Qpn) -> Result<usize, VerbsError> {
+        let stride = self.config.max_queue_pairs.max(1);
         qpn.value()
             .checked_sub(FIRST_QPN)
-            .map(|slot| slot as usize)
-            .filter(|slot| *slot < self.queue_pairs.len())
+            .map(|offset| offset as usize % stride)
+            .filter(|slot| {
+                self.queue_pairs
+                    .get(*slot)
+                    .is_some_and(|context| context.qpn() == qpn)
+            })
             .ok_or(VerbsError::UnknownQueuePair(qpn))
+    }
+
+    /// The number a new queue pair in `slot` takes: the next generation's
+    /// for a slot reused, past the old queue pair's (back to the first
+    /// generation once the numbers would pass 24 bits).
+    fn number_for(&self, slot: usize) -> Qpn {
+        let stride = self.config.max_queue_pairs.max(1) as u32;
+        let generation = self
+            .queue_pairs
+            .get(slot)
+            .map_or(0, |old| (old.qpn().value() - FIRST_QPN) / stride + 1);
+        let first_generation = FIRST_QPN + slot as u32;
+        Qpn::new(first_generation + generation * stride)
+            .or(Qpn::new(first_generation))
+            .expect("bounded by max_queue_pairs")
     }
 
     fn queue_pair(&self, qpn: Qpn) -> Result<&QueuePairContext, VerbsError> {
@@ -287,6 +370,9 @@ impl SoftRnic {
                 return;
             };
             for slot in 0..self.queue_pairs.len() {
+                if self.retired_queue_pairs.is_retired(slot) {
+                    continue;
+                }
                 let queue_pair = &mut self.queue_pairs[slot];
                 let live = queue_pair.state() != QueuePairState::Error;
                 if live && queue_pair.uses_completion_queue(queue) {
@@ -452,8 +538,24 @@ impl SoftRnic {
     }
 
     fn check_completion_queue(&self, queue: CompletionQueue) -> Result<(), VerbsError> {
-        if queue.0 as usize >= self.resources.completion_queues.len() {
+        let index = queue.0 as usize;
+        if index >= self.resources.completion_queues.len()
+            || self.resources.retired_completion_queues.is_retired(index)
+        {
             return Err(VerbsError::UnknownCompletionQueue);
+        }
+        Ok(())
+    }
+
+    fn check_shared_receive_queue(&self, queue: SharedReceiveQueue) -> Result<(), VerbsError> {
+        let index = queue.0 as usize;
+        if index >= self.resources.shared_receive_queues.len()
+            || self
+                .resources
+                .retired_shared_receive_queues
+                .is_retired(index)
+        {
+            return Err(VerbsError::UnknownSharedReceiveQueue);
         }
         Ok(())
     }
@@ -463,11 +565,8 @@ impl SoftRnic {
         self.check_completion_queue(builder.send_completion_queue)?;
         self.check_completion_queue(builder.receive_completion_queue)?;
         if let Some(queue) = builder.shared_receive_queue {
-            let ring = self
-                .resources
-                .shared_receive_queues
-                .get(queue.0 as usize)
-                .ok_or(VerbsError::UnknownSharedReceiveQueue)?;
+            self.check_shared_receive_queue(queue)?;
+            let ring = &self.resources.shared_receive_queues[queue.0 as usize];
             // IB requires a queue pair and its SRQ to share a protection domain.
             if ring.protection_domain != builder.protection_domain {
                 return Err(VerbsError::WrongProtectionDomain);
@@ -557,12 +656,14 @@ impl Verbs for SoftRnic {
 
     fn create_completion_queue(&mut self, depth: usize) -> Result<CompletionQueue, VerbsError> {
         check_depth("completion queue", depth, self.config.max_queue_depth)?;
-        let queues = &mut self.resources.completion_queues;
-        check_room(
-            "completion queues",
-            queues.len(),
-            self.config.max_completion_queues,
-        )?;
+        let resources = &mut self.resources;
+        let queues = &mut resources.completion_queues;
+        let live = queues.len() - resources.retired_completion_queues.count();
+        check_room("completion queues", live, self.config.max_completion_queues)?;
+        if let Some(index) = resources.retired_completion_queues.reuse() {
+            queues[index] = CompletionRing::new(depth);
+            return Ok(CompletionQueue(index as u32));
+        }
         queues.push(CompletionRing::new(depth));
         Ok(CompletionQueue(queues.len() as u32 - 1))
     }
@@ -574,13 +675,20 @@ impl Verbs for SoftRnic {
     ) -> Result<SharedReceiveQueue, VerbsError> {
         self.check_protection_domain(protection_domain)?;
         check_depth("shared receive queue", depth, self.config.max_queue_depth)?;
-        let queues = &mut self.resources.shared_receive_queues;
+        let resources = &mut self.resources;
+        let queues = &mut resources.shared_receive_queues;
+        let live = queues.len() - resources.retired_shared_receive_queues.count();
         let max = self.config.max_shared_receive_queues;
-        check_room("shared receive queues", queues.len(), max)?;
-        queues.push(SharedReceiveRing {
+        check_room("shared receive queues", live, max)?;
+        let ring = SharedReceiveRing {
             protection_domain,
             queue: BoundedQueue::new("shared receive queue", depth),
-        });
+        };
+        if let Some(index) = resources.retired_shared_receive_queues.reuse() {
+            queues[index] = ring;
+            return Ok(SharedReceiveQueue(index as u32));
+        }
+        queues.push(ring);
         Ok(SharedReceiveQueue(queues.len() as u32 - 1))
     }
 
@@ -591,11 +699,13 @@ impl Verbs for SoftRnic {
         self.check_builder(builder)?;
         check_room(
             "queue pairs",
-            self.queue_pairs.len(),
+            self.queue_pairs.len() - self.retired_queue_pairs.count(),
             self.config.max_queue_pairs,
         )?;
-        let value = FIRST_QPN + self.queue_pairs.len() as u32;
-        let qpn = Qpn::new(value).expect("bounded by max_queue_pairs");
+        let reused = self.retired_queue_pairs.reuse();
+        let slot = reused.unwrap_or(self.queue_pairs.len());
+        let qpn = self.number_for(slot);
+        let value = qpn.value();
         let initial_psn = builder
             .initial_psn
             .unwrap_or_else(|| Psn::new(splitmix64(self.config.seed ^ u64::from(value)) as u32));
@@ -607,9 +717,16 @@ impl Verbs for SoftRnic {
             initial_psn,
         );
         let endpoint = context.endpoint();
-        self.queue_pairs.push(context);
-        self.transmit_queued.push(false);
-        self.timed_position.push(None);
+        match reused {
+            // Its place in the transmit and timer lists, if it has one,
+            // serves the new queue pair.
+            Some(slot) => self.queue_pairs[slot] = context,
+            None => {
+                self.queue_pairs.push(context);
+                self.transmit_queued.push(false);
+                self.timed_position.push(None);
+            }
+        }
         Ok(PreparedQueuePair { qpn, endpoint })
     }
 
@@ -648,9 +765,7 @@ impl Verbs for SoftRnic {
         queue: SharedReceiveQueue,
         request: ReceiveRequest,
     ) -> Result<(), VerbsError> {
-        if queue.0 as usize >= self.resources.shared_receive_queues.len() {
-            return Err(VerbsError::UnknownSharedReceiveQueue);
-        }
+        self.check_shared_receive_queue(queue)?;
         let protection_domain =
             self.resources.shared_receive_queues[queue.0 as usize].protection_domain;
         self.resources

@@ -98,6 +98,44 @@ pub(crate) fn check_depth(
     Ok(())
 }
 
+/// Which of a kind's numbered objects (queue pairs' slots, completion
+/// queues, shared receive queues) were destroyed, so that new ones take
+/// their places, the longest destroyed first: without it a process could
+/// create at most the device's limit of each in its lifetime.
+#[derive(Debug, Default)]
+pub(crate) struct Retired {
+    flags: Vec<bool>,
+    free: std::collections::VecDeque<usize>,
+}
+
+impl Retired {
+    pub(crate) fn is_retired(&self, index: usize) -> bool {
+        self.flags.get(index).copied().unwrap_or(false)
+    }
+
+    pub(crate) fn retire(&mut self, index: usize) {
+        if self.flags.len() <= index {
+            self.flags.resize(index + 1, false);
+        }
+        if !self.flags[index] {
+            self.flags[index] = true;
+            self.free.push_back(index);
+        }
+    }
+
+    /// A destroyed place for a new object, if there is one.
+    pub(crate) fn reuse(&mut self) -> Option<usize> {
+        let index = self.free.pop_front()?;
+        self.flags[index] = false;
+        Some(index)
+    }
+
+    /// How many places wait to be reused.
+    pub(crate) fn count(&self) -> usize {
+        self.free.len()
+    }
+}
+
 /// Fails with `TooManyObjects` once `count` objects of a kind reach `max`.
 pub(crate) fn check_room(kind: &'static str, count: usize, max: usize) -> Result<(), VerbsError> {
     if count >= max {

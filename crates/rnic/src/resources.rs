@@ -19,7 +19,9 @@ pub(crate) struct SharedReceiveRing {
 pub(crate) struct Resources {
     pub(crate) memory: MemoryTable,
     pub(crate) completion_queues: Vec<CompletionRing>,
+    pub(crate) retired_completion_queues: crate::queues::Retired,
     pub(crate) shared_receive_queues: Vec<SharedReceiveRing>,
+    pub(crate) retired_shared_receive_queues: crate::queues::Retired,
     pub(crate) counters: RnicCounters,
     /// Completion queues that overran since the device last looked; at most
     /// one entry per queue.

@@ -656,4 +656,6 @@ pub enum VerbsError {
     CompletionQueueOverrun,
     #[error("the region is still used by a queue")]
     RegionInUse,
+    #[error("the {kind} is still used by a queue pair")]
+    QueueInUse { kind: &'static str },
 }

@@ -130,6 +130,17 @@ impl QueuePairContext {
     }
 
     /// True if this queue pair completes work into `queue`.
+    pub(crate) fn qpn(&self) -> Qpn {
+        self.qpn
+    }
+
+    pub(crate) fn uses_shared_receive_queue(
+        &self,
+        queue: crate::verbs::SharedReceiveQueue,
+    ) -> bool {
+        self.attributes.shared_receive_queue == Some(queue)
+    }
+
     pub(crate) fn uses_completion_queue(&self, queue: crate::verbs::CompletionQueue) -> bool {
         self.attributes.send_completion_queue == queue
             || self.attributes.receive_completion_queue == queue

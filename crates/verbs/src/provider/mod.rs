@@ -62,7 +62,7 @@ fn errno_of(error: &VerbsError) -> i32 {
         VerbsError::QueueFull { .. }
         | VerbsError::TooManyObjects { .. }
         | VerbsError::AddressSpaceExhausted => libc::ENOMEM,
-        VerbsError::RegionInUse => libc::EBUSY,
+        VerbsError::RegionInUse | VerbsError::QueueInUse { .. } => libc::EBUSY,
         VerbsError::DeviceGone => libc::ENODEV,
         VerbsError::MessageTooLong { .. } | VerbsError::DatagramTooLarge { .. } => libc::EMSGSIZE,
         _ => libc::EINVAL,

@@ -217,8 +217,8 @@ pub(super) unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     let node = unsafe { node_of(qp_object.qp.qp_base.context) };
     let qpn = qp_object.qpn;
     let inline = qp_object.inline.as_ref().map(|staging| staging.region.lkey);
-    // Its work goes with it, completions included; the device keeps the
-    // queue pair's slot.
+    // Its work goes with it, completions included; a later queue pair
+    // takes its slot, under a new number.
     let _ = node.with_device(|rnic| {
         let _ = rnic.retire_queue_pair(qpn);
         inline.map(|lkey| rnic.deregister_memory(lkey))

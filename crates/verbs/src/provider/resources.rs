@@ -507,8 +507,13 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         // SAFETY: a CQ's channel outlives it (destroying it first is EBUSY).
         unsafe { shared.count_queues(cq_object.cq.channel, -1) };
     }
-    // SAFETY: the program gives it up. The device's queue stays allocated:
-    // the soft RNIC does not reuse completion queue numbers.
+    // SAFETY: its context is live. No queue pair uses it (`users`), so
+    // the device frees it, and a later queue takes its number.
+    let node = unsafe { node_of(cq_object.cq.context) };
+    if let Err(error) = node.with_device(|rnic| rnic.destroy_completion_queue(cq_object.queue)) {
+        return errno_of(&error);
+    }
+    // SAFETY: the program gives it up.
     drop(unsafe { take_back::<CqObject, _>(cq) });
     0
 }
@@ -619,6 +624,12 @@ pub(super) unsafe fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     let srq_object = unsafe { object::<SrqObject, _>(srq) };
     if srq_object.users.in_use() {
         return libc::EBUSY;
+    }
+    // SAFETY: its context is live. No queue pair uses it (`users`).
+    let node = unsafe { node_of(srq_object.srq.context) };
+    if let Err(error) = node.with_device(|rnic| rnic.destroy_shared_receive_queue(srq_object.queue))
+    {
+        return errno_of(&error);
     }
     // SAFETY: an SRQ's PD outlives it.
     unsafe { pd_users(srq_object.srq.pd) }.release();

@@ -150,6 +150,30 @@ static void refusals(void)
 
 /* A destroyed CQ's pending event is dropped, as the kernel drops it: the
  * program is never handed a queue it destroyed. */
+/* A server that makes a CQ, an SRQ and a QP per connection and destroys
+ * them when it closes: three times the device's limit of each, in turn.
+ * The device kept every destroyed one's place, so the 1025th failed. */
+static void many_lifetimes(void)
+{
+	struct ibv_device_attr device;
+	CHECK(ibv_query_device(context, &device) == 0, "query_device");
+	uint32_t last_qpn = 0;
+	for (int round = 0; round < 3 * device.max_qp; round++) {
+		struct ibv_cq *each = ibv_create_cq(context, 4, NULL, NULL, 0);
+		CHECK(each, "create_cq in round %d", round);
+		struct ibv_srq_init_attr srq_init = { .attr = { .max_wr = 4, .max_sge = 1 } };
+		struct ibv_srq *srq = ibv_create_srq(pd, &srq_init);
+		CHECK(srq, "create_srq in round %d", round);
+		struct ibv_qp *qp = make_qp_on(each);
+		CHECK(qp->qp_num != last_qpn, "a reused slot takes a new number");
+		last_qpn = qp->qp_num;
+		CHECK(ibv_destroy_cq(each) == EBUSY, "a CQ in use stays");
+		CHECK(ibv_destroy_qp(qp) == 0, "destroy_qp in round %d", round);
+		CHECK(ibv_destroy_srq(srq) == 0, "destroy_srq in round %d", round);
+		CHECK(ibv_destroy_cq(each) == 0, "destroy_cq in round %d", round);
+	}
+}
+
 static void destroyed_queue_events(union ibv_gid gid, uint8_t *local, struct ibv_mr *local_mr,
 				   uint8_t *remote, struct ibv_mr *remote_mr)
 {
@@ -350,6 +374,7 @@ int main(void)
 	cq = ibv_create_cq(context, 64, NULL, NULL, 0);
 	CHECK(cq, "create_cq");
 	refusals();
+	many_lifetimes();
 
 	/* Unaligned on purpose: registered at the program's own address. */
 	uint8_t *raw = malloc(2 * BUFFER_BYTES + 16);
