@@ -286,7 +286,15 @@ impl SoftRnic {
         let stride = self.config.max_queue_pairs.max(1);
         qpn.value()
             .checked_sub(FIRST_QPN)
-            .map(|offset| offset as usize % stride)
+            .map(|offset| offset as usize)
+            // Most numbers are of the first generation: no division.
+            .map(|offset| {
+                if offset < stride {
+                    offset
+                } else {
+                    offset % stride
+                }
+            })
             .filter(|slot| {
                 self.queue_pairs
                     .get(*slot)
