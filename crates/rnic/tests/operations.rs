@@ -323,3 +323,62 @@ fn busy_queue_pairs_among_many_idle_ones_all_complete() {
         assert_eq!(read, pattern);
     }
 }
+
+/// The doorbell idiom: a WRITE with immediate of nothing, naming neither
+/// key nor address. The responder checked rkey 0 at address 0, answered a
+/// remote access NAK and both queue pairs went to ERR; IB validates
+/// neither for a zero-length WRITE or READ.
+#[test]
+fn a_zero_length_write_or_read_names_no_key_and_succeeds() {
+    let mut s = setup();
+    let nowhere = RemoteAddress {
+        address: remora_wire::VirtAddr(0),
+        rkey: remora_wire::Rkey(0),
+    };
+    let receive = ReceiveRequest::new(5, &[]).unwrap();
+    s.fabric.right.post_receive(s.right_qp, receive).unwrap();
+    let doorbell = SendOperation::Write {
+        remote: nowhere,
+        immediate: Some(7),
+    };
+    let write = SendRequest::new(1, doorbell, &[]).unwrap();
+    s.fabric.left.post_send(s.left_qp, write).unwrap();
+    let read = SendRequest::new(2, SendOperation::Read { remote: nowhere }, &[]).unwrap();
+    s.fabric.left.post_send(s.left_qp, read).unwrap();
+    assert!(s.fabric.run(1000).quiesced);
+    let left = drain(&mut s.fabric.left, s.left_cq);
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(
+        left.iter().all(|c| c.status == CompletionStatus::Success),
+        "{left:?}"
+    );
+    let right = one_completion(&mut s.fabric.right, s.right_cq);
+    assert_eq!(right.opcode, CompletionOpcode::ReceiveRdmaWithImmediate);
+    assert_eq!((right.immediate, right.byte_len), (Some(7), 0));
+}
+
+/// A three-packet WRITE whose range runs past its region: its first two
+/// packets landed, and only the last drew the NAK. The first packet now
+/// checks the whole range, and nothing is written.
+#[test]
+fn a_write_past_its_region_writes_nothing() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| {
+        builder.path_mtu = Mtu::MTU_1024;
+    });
+    write_region(&mut s.fabric.left, &s.left_mr, 0, &[9; 3000]);
+    let near_end = REGION_BYTES - 2500;
+    let write = write_request(&s, 1, 0, s.right_mr.remote(near_end), 3000);
+    s.fabric.left.post_send(s.left_qp, write).unwrap();
+    s.fabric.run(1000);
+    let left = drain(&mut s.fabric.left, s.left_cq);
+    assert_eq!(
+        left[0].status,
+        CompletionStatus::RemoteAccessError,
+        "{left:?}"
+    );
+    assert_eq!(
+        read_region(&s.fabric.right, &s.right_mr, near_end, 2500),
+        vec![0; 2500],
+        "none of the WRITE landed"
+    );
+}

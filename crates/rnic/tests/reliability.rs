@@ -494,3 +494,68 @@ fn a_read_longer_than_the_largest_message_is_refused() {
         vec![(1, CompletionStatus::RemoteInvalidRequestError)]
     );
 }
+
+/// A requester allowed more READs outstanding than its responder keeps
+/// answers for: the fifth READ took the first's replay slot and threw its
+/// queued answer away, and the first READ failed much later with
+/// `RetryExceeded` on a lossless link. The responder now refuses the
+/// excess READ with an Invalid Request NAK, as IB asks, and the four it
+/// could hold complete.
+#[test]
+fn a_read_past_the_responders_limit_is_refused_not_a_lost_answer() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| {
+        builder.max_read_atomic = 16;
+        builder.max_destination_read_atomic = 4;
+    });
+    for id in 0..5 {
+        let read = read_request(&s, id, id * 8, id * 8, 8);
+        s.fabric.left.post_send(s.left_qp, read).unwrap();
+    }
+    // The five requests reach the responder before it sends anything.
+    let frames = left_frames(&mut s);
+    assert_eq!(frames.len(), 5);
+    for frame in &frames {
+        s.fabric.right.handle_frame(s.fabric.now, frame);
+    }
+    s.fabric.run(10_000);
+    let statuses: Vec<_> = drain(&mut s.fabric.left, s.left_cq)
+        .iter()
+        .map(|completion| (completion.work_request_id, completion.status))
+        .collect();
+    let mut wanted: Vec<_> = (0..4).map(|id| (id, CompletionStatus::Success)).collect();
+    wanted.push((4, CompletionStatus::RemoteInvalidRequestError));
+    assert_eq!(statuses, wanted);
+}
+
+/// With no RNR retries, the request the receiver was not ready for is
+/// the one that fails with `ReceiverNotReadyRetryExceeded`; the oldest
+/// unanswered request (a READ whose answer was lost) took that status and
+/// the refused SEND was only flushed.
+#[test]
+fn rnr_exhaustion_fails_the_refused_request() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| builder.rnr_retry = 0);
+    let read = read_request(&s, 1, 0, 0, 8);
+    s.fabric.left.post_send(s.left_qp, read).unwrap();
+    let send = send_request(&s, 2, 64, 8);
+    s.fabric.left.post_send(s.left_qp, send).unwrap();
+    // The READ's answer is lost; the SEND finds no receive posted.
+    let mut first_answer = true;
+    s.fabric.run_filtered(10_000, &mut |direction, _| {
+        if direction == Direction::RightToLeft && first_answer {
+            first_answer = false;
+            return Verdict::Drop;
+        }
+        Verdict::Deliver
+    });
+    let statuses: Vec<_> = drain(&mut s.fabric.left, s.left_cq)
+        .iter()
+        .map(|completion| (completion.work_request_id, completion.status))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            (1, CompletionStatus::WorkRequestFlushError),
+            (2, CompletionStatus::ReceiverNotReadyRetryExceeded)
+        ]
+    );
+}

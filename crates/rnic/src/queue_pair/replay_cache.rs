@@ -10,6 +10,11 @@
 //! have at most that many READ/atomic requests outstanding, so every request
 //! it can legitimately retransmit is still here. A delayed duplicate of an
 //! older request finds nothing and is dropped, which is safe.
+//!
+//! Entries are keyed by absolute PSN (PSNs counted since the queue pair
+//! started, never wrapping): an entry left from 2^24 PSNs ago has the same
+//! 24-bit PSN as a new one, and was found first for a duplicate of it,
+//! answering with another request's result.
 
 use remora_wire::{Msn, Psn};
 
@@ -22,6 +27,7 @@ pub(crate) enum ReplayKind {
 #[derive(Debug)]
 pub(crate) struct ReplayEntry {
     pub(crate) first_psn: Psn,
+    first_absolute: u64,
     pub(crate) packet_count: u32,
     pub(crate) kind: ReplayKind,
     pub(crate) msn: Msn,
@@ -46,6 +52,7 @@ impl ReplayCache {
         let entries = (0..capacity)
             .map(|_| ReplayEntry {
                 first_psn: Psn::new(0),
+                first_absolute: 0,
                 packet_count: 0,
                 kind: ReplayKind::Read,
                 msn: Msn::new(0),
@@ -63,7 +70,7 @@ impl ReplayCache {
     /// caller must drop any queued output that still refers to it.
     pub(crate) fn insert(
         &mut self,
-        first_psn: Psn,
+        (first_psn, first_absolute): (Psn, u64),
         packet_count: u32,
         kind: ReplayKind,
         msn: Msn,
@@ -73,6 +80,7 @@ impl ReplayCache {
         self.next_slot = (self.next_slot + 1) % self.entries.len();
         let entry = &mut self.entries[slot];
         entry.first_psn = first_psn;
+        entry.first_absolute = first_absolute;
         entry.packet_count = packet_count;
         entry.kind = kind;
         entry.msn = msn;
@@ -88,14 +96,17 @@ impl ReplayCache {
         &mut self.entries[slot]
     }
 
-    /// The entry whose PSN range holds `psn`, with the packet offset in it.
-    pub(crate) fn find(&self, psn: Psn) -> Option<(usize, u32)> {
+    /// The slot the next request takes.
+    pub(crate) fn next_slot(&self) -> usize {
+        self.next_slot
+    }
+
+    /// The entry whose range holds absolute PSN `absolute`, with the packet
+    /// offset in it.
+    pub(crate) fn find(&self, absolute: u64) -> Option<(usize, u32)> {
         self.entries.iter().enumerate().find_map(|(slot, entry)| {
-            if !entry.live {
-                return None;
-            }
-            let offset = entry.first_psn.distance_to(psn);
-            (offset >= 0 && (offset as u32) < entry.packet_count).then_some((slot, offset as u32))
+            let offset = absolute.checked_sub(entry.first_absolute)?;
+            (entry.live && offset < u64::from(entry.packet_count)).then_some((slot, offset as u32))
         })
     }
 }
@@ -107,33 +118,37 @@ mod tests {
     #[test]
     fn finds_the_entry_covering_a_psn_and_forgets_the_oldest() {
         let mut cache = ReplayCache::new(2);
-        let read = cache.insert(Psn::new(10), 4, ReplayKind::Read, Msn::new(1));
-        cache.insert(
-            Psn::new(14),
-            1,
-            ReplayKind::Atomic { original: 7 },
-            Msn::new(2),
-        );
-        assert_eq!(cache.find(Psn::new(12)), Some((read, 2)));
-        assert_eq!(cache.find(Psn::new(15)), None);
-        cache.insert(
-            Psn::new(15),
-            1,
-            ReplayKind::Atomic { original: 8 },
-            Msn::new(3),
-        );
-        assert_eq!(
-            cache.find(Psn::new(12)),
-            None,
-            "the oldest entry was evicted"
-        );
-        assert!(cache.find(Psn::new(14)).is_some());
+        let read = cache.insert((Psn::new(10), 10), 4, ReplayKind::Read, Msn::new(1));
+        let atomic = ReplayKind::Atomic { original: 7 };
+        cache.insert((Psn::new(14), 14), 1, atomic, Msn::new(2));
+        assert_eq!(cache.find(12), Some((read, 2)));
+        assert_eq!(cache.find(15), None);
+        let atomic = ReplayKind::Atomic { original: 8 };
+        cache.insert((Psn::new(15), 15), 1, atomic, Msn::new(3));
+        assert_eq!(cache.find(12), None, "the oldest entry was evicted");
+        assert!(cache.find(14).is_some());
     }
 
+    /// An atomic from 2^24 PSNs ago, at the same 24-bit PSN as a new one,
+    /// sat in an earlier slot and answered the new one's duplicate.
     #[test]
-    fn ranges_wrap_with_the_psn_space() {
-        let mut cache = ReplayCache::new(1);
-        cache.insert(Psn::new(Psn::MAX), 3, ReplayKind::Read, Msn::new(0));
-        assert_eq!(cache.find(Psn::new(1)), Some((0, 2)));
+    fn an_entry_from_a_lap_of_the_psn_space_ago_is_not_the_new_one() {
+        let mut cache = ReplayCache::new(2);
+        let psn = Psn::new(100);
+        cache.insert(
+            (psn, 100),
+            1,
+            ReplayKind::Atomic { original: 1 },
+            Msn::new(1),
+        );
+        let lap = 100 + (1 << 24);
+        let new = cache.insert(
+            (psn, lap),
+            1,
+            ReplayKind::Atomic { original: 2 },
+            Msn::new(2),
+        );
+        assert_eq!(cache.find(lap), Some((new, 0)));
+        assert_eq!(cache.entry(new).kind, ReplayKind::Atomic { original: 2 });
     }
 }

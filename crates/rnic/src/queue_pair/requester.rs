@@ -527,8 +527,11 @@ impl QueuePairContext {
         let requester = &mut self.requester;
         if self.attributes.rnr_retry != RNR_RETRY_FOREVER {
             if requester.rnr_retries_left == 0 {
+                // The request the receiver was not ready for fails; those
+                // before it still unanswered are flushed.
+                let index = requester.index_of(psn).unwrap_or(0);
                 self.fail_request(
-                    0,
+                    index,
                     CompletionStatus::ReceiverNotReadyRetryExceeded,
                     resources,
                 );

@@ -67,6 +67,9 @@ enum InProgress {
 #[derive(Debug)]
 pub(crate) struct Responder {
     expected_psn: Psn,
+    /// PSNs taken since the queue pair started, never wrapping: the
+    /// absolute PSN of `expected_psn`, which keys the replay cache.
+    expected_absolute: u64,
     msn: Msn,
     /// A NAK (sequence error or RNR) already asked for `expected_psn`; one
     /// per gap is enough.
@@ -84,6 +87,7 @@ impl Responder {
         let output_capacity = 2 * attributes.max_destination_read_atomic + 2;
         Responder {
             expected_psn: Psn::new(0),
+            expected_absolute: 0,
             msn: Msn::new(0),
             nak_sent_for_expected: false,
             in_progress: None,
@@ -108,6 +112,28 @@ impl Responder {
 
     pub(crate) fn start(&mut self, expected_psn: Psn) {
         self.expected_psn = expected_psn;
+        self.expected_absolute = 0;
+    }
+
+    /// Whether an answer in replay slot `slot` still waits to be sent.
+    fn has_queued_answer(&self, slot: usize) -> bool {
+        self.outputs.iter().any(|output| match output {
+            Output::ReadResponse { slot: queued, .. }
+            | Output::AtomicAcknowledge { slot: queued } => *queued == slot,
+            Output::Acknowledge { .. } => false,
+        })
+    }
+
+    /// A new READ or atomic takes the oldest replay slot. If that slot's
+    /// answer has not been sent yet, the requester has more outstanding
+    /// than this responder allows: IB answers with an Invalid Request NAK
+    /// (reusing the slot threw the unsent answer away, and the request
+    /// failed later for no reason the requester could see).
+    fn check_read_atomic_room(&self) -> StepResult<()> {
+        match self.has_queued_answer(self.replay.next_slot()) {
+            true => Err((NakCode::InvalidRequest, None)),
+            false => Ok(()),
+        }
     }
 
     fn has_room(&self) -> bool {
@@ -217,7 +243,11 @@ impl QueuePairContext {
         let responder = &mut self.responder;
         match frame.bth().opcode.family() {
             OpcodeFamily::RdmaReadRequest | OpcodeFamily::Atomic => {
-                let Some((slot, packet_offset)) = responder.replay.find(psn) else {
+                let behind = psn.distance_to(responder.expected_psn) as u64;
+                let absolute = responder.expected_absolute.checked_sub(behind);
+                let Some((slot, packet_offset)) =
+                    absolute.and_then(|absolute| responder.replay.find(absolute))
+                else {
                     resources
                         .counters
                         .count_drop(DropReason::DuplicateNotReplayable);
@@ -270,6 +300,7 @@ impl QueuePairContext {
             Ok(Step::Done { psn_count }) => {
                 let responder = &mut self.responder;
                 responder.expected_psn = responder.expected_psn.add(psn_count);
+                responder.expected_absolute += u64::from(psn_count);
                 // READ and atomic answers acknowledge implicitly.
                 let answered = matches!(
                     opcode.family(),
@@ -464,15 +495,25 @@ impl QueuePairContext {
         }
         self.allows_remote(AccessFlags::REMOTE_WRITE)?;
         let pd = self.attributes.protection_domain;
-        let checked = resources.memory.check_remote(
-            pd,
-            rkey,
-            address,
-            payload_len,
-            AccessFlags::REMOTE_WRITE,
-        );
-        let (slot, range) = checked.map_err(|fault| (access_refusal(fault), None))?;
-        resources.memory.slot_write(slot, range, frame.payload());
+        let check = |length| {
+            resources
+                .memory
+                .check_remote(pd, rkey, address, length, AccessFlags::REMOTE_WRITE)
+                .map_err(|fault| (access_refusal(fault), None))
+        };
+        // The first packet checks the whole message's range, so a WRITE
+        // that runs past its region writes nothing (checked packet by
+        // packet, its first packets landed before the NAK).
+        if frame.reth().is_some() && remaining_bytes > payload_len {
+            check(remaining_bytes)?;
+        }
+        // A zero-length WRITE validates neither R_Key nor address (IB
+        // C9-88, as rxe does): the doorbell idiom, a WRITE with immediate
+        // of nothing, names neither.
+        if payload_len > 0 {
+            let (slot, range) = check(payload_len)?;
+            resources.memory.slot_write(slot, range, frame.payload());
+        }
         if is_end {
             self.responder.in_progress = None;
             self.responder.msn = self.responder.msn.next();
@@ -507,22 +548,32 @@ impl QueuePairContext {
         if reth.dma_length > resources.max_message_bytes {
             return Err((NakCode::InvalidRequest, None));
         }
+        self.responder.check_read_atomic_room()?;
         let length = u64::from(reth.dma_length);
         self.allows_remote(AccessFlags::REMOTE_READ)?;
         let pd = self.attributes.protection_domain;
-        let checked = resources.memory.check_remote(
-            pd,
-            reth.rkey,
-            reth.virtual_address,
-            length,
-            access_needed(Opcode::RdmaReadRequest),
-        );
-        let (region_slot, range) = checked.map_err(|fault| (access_refusal(fault), None))?;
+        // A zero-length READ validates neither R_Key nor address (IB
+        // C9-88, as rxe does): it reads nothing.
+        let snapshot = match length {
+            0 => None,
+            _ => Some(
+                resources
+                    .memory
+                    .check_remote(
+                        pd,
+                        reth.rkey,
+                        reth.virtual_address,
+                        length,
+                        access_needed(Opcode::RdmaReadRequest),
+                    )
+                    .map_err(|fault| (access_refusal(fault), None))?,
+            ),
+        };
         let packet_count = self.attributes.path_mtu.packets_for(reth.dma_length);
         let responder = &mut self.responder;
         responder.msn = responder.msn.next();
         let slot = responder.replay.insert(
-            frame.bth().psn,
+            (frame.bth().psn, responder.expected_absolute),
             packet_count,
             ReplayKind::Read,
             responder.msn,
@@ -532,8 +583,10 @@ impl QueuePairContext {
         // what this READ returns, even if its answer is still queued.
         let data = &mut responder.replay.entry_mut(slot).data;
         // Only a longer READ than the slot's last zeroes anything: its tail.
-        data.resize(range.len(), 0);
-        resources.memory.slot_read(region_slot, range, data);
+        data.resize(length as usize, 0);
+        if let Some((region_slot, range)) = snapshot {
+            resources.memory.slot_read(region_slot, range, data);
+        }
         responder.push(Output::ReadResponse {
             slot,
             next_packet: 0,
@@ -549,6 +602,7 @@ impl QueuePairContext {
         if !atomic.virtual_address.0.is_multiple_of(8) {
             return Err((NakCode::InvalidRequest, None));
         }
+        self.responder.check_read_atomic_room()?;
         self.allows_remote(AccessFlags::REMOTE_ATOMIC)?;
         let pd = self.attributes.protection_domain;
         let checked = resources.memory.check_remote(
@@ -571,7 +625,7 @@ impl QueuePairContext {
         let responder = &mut self.responder;
         responder.msn = responder.msn.next();
         let slot = responder.replay.insert(
-            frame.bth().psn,
+            (frame.bth().psn, responder.expected_absolute),
             1,
             ReplayKind::Atomic { original },
             responder.msn,
