@@ -42,13 +42,20 @@ fn check_key_count(key_count: u64) -> Result<(), DistributionError> {
     Ok(())
 }
 
+/// Draws a zipfian chooser makes for a key that exists before it takes
+/// one modulo the keys that do.
+const MAX_DRAWS: usize = 64;
+
 /// Zipfian over ranks `0..key_count`, rank 0 the most popular.
 #[derive(Debug, Clone)]
 pub struct Zipfian {
     key_count: u64,
     theta: f64,
-    /// The normaliser: the sum of `1 / rank^θ` over every rank.
-    zeta_n: f64,
+    /// The normaliser: the sum of `1 / rank^θ` over every rank, worked out
+    /// when first asked (only `probability` needs it, and it costs a
+    /// power per rank: minutes for billions of keys, paid on every
+    /// construction).
+    zeta_n: std::sync::OnceLock<f64>,
     sampler: rand_distr::Zipf<f64>,
     scrambled: bool,
 }
@@ -71,7 +78,7 @@ impl Zipfian {
         Ok(Zipfian {
             key_count,
             theta,
-            zeta_n: zeta(key_count, theta),
+            zeta_n: std::sync::OnceLock::new(),
             sampler,
             scrambled,
         })
@@ -107,7 +114,8 @@ impl Zipfian {
 
     /// The probability of rank `rank`.
     pub fn probability(&self, rank: u64) -> f64 {
-        1.0 / ((rank + 1) as f64).powf(self.theta) / self.zeta_n
+        let zeta_n = *self.zeta_n.get_or_init(|| zeta(self.key_count, self.theta));
+        1.0 / ((rank + 1) as f64).powf(self.theta) / zeta_n
     }
 
     /// The keys of the `count` most popular ranks, most popular first,
@@ -146,12 +154,26 @@ impl KeyChooser {
         Ok(KeyChooser::Uniform { key_count })
     }
 
-    /// A key below `inserted` (the keys that exist now).
+    /// A key below `inserted` (the keys that exist now). Most draws land
+    /// there at once: the chooser spans at most the loaded keys and twice
+    /// the inserts expected.
     pub fn next_key(&self, inserted: u64, rng: &mut impl Rng) -> u64 {
         assert!(inserted > 0, "choosing among no keys");
         match self {
             KeyChooser::Uniform { .. } => rng.gen_range(0..inserted),
-            KeyChooser::Zipfian(zipfian) => zipfian.next_key(rng) % inserted,
+            KeyChooser::Zipfian(zipfian) => {
+                // The chooser spans the keys inserts will add too, as
+                // YCSB's does; a key not inserted yet is drawn again.
+                // (Over the loaded keys only, `% inserted` never chose an
+                // inserted one.)
+                for _ in 0..MAX_DRAWS {
+                    let key = zipfian.next_key(rng);
+                    if key < inserted {
+                        return key;
+                    }
+                }
+                zipfian.next_key(rng) % inserted
+            }
             KeyChooser::Latest(zipfian) => {
                 let back = zipfian.next_rank(rng) % inserted;
                 inserted - 1 - back

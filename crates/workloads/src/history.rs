@@ -30,12 +30,19 @@ use std::io::Write;
 /// The id every loaded (first) version carries.
 pub const LOADED_ID: u64 = 0;
 
-/// The id at the front of a value (0 for a value too short to carry one).
+/// The id a value too short to carry one reads as: one nobody writes, so
+/// a store that returns a truncated or empty value fails the check. (It
+/// read as the loaded value's id, and such a read passed whenever no
+/// write to the key had finished before it.)
+pub const UNREADABLE_ID: u64 = u64::MAX;
+
+/// The id at the front of a value ([`UNREADABLE_ID`] for a value too short
+/// to carry one).
 pub fn value_id(value: &[u8]) -> u64 {
     value
         .get(..8)
         .map(|bytes| u64::from_le_bytes(bytes.try_into().expect("8 bytes")))
-        .unwrap_or(LOADED_ID)
+        .unwrap_or(UNREADABLE_ID)
 }
 
 /// A value of `length` bytes that carries `id`.

@@ -165,10 +165,6 @@ impl WorkloadSpec {
             scan: proportion(&properties, "scanproportion", 0.0)?,
             read_modify_write: proportion(&properties, "readmodifywriteproportion", 0.0)?,
         };
-        let total = mix.read + mix.update + mix.insert + mix.scan + mix.read_modify_write;
-        if (total - 1.0).abs() > 1e-9 {
-            return Err(WorkloadError::Proportions(total));
-        }
         let distribution = match properties
             .get("requestdistribution")
             .map(String::as_str)
@@ -196,25 +192,59 @@ impl WorkloadSpec {
             insert_start: number(&properties, "insertstart", 0)?,
             properties,
         };
-        if spec.max_scan_length == 0 && spec.mix.scan > 0.0 {
+        spec.key_chooser()?;
+        Ok(spec)
+    }
+
+    /// Checks what a spec's fields must be, wherever they were set (they
+    /// are public, and callers change a parsed spec): the proportions sum
+    /// to 1, scans have a length, the keys fit 64 bits.
+    pub fn validate(&self) -> Result<(), WorkloadError> {
+        let mix = self.mix;
+        let proportions = [
+            mix.read,
+            mix.update,
+            mix.insert,
+            mix.scan,
+            mix.read_modify_write,
+        ];
+        let total: f64 = proportions.iter().sum();
+        let each_valid = proportions
+            .iter()
+            .all(|proportion| (0.0..=1.0).contains(proportion));
+        if !each_valid || !total.is_finite() || (total - 1.0).abs() > 1e-9 {
+            return Err(WorkloadError::Proportions(total));
+        }
+        if self.max_scan_length == 0 && mix.scan > 0.0 {
             return Err(WorkloadError::Value {
                 key: "maxscanlength".into(),
                 message: "scans need a positive length".into(),
             });
         }
-        spec.key_chooser()?;
-        Ok(spec)
+        if self.insert_start.checked_add(self.key_span()).is_none() {
+            return Err(WorkloadError::Value {
+                key: "insertstart".into(),
+                message: "insertstart plus the records and the inserts expected pass 2^64".into(),
+            });
+        }
+        Ok(())
     }
 
-    /// The key chooser this spec asks for.
+    /// The keys a zipfian chooser spans: the loaded ones and twice the
+    /// inserts the run expects, as YCSB's CoreWorkload sizes it.
+    fn key_span(&self) -> u64 {
+        let expected_inserts = (self.operation_count as f64 * self.mix.insert * 2.0) as u64;
+        self.record_count.saturating_add(expected_inserts)
+    }
+
+    /// The key chooser this spec asks for, once the spec is valid.
     pub fn key_chooser(&self) -> Result<KeyChooser, WorkloadError> {
+        self.validate()?;
         Ok(match self.distribution {
             RequestDistribution::Uniform => KeyChooser::uniform(self.record_count)?,
-            RequestDistribution::Zipfian => KeyChooser::Zipfian(Zipfian::new(
-                self.record_count,
-                self.zipfian_constant,
-                true,
-            )?),
+            RequestDistribution::Zipfian => {
+                KeyChooser::Zipfian(Zipfian::new(self.key_span(), self.zipfian_constant, true)?)
+            }
             RequestDistribution::Latest => KeyChooser::Latest(Zipfian::new(
                 self.record_count,
                 self.zipfian_constant,

@@ -130,3 +130,22 @@ fn a_request_that_never_returned_has_no_ret_and_returns_carry_their_outputs() {
     // A read of a write still in flight is linearizable.
     assert!(check(&events).unwrap().violations.is_empty());
 }
+
+/// A store that returned an empty value: it read as the loaded value, and
+/// the history passed when no write had finished before the read.
+#[test]
+fn an_empty_value_is_a_value_nobody_wrote() {
+    use remora_workloads::history::value_id;
+    let at = Timestamp::from_nanos;
+    let read = |kind, time| Event {
+        key: 1,
+        client: 0,
+        kind,
+        at: at(time),
+    };
+    let events = [
+        read(EventKind::ReadInvoked, 0),
+        read(EventKind::ReadReturned(value_id(&[])), 1),
+    ];
+    assert_eq!(check(&events).unwrap().violations, [1]);
+}

@@ -241,3 +241,41 @@ proptest! {
         }
     }
 }
+
+/// A spec's fields are public and callers change them after parsing: a
+/// zero scan length, or an insert start at the top of the key space,
+/// reached the generator and panicked (`gen_range(1..=0)`, an overflowing
+/// key range). The generator now checks the spec as parsing does.
+#[test]
+fn a_spec_changed_after_parsing_is_checked_again() {
+    let mut scans = WorkloadSpec::preset("e").unwrap();
+    scans.max_scan_length = 0;
+    assert!(matches!(
+        Generator::new(scans, 1),
+        Err(WorkloadError::Value { .. })
+    ));
+    let far = WorkloadSpec::from_properties("insertstart=18446744073709551615");
+    assert!(matches!(far, Err(WorkloadError::Value { .. })), "{far:?}");
+    let mut skewed = WorkloadSpec::preset("a").unwrap();
+    skewed.mix.read = f64::NAN;
+    assert!(matches!(
+        Generator::new(skewed, 1),
+        Err(WorkloadError::Proportions(_))
+    ));
+}
+
+/// Under zipfian, inserted keys were never chosen: the chooser covered
+/// the loaded keys only. It now spans the inserts expected, as YCSB's
+/// does, and workload E's scans reach keys inserted during the run.
+#[test]
+fn zipfian_operations_reach_keys_inserted_during_the_run() {
+    let mut spec = WorkloadSpec::preset("e").unwrap();
+    spec.record_count = 1000;
+    spec.operation_count = 20_000;
+    let mut generator = Generator::new(spec, 7).unwrap();
+    let reached_new = (0..20_000).any(|_| match generator.next_operation() {
+        Operation::Scan { key, .. } => key >= 1000,
+        _ => false,
+    });
+    assert!(reached_new);
+}
