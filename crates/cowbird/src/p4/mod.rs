@@ -668,9 +668,7 @@ impl Instance {
             .queue_pair(side)
             .handle_answer(now, frame.opcode(), psn, syndrome);
         if let Answer::WritesImplied { through } = answer {
-            if self.account_acknowledged(now, side, through).is_none() {
-                return None;
-            }
+            self.account_acknowledged(now, side, through)?;
             answer = self
                 .queue_pair(side)
                 .handle_answer(now, frame.opcode(), psn, syndrome);
