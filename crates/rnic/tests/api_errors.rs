@@ -277,3 +277,46 @@ fn an_overrun_completion_queue_fails_its_queue_pairs() {
         QueuePairState::ReadyToSend
     );
 }
+
+/// Work posted past half the 24-bit PSN space (MTU 256, WRITEs of 16 MiB:
+/// 65,536 PSNs each) made the newest PSN compare as older than the oldest,
+/// and a debug build panicked on the requester's invariants. Posting now
+/// stops short of it with `QueueFull`, and the device sends on.
+#[test]
+fn posted_work_never_spans_half_the_psn_space() {
+    const MESSAGE_BYTES: u32 = 1 << 24;
+    let mut fabric = remora_rnic::back_to_back::BackToBack::new(3);
+    let mut builders = Vec::new();
+    let mut regions = Vec::new();
+    for device in [&mut fabric.left, &mut fabric.right] {
+        let pd = device.alloc_protection_domain().unwrap();
+        regions.push(
+            device
+                .register_memory(pd, u64::from(MESSAGE_BYTES), AccessFlags::ALL)
+                .unwrap(),
+        );
+        let cq = device.create_completion_queue(1024).unwrap();
+        let mut builder = QueuePairBuilder::new(pd, cq, cq);
+        builder.path_mtu = Mtu::MTU_256;
+        builder.send_queue_depth = 256;
+        builders.push(builder);
+    }
+    let (left, _) = fabric.connect(&builders[0], &builders[1]).unwrap();
+    let operation = SendOperation::Write {
+        remote: regions[1].remote(0),
+        immediate: None,
+    };
+    let write = SendRequest::new(1, operation, &[regions[0].slice(0, MESSAGE_BYTES)]).unwrap();
+    let mut accepted = 0;
+    let refused = loop {
+        match fabric.left.post_send(left, write) {
+            Ok(()) => accepted += 1,
+            Err(error) => break error,
+        }
+        assert!(accepted <= 200, "posting never stopped");
+    };
+    assert!(matches!(refused, VerbsError::QueueFull { .. }), "{refused}");
+    assert_eq!(accepted, 127, "127 × 65,536 PSNs fit under 2^23");
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    assert!(fabric.left.poll_transmit(fabric.now, &mut buffer).is_some());
+}

@@ -85,6 +85,10 @@ pub(crate) struct Requester {
     acknowledged_psn: Psn,
 }
 
+/// The most PSNs posted work may span: half the 24-bit space, within which
+/// PSNs compare.
+const MAX_POSTED_PSNS: u32 = 1 << 23;
+
 impl Requester {
     pub(crate) fn new(attributes: &QueuePairBuilder, initial_psn: Psn) -> Requester {
         Requester {
@@ -338,6 +342,15 @@ impl QueuePairContext {
         };
         let requester = &mut self.requester;
         let first_psn = requester.next_psn;
+        // PSNs are compared within half their space: work posted past it
+        // (129 WRITEs of 16 MiB at MTU 256, say) would make the newest
+        // PSN read as older than the oldest. It waits for room instead.
+        let posted_span = i64::from(requester.unacked_psn().distance_to(first_psn));
+        if posted_span + i64::from(packet_count) >= i64::from(MAX_POSTED_PSNS) {
+            return Err(VerbsError::QueueFull {
+                queue: "the send queue's PSN span (half the 24-bit space)",
+            });
+        }
         requester.queue.push(SendWqe {
             request,
             length_bytes,
