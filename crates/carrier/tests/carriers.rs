@@ -577,3 +577,29 @@ fn a_copied_port_hands_over_private_copies_of_the_same_bytes() {
     assert_eq!(seen, frame);
     assert_ne!(seen_at, shared_at);
 }
+
+/// A capture whose disk filled failed the port it watched: the switch then
+/// took its ports out of service one by one. The capture now stops, says
+/// why, and the port carries on.
+#[test]
+fn a_full_disk_stops_the_capture_not_the_port() {
+    let sink = PcapSink::create(std::path::Path::new("/dev/full")).unwrap();
+    let segment = Segment::anonymous(&SegmentPlan::star(1, 64)).unwrap();
+    let mut node = Captured::new(
+        segment.spoke_port(1).unwrap(),
+        sink.clone(),
+        CaptureDirection::Both,
+    );
+    let mut hub = segment.hub_port(1).unwrap();
+    let mut carried = 0;
+    // 40 frames of 1000 bytes: past the capture's 8 KiB buffer.
+    for round in 0..4 {
+        for sequence in 0..10 {
+            node.send(&frame(round * 10 + sequence, 1000)).unwrap();
+        }
+        node.flush().unwrap();
+        carried += hub.receive(64, &mut |_| {}).unwrap();
+    }
+    assert_eq!(carried, 40, "the port carried every frame");
+    assert!(sink.failure().is_some(), "the capture says it stopped");
+}

@@ -307,12 +307,18 @@ pub fn rack_up(
         .as_deref()
         .map(PcapSink::create)
         .transpose()?;
-    match options.mode {
+    let mut report = match options.mode {
         Mode::Embedded => embedded(rack, &run_directory.0, capture.as_ref(), stop),
         Mode::Processes | Mode::Netns => {
             supervised(rack, options, &run_directory.0, capture.as_ref(), stop)
         }
+    }?;
+    if let Some(reason) = capture.as_ref().and_then(PcapSink::failure) {
+        report.notes.push(format!(
+            "the capture stopped early, the rack ran on: {reason}"
+        ));
     }
+    Ok(report)
 }
 
 fn embedded(

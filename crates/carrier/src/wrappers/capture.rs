@@ -31,6 +31,9 @@ impl Write for SharedFile {
 pub struct PcapSink {
     writer: Arc<Mutex<PcapWriter<SharedFile>>>,
     file: SharedFile,
+    /// Why the capture stopped, once a write failed (a full disk): the
+    /// ports it watches go on without it.
+    stopped: Arc<Mutex<Option<String>>>,
 }
 
 impl PcapSink {
@@ -50,6 +53,7 @@ impl PcapSink {
         Ok(PcapSink {
             writer: Arc::new(Mutex::new(writer)),
             file,
+            stopped: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -71,6 +75,25 @@ impl PcapSink {
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
         self.write(now, frame)
+    }
+
+    /// Records a frame a port moved, stamped with the wall clock. A write
+    /// that fails stops the capture (see [`PcapSink::failure`]), never the
+    /// port: taken for the port's failure, a full disk took the switch's
+    /// ports out of service one by one.
+    pub fn record(&self, frame: &[u8]) {
+        let mut stopped = self.stopped.lock().expect("capture state poisoned");
+        if stopped.is_some() {
+            return;
+        }
+        if let Err(error) = self.write_now(frame) {
+            *stopped = Some(error.to_string());
+        }
+    }
+
+    /// Why the capture stopped early, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.stopped.lock().expect("capture state poisoned").clone()
     }
 
     pub fn flush(&self) -> Result<(), CarrierError> {
@@ -113,23 +136,18 @@ impl<P: Port> Port for Captured<P> {
         sink: &mut dyn FnMut(&[u8]),
     ) -> Result<usize, CarrierError> {
         let record = self.direction != CaptureDirection::Sent;
-        let mut failure = None;
-        let count = self.inner.receive(max_frames, &mut |frame| {
-            if record && failure.is_none() {
-                failure = self.sink.write_now(frame).err();
+        self.inner.receive(max_frames, &mut |frame| {
+            if record {
+                self.sink.record(frame);
             }
             sink(frame);
-        })?;
-        match failure {
-            Some(error) => Err(error),
-            None => Ok(count),
-        }
+        })
     }
 
     fn send(&mut self, frame: &[u8]) -> Result<SendStatus, CarrierError> {
         let status = self.inner.send(frame)?;
         if status == SendStatus::Queued && self.direction != CaptureDirection::Received {
-            self.sink.write_now(frame)?;
+            self.sink.record(frame);
         }
         Ok(status)
     }
