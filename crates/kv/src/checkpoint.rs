@@ -19,7 +19,9 @@ use crate::record::{parse_stored, record_bytes, Header, Parsed, StoredRecord, KE
 /// One checkpoint record's slot: one direct-I/O block.
 pub const RECORD_SLOT_BYTES: u64 = 4096;
 const MAGIC: &[u8; 8] = b"RMKVCKPT";
-const FORMAT_VERSION: u32 = 1;
+/// 2: every record's sizes word carries its written mark (see
+/// `record::sizes_word`); a log of format 1 would read as never written.
+const FORMAT_VERSION: u32 = 2;
 /// Magic, version, page bits, sequence, begin, tail, then a CRC-32.
 const RECORD_BYTES: usize = 8 + 4 + 4 + 8 + 8 + 8 + 4;
 
@@ -190,7 +192,7 @@ pub fn scan_page(
 /// A stored record's value capacity (its size word's high half).
 fn stored_capacity(bytes: &[u8]) -> usize {
     let word = u64::from_le_bytes(bytes[8..16].try_into().expect("parsed records have sizes"));
-    (word >> 32) as usize
+    crate::record::sizes(word).1
 }
 
 #[cfg(test)]

@@ -68,13 +68,21 @@ impl Header {
     }
 }
 
+/// Set in every record's sizes word: memory no record was written to
+/// reads zero, and a page whose write was lost (fresh far memory, say)
+/// would otherwise read as records of an empty key, which recovery took
+/// for data.
+const WRITTEN: u64 = 1 << 63;
+
 /// Key length and value capacity, from word 1.
 pub fn sizes(word: u64) -> (usize, usize) {
-    ((word & 0xffff_ffff) as usize, (word >> 32) as usize)
+    let capacity = (word & !WRITTEN) >> 32;
+    ((word & 0xffff_ffff) as usize, capacity as usize)
 }
 
 pub fn sizes_word(key_length: usize, value_capacity: usize) -> u64 {
-    key_length as u64 | ((value_capacity as u64) << 32)
+    debug_assert!(value_capacity <= MAX_VALUE_BYTES);
+    key_length as u64 | ((value_capacity as u64) << 32) | WRITTEN
 }
 
 /// A record in the memory frames. Made only by the log, for an address
@@ -256,6 +264,9 @@ pub fn parse_stored(bytes: &[u8]) -> Parsed<'_> {
     let header = Header(word(HEADER_WORD) & !LOCKED);
     if header.is_page_end() {
         return Parsed::Corrupt("a chain points at a page end");
+    }
+    if word(SIZES_WORD) & WRITTEN == 0 {
+        return Parsed::Corrupt("no record was written here (a lost write)");
     }
     let (key_length, capacity) = sizes(word(SIZES_WORD));
     let value_length = (word(VALUE_LENGTH_WORD) & 0xffff_ffff) as usize;

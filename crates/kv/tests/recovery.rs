@@ -241,3 +241,32 @@ fn a_refused_increment_leaves_a_log_that_recovers() {
         assert_eq!(read_now(&mut session, key).as_ref(), Some(value), "{key:?}");
     }
 }
+
+/// A checkpoint whose log pages never reached the device (a lost write:
+/// the pages read as zeros). Recovery took the zeros for records of an
+/// empty key and came back with a store that had lost them silently;
+/// every record now carries a written mark, and the lost page is named.
+#[test]
+fn a_log_page_that_never_reached_the_device_is_refused() {
+    use remora_kv::address::LogAddress;
+    use remora_kv::checkpoint::{write_now, CheckpointRecord};
+    let config = StoreConfig::smallest();
+    let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(16 << 20));
+    let record = CheckpointRecord {
+        sequence: 1,
+        page_bits: config.page_bits,
+        begin: LogAddress::new(0),
+        tail: LogAddress::page_start(2, config.page_bits),
+    };
+    let mut queue = device.open_queue().unwrap();
+    write_now(queue.as_mut(), record.slot_offset(), &record.encode()).unwrap();
+    drop(queue);
+    let error = Store::recover(config, device).err().unwrap();
+    assert!(
+        matches!(
+            error,
+            KvError::Checkpoint(CheckpointError::CorruptLog { .. })
+        ),
+        "{error}"
+    );
+}
