@@ -393,8 +393,16 @@ impl Agent for CallingAgent {
     fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
         let mut moved = take_replies(nic, &mut self.port, &mut self.caller, now)?;
         // Bounded by the caller's window: a full window leaves the rest
-        // queued in the channel.
-        while self.caller.outstanding() < super::MAX_OUTSTANDING {
+        // queued in the channel. The window is one of RPC ids, within what
+        // a callee's checkpoint covers (`Caller::within_span`): with up to
+        // 1024 calls out, a replacement restored from a checkpoint that
+        // kept the newest 16 replies ran again a resent call older than
+        // those.
+        while self.caller.outstanding() < super::MAX_OUTSTANDING
+            && self
+                .caller
+                .within_span(super::checkpoint::REPLIES_PER_CALLER)
+        {
             let Ok(request) = self.requests.try_recv() else {
                 break;
             };
@@ -542,5 +550,52 @@ impl Agent for ControlAgent {
         self.heartbeat.incarnation = self.heartbeat.incarnation.wrapping_add(1);
         self.next_at = now;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remora_rnic::{RnicConfig, SoftRnic};
+    use remora_wire::{Ipv4Address, MacAddress};
+
+    /// An application's calls through a calling agent were let out up to
+    /// 1024 at once, past the 16 replies per caller a callee's checkpoint
+    /// keeps: after a failover, a resent call older than those ran again.
+    /// The agent now keeps its unanswered calls within that span of ids,
+    /// as a client agent does; the rest wait in the channel.
+    #[test]
+    fn a_calling_agent_keeps_its_calls_within_what_a_checkpoint_covers() {
+        let mut nic = SoftRnic::new(RnicConfig::new(
+            MacAddress([2, 0, 0, 0, 0, 1]),
+            Ipv4Address::new(10, 0, 0, 1),
+            1,
+        ));
+        let callee = DatagramEnd {
+            mac: MacAddress([2, 0, 0, 0, 0, 2]),
+            address: Ipv4Address::new(10, 0, 0, 2),
+            port: remora_wire::bifrost::BIFROST_PORT,
+        };
+        let (requests, taken) = std::sync::mpsc::sync_channel(64);
+        let caller = Caller::new(std::time::Duration::from_millis(20), 50);
+        let mut agent = CallingAgent::new(caller, callee, 40000, taken);
+        let mut replies = Vec::new();
+        for _ in 0..40 {
+            let (reply, outcome) = std::sync::mpsc::sync_channel(1);
+            replies.push(outcome);
+            requests
+                .send(CallRequest {
+                    method: "increment".into(),
+                    pointer: remora_wire::bifrost::GlobalAddress::NULL,
+                    arguments: Vec::new(),
+                    reply,
+                })
+                .unwrap();
+        }
+        agent.poll(Timestamp::ZERO, &mut nic).unwrap();
+        assert_eq!(
+            agent.caller.outstanding(),
+            super::super::checkpoint::REPLIES_PER_CALLER
+        );
     }
 }
