@@ -592,7 +592,8 @@ mod tests {
                 })
                 .unwrap();
         }
-        agent.poll(Timestamp::ZERO, &mut nic).unwrap();
+        let progress = agent.poll(Timestamp::ZERO, &mut nic).unwrap();
+        assert_eq!(progress, Progress::Moved);
         assert_eq!(
             agent.caller.outstanding(),
             super::super::checkpoint::REPLIES_PER_CALLER
