@@ -527,7 +527,25 @@ impl P4Stats {
 /// PSNs kept free for the requests already under way, so probes and new
 /// fetches never starve a chain of its next PSN.
 fn reserved_packets(config: &P4Config) -> u32 {
-    (config.max_entries_in_flight as u32 * 8).min(WINDOW_PACKETS / 2)
+    (entries_in_flight(config) as u32 * packets_per_entry(config)).min(WINDOW_PACKETS / 2)
+}
+
+/// PSNs one entry's data may take at the path MTU: a whole request's or
+/// response's message. (Taken as 8, the reservation fell short at MTU
+/// 256, where 4 KiB is 16 packets: a response then found no room on the
+/// other queue pair, and the engine went back over the whole window.)
+fn packets_per_entry(config: &P4Config) -> u32 {
+    config
+        .path_mtu
+        .packets_for(crate::layout::MAX_REQUEST_BYTES)
+        .max(1)
+}
+
+/// Entries started at once: the configured bound, and no more than the
+/// reserved half of the window holds at the path MTU.
+fn entries_in_flight(config: &P4Config) -> u64 {
+    let fit = u64::from(WINDOW_PACKETS / 2 / packets_per_entry(config));
+    config.max_entries_in_flight.min(fit).max(1)
 }
 
 impl Instance {
@@ -744,8 +762,7 @@ impl Instance {
         // start from a response already in flight.
         self.fetch_cursor = self.fetch_cursor.max(self.start_cursor);
         let waiting = self.fetch_cursor < self.known_tail;
-        let under_bound =
-            self.fetch_cursor - self.oldest_unconfirmed() < config.max_entries_in_flight;
+        let under_bound = self.fetch_cursor - self.oldest_unconfirmed() < entries_in_flight(config);
         if !(waiting && under_bound && self.compute.has_room(1 + reserved_packets(config))) {
             return None;
         }
@@ -1027,5 +1044,28 @@ impl Instance {
             }
         });
         Some(self.compute.port())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// At MTU 256 a 4 KiB entry is 16 packets: the reservation took 8 per
+    /// entry, 32 entries (256 PSNs, capped at 128), and a response found
+    /// no room on the other queue pair. Entries in flight now fit the
+    /// reserved half-window at the path MTU.
+    #[test]
+    fn the_reservation_holds_every_entry_in_flight_at_the_path_mtu() {
+        for (mtu, entries) in [(Mtu::MTU_256, 8), (Mtu::MTU_1024, 32), (Mtu::MTU_4096, 32)] {
+            let config = P4Config {
+                path_mtu: mtu,
+                ..P4Config::rack_default()
+            };
+            assert_eq!(entries_in_flight(&config), entries, "{mtu:?}");
+            let needed = entries_in_flight(&config) as u32 * packets_per_entry(&config);
+            assert!(reserved_packets(&config) >= needed, "{mtu:?}");
+            assert!(reserved_packets(&config) <= WINDOW_PACKETS / 2);
+        }
     }
 }
