@@ -232,7 +232,10 @@ fn parse_adjacency(bytes: &[u8]) -> Result<(usize, Vec<(Vertex, Vertex)>), LoadE
             format!("edge count {edge_count} is larger than the file"),
         ));
     }
-    let mut offsets = Vec::with_capacity(vertex_count as usize + 1);
+    // Grown as the lines come, not reserved from the header: counts up to
+    // the file's length reserved about 16 times it, and a failed
+    // reservation aborts rather than returning an error.
+    let mut offsets = Vec::new();
     for _ in 0..vertex_count {
         let (line, offset) = number("an offset")?;
         if offsets.is_empty() && offset != 0 {
@@ -250,7 +253,7 @@ fn parse_adjacency(bytes: &[u8]) -> Result<(usize, Vec<(Vertex, Vertex)>), LoadE
         offsets.push(offset);
     }
     offsets.push(edge_count);
-    let mut edges = Vec::with_capacity(edge_count as usize);
+    let mut edges = Vec::new();
     let mut source = 0usize;
     for index in 0..edge_count {
         let (line, destination) = number("a neighbour")?;
@@ -369,8 +372,11 @@ fn parse_serialized(bytes: &[u8], options: LoadOptions) -> Result<Graph, LoadErr
     Ok(graph)
 }
 
-/// Writes `graph` as GAPBS's `.sg`.
+/// Writes `graph` as GAPBS's `.sg`. Its ids are 32-bit signed: a graph
+/// of more vertices is refused (written, its ids past 2^31 read back as
+/// negative, and neither this loader nor GAPBS could load it).
 pub fn write_serialized(graph: &Graph, out: &mut impl Write) -> std::io::Result<()> {
+    check_serializable(graph.vertex_count())?;
     let ((out_offsets, out_neighbours), incoming) = graph.arrays();
     out.write_all(&[u8::from(graph.is_directed())])?;
     out.write_all(&(out_neighbours.len() as i64).to_le_bytes())?;
@@ -387,9 +393,26 @@ pub fn write_serialized(graph: &Graph, out: &mut impl Write) -> std::io::Result<
     Ok(())
 }
 
+fn check_serializable(vertex_count: usize) -> std::io::Result<()> {
+    if vertex_count > i32::MAX as usize {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{vertex_count} vertices do not fit .sg's 32-bit signed ids"),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_graph_past_signed_32_bit_ids_is_not_written_as_sg() {
+        assert!(check_serializable(i32::MAX as usize).is_ok());
+        let refused = check_serializable(i32::MAX as usize + 1).unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::InvalidInput);
+    }
 
     fn expect_line(result: Result<Graph, LoadError>, wanted: usize) {
         match result {
