@@ -279,3 +279,13 @@ fn zipfian_operations_reach_keys_inserted_during_the_run() {
     });
     assert!(reached_new);
 }
+
+/// A theta a hair off 1 made the sampler draw past the last rank.
+#[test]
+fn a_theta_a_hair_off_one_is_one() {
+    for theta in [1.0 - 1e-13, 1.0 + 1e-13] {
+        let zipfian = Zipfian::new(1000, theta, false).unwrap();
+        assert_eq!(zipfian.theta(), 1.0);
+    }
+    assert_eq!(Zipfian::new(1000, 0.99, false).unwrap().theta(), 0.99);
+}
