@@ -59,15 +59,40 @@ pub fn save(directory: &Path, bench: &str, json: &Value) -> Result<PathBuf, Resu
     let now_milliseconds = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| since.as_millis());
-    let path = directory.join(format!("{bench}-{now_milliseconds}.json"));
     let text = serde_json::to_string_pretty(json).expect("a JSON value serializes");
-    // Written beside its final name and renamed, so a reader never sees
-    // half a file.
-    let partial = path.with_extension("json.partial");
+    // Written beside its final name and linked there, so a reader never
+    // sees half a file.
+    let process = std::process::id();
+    let partial = directory.join(format!("{bench}-{now_milliseconds}-{process}.json.partial"));
     std::fs::write(&partial, text + "\n").map_err(io_error(&partial))?;
-    std::fs::rename(&partial, &path).map_err(io_error(&path))?;
-    Ok(path)
+    // The first free number from now on: a link fails where a file is, so
+    // two runs saved in one millisecond (two shells, two CI jobs) never
+    // share a name. (A rename replaced the first run without a word.)
+    let mut claimed = None;
+    for number in now_milliseconds..now_milliseconds + MAX_NAME_TRIES {
+        let path = directory.join(format!("{bench}-{number}.json"));
+        match std::fs::hard_link(&partial, &path) {
+            Ok(()) => {
+                claimed = Some(path);
+                break;
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(error) => {
+                let _ = std::fs::remove_file(&partial);
+                return Err(io_error(&path)(error));
+            }
+        }
+    }
+    std::fs::remove_file(&partial).map_err(io_error(&partial))?;
+    claimed.ok_or_else(|| {
+        io_error(directory)(std::io::Error::other(format!(
+            "no free name among {MAX_NAME_TRIES} after {bench}-{now_milliseconds}.json"
+        )))
+    })
 }
+
+/// Names a save tries past the current millisecond's.
+const MAX_NAME_TRIES: u128 = 1000;
 
 /// A benchmark's JSON, read from a file.
 #[derive(Debug, Clone)]
@@ -130,6 +155,24 @@ pub fn latest(directory: &Path) -> Result<Vec<BenchResult>, ResultsError> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Two runs saved in the same millisecond shared a name, and the
+    /// second replaced the first without a word.
+    #[test]
+    fn runs_saved_in_one_millisecond_keep_their_own_files() {
+        let directory = tempfile::tempdir().unwrap();
+        let paths: std::collections::BTreeSet<PathBuf> = (0..20)
+            .map(|marker| {
+                let run = json!({"bench": "fabric", "marker": marker});
+                save(directory.path(), "fabric", &run).unwrap()
+            })
+            .collect();
+        assert_eq!(paths.len(), 20);
+        let files = std::fs::read_dir(directory.path()).unwrap().count();
+        assert_eq!(files, 20, "no partial file is left behind");
+        let latest = latest(directory.path()).unwrap();
+        assert_eq!(latest[0].json["marker"], 19, "the last saved is the latest");
+    }
 
     #[test]
     fn the_latest_run_of_each_benchmark_is_read_and_others_are_ignored() {
