@@ -158,10 +158,14 @@ impl DatagramPort {
                 ));
             }
             let protocol = (libc::ETH_P_ALL as u16).to_be();
+            // Protocol 0 until the bind names the interface (as libpcap
+            // does): opened with ETH_P_ALL, the socket took every
+            // interface's frames in the moment before the bind, and the
+            // switch then handled eth0's as if they came from this port.
             let raw = libc::socket(
                 libc::AF_PACKET,
                 libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                i32::from(protocol),
+                0,
             );
             if raw < 0 {
                 return Err(CarrierError::io(
