@@ -764,3 +764,33 @@ fn report_draws_benchmark_results_and_names_what_it_cannot_read() {
     assert!(String::from_utf8_lossy(&none.stderr).contains("no benchmark results here"));
     std::fs::remove_dir_all(&scratch).ok();
 }
+
+/// A results directory that cannot be made (here, under a file) was found
+/// only when a run tried to save: `bench all` ran every benchmark in full
+/// and then marked each failed. Both refuse it before they run anything.
+#[test]
+fn a_results_directory_that_cannot_be_made_is_refused_before_any_run() {
+    let under_a_file =
+        std::env::temp_dir().join(format!("remora-not-a-directory-{}", std::process::id()));
+    std::fs::write(&under_a_file, b"a file").unwrap();
+    let results = under_a_file.join("results");
+    for arguments in [
+        &["bench", "switch", "--quick"][..],
+        &["bench", "all", "--quick"],
+    ] {
+        let started = std::time::Instant::now();
+        let output = Command::new(env!("CARGO_BIN_EXE_remora"))
+            .args(arguments)
+            .env("REMORA_RESULTS", &results)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{arguments:?}: {output:?}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{arguments:?} ran before refusing"
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("results"), "{arguments:?}: {stderr}");
+    }
+    std::fs::remove_file(&under_a_file).unwrap();
+}

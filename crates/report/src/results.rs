@@ -46,6 +46,18 @@ pub fn directory() -> Result<PathBuf, ResultsError> {
     Ok(PathBuf::from(home).join(".local/share/remora/results"))
 }
 
+/// The results directory, made if it is not there and checked writable
+/// (a probe file made and removed): for a long run to find out before it
+/// starts, not when it saves.
+pub fn ready_directory() -> Result<PathBuf, ResultsError> {
+    let directory = directory()?;
+    std::fs::create_dir_all(&directory).map_err(io_error(&directory))?;
+    let probe = directory.join(format!(".remora-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(io_error(&probe))?;
+    std::fs::remove_file(&probe).map_err(io_error(&probe))?;
+    Ok(directory)
+}
+
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> ResultsError + '_ {
     move |error| ResultsError::Io {
         path: path.to_path_buf(),

@@ -28,6 +28,9 @@ pub struct AllArgs {
 /// finished; the exit code says whether any failed.
 pub fn run(args: &AllArgs) -> Result<ExitCode, BenchError> {
     crate::output::check_directory_path(&args.out)?;
+    // Every run is saved there: a directory that cannot take them is
+    // found before the first benchmark, not after the last.
+    remora_report::results::ready_directory()?;
     let benchmarks: Vec<_> = super::benchmarks().collect();
     let progress = ProgressBar::new(benchmarks.len() as u64);
     progress.set_style(

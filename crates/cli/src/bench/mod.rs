@@ -94,18 +94,32 @@ pub fn run(command: BenchCommand) -> Result<ExitCode, BenchError> {
         BenchCommand::One { benchmark, matches } => (benchmark, matches),
         BenchCommand::All(args) => return all::run(&args),
     };
-    let (report, json) = benchmark.run(&matches)?;
-    if let Some(path) = &json {
-        crate::output::write_json(path, &report)?;
-        println!("\nwrote {}", path.display());
+    let json = matches
+        .try_get_one::<std::path::PathBuf>("json")
+        .ok()
+        .flatten()
+        .cloned();
+    // Without --json the results directory is the run's only home: a
+    // directory that cannot take it is found before the run, not after.
+    if json.is_none() {
+        remora_report::results::ready_directory()?;
     }
-    match save(&report) {
+    let (report, json) = benchmark.run(&matches)?;
+    // Saved first: a --json path that cannot be written loses nothing.
+    let saved = save(&report);
+    match &saved {
         Ok(saved) => println!("saved in the results directory as {}", saved.path.display()),
-        // The run is not lost when --json wrote it elsewhere.
-        Err(error) if json.is_some() => {
-            eprintln!("warning: not saved in the results directory: {error}")
+        Err(error) => eprintln!("warning: not saved in the results directory: {error}"),
+    }
+    match &json {
+        Some(path) => {
+            crate::output::write_json(path, &report)?;
+            println!("\nwrote {}", path.display());
         }
-        Err(error) => return Err(error),
+        // The run had nowhere else to go.
+        None => {
+            saved?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
