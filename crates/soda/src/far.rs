@@ -81,6 +81,8 @@ pub enum SodaError {
     Misaligned { bytes: usize, element: usize },
     #[error("the far memory is closed: no more objects can be allocated")]
     Closed,
+    #[error("an object of {bytes} bytes in {chunk_bytes}-byte chunks has more than 2^32 chunks")]
+    TooManyChunks { bytes: usize, chunk_bytes: usize },
 }
 
 /// What the far memory did, for reports. CPU times are thread CPU time
@@ -197,33 +199,39 @@ fn thread_cpu_nanos() -> u64 {
     time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
 }
 
+/// What a fetch left to do: nothing, or start over (it made room first).
+enum Fetched {
+    Done,
+    Again,
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().expect("far-memory state lock")
     }
 
     fn handle_fault(&self, fault: Fault, staging: &mut Staging) {
-        let mut inner = self.lock();
-        let Some((key, address, length)) = inner.locate(fault.address) else {
-            drop(inner);
-            // Not ours: nobody will ever serve it, so make it fail loudly.
-            tracing::error!(
-                address = fault.address,
-                "fault outside every far-memory object"
-            );
-            let page = fault.address & !(mapping::PAGE_BYTES - 1);
-            let _ = self.userfault.poison(page, mapping::PAGE_BYTES);
-            return;
-        };
-        // Waits on moving chunks; each pass either returns or waits for a
-        // state change, and every state change ends in finite time.
+        // Each pass serves the fault or waits for a state change (or, with
+        // the buffer full, a poll interval), and every state change ends in
+        // finite time. Each pass locates the fault afresh: across a wait
+        // its object may have been freed and its address given to another.
         loop {
+            let inner = self.lock();
+            let Some((key, address, length)) = inner.locate(fault.address) else {
+                drop(inner);
+                self.wake_stray(fault.address);
+                return;
+            };
             match inner.buffer.state(key) {
-                None => return self.fetch(inner, key, address, length, fault, staging),
+                None => match self.fetch(inner, key, address, length, fault, staging) {
+                    Fetched::Done => return,
+                    Fetched::Again => continue,
+                },
                 Some(ChunkState::Fetching | ChunkState::Evicting) => {
-                    inner = self.changed.wait(inner).expect("far-memory state lock");
+                    drop(self.changed.wait(inner).expect("far-memory state lock"));
                 }
                 Some(ChunkState::Resident { .. }) if fault.write_protected => {
+                    let mut inner = inner;
                     inner.buffer.mark_dirty(key);
                     // Unprotected under the lock: an eviction that began
                     // between the two would write the chunk back while the
@@ -244,6 +252,18 @@ impl Shared {
         }
     }
 
+    /// A fault no object holds: a message that outlived its object (one
+    /// copy-in wakes every thread waiting on a chunk, and their other
+    /// messages are stale), or an object not yet in the table. It is only
+    /// woken: a fault that matters comes back, to an object then.
+    /// (Poisoned, a stale message's page could be a new object's, given
+    /// the freed address, and its first touch died with SIGBUS.)
+    fn wake_stray(&self, address: usize) {
+        tracing::debug!(address, "a fault outside every far-memory object");
+        let page = address & !(mapping::PAGE_BYTES - 1);
+        let _ = self.userfault.wake(page, mapping::PAGE_BYTES);
+    }
+
     fn fetch(
         &self,
         mut inner: MutexGuard<'_, Inner>,
@@ -252,12 +272,20 @@ impl Shared {
         length: usize,
         fault: Fault,
         staging: &mut Staging,
-    ) {
-        if let Some(reason) = inner.info(key.object).and_then(|info| info.lost.clone()) {
+    ) -> Fetched {
+        let Some(info) = inner.info(key.object) else {
+            // Freed meanwhile: nothing to fetch it into.
+            drop(inner);
+            self.wake_stray(fault.address);
+            return Fetched::Done;
+        };
+        if let Some(reason) = info.lost.clone() {
+            // Poisoned under the lock, so the range is still this object's.
+            let poisoned = self.userfault.poison(address, length);
             drop(inner);
             tracing::warn!(object = key.object.0, %reason, "access to a lost object");
-            self.report(self.userfault.poison(address, length));
-            return;
+            self.report(poisoned);
+            return Fetched::Done;
         }
         // Make room first; an eviction may let other faults change this
         // chunk's state, so start over from the top afterwards.
@@ -268,7 +296,7 @@ impl Shared {
                 Some(victim) => self.evict(&[victim], staging),
                 None => drop(self.changed.wait_timeout(self.lock(), POLL_INTERVAL)),
             }
-            return self.handle_fault(fault, staging);
+            return Fetched::Again;
         }
         inner.buffer.begin_fetch(key, length as u64);
         let offset = u64::from(key.index) * length as u64;
@@ -308,6 +336,7 @@ impl Shared {
         inner.buffer.debug_check_invariants();
         drop(inner);
         self.changed.notify_all();
+        Fetched::Done
     }
 
     /// Writes back (if dirty) and drops chunks `begin_evict` handed out,
@@ -599,6 +628,11 @@ impl FarAllocator {
             return Err(SodaError::ChunkSize(chunk_bytes));
         }
         let length = bytes.max(1).next_multiple_of(chunk_bytes);
+        // Chunks are numbered in 32 bits: chunk i and i + 2^32 would share
+        // one key (one state, one fetch offset).
+        if length / chunk_bytes > u32::MAX as usize {
+            return Err(SodaError::TooManyChunks { bytes, chunk_bytes });
+        }
         let mapping = Mapping::new(length).map_err(|errno| SodaError::Map {
             bytes: length,
             errno,

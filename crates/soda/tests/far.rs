@@ -943,3 +943,61 @@ fn a_refusal_from_a_live_dpu_loses_nothing() {
     assert!(first_chunk_is(&store, written, CHUNK_BYTES, 7));
     store.stop().unwrap();
 }
+
+/// Chunks are numbered in 32 bits: an object of more chunks than that
+/// (16 TiB at 4 KiB chunks) had chunk i and i + 2^32 share one key, and
+/// one would have been served the other's bytes. It is refused.
+#[test]
+fn an_object_of_more_than_2_to_the_32_chunks_is_refused() {
+    let memory = in_process_memory(4, 4096);
+    let allocator = memory.allocator();
+    let bytes = ((u32::MAX as usize) + 1) * 4096 + 1;
+    assert!(matches!(
+        allocator.alloc_chunked(bytes, 4096, None),
+        Err(SodaError::TooManyChunks { .. })
+    ));
+}
+
+/// Threads fault on one chunk while its object is freed and another of the
+/// same size takes its place, again and again: a fault thread that waited
+/// on the old chunk used to carry its key across the wait and fetch into
+/// the freed object (or poison the new one's page with a stale message).
+/// Each new object must read exactly what was written to it.
+#[test]
+fn objects_freed_and_made_again_under_faulting_threads_keep_their_own_bytes() {
+    const CHUNK_BYTES: usize = 16 << 10;
+    let memory = in_process_memory(2, CHUNK_BYTES);
+    for round in 0..200u32 {
+        let mut object = memory
+            .alloc_chunked(CHUNK_BYTES, CHUNK_BYTES, None)
+            .unwrap();
+        let fill = (round % 251) as u8;
+        object.as_bytes_mut().fill(fill);
+        // Two more chunks through a buffer of two: the object's chunk is
+        // evicted, and the readers below fault on it together.
+        let mut fillers: Vec<_> = (0..2)
+            .map(|_| {
+                memory
+                    .alloc_chunked(CHUNK_BYTES, CHUNK_BYTES, None)
+                    .unwrap()
+            })
+            .collect();
+        for filler in &mut fillers {
+            filler.as_bytes_mut().fill(!fill);
+        }
+        let seen: Vec<u8> = std::thread::scope(|scope| {
+            let readers: Vec<_> = (0..3)
+                .map(|_| scope.spawn(|| object.as_bytes()[CHUNK_BYTES / 2]))
+                .collect();
+            readers
+                .into_iter()
+                .map(|reader| reader.join().unwrap())
+                .collect()
+        });
+        assert!(
+            seen.iter().all(|&byte| byte == fill),
+            "round {round}: {seen:?}"
+        );
+        drop(object);
+    }
+}
