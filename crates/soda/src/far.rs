@@ -452,17 +452,26 @@ fn evictor_loop(shared: Arc<Shared>) {
             continue;
         }
         let started = thread_cpu_nanos();
+        let mut evicted = false;
         // Each pass evicts at least one chunk; resident chunks are finite.
         while inner.buffer.is_above_low_watermark() {
             let victims = inner.buffer.begin_evict_to_low_watermark(EVICTION_BATCH);
             if victims.is_empty() {
                 break;
             }
+            evicted = true;
             drop(inner);
             shared.evict(&victims, &mut staging);
             inner = shared.lock();
         }
-        drop(inner);
+        if !evicted {
+            // Above the mark with nothing it may take (every chunk moving,
+            // or the fault threads' own evictions under way): it waits
+            // for a change, where it spun and fought them for the lock.
+            drop(shared.changed.wait_timeout(inner, POLL_INTERVAL));
+        } else {
+            drop(inner);
+        }
         let spent = thread_cpu_nanos().saturating_sub(started);
         shared
             .counters
