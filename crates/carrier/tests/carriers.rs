@@ -430,15 +430,20 @@ fn in_veth_namespace<T: Send + 'static>(body: impl FnOnce() -> T + Send + 'stati
     )
 }
 
+/// A promiscuous AF_PACKET port on `interface`.
+fn packet_port(interface: &str) -> DatagramPort {
+    let options = PacketSocketOptions {
+        interface: interface.into(),
+        promiscuous: true,
+    };
+    DatagramPort::packet(&options).unwrap()
+}
+
 #[test]
 fn af_packet_carries_frames_across_a_veth_pair() {
     let outcome = in_veth_namespace(|| {
-        let options = |interface: &str| PacketSocketOptions {
-            interface: interface.into(),
-            promiscuous: true,
-        };
-        let mut a = DatagramPort::packet(&options("port0")).unwrap();
-        let mut b = DatagramPort::packet(&options("port1")).unwrap();
+        let mut a = packet_port("port0");
+        let mut b = packet_port("port1");
         // A frame with its own Ethernet header: dst, src, a local ethertype.
         let mut bytes = vec![0x02, 0, 0, 0, 0, 0xb, 0x02, 0, 0, 0, 0, 0xa, 0x88, 0xb5];
         bytes.extend(frame(3, 200));
@@ -470,11 +475,7 @@ fn af_packet_carries_frames_across_a_veth_pair() {
 #[test]
 fn af_packet_drops_an_over_mtu_frame_and_sends_on() {
     let outcome = in_veth_namespace(|| {
-        let options = |interface: &str| PacketSocketOptions {
-            interface: interface.into(),
-            promiscuous: true,
-        };
-        let mut port = DatagramPort::packet(&options("port0")).unwrap();
+        let mut port = packet_port("port0");
         let mut large = vec![0x02, 0, 0, 0, 0, 0xb, 0x02, 0, 0, 0, 0, 0xa, 0x88, 0xb5];
         large.extend(frame(4, 4200));
         let mut small = large[..14].to_vec();
