@@ -137,6 +137,42 @@ impl Userfault {
         data: &[u8],
         write_protected: bool,
     ) -> Result<Installed, UserfaultError> {
+        let page = crate::mapping::PAGE_BYTES;
+        let mut done = 0;
+        let mut present = false;
+        // The kernel may copy a prefix and stop (EAGAIN), or find a page
+        // already there (EEXIST, waking nobody): the rest is copied on.
+        // Bounded: each turn copies or skips at least one page, or ends.
+        while done < data.len() {
+            match self.copy(start + done, &data[done..], write_protected) {
+                Ok(()) => done = data.len(),
+                Err((Errno::AGAIN, copied)) if copied > 0 => done += copied,
+                Err((Errno::EXIST, _)) => {
+                    present = true;
+                    done += page;
+                }
+                Err((errno, _)) => {
+                    return Err(UserfaultError::Call {
+                        call: "UFFDIO_COPY",
+                        errno,
+                    })
+                }
+            }
+        }
+        if !present {
+            return Ok(Installed::Copied);
+        }
+        // A page already there was neither woken nor given this install's
+        // protection: both are done for the whole range. (Taken for a
+        // full copy, a writer's fault was left protected and asleep.)
+        self.write_protect(start, data.len(), write_protected)?;
+        self.wake(start, data.len())?;
+        Ok(Installed::AlreadyPresent)
+    }
+
+    /// One `UFFDIO_COPY` of `data` to `start`; on failure its errno and
+    /// the bytes it copied first.
+    fn copy(&self, start: usize, data: &[u8], write_protected: bool) -> Result<(), (Errno, usize)> {
         let mut copy = uffdio_copy {
             dst: start as u64,
             src: data.as_ptr() as u64,
@@ -150,14 +186,8 @@ impl Userfault {
         };
         // SAFETY: UFFDIO_COPY reads `len` bytes at `src`, which `data`
         // holds for the call, and writes only into the registered range.
-        match unsafe { ioctl(&self.fd, Updater::<COPY, uffdio_copy>::new(&mut copy)) } {
-            Ok(()) => Ok(Installed::Copied),
-            Err(Errno::EXIST) => Ok(Installed::AlreadyPresent),
-            Err(errno) => Err(UserfaultError::Call {
-                call: "UFFDIO_COPY",
-                errno,
-            }),
-        }
+        unsafe { ioctl(&self.fd, Updater::<COPY, uffdio_copy>::new(&mut copy)) }
+            .map_err(|errno| (errno, usize::try_from(copy.copy).unwrap_or(0)))
     }
 
     /// Turns write protection on or off; turning it off wakes writers.
@@ -193,24 +223,35 @@ impl Userfault {
     /// Marks missing pages so that touching them raises SIGBUS instead of
     /// a fault nobody can serve.
     pub fn poison(&self, start: usize, length: usize) -> Result<(), UserfaultError> {
-        let mut request = uffdio_poison {
-            range: range(start, length),
-            mode: 0,
-            updated: 0,
-        };
-        // SAFETY: UFFDIO_POISON reads and writes one uffdio_poison.
-        match unsafe {
-            ioctl(
-                &self.fd,
-                Updater::<POISON, uffdio_poison>::new(&mut request),
-            )
-        } {
-            Ok(()) | Err(Errno::EXIST) => Ok(()),
-            Err(errno) => Err(UserfaultError::Call {
-                call: "UFFDIO_POISON",
-                errno,
-            }),
+        // Page by page: the call stops at the first page already there
+        // (EEXIST), and the missing pages after it, with threads asleep on
+        // them, were neither poisoned nor woken.
+        let page = crate::mapping::PAGE_BYTES;
+        for at in (start..start + length).step_by(page) {
+            let mut request = uffdio_poison {
+                range: range(at, page.min(start + length - at)),
+                mode: 0,
+                updated: 0,
+            };
+            // SAFETY: UFFDIO_POISON reads and writes one uffdio_poison.
+            match unsafe {
+                ioctl(
+                    &self.fd,
+                    Updater::<POISON, uffdio_poison>::new(&mut request),
+                )
+            } {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(errno) => {
+                    return Err(UserfaultError::Call {
+                        call: "UFFDIO_POISON",
+                        errno,
+                    })
+                }
+            }
         }
+        // Poisoning wakes the threads on the pages it poisoned; those on a
+        // page already there are woken here to find it.
+        self.wake(start, length)
     }
 
     /// Waits up to `timeout` for a fault; `None` when none came (or
@@ -275,6 +316,37 @@ fn probe_poison() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mapping::{Mapping, PAGE_BYTES};
+
+    /// Reads `address` on another thread; whether it returned within 2 s
+    /// (a page nobody serves blocks its reader for ever).
+    fn read_in_time(address: usize) -> Option<u8> {
+        let (done, result) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // SAFETY: the page lies in a live mapping the test keeps.
+            let byte = unsafe { std::ptr::read_volatile(address as *const u8) };
+            let _ = done.send(byte);
+        });
+        result.recv_timeout(Duration::from_secs(2)).ok()
+    }
+
+    /// A chunk installed over a page already there: the copy stopped at
+    /// that page with EEXIST, taken for success, and the chunk's other
+    /// pages stayed missing, their readers asleep for good.
+    #[test]
+    fn an_install_over_a_page_already_there_copies_the_rest() {
+        let userfault = Userfault::open().unwrap();
+        let mapping = Mapping::new(2 * PAGE_BYTES).unwrap();
+        let start = mapping.address();
+        userfault.register(start, 2 * PAGE_BYTES).unwrap();
+        userfault.install(start, &[1u8; PAGE_BYTES], false).unwrap();
+        let chunk = vec![7u8; 2 * PAGE_BYTES];
+        let installed = userfault.install(start, &chunk, false).unwrap();
+        assert_eq!(installed, Installed::AlreadyPresent);
+        assert_eq!(read_in_time(start + PAGE_BYTES), Some(7), "the second page");
+        assert_eq!(read_in_time(start), Some(1), "the first page kept");
+        userfault.unregister(start, 2 * PAGE_BYTES).unwrap();
+    }
 
     /// The opcodes computed here are the ones in the kernel headers.
     #[cfg(target_arch = "x86_64")]
