@@ -203,14 +203,9 @@ impl SoftRnic {
     /// otherwise); a later one takes its number.
     pub fn destroy_completion_queue(&mut self, queue: CompletionQueue) -> Result<(), VerbsError> {
         self.check_completion_queue(queue)?;
-        if self
-            .live_queue_pairs()
-            .any(|context| context.uses_completion_queue(queue))
-        {
-            return Err(VerbsError::QueueInUse {
-                kind: "completion queue",
-            });
-        }
+        self.refuse_if_used("completion queue", |context| {
+            context.uses_completion_queue(queue)
+        })?;
         // Its memory goes now; the number waits for reuse.
         self.resources.completion_queues[queue.0 as usize] = CompletionRing::new(1);
         self.resources
@@ -226,14 +221,9 @@ impl SoftRnic {
         queue: SharedReceiveQueue,
     ) -> Result<(), VerbsError> {
         self.check_shared_receive_queue(queue)?;
-        if self
-            .live_queue_pairs()
-            .any(|context| context.uses_shared_receive_queue(queue))
-        {
-            return Err(VerbsError::QueueInUse {
-                kind: "shared receive queue",
-            });
-        }
+        self.refuse_if_used("shared receive queue", |context| {
+            context.uses_shared_receive_queue(queue)
+        })?;
         let ring = &mut self.resources.shared_receive_queues[queue.0 as usize];
         ring.queue = BoundedQueue::new("shared receive queue", 1);
         self.resources
@@ -242,13 +232,22 @@ impl SoftRnic {
         Ok(())
     }
 
-    /// The queue pairs not destroyed.
-    fn live_queue_pairs(&self) -> impl Iterator<Item = &QueuePairContext> {
-        self.queue_pairs
+    /// `QueueInUse` if a queue pair not destroyed `uses` the `kind` of
+    /// queue being destroyed.
+    fn refuse_if_used(
+        &self,
+        kind: &'static str,
+        uses: impl Fn(&QueuePairContext) -> bool,
+    ) -> Result<(), VerbsError> {
+        let used = self
+            .queue_pairs
             .iter()
             .enumerate()
-            .filter(|(slot, _)| !self.retired_queue_pairs.is_retired(*slot))
-            .map(|(_, context)| context)
+            .any(|(slot, context)| !self.retired_queue_pairs.is_retired(slot) && uses(context));
+        match used {
+            true => Err(VerbsError::QueueInUse { kind }),
+            false => Ok(()),
+        }
     }
 
     /// Registers memory the application owns outside Rust's heap, at the
@@ -546,26 +545,25 @@ impl SoftRnic {
     }
 
     fn check_completion_queue(&self, queue: CompletionQueue) -> Result<(), VerbsError> {
-        let index = queue.0 as usize;
-        if index >= self.resources.completion_queues.len()
-            || self.resources.retired_completion_queues.is_retired(index)
+        let resources = &self.resources;
+        match resources
+            .retired_completion_queues
+            .holds(&resources.completion_queues, queue.0 as usize)
         {
-            return Err(VerbsError::UnknownCompletionQueue);
+            true => Ok(()),
+            false => Err(VerbsError::UnknownCompletionQueue),
         }
-        Ok(())
     }
 
     fn check_shared_receive_queue(&self, queue: SharedReceiveQueue) -> Result<(), VerbsError> {
-        let index = queue.0 as usize;
-        if index >= self.resources.shared_receive_queues.len()
-            || self
-                .resources
-                .retired_shared_receive_queues
-                .is_retired(index)
+        let resources = &self.resources;
+        match resources
+            .retired_shared_receive_queues
+            .holds(&resources.shared_receive_queues, queue.0 as usize)
         {
-            return Err(VerbsError::UnknownSharedReceiveQueue);
+            true => Ok(()),
+            false => Err(VerbsError::UnknownSharedReceiveQueue),
         }
-        Ok(())
     }
 
     fn check_builder(&self, builder: &QueuePairBuilder) -> Result<(), VerbsError> {
@@ -664,16 +662,14 @@ impl Verbs for SoftRnic {
 
     fn create_completion_queue(&mut self, depth: usize) -> Result<CompletionQueue, VerbsError> {
         check_depth("completion queue", depth, self.config.max_queue_depth)?;
-        let resources = &mut self.resources;
-        let queues = &mut resources.completion_queues;
-        let live = queues.len() - resources.retired_completion_queues.count();
-        check_room("completion queues", live, self.config.max_completion_queues)?;
-        if let Some(index) = resources.retired_completion_queues.reuse() {
-            queues[index] = CompletionRing::new(depth);
-            return Ok(CompletionQueue(index as u32));
-        }
-        queues.push(CompletionRing::new(depth));
-        Ok(CompletionQueue(queues.len() as u32 - 1))
+        let (queues, retired) = (
+            &mut self.resources.completion_queues,
+            &mut self.resources.retired_completion_queues,
+        );
+        let max = self.config.max_completion_queues;
+        check_room("completion queues", retired.live(queues), max)?;
+        let index = retired.place(queues, CompletionRing::new(depth));
+        Ok(CompletionQueue(index as u32))
     }
 
     fn create_shared_receive_queue(
@@ -683,21 +679,18 @@ impl Verbs for SoftRnic {
     ) -> Result<SharedReceiveQueue, VerbsError> {
         self.check_protection_domain(protection_domain)?;
         check_depth("shared receive queue", depth, self.config.max_queue_depth)?;
-        let resources = &mut self.resources;
-        let queues = &mut resources.shared_receive_queues;
-        let live = queues.len() - resources.retired_shared_receive_queues.count();
+        let (queues, retired) = (
+            &mut self.resources.shared_receive_queues,
+            &mut self.resources.retired_shared_receive_queues,
+        );
         let max = self.config.max_shared_receive_queues;
-        check_room("shared receive queues", live, max)?;
+        check_room("shared receive queues", retired.live(queues), max)?;
         let ring = SharedReceiveRing {
             protection_domain,
             queue: BoundedQueue::new("shared receive queue", depth),
         };
-        if let Some(index) = resources.retired_shared_receive_queues.reuse() {
-            queues[index] = ring;
-            return Ok(SharedReceiveQueue(index as u32));
-        }
-        queues.push(ring);
-        Ok(SharedReceiveQueue(queues.len() as u32 - 1))
+        let index = retired.place(queues, ring);
+        Ok(SharedReceiveQueue(index as u32))
     }
 
     fn create_queue_pair(
@@ -707,7 +700,7 @@ impl Verbs for SoftRnic {
         self.check_builder(builder)?;
         check_room(
             "queue pairs",
-            self.queue_pairs.len() - self.retired_queue_pairs.count(),
+            self.retired_queue_pairs.live(&self.queue_pairs),
             self.config.max_queue_pairs,
         )?;
         let reused = self.retired_queue_pairs.reuse();

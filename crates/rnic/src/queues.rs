@@ -134,6 +134,31 @@ impl Retired {
     pub(crate) fn count(&self) -> usize {
         self.free.len()
     }
+
+    /// Whether place `index` of `items` holds a live object.
+    pub(crate) fn holds<T>(&self, items: &[T], index: usize) -> bool {
+        index < items.len() && !self.is_retired(index)
+    }
+
+    /// How many of `items` are live.
+    pub(crate) fn live<T>(&self, items: &[T]) -> usize {
+        items.len() - self.count()
+    }
+
+    /// Puts `item` in the place destroyed longest ago, or a new one at the
+    /// end of `items`; its index.
+    pub(crate) fn place<T>(&mut self, items: &mut Vec<T>, item: T) -> usize {
+        match self.reuse() {
+            Some(index) => {
+                items[index] = item;
+                index
+            }
+            None => {
+                items.push(item);
+                items.len() - 1
+            }
+        }
+    }
 }
 
 /// Fails with `TooManyObjects` once `count` objects of a kind reach `max`.
