@@ -176,15 +176,6 @@ impl Responder {
         self.outputs.pop_front();
         reuse_first_slot_when_empty(&mut self.outputs);
     }
-
-    /// Drops queued answers that refer to a replay slot about to be reused.
-    fn forget_slot(&mut self, slot: usize) {
-        self.outputs.retain(|output| match output {
-            Output::ReadResponse { slot: queued, .. }
-            | Output::AtomicAcknowledge { slot: queued } => *queued != slot,
-            Output::Acknowledge { .. } => true,
-        });
-    }
 }
 
 fn access_needed(opcode: Opcode) -> AccessFlags {
@@ -578,7 +569,9 @@ impl QueuePairContext {
             ReplayKind::Read,
             responder.msn,
         );
-        responder.forget_slot(slot);
+        // `check_read_atomic_room` refused the request if an answer still
+        // waited in this slot: nothing queued refers to it.
+        debug_assert!(!responder.has_queued_answer(slot));
         // Snapshot now: a later WRITE on this queue pair must not change
         // what this READ returns, even if its answer is still queued.
         let data = &mut responder.replay.entry_mut(slot).data;
@@ -630,7 +623,9 @@ impl QueuePairContext {
             ReplayKind::Atomic { original },
             responder.msn,
         );
-        responder.forget_slot(slot);
+        // `check_read_atomic_room` refused the request if an answer still
+        // waited in this slot: nothing queued refers to it.
+        debug_assert!(!responder.has_queued_answer(slot));
         responder.push(Output::AtomicAcknowledge { slot });
         Ok(Step::Done { psn_count: 1 })
     }
