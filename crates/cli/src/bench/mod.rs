@@ -106,20 +106,16 @@ pub fn run(command: BenchCommand) -> Result<ExitCode, BenchError> {
     }
     let (report, json) = benchmark.run(&matches)?;
     // Saved first: a --json path that cannot be written loses nothing.
-    let saved = save(&report);
-    match &saved {
-        Ok(saved) => println!("saved in the results directory as {}", saved.path.display()),
-        Err(error) => eprintln!("warning: not saved in the results directory: {error}"),
-    }
-    match &json {
-        Some(path) => {
-            crate::output::write_json(path, &report)?;
-            println!("\nwrote {}", path.display());
-        }
+    match (save(&report), &json) {
+        (Ok(saved), _) => println!("saved in the results directory as {}", saved.path.display()),
+        // The run is not lost: --json writes it elsewhere.
+        (Err(error), Some(_)) => eprintln!("warning: not saved in the results directory: {error}"),
         // The run had nowhere else to go.
-        None => {
-            saved?;
-        }
+        (Err(error), None) => return Err(error),
+    }
+    if let Some(path) = &json {
+        crate::output::write_json(path, &report)?;
+        println!("\nwrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
 }
