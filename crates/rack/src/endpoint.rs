@@ -297,10 +297,10 @@ struct NicSide {
     held: Option<(QueuePair, WorkRequest)>,
     completion_queue: CompletionQueue,
     completions: mpsc::SyncSender<WorkCompletion>,
-    /// A completion the application's queue had no room for yet.
-    unsent: Option<WorkCompletion>,
-    /// Failed completions for requests the NIC refused, to hand over.
-    refused: VecDeque<WorkCompletion>,
+    /// Completions to hand over before the NIC's next: one the
+    /// application's queue had no room for yet, and the failed completions
+    /// of requests the NIC refused.
+    unsent: VecDeque<WorkCompletion>,
     /// The application's completion channel.
     completed: Arc<Doorbell>,
 }
@@ -340,7 +340,7 @@ impl NicSide {
     fn take_submissions(&mut self, rnic: &mut SoftRnic) -> Result<bool, RackError> {
         let mut worked = false;
         for _ in 0..SUBMISSIONS_PER_PUMP {
-            if self.refused.len() >= SUBMISSIONS_PER_PUMP {
+            if self.unsent.len() >= SUBMISSIONS_PER_PUMP {
                 // The application has not taken its refusals: it waits.
                 break;
             }
@@ -363,8 +363,7 @@ impl NicSide {
                 }
                 Err(error) => {
                     tracing::warn!(%error, "the NIC refused an application's work request");
-                    self.refused
-                        .push_back(refusal(queue_pair, &request, &error));
+                    self.unsent.push_back(refusal(queue_pair, &request, &error));
                     worked = true;
                 }
             }
@@ -387,7 +386,7 @@ impl NicSide {
         let mut worked = false;
         // Bounded: each turn hands one completion over or returns.
         loop {
-            let completion = match self.unsent.take().or_else(|| self.refused.pop_front()) {
+            let completion = match self.unsent.pop_front() {
                 Some(completion) => completion,
                 None => match rnic.poll_completion(self.completion_queue)? {
                     Some(completion) => completion,
@@ -397,7 +396,7 @@ impl NicSide {
             match self.completions.try_send(completion) {
                 Ok(()) => worked = true,
                 Err(mpsc::TrySendError::Full(completion)) => {
-                    self.unsent = Some(completion);
+                    self.unsent.push_front(completion);
                     return Ok(worked);
                 }
                 // The application is gone: nobody wants its completions.
@@ -492,8 +491,7 @@ impl NodeEndpoint {
             held: None,
             completion_queue,
             completions: complete,
-            unsent: None,
-            refused: VecDeque::new(),
+            unsent: VecDeque::new(),
             completed: Arc::clone(&completed),
         });
         AppQueues {
