@@ -281,7 +281,8 @@ fn build(seed: u64, config: &ScenarioConfig) -> Build {
             Ipv4Address::new(192, 0, 2, index),
             device_seed,
         );
-        let mut host = HostNode::with_profile(format!("host-{index}"), config, hardware.profile());
+        let mut host = HostNode::with_profile(format!("host-{index}"), config, hardware.profile())
+            .expect("compiled-in profiles are checked by tests");
         host.add_agent(Box::new(LateReceives::default()));
         sim.add_node(host)
     };

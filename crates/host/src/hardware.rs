@@ -172,7 +172,11 @@ impl HardwareProfile {
         NicHardware::Ideal.profile()
     }
 
-    fn check(&self) -> Result<(), ProfileError> {
+    /// Refuses values the pipeline cannot charge (a negative or absurd
+    /// time, a cache line that is not a power of two, no READ/atomic
+    /// slot). The compiled-in profiles are checked when parsed; a profile
+    /// built in code is checked when a host takes it.
+    pub fn check(&self) -> Result<(), ProfileError> {
         let invalid = |field, value, rule| ProfileError::Invalid {
             name: self.name.clone(),
             field,

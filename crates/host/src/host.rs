@@ -3,7 +3,7 @@
 //! that run beside it.
 
 use crate::agent::{Agent, AgentError, Progress};
-use crate::hardware::{HardwareProfile, NicPipeline};
+use crate::hardware::{HardwareProfile, NicPipeline, ProfileError};
 use crate::ports::Ports;
 use remora_base::{PortId, Timestamp};
 use remora_rnic::{RnicConfig, SoftRnic};
@@ -53,23 +53,29 @@ impl Host {
     /// A host whose NIC is ideal: it costs no time.
     pub fn new(name: impl Into<String>, config: RnicConfig) -> Host {
         Host::with_profile(name, config, HardwareProfile::ideal())
+            .expect("the compiled-in ideal profile is checked by tests")
     }
 
-    /// A host whose NIC charges `profile`'s costs, and has its limit on
-    /// outstanding READs and atomics.
+    /// A host whose NIC charges `profile`'s costs. The profile's limit on
+    /// outstanding READs and atomics caps the configuration's (a lower
+    /// one configured stays). A profile whose values the pipeline cannot
+    /// charge is refused.
     pub fn with_profile(
         name: impl Into<String>,
         mut config: RnicConfig,
         profile: HardwareProfile,
-    ) -> Host {
-        config.max_read_atomic = profile.max_read_atomic.value as usize;
+    ) -> Result<Host, ProfileError> {
+        profile.check()?;
+        config.max_read_atomic = config
+            .max_read_atomic
+            .min(profile.max_read_atomic.value as usize);
         let pipeline = (!profile.is_free()).then(|| NicPipeline::new(profile));
         // Only a pipeline's frames pass through the host's own buffer.
         let transmit_buffer = match pipeline {
             Some(_) => vec![0; remora_sim::FRAME_BUFFER_BYTES],
             None => Vec::new(),
         };
-        Host {
+        Ok(Host {
             name: name.into(),
             nic: SoftRnic::new(config.clone()),
             config,
@@ -80,7 +86,7 @@ impl Host {
             ports: Ports::UPLINK_ONLY,
             pipeline,
             transmit_buffer,
-        }
+        })
     }
 
     /// The NIC hardware's pipeline, unless the profile is ideal.
@@ -295,5 +301,48 @@ impl Node for Host {
                 self.record_failure(agent, now, error);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::NicHardware;
+    use remora_wire::{Ipv4Address, MacAddress};
+
+    fn config() -> RnicConfig {
+        RnicConfig::new(
+            MacAddress([2, 0, 0, 0, 0, 1]),
+            Ipv4Address::new(10, 0, 0, 1),
+            1,
+        )
+    }
+
+    /// A profile built in code with a zero cache line divided by zero on
+    /// the first atomic; it is refused when the host takes it.
+    #[test]
+    fn a_hand_built_profile_with_a_zero_cache_line_is_refused() {
+        let mut profile = NicHardware::Cx5.profile();
+        profile.cache_line_bytes.value = 0.0;
+        let refused = Host::with_profile("host", config(), profile);
+        assert!(matches!(
+            refused,
+            Err(ProfileError::Invalid {
+                field: "cache_line_bytes",
+                ..
+            })
+        ));
+    }
+
+    /// The profile's READ/atomic limit caps the configuration's; it used
+    /// to replace it, raising a lower limit the configuration chose.
+    #[test]
+    fn a_lower_configured_read_atomic_limit_stays_under_a_profile() {
+        let mut lower = config();
+        lower.max_read_atomic = 4;
+        let host = Host::with_profile("host", lower, NicHardware::Cx5.profile()).unwrap();
+        assert_eq!(host.config.max_read_atomic, 4);
+        let host = Host::with_profile("host", config(), NicHardware::Cx5.profile()).unwrap();
+        assert_eq!(host.config.max_read_atomic, 16);
     }
 }

@@ -66,6 +66,8 @@ pub enum ValidationError {
     UnknownMeasure { profile: String, measure: String },
     #[error("setting up the microbenchmark: {0}")]
     Setup(#[from] remora_rnic::VerbsError),
+    #[error(transparent)]
+    Profile(#[from] crate::hardware::ProfileError),
     #[error("{measure}: an operation completed with {status:?}")]
     Failed {
         measure: &'static str,
@@ -155,13 +157,17 @@ fn cable() -> LinkConfig {
     }
 }
 
-fn host(profile: &HardwareProfile, index: u8) -> Host {
+fn host(profile: &HardwareProfile, index: u8) -> Result<Host, ValidationError> {
     let config = RnicConfig::new(
         MacAddress([2, 0, 0, 0, 0, index]),
         Ipv4Address::new(10, 0, 0, index),
         u64::from(index),
     );
-    Host::with_profile(format!("host{index}"), config, profile.clone())
+    Ok(Host::with_profile(
+        format!("host{index}"),
+        config,
+        profile.clone(),
+    )?)
 }
 
 /// What one run measured.
@@ -200,8 +206,8 @@ fn run_probe(
     (queue_pair_count, window): (usize, usize),
     operations: u64,
 ) -> Result<ProbeResult, ValidationError> {
-    let mut requester = host(profile, 1);
-    let mut responder = host(profile, 2);
+    let mut requester = host(profile, 1)?;
+    let mut responder = host(profile, 2)?;
     let (domain, region) = setup_responder(&mut responder)?;
     let probe = Probe::connect(
         [&mut requester, &mut responder],

@@ -200,6 +200,7 @@ impl SimulatedStage {
                 let config =
                     RnicConfig::new(spec.mac, spec.address, nic_seed ^ ((index as u64) << 8));
                 Host::with_profile(spec.name.clone(), config, profile.clone())
+                    .expect("compiled-in profiles are checked by tests")
             })
             .collect();
         SimulatedStage {
