@@ -52,6 +52,11 @@ pub enum RpcError {
     /// not have taken effect before the failure; it is not replayed.
     #[error("the callee failed with the call in flight, and the call shares its fate: {0}")]
     SharedFate(String),
+    /// The call ran, exactly once, but its callee failed before the
+    /// caller had the reply, and the checkpoint its replacement started
+    /// from had no room for the reply. It is not run again.
+    #[error("the call ran once, but its reply was lost with the callee: {0}")]
+    ReplyLost(String),
     #[error("the callee knows no method {0:?}")]
     UnknownMethod(String),
     #[error("the calling host crashed with the call in flight")]
@@ -108,6 +113,9 @@ pub const SHARE_FATE_FLAG: u16 = 0x0002;
 /// The header flag of the Gatekeeper's answer for a call whose callee
 /// failed (an EXCEPTION no callee sent).
 pub const CALLEE_FAILED_FLAG: u16 = 0x0004;
+/// The header flag of a replacement's answer to a call that ran before the
+/// failure and whose reply its checkpoint had no room for (an EXCEPTION).
+pub const REPLY_LOST_FLAG: u16 = 0x0008;
 
 /// What a method does; the error becomes an EXCEPTION reply.
 pub trait Service: Send {
@@ -390,6 +398,9 @@ impl Caller {
             CallType::Exception if header.flags() & CALLEE_FAILED_FLAG != 0 => {
                 Err(RpcError::SharedFate(String::from_utf8_lossy(body).into()))
             }
+            CallType::Exception if header.flags() & REPLY_LOST_FLAG != 0 => {
+                Err(RpcError::ReplyLost(String::from_utf8_lossy(body).into()))
+            }
             CallType::Exception => Err(RpcError::Exception(String::from_utf8_lossy(body).into())),
             CallType::Call | CallType::Oneway => {
                 self.counters.malformed += 1;
@@ -451,6 +462,10 @@ pub struct CalleeCounters {
     /// b1 commits sent.
     pub commits: u64,
     pub duplicates: u64,
+    /// Resends of calls answered before a failover whose replies the
+    /// checkpoint had no room for: answered with [`RpcError::ReplyLost`],
+    /// not run again.
+    pub replies_lost: u64,
     pub stale: u64,
     pub malformed: u64,
     /// Callers forgotten to make room for new ones ([`MAX_CALLERS`]).
@@ -606,14 +621,15 @@ impl Callee {
     }
 
     /// Encodes `checkpoint`, shrinking it first while it is past one
-    /// datagram: fewer kept replies per caller (halving down to one, the
-    /// newest, whose id still marks older calls answered), then the
-    /// callers answered least recently. Dropped whole, as before, it left
-    /// the Gatekeeper's older checkpoint, and a failover rolled the state
-    /// back under every caller (four callers of a counter, sixteen calls
-    /// each, were enough).
-    /// Shrunk, only a resend of an answered call older than what is kept
-    /// could run again. One that fits is encoded once, as nearly all do.
+    /// datagram: fewer reply bodies per caller (halving down to none; every
+    /// answered call's id stays, marked answered without its reply), then
+    /// the callers answered least recently. Dropped whole, as before, it
+    /// left the Gatekeeper's older checkpoint, and a failover rolled the
+    /// state back under every caller (four callers of a counter, sixteen
+    /// calls each, were enough). Replies dropped with their ids made a
+    /// resend of those calls run again after a failover.
+    /// Only a caller dropped whole loses that guard. One that fits is
+    /// encoded once, as nearly all do.
     fn fit(
         &self,
         checkpoint: &mut checkpoint::Checkpoint,
@@ -627,12 +643,13 @@ impl Callee {
                 Err(error @ checkpoint::CheckpointError::TooLarge(_)) => error,
                 encoded => return encoded,
             };
-            if keep > 1 {
+            if keep > 0 {
                 keep /= 2;
                 for replies in checkpoint.replies.values_mut() {
                     // Bounded by the replies kept per caller.
-                    while replies.len() > keep {
-                        replies.pop_first();
+                    let older = replies.len().saturating_sub(keep);
+                    for reply in replies.values_mut().take(older) {
+                        *reply = Vec::new();
                     }
                 }
                 continue;
@@ -715,7 +732,12 @@ impl Callee {
         if let Some(reply) = memory.and_then(|memory| memory.replies.get(&rpc_id)) {
             // Run once: a duplicate gets the same answer again.
             self.counters.duplicates += 1;
-            if !oneway {
+            if checkpoint::is_answered_without_reply(reply) {
+                self.counters.replies_lost += 1;
+                if !oneway {
+                    self.send_reply_lost(from, &header);
+                }
+            } else if !oneway {
                 let reply = reply.clone();
                 self.send_reply(from, reply);
             }
@@ -816,6 +838,21 @@ impl Callee {
         if !oneway {
             self.send_reply(ticket.caller, reply);
         }
+    }
+
+    /// Answers a resent call that ran before a failover and whose reply
+    /// the checkpoint this callee started from had no room for.
+    fn send_reply_lost<T: AsRef<[u8]>>(&mut self, to: DatagramEnd, call: &BifrostHeader<T>) {
+        let repr = BifrostRepr {
+            call_type: CallType::Exception,
+            flags: (call.flags() & !checkpoint::CHECKPOINT_FLAG) | REPLY_LOST_FLAG,
+            ..BifrostRepr::parse(call)
+        };
+        let message = format!(
+            "call {} ran before its callee failed; its reply did not fit the checkpoint",
+            call.rpc_id()
+        );
+        self.send_reply(to, encode(&repr, message.as_bytes()));
     }
 
     /// Makes room for a new caller: the one answered least recently goes.
@@ -966,6 +1003,72 @@ mod tests {
             .replies
             .values()
             .all(|replies| replies.contains_key(&16)));
+    }
+
+    /// A checkpoint shrunk to one datagram dropped the older replies with
+    /// their ids. A replacement started from it took a resend of such a
+    /// call (its reply lost with the failed node) for a new call and ran
+    /// it again: a counter counted one call twice. The id stays now, and
+    /// the resend is told its reply is lost.
+    #[test]
+    fn a_resend_of_a_call_whose_reply_a_shrunk_checkpoint_left_out_is_not_run_again() {
+        let caller_on = |port| DatagramEnd {
+            mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 1]),
+            address: remora_wire::Ipv4Address::new(10, 0, 0, 1),
+            port,
+        };
+        let call = |rpc_id| {
+            let repr =
+                BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
+            encode(&repr, b"")
+        };
+        let mut failed = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
+        let mut last_reply = Vec::new();
+        for rpc_id in 1..=16u64 {
+            for port in [1, 2, 3, 4] {
+                failed.handle(caller_on(port), &call(rpc_id));
+                last_reply = failed.poll_transmit().expect("answered").1;
+            }
+        }
+        let header = BifrostHeader::new_checked(&last_reply[..]).unwrap();
+        let (_, kept) = checkpoint::split_reply(header.payload()).expect("a checkpoint");
+        let mut replacement = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
+        replacement.restore(kept).unwrap();
+        let before = replacement.checkpoint().unwrap().state;
+        assert_eq!(before, 64u64.to_be_bytes().to_vec());
+
+        replacement.handle(caller_on(1), &call(3));
+
+        let answer = replacement.poll_transmit().expect("answered").1;
+        let mut caller = Caller::new(Duration::from_millis(1), 3);
+        let header = BifrostHeader::new_checked(&answer[..]).unwrap();
+        assert_eq!(header.call_type(), CallType::Exception);
+        assert_ne!(header.flags() & REPLY_LOST_FLAG, 0);
+        assert_eq!(
+            replacement.checkpoint().unwrap().state,
+            before,
+            "the call did not run again"
+        );
+        assert_eq!(replacement.counters().replies_lost, 1);
+        // The caller hears it as a lost reply, not as the service's error.
+        let rpc_id = caller
+            .call(
+                Timestamp::ZERO,
+                caller_on(0),
+                "increment",
+                GlobalAddress::NULL,
+                b"",
+            )
+            .unwrap();
+        let lost = BifrostRepr {
+            rpc_id,
+            ..BifrostRepr::parse(&header)
+        };
+        caller.handle(&encode(&lost, header.payload()));
+        assert!(matches!(
+            caller.take_completion(),
+            Some((id, Err(RpcError::ReplyLost(_)))) if id == rpc_id
+        ));
     }
 
     /// A callee never forgot a caller: after 1024 callers (clients that

@@ -11,6 +11,11 @@
 //! checkpoint is `sequence u64 | state length u32 | state | callers u32`,
 //! then per caller `mac [6] | address [4] | port u16 | replies u32`, then
 //! per reply `RPC id u64 | length u32 | reply`. Big-endian.
+//!
+//! A reply of no bytes ([`is_answered_without_reply`]) marks a call
+//! answered whose reply the checkpoint had no room for: a replacement
+//! does not run it again, and tells a caller that resends it that its
+//! reply is lost. (Every real reply holds at least a Bifröst header.)
 
 use remora_wire::datagram::DatagramEnd;
 use remora_wire::{Ipv4Address, MacAddress};
@@ -49,6 +54,12 @@ pub struct Checkpoint {
     /// Calls received and not yet answered (b1), as their datagrams came:
     /// a replacement runs them and answers their callers.
     pub received: BTreeMap<DatagramEnd, BTreeMap<u64, Vec<u8>>>,
+}
+
+/// Whether a remembered reply is only the mark of an answered call whose
+/// reply a shrunk checkpoint left out.
+pub fn is_answered_without_reply(reply: &[u8]) -> bool {
+    reply.is_empty()
 }
 
 /// Appends `calls` (by caller, by RPC id) to `bytes`.
