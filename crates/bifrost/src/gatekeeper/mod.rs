@@ -150,6 +150,10 @@ pub struct GatekeeperCounters {
     /// (and kept frames) expired, so a caller that gave up cannot fill
     /// the graph.
     pub calls_expired: u64,
+    /// Replies to calls whose edges had expired: the pointer they return
+    /// is handed to the caller all the same (it was left with the callee,
+    /// which counts it given, and nobody would ever free it).
+    pub late_replies: u64,
     /// Resends of calls whose reply had passed already (the caller's timer
     /// fired before the reply reached it, or the reply was lost after the
     /// switch): routed to the callee, which answers from its replies, and
@@ -233,6 +237,10 @@ pub struct Gatekeeper {
     /// nothing, for its reply has ended its lease and the callee will not
     /// run it again.
     answered: RegisterArray<Option<CallKey>>,
+    /// Calls whose lease ran out unanswered, one per cell as `answered`:
+    /// a late reply from their callee still hands over the pointer it
+    /// returns.
+    expired: RegisterArray<Option<CallEdge>>,
     /// Each node's newest checkpoint (b2), taken off its replies.
     checkpoints: ExactTable<Ipv4Address, (u64, Vec<u8>)>,
     /// Each caller's newest checkpoint (a1, a2), taken off its calls.
@@ -383,6 +391,7 @@ impl Gatekeeper {
                 config.calls_in_flight,
             )),
             answered: RegisterArray::new("gatekeeper_answered", 1, config.calls_in_flight),
+            expired: RegisterArray::new("gatekeeper_expired", 1, config.calls_in_flight),
             checkpoints: ExactTable::new(shape(
                 "gatekeeper_checkpoints",
                 2,
@@ -595,7 +604,9 @@ impl Gatekeeper {
         for key in expired {
             if let Some(edge) = self.graph.remove(&key) {
                 // The lease ends with the call, answered or not.
-                self.settle_pointers(&edge, GlobalAddress::NULL);
+                self.end_call_lease(&edge);
+                let cell = call_cell(&key, self.expired.len());
+                self.expired.update(cell, |_| Some(edge));
             }
             self.call_frames.remove(&key);
             self.counters.calls_expired += 1;
@@ -1214,10 +1225,23 @@ impl Gatekeeper {
     /// A reply ends its call's lease and hands the pointer it returns, if
     /// any, from the callee to the caller.
     fn settle_pointers(&mut self, edge: &CallEdge, reply_pointer: GlobalAddress) {
-        let (caller, callee) = (self.holder(edge.caller), self.holder(edge.callee));
+        self.end_call_lease(edge);
+        self.hand_returned_pointer(edge, reply_pointer);
+    }
+
+    /// The callee's lease on the call's pointer ends (its reply passed, or
+    /// the call lease ran out).
+    fn end_call_lease(&mut self, edge: &CallEdge) {
         if let (true, Some(ptr)) = (edge.lent, GlobalPtr::from_address(&edge.pointer)) {
+            let callee = self.holder(edge.callee);
             self.memory.acl.end_lease(ptr.node, ptr.offset, callee);
         }
+    }
+
+    /// Control of the pointer a reply returns moves from the callee to
+    /// the caller.
+    fn hand_returned_pointer(&mut self, edge: &CallEdge, reply_pointer: GlobalAddress) {
+        let (caller, callee) = (self.holder(edge.caller), self.holder(edge.callee));
         // A reply echoes its call's header: the argument comes back, and
         // only another pointer is one the callee returns.
         if reply_pointer == edge.pointer {
@@ -1268,12 +1292,21 @@ impl Gatekeeper {
 
     /// The cell of `answered` that remembers `key`.
     fn answered_cell(&self, key: &CallKey) -> usize {
-        let (address, port, rpc_id) = *key;
-        let mixed = (u64::from(u32::from_be_bytes(address.0)) << 16 | u64::from(port))
-            ^ rpc_id.rotate_left(29);
-        // Fibonacci hashing: the high bits of the product mix every field.
-        let hash = mixed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
-        (hash as usize) % self.answered.len().max(1)
+        call_cell(key, self.answered.len())
+    }
+
+    /// The call whose lease ran out that a late reply from `source`
+    /// answers, taken from `expired`; none if its cell holds another
+    /// call, or the reply is not from the call's callee.
+    fn take_expired(&mut self, key: &CallKey, source: Ipv4Address) -> Option<CallEdge> {
+        let cell = call_cell(key, self.expired.len());
+        let edge = self.expired.read(cell).flatten()?;
+        let same_call = (edge.caller, edge.caller_port, edge.rpc_id) == *key;
+        if !same_call || self.holder(source) != self.holder(edge.callee) {
+            return None;
+        }
+        self.expired.update(cell, |_| None);
+        Some(edge)
     }
 
     fn was_answered(&self, key: &CallKey) -> bool {
@@ -1292,16 +1325,40 @@ impl Gatekeeper {
         let key = self.answered_call(packet, udp, rpc_id);
         let caller = key.0;
         self.call_frames.remove(&key);
+        let source = packet
+            .headers
+            .ipv4
+            .map(|fields| fields.source)
+            .unwrap_or_default();
+        // The graph first: a call resent after its lease ran out is in it
+        // again, with a lease of its own to end.
+        let expired = self.take_expired(&key, source);
         if let Some(edge) = self.graph.remove(&key) {
             self.settle_pointers(&edge, reply_pointer);
-            self.remember_answered(key);
-            self.counters.replies += 1;
-            packet.digest = Some(Digest {
-                kind: DIGEST_REPLY,
-                values: [u64::from(u32::from_be_bytes(caller.0)), rpc_id, 0, 0],
-            });
+        } else if let Some(edge) = expired {
+            // Its lease ended when it expired.
+            self.hand_returned_pointer(&edge, reply_pointer);
+            self.counters.late_replies += 1;
+        } else {
+            return;
         }
+        self.remember_answered(key);
+        self.counters.replies += 1;
+        packet.digest = Some(Digest {
+            kind: DIGEST_REPLY,
+            values: [u64::from(u32::from_be_bytes(caller.0)), rpc_id, 0, 0],
+        });
     }
+}
+
+/// The cell a call's key takes in a register of `cells` cells.
+fn call_cell(key: &CallKey, cells: usize) -> usize {
+    let (address, port, rpc_id) = *key;
+    let mixed =
+        (u64::from(u32::from_be_bytes(address.0)) << 16 | u64::from(port)) ^ rpc_id.rotate_left(29);
+    // Fibonacci hashing: the high bits of the product mix every field.
+    let hash = mixed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+    (hash as usize) % cells.max(1)
 }
 
 impl Overlay for Gatekeeper {
@@ -1371,6 +1428,7 @@ impl Overlay for Gatekeeper {
         report.tables.push(self.caller_checkpoints.resources());
         report.tables.push(self.call_frames.resources());
         report.registers.push(self.answered.resources());
+        report.registers.push(self.expired.resources());
         report.tables.push(self.heard.resources());
         report.tables.push(self.standing_for.resources());
         report.tables.push(self.replaced_by.resources());
@@ -1467,4 +1525,94 @@ pub fn any_datagram(data: &[u8]) -> bool {
         .check_frame_accounting()
         .expect("every frame accounted for");
     left
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dsm::GlobalPtr;
+    use remora_switch::programs::l2l3::L2L3Forwarding;
+    use remora_switch::programs::overlay::Overlaid;
+    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_wire::bifrost::{BifrostRepr, BIFROST_PORT, HEADER_LEN};
+    use remora_wire::datagram::{emit_datagram, DatagramEnd, DATAGRAM_HEADERS_LEN};
+    use remora_wire::MacAddress;
+
+    const SERVICE: Ipv4Address = Ipv4Address::new(10, 0, 0, 200);
+    const ROUTER: MacAddress = MacAddress([2, 0, 0, 0, 0, 0xfe]);
+
+    fn frame(from: DatagramEnd, to: DatagramEnd, repr: BifrostRepr) -> Vec<u8> {
+        let mut header = [0u8; HEADER_LEN];
+        repr.emit(&mut header).unwrap();
+        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + HEADER_LEN];
+        let length = emit_datagram(from, to, &header, &mut frame).unwrap();
+        frame.truncate(length);
+        frame
+    }
+
+    /// A reply that came after its call's lease ran out found no edge, so
+    /// the pointer it returns stayed the callee's: the callee counted it
+    /// given, the caller could not use or free it, and it leaked. It is
+    /// handed over now, from the expired call's record.
+    #[test]
+    fn a_reply_after_its_lease_ran_out_still_hands_over_its_pointer() {
+        let caller = DatagramEnd {
+            mac: MacAddress([2, 0, 0, 0, 0, 1]),
+            address: Ipv4Address::new(10, 0, 0, 1),
+            port: 40000,
+        };
+        let callee = DatagramEnd {
+            mac: MacAddress([2, 0, 0, 0, 0, 2]),
+            address: Ipv4Address::new(10, 0, 0, 2),
+            port: BIFROST_PORT,
+        };
+        let hosts = [(caller.mac, caller.address), (callee.mac, callee.address)];
+        let forwarding = L2L3Forwarding::with_attached_hosts(ROUTER, &hosts).unwrap();
+        let mut gatekeeper = Gatekeeper::new(GatekeeperConfig {
+            call_lease: Duration::from_millis(10),
+            ..GatekeeperConfig::new(SERVICE)
+        });
+        gatekeeper
+            .register_node(callee.address, NodeKind::Compute, 1)
+            .unwrap();
+        gatekeeper.route("make", callee.address).unwrap();
+        let made = GlobalPtr {
+            node: 0,
+            generation: 1,
+            offset: 4096,
+        };
+        gatekeeper
+            .memory
+            .acl
+            .allocate(made.node, made.offset, made.generation, 64, callee.address)
+            .unwrap();
+        let mut switch = Switch::new(SwitchConfig::new(2), Overlaid::new(forwarding, gatekeeper));
+        let at = |millis: u64| Timestamp::ZERO.saturating_add(Duration::from_millis(millis));
+        let service = DatagramEnd {
+            mac: ROUTER,
+            address: SERVICE,
+            port: BIFROST_PORT,
+        };
+        let call = |rpc_id| BifrostRepr::new(CallType::Call, "make", rpc_id, GlobalAddress::NULL);
+        switch.handle_frame(at(1), PortId(0), &frame(caller, service, call(7).unwrap()));
+        // Another call, past the first's lease, expires it.
+        switch.handle_frame(at(14), PortId(0), &frame(caller, service, call(8).unwrap()));
+        assert_eq!(switch.program().counters().calls_expired, 1);
+
+        let reply = BifrostRepr::new(CallType::Reply, "make", 7, made.to_address(None)).unwrap();
+        let to_caller = DatagramEnd {
+            mac: ROUTER,
+            ..caller
+        };
+        switch.handle_frame(at(15), PortId(1), &frame(callee, to_caller, reply));
+
+        let grants = switch
+            .program()
+            .acl()
+            .grants(made.node, made.offset)
+            .unwrap();
+        assert_eq!(grants.rights_of(caller.address), Some(acl::Rights::Control));
+        assert_eq!(grants.rights_of(callee.address), None);
+        assert_eq!(switch.program().counters().late_replies, 1);
+    }
 }
