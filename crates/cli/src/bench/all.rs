@@ -3,15 +3,15 @@
 
 use super::entry::BenchError;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 pub const NAME: &str = "all";
 
 pub const ABOUT: &str = "Every benchmark in turn, then the HTML report of them all.";
 
-pub const LONG_ABOUT: &str = "Every benchmark in turn, then the HTML report of them all.\n\nRuns each benchmark (with --quick, each one's short run) under a progress bar, saves every run in the results directory as `remora bench NAME` does, goes on past a benchmark that fails, and writes the report of those that finished to --out. Exits 1 if any failed.";
+pub const LONG_ABOUT: &str = "Every benchmark in turn, then the HTML report of them all.\n\nRuns each benchmark (with --quick, each one's short run) after a line that names it, each under its own progress bar, saves every run in the results directory as `remora bench NAME` does, goes on past a benchmark that fails, and writes the report of those that finished to --out. Exits 1 if any failed.";
 
 #[derive(Args)]
 pub struct AllArgs {
@@ -32,26 +32,32 @@ pub fn run(args: &AllArgs) -> Result<ExitCode, BenchError> {
     // found before the first benchmark, not after the last.
     remora_report::results::ready_directory()?;
     let benchmarks: Vec<_> = super::benchmarks().collect();
-    let progress = ProgressBar::new(benchmarks.len() as u64);
-    progress.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} benchmarks: {msg}")
-            .expect("a valid template")
-            .progress_chars("=> "),
-    );
+    // A line per benchmark, not a bar of its own: each benchmark draws its
+    // own bar and prints its table, and a second bar held over them drew
+    // on their lines and garbled both.
+    let started = Instant::now();
+    let total = benchmarks.len();
     let mut results = Vec::new();
     let mut failures = Vec::new();
-    for benchmark in benchmarks {
-        progress.set_message(benchmark.name());
+    for (index, benchmark) in benchmarks.into_iter().enumerate() {
+        println!(
+            "\n=== [{}/{total}] bench {} ({} elapsed) ===",
+            index + 1,
+            benchmark.name(),
+            elapsed_text(started.elapsed())
+        );
         match run_one(benchmark, args.quick) {
             Ok(saved) => results.push(saved),
             Err(error) => {
-                progress.println(format!("{}: FAILED: {error}", benchmark.name()));
+                println!("{}: FAILED: {error}", benchmark.name());
                 failures.push(benchmark.name());
             }
         }
-        progress.inc(1);
     }
-    progress.finish_with_message("done");
+    println!(
+        "\n=== {total} benchmarks in {} ===",
+        elapsed_text(started.elapsed())
+    );
     let html = remora_report::page::benchmarks_page(&results, &remora_report::utc_now())
         .map_err(remora_report::ReportError::from)?;
     let page = remora_report::write_page(&args.out, &html)?;
@@ -78,4 +84,15 @@ fn run_one(
     let matches = benchmark.command().try_get_matches_from(arguments)?;
     let (report, _) = benchmark.run(&matches)?;
     super::save(&report)
+}
+
+/// `h:mm:ss`.
+fn elapsed_text(elapsed: Duration) -> String {
+    let seconds = elapsed.as_secs();
+    format!(
+        "{}:{:02}:{:02}",
+        seconds / 3600,
+        seconds / 60 % 60,
+        seconds % 60
+    )
 }
