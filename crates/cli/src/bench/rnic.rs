@@ -526,7 +526,10 @@ fn resident_bytes() -> u64 {
 }
 
 fn print_row(report: &mut Report, name: &str, size: u32, cpu_ns: f64, wall_ns: f64, versus: f64) {
-    let gbps = gigabytes_per_second(size, cpu_ns);
+    // Throughput is bytes over wall time everywhere, as the size sweep
+    // reports it: the report plots memcpy's beside the sweep's, and from
+    // CPU time here it was another measure on the same axes.
+    let gbps = gigabytes_per_second(size, wall_ns);
     println!(
         "{name:<26} {cpu_ns:>12.1} {wall_ns:>12.1} {:>10.3} {gbps:>10.2} {versus:>14.1}",
         1e3 / wall_ns
