@@ -182,6 +182,22 @@ impl SoftRnic {
         Ok(self.queue_pair(qpn)?.state())
     }
 
+    /// Posts `requests` on `queue_pair` all or none: one that would be
+    /// refused (a bad key, no room left for the whole batch) refuses them
+    /// all, and none is queued (`ibv_wr_complete`).
+    pub fn post_send_all(
+        &mut self,
+        queue_pair: QueuePair,
+        requests: Vec<SendRequest>,
+    ) -> Result<(), VerbsError> {
+        let max_message_bytes = self.config.max_message_bytes;
+        let (slot, context, resources) = self.queue_pair_mut(queue_pair.0)?;
+        let posted = context.post_send_all(requests, resources, max_message_bytes);
+        self.wake(slot);
+        self.fail_queue_pairs_of_overrun_queues();
+        posted
+    }
+
     /// `ibv_destroy_qp`'s part on the device: the queue pair drops its work
     /// with no completions (RESET), and its completions still waiting in
     /// its completion queues go too, as a real device cleans a destroyed

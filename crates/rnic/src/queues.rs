@@ -30,6 +30,11 @@ impl<T> BoundedQueue<T> {
         Ok(())
     }
 
+    /// Entries it still takes.
+    pub(crate) fn room(&self) -> usize {
+        self.depth - self.entries.len()
+    }
+
     pub(crate) fn pop(&mut self) -> Option<T> {
         let entry = self.entries.pop_front();
         reuse_first_slot_when_empty(&mut self.entries);

@@ -323,34 +323,94 @@ impl QueuePairContext {
         resources: &mut Resources,
         max_message_bytes: u32,
     ) -> Result<(), VerbsError> {
+        self.check_posting_state()?;
+        let length_bytes =
+            validate_request(&request, &self.attributes, resources, max_message_bytes)?;
+        let packet_count = self.packets_of(&request, length_bytes);
+        self.check_psn_span(i64::from(packet_count))?;
+        self.enqueue(request, length_bytes, packet_count, resources)
+    }
+
+    /// Posts every request or none (`ibv_wr_complete`): each is checked,
+    /// and the send queue's room and the PSN span for them all, before the
+    /// first is queued. Posted one by one, a refusal of the third left the
+    /// first two to run while the program, told the batch failed, posted
+    /// them again.
+    pub(crate) fn post_send_all(
+        &mut self,
+        requests: Vec<SendRequest>,
+        resources: &mut Resources,
+        max_message_bytes: u32,
+    ) -> Result<(), VerbsError> {
+        self.check_posting_state()?;
+        let mut checked = Vec::with_capacity(requests.len());
+        let mut packets_total = 0i64;
+        for request in requests {
+            let length_bytes =
+                validate_request(&request, &self.attributes, resources, max_message_bytes)?;
+            let packet_count = self.packets_of(&request, length_bytes);
+            packets_total += i64::from(packet_count);
+            checked.push((request, length_bytes, packet_count));
+        }
+        if checked.len() > self.requester.queue.room() {
+            return Err(VerbsError::QueueFull {
+                queue: "send queue",
+            });
+        }
+        self.check_psn_span(packets_total)?;
+        for (request, length_bytes, packet_count) in checked {
+            self.enqueue(request, length_bytes, packet_count, resources)?;
+        }
+        Ok(())
+    }
+
+    fn check_posting_state(&self) -> Result<(), VerbsError> {
         use crate::verbs::QueuePairState;
-        if !matches!(
+        if matches!(
             self.state,
             QueuePairState::ReadyToSend | QueuePairState::Error
         ) {
-            return Err(VerbsError::InvalidState {
-                operation: "post_send",
-                state: self.state,
-            });
+            return Ok(());
         }
-        let length_bytes =
-            validate_request(&request, &self.attributes, resources, max_message_bytes)?;
-        let packet_count = if request.operation.is_atomic() {
+        Err(VerbsError::InvalidState {
+            operation: "post_send",
+            state: self.state,
+        })
+    }
+
+    fn packets_of(&self, request: &SendRequest, length_bytes: u32) -> u32 {
+        if request.operation.is_atomic() {
             1
         } else {
             self.attributes.path_mtu.packets_for(length_bytes)
-        };
-        let requester = &mut self.requester;
-        let first_psn = requester.next_psn;
-        // PSNs are compared within half their space: work posted past it
-        // (129 WRITEs of 16 MiB at MTU 256, say) would make the newest
-        // PSN read as older than the oldest. It waits for room instead.
-        let posted_span = i64::from(requester.unacked_psn().distance_to(first_psn));
-        if posted_span + i64::from(packet_count) >= i64::from(MAX_POSTED_PSNS) {
+        }
+    }
+
+    /// PSNs are compared within half their space: work posted past it
+    /// (129 WRITEs of 16 MiB at MTU 256, say) would make the newest PSN
+    /// read as older than the oldest. It waits for room instead.
+    fn check_psn_span(&self, new_packets: i64) -> Result<(), VerbsError> {
+        let requester = &self.requester;
+        let posted_span = i64::from(requester.unacked_psn().distance_to(requester.next_psn));
+        if posted_span + new_packets >= i64::from(MAX_POSTED_PSNS) {
             return Err(VerbsError::QueueFull {
                 queue: "the send queue's PSN span (half the 24-bit space)",
             });
         }
+        Ok(())
+    }
+
+    /// Queues a checked request at the next PSNs.
+    fn enqueue(
+        &mut self,
+        request: SendRequest,
+        length_bytes: u32,
+        packet_count: u32,
+        resources: &mut Resources,
+    ) -> Result<(), VerbsError> {
+        use crate::verbs::QueuePairState;
+        let requester = &mut self.requester;
+        let first_psn = requester.next_psn;
         requester.queue.push(SendWqe {
             request,
             length_bytes,

@@ -72,6 +72,15 @@ unsafe fn walk_chain<T: Linked>(
         }
         current = work_request.next();
     }
+    // A chain of exactly MAX_CHAIN ends here, every request posted.
+    if current.is_null() {
+        return 0;
+    }
+    // A longer one: the rest is refused, and the caller told where.
+    if !bad_request.is_null() {
+        // SAFETY: the caller's out-parameter.
+        unsafe { *bad_request = current };
+    }
     libc::EINVAL
 }
 

@@ -14,7 +14,7 @@ use super::work_request::{
 use crate::abi::*;
 use crate::node::{mac_for, Node};
 use remora_rnic::{
-    AccessFlags, DataPath, Lkey, MemoryRegion, ProtectionDomain, QueuePair, QueuePairBuilder,
+    AccessFlags, Lkey, MemoryRegion, ProtectionDomain, QueuePair, QueuePairBuilder,
     QueuePairEndpoint, QueuePairState, QueuePairTransition, ScatterGatherElement, SendOperation,
     SendRequest, Verbs, VerbsError,
 };
@@ -153,11 +153,22 @@ fn build_queue_pair(
         let prepared = rnic.create_queue_pair(&builder)?;
         let inline = if inline_bytes > 0 {
             let slots = builder.send_queue_depth as u64;
-            let region = rnic.register_memory(
+            let registered = rnic.register_memory(
                 pd,
                 slots * u64::from(MAX_INLINE_BYTES),
                 AccessFlags::LOCAL_WRITE,
-            )?;
+            );
+            let region = match registered {
+                Ok(region) => region,
+                Err(error) => {
+                    // The verb fails whole: a queue pair left behind held
+                    // its slot, and its CQs and SRQ could never be
+                    // destroyed (they counted it as a user).
+                    let retired = rnic.retire_queue_pair(prepared.qpn);
+                    debug_assert!(retired.is_ok(), "a queue pair just made retires");
+                    return Err(error);
+                }
+            };
             Some(InlineStaging {
                 region,
                 slots,
@@ -464,7 +475,8 @@ pub(super) unsafe fn query_qp(
     0
 }
 
-/// Posts built requests on the device, staging inline bytes first.
+/// Posts built requests on the device, all or none, then stages their
+/// inline bytes.
 pub(super) fn post_pending(
     qp_object: &mut QpObject,
     requests: &[PendingRequest],
@@ -474,22 +486,24 @@ pub(super) fn post_pending(
     let queue_pair = QueuePair(qp_object.qpn);
     let staging = &mut qp_object.inline;
     node.with_device(|rnic| {
+        let mut built = Vec::with_capacity(requests.len());
+        // Each inline request's staging slot and bytes, in posting order.
+        let mut inline = Vec::new();
         for pending in requests {
             let staged: [ScatterGatherElement; 1];
-            let mut inline = None;
             let elements: &[ScatterGatherElement] = match &pending.local {
                 LocalData::List(list) => list,
                 LocalData::Inline(bytes) if bytes.is_empty() => &[],
                 LocalData::Inline(bytes) => {
-                    let staging = staging.as_mut().ok_or(VerbsError::MessageTooLong {
+                    let staging = staging.as_ref().ok_or(VerbsError::MessageTooLong {
                         length_bytes: bytes.len() as u64,
                         max_bytes: 0,
                     })?;
-                    let slot = staging.next % staging.slots;
+                    let slot = (staging.next + inline.len() as u64) % staging.slots;
                     let element = staging
                         .region
                         .slice(slot * u64::from(MAX_INLINE_BYTES), bytes.len() as u32);
-                    inline = Some((element, bytes));
+                    inline.push((element, bytes));
                     staged = [element];
                     &staged
                 }
@@ -497,13 +511,16 @@ pub(super) fn post_pending(
             let mut request =
                 SendRequest::new(pending.work_request_id, pending.operation, elements)?;
             request.signaled = pending.signaled;
-            rnic.post_send(queue_pair, request)?;
-            // Staged only once the device took the request: a refused one
-            // must neither overwrite a slot a request in flight still
-            // sends from nor step the slots out of line with the send
-            // queue. The device gathers when it transmits, later, under
-            // this same lock's next holder.
-            if let (Some((element, bytes)), Some(staging)) = (inline, staging.as_mut()) {
+            built.push(request);
+        }
+        rnic.post_send_all(queue_pair, built)?;
+        // Staged only once the device took the requests: refused ones must
+        // neither overwrite a slot a request in flight still sends from
+        // nor step the slots out of line with the send queue. The device
+        // gathers when it transmits, later, under this same lock's next
+        // holder.
+        if let Some(staging) = staging.as_mut() {
+            for (element, bytes) in inline {
                 rnic.write_local(element.lkey, element.address, bytes)?;
                 staging.next += 1;
             }
@@ -554,8 +571,22 @@ mod builder {
         });
     }
 
+    /// Whether the request being built reads into local memory (a READ or
+    /// an atomic), which inline data cannot serve.
+    fn building_read_or_atomic(qp: &QpObject) -> bool {
+        qp.pending
+            .last()
+            .is_some_and(|last| last.operation.is_read_or_atomic())
+    }
+
     fn set_local(qp: &mut QpObject, local: Result<LocalData, c_int>) {
         match (qp.pending.last_mut(), local) {
+            // Inline data is for SEND and WRITE only (ibv_wr_post(3)): a
+            // READ's answer went to the staging slot, and the program's
+            // buffer was never written though the READ succeeded.
+            (Some(last), Ok(LocalData::Inline(_))) if last.operation.is_read_or_atomic() => {
+                qp.pending_error = Some(libc::EINVAL)
+            }
             (Some(last), Ok(local)) => last.local = local,
             (_, Err(errno)) => qp.pending_error = Some(errno),
             (None, _) => qp.pending_error = Some(libc::EINVAL),
@@ -679,7 +710,9 @@ mod builder {
         });
         // SAFETY: the verbs contract.
         let qp = unsafe { qp_object(qp) };
-        let inline = qp.qp.wr_flags & IBV_SEND_INLINE != 0;
+        // IBV_SEND_INLINE is ignored for a READ or an atomic, as
+        // ibv_post_send ignores it.
+        let inline = qp.qp.wr_flags & IBV_SEND_INLINE != 0 && !building_read_or_atomic(qp);
         let local = if inline {
             // SAFETY: inline data is the program's memory, read now.
             unsafe { inline_bytes(&[element]) }.map(LocalData::Inline)

@@ -218,6 +218,13 @@ pub(super) unsafe fn reg_mr_iova(
     if access_bits & UNSUPPORTED_ACCESS != 0 {
         return null_with(libc::EOPNOTSUPP);
     }
+    // ibv_reg_mr(3): remote write or atomic access needs local write too
+    // (the kernel refuses it with EINVAL; accepted, a program's error
+    // path behaved otherwise here than on hardware).
+    let remote_writes = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+    if access_bits & remote_writes != 0 && access_bits & IBV_ACCESS_LOCAL_WRITE == 0 {
+        return null_with(libc::EINVAL);
+    }
     // The kernel's pinning refuses memory that is not mapped, or not
     // writable when the device may write it; accepted, the first peer
     // WRITE or landing answer faulted inside the progress thread.
@@ -504,14 +511,19 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         if !events_acknowledged(cq_object) {
             return libc::EBUSY;
         }
-        // SAFETY: a CQ's channel outlives it (destroying it first is EBUSY).
-        unsafe { shared.count_queues(cq_object.cq.channel, -1) };
     }
     // SAFETY: its context is live. No queue pair uses it (`users`), so
     // the device frees it, and a later queue takes its number.
     let node = unsafe { node_of(cq_object.cq.context) };
     if let Err(error) = node.with_device(|rnic| rnic.destroy_completion_queue(cq_object.queue)) {
         return errno_of(&error);
+    }
+    // Only once nothing can fail: counted off before a refusal, the CQ
+    // lived on while its channel could be destroyed, and a later destroy
+    // of the CQ counted off again in the freed channel.
+    if let Some(shared) = &cq_object.channel {
+        // SAFETY: a CQ's channel outlives it (destroying it first is EBUSY).
+        unsafe { shared.count_queues(cq_object.cq.channel, -1) };
     }
     // SAFETY: the program gives it up.
     drop(unsafe { take_back::<CqObject, _>(cq) });

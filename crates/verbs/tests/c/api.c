@@ -357,6 +357,166 @@ static void a_refused_inline_send_leaves_the_others_alone(union ibv_gid gid, uin
 	CHECK(ibv_destroy_qp(e) == 0 && ibv_destroy_qp(f) == 0, "destroy the QPs");
 }
 
+/* Two connected QPs through the extended creation call, with the work
+ * request builder of ibv_wr_post(3). */
+static void make_builder_pair(union ibv_gid gid, uint32_t send_depth, struct ibv_qp **builder,
+			      struct ibv_qp **peer)
+{
+	struct ibv_qp_init_attr_ex init = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .pd = pd,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ,
+		.cap = { .max_send_wr = send_depth, .max_recv_wr = 2, .max_send_sge = 1,
+			 .max_recv_sge = 1, .max_inline_data = 64 },
+	};
+	*builder = ibv_create_qp_ex(context, &init);
+	CHECK(*builder, "create_qp_ex");
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+		.qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE };
+	CHECK(ibv_modify_qp(*builder, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
+	      "to INIT");
+	*peer = make_qp();
+	connect_qp(*builder, (*peer)->qp_num, gid);
+	connect_qp(*peer, (*builder)->qp_num, gid);
+}
+
+/* No completion arrives for a while. */
+static void no_completion(const char *what)
+{
+	struct ibv_wc wc;
+	for (long polls = 0; polls < 2000000; polls++)
+		CHECK(ibv_poll_cq(cq, 1, &wc) == 0, "%s: a completion (wr_id %lu)", what,
+		      (unsigned long)wc.wr_id);
+}
+
+/* ibv_wr_complete posts the whole batch or nothing: three WRITEs on a
+ * send queue of two were refused with ENOMEM after the first two were
+ * posted, and they ran though the program was told the batch failed. */
+static void a_refused_batch_posts_nothing(union ibv_gid gid, uint8_t *remote, struct ibv_mr *remote_mr)
+{
+	struct ibv_qp *qp, *peer;
+	make_builder_pair(gid, 2, &qp, &peer);
+	struct ibv_qp_ex *builder = ibv_qp_to_qp_ex(qp);
+	CHECK(builder, "qp_to_qp_ex");
+	char payload[16] = "batched";
+	memset(remote, 0, 3 * 64);
+	ibv_wr_start(builder);
+	for (int i = 0; i < 3; i++) {
+		builder->wr_id = 60 + i;
+		builder->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+		ibv_wr_rdma_write(builder, remote_mr->rkey, (uintptr_t)remote + 64 * i);
+		ibv_wr_set_inline_data(builder, payload, sizeof payload);
+	}
+	CHECK(ibv_wr_complete(builder) == ENOMEM, "a batch past the send queue is ENOMEM");
+	no_completion("a refused batch");
+	for (int i = 0; i < 3 * 64; i++)
+		CHECK(remote[i] == 0, "a refused batch wrote byte %d", i);
+	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_qp(peer) == 0, "destroy the QPs");
+}
+
+/* IBV_SEND_INLINE means nothing to a READ (ibv_post_send ignores it): the
+ * builder took the READ's SGE for inline data, so the answer landed in
+ * its staging slot and the program's buffer stayed as it was. */
+static void an_inline_flag_on_a_built_read_is_ignored(union ibv_gid gid, uint8_t *local,
+						      struct ibv_mr *local_mr, uint8_t *remote,
+						      struct ibv_mr *remote_mr)
+{
+	struct ibv_qp *qp, *peer;
+	make_builder_pair(gid, 4, &qp, &peer);
+	struct ibv_qp_ex *builder = ibv_qp_to_qp_ex(qp);
+	for (int i = 0; i < 64; i++) {
+		remote[i] = (uint8_t)(i + 9);
+		local[i] = 0;
+	}
+	ibv_wr_start(builder);
+	builder->wr_id = 70;
+	builder->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	ibv_wr_rdma_read(builder, remote_mr->rkey, (uintptr_t)remote);
+	ibv_wr_set_sge(builder, local_mr->lkey, (uintptr_t)local, 64);
+	CHECK(ibv_wr_complete(builder) == 0, "a built READ posts");
+	struct ibv_wc wc = complete();
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 70, "the READ completes");
+	CHECK(memcmp(local, remote, 64) == 0, "the READ's answer is in the program's buffer");
+	/* Inline data named for a READ is refused. */
+	ibv_wr_start(builder);
+	builder->wr_id = 71;
+	ibv_wr_rdma_read(builder, remote_mr->rkey, (uintptr_t)remote);
+	ibv_wr_set_inline_data(builder, local, 8);
+	CHECK(ibv_wr_complete(builder) == EINVAL, "inline data for a READ is EINVAL");
+	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_qp(peer) == 0, "destroy the QPs");
+}
+
+/* ibv_reg_mr(3): remote write or atomic access needs local write. */
+static void remote_write_without_local_write_is_refused(void)
+{
+	static char page[64];
+	errno = 0;
+	CHECK(ibv_reg_mr(pd, page, sizeof page, IBV_ACCESS_REMOTE_WRITE) == NULL && errno == EINVAL,
+	      "REMOTE_WRITE without LOCAL_WRITE is EINVAL");
+	errno = 0;
+	CHECK(ibv_reg_mr(pd, page, sizeof page, IBV_ACCESS_REMOTE_ATOMIC) == NULL && errno == EINVAL,
+	      "REMOTE_ATOMIC without LOCAL_WRITE is EINVAL");
+	struct ibv_mr *mr = ibv_reg_mr(pd, page, sizeof page, IBV_ACCESS_REMOTE_READ);
+	CHECK(mr && ibv_dereg_mr(mr) == 0, "REMOTE_READ alone is fine");
+}
+
+/* A receive chain of exactly the queue's depth posts whole: the walk
+ * ended its loop and returned EINVAL, with bad_wr unset, for work it had
+ * all queued. */
+static void a_chain_as_long_as_the_queue_posts(void)
+{
+	struct ibv_device_attr device;
+	CHECK(ibv_query_device(context, &device) == 0, "query_device");
+	int depth = device.max_qp_wr;
+	struct ibv_qp_init_attr init = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 1, .max_recv_wr = depth, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	struct ibv_qp *qp = ibv_create_qp(pd, &init);
+	CHECK(qp, "a QP with a receive queue of %d", depth);
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1 };
+	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
+	      "to INIT");
+	struct ibv_recv_wr *chain = calloc(depth + 1, sizeof *chain);
+	CHECK(chain, "calloc");
+	for (int i = 0; i <= depth; i++)
+		chain[i] = (struct ibv_recv_wr){ .wr_id = i, .next = i + 1 <= depth ? &chain[i + 1] : NULL };
+	chain[depth - 1].next = NULL;
+	struct ibv_recv_wr *bad = NULL;
+	CHECK(ibv_post_recv(qp, chain, &bad) == 0, "a chain of %d receives posts", depth);
+	CHECK(ibv_destroy_qp(qp) == 0, "destroy the QP");
+	free(chain);
+}
+
+/* A QP whose inline staging could not be registered (every memory region
+ * taken) was refused but left in the device: its CQ could never be
+ * destroyed after (EBUSY). */
+static void a_refused_qp_leaves_its_cq_free(void)
+{
+	struct ibv_cq *completions = ibv_create_cq(context, 8, NULL, NULL, 0);
+	CHECK(completions, "create_cq");
+	enum { MOST_REGIONS = 8192 };
+	static char page[64];
+	struct ibv_mr **regions = calloc(MOST_REGIONS, sizeof *regions);
+	CHECK(regions, "calloc");
+	int count = 0;
+	while (count < MOST_REGIONS && (regions[count] = ibv_reg_mr(pd, page, sizeof page, 0)))
+		count++;
+	CHECK(count < MOST_REGIONS, "the device has a last memory region");
+	struct ibv_qp_init_attr init = {
+		.send_cq = completions, .recv_cq = completions, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1,
+			 .max_inline_data = 64 },
+	};
+	errno = 0;
+	CHECK(ibv_create_qp(pd, &init) == NULL && errno == ENOMEM,
+	      "an inline QP with no memory region left is ENOMEM");
+	for (int i = 0; i < count; i++)
+		CHECK(ibv_dereg_mr(regions[i]) == 0, "dereg_mr");
+	free(regions);
+	CHECK(ibv_destroy_cq(completions) == 0, "the refused QP's CQ is free to destroy");
+}
+
 int main(void)
 {
 	int count = 0;
@@ -483,6 +643,11 @@ int main(void)
 	a_destroyed_qp_leaves_no_completions(remote, remote_mr);
 	a_qps_access_flags_bound_its_peers(gid, local, local_mr, remote, remote_mr);
 	rnr_retry_zero_gives_up_at_once(gid, local, local_mr);
+	a_refused_batch_posts_nothing(gid, remote, remote_mr);
+	an_inline_flag_on_a_built_read_is_ignored(gid, local, local_mr, remote, remote_mr);
+	remote_write_without_local_write_is_refused();
+	a_chain_as_long_as_the_queue_posts();
+	a_refused_qp_leaves_its_cq_free();
 	printf("ok\n");
 	return 0;
 }
