@@ -220,8 +220,13 @@ struct FileQueue {
 
 impl FileQueue {
     fn submit(&mut self, offset: u64, work: Work, token: u64) -> Result<(), DeviceError> {
-        while self.issued + self.finished.len() >= MAX_IN_FLIGHT {
-            self.collect(true)?;
+        // Only requests at the workers count: finished ones are bytes held
+        // for the next poll, and waiting cannot move them (counted, the
+        // loop spun for good once 100 waited uncollected, as a server's
+        // round of deferred GETs over several connections could make).
+        // Bounded: each turn takes at least one reply.
+        while self.issued >= MAX_IN_FLIGHT {
+            self.receive(true)?;
         }
         let reply = self.reply.clone();
         let job = Job {
@@ -235,8 +240,11 @@ impl FileQueue {
         Ok(())
     }
 
-    /// Moves replies into `finished`; `wait` blocks for at least one.
-    fn collect(&mut self, wait: bool) -> Result<(), DeviceError> {
+    /// Moves replies into `finished` (and failures into `failed`, for
+    /// `poll` to report under their own tokens: returned from a `submit`,
+    /// an earlier request's failure passed for the new one's, and the
+    /// earlier one was never completed); `wait` blocks for at least one.
+    fn receive(&mut self, wait: bool) -> Result<(), DeviceError> {
         if wait && self.issued > 0 {
             let reply = self.replies.recv().map_err(|_| DeviceError::Closed)?;
             self.keep(reply);
@@ -244,10 +252,7 @@ impl FileQueue {
         while let Ok(reply) = self.replies.try_recv() {
             self.keep(reply);
         }
-        match self.failed.pop_front() {
-            Some(failure) => Err(failure),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     fn keep(&mut self, reply: Reply) {
@@ -296,12 +301,16 @@ impl DeviceQueue for FileQueue {
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u64, Completed<'_>)) -> Result<usize, DeviceError> {
-        self.collect(false)?;
+        self.receive(false)?;
+        if let Some(failure) = self.failed.pop_front() {
+            return Err(failure);
+        }
         Ok(self.finished.drain(done))
     }
 
     fn in_flight(&self) -> usize {
-        self.issued + self.finished.len()
+        // Failures wait to be reported by a poll, as completions do.
+        self.issued + self.finished.len() + self.failed.len()
     }
 }
 
@@ -318,6 +327,57 @@ mod tests {
         }
         seen.sort_by_key(|(token, _)| *token);
         seen
+    }
+
+    /// Finished requests counted against the in-flight limit: with 100
+    /// waiting uncollected, the 101st read spun for good in `submit`.
+    #[test]
+    fn more_reads_than_the_limit_issue_without_a_poll() {
+        let directory = tempfile::tempdir_in("/var/tmp").unwrap();
+        let device = FileDevice::create(&directory.path().join("log"), 64 * 1024, 2, true).unwrap();
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut queue = device.open_queue().unwrap();
+            for token in 0..(MAX_IN_FLIGHT as u64 + 20) {
+                queue.read(4096, 512, token).unwrap();
+            }
+            let _ = done.send(poll_all(queue.as_mut()).len());
+        });
+        let seen = finished
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the reads were issued and completed");
+        assert_eq!(seen, MAX_IN_FLIGHT + 20);
+    }
+
+    /// A request's failure is reported by a poll under its own token. A
+    /// `submit` that had to wait for room returned an earlier request's
+    /// failure as its own error, and the earlier request never completed.
+    #[test]
+    fn each_failed_read_is_reported_once_under_its_own_token() {
+        let directory = tempfile::tempdir_in("/var/tmp").unwrap();
+        let path = directory.path().join("log");
+        let device = FileDevice::create(&path, 64 * 1024, 2, true).unwrap();
+        let mut queue = device.open_queue().unwrap();
+        // Cut short from outside the store: every read past its end fails.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        let reads = MAX_IN_FLIGHT as u64 + 20;
+        for token in 0..reads {
+            queue.read(4096, 512, token).unwrap();
+        }
+        let mut failed = std::collections::BTreeSet::new();
+        while queue.in_flight() > 0 {
+            match queue.poll(&mut |token, _| panic!("read {token} succeeded")) {
+                Err(DeviceError::RequestFailed { token, .. }) => assert!(failed.insert(token)),
+                Ok(_) => {}
+                Err(other) => panic!("{other}"),
+            }
+        }
+        assert_eq!(failed, (0..reads).collect());
     }
 
     #[test]

@@ -305,7 +305,7 @@ impl Worker {
                     slot => slots.push(slot as usize),
                 }
             }
-            self.serve_round(&slots);
+            self.serve_round(&once_each(slots));
             // After the round, so that connections that just closed no
             // longer count against the limit.
             if connecting {
@@ -453,14 +453,41 @@ fn watch_listener(poller: &OwnedFd, listener: &TcpListener) -> Result<(), ServeE
     epoll::add(poller, listener, token, flags).map_err(event_loop_error)
 }
 
+/// The connections of a round, each once: one both due again (its last
+/// turn ended `Again`) and readable was served twice, ended both turns
+/// `Again`, was due twice the next round, and so on: a busy pipelining
+/// client took ever more turns a round, and the list grew without bound.
+fn once_each(mut slots: Vec<usize>) -> Vec<usize> {
+    slots.sort_unstable();
+    slots.dedup();
+    slots
+}
+
 /// Accept errors that concern one connection only: the next may be taken.
+/// accept(2) passes on a pending network error of the new connection
+/// (EPROTO, ENETDOWN, EHOSTUNREACH and the rest its man page lists, and
+/// EPERM from a firewall rule); each stopped the whole server.
 fn concerns_one_connection(error: &io::Error) -> bool {
-    matches!(
+    let kind = matches!(
         error.kind(),
         io::ErrorKind::Interrupted
             | io::ErrorKind::ConnectionAborted
             | io::ErrorKind::ConnectionReset
-    )
+    );
+    let network = [
+        libc::EPROTO,
+        libc::ENOPROTOOPT,
+        libc::ENETDOWN,
+        libc::ENONET,
+        libc::EHOSTDOWN,
+        libc::EHOSTUNREACH,
+        libc::ENETUNREACH,
+        libc::EOPNOTSUPP,
+        libc::EPERM,
+    ];
+    kind || error
+        .raw_os_error()
+        .is_some_and(|errno| network.contains(&errno))
 }
 
 /// A passing shortage (no file descriptors or buffers left), after which
@@ -758,6 +785,30 @@ impl Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connection_due_again_and_readable_is_served_once_a_round() {
+        assert_eq!(once_each(vec![3, 1, 3, 2, 1]), vec![1, 2, 3]);
+    }
+
+    /// A new connection's pending network error, passed on by accept(2),
+    /// stopped the whole server; it costs that connection only.
+    #[test]
+    fn an_accept_error_of_one_connection_does_not_stop_the_server() {
+        for errno in [
+            libc::EPROTO,
+            libc::ENETUNREACH,
+            libc::EHOSTUNREACH,
+            libc::EPERM,
+        ] {
+            let error = io::Error::from_raw_os_error(errno);
+            assert!(concerns_one_connection(&error), "{error}");
+        }
+        // A listener's own failure still ends the serving.
+        assert!(!concerns_one_connection(&io::Error::from_raw_os_error(
+            libc::EBADF
+        )));
+    }
 
     /// A large MGET's replies grew the output buffer for good: with
     /// hundreds of connections, gigabytes were kept for idle clients.
