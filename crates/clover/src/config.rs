@@ -25,6 +25,7 @@
 //! rack file's default grace is ten times the simulator's 40 ms.
 
 use crate::harness::{Run, SwitchChoice};
+use crate::layout::{MAX_VALUE_BYTES, MIN_VALUE_BYTES};
 use remora_rack::config::parse_section;
 use remora_rack::RackConfig;
 use serde::Deserialize;
@@ -128,7 +129,6 @@ fn default_grace_ms() -> u64 {
 const MAX_CLIENTS: usize = 256;
 const MAX_KEYS: u64 = 1 << 20;
 const MAX_OPERATIONS: u64 = 10_000_000;
-const MAX_VALUE_BYTES: usize = 4096;
 const MAX_REGION_BYTES: u64 = 1 << 30;
 /// The grace bounds: below 4 ms a request's deadline (half the grace) is
 /// shorter than a scheduler tick; above a minute the run's time limit
@@ -192,11 +192,13 @@ impl CloverConfig {
                 "above 0 and below 1",
             ));
         }
-        if !(1..=MAX_VALUE_BYTES).contains(&raw.value_bytes) {
+        // What Clover stores (`layout`): below 8 bytes the section passed
+        // and the run failed at deploy with a layout error.
+        if !(MIN_VALUE_BYTES..=MAX_VALUE_BYTES).contains(&raw.value_bytes) {
             return Err(invalid(
                 "value_bytes",
                 raw.value_bytes.to_string(),
-                "from 1 to 4096",
+                "from 8 to 4096",
             ));
         }
         if !GRACE_MILLISECONDS.contains(&raw.grace_ms) {
@@ -291,6 +293,7 @@ mod tests {
         assert_eq!(field("read_proportion = 1.5"), "read_proportion");
         assert_eq!(field("zipf_theta = 1.0"), "zipf_theta");
         assert_eq!(field("value_bytes = 0"), "value_bytes");
+        assert_eq!(field("value_bytes = 4"), "value_bytes");
         assert_eq!(field("region = \"4KiB\""), "region");
         assert_eq!(field("region = \"lots\""), "region");
         assert_eq!(field("cached_keys = 4"), "cached_keys");

@@ -380,13 +380,22 @@ impl MetadataServer {
         memory: &mut dyn RegionAccess,
     ) -> Result<Collection, MetadataError> {
         let mut collection = Collection::default();
+        // Bounded: each turn frees a slot or sends it to the back as of
+        // now, where the loop stops before it.
         while let Some(&retired) = self.quarantine.front() {
             if retired.at.saturating_add(self.config.grace) > now {
                 break;
             }
-            self.repair_shortcut(&retired, memory, &mut collection)?;
-            self.free[retired.class].push(retired.offset);
             self.quarantine.pop_front();
+            if self.repair_shortcut(&retired, memory, &mut collection)? {
+                // A reader may have read the shortcut just before its
+                // repair and READ the slot next: freed now, the slot
+                // could hold another entry by then. It waits a grace
+                // from now, as if retired now.
+                self.quarantine.push_back(Retired { at: now, ..retired });
+                continue;
+            }
+            self.free[retired.class].push(retired.offset);
             collection.released += 1;
         }
         for key in 0..self.plan.key_count {
@@ -426,19 +435,19 @@ impl MetadataServer {
     /// landed after the slot was retired may name it. Writers end within
     /// the operation deadline, which is shorter than the grace, so by now
     /// every such WRITE has landed; a shortcut naming the slot is moved
-    /// to the key's tail.
+    /// to the key's tail. Whether it was.
     fn repair_shortcut(
         &mut self,
         retired: &Retired,
         memory: &mut dyn RegionAccess,
         collection: &mut Collection,
-    ) -> Result<(), MetadataError> {
+    ) -> Result<bool, MetadataError> {
         let shortcut_offset = self.plan.shortcut_offset(retired.key)?;
         let mut word = [0u8; 8];
         memory.read(shortcut_offset, &mut word)?;
         let shortcut = NextPointer::from_word(u64::from_le_bytes(word));
         if shortcut.is_null() || shortcut.offset() != retired.offset {
-            return Ok(());
+            return Ok(false);
         }
         let head = self.keys[retired.key as usize].head;
         let tail = *walk(retired.key, head, memory)?
@@ -447,7 +456,7 @@ impl MetadataServer {
         memory.write(shortcut_offset, &tail.word().to_le_bytes())?;
         collection.shortcuts_repaired += 1;
         self.stats.shortcuts_repaired += 1;
-        Ok(())
+        Ok(true)
     }
 
     /// Walks every key's list, checking that it is whole: no cycle, no
@@ -577,12 +586,26 @@ mod tests {
         memory
             .write(server.plan.shortcut_offset(0).unwrap(), &late)
             .unwrap();
-        let released = server
-            .collect(at(grace.as_nanos() as u64 + 1), &mut memory)
-            .unwrap();
-        assert_eq!(released.released, 2);
+        let after_grace = grace.as_nanos() as u64 + 1;
+        let released = server.collect(at(after_grace), &mut memory).unwrap();
         assert_eq!(released.shortcuts_repaired, 1);
         assert_eq!(shortcut(&server, &mut memory), third.offset());
         assert_eq!(server.stats().shortcuts_repaired, 1);
+        // A reader that read the late shortcut just before the repair may
+        // READ `second` next: it was freed at once, and could be reused
+        // under that READ. It waits a grace from the repair now.
+        assert_eq!(released.released, 1);
+        assert!(server
+            .free
+            .iter()
+            .all(|free| !free.contains(&second.offset())));
+        let later = server
+            .collect(at(2 * after_grace + 1), &mut memory)
+            .unwrap();
+        assert_eq!(later.released, 1);
+        assert!(server
+            .free
+            .iter()
+            .any(|free| free.contains(&second.offset())));
     }
 }

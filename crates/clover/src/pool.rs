@@ -31,6 +31,11 @@ pub const CLIENT_BUFFER_BYTES: u64 = 8192;
 const ATOMIC_RESULT_AT: u64 = CLIENT_BUFFER_BYTES - 8;
 /// Requests one client may have queued behind the running one.
 pub const MAX_QUEUED_REQUESTS: usize = 1024;
+/// Finished requests kept for [`ClientPool::take_finished`]; older ones
+/// give way. Kept all, a run that never took them (every harness, which
+/// reads `stats`) held each one, a read's value too: gigabytes over a
+/// long run.
+pub const MAX_FINISHED_KEPT: usize = 4096;
 /// Completions one poll takes, so a poll stays short.
 const COMPLETIONS_PER_POLL: usize = 256;
 
@@ -190,7 +195,14 @@ enum Phase {
 struct Running {
     request: Request,
     operation: Option<Operation>,
+    /// When the request was taken from the queue (its latency counts
+    /// from here).
     started: Timestamp,
+    /// When its operation began touching remote memory: the deadline
+    /// counts from here. A PUT waiting for slots holds no remote pointer,
+    /// and counted from `started` it failed the run while collection
+    /// (which frees slots only a grace later) was on its way.
+    operating_since: Option<Timestamp>,
     phase: Phase,
 }
 
@@ -212,7 +224,7 @@ pub struct ClientPool {
     local: MemoryRegion,
     remote_base: VirtAddr,
     remote_key: Rkey,
-    finished: Vec<Completed>,
+    finished: std::collections::VecDeque<Completed>,
     history: Vec<Event>,
     stats: PoolStats,
 }
@@ -263,7 +275,7 @@ impl ClientPool {
             local: wiring.local,
             remote_base: wiring.remote.address,
             remote_key: wiring.remote.rkey,
-            finished: Vec::new(),
+            finished: std::collections::VecDeque::new(),
             history: Vec::new(),
             stats: PoolStats::new(),
         })
@@ -317,9 +329,10 @@ impl ClientPool {
         Ok(())
     }
 
-    /// Finished requests since the last call.
+    /// Finished requests since the last call, the newest
+    /// [`MAX_FINISHED_KEPT`] of them.
     pub fn take_finished(&mut self) -> Vec<Completed> {
-        std::mem::take(&mut self.finished)
+        std::mem::take(&mut self.finished).into()
     }
 
     /// Takes completions, advances clients and posts their verbs. Returns
@@ -349,7 +362,10 @@ impl ClientPool {
     fn check_deadline(&self, now: Timestamp, client: usize) -> Result<(), CloverError> {
         let deadline = self.config.operation_deadline;
         match &self.clients[client].running {
-            Some(running) if now.saturating_duration_since(running.started) > deadline => {
+            Some(Running {
+                operating_since: Some(since),
+                ..
+            }) if now.saturating_duration_since(*since) > deadline => {
                 Err(CloverError::Deadline { client, deadline })
             }
             _ => Ok(()),
@@ -474,7 +490,10 @@ impl ClientPool {
                 at: now,
             });
         }
-        self.finished.push(Completed {
+        if self.finished.len() >= MAX_FINISHED_KEPT {
+            self.finished.pop_front();
+        }
+        self.finished.push_back(Completed {
             client,
             key,
             reply,
@@ -527,6 +546,7 @@ impl ClientPool {
                 request,
                 operation: None,
                 started: now,
+                operating_since: None,
                 phase: Phase::NeedsSlots,
             });
         }
@@ -553,7 +573,9 @@ impl ClientPool {
                 (Operation::Write(write), step)
             }
         };
-        state.running.as_mut().expect("running").operation = Some(operation);
+        let running = state.running.as_mut().expect("running");
+        running.operation = Some(operation);
+        running.operating_since = Some(now);
         self.take_step(now, client, step);
         Ok(true)
     }

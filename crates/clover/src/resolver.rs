@@ -38,7 +38,7 @@ use remora_switch::programs::{Overlaid, Overlay};
 use remora_switch::register::RegisterArray;
 use remora_switch::table::{ExactTable, TableError, TableShape};
 use remora_switch::{Packet, ResourceReport};
-use remora_wire::{Ipv4Address, Opcode, Psn, Qpn, Rkey, VirtAddr};
+use remora_wire::{icrc, Ipv4Address, Opcode, Psn, Qpn, Rkey, VirtAddr};
 
 /// The memory region the resolver watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +59,9 @@ struct KeyCell {
     last_success: u64,
     in_flight: u16,
     successes: u16,
+    /// A CAS of this batch that the resolver rewrote to `tail` failed:
+    /// `tail` is not the tail.
+    rewrite_failed: bool,
 }
 
 impl KeyCell {
@@ -124,6 +127,9 @@ pub struct ResolverCounters {
     /// the retransmission (given the same rewrite) finds the tail taken.
     /// That client then chases, as in plain Clover; no list is harmed.
     pub rewrites_failed: u64,
+    /// Frames it would have read or rewritten whose ICRC did not match:
+    /// corrupted on a link, they pass untouched for the receiver to drop.
+    pub corrupt_passed: u64,
 }
 
 /// The resolver's memory, as the paper's Figure "memory vs keyspace".
@@ -334,6 +340,26 @@ impl Resolver {
         }
     }
 
+    /// Whether the frame's ICRC matches it. A switch's MAC drops a frame
+    /// whose FCS fails before its pipeline sees it; links here corrupt
+    /// bits under the ICRC instead, so the resolver checks it before it
+    /// believes a field. A corrupt ACK's original value left a wrong tail
+    /// confirmed for good, a corrupt entry WRITE recorded the wrong key,
+    /// and a corrupt CAS rewritten got a fresh ICRC and was executed.
+    fn intact(&mut self, packet: &Packet, icrc_offset: usize) -> bool {
+        let stored = packet
+            .bytes
+            .get(icrc_offset..icrc_offset + icrc::ICRC_LEN)
+            .and_then(|bytes| <[u8; icrc::ICRC_LEN]>::try_from(bytes).ok());
+        let intact = stored.is_some_and(|stored| {
+            icrc::from_wire(stored) == icrc::compute_frame(&packet.bytes, icrc_offset)
+        });
+        if !intact {
+            self.counters.corrupt_passed += 1;
+        }
+        intact
+    }
+
     fn rewrite_target(packet: &mut Packet, target: u64) {
         let at = packet.headers.roce.expect("a RoCE packet").extension_offset;
         packet.bytes[at..at + 8].copy_from_slice(&target.to_be_bytes());
@@ -410,6 +436,7 @@ impl Resolver {
                 last_success: 0,
                 in_flight: cell.in_flight.saturating_sub(1),
                 successes: 0,
+                rewrite_failed: false,
             });
     }
 
@@ -432,13 +459,16 @@ impl Resolver {
             active: false,
             ..cell
         });
-        if original != 0 && record.rewritten {
+        let rewrite_failed = original != 0 && record.rewritten;
+        if rewrite_failed {
             self.counters.rewrites_failed += 1;
         }
         let cell = self
             .key_cells
             .update(record.key_slot as usize, |cell| {
-                cell.answered(original == 0, record.entry)
+                let mut cell = cell.answered(original == 0, record.entry);
+                cell.rewrite_failed |= rewrite_failed;
+                cell
             })
             .expect("key cells exist");
         if cell.in_flight == 0 {
@@ -448,6 +478,9 @@ impl Resolver {
 
     fn close_batch(&mut self, slot: usize, cell: KeyCell) {
         let tail = match cell.successes {
+            // Kept, a tail a rewrite proved stale drew every later CAS of
+            // the key back onto it, and each failed: nothing healed it.
+            0 if cell.rewrite_failed => 0,
             0 => cell.tail,
             1 => {
                 self.counters.tails_confirmed += 1;
@@ -475,6 +508,9 @@ impl Overlay for Resolver {
             return;
         };
         if roce.opcode == Opcode::AtomicAcknowledge {
+            if !self.intact(packet, roce.icrc_offset) {
+                return;
+            }
             return self.watch_ack(packet);
         }
         if !roce.opcode.is_request() {
@@ -483,6 +519,9 @@ impl Overlay for Resolver {
         let Some(client) = self.client_of_request(packet) else {
             return;
         };
+        if !self.intact(packet, roce.icrc_offset) {
+            return;
+        }
         self.age_records(client, roce.psn);
         match roce.opcode {
             Opcode::RdmaWriteFirst | Opcode::RdmaWriteOnly => self.watch_write(client, packet),
@@ -555,6 +594,19 @@ mod tests {
         payload: &[u8],
         fill: impl FnOnce(&mut remora_wire::frame::ExtensionHeaders),
     ) {
+        let frame = (to_memory, opcode, psn);
+        pass_changed(resolver, frame, payload, fill, |_, _| {});
+    }
+
+    /// As [`pass`], with `change` applied to the frame's bytes (given the
+    /// parsed headers) after its ICRC was computed, as a link corrupts.
+    fn pass_changed(
+        resolver: &mut Resolver,
+        (to_memory, opcode, psn): (bool, Opcode, u32),
+        payload: &[u8],
+        fill: impl FnOnce(&mut remora_wire::frame::ExtensionHeaders),
+        change: impl FnOnce(&mut [u8], &remora_switch::parser::ParsedHeaders),
+    ) {
         let (from, to, destination_qpn) = match to_memory {
             true => (COMPUTE, MEMORY, MEMORY_QPN),
             false => (MEMORY, COMPUTE, COMPUTE_QPN),
@@ -567,6 +619,7 @@ mod tests {
             emit_frame(&repr.with_payload_len(payload.len()), payload, &mut bytes).unwrap();
         bytes.truncate(length);
         let headers = remora_switch::parser::parse(&bytes).unwrap();
+        change(&mut bytes, &headers);
         let mut packet = Packet::new(bytes, PortId(0), headers);
         resolver.after_forwarding(Timestamp::ZERO, &mut packet);
     }
@@ -663,6 +716,96 @@ mod tests {
         assert_eq!(cell.in_flight, 0, "every CAS counted out: {cell:?}");
     }
 
+    /// The atomic ACK of the CAS at `psn`, with the original value read.
+    fn ack(resolver: &mut Resolver, psn: u32, original: u64, corrupt: bool) {
+        let fill = |headers: &mut remora_wire::frame::ExtensionHeaders| {
+            headers.aeth = Some(AethRepr {
+                syndrome: remora_wire::AckSyndrome::Ack { credit_count: 0 },
+                msn: Msn::new(0),
+            });
+            headers.atomic_ack_eth = Some(AtomicAckEthRepr {
+                original_data: original,
+            });
+        };
+        let frame = (false, Opcode::AtomicAcknowledge, psn);
+        pass_changed(resolver, frame, &[], fill, |bytes, headers| {
+            if corrupt {
+                // The original value's last byte, after the AETH.
+                let roce = headers.roce.unwrap();
+                bytes[roce.extension_offset + 4 + 7] ^= 1;
+            }
+        });
+    }
+
+    /// The resolver read a corrupted ACK (a success whose original value
+    /// read 1) as a failure: the CAS's record closed, the client's clean
+    /// retransmission was ignored, and the key's old tail stayed
+    /// confirmed, so the next CAS was rewritten back onto it, for good.
+    /// A frame whose ICRC fails is passed untouched now.
+    #[test]
+    fn a_corrupt_ack_leaves_no_wrong_tail_confirmed() {
+        let mut resolver = resolver();
+        entry_write(&mut resolver, 10, 0x3000);
+        link(&mut resolver, 11, 0x2000, 0x3000);
+        ack(&mut resolver, 11, 0, true);
+        // The client dropped it and asked again: the answer, replayed.
+        ack(&mut resolver, 11, 0, false);
+        entry_write(&mut resolver, 12, 0x4000);
+        link(&mut resolver, 13, 0x3000, 0x4000);
+        let counters = resolver.counters();
+        assert_eq!(counters.corrupt_passed, 1, "{counters:?}");
+        assert_eq!(counters.tails_confirmed, 1, "{counters:?}");
+        assert_eq!(counters.rewritten, 0, "{counters:?}");
+    }
+
+    /// A rewritten CAS that failed left the tail it was rewritten to as
+    /// the confirmed one, and every later CAS of the key was drawn back
+    /// onto it. A failed rewrite forgets the tail now.
+    #[test]
+    fn a_failed_rewrite_forgets_the_tail() {
+        let mut resolver = resolver();
+        entry_write(&mut resolver, 10, 0x3000);
+        // Named 0x1800, rewritten to the cached 0x2000, and failed there.
+        link(&mut resolver, 11, 0x1800, 0x3000);
+        ack(&mut resolver, 11, 0x5000, false);
+        assert_eq!(resolver.counters().rewrites_failed, 1);
+        entry_write(&mut resolver, 12, 0x4000);
+        link(&mut resolver, 13, 0x5000, 0x4000);
+        let counters = resolver.counters();
+        assert_eq!(counters.rewritten, 1, "only the first: {counters:?}");
+    }
+
+    /// A corrupted CAS was rewritten and given a fresh ICRC: the memory
+    /// node executed whatever the flipped bit made of it. It passes
+    /// untouched now, for the memory node to drop.
+    #[test]
+    fn a_corrupt_cas_is_not_given_a_fresh_icrc() {
+        let mut resolver = resolver();
+        entry_write(&mut resolver, 10, 0x3000);
+        let swap = NextPointer::new(0x3000, 1, false).unwrap().word();
+        let fill = |headers: &mut remora_wire::frame::ExtensionHeaders| {
+            headers.atomic_eth = Some(AtomicEthRepr {
+                // A stale tail: a clean one is rewritten to 0x2000.
+                virtual_address: VirtAddr(REGION.base.0 + 0x1800),
+                rkey: REGION.rkey,
+                swap_or_add: swap,
+                compare: 0,
+            });
+        };
+        let mut seen = None;
+        let frame = (true, Opcode::CompareSwap, 11);
+        pass_changed(&mut resolver, frame, &[], fill, |bytes, headers| {
+            let roce = headers.roce.unwrap();
+            // A bit of the rkey.
+            bytes[roce.extension_offset + 8] ^= 0x10;
+            seen = Some(roce.icrc_offset);
+        });
+        let counters = resolver.counters();
+        assert!(seen.is_some());
+        assert_eq!(counters.corrupt_passed, 1, "{counters:?}");
+        assert_eq!(counters.rewritten, 0, "{counters:?}");
+    }
+
     /// A retransmission or late duplicate comes within a few PSNs: still
     /// recognised with the records kept.
     #[test]
@@ -682,6 +825,7 @@ mod tests {
     #[test]
     fn a_batch_with_more_successes_than_a_u16_still_counts_many() {
         let busy = KeyCell {
+            rewrite_failed: false,
             tail: 0x1000,
             last_success: 0x2000,
             in_flight: 3,

@@ -173,3 +173,48 @@ fn on_connectx5_hardware_histories_stay_linearizable_under_loss() {
         }
     }
 }
+
+/// Links that flip bits: the resolver read fields of corrupted frames (an
+/// ACK's original value, an entry WRITE's key) and rewrote corrupted CASes
+/// with a fresh ICRC. It checks the ICRC first now, as a switch's MAC
+/// checks the FCS, and passes a corrupt frame for its receiver to drop.
+#[test]
+fn the_resolver_stays_linearizable_when_links_corrupt_frames() {
+    let mut corrupt_passed = 0;
+    for seed in 0..6 {
+        let resolver = SwitchChoice::Resolver { cached_keys: 16 };
+        let faults = LinkFaults {
+            corrupt: Probability::literal(0.02),
+            ..lossy(Probability::literal(0.0))
+        };
+        let outcome = checked(seed, &contended(resolver, faults));
+        corrupt_passed += outcome.resolver.unwrap().corrupt_passed;
+    }
+    assert!(
+        corrupt_passed > 0,
+        "no corrupt frame reached the resolver: this proves nothing"
+    );
+}
+
+/// A PUT waiting for slots (the region full, collection on its way) holds
+/// no remote pointer, yet its wait counted against the operation deadline
+/// (half the grace), and the run failed with `Deadline` while freed slots
+/// came back a grace after they were retired.
+#[test]
+fn a_put_waiting_for_slots_is_not_failed_by_the_deadline() {
+    let configuration = Run {
+        clients: 4,
+        keys: 4,
+        operations: 600,
+        read_proportion: 0.0,
+        region_bytes: 16 * 1024,
+        garbage_every: Some(Duration::from_micros(500)),
+        grace: Duration::from_millis(4),
+        ..Run::new(SwitchChoice::Plain)
+    };
+    let outcome = run(3, &configuration).unwrap_or_else(|error| panic!("{error}"));
+    assert!(
+        outcome.stats.slot_waits > 0,
+        "no PUT waited for slots: this proves nothing"
+    );
+}
