@@ -12,6 +12,10 @@ pub enum AllocationError {
     TooFewCores { cores: usize, agents: usize },
     #[error("processing agent {agent} has capacity {capacity}: it must be positive and finite")]
     BadCapacity { agent: usize, capacity: f64 },
+    #[error("the forwarding step is {0}: it must be in (0, 0.5], so that forwarding stops short of everything")]
+    BadStep(f64),
+    #[error("the mismatch tolerance is {0}: it must be in [0, 1)")]
+    BadTolerance(f64),
 }
 
 /// Eq. 4: C_i = C_total / (P_i · Σ_k 1/P_k), where P_i is one core's
@@ -121,6 +125,15 @@ impl Controller {
         step: f64,
         tolerance: f64,
     ) -> Result<Controller, AllocationError> {
+        // Checked here too, for callers that drive the controller without
+        // a `SocConfig` (a NaN step made the ratio read 1.0 at once; a NaN
+        // tolerance never saw a mismatch).
+        if !(step > 0.0 && step <= 0.5) {
+            return Err(AllocationError::BadStep(step));
+        }
+        if !(0.0..1.0).contains(&tolerance) {
+            return Err(AllocationError::BadTolerance(tolerance));
+        }
         let allocation = proportional_allocation(&vec![1.0; agents], total_cores)?;
         Ok(Controller {
             mode,
@@ -214,6 +227,30 @@ impl Controller {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The controller took any step and tolerance: a NaN step read as
+    /// forwarding everything before any mismatch, a step of 2 forwarded
+    /// everything, and a NaN tolerance never saw a mismatch.
+    #[test]
+    fn a_controller_with_a_bad_step_or_tolerance_is_refused() {
+        let mode = ControllerMode {
+            reallocate: true,
+            coprocess: true,
+        };
+        for step in [f64::NAN, 0.0, 2.0, -0.1] {
+            assert!(matches!(
+                Controller::new(mode, 2, 8, step, 0.02),
+                Err(AllocationError::BadStep(_))
+            ));
+        }
+        for tolerance in [f64::NAN, -0.1, 1.0] {
+            assert!(matches!(
+                Controller::new(mode, 2, 8, 0.1, tolerance),
+                Err(AllocationError::BadTolerance(_))
+            ));
+        }
+        assert!(Controller::new(mode, 2, 8, 0.1, 0.02).is_ok());
+    }
 
     #[test]
     fn equation_four_balances_throughput() {

@@ -9,7 +9,7 @@
 //! calibration.
 
 use crate::allocator::proportional_allocation;
-use crate::apps::{App, Stage, DEFAULT_PAYLOAD_BYTES};
+use crate::apps::{App, Stage, DEFAULT_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES};
 use serde::{Deserialize, Serialize};
 use std::hint::black_box;
 use std::time::Instant;
@@ -106,7 +106,7 @@ pub enum CalibrationError {
         wanted: Vec<Stage>,
     },
     #[error(
-        "the calibration's {what} is {value}: costs must be finite, at least 0, and not all 0"
+        "the calibration's {what} is {value}: costs must be finite, at least 0, not all 0, and at most 1 s for the largest payload"
     )]
     BadCost { what: String, value: String },
 }
@@ -116,8 +116,12 @@ impl LinearCost {
     /// give its agent unbounded capacity.
     fn is_usable(&self) -> bool {
         let parts = [self.per_call_ns, self.per_byte_ns];
+        // At most a fixed cost's bound for the largest payload, so that a
+        // stage's time, slowed down, stays far from overflowing.
+        let largest = self.per_call_ns + self.per_byte_ns * MAX_PAYLOAD_BYTES as f64;
         parts.iter().all(|part| part.is_finite() && *part >= 0.0)
             && parts.iter().any(|part| *part > 0.0)
+            && largest <= crate::config::MAX_FIXED_COST_NS
     }
 }
 
@@ -126,11 +130,14 @@ impl Calibration {
     /// construction): every app and stage present, every cost usable.
     pub fn check(&self) -> Result<(), CalibrationError> {
         let bad = |what: String, value: String| CalibrationError::BadCost { what, value };
+        // Bounded as a configuration's fixed costs are: a file's 10^19
+        // overflowed virtual time at the first detection.
+        let limit = crate::config::MAX_FIXED_COST_NS;
         for (what, value) in [
             ("context_switch_ns", self.context_switch_ns),
             ("detection_ns", self.detection_ns),
         ] {
-            if !(value.is_finite() && value >= 0.0) {
+            if !(value.is_finite() && (0.0..=limit).contains(&value)) {
                 return Err(bad(what.into(), value.to_string()));
             }
         }
@@ -422,6 +429,25 @@ pub fn soc_stage_costs_ns(calibration: &Calibration, app: App, slowdown: f64) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A calibration file's costs were bounded only below: a detection of
+    /// 10^19 ns overflowed virtual time at the first detection.
+    #[test]
+    fn a_calibration_with_a_cost_past_a_second_is_refused() {
+        let mut huge = Calibration::fixed_for_tests();
+        huge.detection_ns = 1e19;
+        assert!(matches!(
+            huge.check(),
+            Err(CalibrationError::BadCost { .. })
+        ));
+        let mut slow_stage = Calibration::fixed_for_tests();
+        slow_stage.apps[0].stages[0].portable_cost.per_byte_ns = 1e16;
+        assert!(matches!(
+            slow_stage.check(),
+            Err(CalibrationError::BadCost { .. })
+        ));
+        assert!(Calibration::fixed_for_tests().check().is_ok());
+    }
 
     #[test]
     fn a_line_through_exact_points_is_recovered() {

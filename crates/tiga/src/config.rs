@@ -122,6 +122,16 @@ pub enum ConfigError {
         value: f64,
         limit: f64,
     },
+    #[error("{field} is {value}: at least {limit}")]
+    TooSmall {
+        field: &'static str,
+        value: f64,
+        limit: f64,
+    },
+    #[error(
+        "detection_ns is {detection_ns}: a detection must end within its period of {period_ns} ns"
+    )]
+    DetectionPastPeriod { detection_ns: f64, period_ns: u64 },
 }
 
 /// The largest SoC slowdown against the measuring CPU: far past any
@@ -130,6 +140,11 @@ pub enum ConfigError {
 pub const MAX_SLOWDOWN: f64 = 1e4;
 /// The largest fixed cost (a context switch, a core move, a detection).
 pub const MAX_FIXED_COST_NS: f64 = 1e9;
+
+/// The slowest DMA or network rate (1 MB/s): a transfer's time in
+/// nanoseconds stays far from overflowing virtual time (at 10^-12 B/s
+/// the first one did).
+pub const MIN_BYTES_PER_SECOND: f64 = 1e6;
 
 /// The most cores a simulated SoC or CN may have.
 pub const MAX_CORES: usize = 1024;
@@ -177,6 +192,28 @@ impl SocConfig {
                     field,
                     value,
                     limit,
+                });
+            }
+        }
+        for (field, value) in [
+            ("dma_bytes_per_second", self.dma_bytes_per_second),
+            ("network_bytes_per_second", self.network_bytes_per_second),
+        ] {
+            if value < MIN_BYTES_PER_SECOND {
+                return Err(ConfigError::TooSmall {
+                    field,
+                    value,
+                    limit: MIN_BYTES_PER_SECOND,
+                });
+            }
+        }
+        // Every core stalls for a detection: one as long as its period
+        // left them stalled for good.
+        if let Some(detection_ns) = self.detection_ns {
+            if detection_ns >= self.detection_period_ns as f64 {
+                return Err(ConfigError::DetectionPastPeriod {
+                    detection_ns,
+                    period_ns: self.detection_period_ns,
                 });
             }
         }
@@ -375,6 +412,42 @@ impl TigaSection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rates and detection costs that passed as positive: 10^-12 B/s of
+    /// DMA overflowed virtual time at the first transfer, and a detection
+    /// as long as its period stalled every core for good.
+    #[test]
+    fn a_rate_too_slow_or_a_detection_past_its_period_is_refused() {
+        let slow = SocConfig {
+            dma_bytes_per_second: 1e-12,
+            ..SocConfig::default()
+        };
+        assert!(matches!(
+            slow.validate(),
+            Err(ConfigError::TooSmall {
+                field: "dma_bytes_per_second",
+                ..
+            })
+        ));
+        let slow_network = SocConfig {
+            network_bytes_per_second: 1e3,
+            ..SocConfig::default()
+        };
+        assert!(matches!(
+            slow_network.validate(),
+            Err(ConfigError::TooSmall { .. })
+        ));
+        let long = SocConfig {
+            detection_ns: Some(2e8),
+            detection_period_ns: 100_000_000,
+            ..SocConfig::default()
+        };
+        assert!(matches!(
+            long.validate(),
+            Err(ConfigError::DetectionPastPeriod { .. })
+        ));
+        assert!(SocConfig::default().validate().is_ok());
+    }
 
     fn section(text: &str) -> Result<TigaSection, TigaSectionError> {
         TigaSection::parse(&text.parse::<toml::Table>().unwrap())

@@ -146,6 +146,8 @@ pub enum RunError {
     BadLoad(f64),
     #[error("the run would offer {0:.0} requests: at most {MAX_REQUESTS}")]
     TooManyRequests(f64),
+    #[error("the run would detect {0} times (its duration over the detection period): at most {MAX_DETECTIONS}")]
+    TooManyDetections(u64),
     #[error("the measurement window starts at {measure_from_ns} ns, after the run's end at {duration_ns} ns")]
     BadWindow {
         measure_from_ns: u64,
@@ -379,6 +381,9 @@ pub fn run(
 /// The most requests one run offers: each keeps a status byte, and a
 /// valid but huge load once asked for more memory than there is.
 pub const MAX_REQUESTS: u64 = 1 << 30;
+/// The most detection periods one run has: each keeps a timeline point
+/// (a period of 1 ns over a second asked for 10^9 of them).
+pub const MAX_DETECTIONS: u64 = 1 << 24;
 
 fn validate(workload: &Workload, config: &SocConfig) -> Result<(), RunError> {
     config.validate()?;
@@ -401,6 +406,10 @@ fn validate(workload: &Workload, config: &SocConfig) -> Result<(), RunError> {
     let requests = workload.offered_per_second * workload.duration_ns as f64 / 1e9;
     if requests > MAX_REQUESTS as f64 {
         return Err(RunError::TooManyRequests(requests));
+    }
+    let detections = workload.duration_ns / config.detection_period_ns;
+    if detections > MAX_DETECTIONS {
+        return Err(RunError::TooManyDetections(detections));
     }
     if workload.measure_from_ns >= workload.duration_ns {
         return Err(RunError::BadWindow {
@@ -504,6 +513,15 @@ impl<'a> Run<'a> {
                 .unwrap_or(calibration.detection_ns * config.slowdown)
                 .round() as u64,
         };
+        // A calibrated detection, slowed down, as long as its period left
+        // every core stalled for good, as a configured one would.
+        if costs.detection_ns >= config.detection_period_ns {
+            return Err(ConfigError::DetectionPastPeriod {
+                detection_ns: costs.detection_ns as f64,
+                period_ns: config.detection_period_ns,
+            }
+            .into());
+        }
         let expected =
             (workload.offered_per_second * workload.duration_ns as f64 / 1e9 * 1.1) as usize + 1024;
         Ok(Run {
@@ -664,6 +682,9 @@ impl<'a> Run<'a> {
                 return self.reject(item);
             }
             host.queue.push_back((item, first));
+            // Measured here too: with the first stage migrated every item
+            // comes in this way, and the peak read 0 beside a full queue.
+            self.measures.host_queue_peak = self.measures.host_queue_peak.max(host.queue.len());
             return;
         }
         if self.queues[first].len() >= self.config.queue_depth {
@@ -1120,7 +1141,7 @@ impl<'a> Run<'a> {
         } else {
             let mismatch = (counters.outbound_bytes as f64)
                 < counters.inbound_bytes as f64 * (1.0 - self.config.mismatch_tolerance);
-            self.ipipe_watch(mismatch);
+            self.ipipe_watch(now, mismatch);
             mismatch
         };
         // Reading the counters stalls every core for a detection. An idle
@@ -1157,8 +1178,10 @@ impl<'a> Run<'a> {
     }
 
     /// iPipe: after a run of overloaded periods, the slowest actor of each
-    /// pipeline moves to the DN's host CPU, once.
-    fn ipipe_watch(&mut self, mismatch: bool) {
+    /// pipeline, at the payload of the moment, moves to the DN's host CPU,
+    /// once. (Ranked at 1 KiB whatever the workload, it moved a cheap
+    /// stage at 64 B and left the bottleneck on the SoC.)
+    fn ipipe_watch(&mut self, now: u64, mismatch: bool) {
         self.overloaded_periods = if mismatch {
             self.overloaded_periods + 1
         } else {
@@ -1170,15 +1193,12 @@ impl<'a> Run<'a> {
         {
             return;
         }
+        let payload_bytes = self.workload.payload.bytes_at(now) as u64;
         for pipeline in 0..self.pipelines.len() {
             let slowest = (0..self.stages.len())
                 .filter(|&stage| self.stages[stage].pipeline == pipeline)
                 .max_by(|&a, &b| {
-                    let cost = |stage: usize| {
-                        self.stages[stage]
-                            .soc
-                            .at(crate::apps::DEFAULT_PAYLOAD_BYTES as u64)
-                    };
+                    let cost = |stage: usize| self.stages[stage].soc.at(payload_bytes);
                     cost(a).total_cmp(&cost(b))
                 })
                 .expect("every pipeline has a stage");

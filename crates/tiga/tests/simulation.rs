@@ -101,12 +101,12 @@ fn under_overload_coprocessing_forwards_and_raises_throughput() {
 #[test]
 fn ipipe_with_the_dn_host_migrates_its_slowest_actor_under_overload() {
     // At 1 KiB the slowest actor is the last stage; at 64 B the first.
-    for payload in [1024, 64] {
-        ipipe_migrates(payload);
+    for (payload, slowest_stage) in [(1024, 1), (64, 0)] {
+        ipipe_migrates(payload, slowest_stage);
     }
 }
 
-fn ipipe_migrates(payload: usize) {
+fn ipipe_migrates(payload: usize, slowest_stage: usize) {
     let config = config();
     let overload = Workload {
         host_cpu_for_ipipe: true,
@@ -121,7 +121,13 @@ fn ipipe_migrates(payload: usize) {
             ..overload.clone()
         },
     );
-    assert_eq!(with_host.migrated_stages.len(), 1);
+    // Ranked at 1 KiB whatever the payload, iPipe moved the cheap last
+    // stage at 64 B and left the bottleneck on the SoC.
+    assert_eq!(
+        with_host.migrated_stages,
+        vec![slowest_stage],
+        "{payload} B"
+    );
     assert!(alone.migrated_stages.is_empty());
 
     assert!(
@@ -142,26 +148,31 @@ fn ipipe_feeds_a_migrated_stage_no_faster_than_the_host_takes_it() {
         cn_cores: 1,
         ..config()
     };
-    let overload = Workload {
-        host_cpu_for_ipipe: true,
-        payload: PayloadSchedule::Fixed(1024),
-        ..workload(App::Mvs, 3.0 * ideal_capacity(&config), 300)
-    };
-    let report = run(
-        Scheme::IPipe,
-        &overload,
-        &config,
-        &Calibration::fixed_for_tests(),
-    )
-    .unwrap();
-    assert_eq!(report.migrated_stages.len(), 1);
-    let bound = config.cn_queue_depth + config.cn_cores;
-    assert!(
-        report.host_queue_peak <= bound,
-        "the host's queue held {} against a bound of {bound}",
-        report.host_queue_peak
-    );
-    assert!(report.completed > 0);
+    // At 1 KiB the last stage moves, at 64 B the first: items then enter
+    // the host's queue straight from the network, where its peak went
+    // unmeasured (0 beside a full queue).
+    for payload in [1024, 64] {
+        let overload = Workload {
+            host_cpu_for_ipipe: true,
+            payload: PayloadSchedule::Fixed(payload),
+            ..workload(App::Mvs, 3.0 * ideal_capacity(&config), 300)
+        };
+        let report = run(
+            Scheme::IPipe,
+            &overload,
+            &config,
+            &Calibration::fixed_for_tests(),
+        )
+        .unwrap();
+        assert_eq!(report.migrated_stages.len(), 1);
+        let bound = config.cn_queue_depth + config.cn_cores;
+        assert!(
+            report.host_queue_peak > 0 && report.host_queue_peak <= bound,
+            "{payload} B: the host's queue held {} against a bound of {bound}",
+            report.host_queue_peak
+        );
+        assert!(report.completed > 0);
+    }
 }
 
 #[test]
@@ -288,4 +299,26 @@ fn bad_workloads_get_typed_errors() {
         run(Scheme::Tiga, &together, &too_few, &calibration),
         Err(RunError::Allocation(_))
     ));
+}
+
+/// A detection period of 1 ns over a second asked for 10^9 detections,
+/// each keeping a timeline point: an hour's run and gigabytes. Refused.
+#[test]
+fn a_run_with_too_many_detection_periods_is_refused() {
+    let config = SocConfig {
+        detection_period_ns: 1,
+        detection_ns: Some(0.0),
+        ..config()
+    };
+    let light = workload(App::Spark, 0.3 * ideal_capacity(&config), 200);
+    let refused = run(
+        Scheme::Tiga,
+        &light,
+        &config,
+        &Calibration::fixed_for_tests(),
+    );
+    assert!(
+        matches!(refused, Err(RunError::TooManyDetections(_))),
+        "{refused:?}"
+    );
 }
