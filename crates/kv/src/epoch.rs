@@ -13,7 +13,7 @@
 //! Threads refresh their epoch every few operations, so actions run
 //! within a bounded number of operations of being handed over.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// A slot no thread holds.
@@ -45,6 +45,13 @@ pub struct Epoch {
     slots: Box<[Slot]>,
     waiting: Mutex<Vec<(u64, Action)>>,
     waiting_count: AtomicUsize,
+    /// Set by a drain that found another draining: the other passes
+    /// again once done, with the safe epoch as it is then.
+    drain_again: AtomicBool,
+    /// Runs inside a drain's pass, its safe epoch computed and the lock
+    /// held (tests only: another thread moves on in that window).
+    #[cfg(test)]
+    inside_pass: Mutex<Option<Box<dyn FnMut() + Send>>>,
 }
 
 /// A thread's hold on a slot. Returned to [`Epoch::release`] when done.
@@ -58,6 +65,9 @@ impl Epoch {
             slots: (0..slots).map(|_| Slot(AtomicU64::new(FREE))).collect(),
             waiting: Mutex::new(Vec::new()),
             waiting_count: AtomicUsize::new(0),
+            drain_again: AtomicBool::new(false),
+            #[cfg(test)]
+            inside_pass: Mutex::new(None),
         }
     }
 
@@ -134,28 +144,55 @@ impl Epoch {
     }
 
     /// Runs the actions whose epoch is safe. They run outside the lock,
-    /// since an action may bump the epoch itself.
+    /// since an action may bump the epoch itself. A drain that finds
+    /// another under way asks it to pass again: the other computed its
+    /// safe epoch before this thread moved on, and without a second pass
+    /// nothing ran the actions this thread's move made safe. With no
+    /// session left to refresh, they never ran: the log they hold leaked,
+    /// and the file device's workers waited for it for good.
     fn drain(&self) {
-        let safe = self.safe_epoch();
-        let ripe: Vec<Action> = {
-            let Ok(mut waiting) = self.waiting.try_lock() else {
-                return; // another thread is draining
+        // Bounded: a pass again only if another drain asked since this
+        // one began; past the bound the request stays for the next drain.
+        for _ in 0..=self.slots.len() {
+            self.drain_again.store(false, Ordering::SeqCst);
+            let Some(ripe) = self.take_ripe() else {
+                self.drain_again.store(true, Ordering::SeqCst);
+                return;
             };
-            let mut ripe = Vec::new();
-            let mut index = 0;
-            while index < waiting.len() {
-                if waiting[index].0 <= safe {
-                    ripe.push(waiting.swap_remove(index).1);
-                } else {
-                    index += 1;
-                }
+            for action in ripe {
+                action();
             }
-            self.waiting_count.store(waiting.len(), Ordering::Release);
-            ripe
-        };
-        for action in ripe {
-            action();
+            if !self.drain_again.load(Ordering::SeqCst) {
+                return;
+            }
         }
+    }
+
+    /// The actions whose epoch is safe, taken from the waiting list; none
+    /// if another thread is draining.
+    fn take_ripe(&self) -> Option<Vec<Action>> {
+        let mut waiting = self.waiting.try_lock().ok()?;
+        let safe = self.safe_epoch();
+        #[cfg(test)]
+        if let Some(hook) = self
+            .inside_pass
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            hook();
+        }
+        let mut ripe = Vec::new();
+        let mut index = 0;
+        while index < waiting.len() {
+            if waiting[index].0 <= safe {
+                ripe.push(waiting.swap_remove(index).1);
+            } else {
+                index += 1;
+            }
+        }
+        self.waiting_count.store(waiting.len(), Ordering::Release);
+        Some(ripe)
     }
 
     /// Actions still waiting (for tests and reports).
@@ -169,6 +206,34 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
+
+    /// A drain computed its safe epoch, and another thread unprotected
+    /// before the first let go of the lock: the second's drain found the
+    /// lock taken and left, the first's was stale, and the action waited
+    /// with no session left to run it. The second asks for another pass.
+    #[test]
+    fn a_thread_that_moves_on_during_another_drain_is_not_forgotten() {
+        let epoch = Arc::new(Epoch::new(2));
+        let first = epoch.acquire().unwrap();
+        let second = Arc::new(epoch.acquire().unwrap());
+        epoch.protect(&first);
+        epoch.protect(&second);
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = ran.clone();
+        epoch
+            .bump_with(move || flag.store(true, Ordering::SeqCst))
+            .unwrap();
+        let (inside, slot) = (Arc::downgrade(&epoch), second.clone());
+        let mut once = true;
+        *epoch.inside_pass.lock().unwrap() = Some(Box::new(move || {
+            if std::mem::take(&mut once) {
+                inside.upgrade().unwrap().unprotect(&slot);
+            }
+        }));
+        epoch.unprotect(&first);
+        assert!(ran.load(Ordering::SeqCst), "nobody ran the action");
+        assert_eq!(epoch.waiting_actions(), 0);
+    }
 
     #[test]
     fn an_action_waits_for_every_protected_thread_to_refresh() {
