@@ -227,7 +227,11 @@ impl Client {
             tail
         };
         let end = start + length;
-        (end - head <= ring_bytes).then_some((start % ring_bytes, end))
+        // An empty ring holds nothing the skipped end could overlap: the
+        // skip counted as used made a ring under twice the longest
+        // request refuse a long one for good, whatever was reclaimed.
+        let occupied_from = if head == tail { start } else { head };
+        (end - occupied_from <= ring_bytes).then_some((start % ring_bytes, end))
     }
 
     /// Room for one more entry. Progress (a cache line the NIC writes) is
@@ -504,8 +508,12 @@ impl Client {
         // A zero timeout is one look, and needs no clock: polls run
         // every few operations, and a clock read costs as much as a look.
         let mut started = None;
+        // Counted over every look: each look's finds are in `responses`
+        // already (the count of the last look alone was returned, and
+        // each look could take `max_ret` more).
+        let mut found = 0;
         loop {
-            let found = self.collect(poll_id, responses, max_ret);
+            found += self.collect(poll_id, responses, max_ret - found);
             if found >= max_ret || timeout.is_zero() {
                 return Ok(found);
             }
@@ -571,8 +579,73 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::READ_PROGRESS_AT;
+    use crate::layout::{READ_PROGRESS_AT, WRITE_PROGRESS_AT};
     use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    /// A ring under twice the longest request, emptied after a short one,
+    /// refused a request of the longest for good: the bytes its wrap
+    /// skipped counted as used though nothing was.
+    #[test]
+    fn an_empty_small_ring_takes_the_longest_request() {
+        let sizes = RingSizes {
+            metadata_entries: 8,
+            request_data_bytes: u64::from(MAX_REQUEST_BYTES),
+            response_data_bytes: u64::from(MAX_REQUEST_BYTES),
+        };
+        let block = HostMemory::new(sizes.block_bytes() as usize);
+        let mut client = Client::new(block.clone(), sizes, vec![1 << 20]).unwrap();
+        let longest = vec![7u8; MAX_REQUEST_BYTES as usize];
+        client.async_write(0, 0, &longest[..100]).unwrap();
+        block
+            .store_u64(WRITE_PROGRESS_AT as usize, 1, Ordering::Release)
+            .unwrap();
+        client
+            .async_write(0, 0, &longest)
+            .expect("the emptied request ring takes the longest write");
+        block
+            .store_u64(WRITE_PROGRESS_AT as usize, 2, Ordering::Release)
+            .unwrap();
+        let group = client.poll_create().unwrap();
+        let short = client.async_read(0, 0, 100).unwrap();
+        client.poll_add(group, short).unwrap();
+        block
+            .store_u64(READ_PROGRESS_AT as usize, 1, Ordering::Release)
+            .unwrap();
+        let mut done = Vec::new();
+        client
+            .poll_wait(group, &mut done, 1, Duration::ZERO)
+            .unwrap();
+        assert_eq!(done.len(), 1);
+        // The next wait releases the response the last one handed out.
+        client
+            .poll_wait(group, &mut done, 1, Duration::ZERO)
+            .unwrap();
+        client
+            .async_read(0, 0, MAX_REQUEST_BYTES as usize)
+            .expect("the emptied response ring takes the longest read");
+    }
+
+    /// A wait that found one completion, then timed out, returned the last
+    /// look's count, 0, with the completion in the vector.
+    #[test]
+    fn a_wait_counts_what_every_look_found() {
+        let block = HostMemory::new(RingSizes::DEFAULT.block_bytes() as usize);
+        let mut client = Client::new(block.clone(), RingSizes::DEFAULT, vec![1 << 20]).unwrap();
+        let group = client.poll_create().unwrap();
+        for offset in [0, 64] {
+            let id = client.async_read(0, offset, 64).unwrap();
+            client.poll_add(group, id).unwrap();
+        }
+        block
+            .store_u64(READ_PROGRESS_AT as usize, 1, Ordering::Release)
+            .unwrap();
+        let mut done = Vec::new();
+        let found = client
+            .poll_wait(group, &mut done, 2, Duration::from_millis(2))
+            .unwrap();
+        assert_eq!((found, done.len()), (1, 1));
+    }
 
     /// A group destroyed with requests in it (a kv session dropped with
     /// reads in flight) left them grouped: reclaiming stopped at them, and
