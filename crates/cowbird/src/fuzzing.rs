@@ -20,6 +20,18 @@ const TURNS: usize = 64;
 /// Returns how many engine turns ran before it stopped, or refused the
 /// instance (stopped serving it alone).
 pub fn hostile_block(bytes: &[u8]) -> usize {
+    hostile_run(bytes).turns
+}
+
+/// How a run against a hostile block ended.
+struct HostileOutcome {
+    turns: usize,
+    /// The engine's own error, which stops every instance.
+    engine_error: Option<crate::spot::SpotError>,
+    failures: Vec<crate::spot::InstanceFailure>,
+}
+
+fn hostile_run(bytes: &[u8]) -> HostileOutcome {
     let mut fabric = BackToBack::new(7);
     let sizes = RingSizes {
         metadata_entries: 8,
@@ -47,12 +59,20 @@ pub fn hostile_block(bytes: &[u8]) -> usize {
         let now = fabric.now;
         let turned = deployment.engine.turn(now, &mut fabric.right);
         if turned.is_err() || !deployment.engine.failures().is_empty() {
-            return turn;
+            return HostileOutcome {
+                turns: turn,
+                engine_error: turned.err(),
+                failures: deployment.engine.failures().to_vec(),
+            };
         }
         fabric.run(1_000);
         fabric.now = fabric.now.saturating_add(Duration::from_micros(5));
     }
-    TURNS
+    HostileOutcome {
+        turns: TURNS,
+        engine_error: None,
+        failures: Vec::new(),
+    }
 }
 
 /// The harness of the `cowbird_p4` fuzz target's first half: hostile
@@ -334,6 +354,73 @@ mod tests {
         let mut bytes = vec![0xa5u8; 512];
         bytes[0..8].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(hostile_block(&bytes) < TURNS);
+    }
+
+    /// A read whose response address lies near 2^64 saturated the remote
+    /// address; the post's refusal was the engine's error and stopped
+    /// every instance. It is that instance's alone now.
+    #[test]
+    fn an_entry_outside_its_block_stops_its_instance_alone() {
+        let mut bytes = vec![0u8; 512];
+        bytes[0..8].copy_from_slice(&1u64.to_le_bytes());
+        let entry = Entry {
+            kind: Kind::Read,
+            region: 0,
+            length: 64,
+            request_address: 0,
+            response_address: u64::MAX - 8,
+            sequence: 1,
+        };
+        let mut raw = [0u8; ENTRY_BYTES as usize];
+        entry.emit(&mut raw);
+        let at = METADATA_RING_AT as usize;
+        bytes[at..at + raw.len()].copy_from_slice(&raw);
+        let outcome = hostile_run(&bytes);
+        assert!(outcome.engine_error.is_none(), "{:?}", outcome.engine_error);
+        assert!(
+            matches!(
+                outcome.failures.first().map(|failure| &failure.error),
+                Some(crate::spot::SpotError::OutsideBlock { .. })
+            ),
+            "{:?}",
+            outcome.failures
+        );
+    }
+
+    /// An idle instance's reconnections added up across separate outages
+    /// (only a finished batch reset them), and the seventeenth failed it
+    /// for good; the flag that lands a redone batch's writes first
+    /// outlived a resume with nothing to redo, and reordered the next
+    /// fresh batch. An empty probe clears both.
+    #[test]
+    fn an_empty_probe_ends_the_count_of_outages_and_the_redo() {
+        let mut fabric = BackToBack::new(7);
+        let spec = CowbirdSpec {
+            threads: 1,
+            sizes: RingSizes {
+                metadata_entries: 8,
+                request_data_bytes: 4096,
+                response_data_bytes: 4096,
+            },
+            pool_regions: vec![POOL_BYTES],
+            spot: SpotConfig::DEFAULT,
+            ack_timeout: Duration::from_micros(100),
+            direct: None,
+            rpc: None,
+        };
+        let mut deployment = deploy(spec, &mut fabric.left, &mut fabric.right).unwrap();
+        fn running(deployment: &mut crate::deploy::Deployment) -> &mut crate::spot::SpotEngine {
+            deployment.engine.engine_mut().expect("running")
+        }
+        running(&mut deployment).after_outages(0, crate::spot::MAX_RECONNECTS_IN_A_ROW - 1);
+        for _ in 0..8 {
+            let now = fabric.now;
+            deployment.engine.turn(now, &mut fabric.right).unwrap();
+            fabric.run(1_000);
+            fabric.now = fabric.now.saturating_add(Duration::from_micros(5));
+        }
+        assert!(deployment.engine.stats().empty_probes > 0);
+        assert_eq!(running(&mut deployment).recovery_state(0), (0, false));
     }
 
     #[test]

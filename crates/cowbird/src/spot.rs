@@ -91,6 +91,14 @@ pub enum SpotError {
     UnknownRegion { instance: usize, region: u16 },
     #[error("instance {instance}: entry reaches past region {region}")]
     OutOfBounds { instance: usize, region: u16 },
+    #[error(
+        "instance {instance}: entry's data at {address} (+{length} bytes) is outside its block"
+    )]
+    OutsideBlock {
+        instance: usize,
+        address: u64,
+        length: u32,
+    },
     #[error("instance {instance}: a verb completed with {status:?}")]
     Completion {
         instance: usize,
@@ -117,6 +125,7 @@ impl SpotError {
             SpotError::Entry { instance, .. }
             | SpotError::UnknownRegion { instance, .. }
             | SpotError::OutOfBounds { instance, .. }
+            | SpotError::OutsideBlock { instance, .. }
             | SpotError::Completion { instance, .. }
             | SpotError::Reconnect { instance, .. }
             | SpotError::ReconnectsExhausted { instance } => Some(instance),
@@ -399,6 +408,23 @@ impl SpotEngine {
     /// stopped.
     pub fn failures(&self) -> &[InstanceFailure] {
         &self.failures
+    }
+
+    /// An instance as if it had reconnected `reconnects` times in a row
+    /// and had a batch to redo (tests: the state a series of outages
+    /// leaves, without staging them).
+    #[cfg(test)]
+    pub(crate) fn after_outages(&mut self, index: usize, reconnects: u32) {
+        let instance = &mut self.instances[index];
+        instance.reconnects_in_a_row = reconnects;
+        instance.writes_first = true;
+    }
+
+    /// (reconnections in a row, writes first) of an instance (tests).
+    #[cfg(test)]
+    pub(crate) fn recovery_state(&self, index: usize) -> (u32, bool) {
+        let instance = &self.instances[index];
+        (instance.reconnects_in_a_row, instance.writes_first)
     }
 
     /// The earliest probe or reconnection answer due, for a driver that
@@ -723,6 +749,16 @@ impl SpotEngine {
         let available = tail.saturating_sub(instance.fetched).min(entries);
         if available == 0 {
             self.stats.empty_probes += 1;
+            // Nothing past the committed head: no batch to redo, and the
+            // next fresh one keeps its reads before its writes.
+            instance.writes_first = false;
+            // The link works and no batch is pending: the outages before
+            // are over. Counted only by finished batches, an idle
+            // instance's separate outages added up to the limit and failed
+            // it for good. (Not at a resume: a batch that always fails
+            // after one, on a link that drops only large frames, say,
+            // would then reconnect for ever.)
+            instance.reconnects_in_a_row = 0;
             instance.phase = Phase::Idle;
             instance.interval = (instance.interval * 2).min(self.config.probe_interval_max);
             instance.next_probe = now.saturating_add(instance.interval);
@@ -848,6 +884,23 @@ impl SpotEngine {
             return Err(SpotError::OutOfBounds {
                 instance: index,
                 region: entry.region,
+            });
+        }
+        // The compute side's bytes too: an address near 2^64 saturated the
+        // remote address, and the post's refusal stopped every instance.
+        let block_address = match entry.kind {
+            Kind::Read => entry.response_address,
+            Kind::Write => entry.request_address,
+        };
+        let block_bytes = self.instances[index].wiring.sizes.block_bytes();
+        let in_block = block_address
+            .checked_add(u64::from(entry.length))
+            .is_some_and(|end| end <= block_bytes);
+        if !in_block {
+            return Err(SpotError::OutsideBlock {
+                instance: index,
+                address: block_address,
+                length: entry.length,
             });
         }
         Ok(())

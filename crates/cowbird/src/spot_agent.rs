@@ -67,6 +67,12 @@ impl SpotAgent {
         self.engine.as_ref().map_or(&[], |engine| engine.failures())
     }
 
+    /// The running engine (tests).
+    #[cfg(test)]
+    pub(crate) fn engine_mut(&mut self) -> Option<&mut SpotEngine> {
+        self.engine.as_mut()
+    }
+
     pub fn restarts(&self) -> u64 {
         self.restarts
     }
