@@ -54,6 +54,10 @@ struct Slot {
     key: Option<EntryKey>,
     ready: bool,
     references: u32,
+    /// Its region was forgotten while it filled or was read: out of the
+    /// index (no lookup finds it), and free once its fill and readers
+    /// are done.
+    forgotten: bool,
 }
 
 #[derive(Debug)]
@@ -97,13 +101,12 @@ impl CacheTable {
             Some(slot) => slot,
             None => self.victim()?,
         };
-        if let Some(old) = self.slots[slot].key.take() {
-            self.index.remove(&old);
-        }
+        self.unindex(slot);
         self.slots[slot] = Slot {
             key: Some(key),
             ready: false,
             references: 0,
+            forgotten: false,
         };
         self.index.insert(key, slot);
         Some(slot)
@@ -124,11 +127,28 @@ impl CacheTable {
 
     /// A fill that failed: the slot goes back, empty.
     pub fn abandon(&mut self, slot: usize) {
-        if let Some(key) = self.slots[slot].key.take() {
-            self.index.remove(&key);
-        }
+        self.unindex(slot);
         self.slots[slot] = Slot::default();
         self.free.push(slot);
+    }
+
+    /// Takes the slot's key out of the index, if the index still names
+    /// this slot for it (a forgotten slot's key may name a newer one).
+    fn unindex(&mut self, slot: usize) {
+        if let Some(key) = self.slots[slot].key.take() {
+            if self.index.get(&key) == Some(&slot) {
+                self.index.remove(&key);
+            }
+        }
+    }
+
+    /// After a fill's waiters were served: a forgotten slot nobody reads
+    /// goes back.
+    pub fn settle(&mut self, slot: usize) {
+        let entry = &self.slots[slot];
+        if entry.forgotten && entry.ready && entry.references == 0 {
+            self.abandon(slot);
+        }
     }
 
     pub fn acquire(&mut self, slot: usize) {
@@ -139,21 +159,37 @@ impl CacheTable {
         let references = &mut self.slots[slot].references;
         debug_assert!(*references > 0, "released more than acquired");
         *references = references.saturating_sub(1);
+        self.settle(slot);
     }
 
-    /// Drops every entry of `region` nobody is reading (the region was
-    /// written or freed).
+    /// Drops every entry of `region` (the region was written or freed):
+    /// no lookup finds one from now on. Entries being filled or read stay
+    /// out of the free list until done. (Left in the index, a fill that
+    /// landed after the forget was served as a hit: the memory node's
+    /// bytes from before the write.)
     pub fn forget_region(&mut self, region: RegionId) {
         let stale: Vec<usize> = self
             .index
             .iter()
-            .filter(|(key, &slot)| {
-                key.region == region && self.slots[slot].references == 0 && self.slots[slot].ready
-            })
+            .filter(|(key, _)| key.region == region)
             .map(|(_, &slot)| slot)
             .collect();
         for slot in stale {
-            self.abandon(slot);
+            let entry = &self.slots[slot];
+            if entry.ready && entry.references == 0 {
+                self.abandon(slot);
+            } else {
+                self.unindex_keeping_key(slot);
+                self.slots[slot].forgotten = true;
+            }
+        }
+    }
+
+    fn unindex_keeping_key(&mut self, slot: usize) {
+        if let Some(key) = self.slots[slot].key {
+            if self.index.get(&key) == Some(&slot) {
+                self.index.remove(&key);
+            }
         }
     }
 }
@@ -309,6 +345,34 @@ mod tests {
         table.release(first);
         table.filled(third);
         assert!(table.reserve(key(3)).is_some());
+    }
+
+    /// A region forgotten (written, unpinned) while one of its entries
+    /// filled kept that entry in the index: the fill, landing after, was
+    /// served as a hit with the bytes from before the write. It is out of
+    /// the index at once now, and its slot comes back when done.
+    #[test]
+    fn an_entry_filling_when_its_region_is_forgotten_is_never_a_hit() {
+        let mut table = CacheTable::new(1, 7);
+        let filling = table.reserve(key(0)).unwrap();
+        table.forget_region(RegionId(1));
+        assert_eq!(table.lookup(key(0)), Lookup::Absent);
+        // A new fill of the same entry takes no slot while the old one is
+        // busy...
+        assert_eq!(table.reserve(key(0)), None);
+        table.filled(filling);
+        assert_eq!(
+            table.lookup(key(0)),
+            Lookup::Absent,
+            "the stale fill is no hit"
+        );
+        // ...and the old slot comes back once its waiters are served.
+        table.acquire(filling);
+        table.settle(filling);
+        assert_eq!(table.reserve(key(0)), None, "still read");
+        table.release(filling);
+        let again = table.reserve(key(0)).expect("the slot came back");
+        assert_eq!(table.lookup(key(0)), Lookup::Filling(again));
     }
 
     /// Static space was a bump allocator: pinning and unpinning one

@@ -845,16 +845,23 @@ impl DpuState {
             }
             (Some(WorkKind::Acknowledgement), _) => {}
             (Some(WorkKind::Receive), _) if !succeeded => {
-                // A host queue pair went down (its process ended): the
-                // buffer goes back, unless the queue itself is going.
-                if completion.status != CompletionStatus::WorkRequestFlushError {
-                    self.repost(nic, slot)?;
-                }
+                // A host queue pair went down (its process ended, or a
+                // reply ran out of retries) with a request half received:
+                // the buffer goes back to the shared queue. A flushed one
+                // was kept back, and each such end took a buffer from
+                // every host for good, until none answered.
+                self.repost(nic, slot)?;
             }
-            (
-                Some(WorkKind::Receive),
-                CompletionOpcode::Receive | CompletionOpcode::ReceiveRdmaWithImmediate,
-            ) => self.take_request(nic, completion)?,
+            (Some(WorkKind::Receive), CompletionOpcode::Receive) => {
+                self.take_request(nic, completion)?
+            }
+            // Requests come by SEND with immediate (Table I). An RDMA
+            // WRITE with immediate writes nothing into the buffer: read
+            // as a request, the slot's last request was run again.
+            (Some(WorkKind::Receive), CompletionOpcode::ReceiveRdmaWithImmediate) => {
+                let qpn = completion.qpn;
+                self.requests.push_back(Request::Refused { qpn, slot });
+            }
             _ => {
                 return Err(AgentError::system(
                     "soda-dpu",
@@ -972,6 +979,9 @@ impl DpuState {
         for waiter in waiters {
             self.reply_from_cache(nic, waiter, entry)?;
         }
+        // Its region forgotten while it filled, and nobody reading it, it
+        // goes back now.
+        self.cache_mut().table.settle(entry);
         Ok(())
     }
 
@@ -1105,6 +1115,11 @@ impl DpuState {
         let Some(&(start, length)) = self.regions.get(&key.region) else {
             return Ok(false);
         };
+        // A pinned object is served from its static copy, which its writes
+        // reach and the memory node does not until the unpin.
+        if self.statics.contains_key(&key.region) {
+            return Ok(false);
+        }
         let cache = self.cache_mut();
         let entry_bytes = cache.config.entry_bytes as u64;
         let offset = key.entry * entry_bytes;
@@ -1241,6 +1256,112 @@ impl Agent for DpuStager {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use remora_rnic::{AccessFlags, RnicConfig, SoftRnic};
+    use remora_wire::{Ipv4Address, MacAddress};
+
+    /// A DPU on a NIC of its own, its shared receive queue holding every
+    /// receive but `taken` (received into, as if by a host).
+    fn dpu_with_receives_taken(taken: usize) -> (SoftRnic, DpuState) {
+        let mut nic = SoftRnic::new(RnicConfig::new(
+            MacAddress([2, 0, 0, 0, 0, 9]),
+            Ipv4Address::new(10, 0, 0, 9),
+            9,
+        ));
+        let config = DpuConfig::base(4096);
+        let domain = nic.alloc_protection_domain().unwrap();
+        let host_completion_queue = nic.create_completion_queue(64).unwrap();
+        let memory_completion_queue = nic.create_completion_queue(64).unwrap();
+        let shared_receive_queue = nic
+            .create_shared_receive_queue(domain, config.receive_slots)
+            .unwrap();
+        let region = |nic: &mut SoftRnic, bytes: usize| {
+            nic.register_memory(domain, bytes as u64, AccessFlags::LOCAL_WRITE)
+                .unwrap()
+        };
+        let receive_region = region(&mut nic, config.receive_slots * config.receive_slot_bytes());
+        let staging_region = region(&mut nic, config.staging_slots * config.chunk_bytes);
+        let pool = region(&mut nic, 1 << 16);
+        let static_region = region(&mut nic, 4096);
+        let builder = remora_rack::endpoint::rack_queue_pair(domain, memory_completion_queue);
+        let memory_queue_pair = QueuePair(nic.create_queue_pair(&builder).unwrap().qpn);
+        let resources = DpuResources {
+            host_completion_queue,
+            memory_completion_queue,
+            shared_receive_queue,
+            memory_queue_pair,
+            receive_region,
+            staging_region,
+            pool,
+            cache_region: None,
+            static_region,
+        };
+        let mut dpu = DpuState::new(config, resources);
+        for slot in taken..config.receive_slots {
+            dpu.repost(&mut nic, slot as u32).unwrap();
+        }
+        (nic, dpu)
+    }
+
+    fn receive_completion(status: CompletionStatus, opcode: CompletionOpcode) -> WorkCompletion {
+        WorkCompletion {
+            work_request_id: work_id(WorkKind::Receive, 0),
+            status,
+            opcode,
+            qpn: Qpn::new(0x120).unwrap(),
+            byte_len: 64,
+            immediate: Some(2),
+        }
+    }
+
+    /// A receive flushed when a host queue pair went into error (a reply
+    /// out of retries, a host that ended mid-request) was never posted
+    /// again: each such end took a buffer from every host for good.
+    #[test]
+    fn a_flushed_receive_goes_back_to_the_shared_queue() {
+        let (mut nic, mut dpu) = dpu_with_receives_taken(1);
+        let flushed = receive_completion(
+            CompletionStatus::WorkRequestFlushError,
+            CompletionOpcode::Receive,
+        );
+        dpu.host_completion(&mut nic, &flushed).unwrap();
+        // The queue is whole again: one more receive finds it full.
+        let queue = dpu.resources.shared_receive_queue;
+        let local = dpu.resources.receive_region.slice(0, 64);
+        let extra = ReceiveRequest::new(99, &[local]).unwrap();
+        assert!(matches!(
+            nic.post_shared_receive(queue, extra),
+            Err(remora_rnic::VerbsError::QueueFull { .. })
+        ));
+    }
+
+    /// An RDMA WRITE with immediate consumes a receive but writes nothing
+    /// into it: read as a request, the slot's last request ran again (an
+    /// old write landed over newer data). It is refused.
+    #[test]
+    fn a_write_with_immediate_is_refused_not_read_as_a_request() {
+        let (mut nic, mut dpu) = dpu_with_receives_taken(1);
+        // The slot still holds an earlier write request, of 64 bytes.
+        dpu.register_region(RegionId(1), 0, 4096);
+        let earlier = SodaRequestRepr::Write(remora_wire::soda::WriteRequestRepr {
+            region: RegionId(1),
+            page_offset: 0,
+            data: &[7u8; 52],
+        });
+        let mut bytes = [0u8; 64];
+        assert_eq!(earlier.emit(&mut bytes).unwrap(), 64);
+        let receive = dpu.resources.receive_region;
+        nic.write_local(receive.lkey, receive.address, &bytes)
+            .unwrap();
+        let write = receive_completion(
+            CompletionStatus::Success,
+            CompletionOpcode::ReceiveRdmaWithImmediate,
+        );
+        dpu.host_completion(&mut nic, &write).unwrap();
+        assert!(matches!(
+            dpu.requests.front(),
+            Some(Request::Refused { slot: 0, .. })
+        ));
+    }
 
     /// Writes are numbered mod 2^31. Compared plainly, write 0 after the
     /// wrap read as persisted by a count of 2^31 - 1 (so a DPU crash would

@@ -183,6 +183,9 @@ struct DpuPath {
     /// (or the DPU dies). Freed at once, a late write landed in the room
     /// of the next object given it. Locked inside `unconfirmed`.
     releasing: Mutex<std::collections::HashSet<ObjectId>>,
+    /// The DPU's crash count when `releasing` was last emptied for a
+    /// crash: its rooms are freed only for a DPU known dead since.
+    crashes_settled: AtomicU64,
 }
 
 pub struct SodaRack {
@@ -347,6 +350,7 @@ impl SodaRack {
                 busy,
                 unconfirmed: Mutex::new(HashMap::new()),
                 releasing: Mutex::new(Default::default()),
+                crashes_settled: AtomicU64::new(0),
             });
         }
         let mut processes = Vec::with_capacity(config.processes);
@@ -675,15 +679,28 @@ impl SodaRack {
         if let Some(dpu) = &self.dpu {
             let held = "the DPU failed holding writes the memory node never got";
             let mut unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
-            let released: Vec<ObjectId> = dpu
-                .releasing
-                .lock()
-                .expect("releasing lock")
-                .drain()
-                .collect();
-            for (other, _) in unconfirmed.drain() {
-                lost.entry(other).or_insert_with(|| held.into());
+            // An error on the path is not the DPU's death (a timeout of a
+            // slow DPU, a retired channel): rooms of released objects are
+            // freed only if it crashed since, for a live DPU's queued write
+            // would land in the next object given the room.
+            let crashes = dpu.state.lock().expect("DPU state lock").crashes();
+            let died = dpu.crashes_settled.fetch_max(crashes, Ordering::SeqCst) < crashes;
+            let mut releasing = dpu.releasing.lock().expect("releasing lock");
+            let released: Vec<ObjectId> = match died {
+                true => releasing.drain().collect(),
+                false => Vec::new(),
+            };
+            // Released objects' counts stay while the DPU may live: its
+            // confirmations free their rooms as before.
+            let drained: Vec<(ObjectId, u32)> = unconfirmed.drain().collect();
+            for (other, count) in drained {
+                if releasing.contains(&other) {
+                    unconfirmed.insert(other, count);
+                } else {
+                    lost.entry(other).or_insert_with(|| held.into());
+                }
             }
+            drop(releasing);
             drop(unconfirmed);
             // What the dead DPU held never lands: their rooms are free.
             self.free_rooms(released);
@@ -1097,5 +1114,58 @@ impl ChunkStore for ProcessStore {
 
     fn advise(&self, object: ObjectId, advice: Advice) -> Result<(), StoreError> {
         self.rack.advise(self.global(object)?, advice)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error on the DPU path (a slow DPU's timeout, a retired channel)
+    /// was taken for the DPU's death: the rooms of objects released while
+    /// it still held writes to them were freed, the next object took one,
+    /// and the live DPU's queued write landed in it. Freed only for a DPU
+    /// known dead now.
+    #[test]
+    fn an_error_on_the_dpu_path_frees_no_room_a_live_dpu_still_writes() {
+        const CHUNK_BYTES: usize = 64 << 10;
+        let config = SodaRackConfig {
+            pool_bytes: 8 << 20,
+            processes: 1,
+            channels: 3,
+            chunk_bytes: CHUNK_BYTES,
+            dpu: Some(DpuConfig::optimized(CHUNK_BYTES)),
+            route: Route::ThroughDpu,
+            links: RackLinks {
+                memory: Some(LinkShape {
+                    bandwidth_bits_per_second: 200_000_000,
+                    propagation_delay: Duration::ZERO,
+                    queue_limit_bytes: 1 << 20,
+                }),
+                ..Default::default()
+            },
+            hosts: None,
+        };
+        let store = SodaRack::start(&config).unwrap();
+        let (first, second) = (ObjectId(1), ObjectId(2));
+        store.reserve(first, CHUNK_BYTES as u64, None).unwrap();
+        store.write_back(first, 0, &[7u8; CHUNK_BYTES]).unwrap();
+        store.release(first).unwrap();
+        // Another object's transfer fails, and the DPU lives on.
+        store.dpu_failed(ObjectId(3), &SodaRackError::Refused(ObjectId(3)));
+        store.reserve(second, CHUNK_BYTES as u64, None).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while store.dpu_report().unwrap().0.written_bytes < CHUNK_BYTES as u64 {
+            assert!(Instant::now() < deadline, "the DPU never wrote");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let mut chunk = vec![1u8; CHUNK_BYTES];
+        store.fetch(second, 0, &mut chunk).unwrap();
+        assert!(
+            chunk.iter().all(|&byte| byte == 0),
+            "the new object is untouched"
+        );
+        store.stop().unwrap();
     }
 }
