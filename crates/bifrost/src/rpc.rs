@@ -151,6 +151,13 @@ pub trait Service: Send {
     /// stops, as a crashed host's threads would.
     fn crash(&mut self) {}
 
+    /// Whether it serves again after [`Service::crash`]. One that cannot
+    /// (its threads are gone) answered every later call with an error it
+    /// kept for good, a resend of a call it had run too.
+    fn serves_after_crash(&self) -> bool {
+        true
+    }
+
     /// Takes back a state [`Service::save_state`] gave.
     fn restore_state(&mut self, state: &[u8]) -> Result<(), String> {
         let _ = state;
@@ -535,6 +542,13 @@ impl Callee {
     pub fn crash(&mut self) {
         self.service.crash();
         self.in_progress.clear();
+        // The b1 commits in progress died with the host too.
+        self.received.clear();
+    }
+
+    /// Whether its service serves again after a crash.
+    pub fn serves_after_crash(&self) -> bool {
+        self.service.serves_after_crash()
     }
 
     /// With checkpoints, each call deferred to the service also commits a

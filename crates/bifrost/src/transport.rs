@@ -298,6 +298,10 @@ const RESEND_AFTER: Duration = Duration::from_micros(100);
 /// Resends before a call fails.
 const ATTEMPTS: u32 = 64;
 
+/// How long an in-process call waits, in real time, for a service that
+/// runs it on a thread of its own.
+const DEFERRED_CALL_LIMIT: Duration = Duration::from_secs(10);
+
 impl InProcessPath {
     pub fn new(service: Box<dyn Service>, drop_every: u64) -> InProcessPath {
         InProcessPath {
@@ -333,14 +337,20 @@ impl CallPath for InProcessPath {
         let rpc_id = self
             .caller
             .call(self.now, CALLEE_END, method, pointer, arguments)?;
-        // Each round either completes the call or resends it; the caller
-        // gives up after its attempts, so the loop ends.
+        // Each round either completes the call, resends it, or waits (in
+        // real time, bounded) for a call running on a service's thread;
+        // the caller gives up after its attempts, so the loop ends.
+        let waiting_since = std::time::Instant::now();
         loop {
             while let Some((_, payload)) = self.caller.poll_transmit() {
                 if self.delivered() {
                     self.callee.handle(CALLER_END, &payload);
                 }
             }
+            // A service that finishes calls later (a worker pool) hands
+            // its outcomes back here; never asked, it ran the call once
+            // and its answer never came.
+            self.callee.poll_service();
             while let Some((_, payload)) = self.callee.poll_transmit() {
                 if self.delivered() {
                     self.caller.handle(&payload);
@@ -350,6 +360,13 @@ impl CallPath for InProcessPath {
                 if id == rpc_id {
                     return outcome;
                 }
+            }
+            if self.callee.in_progress() > 0 {
+                if waiting_since.elapsed() > DEFERRED_CALL_LIMIT {
+                    return Err(RpcError::TimedOut(DEFERRED_CALL_LIMIT));
+                }
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
             }
             self.now = self.now.saturating_add(RESEND_AFTER);
             self.caller.handle_timeout(self.now);
@@ -493,4 +510,24 @@ pub enum ServiceRackError {
     Rack(#[from] remora_rack::RackError),
     #[error("the Gatekeeper's tables: {0}")]
     Gatekeeper(#[from] crate::gatekeeper::GatekeeperError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::scenario::Counter;
+    use crate::rpc::workers::WorkerPool;
+
+    /// A service that runs calls on its own threads (a worker pool) ran
+    /// the call once, but the in-process path never asked for its outcome:
+    /// after every attempt the caller got `NoAnswer`.
+    #[test]
+    fn an_in_process_call_gets_a_worker_pools_answer() {
+        let pool = WorkerPool::new(vec![Box::new(Counter(0)) as Box<dyn Service>]).unwrap();
+        let mut path = InProcessPath::new(Box::new(pool), 0);
+        let first = path.call("increment", GlobalAddress::NULL, b"").unwrap();
+        let second = path.call("increment", GlobalAddress::NULL, b"").unwrap();
+        assert_ne!(first, second, "two calls, each run once");
+        assert_eq!(path.callee().counters().executed, 2);
+    }
 }

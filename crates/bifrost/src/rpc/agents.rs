@@ -50,6 +50,11 @@ fn send_calls(
 /// thread's outcome waits at most this long for its reply to leave).
 const DEFERRED_POLL_INTERVAL: Duration = Duration::from_micros(20);
 
+/// Why a host's agent does not come back after a crash.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}: a replacement started from the checkpoint takes over")]
+pub struct RestartRefused(&'static str);
+
 /// Serves calls on Bifröst's port.
 pub struct ServerAgent {
     pub callee: Callee,
@@ -101,8 +106,18 @@ impl Agent for ServerAgent {
         self.callee.crash();
     }
 
+    /// Refused when the service cannot serve again (a worker pool's
+    /// threads died with the host): serving on, it answered every call
+    /// with an error it kept for good, a resend of a call it had run too.
+    /// A replacement started from the checkpoint takes over instead.
     fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
-        Ok(())
+        if self.callee.serves_after_crash() {
+            return Ok(());
+        }
+        Err(AgentError::system(
+            "bifrost-server",
+            RestartRefused("the service's worker threads died with the host"),
+        ))
     }
 }
 
@@ -441,10 +456,17 @@ impl Agent for CallingAgent {
 
     fn crash(&mut self) {
         self.port.forget();
-        // Calls in flight die with the host: their callers hear it.
+        // Calls in flight die with the host: their callers hear it, and
+        // the caller forgets them (kept, they were sent again after the
+        // restart, and a call its application retried ran twice). Its
+        // ids go on from where they were: from 1 again, the callee would
+        // answer new calls with the replies it kept for old ones.
         for (_, reply) in self.waiting.drain() {
             let _ = reply.try_send(Err(RpcError::CallerCrashed));
         }
+        let mut fresh = self.caller.fresh();
+        fresh.resume_at(self.caller.next_rpc_id());
+        self.caller = fresh;
     }
 
     fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
@@ -559,13 +581,47 @@ mod tests {
     use remora_rnic::{RnicConfig, SoftRnic};
     use remora_wire::{Ipv4Address, MacAddress};
 
+    /// A server over a worker pool restarted after a crash with the
+    /// pool's threads gone: it answered every call with "the worker
+    /// threads are gone" and kept that answer, a resend of a call it had
+    /// run too. Its restart is refused now.
+    #[test]
+    fn a_server_whose_workers_died_does_not_restart() {
+        let pool =
+            super::super::workers::WorkerPool::new(vec![
+                Box::new(super::super::scenario::Counter(0)) as Box<dyn super::super::Service>,
+            ])
+            .unwrap();
+        let mut server = ServerAgent::new(Callee::new(Box::new(pool)));
+        let mut nic = SoftRnic::new(RnicConfig::new(
+            MacAddress([2, 0, 0, 0, 0, 7]),
+            Ipv4Address::new(10, 0, 0, 7),
+            7,
+        ));
+        assert!(
+            server.restart(Timestamp::ZERO, &mut nic).is_ok(),
+            "before a crash"
+        );
+        server.crash();
+        let refused = server.restart(Timestamp::ZERO, &mut nic).unwrap_err();
+        assert!(
+            refused.downcast_ref::<RestartRefused>().is_some(),
+            "{refused}"
+        );
+        // A service of its own thread comes back.
+        let mut plain = ServerAgent::new(Callee::new(Box::new(super::super::scenario::Counter(0))));
+        plain.crash();
+        assert!(plain.restart(Timestamp::ZERO, &mut nic).is_ok());
+    }
+
     /// An application's calls through a calling agent were let out up to
     /// 1024 at once, past the 16 replies per caller a callee's checkpoint
     /// keeps: after a failover, a resent call older than those ran again.
     /// The agent now keeps its unanswered calls within that span of ids,
     /// as a client agent does; the rest wait in the channel.
     #[test]
-    fn a_calling_agent_keeps_its_calls_within_what_a_checkpoint_covers() {
+    fn a_calling_agent_keeps_its_calls_within_what_a_checkpoint_covers_and_forgets_them_in_a_crash()
+    {
         let mut nic = SoftRnic::new(RnicConfig::new(
             MacAddress([2, 0, 0, 0, 0, 1]),
             Ipv4Address::new(10, 0, 0, 1),
@@ -598,5 +654,17 @@ mod tests {
             agent.caller.outstanding(),
             super::super::checkpoint::REPLIES_PER_CALLER
         );
+        // A crash tells the callers of those calls they died with the
+        // host. They were kept and sent again after the restart: a call
+        // its application retried then ran twice.
+        let next = agent.caller.next_rpc_id();
+        agent.crash();
+        agent.restart(Timestamp::ZERO, &mut nic).unwrap();
+        assert_eq!(agent.caller.outstanding(), 0, "nothing is sent again");
+        assert!(matches!(
+            replies[0].try_recv(),
+            Ok(Err(RpcError::CallerCrashed))
+        ));
+        assert_eq!(agent.caller.next_rpc_id(), next, "ids go on");
     }
 }

@@ -89,6 +89,9 @@ fn work(
     done: &Sender<Reported>,
     crashed: &std::sync::atomic::AtomicBool,
 ) {
+    // Whether the service has saved a state: from then on a save that
+    // fails is a failure, not a service without state.
+    let mut stateful = false;
     loop {
         if crashed.load(std::sync::atomic::Ordering::Relaxed) {
             return;
@@ -119,6 +122,23 @@ fn work(
                     Ok(answer) => answer.state.clone(),
                     Err(_) => service.save_state(),
                 };
+                let state = match state {
+                    None if stateful => saved_again(service.as_ref()),
+                    state => state,
+                };
+                stateful |= state.is_some();
+                if stateful && state.is_none() {
+                    // Reported with no state, the call's reply carried a
+                    // checkpoint counting it with the state from before
+                    // it: a failover then lost its effect while its caller
+                    // held its answer. Unanswered, it is replayed to a
+                    // replacement, or its caller gives up on it.
+                    tracing::warn!(
+                        ?ticket,
+                        "the service could not save its state: the call is not answered"
+                    );
+                    continue;
+                }
                 if done.send((ticket, outcome, state)).is_err() {
                     return;
                 }
@@ -128,6 +148,17 @@ fn work(
             }
         }
     }
+}
+
+/// Saves made again after one failed (a channel that timed out once, a
+/// refused snapshot), a millisecond apart.
+const SAVE_TRIES: u32 = 3;
+
+fn saved_again(service: &dyn Service) -> Option<Vec<u8>> {
+    (0..SAVE_TRIES).find_map(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        service.save_state()
+    })
 }
 
 impl Service for WorkerPool {
@@ -177,6 +208,11 @@ impl Service for WorkerPool {
         self.crashed
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.jobs = None;
+    }
+
+    /// Its workers are gone for good with the crash.
+    fn serves_after_crash(&self) -> bool {
+        self.jobs.is_some()
     }
 
     /// Restores the service's state, on its thread: only for a pool of
@@ -278,6 +314,53 @@ mod tests {
             std::thread::yield_now();
         };
         assert!(finished.1.is_err());
+        assert_eq!(pool.save_state(), Some(1u64.to_be_bytes().to_vec()));
+    }
+
+    /// Counts; its second save fails (a snapshot that could not be
+    /// taken), and no later one succeeds.
+    struct CountThenCannotSave(u64);
+
+    impl Service for CountThenCannotSave {
+        fn call(&mut self, _: &[u8], _: GlobalAddress, _: &[u8]) -> Outcome {
+            self.0 += 1;
+            Ok(self.0.to_be_bytes().to_vec().into())
+        }
+        fn save_state(&self) -> Option<Vec<u8>> {
+            (self.0 < 2).then(|| self.0.to_be_bytes().to_vec())
+        }
+    }
+
+    /// A save that failed came back as no state, and the pool kept the
+    /// state from before: call 2's reply carried a checkpoint counting it
+    /// with the state of call 1, and a failover lost its effect while its
+    /// caller held the answer. Such a call is not answered now.
+    #[test]
+    fn a_call_whose_state_could_not_be_saved_is_not_answered() {
+        let mut pool =
+            WorkerPool::new(vec![Box::new(CountThenCannotSave(0)) as Box<dyn Service>]).unwrap();
+        let ticket = |rpc_id| CallTicket {
+            caller: DatagramEnd {
+                mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 9]),
+                address: remora_wire::Ipv4Address::new(10, 0, 0, 9),
+                port: 40000,
+            },
+            rpc_id,
+        };
+        for rpc_id in [1, 2] {
+            assert!(pool
+                .begin(ticket(rpc_id), b"count", GlobalAddress::NULL, b"")
+                .is_none());
+        }
+        let deadline = std::time::Instant::now() + Duration::from_millis(300);
+        let mut answered = Vec::new();
+        while std::time::Instant::now() < deadline {
+            if let Some((ticket, _)) = pool.poll_finished() {
+                answered.push(ticket.rpc_id);
+            }
+            std::thread::yield_now();
+        }
+        assert_eq!(answered, vec![1], "only the call whose state was saved");
         assert_eq!(pool.save_state(), Some(1u64.to_be_bytes().to_vec()));
     }
 
