@@ -16,9 +16,7 @@
 
 use remora_base::Timestamp;
 use remora_host::{Agent, AgentError, Progress};
-use remora_rnic::{
-    QueuePair, QueuePairBuilder, QueuePairEndpoint, QueuePairTransition, Verbs, VerbsError,
-};
+use remora_rnic::{QueuePair, QueuePairBuilder, QueuePairEndpoint, Verbs, VerbsError};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -200,9 +198,10 @@ impl ConnectionService {
             .ok_or(ConnectionError::UnknownInstance {
                 instance: request.instance,
             })?;
-        // The old queue pair's peer is gone: stop it answering anything
-        // still in flight to it. It may be in error already.
-        let _ = nic.modify_queue_pair(old.0, QueuePairTransition::Error);
+        // The old queue pair's peer is gone: it goes, answering nothing
+        // still in flight to it (kept, each reconnection took a place on
+        // the device for good). It may be gone already.
+        let _ = nic.destroy_queue_pair(old.0);
         let prepared = nic.create_queue_pair(&self.builder)?;
         let queue_pair = nic.handshake(prepared, request.endpoint)?;
         self.current[request.instance] = queue_pair;

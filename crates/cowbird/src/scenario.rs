@@ -138,6 +138,9 @@ pub struct Outcome {
     pub engine_restarts: u64,
     /// Queue pairs the compute host connected anew for the engine.
     pub compute_reconnects: u64,
+    /// Queue pairs live at the end on the compute and memory hosts' NICs:
+    /// reconnections must not add to them.
+    pub live_queue_pairs: (usize, usize),
     /// Cowbird-P4's counters, when it was the engine.
     pub switch_engine: Option<P4Stats>,
     /// Packets the memory host's NIC sent again.
@@ -373,6 +376,10 @@ fn spot_report(rack: &mut impl Rack, mut outcome: Outcome) -> Result<Outcome, Sc
             |service: &mut ConnectionService| service.reconnects(),
         )
         .ok_or(ScenarioError::AgentMissing)?;
+    outcome.live_queue_pairs = (
+        rack.with_nic(COMPUTE_HOST, |nic| nic.live_queue_pairs()),
+        rack.with_nic(MEMORY_HOST, |nic| nic.live_queue_pairs()),
+    );
     Ok(outcome)
 }
 
@@ -518,6 +525,7 @@ fn finish<R: Rack>(
         engine: SpotStats::default(),
         engine_restarts: 0,
         compute_reconnects: 0,
+        live_queue_pairs: (0, 0),
         switch_engine: None,
         engine_failures: Vec::new(),
         retransmissions: rack.with_nic(MEMORY_HOST, |nic| nic.counters().packets_retransmitted),

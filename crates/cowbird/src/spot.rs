@@ -562,6 +562,18 @@ impl SpotEngine {
         instance.batch.clear();
         instance.cursor = 0;
         instance.writes_in_flight = 0;
+        // The dead queue pair goes (and one made for an earlier attempt
+        // that never connected): kept, each reconnection took a place for
+        // good, and at the device's limit every instance stopped.
+        let dead = [
+            Some(instance.wiring.queue_pair.0),
+            instance.prepared.take().map(|prepared| prepared.qpn),
+        ];
+        for qpn in dead.into_iter().flatten() {
+            if let Err(refused) = rnic.destroy_queue_pair(qpn) {
+                tracing::debug!(instance = index, %refused, "destroying a dead queue pair");
+            }
+        }
         self.in_flight.retain(|write| write.instance != index);
         let prepared = rnic.create_queue_pair(&self.builder)?;
         self.stats.reconnects += 1;

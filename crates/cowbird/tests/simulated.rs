@@ -179,6 +179,10 @@ fn retry_exceeded_reconnects_instead_of_stopping() {
         assert!(outcome.engine.reconnects >= 1, "seed {seed}: {outcome:?}");
         assert_eq!(outcome.compute_reconnects, outcome.engine.reconnects);
         assert_eq!(outcome.engine_restarts, 0);
+        // A reconnection replaces a queue pair on each side; kept, the
+        // dead ones took the device's places for good.
+        let before = run_with(seed, &workload, None).unwrap().live_queue_pairs;
+        assert_eq!(outcome.live_queue_pairs, before, "seed {seed}");
     }
 }
 

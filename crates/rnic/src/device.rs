@@ -178,6 +178,11 @@ impl SoftRnic {
         Ok(())
     }
 
+    /// Queue pairs made and not destroyed.
+    pub fn live_queue_pairs(&self) -> usize {
+        self.retired_queue_pairs.live(&self.queue_pairs)
+    }
+
     pub fn queue_pair_state(&self, qpn: Qpn) -> Result<QueuePairState, VerbsError> {
         Ok(self.queue_pair(qpn)?.state())
     }
@@ -745,6 +750,10 @@ impl Verbs for SoftRnic {
             }
         }
         Ok(PreparedQueuePair { qpn, endpoint })
+    }
+
+    fn destroy_queue_pair(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
+        self.retire_queue_pair(qpn)
     }
 
     fn modify_queue_pair(

@@ -513,6 +513,10 @@ pub trait Verbs: DataPath {
         qpn: Qpn,
         transition: QueuePairTransition,
     ) -> Result<QueuePairState, VerbsError>;
+    /// `ibv_destroy_qp`: the queue pair goes with its work and the
+    /// completions still waiting for it, and its place is taken again
+    /// (under a number of a later generation).
+    fn destroy_queue_pair(&mut self, qpn: Qpn) -> Result<(), VerbsError>;
     /// `ibv_query_qp`.
     fn query_queue_pair(&self, queue_pair: QueuePair) -> Result<QueuePairStatus, VerbsError>;
     /// Brings a queue pair in ERR back to RTS against the same peer, where
