@@ -350,7 +350,7 @@ fn context_switch_ns(repetitions: usize) -> std::io::Result<f64> {
     let (mut to_partner_read, mut to_partner_write) = std::io::pipe()?;
     let (mut from_partner_read, mut from_partner_write) = std::io::pipe()?;
     let partner = std::thread::spawn(move || -> std::io::Result<()> {
-        pin_to_first_core();
+        let _pinned = OneCore::pin();
         let mut token = [0u8; 1];
         loop {
             if to_partner_read.read(&mut token)? == 0 {
@@ -359,7 +359,7 @@ fn context_switch_ns(repetitions: usize) -> std::io::Result<f64> {
             from_partner_write.write_all(&token)?;
         }
     });
-    pin_to_first_core();
+    let pinned = OneCore::pin();
     let mut token = [0u8; 1];
     let mut samples = Vec::with_capacity(repetitions);
     for _ in 0..repetitions.min(9) {
@@ -374,7 +374,7 @@ fn context_switch_ns(repetitions: usize) -> std::io::Result<f64> {
     partner
         .join()
         .map_err(|_| std::io::Error::other("partner thread panicked"))??;
-    unpin();
+    drop(pinned);
     // The same two writes and two reads per round trip, in one thread.
     let (mut alone_read, mut alone_write) = std::io::pipe()?;
     let pipe_only = median_ns(repetitions, || {
@@ -387,25 +387,36 @@ fn context_switch_ns(repetitions: usize) -> std::io::Result<f64> {
     Ok(((round_trip - 2.0 * pipe_only) / 2.0).max(0.0))
 }
 
-fn pin_to_first_core() {
-    set_affinity(Some(0));
+/// The calling thread pinned to the first CPU it may run on, until
+/// dropped: then it may run where it could before. (Freed to CPUs 0 to n
+/// instead, a thread under `taskset` or a cpuset was moved out of it, and
+/// so was every thread it started after; pinned to CPU 0 always, one
+/// outside its set failed to pin.)
+struct OneCore {
+    before: Option<rustix::thread::CpuSet>,
 }
 
-fn unpin() {
-    set_affinity(None);
-}
-
-/// Pins the calling thread to one CPU, or frees it to all.
-fn set_affinity(cpu: Option<usize>) {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut set = rustix::thread::CpuSet::new();
-    match cpu {
-        Some(cpu) => set.set(cpu),
-        None => (0..cpus).for_each(|cpu| set.set(cpu)),
+impl OneCore {
+    fn pin() -> OneCore {
+        let before = rustix::thread::sched_getaffinity(None).ok();
+        let first = before
+            .as_ref()
+            .and_then(|set| (0..rustix::thread::CpuSet::MAX_CPU).find(|&cpu| set.is_set(cpu)));
+        let mut one = rustix::thread::CpuSet::new();
+        one.set(first.unwrap_or(0));
+        // Pinning is best effort: a container may refuse it, and the
+        // measurement is then two cores' wake-up, which the JSON shows.
+        let _ = rustix::thread::sched_setaffinity(None, &one);
+        OneCore { before }
     }
-    // Pinning is best effort: a container may refuse it, and the
-    // measurement is then two cores' wake-up, which the JSON shows.
-    let _ = rustix::thread::sched_setaffinity(None, &set);
+}
+
+impl Drop for OneCore {
+    fn drop(&mut self) {
+        if let Some(before) = &self.before {
+            let _ = rustix::thread::sched_setaffinity(None, before);
+        }
+    }
 }
 
 /// The allocator's real code for eight PAs.
@@ -429,6 +440,30 @@ pub fn soc_stage_costs_ns(calibration: &Calibration, app: App, slowdown: f64) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The context-switch measurement freed its thread to CPUs 0 to n
+    /// afterwards, whatever set it ran in (a `taskset`, a cpuset): it
+    /// gives the thread back the set it had.
+    #[test]
+    fn measuring_a_context_switch_gives_the_thread_its_cpus_back() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cpus < 2 {
+            return;
+        }
+        std::thread::spawn(|| {
+            let mut only_second = rustix::thread::CpuSet::new();
+            only_second.set(1);
+            rustix::thread::sched_setaffinity(None, &only_second).unwrap();
+            context_switch_ns(3).unwrap();
+            let after = rustix::thread::sched_getaffinity(None).unwrap();
+            assert!(
+                after.is_set(1) && !after.is_set(0),
+                "the thread's set came back"
+            );
+        })
+        .join()
+        .unwrap();
+    }
 
     /// A calibration file's costs were bounded only below: a detection of
     /// 10^19 ns overflowed virtual time at the first detection.
