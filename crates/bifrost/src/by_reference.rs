@@ -72,7 +72,7 @@ pub fn pass_by_reference(
     let mut arguments = Vec::with_capacity(arrays.len());
     let mut at = 0u64;
     for array in arrays {
-        dsm.write_at(allocation, at, array)?;
+        freed_on_error(dsm, allocation, dsm.write_at(allocation, at, array))?;
         arguments.push(Argument {
             allocation,
             at,
@@ -81,6 +81,22 @@ pub fn pass_by_reference(
         at += array.len() as u64;
     }
     Ok((allocation, arguments))
+}
+
+/// `result`, having freed `allocation` (best effort) if it is an error:
+/// returned with its pointer dropped, the allocation could be freed by
+/// nobody (the Gatekeeper's rules give its control to its maker alone).
+pub fn freed_on_error<T>(
+    dsm: &Dsm,
+    allocation: GlobalPtr,
+    result: Result<T, DsmError>,
+) -> Result<T, DsmError> {
+    if result.is_err() {
+        if let Err(error) = dsm.free(allocation) {
+            tracing::warn!(%error, "freeing an allocation after a failed write");
+        }
+    }
+    result
 }
 
 pub fn application_error(message: String) -> thrift::Error {
@@ -104,7 +120,7 @@ pub fn read_argument(dsm: &Dsm, argument: &Argument) -> Result<Vec<u8>, thrift::
 /// reply's header carries it, and its control passes to the caller.
 pub fn return_array(dsm: &Dsm, result: &[u8]) -> thrift::Result<idl::GlobalPtr> {
     let allocation = dsm.alloc(result.len().max(1) as u64).map_err(dsm_error)?;
-    dsm.write(allocation, result).map_err(dsm_error)?;
+    freed_on_error(dsm, allocation, dsm.write(allocation, result)).map_err(dsm_error)?;
     // The caller controls it from the reply on: the callee forgets it.
     dsm.forget(allocation);
     return_pointer(allocation.to_address(None));

@@ -78,7 +78,8 @@ impl RegionCounter {
         }
         let dsm = self.dsm()?;
         let region = dsm.alloc(8).map_err(|error| error.to_string())?;
-        dsm.write(region, &0u64.to_be_bytes())
+        let zeroed = dsm.write(region, &0u64.to_be_bytes());
+        crate::by_reference::freed_on_error(dsm, region, zeroed)
             .map_err(|error| error.to_string())?;
         self.region = Some(region);
         Ok(region)

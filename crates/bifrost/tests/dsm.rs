@@ -189,3 +189,18 @@ fn dsm_message_seeds_replay() {
     }
     assert!(count >= 2);
 }
+
+/// `pass_by_reference`, `return_array` and the failover counter's region
+/// returned a failed write's error with the new allocation's pointer
+/// dropped: nobody else may free it (the Gatekeeper's rules give its
+/// control to its maker alone), so it leaked. It is freed first now.
+#[test]
+fn an_allocation_whose_first_write_failed_is_freed() {
+    let rack = rack();
+    let dsm = &rack.dsm;
+    let ptr = dsm.alloc_on(1, 4096).unwrap();
+    let failed =
+        remora_bifrost::by_reference::freed_on_error(dsm, ptr, dsm.write_at(ptr, 4090, &[0u8; 16]));
+    assert!(matches!(failed, Err(DsmError::OutOfRange { .. })));
+    assert!(dsm.free(ptr).is_err(), "it was freed already");
+}
