@@ -30,6 +30,8 @@ pub enum GeneratorError {
     Full,
     #[error("a template's period must be positive")]
     ZeroPeriod,
+    #[error("no template {0}")]
+    UnknownTemplate(usize),
 }
 
 impl PacketGenerator {
@@ -50,14 +52,22 @@ impl PacketGenerator {
     }
 
     /// Changes a template's period, as a control plane ramps probing up or
-    /// down.
+    /// down. A shorter period brings the next packet forward by as much
+    /// (its due time kept, a ramp from 1 s to 10 µs waited up to a second
+    /// for the first fast probe); a longer one takes effect after it.
     pub fn set_period(&mut self, id: TemplateId, period: Duration) -> Result<(), GeneratorError> {
         if period.is_zero() {
             return Err(GeneratorError::ZeroPeriod);
         }
-        if let Some((template, _)) = self.templates.get_mut(id.0) {
-            template.period = period;
+        let (template, due) = self
+            .templates
+            .get_mut(id.0)
+            .ok_or(GeneratorError::UnknownTemplate(id.0))?;
+        if let Some(sooner) = template.period.checked_sub(period) {
+            let nanos = due.as_nanos().saturating_sub(sooner.as_nanos() as u64);
+            *due = Timestamp::from_nanos(nanos);
         }
+        template.period = period;
         Ok(())
     }
 

@@ -105,10 +105,21 @@ fn parse_network(frame: &[u8], headers: &mut ParsedHeaders) -> Result<(), ParseS
     {
         return Err(ParseStop::NotRoce);
     }
-    headers.roce = Some(parse_transport(frame, udp + 8)?);
+    // The IPv4 packet ends where its total length says: Ethernet may pad
+    // past it, and the ICRC is the packet's last four bytes, not the
+    // frame's (at the frame's end, a padded frame's ICRC was recomputed
+    // over the wrong bytes and written two bytes late).
+    let total_len = usize::from(u16::from_be_bytes([frame[ip + 2], frame[ip + 3]]));
+    let packet_end = ip + total_len;
+    if packet_end > frame.len() || packet_end < udp + 8 {
+        return Err(ParseStop::TruncatedRoce);
+    }
+    headers.roce = Some(parse_transport(&frame[..packet_end], udp + 8)?);
     Ok(())
 }
 
+/// The transport headers of `frame`, cut where its IPv4 packet ends
+/// (padding left out).
 fn parse_transport(frame: &[u8], bth_offset: usize) -> Result<RoceFields, ParseStop> {
     let bth = BthHeader::new_checked(&frame[bth_offset..]).map_err(|_| ParseStop::TruncatedRoce)?;
     let opcode = Opcode::from_u8(bth.opcode_byte()).ok_or(ParseStop::TruncatedRoce)?;

@@ -50,6 +50,8 @@ pub struct SwitchCounters {
     pub dropped_queue_full: u64,
     pub dropped_recirculation_limit: u64,
     pub dropped_digest_overflow: u64,
+    /// Frames waiting in egress queues when the switch lost its power.
+    pub dropped_cleared: u64,
     /// Frames flooding replaced by their copies.
     pub flooded: u64,
     /// Copies flooding made (one per other port).
@@ -65,6 +67,7 @@ impl SwitchCounters {
             + self.dropped_by_program
             + self.dropped_queue_full
             + self.dropped_recirculation_limit
+            + self.dropped_cleared
     }
 }
 
@@ -253,7 +256,11 @@ impl<P: Program> Switch<P> {
             if let Some(digest) = packet.digest.take() {
                 self.deliver_digest(digest);
             }
-            self.deparse(packet);
+            if !self.deparse(packet) {
+                self.counters.dropped_runt += 1;
+                self.recycle(std::mem::take(&mut packet.bytes));
+                return;
+            }
             if let Some(mirror) = packet.mirror.take() {
                 self.counters.mirrored += 1;
                 let copy = self.buffer_from(&packet.bytes);
@@ -308,17 +315,26 @@ impl<P: Program> Switch<P> {
     }
 
     /// The deparser: headers were edited in place, so only the ICRC may
-    /// need refreshing.
-    fn deparse(&mut self, packet: &mut Packet) {
-        if !std::mem::take(&mut packet.rewritten) {
-            return;
+    /// need refreshing; whether the frame is still whole. The frame is
+    /// parsed afresh first: a program that changed its length left the
+    /// pass's offsets stale, and the ICRC went mid-frame or past its end
+    /// (a panic). A RoCE frame the program cut below its headers is not
+    /// whole.
+    fn deparse(&mut self, packet: &mut Packet) -> bool {
+        if !std::mem::take(&mut packet.rewritten) || packet.headers.roce.is_none() {
+            return true;
         }
-        let Some(roce) = packet.headers.roce else {
-            return;
+        let Some(roce) = parser::parse(&packet.bytes)
+            .ok()
+            .and_then(|headers| headers.roce)
+        else {
+            return false;
         };
         let icrc_offset = roce.icrc_offset;
         let value = icrc::compute_in_place(&mut packet.bytes, icrc_offset);
-        packet.bytes[icrc_offset..].copy_from_slice(&icrc::to_wire(value));
+        packet.bytes[icrc_offset..icrc_offset + icrc::ICRC_LEN]
+            .copy_from_slice(&icrc::to_wire(value));
+        true
     }
 
     fn deliver_digest(&mut self, digest: Digest) {
@@ -477,7 +493,10 @@ impl<P: Program> Switch<P> {
     /// Empties the queues, as a power cycle would; the program's tables are
     /// control-plane state and stay.
     pub fn clear_queues(&mut self) {
+        // Counted as dropped: uncounted, the frame accounting no longer
+        // balanced, and a debug switch panicked at its next frame.
         for queue in &mut self.egress {
+            self.counters.dropped_cleared += queue.len() as u64;
             queue.normal.clear();
             queue.background.clear();
         }

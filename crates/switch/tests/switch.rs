@@ -437,6 +437,146 @@ fn a_program_that_cuts_a_frame_below_its_headers_gets_it_dropped_not_a_panic() {
     assert_eq!(switch.counters().dropped_runt, 1);
 }
 
+/// A program that cuts a RoCE frame short and marks it rewritten.
+struct ShortenAndRewrite;
+
+impl Program for ShortenAndRewrite {
+    fn name(&self) -> &str {
+        "shorten"
+    }
+
+    fn ingress(&mut self, _now: Timestamp, packet: &mut Packet) {
+        let length = packet.bytes.len();
+        packet.bytes.truncate(length - 8);
+        packet.rewritten = true;
+        packet.egress = Egress::Port(PortId(1));
+    }
+
+    fn resources(&self) -> ResourceReport {
+        ResourceReport::new("shorten")
+    }
+}
+
+/// The deparser wrote the ICRC at the offsets of the pass's parse: a
+/// program that shortened the frame made it write past the end (a panic).
+/// The frame is parsed afresh, and one no longer whole is dropped.
+#[test]
+fn a_rewritten_frame_whose_length_changed_is_dropped_not_a_panic() {
+    let mut switch = Switch::new(SwitchConfig::new(3), ShortenAndRewrite);
+    switch.handle_frame(
+        Timestamp::ZERO,
+        PortId(0),
+        &roce_frame(1, 2, host_mac(2), b"a payload long enough"),
+    );
+    assert!(drain(&mut switch).is_empty());
+    assert_eq!(switch.counters().dropped_runt, 1);
+    assert!(switch.check_frame_accounting().is_ok());
+}
+
+/// Ethernet may pad a short frame past its IPv4 packet. The ICRC was
+/// taken to be the frame's last four bytes: a rewritten padded frame got
+/// its ICRC computed over the wrong bytes and written two bytes late.
+#[test]
+fn a_padded_roce_frame_gets_its_icrc_where_its_packet_ends() {
+    let mut switch = Switch::new(
+        SwitchConfig::new(3),
+        Rewriter {
+            passes: 0,
+            forever: false,
+        },
+    );
+    let mut padded = roce_frame(1, 2, host_mac(2), b"");
+    padded.extend_from_slice(&[0, 0]);
+    switch.handle_frame(Timestamp::ZERO, PortId(0), &padded);
+    let out = drain(&mut switch);
+    assert_eq!(out.len(), 2, "forwarded and mirrored");
+    for (_, bytes) in &out {
+        let frame = RoceFrame::new_checked(&bytes[..]).expect("the ICRC where the packet ends");
+        assert_eq!(frame.bth().destination_qp, Qpn::new(0x456).unwrap());
+    }
+}
+
+/// A group address is never a frame's source. One was learned (a spoof,
+/// a flipped bit): every later broadcast went to its one port.
+#[test]
+fn a_group_source_address_is_dropped_and_never_learned() {
+    let mut switch = rack_switch(3);
+    let mut spoof = roce_frame(3, 1, host_mac(1), b"spoof");
+    spoof[6..12].copy_from_slice(&[0xff; 6]);
+    switch.handle_frame(Timestamp::ZERO, PortId(2), &spoof);
+    assert!(switch.poll_digest().is_none(), "nothing to learn");
+    assert!(drain(&mut switch).is_empty());
+    let digest = remora_switch::program::Digest {
+        kind: LEARN_DIGEST,
+        values: [0xffff_ffff_ffff, 2, 0, 0],
+    };
+    switch.program_mut().learn(&digest).unwrap();
+    let broadcast = roce_frame(1, 2, MacAddress([0xff; 6]), b"all");
+    switch.handle_frame(Timestamp::ZERO, PortId(0), &broadcast);
+    let ports: Vec<PortId> = drain(&mut switch)
+        .into_iter()
+        .map(|(port, _)| port)
+        .collect();
+    assert_eq!(ports, vec![PortId(1), PortId(2)], "broadcasts still flood");
+}
+
+/// Clearing the queues (a switch that lost its power) dropped frames
+/// uncounted: the accounting no longer balanced, and a debug switch
+/// panicked at its next frame.
+#[test]
+fn frames_cleared_from_the_queues_are_counted() {
+    let mut switch = rack_switch(2);
+    switch.handle_frame(
+        Timestamp::ZERO,
+        PortId(0),
+        &roce_frame(1, 2, host_mac(2), b"queued"),
+    );
+    assert_eq!(switch.queued_frames(), 1);
+    switch.clear_queues();
+    assert_eq!(switch.counters().dropped_cleared, 1);
+    assert!(switch.check_frame_accounting().is_ok());
+    switch.handle_frame(
+        Timestamp::ZERO,
+        PortId(0),
+        &roce_frame(1, 2, host_mac(2), b"next"),
+    );
+}
+
+/// A template's period changed without moving its next packet: a ramp
+/// from a second to 10 µs waited up to a second for the first fast
+/// probe. An unknown template was accepted without a word.
+#[test]
+fn a_shorter_period_brings_the_next_probe_forward() {
+    let mut switch = rack_switch(2);
+    let probe = roce_frame(2, 1, host_mac(1), b"probe");
+    let id = switch
+        .add_template(
+            Template {
+                bytes: probe,
+                period: Duration::from_secs(1),
+                priority: 0,
+            },
+            Timestamp::ZERO,
+        )
+        .unwrap();
+    switch.handle_timeout(Timestamp::ZERO);
+    assert_eq!(
+        switch.poll_timeout(),
+        Some(Timestamp::from_nanos(1_000_000_000))
+    );
+    switch
+        .set_template_period(id, Duration::from_micros(10))
+        .unwrap();
+    assert_eq!(switch.poll_timeout(), Some(Timestamp::from_nanos(10_000)));
+    assert!(matches!(
+        switch.set_template_period(
+            remora_switch::generator::TemplateId(9),
+            Duration::from_micros(1)
+        ),
+        Err(remora_switch::generator::GeneratorError::UnknownTemplate(9))
+    ));
+}
+
 mod range_table {
     use proptest::prelude::*;
     use remora_switch::table::{RangeTable, TableError, TableShape};

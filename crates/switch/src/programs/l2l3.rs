@@ -131,13 +131,13 @@ impl L2L3Forwarding {
 
     /// Control plane: handle a learning digest.
     pub fn learn(&mut self, digest: &Digest) -> Result<(), TableError> {
-        if digest.kind != LEARN_DIGEST {
+        let mac = mac_from_u64(digest.values[0]);
+        // Never a group address (the data plane sends none; a control
+        // plane's own digest might).
+        if digest.kind != LEARN_DIGEST || mac.0[0] & 1 == 1 {
             return Ok(());
         }
-        self.add_host(
-            mac_from_u64(digest.values[0]),
-            PortId(digest.values[1] as u16),
-        )
+        self.add_host(mac, PortId(digest.values[1] as u16))
     }
 
     fn route(&self, packet: &mut Packet) -> bool {
@@ -183,6 +183,13 @@ impl Program for L2L3Forwarding {
     }
 
     fn ingress(&mut self, _now: Timestamp, packet: &mut Packet) {
+        // A group address is never a frame's source (802.1D): such a
+        // frame (a spoof, a flipped bit) is dropped. Learned, it sent
+        // every later broadcast to its one port.
+        if packet.headers.source_mac.0[0] & 1 == 1 {
+            packet.egress = Egress::Drop;
+            return;
+        }
         // Only the fields matched on, not a copy of every parsed header.
         let source = mac_to_u64(packet.headers.source_mac);
         let destination_mac = packet.headers.destination_mac;
