@@ -128,6 +128,13 @@ impl ScenarioConfig {
         if self.safety_phase_us == 0 || self.liveness_limit_ms == 0 || self.max_events == 0 {
             return Err(ScenarioConfigError::ZeroBound);
         }
+        // A host takes every completion in one queue: its requests' and
+        // the receives of its peers' SENDs, per connection. Past its depth
+        // the queue overran and the campaign panicked with no report.
+        let completions = self.connections * (2 * self.operations_per_stream + 1);
+        if completions > COMPLETION_QUEUE_DEPTH {
+            return Err(ScenarioConfigError::TooManyCompletions(completions));
+        }
         Ok(())
     }
 
@@ -149,6 +156,8 @@ pub enum ScenarioConfigError {
     OperationsPerStream(usize),
     #[error("safety_phase_us, liveness_limit_ms and max_events must be positive")]
     ZeroBound,
+    #[error("connections × (2 × operations_per_stream + 1) = {0} completions per host is past the {COMPLETION_QUEUE_DEPTH} its queue holds")]
+    TooManyCompletions(usize),
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -491,6 +500,11 @@ fn post_receives(sim: &mut Simulation<HostNode>, stream: &Stream, config: &Scena
 
 /// The byte a READ's or atomic's local slot holds before its answer.
 const ANSWER_MARKER: u8 = 0xa5;
+/// The bytes a violating WRITE carries: zeros landing on zeroed memory
+/// would pass for a refusal that changed nothing.
+const VIOLATION_MARKER: u8 = 0x5a;
+/// The bytes a violation's local slot holds (a WRITE's payload).
+const VIOLATION_BYTES: usize = 64;
 
 fn post_operations(sim: &mut Simulation<HostNode>, stream: &Stream, responder: &HostResources) {
     let device = device(sim, stream.requester);
@@ -514,7 +528,13 @@ fn post_operations(sim: &mut Simulation<HostNode>, stream: &Stream, responder: &
             Operation::CompareSwap { .. } | Operation::FetchAdd { .. } => device
                 .write_local(stream.local.lkey, address, &[ANSWER_MARKER; 8])
                 .expect("slot fits"),
-            Operation::Violation(_) => {}
+            Operation::Violation(_) => device
+                .write_local(
+                    stream.local.lkey,
+                    address,
+                    &[VIOLATION_MARKER; VIOLATION_BYTES],
+                )
+                .expect("slot fits"),
         }
         let request = send_request(stream, responder, index, operation);
         device
@@ -577,7 +597,7 @@ fn send_request(
             if violation == Violation::AtomicOnReadOnly {
                 8
             } else {
-                64
+                VIOLATION_BYTES as u32
             },
         ),
     };
@@ -683,6 +703,12 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
             &mut report,
         );
     }
+    for (host, completions) in hosts.iter().zip(&completions) {
+        // A crashed host's NIC is fresh: its region is gone with it.
+        if completions.is_some() {
+            check_read_only_untouched(&sim, host, &mut report);
+        }
+    }
     for node in sim.nodes() {
         let counters = node.nic().counters();
         report.frames += counters.frames_transmitted;
@@ -690,6 +716,28 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         report.retransmit_timeouts += counters.retransmit_timeouts;
     }
     report
+}
+
+/// A refused WRITE or atomic aimed at a host's read-only region changed
+/// nothing there. (No check read it: a responder that applied such an
+/// access before its NAK passed every seed.)
+fn check_read_only_untouched(
+    sim: &Simulation<HostNode>,
+    host: &HostResources,
+    report: &mut SeedReport,
+) {
+    let mut memory = vec![0u8; host.read_only.length_bytes as usize];
+    let read = sim.node(host.id).nic().read_local(
+        host.read_only.lkey,
+        host.read_only.address,
+        &mut memory,
+    );
+    if read.is_err() || memory.iter().any(|&byte| byte != 0) {
+        report.failures.push(format!(
+            "host {}: its read-only region was written ({read:?})",
+            host.id.0
+        ));
+    }
 }
 
 /// Every completion a host produced, or `None` if it crashed (they are lost).
@@ -1071,5 +1119,53 @@ fn check_one_receive(
         if &actual != data {
             fail(format!("receive {index}: SEND payload arrived corrupted"));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remora_rnic::RnicConfig;
+    use remora_wire::{Ipv4Address, MacAddress};
+
+    #[test]
+    fn a_campaign_past_a_hosts_completion_queue_is_refused() {
+        let config = ScenarioConfig {
+            connections: 64,
+            operations_per_stream: 1000,
+            ..ScenarioConfig::default()
+        };
+        assert!(matches!(
+            config.validate(),
+            Err(ScenarioConfigError::TooManyCompletions(_))
+        ));
+        assert!(ScenarioConfig::default().validate().is_ok());
+    }
+
+    /// No check read a host's read-only region, so a responder that applied
+    /// a refused WRITE or atomic there before its NAK passed every seed.
+    /// (The violating WRITE also carried zeros, which zeroed memory hides.)
+    #[test]
+    fn a_write_into_the_read_only_region_fails_the_seed() {
+        let mut sim = Simulation::new(1);
+        let config = RnicConfig::new(
+            MacAddress([2, 0, 0, 0, 0, 1]),
+            Ipv4Address::new(192, 0, 2, 1),
+            1,
+        );
+        let id = sim.add_node(HostNode::new("host", config));
+        let host = setup_host(&mut sim, id);
+        let mut report = SeedReport::default();
+        check_read_only_untouched(&sim, &host, &mut report);
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        device(&mut sim, id)
+            .write_local(
+                host.read_only.lkey,
+                host.read_only.address,
+                &[VIOLATION_MARKER],
+            )
+            .unwrap();
+        check_read_only_untouched(&sim, &host, &mut report);
+        assert_eq!(report.failures.len(), 1);
     }
 }
