@@ -212,6 +212,16 @@ impl CloverConfig {
             .ok()
             .filter(|bytes| (1 << 20..=MAX_REGION_BYTES).contains(bytes))
             .ok_or_else(|| invalid("region", raw.region.clone(), "a size from 1MiB to 1GiB"))?;
+        // The keys' shortcut words and first versions must fit the region:
+        // found at deploy, the run failed after the rack's own workload,
+        // naming neither the section nor a field.
+        if crate::metadata::RegionPlan::new(raw.keys, region_bytes).is_err() {
+            return Err(invalid(
+                "region",
+                raw.region.clone(),
+                "room for every key's shortcut word and a first version of each (72 B a key and more)",
+            ));
+        }
         let switch = match (raw.resolver, raw.cached_keys) {
             (false, None) => SwitchChoice::Plain,
             (false, Some(_)) => {
@@ -294,6 +304,8 @@ mod tests {
         assert_eq!(field("zipf_theta = 1.0"), "zipf_theta");
         assert_eq!(field("value_bytes = 0"), "value_bytes");
         assert_eq!(field("value_bytes = 4"), "value_bytes");
+        // 200 000 keys' shortcuts and first versions overflow 8 MiB.
+        assert_eq!(field("keys = 200000"), "region");
         assert_eq!(field("region = \"4KiB\""), "region");
         assert_eq!(field("region = \"lots\""), "region");
         assert_eq!(field("cached_keys = 4"), "cached_keys");

@@ -330,15 +330,20 @@ fn number_and_unit<'a>(what: &str, text: &'a str) -> Result<(u64, &'a str), Stri
     Ok((value, unit.trim()))
 }
 
-/// "64MiB", "4 KiB", "1GiB", "1048576".
-/// A system's table read into its own schema; the error is TOML's
-/// message, for the system to wrap in its typed error.
+/// A system's table read into its own schema; the error is TOML's, with
+/// the key it is about, for the system to wrap in its typed error. (Its
+/// message alone named no key: "invalid value: integer `-1`, expected
+/// usize", in a table re-read from a value, so with no line either.)
 pub fn parse_section<T: serde::de::DeserializeOwned>(table: &toml::Table) -> Result<T, String> {
     toml::Value::Table(table.clone())
         .try_into()
-        .map_err(|error: toml::de::Error| error.message().to_string())
+        .map_err(|error: toml::de::Error| {
+            let text = error.to_string();
+            text.split_whitespace().collect::<Vec<_>>().join(" ")
+        })
 }
 
+/// "64MiB", "4 KiB", "1GiB", "1048576".
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let (value, unit) = number_and_unit("size", text)?;
     let multiplier = match unit {
@@ -506,6 +511,16 @@ impl RackConfig {
                     workload.max_bytes
                 )));
             }
+            // The window a workload spans in its memory node is at most
+            // 1 MiB: past it the file passed, and the run failed after the
+            // rack was up and connected.
+            let window = crate::workload::MAX_WINDOW_BYTES;
+            if node.role == Role::Compute && u64::from(workload.max_bytes) > window {
+                return Err(context(format!(
+                    "workload max_bytes {} is past the {window} B a workload spans in its memory node",
+                    workload.max_bytes
+                )));
+            }
             nodes.push(NodeConfig {
                 name: node.name,
                 role: node.role,
@@ -646,6 +661,20 @@ impl RackConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A section's bad value said what was wrong but not where: TOML's
+    /// message names no key, and a table re-read from a value has no line.
+    #[test]
+    fn a_bad_value_in_a_section_names_its_key() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Section {
+            threads: usize,
+        }
+        let table: toml::Table = "threads = -1".parse().unwrap();
+        let error = parse_section::<Section>(&table).unwrap_err();
+        assert!(error.contains("threads"), "{error}");
+    }
 
     const GOOD: &str = r#"
         [rack]
@@ -817,6 +846,16 @@ mod tests {
             (
                 GOOD.replace("memory = \"1MiB\"", "memory = \"1MiB\"\nflavour = 1"),
                 "unknown field",
+            ),
+            // Past the 1 MiB a workload spans: the file passed, and the run
+            // failed once the rack was up.
+            (
+                GOOD.replace(
+                    "memory = \"1MiB\"",
+                    "memory = \"8MiB\"\n[node.workload]\nmax_bytes = 2097152",
+                )
+                .replace("memory = \"4MiB\"", "memory = \"64MiB\""),
+                "past the 1048576 B a workload spans",
             ),
         ];
         for (text, expected) in cases {

@@ -125,6 +125,8 @@ pub struct CacheOptions {
 
 /// The most entries a DPU fetches ahead of a requested one.
 pub const MAX_PREFETCH_DEPTH: u64 = 64;
+/// The most chunks a dynamic cache entry holds (256 MiB at 64 KiB).
+pub const MAX_CHUNKS_PER_ENTRY: usize = 4096;
 
 impl CacheOptions {
     /// Refuses options no cache can run with.
@@ -136,6 +138,14 @@ impl CacheOptions {
         }
         if self.chunks_per_entry == Some(0) {
             return Err(SodaError::Config("a cache entry holds at least one chunk"));
+        }
+        // An entry's bytes are chunks × chunk size: 2^48 chunks wrapped to
+        // 0 and divided by zero (a panic) in a release build.
+        if self
+            .chunks_per_entry
+            .is_some_and(|chunks| chunks > MAX_CHUNKS_PER_ENTRY)
+        {
+            return Err(SodaError::Config("a cache entry holds at most 4096 chunks"));
         }
         if self.prefetch_depth > MAX_PREFETCH_DEPTH {
             return Err(SodaError::Config(
@@ -621,6 +631,11 @@ mod tests {
         let bad = [
             CacheOptions {
                 chunks_per_entry: Some(0),
+                ..good
+            },
+            // 2^48 chunks of 64 KiB wrapped to 0 bytes: a divide by zero.
+            CacheOptions {
+                chunks_per_entry: Some(1 << 48),
                 ..good
             },
             CacheOptions {
