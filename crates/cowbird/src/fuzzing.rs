@@ -23,6 +23,23 @@ pub fn hostile_block(bytes: &[u8]) -> usize {
     hostile_run(bytes).turns
 }
 
+/// One client thread with small rings, over one small pool region.
+fn one_instance(spot: SpotConfig) -> CowbirdSpec {
+    CowbirdSpec {
+        threads: 1,
+        sizes: RingSizes {
+            metadata_entries: 8,
+            request_data_bytes: 4096,
+            response_data_bytes: 4096,
+        },
+        pool_regions: vec![POOL_BYTES],
+        spot,
+        ack_timeout: Duration::from_micros(100),
+        direct: None,
+        rpc: None,
+    }
+}
+
 /// How a run against a hostile block ended. (The fuzz target counts the
 /// turns; the tests look at why it stopped.)
 #[cfg_attr(not(test), allow(dead_code))]
@@ -35,23 +52,10 @@ struct HostileOutcome {
 
 fn hostile_run(bytes: &[u8]) -> HostileOutcome {
     let mut fabric = BackToBack::new(7);
-    let sizes = RingSizes {
-        metadata_entries: 8,
-        request_data_bytes: 4096,
-        response_data_bytes: 4096,
-    };
-    let spec = CowbirdSpec {
-        threads: 1,
-        sizes,
-        pool_regions: vec![POOL_BYTES],
-        spot: SpotConfig {
-            batch_entries: 4,
-            ..SpotConfig::DEFAULT
-        },
-        ack_timeout: Duration::from_micros(100),
-        direct: None,
-        rpc: None,
-    };
+    let spec = one_instance(SpotConfig {
+        batch_entries: 4,
+        ..SpotConfig::DEFAULT
+    });
     let mut deployment =
         deploy(spec, &mut fabric.left, &mut fabric.right).expect("a fixed deployment works");
     let block = deployment.clients[0].block();
@@ -397,19 +401,7 @@ mod tests {
     #[test]
     fn an_empty_probe_ends_the_count_of_outages_and_the_redo() {
         let mut fabric = BackToBack::new(7);
-        let spec = CowbirdSpec {
-            threads: 1,
-            sizes: RingSizes {
-                metadata_entries: 8,
-                request_data_bytes: 4096,
-                response_data_bytes: 4096,
-            },
-            pool_regions: vec![POOL_BYTES],
-            spot: SpotConfig::DEFAULT,
-            ack_timeout: Duration::from_micros(100),
-            direct: None,
-            rpc: None,
-        };
+        let spec = one_instance(SpotConfig::DEFAULT);
         let mut deployment = deploy(spec, &mut fabric.left, &mut fabric.right).unwrap();
         fn running(deployment: &mut crate::deploy::Deployment) -> &mut crate::spot::SpotEngine {
             deployment.engine.engine_mut().expect("running")
