@@ -330,6 +330,10 @@ fn number_and_unit<'a>(what: &str, text: &'a str) -> Result<(u64, &'a str), Stri
     Ok((value, unit.trim()))
 }
 
+/// The most of its memory node's region one compute node's workload
+/// spans; `max_bytes` must fit in it.
+pub const MAX_WINDOW_BYTES: u64 = 1 << 20;
+
 /// A system's table read into its own schema; the error is TOML's, with
 /// the key it is about, for the system to wrap in its typed error. (Its
 /// message alone named no key: "invalid value: integer `-1`, expected
@@ -514,7 +518,7 @@ impl RackConfig {
             // The window a workload spans in its memory node is at most
             // 1 MiB: past it the file passed, and the run failed after the
             // rack was up and connected.
-            let window = crate::workload::MAX_WINDOW_BYTES;
+            let window = MAX_WINDOW_BYTES;
             if node.role == Role::Compute && u64::from(workload.max_bytes) > window {
                 return Err(context(format!(
                     "workload max_bytes {} is past the {window} B a workload spans in its memory node",

@@ -17,10 +17,6 @@ use remora_wire::VirtAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// The most of its memory node's region one compute node's workload
-/// spans; `max_bytes` must fit in it (checked when the rack file is read).
-pub const MAX_WINDOW_BYTES: u64 = 1 << 20;
-
 /// How long one operation may take before the run fails.
 const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes of each memory node's region reserved per compute node for its
@@ -140,7 +136,7 @@ fn connect(
         control::connect_queue_pair(endpoint, kicker, &node.name, builder, &target.control, stop)?;
     // Eight-byte aligned, so every compute node's atomics counter is too.
     let share = (region.length_bytes / placement.compute_count) & !7;
-    let window = (share.saturating_sub(COUNTER_BYTES) & !7).min(MAX_WINDOW_BYTES);
+    let window = (share.saturating_sub(COUNTER_BYTES) & !7).min(crate::config::MAX_WINDOW_BYTES);
     if window < u64::from(node.workload.max_bytes) {
         return Err(RackError::Workload(format!(
             "{}'s region leaves {window} B per compute node, less than max_bytes {}",
