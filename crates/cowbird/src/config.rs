@@ -277,6 +277,17 @@ impl CowbirdConfig {
                 raw.metadata_entries, spot.batch_entries
             )));
         }
+        // The engine's completion queue takes every thread's send queue
+        // (two verbs per entry and eight more, as `deploy` sizes it); past
+        // a device's deepest queue the section passed and deploy failed.
+        let engine_queue = (2 * spot.batch_entries + 8).saturating_mul(raw.threads.max(1) as u64);
+        let deepest = remora_rnic::RnicConfig::DEFAULT_MAX_QUEUE_DEPTH as u64;
+        if engine_queue > deepest {
+            return Err(context(format!(
+                "threads ({}) × (2 × spot.batch_entries ({}) + 8) = {engine_queue} engine completions, past the {deepest} a queue holds",
+                raw.threads, spot.batch_entries
+            )));
+        }
         if spot.probe_interval_min_us == 0
             || spot.probe_interval_min_us > spot.probe_interval_max_us
         {
@@ -360,6 +371,12 @@ mod tests {
                 "max_entries_in_flight",
             ),
             ("engine = \"p4\"\nspeed = 3", "unknown field"),
+            // The engine's completion queue would be past a device's
+            // deepest: the section passed and deploy failed.
+            (
+                "engine = \"spot\"\nthreads = 64\nmetadata_entries = 128\n[cowbird.spot]\nbatch_entries = 128",
+                "engine completions",
+            ),
             // Each ring fits, but not with the others in one region: this
             // failed only after the rack had run.
             (

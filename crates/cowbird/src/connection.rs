@@ -49,12 +49,20 @@ pub enum ConnectionError {
     Verbs(#[from] VerbsError),
     #[error("a compute node that restarts loses its rings and clients: not recoverable")]
     ComputeRestart,
+    #[error(
+        "no connection service answers on the compute node: a dead queue pair is not replaced"
+    )]
+    NoService,
 }
 
 #[derive(Default)]
 struct Mailbox {
     requests: VecDeque<ReconnectRequest>,
     answers: VecDeque<ReconnectRequest>,
+    /// Whether a [`ConnectionService`] answers. A request nobody would
+    /// answer is refused: the instance fails with a typed error instead of
+    /// waiting for ever (a deployment that leaves the service out).
+    served: bool,
 }
 
 /// The control channel between the engine and the compute node. Cloned
@@ -98,7 +106,11 @@ impl Connector {
             endpoint,
             at: now.saturating_add(CONTROL_LATENCY),
         };
-        push(&mut self.mailbox().requests, message)
+        let mut mailbox = self.mailbox();
+        if !mailbox.served {
+            return Err(ConnectionError::NoService);
+        }
+        push(&mut mailbox.requests, message)
     }
 
     /// The compute node's answer for `instance` at `epoch`, once arrived.
@@ -155,6 +167,13 @@ impl Connector {
     }
 }
 
+impl Drop for ConnectionService {
+    /// Left out (or gone with its host), it answers nothing from now on.
+    fn drop(&mut self) {
+        self.connector.mailbox().served = false;
+    }
+}
+
 /// The compute node's side of reconnection: an agent beside the
 /// application, which makes and connects a new queue pair per request.
 pub struct ConnectionService {
@@ -173,6 +192,7 @@ impl ConnectionService {
         builder: QueuePairBuilder,
         current: Vec<QueuePair>,
     ) -> ConnectionService {
+        connector.mailbox().served = true;
         ConnectionService {
             connector,
             builder,
@@ -254,5 +274,41 @@ impl Agent for ConnectionService {
             "cowbird-connection-service",
             ConnectionError::ComputeRestart,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remora_rnic::{RnicConfig, SoftRnic};
+    use remora_wire::{Ipv4Address, MacAddress, Psn, Qpn};
+
+    /// A deployment that left the connection service out (the far-memory
+    /// rack) had a dead queue pair's instance ask for a new one that
+    /// nobody would connect: it waited for ever, and the application's
+    /// requests with it. The request is refused, and the instance fails.
+    #[test]
+    fn a_request_nobody_would_answer_is_refused() {
+        let endpoint = QueuePairEndpoint {
+            qpn: Qpn::new(0x20).unwrap(),
+            address: Ipv4Address::new(10, 0, 0, 2),
+            mac: MacAddress([2, 0, 0, 0, 0, 2]),
+            initial_psn: Psn::new(0),
+        };
+        let connector = Connector::new();
+        let request = |connector: &Connector| connector.request(Timestamp::ZERO, 0, 1, endpoint);
+        assert_eq!(request(&connector), Err(ConnectionError::NoService));
+        let mut nic = SoftRnic::new(RnicConfig::new(
+            MacAddress([2, 0, 0, 0, 0, 1]),
+            Ipv4Address::new(10, 0, 0, 1),
+            1,
+        ));
+        let domain = nic.alloc_protection_domain().unwrap();
+        let queue = nic.create_completion_queue(8).unwrap();
+        let builder = QueuePairBuilder::new(domain, queue, queue);
+        let service = ConnectionService::new(connector.clone(), builder, Vec::new());
+        assert_eq!(request(&connector), Ok(()));
+        drop(service);
+        assert_eq!(request(&connector), Err(ConnectionError::NoService));
     }
 }

@@ -141,8 +141,9 @@ impl FarMemoryRack {
             // benchmarks measure the data path, and on the embedded rack
             // every agent shares the fabric thread, where an idle control
             // service still costs each turn (a real compute node runs it
-            // on its own CPU). A queue pair that dies here ends the run
-            // with a typed error, as before reconnection existed.
+            // on its own CPU). A queue pair that dies here fails its
+            // instance with a typed error (`ConnectionError::NoService`),
+            // as before reconnection existed.
         }
         for server in servers {
             engine_busy.push(staged.add_agent(MEMORY_HOST, Arc::new(Mutex::new(server))));

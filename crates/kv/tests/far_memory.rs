@@ -93,3 +93,25 @@ fn a_queue_dropped_with_work_in_flight_passes_none_of_it_on() {
     drop(second);
     device.stop().unwrap();
 }
+
+/// An empty READ or WRITE on far memory issued no piece, so nothing ever
+/// completed it; the memory and file devices complete one at once.
+#[test]
+fn empty_reads_and_writes_complete_on_every_far_memory_path() {
+    use remora_kv::Device;
+    for path in [FarMemoryPath::OneSidedAsync, FarMemoryPath::CowbirdSpot] {
+        let device = FarMemoryDevice::start(path, 1 << 20, 1).unwrap();
+        let mut queue = device.open_queue().unwrap();
+        queue.write(0, &[], 7).unwrap();
+        assert_eq!(await_token(queue.as_mut(), 7), None, "{}", path.name());
+        queue.read(0, 0, 8).unwrap();
+        assert_eq!(
+            await_token(queue.as_mut(), 8),
+            Some(Vec::new()),
+            "{}",
+            path.name()
+        );
+        drop(queue);
+        device.stop().unwrap();
+    }
+}

@@ -45,6 +45,10 @@ pub struct RnicConfig {
 }
 
 impl RnicConfig {
+    /// The deepest queue (send, receive, completion) a default device
+    /// makes.
+    pub const DEFAULT_MAX_QUEUE_DEPTH: usize = 16_384;
+
     /// The largest memory region a device takes unless configured otherwise.
     pub const DEFAULT_MAX_REGION_BYTES: u64 = 1 << 30;
 
@@ -56,7 +60,7 @@ impl RnicConfig {
             max_queue_pairs: 1024,
             max_memory_regions: 1024,
             max_region_bytes: RnicConfig::DEFAULT_MAX_REGION_BYTES,
-            max_queue_depth: 16_384,
+            max_queue_depth: RnicConfig::DEFAULT_MAX_QUEUE_DEPTH,
             max_completion_queues: 1024,
             max_shared_receive_queues: 1024,
             max_message_bytes: 1 << 24,
