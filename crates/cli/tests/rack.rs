@@ -729,3 +729,68 @@ fn a_rack_file_with_a_bifrost_section_runs_the_array_services_through_the_gateke
         "{stderr}"
     );
 }
+
+/// The children of a process, from /proc.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // After the command's parenthesised name: state, ppid.
+                    let rest = &stat[stat.rfind(')')? + 2..];
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
+
+/// A launcher killed outright (SIGKILL, the OOM killer) left its node
+/// processes running for ever, their memory registered. They end with it.
+#[test]
+fn the_nodes_of_a_killed_launcher_end_with_it() {
+    let rack = std::fs::read_to_string(example("rack-two-nodes.toml"))
+        .unwrap()
+        .replace("operations = 300", "operations = 100000000");
+    let path = common::scratch("orphans.toml");
+    std::fs::write(&path, rack).unwrap();
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["rack", "up"])
+        .arg(&path)
+        .args(["--mode", "processes"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let nodes = loop {
+        let nodes = children_of(launcher.id());
+        if nodes.len() >= 2 || started.elapsed() > std::time::Duration::from_secs(20) {
+            break nodes;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(nodes.len(), 2, "two node processes started");
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let alive = |pid: &u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|stat| !stat.contains(") Z "))
+    };
+    while nodes.iter().any(alive) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let left: Vec<u32> = nodes.iter().copied().filter(alive).collect();
+    for pid in &left {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    std::fs::remove_file(&path).ok();
+    assert!(left.is_empty(), "nodes {left:?} outlived their launcher");
+}

@@ -658,14 +658,26 @@ fn spawn_children(
         let carrier = &carriers[usize::from(node.port)];
         command.args(&carrier.arguments);
         let own: Vec<RawFd> = carrier.inherited.iter().map(AsRawFd::as_raw_fd).collect();
+        let launcher = rustix::process::getpid();
         // SAFETY: between fork and exec only async-signal-safe calls run:
-        // fcntl on descriptors this process owns.
+        // fcntl on descriptors this process owns, and prctl and getppid.
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
                 for fd in &own {
                     // Close-on-exec is the only descriptor flag.
                     let borrowed = std::os::fd::BorrowedFd::borrow_raw(*fd);
                     rustix::io::fcntl_setfd(borrowed, rustix::io::FdFlags::empty())?;
+                }
+                // A node ends with its launcher (this thread supervises
+                // them to the end): killed, the launcher left its nodes
+                // running for ever with their memory registered. The
+                // setting survives `ip netns exec`. A launcher gone
+                // before it took effect starts no node.
+                rustix::process::set_parent_process_death_signal(Some(
+                    rustix::process::Signal::TERM,
+                ))?;
+                if rustix::process::getppid() != Some(launcher) {
+                    return Err(std::io::Error::other("the launcher is gone"));
                 }
                 Ok(())
             });
