@@ -777,6 +777,7 @@ fn the_nodes_of_a_killed_launcher_end_with_it() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     assert_eq!(nodes.len(), 2, "two node processes started");
+    let run_directory = std::env::temp_dir().join(format!("remora-two-nodes-{}", launcher.id()));
     launcher.kill().unwrap();
     launcher.wait().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -792,5 +793,7 @@ fn the_nodes_of_a_killed_launcher_end_with_it() {
         let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
     }
     std::fs::remove_file(&path).ok();
+    // The killed launcher could not remove its run directory.
+    std::fs::remove_dir_all(&run_directory).ok();
     assert!(left.is_empty(), "nodes {left:?} outlived their launcher");
 }
