@@ -175,6 +175,26 @@ fn write_message(stream: &mut dyn Stream, message: &impl Serialize) -> Result<()
         .map_err(|error| control_error("write", error))
 }
 
+/// The longest one TCP connect attempt waits: blocked in the kernel's SYN
+/// retries (about two minutes to a host that drops them), a connect heard
+/// neither the request's timeout nor a stop.
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(1);
+
+/// Connects to `host` ("name:port"), each address it resolves to for at
+/// most `within` (at least a millisecond).
+fn connect_tcp(host: &str, within: Duration) -> std::io::Result<TcpStream> {
+    use std::net::ToSocketAddrs;
+    let within = within.max(Duration::from_millis(1));
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
+    for address in host.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&address, within) {
+            Ok(stream) => return Ok(stream),
+            Err(error) => last = error,
+        }
+    }
+    Err(last)
+}
+
 /// Asks the memory node at `address` for a connection, retrying while it
 /// is not up yet, until `timeout` or until `stop` is set.
 pub fn request(
@@ -195,7 +215,9 @@ pub fn request(
                 UnixStream::connect(path).map(|stream| Box::new(stream) as Box<dyn Stream>)
             }
             ControlAddress::Tcp(host) => {
-                TcpStream::connect(host).map(|stream| Box::new(stream) as Box<dyn Stream>)
+                let left = timeout.saturating_sub(started.elapsed());
+                connect_tcp(host, left.min(CONNECT_ATTEMPT))
+                    .map(|stream| Box::new(stream) as Box<dyn Stream>)
             }
         };
         match attempt {
