@@ -369,6 +369,9 @@ pub struct Outputs<'a> {
 }
 
 pub fn run(outputs: &Outputs<'_>) -> Result<ExitCode, DemoError> {
+    // From the start: installed only with the rack step, as before, the
+    // steps after it could not be interrupted at all.
+    crate::rack::handle_interrupts();
     crate::output::check_optional_file_path(outputs.json)?;
     if let Some(directory) = outputs.report {
         crate::output::check_directory_path(directory)?;
@@ -409,6 +412,13 @@ pub fn run(outputs: &Outputs<'_>) -> Result<ExitCode, DemoError> {
     // Every system the command line knows takes its turn.
     let mut steps = serde_json::Map::new();
     for system in crate::systems::SYSTEMS {
+        if crate::rack::interrupted() {
+            println!(
+                "interrupted: the {} step and those after it not run",
+                system.name()
+            );
+            return Ok(ExitCode::from(crate::rack::INTERRUPTED_EXIT));
+        }
         let step = system.demo_step(history.as_mut())?;
         rack_failures.extend(step.failures.iter().cloned());
         steps.insert(system.name().into(), serde_json::json!(step));

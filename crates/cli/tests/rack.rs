@@ -797,3 +797,42 @@ fn the_nodes_of_a_killed_launcher_end_with_it() {
     std::fs::remove_dir_all(&run_directory).ok();
     assert!(left.is_empty(), "nodes {left:?} outlived their launcher");
 }
+
+/// Ctrl-C only raised the rack's stop flag: a `rack up` past its rack went
+/// on to run its systems' sections (Cowbird's for up to two minutes), and
+/// no further Ctrl-C ended it. The sections still to come do not start.
+#[test]
+fn an_interrupted_rack_up_runs_no_further_section() {
+    // The rack's own workload long enough to be interrupted.
+    let rack = std::fs::read_to_string(example("rack-cowbird.toml"))
+        .unwrap()
+        .replace("operations = 100\n", "operations = 100000000\n");
+    let path = common::scratch("interrupted.toml");
+    std::fs::write(&path, rack).unwrap();
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["rack", "up"])
+        .arg(&path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let interrupt = Command::new("kill")
+        .args(["-INT", &launcher.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupt.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = launcher.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            launcher.kill().unwrap();
+            panic!("rack up went on for 15 s after Ctrl-C");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    std::fs::remove_file(&path).ok();
+    assert_eq!(status.code(), Some(130), "{status:?}");
+}
