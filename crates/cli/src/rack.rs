@@ -244,7 +244,21 @@ fn run_switch(args: SwitchArgs) -> Result<ExitCode, RackCommandError> {
     if let Some(path) = &args.json {
         crate::output::write_json(path, &report)?;
     }
-    Ok(ExitCode::SUCCESS)
+    // A port out of service cut its node off: said, and the exit fails
+    // (only the JSON said it, and the exit was 0).
+    let failed: Vec<String> = report
+        .failed_ports
+        .iter()
+        .enumerate()
+        .filter_map(|(port, reason)| Some(format!("switch port {port}: {}", reason.as_ref()?)))
+        .collect();
+    if failed.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    for failure in failed {
+        eprintln!("failed: {failure}");
+    }
+    Ok(ExitCode::FAILURE)
 }
 
 /// Takes ownership of a descriptor the launcher passed down, after checking
