@@ -362,26 +362,32 @@ mod tests {
         assert!(hostile_block(&bytes) < TURNS);
     }
 
-    /// A read whose response address lies near 2^64 saturated the remote
-    /// address; the post's refusal was the engine's error and stopped
-    /// every instance. It is that instance's alone now.
-    #[test]
-    fn an_entry_outside_its_block_stops_its_instance_alone() {
+    /// A block whose ring holds one 64-byte READ of the pool at
+    /// `pool_offset` into the block at `response_address`.
+    fn block_with_one_read(pool_offset: u64, response_address: u64) -> Vec<u8> {
         let mut bytes = vec![0u8; 512];
         bytes[0..8].copy_from_slice(&1u64.to_le_bytes());
         let entry = Entry {
             kind: Kind::Read,
             region: 0,
             length: 64,
-            request_address: 0,
-            response_address: u64::MAX - 8,
+            request_address: pool_offset,
+            response_address,
             sequence: 1,
         };
         let mut raw = [0u8; ENTRY_BYTES as usize];
         entry.emit(&mut raw);
         let at = METADATA_RING_AT as usize;
         bytes[at..at + raw.len()].copy_from_slice(&raw);
-        let outcome = hostile_run(&bytes);
+        bytes
+    }
+
+    /// A read whose response address lies near 2^64 saturated the remote
+    /// address; the post's refusal was the engine's error and stopped
+    /// every instance. It is that instance's alone now.
+    #[test]
+    fn an_entry_outside_its_block_stops_its_instance_alone() {
+        let outcome = hostile_run(&block_with_one_read(0, u64::MAX - 8));
         assert!(outcome.engine_error.is_none(), "{:?}", outcome.engine_error);
         assert!(
             matches!(
@@ -419,20 +425,7 @@ mod tests {
 
     #[test]
     fn an_entry_outside_the_pool_is_refused() {
-        let mut bytes = vec![0u8; 512];
-        bytes[0..8].copy_from_slice(&1u64.to_le_bytes());
-        let entry = Entry {
-            kind: Kind::Read,
-            region: 0,
-            length: 64,
-            request_address: POOL_BYTES - 8,
-            response_address: 1024,
-            sequence: 1,
-        };
-        let mut raw = [0u8; ENTRY_BYTES as usize];
-        entry.emit(&mut raw);
-        let at = METADATA_RING_AT as usize;
-        bytes[at..at + raw.len()].copy_from_slice(&raw);
+        let bytes = block_with_one_read(POOL_BYTES - 8, 1024);
         assert!(hostile_block(&bytes) < TURNS);
     }
 }
