@@ -110,29 +110,29 @@ fn parse_network(frame: &[u8], headers: &mut ParsedHeaders) -> Result<(), ParseS
     // frame's (at the frame's end, a padded frame's ICRC was recomputed
     // over the wrong bytes and written two bytes late).
     let total_len = usize::from(u16::from_be_bytes([frame[ip + 2], frame[ip + 3]]));
-    let packet_end = ip + total_len;
-    if packet_end > frame.len() || packet_end < udp + 8 {
-        return Err(ParseStop::TruncatedRoce);
-    }
-    headers.roce = Some(parse_transport(&frame[..packet_end], udp + 8)?);
+    headers.roce = Some(parse_transport(frame, udp + 8, ip + total_len)?);
     Ok(())
 }
 
-/// The transport headers of `frame`, cut where its IPv4 packet ends
-/// (padding left out).
-fn parse_transport(frame: &[u8], bth_offset: usize) -> Result<RoceFields, ParseStop> {
+/// The transport headers of `frame`, whose IPv4 packet ends at
+/// `packet_end` (padding may follow).
+fn parse_transport(
+    frame: &[u8],
+    bth_offset: usize,
+    packet_end: usize,
+) -> Result<RoceFields, ParseStop> {
     let bth = BthHeader::new_checked(&frame[bth_offset..]).map_err(|_| ParseStop::TruncatedRoce)?;
     let opcode = Opcode::from_u8(bth.opcode_byte()).ok_or(ParseStop::TruncatedRoce)?;
     let extension_offset = bth_offset + remora_wire::bth::BTH_LEN;
     let payload_offset = extension_offset + ExtensionHeaders::len_for(opcode);
-    if frame.len() < payload_offset + ICRC_LEN {
+    if packet_end > frame.len() || packet_end < payload_offset + ICRC_LEN {
         return Err(ParseStop::TruncatedRoce);
     }
     Ok(RoceFields {
         bth_offset,
         extension_offset,
         payload_offset,
-        icrc_offset: frame.len() - ICRC_LEN,
+        icrc_offset: packet_end - ICRC_LEN,
         opcode,
         destination_qp: bth.destination_qp(),
         psn: bth.psn(),
