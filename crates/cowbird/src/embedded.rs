@@ -224,6 +224,8 @@ pub enum EmbeddedError {
         variant: &'static str,
         status: CompletionStatus,
     },
+    #[error("{in_flight} requests still unanswered 30 s after the run's end: the fabric stopped?")]
+    Stalled { in_flight: usize },
     #[error("the RPC server refused a request")]
     RpcRefused,
     #[error("no {0} deployed for another application thread")]
@@ -591,11 +593,16 @@ struct Tally {
 
 /// Probes the table for `duration`, keeping up to `window` remote
 /// records in flight and computing on each record as it arrives.
+/// How long a probe run waits, after its duration, for the requests it
+/// has in flight.
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+
 fn probe_loop(
     bench: &ProbeBench,
     fetcher: &mut dyn Fetcher,
     window: usize,
     seed: u64,
+    drain_limit: Duration,
 ) -> Result<(Tally, Duration), EmbeddedError> {
     let table = bench.table;
     let rounds = bench.work_rounds;
@@ -622,6 +629,11 @@ fn probe_loop(
         finishing |= started.elapsed() >= bench.duration;
         if finishing && in_flight == 0 {
             break;
+        }
+        // Bounded: a fabric thread that stopped with an error answers
+        // nothing more, and the run waited for its requests for ever.
+        if finishing && started.elapsed() > bench.duration + drain_limit {
+            return Err(EmbeddedError::Stalled { in_flight });
         }
         // Issue: choose a window's records; local ones wait for the
         // compute phase, remote ones go to the fetcher. Phases are timed
@@ -702,7 +714,7 @@ fn probe_threads(
             .enumerate()
             .map(|(index, mut fetcher)| {
                 let seed = seed.wrapping_mul(1_000).wrapping_add(index as u64);
-                scope.spawn(move || probe_loop(bench, fetcher.as_mut(), window, seed))
+                scope.spawn(move || probe_loop(bench, fetcher.as_mut(), window, seed, DRAIN_LIMIT))
             })
             .collect();
         threads
@@ -887,4 +899,52 @@ pub fn from_rack(rack: &RackConfig) -> Result<Option<(Workload, Topology)>, Cowb
     pair.set_link(COMPUTE_HOST, topology.host(usize::from(compute.port)).link);
     pair.set_link(MEMORY_HOST, topology.host(usize::from(memory.port)).link);
     Ok(Some((workload, pair)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fetcher whose fabric has stopped: it takes requests and never
+    /// finishes one.
+    struct Silent;
+
+    impl Fetcher for Silent {
+        fn issue(&mut self, offset: u64) -> Result<Option<usize>, EmbeddedError> {
+            Ok(Some((offset % 4) as usize))
+        }
+        fn flush(&mut self) -> Result<(), EmbeddedError> {
+            Ok(())
+        }
+        fn poll(&mut self, _done: &mut Vec<usize>) -> Result<(), EmbeddedError> {
+            Ok(())
+        }
+        fn bytes(&self, _token: usize) -> &[u8] {
+            &[]
+        }
+    }
+
+    /// A probe run whose fabric thread stopped with an error waited for
+    /// its requests in flight for ever. It gives up, with a typed error.
+    #[test]
+    fn a_probe_run_whose_fabric_stopped_ends_with_an_error() {
+        let bench = ProbeBench {
+            table: TableSpec {
+                local_fraction: 0.0,
+                ..TableSpec::DEFAULT
+            },
+            duration: Duration::from_millis(1),
+            batch: 100,
+            spot: SpotConfig::DEFAULT,
+            work_rounds: 0,
+            threads: 1,
+            sizes: RingSizes::DEFAULT,
+            p4: embedded_p4_config(),
+        };
+        let outcome = probe_loop(&bench, &mut Silent, 4, 1, Duration::from_millis(20));
+        assert!(matches!(
+            outcome,
+            Err(EmbeddedError::Stalled { in_flight: 4 })
+        ));
+    }
 }
