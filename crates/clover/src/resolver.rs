@@ -347,13 +347,7 @@ impl Resolver {
     /// confirmed for good, a corrupt entry WRITE recorded the wrong key,
     /// and a corrupt CAS rewritten got a fresh ICRC and was executed.
     fn intact(&mut self, packet: &Packet, icrc_offset: usize) -> bool {
-        let stored = packet
-            .bytes
-            .get(icrc_offset..icrc_offset + icrc::ICRC_LEN)
-            .and_then(|bytes| <[u8; icrc::ICRC_LEN]>::try_from(bytes).ok());
-        let intact = stored.is_some_and(|stored| {
-            icrc::from_wire(stored) == icrc::compute_frame(&packet.bytes, icrc_offset)
-        });
+        let intact = icrc::matches(&packet.bytes, icrc_offset);
         if !intact {
             self.counters.corrupt_passed += 1;
         }

@@ -240,9 +240,7 @@ impl<'a> RoceFrame<'a> {
             .checked_sub(usize::from(bth.pad_count))
             .filter(|end| *end >= payload_start)
             .ok_or(WireError::BadPadCount)?;
-        let expected = icrc::compute_frame(bytes, icrc_start);
-        let received = icrc::from_wire(bytes[icrc_start..udp_end].try_into().expect("4 bytes"));
-        if expected != received {
+        if !icrc::matches(bytes, icrc_start) {
             return Err(WireError::IcrcMismatch);
         }
         Ok(RoceFrame {

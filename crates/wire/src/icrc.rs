@@ -283,6 +283,18 @@ pub fn from_wire(bytes: [u8; ICRC_LEN]) -> u32 {
     u32::from_le_bytes(bytes)
 }
 
+/// Whether the ICRC stored at `icrc_start` matches the frame's bytes
+/// before it; false if the frame ends before the ICRC does.
+///
+/// # Panics
+/// As [`compute_frame`], if the frame is shorter than its headers.
+pub fn matches(frame: &[u8], icrc_start: usize) -> bool {
+    frame
+        .get(icrc_start..icrc_start + ICRC_LEN)
+        .and_then(|stored| <[u8; ICRC_LEN]>::try_from(stored).ok())
+        .is_some_and(|stored| from_wire(stored) == compute_frame(frame, icrc_start))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
