@@ -315,22 +315,36 @@ impl<P: Program> Switch<P> {
     }
 
     /// The deparser: headers were edited in place, so only the ICRC may
-    /// need refreshing; whether the frame is still whole. The frame is
-    /// parsed afresh first: a program that changed its length left the
+    /// need refreshing; whether the frame is still whole. A program that
+    /// changed the frame's length (or its IPv4 total length) left the
     /// pass's offsets stale, and the ICRC went mid-frame or past its end
-    /// (a panic). A RoCE frame the program cut below its headers is not
-    /// whole.
+    /// (a panic): such a frame is parsed afresh, and one cut below its
+    /// headers is not whole. Frames whose extent is unchanged, nearly all,
+    /// keep the pass's offsets.
     fn deparse(&mut self, packet: &mut Packet) -> bool {
-        if !std::mem::take(&mut packet.rewritten) || packet.headers.roce.is_none() {
+        if !std::mem::take(&mut packet.rewritten) {
             return true;
         }
-        let Some(roce) = parser::parse(&packet.bytes)
-            .ok()
-            .and_then(|headers| headers.roce)
-        else {
-            return false;
+        let (Some(ipv4), Some(roce)) = (packet.headers.ipv4, packet.headers.roce) else {
+            return true;
         };
-        let icrc_offset = roce.icrc_offset;
+        let icrc_end = roce.icrc_offset + icrc::ICRC_LEN;
+        let total_len = packet
+            .bytes
+            .get(ipv4.offset + 2..ipv4.offset + 4)
+            .map(|field| usize::from(u16::from_be_bytes([field[0], field[1]])));
+        let unchanged = total_len == Some(icrc_end - ipv4.offset) && icrc_end <= packet.bytes.len();
+        let icrc_offset = if unchanged {
+            roce.icrc_offset
+        } else {
+            match parser::parse(&packet.bytes)
+                .ok()
+                .and_then(|headers| headers.roce)
+            {
+                Some(roce) => roce.icrc_offset,
+                None => return false,
+            }
+        };
         let value = icrc::compute_in_place(&mut packet.bytes, icrc_offset);
         packet.bytes[icrc_offset..icrc_offset + icrc::ICRC_LEN]
             .copy_from_slice(&icrc::to_wire(value));
