@@ -277,11 +277,12 @@ impl CowbirdConfig {
                 raw.metadata_entries, spot.batch_entries
             )));
         }
-        // The engine's completion queue takes every thread's send queue
-        // (two verbs per entry and eight more, as `deploy` sizes it); past
-        // a device's deepest queue the section passed and deploy failed.
-        let engine_queue = (2 * spot.batch_entries + 8).saturating_mul(raw.threads.max(1) as u64);
-        let deepest = remora_rnic::RnicConfig::DEFAULT_MAX_QUEUE_DEPTH as u64;
+        // The engine's completion queue takes every thread's send queue,
+        // as `deploy` sizes it; past a device's deepest queue the section
+        // passed and deploy failed.
+        let engine_queue = crate::deploy::engine_send_queue_depth(spot.batch_entries)
+            .saturating_mul(raw.threads.max(1));
+        let deepest = remora_rnic::RnicConfig::DEFAULT_MAX_QUEUE_DEPTH;
         if engine_queue > deepest {
             return Err(context(format!(
                 "threads ({}) × (2 × spot.batch_entries ({}) + 8) = {engine_queue} engine completions, past the {deepest} a queue holds",

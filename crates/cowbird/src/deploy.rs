@@ -85,6 +85,13 @@ pub enum DeployError {
     P4(#[from] P4Error),
 }
 
+/// The Spot engine's send queue per instance (and so its share of the
+/// engine's completion queue): probe, fetch (two), payload READs and
+/// response WRITEs of a batch, and the progress WRITE.
+pub fn engine_send_queue_depth(batch_entries: u64) -> usize {
+    2 * batch_entries as usize + 8
+}
+
 pub struct Deployment {
     pub clients: Vec<Client>,
     /// The Spot engine, the memory node's agent.
@@ -157,9 +164,7 @@ pub fn deploy(
     } = register_pool(&spec, memory)?;
     let staging_bytes = spec.spot.staging_bytes_per_instance() * spec.threads.max(1) as u64;
     let staging = memory.register_memory(memory_pd, staging_bytes, AccessFlags::ALL)?;
-    // Per thread: probe, fetch (two), payload READs and response WRITEs of
-    // a batch, and the progress WRITE.
-    let send_depth = 2 * spec.spot.batch_entries as usize + 8;
+    let send_depth = engine_send_queue_depth(spec.spot.batch_entries);
     let engine_cq_depth = send_depth * spec.threads.max(1);
     let engine_cq = memory.create_completion_queue(engine_cq_depth)?;
     let mut engine_builder = QueuePairBuilder::new(memory_pd, engine_cq, engine_cq);
