@@ -535,7 +535,8 @@ impl DeviceQueue for VerbsQueue {
         check_range(offset, length as u64, self.capacity_bytes)?;
         // A READ per slot's worth (an empty read is one empty piece).
         let pieces = length.div_ceil(SLOT_BYTES).max(1);
-        self.read_pieces.start(token, length, pieces);
+        self.read_pieces
+            .start(token, length, pieces, &mut self.finished);
         for piece in 0..pieces {
             let at = piece * SLOT_BYTES;
             let piece_length = SLOT_BYTES.min(length - at);
@@ -563,13 +564,8 @@ impl DeviceQueue for VerbsQueue {
 
     fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
         check_range(offset, data.len() as u64, self.capacity_bytes)?;
-        // No piece would ever complete an empty write: it is done now.
-        if data.is_empty() {
-            self.finished.push_write(token);
-            return Ok(());
-        }
         let pieces = data.chunks(SLOT_BYTES).count();
-        self.write_pieces.insert(token, pieces);
+        begin_write(&mut self.write_pieces, &mut self.finished, token, pieces);
         for (number, piece) in data.chunks(SLOT_BYTES).enumerate() {
             let slot = self.take_slot()?;
             self.path()
@@ -620,6 +616,22 @@ impl Drop for VerbsQueue {
     }
 }
 
+/// A write of `count` pieces begins. One of none (an empty write) is done
+/// at once: no piece would ever complete it, as the memory and file
+/// devices complete one at once.
+fn begin_write(
+    pieces: &mut FxHashMap<u64, usize>,
+    finished: &mut Finished,
+    token: u64,
+    count: usize,
+) {
+    if count == 0 {
+        finished.push_write(token);
+    } else {
+        pieces.insert(token, count);
+    }
+}
+
 /// One piece of a write completed: the write is done with its last.
 fn count_down(pieces: &mut FxHashMap<u64, usize>, finished: &mut Finished, token: u64) {
     let left = pieces.get_mut(&token).expect("pieces are counted");
@@ -655,7 +667,13 @@ impl Default for ReadAssembly {
 }
 
 impl ReadAssembly {
-    fn start(&mut self, token: u64, length: usize, pieces: usize) {
+    /// A read of `length` bytes in `pieces` pieces begins. One of none (an
+    /// empty read) is done at once: no piece would ever complete it.
+    fn start(&mut self, token: u64, length: usize, pieces: usize, finished: &mut Finished) {
+        if pieces == 0 {
+            finished.push_read(token, &[]);
+            return;
+        }
         let mut bytes = self.spare.take();
         bytes.resize(length, 0);
         self.reads.insert(token, (bytes, pieces));
@@ -809,15 +827,10 @@ impl CowbirdQueue {
 impl DeviceQueue for CowbirdQueue {
     fn read(&mut self, offset: u64, length: usize, token: u64) -> Result<(), DeviceError> {
         check_range(offset, length as u64, self.capacity_bytes)?;
-        // No piece would ever complete an empty read: it is done now (the
-        // memory and file devices complete one too).
-        if length == 0 {
-            self.finished.push_read(token, &[]);
-            return Ok(());
-        }
         let piece_bytes = MAX_REQUEST_BYTES as usize;
         let pieces = length.div_ceil(piece_bytes);
-        self.read_pieces.start(token, length, pieces);
+        self.read_pieces
+            .start(token, length, pieces, &mut self.finished);
         for piece in 0..pieces {
             let at = piece * piece_bytes;
             let piece_length = piece_bytes.min(length - at);
@@ -832,13 +845,9 @@ impl DeviceQueue for CowbirdQueue {
 
     fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
         check_range(offset, data.len() as u64, self.capacity_bytes)?;
-        if data.is_empty() {
-            self.finished.push_write(token);
-            return Ok(());
-        }
         let piece_bytes = self.max_piece_bytes;
-        self.write_pieces
-            .insert(token, data.chunks(piece_bytes).count());
+        let pieces = data.chunks(piece_bytes).count();
+        begin_write(&mut self.write_pieces, &mut self.finished, token, pieces);
         for (number, piece) in data.chunks(piece_bytes).enumerate() {
             let at = offset + (number * piece_bytes) as u64;
             self.issue(token, 0, false, |client| client.async_write(0, at, piece))?;
