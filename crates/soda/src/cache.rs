@@ -135,7 +135,7 @@ impl CacheTable {
     /// Takes the slot's key out of the index, if the index still names
     /// this slot for it (a forgotten slot's key may name a newer one).
     fn unindex(&mut self, slot: usize) {
-        if let Some(key) = self.slots[slot].key.take() {
+        if let Some(key) = self.slots[slot].key {
             if self.index.get(&key) == Some(&slot) {
                 self.index.remove(&key);
             }
@@ -179,16 +179,8 @@ impl CacheTable {
             if entry.ready && entry.references == 0 {
                 self.abandon(slot);
             } else {
-                self.unindex_keeping_key(slot);
+                self.unindex(slot);
                 self.slots[slot].forgotten = true;
-            }
-        }
-    }
-
-    fn unindex_keeping_key(&mut self, slot: usize) {
-        if let Some(key) = self.slots[slot].key {
-            if self.index.get(&key) == Some(&slot) {
-                self.index.remove(&key);
             }
         }
     }

@@ -692,14 +692,13 @@ impl SodaRack {
             };
             // Released objects' counts stay while the DPU may live: its
             // confirmations free their rooms as before.
-            let drained: Vec<(ObjectId, u32)> = unconfirmed.drain().collect();
-            for (other, count) in drained {
-                if releasing.contains(&other) {
-                    unconfirmed.insert(other, count);
-                } else {
-                    lost.entry(other).or_insert_with(|| held.into());
+            unconfirmed.retain(|other, _| {
+                let keep = releasing.contains(other);
+                if !keep {
+                    lost.entry(*other).or_insert_with(|| held.into());
                 }
-            }
+                keep
+            });
             drop(releasing);
             drop(unconfirmed);
             // What the dead DPU held never lands: their rooms are free.
