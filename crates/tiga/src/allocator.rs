@@ -116,6 +116,17 @@ pub struct Controller {
     last_target: Option<Vec<usize>>,
 }
 
+/// A forwarding step the controller can take: positive, and at most half,
+/// so that forwarding stops short of everything.
+pub fn is_forwarding_step(step: f64) -> bool {
+    step > 0.0 && step <= 0.5
+}
+
+/// A mismatch tolerance: a share of the inflow, from 0 up to (not) all.
+pub fn is_mismatch_tolerance(tolerance: f64) -> bool {
+    (0.0..1.0).contains(&tolerance)
+}
+
 impl Controller {
     /// Cores start split equally (§4.1), the remainder to the first PAs.
     pub fn new(
@@ -128,10 +139,10 @@ impl Controller {
         // Checked here too, for callers that drive the controller without
         // a `SocConfig` (a NaN step made the ratio read 1.0 at once; a NaN
         // tolerance never saw a mismatch).
-        if !(step > 0.0 && step <= 0.5) {
+        if !is_forwarding_step(step) {
             return Err(AllocationError::BadStep(step));
         }
-        if !(0.0..1.0).contains(&tolerance) {
+        if !is_mismatch_tolerance(tolerance) {
             return Err(AllocationError::BadTolerance(tolerance));
         }
         let allocation = proportional_allocation(&vec![1.0; agents], total_cores)?;

@@ -217,10 +217,10 @@ impl SocConfig {
                 });
             }
         }
-        if !(self.forwarding_step > 0.0 && self.forwarding_step <= 0.5) {
+        if !crate::allocator::is_forwarding_step(self.forwarding_step) {
             return Err(ConfigError::BadForwardingStep(self.forwarding_step));
         }
-        if !(0.0..1.0).contains(&self.mismatch_tolerance) {
+        if !crate::allocator::is_mismatch_tolerance(self.mismatch_tolerance) {
             return Err(ConfigError::BadTolerance(self.mismatch_tolerance));
         }
         for (field, value) in [
