@@ -1444,6 +1444,44 @@ impl Overlay for Gatekeeper {
     }
 }
 
+/// The switch's MAC, a caller on port 0, a node on port 1, and the
+/// Gatekeeper's service address, for [`two_hosts`].
+const TWO_HOSTS_ROUTER: remora_wire::MacAddress = remora_wire::MacAddress([2, 0, 0, 0, 0, 0xfe]);
+const TWO_HOSTS_CALLER: DatagramEnd = DatagramEnd {
+    mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 1]),
+    address: Ipv4Address::new(10, 0, 0, 1),
+    port: 40000,
+};
+const TWO_HOSTS_NODE: DatagramEnd = DatagramEnd {
+    mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 2]),
+    address: Ipv4Address::new(10, 0, 0, 2),
+    port: BIFROST_PORT,
+};
+const TWO_HOSTS_SERVICE: Ipv4Address = Ipv4Address::new(10, 0, 0, 200);
+
+/// The Gatekeeper (with `config`) in an L2/L3 switch between
+/// [`TWO_HOSTS_CALLER`] and [`TWO_HOSTS_NODE`], which serves `method`.
+fn two_hosts(
+    config: GatekeeperConfig,
+    method: &str,
+) -> remora_switch::Switch<remora_switch::programs::overlay::Overlaid<Gatekeeper>> {
+    use remora_switch::programs::l2l3::L2L3Forwarding;
+    use remora_switch::programs::overlay::Overlaid;
+    use remora_switch::{Switch, SwitchConfig};
+    let (caller, node) = (TWO_HOSTS_CALLER, TWO_HOSTS_NODE);
+    let hosts = [(caller.mac, caller.address), (node.mac, node.address)];
+    let forwarding =
+        L2L3Forwarding::with_attached_hosts(TWO_HOSTS_ROUTER, &hosts).expect("two hosts fit");
+    let mut gatekeeper = Gatekeeper::new(config);
+    gatekeeper
+        .register_node(node.address, NodeKind::Compute, 1)
+        .expect("room for one node");
+    gatekeeper
+        .route(method, node.address)
+        .expect("room for one route");
+    Switch::new(SwitchConfig::new(2), Overlaid::new(forwarding, gatekeeper))
+}
+
 /// The harness of the `bifrost_gatekeeper` fuzz target, kept here so that
 /// its seeds replay as tests. `data`'s first byte says which way the
 /// datagram goes: even, a call from a caller to the Gatekeeper's service
@@ -1453,33 +1491,15 @@ impl Overlay for Gatekeeper {
 /// frame, and must forward only well-formed frames. Returns whether the
 /// frame left the switch.
 pub fn any_datagram(data: &[u8]) -> bool {
-    use remora_switch::programs::l2l3::L2L3Forwarding;
-    use remora_switch::programs::overlay::Overlaid;
-    use remora_switch::{PortId, Switch, SwitchConfig};
-    use remora_wire::datagram::{emit_datagram, parse_datagram, DatagramEnd};
-    use remora_wire::MacAddress;
-    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
-    let caller = DatagramEnd {
-        mac: MacAddress([2, 0, 0, 0, 0, 1]),
-        address: Ipv4Address::new(10, 0, 0, 1),
-        port: 40000,
-    };
-    let node = DatagramEnd {
-        mac: MacAddress([2, 0, 0, 0, 0, 2]),
-        address: Ipv4Address::new(10, 0, 0, 2),
-        port: BIFROST_PORT,
-    };
-    let service = Ipv4Address::new(10, 0, 0, 200);
-    let hosts = [(caller.mac, caller.address), (node.mac, node.address)];
-    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).expect("two hosts fit");
-    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(service));
-    gatekeeper
-        .register_node(node.address, NodeKind::Compute, 1)
-        .expect("room for one node");
-    gatekeeper
-        .route("increment", node.address)
-        .expect("room for one route");
-    let mut switch = Switch::new(SwitchConfig::new(2), Overlaid::new(forwarding, gatekeeper));
+    use remora_switch::PortId;
+    use remora_wire::datagram::parse_datagram;
+    let (router, caller, node, service) = (
+        TWO_HOSTS_ROUTER,
+        TWO_HOSTS_CALLER,
+        TWO_HOSTS_NODE,
+        TWO_HOSTS_SERVICE,
+    );
+    let mut switch = two_hosts(GatekeeperConfig::new(service), "increment");
     let Some((&direction, data)) = data.split_first() else {
         return false;
     };
@@ -1530,16 +1550,8 @@ pub fn any_datagram(data: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dsm::GlobalPtr;
-    use remora_switch::programs::l2l3::L2L3Forwarding;
-    use remora_switch::programs::overlay::Overlaid;
-    use remora_switch::{PortId, Switch, SwitchConfig};
-    use remora_wire::bifrost::{BifrostRepr, BIFROST_PORT, HEADER_LEN};
-    use remora_wire::datagram::{emit_datagram, DatagramEnd, DATAGRAM_HEADERS_LEN};
-    use remora_wire::MacAddress;
-
-    const SERVICE: Ipv4Address = Ipv4Address::new(10, 0, 0, 200);
-    const ROUTER: MacAddress = MacAddress([2, 0, 0, 0, 0, 0xfe]);
+    use remora_switch::PortId;
+    use remora_wire::bifrost::{BifrostRepr, HEADER_LEN};
 
     fn frame(from: DatagramEnd, to: DatagramEnd, repr: BifrostRepr) -> Vec<u8> {
         let mut header = [0u8; HEADER_LEN];
@@ -1556,41 +1568,27 @@ mod tests {
     /// handed over now, from the expired call's record.
     #[test]
     fn a_reply_after_its_lease_ran_out_still_hands_over_its_pointer() {
-        let caller = DatagramEnd {
-            mac: MacAddress([2, 0, 0, 0, 0, 1]),
-            address: Ipv4Address::new(10, 0, 0, 1),
-            port: 40000,
-        };
-        let callee = DatagramEnd {
-            mac: MacAddress([2, 0, 0, 0, 0, 2]),
-            address: Ipv4Address::new(10, 0, 0, 2),
-            port: BIFROST_PORT,
-        };
-        let hosts = [(caller.mac, caller.address), (callee.mac, callee.address)];
-        let forwarding = L2L3Forwarding::with_attached_hosts(ROUTER, &hosts).unwrap();
-        let mut gatekeeper = Gatekeeper::new(GatekeeperConfig {
+        let (caller, callee) = (TWO_HOSTS_CALLER, TWO_HOSTS_NODE);
+        let config = GatekeeperConfig {
             call_lease: Duration::from_millis(10),
-            ..GatekeeperConfig::new(SERVICE)
-        });
-        gatekeeper
-            .register_node(callee.address, NodeKind::Compute, 1)
-            .unwrap();
-        gatekeeper.route("make", callee.address).unwrap();
+            ..GatekeeperConfig::new(TWO_HOSTS_SERVICE)
+        };
+        let mut switch = two_hosts(config, "make");
         let made = GlobalPtr {
             node: 0,
             generation: 1,
             offset: 4096,
         };
-        gatekeeper
+        switch
+            .program_mut()
             .memory
             .acl
             .allocate(made.node, made.offset, made.generation, 64, callee.address)
             .unwrap();
-        let mut switch = Switch::new(SwitchConfig::new(2), Overlaid::new(forwarding, gatekeeper));
         let at = |millis: u64| Timestamp::ZERO.saturating_add(Duration::from_millis(millis));
         let service = DatagramEnd {
-            mac: ROUTER,
-            address: SERVICE,
+            mac: TWO_HOSTS_ROUTER,
+            address: TWO_HOSTS_SERVICE,
             port: BIFROST_PORT,
         };
         let call = |rpc_id| BifrostRepr::new(CallType::Call, "make", rpc_id, GlobalAddress::NULL);
@@ -1601,7 +1599,7 @@ mod tests {
 
         let reply = BifrostRepr::new(CallType::Reply, "make", 7, made.to_address(None)).unwrap();
         let to_caller = DatagramEnd {
-            mac: ROUTER,
+            mac: TWO_HOSTS_ROUTER,
             ..caller
         };
         switch.handle_frame(at(15), PortId(1), &frame(callee, to_caller, reply));
