@@ -199,9 +199,23 @@ impl SoftRnic {
         queue_pair: QueuePair,
         requests: Vec<SendRequest>,
     ) -> Result<(), VerbsError> {
+        self.posting(queue_pair, |context, resources, max_message_bytes| {
+            context.post_send_all(requests, resources, max_message_bytes)
+        })
+    }
+
+    /// Runs `post` on the queue pair (with the largest message the device
+    /// takes), then wakes it and fails the queue pairs of any queue the
+    /// posting overran: every way work is posted.
+    #[inline]
+    fn posting(
+        &mut self,
+        queue_pair: QueuePair,
+        post: impl FnOnce(&mut QueuePairContext, &mut Resources, u32) -> Result<(), VerbsError>,
+    ) -> Result<(), VerbsError> {
         let max_message_bytes = self.config.max_message_bytes;
         let (slot, context, resources) = self.queue_pair_mut(queue_pair.0)?;
-        let posted = context.post_send_all(requests, resources, max_message_bytes);
+        let posted = post(context, resources, max_message_bytes);
         self.wake(slot);
         self.fail_queue_pairs_of_overrun_queues();
         posted
@@ -621,12 +635,9 @@ impl SoftRnic {
 
 impl DataPath for SoftRnic {
     fn post_send(&mut self, queue_pair: QueuePair, request: SendRequest) -> Result<(), VerbsError> {
-        let max_message_bytes = self.config.max_message_bytes;
-        let (slot, context, resources) = self.queue_pair_mut(queue_pair.0)?;
-        let posted = context.post_send(request, resources, max_message_bytes);
-        self.wake(slot);
-        self.fail_queue_pairs_of_overrun_queues();
-        posted
+        self.posting(queue_pair, |context, resources, max_message_bytes| {
+            context.post_send(request, resources, max_message_bytes)
+        })
     }
 
     fn post_receive(
@@ -634,11 +645,9 @@ impl DataPath for SoftRnic {
         queue_pair: QueuePair,
         request: ReceiveRequest,
     ) -> Result<(), VerbsError> {
-        let (slot, context, resources) = self.queue_pair_mut(queue_pair.0)?;
-        let posted = context.post_receive(request, resources);
-        self.wake(slot);
-        self.fail_queue_pairs_of_overrun_queues();
-        posted
+        self.posting(queue_pair, |context, resources, _| {
+            context.post_receive(request, resources)
+        })
     }
 
     fn poll_completion(
