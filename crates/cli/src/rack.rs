@@ -130,7 +130,7 @@ pub fn handle_interrupts() {
     INSTALLED.call_once(|| {
         let _ = ctrlc::set_handler(|| {
             if INTERRUPTED.swap(true, Ordering::SeqCst) {
-                std::process::exit(130);
+                std::process::exit(i32::from(INTERRUPTED_EXIT));
             }
             let flags = STOP_FLAGS.lock().unwrap_or_else(|e| e.into_inner());
             for flag in flags.iter().filter_map(std::sync::Weak::upgrade) {

@@ -518,10 +518,9 @@ impl RackConfig {
             // The window a workload spans in its memory node is at most
             // 1 MiB: past it the file passed, and the run failed after the
             // rack was up and connected.
-            let window = MAX_WINDOW_BYTES;
-            if node.role == Role::Compute && u64::from(workload.max_bytes) > window {
+            if node.role == Role::Compute && u64::from(workload.max_bytes) > MAX_WINDOW_BYTES {
                 return Err(context(format!(
-                    "workload max_bytes {} is past the {window} B a workload spans in its memory node",
+                    "workload max_bytes {} is past the {MAX_WINDOW_BYTES} B a workload spans in its memory node",
                     workload.max_bytes
                 )));
             }
