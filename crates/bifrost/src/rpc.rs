@@ -944,6 +944,15 @@ mod tests {
         }
     }
 
+    /// The one caller host of these tests, calling from `port`.
+    fn caller_on(port: u16) -> DatagramEnd {
+        DatagramEnd {
+            mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 1]),
+            address: remora_wire::Ipv4Address::new(10, 0, 0, 1),
+            port,
+        }
+    }
+
     /// A method name is 16 bytes off the wire, not a string: bytes that
     /// are not UTF-8 come back in the reply as they were, and once.
     /// Calls that are refused before they run (here: flagged as carrying a
@@ -952,11 +961,6 @@ mod tests {
     /// nor the checkpoint, and a real caller is still served.
     #[test]
     fn refused_calls_from_many_ports_leave_no_caller_behind() {
-        let caller_on = |port| DatagramEnd {
-            mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 1]),
-            address: remora_wire::Ipv4Address::new(10, 0, 0, 1),
-            port,
-        };
         let junk = BifrostRepr {
             flags: checkpoint::CHECKPOINT_FLAG,
             ..BifrostRepr::new(CallType::Call, "", 1, GlobalAddress::NULL).unwrap()
@@ -987,11 +991,6 @@ mod tests {
     /// shrunk to fit now, and carries the newest state.
     #[test]
     fn a_checkpoint_past_a_datagram_is_shrunk_to_fit_not_dropped() {
-        let caller_on = |port| DatagramEnd {
-            mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 1]),
-            address: remora_wire::Ipv4Address::new(10, 0, 0, 1),
-            port,
-        };
         let mut callee = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
         let mut last_reply = Vec::new();
         for rpc_id in 1..=16u64 {
@@ -1026,11 +1025,6 @@ mod tests {
     /// the resend is told its reply is lost.
     #[test]
     fn a_resend_of_a_call_whose_reply_a_shrunk_checkpoint_left_out_is_not_run_again() {
-        let caller_on = |port| DatagramEnd {
-            mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 1]),
-            address: remora_wire::Ipv4Address::new(10, 0, 0, 1),
-            port,
-        };
         let call = |rpc_id| {
             let repr =
                 BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
@@ -1091,11 +1085,6 @@ mod tests {
     /// still answered exactly once.
     #[test]
     fn a_callee_with_every_caller_place_taken_forgets_the_least_recent() {
-        let caller_on = |port| DatagramEnd {
-            mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 1]),
-            address: remora_wire::Ipv4Address::new(10, 0, 0, 1),
-            port,
-        };
         let call = BifrostRepr::new(CallType::Call, "", 1, GlobalAddress::NULL).unwrap();
         let mut callee = Callee::new(Box::new(Answer));
         let callers = MAX_CALLERS as u16 + 10;
@@ -1126,11 +1115,7 @@ mod tests {
             method_name_len: 16,
             ..BifrostRepr::new(CallType::Call, "", 7, GlobalAddress::NULL).unwrap()
         };
-        let caller = DatagramEnd {
-            mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 1]),
-            address: remora_wire::Ipv4Address::new(10, 0, 0, 1),
-            port: 40000,
-        };
+        let caller = caller_on(40000);
         let mut callee = Callee::new(Box::new(Answer));
         let payload = encode(&call, b"");
         callee.handle(caller, &payload);

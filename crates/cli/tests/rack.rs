@@ -751,23 +751,42 @@ fn children_of(parent: u32) -> Vec<u32> {
         .collect()
 }
 
-/// A launcher killed outright (SIGKILL, the OOM killer) left its node
-/// processes running for ever, their memory registered. They end with it.
-#[test]
-fn the_nodes_of_a_killed_launcher_end_with_it() {
-    let rack = std::fs::read_to_string(example("rack-two-nodes.toml"))
+/// Starts `remora rack up` (with `arguments`) in the background, on a
+/// copy of the example `example_name` written to the scratch file
+/// `scratch_name`, with its workload made long enough to outlast the test
+/// by the `(finite, long)` replacement. Returns the launcher and the copy.
+fn spawn_long_rack_up(
+    example_name: &str,
+    (finite, long): (&str, &str),
+    scratch_name: &str,
+    arguments: &[&str],
+) -> (std::process::Child, PathBuf) {
+    let rack = std::fs::read_to_string(example(example_name))
         .unwrap()
-        .replace("operations = 300", "operations = 100000000");
-    let path = common::scratch("orphans.toml");
+        .replace(finite, long);
+    let path = common::scratch(scratch_name);
     std::fs::write(&path, rack).unwrap();
-    let mut launcher = Command::new(env!("CARGO_BIN_EXE_remora"))
+    let launcher = Command::new(env!("CARGO_BIN_EXE_remora"))
         .args(["rack", "up"])
         .arg(&path)
-        .args(["--mode", "processes"])
+        .args(arguments)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    (launcher, path)
+}
+
+/// A launcher killed outright (SIGKILL, the OOM killer) left its node
+/// processes running for ever, their memory registered. They end with it.
+#[test]
+fn the_nodes_of_a_killed_launcher_end_with_it() {
+    let (mut launcher, path) = spawn_long_rack_up(
+        "rack-two-nodes.toml",
+        ("operations = 300", "operations = 100000000"),
+        "orphans.toml",
+        &["--mode", "processes"],
+    );
     let started = std::time::Instant::now();
     let nodes = loop {
         let nodes = children_of(launcher.id());
@@ -804,18 +823,12 @@ fn the_nodes_of_a_killed_launcher_end_with_it() {
 #[test]
 fn an_interrupted_rack_up_runs_no_further_section() {
     // The rack's own workload long enough to be interrupted.
-    let rack = std::fs::read_to_string(example("rack-cowbird.toml"))
-        .unwrap()
-        .replace("operations = 100\n", "operations = 100000000\n");
-    let path = common::scratch("interrupted.toml");
-    std::fs::write(&path, rack).unwrap();
-    let mut launcher = Command::new(env!("CARGO_BIN_EXE_remora"))
-        .args(["rack", "up"])
-        .arg(&path)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let (mut launcher, path) = spawn_long_rack_up(
+        "rack-cowbird.toml",
+        ("operations = 100\n", "operations = 100000000\n"),
+        "interrupted.toml",
+        &[],
+    );
     std::thread::sleep(std::time::Duration::from_millis(500));
     let interrupt = Command::new("kill")
         .args(["-INT", &launcher.id().to_string()])
