@@ -444,6 +444,7 @@ fn the_verbs_api_from_c_checks_operations_naks_and_refusals() {
         .arg("-o")
         .arg(&program)
         .arg("-libverbs")
+        .arg("-pthread")
         .output()
         .expect("gcc");
     assert!(

@@ -39,11 +39,52 @@ pub(super) struct QpObject {
     pub signal_all: bool,
     pub capabilities: ibv_qp_cap,
     pub inline: Option<InlineStaging>,
+    /// Held from `wr_start` until `wr_complete` or `wr_abort`: the
+    /// provider's per-QP critical section that ibv_wr_post(3) promises.
+    pub builder_lock: BuilderLock,
     /// Requests built through the `ibv_wr_*` calls, posted by `wr_complete`.
     pub pending: Vec<PendingRequest>,
     pub pending_error: Option<c_int>,
     /// What the program asked at RTR and RTS, returned by `query_qp`.
     pub attributes: ibv_qp_attr,
+}
+
+/// A lock held across calls: `wr_start` takes it and returns with it
+/// held, `wr_complete` or `wr_abort` gives it back. A guard cannot live
+/// across C calls, so this is a flag under a mutex, with a condition
+/// variable for the threads waiting to start.
+#[derive(Default)]
+pub(super) struct BuilderLock {
+    held: std::sync::Mutex<bool>,
+    released: std::sync::Condvar,
+}
+
+impl BuilderLock {
+    /// Waits until no other thread is building on the queue pair, then
+    /// holds it.
+    fn acquire(&self) {
+        let held = self
+            .held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut held = self
+            .released
+            .wait_while(held, |held| *held)
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *held = true;
+    }
+
+    /// Lets the next builder in. A release without an acquire (a program
+    /// that calls `wr_complete` with no `wr_start`) changes nothing.
+    fn release(&self) {
+        let mut held = self
+            .held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if std::mem::replace(&mut *held, false) {
+            self.released.notify_one();
+        }
+    }
 }
 
 /// The send operations `ibv_qp_ex` may be asked for (`send_ops_flags`).
@@ -212,6 +253,7 @@ fn build_queue_pair(
         signal_all: attributes.sq_sig_all != 0,
         capabilities: attributes.cap,
         inline,
+        builder_lock: BuilderLock::default(),
         pending: Vec::new(),
         pending_error: None,
         attributes: ibv_qp_attr::default(),
@@ -594,7 +636,11 @@ mod builder {
     }
 
     pub(super) unsafe extern "C" fn start(qp: *mut ibv_qp_ex) {
-        // SAFETY: the verbs contract.
+        // The lock is taken through a shared reference: another thread may
+        // be building on this queue pair until it is ours.
+        // SAFETY: the verbs contract: a live queue pair of this library.
+        unsafe { &*qp.cast::<QpObject>() }.builder_lock.acquire();
+        // SAFETY: the verbs contract; the builder is ours until released.
         let qp = unsafe { qp_object(qp) };
         qp.pending.clear();
         qp.pending_error = None;
@@ -604,13 +650,15 @@ mod builder {
         // SAFETY: the verbs contract.
         let qp = unsafe { qp_object(qp) };
         let pending = std::mem::take(&mut qp.pending);
-        if let Some(errno) = qp.pending_error.take() {
-            return errno;
-        }
-        match post_pending(qp, &pending) {
-            Ok(()) => 0,
-            Err(error) => errno_of(&error),
-        }
+        let posted = match qp.pending_error.take() {
+            Some(errno) => errno,
+            None => match post_pending(qp, &pending) {
+                Ok(()) => 0,
+                Err(error) => errno_of(&error),
+            },
+        };
+        qp.builder_lock.release();
+        posted
     }
 
     pub(super) unsafe extern "C" fn abort(qp: *mut ibv_qp_ex) {
@@ -618,6 +666,7 @@ mod builder {
         let qp = unsafe { qp_object(qp) };
         qp.pending.clear();
         qp.pending_error = None;
+        qp.builder_lock.release();
     }
 
     pub(super) unsafe extern "C" fn rdma_write(qp: *mut ibv_qp_ex, rkey: u32, address: u64) {

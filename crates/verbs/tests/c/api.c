@@ -11,12 +11,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define CHECK(condition, ...)                                              \
 	do {                                                                   \
@@ -414,6 +417,84 @@ static void a_refused_batch_posts_nothing(union ibv_gid gid, uint8_t *remote, st
 	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_qp(peer) == 0, "destroy the QPs");
 }
 
+/* What the two builders of the critical-section check share. */
+struct builder_race {
+	struct ibv_qp_ex *builder;
+	struct ibv_mr *remote_mr;
+	uint8_t *remote;
+	int first_is_building;   /* the first thread is inside its section */
+	int first_is_completing; /* ... and about to call ibv_wr_complete */
+	int first_result;
+	int second_found_first_completing;
+	int second_result;
+};
+
+static void build_one_write(struct builder_race *race, uint64_t wr_id, int offset)
+{
+	static uint8_t payload[8] = { 7, 7, 7, 7, 7, 7, 7, 7 };
+	race->builder->wr_id = wr_id;
+	race->builder->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	ibv_wr_rdma_write(race->builder, race->remote_mr->rkey, (uintptr_t)race->remote + offset);
+	ibv_wr_set_inline_data(race->builder, payload, sizeof payload);
+}
+
+/* Starts a section, builds one WRITE, lets the second thread try to start
+ * its own, builds a second WRITE 50 ms later, and completes. */
+static void *build_slowly(void *argument)
+{
+	struct builder_race *race = argument;
+	ibv_wr_start(race->builder);
+	build_one_write(race, 80, 0);
+	__atomic_store_n(&race->first_is_building, 1, __ATOMIC_SEQ_CST);
+	struct timespec pause = { .tv_sec = 0, .tv_nsec = 50 * 1000 * 1000 };
+	nanosleep(&pause, NULL);
+	build_one_write(race, 81, 64);
+	__atomic_store_n(&race->first_is_completing, 1, __ATOMIC_SEQ_CST);
+	race->first_result = ibv_wr_complete(race->builder);
+	return NULL;
+}
+
+/* Starts a section once the first thread is inside its own. */
+static void *build_meanwhile(void *argument)
+{
+	struct builder_race *race = argument;
+	while (!__atomic_load_n(&race->first_is_building, __ATOMIC_SEQ_CST))
+		sched_yield();
+	ibv_wr_start(race->builder);
+	race->second_found_first_completing = __atomic_load_n(&race->first_is_completing, __ATOMIC_SEQ_CST);
+	build_one_write(race, 82, 128);
+	race->second_result = ibv_wr_complete(race->builder);
+	return NULL;
+}
+
+/* ibv_wr_post(3): the provider makes ibv_wr_start ... ibv_wr_complete a
+ * per-QP critical section that no other thread enters. Without it, a
+ * second thread's ibv_wr_start went ahead and cleared the first's list of
+ * requests being built: the first thread's first WRITE was never posted. */
+static void a_second_builder_waits_for_the_first_to_complete(union ibv_gid gid, uint8_t *remote,
+							     struct ibv_mr *remote_mr)
+{
+	struct ibv_qp *qp, *peer;
+	make_builder_pair(gid, 8, &qp, &peer);
+	struct builder_race race = { .builder = ibv_qp_to_qp_ex(qp), .remote_mr = remote_mr, .remote = remote };
+	pthread_t first, second;
+	CHECK(pthread_create(&first, NULL, build_slowly, &race) == 0, "start the first builder");
+	CHECK(pthread_create(&second, NULL, build_meanwhile, &race) == 0, "start the second builder");
+	CHECK(pthread_join(first, NULL) == 0 && pthread_join(second, NULL) == 0, "join the builders");
+	CHECK(race.second_found_first_completing, "the second ibv_wr_start returned inside the first's section");
+	CHECK(race.first_result == 0 && race.second_result == 0, "both batches post (%d, %d)", race.first_result,
+	      race.second_result);
+	int seen[3] = { 0, 0, 0 };
+	for (int i = 0; i < 3; i++) {
+		struct ibv_wc wc = complete();
+		CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id >= 80 && wc.wr_id <= 82 && !seen[wc.wr_id - 80],
+		      "wr_id %lu unknown, failed or completed twice", (unsigned long)wc.wr_id);
+		seen[wc.wr_id - 80] = 1;
+	}
+	no_completion("each built WRITE completed once");
+	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_qp(peer) == 0, "destroy the QPs");
+}
+
 /* IBV_SEND_INLINE means nothing to a READ (ibv_post_send ignores it): the
  * builder took the READ's SGE for inline data, so the answer landed in
  * its staging slot and the program's buffer stayed as it was. */
@@ -645,6 +726,7 @@ int main(void)
 	rnr_retry_zero_gives_up_at_once(gid, local, local_mr);
 	a_refused_batch_posts_nothing(gid, remote, remote_mr);
 	an_inline_flag_on_a_built_read_is_ignored(gid, local, local_mr, remote, remote_mr);
+	a_second_builder_waits_for_the_first_to_complete(gid, remote, remote_mr);
 	remote_write_without_local_write_is_refused();
 	a_chain_as_long_as_the_queue_posts();
 	a_refused_qp_leaves_its_cq_free();
