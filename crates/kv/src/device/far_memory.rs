@@ -396,12 +396,12 @@ enum SlotUse {
     /// The piece at `at` of a read (a whole read of at most a slot is its
     /// only piece).
     ReadPiece {
-        token: u64,
+        request: RequestNumber,
         at: usize,
         length: usize,
     },
     WritePiece {
-        token: u64,
+        request: RequestNumber,
     },
 }
 
@@ -414,10 +414,8 @@ struct VerbsQueue {
     synchronous: bool,
     free_slots: Vec<usize>,
     slots: Vec<Option<SlotUse>>,
-    /// Pieces of each write still in flight.
-    write_pieces: FxHashMap<u64, usize>,
-    /// Reads, assembled from their slots' pieces.
-    read_pieces: ReadAssembly,
+    /// Reads and writes, gathered from their slots' pieces.
+    pieces: PieceTracker,
     posted_since_kick: bool,
     finished: Finished,
 }
@@ -438,8 +436,7 @@ impl VerbsQueue {
             synchronous,
             free_slots: (0..WINDOW).rev().collect(),
             slots: vec![None; WINDOW],
-            write_pieces: FxHashMap::default(),
-            read_pieces: ReadAssembly::default(),
+            pieces: PieceTracker::default(),
             posted_since_kick: false,
             finished: Finished::default(),
         }
@@ -461,6 +458,24 @@ impl VerbsQueue {
                 return Err(far_error("no READ or WRITE completed within 10 s"));
             }
         }
+    }
+
+    /// Takes a slot for a piece and posts it; a post refused gives the
+    /// slot back, so that the piece counts as never issued.
+    fn post_piece(
+        &mut self,
+        slot_use: SlotUse,
+        operation: SendOperation,
+        length: usize,
+        stage: impl FnOnce(&VerbsPath, usize) -> Result<(), DeviceError>,
+    ) -> Result<(), DeviceError> {
+        let slot = self.take_slot()?;
+        let posted = stage(self.path(), slot).and_then(|()| self.post(slot, operation, length));
+        match posted {
+            Ok(()) => self.slots[slot] = Some(slot_use),
+            Err(_) => self.free_slots.push(slot),
+        }
+        posted
     }
 
     fn post(
@@ -514,18 +529,26 @@ impl VerbsQueue {
                 .take()
                 .expect("completions name posted slots")
             {
-                SlotUse::ReadPiece { token, at, length } => {
+                SlotUse::ReadPiece {
+                    request,
+                    at,
+                    length,
+                } => {
                     let landing = &path.direct.landing;
-                    self.read_pieces
-                        .piece((token, at, length), &mut self.finished, |into| {
-                            landing.read(slot * SLOT_BYTES, into).map_err(far_error)
-                        })?;
+                    let filled =
+                        self.pieces
+                            .piece((request, at, length), &mut self.finished, |into| {
+                                landing.read(slot * SLOT_BYTES, into).map_err(far_error)
+                            });
+                    self.free_slots.push(slot);
+                    filled?;
                 }
-                SlotUse::WritePiece { token } => {
-                    count_down(&mut self.write_pieces, &mut self.finished, token)
+                SlotUse::WritePiece { request } => {
+                    self.pieces
+                        .piece((request, 0, 0), &mut self.finished, |_| Ok(()))?;
+                    self.free_slots.push(slot);
                 }
             }
-            self.free_slots.push(slot);
         }
     }
 }
@@ -535,19 +558,24 @@ impl DeviceQueue for VerbsQueue {
         check_range(offset, length as u64, self.capacity_bytes)?;
         // A READ per slot's worth (an empty read is one empty piece).
         let pieces = length.div_ceil(SLOT_BYTES).max(1);
-        self.read_pieces
-            .start(token, length, pieces, &mut self.finished);
+        let request = self
+            .pieces
+            .start_read(token, length, pieces, &mut self.finished);
         for piece in 0..pieces {
             let at = piece * SLOT_BYTES;
             let piece_length = SLOT_BYTES.min(length - at);
-            let slot = self.take_slot()?;
-            self.slots[slot] = Some(SlotUse::ReadPiece {
-                token,
+            let slot_use = SlotUse::ReadPiece {
+                request,
                 at,
                 length: piece_length,
-            });
+            };
             let remote = self.pool.remote(offset + at as u64);
-            self.post(slot, SendOperation::Read { remote }, piece_length)?;
+            let operation = SendOperation::Read { remote };
+            let posted = self.post_piece(slot_use, operation, piece_length, |_, _| Ok(()));
+            if let Err(error) = posted {
+                self.pieces.abandon(request, pieces, piece);
+                return Err(error);
+            }
         }
         if self.synchronous {
             let started = Instant::now();
@@ -565,21 +593,22 @@ impl DeviceQueue for VerbsQueue {
     fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
         check_range(offset, data.len() as u64, self.capacity_bytes)?;
         let pieces = data.chunks(SLOT_BYTES).count();
-        begin_write(&mut self.write_pieces, &mut self.finished, token, pieces);
+        let request = self.pieces.start_write(token, pieces, &mut self.finished);
         for (number, piece) in data.chunks(SLOT_BYTES).enumerate() {
-            let slot = self.take_slot()?;
-            self.path()
-                .direct
-                .landing
-                .write(slot * SLOT_BYTES, piece)
-                .map_err(far_error)?;
-            self.slots[slot] = Some(SlotUse::WritePiece { token });
             let remote = self.pool.remote(offset + (number * SLOT_BYTES) as u64);
             let operation = SendOperation::Write {
                 remote,
                 immediate: None,
             };
-            self.post(slot, operation, piece.len())?;
+            let stage = |path: &VerbsPath, slot: usize| {
+                let landing = &path.direct.landing;
+                landing.write(slot * SLOT_BYTES, piece).map_err(far_error)
+            };
+            let slot_use = SlotUse::WritePiece { request };
+            if let Err(error) = self.post_piece(slot_use, operation, piece.len(), stage) {
+                self.pieces.abandon(request, pieces, number);
+                return Err(error);
+            }
         }
         Ok(())
     }
@@ -616,86 +645,143 @@ impl Drop for VerbsQueue {
     }
 }
 
-/// A write of `count` pieces begins. One of none (an empty write) is done
-/// at once: no piece would ever complete it, as the memory and file
-/// devices complete one at once.
-fn begin_write(
-    pieces: &mut FxHashMap<u64, usize>,
-    finished: &mut Finished,
+/// A device request's number, the queue's own: the store's token names a
+/// request only until it completes or fails, and the store reuses a
+/// failed request's token at once. A piece of the failed request still in
+/// flight carries its request's number, so it cannot land in the next.
+type RequestNumber = u64;
+
+/// One request issued as several pieces (a READ or WRITE each).
+struct Assembly {
+    /// The store's token.
     token: u64,
-    count: usize,
-) {
-    if count == 0 {
-        finished.push_write(token);
-    } else {
-        pieces.insert(token, count);
-    }
+    /// A read's bytes, gathered piece by piece; `None` for a write.
+    bytes: Option<Vec<u8>>,
+    /// Pieces still to arrive.
+    left: usize,
+    /// The request failed part way: its pieces still in flight are
+    /// counted off as they arrive, and nothing completes.
+    abandoned: bool,
 }
 
-/// One piece of a write completed: the write is done with its last.
-fn count_down(pieces: &mut FxHashMap<u64, usize>, finished: &mut Finished, token: u64) {
-    let left = pieces.get_mut(&token).expect("pieces are counted");
-    *left -= 1;
-    if *left == 0 {
-        pieces.remove(&token);
-        finished.push_write(token);
-    }
-}
-
-/// Reads issued as several requests: each read's bytes, gathered until
-/// its last piece arrives.
-struct ReadAssembly {
-    /// Each read's bytes and the pieces still to come.
-    reads: FxHashMap<u64, (Vec<u8>, usize)>,
+/// Reads and writes issued as several pieces, each gathered until its last
+/// piece arrives.
+struct PieceTracker {
+    next_request: RequestNumber,
+    requests: FxHashMap<RequestNumber, Assembly>,
     /// Finished reads' buffers, for the next to reuse (at most
     /// [`MAX_SPARE_BUFFERS`]): a queue has up to a batch of reads in
     /// flight, and each would otherwise allocate its own.
     spare: BufferPool,
 }
 
-/// Buffers a [`ReadAssembly`] keeps for reuse: the device's batch of 100
+/// Buffers a [`PieceTracker`] keeps for reuse: the device's batch of 100
 /// reads in flight, and some.
 const MAX_SPARE_BUFFERS: usize = 128;
 
-impl Default for ReadAssembly {
-    fn default() -> ReadAssembly {
-        ReadAssembly {
-            reads: FxHashMap::default(),
+impl Default for PieceTracker {
+    fn default() -> PieceTracker {
+        PieceTracker {
+            next_request: 0,
+            requests: FxHashMap::default(),
             spare: BufferPool::new(MAX_SPARE_BUFFERS),
         }
     }
 }
 
-impl ReadAssembly {
+impl PieceTracker {
     /// A read of `length` bytes in `pieces` pieces begins. One of none (an
     /// empty read) is done at once: no piece would ever complete it.
-    fn start(&mut self, token: u64, length: usize, pieces: usize, finished: &mut Finished) {
+    fn start_read(
+        &mut self,
+        token: u64,
+        length: usize,
+        pieces: usize,
+        finished: &mut Finished,
+    ) -> RequestNumber {
         if pieces == 0 {
             finished.push_read(token, &[]);
-            return;
+            return self.start(token, None, 0);
         }
         let mut bytes = self.spare.take();
         bytes.resize(length, 0);
-        self.reads.insert(token, (bytes, pieces));
+        self.start(token, Some(bytes), pieces)
     }
 
-    /// The piece of `token`'s read at `at` arrived: `fill` copies it into
-    /// place. The last piece hands the whole read to `finished`.
+    /// A write of `pieces` pieces begins; one of none is done at once, as
+    /// the memory and file devices complete one.
+    fn start_write(&mut self, token: u64, pieces: usize, finished: &mut Finished) -> RequestNumber {
+        if pieces == 0 {
+            finished.push_write(token);
+        }
+        self.start(token, None, pieces)
+    }
+
+    fn start(&mut self, token: u64, bytes: Option<Vec<u8>>, left: usize) -> RequestNumber {
+        let request = self.next_request;
+        self.next_request += 1;
+        if left > 0 {
+            let assembly = Assembly {
+                token,
+                bytes,
+                left,
+                abandoned: false,
+            };
+            self.requests.insert(request, assembly);
+        }
+        request
+    }
+
+    /// A piece of `request` arrived: `fill` copies a read's piece into
+    /// place at `at`. The last piece hands the whole request to `finished`.
     fn piece(
         &mut self,
-        (token, at, length): (u64, usize, usize),
+        (request, at, length): (RequestNumber, usize, usize),
         finished: &mut Finished,
         fill: impl FnOnce(&mut [u8]) -> Result<(), DeviceError>,
     ) -> Result<(), DeviceError> {
-        let (mut bytes, left) = self.reads.remove(&token).expect("reads are counted");
-        fill(&mut bytes[at..at + length])?;
-        if left == 1 {
-            finished.push_read(token, &bytes);
-            self.spare.give_back(bytes);
-        } else {
-            self.reads.insert(token, (bytes, left - 1));
+        let assembly = self
+            .requests
+            .get_mut(&request)
+            .expect("pieces in flight are counted");
+        assembly.left -= 1;
+        let filled = match (&mut assembly.bytes, assembly.abandoned) {
+            (Some(bytes), false) => fill(&mut bytes[at..at + length]),
+            _ => Ok(()),
+        };
+        if filled.is_err() {
+            // Its other pieces may still come: they are counted off.
+            assembly.abandoned = true;
         }
-        Ok(())
+        if assembly.left == 0 {
+            let assembly = self.requests.remove(&request).expect("just found");
+            if !assembly.abandoned {
+                match &assembly.bytes {
+                    Some(bytes) => finished.push_read(assembly.token, bytes),
+                    None => finished.push_write(assembly.token),
+                }
+            }
+            if let Some(bytes) = assembly.bytes {
+                self.spare.give_back(bytes);
+            }
+        }
+        filled
+    }
+
+    /// `request` failed after `issued` of its pieces went out: the rest
+    /// will never arrive, and those that do complete nothing.
+    fn abandon(&mut self, request: RequestNumber, total: usize, issued: usize) {
+        let Some(assembly) = self.requests.get_mut(&request) else {
+            return;
+        };
+        assembly.abandoned = true;
+        assembly.left -= total - issued;
+        if assembly.left == 0 {
+            let assembly = self.requests.remove(&request).expect("just found");
+            if let Some(bytes) = assembly.bytes {
+                self.spare.give_back(bytes);
+            }
+        }
     }
 }
 
@@ -705,12 +791,11 @@ struct CowbirdQueue {
     returns: Arc<Mutex<Vec<Path>>>,
     capacity_bytes: u64,
     group: usize,
-    /// The store's token for each request and, for a read's pieces,
-    /// where the piece goes in the whole.
-    tokens: FxHashMap<RequestId, (u64, usize)>,
-    write_pieces: FxHashMap<u64, usize>,
-    /// Reads, assembled from their requests.
-    read_pieces: ReadAssembly,
+    /// The device request each Cowbird request is a piece of and, for a
+    /// read's pieces, where the piece goes in the whole.
+    requests: FxHashMap<RequestId, (RequestNumber, usize)>,
+    /// Reads and writes, gathered from their Cowbird requests.
+    pieces: PieceTracker,
     reads_in_flight: usize,
     responses: Vec<Completion>,
     finished: Finished,
@@ -733,9 +818,8 @@ impl CowbirdQueue {
             returns,
             capacity_bytes,
             group,
-            tokens: FxHashMap::default(),
-            write_pieces: FxHashMap::default(),
-            read_pieces: ReadAssembly::default(),
+            requests: FxHashMap::default(),
+            pieces: PieceTracker::default(),
             reads_in_flight: 0,
             responses: Vec::new(),
             finished: Finished::default(),
@@ -756,13 +840,17 @@ impl CowbirdQueue {
             .poll_wait(group, &mut responses, usize::MAX, Duration::ZERO)
             .map_err(far_error)?;
         for completion in &responses {
-            let (token, at) = self
-                .tokens
+            let (request, at) = self
+                .requests
                 .remove(&completion.id)
-                .expect("every request has a token");
+                .expect("every Cowbird request is a piece of one of ours");
             match completion.response {
-                Some((_, length)) => self.on_read_piece(completion, token, at, length as usize)?,
-                None => count_down(&mut self.write_pieces, &mut self.finished, token),
+                Some((_, length)) => {
+                    self.on_read_piece(completion, request, at, length as usize)?
+                }
+                None => self
+                    .pieces
+                    .piece((request, 0, 0), &mut self.finished, |_| Ok(()))?,
             }
         }
         self.responses = responses;
@@ -773,14 +861,14 @@ impl CowbirdQueue {
     fn on_read_piece(
         &mut self,
         completion: &Completion,
-        token: u64,
+        request: RequestNumber,
         at: usize,
         length: usize,
     ) -> Result<(), DeviceError> {
         self.reads_in_flight -= 1;
         let client = self.client.as_ref().expect("held until drop");
-        self.read_pieces
-            .piece((token, at, length), &mut self.finished, |into| {
+        self.pieces
+            .piece((request, at, length), &mut self.finished, |into| {
                 client.response(completion, into).map_err(far_error)
             })
     }
@@ -788,7 +876,7 @@ impl CowbirdQueue {
     /// Issues one request, retrying on a full ring as §4.3 says.
     fn issue(
         &mut self,
-        token: u64,
+        request: RequestNumber,
         at: usize,
         is_read: bool,
         mut attempt: impl FnMut(&mut Client) -> Result<RequestId, CowbirdError>,
@@ -801,7 +889,7 @@ impl CowbirdQueue {
                 Ok(id) => {
                     let group = self.group;
                     self.client().poll_add(group, id).map_err(far_error)?;
-                    self.tokens.insert(id, (token, at));
+                    self.requests.insert(id, (request, at));
                     return Ok(());
                 }
                 Err(CowbirdError::RetryLater(_)) => {
@@ -829,15 +917,20 @@ impl DeviceQueue for CowbirdQueue {
         check_range(offset, length as u64, self.capacity_bytes)?;
         let piece_bytes = MAX_REQUEST_BYTES as usize;
         let pieces = length.div_ceil(piece_bytes);
-        self.read_pieces
-            .start(token, length, pieces, &mut self.finished);
+        let request = self
+            .pieces
+            .start_read(token, length, pieces, &mut self.finished);
         for piece in 0..pieces {
             let at = piece * piece_bytes;
             let piece_length = piece_bytes.min(length - at);
             let from = offset + at as u64;
-            self.issue(token, at, true, |client| {
+            let issued = self.issue(request, at, true, |client| {
                 client.async_read(0, from, piece_length)
-            })?;
+            });
+            if let Err(error) = issued {
+                self.pieces.abandon(request, pieces, piece);
+                return Err(error);
+            }
             self.reads_in_flight += 1;
         }
         Ok(())
@@ -847,10 +940,14 @@ impl DeviceQueue for CowbirdQueue {
         check_range(offset, data.len() as u64, self.capacity_bytes)?;
         let piece_bytes = self.max_piece_bytes;
         let pieces = data.chunks(piece_bytes).count();
-        begin_write(&mut self.write_pieces, &mut self.finished, token, pieces);
+        let request = self.pieces.start_write(token, pieces, &mut self.finished);
         for (number, piece) in data.chunks(piece_bytes).enumerate() {
             let at = offset + (number * piece_bytes) as u64;
-            self.issue(token, 0, false, |client| client.async_write(0, at, piece))?;
+            let issued = self.issue(request, 0, false, |client| client.async_write(0, at, piece));
+            if let Err(error) = issued {
+                self.pieces.abandon(request, pieces, number);
+                return Err(error);
+            }
         }
         Ok(())
     }
@@ -861,7 +958,7 @@ impl DeviceQueue for CowbirdQueue {
     }
 
     fn in_flight(&self) -> usize {
-        self.tokens.len() + self.finished.len()
+        self.requests.len() + self.finished.len()
     }
 }
 
@@ -872,5 +969,109 @@ impl Drop for CowbirdQueue {
             let mut paths = self.returns.lock().unwrap_or_else(|e| e.into_inner());
             paths.push(Path::Cowbird(client));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Everything `finished` holds, as (token, bytes of a read).
+    fn drained(finished: &mut Finished) -> Vec<(u64, Option<Vec<u8>>)> {
+        let mut out = Vec::new();
+        finished.drain(&mut |token, bytes| out.push((token, bytes.map(<[u8]>::to_vec))));
+        out
+    }
+
+    fn fill_with(byte: u8) -> impl FnOnce(&mut [u8]) -> Result<(), DeviceError> {
+        move |into| {
+            into.fill(byte);
+            Ok(())
+        }
+    }
+
+    /// A read of three pieces failed after issuing one; the store reused
+    /// its token at once. The old piece, arriving late, used to land in the
+    /// new read (and count toward it): the new read completed with the
+    /// failed read's bytes.
+    #[test]
+    fn a_late_piece_of_a_failed_read_does_not_land_in_the_next_under_its_token() {
+        let mut tracker = PieceTracker::default();
+        let mut finished = Finished::default();
+        let failed = tracker.start_read(5, 12, 3, &mut finished);
+        tracker.abandon(failed, 3, 1);
+        let next = tracker.start_read(5, 4, 1, &mut finished);
+        tracker
+            .piece((failed, 0, 4), &mut finished, fill_with(0xee))
+            .unwrap();
+        assert!(
+            finished.is_empty(),
+            "the failed read's piece completed a read"
+        );
+        tracker
+            .piece((next, 0, 4), &mut finished, fill_with(0x11))
+            .unwrap();
+        assert_eq!(drained(&mut finished), vec![(5, Some(vec![0x11; 4]))]);
+        assert!(tracker.requests.is_empty(), "every piece is counted off");
+    }
+
+    /// The same for a write: a late piece of a failed write used to count
+    /// down the next write under its token, which was then reported done
+    /// before its own pieces had landed.
+    #[test]
+    fn a_late_piece_of_a_failed_write_does_not_finish_the_next_under_its_token() {
+        let mut tracker = PieceTracker::default();
+        let mut finished = Finished::default();
+        let failed = tracker.start_write(9, 4, &mut finished);
+        tracker.abandon(failed, 4, 2);
+        let next = tracker.start_write(9, 2, &mut finished);
+        for _ in 0..2 {
+            tracker
+                .piece((failed, 0, 0), &mut finished, |_| Ok(()))
+                .unwrap();
+        }
+        assert!(
+            finished.is_empty(),
+            "the failed write's pieces finished the next"
+        );
+        for _ in 0..2 {
+            tracker
+                .piece((next, 0, 0), &mut finished, |_| Ok(()))
+                .unwrap();
+        }
+        assert_eq!(drained(&mut finished), vec![(9, None)]);
+        assert!(tracker.requests.is_empty());
+    }
+
+    /// A request that failed before any piece went out, and one whose
+    /// pieces had all arrived before the failure, leave nothing behind.
+    #[test]
+    fn abandoning_with_nothing_in_flight_forgets_the_request() {
+        let mut tracker = PieceTracker::default();
+        let mut finished = Finished::default();
+        let never_issued = tracker.start_read(1, 8, 2, &mut finished);
+        tracker.abandon(never_issued, 2, 0);
+        assert!(tracker.requests.is_empty());
+        let empty = tracker.start_write(2, 0, &mut finished);
+        tracker.abandon(empty, 0, 0);
+        assert_eq!(drained(&mut finished), vec![(2, None)]);
+    }
+
+    /// A piece that could not be copied out fails its read; its other
+    /// pieces are counted off and the read never completes with a hole.
+    #[test]
+    fn a_piece_that_could_not_be_copied_fails_its_read_whole() {
+        let mut tracker = PieceTracker::default();
+        let mut finished = Finished::default();
+        let read = tracker.start_read(3, 8, 2, &mut finished);
+        let copied = tracker.piece((read, 0, 4), &mut finished, |_| {
+            Err(far_error("the landing slot is gone"))
+        });
+        assert!(copied.is_err());
+        tracker
+            .piece((read, 4, 4), &mut finished, fill_with(1))
+            .unwrap();
+        assert!(finished.is_empty(), "a read with a hole completed");
+        assert!(tracker.requests.is_empty());
     }
 }
