@@ -964,6 +964,19 @@ impl DeviceQueue for CowbirdQueue {
 
 impl Drop for CowbirdQueue {
     fn drop(&mut self) {
+        // What is in flight finishes first, as a verbs queue's does: a
+        // write the engine had not yet landed could otherwise be
+        // overtaken by the next session's read of the same bytes on
+        // another instance. A client whose work fails or does not finish
+        // in time is not given back.
+        let started = Instant::now();
+        while !self.requests.is_empty() {
+            if self.collect().is_err() || started.elapsed() > MAX_WAIT {
+                tracing::warn!("a Cowbird instance's work did not finish; the instance is dropped");
+                return;
+            }
+            std::hint::spin_loop();
+        }
         if let Some(mut client) = self.client.take() {
             let _ = client.poll_destroy(self.group);
             let mut paths = self.returns.lock().unwrap_or_else(|e| e.into_inner());
