@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use remora_base::Timestamp;
 use remora_switch::generator::Template;
 use remora_switch::packet::GENERATOR_PORT;
-use remora_switch::programs::l2l3::{L2L3Forwarding, LEARN_DIGEST};
+use remora_switch::programs::l2l3::{mac_to_u64, L2L3Forwarding, LEARN_DIGEST};
 use remora_switch::{Egress, Packet, PortId, Program, ResourceReport, Switch, SwitchConfig};
 use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
 use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn, RoceFrame};
@@ -494,6 +494,59 @@ fn a_padded_roce_frame_gets_its_icrc_where_its_packet_ends() {
         let frame = RoceFrame::new_checked(&bytes[..]).expect("the ICRC where the packet ends");
         assert_eq!(frame.bth().destination_qp, Qpn::new(0x456).unwrap());
     }
+}
+
+/// A learned host that moved to another port was never learned again: its
+/// source MAC was known, so no digest went out, and frames to it went on
+/// leaving by the old port for good.
+#[test]
+fn a_learned_host_that_moves_is_learned_again_on_its_new_port() {
+    let mut switch = rack_switch(3);
+    let from_port = |switch: &mut Switch<L2L3Forwarding>, port: u16| {
+        switch.handle_frame(
+            Timestamp::ZERO,
+            PortId(port),
+            &roce_frame(9, 1, host_mac(1), b"hello"),
+        );
+        drain(switch);
+        switch.poll_digest()
+    };
+    let to_host_9 = |switch: &mut Switch<L2L3Forwarding>| {
+        let frame = roce_frame(1, 9, host_mac(9), b"back");
+        switch.handle_frame(Timestamp::ZERO, PortId(0), &frame);
+        drain(switch).first().map(|(port, _)| *port)
+    };
+    let digest = from_port(&mut switch, 1).expect("a new host is news");
+    switch.program_mut().learn(&digest).unwrap();
+    assert_eq!(to_host_9(&mut switch), Some(PortId(1)));
+    assert!(from_port(&mut switch, 1).is_none(), "nothing new on port 1");
+    let moved = from_port(&mut switch, 2).expect("a host on a new port is news");
+    switch.program_mut().learn(&moved).unwrap();
+    assert_eq!(to_host_9(&mut switch), Some(PortId(2)));
+    assert!(from_port(&mut switch, 2).is_none(), "learned on port 2 now");
+}
+
+/// A configured host stays on its port: a frame carrying its MAC from
+/// another port (a spoof) is not news, and a digest naming it moves
+/// nothing.
+#[test]
+fn a_configured_host_does_not_move_with_a_frame_from_elsewhere() {
+    let mut switch = rack_switch(3);
+    let spoof = roce_frame(2, 1, host_mac(1), b"not host 2");
+    switch.handle_frame(Timestamp::ZERO, PortId(2), &spoof);
+    drain(&mut switch);
+    assert!(
+        switch.poll_digest().is_none(),
+        "a configured host is not news"
+    );
+    let digest = remora_switch::program::Digest {
+        kind: LEARN_DIGEST,
+        values: [mac_to_u64(host_mac(2)), 2, 0, 0],
+    };
+    switch.program_mut().learn(&digest).unwrap();
+    let frame = roce_frame(1, 2, host_mac(2), b"to host 2");
+    switch.handle_frame(Timestamp::ZERO, PortId(0), &frame);
+    assert_eq!(drain(&mut switch), vec![(PortId(1), frame)]);
 }
 
 /// A group address is never a frame's source. One was learned (a spoof,

@@ -8,9 +8,12 @@
 //! - Stage 1, `mac_table` (exact on the destination MAC): bridging.
 //!   Broadcast floods; an unknown unicast destination floods only if
 //!   configured (a rack knows all its hosts, so by default it drops).
-//! - Stage 1, `known_sources` (exact on the source MAC): a miss sends a
-//!   learning digest (MAC, port) to the control plane, which may add the
-//!   pair to both tables.
+//! - Stage 1, `known_sources` (exact on the source MAC): a miss, or a
+//!   learned host seen on another port than it was learned on (it moved),
+//!   sends a learning digest (MAC, port) to the control plane, which may
+//!   add the pair to both tables. Hosts the control plane configured stay
+//!   where it put them, as a switch's static MAC entries do: a frame
+//!   with a configured host's MAC from elsewhere does not move it.
 
 use crate::packet::{Egress, Packet, PortId};
 use crate::program::{Digest, Program};
@@ -33,8 +36,17 @@ pub struct L2L3Forwarding {
     routes: LpmTable<Route>,
     /// Keyed by the MAC as an integer: one multiply to hash.
     mac_table: ExactTable<u64, PortId>,
-    known_sources: ExactTable<u64, ()>,
+    known_sources: ExactTable<u64, Station>,
     flood_unknown: bool,
+}
+
+/// How the switch came to know a source MAC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Station {
+    /// Placed by the control plane: it never moves.
+    Configured,
+    /// Learned from a frame on this port: it moves when the host does.
+    Learned(PortId),
 }
 
 pub fn mac_to_u64(mac: MacAddress) -> u64 {
@@ -70,7 +82,8 @@ impl L2L3Forwarding {
                 name: "known_sources",
                 stage: 1,
                 key_bits: 48,
-                action_data_bits: 0,
+                // A learned host's port, and whether it was learned.
+                action_data_bits: 17,
                 capacity,
             }),
             flood_unknown: false,
@@ -93,10 +106,14 @@ impl L2L3Forwarding {
         self.flood_unknown = flood;
     }
 
-    /// Control plane: a host with this MAC sits behind `port`.
+    /// Control plane: a host with this MAC sits behind `port`, for good.
     pub fn add_host(&mut self, mac: MacAddress, port: PortId) -> Result<(), TableError> {
+        self.place(mac, port, Station::Configured)
+    }
+
+    fn place(&mut self, mac: MacAddress, port: PortId, station: Station) -> Result<(), TableError> {
         self.mac_table.insert(mac_to_u64(mac), port)?;
-        self.known_sources.insert(mac_to_u64(mac), ())
+        self.known_sources.insert(mac_to_u64(mac), station)
     }
 
     /// Control plane: a host directly on `port`, both bridged (by MAC) and
@@ -129,7 +146,8 @@ impl L2L3Forwarding {
             .insert(u32::from_be_bytes(prefix.0), length, route)
     }
 
-    /// Control plane: handle a learning digest.
+    /// Control plane: handle a learning digest: a new host, or a learned
+    /// one that moved. A configured host is left where it is.
     pub fn learn(&mut self, digest: &Digest) -> Result<(), TableError> {
         let mac = mac_from_u64(digest.values[0]);
         // Never a group address (the data plane sends none; a control
@@ -137,7 +155,22 @@ impl L2L3Forwarding {
         if digest.kind != LEARN_DIGEST || mac.0[0] & 1 == 1 {
             return Ok(());
         }
-        self.add_host(mac, PortId(digest.values[1] as u16))
+        let key = mac_to_u64(mac);
+        if self.known_sources.lookup(&key) == Some(&Station::Configured) {
+            return Ok(());
+        }
+        let port = PortId(digest.values[1] as u16);
+        self.place(mac, port, Station::Learned(port))
+    }
+
+    /// Whether a frame from `source` on `port` is news to the control
+    /// plane: a host never seen, or a learned one on a new port.
+    fn is_news(&self, source: u64, port: PortId) -> bool {
+        match self.known_sources.lookup(&source) {
+            None => true,
+            Some(Station::Learned(learned)) => *learned != port,
+            Some(Station::Configured) => false,
+        }
     }
 
     fn route(&self, packet: &mut Packet) -> bool {
@@ -194,8 +227,8 @@ impl Program for L2L3Forwarding {
         let source = mac_to_u64(packet.headers.source_mac);
         let destination_mac = packet.headers.destination_mac;
         let destination = mac_to_u64(destination_mac);
-        if self.known_sources.lookup(&source).is_none()
-            && packet.ingress_port.0 < crate::packet::RECIRCULATION_PORT.0
+        if packet.ingress_port.0 < crate::packet::RECIRCULATION_PORT.0
+            && self.is_news(source, packet.ingress_port)
         {
             packet.digest = Some(Digest {
                 kind: LEARN_DIGEST,
