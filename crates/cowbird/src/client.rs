@@ -58,6 +58,8 @@ pub enum CowbirdError {
     BlockTooSmall { have: usize, need: u64 },
     #[error("ring sizes {0:?} cannot hold one largest request")]
     BadRingSizes(RingSizes),
+    #[error("a client addresses 1 to {MAX_REGIONS} memory regions, not {0}")]
+    BadRegionCount(usize),
 }
 
 /// A completed request, as `poll_wait` returns it.
@@ -126,6 +128,16 @@ fn kind_index(kind: Kind) -> usize {
     }
 }
 
+/// A client needs a region to address, and a request id holds at most
+/// [`MAX_REGIONS`] region numbers.
+pub fn check_region_count(count: usize) -> Result<(), CowbirdError> {
+    if (1..=usize::from(MAX_REGIONS)).contains(&count) {
+        Ok(())
+    } else {
+        Err(CowbirdError::BadRegionCount(count))
+    }
+}
+
 impl Client {
     /// A client over `block` (zeroed, registered with the compute NIC),
     /// for memory regions of the given sizes (region id = index).
@@ -143,7 +155,7 @@ impl Client {
                 need: sizes.block_bytes(),
             });
         }
-        assert!(regions.len() <= usize::from(MAX_REGIONS));
+        check_region_count(regions.len())?;
         Ok(Client {
             block,
             sizes,

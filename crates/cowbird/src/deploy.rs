@@ -4,7 +4,7 @@
 //! one queue pair per thread to the compute node. The simulator tests,
 //! the benchmark and the demo all deploy through here.
 
-use crate::client::{Client, CowbirdError};
+use crate::client::{check_region_count, Client, CowbirdError};
 use crate::connection::{ConnectionService, Connector};
 use crate::layout::RingSizes;
 use crate::p4::impersonated::{self, Peer};
@@ -117,7 +117,11 @@ struct Pool {
     memory: Vec<HostMemory>,
 }
 
-fn register_pool(spec: &CowbirdSpec, memory: &mut SoftRnic) -> Result<Pool, VerbsError> {
+/// Checked before any of the pool is allocated: a spec with no region
+/// (every path indexes region 0) or more than a request id can name is
+/// refused, not a panic after the memory is taken.
+fn register_pool(spec: &CowbirdSpec, memory: &mut SoftRnic) -> Result<Pool, DeployError> {
+    check_region_count(spec.pool_regions.len())?;
     let protection_domain = memory.alloc_protection_domain()?;
     let memory_blocks: Vec<HostMemory> = spec
         .pool_regions
@@ -403,4 +407,51 @@ fn direct_path(
         landing,
         landing_region,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::MAX_REGIONS;
+    use remora_rnic::RnicConfig;
+    use remora_wire::{Ipv4Address, MacAddress};
+
+    fn nic(last: u8) -> SoftRnic {
+        SoftRnic::new(RnicConfig::new(
+            MacAddress([2, 0, 0, 0, 0, last]),
+            Ipv4Address::new(10, 0, 0, last),
+            u64::from(last),
+        ))
+    }
+
+    fn spec(pool_regions: Vec<u64>) -> CowbirdSpec {
+        CowbirdSpec {
+            threads: 1,
+            sizes: RingSizes::DEFAULT,
+            pool_regions,
+            spot: SpotConfig::DEFAULT,
+            ack_timeout: Duration::from_millis(10),
+            direct: None,
+            rpc: None,
+        }
+    }
+
+    /// A spec with no pool region deployed, and the rack then indexed
+    /// region 0 (a panic); one with more regions than a request id names
+    /// allocated every region first and then hit the client's assertion.
+    #[test]
+    fn a_pool_of_no_region_or_too_many_is_refused_before_anything_is_allocated() {
+        let too_many = usize::from(MAX_REGIONS) + 1;
+        for (regions, count) in [(Vec::new(), 0), (vec![1; too_many], too_many)] {
+            let refused = deploy(spec(regions), &mut nic(1), &mut nic(2));
+            assert!(
+                matches!(
+                    refused,
+                    Err(DeployError::Client(CowbirdError::BadRegionCount(found))) if found == count
+                ),
+                "{count} regions were not refused"
+            );
+        }
+        assert!(deploy(spec(vec![4096]), &mut nic(1), &mut nic(2)).is_ok());
+    }
 }
