@@ -197,10 +197,26 @@ impl HybridLog {
         LogAddress::new(self.begin.load(Ordering::SeqCst).min(kept))
     }
 
-    /// A checkpoint from `begin` is being taken: its pages are kept from
-    /// now on, beside the last one's.
-    pub fn keep_checkpoint_from(&self, begin: LogAddress) {
-        self.kept_from.fetch_min(begin.value(), Ordering::SeqCst);
+    /// A checkpoint is being taken from the log's begin, which this
+    /// returns: its pages are kept from now on, beside the last one's.
+    ///
+    /// The begin is read again after the keep: a compaction that truncated
+    /// between the read and the keep could have given the pages between
+    /// the two begins to the tail already (before the first checkpoint,
+    /// nothing else keeps them), and a checkpoint from the older begin
+    /// would then name overwritten pages. Each retry follows a truncation,
+    /// and the begin never passes the tail, so the loop ends.
+    pub fn keep_checkpoint_from_begin(&self) -> LogAddress {
+        let mut begin = self.begin();
+        loop {
+            self.kept_from.fetch_min(begin.value(), Ordering::SeqCst);
+            let now = self.begin();
+            if now == begin {
+                return begin;
+            }
+            debug_assert!(now > begin, "the begin only moves up");
+            begin = now;
+        }
     }
 
     /// A checkpoint from `begin` is durable and supersedes every earlier

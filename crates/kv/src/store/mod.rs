@@ -458,8 +458,7 @@ impl Session {
         // sealed next (inside the checkpoint) or from pages at or above
         // this begin (inside it too). Read after, it could name a begin
         // past records whose copies lie beyond the sealed tail.
-        let begin = shared.log.begin();
-        shared.log.keep_checkpoint_from(begin);
+        let begin = shared.log.keep_checkpoint_from_begin();
         let tail = loop {
             if let Some(tail) = shared.log.seal()? {
                 break tail;
