@@ -490,6 +490,12 @@ fn recency(caller: &DatagramEnd, memory: &CallerMemory) -> (u64, [u8; 4], u16) {
 struct CallerMemory {
     /// Replies by RPC id, the newest [`REPLIES_KEPT_PER_CALLER`].
     replies: BTreeMap<u64, Vec<u8>>,
+    /// Calls below this RPC id were answered and are no longer
+    /// remembered: a copy of one is a stale duplicate. A checkpoint keeps
+    /// only [`checkpoint::REPLIES_PER_CALLER`] replies; a replacement
+    /// started from it ran a late copy of an older call again, since
+    /// only the in-memory bound of 1024 named it stale.
+    floor: u64,
     /// The callee's executed count when it last answered this caller: the
     /// least recent is forgotten first.
     last_answered: u64,
@@ -691,9 +697,14 @@ impl Callee {
             .replies
             .into_iter()
             .map(|(caller, replies)| {
+                // A caller keeps its unanswered calls within a span the
+                // checkpoint covers, so every call below the oldest reply
+                // kept was answered.
+                let floor = replies.first_key_value().map_or(0, |(&id, _)| id);
                 let memory = CallerMemory {
                     replies,
                     last_answered: 0,
+                    floor,
                 };
                 (caller, memory)
             })
@@ -760,7 +771,8 @@ impl Callee {
         let newest = memory
             .and_then(|memory| memory.replies.last_key_value())
             .map_or(0, |(&id, _)| id);
-        if rpc_id.saturating_add(REPLIES_KEPT_PER_CALLER) <= newest {
+        let floor = memory.map_or(0, |memory| memory.floor);
+        if rpc_id < floor || rpc_id.saturating_add(REPLIES_KEPT_PER_CALLER) <= newest {
             // Older than anything remembered: long answered.
             self.counters.stale += 1;
             return;
@@ -847,7 +859,9 @@ impl Callee {
         memory.last_answered = executed;
         memory.replies.insert(ticket.rpc_id, reply.clone());
         while memory.replies.len() as u64 > REPLIES_KEPT_PER_CALLER {
-            memory.replies.pop_first();
+            if let Some((forgotten, _)) = memory.replies.pop_first() {
+                memory.floor = memory.floor.max(forgotten + 1);
+            }
         }
         if !oneway {
             self.send_reply(ticket.caller, reply);
@@ -1077,6 +1091,50 @@ mod tests {
             caller.take_completion(),
             Some((id, Err(RpcError::ReplyLost(_)))) if id == rpc_id
         ));
+    }
+
+    /// A callee remembers 1024 replies per caller, a checkpoint 16. A
+    /// replacement started from one took a late copy of a call older than
+    /// the 16 (but within the 1024) for a new call and ran it again.
+    #[test]
+    fn a_late_copy_of_a_call_older_than_a_checkpoints_replies_is_not_run_again() {
+        let call = |rpc_id| {
+            let repr =
+                BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
+            encode(&repr, b"")
+        };
+        let mut failed = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
+        let mut last_reply = Vec::new();
+        for rpc_id in 1..=40u64 {
+            failed.handle(caller_on(1), &call(rpc_id));
+            last_reply = failed.poll_transmit().expect("answered").1;
+        }
+        let header = BifrostHeader::new_checked(&last_reply[..]).unwrap();
+        let (_, kept) = checkpoint::split_reply(header.payload()).expect("a checkpoint");
+        let mut replacement = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
+        replacement.restore(kept).unwrap();
+        let before = replacement.checkpoint().unwrap().state;
+        assert_eq!(before, 40u64.to_be_bytes().to_vec());
+
+        replacement.handle(caller_on(1), &call(10));
+
+        assert!(
+            replacement.poll_transmit().is_none(),
+            "a stale copy gets no answer"
+        );
+        assert_eq!(
+            replacement.checkpoint().unwrap().state,
+            before,
+            "it did not run again"
+        );
+        assert_eq!(replacement.counters().stale, 1);
+        // The next new call still runs.
+        replacement.handle(caller_on(1), &call(41));
+        assert!(replacement.poll_transmit().is_some());
+        assert_eq!(
+            replacement.checkpoint().unwrap().state,
+            41u64.to_be_bytes().to_vec()
+        );
     }
 
     /// A callee never forgot a caller: after 1024 callers (clients that
