@@ -4,6 +4,7 @@ use crate::error::RackCommandError;
 use crate::output::OutputError;
 use clap::{Args, Subcommand, ValueEnum};
 use remora_rack::launch::{self, NodeCarrier};
+use remora_rack::report::NodeReport;
 use remora_rack::{CarrierKind, LaunchOptions, Mode, RackConfig};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -276,14 +277,39 @@ fn inherited(fd: i32) -> Result<std::os::fd::OwnedFd, RackCommandError> {
     Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
+/// Runs one node of a rack. A node that cannot start still writes its
+/// report, naming itself and the reason, so that the launcher's report
+/// says why (it said only "exited without a report").
 pub fn run_node(args: NodeArgs) -> Result<ExitCode, RackCommandError> {
     let rack = RackConfig::load(&args.rack)?;
+    let report = start_node(&rack, &args).unwrap_or_else(|error| NodeReport {
+        name: args.name.clone(),
+        role: rack
+            .node(&args.name)
+            .map(|node| node.role.name().into())
+            .unwrap_or_default(),
+        error: Some(error.to_string()),
+        ..NodeReport::default()
+    });
+    if let Some(path) = &args.report {
+        crate::output::write_json(path, &report)?;
+    }
+    match &report.error {
+        None => Ok(ExitCode::SUCCESS),
+        Some(error) => {
+            eprintln!("node {}: {error}", report.name);
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn start_node(rack: &RackConfig, args: &NodeArgs) -> Result<NodeReport, RackCommandError> {
     let carrier = match (
         args.shm_fd,
         args.udp_fd,
         args.udp_bind,
         args.udp_peer,
-        args.packet_interface,
+        args.packet_interface.clone(),
     ) {
         (Some(fd), ..) => NodeCarrier::Shm { fd: inherited(fd)? },
         (_, Some(fd), _, Some(peer), _) => NodeCarrier::Udp {
@@ -295,15 +321,11 @@ pub fn run_node(args: NodeArgs) -> Result<ExitCode, RackCommandError> {
         _ if args.udp => NodeCarrier::UdpFromRack,
         _ => return Err(RackCommandError::NoCarrier),
     };
-    let report = launch::run_node(&rack, &args.name, carrier, &args.run_dir, stop_flag())?;
-    if let Some(path) = &args.report {
-        crate::output::write_json(path, &report)?;
-    }
-    match &report.error {
-        None => Ok(ExitCode::SUCCESS),
-        Some(error) => {
-            eprintln!("node {}: {error}", report.name);
-            Ok(ExitCode::FAILURE)
-        }
-    }
+    Ok(launch::run_node(
+        rack,
+        &args.name,
+        carrier,
+        &args.run_dir,
+        stop_flag(),
+    )?)
 }

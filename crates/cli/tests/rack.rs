@@ -373,8 +373,27 @@ fn a_node_that_dies_is_reported_and_the_rack_stops_instead_of_waiting() {
         "the launcher waited {:?}",
         started.elapsed()
     );
+    // The reason reaches the launcher's report: it said only that memory0
+    // "exited without a report".
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("memory0: exited"), "{stderr}");
+    assert!(
+        stderr.contains("failed: memory0: control channel: listen on tcp:192.0.2.1:9"),
+        "{stderr}"
+    );
+}
+
+/// With no compute node, the launcher stopped the memory nodes at once,
+/// while they were still starting: each died of the SIGTERM before its
+/// interrupt handler was in place, and the rack failed with "exited
+/// (signal: 15) without a report". It now waits for each to serve.
+#[test]
+fn a_rack_of_processes_with_no_compute_node_comes_up_and_stops_cleanly() {
+    let rack = "[rack]\nname = \"no-compute\"\n[switch]\nprogram = \"l2l3\"\n\
+        [[node]]\nname = \"memory0\"\nrole = \"memory\"\naddress = \"10.0.0.2\"\nmemory = \"1MiB\"\n\
+        [[node]]\nname = \"memory1\"\nrole = \"memory\"\naddress = \"10.0.0.3\"\nmemory = \"1MiB\"\n";
+    let (code, stderr) = rack_up_with(rack, &["--mode", "processes"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("without a report"), "{stderr}");
 }
 
 /// Runs `remora bench NAME --quick --json`, checks that every ratio in

@@ -42,6 +42,16 @@ const RECEIVE_SLOTS: u64 = 256;
 const RECEIVE_SLOT_BYTES: u32 = 256;
 /// How long nodes get to finish after being asked to stop.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How long the launcher waits for a node to say it is serving before it
+/// stops it: a node stopped while still starting dies of the signal
+/// before it can report.
+const READY_WAIT: Duration = Duration::from_secs(20);
+
+/// The file a node process creates once it serves (its interrupt handler
+/// is in place, so a SIGTERM from now on stops it cleanly, with a report).
+pub fn ready_marker(run_directory: &Path, name: &str) -> PathBuf {
+    run_directory.join(format!("{name}.ready"))
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -752,6 +762,11 @@ fn supervise(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    if failure.is_none() && !stop.load(Ordering::Relaxed) {
+        // The compute nodes are done (or there are none): the rest may
+        // still be starting, and a SIGTERM then kills them unreported.
+        await_ready(rack, &mut children, &mut exits, run_directory);
+    }
     for (index, child) in children.iter().enumerate() {
         if exits[index].is_none() {
             signal(child, rustix::process::Signal::TERM);
@@ -804,6 +819,26 @@ fn supervise(
         return Err(RackError::Launch("interrupted".into()));
     }
     Ok(reports)
+}
+
+/// Waits, up to [`READY_WAIT`], until every node still running has said
+/// it serves (or has exited).
+fn await_ready(
+    rack: &RackConfig,
+    children: &mut [Child],
+    exits: &mut [Option<std::process::ExitStatus>],
+    run_directory: &Path,
+) {
+    let deadline = Instant::now() + READY_WAIT;
+    for (index, child) in children.iter_mut().enumerate() {
+        let marker = ready_marker(run_directory, &rack.nodes[index].name);
+        while exits[index].is_none() && !marker.exists() && Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                exits[index] = Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 /// How a single node process reaches the switch.
@@ -868,6 +903,9 @@ pub fn run_node(
         &stop,
         false,
     )?;
+    // Serving: a stop from now on ends the node cleanly, with its report.
+    // A marker that cannot be written only costs the launcher its wait.
+    let _ = std::fs::write(ready_marker(run_directory, name), b"");
     let mut report = node_report(node, &endpoint);
     if matches!(role, RoleHandle::Compute(_)) {
         join_role(role, &mut report);
