@@ -371,7 +371,7 @@ pub struct Outputs<'a> {
 pub fn run(outputs: &Outputs<'_>) -> Result<ExitCode, DemoError> {
     // From the start: installed only with the rack step, as before, the
     // steps after it could not be interrupted at all.
-    crate::rack::handle_interrupts();
+    crate::interrupt::handle_interrupts();
     crate::output::check_optional_file_path(outputs.json)?;
     if let Some(directory) = outputs.report {
         crate::output::check_directory_path(directory)?;
@@ -412,12 +412,12 @@ pub fn run(outputs: &Outputs<'_>) -> Result<ExitCode, DemoError> {
     // Every system the command line knows takes its turn.
     let mut steps = serde_json::Map::new();
     for system in crate::systems::SYSTEMS {
-        if crate::rack::interrupted() {
+        if crate::interrupt::interrupted() {
             println!(
                 "interrupted: the {} step and those after it not run",
                 system.name()
             );
-            return Ok(ExitCode::from(crate::rack::INTERRUPTED_EXIT));
+            return Ok(ExitCode::from(crate::interrupt::INTERRUPTED_EXIT));
         }
         let step = system.demo_step(history.as_mut())?;
         rack_failures.extend(step.failures.iter().cloned());
@@ -467,7 +467,7 @@ fn rack_step() -> Result<remora_rack::RackReport, DemoError> {
         rack_file: "examples/rack-two-nodes.toml".into(),
     };
     println!("\nthe embedded rack (examples/rack-two-nodes.toml):");
-    let report = remora_rack::launch::rack_up(&rack, &options, crate::rack::stop_flag())?;
+    let report = remora_rack::launch::rack_up(&rack, &options, crate::interrupt::stop_flag())?;
     print!("{report}");
     Ok(report)
 }

@@ -373,6 +373,9 @@ fn run_ycsb(args: &YcsbArgs) -> Result<ExitCode, KvCliError> {
     let mut config = store_config(args.store.config.as_deref())?;
     config.sessions = config.sessions.max(args.threads + 1);
     let (store, opened) = open_store(&args.store, config)?;
+    let _scratch = opened
+        .scratch_directory()
+        .map(crate::interrupt::remove_on_interrupt);
     let mut spec = WorkloadSpec::preset(&args.workload)?;
     spec.record_count = args.records;
     let run = YcsbRun {

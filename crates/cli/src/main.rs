@@ -4,6 +4,7 @@ mod bench;
 mod capture;
 mod demo;
 mod error;
+mod interrupt;
 mod kv;
 mod output;
 mod rack;

@@ -1,6 +1,7 @@
 //! `remora rack up` and `remora node`.
 
 use crate::error::RackCommandError;
+use crate::interrupt::{interrupted, stop_flag, INTERRUPTED_EXIT};
 use crate::output::OutputError;
 use clap::{Args, Subcommand, ValueEnum};
 use remora_rack::launch::{self, NodeCarrier};
@@ -9,8 +10,6 @@ use remora_rack::{CarrierKind, LaunchOptions, Mode, RackConfig};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 #[derive(Subcommand)]
 pub enum RackCommand {
@@ -113,51 +112,6 @@ pub struct NodeArgs {
     #[arg(long, group = "carrier")]
     udp: bool,
 }
-
-/// Whether Ctrl-C (or SIGTERM, SIGHUP) came.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-/// The stop flags handed out, raised by an interrupt. Weak: a rack's own
-/// end raises its flag too, so each launch takes a fresh one.
-static STOP_FLAGS: std::sync::Mutex<Vec<std::sync::Weak<AtomicBool>>> =
-    std::sync::Mutex::new(Vec::new());
-
-/// Installs the interrupt handler, once: the first interrupt raises every
-/// live stop flag and marks the process interrupted, for the steps still to
-/// come to see; a second ends the process (exit 130). Only raising a flag,
-/// it left a command that had passed its rack to run its other steps, deaf
-/// to every further Ctrl-C.
-pub fn handle_interrupts() {
-    static INSTALLED: std::sync::Once = std::sync::Once::new();
-    INSTALLED.call_once(|| {
-        let _ = ctrlc::set_handler(|| {
-            if INTERRUPTED.swap(true, Ordering::SeqCst) {
-                std::process::exit(i32::from(INTERRUPTED_EXIT));
-            }
-            let flags = STOP_FLAGS.lock().unwrap_or_else(|e| e.into_inner());
-            for flag in flags.iter().filter_map(std::sync::Weak::upgrade) {
-                flag.store(true, Ordering::Relaxed);
-            }
-        });
-    });
-}
-
-/// Whether an interrupt came: steps after one do not start.
-pub fn interrupted() -> bool {
-    INTERRUPTED.load(Ordering::SeqCst)
-}
-
-/// A fresh flag that an interrupt raises.
-pub fn stop_flag() -> Arc<AtomicBool> {
-    handle_interrupts();
-    let stop = Arc::new(AtomicBool::new(interrupted()));
-    let mut flags = STOP_FLAGS.lock().unwrap_or_else(|e| e.into_inner());
-    flags.retain(|flag| flag.strong_count() > 0);
-    flags.push(Arc::downgrade(&stop));
-    stop
-}
-
-/// The exit code of an interrupted command.
-pub const INTERRUPTED_EXIT: u8 = 130;
 
 pub fn run(command: RackCommand) -> Result<ExitCode, RackCommandError> {
     let args = match command {

@@ -253,6 +253,7 @@ fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {
         started.elapsed().as_secs_f64()
     );
     let work = tempfile::tempdir().map_err(SodaCliError::WorkDirectory)?;
+    let _scratch = crate::interrupt::remove_on_interrupt(work.path());
     let options = RunOptions {
         threads: args.threads,
         fault_threads: args.fault_threads,

@@ -1,6 +1,8 @@
 //! The `remora` binary as a user runs it.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 /// Runs `remora`; benchmark runs are saved in a scratch results
 /// directory, not the user's.
@@ -793,4 +795,86 @@ fn a_results_directory_that_cannot_be_made_is_refused_before_any_run() {
         assert!(stderr.contains("results"), "{arguments:?}: {stderr}");
     }
     std::fs::remove_file(&under_a_file).unwrap();
+}
+
+/// Spawns `remora ARGUMENTS` with TMPDIR at `directory`, waits until it has
+/// made a scratch entry there, interrupts it, and returns its exit code and
+/// what it left in `directory`.
+fn interrupt_once_scratch_appears(
+    arguments: &[&str],
+    directory: &Path,
+) -> (Option<i32>, Vec<PathBuf>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(arguments)
+        .env("TMPDIR", directory)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let entries = || -> Vec<PathBuf> {
+        std::fs::read_dir(directory)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while entries().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{arguments:?} made no scratch entry"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{arguments:?} ended before its interrupt"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let interrupt = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupt.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("{arguments:?} went on for 15 s after Ctrl-C");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status.code(), entries())
+}
+
+/// `kv ycsb` on the file device and `soda run` left their scratch
+/// directories behind when Ctrl-C ended them (neither watches a stop flag).
+#[test]
+fn an_interrupted_kv_ycsb_or_soda_run_leaves_no_scratch_behind() {
+    let directory = std::env::temp_dir().join(format!("remora-interrupted-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let directory_text = directory.to_str().unwrap().to_owned();
+    let ycsb = [
+        "kv",
+        "ycsb",
+        "--device",
+        "file",
+        "--device-mib",
+        "64",
+        "--file-directory",
+        &directory_text,
+        "--records",
+        "2000",
+        "--seconds",
+        "60",
+    ];
+    let soda = ["soda", "run", "pr", "kron:20", "--backend", "in-process"];
+    for arguments in [&ycsb[..], &soda[..]] {
+        let (code, left) = interrupt_once_scratch_appears(arguments, &directory);
+        assert_eq!(code, Some(130), "{arguments:?}");
+        assert!(left.is_empty(), "{arguments:?} left {left:?}");
+    }
+    std::fs::remove_dir_all(&directory).ok();
 }

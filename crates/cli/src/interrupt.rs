@@ -1,0 +1,94 @@
+//! Interrupts (Ctrl-C, SIGTERM, SIGHUP): one handler for the process.
+//! Commands that can stop cleanly take a stop flag the first interrupt
+//! raises; scratch files of commands that cannot are removed before the
+//! process ends.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+/// Whether Ctrl-C (or SIGTERM, SIGHUP) came.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// The stop flags handed out, raised by an interrupt. Weak: a rack's own
+/// end raises its flag too, so each launch takes a fresh one.
+static STOP_FLAGS: Mutex<Vec<Weak<AtomicBool>>> = Mutex::new(Vec::new());
+
+/// Scratch paths (files or directories) removed if an interrupt ends the
+/// process: `kv ycsb`'s file device and `soda run`'s work directory were
+/// left behind by a Ctrl-C.
+static SCRATCH: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Installs the interrupt handler, once: the first interrupt raises every
+/// live stop flag and marks the process interrupted, for the steps still to
+/// come to see; a second ends the process (exit 130). Only raising a flag,
+/// it left a command that had passed its rack to run its other steps, deaf
+/// to every further Ctrl-C. With no live stop flag (a command that does
+/// not watch one), the first interrupt ends the process. Either end
+/// removes the scratch paths first.
+pub fn handle_interrupts() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let _ = ctrlc::set_handler(|| {
+            if INTERRUPTED.swap(true, Ordering::SeqCst) {
+                exit_interrupted();
+            }
+            let flags = STOP_FLAGS.lock().unwrap_or_else(|e| e.into_inner());
+            let live: Vec<_> = flags.iter().filter_map(Weak::upgrade).collect();
+            if live.is_empty() {
+                exit_interrupted();
+            }
+            for flag in live {
+                flag.store(true, Ordering::Relaxed);
+            }
+        });
+    });
+}
+
+fn exit_interrupted() -> ! {
+    let scratch = std::mem::take(&mut *SCRATCH.lock().unwrap_or_else(|e| e.into_inner()));
+    for path in scratch {
+        let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+    }
+    std::process::exit(i32::from(INTERRUPTED_EXIT));
+}
+
+/// Keeps `path` on the list an interrupt removes until the guard drops
+/// (when its owner removes it in the ordinary way).
+pub struct ScratchGuard(PathBuf);
+
+pub fn remove_on_interrupt(path: &Path) -> ScratchGuard {
+    handle_interrupts();
+    let path = path.to_owned();
+    SCRATCH
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(path.clone());
+    ScratchGuard(path)
+}
+
+impl Drop for ScratchGuard {
+    fn drop(&mut self) {
+        let mut scratch = SCRATCH.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = scratch.iter().position(|path| *path == self.0) {
+            scratch.swap_remove(at);
+        }
+    }
+}
+
+/// Whether an interrupt came: steps after one do not start.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// A fresh flag that an interrupt raises.
+pub fn stop_flag() -> Arc<AtomicBool> {
+    handle_interrupts();
+    let stop = Arc::new(AtomicBool::new(interrupted()));
+    let mut flags = STOP_FLAGS.lock().unwrap_or_else(|e| e.into_inner());
+    flags.retain(|flag| flag.strong_count() > 0);
+    flags.push(Arc::downgrade(&stop));
+    stop
+}
+
+/// The exit code of an interrupted command.
+pub const INTERRUPTED_EXIT: u8 = 130;
