@@ -115,3 +115,36 @@ fn empty_reads_and_writes_complete_on_every_far_memory_path() {
         device.stop().unwrap();
     }
 }
+
+/// A Cowbird queue with work in flight on a fabric that had stopped waited
+/// out its 10 s (and the store above it its 30 s) before it said anything.
+/// It now fails at the next look, as the verbs path did already.
+#[test]
+fn work_in_flight_on_a_stopped_fabric_fails_at_once() {
+    use remora_kv::{Device, DeviceError};
+    for path in [FarMemoryPath::OneSidedAsync, FarMemoryPath::CowbirdSpot] {
+        let device = FarMemoryDevice::start(path, 1 << 20, 1).unwrap();
+        let mut queue = device.open_queue().unwrap();
+        queue.write(0, &[7; 64], 1).unwrap();
+        await_token(queue.as_mut(), 1);
+        device.stop().unwrap();
+        let started = std::time::Instant::now();
+        let failed: Result<(), DeviceError> = queue.read(0, 64, 2).and_then(|()| loop {
+            queue.poll(&mut |_, _| {})?;
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(3),
+                "{}: no word of the stopped fabric in 3 s",
+                path.name()
+            );
+        });
+        // The verbs path hears it from the NIC's queues (`Gone`); Cowbird's
+        // rings are plain memory, so its queue watches the fabric.
+        assert!(
+            matches!(failed, Err(DeviceError::Gone))
+                || matches!(failed, Err(DeviceError::FarMemory(ref reason)) if reason.contains("fabric thread has stopped")),
+            "{}: {failed:?}",
+            path.name()
+        );
+        drop(queue);
+    }
+}

@@ -58,6 +58,11 @@ impl AttachedNode {
         })
     }
 
+    /// See [`FabricThread::stopped_flag`]; none once stopped.
+    pub fn fabric_stopped_flag(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+        self.fabric.as_ref().map(FabricThread::stopped_flag)
+    }
+
     pub fn kicker(&self) -> DriverKicker {
         self.kicker.clone()
     }

@@ -1099,6 +1099,13 @@ impl FabricThread {
         self.kicker.clone()
     }
 
+    /// Raised when any of the fabric's threads ends, told to or not:
+    /// work in flight through it then never completes, which a waiting
+    /// application can see at once.
+    pub fn stopped_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.driver_stop)
+    }
+
     /// How many threads the fabric runs on.
     pub fn thread_count(&self) -> usize {
         self.threads.len()

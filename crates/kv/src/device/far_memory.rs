@@ -85,6 +85,23 @@ fn far_error(error: impl std::fmt::Display) -> DeviceError {
     DeviceError::FarMemory(error.to_string())
 }
 
+/// Whether the fabric a device's paths run on has stopped (failed, or
+/// stopped with the device): work in flight then never completes. A queue
+/// waiting on some says so at once; it waited out its 10 s.
+#[derive(Clone, Default)]
+struct FabricWatch(Option<Arc<AtomicBool>>);
+
+impl FabricWatch {
+    fn check(&self) -> Result<(), DeviceError> {
+        match &self.0 {
+            Some(stopped) if stopped.load(std::sync::atomic::Ordering::Relaxed) => Err(far_error(
+                "the fabric thread has stopped: work in flight will not complete",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// A path a queue takes and gives back.
 enum Path {
     Verbs(Box<VerbsPath>),
@@ -180,6 +197,7 @@ pub struct FarMemoryDevice {
     pool: RemotePool,
     paths: Arc<Mutex<Vec<Path>>>,
     backing: Mutex<Option<Backing>>,
+    fabric: FabricWatch,
 }
 
 impl FarMemoryDevice {
@@ -244,6 +262,7 @@ impl FarMemoryDevice {
                 rkey: rack.pool.rkey,
             },
             paths: Arc::new(Mutex::new(paths)),
+            fabric: FabricWatch(Some(rack.rack.fabric().stopped_flag())),
             backing: Mutex::new(Some(Backing::Embedded(rack))),
         })
     }
@@ -297,6 +316,7 @@ impl FarMemoryDevice {
                 rkey: Rkey(region.rkey),
             },
             paths: Arc::new(Mutex::new(paths)),
+            fabric: FabricWatch(attached.fabric_stopped_flag()),
             backing: Mutex::new(Some(Backing::Attached(attached))),
         })
     }
@@ -323,6 +343,7 @@ impl FarMemoryDevice {
             },
             paths: Arc::new(Mutex::new(paths)),
             backing: Mutex::new(None),
+            fabric: FabricWatch::default(),
         }
     }
 
@@ -378,14 +399,16 @@ impl Device for FarMemoryDevice {
         Ok(match path {
             Path::Verbs(path) => Box::new(VerbsQueue::new(
                 path,
-                returns,
+                (returns, self.fabric.clone()),
                 self.pool,
                 self.capacity_bytes,
                 matches!(self.path, FarMemoryPath::OneSidedSync),
             )),
-            Path::Cowbird(client) => {
-                Box::new(CowbirdQueue::new(client, returns, self.capacity_bytes)?)
-            }
+            Path::Cowbird(client) => Box::new(CowbirdQueue::new(
+                client,
+                (returns, self.fabric.clone()),
+                self.capacity_bytes,
+            )?),
         })
     }
 }
@@ -409,6 +432,7 @@ enum SlotUse {
 struct VerbsQueue {
     path: Option<Box<VerbsPath>>,
     returns: Arc<Mutex<Vec<Path>>>,
+    fabric: FabricWatch,
     pool: RemotePool,
     capacity_bytes: u64,
     synchronous: bool,
@@ -423,7 +447,7 @@ struct VerbsQueue {
 impl VerbsQueue {
     fn new(
         path: Box<VerbsPath>,
-        returns: Arc<Mutex<Vec<Path>>>,
+        (returns, fabric): (Arc<Mutex<Vec<Path>>>, FabricWatch),
         pool: RemotePool,
         capacity_bytes: u64,
         synchronous: bool,
@@ -431,6 +455,7 @@ impl VerbsQueue {
         VerbsQueue {
             path: Some(path),
             returns,
+            fabric,
             pool,
             capacity_bytes,
             synchronous,
@@ -516,6 +541,9 @@ impl VerbsQueue {
                 .poll_completion(completion_queue)
                 .map_err(verbs_error)?
             else {
+                if self.free_slots.len() < WINDOW {
+                    self.fabric.check()?;
+                }
                 return Ok(());
             };
             if completion.status != CompletionStatus::Success {
@@ -789,6 +817,7 @@ impl PieceTracker {
 struct CowbirdQueue {
     client: Option<Box<Client>>,
     returns: Arc<Mutex<Vec<Path>>>,
+    fabric: FabricWatch,
     capacity_bytes: u64,
     group: usize,
     /// The device request each Cowbird request is a piece of and, for a
@@ -805,7 +834,7 @@ struct CowbirdQueue {
 impl CowbirdQueue {
     fn new(
         mut client: Box<Client>,
-        returns: Arc<Mutex<Vec<Path>>>,
+        (returns, fabric): (Arc<Mutex<Vec<Path>>>, FabricWatch),
         capacity_bytes: u64,
     ) -> Result<CowbirdQueue, DeviceError> {
         let group = client.poll_create().map_err(far_error)?;
@@ -816,6 +845,7 @@ impl CowbirdQueue {
         Ok(CowbirdQueue {
             client: Some(client),
             returns,
+            fabric,
             capacity_bytes,
             group,
             requests: FxHashMap::default(),
@@ -839,6 +869,10 @@ impl CowbirdQueue {
         self.client()
             .poll_wait(group, &mut responses, usize::MAX, Duration::ZERO)
             .map_err(far_error)?;
+        if responses.is_empty() && !self.requests.is_empty() {
+            self.responses = responses;
+            return self.fabric.check();
+        }
         for completion in &responses {
             let (request, at) = self
                 .requests
