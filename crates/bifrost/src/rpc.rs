@@ -486,19 +486,32 @@ fn recency(caller: &DatagramEnd, memory: &CallerMemory) -> (u64, [u8; 4], u16) {
 }
 
 /// What a callee remembers of one caller.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct CallerMemory {
     /// Replies by RPC id, the newest [`REPLIES_KEPT_PER_CALLER`].
     replies: BTreeMap<u64, Vec<u8>>,
-    /// Calls below this RPC id were answered and are no longer
-    /// remembered: a copy of one is a stale duplicate. A checkpoint keeps
-    /// only [`checkpoint::REPLIES_PER_CALLER`] replies; a replacement
-    /// started from it ran a late copy of an older call again, since
-    /// only the in-memory bound of 1024 named it stale.
-    floor: u64,
+    /// A call this many RPC ids older than the newest answered one is a
+    /// stale copy: [`REPLIES_KEPT_PER_CALLER`], or, for a caller restored
+    /// from a checkpoint, the [`checkpoint::REPLIES_PER_CALLER`] replies
+    /// it kept (a replacement ran a late copy of an older call again,
+    /// since only the bound of 1024 named it stale). A caller keeps its
+    /// unanswered calls within that span of its newest, so no call that
+    /// never ran is older; the oldest reply kept is no such bound (a lost
+    /// call can sit below answered ones).
+    stale_span: u64,
     /// The callee's executed count when it last answered this caller: the
     /// least recent is forgotten first.
     last_answered: u64,
+}
+
+impl Default for CallerMemory {
+    fn default() -> CallerMemory {
+        CallerMemory {
+            replies: BTreeMap::new(),
+            last_answered: 0,
+            stale_span: REPLIES_KEPT_PER_CALLER,
+        }
+    }
 }
 
 /// The called side.
@@ -697,14 +710,10 @@ impl Callee {
             .replies
             .into_iter()
             .map(|(caller, replies)| {
-                // A caller keeps its unanswered calls within a span the
-                // checkpoint covers, so every call below the oldest reply
-                // kept was answered.
-                let floor = replies.first_key_value().map_or(0, |(&id, _)| id);
                 let memory = CallerMemory {
                     replies,
                     last_answered: 0,
-                    floor,
+                    stale_span: checkpoint::REPLIES_PER_CALLER as u64,
                 };
                 (caller, memory)
             })
@@ -771,8 +780,8 @@ impl Callee {
         let newest = memory
             .and_then(|memory| memory.replies.last_key_value())
             .map_or(0, |(&id, _)| id);
-        let floor = memory.map_or(0, |memory| memory.floor);
-        if rpc_id < floor || rpc_id.saturating_add(REPLIES_KEPT_PER_CALLER) <= newest {
+        let stale_span = memory.map_or(REPLIES_KEPT_PER_CALLER, |memory| memory.stale_span);
+        if rpc_id.saturating_add(stale_span) <= newest {
             // Older than anything remembered: long answered.
             self.counters.stale += 1;
             return;
@@ -859,9 +868,7 @@ impl Callee {
         memory.last_answered = executed;
         memory.replies.insert(ticket.rpc_id, reply.clone());
         while memory.replies.len() as u64 > REPLIES_KEPT_PER_CALLER {
-            if let Some((forgotten, _)) = memory.replies.pop_first() {
-                memory.floor = memory.floor.max(forgotten + 1);
-            }
+            memory.replies.pop_first();
         }
         if !oneway {
             self.send_reply(ticket.caller, reply);
@@ -1135,6 +1142,41 @@ mod tests {
             replacement.checkpoint().unwrap().state,
             41u64.to_be_bytes().to_vec()
         );
+    }
+
+    /// The replacement's bound on stale copies is the caller's span, not
+    /// the oldest reply its checkpoint kept: a call lost on its way (1,
+    /// below the answered 2 to 16) never ran, and its resend must run.
+    #[test]
+    fn a_resent_call_below_the_replies_a_checkpoint_kept_runs_if_it_never_ran() {
+        let call = |rpc_id| {
+            let repr =
+                BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
+            encode(&repr, b"")
+        };
+        let mut failed = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
+        let mut last_reply = Vec::new();
+        for rpc_id in 2..=16u64 {
+            failed.handle(caller_on(1), &call(rpc_id));
+            last_reply = failed.poll_transmit().expect("answered").1;
+        }
+        let header = BifrostHeader::new_checked(&last_reply[..]).unwrap();
+        let (_, kept) = checkpoint::split_reply(header.payload()).expect("a checkpoint");
+        let mut replacement = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
+        replacement.restore(kept).unwrap();
+
+        replacement.handle(caller_on(1), &call(1));
+
+        assert!(
+            replacement.poll_transmit().is_some(),
+            "the lost call is answered"
+        );
+        assert_eq!(
+            replacement.checkpoint().unwrap().state,
+            16u64.to_be_bytes().to_vec(),
+            "the lost call ran, once"
+        );
+        assert_eq!(replacement.counters().stale, 0);
     }
 
     /// A callee never forgot a caller: after 1024 callers (clients that
