@@ -33,6 +33,7 @@ use remora_rnic::{
 };
 use remora_wire::{Rkey, VirtAddr};
 use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -428,6 +429,14 @@ enum SlotUse {
     },
 }
 
+impl SlotUse {
+    fn request(self) -> RequestNumber {
+        match self {
+            SlotUse::ReadPiece { request, .. } | SlotUse::WritePiece { request } => request,
+        }
+    }
+}
+
 /// One thread's queue pair to the pool.
 struct VerbsQueue {
     path: Option<Box<VerbsPath>>,
@@ -546,35 +555,32 @@ impl VerbsQueue {
                 }
                 return Ok(());
             };
-            if completion.status != CompletionStatus::Success {
-                return Err(far_error(format!(
-                    "a verb completed with {:?}",
-                    completion.status
-                )));
-            }
             let slot = completion.work_request_id as usize;
-            match self.slots[slot]
+            let slot_use = self.slots[slot]
                 .take()
-                .expect("completions name posted slots")
-            {
+                .expect("completions name posted slots");
+            self.free_slots.push(slot);
+            // A failed verb fails its request alone, by its token; the
+            // slot is free again either way.
+            if completion.status != CompletionStatus::Success {
+                let reason = format!("a verb completed with {:?}", completion.status);
+                self.pieces.failed_piece(slot_use.request(), reason);
+                continue;
+            }
+            match slot_use {
                 SlotUse::ReadPiece {
                     request,
                     at,
                     length,
                 } => {
                     let landing = &path.direct.landing;
-                    let filled =
-                        self.pieces
-                            .piece((request, at, length), &mut self.finished, |into| {
-                                landing.read(slot * SLOT_BYTES, into).map_err(far_error)
-                            });
-                    self.free_slots.push(slot);
-                    filled?;
+                    self.pieces
+                        .piece((request, at, length), &mut self.finished, |into| {
+                            landing.read(slot * SLOT_BYTES, into).map_err(far_error)
+                        });
                 }
                 SlotUse::WritePiece { request } => {
-                    self.pieces
-                        .piece((request, 0, 0), &mut self.finished, |_| Ok(()))?;
-                    self.free_slots.push(slot);
+                    self.pieces.write_piece(request, &mut self.finished)
                 }
             }
         }
@@ -589,26 +595,27 @@ impl DeviceQueue for VerbsQueue {
         let request = self
             .pieces
             .start_read(token, length, pieces, &mut self.finished);
-        for piece in 0..pieces {
-            let at = piece * SLOT_BYTES;
-            let piece_length = SLOT_BYTES.min(length - at);
-            let slot_use = SlotUse::ReadPiece {
-                request,
-                at,
-                length: piece_length,
-            };
-            let remote = self.pool.remote(offset + at as u64);
-            let operation = SendOperation::Read { remote };
-            let posted = self.post_piece(slot_use, operation, piece_length, |_, _| Ok(()));
-            if let Err(error) = posted {
-                self.pieces.abandon(request, pieces, piece);
-                return Err(error);
-            }
-        }
+        issue_pieces(
+            self,
+            |queue| &mut queue.pieces,
+            (request, pieces),
+            |queue, piece| {
+                let at = piece * SLOT_BYTES;
+                let piece_length = SLOT_BYTES.min(length - at);
+                let slot_use = SlotUse::ReadPiece {
+                    request,
+                    at,
+                    length: piece_length,
+                };
+                let remote = queue.pool.remote(offset + at as u64);
+                let operation = SendOperation::Read { remote };
+                queue.post_piece(slot_use, operation, piece_length, |_, _| Ok(()))
+            },
+        )?;
         if self.synchronous {
             let started = Instant::now();
-            let before = self.finished.len();
-            while self.finished.len() == before {
+            let before = (self.finished.len(), self.pieces.failed.len());
+            while (self.finished.len(), self.pieces.failed.len()) == before {
                 self.collect()?;
                 if started.elapsed() > MAX_WAIT {
                     return Err(far_error("a synchronous READ did not complete within 10 s"));
@@ -622,32 +629,35 @@ impl DeviceQueue for VerbsQueue {
         check_range(offset, data.len() as u64, self.capacity_bytes)?;
         let pieces = data.chunks(SLOT_BYTES).count();
         let request = self.pieces.start_write(token, pieces, &mut self.finished);
-        for (number, piece) in data.chunks(SLOT_BYTES).enumerate() {
-            let remote = self.pool.remote(offset + (number * SLOT_BYTES) as u64);
-            let operation = SendOperation::Write {
-                remote,
-                immediate: None,
-            };
-            let stage = |path: &VerbsPath, slot: usize| {
-                let landing = &path.direct.landing;
-                landing.write(slot * SLOT_BYTES, piece).map_err(far_error)
-            };
-            let slot_use = SlotUse::WritePiece { request };
-            if let Err(error) = self.post_piece(slot_use, operation, piece.len(), stage) {
-                self.pieces.abandon(request, pieces, number);
-                return Err(error);
-            }
-        }
-        Ok(())
+        let chunks: Vec<&[u8]> = data.chunks(SLOT_BYTES).collect();
+        issue_pieces(
+            self,
+            |queue| &mut queue.pieces,
+            (request, pieces),
+            |queue, number| {
+                let piece = chunks[number];
+                let remote = queue.pool.remote(offset + (number * SLOT_BYTES) as u64);
+                let operation = SendOperation::Write {
+                    remote,
+                    immediate: None,
+                };
+                let stage = |path: &VerbsPath, slot: usize| {
+                    let landing = &path.direct.landing;
+                    landing.write(slot * SLOT_BYTES, piece).map_err(far_error)
+                };
+                let slot_use = SlotUse::WritePiece { request };
+                queue.post_piece(slot_use, operation, piece.len(), stage)
+            },
+        )
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u64, Completed<'_>)) -> Result<usize, DeviceError> {
         self.collect()?;
-        Ok(self.finished.drain(done))
+        report_finished(&mut self.finished, &mut self.pieces, done)
     }
 
     fn in_flight(&self) -> usize {
-        WINDOW - self.free_slots.len() + self.finished.len()
+        WINDOW - self.free_slots.len() + self.finished.len() + self.pieces.failed.len()
     }
 }
 
@@ -677,7 +687,8 @@ impl Drop for VerbsQueue {
 /// request only until it completes or fails, and the store reuses a
 /// failed request's token at once. A piece of the failed request still in
 /// flight carries its request's number, so it cannot land in the next.
-type RequestNumber = u64;
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct RequestNumber(u64);
 
 /// One request issued as several pieces (a READ or WRITE each).
 struct Assembly {
@@ -687,16 +698,19 @@ struct Assembly {
     bytes: Option<Vec<u8>>,
     /// Pieces still to arrive.
     left: usize,
-    /// The request failed part way: its pieces still in flight are
-    /// counted off as they arrive, and nothing completes.
+    /// The request failed: its pieces still in flight are counted off as
+    /// they arrive, and nothing completes.
     abandoned: bool,
 }
 
 /// Reads and writes issued as several pieces, each gathered until its last
-/// piece arrives.
+/// piece arrives; and the requests that failed, for `poll` to report by
+/// token (as the file device does), one at a time.
 struct PieceTracker {
-    next_request: RequestNumber,
+    next_request: u64,
     requests: FxHashMap<RequestNumber, Assembly>,
+    /// Requests a piece of which failed: at most one entry per request.
+    failed: VecDeque<(u64, String)>,
     /// Finished reads' buffers, for the next to reuse (at most
     /// [`MAX_SPARE_BUFFERS`]): a queue has up to a batch of reads in
     /// flight, and each would otherwise allocate its own.
@@ -712,6 +726,7 @@ impl Default for PieceTracker {
         PieceTracker {
             next_request: 0,
             requests: FxHashMap::default(),
+            failed: VecDeque::new(),
             spare: BufferPool::new(MAX_SPARE_BUFFERS),
         }
     }
@@ -746,7 +761,7 @@ impl PieceTracker {
     }
 
     fn start(&mut self, token: u64, bytes: Option<Vec<u8>>, left: usize) -> RequestNumber {
-        let request = self.next_request;
+        let request = RequestNumber(self.next_request);
         self.next_request += 1;
         if left > 0 {
             let assembly = Assembly {
@@ -761,43 +776,80 @@ impl PieceTracker {
     }
 
     /// A piece of `request` arrived: `fill` copies a read's piece into
-    /// place at `at`. The last piece hands the whole request to `finished`.
+    /// place at `at`. The last piece hands the whole request to
+    /// `finished`. A piece that could not be copied fails its request.
     fn piece(
         &mut self,
         (request, at, length): (RequestNumber, usize, usize),
         finished: &mut Finished,
         fill: impl FnOnce(&mut [u8]) -> Result<(), DeviceError>,
-    ) -> Result<(), DeviceError> {
+    ) {
         let assembly = self
             .requests
             .get_mut(&request)
             .expect("pieces in flight are counted");
-        assembly.left -= 1;
         let filled = match (&mut assembly.bytes, assembly.abandoned) {
-            (Some(bytes), false) => fill(&mut bytes[at..at + length]),
+            (Some(bytes), false) => match bytes.get_mut(at..at + length) {
+                Some(place) => fill(place),
+                None => Err(far_error(format!(
+                    "a piece of {length} bytes at {at} is outside its read of {}",
+                    bytes.len()
+                ))),
+            },
             _ => Ok(()),
         };
-        if filled.is_err() {
-            // Its other pieces may still come: they are counted off.
-            assembly.abandoned = true;
+        match filled {
+            Ok(()) => self.arrived(request, finished),
+            Err(error) => self.failed_piece(request, error.to_string()),
         }
-        if assembly.left == 0 {
-            let assembly = self.requests.remove(&request).expect("just found");
-            if !assembly.abandoned {
-                match &assembly.bytes {
-                    Some(bytes) => finished.push_read(assembly.token, bytes),
-                    None => finished.push_write(assembly.token),
-                }
-            }
-            if let Some(bytes) = assembly.bytes {
-                self.spare.give_back(bytes);
-            }
-        }
-        filled
     }
 
-    /// `request` failed after `issued` of its pieces went out: the rest
-    /// will never arrive, and those that do complete nothing.
+    /// A piece of a write arrived.
+    fn write_piece(&mut self, request: RequestNumber, finished: &mut Finished) {
+        self.piece((request, 0, 0), finished, |_| Ok(()));
+    }
+
+    /// A piece of `request` arrived whole.
+    fn arrived(&mut self, request: RequestNumber, finished: &mut Finished) {
+        let assembly = self.requests.get_mut(&request).expect("just found");
+        assembly.left -= 1;
+        if assembly.left > 0 {
+            return;
+        }
+        let assembly = self.requests.remove(&request).expect("just found");
+        if !assembly.abandoned {
+            match &assembly.bytes {
+                Some(bytes) => finished.push_read(assembly.token, bytes),
+                None => finished.push_write(assembly.token),
+            }
+        }
+        if let Some(bytes) = assembly.bytes {
+            self.spare.give_back(bytes);
+        }
+    }
+
+    /// A piece of `request` arrived failed (an error completion, bytes
+    /// that could not be copied): the request fails, once, by its token.
+    fn failed_piece(&mut self, request: RequestNumber, reason: String) {
+        let assembly = self
+            .requests
+            .get_mut(&request)
+            .expect("pieces in flight are counted");
+        if !std::mem::replace(&mut assembly.abandoned, true) {
+            self.failed.push_back((assembly.token, reason));
+        }
+        self.arrived(request, &mut Finished::default());
+    }
+
+    /// The next failed request, as the error `poll` reports it by.
+    fn take_failure(&mut self) -> Option<DeviceError> {
+        let (token, reason) = self.failed.pop_front()?;
+        Some(DeviceError::RequestFailed { token, reason })
+    }
+
+    /// `request` failed after `issued` of its pieces went out (its caller
+    /// hears it from the submit): the rest will never arrive, and those
+    /// that do complete nothing.
     fn abandon(&mut self, request: RequestNumber, total: usize, issued: usize) {
         let Some(assembly) = self.requests.get_mut(&request) else {
             return;
@@ -813,6 +865,39 @@ impl PieceTracker {
     }
 }
 
+/// Hands every finished request to `done`, then reports one failed
+/// request, if any, by its token (the device contract: a request that
+/// fails comes back from `poll` by name).
+fn report_finished(
+    finished: &mut Finished,
+    pieces: &mut PieceTracker,
+    done: &mut dyn FnMut(u64, Completed<'_>),
+) -> Result<usize, DeviceError> {
+    let count = finished.drain(done);
+    match pieces.take_failure() {
+        Some(failure) => Err(failure),
+        None => Ok(count),
+    }
+}
+
+/// Issues `count` pieces of `request` with `issue`; if one cannot be
+/// issued, the request is abandoned (its pieces already out are counted
+/// off as they come) and the error returned.
+fn issue_pieces<Q>(
+    queue: &mut Q,
+    tracker: fn(&mut Q) -> &mut PieceTracker,
+    (request, count): (RequestNumber, usize),
+    mut issue: impl FnMut(&mut Q, usize) -> Result<(), DeviceError>,
+) -> Result<(), DeviceError> {
+    for piece in 0..count {
+        if let Err(error) = issue(queue, piece) {
+            tracker(queue).abandon(request, count, piece);
+            return Err(error);
+        }
+    }
+    Ok(())
+}
+
 /// One thread's Cowbird instance.
 struct CowbirdQueue {
     client: Option<Box<Client>>,
@@ -821,8 +906,8 @@ struct CowbirdQueue {
     capacity_bytes: u64,
     group: usize,
     /// The device request each Cowbird request is a piece of and, for a
-    /// read's pieces, where the piece goes in the whole.
-    requests: FxHashMap<RequestId, (RequestNumber, usize)>,
+    /// read's pieces, where the piece goes in the whole and its length.
+    requests: FxHashMap<RequestId, (RequestNumber, usize, usize)>,
     /// Reads and writes, gathered from their Cowbird requests.
     pieces: PieceTracker,
     reads_in_flight: usize,
@@ -873,18 +958,18 @@ impl CowbirdQueue {
             self.responses = responses;
             return self.fabric.check();
         }
+        // Every completion is taken before anything can fail: one left
+        // unhandled would hold its request in flight for good.
         for completion in &responses {
-            let (request, at) = self
+            let (request, at, length) = self
                 .requests
                 .remove(&completion.id)
                 .expect("every Cowbird request is a piece of one of ours");
             match completion.response {
-                Some((_, length)) => {
-                    self.on_read_piece(completion, request, at, length as usize)?
+                Some((_, answered)) => {
+                    self.on_read_piece(completion, (request, at, length), answered as usize)
                 }
-                None => self
-                    .pieces
-                    .piece((request, 0, 0), &mut self.finished, |_| Ok(()))?,
+                None => self.pieces.write_piece(request, &mut self.finished),
             }
         }
         self.responses = responses;
@@ -892,26 +977,30 @@ impl CowbirdQueue {
     }
 
     /// A piece of a read arrived: the read is done when its last does.
+    /// An answer of another length than asked fails the read.
     fn on_read_piece(
         &mut self,
         completion: &Completion,
-        request: RequestNumber,
-        at: usize,
-        length: usize,
-    ) -> Result<(), DeviceError> {
+        piece: (RequestNumber, usize, usize),
+        answered_bytes: usize,
+    ) {
         self.reads_in_flight -= 1;
         let client = self.client.as_ref().expect("held until drop");
-        self.pieces
-            .piece((request, at, length), &mut self.finished, |into| {
-                client.response(completion, into).map_err(far_error)
-            })
+        self.pieces.piece(piece, &mut self.finished, |into| {
+            if answered_bytes != into.len() {
+                return Err(far_error(format!(
+                    "the engine answered {answered_bytes} bytes for a piece of {}",
+                    into.len()
+                )));
+            }
+            client.response(completion, into).map_err(far_error)
+        });
     }
 
     /// Issues one request, retrying on a full ring as §4.3 says.
     fn issue(
         &mut self,
-        request: RequestNumber,
-        at: usize,
+        (request, at, length): (RequestNumber, usize, usize),
         is_read: bool,
         mut attempt: impl FnMut(&mut Client) -> Result<RequestId, CowbirdError>,
     ) -> Result<(), DeviceError> {
@@ -923,7 +1012,7 @@ impl CowbirdQueue {
                 Ok(id) => {
                     let group = self.group;
                     self.client().poll_add(group, id).map_err(far_error)?;
-                    self.requests.insert(id, (request, at));
+                    self.requests.insert(id, (request, at, length));
                     return Ok(());
                 }
                 Err(CowbirdError::RetryLater(_)) => {
@@ -954,20 +1043,21 @@ impl DeviceQueue for CowbirdQueue {
         let request = self
             .pieces
             .start_read(token, length, pieces, &mut self.finished);
-        for piece in 0..pieces {
-            let at = piece * piece_bytes;
-            let piece_length = piece_bytes.min(length - at);
-            let from = offset + at as u64;
-            let issued = self.issue(request, at, true, |client| {
-                client.async_read(0, from, piece_length)
-            });
-            if let Err(error) = issued {
-                self.pieces.abandon(request, pieces, piece);
-                return Err(error);
-            }
-            self.reads_in_flight += 1;
-        }
-        Ok(())
+        issue_pieces(
+            self,
+            |queue| &mut queue.pieces,
+            (request, pieces),
+            |queue, piece| {
+                let at = piece * piece_bytes;
+                let piece_length = piece_bytes.min(length - at);
+                let from = offset + at as u64;
+                queue.issue((request, at, piece_length), true, |client| {
+                    client.async_read(0, from, piece_length)
+                })?;
+                queue.reads_in_flight += 1;
+                Ok(())
+            },
+        )
     }
 
     fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
@@ -975,24 +1065,28 @@ impl DeviceQueue for CowbirdQueue {
         let piece_bytes = self.max_piece_bytes;
         let pieces = data.chunks(piece_bytes).count();
         let request = self.pieces.start_write(token, pieces, &mut self.finished);
-        for (number, piece) in data.chunks(piece_bytes).enumerate() {
-            let at = offset + (number * piece_bytes) as u64;
-            let issued = self.issue(request, 0, false, |client| client.async_write(0, at, piece));
-            if let Err(error) = issued {
-                self.pieces.abandon(request, pieces, number);
-                return Err(error);
-            }
-        }
-        Ok(())
+        let chunks: Vec<&[u8]> = data.chunks(piece_bytes).collect();
+        issue_pieces(
+            self,
+            |queue| &mut queue.pieces,
+            (request, pieces),
+            |queue, number| {
+                let piece = chunks[number];
+                let at = offset + (number * piece_bytes) as u64;
+                queue.issue((request, 0, 0), false, |client| {
+                    client.async_write(0, at, piece)
+                })
+            },
+        )
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u64, Completed<'_>)) -> Result<usize, DeviceError> {
         self.collect()?;
-        Ok(self.finished.drain(done))
+        report_finished(&mut self.finished, &mut self.pieces, done)
     }
 
     fn in_flight(&self) -> usize {
-        self.requests.len() + self.finished.len()
+        self.requests.len() + self.finished.len() + self.pieces.failed.len()
     }
 }
 
@@ -1048,18 +1142,15 @@ mod tests {
         let failed = tracker.start_read(5, 12, 3, &mut finished);
         tracker.abandon(failed, 3, 1);
         let next = tracker.start_read(5, 4, 1, &mut finished);
-        tracker
-            .piece((failed, 0, 4), &mut finished, fill_with(0xee))
-            .unwrap();
+        tracker.piece((failed, 0, 4), &mut finished, fill_with(0xee));
         assert!(
             finished.is_empty(),
             "the failed read's piece completed a read"
         );
-        tracker
-            .piece((next, 0, 4), &mut finished, fill_with(0x11))
-            .unwrap();
+        tracker.piece((next, 0, 4), &mut finished, fill_with(0x11));
         assert_eq!(drained(&mut finished), vec![(5, Some(vec![0x11; 4]))]);
         assert!(tracker.requests.is_empty(), "every piece is counted off");
+        assert!(tracker.take_failure().is_none(), "the submit reported it");
     }
 
     /// The same for a write: a late piece of a failed write used to count
@@ -1073,18 +1164,14 @@ mod tests {
         tracker.abandon(failed, 4, 2);
         let next = tracker.start_write(9, 2, &mut finished);
         for _ in 0..2 {
-            tracker
-                .piece((failed, 0, 0), &mut finished, |_| Ok(()))
-                .unwrap();
+            tracker.write_piece(failed, &mut finished);
         }
         assert!(
             finished.is_empty(),
             "the failed write's pieces finished the next"
         );
         for _ in 0..2 {
-            tracker
-                .piece((next, 0, 0), &mut finished, |_| Ok(()))
-                .unwrap();
+            tracker.write_piece(next, &mut finished);
         }
         assert_eq!(drained(&mut finished), vec![(9, None)]);
         assert!(tracker.requests.is_empty());
@@ -1104,21 +1191,64 @@ mod tests {
         assert_eq!(drained(&mut finished), vec![(2, None)]);
     }
 
-    /// A piece that could not be copied out fails its read; its other
-    /// pieces are counted off and the read never completes with a hole.
+    /// A piece that could not be copied out failed its queue with an
+    /// error no request owned, and the store's operation waited for good.
+    /// Its read fails by its token now, once, and never completes with a
+    /// hole; the queue goes on.
     #[test]
-    fn a_piece_that_could_not_be_copied_fails_its_read_whole() {
+    fn a_piece_that_could_not_be_copied_fails_its_read_by_token() {
         let mut tracker = PieceTracker::default();
         let mut finished = Finished::default();
         let read = tracker.start_read(3, 8, 2, &mut finished);
-        let copied = tracker.piece((read, 0, 4), &mut finished, |_| {
+        tracker.piece((read, 0, 4), &mut finished, |_| {
             Err(far_error("the landing slot is gone"))
         });
-        assert!(copied.is_err());
-        tracker
-            .piece((read, 4, 4), &mut finished, fill_with(1))
-            .unwrap();
+        tracker.piece((read, 4, 4), &mut finished, fill_with(1));
         assert!(finished.is_empty(), "a read with a hole completed");
         assert!(tracker.requests.is_empty());
+        assert!(matches!(
+            tracker.take_failure(),
+            Some(DeviceError::RequestFailed { token: 3, .. })
+        ));
+        assert!(tracker.take_failure().is_none(), "one failure per request");
+    }
+
+    /// A piece whose answer does not fit where it goes (an engine that
+    /// answered more bytes than asked) sliced past the read: a panic.
+    #[test]
+    fn a_piece_outside_its_read_fails_the_read_not_the_process() {
+        let mut tracker = PieceTracker::default();
+        let mut finished = Finished::default();
+        let read = tracker.start_read(4, 8, 1, &mut finished);
+        tracker.piece((read, 4, 8), &mut finished, fill_with(2));
+        assert!(finished.is_empty());
+        assert!(matches!(
+            tracker.take_failure(),
+            Some(DeviceError::RequestFailed { token: 4, .. })
+        ));
+    }
+
+    /// Failed requests are reported after what finished, one per poll.
+    #[test]
+    fn a_poll_hands_out_what_finished_then_one_failure() {
+        let mut tracker = PieceTracker::default();
+        let mut finished = Finished::default();
+        let good = tracker.start_write(6, 1, &mut finished);
+        let bad = tracker.start_write(7, 1, &mut finished);
+        tracker.write_piece(good, &mut finished);
+        tracker.failed_piece(bad, "a verb completed with RemoteAccessError".into());
+        let mut seen = Vec::new();
+        let polled = report_finished(&mut finished, &mut tracker, &mut |token, _| {
+            seen.push(token)
+        });
+        assert_eq!(seen, vec![6]);
+        assert!(matches!(
+            polled,
+            Err(DeviceError::RequestFailed { token: 7, .. })
+        ));
+        assert!(matches!(
+            report_finished(&mut finished, &mut tracker, &mut |_, _| {}),
+            Ok(0)
+        ));
     }
 }
