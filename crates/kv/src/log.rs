@@ -199,17 +199,31 @@ impl HybridLog {
 
     /// A checkpoint is being taken from the log's begin, which this
     /// returns: its pages are kept from now on, beside the last one's.
+    /// Called under the store's checkpoint lock: only checkpoints write
+    /// the kept address, one at a time.
     ///
     /// The begin is read again after the keep: a compaction that truncated
     /// between the read and the keep could have given the pages between
     /// the two begins to the tail already (before the first checkpoint,
     /// nothing else keeps them), and a checkpoint from the older begin
-    /// would then name overwritten pages. Each retry follows a truncation,
-    /// and the begin never passes the tail, so the loop ends.
+    /// would then name overwritten pages. A retry keeps from the newer
+    /// begin, not the older (which would hold room for pages no longer
+    /// the log's). Each retry follows a truncation, and the begin never
+    /// passes the tail, so the loop ends.
     pub fn keep_checkpoint_from_begin(&self) -> LogAddress {
+        self.keep_checkpoint_from_begin_with(|| {})
+    }
+
+    /// As [`HybridLog::keep_checkpoint_from_begin`], with `between` run
+    /// after each read of the begin and before the keep (a test's
+    /// compaction).
+    pub(crate) fn keep_checkpoint_from_begin_with(&self, mut between: impl FnMut()) -> LogAddress {
+        let last_kept = self.kept_from.load(Ordering::SeqCst);
         let mut begin = self.begin();
         loop {
-            self.kept_from.fetch_min(begin.value(), Ordering::SeqCst);
+            between();
+            self.kept_from
+                .store(last_kept.min(begin.value()), Ordering::SeqCst);
             let now = self.begin();
             if now == begin {
                 return begin;

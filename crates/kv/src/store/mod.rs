@@ -1283,4 +1283,36 @@ mod tests {
         );
         assert_eq!(session.waiting_since, None);
     }
+
+    /// A compaction that truncated between a first checkpoint's read of
+    /// the begin and its keep gave the pages between the two begins back
+    /// to the tail, and the checkpoint named them. The begin is read
+    /// again after the keep now; and the retry keeps from the newer begin,
+    /// not the older.
+    #[test]
+    fn a_truncation_during_a_checkpoints_keep_moves_the_checkpoints_begin() {
+        let store = Store::new(
+            StoreConfig::smallest(),
+            Arc::new(MemoryDevice::new(1 << 20)),
+        )
+        .unwrap();
+        let mut session = store.session().unwrap();
+        let log = store.shared.log.clone();
+        for number in 0u64..5_000 {
+            session.upsert(&number.to_le_bytes(), &[5; 200]).unwrap();
+            if log.head().value() > 0 {
+                break;
+            }
+        }
+        let head = log.head();
+        assert!(head.value() > 0, "the test must push pages to the device");
+        let mut compacted = false;
+        let begin = log.keep_checkpoint_from_begin_with(|| {
+            if !std::mem::replace(&mut compacted, true) {
+                store.truncate_until(head).unwrap();
+            }
+        });
+        assert_eq!(begin, head, "the checkpoint starts where the log now does");
+        assert_eq!(log.needed_from(), head, "no room is held below the begin");
+    }
 }
