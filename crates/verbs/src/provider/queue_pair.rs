@@ -51,37 +51,53 @@ pub(super) struct QpObject {
 
 /// A lock held across calls: `wr_start` takes it and returns with it
 /// held, `wr_complete` or `wr_abort` gives it back. A guard cannot live
-/// across C calls, so this is a flag under a mutex, with a condition
-/// variable for the threads waiting to start.
+/// across C calls, so this is the holding thread under a mutex, with a
+/// condition variable for the threads waiting to start.
 #[derive(Default)]
 pub(super) struct BuilderLock {
-    held: std::sync::Mutex<bool>,
+    holder: std::sync::Mutex<Option<std::thread::ThreadId>>,
     released: std::sync::Condvar,
 }
 
 impl BuilderLock {
-    /// Waits until no other thread is building on the queue pair, then
-    /// holds it.
-    fn acquire(&self) {
-        let held = self
-            .held
+    fn holder(&self) -> std::sync::MutexGuard<'_, Option<std::thread::ThreadId>> {
+        self.holder
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut held = self
-            .released
-            .wait_while(held, |held| *held)
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        *held = true;
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Lets the next builder in. A release without an acquire (a program
-    /// that calls `wr_complete` with no `wr_start`) changes nothing.
-    fn release(&self) {
-        let mut held = self
-            .held
-            .lock()
+    /// Waits until no other thread is building on the queue pair, then
+    /// holds it. A thread that starts again while it holds it goes on
+    /// holding it (its batch starts over, as before there was a lock),
+    /// rather than wait for itself for ever.
+    fn acquire(&self) {
+        let me = std::thread::current().id();
+        let mut holder = self
+            .released
+            .wait_while(self.holder(), |holder| {
+                holder.is_some_and(|thread| thread != me)
+            })
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if std::mem::replace(&mut *held, false) {
+        *holder = Some(me);
+    }
+
+    /// Whether another thread is inside its section: this one may not
+    /// end it (its `wr_complete` would post the other's half-built batch).
+    fn held_by_another(&self) -> bool {
+        let me = std::thread::current().id();
+        self.holder().is_some_and(|thread| thread != me)
+    }
+
+    fn is_held(&self) -> bool {
+        self.holder().is_some()
+    }
+
+    /// Lets the next builder in. A release by a thread that does not hold
+    /// it (a `wr_complete` with no `wr_start`) changes nothing.
+    fn release(&self) {
+        let mut holder = self.holder();
+        if *holder == Some(std::thread::current().id()) {
+            *holder = None;
             self.released.notify_one();
         }
     }
@@ -266,6 +282,11 @@ pub(super) unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     }
     // SAFETY: a live QP.
     let qp_object = unsafe { object::<QpObject, _>(qp) };
+    if qp_object.builder_lock.is_held() {
+        // A thread is between ibv_wr_start and ibv_wr_complete, and others
+        // may wait on the lock that would be freed.
+        return libc::EBUSY;
+    }
     // SAFETY: its context is live.
     let node = unsafe { node_of(qp_object.qp.qp_base.context) };
     let qpn = qp_object.qpn;
@@ -648,6 +669,13 @@ mod builder {
 
     pub(super) unsafe extern "C" fn complete(qp: *mut ibv_qp_ex) -> c_int {
         // SAFETY: the verbs contract.
+        if unsafe { &*qp.cast::<QpObject>() }
+            .builder_lock
+            .held_by_another()
+        {
+            return libc::EINVAL;
+        }
+        // SAFETY: the verbs contract; no other thread is building.
         let qp = unsafe { qp_object(qp) };
         let pending = std::mem::take(&mut qp.pending);
         let posted = match qp.pending_error.take() {
@@ -663,6 +691,13 @@ mod builder {
 
     pub(super) unsafe extern "C" fn abort(qp: *mut ibv_qp_ex) {
         // SAFETY: the verbs contract.
+        if unsafe { &*qp.cast::<QpObject>() }
+            .builder_lock
+            .held_by_another()
+        {
+            return;
+        }
+        // SAFETY: the verbs contract; no other thread is building.
         let qp = unsafe { qp_object(qp) };
         qp.pending.clear();
         qp.pending_error = None;

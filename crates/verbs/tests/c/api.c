@@ -439,14 +439,14 @@ static void build_one_write(struct builder_race *race, uint64_t wr_id, int offse
 }
 
 /* Starts a section, builds one WRITE, lets the second thread try to start
- * its own, builds a second WRITE 50 ms later, and completes. */
+ * its own, builds a second WRITE 200 ms later, and completes. */
 static void *build_slowly(void *argument)
 {
 	struct builder_race *race = argument;
 	ibv_wr_start(race->builder);
 	build_one_write(race, 80, 0);
 	__atomic_store_n(&race->first_is_building, 1, __ATOMIC_SEQ_CST);
-	struct timespec pause = { .tv_sec = 0, .tv_nsec = 50 * 1000 * 1000 };
+	struct timespec pause = { .tv_sec = 0, .tv_nsec = 200 * 1000 * 1000 };
 	nanosleep(&pause, NULL);
 	build_one_write(race, 81, 64);
 	__atomic_store_n(&race->first_is_completing, 1, __ATOMIC_SEQ_CST);
@@ -492,6 +492,38 @@ static void a_second_builder_waits_for_the_first_to_complete(union ibv_gid gid, 
 		seen[wc.wr_id - 80] = 1;
 	}
 	no_completion("each built WRITE completed once");
+	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_qp(peer) == 0, "destroy the QPs");
+}
+
+static void *complete_from_elsewhere(void *argument)
+{
+	return (void *)(intptr_t)ibv_wr_complete(argument);
+}
+
+/* The section's misuses: a thread that starts twice waited on itself for
+ * ever; a thread that completes another's section posted its half-built
+ * batch; a QP destroyed inside a section freed the lock others wait on. */
+static void a_builder_section_is_its_threads_alone(union ibv_gid gid, uint8_t *remote,
+						   struct ibv_mr *remote_mr)
+{
+	struct ibv_qp *qp, *peer;
+	make_builder_pair(gid, 8, &qp, &peer);
+	struct builder_race race = { .builder = ibv_qp_to_qp_ex(qp), .remote_mr = remote_mr, .remote = remote };
+	ibv_wr_start(race.builder);
+	build_one_write(&race, 90, 0);
+	ibv_wr_start(race.builder); /* starts over, and does not wait for itself */
+	build_one_write(&race, 91, 64);
+	pthread_t other;
+	void *result;
+	CHECK(pthread_create(&other, NULL, complete_from_elsewhere, race.builder) == 0, "start a thread");
+	CHECK(pthread_join(other, &result) == 0 && (intptr_t)result == EINVAL,
+	      "another thread's ibv_wr_complete is EINVAL, not %d", (int)(intptr_t)result);
+	CHECK(ibv_destroy_qp(qp) == EBUSY, "a QP inside a section is busy");
+	CHECK(ibv_wr_complete(race.builder) == 0, "the holder completes");
+	struct ibv_wc wc = complete();
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 91, "only the second batch posted (wr_id %lu)",
+	      (unsigned long)wc.wr_id);
+	no_completion("the batch started over");
 	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_qp(peer) == 0, "destroy the QPs");
 }
 
@@ -727,6 +759,7 @@ int main(void)
 	a_refused_batch_posts_nothing(gid, remote, remote_mr);
 	an_inline_flag_on_a_built_read_is_ignored(gid, local, local_mr, remote, remote_mr);
 	a_second_builder_waits_for_the_first_to_complete(gid, remote, remote_mr);
+	a_builder_section_is_its_threads_alone(gid, remote, remote_mr);
 	remote_write_without_local_write_is_refused();
 	a_chain_as_long_as_the_queue_posts();
 	a_refused_qp_leaves_its_cq_free();
