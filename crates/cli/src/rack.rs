@@ -236,15 +236,27 @@ fn inherited(fd: i32) -> Result<std::os::fd::OwnedFd, RackCommandError> {
 /// says why (it said only "exited without a report").
 pub fn run_node(args: NodeArgs) -> Result<ExitCode, RackCommandError> {
     let rack = RackConfig::load(&args.rack)?;
-    let report = start_node(&rack, &args).unwrap_or_else(|error| NodeReport {
-        name: args.name.clone(),
-        role: rack
-            .node(&args.name)
-            .map(|node| node.role.name().into())
-            .unwrap_or_default(),
-        error: Some(error.to_string()),
-        ..NodeReport::default()
-    });
+    let report = match start_node(&rack, &args) {
+        Ok(report) => report,
+        Err(error) => {
+            let report = NodeReport {
+                name: args.name.clone(),
+                role: rack
+                    .node(&args.name)
+                    .map(|node| node.role.name().into())
+                    .unwrap_or_default(),
+                error: Some(error.to_string()),
+                ..NodeReport::default()
+            };
+            if let Some(path) = &args.report {
+                crate::output::write_json(path, &report)?;
+            }
+            // An error, not a failed check: exit 2, as every command's
+            // error, and named after the node, which main's would not be.
+            eprintln!("node {}: {error}", args.name);
+            return Ok(ExitCode::from(2));
+        }
+    };
     if let Some(path) = &args.report {
         crate::output::write_json(path, &report)?;
     }

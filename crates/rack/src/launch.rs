@@ -765,7 +765,14 @@ fn supervise(
     if failure.is_none() && !stop.load(Ordering::Relaxed) {
         // The compute nodes are done (or there are none): the rest may
         // still be starting, and a SIGTERM then kills them unreported.
-        await_ready(rack, &mut children, &mut exits, run_directory);
+        let waited = await_ready(
+            rack,
+            (&mut children, &mut exits),
+            run_directory,
+            stop,
+            switch,
+        );
+        failure = failure.or(waited);
     }
     for (index, child) in children.iter().enumerate() {
         if exits[index].is_none() {
@@ -822,23 +829,31 @@ fn supervise(
 }
 
 /// Waits, up to [`READY_WAIT`], until every node still running has said
-/// it serves (or has exited).
+/// it serves, or an interrupt or the switch's end cuts the wait short. A
+/// node that exits meanwhile is the run's failure, as in `supervise`.
 fn await_ready(
     rack: &RackConfig,
-    children: &mut [Child],
-    exits: &mut [Option<std::process::ExitStatus>],
+    (children, exits): (&mut [Child], &mut [Option<std::process::ExitStatus>]),
     run_directory: &Path,
-) {
+    stop: &AtomicBool,
+    switch: &FabricThread,
+) -> Option<String> {
     let deadline = Instant::now() + READY_WAIT;
     for (index, child) in children.iter_mut().enumerate() {
-        let marker = ready_marker(run_directory, &rack.nodes[index].name);
-        while exits[index].is_none() && !marker.exists() && Instant::now() < deadline {
+        let node = &rack.nodes[index];
+        let marker = ready_marker(run_directory, &node.name);
+        while exits[index].is_none() && !marker.exists() {
+            if stop.load(Ordering::Relaxed) || switch.is_finished() || Instant::now() > deadline {
+                return None;
+            }
             if let Ok(Some(status)) = child.try_wait() {
                 exits[index] = Some(status);
+                return Some(format!("node {} exited early ({status})", node.name));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+    None
 }
 
 /// How a single node process reaches the switch.
@@ -905,7 +920,8 @@ pub fn run_node(
     )?;
     // Serving: a stop from now on ends the node cleanly, with its report.
     // A marker that cannot be written only costs the launcher its wait.
-    let _ = std::fs::write(ready_marker(run_directory, name), b"");
+    let ready = ready_marker(run_directory, name);
+    let _ = std::fs::write(&ready, b"");
     let mut report = node_report(node, &endpoint);
     if matches!(role, RoleHandle::Compute(_)) {
         join_role(role, &mut report);
@@ -920,6 +936,8 @@ pub fn run_node(
         join_role(role, &mut report);
     }
     report.rnic = node_report(node, &endpoint).rnic;
+    // A user's own run directory (a rack across hosts) keeps no marker.
+    let _ = std::fs::remove_file(ready);
     Ok(report)
 }
 
