@@ -17,14 +17,18 @@ static STOP_FLAGS: Mutex<Vec<Weak<AtomicBool>>> = Mutex::new(Vec::new());
 /// process: `kv ycsb`'s file device and `soda run`'s work directory were
 /// left behind by a Ctrl-C.
 static SCRATCH: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// Set by a command that has nothing to stop cleanly: its first interrupt
+/// ends the process (after the scratch paths). Commands that check
+/// `interrupted()` between steps (`demo`, `rack up`) leave it unset.
+static EXIT_AT_FIRST: AtomicBool = AtomicBool::new(false);
 
 /// Installs the interrupt handler, once: the first interrupt raises every
 /// live stop flag and marks the process interrupted, for the steps still to
 /// come to see; a second ends the process (exit 130). Only raising a flag,
 /// it left a command that had passed its rack to run its other steps, deaf
-/// to every further Ctrl-C. With no live stop flag (a command that does
-/// not watch one), the first interrupt ends the process. Either end
-/// removes the scratch paths first.
+/// to every further Ctrl-C. A command that asked for it
+/// ([`exit_at_first_interrupt`]) ends at the first, unless a stop flag
+/// is live. Either end removes the scratch paths first.
 pub fn handle_interrupts() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
     INSTALLED.call_once(|| {
@@ -34,7 +38,7 @@ pub fn handle_interrupts() {
             }
             let flags = STOP_FLAGS.lock().unwrap_or_else(|e| e.into_inner());
             let live: Vec<_> = flags.iter().filter_map(Weak::upgrade).collect();
-            if live.is_empty() {
+            if live.is_empty() && EXIT_AT_FIRST.load(Ordering::SeqCst) {
                 exit_interrupted();
             }
             for flag in live {
@@ -50,6 +54,14 @@ fn exit_interrupted() -> ! {
         let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
     }
     std::process::exit(i32::from(INTERRUPTED_EXIT));
+}
+
+/// For a command with nothing to stop cleanly: the first interrupt ends
+/// the process (exit 130), removing its scratch paths. Called first thing,
+/// so that an interrupt before its scratch exists ends it too.
+pub fn exit_at_first_interrupt() {
+    EXIT_AT_FIRST.store(true, Ordering::SeqCst);
+    handle_interrupts();
 }
 
 /// Keeps `path` on the list an interrupt removes until the guard drops

@@ -189,6 +189,11 @@ pub enum KvCliError {
     ValueBytes(usize),
     #[error("{0} seconds is not a run length")]
     Seconds(f64),
+    #[error("making a scratch directory in {path}: {error}")]
+    Scratch {
+        path: PathBuf,
+        error: std::io::Error,
+    },
     #[error("{0}: the rack needs a compute node (this process) and a memory node (the device)")]
     RackNodes(PathBuf),
     #[error(transparent)]
@@ -253,7 +258,13 @@ fn store_config(path: Option<&Path>) -> Result<StoreConfig, KvCliError> {
 /// a store's 1024 sessions.
 const MAX_YCSB_THREADS: usize = 1023;
 
-fn open_store(args: &StoreArgs, config: StoreConfig) -> Result<(Store, OpenDevice), KvCliError> {
+/// Opens the store on `args`' device; a file device's file goes in
+/// `file_directory`.
+fn open_store(
+    args: &StoreArgs,
+    config: StoreConfig,
+    file_directory: &Path,
+) -> Result<(Store, OpenDevice), KvCliError> {
     // The settings are checked before the device is opened: a far-memory
     // device opens a queue per session, and a bad session count would
     // fail there, in the device's words.
@@ -265,7 +276,7 @@ fn open_store(args: &StoreArgs, config: StoreConfig) -> Result<(Store, OpenDevic
         Some(path) => open_on_rack(args, path, queues)?,
         None => {
             let file = FileSettings {
-                directory: args.file_directory.clone(),
+                directory: file_directory.to_owned(),
                 ..FileSettings::default()
             };
             OpenDevice::open(args.device, args.device_mib << 20, queues, &file)?
@@ -319,7 +330,7 @@ fn run_serve(args: &ServeArgs) -> Result<ExitCode, KvCliError> {
             needed,
         });
     }
-    let (store, opened) = open_store(&args.store, config)?;
+    let (store, opened) = open_store(&args.store, config, &args.store.file_directory)?;
     let listener = TcpListener::bind(&args.listen).map_err(|error| KvCliError::Listen {
         address: args.listen.clone(),
         error,
@@ -358,6 +369,8 @@ fn run_serve(args: &ServeArgs) -> Result<ExitCode, KvCliError> {
 }
 
 fn run_ycsb(args: &YcsbArgs) -> Result<ExitCode, KvCliError> {
+    // Nothing here stops cleanly: an interrupt ends the run at once.
+    crate::interrupt::exit_at_first_interrupt();
     crate::output::check_optional_file_path(args.json.as_deref())?;
     // Positive, and a length a Duration can hold (1e20 s cannot).
     let duration = Duration::try_from_secs_f64(args.seconds)
@@ -372,10 +385,17 @@ fn run_ycsb(args: &YcsbArgs) -> Result<ExitCode, KvCliError> {
     }
     let mut config = store_config(args.store.config.as_deref())?;
     config.sessions = config.sessions.max(args.threads + 1);
-    let (store, opened) = open_store(&args.store, config)?;
-    let _scratch = opened
-        .scratch_directory()
-        .map(crate::interrupt::remove_on_interrupt);
+    // The file device's directory goes inside a scratch directory that an
+    // interrupt removes, registered before the device makes anything.
+    let scratch = tempfile::Builder::new()
+        .prefix("remora-kv-ycsb-")
+        .tempdir_in(&args.store.file_directory)
+        .map_err(|error| KvCliError::Scratch {
+            path: args.store.file_directory.clone(),
+            error,
+        })?;
+    let _removed_on_interrupt = crate::interrupt::remove_on_interrupt(scratch.path());
+    let (store, opened) = open_store(&args.store, config, scratch.path())?;
     let mut spec = WorkloadSpec::preset(&args.workload)?;
     spec.record_count = args.records;
     let run = YcsbRun {

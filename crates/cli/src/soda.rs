@@ -226,6 +226,8 @@ pub fn source_of(graph: &Graph, requested: Option<Vertex>) -> Result<Vertex, Sod
 }
 
 fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {
+    // Nothing here stops cleanly: an interrupt ends the run at once.
+    crate::interrupt::exit_at_first_interrupt();
     for path in [&args.out, &args.json] {
         crate::output::check_optional_file_path(path.as_deref())?;
     }

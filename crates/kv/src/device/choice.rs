@@ -79,7 +79,7 @@ pub struct OpenDevice {
     pub device: Arc<dyn Device>,
     far_memory: Option<Arc<FarMemoryDevice>>,
     /// Keeps the file device's directory until the device goes.
-    directory: Option<tempfile::TempDir>,
+    _directory: Option<tempfile::TempDir>,
 }
 
 impl OpenDevice {
@@ -96,7 +96,7 @@ impl OpenDevice {
             return Ok(OpenDevice {
                 device: device.clone(),
                 far_memory: Some(device),
-                directory: None,
+                _directory: None,
             });
         }
         if kind == DeviceKind::File {
@@ -111,20 +111,14 @@ impl OpenDevice {
             return Ok(OpenDevice {
                 device: Arc::new(device),
                 far_memory: None,
-                directory: Some(directory),
+                _directory: Some(directory),
             });
         }
         Ok(OpenDevice {
             device: Arc::new(MemoryDevice::new(capacity_bytes)),
             far_memory: None,
-            directory: None,
+            _directory: None,
         })
-    }
-
-    /// The file device's directory, removed when the device goes: a
-    /// caller that may end without dropping it (an interrupt) removes it.
-    pub fn scratch_directory(&self) -> Option<&std::path::Path> {
-        self.directory.as_ref().map(tempfile::TempDir::path)
     }
 
     /// A far-memory device opened elsewhere (on a rack file's node).
@@ -132,7 +126,7 @@ impl OpenDevice {
         OpenDevice {
             device: device.clone(),
             far_memory: Some(device),
-            directory: None,
+            _directory: None,
         }
     }
 
