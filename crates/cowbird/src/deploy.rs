@@ -117,11 +117,7 @@ struct Pool {
     memory: Vec<HostMemory>,
 }
 
-/// Checked before any of the pool is allocated: a spec with no region
-/// (every path indexes region 0) or more than a request id can name is
-/// refused, not a panic after the memory is taken.
-fn register_pool(spec: &CowbirdSpec, memory: &mut SoftRnic) -> Result<Pool, DeployError> {
-    check_region_count(spec.pool_regions.len())?;
+fn register_pool(spec: &CowbirdSpec, memory: &mut SoftRnic) -> Result<Pool, VerbsError> {
     let protection_domain = memory.alloc_protection_domain()?;
     let memory_blocks: Vec<HostMemory> = spec
         .pool_regions
@@ -159,6 +155,10 @@ pub fn deploy(
     compute: &mut SoftRnic,
     memory: &mut SoftRnic,
 ) -> Result<Deployment, DeployError> {
+    // Checked before anything is allocated: a spec with no region (every
+    // path indexes region 0) or more than a request id can name is
+    // refused, not a panic after the memory is taken.
+    check_region_count(spec.pool_regions.len())?;
     let compute_pd = compute.alloc_protection_domain()?;
     let compute_cq = compute.create_completion_queue(16)?;
     let Pool {
@@ -270,6 +270,7 @@ pub fn deploy_p4(
     switch: &mut CowbirdP4,
     ports: SwitchPorts,
 ) -> Result<P4Deployment, DeployError> {
+    check_region_count(spec.pool_regions.len())?;
     let compute_pd = compute.alloc_protection_domain()?;
     let Pool {
         protection_domain: memory_pd,
@@ -443,7 +444,19 @@ mod tests {
     fn a_pool_of_no_region_or_too_many_is_refused_before_anything_is_allocated() {
         let too_many = usize::from(MAX_REGIONS) + 1;
         for (regions, count) in [(Vec::new(), 0), (vec![1; too_many], too_many)] {
-            let refused = deploy(spec(regions), &mut nic(1), &mut nic(2));
+            let (mut compute, mut memory) = (nic(1), nic(2));
+            let refused = deploy(spec(regions), &mut compute, &mut memory);
+            assert_eq!(
+                (
+                    compute.alloc_protection_domain().unwrap(),
+                    memory.alloc_protection_domain().unwrap()
+                ),
+                (
+                    nic(1).alloc_protection_domain().unwrap(),
+                    nic(2).alloc_protection_domain().unwrap()
+                ),
+                "{count} regions: a protection domain was taken before the refusal"
+            );
             assert!(
                 matches!(
                     refused,
