@@ -451,6 +451,10 @@ struct VerbsQueue {
     pieces: PieceTracker,
     posted_since_kick: bool,
     finished: Finished,
+    /// Why the queue pair failed, once a verb completed in error: the
+    /// queue pair is then in the error state and flushes all it is given,
+    /// so new work is refused and the path is not given back.
+    broken: Option<String>,
 }
 
 impl VerbsQueue {
@@ -473,6 +477,14 @@ impl VerbsQueue {
             pieces: PieceTracker::default(),
             posted_since_kick: false,
             finished: Finished::default(),
+            broken: None,
+        }
+    }
+
+    fn check_unbroken(&self) -> Result<(), DeviceError> {
+        match &self.broken {
+            Some(reason) => Err(far_error(format!("the queue pair failed: {reason}"))),
+            None => Ok(()),
         }
     }
 
@@ -492,6 +504,18 @@ impl VerbsQueue {
                 return Err(far_error("no READ or WRITE completed within 10 s"));
             }
         }
+    }
+
+    /// Collects until every piece of `request` is back, for at most 10 s.
+    fn await_request(&mut self, request: RequestNumber) -> Result<(), DeviceError> {
+        let started = Instant::now();
+        while self.pieces.requests.contains_key(&request) {
+            self.collect()?;
+            if started.elapsed() > MAX_WAIT {
+                return Err(far_error("a synchronous READ did not complete within 10 s"));
+            }
+        }
+        Ok(())
     }
 
     /// Takes a slot for a piece and posts it; a post refused gives the
@@ -564,6 +588,7 @@ impl VerbsQueue {
             // slot is free again either way.
             if completion.status != CompletionStatus::Success {
                 let reason = format!("a verb completed with {:?}", completion.status);
+                self.broken.get_or_insert_with(|| reason.clone());
                 self.pieces.failed_piece(slot_use.request(), reason);
                 continue;
             }
@@ -590,6 +615,7 @@ impl VerbsQueue {
 impl DeviceQueue for VerbsQueue {
     fn read(&mut self, offset: u64, length: usize, token: u64) -> Result<(), DeviceError> {
         check_range(offset, length as u64, self.capacity_bytes)?;
+        self.check_unbroken()?;
         // A READ per slot's worth (an empty read is one empty piece).
         let pieces = length.div_ceil(SLOT_BYTES).max(1);
         let request = self
@@ -613,20 +639,21 @@ impl DeviceQueue for VerbsQueue {
             },
         )?;
         if self.synchronous {
-            let started = Instant::now();
-            let before = (self.finished.len(), self.pieces.failed.len());
-            while (self.finished.len(), self.pieces.failed.len()) == before {
-                self.collect()?;
-                if started.elapsed() > MAX_WAIT {
-                    return Err(far_error("a synchronous READ did not complete within 10 s"));
-                }
+            // Until every piece is back (done or failed). A wait that ends
+            // in an error leaves the request abandoned: the store frees its
+            // token, and the read arriving late must not complete the next.
+            let waited = self.await_request(request);
+            if waited.is_err() {
+                self.pieces.abandon(request, pieces, pieces);
             }
+            waited?;
         }
         Ok(())
     }
 
     fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
         check_range(offset, data.len() as u64, self.capacity_bytes)?;
+        self.check_unbroken()?;
         let pieces = data.chunks(SLOT_BYTES).count();
         let request = self.pieces.start_write(token, pieces, &mut self.finished);
         let chunks: Vec<&[u8]> = data.chunks(SLOT_BYTES).collect();
@@ -652,8 +679,8 @@ impl DeviceQueue for VerbsQueue {
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u64, Completed<'_>)) -> Result<usize, DeviceError> {
-        self.collect()?;
-        report_finished(&mut self.finished, &mut self.pieces, done)
+        let collected = self.collect();
+        report_finished(collected, &mut self.finished, &mut self.pieces, done)
     }
 
     fn in_flight(&self) -> usize {
@@ -667,7 +694,8 @@ impl Drop for VerbsQueue {
         // session: its completions come on the path's completion queue,
         // and the next queue on it took them for its own slots' (a READ
         // then returned another request's bytes, or a panic). A path whose
-        // work fails or does not finish in time is not given back.
+        // work fails or does not finish in time is not given back, nor one
+        // whose queue pair failed (it flushes everything from then on).
         let started = Instant::now();
         while self.free_slots.len() < WINDOW {
             if self.collect().is_err() || started.elapsed() > MAX_WAIT {
@@ -675,6 +703,10 @@ impl Drop for VerbsQueue {
                 return;
             }
             std::hint::spin_loop();
+        }
+        if let Some(reason) = &self.broken {
+            tracing::warn!(%reason, "a far-memory path's queue pair failed; the path is dropped");
+            return;
         }
         if let Some(path) = self.path.take() {
             let mut paths = self.returns.lock().unwrap_or_else(|e| e.into_inner());
@@ -709,8 +741,9 @@ struct Assembly {
 struct PieceTracker {
     next_request: u64,
     requests: FxHashMap<RequestNumber, Assembly>,
-    /// Requests a piece of which failed: at most one entry per request.
-    failed: VecDeque<(u64, String)>,
+    /// Requests a piece of which failed, with their tokens: at most one
+    /// entry per request.
+    failed: VecDeque<(RequestNumber, u64, String)>,
     /// Finished reads' buffers, for the next to reuse (at most
     /// [`MAX_SPARE_BUFFERS`]): a queue has up to a batch of reads in
     /// flight, and each would otherwise allocate its own.
@@ -836,21 +869,24 @@ impl PieceTracker {
             .get_mut(&request)
             .expect("pieces in flight are counted");
         if !std::mem::replace(&mut assembly.abandoned, true) {
-            self.failed.push_back((assembly.token, reason));
+            self.failed.push_back((request, assembly.token, reason));
         }
         self.arrived(request, &mut Finished::default());
     }
 
     /// The next failed request, as the error `poll` reports it by.
     fn take_failure(&mut self) -> Option<DeviceError> {
-        let (token, reason) = self.failed.pop_front()?;
+        let (_, token, reason) = self.failed.pop_front()?;
         Some(DeviceError::RequestFailed { token, reason })
     }
 
     /// `request` failed after `issued` of its pieces went out (its caller
     /// hears it from the submit): the rest will never arrive, and those
-    /// that do complete nothing.
+    /// that do complete nothing. A failure of one of its pieces queued for
+    /// `poll` is dropped: reported again after the store freed the token,
+    /// it would fail whatever operation took the token next.
     fn abandon(&mut self, request: RequestNumber, total: usize, issued: usize) {
+        self.failed.retain(|(failed, ..)| *failed != request);
         let Some(assembly) = self.requests.get_mut(&request) else {
             return;
         };
@@ -865,15 +901,18 @@ impl PieceTracker {
     }
 }
 
-/// Hands every finished request to `done`, then reports one failed
-/// request, if any, by its token (the device contract: a request that
-/// fails comes back from `poll` by name).
+/// Hands every finished request to `done`, then reports the queue's
+/// error from `collected`, or else one failed request, if any, by its
+/// token (the device contract: a request that fails comes back from
+/// `poll` by name). Finished requests go out first whatever failed.
 fn report_finished(
+    collected: Result<(), DeviceError>,
     finished: &mut Finished,
     pieces: &mut PieceTracker,
     done: &mut dyn FnMut(u64, Completed<'_>),
 ) -> Result<usize, DeviceError> {
     let count = finished.drain(done);
+    collected?;
     match pieces.take_failure() {
         Some(failure) => Err(failure),
         None => Ok(count),
@@ -977,7 +1016,9 @@ impl CowbirdQueue {
     }
 
     /// A piece of a read arrived: the read is done when its last does.
-    /// An answer of another length than asked fails the read.
+    /// The answer's length is the client's own record of the request, so
+    /// a mismatch is a bookkeeping bug; it fails the read, not the
+    /// process.
     fn on_read_piece(
         &mut self,
         completion: &Completion,
@@ -1081,8 +1122,8 @@ impl DeviceQueue for CowbirdQueue {
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u64, Completed<'_>)) -> Result<usize, DeviceError> {
-        self.collect()?;
-        report_finished(&mut self.finished, &mut self.pieces, done)
+        let collected = self.collect();
+        report_finished(collected, &mut self.finished, &mut self.pieces, done)
     }
 
     fn in_flight(&self) -> usize {
@@ -1213,8 +1254,23 @@ mod tests {
         assert!(tracker.take_failure().is_none(), "one failure per request");
     }
 
-    /// A piece whose answer does not fit where it goes (an engine that
-    /// answered more bytes than asked) sliced past the read: a panic.
+    /// A request whose piece failed while later pieces were being issued,
+    /// and whose submit then failed too, was reported twice: by the
+    /// submit, and by `poll` after the store had freed (and reused) its
+    /// token, failing whatever operation held it next.
+    #[test]
+    fn a_request_its_submit_failed_is_not_failed_again_by_poll() {
+        let mut tracker = PieceTracker::default();
+        let mut finished = Finished::default();
+        let read = tracker.start_read(8, 12, 3, &mut finished);
+        tracker.failed_piece(read, "a verb completed with RetryExceeded".into());
+        tracker.abandon(read, 3, 1);
+        assert!(tracker.take_failure().is_none(), "the submit reported it");
+        assert!(tracker.requests.is_empty());
+    }
+
+    /// A piece whose answer does not fit where it goes (a bookkeeping bug)
+    /// sliced past the read: a panic. It fails the read.
     #[test]
     fn a_piece_outside_its_read_fails_the_read_not_the_process() {
         let mut tracker = PieceTracker::default();
@@ -1238,7 +1294,7 @@ mod tests {
         tracker.write_piece(good, &mut finished);
         tracker.failed_piece(bad, "a verb completed with RemoteAccessError".into());
         let mut seen = Vec::new();
-        let polled = report_finished(&mut finished, &mut tracker, &mut |token, _| {
+        let polled = report_finished(Ok(()), &mut finished, &mut tracker, &mut |token, _| {
             seen.push(token)
         });
         assert_eq!(seen, vec![6]);
@@ -1247,7 +1303,7 @@ mod tests {
             Err(DeviceError::RequestFailed { token: 7, .. })
         ));
         assert!(matches!(
-            report_finished(&mut finished, &mut tracker, &mut |_, _| {}),
+            report_finished(Ok(()), &mut finished, &mut tracker, &mut |_, _| {}),
             Ok(0)
         ));
     }
