@@ -480,14 +480,27 @@ impl HybridLog {
             };
             let flushing = &mut *flushing;
             let finished = &mut flushing.finished;
-            flushing
+            let polled = flushing
                 .queue
-                .poll(&mut |page, _| finished.push_write(page))
-                .map_err(LogError::Flush)?;
+                .poll(&mut |page, _| finished.push_write(page));
             let completed = &mut flushing.completed;
             finished.drain(&mut |page, _| {
                 completed.insert(page);
             });
+            match polled {
+                // A page that did not reach the device stops the log for
+                // every session, with the reason: told to one session
+                // alone and forgotten, it held the head for good, and
+                // every session ended stalled 30 s later.
+                Err(failure @ DeviceError::RequestFailed { .. }) => {
+                    self.keep_failure(failure);
+                    self.check_failure()?;
+                }
+                // The queue's own trouble: its completions may still come
+                // at a later poll.
+                Err(failure) => return Err(LogError::Flush(failure)),
+                Ok(_) => {}
+            }
             self.advance_flushed(completed)
         };
         if advanced {

@@ -1284,6 +1284,102 @@ mod tests {
         assert_eq!(session.waiting_since, None);
     }
 
+    /// A memory device whose queues fail the first write they are given,
+    /// by its token, as a far-memory queue reports a failed piece.
+    struct FailsFirstWrite(MemoryDevice);
+
+    struct FailsFirstWriteQueue {
+        inner: Box<dyn DeviceQueue>,
+        doomed: Option<u64>,
+        written: bool,
+    }
+
+    impl Device for FailsFirstWrite {
+        fn name(&self) -> &str {
+            "fails-first-write"
+        }
+        fn capacity_bytes(&self) -> u64 {
+            self.0.capacity_bytes()
+        }
+        fn open_queue(&self) -> Result<Box<dyn DeviceQueue>, DeviceError> {
+            Ok(Box::new(FailsFirstWriteQueue {
+                inner: self.0.open_queue()?,
+                doomed: None,
+                written: false,
+            }))
+        }
+    }
+
+    impl DeviceQueue for FailsFirstWriteQueue {
+        fn read(&mut self, offset: u64, length: usize, token: u64) -> Result<(), DeviceError> {
+            self.inner.read(offset, length, token)
+        }
+        fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
+            if !std::mem::replace(&mut self.written, true) {
+                self.doomed = Some(token);
+                return Ok(());
+            }
+            self.inner.write(offset, data, token)
+        }
+        fn poll(
+            &mut self,
+            done: &mut dyn FnMut(u64, crate::device::Completed<'_>),
+        ) -> Result<usize, DeviceError> {
+            let count = self.inner.poll(done)?;
+            match self.doomed.take() {
+                Some(token) => Err(DeviceError::RequestFailed {
+                    token,
+                    reason: "injected".into(),
+                }),
+                None => Ok(count),
+            }
+        }
+        fn in_flight(&self) -> usize {
+            self.inner.in_flight() + usize::from(self.doomed.is_some())
+        }
+    }
+
+    /// A log page whose write failed by its token was told to whichever
+    /// session polled, then forgotten: the head could never pass it, and
+    /// every session ended stalled 30 s later. The log stops at once now,
+    /// and says why to every session.
+    #[test]
+    fn a_flush_that_failed_by_its_token_stops_the_log_with_the_reason() {
+        let store = Store::new(
+            StoreConfig::smallest(),
+            Arc::new(FailsFirstWrite(MemoryDevice::new(1 << 20))),
+        )
+        .unwrap();
+        let mut session = store.session().unwrap();
+        let started = Instant::now();
+        let failed = (0u64..100_000)
+            .map(|number| session.upsert(&number.to_le_bytes(), &[5; 200]))
+            .find(|result| result.is_err());
+        assert!(
+            matches!(
+                failed,
+                Some(Err(KvError::Log(LogError::Flush(
+                    DeviceError::RequestFailed { .. }
+                ))))
+            ),
+            "{failed:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "it stalled first"
+        );
+        let mut other = store.session().unwrap();
+        assert!(
+            matches!(
+                other.upsert(b"later", b"write"),
+                Err(KvError::Log(LogError::Flush(
+                    DeviceError::RequestFailed { .. }
+                )))
+            ),
+            "another session hears the reason too"
+        );
+    }
+
     /// A compaction that truncated between a first checkpoint's read of
     /// the begin and its keep gave the pages between the two begins back
     /// to the tail, and the checkpoint named them. The begin is read
