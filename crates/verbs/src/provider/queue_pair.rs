@@ -51,17 +51,29 @@ pub(super) struct QpObject {
 
 /// A lock held across calls: `wr_start` takes it and returns with it
 /// held, `wr_complete` or `wr_abort` gives it back. A guard cannot live
-/// across C calls, so this is the holding thread under a mutex, with a
-/// condition variable for the threads waiting to start.
+/// across C calls, so this is the holding thread (and how many wait)
+/// under a mutex, with a condition variable for the waiting threads.
+///
+/// A section belongs to the thread that started it: one started on one
+/// thread and completed on another (or left by a thread that exits)
+/// keeps the lock for good, as ibv_wr_post(3)'s per-thread sections
+/// leave it undefined.
 #[derive(Default)]
 pub(super) struct BuilderLock {
-    holder: std::sync::Mutex<Option<std::thread::ThreadId>>,
+    state: std::sync::Mutex<BuilderState>,
     released: std::sync::Condvar,
 }
 
+#[derive(Default)]
+struct BuilderState {
+    holder: Option<std::thread::ThreadId>,
+    /// Threads inside `acquire`: the lock must outlive them.
+    waiting: usize,
+}
+
 impl BuilderLock {
-    fn holder(&self) -> std::sync::MutexGuard<'_, Option<std::thread::ThreadId>> {
-        self.holder
+    fn state(&self) -> std::sync::MutexGuard<'_, BuilderState> {
+        self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -72,34 +84,40 @@ impl BuilderLock {
     /// rather than wait for itself for ever.
     fn acquire(&self) {
         let me = std::thread::current().id();
-        let mut holder = self
+        let mut state = self.state();
+        state.waiting += 1;
+        let mut state = self
             .released
-            .wait_while(self.holder(), |holder| {
-                holder.is_some_and(|thread| thread != me)
+            .wait_while(state, |state| {
+                state.holder.is_some_and(|thread| thread != me)
             })
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        *holder = Some(me);
+        state.waiting -= 1;
+        state.holder = Some(me);
     }
 
-    /// Whether another thread is inside its section: this one may not
-    /// end it (its `wr_complete` would post the other's half-built batch).
-    fn held_by_another(&self) -> bool {
-        let me = std::thread::current().id();
-        self.holder().is_some_and(|thread| thread != me)
+    /// Whether the calling thread holds the lock. Only the holder
+    /// releases it, so the answer stays true until this thread releases.
+    /// A thread that holds none may not end a section: its `wr_complete`
+    /// would post another thread's half-built batch, or race with one
+    /// starting.
+    fn is_held_here(&self) -> bool {
+        self.state().holder == Some(std::thread::current().id())
     }
 
-    fn is_held(&self) -> bool {
-        self.holder().is_some()
-    }
-
-    /// Lets the next builder in. A release by a thread that does not hold
-    /// it (a `wr_complete` with no `wr_start`) changes nothing.
+    /// Ends the calling thread's section (it holds the lock).
     fn release(&self) {
-        let mut holder = self.holder();
-        if *holder == Some(std::thread::current().id()) {
-            *holder = None;
-            self.released.notify_one();
-        }
+        let mut state = self.state();
+        debug_assert_eq!(state.holder, Some(std::thread::current().id()));
+        state.holder = None;
+        self.released.notify_one();
+    }
+
+    /// Whether a thread holds or waits for the lock: then the queue pair
+    /// (and the lock) may not be freed.
+    fn is_in_use(&self) -> bool {
+        let state = self.state();
+        state.holder.is_some() || state.waiting > 0
     }
 }
 
@@ -282,9 +300,9 @@ pub(super) unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     }
     // SAFETY: a live QP.
     let qp_object = unsafe { object::<QpObject, _>(qp) };
-    if qp_object.builder_lock.is_held() {
-        // A thread is between ibv_wr_start and ibv_wr_complete, and others
-        // may wait on the lock that would be freed.
+    if qp_object.builder_lock.is_in_use() {
+        // A thread is between ibv_wr_start and ibv_wr_complete, or waits
+        // to be, on the lock that would be freed.
         return libc::EBUSY;
     }
     // SAFETY: its context is live.
@@ -669,13 +687,13 @@ mod builder {
 
     pub(super) unsafe extern "C" fn complete(qp: *mut ibv_qp_ex) -> c_int {
         // SAFETY: the verbs contract.
-        if unsafe { &*qp.cast::<QpObject>() }
+        if !unsafe { &*qp.cast::<QpObject>() }
             .builder_lock
-            .held_by_another()
+            .is_held_here()
         {
             return libc::EINVAL;
         }
-        // SAFETY: the verbs contract; no other thread is building.
+        // SAFETY: the verbs contract; this thread holds the builder.
         let qp = unsafe { qp_object(qp) };
         let pending = std::mem::take(&mut qp.pending);
         let posted = match qp.pending_error.take() {
@@ -691,13 +709,13 @@ mod builder {
 
     pub(super) unsafe extern "C" fn abort(qp: *mut ibv_qp_ex) {
         // SAFETY: the verbs contract.
-        if unsafe { &*qp.cast::<QpObject>() }
+        if !unsafe { &*qp.cast::<QpObject>() }
             .builder_lock
-            .held_by_another()
+            .is_held_here()
         {
             return;
         }
-        // SAFETY: the verbs contract; no other thread is building.
+        // SAFETY: the verbs contract; this thread holds the builder.
         let qp = unsafe { qp_object(qp) };
         qp.pending.clear();
         qp.pending_error = None;
