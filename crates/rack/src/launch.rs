@@ -829,8 +829,9 @@ fn supervise(
 }
 
 /// Waits, up to [`READY_WAIT`], until every node still running has said
-/// it serves, or an interrupt or the switch's end cuts the wait short. A
-/// node that exits meanwhile is the run's failure, as in `supervise`.
+/// it serves, or an interrupt cuts the wait short. A node that exits
+/// meanwhile, or the switch's end, is the run's failure, as in
+/// `supervise`.
 fn await_ready(
     rack: &RackConfig,
     (children, exits): (&mut [Child], &mut [Option<std::process::ExitStatus>]),
@@ -839,21 +840,31 @@ fn await_ready(
     switch: &FabricThread,
 ) -> Option<String> {
     let deadline = Instant::now() + READY_WAIT;
-    for (index, child) in children.iter_mut().enumerate() {
-        let node = &rack.nodes[index];
-        let marker = ready_marker(run_directory, &node.name);
-        while exits[index].is_none() && !marker.exists() {
-            if stop.load(Ordering::Relaxed) || switch.is_finished() || Instant::now() > deadline {
-                return None;
+    let markers: Vec<PathBuf> = rack
+        .nodes
+        .iter()
+        .map(|node| ready_marker(run_directory, &node.name))
+        .collect();
+    loop {
+        for (index, child) in children.iter_mut().enumerate() {
+            if exits[index].is_none() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    exits[index] = Some(status);
+                    let name = &rack.nodes[index].name;
+                    return Some(format!("node {name} exited early ({status})"));
+                }
             }
-            if let Ok(Some(status)) = child.try_wait() {
-                exits[index] = Some(status);
-                return Some(format!("node {} exited early ({status})", node.name));
-            }
-            std::thread::sleep(Duration::from_millis(10));
         }
+        if switch.is_finished() {
+            return Some("the switch stopped".into());
+        }
+        let ready =
+            (0..children.len()).all(|index| exits[index].is_some() || markers[index].exists());
+        if ready || stop.load(Ordering::Relaxed) || Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
-    None
 }
 
 /// How a single node process reaches the switch.
@@ -920,8 +931,7 @@ pub fn run_node(
     )?;
     // Serving: a stop from now on ends the node cleanly, with its report.
     // A marker that cannot be written only costs the launcher its wait.
-    let ready = ready_marker(run_directory, name);
-    let _ = std::fs::write(&ready, b"");
+    let _ready = ReadyMarker::write(ready_marker(run_directory, name));
     let mut report = node_report(node, &endpoint);
     if matches!(role, RoleHandle::Compute(_)) {
         join_role(role, &mut report);
@@ -936,9 +946,24 @@ pub fn run_node(
         join_role(role, &mut report);
     }
     report.rnic = node_report(node, &endpoint).rnic;
-    // A user's own run directory (a rack across hosts) keeps no marker.
-    let _ = std::fs::remove_file(ready);
     Ok(report)
+}
+
+/// The ready marker of a node process, removed when the node ends on any
+/// path: a user's own run directory (a rack across hosts) keeps none.
+struct ReadyMarker(PathBuf);
+
+impl ReadyMarker {
+    fn write(path: PathBuf) -> ReadyMarker {
+        let _ = std::fs::write(&path, b"");
+        ReadyMarker(path)
+    }
+}
+
+impl Drop for ReadyMarker {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// Runs only the switch, for a rack across hosts: switch port `i` is a UDP
