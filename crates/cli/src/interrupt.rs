@@ -64,24 +64,39 @@ pub fn exit_at_first_interrupt() {
     handle_interrupts();
 }
 
-/// Keeps `path` on the list an interrupt removes until the guard drops
-/// (when its owner removes it in the ordinary way).
-pub struct ScratchGuard(PathBuf);
+/// A scratch directory that an interrupt removes too: on the list from
+/// creation until it is gone, so that no interrupt finds it off the list
+/// while it still exists.
+pub struct ScratchDirectory {
+    directory: Option<tempfile::TempDir>,
+    path: PathBuf,
+}
 
-pub fn remove_on_interrupt(path: &Path) -> ScratchGuard {
+pub fn remove_on_interrupt(directory: tempfile::TempDir) -> ScratchDirectory {
     handle_interrupts();
-    let path = path.to_owned();
+    let path = directory.path().to_owned();
     SCRATCH
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .push(path.clone());
-    ScratchGuard(path)
+    ScratchDirectory {
+        directory: Some(directory),
+        path,
+    }
 }
 
-impl Drop for ScratchGuard {
+impl ScratchDirectory {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ScratchDirectory {
     fn drop(&mut self) {
+        // Removed first, then off the list.
+        drop(self.directory.take());
         let mut scratch = SCRATCH.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(at) = scratch.iter().position(|path| *path == self.0) {
+        if let Some(at) = scratch.iter().position(|path| *path == self.path) {
             scratch.swap_remove(at);
         }
     }

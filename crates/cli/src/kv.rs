@@ -385,17 +385,26 @@ fn run_ycsb(args: &YcsbArgs) -> Result<ExitCode, KvCliError> {
     }
     let mut config = store_config(args.store.config.as_deref())?;
     config.sessions = config.sessions.max(args.threads + 1);
-    // The file device's directory goes inside a scratch directory that an
+    // A file device's directory goes inside a scratch directory that an
     // interrupt removes, registered before the device makes anything.
-    let scratch = tempfile::Builder::new()
-        .prefix("remora-kv-ycsb-")
-        .tempdir_in(&args.store.file_directory)
-        .map_err(|error| KvCliError::Scratch {
-            path: args.store.file_directory.clone(),
-            error,
-        })?;
-    let _removed_on_interrupt = crate::interrupt::remove_on_interrupt(scratch.path());
-    let (store, opened) = open_store(&args.store, config, scratch.path())?;
+    let scratch = if args.store.device == DeviceKind::File && args.store.rack.is_none() {
+        let directory = tempfile::Builder::new()
+            .prefix("remora-kv-ycsb-")
+            .tempdir_in(&args.store.file_directory)
+            .map_err(|error| KvCliError::Scratch {
+                path: args.store.file_directory.clone(),
+                error,
+            })?;
+        Some(crate::interrupt::remove_on_interrupt(directory))
+    } else {
+        None
+    };
+    let file_directory = scratch
+        .as_ref()
+        .map_or(args.store.file_directory.as_path(), |scratch| {
+            scratch.path()
+        });
+    let (store, opened) = open_store(&args.store, config, file_directory)?;
     let mut spec = WorkloadSpec::preset(&args.workload)?;
     spec.record_count = args.records;
     let run = YcsbRun {

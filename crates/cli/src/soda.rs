@@ -254,8 +254,9 @@ fn run_app(args: RunArgs) -> Result<ExitCode, SodaCliError> {
         footprint_bytes(&graph) as f64 / (1 << 20) as f64,
         started.elapsed().as_secs_f64()
     );
-    let work = tempfile::tempdir().map_err(SodaCliError::WorkDirectory)?;
-    let _scratch = crate::interrupt::remove_on_interrupt(work.path());
+    let work = crate::interrupt::remove_on_interrupt(
+        tempfile::tempdir().map_err(SodaCliError::WorkDirectory)?,
+    );
     let options = RunOptions {
         threads: args.threads,
         fault_threads: args.fault_threads,

@@ -817,7 +817,8 @@ fn interrupt_once_scratch_appears(
             .map(|entry| entry.unwrap().path())
             .collect()
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    // Generous: `soda run` builds its graph first, on a shared machine.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
     while entries().is_empty() {
         assert!(
             std::time::Instant::now() < deadline,

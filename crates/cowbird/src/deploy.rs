@@ -446,16 +446,16 @@ mod tests {
         for (regions, count) in [(Vec::new(), 0), (vec![1; too_many], too_many)] {
             let (mut compute, mut memory) = (nic(1), nic(2));
             let refused = deploy(spec(regions), &mut compute, &mut memory);
+            let next = |nic: &mut SoftRnic| {
+                (
+                    nic.alloc_protection_domain().unwrap(),
+                    nic.create_completion_queue(4).unwrap(),
+                )
+            };
             assert_eq!(
-                (
-                    compute.alloc_protection_domain().unwrap(),
-                    memory.alloc_protection_domain().unwrap()
-                ),
-                (
-                    nic(1).alloc_protection_domain().unwrap(),
-                    nic(2).alloc_protection_domain().unwrap()
-                ),
-                "{count} regions: a protection domain was taken before the refusal"
+                (next(&mut compute), next(&mut memory)),
+                (next(&mut nic(1)), next(&mut nic(2))),
+                "{count} regions: a protection domain or CQ was taken before the refusal"
             );
             assert!(
                 matches!(
