@@ -1039,6 +1039,30 @@ mod tests {
             .all(|replies| replies.contains_key(&16)));
     }
 
+    /// A Counter service's "increment" call with RPC id `rpc_id`.
+    fn increment_call(rpc_id: u64) -> Vec<u8> {
+        let repr =
+            BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
+        encode(&repr, b"")
+    }
+
+    /// A callee that answered `calls` (caller port, RPC id) in order and
+    /// failed, and its replacement, restored from the checkpoint on the
+    /// last reply.
+    fn counter_replacement_after(calls: impl IntoIterator<Item = (u16, u64)>) -> Callee {
+        let mut failed = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
+        let mut last_reply = Vec::new();
+        for (port, rpc_id) in calls {
+            failed.handle(caller_on(port), &increment_call(rpc_id));
+            last_reply = failed.poll_transmit().expect("answered").1;
+        }
+        let header = BifrostHeader::new_checked(&last_reply[..]).unwrap();
+        let (_, kept) = checkpoint::split_reply(header.payload()).expect("a checkpoint");
+        let mut replacement = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
+        replacement.restore(kept).unwrap();
+        replacement
+    }
+
     /// A checkpoint shrunk to one datagram dropped the older replies with
     /// their ids. A replacement started from it took a resend of such a
     /// call (its reply lost with the failed node) for a new call and ran
@@ -1046,23 +1070,9 @@ mod tests {
     /// the resend is told its reply is lost.
     #[test]
     fn a_resend_of_a_call_whose_reply_a_shrunk_checkpoint_left_out_is_not_run_again() {
-        let call = |rpc_id| {
-            let repr =
-                BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
-            encode(&repr, b"")
-        };
-        let mut failed = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
-        let mut last_reply = Vec::new();
-        for rpc_id in 1..=16u64 {
-            for port in [1, 2, 3, 4] {
-                failed.handle(caller_on(port), &call(rpc_id));
-                last_reply = failed.poll_transmit().expect("answered").1;
-            }
-        }
-        let header = BifrostHeader::new_checked(&last_reply[..]).unwrap();
-        let (_, kept) = checkpoint::split_reply(header.payload()).expect("a checkpoint");
-        let mut replacement = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
-        replacement.restore(kept).unwrap();
+        let calls = (1..=16u64).flat_map(|rpc_id| [1, 2, 3, 4].map(|port| (port, rpc_id)));
+        let mut replacement = counter_replacement_after(calls);
+        let call = increment_call;
         let before = replacement.checkpoint().unwrap().state;
         assert_eq!(before, 64u64.to_be_bytes().to_vec());
 
@@ -1105,21 +1115,8 @@ mod tests {
     /// the 16 (but within the 1024) for a new call and ran it again.
     #[test]
     fn a_late_copy_of_a_call_older_than_a_checkpoints_replies_is_not_run_again() {
-        let call = |rpc_id| {
-            let repr =
-                BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
-            encode(&repr, b"")
-        };
-        let mut failed = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
-        let mut last_reply = Vec::new();
-        for rpc_id in 1..=40u64 {
-            failed.handle(caller_on(1), &call(rpc_id));
-            last_reply = failed.poll_transmit().expect("answered").1;
-        }
-        let header = BifrostHeader::new_checked(&last_reply[..]).unwrap();
-        let (_, kept) = checkpoint::split_reply(header.payload()).expect("a checkpoint");
-        let mut replacement = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
-        replacement.restore(kept).unwrap();
+        let mut replacement = counter_replacement_after((1..=40u64).map(|rpc_id| (1, rpc_id)));
+        let call = increment_call;
         let before = replacement.checkpoint().unwrap().state;
         assert_eq!(before, 40u64.to_be_bytes().to_vec());
 
@@ -1149,23 +1146,9 @@ mod tests {
     /// below the answered 2 to 16) never ran, and its resend must run.
     #[test]
     fn a_resent_call_below_the_replies_a_checkpoint_kept_runs_if_it_never_ran() {
-        let call = |rpc_id| {
-            let repr =
-                BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
-            encode(&repr, b"")
-        };
-        let mut failed = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
-        let mut last_reply = Vec::new();
-        for rpc_id in 2..=16u64 {
-            failed.handle(caller_on(1), &call(rpc_id));
-            last_reply = failed.poll_transmit().expect("answered").1;
-        }
-        let header = BifrostHeader::new_checked(&last_reply[..]).unwrap();
-        let (_, kept) = checkpoint::split_reply(header.payload()).expect("a checkpoint");
-        let mut replacement = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
-        replacement.restore(kept).unwrap();
+        let mut replacement = counter_replacement_after((2..=16u64).map(|rpc_id| (1, rpc_id)));
 
-        replacement.handle(caller_on(1), &call(1));
+        replacement.handle(caller_on(1), &increment_call(1));
 
         assert!(
             replacement.poll_transmit().is_some(),
