@@ -849,22 +849,7 @@ fn an_interrupted_rack_up_runs_no_further_section() {
         &[],
     );
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let interrupt = Command::new("kill")
-        .args(["-INT", &launcher.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(interrupt.success());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    let status = loop {
-        if let Some(status) = launcher.try_wait().unwrap() {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            launcher.kill().unwrap();
-            panic!("rack up went on for 15 s after Ctrl-C");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let status = common::interrupt_and_wait(&mut launcher, "rack up");
     std::fs::remove_file(&path).ok();
     assert_eq!(status.code(), Some(130), "{status:?}");
 }

@@ -93,3 +93,24 @@ pub fn scapy_python() -> Option<PathBuf> {
 pub fn scratch(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("remora-test-{}-{name}", std::process::id()))
 }
+
+/// Sends `child` a SIGINT (Ctrl-C) and waits for it to end: its exit
+/// status, or a panic naming `what` if it goes on for 15 s.
+pub fn interrupt_and_wait(child: &mut std::process::Child, what: &str) -> std::process::ExitStatus {
+    let interrupt = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupt.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("{what} went on for 15 s after Ctrl-C");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
