@@ -148,3 +148,57 @@ fn work_in_flight_on_a_stopped_fabric_fails_at_once() {
         drop(queue);
     }
 }
+
+/// A verb that completed in error (here a READ the memory node refuses:
+/// the device was told its region is twice as long as it is) ended the
+/// queue with an error no request owned. Its request fails by its token
+/// now; the queue pair, in the error state, takes no new work, and its
+/// path is not given back for the next session.
+#[test]
+fn a_refused_read_fails_by_token_and_its_broken_path_is_not_reused() {
+    use remora_kv::device::rack_nic::{connect, register_pool, PowerCut};
+    use remora_kv::{Device, DeviceError};
+    use remora_rack::scenario::{Network, RackStage, SimulatedStage};
+    use remora_rack::topology::{Topology, COMPUTE_HOST, MEMORY_HOST};
+    use std::sync::Mutex;
+    const POOL_BYTES: u64 = 1 << 20;
+    let stage = SimulatedStage::on_network(3, &Topology::compute_and_memory(), Network::CLEAN);
+    let timeout = stage.queue_pair_timeout();
+    let forwarding = stage.topology().forwarding();
+    let mut rack = stage.start(forwarding).unwrap();
+    let pool = register_pool(&mut rack, MEMORY_HOST, POOL_BYTES).unwrap();
+    let rack = Arc::new(Mutex::new(rack));
+    let paths = connect(
+        &rack,
+        (COMPUTE_HOST, MEMORY_HOST),
+        pool,
+        1,
+        (timeout, PowerCut::never()),
+    )
+    .unwrap();
+    let mut claimed = pool.region;
+    claimed.length_bytes = 2 * POOL_BYTES;
+    let device = FarMemoryDevice::on_paths("refusing", &claimed, paths);
+    let mut queue = device.open_queue().unwrap();
+    queue.read(POOL_BYTES + 4096, 64, 1).unwrap();
+    let failed = (0..100_000)
+        .find_map(|_| {
+            queue
+                .poll(&mut |token, _| panic!("request {token} completed"))
+                .err()
+        })
+        .expect("the refused READ fails");
+    assert!(
+        matches!(failed, DeviceError::RequestFailed { token: 1, .. }),
+        "{failed:?}"
+    );
+    assert!(
+        matches!(queue.read(0, 64, 2), Err(DeviceError::FarMemory(ref reason)) if reason.contains("queue pair failed")),
+        "new work on a failed queue pair is refused"
+    );
+    drop(queue);
+    assert!(
+        device.open_queue().is_err(),
+        "the broken path was given back"
+    );
+}
