@@ -723,8 +723,10 @@ fn signal(child: &Child, signal: rustix::process::Signal) {
     }
 }
 
-/// Waits for every compute node to finish, then stops the memory nodes.
-/// A node that dies early, or Ctrl-C, stops the rack at once.
+/// Waits for every compute node to finish, then stops the memory nodes
+/// once each has said it serves (up to [`READY_WAIT`]: one stopped while
+/// still starting died of the signal unreported). A node that dies early,
+/// the switch's end, or Ctrl-C stops the rack at once.
 fn supervise(
     rack: &RackConfig,
     mut children: Vec<Child>,
@@ -734,7 +736,9 @@ fn supervise(
 ) -> Result<Vec<NodeReport>, RackError> {
     let mut exits: Vec<Option<std::process::ExitStatus>> = vec![None; children.len()];
     let mut failure: Option<String> = None;
-    // Bounded by the compute workloads' own timeouts, which end them.
+    let mut ready_deadline = None;
+    // Bounded by the compute workloads' own timeouts, which end them, and
+    // then by the ready wait's.
     loop {
         for (index, child) in children.iter_mut().enumerate() {
             if exits[index].is_none() {
@@ -757,22 +761,16 @@ fn supervise(
         if switch.is_finished() {
             failure.get_or_insert_with(|| "the switch stopped".into());
         }
-        if computes_done || failure.is_some() || stop.load(Ordering::Relaxed) {
+        if failure.is_some() || stop.load(Ordering::Relaxed) {
             break;
         }
+        if computes_done {
+            let deadline = *ready_deadline.get_or_insert_with(|| Instant::now() + READY_WAIT);
+            if all_serve(rack, &exits, run_directory) || Instant::now() > deadline {
+                break;
+            }
+        }
         std::thread::sleep(Duration::from_millis(20));
-    }
-    if failure.is_none() && !stop.load(Ordering::Relaxed) {
-        // The compute nodes are done (or there are none): the rest may
-        // still be starting, and a SIGTERM then kills them unreported.
-        let waited = await_ready(
-            rack,
-            (&mut children, &mut exits),
-            run_directory,
-            stop,
-            switch,
-        );
-        failure = failure.or(waited);
     }
     for (index, child) in children.iter().enumerate() {
         if exits[index].is_none() {
@@ -828,43 +826,16 @@ fn supervise(
     Ok(reports)
 }
 
-/// Waits, up to [`READY_WAIT`], until every node still running has said
-/// it serves, or an interrupt cuts the wait short. A node that exits
-/// meanwhile, or the switch's end, is the run's failure, as in
-/// `supervise`.
-fn await_ready(
+/// Whether every node still running has said it serves.
+fn all_serve(
     rack: &RackConfig,
-    (children, exits): (&mut [Child], &mut [Option<std::process::ExitStatus>]),
+    exits: &[Option<std::process::ExitStatus>],
     run_directory: &Path,
-    stop: &AtomicBool,
-    switch: &FabricThread,
-) -> Option<String> {
-    let deadline = Instant::now() + READY_WAIT;
-    let markers: Vec<PathBuf> = rack
-        .nodes
+) -> bool {
+    rack.nodes
         .iter()
-        .map(|node| ready_marker(run_directory, &node.name))
-        .collect();
-    loop {
-        for (index, child) in children.iter_mut().enumerate() {
-            if exits[index].is_none() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    exits[index] = Some(status);
-                    let name = &rack.nodes[index].name;
-                    return Some(format!("node {name} exited early ({status})"));
-                }
-            }
-        }
-        if switch.is_finished() {
-            return Some("the switch stopped".into());
-        }
-        let ready =
-            (0..children.len()).all(|index| exits[index].is_some() || markers[index].exists());
-        if ready || stop.load(Ordering::Relaxed) || Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        .zip(exits)
+        .all(|(node, exit)| exit.is_some() || ready_marker(run_directory, &node.name).exists())
 }
 
 /// How a single node process reaches the switch.
