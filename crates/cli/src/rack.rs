@@ -236,8 +236,16 @@ fn inherited(fd: i32) -> Result<std::os::fd::OwnedFd, RackCommandError> {
 /// says why (it said only "exited without a report").
 pub fn run_node(args: NodeArgs) -> Result<ExitCode, RackCommandError> {
     let rack = RackConfig::load(&args.rack)?;
-    let report = match start_node(&rack, &args) {
-        Ok(report) => report,
+    let (report, exit) = match start_node(&rack, &args) {
+        Ok(report) => {
+            let exit = match report.error {
+                None => ExitCode::SUCCESS,
+                Some(_) => ExitCode::FAILURE,
+            };
+            (report, exit)
+        }
+        // An error, not a failed check: exit 2, as every command's error,
+        // and named after the node below, which main's would not be.
         Err(error) => {
             let report = NodeReport {
                 name: args.name.clone(),
@@ -248,25 +256,16 @@ pub fn run_node(args: NodeArgs) -> Result<ExitCode, RackCommandError> {
                 error: Some(error.to_string()),
                 ..NodeReport::default()
             };
-            if let Some(path) = &args.report {
-                crate::output::write_json(path, &report)?;
-            }
-            // An error, not a failed check: exit 2, as every command's
-            // error, and named after the node, which main's would not be.
-            eprintln!("node {}: {error}", args.name);
-            return Ok(ExitCode::from(2));
+            (report, ExitCode::from(2))
         }
     };
     if let Some(path) = &args.report {
         crate::output::write_json(path, &report)?;
     }
-    match &report.error {
-        None => Ok(ExitCode::SUCCESS),
-        Some(error) => {
-            eprintln!("node {}: {error}", report.name);
-            Ok(ExitCode::FAILURE)
-        }
+    if let Some(error) = &report.error {
+        eprintln!("node {}: {error}", report.name);
     }
+    Ok(exit)
 }
 
 fn start_node(rack: &RackConfig, args: &NodeArgs) -> Result<NodeReport, RackCommandError> {
