@@ -494,28 +494,23 @@ impl VerbsQueue {
 
     /// A free slot, waiting for completions if every one is in flight.
     fn take_slot(&mut self) -> Result<usize, DeviceError> {
-        let started = Instant::now();
-        loop {
-            if let Some(slot) = self.free_slots.pop() {
-                return Ok(slot);
-            }
-            self.collect()?;
-            if started.elapsed() > MAX_WAIT {
-                return Err(far_error("no READ or WRITE completed within 10 s"));
-            }
-        }
+        collect_until(
+            self,
+            VerbsQueue::collect,
+            |queue| !queue.free_slots.is_empty(),
+            "no READ or WRITE completed within 10 s",
+        )?;
+        Ok(self.free_slots.pop().expect("a slot is free"))
     }
 
     /// Collects until every piece of `request` is back, for at most 10 s.
     fn await_request(&mut self, request: RequestNumber) -> Result<(), DeviceError> {
-        let started = Instant::now();
-        while self.pieces.requests.contains_key(&request) {
-            self.collect()?;
-            if started.elapsed() > MAX_WAIT {
-                return Err(far_error("a synchronous READ did not complete within 10 s"));
-            }
-        }
-        Ok(())
+        collect_until(
+            self,
+            VerbsQueue::collect,
+            |queue| !queue.pieces.requests.contains_key(&request),
+            "a synchronous READ did not complete within 10 s",
+        )
     }
 
     /// Takes a slot for a piece and posts it; a post refused gives the
@@ -584,7 +579,8 @@ impl VerbsQueue {
                 .take()
                 .expect("completions name posted slots");
             self.free_slots.push(slot);
-            // A failed verb fails its request alone, by its token; the
+            // A failed verb fails its request by its token, and leaves
+            // the queue pair in the error state: the queue is broken. The
             // slot is free again either way.
             if completion.status != CompletionStatus::Success {
                 let reason = format!("a verb completed with {:?}", completion.status);
@@ -696,13 +692,15 @@ impl Drop for VerbsQueue {
         // then returned another request's bytes, or a panic). A path whose
         // work fails or does not finish in time is not given back, nor one
         // whose queue pair failed (it flushes everything from then on).
-        let started = Instant::now();
-        while self.free_slots.len() < WINDOW {
-            if self.collect().is_err() || started.elapsed() > MAX_WAIT {
-                tracing::warn!("a far-memory path's work did not finish; the path is dropped");
-                return;
-            }
-            std::hint::spin_loop();
+        let finished = collect_until(
+            self,
+            VerbsQueue::collect,
+            |queue| queue.free_slots.len() == WINDOW,
+            "a far-memory path's work did not finish",
+        );
+        if finished.is_err() {
+            tracing::warn!("a far-memory path's work did not finish; the path is dropped");
+            return;
         }
         if let Some(reason) = &self.broken {
             tracing::warn!(%reason, "a far-memory path's queue pair failed; the path is dropped");
@@ -917,6 +915,25 @@ fn report_finished(
         Some(failure) => Err(failure),
         None => Ok(count),
     }
+}
+
+/// Collects on `queue` until `done` holds, for at most [`MAX_WAIT`];
+/// `timed_out` says what did not finish if it does not.
+fn collect_until<Q>(
+    queue: &mut Q,
+    collect: fn(&mut Q) -> Result<(), DeviceError>,
+    done: impl Fn(&Q) -> bool,
+    timed_out: &str,
+) -> Result<(), DeviceError> {
+    let started = Instant::now();
+    while !done(queue) {
+        collect(queue)?;
+        if started.elapsed() > MAX_WAIT {
+            return Err(far_error(timed_out));
+        }
+        std::hint::spin_loop();
+    }
+    Ok(())
 }
 
 /// Issues `count` pieces of `request` with `issue`; if one cannot be
@@ -1138,13 +1155,15 @@ impl Drop for CowbirdQueue {
         // overtaken by the next session's read of the same bytes on
         // another instance. A client whose work fails or does not finish
         // in time is not given back.
-        let started = Instant::now();
-        while !self.requests.is_empty() {
-            if self.collect().is_err() || started.elapsed() > MAX_WAIT {
-                tracing::warn!("a Cowbird instance's work did not finish; the instance is dropped");
-                return;
-            }
-            std::hint::spin_loop();
+        let finished = collect_until(
+            self,
+            CowbirdQueue::collect,
+            |queue| queue.requests.is_empty(),
+            "a Cowbird instance's work did not finish",
+        );
+        if finished.is_err() {
+            tracing::warn!("a Cowbird instance's work did not finish; the instance is dropped");
+            return;
         }
         if let Some(mut client) = self.client.take() {
             let _ = client.poll_destroy(self.group);
