@@ -678,11 +678,20 @@ mod builder {
         }
     }
 
+    /// The queue pair's builder lock, through a shared reference: another
+    /// thread may be building on it until this one holds the lock.
+    ///
+    /// # Safety
+    /// `qp` is a live queue pair of this library.
+    unsafe fn builder_lock<'a>(qp: *mut ibv_qp_ex) -> &'a BuilderLock {
+        // SAFETY: the caller's promise; `QpObject` is repr(C) with its
+        // `ibv_qp_ex` first.
+        &unsafe { &*qp.cast::<QpObject>() }.builder_lock
+    }
+
     pub(super) unsafe extern "C" fn start(qp: *mut ibv_qp_ex) {
-        // The lock is taken through a shared reference: another thread may
-        // be building on this queue pair until it is ours.
         // SAFETY: the verbs contract: a live queue pair of this library.
-        unsafe { &*qp.cast::<QpObject>() }.builder_lock.acquire();
+        unsafe { builder_lock(qp) }.acquire();
         // SAFETY: the verbs contract; the builder is ours until released.
         let qp = unsafe { qp_object(qp) };
         qp.pending.clear();
@@ -691,10 +700,7 @@ mod builder {
 
     pub(super) unsafe extern "C" fn complete(qp: *mut ibv_qp_ex) -> c_int {
         // SAFETY: the verbs contract.
-        if !unsafe { &*qp.cast::<QpObject>() }
-            .builder_lock
-            .is_held_here()
-        {
+        if !unsafe { builder_lock(qp) }.is_held_here() {
             return libc::EINVAL;
         }
         // SAFETY: the verbs contract; this thread holds the builder.
@@ -713,10 +719,7 @@ mod builder {
 
     pub(super) unsafe extern "C" fn abort(qp: *mut ibv_qp_ex) {
         // SAFETY: the verbs contract.
-        if !unsafe { &*qp.cast::<QpObject>() }
-            .builder_lock
-            .is_held_here()
-        {
+        if !unsafe { builder_lock(qp) }.is_held_here() {
             return;
         }
         // SAFETY: the verbs contract; this thread holds the builder.
