@@ -627,13 +627,16 @@ impl Callee {
             .callers
             .iter()
             .map(|(caller, memory)| {
-                let newest = memory
+                let mut newest = memory
                     .replies
                     .iter()
                     .rev()
                     .take(checkpoint::REPLIES_PER_CALLER)
                     .map(|(id, reply)| (*id, reply.clone()))
                     .collect();
+                // Marks restored from an older checkpoint that the
+                // caller's newer calls have left behind guard nothing.
+                checkpoint::leave_out_replies(&mut newest, checkpoint::REPLIES_PER_CALLER);
                 (*caller, newest)
             })
             .collect();
@@ -655,14 +658,16 @@ impl Callee {
 
     /// Encodes `checkpoint`, shrinking it first while it is past one
     /// datagram: fewer reply bodies per caller (halving down to none; every
-    /// answered call's id stays, marked answered without its reply), then
-    /// the callers answered least recently. Dropped whole, as before, it
-    /// left the Gatekeeper's older checkpoint, and a failover rolled the
-    /// state back under every caller (four callers of a counter, sixteen
-    /// calls each, were enough). Replies dropped with their ids made a
-    /// resend of those calls run again after a failover.
-    /// Only a caller dropped whole loses that guard. One that fits is
-    /// encoded once, as nearly all do.
+    /// answered call within [`checkpoint::MARKED_SPAN`] of the caller's
+    /// newest stays, marked answered without its reply, a bit on the
+    /// wire), then the callers answered least recently. Dropped whole, as
+    /// before, it left the Gatekeeper's older checkpoint, and a failover
+    /// rolled the state back under every caller (four callers of a counter,
+    /// sixteen calls each, were enough). Replies dropped with their ids
+    /// made a resend of those calls run again after a failover.
+    /// Only a caller dropped whole loses that guard, which takes about a
+    /// hundred callers with no reply kept (fourteen, when a mark took
+    /// twelve bytes). One that fits is encoded once, as nearly all do.
     fn fit(
         &self,
         checkpoint: &mut checkpoint::Checkpoint,
@@ -679,11 +684,7 @@ impl Callee {
             if keep > 0 {
                 keep /= 2;
                 for replies in checkpoint.replies.values_mut() {
-                    // Bounded by the replies kept per caller.
-                    let older = replies.len().saturating_sub(keep);
-                    for reply in replies.values_mut().take(older) {
-                        *reply = Vec::new();
-                    }
+                    checkpoint::leave_out_replies(replies, keep);
                 }
                 continue;
             }
@@ -1108,6 +1109,43 @@ mod tests {
             caller.take_completion(),
             Some((id, Err(RpcError::ReplyLost(_)))) if id == rpc_id
         ));
+    }
+
+    /// A mark of an answered call took twelve bytes in a checkpoint, so
+    /// one datagram held fourteen callers' marks and dropped the rest
+    /// whole. A replacement started from it ran a resend from a dropped
+    /// caller again (forty callers of a counter were enough). A mark is a
+    /// bit now, and a hundred callers fit.
+    #[test]
+    fn a_resend_from_one_of_a_hundred_callers_is_not_run_again_after_a_failover() {
+        const CALLERS: u16 = 100;
+        let calls = (1..=16u64).flat_map(|rpc_id| (1..=CALLERS).map(move |port| (port, rpc_id)));
+        let mut replacement = counter_replacement_after(calls);
+        let kept = replacement.checkpoint().unwrap();
+        assert_eq!(
+            kept.replies.len(),
+            usize::from(CALLERS),
+            "no caller dropped"
+        );
+        let before = kept.state;
+        assert_eq!(before, (16 * u64::from(CALLERS)).to_be_bytes().to_vec());
+
+        for port in [1, CALLERS / 2, CALLERS] {
+            replacement.handle(caller_on(port), &increment_call(16));
+            let answer = replacement.poll_transmit().expect("answered").1;
+            let header = BifrostHeader::new_checked(&answer[..]).unwrap();
+            assert_ne!(header.flags() & REPLY_LOST_FLAG, 0, "caller {port}");
+        }
+        assert_eq!(
+            replacement.checkpoint().unwrap().state,
+            before,
+            "no call ran again"
+        );
+        // The callers' next calls run.
+        replacement.handle(caller_on(1), &increment_call(17));
+        assert!(replacement.poll_transmit().is_some());
+        let after = replacement.checkpoint().unwrap().state;
+        assert_eq!(after, (16 * u64::from(CALLERS) + 1).to_be_bytes().to_vec());
     }
 
     /// A callee remembers 1024 replies per caller, a checkpoint 16. A

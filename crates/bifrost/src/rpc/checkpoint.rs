@@ -8,14 +8,25 @@
 //!
 //! A reply that carries one sets [`CHECKPOINT_FLAG`] in the Bifröst header;
 //! its payload is then `body length u32 | body | checkpoint`. The
-//! checkpoint is `sequence u64 | state length u32 | state | callers u32`,
-//! then per caller `mac [6] | address [4] | port u16 | replies u32`, then
-//! per reply `RPC id u64 | length u32 | reply`. Big-endian.
+//! checkpoint is `sequence u64 | executed u64 | state length u32 | state`,
+//! then the replies and then the received calls. Big-endian.
 //!
-//! A reply of no bytes ([`is_answered_without_reply`]) marks a call
-//! answered whose reply the checkpoint had no room for: a replacement
+//! - Replies: `callers u32`, then per caller `mac [6] | address [4] |
+//!   port u16 | newest u64 | marked u16 | replies u32`, then per reply
+//!   `RPC id u64 | length u32 | reply`. `newest` is the caller's newest
+//!   answered RPC id; bit i of `marked` says that call `newest - i` was
+//!   answered and its reply left out.
+//! - Received calls: `callers u32`, then per caller `mac [6] | address [4] |
+//!   port u16 | calls u32`, then per call `RPC id u64 | length u32 |
+//!   datagram`.
+//!
+//! In memory, a reply of no bytes ([`is_answered_without_reply`]) marks a
+//! call answered whose reply the checkpoint had no room for: a replacement
 //! does not run it again, and tells a caller that resends it that its
-//! reply is lost. (Every real reply holds at least a Bifröst header.)
+//! reply is lost. (Every real reply holds at least a Bifröst header.) On
+//! the wire a mark costs one bit, so a checkpoint shrunk to marks covers
+//! about a hundred callers in one datagram, where twelve bytes a mark
+//! covered fourteen and the rest were dropped whole, unguarded.
 
 use remora_wire::datagram::DatagramEnd;
 use remora_wire::{Ipv4Address, MacAddress};
@@ -28,6 +39,11 @@ pub const CHECKPOINT_FLAG: u16 = 0x0001;
 pub const REPLIES_PER_CALLER: usize = 16;
 /// The largest checkpoint: it rides in one datagram with its reply.
 pub const MAX_CHECKPOINT_BYTES: usize = 3072;
+/// Marks reach this many RPC ids below a caller's newest: a caller
+/// restored from a checkpoint takes a call older than that for a stale
+/// copy and never runs it (the callee's stale span), so a mark there would
+/// guard nothing.
+pub const MARKED_SPAN: u64 = REPLIES_PER_CALLER as u64;
 
 /// Why a checkpoint could not be read or made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,6 +56,12 @@ pub enum CheckpointError {
     TrailingBytes(usize),
     #[error("the service refused its state: {0}")]
     Service(String),
+    #[error("the replies at byte {at} are not in their one encoding: {why}")]
+    NotCanonical { at: usize, why: &'static str },
+    #[error("call {rpc_id} is marked answered {below} ids below its caller's newest, past the {MARKED_SPAN} a checkpoint marks")]
+    MarkOutsideSpan { rpc_id: u64, below: u64 },
+    #[error("a caller with no reply and no mark has nothing to encode")]
+    CallerWithoutReplies,
 }
 
 /// What a checkpoint holds.
@@ -62,13 +84,127 @@ pub fn is_answered_without_reply(reply: &[u8]) -> bool {
     reply.is_empty()
 }
 
+/// Leaves out the bodies of all but the newest `keep` replies of one
+/// caller, marking those calls answered, and forgets marks past
+/// [`MARKED_SPAN`] below the newest: what a shrunk checkpoint keeps.
+pub fn leave_out_replies(replies: &mut BTreeMap<u64, Vec<u8>>, keep: usize) {
+    let Some(&newest) = replies.keys().next_back() else {
+        return;
+    };
+    let older = replies.len().saturating_sub(keep);
+    for reply in replies.values_mut().take(older) {
+        *reply = Vec::new();
+    }
+    replies.retain(|&rpc_id, reply| {
+        !is_answered_without_reply(reply) || newest - rpc_id < MARKED_SPAN
+    });
+}
+
+fn encode_caller(bytes: &mut Vec<u8>, caller: &DatagramEnd) {
+    bytes.extend_from_slice(&caller.mac.0);
+    bytes.extend_from_slice(&caller.address.0);
+    bytes.extend_from_slice(&caller.port.to_be_bytes());
+}
+
+fn decode_caller(reader: &mut Reader<'_>) -> Result<DatagramEnd, CheckpointError> {
+    let mac = MacAddress(reader.take(6)?.try_into().expect("six bytes"));
+    let address = Ipv4Address(reader.take(4)?.try_into().expect("four bytes"));
+    let port = u16::from_be_bytes(reader.take(2)?.try_into().expect("two bytes"));
+    Ok(DatagramEnd { mac, address, port })
+}
+
+/// Appends the replies each caller is remembered by: the marks as bits
+/// beside the newest id, the replies kept whole.
+fn encode_replies(
+    bytes: &mut Vec<u8>,
+    replies: &BTreeMap<DatagramEnd, BTreeMap<u64, Vec<u8>>>,
+) -> Result<(), CheckpointError> {
+    bytes.extend_from_slice(&(replies.len() as u32).to_be_bytes());
+    for (caller, kept) in replies {
+        let Some(&newest) = kept.keys().next_back() else {
+            return Err(CheckpointError::CallerWithoutReplies);
+        };
+        let mut marked = 0u16;
+        for (&rpc_id, reply) in kept {
+            let below = newest - rpc_id;
+            if !is_answered_without_reply(reply) {
+                continue;
+            }
+            if below >= MARKED_SPAN {
+                return Err(CheckpointError::MarkOutsideSpan { rpc_id, below });
+            }
+            marked |= 1 << below;
+        }
+        let whole = kept
+            .iter()
+            .filter(|(_, reply)| !is_answered_without_reply(reply));
+        encode_caller(bytes, caller);
+        bytes.extend_from_slice(&newest.to_be_bytes());
+        bytes.extend_from_slice(&marked.to_be_bytes());
+        bytes.extend_from_slice(&(whole.clone().count() as u32).to_be_bytes());
+        for (rpc_id, reply) in whole {
+            bytes.extend_from_slice(&rpc_id.to_be_bytes());
+            bytes.extend_from_slice(&(reply.len() as u32).to_be_bytes());
+            bytes.extend_from_slice(reply);
+        }
+    }
+    Ok(())
+}
+
+/// Reads what [`encode_replies`] wrote, refusing any other encoding of the
+/// same replies: a mark below id 0, a reply of no bytes (a mark's place),
+/// ids out of order or past the newest, and a newest with neither a reply
+/// nor a mark.
+fn decode_replies(
+    reader: &mut Reader<'_>,
+) -> Result<BTreeMap<DatagramEnd, BTreeMap<u64, Vec<u8>>>, CheckpointError> {
+    let callers = reader.u32()?;
+    let mut replies = BTreeMap::new();
+    for _ in 0..callers {
+        let at = reader.at;
+        let not_canonical = |why| CheckpointError::NotCanonical { at, why };
+        let caller = decode_caller(reader)?;
+        let newest = reader.u64()?;
+        let marked = u16::from_be_bytes(reader.take(2)?.try_into().expect("two bytes"));
+        let mut kept = BTreeMap::new();
+        for below in (0..MARKED_SPAN).filter(|below| marked & (1 << below) != 0) {
+            let rpc_id = newest
+                .checked_sub(below)
+                .ok_or(not_canonical("a mark below RPC id 0"))?;
+            kept.insert(rpc_id, Vec::new());
+        }
+        let count = reader.u32()?;
+        let mut previous = None;
+        for _ in 0..count {
+            let rpc_id = reader.u64()?;
+            let length = reader.u32()? as usize;
+            let reply = reader.take(length)?.to_vec();
+            if reply.is_empty() {
+                return Err(not_canonical("a reply of no bytes"));
+            }
+            if rpc_id > newest || previous.is_some_and(|previous| previous >= rpc_id) {
+                return Err(not_canonical("reply ids out of order or past the newest"));
+            }
+            if kept.insert(rpc_id, reply).is_some() {
+                return Err(not_canonical("a call both marked and kept"));
+            }
+            previous = Some(rpc_id);
+        }
+        if !kept.contains_key(&newest) {
+            return Err(not_canonical("the newest id has no reply and no mark"));
+        }
+        if replies.insert(caller, kept).is_some() {
+            return Err(not_canonical("a caller twice"));
+        }
+    }
+    Ok(replies)
+}
+
 /// Appends `calls` (by caller, by RPC id) to `bytes`.
 fn encode_calls(bytes: &mut Vec<u8>, calls: &BTreeMap<DatagramEnd, BTreeMap<u64, Vec<u8>>>) {
     bytes.extend_from_slice(&(calls.len() as u32).to_be_bytes());
     for (caller, kept) in calls {
-        bytes.extend_from_slice(&caller.mac.0);
-        bytes.extend_from_slice(&caller.address.0);
-        bytes.extend_from_slice(&caller.port.to_be_bytes());
+        encode_caller(bytes, caller);
         bytes.extend_from_slice(&(kept.len() as u32).to_be_bytes());
         for (rpc_id, payload) in kept {
             bytes.extend_from_slice(&rpc_id.to_be_bytes());
@@ -85,9 +221,7 @@ fn decode_calls(
     let callers = reader.u32()?;
     let mut calls = BTreeMap::new();
     for _ in 0..callers {
-        let mac = MacAddress(reader.take(6)?.try_into().expect("six bytes"));
-        let address = Ipv4Address(reader.take(4)?.try_into().expect("four bytes"));
-        let port = u16::from_be_bytes(reader.take(2)?.try_into().expect("two bytes"));
+        let caller = decode_caller(reader)?;
         let count = reader.u32()?;
         let mut kept = BTreeMap::new();
         for _ in 0..count {
@@ -95,7 +229,7 @@ fn decode_calls(
             let length = reader.u32()? as usize;
             kept.insert(rpc_id, reader.take(length)?.to_vec());
         }
-        calls.insert(DatagramEnd { mac, address, port }, kept);
+        calls.insert(caller, kept);
     }
     Ok(calls)
 }
@@ -107,7 +241,7 @@ impl Checkpoint {
         bytes.extend_from_slice(&self.executed.to_be_bytes());
         bytes.extend_from_slice(&(self.state.len() as u32).to_be_bytes());
         bytes.extend_from_slice(&self.state);
-        encode_calls(&mut bytes, &self.replies);
+        encode_replies(&mut bytes, &self.replies)?;
         encode_calls(&mut bytes, &self.received);
         if bytes.len() > MAX_CHECKPOINT_BYTES {
             return Err(CheckpointError::TooLarge(bytes.len()));
@@ -121,7 +255,7 @@ impl Checkpoint {
         let executed = reader.u64()?;
         let state_length = reader.u32()? as usize;
         let state = reader.take(state_length)?.to_vec();
-        let replies = decode_calls(&mut reader)?;
+        let replies = decode_replies(&mut reader)?;
         let received = decode_calls(&mut reader)?;
         reader.finish()?;
         Ok(Checkpoint {
@@ -338,6 +472,95 @@ mod tests {
         let payload = join_reply(b"body", &bytes);
         assert_eq!(split_reply(&payload), Some((&b"body"[..], &bytes[..])));
         assert_eq!(split_reply(&[0, 0, 0, 9, 1]), None);
+    }
+
+    fn one_caller_replies(replies: BTreeMap<u64, Vec<u8>>) -> Checkpoint {
+        let caller = DatagramEnd {
+            mac: MacAddress([2, 0, 0, 0, 0, 1]),
+            address: Ipv4Address::new(10, 0, 0, 1),
+            port: 40000,
+        };
+        Checkpoint {
+            replies: BTreeMap::from([(caller, replies)]),
+            ..Checkpoint::default()
+        }
+    }
+
+    /// A mark costs a bit: sixteen marked calls and one whole reply take
+    /// the caller's fixed 26 bytes and the reply's.
+    #[test]
+    fn marks_are_bits_beside_the_newest_id_and_only_within_the_span() {
+        let mut replies: BTreeMap<u64, Vec<u8>> = (1..=40u64).map(|id| (id, vec![7; 3])).collect();
+        leave_out_replies(&mut replies, 1);
+        assert_eq!(
+            replies.len(),
+            MARKED_SPAN as usize,
+            "marks past the span forgotten"
+        );
+        assert_eq!(replies.keys().next(), Some(&25));
+        assert_eq!(replies[&40], vec![7; 3], "the newest reply kept whole");
+        let checkpoint = one_caller_replies(replies);
+        let bytes = checkpoint.encode().unwrap();
+        let fixed = 8 + 8 + 4 + 4 + 4;
+        assert_eq!(bytes.len(), fixed + 26 + 12 + 3);
+        assert_eq!(Checkpoint::decode(&bytes), Ok(checkpoint));
+
+        let outside = one_caller_replies(BTreeMap::from([(3, Vec::new()), (40, vec![1])]));
+        assert_eq!(
+            outside.encode(),
+            Err(CheckpointError::MarkOutsideSpan {
+                rpc_id: 3,
+                below: 37
+            })
+        );
+        let empty = one_caller_replies(BTreeMap::new());
+        assert_eq!(empty.encode(), Err(CheckpointError::CallerWithoutReplies));
+    }
+
+    /// Each set of replies has one encoding; the others are refused by
+    /// name, not read as something else.
+    #[test]
+    fn replies_in_any_other_encoding_are_refused() {
+        let good = one_caller_replies(BTreeMap::from([(4, Vec::new()), (5, vec![9])]));
+        let bytes = good.encode().unwrap();
+        // sequence, executed, state length, callers, then the caller.
+        let caller_at = 8 + 8 + 4 + 4;
+        let newest_at = caller_at + 12;
+        let marked_at = newest_at + 8;
+        let reply_at = marked_at + 2 + 4;
+        let edit = |at: usize, with: &[u8]| {
+            let mut edited = bytes.clone();
+            edited[at..at + with.len()].copy_from_slice(with);
+            Checkpoint::decode(&edited)
+        };
+        let refused = |result: Result<Checkpoint, CheckpointError>, expected: &str| match result {
+            Err(CheckpointError::NotCanonical { at, why }) => {
+                assert_eq!(at, caller_at);
+                assert_eq!(why, expected);
+            }
+            other => panic!("{other:?}, expected {expected}"),
+        };
+        refused(
+            edit(newest_at, &0u64.to_be_bytes()),
+            "a mark below RPC id 0",
+        );
+        refused(
+            edit(marked_at, &3u16.to_be_bytes()),
+            "a call both marked and kept",
+        );
+        refused(
+            edit(reply_at, &6u64.to_be_bytes()),
+            "reply ids out of order or past the newest",
+        );
+        refused(
+            edit(newest_at, &7u64.to_be_bytes()),
+            "the newest id has no reply and no mark",
+        );
+        let mut empty_reply = bytes.clone();
+        empty_reply[reply_at + 8..reply_at + 12].copy_from_slice(&0u32.to_be_bytes());
+        empty_reply.remove(reply_at + 12);
+        refused(Checkpoint::decode(&empty_reply), "a reply of no bytes");
+        assert_eq!(Checkpoint::decode(&bytes), Ok(good));
     }
 
     #[test]
