@@ -57,6 +57,13 @@ pub enum RpcError {
     /// from had no room for the reply. It is not run again.
     #[error("the call ran once, but its reply was lost with the callee: {0}")]
     ReplyLost(String),
+    /// The callee failed, and its replacement cannot tell whether this
+    /// call ran before the failure: its checkpoint covers each caller's
+    /// newest [`checkpoint::MARKED_SPAN`] RPC ids, and this call is older.
+    /// It is not run now. Only a caller that keeps calls out over more ids
+    /// than that meets it ([`Caller::within_span`]; the agents never do).
+    #[error("the callee failed and its replacement cannot tell whether the call ran: {0}")]
+    OutcomeUnknown(String),
     #[error("the callee knows no method {0:?}")]
     UnknownMethod(String),
     #[error("the calling host crashed with the call in flight")]
@@ -116,6 +123,9 @@ pub const CALLEE_FAILED_FLAG: u16 = 0x0004;
 /// The header flag of a replacement's answer to a call that ran before the
 /// failure and whose reply its checkpoint had no room for (an EXCEPTION).
 pub const REPLY_LOST_FLAG: u16 = 0x0008;
+/// The header flag of a replacement's answer to a call older than its
+/// checkpoint covers, which may or may not have run (an EXCEPTION).
+pub const OUTCOME_UNKNOWN_FLAG: u16 = 0x0010;
 
 /// What a method does; the error becomes an EXCEPTION reply.
 pub trait Service: Send {
@@ -408,6 +418,9 @@ impl Caller {
             CallType::Exception if header.flags() & REPLY_LOST_FLAG != 0 => {
                 Err(RpcError::ReplyLost(String::from_utf8_lossy(body).into()))
             }
+            CallType::Exception if header.flags() & OUTCOME_UNKNOWN_FLAG != 0 => Err(
+                RpcError::OutcomeUnknown(String::from_utf8_lossy(body).into()),
+            ),
             CallType::Exception => Err(RpcError::Exception(String::from_utf8_lossy(body).into())),
             CallType::Call | CallType::Oneway => {
                 self.counters.malformed += 1;
@@ -473,6 +486,10 @@ pub struct CalleeCounters {
     /// checkpoint had no room for: answered with [`RpcError::ReplyLost`],
     /// not run again.
     pub replies_lost: u64,
+    /// Calls of a caller restored from a checkpoint that are older than
+    /// the checkpoint covered: answered with [`RpcError::OutcomeUnknown`],
+    /// not run.
+    pub outcomes_unknown: u64,
     pub stale: u64,
     pub malformed: u64,
     /// Callers forgotten to make room for new ones ([`MAX_CALLERS`]).
@@ -486,32 +503,22 @@ fn recency(caller: &DatagramEnd, memory: &CallerMemory) -> (u64, [u8; 4], u16) {
 }
 
 /// What a callee remembers of one caller.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct CallerMemory {
     /// Replies by RPC id, the newest [`REPLIES_KEPT_PER_CALLER`].
     replies: BTreeMap<u64, Vec<u8>>,
-    /// A call this many RPC ids older than the newest answered one is a
-    /// stale copy: [`REPLIES_KEPT_PER_CALLER`], or, for a caller restored
-    /// from a checkpoint, the [`checkpoint::REPLIES_PER_CALLER`] replies
-    /// it kept (a replacement ran a late copy of an older call again,
-    /// since only the bound of 1024 named it stale). A caller keeps its
-    /// unanswered calls within that span of its newest, so no call that
-    /// never ran is older; the oldest reply kept is no such bound (a lost
-    /// call can sit below answered ones).
-    stale_span: u64,
+    /// Every answered call from this RPC id on is remembered (within
+    /// [`REPLIES_KEPT_PER_CALLER`] of the newest): 0, or, for a caller
+    /// restored from a checkpoint, the oldest id the checkpoint covered
+    /// ([`checkpoint::MARKED_SPAN`] below its newest). An older call may
+    /// have run before the failure or not; run, a late copy of it ran
+    /// again, and dropped, a call that never ran went unanswered for ever.
+    /// (The oldest reply kept is no such bound: a lost call can sit below
+    /// answered ones.)
+    known_from: u64,
     /// The callee's executed count when it last answered this caller: the
     /// least recent is forgotten first.
     last_answered: u64,
-}
-
-impl Default for CallerMemory {
-    fn default() -> CallerMemory {
-        CallerMemory {
-            replies: BTreeMap::new(),
-            last_answered: 0,
-            stale_span: REPLIES_KEPT_PER_CALLER,
-        }
-    }
 }
 
 /// The called side.
@@ -711,10 +718,11 @@ impl Callee {
             .replies
             .into_iter()
             .map(|(caller, replies)| {
+                let newest = replies.keys().next_back().copied().unwrap_or(0);
                 let memory = CallerMemory {
                     replies,
                     last_answered: 0,
-                    stale_span: checkpoint::REPLIES_PER_CALLER as u64,
+                    known_from: newest.saturating_sub(checkpoint::MARKED_SPAN - 1),
                 };
                 (caller, memory)
             })
@@ -770,7 +778,9 @@ impl Callee {
             if checkpoint::is_answered_without_reply(reply) {
                 self.counters.replies_lost += 1;
                 if !oneway {
-                    self.send_reply_lost(from, &header);
+                    let message =
+                        "ran before its callee failed; its reply did not fit the checkpoint";
+                    self.send_refusal(from, &header, REPLY_LOST_FLAG, message);
                 }
             } else if !oneway {
                 let reply = reply.clone();
@@ -781,10 +791,17 @@ impl Callee {
         let newest = memory
             .and_then(|memory| memory.replies.last_key_value())
             .map_or(0, |(&id, _)| id);
-        let stale_span = memory.map_or(REPLIES_KEPT_PER_CALLER, |memory| memory.stale_span);
-        if rpc_id.saturating_add(stale_span) <= newest {
-            // Older than anything remembered: long answered.
+        if rpc_id.saturating_add(REPLIES_KEPT_PER_CALLER) <= newest {
+            // Older than any call a caller keeps out: long answered.
             self.counters.stale += 1;
+            return;
+        }
+        if memory.is_some_and(|memory| rpc_id < memory.known_from) {
+            self.counters.outcomes_unknown += 1;
+            if !oneway {
+                let message = "is older than the checkpoint its callee's replacement started from";
+                self.send_refusal(from, &header, OUTCOME_UNKNOWN_FLAG, message);
+            }
             return;
         }
         let ticket = CallTicket {
@@ -878,16 +895,21 @@ impl Callee {
 
     /// Answers a resent call that ran before a failover and whose reply
     /// the checkpoint this callee started from had no room for.
-    fn send_reply_lost<T: AsRef<[u8]>>(&mut self, to: DatagramEnd, call: &BifrostHeader<T>) {
+    /// Answers `call` with an EXCEPTION flagged `flag` that says "call N
+    /// `what`", without running it.
+    fn send_refusal<T: AsRef<[u8]>>(
+        &mut self,
+        to: DatagramEnd,
+        call: &BifrostHeader<T>,
+        flag: u16,
+        what: &str,
+    ) {
         let repr = BifrostRepr {
             call_type: CallType::Exception,
-            flags: (call.flags() & !checkpoint::CHECKPOINT_FLAG) | REPLY_LOST_FLAG,
+            flags: (call.flags() & !checkpoint::CHECKPOINT_FLAG) | flag,
             ..BifrostRepr::parse(call)
         };
-        let message = format!(
-            "call {} ran before its callee failed; its reply did not fit the checkpoint",
-            call.rpc_id()
-        );
+        let message = format!("call {} {what}", call.rpc_id());
         self.send_reply(to, encode(&repr, message.as_bytes()));
     }
 
@@ -1160,16 +1182,13 @@ mod tests {
 
         replacement.handle(caller_on(1), &call(10));
 
-        assert!(
-            replacement.poll_transmit().is_none(),
-            "a stale copy gets no answer"
-        );
+        assert_refused_with(&mut replacement, OUTCOME_UNKNOWN_FLAG);
         assert_eq!(
             replacement.checkpoint().unwrap().state,
             before,
             "it did not run again"
         );
-        assert_eq!(replacement.counters().stale, 1);
+        assert_eq!(replacement.counters().outcomes_unknown, 1);
         // The next new call still runs.
         replacement.handle(caller_on(1), &call(41));
         assert!(replacement.poll_transmit().is_some());
@@ -1177,6 +1196,89 @@ mod tests {
             replacement.checkpoint().unwrap().state,
             41u64.to_be_bytes().to_vec()
         );
+    }
+
+    /// The next datagram `callee` sends is an EXCEPTION flagged `flag`.
+    fn assert_refused_with(callee: &mut Callee, flag: u16) {
+        let answer = callee.poll_transmit().expect("answered").1;
+        let header = BifrostHeader::new_checked(&answer[..]).unwrap();
+        assert_eq!(header.call_type(), CallType::Exception);
+        assert_ne!(header.flags() & flag, 0, "flags {:#x}", header.flags());
+    }
+
+    /// A caller may keep up to 1024 calls out, and a checkpoint covers its
+    /// newest 16 ids. A resend of an older call, which may or may not have
+    /// run, went unanswered for ever after a failover (a raw `Caller` with
+    /// forty calls out waited them all out). It is told now that its
+    /// outcome is unknown; it is not run. Calls answered after the
+    /// failover are known again, and a new one below them runs.
+    #[test]
+    fn a_call_older_than_a_checkpoint_covers_is_answered_outcome_unknown() {
+        let answered = (20..=40u64).filter(|rpc_id| rpc_id % 2 == 0);
+        let mut replacement = counter_replacement_after(answered.map(|rpc_id| (1, rpc_id)));
+        let before = replacement.checkpoint().unwrap().state;
+        assert_eq!(before, 11u64.to_be_bytes().to_vec());
+
+        replacement.handle(caller_on(1), &increment_call(3));
+        assert_refused_with(&mut replacement, OUTCOME_UNKNOWN_FLAG);
+        // 23 never ran, but the replacement cannot know: the caller hears
+        // so. (24 ran, and its reply is kept.)
+        let caller = Caller::new(Duration::from_millis(1), 3);
+        let outcome = answer_to_a_fresh_call(caller, &mut replacement, 23);
+        assert!(
+            matches!(outcome, Some(Err(RpcError::OutcomeUnknown(_)))),
+            "{outcome:?}"
+        );
+        let caller = Caller::new(Duration::from_millis(1), 3);
+        let outcome = answer_to_a_fresh_call(caller, &mut replacement, 24);
+        assert_eq!(
+            outcome,
+            Some(Ok(3u64.to_be_bytes().to_vec())),
+            "answered from memory"
+        );
+        assert_eq!(
+            replacement.checkpoint().unwrap().state,
+            before,
+            "nothing ran"
+        );
+
+        // 25, never answered, is within the 16 ids the checkpoint covers.
+        replacement.handle(caller_on(1), &increment_call(25));
+        assert!(replacement.poll_transmit().is_some());
+        assert_eq!(
+            replacement.checkpoint().unwrap().state,
+            12u64.to_be_bytes().to_vec(),
+            "the call the checkpoint knows never ran, ran"
+        );
+        assert_eq!(replacement.counters().outcomes_unknown, 2);
+    }
+
+    /// Sends `rpc_id` as a fresh call from `caller` (port 1) to `callee`,
+    /// and hands the callee's answer back to the caller: the outcome the
+    /// caller then takes.
+    fn answer_to_a_fresh_call(
+        mut caller: Caller,
+        callee: &mut Callee,
+        rpc_id: u64,
+    ) -> Option<Result<Vec<u8>, RpcError>> {
+        caller
+            .call_as(
+                Timestamp::ZERO,
+                rpc_id,
+                caller_on(0),
+                "increment",
+                GlobalAddress::NULL,
+                b"",
+            )
+            .unwrap();
+        let (_, call) = caller.poll_transmit().expect("sent");
+        callee.handle(caller_on(1), &call);
+        let (_, answer) = callee.poll_transmit().expect("answered");
+        caller.handle(&answer);
+        caller.take_completion().map(|(id, outcome)| {
+            assert_eq!(id, rpc_id);
+            outcome
+        })
     }
 
     /// The replacement's bound on stale copies is the caller's span, not
