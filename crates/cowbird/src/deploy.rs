@@ -440,9 +440,41 @@ mod tests {
     /// A spec with no pool region deployed, and the rack then indexed
     /// region 0 (a panic); one with more regions than a request id names
     /// allocated every region first and then hit the client's assertion.
+    /// Cowbird-P4's deployment, on a switch of its own.
+    fn deploy_on_p4(
+        spec: CowbirdSpec,
+        compute: &mut SoftRnic,
+        memory: &mut SoftRnic,
+    ) -> Result<P4Deployment, DeployError> {
+        use crate::simulated::{forwarding, p4_config};
+        let mut switch = crate::p4::P4Engine::with_forwarding(p4_config(), forwarding());
+        let ports = SwitchPorts {
+            compute: remora_base::PortId(0),
+            memory: remora_base::PortId(1),
+        };
+        deploy_p4(&spec, compute, memory, &mut switch, ports)
+    }
+
     #[test]
     fn a_pool_of_no_region_or_too_many_is_refused_before_anything_is_allocated() {
         let too_many = usize::from(MAX_REGIONS) + 1;
+        let spot = |spec, compute: &mut SoftRnic, memory: &mut SoftRnic| {
+            deploy(spec, compute, memory).map(drop)
+        };
+        let p4 = |spec, compute: &mut SoftRnic, memory: &mut SoftRnic| {
+            deploy_on_p4(spec, compute, memory).map(drop)
+        };
+        let both: [(&str, Deploys); 2] = [("spot", &spot), ("p4", &p4)];
+        for (engine, deploy) in both {
+            refuses_bad_region_counts_first(engine, deploy, too_many);
+            assert!(deploy(spec(vec![4096]), &mut nic(1), &mut nic(2)).is_ok());
+        }
+    }
+
+    type Deploys<'a> =
+        &'a dyn Fn(CowbirdSpec, &mut SoftRnic, &mut SoftRnic) -> Result<(), DeployError>;
+
+    fn refuses_bad_region_counts_first(engine: &str, deploy: Deploys, too_many: usize) {
         for (regions, count) in [(Vec::new(), 0), (vec![1; too_many], too_many)] {
             let (mut compute, mut memory) = (nic(1), nic(2));
             let refused = deploy(spec(regions), &mut compute, &mut memory);
@@ -455,16 +487,15 @@ mod tests {
             assert_eq!(
                 (next(&mut compute), next(&mut memory)),
                 (next(&mut nic(1)), next(&mut nic(2))),
-                "{count} regions: a protection domain or CQ was taken before the refusal"
+                "{engine}, {count} regions: a protection domain or CQ was taken before the refusal"
             );
             assert!(
                 matches!(
                     refused,
                     Err(DeployError::Client(CowbirdError::BadRegionCount(found))) if found == count
                 ),
-                "{count} regions were not refused"
+                "{engine}: {count} regions were not refused"
             );
         }
-        assert!(deploy(spec(vec![4096]), &mut nic(1), &mut nic(2)).is_ok());
     }
 }
