@@ -20,7 +20,7 @@
 
 use crate::allocator::{Controller, ControllerMode, PeriodCounters};
 use crate::apps::{App, MAX_PAYLOAD_BYTES, MIN_PAYLOAD_BYTES};
-use crate::calibration::{Calibration, LinearCost};
+use crate::calibration::{Calibration, CostCurve};
 use crate::config::{ConfigError, SocConfig};
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
@@ -287,14 +287,14 @@ enum Waiter {
 struct StageSlot {
     pipeline: usize,
     last: bool,
-    soc: LinearCost,
-    host: LinearCost,
+    soc: CostCurve,
+    host: CostCurve,
 }
 
 struct Pipeline {
     app: App,
     first_stage: usize,
-    cpu_version: LinearCost,
+    cpu_version: CostCurve,
 }
 
 const IN_FLIGHT: u8 = 0;
@@ -420,13 +420,6 @@ fn validate(workload: &Workload, config: &SocConfig) -> Result<(), RunError> {
     Ok(())
 }
 
-fn scaled(cost: LinearCost, factor: f64) -> LinearCost {
-    LinearCost {
-        per_call_ns: cost.per_call_ns * factor,
-        per_byte_ns: cost.per_byte_ns * factor,
-    }
-}
-
 impl<'a> Run<'a> {
     fn new(
         scheme: Scheme,
@@ -441,14 +434,14 @@ impl<'a> Run<'a> {
             pipelines.push(Pipeline {
                 app,
                 first_stage: stages.len(),
-                cpu_version: measured.cpu_version,
+                cpu_version: measured.cpu_version.clone(),
             });
             for (position, stage) in measured.stages.iter().enumerate() {
                 stages.push(StageSlot {
                     pipeline: index,
                     last: position + 1 == measured.stages.len(),
-                    soc: scaled(stage.portable_cost, config.slowdown),
-                    host: stage.cost,
+                    soc: stage.portable_cost.scaled(config.slowdown),
+                    host: stage.cost.clone(),
                 });
             }
         }

@@ -118,6 +118,28 @@ pub fn median_of_ratios(numerator: &[f64], denominator: &[f64]) -> Option<f64> {
     (!ratios.is_empty()).then(|| median(&mut ratios))
 }
 
+/// `numerator / denominator`, or NaN (not measured) when the denominator
+/// measured nothing: an infinite ratio would read as a target met.
+pub fn measured_ratio(numerator: f64, denominator: f64) -> f64 {
+    let ratio = numerator / denominator;
+    if ratio.is_finite() {
+        ratio
+    } else {
+        f64::NAN
+    }
+}
+
+/// The smaller of a running minimum and a new figure, where a figure not
+/// measured (NaN or infinite) makes the minimum not measured for good:
+/// `f64::min` passes NaN over, so a later measured figure hid it.
+pub fn minimum_keeping_unmeasured(minimum: f64, figure: f64) -> f64 {
+    if minimum.is_nan() || !figure.is_finite() {
+        f64::NAN
+    } else {
+        minimum.min(figure)
+    }
+}
+
 pub fn median(values: &mut [f64]) -> f64 {
     assert!(!values.is_empty());
     values.sort_by(f64::total_cmp);
@@ -136,6 +158,25 @@ mod tests {
     /// The kv and verbs benchmarks divided each side's median round,
     /// which could come from different rounds: with the machine's drift,
     /// one device's best round against another's worst.
+    /// `f64::min` drops NaN, so a minimum over [NaN, 0.3, 0.4] read 0.3
+    /// and a target could print as met with an app unmeasured; an
+    /// infinite ratio (nothing served by the baseline) read as met too.
+    #[test]
+    fn a_figure_not_measured_keeps_the_minimum_not_measured() {
+        let fold = |figures: &[f64]| {
+            figures.iter().fold(f64::INFINITY, |minimum, figure| {
+                minimum_keeping_unmeasured(minimum, *figure)
+            })
+        };
+        assert!(fold(&[f64::NAN, 0.3, 0.4]).is_nan());
+        assert!(fold(&[0.3, f64::NAN, 0.4]).is_nan());
+        assert!(fold(&[0.3, f64::INFINITY]).is_nan());
+        assert_eq!(fold(&[0.5, 0.3, 0.4]), 0.3);
+        assert!(measured_ratio(1.0, 0.0).is_nan());
+        assert!(measured_ratio(0.0, 0.0).is_nan());
+        assert_eq!(measured_ratio(3.0, 2.0), 1.5);
+    }
+
     #[test]
     fn ratios_are_taken_within_rounds_then_their_median() {
         let cowbird = [1.0, 2.0, 3.0];

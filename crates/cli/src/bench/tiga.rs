@@ -16,10 +16,10 @@
 //! - Fig. 8: the CN's CPU against throughput, TIGA and CPU-only.
 //! - The allocation and forwarding ratio over a payload-size shift.
 
-use super::report::Report;
+use super::report::{measured_ratio, minimum_keeping_unmeasured, size_label, Report};
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_tiga::apps::{App, DEFAULT_PAYLOAD_BYTES};
-use remora_tiga::calibration::{soc_stage_costs_ns, Calibration};
+use remora_tiga::calibration::{soc_stage_costs_ns, Calibration, CostCurve};
 use remora_tiga::config::SocConfig;
 use remora_tiga::simulation::{self, PayloadSchedule, RunReport, Scheme, Workload};
 use std::path::Path;
@@ -316,28 +316,33 @@ fn print_calibration(bench: &Bench) {
         "\ncalibration (this machine, median of {} timed batches; SoC = x{:.1}):",
         bench.calibration.repetitions, bench.config.slowdown
     );
+    // Each cost is its medians joined by lines; the figures run at 1 KiB.
+    let at_default = |curve: &CostCurve| curve.at(DEFAULT_PAYLOAD_BYTES as u64);
+    let medians = |curve: &CostCurve| {
+        let each: Vec<String> = curve
+            .medians_ns
+            .iter()
+            .map(|(bytes, ns)| format!("{ns:.0} ns at {}", size_label(*bytes as u32)))
+            .collect();
+        each.join(", ")
+    };
     for app in &bench.calibration.apps {
         for stage in &app.stages {
-            let host_ns = stage.cost.at(DEFAULT_PAYLOAD_BYTES as u64);
-            let portable_ns = stage.portable_cost.at(DEFAULT_PAYLOAD_BYTES as u64);
+            let portable_ns = at_default(&stage.portable_cost);
             println!(
-                "  {:<6} {:<15} {:>9.0} ns + {:>6.3} ns/B  = {:>8.0} ns at 1 KiB; portable {:>8.0} ns, {:>9.0} ns on a SoC core",
+                "  {:<6} {:<15} {}; portable {:>8.0} ns at 1KiB, {:>9.0} ns on a SoC core",
                 app.app.name(),
                 stage.stage.name(),
-                stage.cost.per_call_ns,
-                stage.cost.per_byte_ns,
-                host_ns,
+                medians(&stage.cost),
                 portable_ns,
                 portable_ns * bench.config.slowdown
             );
         }
         println!(
-            "  {:<6} {:<15} {:>9.0} ns + {:>6.3} ns/B  = {:>8.0} ns at 1 KiB on a CN core",
+            "  {:<6} {:<15} {} on a CN core",
             app.app.name(),
             "cn_version",
-            app.cpu_version.per_call_ns,
-            app.cpu_version.per_byte_ns,
-            app.cpu_version.at(DEFAULT_PAYLOAD_BYTES as u64)
+            medians(&app.cpu_version),
         );
     }
     println!(
@@ -410,7 +415,7 @@ fn fig6_and_fig2_fig3(bench: &mut Bench) -> Result<(), TigaBenchError> {
         ] {
             ratios.insert(
                 format!("{prefix}_vs_{baseline}"),
-                (throughput[0] / value).into(),
+                measured_ratio(throughput[0], value).into(),
             );
         }
         fig2_fig3_from(bench, &label, &runs);
@@ -544,8 +549,8 @@ fn fig7_and_fig8(bench: &mut Bench, quick: bool) -> Result<(), TigaBenchError> {
         ] {
             bench.record(&format!("fig7/{}/{scheme}", app.name()), run);
         }
-        let ratio = tiga.throughput_per_second / without.throughput_per_second;
-        coprocessing_min = coprocessing_min.min(ratio);
+        let ratio = measured_ratio(tiga.throughput_per_second, without.throughput_per_second);
+        coprocessing_min = minimum_keeping_unmeasured(coprocessing_min, ratio);
         bench.progress.suspend(|| {
             println!(
                 "  {:<8} {:>9.3} {:>16.3} {:>9.3} {:>14.3} {:>10.2}",
@@ -562,12 +567,7 @@ fn fig7_and_fig8(bench: &mut Bench, quick: bool) -> Result<(), TigaBenchError> {
             serde_json::to_value(&tiga.timeline).unwrap_or_default(),
         );
         let saving = fig8(bench, app, &cpu_only, quick)?;
-        // A saving not measured (NaN) makes the minimum not measured: a
-        // plain `min` would pass it over.
-        saving_min = match saving.is_nan() {
-            true => f64::NAN,
-            false => saving_min.min(saving),
-        };
+        saving_min = minimum_keeping_unmeasured(saving_min, saving);
     }
     let ratios = &mut bench.report.ratios;
     ratios.insert(
