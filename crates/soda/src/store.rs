@@ -233,6 +233,59 @@ impl FileStore {
         }
     }
 
+    /// Takes the next extent for `object`; where it starts.
+    fn claim_extent(&self, object: ObjectId, bytes: u64) -> u64 {
+        let mut extents = self.extents.lock().expect("extent lock");
+        let start = extents.next_offset;
+        extents.next_offset = (start + bytes).next_multiple_of(EXTENT_ALIGNMENT);
+        extents.objects.insert(object, (start, bytes));
+        start
+    }
+
+    /// Writes an extent's initial bytes, or makes the file reach its end.
+    /// The file only ever grows here: an extent is filled after the lock
+    /// that claimed it is dropped, so a later extent may already hold its
+    /// data, and an `ftruncate` to this extent's end cut it off (its
+    /// object then read zeros, and nothing said it was lost).
+    fn fill_extent(
+        &self,
+        start: u64,
+        bytes: u64,
+        initial: Option<&Path>,
+    ) -> Result<(), StoreError> {
+        let Some(path) = initial else {
+            return self.grow_over(start, bytes.next_multiple_of(EXTENT_ALIGNMENT));
+        };
+        // Loading goes through an aligned buffer, a chunk at a time.
+        let data = read_initial(path, bytes)?;
+        let mut staging =
+            crate::mapping::Mapping::new(1 << 20).map_err(|errno| self.file_error(errno.into()))?;
+        let piece_bytes = staging.len();
+        for (index, piece) in data.chunks(piece_bytes).enumerate() {
+            let padded = piece.len().next_multiple_of(EXTENT_ALIGNMENT as usize);
+            let buffer = &mut staging.as_mut_slice()[..padded];
+            buffer[..piece.len()].copy_from_slice(piece);
+            buffer[piece.len()..].fill(0);
+            self.write_all_at(buffer, start + (index * piece_bytes) as u64)?;
+        }
+        Ok(())
+    }
+
+    /// Reserves `length` bytes from `start` and makes the file reach
+    /// their end, never shorter: `fallocate` without flags only extends.
+    /// Where the file system has no `fallocate`, the file grows as it is
+    /// written, and a read past its end is zeros, as a fresh extent is.
+    fn grow_over(&self, start: u64, length: u64) -> Result<(), StoreError> {
+        if length == 0 {
+            return Ok(());
+        }
+        let flags = rustix::fs::FallocateFlags::empty();
+        match rustix::fs::fallocate(&self.file, flags, start, length) {
+            Ok(()) | Err(rustix::io::Errno::OPNOTSUPP) => Ok(()),
+            Err(errno) => Err(self.file_error(errno.into())),
+        }
+    }
+
     fn write_all_at(&self, mut data: &[u8], mut offset: u64) -> Result<(), StoreError> {
         while !data.is_empty() {
             let written = rustix::io::pwrite(&self.file, data, offset)
@@ -255,31 +308,8 @@ impl ChunkStore for FileStore {
         bytes: u64,
         initial: Option<&Path>,
     ) -> Result<(), StoreError> {
-        let start = {
-            let mut extents = self.extents.lock().expect("extent lock");
-            let start = extents.next_offset;
-            extents.next_offset = (start + bytes).next_multiple_of(EXTENT_ALIGNMENT);
-            extents.objects.insert(object, (start, bytes));
-            start
-        };
-        if let Some(path) = initial {
-            // Loading goes through an aligned buffer, a chunk at a time.
-            let data = read_initial(path, bytes)?;
-            let mut staging = crate::mapping::Mapping::new(1 << 20)
-                .map_err(|errno| self.file_error(errno.into()))?;
-            let piece_bytes = staging.len();
-            for (index, piece) in data.chunks(piece_bytes).enumerate() {
-                let padded = piece.len().next_multiple_of(EXTENT_ALIGNMENT as usize);
-                let buffer = &mut staging.as_mut_slice()[..padded];
-                buffer[..piece.len()].copy_from_slice(piece);
-                buffer[piece.len()..].fill(0);
-                self.write_all_at(buffer, start + (index * piece_bytes) as u64)?;
-            }
-        } else {
-            rustix::fs::ftruncate(&self.file, start + bytes.next_multiple_of(EXTENT_ALIGNMENT))
-                .map_err(|errno| self.file_error(errno.into()))?;
-        }
-        Ok(())
+        let start = self.claim_extent(object, bytes);
+        self.fill_extent(start, bytes, initial)
     }
 
     fn fetch(&self, object: ObjectId, offset: u64, into: &mut [u8]) -> Result<(), StoreError> {
@@ -313,5 +343,37 @@ impl ChunkStore for FileStore {
             .objects
             .remove(&object);
         removed.map(drop).ok_or(StoreError::UnknownObject(object))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two objects reserved at once: the first (zeroed) claimed its
+    /// extent, the second claimed the next and wrote its file's bytes, and
+    /// only then did the first make the file reach its extent's end. With
+    /// `ftruncate` that cut the second's bytes off, and it read zeros.
+    #[test]
+    fn a_zeroed_extent_filled_after_a_later_one_cuts_nothing_off() {
+        const BYTES: usize = 1 << 20;
+        let directory = tempfile::tempdir().unwrap();
+        let store = FileStore::create(&directory.path().join("backing")).unwrap();
+        let initial = directory.path().join("initial");
+        std::fs::write(&initial, vec![0x77u8; BYTES]).unwrap();
+        let (first, second) = (ObjectId(1), ObjectId(2));
+        let first_start = store.claim_extent(first, BYTES as u64);
+        let second_start = store.claim_extent(second, BYTES as u64);
+        store
+            .fill_extent(second_start, BYTES as u64, Some(&initial))
+            .unwrap();
+        store.fill_extent(first_start, BYTES as u64, None).unwrap();
+
+        // Reads are O_DIRECT: into page-aligned memory.
+        let mut buffer = crate::mapping::Mapping::new(BYTES).unwrap();
+        store.fetch(second, 0, buffer.as_mut_slice()).unwrap();
+        assert!(buffer.as_slice().iter().all(|byte| *byte == 0x77));
+        store.fetch(first, 0, buffer.as_mut_slice()).unwrap();
+        assert!(buffer.as_slice().iter().all(|byte| *byte == 0));
     }
 }
