@@ -547,18 +547,38 @@ impl SodaRack {
                     break;
                 }
                 channel.state.unconfirmed.pop_front();
-                if let Some(count) = unconfirmed.get_mut(&object) {
-                    *count -= 1;
-                    if *count == 0 {
-                        unconfirmed.remove(&object);
-                        if releasing.remove(&object) {
-                            settled.push(object);
-                        }
-                    }
+                if uncount(&mut unconfirmed, &mut releasing, object) {
+                    settled.push(object);
                 }
             }
         }
         self.free_rooms(settled);
+    }
+
+    /// Counts a write the DPU may hold for `object`, from the moment it is
+    /// sent: a write whose reply never came (a timeout) may still be
+    /// queued at a live DPU with the object's absolute place on the memory
+    /// node, so the object's room must not be freed for another until the
+    /// DPU confirms it or is known dead.
+    fn count_sent(&self, dpu: &DpuPath, object: ObjectId) {
+        *dpu.unconfirmed
+            .lock()
+            .expect("unconfirmed lock")
+            .entry(object)
+            .or_insert(0) += 1;
+    }
+
+    /// Takes back a count [`Self::count_sent`] made for a write the DPU
+    /// refused (it answered, so it holds nothing of it).
+    fn uncount_refused(&self, dpu: &DpuPath, object: ObjectId) {
+        let settled = {
+            let mut unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
+            let mut releasing = dpu.releasing.lock().expect("releasing lock");
+            uncount(&mut unconfirmed, &mut releasing, object)
+        };
+        if settled {
+            self.free_rooms(vec![object]);
+        }
     }
 
     /// Gives the memory node back the rooms of released objects.
@@ -627,7 +647,16 @@ impl SodaRack {
                     page_offset: offset + (index * chunk) as u64,
                     data: piece,
                 });
-                let (_, immediate) = self.ask(channel, &request, object)?;
+                self.count_sent(dpu, object);
+                let immediate = match self.ask(channel, &request, object) {
+                    Ok((_, immediate)) => immediate,
+                    Err(refused @ SodaRackError::Refused(_)) => {
+                        self.uncount_refused(dpu, object);
+                        return Err(refused);
+                    }
+                    // The DPU may hold it or not: the count stays.
+                    Err(error) => return Err(error),
+                };
                 // Held by the DPU, not yet by the memory node.
                 channel.state.writes_sent =
                     channel.state.writes_sent.wrapping_add(1) & PERSISTED_MASK;
@@ -635,11 +664,6 @@ impl SodaRack {
                     .state
                     .unconfirmed
                     .push_back((channel.state.writes_sent, object));
-                *dpu.unconfirmed
-                    .lock()
-                    .expect("unconfirmed lock")
-                    .entry(object)
-                    .or_insert(0) += 1;
                 self.confirm(dpu, channel, immediate);
             }
             Ok::<(), SodaRackError>(())
@@ -679,26 +703,29 @@ impl SodaRack {
         if let Some(dpu) = &self.dpu {
             let held = "the DPU failed holding writes the memory node never got";
             let mut unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
+            let mut releasing = dpu.releasing.lock().expect("releasing lock");
+            for other in unconfirmed
+                .keys()
+                .filter(|other| !releasing.contains(other))
+            {
+                lost.entry(*other).or_insert_with(|| held.into());
+            }
             // An error on the path is not the DPU's death (a timeout of a
-            // slow DPU, a retired channel): rooms of released objects are
-            // freed only if it crashed since, for a live DPU's queued write
-            // would land in the next object given the room.
+            // slow DPU, a retired channel). While it may live, every count
+            // stays, so that an object's room is freed only once its
+            // writes are confirmed: a live DPU's queued write landed in the
+            // next object given the room (of an object released before
+            // the error, and, when the counts were dropped here, of one
+            // released after it).
             let crashes = dpu.state.lock().expect("DPU state lock").crashes();
             let died = dpu.crashes_settled.fetch_max(crashes, Ordering::SeqCst) < crashes;
-            let mut releasing = dpu.releasing.lock().expect("releasing lock");
             let released: Vec<ObjectId> = match died {
-                true => releasing.drain().collect(),
+                true => {
+                    unconfirmed.clear();
+                    releasing.drain().collect()
+                }
                 false => Vec::new(),
             };
-            // Released objects' counts stay while the DPU may live: its
-            // confirmations free their rooms as before.
-            unconfirmed.retain(|other, _| {
-                let keep = releasing.contains(other);
-                if !keep {
-                    lost.entry(*other).or_insert_with(|| held.into());
-                }
-                keep
-            });
             drop(releasing);
             drop(unconfirmed);
             // What the dead DPU held never lands: their rooms are free.
@@ -816,7 +843,16 @@ impl SodaRack {
         let dpu = self.dpu()?;
         let region = Self::region(object)?;
         let before = self.pins.begin_move(object, Self::static_deadline())?;
-        let begun = dpu.state.lock().expect("DPU state lock").begin_pin(region);
+        let begun = {
+            let mut state = dpu.state.lock().expect("DPU state lock");
+            if !matches!(before, Some(Standing::Pinned { .. })) {
+                // A static copy the host does not record (left by a pin
+                // that failed, the object written to the memory node
+                // since) is stale: a pin took it as loaded and served it.
+                state.begin_unpin(region, false);
+            }
+            state.begin_pin(region)
+        };
         let loaded = begun.map_err(SodaRackError::from).and_then(|offset| {
             self.wait_static(region, |state| state == Some(StaticState::Ready))?;
             Ok(offset)
@@ -831,6 +867,14 @@ impl SodaRack {
                 Ok(())
             }
             Err(error) => {
+                if !matches!(before, Some(Standing::Pinned { .. })) {
+                    // Routed direct again: the copy is stale from the first
+                    // write, and its space is another pin's.
+                    dpu.state
+                        .lock()
+                        .expect("DPU state lock")
+                        .begin_unpin(region, false);
+                }
                 self.pins.end_move(object, before);
                 Err(error)
             }
@@ -852,6 +896,12 @@ impl SodaRack {
                     .lock()
                     .expect("lost lock")
                     .insert(object, error.to_string());
+            }
+            if dirty && !matches!(error, SodaRackError::StaticCopyLost(_)) {
+                // A flush that did not finish in time may still be writing
+                // into the object's room: held, as an unconfirmed write
+                // holds it, until the DPU is known dead.
+                self.count_sent(self.dpu()?, object);
             }
         }
         // Out of the static cache either way: the DPU frees the space once
@@ -1116,25 +1166,43 @@ impl ChunkStore for ProcessStore {
     }
 }
 
+/// Takes one unconfirmed write of `object` off its count; true when that
+/// was its last and the object had been released, so its room is free.
+fn uncount(
+    unconfirmed: &mut HashMap<ObjectId, u32>,
+    releasing: &mut std::collections::HashSet<ObjectId>,
+    object: ObjectId,
+) -> bool {
+    let Some(count) = unconfirmed.get_mut(&object) else {
+        return false;
+    };
+    *count -= 1;
+    if *count > 0 {
+        return false;
+    }
+    unconfirmed.remove(&object);
+    releasing.remove(&object)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// An error on the DPU path (a slow DPU's timeout, a retired channel)
-    /// was taken for the DPU's death: the rooms of objects released while
-    /// it still held writes to them were freed, the next object took one,
-    /// and the live DPU's queued write landed in it. Freed only for a DPU
-    /// known dead now.
-    #[test]
-    fn an_error_on_the_dpu_path_frees_no_room_a_live_dpu_still_writes() {
-        const CHUNK_BYTES: usize = 64 << 10;
+    const CHUNK_BYTES: usize = 64 << 10;
+
+    /// One process's rack with a DPU whose link to the memory node runs at
+    /// 200 Mb/s (a chunk takes 2.6 ms), so writes wait in its queue.
+    fn slow_dpu_rack(route: Route, static_bytes: u64) -> SodaRack {
         let config = SodaRackConfig {
             pool_bytes: 8 << 20,
             processes: 1,
             channels: 3,
             chunk_bytes: CHUNK_BYTES,
-            dpu: Some(DpuConfig::optimized(CHUNK_BYTES)),
-            route: Route::ThroughDpu,
+            dpu: Some(DpuConfig {
+                static_bytes,
+                ..DpuConfig::optimized(CHUNK_BYTES)
+            }),
+            route,
             links: RackLinks {
                 memory: Some(LinkShape {
                     bandwidth_bits_per_second: 200_000_000,
@@ -1145,14 +1213,12 @@ mod tests {
             },
             hosts: None,
         };
-        let store = SodaRack::start(&config).unwrap();
-        let (first, second) = (ObjectId(1), ObjectId(2));
-        store.reserve(first, CHUNK_BYTES as u64, None).unwrap();
-        store.write_back(first, 0, &[7u8; CHUNK_BYTES]).unwrap();
-        store.release(first).unwrap();
-        // Another object's transfer fails, and the DPU lives on.
-        store.dpu_failed(ObjectId(3), &SodaRackError::Refused(ObjectId(3)));
-        store.reserve(second, CHUNK_BYTES as u64, None).unwrap();
+        SodaRack::start(&config).unwrap()
+    }
+
+    /// Waits until the DPU has written a chunk to the memory node, then
+    /// checks that `object`, reserved meanwhile, still reads zeros.
+    fn assert_untouched_after_the_dpu_wrote(store: &SodaRack, object: ObjectId) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while store.dpu_report().unwrap().0.written_bytes < CHUNK_BYTES as u64 {
             assert!(Instant::now() < deadline, "the DPU never wrote");
@@ -1160,11 +1226,77 @@ mod tests {
         }
         std::thread::sleep(Duration::from_millis(100));
         let mut chunk = vec![1u8; CHUNK_BYTES];
-        store.fetch(second, 0, &mut chunk).unwrap();
+        store.fetch(object, 0, &mut chunk).unwrap();
         assert!(
             chunk.iter().all(|&byte| byte == 0),
             "the new object is untouched"
         );
+    }
+
+    /// An error on the DPU path (a slow DPU's timeout, a retired channel)
+    /// was taken for the DPU's death: the rooms of objects released while
+    /// it still held writes to them were freed, the next object took one,
+    /// and the live DPU's queued write landed in it. Freed only for a DPU
+    /// known dead now.
+    #[test]
+    fn an_error_on_the_dpu_path_frees_no_room_a_live_dpu_still_writes() {
+        let store = slow_dpu_rack(Route::ThroughDpu, 0);
+        let (first, second) = (ObjectId(1), ObjectId(2));
+        store.reserve(first, CHUNK_BYTES as u64, None).unwrap();
+        store.write_back(first, 0, &[7u8; CHUNK_BYTES]).unwrap();
+        store.release(first).unwrap();
+        // Another object's transfer fails, and the DPU lives on.
+        store.dpu_failed(ObjectId(3), &SodaRackError::Refused(ObjectId(3)));
+        store.reserve(second, CHUNK_BYTES as u64, None).unwrap();
+        assert_untouched_after_the_dpu_wrote(&store, second);
+        store.stop().unwrap();
+    }
+
+    /// The same error, but the object released after it: the error dropped
+    /// the counts of objects not yet released, so the release found none
+    /// and freed the room at once, and the live DPU's queued write landed
+    /// in the next object given it.
+    #[test]
+    fn a_release_after_a_dpu_path_error_frees_no_room_a_live_dpu_still_writes() {
+        let store = slow_dpu_rack(Route::ThroughDpu, 0);
+        let (first, second) = (ObjectId(1), ObjectId(2));
+        store.reserve(first, CHUNK_BYTES as u64, None).unwrap();
+        store.write_back(first, 0, &[7u8; CHUNK_BYTES]).unwrap();
+        store.dpu_failed(ObjectId(3), &SodaRackError::Refused(ObjectId(3)));
+        assert!(store.check_lost(first).is_err(), "its write may never land");
+        store.release(first).unwrap();
+        store.reserve(second, CHUNK_BYTES as u64, None).unwrap();
+        assert_untouched_after_the_dpu_wrote(&store, second);
+        store.stop().unwrap();
+    }
+
+    /// A pin that failed (its load past the deadline) left the DPU's copy
+    /// behind while the host routed the object to the memory node again.
+    /// Pinned once more, the object was served from that copy, older than
+    /// the writes made in between.
+    #[test]
+    fn a_pin_that_failed_leaves_no_stale_static_copy_behind() {
+        let store = slow_dpu_rack(Route::Direct, CHUNK_BYTES as u64);
+        let object = ObjectId(1);
+        store.reserve(object, CHUNK_BYTES as u64, None).unwrap();
+        let region = SodaRack::region(object).unwrap();
+        // What a failed pin leaves: a loaded copy the host does not record.
+        let dpu = store.dpu().unwrap();
+        dpu.state
+            .lock()
+            .expect("DPU state lock")
+            .begin_pin(region)
+            .unwrap();
+        store
+            .wait_static(region, |state| state == Some(StaticState::Ready))
+            .unwrap();
+        store.write_back(object, 0, &[7u8; CHUNK_BYTES]).unwrap();
+
+        store.advise(object, Advice::Pin).unwrap();
+
+        let mut chunk = vec![0u8; CHUNK_BYTES];
+        store.fetch(object, 0, &mut chunk).unwrap();
+        assert!(chunk.iter().all(|&byte| byte == 7), "the newest bytes");
         store.stop().unwrap();
     }
 }
