@@ -180,12 +180,20 @@ impl SocConfig {
         }
         // Virtual time is u64 nanoseconds: costs past these bounds once
         // overflowed it (a panic, or time running backwards).
-        let bounded =
-            [("slowdown", self.slowdown, MAX_SLOWDOWN)]
-                .into_iter()
-                .chain(optional.into_iter().filter_map(|(field, value)| {
-                    value.map(|value| (field, value, MAX_FIXED_COST_NS))
-                }));
+        // The latencies too: a request's time adds two network one-ways.
+        let latencies = [
+            ("dma_latency_ns", self.dma_latency_ns as f64),
+            ("network_one_way_ns", self.network_one_way_ns as f64),
+        ];
+        let bounded = [("slowdown", self.slowdown, MAX_SLOWDOWN)]
+            .into_iter()
+            .chain(
+                optional
+                    .into_iter()
+                    .filter_map(|(field, value)| value.map(|value| (field, value)))
+                    .chain(latencies)
+                    .map(|(field, value)| (field, value, MAX_FIXED_COST_NS)),
+            );
         for (field, value, limit) in bounded {
             if value > limit {
                 return Err(ConfigError::TooLarge {
@@ -501,6 +509,19 @@ mod tests {
             huge_slowdown.validate(),
             Err(ConfigError::TooLarge {
                 field: "slowdown",
+                ..
+            })
+        ));
+        // A request's time adds two network one-ways: near u64::MAX, they
+        // overflowed it as the costs did.
+        let huge_latency = SocConfig {
+            network_one_way_ns: u64::MAX / 2,
+            ..SocConfig::default()
+        };
+        assert!(matches!(
+            huge_latency.validate(),
+            Err(ConfigError::TooLarge {
+                field: "network_one_way_ns",
                 ..
             })
         ));

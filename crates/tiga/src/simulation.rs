@@ -327,7 +327,10 @@ struct Run<'a> {
     status: Vec<u8>,
     random: rand_chacha::ChaCha8Rng,
     next_pipeline: usize,
-    forwarding_credit: f64,
+    /// Co-processing's credit, one per pipeline: apps take arrivals in
+    /// turn, so one credit over all of them forwarded one app's requests
+    /// only (every other arrival at 50% with two apps).
+    forwarding_credit: Vec<f64>,
     dma_free_ns: u64,
     link_free_ns: u64,
     drr_current: usize,
@@ -536,7 +539,7 @@ impl<'a> Run<'a> {
             status: Vec::with_capacity(expected),
             random: rand_chacha::ChaCha8Rng::seed_from_u64(workload.seed),
             next_pipeline: 0,
-            forwarding_credit: 0.0,
+            forwarding_credit: vec![0.0; workload.apps.len()],
             dma_free_ns: 0,
             link_free_ns: 0,
             drr_current: 0,
@@ -633,17 +636,17 @@ impl<'a> Run<'a> {
         };
         if self.scheme == Scheme::CpuOnly {
             self.fetch_to_cn(item, now);
-        } else if self.forward_this_one() {
+        } else if self.forward_this_one(pipeline) {
             self.forward_to_cn(item, now);
         } else {
             self.admit_to_nic(item, now);
         }
     }
 
-    /// Co-processing's deterministic spread: with ratio r, a credit grows
-    /// by r per request and each whole unit forwards one (one in ten at
-    /// 10%).
-    fn forward_this_one(&mut self) -> bool {
+    /// Co-processing's deterministic spread over each pipeline's own
+    /// arrivals: with ratio r, its credit grows by r per request and each
+    /// whole unit forwards one (one in ten at 10%).
+    fn forward_this_one(&mut self, pipeline: usize) -> bool {
         let ratio = self
             .controller
             .as_ref()
@@ -651,9 +654,10 @@ impl<'a> Run<'a> {
         if ratio <= 0.0 {
             return false;
         }
-        self.forwarding_credit += ratio;
-        if self.forwarding_credit >= 1.0 - 1e-9 {
-            self.forwarding_credit -= 1.0;
+        let credit = &mut self.forwarding_credit[pipeline];
+        *credit += ratio;
+        if *credit >= 1.0 - 1e-9 {
+            *credit -= 1.0;
             return true;
         }
         false
@@ -1386,6 +1390,47 @@ mod tests {
         let calibration = Calibration::fixed_for_tests();
         let result = run(Scheme::Tiga, &workload, &SocConfig::default(), &calibration);
         assert!(matches!(result, Err(RunError::NoPayloadSizes)));
+    }
+
+    /// Two apps take arrivals in turn, and one forwarding credit over all
+    /// arrivals picked every tenth at 10%: always the same app's, so the
+    /// overloaded one got no relief. Each app's requests are forwarded in
+    /// its own share now.
+    #[test]
+    fn two_apps_at_ten_percent_forward_requests_of_both_apps() {
+        let workload = Workload {
+            apps: vec![App::Mvs, App::Ipsec],
+            ..workload()
+        };
+        let (config, calibration) = (SocConfig::default(), Calibration::fixed_for_tests());
+        let mut run = Run::new(Scheme::Tiga, &workload, &config, &calibration).unwrap();
+        let controller = run.controller.as_mut().expect("TIGA has a controller");
+        let overloaded = PeriodCounters {
+            inbound_bytes: 1_000_000,
+            outbound_bytes: 1_000,
+            capacities: vec![Some(1e9); 4],
+        };
+        // Bounded: co-processing starts within a few mismatched periods.
+        for _ in 0..16 {
+            if controller.forwarding_ratio() > 0.0 {
+                break;
+            }
+            controller.on_period(&overloaded);
+        }
+        let ratio = controller.forwarding_ratio();
+        assert!(ratio > 0.0 && ratio <= 0.5, "forwarding at {ratio}");
+        for arrival in 0..1000 {
+            run.arrive(arrival);
+        }
+        let forwarded = |pipeline: u16| {
+            run.cn
+                .queue
+                .iter()
+                .filter(|(item, _)| item.pipeline == pipeline)
+                .count()
+        };
+        let expected = (500.0 * ratio).round() as usize;
+        assert_eq!((forwarded(0), forwarded(1)), (expected, expected));
     }
 
     /// The exactly-once check the benchmark's runs rely on catches a
