@@ -679,15 +679,17 @@ pub struct RecordLocation {
 }
 
 /// The DN's memory: `records_per_app` records of `bytes` bytes for each
-/// application, one after another.
+/// of `apps`, one after another. (Built for every app whatever the rack
+/// served, 100,000 records of 4 KiB held 1.2 GB for one app's 400 MB.)
 pub fn build_data(
     seed: u64,
+    apps: &[App],
     records_per_app: u64,
     bytes: usize,
 ) -> Result<(Vec<u8>, Vec<RecordLocation>), crate::apps::PayloadSizeError> {
     let mut memory = Vec::new();
     let mut locations = Vec::new();
-    for app in App::ALL {
+    for &app in apps {
         for id in 0..records_per_app {
             let record = app.make_payload(seed, id, bytes)?;
             locations.push(RecordLocation {

@@ -50,7 +50,7 @@ pub fn tiga_step() -> Result<SystemStep, SystemError> {
     println!("\nTIGA's near-data processing on the embedded rack (a compute node, a data node's SmartNIC):");
     const RECORDS: u64 = 64;
     const SEED: u64 = 3;
-    let (memory, locations) = build_data(SEED, RECORDS, 1024).in_system("tiga")?;
+    let (memory, locations) = build_data(SEED, &App::ALL, RECORDS, 1024).in_system("tiga")?;
     let rack = NdpRack::start(memory, &App::ALL, 8).in_system("tiga")?;
     let check = rack.check_records(App::Mvs, Mode::Ndp, &locations, SEED, 1024);
     step.failures.extend(check.failures);
@@ -123,13 +123,18 @@ fn run_section(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_js
             return Some(serde_json::json!({ "error": error.to_string() }));
         }
     };
-    let started = build_data(section.seed, section.records, section.record_bytes)
-        .map_err(|error| error.to_string())
-        .and_then(|(memory, locations)| {
-            NdpRack::start_on(&hosts, memory, &section.apps, section.forward_every)
-                .map(|rack| (rack, locations))
-                .map_err(|error| error.to_string())
-        });
+    let started = build_data(
+        section.seed,
+        &section.apps,
+        section.records,
+        section.record_bytes,
+    )
+    .map_err(|error| error.to_string())
+    .and_then(|(memory, locations)| {
+        NdpRack::start_on(&hosts, memory, &section.apps, section.forward_every)
+            .map(|rack| (rack, locations))
+            .map_err(|error| error.to_string())
+    });
     let (ndp, locations) = match started {
         Ok(started) => started,
         Err(error) => {
