@@ -404,7 +404,9 @@ impl DpuState {
         }
         let memory_offset = self.regions.get(&region).map(|&(offset, _)| offset);
         match (flush, memory_offset) {
-            (true, Some(memory_offset)) => {
+            // An empty copy has nothing to flush: no piece would ever say
+            // it was done, and the unpin waited out its deadline.
+            (true, Some(memory_offset)) if entry.length > 0 => {
                 let pieces =
                     self.queue_static(region, memory_offset, entry.offset, entry.length, true);
                 let state = StaticState::Flushing {
@@ -421,6 +423,24 @@ impl DpuState {
     /// static copies among it) is gone.
     pub fn crashes(&self) -> u64 {
         self.crashes
+    }
+
+    /// Whether loads or flushes of `region`'s static copy are queued or in
+    /// flight, its entry kept or retired.
+    pub fn has_static_pieces_in_flight(&self, region: RegionId) -> bool {
+        let busy = |state: &StaticState| match state {
+            StaticState::Loading { pieces_left } | StaticState::Flushing { pieces_left } => {
+                *pieces_left > 0
+            }
+            _ => false,
+        };
+        self.statics
+            .get(&region)
+            .is_some_and(|entry| busy(&entry.state))
+            || self
+                .retired_statics
+                .iter()
+                .any(|(retired, entry)| *retired == region && busy(&entry.state))
     }
 
     /// The static cache's state for `region`; `None` once gone.

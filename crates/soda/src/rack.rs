@@ -183,9 +183,18 @@ struct DpuPath {
     /// (or the DPU dies). Freed at once, a late write landed in the room
     /// of the next object given it. Locked inside `unconfirmed`.
     releasing: Mutex<std::collections::HashSet<ObjectId>>,
-    /// The DPU's crash count when `releasing` was last emptied for a
-    /// crash: its rooms are freed only for a DPU known dead since.
-    crashes_settled: AtomicU64,
+    /// Objects whose dirty unpin's flush did not finish in time: the
+    /// DPU may still be writing their static copy to their room.
+    flushes_in_doubt: Mutex<std::collections::HashSet<ObjectId>>,
+}
+
+impl DpuPath {
+    /// Whether the DPU has crashed. The rack never restarts a crashed
+    /// host, so a DPU that crashed is dead for good: nothing it held, and
+    /// nothing sent to it since, lands on the memory node.
+    fn is_dead(&self) -> bool {
+        self.state.lock().expect("DPU state lock").crashes() > 0
+    }
 }
 
 pub struct SodaRack {
@@ -350,7 +359,7 @@ impl SodaRack {
                 busy,
                 unconfirmed: Mutex::new(HashMap::new()),
                 releasing: Mutex::new(Default::default()),
-                crashes_settled: AtomicU64::new(0),
+                flushes_in_doubt: Mutex::new(Default::default()),
             });
         }
         let mut processes = Vec::with_capacity(config.processes);
@@ -555,6 +564,26 @@ impl SodaRack {
         self.free_rooms(settled);
     }
 
+    /// Whether `object`'s dirty unpin, which did not finish in time, still
+    /// has pieces in flight (released, their region's copy is retired,
+    /// not gone, until they land). Asked once: the doubt is settled here.
+    fn still_flushing(&self, dpu: &DpuPath, object: ObjectId) -> bool {
+        let in_doubt = dpu
+            .flushes_in_doubt
+            .lock()
+            .expect("flushes lock")
+            .remove(&object);
+        let Ok(region) = Self::region(object) else {
+            return false;
+        };
+        in_doubt
+            && dpu
+                .state
+                .lock()
+                .expect("DPU state lock")
+                .has_static_pieces_in_flight(region)
+    }
+
     /// Counts a write the DPU may hold for `object`, from the moment it is
     /// sent: a write whose reply never came (a timeout) may still be
     /// queued at a live DPU with the object's absolute place on the memory
@@ -569,8 +598,8 @@ impl SodaRack {
     }
 
     /// Takes back a count [`Self::count_sent`] made for a write the DPU
-    /// refused (it answered, so it holds nothing of it).
-    fn uncount_refused(&self, dpu: &DpuPath, object: ObjectId) {
+    /// never took ([`nothing_sent`]).
+    fn uncount_unsent(&self, dpu: &DpuPath, object: ObjectId) {
         let settled = {
             let mut unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
             let mut releasing = dpu.releasing.lock().expect("releasing lock");
@@ -650,12 +679,15 @@ impl SodaRack {
                 self.count_sent(dpu, object);
                 let immediate = match self.ask(channel, &request, object) {
                     Ok((_, immediate)) => immediate,
-                    Err(refused @ SodaRackError::Refused(_)) => {
-                        self.uncount_refused(dpu, object);
-                        return Err(refused);
+                    Err(error) => {
+                        if nothing_sent(&error) {
+                            self.uncount_unsent(dpu, object);
+                        }
+                        // Otherwise the DPU may hold it or not: the count
+                        // stays (a room held too long, never one reused
+                        // under a late write).
+                        return Err(error);
                     }
-                    // The DPU may hold it or not: the count stays.
-                    Err(error) => return Err(error),
                 };
                 // Held by the DPU, not yet by the memory node.
                 channel.state.writes_sent =
@@ -717,9 +749,7 @@ impl SodaRack {
             // next object given the room (of an object released before
             // the error, and, when the counts were dropped here, of one
             // released after it).
-            let crashes = dpu.state.lock().expect("DPU state lock").crashes();
-            let died = dpu.crashes_settled.fetch_max(crashes, Ordering::SeqCst) < crashes;
-            let released: Vec<ObjectId> = match died {
+            let released: Vec<ObjectId> = match dpu.is_dead() {
                 true => {
                     unconfirmed.clear();
                     releasing.drain().collect()
@@ -897,11 +927,17 @@ impl SodaRack {
                     .expect("lost lock")
                     .insert(object, error.to_string());
             }
-            if dirty && !matches!(error, SodaRackError::StaticCopyLost(_)) {
+            if let (true, false, Ok(dpu)) = (
+                dirty,
+                matches!(error, SodaRackError::StaticCopyLost(_)),
+                self.dpu(),
+            ) {
                 // A flush that did not finish in time may still be writing
-                // into the object's room: held, as an unconfirmed write
-                // holds it, until the DPU is known dead.
-                self.count_sent(self.dpu()?, object);
+                // into the object's room: a release looks again.
+                dpu.flushes_in_doubt
+                    .lock()
+                    .expect("flushes lock")
+                    .insert(object);
             }
         }
         // Out of the static cache either way: the DPU frees the space once
@@ -1042,8 +1078,16 @@ impl ChunkStore for SodaRack {
         }
         self.lost.lock().expect("lost lock").remove(&object);
         if let Some(dpu) = &self.dpu {
-            let unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
-            if unconfirmed.contains_key(&object) {
+            if self.still_flushing(dpu, object) {
+                // Its pieces still in flight: held as an unconfirmed write
+                // is, until the DPU is known dead.
+                self.count_sent(dpu, object);
+            }
+            let mut unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
+            if dpu.is_dead() {
+                // Nothing it held lands now.
+                unconfirmed.remove(&object);
+            } else if unconfirmed.contains_key(&object) {
                 // Freed when the DPU confirms its writes (see `releasing`).
                 dpu.releasing.lock().expect("releasing lock").insert(object);
                 return Ok(());
@@ -1166,6 +1210,18 @@ impl ChunkStore for ProcessStore {
     }
 }
 
+/// Whether a write's failure proves the DPU never got it: it refused it,
+/// or the host never sent it (a retired channel, a buffer it could not
+/// fill). A timeout or a failed completion proves nothing: the SEND may
+/// have reached the DPU.
+fn nothing_sent(error: &SodaRackError) -> bool {
+    matches!(
+        error,
+        SodaRackError::Refused(_)
+            | SodaRackError::Channel(ChannelError::Retired | ChannelError::Buffer(_))
+    )
+}
+
 /// Takes one unconfirmed write of `object` off its count; true when that
 /// was its last and the object had been released, so its room is free.
 fn uncount(
@@ -1267,6 +1323,45 @@ mod tests {
         store.release(first).unwrap();
         store.reserve(second, CHUNK_BYTES as u64, None).unwrap();
         assert_untouched_after_the_dpu_wrote(&store, second);
+        store.stop().unwrap();
+    }
+
+    /// Counting a write from the moment it is sent left a count for every
+    /// write that failed after the DPU crashed (the first failure settled
+    /// the crash, and later ones read as a live DPU's): the released
+    /// object's room was never given back, and its id could not be
+    /// reserved again. A crashed DPU is dead for good: nothing sent to it
+    /// lands, and its counts hold nothing.
+    #[test]
+    fn writes_that_fail_after_the_dpu_crashed_hold_no_room() {
+        let store = slow_dpu_rack(Route::ThroughDpu, 0);
+        let (first, second) = (ObjectId(1), ObjectId(2));
+        for object in [first, second] {
+            store.reserve(object, CHUNK_BYTES as u64, None).unwrap();
+        }
+        store.crash(DPU_HOST);
+        assert!(store.write_back(first, 0, &[7u8; CHUNK_BYTES]).is_err());
+        assert!(store.write_back(second, 0, &[7u8; CHUNK_BYTES]).is_err());
+        store.release(second).unwrap();
+        store.reserve(second, CHUNK_BYTES as u64, None).unwrap();
+        store.stop().unwrap();
+    }
+
+    /// A pinned object of no bytes, written (and so dirty), was flushed in
+    /// no pieces: none ever said it was done, and the unpin waited out its
+    /// 60 s deadline and reported the object lost.
+    #[test]
+    fn unpinning_an_empty_dirty_object_returns_at_once() {
+        let store = slow_dpu_rack(Route::Direct, CHUNK_BYTES as u64);
+        let object = ObjectId(1);
+        store.reserve(object, 0, None).unwrap();
+        store.advise(object, Advice::Pin).unwrap();
+        store.write_back(object, 0, &[]).unwrap();
+        let started = Instant::now();
+        store.advise(object, Advice::Unpin).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        store.release(object).unwrap();
+        store.reserve(object, 0, None).unwrap();
         store.stop().unwrap();
     }
 
