@@ -714,15 +714,18 @@ impl Callee {
         self.service
             .restore_state(&checkpoint.state)
             .map_err(checkpoint::CheckpointError::Service)?;
+        let known_from: Vec<(DatagramEnd, u64)> = checkpoint
+            .replies
+            .iter()
+            .map(|(caller, replies)| (*caller, checkpoint::known_from(replies)))
+            .collect();
         self.callers = checkpoint
             .replies
             .into_iter()
             .map(|(caller, replies)| {
-                let newest = replies.keys().next_back().copied().unwrap_or(0);
                 let memory = CallerMemory {
                     replies,
-                    last_answered: 0,
-                    known_from: newest.saturating_sub(checkpoint::MARKED_SPAN - 1),
+                    ..CallerMemory::default()
                 };
                 (caller, memory)
             })
@@ -733,10 +736,16 @@ impl Callee {
         self.checkpoints_taken = checkpoint.sequence;
         // The calls the failed node had received and not answered (b1) run
         // here now, and their callers hear from the replacement; copies
-        // that come later are duplicates.
+        // that come later are duplicates. They run before the bound below
+        // is set: the checkpoint proves they never finished, however old.
         for (caller, calls) in checkpoint.received {
             for payload in calls.into_values() {
                 self.handle(caller, &payload);
+            }
+        }
+        for (caller, known_from) in known_from {
+            if let Some(memory) = self.callers.get_mut(&caller) {
+                memory.known_from = known_from;
             }
         }
         Ok(())
@@ -1206,12 +1215,13 @@ mod tests {
         assert_ne!(header.flags() & flag, 0, "flags {:#x}", header.flags());
     }
 
-    /// A caller may keep up to 1024 calls out, and a checkpoint covers its
-    /// newest 16 ids. A resend of an older call, which may or may not have
-    /// run, went unanswered for ever after a failover (a raw `Caller` with
-    /// forty calls out waited them all out). It is told now that its
-    /// outcome is unknown; it is not run. Calls answered after the
-    /// failover are known again, and a new one below them runs.
+    /// A caller may keep up to 1024 calls out, and a checkpoint covers
+    /// its calls from the oldest reply it kept (or 16 ids below the
+    /// newest, if lower). A resend of an older call, which may or may not
+    /// have run, went unanswered for ever after a failover (a raw `Caller`
+    /// with forty calls out waited them all out). It is told now that its
+    /// outcome is unknown; it is not run. A call within the cover that the
+    /// checkpoint shows never ran, runs.
     #[test]
     fn a_call_older_than_a_checkpoint_covers_is_answered_outcome_unknown() {
         let answered = (20..=40u64).filter(|rpc_id| rpc_id % 2 == 0);
@@ -1219,16 +1229,16 @@ mod tests {
         let before = replacement.checkpoint().unwrap().state;
         assert_eq!(before, 11u64.to_be_bytes().to_vec());
 
+        // Below 20, the oldest reply kept: the replacement cannot know.
         replacement.handle(caller_on(1), &increment_call(3));
         assert_refused_with(&mut replacement, OUTCOME_UNKNOWN_FLAG);
-        // 23 never ran, but the replacement cannot know: the caller hears
-        // so. (24 ran, and its reply is kept.)
         let caller = Caller::new(Duration::from_millis(1), 3);
-        let outcome = answer_to_a_fresh_call(caller, &mut replacement, 23);
+        let outcome = answer_to_a_fresh_call(caller, &mut replacement, 19);
         assert!(
             matches!(outcome, Some(Err(RpcError::OutcomeUnknown(_)))),
             "{outcome:?}"
         );
+        // 24 ran, and its reply is kept.
         let caller = Caller::new(Duration::from_millis(1), 3);
         let outcome = answer_to_a_fresh_call(caller, &mut replacement, 24);
         assert_eq!(
@@ -1242,15 +1252,41 @@ mod tests {
             "nothing ran"
         );
 
-        // 25, never answered, is within the 16 ids the checkpoint covers.
-        replacement.handle(caller_on(1), &increment_call(25));
-        assert!(replacement.poll_transmit().is_some());
+        // 23 sits between kept replies: the checkpoint shows it never ran.
+        let caller = Caller::new(Duration::from_millis(1), 3);
+        let outcome = answer_to_a_fresh_call(caller, &mut replacement, 23);
+        assert_eq!(outcome, Some(Ok(12u64.to_be_bytes().to_vec())), "it ran");
+        assert_eq!(replacement.counters().outcomes_unknown, 2);
+    }
+
+    /// A call the checkpoint holds as received and not answered (b1) is
+    /// replayed at the restore, however far below the caller's answered
+    /// calls it sits: the checkpoint proves it never finished. The bound
+    /// for older calls was set before the replay, and refused it.
+    #[test]
+    fn a_received_call_below_the_cover_runs_at_the_restore() {
+        let caller = caller_on(1);
+        let replies = (6..=25u64).map(|rpc_id| (rpc_id, b"answered".to_vec()));
+        let checkpoint = checkpoint::Checkpoint {
+            sequence: 1,
+            executed: 20,
+            state: 20u64.to_be_bytes().to_vec(),
+            replies: BTreeMap::from([(caller, replies.collect())]),
+            received: BTreeMap::from([(caller, BTreeMap::from([(5, increment_call(5))]))]),
+        };
+        let mut replacement = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
+        replacement.restore(&checkpoint.encode().unwrap()).unwrap();
+
+        assert_eq!(replacement.counters().outcomes_unknown, 0);
         assert_eq!(
             replacement.checkpoint().unwrap().state,
-            12u64.to_be_bytes().to_vec(),
-            "the call the checkpoint knows never ran, ran"
+            21u64.to_be_bytes().to_vec(),
+            "the received call ran"
         );
-        assert_eq!(replacement.counters().outcomes_unknown, 2);
+        // An older call the checkpoint does not hold is still refused.
+        replacement.poll_transmit();
+        replacement.handle(caller, &increment_call(4));
+        assert_refused_with(&mut replacement, OUTCOME_UNKNOWN_FLAG);
     }
 
     /// Sends `rpc_id` as a fresh call from `caller` (port 1) to `callee`,

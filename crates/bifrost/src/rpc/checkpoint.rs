@@ -100,6 +100,20 @@ pub fn leave_out_replies(replies: &mut BTreeMap<u64, Vec<u8>>, keep: usize) {
     });
 }
 
+/// The oldest RPC id from which a checkpoint's replies for one caller hold
+/// every call the callee answered: the oldest kept, or [`MARKED_SPAN`]
+/// below the newest if that is lower. The replies are the caller's newest
+/// answered calls, the oldest of them marks, and only marks are ever left
+/// out, the oldest first: nothing answered above the oldest kept is
+/// missing. (Below the newest's span the bound holds too: a mark is
+/// forgotten only there.)
+pub fn known_from(replies: &BTreeMap<u64, Vec<u8>>) -> u64 {
+    let (Some(&oldest), Some(&newest)) = (replies.keys().next(), replies.keys().next_back()) else {
+        return 0;
+    };
+    oldest.min(newest.saturating_sub(MARKED_SPAN - 1))
+}
+
 fn encode_caller(bytes: &mut Vec<u8>, caller: &DatagramEnd) {
     bytes.extend_from_slice(&caller.mac.0);
     bytes.extend_from_slice(&caller.address.0);
@@ -160,10 +174,15 @@ fn decode_replies(
 ) -> Result<BTreeMap<DatagramEnd, BTreeMap<u64, Vec<u8>>>, CheckpointError> {
     let callers = reader.u32()?;
     let mut replies = BTreeMap::new();
+    let mut previous_caller = None;
     for _ in 0..callers {
         let at = reader.at;
         let not_canonical = |why| CheckpointError::NotCanonical { at, why };
         let caller = decode_caller(reader)?;
+        if previous_caller.is_some_and(|previous| previous >= caller) {
+            return Err(not_canonical("callers out of order or repeated"));
+        }
+        previous_caller = Some(caller);
         let newest = reader.u64()?;
         let marked = u16::from_be_bytes(reader.take(2)?.try_into().expect("two bytes"));
         let mut kept = BTreeMap::new();
@@ -193,9 +212,7 @@ fn decode_replies(
         if !kept.contains_key(&newest) {
             return Err(not_canonical("the newest id has no reply and no mark"));
         }
-        if replies.insert(caller, kept).is_some() {
-            return Err(not_canonical("a caller twice"));
-        }
+        replies.insert(caller, kept);
     }
     Ok(replies)
 }
@@ -515,6 +532,52 @@ mod tests {
         );
         let empty = one_caller_replies(BTreeMap::new());
         assert_eq!(empty.encode(), Err(CheckpointError::CallerWithoutReplies));
+    }
+
+    /// Two callers' blocks swapped decoded to the same checkpoint: a
+    /// second encoding of it. Callers must come in order.
+    #[test]
+    fn callers_out_of_order_are_refused() {
+        let caller = |port| DatagramEnd {
+            mac: MacAddress([2, 0, 0, 0, 0, 1]),
+            address: Ipv4Address::new(10, 0, 0, 1),
+            port,
+        };
+        let two = Checkpoint {
+            replies: BTreeMap::from([
+                (caller(1), BTreeMap::from([(3, vec![1])])),
+                (caller(2), BTreeMap::from([(4, vec![2])])),
+            ]),
+            ..Checkpoint::default()
+        };
+        let bytes = two.encode().unwrap();
+        // sequence, executed, state length, callers; then two blocks of
+        // caller 12, newest 8, marked 2, replies 4, id 8, length 4, reply 1.
+        let first = 8 + 8 + 4 + 4;
+        let block = 12 + 8 + 2 + 4 + 8 + 4 + 1;
+        let mut swapped = bytes[..first].to_vec();
+        swapped.extend_from_slice(&bytes[first + block..first + 2 * block]);
+        swapped.extend_from_slice(&bytes[first..first + block]);
+        swapped.extend_from_slice(&bytes[first + 2 * block..]);
+        assert!(matches!(
+            Checkpoint::decode(&swapped),
+            Err(CheckpointError::NotCanonical {
+                why: "callers out of order or repeated",
+                ..
+            })
+        ));
+        assert_eq!(Checkpoint::decode(&bytes), Ok(two));
+    }
+
+    /// The cover starts at the oldest reply kept, or 16 ids below the
+    /// newest if that is lower.
+    #[test]
+    fn the_cover_is_the_oldest_kept_or_the_newest_span() {
+        let replies = |ids: &[u64]| ids.iter().map(|&id| (id, vec![1])).collect();
+        assert_eq!(known_from(&replies(&[20, 22, 40])), 20);
+        assert_eq!(known_from(&replies(&[30, 40])), 25);
+        assert_eq!(known_from(&replies(&[3])), 0);
+        assert_eq!(known_from(&BTreeMap::new()), 0);
     }
 
     /// Each set of replies has one encoding; the others are refused by
