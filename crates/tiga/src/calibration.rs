@@ -147,13 +147,16 @@ impl CostCurve {
         let points = &self.medians_ns;
         let rising = points.windows(2).all(|pair| pair[0].0 < pair[1].0);
         let costs = || points.iter().map(|&(_, ns)| ns);
-        // At most a fixed cost's bound for the largest payload, so that a
-        // stage's time, slowed down, stays far from overflowing.
+        // At most a fixed cost's bound at every point and past the last
+        // (a curve may fall, so the largest payload's cost bounds nothing
+        // else), so that a stage's time, slowed down, stays far from
+        // overflowing virtual time.
+        let limit = crate::config::MAX_FIXED_COST_NS;
         (1..=MAX_CURVE_POINTS).contains(&points.len())
             && rising
-            && costs().all(|ns| ns.is_finite() && ns >= 0.0)
+            && costs().all(|ns| ns.is_finite() && (0.0..=limit).contains(&ns))
             && costs().any(|ns| ns > 0.0)
-            && self.at(MAX_PAYLOAD_BYTES as u64) <= crate::config::MAX_FIXED_COST_NS
+            && self.at(MAX_PAYLOAD_BYTES as u64) <= limit
     }
 }
 
@@ -538,6 +541,16 @@ mod tests {
         unsorted.apps[0].stages[0].cost.medians_ns.reverse();
         assert!(matches!(
             unsorted.check(),
+            Err(CalibrationError::BadCost { .. })
+        ));
+        // Cheap at the largest payload, 1e300 ns at the smallest: a
+        // 64-byte request's time overflowed virtual time.
+        let mut falling = Calibration::fixed_for_tests();
+        falling.apps[0].stages[0].portable_cost = CostCurve {
+            medians_ns: vec![(64, 1e300), (65536, 1.0)],
+        };
+        assert!(matches!(
+            falling.check(),
             Err(CalibrationError::BadCost { .. })
         ));
         let mut crowded = Calibration::fixed_for_tests();
