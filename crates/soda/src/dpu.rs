@@ -443,6 +443,23 @@ impl DpuState {
                 .any(|(retired, entry)| *retired == region && busy(&entry.state))
     }
 
+    /// Pieces of `region`'s static copy posted to the memory node and not
+    /// yet done (queued ones not counted).
+    pub fn static_pieces_posted(&self, region: RegionId) -> u32 {
+        let left = match self.statics.get(&region).map(|entry| entry.state) {
+            Some(StaticState::Loading { pieces_left } | StaticState::Flushing { pieces_left }) => {
+                pieces_left
+            }
+            _ => 0,
+        };
+        let queued = self
+            .static_jobs
+            .iter()
+            .filter(|job| job.region == region)
+            .count() as u32;
+        left.saturating_sub(queued)
+    }
+
     /// The static cache's state for `region`; `None` once gone.
     pub fn static_state(&self, region: RegionId) -> Option<StaticState> {
         self.statics.get(&region).map(|entry| entry.state)

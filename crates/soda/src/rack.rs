@@ -186,6 +186,10 @@ struct DpuPath {
     /// Objects whose dirty unpin's flush did not finish in time: the
     /// DPU may still be writing their static copy to their room.
     flushes_in_doubt: Mutex<std::collections::HashSet<ObjectId>>,
+    /// Released objects whose flush pieces were still in flight: each
+    /// holds one count in `unconfirmed`, taken back once its pieces have
+    /// landed ([`SodaRack::settle_flushes`]).
+    flush_holds: Mutex<std::collections::HashSet<ObjectId>>,
 }
 
 impl DpuPath {
@@ -360,6 +364,7 @@ impl SodaRack {
                 unconfirmed: Mutex::new(HashMap::new()),
                 releasing: Mutex::new(Default::default()),
                 flushes_in_doubt: Mutex::new(Default::default()),
+                flush_holds: Mutex::new(Default::default()),
             });
         }
         let mut processes = Vec::with_capacity(config.processes);
@@ -584,6 +589,30 @@ impl SodaRack {
                 .has_static_pieces_in_flight(region)
     }
 
+    /// Takes back the holds of released objects whose flush pieces have
+    /// landed since, freeing their rooms if nothing else holds them.
+    fn settle_flushes(&self, dpu: &DpuPath) {
+        let landed: Vec<ObjectId> = {
+            let mut holds = dpu.flush_holds.lock().expect("flush holds lock");
+            let state = dpu.state.lock().expect("DPU state lock");
+            let landed: Vec<ObjectId> = holds
+                .iter()
+                .filter(|object| {
+                    Self::region(**object)
+                        .map_or(true, |region| !state.has_static_pieces_in_flight(region))
+                })
+                .copied()
+                .collect();
+            for object in &landed {
+                holds.remove(object);
+            }
+            landed
+        };
+        for object in landed {
+            self.uncount_unsent(dpu, object);
+        }
+    }
+
     /// Counts a write the DPU may hold for `object`, from the moment it is
     /// sent: a write whose reply never came (a timeout) may still be
     /// queued at a live DPU with the object's absolute place on the memory
@@ -598,7 +627,7 @@ impl SodaRack {
     }
 
     /// Takes back a count [`Self::count_sent`] made for a write the DPU
-    /// never took ([`nothing_sent`]).
+    /// never took ([`nothing_sent`]), or for a flush that has landed.
     fn uncount_unsent(&self, dpu: &DpuPath, object: ObjectId) {
         let settled = {
             let mut unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
@@ -752,6 +781,7 @@ impl SodaRack {
             let released: Vec<ObjectId> = match dpu.is_dead() {
                 true => {
                     unconfirmed.clear();
+                    dpu.flush_holds.lock().expect("flush holds lock").clear();
                     releasing.drain().collect()
                 }
                 false => Vec::new(),
@@ -1037,8 +1067,10 @@ impl ChunkStore for SodaRack {
         bytes: u64,
         initial: Option<&std::path::Path>,
     ) -> Result<(), StoreError> {
-        if self.dpu.is_some() {
+        if let Some(dpu) = &self.dpu {
             Self::region(object)?;
+            // A room a landed flush held is free for this reserve.
+            self.settle_flushes(dpu);
         }
         let mut memory = self.memory.lock().expect("memory agent lock");
         let start = memory.reserve(object, bytes).map_err(pool_error(object))?;
@@ -1078,10 +1110,15 @@ impl ChunkStore for SodaRack {
         }
         self.lost.lock().expect("lost lock").remove(&object);
         if let Some(dpu) = &self.dpu {
+            self.settle_flushes(dpu);
             if self.still_flushing(dpu, object) {
                 // Its pieces still in flight: held as an unconfirmed write
-                // is, until the DPU is known dead.
+                // is, until they land or the DPU is known dead.
                 self.count_sent(dpu, object);
+                dpu.flush_holds
+                    .lock()
+                    .expect("flush holds lock")
+                    .insert(object);
             }
             let mut unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
             if dpu.is_dead() {
@@ -1344,6 +1381,62 @@ mod tests {
         assert!(store.write_back(second, 0, &[7u8; CHUNK_BYTES]).is_err());
         store.release(second).unwrap();
         store.reserve(second, CHUNK_BYTES as u64, None).unwrap();
+        store.stop().unwrap();
+    }
+
+    /// A dirty unpin whose flush did not finish in time held its object's
+    /// room once the object was released, and nothing took the hold back
+    /// when the flush landed: a live DPU's room leaked, and the id could
+    /// not be reserved again.
+    #[test]
+    fn a_released_objects_room_is_freed_once_its_late_flush_lands() {
+        const OBJECT_BYTES: usize = 16 * CHUNK_BYTES;
+        let store = slow_dpu_rack(Route::Direct, OBJECT_BYTES as u64);
+        let object = ObjectId(1);
+        store.reserve(object, OBJECT_BYTES as u64, None).unwrap();
+        store.advise(object, Advice::Pin).unwrap();
+        store.write_back(object, 0, &[7u8; CHUNK_BYTES]).unwrap();
+        // What an unpin past its deadline leaves: a flush in flight, in
+        // doubt (1 MiB at 200 Mb/s takes 42 ms).
+        let region = SodaRack::region(object).unwrap();
+        let dpu = store.dpu().unwrap();
+        dpu.state
+            .lock()
+            .expect("DPU state lock")
+            .begin_unpin(region, true);
+        dpu.flushes_in_doubt
+            .lock()
+            .expect("flushes lock")
+            .insert(object);
+        // Released once pieces are on their way (queued ones are dropped
+        // by the release, and never land).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while dpu
+            .state
+            .lock()
+            .expect("DPU state lock")
+            .static_pieces_posted(region)
+            == 0
+        {
+            assert!(Instant::now() < deadline, "the flush never started");
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        store.release(object).unwrap();
+        assert!(
+            !dpu.flush_holds.lock().expect("flush holds lock").is_empty(),
+            "released with its flush in flight"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while dpu
+            .state
+            .lock()
+            .expect("DPU state lock")
+            .has_static_pieces_in_flight(region)
+        {
+            assert!(Instant::now() < deadline, "the flush never landed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        store.reserve(object, OBJECT_BYTES as u64, None).unwrap();
         store.stop().unwrap();
     }
 
