@@ -437,9 +437,6 @@ mod tests {
         }
     }
 
-    /// A spec with no pool region deployed, and the rack then indexed
-    /// region 0 (a panic); one with more regions than a request id names
-    /// allocated every region first and then hit the client's assertion.
     /// Cowbird-P4's deployment, on a switch of its own.
     fn deploy_on_p4(
         spec: CowbirdSpec,
@@ -455,6 +452,10 @@ mod tests {
         deploy_p4(&spec, compute, memory, &mut switch, ports)
     }
 
+    /// A spec with no pool region deployed, and the rack then indexed
+    /// region 0 (a panic); one with more regions than a request id names
+    /// allocated every region first and then hit the client's assertion.
+    /// Both engines' deployments refuse them first.
     #[test]
     fn a_pool_of_no_region_or_too_many_is_refused_before_anything_is_allocated() {
         let too_many = usize::from(MAX_REGIONS) + 1;

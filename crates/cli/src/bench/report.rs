@@ -155,9 +155,6 @@ pub fn median(values: &mut [f64]) -> f64 {
 mod tests {
     use super::*;
 
-    /// The kv and verbs benchmarks divided each side's median round,
-    /// which could come from different rounds: with the machine's drift,
-    /// one device's best round against another's worst.
     /// `f64::min` drops NaN, so a minimum over [NaN, 0.3, 0.4] read 0.3
     /// and a target could print as met with an app unmeasured; an
     /// infinite ratio (nothing served by the baseline) read as met too.
@@ -177,6 +174,9 @@ mod tests {
         assert_eq!(measured_ratio(3.0, 2.0), 1.5);
     }
 
+    /// The kv and verbs benchmarks divided each side's median round,
+    /// which could come from different rounds: with the machine's drift,
+    /// one device's best round against another's worst.
     #[test]
     fn ratios_are_taken_within_rounds_then_their_median() {
         let cowbird = [1.0, 2.0, 3.0];
