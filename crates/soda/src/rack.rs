@@ -1309,14 +1309,22 @@ mod tests {
         SodaRack::start(&config).unwrap()
     }
 
+    /// Waits (at most 10 s, else fails saying `what` never happened)
+    /// until `done`.
+    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what} never happened");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     /// Waits until the DPU has written a chunk to the memory node, then
     /// checks that `object`, reserved meanwhile, still reads zeros.
     fn assert_untouched_after_the_dpu_wrote(store: &SodaRack, object: ObjectId) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while store.dpu_report().unwrap().0.written_bytes < CHUNK_BYTES as u64 {
-            assert!(Instant::now() < deadline, "the DPU never wrote");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until("the DPU's write", || {
+            store.dpu_report().unwrap().0.written_bytes >= CHUNK_BYTES as u64
+        });
         std::thread::sleep(Duration::from_millis(100));
         let mut chunk = vec![1u8; CHUNK_BYTES];
         store.fetch(object, 0, &mut chunk).unwrap();
@@ -1326,6 +1334,28 @@ mod tests {
         );
     }
 
+    /// A write of a chunk through the slow DPU, an error on the DPU path
+    /// for another object while the DPU lives on, the written object's
+    /// release (before the error or after it), and a new object reserved:
+    /// the DPU's queued write must not land in the new one.
+    fn a_live_dpu_write_after_an_error(release_before_the_error: bool) {
+        let store = slow_dpu_rack(Route::ThroughDpu, 0);
+        let (first, second) = (ObjectId(1), ObjectId(2));
+        store.reserve(first, CHUNK_BYTES as u64, None).unwrap();
+        store.write_back(first, 0, &[7u8; CHUNK_BYTES]).unwrap();
+        if release_before_the_error {
+            store.release(first).unwrap();
+        }
+        store.dpu_failed(ObjectId(3), &SodaRackError::Refused(ObjectId(3)));
+        if !release_before_the_error {
+            assert!(store.check_lost(first).is_err(), "its write may never land");
+            store.release(first).unwrap();
+        }
+        store.reserve(second, CHUNK_BYTES as u64, None).unwrap();
+        assert_untouched_after_the_dpu_wrote(&store, second);
+        store.stop().unwrap();
+    }
+
     /// An error on the DPU path (a slow DPU's timeout, a retired channel)
     /// was taken for the DPU's death: the rooms of objects released while
     /// it still held writes to them were freed, the next object took one,
@@ -1333,16 +1363,7 @@ mod tests {
     /// known dead now.
     #[test]
     fn an_error_on_the_dpu_path_frees_no_room_a_live_dpu_still_writes() {
-        let store = slow_dpu_rack(Route::ThroughDpu, 0);
-        let (first, second) = (ObjectId(1), ObjectId(2));
-        store.reserve(first, CHUNK_BYTES as u64, None).unwrap();
-        store.write_back(first, 0, &[7u8; CHUNK_BYTES]).unwrap();
-        store.release(first).unwrap();
-        // Another object's transfer fails, and the DPU lives on.
-        store.dpu_failed(ObjectId(3), &SodaRackError::Refused(ObjectId(3)));
-        store.reserve(second, CHUNK_BYTES as u64, None).unwrap();
-        assert_untouched_after_the_dpu_wrote(&store, second);
-        store.stop().unwrap();
+        a_live_dpu_write_after_an_error(true);
     }
 
     /// The same error, but the object released after it: the error dropped
@@ -1351,16 +1372,7 @@ mod tests {
     /// in the next object given it.
     #[test]
     fn a_release_after_a_dpu_path_error_frees_no_room_a_live_dpu_still_writes() {
-        let store = slow_dpu_rack(Route::ThroughDpu, 0);
-        let (first, second) = (ObjectId(1), ObjectId(2));
-        store.reserve(first, CHUNK_BYTES as u64, None).unwrap();
-        store.write_back(first, 0, &[7u8; CHUNK_BYTES]).unwrap();
-        store.dpu_failed(ObjectId(3), &SodaRackError::Refused(ObjectId(3)));
-        assert!(store.check_lost(first).is_err(), "its write may never land");
-        store.release(first).unwrap();
-        store.reserve(second, CHUNK_BYTES as u64, None).unwrap();
-        assert_untouched_after_the_dpu_wrote(&store, second);
-        store.stop().unwrap();
+        a_live_dpu_write_after_an_error(false);
     }
 
     /// Counting a write from the moment it is sent left a count for every
@@ -1408,34 +1420,20 @@ mod tests {
             .lock()
             .expect("flushes lock")
             .insert(object);
+        let state = || dpu.state.lock().expect("DPU state lock");
         // Released once pieces are on their way (queued ones are dropped
         // by the release, and never land).
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while dpu
-            .state
-            .lock()
-            .expect("DPU state lock")
-            .static_pieces_posted(region)
-            == 0
-        {
-            assert!(Instant::now() < deadline, "the flush never started");
-            std::thread::sleep(Duration::from_micros(100));
-        }
+        wait_until("the flush's start", || {
+            state().static_pieces_posted(region) > 0
+        });
         store.release(object).unwrap();
         assert!(
             !dpu.flush_holds.lock().expect("flush holds lock").is_empty(),
             "released with its flush in flight"
         );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while dpu
-            .state
-            .lock()
-            .expect("DPU state lock")
-            .has_static_pieces_in_flight(region)
-        {
-            assert!(Instant::now() < deadline, "the flush never landed");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until("the flush's landing", || {
+            !state().has_static_pieces_in_flight(region)
+        });
         store.reserve(object, OBJECT_BYTES as u64, None).unwrap();
         store.stop().unwrap();
     }

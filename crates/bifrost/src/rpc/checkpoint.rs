@@ -603,22 +603,27 @@ mod tests {
             }
             other => panic!("{other:?}, expected {expected}"),
         };
-        refused(
-            edit(newest_at, &0u64.to_be_bytes()),
-            "a mark below RPC id 0",
-        );
-        refused(
-            edit(marked_at, &3u16.to_be_bytes()),
-            "a call both marked and kept",
-        );
-        refused(
-            edit(reply_at, &6u64.to_be_bytes()),
-            "reply ids out of order or past the newest",
-        );
-        refused(
-            edit(newest_at, &7u64.to_be_bytes()),
-            "the newest id has no reply and no mark",
-        );
+        let edits: [(usize, &[u8], &str); 4] = [
+            (newest_at, &0u64.to_be_bytes(), "a mark below RPC id 0"),
+            (
+                marked_at,
+                &3u16.to_be_bytes(),
+                "a call both marked and kept",
+            ),
+            (
+                reply_at,
+                &6u64.to_be_bytes(),
+                "reply ids out of order or past the newest",
+            ),
+            (
+                newest_at,
+                &7u64.to_be_bytes(),
+                "the newest id has no reply and no mark",
+            ),
+        ];
+        for (at, with, why) in edits {
+            refused(edit(at, with), why);
+        }
         let mut empty_reply = bytes.clone();
         empty_reply[reply_at + 8..reply_at + 12].copy_from_slice(&0u32.to_be_bytes());
         empty_reply.remove(reply_at + 12);
