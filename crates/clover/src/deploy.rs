@@ -7,10 +7,10 @@
 use crate::layout::NextPointer;
 use crate::metadata::{MetadataConfig, MetadataServer, RegionPlan, RnicRegion};
 use crate::pool::{ClientPool, CloverError, PoolConfig, PoolWiring, Request, CLIENT_BUFFER_BYTES};
+use crate::resolver::ResolverError;
 use crate::resolver::{CloverResolver, Resolver, WatchedRegion};
 use remora_rnic::{AccessFlags, MemoryRegion, QueuePairBuilder, SoftRnic, Verbs};
 use remora_switch::programs::l2l3::L2L3Forwarding;
-use remora_switch::table::TableError;
 use remora_wire::Qpn;
 use remora_workloads::history::{value_with_id, LOADED_ID};
 use remora_workloads::ycsb::{Generator, Operation};
@@ -111,7 +111,7 @@ impl Deployment {
         compute: &SoftRnic,
         memory: &SoftRnic,
         cached_keys: &[u64],
-    ) -> Result<CloverResolver, TableError> {
+    ) -> Result<CloverResolver, ResolverError> {
         let plan = self.metadata.plan();
         let mut resolver = Resolver::with_forwarding(
             forwarding,
@@ -131,8 +131,15 @@ impl Deployment {
                 (compute.config().address, *near),
             )?;
         }
-        for key in cached_keys {
-            resolver.cache_key(*key, self.first_versions[*key as usize])?;
+        for &key in cached_keys {
+            let first = usize::try_from(key)
+                .ok()
+                .and_then(|index| self.first_versions.get(index))
+                .ok_or(ResolverError::UnknownKey {
+                    key,
+                    key_count: self.first_versions.len(),
+                })?;
+            resolver.cache_key(key, *first)?;
         }
         Ok(resolver)
     }
@@ -185,5 +192,51 @@ impl Feeder {
             pool.submit(client, request)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::{forwarding, Run, SwitchChoice};
+    use remora_rnic::RnicConfig;
+    use remora_wire::{Ipv4Address, MacAddress};
+
+    fn nic(last: u8) -> SoftRnic {
+        SoftRnic::new(RnicConfig::new(
+            MacAddress([2, 0, 0, 0, 0, last]),
+            Ipv4Address::new(10, 0, 0, last),
+            u64::from(last),
+        ))
+    }
+
+    /// A cached key past the store's keys indexed past its first versions
+    /// (a panic), and a key cached twice shared a cell with the next
+    /// (lost writes): both are typed errors.
+    #[test]
+    fn a_resolver_caching_an_unknown_or_repeated_key_is_refused() {
+        let run = Run::new(SwitchChoice::Resolver { cached_keys: 2 });
+        let (mut compute, mut memory) = (nic(1), nic(2));
+        let deployment = deploy(
+            run.store(Duration::from_millis(1)),
+            &mut compute,
+            &mut memory,
+        )
+        .unwrap();
+        let resolver = |keys: &[u64]| {
+            deployment
+                .resolver(forwarding(), &compute, &memory, keys)
+                .map(drop)
+        };
+        let key_count = deployment.first_versions.len();
+        assert_eq!(
+            resolver(&[key_count as u64]),
+            Err(ResolverError::UnknownKey {
+                key: key_count as u64,
+                key_count
+            })
+        );
+        assert_eq!(resolver(&[3, 3]), Err(ResolverError::KeyCachedTwice(3)));
+        assert_eq!(resolver(&[3, 4]), Ok(()));
     }
 }

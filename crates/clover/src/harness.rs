@@ -16,7 +16,6 @@ use remora_rack::topology::Topology;
 use remora_rnic::{SoftRnic, Timestamp, Verbs};
 use remora_sim::LinkFaults;
 use remora_switch::programs::l2l3::L2L3Forwarding;
-use remora_switch::table::TableError;
 use remora_switch::Program;
 use remora_workloads::distribution::{DistributionError, KeyChooser};
 use remora_workloads::history::{self, MalformedHistory, Verdict};
@@ -35,8 +34,8 @@ pub enum HarnessError {
     Clover(#[from] CloverError),
     #[error("metadata server: {0}")]
     Metadata(#[from] MetadataError),
-    #[error("resolver tables: {0}")]
-    Resolver(#[from] TableError),
+    #[error(transparent)]
+    Resolver(#[from] crate::resolver::ResolverError),
     #[error(transparent)]
     History(#[from] MalformedHistory),
     #[error("{0}")]

@@ -37,6 +37,17 @@ use remora_switch::programs::l2l3::L2L3Forwarding;
 use remora_switch::programs::{Overlaid, Overlay};
 use remora_switch::register::RegisterArray;
 use remora_switch::table::{ExactTable, TableError, TableShape};
+
+/// Why the resolver's control plane refused a setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolverError {
+    #[error("resolver tables: {0}")]
+    Table(#[from] TableError),
+    #[error("key {0} is cached twice")]
+    KeyCachedTwice(u64),
+    #[error("key {key} is not in the store's {key_count} keys")]
+    UnknownKey { key: u64, key_count: usize },
+}
 use remora_switch::{Packet, ResourceReport};
 use remora_wire::{icrc, Ipv4Address, Opcode, Psn, Qpn, Rkey, VirtAddr};
 
@@ -241,14 +252,21 @@ impl Resolver {
         Ok(())
     }
 
-    /// Control plane: cache `key`, whose tail is now `tail`.
-    pub fn cache_key(&mut self, key: u64, tail: NextPointer) -> Result<(), TableError> {
+    /// Control plane: cache `key`, whose tail is now `tail`. A key
+    /// cached twice is refused: the table kept one entry for it and the
+    /// second cell went to the next key too, so two keys shared one tail
+    /// and a write to one was linked into the other's list.
+    pub fn cache_key(&mut self, key: u64, tail: NextPointer) -> Result<(), ResolverError> {
+        if self.keys.lookup(&key).is_some() {
+            return Err(ResolverError::KeyCachedTwice(key));
+        }
         let slot = self.keys.len();
         if slot >= self.key_cells.len() {
             return Err(TableError::Full {
                 table: "clover_keys",
                 capacity: self.key_cells.len(),
-            });
+            }
+            .into());
         }
         self.keys.insert(key, slot as u32)?;
         let tail = self.region.base.0 + tail.offset();
@@ -576,6 +594,20 @@ mod tests {
         let tail = NextPointer::new(0x2000, 1, true).unwrap();
         resolver.cache_key(KEY, tail).unwrap();
         resolver
+    }
+
+    /// Caching a key twice gave the next key the same cell: two keys
+    /// shared one tail, and a CAS for one was aimed at the other's list.
+    #[test]
+    fn caching_a_key_twice_is_refused() {
+        let mut resolver = resolver();
+        let tail = NextPointer::new(0x3000, 1, true).unwrap();
+        assert_eq!(
+            resolver.cache_key(KEY, tail),
+            Err(ResolverError::KeyCachedTwice(KEY))
+        );
+        resolver.cache_key(KEY + 1, tail).unwrap();
+        assert_eq!(resolver.memory().cached_keys, 2);
     }
 
     /// A frame through the resolver, client to memory node (`to_memory`)
