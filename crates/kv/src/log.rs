@@ -36,6 +36,8 @@ pub enum LogError {
     Flush(DeviceError),
     #[error(transparent)]
     Epoch(#[from] EpochError),
+    #[error("the log's addresses have reached their 48-bit limit ({limit_bytes} bytes appended since the store began): it takes no more records")]
+    AddressSpaceExhausted { limit_bytes: u64 },
     #[error("truncating to {wanted} would drop records still in memory (the head is at {head})")]
     TruncateAboveHead {
         wanted: LogAddress,
@@ -323,7 +325,17 @@ impl HybridLog {
             Allocation::Ordinary => COMPACTION_RESERVE_PAGES << self.shape.page_bits,
             Allocation::Compaction => 0,
         };
-        let needed_bytes = self.page_start(page + 1).value() - self.needed_from().value();
+        // The page must end below the address space's end: at it, the
+        // next page's start wrapped to 0, and the subtraction below
+        // overflowed (a panic, or in release every later write refused as
+        // a full device with an absurd size); and a tail at the end itself
+        // would read as address 0. Pages stop one short of it.
+        let limit_bytes = 1u64 << crate::address::ADDRESS_BITS;
+        let end = (page + 1) << self.shape.page_bits;
+        if end >= limit_bytes {
+            return Err(LogError::AddressSpaceExhausted { limit_bytes });
+        }
+        let needed_bytes = end - self.needed_from().value();
         if needed_bytes + reserve_bytes > self.device_capacity_bytes {
             return Err(LogError::DeviceFull {
                 needed_bytes,
@@ -591,5 +603,38 @@ impl HybridLog {
         debug_assert!(safe_read_only <= read_only);
         debug_assert!(read_only <= self.tail());
         debug_assert!(begin <= head || begin.page(self.shape.page_bits) == 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::address::ADDRESS_BITS;
+    use crate::device::memory::MemoryDevice;
+
+    /// Turning onto the last page below 2^48 computed the next page's start
+    /// as 0 and subtracted the begin from it: a panic in debug builds, and
+    /// in release every write refused for good as a full device. The log's
+    /// end is a typed error of its own.
+    #[test]
+    fn the_log_refuses_pages_at_the_end_of_its_address_space() {
+        const PAGE_BITS: u32 = 12;
+        let device = MemoryDevice::new(1 << 20);
+        let shape = LogShape {
+            page_bits: PAGE_BITS,
+            frame_count: 4,
+            mutable_pages: 2,
+        };
+        let log = HybridLog::new(shape, Arc::new(Epoch::new(4)), &device).unwrap();
+        let last_page = ((1u64 << ADDRESS_BITS) >> PAGE_BITS) - 1;
+        let near_end = LogAddress::page_start(last_page - 2, PAGE_BITS);
+        log.restore(near_end, near_end);
+        assert!(log
+            .check_room(last_page - 1, Allocation::Compaction)
+            .is_ok());
+        assert!(matches!(
+            log.check_room(last_page, Allocation::Compaction),
+            Err(LogError::AddressSpaceExhausted { .. })
+        ));
     }
 }

@@ -363,11 +363,10 @@ fn records_whose_flush_is_in_flight_stay_readable_with_their_newest_value() {
     }
 }
 
-/// Regression: a record on the device whose sizes run past its page's end
-/// made the pending read ask for the same bytes again and again until the
-/// 30-second stall error; it is a corrupt log, reported at once.
-#[test]
-fn a_record_running_past_its_page_end_is_reported_corrupt_at_once() {
+/// A store on a memory device whose record for "victim" has gone to the
+/// device, late in page 0; returns the device, a session and the record's
+/// offset on the device.
+fn a_victim_on_the_device() -> (Arc<MemoryDevice>, Session, u64) {
     use remora_kv::log::CHECKPOINT_AREA_BYTES;
     use remora_kv::record::record_bytes;
     let device = Arc::new(MemoryDevice::new(8 << 20));
@@ -382,17 +381,24 @@ fn a_record_running_past_its_page_end_is_reported_corrupt_at_once() {
         session.upsert(&number.to_le_bytes(), &[2; 1000]).unwrap();
     }
     let victim_at = 64 + 12 * record_bytes(8, 1000);
-    // Its sizes word now claims a 4 KiB value: more than the page holds.
+    (device, session, CHECKPOINT_AREA_BYTES + victim_at)
+}
+
+/// Overwrites `bytes` at `offset` of `device`, as a corrupt write would.
+fn corrupt(device: &MemoryDevice, offset: u64, bytes: &[u8]) {
     let mut queue = device.open_queue().unwrap();
-    let sizes = 6u64 | (4096u64 << 32);
-    let offset = CHECKPOINT_AREA_BYTES + victim_at + 8;
-    remora_kv::checkpoint::write_now(queue.as_mut(), offset, &sizes.to_le_bytes()).unwrap();
+    remora_kv::checkpoint::write_now(queue.as_mut(), offset, bytes).unwrap();
+}
+
+/// Reads "victim" and another key, both pending: within 5 s the victim's
+/// read fails as corrupt on its own, the other is found, and nothing is
+/// left pending (one failure once stranded the rest for good).
+fn assert_the_victim_alone_is_corrupt(session: &mut Session) {
     let mut out = Vec::new();
     assert_eq!(
         session.read(b"victim", &mut out, 1).unwrap(),
         Status::Pending
     );
-    // Another read, of a sound record, pending beside it.
     assert_eq!(
         session.read(&150u64.to_le_bytes(), &mut out, 2).unwrap(),
         Status::Pending
@@ -405,14 +411,39 @@ fn a_record_running_past_its_page_end_is_reported_corrupt_at_once() {
         })
         .unwrap();
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
-    // The victim's read fails on its own; the other finishes, and nothing
-    // is left pending (one failure once stranded the rest for good).
     assert!(
         matches!(results[&1], Err(KvError::Corrupt(_))),
         "{results:?}"
     );
     assert!(matches!(results[&2], Ok(Status::Found)), "{results:?}");
     assert_eq!(session.pending_count(), 0);
+}
+
+/// Regression: a record on the device whose sizes run past its page's end
+/// made the pending read ask for the same bytes again and again until the
+/// 30-second stall error; it is a corrupt log, reported at once.
+#[test]
+fn a_record_running_past_its_page_end_is_reported_corrupt_at_once() {
+    let (device, mut session, victim) = a_victim_on_the_device();
+    // Its sizes word now claims a 4 KiB value: more than the page holds.
+    let sizes = 6u64 | (4096u64 << 32);
+    corrupt(&device, victim + 8, &sizes.to_le_bytes());
+    assert_the_victim_alone_is_corrupt(&mut session);
+}
+
+/// Regression: a record of another key whose previous address was its own
+/// (a flipped bit) made the pending read follow it to itself for ever: 30
+/// seconds of a spinning core, then a stall error with the token still
+/// pending. A chain that does not run down the log is corrupt, at once.
+#[test]
+fn a_chain_record_pointing_at_itself_is_reported_corrupt_at_once() {
+    let (device, mut session, victim) = a_victim_on_the_device();
+    use remora_kv::log::CHECKPOINT_AREA_BYTES;
+    // Another key's record now ("wictim"), its previous address its own.
+    corrupt(&device, victim + 24, b"w");
+    let own_address = victim - CHECKPOINT_AREA_BYTES;
+    corrupt(&device, victim, &own_address.to_le_bytes());
+    assert_the_victim_alone_is_corrupt(&mut session);
 }
 
 /// Regression: the reads `complete_pending` issues itself (here a long

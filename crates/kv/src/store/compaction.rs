@@ -189,6 +189,12 @@ impl Session {
             if stored.key == key {
                 return Ok(Some(address));
             }
+            // A chain only runs down the log (see `on_arrival`).
+            if stored.header.previous() >= address {
+                return Err(KvError::Corrupt(
+                    "a record's previous address is not below its own",
+                ));
+            }
             address = stored.header.previous();
         }
         Err(KvError::Corrupt("a chain on the device does not end"))

@@ -1143,8 +1143,18 @@ impl Session {
             }
             None
         } else {
-            // Another key's record: read the one before it.
-            operation.address = record.header.previous();
+            // Another key's record: read the one before it. A chain only
+            // runs down the log: a previous address at or above its own
+            // record's (a flipped bit, a bad far-memory write) reissued the
+            // same read for ever, or read a device page that only exists in
+            // memory.
+            let previous = record.header.previous();
+            if previous >= operation.address {
+                return Err(KvError::Corrupt(
+                    "a record's previous address is not below its own",
+                ));
+            }
+            operation.address = previous;
             self.issue_read(token, self.shared.config.first_read_bytes)?;
             return Ok(false);
         };
