@@ -51,13 +51,22 @@ pub enum LogError {
 /// compaction of a full device can always free its first page.
 pub const COMPACTION_RESERVE_PAGES: u64 = 2;
 
+/// A page past the compaction's reserve that only a checkpoint's page
+/// turn may take. Under a kept checkpoint, a compaction's truncated pages
+/// keep their space until a newer checkpoint is durable; with one reserve
+/// for both, the copies filled it, the checkpoint could not turn its page,
+/// and the device stayed full for good.
+pub const SEAL_RESERVE_PAGES: u64 = 1;
+
 /// Who asks for room at the tail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Allocation {
-    /// An operation's record: it stops short of the reserve.
+    /// An operation's record: it stops short of both reserves.
     Ordinary,
-    /// A compaction's copy, which may fill the reserve.
+    /// A compaction's copy, which may fill the compaction's reserve.
     Compaction,
+    /// A checkpoint's page turn, which may take the last page too.
+    Seal,
 }
 
 /// Device bytes before the log's ring: two checkpoint records.
@@ -292,7 +301,8 @@ impl HybridLog {
     /// Reserves `bytes` at the tail. `Ok(None)` means the next page's
     /// frame is not free yet (or another thread holds the tail): refresh
     /// the epoch, poll flushes and try again. Only `Allocation::Compaction`
-    /// may take the device's last [`COMPACTION_RESERVE_PAGES`] pages.
+    /// may take the device's [`COMPACTION_RESERVE_PAGES`] before its last
+    /// [`SEAL_RESERVE_PAGES`], which only a checkpoint's seal takes.
     pub fn allocate(
         self: &Arc<Self>,
         bytes: u64,
@@ -321,10 +331,12 @@ impl HybridLog {
     /// hold the log through that page, plus the reserve for an ordinary
     /// record.
     fn check_room(&self, page: u64, allocation: Allocation) -> Result<(), LogError> {
-        let reserve_bytes = match allocation {
-            Allocation::Ordinary => COMPACTION_RESERVE_PAGES << self.shape.page_bits,
-            Allocation::Compaction => 0,
+        let reserve_pages = match allocation {
+            Allocation::Ordinary => COMPACTION_RESERVE_PAGES + SEAL_RESERVE_PAGES,
+            Allocation::Compaction => SEAL_RESERVE_PAGES,
+            Allocation::Seal => 0,
         };
+        let reserve_bytes = reserve_pages << self.shape.page_bits;
         // The page must end below the address space's end: at it, the
         // next page's start wrapped to 0, and the subtraction below
         // overflowed (a panic, or in release every later write refused as
@@ -382,8 +394,8 @@ impl HybridLog {
         let Ok(mut tail) = self.tail.try_lock() else {
             return Ok(None);
         };
-        // A checkpoint may take the reserve: it turns at most one page.
-        if tail.offset > 0 && !self.turn_page(&mut tail, Allocation::Compaction)? {
+        // A checkpoint may take the reserves: it turns at most one page.
+        if tail.offset > 0 && !self.turn_page(&mut tail, Allocation::Seal)? {
             return Ok(None);
         }
         // The tail moves first, so that no thread sees the read-only

@@ -476,3 +476,43 @@ fn a_read_racing_a_compaction_that_moves_its_key_still_finds_it() {
     assert_eq!(answer, Some((Ok(Status::Found), b"value".to_vec())));
     assert_eq!(read_now(&mut reader, &key), Some(b"value".to_vec()));
 }
+
+/// A compaction under a kept checkpoint frees no device space until a newer
+/// checkpoint: its copies filled the reserve, and the checkpoint that would
+/// have let the truncated pages go could not turn its page (the same
+/// reserve), so the background compactor died and every write and `SAVE`
+/// failed as a full device until a restart. A checkpoint has a page of its
+/// own now.
+#[test]
+fn a_compaction_under_a_kept_checkpoint_leaves_room_for_the_checkpoint_that_frees_it() {
+    let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(2 << 20));
+    let store = Store::new(StoreConfig::smallest(), device.clone()).unwrap();
+    let mut session = store.session().unwrap();
+    // Many live records: copying them takes more than the reserve.
+    for number in 0u16..2000 {
+        let value = value_of(number as u8, 300, usize::from(number));
+        session.upsert(&number.to_le_bytes(), &value).unwrap();
+    }
+    session.checkpoint().unwrap();
+    'filling: for round in 1..100usize {
+        for number in 0u16..2000 {
+            let value = value_of(number as u8, 300, round);
+            match session.upsert(&number.to_le_bytes(), &value) {
+                Ok(_) => {}
+                Err(KvError::Log(LogError::DeviceFull { .. })) => break 'filling,
+                Err(error) => panic!("{error}"),
+            }
+        }
+    }
+    match session.compact(head(&store)) {
+        Ok(_) | Err(KvError::Log(LogError::DeviceFull { .. })) => {}
+        Err(error) => panic!("{error}"),
+    }
+    session
+        .checkpoint()
+        .expect("the checkpoint that lets the truncated pages go");
+    let value = value_of(7, 300, 1_000_000);
+    session
+        .upsert(&7u16.to_le_bytes(), &value)
+        .expect("room again once the checkpoint is durable");
+}
