@@ -210,6 +210,39 @@ mod tests {
         ))
     }
 
+    /// The deadline was checked after a poll's completions had advanced
+    /// the operations and posted their next verbs, and never for one that
+    /// finished in that poll: a client descheduled past its deadline read
+    /// through a pointer the collector may have reused since, and its
+    /// request finished as if nothing happened. A completion past the
+    /// deadline fails the poll before anything moves.
+    #[test]
+    fn a_completion_past_the_deadline_fails_before_anything_moves() {
+        use remora_rnic::back_to_back::BackToBack;
+        use remora_rnic::Timestamp;
+        let run = Run::new(SwitchChoice::Plain);
+        let spec = run.store(Duration::from_millis(1));
+        let deadline = spec.pool.operation_deadline;
+        let mut rig = BackToBack::new(3);
+        let mut deployment = deploy(spec, &mut rig.left, &mut rig.right).unwrap();
+        let pool = &mut deployment.pool;
+        pool.submit(0, Request::Get { key: 1 }).unwrap();
+        assert!(pool.poll(Timestamp::ZERO, &mut rig.left).unwrap());
+        rig.run(1_000);
+        let late = Timestamp::ZERO.saturating_add(deadline + Duration::from_micros(1));
+        assert!(matches!(
+            pool.poll(late, &mut rig.left),
+            Err(CloverError::Deadline { client: 0, .. })
+        ));
+        let mut frame = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+        assert_eq!(
+            rig.left.poll_transmit(late, &mut frame),
+            None,
+            "no verb posted after the deadline"
+        );
+        assert!(pool.take_finished().is_empty(), "nothing finished late");
+    }
+
     /// A cached key past the store's keys indexed past its first versions
     /// (a panic), and a key cached twice shared a cell with the next
     /// (lost writes): both are typed errors.

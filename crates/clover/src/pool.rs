@@ -344,24 +344,27 @@ impl ClientPool {
                 break;
             };
             moved = true;
-            self.complete(
-                now,
-                rnic,
-                completion.work_request_id as usize,
-                completion.status,
-            )?;
+            let client = completion.work_request_id as usize;
+            // Before the completion advances the operation: past its
+            // deadline, the collector may have reused what it points at,
+            // so it posts no next verb and does not finish.
+            self.check_deadline(now, client)?;
+            self.complete(now, rnic, client, completion.status)?;
         }
         for client in 0..self.clients.len() {
+            self.check_deadline(now, client)?;
             moved |= self.start_next(now, client)?;
             moved |= self.post_ready(rnic, client)?;
-            self.check_deadline(now, client)?;
         }
         Ok(moved)
     }
 
     fn check_deadline(&self, now: Timestamp, client: usize) -> Result<(), CloverError> {
         let deadline = self.config.operation_deadline;
-        match &self.clients[client].running {
+        let Some(state) = self.clients.get(client) else {
+            return Ok(());
+        };
+        match &state.running {
             Some(Running {
                 operating_since: Some(since),
                 ..
