@@ -199,16 +199,8 @@ impl Feeder {
 mod tests {
     use super::*;
     use crate::harness::{forwarding, Run, SwitchChoice};
-    use remora_rnic::RnicConfig;
-    use remora_wire::{Ipv4Address, MacAddress};
-
-    fn nic(last: u8) -> SoftRnic {
-        SoftRnic::new(RnicConfig::new(
-            MacAddress([2, 0, 0, 0, 0, last]),
-            Ipv4Address::new(10, 0, 0, last),
-            u64::from(last),
-        ))
-    }
+    use remora_rnic::back_to_back::BackToBack;
+    use remora_rnic::Timestamp;
 
     /// The deadline was checked after a poll's completions had advanced
     /// the operations and posted their next verbs, and never for one that
@@ -218,8 +210,6 @@ mod tests {
     /// deadline fails the poll before anything moves.
     #[test]
     fn a_completion_past_the_deadline_fails_before_anything_moves() {
-        use remora_rnic::back_to_back::BackToBack;
-        use remora_rnic::Timestamp;
         let run = Run::new(SwitchChoice::Plain);
         let spec = run.store(Duration::from_millis(1));
         let deadline = spec.pool.operation_deadline;
@@ -249,16 +239,12 @@ mod tests {
     #[test]
     fn a_resolver_caching_an_unknown_or_repeated_key_is_refused() {
         let run = Run::new(SwitchChoice::Resolver { cached_keys: 2 });
-        let (mut compute, mut memory) = (nic(1), nic(2));
-        let deployment = deploy(
-            run.store(Duration::from_millis(1)),
-            &mut compute,
-            &mut memory,
-        )
-        .unwrap();
+        let mut rig = BackToBack::new(1);
+        let store = run.store(Duration::from_millis(1));
+        let deployment = deploy(store, &mut rig.left, &mut rig.right).unwrap();
         let resolver = |keys: &[u64]| {
             deployment
-                .resolver(forwarding(), &compute, &memory, keys)
+                .resolver(forwarding(), &rig.left, &rig.right, keys)
                 .map(drop)
         };
         let key_count = deployment.first_versions.len();
