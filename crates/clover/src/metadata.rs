@@ -24,7 +24,8 @@
 
 use crate::client::MAX_HOPS;
 use crate::layout::{
-    decode_entry, encode_entry, size_class, LayoutError, NextPointer, HEADER_BYTES, SIZE_CLASSES,
+    decode_entry, encode_entry, size_class, LayoutError, NextPointer, HEADER_BYTES,
+    MAX_VALUE_BYTES, SIZE_CLASSES,
 };
 use remora_rnic::{MemoryRegion, Timestamp, Verbs};
 use remora_wire::VirtAddr;
@@ -411,7 +412,7 @@ impl MetadataServer {
             memory.write(self.plan.shortcut_offset(key)?, &tail.word().to_le_bytes())?;
             let keep_from = chain.len().saturating_sub(self.config.keep_versions);
             for pointer in &chain[..keep_from] {
-                let class = Self::class_index(entry_length(pointer.offset(), memory)?)?;
+                let class = Self::class_index(entry_length(key, pointer.offset(), memory)?)?;
                 self.quarantine.push_back(Retired {
                     at: now,
                     key,
@@ -469,7 +470,7 @@ impl MetadataServer {
                 continue;
             }
             for pointer in walk(key, record.head, memory)? {
-                let length = entry_length(pointer.offset(), memory)?;
+                let length = entry_length(key, pointer.offset(), memory)?;
                 let mut entry = vec![0; HEADER_BYTES + length];
                 memory.read(pointer.offset(), &mut entry)?;
                 decode_entry(&entry).map_err(|error| MetadataError::Broken {
@@ -489,10 +490,25 @@ impl MetadataServer {
 }
 
 /// The value length recorded in an entry's header.
-fn entry_length(offset: u64, memory: &mut dyn RegionAccess) -> Result<usize, MetadataError> {
+/// The value length `key`'s entry at `offset` claims. A length past the
+/// largest value is a broken list, named by its key: read unchecked, the
+/// audit allocated it (4 GiB for a garbage `0xFFFFFFFF`) and then blamed
+/// the region, and a collection failed whole on a size class.
+fn entry_length(
+    key: u64,
+    offset: u64,
+    memory: &mut dyn RegionAccess,
+) -> Result<usize, MetadataError> {
     let mut header = [0u8; HEADER_BYTES];
     memory.read(offset, &mut header)?;
-    Ok(u32::from_le_bytes(header[16..20].try_into().expect("4 bytes")) as usize)
+    let length = u32::from_le_bytes(header[16..20].try_into().expect("4 bytes")) as usize;
+    if length > MAX_VALUE_BYTES {
+        return Err(MetadataError::Broken {
+            key,
+            reason: format!("entry at {offset:#x} claims {length} value bytes"),
+        });
+    }
+    Ok(length)
 }
 
 /// The pointers from `start` to the tail, refusing cycles, foreign keys
@@ -558,6 +574,36 @@ mod tests {
             .read(server.plan.shortcut_offset(0).unwrap(), &mut word)
             .unwrap();
         NextPointer::from_word(u64::from_le_bytes(word)).offset()
+    }
+
+    /// A garbage length in an entry made the audit allocate it (4 GiB for
+    /// 0xFFFFFFFF) and report a region error, and a collection fail whole
+    /// on a size class: both name the broken key now.
+    #[test]
+    fn a_garbage_entry_length_is_reported_as_a_broken_list() {
+        let config = MetadataConfig {
+            batch_slots: 1,
+            keep_versions: 1,
+            grace: Duration::from_millis(1),
+        };
+        let plan = RegionPlan::new(1, 1 << 16).unwrap();
+        let mut server = MetadataServer::new(plan, config).unwrap();
+        let mut memory = vec![0u8; 1 << 16];
+        let first = server.load(0, b"version zero....", &mut memory).unwrap();
+        let second = append(&mut server, &mut memory, first, b"version one.....");
+        memory
+            .write(second.offset() + 16, &u32::MAX.to_le_bytes())
+            .unwrap();
+        let broken = |result: Result<(), MetadataError>| {
+            matches!(result, Err(MetadataError::Broken { key: 0, .. }))
+        };
+        assert!(broken(server.audit(&mut memory).map(drop)));
+        // The collection retires `first`, reading its length; break that.
+        memory
+            .write(first.offset() + 16, &u32::MAX.to_le_bytes())
+            .unwrap();
+        let at = Timestamp::from_nanos(0);
+        assert!(broken(server.collect(at, &mut memory).map(drop)));
     }
 
     /// A writer's shortcut WRITE that lands after its version was retired
