@@ -425,15 +425,11 @@ impl DpuState {
         self.crashes
     }
 
-    /// Whether loads or flushes of `region`'s static copy are queued or in
-    /// flight, its entry kept or retired.
-    pub fn has_static_pieces_in_flight(&self, region: RegionId) -> bool {
-        let busy = |state: &StaticState| match state {
-            StaticState::Loading { pieces_left } | StaticState::Flushing { pieces_left } => {
-                *pieces_left > 0
-            }
-            _ => false,
-        };
+    /// Whether flush pieces of `region`'s static copy, which write into its
+    /// room on the memory node, are queued or in flight, its entry kept or
+    /// retired. (A load's pieces only read the room.)
+    pub fn has_flush_pieces_in_flight(&self, region: RegionId) -> bool {
+        let busy = |state: &StaticState| matches!(state, StaticState::Flushing { pieces_left } if *pieces_left > 0);
         self.statics
             .get(&region)
             .is_some_and(|entry| busy(&entry.state))

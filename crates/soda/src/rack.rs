@@ -183,9 +183,6 @@ struct DpuPath {
     /// (or the DPU dies). Freed at once, a late write landed in the room
     /// of the next object given it. Locked inside `unconfirmed`.
     releasing: Mutex<std::collections::HashSet<ObjectId>>,
-    /// Objects whose dirty unpin's flush did not finish in time: the
-    /// DPU may still be writing their static copy to their room.
-    flushes_in_doubt: Mutex<std::collections::HashSet<ObjectId>>,
     /// Released objects whose flush pieces were still in flight: each
     /// holds one count in `unconfirmed`, taken back once its pieces have
     /// landed ([`SodaRack::settle_flushes`]).
@@ -363,7 +360,6 @@ impl SodaRack {
                 busy,
                 unconfirmed: Mutex::new(HashMap::new()),
                 releasing: Mutex::new(Default::default()),
-                flushes_in_doubt: Mutex::new(Default::default()),
                 flush_holds: Mutex::new(Default::default()),
             });
         }
@@ -569,24 +565,17 @@ impl SodaRack {
         self.free_rooms(settled);
     }
 
-    /// Whether `object`'s dirty unpin, which did not finish in time, still
-    /// has pieces in flight (released, their region's copy is retired,
-    /// not gone, until they land). Asked once: the doubt is settled here.
+    /// Whether the DPU still writes a flush of `object`'s static copy into
+    /// its room (a dirty unpin that did not finish in time, or one racing
+    /// the release): released, the region's copy is retired, not gone,
+    /// until its pieces land.
     fn still_flushing(&self, dpu: &DpuPath, object: ObjectId) -> bool {
-        let in_doubt = dpu
-            .flushes_in_doubt
-            .lock()
-            .expect("flushes lock")
-            .remove(&object);
-        let Ok(region) = Self::region(object) else {
-            return false;
-        };
-        in_doubt
-            && dpu
-                .state
+        Self::region(object).is_ok_and(|region| {
+            dpu.state
                 .lock()
                 .expect("DPU state lock")
-                .has_static_pieces_in_flight(region)
+                .has_flush_pieces_in_flight(region)
+        })
     }
 
     /// Takes back the holds of released objects whose flush pieces have
@@ -599,7 +588,7 @@ impl SodaRack {
                 .iter()
                 .filter(|object| {
                     Self::region(**object)
-                        .map_or(true, |region| !state.has_static_pieces_in_flight(region))
+                        .map_or(true, |region| !state.has_flush_pieces_in_flight(region))
                 })
                 .copied()
                 .collect();
@@ -609,7 +598,7 @@ impl SodaRack {
             landed
         };
         for object in landed {
-            self.uncount_unsent(dpu, object);
+            self.take_back_count(dpu, object);
         }
     }
 
@@ -628,7 +617,7 @@ impl SodaRack {
 
     /// Takes back a count [`Self::count_sent`] made for a write the DPU
     /// never took ([`nothing_sent`]), or for a flush that has landed.
-    fn uncount_unsent(&self, dpu: &DpuPath, object: ObjectId) {
+    fn take_back_count(&self, dpu: &DpuPath, object: ObjectId) {
         let settled = {
             let mut unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
             let mut releasing = dpu.releasing.lock().expect("releasing lock");
@@ -710,7 +699,7 @@ impl SodaRack {
                     Ok((_, immediate)) => immediate,
                     Err(error) => {
                         if nothing_sent(&error) {
-                            self.uncount_unsent(dpu, object);
+                            self.take_back_count(dpu, object);
                         }
                         // Otherwise the DPU may hold it or not: the count
                         // stays (a room held too long, never one reused
@@ -903,9 +892,10 @@ impl SodaRack {
         let dpu = self.dpu()?;
         let region = Self::region(object)?;
         let before = self.pins.begin_move(object, Self::static_deadline())?;
+        let recorded = matches!(before, Some(Standing::Pinned { .. }));
         let begun = {
             let mut state = dpu.state.lock().expect("DPU state lock");
-            if !matches!(before, Some(Standing::Pinned { .. })) {
+            if !recorded {
                 // A static copy the host does not record (left by a pin
                 // that failed, the object written to the memory node
                 // since) is stale: a pin took it as loaded and served it.
@@ -927,7 +917,7 @@ impl SodaRack {
                 Ok(())
             }
             Err(error) => {
-                if !matches!(before, Some(Standing::Pinned { .. })) {
+                if !recorded {
                     // Routed direct again: the copy is stale from the first
                     // write, and its space is another pin's.
                     dpu.state
@@ -956,18 +946,6 @@ impl SodaRack {
                     .lock()
                     .expect("lost lock")
                     .insert(object, error.to_string());
-            }
-            if let (true, false, Ok(dpu)) = (
-                dirty,
-                matches!(error, SodaRackError::StaticCopyLost(_)),
-                self.dpu(),
-            ) {
-                // A flush that did not finish in time may still be writing
-                // into the object's room: a release looks again.
-                dpu.flushes_in_doubt
-                    .lock()
-                    .expect("flushes lock")
-                    .insert(object);
             }
         }
         // Out of the static cache either way: the DPU frees the space once
@@ -1408,18 +1386,14 @@ mod tests {
         store.reserve(object, OBJECT_BYTES as u64, None).unwrap();
         store.advise(object, Advice::Pin).unwrap();
         store.write_back(object, 0, &[7u8; CHUNK_BYTES]).unwrap();
-        // What an unpin past its deadline leaves: a flush in flight, in
-        // doubt (1 MiB at 200 Mb/s takes 42 ms).
+        // What an unpin past its deadline leaves: a flush in flight (1 MiB
+        // at 200 Mb/s takes 42 ms).
         let region = SodaRack::region(object).unwrap();
         let dpu = store.dpu().unwrap();
         dpu.state
             .lock()
             .expect("DPU state lock")
             .begin_unpin(region, true);
-        dpu.flushes_in_doubt
-            .lock()
-            .expect("flushes lock")
-            .insert(object);
         let state = || dpu.state.lock().expect("DPU state lock");
         // Released once pieces are on their way (queued ones are dropped
         // by the release, and never land).
@@ -1432,7 +1406,7 @@ mod tests {
             "released with its flush in flight"
         );
         wait_until("the flush's landing", || {
-            !state().has_static_pieces_in_flight(region)
+            !state().has_flush_pieces_in_flight(region)
         });
         store.reserve(object, OBJECT_BYTES as u64, None).unwrap();
         store.stop().unwrap();
