@@ -58,8 +58,8 @@ pub enum RpcError {
     #[error("the call ran once, but its reply was lost with the callee: {0}")]
     ReplyLost(String),
     /// The callee failed, and its replacement cannot tell whether this
-    /// call ran before the failure: its checkpoint covers each caller's
-    /// newest [`checkpoint::MARKED_SPAN`] RPC ids, and this call is older.
+    /// call ran before the failure: this call is older than what its
+    /// checkpoint covers of the caller ([`checkpoint::known_from`]).
     /// It is not run now. Only a caller that keeps calls out over more ids
     /// than that meets it ([`Caller::within_span`]; the agents never do).
     #[error("the callee failed and its replacement cannot tell whether the call ran: {0}")]
@@ -510,7 +510,7 @@ struct CallerMemory {
     /// Every answered call from this RPC id on is remembered (within
     /// [`REPLIES_KEPT_PER_CALLER`] of the newest): 0, or, for a caller
     /// restored from a checkpoint, the oldest id the checkpoint covered
-    /// ([`checkpoint::MARKED_SPAN`] below its newest). An older call may
+    /// ([`checkpoint::known_from`]). An older call may
     /// have run before the failure or not; run, a late copy of it ran
     /// again, and dropped, a call that never ran went unanswered for ever.
     /// (The oldest reply kept is no such bound: a lost call can sit below
@@ -1163,9 +1163,7 @@ mod tests {
 
         for port in [1, CALLERS / 2, CALLERS] {
             replacement.handle(caller_on(port), &increment_call(16));
-            let answer = replacement.poll_transmit().expect("answered").1;
-            let header = BifrostHeader::new_checked(&answer[..]).unwrap();
-            assert_ne!(header.flags() & REPLY_LOST_FLAG, 0, "caller {port}");
+            assert_refused_with(&mut replacement, REPLY_LOST_FLAG);
         }
         assert_eq!(
             replacement.checkpoint().unwrap().state,

@@ -114,6 +114,14 @@ pub fn known_from(replies: &BTreeMap<u64, Vec<u8>>) -> u64 {
     oldest.min(newest.saturating_sub(MARKED_SPAN - 1))
 }
 
+/// Appends one `RPC id u64 | length u32 | bytes` entry: a reply, a
+/// received call or an unanswered call's arguments.
+fn encode_entry(bytes: &mut Vec<u8>, rpc_id: u64, payload: &[u8]) {
+    bytes.extend_from_slice(&rpc_id.to_be_bytes());
+    bytes.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    bytes.extend_from_slice(payload);
+}
+
 fn encode_caller(bytes: &mut Vec<u8>, caller: &DatagramEnd) {
     bytes.extend_from_slice(&caller.mac.0);
     bytes.extend_from_slice(&caller.address.0);
@@ -157,9 +165,7 @@ fn encode_replies(
         bytes.extend_from_slice(&marked.to_be_bytes());
         bytes.extend_from_slice(&(whole.clone().count() as u32).to_be_bytes());
         for (rpc_id, reply) in whole {
-            bytes.extend_from_slice(&rpc_id.to_be_bytes());
-            bytes.extend_from_slice(&(reply.len() as u32).to_be_bytes());
-            bytes.extend_from_slice(reply);
+            encode_entry(bytes, *rpc_id, reply);
         }
     }
     Ok(())
@@ -184,7 +190,7 @@ fn decode_replies(
         }
         previous_caller = Some(caller);
         let newest = reader.u64()?;
-        let marked = u16::from_be_bytes(reader.take(2)?.try_into().expect("two bytes"));
+        let marked = reader.u16()?;
         let mut kept = BTreeMap::new();
         for below in (0..MARKED_SPAN).filter(|below| marked & (1 << below) != 0) {
             let rpc_id = newest
@@ -195,16 +201,14 @@ fn decode_replies(
         let count = reader.u32()?;
         let mut previous = None;
         for _ in 0..count {
-            let rpc_id = reader.u64()?;
-            let length = reader.u32()? as usize;
-            let reply = reader.take(length)?.to_vec();
+            let (rpc_id, reply) = reader.entry()?;
             if reply.is_empty() {
                 return Err(not_canonical("a reply of no bytes"));
             }
             if rpc_id > newest || previous.is_some_and(|previous| previous >= rpc_id) {
                 return Err(not_canonical("reply ids out of order or past the newest"));
             }
-            if kept.insert(rpc_id, reply).is_some() {
+            if kept.insert(rpc_id, reply.to_vec()).is_some() {
                 return Err(not_canonical("a call both marked and kept"));
             }
             previous = Some(rpc_id);
@@ -224,9 +228,7 @@ fn encode_calls(bytes: &mut Vec<u8>, calls: &BTreeMap<DatagramEnd, BTreeMap<u64,
         encode_caller(bytes, caller);
         bytes.extend_from_slice(&(kept.len() as u32).to_be_bytes());
         for (rpc_id, payload) in kept {
-            bytes.extend_from_slice(&rpc_id.to_be_bytes());
-            bytes.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-            bytes.extend_from_slice(payload);
+            encode_entry(bytes, *rpc_id, payload);
         }
     }
 }
@@ -242,9 +244,8 @@ fn decode_calls(
         let count = reader.u32()?;
         let mut kept = BTreeMap::new();
         for _ in 0..count {
-            let rpc_id = reader.u64()?;
-            let length = reader.u32()? as usize;
-            kept.insert(rpc_id, reader.take(length)?.to_vec());
+            let (rpc_id, payload) = reader.entry()?;
+            kept.insert(rpc_id, payload.to_vec());
         }
         calls.insert(caller, kept);
     }
@@ -315,6 +316,12 @@ impl<'a> Reader<'a> {
         Ok(taken)
     }
 
+    fn u16(&mut self) -> Result<u16, CheckpointError> {
+        Ok(u16::from_be_bytes(
+            self.take(2)?.try_into().expect("two bytes"),
+        ))
+    }
+
     fn u32(&mut self) -> Result<u32, CheckpointError> {
         Ok(u32::from_be_bytes(
             self.take(4)?.try_into().expect("four bytes"),
@@ -325,6 +332,13 @@ impl<'a> Reader<'a> {
         Ok(u64::from_be_bytes(
             self.take(8)?.try_into().expect("eight bytes"),
         ))
+    }
+
+    /// What [`encode_entry`] wrote: the RPC id and the bytes.
+    fn entry(&mut self) -> Result<(u64, &'a [u8]), CheckpointError> {
+        let rpc_id = self.u64()?;
+        let length = self.u32()? as usize;
+        Ok((rpc_id, self.take(length)?))
     }
 }
 
@@ -390,9 +404,7 @@ impl CallerCheckpoint {
         }
         bytes.extend_from_slice(&(self.unanswered.len() as u32).to_be_bytes());
         for (rpc_id, arguments) in &self.unanswered {
-            bytes.extend_from_slice(&rpc_id.to_be_bytes());
-            bytes.extend_from_slice(&(arguments.len() as u32).to_be_bytes());
-            bytes.extend_from_slice(arguments);
+            encode_entry(&mut bytes, *rpc_id, arguments);
         }
         if bytes.len() > MAX_CHECKPOINT_BYTES {
             return Err(CheckpointError::TooLarge(bytes.len()));
@@ -411,10 +423,8 @@ impl CallerCheckpoint {
         };
         let calls = reader.u32()?;
         for _ in 0..calls {
-            let rpc_id = reader.u64()?;
-            let length = reader.u32()? as usize;
-            let arguments = reader.take(length)?.to_vec();
-            checkpoint.unanswered.insert(rpc_id, arguments);
+            let (rpc_id, arguments) = reader.entry()?;
+            checkpoint.unanswered.insert(rpc_id, arguments.to_vec());
         }
         reader.finish()?;
         Ok(checkpoint)
