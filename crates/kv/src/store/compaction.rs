@@ -13,7 +13,7 @@
 //! copied: every older record of its key lies below it and goes with the
 //! truncation, so the key stays deleted.
 
-use super::{hash_key, locate, KvError, Located, Session};
+use super::{hash_key, locate, previous_on_chain, KvError, Located, Session};
 use crate::address::LogAddress;
 use crate::checkpoint::{read_now, scan_page};
 use crate::log::{Allocation, Region};
@@ -189,13 +189,7 @@ impl Session {
             if stored.key == key {
                 return Ok(Some(address));
             }
-            // A chain only runs down the log (see `on_arrival`).
-            if stored.header.previous() >= address {
-                return Err(KvError::Corrupt(
-                    "a record's previous address is not below its own",
-                ));
-            }
-            address = stored.header.previous();
+            address = previous_on_chain(address, stored.header)?;
         }
         Err(KvError::Corrupt("a chain on the device does not end"))
     }

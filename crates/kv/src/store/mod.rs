@@ -609,6 +609,20 @@ fn copy_live_value(record: &MemoryRecord<'_>, region: Region, out: &mut Vec<u8>)
     }
 }
 
+/// The address before the record at `address` on its key's chain. A chain
+/// only runs down the log: a previous address at or above its own record's
+/// (a flipped bit, a bad far-memory write) reissued the same read for ever,
+/// or read a device page that only exists in memory.
+fn previous_on_chain(address: LogAddress, header: Header) -> Result<LogAddress, KvError> {
+    let previous = header.previous();
+    if previous >= address {
+        return Err(KvError::Corrupt(
+            "a record's previous address is not below its own",
+        ));
+    }
+    Ok(previous)
+}
+
 /// Follows the chain from `address` to `key`'s newest record. The caller
 /// is a protected session.
 fn locate<'a>(log: &'a HybridLog, key: &[u8], mut address: LogAddress) -> Located<'a> {
@@ -1143,18 +1157,8 @@ impl Session {
             }
             None
         } else {
-            // Another key's record: read the one before it. A chain only
-            // runs down the log: a previous address at or above its own
-            // record's (a flipped bit, a bad far-memory write) reissued the
-            // same read for ever, or read a device page that only exists in
-            // memory.
-            let previous = record.header.previous();
-            if previous >= operation.address {
-                return Err(KvError::Corrupt(
-                    "a record's previous address is not below its own",
-                ));
-            }
-            operation.address = previous;
+            // Another key's record: read the one before it.
+            operation.address = previous_on_chain(operation.address, record.header)?;
             self.issue_read(token, self.shared.config.first_read_bytes)?;
             return Ok(false);
         };
