@@ -317,7 +317,6 @@ fn print_calibration(bench: &Bench) {
         bench.calibration.repetitions, bench.config.slowdown
     );
     // Each cost is its medians joined by lines; the figures run at 1 KiB.
-    let at_default = |curve: &CostCurve| curve.at(DEFAULT_PAYLOAD_BYTES as u64);
     let medians = |curve: &CostCurve| {
         let each: Vec<String> = curve
             .medians_ns
@@ -328,7 +327,7 @@ fn print_calibration(bench: &Bench) {
     };
     for app in &bench.calibration.apps {
         for stage in &app.stages {
-            let portable_ns = at_default(&stage.portable_cost);
+            let portable_ns = stage.portable_cost.at(DEFAULT_PAYLOAD_BYTES as u64);
             println!(
                 "  {:<6} {:<15} {}; portable {:>8.0} ns at 1KiB, {:>9.0} ns on a SoC core",
                 app.app.name(),
