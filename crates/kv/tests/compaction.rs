@@ -516,3 +516,90 @@ fn a_compaction_under_a_kept_checkpoint_leaves_room_for_the_checkpoint_that_free
         .upsert(&7u16.to_le_bytes(), &value)
         .expect("room again once the checkpoint is durable");
 }
+
+/// A memory device whose reads take their bytes when the queue is polled,
+/// not when they are issued, as a far-memory read in flight does.
+struct DeferredReads(MemoryDevice);
+
+struct DeferredReadsQueue {
+    inner: Box<dyn DeviceQueue>,
+    waiting: Vec<(u64, usize, u64)>,
+}
+
+impl Device for DeferredReads {
+    fn name(&self) -> &str {
+        "deferred-reads"
+    }
+
+    fn capacity_bytes(&self) -> u64 {
+        self.0.capacity_bytes()
+    }
+
+    fn open_queue(&self) -> Result<Box<dyn DeviceQueue>, DeviceError> {
+        Ok(Box::new(DeferredReadsQueue {
+            inner: self.0.open_queue()?,
+            waiting: Vec::new(),
+        }))
+    }
+}
+
+impl DeviceQueue for DeferredReadsQueue {
+    fn read(&mut self, offset: u64, length: usize, token: u64) -> Result<(), DeviceError> {
+        self.waiting.push((offset, length, token));
+        Ok(())
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
+        self.inner.write(offset, data, token)
+    }
+
+    fn poll(
+        &mut self,
+        done: &mut dyn FnMut(u64, remora_kv::device::Completed<'_>),
+    ) -> Result<usize, DeviceError> {
+        for (offset, length, token) in self.waiting.drain(..) {
+            self.inner.read(offset, length, token)?;
+        }
+        self.inner.poll(done)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.waiting.len() + self.inner.in_flight()
+    }
+}
+
+/// A read was in flight on a record when a compaction truncated its page
+/// and the log went on past the device's end, reusing the page's space:
+/// the read took the newer bytes there for the record, and answered
+/// corrupt or with another record's chain. A read whose record fell below
+/// the log's begin looks again from the index.
+#[test]
+fn a_read_in_flight_on_a_page_truncated_and_reused_looks_again() {
+    let device_bytes = 1 << 20;
+    let device: Arc<dyn Device> = Arc::new(DeferredReads(MemoryDevice::new(device_bytes)));
+    let store = Store::new(StoreConfig::smallest(), device).unwrap();
+    let mut reader = store.session().unwrap();
+    let mut writer = store.session().unwrap();
+    let key = b"the key".to_vec();
+    reader.upsert(&key, b"value").unwrap();
+    push_below_the_head(&mut reader, 3000);
+    let mut out = Vec::new();
+    assert_eq!(reader.read(&key, &mut out, 1).unwrap(), Status::Pending);
+    reader.suspend();
+    let start = store.boundaries()[0];
+    let mut written = 0;
+    while store.boundaries()[0].value() < start.value() + 2 * device_bytes {
+        push_below_the_head(&mut writer, 500);
+        writer.compact(head(&store)).unwrap();
+        written += 1;
+        assert!(written < 10_000, "the log never lapped the device");
+    }
+    writer.suspend();
+    let mut answer = None;
+    reader
+        .complete_pending(true, &mut |completion| {
+            answer = Some((completion.result.clone(), completion.value.to_vec()));
+        })
+        .unwrap();
+    assert_eq!(answer, Some((Ok(Status::Found), b"value".to_vec())));
+}

@@ -1130,6 +1130,14 @@ impl Session {
         bytes: &[u8],
         done: &mut dyn FnMut(Completion<'_>),
     ) -> Result<bool, KvError> {
+        // A page truncated while its read was in flight may already hold
+        // newer pages' bytes (the device is a ring): they are not the
+        // record's. Checked after the bytes came, this is enough, since
+        // the begin only moves up and space is reused only below it.
+        let address = self.pending[token].as_ref().expect("a live token").address;
+        if self.shared.log.region(address) == Region::Truncated {
+            return self.finish_below_begin(token, done);
+        }
         let record = match parse_stored(bytes) {
             Parsed::Corrupt(why) => return Err(KvError::Corrupt(why)),
             // A record longer than what is left of its page was never
@@ -1149,13 +1157,7 @@ impl Session {
         let old = if record.key == operation.key.as_slice() {
             (!record.header.is_tombstone()).then_some(record.value)
         } else if self.shared.log.region(record.header.previous()) == Region::Truncated {
-            // An RMW whose head moved starts over when it finishes.
-            if operation.update.is_none() {
-                if let Some(finished) = self.restart_read(token, done)? {
-                    return Ok(finished);
-                }
-            }
-            None
+            return self.finish_below_begin(token, done);
         } else {
             // Another key's record: read the one before it.
             operation.address = previous_on_chain(operation.address, record.header)?;
@@ -1165,6 +1167,27 @@ impl Session {
         let operation = self.pending[token].take().expect("a live token");
         self.free_tokens.push(token);
         self.finish(operation, old, done)?;
+        Ok(true)
+    }
+
+    /// A pending operation whose chain ran below the log's begin: a read
+    /// looks again from the index if the head moved, and otherwise its key
+    /// is absent, as every truncated record is. An RMW finishes as absent,
+    /// and starts over there if the head moved.
+    fn finish_below_begin(
+        &mut self,
+        token: usize,
+        done: &mut dyn FnMut(Completion<'_>),
+    ) -> Result<bool, KvError> {
+        let operation = self.pending[token].as_ref().expect("a live token");
+        if operation.update.is_none() {
+            if let Some(finished) = self.restart_read(token, done)? {
+                return Ok(finished);
+            }
+        }
+        let operation = self.pending[token].take().expect("a live token");
+        self.free_tokens.push(token);
+        self.finish(operation, None, done)?;
         Ok(true)
     }
 
