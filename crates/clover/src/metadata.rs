@@ -407,8 +407,9 @@ impl MetadataServer {
             let chain = walk(key, record.head, memory)?;
             collection.versions_walked += chain.len() as u64;
             let tail = *chain.last().expect("a walk has the start");
+            self.regrace_late_shortcut(key, &chain, now, memory, &mut collection)?;
             // The shortcut moves before anything is retired, so it never
-            // names a retired slot.
+            // names a slot retired now.
             memory.write(self.plan.shortcut_offset(key)?, &tail.word().to_le_bytes())?;
             let keep_from = chain.len().saturating_sub(self.config.keep_versions);
             for pointer in &chain[..keep_from] {
@@ -430,6 +431,43 @@ impl MetadataServer {
         self.stats.versions_retired += collection.retired;
         self.stats.slots_released += collection.released;
         Ok(collection)
+    }
+
+    /// A late shortcut WRITE (see [`MetadataServer::repair_shortcut`])
+    /// that this pass is about to move off a slot in quarantine: a reader
+    /// may have read it just before, and READ the slot up to a deadline
+    /// from now. Freed at its first retirement's grace, the slot could be
+    /// reused under that READ (by up to one collection period), and the
+    /// repair before reuse would not see it, the shortcut moved already.
+    /// So the slot waits a grace from now, as a repaired one does.
+    fn regrace_late_shortcut(
+        &mut self,
+        key: u64,
+        chain: &[NextPointer],
+        now: Timestamp,
+        memory: &mut dyn RegionAccess,
+        collection: &mut Collection,
+    ) -> Result<(), MetadataError> {
+        let mut word = [0u8; 8];
+        memory.read(self.plan.shortcut_offset(key)?, &mut word)?;
+        let shortcut = NextPointer::from_word(u64::from_le_bytes(word));
+        let on_chain = chain
+            .iter()
+            .any(|pointer| pointer.offset() == shortcut.offset());
+        if shortcut.is_null() || on_chain {
+            return Ok(());
+        }
+        // Rare (a WRITE delayed past a retirement), so a linear search.
+        let position = self
+            .quarantine
+            .iter()
+            .position(|retired| retired.key == key && retired.offset == shortcut.offset());
+        if let Some(retired) = position.and_then(|position| self.quarantine.remove(position)) {
+            self.quarantine.push_back(Retired { at: now, ..retired });
+            collection.shortcuts_repaired += 1;
+            self.stats.shortcuts_repaired += 1;
+        }
+        Ok(())
     }
 
     /// Before a retired slot is reused: a writer's shortcut WRITE that
@@ -653,5 +691,47 @@ mod tests {
             .free
             .iter()
             .any(|free| free.contains(&second.offset())));
+    }
+
+    /// A late shortcut naming a retired slot, moved on to the tail by a
+    /// collection's regular pass before the slot's grace ended: the slot
+    /// was freed at that grace, though a reader that read the late
+    /// shortcut just before the pass could READ it up to a deadline after
+    /// the pass. It waits a grace from the pass now.
+    #[test]
+    fn a_late_shortcut_moved_by_a_regular_pass_keeps_its_slot_a_grace_from_the_pass() {
+        let grace_nanos = 1_000_000;
+        let config = MetadataConfig {
+            batch_slots: 1,
+            keep_versions: 1,
+            grace: Duration::from_nanos(grace_nanos),
+        };
+        let plan = RegionPlan::new(1, 1 << 16).unwrap();
+        let mut server = MetadataServer::new(plan, config).unwrap();
+        let mut memory = vec![0u8; 1 << 16];
+        let first = server.load(0, b"version zero....", &mut memory).unwrap();
+        let second = append(&mut server, &mut memory, first, b"version one.....");
+        let third = append(&mut server, &mut memory, second, b"version two.....");
+        let at = Timestamp::from_nanos;
+        assert_eq!(server.collect(at(0), &mut memory).unwrap().retired, 2);
+        let late = second.word().to_le_bytes();
+        memory
+            .write(server.plan.shortcut_offset(0).unwrap(), &late)
+            .unwrap();
+        let pass = grace_nanos / 2;
+        let moved = server.collect(at(pass), &mut memory).unwrap();
+        assert_eq!(moved.shortcuts_repaired, 1);
+        assert_eq!(shortcut(&server, &mut memory), third.offset());
+        let is_free =
+            |server: &MetadataServer, offset| server.free.iter().any(|free| free.contains(&offset));
+        let first_grace_over = server.collect(at(grace_nanos + 1), &mut memory).unwrap();
+        assert_eq!(first_grace_over.released, 1);
+        assert!(is_free(&server, first.offset()));
+        assert!(!is_free(&server, second.offset()));
+        let pass_grace_over = server
+            .collect(at(pass + grace_nanos + 1), &mut memory)
+            .unwrap();
+        assert_eq!(pass_grace_over.released, 1);
+        assert!(is_free(&server, second.offset()));
     }
 }
