@@ -34,7 +34,8 @@ pub struct DatagramDrops {
     /// Received datagrams longer than any frame (truncated or not).
     pub truncated: u64,
     /// Frames the kernel refused (buffer full, peer not there yet or
-    /// unreachable, a firewall, over the MTU).
+    /// unreachable, a firewall, over the MTU, the interface down), and the
+    /// frames queued behind a send that failed the port.
     pub send_refused: u64,
 }
 
@@ -338,16 +339,20 @@ impl DatagramPort {
             return Ok(run);
         }
         let error = std::io::Error::last_os_error();
-        if loses_only_a_frame(&error) {
-            self.drops.send_refused += 1;
-            return Ok(1);
-        }
+        // Asked first: ENOPROTOOPT is also a pending ICMP report, which
+        // costs only a frame, but taken for one here, a kernel that
+        // refuses the option would lose a frame at every send. Taken for a
+        // refusal, a report only turns segmentation off.
         if matches!(
             error.raw_os_error(),
             Some(libc::EINVAL | libc::EIO | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
         ) {
             self.segmentation = Segmentation::Off;
             return self.send_each(start, start + run);
+        }
+        if loses_only_a_frame(&error) {
+            self.drops.send_refused += 1;
+            return Ok(1);
         }
         Err(CarrierError::io("sendmsg with UDP_SEGMENT", error))
     }
@@ -400,8 +405,12 @@ fn message_headers(
 /// `EHOSTUNREACH`, `ENETUNREACH`, `EHOSTDOWN`: ICMP reports on a connected
 /// socket, while a peer starts or a route flaps), a firewall dropped it on
 /// the way out (`EPERM`), or the frame is over the link's MTU
-/// (`EMSGSIZE`). The frame is lost, as on a wire, and RC recovers; taken
-/// for the port's failure, any of these ended a switch port for good.
+/// (`EMSGSIZE`), the interface is down (`ENETDOWN`: AF_PACKET while a
+/// link is down, and once pending after it went down), or a pending ICMP
+/// report on a connected socket (`EPROTO` for a parameter problem,
+/// `ENOPROTOOPT` for protocol unreachable, `ENONET` for a host isolated).
+/// The frame is lost, as on a wire, and RC recovers; taken for the port's
+/// failure, any of these ended a switch port for good.
 fn loses_only_a_frame(error: &std::io::Error) -> bool {
     matches!(
         error.raw_os_error(),
@@ -415,6 +424,10 @@ fn loses_only_a_frame(error: &std::io::Error) -> bool {
                 | libc::EHOSTDOWN
                 | libc::EPERM
                 | libc::EMSGSIZE
+                | libc::ENETDOWN
+                | libc::EPROTO
+                | libc::ENOPROTOOPT
+                | libc::ENONET
         )
     )
 }
@@ -498,6 +511,8 @@ impl Port for DatagramPort {
             match outcome {
                 Ok(count) => sent += count,
                 Err(error) => {
+                    // The frames left are lost with the port: counted.
+                    self.drops.send_refused += (self.outgoing_count - sent) as u64;
                     self.outgoing_count = 0;
                     return Err(error);
                 }

@@ -493,6 +493,92 @@ fn af_packet_drops_an_over_mtu_frame_and_sends_on() {
     }
 }
 
+/// Sends a frame from `from` until `to` receives it (a veth drops while
+/// its link comes up), for up to 5 s; whether it arrived.
+fn crosses(from: &mut DatagramPort, to: &mut DatagramPort, bytes: &[u8]) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        from.send(bytes).unwrap();
+        from.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        let mut arrived = false;
+        to.receive(64, &mut |frame| arrived |= frame == bytes)
+            .unwrap();
+        if arrived {
+            return true;
+        }
+    }
+    false
+}
+
+fn run(command: &[&str]) {
+    let status = std::process::Command::new(command[0])
+        .args(&command[1..])
+        .status()
+        .unwrap();
+    assert!(status.success(), "{command:?}");
+}
+
+/// An interface taken down and up again: AF_PACKET sends failed with
+/// ENETDOWN while it was down (and one receive reported it after), which
+/// ended the port for good, so a switch port never came back. Each is a
+/// lost frame now, and the port carries frames again once the link is up.
+#[test]
+fn af_packet_port_survives_its_interface_going_down_and_up() {
+    let outcome = in_veth_namespace(|| {
+        let mut a = packet_port("port0");
+        let mut b = packet_port("port1");
+        let mut bytes = vec![0x02, 0, 0, 0, 0, 0xb, 0x02, 0, 0, 0, 0, 0xa, 0x88, 0xb5];
+        bytes.extend(frame(6, 200));
+        let before = crosses(&mut a, &mut b, &bytes);
+        run(&["ip", "link", "set", "dev", "port0", "down"]);
+        a.send(&bytes).unwrap();
+        let while_down = a.flush();
+        let received_while_down = a.receive(64, &mut |_| {});
+        run(&["ip", "link", "set", "dev", "port0", "up"]);
+        let after = crosses(&mut a, &mut b, &bytes);
+        let refused = a.drops().send_refused;
+        (
+            before,
+            while_down.is_ok(),
+            received_while_down.is_ok(),
+            after,
+            refused,
+        )
+    });
+    if let Some((before, while_down, received_while_down, after, refused)) = outcome {
+        assert!(before, "no frame crossed before the link went down");
+        assert!(while_down, "a send while the link was down failed the port");
+        assert!(
+            received_while_down,
+            "a receive after the link went down failed the port"
+        );
+        assert!(after, "no frame crossed after the link came back");
+        assert!(refused >= 1, "the frame sent while down was not counted");
+    }
+}
+
+/// A send that fails the port (here a runt frame, which AF_PACKET refuses
+/// with EINVAL) dropped the frames queued behind it without counting them.
+#[test]
+fn a_send_that_fails_the_port_counts_the_frames_queued_behind_it() {
+    let outcome = in_veth_namespace(|| {
+        let mut port = packet_port("port0");
+        let mut good = vec![0x02, 0, 0, 0, 0, 0xb, 0x02, 0, 0, 0, 0, 0xa, 0x88, 0xb5];
+        good.extend(frame(7, 100));
+        port.send(&good).unwrap();
+        port.send(&good[..5]).unwrap();
+        port.send(&good).unwrap();
+        port.send(&good).unwrap();
+        let flushed = port.flush();
+        (flushed.is_err(), port.drops().send_refused)
+    });
+    if let Some((failed, refused)) = outcome {
+        assert!(failed, "the runt frame did not fail the send");
+        assert_eq!(refused, 3, "the runt and the two frames behind it");
+    }
+}
+
 #[test]
 fn a_reordered_frame_is_held_says_when_it_falls_due_and_leaves_at_a_flush_after() {
     let segment = Segment::anonymous(&SegmentPlan::star(1, 8)).unwrap();
