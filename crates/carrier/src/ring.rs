@@ -71,11 +71,17 @@ pub unsafe trait SlotStorage {
     unsafe fn with_slot<R>(&self, index: usize, f: impl FnOnce(&[u8]) -> R) -> R;
 }
 
-/// The peer published a tail that no correct producer could.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RingCorrupt {
-    pub head: u64,
-    pub tail: u64,
+/// The peer wrote what no correct producer could.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RingCorrupt {
+    #[error("peer published tail {tail} against head {head}")]
+    Tail { head: u64, tail: u64 },
+    #[error("peer wrote a {length_bytes}-byte frame at sequence {sequence} into slots of {capacity_bytes} bytes")]
+    Length {
+        sequence: u64,
+        length_bytes: u32,
+        capacity_bytes: usize,
+    },
 }
 
 /// Slots in plain memory, such as a mapping: `count` slots of `slot_bytes`
@@ -266,16 +272,18 @@ impl<'a, S: SlotStorage> Consumer<'a, S> {
         if available > depth {
             // Only a broken peer process moves the tail backwards or more
             // than a lap ahead; refuse the ring rather than read garbage.
-            return Err(RingCorrupt {
+            return Err(RingCorrupt::Tail {
                 head: self.local_head,
                 tail: self.cached_tail,
             });
         }
         let count = available.min(max_frames as u64);
         let capacity = self.slots.slot_bytes() - SLOT_LENGTH_PREFIX_BYTES;
-        for offset in 0..count {
+        let mut consumed = 0;
+        let mut corrupt = None;
+        while consumed < count && corrupt.is_none() {
             // Wrapping, as in `push`: the head too starts from the header.
-            let sequence = self.local_head.wrapping_add(offset);
+            let sequence = self.local_head.wrapping_add(consumed);
             let index = (sequence & (depth - 1)) as usize;
             // SAFETY: the slot is below the acquired tail and not yet
             // released, so the producer does not touch it.
@@ -283,16 +291,31 @@ impl<'a, S: SlotStorage> Consumer<'a, S> {
                 self.slots.with_slot(index, |slot| {
                     let mut prefix = [0u8; SLOT_LENGTH_PREFIX_BYTES];
                     prefix.copy_from_slice(&slot[..SLOT_LENGTH_PREFIX_BYTES]);
-                    // A peer process could write nonsense; never index past
-                    // the slot because of it.
-                    let length = (u32::from_le_bytes(prefix) as usize).min(capacity);
-                    sink(&slot[SLOT_LENGTH_PREFIX_BYTES..][..length]);
+                    // A peer process could write nonsense: a length past
+                    // the slot is refused, not cut to the slot (that
+                    // handed up a frame of stale bytes).
+                    let length_bytes = u32::from_le_bytes(prefix);
+                    if length_bytes as usize > capacity {
+                        corrupt = Some(RingCorrupt::Length {
+                            sequence,
+                            length_bytes,
+                            capacity_bytes: capacity,
+                        });
+                        return;
+                    }
+                    sink(&slot[SLOT_LENGTH_PREFIX_BYTES..][..length_bytes as usize]);
+                    consumed += 1;
                 });
             }
         }
-        self.local_head = self.local_head.wrapping_add(count);
+        // The frames handed up are released even when a later one is
+        // corrupt; the corrupt one stays, and refuses the ring each time.
+        self.local_head = self.local_head.wrapping_add(consumed);
         self.header.head.0.store(self.local_head, Ordering::Release);
-        Ok(count as usize)
+        match corrupt {
+            Some(corrupt) => Err(corrupt),
+            None => Ok(consumed as usize),
+        }
     }
 }
 
@@ -336,5 +359,46 @@ mod tests {
         }
         assert_eq!(received, (0..9).collect::<Vec<u8>>());
         assert_eq!(header.head.0.load(Ordering::Relaxed), start.wrapping_add(9));
+    }
+
+    /// A peer wrote a length prefix past its slot: the consumer cut it to
+    /// the slot and handed up a frame of stale bytes. It refuses the ring
+    /// at that slot now, after handing up the frames before it.
+    #[test]
+    fn a_length_prefix_past_its_slot_is_refused_as_corrupt() {
+        let header = RingHeader::new();
+        let mut memory = vec![0u8; SLOT_BYTES * DEPTH];
+        let base = memory.as_mut_ptr();
+        // SAFETY: as above.
+        let (mut producer, mut consumer) = unsafe {
+            (
+                Producer::new(&header, RawSlots::new(base, SLOT_BYTES, DEPTH)),
+                Consumer::new(&header, RawSlots::new(base, SLOT_BYTES, DEPTH)),
+            )
+        };
+        assert!(producer.push(&[1; 5]));
+        assert!(producer.push(&[2; 5]));
+        producer.publish();
+        // The second slot's prefix, overwritten as a broken peer would.
+        // SAFETY: both ends are idle on this thread.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                u32::MAX.to_le_bytes().as_ptr(),
+                base.add(SLOT_BYTES),
+                SLOT_LENGTH_PREFIX_BYTES,
+            );
+        }
+        let mut received = Vec::new();
+        let result = consumer.consume(8, &mut |frame| received.push(frame.to_vec()));
+        assert_eq!(
+            result,
+            Err(RingCorrupt::Length {
+                sequence: 1,
+                length_bytes: u32::MAX,
+                capacity_bytes: SLOT_BYTES - SLOT_LENGTH_PREFIX_BYTES,
+            })
+        );
+        assert_eq!(received, vec![vec![1; 5]]);
+        assert_eq!(header.head.0.load(Ordering::Relaxed), 1);
     }
 }

@@ -415,6 +415,17 @@ impl Segment {
         Ok(())
     }
 
+    /// Frees a ring end [`Segment::take`] took for a port never made.
+    fn give_back(&self, bit: usize) {
+        let mut taken = self
+            .mapping
+            .taken
+            .lock()
+            .expect("segment bookkeeping poisoned");
+        debug_assert!(taken[bit], "a ring end given back untaken");
+        taken[bit] = false;
+    }
+
     fn ring_parts(&self, ring: u32) -> (&'static RingHeader, RawSlots) {
         assert!(ring < self.ring_count, "no ring {ring}");
         let layout = self.layout();
@@ -448,7 +459,11 @@ impl Segment {
             )));
         }
         self.take(2 * send_ring as usize)?;
-        self.take(2 * receive_ring as usize + 1)?;
+        if let Err(error) = self.take(2 * receive_ring as usize + 1) {
+            // Refused whole: the send end is free again for a later port.
+            self.give_back(2 * send_ring as usize);
+            return Err(error);
+        }
         let (send_header, send_slots) = self.ring_parts(send_ring);
         let (receive_header, receive_slots) = self.ring_parts(receive_ring);
         // SAFETY: `take` made these the only producer and consumer of their
@@ -506,12 +521,9 @@ impl Port for RingPort {
         max_frames: usize,
         sink: &mut dyn FnMut(&[u8]),
     ) -> Result<usize, CarrierError> {
-        self.consumer.consume(max_frames, sink).map_err(|corrupt| {
-            CarrierError::Segment(format!(
-                "peer published tail {} against head {}",
-                corrupt.tail, corrupt.head
-            ))
-        })
+        self.consumer
+            .consume(max_frames, sink)
+            .map_err(|corrupt| CarrierError::Segment(corrupt.to_string()))
     }
 
     fn send(&mut self, frame: &[u8]) -> Result<SendStatus, CarrierError> {

@@ -1,10 +1,12 @@
 //! Every carrier moves frames bit for bit, refuses what it must, and the
 //! wrappers do what they say.
 
-use remora_carrier::wrappers::{CaptureDirection, Captured, Counted, Faulty, PcapSink};
+use remora_carrier::wrappers::{
+    CaptureDirection, Captured, Counted, Faulty, LinkShape, PcapSink, Shaped,
+};
 use remora_carrier::{
-    DatagramPort, IdleStrategy, PacketSocketOptions, Port, Segment, SegmentPlan, Segmentation,
-    SendStatus, WaitSource, Waiter, MAX_CARRIED_FRAME_BYTES,
+    CarrierError, DatagramPort, IdleStrategy, PacketSocketOptions, Port, Segment, SegmentPlan,
+    Segmentation, SendStatus, WaitSource, Waiter, MAX_CARRIED_FRAME_BYTES,
 };
 use remora_sim::LinkFaults;
 use remora_sim::Probability;
@@ -576,6 +578,60 @@ fn a_send_that_fails_the_port_counts_the_frames_queued_behind_it() {
     if let Some((failed, refused)) = outcome {
         assert!(failed, "the runt frame did not fail the send");
         assert_eq!(refused, 3, "the runt and the two frames behind it");
+    }
+}
+
+/// A port refused because its receive end was taken kept its send end
+/// taken: a later port on that send end was refused as "in use", though no
+/// port held it.
+#[test]
+fn a_refused_port_takes_no_ring_end() {
+    let segment = Segment::anonymous(&SegmentPlan::star(2, 8)).unwrap();
+    let _first = segment.port(0, 1).unwrap();
+    assert!(
+        segment.port(2, 1).is_err(),
+        "ring 1's consumer end is taken"
+    );
+    segment
+        .port(2, 3)
+        .expect("ring 2's producer end is free: the refused port took nothing");
+}
+
+/// A frame longer than any carrier takes was held in a delay line and
+/// refused when it left: the refusal failed the send (or flush) of a
+/// later, valid frame. The wrappers refuse it on entry now.
+#[test]
+fn an_oversized_frame_is_refused_on_entry_to_a_delay_line_and_costs_no_other_frame() {
+    let segment = Segment::anonymous(&SegmentPlan::star(2, 8)).unwrap();
+    let shape = LinkShape {
+        bandwidth_bits_per_second: 1_000_000_000,
+        propagation_delay: Duration::from_millis(5),
+        queue_limit_bytes: 1 << 20,
+    };
+    let reordered = LinkFaults {
+        reorder: Probability::literal(1.0),
+        reorder_delay: Duration::from_millis(5),
+        ..LinkFaults::NONE
+    };
+    let mut shaped = Shaped::new(segment.spoke_port(1).unwrap(), shape);
+    let mut faulty = Faulty::new(segment.spoke_port(2).unwrap(), reordered, 3);
+    let oversized = frame(1, MAX_CARRIED_FRAME_BYTES + 1);
+    let ports: [&mut dyn Port; 2] = [&mut shaped, &mut faulty];
+    for (index, port) in ports.into_iter().enumerate() {
+        let refused = port.send(&oversized);
+        assert!(
+            matches!(refused, Err(CarrierError::FrameTooLarge { .. })),
+            "port {index}: {refused:?}"
+        );
+        port.send(&frame(2, 64)).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        port.flush().unwrap();
+        let mut hub = segment.hub_port(index as u32 + 1).unwrap();
+        assert_eq!(
+            receive_all(&mut hub, 1, Duration::from_secs(1)),
+            vec![frame(2, 64)],
+            "port {index}"
+        );
     }
 }
 

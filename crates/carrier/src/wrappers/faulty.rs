@@ -6,7 +6,7 @@
 //! Reordered frames wait in a bounded holding queue and leave on a later
 //! `send` or `flush` once their extra delay has passed (wall-clock time).
 
-use crate::{CarrierError, Port, SendStatus};
+use crate::{check_frame_length, CarrierError, Port, SendStatus, MAX_CARRIED_FRAME_BYTES};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use remora_sim::{LinkCounters, LinkFaults};
@@ -50,6 +50,9 @@ impl<P: Port> Port for Faulty<P> {
     pass_through_receive!();
 
     fn send(&mut self, frame: &[u8]) -> Result<SendStatus, CarrierError> {
+        // Refused here, not when it leaves the delay line: there the
+        // carrier's refusal failed the send of a later, valid frame.
+        check_frame_length(frame, MAX_CARRIED_FRAME_BYTES)?;
         let now = Instant::now();
         self.release_due(now)?;
         self.counters.frames_offered += 1;

@@ -12,7 +12,7 @@
 //! host), so delays much finer than that are not kept exactly: the rack
 //! flags them.
 
-use crate::{CarrierError, Port, SendStatus};
+use crate::{check_frame_length, CarrierError, Port, SendStatus, MAX_CARRIED_FRAME_BYTES};
 use remora_base::BufferPool;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -95,6 +95,9 @@ impl<P: Port> Port for Shaped<P> {
     pass_through_receive!();
 
     fn send(&mut self, frame: &[u8]) -> Result<SendStatus, CarrierError> {
+        // Refused here, not when it leaves the delay line: there the
+        // carrier's refusal failed the send of a later, valid frame.
+        check_frame_length(frame, MAX_CARRIED_FRAME_BYTES)?;
         let now = Instant::now();
         self.release_due(now)?;
         let start = self.busy_until.map_or(now, |busy| busy.max(now));
