@@ -574,6 +574,15 @@ impl Client {
         let (at, length) = completion
             .response
             .ok_or(CowbirdError::UnknownRequest(completion.id))?;
+        // A completion's fields are public: one this client never handed
+        // out (another client's, with larger rings) is refused, not read
+        // from outside the response ring (which panicked past the block).
+        let ring_start = self.sizes.response_data_at();
+        let ring_end = ring_start + self.sizes.response_data_bytes;
+        let end = at.checked_add(u64::from(length));
+        if at < ring_start || end.is_none_or(|end| end > ring_end) {
+            return Err(CowbirdError::UnknownRequest(completion.id));
+        }
         let length = length as usize;
         if into.len() < length {
             return Err(CowbirdError::BufferTooSmall {
@@ -583,7 +592,7 @@ impl Client {
         }
         self.block
             .read(at as usize, &mut into[..length])
-            .expect("ring inside the block");
+            .expect("the response ring lies inside the block");
         Ok(())
     }
 }
@@ -657,6 +666,27 @@ mod tests {
             .poll_wait(group, &mut done, 2, Duration::from_millis(2))
             .unwrap();
         assert_eq!((found, done.len()), (1, 1));
+    }
+
+    /// A completion from another client, whose response lies past this
+    /// client's block, panicked in `response`; it is a typed error.
+    #[test]
+    fn a_foreign_completion_is_a_typed_error_not_a_panic() {
+        let small = RingSizes {
+            metadata_entries: 8,
+            ..RingSizes::DEFAULT
+        };
+        let block = HostMemory::new(small.block_bytes() as usize);
+        let client = Client::new(block, small, vec![1 << 20]).unwrap();
+        let foreign = Completion {
+            id: RequestId(3),
+            response: Some((small.block_bytes() + 4096, 64)),
+        };
+        let mut into = [0u8; 64];
+        assert!(matches!(
+            client.response(&foreign, &mut into),
+            Err(CowbirdError::UnknownRequest(RequestId(3)))
+        ));
     }
 
     /// A group destroyed with requests in it (a kv session dropped with

@@ -159,6 +159,7 @@ pub fn deploy(
     // path indexes region 0) or more than a request id can name is
     // refused, not a panic after the memory is taken.
     check_region_count(spec.pool_regions.len())?;
+    spec.spot.check()?;
     let compute_pd = compute.alloc_protection_domain()?;
     let compute_cq = compute.create_completion_queue(16)?;
     let Pool {
@@ -435,6 +436,22 @@ mod tests {
             direct: None,
             rpc: None,
         }
+    }
+
+    /// A Spot configuration of 0-entry batches, built in code (only the
+    /// rack file's check refused it): each instance posted no fetch and
+    /// waited for its completion for ever. Refused before anything is
+    /// allocated now.
+    #[test]
+    fn a_zero_batch_is_refused_not_left_fetching() {
+        let mut spec = spec(vec![1 << 20]);
+        spec.spot.batch_entries = 0;
+        let (mut compute, mut memory) = (nic(1), nic(2));
+        let deployed = deploy(spec, &mut compute, &mut memory);
+        assert!(matches!(
+            deployed,
+            Err(DeployError::Spot(SpotError::ZeroBatch))
+        ));
     }
 
     /// Cowbird-P4's deployment, on a switch of its own.

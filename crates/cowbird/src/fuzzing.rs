@@ -423,6 +423,38 @@ mod tests {
         assert_eq!(running(&mut deployment).recovery_state(0), (0, false));
     }
 
+    /// A restarted engine whose compute node runs no connection service:
+    /// the first instance's refused request failed the whole restart (the
+    /// engine stayed down, its new queue pairs leaked), though a refusal
+    /// is the instance's own error. The instances fail; the engine runs.
+    #[test]
+    fn a_restart_without_a_connection_service_fails_instances_not_the_engine() {
+        use remora_host::Agent;
+        let mut fabric = BackToBack::new(7);
+        let spec = one_instance(SpotConfig::DEFAULT);
+        let mut deployment = deploy(spec, &mut fabric.left, &mut fabric.right).unwrap();
+        drop(deployment.connection_service);
+        deployment.engine.crash();
+        deployment
+            .engine
+            .restart(fabric.now, &mut fabric.right)
+            .expect("the engine restarts");
+        let failures = deployment.engine.failures();
+        assert!(
+            matches!(
+                failures,
+                [crate::spot::InstanceFailure {
+                    instance: 0,
+                    error: crate::spot::SpotError::Reconnect {
+                        error: crate::connection::ConnectionError::NoService,
+                        ..
+                    },
+                }]
+            ),
+            "{failures:?}"
+        );
+    }
+
     #[test]
     fn an_entry_outside_the_pool_is_refused() {
         let bytes = block_with_one_read(POOL_BYTES - 8, 1024);

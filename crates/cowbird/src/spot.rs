@@ -75,6 +75,15 @@ impl SpotConfig {
     pub fn staging_bytes_per_instance(&self) -> u64 {
         STAGING_ENTRIES_AT + self.batch_entries * (ENTRY_BYTES + u64::from(MAX_REQUEST_BYTES))
     }
+
+    /// Refuses a configuration an engine could not run: a batch of no
+    /// entries posted no fetch and waited for its completion for ever.
+    pub fn check(&self) -> Result<(), SpotError> {
+        if self.batch_entries == 0 {
+            return Err(SpotError::ZeroBatch);
+        }
+        Ok(())
+    }
 }
 
 const STAGING_PROBE_AT: u64 = 0;
@@ -113,6 +122,8 @@ pub enum SpotError {
     },
     #[error("instance {instance}: {MAX_RECONNECTS_IN_A_ROW} reconnections in a row without finishing a batch")]
     ReconnectsExhausted { instance: usize },
+    #[error("a batch of 0 entries fetches nothing and never completes: batch_entries must be at least 1")]
+    ZeroBatch,
 }
 
 impl SpotError {
@@ -129,7 +140,7 @@ impl SpotError {
             | SpotError::Completion { instance, .. }
             | SpotError::Reconnect { instance, .. }
             | SpotError::ReconnectsExhausted { instance } => Some(instance),
-            SpotError::Verbs(_) | SpotError::StagingTooSmall { .. } => None,
+            SpotError::Verbs(_) | SpotError::StagingTooSmall { .. } | SpotError::ZeroBatch => None,
         }
     }
 }
@@ -318,6 +329,7 @@ impl SpotEngine {
         builder: QueuePairBuilder,
         connector: Connector,
     ) -> Result<SpotEngine, SpotError> {
+        config.check()?;
         let completion_queue = builder.send_completion_queue;
         let per_instance = config.staging_bytes_per_instance();
         let need = per_instance * instances.len() as u64;
@@ -395,7 +407,15 @@ impl SpotEngine {
         }
         let mut engine = SpotEngine::new(config, wiring, regions, staging, builder, connector)?;
         for (index, queue_pair) in prepared.into_iter().enumerate() {
-            engine.await_connection(now, index, queue_pair)?;
+            // A refusal (no connection service, a full mailbox) is that
+            // instance's: it fails alone, as it would after any other
+            // reconnection. Returned, it failed the whole restart.
+            match engine.await_connection(now, index, queue_pair) {
+                Err(error) if error.instance().is_some() => {
+                    engine.fail_instance(nic, index, error)?
+                }
+                result => result?,
+            }
         }
         Ok(engine)
     }
