@@ -75,6 +75,9 @@ pub struct RnicCounters {
     pub duplicate_requests: u64,
     pub replayed_reads: u64,
     pub replayed_atomics: u64,
+    /// Replays dropped unsent because a new READ or atomic took their
+    /// slot: they answered duplicates of requests already retired.
+    pub stale_replays_dropped: u64,
     pub drops: HashMap<DropReason, u64>,
 }
 

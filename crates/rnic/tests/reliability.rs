@@ -559,3 +559,68 @@ fn rnr_exhaustion_fails_the_refused_request() {
         ]
     );
 }
+
+/// Moves every frame `from` has to send now into `to`.
+fn deliver_all(from: &mut SoftRnic, to: &mut SoftRnic, now: remora_base::Timestamp) -> usize {
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    let mut moved = 0;
+    while let Some(length) = from.poll_transmit(now, &mut buffer) {
+        to.handle_frame(now, &buffer[..length]);
+        moved += 1;
+    }
+    moved
+}
+
+/// A READ's request reached the responder twice (a duplicating link),
+/// so a replay of its answer was queued behind the original. The original
+/// completed the READ, and the requester, allowed one READ at a time, sent
+/// the next; the queued replay still held the one replay slot, and the
+/// responder took the new READ for one past its limit: an Invalid Request
+/// NAK, and both queue pairs failed. A new READ drops the stale replays of
+/// the slot it takes (they answer a request its requester has retired).
+#[test]
+fn a_duplicate_replay_still_queued_does_not_refuse_the_next_read() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| {
+        builder.path_mtu = Mtu::MTU_256;
+        builder.max_read_atomic = 1;
+        builder.max_destination_read_atomic = 1;
+    });
+    write_region(&mut s.fabric.right, &s.right_mr, 0, &pattern(2048, 5));
+    write_region(&mut s.fabric.right, &s.right_mr, 4096, &pattern(64, 9));
+    let first = read_request(&s, 1, 0, 0, 2048);
+    let second = read_request(&s, 2, 4096, 4096, 64);
+    s.fabric.left.post_send(s.left_qp, first).unwrap();
+    s.fabric.left.post_send(s.left_qp, second).unwrap();
+    let requests = left_frames(&mut s);
+    assert_eq!(requests.len(), 1, "one READ at a time");
+    let now = s.fabric.now;
+    s.fabric.right.handle_frame(now, &requests[0]);
+    s.fabric.right.handle_frame(now, &requests[0]);
+    // The original answer's eight packets complete the first READ.
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    for _ in 0..8 {
+        let length = s.fabric.right.poll_transmit(now, &mut buffer).unwrap();
+        s.fabric.left.handle_frame(now, &buffer[..length]);
+    }
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::Success)]
+    );
+    // The second READ reaches the responder with the replay still queued.
+    assert!(deliver_all(&mut s.fabric.left, &mut s.fabric.right, now) >= 1);
+    assert!(s.fabric.run(1000).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(2, CompletionStatus::Success)]
+    );
+    assert_eq!(
+        read_region(&s.fabric.left, &s.left_mr, 4096, 64),
+        pattern(64, 9)
+    );
+    assert_eq!(
+        read_region(&s.fabric.left, &s.left_mr, 0, 2048),
+        pattern(2048, 5)
+    );
+    assert_eq!(s.fabric.right.counters().error_naks_sent, 0);
+    assert_eq!(s.fabric.right.counters().stale_replays_dropped, 1);
+}

@@ -39,13 +39,16 @@ enum Output {
     /// The answer to a READ from a replay-cache entry: its packets from
     /// `next_packet` to the end. `start_packet` is where this answer began
     /// (0, or where a re-request resumed), which decides the First opcode.
+    /// `replay`: an answer again, to a duplicate request.
     ReadResponse {
         slot: usize,
         next_packet: u32,
         start_packet: u32,
+        replay: bool,
     },
     AtomicAcknowledge {
         slot: usize,
+        replay: bool,
     },
 }
 
@@ -115,25 +118,53 @@ impl Responder {
         self.expected_absolute = 0;
     }
 
-    /// Whether an answer in replay slot `slot` still waits to be sent.
-    fn has_queued_answer(&self, slot: usize) -> bool {
-        self.outputs.iter().any(|output| match output {
-            Output::ReadResponse { slot: queued, .. }
-            | Output::AtomicAcknowledge { slot: queued } => *queued == slot,
+    /// Whether an answer in replay slot `slot` still waits to be sent:
+    /// with `replays`, any; else only the first answer to its request.
+    fn has_queued_answer(&self, slot: usize, replays: bool) -> bool {
+        self.outputs.iter().any(|output| match *output {
+            Output::ReadResponse {
+                slot: queued,
+                replay,
+                ..
+            }
+            | Output::AtomicAcknowledge {
+                slot: queued,
+                replay,
+            } => queued == slot && (replays || !replay),
             Output::Acknowledge { .. } => false,
         })
     }
 
     /// A new READ or atomic takes the oldest replay slot. If that slot's
-    /// answer has not been sent yet, the requester has more outstanding
-    /// than this responder allows: IB answers with an Invalid Request NAK
-    /// (reusing the slot threw the unsent answer away, and the request
-    /// failed later for no reason the requester could see).
-    fn check_read_atomic_room(&self) -> StepResult<()> {
-        match self.has_queued_answer(self.replay.next_slot()) {
-            true => Err((NakCode::InvalidRequest, None)),
-            false => Ok(()),
+    /// first answer has not been sent yet, the requester has more
+    /// outstanding than this responder allows: IB answers with an Invalid
+    /// Request NAK (reusing the slot threw the unsent answer away, and the
+    /// request failed later for no reason the requester could see).
+    ///
+    /// A replay still queued for the slot is no such sign: it answers a
+    /// duplicate of a request whose first answer was sent, and that the
+    /// requester, within its limit, has retired. It is dropped (sent
+    /// later, it would carry the new request's data under the old PSNs).
+    fn take_read_atomic_room(&mut self, resources: &mut Resources) -> StepResult<()> {
+        let slot = self.replay.next_slot();
+        if self.has_queued_answer(slot, false) {
+            return Err((NakCode::InvalidRequest, None));
         }
+        let before = self.outputs.len();
+        self.outputs.retain(|output| match *output {
+            Output::ReadResponse {
+                slot: queued,
+                replay: true,
+                ..
+            }
+            | Output::AtomicAcknowledge {
+                slot: queued,
+                replay: true,
+            } => queued != slot,
+            _ => true,
+        });
+        resources.counters.stale_replays_dropped += (before - self.outputs.len()) as u64;
+        Ok(())
     }
 
     fn has_room(&self) -> bool {
@@ -251,11 +282,12 @@ impl QueuePairContext {
                             slot,
                             next_packet: packet_offset,
                             start_packet: packet_offset,
+                            replay: true,
                         });
                     }
                     ReplayKind::Atomic { .. } => {
                         resources.counters.replayed_atomics += 1;
-                        responder.push(Output::AtomicAcknowledge { slot });
+                        responder.push(Output::AtomicAcknowledge { slot, replay: true });
                     }
                 }
             }
@@ -539,7 +571,7 @@ impl QueuePairContext {
         if reth.dma_length > resources.max_message_bytes {
             return Err((NakCode::InvalidRequest, None));
         }
-        self.responder.check_read_atomic_room()?;
+        self.responder.take_read_atomic_room(resources)?;
         let length = u64::from(reth.dma_length);
         self.allows_remote(AccessFlags::REMOTE_READ)?;
         let pd = self.attributes.protection_domain;
@@ -569,9 +601,10 @@ impl QueuePairContext {
             ReplayKind::Read,
             responder.msn,
         );
-        // `check_read_atomic_room` refused the request if an answer still
-        // waited in this slot: nothing queued refers to it.
-        debug_assert!(!responder.has_queued_answer(slot));
+        // `take_read_atomic_room` refused the request if its first answer
+        // still waited in this slot, and dropped its replays: nothing
+        // queued refers to it.
+        debug_assert!(!responder.has_queued_answer(slot, true));
         // Snapshot now: a later WRITE on this queue pair must not change
         // what this READ returns, even if its answer is still queued.
         let data = &mut responder.replay.entry_mut(slot).data;
@@ -584,6 +617,7 @@ impl QueuePairContext {
             slot,
             next_packet: 0,
             start_packet: 0,
+            replay: false,
         });
         Ok(Step::Done {
             psn_count: packet_count,
@@ -595,7 +629,7 @@ impl QueuePairContext {
         if !atomic.virtual_address.0.is_multiple_of(8) {
             return Err((NakCode::InvalidRequest, None));
         }
-        self.responder.check_read_atomic_room()?;
+        self.responder.take_read_atomic_room(resources)?;
         self.allows_remote(AccessFlags::REMOTE_ATOMIC)?;
         let pd = self.attributes.protection_domain;
         let checked = resources.memory.check_remote(
@@ -623,10 +657,12 @@ impl QueuePairContext {
             ReplayKind::Atomic { original },
             responder.msn,
         );
-        // `check_read_atomic_room` refused the request if an answer still
-        // waited in this slot: nothing queued refers to it.
-        debug_assert!(!responder.has_queued_answer(slot));
-        responder.push(Output::AtomicAcknowledge { slot });
+        // As for a READ: nothing queued refers to the slot.
+        debug_assert!(!responder.has_queued_answer(slot, true));
+        responder.push(Output::AtomicAcknowledge {
+            slot,
+            replay: false,
+        });
         Ok(Step::Done { psn_count: 1 })
     }
 
@@ -656,7 +692,7 @@ impl QueuePairContext {
                     |_| {},
                 )
             }
-            Output::AtomicAcknowledge { slot } => {
+            Output::AtomicAcknowledge { slot, .. } => {
                 responder.finish_output();
                 let entry = responder.replay.entry(slot);
                 let ReplayKind::Atomic { original } = entry.kind else {
@@ -673,6 +709,7 @@ impl QueuePairContext {
                 slot,
                 next_packet,
                 start_packet,
+                ..
             } => {
                 let entry = responder.replay.entry(slot);
                 let is_first = next_packet == start_packet;
