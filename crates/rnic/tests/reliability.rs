@@ -624,3 +624,52 @@ fn a_duplicate_replay_still_queued_does_not_refuse_the_next_read() {
     assert_eq!(s.fabric.right.counters().error_naks_sent, 0);
     assert_eq!(s.fabric.right.counters().stale_replays_dropped, 1);
 }
+
+/// A small READ's one answer packet was lost while a long READ behind it
+/// was answered. The first later answer rewinds to reissue the lost one
+/// (the implicit NAK), and a guard was meant to keep the answers behind
+/// it from rewinding again; but progress cleared the guard in the same
+/// call that set it, so every later answer packet rewound and reissued
+/// both READs again. The lost READ is reissued once now.
+#[test]
+fn a_lost_read_answer_is_reissued_once_not_per_later_packet() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| builder.path_mtu = Mtu::MTU_256);
+    write_region(&mut s.fabric.right, &s.right_mr, 0, &pattern(64, 3));
+    write_region(&mut s.fabric.right, &s.right_mr, 4096, &pattern(16384, 4));
+    let small = read_request(&s, 1, 0, 0, 64);
+    let long = read_request(&s, 2, 4096, 4096, 16384);
+    s.fabric.left.post_send(s.left_qp, small).unwrap();
+    s.fabric.left.post_send(s.left_qp, long).unwrap();
+    let mut dropped = false;
+    let mut read_requests = 0;
+    let mut filter = |direction, bytes: &mut [u8]| {
+        let opcode = opcode_of(bytes);
+        if direction == Direction::LeftToRight && opcode == Opcode::RdmaReadRequest {
+            read_requests += 1;
+        }
+        if direction == Direction::RightToLeft && opcode == Opcode::RdmaReadResponseOnly && !dropped
+        {
+            dropped = true;
+            return Verdict::Drop;
+        }
+        Verdict::Deliver
+    };
+    assert!(s.fabric.run_filtered(10_000, &mut filter).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![
+            (1, CompletionStatus::Success),
+            (2, CompletionStatus::Success)
+        ]
+    );
+    assert_eq!(
+        read_region(&s.fabric.left, &s.left_mr, 0, 64),
+        pattern(64, 3)
+    );
+    assert_eq!(
+        read_region(&s.fabric.left, &s.left_mr, 4096, 16384),
+        pattern(16384, 4)
+    );
+    assert!(read_requests <= 4, "{read_requests} READ requests sent");
+    assert!(s.fabric.right.counters().replayed_reads <= 2);
+}

@@ -681,11 +681,13 @@ impl QueuePairContext {
                     if fully_covered {
                         // The responder answered later requests, so this
                         // response was lost: an implicit NAK. Once per
-                        // resume point until progress: the ACKs still in
+                        // resume point: the answers and ACKs still in
                         // flight behind the first would otherwise rewind
-                        // again and again, and a responder that never
-                        // answers must meet the retransmission timer, which
-                        // spends retries.
+                        // again and again (each of them is progress, so
+                        // progress must not re-arm it), and a responder
+                        // that never answers must meet the retransmission
+                        // timer, which spends retries. The point moves when
+                        // this READ is answered further or retires.
                         let resume = front.resume_psn();
                         if requester.implicit_nak_at != Some(resume) {
                             requester.implicit_nak_at = Some(resume);
@@ -716,6 +718,9 @@ impl QueuePairContext {
     fn retire_front(&mut self, resources: &mut Resources) {
         let requester = &mut self.requester;
         let wqe = requester.queue.pop().expect("caller saw a front");
+        // The next implicit NAK is for another request, even one whose
+        // resume point has the same PSN after the 24-bit wrap.
+        requester.implicit_nak_at = None;
         if wqe.counted_outstanding {
             requester.outstanding_read_atomic -= 1;
         }
@@ -738,7 +743,6 @@ impl QueuePairContext {
         let requester = &mut self.requester;
         requester.retries_left = self.attributes.retry_count;
         requester.rnr_retries_left = self.attributes.rnr_retry;
-        requester.implicit_nak_at = None;
         requester.retransmit_deadline = requester
             .has_outstanding()
             .then(|| now.saturating_add(self.attributes.timeout));
