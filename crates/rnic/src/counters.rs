@@ -78,6 +78,9 @@ pub struct RnicCounters {
     /// Replays dropped unsent because a new READ or atomic took their
     /// slot: they answered duplicates of requests already retired.
     pub stale_replays_dropped: u64,
+    /// RNR and sequence NAKs for a PSN not sent again since the last one
+    /// acted on: copies, which spend no retry.
+    pub stale_naks_ignored: u64,
     pub drops: HashMap<DropReason, u64>,
 }
 

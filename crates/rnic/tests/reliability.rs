@@ -673,3 +673,36 @@ fn a_lost_read_answer_is_reissued_once_not_per_later_packet() {
     assert!(read_requests <= 4, "{read_requests} READ requests sent");
     assert!(s.fabric.right.counters().replayed_reads <= 2);
 }
+
+/// A link that duplicates frames delivered an RNR NAK twice: the copy
+/// spent a second RNR retry on the same refusal, so `rnr_retry = 1` acted
+/// as 0 and the SEND failed though its one retry would have found the
+/// receive. A NAK for a PSN not sent again since the last one is a copy.
+#[test]
+fn a_duplicated_rnr_nak_spends_one_retry() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| {
+        builder.rnr_retry = 1;
+        builder.min_rnr_timer = Duration::from_micros(40);
+    });
+    let send = send_request(&s, 1, 0, 8);
+    s.fabric.left.post_send(s.left_qp, send).unwrap();
+    let now = s.fabric.now;
+    assert_eq!(deliver_all(&mut s.fabric.left, &mut s.fabric.right, now), 1);
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    let length = s.fabric.right.poll_transmit(now, &mut buffer).unwrap();
+    s.fabric.left.handle_frame(now, &buffer[..length]);
+    s.fabric.left.handle_frame(now, &buffer[..length]);
+    s.fabric
+        .right
+        .post_receive(
+            s.right_qp,
+            ReceiveRequest::new(4, &[s.right_mr.slice(0, 8)]).unwrap(),
+        )
+        .unwrap();
+    assert!(s.fabric.run(100).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::Success)]
+    );
+    assert_eq!(s.fabric.left.counters().stale_naks_ignored, 1);
+}

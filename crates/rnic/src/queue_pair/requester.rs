@@ -77,8 +77,13 @@ pub(crate) struct Requester {
     pub(super) rnr_retries_left: u8,
     retransmit_deadline: Option<Timestamp>,
     rnr_resume_at: Option<Timestamp>,
-    /// The resume point of the last implicit NAK, cleared on progress.
+    /// The resume point of the last implicit NAK, cleared when a request
+    /// retires.
     implicit_nak_at: Option<Psn>,
+    /// The PSN of the last RNR or sequence NAK acted on, until it is sent
+    /// again: another NAK for it before then is a copy (a duplicating
+    /// link) or one already in flight, not news, and spends no retry.
+    nak_awaiting_resend: Option<Psn>,
     /// The highest PSN the responder is known to have executed. It can run
     /// ahead of the oldest unanswered request (a READ or atomic whose answer
     /// was lost), and its advance is what counts as progress.
@@ -103,6 +108,7 @@ impl Requester {
             retransmit_deadline: None,
             rnr_resume_at: None,
             implicit_nak_at: None,
+            nak_awaiting_resend: None,
             acknowledged_psn: initial_psn.sub(1),
         }
     }
@@ -233,6 +239,7 @@ impl Requester {
         self.outstanding_read_atomic = 0;
         self.retransmit_deadline = None;
         self.rnr_resume_at = None;
+        self.nak_awaiting_resend = None;
     }
 }
 
@@ -457,6 +464,9 @@ impl QueuePairContext {
         match build_request_packet(wqe, requester.transmit_psn, mtu, path, resources, buffer) {
             Ok((frame_len, psn_after)) => {
                 let requester = &mut self.requester;
+                if requester.nak_awaiting_resend == Some(requester.transmit_psn) {
+                    requester.nak_awaiting_resend = None;
+                }
                 if needs_credit {
                     requester.outstanding_read_atomic += 1;
                     requester
@@ -566,6 +576,17 @@ impl QueuePairContext {
             _ => psn.sub(1),
         };
         self.acknowledge_through(now, acknowledged, resources);
+        let retry_nak = matches!(
+            syndrome,
+            AckSyndrome::ReceiverNotReady { .. } | AckSyndrome::Nak(NakCode::PsnSequenceError)
+        );
+        if retry_nak {
+            if self.requester.nak_awaiting_resend == Some(psn) {
+                resources.counters.stale_naks_ignored += 1;
+                return true;
+            }
+            self.requester.nak_awaiting_resend = Some(psn);
+        }
         match syndrome {
             AckSyndrome::Ack { .. } => {}
             AckSyndrome::ReceiverNotReady { timer } => {
