@@ -524,7 +524,6 @@ pub(super) unsafe fn query_qp(
     mask: c_int,
     init_attributes: *mut ibv_qp_init_attr,
 ) -> c_int {
-    let _ = mask;
     if qp.is_null() || attributes.is_null() || init_attributes.is_null() {
         return libc::EINVAL;
     }
@@ -543,6 +542,12 @@ pub(super) unsafe fn query_qp(
     reported.rq_psn = status.expected_psn.value();
     reported.sq_psn = status.resume_psn.value();
     reported.cap = qp_object.capabilities;
+    // As rdma-core's `ibv_query_qp`: a query of the state refreshes the
+    // one the program reads in `qp->state` (a move to ERR after a failed
+    // request is the device's, and nothing else tells the program).
+    if mask & IBV_QP_STATE as c_int != 0 {
+        qp_object.qp.qp_base.state = reported.qp_state;
+    }
     let base = &qp_object.qp.qp_base;
     // SAFETY: the caller's out-parameters.
     unsafe {
@@ -860,22 +865,29 @@ mod builder {
         count: usize,
         buffers: *const ibv_data_buf,
     ) {
-        let local = if buffers.is_null() || count > MAX_SCATTER_GATHER as usize {
+        // Any number of buffers within the inline bytes, as rdma-core's
+        // providers take (not the gather list's four); a buffer needs a
+        // byte to count, so more than that many is refused.
+        let local = if buffers.is_null() || count > MAX_INLINE_BYTES as usize {
             Err(libc::EINVAL)
         } else {
             // SAFETY: the verbs contract: `buffers` holds `count` entries,
             // each the program's readable memory.
             let buffers = unsafe { std::slice::from_raw_parts(buffers, count) };
-            let list: Vec<ScatterGatherElement> = buffers
+            // A length past 32 bits is refused, not cut: cut, (1 << 32) + 16
+            // passed the inline limit as 16 and posted 16 bytes.
+            let list: Result<Vec<ScatterGatherElement>, c_int> = buffers
                 .iter()
-                .map(|buffer| ScatterGatherElement {
-                    address: VirtAddr(buffer.addr as u64),
-                    length_bytes: buffer.length as u32,
-                    lkey: Lkey(0),
+                .map(|buffer| {
+                    Ok(ScatterGatherElement {
+                        address: VirtAddr(buffer.addr as u64),
+                        length_bytes: u32::try_from(buffer.length).map_err(|_| libc::EINVAL)?,
+                        lkey: Lkey(0),
+                    })
                 })
                 .collect();
             // SAFETY: as above.
-            unsafe { inline_bytes(&list) }.map(LocalData::Inline)
+            list.and_then(|list| unsafe { inline_bytes(&list) }.map(LocalData::Inline))
         };
         // SAFETY: the verbs contract.
         set_local(unsafe { qp_object(qp) }, local);

@@ -311,6 +311,12 @@ static void rnr_retry_zero_gives_up_at_once(union ibv_gid gid, uint8_t *local, s
 	struct ibv_wc wc = post_one(sender, &send);
 	CHECK(wc.wr_id == 70 && wc.status == IBV_WC_RNR_RETRY_EXC_ERR, "the SEND gave up on RNR, not %s",
 	      ibv_wc_status_str(wc.status));
+	/* ibv_query_qp(3) with IBV_QP_STATE refreshes qp->state, as
+	 * rdma-core's does: it stayed RTS after the move to ERR. */
+	struct ibv_qp_init_attr init;
+	CHECK(ibv_query_qp(sender, &attr, IBV_QP_STATE, &init) == 0, "query_qp");
+	CHECK(attr.qp_state == IBV_QPS_ERR && sender->state == IBV_QPS_ERR,
+	      "the failed QP is in ERR (query %d, qp->state %d)", attr.qp_state, sender->state);
 	CHECK(ibv_destroy_qp(sender) == 0 && ibv_destroy_qp(idle) == 0, "destroy");
 }
 
@@ -414,6 +420,44 @@ static void a_refused_batch_posts_nothing(union ibv_gid gid, uint8_t *remote, st
 	no_completion("a refused batch");
 	for (int i = 0; i < 3 * 64; i++)
 		CHECK(remote[i] == 0, "a refused batch wrote byte %d", i);
+	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_qp(peer) == 0, "destroy the QPs");
+}
+
+/* Inline lengths are checked before they are narrowed: a length of
+ * 2^32 + 16 was cut to 16 and posted 16 bytes. And a list of more buffers
+ * than a gather list takes (five) posts within the inline bytes, as
+ * rdma-core's providers allow: it was refused. */
+static void inline_lengths_are_checked_whole(union ibv_gid gid, uint8_t *remote, struct ibv_mr *remote_mr)
+{
+	struct ibv_qp *qp, *peer;
+	make_builder_pair(gid, 4, &qp, &peer);
+	struct ibv_qp_ex *builder = ibv_qp_to_qp_ex(qp);
+	CHECK(builder, "qp_to_qp_ex");
+	static char payload[64] = "inline";
+	memset(remote, 0, 64);
+	ibv_wr_start(builder);
+	builder->wr_id = 80;
+	builder->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	ibv_wr_rdma_write(builder, remote_mr->rkey, (uintptr_t)remote);
+	ibv_wr_set_inline_data(builder, payload, ((size_t)1 << 32) + 16);
+	CHECK(ibv_wr_complete(builder) == EINVAL, "an inline length past 32 bits is EINVAL");
+	no_completion("an inline length past 32 bits");
+	char pieces[5][8];
+	struct ibv_data_buf list[5];
+	for (int i = 0; i < 5; i++) {
+		memset(pieces[i], 'a' + i, 8);
+		list[i] = (struct ibv_data_buf){ .addr = pieces[i], .length = 8 };
+	}
+	ibv_wr_start(builder);
+	builder->wr_id = 81;
+	builder->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	ibv_wr_rdma_write(builder, remote_mr->rkey, (uintptr_t)remote);
+	ibv_wr_set_inline_data_list(builder, 5, list);
+	CHECK(ibv_wr_complete(builder) == 0, "five inline buffers post");
+	struct ibv_wc wc = complete();
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 81, "the five-buffer WRITE completes");
+	for (int i = 0; i < 40; i++)
+		CHECK(remote[i] == 'a' + i / 8, "byte %d of the five-buffer WRITE", i);
 	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_qp(peer) == 0, "destroy the QPs");
 }
 
@@ -757,6 +801,7 @@ int main(void)
 	a_qps_access_flags_bound_its_peers(gid, local, local_mr, remote, remote_mr);
 	rnr_retry_zero_gives_up_at_once(gid, local, local_mr);
 	a_refused_batch_posts_nothing(gid, remote, remote_mr);
+	inline_lengths_are_checked_whole(gid, remote, remote_mr);
 	an_inline_flag_on_a_built_read_is_ignored(gid, local, local_mr, remote, remote_mr);
 	a_second_builder_waits_for_the_first_to_complete(gid, remote, remote_mr);
 	a_builder_section_is_its_threads_alone(gid, remote, remote_mr);
