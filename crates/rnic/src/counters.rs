@@ -35,6 +35,15 @@ pub enum DropReason {
 }
 
 impl DropReason {
+    /// The reason as drops are counted: a malformed frame by the kind of
+    /// its fault, without the values (see [`WireError::without_details`]).
+    pub fn without_details(self) -> DropReason {
+        match self {
+            DropReason::Malformed(error) => DropReason::Malformed(error.without_details()),
+            other => other,
+        }
+    }
+
     /// A stable name for reports: the reason, or for a malformed frame
     /// the kind of wire error (`icrc_mismatch`, `bad_ip_checksum`, ...).
     pub fn name(&self) -> &'static str {
@@ -86,7 +95,7 @@ pub struct RnicCounters {
 
 impl RnicCounters {
     pub fn count_drop(&mut self, reason: DropReason) {
-        *self.drops.entry(reason).or_default() += 1;
+        *self.drops.entry(reason.without_details()).or_default() += 1;
     }
 
     /// Drops by reason name, summed where reasons share a name.
@@ -103,6 +112,34 @@ impl RnicCounters {
     }
 
     pub fn drops_for(&self, reason: DropReason) -> u64 {
-        self.drops.get(&reason).copied().unwrap_or(0)
+        self.drops
+            .get(&reason.without_details())
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drops were keyed by the whole wire error, values included: a peer
+    /// sweeping ethertypes or opcodes added an entry per value (65,536 for
+    /// the ethertypes). They are keyed by kind now, and still all counted.
+    #[test]
+    fn a_sweep_of_malformed_values_keeps_one_counter_per_kind() {
+        let mut counters = RnicCounters::default();
+        for ethertype in 0..=u16::MAX {
+            counters.count_drop(DropReason::Malformed(WireError::NotIpv4(ethertype)));
+        }
+        for opcode in 0..=u8::MAX {
+            counters.count_drop(DropReason::Malformed(WireError::UnknownOpcode(opcode)));
+        }
+        assert_eq!(counters.drops.len(), 2);
+        assert_eq!(
+            counters.drops_for(DropReason::Malformed(WireError::NotIpv4(0x86dd))),
+            65_536
+        );
+        assert_eq!(counters.drops_by_name()["unknown_opcode"], 256);
     }
 }

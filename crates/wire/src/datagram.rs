@@ -36,6 +36,14 @@ pub fn udp_destination_port(bytes: &[u8]) -> Option<u16> {
     if !ethertype_ipv4 || *bytes.get(ip + 9)? != PROTOCOL_UDP {
         return None;
     }
+    // A header under 20 bytes, or a fragment after the first, has no UDP
+    // header where one would be read: the "port" came from the IPv4
+    // header or the payload, and the frame was counted under the wrong
+    // reason. Left to the full parser, which names the fault.
+    let fragment_offset = u16::from_be_bytes([*bytes.get(ip + 6)?, *bytes.get(ip + 7)?]) & 0x1fff;
+    if header_len < 20 || fragment_offset != 0 {
+        return None;
+    }
     let port = bytes.get(ip + header_len + 2..ip + header_len + 4)?;
     Some(u16::from_be_bytes([port[0], port[1]]))
 }
@@ -138,5 +146,29 @@ mod tests {
         );
         assert!(emit_datagram(source, destination, &[0; 200], &mut buffer).is_err());
         assert_eq!(udp_destination_port(&buffer[..20]), None);
+    }
+
+    /// An IPv4 header length under 20 bytes, or a later fragment, has no
+    /// UDP header where the port was read from: the "port" came from the
+    /// destination address or the payload, and the device counted the
+    /// frame as bound for no datagram port, not as the fault it is.
+    #[test]
+    fn no_port_is_read_past_a_short_header_or_from_a_later_fragment() {
+        let end = |last, port| DatagramEnd {
+            mac: MacAddress([2, 0, 10, 0, 0, last]),
+            address: Ipv4Address::new(10, 0, 0, last),
+            port,
+        };
+        let mut buffer = [0u8; 128];
+        let length = emit_datagram(end(1, 40000), end(2, 4792), b"hello", &mut buffer).unwrap();
+        let mut short_header = buffer;
+        short_header[ETHERNET_HEADER_LEN] = 0x44;
+        assert_eq!(udp_destination_port(&short_header[..length]), None);
+        let mut later_fragment = buffer;
+        later_fragment[ETHERNET_HEADER_LEN + 7] = 1;
+        assert_eq!(udp_destination_port(&later_fragment[..length]), None);
+        let mut first_fragment = buffer;
+        first_fragment[ETHERNET_HEADER_LEN + 6] = 0x20;
+        assert_eq!(udp_destination_port(&first_fragment[..length]), Some(4792));
     }
 }

@@ -33,6 +33,8 @@ pub enum WireError {
     ReservedSyndrome(u8),
     #[error("pad count exceeds the payload")]
     BadPadCount,
+    #[error("opcode {0:#04x} carries no payload, but the frame has bytes after its headers")]
+    UnexpectedPayload(u8),
     #[error("ICRC mismatch")]
     IcrcMismatch,
     #[error("output buffer too small: need {needed} bytes")]
@@ -60,9 +62,37 @@ impl WireError {
             WireError::UnknownOpcode(_) => "unknown_opcode",
             WireError::ReservedSyndrome(_) => "reserved_syndrome",
             WireError::BadPadCount => "bad_pad_count",
+            WireError::UnexpectedPayload(_) => "unexpected_payload",
             WireError::IcrcMismatch => "icrc_mismatch",
             WireError::BufferTooSmall { .. } => "buffer_too_small",
             WireError::PayloadTooLarge(_) => "payload_too_large",
+        }
+    }
+
+    /// The error with the values it carries zeroed: one per kind, so a
+    /// counter keyed by it stays as small as the list of kinds (keyed by
+    /// the whole error, a sweep of ethertypes or opcodes from a hostile
+    /// peer grew a device's drop counters by an entry per value).
+    pub fn without_details(self) -> WireError {
+        match self {
+            WireError::NotIpv4(_) => WireError::NotIpv4(0),
+            WireError::BadIpVersion(_) => WireError::BadIpVersion(0),
+            WireError::NotUdp(_) => WireError::NotUdp(0),
+            WireError::NotRoce(_) => WireError::NotRoce(0),
+            WireError::BadTransportVersion(_) => WireError::BadTransportVersion(0),
+            WireError::UnknownOpcode(_) => WireError::UnknownOpcode(0),
+            WireError::ReservedSyndrome(_) => WireError::ReservedSyndrome(0),
+            WireError::UnexpectedPayload(_) => WireError::UnexpectedPayload(0),
+            WireError::BufferTooSmall { .. } => WireError::BufferTooSmall { needed: 0 },
+            WireError::PayloadTooLarge(_) => WireError::PayloadTooLarge(0),
+            WireError::Truncated { .. }
+            | WireError::BadIpHeaderLength
+            | WireError::BadIpTotalLength
+            | WireError::BadIpChecksum
+            | WireError::IpFragment
+            | WireError::BadUdpLength
+            | WireError::BadPadCount
+            | WireError::IcrcMismatch => self,
         }
     }
 }

@@ -236,6 +236,11 @@ impl<'a> RoceFrame<'a> {
         if bth.opcode.has_aeth() {
             AckSyndrome::from_u8(bytes[extension_start])?;
         }
+        // Executed, a READ request with bytes after its RETH ran as if
+        // they were not there.
+        if !bth.opcode.carries_payload() && payload_start != icrc_start {
+            return Err(WireError::UnexpectedPayload(bth.opcode as u8));
+        }
         let payload_end = icrc_start
             .checked_sub(usize::from(bth.pad_count))
             .filter(|end| *end >= payload_start)
@@ -408,6 +413,10 @@ impl FlowTemplate {
             .expect("20 bytes");
         headers[IP_START + 2..IP_START + 4].fill(0);
         headers[IP_START + 10..IP_START + 12].fill(0);
+        // Its length is ignored too: emitted as given, one past 16 bits
+        // failed here (a panic) before `emit` could refuse the payload.
+        let mut udp = *udp;
+        udp.payload_len = 0;
         udp.emit(&mut headers[UDP_START..BTH_START])
             .expect("8 bytes");
         let ip_partial_sum = headers[IP_START..UDP_START]
@@ -432,6 +441,9 @@ impl FlowTemplate {
     ) -> Result<usize, WireError> {
         if !extension.matches(bth.opcode) {
             return Err(WireError::UnknownOpcode(bth.opcode as u8));
+        }
+        if !bth.opcode.carries_payload() && payload_len > 0 {
+            return Err(WireError::UnexpectedPayload(bth.opcode as u8));
         }
         let pad = usize::from(pad_count(payload_len));
         let transport_len = transport_len(bth.opcode, payload_len);

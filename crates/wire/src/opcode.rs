@@ -209,6 +209,19 @@ impl Opcode {
         )
     }
 
+    /// Whether bytes may follow the headers: not for a READ request, an
+    /// atomic or an acknowledgement, whose headers say everything. (A CNP
+    /// carries 16 reserved bytes.)
+    pub fn carries_payload(self) -> bool {
+        !matches!(
+            self.family(),
+            OpcodeFamily::RdmaReadRequest
+                | OpcodeFamily::Atomic
+                | OpcodeFamily::Acknowledge
+                | OpcodeFamily::AtomicAcknowledge
+        )
+    }
+
     /// The invalidate opcodes carry an IETH (a 32-bit rkey to invalidate).
     pub fn has_invalidate(self) -> bool {
         matches!(

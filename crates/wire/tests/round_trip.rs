@@ -139,7 +139,11 @@ fn any_frame() -> impl Strategy<Value = (FrameRepr, Vec<u8>)> {
             (
                 Just(base),
                 any_extension(bth.opcode),
-                proptest::collection::vec(any::<u8>(), 0..300),
+                // A READ request, an atomic or an acknowledgement has none.
+                proptest::collection::vec(
+                    any::<u8>(),
+                    0..if bth.opcode.carries_payload() { 300 } else { 1 },
+                ),
             )
         })
         .prop_map(|(mut repr, extension, payload)| {
@@ -229,9 +233,8 @@ proptest! {
     }
 }
 
-#[test]
-fn a_too_small_buffer_is_a_typed_error() {
-    let repr = FrameRepr {
+fn send_only_repr() -> FrameRepr {
+    FrameRepr {
         ethernet: EthernetRepr::default(),
         ipv4: Ipv4Repr::default(),
         udp: UdpRepr {
@@ -241,7 +244,59 @@ fn a_too_small_buffer_is_a_typed_error() {
         },
         bth: BthRepr::new(Opcode::SendOnly, Qpn::new(1).unwrap(), Psn::new(0)),
         extension: ExtensionHeaders::default(),
-    };
+    }
+}
+
+/// A payload past what an IPv4 packet holds, with its lengths set by
+/// `with_payload_len`: the template emitted the UDP length as given, which
+/// failed (a panic) before the frame's own check could refuse it.
+#[test]
+fn an_oversized_payload_is_a_typed_error_not_a_panic() {
+    let repr = send_only_repr().with_payload_len(70_000);
+    let payload = vec![0u8; 70_000];
+    let mut buffer = vec![0u8; 80_000];
+    assert!(matches!(
+        emit_frame(&repr, &payload, &mut buffer),
+        Err(WireError::PayloadTooLarge(70_000))
+    ));
+}
+
+/// A READ request, an atomic or an acknowledgement with bytes after its
+/// headers was accepted, and a READ request ran as if they were not
+/// there. Both ends refuse it now.
+#[test]
+fn bytes_after_the_headers_of_an_opcode_without_payload_are_refused() {
+    let mut read = send_only_repr().with_payload_len(8);
+    read.bth.opcode = Opcode::RdmaReadRequest;
+    read.extension.reth = Some(RethRepr {
+        virtual_address: VirtAddr(0x1000),
+        rkey: Rkey(7),
+        dma_length: 64,
+    });
+    let mut buffer = vec![0u8; 256];
+    assert_eq!(
+        emit_frame(&read, &[1; 8], &mut buffer),
+        Err(WireError::UnexpectedPayload(Opcode::RdmaReadRequest as u8))
+    );
+    // The same bytes from a peer that sends them anyway: a SEND of 24
+    // bytes relabelled as a READ request (its RETH is the first 16), the
+    // ICRC made right for the new opcode.
+    let send = send_only_repr().with_payload_len(24);
+    let length = emit_frame(&send, &[1; 24], &mut buffer).unwrap();
+    let frame = &mut buffer[..length];
+    frame[14 + 20 + 8] = Opcode::RdmaReadRequest as u8;
+    let icrc_start = length - 4;
+    let icrc = remora_wire::icrc::compute_frame(frame, icrc_start);
+    frame[icrc_start..].copy_from_slice(&icrc.to_le_bytes());
+    assert_eq!(
+        parse_frame(frame).map(drop),
+        Err(WireError::UnexpectedPayload(Opcode::RdmaReadRequest as u8))
+    );
+}
+
+#[test]
+fn a_too_small_buffer_is_a_typed_error() {
+    let repr = send_only_repr();
     let mut small = [0u8; 20];
     assert!(matches!(
         emit_frame(&repr, &[1, 2, 3], &mut small),
