@@ -12,6 +12,9 @@ pub enum DropReason {
     WrongDestinationMac,
     /// Addressed to another IP address.
     NotForThisDevice,
+    /// A BTH P_Key of another partition than the port's (the default):
+    /// IBA's P_Key check drops it.
+    BadPartitionKey,
     /// No queue pair with the destination QPN.
     UnknownQueuePair,
     /// The source address is not the queue pair's peer.
@@ -51,6 +54,7 @@ impl DropReason {
             DropReason::Malformed(error) => error.kind(),
             DropReason::WrongDestinationMac => "wrong_destination_mac",
             DropReason::NotForThisDevice => "not_for_this_device",
+            DropReason::BadPartitionKey => "bad_partition_key",
             DropReason::UnknownQueuePair => "unknown_queue_pair",
             DropReason::WrongPeer => "wrong_peer",
             DropReason::QueuePairNotReady => "queue_pair_not_ready",

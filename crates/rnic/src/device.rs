@@ -18,7 +18,7 @@ use crate::verbs::*;
 use crate::VerbsError;
 use remora_wire::datagram::{udp_destination_port, DatagramEnd};
 use remora_wire::frame::MAX_FRAME_LEN;
-use remora_wire::{Ipv4Address, MacAddress, Opcode, Psn, Qpn, RoceFrame, VirtAddr};
+use remora_wire::{Ipv4Address, MacAddress, Opcode, Pkey, Psn, Qpn, RoceFrame, VirtAddr};
 
 /// QPNs 0 and 1 are special in InfiniBand; data QPs start above them.
 const FIRST_QPN: u32 = 0x100;
@@ -470,6 +470,10 @@ impl SoftRnic {
         }
         if frame.destination_address() != self.config.address {
             return counters.count_drop(DropReason::NotForThisDevice);
+        }
+        // Every queue pair is in the default partition (its only P_Key).
+        if !Pkey::DEFAULT.admits(frame.bth().partition_key) {
+            return counters.count_drop(DropReason::BadPartitionKey);
         }
         if frame.bth().opcode == Opcode::CongestionNotification {
             return counters.count_drop(DropReason::CongestionNotification);

@@ -228,6 +228,45 @@ proptest! {
     }
 }
 
+/// A frame of another partition (its BTH P_Key) was taken: the P_Key
+/// was parsed and never checked. It is dropped and counted; a limited
+/// member of the default partition still gets through.
+#[test]
+fn a_frame_of_another_partition_is_dropped_and_counted() {
+    let mut s = setup();
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    let mut with_partition_key = |s: &mut Setup, id: u64, key: u16| {
+        let write = write_request(s, id, 0, s.right_mr.remote(8 * id), 8);
+        s.fabric.left.post_send(s.left_qp, write).unwrap();
+        let len = s
+            .fabric
+            .left
+            .poll_transmit(s.fabric.now, &mut buffer)
+            .unwrap();
+        let frame = &mut buffer[..len];
+        let pkey_at = 14 + 20 + 8 + 2;
+        frame[pkey_at..pkey_at + 2].copy_from_slice(&key.to_be_bytes());
+        let icrc = remora_wire::icrc::compute_frame(frame, len - 4);
+        frame[len - 4..].copy_from_slice(&icrc.to_le_bytes());
+        frame.to_vec()
+    };
+    let foreign = with_partition_key(&mut s, 1, 0x8001);
+    s.fabric.right.handle_frame(s.fabric.now, &foreign);
+    let counters = s.fabric.right.counters();
+    assert_eq!(counters.drops_for(DropReason::BadPartitionKey), 1);
+    assert_eq!(counters.drops_by_name()["bad_partition_key"], 1);
+    let limited = with_partition_key(&mut s, 2, 0x7fff);
+    s.fabric.right.handle_frame(s.fabric.now, &limited);
+    assert_eq!(
+        s.fabric
+            .right
+            .counters()
+            .drops_for(DropReason::BadPartitionKey),
+        1,
+        "a limited member of the default partition is taken"
+    );
+}
+
 #[test]
 fn an_overrun_completion_queue_fails_its_queue_pairs() {
     let mut s = setup();

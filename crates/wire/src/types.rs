@@ -133,6 +133,17 @@ pub struct Pkey(pub u16);
 impl Pkey {
     /// The default full-membership partition.
     pub const DEFAULT: Pkey = Pkey(0xffff);
+    /// The top bit: a full member, not a limited one.
+    const FULL_MEMBER: u16 = 0x8000;
+
+    /// Whether a port holding this key takes a packet carrying `packet`
+    /// (IBA's P_Key check): the same partition (the low 15 bits), and not
+    /// two limited members.
+    pub fn admits(self, packet: Pkey) -> bool {
+        let same_partition = (self.0 ^ packet.0) & !Self::FULL_MEMBER == 0;
+        let a_full_member = (self.0 | packet.0) & Self::FULL_MEMBER != 0;
+        same_partition && a_full_member
+    }
 }
 
 impl Default for Pkey {
