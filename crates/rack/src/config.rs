@@ -163,6 +163,24 @@ impl LinkSection {
         }))
     }
 
+    /// Refuses faults that would do other than they say: reordering with
+    /// no delay held frames for no time and reordered nothing (while the
+    /// report counted them reordered), and a delay without bound held
+    /// frames for years, a silent loss.
+    pub fn check_faults(&self) -> Result<(), String> {
+        let reorder_delay = Duration::from_micros(self.reorder_delay_us);
+        if !self.reorder.is_zero() && reorder_delay.is_zero() {
+            return Err("reorder needs a reorder_delay_us above 0: frames held for no time are not reordered".into());
+        }
+        if reorder_delay > MAX_LINK_DELAY {
+            return Err(format!(
+                "reorder_delay_us {} is longer than {MAX_LINK_DELAY:?}",
+                self.reorder_delay_us
+            ));
+        }
+        Ok(())
+    }
+
     pub fn faults(&self) -> LinkFaults {
         LinkFaults {
             loss: self.loss,
@@ -473,6 +491,7 @@ impl RackConfig {
             }
             node.link
                 .shape()
+                .and_then(|_| node.link.check_faults())
                 .map_err(|message| context(format!("link: {message}")))?;
             if node.local_link.is_some() && node.role != Role::Offload {
                 return Err(context(
@@ -482,6 +501,7 @@ impl RackConfig {
             let local_link = node.local_link.unwrap_or_default();
             local_link
                 .shape()
+                .and_then(|_| local_link.check_faults())
                 .map_err(|message| context(format!("local_link: {message}")))?;
             if !names.insert(node.name.clone()) || !addresses.insert(address) || !macs.insert(mac) {
                 return Err(context(
@@ -697,6 +717,25 @@ mod tests {
         [node.link]
         loss = 0.01
     "#;
+
+    /// `reorder` with the default delay of 0 held frames for no time and
+    /// reordered nothing, though the report counted frames reordered; a
+    /// reorder delay had no bound, and a large one lost frames silently.
+    #[test]
+    fn reordering_needs_a_bounded_positive_delay() {
+        let error = RackConfig::parse(&format!("{GOOD}reorder = 0.5\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("reorder_delay_us above 0"), "{error}");
+        let error = RackConfig::parse(&format!(
+            "{GOOD}reorder = 0.5\nreorder_delay_us = 9999999999\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("longer than"), "{error}");
+        RackConfig::parse(&format!("{GOOD}reorder = 0.5\nreorder_delay_us = 50\n"))
+            .expect("a bounded positive delay");
+    }
 
     #[test]
     fn system_tables_are_kept_for_their_systems_and_unknown_ones_refused() {
