@@ -667,6 +667,16 @@ impl PortHealth {
         }
     }
 
+    /// A send of one frame failed: the frame is counted, refused (too
+    /// large for the carrier) or discarded (lost with a failing port; it
+    /// went uncounted), and the port's failure kept.
+    fn record_send(&mut self, port: usize, error: CarrierError) {
+        if !matches!(error, CarrierError::FrameTooLarge { .. }) {
+            self.frames_discarded += 1;
+        }
+        self.record(port, error);
+    }
+
     fn in_service(&self, port: usize) -> bool {
         self.failed[port].is_none()
     }
@@ -709,12 +719,20 @@ impl<P: Program> SwitchEndpoint<P> {
                 continue;
             }
             let id = PortId(index as u16);
-            let mut errors = Vec::new();
+            let mut send_errors = Vec::new();
             let received = ingress
                 .borrow_mut()
                 .receive(RECEIVE_BATCH_FRAMES, &mut |frame| {
                     switch.handle_frame_with(now, id, frame, &mut |egress, bytes| {
                         let egress = usize::from(egress.0);
+                        // A port out of service, or one whose send fails
+                        // now, discards the frame and counts it: handed to
+                        // its carrier, it went uncounted (and was taken
+                        // for sent).
+                        if !health.in_service(egress) {
+                            health.frames_discarded += 1;
+                            return true;
+                        }
                         let Ok(mut port) = ports[egress].try_borrow_mut() else {
                             return false;
                         };
@@ -724,18 +742,18 @@ impl<P: Program> SwitchEndpoint<P> {
                         match port.send(bytes) {
                             Ok(status) => status == SendStatus::Queued,
                             Err(error) => {
-                                errors.push((egress, error));
+                                send_errors.push((egress, error));
                                 true
                             }
                         }
                     });
                 });
+            for (port, error) in send_errors {
+                health.record_send(port, error);
+            }
             match received {
                 Ok(count) => worked |= count > 0,
-                Err(error) => errors.push((index, error)),
-            }
-            for (port, error) in errors {
-                health.record(port, error);
+                Err(error) => health.record(index, error),
             }
         }
         worked
@@ -758,14 +776,14 @@ impl<P: Program> SwitchEndpoint<P> {
                 continue;
             }
             let mut port = port.borrow_mut();
-            let mut errors = Vec::new();
+            let mut send_errors = Vec::new();
             let mut sent = 0;
             while sent < TRANSMIT_BATCH_FRAMES && port.has_room() {
                 let more = self
                     .switch
                     .poll_transmit_port(PortId(index as u16), &mut |frame| {
                         if let Err(error) = port.send(frame) {
-                            errors.push(error);
+                            send_errors.push(error);
                         }
                     });
                 if !more {
@@ -773,10 +791,10 @@ impl<P: Program> SwitchEndpoint<P> {
                 }
                 sent += 1;
             }
-            if let Err(error) = port.flush() {
-                errors.push(error);
+            for error in send_errors {
+                self.health.record_send(index, error);
             }
-            for error in errors {
+            if let Err(error) = port.flush() {
                 self.health.record(index, error);
             }
             worked |= sent > 0;

@@ -4,31 +4,54 @@
 
 use remora_carrier::{CarrierError, Port, Segment, SegmentPlan, SendStatus, WaitSource};
 use remora_rack::endpoint::{Pump, RackClock, SwitchEndpoint};
+use remora_switch::programs::L2L3Forwarding;
 use remora_switch::two_hosts;
 
-/// A peer's ring gone corrupt: every receive fails, it always says frames
-/// wait, and it never has room.
-struct CorruptRing(Segment);
+/// A peer's ring gone corrupt: every receive fails and it always says
+/// frames wait. With no `room`, it never has any; with room, it takes
+/// every frame (into a ring nobody reads).
+struct CorruptRing {
+    segment: Segment,
+    room: bool,
+}
 
 impl Port for CorruptRing {
     fn receive(&mut self, _: usize, _: &mut dyn FnMut(&[u8])) -> Result<usize, CarrierError> {
         Err(CarrierError::Segment("the tail ran past the head".into()))
     }
     fn send(&mut self, _: &[u8]) -> Result<SendStatus, CarrierError> {
-        Ok(SendStatus::DroppedNoRoom)
+        Ok(match self.room {
+            true => SendStatus::Queued,
+            false => SendStatus::DroppedNoRoom,
+        })
     }
     fn flush(&mut self) -> Result<(), CarrierError> {
         Ok(())
     }
     fn has_room(&mut self) -> bool {
-        false
+        self.room
     }
     fn has_frames(&mut self) -> bool {
         true
     }
     fn wait_source(&self) -> WaitSource {
-        self.0.hub_port(2).unwrap().wait_source()
+        self.segment.hub_port(2).unwrap().wait_source()
     }
+}
+
+/// A switch whose second port is a corrupt ring (with or without room),
+/// and the first host's end of the first port.
+fn switch_with_a_corrupt_port(room: bool) -> (SwitchEndpoint<L2L3Forwarding>, Segment) {
+    let segment = Segment::anonymous(&SegmentPlan::star_one_waiter(2, 64)).unwrap();
+    let ports: Vec<Box<dyn Port>> = vec![
+        Box::new(segment.hub_port(1).unwrap()),
+        Box::new(CorruptRing {
+            segment: Segment::anonymous(&SegmentPlan::star(2, 8)).unwrap(),
+            room,
+        }),
+    ];
+    let switch = SwitchEndpoint::new(two_hosts::two_host_switch(), ports);
+    (switch, segment)
 }
 
 /// A port out of service still said it held frames, so the fabric thread
@@ -36,15 +59,8 @@ impl Port for CorruptRing {
 /// ever, so the switch retried every 50 µs. Now neither.
 #[test]
 fn a_failed_port_neither_wakes_the_switch_nor_holds_its_frames() {
-    let segment = Segment::anonymous(&SegmentPlan::star_one_waiter(2, 64)).unwrap();
+    let (mut switch, segment) = switch_with_a_corrupt_port(false);
     let mut source = segment.spoke_port(1).unwrap();
-    let ports: Vec<Box<dyn Port>> = vec![
-        Box::new(segment.hub_port(1).unwrap()),
-        Box::new(CorruptRing(
-            Segment::anonymous(&SegmentPlan::star(2, 8)).unwrap(),
-        )),
-    ];
-    let mut switch = SwitchEndpoint::new(two_hosts::two_host_switch(), ports);
     let clock = RackClock::new();
     // The port fails at the first pump; frames for it come after.
     switch.pump(&clock).unwrap();
@@ -66,4 +82,27 @@ fn a_failed_port_neither_wakes_the_switch_nor_holds_its_frames() {
     assert_eq!(switch.switch.queued_frames(), 0);
     assert_eq!(switch.health().frames_discarded, 8);
     assert_eq!(switch.deadline(&clock), None, "nothing to retry");
+}
+
+/// A port out of service whose carrier still had room: frames bound for it
+/// went cut-through into its carrier, uncounted (and taken for sent),
+/// though the report says such frames are discarded and counted.
+#[test]
+fn frames_cut_through_to_a_failed_port_are_discarded_and_counted() {
+    let (mut switch, segment) = switch_with_a_corrupt_port(true);
+    let mut source = segment.spoke_port(1).unwrap();
+    let clock = RackClock::new();
+    switch.pump(&clock).unwrap();
+    assert!(switch.health().failed[1].is_some());
+    for sequence in 0..8 {
+        source
+            .send(&two_hosts::send_frame(
+                two_hosts::SMALL_PAYLOAD_BYTES,
+                sequence,
+            ))
+            .unwrap();
+    }
+    source.flush().unwrap();
+    switch.pump(&clock).unwrap();
+    assert_eq!(switch.health().frames_discarded, 8);
 }
