@@ -159,9 +159,36 @@ fn control_error(context: &str, error: impl std::fmt::Display) -> RackError {
     RackError::Control(format!("{context}: {error}"))
 }
 
-fn read_message<T: for<'de> Deserialize<'de>>(stream: &mut dyn Stream) -> Result<T, RackError> {
+/// A stream read against one deadline for a whole message. The stream's
+/// own timeout bounds each read alone: a peer sending a byte every few
+/// seconds held a reader for hours (64 KiB of them).
+struct DeadlineReader<'a> {
+    stream: &'a mut dyn Stream,
+    deadline: Instant,
+}
+
+impl std::io::Read for DeadlineReader<'_> {
+    fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_timeouts(left)?;
+        self.stream.read(buffer)
+    }
+}
+
+/// Reads one message, all of it within `within`.
+fn read_message<T: for<'de> Deserialize<'de>>(
+    stream: &mut dyn Stream,
+    within: Duration,
+) -> Result<T, RackError> {
     let mut line = String::new();
-    BufReader::new(std::io::Read::take(stream, MAX_MESSAGE_BYTES))
+    let reader = DeadlineReader {
+        stream,
+        deadline: Instant::now() + within,
+    };
+    BufReader::new(std::io::Read::take(reader, MAX_MESSAGE_BYTES))
         .read_line(&mut line)
         .map_err(|error| control_error("read", error))?;
     serde_json::from_str(&line).map_err(|error| control_error("malformed message", error))
@@ -235,7 +262,7 @@ pub fn request(
         .set_timeouts(timeout)
         .map_err(|error| control_error("set timeouts", error))?;
     write_message(stream.as_mut(), request)?;
-    read_message(stream.as_mut())
+    read_message(stream.as_mut(), timeout)
 }
 
 /// Asks the memory node at `address` to connect a queue pair made from
@@ -329,7 +356,7 @@ pub fn serve(
                     reason: format!("this node serves at most {MAX_CLIENTS} queue pairs"),
                 }
             } else {
-                match read_message::<Request>(stream.as_mut())
+                match read_message::<Request>(stream.as_mut(), CLIENT_TIMEOUT)
                     .and_then(|request| accept(&endpoint, &service, request))
                 {
                     Ok(reply) => {
@@ -342,7 +369,9 @@ pub fn serve(
                 }
             };
             kicker.kick();
+            // The read's deadline may have left the stream's timeout short.
             // A client that hung up has nothing left to hear.
+            let _ = stream.set_timeouts(CLIENT_TIMEOUT);
             let _ = write_message(stream.as_mut(), &reply);
         }
     }))

@@ -154,3 +154,33 @@ fn a_silent_client_cannot_hold_the_server_past_its_timeout() {
         .expect("the server stops within 8 s with a silent client")
         .unwrap();
 }
+
+/// A client sending a byte every second kept each read within its 5 s
+/// timeout, so the server (and the node's shutdown) was held until the
+/// message limit, hours later. The whole request has one deadline now.
+#[test]
+fn a_dribbling_client_cannot_hold_the_server_past_its_timeout() {
+    use std::io::Write;
+    let server = memory_server("dribbling");
+    let ControlAddress::Unix(path) = &server.address else {
+        unreachable!()
+    };
+    let mut dribbling = std::os::unix::net::UnixStream::connect(path).unwrap();
+    std::thread::spawn(move || {
+        for _ in 0..30 {
+            if dribbling.write_all(b" ").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    server.stop.store(true, Ordering::Relaxed);
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let thread = server.thread;
+    std::thread::spawn(move || sender.send(thread.join()));
+    receiver
+        .recv_timeout(Duration::from_secs(8))
+        .expect("the server stops within 8 s with a dribbling client")
+        .unwrap();
+}
