@@ -767,7 +767,14 @@ impl EmbeddedRack {
     }
 
     /// Host `index` comes back with a fresh NIC; its agents rebuild from
-    /// what they kept. An agent that cannot is an error.
+    /// what they kept. An agent that cannot is an error (the others are
+    /// restarted all the same).
+    ///
+    /// Every agent of the host is held from before the NIC comes back
+    /// until all have restarted: held one at a time, the fabric thread
+    /// polled those not yet restarted on the new NIC, where their old
+    /// handles could name what another agent had just made. (Agents, then
+    /// the host: the lock order everywhere.)
     pub fn restart(&mut self, index: usize) -> Result<(), RackError> {
         let _span = tracing::info_span!("restart", host = index).entered();
         if self.incarnations.len() <= index {
@@ -775,19 +782,25 @@ impl EmbeddedRack {
         }
         self.incarnations[index] += 1;
         let now = self.clock.now();
-        lock(self.host(index)).restart(self.incarnations[index]);
-        for (agent, _) in &self.agents[index] {
-            let mut agent = lock(agent);
-            let mut host = lock(self.host(index));
-            agent
-                .restart(now, &mut host.rnic)
-                .map_err(|error| RackError::Agent {
+        let mut agents: Vec<_> = self.agents[index]
+            .iter()
+            .map(|(agent, _)| lock(agent))
+            .collect();
+        let mut host = lock(self.host(index));
+        host.restart(self.incarnations[index]);
+        let mut first_failure = None;
+        for agent in &mut agents {
+            if let Err(error) = agent.restart(now, &mut host.rnic) {
+                first_failure.get_or_insert(RackError::Agent {
                     host: host.name.clone(),
                     error,
-                })?;
+                });
+            }
         }
+        drop(host);
+        drop(agents);
         self.kick();
-        Ok(())
+        first_failure.map_or(Ok(()), Err)
     }
 }
 

@@ -93,3 +93,69 @@ fn an_agent_on_its_hosts_own_cpu_stops_while_the_host_is_down_and_resumes_after(
         "the memory host ran on the fabric"
     );
 }
+
+/// Says whether it was polled between its crash and its restart; its
+/// restart takes `restart_time`.
+struct Watchful {
+    crashed: bool,
+    polled_while_crashed: Arc<AtomicU64>,
+    restart_time: Duration,
+}
+
+impl Agent for Watchful {
+    fn name(&self) -> &'static str {
+        "watchful"
+    }
+
+    fn poll(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+        if self.crashed {
+            self.polled_while_crashed.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(Progress::Moved)
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        Some(Timestamp::ZERO)
+    }
+
+    fn crash(&mut self) {
+        self.crashed = true;
+    }
+
+    fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+        std::thread::sleep(self.restart_time);
+        self.crashed = false;
+        Ok(())
+    }
+}
+
+/// A restart swapped in the host's fresh NIC, then restarted its agents
+/// one by one: while the first restarted, the fabric thread polled the
+/// second, still crashed, on the new NIC (its old handles could name the
+/// first's new completion queue). Every agent restarts before any is
+/// polled now.
+#[test]
+fn no_agent_is_polled_between_its_hosts_restart_and_its_own() {
+    let topology = Topology::compute_and_memory();
+    let mut staged = RackBuilder::new(&topology)
+        .thread_name("restart-order-test")
+        .build()
+        .unwrap();
+    let polled_while_crashed = Arc::new(AtomicU64::new(0));
+    for restart_time in [Duration::from_millis(100), Duration::ZERO] {
+        let agent = Watchful {
+            crashed: false,
+            polled_while_crashed: Arc::clone(&polled_while_crashed),
+            restart_time,
+        };
+        staged.add_agent(COMPUTE_HOST, Arc::new(Mutex::new(agent)));
+    }
+    let switch = staged.l2l3_switch();
+    let (mut rack, _switch) = staged.start(switch).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    rack.crash(COMPUTE_HOST);
+    rack.restart(COMPUTE_HOST).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    rack.stop_and_join().unwrap();
+    assert_eq!(polled_while_crashed.load(Ordering::SeqCst), 0);
+}
