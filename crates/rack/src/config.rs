@@ -384,6 +384,63 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size {text:?} overflows"))
 }
 
+/// Refuses control and tunnel addresses that could only fail once the
+/// rack is up: a control address that is not `host:port` or names port 0
+/// (a memory node bound an ephemeral port, and compute nodes dialled `:0`
+/// until their timeout), two memory nodes on one control address (the
+/// second failed "address in use"), and tunnel addresses on port 0 or
+/// shared by two ends (a node's own, or a switch port's).
+fn check_endpoints(
+    nodes: &[NodeConfig],
+    tunnel_host: Option<std::net::IpAddr>,
+    tunnel_base_port: u16,
+) -> Result<(), String> {
+    let mut controls = HashSet::new();
+    for node in nodes {
+        let Some(control) = &node.control else {
+            continue;
+        };
+        let port = control
+            .rsplit_once(':')
+            .and_then(|(host, port)| (!host.is_empty()).then_some(port))
+            .and_then(|port| port.parse::<u16>().ok());
+        if !matches!(port, Some(1..)) {
+            return Err(format!(
+                "node {:?}: control {control:?} is not host:port with a port of 1 to 65535",
+                node.name
+            ));
+        }
+        if !controls.insert(control) {
+            return Err(format!(
+                "node {:?}: control {control:?} is another node's too",
+                node.name
+            ));
+        }
+    }
+    let mut tunnels = HashSet::new();
+    if let Some(host) = tunnel_host {
+        if tunnel_base_port == 0 {
+            return Err("tunnel_base_port must be 1 to 65535 (UDP cannot send to port 0)".into());
+        }
+        tunnels.extend(
+            (0..nodes.len() as u16)
+                .map(|port| std::net::SocketAddr::new(host, tunnel_base_port + port)),
+        );
+    }
+    for node in nodes {
+        let Some(tunnel) = node.tunnel else {
+            continue;
+        };
+        if tunnel.port() == 0 || !tunnels.insert(tunnel) {
+            return Err(format!(
+                "node {:?}: tunnel {tunnel} is on port 0, or is another node's or a switch port's",
+                node.name
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The nodes of a rack file as a topology (node `i` on switch port `i`).
 fn lower(switch_mac: MacAddress, nodes: &[NodeConfig]) -> Result<Topology, String> {
     let mut topology = Topology::new(switch_mac);
@@ -600,6 +657,7 @@ impl RackConfig {
         if raw.switch.tunnel_host.is_some() && nodes.len() > spare_ports {
             return Err("tunnel_base_port leaves no room for every node's port".into());
         }
+        check_endpoints(&nodes, raw.switch.tunnel_host, raw.switch.tunnel_base_port)?;
         let topology = lower(switch_mac, &nodes)?;
         Ok(RackConfig {
             name: raw.rack.name,
@@ -735,6 +793,49 @@ mod tests {
         assert!(error.contains("longer than"), "{error}");
         RackConfig::parse(&format!("{GOOD}reorder = 0.5\nreorder_delay_us = 50\n"))
             .expect("a bounded positive delay");
+    }
+
+    /// Control and tunnel addresses that could only fail once the rack
+    /// was up were taken: port 0, a control address that is not
+    /// host:port, one shared by two nodes, a node's tunnel on a switch
+    /// port's address.
+    #[test]
+    fn control_and_tunnel_addresses_are_checked_when_the_file_is_read() {
+        let with_memory_key =
+            |line: &str| GOOD.replace("memory = \"4MiB\"", &format!("memory = \"4MiB\"\n{line}"));
+        let both = |line: &str| {
+            with_memory_key(line)
+                .replace("memory = \"1MiB\"", &format!("memory = \"1MiB\"\n{line}"))
+        };
+        let refused = |text: String, expected: &str| {
+            let error = RackConfig::parse(&text).unwrap_err().to_string();
+            assert!(error.contains(expected), "{expected}: {error}");
+        };
+        refused(
+            with_memory_key("control = \"127.0.0.1:0\""),
+            "is not host:port",
+        );
+        refused(with_memory_key("control = \"nowhere\""), "is not host:port");
+        refused(
+            both("control = \"127.0.0.1:7000\""),
+            "is another node's too",
+        );
+        refused(with_memory_key("tunnel = \"127.0.0.1:0\""), "tunnel");
+        refused(both("tunnel = \"127.0.0.1:7100\""), "tunnel");
+        let on_a_switch_port = with_memory_key("tunnel = \"127.0.0.1:7201\"").replace(
+            "program = \"l2l3\"",
+            "program = \"l2l3\"\ntunnel_host = \"127.0.0.1\"\ntunnel_base_port = 7200",
+        );
+        refused(on_a_switch_port, "tunnel");
+        let zero_base = GOOD.replace(
+            "program = \"l2l3\"",
+            "program = \"l2l3\"\ntunnel_host = \"127.0.0.1\"\ntunnel_base_port = 0",
+        );
+        refused(zero_base, "tunnel_base_port");
+        RackConfig::parse(&with_memory_key(
+            "control = \"127.0.0.1:7000\"\ntunnel = \"127.0.0.1:7100\"",
+        ))
+        .expect("a control and a tunnel address of one node");
     }
 
     #[test]
