@@ -372,6 +372,7 @@ fn run_ycsb(args: &YcsbArgs) -> Result<ExitCode, KvCliError> {
     // Nothing here stops cleanly: an interrupt ends the run at once.
     crate::interrupt::exit_at_first_interrupt();
     crate::output::check_optional_file_path(args.json.as_deref())?;
+    crate::output::check_optional_file_path(args.history.as_deref())?;
     // Positive, and a length a Duration can hold (1e20 s cannot).
     let duration = Duration::try_from_secs_f64(args.seconds)
         .ok()
@@ -419,11 +420,14 @@ fn run_ycsb(args: &YcsbArgs) -> Result<ExitCode, KvCliError> {
     let outcome = ycsb::run(&store, &run)?;
     drop(store);
     let cpu = opened.stop()?;
+    // The device the run used: with --rack, a memory node's region, not
+    // the --device flag's (its default named a device never opened).
+    let device = opened.device.name();
     let quantile = |q| outcome.latency.value_at_quantile(q) as f64 / 1000.0;
     println!(
         "YCSB-{} on {}: loaded {} records in {:.2} s; {:.0} ops/s, p50 {:.1} µs, p99 {:.1} µs, communication ratio {:.2}, {} operations waited for the device{}",
         args.workload.to_uppercase(),
-        args.store.device.name(),
+        device,
         args.records,
         loaded.as_secs_f64(),
         outcome.operations_per_second(),
@@ -433,13 +437,10 @@ fn run_ycsb(args: &YcsbArgs) -> Result<ExitCode, KvCliError> {
         outcome.pending,
         if outcome.stopped_early { " (stopped early: the device is nearly full)" } else { "" },
     );
-    if let Some(path) = &args.history {
-        write_history(path, &args.workload, &outcome.history)?;
-    }
     if let Some(path) = &args.json {
         let json = serde_json::json!({
             "workload": args.workload,
-            "device": args.store.device.name(),
+            "device": device,
             "records": args.records,
             "value_bytes": args.value_bytes,
             "threads": args.threads,
@@ -455,6 +456,11 @@ fn run_ycsb(args: &YcsbArgs) -> Result<ExitCode, KvCliError> {
             "engine_cpu_s": cpu.map(|(_, engine)| engine.as_secs_f64()),
         });
         crate::output::write_json(path, &json)?;
+    }
+    // After the figures are saved: a history that fails its check loses
+    // none of them.
+    if let Some(path) = &args.history {
+        write_history(path, &args.workload, &outcome.history)?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -580,6 +580,20 @@ fn inputs_that_crashed_or_ran_for_nothing_are_refused_at_once() {
                 .to_vec(),
             "one registered region",
         ),
+        // Checked only when written, after the whole run.
+        (
+            [
+                "kv",
+                "ycsb",
+                "--device",
+                "memory",
+                "--history",
+                "/nonexistent/h.jsonl",
+            ]
+            .map(String::from)
+            .to_vec(),
+            "its directory does not exist",
+        ),
         (
             ["sim", "fabric", "--seed", "18446744073709551615"]
                 .map(String::from)
