@@ -153,6 +153,18 @@ impl Zipfian {
         self.key_of(rank)
     }
 
+    /// A rank of a zipfian of this constant over `count` ranks instead
+    /// (a sampler made for them, in constant time, when they differ).
+    pub fn next_rank_among(&self, count: u64, rng: &mut impl Rng) -> u64 {
+        if count == self.key_count {
+            return self.next_rank(rng);
+        }
+        let sampler = rand_distr::Zipf::new(count.max(1), self.theta)
+            .expect("a constant this chooser was made with, over at least one rank");
+        let rank = rand_distr::Distribution::sample(&sampler, rng) as u64;
+        rank.clamp(1, count.max(1)) - 1
+    }
+
     fn key_of(&self, rank: u64) -> u64 {
         if self.scrambled {
             scramble(rank, self.key_count)
@@ -183,7 +195,7 @@ pub enum KeyChooser {
     },
     Zipfian(Zipfian),
     /// Skewed towards the most recently inserted keys (YCSB's "latest"):
-    /// the newest key is rank 0 of a zipfian over the keys so far.
+    /// the newest key is rank 0 of a zipfian over every key so far.
     Latest(Zipfian),
 }
 
@@ -214,7 +226,11 @@ impl KeyChooser {
                 zipfian.next_key(rng) % inserted
             }
             KeyChooser::Latest(zipfian) => {
-                let back = zipfian.next_rank(rng) % inserted;
+                // Over every key inserted so far, as YCSB's skewed-latest
+                // does: a zipfian over the loaded keys, its rank taken
+                // modulo the keys, never reached those older than the
+                // newest `record_count`.
+                let back = zipfian.next_rank_among(inserted, rng);
                 inserted - 1 - back
             }
         }

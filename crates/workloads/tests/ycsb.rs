@@ -6,7 +6,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use remora_workloads::distribution::{KeyChooser, Zipfian};
 use remora_workloads::ycsb::{
-    Generator, Operation, RequestDistribution, WorkloadError, WorkloadSpec,
+    Generator, Mix, Operation, RequestDistribution, WorkloadError, WorkloadSpec,
 };
 
 /// Written in the style of YCSB's own `workloads/workloada`.
@@ -171,6 +171,34 @@ fn inserts_take_new_keys_in_order_and_latest_favours_them() {
         recent_reads * 4 > reads,
         "{recent_reads} of {reads} reads hit the 10 newest keys"
     );
+}
+
+/// "Latest" drew a rank of a zipfian over the loaded keys and took it
+/// modulo the keys inserted so far: no read ever reached a key older than
+/// the newest `record_count`. It spans every key inserted now, as YCSB's.
+#[test]
+fn latest_reaches_keys_older_than_the_record_count() {
+    let mut spec = WorkloadSpec::preset("d").unwrap();
+    spec.record_count = 100;
+    spec.operation_count = 40_000;
+    spec.mix = Mix {
+        read: 0.5,
+        update: 0.0,
+        insert: 0.5,
+        scan: 0.0,
+        read_modify_write: 0.0,
+    };
+    let mut generator = Generator::new(spec, 5).unwrap();
+    let mut inserted = generator.loaded_keys().end;
+    let mut old_reads = 0;
+    for _ in 0..20_000 {
+        match generator.next_operation() {
+            Operation::Insert { key } => inserted = key + 1,
+            Operation::Read { key } => old_reads += u64::from(key + 100 < inserted),
+            other => panic!("no {other:?} in this mix"),
+        }
+    }
+    assert!(old_reads > 0, "no read reached past the newest 100 keys");
 }
 
 #[test]
