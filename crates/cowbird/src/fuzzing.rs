@@ -455,6 +455,48 @@ mod tests {
         );
     }
 
+    /// Contiguous read responses merge into one WRITE, without bound: a
+    /// batch of them past the NIC's message limit was refused at its post,
+    /// an engine error that stopped every instance. Runs are cut at
+    /// `MAX_RESPONSE_WRITE_BYTES`, and every read still completes.
+    #[test]
+    fn contiguous_reads_past_the_largest_response_write_take_several() {
+        const READS: u64 = 300;
+        let mut fabric = BackToBack::new(7);
+        let spec = CowbirdSpec {
+            sizes: RingSizes {
+                metadata_entries: 512,
+                request_data_bytes: 4096,
+                response_data_bytes: 2 << 20,
+            },
+            ..one_instance(SpotConfig {
+                batch_entries: READS,
+                ..SpotConfig::DEFAULT
+            })
+        };
+        let mut deployment = deploy(spec, &mut fabric.left, &mut fabric.right).unwrap();
+        for _ in 0..READS {
+            deployment.clients[0].async_read(0, 0, 4096).unwrap();
+        }
+        for _ in 0..2_000 {
+            if deployment.engine.stats().reads == READS && fabric.run(10_000).quiesced {
+                break;
+            }
+            let now = fabric.now;
+            deployment.engine.turn(now, &mut fabric.right).unwrap();
+            fabric.run(10_000);
+            fabric.now = fabric.now.saturating_add(Duration::from_micros(5));
+        }
+        assert!(deployment.engine.failures().is_empty());
+        let stats = deployment.engine.stats();
+        assert_eq!(stats.reads, READS);
+        assert!(
+            stats.response_writes >= 2,
+            "1.2 MiB of responses went in {} WRITE(s)",
+            stats.response_writes
+        );
+    }
+
     #[test]
     fn an_entry_outside_the_pool_is_refused() {
         let bytes = block_with_one_read(POOL_BYTES - 8, 1024);

@@ -314,6 +314,12 @@ fn is_connection_failure(status: CompletionStatus) -> bool {
     )
 }
 
+/// The longest WRITE that carries merged read responses: far below any
+/// NIC's message limit (the soft RNIC's is 16 MiB). Unbounded, a batch of
+/// 4097 contiguous 4 KiB reads merged past it, and the refused post
+/// stopped the engine for every instance.
+const MAX_RESPONSE_WRITE_BYTES: u32 = 1 << 20;
+
 /// Verbs one turn may post per instance, so a turn stays short.
 const COMPLETIONS_PER_TURN: usize = 256;
 
@@ -1106,7 +1112,8 @@ impl SpotEngine {
                         Some((run_staging, remote, length))
                             if *run_staging + u64::from(*length) == staging_at
                                 && remote.checked_add(u64::from(*length))
-                                    == Some(item.entry.response_address) =>
+                                    == Some(item.entry.response_address)
+                                && *length + item.entry.length <= MAX_RESPONSE_WRITE_BYTES =>
                         {
                             *length += item.entry.length
                         }
