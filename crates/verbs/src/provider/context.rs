@@ -2,7 +2,8 @@
 //! at this library's verbs, where rdma-core's inline functions look.
 
 use super::device::{
-    device, node, node_of, query_device_extended, query_port_extended, ContextObject,
+    context_object, device, node, node_of, query_device_extended, query_port_extended,
+    ContextObject,
 };
 use super::{report_once, set_errno};
 use crate::abi::*;
@@ -50,6 +51,8 @@ pub(super) unsafe fn close_device(context: *mut ibv_context) -> c_int {
         return libc::EINVAL;
     }
     // SAFETY: the context came from open_device (the verbs contract).
+    unsafe { context_object(context) }.take_down_what_is_left();
+    // SAFETY: as above.
     unsafe { node_of(context) }.flush_capture();
     let offset = std::mem::offset_of!(verbs_context, context);
     // SAFETY: as above; the program gives it up here.

@@ -3,10 +3,11 @@
 use super::{provider, report_once, set_errno};
 use crate::abi::*;
 use crate::node::Node;
-use remora_wire::Ipv4Address;
+use remora_rnic::{Lkey, Verbs};
+use remora_wire::{Ipv4Address, Qpn};
 use std::ffi::{c_char, c_int};
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 pub(super) const DEVICE_NAME: &str = "remora0";
 /// Memory regions, queue pairs and so on, as `ibv_query_device` reports
@@ -26,6 +27,19 @@ pub(super) struct ContextObject {
     pub node: Arc<Node>,
     /// `async_fd`: Remora raises no asynchronous events, so it never fires.
     _async_events: OwnedFd,
+    /// What the program made on the device through this context and has
+    /// not destroyed.
+    owned: Mutex<Owned>,
+}
+
+/// The queue pairs and memory regions a context made and the program has
+/// not destroyed: closing the device takes them down, as the kernel does
+/// for a closed context. Left up, a closed context's region still took a
+/// peer's WRITE into memory the program had freed.
+#[derive(Default)]
+pub(super) struct Owned {
+    queue_pairs: Vec<Qpn>,
+    regions: Vec<Lkey>,
 }
 
 impl ContextObject {
@@ -38,7 +52,45 @@ impl ContextObject {
             verbs,
             node,
             _async_events: async_events,
+            owned: Mutex::new(Owned::default()),
         }
+    }
+
+    fn owned(&self) -> std::sync::MutexGuard<'_, Owned> {
+        self.owned
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(super) fn made_queue_pair(&self, qpn: Qpn) {
+        self.owned().queue_pairs.push(qpn);
+    }
+
+    pub(super) fn destroyed_queue_pair(&self, qpn: Qpn) {
+        self.owned().queue_pairs.retain(|owned| *owned != qpn);
+    }
+
+    pub(super) fn registered(&self, lkey: Lkey) {
+        self.owned().regions.push(lkey);
+    }
+
+    pub(super) fn deregistered(&self, lkey: Lkey) {
+        self.owned().regions.retain(|owned| *owned != lkey);
+    }
+
+    /// Takes down what the program left: its queue pairs first (no more
+    /// traffic, and no posted work names a region), then its regions, so
+    /// nothing on the device points into the program's memory after.
+    pub(super) fn take_down_what_is_left(&self) {
+        let owned = std::mem::take(&mut *self.owned());
+        self.node.with_device(|rnic| {
+            for qpn in owned.queue_pairs {
+                let _ = rnic.retire_queue_pair(qpn);
+            }
+            for lkey in owned.regions {
+                let _ = rnic.deregister_memory(lkey);
+            }
+        });
     }
 }
 

@@ -2,7 +2,7 @@
 //! posting built requests (with inline payloads staged in the device), and
 //! the `ibv_wr_*` work-request builder of `ibv_qp_ex`.
 
-use super::device::{address_of, node_of, MAX_QUEUE_DEPTH, MAX_SCATTER_GATHER};
+use super::device::{address_of, context_object, node_of, MAX_QUEUE_DEPTH, MAX_SCATTER_GATHER};
 use super::errno_of;
 use super::resources::{
     access_of, cq_users, hand_out, null_with, object, pd_users, srq_users, take_back, CqObject,
@@ -264,6 +264,8 @@ fn build_queue_pair(
     if attributes.cap.max_inline_data > 0 {
         attributes.cap.max_inline_data = MAX_INLINE_BYTES;
     }
+    // SAFETY: a live context.
+    unsafe { context_object(context) }.made_queue_pair(prepared.qpn);
     let qp_num = prepared.qpn.value();
     let mut qp = ibv_qp_ex {
         qp_base: ibv_qp {
@@ -319,6 +321,8 @@ pub(super) unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         let _ = rnic.retire_queue_pair(qpn);
         inline.map(|lkey| rnic.deregister_memory(lkey))
     });
+    // SAFETY: its context is live.
+    unsafe { context_object(qp_object.qp.qp_base.context) }.destroyed_queue_pair(qpn);
     // SAFETY: a QP's PD, CQs and SRQ outlive it (their destroy is EBUSY).
     unsafe { hold_users(&qp_object.qp.qp_base, false) };
     // SAFETY: the program gives it up.

@@ -1,7 +1,7 @@
 //! Protection domains, memory regions, completion queues and channels,
 //! shared receive queues, queue pairs and address handles.
 
-use super::device::{node_of, MAX_QUEUE_DEPTH, MAX_SCATTER_GATHER};
+use super::device::{context_object, node_of, MAX_QUEUE_DEPTH, MAX_SCATTER_GATHER};
 use super::{errno_of, set_errno};
 use crate::abi::*;
 use crate::foreign_memory::ForeignMemory;
@@ -257,6 +257,10 @@ pub(super) unsafe fn reg_mr_iova(
     if registered.is_ok() {
         pd_object.users.hold();
     }
+    if let Ok(region) = &registered {
+        // SAFETY: as above.
+        unsafe { context_object(pd_object.pd.context) }.registered(region.lkey);
+    }
     match registered {
         Ok(region) => hand_out(MrObject {
             mr: ibv_mr {
@@ -284,6 +288,8 @@ pub(super) unsafe fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     let node = unsafe { node_of(mr_object.mr.context) };
     match node.with_device(|rnic| rnic.deregister_memory(mr_object.region.lkey)) {
         Ok(()) => {
+            // SAFETY: its context is live.
+            unsafe { context_object(mr_object.mr.context) }.deregistered(mr_object.region.lkey);
             // SAFETY: an MR's PD outlives it (EBUSY above).
             unsafe { pd_users(mr_object.mr.pd) }.release();
             // SAFETY: the program gives the MR up.

@@ -461,6 +461,50 @@ static void inline_lengths_are_checked_whole(union ibv_gid gid, uint8_t *remote,
 	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_qp(peer) == 0, "destroy the QPs");
 }
 
+/* ibv_close_device(3) with objects left: the kernel takes down what a
+ * closed context made. Here its memory region stayed registered, and a
+ * peer's WRITE landed in memory the program had given up. */
+static void a_closed_contexts_objects_are_taken_down(union ibv_gid gid, uint8_t *local,
+						    struct ibv_mr *local_mr)
+{
+	struct ibv_device **devices = ibv_get_device_list(NULL);
+	CHECK(devices, "device list");
+	struct ibv_context *closing = ibv_open_device(devices[0]);
+	ibv_free_device_list(devices);
+	CHECK(closing, "a second context");
+	struct ibv_pd *closing_pd = ibv_alloc_pd(closing);
+	struct ibv_cq *closing_cq = ibv_create_cq(closing, 8, NULL, NULL, 0);
+	static uint8_t target[64];
+	memset(target, 0xaa, sizeof target);
+	struct ibv_mr *target_mr = ibv_reg_mr(closing_pd, target, sizeof target,
+					      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	CHECK(closing_pd && closing_cq && target_mr, "the second context's objects");
+	struct ibv_qp_init_attr init = {
+		.send_cq = closing_cq, .recv_cq = closing_cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	struct ibv_qp *far = ibv_create_qp(closing_pd, &init);
+	CHECK(far, "the second context's QP");
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
+	CHECK(ibv_modify_qp(far, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
+	      "to INIT");
+	struct ibv_qp *near = make_qp();
+	connect_qp(near, far->qp_num, gid);
+	connect_qp(far, near->qp_num, gid);
+	uint32_t rkey = target_mr->rkey;
+	CHECK(ibv_close_device(closing) == 0, "close a context with objects left");
+	memset(local, 0x55, 64);
+	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = 64, .lkey = local_mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 90, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED, .wr.rdma = { .remote_addr = (uintptr_t)target, .rkey = rkey } };
+	struct ibv_wc wc = post_one(near, &wr);
+	CHECK(wc.wr_id == 90 && wc.status != IBV_WC_SUCCESS, "a WRITE to a closed context's region fails");
+	for (int i = 0; i < 64; i++)
+		CHECK(target[i] == 0xaa, "byte %d of a closed context's region was written", i);
+	CHECK(ibv_destroy_qp(near) == 0, "destroy the QP");
+}
+
 /* What the two builders of the critical-section check share. */
 struct builder_race {
 	struct ibv_qp_ex *builder;
@@ -800,6 +844,7 @@ int main(void)
 	a_destroyed_qp_leaves_no_completions(remote, remote_mr);
 	a_qps_access_flags_bound_its_peers(gid, local, local_mr, remote, remote_mr);
 	rnr_retry_zero_gives_up_at_once(gid, local, local_mr);
+	a_closed_contexts_objects_are_taken_down(gid, local, local_mr);
 	a_refused_batch_posts_nothing(gid, remote, remote_mr);
 	inline_lengths_are_checked_whole(gid, remote, remote_mr);
 	an_inline_flag_on_a_built_read_is_ignored(gid, local, local_mr, remote, remote_mr);
