@@ -509,10 +509,18 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     if cq_object.users.in_use() {
         return libc::EBUSY;
     }
+    // Events handed out and not acked refuse the destroy before anything
+    // changes: refused after, the CQ lived on disarmed, its queued events
+    // dropped, and a thread waiting for its next event waited for ever.
+    if cq_object.channel.is_some() && !events_acknowledged(cq_object) {
+        return libc::EBUSY;
+    }
     // SAFETY: its context is live.
     unsafe { node_of(cq_object.cq.context) }.disarm(cq_object.queue);
     if let Some(shared) = &cq_object.channel {
-        // No event names it from now on; those handed out must be acked.
+        // No event names it from now on; one handed out since the check
+        // above must be acked too (a race with another thread's
+        // ibv_get_cq_event, the only way this refusal comes now).
         shared.forget(cq);
         if !events_acknowledged(cq_object) {
             return libc::EBUSY;

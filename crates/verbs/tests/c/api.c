@@ -238,8 +238,19 @@ static void a_flush_raises_the_armed_event(uint8_t *remote, struct ibv_mr *remot
 	CHECK(ibv_destroy_qp(qp) == 0, "destroy the QP");
 	/* An event handed out and not yet acked keeps its CQ: freed, the ack
 	 * (from another thread, say) wrote freed memory. */
+	CHECK(ibv_req_notify_cq(evented, 0) == 0, "arm again");
 	CHECK(ibv_destroy_cq(evented) == EBUSY, "a CQ with an unacked event is busy");
-	ibv_ack_cq_events(evented, 1);
+	/* The refusal changed nothing: the CQ stays armed (it was disarmed,
+	 * and its queued events dropped, before the refusal). */
+	struct ibv_qp *again = make_qp_on(evented);
+	CHECK(ibv_post_recv(again, &receive, &bad) == 0, "post another receive to flush");
+	CHECK(ibv_modify_qp(again, &attr, IBV_QP_STATE) == 0, "the second QP to ERR");
+	CHECK(poll(&readable, 1, 5000) == 1, "a refused destroy left the CQ armed");
+	CHECK(ibv_get_cq_event(channel, &named, &cq_context) == 0 && named == evented,
+	      "the second event names the CQ");
+	CHECK(ibv_poll_cq(evented, 1, &wc) == 1 && wc.wr_id == 77, "the second receive was flushed");
+	CHECK(ibv_destroy_qp(again) == 0, "destroy the second QP");
+	ibv_ack_cq_events(evented, 2);
 	CHECK(ibv_destroy_cq(evented) == 0, "destroy the CQ once its event is acked");
 	CHECK(ibv_destroy_comp_channel(channel) == 0, "destroy the channel");
 }
