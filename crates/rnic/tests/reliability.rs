@@ -706,3 +706,44 @@ fn a_duplicated_rnr_nak_spends_one_retry() {
     );
     assert_eq!(s.fabric.left.counters().stale_naks_ignored, 1);
 }
+
+/// A sequence NAK's copy that came after the resend it asked for (a
+/// duplicating link delays one copy behind the other) was taken for news:
+/// it spent a second retry and rewound go-back-N again. The responder NAKs
+/// a gap once until the packet it waits for comes, so a second sequence
+/// NAK for a PSN not yet acknowledged is a copy.
+#[test]
+fn a_sequence_nak_copy_after_the_resend_spends_no_retry() {
+    let mut s = setup();
+    for id in 0..2 {
+        let write = write_request(&s, id, id * 8, s.right_mr.remote(id * 8), 8);
+        s.fabric.left.post_send(s.left_qp, write).unwrap();
+    }
+    let requests = left_frames(&mut s);
+    assert_eq!(requests.len(), 2);
+    let now = s.fabric.now;
+    // The first WRITE is lost: the second opens a gap, NAKed once.
+    s.fabric.right.handle_frame(now, &requests[1]);
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    let length = s.fabric.right.poll_transmit(now, &mut buffer).unwrap();
+    let nak = buffer[..length].to_vec();
+    s.fabric.left.handle_frame(now, &nak);
+    let resent = left_frames(&mut s);
+    assert!(!resent.is_empty(), "the NAK rewound to the lost WRITE");
+    s.fabric.left.handle_frame(now, &nak);
+    let counters = s.fabric.left.counters();
+    assert_eq!(counters.sequence_naks_received, 1);
+    assert_eq!(counters.stale_naks_ignored, 1);
+    assert!(left_frames(&mut s).is_empty(), "the copy rewound again");
+    for frame in &resent {
+        s.fabric.right.handle_frame(now, frame);
+    }
+    assert!(s.fabric.run(1000).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![
+            (0, CompletionStatus::Success),
+            (1, CompletionStatus::Success)
+        ]
+    );
+}

@@ -62,6 +62,13 @@ impl SendWqe {
     }
 }
 
+/// The NAKs that spend a retry and rewind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RetryNak {
+    NotReady,
+    Sequence,
+}
+
 #[derive(Debug)]
 pub(crate) struct Requester {
     queue: BoundedQueue<SendWqe>,
@@ -80,10 +87,12 @@ pub(crate) struct Requester {
     /// The resume point of the last implicit NAK, cleared when a request
     /// retires.
     implicit_nak_at: Option<Psn>,
-    /// The PSN of the last RNR or sequence NAK acted on, until it is sent
-    /// again: another NAK for it before then is a copy (a duplicating
-    /// link) or one already in flight, not news, and spends no retry.
-    nak_awaiting_resend: Option<Psn>,
+    /// The last RNR or sequence NAK acted on, while a copy of it would be
+    /// no news (a duplicating link), and spend no retry: a sequence NAK
+    /// until its PSN is acknowledged (the responder NAKs a gap once until
+    /// the packet it waits for comes), an RNR NAK until its PSN is sent
+    /// again (the resend may meet RNR again).
+    last_retry_nak: Option<(Psn, RetryNak)>,
     /// The highest PSN the responder is known to have executed. It can run
     /// ahead of the oldest unanswered request (a READ or atomic whose answer
     /// was lost), and its advance is what counts as progress.
@@ -108,7 +117,7 @@ impl Requester {
             retransmit_deadline: None,
             rnr_resume_at: None,
             implicit_nak_at: None,
-            nak_awaiting_resend: None,
+            last_retry_nak: None,
             acknowledged_psn: initial_psn.sub(1),
         }
     }
@@ -239,7 +248,7 @@ impl Requester {
         self.outstanding_read_atomic = 0;
         self.retransmit_deadline = None;
         self.rnr_resume_at = None;
-        self.nak_awaiting_resend = None;
+        self.last_retry_nak = None;
     }
 }
 
@@ -464,8 +473,8 @@ impl QueuePairContext {
         match build_request_packet(wqe, requester.transmit_psn, mtu, path, resources, buffer) {
             Ok((frame_len, psn_after)) => {
                 let requester = &mut self.requester;
-                if requester.nak_awaiting_resend == Some(requester.transmit_psn) {
-                    requester.nak_awaiting_resend = None;
+                if requester.last_retry_nak == Some((requester.transmit_psn, RetryNak::NotReady)) {
+                    requester.last_retry_nak = None;
                 }
                 if needs_credit {
                     requester.outstanding_read_atomic += 1;
@@ -576,16 +585,17 @@ impl QueuePairContext {
             _ => psn.sub(1),
         };
         self.acknowledge_through(now, acknowledged, resources);
-        let retry_nak = matches!(
-            syndrome,
-            AckSyndrome::ReceiverNotReady { .. } | AckSyndrome::Nak(NakCode::PsnSequenceError)
-        );
-        if retry_nak {
-            if self.requester.nak_awaiting_resend == Some(psn) {
+        let retry_nak = match syndrome {
+            AckSyndrome::ReceiverNotReady { .. } => Some(RetryNak::NotReady),
+            AckSyndrome::Nak(NakCode::PsnSequenceError) => Some(RetryNak::Sequence),
+            _ => None,
+        };
+        if let Some(kind) = retry_nak {
+            if self.requester.last_retry_nak == Some((psn, kind)) {
                 resources.counters.stale_naks_ignored += 1;
                 return true;
             }
-            self.requester.nak_awaiting_resend = Some(psn);
+            self.requester.last_retry_nak = Some((psn, kind));
         }
         match syndrome {
             AckSyndrome::Ack { .. } => {}
@@ -596,6 +606,9 @@ impl QueuePairContext {
             AckSyndrome::Nak(NakCode::PsnSequenceError) => {
                 resources.counters.sequence_naks_received += 1;
                 if self.consume_retry(resources) {
+                    // Nothing is in flight behind this rewind: a lost READ
+                    // answer may be reissued again.
+                    self.requester.implicit_nak_at = None;
                     self.requester.rewind_to(psn);
                 }
             }
@@ -671,6 +684,9 @@ impl QueuePairContext {
         resources.counters.retransmit_timeouts += 1;
         if self.consume_retry(resources) {
             let unacked = self.requester.unacked_psn();
+            // As for a sequence NAK: the link is quiet, so a READ whose
+            // reissue was lost again may be reissued again.
+            self.requester.implicit_nak_at = None;
             self.requester.rewind_to(unacked);
             self.requester.debug_check_invariants();
         }
@@ -683,6 +699,13 @@ impl QueuePairContext {
         if self.requester.acknowledged_psn.precedes(last_psn) {
             self.requester.acknowledged_psn = last_psn;
             progressed = true;
+        }
+        // A NAK's PSN acknowledged is over: kept, a real NAK for the same
+        // PSN a lap of the 24-bit space later was taken for a copy.
+        if let Some((nak_psn, _)) = self.requester.last_retry_nak {
+            if nak_psn.precedes_or_equals(self.requester.acknowledged_psn) {
+                self.requester.last_retry_nak = None;
+            }
         }
         let bound = self.requester.queue.len();
         for _ in 0..bound {
