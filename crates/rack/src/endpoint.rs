@@ -825,10 +825,14 @@ impl<P: Program> Pump for SwitchEndpoint<P> {
     }
 
     fn deadline(&self, clock: &RackClock) -> Option<Instant> {
+        // Not a port out of service: never flushed, the frames held in its
+        // delay line stay due in the past, and the thread never slept.
         let ports = self
             .ports
             .iter()
-            .filter_map(|port| port.borrow().next_due());
+            .enumerate()
+            .filter(|(index, _)| self.health.in_service(*index))
+            .filter_map(|(_, port)| port.borrow().next_due());
         let retry = self
             .blocked_since
             .map(|since| since.saturating_add(FULL_CARRIER_RETRY));

@@ -13,6 +13,8 @@ use remora_switch::two_hosts;
 struct CorruptRing {
     segment: Segment,
     room: bool,
+    /// When a frame it holds (in a delay line) falls due, if one does.
+    due: Option<std::time::Instant>,
 }
 
 impl Port for CorruptRing {
@@ -37,17 +39,28 @@ impl Port for CorruptRing {
     fn wait_source(&self) -> WaitSource {
         self.segment.hub_port(2).unwrap().wait_source()
     }
+    fn next_due(&self) -> Option<std::time::Instant> {
+        self.due
+    }
 }
 
 /// A switch whose second port is a corrupt ring (with or without room),
 /// and the first host's end of the first port.
 fn switch_with_a_corrupt_port(room: bool) -> (SwitchEndpoint<L2L3Forwarding>, Segment) {
+    switch_with_a_corrupt_port_holding(room, None)
+}
+
+fn switch_with_a_corrupt_port_holding(
+    room: bool,
+    due: Option<std::time::Instant>,
+) -> (SwitchEndpoint<L2L3Forwarding>, Segment) {
     let segment = Segment::anonymous(&SegmentPlan::star_one_waiter(2, 64)).unwrap();
     let ports: Vec<Box<dyn Port>> = vec![
         Box::new(segment.hub_port(1).unwrap()),
         Box::new(CorruptRing {
             segment: Segment::anonymous(&SegmentPlan::star(2, 8)).unwrap(),
             room,
+            due,
         }),
     ];
     let switch = SwitchEndpoint::new(two_hosts::two_host_switch(), ports);
@@ -105,4 +118,17 @@ fn frames_cut_through_to_a_failed_port_are_discarded_and_counted() {
     source.flush().unwrap();
     switch.pump(&clock).unwrap();
     assert_eq!(switch.health().frames_discarded, 8);
+}
+
+/// A failed port whose delay line held a frame: it is never flushed, so
+/// the frame's due time stayed in the past, the switch's deadline with it,
+/// and its thread never slept.
+#[test]
+fn a_failed_ports_held_frames_do_not_keep_the_switch_awake() {
+    let past = std::time::Instant::now();
+    let (mut switch, _segment) = switch_with_a_corrupt_port_holding(false, Some(past));
+    let clock = RackClock::new();
+    switch.pump(&clock).unwrap();
+    assert!(switch.health().failed[1].is_some());
+    assert_eq!(switch.deadline(&clock), None, "a failed port's held frame");
 }
