@@ -574,9 +574,11 @@ impl Client {
         let (at, length) = completion
             .response
             .ok_or(CowbirdError::UnknownRequest(completion.id))?;
-        // A completion's fields are public: one this client never handed
-        // out (another client's, with larger rings) is refused, not read
-        // from outside the response ring (which panicked past the block).
+        // A completion's fields are public: one whose response lies
+        // outside this client's response ring (another client's, with
+        // larger rings) is refused, not read there (which panicked past
+        // the block). One inside the ring is not checked further: another
+        // client's of the same ring sizes reads this client's bytes there.
         let ring_start = self.sizes.response_data_at();
         let ring_end = ring_start + self.sizes.response_data_bytes;
         let end = at.checked_add(u64::from(length));

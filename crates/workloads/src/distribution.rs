@@ -38,17 +38,19 @@ fn fnv1a(value: u64) -> u64 {
 }
 
 /// Rounds of the scrambling network: four make a balanced Feistel
-/// network a good pseudo-random permutation (Luby and Rackoff).
+/// network a pseudo-random permutation when the round function is a
+/// pseudo-random one (Luby and Rackoff).
 const FEISTEL_ROUNDS: u64 = 4;
 
-/// One pass of a balanced Feistel network over `2 * half_bits` bits, an
-/// FNV-1a hash of the round and the right half as its round function: a
-/// permutation of `0..2^(2 * half_bits)`.
+/// One pass of a balanced Feistel network over `2 * half_bits` bits, the
+/// top bits of an FNV-1a hash of the round and the right half as its
+/// round function: a permutation of `0..2^(2 * half_bits)`. (The top
+/// bits: an FNV-1a hash's low bits depend on its input's low bits alone.)
 fn feistel(value: u64, half_bits: u32) -> u64 {
     let mask = (1u64 << half_bits) - 1;
     let (mut left, mut right) = (value >> half_bits, value & mask);
     for round in 0..FEISTEL_ROUNDS {
-        let mixed = left ^ (fnv1a(right ^ (round << 48)) & mask);
+        let mixed = left ^ (fnv1a(right ^ (round << 48)) >> (u64::BITS - half_bits));
         left = right;
         right = mixed;
     }
@@ -61,6 +63,7 @@ fn feistel(value: u64, half_bits: u32) -> u64 {
 /// key has exactly one rank.
 pub fn scramble(rank: u64, key_count: u64) -> u64 {
     assert!(rank < key_count, "rank {rank} of {key_count} keys");
+    assert!(key_count <= MAX_KEYS, "{key_count} keys, past {MAX_KEYS}");
     let bits = (u64::BITS - (key_count - 1).leading_zeros()).max(2);
     let half_bits = bits.div_ceil(2);
     // Bounded: the walk follows one cycle of a permutation of the range,
