@@ -3,7 +3,7 @@
 use super::{provider, report_once, set_errno};
 use crate::abi::*;
 use crate::node::Node;
-use remora_rnic::{Lkey, Verbs};
+use remora_rnic::{CompletionQueue, Lkey, SharedReceiveQueue, Verbs};
 use remora_wire::{Ipv4Address, Qpn};
 use std::ffi::{c_char, c_int};
 use std::os::fd::OwnedFd;
@@ -32,14 +32,19 @@ pub(super) struct ContextObject {
     owned: Mutex<Owned>,
 }
 
-/// The queue pairs and memory regions a context made and the program has
-/// not destroyed: closing the device takes them down, as the kernel does
-/// for a closed context. Left up, a closed context's region still took a
-/// peer's WRITE into memory the program had freed.
+/// What a context made on the device and the program has not destroyed:
+/// closing the device takes it down, as the kernel does for a closed
+/// context. Left up, a closed context's region still took a peer's WRITE
+/// into memory the program had freed, and its queues held device slots
+/// for the process's life. (Protection domains hold nothing on the device
+/// a program can reach.)
 #[derive(Default)]
 pub(super) struct Owned {
-    queue_pairs: Vec<Qpn>,
-    regions: Vec<Lkey>,
+    /// With each, the region of its inline staging, if it has one.
+    pub queue_pairs: Vec<(Qpn, Option<Lkey>)>,
+    pub regions: Vec<Lkey>,
+    pub completion_queues: Vec<CompletionQueue>,
+    pub shared_receive_queues: Vec<SharedReceiveQueue>,
 }
 
 impl ContextObject {
@@ -56,36 +61,34 @@ impl ContextObject {
         }
     }
 
-    fn owned(&self) -> std::sync::MutexGuard<'_, Owned> {
+    pub(super) fn owned(&self) -> std::sync::MutexGuard<'_, Owned> {
         self.owned
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    pub(super) fn made_queue_pair(&self, qpn: Qpn) {
-        self.owned().queue_pairs.push(qpn);
-    }
-
-    pub(super) fn destroyed_queue_pair(&self, qpn: Qpn) {
-        self.owned().queue_pairs.retain(|owned| *owned != qpn);
-    }
-
-    pub(super) fn registered(&self, lkey: Lkey) {
-        self.owned().regions.push(lkey);
-    }
-
-    pub(super) fn deregistered(&self, lkey: Lkey) {
-        self.owned().regions.retain(|owned| *owned != lkey);
-    }
-
     /// Takes down what the program left: its queue pairs first (no more
-    /// traffic, and no posted work names a region), then its regions, so
-    /// nothing on the device points into the program's memory after.
+    /// traffic, and no posted work names a region or a queue), then the
+    /// queues and regions, so nothing on the device points into the
+    /// program's memory after.
     pub(super) fn take_down_what_is_left(&self) {
         let owned = std::mem::take(&mut *self.owned());
+        // Outside the device's lock, which `disarm` takes.
+        for queue in &owned.completion_queues {
+            self.node.disarm(*queue);
+        }
         self.node.with_device(|rnic| {
-            for qpn in owned.queue_pairs {
+            for (qpn, inline) in owned.queue_pairs {
                 let _ = rnic.retire_queue_pair(qpn);
+                if let Some(lkey) = inline {
+                    let _ = rnic.deregister_memory(lkey);
+                }
+            }
+            for queue in owned.shared_receive_queues {
+                let _ = rnic.destroy_shared_receive_queue(queue);
+            }
+            for queue in owned.completion_queues {
+                let _ = rnic.destroy_completion_queue(queue);
             }
             for lkey in owned.regions {
                 let _ = rnic.deregister_memory(lkey);

@@ -265,7 +265,13 @@ fn build_queue_pair(
         attributes.cap.max_inline_data = MAX_INLINE_BYTES;
     }
     // SAFETY: a live context.
-    unsafe { context_object(context) }.made_queue_pair(prepared.qpn);
+    unsafe { context_object(context) }
+        .owned()
+        .queue_pairs
+        .push((
+            prepared.qpn,
+            inline.as_ref().map(|staging| staging.region.lkey),
+        ));
     let qp_num = prepared.qpn.value();
     let mut qp = ibv_qp_ex {
         qp_base: ibv_qp {
@@ -322,7 +328,10 @@ pub(super) unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         inline.map(|lkey| rnic.deregister_memory(lkey))
     });
     // SAFETY: its context is live.
-    unsafe { context_object(qp_object.qp.qp_base.context) }.destroyed_queue_pair(qpn);
+    unsafe { context_object(qp_object.qp.qp_base.context) }
+        .owned()
+        .queue_pairs
+        .retain(|(owned, _)| *owned != qpn);
     // SAFETY: a QP's PD, CQs and SRQ outlive it (their destroy is EBUSY).
     unsafe { hold_users(&qp_object.qp.qp_base, false) };
     // SAFETY: the program gives it up.

@@ -259,7 +259,10 @@ pub(super) unsafe fn reg_mr_iova(
     }
     if let Ok(region) = &registered {
         // SAFETY: as above.
-        unsafe { context_object(pd_object.pd.context) }.registered(region.lkey);
+        unsafe { context_object(pd_object.pd.context) }
+            .owned()
+            .regions
+            .push(region.lkey);
     }
     match registered {
         Ok(region) => hand_out(MrObject {
@@ -288,8 +291,12 @@ pub(super) unsafe fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     let node = unsafe { node_of(mr_object.mr.context) };
     match node.with_device(|rnic| rnic.deregister_memory(mr_object.region.lkey)) {
         Ok(()) => {
+            let lkey = mr_object.region.lkey;
             // SAFETY: its context is live.
-            unsafe { context_object(mr_object.mr.context) }.deregistered(mr_object.region.lkey);
+            unsafe { context_object(mr_object.mr.context) }
+                .owned()
+                .regions
+                .retain(|owned| *owned != lkey);
             // SAFETY: an MR's PD outlives it (EBUSY above).
             unsafe { pd_users(mr_object.mr.pd) }.release();
             // SAFETY: the program gives the MR up.
@@ -474,6 +481,11 @@ pub(super) unsafe fn create_cq(
         Ok(queue) => queue,
         Err(error) => return null_with(errno_of(&error)),
     };
+    // SAFETY: a live context.
+    unsafe { context_object(context) }
+        .owned()
+        .completion_queues
+        .push(queue);
     let shared = if channel.is_null() {
         None
     } else {
@@ -532,6 +544,12 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     if let Err(error) = node.with_device(|rnic| rnic.destroy_completion_queue(cq_object.queue)) {
         return errno_of(&error);
     }
+    let queue = cq_object.queue;
+    // SAFETY: its context is live.
+    unsafe { context_object(cq_object.cq.context) }
+        .owned()
+        .completion_queues
+        .retain(|owned| *owned != queue);
     // Only once nothing can fail: counted off before a refusal, the CQ
     // lived on while its channel could be destroyed, and a later destroy
     // of the CQ counted off again in the freed channel.
@@ -627,6 +645,11 @@ pub(super) unsafe fn create_srq(
         Ok(queue) => {
             attributes.attr.max_sge = MAX_SCATTER_GATHER as u32;
             pd_object.users.hold();
+            // SAFETY: a PD's context is live.
+            unsafe { context_object(pd_object.pd.context) }
+                .owned()
+                .shared_receive_queues
+                .push(queue);
             hand_out(SrqObject {
                 srq: ibv_srq {
                     context: pd_object.pd.context,
@@ -657,6 +680,12 @@ pub(super) unsafe fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     {
         return errno_of(&error);
     }
+    let queue = srq_object.queue;
+    // SAFETY: its context is live.
+    unsafe { context_object(srq_object.srq.context) }
+        .owned()
+        .shared_receive_queues
+        .retain(|owned| *owned != queue);
     // SAFETY: an SRQ's PD outlives it.
     unsafe { pd_users(srq_object.srq.pd) }.release();
     // SAFETY: the program gives it up.

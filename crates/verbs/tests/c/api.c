@@ -516,6 +516,31 @@ static void a_closed_contexts_objects_are_taken_down(union ibv_gid gid, uint8_t 
 	CHECK(ibv_destroy_qp(near) == 0, "destroy the QP");
 }
 
+/* Closing a device with its queues left frees their device slots, the
+ * inline staging of its QPs' included: kept, a program that opened the
+ * device, made a CQ and an inline QP and closed it found the device full
+ * after about a thousand rounds. */
+static void closing_with_queues_left_frees_their_slots(void)
+{
+	for (int round = 0; round < 1100; round++) {
+		struct ibv_device **devices = ibv_get_device_list(NULL);
+		CHECK(devices, "device list in round %d", round);
+		struct ibv_context *opened = ibv_open_device(devices[0]);
+		ibv_free_device_list(devices);
+		CHECK(opened, "open in round %d", round);
+		struct ibv_pd *round_pd = ibv_alloc_pd(opened);
+		struct ibv_cq *round_cq = ibv_create_cq(opened, 4, NULL, NULL, 0);
+		CHECK(round_pd && round_cq, "a PD and a CQ in round %d", round);
+		struct ibv_qp_init_attr init = {
+			.send_cq = round_cq, .recv_cq = round_cq, .qp_type = IBV_QPT_RC,
+			.cap = { .max_send_wr = 2, .max_recv_wr = 2, .max_send_sge = 1, .max_recv_sge = 1,
+				 .max_inline_data = 64 },
+		};
+		CHECK(ibv_create_qp(round_pd, &init), "an inline QP in round %d", round);
+		CHECK(ibv_close_device(opened) == 0, "close in round %d", round);
+	}
+}
+
 /* What the two builders of the critical-section check share. */
 struct builder_race {
 	struct ibv_qp_ex *builder;
@@ -856,6 +881,7 @@ int main(void)
 	a_qps_access_flags_bound_its_peers(gid, local, local_mr, remote, remote_mr);
 	rnr_retry_zero_gives_up_at_once(gid, local, local_mr);
 	a_closed_contexts_objects_are_taken_down(gid, local, local_mr);
+	closing_with_queues_left_frees_their_slots();
 	a_refused_batch_posts_nothing(gid, remote, remote_mr);
 	inline_lengths_are_checked_whole(gid, remote, remote_mr);
 	an_inline_flag_on_a_built_read_is_ignored(gid, local, local_mr, remote, remote_mr);
