@@ -647,9 +647,12 @@ mod tests {
     /// A writer's shortcut WRITE that lands after its version was retired
     /// names a slot in quarantine; before the slot is reused, the
     /// collector moves the shortcut on to the tail.
-    #[test]
-    fn a_late_shortcut_naming_a_retired_slot_is_repaired_before_reuse() {
-        let grace = Duration::from_millis(1);
+    /// A key of three versions, the first two retired by a collection at
+    /// time 0 (the shortcut then on the third), and then the late shortcut
+    /// WRITE of the second's writer: the server, its memory, and the three.
+    fn a_late_shortcut_to_a_retired_version(
+        grace: Duration,
+    ) -> (MetadataServer, Vec<u8>, [NextPointer; 3]) {
         let config = MetadataConfig {
             batch_slots: 1,
             keep_versions: 1,
@@ -661,15 +664,22 @@ mod tests {
         let first = server.load(0, b"version zero....", &mut memory).unwrap();
         let second = append(&mut server, &mut memory, first, b"version one.....");
         let third = append(&mut server, &mut memory, second, b"version two.....");
-        let at = Timestamp::from_nanos;
-        let collection = server.collect(at(0), &mut memory).unwrap();
+        let collection = server.collect(Timestamp::ZERO, &mut memory).unwrap();
         assert_eq!(collection.retired, 2);
         assert_eq!(shortcut(&server, &mut memory), third.offset());
-        // The writer of `second` advances the shortcut late.
         let late = second.word().to_le_bytes();
         memory
             .write(server.plan.shortcut_offset(0).unwrap(), &late)
             .unwrap();
+        (server, memory, [first, second, third])
+    }
+
+    #[test]
+    fn a_late_shortcut_naming_a_retired_slot_is_repaired_before_reuse() {
+        let grace = Duration::from_millis(1);
+        let (mut server, mut memory, [_, second, third]) =
+            a_late_shortcut_to_a_retired_version(grace);
+        let at = Timestamp::from_nanos;
         let after_grace = grace.as_nanos() as u64 + 1;
         let released = server.collect(at(after_grace), &mut memory).unwrap();
         assert_eq!(released.shortcuts_repaired, 1);
@@ -701,23 +711,9 @@ mod tests {
     #[test]
     fn a_late_shortcut_moved_by_a_regular_pass_keeps_its_slot_a_grace_from_the_pass() {
         let grace_nanos = 1_000_000;
-        let config = MetadataConfig {
-            batch_slots: 1,
-            keep_versions: 1,
-            grace: Duration::from_nanos(grace_nanos),
-        };
-        let plan = RegionPlan::new(1, 1 << 16).unwrap();
-        let mut server = MetadataServer::new(plan, config).unwrap();
-        let mut memory = vec![0u8; 1 << 16];
-        let first = server.load(0, b"version zero....", &mut memory).unwrap();
-        let second = append(&mut server, &mut memory, first, b"version one.....");
-        let third = append(&mut server, &mut memory, second, b"version two.....");
+        let (mut server, mut memory, [first, second, third]) =
+            a_late_shortcut_to_a_retired_version(Duration::from_nanos(grace_nanos));
         let at = Timestamp::from_nanos;
-        assert_eq!(server.collect(at(0), &mut memory).unwrap().retired, 2);
-        let late = second.word().to_le_bytes();
-        memory
-            .write(server.plan.shortcut_offset(0).unwrap(), &late)
-            .unwrap();
         let pass = grace_nanos / 2;
         let moved = server.collect(at(pass), &mut memory).unwrap();
         assert_eq!(moved.shortcuts_repaired, 1);

@@ -49,6 +49,17 @@ fn eager_compactor(store: &Store) -> remora_kv::compactor::Compactor {
     remora_kv::compactor::Compactor::start(store.clone(), policy).unwrap()
 }
 
+/// Completes the session's one pending read and checks it found `value`.
+fn assert_pending_read_finds(session: &mut Session, value: &[u8]) {
+    let mut answer = None;
+    session
+        .complete_pending(true, &mut |completion| {
+            answer = Some((completion.result.clone(), completion.value.to_vec()));
+        })
+        .unwrap();
+    assert_eq!(answer, Some((Ok(Status::Found), value.to_vec())));
+}
+
 fn head(store: &Store) -> LogAddress {
     store.boundaries()[1]
 }
@@ -467,13 +478,7 @@ fn a_read_racing_a_compaction_that_moves_its_key_still_finds_it() {
     reader.suspend();
     compacting.compact(head(&store)).unwrap();
     compacting.suspend();
-    let mut answer = None;
-    reader
-        .complete_pending(true, &mut |completion| {
-            answer = Some((completion.result.clone(), completion.value.to_vec()));
-        })
-        .unwrap();
-    assert_eq!(answer, Some((Ok(Status::Found), b"value".to_vec())));
+    assert_pending_read_finds(&mut reader, b"value");
     assert_eq!(read_now(&mut reader, &key), Some(b"value".to_vec()));
 }
 
@@ -595,11 +600,5 @@ fn a_read_in_flight_on_a_page_truncated_and_reused_looks_again() {
         assert!(written < 10_000, "the log never lapped the device");
     }
     writer.suspend();
-    let mut answer = None;
-    reader
-        .complete_pending(true, &mut |completion| {
-            answer = Some((completion.result.clone(), completion.value.to_vec()));
-        })
-        .unwrap();
-    assert_eq!(answer, Some((Ok(Status::Found), b"value".to_vec())));
+    assert_pending_read_finds(&mut reader, b"value");
 }

@@ -142,16 +142,21 @@ fn a_silent_client_cannot_hold_the_server_past_its_timeout() {
         unreachable!()
     };
     let _silent = std::os::unix::net::UnixStream::connect(path).unwrap();
+    assert_stops_within_8_s(server, "a silent client");
+}
+
+/// Stops `server` and waits for its thread, joined on a thread of its
+/// own, so a server a client holds for ever fails the test instead of
+/// hanging it.
+fn assert_stops_within_8_s(server: Server, with: &str) {
     std::thread::sleep(Duration::from_millis(50));
     server.stop.store(true, Ordering::Relaxed);
-    // Joined on a thread of its own, so a server the client holds for
-    // ever fails the test instead of hanging it.
     let (sender, receiver) = std::sync::mpsc::channel();
     let thread = server.thread;
     std::thread::spawn(move || sender.send(thread.join()));
     receiver
         .recv_timeout(Duration::from_secs(8))
-        .expect("the server stops within 8 s with a silent client")
+        .unwrap_or_else(|_| panic!("the server did not stop within 8 s with {with}"))
         .unwrap();
 }
 
@@ -174,13 +179,5 @@ fn a_dribbling_client_cannot_hold_the_server_past_its_timeout() {
             std::thread::sleep(Duration::from_secs(1));
         }
     });
-    std::thread::sleep(Duration::from_millis(50));
-    server.stop.store(true, Ordering::Relaxed);
-    let (sender, receiver) = std::sync::mpsc::channel();
-    let thread = server.thread;
-    std::thread::spawn(move || sender.send(thread.join()));
-    receiver
-        .recv_timeout(Duration::from_secs(8))
-        .expect("the server stops within 8 s with a dribbling client")
-        .unwrap();
+    assert_stops_within_8_s(server, "a dribbling client");
 }

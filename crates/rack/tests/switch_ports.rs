@@ -67,16 +67,12 @@ fn switch_with_a_corrupt_port_holding(
     (switch, segment)
 }
 
-/// A port out of service still said it held frames, so the fabric thread
-/// never slept, and frames bound for it waited in its egress queue for
-/// ever, so the switch retried every 50 µs. Now neither.
-#[test]
-fn a_failed_port_neither_wakes_the_switch_nor_holds_its_frames() {
-    let (mut switch, segment) = switch_with_a_corrupt_port(false);
+/// A switch whose second port failed at its first pump, pumped again
+/// with eight frames for that port from the first.
+fn eight_frames_for_a_failed_port(room: bool, clock: &RackClock) -> SwitchEndpoint<L2L3Forwarding> {
+    let (mut switch, segment) = switch_with_a_corrupt_port(room);
     let mut source = segment.spoke_port(1).unwrap();
-    let clock = RackClock::new();
-    // The port fails at the first pump; frames for it come after.
-    switch.pump(&clock).unwrap();
+    switch.pump(clock).unwrap();
     assert!(switch.health().failed[1].is_some());
     for sequence in 0..8 {
         source
@@ -87,7 +83,17 @@ fn a_failed_port_neither_wakes_the_switch_nor_holds_its_frames() {
             .unwrap();
     }
     source.flush().unwrap();
-    switch.pump(&clock).unwrap();
+    switch.pump(clock).unwrap();
+    switch
+}
+
+/// A port out of service still said it held frames, so the fabric thread
+/// never slept, and frames bound for it waited in its egress queue for
+/// ever, so the switch retried every 50 µs. Now neither.
+#[test]
+fn a_failed_port_neither_wakes_the_switch_nor_holds_its_frames() {
+    let clock = RackClock::new();
+    let mut switch = eight_frames_for_a_failed_port(false, &clock);
     assert!(
         !switch.has_frames(),
         "the failed port keeps the thread awake"
@@ -102,21 +108,8 @@ fn a_failed_port_neither_wakes_the_switch_nor_holds_its_frames() {
 /// though the report says such frames are discarded and counted.
 #[test]
 fn frames_cut_through_to_a_failed_port_are_discarded_and_counted() {
-    let (mut switch, segment) = switch_with_a_corrupt_port(true);
-    let mut source = segment.spoke_port(1).unwrap();
     let clock = RackClock::new();
-    switch.pump(&clock).unwrap();
-    assert!(switch.health().failed[1].is_some());
-    for sequence in 0..8 {
-        source
-            .send(&two_hosts::send_frame(
-                two_hosts::SMALL_PAYLOAD_BYTES,
-                sequence,
-            ))
-            .unwrap();
-    }
-    source.flush().unwrap();
-    switch.pump(&clock).unwrap();
+    let mut switch = eight_frames_for_a_failed_port(true, &clock);
     assert_eq!(switch.health().frames_discarded, 8);
 }
 

@@ -343,15 +343,9 @@ fn retransmission_set_after_creation_is_the_one_used() {
     assert_eq!(s.fabric.now, Timestamp::from_nanos(150_000));
 }
 
-#[test]
-fn receiver_not_ready_waits_then_delivers() {
-    let mut s = setup_with(AccessFlags::ALL, |builder| {
-        builder.min_rnr_timer = Duration::from_micros(40)
-    });
-    let send = send_request(&s, 1, 0, 8);
-    s.fabric.left.post_send(s.left_qp, send).unwrap();
-    s.fabric.run(2);
-    assert_eq!(s.fabric.right.counters().receiver_not_ready_naks_sent, 1);
+/// Posts the receive the SEND with id 1 waited for (RNR) and runs it to
+/// its success.
+fn post_the_receive_and_expect_the_send(s: &mut Setup) {
     s.fabric
         .right
         .post_receive(
@@ -364,6 +358,18 @@ fn receiver_not_ready_waits_then_delivers() {
         statuses(&mut s.fabric.left, s.left_cq),
         vec![(1, CompletionStatus::Success)]
     );
+}
+
+#[test]
+fn receiver_not_ready_waits_then_delivers() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| {
+        builder.min_rnr_timer = Duration::from_micros(40)
+    });
+    let send = send_request(&s, 1, 0, 8);
+    s.fabric.left.post_send(s.left_qp, send).unwrap();
+    s.fabric.run(2);
+    assert_eq!(s.fabric.right.counters().receiver_not_ready_naks_sent, 1);
+    post_the_receive_and_expect_the_send(&mut s);
     assert_eq!(
         s.fabric.now,
         Timestamp::from_nanos(40_000),
@@ -692,18 +698,7 @@ fn a_duplicated_rnr_nak_spends_one_retry() {
     let length = s.fabric.right.poll_transmit(now, &mut buffer).unwrap();
     s.fabric.left.handle_frame(now, &buffer[..length]);
     s.fabric.left.handle_frame(now, &buffer[..length]);
-    s.fabric
-        .right
-        .post_receive(
-            s.right_qp,
-            ReceiveRequest::new(4, &[s.right_mr.slice(0, 8)]).unwrap(),
-        )
-        .unwrap();
-    assert!(s.fabric.run(100).quiesced);
-    assert_eq!(
-        statuses(&mut s.fabric.left, s.left_cq),
-        vec![(1, CompletionStatus::Success)]
-    );
+    post_the_receive_and_expect_the_send(&mut s);
     assert_eq!(s.fabric.left.counters().stale_naks_ignored, 1);
 }
 
