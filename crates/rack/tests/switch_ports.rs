@@ -109,7 +109,7 @@ fn a_failed_port_neither_wakes_the_switch_nor_holds_its_frames() {
 #[test]
 fn frames_cut_through_to_a_failed_port_are_discarded_and_counted() {
     let clock = RackClock::new();
-    let mut switch = eight_frames_for_a_failed_port(true, &clock);
+    let switch = eight_frames_for_a_failed_port(true, &clock);
     assert_eq!(switch.health().frames_discarded, 8);
 }
 
