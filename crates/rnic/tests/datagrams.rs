@@ -2,9 +2,11 @@
 //! receives what another sends, through the L2/L3 switch too; what no
 //! port was opened for, or what overflows an inbox, is dropped and counted.
 
-use remora_rnic::{RnicConfig, SoftRnic, Verbs, VerbsError};
+mod common;
+
+use common::deliver_all;
+use remora_rnic::{RnicConfig, SoftRnic, Timestamp, Verbs, VerbsError};
 use remora_wire::datagram::DatagramEnd;
-use remora_wire::frame::MAX_FRAME_LEN;
 use remora_wire::{Ipv4Address, MacAddress};
 
 fn nic(last: u8) -> SoftRnic {
@@ -23,25 +25,13 @@ fn end(last: u8, port: u16) -> DatagramEnd {
     }
 }
 
-/// Moves every frame `from` has into `to`.
-fn carry(from: &mut SoftRnic, to: &mut SoftRnic) -> usize {
-    let now = remora_rnic::Timestamp::ZERO;
-    let mut buffer = vec![0u8; MAX_FRAME_LEN];
-    let mut frames = 0;
-    while let Some(length) = from.poll_transmit(now, &mut buffer) {
-        to.handle_frame(now, &buffer[..length]);
-        frames += 1;
-    }
-    frames
-}
-
 #[test]
 fn a_datagram_reaches_the_port_it_was_sent_to() {
     let (mut a, mut b) = (nic(1), nic(2));
     let a_port = a.open_datagram_port(5000, 4).unwrap();
     let b_port = b.open_datagram_port(4792, 2).unwrap();
     a.send_datagram(a_port, end(2, 4792), b"ping").unwrap();
-    assert_eq!(carry(&mut a, &mut b), 1);
+    assert_eq!(deliver_all(&mut a, &mut b, Timestamp::ZERO), 1);
     let mut into = [0u8; 64];
     let received = b.receive_datagram(b_port, &mut into).unwrap().unwrap();
     assert_eq!(
@@ -54,7 +44,7 @@ fn a_datagram_reaches_the_port_it_was_sent_to() {
     for _ in 0..3 {
         a.send_datagram(a_port, end(2, 4792), b"x").unwrap();
     }
-    carry(&mut a, &mut b);
+    deliver_all(&mut a, &mut b, Timestamp::ZERO);
     assert_eq!(
         b.counters().drops_by_name().get("datagram_inbox_full"),
         Some(&1)
@@ -70,7 +60,7 @@ fn a_datagram_reaches_the_port_it_was_sent_to() {
         b"x",
     )
     .unwrap();
-    carry(&mut a, &mut b);
+    deliver_all(&mut a, &mut b, Timestamp::ZERO);
     let drops = b.counters().drops_by_name();
     assert_eq!(drops.get("no_datagram_port"), Some(&1), "{drops:?}");
     assert_eq!(drops.get("not_for_this_device"), Some(&1), "{drops:?}");
@@ -99,7 +89,7 @@ fn bad_datagram_arguments_are_typed_errors() {
     let mut b = nic(2);
     let b_port = b.open_datagram_port(7, 1).unwrap();
     a.send_datagram(port, end(2, 7), &[1; 100]).unwrap();
-    carry(&mut a, &mut b);
+    deliver_all(&mut a, &mut b, Timestamp::ZERO);
     let mut small = [0u8; 10];
     assert!(matches!(
         b.receive_datagram(b_port, &mut small),

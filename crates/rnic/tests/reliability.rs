@@ -566,17 +566,6 @@ fn rnr_exhaustion_fails_the_refused_request() {
     );
 }
 
-/// Moves every frame `from` has to send now into `to`.
-fn deliver_all(from: &mut SoftRnic, to: &mut SoftRnic, now: remora_base::Timestamp) -> usize {
-    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
-    let mut moved = 0;
-    while let Some(length) = from.poll_transmit(now, &mut buffer) {
-        to.handle_frame(now, &buffer[..length]);
-        moved += 1;
-    }
-    moved
-}
-
 /// A READ's request reached the responder twice (a duplicating link),
 /// so a replay of its answer was queued behind the original. The original
 /// completed the READ, and the requester, allowed one READ at a time, sent

@@ -142,3 +142,14 @@ pub fn left_frames(s: &mut Setup) -> Vec<Vec<u8>> {
     }
     frames
 }
+
+/// Moves every frame `from` has to send at `now` into `to`; how many.
+pub fn deliver_all(from: &mut SoftRnic, to: &mut SoftRnic, now: Timestamp) -> usize {
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    let mut moved = 0;
+    while let Some(length) = from.poll_transmit(now, &mut buffer) {
+        to.handle_frame(now, &buffer[..length]);
+        moved += 1;
+    }
+    moved
+}
