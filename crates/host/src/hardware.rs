@@ -390,6 +390,13 @@ impl NicPipeline {
         start
     }
 
+    /// Whether the transmit side takes another frame: a sender feeds it
+    /// only then, so a burst past it waits in the soft RNIC's queues
+    /// instead of being dropped inside the sending NIC.
+    pub fn has_transmit_room(&self) -> bool {
+        self.transmit.held.len() < MAX_FRAMES_HELD
+    }
+
     /// A frame the soft RNIC sent, at `now`.
     pub fn handle_transmitted(&mut self, now: Timestamp, frame: &[u8]) {
         let interval = self.profile.message_interval_ps();

@@ -216,12 +216,17 @@ impl Host {
         delivered
     }
 
-    /// Moves what the soft RNIC sends into the pipeline's transmit side.
+    /// Moves what the soft RNIC sends into the pipeline's transmit side,
+    /// while it has room: fed regardless, a burst past it was dropped
+    /// inside the sending NIC (and each drop cost a go-back-N).
     fn feed_transmit(&mut self, now: Timestamp) {
         let Some(pipeline) = &mut self.pipeline else {
             return;
         };
         for _ in 0..MAX_FRAMES_INTO_PIPELINE {
+            if !pipeline.has_transmit_room() {
+                break;
+            }
             let Some(length) = self.nic.poll_transmit(now, &mut self.transmit_buffer) else {
                 break;
             };
@@ -332,6 +337,65 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// More frames ready to send than the transmit pipeline holds (40
+    /// queue pairs, each a full window of 8-byte WRITEs): the host fed
+    /// them all in and the pipeline dropped those past its bound, each a
+    /// go-back-N later. They wait in the NIC's queues now, and all leave.
+    #[test]
+    fn a_burst_past_the_transmit_pipeline_waits_in_the_nic() {
+        use remora_rnic::{
+            AccessFlags, DataPath, QueuePairBuilder, QueuePairEndpoint, RemoteAddress,
+            SendOperation, SendRequest, Verbs,
+        };
+        use remora_wire::{Psn, Qpn, Rkey, VirtAddr};
+        const QUEUE_PAIRS: u32 = 40;
+        const WRITES: u64 = 256;
+        let mut host = Host::with_profile("host", config(), NicHardware::Cx5.profile()).unwrap();
+        let nic = host.nic_mut();
+        let domain = nic.alloc_protection_domain().unwrap();
+        let region = nic.register_memory(domain, 4096, AccessFlags::ALL).unwrap();
+        let queue = nic.create_completion_queue(16_384).unwrap();
+        let mut builder = QueuePairBuilder::new(domain, queue, queue);
+        builder.send_queue_depth = WRITES as usize;
+        for index in 0..QUEUE_PAIRS {
+            let prepared = nic.create_queue_pair(&builder).unwrap();
+            let peer = QueuePairEndpoint {
+                qpn: Qpn::new(0x100 + index).unwrap(),
+                address: Ipv4Address::new(10, 0, 0, 2),
+                mac: MacAddress([2, 0, 0, 0, 0, 2]),
+                initial_psn: Psn::new(0),
+            };
+            let queue_pair = nic.handshake(prepared, peer).unwrap();
+            for id in 0..WRITES {
+                let remote = RemoteAddress {
+                    address: VirtAddr(0x1000),
+                    rkey: Rkey(7),
+                };
+                let write = SendOperation::Write {
+                    remote,
+                    immediate: None,
+                };
+                let request = SendRequest::new(id, write, &[region.slice(0, 8)]).unwrap();
+                nic.post_send(queue_pair, request).unwrap();
+            }
+        }
+        let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+        let mut sent = 0u64;
+        let mut now = Timestamp::ZERO;
+        for _ in 0..1_000_000 {
+            match host.poll_transmit(now, &mut buffer) {
+                Some(_) => sent += 1,
+                None => match host.poll_timeout() {
+                    Some(next) if sent < u64::from(QUEUE_PAIRS) * WRITES => now = now.max(next),
+                    _ => break,
+                },
+            }
+        }
+        let pipeline = host.pipeline().expect("a cx5 host has a pipeline");
+        assert_eq!(pipeline.counters().transmitted_dropped, 0);
+        assert_eq!(sent, u64::from(QUEUE_PAIRS) * WRITES);
     }
 
     /// The profile's READ/atomic limit caps the configuration's; it used
