@@ -897,6 +897,69 @@ fn a_stand_ins_reply_checkpoints_are_kept_as_its_own() {
     assert_eq!(switch.program().counters().malformed, 0);
 }
 
+/// Calls and replies carried no check of where they came in: a host could
+/// send a call in another host's name (the Gatekeeper lent the sender that
+/// host's pointer for the call's lease) or a reply in a callee's name
+/// (which handed the callee's allocation over). Both are dropped where
+/// they come in on another host's port, and counted spoofed.
+#[test]
+fn a_call_or_reply_in_another_hosts_name_is_dropped() {
+    use remora_base::Timestamp;
+    use remora_switch::programs::l2l3::L2L3Forwarding;
+    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress, HEADER_LEN};
+    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
+    use remora_wire::MacAddress;
+    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
+    let end = |last: u8, port| DatagramEnd {
+        mac: MacAddress([2, 0, 0, 0, 0, last]),
+        address: Ipv4Address::new(10, 0, 0, last),
+        port,
+    };
+    let (node, victim, attacker) = (end(1, BIFROST_PORT), end(2, 40000), end(3, 40000));
+    let hosts = [node, victim, attacker].map(|end| (end.mac, end.address));
+    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).unwrap();
+    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE));
+    for (host, port) in [(node, 0), (victim, 1), (attacker, 2)] {
+        gatekeeper
+            .register_host_port(host.address, PortId(port))
+            .unwrap();
+    }
+    gatekeeper
+        .register_node(node.address, NodeKind::Compute, 0)
+        .unwrap();
+    gatekeeper.route("steal", node.address).unwrap();
+    let mut switch = Switch::new(SwitchConfig::new(3), Overlaid::new(forwarding, gatekeeper));
+    let datagram = |repr: BifrostRepr, from: DatagramEnd, to: DatagramEnd| {
+        let mut payload = vec![0u8; HEADER_LEN];
+        repr.emit(&mut payload).unwrap();
+        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
+        let length = emit_datagram(from, to, &payload, &mut frame).unwrap();
+        frame.truncate(length);
+        frame
+    };
+    let service = DatagramEnd {
+        mac: router,
+        address: SERVICE,
+        port: BIFROST_PORT,
+    };
+    let pointer = GlobalAddress::NULL;
+    let call = BifrostRepr::new(CallType::Call, "steal", 7, pointer).unwrap();
+    let now = Timestamp::ZERO;
+    // The victim's address, on the attacker's port.
+    switch.handle_frame(now, PortId(2), &datagram(call.clone(), victim, service));
+    assert_eq!(switch.program().counters().calls_routed, 0);
+    assert_eq!(switch.program().counters().memory.spoofed, 1);
+    // A reply in the node's name, on the attacker's port.
+    let reply = BifrostRepr::new(CallType::Reply, "", 7, pointer).unwrap();
+    switch.handle_frame(now, PortId(2), &datagram(reply, node, victim));
+    assert_eq!(switch.program().counters().replies, 0);
+    assert_eq!(switch.program().counters().memory.spoofed, 2);
+    // The victim's own call, on its port, is routed.
+    switch.handle_frame(now, PortId(1), &datagram(call, victim, service));
+    assert_eq!(switch.program().counters().calls_routed, 1);
+}
+
 /// The frame of `repr` from `from` to `to`, flagged as carrying
 /// `checkpoint` after an empty body.
 fn checkpointed_datagram(

@@ -1383,6 +1383,21 @@ impl Overlay for Gatekeeper {
         // Heartbeats and exports keep their own addresses: a stand-in is
         // a node of its own to the control plane.
         if destination_port != CONTROL_PORT {
+            // A call or reply must come in where its sender is attached,
+            // as a node's messages must (checked before a stand-in's
+            // source is readdressed): sent in another host's name, a
+            // call lent the sender that host's pointer, and a reply in a
+            // callee's name handed its allocation over. The switch's own
+            // replays and answers come from its generator.
+            let generated = packet.original_ingress_port == remora_switch::packet::GENERATOR_PORT;
+            let source = packet.headers.ipv4.map(|fields| fields.source);
+            let arrived = |memory: &mut MemoryStage, source| {
+                memory.check_arrival(source, packet.original_ingress_port)
+            };
+            if !generated && source.is_some_and(|source| !arrived(&mut self.memory, source)) {
+                packet.egress = Egress::Drop;
+                return Claim::Taken;
+            }
             self.stand_in(packet, ip);
         }
         let destination = packet.headers.ipv4.map(|fields| fields.destination);
