@@ -947,7 +947,7 @@ fn a_call_or_reply_in_another_hosts_name_is_dropped() {
     let call = BifrostRepr::new(CallType::Call, "steal", 7, pointer).unwrap();
     let now = Timestamp::ZERO;
     // The victim's address, on the attacker's port.
-    switch.handle_frame(now, PortId(2), &datagram(call.clone(), victim, service));
+    switch.handle_frame(now, PortId(2), &datagram(call, victim, service));
     assert_eq!(switch.program().counters().calls_routed, 0);
     assert_eq!(switch.program().counters().memory.spoofed, 1);
     // A reply in the node's name, on the attacker's port.
