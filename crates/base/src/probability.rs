@@ -47,8 +47,13 @@ impl Probability {
         self.0
     }
 
-    /// `self × factor`, capped at one: half of a probability, say.
+    /// `self × factor`, capped at one: half of a probability, say. Zero
+    /// stays zero whatever the factor (0 × ∞ is NaN, which `min` took for
+    /// certainty), and a NaN factor scales to zero.
     pub fn scaled(self, factor: f64) -> Probability {
+        if self.0 == 0.0 || factor.is_nan() {
+            return Probability::ZERO;
+        }
         Probability((self.0 * factor.max(0.0)).min(1.0))
     }
 
@@ -120,5 +125,17 @@ mod tests {
             let text = toml::to_string(&profile).unwrap();
             prop_assert_eq!(toml::from_str::<Profile>(&text).unwrap(), profile);
         }
+    }
+
+    /// 0 × ∞ is NaN, and `NaN.min(1.0)` is 1: a zero probability scaled
+    /// by infinity became certainty.
+    #[test]
+    fn zero_scaled_by_infinity_stays_zero() {
+        assert_eq!(Probability::ZERO.scaled(f64::INFINITY), Probability::ZERO);
+        assert_eq!(
+            Probability::literal(0.5).scaled(f64::NAN),
+            Probability::ZERO
+        );
+        assert_eq!(Probability::literal(0.5).scaled(4.0), Probability::ONE);
     }
 }

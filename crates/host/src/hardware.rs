@@ -210,6 +210,18 @@ impl HardwareProfile {
                 "from 1 to 128",
             ));
         }
+        // A published figure of 0 (or NaN) made its relative error NaN or
+        // infinite, and the largest error, a fold with f64::max, skipped
+        // the NaN: the check passed at 0 %.
+        for validation in &self.validations {
+            if !(validation.value.is_finite() && validation.value > 0.0) {
+                return Err(invalid(
+                    "validation",
+                    validation.value,
+                    "a published figure above 0",
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -448,6 +460,21 @@ impl NicPipeline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A published figure of 0 gave a NaN relative error, which the
+    /// largest-error fold skipped: the validation passed at 0 %.
+    #[test]
+    fn a_published_figure_of_zero_is_refused() {
+        let mut profile = NicHardware::Cx5.profile();
+        profile.validations[0].value = 0.0;
+        assert!(matches!(
+            profile.check(),
+            Err(ProfileError::Invalid {
+                field: "validation",
+                ..
+            })
+        ));
+    }
 
     #[test]
     fn every_profile_parses_and_cites_every_value() {
