@@ -516,8 +516,17 @@ impl MemoryStage {
         for key in stale {
             self.pending.remove(&key);
         }
-        if self.pending.lookup(&key).is_some() {
-            return true;
+        if let Some((_, pending)) = self.pending.lookup(&key) {
+            // The same request sent again rides on the first's entry. A
+            // different one under the same id is refused: taken, it
+            // skipped every check, and its reply (the first having taken
+            // the entry) changed no rules, so a freed allocation kept
+            // its owner's control, and the next alloc there got none.
+            if *pending == awaiting {
+                return true;
+            }
+            self.counters.messages_refused += 1;
+            return false;
         }
         let acl_room = match awaiting {
             Awaiting::Allocate { .. } => {
@@ -752,6 +761,22 @@ mod tests {
         let mut packet = Packet::new(bytes, PortId(0), headers);
         stage.judge(Timestamp::ZERO, &mut packet, &mut VecDeque::new());
         packet.egress != Egress::Drop
+    }
+
+    /// Two frees under one request id: the second rode on the first's
+    /// pending entry without its checks, and the first reply took the
+    /// entry, so the second allocation's rules were never deleted. A
+    /// different request under a pending id is refused; the same one sent
+    /// again still rides on it.
+    #[test]
+    fn a_second_request_under_a_pending_id_is_refused_and_a_resend_is_not() {
+        let mut stage = stage();
+        let key = (MEMORY.1, CLIENT.1, 7);
+        let now = Timestamp::ZERO;
+        assert!(stage.await_reply(now, key, Awaiting::Free { offset: 0 }));
+        assert!(stage.await_reply(now, key, Awaiting::Free { offset: 0 }));
+        assert!(!stage.await_reply(now, key, Awaiting::Free { offset: 4096 }));
+        assert!(!stage.await_reply(now, key, Awaiting::Allocate { size: 64 }));
     }
 
     /// A middle packet of an allowed WRITE was lost after the switch; its
