@@ -8,6 +8,7 @@ use crate::parser;
 use crate::program::{Digest, Program};
 use crate::resources::ResourceReport;
 use remora_base::{copy_bytes, BufferPool, Timestamp};
+use remora_wire::frame::MAX_FRAME_LEN;
 use remora_wire::icrc;
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -52,6 +53,9 @@ pub struct SwitchCounters {
     pub dropped_digest_overflow: u64,
     /// Frames waiting in egress queues when the switch lost its power.
     pub dropped_cleared: u64,
+    /// Frames longer than any frame a port carries (a program or a
+    /// template that grew one), or than the buffer a caller polled with.
+    pub dropped_too_large: u64,
     /// Frames flooding replaced by their copies.
     pub flooded: u64,
     /// Copies flooding made (one per other port).
@@ -68,6 +72,7 @@ impl SwitchCounters {
             + self.dropped_queue_full
             + self.dropped_recirculation_limit
             + self.dropped_cleared
+            + self.dropped_too_large
     }
 }
 
@@ -405,6 +410,11 @@ impl<P: Program> Switch<P> {
     /// Cut-through when the port's queue is empty and the carrier takes
     /// the frame; otherwise the egress queue.
     fn output(&mut self, port: PortId, bytes: Vec<u8>, emit: &mut Emit<'_>) {
+        if bytes.len() > MAX_FRAME_LEN {
+            self.counters.dropped_too_large += 1;
+            self.recycle(bytes);
+            return;
+        }
         let queue_empty = self
             .egress
             .get(usize::from(port.0))
@@ -453,9 +463,16 @@ impl<P: Program> Switch<P> {
         let ports = self.egress.len();
         for step in 0..ports {
             let port = (self.transmit_cursor + step) % ports;
-            if let Some(frame) = self.egress[port].pop() {
-                self.transmit_cursor = (port + 1) % ports;
+            // Bounded by the port's queue.
+            while let Some(frame) = self.egress[port].pop() {
                 let length = frame.len();
+                if length > buffer.len() {
+                    // Copied, it panicked past the caller's buffer.
+                    self.counters.dropped_too_large += 1;
+                    self.recycle(frame);
+                    continue;
+                }
+                self.transmit_cursor = (port + 1) % ports;
                 copy_bytes(&mut buffer[..length], &frame);
                 self.recycle(frame);
                 self.counters.transmitted += 1;

@@ -230,6 +230,24 @@ fn endless_recirculation_stops_at_the_limit() {
     );
 }
 
+/// A queued frame longer than the buffer a caller polls with was copied
+/// past the buffer: a panic. It is dropped and counted, and the frames
+/// after it still leave.
+#[test]
+fn a_frame_past_the_callers_buffer_is_dropped_and_counted_not_a_panic() {
+    let mut switch = rack_switch(4);
+    let long = roce_frame(1, 3, host_mac(3), &[7; 1000]);
+    let short = roce_frame(1, 3, host_mac(3), b"hello");
+    switch.handle_frame(Timestamp::ZERO, PortId(0), &long);
+    switch.handle_frame(Timestamp::ZERO, PortId(0), &short);
+    let mut buffer = vec![0u8; 200];
+    let sent = switch.poll_transmit(Timestamp::ZERO, &mut buffer);
+    assert_eq!(sent, Some((PortId(2), short.len())));
+    assert_eq!(&buffer[..short.len()], &short[..]);
+    assert_eq!(switch.counters().dropped_too_large, 1);
+    assert!(switch.check_frame_accounting().is_ok());
+}
+
 #[test]
 fn the_generator_fires_on_schedule_and_background_yields_to_traffic() {
     let mut switch = rack_switch(2);
