@@ -248,6 +248,32 @@ fn a_frame_past_the_callers_buffer_is_dropped_and_counted_not_a_panic() {
     assert!(switch.check_frame_accounting().is_ok());
 }
 
+/// Learning past a full table was thrown away uncounted, though the
+/// control plane's comment said counted: a host that could not be learned
+/// was invisible. Each refusal is counted now.
+#[test]
+fn learning_past_a_full_table_is_counted() {
+    let mut program = L2L3Forwarding::new(SWITCH_MAC, 2);
+    for index in 1..=2 {
+        program
+            .add_attached_host(
+                host_mac(index),
+                host_ip(index),
+                PortId(u16::from(index) - 1),
+            )
+            .unwrap();
+    }
+    let mut switch = Switch::new(SwitchConfig::new(2), program);
+    for stranger in 10..14 {
+        let frame = roce_frame(stranger, 1, host_mac(1), b"hello");
+        switch.handle_frame(Timestamp::ZERO, PortId(1), &frame);
+        while let Some(digest) = switch.poll_digest() {
+            switch.program_mut().control_plane(&digest);
+        }
+    }
+    assert_eq!(switch.program().learning_refused(), 4);
+}
+
 #[test]
 fn the_generator_fires_on_schedule_and_background_yields_to_traffic() {
     let mut switch = rack_switch(2);

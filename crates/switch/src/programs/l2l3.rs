@@ -38,6 +38,8 @@ pub struct L2L3Forwarding {
     mac_table: ExactTable<u64, PortId>,
     known_sources: ExactTable<u64, Station>,
     flood_unknown: bool,
+    /// Hosts the control plane could not learn: the tables were full.
+    learning_refused: u64,
 }
 
 /// How the switch came to know a source MAC.
@@ -87,7 +89,14 @@ impl L2L3Forwarding {
                 capacity,
             }),
             flood_unknown: false,
+            learning_refused: 0,
         }
+    }
+
+    /// Hosts the control plane could not learn because the tables were
+    /// full (each stays unknown: its unicast is dropped).
+    pub fn learning_refused(&self) -> u64 {
+        self.learning_refused
     }
 
     /// Forwarding for a rack whose host `i` sits directly on port `i`.
@@ -258,8 +267,11 @@ impl Program for L2L3Forwarding {
     }
 
     fn control_plane(&mut self, digest: &Digest) {
-        // A full table just means the host stays unknown (and counted).
-        let _ = self.learn(digest);
+        // A full table means the host stays unknown, counted (the count
+        // was promised here and never kept).
+        if self.learn(digest).is_err() {
+            self.learning_refused += 1;
+        }
     }
 }
 
