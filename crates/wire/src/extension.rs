@@ -129,11 +129,15 @@ impl AckSyndrome {
         }
     }
 
-    pub fn to_u8(self) -> u8 {
+    /// The syndrome byte. A credit count or RNR timer past its 5 bits is
+    /// refused: cut to them, credit 32 went out as 0 and timer 37 as 5.
+    pub fn to_u8(self) -> Result<u8, WireError> {
         match self {
-            AckSyndrome::Ack { credit_count } => credit_count & 0x1f,
-            AckSyndrome::ReceiverNotReady { timer } => 0x20 | (timer & 0x1f),
-            AckSyndrome::Nak(code) => 0x60 | code as u8,
+            AckSyndrome::Ack { credit_count } if credit_count <= 0x1f => Ok(credit_count),
+            AckSyndrome::ReceiverNotReady { timer } if timer <= 0x1f => Ok(0x20 | timer),
+            AckSyndrome::Nak(code) => Ok(0x60 | code as u8),
+            AckSyndrome::Ack { credit_count } => Err(WireError::ReservedSyndrome(credit_count)),
+            AckSyndrome::ReceiverNotReady { timer } => Err(WireError::ReservedSyndrome(timer)),
         }
     }
 }
@@ -171,7 +175,7 @@ impl AethRepr {
 
     pub fn emit(&self, bytes: &mut [u8]) -> Result<(), WireError> {
         check_len(bytes, Self::LEN, "AETH")?;
-        bytes[0] = self.syndrome.to_u8();
+        bytes[0] = self.syndrome.to_u8()?;
         write_u24(bytes, 1, self.msn.value());
         Ok(())
     }

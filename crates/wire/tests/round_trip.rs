@@ -199,7 +199,7 @@ proptest! {
 
     #[test]
     fn syndrome_byte_round_trips(syndrome in any_syndrome()) {
-        prop_assert_eq!(AckSyndrome::from_u8(syndrome.to_u8()).unwrap(), syndrome);
+        prop_assert_eq!(AckSyndrome::from_u8(syndrome.to_u8().unwrap()).unwrap(), syndrome);
     }
 
     #[test]
@@ -292,6 +292,23 @@ fn bytes_after_the_headers_of_an_opcode_without_payload_are_refused() {
         parse_frame(frame).map(drop),
         Err(WireError::UnexpectedPayload(Opcode::RdmaReadRequest as u8))
     );
+}
+
+/// A credit count or RNR timer past its 5 bits was cut to them on emit:
+/// credit 32 went out as 0, timer 37 as 5. Both are refused.
+#[test]
+fn an_out_of_range_credit_or_timer_is_refused_on_emit() {
+    for syndrome in [
+        AckSyndrome::Ack { credit_count: 0x20 },
+        AckSyndrome::ReceiverNotReady { timer: 37 },
+    ] {
+        let aeth = AethRepr {
+            syndrome,
+            msn: Msn::new(0),
+        };
+        let mut bytes = [0u8; AethRepr::LEN];
+        assert!(aeth.emit(&mut bytes).is_err(), "{syndrome:?}");
+    }
 }
 
 #[test]
