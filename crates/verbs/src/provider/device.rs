@@ -264,11 +264,12 @@ pub(super) unsafe extern "C" fn query_device_extended(
     if into.is_null() || size_bytes < std::mem::size_of::<ibv_device_attr>() {
         return libc::EINVAL;
     }
-    let length = size_bytes.min(std::mem::size_of::<ibv_device_attr_ex>());
-    // SAFETY: the caller's buffer holds `size_bytes`; we write at most the
-    // part of ibv_device_attr_ex both sides know.
+    // SAFETY: the caller's buffer holds `size_bytes`: all of it is zeroed,
+    // as rdma-core does (a caller built with a newer, longer struct read
+    // its tail as stack garbage), and the attributes this library knows
+    // written over the start.
     unsafe {
-        std::ptr::write_bytes(into.cast::<u8>(), 0, length);
+        std::ptr::write_bytes(into.cast::<u8>(), 0, size_bytes);
         (*into).orig_attr = device_attributes(node_of(context).address());
     }
     0
@@ -325,8 +326,11 @@ pub(super) unsafe extern "C" fn query_port_extended(
     }
     let length = size_bytes.min(std::mem::size_of::<ibv_port_attr>());
     let attributes = port_attributes();
-    // SAFETY: the caller's buffer holds `size_bytes`.
+    // SAFETY: the caller's buffer holds `size_bytes`: zeroed whole, as
+    // rdma-core's `__lib_query_port` does for a longer caller's struct,
+    // then the part this library knows copied in.
     unsafe {
+        std::ptr::write_bytes(into.cast::<u8>(), 0, size_bytes);
         std::ptr::copy_nonoverlapping(
             (&raw const attributes).cast::<u8>(),
             into.cast::<u8>(),

@@ -541,6 +541,27 @@ static void closing_with_queues_left_frees_their_slots(void)
 	}
 }
 
+/* A caller built against a newer header passes a longer struct to the
+ * extended queries: rdma-core zeroes the whole of it, and here its tail
+ * was left as the caller's garbage. */
+static void extended_queries_zero_a_longer_callers_tail(void)
+{
+	struct verbs_context *ports = verbs_get_ctx_op(context, query_port);
+	struct verbs_context *devices = verbs_get_ctx_op(context, query_device_ex);
+	CHECK(ports && devices, "the extended query operations");
+	unsigned char port[sizeof(struct ibv_port_attr) + 8];
+	memset(port, 0xaa, sizeof port);
+	CHECK(ports->query_port(context, 1, (struct ibv_port_attr *)port, sizeof port) == 0, "query_port");
+	for (size_t i = sizeof(struct ibv_port_attr); i < sizeof port; i++)
+		CHECK(port[i] == 0, "byte %zu past ibv_port_attr was left", i);
+	unsigned char device[sizeof(struct ibv_device_attr_ex) + 8];
+	memset(device, 0xaa, sizeof device);
+	CHECK(devices->query_device_ex(context, NULL, (struct ibv_device_attr_ex *)device, sizeof device) == 0,
+	      "query_device_ex");
+	for (size_t i = sizeof(struct ibv_device_attr_ex); i < sizeof device; i++)
+		CHECK(device[i] == 0, "byte %zu past ibv_device_attr_ex was left", i);
+}
+
 /* What the two builders of the critical-section check share. */
 struct builder_race {
 	struct ibv_qp_ex *builder;
@@ -882,6 +903,7 @@ int main(void)
 	rnr_retry_zero_gives_up_at_once(gid, local, local_mr);
 	a_closed_contexts_objects_are_taken_down(gid, local, local_mr);
 	closing_with_queues_left_frees_their_slots();
+	extended_queries_zero_a_longer_callers_tail();
 	a_refused_batch_posts_nothing(gid, remote, remote_mr);
 	inline_lengths_are_checked_whole(gid, remote, remote_mr);
 	an_inline_flag_on_a_built_read_is_ignored(gid, local, local_mr, remote, remote_mr);
