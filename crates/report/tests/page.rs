@@ -186,3 +186,19 @@ fn a_demo_summary_becomes_a_page_of_its_checks() {
     assert!(html.contains("READ past the end"));
     assert_eq!(plots(&html).len(), 1);
 }
+
+/// A summary with no `failed` count said "Every check passed." beside a
+/// failed row; and one with neither said it too.
+#[test]
+fn a_demo_summary_without_a_failed_count_claims_no_success() {
+    let failing = serde_json::json!({
+        "rows": [{"operation": "READ", "bytes": 8, "status": "Success", "frames": 2, "wire_bytes": 150, "checked": "bytes differ", "ok": false}]
+    });
+    let html = remora_report::page::demo_page(&failing, "now").unwrap();
+    assert!(html.contains("1 checks FAILED"), "{html}");
+    // One with no rows has nothing to plot: an error, never a success.
+    assert!(!matches!(
+        remora_report::page::demo_page(&serde_json::json!({}), "now"),
+        Ok(html) if html.contains("Every check passed")
+    ));
+}
