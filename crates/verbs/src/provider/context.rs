@@ -67,3 +67,28 @@ fn install_extended_operations(verbs: &mut verbs_context) {
     verbs.query_port = Some(query_port_extended);
     verbs.query_device_ex = Some(query_device_extended);
 }
+
+/// `ibv_get_async_event`: reads the context's `async_fd`, as rdma-core
+/// reads the kernel's event file. Remora raises no asynchronous events, so
+/// a blocking descriptor waits and a non-blocking one answers -1 with
+/// EAGAIN, as a device with no events does. (It answered EOPNOTSUPP at
+/// once, and an event thread that retries spun on a core.)
+///
+/// # Safety
+/// `context` came from [`open_device`] and is not yet closed.
+pub(super) unsafe fn get_async_event(context: *mut ibv_context, event: *mut c_void) -> c_int {
+    if context.is_null() || event.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: a live context's eventfd, open while the context is.
+    let events = unsafe { std::os::fd::BorrowedFd::borrow_raw((*context).async_fd) };
+    let mut count = [0u8; 8];
+    match rustix::io::read(events, &mut count) {
+        Err(error) => set_errno(error.raw_os_error()),
+        // Nothing writes the descriptor; were it written, there would be
+        // no event to describe.
+        Ok(_) => set_errno(libc::EIO),
+    }
+    -1
+}

@@ -127,7 +127,7 @@ remora_verbs_exports::export! {
     "IBVERBS_1.1" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int
         as remora_ibv_detach_mcast { not_supported() }
     "IBVERBS_1.1" fn ibv_get_async_event(context: *mut ibv_context, event: *mut c_void) -> c_int
-        as remora_ibv_get_async_event { set_errno(libc::EOPNOTSUPP); -1 }
+        as remora_ibv_get_async_event { unsafe { context::get_async_event(context, event) } }
     "IBVERBS_1.1" fn ibv_ack_async_event(event: *mut c_void)
         as remora_ibv_ack_async_event { }
     "IBVERBS_1.1" fn ibv_fork_init() -> c_int

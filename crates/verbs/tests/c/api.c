@@ -562,6 +562,20 @@ static void extended_queries_zero_a_longer_callers_tail(void)
 		CHECK(device[i] == 0, "byte %zu past ibv_device_attr_ex was left", i);
 }
 
+/* ibv_get_async_event(3) waits on async_fd; on a non-blocking one with no
+ * event it answers -1 with EAGAIN. It answered EOPNOTSUPP at once, and an
+ * event thread that retries spun on a core. */
+static void no_async_event_is_eagain_on_a_non_blocking_descriptor(void)
+{
+	int flags = fcntl(context->async_fd, F_GETFL);
+	CHECK(fcntl(context->async_fd, F_SETFL, flags | O_NONBLOCK) == 0, "non-blocking async_fd");
+	struct ibv_async_event event;
+	errno = 0;
+	CHECK(ibv_get_async_event(context, &event) == -1 && errno == EAGAIN, "no event is EAGAIN (errno %d)",
+	      errno);
+	CHECK(fcntl(context->async_fd, F_SETFL, flags) == 0, "blocking again");
+}
+
 /* What the two builders of the critical-section check share. */
 struct builder_race {
 	struct ibv_qp_ex *builder;
@@ -904,6 +918,7 @@ int main(void)
 	a_closed_contexts_objects_are_taken_down(gid, local, local_mr);
 	closing_with_queues_left_frees_their_slots();
 	extended_queries_zero_a_longer_callers_tail();
+	no_async_event_is_eagain_on_a_non_blocking_descriptor();
 	a_refused_batch_posts_nothing(gid, remote, remote_mr);
 	inline_lengths_are_checked_whole(gid, remote, remote_mr);
 	an_inline_flag_on_a_built_read_is_ignored(gid, local, local_mr, remote, remote_mr);
