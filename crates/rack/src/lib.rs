@@ -59,6 +59,10 @@ pub enum RackError {
     Launch(String),
     #[error("workload check failed: {0}")]
     Workload(String),
+    /// The rack was stopped (Ctrl-C, or a failure elsewhere raising the
+    /// stop) before `0` finished: not a failed check.
+    #[error("stopped before {0} finished")]
+    Stopped(&'static str),
     #[error("host {host}: agent {error}")]
     Agent {
         /// The host the agent runs on.

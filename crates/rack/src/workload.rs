@@ -107,9 +107,8 @@ pub fn run(
     for _ in 0..workload.operations {
         for connection in &mut connections {
             if stop.load(Ordering::Relaxed) {
-                return Err(RackError::Workload(
-                    "stopped before the workload finished".into(),
-                ));
+                // Reported as a failed data check, it read as corruption.
+                return Err(RackError::Stopped("the workload"));
             }
             let begun = Instant::now();
             one_operation(endpoint, kicker, &local, connection, &mut rng, &mut report)?;

@@ -1,0 +1,57 @@
+//! `rack up` on the embedded rack, stopped part way.
+
+use remora_rack::launch::{rack_up, LaunchOptions};
+use remora_rack::{CarrierKind, Mode, RackConfig};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const RACK: &str = r#"
+    [rack]
+    name = "stopped"
+    [switch]
+    program = "l2l3"
+    [[node]]
+    name = "c"
+    role = "compute"
+    address = "10.0.0.1"
+    memory = "1MiB"
+    [node.workload]
+    operations = 100000000
+    [[node]]
+    name = "m"
+    role = "memory"
+    address = "10.0.0.2"
+    memory = "4MiB"
+"#;
+
+/// A workload stopped by Ctrl-C (or a failure elsewhere raising the stop)
+/// was reported as "workload check failed", which reads as corruption.
+/// It is reported as stopped.
+#[test]
+fn a_stopped_workload_is_not_a_failed_check() {
+    let rack = RackConfig::parse(RACK).unwrap();
+    let options = LaunchOptions {
+        mode: Mode::Embedded,
+        carrier: CarrierKind::Shm,
+        capture: None,
+        executable: "remora".into(),
+        rack_file: "stopped.toml".into(),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopper = Arc::clone(&stop);
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        stopper.store(true, Ordering::Relaxed);
+    });
+    let report = rack_up(&rack, &options, stop).unwrap();
+    let error = report.nodes[0]
+        .error
+        .as_deref()
+        .expect("the stopped workload says why it ended");
+    assert!(!error.contains("check failed"), "{error}");
+    assert!(
+        error.contains("stopped before the workload finished"),
+        "{error}"
+    );
+}
