@@ -851,8 +851,9 @@ fn interrupt_once_scratch_appears(
     (status.code(), entries())
 }
 
-/// `kv ycsb` on the file device and `soda run` left their scratch
-/// directories behind when Ctrl-C ended them (neither watches a stop flag).
+/// `kv ycsb` on the file device, `soda run` and `bench soda` left their
+/// scratch directories behind when Ctrl-C ended them (none watches a stop
+/// flag).
 #[test]
 fn an_interrupted_kv_ycsb_or_soda_run_leaves_no_scratch_behind() {
     let directory = std::env::temp_dir().join(format!("remora-interrupted-{}", std::process::id()));
@@ -873,7 +874,9 @@ fn an_interrupted_kv_ycsb_or_soda_run_leaves_no_scratch_behind() {
         "60",
     ];
     let soda = ["soda", "run", "pr", "kron:20", "--backend", "in-process"];
-    for arguments in [&ycsb[..], &soda[..]] {
+    // Its work directory (file store, staging files) was left behind too.
+    let bench_soda = ["bench", "soda", "--quick"];
+    for arguments in [&ycsb[..], &soda[..], &bench_soda[..]] {
         let (code, left) = interrupt_once_scratch_appears(arguments, &directory);
         assert_eq!(code, Some(130), "{arguments:?}");
         assert!(left.is_empty(), "{arguments:?} left {left:?}");

@@ -55,9 +55,13 @@ pub fn soda_step() -> Result<SystemStep, SystemError> {
         graph.vertex_count(),
         graph.edge_count()
     );
-    let work = tempfile::tempdir()
-        .map_err(SodaCliError::WorkDirectory)
-        .in_system("soda")?;
+    // On the interrupt module's list, so a second Ctrl-C (which exits at
+    // once) removes it too.
+    let work = crate::interrupt::remove_on_interrupt(
+        tempfile::tempdir()
+            .map_err(SodaCliError::WorkDirectory)
+            .in_system("soda")?,
+    );
     let options = RunOptions {
         chunk_bytes: 16 << 10,
         ..RunOptions::new(
@@ -142,7 +146,9 @@ fn run_checked(
             memory_bytes,
         });
     }
-    let work = tempfile::tempdir().map_err(SodaCliError::WorkDirectory)?;
+    let work = crate::interrupt::remove_on_interrupt(
+        tempfile::tempdir().map_err(SodaCliError::WorkDirectory)?,
+    );
     let options = RunOptions {
         threads: section.threads,
         fault_threads: section.fault_threads,

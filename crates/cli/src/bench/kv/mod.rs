@@ -42,6 +42,11 @@ const RECORDS_PER_BUCKET: u64 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KvBenchError {
+    #[error("the file device's scratch directory in {path}: {error}")]
+    Scratch {
+        path: std::path::PathBuf,
+        error: std::io::Error,
+    },
     #[error("{device}: {source}")]
     Device {
         device: &'static str,
@@ -577,11 +582,27 @@ pub fn run(args: &KvArgs) -> Result<Report, KvBenchError> {
         },
         "caveat": "soft RNIC and engine share this machine's 2 cores with the application; the fabric thread's CPU is reported apart",
     });
+    // The file device's files go in a scratch directory that Ctrl-C
+    // removes too (it ends the run at once: nothing here stops cleanly);
+    // made in /var/tmp, they were left there, up to a GiB each.
+    crate::interrupt::exit_at_first_interrupt();
+    let defaults = FileSettings::default();
+    let scratch = tempfile::Builder::new()
+        .prefix("remora-bench-kv-")
+        .tempdir_in(&defaults.directory)
+        .map_err(|error| KvBenchError::Scratch {
+            path: defaults.directory.clone(),
+            error,
+        })?;
+    let scratch = crate::interrupt::remove_on_interrupt(scratch);
     let mut bench = Bench {
         plan,
         report: Report::new("kv", config),
         progress,
-        file: FileSettings::default(),
+        file: FileSettings {
+            directory: scratch.path().to_owned(),
+            ..defaults
+        },
         one_thread_64b: Vec::new(),
         communication_ratio_spot: None,
     };
