@@ -252,7 +252,10 @@ impl DatagramPort {
         let mut run = 1;
         for frame in &pending[1..] {
             let length = frame.len();
+            // An empty frame makes no segment: in a run, it vanished
+            // while the send counted it sent.
             if run == MAX_SEGMENTS
+                || length == 0
                 || length > segment_bytes
                 || total_bytes + length > MAX_SEGMENTED_BYTES
             {

@@ -263,6 +263,20 @@ fn runs_of_equal_frames_leave_segmented_and_arrive_one_per_datagram() {
     }
 }
 
+/// An empty frame after a longer one joined its GSO run, where it makes
+/// no segment: it vanished, counted sent. It leaves as a datagram of its
+/// own.
+#[test]
+fn an_empty_frame_after_a_longer_one_still_arrives() {
+    let (mut left, mut right) = udp_pair();
+    left.send(&frame(1, 1000)).unwrap();
+    left.send(&[]).unwrap();
+    left.send(&frame(2, 1000)).unwrap();
+    left.flush().unwrap();
+    let received = receive_all(&mut right, 3, Duration::from_secs(5));
+    assert_eq!(received, vec![frame(1, 1000), Vec::new(), frame(2, 1000)]);
+}
+
 #[test]
 fn a_kick_wakes_a_waiter_blocked_on_sockets() {
     let (left, _right) = udp_pair();
