@@ -21,6 +21,10 @@ static SCRATCH: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 /// ends the process (after the scratch paths). Commands that check
 /// `interrupted()` between steps (`demo`, `rack up`) leave it unset.
 static EXIT_AT_FIRST: AtomicBool = AtomicBool::new(false);
+/// Child processes an interrupt that ends the process kills first: the
+/// exit runs no destructors, and a benchmark's `redis-server` was left
+/// listening after a SIGTERM to this process alone.
+static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
 /// Installs the interrupt handler, once: the first interrupt raises every
 /// live stop flag and marks the process interrupted, for the steps still to
@@ -49,6 +53,12 @@ pub fn handle_interrupts() {
 }
 
 fn exit_interrupted() -> ! {
+    let children = std::mem::take(&mut *CHILDREN.lock().unwrap_or_else(|e| e.into_inner()));
+    for child in children {
+        if let Some(pid) = rustix::process::Pid::from_raw(child as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
     let scratch = std::mem::take(&mut *SCRATCH.lock().unwrap_or_else(|e| e.into_inner()));
     for path in scratch {
         let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
@@ -62,6 +72,38 @@ fn exit_interrupted() -> ! {
 pub fn exit_at_first_interrupt() {
     EXIT_AT_FIRST.store(true, Ordering::SeqCst);
     handle_interrupts();
+}
+
+/// [`exit_at_first_interrupt`] for one step of a longer command (a
+/// benchmark of `bench all`): the setting goes back to what it was when
+/// the returned guard drops. Set for good, the steps after it ended at the
+/// first Ctrl-C too, before the command's own end (its report).
+#[must_use = "the setting lasts only while the guard lives"]
+pub fn exit_at_first_interrupt_for_now() -> ExitAtFirstInterrupt {
+    let before = EXIT_AT_FIRST.swap(true, Ordering::SeqCst);
+    handle_interrupts();
+    ExitAtFirstInterrupt { before }
+}
+
+pub struct ExitAtFirstInterrupt {
+    before: bool,
+}
+
+impl Drop for ExitAtFirstInterrupt {
+    fn drop(&mut self) {
+        EXIT_AT_FIRST.store(self.before, Ordering::SeqCst);
+    }
+}
+
+/// A child process an interrupt that ends this one kills first (see
+/// [`CHILDREN`]); [`forget_child`] takes it off the list once reaped.
+pub fn kill_on_interrupt(pid: u32) {
+    CHILDREN.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
+}
+
+pub fn forget_child(pid: u32) {
+    let mut children = CHILDREN.lock().unwrap_or_else(|e| e.into_inner());
+    children.retain(|child| *child != pid);
 }
 
 /// A scratch directory that an interrupt removes too: on the list from
@@ -119,3 +161,21 @@ pub fn stop_flag() -> Arc<AtomicBool> {
 
 /// The exit code of an interrupted command.
 pub const INTERRUPTED_EXIT: u8 = 130;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `bench soda` and `bench kv` set exit-at-first for good, so in
+    /// `bench all` every benchmark after them ended at the first Ctrl-C,
+    /// before the run's report. The setting lasts while its guard lives.
+    #[test]
+    fn exit_at_first_interrupt_for_now_ends_with_its_guard() {
+        let before = EXIT_AT_FIRST.load(Ordering::SeqCst);
+        {
+            let _guard = exit_at_first_interrupt_for_now();
+            assert!(EXIT_AT_FIRST.load(Ordering::SeqCst));
+        }
+        assert_eq!(EXIT_AT_FIRST.load(Ordering::SeqCst), before);
+    }
+}

@@ -233,9 +233,8 @@ pub fn request(
     let started = Instant::now();
     let mut stream: Box<dyn Stream> = loop {
         if stop.load(Ordering::Relaxed) {
-            return Err(RackError::Control(format!(
-                "stopped while waiting for {address}"
-            )));
+            // Stopped, not a control-channel fault.
+            return Err(RackError::Stopped("connecting to a memory node"));
         }
         let attempt: std::io::Result<Box<dyn Stream>> = match address {
             ControlAddress::Unix(path) => {

@@ -50,8 +50,7 @@ fn a_stopped_workload_is_not_a_failed_check() {
         .as_deref()
         .expect("the stopped workload says why it ended");
     assert!(!error.contains("check failed"), "{error}");
-    assert!(
-        error.contains("stopped before the workload finished"),
-        "{error}"
-    );
+    // Stopped in its operations, or (on a loaded machine) while it still
+    // connected.
+    assert!(error.starts_with("stopped before"), "{error}");
 }

@@ -522,11 +522,8 @@ impl MemoryStage {
             // skipped every check, and its reply (the first having taken
             // the entry) changed no rules, so a freed allocation kept
             // its owner's control, and the next alloc there got none.
-            if *pending == awaiting {
-                return true;
-            }
-            self.counters.messages_refused += 1;
-            return false;
+            // (Counted refused by the caller, once.)
+            return *pending == awaiting;
         }
         let acl_room = match awaiting {
             Awaiting::Allocate { .. } => {

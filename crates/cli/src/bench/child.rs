@@ -13,7 +13,10 @@ pub struct KillOnDrop(Child);
 
 impl KillOnDrop {
     pub fn spawn(command: &mut Command) -> std::io::Result<KillOnDrop> {
-        command.spawn().map(KillOnDrop)
+        let child = command.spawn()?;
+        // An interrupt that ends this process runs no destructors.
+        crate::interrupt::kill_on_interrupt(child.id());
+        Ok(KillOnDrop(child))
     }
 
     /// Its output once it ends, or `None` (and killed) if it has not
@@ -51,6 +54,7 @@ impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        crate::interrupt::forget_child(self.0.id());
     }
 }
 

@@ -139,7 +139,7 @@ fn run_checked(
     // Ctrl-C ends the run at once (nothing here stops cleanly) and removes
     // the work directory, file store and staging files included: they
     // were left behind, hundreds of MB at scale 20.
-    crate::interrupt::exit_at_first_interrupt();
+    let _ending_at_first_interrupt = crate::interrupt::exit_at_first_interrupt_for_now();
     let work = crate::interrupt::remove_on_interrupt(
         tempfile::tempdir().map_err(|error| SodaBenchError::Calibration(error.to_string()))?,
     );

@@ -38,7 +38,9 @@ pub struct L2L3Forwarding {
     mac_table: ExactTable<u64, PortId>,
     known_sources: ExactTable<u64, Station>,
     flood_unknown: bool,
-    /// Hosts the control plane could not learn: the tables were full.
+    /// Learnings the control plane refused because the tables were full:
+    /// one per digest, and a host that stays unknown raises one with each
+    /// frame it sends.
     learning_refused: u64,
 }
 
@@ -93,8 +95,9 @@ impl L2L3Forwarding {
         }
     }
 
-    /// Hosts the control plane could not learn because the tables were
-    /// full (each stays unknown: its unicast is dropped).
+    /// Learnings refused for a full table, one per digest (a host that
+    /// stays unknown is refused again at each frame it sends, and its
+    /// unicast is dropped).
     pub fn learning_refused(&self) -> u64 {
         self.learning_refused
     }

@@ -585,7 +585,7 @@ pub fn run(args: &KvArgs) -> Result<Report, KvBenchError> {
     // The file device's files go in a scratch directory that Ctrl-C
     // removes too (it ends the run at once: nothing here stops cleanly);
     // made in /var/tmp, they were left there, up to a GiB each.
-    crate::interrupt::exit_at_first_interrupt();
+    let _ending_at_first_interrupt = crate::interrupt::exit_at_first_interrupt_for_now();
     let defaults = FileSettings::default();
     let scratch = tempfile::Builder::new()
         .prefix("remora-bench-kv-")
