@@ -18,6 +18,40 @@ use std::time::Duration;
 const SERVICE: Ipv4Address = Ipv4Address::new(10, 0, 0, 200);
 const SPARE_HOST: usize = 2;
 
+/// The host 10.0.0.`last`, its MAC ending in `last`, on UDP `port`.
+fn host_on(last: u8, port: u16) -> DatagramEnd {
+    DatagramEnd {
+        mac: remora_wire::MacAddress([2, 0, 0, 0, 0, last]),
+        address: Ipv4Address::new(10, 0, 0, last),
+        port,
+    }
+}
+
+/// A switch running a Gatekeeper over `hosts` (host `i` on switch port
+/// `i`), which knows where `attached` of them are attached and is then
+/// set up by `prepare`.
+fn gatekeeper_switch(
+    hosts: &[DatagramEnd],
+    attached: &[usize],
+    prepare: impl FnOnce(&mut Gatekeeper),
+) -> remora_switch::Switch<Overlaid<Gatekeeper>> {
+    use remora_switch::programs::l2l3::L2L3Forwarding;
+    use remora_switch::{PortId, Switch, SwitchConfig};
+    let addresses: Vec<_> = hosts.iter().map(|end| (end.mac, end.address)).collect();
+    let forwarding = L2L3Forwarding::with_attached_hosts(control::ROUTER, &addresses).unwrap();
+    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE));
+    for &index in attached {
+        gatekeeper
+            .register_host_port(hosts[index].address, PortId(index as u16))
+            .unwrap();
+    }
+    prepare(&mut gatekeeper);
+    Switch::new(
+        SwitchConfig::new(hosts.len() as u16),
+        Overlaid::new(forwarding, gatekeeper),
+    )
+}
+
 fn topology() -> Topology {
     let mut topology = Topology::compute_and_memory();
     let (mac, address) = standard_host(SPARE_HOST);
@@ -795,34 +829,20 @@ fn a_full_caller_checkpoint_table_makes_room_by_the_oldest_caller() {
 #[test]
 fn a_reply_checkpoint_in_another_nodes_name_or_from_a_stranger_is_not_kept() {
     use remora_base::Timestamp;
-    use remora_switch::programs::l2l3::L2L3Forwarding;
-    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_switch::PortId;
     use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
-    use remora_wire::MacAddress;
-    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
-    let end = |last: u8, port| DatagramEnd {
-        mac: MacAddress([2, 0, 0, 0, 0, last]),
-        address: Ipv4Address::new(10, 0, 0, last),
-        port,
-    };
     let (node, other, stranger) = (
-        end(1, BIFROST_PORT),
-        end(2, BIFROST_PORT),
-        end(3, BIFROST_PORT),
+        host_on(1, BIFROST_PORT),
+        host_on(2, BIFROST_PORT),
+        host_on(3, BIFROST_PORT),
     );
-    let caller = end(4, 40000);
-    let hosts = [node, other, stranger, caller].map(|end| (end.mac, end.address));
-    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).unwrap();
-    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE));
-    for (host, port) in [(node, 0), (other, 1), (caller, 3)] {
-        gatekeeper
-            .register_host_port(host.address, PortId(port))
-            .unwrap();
-    }
-    gatekeeper
-        .register_node(node.address, NodeKind::Compute, 0)
-        .unwrap();
-    let mut switch = Switch::new(SwitchConfig::new(4), Overlaid::new(forwarding, gatekeeper));
+    let caller = host_on(4, 40000);
+    let mut switch =
+        gatekeeper_switch(&[node, other, stranger, caller], &[0, 1, 3], |gatekeeper| {
+            gatekeeper
+                .register_node(node.address, NodeKind::Compute, 0)
+                .unwrap();
+        });
     // A reply from `from` to the caller, to a call never made, carrying a
     // checkpoint of sequence 1 with `text`.
     let reply = |from: DatagramEnd, text: &[u8]| {
@@ -857,35 +877,24 @@ fn a_reply_checkpoint_in_another_nodes_name_or_from_a_stranger_is_not_kept() {
 #[test]
 fn a_stand_ins_reply_checkpoints_are_kept_as_its_own() {
     use remora_base::Timestamp;
-    use remora_switch::programs::l2l3::L2L3Forwarding;
-    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_switch::PortId;
     use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
-    use remora_wire::MacAddress;
-    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
-    let end = |last: u8, port| DatagramEnd {
-        mac: MacAddress([2, 0, 0, 0, 0, last]),
-        address: Ipv4Address::new(10, 0, 0, last),
-        port,
-    };
-    let (failed, stand_in, caller) = (end(1, BIFROST_PORT), end(2, BIFROST_PORT), end(4, 40000));
-    let hosts = [failed, stand_in, caller].map(|end| (end.mac, end.address));
-    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).unwrap();
-    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE));
-    for (host, port) in [(failed, 0), (stand_in, 1), (caller, 2)] {
+    let (failed, stand_in, caller) = (
+        host_on(1, BIFROST_PORT),
+        host_on(2, BIFROST_PORT),
+        host_on(4, 40000),
+    );
+    let mut switch = gatekeeper_switch(&[failed, stand_in, caller], &[0, 1, 2], |gatekeeper| {
+        for node in [failed, stand_in] {
+            gatekeeper
+                .register_node(node.address, NodeKind::Compute, 0)
+                .unwrap();
+        }
+        gatekeeper.mark_failed(failed.address).unwrap();
         gatekeeper
-            .register_host_port(host.address, PortId(port))
+            .recover_in_place_of(failed.address, stand_in.address)
             .unwrap();
-    }
-    for node in [failed, stand_in] {
-        gatekeeper
-            .register_node(node.address, NodeKind::Compute, 0)
-            .unwrap();
-    }
-    gatekeeper.mark_failed(failed.address).unwrap();
-    gatekeeper
-        .recover_in_place_of(failed.address, stand_in.address)
-        .unwrap();
-    let mut switch = Switch::new(SwitchConfig::new(3), Overlaid::new(forwarding, gatekeeper));
+    });
     let repr = BifrostRepr::new(CallType::Reply, "", 99, GlobalAddress::NULL).unwrap();
     let checkpoint = [&1u64.to_be_bytes()[..], b"stand-in"].concat();
     let frame = checkpointed_datagram(repr, &checkpoint, stand_in, caller);
@@ -905,31 +914,21 @@ fn a_stand_ins_reply_checkpoints_are_kept_as_its_own() {
 #[test]
 fn a_call_or_reply_in_another_hosts_name_is_dropped() {
     use remora_base::Timestamp;
-    use remora_switch::programs::l2l3::L2L3Forwarding;
-    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_switch::PortId;
     use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress, HEADER_LEN};
     use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
-    use remora_wire::MacAddress;
-    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
-    let end = |last: u8, port| DatagramEnd {
-        mac: MacAddress([2, 0, 0, 0, 0, last]),
-        address: Ipv4Address::new(10, 0, 0, last),
-        port,
-    };
-    let (node, victim, attacker) = (end(1, BIFROST_PORT), end(2, 40000), end(3, 40000));
-    let hosts = [node, victim, attacker].map(|end| (end.mac, end.address));
-    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).unwrap();
-    let mut gatekeeper = Gatekeeper::new(GatekeeperConfig::new(SERVICE));
-    for (host, port) in [(node, 0), (victim, 1), (attacker, 2)] {
+    let (node, victim, attacker) = (
+        host_on(1, BIFROST_PORT),
+        host_on(2, 40000),
+        host_on(3, 40000),
+    );
+    let mut switch = gatekeeper_switch(&[node, victim, attacker], &[0, 1, 2], |gatekeeper| {
         gatekeeper
-            .register_host_port(host.address, PortId(port))
+            .register_node(node.address, NodeKind::Compute, 0)
             .unwrap();
-    }
-    gatekeeper
-        .register_node(node.address, NodeKind::Compute, 0)
-        .unwrap();
-    gatekeeper.route("steal", node.address).unwrap();
-    let mut switch = Switch::new(SwitchConfig::new(3), Overlaid::new(forwarding, gatekeeper));
+        gatekeeper.route("steal", node.address).unwrap();
+    });
+    let router = control::ROUTER;
     let datagram = |repr: BifrostRepr, from: DatagramEnd, to: DatagramEnd| {
         let mut payload = vec![0u8; HEADER_LEN];
         repr.emit(&mut payload).unwrap();
