@@ -148,11 +148,13 @@ pub fn run(command: RackCommand) -> Result<ExitCode, RackCommandError> {
             continue;
         }
         if interrupted() {
+            // The report so far is still written: returned here, the
+            // rack's report (already made) never reached --json.
             eprintln!(
                 "interrupted: [{}] and the sections after it not run",
                 system.name()
             );
-            return Ok(ExitCode::from(INTERRUPTED_EXIT));
+            break;
         }
         if options.mode != Mode::Embedded {
             eprintln!("[{}] runs in embedded mode only: skipped", system.name());
@@ -171,12 +173,15 @@ pub fn run(command: RackCommand) -> Result<ExitCode, RackCommandError> {
             crate::output::write_json(path, &document)?;
         }
     }
+    for failure in &failures {
+        eprintln!("failed: {failure}");
+    }
+    if interrupted() {
+        return Ok(ExitCode::from(INTERRUPTED_EXIT));
+    }
     if failures.is_empty() {
         Ok(ExitCode::SUCCESS)
     } else {
-        for failure in failures {
-            eprintln!("failed: {failure}");
-        }
         Ok(ExitCode::FAILURE)
     }
 }

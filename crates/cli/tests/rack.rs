@@ -838,18 +838,24 @@ fn the_nodes_of_a_killed_launcher_end_with_it() {
 
 /// Ctrl-C only raised the rack's stop flag: a `rack up` past its rack went
 /// on to run its systems' sections (Cowbird's for up to two minutes), and
-/// no further Ctrl-C ended it. The sections still to come do not start.
+/// no further Ctrl-C ended it. The sections still to come do not start,
+/// and the report so far reaches `--json` (it exited 130 before it).
 #[test]
-fn an_interrupted_rack_up_runs_no_further_section() {
+fn an_interrupted_rack_up_runs_no_further_section_and_writes_its_report() {
+    let json = common::scratch("interrupted.json");
+    std::fs::remove_file(&json).ok();
     // The rack's own workload long enough to be interrupted.
     let (mut launcher, path) = spawn_long_rack_up(
         "rack-cowbird.toml",
         ("operations = 100\n", "operations = 100000000\n"),
         "interrupted.toml",
-        &[],
+        &["--json", json.to_str().unwrap()],
     );
     std::thread::sleep(std::time::Duration::from_millis(500));
     let status = common::interrupt_and_wait(&mut launcher, "rack up");
     std::fs::remove_file(&path).ok();
     assert_eq!(status.code(), Some(130), "{status:?}");
+    let report = std::fs::read_to_string(&json).expect("the report so far");
+    std::fs::remove_file(&json).ok();
+    assert!(report.contains("\"rack\""), "{report}");
 }
