@@ -440,6 +440,17 @@ impl MetadataServer {
     /// reused under that READ (by up to one collection period), and the
     /// repair before reuse would not see it, the shortcut moved already.
     /// So the slot waits a grace from now, as a repaired one does.
+    /// `key`'s shortcut as it is in the region now.
+    fn read_shortcut(
+        &self,
+        key: u64,
+        memory: &mut dyn RegionAccess,
+    ) -> Result<NextPointer, MetadataError> {
+        let mut word = [0u8; 8];
+        memory.read(self.plan.shortcut_offset(key)?, &mut word)?;
+        Ok(NextPointer::from_word(u64::from_le_bytes(word)))
+    }
+
     fn regrace_late_shortcut(
         &mut self,
         key: u64,
@@ -448,9 +459,7 @@ impl MetadataServer {
         memory: &mut dyn RegionAccess,
         collection: &mut Collection,
     ) -> Result<(), MetadataError> {
-        let mut word = [0u8; 8];
-        memory.read(self.plan.shortcut_offset(key)?, &mut word)?;
-        let shortcut = NextPointer::from_word(u64::from_le_bytes(word));
+        let shortcut = self.read_shortcut(key, memory)?;
         let on_chain = chain
             .iter()
             .any(|pointer| pointer.offset() == shortcut.offset());
@@ -481,10 +490,7 @@ impl MetadataServer {
         memory: &mut dyn RegionAccess,
         collection: &mut Collection,
     ) -> Result<bool, MetadataError> {
-        let shortcut_offset = self.plan.shortcut_offset(retired.key)?;
-        let mut word = [0u8; 8];
-        memory.read(shortcut_offset, &mut word)?;
-        let shortcut = NextPointer::from_word(u64::from_le_bytes(word));
+        let shortcut = self.read_shortcut(retired.key, memory)?;
         if shortcut.is_null() || shortcut.offset() != retired.offset {
             return Ok(false);
         }
@@ -492,7 +498,10 @@ impl MetadataServer {
         let tail = *walk(retired.key, head, memory)?
             .last()
             .expect("a walk has the start");
-        memory.write(shortcut_offset, &tail.word().to_le_bytes())?;
+        memory.write(
+            self.plan.shortcut_offset(retired.key)?,
+            &tail.word().to_le_bytes(),
+        )?;
         collection.shortcuts_repaired += 1;
         self.stats.shortcuts_repaired += 1;
         Ok(true)
@@ -607,11 +616,7 @@ mod tests {
     }
 
     fn shortcut(server: &MetadataServer, memory: &mut Vec<u8>) -> u64 {
-        let mut word = [0u8; 8];
-        memory
-            .read(server.plan.shortcut_offset(0).unwrap(), &mut word)
-            .unwrap();
-        NextPointer::from_word(u64::from_le_bytes(word)).offset()
+        server.read_shortcut(0, memory).unwrap().offset()
     }
 
     /// A garbage length in an entry made the audit allocate it (4 GiB for
