@@ -52,6 +52,18 @@ enum Output {
     },
 }
 
+impl Output {
+    /// For an answer to a READ or atomic, its replay slot and whether it
+    /// answers a duplicate.
+    fn answer(&self) -> Option<(usize, bool)> {
+        match *self {
+            Output::ReadResponse { slot, replay, .. }
+            | Output::AtomicAcknowledge { slot, replay } => Some((slot, replay)),
+            Output::Acknowledge { .. } => None,
+        }
+    }
+}
+
 /// A message that spans several packets and is part-way through.
 #[derive(Debug, Clone, Copy)]
 enum InProgress {
@@ -121,17 +133,10 @@ impl Responder {
     /// Whether an answer in replay slot `slot` still waits to be sent:
     /// with `replays`, any; else only the first answer to its request.
     fn has_queued_answer(&self, slot: usize, replays: bool) -> bool {
-        self.outputs.iter().any(|output| match *output {
-            Output::ReadResponse {
-                slot: queued,
-                replay,
-                ..
-            }
-            | Output::AtomicAcknowledge {
-                slot: queued,
-                replay,
-            } => queued == slot && (replays || !replay),
-            Output::Acknowledge { .. } => false,
+        self.outputs.iter().any(|output| {
+            output
+                .answer()
+                .is_some_and(|(queued, replay)| queued == slot && (replays || !replay))
         })
     }
 
@@ -151,18 +156,8 @@ impl Responder {
             return Err((NakCode::InvalidRequest, None));
         }
         let before = self.outputs.len();
-        self.outputs.retain(|output| match *output {
-            Output::ReadResponse {
-                slot: queued,
-                replay: true,
-                ..
-            }
-            | Output::AtomicAcknowledge {
-                slot: queued,
-                replay: true,
-            } => queued != slot,
-            _ => true,
-        });
+        self.outputs
+            .retain(|output| output.answer() != Some((slot, true)));
         resources.counters.stale_replays_dropped += (before - self.outputs.len()) as u64;
         Ok(())
     }
