@@ -111,6 +111,13 @@ fn zeta(count: u64, theta: f64) -> f64 {
         .sum()
 }
 
+/// A 0-based rank from a sampler over `count` ranks, which yields ranks
+/// 1..=count as floats.
+fn rank_of(sampler: &rand_distr::Zipf<f64>, count: u64, rng: &mut impl Rng) -> u64 {
+    let rank = rand_distr::Distribution::sample(sampler, rng) as u64;
+    rank.clamp(1, count) - 1
+}
+
 impl Zipfian {
     /// `theta` 0 is uniform; YCSB's default is 0.99, Clover's paper 0.75.
     pub fn new(key_count: u64, theta: f64, scrambled: bool) -> Result<Zipfian, DistributionError> {
@@ -146,9 +153,7 @@ impl Zipfian {
 
     /// A rank, 0 the most popular.
     pub fn next_rank(&self, rng: &mut impl Rng) -> u64 {
-        // The sampler yields ranks 1..=n as floats.
-        let rank = rand_distr::Distribution::sample(&self.sampler, rng) as u64;
-        rank.clamp(1, self.key_count) - 1
+        rank_of(&self.sampler, self.key_count, rng)
     }
 
     pub fn next_key(&self, rng: &mut impl Rng) -> u64 {
@@ -162,10 +167,10 @@ impl Zipfian {
         if count == self.key_count {
             return self.next_rank(rng);
         }
-        let sampler = rand_distr::Zipf::new(count.max(1), self.theta)
+        let count = count.max(1);
+        let sampler = rand_distr::Zipf::new(count, self.theta)
             .expect("a constant this chooser was made with, over at least one rank");
-        let rank = rand_distr::Distribution::sample(&sampler, rng) as u64;
-        rank.clamp(1, count.max(1)) - 1
+        rank_of(&sampler, count, rng)
     }
 
     fn key_of(&self, rank: u64) -> u64 {
