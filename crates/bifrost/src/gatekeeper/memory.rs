@@ -274,6 +274,14 @@ impl MemoryStage {
         expected
     }
 
+    /// [`MemoryStage::check_arrival`] for a packet the switch may have
+    /// made itself: what its generator sends (replays, NAKs and answers in
+    /// a host's name) passes.
+    pub fn check_packet_arrival(&mut self, source: Ipv4Address, packet: &Packet) -> bool {
+        let ingress = packet.original_ingress_port;
+        ingress == remora_switch::packet::GENERATOR_PORT || self.check_arrival(source, ingress)
+    }
+
     /// The memory node at `address`'s index, if it is one.
     pub fn node_index(&self, address: Ipv4Address) -> Option<u8> {
         self.nodes.lookup(&address).map(|node| node.index)
@@ -307,9 +315,7 @@ impl MemoryStage {
             // A memory node's frames pass unjudged: only through its own
             // port, where the control plane gave it (the switch's own
             // NAKs, in the node's name, come from its generator).
-            let ingress = packet.original_ingress_port;
-            let generated = ingress == remora_switch::packet::GENERATOR_PORT;
-            if !generated && !self.check_arrival(ipv4.source, ingress) {
+            if !self.check_packet_arrival(ipv4.source, packet) {
                 packet.egress = Egress::Drop;
                 return;
             }

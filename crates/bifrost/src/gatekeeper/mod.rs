@@ -1389,12 +1389,8 @@ impl Overlay for Gatekeeper {
             // call lent the sender that host's pointer, and a reply in a
             // callee's name handed its allocation over. The switch's own
             // replays and answers come from its generator.
-            let generated = packet.original_ingress_port == remora_switch::packet::GENERATOR_PORT;
             let source = packet.headers.ipv4.map(|fields| fields.source);
-            let arrived = |memory: &mut MemoryStage, source| {
-                memory.check_arrival(source, packet.original_ingress_port)
-            };
-            if !generated && source.is_some_and(|source| !arrived(&mut self.memory, source)) {
+            if source.is_some_and(|source| !self.memory.check_packet_arrival(source, packet)) {
                 packet.egress = Egress::Drop;
                 return Claim::Taken;
             }
