@@ -79,10 +79,7 @@ impl ContextObject {
         }
         self.node.with_device(|rnic| {
             for (qpn, inline) in owned.queue_pairs {
-                let _ = rnic.retire_queue_pair(qpn);
-                if let Some(lkey) = inline {
-                    let _ = rnic.deregister_memory(lkey);
-                }
+                super::queue_pair::retire_with_staging(rnic, qpn, inline);
             }
             for queue in owned.shared_receive_queues {
                 let _ = rnic.destroy_shared_receive_queue(queue);

@@ -323,10 +323,7 @@ pub(super) unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     let inline = qp_object.inline.as_ref().map(|staging| staging.region.lkey);
     // Its work goes with it, completions included; a later queue pair
     // takes its slot, under a new number.
-    let _ = node.with_device(|rnic| {
-        let _ = rnic.retire_queue_pair(qpn);
-        inline.map(|lkey| rnic.deregister_memory(lkey))
-    });
+    node.with_device(|rnic| retire_with_staging(rnic, qpn, inline));
     // SAFETY: its context is live.
     unsafe { context_object(qp_object.qp.qp_base.context) }
         .owned()
@@ -337,6 +334,20 @@ pub(super) unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     // SAFETY: the program gives it up.
     drop(unsafe { take_back::<QpObject, _>(qp) });
     0
+}
+
+/// Retires a queue pair on the device, and deregisters its inline
+/// staging region if it has one: what a destroy, or a close of its
+/// context, takes down. (Either may already be gone: nothing to undo.)
+pub(super) fn retire_with_staging(
+    rnic: &mut remora_rnic::SoftRnic,
+    qpn: Qpn,
+    inline: Option<Lkey>,
+) {
+    let _ = rnic.retire_queue_pair(qpn);
+    if let Some(lkey) = inline {
+        let _ = rnic.deregister_memory(lkey);
+    }
 }
 
 /// Counts a QP among the users of its PD, CQs and SRQ (`hold`), or no
