@@ -135,6 +135,16 @@ pub fn parse_bandwidth(text: &str) -> Result<u64, String> {
     Ok(bits)
 }
 
+/// A link's delay of `micros` microseconds (its field `name`), at most
+/// [`MAX_LINK_DELAY`].
+fn link_delay(name: &str, micros: u64) -> Result<Duration, String> {
+    let delay = Duration::from_micros(micros);
+    if delay > MAX_LINK_DELAY {
+        return Err(format!("{name} {micros} is longer than {MAX_LINK_DELAY:?}"));
+    }
+    Ok(delay)
+}
+
 impl LinkSection {
     /// The link's shape, when it has one.
     pub fn shape(&self) -> Result<Option<LinkShape>, String> {
@@ -145,13 +155,7 @@ impl LinkSection {
             return Ok(None);
         };
         let bandwidth_bits_per_second = parse_bandwidth(bandwidth)?;
-        let propagation_delay = Duration::from_micros(self.delay_us);
-        if propagation_delay > MAX_LINK_DELAY {
-            return Err(format!(
-                "delay_us {} is longer than {MAX_LINK_DELAY:?}",
-                self.delay_us
-            ));
-        }
+        let propagation_delay = link_delay("delay_us", self.delay_us)?;
         let queue_limit_bytes = match &self.queue_limit {
             Some(text) => parse_size(text)?,
             None => DEFAULT_QUEUE_LIMIT_BYTES,
@@ -168,15 +172,9 @@ impl LinkSection {
     /// report counted them reordered), and a delay without bound held
     /// frames for years, a silent loss.
     pub fn check_faults(&self) -> Result<(), String> {
-        let reorder_delay = Duration::from_micros(self.reorder_delay_us);
+        let reorder_delay = link_delay("reorder_delay_us", self.reorder_delay_us)?;
         if !self.reorder.is_zero() && reorder_delay.is_zero() {
             return Err("reorder needs a reorder_delay_us above 0: frames held for no time are not reordered".into());
-        }
-        if reorder_delay > MAX_LINK_DELAY {
-            return Err(format!(
-                "reorder_delay_us {} is longer than {MAX_LINK_DELAY:?}",
-                self.reorder_delay_us
-            ));
         }
         Ok(())
     }
