@@ -2,7 +2,8 @@
 //! the instant it arrives; a real RNIC does not: each verb costs pipeline
 //! time, a port processes a bounded number of messages per second, a
 //! responder's READ or atomic waits on a PCIe round trip to host memory,
-//! and atomics to one cache line are serialized. A [`HardwareProfile`]
+//! what a frame brings for the host lands there by a PCIe write, and
+//! atomics to one cache line are serialized. A [`HardwareProfile`]
 //! states those costs; a [`NicPipeline`] charges them to the frames
 //! between the simulator and the soft RNIC, in both directions, keeping
 //! each direction's order (RC needs its frames in PSN order).
@@ -106,6 +107,11 @@ pub struct HardwareProfile {
     pub messages_per_second: Cited,
     /// A responder's READ or atomic reads host memory over PCIe first (ns).
     pub pcie_round_trip_ns: Cited,
+    /// A DMA write into host memory: what a received frame carries for the
+    /// host (a WRITE's or SEND's payload, a READ's answer, an atomic's old
+    /// value, a completion) is visible to the host's CPU only this long
+    /// after the NIC has it (ns).
+    pub pcie_write_ns: Cited,
     /// Atomics to one cache line run one at a time, each holding the line
     /// this long (ns).
     pub atomic_same_line_ns: Cited,
@@ -187,6 +193,7 @@ impl HardwareProfile {
             ("receive_pipeline_ns", &self.receive_pipeline_ns),
             ("transmit_pipeline_ns", &self.transmit_pipeline_ns),
             ("pcie_round_trip_ns", &self.pcie_round_trip_ns),
+            ("pcie_write_ns", &self.pcie_write_ns),
             ("atomic_same_line_ns", &self.atomic_same_line_ns),
             ("messages_per_second", &self.messages_per_second),
         ];
@@ -232,6 +239,7 @@ impl HardwareProfile {
             &self.receive_pipeline_ns,
             &self.transmit_pipeline_ns,
             &self.pcie_round_trip_ns,
+            &self.pcie_write_ns,
             &self.atomic_same_line_ns,
             &self.messages_per_second,
         ]
@@ -350,19 +358,31 @@ impl NicPipeline {
     }
 
     /// A frame from the wire, at `now`. A responder's READ request or
-    /// atomic also waits for PCIe, and an atomic for its cache line.
+    /// atomic also waits for a PCIe round trip, and an atomic for its
+    /// cache line; what the other frames carry lands by a PCIe write.
     pub fn handle_received(&mut self, now: Timestamp, frame: &[u8]) {
         let now = now.as_nanos();
         let interval = self.profile.message_interval_ps();
         let mut cost = HardwareProfile::nanoseconds(&self.profile.receive_pipeline_ns);
         let parsed = RoceFrame::new_checked(frame).ok();
         let family = parsed.map(|parsed| parsed.opcode().family());
-        if matches!(
-            family,
-            Some(OpcodeFamily::RdmaReadRequest | OpcodeFamily::Atomic)
-        ) {
-            cost += HardwareProfile::nanoseconds(&self.profile.pcie_round_trip_ns);
-        }
+        cost += match family {
+            Some(OpcodeFamily::RdmaReadRequest | OpcodeFamily::Atomic) => {
+                HardwareProfile::nanoseconds(&self.profile.pcie_round_trip_ns)
+            }
+            // The soft RNIC places what the frame carries and answers it
+            // in one step, so this also holds back a WRITE's or SEND's
+            // ACK, which a real responder sends without waiting for its
+            // posted write: an over-charge of one PCIe write per ACK.
+            Some(
+                OpcodeFamily::Send
+                | OpcodeFamily::RdmaWrite
+                | OpcodeFamily::RdmaReadResponse
+                | OpcodeFamily::Acknowledge
+                | OpcodeFamily::AtomicAcknowledge,
+            ) => HardwareProfile::nanoseconds(&self.profile.pcie_write_ns),
+            Some(OpcodeFamily::CongestionNotification) | None => 0,
+        };
         let Some(mut ready) = self.receive.admit(now, interval, cost) else {
             return;
         };
@@ -486,6 +506,7 @@ mod tests {
                 &profile.transmit_pipeline_ns,
                 &profile.messages_per_second,
                 &profile.pcie_round_trip_ns,
+                &profile.pcie_write_ns,
                 &profile.atomic_same_line_ns,
                 &profile.cache_line_bytes,
                 &profile.max_read_atomic,
@@ -546,29 +567,79 @@ mod tests {
         assert_eq!(pipeline.counters().received_dropped, 1);
     }
 
-    /// A COMPARE_SWAP frame on `address`.
-    fn compare_swap(address: u64) -> Vec<u8> {
+    /// A frame of `opcode` with its headers filled in by `extend` and
+    /// `payload` after them.
+    fn frame_of(
+        opcode: remora_wire::Opcode,
+        payload: &[u8],
+        extend: impl FnOnce(&mut remora_wire::frame::FrameRepr),
+    ) -> Vec<u8> {
         use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
-        use remora_wire::{AtomicEthRepr, BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn};
-        use remora_wire::{Rkey, VirtAddr};
+        use remora_wire::{BthRepr, Ipv4Address, MacAddress, Psn, Qpn};
         let end = |last: u8| {
             (
                 MacAddress([2, 0, 0, 0, 0, last]),
                 Ipv4Address::new(10, 0, 0, last),
             )
         };
-        let bth = BthRepr::new(Opcode::CompareSwap, Qpn::new(0x100).unwrap(), Psn::new(1));
+        let bth = BthRepr::new(opcode, Qpn::new(0x100).unwrap(), Psn::new(1));
         let mut repr = FrameRepr::between(end(1), end(2), 0xc000, bth);
-        repr.extension.atomic_eth = Some(AtomicEthRepr {
-            virtual_address: VirtAddr(address),
-            rkey: Rkey(7),
-            swap_or_add: 1,
-            compare: 0,
-        });
+        extend(&mut repr);
         let mut frame = vec![0u8; MAX_FRAME_LEN];
-        let length = emit_frame(&repr.with_payload_len(0), &[], &mut frame).unwrap();
+        let length =
+            emit_frame(&repr.with_payload_len(payload.len()), payload, &mut frame).unwrap();
         frame.truncate(length);
         frame
+    }
+
+    /// A COMPARE_SWAP frame on `address`.
+    fn compare_swap(address: u64) -> Vec<u8> {
+        use remora_wire::{AtomicEthRepr, Opcode, Rkey, VirtAddr};
+        frame_of(Opcode::CompareSwap, &[], |repr| {
+            repr.extension.atomic_eth = Some(AtomicEthRepr {
+                virtual_address: VirtAddr(address),
+                rkey: Rkey(7),
+                swap_or_add: 1,
+                compare: 0,
+            });
+        })
+    }
+
+    /// When a frame received at time 0 reaches the soft RNIC.
+    fn released_at(pipeline: &mut NicPipeline, frame: &[u8]) -> u64 {
+        pipeline.handle_received(Timestamp::ZERO, frame);
+        let due = pipeline.poll_timeout().expect("the frame is held");
+        assert!(pipeline.poll_received(due).is_some());
+        due.as_nanos()
+    }
+
+    /// What a frame carries for the host lands by a posted PCIe write; a
+    /// READ request or atomic first reads host memory (a round trip); a
+    /// frame that is not RoCE costs only the pipeline.
+    #[test]
+    fn each_received_frame_pays_the_pcie_crossing_its_work_needs() {
+        use remora_wire::{Opcode, RethRepr, Rkey, VirtAddr};
+        let mut profile = HardwareProfile::ideal();
+        profile.receive_pipeline_ns.value = 100.0;
+        profile.pcie_round_trip_ns.value = 500.0;
+        profile.pcie_write_ns.value = 250.0;
+        let reth = |repr: &mut remora_wire::frame::FrameRepr| {
+            repr.extension.reth = Some(RethRepr {
+                virtual_address: VirtAddr(0x1000),
+                rkey: Rkey(7),
+                dma_length: 8,
+            });
+        };
+        let write = frame_of(Opcode::RdmaWriteOnly, &[1; 8], reth);
+        let read = frame_of(Opcode::RdmaReadRequest, &[], reth);
+        let mut pipeline = NicPipeline::new(profile.clone());
+        assert_eq!(released_at(&mut pipeline, &write), 350);
+        let mut pipeline = NicPipeline::new(profile.clone());
+        assert_eq!(released_at(&mut pipeline, &read), 600);
+        let mut pipeline = NicPipeline::new(profile.clone());
+        assert_eq!(released_at(&mut pipeline, &compare_swap(0x1000)), 600);
+        let mut pipeline = NicPipeline::new(profile);
+        assert_eq!(released_at(&mut pipeline, b"not a RoCE frame"), 100);
     }
 
     /// Two atomics on one word, then two on another, back to back: the
