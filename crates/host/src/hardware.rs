@@ -16,7 +16,7 @@ use remora_base::Timestamp;
 use remora_wire::frame::RoceFrame;
 use remora_wire::opcode::OpcodeFamily;
 use serde::Deserialize;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 /// The profiles compiled in, by name.
 const PROFILES: [(&str, &str); 2] = [
@@ -262,22 +262,29 @@ impl HardwareProfile {
     }
 }
 
-/// A frame held in the pipeline until its time.
-#[derive(Debug)]
-struct Held {
-    release: Timestamp,
-    frame: Vec<u8>,
-}
+/// Which frames a direction keeps in order among themselves: a received
+/// frame's destination queue pair (RC needs each queue pair's frames in
+/// PSN order; a real NIC runs different queue pairs' work side by side),
+/// or one flow for everything the NIC sends (the wire's order).
+type Flow = u32;
 
-/// One direction of a NIC's pipeline: frames leave in the order they
-/// came, each no earlier than its own costs allow.
+/// The flow of frames that are not RoCE, and of the transmit direction.
+const ONE_FLOW: Flow = u32::MAX;
+
+/// One direction of a NIC's pipeline: each flow's frames leave in the
+/// order they came, each no earlier than its own costs allow; a frame
+/// waiting on its costs holds back only its own flow.
 #[derive(Debug, Default)]
 struct Direction {
-    held: VecDeque<Held>,
+    /// Frames by release time, then by arrival.
+    held: BTreeMap<(u64, u64), Vec<u8>>,
+    /// Frames admitted so far: the arrival order among equal releases.
+    admitted: u64,
     /// When the port can start its next message, in picoseconds.
     port_free_at_ps: u64,
-    /// When the last frame left: none leaves before it (order).
-    last_release: u64,
+    /// When each flow's last frame leaves: none of the flow's leaves
+    /// before it (order).
+    last_release: BTreeMap<Flow, u64>,
     dropped: u64,
 }
 
@@ -290,35 +297,46 @@ impl Direction {
             self.dropped += 1;
             return None;
         }
+        self.forget_flows_done(now);
         let start_ps = now.saturating_mul(1000).max(self.port_free_at_ps);
         self.port_free_at_ps = start_ps.saturating_add(interval_ps);
         Some(start_ps.div_ceil(1000).saturating_add(cost_ns))
     }
 
-    /// The earliest a frame ready at `ready` can leave: frames leave in
-    /// the order they came.
-    fn in_order(&self, ready: u64) -> u64 {
-        ready.max(self.last_release)
+    /// Forgets the flows whose last frame has left by `now`: a frame
+    /// admitted now is ready no earlier, so they hold nothing back. Only
+    /// flows with a frame still held remain (at most `MAX_FRAMES_HELD`),
+    /// so pruning at twice that is amortized over as many admissions.
+    fn forget_flows_done(&mut self, now: u64) {
+        if self.last_release.len() >= 2 * MAX_FRAMES_HELD {
+            self.last_release.retain(|_, release| *release > now);
+        }
+        debug_assert!(self.last_release.len() < 2 * MAX_FRAMES_HELD);
     }
 
-    fn hold(&mut self, ready: u64, frame: &[u8]) {
-        let release = self.in_order(ready);
-        self.last_release = release;
-        self.held.push_back(Held {
-            release: Timestamp::from_nanos(release),
-            frame: frame.to_vec(),
-        });
+    /// The earliest a frame of `flow` ready at `ready` can leave: a
+    /// flow's frames leave in the order they came.
+    fn in_order(&self, flow: Flow, ready: u64) -> u64 {
+        ready.max(self.last_release.get(&flow).copied().unwrap_or(0))
+    }
+
+    fn hold(&mut self, flow: Flow, ready: u64, frame: &[u8]) {
+        let release = self.in_order(flow, ready);
+        self.last_release.insert(flow, release);
+        self.admitted += 1;
+        self.held.insert((release, self.admitted), frame.to_vec());
     }
 
     fn next_release(&self) -> Option<Timestamp> {
-        self.held.front().map(|held| held.release)
+        let ((release, _), _) = self.held.first_key_value()?;
+        Some(Timestamp::from_nanos(*release))
     }
 
     fn take_due(&mut self, now: Timestamp) -> Option<Vec<u8>> {
         if self.next_release()? > now {
             return None;
         }
-        self.held.pop_front().map(|held| held.frame)
+        self.held.pop_first().map(|(_, frame)| frame)
     }
 }
 
@@ -386,15 +404,17 @@ impl NicPipeline {
         let Some(mut ready) = self.receive.admit(now, interval, cost) else {
             return;
         };
+        let flow = parsed.map_or(ONE_FLOW, |parsed| parsed.bth().destination_qp.value());
         if let Some(atomic) = parsed.and_then(|parsed| parsed.atomic_eth()) {
             // The line is taken from when the atomic runs, which is no
-            // earlier than the frames before it leave: booked from its
-            // own readiness, the line was free again while the atomic
-            // still waited behind them, and the next atomic on it ran
-            // too soon.
-            ready = self.serialize_atomic(atomic.virtual_address.0, self.receive.in_order(ready));
+            // earlier than its queue pair's frames before it leave: booked
+            // from its own readiness, the line was free again while the
+            // atomic still waited behind them, and the next atomic on it
+            // ran too soon.
+            let runs_at = self.receive.in_order(flow, ready);
+            ready = self.serialize_atomic(atomic.virtual_address.0, runs_at);
         }
-        self.receive.hold(ready, frame);
+        self.receive.hold(flow, ready, frame);
     }
 
     /// Delays an atomic ready at `ready` until its cache line is free, and
@@ -434,7 +454,7 @@ impl NicPipeline {
         let interval = self.profile.message_interval_ps();
         let cost = HardwareProfile::nanoseconds(&self.profile.transmit_pipeline_ns);
         if let Some(ready) = self.transmit.admit(now.as_nanos(), interval, cost) {
-            self.transmit.hold(ready, frame);
+            self.transmit.hold(ONE_FLOW, ready, frame);
         }
     }
 
@@ -665,6 +685,57 @@ mod tests {
         let hold = NicHardware::Cx5.profile().atomic_same_line_ns.value as u64;
         assert!(released[1] - released[0] >= hold, "{released:?}");
         assert!(released[3] - released[2] >= hold, "{released:?}");
+    }
+
+    /// Two COMPARE_SWAPs on one word, then a WRITE on another queue pair
+    /// and one on the first: the second atomic waits for the word, and
+    /// the first queue pair's WRITE behind it, but the other queue pair's
+    /// WRITE did too when one order held every frame (a real NIC runs
+    /// queue pairs side by side; RC orders only each queue pair's frames).
+    #[test]
+    fn an_atomic_waiting_for_its_word_holds_back_only_its_own_queue_pair() {
+        use remora_wire::{Opcode, Qpn, RethRepr, Rkey, VirtAddr};
+        let write_to = |qp: u32| {
+            frame_of(Opcode::RdmaWriteOnly, &[1; 8], |repr| {
+                repr.bth.destination_qp = Qpn::new(qp).unwrap();
+                repr.extension.reth = Some(RethRepr {
+                    virtual_address: VirtAddr(0x9000),
+                    rkey: Rkey(7),
+                    dma_length: 8,
+                });
+            })
+        };
+        let profile = NicHardware::Cx5.profile();
+        let hold = profile.atomic_same_line_ns.value as u64;
+        let mut pipeline = NicPipeline::new(profile);
+        let frames = [
+            ("first atomic", compare_swap(0x1000)),
+            ("second atomic", compare_swap(0x1000)),
+            ("other queue pair's write", write_to(0x200)),
+            ("same queue pair's write", write_to(0x100)),
+        ];
+        for (_, frame) in &frames {
+            pipeline.handle_received(Timestamp::ZERO, frame);
+        }
+        let mut released = std::collections::HashMap::new();
+        // Bounded: four frames, each due within a few microseconds.
+        for now in 0..10_000 {
+            while let Some(frame) = pipeline.poll_received(Timestamp::from_nanos(now)) {
+                // The two atomics are the same bytes: the first to leave
+                // is the first that came.
+                let (name, _) = frames
+                    .iter()
+                    .find(|(name, sent)| *sent == frame && !released.contains_key(name))
+                    .unwrap();
+                released.insert(*name, now);
+            }
+        }
+        assert!(released["second atomic"] >= released["first atomic"] + hold);
+        assert!(released["same queue pair's write"] >= released["second atomic"]);
+        assert!(
+            released["other queue pair's write"] < released["first atomic"] + hold,
+            "{released:?}"
+        );
     }
 
     /// ConnectX-5's 103.56 M messages a second are 9.656 ns apart; in
