@@ -442,4 +442,14 @@ fn print_summary(report: &remora_conformance::CampaignReport, config: &ScenarioC
         report.retransmitted_packets
     );
     println!("  retransmit timeouts  {:>10}", report.retransmit_timeouts);
+    if config.hardware != NicHardware::Ideal {
+        println!(
+            "  NIC pipeline drops   {:>10}  (a full pipeline; RC retransmits)",
+            report.pipeline_frames_dropped
+        );
+        println!(
+            "  atomics serialized   {:>10}  (waited for their word)",
+            report.atomics_serialized
+        );
+    }
 }

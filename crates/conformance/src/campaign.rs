@@ -16,6 +16,8 @@ pub struct CampaignReport {
     pub frames: u64,
     pub retransmitted_packets: u64,
     pub retransmit_timeouts: u64,
+    pub pipeline_frames_dropped: u64,
+    pub atomics_serialized: u64,
 }
 
 /// Runs `count` seeds from `first_seed`, calling `progress` after each.
@@ -40,6 +42,8 @@ pub fn run_campaign(
         campaign.frames += report.frames;
         campaign.retransmitted_packets += report.retransmitted_packets;
         campaign.retransmit_timeouts += report.retransmit_timeouts;
+        campaign.pipeline_frames_dropped += report.pipeline_frames_dropped;
+        campaign.atomics_serialized += report.atomics_serialized;
         progress(&report);
         if !report.passed() {
             campaign.failures.push(report);

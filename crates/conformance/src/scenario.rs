@@ -171,6 +171,11 @@ pub struct SeedReport {
     pub frames: u64,
     pub retransmitted_packets: u64,
     pub retransmit_timeouts: u64,
+    /// Frames the hosts' NIC pipelines dropped, full (a hardware profile
+    /// only; RC retransmits them).
+    pub pipeline_frames_dropped: u64,
+    /// Atomics that waited in a NIC pipeline for their word.
+    pub atomics_serialized: u64,
     pub virtual_time_ns: u64,
     pub crashed: bool,
     pub partitioned: bool,
@@ -714,6 +719,12 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         report.frames += counters.frames_transmitted;
         report.retransmitted_packets += counters.packets_retransmitted;
         report.retransmit_timeouts += counters.retransmit_timeouts;
+        if let Some(pipeline) = node.pipeline() {
+            let pipeline = pipeline.counters();
+            report.pipeline_frames_dropped +=
+                pipeline.received_dropped + pipeline.transmitted_dropped;
+            report.atomics_serialized += pipeline.atomics_serialized;
+        }
     }
     report
 }

@@ -68,4 +68,8 @@ fn no_faults_on_connectx5_hardware_every_operation_succeeds() {
     assert!(report.failures.is_empty(), "{:?}", report.failures.first());
     assert_eq!(report.succeeded, report.operations);
     assert_eq!(report.retransmit_timeouts, 0);
+    // The pipeline's counts reach the report: the scenario's atomics share
+    // words, and nothing overflowed a pipeline.
+    assert!(report.atomics_serialized > 0, "{report:?}");
+    assert_eq!(report.pipeline_frames_dropped, 0);
 }
