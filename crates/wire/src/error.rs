@@ -33,6 +33,8 @@ pub enum WireError {
     ReservedSyndrome(u8),
     #[error("pad count exceeds the payload")]
     BadPadCount,
+    #[error("payload and pad of {0} bytes are not a whole number of 4-byte words")]
+    UnalignedPayload(usize),
     #[error("opcode {0:#04x} carries no payload, but the frame has bytes after its headers")]
     UnexpectedPayload(u8),
     #[error("ICRC mismatch")]
@@ -62,6 +64,7 @@ impl WireError {
             WireError::UnknownOpcode(_) => "unknown_opcode",
             WireError::ReservedSyndrome(_) => "reserved_syndrome",
             WireError::BadPadCount => "bad_pad_count",
+            WireError::UnalignedPayload(_) => "unaligned_payload",
             WireError::UnexpectedPayload(_) => "unexpected_payload",
             WireError::IcrcMismatch => "icrc_mismatch",
             WireError::BufferTooSmall { .. } => "buffer_too_small",
@@ -83,6 +86,7 @@ impl WireError {
             WireError::UnknownOpcode(_) => WireError::UnknownOpcode(0),
             WireError::ReservedSyndrome(_) => WireError::ReservedSyndrome(0),
             WireError::UnexpectedPayload(_) => WireError::UnexpectedPayload(0),
+            WireError::UnalignedPayload(_) => WireError::UnalignedPayload(0),
             WireError::BufferTooSmall { .. } => WireError::BufferTooSmall { needed: 0 },
             WireError::PayloadTooLarge(_) => WireError::PayloadTooLarge(0),
             WireError::Truncated { .. }

@@ -241,6 +241,13 @@ impl<'a> RoceFrame<'a> {
         if !bth.opcode.carries_payload() && payload_start != icrc_start {
             return Err(WireError::UnexpectedPayload(bth.opcode as u8));
         }
+        // The pad count fills the payload out to whole 4-byte words (IBA
+        // 9.2, PadCnt): bytes that leave a word part-filled are no frame a
+        // sender emits.
+        let padded_len = icrc_start - payload_start;
+        if !padded_len.is_multiple_of(4) {
+            return Err(WireError::UnalignedPayload(padded_len));
+        }
         let payload_end = icrc_start
             .checked_sub(usize::from(bth.pad_count))
             .filter(|end| *end >= payload_start)

@@ -294,6 +294,35 @@ fn bytes_after_the_headers_of_an_opcode_without_payload_are_refused() {
     );
 }
 
+/// A SEND whose payload and pad leave the last 4-byte word part-filled
+/// (9 bytes, pad 0) was accepted; the pad count exists to fill that word.
+#[test]
+fn a_payload_that_leaves_a_word_part_filled_is_refused() {
+    let send = send_only_repr().with_payload_len(8);
+    let mut buffer = vec![0u8; 256];
+    let length = emit_frame(&send, &[1; 8], &mut buffer).unwrap();
+    // One byte more before the ICRC, the lengths and checksums made right.
+    let icrc_start = length - 4;
+    buffer.copy_within(icrc_start..length, icrc_start + 1);
+    buffer[icrc_start] = 1;
+    let length = length + 1;
+    let ip = 14;
+    let total = u16::from_be_bytes([buffer[ip + 2], buffer[ip + 3]]) + 1;
+    buffer[ip + 2..ip + 4].copy_from_slice(&total.to_be_bytes());
+    let udp = ip + 20;
+    let udp_length = u16::from_be_bytes([buffer[udp + 4], buffer[udp + 5]]) + 1;
+    buffer[udp + 4..udp + 6].copy_from_slice(&udp_length.to_be_bytes());
+    remora_wire::ipv4::Ipv4Packet::new_unchecked(&mut buffer[ip..]).fill_checksum();
+    let frame = &mut buffer[..length];
+    let icrc_start = length - 4;
+    let icrc = remora_wire::icrc::compute_frame(frame, icrc_start);
+    frame[icrc_start..].copy_from_slice(&icrc.to_le_bytes());
+    assert_eq!(
+        parse_frame(frame).map(drop),
+        Err(WireError::UnalignedPayload(9))
+    );
+}
+
 /// A credit count or RNR timer past its 5 bits was cut to them on emit:
 /// credit 32 went out as 0, timer 37 as 5. Both are refused.
 #[test]
