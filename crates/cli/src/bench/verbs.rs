@@ -49,6 +49,8 @@ pub enum VerbsBenchError {
     Verbs(#[from] VerbsError),
     #[error(transparent)]
     Node(#[from] ibverbs::NodeError),
+    #[error("the native peer gave nothing for {0:?}: its node stopped or its queue pair failed")]
+    PeerSilent(Duration),
     #[error("a native WRITE completed with {0:?}")]
     WriteFailed(remora_rnic::CompletionStatus),
     #[error(transparent)]
@@ -78,6 +80,10 @@ struct PerftestRow {
     /// `BW average` (bandwidth tools), MiB/s.
     bandwidth_mebibytes_per_second: f64,
 }
+
+/// How long the native runs wait for their peer's WRITE or ACK before
+/// they give up: each comes within microseconds.
+const PEER_SILENCE_LIMIT: Duration = Duration::from_secs(10);
 
 /// How long one perftest program may run: its runs take seconds.
 const PERFTEST_LIMIT: Duration = Duration::from_secs(120);
@@ -287,18 +293,26 @@ impl NativeSide {
         }
     }
 
-    /// Spins until the last byte of a `length`-byte message reads `mark`.
-    fn await_mark(&self, length: u32, mark: u8) {
+    /// Spins until the last byte of a `length`-byte message reads `mark`,
+    /// for at most `limit`: a peer that stopped would keep this thread
+    /// spinning for ever.
+    fn await_mark(&self, length: u32, mark: u8, limit: Duration) -> Result<(), VerbsBenchError> {
+        let deadline = Instant::now() + limit;
         let mut byte = [0u8; 1];
-        loop {
+        for spin in 0u64.. {
             self.memory
                 .read((HALF_BYTES + u64::from(length)) as usize - 1, &mut byte)
                 .expect("inside the region");
             if byte[0] == mark {
-                return;
+                return Ok(());
+            }
+            // The clock is read once per 1024 spins, not on each.
+            if spin % 1024 == 1023 && Instant::now() > deadline {
+                return Err(VerbsBenchError::PeerSilent(limit));
             }
             std::hint::spin_loop();
         }
+        unreachable!("the spin ends by the mark or the deadline")
     }
 
     fn set_mark(&self, length: u32, mark: u8) {
@@ -322,7 +336,7 @@ fn native_write_latency(iterations: usize) -> Result<Vec<f64>, VerbsBenchError> 
     let echo = std::thread::spawn(move || -> Result<(), VerbsBenchError> {
         for iteration in 1..=iterations {
             let mark = (iteration % 251) as u8 + 1;
-            responder.await_mark(LATENCY_BYTES, mark);
+            responder.await_mark(LATENCY_BYTES, mark, PEER_SILENCE_LIMIT)?;
             responder.set_mark(LATENCY_BYTES, mark);
             responder.write(iteration as u64, LATENCY_BYTES)?;
             responder.reap()?;
@@ -336,7 +350,7 @@ fn native_write_latency(iterations: usize) -> Result<Vec<f64>, VerbsBenchError> 
         initiator.set_mark(LATENCY_BYTES, mark);
         let started = Instant::now();
         initiator.write(iteration as u64, LATENCY_BYTES)?;
-        initiator.await_mark(LATENCY_BYTES, mark);
+        initiator.await_mark(LATENCY_BYTES, mark, PEER_SILENCE_LIMIT)?;
         latencies.push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
         initiator.reap()?;
     }
@@ -351,12 +365,22 @@ fn native_write_bandwidth(iterations: usize) -> Result<f64, VerbsBenchError> {
     let (writer, target) = native_pair()?;
     let started = Instant::now();
     let (mut posted, mut completed) = (0usize, 0usize);
+    let mut last_completion = Instant::now();
     while completed < iterations {
         while posted < iterations && posted - completed < BANDWIDTH_WINDOW {
             writer.write(posted as u64, BANDWIDTH_BYTES)?;
             posted += 1;
         }
-        completed += writer.reap()?;
+        match writer.reap()? {
+            0 if last_completion.elapsed() > PEER_SILENCE_LIMIT => {
+                return Err(VerbsBenchError::PeerSilent(PEER_SILENCE_LIMIT))
+            }
+            0 => {}
+            taken => {
+                completed += taken;
+                last_completion = Instant::now();
+            }
+        }
     }
     let seconds = started.elapsed().as_secs_f64();
     writer.node.stop();
@@ -517,5 +541,23 @@ mod tests {
         );
         assert!(started.elapsed() < Duration::from_secs(10));
         std::fs::remove_dir_all(&directory).unwrap();
+    }
+
+    /// The native latency run spun for ever on its memory when the peer's
+    /// WRITE never came (its node stopped): now it gives up, typed.
+    #[test]
+    fn a_native_side_whose_peer_stopped_gives_up_instead_of_spinning() {
+        let (initiator, responder) = native_pair().unwrap();
+        responder.node.stop();
+        initiator.set_mark(LATENCY_BYTES, 7);
+        initiator.write(1, LATENCY_BYTES).unwrap();
+        let limit = Duration::from_millis(200);
+        let started = Instant::now();
+        assert!(matches!(
+            initiator.await_mark(LATENCY_BYTES, 7, limit),
+            Err(VerbsBenchError::PeerSilent(waited)) if waited == limit
+        ));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        initiator.node.stop();
     }
 }
