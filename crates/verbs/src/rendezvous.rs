@@ -65,7 +65,7 @@ impl Rendezvous {
         // Deciding who creates is one step across processes: two that both
         // found a stale socket would otherwise each remove the other's new
         // one and create a segment of their own, and never meet.
-        let _deciding = decision_lock(path).map_err(|error| socket_error("lock", error))?;
+        let deciding = DecisionLock::take(path).map_err(|error| socket_error("lock", error))?;
         for _ in 0..MAX_BIND_ATTEMPTS {
             match UnixListener::bind(path) {
                 Ok(listener) => return Rendezvous::create(path, listener),
@@ -75,7 +75,15 @@ impl Rendezvous {
                 Err(_) => {}
             }
             match UnixStream::connect(path) {
-                Ok(stream) => return Rendezvous::join(path, stream),
+                Ok(stream) => {
+                    let joined = Rendezvous::join(path, stream)?;
+                    // The pair has met: no one decides on this socket
+                    // again, so its lock file goes too.
+                    deciding
+                        .remove()
+                        .map_err(|error| socket_error("remove the lock", error))?;
+                    return Ok(joined);
+                }
                 Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
                     // Its creator died: the file is stale.
                     std::fs::remove_file(path).map_err(|error| socket_error("remove", error))?;
@@ -136,18 +144,59 @@ impl Rendezvous {
 }
 
 /// An exclusive lock on a file beside the socket (`PATH.lock`), held while
-/// a process binds, connects or removes a stale socket; released when the
-/// returned file closes.
-fn decision_lock(path: &Path) -> std::io::Result<std::fs::File> {
-    let mut lock_path = path.as_os_str().to_owned();
-    lock_path.push(".lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(lock_path)?;
-    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)?;
-    Ok(file)
+/// a process binds, connects or removes a stale socket; released when it
+/// drops. The joiner removes the file once the pair has met, so runs
+/// leave no lock files behind.
+struct DecisionLock {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+/// Attempts at locking a lock file that a finished pair removed meanwhile.
+const MAX_LOCK_ATTEMPTS: usize = 8;
+
+impl DecisionLock {
+    fn take(socket: &Path) -> std::io::Result<DecisionLock> {
+        let mut path = socket.as_os_str().to_owned();
+        path.push(".lock");
+        let path = PathBuf::from(path);
+        for _ in 0..MAX_LOCK_ATTEMPTS {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)?;
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)?;
+            // A lock file removed while this process waited for it locks
+            // nothing another process can see: whoever opens the path now
+            // gets a new file. The lock counts only on the file the path
+            // still names.
+            if is_same_file(&file, &path)? {
+                return Ok(DecisionLock { file, path });
+            }
+        }
+        Err(std::io::Error::other(format!(
+            "{} was removed under each of {MAX_LOCK_ATTEMPTS} attempts to lock it",
+            path.display()
+        )))
+    }
+
+    /// Removes the lock file while still holding it.
+    fn remove(self) -> std::io::Result<()> {
+        std::fs::remove_file(&self.path)?;
+        drop(self.file);
+        Ok(())
+    }
+}
+
+fn is_same_file(file: &std::fs::File, path: &Path) -> std::io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let opened = file.metadata()?;
+    match std::fs::metadata(path) {
+        Ok(named) => Ok(opened.dev() == named.dev() && opened.ino() == named.ino()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(error) => Err(error),
+    }
 }
 
 fn serve_one_joiner(path: &Path, listener: &UnixListener, descriptor: &OwnedFd) {
@@ -217,5 +266,25 @@ mod tests {
         let mut expected = [CREATOR_ADDRESS, JOINER_ADDRESS];
         expected.sort();
         assert_eq!(addresses, expected);
+    }
+
+    /// Every pair that met left its `.lock` file behind (the benchmarks
+    /// left one in /tmp per run). The joiner removes it once they meet.
+    #[test]
+    fn a_pair_that_met_leaves_no_lock_file() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("rendezvous.sock");
+        let creator = Rendezvous::join_or_create(&path).unwrap();
+        let joiner = Rendezvous::join_or_create(&path).unwrap();
+        assert_eq!(
+            (creator.address, joiner.address),
+            (CREATOR_ADDRESS, JOINER_ADDRESS)
+        );
+        let left: Vec<_> = std::fs::read_dir(directory.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name())
+            .filter(|name| name.to_string_lossy().ends_with(".lock"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 }
