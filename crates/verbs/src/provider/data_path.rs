@@ -135,10 +135,7 @@ unsafe extern "C" fn post_recv(
     // SAFETY: a live QP and its live context.
     let (queue_pair, node) = unsafe {
         let qp_object = object::<QpObject, _>(qp);
-        (
-            QueuePair(qp_object.qpn),
-            node_of(qp_object.qp.qp_base.context),
-        )
+        (QueuePair(qp_object.qpn), node_of(qp_object.context()))
     };
     // SAFETY: the program's list.
     unsafe {
@@ -222,7 +219,7 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, capacity: c_int, into: *mut ibv_wc
     // SAFETY: a live CQ and its live context.
     let (queue, node) = unsafe {
         let cq_object = object::<CqObject, _>(cq);
-        (cq_object.queue, node_of(cq_object.cq.context))
+        (cq_object.queue, node_of(cq_object.context()))
     };
     let mut written = 0usize;
     let taken = node.poll_completions(queue, capacity as usize, &mut |completion| {

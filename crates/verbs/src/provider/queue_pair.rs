@@ -19,7 +19,10 @@ use remora_rnic::{
     SendRequest, Verbs, VerbsError,
 };
 use remora_wire::{Ipv4Address, Psn, Qpn, VirtAddr};
+use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 /// Where a queue pair copies inline payloads: a ring of slots in a region
 /// inside the device, one slot per send-queue entry. A slot is reused only
@@ -28,12 +31,30 @@ use std::ffi::{c_int, c_void};
 pub(super) struct InlineStaging {
     pub region: MemoryRegion,
     pub slots: u64,
-    pub next: u64,
+    /// The next slot, advanced only under the node's lock (the atomic
+    /// lets threads that post on one queue pair share the object).
+    pub next: AtomicU64,
 }
 
+/// What the `ibv_wr_*` calls have built since `wr_start`.
+#[derive(Default)]
+pub(super) struct Built {
+    /// Requests built, posted by `wr_complete`.
+    pub requests: Vec<PendingRequest>,
+    /// The first call that failed, which fails `wr_complete`.
+    pub error: Option<c_int>,
+}
+
+/// A queue pair, shared: threads may call verbs on one queue pair at once
+/// (libibverbs' verbs are thread-safe), so it is only ever reached through
+/// a shared reference, and what changes after creation sits in a cell, an
+/// atomic or a mutex.
 #[repr(C)]
 pub(super) struct QpObject {
-    pub qp: ibv_qp_ex,
+    /// The program's `ibv_qp_ex`: it reads `state` and writes `wr_id` and
+    /// `wr_flags` while this library reads those and writes `state`, so
+    /// each access goes through the cell's pointer to one field.
+    pub qp: UnsafeCell<ibv_qp_ex>,
     pub qpn: Qpn,
     pub pd: ProtectionDomain,
     pub signal_all: bool,
@@ -42,11 +63,49 @@ pub(super) struct QpObject {
     /// Held from `wr_start` until `wr_complete` or `wr_abort`: the
     /// provider's per-QP critical section that ibv_wr_post(3) promises.
     pub builder_lock: BuilderLock,
-    /// Requests built through the `ibv_wr_*` calls, posted by `wr_complete`.
-    pub pending: Vec<PendingRequest>,
-    pub pending_error: Option<c_int>,
+    pub built: Mutex<Built>,
     /// What the program asked at RTR and RTS, returned by `query_qp`.
-    pub attributes: ibv_qp_attr,
+    pub attributes: Mutex<ibv_qp_attr>,
+}
+
+impl QpObject {
+    /// The queue pair's context, set at creation and never written after.
+    pub fn context(&self) -> *mut ibv_context {
+        // SAFETY: a read of one field of the live cell.
+        unsafe { (*self.qp.get()).qp_base.context }
+    }
+
+    /// A copy of the `ibv_qp` the program sees.
+    pub fn base(&self) -> ibv_qp {
+        // SAFETY: a read of one field of the live cell.
+        unsafe { (*self.qp.get()).qp_base }
+    }
+
+    /// Sets the state the program reads in `qp->state`.
+    fn set_state(&self, state: ibv_qp_state) {
+        // SAFETY: a write of one field of the live cell; rdma-core writes
+        // it in `ibv_modify_qp` and `ibv_query_qp` the same way.
+        unsafe { (*self.qp.get()).qp_base.state = state }
+    }
+
+    /// The `wr_id` and `wr_flags` the program set for the request it is
+    /// naming.
+    fn request_fields(&self) -> (u64, u32) {
+        // SAFETY: reads of two fields of the live cell.
+        unsafe { ((*self.qp.get()).wr_id, (*self.qp.get()).wr_flags) }
+    }
+
+    fn built(&self) -> MutexGuard<'_, Built> {
+        self.built
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn attributes(&self) -> MutexGuard<'_, ibv_qp_attr> {
+        self.attributes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// A lock held across calls: `wr_start` takes it and returns with it
@@ -251,7 +310,7 @@ fn build_queue_pair(
             Some(InlineStaging {
                 region,
                 slots,
-                next: 0,
+                next: AtomicU64::new(0),
             })
         } else {
             None
@@ -293,16 +352,15 @@ fn build_queue_pair(
     // SAFETY: the objects named were live above.
     unsafe { hold_users(&qp.qp_base, true) };
     Ok(hand_out(QpObject {
-        qp,
+        qp: UnsafeCell::new(qp),
         qpn: prepared.qpn,
         pd,
         signal_all: attributes.sq_sig_all != 0,
         capabilities: attributes.cap,
         inline,
         builder_lock: BuilderLock::default(),
-        pending: Vec::new(),
-        pending_error: None,
-        attributes: ibv_qp_attr::default(),
+        built: Mutex::default(),
+        attributes: Mutex::default(),
     }))
 }
 
@@ -318,19 +376,19 @@ pub(super) unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         return libc::EBUSY;
     }
     // SAFETY: its context is live.
-    let node = unsafe { node_of(qp_object.qp.qp_base.context) };
+    let node = unsafe { node_of(qp_object.context()) };
     let qpn = qp_object.qpn;
     let inline = qp_object.inline.as_ref().map(|staging| staging.region.lkey);
     // Its work goes with it, completions included; a later queue pair
     // takes its slot, under a new number.
     node.with_device(|rnic| retire_with_staging(rnic, qpn, inline));
     // SAFETY: its context is live.
-    unsafe { context_object(qp_object.qp.qp_base.context) }
+    unsafe { context_object(qp_object.context()) }
         .owned()
         .queue_pairs
         .retain(|(owned, _)| *owned != qpn);
     // SAFETY: a QP's PD, CQs and SRQ outlive it (their destroy is EBUSY).
-    unsafe { hold_users(&qp_object.qp.qp_base, false) };
+    unsafe { hold_users(&qp_object.base(), false) };
     // SAFETY: the program gives it up.
     drop(unsafe { take_back::<QpObject, _>(qp) });
     0
@@ -447,7 +505,7 @@ pub(super) unsafe fn modify_qp(
     let (qp_object, attributes) = unsafe { (object::<QpObject, _>(qp), &*attributes) };
     let mask = mask as u32;
     // SAFETY: its context is live.
-    let node = unsafe { node_of(qp_object.qp.qp_base.context) };
+    let node = unsafe { node_of(qp_object.context()) };
     let qpn = qp_object.qpn;
     let transition = match transition_for(node, attributes, mask) {
         Ok(transition) => transition,
@@ -483,10 +541,11 @@ pub(super) unsafe fn modify_qp(
             return errno_of(&error);
         }
     }
-    remember_attributes(&mut qp_object.attributes, attributes, mask);
-    qp_object.qp.qp_base.state = node
-        .inspect(|rnic| rnic.queue_pair_state(qpn))
-        .map_or(IBV_QPS_ERR, state_of);
+    remember_attributes(&mut qp_object.attributes(), attributes, mask);
+    qp_object.set_state(
+        node.inspect(|rnic| rnic.queue_pair_state(qpn))
+            .map_or(IBV_QPS_ERR, state_of),
+    );
     0
 }
 
@@ -554,13 +613,13 @@ pub(super) unsafe fn query_qp(
     // SAFETY: a live QP.
     let qp_object = unsafe { object::<QpObject, _>(qp) };
     // SAFETY: its context is live.
-    let node = unsafe { node_of(qp_object.qp.qp_base.context) };
+    let node = unsafe { node_of(qp_object.context()) };
     let status =
         match node.inspect(|rnic| rnic.query_queue_pair(remora_rnic::QueuePair(qp_object.qpn))) {
             Ok(status) => status,
             Err(error) => return errno_of(&error),
         };
-    let mut reported = qp_object.attributes;
+    let mut reported = *qp_object.attributes();
     reported.qp_state = state_of(status.state);
     reported.cur_qp_state = reported.qp_state;
     reported.rq_psn = status.expected_psn.value();
@@ -570,9 +629,9 @@ pub(super) unsafe fn query_qp(
     // one the program reads in `qp->state` (a move to ERR after a failed
     // request is the device's, and nothing else tells the program).
     if mask & IBV_QP_STATE as c_int != 0 {
-        qp_object.qp.qp_base.state = reported.qp_state;
+        qp_object.set_state(reported.qp_state);
     }
-    let base = &qp_object.qp.qp_base;
+    let base = qp_object.base();
     // SAFETY: the caller's out-parameters.
     unsafe {
         *attributes = reported;
@@ -592,13 +651,13 @@ pub(super) unsafe fn query_qp(
 /// Posts built requests on the device, all or none, then stages their
 /// inline bytes.
 pub(super) fn post_pending(
-    qp_object: &mut QpObject,
+    qp_object: &QpObject,
     requests: &[PendingRequest],
 ) -> Result<(), VerbsError> {
     // SAFETY: a live QP's context is live.
-    let node = unsafe { node_of(qp_object.qp.qp_base.context) };
+    let node = unsafe { node_of(qp_object.context()) };
     let queue_pair = QueuePair(qp_object.qpn);
-    let staging = &mut qp_object.inline;
+    let staging = &qp_object.inline;
     node.with_device(|rnic| {
         let mut built = Vec::with_capacity(requests.len());
         // Each inline request's staging slot and bytes, in posting order.
@@ -613,7 +672,8 @@ pub(super) fn post_pending(
                         length_bytes: bytes.len() as u64,
                         max_bytes: 0,
                     })?;
-                    let slot = (staging.next + inline.len() as u64) % staging.slots;
+                    let next = staging.next.load(Ordering::Relaxed);
+                    let slot = (next + inline.len() as u64) % staging.slots;
                     let element = staging
                         .region
                         .slice(slot * u64::from(MAX_INLINE_BYTES), bytes.len() as u32);
@@ -633,10 +693,10 @@ pub(super) fn post_pending(
         // nor step the slots out of line with the send queue. The device
         // gathers when it transmits, later, under this same lock's next
         // holder.
-        if let Some(staging) = staging.as_mut() {
+        if let Some(staging) = staging {
             for (element, bytes) in inline {
                 rnic.write_local(element.lkey, element.address, bytes)?;
-                staging.next += 1;
+                staging.next.fetch_add(1, Ordering::Relaxed);
             }
         }
         Ok(())
@@ -670,15 +730,16 @@ mod builder {
 
     /// # Safety
     /// `qp` is a live queue pair of this library.
-    pub(super) unsafe fn qp_object<'a>(qp: *mut ibv_qp_ex) -> &'a mut QpObject {
+    pub(super) unsafe fn qp_object<'a>(qp: *mut ibv_qp_ex) -> &'a QpObject {
         // SAFETY: the caller's promise.
         unsafe { object::<QpObject, _>(qp) }
     }
 
-    fn push(qp: &mut QpObject, operation: SendOperation) {
-        let signaled = qp.signal_all || qp.qp.wr_flags & IBV_SEND_SIGNALED != 0;
-        qp.pending.push(PendingRequest {
-            work_request_id: qp.qp.wr_id,
+    fn push(qp: &QpObject, operation: SendOperation) {
+        let (work_request_id, flags) = qp.request_fields();
+        let signaled = qp.signal_all || flags & IBV_SEND_SIGNALED != 0;
+        qp.built().requests.push(PendingRequest {
+            work_request_id,
             operation,
             local: LocalData::List(Vec::new()),
             signaled,
@@ -688,22 +749,25 @@ mod builder {
     /// Whether the request being built reads into local memory (a READ or
     /// an atomic), which inline data cannot serve.
     fn building_read_or_atomic(qp: &QpObject) -> bool {
-        qp.pending
+        qp.built()
+            .requests
             .last()
             .is_some_and(|last| last.operation.is_read_or_atomic())
     }
 
-    fn set_local(qp: &mut QpObject, local: Result<LocalData, c_int>) {
-        match (qp.pending.last_mut(), local) {
+    fn set_local(qp: &QpObject, local: Result<LocalData, c_int>) {
+        let mut built = qp.built();
+        let built = &mut *built;
+        match (built.requests.last_mut(), local) {
             // Inline data is for SEND and WRITE only (ibv_wr_post(3)): a
             // READ's answer went to the staging slot, and the program's
             // buffer was never written though the READ succeeded.
             (Some(last), Ok(LocalData::Inline(_))) if last.operation.is_read_or_atomic() => {
-                qp.pending_error = Some(libc::EINVAL)
+                built.error = Some(libc::EINVAL)
             }
             (Some(last), Ok(local)) => last.local = local,
-            (_, Err(errno)) => qp.pending_error = Some(errno),
-            (None, _) => qp.pending_error = Some(libc::EINVAL),
+            (_, Err(errno)) => built.error = Some(errno),
+            (None, _) => built.error = Some(libc::EINVAL),
         }
     }
 
@@ -722,9 +786,7 @@ mod builder {
         // SAFETY: the verbs contract: a live queue pair of this library.
         unsafe { builder_lock(qp) }.acquire();
         // SAFETY: the verbs contract; the builder is ours until released.
-        let qp = unsafe { qp_object(qp) };
-        qp.pending.clear();
-        qp.pending_error = None;
+        *unsafe { qp_object(qp) }.built() = Built::default();
     }
 
     pub(super) unsafe extern "C" fn complete(qp: *mut ibv_qp_ex) -> c_int {
@@ -734,10 +796,10 @@ mod builder {
         }
         // SAFETY: the verbs contract; this thread holds the builder.
         let qp = unsafe { qp_object(qp) };
-        let pending = std::mem::take(&mut qp.pending);
-        let posted = match qp.pending_error.take() {
+        let built = std::mem::take(&mut *qp.built());
+        let posted = match built.error {
             Some(errno) => errno,
-            None => match post_pending(qp, &pending) {
+            None => match post_pending(qp, &built.requests) {
                 Ok(()) => 0,
                 Err(error) => errno_of(&error),
             },
@@ -753,8 +815,7 @@ mod builder {
         }
         // SAFETY: the verbs contract; this thread holds the builder.
         let qp = unsafe { qp_object(qp) };
-        qp.pending.clear();
-        qp.pending_error = None;
+        *qp.built() = Built::default();
         qp.builder_lock.release();
     }
 
@@ -850,7 +911,8 @@ mod builder {
         let qp = unsafe { qp_object(qp) };
         // IBV_SEND_INLINE is ignored for a READ or an atomic, as
         // ibv_post_send ignores it.
-        let inline = qp.qp.wr_flags & IBV_SEND_INLINE != 0 && !building_read_or_atomic(qp);
+        let (_, flags) = qp.request_fields();
+        let inline = flags & IBV_SEND_INLINE != 0 && !building_read_or_atomic(qp);
         let local = if inline {
             // SAFETY: inline data is the program's memory, read now.
             unsafe { inline_bytes(&[element]) }.map(LocalData::Inline)
@@ -926,6 +988,6 @@ mod builder {
     ) {
         let _ = (ah, remote_qpn, remote_qkey);
         // SAFETY: the verbs contract.
-        unsafe { qp_object(qp) }.pending_error = Some(libc::EINVAL);
+        unsafe { qp_object(qp) }.built().error = Some(libc::EINVAL);
     }
 }

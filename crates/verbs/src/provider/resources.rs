@@ -9,6 +9,7 @@ use remora_rnic::{
     AccessFlags, CompletionQueue, MemoryRegion, ProtectionDomain, SharedReceiveQueue, Verbs,
 };
 use remora_wire::VirtAddr;
+use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -30,13 +31,16 @@ pub(super) unsafe fn take_back<T, C>(pointer: *mut C) -> Box<T> {
     unsafe { Box::from_raw(pointer.cast::<T>()) }
 }
 
-/// The object a program's pointer stands for.
+/// The object a program's pointer stands for, shared: threads may call
+/// verbs on one object at once, so no call may hold it as `&mut` (two
+/// would alias). What changes after creation is in a cell, an atomic or a
+/// mutex.
 ///
 /// # Safety
 /// `pointer` came from `hand_out::<T, _>` and is not yet destroyed.
-pub(super) unsafe fn object<'a, T, C>(pointer: *mut C) -> &'a mut T {
+pub(super) unsafe fn object<'a, T, C>(pointer: *mut C) -> &'a T {
     // SAFETY: the caller's promise; `T` is repr(C) with `C` first.
-    unsafe { &mut *pointer.cast::<T>() }
+    unsafe { &*pointer.cast::<T>() }
 }
 
 pub(super) fn null_with<T>(errno: i32) -> *mut T {
@@ -454,7 +458,10 @@ const UNACKNOWLEDGED_EVENTS_WAIT: Duration = Duration::from_secs(1);
 
 #[repr(C)]
 pub(super) struct CqObject {
-    pub cq: ibv_cq,
+    /// The program's `ibv_cq`: `ibv_ack_cq_events` writes its
+    /// `comp_events_completed` while other threads may poll the queue, so
+    /// each access goes through the cell's pointer to one field.
+    pub cq: UnsafeCell<ibv_cq>,
     pub queue: CompletionQueue,
     pub channel: Option<Arc<ChannelShared>>,
     pub users: Users,
@@ -463,6 +470,33 @@ pub(super) struct CqObject {
     pub acknowledging: Mutex<()>,
     /// Events `ibv_get_cq_event` named this queue in, all told.
     pub events_handed: AtomicU32,
+}
+
+impl CqObject {
+    /// The queue's context, set at creation and never written after.
+    pub fn context(&self) -> *mut ibv_context {
+        // SAFETY: a read of one field of the live cell.
+        unsafe { (*self.cq.get()).context }
+    }
+
+    /// The queue's completion channel, set at creation.
+    fn channel_pointer(&self) -> *mut ibv_comp_channel {
+        // SAFETY: a read of one field of the live cell.
+        unsafe { (*self.cq.get()).channel }
+    }
+
+    /// The events acknowledged; the caller holds `acknowledging`.
+    fn events_completed(&self, _acknowledging: &std::sync::MutexGuard<'_, ()>) -> u32 {
+        // SAFETY: a read of one field of the live cell, which changes only
+        // under the guard the caller holds.
+        unsafe { (*self.cq.get()).comp_events_completed }
+    }
+
+    fn acknowledging(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.acknowledging
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 pub(super) unsafe fn create_cq(
@@ -496,14 +530,14 @@ pub(super) unsafe fn create_cq(
         Some(Arc::clone(&channel_object.shared))
     };
     hand_out(CqObject {
-        cq: ibv_cq {
+        cq: UnsafeCell::new(ibv_cq {
             context,
             channel,
             cq_context,
             handle: 0,
             cqe: entries,
             ..Default::default()
-        },
+        }),
         queue,
         channel: shared,
         users: Users::default(),
@@ -528,7 +562,7 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         return libc::EBUSY;
     }
     // SAFETY: its context is live.
-    unsafe { node_of(cq_object.cq.context) }.disarm(cq_object.queue);
+    unsafe { node_of(cq_object.context()) }.disarm(cq_object.queue);
     if let Some(shared) = &cq_object.channel {
         // No event names it from now on; one handed out since the check
         // above must be acked too (a race with another thread's
@@ -540,13 +574,13 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     }
     // SAFETY: its context is live. No queue pair uses it (`users`), so
     // the device frees it, and a later queue takes its number.
-    let node = unsafe { node_of(cq_object.cq.context) };
+    let node = unsafe { node_of(cq_object.context()) };
     if let Err(error) = node.with_device(|rnic| rnic.destroy_completion_queue(cq_object.queue)) {
         return errno_of(&error);
     }
     let queue = cq_object.queue;
     // SAFETY: its context is live.
-    unsafe { context_object(cq_object.cq.context) }
+    unsafe { context_object(cq_object.context()) }
         .owned()
         .completion_queues
         .retain(|owned| *owned != queue);
@@ -555,7 +589,7 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     // of the CQ counted off again in the freed channel.
     if let Some(shared) = &cq_object.channel {
         // SAFETY: a CQ's channel outlives it (destroying it first is EBUSY).
-        unsafe { shared.count_queues(cq_object.cq.channel, -1) };
+        unsafe { shared.count_queues(cq_object.channel_pointer(), -1) };
     }
     // SAFETY: the program gives it up.
     drop(unsafe { take_back::<CqObject, _>(cq) });
@@ -567,13 +601,7 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
 fn events_acknowledged(cq_object: &CqObject) -> bool {
     let started = Instant::now();
     loop {
-        let acknowledged = {
-            let _guard = cq_object
-                .acknowledging
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            cq_object.cq.comp_events_completed
-        };
+        let acknowledged = cq_object.events_completed(&cq_object.acknowledging());
         if acknowledged == cq_object.events_handed.load(Ordering::Acquire) {
             return true;
         }
@@ -588,11 +616,10 @@ pub(super) unsafe fn ack_cq_events(cq: *mut ibv_cq, count: u32) {
     if !cq.is_null() {
         // SAFETY: a live CQ.
         let cq_object = unsafe { object::<CqObject, _>(cq) };
-        let _guard = cq_object
-            .acknowledging
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        cq_object.cq.comp_events_completed = cq_object.cq.comp_events_completed.wrapping_add(count);
+        let guard = cq_object.acknowledging();
+        let completed = cq_object.events_completed(&guard).wrapping_add(count);
+        // SAFETY: a write of one field of the live cell, under the guard.
+        unsafe { (*cq_object.cq.get()).comp_events_completed = completed };
     }
 }
 
@@ -611,7 +638,7 @@ pub(super) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
     };
     let cq_address = cq as usize;
     // SAFETY: its context is live.
-    let node = unsafe { node_of(cq_object.cq.context) };
+    let node = unsafe { node_of(cq_object.context()) };
     node.arm(
         cq_object.queue,
         Arc::new(move || channel.raise(cq_address as *mut ibv_cq)),

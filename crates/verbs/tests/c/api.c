@@ -686,6 +686,87 @@ static void a_builder_section_is_its_threads_alone(union ibv_gid gid, uint8_t *r
 	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_qp(peer) == 0, "destroy the QPs");
 }
 
+/* What the threads that post on one QP at once share. */
+struct concurrent_posts {
+	struct ibv_qp *qp;
+	struct ibv_mr *remote_mr;
+	uint8_t *remote;
+	pthread_barrier_t round_starts;
+	pthread_barrier_t round_posted;
+	int failed;
+};
+
+enum { CONCURRENT_THREADS = 2, CONCURRENT_ROUNDS = 200 };
+
+struct concurrent_poster {
+	struct concurrent_posts *shared;
+	int index;
+};
+
+/* Each round, posts one inline WRITE of its own bytes to its own offset,
+ * at the same moment as the other thread. */
+static void *post_in_rounds(void *argument)
+{
+	struct concurrent_poster *poster = argument;
+	struct concurrent_posts *shared = poster->shared;
+	for (int round = 0; round < CONCURRENT_ROUNDS; round++) {
+		uint8_t payload[8];
+		memset(payload, round * CONCURRENT_THREADS + poster->index + 1, sizeof payload);
+		struct ibv_sge sge = { .addr = (uintptr_t)payload, .length = sizeof payload };
+		struct ibv_send_wr wr = { .wr_id = (uint64_t)round * CONCURRENT_THREADS + poster->index,
+			.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+			.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE,
+			.wr.rdma = { .remote_addr = (uintptr_t)shared->remote + 64 * poster->index,
+				     .rkey = shared->remote_mr->rkey } };
+		struct ibv_send_wr *bad = NULL;
+		pthread_barrier_wait(&shared->round_starts);
+		if (ibv_post_send(shared->qp, &wr, &bad) != 0)
+			__atomic_store_n(&shared->failed, 1, __ATOMIC_SEQ_CST);
+		pthread_barrier_wait(&shared->round_posted);
+	}
+	return NULL;
+}
+
+/* libibverbs' verbs are thread-safe: threads post on one QP at once. The
+ * library held each QP as `&mut` in every call, so two such calls aliased
+ * it (undefined behaviour in Rust); its objects are shared now, and each
+ * thread's inline bytes must still land where its own WRITE said. */
+static void threads_post_on_one_qp_at_once(union ibv_gid gid, uint8_t *remote, struct ibv_mr *remote_mr)
+{
+	struct ibv_qp *qp = make_qp(), *peer = make_qp();
+	connect_qp(qp, peer->qp_num, gid);
+	connect_qp(peer, qp->qp_num, gid);
+	struct concurrent_posts shared = { .qp = qp, .remote_mr = remote_mr, .remote = remote };
+	CHECK(pthread_barrier_init(&shared.round_starts, NULL, CONCURRENT_THREADS + 1) == 0 &&
+		      pthread_barrier_init(&shared.round_posted, NULL, CONCURRENT_THREADS + 1) == 0,
+	      "barriers");
+	struct concurrent_poster posters[CONCURRENT_THREADS];
+	pthread_t threads[CONCURRENT_THREADS];
+	for (int i = 0; i < CONCURRENT_THREADS; i++) {
+		posters[i] = (struct concurrent_poster){ .shared = &shared, .index = i };
+		CHECK(pthread_create(&threads[i], NULL, post_in_rounds, &posters[i]) == 0, "start a poster");
+	}
+	for (int round = 0; round < CONCURRENT_ROUNDS; round++) {
+		pthread_barrier_wait(&shared.round_starts);
+		pthread_barrier_wait(&shared.round_posted);
+		CHECK(!__atomic_load_n(&shared.failed, __ATOMIC_SEQ_CST), "a concurrent post failed in round %d",
+		      round);
+		for (int i = 0; i < CONCURRENT_THREADS; i++) {
+			struct ibv_wc wc = complete();
+			CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id / CONCURRENT_THREADS == (uint64_t)round,
+			      "round %d: wr_id %lu, status %d", round, (unsigned long)wc.wr_id, wc.status);
+		}
+		for (int i = 0; i < CONCURRENT_THREADS; i++)
+			for (int byte = 0; byte < 8; byte++)
+				CHECK(remote[64 * i + byte] == (uint8_t)(round * CONCURRENT_THREADS + i + 1),
+				      "round %d: thread %d's byte %d is %d", round, i, byte, remote[64 * i + byte]);
+	}
+	for (int i = 0; i < CONCURRENT_THREADS; i++)
+		CHECK(pthread_join(threads[i], NULL) == 0, "join a poster");
+	no_completion("each WRITE completed once");
+	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_qp(peer) == 0, "destroy the QPs");
+}
+
 /* IBV_SEND_INLINE means nothing to a READ (ibv_post_send ignores it): the
  * builder took the READ's SGE for inline data, so the answer landed in
  * its staging slot and the program's buffer stayed as it was. */
@@ -923,6 +1004,7 @@ int main(void)
 	inline_lengths_are_checked_whole(gid, remote, remote_mr);
 	an_inline_flag_on_a_built_read_is_ignored(gid, local, local_mr, remote, remote_mr);
 	a_second_builder_waits_for_the_first_to_complete(gid, remote, remote_mr);
+	threads_post_on_one_qp_at_once(gid, remote, remote_mr);
 	a_builder_section_is_its_threads_alone(gid, remote, remote_mr);
 	remote_write_without_local_write_is_refused();
 	a_chain_as_long_as_the_queue_posts();
