@@ -859,3 +859,33 @@ fn an_interrupted_rack_up_runs_no_further_section_and_writes_its_report() {
     std::fs::remove_file(&json).ok();
     assert!(report.contains("\"rack\""), "{report}");
 }
+
+/// In processes (and netns) mode an interrupt threw away the reports the
+/// nodes had just written: `rack up` said "error: interrupted", exited 2
+/// and wrote no `--json`. It reports what the nodes did, and exits 130.
+#[test]
+fn an_interrupted_rack_up_of_processes_writes_its_report() {
+    let json = common::scratch("interrupted-processes.json");
+    std::fs::remove_file(&json).ok();
+    let (mut launcher, path) = spawn_long_rack_up(
+        "rack-two-nodes.toml",
+        ("operations = 300", "operations = 100000000"),
+        "interrupted-processes.toml",
+        &["--mode", "processes", "--json", json.to_str().unwrap()],
+    );
+    let started = std::time::Instant::now();
+    while children_of(launcher.id()).len() < 2
+        && started.elapsed() < std::time::Duration::from_secs(20)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // Past the nodes' start, into the workload.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let status = common::interrupt_and_wait(&mut launcher, "rack up");
+    std::fs::remove_file(&path).ok();
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    let report = std::fs::read_to_string(&json).expect("the report of the interrupted rack");
+    std::fs::remove_file(&json).ok();
+    assert!(report.contains("\"mode\": \"processes\""), "{report}");
+    assert!(report.contains("interrupted"), "{report}");
+}

@@ -617,15 +617,18 @@ fn supervised(
         fabric_threads: 1,
         nodes: reports,
         switch: switch_report,
-        notes: supervised_notes(rack, options.mode),
+        notes: supervised_notes(rack, options.mode, stop.load(Ordering::Relaxed)),
     })
 }
 
 /// The shaping notes, and that a node process has one carrier: an
 /// offload host's local link crosses the switch here.
-fn supervised_notes(rack: &RackConfig, mode: Mode) -> Vec<String> {
+fn supervised_notes(rack: &RackConfig, mode: Mode, interrupted: bool) -> Vec<String> {
     let topology = rack.topology();
     let mut notes = topology.shaping_notes();
+    if interrupted {
+        notes.push("interrupted: the nodes were stopped before their workloads finished".into());
+    }
     for (host, offload) in topology.local_links() {
         notes.push(format!(
             "host {:?}: in {} mode its local link to {:?} crosses the switch (one carrier per node process), shaped as its uplink",
@@ -717,6 +720,32 @@ fn spawn_children(
     Ok(children)
 }
 
+/// What became of a node process.
+#[derive(Debug)]
+enum Exit {
+    Running,
+    Exited(std::process::ExitStatus),
+    /// Its wait failed (someone else took its status: under a parent that
+    /// ignores SIGCHLD the kernel reaps it): it is gone, and it is never
+    /// signalled again, as its pid may be another process's by now.
+    Lost(String),
+}
+
+impl Exit {
+    fn is_running(&self) -> bool {
+        matches!(self, Exit::Running)
+    }
+
+    /// What a child's wait or try-wait said.
+    fn of(waited: std::io::Result<Option<std::process::ExitStatus>>) -> Exit {
+        match waited {
+            Ok(Some(status)) => Exit::Exited(status),
+            Ok(None) => Exit::Running,
+            Err(error) => Exit::Lost(error.to_string()),
+        }
+    }
+}
+
 fn signal(child: &Child, signal: rustix::process::Signal) {
     if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
         let _ = rustix::process::kill_process(pid, signal);
@@ -734,30 +763,37 @@ fn supervise(
     stop: &AtomicBool,
     switch: &FabricThread,
 ) -> Result<Vec<NodeReport>, RackError> {
-    let mut exits: Vec<Option<std::process::ExitStatus>> = vec![None; children.len()];
+    let mut exits: Vec<Exit> = children.iter().map(|_| Exit::Running).collect();
     let mut failure: Option<String> = None;
     let mut ready_deadline = None;
     // Bounded by the compute workloads' own timeouts, which end them, and
     // then by the ready wait's.
     loop {
         for (index, child) in children.iter_mut().enumerate() {
-            if exits[index].is_none() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    exits[index] = Some(status);
-                    let node = &rack.nodes[index];
-                    if !status.success() || node.role != Role::Compute {
-                        failure.get_or_insert_with(|| {
-                            format!("node {} exited early ({status})", node.name)
-                        });
-                    }
+            if !exits[index].is_running() {
+                continue;
+            }
+            exits[index] = Exit::of(child.try_wait());
+            let node = &rack.nodes[index];
+            match &exits[index] {
+                Exit::Exited(status) if !status.success() || node.role != Role::Compute => {
+                    failure.get_or_insert_with(|| {
+                        format!("node {} exited early ({status})", node.name)
+                    });
                 }
+                Exit::Lost(error) => {
+                    failure.get_or_insert_with(|| {
+                        format!("node {} cannot be waited for ({error})", node.name)
+                    });
+                }
+                Exit::Exited(_) | Exit::Running => {}
             }
         }
         let computes_done = rack
             .nodes
             .iter()
             .zip(&exits)
-            .all(|(node, exit)| node.role != Role::Compute || exit.is_some());
+            .all(|(node, exit)| node.role != Role::Compute || !exit.is_running());
         if switch.is_finished() {
             failure.get_or_insert_with(|| "the switch stopped".into());
         }
@@ -772,29 +808,9 @@ fn supervise(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    for (index, child) in children.iter().enumerate() {
-        if exits[index].is_none() {
-            signal(child, rustix::process::Signal::TERM);
-        }
-    }
-    let deadline = Instant::now() + STOP_GRACE;
-    for (index, child) in children.iter_mut().enumerate() {
-        while exits[index].is_none() {
-            if let Ok(Some(status)) = child.try_wait() {
-                exits[index] = Some(status);
-            } else if Instant::now() > deadline {
-                let _ = child.kill();
-                exits[index] = child.wait().ok();
-                failure.get_or_insert_with(|| {
-                    format!(
-                        "node {} did not stop within {STOP_GRACE:?} and was killed",
-                        rack.nodes[index].name
-                    )
-                });
-            } else {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
+    let names: Vec<&str> = rack.nodes.iter().map(|node| node.name.as_str()).collect();
+    if let Some(stopped) = stop_children(&mut children, &mut exits, &names, STOP_GRACE) {
+        failure.get_or_insert(stopped);
     }
     let mut reports = Vec::new();
     for (node, exit) in rack.nodes.iter().zip(&exits) {
@@ -806,8 +822,11 @@ fn supervise(
             name: node.name.clone(),
             role: node.role.name().into(),
             error: Some(match exit {
-                Some(status) => format!("exited ({status}) without a report"),
-                None => "vanished without a report".into(),
+                Exit::Exited(status) => format!("exited ({status}) without a report"),
+                Exit::Lost(error) => {
+                    format!("could not be waited for ({error}) and left no report")
+                }
+                Exit::Running => "vanished without a report".into(),
             }),
             ..NodeReport::default()
         }));
@@ -820,22 +839,56 @@ fn supervise(
             report.error.get_or_insert(message);
         }
     }
-    if stop.load(Ordering::Relaxed) {
-        return Err(RackError::Launch("interrupted".into()));
-    }
+    // An interrupted rack still reports: the nodes wrote what they did
+    // before the signal (a workload cut short says so in its error), and
+    // the caller writes the report it asked for (`rack up --json`).
     Ok(reports)
 }
 
+/// Asks every running child to stop, waits up to `grace`, then kills
+/// those still running; returns what went wrong first, if anything. Each
+/// child's wait ends: a failed wait marks it lost (retried after the
+/// grace, a wait that kept failing spun a core for ever).
+fn stop_children(
+    children: &mut [Child],
+    exits: &mut [Exit],
+    names: &[&str],
+    grace: Duration,
+) -> Option<String> {
+    for (child, exit) in children.iter().zip(exits.iter()) {
+        if exit.is_running() {
+            signal(child, rustix::process::Signal::TERM);
+        }
+    }
+    let mut failure = None;
+    let deadline = Instant::now() + grace;
+    for ((child, exit), name) in children.iter_mut().zip(exits.iter_mut()).zip(names) {
+        // Bounded by the deadline, then by one kill and one wait.
+        while exit.is_running() {
+            *exit = Exit::of(child.try_wait());
+            if !exit.is_running() {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                *exit = Exit::of(child.wait().map(Some));
+                failure.get_or_insert_with(|| {
+                    format!("node {name} did not stop within {grace:?} and was killed")
+                });
+            } else {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+    failure
+}
+
 /// Whether every node still running has said it serves.
-fn all_serve(
-    rack: &RackConfig,
-    exits: &[Option<std::process::ExitStatus>],
-    run_directory: &Path,
-) -> bool {
+fn all_serve(rack: &RackConfig, exits: &[Exit], run_directory: &Path) -> bool {
     rack.nodes
         .iter()
         .zip(exits)
-        .all(|(node, exit)| exit.is_some() || ready_marker(run_directory, &node.name).exists())
+        .all(|(node, exit)| !exit.is_running() || ready_marker(run_directory, &node.name).exists())
 }
 
 /// How a single node process reaches the switch.
@@ -975,6 +1028,28 @@ fn descriptor_for_one_child(fd: std::os::fd::BorrowedFd<'_>) -> Result<OwnedFd, 
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    /// A child whose status someone else took (reaped behind the
+    /// launcher's back, as the kernel does under a parent that ignores
+    /// SIGCHLD): each wait fails. The stop loop then ran kill and wait
+    /// again and again with no pause, a core at 100% for ever.
+    #[test]
+    fn a_child_that_cannot_be_waited_for_does_not_spin_the_supervisor() {
+        let child = Command::new("true").spawn().unwrap();
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()).unwrap();
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut exits = vec![Exit::Running];
+            let mut children = [child];
+            stop_children(&mut children, &mut exits, &["memory0"], Duration::ZERO);
+            let _ = done.send(exits.pop());
+        });
+        let exit = finished
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the stop loop ended");
+        assert!(matches!(exit, Some(Exit::Lost(_))), "{exit:?}");
+    }
 
     #[test]
     fn a_childs_copy_of_the_segment_stays_close_on_exec_for_the_others() {
