@@ -111,7 +111,14 @@ pub fn run(
                 return Err(RackError::Stopped("the workload"));
             }
             let begun = Instant::now();
-            one_operation(endpoint, kicker, &local, connection, &mut rng, &mut report)?;
+            one_operation(
+                endpoint,
+                kicker,
+                &local,
+                connection,
+                (&mut rng, stop),
+                &mut report,
+            )?;
             latency.saturating_record(begun.elapsed().as_nanos() as u64);
         }
     }
@@ -157,7 +164,7 @@ fn one_operation(
     kicker: &DriverKicker,
     local: &Local,
     connection: &mut Connection,
-    rng: &mut ChaCha8Rng,
+    (rng, stop): (&mut ChaCha8Rng, &AtomicBool),
     report: &mut WorkloadReport,
 ) -> Result<(), RackError> {
     let window = connection.model.len() as u64;
@@ -173,8 +180,7 @@ fn one_operation(
                 .rnic
                 .write_local(local.region.lkey, local.region.address, &bytes)?;
             execute(
-                endpoint,
-                kicker,
+                (endpoint, kicker, stop),
                 local,
                 connection,
                 SendOperation::Write {
@@ -189,8 +195,7 @@ fn one_operation(
         }
         4..=6 => {
             execute(
-                endpoint,
-                kicker,
+                (endpoint, kicker, stop),
                 local,
                 connection,
                 SendOperation::Read { remote },
@@ -215,8 +220,7 @@ fn one_operation(
         7 => {
             let length = length.min(MAX_SEND_BYTES);
             execute(
-                endpoint,
-                kicker,
+                (endpoint, kicker, stop),
                 local,
                 connection,
                 SendOperation::Send { immediate: None },
@@ -247,8 +251,7 @@ fn one_operation(
                 )
             };
             execute(
-                endpoint,
-                kicker,
+                (endpoint, kicker, stop),
                 local,
                 connection,
                 operation,
@@ -278,8 +281,7 @@ fn one_operation(
 
 /// Posts one request and waits for its completion.
 fn execute(
-    endpoint: &Shared<NodeEndpoint>,
-    kicker: &DriverKicker,
+    (endpoint, kicker, stop): (&Shared<NodeEndpoint>, &DriverKicker, &AtomicBool),
     local: &Local,
     connection: &Connection,
     operation: SendOperation,
@@ -290,22 +292,37 @@ fn execute(
         .rnic
         .post_send(connection.queue_pair, request)?;
     kicker.kick();
+    let poll = || Ok(lock(endpoint).rnic.poll_completion(local.cq)?);
+    wait_for_completion(poll, stop, OPERATION_TIMEOUT, &connection.name)
+}
+
+/// Waits for the completion `poll` finds, up to `timeout`, or until
+/// `stop` is raised: Ctrl-C, or a fabric that ended (a workload beside a
+/// failed fabric ends at once, not after waiting out its operation).
+fn wait_for_completion(
+    mut poll: impl FnMut() -> Result<Option<WorkCompletion>, RackError>,
+    stop: &AtomicBool,
+    timeout: Duration,
+    peer: &str,
+) -> Result<(), RackError> {
     let started = Instant::now();
     let mut spins = 0u32;
     loop {
-        if let Some(completion) = lock(endpoint).rnic.poll_completion(local.cq)? {
+        if let Some(completion) = poll()? {
             if completion.status != CompletionStatus::Success {
                 return Err(RackError::Workload(format!(
-                    "{:?} to {} completed with {:?}",
-                    completion.opcode, connection.name, completion.status
+                    "{:?} to {peer} completed with {:?}",
+                    completion.opcode, completion.status
                 )));
             }
             return Ok(());
         }
-        if started.elapsed() > OPERATION_TIMEOUT {
+        if stop.load(Ordering::Relaxed) {
+            return Err(RackError::Stopped("the workload"));
+        }
+        if started.elapsed() > timeout {
             return Err(RackError::Workload(format!(
-                "no completion from {} within {OPERATION_TIMEOUT:?}",
-                connection.name
+                "no completion from {peer} within {timeout:?}"
             )));
         }
         // Spin briefly, then yield, so the driver gets the lock and a core.
@@ -315,5 +332,22 @@ fn execute(
         } else {
             std::thread::yield_now();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An operation waiting on a peer or fabric that is gone waited out
+    /// its whole timeout (10 s) after Ctrl-C or the fabric's end, and then
+    /// failed as a data check ("no completion"): it stops at once now.
+    #[test]
+    fn a_stopped_workload_does_not_wait_out_an_operation() {
+        let stop = AtomicBool::new(true);
+        let started = Instant::now();
+        let waited = wait_for_completion(|| Ok(None), &stop, Duration::from_secs(10), "memory0");
+        assert!(matches!(waited, Err(RackError::Stopped(_))), "{waited:?}");
+        assert!(started.elapsed() < Duration::from_secs(1));
     }
 }
