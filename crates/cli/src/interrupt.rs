@@ -25,6 +25,9 @@ static EXIT_AT_FIRST: AtomicBool = AtomicBool::new(false);
 /// exit runs no destructors, and a benchmark's `redis-server` was left
 /// listening after a SIGTERM to this process alone.
 static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+/// Clean-ups an interrupt that ends the process runs first, for what a
+/// destructor would have removed (`rack up`'s network namespaces).
+static FORCED_EXIT_HOOKS: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
 
 /// Installs the interrupt handler, once: the first interrupt raises every
 /// live stop flag and marks the process interrupted, for the steps still to
@@ -53,6 +56,17 @@ pub fn handle_interrupts() {
 }
 
 fn exit_interrupted() -> ! {
+    forced_exit_cleanup();
+    std::process::exit(i32::from(INTERRUPTED_EXIT));
+}
+
+/// What an interrupt that ends the process undoes first: its children,
+/// its scratch paths and what the hooks remove.
+fn forced_exit_cleanup() {
+    let hooks = std::mem::take(&mut *FORCED_EXIT_HOOKS.lock().unwrap_or_else(|e| e.into_inner()));
+    for hook in hooks {
+        hook();
+    }
     let children = std::mem::take(&mut *CHILDREN.lock().unwrap_or_else(|e| e.into_inner()));
     for child in children {
         if let Some(pid) = rustix::process::Pid::from_raw(child as i32) {
@@ -63,7 +77,16 @@ fn exit_interrupted() -> ! {
     for path in scratch {
         let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
     }
-    std::process::exit(i32::from(INTERRUPTED_EXIT));
+}
+
+/// Runs `hook` if an interrupt ends the process (once, however often it
+/// is asked for).
+pub fn at_forced_exit(hook: fn()) {
+    handle_interrupts();
+    let mut hooks = FORCED_EXIT_HOOKS.lock().unwrap_or_else(|e| e.into_inner());
+    if !hooks.contains(&hook) {
+        hooks.push(hook);
+    }
 }
 
 /// For a command with nothing to stop cleanly: the first interrupt ends

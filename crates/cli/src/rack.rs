@@ -135,6 +135,9 @@ pub fn run(command: RackCommand) -> Result<ExitCode, RackCommandError> {
         executable: std::env::current_exe().map_err(RackCommandError::Executable)?,
         rack_file: args.rack.clone(),
     };
+    // A second Ctrl-C ends the process without destructors: the
+    // namespaces of netns mode would outlive it.
+    crate::interrupt::at_forced_exit(launch::remove_live_namespaces);
     let report = launch::rack_up(&rack, &options, stop_flag())?;
     print!("{report}");
     if let Some(path) = &args.capture {

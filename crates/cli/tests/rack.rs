@@ -889,3 +889,53 @@ fn an_interrupted_rack_up_of_processes_writes_its_report() {
     assert!(report.contains("\"mode\": \"processes\""), "{report}");
     assert!(report.contains("interrupted"), "{report}");
 }
+
+/// A second Ctrl-C ends `rack up` at once, without destructors: in netns
+/// mode the rack's namespaces (each keeping its veth pair) outlived it.
+#[test]
+fn a_second_ctrl_c_in_netns_mode_leaves_no_namespaces() {
+    if !running_as_root() {
+        eprintln!("SKIPPED: netns mode needs root");
+        return;
+    }
+    let (mut launcher, path) = spawn_long_rack_up(
+        "rack-two-nodes.toml",
+        ("operations = 300", "operations = 100000000"),
+        "netns-twice.toml",
+        &["--mode", "netns"],
+    );
+    let started = std::time::Instant::now();
+    while children_of(launcher.id()).len() < 2
+        && started.elapsed() < std::time::Duration::from_secs(20)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let interrupt = || {
+        let sent = Command::new("kill")
+            .args(["-INT", &launcher.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    };
+    // The second comes while the first's stop is under way (the nodes
+    // asked to stop, the namespaces not yet removed).
+    interrupt();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    interrupt();
+    let status = common::interrupt_and_wait(&mut launcher, "rack up after two Ctrl-C");
+    std::fs::remove_file(&path).ok();
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    let prefix = format!("remora{}n", launcher.id() % 100_000);
+    let listing = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let left: Vec<String> = String::from_utf8_lossy(&listing.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| name.starts_with(&prefix))
+        .map(str::to_string)
+        .collect();
+    for name in &left {
+        let _ = Command::new("ip").args(["netns", "del", name]).status();
+    }
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}

@@ -34,7 +34,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const RING_DEPTH: u32 = 512;
@@ -427,7 +427,51 @@ fn ip(arguments: &[&str]) -> Result<(), RackError> {
     Ok(())
 }
 
+/// A namespace or veth a rack made, until it removes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum NetworkObject {
+    Namespace(String),
+    Veth(String),
+}
+
+/// What every live `Namespaces` made: an exit that runs no destructors (a
+/// second Ctrl-C) left them behind, each namespace keeping its veth pair
+/// alive. [`remove_live_namespaces`] removes them on such an exit.
+static LIVE_NETWORK_OBJECTS: Mutex<Vec<NetworkObject>> = Mutex::new(Vec::new());
+
+fn live_network_objects() -> MutexGuard<'static, Vec<NetworkObject>> {
+    LIVE_NETWORK_OBJECTS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Removes `objects`, veths before the namespaces that hold their peers.
+fn remove_network_objects(objects: &[NetworkObject]) {
+    for object in objects {
+        if let NetworkObject::Veth(name) = object {
+            let _ = Command::new("ip").args(["link", "del", name]).output();
+        }
+    }
+    for object in objects {
+        if let NetworkObject::Namespace(name) = object {
+            let _ = Command::new("ip").args(["netns", "del", name]).output();
+        }
+    }
+}
+
+/// Removes every namespace and veth a live rack made: for a process that
+/// ends without running destructors (`rack up`'s second Ctrl-C).
+pub fn remove_live_namespaces() {
+    let objects = std::mem::take(&mut *live_network_objects());
+    remove_network_objects(&objects);
+}
+
 impl Namespaces {
+    /// Keeps `object` on the live list as soon as it exists.
+    fn made(object: NetworkObject) {
+        live_network_objects().push(object);
+    }
+
     fn create(count: usize) -> Result<Namespaces, RackError> {
         if !rustix::process::geteuid().is_root() {
             return Err(RackError::Launch("netns mode creates network namespaces and veths and opens AF_PACKET sockets: it needs root (CAP_NET_ADMIN and CAP_NET_RAW). Run it with sudo, or use --mode embedded or --mode processes".into()));
@@ -445,6 +489,7 @@ impl Namespaces {
                 format!("rmr{tag}n{index}"),
             );
             ip(&["netns", "add", &namespace])?;
+            Namespaces::made(NetworkObject::Namespace(namespace.clone()));
             made.names.push(namespace.clone());
             ip(&[
                 "link",
@@ -459,6 +504,7 @@ impl Namespaces {
                 "netns",
                 &namespace,
             ])?;
+            Namespaces::made(NetworkObject::Veth(switch_side.clone()));
             made.veths.push(switch_side.clone());
             made.node_sides.push(node_side.clone());
             // No kernel traffic on the rack's wires: no IPv6 autoconfiguration.
@@ -490,14 +536,19 @@ impl Namespaces {
     }
 }
 
+impl Namespaces {
+    fn objects(&self) -> Vec<NetworkObject> {
+        let veths = self.veths.iter().cloned().map(NetworkObject::Veth);
+        let namespaces = self.names.iter().cloned().map(NetworkObject::Namespace);
+        veths.chain(namespaces).collect()
+    }
+}
+
 impl Drop for Namespaces {
     fn drop(&mut self) {
-        for veth in &self.veths {
-            let _ = Command::new("ip").args(["link", "del", veth]).output();
-        }
-        for name in &self.names {
-            let _ = Command::new("ip").args(["netns", "del", name]).output();
-        }
+        let objects = self.objects();
+        remove_network_objects(&objects);
+        live_network_objects().retain(|live| !objects.contains(live));
     }
 }
 
