@@ -464,7 +464,6 @@ fn rack_step() -> Result<remora_rack::RackReport, DemoError> {
         carrier: remora_rack::CarrierKind::Shm,
         capture: None,
         executable: std::env::current_exe().map_err(DemoError::Executable)?,
-        rack_file: "examples/rack-two-nodes.toml".into(),
     };
     println!("\nthe embedded rack (examples/rack-two-nodes.toml):");
     let report = remora_rack::launch::rack_up(&rack, &options, crate::interrupt::stop_flag())?;

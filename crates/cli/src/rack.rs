@@ -133,7 +133,6 @@ pub fn run(command: RackCommand) -> Result<ExitCode, RackCommandError> {
         },
         capture: args.capture.clone(),
         executable: std::env::current_exe().map_err(RackCommandError::Executable)?,
-        rack_file: args.rack.clone(),
     };
     // A second Ctrl-C ends the process without destructors: the
     // namespaces of netns mode would outlive it.

@@ -939,3 +939,27 @@ fn a_second_ctrl_c_in_netns_mode_leaves_no_namespaces() {
     }
     assert!(left.is_empty(), "namespaces left behind: {left:?}");
 }
+
+/// Node processes read the rack file again when they started: an edit
+/// after the launcher read it (or a file gone) gave nodes another rack
+/// than the launcher's, or none. They run the rack the launcher parsed,
+/// whatever is on disk: here there is no file at all.
+#[test]
+fn node_processes_run_the_launchers_rack_not_the_file_on_disk() {
+    use remora_rack::launch::{rack_up, CarrierKind, LaunchOptions, Mode};
+    let text = std::fs::read_to_string(example("rack-two-nodes.toml"))
+        .unwrap()
+        .replace("operations = 300", "operations = 200")
+        .replace("name = \"two-nodes\"", "name = \"launchers-rack\"");
+    let rack = remora_rack::RackConfig::parse(&text).unwrap();
+    let options = LaunchOptions {
+        mode: Mode::Processes,
+        carrier: CarrierKind::Shm,
+        capture: None,
+        executable: env!("CARGO_BIN_EXE_remora").into(),
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let report = rack_up(&rack, &options, stop).unwrap();
+    let report = serde_json::to_value(&report).unwrap();
+    assert_workloads_complete(&report, 200);
+}

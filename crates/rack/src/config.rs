@@ -297,6 +297,10 @@ pub struct RackConfig {
     /// Each system's own table (`[cowbird]`, ...), unparsed: the system's
     /// crate reads it, with its own typed errors.
     pub systems: BTreeMap<String, toml::Table>,
+    /// The text this was parsed from: a launcher hands its node processes
+    /// this, not the file, which may have changed since (each node would
+    /// run the rack as the file said when it started).
+    source: std::sync::Arc<str>,
 }
 
 /// The longest rack or node name: names become socket paths, which Unix
@@ -485,7 +489,14 @@ impl RackConfig {
                 error.message(),
             ))
         })?;
-        RackConfig::validate(raw).map_err(RackError::Config)
+        let mut config = RackConfig::validate(raw).map_err(RackError::Config)?;
+        config.source = text.into();
+        Ok(config)
+    }
+
+    /// The text this rack was parsed from.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     fn validate(raw: RawRack) -> Result<RackConfig, String> {
@@ -667,6 +678,7 @@ impl RackConfig {
             tunnel_base_port: raw.switch.tunnel_base_port,
             fabric_threads,
             systems,
+            source: "".into(),
         })
     }
 

@@ -75,7 +75,6 @@ pub struct LaunchOptions {
     pub capture: Option<PathBuf>,
     /// The `remora` executable children run (processes and netns modes).
     pub executable: PathBuf,
-    pub rack_file: PathBuf,
 }
 
 impl Mode {
@@ -699,6 +698,12 @@ fn spawn_children(
     namespaces: Option<&Namespaces>,
 ) -> Result<Vec<Child>, RackError> {
     let mut children: Vec<Child> = Vec::new();
+    // Every node runs the rack this launcher parsed: the file may have
+    // changed since, and nodes started later would have read another.
+    let rack_snapshot = run_directory.join("rack.toml");
+    std::fs::write(&rack_snapshot, rack.source()).map_err(|error| {
+        RackError::Launch(format!("cannot write {}: {error}", rack_snapshot.display()))
+    })?;
     // Memory nodes first, so compute nodes find their control sockets soon.
     let mut order: Vec<&NodeConfig> = rack.nodes.iter().collect();
     order.sort_by_key(|node| node.role != Role::Memory);
@@ -716,7 +721,7 @@ fn spawn_children(
         };
         command
             .arg("node")
-            .arg(&options.rack_file)
+            .arg(&rack_snapshot)
             .args(["--name", &node.name, "--run-dir"])
             .arg(run_directory);
         let carrier = &carriers[usize::from(node.port)];

@@ -36,7 +36,6 @@ fn a_stopped_workload_is_not_a_failed_check() {
         carrier: CarrierKind::Shm,
         capture: None,
         executable: "remora".into(),
-        rack_file: "stopped.toml".into(),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let stopper = Arc::clone(&stop);
