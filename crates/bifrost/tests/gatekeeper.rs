@@ -755,14 +755,89 @@ fn a_node_back_at_a_replaced_address_starts_afresh() {
     gatekeeper.mark_failed(node.address).unwrap();
     gatekeeper.recover(node.address, spare.address).unwrap();
     assert_eq!(gatekeeper.checkpoint_of(node.address), None);
-    // Back at its address, it boots afresh and checkpoints from 1.
-    control::send(&mut switch, 0, node, &control::heartbeat());
+    // Back at its address, it boots afresh (a new incarnation: the old
+    // one is fenced) and checkpoints from 1.
+    control::send(&mut switch, 0, node, &control::heartbeat_of(1));
     let (commit, fresh) = control::commit(1, b"new life");
     control::send(&mut switch, 0, node, &commit);
     assert_eq!(
         switch.program().checkpoint_of(node.address),
         Some(&fresh[..])
     );
+}
+
+/// A node marked failed went on being heard: its late reply answered the
+/// caller (and ended the call's edge, so its replacement never ran it)
+/// and kept its checkpoint over the one the replacement starts from, and
+/// after recovery its replies passed as the replacement's. Everything it
+/// sends is dropped from the mark on (the paper's fate sharing), until a
+/// new boot announces itself.
+#[test]
+fn a_node_marked_failed_is_fenced() {
+    use remora_base::Timestamp;
+    use remora_switch::PortId;
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress, HEADER_LEN};
+    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
+    let (failed, spare, caller) = (
+        host_on(1, BIFROST_PORT),
+        host_on(2, BIFROST_PORT),
+        host_on(3, 40000),
+    );
+    let mut switch = gatekeeper_switch(&[failed, spare, caller], &[0, 1, 2], |gatekeeper| {
+        for node in [failed, spare] {
+            gatekeeper
+                .register_node(node.address, NodeKind::Compute, 0)
+                .unwrap();
+        }
+        gatekeeper.route("increment", failed.address).unwrap();
+    });
+    let service = DatagramEnd {
+        mac: control::ROUTER,
+        address: SERVICE,
+        port: BIFROST_PORT,
+    };
+    let call = BifrostRepr::new(CallType::Call, "increment", 7, GlobalAddress::NULL).unwrap();
+    let mut payload = vec![0u8; HEADER_LEN];
+    call.emit(&mut payload).unwrap();
+    let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
+    let length = emit_datagram(caller, service, &payload, &mut frame).unwrap();
+    frame.truncate(length);
+    let now = Timestamp::ZERO;
+    switch.handle_frame(now, PortId(2), &frame);
+    let mut buffer = vec![0u8; 4096];
+    while switch.poll_transmit(now, &mut buffer).is_some() {}
+    assert_eq!(switch.program().counters().calls_routed, 1);
+    // Its boot, incarnation 0, heard before it fails.
+    control::send(&mut switch, 0, control::end(1), &control::heartbeat_of(0));
+    switch.program_mut().mark_failed(failed.address).unwrap();
+    // Its late reply to call 7, with a checkpoint.
+    let reply = BifrostRepr::new(CallType::Reply, "", 7, GlobalAddress::NULL).unwrap();
+    let checkpoint = [&2u64.to_be_bytes()[..], b"late"].concat();
+    let late = checkpointed_datagram(reply, &checkpoint, failed, caller);
+    switch.handle_frame(now, PortId(0), &late);
+    let mut forwarded = 0;
+    while switch.poll_transmit(now, &mut buffer).is_some() {
+        forwarded += 1;
+    }
+    assert_eq!(forwarded, 0, "the late reply reached the caller");
+    assert_eq!(switch.program().counters().replies, 0);
+    assert_eq!(switch.program().checkpoint_of(failed.address), None);
+    // Recovered onto the spare: the failed node's reply is still not the
+    // spare's.
+    switch
+        .program_mut()
+        .recover(failed.address, spare.address)
+        .unwrap();
+    while switch.poll_transmit(now, &mut buffer).is_some() {}
+    switch.handle_frame(now, PortId(0), &late);
+    assert_eq!(switch.program().counters().replies, 0);
+    assert_eq!(switch.program().counters().fenced, 2);
+    // A heartbeat of the failed life does not lift the fence; a new boot's
+    // does.
+    control::send(&mut switch, 0, control::end(1), &control::heartbeat_of(0));
+    assert!(switch.program().node(failed.address).is_none());
+    control::send(&mut switch, 0, control::end(1), &control::heartbeat_of(1));
+    assert!(switch.program().node(failed.address).is_some());
 }
 
 /// Callers' checkpoints are kept per (address, port), in a table sized for

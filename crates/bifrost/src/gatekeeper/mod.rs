@@ -164,6 +164,10 @@ pub struct GatekeeperCounters {
     pub fate_shared: u64,
     /// RPC datagrams readdressed for a node standing in for a failed one.
     pub stood_in: u64,
+    /// Packets from a node marked failed (a late reply, a call, RDMA):
+    /// dropped, as the paper's fate sharing drops all packets from the
+    /// failure domain, until a new boot of the node announces itself.
+    pub fenced: u64,
     /// Replies to calls in the graph from another node than the callee:
     /// dropped.
     pub forged_replies: u64,
@@ -274,6 +278,10 @@ pub struct Gatekeeper {
     /// The replacements that took their failed node's place, to the failed
     /// node: their RPC datagrams leave under its address.
     standing_for: ExactTable<Ipv4Address, Ipv4Address>,
+    /// Nodes marked failed, with the incarnation they failed in (if they
+    /// sent heartbeats): nothing they send passes until a heartbeat of
+    /// another incarnation (a new boot) does.
+    fenced: ExactTable<Ipv4Address, Option<u32>>,
     /// The switch's own MAC, as calls to the service address carry it:
     /// the Gatekeeper's own answers are addressed to it, for routing.
     router_mac: Option<remora_wire::MacAddress>,
@@ -287,6 +295,18 @@ fn method_key(method: &[u8]) -> Result<MethodKey, GatekeeperError> {
     let mut key = [0u8; METHOD_NAME_LEN];
     key[..method.len()].copy_from_slice(method);
     Ok(key)
+}
+
+/// Whether `packet` is a heartbeat of another incarnation than
+/// `failed_in` (or any heartbeat, if the failed life sent none).
+fn is_heartbeat_of_another_boot(packet: &Packet, failed_in: Option<u32>) -> bool {
+    let Some((_, udp, CONTROL_PORT)) = bifrost_offsets(packet) else {
+        return false;
+    };
+    match NodeMessage::parse(&packet.bytes[udp + 8..]) {
+        Ok(NodeMessage::Heartbeat(heartbeat)) => failed_in != Some(heartbeat.incarnation),
+        _ => false,
+    }
 }
 
 /// Where a packet's IPv4 and UDP headers are, and its destination port,
@@ -432,6 +452,7 @@ impl Gatekeeper {
                 config.nodes,
             )),
             replaced_by: ExactTable::new(shape("gatekeeper_replaced_by", 0, 32, 33, config.nodes)),
+            fenced: ExactTable::new(shape("gatekeeper_fenced", 0, 32, 33, config.nodes)),
             router_mac: None,
             counters: GatekeeperCounters::default(),
         }
@@ -558,8 +579,12 @@ impl Gatekeeper {
             .is_some_and(|(_, incarnation)| *incarnation != heartbeat.incarnation);
         if restarted {
             // A node that came back faster than the heartbeat timeout has
-            // lost its state all the same: it fails, and is recovered.
+            // lost its state all the same: it fails, and is recovered. Its
+            // fence is for the life that failed, not this new boot.
             self.detect_failure(node, packet);
+            if !self.is_stood_in_for(node) {
+                self.fenced.remove(&node);
+            }
         }
         if self.nodes.lookup(&node).is_none() {
             if self
@@ -735,6 +760,16 @@ impl Gatekeeper {
     /// are answered with the failure at once. Returns the calls in flight
     /// to it that will be recovered.
     pub fn mark_failed(&mut self, node: Ipv4Address) -> Result<usize, GatekeeperError> {
+        if self.nodes.lookup(&node).is_none() {
+            return Err(GatekeeperError::UnknownNode(node));
+        }
+        // Fenced first, the one step that can fail (a full table), so a
+        // refusal changes nothing.
+        let incarnation = self
+            .heard
+            .lookup(&node)
+            .map(|(_, incarnation)| *incarnation);
+        self.fenced.insert(node, incarnation)?;
         let info = self
             .nodes
             .lookup_mut(&node)
@@ -818,6 +853,35 @@ impl Gatekeeper {
         self.replaced_by.insert(failed, in_place)?;
         self.standing_for.insert(replacement, failed)?;
         Ok(moved)
+    }
+
+    /// Whether a stand-in sends under `node`'s address.
+    fn is_stood_in_for(&self, node: Ipv4Address) -> bool {
+        self.standing_for.values().any(|failed| *failed == node)
+    }
+
+    /// Whether `packet` comes from a node marked failed: its late replies
+    /// would answer calls its replacement runs again (and hand over the
+    /// pointers they return), its checkpoints would replace the one the
+    /// replacement started from, its RDMA would land on regions handed
+    /// over. A heartbeat of a new boot lifts the fence, unless a stand-in
+    /// sends under the address. The switch's own packets pass.
+    fn fenced_out(&mut self, packet: &Packet) -> bool {
+        if packet.original_ingress_port == remora_switch::packet::GENERATOR_PORT {
+            return false;
+        }
+        let Some(source) = packet.headers.ipv4.map(|fields| fields.source) else {
+            return false;
+        };
+        let Some(&failed_in) = self.fenced.lookup(&source) else {
+            return false;
+        };
+        if is_heartbeat_of_another_boot(packet, failed_in) && !self.is_stood_in_for(source) {
+            self.fenced.remove(&source);
+            return false;
+        }
+        self.counters.fenced += 1;
+        true
     }
 
     /// Rewrites an RPC datagram's addresses for the nodes standing in for
@@ -1369,6 +1433,10 @@ impl Overlay for Gatekeeper {
     fn before_forwarding(&mut self, now: Timestamp, packet: &mut Packet) -> Claim {
         self.check_liveness(now, packet);
         self.expire_calls(now);
+        if self.fenced_out(packet) {
+            packet.egress = Egress::Drop;
+            return Claim::Taken;
+        }
         if self.memory.concerns(packet) {
             self.memory.judge(now, packet, &mut self.packet_outs);
             return if packet.egress == Egress::Drop {
@@ -1443,6 +1511,7 @@ impl Overlay for Gatekeeper {
         report.tables.push(self.heard.resources());
         report.tables.push(self.standing_for.resources());
         report.tables.push(self.replaced_by.resources());
+        report.tables.push(self.fenced.resources());
         self.memory.add_resources(report);
     }
 
