@@ -423,6 +423,85 @@ mod tests {
         assert_eq!(running(&mut deployment).recovery_state(0), (0, false));
     }
 
+    /// A payload READ that died with its queue pair may have placed some
+    /// of a write's bytes (a torn payload) or all of them (answered, then
+    /// flushed): the reconnection took the write out of the overlap
+    /// guard, so another thread's read of the same bytes was served
+    /// before the redo landed the write whole. It waits for the redo.
+    #[test]
+    fn a_dead_queue_pairs_write_stays_guarded_during_reconnection() {
+        use remora_host::Agent;
+        use remora_rnic::back_to_back::{Direction, Verdict};
+        let mut fabric = BackToBack::new(7);
+        let spec = CowbirdSpec {
+            threads: 2,
+            ..one_instance(SpotConfig::DEFAULT)
+        };
+        let mut deployment = deploy(spec, &mut fabric.left, &mut fabric.right).unwrap();
+        deployment.clients[0]
+            .async_write(0, 0, &[0xaa; 1024])
+            .unwrap();
+        // Every answer that carries the payload is lost, until the engine
+        // gives the queue pair up.
+        let mut lose_payloads = |direction, frame: &mut [u8]| match direction {
+            Direction::LeftToRight if frame.len() > 1024 => Verdict::Drop,
+            _ => Verdict::Deliver,
+        };
+        let mut turns = 0;
+        while deployment.engine.stats().reconnects == 0 {
+            turns += 1;
+            assert!(turns < 10_000, "the engine never gave the queue pair up");
+            deployment
+                .engine
+                .turn(fabric.now, &mut fabric.right)
+                .unwrap();
+            fabric.run_filtered(10_000, &mut lose_payloads);
+            fabric.now = fabric.now.saturating_add(Duration::from_micros(5));
+        }
+        // The compute node's connection service is not polled yet: the
+        // first thread's instance stays reconnecting.
+        deployment.clients[1].async_read(0, 0, 1024).unwrap();
+        for _ in 0..16 {
+            deployment
+                .engine
+                .turn(fabric.now, &mut fabric.right)
+                .unwrap();
+            fabric.run(10_000);
+            fabric.now = fabric.now.saturating_add(Duration::from_micros(5));
+        }
+        assert_eq!(
+            deployment.engine.stats().reads,
+            0,
+            "a read was served over the write of a dead queue pair"
+        );
+        assert!(deployment.engine.stats().stalls > 0);
+        // Reconnected, the redo lands the write, and the read is served.
+        for _ in 0..2_000 {
+            let now = fabric.now;
+            let _ = deployment
+                .connection_service
+                .poll(now, &mut fabric.left)
+                .unwrap();
+            deployment.engine.turn(now, &mut fabric.right).unwrap();
+            fabric.run(10_000);
+            fabric.now = fabric.now.saturating_add(Duration::from_micros(5));
+            if deployment.engine.stats().reads == 1 {
+                break;
+            }
+        }
+        assert_eq!(
+            deployment.engine.stats().reads,
+            1,
+            "the read waited for ever"
+        );
+        let mut pool = vec![0u8; 1024];
+        deployment.pool_memory[0].read(0, &mut pool).unwrap();
+        assert!(
+            pool.iter().all(|byte| *byte == 0xaa),
+            "the write landed whole"
+        );
+    }
+
     /// A restarted engine whose compute node runs no connection service:
     /// the first instance's refused request failed the whole restart (the
     /// engine stayed down, its new queue pairs leaked), though a refusal

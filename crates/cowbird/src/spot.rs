@@ -257,6 +257,13 @@ struct InFlightWrite {
     region: u16,
     start: u64,
     end: u64,
+    /// The write's sequence number in its instance's requests.
+    sequence: u64,
+    /// Its payload READ died with its queue pair: the bytes may be placed,
+    /// in part (a torn payload) or whole (answered, then flushed with the
+    /// rest). It stays guarded until the instance's redo posts it again
+    /// or the compute node's progress shows it landed.
+    orphan: bool,
 }
 
 pub struct SpotEngine {
@@ -600,7 +607,14 @@ impl SpotEngine {
                 tracing::debug!(instance = index, %refused, "destroying a dead queue pair");
             }
         }
-        self.in_flight.retain(|write| write.instance != index);
+        // Its writes stay guarded: a payload READ that died may have placed
+        // some of its bytes, and another instance's overlapping write or
+        // read must not pass before the redo lands it whole.
+        for write in self.in_flight.iter_mut() {
+            if write.instance == index {
+                write.orphan = true;
+            }
+        }
         let prepared = rnic.create_queue_pair(&self.builder)?;
         self.stats.reconnects += 1;
         self.await_connection(now, index, prepared)
@@ -674,6 +688,11 @@ impl SpotEngine {
         instance
             .landed_writes
             .retain(|sequence| *sequence > write_progress);
+        // Nor will the writes it covers: their orphans are done.
+        self.in_flight.retain(|write| {
+            !(write.orphan && write.instance == index && write.sequence <= write_progress)
+        });
+        let instance = &mut self.instances[index];
         instance.phase = Phase::Idle;
         instance.interval = self.config.probe_interval_min;
         instance.next_probe = now;
@@ -944,16 +963,21 @@ impl SpotEngine {
         Ok(())
     }
 
-    /// Whether the pool range an entry touches overlaps a write in flight.
-    fn overlaps_in_flight(&self, entry: &Entry) -> bool {
+    /// Whether the pool range an entry of instance `index` touches
+    /// overlaps a write in flight. The instance's own orphans do not hold
+    /// back its redo, which lands its writes again in order.
+    fn overlaps_in_flight(&self, index: usize, entry: &Entry) -> bool {
         let start = match entry.kind {
             Kind::Read => entry.request_address,
             Kind::Write => entry.response_address,
         };
         let end = start + u64::from(entry.length);
-        self.in_flight
-            .iter()
-            .any(|write| write.region == entry.region && write.start < end && start < write.end)
+        self.in_flight.iter().any(|write| {
+            !(write.orphan && write.instance == index)
+                && write.region == entry.region
+                && write.start < end
+                && start < write.end
+        })
     }
 
     /// Walks the batch from the cursor: posts writes' payload READs and
@@ -973,7 +997,7 @@ impl SpotEngine {
             // Overlapping writes must land in order, and a retried READ
             // may place its data again, so a write waits for an
             // overlapping write as a read does.
-            if self.overlaps_in_flight(&step.entry) {
+            if self.overlaps_in_flight(index, &step.entry) {
                 self.stats.stalls += 1;
                 return Ok(());
             }
@@ -1008,11 +1032,17 @@ impl SpotEngine {
             SendOperation::Read { remote },
             local,
         )?;
+        // The redo of an orphan takes its place.
+        self.in_flight.retain(|write| {
+            !(write.orphan && write.instance == index && write.sequence == entry.sequence)
+        });
         self.in_flight.push(InFlightWrite {
             instance: index,
             region: entry.region,
             start: entry.response_address,
             end: entry.response_address + u64::from(entry.length),
+            sequence: entry.sequence,
+            orphan: false,
         });
         let instance = &mut self.instances[index];
         instance.batch[step].posted = true;
@@ -1072,7 +1102,8 @@ impl SpotEngine {
             .in_flight
             .iter()
             .position(|write| {
-                write.instance == index
+                !write.orphan
+                    && write.instance == index
                     && write.region == entry.region
                     && write.start == entry.response_address
             })
