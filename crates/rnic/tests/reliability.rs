@@ -691,6 +691,49 @@ fn a_duplicated_rnr_nak_spends_one_retry() {
     assert_eq!(s.fabric.left.counters().stale_naks_ignored, 1);
 }
 
+/// An RNR NAK's copy that came after the resend it asked for (a
+/// duplicating link delays one copy behind the other) spent a second RNR
+/// retry; with the budget spent it failed the SEND at once, though the
+/// resend delivered it. An RNR NAK for a resent PSN may be such a copy:
+/// the resend's answer, or the retransmission timer, decides.
+#[test]
+fn an_rnr_nak_copy_after_the_resend_spends_no_retry() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| {
+        builder.rnr_retry = 1;
+        builder.min_rnr_timer = Duration::from_micros(40);
+    });
+    let send = send_request(&s, 1, 0, 8);
+    s.fabric.left.post_send(s.left_qp, send).unwrap();
+    let now = s.fabric.now;
+    assert_eq!(deliver_all(&mut s.fabric.left, &mut s.fabric.right, now), 1);
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    let length = s.fabric.right.poll_transmit(now, &mut buffer).unwrap();
+    let nak = buffer[..length].to_vec();
+    // The first copy spends the only RNR retry.
+    s.fabric.left.handle_frame(now, &nak);
+    s.fabric
+        .right
+        .post_receive(
+            s.right_qp,
+            ReceiveRequest::new(4, &[s.right_mr.slice(0, 8)]).unwrap(),
+        )
+        .unwrap();
+    s.fabric.now = s.fabric.left.poll_timeout().expect("the RNR wait");
+    let resent = left_frames(&mut s);
+    assert_eq!(resent.len(), 1, "the SEND went again after the RNR wait");
+    // The late copy comes before the resend's answer.
+    let now = s.fabric.now;
+    s.fabric.left.handle_frame(now, &nak);
+    for frame in &resent {
+        s.fabric.right.handle_frame(now, frame);
+    }
+    assert!(s.fabric.run(100).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::Success)]
+    );
+}
+
 /// A sequence NAK's copy that came after the resend it asked for (a
 /// duplicating link delays one copy behind the other) was taken for news:
 /// it spent a second retry and rewound go-back-N again. The responder NAKs

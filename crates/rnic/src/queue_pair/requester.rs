@@ -93,6 +93,15 @@ pub(crate) struct Requester {
     /// the packet it waits for comes), an RNR NAK until its PSN is sent
     /// again (the resend may meet RNR again).
     last_retry_nak: Option<(Psn, RetryNak)>,
+    /// The PSN last sent again after an RNR NAK named it: an RNR NAK for
+    /// it may be the resend's answer or a late copy of the first (a
+    /// duplicating link), which no byte tells apart.
+    rnr_resent: Option<Psn>,
+    /// An RNR NAK that found the budget spent but may have been such a
+    /// copy: the request fails at the retransmission timer unless the
+    /// resend's answer comes first (failed at once, a SEND the resend
+    /// delivered was reported failed).
+    rnr_exhausted_at: Option<Psn>,
     /// The highest PSN the responder is known to have executed. It can run
     /// ahead of the oldest unanswered request (a READ or atomic whose answer
     /// was lost), and its advance is what counts as progress.
@@ -118,6 +127,8 @@ impl Requester {
             rnr_resume_at: None,
             implicit_nak_at: None,
             last_retry_nak: None,
+            rnr_resent: None,
+            rnr_exhausted_at: None,
             acknowledged_psn: initial_psn.sub(1),
         }
     }
@@ -249,6 +260,8 @@ impl Requester {
         self.retransmit_deadline = None;
         self.rnr_resume_at = None;
         self.last_retry_nak = None;
+        self.rnr_resent = None;
+        self.rnr_exhausted_at = None;
     }
 }
 
@@ -475,6 +488,7 @@ impl QueuePairContext {
                 let requester = &mut self.requester;
                 if requester.last_retry_nak == Some((requester.transmit_psn, RetryNak::NotReady)) {
                     requester.last_retry_nak = None;
+                    requester.rnr_resent = Some(requester.transmit_psn);
                 }
                 if needs_credit {
                     requester.outstanding_read_atomic += 1;
@@ -633,6 +647,15 @@ impl QueuePairContext {
     ) {
         let requester = &mut self.requester;
         if self.attributes.rnr_retry != RNR_RETRY_FOREVER {
+            if requester.rnr_retries_left == 0 && requester.rnr_resent == Some(psn) {
+                // Perhaps a copy of the NAK the resend answered: the
+                // resend's own answer, or the timer, decides.
+                requester.rnr_exhausted_at = Some(psn);
+                requester
+                    .retransmit_deadline
+                    .get_or_insert(now.saturating_add(self.attributes.timeout));
+                return;
+            }
             if requester.rnr_retries_left == 0 {
                 // The request the receiver was not ready for fails; those
                 // before it still unanswered are flushed.
@@ -682,6 +705,16 @@ impl QueuePairContext {
             return;
         }
         resources.counters.retransmit_timeouts += 1;
+        if let Some(psn) = self.requester.rnr_exhausted_at.take() {
+            // No answer to the resend came: the RNR NAK was the resend's.
+            let index = self.requester.index_of(psn).unwrap_or(0);
+            self.fail_request(
+                index,
+                CompletionStatus::ReceiverNotReadyRetryExceeded,
+                resources,
+            );
+            return;
+        }
         if self.consume_retry(resources) {
             let unacked = self.requester.unacked_psn();
             // As for a sequence NAK: the link is quiet, so a READ whose
@@ -706,6 +739,14 @@ impl QueuePairContext {
             if nak_psn.precedes_or_equals(self.requester.acknowledged_psn) {
                 self.requester.last_retry_nak = None;
             }
+        }
+        let acknowledged = self.requester.acknowledged_psn;
+        if self
+            .requester
+            .rnr_resent
+            .is_some_and(|resent| resent.precedes_or_equals(acknowledged))
+        {
+            self.requester.rnr_resent = None;
         }
         let bound = self.requester.queue.len();
         for _ in 0..bound {
@@ -787,6 +828,7 @@ impl QueuePairContext {
         let requester = &mut self.requester;
         requester.retries_left = self.attributes.retry_count;
         requester.rnr_retries_left = self.attributes.rnr_retry;
+        requester.rnr_exhausted_at = None;
         requester.retransmit_deadline = requester
             .has_outstanding()
             .then(|| now.saturating_add(self.attributes.timeout));
