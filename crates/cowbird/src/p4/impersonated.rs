@@ -307,6 +307,19 @@ impl ImpersonatedQueuePair {
                 NakCode::PsnSequenceError if !self.is_outstanding(psn) && psn != self.next => {
                     Answer::Duplicate
                 }
+                // The host executed everything before the PSN it names: the
+                // WRITEs there are confirmed now (unconfirmed, the go-back
+                // fetched and landed them again, which could undo another
+                // instance's write to the same bytes in between).
+                NakCode::PsnSequenceError
+                    if psn != self.acked.add(1)
+                        && self.is_outstanding(psn)
+                        && self.acknowledge(psn.sub(1)) == Answer::Acknowledged =>
+                {
+                    Answer::WritesImplied {
+                        through: psn.sub(1),
+                    }
+                }
                 NakCode::PsnSequenceError => Answer::Lost {
                     resume: self.is_outstanding(psn).then_some(psn),
                 },
@@ -560,6 +573,38 @@ mod tests {
     }
 
     const ACK: Option<AckSyndrome> = Some(AckSyndrome::Ack { credit_count: 31 });
+
+    /// A sequence NAK names the PSN the host waits for: it executed every
+    /// one before. A WRITE among them whose ACK was lost stayed
+    /// unconfirmed, and the go-back landed it again, which could undo
+    /// another instance's write to the same bytes in between. The NAK
+    /// confirms it first.
+    #[test]
+    fn a_sequence_nak_past_unacknowledged_writes_acknowledges_them() {
+        let mut queue_pair = queue_pair();
+        let mut out = Vec::new();
+        let now = Timestamp::ZERO;
+        let write_psn = queue_pair.send(now, write(Segment::Only, 8, 8), &mut out, |bytes| {
+            bytes.fill(1)
+        });
+        assert_eq!(write_psn, Psn::new(100));
+        // The READ at 101 is lost; the host NAKs the gap it opened.
+        queue_pair.send(now, read(1, 64), &mut out, |_| {});
+        let nak = Some(AckSyndrome::Nak(NakCode::PsnSequenceError));
+        assert_eq!(
+            queue_pair.handle_answer(now, Opcode::Acknowledge, Psn::new(101), nak),
+            Answer::WritesImplied {
+                through: Psn::new(100)
+            }
+        );
+        queue_pair.take_acknowledged(now, Psn::new(100), |_| {});
+        assert_eq!(
+            queue_pair.handle_answer(now, Opcode::Acknowledge, Psn::new(101), nak),
+            Answer::Lost {
+                resume: Some(Psn::new(101))
+            }
+        );
+    }
 
     #[test]
     fn a_read_takes_a_psn_per_response_packet_and_answers_count_in_order() {
