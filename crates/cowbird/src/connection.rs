@@ -34,6 +34,12 @@ pub struct ReconnectRequest {
     pub instance: usize,
     pub epoch: u8,
     pub endpoint: QueuePairEndpoint,
+    /// The engine's endpoint the exchange is for (a request's own
+    /// endpoint; an answer's request's). A restarted engine counts epochs
+    /// from 0 again, over the same mailbox, so an epoch alone took an
+    /// older incarnation's answer, naming a queue pair already destroyed,
+    /// for the current one's.
+    pub engine: QueuePairEndpoint,
     /// When the message arrives.
     pub at: Timestamp,
 }
@@ -104,6 +110,7 @@ impl Connector {
             instance,
             epoch,
             endpoint,
+            engine: endpoint,
             at: now.saturating_add(CONTROL_LATENCY),
         };
         let mut mailbox = self.mailbox();
@@ -113,18 +120,20 @@ impl Connector {
         push(&mut mailbox.requests, message)
     }
 
-    /// The compute node's answer for `instance` at `epoch`, once arrived.
-    /// Answers for older epochs are dropped: a newer request replaced them.
+    /// The compute node's answer for `instance` at `epoch`, to the
+    /// engine's `engine` endpoint, once arrived. Answers to other requests
+    /// of the instance are dropped: a newer request (of this engine, or of
+    /// one restarted since) replaced them.
     pub fn take_answer(
         &self,
         now: Timestamp,
         instance: usize,
-        epoch: u8,
+        (epoch, engine): (u8, QueuePairEndpoint),
     ) -> Option<QueuePairEndpoint> {
         let mut mailbox = self.mailbox();
-        mailbox
-            .answers
-            .retain(|answer| answer.instance != instance || answer.epoch == epoch);
+        mailbox.answers.retain(|answer| {
+            answer.instance != instance || (answer.epoch == epoch && answer.engine == engine)
+        });
         let position = mailbox
             .answers
             .iter()
@@ -135,12 +144,19 @@ impl Connector {
             .map(|answer| answer.endpoint)
     }
 
-    /// When the answer for `instance` at `epoch` arrives, if one is on its way.
-    pub fn answer_due(&self, instance: usize, epoch: u8) -> Option<Timestamp> {
+    /// When the answer for `instance` at `epoch` to `engine` arrives, if
+    /// one is on its way.
+    pub fn answer_due(
+        &self,
+        instance: usize,
+        (epoch, engine): (u8, QueuePairEndpoint),
+    ) -> Option<Timestamp> {
         self.mailbox()
             .answers
             .iter()
-            .filter(|answer| answer.instance == instance && answer.epoch == epoch)
+            .filter(|answer| {
+                answer.instance == instance && answer.epoch == epoch && answer.engine == engine
+            })
             .map(|answer| answer.at)
             .min()
     }
@@ -235,6 +251,7 @@ impl ConnectionService {
             instance: request.instance,
             epoch: request.epoch,
             endpoint: prepared.endpoint,
+            engine: request.engine,
             at: now.saturating_add(CONTROL_LATENCY),
         })
     }
@@ -310,5 +327,44 @@ mod tests {
         assert_eq!(request(&connector), Ok(()));
         drop(service);
         assert_eq!(request(&connector), Err(ConnectionError::NoService));
+    }
+
+    /// A restarted engine counts its instances' epochs from 0 again over
+    /// the same mailbox. When the memory node failed again mid-way, two
+    /// epoch-0 requests waited, and the older answer, naming a compute
+    /// queue pair the service had destroyed serving the newer, was taken
+    /// for the current one: the instance connected to a dead queue pair.
+    #[test]
+    fn a_stale_incarnations_answer_is_not_taken_as_current() {
+        let engine = |qpn: u32| QueuePairEndpoint {
+            qpn: Qpn::new(qpn).unwrap(),
+            address: Ipv4Address::new(10, 0, 0, 2),
+            mac: MacAddress([2, 0, 0, 0, 0, 2]),
+            initial_psn: Psn::new(0),
+        };
+        let (stale, current) = (engine(0x20), engine(0x21));
+        let connector = Connector::new();
+        let mut nic = SoftRnic::new(RnicConfig::new(
+            MacAddress([2, 0, 0, 0, 0, 1]),
+            Ipv4Address::new(10, 0, 0, 1),
+            1,
+        ));
+        let domain = nic.alloc_protection_domain().unwrap();
+        let queue = nic.create_completion_queue(8).unwrap();
+        let builder = QueuePairBuilder::new(domain, queue, queue);
+        let first = nic.create_queue_pair(&builder).unwrap();
+        let mut service =
+            ConnectionService::new(connector.clone(), builder, vec![QueuePair(first.qpn)]);
+        connector.request(Timestamp::ZERO, 0, 0, stale).unwrap();
+        connector.request(Timestamp::ZERO, 0, 0, current).unwrap();
+        let at = Timestamp::ZERO.saturating_add(CONTROL_LATENCY);
+        let _ = service.poll(at, &mut nic).unwrap();
+        let later = at.saturating_add(CONTROL_LATENCY);
+        let answer = connector.take_answer(later, 0, (0, current)).unwrap();
+        assert_eq!(
+            answer.qpn, service.current[0].0,
+            "the live compute queue pair"
+        );
+        assert_eq!(connector.take_answer(later, 0, (0, stale)), None);
     }
 }

@@ -468,7 +468,10 @@ impl SpotEngine {
             .enumerate()
             .filter_map(|(index, instance)| match instance.phase {
                 Phase::Idle => Some(instance.next_probe),
-                Phase::Reconnecting => self.connector.answer_due(index, instance.epoch),
+                Phase::Reconnecting => {
+                    let engine = instance.prepared?.endpoint;
+                    self.connector.answer_due(index, (instance.epoch, engine))
+                }
                 _ => None,
             })
             .min()
@@ -650,12 +653,13 @@ impl SpotEngine {
         if instance.phase != Phase::Reconnecting {
             return Ok(false);
         }
-        let Some(remote) = self.connector.take_answer(now, index, instance.epoch) else {
-            return Ok(false);
-        };
         let prepared = instance
             .prepared
             .expect("a reconnecting instance has a queue pair");
+        let exchange = (instance.epoch, prepared.endpoint);
+        let Some(remote) = self.connector.take_answer(now, index, exchange) else {
+            return Ok(false);
+        };
         let queue_pair = rnic.handshake(prepared, remote)?;
         let instance = &mut self.instances[index];
         instance.wiring.queue_pair = queue_pair;
