@@ -840,6 +840,75 @@ fn a_node_marked_failed_is_fenced() {
     assert!(switch.program().node(failed.address).is_some());
 }
 
+/// A stand-in that failed in turn, replaced in place by another: the
+/// mapping followed one step, so the second stand-in's calls left under
+/// the first stand-in's address (the callee took them for a new caller's
+/// and ran them again), and replies to the failed node's address went to
+/// the dead first stand-in. The second takes the same name.
+#[test]
+fn a_second_failover_keeps_the_stand_in_name() {
+    use remora_base::Timestamp;
+    use remora_switch::PortId;
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress, HEADER_LEN};
+    use remora_wire::datagram::{emit_datagram, parse_datagram, DATAGRAM_HEADERS_LEN};
+    let (failed, first, second, tail, other) = (
+        host_on(1, BIFROST_PORT),
+        host_on(2, BIFROST_PORT),
+        host_on(3, BIFROST_PORT),
+        host_on(4, BIFROST_PORT),
+        host_on(5, BIFROST_PORT),
+    );
+    let hosts = [failed, first, second, tail, other];
+    let mut switch = gatekeeper_switch(&hosts, &[0, 1, 2, 3, 4], |gatekeeper| {
+        for node in hosts {
+            gatekeeper
+                .register_node(node.address, NodeKind::Compute, 0)
+                .unwrap();
+        }
+        gatekeeper.mark_failed(failed.address).unwrap();
+        gatekeeper
+            .recover_in_place_of(failed.address, first.address)
+            .unwrap();
+        gatekeeper.mark_failed(first.address).unwrap();
+        gatekeeper
+            .recover_in_place_of(first.address, second.address)
+            .unwrap();
+        // A stand-in takes no second failed node's place.
+        gatekeeper.mark_failed(other.address).unwrap();
+        assert_eq!(
+            gatekeeper.recover_in_place_of(other.address, second.address),
+            Err(remora_bifrost::gatekeeper::GatekeeperError::AlreadyStandingIn(second.address))
+        );
+    });
+    // Sent to the router, as hosts send (routed by address).
+    let datagram = |call_type, from: DatagramEnd, to: DatagramEnd| {
+        let to = DatagramEnd {
+            mac: control::ROUTER,
+            ..to
+        };
+        let repr = BifrostRepr::new(call_type, "next", 5, GlobalAddress::NULL).unwrap();
+        let mut payload = vec![0u8; HEADER_LEN];
+        repr.emit(&mut payload).unwrap();
+        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
+        let length = emit_datagram(from, to, &payload, &mut frame).unwrap();
+        frame.truncate(length);
+        frame
+    };
+    let now = Timestamp::ZERO;
+    let mut buffer = vec![0u8; 4096];
+    // The second stand-in's call to a node leaves under the failed name.
+    let call = datagram(CallType::Call, second, tail);
+    switch.handle_frame(now, PortId(2), &call);
+    let (port, length) = switch.poll_transmit(now, &mut buffer).expect("the call");
+    let (repr, _) = parse_datagram(&buffer[..length]).unwrap();
+    assert_eq!((port, repr.source.address), (PortId(3), failed.address));
+    // A reply to the failed name reaches the second stand-in.
+    let reply = datagram(CallType::Reply, tail, failed);
+    switch.handle_frame(now, PortId(3), &reply);
+    let (port, _) = switch.poll_transmit(now, &mut buffer).expect("the reply");
+    assert_eq!(port, PortId(2));
+}
+
 /// Callers' checkpoints are kept per (address, port), in a table sized for
 /// the nodes. Callers that came and went (a restarted one may call from a
 /// new port) filled it, and every new caller's checkpoint was refused for

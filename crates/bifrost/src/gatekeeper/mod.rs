@@ -97,6 +97,8 @@ pub enum GatekeeperError {
     NodeFailed(Ipv4Address),
     #[error("a method name of {0} bytes is longer than {METHOD_NAME_LEN}")]
     MethodTooLong(usize),
+    #[error("node {0:?} stands in for a failed node already: it cannot take another's place")]
+    AlreadyStandingIn(Ipv4Address),
     #[error("node {0:?} has not failed")]
     NotFailed(Ipv4Address),
     #[error(transparent)]
@@ -846,12 +848,20 @@ impl Gatekeeper {
         replacement: Ipv4Address,
     ) -> Result<usize, GatekeeperError> {
         let moved = self.recover(failed, replacement)?;
+        // A failed stand-in's replacement stands in for the same name
+        // already (`recover`); otherwise it takes the failed node's.
+        let name = self
+            .standing_for
+            .lookup(&replacement)
+            .copied()
+            .unwrap_or(failed);
         let in_place = Replacement {
             node: replacement,
             in_place: true,
         };
         self.replaced_by.insert(failed, in_place)?;
-        self.standing_for.insert(replacement, failed)?;
+        self.replaced_by.insert(name, in_place)?;
+        self.standing_for.insert(replacement, name)?;
         Ok(moved)
     }
 
@@ -941,6 +951,12 @@ impl Gatekeeper {
         if spare.status == NodeStatus::Failed {
             return Err(GatekeeperError::NodeFailed(replacement));
         }
+        // A stand-in sends under one failed node's address: taking on a
+        // second, its datagrams for one would leave in the other's name
+        // (the table kept only the newer, silently).
+        if self.standing_for.lookup(&replacement).is_some() {
+            return Err(GatekeeperError::AlreadyStandingIn(replacement));
+        }
         // Refused before anything moves: a full table once failed here
         // after the routes, the calls and the memory had moved.
         let replaced = &self.replaced_by;
@@ -995,11 +1011,32 @@ impl Gatekeeper {
         // Its pointers pass to its replacement, which restarts from its
         // checkpoint and so takes up what it controlled.
         self.hand_over_memory(failed, replacement);
+        // Whatever the failed node held for others (it replaced an earlier
+        // failure) passes on too: one lookup finds the live holder.
+        let held_for: Vec<(Ipv4Address, Replacement)> = self
+            .replaced_by
+            .iter()
+            .filter(|(_, replaced)| replaced.node == failed)
+            .map(|(lost, replaced)| (*lost, *replaced))
+            .collect();
+        for (lost, replaced) in held_for {
+            let moved_on = Replacement {
+                node: replacement,
+                ..replaced
+            };
+            self.replaced_by.insert(lost, moved_on)?;
+        }
         let elsewhere = Replacement {
             node: replacement,
             in_place: false,
         };
         self.replaced_by.insert(failed, elsewhere)?;
+        // A failed stand-in's replacement stands in for the same name: its
+        // callees know the caller by that name, and run its calls again
+        // under any other.
+        if let Some(name) = self.standing_for.remove(&failed) {
+            self.standing_for.insert(replacement, name)?;
+        }
         // Forwarding to the failed node stops: it serves nothing now. Its
         // checkpoint went to its replacement (the control plane takes it
         // before recovering).
