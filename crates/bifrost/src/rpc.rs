@@ -76,6 +76,11 @@ pub enum RpcError {
     Checkpoint(String),
 }
 
+/// Whether a received call's datagram is a ONEWAY call.
+fn is_oneway(datagram: &[u8]) -> bool {
+    BifrostHeader::new_checked(datagram).is_ok_and(|header| header.call_type() == CallType::Oneway)
+}
+
 /// A method's answer: the reply's bytes and, when the method returns
 /// global memory of its own, the pointer the REPLY's header carries (the
 /// Gatekeeper then hands its control to the caller). Without one, the
@@ -674,12 +679,19 @@ impl Callee {
     /// made a resend of those calls run again after a failover.
     /// Only a caller dropped whole loses that guard, which takes about a
     /// hundred callers with no reply kept (fourteen, when a mark took
-    /// twelve bytes). One that fits is encoded once, as nearly all do.
+    /// twelve bytes). Before any caller goes, the two-way calls received
+    /// and not answered go: a replacement gets them again without the
+    /// checkpoint (the Gatekeeper replays their frames, their callers
+    /// resend), where a reply guard dropped lets a call run twice. Kept,
+    /// fifty deferred calls filled the datagram, and replies left with
+    /// no checkpoint or with their callers' guards dropped. One that fits
+    /// is encoded once, as nearly all do.
     fn fit(
         &self,
         checkpoint: &mut checkpoint::Checkpoint,
     ) -> Result<Vec<u8>, checkpoint::CheckpointError> {
         let mut keep = checkpoint::REPLIES_PER_CALLER;
+        let mut received_shed = false;
         let mut dropping = None;
         // Each turn halves the replies kept or drops a caller: bounded by
         // log2 of the replies plus the callers.
@@ -693,6 +705,14 @@ impl Callee {
                 for replies in checkpoint.replies.values_mut() {
                     checkpoint::leave_out_replies(replies, keep);
                 }
+                continue;
+            }
+            if !std::mem::replace(&mut received_shed, true) {
+                // ONEWAY calls stay: nobody sends them again.
+                for calls in checkpoint.received.values_mut() {
+                    calls.retain(|_, datagram| is_oneway(datagram));
+                }
+                checkpoint.received.retain(|_, calls| !calls.is_empty());
                 continue;
             }
             let order = dropping.get_or_insert_with(|| {

@@ -148,3 +148,68 @@ fn a_callee_that_commits_nowhere_sends_no_commit() {
     assert!(callee.poll_transmit().is_none());
     assert_eq!(callee.counters().commits, 0);
 }
+
+/// Each deferred call's datagram stood in the b1 commit's list of calls
+/// received, which the shrinking never touched: some fifty of them filled
+/// the datagram, and commits, then replies, left with no checkpoint. The
+/// two-way calls received give way first now (the Gatekeeper replays
+/// them to a replacement, and their callers resend).
+#[test]
+fn many_deferred_calls_do_not_crowd_out_the_checkpoint() {
+    use remora_bifrost::rpc::checkpoint::CHECKPOINT_FLAG;
+    use remora_wire::bifrost::BifrostHeader;
+    let (release, stalled) = channel::<()>();
+    let mut node = callee(0, Some(stalled));
+    const CALLERS: u8 = 8;
+    const CALLS_EACH: usize = 8;
+    let ends: Vec<DatagramEnd> = (0..CALLERS).map(|index| end(10 + index, 40000)).collect();
+    let mut callers: Vec<Caller> = ends
+        .iter()
+        .map(|_| Caller::new(Duration::from_secs(60), 3))
+        .collect();
+    for (caller, from) in callers.iter_mut().zip(&ends) {
+        for _ in 0..CALLS_EACH {
+            caller
+                .call(
+                    Timestamp::ZERO,
+                    end(2, 4792),
+                    "tally",
+                    GlobalAddress::NULL,
+                    b"",
+                )
+                .unwrap();
+            let (_, call) = caller.poll_transmit().expect("the call");
+            node.handle(*from, &call);
+        }
+    }
+    while node.poll_transmit().is_some() {}
+    assert_eq!(
+        node.counters().checkpoints_too_large,
+        0,
+        "a commit did not fit"
+    );
+    let calls = usize::from(CALLERS) * CALLS_EACH;
+    for _ in 0..calls {
+        release.send(()).unwrap();
+    }
+    let started = Instant::now();
+    let mut replies = 0;
+    while replies < calls && started.elapsed() < Duration::from_secs(10) {
+        node.poll_service();
+        while let Some((to, datagram)) = node.poll_transmit() {
+            if to.port == CONTROL_PORT {
+                continue;
+            }
+            let header = BifrostHeader::new_checked(&datagram[..]).unwrap();
+            assert_ne!(
+                header.flags() & CHECKPOINT_FLAG,
+                0,
+                "a reply left without its checkpoint"
+            );
+            replies += 1;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(replies, calls);
+    assert_eq!(node.counters().checkpoints_too_large, 0);
+}
