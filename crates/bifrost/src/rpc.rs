@@ -105,8 +105,33 @@ impl From<Vec<u8>> for Answer {
     }
 }
 
-/// What a method comes to: its answer, or the error an EXCEPTION carries.
-pub type Outcome = Result<Answer, String>;
+/// Why a method gave no answer: the text its EXCEPTION carries, and the
+/// flag that types it for the caller. A relay passes a nested call's
+/// failure on typed (`REPLY_LOST_FLAG`, `OUTCOME_UNKNOWN_FLAG`,
+/// `CALLEE_FAILED_FLAG`): as text, a nested call whose outcome was unknown
+/// reached the head as an exception the callee raised, for good, and a
+/// head that issued it again under a new id could run it twice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub message: String,
+    /// Header flags the EXCEPTION carries (0: a plain exception).
+    pub flag: u16,
+}
+
+impl From<String> for Refusal {
+    fn from(message: String) -> Refusal {
+        Refusal { message, flag: 0 }
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(message: &str) -> Refusal {
+        Refusal::from(message.to_string())
+    }
+}
+
+/// What a method comes to: its answer, or the refusal an EXCEPTION carries.
+pub type Outcome = Result<Answer, Refusal>;
 
 /// A call's failure domain (the thesis's §4.2), chosen per call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -893,9 +918,14 @@ impl Callee {
     fn finish(&mut self, ticket: CallTicket, call: BifrostRepr, outcome: Outcome) {
         self.counters.executed += 1;
         self.received.remove(&ticket);
-        let (call_type, body, returned) = match outcome {
-            Ok(answer) => (CallType::Reply, answer.body, answer.pointer),
-            Err(message) => (CallType::Exception, message.into_bytes(), None),
+        let (call_type, body, returned, flag) = match outcome {
+            Ok(answer) => (CallType::Reply, answer.body, answer.pointer, 0),
+            Err(refusal) => (
+                CallType::Exception,
+                refusal.message.into_bytes(),
+                None,
+                refusal.flag,
+            ),
         };
         let oneway = call.call_type == CallType::Oneway;
         // The reply's header is the call's, method name bytes and all
@@ -904,6 +934,7 @@ impl Callee {
         let repr = BifrostRepr {
             call_type,
             global_address: returned.unwrap_or(call.global_address),
+            flags: call.flags | flag,
             ..call
         };
         let reply = encode(&repr, &body);

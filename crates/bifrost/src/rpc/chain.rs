@@ -18,7 +18,10 @@
 //! an id of the first one's at the tail, which answered it with the first
 //! caller's reply.)
 
-use super::{CallTicket, Callee, Caller, RpcError, Service};
+use super::{
+    CallTicket, Callee, Caller, Refusal, RpcError, Service, CALLEE_FAILED_FLAG,
+    OUTCOME_UNKNOWN_FLAG, REPLY_LOST_FLAG,
+};
 use crate::rpc::Outcome;
 use remora_base::Timestamp;
 use remora_host::{Agent, AgentError, AgentPort, Progress};
@@ -185,12 +188,33 @@ impl RelayAgent {
     }
 
     fn finish(&mut self, ticket: CallTicket, outcome: Result<Vec<u8>, RpcError>) {
-        let outcome = outcome.map(Into::into).map_err(|error| error.to_string());
+        let outcome = outcome.map(Into::into).map_err(refusal_upstream);
         let mut queues = self
             .queues
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         queues.finished.push_back((ticket, outcome));
+    }
+}
+
+/// The refusal a nested call's failure makes upstream, typed as the head
+/// must see it: a nested call the tail may have run (no answer, timed
+/// out, its outcome unknown) is an outcome unknown upstream too, never an
+/// exception the relay raised (the head would take it as final, and one
+/// that issued the call again under a new id could run it twice at the
+/// tail); a lost reply or a shared fate stays what it was; the tail's own
+/// exception passes as its text.
+fn refusal_upstream(error: RpcError) -> Refusal {
+    let flagged = |flag, message: String| Refusal { message, flag };
+    match error {
+        RpcError::Exception(message) => Refusal::from(message),
+        RpcError::ReplyLost(message) => flagged(REPLY_LOST_FLAG, message),
+        RpcError::SharedFate(message) => flagged(CALLEE_FAILED_FLAG, message),
+        RpcError::OutcomeUnknown(message) => flagged(OUTCOME_UNKNOWN_FLAG, message),
+        unknown @ (RpcError::NoAnswer { .. } | RpcError::TimedOut(_)) => {
+            flagged(OUTCOME_UNKNOWN_FLAG, unknown.to_string())
+        }
+        other => Refusal::from(other.to_string()),
     }
 }
 
@@ -270,6 +294,50 @@ mod tests {
             address: Ipv4Address::new(10, 0, 0, host),
             port,
         }
+    }
+
+    /// A service that refuses as a relay does when its nested call got no
+    /// answer.
+    struct NestedUnanswered;
+
+    impl Service for NestedUnanswered {
+        fn call(&mut self, _: &[u8], _: GlobalAddress, _: &[u8]) -> Outcome {
+            Err(refusal_upstream(RpcError::NoAnswer {
+                rpc_id: 7,
+                attempts: 3,
+            }))
+        }
+    }
+
+    /// A relay turned its nested call's failure into text, so a nested
+    /// call that got no answer (the tail may have run it) reached the head
+    /// as an exception the relay raised, final: a head that issued it
+    /// again under a new id could run it twice at the tail. It arrives as
+    /// an outcome unknown, and a lost reply stays a lost reply.
+    #[test]
+    fn a_relay_passes_a_nested_failure_upstream_typed() {
+        let mut head = Caller::new(std::time::Duration::from_secs(60), 3);
+        let mut relay = Callee::new(Box::new(NestedUnanswered));
+        let to = end(2, BIFROST_PORT);
+        let rpc_id = head
+            .call(Timestamp::ZERO, to, "next", GlobalAddress::NULL, b"")
+            .unwrap();
+        let (_, call) = head.poll_transmit().expect("the call");
+        relay.handle(end(1, 40000), &call);
+        let (_, reply) = relay.poll_transmit().expect("the relay's answer");
+        head.handle(&reply);
+        let (answered, outcome) = head.take_completion().expect("an outcome");
+        assert_eq!(answered, rpc_id);
+        assert!(
+            matches!(outcome, Err(RpcError::OutcomeUnknown(_))),
+            "{outcome:?}"
+        );
+        let lost = refusal_upstream(RpcError::ReplyLost("gone".into()));
+        assert_eq!(lost.flag, REPLY_LOST_FLAG);
+        assert_eq!(
+            refusal_upstream(RpcError::Exception("no".into())),
+            Refusal::from("no")
+        );
     }
 
     /// A stranger's call, begun on `relay`, is refused at the next turn.

@@ -22,7 +22,7 @@ pub struct Counter(pub u64);
 impl Service for Counter {
     fn call(&mut self, method: &[u8], _pointer: GlobalAddress, _arguments: &[u8]) -> Outcome {
         if method != b"increment" {
-            return Err(format!("no method {}", String::from_utf8_lossy(method)));
+            return Err(format!("no method {}", String::from_utf8_lossy(method)).into());
         }
         self.0 += 1;
         Ok(self.0.to_be_bytes().to_vec().into())
