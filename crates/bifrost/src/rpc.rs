@@ -705,9 +705,10 @@ impl Callee {
     /// Only a caller dropped whole loses that guard, which takes about a
     /// hundred callers with no reply kept (fourteen, when a mark took
     /// twelve bytes). Before any caller goes, the two-way calls received
-    /// and not answered go: a replacement gets them again without the
-    /// checkpoint (the Gatekeeper replays their frames, their callers
-    /// resend), where a reply guard dropped lets a call run twice. Kept,
+    /// and not answered go (those its replies cover, `known_from` on): a
+    /// replacement gets them again without the checkpoint (the Gatekeeper
+    /// replays their frames, their callers resend), where a reply guard
+    /// dropped lets a call run twice. Kept,
     /// fifty deferred calls filled the datagram, and replies left with
     /// no checkpoint or with their callers' guards dropped. One that fits
     /// is encoded once, as nearly all do.
@@ -733,9 +734,16 @@ impl Callee {
                 continue;
             }
             if !std::mem::replace(&mut received_shed, true) {
-                // ONEWAY calls stay: nobody sends them again.
-                for calls in checkpoint.received.values_mut() {
-                    calls.retain(|_, datagram| is_oneway(datagram));
+                // ONEWAY calls stay: nobody sends them again. So do calls
+                // below what the checkpoint's replies cover of their caller
+                // (`known_from`): a replacement would refuse them again as
+                // of unknown outcome, though they never ran.
+                for (caller, calls) in checkpoint.received.iter_mut() {
+                    let covered_from = checkpoint
+                        .replies
+                        .get(caller)
+                        .map_or(0, checkpoint::known_from);
+                    calls.retain(|rpc_id, datagram| is_oneway(datagram) || *rpc_id < covered_from);
                 }
                 checkpoint.received.retain(|_, calls| !calls.is_empty());
                 continue;

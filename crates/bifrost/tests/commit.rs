@@ -157,7 +157,7 @@ fn a_callee_that_commits_nowhere_sends_no_commit() {
 #[test]
 fn many_deferred_calls_do_not_crowd_out_the_checkpoint() {
     use remora_bifrost::rpc::checkpoint::CHECKPOINT_FLAG;
-    use remora_wire::bifrost::BifrostHeader;
+    use remora_wire::bifrost::{BifrostHeader, CallType};
     let (release, stalled) = channel::<()>();
     let mut node = callee(0, Some(stalled));
     const CALLERS: u8 = 8;
@@ -167,6 +167,7 @@ fn many_deferred_calls_do_not_crowd_out_the_checkpoint() {
         .iter()
         .map(|_| Caller::new(Duration::from_secs(60), 3))
         .collect();
+    let mut first_call = None;
     for (caller, from) in callers.iter_mut().zip(&ends) {
         for _ in 0..CALLS_EACH {
             caller
@@ -180,13 +181,39 @@ fn many_deferred_calls_do_not_crowd_out_the_checkpoint() {
                 .unwrap();
             let (_, call) = caller.poll_transmit().expect("the call");
             node.handle(*from, &call);
+            first_call.get_or_insert(call);
         }
     }
-    while node.poll_transmit().is_some() {}
+    let mut last_commit = None;
+    while let Some((to, datagram)) = node.poll_transmit() {
+        if to.port == CONTROL_PORT {
+            last_commit = Some(parse_commit(&datagram).expect("a commit").to_vec());
+        }
+    }
     assert_eq!(
         node.counters().checkpoints_too_large,
         0,
         "a commit did not fit"
+    );
+    // A replacement from the last commit runs a call the commit left out
+    // when it comes again (the Gatekeeper's replay, or the caller's
+    // resend): it never ran, and is not refused as of unknown outcome.
+    let mut replacement = callee(0, None);
+    replacement.restore(&last_commit.expect("commits")).unwrap();
+    replacement.handle(ends[0], &first_call.expect("a call"));
+    let started = Instant::now();
+    let mut answer = None;
+    while answer.is_none() && started.elapsed() < Duration::from_secs(5) {
+        replacement.poll_service();
+        answer = replacement.poll_transmit().filter(|(to, _)| *to == ends[0]);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (_, reply) = answer.expect("the replacement answered the call again");
+    let header = BifrostHeader::new_checked(&reply[..]).unwrap();
+    assert_eq!(
+        header.call_type(),
+        CallType::Reply,
+        "refused, though it never ran"
     );
     let calls = usize::from(CALLERS) * CALLS_EACH;
     for _ in 0..calls {

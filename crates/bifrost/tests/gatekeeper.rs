@@ -840,6 +840,67 @@ fn a_node_marked_failed_is_fenced() {
     assert!(switch.program().node(failed.address).is_some());
 }
 
+/// A node found silent by the heartbeat timeout lost its `heard` entry
+/// before it was marked failed, so its fence kept no incarnation and the
+/// failed life's own next heartbeat lifted it (a node only slow, or cut
+/// off, came back with its late replies passing). A heartbeat in its name
+/// from another port lifted a fence too.
+#[test]
+fn a_fence_set_by_the_heartbeat_timeout_holds_against_the_failed_life() {
+    use remora_base::Timestamp;
+    use remora_bifrost::gatekeeper::NodeStatus;
+    use remora_switch::programs::l2l3::L2L3Forwarding;
+    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_wire::bifrost::CONTROL_PORT;
+    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
+    let (node, other) = (control::end(1), control::end(2));
+    let hosts = [node, other].map(|end| (end.mac, end.address));
+    let forwarding = L2L3Forwarding::with_attached_hosts(control::ROUTER, &hosts).unwrap();
+    let mut config = GatekeeperConfig::new(SERVICE);
+    let timeout = Duration::from_millis(10);
+    config.heartbeat_timeout = Some(timeout);
+    let mut gatekeeper = Gatekeeper::new(config);
+    for (end, port) in [(node, 0), (other, 1)] {
+        gatekeeper
+            .register_host_port(end.address, PortId(port))
+            .unwrap();
+    }
+    let mut switch = Switch::new(SwitchConfig::new(2), Overlaid::new(forwarding, gatekeeper));
+    let send = |switch: &mut control::ControlSwitch, at_ms: u64, port: u16, from, beat| {
+        let to = DatagramEnd {
+            mac: control::ROUTER,
+            address: SERVICE,
+            port: CONTROL_PORT,
+        };
+        let bytes = control::heartbeat_of(beat);
+        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + bytes.len()];
+        let length = emit_datagram(from, to, &bytes, &mut frame).unwrap();
+        frame.truncate(length);
+        let now = Timestamp::from_nanos(at_ms * 1_000_000);
+        switch.handle_frame(now, PortId(port), &frame);
+    };
+    send(&mut switch, 0, 0, node, 0);
+    send(&mut switch, 0, 1, other, 0);
+    // The other node's heartbeats, past the timeout, find the node
+    // silent.
+    for at_ms in (5..=30).step_by(5) {
+        send(&mut switch, at_ms, 1, other, 0);
+    }
+    let status = |switch: &control::ControlSwitch| {
+        switch.program().node(node.address).map(|info| info.status)
+    };
+    assert_eq!(status(&switch), Some(NodeStatus::Failed));
+    // The failed life's heartbeat, and one in its name from the other
+    // port, are fenced out.
+    send(&mut switch, 31, 0, node, 0);
+    send(&mut switch, 31, 1, node, 5);
+    assert_eq!(switch.program().counters().fenced, 2);
+    assert_eq!(status(&switch), Some(NodeStatus::Failed));
+    // A new boot, where it is attached, is heard.
+    send(&mut switch, 32, 0, node, 1);
+    assert_eq!(switch.program().counters().fenced, 2);
+}
+
 /// A stand-in that failed in turn, replaced in place by another: the
 /// mapping followed one step, so the second stand-in's calls left under
 /// the first stand-in's address (the callee took them for a new caller's

@@ -170,6 +170,9 @@ pub struct GatekeeperCounters {
     /// dropped, as the paper's fate sharing drops all packets from the
     /// failure domain, until a new boot of the node announces itself.
     pub fenced: u64,
+    /// Failed nodes left unfenced: the fence table was full of nodes
+    /// still registered.
+    pub fences_refused: u64,
     /// Replies to calls in the graph from another node than the callee:
     /// dropped.
     pub forged_replies: u64,
@@ -660,8 +663,11 @@ impl Gatekeeper {
         // One order for every run of a seed, whatever the table's.
         silent.sort_unstable_by_key(|node| node.0);
         for node in silent {
-            self.heard.remove(&node);
+            // Detected first: the fence keeps the incarnation that failed
+            // (taken off `heard`, it kept none, and any heartbeat of the
+            // failed life lifted it).
             self.detect_failure(node, packet);
+            self.heard.remove(&node);
         }
     }
 
@@ -740,7 +746,14 @@ impl Gatekeeper {
             capacity_bytes,
             status: NodeStatus::Free,
         };
-        Ok(self.nodes.insert(address, info)?)
+        self.nodes.insert(address, info)?;
+        // The control plane registers a node afresh: a fence left by an
+        // earlier life at the address goes (unless a stand-in sends under
+        // it), or all it sends would be dropped for good.
+        if !self.is_stood_in_for(address) {
+            self.fenced.remove(&address);
+        }
+        Ok(())
     }
 
     /// Calls of `method` go to `node`, which is then in use.
@@ -765,13 +778,7 @@ impl Gatekeeper {
         if self.nodes.lookup(&node).is_none() {
             return Err(GatekeeperError::UnknownNode(node));
         }
-        // Fenced first, the one step that can fail (a full table), so a
-        // refusal changes nothing.
-        let incarnation = self
-            .heard
-            .lookup(&node)
-            .map(|(_, incarnation)| *incarnation);
-        self.fenced.insert(node, incarnation)?;
+        self.fence(node);
         let info = self
             .nodes
             .lookup_mut(&node)
@@ -865,6 +872,39 @@ impl Gatekeeper {
         Ok(moved)
     }
 
+    /// Fences `node` with the incarnation that failed: one fenced already
+    /// keeps the one it has. A full table makes room by a fence of an
+    /// address no node is registered at any more; failing that, the node
+    /// goes unfenced (counted), as a failure must be marked whatever the
+    /// table holds.
+    fn fence(&mut self, node: Ipv4Address) {
+        let kept = self.fenced.lookup(&node).copied().flatten();
+        let heard = self
+            .heard
+            .lookup(&node)
+            .map(|(_, incarnation)| *incarnation);
+        let incarnation = kept.or(heard);
+        if self.fenced.insert(node, incarnation).is_ok() {
+            return;
+        }
+        let mut gone: Vec<Ipv4Address> = self
+            .fenced
+            .iter()
+            .map(|(address, _)| *address)
+            .filter(|address| self.nodes.lookup(address).is_none())
+            .filter(|address| !self.is_stood_in_for(*address))
+            .collect();
+        // One order for every run of a seed, whatever the table's.
+        gone.sort_unstable_by_key(|address| address.0);
+        if let Some(victim) = gone.first() {
+            self.fenced.remove(victim);
+            if self.fenced.insert(node, incarnation).is_ok() {
+                return;
+            }
+        }
+        self.counters.fences_refused += 1;
+    }
+
     /// Whether a stand-in sends under `node`'s address.
     fn is_stood_in_for(&self, node: Ipv4Address) -> bool {
         self.standing_for.values().any(|failed| *failed == node)
@@ -886,7 +926,14 @@ impl Gatekeeper {
         let Some(&failed_in) = self.fenced.lookup(&source) else {
             return false;
         };
-        if is_heartbeat_of_another_boot(packet, failed_in) && !self.is_stood_in_for(source) {
+        // A heartbeat in the node's name from elsewhere lifts nothing.
+        let where_attached = self
+            .memory
+            .check_arrival(source, packet.original_ingress_port);
+        if where_attached
+            && is_heartbeat_of_another_boot(packet, failed_in)
+            && !self.is_stood_in_for(source)
+        {
             self.fenced.remove(&source);
             return false;
         }
