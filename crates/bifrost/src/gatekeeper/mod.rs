@@ -854,6 +854,15 @@ impl Gatekeeper {
         failed: Ipv4Address,
         replacement: Ipv4Address,
     ) -> Result<usize, GatekeeperError> {
+        // Room for the new stand-in's entry, checked before anything moves
+        // (a failed stand-in's entry moves to its replacement instead).
+        let standing = &self.standing_for;
+        if standing.lookup(&failed).is_none() && standing.len() >= standing.capacity() {
+            return Err(GatekeeperError::Table(TableError::Full {
+                table: "gatekeeper_standing_for",
+                capacity: standing.capacity(),
+            }));
+        }
         let moved = self.recover(failed, replacement)?;
         // A failed stand-in's replacement stands in for the same name
         // already (`recover`); otherwise it takes the failed node's.
@@ -1004,6 +1013,7 @@ impl Gatekeeper {
         if self.standing_for.lookup(&replacement).is_some() {
             return Err(GatekeeperError::AlreadyStandingIn(replacement));
         }
+
         // Refused before anything moves: a full table once failed here
         // after the routes, the calls and the memory had moved.
         let replaced = &self.replaced_by;
