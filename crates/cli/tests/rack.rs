@@ -770,6 +770,19 @@ fn children_of(parent: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The launcher's node processes once `count` have started (or after
+/// 20 s, however many there are).
+fn node_processes(launcher: &std::process::Child, count: usize) -> Vec<u32> {
+    let started = std::time::Instant::now();
+    loop {
+        let nodes = children_of(launcher.id());
+        if nodes.len() >= count || started.elapsed() > std::time::Duration::from_secs(20) {
+            return nodes;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Starts `remora rack up` (with `arguments`) in the background, on a
 /// copy of the example `example_name` written to the scratch file
 /// `scratch_name`, with its workload made long enough to outlast the test
@@ -806,14 +819,7 @@ fn the_nodes_of_a_killed_launcher_end_with_it() {
         "orphans.toml",
         &["--mode", "processes"],
     );
-    let started = std::time::Instant::now();
-    let nodes = loop {
-        let nodes = children_of(launcher.id());
-        if nodes.len() >= 2 || started.elapsed() > std::time::Duration::from_secs(20) {
-            break nodes;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let nodes = node_processes(&launcher, 2);
     assert_eq!(nodes.len(), 2, "two node processes started");
     let run_directory = std::env::temp_dir().join(format!("remora-two-nodes-{}", launcher.id()));
     launcher.kill().unwrap();
@@ -873,12 +879,7 @@ fn an_interrupted_rack_up_of_processes_writes_its_report() {
         "interrupted-processes.toml",
         &["--mode", "processes", "--json", json.to_str().unwrap()],
     );
-    let started = std::time::Instant::now();
-    while children_of(launcher.id()).len() < 2
-        && started.elapsed() < std::time::Duration::from_secs(20)
-    {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    node_processes(&launcher, 2);
     // Past the nodes' start, into the workload.
     std::thread::sleep(std::time::Duration::from_millis(500));
     let status = common::interrupt_and_wait(&mut launcher, "rack up");
@@ -904,12 +905,7 @@ fn a_second_ctrl_c_in_netns_mode_leaves_no_namespaces() {
         "netns-twice.toml",
         &["--mode", "netns"],
     );
-    let started = std::time::Instant::now();
-    while children_of(launcher.id()).len() < 2
-        && started.elapsed() < std::time::Duration::from_secs(20)
-    {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    node_processes(&launcher, 2);
     std::thread::sleep(std::time::Duration::from_millis(300));
     let interrupt = || {
         let sent = Command::new("kill")
