@@ -300,25 +300,17 @@ impl ImpersonatedQueuePair {
         aeth: Option<AckSyndrome>,
     ) -> Answer {
         if let Some(AckSyndrome::Nak(code)) = aeth {
+            if code == NakCode::PsnSequenceError {
+                if let Some(through) = self.writes_executed_before(psn) {
+                    return Answer::WritesImplied { through };
+                }
+            }
             return match code {
                 // A NAK for a PSN the host has since been seen to execute:
                 // late or duplicated on the way (a full go-back for it
                 // resent the whole window).
                 NakCode::PsnSequenceError if !self.is_outstanding(psn) && psn != self.next => {
                     Answer::Duplicate
-                }
-                // The host executed everything before the PSN it names: the
-                // WRITEs there are confirmed now (unconfirmed, the go-back
-                // fetched and landed them again, which could undo another
-                // instance's write to the same bytes in between).
-                NakCode::PsnSequenceError
-                    if psn != self.acked.add(1)
-                        && self.is_outstanding(psn)
-                        && self.acknowledge(psn.sub(1)) == Answer::Acknowledged =>
-                {
-                    Answer::WritesImplied {
-                        through: psn.sub(1),
-                    }
                 }
                 NakCode::PsnSequenceError => Answer::Lost {
                     resume: self.is_outstanding(psn).then_some(psn),
@@ -351,6 +343,23 @@ impl ImpersonatedQueuePair {
         }
         self.advance(now, psn);
         Answer::ReadResponse(self.record(psn))
+    }
+
+    /// A sequence NAK naming `psn` says the host executed every PSN
+    /// before it: the unconfirmed WRITEs from the oldest up to the first
+    /// READ among them are confirmed by it (left unconfirmed, the go-back
+    /// fetched and landed them again, which could undo another instance's
+    /// write to the same bytes in between). The last of them, if any.
+    fn writes_executed_before(&self, psn: Psn) -> Option<Psn> {
+        let named_in_window = self.is_outstanding(psn) || psn == self.next;
+        if !named_in_window || psn == self.acked.add(1) {
+            return None;
+        }
+        let executed = self.acked.distance_to(psn.sub(1)) as u32;
+        let writes = (1..=executed)
+            .take_while(|step| self.record(self.acked.add(*step)).write_segment.is_some())
+            .count() as u32;
+        (writes > 0).then(|| self.acked.add(writes))
     }
 
     fn is_outstanding(&self, psn: Psn) -> bool {
@@ -602,6 +611,35 @@ mod tests {
             queue_pair.handle_answer(now, Opcode::Acknowledge, Psn::new(101), nak),
             Answer::Lost {
                 resume: Some(Psn::new(101))
+            }
+        );
+    }
+
+    /// A READ among the PSNs a sequence NAK covers (its answer lost, the
+    /// usual case) kept every WRITE before it unconfirmed: only a NAK
+    /// past WRITEs alone confirmed them. The WRITEs up to the first READ
+    /// are confirmed.
+    #[test]
+    fn a_sequence_nak_confirms_the_writes_before_the_first_read() {
+        let mut queue_pair = queue_pair();
+        let mut out = Vec::new();
+        let now = Timestamp::ZERO;
+        for _ in 0..2 {
+            queue_pair.send(now, write(Segment::Only, 8, 8), &mut out, |bytes| {
+                bytes.fill(1)
+            });
+        }
+        queue_pair.send(now, read(1, 64), &mut out, |_| {});
+        queue_pair.send(now, write(Segment::Only, 8, 8), &mut out, |bytes| {
+            bytes.fill(2)
+        });
+        // The host waits for 104: it executed 100 to 103, the READ at 102
+        // included (its answer lost).
+        let nak = Some(AckSyndrome::Nak(NakCode::PsnSequenceError));
+        assert_eq!(
+            queue_pair.handle_answer(now, Opcode::Acknowledge, Psn::new(104), nak),
+            Answer::WritesImplied {
+                through: Psn::new(101)
             }
         );
     }
