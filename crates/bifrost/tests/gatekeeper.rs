@@ -27,6 +27,26 @@ fn host_on(last: u8, port: u16) -> DatagramEnd {
     }
 }
 
+/// The frame of a UDP datagram carrying `payload` from `from` to `to`.
+fn datagram_frame(from: DatagramEnd, to: DatagramEnd, payload: &[u8]) -> Vec<u8> {
+    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
+    let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
+    let length = emit_datagram(from, to, payload, &mut frame).unwrap();
+    frame.truncate(length);
+    frame
+}
+
+/// The frame of a Bifröst message with no body: `repr`'s header alone.
+fn header_frame(
+    repr: remora_wire::bifrost::BifrostRepr,
+    from: DatagramEnd,
+    to: DatagramEnd,
+) -> Vec<u8> {
+    let mut payload = vec![0u8; remora_wire::bifrost::HEADER_LEN];
+    repr.emit(&mut payload).unwrap();
+    datagram_frame(from, to, &payload)
+}
+
 /// A switch running a Gatekeeper over `hosts` (host `i` on switch port
 /// `i`), which knows where `attached` of them are attached and is then
 /// set up by `prepare`.
@@ -308,7 +328,7 @@ fn the_switch_detects_a_silent_node_holds_its_calls_and_replays_them_to_the_repl
         BifrostRepr, CallType, ExportRepr, GlobalAddress, HeartbeatRepr, CONTROL_PORT, EXPORT_LEN,
         HEADER_LEN, HEARTBEAT_LEN,
     };
-    use remora_wire::datagram::{emit_datagram, parse_datagram, DATAGRAM_HEADERS_LEN};
+    use remora_wire::datagram::parse_datagram;
     use remora_wire::MacAddress;
     let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
     let end = |last: u8, port| DatagramEnd {
@@ -329,12 +349,7 @@ fn the_switch_detects_a_silent_node_holds_its_calls_and_replays_them_to_the_repl
         address: SERVICE,
         port,
     };
-    let frame = |from: DatagramEnd, to: DatagramEnd, payload: &[u8]| {
-        let mut bytes = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
-        let length = emit_datagram(from, to, payload, &mut bytes).unwrap();
-        bytes.truncate(length);
-        bytes
-    };
+    let frame = datagram_frame;
     // A node's message on the control port.
     let to_control = |from: DatagramEnd, bytes: &[u8]| {
         let from = DatagramEnd {
@@ -629,7 +644,6 @@ mod control {
     use remora_switch::programs::l2l3::L2L3Forwarding;
     use remora_switch::{PortId, Switch, SwitchConfig};
     use remora_wire::bifrost::{emit_commit, HeartbeatRepr, CONTROL_PORT, HEARTBEAT_LEN};
-    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
     use remora_wire::MacAddress;
 
     pub const ROUTER: MacAddress = MacAddress([2, 0, 0, 0, 0, 0xfe]);
@@ -659,15 +673,23 @@ mod control {
 
     /// `bytes` from `from`, arriving on switch port `port`.
     pub fn send(switch: &mut ControlSwitch, port: u16, from: DatagramEnd, bytes: &[u8]) {
+        send_at(switch, Timestamp::ZERO, port, from, bytes);
+    }
+
+    /// [`send`] at `now`.
+    pub fn send_at(
+        switch: &mut ControlSwitch,
+        now: Timestamp,
+        port: u16,
+        from: DatagramEnd,
+        bytes: &[u8],
+    ) {
         let to = DatagramEnd {
             mac: ROUTER,
             address: SERVICE,
             port: CONTROL_PORT,
         };
-        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + bytes.len()];
-        let length = emit_datagram(from, to, bytes, &mut frame).unwrap();
-        frame.truncate(length);
-        switch.handle_frame(Timestamp::ZERO, PortId(port), &frame);
+        switch.handle_frame(now, PortId(port), &datagram_frame(from, to, bytes));
     }
 
     pub fn heartbeat() -> [u8; HEARTBEAT_LEN] {
@@ -776,8 +798,7 @@ fn a_node_back_at_a_replaced_address_starts_afresh() {
 fn a_node_marked_failed_is_fenced() {
     use remora_base::Timestamp;
     use remora_switch::PortId;
-    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress, HEADER_LEN};
-    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
     let (failed, spare, caller) = (
         host_on(1, BIFROST_PORT),
         host_on(2, BIFROST_PORT),
@@ -797,11 +818,7 @@ fn a_node_marked_failed_is_fenced() {
         port: BIFROST_PORT,
     };
     let call = BifrostRepr::new(CallType::Call, "increment", 7, GlobalAddress::NULL).unwrap();
-    let mut payload = vec![0u8; HEADER_LEN];
-    call.emit(&mut payload).unwrap();
-    let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
-    let length = emit_datagram(caller, service, &payload, &mut frame).unwrap();
-    frame.truncate(length);
+    let frame = header_frame(call, caller, service);
     let now = Timestamp::ZERO;
     switch.handle_frame(now, PortId(2), &frame);
     let mut buffer = vec![0u8; 4096];
@@ -851,8 +868,6 @@ fn a_fence_set_by_the_heartbeat_timeout_holds_against_the_failed_life() {
     use remora_bifrost::gatekeeper::NodeStatus;
     use remora_switch::programs::l2l3::L2L3Forwarding;
     use remora_switch::{PortId, Switch, SwitchConfig};
-    use remora_wire::bifrost::CONTROL_PORT;
-    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
     let (node, other) = (control::end(1), control::end(2));
     let hosts = [node, other].map(|end| (end.mac, end.address));
     let forwarding = L2L3Forwarding::with_attached_hosts(control::ROUTER, &hosts).unwrap();
@@ -867,17 +882,8 @@ fn a_fence_set_by_the_heartbeat_timeout_holds_against_the_failed_life() {
     }
     let mut switch = Switch::new(SwitchConfig::new(2), Overlaid::new(forwarding, gatekeeper));
     let send = |switch: &mut control::ControlSwitch, at_ms: u64, port: u16, from, beat| {
-        let to = DatagramEnd {
-            mac: control::ROUTER,
-            address: SERVICE,
-            port: CONTROL_PORT,
-        };
-        let bytes = control::heartbeat_of(beat);
-        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + bytes.len()];
-        let length = emit_datagram(from, to, &bytes, &mut frame).unwrap();
-        frame.truncate(length);
         let now = Timestamp::from_nanos(at_ms * 1_000_000);
-        switch.handle_frame(now, PortId(port), &frame);
+        control::send_at(switch, now, port, from, &control::heartbeat_of(beat));
     };
     send(&mut switch, 0, 0, node, 0);
     send(&mut switch, 0, 1, other, 0);
@@ -910,8 +916,8 @@ fn a_fence_set_by_the_heartbeat_timeout_holds_against_the_failed_life() {
 fn a_second_failover_keeps_the_stand_in_name() {
     use remora_base::Timestamp;
     use remora_switch::PortId;
-    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress, HEADER_LEN};
-    use remora_wire::datagram::{emit_datagram, parse_datagram, DATAGRAM_HEADERS_LEN};
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
+    use remora_wire::datagram::parse_datagram;
     let (failed, first, second, tail, other) = (
         host_on(1, BIFROST_PORT),
         host_on(2, BIFROST_PORT),
@@ -948,12 +954,7 @@ fn a_second_failover_keeps_the_stand_in_name() {
             ..to
         };
         let repr = BifrostRepr::new(call_type, "next", 5, GlobalAddress::NULL).unwrap();
-        let mut payload = vec![0u8; HEADER_LEN];
-        repr.emit(&mut payload).unwrap();
-        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
-        let length = emit_datagram(from, to, &payload, &mut frame).unwrap();
-        frame.truncate(length);
-        frame
+        header_frame(repr, from, to)
     };
     let now = Timestamp::ZERO;
     let mut buffer = vec![0u8; 4096];
@@ -1120,8 +1121,7 @@ fn a_stand_ins_reply_checkpoints_are_kept_as_its_own() {
 fn a_call_or_reply_in_another_hosts_name_is_dropped() {
     use remora_base::Timestamp;
     use remora_switch::PortId;
-    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress, HEADER_LEN};
-    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
     let (node, victim, attacker) = (
         host_on(1, BIFROST_PORT),
         host_on(2, 40000),
@@ -1134,14 +1134,7 @@ fn a_call_or_reply_in_another_hosts_name_is_dropped() {
         gatekeeper.route("steal", node.address).unwrap();
     });
     let router = control::ROUTER;
-    let datagram = |repr: BifrostRepr, from: DatagramEnd, to: DatagramEnd| {
-        let mut payload = vec![0u8; HEADER_LEN];
-        repr.emit(&mut payload).unwrap();
-        let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
-        let length = emit_datagram(from, to, &payload, &mut frame).unwrap();
-        frame.truncate(length);
-        frame
-    };
+    let datagram = header_frame;
     let service = DatagramEnd {
         mac: router,
         address: SERVICE,
@@ -1174,14 +1167,10 @@ fn checkpointed_datagram(
 ) -> Vec<u8> {
     use remora_bifrost::rpc::checkpoint::{join_reply, CHECKPOINT_FLAG};
     use remora_wire::bifrost::HEADER_LEN;
-    use remora_wire::datagram::{emit_datagram, DATAGRAM_HEADERS_LEN};
     repr.flags |= CHECKPOINT_FLAG;
     let body = join_reply(b"", checkpoint);
     let mut payload = vec![0u8; HEADER_LEN + body.len()];
     repr.emit(&mut payload).unwrap();
     payload[HEADER_LEN..].copy_from_slice(&body);
-    let mut frame = vec![0u8; DATAGRAM_HEADERS_LEN + payload.len()];
-    let length = emit_datagram(from, to, &payload, &mut frame).unwrap();
-    frame.truncate(length);
-    frame
+    datagram_frame(from, to, &payload)
 }
