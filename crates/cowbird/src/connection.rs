@@ -300,21 +300,18 @@ mod tests {
     use remora_rnic::{RnicConfig, SoftRnic};
     use remora_wire::{Ipv4Address, MacAddress, Psn, Qpn};
 
-    /// A deployment that left the connection service out (the far-memory
-    /// rack) had a dead queue pair's instance ask for a new one that
-    /// nobody would connect: it waited for ever, and the application's
-    /// requests with it. The request is refused, and the instance fails.
-    #[test]
-    fn a_request_nobody_would_answer_is_refused() {
-        let endpoint = QueuePairEndpoint {
-            qpn: Qpn::new(0x20).unwrap(),
+    /// The engine's endpoint of queue pair `qpn`, at 10.0.0.2.
+    fn engine(qpn: u32) -> QueuePairEndpoint {
+        QueuePairEndpoint {
+            qpn: Qpn::new(qpn).unwrap(),
             address: Ipv4Address::new(10, 0, 0, 2),
             mac: MacAddress([2, 0, 0, 0, 0, 2]),
             initial_psn: Psn::new(0),
-        };
-        let connector = Connector::new();
-        let request = |connector: &Connector| connector.request(Timestamp::ZERO, 0, 1, endpoint);
-        assert_eq!(request(&connector), Err(ConnectionError::NoService));
+        }
+    }
+
+    /// The compute node's NIC, and the settings its queue pairs take.
+    fn compute_nic() -> (SoftRnic, QueuePairBuilder) {
         let mut nic = SoftRnic::new(RnicConfig::new(
             MacAddress([2, 0, 0, 0, 0, 1]),
             Ipv4Address::new(10, 0, 0, 1),
@@ -322,7 +319,20 @@ mod tests {
         ));
         let domain = nic.alloc_protection_domain().unwrap();
         let queue = nic.create_completion_queue(8).unwrap();
-        let builder = QueuePairBuilder::new(domain, queue, queue);
+        (nic, QueuePairBuilder::new(domain, queue, queue))
+    }
+
+    /// A deployment that left the connection service out (the far-memory
+    /// rack) had a dead queue pair's instance ask for a new one that
+    /// nobody would connect: it waited for ever, and the application's
+    /// requests with it. The request is refused, and the instance fails.
+    #[test]
+    fn a_request_nobody_would_answer_is_refused() {
+        let endpoint = engine(0x20);
+        let connector = Connector::new();
+        let request = |connector: &Connector| connector.request(Timestamp::ZERO, 0, 1, endpoint);
+        assert_eq!(request(&connector), Err(ConnectionError::NoService));
+        let (_nic, builder) = compute_nic();
         let service = ConnectionService::new(connector.clone(), builder, Vec::new());
         assert_eq!(request(&connector), Ok(()));
         drop(service);
@@ -336,22 +346,9 @@ mod tests {
     /// for the current one: the instance connected to a dead queue pair.
     #[test]
     fn a_stale_incarnations_answer_is_not_taken_as_current() {
-        let engine = |qpn: u32| QueuePairEndpoint {
-            qpn: Qpn::new(qpn).unwrap(),
-            address: Ipv4Address::new(10, 0, 0, 2),
-            mac: MacAddress([2, 0, 0, 0, 0, 2]),
-            initial_psn: Psn::new(0),
-        };
         let (stale, current) = (engine(0x20), engine(0x21));
         let connector = Connector::new();
-        let mut nic = SoftRnic::new(RnicConfig::new(
-            MacAddress([2, 0, 0, 0, 0, 1]),
-            Ipv4Address::new(10, 0, 0, 1),
-            1,
-        ));
-        let domain = nic.alloc_protection_domain().unwrap();
-        let queue = nic.create_completion_queue(8).unwrap();
-        let builder = QueuePairBuilder::new(domain, queue, queue);
+        let (mut nic, builder) = compute_nic();
         let first = nic.create_queue_pair(&builder).unwrap();
         let mut service =
             ConnectionService::new(connector.clone(), builder, vec![QueuePair(first.qpn)]);
