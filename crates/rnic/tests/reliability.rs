@@ -669,12 +669,9 @@ fn a_lost_read_answer_is_reissued_once_not_per_later_packet() {
     assert!(s.fabric.right.counters().replayed_reads <= 2);
 }
 
-/// A link that duplicates frames delivered an RNR NAK twice: the copy
-/// spent a second RNR retry on the same refusal, so `rnr_retry = 1` acted
-/// as 0 and the SEND failed though its one retry would have found the
-/// receive. A NAK for a PSN not sent again since the last one is a copy.
-#[test]
-fn a_duplicated_rnr_nak_spends_one_retry() {
+/// A queue pair with one RNR retry sends one SEND to a responder with no
+/// receive posted: the setup and the RNR NAK, not yet handed back.
+fn one_send_not_ready_with_one_rnr_retry() -> (Setup, Vec<u8>) {
     let mut s = setup_with(AccessFlags::ALL, |builder| {
         builder.rnr_retry = 1;
         builder.min_rnr_timer = Duration::from_micros(40);
@@ -685,8 +682,19 @@ fn a_duplicated_rnr_nak_spends_one_retry() {
     assert_eq!(deliver_all(&mut s.fabric.left, &mut s.fabric.right, now), 1);
     let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
     let length = s.fabric.right.poll_transmit(now, &mut buffer).unwrap();
-    s.fabric.left.handle_frame(now, &buffer[..length]);
-    s.fabric.left.handle_frame(now, &buffer[..length]);
+    (s, buffer[..length].to_vec())
+}
+
+/// A link that duplicates frames delivered an RNR NAK twice: the copy
+/// spent a second RNR retry on the same refusal, so `rnr_retry = 1` acted
+/// as 0 and the SEND failed though its one retry would have found the
+/// receive. A NAK for a PSN not sent again since the last one is a copy.
+#[test]
+fn a_duplicated_rnr_nak_spends_one_retry() {
+    let (mut s, nak) = one_send_not_ready_with_one_rnr_retry();
+    let now = s.fabric.now;
+    s.fabric.left.handle_frame(now, &nak);
+    s.fabric.left.handle_frame(now, &nak);
     post_the_receive_and_expect_the_send(&mut s);
     assert_eq!(s.fabric.left.counters().stale_naks_ignored, 1);
 }
@@ -698,17 +706,8 @@ fn a_duplicated_rnr_nak_spends_one_retry() {
 /// the resend's answer, or the retransmission timer, decides.
 #[test]
 fn an_rnr_nak_copy_after_the_resend_spends_no_retry() {
-    let mut s = setup_with(AccessFlags::ALL, |builder| {
-        builder.rnr_retry = 1;
-        builder.min_rnr_timer = Duration::from_micros(40);
-    });
-    let send = send_request(&s, 1, 0, 8);
-    s.fabric.left.post_send(s.left_qp, send).unwrap();
+    let (mut s, nak) = one_send_not_ready_with_one_rnr_retry();
     let now = s.fabric.now;
-    assert_eq!(deliver_all(&mut s.fabric.left, &mut s.fabric.right, now), 1);
-    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
-    let length = s.fabric.right.poll_transmit(now, &mut buffer).unwrap();
-    let nak = buffer[..length].to_vec();
     // The first copy spends the only RNR retry.
     s.fabric.left.handle_frame(now, &nak);
     s.fabric
