@@ -51,6 +51,34 @@ pub struct Mix {
     pub read_modify_write: f64,
 }
 
+impl Mix {
+    fn proportions(&self) -> [f64; 5] {
+        [
+            self.read,
+            self.update,
+            self.insert,
+            self.scan,
+            self.read_modify_write,
+        ]
+    }
+
+    /// The mix with each weight over their sum; an error if they sum to
+    /// zero, when no operation could be drawn.
+    fn normalized(self) -> Result<Mix, WorkloadError> {
+        let total: f64 = self.proportions().iter().sum();
+        if !(total > 0.0 && total.is_finite()) {
+            return Err(WorkloadError::Proportions(total));
+        }
+        Ok(Mix {
+            read: self.read / total,
+            update: self.update / total,
+            insert: self.insert / total,
+            scan: self.scan / total,
+            read_modify_write: self.read_modify_write / total,
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WorkloadSpec {
     pub record_count: u64,
@@ -66,14 +94,16 @@ pub struct WorkloadSpec {
     pub properties: BTreeMap<String, String>,
 }
 
-/// The text of YCSB's core workload files, as presets.
+/// The operation lines of YCSB's core workload files, as presets. Like
+/// the files, they give every proportion: one left out would take YCSB's
+/// default weight (updates 0.05) rather than zero.
 const PRESETS: [(&str, &str); 6] = [
-    ("a", "readproportion=0.5\nupdateproportion=0.5\nrequestdistribution=zipfian"),
-    ("b", "readproportion=0.95\nupdateproportion=0.05\nrequestdistribution=zipfian"),
-    ("c", "readproportion=1\nrequestdistribution=zipfian"),
-    ("d", "readproportion=0.95\ninsertproportion=0.05\nrequestdistribution=latest"),
-    ("e", "scanproportion=0.95\ninsertproportion=0.05\nrequestdistribution=zipfian\nmaxscanlength=100"),
-    ("f", "readproportion=0.5\nreadmodifywriteproportion=0.5\nrequestdistribution=zipfian"),
+    ("a", "readproportion=0.5\nupdateproportion=0.5\nscanproportion=0\ninsertproportion=0\nrequestdistribution=zipfian"),
+    ("b", "readproportion=0.95\nupdateproportion=0.05\nscanproportion=0\ninsertproportion=0\nrequestdistribution=zipfian"),
+    ("c", "readproportion=1\nupdateproportion=0\nscanproportion=0\ninsertproportion=0\nrequestdistribution=zipfian"),
+    ("d", "readproportion=0.95\nupdateproportion=0\nscanproportion=0\ninsertproportion=0.05\nrequestdistribution=latest"),
+    ("e", "readproportion=0\nupdateproportion=0\nscanproportion=0.95\ninsertproportion=0.05\nrequestdistribution=zipfian\nmaxscanlength=100"),
+    ("f", "readproportion=0.5\nupdateproportion=0\nscanproportion=0\ninsertproportion=0\nreadmodifywriteproportion=0.5\nrequestdistribution=zipfian"),
 ];
 
 /// Parses Java-style properties: `key=value` or `key: value`, `#` and `!`
@@ -144,27 +174,21 @@ impl WorkloadSpec {
         WorkloadSpec::from_properties(text)
     }
 
-    /// A spec from a YCSB property file's text. Proportions not given are
-    /// zero, except reads, which YCSB defaults to 0.95 with updates 0.05.
+    /// A spec from a YCSB property file's text. As YCSB's CoreWorkload
+    /// does, each proportion not given takes its own default (reads 0.95,
+    /// updates 0.05, the rest 0), and the five are weights: the mix is
+    /// each over their sum. So a file giving only `readproportion=0.5`
+    /// runs reads 0.5 / 0.55 and updates 0.05 / 0.55, as YCSB runs it.
     pub fn from_properties(text: &str) -> Result<WorkloadSpec, WorkloadError> {
         let properties = parse_properties(text)?;
-        let any_given = [
-            "readproportion",
-            "updateproportion",
-            "insertproportion",
-            "scanproportion",
-            "readmodifywriteproportion",
-        ]
-        .iter()
-        .any(|key| properties.contains_key(*key));
-        let (read_default, update_default) = if any_given { (0.0, 0.0) } else { (0.95, 0.05) };
-        let mix = Mix {
-            read: proportion(&properties, "readproportion", read_default)?,
-            update: proportion(&properties, "updateproportion", update_default)?,
+        let weights = Mix {
+            read: proportion(&properties, "readproportion", 0.95)?,
+            update: proportion(&properties, "updateproportion", 0.05)?,
             insert: proportion(&properties, "insertproportion", 0.0)?,
             scan: proportion(&properties, "scanproportion", 0.0)?,
             read_modify_write: proportion(&properties, "readmodifywriteproportion", 0.0)?,
         };
+        let mix = weights.normalized()?;
         let distribution = match properties
             .get("requestdistribution")
             .map(String::as_str)
@@ -201,13 +225,7 @@ impl WorkloadSpec {
     /// to 1, scans have a length, the keys fit 64 bits.
     pub fn validate(&self) -> Result<(), WorkloadError> {
         let mix = self.mix;
-        let proportions = [
-            mix.read,
-            mix.update,
-            mix.insert,
-            mix.scan,
-            mix.read_modify_write,
-        ];
+        let proportions = mix.proportions();
         let total: f64 = proportions.iter().sum();
         let each_valid = proportions
             .iter()

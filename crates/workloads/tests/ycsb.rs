@@ -45,6 +45,33 @@ fn a_ycsb_property_file_reads_as_its_mix_and_distribution() {
     );
 }
 
+/// YCSB's CoreWorkload gives each proportion its own default (reads
+/// 0.95, updates 0.05, the rest 0) and draws operations by weight, so a
+/// file's mix is its proportions over their sum.
+#[test]
+fn proportions_default_one_by_one_and_weigh_as_ycsb_weighs_them() {
+    let mix = |text: &str| {
+        let mix = WorkloadSpec::from_properties(text).unwrap().mix;
+        (
+            mix.read,
+            mix.update,
+            mix.insert,
+            mix.scan,
+            mix.read_modify_write,
+        )
+    };
+    assert_eq!(mix(""), (0.95, 0.05, 0.0, 0.0, 0.0));
+    let (read, update, ..) = mix("readproportion=0.5");
+    assert!((read - 0.5 / 0.55).abs() < 1e-12, "{read}");
+    assert!((update - 0.05 / 0.55).abs() < 1e-12, "{update}");
+    let (read, update, insert, ..) =
+        mix("readproportion=0.5\nupdateproportion=0.4\ninsertproportion=0.1");
+    assert_eq!((read, update), (0.5, 0.4));
+    assert!((insert - 0.1).abs() < 1e-12);
+    let (read, update, ..) = mix("readproportion=0.3\nupdateproportion=0.3");
+    assert_eq!((read, update), (0.5, 0.5));
+}
+
 #[test]
 fn the_presets_are_ycsbs_core_workloads() {
     let mix = |name: &str| {
@@ -92,7 +119,7 @@ fn the_presets_are_ycsbs_core_workloads() {
 #[test]
 fn bad_property_files_get_typed_errors() {
     let cases = [
-        ("readproportion=0.5\nupdateproportion=0.4", "sum to"),
+        ("readproportion=0\nupdateproportion=0", "sum to 0"),
         ("readproportion=lots", "not a number"),
         (
             "readproportion=1\nrequestdistribution=gaussian",
