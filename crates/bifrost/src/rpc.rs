@@ -81,6 +81,23 @@ fn is_oneway(datagram: &[u8]) -> bool {
     BifrostHeader::new_checked(datagram).is_ok_and(|header| header.call_type() == CallType::Oneway)
 }
 
+/// Sheds from a checkpoint the received calls a replacement gets again
+/// without it: the two-way calls its replies cover of their caller. ONEWAY
+/// calls stay: nobody sends them again ([`Callee::handle`] bounds them as
+/// they come instead). So do calls below what the checkpoint's replies
+/// cover of their caller (`known_from`): a replacement would refuse them
+/// again as of unknown outcome, though they never ran.
+fn shed_received(checkpoint: &mut checkpoint::Checkpoint) {
+    for (caller, calls) in checkpoint.received.iter_mut() {
+        let covered_from = checkpoint
+            .replies
+            .get(caller)
+            .map_or(0, checkpoint::known_from);
+        calls.retain(|rpc_id, datagram| is_oneway(datagram) || *rpc_id < covered_from);
+    }
+    checkpoint.received.retain(|_, calls| !calls.is_empty());
+}
+
 /// A method's answer: the reply's bytes and, when the method returns
 /// global memory of its own, the pointer the REPLY's header carries (the
 /// Gatekeeper then hands its control to the caller). Without one, the
@@ -524,6 +541,10 @@ pub struct CalleeCounters {
     pub malformed: u64,
     /// Callers forgotten to make room for new ones ([`MAX_CALLERS`]).
     pub callers_forgotten: u64,
+    /// ONEWAY calls refused, not run, because the b1 commit had no room
+    /// left for them ([`Callee::committing_to`]): the commit never sheds a
+    /// ONEWAY call, so none is taken that it could not hold.
+    pub oneways_refused: u64,
 }
 
 /// Which caller goes first when room is short: the one answered least
@@ -734,18 +755,7 @@ impl Callee {
                 continue;
             }
             if !std::mem::replace(&mut received_shed, true) {
-                // ONEWAY calls stay: nobody sends them again. So do calls
-                // below what the checkpoint's replies cover of their caller
-                // (`known_from`): a replacement would refuse them again as
-                // of unknown outcome, though they never ran.
-                for (caller, calls) in checkpoint.received.iter_mut() {
-                    let covered_from = checkpoint
-                        .replies
-                        .get(caller)
-                        .map_or(0, checkpoint::known_from);
-                    calls.retain(|rpc_id, datagram| is_oneway(datagram) || *rpc_id < covered_from);
-                }
-                checkpoint.received.retain(|_, calls| !calls.is_empty());
+                shed_received(checkpoint);
                 continue;
             }
             let order = dropping.get_or_insert_with(|| {
@@ -758,6 +768,30 @@ impl Callee {
             };
             checkpoint.replies.remove(&caller);
         }
+    }
+
+    /// Whether a ONEWAY call (`ticket`, its datagram as it came) leaves
+    /// room in the b1 commit, were it deferred: with every reply left out
+    /// (marks only) and the received calls [`shed_received`] sheds gone,
+    /// the least [`Callee::fit`] makes of it short of dropping callers. A
+    /// callee that commits nothing holds any.
+    fn oneway_fits(&self, ticket: CallTicket, payload: &[u8]) -> bool {
+        if !(self.checkpointing && self.commit_to.is_some()) {
+            return true;
+        }
+        let Some(mut least) = self.whole_checkpoint() else {
+            return true;
+        };
+        least
+            .received
+            .entry(ticket.caller)
+            .or_default()
+            .insert(ticket.rpc_id, payload.to_vec());
+        for replies in least.replies.values_mut() {
+            checkpoint::leave_out_replies(replies, 0);
+        }
+        shed_received(&mut least);
+        least.encode().is_ok()
     }
 
     /// Starts from a checkpoint (a replacement taking over a failed node):
@@ -887,6 +921,14 @@ impl Callee {
             self.counters.malformed += 1;
             return;
         };
+        if oneway && !self.oneway_fits(ticket, payload) {
+            // Before it runs: begun, it cannot be taken back. Taken, it
+            // sat in the commit for good (never shed), failed every commit
+            // and reply checkpoint after it, and was lost with the node.
+            // A ONEWAY is answered by nobody: it is counted.
+            self.counters.oneways_refused += 1;
+            return;
+        }
         match self.service.begin(
             ticket,
             header.method_name(),
@@ -1422,6 +1464,78 @@ mod tests {
         callee.handle(caller_on(callers - 1), &encode(&call, b""));
         assert_eq!(callee.counters().executed, u64::from(callers));
         assert_eq!(callee.counters().duplicates, 1);
+    }
+
+    /// A service that defers every call and finishes none, as a stalled
+    /// worker pool would: its calls stay received and not answered.
+    struct Stalled;
+
+    impl Service for Stalled {
+        fn call(&mut self, _: &[u8], _: GlobalAddress, _: &[u8]) -> Outcome {
+            Err("a stalled service answers through begin".into())
+        }
+
+        fn begin(
+            &mut self,
+            _: CallTicket,
+            _: &[u8],
+            _: GlobalAddress,
+            _: &[u8],
+        ) -> Option<Outcome> {
+            None
+        }
+
+        fn save_state(&self) -> Option<Vec<u8>> {
+            Some(0u64.to_be_bytes().to_vec())
+        }
+    }
+
+    /// The b1 commit sheds two-way calls received, never ONEWAY ones
+    /// (nobody sends them again), and nothing bounded those as they came:
+    /// some fifty deferred ONEWAY calls filled the datagram, and every
+    /// commit after failed (counted `checkpoints_too_large`), replies' too,
+    /// so a failover lost the ONEWAY calls and rolled back under callers
+    /// answered since. One the commit cannot hold is refused before it
+    /// runs now, and counted; a two-way call still comes in (the commit
+    /// sheds it).
+    #[test]
+    fn oneway_calls_the_commit_cannot_hold_are_refused_and_counted() {
+        let mut callee = Callee::with_checkpoints(Box::new(Stalled)).committing_to(caller_on(9));
+        const SENT: u64 = 64;
+        for rpc_id in 1..=SENT {
+            let call =
+                BifrostRepr::new(CallType::Oneway, "log", rpc_id, GlobalAddress::NULL).unwrap();
+            callee.handle(caller_on(1), &encode(&call, b""));
+        }
+        let call = BifrostRepr::new(CallType::Call, "log", 1, GlobalAddress::NULL).unwrap();
+        callee.handle(caller_on(2), &encode(&call, b""));
+
+        let mut last_commit = None;
+        while let Some((to, datagram)) = callee.poll_transmit() {
+            assert_eq!(to.port, remora_wire::bifrost::CONTROL_PORT, "only commits");
+            let commit = remora_wire::bifrost::parse_commit(&datagram).expect("a commit");
+            last_commit = Some(commit.to_vec());
+        }
+        let counters = callee.counters();
+        assert_eq!(counters.checkpoints_too_large, 0, "a commit did not fit");
+        let oneways_taken = callee.in_progress() as u64 - 1;
+        assert!(counters.oneways_refused > 0, "{counters:?}");
+        assert_eq!(
+            oneways_taken + counters.oneways_refused,
+            SENT,
+            "each ONEWAY call taken or counted"
+        );
+        assert_eq!(
+            counters.commits,
+            oneways_taken + 1,
+            "each call taken committed"
+        );
+        let kept = checkpoint::Checkpoint::decode(&last_commit.expect("commits")).unwrap();
+        assert_eq!(
+            kept.received[&caller_on(1)].len() as u64,
+            oneways_taken,
+            "the last commit holds every ONEWAY call taken"
+        );
     }
 
     #[test]
