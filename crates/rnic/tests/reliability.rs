@@ -773,3 +773,120 @@ fn a_sequence_nak_copy_after_the_resend_spends_no_retry() {
         ]
     );
 }
+
+/// The ACK of two WRITEs overtook the last answer packet of the READ
+/// before them (a reordering link). That answer retired the READ, but
+/// only up to its own PSN: the WRITEs the ACK had acknowledged were sent
+/// again and waited for the resend's ACK (or, were it lost, the
+/// retransmission timer). An ACK acknowledges every request up to its
+/// PSN, and the READ's last answer releases them.
+#[test]
+fn writes_acknowledged_ahead_of_a_read_retire_with_its_last_answer() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| builder.path_mtu = Mtu::MTU_256);
+    write_region(&mut s.fabric.right, &s.right_mr, 0, &pattern(1024, 7));
+    let read = read_request(&s, 1, 0, 0, 1024);
+    s.fabric.left.post_send(s.left_qp, read).unwrap();
+    for id in 2..4 {
+        let offset = 2048 + id * 8;
+        let write = write_request(&s, id, offset, s.right_mr.remote(offset), 8);
+        s.fabric.left.post_send(s.left_qp, write).unwrap();
+    }
+    let now = s.fabric.now;
+    assert_eq!(deliver_all(&mut s.fabric.left, &mut s.fabric.right, now), 3);
+    let answers = right_frames(&mut s);
+    let opcodes: Vec<_> = answers.iter().map(|frame| opcode_of(frame)).collect();
+    assert_eq!(
+        opcodes,
+        [
+            Opcode::RdmaReadResponseFirst,
+            Opcode::RdmaReadResponseMiddle,
+            Opcode::RdmaReadResponseMiddle,
+            Opcode::RdmaReadResponseLast,
+            Opcode::Acknowledge,
+        ],
+        "four READ answer packets, then one ACK for both WRITEs"
+    );
+    // The ACK overtakes the READ's last answer packet.
+    for index in [0, 1, 2, 4, 3] {
+        s.fabric.left.handle_frame(now, &answers[index]);
+    }
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![
+            (1, CompletionStatus::Success),
+            (2, CompletionStatus::Success),
+            (3, CompletionStatus::Success)
+        ]
+    );
+    assert!(
+        left_frames(&mut s).is_empty(),
+        "the acknowledged WRITEs were sent again"
+    );
+    assert_eq!(
+        read_region(&s.fabric.left, &s.left_mr, 0, 1024),
+        pattern(1024, 7)
+    );
+}
+
+/// Each of a READ's four answer packets was overtaken by an ACK of the
+/// WRITE behind it (a reordering link). The first ACK rightly went back
+/// and asked again for the READ and the WRITE; but each late original
+/// answer advanced the READ's resume point, which re-armed the implicit
+/// NAK, and the ACK of the resent WRITE then went back again: a go-back
+/// per answer packet, three READ re-requests where the first asked for
+/// everything. Until evidence from a request sent after it, one go-back
+/// stands for the gap.
+#[test]
+fn answers_reordered_behind_acks_draw_one_go_back_not_one_per_packet() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| builder.path_mtu = Mtu::MTU_256);
+    write_region(&mut s.fabric.right, &s.right_mr, 0, &pattern(1024, 8));
+    let read = read_request(&s, 1, 0, 0, 1024);
+    s.fabric.left.post_send(s.left_qp, read).unwrap();
+    let write = write_request(&s, 2, 2048, s.right_mr.remote(2048), 8);
+    s.fabric.left.post_send(s.left_qp, write).unwrap();
+    let now = s.fabric.now;
+    assert_eq!(deliver_all(&mut s.fabric.left, &mut s.fabric.right, now), 2);
+    let answers = right_frames(&mut s);
+    assert_eq!(answers.len(), 5, "four READ answer packets, then the ACK");
+    let mut ack = answers[4].clone();
+    let mut read_requests = 0;
+    let mut replays_in_flight = Vec::new();
+    for original in &answers[..4] {
+        // The newest ACK overtakes the original answer still in flight.
+        s.fabric.left.handle_frame(now, &ack);
+        s.fabric.left.handle_frame(now, original);
+        let resent = left_frames(&mut s);
+        read_requests += resent
+            .iter()
+            .filter(|frame| opcode_of(frame) == Opcode::RdmaReadRequest)
+            .count();
+        for frame in &resent {
+            s.fabric.right.handle_frame(now, frame);
+        }
+        // The replayed answers stay in flight; the ACK of the resent
+        // WRITE overtakes the next original answer.
+        for frame in right_frames(&mut s) {
+            if opcode_of(&frame) == Opcode::Acknowledge {
+                ack = frame;
+            } else {
+                replays_in_flight.push(frame);
+            }
+        }
+    }
+    assert_eq!(read_requests, 1, "one go-back re-requests the READ");
+    for frame in &replays_in_flight {
+        s.fabric.left.handle_frame(now, frame);
+    }
+    assert!(s.fabric.run(1000).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![
+            (1, CompletionStatus::Success),
+            (2, CompletionStatus::Success)
+        ]
+    );
+    assert_eq!(
+        read_region(&s.fabric.left, &s.left_mr, 0, 1024),
+        pattern(1024, 8)
+    );
+}

@@ -84,9 +84,13 @@ pub(crate) struct Requester {
     pub(super) rnr_retries_left: u8,
     retransmit_deadline: Option<Timestamp>,
     rnr_resume_at: Option<Timestamp>,
-    /// The resume point of the last implicit NAK, cleared when a request
-    /// retires.
-    implicit_nak_at: Option<Psn>,
+    /// While an implicit NAK's go-back is under way: the highest PSN sent
+    /// before it, all of which the go-back sends again. Answers and ACKs
+    /// for PSNs up to it may be the originals still in flight (reordered
+    /// behind the first), so they go back no further; evidence beyond it
+    /// comes from a request first sent after the go-back, and ends it, as
+    /// do a sequence NAK and the retransmission timer.
+    implicit_nak_until: Option<Psn>,
     /// The last RNR or sequence NAK acted on, while a copy of it would be
     /// no news (a duplicating link), and spend no retry: a sequence NAK
     /// until its PSN is acknowledged (the responder NAKs a gap once until
@@ -125,7 +129,7 @@ impl Requester {
             rnr_retries_left: attributes.rnr_retry,
             retransmit_deadline: None,
             rnr_resume_at: None,
-            implicit_nak_at: None,
+            implicit_nak_until: None,
             last_retry_nak: None,
             rnr_resent: None,
             rnr_exhausted_at: None,
@@ -622,7 +626,7 @@ impl QueuePairContext {
                 if self.consume_retry(resources) {
                     // Nothing is in flight behind this rewind: a lost READ
                     // answer may be reissued again.
-                    self.requester.implicit_nak_at = None;
+                    self.requester.implicit_nak_until = None;
                     self.requester.rewind_to(psn);
                 }
             }
@@ -719,13 +723,15 @@ impl QueuePairContext {
             let unacked = self.requester.unacked_psn();
             // As for a sequence NAK: the link is quiet, so a READ whose
             // reissue was lost again may be reissued again.
-            self.requester.implicit_nak_at = None;
+            self.requester.implicit_nak_until = None;
             self.requester.rewind_to(unacked);
             self.requester.debug_check_invariants();
         }
     }
 
-    /// Retires everything up to and including `last_psn`.
+    /// Retires everything up to and including `last_psn`, and anything an
+    /// earlier acknowledgement covered but an unanswered READ or atomic
+    /// held back: an ACK acknowledges every request up to its PSN.
     fn acknowledge_through(&mut self, now: Timestamp, last_psn: Psn, resources: &mut Resources) {
         let before = self.requester.unacked_psn();
         let mut progressed = false;
@@ -740,7 +746,17 @@ impl QueuePairContext {
                 self.requester.last_retry_nak = None;
             }
         }
+        // What retires is bounded by the highest PSN acknowledged so far,
+        // not this packet's: an ACK for WRITEs that overtook the last
+        // answer of a READ before them acknowledged them already.
         let acknowledged = self.requester.acknowledged_psn;
+        if self
+            .requester
+            .implicit_nak_until
+            .is_some_and(|until| until.precedes(acknowledged))
+        {
+            self.requester.implicit_nak_until = None;
+        }
         if self
             .requester
             .rnr_resent
@@ -757,25 +773,28 @@ impl QueuePairContext {
             // A READ or atomic answered while an earlier one waited is done
             // whatever PSN this acknowledgement names.
             let answered = front.request.operation.is_read_or_atomic() && front.is_done();
-            if !answered && !front.first_psn.precedes_or_equals(last_psn) {
+            if !answered && !front.first_psn.precedes_or_equals(acknowledged) {
                 break;
             }
-            let fully_covered = front.last_psn().precedes_or_equals(last_psn);
+            let fully_covered = front.last_psn().precedes_or_equals(acknowledged);
             if front.request.operation.is_read_or_atomic() {
                 if !front.is_done() {
-                    if fully_covered {
+                    // Only this packet is news of a loss: an answer of the
+                    // READ itself, under an older ACK, is not.
+                    if front.last_psn().precedes_or_equals(last_psn) {
                         // The responder answered later requests, so this
                         // response was lost: an implicit NAK. Once per
-                        // resume point: the answers and ACKs still in
-                        // flight behind the first would otherwise rewind
-                        // again and again (each of them is progress, so
-                        // progress must not re-arm it), and a responder
-                        // that never answers must meet the retransmission
-                        // timer, which spends retries. The point moves when
-                        // this READ is answered further or retires.
+                        // go-back: it re-requests everything sent so far,
+                        // so the answers and ACKs still in flight behind
+                        // the first, even those that advance this READ,
+                        // are no news (re-armed at each advance, a READ
+                        // whose answers were reordered behind an ACK went
+                        // back once per packet). A loss among the resent
+                        // answers meets the retransmission timer, or the
+                        // ACK of a request sent after the go-back.
                         let resume = front.resume_psn();
-                        if requester.implicit_nak_at != Some(resume) {
-                            requester.implicit_nak_at = Some(resume);
+                        if requester.implicit_nak_until.is_none() {
+                            requester.implicit_nak_until = Some(requester.sent_high_psn.sub(1));
                             requester.rewind_to(resume);
                         }
                     }
@@ -784,7 +803,7 @@ impl QueuePairContext {
             } else if !fully_covered {
                 front.packets_done = front
                     .packets_done
-                    .max(front.first_psn.distance_to(last_psn) as u32 + 1);
+                    .max(front.first_psn.distance_to(acknowledged) as u32 + 1);
                 break;
             }
             self.retire_front(resources);
@@ -803,9 +822,6 @@ impl QueuePairContext {
     fn retire_front(&mut self, resources: &mut Resources) {
         let requester = &mut self.requester;
         let wqe = requester.queue.pop().expect("caller saw a front");
-        // The next implicit NAK is for another request, even one whose
-        // resume point has the same PSN after the 24-bit wrap.
-        requester.implicit_nak_at = None;
         if wqe.counted_outstanding {
             requester.outstanding_read_atomic -= 1;
         }

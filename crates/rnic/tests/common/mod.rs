@@ -143,6 +143,16 @@ pub fn left_frames(s: &mut Setup) -> Vec<Vec<u8>> {
     frames
 }
 
+/// Every frame the right device has to send now, in order.
+pub fn right_frames(s: &mut Setup) -> Vec<Vec<u8>> {
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    let mut frames = Vec::new();
+    while let Some(length) = s.fabric.right.poll_transmit(s.fabric.now, &mut buffer) {
+        frames.push(buffer[..length].to_vec());
+    }
+    frames
+}
+
 /// Moves every frame `from` has to send at `now` into `to`; how many.
 pub fn deliver_all(from: &mut SoftRnic, to: &mut SoftRnic, now: Timestamp) -> usize {
     let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
