@@ -97,9 +97,11 @@ pub enum Answer {
     Acknowledged,
     /// A READ response past WRITEs not yet acknowledged: in RC the host
     /// executes in order, so it executed them, through this PSN (an ACK
-    /// of them lost or coalesced). Account them with
+    /// of them lost or coalesced). Or a sequence NAK past WRITEs: the
+    /// host executed everything before the PSN it names, READs whose
+    /// answers are missing included. Account them with
     /// [`ImpersonatedQueuePair::take_acknowledged`], then hand the
-    /// response in again.
+    /// answer in again.
     WritesImplied { through: Psn },
     /// Something was lost or refused: go back. A sequence NAK says where
     /// the host's responder stands.
@@ -346,20 +348,21 @@ impl ImpersonatedQueuePair {
     }
 
     /// A sequence NAK naming `psn` says the host executed every PSN
-    /// before it: the unconfirmed WRITEs from the oldest up to the first
-    /// READ among them are confirmed by it (left unconfirmed, the go-back
-    /// fetched and landed them again, which could undo another instance's
-    /// write to the same bytes in between). The last of them, if any.
+    /// before it: every unconfirmed WRITE among them is confirmed by it,
+    /// those after a READ whose answer is missing too (left unconfirmed,
+    /// the go-back fetched and landed them again, which could undo another
+    /// instance's write to the same bytes in between). The PSN before
+    /// `psn`, if any WRITE is among them: the READs it passes are redone
+    /// by the go-back that the NAK, handed in again, starts.
     fn writes_executed_before(&self, psn: Psn) -> Option<Psn> {
         let named_in_window = self.is_outstanding(psn) || psn == self.next;
         if !named_in_window || psn == self.acked.add(1) {
             return None;
         }
         let executed = self.acked.distance_to(psn.sub(1)) as u32;
-        let writes = (1..=executed)
-            .take_while(|step| self.record(self.acked.add(*step)).write_segment.is_some())
-            .count() as u32;
-        (writes > 0).then(|| self.acked.add(writes))
+        let any_write =
+            (1..=executed).any(|step| self.record(self.acked.add(step)).write_segment.is_some());
+        any_write.then(|| psn.sub(1))
     }
 
     fn is_outstanding(&self, psn: Psn) -> bool {
@@ -617,10 +620,12 @@ mod tests {
 
     /// A READ among the PSNs a sequence NAK covers (its answer lost, the
     /// usual case) kept every WRITE before it unconfirmed: only a NAK
-    /// past WRITEs alone confirmed them. The WRITEs up to the first READ
-    /// are confirmed.
+    /// past WRITEs alone confirmed them. Then only the WRITEs up to the
+    /// first READ were, and the one after it (executed: the host waits
+    /// for 104) was landed again by the go-back. Every WRITE before the
+    /// named PSN is confirmed; the READ is left to the go-back.
     #[test]
-    fn a_sequence_nak_confirms_the_writes_before_the_first_read() {
+    fn a_sequence_nak_confirms_the_writes_after_a_read_too() {
         let mut queue_pair = queue_pair();
         let mut out = Vec::new();
         let now = Timestamp::ZERO;
@@ -639,8 +644,17 @@ mod tests {
         assert_eq!(
             queue_pair.handle_answer(now, Opcode::Acknowledge, Psn::new(104), nak),
             Answer::WritesImplied {
-                through: Psn::new(101)
+                through: Psn::new(103)
             }
+        );
+        let mut seen = Vec::new();
+        queue_pair.take_acknowledged(now, Psn::new(103), |sent| seen.push(sent.write_segment));
+        let only = Some(Segment::Only);
+        assert_eq!(seen, [only, only, None, only]);
+        // Handed in again, the NAK is a loss: the READ is redone.
+        assert_eq!(
+            queue_pair.handle_answer(now, Opcode::Acknowledge, Psn::new(104), nak),
+            Answer::Lost { resume: None }
         );
     }
 

@@ -31,7 +31,12 @@
 //! another write is unconfirmed: a go-back may run a write again after its
 //! original reached the pool, which is harmless alone but would undo a
 //! later write that landed in between (seed 188 of the simulator campaign
-//! found exactly that). And a go-back that rewinds to an older request
+//! found exactly that). For the same reason a write waits while another
+//! instance has a write to the same pool page started and not yet
+//! confirmed, across go-backs: that one may land again, over bytes this one
+//! wrote. Pages of the path MTU, not byte ranges: a write of at most one
+//! MTU spans at most two, and a switch matches a page exactly where it
+//! cannot compare ranges ([`WritePages`]). And a go-back that rewinds to an older request
 //! skips the confirmed requests it fetches again: their ring space may
 //! already hold new requests (seed 14).
 //!
@@ -159,7 +164,8 @@ pub struct P4Stats {
     pub writes_started: u64,
     /// Reads fetched while a write was unsent: dropped, fetched again.
     pub reads_paused: u64,
-    /// Writes fetched while another write was unconfirmed: likewise.
+    /// Writes fetched while another write (of any instance) was
+    /// unconfirmed: likewise.
     pub writes_paused: u64,
     /// Entries a go-back fetched again that were already confirmed.
     pub skipped_confirmed: u64,
@@ -207,6 +213,13 @@ struct Instance {
     started_writes: VecDeque<u64>,
     /// Writes whose payload has not yet gone to the pool.
     unsent_writes: u32,
+    /// The pool pages of the write started and not yet confirmed, kept
+    /// across go-backs: its payload may have reached the pool and may
+    /// reach them again.
+    pending_write: Option<WritePages>,
+    /// The other live instances' such pages; the engine refreshes them
+    /// before it hands the instance a packet.
+    others_pending: Vec<WritePages>,
     read_progress: u64,
     write_progress: u64,
     recovering: bool,
@@ -216,6 +229,32 @@ struct Instance {
     bookkeeping_due: bool,
     failed: Option<String>,
     stats: P4Stats,
+}
+
+/// The pool pages a write covers, a page being the path MTU's bytes: a
+/// write is one MTU at most, so it covers at most two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WritePages {
+    region: u16,
+    first: u64,
+    last: u64,
+}
+
+impl WritePages {
+    fn of(entry: &Entry, page_bytes: u32) -> WritePages {
+        let page_bytes = u64::from(page_bytes);
+        let start = entry.response_address;
+        let end = start.saturating_add(u64::from(entry.length).max(1) - 1);
+        WritePages {
+            region: entry.region,
+            first: start / page_bytes,
+            last: end / page_bytes,
+        }
+    }
+
+    fn overlaps(&self, other: &WritePages) -> bool {
+        self.region == other.region && self.first <= other.last && other.first <= self.last
+    }
 }
 
 /// Stalled go-backs in a row after which an instance fails: a host that
@@ -327,6 +366,8 @@ impl P4Engine {
             started_reads: VecDeque::with_capacity(in_flight as usize),
             started_writes: VecDeque::with_capacity(in_flight as usize),
             unsent_writes: 0,
+            pending_write: None,
+            others_pending: Vec::with_capacity(MAX_INSTANCES),
             read_progress: 0,
             write_progress: 0,
             recovering: false,
@@ -424,6 +465,7 @@ impl P4Engine {
                 continue;
             }
             self.next_instance = (index + 1) % count;
+            self.share_pending_writes(index);
             let config = self.config;
             if let Some(port) = self.instances[index].on_generator(now, &config, &mut self.out) {
                 self.emit(packet, port);
@@ -443,11 +485,30 @@ impl P4Engine {
             return;
         };
         let config = self.config;
+        self.share_pending_writes(index);
         if let Some(port) =
             self.instances[index].on_answer(now, &config, side, &frame, &mut self.out)
         {
             self.emit(packet, port);
         }
+    }
+
+    /// Gives instance `index` the pool pages the other live instances'
+    /// unconfirmed writes may still land on. In hardware, a register array
+    /// indexed by page that names the instance writing it; here, the other
+    /// instances' one pending write each (a failed instance redoes
+    /// nothing).
+    fn share_pending_writes(&mut self, index: usize) {
+        let mut others = std::mem::take(&mut self.instances[index].others_pending);
+        others.clear();
+        others.extend(
+            self.instances
+                .iter()
+                .enumerate()
+                .filter(|(other, instance)| *other != index && instance.failed.is_none())
+                .filter_map(|(_, instance)| instance.pending_write),
+        );
+        self.instances[index].others_pending = others;
     }
 
     /// The built frame replaces the packet's bytes: the deparser's job,
@@ -859,16 +920,21 @@ impl Instance {
             self.fail(format!("write {index} is longer than the path MTU"));
             return None;
         }
-        if !self.started_writes.is_empty() || !self.compute.has_room(packets) {
-            // One write at a time: a go-back may run a write again after
-            // its original landed, and with a later write in between the
-            // pool would go back in time.
+        if !self.started_writes.is_empty()
+            || self.overlaps_another_instance(&entry, config.path_mtu.bytes())
+            || !self.compute.has_room(packets)
+        {
+            // One write at a time, across instances too: a go-back may run
+            // a write again after its original landed, and with a later
+            // write in between (this instance's or another's) the pool
+            // would go back in time.
             self.stats.writes_paused += 1;
             self.fetch_cursor = index;
             return None;
         }
         self.stash(index, entry);
         self.started_writes.push_back(index);
+        self.pending_write = Some(WritePages::of(&entry, config.path_mtu.bytes()));
         self.unsent_writes += 1;
         self.stats.writes_started += 1;
         let read = self.read_of_block(
@@ -995,6 +1061,15 @@ impl Instance {
         None
     }
 
+    /// Whether a write to `entry`'s bytes could be undone: another
+    /// instance's unconfirmed write to the same pages may land again.
+    fn overlaps_another_instance(&self, entry: &Entry, page_bytes: u32) -> bool {
+        let pages = WritePages::of(entry, page_bytes);
+        self.others_pending
+            .iter()
+            .any(|other| other.overlaps(&pages))
+    }
+
     /// Records a request as complete; false if it is not the oldest of its
     /// type (which in-order queue pairs rule out).
     fn confirm(&mut self, kind: Kind, index: u64) -> bool {
@@ -1015,6 +1090,7 @@ impl Instance {
             }
             Kind::Write => {
                 self.write_progress = sequence;
+                self.pending_write = None;
                 self.stats.writes_confirmed += 1;
             }
         }
@@ -1050,6 +1126,271 @@ impl Instance {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use remora_wire::frame::{emit_frame, MAX_FRAME_LEN};
+    use remora_wire::{AckSyndrome, AethRepr, Msn, NakCode, Rkey, VirtAddr};
+
+    const SIZES: RingSizes = RingSizes {
+        metadata_entries: 64,
+        request_data_bytes: 4096,
+        response_data_bytes: 4096,
+    };
+    const ACK: AckSyndrome = AckSyndrome::Ack { credit_count: 31 };
+
+    /// An engine with `instances` instances over one shared pool region,
+    /// every queue pair starting at PSN 0.
+    fn engine(instances: usize) -> P4Engine {
+        let mut engine = P4Engine::new(P4Config::rack_default());
+        let remote = |address| RemoteAddress {
+            address: VirtAddr(address),
+            rkey: Rkey(0x42),
+        };
+        let peer = |port, last| Peer {
+            port: PortId(port),
+            mac: MacAddress([2, 0, 0, 0, 0, last]),
+            address: Ipv4Address::new(10, 0, 0, last),
+            qpn: Qpn::new(0x11).expect("24 bits"),
+            initial_psn: Psn::new(0),
+        };
+        for index in 0..instances {
+            engine
+                .add_instance(InstanceSpec {
+                    compute: peer(0, 1),
+                    memory: peer(1, 2),
+                    block: remote(0x10_0000 * (index as u64 + 1)),
+                    sizes: SIZES,
+                    regions: vec![remote(0x1000)],
+                })
+                .expect("the instances fit");
+        }
+        engine
+    }
+
+    /// A host's answer: `opcode` at `psn` with `syndrome` and `payload`.
+    fn answer(opcode: Opcode, psn: Psn, syndrome: AckSyndrome, payload: &[u8]) -> Vec<u8> {
+        let config = P4Config::rack_default();
+        let host = (
+            MacAddress([2, 0, 0, 0, 0, 1]),
+            Ipv4Address::new(10, 0, 0, 1),
+        );
+        let bth = BthRepr::new(opcode, Qpn::new(FIRST_QPN).expect("24 bits"), psn);
+        let mut repr = FrameRepr::between(host, (config.mac, config.address), 0xc000, bth);
+        repr.extension.aeth = Some(AethRepr {
+            syndrome,
+            msn: Msn::new(0),
+        });
+        let mut bytes = vec![0u8; MAX_FRAME_LEN];
+        let length = emit_frame(&repr.with_payload_len(payload.len()), payload, &mut bytes)
+            .expect("a small frame");
+        bytes.truncate(length);
+        bytes
+    }
+
+    /// The host's answer to `request`, a frame the engine sent: `data` in
+    /// a READ RESPONSE ONLY to a READ, an ACK to a WRITE.
+    fn reply(request: &[u8], data: &[u8]) -> Vec<u8> {
+        let frame = RoceFrame::new_checked(request).expect("the engine sends valid frames");
+        match frame.opcode() {
+            Opcode::RdmaReadRequest => {
+                answer(Opcode::RdmaReadResponseOnly, frame.bth().psn, ACK, data)
+            }
+            _ => answer(Opcode::Acknowledge, frame.bth().psn, ACK, &[]),
+        }
+    }
+
+    /// Instance `index` hears `bytes` from its `side` host; what the
+    /// engine sent for it, if anything.
+    fn hear(
+        engine: &mut P4Engine,
+        now: Timestamp,
+        index: usize,
+        side: Side,
+        bytes: Vec<u8>,
+    ) -> Option<Vec<u8>> {
+        let headers = parser::parse(&bytes).expect("a valid frame");
+        let mut packet = Packet::new(bytes, PortId(0), headers);
+        engine.on_answer(now, Some((index, side)), &mut packet);
+        matches!(packet.egress, Egress::Port(_)).then_some(packet.bytes)
+    }
+
+    /// Instance `index` probes, finds `tail` entries issued and fetches
+    /// the next, which is `entry`: what the engine sent to start it (a
+    /// data READ, a payload READ), if it started.
+    fn fetch_entry(
+        engine: &mut P4Engine,
+        now: Timestamp,
+        index: usize,
+        tail: u64,
+        entry: Entry,
+    ) -> Option<Vec<u8>> {
+        let config = engine.config;
+        let mut probe = Vec::new();
+        engine.instances[index]
+            .on_generator(now, &config, &mut probe)
+            .expect("a probe");
+        let mut words = [0u8; CLIENT_WORDS_BYTES as usize];
+        words[..8].copy_from_slice(&tail.to_le_bytes());
+        let metadata = hear(engine, now, index, Side::Compute, reply(&probe, &words))
+            .expect("a metadata READ");
+        let mut raw = [0u8; ENTRY_BYTES as usize];
+        entry.emit(&mut raw);
+        hear(engine, now, index, Side::Compute, reply(&metadata, &raw))
+    }
+
+    fn opcode_and_psn(frame: &[u8]) -> (Opcode, u32) {
+        let frame = RoceFrame::new_checked(frame).expect("the engine sends valid frames");
+        (frame.opcode(), frame.bth().psn.value())
+    }
+
+    /// 8 bytes at offset 0 of the pool, from the request data ring.
+    fn write_at_zero() -> Entry {
+        Entry {
+            kind: Kind::Write,
+            region: 0,
+            length: 8,
+            request_address: SIZES.request_data_at(),
+            response_address: 0,
+            sequence: 1,
+        }
+    }
+
+    /// A sequence NAK from the memory node past a READ whose answer went
+    /// missing and a WRITE after it: the host executed both, but only
+    /// WRITEs before the first READ were confirmed, so the go-back
+    /// fetched the write again and landed it a second time (over another
+    /// instance's write to the same bytes, if one came in between).
+    #[test]
+    fn a_sequence_nak_past_a_read_confirms_the_write_after_it() {
+        let mut engine = engine(1);
+        let now = Timestamp::ZERO;
+        let read = |sequence, slot: u64| Entry {
+            kind: Kind::Read,
+            region: 0,
+            length: 8,
+            request_address: 0,
+            response_address: SIZES.response_data_at() + 8 * slot,
+            sequence,
+        };
+        // Memory PSN 0: a read of the bytes the write then writes.
+        let first = fetch_entry(&mut engine, now, 0, 4, read(1, 0)).expect("a data READ");
+        assert_eq!(opcode_and_psn(&first), (Opcode::RdmaReadRequest, 0));
+        // Memory PSN 1: the write's payload, into the pool.
+        let payload = fetch_entry(&mut engine, now, 0, 4, write_at_zero()).expect("a payload READ");
+        let data_write = hear(&mut engine, now, 0, Side::Compute, reply(&payload, &[7; 8]))
+            .expect("the data WRITE");
+        assert_eq!(opcode_and_psn(&data_write), (Opcode::RdmaWriteOnly, 1));
+        // Memory PSNs 2 and 3: two more reads.
+        fetch_entry(&mut engine, now, 0, 4, read(2, 1)).expect("a data READ");
+        fetch_entry(&mut engine, now, 0, 4, read(3, 2)).expect("a data READ");
+        // The answer to PSN 0 and PSN 2 itself are lost; PSN 3 arrives, so
+        // the memory node, having executed 0 and 1, NAKs 2.
+        let nak = AckSyndrome::Nak(NakCode::PsnSequenceError);
+        let nak = answer(Opcode::Acknowledge, Psn::new(2), nak, &[]);
+        assert_eq!(hear(&mut engine, now, 0, Side::Memory, nak), None);
+        let instance = &engine.instances[0];
+        assert!(instance.recovering);
+        assert_eq!(
+            (instance.write_progress, instance.stats.writes_confirmed),
+            (1, 1),
+            "{}",
+            engine.describe(0).expect("one instance")
+        );
+        assert_eq!(instance.read_progress, 0, "the reads are redone");
+    }
+
+    /// Instance 0's write landed and its ACK was lost; the timeout's
+    /// go-back will land it again at fresh PSNs. Instance 1's write to the
+    /// same bytes started in between, landed and was confirmed, and the
+    /// redo then put instance 0's older bytes back over it: a completed
+    /// write lost, after a reader may have seen instance 0's bytes before
+    /// it (Spot's overlap guard keeps such orphans; the switch cannot
+    /// compare ranges, so it holds every other instance's writes).
+    #[test]
+    fn a_write_waits_while_another_instances_write_may_land_again() {
+        let config = P4Config::rack_default();
+        let mut engine = engine(2);
+        let mut out = Vec::new();
+        let now = Timestamp::ZERO;
+        let payload = fetch_entry(&mut engine, now, 0, 1, write_at_zero()).expect("a payload READ");
+        let data_write = hear(
+            &mut engine,
+            now,
+            0,
+            Side::Compute,
+            reply(&payload, &[0xaa; 8]),
+        )
+        .expect("the data WRITE");
+        assert_eq!(opcode_and_psn(&data_write), (Opcode::RdmaWriteOnly, 0));
+        // No ACK: the timeout starts a go-back (a filler at PSN 0).
+        let later = now.saturating_add(config.timeout * 2);
+        engine.instances[0]
+            .on_generator(later, &config, &mut out)
+            .expect("the go-back's filler");
+        assert!(engine.instances[0].recovering);
+        // Instance 1 writes the same 8 bytes: it must wait.
+        let started = fetch_entry(&mut engine, later, 1, 1, write_at_zero());
+        let stats = engine.instances[1].stats;
+        assert!(started.is_none(), "instance 1's write started: {stats:?}");
+        assert_eq!((stats.writes_started, stats.writes_paused), (0, 1));
+        // Instance 0 recovers and lands its write again, confirmed.
+        let ack = answer(Opcode::Acknowledge, Psn::new(0), ACK, &[]);
+        assert_eq!(hear(&mut engine, later, 0, Side::Memory, ack), None);
+        engine.instances[0]
+            .on_generator(later, &config, &mut out)
+            .expect("the bookkeeping WRITE ending the go-back");
+        let metadata = hear(&mut engine, later, 0, Side::Compute, reply(&out, &[]))
+            .expect("the metadata READ again");
+        let mut raw = [0u8; ENTRY_BYTES as usize];
+        write_at_zero().emit(&mut raw);
+        let payload = hear(&mut engine, later, 0, Side::Compute, reply(&metadata, &raw))
+            .expect("the payload READ again");
+        let data_write = hear(
+            &mut engine,
+            later,
+            0,
+            Side::Compute,
+            reply(&payload, &[0xaa; 8]),
+        )
+        .expect("the data WRITE again");
+        hear(&mut engine, later, 0, Side::Memory, reply(&data_write, &[]));
+        assert_eq!(engine.instances[0].write_progress, 1);
+        // Now instance 1's write goes.
+        let started = fetch_entry(&mut engine, later, 1, 1, write_at_zero());
+        assert!(started.is_some(), "{}", engine.describe(1).expect("two"));
+    }
+
+    /// The guard holds writes to the pages another instance's unconfirmed
+    /// write may land on, not every write: one to another page goes.
+    #[test]
+    fn a_write_to_other_pages_goes_beside_another_instances_unconfirmed_one() {
+        let mut engine = engine(2);
+        let now = Timestamp::ZERO;
+        let payload = fetch_entry(&mut engine, now, 0, 1, write_at_zero()).expect("a payload READ");
+        hear(
+            &mut engine,
+            now,
+            0,
+            Side::Compute,
+            reply(&payload, &[0xaa; 8]),
+        )
+        .expect("the data WRITE, not yet acknowledged");
+        let page_bytes = engine.config.path_mtu.bytes();
+        let pages = |entry: &Entry| WritePages::of(entry, page_bytes);
+        let next_page = Entry {
+            response_address: u64::from(page_bytes),
+            ..write_at_zero()
+        };
+        let last_byte_of_first_page = Entry {
+            response_address: u64::from(page_bytes) - 1,
+            length: 1,
+            ..write_at_zero()
+        };
+        assert!(pages(&last_byte_of_first_page).overlaps(&pages(&write_at_zero())));
+        assert!(!pages(&next_page).overlaps(&pages(&write_at_zero())));
+        let started = fetch_entry(&mut engine, now, 1, 1, next_page);
+        let stats = engine.instances[1].stats;
+        assert!(started.is_some(), "held: {stats:?}");
+        assert_eq!((stats.writes_started, stats.writes_paused), (1, 0));
+    }
 
     /// At MTU 256 a 4 KiB entry is 16 packets: the reservation took 8 per
     /// entry, 32 entries (256 PSNs, capped at 128), and a response found
