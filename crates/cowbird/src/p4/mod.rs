@@ -553,6 +553,16 @@ impl Overlay for P4Engine {
                 cells: self.instances.len(),
                 cell_bytes: state_bytes,
             });
+        // Each instance's unconfirmed write: its region and first and last
+        // page, which every write the instances start is matched against.
+        report
+            .registers
+            .push(remora_switch::resources::RegisterResources {
+                name: "pending_write_pages".into(),
+                stage: 1,
+                cells: self.instances.len(),
+                cell_bytes: std::mem::size_of::<u16>() + 2 * std::mem::size_of::<u64>(),
+            });
         for instance in &self.instances {
             report.registers.push(instance.compute.resources());
             report.registers.push(instance.memory.resources());
