@@ -42,10 +42,16 @@ impl System for Clover {
 /// 16 hot keys, plain and with the resolver. Every key's history goes
 /// through stateright's linearizability checker, and every version list
 /// is audited whole.
-pub fn clover_step(
+pub fn clover_step(history: Option<&mut crate::HistoryFile>) -> Result<SystemStep, SystemError> {
+    clover_step_with(history, remora_clover::simulated::run)
+}
+
+/// [`clover_step`], each variant run by `run`.
+fn clover_step_with<E: std::error::Error + Send + Sync + 'static>(
     mut history: Option<&mut crate::HistoryFile>,
+    run: impl Fn(u64, &remora_clover::simulated::Run) -> Result<remora_clover::simulated::Outcome, E>,
 ) -> Result<SystemStep, SystemError> {
-    use remora_clover::simulated::{run, Run, SwitchChoice};
+    use remora_clover::simulated::{Run, SwitchChoice};
     println!("\nClover in the simulator (8 clients, 16 keys, YCSB-A zipf 0.99, 2% loss):");
     let mut step = SystemStep {
         variants: Vec::new(),
@@ -75,8 +81,14 @@ pub fn clover_step(
         };
         let outcome = run(1, &configuration).in_system("clover")?;
         if let Some(file) = history.as_deref_mut() {
-            file.write(&format!("demo/{name}"), &outcome)
-                .in_system("clover")?;
+            // A history that is not linearizable is this step's failure
+            // (below), as without --history: the demo runs on, writes its
+            // JSON and exits 1. Only a file that cannot be written is an
+            // error.
+            match file.write(&format!("demo/{name}"), &outcome) {
+                Ok(()) | Err(crate::HistoryFileError::NotLinearizable { .. }) => {}
+                Err(error) => return Err(error).in_system("clover"),
+            }
         }
         let verdict = outcome
             .verdict
@@ -177,5 +189,39 @@ pub fn run_clover(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde
             failures.push(format!("clover: {error}"));
             Some(serde_json::json!({ "error": error.to_string() }))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With --history, a Clover history that was not linearizable ended
+    /// the demo with an error (exit 2): the steps after it did not run,
+    /// and neither its JSON nor its report was written. Without it, the
+    /// same run is a failed check the demo reports at its end (exit 1).
+    /// The file still holds the history.
+    #[test]
+    fn a_history_that_is_not_linearizable_is_a_failed_check_not_an_error() {
+        let path = std::env::temp_dir().join(format!(
+            "remora-demo-violation-{}.jsonl",
+            std::process::id()
+        ));
+        let mut file = crate::HistoryFile::create(&path).unwrap();
+        let step = clover_step_with(Some(&mut file), |seed, run| {
+            remora_clover::simulated::run(seed, run).map(|mut outcome| {
+                // As if the checker had found key 3 not linearizable.
+                if let Some(verdict) = outcome.verdict.as_mut() {
+                    verdict.violations = vec![3];
+                }
+                outcome
+            })
+        });
+        let step = step.expect("a violation is a failed check, not an error");
+        assert_eq!(step.failures.len(), 2, "{:?}", step.failures);
+        assert!(step.failures[0].contains("not linearizable"));
+        let written = file.finish().unwrap();
+        std::fs::remove_file(&path).ok();
+        assert!(written.contains("of 2 checked histories"), "{written}");
     }
 }
