@@ -16,6 +16,7 @@ use remora_rnic::{
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -294,9 +295,15 @@ impl NativeSide {
     }
 
     /// Spins until the last byte of a `length`-byte message reads `mark`,
-    /// for at most `limit`: a peer that stopped would keep this thread
-    /// spinning for ever.
-    fn await_mark(&self, length: u32, mark: u8, limit: Duration) -> Result<(), VerbsBenchError> {
+    /// for at most `limit`, or until `peer_failed` is raised: a peer that
+    /// stopped would keep this thread spinning for ever.
+    fn await_mark(
+        &self,
+        length: u32,
+        mark: u8,
+        limit: Duration,
+        peer_failed: &AtomicBool,
+    ) -> Result<(), VerbsBenchError> {
         let deadline = Instant::now() + limit;
         let mut byte = [0u8; 1];
         for spin in 0u64.. {
@@ -307,7 +314,9 @@ impl NativeSide {
                 return Ok(());
             }
             // The clock is read once per 1024 spins, not on each.
-            if spin % 1024 == 1023 && Instant::now() > deadline {
+            if spin % 1024 == 1023
+                && (peer_failed.load(Ordering::Relaxed) || Instant::now() > deadline)
+            {
                 return Err(VerbsBenchError::PeerSilent(limit));
             }
             std::hint::spin_loop();
@@ -333,30 +342,81 @@ impl NativeSide {
 /// when the other's WRITE has landed. Returns one-way latencies in µs.
 fn native_write_latency(iterations: usize) -> Result<Vec<f64>, VerbsBenchError> {
     let (initiator, responder) = native_pair()?;
+    latency_between(initiator, responder, iterations, PEER_SILENCE_LIMIT)
+}
+
+/// The ping-pong of [`native_write_latency`] between two connected sides,
+/// each waiting at most `limit` for the other. A side that fails tells
+/// the other, which stops waiting at once; the error returned is the
+/// failed side's, not the `PeerSilent` its peer saw. (The initiator
+/// returned its own `PeerSilent` after 10 s, and the echo thread's error,
+/// the cause, was dropped with the thread.)
+fn latency_between(
+    initiator: NativeSide,
+    responder: NativeSide,
+    iterations: usize,
+    limit: Duration,
+) -> Result<Vec<f64>, VerbsBenchError> {
+    let failed = Arc::new(AtomicBool::new(false));
+    let echo_failed = Arc::clone(&failed);
     let echo = std::thread::spawn(move || -> Result<(), VerbsBenchError> {
-        for iteration in 1..=iterations {
-            let mark = (iteration % 251) as u8 + 1;
-            responder.await_mark(LATENCY_BYTES, mark, PEER_SILENCE_LIMIT)?;
-            responder.set_mark(LATENCY_BYTES, mark);
-            responder.write(iteration as u64, LATENCY_BYTES)?;
-            responder.reap()?;
+        let echoed = echo_marks(&responder, iterations, limit, &echo_failed);
+        if echoed.is_err() {
+            echo_failed.store(true, Ordering::Relaxed);
         }
         responder.node.stop();
-        Ok(())
+        echoed
     });
+    let measured = ping_marks(&initiator, iterations, limit, &failed);
+    if measured.is_err() {
+        failed.store(true, Ordering::Relaxed);
+    }
+    initiator.node.stop();
+    let echoed = echo.join().expect("the echo thread");
+    match (measured, echoed) {
+        (Ok(latencies), Ok(())) => Ok(latencies),
+        // Silence names no cause; the side that failed does.
+        (Err(VerbsBenchError::PeerSilent(_)), Err(cause)) => Err(cause),
+        (Err(error), _) | (Ok(_), Err(error)) => Err(error),
+    }
+}
+
+/// The initiator's half: WRITEs a mark, waits for it to come back.
+/// One-way latencies in µs.
+fn ping_marks(
+    initiator: &NativeSide,
+    iterations: usize,
+    limit: Duration,
+    peer_failed: &AtomicBool,
+) -> Result<Vec<f64>, VerbsBenchError> {
     let mut latencies = Vec::with_capacity(iterations);
     for iteration in 1..=iterations {
         let mark = (iteration % 251) as u8 + 1;
         initiator.set_mark(LATENCY_BYTES, mark);
         let started = Instant::now();
         initiator.write(iteration as u64, LATENCY_BYTES)?;
-        initiator.await_mark(LATENCY_BYTES, mark, PEER_SILENCE_LIMIT)?;
+        initiator.await_mark(LATENCY_BYTES, mark, limit, peer_failed)?;
         latencies.push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
         initiator.reap()?;
     }
-    initiator.node.stop();
-    echo.join().expect("the echo thread")?;
     Ok(latencies)
+}
+
+/// The responder's half: waits for each mark and WRITEs it back.
+fn echo_marks(
+    responder: &NativeSide,
+    iterations: usize,
+    limit: Duration,
+    peer_failed: &AtomicBool,
+) -> Result<(), VerbsBenchError> {
+    for iteration in 1..=iterations {
+        let mark = (iteration % 251) as u8 + 1;
+        responder.await_mark(LATENCY_BYTES, mark, limit, peer_failed)?;
+        responder.set_mark(LATENCY_BYTES, mark);
+        responder.write(iteration as u64, LATENCY_BYTES)?;
+        responder.reap()?;
+    }
+    Ok(())
 }
 
 /// perftest's `ib_write_bw`, through the native API: a window of 64 KiB
@@ -554,10 +614,33 @@ mod tests {
         let limit = Duration::from_millis(200);
         let started = Instant::now();
         assert!(matches!(
-            initiator.await_mark(LATENCY_BYTES, 7, limit),
+            initiator.await_mark(LATENCY_BYTES, 7, limit, &AtomicBool::new(false)),
             Err(VerbsBenchError::PeerSilent(waited)) if waited == limit
         ));
         assert!(started.elapsed() < Duration::from_secs(5));
         initiator.node.stop();
+    }
+
+    /// An echo thread that failed left the initiator waiting out its
+    /// 10 s, which then reported `PeerSilent` ("its node stopped or its
+    /// queue pair failed") and dropped the echo thread's error, the cause.
+    /// The initiator stops waiting at once, and the echo's error is the
+    /// one returned.
+    #[test]
+    fn a_failed_echo_is_reported_as_itself_not_as_silence() {
+        let (initiator, mut responder) = native_pair().unwrap();
+        // The echo's first WRITE is refused at its post: no such queue pair.
+        responder.queue_pair = QueuePair(remora_wire::Qpn::new(0xff_fffe).unwrap());
+        let started = Instant::now();
+        let result = latency_between(initiator, responder, 3, Duration::from_secs(10));
+        assert!(
+            matches!(result, Err(VerbsBenchError::Verbs(_))),
+            "{:?}",
+            result.err()
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "it waited out the limit"
+        );
     }
 }
