@@ -499,6 +499,23 @@ impl RackConfig {
         &self.source
     }
 
+    /// Refuses a rack whose public fields were changed after `parse`: its
+    /// topology, and the text its node processes run ([`Self::source`]),
+    /// are still the parsed text's, so a launch would run another rack
+    /// than the caller holds. Change the text and parse it again.
+    pub fn check_unchanged(&self) -> Result<(), RackError> {
+        let parsed = RackConfig::parse(&self.source)?;
+        // Every field is compared, the private ones too, through Debug:
+        // the fields hold no type that compares.
+        if format!("{parsed:?}") != format!("{self:?}") {
+            return Err(RackError::Config(format!(
+                "rack {:?} was changed after it was parsed: its topology and the text its nodes run are the parsed text's; change the text and parse it again",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
     fn validate(raw: RawRack) -> Result<RackConfig, String> {
         check_name(&raw.rack.name).map_err(|message| format!("rack names use {message}"))?;
         let fabric_threads = match raw.rack.fabric_threads {

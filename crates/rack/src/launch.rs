@@ -310,6 +310,7 @@ pub fn rack_up(
     options: &LaunchOptions,
     stop: Arc<AtomicBool>,
 ) -> Result<RackReport, RackError> {
+    rack.check_unchanged()?;
     let run_directory = RunDirectory::create(&rack.name)?;
     let capture = options
         .capture

@@ -53,3 +53,32 @@ fn a_stopped_workload_is_not_a_failed_check() {
     // connected.
     assert!(error.starts_with("stopped before"), "{error}");
 }
+
+/// `RackConfig`'s fields are public, but its topology and the text its
+/// node processes run were the parsed text's: a rack changed after
+/// `parse` ran its nodes from the original text, its changes silently
+/// lost (or, for its nodes, against a topology that no longer matched).
+/// It is refused before anything starts.
+#[test]
+fn a_rack_changed_after_it_was_parsed_is_refused() {
+    let mut rack = RackConfig::parse(RACK).unwrap();
+    rack.nodes[0].workload.operations = 10;
+    let options = LaunchOptions {
+        mode: Mode::Embedded,
+        carrier: CarrierKind::Shm,
+        capture: None,
+        executable: "remora".into(),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    match rack_up(&rack, &options, stop) {
+        Err(remora_rack::RackError::Config(message)) => {
+            assert!(message.contains("changed after it was parsed"), "{message}")
+        }
+        other => panic!(
+            "a changed rack ran: {:?}",
+            other.map(|report| report.nodes.len())
+        ),
+    }
+    // The rack as parsed still runs.
+    assert!(RackConfig::parse(RACK).unwrap().check_unchanged().is_ok());
+}
