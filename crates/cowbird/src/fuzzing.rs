@@ -325,6 +325,105 @@ mod tests {
         );
     }
 
+    type P4Switch = remora_switch::Switch<crate::p4::CowbirdP4>;
+
+    /// The frames the switch sends now: each one's port, opcode and PSN.
+    fn sent(switch: &mut P4Switch) -> Vec<(u16, remora_wire::Opcode, u32)> {
+        use remora_rnic::Timestamp;
+        let mut out = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+        let mut frames = Vec::new();
+        while let Some((port, length)) = switch.poll_transmit(Timestamp::ZERO, &mut out) {
+            let frame = remora_wire::RoceFrame::new_checked(&out[..length])
+                .expect("the engine sends valid frames");
+            frames.push((port.0, frame.opcode(), frame.bth().psn.value()));
+        }
+        frames
+    }
+
+    /// Host `host` on `port` answers the switch's queue pair `qpn` with a
+    /// READ response packet of `payload` at `psn`; what the switch sends.
+    fn answer(
+        switch: &mut P4Switch,
+        (host, port, qpn): (u8, u16, remora_wire::Qpn),
+        opcode: remora_wire::Opcode,
+        psn: u32,
+        payload: &[u8],
+    ) -> Vec<(u16, remora_wire::Opcode, u32)> {
+        use crate::simulated::p4_config;
+        use remora_rack::topology::standard_host;
+        use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
+        use remora_wire::{AckSyndrome, AethRepr, BthRepr, Msn, Psn};
+        let config = p4_config();
+        let from = standard_host(usize::from(host) - 1);
+        let mut repr = FrameRepr::between(
+            from,
+            (config.mac, config.address),
+            0xc000,
+            BthRepr::new(opcode, qpn, Psn::new(psn)),
+        );
+        repr.extension.aeth = opcode.has_aeth().then_some(AethRepr {
+            syndrome: AckSyndrome::Ack { credit_count: 31 },
+            msn: Msn::new(0),
+        });
+        let mut frame = vec![0u8; MAX_FRAME_LEN];
+        let length = emit_frame(&repr.with_payload_len(payload.len()), payload, &mut frame)
+            .expect("a valid answer");
+        let now = remora_rnic::Timestamp::ZERO;
+        switch.handle_frame(now, remora_switch::PortId(port), &frame[..length]);
+        sent(switch)
+    }
+
+    /// A READ response packet shorter than the path MTU (a host of
+    /// another MTU, or a hostile one) went on as a WRITE packet of its
+    /// length: the message took more PSNs than its reservation, and a
+    /// go-back's fillers, counted in MTUs from the bytes left, more
+    /// still. A requester checks a response's length; the switch fails
+    /// the instance, as the soft RNIC fails the READ.
+    #[test]
+    fn a_read_response_shorter_than_the_path_mtu_fails_its_instance() {
+        use remora_wire::Opcode;
+        let (mut switch, compute_qpn, memory_qpn) = p4_switch_with_one_instance();
+        let (compute, memory) = ((1, 0, compute_qpn), (2, 1, memory_qpn));
+        switch.handle_timeout(remora_rnic::Timestamp::ZERO);
+        assert_eq!(
+            sent(&mut switch),
+            [(0, Opcode::RdmaReadRequest, 0)],
+            "a probe"
+        );
+        let mut words = [0u8; 16];
+        words[..8].copy_from_slice(&1u64.to_le_bytes());
+        let only = Opcode::RdmaReadResponseOnly;
+        assert_eq!(
+            answer(&mut switch, compute, only, 0, &words),
+            [(0, Opcode::RdmaReadRequest, 1)],
+            "the metadata READ of entry 0"
+        );
+        let entry = Entry {
+            kind: Kind::Read,
+            region: 0,
+            length: 4096,
+            request_address: 0,
+            response_address: 0,
+            sequence: 1,
+        };
+        let mut raw = [0u8; ENTRY_BYTES as usize];
+        entry.emit(&mut raw);
+        assert_eq!(
+            answer(&mut switch, compute, only, 1, &raw),
+            [(1, Opcode::RdmaReadRequest, 0)],
+            "the data READ, four packets at MTU 1024"
+        );
+        // The memory node answers in 256-byte packets.
+        let first = Opcode::RdmaReadResponseFirst;
+        let forwarded = answer(&mut switch, memory, first, 0, &[7; 256]);
+        assert!(forwarded.is_empty(), "went on as {forwarded:?}");
+        let failure = switch.program().overlay().failure(0);
+        assert!(
+            failure.is_some_and(|reason| reason.contains("256 bytes where 1024")),
+            "{failure:?}"
+        );
+    }
+
     #[test]
     fn p4_survives_answers_of_every_opcode() {
         let mut bytes = Vec::new();

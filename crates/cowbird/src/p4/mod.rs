@@ -777,6 +777,20 @@ impl Instance {
             }
             Answer::Acknowledged => self.on_acknowledged(now, config, side, psn, out),
             Answer::ReadResponse(sent) => {
+                // Each response packet carries the path MTU, the last what
+                // is left, as a requester checks (the soft RNIC's does).
+                // A shorter one (another MTU, a hostile host) went on as a
+                // WRITE packet of its length: the message then took more
+                // PSNs than its reservation, and a go-back's fillers,
+                // counted in MTUs from the bytes left, more still.
+                let due = sent.length.min(config.path_mtu.bytes()) as usize;
+                if frame.payload().len() != due {
+                    self.fail(format!(
+                        "the {side:?} node answered a READ with {} bytes where {due} were due",
+                        frame.payload().len()
+                    ));
+                    return None;
+                }
                 self.on_read_response(now, config, sent, frame.opcode(), frame.payload(), out)
             }
             Answer::WritesImplied { .. } => {
