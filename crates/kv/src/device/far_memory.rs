@@ -103,10 +103,56 @@ impl FabricWatch {
     }
 }
 
+/// Whether the engine serving a Cowbird instance has stopped serving it
+/// (a Spot instance failure, a failed Cowbird-P4 instance) while the
+/// fabric runs on: its work in flight then never completes. A queue
+/// waiting on some says so, with the engine's reason; it waited out its
+/// 10 s (the store its 30 s), and its drop 10 s more, naming nothing.
+#[derive(Clone, Default)]
+struct EngineWatch(Option<Arc<dyn Fn(usize) -> Option<String> + Send + Sync>>);
+
+/// Quiet looks of a Cowbird queue between two questions to its engine:
+/// asking takes the engine's lock, which the fabric thread takes each turn.
+const ENGINE_LOOK_EVERY: u32 = 1024;
+
+impl EngineWatch {
+    /// The engine of `rack`'s Cowbird instances, if it has one.
+    fn of(rack: &FarMemoryRack) -> EngineWatch {
+        if let Some(agent) = rack.engine.clone() {
+            return EngineWatch(Some(Arc::new(move |instance| {
+                let agent = agent.lock().unwrap_or_else(|e| e.into_inner());
+                agent
+                    .failures()
+                    .iter()
+                    .find(|failure| failure.instance == instance)
+                    .map(|failure| failure.error.to_string())
+            })));
+        }
+        if let Some(switch) = rack.p4_switch.clone() {
+            return EngineWatch(Some(Arc::new(move |instance| {
+                let endpoint = switch.lock().unwrap_or_else(|e| e.into_inner());
+                let engine = endpoint.switch.program().overlay();
+                engine.failure(instance).map(str::to_string)
+            })));
+        }
+        EngineWatch(None)
+    }
+
+    fn check(&self, instance: usize) -> Result<(), DeviceError> {
+        match self.0.as_ref().and_then(|failure| failure(instance)) {
+            Some(reason) => Err(far_error(format!(
+                "the Cowbird engine stopped serving this queue's instance: {reason}"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A path a queue takes and gives back.
 enum Path {
     Verbs(Box<VerbsPath>),
-    Cowbird(Box<Client>),
+    /// A client and its instance's number in the engine.
+    Cowbird(Box<Client>, usize),
 }
 
 /// How a queue's verbs reach its NIC: a data path and a doorbell.
@@ -199,6 +245,7 @@ pub struct FarMemoryDevice {
     paths: Arc<Mutex<Vec<Path>>>,
     backing: Mutex<Option<Backing>>,
     fabric: FabricWatch,
+    engine: EngineWatch,
 }
 
 impl FarMemoryDevice {
@@ -251,7 +298,8 @@ impl FarMemoryDevice {
         } else {
             let clients = rack.clients.drain(..);
             clients
-                .map(|client| Path::Cowbird(Box::new(client)))
+                .enumerate()
+                .map(|(instance, client)| Path::Cowbird(Box::new(client), instance))
                 .collect()
         };
         Ok(FarMemoryDevice {
@@ -264,6 +312,7 @@ impl FarMemoryDevice {
             },
             paths: Arc::new(Mutex::new(paths)),
             fabric: FabricWatch(Some(rack.rack.fabric().stopped_flag())),
+            engine: EngineWatch::of(&rack),
             backing: Mutex::new(Some(Backing::Embedded(rack))),
         })
     }
@@ -318,6 +367,7 @@ impl FarMemoryDevice {
             },
             paths: Arc::new(Mutex::new(paths)),
             fabric: FabricWatch(attached.fabric_stopped_flag()),
+            engine: EngineWatch::default(),
             backing: Mutex::new(Some(Backing::Attached(attached))),
         })
     }
@@ -345,6 +395,7 @@ impl FarMemoryDevice {
             paths: Arc::new(Mutex::new(paths)),
             backing: Mutex::new(None),
             fabric: FabricWatch::default(),
+            engine: EngineWatch::default(),
         }
     }
 
@@ -405,9 +456,9 @@ impl Device for FarMemoryDevice {
                 self.capacity_bytes,
                 matches!(self.path, FarMemoryPath::OneSidedSync),
             )),
-            Path::Cowbird(client) => Box::new(CowbirdQueue::new(
-                client,
-                (returns, self.fabric.clone()),
+            Path::Cowbird(client, instance) => Box::new(CowbirdQueue::new(
+                (client, instance),
+                (returns, self.fabric.clone(), self.engine.clone()),
                 self.capacity_bytes,
             )?),
         })
@@ -957,8 +1008,14 @@ fn issue_pieces<Q>(
 /// One thread's Cowbird instance.
 struct CowbirdQueue {
     client: Option<Box<Client>>,
+    /// The client's instance in the engine.
+    instance: usize,
     returns: Arc<Mutex<Vec<Path>>>,
     fabric: FabricWatch,
+    engine: EngineWatch,
+    /// Looks that found nothing with work in flight, since the last
+    /// completion.
+    quiet_looks: u32,
     capacity_bytes: u64,
     group: usize,
     /// The device request each Cowbird request is a piece of and, for a
@@ -974,8 +1031,8 @@ struct CowbirdQueue {
 
 impl CowbirdQueue {
     fn new(
-        mut client: Box<Client>,
-        (returns, fabric): (Arc<Mutex<Vec<Path>>>, FabricWatch),
+        (mut client, instance): (Box<Client>, usize),
+        (returns, fabric, engine): (Arc<Mutex<Vec<Path>>>, FabricWatch, EngineWatch),
         capacity_bytes: u64,
     ) -> Result<CowbirdQueue, DeviceError> {
         let group = client.poll_create().map_err(far_error)?;
@@ -985,8 +1042,11 @@ impl CowbirdQueue {
         let max_piece_bytes = ring_share.min(u64::from(client.max_write_bytes())).max(64) as usize;
         Ok(CowbirdQueue {
             client: Some(client),
+            instance,
             returns,
             fabric,
+            engine,
+            quiet_looks: 0,
             capacity_bytes,
             group,
             requests: FxHashMap::default(),
@@ -1012,8 +1072,14 @@ impl CowbirdQueue {
             .map_err(far_error)?;
         if responses.is_empty() && !self.requests.is_empty() {
             self.responses = responses;
-            return self.fabric.check();
+            self.fabric.check()?;
+            self.quiet_looks = self.quiet_looks.wrapping_add(1);
+            if self.quiet_looks % ENGINE_LOOK_EVERY == 0 {
+                self.engine.check(self.instance)?;
+            }
+            return Ok(());
         }
+        self.quiet_looks = 0;
         // Every completion is taken before anything can fail: one left
         // unhandled would hold its request in flight for good.
         for completion in &responses {
@@ -1161,14 +1227,14 @@ impl Drop for CowbirdQueue {
             |queue| queue.requests.is_empty(),
             "a Cowbird instance's work did not finish",
         );
-        if finished.is_err() {
-            tracing::warn!("a Cowbird instance's work did not finish; the instance is dropped");
+        if let Err(error) = finished {
+            tracing::warn!(%error, "a Cowbird instance's work did not finish; the instance is dropped");
             return;
         }
         if let Some(mut client) = self.client.take() {
             let _ = client.poll_destroy(self.group);
             let mut paths = self.returns.lock().unwrap_or_else(|e| e.into_inner());
-            paths.push(Path::Cowbird(client));
+            paths.push(Path::Cowbird(client, self.instance));
         }
     }
 }
@@ -1189,6 +1255,58 @@ mod tests {
             into.fill(byte);
             Ok(())
         }
+    }
+
+    /// A Cowbird queue whose engine stopped serving its instance (a Spot
+    /// instance failure, a failed P4 instance), on a fabric that ran on,
+    /// waited out its 10 s before it said anything (a store above it its
+    /// 30 s), and its drop waited 10 s more. It fails at once now, with
+    /// the engine's reason, and is not given back.
+    #[test]
+    fn a_queue_whose_engine_stopped_serving_it_fails_with_the_reason_at_once() {
+        use remora_rnic::HostMemory;
+        let sizes = RingSizes::DEFAULT;
+        // No engine serves this client: its requests never complete.
+        let client = Client::new(
+            HostMemory::new(sizes.block_bytes() as usize),
+            sizes,
+            vec![1 << 20],
+        )
+        .unwrap();
+        let stopped = EngineWatch(Some(Arc::new(|instance: usize| {
+            (instance == 3).then(|| "the memory node refused a request".to_string())
+        })));
+        let returns = Arc::new(Mutex::new(Vec::new()));
+        let mut queue = CowbirdQueue::new(
+            (Box::new(client), 3),
+            (returns.clone(), FabricWatch::default(), stopped),
+            1 << 20,
+        )
+        .unwrap();
+        queue.read(0, 64, 1).unwrap();
+        let started = Instant::now();
+        let failed = loop {
+            if let Err(error) = queue.poll(&mut |token, _| panic!("request {token} completed")) {
+                break error;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "no word of the engine in 3 s"
+            );
+        };
+        assert!(
+            matches!(&failed, DeviceError::FarMemory(reason) if reason.contains("refused a request")),
+            "{failed:?}"
+        );
+        drop(queue);
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "the drop waited for the dead instance"
+        );
+        assert!(
+            returns.lock().unwrap().is_empty(),
+            "the dead instance was given back"
+        );
     }
 
     /// A read of three pieces failed after issuing one; the store reused
