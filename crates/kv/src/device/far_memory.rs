@@ -1074,7 +1074,7 @@ impl CowbirdQueue {
             self.responses = responses;
             self.fabric.check()?;
             self.quiet_looks = self.quiet_looks.wrapping_add(1);
-            if self.quiet_looks % ENGINE_LOOK_EVERY == 0 {
+            if self.quiet_looks.is_multiple_of(ENGINE_LOOK_EVERY) {
                 self.engine.check(self.instance)?;
             }
             return Ok(());
