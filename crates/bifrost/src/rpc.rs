@@ -589,7 +589,19 @@ pub struct Callee {
     received: BTreeMap<CallTicket, Vec<u8>>,
     /// Where b1 commits go (the Gatekeeper's control port), if anywhere.
     commit_to: Option<DatagramEnd>,
+    /// While `restore` runs again the calls a checkpoint committed: they
+    /// were admitted once, and are not judged again.
+    replaying: bool,
 }
+
+/// The bytes of deferred ONEWAY calls a b1 commit holds at most, their
+/// entries' overhead included: half the datagram. The rest is left to the
+/// service's state, the callers' reply marks and two-way calls, which
+/// [`Callee::fit`] can shrink; ONEWAY calls it never sheds.
+const ONEWAY_COMMIT_BYTES: usize = checkpoint::MAX_CHECKPOINT_BYTES / 2;
+/// A received call's overhead in a commit, at worst: its RPC id (8) and
+/// length (4), and a caller entry of its own (12, and a count of 4).
+const RECEIVED_ENTRY_OVERHEAD_BYTES: usize = 8 + 4 + 12 + 4;
 
 impl Callee {
     pub fn new(service: Box<dyn Service>) -> Callee {
@@ -603,6 +615,7 @@ impl Callee {
             checkpoints_taken: 0,
             received: BTreeMap::new(),
             commit_to: None,
+            replaying: false,
         }
     }
 
@@ -770,28 +783,25 @@ impl Callee {
         }
     }
 
-    /// Whether a ONEWAY call (`ticket`, its datagram as it came) leaves
-    /// room in the b1 commit, were it deferred: with every reply left out
-    /// (marks only) and the received calls [`shed_received`] sheds gone,
-    /// the least [`Callee::fit`] makes of it short of dropping callers. A
-    /// callee that commits nothing holds any.
-    fn oneway_fits(&self, ticket: CallTicket, payload: &[u8]) -> bool {
-        if !(self.checkpointing && self.commit_to.is_some()) {
+    /// Whether a ONEWAY call (its datagram as it came) fits in what the b1
+    /// commit keeps for them, [`ONEWAY_COMMIT_BYTES`], were it deferred. A
+    /// budget of their own, not the room left in the whole commit: that
+    /// room is the state's and the callers' marks' too, so judged on it,
+    /// ONEWAY calls filled it to the brim (later growth then dropped
+    /// callers' guards), or, with enough callers remembered, were all
+    /// refused. A callee that commits nothing holds any, and so does one
+    /// replaying what a checkpoint committed.
+    fn oneway_fits(&self, payload: &[u8]) -> bool {
+        if !(self.checkpointing && self.commit_to.is_some()) || self.replaying {
             return true;
         }
-        let Some(mut least) = self.whole_checkpoint() else {
-            return true;
-        };
-        least
+        let held: usize = self
             .received
-            .entry(ticket.caller)
-            .or_default()
-            .insert(ticket.rpc_id, payload.to_vec());
-        for replies in least.replies.values_mut() {
-            checkpoint::leave_out_replies(replies, 0);
-        }
-        shed_received(&mut least);
-        least.encode().is_ok()
+            .values()
+            .filter(|datagram| is_oneway(datagram))
+            .map(|datagram| RECEIVED_ENTRY_OVERHEAD_BYTES + datagram.len())
+            .sum();
+        held + RECEIVED_ENTRY_OVERHEAD_BYTES + payload.len() <= ONEWAY_COMMIT_BYTES
     }
 
     /// Starts from a checkpoint (a replacement taking over a failed node):
@@ -825,11 +835,13 @@ impl Callee {
         // here now, and their callers hear from the replacement; copies
         // that come later are duplicates. They run before the bound below
         // is set: the checkpoint proves they never finished, however old.
+        self.replaying = true;
         for (caller, calls) in checkpoint.received {
             for payload in calls.into_values() {
                 self.handle(caller, &payload);
             }
         }
+        self.replaying = false;
         for (caller, known_from) in known_from {
             if let Some(memory) = self.callers.get_mut(&caller) {
                 memory.known_from = known_from;
@@ -921,7 +933,7 @@ impl Callee {
             self.counters.malformed += 1;
             return;
         };
-        if oneway && !self.oneway_fits(ticket, payload) {
+        if oneway && !self.oneway_fits(payload) {
             // Before it runs: begun, it cannot be taken back. Taken, it
             // sat in the commit for good (never shed), failed every commit
             // and reply checkpoint after it, and was lost with the node.
@@ -1488,6 +1500,10 @@ mod tests {
         fn save_state(&self) -> Option<Vec<u8>> {
             Some(0u64.to_be_bytes().to_vec())
         }
+
+        fn restore_state(&mut self, _: &[u8]) -> Result<(), String> {
+            Ok(())
+        }
     }
 
     /// The b1 commit sheds two-way calls received, never ONEWAY ones
@@ -1536,6 +1552,73 @@ mod tests {
             oneways_taken,
             "the last commit holds every ONEWAY call taken"
         );
+    }
+
+    /// Answers method "now" at once, and defers every other call for good.
+    struct NowOrNever;
+
+    impl Service for NowOrNever {
+        fn call(&mut self, _: &[u8], _: GlobalAddress, _: &[u8]) -> Outcome {
+            Ok(b"ok".to_vec().into())
+        }
+
+        fn begin(
+            &mut self,
+            _: CallTicket,
+            method: &[u8],
+            _: GlobalAddress,
+            _: &[u8],
+        ) -> Option<Outcome> {
+            (method == b"now").then(|| Ok(b"ok".to_vec().into()))
+        }
+
+        fn save_state(&self) -> Option<Vec<u8>> {
+            Some(0u64.to_be_bytes().to_vec())
+        }
+    }
+
+    /// ONEWAY calls were judged on the room left in the whole commit, the
+    /// callers' reply marks included: with some 115 callers remembered
+    /// (26 bytes each, marks only) no commit had room, and every ONEWAY
+    /// call was refused. They have a budget of their own now.
+    #[test]
+    fn many_callers_remembered_do_not_shut_out_oneway_calls() {
+        let mut callee = Callee::with_checkpoints(Box::new(NowOrNever)).committing_to(caller_on(9));
+        for port in 1000..1150 {
+            let call = BifrostRepr::new(CallType::Call, "now", 1, GlobalAddress::NULL).unwrap();
+            callee.handle(caller_on(port), &encode(&call, b""));
+        }
+        while callee.poll_transmit().is_some() {}
+        let call = BifrostRepr::new(CallType::Oneway, "log", 1, GlobalAddress::NULL).unwrap();
+        callee.handle(caller_on(1), &encode(&call, b""));
+        let counters = callee.counters();
+        assert_eq!(counters.oneways_refused, 0, "{counters:?}");
+        assert_eq!(callee.in_progress(), 1, "the ONEWAY call was taken");
+    }
+
+    /// A replacement runs again the ONEWAY calls the failed node's last
+    /// commit held, every one: they were admitted once.
+    #[test]
+    fn a_restore_runs_every_oneway_call_the_commit_held() {
+        let mut callee = Callee::with_checkpoints(Box::new(Stalled)).committing_to(caller_on(9));
+        for rpc_id in 1..=64 {
+            let call =
+                BifrostRepr::new(CallType::Oneway, "log", rpc_id, GlobalAddress::NULL).unwrap();
+            callee.handle(caller_on(1), &encode(&call, b""));
+        }
+        let mut last_commit = None;
+        while let Some((_, datagram)) = callee.poll_transmit() {
+            let commit = remora_wire::bifrost::parse_commit(&datagram).expect("a commit");
+            last_commit = Some(commit.to_vec());
+        }
+        let taken = callee.in_progress();
+        let mut replacement =
+            Callee::with_checkpoints(Box::new(Stalled)).committing_to(caller_on(9));
+        replacement
+            .restore(&last_commit.expect("commits"))
+            .expect("the commit restores");
+        assert_eq!(replacement.in_progress(), taken);
+        assert_eq!(replacement.counters().oneways_refused, 0);
     }
 
     #[test]
