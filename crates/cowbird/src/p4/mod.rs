@@ -228,6 +228,9 @@ struct Instance {
     stalled_recoveries: u32,
     bookkeeping_due: bool,
     failed: Option<String>,
+    /// When the engine saw it fail: its last data WRITE may still be on
+    /// the wire, so its pending pages stay held for one timeout after.
+    failed_at: Option<Timestamp>,
     stats: P4Stats,
 }
 
@@ -374,6 +377,7 @@ impl P4Engine {
             bookkeeping_due: false,
             stalled_recoveries: 0,
             failed: None,
+            failed_at: None,
             stats: P4Stats::default(),
         });
         let qpn = |value| Qpn::new(value).expect("24-bit queue pair numbers");
@@ -465,9 +469,11 @@ impl P4Engine {
                 continue;
             }
             self.next_instance = (index + 1) % count;
-            self.share_pending_writes(index);
+            self.share_pending_writes(now, index);
             let config = self.config;
-            if let Some(port) = self.instances[index].on_generator(now, &config, &mut self.out) {
+            let sent = self.instances[index].on_generator(now, &config, &mut self.out);
+            self.note_failure(now, index);
+            if let Some(port) = sent {
                 self.emit(packet, port);
             }
             return;
@@ -485,27 +491,42 @@ impl P4Engine {
             return;
         };
         let config = self.config;
-        self.share_pending_writes(index);
-        if let Some(port) =
-            self.instances[index].on_answer(now, &config, side, &frame, &mut self.out)
-        {
+        self.share_pending_writes(now, index);
+        let sent = self.instances[index].on_answer(now, &config, side, &frame, &mut self.out);
+        self.note_failure(now, index);
+        if let Some(port) = sent {
             self.emit(packet, port);
         }
     }
 
-    /// Gives instance `index` the pool pages the other live instances'
+    /// Records when instance `index` failed, the first time it is seen.
+    fn note_failure(&mut self, now: Timestamp, index: usize) {
+        let instance = &mut self.instances[index];
+        if instance.failed.is_some() && instance.failed_at.is_none() {
+            instance.failed_at = Some(now);
+        }
+    }
+
+    /// Gives instance `index` the pool pages the other instances'
     /// unconfirmed writes may still land on. In hardware, a register array
     /// indexed by page that names the instance writing it; here, the other
-    /// instances' one pending write each (a failed instance redoes
-    /// nothing).
-    fn share_pending_writes(&mut self, index: usize) {
+    /// instances' one pending write each. A failed instance redoes nothing,
+    /// but its last data WRITE may still be on the wire (a reordering
+    /// link): its pages are held one timeout past its failure.
+    fn share_pending_writes(&mut self, now: Timestamp, index: usize) {
+        let timeout = self.config.timeout;
         let mut others = std::mem::take(&mut self.instances[index].others_pending);
         others.clear();
         others.extend(
             self.instances
                 .iter()
                 .enumerate()
-                .filter(|(other, instance)| *other != index && instance.failed.is_none())
+                .filter(|(other, instance)| {
+                    *other != index
+                        && instance
+                            .failed_at
+                            .is_none_or(|at| now.saturating_duration_since(at) <= timeout)
+                })
                 .filter_map(|(_, instance)| instance.pending_write),
         );
         self.instances[index].others_pending = others;
@@ -1378,6 +1399,44 @@ mod tests {
         hear(&mut engine, later, 0, Side::Memory, reply(&data_write, &[]));
         assert_eq!(engine.instances[0].write_progress, 1);
         // Now instance 1's write goes.
+        let started = fetch_entry(&mut engine, later, 1, 1, write_at_zero());
+        assert!(started.is_some(), "{}", engine.describe(1).expect("two"));
+    }
+
+    /// An instance that failed with its data WRITE unacknowledged redoes
+    /// nothing, but that WRITE may still be on the wire: released at once,
+    /// its pages let another instance's write to them start, and the late
+    /// WRITE could land over it. They are held one timeout past the failure.
+    #[test]
+    fn a_failed_instances_pages_are_held_while_its_last_write_may_land() {
+        let config = P4Config::rack_default();
+        let mut engine = engine(2);
+        let now = Timestamp::ZERO;
+        let payload = fetch_entry(&mut engine, now, 0, 1, write_at_zero()).expect("a payload READ");
+        hear(
+            &mut engine,
+            now,
+            0,
+            Side::Compute,
+            reply(&payload, &[0xaa; 8]),
+        )
+        .expect("the data WRITE, not yet acknowledged");
+        // A probe answered with the wrong length fails instance 0.
+        let mut probe = Vec::new();
+        engine.instances[0]
+            .on_generator(now, &config, &mut probe)
+            .expect("a probe");
+        assert_eq!(
+            hear(&mut engine, now, 0, Side::Compute, reply(&probe, &[0; 3])),
+            None
+        );
+        assert!(engine.failure(0).is_some(), "instance 0 failed");
+        let held = fetch_entry(&mut engine, now, 1, 1, write_at_zero());
+        assert!(
+            held.is_none(),
+            "instance 1's write started beside a WRITE on the wire"
+        );
+        let later = now.saturating_add(config.timeout * 2);
         let started = fetch_entry(&mut engine, later, 1, 1, write_at_zero());
         assert!(started.is_some(), "{}", engine.describe(1).expect("two"));
     }
