@@ -152,6 +152,26 @@ impl HostBuffer {
         Some((key, dirty))
     }
 
+    /// Takes the least recently faulted clean resident chunk for
+    /// eviction, if one is: dropped without a write-back. A scan of the
+    /// resident chunks, for the rare shortage of memory that needs it.
+    pub fn begin_evict_clean(&mut self) -> Option<ChunkKey> {
+        let (&stamp, &key) = self.order.iter().find(|(_, key)| {
+            matches!(
+                self.chunks.get(key).map(|entry| entry.state),
+                Some(ChunkState::Resident { dirty: false, .. })
+            )
+        })?;
+        self.order.remove(&stamp);
+        let entry = self
+            .chunks
+            .get_mut(&key)
+            .expect("ordered chunks are resident");
+        entry.state = ChunkState::Evicting;
+        self.evicting_bytes += entry.bytes;
+        Some(key)
+    }
+
     /// Takes up to `most` chunks for eviction, oldest first, as many as
     /// bring the buffer down to its low watermark once they are evicted
     /// (at least one while it is above it): the evictor's batch.

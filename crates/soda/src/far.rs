@@ -17,7 +17,7 @@
 use crate::buffer::{ChunkKey, ChunkState, HostBuffer};
 use crate::mapping::{self, Mapping};
 use crate::store::{ChunkStore, ObjectId, StoreError};
-use crate::userfault::{Fault, Userfault, UserfaultError};
+use crate::userfault::{Fault, Installed, Userfault, UserfaultError};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,6 +27,13 @@ use std::time::{Duration, Instant};
 
 /// How long a handler waits for a fault before checking whether to stop.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// How long an install the kernel refuses for lack of memory is tried
+/// again before its object is given up as lost: under a memory cgroup at
+/// its limit the copy-in fails with ENOMEM, a shortage that passes, while
+/// the store still holds the data.
+const SHORTAGE_PATIENCE: Duration = Duration::from_secs(1);
+/// The wait between such tries when no clean chunk can be dropped.
+const SHORTAGE_BACKOFF: Duration = Duration::from_millis(5);
 /// The most chunks the evictor drops together. Dropping pages costs a
 /// TLB shootdown, which batching shares (see [`mapping::drop_ranges`]);
 /// 16 chunks are 1 MiB at the default chunk size, and the kernel's own
@@ -95,6 +102,8 @@ pub struct FarMemoryStats {
     pub written_back_bytes: u64,
     pub evictions: u64,
     pub failed_fetches: u64,
+    /// Installs the kernel refused for lack of memory, tried again.
+    pub install_shortages: u64,
     pub handler_cpu_nanos: u64,
     pub evictor_cpu_nanos: u64,
     /// Fetch-to-install latency of missing faults, p50 and p99.
@@ -110,6 +119,7 @@ struct Counters {
     written_back_bytes: AtomicU64,
     evictions: AtomicU64,
     failed_fetches: AtomicU64,
+    install_shortages: AtomicU64,
     handler_cpu_nanos: AtomicU64,
     evictor_cpu_nanos: AtomicU64,
 }
@@ -306,7 +316,7 @@ impl Shared {
             guarded("fetch", || self.store.fetch(key.object, offset, buffer))?;
             // A write fault's chunk goes in writable and dirty; a read's
             // goes in write-protected, so its first write is seen.
-            Ok(self.userfault.install(address, buffer, !fault.write)?)
+            Ok(self.install_patiently(address, buffer, !fault.write)?)
         });
         let mut inner = self.lock();
         match result {
@@ -339,24 +349,74 @@ impl Shared {
         Fetched::Done
     }
 
+    /// Installs a fetched chunk. One the kernel refuses for lack of
+    /// memory is tried again, after dropping a clean chunk to make room
+    /// (or a short wait when none is clean), for up to
+    /// [`SHORTAGE_PATIENCE`]: given up at once, its object was marked lost
+    /// though the store held the data, and every later touch was SIGBUS.
+    /// The chunk stays `Fetching` meanwhile, so other faults on it wait and
+    /// the evictor leaves it; pages a partial copy put in are found present
+    /// by the next try, which protects and wakes the whole range.
+    fn install_patiently(
+        &self,
+        address: usize,
+        data: &[u8],
+        write_protected: bool,
+    ) -> Result<Installed, UserfaultError> {
+        let started = Instant::now();
+        // Bounded by the patience: each turn drops a chunk or sleeps.
+        loop {
+            match self.userfault.install(address, data, write_protected) {
+                Err(UserfaultError::Call {
+                    errno: rustix::io::Errno::NOMEM,
+                    ..
+                }) if started.elapsed() < SHORTAGE_PATIENCE => {
+                    self.counters
+                        .install_shortages
+                        .fetch_add(1, Ordering::Relaxed);
+                    if !self.drop_one_clean_chunk() {
+                        std::thread::sleep(SHORTAGE_BACKOFF);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Drops the least recently faulted clean chunk, if one is resident:
+    /// memory back without a write-back, which would need the staging
+    /// buffer an install in progress holds. False if none is.
+    fn drop_one_clean_chunk(&self) -> bool {
+        let Some(key) = self.lock().buffer.begin_evict_clean() else {
+            return false;
+        };
+        let victims = [(key, false)];
+        let ranges = self.ranges_of(&victims);
+        self.drop_evicted(&victims, &ranges);
+        true
+    }
+
+    /// Where the chunks `begin_evict` handed out lie: address and length.
+    fn ranges_of(&self, victims: &[(ChunkKey, bool)]) -> Vec<(usize, usize)> {
+        let inner = self.lock();
+        victims
+            .iter()
+            .map(|(key, _)| {
+                let info = inner
+                    .info(key.object)
+                    .expect("an evicting chunk's object is live");
+                (
+                    info.address + key.index as usize * info.chunk_bytes,
+                    info.chunk_bytes,
+                )
+            })
+            .collect()
+    }
+
     /// Writes back (if dirty) and drops chunks `begin_evict` handed out,
     /// their pages in one call (see [`mapping::drop_ranges`]).
     fn evict(&self, victims: &[(ChunkKey, bool)], staging: &mut Staging) {
-        let ranges: Vec<(usize, usize)> = {
-            let inner = self.lock();
-            victims
-                .iter()
-                .map(|(key, _)| {
-                    let info = inner
-                        .info(key.object)
-                        .expect("an evicting chunk's object is live");
-                    (
-                        info.address + key.index as usize * info.chunk_bytes,
-                        info.chunk_bytes,
-                    )
-                })
-                .collect()
-        };
+        let ranges = self.ranges_of(victims);
         for (&(key, dirty), &(address, length)) in victims.iter().zip(&ranges) {
             if !dirty {
                 continue;
@@ -368,9 +428,15 @@ impl Shared {
                 }
             }
         }
+        self.drop_evicted(victims, &ranges);
+    }
+
+    /// Drops evicting chunks' pages (written back already, or clean) and
+    /// ends their eviction.
+    fn drop_evicted(&self, victims: &[(ChunkKey, bool)], ranges: &[(usize, usize)]) {
         // SAFETY: each chunk lies in a live object's mapping (an object
         // cannot be freed while one of its chunks is evicting).
-        let dropped = unsafe { mapping::drop_ranges(&ranges) };
+        let dropped = unsafe { mapping::drop_ranges(ranges) };
         debug_assert!(dropped.is_ok(), "dropping our own pages failed");
         let mut inner = self.lock();
         for (key, _) in victims {
@@ -383,7 +449,7 @@ impl Shared {
             .fetch_add(victims.len() as u64, Ordering::Relaxed);
         self.changed.notify_all();
         // Writers that faulted while it was protected fault again now.
-        for &(address, length) in &ranges {
+        for &(address, length) in ranges {
             self.report(self.userfault.wake(address, length));
         }
     }
@@ -579,6 +645,7 @@ impl FarMemory {
             written_back_bytes: load(&counters.written_back_bytes),
             evictions: load(&counters.evictions),
             failed_fetches: load(&counters.failed_fetches),
+            install_shortages: load(&counters.install_shortages),
             handler_cpu_nanos: load(&counters.handler_cpu_nanos),
             evictor_cpu_nanos: load(&counters.evictor_cpu_nanos),
             fault_p50_nanos: latencies.value_at_quantile(0.5),
@@ -814,5 +881,93 @@ impl Drop for FarObject {
         if let Err(error) = self.release() {
             tracing::error!(object = self.id.0, %error, "freeing a far-memory object failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::InProcessStore;
+    use crate::userfault::INJECTED_SHORTAGES;
+
+    /// Set in a child process that runs one scenario (it may die of SIGBUS).
+    const CHILD: &str = "REMORA_SODA_SHORTAGE_CHILD";
+    const CHUNK_BYTES: usize = 64 << 10;
+    const SIGBUS: i32 = 7;
+
+    /// Writes a pattern over eight chunks through a buffer of four, so the
+    /// first ones are written back and dropped; then arms `shortages`
+    /// installs refused for lack of memory and reads the pattern back.
+    fn read_back_under_shortage(shortages: u32) {
+        let config = FarMemoryConfig {
+            buffer_bytes: 4 * CHUNK_BYTES as u64,
+            high_watermark: 0.75,
+            low_watermark: 0.5,
+            fault_threads: 2,
+        };
+        let memory = FarMemory::new(Arc::new(InProcessStore::default()), config).unwrap();
+        let length = 8 * CHUNK_BYTES;
+        let mut object = memory.alloc_chunked(length, CHUNK_BYTES, None).unwrap();
+        let pattern: Vec<u8> = (0..length).map(|index| (index * 7 % 251) as u8).collect();
+        object.as_bytes_mut().copy_from_slice(&pattern);
+        INJECTED_SHORTAGES.store(shortages, Ordering::Relaxed);
+        assert!(object.as_bytes() == &pattern[..], "read back other bytes");
+        object.check().unwrap();
+        assert_eq!(memory.stats().install_shortages, u64::from(shortages));
+    }
+
+    /// Runs test `name` of this binary in a child with [`CHILD`] set; its
+    /// exit status. Polled, so a child that hangs fails the test.
+    fn in_child(name: &str) -> std::process::ExitStatus {
+        const DEADLINE: Duration = Duration::from_secs(30);
+        let started = Instant::now();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--nocapture"])
+            .env(CHILD, "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if started.elapsed() > DEADLINE {
+                child.kill().ok();
+                child.wait().ok();
+                panic!("the child hung for {DEADLINE:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// An install the kernel refused for lack of memory (a memory cgroup
+    /// at its limit) marked its object lost, though the store held the
+    /// data: the read died of SIGBUS. A shortage that passes is waited out.
+    #[test]
+    fn an_install_refused_for_lack_of_memory_is_tried_again_not_lost() {
+        if std::env::var_os(CHILD).is_some() {
+            read_back_under_shortage(3);
+            return;
+        }
+        let status =
+            in_child("far::tests::an_install_refused_for_lack_of_memory_is_tried_again_not_lost");
+        assert!(status.success(), "the child failed: {status:?}");
+    }
+
+    /// A shortage that does not pass is waited out for a bounded time
+    /// only: then the object is lost (a SIGBUS), not a hang.
+    #[test]
+    fn a_shortage_that_lasts_loses_the_object_after_a_bounded_wait() {
+        if std::env::var_os(CHILD).is_some() {
+            read_back_under_shortage(u32::MAX);
+            return;
+        }
+        use std::os::unix::process::ExitStatusExt;
+        let started = Instant::now();
+        let status =
+            in_child("far::tests::a_shortage_that_lasts_loses_the_object_after_a_bounded_wait");
+        assert_eq!(status.signal(), Some(SIGBUS), "{status:?}");
+        assert!(started.elapsed() >= SHORTAGE_PATIENCE);
     }
 }

@@ -26,6 +26,13 @@ pub(crate) const COPY: Opcode = opcode::read_write::<uffdio_copy>(GROUP, 0x03);
 pub(crate) const WRITE_PROTECT: Opcode = opcode::read_write::<uffdio_writeprotect>(GROUP, 0x06);
 pub(crate) const POISON: Opcode = opcode::read_write::<uffdio_poison>(GROUP, 0x08);
 
+/// Test builds only: the next this many `UFFDIO_COPY` calls fail with
+/// ENOMEM, as under a memory cgroup at its limit (which a test cannot
+/// bring about without meeting the OOM killer).
+#[cfg(test)]
+pub(crate) static INJECTED_SHORTAGES: std::sync::atomic::AtomicU32 =
+    std::sync::atomic::AtomicU32::new(0);
+
 /// Bytes of one `struct uffd_msg`.
 const MESSAGE_BYTES: usize = 32;
 
@@ -173,6 +180,17 @@ impl Userfault {
     /// One `UFFDIO_COPY` of `data` to `start`; on failure its errno and
     /// the bytes it copied first.
     fn copy(&self, start: usize, data: &[u8], write_protected: bool) -> Result<(), (Errno, usize)> {
+        #[cfg(test)]
+        if INJECTED_SHORTAGES
+            .fetch_update(
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+                |left| left.checked_sub(1),
+            )
+            .is_ok()
+        {
+            return Err((Errno::NOMEM, 0));
+        }
         let mut copy = uffdio_copy {
             dst: start as u64,
             src: data.as_ptr() as u64,
