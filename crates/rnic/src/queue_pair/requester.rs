@@ -192,6 +192,17 @@ impl Requester {
             self.transmit_psn.precedes_or_equals(self.next_psn),
             "cursor beyond the posted PSNs"
         );
+        debug_assert!(
+            self.acknowledged_psn.precedes(self.sent_high_psn),
+            "acknowledged beyond what was sent"
+        );
+        if let Some(until) = self.implicit_nak_until {
+            debug_assert!(
+                self.acknowledged_psn.precedes_or_equals(until)
+                    && until.precedes(self.sent_high_psn),
+                "the implicit NAK's guard outside what is acknowledged and sent"
+            );
+        }
         let mut expected_first = self.queue.front().map(|wqe| wqe.first_psn);
         for wqe in self.queue.iter() {
             debug_assert_eq!(
@@ -266,6 +277,7 @@ impl Requester {
         self.last_retry_nak = None;
         self.rnr_resent = None;
         self.rnr_exhausted_at = None;
+        self.implicit_nak_until = None;
     }
 }
 
