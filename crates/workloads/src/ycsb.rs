@@ -51,7 +51,45 @@ pub struct Mix {
     pub read_modify_write: f64,
 }
 
+/// The kinds of operation, in the order of [`Mix::proportions`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OperationKind {
+    Read,
+    Update,
+    Insert,
+    Scan,
+    ReadModifyWrite,
+}
+
+const OPERATION_KINDS: [OperationKind; 5] = [
+    OperationKind::Read,
+    OperationKind::Update,
+    OperationKind::Insert,
+    OperationKind::Scan,
+    OperationKind::ReadModifyWrite,
+];
+
 impl Mix {
+    /// The kind a draw in [0, 1) picks: the first whose cumulative
+    /// proportion passes it. A draw past them all (a normalised mix may
+    /// sum to 1 less about 1e-16) picks the last kind the mix has, never
+    /// one it leaves out (it fell through to read-modify-write).
+    fn kind_of_draw(&self, draw: f64) -> OperationKind {
+        let proportions = self.proportions();
+        let mut bound = 0.0;
+        for (kind, proportion) in OPERATION_KINDS.iter().zip(proportions) {
+            bound += proportion;
+            if draw < bound {
+                return *kind;
+            }
+        }
+        let last = proportions
+            .iter()
+            .rposition(|proportion| *proportion > 0.0)
+            .expect("a valid mix has a kind with a positive proportion");
+        OPERATION_KINDS[last]
+    }
+
     fn proportions(&self) -> [f64; 5] {
         [
             self.read,
@@ -153,10 +191,11 @@ fn proportion(
     default: f64,
 ) -> Result<f64, WorkloadError> {
     let value: f64 = number(properties, key, default)?;
-    if !(0.0..=1.0).contains(&value) {
+    // Weights, as YCSB draws them: any that is not negative.
+    if !(value >= 0.0 && value.is_finite()) {
         return Err(WorkloadError::Value {
             key: key.into(),
-            message: format!("{value} is outside [0, 1]"),
+            message: format!("{value} is negative or not a finite number"),
         });
     }
     Ok(value)
@@ -313,35 +352,25 @@ impl Generator {
     }
 
     pub fn next_operation(&mut self) -> Operation {
-        let mix = self.spec.mix;
         let draw: f64 = self.rng.gen();
         let existing = self.spec.insert_start
             + self
                 .chooser
                 .next_key(self.inserted - self.spec.insert_start, &mut self.rng);
-        let mut bound = mix.read;
-        if draw < bound {
-            return Operation::Read { key: existing };
-        }
-        bound += mix.update;
-        if draw < bound {
-            return Operation::Update { key: existing };
-        }
-        bound += mix.insert;
-        if draw < bound {
-            let key = self.inserted;
-            self.inserted += 1;
-            return Operation::Insert { key };
-        }
-        bound += mix.scan;
-        if draw < bound {
-            let length = self.rng.gen_range(1..=self.spec.max_scan_length);
-            return Operation::Scan {
+        match self.spec.mix.kind_of_draw(draw) {
+            OperationKind::Read => Operation::Read { key: existing },
+            OperationKind::Update => Operation::Update { key: existing },
+            OperationKind::Insert => {
+                let key = self.inserted;
+                self.inserted += 1;
+                Operation::Insert { key }
+            }
+            OperationKind::Scan => Operation::Scan {
                 key: existing,
-                length,
-            };
+                length: self.rng.gen_range(1..=self.spec.max_scan_length),
+            },
+            OperationKind::ReadModifyWrite => Operation::ReadModifyWrite { key: existing },
         }
-        Operation::ReadModifyWrite { key: existing }
     }
 }
 
@@ -350,5 +379,27 @@ impl Iterator for Generator {
 
     fn next(&mut self) -> Option<Operation> {
         Some(self.next_operation())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A normalised mix can sum to 1 less a rounding error; a draw past
+    /// its sum fell through to read-modify-write, which this mix has not.
+    #[test]
+    fn a_draw_past_a_mix_that_sums_short_of_one_picks_a_kind_the_mix_has() {
+        let mix = Mix {
+            read: 0.5,
+            update: 0.5 - f64::EPSILON,
+            insert: 0.0,
+            scan: 0.0,
+            read_modify_write: 0.0,
+        };
+        let largest_draw = 1.0 - f64::EPSILON / 2.0;
+        assert!(largest_draw < 1.0 && largest_draw >= mix.read + mix.update);
+        assert_eq!(mix.kind_of_draw(largest_draw), OperationKind::Update);
+        assert_eq!(mix.kind_of_draw(0.25), OperationKind::Read);
     }
 }
