@@ -25,18 +25,23 @@ const RACK: &str = r#"
     memory = "4MiB"
 "#;
 
+/// The rack on in-process rings: no node processes.
+fn embedded_options() -> LaunchOptions {
+    LaunchOptions {
+        mode: Mode::Embedded,
+        carrier: CarrierKind::Shm,
+        capture: None,
+        executable: "remora".into(),
+    }
+}
+
 /// A workload stopped by Ctrl-C (or a failure elsewhere raising the stop)
 /// was reported as "workload check failed", which reads as corruption.
 /// It is reported as stopped.
 #[test]
 fn a_stopped_workload_is_not_a_failed_check() {
     let rack = RackConfig::parse(RACK).unwrap();
-    let options = LaunchOptions {
-        mode: Mode::Embedded,
-        carrier: CarrierKind::Shm,
-        capture: None,
-        executable: "remora".into(),
-    };
+    let options = embedded_options();
     let stop = Arc::new(AtomicBool::new(false));
     let stopper = Arc::clone(&stop);
     std::thread::spawn(move || {
@@ -63,12 +68,7 @@ fn a_stopped_workload_is_not_a_failed_check() {
 fn a_rack_changed_after_it_was_parsed_is_refused() {
     let mut rack = RackConfig::parse(RACK).unwrap();
     rack.nodes[0].workload.operations = 10;
-    let options = LaunchOptions {
-        mode: Mode::Embedded,
-        carrier: CarrierKind::Shm,
-        capture: None,
-        executable: "remora".into(),
-    };
+    let options = embedded_options();
     let stop = Arc::new(AtomicBool::new(false));
     match rack_up(&rack, &options, stop) {
         Err(remora_rack::RackError::Config(message)) => {

@@ -19,6 +19,15 @@ fn statuses(device: &mut SoftRnic, cq: CompletionQueue) -> Vec<(u64, CompletionS
         .collect()
 }
 
+/// Asserts that the left side's requests `1..=count` completed, in order
+/// and each with success.
+fn assert_all_succeeded(s: &mut Setup, count: u64) {
+    let expected: Vec<_> = (1..=count)
+        .map(|id| (id, CompletionStatus::Success))
+        .collect();
+    assert_eq!(statuses(&mut s.fabric.left, s.left_cq), expected);
+}
+
 /// Picks the remote address a case aims at.
 type TargetOf = fn(&Setup) -> RemoteAddress;
 
@@ -273,13 +282,7 @@ fn an_ack_beyond_an_unanswered_read_triggers_its_reissue() {
         summary.timeouts_fired, 0,
         "the later ACK exposed the loss without a timeout"
     );
-    assert_eq!(
-        statuses(&mut s.fabric.left, s.left_cq),
-        vec![
-            (1, CompletionStatus::Success),
-            (2, CompletionStatus::Success)
-        ]
-    );
+    assert_all_succeeded(&mut s, 2);
     assert_eq!(read_region(&s.fabric.left, &s.left_mr, 0, 64), vec![3; 64]);
 }
 
@@ -650,13 +653,7 @@ fn a_lost_read_answer_is_reissued_once_not_per_later_packet() {
         Verdict::Deliver
     };
     assert!(s.fabric.run_filtered(10_000, &mut filter).quiesced);
-    assert_eq!(
-        statuses(&mut s.fabric.left, s.left_cq),
-        vec![
-            (1, CompletionStatus::Success),
-            (2, CompletionStatus::Success)
-        ]
-    );
+    assert_all_succeeded(&mut s, 2);
     assert_eq!(
         read_region(&s.fabric.left, &s.left_mr, 0, 64),
         pattern(64, 3)
@@ -810,14 +807,7 @@ fn writes_acknowledged_ahead_of_a_read_retire_with_its_last_answer() {
     for index in [0, 1, 2, 4, 3] {
         s.fabric.left.handle_frame(now, &answers[index]);
     }
-    assert_eq!(
-        statuses(&mut s.fabric.left, s.left_cq),
-        vec![
-            (1, CompletionStatus::Success),
-            (2, CompletionStatus::Success),
-            (3, CompletionStatus::Success)
-        ]
-    );
+    assert_all_succeeded(&mut s, 3);
     assert!(
         left_frames(&mut s).is_empty(),
         "the acknowledged WRITEs were sent again"
@@ -878,13 +868,7 @@ fn answers_reordered_behind_acks_draw_one_go_back_not_one_per_packet() {
         s.fabric.left.handle_frame(now, frame);
     }
     assert!(s.fabric.run(1000).quiesced);
-    assert_eq!(
-        statuses(&mut s.fabric.left, s.left_cq),
-        vec![
-            (1, CompletionStatus::Success),
-            (2, CompletionStatus::Success)
-        ]
-    );
+    assert_all_succeeded(&mut s, 2);
     assert_eq!(
         read_region(&s.fabric.left, &s.left_mr, 0, 1024),
         pattern(1024, 8)

@@ -1281,6 +1281,13 @@ mod tests {
         hear(engine, now, index, Side::Compute, reply(&metadata, &raw))
     }
 
+    /// Instance 0 starts [`write_at_zero`]: the data WRITE it sends the
+    /// pool, which no ACK answers yet.
+    fn start_unacknowledged_write(engine: &mut P4Engine, now: Timestamp) -> Vec<u8> {
+        let payload = fetch_entry(engine, now, 0, 1, write_at_zero()).expect("a payload READ");
+        hear(engine, now, 0, Side::Compute, reply(&payload, &[0xaa; 8])).expect("the data WRITE")
+    }
+
     fn opcode_and_psn(frame: &[u8]) -> (Opcode, u32) {
         let frame = RoceFrame::new_checked(frame).expect("the engine sends valid frames");
         (frame.opcode(), frame.bth().psn.value())
@@ -1355,15 +1362,7 @@ mod tests {
         let mut engine = engine(2);
         let mut out = Vec::new();
         let now = Timestamp::ZERO;
-        let payload = fetch_entry(&mut engine, now, 0, 1, write_at_zero()).expect("a payload READ");
-        let data_write = hear(
-            &mut engine,
-            now,
-            0,
-            Side::Compute,
-            reply(&payload, &[0xaa; 8]),
-        )
-        .expect("the data WRITE");
+        let data_write = start_unacknowledged_write(&mut engine, now);
         assert_eq!(opcode_and_psn(&data_write), (Opcode::RdmaWriteOnly, 0));
         // No ACK: the timeout starts a go-back (a filler at PSN 0).
         let later = now.saturating_add(config.timeout * 2);
@@ -1412,15 +1411,7 @@ mod tests {
         let config = P4Config::rack_default();
         let mut engine = engine(2);
         let now = Timestamp::ZERO;
-        let payload = fetch_entry(&mut engine, now, 0, 1, write_at_zero()).expect("a payload READ");
-        hear(
-            &mut engine,
-            now,
-            0,
-            Side::Compute,
-            reply(&payload, &[0xaa; 8]),
-        )
-        .expect("the data WRITE, not yet acknowledged");
+        start_unacknowledged_write(&mut engine, now);
         // A probe answered with the wrong length fails instance 0.
         let mut probe = Vec::new();
         engine.instances[0]
@@ -1447,15 +1438,7 @@ mod tests {
     fn a_write_to_other_pages_goes_beside_another_instances_unconfirmed_one() {
         let mut engine = engine(2);
         let now = Timestamp::ZERO;
-        let payload = fetch_entry(&mut engine, now, 0, 1, write_at_zero()).expect("a payload READ");
-        hear(
-            &mut engine,
-            now,
-            0,
-            Side::Compute,
-            reply(&payload, &[0xaa; 8]),
-        )
-        .expect("the data WRITE, not yet acknowledged");
+        start_unacknowledged_write(&mut engine, now);
         let page_bytes = engine.config.path_mtu.bytes();
         let pages = |entry: &Entry| WritePages::of(entry, page_bytes);
         let next_page = Entry {
