@@ -798,18 +798,8 @@ impl Instance {
             }
             Answer::Acknowledged => self.on_acknowledged(now, config, side, psn, out),
             Answer::ReadResponse(sent) => {
-                // Each response packet carries the path MTU, the last what
-                // is left, as a requester checks (the soft RNIC's does).
-                // A shorter one (another MTU, a hostile host) went on as a
-                // WRITE packet of its length: the message then took more
-                // PSNs than its reservation, and a go-back's fillers,
-                // counted in MTUs from the bytes left, more still.
-                let due = sent.length.min(config.path_mtu.bytes()) as usize;
-                if frame.payload().len() != due {
-                    self.fail(format!(
-                        "the {side:?} node answered a READ with {} bytes where {due} were due",
-                        frame.payload().len()
-                    ));
+                if let Err(reason) = self.check_read_response(config, &sent, &frame) {
+                    self.fail(format!("the {side:?} node answered a READ {reason}"));
                     return None;
                 }
                 self.on_read_response(now, config, sent, frame.opcode(), frame.payload(), out)
@@ -1113,6 +1103,55 @@ impl Instance {
         self.others_pending
             .iter()
             .any(|other| other.overlaps(&pages))
+    }
+
+    /// Whether a READ response packet is what its PSN was due, as a
+    /// requester checks (the soft RNIC's does): the path MTU of bytes, the
+    /// last packet what is left, and the segment of its place in the
+    /// message. A shorter one (another MTU, a hostile host) went on as a
+    /// WRITE packet of its length: the message took more PSNs than its
+    /// reservation, and a go-back's fillers, counted in MTUs from the bytes
+    /// left, more still. One of the wrong segment made the engine go back,
+    /// for ever if the host kept answering so.
+    fn check_read_response(
+        &self,
+        config: &P4Config,
+        sent: &Sent,
+        frame: &RoceFrame<'_>,
+    ) -> Result<(), String> {
+        let mtu = config.path_mtu.bytes();
+        let due_bytes = sent.length.min(mtu) as usize;
+        if frame.payload().len() != due_bytes {
+            return Err(format!(
+                "with {} bytes where {due_bytes} were due",
+                frame.payload().len()
+            ));
+        }
+        // Each PSN of a READ records what is left from it on: the first
+        // has the whole message's length.
+        let message_bytes = match sent.purpose {
+            Purpose::Payload { entry } | Purpose::DataRead { entry } => {
+                let slot = (entry % self.sizes.metadata_entries) as usize;
+                self.entries
+                    .read(slot)
+                    .flatten()
+                    .map_or(sent.length, |stashed| stashed.length)
+            }
+            _ => sent.length,
+        };
+        let due_segment = match (sent.length == message_bytes, sent.length <= mtu) {
+            (true, true) => Segment::Only,
+            (true, false) => Segment::First,
+            (false, true) => Segment::Last,
+            (false, false) => Segment::Middle,
+        };
+        let segment = frame.opcode().segment();
+        if segment != due_segment {
+            return Err(format!(
+                "with a {segment:?} packet where a {due_segment:?} was due"
+            ));
+        }
+        Ok(())
     }
 
     /// Records a request as complete; false if it is not the oldest of its
@@ -1430,6 +1469,30 @@ mod tests {
         let later = now.saturating_add(config.timeout * 2);
         let started = fetch_entry(&mut engine, later, 1, 1, write_at_zero());
         assert!(started.is_some(), "{}", engine.describe(1).expect("two"));
+    }
+
+    /// A READ of 2048 bytes at MTU 1024 answered at its first PSN by a
+    /// READ RESPONSE ONLY of 1024 bytes: the right length, the wrong place
+    /// in the message. It made the engine go back, and a host answering so
+    /// each time kept it going back for ever; the instance fails, saying so.
+    #[test]
+    fn a_read_response_of_the_wrong_segment_fails_its_instance() {
+        let mut engine = engine(1);
+        let now = Timestamp::ZERO;
+        let read = Entry {
+            kind: Kind::Read,
+            region: 0,
+            length: 2048,
+            request_address: 0,
+            response_address: SIZES.response_data_at(),
+            sequence: 1,
+        };
+        let data_read = fetch_entry(&mut engine, now, 0, 1, read).expect("a data READ");
+        let psn = Psn::new(opcode_and_psn(&data_read).1);
+        let only = answer(Opcode::RdmaReadResponseOnly, psn, ACK, &[5; 1024]);
+        assert_eq!(hear(&mut engine, now, 0, Side::Memory, only), None);
+        let failure = engine.failure(0).expect("the instance failed");
+        assert!(failure.contains("Only packet where a First"), "{failure}");
     }
 
     /// The guard holds writes to the pages another instance's unconfirmed
