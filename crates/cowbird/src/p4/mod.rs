@@ -798,7 +798,7 @@ impl Instance {
             }
             Answer::Acknowledged => self.on_acknowledged(now, config, side, psn, out),
             Answer::ReadResponse(sent) => {
-                if let Err(reason) = self.check_read_response(config, &sent, &frame) {
+                if let Err(reason) = self.check_read_response(config, &sent, frame) {
                     self.fail(format!("the {side:?} node answered a READ {reason}"));
                     return None;
                 }
