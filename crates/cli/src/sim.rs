@@ -135,6 +135,11 @@ pub struct FabricArgs {
     /// (a ConnectX-5's pipeline, message rate, PCIe and atomic costs).
     #[arg(long)]
     hardware: Option<NicHardware>,
+    /// Where operation lengths cluster: fixed (256, 1024 and 4096 bytes,
+    /// the stream every regression seed was found with) or stream-mtu
+    /// (one, two and four of each stream's own MTU).
+    #[arg(long)]
+    length_boundaries: Option<remora_conformance::workload::LengthBoundaries>,
     /// Write the campaign report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -181,6 +186,9 @@ impl FabricArgs {
         if let Some(hardware) = self.hardware {
             config.hardware = hardware;
         }
+        if let Some(boundaries) = self.length_boundaries {
+            config.length_boundaries = boundaries;
+        }
         config.validate()?;
         Ok(config)
     }
@@ -192,7 +200,11 @@ impl FabricArgs {
             "remora sim fabric --seed {seed} --loss {} --duplicate {} --reorder {} --corrupt {} --partition {} --crash {} --violation {}",
             faults.loss, faults.duplicate, faults.reorder, faults.corrupt, faults.partition, faults.crash, faults.violation
         );
-        command += &format!(" --hardware {}", config.hardware.name());
+        command += &format!(
+            " --hardware {} --length-boundaries {}",
+            config.hardware.name(),
+            config.length_boundaries.name()
+        );
         if let Some(path) = &self.config {
             command += &format!(" --config {}", path.display());
         }

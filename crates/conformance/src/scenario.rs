@@ -95,6 +95,8 @@ pub struct ScenarioConfig {
     /// The NICs' hardware: `ideal` (no NIC costs), or a profile whose
     /// pipeline, PCIe and atomic costs the transport must survive too.
     pub hardware: NicHardware,
+    /// Which packet boundaries operation lengths cluster at.
+    pub length_boundaries: workload::LengthBoundaries,
 }
 
 impl Default for ScenarioConfig {
@@ -113,6 +115,7 @@ impl ScenarioConfig {
             liveness_limit_ms: 1000,
             max_events: 2_000_000,
             hardware: NicHardware::Ideal,
+            length_boundaries: workload::LengthBoundaries::Fixed,
         }
     }
 
@@ -369,7 +372,13 @@ fn connect_streams(
             .rng()
             .gen_bool(config.faults.violation.get())
             .then(|| workload::random_violation(sim.rng()));
-        plans.push(workload::generate(sim.rng(), count, violation));
+        let lengths = (config.length_boundaries, mtu.bytes());
+        plans.push(workload::generate_for_mtu(
+            sim.rng(),
+            count,
+            violation,
+            lengths,
+        ));
     }
     let depth = config.operations_per_stream + 2;
     let builders: Vec<_> = hosts

@@ -49,6 +49,15 @@ fn ten_percent_loss() {
     campaign(2_000, 100, FaultProfile::lossy(Probability::literal(0.10)));
 }
 
+/// Lengths at the packet edges of each stream's own MTU (512 and 2048
+/// included, which the fixed boundaries never aim at), with 1% loss.
+#[test]
+fn one_percent_loss_at_each_streams_mtu_edges() {
+    let mut config = ScenarioConfig::new(FaultProfile::lossy(Probability::literal(0.01)));
+    config.length_boundaries = remora_conformance::workload::LengthBoundaries::StreamMtu;
+    campaign_on(4_000, 80, config);
+}
+
 /// The same faults on NICs that charge a ConnectX-5's costs: frames held
 /// in the hardware pipeline, READs and atomics behind PCIe, atomics
 /// serialized, at most 16 READs or atomics outstanding per queue pair.
