@@ -172,6 +172,11 @@ impl ImpersonatedQueuePair {
         )
     }
 
+    /// The host's address: whose memory this queue pair reaches.
+    pub fn peer_address(&self) -> Ipv4Address {
+        self.peer.address
+    }
+
     pub fn port(&self) -> PortId {
         self.peer.port
     }

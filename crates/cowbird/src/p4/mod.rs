@@ -235,28 +235,29 @@ struct Instance {
 }
 
 /// The pool pages a write covers, a page being the path MTU's bytes: a
-/// write is one MTU at most, so it covers at most two.
+/// write is one MTU at most, so it covers at most two. Pages of the
+/// memory node's address space, not of an instance's region list, which
+/// another deployment on the same switch may number otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct WritePages {
-    region: u16,
+    node: Ipv4Address,
     first: u64,
     last: u64,
 }
 
 impl WritePages {
-    fn of(entry: &Entry, page_bytes: u32) -> WritePages {
+    fn of(node: Ipv4Address, start: u64, length: u32, page_bytes: u32) -> WritePages {
         let page_bytes = u64::from(page_bytes);
-        let start = entry.response_address;
-        let end = start.saturating_add(u64::from(entry.length).max(1) - 1);
+        let end = start.saturating_add(u64::from(length).max(1) - 1);
         WritePages {
-            region: entry.region,
+            node,
             first: start / page_bytes,
             last: end / page_bytes,
         }
     }
 
     fn overlaps(&self, other: &WritePages) -> bool {
-        self.region == other.region && self.first <= other.last && other.first <= self.last
+        self.node == other.node && self.first <= other.last && other.first <= self.last
     }
 }
 
@@ -574,15 +575,15 @@ impl Overlay for P4Engine {
                 cells: self.instances.len(),
                 cell_bytes: state_bytes,
             });
-        // Each instance's unconfirmed write: its region and first and last
-        // page, which every write the instances start is matched against.
+        // Each instance's unconfirmed write: its memory node and first and
+        // last page, which every write the instances start is matched against.
         report
             .registers
             .push(remora_switch::resources::RegisterResources {
                 name: "pending_write_pages".into(),
                 stage: 1,
                 cells: self.instances.len(),
-                cell_bytes: std::mem::size_of::<u16>() + 2 * std::mem::size_of::<u64>(),
+                cell_bytes: std::mem::size_of::<Ipv4Address>() + 2 * std::mem::size_of::<u64>(),
             });
         for instance in &self.instances {
             report.registers.push(instance.compute.resources());
@@ -969,7 +970,7 @@ impl Instance {
         }
         self.stash(index, entry);
         self.started_writes.push_back(index);
-        self.pending_write = Some(WritePages::of(&entry, config.path_mtu.bytes()));
+        self.pending_write = Some(self.pages_of(&entry, config.path_mtu.bytes()));
         self.unsent_writes += 1;
         self.stats.writes_started += 1;
         let read = self.read_of_block(
@@ -1096,10 +1097,21 @@ impl Instance {
         None
     }
 
+    /// The pool pages a write entry covers (its region was checked).
+    fn pages_of(&self, entry: &Entry, page_bytes: u32) -> WritePages {
+        let target = self.regions[usize::from(entry.region)].offset(entry.response_address);
+        WritePages::of(
+            self.memory.peer_address(),
+            target.address.0,
+            entry.length,
+            page_bytes,
+        )
+    }
+
     /// Whether a write to `entry`'s bytes could be undone: another
     /// instance's unconfirmed write to the same pages may land again.
     fn overlaps_another_instance(&self, entry: &Entry, page_bytes: u32) -> bool {
-        let pages = WritePages::of(entry, page_bytes);
+        let pages = self.pages_of(entry, page_bytes);
         self.others_pending
             .iter()
             .any(|other| other.overlaps(&pages))
@@ -1503,7 +1515,7 @@ mod tests {
         let now = Timestamp::ZERO;
         start_unacknowledged_write(&mut engine, now);
         let page_bytes = engine.config.path_mtu.bytes();
-        let pages = |entry: &Entry| WritePages::of(entry, page_bytes);
+        let pages = |entry: &Entry| engine.instances[1].pages_of(entry, page_bytes);
         let next_page = Entry {
             response_address: u64::from(page_bytes),
             ..write_at_zero()
