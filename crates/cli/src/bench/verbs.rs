@@ -52,6 +52,8 @@ pub enum VerbsBenchError {
     Node(#[from] ibverbs::NodeError),
     #[error("the native peer gave nothing for {0:?}: its node stopped or its queue pair failed")]
     PeerSilent(Duration),
+    #[error("the native echo thread panicked")]
+    EchoPanicked,
     #[error("a native WRITE completed with {0:?}")]
     WriteFailed(remora_rnic::CompletionStatus),
     #[error(transparent)]
@@ -360,6 +362,7 @@ fn latency_between(
     let failed = Arc::new(AtomicBool::new(false));
     let echo_failed = Arc::clone(&failed);
     let echo = std::thread::spawn(move || -> Result<(), VerbsBenchError> {
+        let _told = RaisedIfPanicking(&echo_failed);
         let echoed = echo_marks(&responder, iterations, limit, &echo_failed);
         if echoed.is_err() {
             echo_failed.store(true, Ordering::Relaxed);
@@ -372,12 +375,24 @@ fn latency_between(
         failed.store(true, Ordering::Relaxed);
     }
     initiator.node.stop();
-    let echoed = echo.join().expect("the echo thread");
+    let echoed = echo.join().unwrap_or(Err(VerbsBenchError::EchoPanicked));
     match (measured, echoed) {
         (Ok(latencies), Ok(())) => Ok(latencies),
         // Silence names no cause; the side that failed does.
         (Err(VerbsBenchError::PeerSilent(_)), Err(cause)) => Err(cause),
         (Err(error), _) | (Ok(_), Err(error)) => Err(error),
+    }
+}
+
+/// Raises its flag if dropped while its thread panics: a side that panics
+/// tells its peer to stop waiting, as one that fails does.
+struct RaisedIfPanicking<'a>(&'a AtomicBool);
+
+impl Drop for RaisedIfPanicking<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -619,6 +634,27 @@ mod tests {
         ));
         assert!(started.elapsed() < Duration::from_secs(5));
         initiator.node.stop();
+    }
+
+    /// A side that panicked never raised the flag its peer waits on, so
+    /// the peer waited out its 10 s; the guard raises it while unwinding.
+    #[test]
+    fn a_side_that_panics_tells_its_peer_and_one_that_returns_does_not() {
+        let flag = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let panicked = scope.spawn(|| {
+                let _told = RaisedIfPanicking(&flag);
+                panic!("a side fails hard");
+            });
+            assert!(panicked.join().is_err());
+        });
+        assert!(flag.load(Ordering::Relaxed), "the peer was not told");
+        let quiet = AtomicBool::new(false);
+        drop(RaisedIfPanicking(&quiet));
+        assert!(
+            !quiet.load(Ordering::Relaxed),
+            "a side that returned raised it"
+        );
     }
 
     /// An echo thread that failed left the initiator waiting out its
