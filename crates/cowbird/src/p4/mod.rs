@@ -167,6 +167,9 @@ pub struct P4Stats {
     /// Writes fetched while another write (of any instance) was
     /// unconfirmed: likewise.
     pub writes_paused: u64,
+    /// Of those, writes held only by another instance's unconfirmed write
+    /// to the same pool pages.
+    pub writes_held_by_other_instances: u64,
     /// Entries a go-back fetched again that were already confirmed.
     pub skipped_confirmed: u64,
     pub reads_confirmed: u64,
@@ -434,9 +437,10 @@ impl P4Engine {
     pub fn describe(&self, index: usize) -> Option<String> {
         let instance = self.instances.get(index)?;
         Some(format!(
-            "tail {} fetch {} start {} reads {:?} writes {:?} unsent {} progress {}/{} recovering {} bookkeeping {} compute [{}] memory [{}]",
+            "tail {} fetch {} start {} reads {:?} writes {:?} pages {:?} others' pages {:?} unsent {} progress {}/{} recovering {} bookkeeping {} compute [{}] memory [{}]",
             instance.known_tail, instance.fetch_cursor, instance.start_cursor,
-            instance.started_reads, instance.started_writes, instance.unsent_writes,
+            instance.started_reads, instance.started_writes, instance.pending_write,
+            instance.others_pending, instance.unsent_writes,
             instance.read_progress, instance.write_progress, instance.recovering,
             instance.bookkeeping_due, instance.compute.describe(), instance.memory.describe(),
         ))
@@ -603,6 +607,7 @@ impl P4Stats {
         self.writes_started += other.writes_started;
         self.reads_paused += other.reads_paused;
         self.writes_paused += other.writes_paused;
+        self.writes_held_by_other_instances += other.writes_held_by_other_instances;
         self.skipped_confirmed += other.skipped_confirmed;
         self.reads_confirmed += other.reads_confirmed;
         self.writes_confirmed += other.writes_confirmed;
@@ -956,15 +961,16 @@ impl Instance {
             self.fail(format!("write {index} is longer than the path MTU"));
             return None;
         }
-        if !self.started_writes.is_empty()
-            || self.overlaps_another_instance(&entry, config.path_mtu.bytes())
-            || !self.compute.has_room(packets)
-        {
+        let held_by_other = self.overlaps_another_instance(&entry, config.path_mtu.bytes());
+        if !self.started_writes.is_empty() || held_by_other || !self.compute.has_room(packets) {
             // One write at a time, across instances too: a go-back may run
             // a write again after its original landed, and with a later
             // write in between (this instance's or another's) the pool
             // would go back in time.
             self.stats.writes_paused += 1;
+            if held_by_other && self.started_writes.is_empty() {
+                self.stats.writes_held_by_other_instances += 1;
+            }
             self.fetch_cursor = index;
             return None;
         }
@@ -1426,6 +1432,7 @@ mod tests {
         let stats = engine.instances[1].stats;
         assert!(started.is_none(), "instance 1's write started: {stats:?}");
         assert_eq!((stats.writes_started, stats.writes_paused), (0, 1));
+        assert_eq!(stats.writes_held_by_other_instances, 1);
         // Instance 0 recovers and lands its write again, confirmed.
         let ack = answer(Opcode::Acknowledge, Psn::new(0), ACK, &[]);
         assert_eq!(hear(&mut engine, later, 0, Side::Memory, ack), None);
