@@ -373,12 +373,7 @@ fn connect_streams(
             .gen_bool(config.faults.violation.get())
             .then(|| workload::random_violation(sim.rng()));
         let lengths = (config.length_boundaries, mtu.bytes());
-        plans.push(workload::generate_for_mtu(
-            sim.rng(),
-            count,
-            violation,
-            lengths,
-        ));
+        plans.push(workload::generate(sim.rng(), count, violation, lengths));
     }
     let depth = config.operations_per_stream + 2;
     let builders: Vec<_> = hosts

@@ -75,34 +75,16 @@ fn random_length(rng: &mut impl Rng, max: u32, boundaries: [u32; 3]) -> u32 {
     }
 }
 
-/// Generates `count` operations; compare values are drawn so that about
-/// half of the CMP_SWAPs hit. Lengths cluster at 256, 1024 and 4096
-/// bytes ([`LengthBoundaries::Fixed`]).
+/// Generates `count` operations for a stream of path MTU `mtu`; compare
+/// values are drawn so that about half of the CMP_SWAPs hit, and lengths
+/// cluster at `boundaries`' packet edges.
 pub fn generate(
-    rng: &mut impl Rng,
-    count: usize,
-    violation_at_end: Option<Violation>,
-) -> Vec<Operation> {
-    generate_at(rng, count, violation_at_end, LengthBoundaries::Fixed.at(0))
-}
-
-/// [`generate`], lengths clustering at `boundaries`' packet edges for a
-/// stream of path MTU `mtu`.
-pub fn generate_for_mtu(
     rng: &mut impl Rng,
     count: usize,
     violation_at_end: Option<Violation>,
     (boundaries, mtu): (LengthBoundaries, u32),
 ) -> Vec<Operation> {
-    generate_at(rng, count, violation_at_end, boundaries.at(mtu))
-}
-
-fn generate_at(
-    rng: &mut impl Rng,
-    count: usize,
-    violation_at_end: Option<Violation>,
-    boundaries: [u32; 3],
-) -> Vec<Operation> {
+    let boundaries = boundaries.at(mtu);
     let mut model = WindowModel::new();
     let mut operations = Vec::with_capacity(count + 1);
     for _ in 0..count {
