@@ -61,14 +61,9 @@ fn callee(count: u64, release: Option<Receiver<()>>) -> Callee {
     Callee::with_checkpoints(Box::new(pool)).committing_to(end(200, 4792))
 }
 
-#[test]
-fn a_call_received_and_not_answered_is_committed_and_a_replacement_answers_it() {
-    let caller_end = end(1, 40000);
-    let mut caller = Caller::new(Duration::from_secs(60), 3);
-    // The failed node: it had counted to 5, then took a call it never
-    // finished.
-    let (release, stalled) = channel::<()>();
-    let mut failed = callee(5, Some(stalled));
+/// `caller` calls "tally" on the callee at 10.0.0.2: the call's RPC id
+/// and datagram.
+fn tally_call(caller: &mut Caller) -> (u64, Vec<u8>) {
     let rpc_id = caller
         .call(
             Timestamp::ZERO,
@@ -79,6 +74,18 @@ fn a_call_received_and_not_answered_is_committed_and_a_replacement_answers_it() 
         )
         .unwrap();
     let (_, call) = caller.poll_transmit().expect("the call");
+    (rpc_id, call)
+}
+
+#[test]
+fn a_call_received_and_not_answered_is_committed_and_a_replacement_answers_it() {
+    let caller_end = end(1, 40000);
+    let mut caller = Caller::new(Duration::from_secs(60), 3);
+    // The failed node: it had counted to 5, then took a call it never
+    // finished.
+    let (release, stalled) = channel::<()>();
+    let mut failed = callee(5, Some(stalled));
+    let (rpc_id, call) = tally_call(&mut caller);
     failed.handle(caller_end, &call);
     let (to, commit) = failed
         .poll_transmit()
@@ -134,16 +141,7 @@ fn a_callee_that_commits_nowhere_sends_no_commit() {
     let pool = WorkerPool::new(vec![Box::new(tally)]).expect("a worker starts");
     let mut callee = Callee::with_checkpoints(Box::new(pool));
     let mut caller = Caller::new(Duration::from_secs(60), 3);
-    caller
-        .call(
-            Timestamp::ZERO,
-            end(2, 4792),
-            "tally",
-            GlobalAddress::NULL,
-            b"",
-        )
-        .unwrap();
-    let (_, call) = caller.poll_transmit().unwrap();
+    let (_, call) = tally_call(&mut caller);
     callee.handle(end(1, 40000), &call);
     assert!(callee.poll_transmit().is_none());
     assert_eq!(callee.counters().commits, 0);
@@ -170,16 +168,7 @@ fn many_deferred_calls_do_not_crowd_out_the_checkpoint() {
     let mut first_call = None;
     for (caller, from) in callers.iter_mut().zip(&ends) {
         for _ in 0..CALLS_EACH {
-            caller
-                .call(
-                    Timestamp::ZERO,
-                    end(2, 4792),
-                    "tally",
-                    GlobalAddress::NULL,
-                    b"",
-                )
-                .unwrap();
-            let (_, call) = caller.poll_transmit().expect("the call");
+            let (_, call) = tally_call(caller);
             node.handle(*from, &call);
             first_call.get_or_insert(call);
         }

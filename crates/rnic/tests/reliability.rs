@@ -346,9 +346,8 @@ fn retransmission_set_after_creation_is_the_one_used() {
     assert_eq!(s.fabric.now, Timestamp::from_nanos(150_000));
 }
 
-/// Posts the receive the SEND with id 1 waited for (RNR) and runs it to
-/// its success.
-fn post_the_receive_and_expect_the_send(s: &mut Setup) {
+/// Posts the receive the SEND with id 1 waited for (RNR).
+fn post_the_awaited_receive(s: &mut Setup) {
     s.fabric
         .right
         .post_receive(
@@ -356,6 +355,12 @@ fn post_the_receive_and_expect_the_send(s: &mut Setup) {
             ReceiveRequest::new(4, &[s.right_mr.slice(0, 8)]).unwrap(),
         )
         .unwrap();
+}
+
+/// Posts the receive the SEND with id 1 waited for (RNR) and runs it to
+/// its success.
+fn post_the_receive_and_expect_the_send(s: &mut Setup) {
+    post_the_awaited_receive(s);
     assert!(s.fabric.run(100).quiesced);
     assert_eq!(
         statuses(&mut s.fabric.left, s.left_cq),
@@ -707,13 +712,7 @@ fn an_rnr_nak_copy_after_the_resend_spends_no_retry() {
     let now = s.fabric.now;
     // The first copy spends the only RNR retry.
     s.fabric.left.handle_frame(now, &nak);
-    s.fabric
-        .right
-        .post_receive(
-            s.right_qp,
-            ReceiveRequest::new(4, &[s.right_mr.slice(0, 8)]).unwrap(),
-        )
-        .unwrap();
+    post_the_awaited_receive(&mut s);
     s.fabric.now = s.fabric.left.poll_timeout().expect("the RNR wait");
     let resent = left_frames(&mut s);
     assert_eq!(resent.len(), 1, "the SEND went again after the RNR wait");
