@@ -992,9 +992,19 @@ impl Instance {
     /// next entry start.
     fn stash(&mut self, index: u64, entry: Entry) {
         assert_eq!(index, self.start_cursor, "entries start in ring order");
-        let slot = (index % self.sizes.metadata_entries) as usize;
+        let slot = self.slot_of(index);
         self.entries.update(slot, |_| Some(entry));
         self.start_cursor += 1;
+    }
+
+    /// Where the entry at ring position `index` is stashed.
+    fn slot_of(&self, index: u64) -> usize {
+        (index % self.sizes.metadata_entries) as usize
+    }
+
+    /// The entry stashed for ring position `index`, if one is.
+    fn stashed(&self, index: u64) -> Option<Entry> {
+        self.entries.read(self.slot_of(index)).flatten()
     }
 
     /// Recycles a READ response into the WRITE packet of the same place in
@@ -1011,12 +1021,7 @@ impl Instance {
         payload: &[u8],
         out: &mut Vec<u8>,
     ) -> Option<PortId> {
-        let slot = (index % self.sizes.metadata_entries) as usize;
-        let entry = self
-            .entries
-            .read(slot)
-            .flatten()
-            .expect("started entries are stashed");
+        let entry = self.stashed(index).expect("started entries are stashed");
         let segment = opcode.segment();
         if segment != Segment::Only {
             self.stats.multi_packet_responses += 1;
@@ -1148,13 +1153,9 @@ impl Instance {
         // Each PSN of a READ records what is left from it on: the first
         // has the whole message's length.
         let message_bytes = match sent.purpose {
-            Purpose::Payload { entry } | Purpose::DataRead { entry } => {
-                let slot = (entry % self.sizes.metadata_entries) as usize;
-                self.entries
-                    .read(slot)
-                    .flatten()
-                    .map_or(sent.length, |stashed| stashed.length)
-            }
+            Purpose::Payload { entry } | Purpose::DataRead { entry } => self
+                .stashed(entry)
+                .map_or(sent.length, |stashed| stashed.length),
             _ => sent.length,
         };
         let due_segment = match (sent.length == message_bytes, sent.length <= mtu) {
@@ -1183,8 +1184,7 @@ impl Instance {
             return false;
         }
         started.pop_front();
-        let slot = (index % self.sizes.metadata_entries) as usize;
-        let sequence = self.entries.read(slot).flatten().expect("stashed").sequence;
+        let sequence = self.stashed(index).expect("stashed").sequence;
         match kind {
             Kind::Read => {
                 self.read_progress = sequence;
