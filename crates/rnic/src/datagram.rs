@@ -157,6 +157,10 @@ impl Datagrams {
     }
 
     /// The next frame to send, written into `buffer`.
+    pub(crate) fn has_outgoing(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
     pub(crate) fn poll_transmit(&mut self, buffer: &mut [u8]) -> Option<usize> {
         let frame = self.outbox.pop_front()?;
         copy_bytes(&mut buffer[..frame.len()], &frame);

@@ -543,6 +543,13 @@ impl SoftRnic {
         None
     }
 
+    /// Whether [`SoftRnic::poll_transmit`] may have a frame: false only when
+    /// it surely has none (a queue pair waiting its turn may have nothing
+    /// left, so true can be a false alarm).
+    pub fn may_transmit(&self) -> bool {
+        self.datagrams.has_outgoing() || !self.transmit_queue.is_empty()
+    }
+
     /// The earliest time `handle_timeout` has work to do.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
         debug_assert!(

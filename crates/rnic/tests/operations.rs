@@ -382,3 +382,41 @@ fn a_write_past_its_region_writes_nothing() {
         "none of the WRITE landed"
     );
 }
+
+/// `may_transmit` is what lets a sleeping progress thread stay asleep
+/// after a post: it must be true whenever `poll_transmit` has a frame,
+/// and false once the device has sent all it has.
+#[test]
+fn may_transmit_is_true_until_every_frame_is_taken() {
+    let mut s = setup();
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    // Connecting may leave a queue pair in line with nothing to send.
+    assert!(s
+        .fabric
+        .left
+        .poll_transmit(Timestamp::ZERO, &mut buffer)
+        .is_none());
+    assert!(
+        !s.fabric.left.may_transmit(),
+        "a connected idle device has nothing"
+    );
+    let write = write_request(&s, 1, 0, s.right_mr.remote(0), 4 * 4096);
+    s.fabric.left.post_send(s.left_qp, write).unwrap();
+    assert!(s.fabric.left.may_transmit(), "a posted WRITE has frames");
+    let mut frames = 0;
+    while s.fabric.left.may_transmit() {
+        match s.fabric.left.poll_transmit(Timestamp::ZERO, &mut buffer) {
+            Some(_) => frames += 1,
+            // A queue pair waiting its turn with nothing left: it leaves
+            // the line now, so the next look says false.
+            None => assert!(!s.fabric.left.may_transmit()),
+        }
+        assert!(frames <= 64, "a 16 KiB WRITE is not {frames} frames");
+    }
+    assert!(frames >= 4, "the WRITE's frames were all sent: {frames}");
+    assert!(s
+        .fabric
+        .left
+        .poll_transmit(Timestamp::ZERO, &mut buffer)
+        .is_none());
+}
