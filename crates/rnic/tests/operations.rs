@@ -389,34 +389,42 @@ fn a_write_past_its_region_writes_nothing() {
 #[test]
 fn may_transmit_is_true_until_every_frame_is_taken() {
     let mut s = setup();
-    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
     // Connecting may leave a queue pair in line with nothing to send.
-    assert!(s
-        .fabric
-        .left
-        .poll_transmit(Timestamp::ZERO, &mut buffer)
-        .is_none());
-    assert!(
-        !s.fabric.left.may_transmit(),
-        "a connected idle device has nothing"
-    );
+    assert!(take_every_frame(&mut s.fabric.left).is_empty());
+    assert!(!s.fabric.left.may_transmit());
     let write = write_request(&s, 1, 0, s.right_mr.remote(0), 4 * 4096);
     s.fabric.left.post_send(s.left_qp, write).unwrap();
     assert!(s.fabric.left.may_transmit(), "a posted WRITE has frames");
-    let mut frames = 0;
-    while s.fabric.left.may_transmit() {
-        match s.fabric.left.poll_transmit(Timestamp::ZERO, &mut buffer) {
-            Some(_) => frames += 1,
+    let sent = take_every_frame(&mut s.fabric.left);
+    assert_eq!(sent.len(), 4, "a 16 KiB WRITE at MTU 4096");
+    // The responder owes nothing until the frames are in, then an ACK.
+    assert!(take_every_frame(&mut s.fabric.right).is_empty());
+    assert!(!s.fabric.right.may_transmit());
+    for frame in &sent {
+        s.fabric.right.handle_frame(Timestamp::ZERO, frame);
+    }
+    assert!(s.fabric.right.may_transmit(), "an ACK is owed");
+    assert!(!take_every_frame(&mut s.fabric.right).is_empty());
+}
+
+/// Takes frames while `may_transmit` says there may be one, checking that
+/// it turns false once `poll_transmit` has nothing left.
+fn take_every_frame(device: &mut SoftRnic) -> Vec<Vec<u8>> {
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    let mut frames = Vec::new();
+    while device.may_transmit() {
+        match device.poll_transmit(Timestamp::ZERO, &mut buffer) {
+            Some(length) => frames.push(buffer[..length].to_vec()),
             // A queue pair waiting its turn with nothing left: it leaves
             // the line now, so the next look says false.
-            None => assert!(!s.fabric.left.may_transmit()),
+            None => assert!(!device.may_transmit()),
         }
-        assert!(frames <= 64, "a 16 KiB WRITE is not {frames} frames");
+        assert!(
+            frames.len() <= 64,
+            "no WRITE here is {} frames",
+            frames.len()
+        );
     }
-    assert!(frames >= 4, "the WRITE's frames were all sent: {frames}");
-    assert!(s
-        .fabric
-        .left
-        .poll_transmit(Timestamp::ZERO, &mut buffer)
-        .is_none());
+    assert!(device.poll_transmit(Timestamp::ZERO, &mut buffer).is_none());
+    frames
 }

@@ -15,8 +15,8 @@
 //!   so a thread takes in frames, fires timers and raises completion
 //!   events on its own. It polls for `progress.spin_microseconds` after
 //!   the last work, then sleeps until the carrier has frames, the next
-//!   timer is due, or a poster kicks it. A poster kicks only when the
-//!   thread is needed before it would wake by itself (the post set an
+//!   timer is due, or the application kicks it. A call kicks only when
+//!   the thread is needed before it would wake by itself (the call set an
 //!   earlier timer, or left frames the carrier had no room for): kicked
 //!   after every post, the thread took the core from perftest's
 //!   `ib_write_bw` once per WRITE, and its bandwidth rose from about
@@ -103,8 +103,9 @@ pub struct Node {
     /// When the sleeping progress thread wakes by itself, in nanoseconds
     /// of [`Node::now`]: a post that needs it sooner kicks it.
     sleep_deadline_nanos: AtomicU64,
-    /// Posts that found the progress thread asleep and had to wake it.
-    posts_that_woke: AtomicU64,
+    /// Application calls that found the progress thread asleep and had
+    /// to wake it.
+    application_wakeups: AtomicU64,
     /// Set by a poster that saw `sleeping` (see `wake_progress`).
     kicked: AtomicBool,
     stopping: AtomicBool,
@@ -166,7 +167,7 @@ impl Node {
             epoch: Instant::now(),
             sleeping: AtomicBool::new(false),
             sleep_deadline_nanos: AtomicU64::new(0),
-            posts_that_woke: AtomicU64::new(0),
+            application_wakeups: AtomicU64::new(0),
             kicked: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             kicker: waiter.kicker(),
@@ -208,7 +209,7 @@ impl Node {
     /// Runs `action` on the device, then sends what it produced: every verb
     /// that posts work goes through here.
     pub fn with_device<R>(&self, action: impl FnOnce(&mut SoftRnic) -> R) -> R {
-        let (result, progress_due) = {
+        let (result, due) = {
             let mut state = self.lock();
             let result = action(&mut state.rnic);
             let now = self.now();
@@ -217,26 +218,40 @@ impl Node {
             // error, a move to error that flushes): an armed queue's
             // waiter hears of it now, not at the next frame.
             state.notify_armed();
-            (result, state.progress_due())
+            (result, self.due_if_sleeping(&state))
         };
-        // The progress thread may be asleep past a timer this post set, or
-        // with frames left that the carrier had no room for. Only then is
-        // it woken: kicked after every post, it took the core from a
-        // posting application (perftest's ib_write_bw) once per WRITE.
-        if self.sleeping.load(Ordering::SeqCst)
-            && progress_due < self.sleep_deadline_nanos.load(Ordering::SeqCst)
-        {
-            self.posts_that_woke.fetch_add(1, Ordering::Relaxed);
-            self.wake_progress();
-        }
+        self.wake_if_due(due);
         result
     }
 
-    /// How many posts found the progress thread asleep and woke it (each
-    /// wake-up costs the application a system call, and the thread a
-    /// scheduling).
-    pub fn posts_that_woke(&self) -> u64 {
-        self.posts_that_woke.load(Ordering::Relaxed)
+    /// How many application calls found the progress thread asleep and
+    /// woke it: each costs the application a system call, and the thread
+    /// a scheduling.
+    pub fn application_wakeups(&self) -> u64 {
+        self.application_wakeups.load(Ordering::Relaxed)
+    }
+
+    /// While the progress thread sleeps, when the device next needs it
+    /// (see [`NodeState::progress_due`]); None while it is awake. Read
+    /// under the lock, which the thread takes for its last look at the
+    /// device after it announced its sleep: a caller that finds it awake
+    /// here left work that look will see.
+    fn due_if_sleeping(&self, state: &NodeState) -> Option<u64> {
+        self.sleeping
+            .load(Ordering::SeqCst)
+            .then(|| state.progress_due())
+    }
+
+    /// Wakes the sleeping progress thread if the device needs it before
+    /// it would wake by itself: a call set an earlier timer, or left
+    /// frames the carrier had no room for. Kicked after every post, it
+    /// took the core from a posting application (perftest's
+    /// `ib_write_bw`) once per WRITE.
+    fn wake_if_due(&self, due: Option<u64>) {
+        if due.is_some_and(|due| due < self.sleep_deadline_nanos.load(Ordering::SeqCst)) {
+            self.application_wakeups.fetch_add(1, Ordering::Relaxed);
+            self.wake_progress();
+        }
     }
 
     /// Reads the device without sending anything.
@@ -254,9 +269,14 @@ impl Node {
     ) -> Result<usize, remora_rnic::VerbsError> {
         use remora_rnic::DataPath;
         let mut state = self.lock();
+        let mut due = None;
         if state.rnic.completions_waiting(queue)? == 0 {
             let now = self.now();
             state.pump(now);
+            // The pump took frames the sleeping thread would have woken
+            // on, and what they started (an RNR wait's timer, frames past
+            // one batch) is left to it.
+            due = self.due_if_sleeping(&state);
         }
         let mut taken = 0;
         while taken < max {
@@ -266,6 +286,8 @@ impl Node {
             }
             taken += 1;
         }
+        drop(state);
+        self.wake_if_due(due);
         Ok(taken)
     }
 
@@ -468,7 +490,7 @@ mod tests {
         QueuePairEndpoint, SendOperation, SendRequest, Verbs,
     };
     use remora_wire::{Psn, Qpn};
-    use std::net::{SocketAddr, UdpSocket};
+    use std::net::UdpSocket;
 
     /// A node whose UDP peer is a plain socket that never answers, with
     /// connected queue pairs whose retransmission timeout is `timeout`:
@@ -482,15 +504,16 @@ mod tests {
     }
 
     impl SilentPeer {
-        fn start(port: u16, timeout: Duration, writes: u32) -> SilentPeer {
-            let local: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-            let peer_address: SocketAddr = format!("127.0.0.2:{port}").parse().unwrap();
-            let peer = UdpSocket::bind(peer_address).unwrap();
+        fn start(timeout: Duration, writes: u32) -> SilentPeer {
+            // Both ends on ports the kernel picks, so no run collides with
+            // another.
+            let peer = UdpSocket::bind("127.0.0.2:0").unwrap();
             peer.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+            let peer_address = peer.local_addr().unwrap();
             let config = VerbsConfig {
                 address: None,
                 carrier: CarrierConfig::Udp {
-                    local,
+                    local: "127.0.0.1:0".parse().unwrap(),
                     peer: peer_address,
                 },
                 progress: ProgressConfig::default(),
@@ -527,13 +550,20 @@ mod tests {
             }
         }
 
-        /// Lets the progress thread fall asleep afresh: a frame from the
-        /// peer wakes it, and it sleeps again once it found nothing to do.
-        fn settle(&self, local_port: u16) {
-            self.peer
-                .send_to(b"not a frame", ("127.0.0.1", local_port))
-                .unwrap();
-            std::thread::sleep(Duration::from_millis(2));
+        /// Waits until the progress thread sleeps with more than `margin`
+        /// left before it wakes by itself.
+        fn await_sleep(&self, margin: Duration) {
+            let limit = Instant::now() + Duration::from_secs(5);
+            loop {
+                let deadline = self.node.sleep_deadline_nanos.load(Ordering::SeqCst);
+                let wakes_in = deadline.saturating_sub(self.node.now().as_nanos());
+                if self.node.sleeping.load(Ordering::SeqCst) && wakes_in > margin.as_nanos() as u64
+                {
+                    return;
+                }
+                assert!(Instant::now() < limit, "the progress thread never slept");
+                std::thread::sleep(Duration::from_micros(200));
+            }
         }
 
         /// Posts a WRITE on the `index`th queue pair.
@@ -571,42 +601,43 @@ mod tests {
         }
     }
 
+    impl Drop for SilentPeer {
+        fn drop(&mut self) {
+            self.node.stop();
+        }
+    }
+
     #[test]
     fn a_post_that_arms_a_timer_before_the_sleep_ends_wakes_the_progress_thread() {
         // The timer (2 ms) falls before the asleep thread's own wake-up
-        // (up to 20 ms): unwoken, it sent the first retransmission late.
-        let port = 50_000 + (std::process::id() % 1_000) as u16 * 4;
-        let silent = SilentPeer::start(port, Duration::from_millis(2), 3);
-        let mut gaps = Vec::new();
+        // (over 15 ms away): unwoken, it sent the first retransmission
+        // that much late.
+        let silent = SilentPeer::start(Duration::from_millis(2), 3);
         for index in 0..3 {
-            silent.settle(port);
+            silent.await_sleep(Duration::from_millis(15));
             silent.post_write(index);
             let first = silent.next_arrival();
-            gaps.push(silent.next_arrival() - first);
+            let gap = silent.next_arrival() - first;
+            assert!(
+                gap < Duration::from_millis(10),
+                "the first retransmission came {gap:?} after the WRITE, its timer being 2 ms"
+            );
             silent.drain();
         }
-        let shortest = gaps.iter().min().unwrap();
-        assert!(
-            *shortest < Duration::from_millis(10),
-            "the first retransmission came {gaps:?} after the WRITE, its timer being 2 ms"
-        );
-        assert!(silent.node.posts_that_woke() >= 3);
-        silent.node.stop();
+        assert!(silent.node.application_wakeups() >= 3);
     }
 
     #[test]
     fn a_post_whose_timer_falls_after_the_sleep_leaves_the_progress_thread_asleep() {
         // perftest asks for a 67 ms timeout: past the thread's longest
-        // sleep, so the thread would find the timer by itself. Woken
-        // anyway, it took the core from the posting application.
-        let port = 50_002 + (std::process::id() % 1_000) as u16 * 4;
-        let silent = SilentPeer::start(port, Duration::from_millis(200), 10);
+        // sleep, so the thread finds the timer by itself. Woken anyway, it
+        // took the core from the posting application.
+        let silent = SilentPeer::start(Duration::from_millis(200), 10);
         for index in 0..10 {
-            silent.settle(port);
+            silent.await_sleep(Duration::ZERO);
             silent.post_write(index);
             silent.next_arrival();
         }
-        assert_eq!(silent.node.posts_that_woke(), 0);
-        silent.node.stop();
+        assert_eq!(silent.node.application_wakeups(), 0);
     }
 }
