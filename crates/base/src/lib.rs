@@ -9,17 +9,21 @@
 //! - [`copy_bytes`]: bulk copies at the same speed wherever their buffers
 //!   lie (the data path's frames, slots and registered memory), and
 //!   [`BufferPool`], byte buffers kept for reuse;
-//! - [`at_position`]: a config file's parse error on one line.
+//! - [`at_position`]: a config file's parse error on one line;
+//! - [`tcp_port_is_listening`]: whether a server program a harness
+//!   started listens yet.
 
 #![forbid(unsafe_code)]
 
 mod copy;
+mod listening;
 mod port;
 mod position;
 mod probability;
 mod time;
 
 pub use copy::{copy_bytes, extend_bytes, BufferPool, COPY_PIECE_BYTES};
+pub use listening::tcp_port_is_listening;
 pub use port::PortId;
 pub use position::at_position;
 pub use probability::{Probability, ProbabilityError};

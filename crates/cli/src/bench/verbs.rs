@@ -88,6 +88,9 @@ struct PerftestRow {
 /// they give up: each comes within microseconds.
 const PEER_SILENCE_LIMIT: Duration = Duration::from_secs(10);
 
+/// How long a perftest server may take to listen for its client.
+const SERVER_START_LIMIT: Duration = Duration::from_secs(20);
+
 /// How long one perftest program may run: its runs take seconds.
 const PERFTEST_LIMIT: Duration = Duration::from_secs(120);
 
@@ -110,23 +113,40 @@ fn run_perftest(
             (spec.clone(), spec)
         }
     };
-    let tcp_port = (port + 1).to_string();
+    let tcp_port = port + 1;
     let command = |spec: &str| {
         let mut command = Command::new(program);
         command
             .args(arguments)
-            .args(["-p", &tcp_port])
+            .args(["-p", &tcp_port.to_string()])
             .env("LD_LIBRARY_PATH", libraries)
             .env("REMORA_VERBS", spec)
             .stdin(Stdio::null());
         command
     };
-    let server = KillOnDrop::spawn(
+    let mut server = KillOnDrop::spawn(
         command(&server_spec)
             .stdout(Stdio::null())
             .stderr(Stdio::piped()),
     )?;
-    std::thread::sleep(Duration::from_millis(300));
+    let failed = |output: String| VerbsBenchError::PerftestFailed {
+        program,
+        carrier,
+        output,
+    };
+    // Not a fixed pause before the client starts: on a loaded machine one
+    // can end before the server listens, and the client, refused, fails
+    // the run (a race this bench had; whether it caused the one failure
+    // seen in a test run is not known).
+    if !server.await_listening(tcp_port, SERVER_START_LIMIT)? {
+        let said = match server.wait_within(Duration::ZERO)? {
+            Some(server) => String::from_utf8_lossy(&server.stderr).to_string(),
+            None => format!(
+                "the server did not listen on TCP port {tcp_port} within {SERVER_START_LIMIT:?}"
+            ),
+        };
+        return Err(failed(said));
+    }
     let client = KillOnDrop::spawn(
         command(&client_spec)
             .arg("127.0.0.1")
@@ -140,11 +160,6 @@ fn run_perftest(
     let server = match &client {
         Some(client) if client.status.success() => server.wait_within(PERFTEST_LIMIT)?,
         _ => None,
-    };
-    let failed = |output: String| VerbsBenchError::PerftestFailed {
-        program,
-        carrier,
-        output,
     };
     let client = client.ok_or_else(|| failed(format!("the client ran past {PERFTEST_LIMIT:?}")))?;
     let printed = String::from_utf8_lossy(&client.stdout).to_string();
