@@ -128,6 +128,10 @@ pub struct WorkloadSpec {
     pub field_count: u64,
     pub field_length: u64,
     pub insert_start: u64,
+    /// What the proportions as given summed to (1 when they are already
+    /// proportions): YCSB sizes a zipfian chooser's key span from the
+    /// insert proportion as given, `mix.insert` times this.
+    pub given_weight_total: f64,
     /// Every property read, including ones that do not change the mix.
     pub properties: BTreeMap<String, String>,
 }
@@ -227,6 +231,7 @@ impl WorkloadSpec {
             scan: proportion(&properties, "scanproportion", 0.0)?,
             read_modify_write: proportion(&properties, "readmodifywriteproportion", 0.0)?,
         };
+        let given_weight_total = weights.proportions().iter().sum();
         let mix = weights.normalized()?;
         let distribution = match properties
             .get("requestdistribution")
@@ -253,6 +258,7 @@ impl WorkloadSpec {
             field_count: number(&properties, "fieldcount", 10)?,
             field_length: number(&properties, "fieldlength", 100)?,
             insert_start: number(&properties, "insertstart", 0)?,
+            given_weight_total,
             properties,
         };
         spec.key_chooser()?;
@@ -272,6 +278,9 @@ impl WorkloadSpec {
         if !each_valid || !total.is_finite() || (total - 1.0).abs() > 1e-9 {
             return Err(WorkloadError::Proportions(total));
         }
+        if !(self.given_weight_total > 0.0 && self.given_weight_total.is_finite()) {
+            return Err(WorkloadError::Proportions(self.given_weight_total));
+        }
         if self.max_scan_length == 0 && mix.scan > 0.0 {
             return Err(WorkloadError::Value {
                 key: "maxscanlength".into(),
@@ -288,9 +297,12 @@ impl WorkloadSpec {
     }
 
     /// The keys a zipfian chooser spans: the loaded ones and twice the
-    /// inserts the run expects, as YCSB's CoreWorkload sizes it.
+    /// inserts the run expects, as YCSB's CoreWorkload sizes it: from
+    /// `insertproportion` as given, not over the weights' sum (they differ
+    /// only when the proportions do not sum to 1).
     fn key_span(&self) -> u64 {
-        let expected_inserts = (self.operation_count as f64 * self.mix.insert * 2.0) as u64;
+        let insert_as_given = self.mix.insert * self.given_weight_total;
+        let expected_inserts = (self.operation_count as f64 * insert_as_given * 2.0) as u64;
         self.record_count.saturating_add(expected_inserts)
     }
 
@@ -401,5 +413,20 @@ mod tests {
         assert!(largest_draw < 1.0 && largest_draw >= mix.read + mix.update);
         assert_eq!(mix.kind_of_draw(largest_draw), OperationKind::Update);
         assert_eq!(mix.kind_of_draw(0.25), OperationKind::Read);
+    }
+
+    /// YCSB sizes a zipfian chooser from `insertproportion` as given:
+    /// weights of 1 and 1 span 100 records and 2 × 1000 × 1 inserts, not
+    /// 2 × 1000 × 0.5 (the normalised proportion, used before).
+    #[test]
+    fn the_zipfian_span_counts_inserts_by_the_proportion_as_given() {
+        let text = "recordcount=100\noperationcount=1000\nreadproportion=1\nupdateproportion=0\ninsertproportion=1\nrequestdistribution=zipfian";
+        let spec = WorkloadSpec::from_properties(text).unwrap();
+        assert_eq!(spec.mix.insert, 0.5);
+        assert_eq!(spec.key_span(), 100 + 2000);
+        // Proportions that already sum to 1 are their own weights.
+        let preset = WorkloadSpec::preset("d").unwrap();
+        assert_eq!(preset.given_weight_total, 1.0);
+        assert_eq!(preset.key_span(), 1000 + 100);
     }
 }
