@@ -15,9 +15,16 @@ pub enum OutputError {
 }
 
 /// Checks, before any work, that a result file can be written at `path`
-/// (its directory exists, and it is not itself a directory), so that a
-/// long run is not lost to a mistyped path at its end.
+/// (its directory exists, it is not itself a directory, and a file there
+/// can be made or written), so that a long run is not lost to a mistyped
+/// or unwritable path at its end.
 pub fn check_file_path(path: &Path) -> Result<(), OutputError> {
+    check_file_place(path)?;
+    check_writable(path)
+}
+
+/// Whether `path` names a file in an existing directory.
+fn check_file_place(path: &Path) -> Result<(), OutputError> {
     let refuse = |reason: &str| OutputError::Write {
         path: path.to_path_buf(),
         source: std::io::Error::other(reason.to_string()),
@@ -33,6 +40,29 @@ pub fn check_file_path(path: &Path) -> Result<(), OutputError> {
         return Err(refuse("its directory does not exist"));
     }
     Ok(())
+}
+
+/// Whether a file at `path` can be made or written: it is opened for
+/// appending, which changes nothing in a file already there, and removed
+/// again if this check made it. `access(2)` cannot tell: root passes it
+/// for a directory no one can create files in (sysfs, a read-only mount).
+fn check_writable(path: &Path) -> Result<(), OutputError> {
+    let existed = path.exists();
+    let opened = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path);
+    match opened {
+        Ok(_) if !existed => std::fs::remove_file(path).map_err(|source| OutputError::Write {
+            path: path.to_path_buf(),
+            source,
+        }),
+        Ok(_) => Ok(()),
+        Err(source) => Err(OutputError::Write {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
 }
 
 /// [`check_file_path`] for a result file the user may have asked for.
@@ -52,6 +82,7 @@ pub fn check_directory_path(path: &Path) -> Result<(), OutputError> {
             source: std::io::Error::other("it is a file, not a directory"),
         });
     }
+    // Pages go in a directory made later: its parent must take an entry.
     check_file_path(path)
 }
 
@@ -62,4 +93,32 @@ pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), Outp
         path: path.to_path_buf(),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_writability_check_leaves_no_file_and_changes_none() {
+        let directory = tempfile::tempdir().unwrap();
+        let new = directory.path().join("new.json");
+        check_file_path(&new).unwrap();
+        assert!(!new.exists(), "the check left the file it made");
+        let kept = directory.path().join("kept.json");
+        std::fs::write(&kept, b"earlier results").unwrap();
+        check_file_path(&kept).unwrap();
+        assert_eq!(std::fs::read(&kept).unwrap(), b"earlier results");
+    }
+
+    #[test]
+    fn a_place_no_file_can_be_made_in_is_refused_with_the_reason() {
+        // sysfs refuses new files even to root, who passes access(2).
+        let refused = check_file_path(Path::new("/sys/remora-check.json")).unwrap_err();
+        assert!(
+            matches!(&refused, OutputError::Write { source, .. }
+                if source.kind() == std::io::ErrorKind::PermissionDenied),
+            "{refused}"
+        );
+    }
 }

@@ -594,6 +594,21 @@ fn inputs_that_crashed_or_ran_for_nothing_are_refused_at_once() {
             .to_vec(),
             "its directory does not exist",
         ),
+        // Checked before the run: a directory no file can be made in
+        // (root passes access(2) there) failed the write after it.
+        (
+            [
+                "sim",
+                "fabric",
+                "--seeds",
+                "1",
+                "--json",
+                "/sys/remora-x.json",
+            ]
+            .map(String::from)
+            .to_vec(),
+            "cannot write /sys/remora-x.json",
+        ),
         (
             ["sim", "fabric", "--seed", "18446744073709551615"]
                 .map(String::from)
