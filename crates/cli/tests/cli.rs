@@ -594,14 +594,15 @@ fn inputs_that_crashed_or_ran_for_nothing_are_refused_at_once() {
             .to_vec(),
             "its directory does not exist",
         ),
-        // Checked before the run: a directory no file can be made in
-        // (root passes access(2) there) failed the write after it.
+        // Checked before the run (20,000 seeds would take minutes): a
+        // directory no file can be made in (root passes access(2) there)
+        // failed the write after it.
         (
             [
                 "sim",
                 "fabric",
                 "--seeds",
-                "1",
+                "20000",
                 "--json",
                 "/sys/remora-x.json",
             ]
