@@ -42,26 +42,39 @@ fn check_file_place(path: &Path) -> Result<(), OutputError> {
     Ok(())
 }
 
-/// Whether a file at `path` can be made or written: it is opened for
-/// appending, which changes nothing in a file already there, and removed
-/// again if this check made it. `access(2)` cannot tell: root passes it
-/// for a directory no one can create files in (sysfs, a read-only mount).
+/// Whether a file at `path` can be made or written. A new file is made
+/// (exclusively, so nothing another process made in between is touched)
+/// and removed. A regular file already there, or one a link leads to, is
+/// opened for appending, which changes nothing in it; anything else there
+/// (a FIFO, a device such as `/dev/stdout`) is left unopened, since
+/// opening a FIFO here would block, or end its reader's input before the
+/// run. `access(2)` cannot tell: root passes it for a directory no one
+/// can create files in (sysfs, a read-only mount).
 fn check_writable(path: &Path) -> Result<(), OutputError> {
-    let existed = path.exists();
-    let opened = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
+    let refused = |source| OutputError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let made = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
         .open(path);
-    match opened {
-        Ok(_) if !existed => std::fs::remove_file(path).map_err(|source| OutputError::Write {
-            path: path.to_path_buf(),
-            source,
-        }),
-        Ok(_) => Ok(()),
-        Err(source) => Err(OutputError::Write {
-            path: path.to_path_buf(),
-            source,
-        }),
+    match made {
+        Ok(_) => std::fs::remove_file(path).map_err(refused),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+            match std::fs::metadata(path) {
+                Ok(there) if !there.is_file() => Ok(()),
+                // A file, or a link to none yet: the write will make its
+                // target, as this does.
+                _ => std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(path)
+                    .map(drop)
+                    .map_err(refused),
+            }
+        }
+        Err(error) => Err(refused(error)),
     }
 }
 
@@ -109,15 +122,30 @@ mod tests {
         std::fs::write(&kept, b"earlier results").unwrap();
         check_file_path(&kept).unwrap();
         assert_eq!(std::fs::read(&kept).unwrap(), b"earlier results");
+        // A link is left a link, and a FIFO is not opened (which would
+        // block here, with no reader).
+        let linked = directory.path().join("latest.json");
+        std::os::unix::fs::symlink(directory.path().join("today.json"), &linked).unwrap();
+        check_file_path(&linked).unwrap();
+        assert!(linked.symlink_metadata().unwrap().file_type().is_symlink());
+        let fifo = directory.path().join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        check_file_path(&fifo).unwrap();
     }
 
     #[test]
     fn a_place_no_file_can_be_made_in_is_refused_with_the_reason() {
         // sysfs refuses new files even to root, who passes access(2).
+        // (A read-only /sys, as containers mount it, says so instead.)
         let refused = check_file_path(Path::new("/sys/remora-check.json")).unwrap_err();
         assert!(
             matches!(&refused, OutputError::Write { source, .. }
-                if source.kind() == std::io::ErrorKind::PermissionDenied),
+                if matches!(source.kind(), std::io::ErrorKind::PermissionDenied
+                    | std::io::ErrorKind::ReadOnlyFilesystem)),
             "{refused}"
         );
     }

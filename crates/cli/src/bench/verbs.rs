@@ -94,13 +94,20 @@ const SERVER_START_LIMIT: Duration = Duration::from_secs(20);
 /// How long one perftest program may run: its runs take seconds.
 const PERFTEST_LIMIT: Duration = Duration::from_secs(120);
 
+/// This process's ports for perftest: the UDP port of the carrier, and
+/// the TCP port perftest's two processes meet on (`-p`).
+fn perftest_ports() -> (u16, u16) {
+    let port = 21_000 + (std::process::id() % 1_000) as u16 * 4;
+    (port, port + 1)
+}
+
 fn run_perftest(
     libraries: &Path,
     program: &'static str,
     carrier: &'static str,
     arguments: &[String],
 ) -> Result<PerftestRow, VerbsBenchError> {
-    let port = 21_000 + (std::process::id() % 1_000) as u16 * 4;
+    let (port, tcp_port) = perftest_ports();
     let (server_spec, client_spec) = match carrier {
         "udp" => (
             format!("udp 127.0.0.1:{port} 127.0.0.2:{port}"),
@@ -113,7 +120,6 @@ fn run_perftest(
             (spec.clone(), spec)
         }
     };
-    let tcp_port = port + 1;
     let command = |spec: &str| {
         let mut command = Command::new(program);
         command
@@ -154,7 +160,7 @@ fn run_perftest(
             .stderr(Stdio::piped()),
     )?
     .wait_within(PERFTEST_LIMIT)?;
-    // A client that failed (it came before the server listened, say)
+    // A client that failed (refused, or its device would not open)
     // leaves the server waiting for ever in accept: it is killed, not
     // awaited.
     let server = match &client {
@@ -605,27 +611,59 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    /// A perftest client that failed (it came before its server listened)
-    /// left the benchmark waiting for ever on the server, which sat in
-    /// accept. The server is now killed and the failure returned.
-    #[test]
-    fn a_failed_perftest_client_fails_the_run_instead_of_hanging_it() {
-        let directory =
-            std::env::temp_dir().join(format!("remora-fake-perftest-{}", std::process::id()));
+    /// A stand-in for a perftest program: `script` runs as it, for the
+    /// server and the client alike (the client names the server's
+    /// address). Returns its directory and its name.
+    fn fake_perftest(name: &str, script: &str) -> (PathBuf, &'static str) {
+        let directory = std::env::temp_dir().join(format!(
+            "remora-fake-perftest-{name}-{}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&directory).unwrap();
-        let program = directory.join("ib_fake_lat");
-        // The client names the server's address; the server does not.
-        std::fs::write(
-            &program,
-            "#!/bin/sh\ncase \"$*\" in *127.0.0.1*) echo refused >&2; exit 1;; esac\nexec sleep 600\n",
-        )
-        .unwrap();
+        let program = directory.join(name);
+        std::fs::write(&program, script).unwrap();
         std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
         let program: &'static str = Box::leak(program.display().to_string().into_boxed_str());
+        (directory, program)
+    }
+
+    /// A perftest client that failed (refused by its server) left the
+    /// benchmark waiting for ever on the server, which sat in accept. The
+    /// server is now killed and the failure returned.
+    #[test]
+    fn a_failed_perftest_client_fails_the_run_instead_of_hanging_it() {
+        let (directory, program) = fake_perftest(
+            "ib_fake_lat",
+            "#!/bin/sh\ncase \"$*\" in *127.0.0.1*) echo refused >&2; exit 1;; esac\nexec sleep 600\n",
+        );
+        // The server the script fakes sits in accept: this listener is
+        // its listening socket, so the client is started.
+        let (_, tcp_port) = perftest_ports();
+        let _listening = std::net::TcpListener::bind(("127.0.0.1", tcp_port)).unwrap();
         let started = Instant::now();
         let result = run_perftest(&directory, program, "udp", &[]);
         assert!(
             matches!(&result, Err(VerbsBenchError::PerftestFailed { output, .. }) if output.contains("refused")),
+            "{:?}",
+            result.err()
+        );
+        assert!(started.elapsed() < Duration::from_secs(10));
+        std::fs::remove_dir_all(&directory).unwrap();
+    }
+
+    /// A server that ends before it listens (no device, a port taken)
+    /// fails the run with what it said, without starting the client.
+    #[test]
+    fn a_perftest_server_that_ends_before_listening_fails_the_run_with_its_words() {
+        let (directory, program) = fake_perftest(
+            "ib_fake_bw",
+            "#!/bin/sh\ncase \"$*\" in *127.0.0.1*) echo client ran >&2; exit 1;; esac\necho no device found >&2\nexit 1\n",
+        );
+        let started = Instant::now();
+        let result = run_perftest(&directory, program, "udp", &[]);
+        assert!(
+            matches!(&result, Err(VerbsBenchError::PerftestFailed { output, .. })
+                if output.contains("no device found") && !output.contains("client ran")),
             "{:?}",
             result.err()
         );
