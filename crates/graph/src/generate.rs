@@ -67,7 +67,10 @@ pub enum GenerateError {
 }
 
 pub fn generate(spec: GeneratorSpec) -> Result<Graph, GenerateError> {
-    Graph::from_edges(1 << spec.scale, &generate_edges(spec)?, false).map_err(Into::into)
+    // The edges first: they check the scale, which the shift below would
+    // overflow (a panic in a debug build) past 63.
+    let edges = generate_edges(spec)?;
+    Graph::from_edges(1 << spec.scale, &edges, false).map_err(Into::into)
 }
 
 /// The edge list before the CSR is built (with duplicates and loops).
@@ -160,6 +163,24 @@ mod tests {
             assert_eq!(
                 generate_edges(spec),
                 Err(GenerateError::TooManyEdges { scale, degree })
+            );
+        }
+    }
+
+    /// A scale past 63 overflowed the vertex count's shift (a panic in a
+    /// debug build) before the scale was checked.
+    #[test]
+    fn a_scale_past_the_limit_is_refused_not_shifted() {
+        for scale in [0, MAX_SCALE + 1, 64, u32::MAX] {
+            let spec = GeneratorSpec {
+                kind: GraphKind::Kronecker,
+                scale,
+                degree: 4,
+                seed: 1,
+            };
+            assert!(
+                matches!(generate(spec), Err(GenerateError::Scale(refused)) if refused == scale),
+                "scale {scale}"
             );
         }
     }

@@ -7,6 +7,7 @@ use remora_graph::apps::bfs::{bfs, UNREACHED};
 use remora_graph::apps::cc::cc;
 use remora_graph::apps::pagerank::{pagerank, Contributions, PageRankOptions};
 use remora_graph::apps::radii::{self, radii};
+use remora_graph::apps::{run, App, AppError};
 use remora_graph::engine::with_threads;
 use remora_graph::{Graph, Vertex, NO_VERTEX};
 use std::collections::VecDeque;
@@ -296,7 +297,6 @@ impl remora_graph::Placement for CountingPlacement {
 /// values; and a placement that refuses them fails the app with its error.
 #[test]
 fn apps_place_the_values_they_declare_and_fail_when_refused() {
-    use remora_graph::apps::{run, App};
     let graph = small_kronecker();
     for app in App::ALL {
         let values = std::sync::Arc::new(CountingValues::default());
@@ -320,7 +320,28 @@ fn apps_place_the_values_they_declare_and_fail_when_refused() {
         });
         let placed = graph.place(&CountingPlacement(refusing)).unwrap();
         let error = run(app, &placed, 0, 1).unwrap_err();
-        assert_eq!(error.reason, "refused by the test", "{app:?}");
+        assert!(
+            matches!(&error, AppError::Placement(refused) if refused.reason == "refused by the test"),
+            "{app:?}: {error}"
+        );
+    }
+}
+
+/// BFS and BC asserted that their source was a vertex: an empty graph, or
+/// a source past the last vertex, panicked. Both are typed errors now.
+#[test]
+fn a_source_outside_the_graph_is_a_typed_error() {
+    let empty = Graph::from_edges(0, &[], false).unwrap();
+    let three = Graph::from_edges(3, &[(0, 1), (1, 2)], false).unwrap();
+    for (graph, source) in [(&empty, 0), (&three, 3), (&three, Vertex::MAX)] {
+        for app in [App::Bfs, App::Bc] {
+            let error = run(app, graph, source, 1).unwrap_err();
+            assert!(
+                matches!(error, AppError::SourceOutsideGraph { vertex, vertex_count }
+                    if vertex == source && vertex_count == graph.vertex_count()),
+                "{app:?} from {source}: {error}"
+            );
+        }
     }
 }
 
@@ -332,4 +353,35 @@ fn small_kronecker() -> Graph {
         seed: 11,
     })
     .unwrap()
+}
+
+/// A vertex whose dependency is tiny beside 1/σ of itself: c20, at the
+/// end of a lone chain (σ = 1), shares a child with twenty layers of three
+/// (σ = 3^20 + 1 at the child), so δ(c20) = 1/(3^20 + 1), about 2.9e-10.
+/// Its score came from (1 + 2.9e-10) − 1, wrong from the seventh digit.
+#[test]
+fn bc_keeps_a_dependency_far_below_one_over_the_path_count() {
+    let chain: Vec<Vertex> = (1..=20).collect();
+    let layer = |k: u32| (0..3).map(move |i| 21 + 3 * (k - 1) + i);
+    let child: Vertex = 81;
+    let mut edges = vec![(0, chain[0])];
+    edges.extend(chain.windows(2).map(|pair| (pair[0], pair[1])));
+    edges.push((chain[19], child));
+    edges.extend(layer(1).map(|member| (0, member)));
+    for k in 1..20 {
+        for from in layer(k) {
+            edges.extend(layer(k + 1).map(|to| (from, to)));
+        }
+    }
+    edges.extend(layer(20).map(|member| (member, child)));
+    let graph = Graph::from_edges(82, &edges, true).unwrap();
+    let wanted = brandes(&graph, 0);
+    assert!(wanted[20] > 0.0 && wanted[20] < 1e-9, "{}", wanted[20]);
+    let result = bc(&graph, 0).unwrap();
+    for (vertex, (got, wanted)) in result.scores.iter().zip(&wanted).enumerate() {
+        assert!(
+            close(*got, *wanted, 1e-9),
+            "vertex {vertex}: {got} against {wanted}"
+        );
+    }
 }

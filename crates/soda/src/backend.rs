@@ -11,7 +11,7 @@ use crate::store::{Advice, ChunkStore, FileStore, InProcessStore, StoreError};
 use remora_graph::apps::{self, App, AppResult};
 use remora_graph::csr::VALUES_PREFIX;
 use remora_graph::engine::with_threads;
-use remora_graph::{Graph, PlacementError, Vertex};
+use remora_graph::{Graph, Vertex};
 use remora_rack::topology::Topology;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -436,25 +436,26 @@ pub fn run_beside(
         memories.push(memory);
     }
     let before = rack_report(&rack, 0.0);
-    let outcomes: Vec<(Result<AppResult, PlacementError>, f64)> = std::thread::scope(|scope| {
-        let workers: Vec<_> = apps
-            .iter()
-            .zip(&graphs)
-            .map(|(&app, far_graph)| {
-                scope.spawn(move || {
-                    with_threads(options.threads, || {
-                        let started = Instant::now();
-                        let result = apps::run(app, far_graph, options.source, options.seed);
-                        (result, started.elapsed().as_secs_f64())
+    let outcomes: Vec<(Result<AppResult, remora_graph::apps::AppError>, f64)> =
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = apps
+                .iter()
+                .zip(&graphs)
+                .map(|(&app, far_graph)| {
+                    scope.spawn(move || {
+                        with_threads(options.threads, || {
+                            let started = Instant::now();
+                            let result = apps::run(app, far_graph, options.source, options.seed);
+                            (result, started.elapsed().as_secs_f64())
+                        })
                     })
                 })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|worker| worker.join().expect("an application thread"))
-            .collect()
-    });
+                .collect();
+            workers
+                .into_iter()
+                .map(|worker| worker.join().expect("an application thread"))
+                .collect()
+        });
     drop(graphs);
     let stats: Vec<FarMemoryStats> = memories.iter().map(FarMemory::stats).collect();
     drop(memories);

@@ -84,6 +84,8 @@ pub enum SodaError {
     Lost { object: ObjectId, reason: String },
     #[error(transparent)]
     Placement(#[from] remora_graph::PlacementError),
+    #[error(transparent)]
+    App(#[from] remora_graph::apps::AppError),
     #[error("object of {bytes} bytes is not a whole number of {element}-byte elements")]
     Misaligned { bytes: usize, element: usize },
     #[error("the far memory is closed: no more objects can be allocated")]

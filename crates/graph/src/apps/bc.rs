@@ -4,10 +4,11 @@
 //! dependencies.
 
 use crate::apps::F64Word;
+use crate::apps::{check_source, AppError};
 use crate::csr::{Direction, Graph};
 use crate::engine::{edge_map, vertex_map, EdgeFunction};
 use crate::frontier::Frontier;
-use crate::{PlacementError, Vertex};
+use crate::Vertex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -51,22 +52,30 @@ impl EdgeFunction for CountPaths<'_> {
     }
 }
 
+/// Along a reversed edge from a child `source` to its parent
+/// `destination`: the parent's dependency' gains 1/σ(child) plus the
+/// child's dependency'.
 struct AddDependencies<'a> {
     dependencies: &'a [AtomicU64],
+    inverse_paths: &'a [AtomicU64],
     visited: &'a [AtomicU32],
+}
+
+impl AddDependencies<'_> {
+    fn share_of(&self, child: Vertex) -> f64 {
+        self.inverse_paths[child as usize].load_f64() + self.dependencies[child as usize].load_f64()
+    }
 }
 
 impl EdgeFunction for AddDependencies<'_> {
     fn update(&self, source: Vertex, destination: Vertex) -> bool {
-        let sum = self.dependencies[destination as usize].load_f64()
-            + self.dependencies[source as usize].load_f64();
+        let sum = self.dependencies[destination as usize].load_f64() + self.share_of(source);
         self.dependencies[destination as usize].store_f64(sum);
         false
     }
 
     fn update_atomic(&self, source: Vertex, destination: Vertex) -> bool {
-        self.dependencies[destination as usize]
-            .fetch_add_f64(self.dependencies[source as usize].load_f64());
+        self.dependencies[destination as usize].fetch_add_f64(self.share_of(source));
         false
     }
 
@@ -75,9 +84,9 @@ impl EdgeFunction for AddDependencies<'_> {
     }
 }
 
-pub fn bc(graph: &Graph, source: Vertex) -> Result<BcResult, PlacementError> {
+pub fn bc(graph: &Graph, source: Vertex) -> Result<BcResult, AppError> {
     let vertex_count = graph.vertex_count();
-    assert!((source as usize) < vertex_count, "source is a vertex");
+    check_source(source, vertex_count)?;
     let paths_values = graph.values64("bc paths", |_| 0.0f64.to_bits())?;
     let visited_values = graph.values32("bc visited", |_| 0)?;
     // Plain slices, taken once: indexing an `Array` goes through its
@@ -87,8 +96,10 @@ pub fn bc(graph: &Graph, source: Vertex) -> Result<BcResult, PlacementError> {
     set_visited(visited, source as usize, true);
     let levels = count_paths(graph, source, paths, visited);
 
-    // Backward: dependency'(v) = 1/σ(v) + Σ over children w of
-    // dependency'(w); the score is σ(v)·dependency'(v) − 1.
+    // Backward: dependency'(v) = Σ over children w of (1/σ(w) +
+    // dependency'(w)), and the score is σ(v)·dependency'(v). (Ligra adds
+    // 1/σ(v) into v's own sum and takes it off again at the end: a sum far
+    // smaller than 1/σ(v) lost its low bits to that subtraction.)
     let inverse_values = graph.values64("bc inverse paths", |vertex| {
         let count = paths[vertex].load_f64();
         let inverse = if count == 0.0 { 0.0 } else { 1.0 / count };
@@ -101,15 +112,11 @@ pub fn bc(graph: &Graph, source: Vertex) -> Result<BcResult, PlacementError> {
     visited
         .iter()
         .for_each(|flag| flag.store(0, Ordering::Relaxed));
-    let settle = |level: &Frontier| {
-        vertex_map(level, |vertex| {
-            let vertex = vertex as usize;
-            set_visited(visited, vertex, true);
-            dependencies[vertex].fetch_add_f64(inverse(vertex));
-        })
-    };
+    let settle =
+        |level: &Frontier| vertex_map(level, |vertex| set_visited(visited, vertex as usize, true));
     let function = AddDependencies {
         dependencies,
+        inverse_paths,
         visited,
     };
     let mut levels = levels.into_iter().rev();
@@ -127,7 +134,7 @@ pub fn bc(graph: &Graph, source: Vertex) -> Result<BcResult, PlacementError> {
             if vertex == source as usize || inverse(vertex) == 0.0 {
                 0.0
             } else {
-                (dependencies[vertex].load_f64() - inverse(vertex)) / inverse(vertex)
+                dependencies[vertex].load_f64() * paths[vertex].load_f64()
             }
         })
         .collect();

@@ -1,10 +1,10 @@
 //! Breadth-first search: a parent and a depth for every reached vertex.
 
-use crate::apps::read_words32;
+use crate::apps::{check_source, read_words32, AppError};
 use crate::csr::{Direction, Graph};
 use crate::engine::{edge_map, vertex_map, EdgeFunction};
 use crate::frontier::Frontier;
-use crate::{PlacementError, Vertex, NO_VERTEX};
+use crate::{Vertex, NO_VERTEX};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Depth of a vertex the search never reached.
@@ -40,9 +40,9 @@ impl EdgeFunction for ClaimParent<'_> {
     }
 }
 
-pub fn bfs(graph: &Graph, source: Vertex) -> Result<BfsResult, PlacementError> {
+pub fn bfs(graph: &Graph, source: Vertex) -> Result<BfsResult, AppError> {
     let vertex_count = graph.vertex_count();
-    assert!((source as usize) < vertex_count, "source is a vertex");
+    check_source(source, vertex_count)?;
     let parents_values = graph.values32("bfs parents", |_| NO_VERTEX)?;
     let depths_values = graph.values32("bfs depths", |_| UNREACHED)?;
     // Plain slices, taken once: indexing an `Array` goes through its

@@ -6,7 +6,7 @@ pub mod cc;
 pub mod pagerank;
 pub mod radii;
 
-use crate::PlacementError;
+use crate::{PlacementError, Vertex};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -136,14 +136,36 @@ pub enum ResultMismatch {
     },
 }
 
+/// Why an application could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Placement(#[from] PlacementError),
+    #[error("source vertex {vertex} is not one of the graph's {vertex_count} vertices")]
+    SourceOutsideGraph { vertex: Vertex, vertex_count: usize },
+}
+
+/// Checks that `source` is a vertex of a graph of `vertex_count`.
+pub(crate) fn check_source(source: Vertex, vertex_count: usize) -> Result<(), AppError> {
+    if (source as usize) < vertex_count {
+        Ok(())
+    } else {
+        Err(AppError::SourceOutsideGraph {
+            vertex: source,
+            vertex_count,
+        })
+    }
+}
+
 /// Runs `app` from `source` (BFS and BC) with `seed` (Radii's sampling).
-/// Fails only if the graph's placement cannot hold the app's values.
+/// Fails if `source` is not a vertex (BFS and BC) or the graph's
+/// placement cannot hold the app's values.
 pub fn run(
     app: App,
     graph: &crate::Graph,
     source: crate::Vertex,
     seed: u64,
-) -> Result<AppResult, PlacementError> {
+) -> Result<AppResult, AppError> {
     Ok(match app {
         App::Bfs => AppResult::Bfs(bfs::bfs(graph, source)?),
         App::PageRank => AppResult::PageRank(pagerank::pagerank(graph, Default::default())?),
