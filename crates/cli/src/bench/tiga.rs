@@ -20,7 +20,7 @@ use super::report::{measured_ratio, minimum_keeping_unmeasured, size_label, Repo
 use indicatif::{ProgressBar, ProgressStyle};
 use remora_tiga::apps::{App, DEFAULT_PAYLOAD_BYTES};
 use remora_tiga::calibration::{soc_stage_costs_ns, Calibration, CostCurve};
-use remora_tiga::config::SocConfig;
+use remora_tiga::config::{ConfigError, SocConfig};
 use remora_tiga::simulation::{self, PayloadSchedule, RunReport, Scheme, Workload};
 use std::path::Path;
 
@@ -54,11 +54,13 @@ pub enum TigaBenchError {
     #[error("reading {path}: {error}")]
     ConfigFile { path: String, error: String },
     #[error("settings: {0}")]
-    Config(#[from] remora_tiga::config::ConfigError),
+    Config(#[from] ConfigError),
     #[error("progress bar: {0}")]
     Progress(String),
     #[error("reading the calibration in {path}: {error}")]
     CalibrationFile { path: String, error: String },
+    #[error("splitting the SoC cores: {0}")]
+    Allocation(#[from] remora_tiga::allocator::AllocationError),
 }
 
 /// The calibration of an earlier run, from its `--json` report (under
@@ -195,7 +197,7 @@ impl Bench {
     /// serves an equal share of the requests, which cancels in the ratio.
     /// The best split is the allocator's own rounding (each core to the
     /// bottleneck), which maximises the slowest stage.
-    fn partition_bound(&self, apps: &[App], config: &SocConfig) -> f64 {
+    fn partition_bound(&self, apps: &[App], config: &SocConfig) -> Result<f64, TigaBenchError> {
         let costs: Vec<f64> = apps
             .iter()
             .flat_map(|&app| soc_stage_costs_ns(&self.calibration, app, config.slowdown))
@@ -209,11 +211,10 @@ impl Bench {
         };
         let split = |capacities: Vec<f64>| {
             remora_tiga::allocator::proportional_allocation(&capacities, config.soc_cores)
-                .expect("validated cores, positive costs")
         };
-        let even = split(vec![1.0; costs.len()]);
-        let best = split(costs.iter().map(|cost| 1.0 / cost).collect());
-        throughput(&best) / throughput(&even)
+        let even = split(vec![1.0; costs.len()])?;
+        let best = split(costs.iter().map(|cost| 1.0 / cost).collect())?;
+        Ok(throughput(&best) / throughput(&even))
     }
 
     fn record(&mut self, variant: &str, run: &RunReport) {
@@ -288,6 +289,7 @@ fn run_checked(
         progress,
         report,
     };
+    check_planned_settings(&bench.config, &bench.calibration, quick)?;
     print_calibration(&bench);
     fig6_and_fig2_fig3(&mut bench)?;
     fig7_and_fig8(&mut bench, quick)?;
@@ -350,10 +352,66 @@ fn print_calibration(bench: &Bench) {
     );
 }
 
+/// Fig. 6's application sets: each app alone, then the three together.
+fn fig6_app_sets() -> Vec<Vec<App>> {
+    let mut sets: Vec<Vec<App>> = App::ALL.iter().map(|&app| vec![app]).collect();
+    sets.push(App::ALL.to_vec());
+    sets
+}
+
+/// Every setting the benchmark will run with, checked before the first
+/// run: settings that passed on their own could still stop the benchmark
+/// at Fig. 5 or a sweep (a detection past a shorter period, too few cores
+/// for the three apps together), after minutes, with every figure lost.
+fn check_planned_settings(
+    base: &SocConfig,
+    calibration: &Calibration,
+    quick: bool,
+) -> Result<(), TigaBenchError> {
+    let mut planned: Vec<SocConfig> = vec![base.clone()];
+    planned.extend(
+        fig5_periods_s(quick)
+            .iter()
+            .map(|&period| fig5_config(base, period)),
+    );
+    if !quick {
+        planned.extend(
+            sweep_variants(base, calibration)
+                .into_iter()
+                .map(|(_, config)| config),
+        );
+    }
+    let most_stages = fig6_app_sets()
+        .iter()
+        .map(|apps| apps.iter().map(|app| app.stages().len()).sum::<usize>())
+        .max()
+        .unwrap_or(0);
+    for config in &planned {
+        config.validate()?;
+        let detection_ns = config
+            .detection_ns
+            .unwrap_or(calibration.detection_ns * config.slowdown);
+        if detection_ns >= config.detection_period_ns as f64 {
+            return Err(ConfigError::DetectionPastPeriod {
+                detection_ns,
+                period_ns: config.detection_period_ns,
+            }
+            .into());
+        }
+        if config.soc_cores < most_stages {
+            return Err(remora_tiga::allocator::AllocationError::TooFewCores {
+                cores: config.soc_cores,
+                agents: most_stages,
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
 fn fig6_and_fig2_fig3(bench: &mut Bench) -> Result<(), TigaBenchError> {
     let config = bench.config.clone();
-    let mut configurations: Vec<Vec<App>> = App::ALL.iter().map(|&app| vec![app]).collect();
-    configurations.push(App::ALL.to_vec());
+    let configurations = fig6_app_sets();
     println!("Fig. 6: maximum sustainable throughput, SmartNIC alone (Mrequests/s)");
     println!(
         "  {:<16} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>12}",
@@ -371,7 +429,7 @@ fn fig6_and_fig2_fig3(bench: &mut Bench) -> Result<(), TigaBenchError> {
             throughput.push(run.throughput_per_second);
             runs.push(run);
         }
-        let bound = bench.partition_bound(&apps, &config);
+        let bound = bench.partition_bound(&apps, &config)?;
         let tiga_over_fair = throughput[0] / throughput[1];
         bench.progress.suspend(|| {
             println!(
@@ -640,22 +698,32 @@ fn fig8(
 /// Fig. 5: detection and reallocation overhead (SoC core time on them,
 /// per second per core) against the detection period, with the payload
 /// alternating between 1 KiB and 4 KiB at two intervals.
-fn fig5(bench: &mut Bench, quick: bool) -> Result<(), TigaBenchError> {
-    let periods_s: &[f64] = if quick {
+/// Fig. 5's detection periods, in seconds.
+fn fig5_periods_s(quick: bool) -> &'static [f64] {
+    if quick {
         &[0.01, 0.1]
     } else {
         &[0.01, 0.05, 0.1, 0.5]
-    };
+    }
+}
+
+/// The settings Fig. 5 runs with at a detection period of `period_s`.
+fn fig5_config(base: &SocConfig, period_s: f64) -> SocConfig {
+    SocConfig {
+        detection_period_ns: (period_s * 1e9) as u64,
+        ..base.clone()
+    }
+}
+
+fn fig5(bench: &mut Bench, quick: bool) -> Result<(), TigaBenchError> {
+    let periods_s = fig5_periods_s(quick);
     let intervals_s = [0.2, 1.0];
     let duration = if quick { 2 * SECOND_NS } else { 4 * SECOND_NS };
     println!("\nFig. 5: overhead (s per s per core) against the detection period");
     for interval in intervals_s {
         let mut points = Vec::new();
         for &period in periods_s {
-            let config = SocConfig {
-                detection_period_ns: (period * 1e9) as u64,
-                ..bench.config.clone()
-            };
+            let config = fig5_config(&bench.config, period);
             let offered = SATURATION_FACTOR * bench.fluid_capacity(&[App::Mvs], &config);
             let mut workload = bench.workload(&[App::Mvs], offered, duration);
             workload.payload = PayloadSchedule::Alternating {
@@ -727,17 +795,16 @@ fn payload_shift(bench: &mut Bench) -> Result<(), TigaBenchError> {
     Ok(())
 }
 
-/// Full run: MVS's Fig. 6 ratios under other slowdowns, context-switch
-/// costs and detection costs, each against its default.
-fn sweeps(bench: &mut Bench) -> Result<(), TigaBenchError> {
-    let base = bench.config.clone();
+/// The settings the sweeps run with, by name: the slowdown, the context
+/// switch and the detection, each scaled about the base.
+fn sweep_variants(base: &SocConfig, calibration: &Calibration) -> Vec<(String, SocConfig)> {
     let context_switch = base
         .context_switch_ns
-        .unwrap_or(bench.calibration.context_switch_ns * base.slowdown);
+        .unwrap_or(calibration.context_switch_ns * base.slowdown);
     let detection = base
         .detection_ns
-        .unwrap_or(bench.calibration.detection_ns * base.slowdown);
-    let variants: Vec<(String, SocConfig)> = [4.0, 8.8, 16.0]
+        .unwrap_or(calibration.detection_ns * base.slowdown);
+    [4.0, 8.8, 16.0]
         .iter()
         .map(|&slowdown| {
             (
@@ -766,7 +833,13 @@ fn sweeps(bench: &mut Bench) -> Result<(), TigaBenchError> {
                 },
             )
         }))
-        .collect();
+        .collect()
+}
+
+/// Full run: MVS's Fig. 6 ratios under other slowdowns, context-switch
+/// costs and detection costs, each against its default.
+fn sweeps(bench: &mut Bench) -> Result<(), TigaBenchError> {
+    let variants = sweep_variants(&bench.config, &bench.calibration);
     println!("\nsweeps (MVS, SmartNIC alone): tiga over fairnic / floem / ipipe");
     for (name, config) in variants {
         let offered = SATURATION_FACTOR * bench.fluid_capacity(&[App::Mvs], &config);
@@ -952,6 +1025,42 @@ mod tests {
         CnLoad {
             served_per_second,
             cores_busy,
+        }
+    }
+
+    /// Settings that passed on their own stopped the benchmark at Fig. 5
+    /// or a sweep, after minutes of runs: a detection of 20 ms is past
+    /// Fig. 5's 10 ms period, and four cores cannot run the three apps'
+    /// six stages together. Both are refused before the first run.
+    #[test]
+    fn settings_a_later_figure_cannot_run_are_refused_before_the_first_run() {
+        let calibration = Calibration::measure(3).unwrap();
+        let slow_detection = SocConfig {
+            detection_ns: Some(2e7),
+            ..SocConfig::default()
+        };
+        slow_detection.validate().unwrap();
+        assert!(matches!(
+            check_planned_settings(&slow_detection, &calibration, true),
+            Err(TigaBenchError::Config(ConfigError::DetectionPastPeriod { period_ns, .. }))
+                if period_ns == 10_000_000
+        ));
+        let few_cores = SocConfig {
+            soc_cores: 4,
+            ..SocConfig::default()
+        };
+        few_cores.validate().unwrap();
+        assert!(matches!(
+            check_planned_settings(&few_cores, &calibration, true),
+            Err(TigaBenchError::Allocation(
+                remora_tiga::allocator::AllocationError::TooFewCores {
+                    cores: 4,
+                    agents: 6
+                }
+            ))
+        ));
+        for quick in [true, false] {
+            check_planned_settings(&SocConfig::default(), &calibration, quick).unwrap();
         }
     }
 
