@@ -220,6 +220,13 @@ pub struct RunReport {
     /// The most items that waited at once in the DN host's queue (iPipe
     /// with the host; 0 otherwise).
     pub host_queue_peak: usize,
+    /// The DN host's busy cores in the window (iPipe with the host; 0
+    /// otherwise): a host CPU apart from the CN's, reported on its own
+    /// rather than left out.
+    pub dn_host_cores_busy: f64,
+    /// Completions whose last stage ran on the DN host (counted in
+    /// `completed_on_nic` too: the NIC sends them out).
+    pub completed_on_dn_host: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -359,6 +366,8 @@ struct Measures {
     rejected: u64,
     completed_in_window: u64,
     cn_busy_ns: f64,
+    dn_host_busy_ns: f64,
+    completed_on_dn_host: u64,
     soc_compute_ns: f64,
     soc_context_switch_ns: f64,
     soc_overhead_ns: f64,
@@ -936,6 +945,7 @@ impl<'a> Run<'a> {
         host.cores[index] = CpuState::Idle;
         if self.stages[stage].last {
             // The DN finished it (on its host CPU): outbound for the NIC.
+            self.measures.completed_on_dn_host += 1;
             self.complete(item, now, true);
         } else if !self.pass_on(item, stage + 1, Waiter::Host(index), now) {
             let host = self.host.as_mut().expect("checked above");
@@ -1098,6 +1108,7 @@ impl<'a> Run<'a> {
         };
         pool.cores[index] = CpuState::Busy { item, stage };
         if on_host {
+            self.measures.dn_host_busy_ns += self.window_overlap(begin, done);
             self.schedule(done, Event::HostDone(index as u32));
         } else {
             self.measures.cn_busy_ns += self.window_overlap(begin, done);
@@ -1324,6 +1335,8 @@ impl<'a> Run<'a> {
             timeline: std::mem::take(&mut self.timeline),
             sampled_checks: measures.sampled_checks,
             host_queue_peak: measures.host_queue_peak,
+            dn_host_cores_busy: measures.dn_host_busy_ns / window_ns,
+            completed_on_dn_host: measures.completed_on_dn_host,
         })
     }
 }

@@ -136,6 +136,20 @@ fn ipipe_migrates(payload: usize, slowest_stage: usize) {
         with_host.throughput_per_second,
         alone.throughput_per_second
     );
+    // The DN host's CPU was busy, and is reported (it went uncounted, so
+    // iPipe looked free of any host's CPU), apart from the CN's.
+    assert!(
+        with_host.dn_host_cores_busy > 0.1,
+        "{payload} B: the DN host was busy {} cores",
+        with_host.dn_host_cores_busy
+    );
+    assert!(with_host.dn_host_cores_busy <= config.cn_cores as f64 + 1e-9);
+    assert_eq!(alone.dn_host_cores_busy, 0.0);
+    assert_eq!(alone.completed_on_dn_host, 0);
+    if slowest_stage == 1 {
+        // The last stage runs on the host: its completions end there.
+        assert!(with_host.completed_on_dn_host > 0);
+    }
 }
 
 /// The SoC cores feeding a stage iPipe migrated to the DN host put items

@@ -238,6 +238,14 @@ impl Bench {
             "us",
         );
         report.add(variant, "cn_cpu_cores", run.cn_cores_busy, "cores");
+        // iPipe's migrated actors run on the DN host: its own CPU, apart
+        // from the CN's and the SoC's.
+        report.add(
+            variant,
+            "dn_host_cpu_cores",
+            run.dn_host_cores_busy,
+            "cores",
+        );
         report.add(variant, "rejected", run.rejected as f64, "requests");
         report.add(
             variant,
