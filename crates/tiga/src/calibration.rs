@@ -108,6 +108,11 @@ pub struct Calibration {
     /// method: two threads on one core passing a byte through pipes,
     /// minus the same pipe traffic within one thread, per switch).
     pub context_switch_ns: f64,
+    /// Whether both threads of the context-switch measurement ran pinned
+    /// to one core. Unpinned (a container may refuse it), it measured a
+    /// wake-up across cores instead. None in a file that predates this.
+    #[serde(default)]
+    pub context_switch_pinned: Option<bool>,
     /// One detection: the allocator's real code (counters to Eq. 4) for
     /// eight PAs, in ns.
     pub detection_ns: f64,
@@ -237,10 +242,12 @@ impl Calibration {
             .into_iter()
             .map(|app| calibrate_app(app, repetitions))
             .collect::<Result<Vec<_>, _>>()?;
+        let (context_switch_ns, pinned) =
+            context_switch_ns(repetitions).map_err(CalibrationError::ContextSwitch)?;
         Ok(Calibration {
             apps,
-            context_switch_ns: context_switch_ns(repetitions)
-                .map_err(CalibrationError::ContextSwitch)?,
+            context_switch_ns,
+            context_switch_pinned: Some(pinned),
             detection_ns: detection_ns(repetitions),
             repetitions,
         })
@@ -269,6 +276,7 @@ impl Calibration {
         Calibration {
             apps,
             context_switch_ns: 1_500.0,
+            context_switch_pinned: None,
             detection_ns: 200.0,
             repetitions: 0,
         }
@@ -370,18 +378,19 @@ fn calibrate_app(app: App, repetitions: usize) -> Result<AppCalibration, Calibra
 }
 
 /// lmbench's `lat_ctx` method: a token passed around two threads pinned to
-/// one core through two pipes, per switch, less the pipe traffic alone.
-fn context_switch_ns(repetitions: usize) -> std::io::Result<f64> {
+/// one core through two pipes, per switch, less the pipe traffic alone;
+/// and whether both threads were pinned.
+fn context_switch_ns(repetitions: usize) -> std::io::Result<(f64, bool)> {
     use std::io::{Read, Write};
     const ROUND_TRIPS: usize = 2_000;
     let (mut to_partner_read, mut to_partner_write) = std::io::pipe()?;
     let (mut from_partner_read, mut from_partner_write) = std::io::pipe()?;
-    let partner = std::thread::spawn(move || -> std::io::Result<()> {
-        let _pinned = OneCore::pin();
+    let partner = std::thread::spawn(move || -> std::io::Result<bool> {
+        let pinned = OneCore::pin();
         let mut token = [0u8; 1];
         loop {
             if to_partner_read.read(&mut token)? == 0 {
-                return Ok(());
+                return Ok(pinned.pinned);
             }
             from_partner_write.write_all(&token)?;
         }
@@ -398,9 +407,10 @@ fn context_switch_ns(repetitions: usize) -> std::io::Result<f64> {
         samples.push(started.elapsed().as_nanos() as f64 / ROUND_TRIPS as f64);
     }
     drop(to_partner_write);
-    partner
+    let partner_pinned = partner
         .join()
         .map_err(|_| std::io::Error::other("partner thread panicked"))??;
+    let both_pinned = pinned.pinned && partner_pinned;
     drop(pinned);
     // The same two writes and two reads per round trip, in one thread.
     let (mut alone_read, mut alone_write) = std::io::pipe()?;
@@ -411,7 +421,7 @@ fn context_switch_ns(repetitions: usize) -> std::io::Result<f64> {
     samples.sort_by(f64::total_cmp);
     let round_trip = samples[samples.len() / 2];
     // Two switches per round trip.
-    Ok(((round_trip - 2.0 * pipe_only) / 2.0).max(0.0))
+    Ok((((round_trip - 2.0 * pipe_only) / 2.0).max(0.0), both_pinned))
 }
 
 /// The calling thread pinned to the first CPU it may run on, until
@@ -421,6 +431,8 @@ fn context_switch_ns(repetitions: usize) -> std::io::Result<f64> {
 /// outside its set failed to pin.)
 struct OneCore {
     before: Option<rustix::thread::CpuSet>,
+    /// Whether the system let the thread be pinned.
+    pinned: bool,
 }
 
 impl OneCore {
@@ -432,9 +444,10 @@ impl OneCore {
         let mut one = rustix::thread::CpuSet::new();
         one.set(first.unwrap_or(0));
         // Pinning is best effort: a container may refuse it, and the
-        // measurement is then two cores' wake-up, which the JSON shows.
-        let _ = rustix::thread::sched_setaffinity(None, &one);
-        OneCore { before }
+        // measurement is then two cores' wake-up, which the calibration
+        // says (`context_switch_pinned`).
+        let pinned = rustix::thread::sched_setaffinity(None, &one).is_ok();
+        OneCore { before, pinned }
     }
 }
 
@@ -481,7 +494,8 @@ mod tests {
             let mut only_second = rustix::thread::CpuSet::new();
             only_second.set(1);
             rustix::thread::sched_setaffinity(None, &only_second).unwrap();
-            context_switch_ns(3).unwrap();
+            let (_, pinned) = context_switch_ns(3).unwrap();
+            assert!(pinned, "both threads pinned to the first CPU of the set");
             let after = rustix::thread::sched_getaffinity(None).unwrap();
             assert!(
                 after.is_set(1) && !after.is_set(0),

@@ -354,8 +354,13 @@ fn print_calibration(bench: &Bench) {
             medians(&app.cpu_version),
         );
     }
+    let pinned = match bench.calibration.context_switch_pinned {
+        Some(true) => "",
+        Some(false) => " (unpinned: a wake-up across cores, not a switch)",
+        None => " (pinning not recorded)",
+    };
     println!(
-        "  context switch {:.0} ns here, detection {:.0} ns here\n",
+        "  context switch {:.0} ns here{pinned}, detection {:.0} ns here\n",
         bench.calibration.context_switch_ns, bench.calibration.detection_ns
     );
 }
