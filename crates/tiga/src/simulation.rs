@@ -1152,20 +1152,24 @@ impl<'a> Run<'a> {
             self.ipipe_watch(now, mismatch);
             mismatch
         };
-        // Reading the counters stalls every core for a detection. An idle
-        // core pauses now, and its stall is counted here; a working core
-        // owes the stall, and `begin` counts it when the core pays it
-        // (counting it here too counted it twice).
+        // Reading the counters stalls every core for a detection. A core
+        // at work owes the stall, and `begin` counts it when the core pays
+        // it (counting it here too counted it twice). A core that is not
+        // working (idle, blocked on a full queue, moving) pauses now, and
+        // its stall is counted here: the stall overlaps the wait, so
+        // however many detections pass during one wait, the core starts
+        // at most one detection late. (Owed as debts, a core blocked
+        // through several detections paid them all after the wait.)
         let detection_ns = self.costs.detection_ns;
         let mut paused_cores = 0usize;
         for index in 0..self.cores.len() {
             let core = &mut self.cores[index];
             match core.state {
-                CoreState::Idle => {
+                CoreState::Busy { .. } => core.debt_ns += detection_ns,
+                CoreState::Idle | CoreState::Blocked { .. } | CoreState::Moving => {
                     core.paused_until_ns = core.paused_until_ns.max(now + detection_ns);
                     paused_cores += 1;
                 }
-                _ => core.debt_ns += detection_ns,
             }
         }
         self.measures.soc_overhead_ns +=
@@ -1444,6 +1448,25 @@ mod tests {
         };
         let expected = (500.0 * ratio).round() as usize;
         assert_eq!((forwarded(0), forwarded(1)), (expected, expected));
+    }
+
+    /// A core blocked on a full queue through three detections owed all
+    /// three stalls, and paid them one after another once it could go on.
+    /// The stalls overlap its wait: it starts one detection late at most.
+    #[test]
+    fn a_core_blocked_through_detections_starts_at_most_one_detection_late() {
+        let (workload, config) = (workload(), SocConfig::default());
+        let calibration = Calibration::fixed_for_tests();
+        let (mut run, item) = run_of_one_request(&workload, &config, &calibration);
+        run.cores[0].state = CoreState::Blocked { item };
+        let detection_ns = run.costs.detection_ns;
+        let period_ns = config.detection_period_ns;
+        for at in 1..=3 {
+            run.detect(at * period_ns);
+        }
+        let core = &run.cores[0];
+        assert_eq!(core.debt_ns, 0);
+        assert_eq!(core.paused_until_ns, 3 * period_ns + detection_ns);
     }
 
     /// The exactly-once check the benchmark's runs rely on catches a
