@@ -352,3 +352,32 @@ fn a_run_with_too_many_detection_periods_is_refused() {
         "{refused:?}"
     );
 }
+
+/// A CPU-only fetch and a forwarded request take their data out of the
+/// DN's memory over its DMA, as the rack's engine reads it before it
+/// sends: the simulation skipped the DMA on both, so a slow DMA did not
+/// slow CPU-only at all. At 1 MB/s and 1 KiB a request, it serves at
+/// most about a thousand requests a second.
+#[test]
+fn a_cpu_only_fetch_takes_its_data_over_the_dn_dma() {
+    let slow_dma = SocConfig {
+        dma_bytes_per_second: 1e6,
+        cn_cores: 8,
+        ..config()
+    };
+    let load = workload(App::Mvs, 20_000.0, 200);
+    let report = run(
+        Scheme::CpuOnly,
+        &load,
+        &slow_dma,
+        &Calibration::fixed_for_tests(),
+    )
+    .unwrap();
+    let dma_bound = 1e6 / 1024.0;
+    assert!(
+        report.throughput_per_second <= 1.1 * dma_bound,
+        "CPU-only served {}/s past the DMA's {dma_bound:.0}/s",
+        report.throughput_per_second
+    );
+    assert!(report.throughput_per_second > 0.5 * dma_bound);
+}
