@@ -33,12 +33,38 @@ pub fn any_graph_file(data: &[u8]) -> bool {
         return false;
     };
     let vertex_count = graph.vertex_count();
-    let ((offsets, neighbours), _) = graph.arrays();
+    let (outgoing, incoming) = graph.arrays();
+    for (offsets, neighbours) in std::iter::once(outgoing).chain(incoming) {
+        assert_valid_adjacency(offsets, neighbours, vertex_count);
+    }
+    // The in-edges are the out-edges reversed, each as often. (An
+    // undirected graph's in-edges are its out-edges: it is symmetric.)
+    let mut forward: Vec<(Vertex, Vertex)> = Vec::new();
+    let mut reversed: Vec<(Vertex, Vertex)> = Vec::new();
+    for vertex in 0..vertex_count as Vertex {
+        forward.extend(graph.out_neighbours(vertex).iter().map(|&to| (vertex, to)));
+        reversed.extend(
+            graph
+                .in_neighbours(vertex)
+                .iter()
+                .map(|&from| (from, vertex)),
+        );
+    }
+    forward.sort_unstable();
+    reversed.sort_unstable();
+    assert_eq!(
+        forward, reversed,
+        "the in-edges are not the out-edges reversed"
+    );
+    true
+}
+
+/// One direction of a CSR: offsets from 0, never falling, ending at the
+/// neighbours' count, and every neighbour a vertex.
+fn assert_valid_adjacency(offsets: &[u64], neighbours: &[Vertex], vertex_count: usize) {
     assert_eq!(offsets.len(), vertex_count + 1);
+    assert_eq!(offsets[0], 0);
+    assert!(offsets.windows(2).all(|pair| pair[0] <= pair[1]));
     assert_eq!(offsets[vertex_count] as usize, neighbours.len());
     assert!(neighbours.iter().all(|&v| (v as usize) < vertex_count));
-    for vertex in 0..vertex_count as Vertex {
-        let _ = graph.in_neighbours(vertex);
-    }
-    true
 }
