@@ -1177,9 +1177,14 @@ impl<'a> Run<'a> {
             let core = &mut self.cores[index];
             match core.state {
                 CoreState::Busy { .. } => core.debt_ns += detection_ns,
-                CoreState::Idle | CoreState::Blocked { .. } | CoreState::Moving => {
+                CoreState::Idle | CoreState::Blocked { .. } => {
                     core.paused_until_ns = core.paused_until_ns.max(now + detection_ns);
                     paused_cores += 1;
+                }
+                // Its move is charged as overhead already, and the stall
+                // falls within it: paused, but not counted twice.
+                CoreState::Moving => {
+                    core.paused_until_ns = core.paused_until_ns.max(now + detection_ns);
                 }
             }
         }
