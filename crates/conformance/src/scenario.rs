@@ -653,7 +653,13 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         link,
     } = build(seed, config);
     let safety_end = Timestamp::ZERO.saturating_add(config.safety_phase());
-    sim.run_until(safety_end, config.max_events);
+    let safety = sim.run_until(safety_end, config.max_events);
+    // The safety phase ends at its deadline, not at the event budget. A
+    // run that spent the budget early (a timer re-armed at the same
+    // instant, say) had its faults stopped early and healed by the
+    // liveness phase, and passed.
+    let safety_cut_short =
+        !safety.quiesced && safety.events >= config.max_events && safety.now < safety_end;
     sim.stop_faults();
     let liveness_end = sim.now().saturating_add(config.liveness_limit());
     let outcome = sim.run_until(liveness_end, config.max_events);
@@ -674,6 +680,14 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         virtual_time_ns: sim.now().as_nanos(),
         ..SeedReport::default()
     };
+    if safety_cut_short {
+        report.failures.push(format!(
+            "safety: {} events ran out at {} ns, before the phase's end at {} ns",
+            config.max_events,
+            safety.now.as_nanos(),
+            safety_end.as_nanos()
+        ));
+    }
     if !outcome.quiesced {
         report.failures.push(format!(
             "liveness: the rack did not quiesce within {:?} of virtual time",
@@ -684,7 +698,9 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         .iter()
         .map(|host| drain_completions(&mut sim, host))
         .collect();
-    let lossy = !config.faults.loss.is_zero() || !config.faults.corrupt.is_zero();
+    // Frames that never arrived: lost, corrupted, or cut by a partition
+    // that happened (it can eat the NAK a violation drew, as loss can).
+    let lossy = !config.faults.loss.is_zero() || !config.faults.corrupt.is_zero() || cut;
     for stream in &streams {
         let requester_completions = completions[stream.requester.0].as_deref();
         let responder_completions = completions[stream.responder.0].as_deref();
@@ -1155,6 +1171,29 @@ mod tests {
             Err(ScenarioConfigError::TooManyCompletions(_))
         ));
         assert!(ScenarioConfig::default().validate().is_ok());
+    }
+
+    /// The safety phase's outcome was thrown away: a seed whose events ran
+    /// out long before the phase's end (here after 46 µs of 400) had its
+    /// faults stopped there, finished in the liveness phase, and passed.
+    #[test]
+    fn a_safety_phase_cut_short_by_the_event_budget_fails_the_seed() {
+        let config = ScenarioConfig {
+            max_events: 2_000,
+            ..ScenarioConfig::default()
+        };
+        let report = run_seed(3, &config);
+        assert!(
+            report
+                .failures
+                .iter()
+                .any(|failure| failure.starts_with("safety: 2000 events ran out")),
+            "{:?}",
+            report.failures
+        );
+        // The rest of the seed passed: only the cut-short phase fails it.
+        assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
+        assert!(run_seed(3, &ScenarioConfig::default()).failures.is_empty());
     }
 
     /// No check read a host's read-only region, so a responder that applied

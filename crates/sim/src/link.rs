@@ -37,11 +37,11 @@ impl LinkFaults {
     pub fn draw(&self, len_bytes: usize, rng: &mut impl Rng) -> FaultDraw {
         // Draw every decision for every frame, so a change in one
         // probability does not shift the random stream of the others.
-        let lost = rng.gen_bool(self.loss.get());
-        let duplicated = rng.gen_bool(self.duplicate.get());
-        let reordered = rng.gen_bool(self.reorder.get());
+        let lost = decide(self.loss, rng);
+        let duplicated = decide(self.duplicate, rng);
+        let reordered = decide(self.reorder, rng);
         let delay_fraction: f64 = rng.gen();
-        let corrupted = rng.gen_bool(self.corrupt.get());
+        let corrupted = decide(self.corrupt, rng);
         let bit = rng.gen_range(0..len_bytes.max(1) * 8);
         FaultDraw {
             lost,
@@ -51,6 +51,18 @@ impl LinkFaults {
             corrupt_bit: (corrupted && len_bytes > 0).then_some(bit),
         }
     }
+}
+
+/// Whether an event of `probability` happens, always drawing one word.
+/// `gen_bool(1.0)` draws nothing (certain), so a probability of 1 shifted
+/// every later draw; below 1 this is `gen_bool` exactly, so the streams
+/// of every seed run so far stay as they were.
+fn decide(probability: Probability, rng: &mut impl Rng) -> bool {
+    if probability.get() >= 1.0 {
+        let _: u64 = rng.gen();
+        return true;
+    }
+    rng.gen_bool(probability.get())
 }
 
 /// The fate [`LinkFaults::draw`] chose for one frame.
@@ -221,5 +233,31 @@ impl Channel {
             arrivals: [Some(first), second],
             corrupt_bit,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    /// A probability of 1 drew nothing (`gen_bool(1.0)` is certain), so
+    /// corrupting every frame changed which frames were lost.
+    #[test]
+    fn a_certain_fault_leaves_the_other_faults_draws_as_they_were() {
+        let lost_frames = |corrupt: f64| {
+            let faults = LinkFaults {
+                loss: Probability::literal(0.3),
+                corrupt: Probability::new(corrupt).unwrap(),
+                ..LinkFaults::NONE
+            };
+            let mut rng = ChaCha8Rng::seed_from_u64(7);
+            (0..1000)
+                .map(|_| faults.draw(100, &mut rng).lost)
+                .collect::<Vec<bool>>()
+        };
+        let sometimes = lost_frames(0.5);
+        assert_eq!(lost_frames(1.0), sometimes);
+        assert_eq!(lost_frames(0.0), sometimes);
     }
 }
