@@ -454,6 +454,11 @@ fn print_summary(report: &remora_conformance::CampaignReport, config: &ScenarioC
         report.retransmitted_packets
     );
     println!("  retransmit timeouts  {:>10}", report.retransmit_timeouts);
+    let link = &report.link;
+    println!(
+        "  link faults          {:>10} lost, {} duplicated, {} reordered, {} corrupted, {} cut by partitions",
+        link.lost, link.duplicated, link.reordered, link.corrupted, link.partition_drops
+    );
     if config.hardware != NicHardware::Ideal {
         println!(
             "  NIC pipeline drops   {:>10}  (a full pipeline; RC retransmits)",

@@ -18,6 +18,8 @@ pub struct CampaignReport {
     pub retransmit_timeouts: u64,
     pub pipeline_frames_dropped: u64,
     pub atomics_serialized: u64,
+    /// The faults the links applied, over every seed.
+    pub link: remora_sim::LinkCounters,
 }
 
 /// Runs `count` seeds from `first_seed`, calling `progress` after each.
@@ -44,6 +46,7 @@ pub fn run_campaign(
         campaign.retransmit_timeouts += report.retransmit_timeouts;
         campaign.pipeline_frames_dropped += report.pipeline_frames_dropped;
         campaign.atomics_serialized += report.atomics_serialized;
+        campaign.link.add(&report.link);
         progress(&report);
         if !report.passed() {
             campaign.failures.push(report);

@@ -24,7 +24,7 @@ use remora_base::Probability;
 use remora_host::hardware::NicHardware;
 use remora_host::Host as HostNode;
 use remora_rnic::*;
-use remora_sim::{Event, LinkConfig, LinkFaults, LinkId, NodeId, PortId, Simulation};
+use remora_sim::{Event, LinkConfig, LinkCounters, LinkFaults, LinkId, NodeId, PortId, Simulation};
 use remora_wire::{Ipv4Address, MacAddress, Qpn, Rkey};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -182,6 +182,9 @@ pub struct SeedReport {
     pub virtual_time_ns: u64,
     pub crashed: bool,
     pub partitioned: bool,
+    /// What the link's faults did, both directions: a campaign shows the
+    /// faults it asked for happened (a broken profile passed silently).
+    pub link: LinkCounters,
 }
 
 impl SeedReport {
@@ -667,10 +670,11 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
     // event limit cancels those still to come, and what never happened
     // excuses nothing.
     let crashed = crashed && hosts.iter().any(|host| sim.node(host.id).crashes() > 0);
-    let cut = sim
-        .link_counters(link)
-        .iter()
-        .any(|counters| counters.partition_drops > 0);
+    let mut link_counters = LinkCounters::default();
+    for direction in &sim.link_counters(link) {
+        link_counters.add(direction);
+    }
+    let cut = link_counters.partition_drops > 0;
     let (partitioned, partition_outlasts_retries) =
         (partitioned && cut, partition_outlasts_retries && cut);
     let mut report = SeedReport {
@@ -678,6 +682,7 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         crashed,
         partitioned,
         virtual_time_ns: sim.now().as_nanos(),
+        link: link_counters,
         ..SeedReport::default()
     };
     if safety_cut_short {

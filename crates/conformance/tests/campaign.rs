@@ -2,7 +2,7 @@
 //! 0 %, 1 % and 10 % loss, with duplication, reordering, corruption,
 //! partitions, crashes and access violations. `remora sim fabric` runs more.
 
-use remora_conformance::{run_campaign, FaultProfile, ScenarioConfig};
+use remora_conformance::{run_campaign, CampaignReport, FaultProfile, ScenarioConfig};
 use remora_host::hardware::NicHardware;
 use remora_sim::Probability;
 
@@ -24,6 +24,27 @@ fn campaign_on(first_seed: u64, seeds: u64, config: ScenarioConfig) {
         failures.join("\n")
     );
     assert!(report.succeeded > 0);
+    assert_faults_happened(&config.faults, &report);
+}
+
+/// Every fault the profile asks for happened at least once: a profile
+/// that stopped reaching the links (or faults stopped early) passed every
+/// seed with nothing tested.
+fn assert_faults_happened(faults: &FaultProfile, report: &CampaignReport) {
+    let link = &report.link;
+    for (name, probability, happened) in [
+        ("loss", faults.loss, link.lost),
+        ("duplication", faults.duplicate, link.duplicated),
+        ("reordering", faults.reorder, link.reordered),
+        ("corruption", faults.corrupt, link.corrupted),
+        ("a partition", faults.partition, report.seeds_with_partition),
+        ("a crash", faults.crash, report.seeds_with_crash),
+    ] {
+        assert!(
+            probability.is_zero() || happened > 0,
+            "{name} was asked for and never happened: {report:?}"
+        );
+    }
 }
 
 #[test]

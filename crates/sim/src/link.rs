@@ -123,6 +123,21 @@ pub struct LinkCounters {
     pub queue_drops: u64,
 }
 
+impl LinkCounters {
+    /// Adds `other`'s counts to these (both directions of a link, or many
+    /// seeds' links).
+    pub fn add(&mut self, other: &LinkCounters) {
+        self.frames_offered += other.frames_offered;
+        self.frames_delivered += other.frames_delivered;
+        self.lost += other.lost;
+        self.duplicated += other.duplicated;
+        self.reordered += other.reordered;
+        self.corrupted += other.corrupted;
+        self.partition_drops += other.partition_drops;
+        self.queue_drops += other.queue_drops;
+    }
+}
+
 /// One direction of a link.
 #[derive(Debug)]
 pub(crate) struct Channel {
