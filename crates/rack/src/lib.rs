@@ -72,4 +72,6 @@ pub enum RackError {
     },
     #[error("the run did not finish within {0:?}")]
     TimedOut(std::time::Duration),
+    #[error("the simulated rack is stuck at {at_ns} ns: {events} events went by without time moving (a timer due at the instant it is handled, for ever)")]
+    Livelock { at_ns: u64, events: u64 },
 }

@@ -292,6 +292,15 @@ impl<P: Program> Rack for SimulatedRack<P> {
             let step_end = now.saturating_add(LOOK_EVERY).min(end);
             let outcome = self.simulation.run_until(step_end, MAX_EVENTS_PER_LOOK);
             let reached_the_end = outcome.quiesced || outcome.events < MAX_EVENTS_PER_LOOK;
+            if !reached_the_end && outcome.now <= now {
+                // A whole look's events at one instant: something is due
+                // again each time it is handled. Looping on, the run never
+                // reached `end` and hung.
+                return Err(RackError::Livelock {
+                    at_ns: now.as_nanos(),
+                    events: outcome.events,
+                });
+            }
             if reached_the_end && outcome.now < step_end {
                 // Nothing left to happen before the step's end (the next
                 // wakeup is after it, or there is none): time moves on all
