@@ -163,6 +163,54 @@ fn partitions_drop_and_heal() {
     assert_eq!(sim.node(receiver).received.len(), 90);
 }
 
+/// Two nodes that both send `count` frames, one a microsecond.
+fn two_senders(seed: u64, count: u32) -> (Simulation<Pinger>, [NodeId; 2], LinkId) {
+    let mut sim = Simulation::new(seed);
+    let left = sim.add_node(Pinger::sending(count));
+    let right = sim.add_node(Pinger::sending(count));
+    let link = sim.connect((left, PortId(0)), (right, PortId(0)), LinkConfig::rack());
+    (sim, [left, right], link)
+}
+
+/// The partition test had one sender: a partition that cut one direction
+/// only would have passed it.
+#[test]
+fn a_partition_cuts_both_directions() {
+    let (mut sim, nodes, link) = two_senders(4, 100);
+    sim.schedule(Timestamp::from_nanos(10_500), Event::Partition(link));
+    sim.schedule(Timestamp::from_nanos(20_500), Event::Heal(link));
+    sim.run_until(Timestamp::from_nanos(u64::MAX), 100_000);
+    for direction in sim.link_counters(link) {
+        assert_eq!(direction.partition_drops, 10);
+    }
+    for node in nodes {
+        assert_eq!(sim.node(node).received.len(), 90);
+    }
+}
+
+/// The crash test's crashed node never sent anything, so "a crashed node
+/// sends nothing" went unchecked.
+#[test]
+fn a_crashed_node_sends_nothing_until_it_restarts() {
+    let (mut sim, [left, right], _) = two_senders(6, 100);
+    let crash_at = Timestamp::from_nanos(30_500);
+    let restart_at = Timestamp::from_nanos(60_500);
+    sim.schedule(crash_at, Event::Crash(right));
+    sim.schedule(restart_at, Event::Restart(right));
+    sim.run_until(Timestamp::from_nanos(u64::MAX), 100_000);
+    // What reached the left node from the crashed one: nothing sent while
+    // it was down (a frame in flight at the crash lands a little after).
+    let in_flight = Duration::from_micros(2);
+    let arrivals: Vec<Timestamp> = sim.node(left).received.iter().map(|(at, _)| *at).collect();
+    assert!(arrivals.iter().any(|&at| at < crash_at));
+    assert!(
+        !arrivals
+            .iter()
+            .any(|&at| at > crash_at.saturating_add(in_flight) && at < restart_at),
+        "the crashed node sent while down"
+    );
+}
+
 #[test]
 fn a_crashed_node_neither_sends_nor_receives_and_the_liveness_phase_is_clean() {
     let (mut sim, _, receiver, link) = pair(5, noisy(), 100);
