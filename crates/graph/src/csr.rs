@@ -414,11 +414,12 @@ impl Built {
     }
 }
 
-/// Counting sort by source, then each list sorted and deduplicated in
-/// parallel, then compacted.
-/// A vector of `length` zeros, or `TooLarge` where the allocator refuses:
-/// a sparse id or a big count can ask for more than the machine has, and
-/// that is an error to report, not an abort.
+/// A vector of `length` zeros, or `TooLarge` where the allocator refuses
+/// the reservation: a sparse id or a big count can ask for more than the
+/// address space, and that is an error to report, not an abort. (Linux
+/// overcommits, so a large request it can map passes here, and filling
+/// it may still run the machine out of memory: the loaders' vertex limit
+/// is what bounds that.)
 fn zeroed<T: Clone + Default>(length: usize) -> Result<Vec<T>, GraphError> {
     let mut vector = Vec::new();
     vector
@@ -430,6 +431,8 @@ fn zeroed<T: Clone + Default>(length: usize) -> Result<Vec<T>, GraphError> {
     Ok(vector)
 }
 
+/// Counting sort by source, then each list sorted and deduplicated in
+/// parallel, then compacted.
 fn build_adjacency(
     vertex_count: usize,
     edges: impl Iterator<Item = (Vertex, Vertex)> + Clone,
@@ -537,7 +540,9 @@ mod tests {
     }
 
     /// A one-line edge list with a sparse id and a raised vertex limit
-    /// asked for 34 GB of offsets and aborted the process.
+    /// asked for 34 GB of offsets and aborted the process. A request past
+    /// the address space is refused; one the kernel would overcommit is
+    /// not tested (it would take the machine's memory).
     #[test]
     fn offsets_past_what_the_machine_can_allocate_are_a_typed_error() {
         assert!(matches!(
