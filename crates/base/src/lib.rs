@@ -10,8 +10,8 @@
 //!   lie (the data path's frames, slots and registered memory), and
 //!   [`BufferPool`], byte buffers kept for reuse;
 //! - [`at_position`]: a config file's parse error on one line;
-//! - [`tcp_port_is_listening`]: whether a server program a harness
-//!   started listens yet.
+//! - [`tcp_port_is_listening`] and [`await_listening`]: whether a server
+//!   program a harness started listens yet.
 
 #![forbid(unsafe_code)]
 
@@ -23,7 +23,7 @@ mod probability;
 mod time;
 
 pub use copy::{copy_bytes, extend_bytes, BufferPool, COPY_PIECE_BYTES};
-pub use listening::tcp_port_is_listening;
+pub use listening::{await_listening, tcp_port_is_listening};
 pub use port::PortId;
 pub use position::at_position;
 pub use probability::{Probability, ProbabilityError};

@@ -23,6 +23,30 @@ pub fn tcp_port_is_listening(port: u16) -> io::Result<bool> {
     Ok(false)
 }
 
+/// Waits until some socket listens on TCP `port` (`server`, once it is
+/// ready for its client): true then, false if `server` ended first or
+/// `limit` passed.
+pub fn await_listening(
+    server: &mut std::process::Child,
+    port: u16,
+    limit: std::time::Duration,
+) -> io::Result<bool> {
+    let deadline = std::time::Instant::now() + limit;
+    // Bounded by the deadline.
+    loop {
+        if tcp_port_is_listening(port)? {
+            return Ok(true);
+        }
+        if server.try_wait()?.is_some() || std::time::Instant::now() > deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(LOOK_INTERVAL);
+    }
+}
+
+/// How often [`await_listening`] looks.
+const LOOK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Whether a `/proc/net/tcp*` table lists a listener on `port`. Each row
 /// after the heading reads `sl local_address rem_address st ...`, the
 /// local address as `HEXADDRESS:HEXPORT`.

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A directory holding `lib*.so.1` links to the built libraries: what a
 /// user's `LD_LIBRARY_PATH` names. Made once per test process (the tests
@@ -122,14 +122,9 @@ fn run_pair(
         .spawn()
         .expect("start the server");
     // The server listens on its TCP port before the client connects (a
-    // fixed pause could end first on a loaded machine).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !remora_base::tcp_port_is_listening(tcp_port).unwrap() {
-        if server.try_wait().unwrap().is_some() || Instant::now() > deadline {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    // fixed pause could end first on a loaded machine). If it never does,
+    // the client's failure and the server's output say why.
+    remora_base::await_listening(&mut server, tcp_port, Duration::from_secs(20)).unwrap();
     arguments.push("127.0.0.1".to_string());
     let mut client_command = command(program, client_spec, &arguments);
     for (name, value) in client_environment {

@@ -20,20 +20,9 @@ impl KillOnDrop {
     }
 
     /// Waits until something listens on TCP `port` (the program, once it
-    /// is ready for its client): true then, false if the program ended
-    /// first or `limit` passed.
+    /// is ready for its client): see [`remora_base::await_listening`].
     pub fn await_listening(&mut self, port: u16, limit: Duration) -> std::io::Result<bool> {
-        let deadline = Instant::now() + limit;
-        // Bounded by the deadline.
-        loop {
-            if remora_base::tcp_port_is_listening(port)? {
-                return Ok(true);
-            }
-            if self.0.try_wait()?.is_some() || Instant::now() > deadline {
-                return Ok(false);
-            }
-            std::thread::sleep(POLL_INTERVAL);
-        }
+        remora_base::await_listening(&mut self.0, port, limit)
     }
 
     /// Its output once it ends, or `None` (and killed) if it has not
