@@ -390,6 +390,28 @@ pub fn run(
     run.finish()
 }
 
+/// A detection's virtual cost under `config`, in ns: the configured one,
+/// or this machine's (the calibration's) slowed down.
+pub fn detection_ns(config: &SocConfig, calibration: &Calibration) -> f64 {
+    config
+        .detection_ns
+        .unwrap_or(calibration.detection_ns * config.slowdown)
+}
+
+/// Whether a detection under `config` is shorter than its period: one as
+/// long as its period leaves every core stalled for good, whether
+/// configured or calibrated and slowed down.
+pub fn check_detection(config: &SocConfig, calibration: &Calibration) -> Result<(), ConfigError> {
+    let detection_ns = detection_ns(config, calibration).round() as u64;
+    if detection_ns >= config.detection_period_ns {
+        return Err(ConfigError::DetectionPastPeriod {
+            detection_ns: detection_ns as f64,
+            period_ns: config.detection_period_ns,
+        });
+    }
+    Ok(())
+}
+
 /// The most requests one run offers: each keeps a status byte, and a
 /// valid but huge load once asked for more memory than there is.
 pub const MAX_REQUESTS: u64 = 1 << 30;
@@ -513,20 +535,9 @@ impl<'a> Run<'a> {
                 .core_move_ns
                 .unwrap_or(2.0 * context_switch_ns)
                 .round() as u64,
-            detection_ns: config
-                .detection_ns
-                .unwrap_or(calibration.detection_ns * config.slowdown)
-                .round() as u64,
+            detection_ns: detection_ns(config, calibration).round() as u64,
         };
-        // A calibrated detection, slowed down, as long as its period left
-        // every core stalled for good, as a configured one would.
-        if costs.detection_ns >= config.detection_period_ns {
-            return Err(ConfigError::DetectionPastPeriod {
-                detection_ns: costs.detection_ns as f64,
-                period_ns: config.detection_period_ns,
-            }
-            .into());
-        }
+        check_detection(config, calibration)?;
         let expected =
             (workload.offered_per_second * workload.duration_ns as f64 / 1e9 * 1.1) as usize + 1024;
         Ok(Run {

@@ -406,23 +406,10 @@ fn check_planned_settings(
         .unwrap_or(0);
     for config in &planned {
         config.validate()?;
-        let detection_ns = config
-            .detection_ns
-            .unwrap_or(calibration.detection_ns * config.slowdown);
-        if detection_ns >= config.detection_period_ns as f64 {
-            return Err(ConfigError::DetectionPastPeriod {
-                detection_ns,
-                period_ns: config.detection_period_ns,
-            }
-            .into());
-        }
-        if config.soc_cores < most_stages {
-            return Err(remora_tiga::allocator::AllocationError::TooFewCores {
-                cores: config.soc_cores,
-                agents: most_stages,
-            }
-            .into());
-        }
+        simulation::check_detection(config, calibration)?;
+        // A core for each stage of the three apps together, as the
+        // allocator's even split asks.
+        remora_tiga::allocator::proportional_allocation(&vec![1.0; most_stages], config.soc_cores)?;
     }
     Ok(())
 }
@@ -819,9 +806,7 @@ fn sweep_variants(base: &SocConfig, calibration: &Calibration) -> Vec<(String, S
     let context_switch = base
         .context_switch_ns
         .unwrap_or(calibration.context_switch_ns * base.slowdown);
-    let detection = base
-        .detection_ns
-        .unwrap_or(calibration.detection_ns * base.slowdown);
+    let detection = simulation::detection_ns(base, calibration);
     [4.0, 8.8, 16.0]
         .iter()
         .map(|&slowdown| {
@@ -842,21 +827,23 @@ fn sweep_variants(base: &SocConfig, calibration: &Calibration) -> Vec<(String, S
                 },
             )
         }))
-        .chain([1.0, 100.0, 10_000.0].iter().filter_map(|&factor| {
-            // A detection as long as its period stalls every core for good:
-            // such a point (10^4 times a slow machine's detection) is left
-            // out of the sweep, not run to an error.
-            let detection_ns = detection * factor;
-            (detection_ns < base.detection_period_ns as f64).then(|| {
-                (
-                    format!("detection_x{factor}"),
-                    SocConfig {
-                        detection_ns: Some(detection_ns),
-                        ..base.clone()
-                    },
-                )
-            })
-        }))
+        .chain(
+            [1.0, 100.0, 10_000.0]
+                .iter()
+                .map(|&factor| {
+                    (
+                        format!("detection_x{factor}"),
+                        SocConfig {
+                            detection_ns: Some(detection * factor),
+                            ..base.clone()
+                        },
+                    )
+                })
+                // A detection as long as its period stalls every core for
+                // good: such a point (10^4 times a slow machine's
+                // detection) is left out of the sweep, not run to an error.
+                .filter(|(_, config)| simulation::check_detection(config, calibration).is_ok()),
+        )
         .collect()
 }
 

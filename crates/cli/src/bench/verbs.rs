@@ -417,6 +417,12 @@ impl Drop for RaisedIfPanicking<'_> {
     }
 }
 
+/// The mark of round `iteration`, which both halves must agree on: never
+/// 0 (the buffer's first contents), and never the previous round's.
+fn mark_of(iteration: usize) -> u8 {
+    (iteration % 251) as u8 + 1
+}
+
 /// The initiator's half: WRITEs a mark, waits for it to come back.
 /// One-way latencies in µs.
 fn ping_marks(
@@ -427,7 +433,7 @@ fn ping_marks(
 ) -> Result<Vec<f64>, VerbsBenchError> {
     let mut latencies = Vec::with_capacity(iterations);
     for iteration in 1..=iterations {
-        let mark = (iteration % 251) as u8 + 1;
+        let mark = mark_of(iteration);
         initiator.set_mark(LATENCY_BYTES, mark);
         let started = Instant::now();
         initiator.write(iteration as u64, LATENCY_BYTES)?;
@@ -446,7 +452,7 @@ fn echo_marks(
     peer_failed: &AtomicBool,
 ) -> Result<(), VerbsBenchError> {
     for iteration in 1..=iterations {
-        let mark = (iteration % 251) as u8 + 1;
+        let mark = mark_of(iteration);
         responder.await_mark(LATENCY_BYTES, mark, limit, peer_failed)?;
         responder.set_mark(LATENCY_BYTES, mark);
         responder.write(iteration as u64, LATENCY_BYTES)?;
