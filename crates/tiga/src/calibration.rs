@@ -298,38 +298,30 @@ fn median_ns(repetitions: usize, mut work: impl FnMut()) -> f64 {
     // with the work.
     work();
     let once_ns = (0..SIZING_CALLS)
-        .map(|_| {
-            let started = Instant::now();
-            work();
-            started.elapsed().as_nanos().max(1)
-        })
+        .map(|_| batch_ns(1, &mut work).max(1))
         .min()
         .unwrap_or(1) as f64;
     let mut batch = ((20_000.0 / once_ns).ceil() as usize).clamp(1, MAX_BATCH_CALLS);
     // The estimate counts the clock's own cost in each timed call, so a
     // cheap call's batch came out far shorter than 20 µs: doubled until a
     // batch takes that long (a preempted batch only stops this early).
-    while batch < MAX_BATCH_CALLS {
-        let started = Instant::now();
-        for _ in 0..batch {
-            work();
-        }
-        if started.elapsed().as_nanos() >= 20_000 {
-            break;
-        }
+    while batch < MAX_BATCH_CALLS && batch_ns(batch, &mut work) < 20_000 {
         batch = (batch * 2).min(MAX_BATCH_CALLS);
     }
     let mut samples: Vec<f64> = (0..repetitions)
-        .map(|_| {
-            let started = Instant::now();
-            for _ in 0..batch {
-                work();
-            }
-            started.elapsed().as_nanos() as f64 / batch as f64
-        })
+        .map(|_| batch_ns(batch, &mut work) as f64 / batch as f64)
         .collect();
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
+}
+
+/// How long `calls` calls of `work` take, in ns.
+fn batch_ns(calls: usize, work: &mut impl FnMut()) -> u128 {
+    let started = Instant::now();
+    for _ in 0..calls {
+        work();
+    }
+    started.elapsed().as_nanos()
 }
 
 fn calibrate_app(app: App, repetitions: usize) -> Result<AppCalibration, CalibrationError> {
