@@ -133,24 +133,24 @@ pub fn send_request(s: &Setup, id: u64, local_offset: u64, len: u32) -> SendRequ
     )
 }
 
-/// Every frame the left device has to send now, in order.
-pub fn left_frames(s: &mut Setup) -> Vec<Vec<u8>> {
+/// Every frame `device` has to send at `now`, in order.
+pub fn frames_of(device: &mut SoftRnic, now: Timestamp) -> Vec<Vec<u8>> {
     let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
     let mut frames = Vec::new();
-    while let Some(length) = s.fabric.left.poll_transmit(s.fabric.now, &mut buffer) {
+    while let Some(length) = device.poll_transmit(now, &mut buffer) {
         frames.push(buffer[..length].to_vec());
     }
     frames
 }
 
+/// Every frame the left device has to send now, in order.
+pub fn left_frames(s: &mut Setup) -> Vec<Vec<u8>> {
+    frames_of(&mut s.fabric.left, s.fabric.now)
+}
+
 /// Every frame the right device has to send now, in order.
 pub fn right_frames(s: &mut Setup) -> Vec<Vec<u8>> {
-    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
-    let mut frames = Vec::new();
-    while let Some(length) = s.fabric.right.poll_transmit(s.fabric.now, &mut buffer) {
-        frames.push(buffer[..length].to_vec());
-    }
-    frames
+    frames_of(&mut s.fabric.right, s.fabric.now)
 }
 
 /// Moves every frame `from` has to send at `now` into `to`; how many.
