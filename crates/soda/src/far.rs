@@ -919,28 +919,9 @@ mod tests {
     }
 
     /// Runs test `name` of this binary in a child with [`CHILD`] set; its
-    /// exit status. Polled, so a child that hangs fails the test.
+    /// exit status.
     fn in_child(name: &str) -> std::process::ExitStatus {
-        const DEADLINE: Duration = Duration::from_secs(30);
-        let started = Instant::now();
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", name, "--nocapture"])
-            .env(CHILD, "1")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status;
-            }
-            if started.elapsed() > DEADLINE {
-                child.kill().ok();
-                child.wait().ok();
-                panic!("the child hung for {DEADLINE:?}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        crate::child_test::run_test_in_child(name, CHILD, Duration::from_secs(30))
     }
 
     /// An install the kernel refused for lack of memory (a memory cgroup

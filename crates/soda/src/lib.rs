@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod buffer;
 pub mod cache;
+pub mod child_test;
 pub mod config;
 pub mod dpu;
 pub mod far;

@@ -512,28 +512,11 @@ fn two_processes_share_the_dpu_and_both_get_local_results() {
 fn expect_sigbus_in_child(name: &str, child_variable: &str) {
     use std::os::unix::process::ExitStatusExt;
     const SIGBUS: i32 = 7;
-    // Polled, not waited for: a child that hangs (the failure these tests
-    // guard against) is killed and fails the test instead of hanging it.
-    const DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
-    let started = std::time::Instant::now();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--nocapture"])
-        .env(child_variable, "1")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > DEADLINE {
-            child.kill().ok();
-            child.wait().ok();
-            panic!("the child hung for {DEADLINE:?}");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let status = remora_soda::child_test::run_test_in_child(
+        name,
+        child_variable,
+        std::time::Duration::from_secs(30),
+    );
     assert_eq!(status.signal(), Some(SIGBUS), "{status:?}");
 }
 
