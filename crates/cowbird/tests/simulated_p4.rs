@@ -107,9 +107,12 @@ fn a_redone_write_never_lands_on_a_later_one() {
 /// Seed 14 redid a write that was already confirmed (a go-back rewound to
 /// an older unconfirmed read), after the client had reused the write's
 /// payload space: the pool got another write's bytes. Confirmed entries
-/// fetched again are now skipped. Since sequence NAKs confirm the writes
-/// before the PSN they name, seed 14 takes another course and meets no
-/// confirmed entry again; seed 22 does, and skips it.
+/// fetched again are now skipped. Which seed meets such an entry moves
+/// with the fault model's timing (since sequence NAKs confirm the writes
+/// before the PSN they name, seed 14 met none and seed 22 did; since
+/// duplicates land late, seed 14 does again and seed 22 does not), so
+/// the test asks that one of them meets and skips one, and that both
+/// complete every request whole.
 #[test]
 fn a_go_back_never_redoes_a_confirmed_request() {
     let workload = Workload {
@@ -126,8 +129,8 @@ fn a_go_back_never_redoes_a_confirmed_request() {
         skipped.push(stats.skipped_confirmed);
     }
     assert!(
-        skipped[1] > 0,
-        "seed 22 met no confirmed entry: {skipped:?}"
+        skipped.iter().any(|&count| count > 0),
+        "neither seed met a confirmed entry: {skipped:?}"
     );
 }
 

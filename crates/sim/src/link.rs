@@ -47,6 +47,7 @@ impl LinkFaults {
             lost,
             duplicated,
             reorder_delay: reordered.then(|| self.reorder_delay.mul_f64(delay_fraction)),
+            duplicate_delay: self.reorder_delay.mul_f64(1.0 - delay_fraction),
             // An empty frame has no bit to flip.
             corrupt_bit: (corrupted && len_bytes > 0).then_some(bit),
         }
@@ -72,6 +73,8 @@ pub struct FaultDraw {
     pub duplicated: bool,
     /// Extra delay for a reordered frame.
     pub reorder_delay: Option<Duration>,
+    /// How long after the original's on-time arrival a duplicate lands.
+    pub duplicate_delay: Duration,
     /// The bit to flip in a corrupted frame.
     pub corrupt_bit: Option<usize>,
 }
@@ -235,9 +238,14 @@ impl Channel {
             self.counters.reordered += 1;
             first = first.saturating_add(extra);
         }
+        // The copy lands on its own schedule, up to a reorder delay after
+        // the original's on-time arrival: a copy at the very same instant
+        // tested no late duplicate (one the receiver has moved past). The
+        // delay is the reordering draw's complement, so it takes no draw
+        // of its own and leaves every later draw as it was.
         let second = draw.duplicated.then(|| {
             self.counters.duplicated += 1;
-            arrival
+            arrival.saturating_add(draw.duplicate_delay)
         });
         if draw.corrupt_bit.is_some() {
             self.counters.corrupted += 1;

@@ -276,3 +276,32 @@ fn an_empty_frame_on_a_corrupting_link_arrives_untouched() {
     assert_eq!(received.len(), 10);
     assert!(received.iter().all(|(_, frame)| frame.is_empty()));
 }
+
+/// A duplicate landed at the same instant as its original, so no copy
+/// ever came after the receiver had moved on to later frames.
+#[test]
+fn a_duplicate_can_land_after_later_frames() {
+    let faults = LinkFaults {
+        duplicate: Probability::ONE,
+        reorder_delay: Duration::from_micros(5),
+        ..LinkFaults::NONE
+    };
+    let (mut sim, _, receiver, _) = pair(8, faults, 100);
+    sim.run_until(Timestamp::from_nanos(u64::MAX), 100_000);
+    let numbers: Vec<u32> = sim
+        .node(receiver)
+        .received
+        .iter()
+        .map(|(_, frame)| u32::from_be_bytes(frame[..4].try_into().unwrap()))
+        .collect();
+    assert_eq!(numbers.len(), 200, "every frame twice");
+    let late_copies = numbers
+        .iter()
+        .enumerate()
+        .filter(|(at, number)| numbers[..*at].iter().any(|earlier| earlier > number))
+        .count();
+    assert!(
+        late_copies > 50,
+        "{late_copies} of 100 copies came after a later frame"
+    );
+}

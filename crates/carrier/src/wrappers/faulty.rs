@@ -44,6 +44,19 @@ impl<P: Port> Faulty<P> {
     fn release_due(&mut self, now: Instant) -> Result<(), CarrierError> {
         super::release_due(&mut self.held, &mut self.inner, now, &mut drop)
     }
+
+    /// Holds `bytes` until `due`, or sends them now if they are due now or
+    /// the holding queue is full.
+    fn hold_or_send(&mut self, due: Instant, bytes: Vec<u8>) -> Result<SendStatus, CarrierError> {
+        if due <= Instant::now() || self.held.len() >= MAX_HELD_FRAMES {
+            return self.inner.send(&bytes);
+        }
+        // Keep the queue in due order: a later frame with a shorter delay
+        // goes ahead of earlier ones, which is the point.
+        let at = self.held.partition_point(|(held_due, _)| *held_due <= due);
+        self.held.insert(at, (due, bytes));
+        Ok(SendStatus::Queued)
+    }
 }
 
 impl<P: Port> Port for Faulty<P> {
@@ -68,22 +81,15 @@ impl<P: Port> Port for Faulty<P> {
         }
         if draw.duplicated {
             self.counters.duplicated += 1;
-            self.inner.send(&bytes)?;
+            // The copy lands up to a reorder delay late, as on a
+            // simulated link.
+            self.hold_or_send(now + draw.duplicate_delay, bytes.clone())?;
         }
         self.counters.frames_delivered += 1;
         match draw.reorder_delay {
-            Some(delay) if self.held.len() < MAX_HELD_FRAMES => {
+            Some(delay) => {
                 self.counters.reordered += 1;
-                // Keep the queue in due order: a later frame with a shorter
-                // delay goes ahead of earlier ones, which is the point.
-                let due = now + delay;
-                let at = self.held.partition_point(|(held_due, _)| *held_due <= due);
-                self.held.insert(at, (due, bytes));
-                Ok(SendStatus::Queued)
-            }
-            Some(_) => {
-                self.counters.reordered += 1;
-                self.inner.send(&bytes)
+                self.hold_or_send(now + delay, bytes)
             }
             None => self.inner.send(&bytes),
         }
