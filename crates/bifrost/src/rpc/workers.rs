@@ -123,21 +123,16 @@ fn work(
                     Err(_) => service.save_state(),
                 };
                 let state = match state {
-                    None if stateful => saved_again(service.as_ref()),
+                    None if stateful => {
+                        saved_before_the_next_call(service.as_ref(), ticket, crashed)
+                    }
                     state => state,
                 };
                 stateful |= state.is_some();
                 if stateful && state.is_none() {
-                    // Reported with no state, the call's reply carried a
-                    // checkpoint counting it with the state from before
-                    // it: a failover then lost its effect while its caller
-                    // held its answer. Unanswered, it is replayed to a
-                    // replacement, or its caller gives up on it.
-                    tracing::warn!(
-                        ?ticket,
-                        "the service could not save its state: the call is not answered"
-                    );
-                    continue;
+                    // The host crashed while the save was retried: the
+                    // call is lost with it, unanswered.
+                    return;
                 }
                 if done.send((ticket, outcome, state)).is_err() {
                     return;
@@ -150,15 +145,45 @@ fn work(
     }
 }
 
-/// Saves made again after one failed (a channel that timed out once, a
-/// refused snapshot), a millisecond apart.
-const SAVE_TRIES: u32 = 3;
+/// The first wait before a failed save (a channel that timed out once, a
+/// refused snapshot) is made again; each later wait doubles, up to
+/// [`SAVE_RETRY_MAX`].
+const SAVE_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(1);
+const SAVE_RETRY_MAX: std::time::Duration = std::time::Duration::from_millis(100);
 
-fn saved_again(service: &dyn Service) -> Option<Vec<u8>> {
-    (0..SAVE_TRIES).find_map(|_| {
-        std::thread::sleep(std::time::Duration::from_millis(1));
-        service.save_state()
-    })
+/// The state after a call whose first save failed, saved again until it
+/// succeeds; `None` only once the host crashed (or the pool was dropped).
+///
+/// The worker runs no other call meanwhile, and that is the point. The
+/// call's effect is in the service: reported without a state, it stayed
+/// unanswered, and the next call's state, which covers its effect, went
+/// into a checkpoint that still listed it as received. A replacement
+/// restored from that checkpoint ran it a second time. Reported with the
+/// state from before it, a failover would lose its effect while its
+/// caller held its answer. Bounded by the crash flag: a host whose state
+/// can never be saved again must be failed over.
+fn saved_before_the_next_call(
+    service: &dyn Service,
+    ticket: CallTicket,
+    crashed: &std::sync::atomic::AtomicBool,
+) -> Option<Vec<u8>> {
+    let mut wait = SAVE_RETRY_FIRST;
+    let mut warned = false;
+    while !crashed.load(std::sync::atomic::Ordering::Relaxed) {
+        std::thread::sleep(wait);
+        if let Some(state) = service.save_state() {
+            return Some(state);
+        }
+        if !warned && wait >= SAVE_RETRY_MAX {
+            tracing::warn!(
+                ?ticket,
+                "the service cannot save its state: the call waits, unanswered, until it can"
+            );
+            warned = true;
+        }
+        wait = (wait * 2).min(SAVE_RETRY_MAX);
+    }
+    None
 }
 
 impl Service for WorkerPool {
@@ -243,7 +268,10 @@ impl Service for WorkerPool {
 
 impl Drop for WorkerPool {
     fn drop(&mut self) {
-        // Closing the queue ends every worker after its current call.
+        // Closing the queue ends every worker after its current call; the
+        // flag ends one retrying a save that may never succeed.
+        self.crashed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.jobs = None;
         for thread in self.threads.drain(..) {
             let _ = thread.join();
@@ -273,6 +301,18 @@ mod tests {
         }
     }
 
+    /// Call `rpc_id` of one test caller.
+    fn test_ticket(rpc_id: u64) -> CallTicket {
+        CallTicket {
+            caller: DatagramEnd {
+                mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 9]),
+                address: remora_wire::Ipv4Address::new(10, 0, 0, 9),
+                port: 40000,
+            },
+            rpc_id,
+        }
+    }
+
     /// Counts, then fails: state changed by a call that failed.
     struct CountThenFail(u64);
 
@@ -294,16 +334,8 @@ mod tests {
     fn a_failed_calls_state_is_kept_too() {
         let mut pool =
             WorkerPool::new(vec![Box::new(CountThenFail(0)) as Box<dyn Service>]).unwrap();
-        let ticket = CallTicket {
-            caller: DatagramEnd {
-                mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 9]),
-                address: remora_wire::Ipv4Address::new(10, 0, 0, 9),
-                port: 40000,
-            },
-            rpc_id: 1,
-        };
         assert!(pool
-            .begin(ticket, b"count", GlobalAddress::NULL, b"")
+            .begin(test_ticket(1), b"count", GlobalAddress::NULL, b"")
             .is_none());
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         let finished = loop {
@@ -334,22 +366,15 @@ mod tests {
     /// A save that failed came back as no state, and the pool kept the
     /// state from before: call 2's reply carried a checkpoint counting it
     /// with the state of call 1, and a failover lost its effect while its
-    /// caller held the answer. Such a call is not answered now.
+    /// caller held the answer. Such a call now waits, unanswered, until a
+    /// save succeeds, which for this service is never.
     #[test]
     fn a_call_whose_state_could_not_be_saved_is_not_answered() {
         let mut pool =
             WorkerPool::new(vec![Box::new(CountThenCannotSave(0)) as Box<dyn Service>]).unwrap();
-        let ticket = |rpc_id| CallTicket {
-            caller: DatagramEnd {
-                mac: remora_wire::MacAddress([2, 0, 0, 0, 0, 9]),
-                address: remora_wire::Ipv4Address::new(10, 0, 0, 9),
-                port: 40000,
-            },
-            rpc_id,
-        };
         for rpc_id in [1, 2] {
             assert!(pool
-                .begin(ticket(rpc_id), b"count", GlobalAddress::NULL, b"")
+                .begin(test_ticket(rpc_id), b"count", GlobalAddress::NULL, b"")
                 .is_none());
         }
         let deadline = std::time::Instant::now() + Duration::from_millis(300);
@@ -362,6 +387,64 @@ mod tests {
         }
         assert_eq!(answered, vec![1], "only the call whose state was saved");
         assert_eq!(pool.save_state(), Some(1u64.to_be_bytes().to_vec()));
+    }
+
+    /// Counts; the saves after its second call fail `failures` times,
+    /// then succeed (a DSM that came back).
+    struct CountWithPassingSaveFailures {
+        count: u64,
+        failures: std::sync::atomic::AtomicU32,
+    }
+
+    impl Service for CountWithPassingSaveFailures {
+        fn call(&mut self, _: &[u8], _: GlobalAddress, _: &[u8]) -> Outcome {
+            self.count += 1;
+            Ok(self.count.to_be_bytes().to_vec().into())
+        }
+        fn save_state(&self) -> Option<Vec<u8>> {
+            let failing = self.count == 2
+                && self
+                    .failures
+                    .fetch_update(
+                        std::sync::atomic::Ordering::Relaxed,
+                        std::sync::atomic::Ordering::Relaxed,
+                        |left| left.checked_sub(1),
+                    )
+                    .is_ok();
+            (!failing).then(|| self.count.to_be_bytes().to_vec())
+        }
+    }
+
+    /// A call whose save failed went unanswered while the next call ran
+    /// and reported a state covering both: that state's checkpoint listed
+    /// the first call as received, not answered, and a replacement
+    /// restored from it ran the call a second time (found by reading).
+    /// Now the worker saves again, running nothing else, until the save
+    /// succeeds: each call is answered in order with the state just
+    /// after it.
+    #[test]
+    fn a_call_whose_save_fails_for_a_while_is_answered_with_its_own_state() {
+        let service = CountWithPassingSaveFailures {
+            count: 0,
+            failures: std::sync::atomic::AtomicU32::new(6),
+        };
+        let mut pool = WorkerPool::new(vec![Box::new(service) as Box<dyn Service>]).unwrap();
+        for rpc_id in [1, 2, 3] {
+            assert!(pool
+                .begin(test_ticket(rpc_id), b"count", GlobalAddress::NULL, b"")
+                .is_none());
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut answered = Vec::new();
+        while answered.len() < 3 && std::time::Instant::now() < deadline {
+            if let Some((ticket, _)) = pool.poll_finished() {
+                let state = pool.save_state().expect("a saved state");
+                let count = u64::from_be_bytes(state.try_into().expect("8 bytes"));
+                answered.push((ticket.rpc_id, count));
+            }
+            std::thread::yield_now();
+        }
+        assert_eq!(answered, vec![(1, 1), (2, 2), (3, 3)]);
     }
 
     #[test]
