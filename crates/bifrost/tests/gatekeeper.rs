@@ -409,28 +409,43 @@ fn the_switch_detects_a_silent_node_holds_its_calls_and_replays_them_to_the_repl
     }
     assert_eq!(switch.program_mut().take_detected(), vec![node.address]);
     // A call for its method is held: nothing leaves.
-    let mut call = [0u8; HEADER_LEN];
-    BifrostRepr::new(CallType::Call, "increment", 7, GlobalAddress::NULL)
-        .unwrap()
-        .emit(&mut call)
-        .unwrap();
-    switch.handle_frame(
-        at(1700),
-        PortId(0),
-        &frame(caller, to_gatekeeper(BIFROST_PORT), &call),
-    );
+    let call = |rpc_id: u64| {
+        let mut call = [0u8; HEADER_LEN];
+        BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL)
+            .unwrap()
+            .emit(&mut call)
+            .unwrap();
+        frame(caller, to_gatekeeper(BIFROST_PORT), &call)
+    };
+    switch.handle_frame(at(1700), PortId(0), &call(7));
     assert!(drain(&mut switch).is_empty());
     assert_eq!(switch.program().held_calls(), 1);
-    // Recovery: the switch sends the held call to the spare by itself.
+    // Its caller resends it through a long recovery, more times than the
+    // hold queue has places: the one call keeps one place (each resend
+    // once took its own, and a new call then found the queue full).
+    let places = GatekeeperConfig::new(SERVICE).held_calls;
+    for _ in 0..places + 10 {
+        switch.handle_frame(at(1700), PortId(0), &call(7));
+    }
+    switch.handle_frame(at(1700), PortId(0), &call(8));
+    assert!(drain(&mut switch).is_empty());
+    assert_eq!(switch.program().held_calls(), 2);
+    let counters = switch.program().counters();
+    assert_eq!(counters.held_dropped, 0);
+    assert_eq!(counters.held_resends, places as u64 + 10);
+    // Recovery: the switch sends the held calls to the spare by itself.
     switch
         .program_mut()
         .recover(node.address, spare.address)
         .unwrap();
     assert!(switch.poll_timeout().is_some_and(|due| due <= at(1800)));
     switch.handle_timeout(at(1800));
-    assert_eq!(drain(&mut switch), vec![(PortId(2), spare.address)]);
+    assert_eq!(
+        drain(&mut switch),
+        vec![(PortId(2), spare.address), (PortId(2), spare.address)]
+    );
     let counters = switch.program().counters();
-    assert_eq!((counters.held, counters.replayed), (1, 1));
+    assert_eq!((counters.held, counters.replayed), (2, 2));
     switch.check_frame_accounting().unwrap();
 }
 

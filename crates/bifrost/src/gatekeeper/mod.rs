@@ -114,6 +114,8 @@ pub struct GatekeeperCounters {
     pub unrouted: u64,
     /// Calls to a failed node, held until its replacement.
     pub held: u64,
+    /// Resends of a call already held: its frame replaced, no place taken.
+    pub held_resends: u64,
     /// Calls to a failed node the full hold queue could not take:
     /// dropped, with an RPC-failure digest (the caller's resend may
     /// still reach the replacement).
@@ -267,8 +269,9 @@ pub struct Gatekeeper {
     next_liveness_check: Timestamp,
     call_lease: Duration,
     next_lease_check: Timestamp,
-    /// Calls to failed nodes, as they arrived (to the service address).
-    held: VecDeque<Vec<u8>>,
+    /// Calls to failed nodes, as they arrived (to the service address):
+    /// one frame per call, the newest of its resends.
+    held: VecDeque<(CallKey, Vec<u8>)>,
     held_capacity: usize,
     /// Frames to send back into the pipeline (replays).
     packet_outs: VecDeque<Vec<u8>>,
@@ -1061,7 +1064,7 @@ impl Gatekeeper {
                 self.counters.replayed += 1;
             }
         }
-        while let Some(frame) = self.held.pop_front() {
+        while let Some((_, frame)) = self.held.pop_front() {
             self.packet_outs.push_back(frame);
             self.counters.replayed += 1;
         }
@@ -1279,13 +1282,24 @@ impl Gatekeeper {
             return Claim::Taken;
         }
         if node_failed {
+            let (caller, caller_port) = caller_of(packet, udp);
+            let key = (caller, caller_port, header.rpc_id());
+            packet.egress = Egress::Drop;
+            // A resend of a call already held replaces its frame: held
+            // again, every resend took a place of its own, a few callers
+            // resending through a long recovery filled the queue, and
+            // new calls were refused (found by reading).
+            if let Some((_, frame)) = self.held.iter_mut().find(|(held, _)| *held == key) {
+                self.counters.held_resends += 1;
+                frame.clone_from(&packet.bytes);
+                return Claim::Taken;
+            }
             if self.held.len() >= self.held_capacity {
                 self.counters.held_dropped += 1;
                 return self.fail(packet, 3);
             }
             self.counters.held += 1;
-            self.held.push_back(packet.bytes.clone());
-            packet.egress = Egress::Drop;
+            self.held.push_back((key, packet.bytes.clone()));
             return Claim::Taken;
         }
         let (caller, caller_port) = caller_of(packet, udp);
