@@ -239,17 +239,42 @@ fn decode_calls(
 ) -> Result<BTreeMap<DatagramEnd, BTreeMap<u64, Vec<u8>>>, CheckpointError> {
     let callers = reader.u32()?;
     let mut calls = BTreeMap::new();
+    let mut previous_caller = None;
     for _ in 0..callers {
+        let at = reader.at;
         let caller = decode_caller(reader)?;
-        let count = reader.u32()?;
-        let mut kept = BTreeMap::new();
-        for _ in 0..count {
-            let (rpc_id, payload) = reader.entry()?;
-            kept.insert(rpc_id, payload.to_vec());
+        if previous_caller.is_some_and(|previous| previous >= caller) {
+            return Err(CheckpointError::NotCanonical {
+                at,
+                why: "callers out of order or repeated",
+            });
         }
-        calls.insert(caller, kept);
+        previous_caller = Some(caller);
+        calls.insert(caller, decode_entries(reader)?);
     }
     Ok(calls)
+}
+
+/// A count, then that many entries in increasing RPC id order: entries
+/// repeated or out of order overwrote each other, and two byte strings
+/// decoded to one checkpoint (found by reading).
+fn decode_entries(reader: &mut Reader<'_>) -> Result<BTreeMap<u64, Vec<u8>>, CheckpointError> {
+    let count = reader.u32()?;
+    let mut kept = BTreeMap::new();
+    let mut previous = None;
+    for _ in 0..count {
+        let at = reader.at;
+        let (rpc_id, payload) = reader.entry()?;
+        if previous.is_some_and(|previous| previous >= rpc_id) {
+            return Err(CheckpointError::NotCanonical {
+                at,
+                why: "RPC ids out of order or repeated",
+            });
+        }
+        previous = Some(rpc_id);
+        kept.insert(rpc_id, payload.to_vec());
+    }
+    Ok(kept)
 }
 
 impl Checkpoint {
@@ -421,11 +446,7 @@ impl CallerCheckpoint {
             next_rpc_id: reader.u64()?,
             unanswered: BTreeMap::new(),
         };
-        let calls = reader.u32()?;
-        for _ in 0..calls {
-            let (rpc_id, arguments) = reader.entry()?;
-            checkpoint.unanswered.insert(rpc_id, arguments.to_vec());
-        }
+        checkpoint.unanswered = decode_entries(&mut reader)?;
         reader.finish()?;
         Ok(checkpoint)
     }
@@ -433,33 +454,97 @@ impl CallerCheckpoint {
 
 /// The harness of the `bifrost_checkpoints` fuzz target for callers'
 /// checkpoints: any bytes decode or fail with a typed error; what decodes
-/// encodes to bytes that decode to the same checkpoint.
+/// encodes to the very same bytes.
 pub fn any_caller_checkpoint(data: &[u8]) -> bool {
     let Ok(checkpoint) = CallerCheckpoint::decode(data) else {
         return false;
     };
-    if let Ok(bytes) = checkpoint.encode() {
-        assert_eq!(CallerCheckpoint::decode(&bytes), Ok(checkpoint));
-    }
+    // Decoding is canonical: what decodes is its own encoding.
+    assert_eq!(checkpoint.encode().as_deref(), Ok(data));
     true
 }
 
 /// The harness of the `bifrost_checkpoints` fuzz target, kept here so that
 /// tests replay it: any bytes decode or fail with a typed error; what
-/// decodes encodes to bytes that decode to the same checkpoint.
+/// decodes encodes to the very same bytes.
 pub fn any_checkpoint(data: &[u8]) -> bool {
     let Ok(checkpoint) = Checkpoint::decode(data) else {
         return false;
     };
-    if let Ok(bytes) = checkpoint.encode() {
-        assert_eq!(Checkpoint::decode(&bytes), Ok(checkpoint));
-    }
+    // Decoding is canonical: what decodes is its own encoding.
+    assert_eq!(checkpoint.encode().as_deref(), Ok(data));
     true
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Entries repeated or out of order overwrote each other: the same
+    /// checkpoint had several encodings, which `Reader::finish` says
+    /// never happens (found by reading). Replies were checked already;
+    /// received calls and a caller's unanswered calls now are too.
+    #[test]
+    fn repeated_or_unordered_calls_are_not_canonical() {
+        let caller = DatagramEnd {
+            mac: MacAddress([2, 0, 0, 0, 0, 1]),
+            address: Ipv4Address::new(10, 0, 0, 1),
+            port: 40000,
+        };
+        fn not_canonical<T>(result: Result<T, CheckpointError>) -> bool {
+            matches!(result, Err(CheckpointError::NotCanonical { .. }))
+        }
+        for ids in [[5u64, 5], [6, 5]] {
+            let mut unanswered = Vec::new();
+            for value in [1u64, 2, 3, 4] {
+                unanswered.extend_from_slice(&value.to_be_bytes());
+            }
+            unanswered.extend_from_slice(&2u32.to_be_bytes());
+            for id in ids {
+                encode_entry(&mut unanswered, id, b"call");
+            }
+            assert!(
+                not_canonical(CallerCheckpoint::decode(&unanswered)),
+                "{ids:?}"
+            );
+            let empty = Checkpoint {
+                sequence: 1,
+                executed: 0,
+                state: Vec::new(),
+                replies: BTreeMap::new(),
+                received: BTreeMap::new(),
+            };
+            let mut received = empty.encode().unwrap();
+            // The encoding ends with the count of callers with received
+            // calls, none here: one caller with two entries instead.
+            received.truncate(received.len() - 4);
+            received.extend_from_slice(&1u32.to_be_bytes());
+            encode_caller(&mut received, &caller);
+            received.extend_from_slice(&2u32.to_be_bytes());
+            for id in ids {
+                encode_entry(&mut received, id, b"call");
+            }
+            assert!(not_canonical(Checkpoint::decode(&received)), "{ids:?}");
+        }
+        // The same caller twice, with one call each.
+        let mut repeated = Checkpoint {
+            sequence: 1,
+            executed: 0,
+            state: Vec::new(),
+            replies: BTreeMap::new(),
+            received: BTreeMap::new(),
+        }
+        .encode()
+        .unwrap();
+        repeated.truncate(repeated.len() - 4);
+        repeated.extend_from_slice(&2u32.to_be_bytes());
+        for id in [5, 6] {
+            encode_caller(&mut repeated, &caller);
+            repeated.extend_from_slice(&1u32.to_be_bytes());
+            encode_entry(&mut repeated, id, b"call");
+        }
+        assert!(not_canonical(Checkpoint::decode(&repeated)));
+    }
 
     #[test]
     fn checkpoints_round_trip_and_truncations_are_typed_errors() {
