@@ -157,6 +157,16 @@ enum Arrival {
     Failed(String),
 }
 
+impl Arrival {
+    fn of(completion: &crate::store::Completion<'_>) -> Arrival {
+        match &completion.result {
+            Ok(Status::Found) => Arrival::Found(completion.value.to_vec()),
+            Ok(_) => Arrival::Absent,
+            Err(error) => Arrival::Failed(error.to_string()),
+        }
+    }
+}
+
 /// Runs connections' commands on one session. A batch's GETs that must
 /// wait for the device are deferred and answered together when the batch
 /// settles; a server may also detach a batch's deferred GETs, run other
@@ -297,12 +307,7 @@ impl Executor {
         }
         let arrived = &mut self.arrived;
         let completed = self.session.complete_pending(true, &mut |completion| {
-            let arrival = match completion.result {
-                Ok(Status::Found) => Arrival::Found(completion.value.to_vec()),
-                Ok(_) => Arrival::Absent,
-                Err(error) => Arrival::Failed(error.to_string()),
-            };
-            arrived.insert(completion.context, arrival);
+            arrived.insert(completion.context, Arrival::of(&completion));
         });
         if let Err(error) = completed {
             self.failure = Some(error.to_string());
@@ -562,7 +567,7 @@ impl Executor {
     /// Reads `key` into `self.value`; `true` if it exists.
     fn read(&mut self, key: &[u8]) -> Result<bool, CommandError> {
         let status = match self.session.read(key, &mut self.value, READ_CONTEXT)? {
-            Status::Pending => complete_one(&mut self.session, &mut self.value)?,
+            Status::Pending => self.complete_own(READ_CONTEXT)?,
             status => status,
         };
         Ok(status == Status::Found)
@@ -576,7 +581,7 @@ impl Executor {
             .session
             .rmw(key, update, &mut self.value, READ_MODIFY_WRITE_CONTEXT)?;
         if status == Status::Pending {
-            complete_one(&mut self.session, &mut self.value)?;
+            self.complete_own(READ_MODIFY_WRITE_CONTEXT)?;
         }
         let number = parse_decimal(&self.value).ok_or(CommandError::NotAnInteger)?;
         encode_integer(reply, number);
@@ -584,16 +589,32 @@ impl Executor {
     }
 }
 
-/// Waits for the session's one pending operation and copies its value
-/// (a read's value or an RMW's new value) into `value`.
-fn complete_one(session: &mut Session, value: &mut Vec<u8>) -> Result<Status, CommandError> {
-    let mut result = None;
-    session.complete_pending(true, &mut |completion| {
-        value.clear();
-        value.extend_from_slice(completion.value);
-        result = Some(completion.result);
-    })?;
-    Ok(result.ok_or(CommandError::LostCompletion)??)
+impl Executor {
+    /// Waits for the operation this command started under `context` and
+    /// copies its value (a read's value or an RMW's new value) into
+    /// `self.value`.
+    ///
+    /// The session may hold others: deferred GETs whose settle failed
+    /// (their gaps already answered with the error) and whose reads come
+    /// in now. Each of those once overwrote the value, so an MGET could
+    /// answer with another key's value, or an INCR that was applied
+    /// report "not an integer" (found by reading). They are kept for
+    /// gaps a detached batch still has, and otherwise dropped.
+    fn complete_own(&mut self, context: u64) -> Result<Status, CommandError> {
+        let keep_others = self.detached > 0 || !self.deferred.is_empty();
+        let (value, arrived) = (&mut self.value, &mut self.arrived);
+        let mut result = None;
+        self.session.complete_pending(true, &mut |completion| {
+            if completion.context == context {
+                value.clear();
+                value.extend_from_slice(completion.value);
+                result = Some(completion.result);
+            } else if keep_others {
+                arrived.insert(completion.context, Arrival::of(&completion));
+            }
+        })?;
+        Ok(result.ok_or(CommandError::LostCompletion)??)
+    }
 }
 
 fn check_key_lengths(mut lengths: impl Iterator<Item = usize>) -> Result<(), CommandError> {
@@ -876,6 +897,43 @@ mod tests {
         );
         assert_eq!(reply(&mut executor, "GET second"), "$3\r\ntwo\r\n");
         assert_eq!(reply(&mut executor, "GET first"), "$3\r\none\r\n");
+    }
+
+    /// A GET whose settle failed left its reads pending; the MGET after it
+    /// waited on the session and took every completion as its own, the
+    /// last one winning: the big value's second read came after the small
+    /// key's read, and MGET answered with the big value.
+    #[test]
+    fn a_command_that_waits_takes_only_its_own_completion() {
+        let config = StoreConfig::smallest();
+        let store = Store::new(config, Arc::new(FailsOnce(MemoryDevice::new(16 << 20)))).unwrap();
+        let mut executor = Executor::new(store).unwrap();
+        let big = vec![b'b'; 1000];
+        run(&mut executor, &[b"SET", b"big", &big]);
+        reply(&mut executor, "SET small tiny");
+        reply(&mut executor, "SET counter 10");
+        let filler = vec![b'f'; 1000];
+        for number in 0..200 {
+            let key = format!("filler-{number}");
+            run(&mut executor, &[b"SET", key.as_bytes(), &filler]);
+        }
+        let mut replies = Vec::new();
+        for command in ["GET big", "MGET small", "INCR counter"] {
+            let arguments: Vec<Cow<'_, [u8]>> = command
+                .split(' ')
+                .map(|word| Cow::Borrowed(word.as_bytes()))
+                .collect();
+            executor.execute(&arguments, &mut replies);
+        }
+        executor.settle(&mut replies);
+        let replies = String::from_utf8_lossy(&replies);
+        let (first, rest) = replies.split_once("\r\n").expect("three replies");
+        assert!(first.starts_with("-ERR"), "the injected failure: {replies}");
+        assert_eq!(rest, "*1\r\n$4\r\ntiny\r\n:11\r\n");
+        assert_eq!(
+            reply(&mut executor, "GET big").len(),
+            "$1000\r\n".len() + 1002
+        );
     }
 
     #[test]
