@@ -16,10 +16,11 @@ pub enum ConfigError {
     OverflowBuckets(u32),
     #[error("first_read_bytes {0} must be from 1 to a page's bytes")]
     FirstReadBytes(usize),
-    #[error("the device holds {device_bytes} bytes, less than the {memory_bytes} bytes of the in-memory log")]
+    #[error("the device holds {device_bytes} bytes, less than the {memory_bytes} bytes of the in-memory log and the {reserve_bytes} bytes the log keeps in reserve for compaction and checkpoints")]
     DeviceTooSmall {
         device_bytes: u64,
         memory_bytes: u64,
+        reserve_bytes: u64,
     },
     #[error("a page of {page_bytes} bytes (page_bits) is longer than one request to the {device} device ({limit_bytes} bytes): its flushes would all fail")]
     PageTooLongForDevice {
@@ -146,10 +147,17 @@ impl StoreConfig {
         if !(1..=1usize << self.page_bits).contains(&self.first_read_bytes) {
             return Err(ConfigError::FirstReadBytes(self.first_read_bytes));
         }
-        if crate::log::log_capacity_bytes(device_bytes, self.page_bits) < self.memory_bytes() {
+        // Ordinary records never take the reserve pages: without room for
+        // them beyond the memory's worth, every write failed as a full
+        // device once the first pages were written (found by reading).
+        let reserve_pages = crate::log::COMPACTION_RESERVE_PAGES + crate::log::SEAL_RESERVE_PAGES;
+        let reserve_bytes = reserve_pages << self.page_bits;
+        let log_bytes = crate::log::log_capacity_bytes(device_bytes, self.page_bits);
+        if log_bytes < self.memory_bytes() + reserve_bytes {
             return Err(ConfigError::DeviceTooSmall {
                 device_bytes,
                 memory_bytes: self.memory_bytes(),
+                reserve_bytes,
             });
         }
         if !(1..=1024).contains(&self.sessions) {
@@ -162,6 +170,23 @@ impl StoreConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A device with room for the memory's pages and no more passed the
+    /// check; ordinary records may not take the three reserve pages, so
+    /// every write failed as a full device after the first pages.
+    #[test]
+    fn a_device_must_hold_the_memory_and_the_reserve() {
+        let config = StoreConfig::smallest();
+        let page_bytes = 1u64 << config.page_bits;
+        let device_bytes = |pages: u64| crate::log::CHECKPOINT_AREA_BYTES + pages * page_bytes;
+        let reserve = crate::log::COMPACTION_RESERVE_PAGES + crate::log::SEAL_RESERVE_PAGES;
+        let just_enough = config.memory_pages + reserve;
+        assert!(matches!(
+            config.check(device_bytes(just_enough - 1)),
+            Err(ConfigError::DeviceTooSmall { .. })
+        ));
+        assert_eq!(config.check(device_bytes(just_enough)), Ok(()));
+    }
 
     #[test]
     fn a_toml_file_sets_some_keys_and_keeps_the_rest() {
