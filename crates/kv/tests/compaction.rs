@@ -77,7 +77,7 @@ fn compacted_store_agrees_with_a_map(device: Arc<dyn Device>) {
         assert!(compaction.begin > before, "round {round}: {compaction:?}");
         assert!(compaction.records_copied <= compaction.records_scanned);
         copied += compaction.records_copied;
-        assert_first_keys(&mut session, &model, 255);
+        assert_first_keys(&mut session, &model, EVERY_KEY);
     }
     assert!(copied > 0, "some records were still live below the head");
 }
@@ -213,7 +213,7 @@ fn compaction_races_a_writer_and_loses_nothing() {
         writer.join().unwrap()
     });
     let mut session = store.session().unwrap();
-    assert_first_keys(&mut session, &model, 255);
+    assert_first_keys(&mut session, &model, EVERY_KEY);
 }
 
 /// Compacted, checkpointed, recovered: the recovered store holds every
@@ -231,7 +231,7 @@ fn a_compacted_log_recovers() {
     assert!(checkpoint.begin > LogAddress::new(0));
     drop(session);
     drop(store);
-    assert_recovers(device, &model, 255);
+    assert_recovers(device, &model, EVERY_KEY);
 }
 
 #[test]
