@@ -108,30 +108,49 @@ pub fn read_now(
 ) -> Result<(), DeviceError> {
     const TOKEN: u64 = u64::MAX;
     queue.read(offset, length, TOKEN)?;
-    let mut arrived = false;
-    while !arrived {
-        queue.poll(&mut |token, bytes| {
-            if token == TOKEN {
-                out.clear();
-                out.extend_from_slice(bytes.unwrap_or(&[]));
-                arrived = true;
-            }
-        })?;
-        std::thread::yield_now();
-    }
-    Ok(())
+    wait_for(queue, TOKEN, DEVICE_WAIT, &mut |bytes| {
+        out.clear();
+        out.extend_from_slice(bytes.unwrap_or(&[]));
+    })
 }
 
 /// Writes `data` at `offset` through `queue`, waiting for completion.
 pub fn write_now(queue: &mut dyn DeviceQueue, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
     const TOKEN: u64 = u64::MAX - 1;
     queue.write(offset, data, TOKEN)?;
-    let mut done = false;
-    while !done {
-        queue.poll(&mut |token, _| done |= token == TOKEN)?;
+    wait_for(queue, TOKEN, DEVICE_WAIT, &mut |_| {})
+}
+
+/// How long a request waited for at once may take: recovery, compaction
+/// and checkpoints used to spin for ever on a device that stopped
+/// answering.
+pub const DEVICE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Polls `queue` until `token` completes, handing its completion to
+/// `arrived`; at most `limit`.
+fn wait_for(
+    queue: &mut dyn DeviceQueue,
+    token: u64,
+    limit: std::time::Duration,
+    arrived: &mut dyn FnMut(crate::device::Completed<'_>),
+) -> Result<(), DeviceError> {
+    let started = std::time::Instant::now();
+    loop {
+        let mut done = false;
+        queue.poll(&mut |completed, bytes| {
+            if completed == token {
+                arrived(bytes);
+                done = true;
+            }
+        })?;
+        if done {
+            return Ok(());
+        }
+        if started.elapsed() > limit {
+            return Err(DeviceError::TimedOut(limit));
+        }
         std::thread::yield_now();
     }
-    Ok(())
 }
 
 /// The newest valid checkpoint record on the device.
@@ -198,6 +217,19 @@ fn stored_capacity(bytes: &[u8]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `read_now` and `write_now` polled for ever for a completion that
+    /// never came (found by reading); the wait now ends with a typed error.
+    #[test]
+    fn a_wait_for_a_completion_that_never_comes_times_out() {
+        let device = crate::MemoryDevice::new(1 << 20);
+        let mut queue = crate::Device::open_queue(&device).unwrap();
+        let limit = std::time::Duration::from_millis(20);
+        let waited = wait_for(queue.as_mut(), 5, limit, &mut |_| {});
+        assert_eq!(waited, Err(DeviceError::TimedOut(limit)));
+        queue.write(0, &[1; 8], 5).unwrap();
+        assert_eq!(wait_for(queue.as_mut(), 5, limit, &mut |_| {}), Ok(()));
+    }
 
     #[test]
     fn a_record_round_trips_and_a_torn_one_is_refused() {

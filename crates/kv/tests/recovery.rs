@@ -118,13 +118,26 @@ fn a_device_without_a_checkpoint_says_so() {
 /// A checkpoint record whose CRC holds but whose log ends before it
 /// begins, or is longer than the device, is refused by name: the first
 /// underflowed the room arithmetic (every write then failed, or a debug
-/// build panicked), the second scanned for hours.
+/// build panicked), the second scanned for hours. So is one whose begin
+/// or tail is not a page start, or whose tail is page 0's start (the
+/// store never writes such; found by reading): from a tail of 0 the
+/// first record went to address 0, the null address, and its write
+/// returned done but read back as absent; from a tail inside a page, the
+/// index rebuild skipped the page's records and the next recovery found
+/// a zeroed hole.
 #[test]
 fn a_checkpoint_record_naming_an_impossible_log_is_refused() {
     use remora_kv::address::LogAddress;
     use remora_kv::checkpoint::{write_now, CheckpointRecord};
     let config = StoreConfig::smallest();
-    for (begin, tail) in [(0x1_0000_0000, 0x10040), (0, 1 << 47)] {
+    let page_bytes = 1u64 << config.page_bits;
+    for (begin, tail) in [
+        (0x1_0000_0000, 0x10040),
+        (0, 1 << 47),
+        (0, 0),
+        (0, 2 * page_bytes + 100),
+        (64, 2 * page_bytes),
+    ] {
         let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(16 << 20));
         let record = CheckpointRecord {
             sequence: 1,

@@ -10,6 +10,8 @@
 
 pub mod call_time;
 pub mod choice;
+#[cfg(test)]
+pub(crate) mod fails_once;
 pub mod far_memory;
 pub mod file;
 pub mod memory;
@@ -47,6 +49,9 @@ pub enum DeviceError {
     },
     #[error("the device is gone: its NIC's host is down")]
     Gone,
+    /// A request waited for at once got no completion in time.
+    #[error("the device did not complete a request within {0:?}")]
+    TimedOut(std::time::Duration),
     /// One request failed, and only it: the queue goes on. `poll` returns
     /// it (one per call) so that its caller can fail the request's owner
     /// rather than wait for a completion that never comes.

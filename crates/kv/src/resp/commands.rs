@@ -640,6 +640,7 @@ fn quoted(name: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::fails_once::FailsOnce;
     use crate::{MemoryDevice, StoreConfig};
     use std::sync::Arc;
 
@@ -812,77 +813,17 @@ mod tests {
         );
     }
 
-    /// A memory device whose queues fail the first poll that has a read
-    /// to deliver, losing nothing: the read is delivered by the next poll.
-    struct FailsOnce(MemoryDevice);
-
-    struct FailsOnceQueue {
-        inner: Box<dyn crate::DeviceQueue>,
-        failed: bool,
-        held: crate::device::Finished,
-    }
-
-    impl crate::Device for FailsOnce {
-        fn name(&self) -> &str {
-            "fails-once"
-        }
-        fn capacity_bytes(&self) -> u64 {
-            self.0.capacity_bytes()
-        }
-        fn open_queue(&self) -> Result<Box<dyn crate::DeviceQueue>, crate::DeviceError> {
-            let inner = self.0.open_queue()?;
-            Ok(Box::new(FailsOnceQueue {
-                inner,
-                failed: false,
-                held: Default::default(),
-            }))
-        }
-    }
-
-    impl crate::DeviceQueue for FailsOnceQueue {
-        fn read(
-            &mut self,
-            offset: u64,
-            length: usize,
-            token: u64,
-        ) -> Result<(), crate::DeviceError> {
-            self.inner.read(offset, length, token)
-        }
-        fn write(
-            &mut self,
-            offset: u64,
-            data: &[u8],
-            token: u64,
-        ) -> Result<(), crate::DeviceError> {
-            self.inner.write(offset, data, token)
-        }
-        fn poll(
-            &mut self,
-            done: &mut dyn FnMut(u64, crate::device::Completed<'_>),
-        ) -> Result<usize, crate::DeviceError> {
-            let held = &mut self.held;
-            self.inner.poll(&mut |token, bytes| match bytes {
-                Some(bytes) => held.push_read(token, bytes),
-                None => held.push_write(token),
-            })?;
-            if !self.failed && !self.held.is_empty() {
-                self.failed = true;
-                return Err(crate::DeviceError::Io("injected".into()));
-            }
-            Ok(self.held.drain(done))
-        }
-        fn in_flight(&self) -> usize {
-            self.inner.in_flight() + self.held.len()
-        }
-    }
-
     /// Regression: a settle whose device poll failed left its GETs pending
     /// in the session, and the next batch reused their contexts, so their
     /// late completions indexed past the next batch's gaps (a panic).
     #[test]
     fn a_failed_settle_never_lets_stale_completions_into_the_next_batch() {
         let config = StoreConfig::smallest();
-        let store = Store::new(config, Arc::new(FailsOnce(MemoryDevice::new(16 << 20)))).unwrap();
+        let store = Store::new(
+            config,
+            Arc::new(FailsOnce::new(MemoryDevice::new(16 << 20))),
+        )
+        .unwrap();
         let mut executor = Executor::new(store).unwrap();
         reply(&mut executor, "SET first one");
         reply(&mut executor, "SET second two");
@@ -906,7 +847,11 @@ mod tests {
     #[test]
     fn a_command_that_waits_takes_only_its_own_completion() {
         let config = StoreConfig::smallest();
-        let store = Store::new(config, Arc::new(FailsOnce(MemoryDevice::new(16 << 20)))).unwrap();
+        let store = Store::new(
+            config,
+            Arc::new(FailsOnce::new(MemoryDevice::new(16 << 20))),
+        )
+        .unwrap();
         let mut executor = Executor::new(store).unwrap();
         let big = vec![b'b'; 1000];
         run(&mut executor, &[b"SET", b"big", &big]);

@@ -117,6 +117,9 @@ pub struct SessionStats {
     /// [`call_time::timed`] counts it: a read issued inside a timed
     /// `complete_pending` is in that call's time, not here.
     pub device_issue_nanos: u64,
+    /// Device completions that belonged to no pending operation (left by
+    /// a wait that failed), dropped.
+    pub stray_completions: u64,
 }
 
 impl SessionStats {
@@ -220,10 +223,17 @@ impl Store {
         }
         // The CRC says the record is whole, not that it is sane: a log
         // that ends before it begins, or outgrows the device, would wrap
-        // the room arithmetic or scan for ever.
+        // the room arithmetic or scan for ever. A checkpoint's begin is a
+        // page start (truncation moves it by pages) and its tail a page
+        // start past page 0 (a seal turns the page).
         let capacity_bytes = shared.log.device_capacity_bytes();
         let length = record.tail.value().checked_sub(record.begin.value());
-        if length.is_none_or(|length| length > capacity_bytes) {
+        let at_page_starts = [record.begin, record.tail]
+            .iter()
+            .all(|address| address.offset_in_page(page_bits) == 0);
+        let past_page_zero = record.tail >= LogAddress::page_start(1, page_bits);
+        if length.is_none_or(|length| length > capacity_bytes) || !at_page_starts || !past_page_zero
+        {
             return Err(CheckpointError::ImpossibleLog {
                 begin: record.begin,
                 tail: record.tail,
@@ -481,6 +491,16 @@ impl Session {
         Ok(record)
     }
 
+    /// A wait's clocks belong to the operation that waited. Some ways out
+    /// of a wait left them set (an RMW whose retry took a path that does
+    /// not allocate, a checkpoint that failed part way), and the session's
+    /// next wait, minutes later, reported a stall at its first look and
+    /// killed the compactor (found by reading).
+    fn start_wait_clocks(&mut self) {
+        self.waiting_since = None;
+        self.full_since = None;
+    }
+
     /// Refreshes and yields while the log moves; errs if it stalls.
     fn wait_a_little(&mut self) -> Result<(), KvError> {
         let started = *self.waiting_since.get_or_insert_with(Instant::now);
@@ -501,6 +521,7 @@ impl Session {
     /// Enters protection, and refreshes every few operations.
     fn enter(&mut self) -> Result<(), KvError> {
         self.stats.operations += 1;
+        self.start_wait_clocks();
         let epoch = &self.shared.epoch;
         if !epoch.is_protected(self.slot()) {
             epoch.protect(self.slot());
@@ -1117,6 +1138,7 @@ impl Session {
     }
 
     fn enter_for_completion(&mut self) -> Result<(), KvError> {
+        self.start_wait_clocks();
         if !self.shared.epoch.is_protected(self.slot()) {
             self.shared.epoch.protect(self.slot());
         }
@@ -1134,7 +1156,16 @@ impl Session {
         // newer pages' bytes (the device is a ring): they are not the
         // record's. Checked after the bytes came, this is enough, since
         // the begin only moves up and space is reused only below it.
-        let address = self.pending[token].as_ref().expect("a live token").address;
+        //
+        // A completion for no live operation is one a wait that gave up
+        // left behind: `read_now`'s or `write_now`'s (tokens near
+        // `u64::MAX`) after a failed poll, which the device still
+        // delivered. Indexed, it panicked the session's thread.
+        let Some(Some(operation)) = self.pending.get(token) else {
+            self.stats.stray_completions += 1;
+            return Ok(false);
+        };
+        let address = operation.address;
         if self.shared.log.region(address) == Region::Truncated {
             return self.finish_below_begin(token, done);
         }
@@ -1296,7 +1327,50 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::fails_once::FailsOnce;
     use crate::device::MemoryDevice;
+
+    /// A checkpoint whose write's poll failed returned the error, and the
+    /// device delivered the write's completion later, to the session's
+    /// next wait: `on_arrival` indexed its pending operations with the
+    /// checkpoint's token (`u64::MAX - 1`) and panicked (found by
+    /// reading). It is dropped and counted now, and the read waited for
+    /// finishes.
+    #[test]
+    fn a_completion_left_by_a_failed_checkpoint_write_is_dropped() {
+        // `write_now`'s token, which the checkpoint's record is written with.
+        let device = FailsOnce::on_token(MemoryDevice::new(16 << 20), u64::MAX - 1);
+        let store = Store::new(StoreConfig::smallest(), Arc::new(device)).unwrap();
+        let mut session = store.session().unwrap();
+        session.upsert(b"first", b"one").unwrap();
+        for number in 0..200u32 {
+            session
+                .upsert(&number.to_le_bytes(), &[b'f'; 1000])
+                .unwrap();
+        }
+        let checkpoint = session.checkpoint();
+        assert!(
+            matches!(checkpoint, Err(KvError::Device(DeviceError::Io(_)))),
+            "the injected failure: {checkpoint:?}"
+        );
+        let mut value = Vec::new();
+        assert_eq!(
+            session.read(b"first", &mut value, 7).unwrap(),
+            Status::Pending
+        );
+        let mut completions = Vec::new();
+        session
+            .complete_pending(true, &mut |completion| {
+                completions.push((
+                    completion.context,
+                    completion.result.clone(),
+                    completion.value.to_vec(),
+                ));
+            })
+            .unwrap();
+        assert_eq!(completions, vec![(7, Ok(Status::Found), b"one".to_vec())]);
+        assert_eq!(session.stats().stray_completions, 1);
+    }
 
     /// A write that waited for room and then failed with DeviceFull kept
     /// the time its wait started: more than 30 s later, the session's
@@ -1319,6 +1393,28 @@ mod tests {
             "{failed:?}"
         );
         assert_eq!(session.waiting_since, None);
+    }
+
+    /// A wait's start left behind by an earlier operation (simulated here:
+    /// the ways out that left it were an RMW's retry and a failed
+    /// checkpoint) made the next wait report a stall at once.
+    #[test]
+    fn a_wait_left_behind_by_an_earlier_operation_is_not_a_stall() {
+        let store = Store::new(
+            StoreConfig::smallest(),
+            Arc::new(MemoryDevice::new(16 << 20)),
+        )
+        .unwrap();
+        let mut session = store.session().unwrap();
+        for number in 0..50u32 {
+            session
+                .upsert(&number.to_le_bytes(), &[b'f'; 1000])
+                .unwrap();
+        }
+        session.waiting_since = Instant::now().checked_sub(MAX_WAIT + Duration::from_secs(1));
+        assert!(session.waiting_since.is_some());
+        // The checkpoint waits for the log's flush.
+        session.checkpoint().unwrap();
     }
 
     /// A memory device whose queues fail the first write they are given,
