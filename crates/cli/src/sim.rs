@@ -446,7 +446,10 @@ fn print_summary(report: &remora_conformance::CampaignReport, config: &ScenarioC
         "  streams that gave up {:>10}  (retry limit reached under faults: legal)",
         report.streams_gave_up
     );
-    println!("  seeds with a crash   {:>10}", report.seeds_with_crash);
+    println!(
+        "  seeds with a crash   {:>10}  ({} completions from before the crash checked)",
+        report.seeds_with_crash, report.checked_before_crash
+    );
     println!("  seeds with partition {:>10}", report.seeds_with_partition);
     println!("  frames               {:>10}", report.frames);
     println!(

@@ -12,6 +12,8 @@ pub struct CampaignReport {
     pub succeeded: u64,
     pub streams_gave_up: u64,
     pub seeds_with_crash: u64,
+    /// Completions crashed hosts produced before their crash, checked.
+    pub checked_before_crash: u64,
     pub seeds_with_partition: u64,
     pub frames: u64,
     pub retransmitted_packets: u64,
@@ -40,6 +42,7 @@ pub fn run_campaign(
         campaign.succeeded += report.succeeded as u64;
         campaign.streams_gave_up += report.streams_gave_up as u64;
         campaign.seeds_with_crash += u64::from(report.crashed);
+        campaign.checked_before_crash += report.checked_before_crash as u64;
         campaign.seeds_with_partition += u64::from(report.partitioned);
         campaign.frames += report.frames;
         campaign.retransmitted_packets += report.retransmitted_packets;

@@ -24,7 +24,9 @@ use remora_base::Probability;
 use remora_host::hardware::NicHardware;
 use remora_host::Host as HostNode;
 use remora_rnic::*;
-use remora_sim::{Event, LinkConfig, LinkCounters, LinkFaults, LinkId, NodeId, PortId, Simulation};
+use remora_sim::{
+    Event, LinkConfig, LinkCounters, LinkFaults, LinkId, NodeId, PortId, RunOutcome, Simulation,
+};
 use remora_wire::{Ipv4Address, MacAddress, Qpn, Rkey};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -181,6 +183,8 @@ pub struct SeedReport {
     pub atomics_serialized: u64,
     pub virtual_time_ns: u64,
     pub crashed: bool,
+    /// Completions a crashed host produced before its crash, checked.
+    pub checked_before_crash: usize,
     pub partitioned: bool,
     /// What the link's faults did, both directions: a campaign shows the
     /// faults it asked for happened (a broken profile passed silently).
@@ -286,7 +290,8 @@ struct Build {
     partitioned: bool,
     /// The partition drawn lasts a timeout for every try.
     partition_outlasts_retries: bool,
-    crashed: bool,
+    /// When the crash drawn happens, and to which host.
+    crash: Option<(Timestamp, NodeId)>,
     /// The link between the two hosts.
     link: LinkId,
 }
@@ -340,13 +345,14 @@ fn build(seed: u64, config: &ScenarioConfig) -> Build {
         partition_outlasts_retries =
             end.as_nanos().saturating_sub(start.as_nanos()) >= every_try.as_nanos() as u64;
     }
-    let crashed = sim.rng().gen_bool(faults.crash.get());
-    if crashed {
+    let mut crash = None;
+    if sim.rng().gen_bool(faults.crash.get()) {
         let victim = if sim.rng().gen_bool(0.5) { a } else { b };
         let at = sim.random_time(Timestamp::ZERO, safety_end);
         let back = sim.random_time(at, safety_end);
         sim.schedule(at, Event::Crash(victim));
         sim.schedule(back, Event::Restart(victim));
+        crash = Some((at, victim));
     }
     Build {
         sim,
@@ -354,7 +360,7 @@ fn build(seed: u64, config: &ScenarioConfig) -> Build {
         streams,
         partitioned,
         partition_outlasts_retries,
-        crashed,
+        crash,
         link: link_id,
     }
 }
@@ -652,11 +658,12 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         streams,
         partitioned,
         partition_outlasts_retries,
-        crashed,
+        crash,
         link,
     } = build(seed, config);
     let safety_end = Timestamp::ZERO.saturating_add(config.safety_phase());
-    let safety = sim.run_until(safety_end, config.max_events);
+    let (safety, before_crash) =
+        run_safety_phase(&mut sim, &hosts, &streams, crash, safety_end, config);
     // The safety phase ends at its deadline, not at the event budget. A
     // run that spent the budget early (a timer re-armed at the same
     // instant, say) had its faults stopped early and healed by the
@@ -669,7 +676,7 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
     // Faults as they happened, not as they were drawn: a run that hit its
     // event limit cancels those still to come, and what never happened
     // excuses nothing.
-    let crashed = crashed && hosts.iter().any(|host| sim.node(host.id).crashes() > 0);
+    let crashed = crash.is_some() && hosts.iter().any(|host| sim.node(host.id).crashes() > 0);
     let mut link_counters = LinkCounters::default();
     for direction in &sim.link_counters(link) {
         link_counters.add(direction);
@@ -701,13 +708,25 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
     }
     let completions: Vec<Option<Vec<WorkCompletion>>> = hosts
         .iter()
-        .map(|host| drain_completions(&mut sim, host))
+        .map(|host| drain_completions(&mut sim, host, before_crash.as_ref()))
         .collect();
     // Frames that never arrived: lost, corrupted, or cut by a partition
     // that happened (it can eat the NAK a violation drew, as loss can).
     let lossy = !config.faults.loss.is_zero() || !config.faults.corrupt.is_zero() || cut;
-    for stream in &streams {
-        let requester_completions = completions[stream.requester.0].as_deref();
+    for (index, stream) in streams.iter().enumerate() {
+        let requester = match (&completions[stream.requester.0], &before_crash) {
+            (Some(completions), _) => Some(RequesterView {
+                completions,
+                cut_by_crash: false,
+                local: LocalSlots::Device(sim.node(stream.requester).nic()),
+            }),
+            (None, Some(before)) => before.local[index].as_deref().map(|bytes| RequesterView {
+                completions: &before.completions,
+                cut_by_crash: true,
+                local: LocalSlots::Snapshot(bytes),
+            }),
+            (None, None) => None,
+        };
         let responder_completions = completions[stream.responder.0].as_deref();
         let opposite_violation = streams.iter().any(|other| {
             !std::ptr::eq(other, stream)
@@ -727,7 +746,7 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         check_stream(
             &sim,
             stream,
-            requester_completions,
+            requester,
             responder_completions,
             context,
             &mut report,
@@ -776,16 +795,23 @@ fn check_read_only_untouched(
     }
 }
 
-/// Every completion a host produced, or `None` if it crashed (they are lost).
+/// Every completion a host produced, or `None` if it crashed (they are
+/// lost with it; those from before the crash are in `before_crash`). A
+/// host whose crash was drawn but never came (the run hit its event
+/// limit) produced those taken before it, then these.
 fn drain_completions(
     sim: &mut Simulation<HostNode>,
     host: &HostResources,
+    before_crash: Option<&BeforeCrash>,
 ) -> Option<Vec<WorkCompletion>> {
     let node = sim.node_mut(host.id);
     if node.crashes() > 0 {
         return None;
     }
-    let mut completions = Vec::new();
+    let mut completions = match before_crash {
+        Some(before) if before.host == host.id => before.completions.clone(),
+        _ => Vec::new(),
+    };
     for _ in 0..COMPLETION_QUEUE_DEPTH {
         match node.nic_mut().poll_completion(host.completion_queue) {
             Ok(Some(completion)) => completions.push(completion),
@@ -794,6 +820,116 @@ fn drain_completions(
         }
     }
     Some(completions)
+}
+
+/// What a host had done just before its crash, taken from it then: its
+/// completions, and for each stream it requests on (by index), the local
+/// region its READs and atomics returned into. Without it, a crash threw
+/// away every check of what the victim completed before it.
+struct BeforeCrash {
+    host: NodeId,
+    completions: Vec<WorkCompletion>,
+    local: Vec<Option<Vec<u8>>>,
+}
+
+/// Runs the safety phase, stopping just before a crash drawn in it to take
+/// what the victim did before it ([`BeforeCrash`]). Stopping and going on
+/// changes nothing the simulation does: the same events run in the same
+/// order.
+fn run_safety_phase(
+    sim: &mut Simulation<HostNode>,
+    hosts: &[HostResources; 2],
+    streams: &[Stream],
+    crash: Option<(Timestamp, NodeId)>,
+    safety_end: Timestamp,
+    config: &ScenarioConfig,
+) -> (RunOutcome, Option<BeforeCrash>) {
+    let Some((at, victim)) = crash.filter(|(at, _)| *at <= safety_end) else {
+        return (sim.run_until(safety_end, config.max_events), None);
+    };
+    let just_before = Timestamp::from_nanos(at.as_nanos().saturating_sub(1));
+    let first = sim.run_until(just_before, config.max_events);
+    let before = before_crash(sim, hosts, streams, victim);
+    let rest = sim.run_until(safety_end, config.max_events - first.events);
+    let outcome = RunOutcome {
+        events: first.events + rest.events,
+        ..rest
+    };
+    (outcome, Some(before))
+}
+
+fn before_crash(
+    sim: &mut Simulation<HostNode>,
+    hosts: &[HostResources; 2],
+    streams: &[Stream],
+    victim: NodeId,
+) -> BeforeCrash {
+    let queue = hosts
+        .iter()
+        .find(|host| host.id == victim)
+        .expect("the victim is one of the hosts")
+        .completion_queue;
+    let nic = sim.node_mut(victim).nic_mut();
+    let mut completions = Vec::new();
+    // The host's one completion queue; bounded by its depth.
+    for _ in 0..COMPLETION_QUEUE_DEPTH {
+        match nic.poll_completion(queue) {
+            Ok(Some(completion)) => completions.push(completion),
+            Ok(None) => break,
+            Err(error) => panic!("completion queue of a live host: {error}"),
+        }
+    }
+    let local = streams
+        .iter()
+        .map(|stream| {
+            (stream.requester == victim).then(|| {
+                let mut bytes = vec![0u8; stream.local.length_bytes as usize];
+                nic.read_local(stream.local.lkey, stream.local.address, &mut bytes)
+                    .expect("a live host's local region");
+                bytes
+            })
+        })
+        .collect();
+    BeforeCrash {
+        host: victim,
+        completions,
+        local,
+    }
+}
+
+/// A requester's completions as the checks see them.
+struct RequesterView<'a> {
+    completions: &'a [WorkCompletion],
+    /// Taken before a crash: the rest were lost with the host.
+    cut_by_crash: bool,
+    local: LocalSlots<'a>,
+}
+
+/// Where a requester's READs and atomics left what they returned.
+enum LocalSlots<'a> {
+    /// The live host's local region.
+    Device(&'a SoftRnic),
+    /// A copy of it taken before the host crashed.
+    Snapshot(&'a [u8]),
+}
+
+impl LocalSlots<'_> {
+    /// The bytes at `offset` into `stream`'s local region.
+    fn read(&self, stream: &Stream, offset: u64, into: &mut [u8]) {
+        match self {
+            LocalSlots::Device(device) => device
+                .read_local(
+                    stream.local.lkey,
+                    remora_wire::VirtAddr(stream.local.address.0 + offset),
+                    into,
+                )
+                .expect("local slot"),
+            LocalSlots::Snapshot(bytes) => {
+                let start = offset as usize;
+                into.copy_from_slice(&bytes[start..start + into.len()]);
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -811,35 +947,44 @@ struct CheckContext {
 fn check_stream(
     sim: &Simulation<HostNode>,
     stream: &Stream,
-    requester_completions: Option<&[WorkCompletion]>,
+    requester: Option<RequesterView<'_>>,
     responder_completions: Option<&[WorkCompletion]>,
     context: CheckContext,
     report: &mut SeedReport,
 ) {
     report.operations += stream.operations.len();
     let mut fail = |message: String| report.failures.push(format!("{}: {message}", stream.name));
-    let (succeeded, gave_up) = match requester_completions {
-        Some(all) => {
-            let mine: Vec<_> = all
+    let requester_alive = requester.as_ref().is_some_and(|view| !view.cut_by_crash);
+    let (succeeded, gave_up) = match requester {
+        Some(view) => {
+            let mine: Vec<_> = view
+                .completions
                 .iter()
                 .filter(|c| c.qpn == stream.requester_qpn && !is_receive(c))
                 .copied()
                 .collect();
-            check_requester(sim, stream, &mine, context, &mut fail)
+            if view.cut_by_crash {
+                report.checked_before_crash += mine.len();
+            }
+            let view = RequesterView {
+                completions: &mine,
+                ..view
+            };
+            check_requester(stream, &view, context, &mut fail)
         }
         None => (0, false),
     };
     report.succeeded += succeeded;
     report.streams_gave_up += usize::from(gave_up);
-    let requester_alive = requester_completions.is_some();
     if let Some(all) = responder_completions {
         let receives: Vec<_> = all
             .iter()
             .filter(|c| c.qpn == stream.responder_qpn && is_receive(c))
             .copied()
             .collect();
-        let lower = if requester_alive { succeeded } else { 0 };
-        check_responder_memory(sim, stream, lower, &mut fail);
+        // What succeeded before a requester's crash landed too (in order,
+        // each once); what it had in flight may have landed or not.
+        check_responder_memory(sim, stream, succeeded, &mut fail);
         check_receives(
             sim,
             stream,
@@ -864,20 +1009,23 @@ fn is_receive(completion: &WorkCompletion) -> bool {
 /// Checks completions and returned values. Returns how many succeeded and
 /// whether the transport gave up.
 fn check_requester(
-    sim: &Simulation<HostNode>,
     stream: &Stream,
-    completions: &[WorkCompletion],
+    view: &RequesterView<'_>,
     context: CheckContext,
     fail: &mut impl FnMut(String),
 ) -> (usize, bool) {
-    if completions.len() != stream.operations.len() {
+    let completions = view.completions;
+    // A crash cuts the list short: what the host would have completed
+    // after it died with it.
+    let whole = completions.len() == stream.operations.len();
+    let cut_short = view.cut_by_crash && completions.len() < stream.operations.len();
+    if !whole && !cut_short {
         fail(format!(
             "liveness: {} of {} operations completed",
             completions.len(),
             stream.operations.len()
         ));
     }
-    let device = sim.node(stream.requester).nic();
     let mut model = WindowModel::new();
     let mut succeeded = 0;
     let mut errored = false;
@@ -913,7 +1061,7 @@ fn check_requester(
             CompletionStatus::Success => {
                 succeeded += 1;
                 let expected = model.apply(operation);
-                check_returned_value(device, stream, index, &expected, fail);
+                check_returned_value(&view.local, stream, index, &expected, fail);
             }
             CompletionStatus::WorkRequestFlushError => {
                 let explained = errored || context.opposite_violation || own_violation_refused;
@@ -959,20 +1107,18 @@ fn describe(operation: &Operation) -> String {
 }
 
 fn check_returned_value(
-    device: &SoftRnic,
+    local: &LocalSlots<'_>,
     stream: &Stream,
     index: usize,
     expected: &Expected,
     fail: &mut impl FnMut(String),
 ) {
-    let slot = remora_wire::VirtAddr(stream.local.address.0 + index as u64 * LOCAL_SLOT_BYTES);
+    let slot = index as u64 * LOCAL_SLOT_BYTES;
     match expected {
         Expected::Nothing => {}
         Expected::ReadData(bytes) => {
             let mut actual = vec![0u8; bytes.len()];
-            device
-                .read_local(stream.local.lkey, slot, &mut actual)
-                .expect("local slot");
+            local.read(stream, slot, &mut actual);
             if &actual != bytes {
                 let first = actual
                     .iter()
@@ -984,9 +1130,7 @@ fn check_returned_value(
         }
         Expected::AtomicOriginal(original) => {
             let mut actual = [0u8; 8];
-            device
-                .read_local(stream.local.lkey, slot, &mut actual)
-                .expect("local slot");
+            local.read(stream, slot, &mut actual);
             let actual = u64::from_le_bytes(actual);
             if actual != *original {
                 fail(format!(

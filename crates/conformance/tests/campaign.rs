@@ -45,6 +45,12 @@ fn assert_faults_happened(faults: &FaultProfile, report: &CampaignReport) {
             "{name} was asked for and never happened: {report:?}"
         );
     }
+    // A crash once threw away every check of what its victim completed
+    // before it.
+    assert!(
+        report.seeds_with_crash == 0 || report.checked_before_crash > 0,
+        "crashes happened and nothing their victims completed was checked: {report:?}"
+    );
 }
 
 #[test]
