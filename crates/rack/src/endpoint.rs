@@ -998,13 +998,22 @@ impl RackThread {
     }
 }
 
-/// What a fabric thread does as it ends, told to or not: it stops the
+/// What a fabric thread does as it ends, told to, failed or panicked (a
+/// guard, dropped as the thread's closure unwinds too): it stops the
 /// fabric's other threads (one fabric thread's failure is the fabric's)
-/// and sets the rack's stop flag.
+/// and sets the rack's stop flag. Signalled after `run` returned, a panic
+/// went past it: the flag stayed down, the other fabric threads ran on,
+/// and each workload waited out its own 10 s timeout (found by reading).
 struct FabricEnding {
     driver_stop: Arc<AtomicBool>,
     rack_stop: Arc<Mutex<RackStop>>,
     kicker: DriverKicker,
+}
+
+impl Drop for FabricEnding {
+    fn drop(&mut self) {
+        self.signal();
+    }
 }
 
 impl FabricEnding {
@@ -1095,7 +1104,7 @@ impl FabricThread {
                     }
                     let started_ns = thread_cpu_ns();
                     let ran = driver.run();
-                    ending.signal();
+                    drop(ending);
                     ran?;
                     Ok(Duration::from_nanos(thread_cpu_ns() - started_ns))
                 },

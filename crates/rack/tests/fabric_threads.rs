@@ -184,7 +184,15 @@ fn a_switch_holding_frames_for_a_full_ring_names_a_deadline() {
 }
 
 /// A pump whose first turn fails, and one that never has work.
-struct Failing(bool);
+/// How a test pump behaves.
+#[derive(Clone, Copy, Debug)]
+enum Behaviour {
+    Healthy,
+    Fails,
+    Panics,
+}
+
+struct Failing(Behaviour);
 
 impl remora_rack::endpoint::Pump for Failing {
     fn pump(
@@ -192,8 +200,9 @@ impl remora_rack::endpoint::Pump for Failing {
         _: &remora_rack::endpoint::RackClock,
     ) -> Result<bool, remora_rack::RackError> {
         match self.0 {
-            true => Err(remora_rack::RackError::Launch("a carrier broke".into())),
-            false => Ok(false),
+            Behaviour::Healthy => Ok(false),
+            Behaviour::Fails => Err(remora_rack::RackError::Launch("a carrier broke".into())),
+            Behaviour::Panics => panic!("an agent's invariant broke"),
         }
     }
     fn deadline(&self, _: &remora_rack::endpoint::RackClock) -> Option<Instant> {
@@ -210,38 +219,44 @@ impl remora_rack::endpoint::Pump for Failing {
 /// A fabric thread that failed left the rack's stop flag down (only its
 /// owner's stop set it) and the fabric's other threads running: workloads
 /// beside it waited out their own timeouts. Its end now raises the flag
-/// and stops the rest of the fabric.
+/// and stops the rest of the fabric. So does one that panicked, which
+/// unwound past the signal given after its driver returned.
 #[test]
 fn a_failed_fabric_thread_raises_the_racks_stop_flag_and_stops_the_fabric() {
     use remora_rack::endpoint::{Driver, FabricThread, RackClock};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
-    let driver_stop = Arc::new(AtomicBool::new(false));
-    let driver = |fails| {
-        let pump: Arc<Mutex<dyn remora_rack::endpoint::Pump>> =
-            Arc::new(Mutex::new(Failing(fails)));
-        Driver::new(vec![pump], RackClock::new(), Arc::clone(&driver_stop)).unwrap()
-    };
-    let rack_stop = Arc::new(AtomicBool::new(false));
-    let fabric = FabricThread::start(
-        "failing-fabric",
-        vec![driver(false), driver(true)],
-        Arc::clone(&driver_stop),
-        false,
-    )
-    .unwrap()
-    .stopping_rack(&rack_stop);
-    let started = Instant::now();
-    while !rack_stop.load(Ordering::Relaxed) {
+    for failure in [Behaviour::Fails, Behaviour::Panics] {
+        let driver_stop = Arc::new(AtomicBool::new(false));
+        let driver = |behaviour| {
+            let pump: Arc<Mutex<dyn remora_rack::endpoint::Pump>> =
+                Arc::new(Mutex::new(Failing(behaviour)));
+            Driver::new(vec![pump], RackClock::new(), Arc::clone(&driver_stop)).unwrap()
+        };
+        let rack_stop = Arc::new(AtomicBool::new(false));
+        let fabric = FabricThread::start(
+            "failing-fabric",
+            vec![driver(Behaviour::Healthy), driver(failure)],
+            Arc::clone(&driver_stop),
+            false,
+        )
+        .unwrap()
+        .stopping_rack(&rack_stop);
+        let started = Instant::now();
+        while !rack_stop.load(Ordering::Relaxed) {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{failure:?}: the stop flag stayed down"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the stop flag stayed down"
+            driver_stop.load(Ordering::Relaxed),
+            "{failure:?}: the fabric's healthy thread was told to stop"
         );
-        std::thread::sleep(Duration::from_millis(1));
+        assert!(
+            fabric.stop_and_join().is_err(),
+            "{failure:?}: the failure is returned"
+        );
     }
-    assert!(
-        driver_stop.load(Ordering::Relaxed),
-        "the fabric's healthy thread was told to stop"
-    );
-    assert!(fabric.stop_and_join().is_err(), "the failure is returned");
 }
