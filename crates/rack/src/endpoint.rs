@@ -409,6 +409,20 @@ impl NicSide {
 /// How soon an endpoint blocked on a full carrier looks again.
 const FULL_CARRIER_RETRY: Duration = Duration::from_micros(50);
 
+/// A carrier's next due frame, as a deadline. Asked after a pump, which
+/// flushed every port, a time already past means the frame could not
+/// leave (the carrier behind the delay line is full): looking again at
+/// once spun the fabric thread, so it looks again after
+/// [`FULL_CARRIER_RETRY`], as for any full carrier.
+fn blocked_due_retried(due: Instant) -> Instant {
+    let now = Instant::now();
+    if due <= now {
+        now + FULL_CARRIER_RETRY
+    } else {
+        due
+    }
+}
+
 impl NodeEndpoint {
     pub fn new(name: &str, rnic: SoftRnic, port: Box<dyn Port>) -> NodeEndpoint {
         NodeEndpoint {
@@ -517,10 +531,14 @@ impl NodeEndpoint {
 impl Pump for NodeEndpoint {
     fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
         if self.down {
-            // What arrives is lost, as at a crashed host.
+            // What arrives is lost, as at a crashed host. What was on the
+            // wire already (a shaping or fault delay line) still leaves:
+            // never flushed, it kept the deadline below in the past, and
+            // the fabric thread spun until the host came back.
             let mut received = 0;
             for port in self.ports_mut() {
                 received += port.receive(RECEIVE_BATCH_FRAMES, &mut |_| {})?;
+                port.flush()?;
             }
             return Ok(received > 0);
         }
@@ -551,7 +569,10 @@ impl Pump for NodeEndpoint {
     }
 
     fn deadline(&self, clock: &RackClock) -> Option<Instant> {
-        let carriers = self.ports().filter_map(|port| port.next_due());
+        let carriers = self
+            .ports()
+            .filter_map(|port| port.next_due())
+            .map(blocked_due_retried);
         if self.down {
             return carriers.min();
         }
@@ -832,7 +853,8 @@ impl<P: Program> Pump for SwitchEndpoint<P> {
             .iter()
             .enumerate()
             .filter(|(index, _)| self.health.in_service(*index))
-            .filter_map(|(_, port)| port.borrow().next_due());
+            .filter_map(|(_, port)| port.borrow().next_due())
+            .map(blocked_due_retried);
         let retry = self
             .blocked_since
             .map(|since| since.saturating_add(FULL_CARRIER_RETRY));

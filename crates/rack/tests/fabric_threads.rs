@@ -260,3 +260,74 @@ fn a_failed_fabric_thread_raises_the_racks_stop_flag_and_stops_the_fabric() {
         );
     }
 }
+
+/// A ring port whose one held frame (as a shaping or fault delay line
+/// holds one) leaves at the first flush once it is due.
+struct HeldUntilFlushed {
+    inner: remora_carrier::RingPort,
+    due: Option<Instant>,
+}
+
+impl remora_carrier::Port for HeldUntilFlushed {
+    fn receive(
+        &mut self,
+        max_frames: usize,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, remora_carrier::CarrierError> {
+        self.inner.receive(max_frames, sink)
+    }
+    fn send(
+        &mut self,
+        frame: &[u8],
+    ) -> Result<remora_carrier::SendStatus, remora_carrier::CarrierError> {
+        self.inner.send(frame)
+    }
+    fn flush(&mut self) -> Result<(), remora_carrier::CarrierError> {
+        if self.due.is_some_and(|due| due <= Instant::now()) {
+            self.due = None;
+        }
+        self.inner.flush()
+    }
+    fn has_room(&mut self) -> bool {
+        self.inner.has_room()
+    }
+    fn has_frames(&mut self) -> bool {
+        self.inner.has_frames()
+    }
+    fn wait_source(&self) -> remora_carrier::WaitSource {
+        self.inner.wait_source()
+    }
+    fn next_due(&self) -> Option<Instant> {
+        self.due
+    }
+}
+
+/// A crashed host never flushed its ports, while its deadline still named
+/// the frames they held: the deadline stayed in the past, and its fabric
+/// thread spun at full speed until the host came back (found by reading).
+/// Frames already on the wire leave now, as on a real link.
+#[test]
+fn a_crashed_host_lets_held_frames_leave_and_its_deadline_moves_on() {
+    use remora_carrier::{Segment, SegmentPlan};
+    use remora_rack::endpoint::{NodeEndpoint, Pump, RackClock};
+    use remora_wire::{Ipv4Address, MacAddress};
+    let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
+    let config = RnicConfig::new(
+        MacAddress([2, 0, 0, 0, 0, 2]),
+        Ipv4Address::new(10, 0, 0, 2),
+        9,
+    );
+    let port = HeldUntilFlushed {
+        inner: segment.spoke_port(1).unwrap(),
+        due: Instant::now().checked_sub(Duration::from_millis(1)),
+    };
+    let mut node = NodeEndpoint::new("crashed", SoftRnic::new(config), Box::new(port));
+    let clock = RackClock::new();
+    node.crash();
+    node.pump(&clock).unwrap();
+    let deadline = node.deadline(&clock);
+    assert!(
+        deadline.is_none_or(|at| at > Instant::now()),
+        "the deadline stayed in the past: {deadline:?}"
+    );
+}
