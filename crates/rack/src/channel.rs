@@ -376,6 +376,13 @@ pub fn connect_channels<S: Default>(
     chunk_bytes: usize,
     peer_queue: impl Fn() -> QueuePairBuilder,
 ) -> Result<ChannelPool<S>, RackError> {
+    // A pool of none made every borrower wait for ever for a channel that
+    // no one would give back (found by reading).
+    if count == 0 {
+        return Err(RackError::Config(
+            "a channel pool needs at least one channel (channels = 0)".into(),
+        ));
+    }
     let mut pending = Vec::with_capacity(count);
     for _ in 0..count {
         let (compute, far) = staged.nic_pair_mut(near, peer);

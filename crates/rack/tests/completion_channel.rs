@@ -191,3 +191,25 @@ fn a_restart_under_attached_applications_leaves_the_rack_running() {
     );
     rack.stop_and_join().unwrap();
 }
+
+/// A pool of no channels was made, and its first borrower waited for ever
+/// for a channel no one would give back (found by reading).
+#[test]
+fn a_pool_of_no_channels_is_refused() {
+    let topology = Topology::compute_and_memory();
+    let mut staged = RackBuilder::new(&topology)
+        .thread_name("no-channels")
+        .build()
+        .unwrap();
+    let memory = staged.nic_mut(MEMORY);
+    let domain = memory.alloc_protection_domain().unwrap();
+    let completions = memory.create_completion_queue(8).unwrap();
+    let refused = connect_channels::<()>(&mut staged, COMPUTE, MEMORY, 0, CHUNK_BYTES, || {
+        rack_queue_pair(domain, completions)
+    });
+    assert!(
+        matches!(refused, Err(remora_rack::RackError::Config(_))),
+        "{:?}",
+        refused.err()
+    );
+}
