@@ -281,17 +281,25 @@ pub fn connect_queue_pair(
         client: client.to_string(),
         endpoint: prepared.endpoint.into(),
     };
-    let (remote, region) = match request(address, &message, CONTROL_TIMEOUT, stop)? {
-        Reply::Connected { endpoint, region } => (endpoint, region),
-        Reply::Refused { reason } => {
-            return Err(RackError::Control(format!("{address} refused: {reason}")))
-        }
-    };
-    let queue_pair = lock(endpoint)
-        .rnic
-        .handshake(prepared, remote.try_into()?)?;
+    let connected = request(address, &message, CONTROL_TIMEOUT, stop).and_then(|reply| {
+        let (remote, region) = match reply {
+            Reply::Connected { endpoint, region } => (endpoint, region),
+            Reply::Refused { reason } => {
+                return Err(RackError::Control(format!("{address} refused: {reason}")))
+            }
+        };
+        let queue_pair = lock(endpoint)
+            .rnic
+            .handshake(prepared, remote.try_into()?)?;
+        Ok((queue_pair, region))
+    });
+    if connected.is_err() {
+        // Left behind, each failed try held a queue pair: a client that
+        // retried used up the NIC's (found by reading).
+        let _ = lock(endpoint).rnic.destroy_queue_pair(prepared.qpn);
+    }
     kicker.kick();
-    Ok((queue_pair, region))
+    connected
 }
 
 /// What a memory node offers: one region every client may read, write and
@@ -332,6 +340,7 @@ pub fn serve(
     .map_err(|error| control_error("set non-blocking", error))?;
     Ok(std::thread::spawn(move || {
         let mut served = 0;
+        let mut connected: Option<QueuePair> = None;
         while !stop.load(Ordering::Relaxed) {
             let accepted: std::io::Result<Box<dyn Stream>> = match &listener {
                 Listener::Unix(socket) => socket
@@ -358,8 +367,8 @@ pub fn serve(
                 match read_message::<Request>(stream.as_mut(), CLIENT_TIMEOUT)
                     .and_then(|request| accept(&endpoint, &service, request))
                 {
-                    Ok(reply) => {
-                        served += 1;
+                    Ok((reply, queue_pair)) => {
+                        connected = Some(queue_pair);
                         reply
                     }
                     Err(error) => Reply::Refused {
@@ -369,31 +378,50 @@ pub fn serve(
             };
             kicker.kick();
             // The read's deadline may have left the stream's timeout short.
-            // A client that hung up has nothing left to hear.
             let _ = stream.set_timeouts(CLIENT_TIMEOUT);
-            let _ = write_message(stream.as_mut(), &reply);
+            let told = write_message(stream.as_mut(), &reply).is_ok();
+            match connected.take() {
+                Some(_) if told => served += 1,
+                // A client that hung up (or timed out) before its reply
+                // will never use the queue pair made for it: kept, it
+                // counted as served and held one of the NIC's for good
+                // (found by reading).
+                Some(queue_pair) => {
+                    let _ = lock(&endpoint).rnic.destroy_queue_pair(queue_pair.0);
+                }
+                None => {}
+            }
         }
     }))
 }
 
+/// Connects a queue pair for `request`: the reply, and the queue pair
+/// (to take back if the reply never reaches the client).
 fn accept(
     endpoint: &Shared<NodeEndpoint>,
     service: &MemoryService,
     request: Request,
-) -> Result<Reply, RackError> {
+) -> Result<(Reply, QueuePair), RackError> {
     let Request::Connect {
         endpoint: remote, ..
     } = request;
     let remote = QueuePairEndpoint::try_from(remote)?;
     let mut node = lock(endpoint);
     let prepared = node.rnic.create_queue_pair(&service.builder)?;
-    node.rnic.handshake(prepared, remote)?;
-    Ok(Reply::Connected {
+    let queue_pair = match node.rnic.handshake(prepared, remote) {
+        Ok(queue_pair) => queue_pair,
+        Err(error) => {
+            let _ = node.rnic.destroy_queue_pair(prepared.qpn);
+            return Err(error.into());
+        }
+    };
+    let reply = Reply::Connected {
         endpoint: prepared.endpoint.into(),
         region: RegionMessage {
             address: service.region.address.value(),
             rkey: service.region.rkey.0,
             length_bytes: service.region.length_bytes,
         },
-    })
+    };
+    Ok((reply, queue_pair))
 }

@@ -18,12 +18,18 @@ struct Server {
 }
 
 fn memory_server(name: &str) -> Server {
+    memory_server_with(
+        name,
+        RnicConfig::new(
+            MacAddress([2, 0, 0, 0, 0, 2]),
+            Ipv4Address::new(10, 0, 0, 2),
+            9,
+        ),
+    )
+}
+
+fn memory_server_with(name: &str, config: RnicConfig) -> Server {
     let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
-    let config = RnicConfig::new(
-        MacAddress([2, 0, 0, 0, 0, 2]),
-        Ipv4Address::new(10, 0, 0, 2),
-        9,
-    );
     let mut node = NodeEndpoint::new(
         "memory",
         SoftRnic::new(config),
@@ -180,4 +186,94 @@ fn a_dribbling_client_cannot_hold_the_server_past_its_timeout() {
         }
     });
     assert_stops_within_8_s(server, "a dribbling client");
+}
+
+/// A client that sent its request and hung up before the reply: the queue
+/// pair made for it stayed, counted as served, and on a NIC with room for
+/// one queue pair every later client was refused (found by reading).
+#[test]
+fn a_client_that_hangs_up_before_its_reply_leaves_no_queue_pair_behind() {
+    use std::io::Write;
+    let mut config = RnicConfig::new(
+        MacAddress([2, 0, 0, 0, 0, 2]),
+        Ipv4Address::new(10, 0, 0, 2),
+        9,
+    );
+    config.max_queue_pairs = 1;
+    let server = memory_server_with("hang-up", config);
+    let ControlAddress::Unix(path) = &server.address else {
+        unreachable!("the test server listens on a Unix socket")
+    };
+    let request = Request::Connect {
+        client: "gone".into(),
+        endpoint: endpoint_message(),
+    };
+    let mut line = serde_json::to_vec(&request).unwrap();
+    line.push(b'\n');
+    let mut gone = std::os::unix::net::UnixStream::connect(path).unwrap();
+    gone.write_all(&line).unwrap();
+    drop(gone);
+    // The server has read the request and tried to answer before it
+    // serves the next client, one at a time.
+    let never = AtomicBool::new(false);
+    let request = Request::Connect {
+        client: "next".into(),
+        endpoint: endpoint_message(),
+    };
+    let reply =
+        control::request(&server.address, &request, Duration::from_secs(5), &never).unwrap();
+    assert!(matches!(reply, Reply::Connected { .. }), "{reply:?}");
+    server.stop.store(true, Ordering::Relaxed);
+    server.thread.join().unwrap();
+}
+
+/// A client whose request failed (no server, a stop, a refusal) kept the
+/// queue pair it had made for the connection: a client retrying used up
+/// its NIC's queue pairs (found by reading).
+#[test]
+fn a_failed_connect_leaves_no_queue_pair_behind() {
+    let mut config = RnicConfig::new(
+        MacAddress([2, 0, 0, 0, 0, 1]),
+        Ipv4Address::new(10, 0, 0, 1),
+        5,
+    );
+    config.max_queue_pairs = 1;
+    let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
+    let mut node = NodeEndpoint::new(
+        "client",
+        SoftRnic::new(config),
+        Box::new(segment.spoke_port(1).unwrap()),
+    );
+    let pd = node.rnic.alloc_protection_domain().unwrap();
+    let cq = node.rnic.create_completion_queue(16).unwrap();
+    let builder = rack_queue_pair(pd, cq);
+    let endpoint = Arc::new(Mutex::new(node));
+    let stop = Arc::new(AtomicBool::new(false));
+    let driver = Driver::new(
+        vec![endpoint.clone() as Arc<Mutex<dyn Pump>>],
+        RackClock::new(),
+        Arc::clone(&stop),
+    )
+    .unwrap();
+    let nowhere = ControlAddress::Unix(std::env::temp_dir().join(format!(
+        "remora-control-nowhere-{}.sock",
+        std::process::id()
+    )));
+    for _ in 0..3 {
+        let failed = control::connect_queue_pair(
+            &endpoint,
+            &driver.kicker(),
+            "client",
+            &builder,
+            &nowhere,
+            &AtomicBool::new(true),
+        );
+        assert!(failed.is_err());
+    }
+    assert!(endpoint
+        .lock()
+        .unwrap()
+        .rnic
+        .create_queue_pair(&builder)
+        .is_ok());
 }
