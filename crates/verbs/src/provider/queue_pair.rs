@@ -281,6 +281,9 @@ fn build_queue_pair(
         // SAFETY: a live SRQ.
         .then(|| unsafe { object::<SrqObject, _>(attributes.srq) }.queue);
     let mut builder = QueuePairBuilder::new(pd, send_cq, recv_cq);
+    // As a kernel provider: no remote access until the program grants it
+    // with qp_access_flags (which moving to INIT requires).
+    builder.remote_access = AccessFlags::NONE;
     builder.shared_receive_queue = srq;
     builder.send_queue_depth = attributes.cap.max_send_wr.max(1) as usize;
     builder.receive_queue_depth = attributes.cap.max_recv_wr.max(1) as usize;
@@ -483,6 +486,37 @@ fn transition_for(
     Ok(Some(transition))
 }
 
+/// The attributes moving an RC queue pair from `current` to `target`
+/// must carry, as the kernel's table has them (`ib_modify_qp_is_ok`; only
+/// the required ones: optional extras are taken). A program that left one
+/// out got EINVAL from a real provider, and here ran on with defaults: an
+/// INIT without access flags left the queue pair open to every remote
+/// READ, WRITE and atomic, an RTS without a send PSN kept a random one
+/// and failed much later with retries exceeded (found by reading).
+fn required_attributes(current: QueuePairState, target: ibv_qp_state) -> u32 {
+    match (current, target) {
+        (QueuePairState::Reset, IBV_QPS_INIT) => {
+            IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS
+        }
+        (QueuePairState::Init, IBV_QPS_RTR) => {
+            IBV_QP_AV
+                | IBV_QP_PATH_MTU
+                | IBV_QP_DEST_QPN
+                | IBV_QP_RQ_PSN
+                | IBV_QP_MAX_DEST_RD_ATOMIC
+                | IBV_QP_MIN_RNR_TIMER
+        }
+        (QueuePairState::ReadyToReceive, IBV_QPS_RTS) => {
+            IBV_QP_SQ_PSN
+                | IBV_QP_TIMEOUT
+                | IBV_QP_RETRY_CNT
+                | IBV_QP_RNR_RETRY
+                | IBV_QP_MAX_QP_RD_ATOMIC
+        }
+        _ => 0,
+    }
+}
+
 fn state_of(state: QueuePairState) -> ibv_qp_state {
     match state {
         QueuePairState::Reset => IBV_QPS_RESET,
@@ -512,6 +546,12 @@ pub(super) unsafe fn modify_qp(
         Err(errno) => return errno,
     };
     let current = node.inspect(|rnic| rnic.queue_pair_state(qpn));
+    if let (Some(_), Ok(state)) = (transition, &current) {
+        let required = required_attributes(*state, attributes.qp_state);
+        if mask & required != required {
+            return libc::EINVAL;
+        }
+    }
     let result = match (transition, current) {
         // INIT → INIT re-sets attributes the soft RNIC does not model.
         (Some(QueuePairTransition::Init), Ok(QueuePairState::Init)) | (None, _) => Ok(()),

@@ -63,6 +63,10 @@ static struct ibv_qp *make_qp_on(struct ibv_cq *completions)
 	CHECK(init.cap.max_inline_data >= 64, "inline capability");
 	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
 		.qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC };
+	/* As a kernel provider: INIT needs the access flags (without, it once
+	 * left the QP open to every remote READ, WRITE and atomic). */
+	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT) == EINVAL,
+	      "INIT without access flags is refused");
 	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0, "to INIT");
 	return qp;
 }
@@ -88,6 +92,8 @@ static void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid gid
 	attr.rnr_retry = 7;
 	attr.max_rd_atomic = 4;
 	mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+	/* Without a send PSN, the QP kept a random one and failed much later. */
+	CHECK(ibv_modify_qp(qp, &attr, mask & ~IBV_QP_SQ_PSN) == EINVAL, "RTS without a send PSN is refused");
 	CHECK(ibv_modify_qp(qp, &attr, mask) == 0, "to RTS");
 	struct ibv_qp_attr queried;
 	struct ibv_qp_init_attr queried_init;
