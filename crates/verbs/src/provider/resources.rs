@@ -365,6 +365,20 @@ pub(super) struct ChannelObject {
     pub shared: Arc<ChannelShared>,
 }
 
+/// The shared half of a channel, reached without a reference to the
+/// whole object: `refcnt`, in the `ibv_comp_channel` at its head, changes
+/// through the raw pointer (it is rdma-core's field), and a reference
+/// covering it while it changes, as `object` gave, is undefined behaviour
+/// (found by reading).
+///
+/// # Safety
+/// `channel` is live.
+unsafe fn channel_shared<'a>(channel: *mut ibv_comp_channel) -> &'a Arc<ChannelShared> {
+    // SAFETY: the caller's promise; `ChannelObject` is repr(C) with the
+    // channel first, and only the `shared` field is borrowed.
+    unsafe { &*std::ptr::addr_of!((*channel.cast::<ChannelObject>()).shared) }
+}
+
 pub(super) unsafe fn create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
     if context.is_null() {
         return null_with(libc::EINVAL);
@@ -393,10 +407,12 @@ pub(super) unsafe fn destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_i
         return libc::EINVAL;
     }
     // SAFETY: a live channel.
-    let channel_object = unsafe { object::<ChannelObject, _>(channel) };
+    let shared = unsafe { channel_shared(channel) };
     let in_use = {
-        let _guard = channel_object.shared.ready();
-        channel_object.channel.refcnt > 0
+        let _guard = shared.ready();
+        // SAFETY: live; read through the raw pointer, under the lock its
+        // writers take.
+        unsafe { std::ptr::addr_of!((*channel).refcnt).read() > 0 }
     };
     if in_use {
         return libc::EBUSY;
@@ -418,7 +434,7 @@ pub(super) unsafe fn get_cq_event(
         return -1;
     }
     // SAFETY: a live channel.
-    let shared = Arc::clone(&unsafe { object::<ChannelObject, _>(channel) }.shared);
+    let shared = Arc::clone(unsafe { channel_shared(channel) });
     // Each turn takes one counted event; a destroyed queue's are skipped,
     // and each turn consumes an entry, so the loop ends.
     loop {
@@ -524,10 +540,10 @@ pub(super) unsafe fn create_cq(
         None
     } else {
         // SAFETY: a live channel.
-        let channel_object = unsafe { object::<ChannelObject, _>(channel) };
+        let shared = unsafe { channel_shared(channel) };
         // SAFETY: live, as above.
-        unsafe { channel_object.shared.count_queues(channel, 1) };
-        Some(Arc::clone(&channel_object.shared))
+        unsafe { shared.count_queues(channel, 1) };
+        Some(Arc::clone(shared))
     };
     hand_out(CqObject {
         cq: UnsafeCell::new(ibv_cq {
