@@ -396,6 +396,9 @@ fn perftest_runs_through_a_rack_switch() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the switch");
+    // Killed if the run panics: left running, it held the rack's UDP
+    // ports and broke every later run.
+    let switch = KilledOnDrop(Some(switch));
     std::thread::sleep(Duration::from_millis(500));
     let (server, client) = run_pair(
         "ib_write_lat",
@@ -405,6 +408,7 @@ fn perftest_runs_through_a_rack_switch() {
         &[],
     );
     // The switch prints its counters when interrupted.
+    let switch = switch.take();
     let interrupted = Command::new("kill")
         .args(["-INT", &switch.id().to_string()])
         .status()
@@ -468,4 +472,22 @@ fn the_verbs_api_from_c_checks_operations_naks_and_refusals() {
     std::fs::remove_file(&program).ok();
     assert_succeeded("api", &output);
     assert_eq!(String::from_utf8_lossy(&output.stdout), "ok\n");
+}
+
+/// A child process killed (and reaped) when dropped, unless taken first.
+struct KilledOnDrop(Option<std::process::Child>);
+
+impl KilledOnDrop {
+    fn take(mut self) -> std::process::Child {
+        self.0.take().expect("taken once")
+    }
+}
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
