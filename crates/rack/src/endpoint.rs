@@ -187,6 +187,10 @@ pub struct NodeEndpoint {
     /// The host's uplink is cut: its NIC runs, the uplink's frames are
     /// lost both ways (a local link still carries its own).
     partitioned: bool,
+    /// Frames the NIC sent that a carrier refused for want of room after
+    /// saying it had some (a fault line's held frames took the last slot):
+    /// they went uncounted, while the NIC counted them transmitted.
+    frames_dropped_no_room: u64,
 }
 
 /// Work requests one pump takes from one application's queue.
@@ -438,7 +442,13 @@ impl NodeEndpoint {
             queues: Vec::new(),
             down: false,
             partitioned: false,
+            frames_dropped_no_room: 0,
         }
+    }
+
+    /// Frames a carrier refused for want of room (RC retransmits them).
+    pub fn frames_dropped_no_room(&self) -> u64 {
+        self.frames_dropped_no_room
     }
 
     /// Gives the node a local link to `peer` (the host beside it, or its
@@ -630,15 +640,14 @@ impl NodeEndpoint {
                 break;
             };
             let frame = &self.buffer[..length];
-            match (self.ports.port_for(frame), self.local.as_mut()) {
-                (LOCAL_PORT, Some(local)) => {
-                    local.send(frame)?;
-                }
+            let status = match (self.ports.port_for(frame), self.local.as_mut()) {
+                (LOCAL_PORT, Some(local)) => local.send(frame)?,
                 // A cut uplink loses what the NIC sends up it.
-                _ if self.partitioned => {}
-                _ => {
-                    self.port.send(frame)?;
-                }
+                _ if self.partitioned => SendStatus::Queued,
+                _ => self.port.send(frame)?,
+            };
+            if status == SendStatus::DroppedNoRoom {
+                self.frames_dropped_no_room += 1;
             }
             sent += 1;
         }

@@ -294,10 +294,12 @@ fn start_role(
 }
 
 fn node_report(node: &NodeConfig, endpoint: &Shared<NodeEndpoint>) -> NodeReport {
+    let endpoint = lock(endpoint);
     NodeReport {
         name: node.name.clone(),
         role: node.role.name().into(),
-        rnic: RnicSummary::from(lock(endpoint).rnic.counters()),
+        rnic: RnicSummary::from(endpoint.rnic.counters()),
+        frames_dropped_no_room: endpoint.frames_dropped_no_room(),
         workload: None,
         error: None,
     }

@@ -65,6 +65,9 @@ pub struct NodeReport {
     pub name: String,
     pub role: String,
     pub rnic: RnicSummary,
+    /// Frames the node's carriers refused for want of room.
+    #[serde(default)]
+    pub frames_dropped_no_room: u64,
     pub workload: Option<WorkloadReport>,
     /// Set if the node failed; the rack run fails with it.
     pub error: Option<String>,

@@ -331,3 +331,75 @@ fn a_crashed_host_lets_held_frames_leave_and_its_deadline_moves_on() {
         "the deadline stayed in the past: {deadline:?}"
     );
 }
+
+/// A ring port that says it has room and then refuses every frame, as a
+/// fault line does when its held frames took the last slot.
+struct RefusesForWantOfRoom(remora_carrier::RingPort);
+
+impl remora_carrier::Port for RefusesForWantOfRoom {
+    fn receive(
+        &mut self,
+        max_frames: usize,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, remora_carrier::CarrierError> {
+        self.0.receive(max_frames, sink)
+    }
+    fn send(
+        &mut self,
+        _frame: &[u8],
+    ) -> Result<remora_carrier::SendStatus, remora_carrier::CarrierError> {
+        Ok(remora_carrier::SendStatus::DroppedNoRoom)
+    }
+    fn flush(&mut self) -> Result<(), remora_carrier::CarrierError> {
+        self.0.flush()
+    }
+    fn has_room(&mut self) -> bool {
+        true
+    }
+    fn has_frames(&mut self) -> bool {
+        self.0.has_frames()
+    }
+    fn wait_source(&self) -> remora_carrier::WaitSource {
+        self.0.wait_source()
+    }
+}
+
+/// A frame the node's carrier refused for want of room was lost without a
+/// count, while its NIC counted it transmitted (found by reading).
+#[test]
+fn a_frame_a_carrier_refuses_for_want_of_room_is_counted() {
+    use remora_carrier::{Segment, SegmentPlan};
+    use remora_rack::endpoint::{rack_queue_pair, NodeEndpoint, Pump, RackClock};
+    use remora_wire::{Ipv4Address, MacAddress, Psn, Qpn};
+    let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
+    let config = RnicConfig::new(
+        MacAddress([2, 0, 0, 0, 0, 1]),
+        Ipv4Address::new(10, 0, 0, 1),
+        3,
+    );
+    let port = RefusesForWantOfRoom(segment.spoke_port(1).unwrap());
+    let mut node = NodeEndpoint::new("refused", SoftRnic::new(config), Box::new(port));
+    let pd = node.rnic.alloc_protection_domain().unwrap();
+    let cq = node.rnic.create_completion_queue(8).unwrap();
+    let region = node.rnic.register_memory(pd, 64, AccessFlags::ALL).unwrap();
+    let prepared = node
+        .rnic
+        .create_queue_pair(&rack_queue_pair(pd, cq))
+        .unwrap();
+    let peer = QueuePairEndpoint {
+        qpn: Qpn::new(0x200).unwrap(),
+        address: Ipv4Address::new(10, 0, 0, 2),
+        mac: MacAddress([2, 0, 0, 0, 0, 2]),
+        initial_psn: Psn::new(1),
+    };
+    let queue_pair = node.rnic.handshake(prepared, peer).unwrap();
+    let request = SendRequest::new(
+        1,
+        SendOperation::Send { immediate: None },
+        &[region.slice(0, 64)],
+    )
+    .unwrap();
+    node.rnic.post_send(queue_pair, request).unwrap();
+    node.pump(&RackClock::new()).unwrap();
+    assert_eq!(node.frames_dropped_no_room(), 1);
+}

@@ -85,14 +85,18 @@ impl<P: Port> Port for Faulty<P> {
             // simulated link.
             self.hold_or_send(now + draw.duplicate_delay, bytes.clone())?;
         }
-        self.counters.frames_delivered += 1;
-        match draw.reorder_delay {
+        let status = match draw.reorder_delay {
             Some(delay) => {
                 self.counters.reordered += 1;
-                self.hold_or_send(now + delay, bytes)
+                self.hold_or_send(now + delay, bytes)?
             }
-            None => self.inner.send(&bytes),
+            None => self.inner.send(&bytes)?,
+        };
+        // A frame the carrier refused for want of room was not delivered.
+        if status == SendStatus::Queued {
+            self.counters.frames_delivered += 1;
         }
+        Ok(status)
     }
 
     fn flush(&mut self) -> Result<(), CarrierError> {
