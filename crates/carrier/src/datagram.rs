@@ -533,6 +533,14 @@ impl Port for DatagramPort {
         false
     }
 
+    fn drops(&self) -> crate::PortDrops {
+        crate::PortDrops {
+            refused_by_kernel: self.drops.send_refused,
+            truncated_on_receive: self.drops.truncated,
+            ..crate::PortDrops::default()
+        }
+    }
+
     fn wait_source(&self) -> WaitSource {
         WaitSource::Fd(self.fd.as_raw_fd())
     }

@@ -125,6 +125,47 @@ pub trait Port: Send {
     fn next_due(&self) -> Option<std::time::Instant> {
         None
     }
+
+    /// The frames this port and the wrappers under it lost, by where.
+    fn drops(&self) -> PortDrops {
+        PortDrops::default()
+    }
+}
+
+/// Frames a port's carrier and the wrappers on it lost, by where: what a
+/// rack's report adds up, so that no frame goes without a count. (A
+/// refusal for want of room is the sender's to count: the port says so.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PortDrops {
+    /// Datagrams the kernel refused (buffer full, peer unreachable, over
+    /// the MTU), and those queued behind a send that failed the port.
+    pub refused_by_kernel: u64,
+    /// Received datagrams longer than any frame.
+    pub truncated_on_receive: u64,
+    /// Frames a shaped link's queue tail-dropped.
+    pub shaping_queue: u64,
+    /// Frames a shaped link's delay line had no room for.
+    pub shaping_delay_line: u64,
+    /// Frames a link's fault injection lost, as asked.
+    pub lost_to_faults: u64,
+}
+
+impl PortDrops {
+    pub fn add(&mut self, other: &PortDrops) {
+        self.refused_by_kernel += other.refused_by_kernel;
+        self.truncated_on_receive += other.truncated_on_receive;
+        self.shaping_queue += other.shaping_queue;
+        self.shaping_delay_line += other.shaping_delay_line;
+        self.lost_to_faults += other.lost_to_faults;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.refused_by_kernel
+            + self.truncated_on_receive
+            + self.shaping_queue
+            + self.shaping_delay_line
+            + self.lost_to_faults
+    }
 }
 
 impl<P: Port + ?Sized> Port for Box<P> {
@@ -159,6 +200,10 @@ impl<P: Port + ?Sized> Port for Box<P> {
 
     fn next_due(&self) -> Option<std::time::Instant> {
         (**self).next_due()
+    }
+
+    fn drops(&self) -> PortDrops {
+        (**self).drops()
     }
 }
 

@@ -760,3 +760,38 @@ fn a_full_disk_stops_the_capture_not_the_port() {
     assert_eq!(carried, 40, "the port carried every frame");
     assert!(sink.failure().is_some(), "the capture says it stopped");
 }
+
+/// What a link's wrappers and its socket lose reaches the top of the
+/// stack, whatever wraps it: boxed as `dyn Port`, a shaped, faulted and
+/// counted UDP port once hid every drop below it (the kernel's refusals,
+/// the fault line's losses), and the rack reported none (found by
+/// reading).
+#[test]
+fn drops_below_a_stack_of_wrappers_are_reported_at_its_top() {
+    let (client, server) = DatagramPort::udp_pair(
+        "127.0.0.1:0".parse().unwrap(),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .unwrap();
+    // Nobody listens any more: the kernel refuses what follows.
+    drop(server);
+    let mut losing = LinkFaults::NONE;
+    losing.loss = Probability::literal(0.5);
+    let mut port: Box<dyn Port> = Box::new(Faulty::new(Counted::new(client), losing, 7));
+    let started = Instant::now();
+    let both_seen =
+        |drops: remora_carrier::PortDrops| drops.refused_by_kernel > 0 && drops.lost_to_faults > 0;
+    while !both_seen(port.drops()) && started.elapsed() < Duration::from_secs(5) {
+        let _ = port.send(&frame(1, 64));
+        let _ = port.flush();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let drops = port.drops();
+    assert!(drops.refused_by_kernel > 0, "{drops:?}");
+    assert!(drops.lost_to_faults > 0, "{drops:?}");
+    assert_eq!(
+        drops.total(),
+        drops.refused_by_kernel + drops.lost_to_faults,
+        "{drops:?}"
+    );
+}

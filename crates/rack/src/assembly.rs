@@ -605,6 +605,7 @@ impl<P: Program + Send> SwitchReporting for SwitchEndpoint<P> {
         SwitchReport {
             counters: self.switch.counters(),
             ports: ports.iter().map(PortCountersHandle::snapshot).collect(),
+            port_drops: self.port_drops(),
             frames_refused_by_carriers: self.health().frames_refused,
             frames_discarded_at_failed_ports: self.health().frames_discarded,
             failed_ports: self.health().failed.clone(),

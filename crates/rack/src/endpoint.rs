@@ -10,7 +10,7 @@
 
 use crate::RackError;
 use remora_carrier::{
-    CarrierError, Doorbell, IdleStrategy, Kicker, Port, SendStatus, WaitSource, Waiter,
+    CarrierError, Doorbell, IdleStrategy, Kicker, Port, PortDrops, SendStatus, WaitSource, Waiter,
 };
 use remora_host::{Ports, LOCAL_PORT};
 use remora_rnic::{
@@ -451,6 +451,15 @@ impl NodeEndpoint {
         self.frames_dropped_no_room
     }
 
+    /// What the node's carriers and link wrappers lost, by where.
+    pub fn carrier_drops(&self) -> PortDrops {
+        let mut drops = PortDrops::default();
+        for port in self.ports() {
+            drops.add(&port.drops());
+        }
+        drops
+    }
+
     /// Gives the node a local link to `peer` (the host beside it, or its
     /// offload host): frames addressed to `peer` leave by `port`.
     pub fn set_local_link(&mut self, peer: MacAddress, port: Box<dyn Port>) {
@@ -729,6 +738,14 @@ impl<P: Program> SwitchEndpoint<P> {
 
     pub fn health(&self) -> &PortHealth {
         &self.health
+    }
+
+    /// What each port's carrier and link wrappers lost, by where.
+    pub fn port_drops(&self) -> Vec<PortDrops> {
+        self.ports
+            .iter()
+            .map(|port| port.borrow().drops())
+            .collect()
     }
 
     /// Receives from every port, forwarding cut-through where the egress

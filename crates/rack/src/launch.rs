@@ -300,6 +300,7 @@ fn node_report(node: &NodeConfig, endpoint: &Shared<NodeEndpoint>) -> NodeReport
         role: node.role.name().into(),
         rnic: RnicSummary::from(endpoint.rnic.counters()),
         frames_dropped_no_room: endpoint.frames_dropped_no_room(),
+        carrier_drops: endpoint.carrier_drops(),
         workload: None,
         error: None,
     }

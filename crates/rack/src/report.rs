@@ -1,6 +1,7 @@
 //! What a rack run reports, as JSON and as a table.
 
 use remora_carrier::wrappers::PortCounters;
+use remora_carrier::PortDrops;
 use remora_rnic::RnicCounters;
 use remora_switch::{ResourceReport, SwitchCounters};
 use serde::{Deserialize, Serialize};
@@ -68,6 +69,9 @@ pub struct NodeReport {
     /// Frames the node's carriers refused for want of room.
     #[serde(default)]
     pub frames_dropped_no_room: u64,
+    /// What the node's carriers and link wrappers lost, by where.
+    #[serde(default)]
+    pub carrier_drops: PortDrops,
     pub workload: Option<WorkloadReport>,
     /// Set if the node failed; the rack run fails with it.
     pub error: Option<String>,
@@ -77,6 +81,9 @@ pub struct NodeReport {
 pub struct SwitchReport {
     pub counters: SwitchCounters,
     pub ports: Vec<PortCounters>,
+    /// What each port's carrier and link wrappers lost, by where (the
+    /// kernel's refusals, shaping queues, link faults).
+    pub port_drops: Vec<PortDrops>,
     /// Frames a carrier refused (too large for it).
     pub frames_refused_by_carriers: u64,
     /// Frames that arrived on, or were bound for, a port out of service.

@@ -110,4 +110,10 @@ impl<P: Port> Port for Faulty<P> {
         let held = self.held.front().map(|(due, _)| *due);
         [held, self.inner.next_due()].into_iter().flatten().min()
     }
+
+    fn drops(&self) -> crate::PortDrops {
+        let mut drops = self.inner.drops();
+        drops.lost_to_faults += self.counters.lost;
+        drops
+    }
 }

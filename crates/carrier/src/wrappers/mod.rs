@@ -34,11 +34,16 @@ macro_rules! pass_through_receive {
     };
 }
 
-/// `next_due` passed straight to the port in `inner`.
+/// `next_due` and `drops` passed straight to the port in `inner`: for
+/// wrappers that hold no frame and lose none.
 macro_rules! pass_through_next_due {
     () => {
         fn next_due(&self) -> Option<std::time::Instant> {
             self.inner.next_due()
+        }
+
+        fn drops(&self) -> crate::PortDrops {
+            self.inner.drops()
         }
     };
 }

@@ -144,6 +144,13 @@ impl<P: Port> Port for Shaped<P> {
         let delayed = self.delayed.front().map(|(due, _)| *due);
         [delayed, self.inner.next_due()].into_iter().flatten().min()
     }
+
+    fn drops(&self) -> crate::PortDrops {
+        let mut drops = self.inner.drops();
+        drops.shaping_queue += self.counters.queue_drops;
+        drops.shaping_delay_line += self.counters.delay_line_drops;
+        drops
+    }
 }
 
 #[cfg(test)]
