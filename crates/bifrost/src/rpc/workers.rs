@@ -89,9 +89,12 @@ fn work(
     done: &Sender<Reported>,
     crashed: &std::sync::atomic::AtomicBool,
 ) {
-    // Whether the service has saved a state: from then on a save that
-    // fails is a failure, not a service without state.
-    let mut stateful = false;
+    // Whether the service keeps a state: from then on a save that fails
+    // is a failure, not a service without state. Known from the start for
+    // a service that has one then (the first call's failed save was
+    // reported with no state, and the reply counted the call with the
+    // state from before it), and from a restore.
+    let mut stateful = service.save_state().is_some();
     loop {
         if crashed.load(std::sync::atomic::Ordering::Relaxed) {
             return;
@@ -139,7 +142,9 @@ fn work(
                 }
             }
             Job::Restore { state, done } => {
-                let _ = done.send(service.restore_state(&state));
+                let restored = service.restore_state(&state);
+                stateful |= restored.is_ok();
+                let _ = done.send(restored);
             }
         }
     }
@@ -389,10 +394,11 @@ mod tests {
         assert_eq!(pool.save_state(), Some(1u64.to_be_bytes().to_vec()));
     }
 
-    /// Counts; the saves after its second call fail `failures` times,
-    /// then succeed (a DSM that came back).
+    /// Counts; its saves at a count in `failing_at` fail, `failures`
+    /// times in all, then succeed (a DSM that came back).
     struct CountWithPassingSaveFailures {
         count: u64,
+        failing_at: [u64; 2],
         failures: std::sync::atomic::AtomicU32,
     }
 
@@ -402,7 +408,7 @@ mod tests {
             Ok(self.count.to_be_bytes().to_vec().into())
         }
         fn save_state(&self) -> Option<Vec<u8>> {
-            let failing = self.count == 2
+            let failing = self.failing_at.contains(&self.count)
                 && self
                     .failures
                     .fetch_update(
@@ -413,6 +419,31 @@ mod tests {
                     .is_ok();
             (!failing).then(|| self.count.to_be_bytes().to_vec())
         }
+        fn restore_state(&mut self, state: &[u8]) -> Result<(), String> {
+            let bytes = state.try_into().map_err(|_| "8 bytes".to_string())?;
+            self.count = u64::from_be_bytes(bytes);
+            Ok(())
+        }
+    }
+
+    /// Calls `rpc_ids` on `pool` and the state each answer came with.
+    fn answered_with_states(pool: &mut WorkerPool, rpc_ids: &[u64]) -> Vec<(u64, u64)> {
+        for &rpc_id in rpc_ids {
+            assert!(pool
+                .begin(test_ticket(rpc_id), b"count", GlobalAddress::NULL, b"")
+                .is_none());
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut answered = Vec::new();
+        while answered.len() < rpc_ids.len() && std::time::Instant::now() < deadline {
+            if let Some((ticket, _)) = pool.poll_finished() {
+                let state = pool.save_state().expect("a saved state");
+                let count = u64::from_be_bytes(state.try_into().expect("8 bytes"));
+                answered.push((ticket.rpc_id, count));
+            }
+            std::thread::yield_now();
+        }
+        answered
     }
 
     /// A call whose save failed went unanswered while the next call ran
@@ -421,30 +452,38 @@ mod tests {
     /// restored from it ran the call a second time (found by reading).
     /// Now the worker saves again, running nothing else, until the save
     /// succeeds: each call is answered in order with the state just
-    /// after it.
+    /// after it. The first call after the start or after a restore too
+    /// (its failed save was reported with no state, and its reply counted
+    /// it with the state from before it; found by review).
     #[test]
     fn a_call_whose_save_fails_for_a_while_is_answered_with_its_own_state() {
+        for failing_at in [1, 2] {
+            let service = CountWithPassingSaveFailures {
+                count: 0,
+                failing_at: [failing_at, failing_at],
+                failures: std::sync::atomic::AtomicU32::new(6),
+            };
+            let mut pool = WorkerPool::new(vec![Box::new(service) as Box<dyn Service>]).unwrap();
+            assert_eq!(
+                answered_with_states(&mut pool, &[1, 2, 3]),
+                vec![(1, 1), (2, 2), (3, 3)],
+                "failing at {failing_at}"
+            );
+        }
+        // No state to save at the start (the pool's save and the worker's
+        // fail), a state from the restore on.
         let service = CountWithPassingSaveFailures {
             count: 0,
-            failures: std::sync::atomic::AtomicU32::new(6),
+            failing_at: [0, 8],
+            failures: std::sync::atomic::AtomicU32::new(2 + 6),
         };
         let mut pool = WorkerPool::new(vec![Box::new(service) as Box<dyn Service>]).unwrap();
-        for rpc_id in [1, 2, 3] {
-            assert!(pool
-                .begin(test_ticket(rpc_id), b"count", GlobalAddress::NULL, b"")
-                .is_none());
-        }
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let mut answered = Vec::new();
-        while answered.len() < 3 && std::time::Instant::now() < deadline {
-            if let Some((ticket, _)) = pool.poll_finished() {
-                let state = pool.save_state().expect("a saved state");
-                let count = u64::from_be_bytes(state.try_into().expect("8 bytes"));
-                answered.push((ticket.rpc_id, count));
-            }
-            std::thread::yield_now();
-        }
-        assert_eq!(answered, vec![(1, 1), (2, 2), (3, 3)]);
+        pool.restore_state(&7u64.to_be_bytes()).unwrap();
+        assert_eq!(
+            answered_with_states(&mut pool, &[1, 2]),
+            vec![(1, 8), (2, 9)],
+            "the first call after a restore"
+        );
     }
 
     #[test]
