@@ -293,6 +293,7 @@ impl Checkpoint {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
+        refuse_past_a_datagram(bytes)?;
         let mut reader = Reader { bytes, at: 0 };
         let sequence = reader.u64()?;
         let executed = reader.u64()?;
@@ -309,6 +310,16 @@ impl Checkpoint {
             received,
         })
     }
+}
+
+/// No checkpoint is longer than [`MAX_CHECKPOINT_BYTES`], which its
+/// encoding refuses: a longer one decoded, and so was no checkpoint's
+/// encoding (found by review of the fuzz harness).
+fn refuse_past_a_datagram(bytes: &[u8]) -> Result<(), CheckpointError> {
+    if bytes.len() > MAX_CHECKPOINT_BYTES {
+        return Err(CheckpointError::TooLarge(bytes.len()));
+    }
+    Ok(())
 }
 
 /// Reads a checkpoint front to back; every read is bounds-checked.
@@ -438,6 +449,7 @@ impl CallerCheckpoint {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<CallerCheckpoint, CheckpointError> {
+        refuse_past_a_datagram(bytes)?;
         let mut reader = Reader { bytes, at: 0 };
         let mut checkpoint = CallerCheckpoint {
             sequence: reader.u64()?,
@@ -526,6 +538,24 @@ mod tests {
             }
             assert!(not_canonical(Checkpoint::decode(&received)), "{ids:?}");
         }
+        // Longer than any encoding: a state past the datagram.
+        let mut long = Vec::new();
+        for value in [1u64, 0] {
+            long.extend_from_slice(&value.to_be_bytes());
+        }
+        let state = vec![7u8; MAX_CHECKPOINT_BYTES];
+        long.extend_from_slice(&(state.len() as u32).to_be_bytes());
+        long.extend_from_slice(&state);
+        long.extend_from_slice(&0u32.to_be_bytes());
+        long.extend_from_slice(&0u32.to_be_bytes());
+        assert!(matches!(
+            Checkpoint::decode(&long),
+            Err(CheckpointError::TooLarge(_))
+        ));
+        assert!(
+            !any_checkpoint(&long),
+            "the fuzz harness takes it as refused"
+        );
         // The same caller twice, with one call each.
         let mut repeated = Checkpoint {
             sequence: 1,
