@@ -106,9 +106,9 @@ pub fn read_now(
     length: usize,
     out: &mut Vec<u8>,
 ) -> Result<(), DeviceError> {
-    const TOKEN: u64 = u64::MAX;
-    queue.read(offset, length, TOKEN)?;
-    wait_for(queue, TOKEN, DEVICE_WAIT, &mut |bytes| {
+    let token = wait_token();
+    queue.read(offset, length, token)?;
+    wait_for(queue, token, DEVICE_WAIT, &mut |bytes| {
         out.clear();
         out.extend_from_slice(bytes.unwrap_or(&[]));
     })
@@ -116,9 +116,28 @@ pub fn read_now(
 
 /// Writes `data` at `offset` through `queue`, waiting for completion.
 pub fn write_now(queue: &mut dyn DeviceQueue, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
-    const TOKEN: u64 = u64::MAX - 1;
-    queue.write(offset, data, TOKEN)?;
-    wait_for(queue, TOKEN, DEVICE_WAIT, &mut |_| {})
+    let token = wait_token();
+    queue.write(offset, data, token)?;
+    wait_for(queue, token, DEVICE_WAIT, &mut |_| {})
+}
+
+/// The first token of the requests waited for at once: far above any
+/// session's pending operation, whose tokens index its table.
+const WAIT_TOKENS_FROM: u64 = 1 << 63;
+
+/// Whether `token` is one of a request waited for at once.
+pub fn is_wait_token(token: u64) -> bool {
+    token >= WAIT_TOKENS_FROM
+}
+
+/// A token no request waited for at once has had (until 2^63 of them).
+/// A fixed one let the completion a failed wait left behind pass for the
+/// next wait's: the next checkpoint took its record for written before it
+/// was (found by review).
+fn wait_token() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let next = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    WAIT_TOKENS_FROM + next % WAIT_TOKENS_FROM
 }
 
 /// How long a request waited for at once may take: recovery, compaction

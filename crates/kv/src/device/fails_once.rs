@@ -11,9 +11,10 @@ use std::sync::Arc;
 /// delivers it.
 pub(crate) struct FailsOnce {
     device: MemoryDevice,
-    /// `None`: each queue fails its first such poll. `Some(token)`: the
-    /// first poll of any queue that brings `token`'s completion fails.
-    token: Option<u64>,
+    /// `None`: each queue fails its first such poll. `Some(chosen)`: the
+    /// first poll of any queue that brings a chosen token's completion
+    /// fails.
+    token: Option<fn(u64) -> bool>,
     /// For `token`: whether that poll is still to come.
     armed: Arc<AtomicBool>,
 }
@@ -28,11 +29,12 @@ impl FailsOnce {
         }
     }
 
-    /// The first poll that brings `token`'s completion fails, once.
-    pub(crate) fn on_token(device: MemoryDevice, token: u64) -> FailsOnce {
+    /// The first poll that brings the completion of a token `chosen`
+    /// picks fails, once.
+    pub(crate) fn on_token(device: MemoryDevice, chosen: fn(u64) -> bool) -> FailsOnce {
         FailsOnce {
             device,
-            token: Some(token),
+            token: Some(chosen),
             armed: Arc::new(AtomicBool::new(true)),
         }
     }
@@ -40,7 +42,7 @@ impl FailsOnce {
 
 struct FailsOnceQueue {
     inner: Box<dyn DeviceQueue>,
-    token: Option<u64>,
+    token: Option<fn(u64) -> bool>,
     /// Set: the next poll that qualifies fails.
     armed: Arc<AtomicBool>,
     held: Finished,
@@ -78,7 +80,7 @@ impl DeviceQueue for FailsOnceQueue {
         let (held, wanted) = (&mut self.held, self.token);
         let mut qualifies = wanted.is_none() && !held.is_empty();
         self.inner.poll(&mut |token, bytes| {
-            qualifies |= wanted.is_none_or(|wanted| wanted == token);
+            qualifies |= wanted.is_none_or(|chosen| chosen(token));
             match bytes {
                 Some(bytes) => held.push_read(token, bytes),
                 None => held.push_write(token),

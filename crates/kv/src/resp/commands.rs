@@ -25,12 +25,12 @@ use crate::{KvError, PrefetchStage, Session, SessionStats, Status, Store, Update
 use rustc_hash::FxHashMap;
 use std::borrow::Cow;
 
-/// Context numbers handed to the store for operations waited for at
-/// once; deferred GETs are numbered from [`FIRST_DEFERRED_CONTEXT`] on,
-/// never reused.
-const READ_CONTEXT: u64 = 1;
-const READ_MODIFY_WRITE_CONTEXT: u64 = 2;
-const FIRST_DEFERRED_CONTEXT: u64 = 16;
+/// The first context number handed to the store. Every operation takes
+/// the next, never reused, so a completion left behind by a wait that
+/// failed matches nothing a later command waits for (a fixed context for
+/// the reads commands wait for at once let such a completion pass for a
+/// later one's; found by review).
+const FIRST_CONTEXT: u64 = 16;
 /// GETs a batch may leave waiting before they are settled: the device's
 /// batch of 100.
 const MAX_DEFERRED: usize = 100;
@@ -205,7 +205,7 @@ impl Executor {
             arrived: FxHashMap::default(),
             failure: None,
             rebuilt: Vec::new(),
-            next_context: FIRST_DEFERRED_CONTEXT,
+            next_context: FIRST_CONTEXT,
         })
     }
 
@@ -267,10 +267,16 @@ impl Executor {
         handler(self, &Call { name, arguments }, reply)
     }
 
-    fn get(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
-        let [key] = call.exactly()?;
+    /// A context no operation has had.
+    fn fresh_context(&mut self) -> u64 {
         let context = self.next_context;
         self.next_context += 1;
+        context
+    }
+
+    fn get(&mut self, call: &Call<'_, '_>, reply: &mut Vec<u8>) -> Result<(), CommandError> {
+        let [key] = call.exactly()?;
+        let context = self.fresh_context();
         match self.session.read(key, &mut self.value, context)? {
             Status::Pending => self.deferred.push((reply.len(), context)),
             Status::Found => encode_bulk(reply, &self.value),
@@ -566,8 +572,9 @@ impl Executor {
 
     /// Reads `key` into `self.value`; `true` if it exists.
     fn read(&mut self, key: &[u8]) -> Result<bool, CommandError> {
-        let status = match self.session.read(key, &mut self.value, READ_CONTEXT)? {
-            Status::Pending => self.complete_own(READ_CONTEXT)?,
+        let context = self.fresh_context();
+        let status = match self.session.read(key, &mut self.value, context)? {
+            Status::Pending => self.complete_own(context)?,
             status => status,
         };
         Ok(status == Status::Found)
@@ -577,11 +584,10 @@ impl Executor {
     /// and replies with the new number.
     fn add(&mut self, key: &[u8], delta: i64, reply: &mut Vec<u8>) -> Result<(), CommandError> {
         let update = Update::AddToDecimal(delta);
-        let status = self
-            .session
-            .rmw(key, update, &mut self.value, READ_MODIFY_WRITE_CONTEXT)?;
+        let context = self.fresh_context();
+        let status = self.session.rmw(key, update, &mut self.value, context)?;
         if status == Status::Pending {
-            self.complete_own(READ_MODIFY_WRITE_CONTEXT)?;
+            self.complete_own(context)?;
         }
         let number = parse_decimal(&self.value).ok_or(CommandError::NotAnInteger)?;
         encode_integer(reply, number);

@@ -1158,8 +1158,8 @@ impl Session {
         // the begin only moves up and space is reused only below it.
         //
         // A completion for no live operation is one a wait that gave up
-        // left behind: `read_now`'s or `write_now`'s (tokens near
-        // `u64::MAX`) after a failed poll, which the device still
+        // left behind: `read_now`'s or `write_now`'s (tokens from 2^63)
+        // after a failed poll, which the device still
         // delivered. Indexed, it panicked the session's thread.
         let Some(Some(operation)) = self.pending.get(token) else {
             self.stats.stray_completions += 1;
@@ -1333,13 +1333,16 @@ mod tests {
     /// A checkpoint whose write's poll failed returned the error, and the
     /// device delivered the write's completion later, to the session's
     /// next wait: `on_arrival` indexed its pending operations with the
-    /// checkpoint's token (`u64::MAX - 1`) and panicked (found by
+    /// checkpoint's token (one of `write_now`'s) and panicked (found by
     /// reading). It is dropped and counted now, and the read waited for
     /// finishes.
     #[test]
     fn a_completion_left_by_a_failed_checkpoint_write_is_dropped() {
-        // `write_now`'s token, which the checkpoint's record is written with.
-        let device = FailsOnce::on_token(MemoryDevice::new(16 << 20), u64::MAX - 1);
+        // `write_now`'s, which the checkpoint's record is written with.
+        let device = FailsOnce::on_token(
+            MemoryDevice::new(16 << 20),
+            crate::checkpoint::is_wait_token,
+        );
         let store = Store::new(StoreConfig::smallest(), Arc::new(device)).unwrap();
         let mut session = store.session().unwrap();
         session.upsert(b"first", b"one").unwrap();
