@@ -178,6 +178,8 @@ pub struct NodeEndpoint {
     /// The carrier was full when the RNIC may still have had frames: look
     /// again soon, since a consumer freeing slots rings nobody.
     blocked_since: Option<Timestamp>,
+    /// When the ports were last flushed (see [`blocked_due_retried`]).
+    flushed_at: Option<Instant>,
     activity: Arc<AtomicU64>,
     /// Application threads' lock-free queues, served on every pump.
     queues: Vec<NicSide>,
@@ -413,17 +415,16 @@ impl NicSide {
 /// How soon an endpoint blocked on a full carrier looks again.
 const FULL_CARRIER_RETRY: Duration = Duration::from_micros(50);
 
-/// A carrier's next due frame, as a deadline. Asked after a pump, which
-/// flushed every port, a time already past means the frame could not
-/// leave (the carrier behind the delay line is full): looking again at
-/// once spun the fabric thread, so it looks again after
-/// [`FULL_CARRIER_RETRY`], as for any full carrier.
-fn blocked_due_retried(due: Instant) -> Instant {
-    let now = Instant::now();
-    if due <= now {
-        now + FULL_CARRIER_RETRY
-    } else {
-        due
+/// A carrier's next due frame, as a deadline. A frame due by the time the
+/// endpoint last flushed its ports (`flushed_at`) could not leave then
+/// (the carrier behind the delay line is full): looking again at once
+/// spun the fabric thread, so it looks again after [`FULL_CARRIER_RETRY`],
+/// as for any full carrier. A frame that fell due since is due as it is
+/// (judged against the time of asking, it waited 50 µs more).
+fn blocked_due_retried(due: Instant, flushed_at: Option<Instant>) -> Instant {
+    match flushed_at {
+        Some(flushed_at) if due <= flushed_at => flushed_at + FULL_CARRIER_RETRY,
+        _ => due,
     }
 }
 
@@ -434,6 +435,7 @@ impl NodeEndpoint {
             rnic,
             receive_pool: None,
             blocked_since: None,
+            flushed_at: None,
             port,
             local: None,
             ports: Ports::UPLINK_ONLY,
@@ -559,6 +561,7 @@ impl Pump for NodeEndpoint {
                 received += port.receive(RECEIVE_BATCH_FRAMES, &mut |_| {})?;
                 port.flush()?;
             }
+            self.flushed_at = Some(Instant::now());
             return Ok(received > 0);
         }
         let now = clock.now();
@@ -591,7 +594,7 @@ impl Pump for NodeEndpoint {
         let carriers = self
             .ports()
             .filter_map(|port| port.next_due())
-            .map(blocked_due_retried);
+            .map(|due| blocked_due_retried(due, self.flushed_at));
         if self.down {
             return carriers.min();
         }
@@ -663,6 +666,7 @@ impl NodeEndpoint {
         for port in self.ports_mut() {
             port.flush()?;
         }
+        self.flushed_at = Some(Instant::now());
         Ok(sent)
     }
 }
@@ -682,6 +686,8 @@ pub struct SwitchEndpoint<P: Program = L2L3Forwarding> {
     /// with the reader on another fabric thread, nothing else would wake
     /// it before its longest sleep.
     blocked_since: Option<Timestamp>,
+    /// When the ports were last flushed (see [`blocked_due_retried`]).
+    flushed_at: Option<Instant>,
 }
 
 /// What went wrong on the switch's carriers. One bad port (a corrupt ring
@@ -733,6 +739,7 @@ impl<P: Program> SwitchEndpoint<P> {
             },
             ports: ports.into_iter().map(RefCell::new).collect(),
             blocked_since: None,
+            flushed_at: None,
         }
     }
 
@@ -846,6 +853,7 @@ impl<P: Program> SwitchEndpoint<P> {
             }
             worked |= sent > 0;
         }
+        self.flushed_at = Some(Instant::now());
         worked
     }
 }
@@ -880,7 +888,7 @@ impl<P: Program> Pump for SwitchEndpoint<P> {
             .enumerate()
             .filter(|(index, _)| self.health.in_service(*index))
             .filter_map(|(_, port)| port.borrow().next_due())
-            .map(blocked_due_retried);
+            .map(|due| blocked_due_retried(due, self.flushed_at));
         let retry = self
             .blocked_since
             .map(|since| since.saturating_add(FULL_CARRIER_RETRY));

@@ -211,6 +211,9 @@ fn a_client_that_hangs_up_before_its_reply_leaves_no_queue_pair_behind() {
     let mut line = serde_json::to_vec(&request).unwrap();
     line.push(b'\n');
     let mut gone = std::os::unix::net::UnixStream::connect(path).unwrap();
+    // Hung up for reading before the request goes: the server's reply
+    // then fails whenever it is written.
+    gone.shutdown(std::net::Shutdown::Read).unwrap();
     gone.write_all(&line).unwrap();
     drop(gone);
     // The server has read the request and tried to answer before it
