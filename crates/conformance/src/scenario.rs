@@ -835,7 +835,11 @@ struct BeforeCrash {
 /// Runs the safety phase, stopping just before a crash drawn in it to take
 /// what the victim did before it ([`BeforeCrash`]). Stopping and going on
 /// changes nothing the simulation does: the same events run in the same
-/// order.
+/// order, since `run_until` stops only once no node has anything due by
+/// its deadline, and taking completions and reading memory moves nothing.
+/// (It assumes a node's frames all left at its last turn before the stop;
+/// past `MAX_FRAMES_PER_TURN` ready at once, the rest would leave at the
+/// restart's first turn instead of the next event's.)
 fn run_safety_phase(
     sim: &mut Simulation<HostNode>,
     hosts: &[HostResources; 2],
@@ -844,7 +848,10 @@ fn run_safety_phase(
     safety_end: Timestamp,
     config: &ScenarioConfig,
 ) -> (RunOutcome, Option<BeforeCrash>) {
-    let Some((at, victim)) = crash.filter(|(at, _)| *at <= safety_end) else {
+    // A crash at the very start has nothing before it to take (and
+    // stopping 1 ns before it is impossible).
+    let Some((at, victim)) = crash.filter(|(at, _)| *at <= safety_end && *at > Timestamp::ZERO)
+    else {
         return (sim.run_until(safety_end, config.max_events), None);
     };
     let just_before = Timestamp::from_nanos(at.as_nanos().saturating_sub(1));
