@@ -101,6 +101,17 @@ pub enum ConfigError {
 }
 
 impl VerbsConfig {
+    /// The node's address as the configuration gives it, before the node
+    /// starts: its own `address`, or the UDP tunnel's local one. `None`
+    /// for a shared-memory node, whose rendezvous hands it out.
+    pub fn address_before_start(&self) -> Option<Ipv4Address> {
+        match (self.address, &self.carrier) {
+            (Some(own), _) => Some(Ipv4Address(own.octets())),
+            (None, CarrierConfig::Udp { local, .. }) => Some(ipv4_of(*local)),
+            (None, CarrierConfig::SharedMemory { .. }) => None,
+        }
+    }
+
     /// Reads the configuration the environment names.
     pub fn from_environment() -> Result<VerbsConfig, ConfigError> {
         let mut config = VerbsConfig::from_environment_variables()?;

@@ -188,12 +188,23 @@ pub(super) fn guid_of(address: Ipv4Address) -> u64 {
     u64::from_be_bytes([0x02, 0x52, 0x4d, 0x52, a, b, c, d]).to_be()
 }
 
+/// The GUID `ibv_devices` lists, before any open: from the started
+/// node's address, or else the one the configuration gives (it was 0
+/// until the device was opened; found by reading). A shared-memory node
+/// learns its address from the rendezvous, so until it starts its GUID
+/// is 0.
 pub(super) fn device_guid(device_pointer: *mut ibv_device) -> u64 {
     let _ = device_pointer;
-    match provider().node.get() {
-        Some(Ok(node)) => guid_of(node.address()),
-        _ => 0,
-    }
+    let provider = provider();
+    let address = match provider.node.get() {
+        Some(Ok(node)) => Some(node.address()),
+        _ => provider
+            .config
+            .as_ref()
+            .ok()
+            .and_then(|config| config.address_before_start()),
+    };
+    address.map_or(0, guid_of)
 }
 
 pub(super) fn node() -> Result<Arc<Node>, String> {

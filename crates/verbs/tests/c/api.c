@@ -882,8 +882,13 @@ int main(void)
 	struct ibv_device **devices = ibv_get_device_list(&count);
 	CHECK(devices && count == 1, "one device");
 	CHECK(strcmp(ibv_get_device_name(devices[0]), "remora0") == 0, "named remora0");
+	/* ibv_devices lists it before any open (it was 0 until then). */
+	__be64 listed_guid = ibv_get_device_guid(devices[0]);
 	context = ibv_open_device(devices[0]);
 	CHECK(context, "open_device");
+	struct ibv_device_attr attributes;
+	CHECK(ibv_query_device(context, &attributes) == 0, "query_device");
+	CHECK(listed_guid != 0 && listed_guid == attributes.node_guid, "the GUID listed before the open is the device's");
 	ibv_free_device_list(devices);
 	union ibv_gid gid;
 	CHECK(ibv_query_gid(context, 1, 0, &gid) == 0, "query_gid");
