@@ -2,7 +2,7 @@
 
 use clap::{Args, Subcommand, ValueEnum};
 use remora_graph::apps::App;
-use remora_graph::generate::{generate, GeneratorSpec, GraphKind};
+use remora_graph::generate::{generate, GeneratorSpec};
 use remora_graph::load::{load, LoadOptions};
 use remora_graph::{Graph, Vertex};
 use remora_soda::backend::{
@@ -139,8 +139,6 @@ pub struct RunArgs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SodaCliError {
-    #[error("graph {0:?}: expected a file or kron:SCALE[:DEGREE] / uniform:SCALE[:DEGREE]")]
-    GraphSpec(String),
     #[error(transparent)]
     Generate(#[from] remora_graph::generate::GenerateError),
     #[error(transparent)]
@@ -185,27 +183,10 @@ pub fn run(command: SodaCommand) -> Result<ExitCode, SodaCliError> {
 
 /// `kron:SCALE[:DEGREE]`, `uniform:SCALE[:DEGREE]` or a file.
 pub fn graph_from(spec: &str, seed: u64, options: LoadOptions) -> Result<Graph, SodaCliError> {
-    let generated = |kind: GraphKind, rest: &str| -> Result<Graph, SodaCliError> {
-        let mut parts = rest.split(':');
-        let number = |text: Option<&str>, default: u32| match text {
-            None => Ok(default),
-            Some(text) => text
-                .parse()
-                .map_err(|_| SodaCliError::GraphSpec(spec.into())),
-        };
-        let scale = number(parts.next(), 0)?;
-        let degree = number(parts.next(), 16)?;
-        Ok(generate(GeneratorSpec {
-            kind,
-            scale,
-            degree,
-            seed,
-        })?)
-    };
-    if let Some((kind, rest)) = GraphKind::from_spec(spec) {
-        return generated(kind, rest);
+    match GeneratorSpec::parse(spec, seed) {
+        Some(generator) => Ok(generate(generator?)?),
+        None => Ok(load(std::path::Path::new(spec), options)?),
     }
-    Ok(load(std::path::Path::new(spec), options)?)
 }
 
 /// The source BFS and BC start from: `requested`, or the first vertex

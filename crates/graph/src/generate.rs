@@ -54,8 +54,62 @@ pub struct GeneratorSpec {
     pub seed: u64,
 }
 
+/// Undirected edges per vertex when a spec names none.
+pub const DEFAULT_DEGREE: u32 = 16;
+
+impl GeneratorSpec {
+    /// `kron:SCALE[:DEGREE]` or `uniform:SCALE[:DEGREE]`, checked as
+    /// [`generate`] checks it; `None` for anything else (a file name).
+    pub fn parse(spec: &str, seed: u64) -> Option<Result<GeneratorSpec, GenerateError>> {
+        let (kind, rest) = GraphKind::from_spec(spec)?;
+        let mut parts = rest.split(':');
+        let number = |text: Option<&str>, default: u32| match text {
+            None => Ok(default),
+            Some(text) => text
+                .parse()
+                .map_err(|_| GenerateError::Spec(spec.to_string())),
+        };
+        let parsed = (|| {
+            let scale = number(parts.next(), 0)?;
+            let degree = number(parts.next(), DEFAULT_DEGREE)?;
+            if parts.next().is_some() {
+                return Err(GenerateError::Spec(spec.to_string()));
+            }
+            let generator = GeneratorSpec {
+                kind,
+                scale,
+                degree,
+                seed,
+            };
+            generator.edge_count()?;
+            Ok(generator)
+        })();
+        Some(parsed)
+    }
+
+    /// How many edges it draws: its scale and degree checked.
+    fn edge_count(&self) -> Result<usize, GenerateError> {
+        if !(1..=MAX_SCALE).contains(&self.scale) {
+            return Err(GenerateError::Scale(self.scale));
+        }
+        if self.degree == 0 {
+            return Err(GenerateError::Degree);
+        }
+        let vertex_count = 1usize << self.scale;
+        vertex_count
+            .checked_mul(self.degree as usize)
+            .filter(|count| *count <= MAX_GENERATED_EDGES)
+            .ok_or(GenerateError::TooManyEdges {
+                scale: self.scale,
+                degree: self.degree,
+            })
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum GenerateError {
+    #[error("{0:?} is not kron:SCALE[:DEGREE] or uniform:SCALE[:DEGREE] with whole numbers")]
+    Spec(String),
     #[error("scale {0} is outside 1..={MAX_SCALE}")]
     Scale(u32),
     #[error("degree must be at least 1")]
@@ -75,20 +129,8 @@ pub fn generate(spec: GeneratorSpec) -> Result<Graph, GenerateError> {
 
 /// The edge list before the CSR is built (with duplicates and loops).
 pub fn generate_edges(spec: GeneratorSpec) -> Result<Vec<(Vertex, Vertex)>, GenerateError> {
-    if !(1..=MAX_SCALE).contains(&spec.scale) {
-        return Err(GenerateError::Scale(spec.scale));
-    }
-    if spec.degree == 0 {
-        return Err(GenerateError::Degree);
-    }
+    let edge_count = spec.edge_count()?;
     let vertex_count = 1usize << spec.scale;
-    let edge_count = vertex_count
-        .checked_mul(spec.degree as usize)
-        .filter(|count| *count <= MAX_GENERATED_EDGES)
-        .ok_or(GenerateError::TooManyEdges {
-            scale: spec.scale,
-            degree: spec.degree,
-        })?;
     let block_count = edge_count.div_ceil(EDGES_PER_BLOCK);
     let mut edges: Vec<(Vertex, Vertex)> = (0..block_count)
         .into_par_iter()
@@ -148,6 +190,34 @@ fn kronecker_edge(random: &mut ChaCha8Rng, scale: u32) -> (Vertex, Vertex) {
 mod tests {
     use super::*;
     use crate::engine::with_threads;
+
+    #[test]
+    fn a_generator_spec_is_parsed_and_checked_or_left_for_a_file() {
+        let parsed = |spec: &str| GeneratorSpec::parse(spec, 3);
+        assert_eq!(
+            parsed("kron:5:4"),
+            Some(Ok(GeneratorSpec {
+                kind: GraphKind::Kronecker,
+                scale: 5,
+                degree: 4,
+                seed: 3,
+            }))
+        );
+        assert_eq!(
+            parsed("uniform:6").map(|spec| spec.map(|spec| spec.degree)),
+            Some(Ok(DEFAULT_DEGREE))
+        );
+        for (spec, error) in [
+            ("kron:abc", GenerateError::Spec("kron:abc".into())),
+            ("kron:", GenerateError::Spec("kron:".into())),
+            ("kron:5:4:1", GenerateError::Spec("kron:5:4:1".into())),
+            ("kron:99", GenerateError::Scale(99)),
+            ("uniform:5:0", GenerateError::Degree),
+        ] {
+            assert_eq!(parsed(spec), Some(Err(error)), "{spec}");
+        }
+        assert_eq!(parsed("graph.el"), None);
+    }
 
     /// kron:30 generated for minutes before the allocator gave up, and a
     /// huge degree aborted: both are refused before any work.

@@ -162,14 +162,15 @@ impl SodaSection {
         if raw.graph.is_empty() {
             return Err(invalid("graph", "empty".into(), "a generator or a file"));
         }
-        // A file is looked for now, not after the rack has run.
-        let generated = remora_graph::generate::GraphKind::from_spec(&raw.graph).is_some();
-        if !generated && !std::path::Path::new(&raw.graph).is_file() {
-            return Err(invalid(
-                "graph",
-                raw.graph.clone(),
-                "kron:SCALE[:DEGREE], uniform:SCALE[:DEGREE] or an existing file",
-            ));
+        // A file is looked for now, and a generator's scale and degree
+        // checked now, not after the rack has run (`kron:abc` passed).
+        let expected =
+            "kron:SCALE[:DEGREE], uniform:SCALE[:DEGREE] (scale 1 to 30) or an existing file";
+        match remora_graph::generate::GeneratorSpec::parse(&raw.graph, 0) {
+            Some(Ok(_)) => {}
+            Some(Err(_)) => return Err(invalid("graph", raw.graph.clone(), expected)),
+            None if std::path::Path::new(&raw.graph).is_file() => {}
+            None => return Err(invalid("graph", raw.graph.clone(), expected)),
         }
         for (field, threads) in [
             ("threads", raw.threads),
@@ -255,6 +256,23 @@ mod tests {
             Err(SodaConfigError::Invalid { field, .. }) => field,
             other => panic!("{text}: {other:?}"),
         };
+        // A generator's scale and degree are checked up front too (they
+        // passed and failed once the rack was up; found by reading).
+        for graph in [
+            "kron:abc",
+            "kron:",
+            "kron:99",
+            "uniform:10:0",
+            "kron:10:4:1",
+        ] {
+            assert!(
+                matches!(
+                    parse(&format!("graph = \"{graph}\"")),
+                    Err(SodaConfigError::Invalid { field: "graph", .. })
+                ),
+                "{graph}"
+            );
+        }
         assert_eq!(field("app = \"sssp\""), "app");
         assert_eq!(field("backend = \"local\""), "backend");
         assert_eq!(field("backend = \"dpu-turbo\""), "backend");

@@ -705,12 +705,16 @@ impl FarAllocator {
         if !chunk_valid {
             return Err(SodaError::ChunkSize(chunk_bytes));
         }
-        let length = bytes.max(1).next_multiple_of(chunk_bytes);
         // Chunks are numbered in 32 bits: chunk i and i + 2^32 would share
-        // one key (one state, one fetch offset).
-        if length / chunk_bytes > u32::MAX as usize {
-            return Err(SodaError::TooManyChunks { bytes, chunk_bytes });
-        }
+        // one key (one state, one fetch offset). A size whose rounding up
+        // overflows is past that too (it panicked, or in release wrapped
+        // to a small mapping the object's length overran; found by
+        // reading).
+        let length = bytes
+            .max(1)
+            .checked_next_multiple_of(chunk_bytes)
+            .filter(|length| length / chunk_bytes <= u32::MAX as usize)
+            .ok_or(SodaError::TooManyChunks { bytes, chunk_bytes })?;
         let mapping = Mapping::new(length).map_err(|errno| SodaError::Map {
             bytes: length,
             errno,

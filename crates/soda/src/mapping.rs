@@ -36,7 +36,10 @@ impl Mapping {
     /// Reserves `length` bytes (rounded up to pages), not yet backed: the
     /// kernel gives pages on first touch, or userfaultfd does.
     pub fn new(length: usize) -> rustix::io::Result<Mapping> {
-        let length = length.max(1).next_multiple_of(PAGE_BYTES);
+        let length = length
+            .max(1)
+            .checked_next_multiple_of(PAGE_BYTES)
+            .ok_or(rustix::io::Errno::NOMEM)?;
         // SAFETY: a fresh private anonymous mapping at an address the
         // kernel picks aliases nothing.
         let pointer = unsafe {

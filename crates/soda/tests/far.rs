@@ -939,6 +939,12 @@ fn an_object_of_more_than_2_to_the_32_chunks_is_refused() {
         allocator.alloc_chunked(bytes, 4096, None),
         Err(SodaError::TooManyChunks { .. })
     ));
+    // A size whose rounding up to chunks overflows: it panicked (found by
+    // reading).
+    assert!(matches!(
+        allocator.alloc_chunked(usize::MAX - 100, 4096, None),
+        Err(SodaError::TooManyChunks { .. })
+    ));
 }
 
 /// Threads fault on one chunk while its object is freed and another of the
