@@ -223,6 +223,10 @@ struct Instance {
     /// The other live instances' such pages; the engine refreshes them
     /// before it hands the instance a packet.
     others_pending: Vec<WritePages>,
+    /// The requests an ACK confirmed, kept between ACKs so that confirming
+    /// allocates nothing: a Vec per confirming ACK was one allocation per
+    /// request on the switch's path (found by reading).
+    confirmed: Vec<(Kind, u64)>,
     read_progress: u64,
     write_progress: u64,
     recovering: bool,
@@ -375,6 +379,7 @@ impl P4Engine {
             unsent_writes: 0,
             pending_write: None,
             others_pending: Vec::with_capacity(MAX_INSTANCES),
+            confirmed: Vec::new(),
             read_progress: 0,
             write_progress: 0,
             recovering: false,
@@ -1072,23 +1077,27 @@ impl Instance {
     /// Whether any was; `None` after a go-back (a confirmation out of
     /// place).
     fn account_acknowledged(&mut self, now: Timestamp, side: Side, psn: Psn) -> Option<bool> {
-        let mut confirmed = Vec::new();
+        let mut confirmed = std::mem::take(&mut self.confirmed);
+        confirmed.clear();
         self.queue_pair(side)
             .take_acknowledged(now, psn, |sent| match sent.purpose {
                 Purpose::ResponseWrite { entry, last: true } => confirmed.push((Kind::Read, entry)),
                 Purpose::DataWrite { entry, last: true } => confirmed.push((Kind::Write, entry)),
                 _ => {}
             });
-        for (kind, index) in &confirmed {
-            if !self.confirm(*kind, *index) {
-                self.go_back(now, side, None);
-                return None;
-            }
+        let any = !confirmed.is_empty();
+        let in_place = confirmed
+            .iter()
+            .all(|&(kind, index)| self.confirm(kind, index));
+        self.confirmed = confirmed;
+        if !in_place {
+            self.go_back(now, side, None);
+            return None;
         }
-        if !confirmed.is_empty() {
+        if any {
             self.bookkeeping_due = true;
         }
-        Some(!confirmed.is_empty())
+        Some(any)
     }
 
     fn on_acknowledged(
