@@ -293,7 +293,7 @@ impl Shared {
         };
         if let Some(reason) = info.lost.clone() {
             // Poisoned under the lock, so the range is still this object's.
-            let poisoned = self.userfault.poison(address, length);
+            let poisoned = self.poison_chunk(address, length);
             drop(inner);
             tracing::warn!(object = key.object.0, %reason, "access to a lost object");
             self.report(poisoned);
@@ -342,7 +342,7 @@ impl Shared {
                     info.lost = Some(error.to_string());
                 }
                 tracing::error!(object = key.object.0, %error, "fetch failed; the object is lost");
-                self.report(self.userfault.poison(address, length));
+                self.report(self.poison_chunk(address, length));
             }
         }
         inner.buffer.debug_check_invariants();
@@ -476,6 +476,23 @@ impl Shared {
             .written_back_bytes
             .fetch_add(length as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Poisons a chunk of a lost object, every page of it: its pages
+    /// are dropped first. A copy cut short by a shortage had installed
+    /// some, write-protected; poisoning skips pages already there, so a
+    /// write to one faulted, was woken and faulted again for ever instead
+    /// of dying of SIGBUS (found by reading). The caller holds the lock,
+    /// so the range is still the object's.
+    fn poison_chunk(&self, address: usize, length: usize) -> Result<(), UserfaultError> {
+        // SAFETY: a chunk of a live object's private anonymous mapping
+        // (freeing it takes the lock the caller holds); its data is lost
+        // with the object.
+        unsafe { mapping::drop_range(address, length) }.map_err(|errno| UserfaultError::Call {
+            call: "madvise(MADV_DONTNEED)",
+            errno,
+        })?;
+        self.userfault.poison(address, length)
     }
 
     fn report<T>(&self, result: Result<T, UserfaultError>) {
@@ -905,6 +922,21 @@ mod tests {
     /// first ones are written back and dropped; then arms `shortages`
     /// installs refused for lack of memory and reads the pattern back.
     fn read_back_under_shortage(shortages: u32) {
+        let (memory, object) = evicted_pattern();
+        let pattern = pattern_of(object.len());
+        INJECTED_SHORTAGES.store(shortages, Ordering::Relaxed);
+        assert!(object.as_bytes() == &pattern[..], "read back other bytes");
+        object.check().unwrap();
+        assert_eq!(memory.stats().install_shortages, u64::from(shortages));
+    }
+
+    fn pattern_of(length: usize) -> Vec<u8> {
+        (0..length).map(|index| (index * 7 % 251) as u8).collect()
+    }
+
+    /// An object of eight chunks holding [`pattern_of`], written through a
+    /// buffer of four: its first chunks are written back and dropped.
+    fn evicted_pattern() -> (FarMemory, FarObject) {
         let config = FarMemoryConfig {
             buffer_bytes: 4 * CHUNK_BYTES as u64,
             high_watermark: 0.75,
@@ -914,12 +946,8 @@ mod tests {
         let memory = FarMemory::new(Arc::new(InProcessStore::default()), config).unwrap();
         let length = 8 * CHUNK_BYTES;
         let mut object = memory.alloc_chunked(length, CHUNK_BYTES, None).unwrap();
-        let pattern: Vec<u8> = (0..length).map(|index| (index * 7 % 251) as u8).collect();
-        object.as_bytes_mut().copy_from_slice(&pattern);
-        INJECTED_SHORTAGES.store(shortages, Ordering::Relaxed);
-        assert!(object.as_bytes() == &pattern[..], "read back other bytes");
-        object.check().unwrap();
-        assert_eq!(memory.stats().install_shortages, u64::from(shortages));
+        object.as_bytes_mut().copy_from_slice(&pattern_of(length));
+        (memory, object)
     }
 
     /// Runs test `name` of this binary in a child with [`CHILD`] set; its
@@ -940,6 +968,36 @@ mod tests {
         let status =
             in_child("far::tests::an_install_refused_for_lack_of_memory_is_tried_again_not_lost");
         assert!(status.success(), "the child failed: {status:?}");
+    }
+
+    /// A copy a shortage cut short had installed the chunk's first page,
+    /// write-protected, when the object was lost; poisoning skipped that
+    /// page, and a later write to it faulted, was woken and faulted again
+    /// for ever (found by reading). The whole chunk is poisoned now: the
+    /// write dies of SIGBUS.
+    #[test]
+    fn a_chunk_half_installed_when_its_object_is_lost_is_poisoned_whole() {
+        if std::env::var_os(CHILD).is_some() {
+            let (_memory, mut object) = evicted_pattern();
+            // The later chunks touched last: the first is surely evicted.
+            for chunk in 1..8 {
+                std::hint::black_box(object.as_bytes()[chunk * CHUNK_BYTES]);
+            }
+            crate::userfault::INJECTED_PARTIAL_COPY.store(true, Ordering::Relaxed);
+            INJECTED_SHORTAGES.store(u32::MAX, Ordering::Relaxed);
+            // A read fault: the first page goes in write-protected (and
+            // the kernel wakes the reader on it), then the shortage lasts
+            // and the object is lost; then a write to that page.
+            let first = object.as_bytes()[0];
+            std::thread::sleep(SHORTAGE_PATIENCE + Duration::from_millis(500));
+            object.as_bytes_mut()[0] = first ^ 1;
+            return;
+        }
+        use std::os::unix::process::ExitStatusExt;
+        let status = in_child(
+            "far::tests::a_chunk_half_installed_when_its_object_is_lost_is_poisoned_whole",
+        );
+        assert_eq!(status.signal(), Some(SIGBUS), "{status:?}");
     }
 
     /// A shortage that does not pass is waited out for a bounded time

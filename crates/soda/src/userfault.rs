@@ -33,6 +33,12 @@ pub(crate) const POISON: Opcode = opcode::read_write::<uffdio_poison>(GROUP, 0x0
 pub(crate) static INJECTED_SHORTAGES: std::sync::atomic::AtomicU32 =
     std::sync::atomic::AtomicU32::new(0);
 
+/// Test builds only: the next `UFFDIO_COPY` installs its first page and
+/// then fails with ENOMEM, as a copy cut short by a shortage does.
+#[cfg(test)]
+pub(crate) static INJECTED_PARTIAL_COPY: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Bytes of one `struct uffd_msg`.
 const MESSAGE_BYTES: usize = 32;
 
@@ -181,6 +187,14 @@ impl Userfault {
     /// the bytes it copied first.
     fn copy(&self, start: usize, data: &[u8], write_protected: bool) -> Result<(), (Errno, usize)> {
         #[cfg(test)]
+        if data.len() > crate::mapping::PAGE_BYTES
+            && INJECTED_PARTIAL_COPY.swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            let page = crate::mapping::PAGE_BYTES;
+            self.copy_now(start, &data[..page], write_protected)?;
+            return Err((Errno::NOMEM, page));
+        }
+        #[cfg(test)]
         if INJECTED_SHORTAGES
             .fetch_update(
                 std::sync::atomic::Ordering::Relaxed,
@@ -191,6 +205,16 @@ impl Userfault {
         {
             return Err((Errno::NOMEM, 0));
         }
+        self.copy_now(start, data, write_protected)
+    }
+
+    /// The `UFFDIO_COPY` itself.
+    fn copy_now(
+        &self,
+        start: usize,
+        data: &[u8],
+        write_protected: bool,
+    ) -> Result<(), (Errno, usize)> {
         let mut copy = uffdio_copy {
             dst: start as u64,
             src: data.as_ptr() as u64,
