@@ -888,6 +888,20 @@ impl SodaRack {
         }
     }
 
+    /// Routes `object`'s transfers through the DPU's dynamic cache, once
+    /// those under way have finished (as a pin waits for them). A
+    /// write-back that had taken the direct route went on after the advice
+    /// returned: the DPU cached its entry before the write landed and
+    /// served the old bytes from then on (found by reading). The DPU holds
+    /// nothing of an object routed direct until now, so nothing it holds
+    /// is stale.
+    fn cache_dynamically(&self, object: ObjectId) -> Result<(), SodaRackError> {
+        let before = self.pins.begin_move(object, Self::static_deadline())?;
+        self.dynamic.lock().expect("dynamic lock").insert(object);
+        self.pins.end_move(object, before);
+        Ok(())
+    }
+
     fn pin(&self, object: ObjectId) -> Result<(), SodaRackError> {
         let dpu = self.dpu()?;
         let region = Self::region(object)?;
@@ -1128,17 +1142,15 @@ impl ChunkStore for SodaRack {
             Advice::Pin => Ok(self.pin(object)?),
             Advice::Unpin => Ok(self.unpin(object)?),
             Advice::CacheDynamically => {
-                if dpu
+                if !dpu
                     .state
                     .lock()
                     .expect("DPU state lock")
                     .has_dynamic_cache()
                 {
-                    self.dynamic.lock().expect("dynamic lock").insert(object);
-                    Ok(())
-                } else {
-                    Err(unsupported)
+                    return Err(unsupported);
                 }
+                Ok(self.cache_dynamically(object)?)
             }
         }
     }

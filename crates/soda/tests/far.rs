@@ -704,6 +704,60 @@ fn a_read_straddling_two_cache_entries_gets_its_own_bytes() {
     assert_eq!(store.dpu_report().unwrap().0.straddling_reads, 1);
 }
 
+/// A write-back that had taken the direct route went on after the advice
+/// to cache its object dynamically returned: the DPU cached the entry
+/// before the write landed, and served the old bytes from then on (found
+/// by reading). The advice now waits for the object's transfers under
+/// way, as a pin does.
+#[test]
+fn advice_to_cache_dynamically_waits_for_a_write_under_way() {
+    use remora_soda::cache::CacheMode;
+    use remora_soda::Advice;
+    let chunk = 64 << 10;
+    let entry = 2 * chunk;
+    // A slow compute link: the direct write-back of one chunk takes about
+    // 5 ms, the DPU's reads of the memory node none of it.
+    let config = SodaRackConfig {
+        pool_bytes: 4 << 20,
+        processes: 1,
+        channels: 2,
+        chunk_bytes: chunk,
+        dpu: Some(dpu_with_cache(chunk, entry, 0, CacheMode::On)),
+        route: Route::Direct,
+        links: remora_soda::rack::RackLinks {
+            compute: Some(shaped(100_000_000)),
+            ..Default::default()
+        },
+        hosts: None,
+    };
+    let store = std::sync::Arc::new(SodaRack::start(&config).unwrap());
+    let object = ObjectId(1);
+    store.reserve(object, entry as u64, None).unwrap();
+    store.write_back(object, 0, &vec![1u8; entry]).unwrap();
+    let writer = {
+        let store = std::sync::Arc::clone(&store);
+        std::thread::spawn(move || store.write_back(object, chunk as u64, &vec![7u8; chunk]))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    store.advise(object, Advice::CacheDynamically).unwrap();
+    // Through the DPU, which caches the whole entry: both chunks.
+    let mut into = vec![0u8; chunk];
+    store.fetch(object, 0, &mut into).unwrap();
+    writer.join().unwrap().unwrap();
+    for _ in 0..1000 {
+        let before = store.dpu_report().unwrap().0.hits;
+        store.fetch(object, chunk as u64, &mut into).unwrap();
+        if store.dpu_report().unwrap().0.hits > before {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(
+        into.iter().all(|&byte| byte == 7),
+        "the cache served bytes from before the write"
+    );
+}
+
 /// A rack that reaches the memory node directly, with a DPU whose static
 /// cache holds `static_bytes`.
 fn static_cache_rack(static_bytes: u64) -> SodaRack {
