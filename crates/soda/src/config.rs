@@ -164,11 +164,18 @@ impl SodaSection {
         }
         // A file is looked for now, and a generator's scale and degree
         // checked now, not after the rack has run (`kron:abc` passed).
-        let expected =
-            "kron:SCALE[:DEGREE], uniform:SCALE[:DEGREE] (scale 1 to 30) or an existing file";
+        let expected = "kron:SCALE[:DEGREE], uniform:SCALE[:DEGREE] or an existing file";
         match remora_graph::generate::GeneratorSpec::parse(&raw.graph, 0) {
             Some(Ok(_)) => {}
-            Some(Err(_)) => return Err(invalid("graph", raw.graph.clone(), expected)),
+            // The generator's own reason: the scale, the degree, or the
+            // edges they make.
+            Some(Err(error)) => {
+                return Err(invalid(
+                    "graph",
+                    format!("{} ({error})", raw.graph),
+                    expected,
+                ))
+            }
             None if std::path::Path::new(&raw.graph).is_file() => {}
             None => return Err(invalid("graph", raw.graph.clone(), expected)),
         }

@@ -488,11 +488,15 @@ impl Shared {
         // SAFETY: a chunk of a live object's private anonymous mapping
         // (freeing it takes the lock the caller holds); its data is lost
         // with the object.
-        unsafe { mapping::drop_range(address, length) }.map_err(|errno| UserfaultError::Call {
-            call: "madvise(MADV_DONTNEED)",
-            errno,
-        })?;
-        self.userfault.poison(address, length)
+        let dropped =
+            unsafe { mapping::drop_range(address, length) }.map_err(|errno| UserfaultError::Call {
+                call: "madvise(MADV_DONTNEED)",
+                errno,
+            });
+        // Poisoned whatever the drop did: poisoning also wakes the
+        // chunk's waiters, who otherwise slept for good.
+        let poisoned = self.userfault.poison(address, length);
+        dropped.and(poisoned)
     }
 
     fn report<T>(&self, result: Result<T, UserfaultError>) {

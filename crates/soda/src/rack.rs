@@ -896,6 +896,12 @@ impl SodaRack {
     /// nothing of an object routed direct until now, so nothing it holds
     /// is stale.
     fn cache_dynamically(&self, object: ObjectId) -> Result<(), SodaRackError> {
+        let already = self.dynamic.lock().expect("dynamic lock").contains(&object);
+        if already || self.route == Route::ThroughDpu {
+            // Its transfers go through the DPU already: nothing changes.
+            self.dynamic.lock().expect("dynamic lock").insert(object);
+            return Ok(());
+        }
         let before = self.pins.begin_move(object, Self::static_deadline())?;
         self.dynamic.lock().expect("dynamic lock").insert(object);
         self.pins.end_move(object, before);

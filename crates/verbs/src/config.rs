@@ -219,6 +219,24 @@ mod tests {
     #[test]
     fn the_one_line_forms_parse() {
         let udp = VerbsConfig::from_spec("udp 127.0.0.1:7471 127.0.0.2:7471").unwrap();
+        // The address a device is listed with before it starts: the
+        // tunnel's local one, a node's own, none for shared memory.
+        assert_eq!(
+            udp.address_before_start(),
+            Some(Ipv4Address::new(127, 0, 0, 1))
+        );
+        let behind_a_switch =
+            VerbsConfig::from_spec("udp 127.0.0.31:47931 127.0.0.1:47900 10.0.0.1").unwrap();
+        assert_eq!(
+            behind_a_switch.address_before_start(),
+            Some(Ipv4Address::new(10, 0, 0, 1))
+        );
+        assert_eq!(
+            VerbsConfig::from_spec("shm /tmp/x.sock")
+                .unwrap()
+                .address_before_start(),
+            None
+        );
         assert_eq!(
             udp.carrier,
             CarrierConfig::Udp {
