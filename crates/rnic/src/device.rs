@@ -333,10 +333,17 @@ impl SoftRnic {
                     offset % stride
                 }
             })
+            // A retired queue pair is gone, though its context waits in
+            // the slot for the next one: found, a destroyed queue pair was
+            // destroyed again, brought back through INIT, posted to and
+            // queried, and its late frames counted as for a queue pair not
+            // ready (found by reading).
             .filter(|slot| {
-                self.queue_pairs
-                    .get(*slot)
-                    .is_some_and(|context| context.qpn() == qpn)
+                !self.retired_queue_pairs.is_retired(*slot)
+                    && self
+                        .queue_pairs
+                        .get(*slot)
+                        .is_some_and(|context| context.qpn() == qpn)
             })
             .ok_or(VerbsError::UnknownQueuePair(qpn))
     }

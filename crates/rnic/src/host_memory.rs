@@ -138,17 +138,22 @@ impl HostMemory {
         Ok(())
     }
 
-    /// Changes some bytes of one word and no others: clear them, then set
-    /// them. Two writers of disjoint bytes of one word both land.
+    /// Changes some bytes of one word and no others, in one atomic step.
+    /// Two writers of disjoint bytes of one word both land. (Cleared and
+    /// then set in two steps, a reader between them saw the bytes as
+    /// zeros, neither the old value nor the new; found by reading.)
     fn write_partial(&self, word: usize, skip: usize, bytes: &[u8]) {
         assert!(skip + bytes.len() <= WORD_BYTES);
         let mut mask = [0u8; WORD_BYTES];
         let mut value = [0u8; WORD_BYTES];
         mask[skip..skip + bytes.len()].fill(0xff);
         value[skip..skip + bytes.len()].copy_from_slice(bytes);
-        let mask = u64::from_le_bytes(mask);
-        self.words[word].fetch_and(!mask, Ordering::Relaxed);
-        self.words[word].fetch_or(u64::from_le_bytes(value), Ordering::Relaxed);
+        let (mask, value) = (u64::from_le_bytes(mask), u64::from_le_bytes(value));
+        // A compare-and-swap loop: it retries only while another writer
+        // changed the word in between, which each retry observes.
+        let _ = self.words[word].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |current| {
+            Some((current & !mask) | value)
+        });
     }
 
     fn word(&self, offset: usize) -> Result<&AtomicU64, HostMemoryOutOfBounds> {
@@ -233,6 +238,34 @@ pub trait ExternalMemory: Send {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A partial-word write cleared its bytes and then set them, and a
+    /// reader in between saw zeros: rewriting a byte with its own value,
+    /// a reader must never see anything else.
+    #[test]
+    fn a_partial_word_write_is_one_step_for_readers() {
+        let memory = HostMemory::new(64);
+        memory.write(0, &[0xff; 8]).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for _ in 0..200_000 {
+                    memory.write(1, &[0xff]).unwrap();
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+            let mut reads = 0u64;
+            while !stop.load(Ordering::Relaxed) || reads == 0 {
+                let word = memory.load_u64(0, Ordering::Relaxed).unwrap();
+                assert_eq!(
+                    word,
+                    u64::MAX,
+                    "read {word:#x} between the steps of a write"
+                );
+                reads += 1;
+            }
+        });
+    }
 
     proptest! {
         /// Writes and reads at any offset and length behave as on a plain

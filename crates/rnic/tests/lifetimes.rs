@@ -77,3 +77,27 @@ fn a_reused_slot_answers_to_its_new_number_only() {
         "{drops:?}"
     );
 }
+
+/// A retired queue pair's context waits in its slot for the next one, and
+/// it was still found there: it could be retired again, brought back
+/// through INIT and queried (found by reading). It is gone.
+#[test]
+fn a_retired_queue_pair_is_gone_before_its_slot_is_reused() {
+    let mut s = setup();
+    let old = s.right_qp;
+    s.fabric.right.retire_queue_pair(old.0).unwrap();
+    assert!(matches!(
+        s.fabric.right.retire_queue_pair(old.0),
+        Err(VerbsError::UnknownQueuePair(_))
+    ));
+    assert!(matches!(
+        s.fabric
+            .right
+            .modify_queue_pair(old.0, QueuePairTransition::Init),
+        Err(VerbsError::UnknownQueuePair(_))
+    ));
+    assert!(matches!(
+        s.fabric.right.queue_pair_state(old.0),
+        Err(VerbsError::UnknownQueuePair(_))
+    ));
+}
