@@ -873,3 +873,43 @@ fn answers_reordered_behind_acks_draw_one_go_back_not_one_per_packet() {
         pattern(1024, 8)
     );
 }
+
+/// A READ answer that cannot be placed (its local region went since the
+/// post) failed the READ before retiring what the answer acknowledged:
+/// the WRITE before it, whose own ACK was lost, was flushed though the
+/// responder executed it, and a program that retries what was flushed
+/// wrote twice (found by reading).
+#[test]
+fn a_failed_read_answer_still_acknowledges_the_requests_before_it() {
+    let mut s = setup();
+    let landing = s
+        .fabric
+        .left
+        .register_memory(s.left_pd, 4096, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let write = write_request(&s, 1, 0, s.right_mr.remote(0), 64);
+    s.fabric.left.post_send(s.left_qp, write).unwrap();
+    let read = request(
+        2,
+        SendOperation::Read {
+            remote: s.right_mr.remote(1024),
+        },
+        landing.slice(0, 64),
+    );
+    s.fabric.left.post_send(s.left_qp, read).unwrap();
+    s.fabric.left.deregister_memory(landing.lkey).unwrap();
+    // The WRITE's ACK is lost; the READ's answer acknowledges it.
+    s.fabric.run_filtered(1_000, &mut |direction, bytes| {
+        if direction == Direction::RightToLeft && opcode_of(bytes) == Opcode::Acknowledge {
+            return Verdict::Drop;
+        }
+        Verdict::Deliver
+    });
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![
+            (1, CompletionStatus::Success),
+            (2, CompletionStatus::LocalProtectionError)
+        ]
+    );
+}

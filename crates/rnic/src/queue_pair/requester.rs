@@ -887,10 +887,10 @@ impl QueuePairContext {
         if payload.len() as u64 != expected_len {
             // The responder answered a different READ than we asked: no
             // retransmission can fix that.
-            self.fail_request(index, CompletionStatus::BadResponseError, resources);
+            self.fail_answered(now, index, CompletionStatus::BadResponseError, resources);
             return true;
         }
-        if !self.place_answer(index, offset_bytes, payload, resources) {
+        if !self.place_answer(now, index, offset_bytes, payload, resources) {
             return true;
         }
         self.requester
@@ -912,6 +912,7 @@ impl QueuePairContext {
     /// region vanished since the post, fails the request and returns false.
     fn place_answer(
         &mut self,
+        now: Timestamp,
         index: usize,
         offset_bytes: u64,
         bytes: &[u8],
@@ -923,10 +924,39 @@ impl QueuePairContext {
             .scatter(&wqe.request.local, offset_bytes, bytes)
             .is_err()
         {
-            self.fail_request(index, CompletionStatus::LocalProtectionError, resources);
+            self.fail_answered(
+                now,
+                index,
+                CompletionStatus::LocalProtectionError,
+                resources,
+            );
             return false;
         }
         true
+    }
+
+    /// Fails request `index`, a READ or atomic whose answer came, after
+    /// retiring what the answer acknowledged: every request before it,
+    /// which the responder executed. Failed first, they were flushed, and
+    /// a program that retries what was flushed ran them twice (found by
+    /// reading). A READ before it still unanswered is flushed, as the
+    /// queue pair goes to error.
+    fn fail_answered(
+        &mut self,
+        now: Timestamp,
+        index: usize,
+        status: CompletionStatus,
+        resources: &mut Resources,
+    ) {
+        let first_psn = self
+            .requester
+            .queue
+            .get(index)
+            .expect("caller found it")
+            .first_psn;
+        self.acknowledge_through(now, first_psn.sub(1), resources);
+        let index = self.requester.index_of(first_psn).unwrap_or(0);
+        self.fail_request(index, status, resources);
     }
 
     fn on_atomic_acknowledge(
@@ -948,7 +978,7 @@ impl QueuePairContext {
             return false;
         }
         // Host memory is little-endian, as on the x86 and Arm hosts RDMA serves.
-        if !self.place_answer(index, 0, &original.to_le_bytes(), resources) {
+        if !self.place_answer(now, index, 0, &original.to_le_bytes(), resources) {
             return true;
         }
         self.requester

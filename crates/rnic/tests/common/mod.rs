@@ -14,6 +14,8 @@ pub struct Setup {
     pub right_mr: MemoryRegion,
     pub left_cq: CompletionQueue,
     pub right_cq: CompletionQueue,
+    /// The left queue pair's protection domain.
+    pub left_pd: ProtectionDomain,
 }
 
 pub fn setup_with(access: AccessFlags, configure: impl Fn(&mut QueuePairBuilder)) -> Setup {
@@ -25,7 +27,7 @@ pub fn setup_with(access: AccessFlags, configure: impl Fn(&mut QueuePairBuilder)
         let cq = device.create_completion_queue(1024).unwrap();
         let mut builder = QueuePairBuilder::new(pd, cq, cq);
         configure(&mut builder);
-        sides.push((mr, cq, builder));
+        sides.push((mr, cq, builder, pd));
     }
     let (left_qp, right_qp) = fabric.connect(&sides[0].2, &sides[1].2).unwrap();
     Setup {
@@ -36,6 +38,7 @@ pub fn setup_with(access: AccessFlags, configure: impl Fn(&mut QueuePairBuilder)
         right_mr: sides[1].0,
         left_cq: sides[0].1,
         right_cq: sides[1].1,
+        left_pd: sides[0].3,
     }
 }
 
