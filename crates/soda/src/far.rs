@@ -825,11 +825,16 @@ impl FarObject {
             .as_mut_slice()[..bytes]
     }
 
-    /// The object as atomic words (its length rounded down to whole
-    /// words), for values threads update in place; not to be mixed with
-    /// [`FarObject::as_bytes`] on the same object.
-    pub fn as_atomics<W: mapping::AtomicWord>(&self) -> &[W] {
-        &self.mapping().as_atomics::<W>()[..self.bytes / std::mem::size_of::<W>()]
+    /// The object seen only as atomic words from now on (its length
+    /// rounded down to whole words), for values threads update in place.
+    /// It takes the object, so no byte view of it can be alive beside the
+    /// words: both through `&self`, as they once were, safe code could
+    /// store through a word under a live `&[u8]` (found by reading).
+    pub fn into_words<W: mapping::AtomicWord>(self) -> FarWords<W> {
+        FarWords {
+            object: self,
+            word: std::marker::PhantomData,
+        }
     }
 
     /// The object as `T`s.
@@ -900,6 +905,38 @@ impl FarObject {
         unregistered?;
         self.shared.store.release(self.id)?;
         Ok(())
+    }
+}
+
+/// A far-memory object seen only as atomic words ([`FarObject::into_words`]).
+pub struct FarWords<W> {
+    object: FarObject,
+    word: std::marker::PhantomData<W>,
+}
+
+impl<W: mapping::AtomicWord> FarWords<W> {
+    pub fn words(&self) -> &[W] {
+        let count = self.object.bytes / std::mem::size_of::<W>();
+        // SAFETY: the object is reachable only through this handle, which
+        // offers no view of its bytes as plain bytes.
+        let words = unsafe { self.object.mapping().as_atomics::<W>() };
+        &words[..count]
+    }
+
+    /// Whether the object is lost ([`FarObject::check`]).
+    pub fn check(&self) -> Result<(), SodaError> {
+        self.object.check()
+    }
+
+    /// Releases the object and its remote space ([`FarObject::free`]).
+    pub fn free(self) -> Result<(), SodaError> {
+        self.object.free()
+    }
+}
+
+impl<W: mapping::AtomicWord> AsRef<[W]> for FarWords<W> {
+    fn as_ref(&self) -> &[W] {
+        self.words()
     }
 }
 

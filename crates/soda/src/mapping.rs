@@ -79,17 +79,23 @@ impl Mapping {
     }
 
     /// The mapping as atomic words, which threads update in place through
-    /// shared references. A caller must not also read the same bytes
-    /// through [`Mapping::as_slice`] while it holds these (the far-memory
-    /// code's own copies happen under write protection, as with any
-    /// application write).
-    pub fn as_atomics<W: AtomicWord>(&self) -> &[W] {
+    /// shared references.
+    ///
+    /// # Safety
+    /// No view of the same bytes as plain bytes ([`Mapping::as_slice`],
+    /// [`Mapping::as_mut_slice`]) may be alive while these are: a store
+    /// through a word under a live `&[u8]` is undefined behaviour. (Safe,
+    /// as it was, it let safe code do just that; found by reading.) The
+    /// far-memory code's own copies happen under write protection, as with
+    /// any application write.
+    pub unsafe fn as_atomics<W: AtomicWord>(&self) -> &[W] {
         let count = self.length / std::mem::size_of::<W>();
         // SAFETY: the start is page aligned, which satisfies W's alignment;
         // `count` words lie within the `length` bytes, which stay mapped
         // and readable for `&self`'s lifetime (pages not yet present are
-        // supplied on touch); every bit pattern is a valid W; and atomics
-        // allow mutation through `&`.
+        // supplied on touch); every bit pattern is a valid W; atomics
+        // allow mutation through `&`; and the caller promises no byte
+        // view of them is alive.
         unsafe { std::slice::from_raw_parts(self.start.as_ptr().cast::<W>(), count) }
     }
 }

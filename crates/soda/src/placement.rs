@@ -112,18 +112,6 @@ pub struct FarValues {
     advice: Option<Advice>,
 }
 
-/// A far-memory object seen only as atomic words.
-struct ObjectWords<W> {
-    object: FarObject,
-    word: PhantomData<W>,
-}
-
-impl<W: AtomicWord> AsRef<[W]> for ObjectWords<W> {
-    fn as_ref(&self) -> &[W] {
-        self.object.as_atomics()
-    }
-}
-
 impl FarValues {
     fn place<W: AtomicWord>(&self, name: &str, count: usize) -> Result<Array<W>, PlacementError> {
         let bytes = count * std::mem::size_of::<W>();
@@ -135,10 +123,7 @@ impl FarValues {
         if let Some(advice) = self.advice {
             object.advise(advice).map_err(|e| error(e.to_string()))?;
         }
-        Ok(Array::new(ObjectWords {
-            object,
-            word: PhantomData::<W>,
-        }))
+        Ok(Array::new(object.into_words::<W>()))
     }
 }
 

@@ -628,7 +628,8 @@ fn values_are_atomic_words_in_far_memory_and_a_closed_allocator_refuses() {
     let object = allocator
         .alloc_chunked(16 * chunk_bytes, chunk_bytes, None)
         .unwrap();
-    let words: &[AtomicU64] = object.as_atomics();
+    let words = object.into_words::<AtomicU64>();
+    let words = words.words();
     assert_eq!(words.len(), 16 * chunk_bytes / 8);
     std::thread::scope(|scope| {
         for _ in 0..3 {
