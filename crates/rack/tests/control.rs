@@ -17,15 +17,20 @@ struct Server {
     _directory: std::path::PathBuf,
 }
 
+/// A NIC config for host `last` (10.0.0.`last`), with room for
+/// `max_queue_pairs` queue pairs.
+fn nic_config(last: u8, max_queue_pairs: usize) -> RnicConfig {
+    let mut config = RnicConfig::new(
+        MacAddress([2, 0, 0, 0, 0, last]),
+        Ipv4Address::new(10, 0, 0, last),
+        u64::from(last) + 7,
+    );
+    config.max_queue_pairs = max_queue_pairs;
+    config
+}
+
 fn memory_server(name: &str) -> Server {
-    memory_server_with(
-        name,
-        RnicConfig::new(
-            MacAddress([2, 0, 0, 0, 0, 2]),
-            Ipv4Address::new(10, 0, 0, 2),
-            9,
-        ),
-    )
+    memory_server_with(name, nic_config(2, 1024))
 }
 
 fn memory_server_with(name: &str, config: RnicConfig) -> Server {
@@ -194,13 +199,7 @@ fn a_dribbling_client_cannot_hold_the_server_past_its_timeout() {
 #[test]
 fn a_client_that_hangs_up_before_its_reply_leaves_no_queue_pair_behind() {
     use std::io::Write;
-    let mut config = RnicConfig::new(
-        MacAddress([2, 0, 0, 0, 0, 2]),
-        Ipv4Address::new(10, 0, 0, 2),
-        9,
-    );
-    config.max_queue_pairs = 1;
-    let server = memory_server_with("hang-up", config);
+    let server = memory_server_with("hang-up", nic_config(2, 1));
     let ControlAddress::Unix(path) = &server.address else {
         unreachable!("the test server listens on a Unix socket")
     };
@@ -235,16 +234,10 @@ fn a_client_that_hangs_up_before_its_reply_leaves_no_queue_pair_behind() {
 /// its NIC's queue pairs (found by reading).
 #[test]
 fn a_failed_connect_leaves_no_queue_pair_behind() {
-    let mut config = RnicConfig::new(
-        MacAddress([2, 0, 0, 0, 0, 1]),
-        Ipv4Address::new(10, 0, 0, 1),
-        5,
-    );
-    config.max_queue_pairs = 1;
     let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
     let mut node = NodeEndpoint::new(
         "client",
-        SoftRnic::new(config),
+        SoftRnic::new(nic_config(1, 1)),
         Box::new(segment.spoke_port(1).unwrap()),
     );
     let pd = node.rnic.alloc_protection_domain().unwrap();

@@ -114,45 +114,20 @@ impl<P: Port> Port for Counted<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Hands up one frame, then finds the ring corrupt, as a consumer
-    /// does at a bad slot after good ones.
-    struct OneThenCorrupt;
-
-    impl Port for OneThenCorrupt {
-        fn receive(
-            &mut self,
-            _max_frames: usize,
-            sink: &mut dyn FnMut(&[u8]),
-        ) -> Result<usize, CarrierError> {
-            sink(&[7; 10]);
-            Err(CarrierError::Segment(
-                "a length prefix past its slot".into(),
-            ))
-        }
-        fn send(&mut self, _frame: &[u8]) -> Result<SendStatus, CarrierError> {
-            Ok(SendStatus::Queued)
-        }
-        fn flush(&mut self) -> Result<(), CarrierError> {
-            Ok(())
-        }
-        fn has_room(&mut self) -> bool {
-            true
-        }
-        fn has_frames(&mut self) -> bool {
-            false
-        }
-        fn wait_source(&self) -> crate::wait::WaitSource {
-            crate::wait::WaitSource::Fd(-1)
-        }
-    }
+    use crate::wrappers::test_port::TestPort;
 
     /// The count was bumped only when the whole receive succeeded: the
     /// frames handed up before a corrupt slot (which the switch forwards)
     /// went uncounted (found by reading).
     #[test]
     fn frames_handed_up_before_an_error_are_counted() {
-        let mut port = Counted::new(OneThenCorrupt);
+        // One frame, then a corrupt ring, as a consumer finds at a bad
+        // slot after good ones.
+        let mut port = Counted::new(TestPort {
+            to_receive: vec![vec![7; 10]],
+            then_corrupt: true,
+            ..TestPort::default()
+        });
         let mut handed = 0;
         assert!(port.receive(8, &mut |_| handed += 1).is_err());
         assert_eq!(handed, 1);

@@ -76,6 +76,8 @@ pub mod copied;
 pub mod counted;
 pub mod faulty;
 pub mod shaped;
+#[cfg(test)]
+pub(crate) mod test_port;
 
 pub use capture::{CaptureDirection, Captured, PcapSink};
 pub use copied::Copied;

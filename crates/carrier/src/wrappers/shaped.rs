@@ -156,44 +156,7 @@ impl<P: Port> Port for Shaped<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wait::WaitSource;
-
-    /// Keeps what it is sent.
-    #[derive(Default)]
-    struct Collector {
-        sent: Vec<Vec<u8>>,
-    }
-
-    impl Port for Collector {
-        fn receive(
-            &mut self,
-            _max_frames: usize,
-            _sink: &mut dyn FnMut(&[u8]),
-        ) -> Result<usize, CarrierError> {
-            Ok(0)
-        }
-
-        fn send(&mut self, frame: &[u8]) -> Result<SendStatus, CarrierError> {
-            self.sent.push(frame.to_vec());
-            Ok(SendStatus::Queued)
-        }
-
-        fn flush(&mut self) -> Result<(), CarrierError> {
-            Ok(())
-        }
-
-        fn has_room(&mut self) -> bool {
-            true
-        }
-
-        fn has_frames(&mut self) -> bool {
-            false
-        }
-
-        fn wait_source(&self) -> WaitSource {
-            WaitSource::Fd(-1)
-        }
-    }
+    use crate::wrappers::test_port::TestPort;
 
     #[test]
     fn frames_in_reused_buffers_arrive_whole_and_in_order() {
@@ -202,7 +165,7 @@ mod tests {
             propagation_delay: Duration::ZERO,
             queue_limit_bytes: 1 << 30,
         };
-        let mut shaped = Shaped::new(Collector::default(), shape);
+        let mut shaped = Shaped::new(TestPort::default(), shape);
         // Long and short frames alternate, so a reused buffer that kept a
         // longer frame's tail would show.
         let frames: Vec<Vec<u8>> = (0..3 * MAX_SPARE_BUFFERS)

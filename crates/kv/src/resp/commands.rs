@@ -822,22 +822,32 @@ mod tests {
     /// Regression: a settle whose device poll failed left its GETs pending
     /// in the session, and the next batch reused their contexts, so their
     /// late completions indexed past the next batch's gaps (a panic).
-    #[test]
-    fn a_failed_settle_never_lets_stale_completions_into_the_next_batch() {
-        let config = StoreConfig::smallest();
+    /// An executor on a device whose queues fail their first poll with a
+    /// completion to deliver.
+    fn executor_on_a_failing_device() -> Executor {
         let store = Store::new(
-            config,
+            StoreConfig::smallest(),
             Arc::new(FailsOnce::new(MemoryDevice::new(16 << 20))),
         )
         .unwrap();
-        let mut executor = Executor::new(store).unwrap();
-        reply(&mut executor, "SET first one");
-        reply(&mut executor, "SET second two");
+        Executor::new(store).unwrap()
+    }
+
+    /// Writes enough to push the keys written before onto the device.
+    fn push_earlier_keys_to_the_device(executor: &mut Executor) {
         let filler = vec![b'f'; 1000];
         for number in 0..200 {
             let key = format!("filler-{number}");
-            run(&mut executor, &[b"SET", key.as_bytes(), &filler]);
+            run(executor, &[b"SET", key.as_bytes(), &filler]);
         }
+    }
+
+    #[test]
+    fn a_failed_settle_never_lets_stale_completions_into_the_next_batch() {
+        let mut executor = executor_on_a_failing_device();
+        reply(&mut executor, "SET first one");
+        reply(&mut executor, "SET second two");
+        push_earlier_keys_to_the_device(&mut executor);
         assert!(
             reply(&mut executor, "GET first").starts_with("-ERR"),
             "the injected failure"
@@ -852,22 +862,12 @@ mod tests {
     /// key's read, and MGET answered with the big value.
     #[test]
     fn a_command_that_waits_takes_only_its_own_completion() {
-        let config = StoreConfig::smallest();
-        let store = Store::new(
-            config,
-            Arc::new(FailsOnce::new(MemoryDevice::new(16 << 20))),
-        )
-        .unwrap();
-        let mut executor = Executor::new(store).unwrap();
+        let mut executor = executor_on_a_failing_device();
         let big = vec![b'b'; 1000];
         run(&mut executor, &[b"SET", b"big", &big]);
         reply(&mut executor, "SET small tiny");
         reply(&mut executor, "SET counter 10");
-        let filler = vec![b'f'; 1000];
-        for number in 0..200 {
-            let key = format!("filler-{number}");
-            run(&mut executor, &[b"SET", key.as_bytes(), &filler]);
-        }
+        push_earlier_keys_to_the_device(&mut executor);
         let mut replies = Vec::new();
         for command in ["GET big", "MGET small", "INCR counter"] {
             let arguments: Vec<Cow<'_, [u8]>> = command
