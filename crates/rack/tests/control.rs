@@ -29,6 +29,20 @@ fn nic_config(last: u8, max_queue_pairs: usize) -> RnicConfig {
     config
 }
 
+/// `node` behind a driver (not started): the shared endpoint, the
+/// driver's stop flag and the driver.
+fn driven(node: NodeEndpoint) -> (Arc<Mutex<NodeEndpoint>>, Arc<AtomicBool>, Driver) {
+    let endpoint = Arc::new(Mutex::new(node));
+    let stop = Arc::new(AtomicBool::new(false));
+    let driver = Driver::new(
+        vec![endpoint.clone() as Arc<Mutex<dyn Pump>>],
+        RackClock::new(),
+        Arc::clone(&stop),
+    )
+    .unwrap();
+    (endpoint, stop, driver)
+}
+
 fn memory_server(name: &str) -> Server {
     memory_server_with(name, nic_config(2, 1024))
 }
@@ -50,14 +64,7 @@ fn memory_server_with(name: &str, config: RnicConfig) -> Server {
         builder: rack_queue_pair(pd, cq),
         region,
     };
-    let endpoint = Arc::new(Mutex::new(node));
-    let stop = Arc::new(AtomicBool::new(false));
-    let driver = Driver::new(
-        vec![endpoint.clone() as Arc<Mutex<dyn Pump>>],
-        RackClock::new(),
-        Arc::clone(&stop),
-    )
-    .unwrap();
+    let (endpoint, stop, driver) = driven(node);
     let directory =
         std::env::temp_dir().join(format!("remora-control-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&directory).unwrap();
@@ -243,14 +250,7 @@ fn a_failed_connect_leaves_no_queue_pair_behind() {
     let pd = node.rnic.alloc_protection_domain().unwrap();
     let cq = node.rnic.create_completion_queue(16).unwrap();
     let builder = rack_queue_pair(pd, cq);
-    let endpoint = Arc::new(Mutex::new(node));
-    let stop = Arc::new(AtomicBool::new(false));
-    let driver = Driver::new(
-        vec![endpoint.clone() as Arc<Mutex<dyn Pump>>],
-        RackClock::new(),
-        Arc::clone(&stop),
-    )
-    .unwrap();
+    let (endpoint, _stop, driver) = driven(node);
     let nowhere = ControlAddress::Unix(std::env::temp_dir().join(format!(
         "remora-control-nowhere-{}.sock",
         std::process::id()

@@ -668,6 +668,22 @@ mod tests {
         (String::from_utf8_lossy(&reply).into_owned(), flow)
     }
 
+    /// Runs `commands` as one batch (a pipeline), settled at its end: the
+    /// replies, in order.
+    fn batch_replies(executor: &mut Executor, commands: &[impl AsRef<str>]) -> Vec<u8> {
+        let mut replies = Vec::new();
+        for command in commands {
+            let arguments: Vec<Cow<'_, [u8]>> = command
+                .as_ref()
+                .split(' ')
+                .map(|word| Cow::Borrowed(word.as_bytes()))
+                .collect();
+            executor.execute(&arguments, &mut replies);
+        }
+        executor.settle(&mut replies);
+        replies
+    }
+
     fn reply(executor: &mut Executor, text: &str) -> String {
         let words: Vec<&[u8]> = text.split(' ').map(str::as_bytes).collect();
         run(executor, &words).0
@@ -797,15 +813,7 @@ mod tests {
         batch.push("SET key-3 new-3".into());
         batch.push("GET key-3".into());
         batch.push("GET missing".into());
-        let mut replies = Vec::new();
-        for command in &batch {
-            let arguments: Vec<Cow<'_, [u8]>> = command
-                .split(' ')
-                .map(|word| Cow::Borrowed(word.as_bytes()))
-                .collect();
-            executor.execute(&arguments, &mut replies);
-        }
-        executor.settle(&mut replies);
+        let replies = batch_replies(&mut executor, &batch);
         let mut expected = String::new();
         for number in 0..8 {
             expected += &format!("$5\r\nold-{number}\r\n");
@@ -868,15 +876,7 @@ mod tests {
         reply(&mut executor, "SET small tiny");
         reply(&mut executor, "SET counter 10");
         push_earlier_keys_to_the_device(&mut executor);
-        let mut replies = Vec::new();
-        for command in ["GET big", "MGET small", "INCR counter"] {
-            let arguments: Vec<Cow<'_, [u8]>> = command
-                .split(' ')
-                .map(|word| Cow::Borrowed(word.as_bytes()))
-                .collect();
-            executor.execute(&arguments, &mut replies);
-        }
-        executor.settle(&mut replies);
+        let replies = batch_replies(&mut executor, &["GET big", "MGET small", "INCR counter"]);
         let replies = String::from_utf8_lossy(&replies);
         let (first, rest) = replies.split_once("\r\n").expect("three replies");
         assert!(first.starts_with("-ERR"), "the injected failure: {replies}");
