@@ -261,14 +261,18 @@ fn a_failed_fabric_thread_raises_the_racks_stop_flag_and_stops_the_fabric() {
     }
 }
 
-/// A ring port whose one held frame (as a shaping or fault delay line
-/// holds one) leaves at the first flush once it is due.
-struct HeldUntilFlushed {
+/// A ring port with the quirks of a wrapped carrier: one held frame (as
+/// a shaping or fault delay line holds one) that leaves at the first
+/// flush once it is due, and sends it may refuse for want of room after
+/// saying it had some (as a fault line does when its held frames took the
+/// last slot).
+struct QuirkyPort {
     inner: remora_carrier::RingPort,
     due: Option<Instant>,
+    refuses_sends: bool,
 }
 
-impl remora_carrier::Port for HeldUntilFlushed {
+impl remora_carrier::Port for QuirkyPort {
     fn receive(
         &mut self,
         max_frames: usize,
@@ -280,6 +284,9 @@ impl remora_carrier::Port for HeldUntilFlushed {
         &mut self,
         frame: &[u8],
     ) -> Result<remora_carrier::SendStatus, remora_carrier::CarrierError> {
+        if self.refuses_sends {
+            return Ok(remora_carrier::SendStatus::DroppedNoRoom);
+        }
         self.inner.send(frame)
     }
     fn flush(&mut self) -> Result<(), remora_carrier::CarrierError> {
@@ -289,7 +296,7 @@ impl remora_carrier::Port for HeldUntilFlushed {
         self.inner.flush()
     }
     fn has_room(&mut self) -> bool {
-        self.inner.has_room()
+        self.refuses_sends || self.inner.has_room()
     }
     fn has_frames(&mut self) -> bool {
         self.inner.has_frames()
@@ -317,9 +324,10 @@ fn a_crashed_host_lets_held_frames_leave_and_its_deadline_moves_on() {
         Ipv4Address::new(10, 0, 0, 2),
         9,
     );
-    let port = HeldUntilFlushed {
+    let port = QuirkyPort {
         inner: segment.spoke_port(1).unwrap(),
         due: Instant::now().checked_sub(Duration::from_millis(1)),
+        refuses_sends: false,
     };
     let mut node = NodeEndpoint::new("crashed", SoftRnic::new(config), Box::new(port));
     let clock = RackClock::new();
@@ -328,38 +336,6 @@ fn a_crashed_host_lets_held_frames_leave_and_its_deadline_moves_on() {
     // The held frame left: nothing is due any more.
     let deadline = node.deadline(&clock);
     assert!(deadline.is_none(), "a frame is still held: {deadline:?}");
-}
-
-/// A ring port that says it has room and then refuses every frame, as a
-/// fault line does when its held frames took the last slot.
-struct RefusesForWantOfRoom(remora_carrier::RingPort);
-
-impl remora_carrier::Port for RefusesForWantOfRoom {
-    fn receive(
-        &mut self,
-        max_frames: usize,
-        sink: &mut dyn FnMut(&[u8]),
-    ) -> Result<usize, remora_carrier::CarrierError> {
-        self.0.receive(max_frames, sink)
-    }
-    fn send(
-        &mut self,
-        _frame: &[u8],
-    ) -> Result<remora_carrier::SendStatus, remora_carrier::CarrierError> {
-        Ok(remora_carrier::SendStatus::DroppedNoRoom)
-    }
-    fn flush(&mut self) -> Result<(), remora_carrier::CarrierError> {
-        self.0.flush()
-    }
-    fn has_room(&mut self) -> bool {
-        true
-    }
-    fn has_frames(&mut self) -> bool {
-        self.0.has_frames()
-    }
-    fn wait_source(&self) -> remora_carrier::WaitSource {
-        self.0.wait_source()
-    }
 }
 
 /// A frame the node's carrier refused for want of room was lost without a
@@ -375,7 +351,11 @@ fn a_frame_a_carrier_refuses_for_want_of_room_is_counted() {
         Ipv4Address::new(10, 0, 0, 1),
         3,
     );
-    let port = RefusesForWantOfRoom(segment.spoke_port(1).unwrap());
+    let port = QuirkyPort {
+        inner: segment.spoke_port(1).unwrap(),
+        due: None,
+        refuses_sends: true,
+    };
     let mut node = NodeEndpoint::new("refused", SoftRnic::new(config), Box::new(port));
     let pd = node.rnic.alloc_protection_domain().unwrap();
     let cq = node.rnic.create_completion_queue(8).unwrap();
