@@ -231,6 +231,9 @@ struct NativeSide {
 }
 
 /// Two nodes on one shared-memory segment, as two perftest processes get.
+/// perftest's `--timeout` default, 14, as IB encodes it: 4.096 µs × 2^14.
+const PERFTEST_TIMEOUT: Duration = Duration::from_nanos(4096 << 14);
+
 fn native_pair() -> Result<(NativeSide, NativeSide), VerbsBenchError> {
     let socket =
         std::env::temp_dir().join(format!("remora-bench-native-{}.sock", std::process::id()));
@@ -251,6 +254,11 @@ fn native_pair() -> Result<(NativeSide, NativeSide), VerbsBenchError> {
             let completions = rnic.create_completion_queue(4 * BANDWIDTH_WINDOW)?;
             let mut builder = QueuePairBuilder::new(pd, completions, completions);
             builder.send_queue_depth = 2 * BANDWIDTH_WINDOW;
+            // perftest's retransmission timeout (IB's 14: 4.096 µs × 2^14,
+            // about 67 ms), which the drop-in's streams run with: at the
+            // builder's 1 ms, a progress thread starved for 8 ms on a
+            // loaded machine failed the queue pair, and the run stopped.
+            builder.timeout = PERFTEST_TIMEOUT;
             Ok((region, completions, rnic.create_queue_pair(&builder)?))
         })?;
         prepared.push((memory, built));
@@ -336,11 +344,15 @@ impl NativeSide {
             if byte[0] == mark {
                 return Ok(());
             }
-            // The clock is read once per 1024 spins, not on each.
-            if spin % 1024 == 1023
-                && (peer_failed.load(Ordering::Relaxed) || Instant::now() > deadline)
-            {
-                return Err(VerbsBenchError::PeerSilent(limit));
+            // The clock is read once per 1024 spins, not on each; so are
+            // this side's completions: a WRITE of its that failed (retries
+            // exceeded) left both sides waiting for marks that never came,
+            // each reporting only silence after 10 s.
+            if spin % 1024 == 1023 {
+                self.reap()?;
+                if peer_failed.load(Ordering::Relaxed) || Instant::now() > deadline {
+                    return Err(VerbsBenchError::PeerSilent(limit));
+                }
             }
             std::hint::spin_loop();
         }
@@ -691,6 +703,36 @@ mod tests {
             initiator.await_mark(LATENCY_BYTES, 7, limit, &AtomicBool::new(false)),
             Err(VerbsBenchError::PeerSilent(waited)) if waited == limit
         ));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        initiator.node.stop();
+    }
+
+    /// A side whose own WRITE failed (retries exceeded) waited for a mark
+    /// that could never come and reported only silence after 10 s, as its
+    /// peer did (CI saw `bench verbs` stop so): it takes its completions
+    /// while it waits, and the failure is the error.
+    #[test]
+    fn a_side_whose_write_failed_reports_the_failure_not_silence() {
+        let (initiator, responder) = native_pair().unwrap();
+        responder.node.stop();
+        initiator.set_mark(LATENCY_BYTES, 7);
+        initiator.write(1, LATENCY_BYTES).unwrap();
+        let started = Instant::now();
+        let waited = initiator.await_mark(
+            LATENCY_BYTES,
+            7,
+            Duration::from_secs(10),
+            &AtomicBool::new(false),
+        );
+        assert!(
+            matches!(
+                waited,
+                Err(VerbsBenchError::WriteFailed(
+                    remora_rnic::CompletionStatus::RetryExceeded
+                ))
+            ),
+            "{waited:?}"
+        );
         assert!(started.elapsed() < Duration::from_secs(5));
         initiator.node.stop();
     }
