@@ -191,6 +191,12 @@ impl SoftRnic {
         Ok(self.queue_pair(qpn)?.state())
     }
 
+    /// Bytes queue pair `qpn` holds to answer READs again (its replay
+    /// slots' snapshots).
+    pub fn replay_bytes_held(&self, qpn: Qpn) -> Result<usize, VerbsError> {
+        Ok(self.queue_pair(qpn)?.replay_bytes_held())
+    }
+
     /// Posts `requests` on `queue_pair` all or none: one that would be
     /// refused (a bad key, no room left for the whole batch) refuses them
     /// all, and none is queued (`ibv_wr_complete`).

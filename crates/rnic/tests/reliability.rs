@@ -913,3 +913,47 @@ fn a_failed_read_answer_still_acknowledges_the_requests_before_it() {
         ]
     );
 }
+
+/// A replay slot kept the capacity of the largest READ it ever held: a
+/// peer's large READs held that memory for the queue pair's life (found
+/// by reading). A much smaller READ in the slot gives it back.
+#[test]
+fn a_replay_slot_gives_back_a_large_reads_memory() {
+    use remora_rnic::back_to_back::BackToBack;
+    const LARGE: u32 = 4 << 20;
+    let mut fabric = BackToBack::new(7);
+    let mut sides = Vec::new();
+    for device in [&mut fabric.left, &mut fabric.right] {
+        let pd = device.alloc_protection_domain().unwrap();
+        let mr = device
+            .register_memory(pd, u64::from(LARGE), AccessFlags::ALL)
+            .unwrap();
+        let cq = device.create_completion_queue(64).unwrap();
+        let mut builder = QueuePairBuilder::new(pd, cq, cq);
+        // One slot: every READ reuses it.
+        builder.max_read_atomic = 1;
+        builder.max_destination_read_atomic = 1;
+        sides.push((mr, cq, builder));
+    }
+    let (left_qp, right_qp) = fabric.connect(&sides[0].2, &sides[1].2).unwrap();
+    let (left_mr, left_cq, right_mr) = (sides[0].0, sides[0].1, sides[1].0);
+    let mut held_after = Vec::new();
+    for (id, length) in [(1, LARGE), (2, 64)] {
+        let read = request(
+            id,
+            SendOperation::Read {
+                remote: right_mr.remote(0),
+            },
+            left_mr.slice(0, length),
+        );
+        fabric.left.post_send(left_qp, read).unwrap();
+        fabric.run(100_000);
+        assert_eq!(
+            statuses(&mut fabric.left, left_cq),
+            vec![(id, CompletionStatus::Success)]
+        );
+        held_after.push(fabric.right.replay_bytes_held(right_qp.0).unwrap());
+    }
+    assert!(held_after[0] >= LARGE as usize, "{held_after:?}");
+    assert!(held_after[1] < 1 << 20, "{held_after:?}");
+}

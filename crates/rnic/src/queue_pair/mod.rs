@@ -91,6 +91,11 @@ pub(crate) struct QueuePairContext {
 }
 
 impl QueuePairContext {
+    /// Bytes the responder's replay slots hold for READ snapshots.
+    pub(crate) fn replay_bytes_held(&self) -> usize {
+        self.responder.replay_bytes_held()
+    }
+
     pub(crate) fn new(
         qpn: Qpn,
         attributes: QueuePairBuilder,

@@ -96,6 +96,11 @@ impl ReplayCache {
         &mut self.entries[slot]
     }
 
+    /// The bytes the slots' READ snapshots hold (their capacity).
+    pub(crate) fn bytes_held(&self) -> usize {
+        self.entries.iter().map(|entry| entry.data.capacity()).sum()
+    }
+
     /// The slot the next request takes.
     pub(crate) fn next_slot(&self) -> usize {
         self.next_slot
