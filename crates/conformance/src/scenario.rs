@@ -804,22 +804,32 @@ fn drain_completions(
     host: &HostResources,
     before_crash: Option<&BeforeCrash>,
 ) -> Option<Vec<WorkCompletion>> {
-    let node = sim.node_mut(host.id);
-    if node.crashes() > 0 {
+    if sim.node(host.id).crashes() > 0 {
         return None;
     }
     let mut completions = match before_crash {
         Some(before) if before.host == host.id => before.completions.clone(),
         _ => Vec::new(),
     };
+    take_completions(sim, host, &mut completions);
+    Some(completions)
+}
+
+/// Moves every completion waiting in live `host`'s queue into `into`.
+fn take_completions(
+    sim: &mut Simulation<HostNode>,
+    host: &HostResources,
+    into: &mut Vec<WorkCompletion>,
+) {
+    let nic = sim.node_mut(host.id).nic_mut();
+    // The host's one completion queue; bounded by its depth.
     for _ in 0..COMPLETION_QUEUE_DEPTH {
-        match node.nic_mut().poll_completion(host.completion_queue) {
-            Ok(Some(completion)) => completions.push(completion),
+        match nic.poll_completion(host.completion_queue) {
+            Ok(Some(completion)) => into.push(completion),
             Ok(None) => break,
             Err(error) => panic!("completion queue of a live host: {error}"),
         }
     }
-    Some(completions)
 }
 
 /// What a host had done just before its crash, taken from it then: its
@@ -854,9 +864,13 @@ fn run_safety_phase(
     else {
         return (sim.run_until(safety_end, config.max_events), None);
     };
+    let victim = hosts
+        .iter()
+        .find(|host| host.id == victim)
+        .expect("the victim is one of the hosts");
     let just_before = Timestamp::from_nanos(at.as_nanos().saturating_sub(1));
     let first = sim.run_until(just_before, config.max_events);
-    let before = before_crash(sim, hosts, streams, victim);
+    let before = before_crash(sim, victim, streams);
     let rest = sim.run_until(safety_end, config.max_events - first.events);
     let outcome = RunOutcome {
         events: first.events + rest.events,
@@ -867,29 +881,16 @@ fn run_safety_phase(
 
 fn before_crash(
     sim: &mut Simulation<HostNode>,
-    hosts: &[HostResources; 2],
+    victim: &HostResources,
     streams: &[Stream],
-    victim: NodeId,
 ) -> BeforeCrash {
-    let queue = hosts
-        .iter()
-        .find(|host| host.id == victim)
-        .expect("the victim is one of the hosts")
-        .completion_queue;
-    let nic = sim.node_mut(victim).nic_mut();
     let mut completions = Vec::new();
-    // The host's one completion queue; bounded by its depth.
-    for _ in 0..COMPLETION_QUEUE_DEPTH {
-        match nic.poll_completion(queue) {
-            Ok(Some(completion)) => completions.push(completion),
-            Ok(None) => break,
-            Err(error) => panic!("completion queue of a live host: {error}"),
-        }
-    }
+    take_completions(sim, victim, &mut completions);
+    let nic = sim.node(victim.id).nic();
     let local = streams
         .iter()
         .map(|stream| {
-            (stream.requester == victim).then(|| {
+            (stream.requester == victim.id).then(|| {
                 let mut bytes = vec![0u8; stream.local.length_bytes as usize];
                 nic.read_local(stream.local.lkey, stream.local.address, &mut bytes)
                     .expect("a live host's local region");
@@ -898,7 +899,7 @@ fn before_crash(
         })
         .collect();
     BeforeCrash {
-        host: victim,
+        host: victim.id,
         completions,
         local,
     }
