@@ -150,8 +150,7 @@ impl StoreConfig {
         // Ordinary records never take the reserve pages: without room for
         // them beyond the memory's worth, every write failed as a full
         // device once the first pages were written (found by reading).
-        let reserve_pages = crate::log::COMPACTION_RESERVE_PAGES + crate::log::SEAL_RESERVE_PAGES;
-        let reserve_bytes = reserve_pages << self.page_bits;
+        let reserve_bytes = crate::log::ORDINARY_RESERVE_PAGES << self.page_bits;
         let log_bytes = crate::log::log_capacity_bytes(device_bytes, self.page_bits);
         if log_bytes < self.memory_bytes() + reserve_bytes {
             return Err(ConfigError::DeviceTooSmall {
@@ -179,8 +178,7 @@ mod tests {
         let config = StoreConfig::smallest();
         let page_bytes = 1u64 << config.page_bits;
         let device_bytes = |pages: u64| crate::log::CHECKPOINT_AREA_BYTES + pages * page_bytes;
-        let reserve = crate::log::COMPACTION_RESERVE_PAGES + crate::log::SEAL_RESERVE_PAGES;
-        let just_enough = config.memory_pages + reserve;
+        let just_enough = config.memory_pages + crate::log::ORDINARY_RESERVE_PAGES;
         assert!(matches!(
             config.check(device_bytes(just_enough - 1)),
             Err(ConfigError::DeviceTooSmall { .. })

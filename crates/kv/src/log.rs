@@ -58,6 +58,9 @@ pub const COMPACTION_RESERVE_PAGES: u64 = 2;
 /// and the device stayed full for good.
 pub const SEAL_RESERVE_PAGES: u64 = 1;
 
+/// The pages ordinary records never take: both reserves.
+pub const ORDINARY_RESERVE_PAGES: u64 = COMPACTION_RESERVE_PAGES + SEAL_RESERVE_PAGES;
+
 /// Who asks for room at the tail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Allocation {
@@ -332,7 +335,7 @@ impl HybridLog {
     /// record.
     fn check_room(&self, page: u64, allocation: Allocation) -> Result<(), LogError> {
         let reserve_pages = match allocation {
-            Allocation::Ordinary => COMPACTION_RESERVE_PAGES + SEAL_RESERVE_PAGES,
+            Allocation::Ordinary => ORDINARY_RESERVE_PAGES,
             Allocation::Compaction => SEAL_RESERVE_PAGES,
             Allocation::Seal => 0,
         };
