@@ -178,8 +178,9 @@ pub struct NodeEndpoint {
     /// The carrier was full when the RNIC may still have had frames: look
     /// again soon, since a consumer freeing slots rings nobody.
     blocked_since: Option<Timestamp>,
-    /// When the ports were last flushed (see [`blocked_due_retried`]).
-    flushed_at: Option<Instant>,
+    /// The time of the pump that last flushed the ports (see
+    /// [`blocked_due_retried`]).
+    flushed_at: Option<Timestamp>,
     activity: Arc<AtomicU64>,
     /// Application threads' lock-free queues, served on every pump.
     queues: Vec<NicSide>,
@@ -415,14 +416,16 @@ impl NicSide {
 /// How soon an endpoint blocked on a full carrier looks again.
 const FULL_CARRIER_RETRY: Duration = Duration::from_micros(50);
 
-/// A carrier's next due frame, as a deadline. A frame due by the time the
-/// endpoint last flushed its ports (`flushed_at`) could not leave then
-/// (the carrier behind the delay line is full): looking again at once
-/// spun the fabric thread, so it looks again after [`FULL_CARRIER_RETRY`],
-/// as for any full carrier. A frame that fell due since is due as it is
-/// (judged against the time of asking, it waited 50 µs more).
-fn blocked_due_retried(due: Instant, flushed_at: Option<Instant>) -> Instant {
-    match flushed_at {
+/// A carrier's next due frame, as a deadline. A frame due by the time of
+/// the pump that last flushed the endpoint's ports (`flushed_at`, the
+/// pump's own clock reading) could not leave then (the carrier behind the
+/// delay line is full): looking again at once spun the fabric thread, so
+/// it looks again after [`FULL_CARRIER_RETRY`], as for any full carrier.
+/// A frame that fell due since is due as it is (judged against the time
+/// of asking, it waited 50 µs more); one that fell due during that pump
+/// costs at most one more pump before it counts as blocked.
+fn blocked_due_retried(due: Instant, flushed_at: Option<Timestamp>, clock: &RackClock) -> Instant {
+    match flushed_at.map(|at| clock.instant(at)) {
         Some(flushed_at) if due <= flushed_at => flushed_at + FULL_CARRIER_RETRY,
         _ => due,
     }
@@ -551,6 +554,7 @@ impl NodeEndpoint {
 
 impl Pump for NodeEndpoint {
     fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
+        let now = clock.now();
         if self.down {
             // What arrives is lost, as at a crashed host. What was on the
             // wire already (a shaping or fault delay line) still leaves:
@@ -561,10 +565,9 @@ impl Pump for NodeEndpoint {
                 received += port.receive(RECEIVE_BATCH_FRAMES, &mut |_| {})?;
                 port.flush()?;
             }
-            self.flushed_at = Some(Instant::now());
+            self.flushed_at = Some(now);
             return Ok(received > 0);
         }
-        let now = clock.now();
         let mut worked = self.receive(now)?;
         for queues in &mut self.queues {
             worked |= queues.take_submissions(&mut self.rnic)?;
@@ -594,7 +597,7 @@ impl Pump for NodeEndpoint {
         let carriers = self
             .ports()
             .filter_map(|port| port.next_due())
-            .map(|due| blocked_due_retried(due, self.flushed_at));
+            .map(|due| blocked_due_retried(due, self.flushed_at, clock));
         if self.down {
             return carriers.min();
         }
@@ -666,7 +669,7 @@ impl NodeEndpoint {
         for port in self.ports_mut() {
             port.flush()?;
         }
-        self.flushed_at = Some(Instant::now());
+        self.flushed_at = Some(now);
         Ok(sent)
     }
 }
@@ -686,8 +689,9 @@ pub struct SwitchEndpoint<P: Program = L2L3Forwarding> {
     /// with the reader on another fabric thread, nothing else would wake
     /// it before its longest sleep.
     blocked_since: Option<Timestamp>,
-    /// When the ports were last flushed (see [`blocked_due_retried`]).
-    flushed_at: Option<Instant>,
+    /// The time of the pump that last flushed the ports (see
+    /// [`blocked_due_retried`]).
+    flushed_at: Option<Timestamp>,
 }
 
 /// What went wrong on the switch's carriers. One bad port (a corrupt ring
@@ -815,7 +819,7 @@ impl<P: Program> SwitchEndpoint<P> {
 
     /// Sends what waits in the egress queues (frames a full carrier
     /// refused, hairpins, generated packets) and flushes every port.
-    fn drain_queues(&mut self) -> bool {
+    fn drain_queues(&mut self, now: Timestamp) -> bool {
         let mut worked = false;
         for (index, port) in self.ports.iter().enumerate() {
             if !self.health.in_service(index) {
@@ -853,7 +857,7 @@ impl<P: Program> SwitchEndpoint<P> {
             }
             worked |= sent > 0;
         }
-        self.flushed_at = Some(Instant::now());
+        self.flushed_at = Some(now);
         worked
     }
 }
@@ -874,7 +878,7 @@ impl<P: Program> Pump for SwitchEndpoint<P> {
         while let Some(digest) = self.switch.poll_digest() {
             self.switch.program_mut().control_plane(&digest);
         }
-        let drained = self.drain_queues();
+        let drained = self.drain_queues(now);
         self.blocked_since = (self.switch.queued_frames() > 0).then_some(now);
         Ok(drained || worked)
     }
@@ -888,7 +892,7 @@ impl<P: Program> Pump for SwitchEndpoint<P> {
             .enumerate()
             .filter(|(index, _)| self.health.in_service(*index))
             .filter_map(|(_, port)| port.borrow().next_due())
-            .map(|due| blocked_due_retried(due, self.flushed_at));
+            .map(|due| blocked_due_retried(due, self.flushed_at, clock));
         let retry = self
             .blocked_since
             .map(|since| since.saturating_add(FULL_CARRIER_RETRY));
