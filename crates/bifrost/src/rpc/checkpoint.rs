@@ -135,6 +135,24 @@ fn decode_caller(reader: &mut Reader<'_>) -> Result<DatagramEnd, CheckpointError
     Ok(DatagramEnd { mac, address, port })
 }
 
+/// The next caller of a list kept in increasing order: one repeated or
+/// out of order is not canonical.
+fn decode_next_caller(
+    reader: &mut Reader<'_>,
+    previous: &mut Option<DatagramEnd>,
+) -> Result<DatagramEnd, CheckpointError> {
+    let at = reader.at;
+    let caller = decode_caller(reader)?;
+    if previous.is_some_and(|previous| previous >= caller) {
+        return Err(CheckpointError::NotCanonical {
+            at,
+            why: "callers out of order or repeated",
+        });
+    }
+    *previous = Some(caller);
+    Ok(caller)
+}
+
 /// Appends the replies each caller is remembered by: the marks as bits
 /// beside the newest id, the replies kept whole.
 fn encode_replies(
@@ -184,11 +202,7 @@ fn decode_replies(
     for _ in 0..callers {
         let at = reader.at;
         let not_canonical = |why| CheckpointError::NotCanonical { at, why };
-        let caller = decode_caller(reader)?;
-        if previous_caller.is_some_and(|previous| previous >= caller) {
-            return Err(not_canonical("callers out of order or repeated"));
-        }
-        previous_caller = Some(caller);
+        let caller = decode_next_caller(reader, &mut previous_caller)?;
         let newest = reader.u64()?;
         let marked = reader.u16()?;
         let mut kept = BTreeMap::new();
@@ -241,15 +255,7 @@ fn decode_calls(
     let mut calls = BTreeMap::new();
     let mut previous_caller = None;
     for _ in 0..callers {
-        let at = reader.at;
-        let caller = decode_caller(reader)?;
-        if previous_caller.is_some_and(|previous| previous >= caller) {
-            return Err(CheckpointError::NotCanonical {
-                at,
-                why: "callers out of order or repeated",
-            });
-        }
-        previous_caller = Some(caller);
+        let caller = decode_next_caller(reader, &mut previous_caller)?;
         calls.insert(caller, decode_entries(reader)?);
     }
     Ok(calls)
