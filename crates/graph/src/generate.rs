@@ -62,29 +62,28 @@ impl GeneratorSpec {
     /// [`generate`] checks it; `None` for anything else (a file name).
     pub fn parse(spec: &str, seed: u64) -> Option<Result<GeneratorSpec, GenerateError>> {
         let (kind, rest) = GraphKind::from_spec(spec)?;
-        let mut parts = rest.split(':');
-        let number = |text: Option<&str>, default: u32| match text {
-            None => Ok(default),
-            Some(text) => text
-                .parse()
-                .map_err(|_| GenerateError::Spec(spec.to_string())),
+        let checked = match Self::parse_numbers(kind, rest, seed) {
+            Some(generator) => generator.edge_count().map(|_| generator),
+            None => Err(GenerateError::Spec(spec.to_string())),
         };
-        let parsed = (|| {
-            let scale = number(parts.next(), 0)?;
-            let degree = number(parts.next(), DEFAULT_DEGREE)?;
-            if parts.next().is_some() {
-                return Err(GenerateError::Spec(spec.to_string()));
-            }
-            let generator = GeneratorSpec {
-                kind,
-                scale,
-                degree,
-                seed,
-            };
-            generator.edge_count()?;
-            Ok(generator)
-        })();
-        Some(parsed)
+        Some(checked)
+    }
+
+    /// `SCALE[:DEGREE]` after the kind's prefix; `None` unless they are
+    /// whole numbers and nothing follows.
+    fn parse_numbers(kind: GraphKind, rest: &str, seed: u64) -> Option<GeneratorSpec> {
+        let mut parts = rest.split(':');
+        let scale = parts.next()?.parse().ok()?;
+        let degree = match parts.next() {
+            Some(text) => text.parse().ok()?,
+            None => DEFAULT_DEGREE,
+        };
+        parts.next().is_none().then_some(GeneratorSpec {
+            kind,
+            scale,
+            degree,
+            seed,
+        })
     }
 
     /// How many edges it draws: its scale and degree checked.
