@@ -309,14 +309,13 @@ impl remora_carrier::Port for QuirkyPort {
     }
 }
 
-/// A crashed host never flushed its ports, while its deadline still named
-/// the frames they held: the deadline stayed in the past, and its fabric
-/// thread spun at full speed until the host came back (found by reading).
-/// Frames already on the wire leave now, as on a real link.
-#[test]
-fn a_crashed_host_lets_held_frames_leave_and_its_deadline_moves_on() {
+/// A lone node (10.0.0.2) on a [`QuirkyPort`] with these quirks.
+fn node_on_a_quirky_port(
+    name: &str,
+    due: Option<Instant>,
+    refuses_sends: bool,
+) -> remora_rack::endpoint::NodeEndpoint {
     use remora_carrier::{Segment, SegmentPlan};
-    use remora_rack::endpoint::{NodeEndpoint, Pump, RackClock};
     use remora_wire::{Ipv4Address, MacAddress};
     let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
     let config = RnicConfig::new(
@@ -325,11 +324,23 @@ fn a_crashed_host_lets_held_frames_leave_and_its_deadline_moves_on() {
         9,
     );
     let port = QuirkyPort {
+        // The port keeps the segment's mapping.
         inner: segment.spoke_port(1).unwrap(),
-        due: Instant::now().checked_sub(Duration::from_millis(1)),
-        refuses_sends: false,
+        due,
+        refuses_sends,
     };
-    let mut node = NodeEndpoint::new("crashed", SoftRnic::new(config), Box::new(port));
+    remora_rack::endpoint::NodeEndpoint::new(name, SoftRnic::new(config), Box::new(port))
+}
+
+/// A crashed host never flushed its ports, while its deadline still named
+/// the frames they held: the deadline stayed in the past, and its fabric
+/// thread spun at full speed until the host came back (found by reading).
+/// Frames already on the wire leave now, as on a real link.
+#[test]
+fn a_crashed_host_lets_held_frames_leave_and_its_deadline_moves_on() {
+    use remora_rack::endpoint::{Pump, RackClock};
+    let due = Instant::now().checked_sub(Duration::from_millis(1));
+    let mut node = node_on_a_quirky_port("crashed", due, false);
     let clock = RackClock::new();
     node.crash();
     node.pump(&clock).unwrap();
@@ -342,21 +353,9 @@ fn a_crashed_host_lets_held_frames_leave_and_its_deadline_moves_on() {
 /// count, while its NIC counted it transmitted (found by reading).
 #[test]
 fn a_frame_a_carrier_refuses_for_want_of_room_is_counted() {
-    use remora_carrier::{Segment, SegmentPlan};
-    use remora_rack::endpoint::{rack_queue_pair, NodeEndpoint, Pump, RackClock};
+    use remora_rack::endpoint::{rack_queue_pair, Pump, RackClock};
     use remora_wire::{Ipv4Address, MacAddress, Psn, Qpn};
-    let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
-    let config = RnicConfig::new(
-        MacAddress([2, 0, 0, 0, 0, 1]),
-        Ipv4Address::new(10, 0, 0, 1),
-        3,
-    );
-    let port = QuirkyPort {
-        inner: segment.spoke_port(1).unwrap(),
-        due: None,
-        refuses_sends: true,
-    };
-    let mut node = NodeEndpoint::new("refused", SoftRnic::new(config), Box::new(port));
+    let mut node = node_on_a_quirky_port("refused", None, true);
     let pd = node.rnic.alloc_protection_domain().unwrap();
     let cq = node.rnic.create_completion_queue(8).unwrap();
     let region = node.rnic.register_memory(pd, 64, AccessFlags::ALL).unwrap();
@@ -366,8 +365,8 @@ fn a_frame_a_carrier_refuses_for_want_of_room_is_counted() {
         .unwrap();
     let peer = QueuePairEndpoint {
         qpn: Qpn::new(0x200).unwrap(),
-        address: Ipv4Address::new(10, 0, 0, 2),
-        mac: MacAddress([2, 0, 0, 0, 0, 2]),
+        address: Ipv4Address::new(10, 0, 0, 3),
+        mac: MacAddress([2, 0, 0, 0, 0, 3]),
         initial_psn: Psn::new(1),
     };
     let queue_pair = node.rnic.handshake(prepared, peer).unwrap();
