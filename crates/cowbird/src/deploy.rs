@@ -10,7 +10,7 @@ use crate::layout::RingSizes;
 use crate::p4::impersonated::{self, Peer};
 use crate::p4::{CowbirdP4, InstanceSpec, P4Error};
 use crate::rpc::{RpcError, RpcServer};
-use crate::spot::{InstanceWiring, SpotConfig, SpotEngine, SpotError};
+use crate::spot::{InstanceWiring, LandedWrites, SpotConfig, SpotEngine, SpotError};
 use crate::spot_agent::{SpotAgent, SpotDurable};
 use remora_rnic::{
     AccessFlags, CompletionQueue, HostMemory, MemoryRegion, ProtectionDomain, QueuePair,
@@ -194,6 +194,7 @@ pub fn deploy(
         clients.push(client);
     }
     let connector = Connector::new();
+    let landed = LandedWrites::new(instances.len(), &spec.spot);
     let durable = SpotDurable {
         config: spec.spot,
         pool: pool_memory.clone(),
@@ -204,6 +205,7 @@ pub fn deploy(
         queue_pair: engine_builder,
         completion_queue_depth: engine_cq_depth,
         connector: connector.clone(),
+        landed: landed.clone(),
     };
     let engine = SpotEngine::new(
         spec.spot,
@@ -212,6 +214,7 @@ pub fn deploy(
         staging,
         engine_builder,
         connector.clone(),
+        landed,
     )?;
     let engine = SpotAgent::new(durable, engine);
     let connection_service =

@@ -689,4 +689,136 @@ mod tests {
         let bytes = block_with_one_read(POOL_BYTES - 8, 1024);
         assert_refused_alone(&hostile_run(&bytes));
     }
+
+    /// One engine turn, the fabric run through `filter`, and the clock 5 µs
+    /// on; the compute node's connection service answers when `connect`.
+    fn spot_step(
+        deployment: &mut crate::deploy::Deployment,
+        fabric: &mut BackToBack,
+        connect: bool,
+        filter: &mut impl FnMut(
+            remora_rnic::back_to_back::Direction,
+            &mut [u8],
+        ) -> remora_rnic::back_to_back::Verdict,
+    ) {
+        use remora_host::Agent;
+        let now = fabric.now;
+        if connect {
+            let _ = deployment
+                .connection_service
+                .poll(now, &mut fabric.left)
+                .unwrap();
+        }
+        deployment.engine.turn(now, &mut fabric.right).unwrap();
+        fabric.run_filtered(10_000, filter);
+        fabric.now = fabric.now.saturating_add(Duration::from_micros(5));
+    }
+
+    /// Runs until `done` holds, for at most 4,000 steps.
+    fn spot_steps_until(
+        deployment: &mut crate::deploy::Deployment,
+        fabric: &mut BackToBack,
+        connect: bool,
+        mut done: impl FnMut(&crate::deploy::Deployment) -> bool,
+    ) {
+        let mut deliver = |_, _: &mut [u8]| remora_rnic::back_to_back::Verdict::Deliver;
+        for _ in 0..4_000 {
+            if done(deployment) {
+                return;
+            }
+            spot_step(deployment, fabric, connect, &mut deliver);
+        }
+        panic!("the run never got there");
+    }
+
+    /// Thread 1 reads 64 bytes at offset 0 and returns them.
+    fn read_at_zero(deployment: &mut crate::deploy::Deployment, fabric: &mut BackToBack) -> u8 {
+        let read = deployment.clients[1].async_read(0, 0, 64).unwrap();
+        spot_steps_until(deployment, fabric, false, |deployment| {
+            deployment.clients[1].is_complete(read)
+        });
+        let client = &mut deployment.clients[1];
+        let group = client.poll_create().unwrap();
+        client.poll_add(group, read).unwrap();
+        let mut completions = Vec::new();
+        assert_eq!(
+            client
+                .poll_wait(group, &mut completions, 1, Duration::ZERO)
+                .unwrap(),
+            1
+        );
+        let mut bytes = [0u8; 64];
+        client.response(&completions[0], &mut bytes).unwrap();
+        client.poll_destroy(group).unwrap();
+        assert!(bytes.iter().all(|byte| *byte == bytes[0]), "a torn read");
+        bytes[0]
+    }
+
+    /// A write that landed in a batch whose progress never reached the
+    /// compute node was landed again by the engine that restarted after
+    /// its host crashed: over another thread's newer write, which had
+    /// landed and completed since. Reads saw the first write, then the
+    /// newer one, then the first again. The landed writes are recorded in
+    /// memory that outlives the engine, as the pool does, and the
+    /// restarted engine does not land them again.
+    #[test]
+    fn a_restarted_engine_does_not_land_a_write_again_over_a_newer_one() {
+        use remora_host::Agent;
+        use remora_rnic::back_to_back::{Direction, Verdict};
+        let mut fabric = BackToBack::new(7);
+        let spec = CowbirdSpec {
+            threads: 3,
+            ..one_instance(SpotConfig::DEFAULT)
+        };
+        let mut deployment = deploy(spec, &mut fabric.left, &mut fabric.right).unwrap();
+        // One batch of thread 0: a small write that lands, and a large one
+        // whose payload never arrives, so the batch never commits.
+        let first = deployment.clients[0]
+            .async_write(0, 0, &[0xaa; 64])
+            .unwrap();
+        let stuck = deployment.clients[0]
+            .async_write(0, 1024, &[0xcc; 2048])
+            .unwrap();
+        let mut lose_large_payloads = |direction, frame: &mut [u8]| match direction {
+            Direction::LeftToRight if frame.len() > 1000 => Verdict::Drop,
+            _ => Verdict::Deliver,
+        };
+        // Until the engine gives thread 0's queue pair up (its redo then
+        // waits for a connection service no one runs yet).
+        for _ in 0..4_000 {
+            if deployment.engine.stats().reconnects > 0 {
+                break;
+            }
+            spot_step(
+                &mut deployment,
+                &mut fabric,
+                false,
+                &mut lose_large_payloads,
+            );
+        }
+        assert_eq!(deployment.engine.stats().reconnects, 1);
+        assert!(!deployment.clients[0].is_complete(first));
+        assert_eq!(read_at_zero(&mut deployment, &mut fabric), 0xaa);
+        let newer = deployment.clients[2]
+            .async_write(0, 0, &[0xbb; 64])
+            .unwrap();
+        spot_steps_until(&mut deployment, &mut fabric, false, |deployment| {
+            deployment.clients[2].is_complete(newer)
+        });
+        assert_eq!(read_at_zero(&mut deployment, &mut fabric), 0xbb);
+        deployment.engine.crash();
+        deployment
+            .engine
+            .restart(fabric.now, &mut fabric.right)
+            .expect("the engine restarts");
+        spot_steps_until(&mut deployment, &mut fabric, true, |deployment| {
+            deployment.clients[0].is_complete(stuck)
+        });
+        assert!(deployment.clients[0].is_complete(first));
+        assert_eq!(
+            read_at_zero(&mut deployment, &mut fabric),
+            0xbb,
+            "a landed write was landed again over a newer one"
+        );
+    }
 }

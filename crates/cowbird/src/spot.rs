@@ -37,9 +37,10 @@
 //! linearizability allows for requests still outstanding. A write of that
 //! batch whose payload had already landed is not landed again: since it
 //! landed, another instance may have landed a newer write over the same
-//! bytes, and a reader may have seen it. (An engine that restarts has no
-//! such record and lands them all again.) Every request completes once:
-//! progress words only move forward.
+//! bytes, and a reader may have seen it. Which writes landed is kept in
+//! [`LandedWrites`], memory that outlives the engine as the pool does, so
+//! an engine restarted after its host crashed skips them too. Every
+//! request completes once: progress words only move forward.
 
 use crate::connection::{ConnectionError, Connector};
 use crate::layout::{
@@ -47,11 +48,12 @@ use crate::layout::{
     ENGINE_WORDS_BYTES, ENTRY_BYTES, MAX_REQUEST_BYTES,
 };
 use remora_rnic::{
-    CompletionQueue, CompletionStatus, MemoryRegion, PreparedQueuePair, QueuePair,
+    CompletionQueue, CompletionStatus, HostMemory, MemoryRegion, PreparedQueuePair, QueuePair,
     QueuePairBuilder, QueuePairTransition, RemoteAddress, SendOperation, SendRequest, Timestamp,
     Verbs, VerbsError,
 };
 use remora_wire::VirtAddr;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy)]
@@ -113,6 +115,8 @@ pub enum SpotError {
         instance: usize,
         status: CompletionStatus,
     },
+    #[error("the landed-write record has room for {instances} instances of {capacity} writes, fewer than the engine needs")]
+    LandedRecordTooSmall { instances: usize, capacity: usize },
     #[error("staging region of {have} bytes is smaller than the {need} bytes the instances need")]
     StagingTooSmall { have: u64, need: u64 },
     #[error("instance {instance}: reconnecting: {error}")]
@@ -140,7 +144,10 @@ impl SpotError {
             | SpotError::Completion { instance, .. }
             | SpotError::Reconnect { instance, .. }
             | SpotError::ReconnectsExhausted { instance } => Some(instance),
-            SpotError::Verbs(_) | SpotError::StagingTooSmall { .. } | SpotError::ZeroBatch => None,
+            SpotError::Verbs(_)
+            | SpotError::StagingTooSmall { .. }
+            | SpotError::LandedRecordTooSmall { .. }
+            | SpotError::ZeroBatch => None,
         }
     }
 }
@@ -243,12 +250,106 @@ struct Instance {
     /// The first batch after a reconnection lands its writes before it
     /// serves its reads (see [`SpotEngine::fetched`]).
     writes_first: bool,
-    /// Writes (by sequence) whose payload landed in the pool while their
-    /// batch's progress may not have reached the compute node. A batch run
-    /// again after a reconnection skips them: landed again, one could
-    /// overwrite a newer write another instance landed since.
-    landed_writes: Vec<u64>,
 }
+
+/// Per instance, the writes (by sequence) whose payload landed in the
+/// pool while their batch's progress may not have reached the compute
+/// node. A batch run again skips them: landed again, one could overwrite
+/// a newer write another instance landed since, which a reader may have
+/// seen. The record is host memory that outlives the engine, as the pool
+/// does (the node declares both durable), so an engine restarted after
+/// its host crashed knows them too; kept in the engine, it was lost with
+/// the crash and the restarted engine landed them all again.
+///
+/// Per instance: a count word, then `capacity` sequence words. A write
+/// is recorded once its payload landed and before anything that follows
+/// from it; the count is stored after the sequences it covers, so a
+/// record cut short by a crash holds whole entries.
+#[derive(Debug, Clone)]
+pub struct LandedWrites {
+    memory: HostMemory,
+    instances: usize,
+    capacity: usize,
+}
+
+impl LandedWrites {
+    /// Room for `instances` instances of engines run with `config`. The
+    /// writes recorded are those fetched since the instance's last
+    /// committed head, at most a batch; twice that leaves room to spare.
+    pub fn new(instances: usize, config: &SpotConfig) -> LandedWrites {
+        let capacity = 2 * config.batch_entries as usize;
+        LandedWrites {
+            memory: HostMemory::new(instances * (1 + capacity) * WORD_BYTES),
+            instances,
+            capacity,
+        }
+    }
+
+    /// The byte offset of word `word` of instance `instance`'s record.
+    fn word_at(&self, instance: usize, word: usize) -> usize {
+        assert!(instance < self.instances && word <= self.capacity);
+        (instance * (1 + self.capacity) + word) * WORD_BYTES
+    }
+
+    fn load(&self, instance: usize, word: usize) -> u64 {
+        self.memory
+            .load_u64(self.word_at(instance, word), Ordering::Acquire)
+            .expect("the record's words lie inside its memory")
+    }
+
+    fn store(&self, instance: usize, word: usize, value: u64) {
+        self.memory
+            .store_u64(self.word_at(instance, word), value, Ordering::Release)
+            .expect("the record's words lie inside its memory");
+    }
+
+    fn count(&self, instance: usize) -> usize {
+        let count = self.load(instance, 0) as usize;
+        assert!(
+            count <= self.capacity,
+            "a record holds at most its capacity"
+        );
+        count
+    }
+
+    /// The sequences recorded for `instance`, in the order they landed.
+    fn sequences(&self, instance: usize) -> impl Iterator<Item = u64> + '_ {
+        (0..self.count(instance)).map(move |slot| self.load(instance, 1 + slot))
+    }
+
+    fn push(&self, instance: usize, sequence: u64) {
+        let count = self.count(instance);
+        assert!(
+            count < self.capacity,
+            "landed writes outnumber the writes fetched since the last committed head"
+        );
+        self.store(instance, 1 + count, sequence);
+        self.store(instance, 0, count as u64 + 1);
+    }
+
+    fn contains(&self, instance: usize, sequence: u64) -> bool {
+        self.sequences(instance).any(|landed| landed == sequence)
+    }
+
+    fn clear(&self, instance: usize) {
+        self.store(instance, 0, 0);
+    }
+
+    /// Forgets the writes the compute node's progress covers.
+    fn retain_after(&self, instance: usize, write_progress: u64) {
+        let mut kept = 0;
+        for slot in 0..self.count(instance) {
+            let sequence = self.load(instance, 1 + slot);
+            if sequence > write_progress {
+                self.store(instance, 1 + kept, sequence);
+                kept += 1;
+            }
+        }
+        self.store(instance, 0, kept as u64);
+    }
+}
+
+const WORD_BYTES: usize = 8;
 
 /// A write whose payload is landing in the pool: reads overlapping it wait.
 #[derive(Debug, Clone, Copy)]
@@ -284,6 +385,9 @@ pub struct SpotEngine {
     connector: Connector,
     /// At most one per instance.
     failures: Vec<InstanceFailure>,
+    /// Writes landed but not yet covered by committed progress, by
+    /// instance: kept across the engine's crashes.
+    landed: LandedWrites,
 }
 
 /// Work request ids: the connection's epoch in the top byte, then the
@@ -333,7 +437,8 @@ const COMPLETIONS_PER_TURN: usize = 256;
 impl SpotEngine {
     /// An engine whose instances' queue pairs are connected. `builder`
     /// makes queue pairs anew when one dies; `connector` reaches the
-    /// compute node to connect them.
+    /// compute node to connect them; `landed` records the writes landed
+    /// and not yet committed, and is kept across the engine's crashes.
     pub fn new(
         config: SpotConfig,
         instances: Vec<InstanceWiring>,
@@ -341,8 +446,16 @@ impl SpotEngine {
         staging: MemoryRegion,
         builder: QueuePairBuilder,
         connector: Connector,
+        landed: LandedWrites,
     ) -> Result<SpotEngine, SpotError> {
         config.check()?;
+        if landed.instances < instances.len() || landed.capacity < 2 * config.batch_entries as usize
+        {
+            return Err(SpotError::LandedRecordTooSmall {
+                instances: landed.instances,
+                capacity: landed.capacity,
+            });
+        }
         let completion_queue = builder.send_completion_queue;
         let per_instance = config.staging_bytes_per_instance();
         let need = per_instance * instances.len() as u64;
@@ -371,7 +484,6 @@ impl SpotEngine {
                 epoch: 0,
                 prepared: None,
                 reconnects_in_a_row: 0,
-                landed_writes: Vec::new(),
                 writes_first: false,
             })
             .collect();
@@ -388,6 +500,7 @@ impl SpotEngine {
             builder,
             connector,
             failures: Vec::new(),
+            landed,
         })
     }
 
@@ -404,6 +517,7 @@ impl SpotEngine {
         staging: MemoryRegion,
         builder: QueuePairBuilder,
         connector: Connector,
+        landed: LandedWrites,
     ) -> Result<SpotEngine, SpotError> {
         let mut prepared = Vec::with_capacity(blocks.len());
         let mut wiring = Vec::with_capacity(blocks.len());
@@ -418,7 +532,8 @@ impl SpotEngine {
                 sizes: *sizes,
             });
         }
-        let mut engine = SpotEngine::new(config, wiring, regions, staging, builder, connector)?;
+        let mut engine =
+            SpotEngine::new(config, wiring, regions, staging, builder, connector, landed)?;
         for (index, queue_pair) in prepared.into_iter().enumerate() {
             // A refusal (no connection service, a full mailbox) is that
             // instance's: it fails alone, as it would after any other
@@ -559,7 +674,7 @@ impl SpotEngine {
         instance.batch.clear();
         instance.cursor = 0;
         instance.writes_in_flight = 0;
-        instance.landed_writes.clear();
+        self.landed.clear(index);
         let queue_pairs = [
             Some(instance.wiring.queue_pair.0),
             instance.prepared.take().map(|prepared| prepared.qpn),
@@ -689,9 +804,7 @@ impl SpotEngine {
         instance.read_progress = read_progress;
         instance.write_progress = write_progress;
         // What the compute node's progress covers will not be fetched again.
-        instance
-            .landed_writes
-            .retain(|sequence| *sequence > write_progress);
+        self.landed.retain_after(index, write_progress);
         // Nor will the writes it covers: their orphans are done.
         self.in_flight.retain(|write| {
             !(write.orphan && write.instance == index && write.sequence <= write_progress)
@@ -774,10 +887,10 @@ impl SpotEngine {
             TAG_RESPONSE => Ok(()),
             TAG_RESUME => self.resumed(now, rnic, index),
             TAG_PROGRESS => {
-                let instance = &mut self.instances[index];
                 // The compute node has the progress: no write of it is
                 // fetched again.
-                instance.landed_writes.clear();
+                self.landed.clear(index);
+                let instance = &mut self.instances[index];
                 instance.reconnects_in_a_row = 0;
                 instance.phase = Phase::Idle;
                 instance.interval = self.config.probe_interval_min;
@@ -908,7 +1021,7 @@ impl SpotEngine {
             let mut skipped = 0;
             for step in &mut batch {
                 if step.entry.kind == Kind::Write
-                    && instance.landed_writes.contains(&step.entry.sequence)
+                    && self.landed.contains(index, step.entry.sequence)
                 {
                     step.posted = true;
                     step.done = true;
@@ -1098,10 +1211,9 @@ impl SpotEngine {
         assert!(instance.batch[step].posted && !instance.batch[step].done);
         instance.batch[step].done = true;
         instance.writes_in_flight -= 1;
-        instance.landed_writes.push(entry.sequence);
-        // Cleared when a batch's progress lands, pruned on resuming: at
-        // most the writes of the batches since the last progress landed.
-        debug_assert!(instance.landed_writes.len() <= 2 * instance.batch.len());
+        // Before the guard lets anything pass it: from here on another
+        // instance may land over these bytes.
+        self.landed.push(index, entry.sequence);
         let position = self
             .in_flight
             .iter()
@@ -1199,5 +1311,45 @@ impl SpotEngine {
             local,
         )?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> LandedWrites {
+        LandedWrites::new(
+            2,
+            &SpotConfig {
+                batch_entries: 2,
+                ..SpotConfig::DEFAULT
+            },
+        )
+    }
+
+    #[test]
+    fn the_landed_record_keeps_each_instances_writes_apart() {
+        let landed = record();
+        landed.push(0, 5);
+        landed.push(0, 9);
+        landed.push(1, 7);
+        assert!(landed.contains(0, 5) && landed.contains(0, 9));
+        assert!(!landed.contains(0, 7) && landed.contains(1, 7));
+        landed.retain_after(0, 5);
+        assert_eq!(landed.sequences(0).collect::<Vec<_>>(), [9]);
+        landed.clear(1);
+        assert_eq!(landed.sequences(1).count(), 0);
+        // A clone is the same memory: what the restarted engine reads.
+        assert!(landed.clone().contains(0, 9));
+    }
+
+    #[test]
+    #[should_panic(expected = "landed writes outnumber")]
+    fn the_landed_record_refuses_more_than_its_capacity() {
+        let landed = record();
+        for sequence in 1..=5 {
+            landed.push(0, sequence);
+        }
     }
 }

@@ -3,15 +3,17 @@
 //!
 //! The memory pool is host memory the system declares durable (persistent
 //! memory, or DRAM that outlives the engine's process): a crash keeps its
-//! bytes but not its registration. Everything else is volatile: the NIC
-//! (queue pairs, keys, the staging region) and the engine's batches. On
+//! bytes but not its registration. So is the engine's record of the writes
+//! it landed and has not committed ([`LandedWrites`]). Everything else is
+//! volatile: the NIC (queue pairs, keys, the staging region) and the
+//! engine's batches. On
 //! restart the agent registers the pool with the fresh NIC, makes new
 //! queue pairs, has the compute node connect them ([`Connector`]), and
 //! the engine resumes from the engine words in each compute block.
 
 use crate::connection::Connector;
 use crate::layout::RingSizes;
-use crate::spot::{InstanceFailure, SpotConfig, SpotEngine, SpotError, SpotStats};
+use crate::spot::{InstanceFailure, LandedWrites, SpotConfig, SpotEngine, SpotError, SpotStats};
 use remora_base::Timestamp;
 use remora_host::{Agent, AgentError, Progress};
 use remora_rnic::{AccessFlags, HostMemory, QueuePairBuilder, RemoteAddress, Verbs};
@@ -31,6 +33,9 @@ pub struct SpotDurable {
     pub queue_pair: QueuePairBuilder,
     pub completion_queue_depth: usize,
     pub connector: Connector,
+    /// The writes each instance landed that its committed progress does
+    /// not cover yet: the restarted engine does not land them again.
+    pub landed: LandedWrites,
 }
 
 pub struct SpotAgent {
@@ -119,6 +124,7 @@ impl SpotAgent {
             staging,
             builder,
             durable.connector.clone(),
+            durable.landed.clone(),
         )
     }
 }
