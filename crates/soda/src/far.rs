@@ -18,7 +18,7 @@ use crate::buffer::{ChunkKey, ChunkState, HostBuffer};
 use crate::mapping::{self, Mapping};
 use crate::store::{ChunkStore, ObjectId, StoreError};
 use crate::userfault::{Fault, Installed, Userfault, UserfaultError};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -92,6 +92,8 @@ pub enum SodaError {
     Closed,
     #[error("an object of {bytes} bytes in {chunk_bytes}-byte chunks has more than 2^32 chunks")]
     TooManyChunks { bytes: usize, chunk_bytes: usize },
+    #[error("every object id is taken: 2^32 objects are live or still being released")]
+    IdsExhausted,
 }
 
 /// What the far memory did, for reports. CPU times are thread CPU time
@@ -141,6 +143,11 @@ struct Inner {
     objects: BTreeMap<usize, ObjectInfo>,
     addresses: HashMap<ObjectId, usize>,
     next_id: u32,
+    /// Ids of freed objects, oldest first, named again once the store has
+    /// let go of everything it held for them. Never reused, ids ran out:
+    /// a process of the multi-process rack was refused its 4,096th
+    /// allocation though it held one object.
+    freed_ids: VecDeque<ObjectId>,
 }
 
 impl Inner {
@@ -220,6 +227,41 @@ enum Fetched {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().expect("far-memory state lock")
+    }
+
+    /// An id for a new object: the oldest freed one if the store has let
+    /// it go (one look, so an allocation stays O(1); a freed id still held
+    /// goes to the back), else a fresh one. The store is asked outside
+    /// the lock, which the fault handlers need.
+    fn take_id(&self) -> Result<ObjectId, SodaError> {
+        let oldest = self.lock().freed_ids.pop_front();
+        if let Some(id) = oldest {
+            if self.store.is_released(id) {
+                return Ok(id);
+            }
+            self.lock().freed_ids.push_back(id);
+        }
+        let mut inner = self.lock();
+        let id = ObjectId(inner.next_id);
+        inner.next_id = inner
+            .next_id
+            .checked_add(1)
+            .ok_or(SodaError::IdsExhausted)?;
+        Ok(id)
+    }
+
+    /// `id` names no object and the store was told to let it go.
+    fn give_back_id(&self, id: ObjectId) {
+        self.lock().freed_ids.push_back(id);
+    }
+
+    /// Releases a reserved `id` that never became an object; an id the
+    /// store failed to release is not named again.
+    fn release_id(&self, id: ObjectId) {
+        match self.store.release(id) {
+            Ok(()) => self.give_back_id(id),
+            Err(error) => tracing::warn!(object = id.0, %error, "releasing an unused object id"),
+        }
     }
 
     fn handle_fault(&self, fault: Fault, staging: &mut Staging) {
@@ -606,6 +648,7 @@ impl FarMemory {
                 objects: BTreeMap::new(),
                 addresses: HashMap::new(),
                 next_id: 1,
+                freed_ids: VecDeque::new(),
             }),
             changed: Condvar::new(),
             stopping: AtomicBool::new(false),
@@ -740,15 +783,14 @@ impl FarAllocator {
             bytes: length,
             errno,
         })?;
-        let id = {
-            let mut inner = self.shared.lock();
-            let id = ObjectId(inner.next_id);
-            inner.next_id += 1;
-            id
-        };
-        self.shared.store.reserve(id, length as u64, file)?;
+        let id = self.shared.take_id()?;
+        if let Err(error) = self.shared.store.reserve(id, length as u64, file) {
+            // Refused, the store holds nothing of it.
+            self.shared.give_back_id(id);
+            return Err(error.into());
+        }
         if let Err(error) = self.shared.userfault.register(mapping.address(), length) {
-            let _ = self.shared.store.release(id);
+            self.shared.release_id(id);
             return Err(error.into());
         }
         let info = ObjectInfo {
@@ -765,7 +807,7 @@ impl FarAllocator {
         if self.shared.stopping.load(Ordering::Relaxed) {
             drop(inner);
             let _ = self.shared.userfault.unregister(mapping.address(), length);
-            let _ = self.shared.store.release(id);
+            self.shared.release_id(id);
             return Err(SodaError::Closed);
         }
         inner.addresses.insert(id, info.address);
@@ -904,6 +946,7 @@ impl FarObject {
         drop(mapping);
         unregistered?;
         self.shared.store.release(self.id)?;
+        self.shared.give_back_id(self.id);
         Ok(())
     }
 }

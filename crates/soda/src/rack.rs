@@ -1136,6 +1136,18 @@ impl ChunkStore for SodaRack {
             .map_err(pool_error(object))
     }
 
+    fn is_released(&self, object: ObjectId) -> bool {
+        if let Some(dpu) = &self.dpu {
+            let releasing = dpu.releasing.lock().expect("releasing lock");
+            let flushing = dpu.flush_holds.lock().expect("flush holds lock");
+            if releasing.contains(&object) || flushing.contains(&object) {
+                return false;
+            }
+        }
+        let memory = self.memory.lock().expect("memory agent lock");
+        memory.held(object).is_none()
+    }
+
     fn advise(&self, object: ObjectId, advice: Advice) -> Result<(), StoreError> {
         let unsupported = StoreError::Unsupported {
             store: self.name(),
@@ -1236,6 +1248,13 @@ impl ChunkStore for ProcessStore {
 
     fn release(&self, object: ObjectId) -> Result<(), StoreError> {
         self.rack.release(self.global(object)?)
+    }
+
+    fn is_released(&self, object: ObjectId) -> bool {
+        // An id past the process's range was never reserved here.
+        self.global(object)
+            .is_ok_and(|global| self.rack.is_released(global))
+            || object.0 >= OBJECTS_PER_PROCESS
     }
 
     fn advise(&self, object: ObjectId, advice: Advice) -> Result<(), StoreError> {

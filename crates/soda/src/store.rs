@@ -71,6 +71,14 @@ pub trait ChunkStore: Send + Sync {
     fn fetch(&self, object: ObjectId, offset: u64, into: &mut [u8]) -> Result<(), StoreError>;
     fn write_back(&self, object: ObjectId, offset: u64, data: &[u8]) -> Result<(), StoreError>;
     fn release(&self, object: ObjectId) -> Result<(), StoreError>;
+    /// Whether everything the store held for a released `object` is gone
+    /// (a release may finish later, when a DPU confirms what it held), so
+    /// its id may name a new object. A store that releases at once says
+    /// yes.
+    fn is_released(&self, object: ObjectId) -> bool {
+        let _ = object;
+        true
+    }
     /// Takes the application's advice; a store without a DPU refuses it.
     fn advise(&self, object: ObjectId, advice: Advice) -> Result<(), StoreError> {
         let _ = object;

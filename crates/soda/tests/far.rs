@@ -465,6 +465,31 @@ fn writes_the_dpu_held_unpersisted_are_lost_when_it_dies() {
 
 /// Two processes share one DPU agent (Fig. 8): each gets its own results,
 /// equal to local memory's.
+/// Object ids were never named again: a process of the multi-process
+/// rack (4,096 ids each) was refused its 4,096th allocation though it
+/// held one object at a time. A freed id is named again once the rack has
+/// let go of it, through the DPU's write-back too.
+#[test]
+fn a_process_that_frees_its_objects_allocates_without_end() {
+    let config = SodaRackConfig {
+        processes: 2,
+        ..rack_config(Route::ThroughDpu)
+    };
+    let rack = Arc::new(SodaRack::start(&config).unwrap());
+    let store = SodaRack::process(&rack, 1).unwrap();
+    let memory = FarMemory::new(Arc::new(store), small_buffer(4, 64 << 10)).unwrap();
+    // Past the ids a process has: allocation 4,096 is what was refused.
+    let rounds = remora_soda::rack::OBJECTS_PER_PROCESS + 100;
+    for round in 0..rounds {
+        let mut object = memory.alloc(64 << 10, None).unwrap_or_else(|error| {
+            panic!("allocation {round} with no other object alive: {error}")
+        });
+        // Dirty, so the free writes it back through the DPU first.
+        object.as_bytes_mut()[round as usize % 4096] = round as u8;
+        object.free().unwrap();
+    }
+}
+
 #[test]
 fn two_processes_share_the_dpu_and_both_get_local_results() {
     use remora_graph::apps::App;
