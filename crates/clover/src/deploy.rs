@@ -176,7 +176,7 @@ impl Feeder {
             }
             self.remaining -= 1;
             self.sequence += 1;
-            let request = match self.generator.next_operation() {
+            let request = match self.generator.next_operation()? {
                 Operation::Read { key } => Request::Get { key },
                 Operation::Update { key }
                 | Operation::Insert { key }

@@ -55,6 +55,8 @@ pub enum CloverError {
     Metadata(#[from] MetadataError),
     #[error(transparent)]
     Verbs(#[from] VerbsError),
+    #[error(transparent)]
+    Workload(#[from] remora_workloads::ycsb::WorkloadError),
     #[error("client {client}'s {verb} failed: {status:?}")]
     Completion {
         client: usize,

@@ -349,7 +349,9 @@ impl Trace {
             (for_duration as usize).clamp(LOOKAHEAD_OPERATIONS, MAX_TRACE_OPERATIONS)
         };
         let mut generator = Generator::new(run.spec.clone(), seed)?;
-        let operations = (0..count).map(|_| generator.next_operation()).collect();
+        let operations = (0..count)
+            .map(|_| generator.next_operation())
+            .collect::<Result<_, _>>()?;
         Ok(Trace { operations })
     }
 
@@ -542,7 +544,10 @@ mod tests {
         assert_eq!(length, 5000, "1 ms at 5 M operations per second");
         let mut reference = Generator::new(spec, 5).expect("a generator");
         for number in 0..length {
-            assert_eq!(trace.next(number, &session), reference.next_operation());
+            assert_eq!(
+                trace.next(number, &session),
+                reference.next_operation().expect("keys to spare")
+            );
         }
         assert_eq!(trace.next(length + 3, &session), trace.at(3));
     }

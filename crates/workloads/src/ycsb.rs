@@ -32,6 +32,8 @@ pub enum WorkloadError {
     UnknownPreset(String),
     #[error(transparent)]
     Distribution(#[from] DistributionError),
+    #[error("insert keys ran out: the next would pass 2^64")]
+    KeysExhausted,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -287,6 +289,17 @@ impl WorkloadSpec {
                 message: "scans need a positive length".into(),
             });
         }
+        // Every distribution draws among the loaded records: with none,
+        // a zipfian spec (whose span counts the inserts to come) passed
+        // here and the first draw panicked.
+        if self.record_count == 0 {
+            return Err(WorkloadError::Value {
+                key: "recordcount".into(),
+                message: "an empty keyspace: operations draw their keys among the loaded \
+                          records, so load at least one"
+                    .into(),
+            });
+        }
         if self.insert_start.checked_add(self.key_span()).is_none() {
             return Err(WorkloadError::Value {
                 key: "insertstart".into(),
@@ -365,18 +378,21 @@ impl Generator {
         self.spec.insert_start..self.spec.insert_start + self.spec.record_count
     }
 
-    pub fn next_operation(&mut self) -> Operation {
+    /// The next operation; [`WorkloadError::KeysExhausted`] once an insert
+    /// would need a key past 2^64 (a run longer than the spec's
+    /// operation count can get there from an `insertstart` near it).
+    pub fn next_operation(&mut self) -> Result<Operation, WorkloadError> {
         let draw: f64 = self.rng.gen();
         let existing = self.spec.insert_start
             + self
                 .chooser
                 .next_key(self.inserted - self.spec.insert_start, &mut self.rng);
-        match self.spec.mix.kind_of_draw(draw) {
+        Ok(match self.spec.mix.kind_of_draw(draw) {
             OperationKind::Read => Operation::Read { key: existing },
             OperationKind::Update => Operation::Update { key: existing },
             OperationKind::Insert => {
                 let key = self.inserted;
-                self.inserted += 1;
+                self.inserted = key.checked_add(1).ok_or(WorkloadError::KeysExhausted)?;
                 Operation::Insert { key }
             }
             OperationKind::Scan => Operation::Scan {
@@ -384,7 +400,7 @@ impl Generator {
                 length: self.rng.gen_range(1..=self.spec.max_scan_length),
             },
             OperationKind::ReadModifyWrite => Operation::ReadModifyWrite { key: existing },
-        }
+        })
     }
 }
 
@@ -392,7 +408,8 @@ impl Iterator for Generator {
     type Item = Operation;
 
     fn next(&mut self) -> Option<Operation> {
-        Some(self.next_operation())
+        // Ends when the insert keys run out.
+        self.next_operation().ok()
     }
 }
 

@@ -180,7 +180,7 @@ fn inserts_take_new_keys_in_order_and_latest_favours_them() {
     let mut recent_reads = 0;
     let mut reads = 0;
     for _ in 0..20_000 {
-        match generator.next_operation() {
+        match generator.next_operation().unwrap() {
             Operation::Insert { key } => {
                 assert_eq!(key, next_insert);
                 next_insert += 1;
@@ -222,7 +222,7 @@ fn latest_reaches_keys_older_than_the_record_count() {
     let mut inserted = generator.loaded_keys().end;
     let mut old_reads = 0;
     for _ in 0..20_000 {
-        match generator.next_operation() {
+        match generator.next_operation().unwrap() {
             Operation::Insert { key } => inserted = key + 1,
             Operation::Read { key } => old_reads += u64::from(key + 100 < inserted),
             other => panic!("no {other:?} in this mix"),
@@ -322,6 +322,58 @@ fn a_spec_changed_after_parsing_is_checked_again() {
     ));
 }
 
+/// A zipfian spec with no loaded records passed every check (its key
+/// span counts the inserts to come) and the first operation panicked
+/// drawing a key among none. Every distribution refuses it now.
+#[test]
+fn a_spec_with_no_loaded_records_is_refused() {
+    for distribution in ["zipfian", "uniform", "latest"] {
+        let spec = WorkloadSpec::from_properties(&format!(
+            "recordcount=0\nreadproportion=0\nupdateproportion=0\n\
+             insertproportion=1\nrequestdistribution={distribution}"
+        ));
+        assert!(
+            matches!(&spec, Err(WorkloadError::Value { key, .. }) if key == "recordcount"),
+            "{distribution}: {spec:?}"
+        );
+    }
+    let mut emptied = WorkloadSpec::preset("e").unwrap();
+    emptied.record_count = 0;
+    assert!(Generator::new(emptied, 1).is_err());
+}
+
+/// A generator runs past its spec's operation count (the KV store draws
+/// as many as its duration needs): from an insert start near 2^64 the
+/// insert counter overflowed, a panic in a debug build and wrapped keys
+/// in a release one. The insert past the last key is a typed error, and
+/// the iterator ends there.
+#[test]
+fn inserts_past_the_last_key_are_an_error_not_an_overflow() {
+    let spec = WorkloadSpec::from_properties(
+        "insertstart=18446744073709548615\nrecordcount=1000\n\
+         readproportion=0\nupdateproportion=0\ninsertproportion=1\n\
+         requestdistribution=uniform",
+    )
+    .unwrap();
+    let mut generator = Generator::new(spec.clone(), 1).unwrap();
+    let mut inserts = 0u64;
+    let error = loop {
+        match generator.next_operation() {
+            Ok(Operation::Insert { key }) => {
+                assert_eq!(key, spec.insert_start + spec.record_count + inserts);
+                inserts += 1;
+            }
+            Ok(other) => panic!("only inserts in this mix, not {other:?}"),
+            Err(error) => break error,
+        }
+        assert!(inserts <= 3000, "the keys never ran out");
+    };
+    assert!(matches!(error, WorkloadError::KeysExhausted), "{error:?}");
+    assert_eq!(inserts, u64::MAX - spec.insert_start - spec.record_count);
+    let again = Generator::new(spec, 1).unwrap();
+    assert_eq!(again.count() as u64, inserts);
+}
+
 /// Under zipfian, inserted keys were never chosen: the chooser covered
 /// the loaded keys only. It now spans the inserts expected, as YCSB's
 /// does, and workload E's scans reach keys inserted during the run.
@@ -331,7 +383,7 @@ fn zipfian_operations_reach_keys_inserted_during_the_run() {
     spec.record_count = 1000;
     spec.operation_count = 20_000;
     let mut generator = Generator::new(spec, 7).unwrap();
-    let reached_new = (0..20_000).any(|_| match generator.next_operation() {
+    let reached_new = (0..20_000).any(|_| match generator.next_operation().unwrap() {
         Operation::Scan { key, .. } => key >= 1000,
         _ => false,
     });
