@@ -155,6 +155,15 @@ pub enum ProfileError {
         value: f64,
         rule: &'static str,
     },
+    #[error("hardware profile {name}: no microbenchmark measures {measure:?}")]
+    UnknownMeasure { name: String, measure: String },
+    #[error("hardware profile {name}: {measure} is measured in {unit}, not {given}")]
+    Unit {
+        name: String,
+        measure: String,
+        given: String,
+        unit: &'static str,
+    },
 }
 
 impl HardwareProfile {
@@ -202,19 +211,21 @@ impl HardwareProfile {
                 return Err(invalid(field, cited.value, "from 0 to 10^10"));
             }
         }
+        // Whole numbers: 8.5 was checked as 8 and charged as 8.
         let line = self.cache_line_bytes.value;
-        if !(line >= 8.0 && (line as u64).is_power_of_two()) {
+        if !(line >= 8.0 && line.fract() == 0.0 && (line as u64).is_power_of_two()) {
             return Err(invalid(
                 "cache_line_bytes",
                 line,
                 "a power of two, at least 8",
             ));
         }
-        if !(1.0..=128.0).contains(&self.max_read_atomic.value) {
+        let slots = self.max_read_atomic.value;
+        if !((1.0..=128.0).contains(&slots) && slots.fract() == 0.0) {
             return Err(invalid(
                 "max_read_atomic",
-                self.max_read_atomic.value,
-                "from 1 to 128",
+                slots,
+                "a whole number from 1 to 128",
             ));
         }
         // A published figure of 0 (or NaN) made its relative error NaN or
@@ -227,6 +238,23 @@ impl HardwareProfile {
                     validation.value,
                     "a published figure above 0",
                 ));
+            }
+            // The unit is what the simulated figure is in: a figure given
+            // in another (1910 ns for a latency in µs) was compared as if
+            // it were in that one, and printed with the wrong unit.
+            let unit = crate::validation::unit_of(&validation.measure).ok_or_else(|| {
+                ProfileError::UnknownMeasure {
+                    name: self.name.clone(),
+                    measure: validation.measure.clone(),
+                }
+            })?;
+            if validation.unit != unit {
+                return Err(ProfileError::Unit {
+                    name: self.name.clone(),
+                    measure: validation.measure.clone(),
+                    given: validation.unit.clone(),
+                    unit,
+                });
             }
         }
         Ok(())

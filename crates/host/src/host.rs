@@ -339,6 +339,23 @@ mod tests {
         ));
     }
 
+    /// A fractional cache line (8.5) or READ/atomic slot count (16.5)
+    /// passed the checks, cut down to a whole number where it was used.
+    #[test]
+    fn a_hand_built_profile_with_fractional_counts_is_refused() {
+        let mut line = NicHardware::Cx5.profile();
+        line.cache_line_bytes.value = 8.5;
+        let mut slots = NicHardware::Cx5.profile();
+        slots.max_read_atomic.value = 16.5;
+        for (profile, expected) in [(line, "cache_line_bytes"), (slots, "max_read_atomic")] {
+            let refused = Host::with_profile("host", config(), profile);
+            assert!(
+                matches!(refused, Err(ProfileError::Invalid { field, .. }) if field == expected),
+                "{expected}"
+            );
+        }
+    }
+
     /// More frames ready to send than the transmit pipeline holds (40
     /// queue pairs, each a full window of 8-byte WRITEs): the host fed
     /// them all in and the pipeline dropped those past its bound, each a

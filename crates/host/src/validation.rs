@@ -40,6 +40,24 @@ const RATE_WINDOW: usize = 18;
 /// The relative error a profile may have against a published figure.
 pub const MAX_RELATIVE_ERROR: f64 = 0.15;
 
+/// The microbenchmarks a profile may be validated with, and the unit
+/// each measures in.
+pub const MEASURES: [(&str, &str); 5] = [
+    ("read_latency_us", "us"),
+    ("write_latency_us", "us"),
+    ("read_rate_mops", "Mops"),
+    ("write_rate_mops", "Mops"),
+    ("same_address_atomic_rate_mops", "Mops"),
+];
+
+/// The unit `measure` is in; `None` for a measure no microbenchmark runs.
+pub fn unit_of(measure: &str) -> Option<&'static str> {
+    MEASURES
+        .iter()
+        .find(|(known, _)| *known == measure)
+        .map(|(_, unit)| *unit)
+}
+
 /// What a microbenchmark does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Operation {
@@ -496,15 +514,21 @@ mod tests {
     use super::*;
     use crate::hardware::NicHardware;
 
-    /// The figures themselves are `remora bench clover`'s to report; here,
-    /// that every microbenchmark runs to the end and measures something.
+    /// Every microbenchmark runs to the end and measures something, and
+    /// comes within 15% of its published figure, but the READ rate: the
+    /// profile's one known miss (about 22%; crates/host/profiles/cx5.toml
+    /// says why it is not tuned away), which `remora bench clover`
+    /// reports as `cx5_profile_max_error`. A profile or model change that
+    /// moves another figure out of its bound fails here.
     #[test]
-    fn every_validation_of_the_cx5_profile_runs_and_measures() {
+    fn every_validation_of_the_cx5_profile_runs_and_holds_its_bound() {
         let checked = validate(&NicHardware::Cx5.profile()).unwrap();
-        assert_eq!(checked.len(), 5);
+        assert_eq!(checked.len(), MEASURES.len());
         for check in &checked {
             assert!(check.simulated > 0.0, "{check:?}");
-            eprintln!("{check:?}");
+            if check.measure != "read_rate_mops" {
+                assert!(check.relative_error <= MAX_RELATIVE_ERROR, "{check:?}");
+            }
         }
     }
 
@@ -515,6 +539,21 @@ mod tests {
         assert!(matches!(
             validate(&profile),
             Err(ValidationError::UnknownMeasure { .. })
+        ));
+        assert!(matches!(
+            profile.check(),
+            Err(crate::hardware::ProfileError::UnknownMeasure { .. })
+        ));
+    }
+
+    #[test]
+    fn a_published_figure_in_another_unit_is_refused() {
+        let mut profile = NicHardware::Cx5.profile();
+        profile.validations[0].value = 1910.0;
+        profile.validations[0].unit = "ns".into();
+        assert!(matches!(
+            profile.check(),
+            Err(crate::hardware::ProfileError::Unit { unit: "us", .. })
         ));
     }
 }
