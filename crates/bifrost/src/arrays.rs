@@ -230,7 +230,7 @@ impl Workload {
         handle: &CallHandle,
         (inputs, arguments): &(GlobalPtr, Vec<Argument>),
     ) -> thrift::Result<Argument> {
-        handle.pass(inputs.to_address(None));
+        handle.pass(inputs.to_address());
         let returned = match self {
             Workload::IncrementArray => client.increment_array(to_idl(arguments[0]), INCREMENT)?,
             Workload::AddArrays => client.add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))?,

@@ -123,6 +123,6 @@ pub fn return_array(dsm: &Dsm, result: &[u8]) -> thrift::Result<idl::GlobalPtr> 
     freed_on_error(dsm, allocation, dsm.write(allocation, result)).map_err(dsm_error)?;
     // The caller controls it from the reply on: the callee forgets it.
     dsm.forget(allocation);
-    return_pointer(allocation.to_address(None));
+    return_pointer(allocation.to_address());
     Ok(to_idl(whole(allocation, result.len())))
 }

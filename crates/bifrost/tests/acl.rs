@@ -69,7 +69,7 @@ impl GuardedRack {
         self.calls
             .send(CallRequest {
                 method: "sum".into(),
-                pointer: ptr.to_address(None),
+                pointer: ptr.to_address(),
                 arguments: Vec::new(),
                 reply,
             })

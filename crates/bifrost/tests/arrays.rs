@@ -26,7 +26,7 @@ fn add_arrays_and_increment_array_work_on_global_memory() {
         let a: Vec<u8> = (0..length).map(|index| (index % 251) as u8).collect();
         let b: Vec<u8> = (0..length).map(|index| (index % 13) as u8 + 200).collect();
         let (inputs, arguments) = pass_by_reference(&dsm, &[&a, &b]).unwrap();
-        pointer.pass(inputs.to_address(None));
+        pointer.pass(inputs.to_address());
         let returned = client
             .add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))
             .unwrap();
@@ -37,7 +37,7 @@ fn add_arrays_and_increment_array_work_on_global_memory() {
         let expected: Vec<u8> = a.iter().zip(&b).map(|(x, y)| x.wrapping_add(*y)).collect();
         assert_eq!(sum, expected, "{length} bytes");
         // The client controls the returned array: it passes it on.
-        pointer.pass(sum_pointer.allocation.to_address(None));
+        pointer.pass(sum_pointer.allocation.to_address());
         let incremented = client
             .increment_array(to_idl(whole(sum_pointer.allocation, length)), 3)
             .unwrap();
@@ -70,7 +70,7 @@ fn a_call_that_passes_no_pointer_lends_nothing_and_the_service_is_refused() {
         .expect_err("no lease: the service's read is refused");
     assert!(format!("{refused:?}").contains("refused"), "{refused:?}");
     // Passed, the same call works.
-    pointer.pass(inputs.to_address(None));
+    pointer.pass(inputs.to_address());
     let sum = client
         .add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))
         .unwrap();
@@ -92,18 +92,18 @@ fn bad_pointers_come_back_as_errors_not_hangs() {
     let mut client = ArraysSyncClient::new(input, output);
     let (inputs, arguments) = pass_by_reference(&dsm, &[&[0u8; 64][..], &[0u8; 32][..]]).unwrap();
     // Lengths that differ.
-    pointer.pass(inputs.to_address(None));
+    pointer.pass(inputs.to_address());
     assert!(client
         .add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))
         .is_err());
     // A pointer past its allocation.
-    pointer.pass(inputs.to_address(None));
+    pointer.pass(inputs.to_address());
     assert!(client
         .increment_array(to_idl(whole(inputs, 1 << 20)), 1)
         .is_err());
     dsm.free(inputs).unwrap();
     // A freed pointer.
-    pointer.pass(inputs.to_address(None));
+    pointer.pass(inputs.to_address());
     assert!(client
         .increment_array(to_idl(whole(inputs, 64)), 1)
         .is_err());

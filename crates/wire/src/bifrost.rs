@@ -45,8 +45,10 @@ impl CallType {
 }
 
 /// A DSM operation, carried in the global address (§6.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum DsmOperation {
+    /// No operation: a plain pointer.
+    #[default]
     None = 0,
     Allocate = 1,
     Read = 2,
@@ -73,7 +75,10 @@ pub struct GlobalAddress {
     /// The DSM system's prefix (0 is "no pointer").
     pub prefix: u8,
     pub node: u8,
-    pub operation: Option<DsmOperation>,
+    /// One name for "no operation" ([`DsmOperation::None`], the wire's
+    /// 0): as an `Option`, `Some(None)` emitted as 0 came back as `None`,
+    /// a round trip that changed the address and made it null.
+    pub operation: DsmOperation,
     pub argument: u8,
     pub offset: u64,
 }
@@ -82,7 +87,7 @@ impl GlobalAddress {
     pub const NULL: GlobalAddress = GlobalAddress {
         prefix: 0,
         node: 0,
-        operation: None,
+        operation: DsmOperation::None,
         argument: 0,
         offset: 0,
     };
@@ -169,11 +174,10 @@ impl<T: AsRef<[u8]>> BifrostHeader<T> {
 
     pub fn global_address(&self) -> GlobalAddress {
         let bytes = self.bytes();
-        let operation = DsmOperation::from_byte(bytes[38]).expect("checked");
         GlobalAddress {
             prefix: bytes[36],
             node: bytes[37],
-            operation: (operation != DsmOperation::None).then_some(operation),
+            operation: DsmOperation::from_byte(bytes[38]).expect("checked"),
             argument: bytes[39],
             offset: read_u64(bytes, 40),
         }
@@ -258,7 +262,7 @@ impl BifrostRepr {
         let address = &self.global_address;
         header[36] = address.prefix;
         header[37] = address.node;
-        header[38] = address.operation.map_or(0, |operation| operation as u8);
+        header[38] = address.operation as u8;
         header[39] = address.argument;
         write_u64(header, 40, address.offset);
         Ok(())
@@ -438,7 +442,9 @@ impl ExportRepr {
         export.fill(0);
         write_u32(export, 0, EXPORT_IDENTIFIER);
         export[4] = self.method_name_len;
-        export[8..8 + METHOD_NAME_LEN].copy_from_slice(&self.method_name);
+        // The name alone: bytes of the field past its length (the fields
+        // are public) went out too, and the parser refused them.
+        export[8..8 + name_len].copy_from_slice(self.method());
         Ok(())
     }
 }
@@ -582,7 +588,7 @@ mod tests {
         let address = GlobalAddress {
             prefix: 0xb1,
             node: 2,
-            operation: Some(DsmOperation::Read),
+            operation: DsmOperation::Read,
             argument: 0,
             offset: 0x1000,
         };
@@ -711,5 +717,31 @@ mod tests {
             NodeMessage::parse(&bytes[..10]),
             Err(NodeMessageError::Export(ExportError::Truncated(10)))
         );
+        // A name shortened through the public length: the bytes past it
+        // went out too, and the parser refused its own emitter's export.
+        let mut shortened = repr;
+        shortened.method_name_len = 3;
+        shortened.emit(&mut bytes).unwrap();
+        assert_eq!(ExportRepr::parse(&bytes).unwrap().method(), b"inc");
+    }
+
+    /// `Some(DsmOperation::None)` went out as 0 and came back as `None`: a
+    /// plain pointer changed in a round trip, and became null. The
+    /// operation is one plain field now.
+    #[test]
+    fn a_plain_pointer_round_trips_unchanged() {
+        let address = GlobalAddress {
+            prefix: 0xb1,
+            node: 1,
+            operation: DsmOperation::None,
+            argument: 0,
+            offset: 0,
+        };
+        let repr = BifrostRepr::new(CallType::Reply, "make", 7, address).unwrap();
+        let mut bytes = [0u8; HEADER_LEN];
+        repr.emit(&mut bytes).unwrap();
+        let parsed = BifrostRepr::parse(&BifrostHeader::new_checked(&bytes[..]).unwrap());
+        assert_eq!(parsed.global_address, address);
+        assert!(!parsed.global_address.is_null());
     }
 }

@@ -38,7 +38,8 @@ pub use extension::{
     AtomicEthRepr, ImmDtHeader, ImmDtRepr, NakCode, RethHeader, RethRepr,
 };
 pub use frame::{
-    emit_frame, parse_frame, ExtensionHeaders, FlowTemplate, FrameRepr, ParsedFrame, RoceFrame,
+    any_frame, emit_frame, parse_frame, ExtensionHeaders, FlowTemplate, FrameRepr, ParsedFrame,
+    RoceFrame,
 };
 pub use ipv4::{Ipv4Address, Ipv4Packet, Ipv4Repr};
 pub use opcode::Opcode;

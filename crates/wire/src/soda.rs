@@ -36,6 +36,12 @@ pub enum RequestError {
         needed: usize,
         present: usize,
     },
+    #[error("a {kind} request is {needed} bytes, {present} present")]
+    Trailing {
+        kind: &'static str,
+        needed: usize,
+        present: usize,
+    },
     #[error("a write request declares {declared} data bytes but carries {present}")]
     LengthMismatch { declared: u32, present: usize },
     #[error("page offset {0:#x} does not fit 48 bits")]
@@ -51,8 +57,18 @@ pub struct ReadRequest<T: AsRef<[u8]>> {
 impl<T: AsRef<[u8]>> ReadRequest<T> {
     pub const LEN: usize = 24;
 
+    /// Exactly [`Self::LEN`] bytes: a SEND's payload is the request, so
+    /// bytes past it are a malformed request, as a write's are.
     pub fn new_checked(buffer: T) -> Result<Self, RequestError> {
+        let present = buffer.as_ref().len();
         check_length(buffer.as_ref(), Self::LEN, "read")?;
+        if present != Self::LEN {
+            return Err(RequestError::Trailing {
+                kind: "read",
+                needed: Self::LEN,
+                present,
+            });
+        }
         Ok(ReadRequest { buffer })
     }
 
@@ -258,7 +274,8 @@ pub fn any_request(data: &[u8]) -> bool {
     };
     let mut emitted = vec![0u8; request.buffer_len()];
     let length = request.emit(&mut emitted).expect("a parsed request emits");
-    assert_eq!(&emitted[..length], &payload[..length]);
+    // A request is its whole payload: nothing past it is taken.
+    assert_eq!(&emitted[..length], payload);
     assert_eq!(
         SodaRequestRepr::parse(request.immediate(), &emitted),
         Ok(request)
@@ -305,6 +322,15 @@ mod tests {
             SodaRequestRepr::parse(IMMEDIATE_READ, &[0; 23]),
             Err(RequestError::Truncated { needed: 24, .. })
         ));
+        // Bytes past a read request were taken for a valid one.
+        assert_eq!(
+            SodaRequestRepr::parse(IMMEDIATE_READ, &[0; 25]),
+            Err(RequestError::Trailing {
+                kind: "read",
+                needed: 24,
+                present: 25
+            })
+        );
         let mut write = [0u8; 14];
         write[11] = 3;
         assert_eq!(

@@ -15,6 +15,11 @@ fn replay(target: &str, harness: fn(&[u8]) -> bool) -> usize {
 }
 
 #[test]
+fn parse_frame_seeds_replay() {
+    assert!(replay("parse_frame", remora_wire::any_frame) >= 10);
+}
+
+#[test]
 fn bifrost_header_seeds_replay() {
     assert!(replay("bifrost_header", remora_wire::bifrost::any_header) >= 4);
 }

@@ -92,18 +92,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let text = "far memory without the RDMA NIC";
     let (allocation, arguments) = pass_by_reference(dsm, &[text.as_bytes()])?;
-    pointer.pass(allocation.to_address(None));
+    pointer.pass(allocation.to_address());
     let words = client.count(to_idl(arguments[0]))?;
     println!("{text:?} holds {words} words");
 
-    pointer.pass(allocation.to_address(None));
+    pointer.pass(allocation.to_address());
     let shouted = from_idl(&client.shout(to_idl(arguments[0]))?)?;
     let mut loud = vec![0u8; shouted.length];
     dsm.read(shouted.allocation, &mut loud)?;
     println!("shouted: {:?}", String::from_utf8_lossy(&loud));
 
     let (silence, empty) = pass_by_reference(dsm, &[b"   ".as_slice()])?;
-    pointer.pass(silence.to_address(None));
+    pointer.pass(silence.to_address());
     match client.shout(to_idl(empty[0])) {
         Err(thrift::Error::User(error)) => println!("shouting nothing: {error}"),
         other => return Err(format!("shouting nothing gave {other:?}").into()),

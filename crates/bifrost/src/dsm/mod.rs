@@ -32,12 +32,12 @@ pub struct GlobalPtr {
 }
 
 impl GlobalPtr {
-    /// As the RPC header carries it, with the operation it is for.
-    pub fn to_address(self, operation: Option<DsmOperation>) -> GlobalAddress {
+    /// As the RPC header carries it: a plain pointer, for no operation.
+    pub fn to_address(self) -> GlobalAddress {
         GlobalAddress {
             prefix: DSM_PREFIX,
             node: self.node,
-            operation,
+            operation: DsmOperation::None,
             argument: self.generation,
             offset: self.offset,
         }

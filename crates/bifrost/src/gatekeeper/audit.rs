@@ -703,7 +703,7 @@ fn pointer_at(offset: u64) -> GlobalAddress {
         generation: 0,
         offset,
     }
-    .to_address(None)
+    .to_address()
 }
 
 /// Whether `frame` is the switch's NAK (remote access error) to

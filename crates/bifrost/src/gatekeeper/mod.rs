@@ -1785,7 +1785,7 @@ mod tests {
         switch.handle_frame(at(14), PortId(0), &frame(caller, service, call(8).unwrap()));
         assert_eq!(switch.program().counters().calls_expired, 1);
 
-        let reply = BifrostRepr::new(CallType::Reply, "make", 7, made.to_address(None)).unwrap();
+        let reply = BifrostRepr::new(CallType::Reply, "make", 7, made.to_address()).unwrap();
         let to_caller = DatagramEnd {
             mac: TWO_HOSTS_ROUTER,
             ..caller

@@ -214,7 +214,7 @@ fn acl_step(step: &mut SystemStep) -> Result<(), SystemError> {
         step.failures
             .push("ACL: a call that lent nothing still read the caller's arrays".into());
     }
-    pointer.pass(inputs.to_address(None));
+    pointer.pass(inputs.to_address());
     let sum = client
         .add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))
         .in_system("bifrost")?;

@@ -152,7 +152,7 @@ fn bifrost(workload: Workload, calls: u64) -> Result<Breakdown, BifrostBenchErro
             dsm.write_at(argument.allocation, argument.at, input)?;
         }
         let prepared = Instant::now();
-        handle.pass(allocation.to_address(None));
+        handle.pass(allocation.to_address());
         let returned = match workload {
             Workload::IncrementArray => client.increment_array(to_idl(arguments[0]), INCREMENT)?,
             Workload::AddArrays => client.add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))?,
