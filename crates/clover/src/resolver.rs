@@ -48,7 +48,7 @@ pub enum ResolverError {
     #[error("key {key} is not in the store's {key_count} keys")]
     UnknownKey { key: u64, key_count: usize },
 }
-use remora_switch::{Packet, ResourceReport};
+use remora_switch::{Egress, Packet, ResourceReport};
 use remora_wire::{icrc, Ipv4Address, Opcode, Psn, Qpn, Rkey, VirtAddr};
 
 /// The memory region the resolver watches.
@@ -141,6 +141,9 @@ pub struct ResolverCounters {
     /// Frames it would have read or rewritten whose ICRC did not match:
     /// corrupted on a link, they pass untouched for the receiver to drop.
     pub corrupt_passed: u64,
+    /// Frames naming a client's queue pair from a host that is not its
+    /// peer, or flooded to no known host: passed untouched, unread.
+    pub foreign_ignored: u64,
 }
 
 /// The resolver's memory, as the paper's Figure "memory vs keyspace".
@@ -161,8 +164,9 @@ pub type CloverResolver = Overlaid<Resolver>;
 /// Clover's traffic after forwarding chose its egress.
 pub struct Resolver {
     region: WatchedRegion,
-    /// (memory address, memory-side QPN) → client index.
-    requests: ExactTable<u64, u32>,
+    /// (memory address, memory-side QPN) → the client, and the compute
+    /// address its requests come from.
+    requests: ExactTable<u64, RequestOwner>,
     /// (compute address, compute-side QPN) → client index.
     replies: ExactTable<u64, u32>,
     /// Cached key → its cell index.
@@ -172,6 +176,15 @@ pub struct Resolver {
     cas: RegisterArray<CasCell>,
     client_count: usize,
     counters: ResolverCounters,
+}
+
+/// A client's request queue pair, as the requests table knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RequestOwner {
+    client: u32,
+    /// The compute address the client's requests come from: a request
+    /// that names the client's queue pair from anywhere else is not its.
+    source: Ipv4Address,
 }
 
 /// How far (in PSNs) a client's requests run past its records before
@@ -199,19 +212,19 @@ impl Resolver {
     }
 
     pub fn new(region: WatchedRegion, max_keys: usize, max_clients: usize) -> Resolver {
-        let qp_table = |name| {
-            ExactTable::new(TableShape {
-                name,
-                stage: 0,
-                key_bits: 32 + 24,
-                action_data_bits: 16,
-                capacity: max_clients,
-            })
+        // A request's action data adds the source address it must come
+        // from (32 bits) to the client index.
+        let qp_table = |name, action_data_bits| TableShape {
+            name,
+            stage: 0,
+            key_bits: 32 + 24,
+            action_data_bits,
+            capacity: max_clients,
         };
         Resolver {
             region,
-            requests: qp_table("clover_clients"),
-            replies: qp_table("clover_replies"),
+            requests: ExactTable::new(qp_table("clover_clients", 16 + 32)),
+            replies: ExactTable::new(qp_table("clover_replies", 16)),
             keys: ExactTable::new(TableShape {
                 name: "clover_keys",
                 stage: 1,
@@ -244,8 +257,12 @@ impl Resolver {
             });
         }
         let index = self.client_count as u32;
+        let owner = RequestOwner {
+            client: index,
+            source: compute_side.0,
+        };
         self.requests
-            .insert(queue_pair_key(memory_side.0, memory_side.1), index)?;
+            .insert(queue_pair_key(memory_side.0, memory_side.1), owner)?;
         self.replies
             .insert(queue_pair_key(compute_side.0, compute_side.1), index)?;
         self.client_count += 1;
@@ -279,7 +296,8 @@ impl Resolver {
 
     pub fn memory(&self) -> ResolverMemory {
         let key_table_bytes = 8 + 4;
-        let qp_table_bytes = 2 * (7 + 2);
+        // Keys of 7 bytes; action data of 6 (requests) and 2 (replies).
+        let qp_table_bytes = (7 + 6) + (7 + 2);
         let bytes_per_key = key_table_bytes + std::mem::size_of::<KeyCell>();
         let bytes_per_client = qp_table_bytes
             + std::mem::size_of::<OutstandingCell>()
@@ -299,14 +317,24 @@ impl Resolver {
         address >= base + self.region.slab_start && address < base + self.region.region_bytes
     }
 
-    fn client_of_request(&self, packet: &Packet) -> Option<usize> {
+    /// The client whose request this is: to its queue pair on the memory
+    /// node, from its own compute address. Any host can name a client's
+    /// queue pair, and one whose frames moved the resolver's state could
+    /// confirm tails no list holds; the endpoints drop such frames (a
+    /// NIC takes frames from its peer alone), and so does the resolver.
+    fn client_of_request(&mut self, packet: &Packet) -> Option<usize> {
         let ipv4 = packet.headers.ipv4?;
         let roce = packet.headers.roce?;
         if ipv4.destination != self.region.memory_address {
             return None;
         }
         let key = queue_pair_key(ipv4.destination, roce.destination_qp);
-        self.requests.lookup(&key).map(|index| *index as usize)
+        let owner = *self.requests.lookup(&key)?;
+        if owner.source != ipv4.source || packet.egress == Egress::Flood {
+            self.counters.foreign_ignored += 1;
+            return None;
+        }
+        Some(owner.client as usize)
     }
 
     /// An entry WRITE (first or only packet): remember key → entry.
@@ -452,7 +480,12 @@ impl Resolver {
             });
     }
 
-    /// An atomic acknowledgement on its way to a client: confirm.
+    /// An atomic acknowledgement on its way to a client: confirm. Only
+    /// the memory node answers a client's CAS, and a flooded frame (to no
+    /// known host) reaches no client NIC: a forged ACK from elsewhere
+    /// closed the CAS's record with an original value of the forger's
+    /// choosing, confirmed a tail no list held, and the next CAS of the
+    /// key, rewritten onto it, linked a write no reader could reach.
     fn watch_ack(&mut self, packet: &Packet) {
         let (Some(ipv4), Some(roce)) = (packet.headers.ipv4, packet.headers.roce) else {
             return;
@@ -461,6 +494,10 @@ impl Resolver {
         let Some(client) = self.replies.lookup(&key).map(|index| *index as usize) else {
             return;
         };
+        if ipv4.source != self.region.memory_address || packet.egress == Egress::Flood {
+            self.counters.foreign_ignored += 1;
+            return;
+        }
         let record = self.cas.read(client).expect("client cells exist");
         if !record.active || record.psn != roce.psn.value() {
             return;
@@ -633,10 +670,23 @@ mod tests {
         fill: impl FnOnce(&mut remora_wire::frame::ExtensionHeaders),
         change: impl FnOnce(&mut [u8], &remora_switch::parser::ParsedHeaders),
     ) {
-        let (from, to, destination_qpn) = match to_memory {
+        let ends = match to_memory {
             true => (COMPUTE, MEMORY, MEMORY_QPN),
             false => (MEMORY, COMPUTE, COMPUTE_QPN),
         };
+        pass_between(resolver, ends, (opcode, psn), payload, fill, change);
+    }
+
+    /// A frame from `from` to `to`'s queue pair `destination_qpn`, with a
+    /// valid ICRC, then `change`d, through the resolver.
+    fn pass_between(
+        resolver: &mut Resolver,
+        (from, to, destination_qpn): ((MacAddress, Ipv4Address), (MacAddress, Ipv4Address), u32),
+        (opcode, psn): (Opcode, u32),
+        payload: &[u8],
+        fill: impl FnOnce(&mut remora_wire::frame::ExtensionHeaders),
+        change: impl FnOnce(&mut [u8], &remora_switch::parser::ParsedHeaders),
+    ) {
         let bth = BthRepr::new(opcode, qpn(destination_qpn), Psn::new(psn));
         let mut repr = FrameRepr::between(from, to, 0xc000, bth);
         fill(&mut repr.extension);
@@ -782,6 +832,70 @@ mod tests {
         assert_eq!(counters.corrupt_passed, 1, "{counters:?}");
         assert_eq!(counters.tails_confirmed, 1, "{counters:?}");
         assert_eq!(counters.rewritten, 0, "{counters:?}");
+    }
+
+    /// Any host could close a client's CAS record: an ACK naming the
+    /// client's queue pair and the CAS's PSN, with a valid ICRC, from
+    /// anywhere, confirmed the tail of the forger's choosing, and the
+    /// genuine answer was then ignored. Only the memory node's ACKs count,
+    /// and only the client's own requests.
+    #[test]
+    fn frames_from_a_host_that_is_no_clients_peer_move_nothing() {
+        const FORGER: (MacAddress, Ipv4Address) =
+            (MacAddress([2, 0, 0, 0, 0, 9]), Ipv4Address([10, 0, 0, 9]));
+        let mut resolver = resolver();
+        entry_write(&mut resolver, 10, 0x3000);
+        link(&mut resolver, 11, 0x1800, 0x3000);
+        let forged_ack = |headers: &mut remora_wire::frame::ExtensionHeaders| {
+            headers.aeth = Some(AethRepr {
+                syndrome: remora_wire::AckSyndrome::Ack { credit_count: 0 },
+                msn: Msn::new(0),
+            });
+            headers.atomic_ack_eth = Some(AtomicAckEthRepr {
+                original_data: 0x5000,
+            });
+        };
+        let to_client = (FORGER, COMPUTE, COMPUTE_QPN);
+        let ack_of_cas = (Opcode::AtomicAcknowledge, 11);
+        pass_between(
+            &mut resolver,
+            to_client,
+            ack_of_cas,
+            &[],
+            forged_ack,
+            |_, _| {},
+        );
+        // A forged entry WRITE in the client's name, too.
+        let mut payload = [0u8; 32];
+        payload[8..16].copy_from_slice(&KEY.to_le_bytes());
+        let forged_write = |headers: &mut remora_wire::frame::ExtensionHeaders| {
+            headers.reth = Some(RethRepr {
+                virtual_address: VirtAddr(REGION.base.0 + 0x6000),
+                rkey: REGION.rkey,
+                dma_length: 32,
+            });
+        };
+        let to_memory = (FORGER, MEMORY, MEMORY_QPN);
+        let write = (Opcode::RdmaWriteOnly, 12);
+        pass_between(
+            &mut resolver,
+            to_memory,
+            write,
+            &payload,
+            forged_write,
+            |_, _| {},
+        );
+        let counters = resolver.counters();
+        assert_eq!(counters.foreign_ignored, 2, "{counters:?}");
+        assert_eq!(counters.rewrites_failed, 0, "{counters:?}");
+        assert_eq!(counters.entry_writes_seen, 1, "{counters:?}");
+        // The genuine answer: the rewritten CAS succeeded, its tail holds.
+        ack(&mut resolver, 11, 0, false);
+        let counters = resolver.counters();
+        assert_eq!(counters.tails_confirmed, 1, "{counters:?}");
+        let slot = *resolver.keys.lookup(&KEY).unwrap() as usize;
+        let cell = resolver.key_cells.read(slot).unwrap();
+        assert_eq!(cell.tail, REGION.base.0 + 0x3000, "{cell:?}");
     }
 
     /// A rewritten CAS that failed left the tail it was rewritten to as
