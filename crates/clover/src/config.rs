@@ -16,12 +16,12 @@
 //! resolver = true         # the switch resolves write conflicts in flight
 //! cached_keys = 1024      # hottest keys the resolver tracks
 //! check_history = true    # every key's history checked for linearizability
-//! grace_ms = 400          # garbage collection's grace; requests must end in half
+//! grace_ms = 400          # garbage collection's grace; requests must end in under half
 //! ```
 //!
 //! The grace is real time here, not simulated: the embedded rack shares the
 //! machine's cores with whatever else runs, and a request descheduled past
-//! half the grace fails the run (it could read a reclaimed version). So a
+//! its deadline (half the grace less a collection period) fails the run (it could read a reclaimed version). So a
 //! rack file's default grace is ten times the simulator's 40 ms.
 
 use crate::harness::{Run, SwitchChoice};
@@ -130,7 +130,7 @@ const MAX_CLIENTS: usize = 256;
 const MAX_KEYS: u64 = 1 << 20;
 const MAX_OPERATIONS: u64 = 10_000_000;
 const MAX_REGION_BYTES: u64 = 1 << 30;
-/// The grace bounds: below 4 ms a request's deadline (half the grace) is
+/// The grace bounds: below 4 ms a request's deadline (under half the grace) is
 /// shorter than a scheduler tick; above a minute the run's time limit
 /// (operations × grace) stops meaning anything.
 const GRACE_MILLISECONDS: std::ops::RangeInclusive<u64> = 4..=60_000;

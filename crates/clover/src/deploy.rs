@@ -233,6 +233,44 @@ mod tests {
         assert!(pool.take_finished().is_empty(), "nothing finished late");
     }
 
+    /// A late shortcut chains two operations: a writer's shortcut naming
+    /// a slot lands up to a deadline after the slot's retirement, a
+    /// reader reads it until the next collection moves it, and READs the
+    /// slot up to a deadline later. At half the grace each, that reached
+    /// past the slot's release (41 ms against a 40 ms grace). Every run's
+    /// deadlines fit, and a run that collects no more often than its
+    /// grace is refused.
+    #[test]
+    fn two_deadlines_and_a_collection_period_fit_in_the_grace() {
+        let default = Run::new(SwitchChoice::Plain);
+        let mut lossy_reuse = default;
+        lossy_reuse.grace = Duration::from_millis(4);
+        lossy_reuse.garbage_every = Some(Duration::from_micros(200));
+        let mut bench = default;
+        bench.garbage_every = Some(Duration::from_millis(20));
+        for run in [default, lossy_reuse, bench] {
+            let spec = run.store(Duration::from_millis(1));
+            let deadline = spec.pool.operation_deadline;
+            let period = run.garbage_every.unwrap();
+            assert!(deadline > Duration::ZERO);
+            assert!(2 * deadline + period <= spec.metadata.grace, "{run:?}");
+            assert!(spec.pool.cache_lifetime + deadline <= spec.metadata.grace);
+        }
+        let mut rare = default;
+        rare.garbage_every = Some(rare.grace);
+        let mut rig = BackToBack::new(3);
+        let deployment = deploy(
+            rare.store(Duration::from_millis(1)),
+            &mut rig.left,
+            &mut rig.right,
+        )
+        .unwrap();
+        assert!(matches!(
+            crate::harness::Application::new(deployment, &rare, 1),
+            Err(crate::harness::HarnessError::GraceTooShort { .. })
+        ));
+    }
+
     /// A cached key past the store's keys indexed past its first versions
     /// (a panic), and a key cached twice shared a cell with the next
     /// (lost writes): both are typed errors.

@@ -44,6 +44,8 @@ pub enum HarnessError {
     Agent { host: String, error: AgentError },
     #[error("the run did not finish within {0:?}")]
     Unfinished(Duration),
+    #[error("garbage collection every {period:?} leaves requests no time under a {grace:?} grace: collect more often than the grace")]
+    GraceTooShort { grace: Duration, period: Duration },
 }
 
 /// The rack's two hosts: compute (the clients) and memory (the store).
@@ -164,11 +166,38 @@ impl Run {
             },
             pool: PoolConfig {
                 cache_lifetime: self.grace / 4,
-                operation_deadline: self.grace / 2,
+                operation_deadline: self.operation_deadline(),
                 record_history: self.check_history,
                 ..PoolConfig::DEFAULT
             },
             ack_timeout,
+        }
+    }
+
+    /// How long a request may run. A retired slot is freed a grace after
+    /// its retirement, at a collection pass. A writer whose operation
+    /// began before the retirement can still land a shortcut naming the
+    /// slot up to a deadline later; a reader can read that shortcut until
+    /// the next pass moves it (a collection period on), and READ the slot
+    /// a deadline after that. So two deadlines and a period fit in the
+    /// grace. (At half the grace each, a shortcut overwritten by a newer
+    /// write before that pass let a reader READ the slot after its
+    /// reuse.) The cache lifetime, a quarter of the grace, and one
+    /// deadline fit in it too.
+    pub fn operation_deadline(&self) -> Duration {
+        let period = self.garbage_every.unwrap_or(Duration::ZERO);
+        self.grace.saturating_sub(period) / 2
+    }
+
+    /// Refuses a run whose collections come no more often than the grace:
+    /// its requests would have no time at all.
+    fn check(&self) -> Result<(), HarnessError> {
+        match self.garbage_every {
+            Some(period) if period >= self.grace => Err(HarnessError::GraceTooShort {
+                grace: self.grace,
+                period,
+            }),
+            _ => Ok(()),
         }
     }
 
@@ -238,6 +267,7 @@ pub struct Application {
 
 impl Application {
     pub fn new(deployment: Deployment, run: &Run, seed: u64) -> Result<Application, HarnessError> {
+        run.check()?;
         let generator = Generator::new(run.workload()?, seed)?;
         Ok(Application {
             deployment,

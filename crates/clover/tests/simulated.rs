@@ -139,7 +139,8 @@ fn collection_with_slot_reuse_stays_linearizable_under_loss() {
                 read_proportion: 0.5,
                 region_bytes: 16 * 1024,
                 garbage_every: Some(Duration::from_micros(200)),
-                // The operation deadline is half the grace. At 1% loss on
+                // The operation deadline is half the grace less a
+                // collection period: 1.9 ms here. At 1% loss on
                 // each of a verb's four link crossings, one verb in 25
                 // waits out a 200 µs ACK timeout, and an operation of ten
                 // verbs under contention meets five such waits a few
