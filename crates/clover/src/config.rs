@@ -161,6 +161,28 @@ impl CloverConfig {
         CloverConfig::validate(raw)
     }
 
+    /// The region must hold what the store needs to make progress
+    /// ([`crate::metadata::RegionPlan::bytes_to_run`]) at the section's
+    /// value size: checked against one 64-byte version a key, 4 KiB values
+    /// passed here and the load failed at deploy, and a region that held
+    /// the first versions exactly left every put waiting for space.
+    fn check_room(raw: &RawClover, region_bytes: u64, run: &Run) -> Result<(), CloverConfigError> {
+        let metadata = run.store(std::time::Duration::ZERO).metadata;
+        let needed = crate::metadata::RegionPlan::new(raw.keys, region_bytes)
+            .and_then(|plan| plan.bytes_to_run(raw.value_bytes, raw.clients, &metadata))
+            .ok()
+            .filter(|needed| *needed <= region_bytes);
+        if needed.is_none() {
+            return Err(CloverConfigError::Invalid {
+                field: "region",
+                value: raw.region.clone(),
+                rule: "room for every key's shortcut word, two versions of each in its value's \
+                       size class, and a batch of slots for each client",
+            });
+        }
+        Ok(())
+    }
+
     fn validate(raw: RawClover) -> Result<CloverConfig, CloverConfigError> {
         let invalid =
             |field, value: String, rule| CloverConfigError::Invalid { field, value, rule };
@@ -244,6 +266,7 @@ impl CloverConfig {
             }
         };
         let mut run = Run::new(switch);
+        Self::check_room(&raw, region_bytes, &run)?;
         run.clients = raw.clients;
         run.keys = raw.keys;
         run.operations = raw.operations;
@@ -306,6 +329,14 @@ mod tests {
         assert_eq!(field("value_bytes = 4"), "value_bytes");
         // 200 000 keys' shortcuts and first versions overflow 8 MiB.
         assert_eq!(field("keys = 200000"), "region");
+        // 1,024 keys of 4 KiB values need 8 MiB for their first versions
+        // alone (loading failed at deploy); 14,562 keys of 16 bytes fill
+        // 1 MiB with first versions and leave no room to write.
+        assert_eq!(
+            field("value_bytes = 4096\nkeys = 1024\nregion = \"1MiB\""),
+            "region"
+        );
+        assert_eq!(field("keys = 14562\nregion = \"1MiB\""), "region");
         assert_eq!(field("region = \"4KiB\""), "region");
         assert_eq!(field("region = \"lots\""), "region");
         assert_eq!(field("cached_keys = 4"), "cached_keys");

@@ -150,6 +150,28 @@ impl RegionPlan {
     pub fn slab_start(&self) -> u64 {
         (RESERVED_BYTES + 8 * self.key_count).next_multiple_of(SLOT_ALIGNMENT)
     }
+
+    /// The region a store of `value_bytes` values needs to make progress:
+    /// the shortcut words, `keep_versions` versions of every key (a key's
+    /// versions below that are never retired) and a batch of slots in
+    /// each of `clients`' hands, all of the values' size class. With
+    /// less, puts wait for space no collection frees, until the run's
+    /// time limit.
+    pub fn bytes_to_run(
+        &self,
+        value_bytes: usize,
+        clients: usize,
+        config: &MetadataConfig,
+    ) -> Result<u64, MetadataError> {
+        let class = size_class(value_bytes)? as u64;
+        let slots = self
+            .key_count
+            .saturating_mul(config.keep_versions as u64)
+            .saturating_add((clients as u64).saturating_mul(config.batch_slots as u64));
+        Ok(self
+            .slab_start()
+            .saturating_add(slots.saturating_mul(class)))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
