@@ -130,6 +130,10 @@ const MAX_CLIENTS: usize = 256;
 const MAX_KEYS: u64 = 1 << 20;
 const MAX_OPERATIONS: u64 = 10_000_000;
 const MAX_REGION_BYTES: u64 = 1 << 30;
+/// Checking a history keeps every event of the run and orders each key's
+/// clusters pairwise: past this many operations it takes gigabytes and
+/// hours, so a longer run turns the check off.
+const MAX_CHECKED_OPERATIONS: u64 = 1 << 18;
 /// The grace bounds: below 4 ms a request's deadline (under half the grace) is
 /// shorter than a scheduler tick; above a minute the run's time limit
 /// (operations × grace) stops meaning anything.
@@ -197,6 +201,13 @@ impl CloverConfig {
                 "operations",
                 raw.operations.to_string(),
                 "from 1 to 10000000",
+            ));
+        }
+        if raw.check_history && raw.operations > MAX_CHECKED_OPERATIONS {
+            return Err(invalid(
+                "check_history",
+                "true".into(),
+                "a checked history holds at most 262144 operations: set check_history = false",
             ));
         }
         if !(0.0..=1.0).contains(&raw.read_proportion) {
@@ -341,6 +352,10 @@ mod tests {
         assert_eq!(field("region = \"lots\""), "region");
         assert_eq!(field("cached_keys = 4"), "cached_keys");
         assert_eq!(field("grace_ms = 3"), "grace_ms");
+        // Every event kept and each key's clusters ordered pairwise: 10 M
+        // operations took gigabytes and hours. Unchecked, they run.
+        assert_eq!(field("operations = 10000000"), "check_history");
+        assert!(parse("operations = 10000000\ncheck_history = false").is_ok());
         assert_eq!(field("grace_ms = 60001"), "grace_ms");
         assert_eq!(
             field("resolver = true\nkeys = 8\ncached_keys = 9"),

@@ -25,7 +25,7 @@
 use crate::client::MAX_HOPS;
 use crate::layout::{
     decode_entry, encode_entry, size_class, LayoutError, NextPointer, HEADER_BYTES,
-    MAX_VALUE_BYTES, SIZE_CLASSES,
+    MAX_VALUE_BYTES, MIN_VALUE_BYTES, SIZE_CLASSES,
 };
 use remora_rnic::{MemoryRegion, Timestamp, Verbs};
 use remora_wire::VirtAddr;
@@ -571,12 +571,18 @@ fn entry_length(
     let mut header = [0u8; HEADER_BYTES];
     memory.read(offset, &mut header)?;
     let length = u32::from_le_bytes(header[16..20].try_into().expect("4 bytes")) as usize;
-    if length > MAX_VALUE_BYTES {
-        return Err(MetadataError::Broken {
-            key,
-            reason: format!("entry at {offset:#x} claims {length} value bytes"),
-        });
+    let broken = |reason| MetadataError::Broken { key, reason };
+    if !(MIN_VALUE_BYTES..=MAX_VALUE_BYTES).contains(&length) {
+        return Err(broken(format!(
+            "entry at {offset:#x} claims {length} value bytes"
+        )));
     }
+    // The length picks the class the slot is freed into: one the
+    // checksum does not vouch for (100 bytes claimed in a 64-byte slot)
+    // sent the slot to a larger class, where it overlapped the next one.
+    let mut entry = vec![0u8; HEADER_BYTES + length];
+    memory.read(offset, &mut entry)?;
+    decode_entry(&entry).map_err(|error| broken(format!("entry at {offset:#x}: {error}")))?;
     Ok(length)
 }
 
@@ -669,6 +675,36 @@ mod tests {
             .unwrap();
         let at = Timestamp::from_nanos(0);
         assert!(broken(server.collect(at, &mut memory).map(drop)));
+    }
+
+    /// A length below the smallest value failed a collection whole with a
+    /// layout error naming no key, and a length the checksum does not
+    /// vouch for (100 bytes in a 64-byte slot) freed the slot into the
+    /// 128-byte class, where it overlapped the next slot. Both are the
+    /// key's broken list, and nothing is freed.
+    #[test]
+    fn an_entry_length_its_checksum_does_not_vouch_for_frees_nothing() {
+        for length in [0u32, 100] {
+            let config = MetadataConfig {
+                batch_slots: 1,
+                keep_versions: 1,
+                grace: Duration::from_millis(1),
+            };
+            let plan = RegionPlan::new(1, 1 << 16).unwrap();
+            let mut server = MetadataServer::new(plan, config).unwrap();
+            let mut memory = vec![0u8; 1 << 16];
+            let first = server.load(0, b"version zero....", &mut memory).unwrap();
+            append(&mut server, &mut memory, first, b"version one.....");
+            memory
+                .write(first.offset() + 16, &length.to_le_bytes())
+                .unwrap();
+            let collected = server.collect(Timestamp::from_nanos(0), &mut memory);
+            assert!(
+                matches!(collected, Err(MetadataError::Broken { key: 0, .. })),
+                "length {length}: {collected:?}"
+            );
+            assert_eq!(server.slots_idle(), 0, "length {length}");
+        }
     }
 
     /// A writer's shortcut WRITE that lands after its version was retired

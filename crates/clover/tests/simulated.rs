@@ -185,7 +185,15 @@ fn a_long_write_heavy_run_stays_within_a_fixed_region() {
         "{:?}",
         outcome.metadata
     );
-    assert!(outcome.metadata.carved_bytes <= 96 * 1024);
+    // Carving never passes the region (the server stops at its end), so
+    // what shows the region sufficed is reuse: more slots handed out
+    // than were ever carved, and slots released.
+    let carved_slots = outcome.metadata.carved_bytes / 64;
+    assert!(
+        outcome.metadata.slots_handed_out > carved_slots && outcome.metadata.slots_released > 0,
+        "{:?}",
+        outcome.metadata
+    );
     // Each collection trims every list to its newest two versions; every
     // write since the last one added exactly one. (This once read
     // `versions <= 8 * 2 + 8 * 8`, which held only while the harness let
