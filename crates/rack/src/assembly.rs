@@ -837,17 +837,12 @@ struct AgentPump {
 
 impl Pump for AgentPump {
     fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
-        // One clock read per turn, and none for a timer-only agent whose
-        // timer is not set: the fabric thread pumps every agent each turn.
-        let started = Instant::now();
-        let now = clock.at(started);
         // Agent, then host: the order `EmbeddedRack::restart` takes too.
         let mut agent = lock(&self.agent);
-        if !agent.woken_by_frames() && agent.poll_timeout().is_none_or(|at| at > now) {
+        if !agent.woken_by_frames() && agent.poll_timeout().is_none_or(|at| at > clock.now()) {
             return Ok(false);
         }
-        let moved = poll_on_host(&mut *agent, &self.host, now, started, &self.busy_ns)?;
-        Ok(moved)
+        poll_on_host(&mut *agent, &self.host, clock, &self.busy_ns)
     }
 
     fn deadline(&self, clock: &RackClock) -> Option<Instant> {

@@ -38,20 +38,24 @@ use std::time::{Duration, Instant};
 pub type BusyNanos = Arc<AtomicU64>;
 
 /// Polls `agent` on `host`'s NIC, unless the host is down; a poll that
-/// moved adds the time since `started` to `busy_ns`. Returns whether it
-/// moved. The caller holds the agent's lock: agent, then host, the order
-/// a restart takes too.
+/// moved adds its time to `busy_ns`. Returns whether it moved. The caller
+/// holds the agent's lock: agent, then host, the order a restart takes
+/// too. The agent is told the time read once the host's lock is held: a
+/// time read before waiting for it was stale by the wait, and an agent
+/// checking its deadlines against it (Clover's pool, whose deadline
+/// guards slot reuse) let completions that came during the wait pass.
 pub(crate) fn poll_on_host(
     agent: &mut dyn Agent,
     host: &Shared<NodeEndpoint>,
-    now: Timestamp,
-    started: Instant,
+    clock: &RackClock,
     busy_ns: &BusyNanos,
 ) -> Result<bool, RackError> {
     let mut endpoint = lock(host);
     if endpoint.is_down() {
         return Ok(false);
     }
+    let started = Instant::now();
+    let now = clock.at(started);
     let progress = agent
         .poll(now, &mut endpoint.rnic)
         .map_err(|error| RackError::Agent {
@@ -144,7 +148,7 @@ fn run(
         seen_activity = current;
         let now = clock.now();
         for seat in &mut seats {
-            if poll_seat(seat, host, now, nic_moved)? {
+            if poll_seat(seat, host, &clock, now, nic_moved)? {
                 fabric.kick();
             }
         }
@@ -158,6 +162,7 @@ fn run(
 fn poll_seat(
     seat: &mut Seat,
     host: &Shared<NodeEndpoint>,
+    clock: &RackClock,
     now: Timestamp,
     nic_moved: bool,
 ) -> Result<bool, RackError> {
@@ -168,10 +173,83 @@ fn poll_seat(
     if !woken {
         return Ok(false);
     }
-    let moved = poll_on_host(&mut *agent, host, now, Instant::now(), &seat.busy_ns)?;
+    let moved = poll_on_host(&mut *agent, host, clock, &seat.busy_ns)?;
     seat.idle_until = match moved {
         true => now,
         false => now.saturating_add(IDLE_POLL_SPACING),
     };
     Ok(moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remora_carrier::{Segment, SegmentPlan};
+    use remora_host::{AgentError, Progress};
+    use remora_rnic::{RnicConfig, SoftRnic, Verbs};
+    use remora_wire::{Ipv4Address, MacAddress};
+
+    /// Remembers the time it was polled at.
+    struct Stamper {
+        polled_at: Option<Timestamp>,
+    }
+
+    impl Agent for Stamper {
+        fn name(&self) -> &'static str {
+            "stamper"
+        }
+
+        fn poll(&mut self, now: Timestamp, _nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+            self.polled_at = Some(now);
+            Ok(Progress::Idle)
+        }
+
+        fn poll_timeout(&self) -> Option<Timestamp> {
+            None
+        }
+
+        fn crash(&mut self) {}
+
+        fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+            Ok(())
+        }
+    }
+
+    /// The time an agent was polled at was read before its host's lock,
+    /// so a poll that waited for the lock saw a time from before the
+    /// wait: Clover's pool checked its completions' deadlines against it
+    /// and passed what arrived during the wait. It is read once the lock
+    /// is held.
+    #[test]
+    fn an_agent_is_told_the_time_after_its_hosts_lock_is_taken() {
+        let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
+        let config = RnicConfig::new(
+            MacAddress([2, 0, 0, 0, 0, 1]),
+            Ipv4Address::new(10, 0, 0, 1),
+            8,
+        );
+        let host = Arc::new(Mutex::new(NodeEndpoint::new(
+            "host",
+            SoftRnic::new(config),
+            Box::new(segment.spoke_port(1).unwrap()),
+        )));
+        let clock = RackClock::new();
+        let held = lock(&host);
+        let (polled_at, released_at) = std::thread::scope(|scope| {
+            let poller = scope.spawn(|| {
+                let mut agent = Stamper { polled_at: None };
+                let busy_ns = BusyNanos::default();
+                poll_on_host(&mut agent, &host, &clock, &busy_ns).unwrap();
+                agent.polled_at.expect("polled")
+            });
+            std::thread::sleep(Duration::from_millis(20));
+            let released_at = clock.now();
+            drop(held);
+            (poller.join().unwrap(), released_at)
+        });
+        assert!(
+            polled_at >= released_at,
+            "{polled_at:?} before {released_at:?}"
+        );
+    }
 }
