@@ -4,12 +4,14 @@
 
 use crate::generator::{GeneratorError, PacketGenerator, Template, TemplateId};
 use crate::packet::{Egress, Packet, PortId, GENERATOR_PORT, RECIRCULATION_PORT};
-use crate::parser;
+use crate::parser::{self, Ipv4Fields, ParseStop, ParsedHeaders, RoceFields};
 use crate::program::{Digest, Program};
 use crate::resources::ResourceReport;
 use remora_base::{copy_bytes, BufferPool, Timestamp};
 use remora_wire::frame::MAX_FRAME_LEN;
 use remora_wire::icrc;
+use remora_wire::ipv4::PROTOCOL_UDP;
+use remora_wire::ROCEV2_UDP_PORT;
 use serde::Serialize;
 use std::collections::VecDeque;
 
@@ -321,11 +323,15 @@ impl<P: Program> Switch<P> {
 
     /// The deparser: headers were edited in place, so only the ICRC may
     /// need refreshing; whether the frame is still whole. A program that
-    /// changed the frame's length (or its IPv4 total length) left the
-    /// pass's offsets stale, and the ICRC went mid-frame or past its end
-    /// (a panic): such a frame is parsed afresh, and one cut below its
-    /// headers is not whole. Frames whose extent is unchanged, nearly all,
-    /// keep the pass's offsets.
+    /// changed what places the ICRC (the frame's length, the IPv4 header
+    /// or total length, the protocol or the UDP port) left the pass's
+    /// offsets stale: the ICRC went mid-frame or past its end, or the
+    /// layout check under it panicked, or four bytes of a datagram that
+    /// was no longer RoCE were overwritten. Such a frame is parsed
+    /// afresh: one that is no longer RoCE but still an IPv4 packet goes
+    /// as it is, and one cut or broken below its headers is not whole.
+    /// Frames whose layout is unchanged, nearly all, keep the pass's
+    /// offsets.
     fn deparse(&mut self, packet: &mut Packet) -> bool {
         if !std::mem::take(&mut packet.rewritten) {
             return true;
@@ -333,27 +339,43 @@ impl<P: Program> Switch<P> {
         let (Some(ipv4), Some(roce)) = (packet.headers.ipv4, packet.headers.roce) else {
             return true;
         };
-        let icrc_end = roce.icrc_offset + icrc::ICRC_LEN;
-        let total_len = packet
-            .bytes
-            .get(ipv4.offset + 2..ipv4.offset + 4)
-            .map(|field| usize::from(u16::from_be_bytes([field[0], field[1]])));
-        let unchanged = total_len == Some(icrc_end - ipv4.offset) && icrc_end <= packet.bytes.len();
-        let icrc_offset = if unchanged {
+        let icrc_offset = if Self::layout_unchanged(&packet.bytes, ipv4, roce) {
             roce.icrc_offset
         } else {
-            match parser::parse(&packet.bytes)
-                .ok()
-                .and_then(|headers| headers.roce)
-            {
-                Some(roce) => roce.icrc_offset,
-                None => return false,
+            match parser::parse(&packet.bytes) {
+                Ok(ParsedHeaders {
+                    roce: Some(roce), ..
+                }) => roce.icrc_offset,
+                Ok(ParsedHeaders {
+                    stop: Some(ParseStop::NotRoce),
+                    ..
+                }) => return true,
+                _ => return false,
             }
         };
         let value = icrc::compute_in_place(&mut packet.bytes, icrc_offset);
         packet.bytes[icrc_offset..icrc_offset + icrc::ICRC_LEN]
             .copy_from_slice(&icrc::to_wire(value));
         true
+    }
+
+    /// Whether the bytes that place the ICRC are as the pass's parse found
+    /// them: the IPv4 version and header length, total length, protocol
+    /// and UDP destination port, and a frame long enough.
+    fn layout_unchanged(bytes: &[u8], ipv4: Ipv4Fields, roce: RoceFields) -> bool {
+        let icrc_end = roce.icrc_offset + icrc::ICRC_LEN;
+        let udp = ipv4.offset + ipv4.header_len;
+        let (Some(header), Some(port)) = (bytes.get(ipv4.offset..udp), bytes.get(udp + 2..udp + 4))
+        else {
+            return false;
+        };
+        let version_and_length = 0x40 | (ipv4.header_len / 4) as u8;
+        let total_len = usize::from(u16::from_be_bytes([header[2], header[3]]));
+        header[0] == version_and_length
+            && total_len == icrc_end - ipv4.offset
+            && header[9] == PROTOCOL_UDP
+            && u16::from_be_bytes([port[0], port[1]]) == ROCEV2_UDP_PORT
+            && icrc_end <= bytes.len()
     }
 
     fn deliver_digest(&mut self, digest: Digest) {

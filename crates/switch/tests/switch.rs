@@ -517,6 +517,73 @@ fn a_rewritten_frame_whose_length_changed_is_dropped_not_a_panic() {
     assert!(switch.check_frame_accounting().is_ok());
 }
 
+/// A program that writes one byte of the frame and marks it rewritten.
+struct PokeByte {
+    at: usize,
+    value: u8,
+}
+
+impl Program for PokeByte {
+    fn name(&self) -> &str {
+        "poke"
+    }
+
+    fn ingress(&mut self, _now: Timestamp, packet: &mut Packet) {
+        packet.bytes[self.at] = self.value;
+        packet.rewritten = true;
+        packet.egress = Egress::Port(PortId(1));
+    }
+
+    fn resources(&self) -> ResourceReport {
+        ResourceReport::new("poke")
+    }
+}
+
+/// The deparser kept the pass's offsets whenever the frame's and the IPv4
+/// total length were unchanged. A program that rewrote the IPv4 header
+/// length moved the BTH past the old ICRC offset, and the ICRC's layout
+/// check panicked (the fabric thread, in a rack); one that rewrote the
+/// UDP port away from RoCE's got four "ICRC" bytes written over the end
+/// of a plain datagram. Either is parsed afresh now: a header length
+/// past the frame is no RoCE frame, and is dropped.
+#[test]
+fn a_rewritten_header_length_or_udp_port_is_parsed_afresh() {
+    // IHL 15: a 60-byte IPv4 header, which puts the BTH past the ICRC.
+    let mut switch = Switch::new(
+        SwitchConfig::new(3),
+        PokeByte {
+            at: 14,
+            value: 0x4f,
+        },
+    );
+    switch.handle_frame(
+        Timestamp::ZERO,
+        PortId(0),
+        &roce_frame(1, 2, host_mac(2), b"x"),
+    );
+    assert!(drain(&mut switch).is_empty());
+    assert_eq!(switch.counters().dropped_runt, 1);
+    // The UDP destination port's low byte: no longer 4791.
+    let frame = roce_frame(1, 2, host_mac(2), b"a datagram now");
+    let mut switch = Switch::new(
+        SwitchConfig::new(3),
+        PokeByte {
+            at: 14 + 20 + 3,
+            value: 0,
+        },
+    );
+    switch.handle_frame(Timestamp::ZERO, PortId(0), &frame);
+    let sent = drain(&mut switch);
+    assert_eq!(sent.len(), 1);
+    let tail = frame.len() - 4;
+    assert_eq!(
+        sent[0].1[tail..],
+        frame[tail..],
+        "the last four bytes were left alone"
+    );
+    assert!(switch.check_frame_accounting().is_ok());
+}
+
 /// Ethernet may pad a short frame past its IPv4 packet. The ICRC was
 /// taken to be the frame's last four bytes: a rewritten padded frame got
 /// its ICRC computed over the wrong bytes and written two bytes late.
