@@ -19,7 +19,7 @@ use remora_rnic::{
     Timestamp, Verbs, VerbsError, WorkCompletion,
 };
 use remora_switch::programs::l2l3::L2L3Forwarding;
-use remora_switch::{PortId, Program, Switch};
+use remora_switch::{Emitted, PortId, Program, Switch};
 use remora_wire::frame::MAX_FRAME_LEN;
 use remora_wire::MacAddress;
 use std::cell::RefCell;
@@ -785,23 +785,24 @@ impl<P: Program> SwitchEndpoint<P> {
                         let egress = usize::from(egress.0);
                         // A port out of service, or one whose send fails
                         // now, discards the frame and counts it: handed to
-                        // its carrier, it went uncounted (and was taken
-                        // for sent).
+                        // its carrier, it went uncounted; the switch
+                        // counts it lost, not sent.
                         if !health.in_service(egress) {
                             health.frames_discarded += 1;
-                            return true;
+                            return Emitted::Lost;
                         }
                         let Ok(mut port) = ports[egress].try_borrow_mut() else {
-                            return false;
+                            return Emitted::Refused;
                         };
                         if !port.has_room() {
-                            return false;
+                            return Emitted::Refused;
                         }
                         match port.send(bytes) {
-                            Ok(status) => status == SendStatus::Queued,
+                            Ok(SendStatus::Queued) => Emitted::Sent,
+                            Ok(_) => Emitted::Refused,
                             Err(error) => {
                                 send_errors.push((egress, error));
-                                true
+                                Emitted::Lost
                             }
                         }
                     });
@@ -828,9 +829,11 @@ impl<P: Program> SwitchEndpoint<P> {
                 let discarded = &mut self.health.frames_discarded;
                 while self
                     .switch
-                    .poll_transmit_port(PortId(index as u16), &mut |_| *discarded += 1)
-                {
-                }
+                    .poll_transmit_port(PortId(index as u16), &mut |_| {
+                        *discarded += 1;
+                        false
+                    })
+                {}
                 continue;
             }
             let mut port = port.borrow_mut();
@@ -840,9 +843,11 @@ impl<P: Program> SwitchEndpoint<P> {
                 let more = self
                     .switch
                     .poll_transmit_port(PortId(index as u16), &mut |frame| {
-                        if let Err(error) = port.send(frame) {
-                            send_errors.push(error);
-                        }
+                        // Taken, or dropped by the carrier, which counts
+                        // its own drops; a failed send is lost.
+                        port.send(frame)
+                            .map_err(|error| send_errors.push(error))
+                            .is_ok()
                     });
                 if !more {
                     break;

@@ -175,9 +175,10 @@ impl std::fmt::Display for RackReport {
             writeln!(formatter, "  note: {note}")?;
         }
         let counters = &self.switch.counters;
-        writeln!(formatter, "  switch       received {}, transmitted {}, dropped {} (queue {}, program {}, no egress {})", counters.received, counters.transmitted,
-            counters.dropped_queue_full + counters.dropped_by_program + counters.dropped_no_egress + counters.dropped_runt + counters.dropped_unknown_port,
-            counters.dropped_queue_full, counters.dropped_by_program, counters.dropped_no_egress)?;
+        // Every reason in the total (it left out frames too large, past the
+        // recirculation limit, cleared or lost on a failed port).
+        writeln!(formatter, "  switch       received {}, transmitted {}, dropped {} (queue {}, program {}, no egress {}, failed port {})", counters.received, counters.transmitted,
+            counters.dropped(), counters.dropped_queue_full, counters.dropped_by_program, counters.dropped_no_egress, counters.dropped_port_failed)?;
         write!(formatter, "{}", self.switch.resources)
     }
 }

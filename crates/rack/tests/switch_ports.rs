@@ -101,6 +101,10 @@ fn a_failed_port_neither_wakes_the_switch_nor_holds_its_frames() {
     assert_eq!(switch.switch.queued_frames(), 0);
     assert_eq!(switch.health().frames_discarded, 8);
     assert_eq!(switch.deadline(&clock), None, "nothing to retry");
+    // Emptied from the queue, they were counted as transmitted.
+    let counters = switch.switch.counters();
+    assert_eq!((counters.transmitted, counters.dropped_port_failed), (0, 8));
+    assert!(switch.switch.check_frame_accounting().is_ok());
 }
 
 /// A port out of service whose carrier still had room: frames bound for it
@@ -111,6 +115,11 @@ fn frames_cut_through_to_a_failed_port_are_discarded_and_counted() {
     let clock = RackClock::new();
     let switch = eight_frames_for_a_failed_port(true, &clock);
     assert_eq!(switch.health().frames_discarded, 8);
+    // The switch counted them as transmitted: a failed port that seemed
+    // to carry every frame sent to it.
+    let counters = switch.switch.counters();
+    assert_eq!((counters.transmitted, counters.dropped_port_failed), (0, 8));
+    assert!(switch.switch.check_frame_accounting().is_ok());
 }
 
 /// A failed port whose delay line held a frame: it is never flushed, so

@@ -5,7 +5,7 @@ use remora_switch::two_hosts;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use remora_base::Timestamp;
-use remora_switch::{parser, PortId};
+use remora_switch::{parser, Emitted, PortId};
 
 fn forwarding(criterion: &mut Criterion) {
     let frame = two_hosts::send_frame(two_hosts::SMALL_PAYLOAD_BYTES, 1);
@@ -22,7 +22,7 @@ fn forwarding(criterion: &mut Criterion) {
                 black_box(&frame),
                 &mut |_, bytes| {
                     delivered += bytes.len();
-                    true
+                    Emitted::Sent
                 },
             )
         })

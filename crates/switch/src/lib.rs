@@ -34,4 +34,4 @@ pub mod two_hosts;
 pub use packet::{Egress, Packet, PortId};
 pub use program::{Digest, Program};
 pub use resources::ResourceReport;
-pub use runtime::{AccountingError, Switch, SwitchConfig, SwitchCounters};
+pub use runtime::{AccountingError, Emitted, Switch, SwitchConfig, SwitchCounters};

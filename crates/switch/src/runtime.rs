@@ -58,6 +58,10 @@ pub struct SwitchCounters {
     /// Frames longer than any frame a port carries (a program or a
     /// template that grew one), or than the buffer a caller polled with.
     pub dropped_too_large: u64,
+    /// Frames handed to a port out of service or whose carrier failed the
+    /// send: lost on their way out. (Counted as sent, they made a failed
+    /// port look as if it carried them.)
+    pub dropped_port_failed: u64,
     /// Frames flooding replaced by their copies.
     pub flooded: u64,
     /// Copies flooding made (one per other port).
@@ -75,6 +79,7 @@ impl SwitchCounters {
             + self.dropped_recirculation_limit
             + self.dropped_cleared
             + self.dropped_too_large
+            + self.dropped_port_failed
     }
 }
 
@@ -108,7 +113,19 @@ impl EgressQueue {
 
 /// Hands a frame leaving by a port straight to its carrier; returns false
 /// if the carrier has no room (the frame is then queued).
-pub type Emit<'a> = dyn FnMut(PortId, &[u8]) -> bool + 'a;
+pub type Emit<'a> = dyn FnMut(PortId, &[u8]) -> Emitted + 'a;
+
+/// What became of a frame offered to a port's carrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Emitted {
+    /// The carrier took it.
+    Sent,
+    /// Not now (no room, or the port is busy): it waits in the egress
+    /// queue.
+    Refused,
+    /// The port is out of service or its carrier failed the send: gone.
+    Lost,
+}
 
 /// Buffers kept for reuse, so forwarding does not allocate per frame.
 const MAX_POOLED_BUFFERS: usize = 4096;
@@ -204,7 +221,7 @@ impl<P: Program> Switch<P> {
     /// A frame arrived on `port`. What leaves waits in the egress queues
     /// for [`Switch::poll_transmit`].
     pub fn handle_frame(&mut self, now: Timestamp, port: PortId, bytes: &[u8]) {
-        self.handle_frame_with(now, port, bytes, &mut |_, _| false);
+        self.handle_frame_with(now, port, bytes, &mut |_, _| Emitted::Refused);
     }
 
     /// A frame arrived on `port`. What leaves is offered to `emit` first
@@ -441,8 +458,12 @@ impl<P: Program> Switch<P> {
             .egress
             .get(usize::from(port.0))
             .is_some_and(|queue| queue.len() == 0);
-        if queue_empty && !self.background && emit(port, &bytes) {
-            self.counters.transmitted += 1;
+        if queue_empty && !self.background {
+            match emit(port, &bytes) {
+                Emitted::Sent => self.counters.transmitted += 1,
+                Emitted::Lost => self.counters.dropped_port_failed += 1,
+                Emitted::Refused => return self.enqueue(port, bytes),
+            }
             self.recycle(bytes);
             return;
         }
@@ -505,8 +526,14 @@ impl<P: Program> Switch<P> {
     }
 
     /// Pops the next frame for one port, for drivers that serve each port's
-    /// carrier separately.
-    pub fn poll_transmit_port(&mut self, port: PortId, emit: &mut dyn FnMut(&[u8])) -> bool {
+    /// carrier separately; `emit` says whether the carrier took it (sent)
+    /// or it was lost (a port out of service, a failed send). Returns
+    /// whether a frame was popped.
+    pub fn poll_transmit_port(
+        &mut self,
+        port: PortId,
+        emit: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> bool {
         let Some(frame) = self
             .egress
             .get_mut(usize::from(port.0))
@@ -514,9 +541,11 @@ impl<P: Program> Switch<P> {
         else {
             return false;
         };
-        emit(&frame);
+        match emit(&frame) {
+            true => self.counters.transmitted += 1,
+            false => self.counters.dropped_port_failed += 1,
+        }
         self.recycle(frame);
-        self.counters.transmitted += 1;
         true
     }
 
@@ -536,10 +565,10 @@ impl<P: Program> Switch<P> {
         for (bytes, priority) in due {
             self.counters.generated += 1;
             self.background = priority == 0;
-            self.inject(now, GENERATOR_PORT, &bytes, &mut |_, _| false);
+            self.inject(now, GENERATOR_PORT, &bytes, &mut |_, _| Emitted::Refused);
             self.background = false;
         }
-        self.packets_out(now, &mut |_, _| false);
+        self.packets_out(now, &mut |_, _| Emitted::Refused);
         self.debug_check_invariants();
     }
 

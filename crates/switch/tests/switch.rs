@@ -7,7 +7,9 @@ use remora_base::Timestamp;
 use remora_switch::generator::Template;
 use remora_switch::packet::GENERATOR_PORT;
 use remora_switch::programs::l2l3::{mac_to_u64, L2L3Forwarding, LEARN_DIGEST};
-use remora_switch::{Egress, Packet, PortId, Program, ResourceReport, Switch, SwitchConfig};
+use remora_switch::{
+    Egress, Emitted, Packet, PortId, Program, ResourceReport, Switch, SwitchConfig,
+};
 use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
 use remora_wire::{BthRepr, Ipv4Address, MacAddress, Opcode, Psn, Qpn, RoceFrame};
 use std::time::Duration;
@@ -339,11 +341,15 @@ proptest! {
                 known => host_mac(known),
             };
             let frame = roce_frame(source, destination.clamp(1, 3), mac, b"payload");
-            // The carrier takes some frames and refuses others, so frames
-            // queue as well as leave.
+            // The carrier takes some frames, refuses others and loses a
+            // few (a failed port), so frames queue, leave and are lost.
             switch.handle_frame_with(Timestamp::ZERO, PortId(port), &frame, &mut |_, _| {
                 offered += 1;
-                offered.is_multiple_of(refuse_every)
+                match offered {
+                    _ if offered.is_multiple_of(7) => Emitted::Lost,
+                    _ if offered.is_multiple_of(refuse_every) => Emitted::Sent,
+                    _ => Emitted::Refused,
+                }
             });
             prop_assert_eq!(switch.check_frame_accounting(), Ok(()));
             if drain_now {
@@ -376,11 +382,13 @@ fn cut_through_hands_frames_to_the_carrier_and_queues_what_it_refuses_in_order()
     let mut emitted = Vec::new();
     switch.handle_frame_with(Timestamp::ZERO, PortId(0), &first, &mut |port, bytes| {
         emitted.push((port, bytes.to_vec()));
-        true
+        Emitted::Sent
     });
     assert_eq!(emitted, vec![(PortId(2), first)]);
     // A full carrier: the frame waits in the queue...
-    switch.handle_frame_with(Timestamp::ZERO, PortId(0), &second, &mut |_, _| false);
+    switch.handle_frame_with(Timestamp::ZERO, PortId(0), &second, &mut |_, _| {
+        Emitted::Refused
+    });
     // ...and a later frame to the same port may not overtake it.
     switch.handle_frame_with(Timestamp::ZERO, PortId(0), &third, &mut |_, _| {
         panic!("must queue behind")
