@@ -880,9 +880,7 @@ impl<P: Program> Pump for SwitchEndpoint<P> {
             worked = true;
         }
         // The control plane: learn hosts the tables did not know.
-        while let Some(digest) = self.switch.poll_digest() {
-            self.switch.program_mut().control_plane(&digest);
-        }
+        self.switch.run_control_plane();
         let drained = self.drain_queues(now);
         self.blocked_since = (self.switch.queued_frames() > 0).then_some(now);
         Ok(drained || worked)

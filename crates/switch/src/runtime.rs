@@ -205,6 +205,15 @@ impl<P: Program> Switch<P> {
         self.digests.pop_front()
     }
 
+    /// Hands every queued digest to the program's own control plane (L2/L3
+    /// learning, an overlay's), as the switch's control CPU does between
+    /// packets. Bounded by the digest queue.
+    pub fn run_control_plane(&mut self) {
+        while let Some(digest) = self.digests.pop_front() {
+            self.program.control_plane(&digest);
+        }
+    }
+
     /// Frames waiting in egress queues.
     pub fn queued_frames(&self) -> usize {
         self.egress.iter().map(EgressQueue::len).sum()
@@ -586,9 +595,13 @@ impl<P: Program> Switch<P> {
     }
 }
 
+/// In the simulator the control plane runs after every frame and timeout:
+/// without it nothing was ever learned there, unlike on the rack, and
+/// digests piled up to the queue's bound and were then dropped.
 impl<P: Program> remora_sim::Node for Switch<P> {
     fn handle_frame(&mut self, now: Timestamp, port: PortId, frame: &[u8]) {
         Switch::handle_frame(self, now, port, frame);
+        self.run_control_plane();
     }
 
     fn poll_transmit(&mut self, now: Timestamp, buffer: &mut [u8]) -> Option<(PortId, usize)> {
@@ -601,6 +614,7 @@ impl<P: Program> remora_sim::Node for Switch<P> {
 
     fn handle_timeout(&mut self, now: Timestamp) {
         Switch::handle_timeout(self, now);
+        self.run_control_plane();
     }
 
     fn crash(&mut self, _now: Timestamp) {

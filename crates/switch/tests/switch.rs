@@ -84,6 +84,29 @@ fn routed_frames_get_new_macs_and_ttl_and_still_verify() {
     RoceFrame::new_checked(&bytes[..]).expect("the routed frame is a valid RoCEv2 frame");
 }
 
+/// Only the rack's pump ran the control plane: in the simulator a host no
+/// table named was never learned, so frames to it were dropped, and
+/// digests piled up to the queue's bound. Driven as a simulator node, the
+/// switch learns as it does in a rack.
+#[test]
+fn a_simulated_switch_learns_as_a_racks_does() {
+    use remora_sim::Node;
+    let mut switch = rack_switch(2);
+    Node::handle_frame(
+        &mut switch,
+        Timestamp::ZERO,
+        PortId(1),
+        &roce_frame(9, 1, host_mac(1), b"new host"),
+    );
+    assert!(switch.poll_digest().is_none(), "the control plane took it");
+    drain(&mut switch);
+    let back = roce_frame(1, 9, host_mac(9), b"back");
+    Node::handle_frame(&mut switch, Timestamp::ZERO, PortId(0), &back);
+    let mut buffer = vec![0u8; MAX_FRAME_LEN];
+    let sent = Node::poll_transmit(&mut switch, Timestamp::ZERO, &mut buffer);
+    assert_eq!(sent.map(|(port, _)| port), Some(PortId(1)));
+}
+
 #[test]
 fn an_unknown_source_sends_a_learning_digest_the_control_plane_can_apply() {
     let mut switch = rack_switch(2);
