@@ -76,8 +76,11 @@ impl PacketGenerator {
     }
 
     /// Calls `emit` for every template due by `now`, highest priority
-    /// first, and schedules each one period later. A template that fell
-    /// several periods behind fires once, not in a burst.
+    /// first, and schedules each at the first time on its grid (its due
+    /// time plus whole periods) after `now`. A template that fell several
+    /// periods behind fires once, not in a burst; scheduled a period
+    /// after `now`, every late call moved the grid later, and a rack's
+    /// late pumps slowed the probe rate.
     pub fn fire_due(&mut self, now: Timestamp, emit: &mut dyn FnMut(&Template)) {
         let mut due: Vec<usize> = (0..self.templates.len())
             .filter(|index| self.templates[*index].1 <= now)
@@ -86,7 +89,10 @@ impl PacketGenerator {
         for index in due {
             let (template, next) = &mut self.templates[index];
             emit(template);
-            *next = now.saturating_add(template.period);
+            let period_ns = template.period.as_nanos().clamp(1, u128::from(u64::MAX)) as u64;
+            let periods = (now.as_nanos() - next.as_nanos()) / period_ns + 1;
+            let ahead_ns = periods.saturating_mul(period_ns);
+            *next = Timestamp::from_nanos(next.as_nanos().saturating_add(ahead_ns));
         }
     }
 }
