@@ -140,15 +140,40 @@ fn section_title(bench: &str, paper: Option<&Paper>) -> String {
     }
 }
 
-/// A ratio as the table shows it: three significant digits.
+/// A figure as the page shows it: three significant digits (at three
+/// decimals, 2.09e-4 read "0.000").
 fn figure_text(value: f64) -> String {
-    if value.abs() >= 100.0 {
-        format!("{value:.0}")
+    figure_text_with(value, 0)
+}
+
+/// As [`figure_text`], with `more` decimals.
+fn figure_text_with(value: f64, more: usize) -> String {
+    let decimals = if value.abs() >= 100.0 {
+        0
     } else if value.abs() >= 10.0 {
-        format!("{value:.1}")
+        1
+    } else if value.abs() >= 1.0 || value == 0.0 || !value.is_finite() {
+        3
     } else {
-        format!("{value:.3}")
-    }
+        (2.0 - value.abs().log10().floor()).clamp(3.0, 15.0) as usize
+    };
+    let decimals = decimals + more;
+    format!("{value:.decimals$}")
+}
+
+/// A measured ratio with as many digits as keep it on its own side of
+/// its target: 1.4196 shown as "1.420" beside "≥ 1.42, missed" read as a
+/// contradiction.
+fn measured_text(value: f64, target: Option<&Target>) -> String {
+    let Some(target) = target else {
+        return figure_text(value);
+    };
+    let verdict = target.judge(Some(value));
+    // Bounded: past 12 more decimals an f64 shows every digit it has.
+    (0..12)
+        .map(|more| figure_text_with(value, more))
+        .find(|text| text.parse().ok().map(|shown| target.judge(Some(shown))) == Some(verdict))
+        .unwrap_or_else(|| figure_text_with(value, 12))
 }
 
 fn ratios_table(
@@ -186,7 +211,7 @@ fn ratios_table(
             Verdict::NotMeasured => ("missed", "missed: not measured"),
             Verdict::Unjudged => ("unjudged", "no target"),
         };
-        let measured = value.map_or("not measured".into(), figure_text);
+        let measured = value.map_or("not measured".into(), |value| measured_text(value, target));
         let meaning = target.map_or(String::new(), |target| match target.issue {
             Some(issue) => format!("{} (issue {issue})", target.text),
             None => target.text.clone(),
@@ -444,4 +469,31 @@ fn demo_system(name: &str, step: &Value) -> String {
     }
     html.push_str("</section>");
     html
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_figures_keep_three_significant_digits() {
+        assert_eq!(figure_text(2.09e-4), "0.000209");
+        assert_eq!(figure_text(0.5), "0.500");
+        assert_eq!(figure_text(1.5), "1.500");
+        assert_eq!(figure_text(0.0), "0.000");
+    }
+
+    /// 1.4196 against "≥ 1.42" read "1.420 | ≥ 1.42 | missed".
+    #[test]
+    fn a_measured_ratio_is_shown_on_its_own_side_of_its_target() {
+        let target = Target {
+            at_least: Some(1.42),
+            at_most: None,
+            issue: None,
+            text: String::new(),
+        };
+        let shown = measured_text(1.4196, Some(&target));
+        assert!(shown.parse::<f64>().unwrap() < 1.42, "{shown}");
+        assert_eq!(measured_text(1.5, Some(&target)), "1.500");
+    }
 }

@@ -109,8 +109,14 @@ fn range_of(
     if !low.is_finite() {
         return 0.0..1.0;
     }
+    // A linear bar axis holds zero, where the bars start: all-negative
+    // values included.
+    let mut high = high;
     if from_zero && low > 0.0 {
         low = 0.0;
+    }
+    if from_zero && high < 0.0 {
+        high = 0.0;
     }
     let span = if high > low {
         high - low
@@ -130,6 +136,16 @@ fn range_of(
         (true, true) => bottom..top,
         _ if low < high && (high - low).is_finite() => low..high,
         _ => 0.0..1.0,
+    }
+}
+
+/// Where bars start: at zero on a linear axis (from the axis' bottom, a
+/// negative bar looked like a short positive one, the worst figure like
+/// the best), at the bottom of a logarithmic one, which has no zero.
+fn bar_floor(y_range: &std::ops::Range<f64>, logarithmic: bool) -> f64 {
+    match logarithmic {
+        true => y_range.start,
+        false => 0.0f64.clamp(y_range.start, y_range.end),
     }
 }
 
@@ -156,7 +172,10 @@ fn trim(value: f64) -> String {
     } else if value.abs() >= 1.0 {
         format!("{value:.1}")
     } else {
-        format!("{value:.2}")
+        // Two significant digits: at two decimals every tick below 0.005
+        // read "0.00" (a log axis of latencies in seconds, all zeros).
+        let decimals = (1.0 - value.abs().log10().floor()).clamp(2.0, 12.0) as usize;
+        format!("{value:.decimals$}")
     };
     text.trim_end_matches(".0").to_string()
 }
@@ -304,7 +323,7 @@ fn draw_bars(svg: &mut String, figure: &Figure, series: &[DrawnSeries]) -> Resul
         !figure.y_log,
         LEGEND_HEADROOM,
     );
-    let floor = y_range.start;
+    let floor = bar_floor(&y_range, figure.y_log);
     let root = SVGBackend::with_string(svg, PLOT_SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(error_text)?;
     let count = names.len();
@@ -405,5 +424,27 @@ mod tests {
         assert_eq!(label(2_500_000.0, false), "2.5M");
         assert_eq!(range_of([2.0, 4.0].into_iter(), true, 0.3), 0.0..5.2);
         assert_eq!(range_of(std::iter::empty(), true, 0.3), 0.0..1.0);
+    }
+
+    /// Ticks below 0.005 all read "0.00" (a log axis of small latencies).
+    #[test]
+    fn small_values_keep_two_significant_digits() {
+        assert_ne!(label(-4.0, true), label(-3.0, true));
+        assert_eq!(label(-4.0, true), "0.00010");
+        assert_eq!(label(-4.5, true), "0.000032");
+        assert_eq!(label(0.0, false), "0");
+    }
+
+    /// A mix of signs, or negatives alone: bars grow from zero, inside an
+    /// axis that holds it.
+    #[test]
+    fn bars_of_either_sign_grow_from_zero() {
+        let mixed = range_of([10.0, -100.0].into_iter(), true, 0.3);
+        assert!(mixed.start < -100.0 && mixed.end > 10.0);
+        assert_eq!(bar_floor(&mixed, false), 0.0);
+        let negative = range_of([-5.0, -100.0].into_iter(), true, 0.3);
+        assert!(negative.end >= 0.0, "{negative:?}");
+        assert_eq!(bar_floor(&negative, false), 0.0);
+        assert_eq!(bar_floor(&(1.0..3.0), true), 1.0);
     }
 }

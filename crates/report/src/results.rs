@@ -67,6 +67,21 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> ResultsError + '_ {
 
 /// Saves one run of `bench` in `directory`, returning its path.
 pub fn save(directory: &Path, bench: &str, json: &Value) -> Result<PathBuf, ResultsError> {
+    save_linking(directory, bench, json, |from, to| {
+        std::fs::hard_link(from, to)
+    })
+}
+
+/// How a file is given a name it must not take from another.
+type Link = fn(&Path, &Path) -> std::io::Result<()>;
+
+/// [`save`], naming the written file with `link`.
+fn save_linking(
+    directory: &Path,
+    bench: &str,
+    json: &Value,
+    link: Link,
+) -> Result<PathBuf, ResultsError> {
     std::fs::create_dir_all(directory).map_err(io_error(directory))?;
     let now_milliseconds = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -76,23 +91,40 @@ pub fn save(directory: &Path, bench: &str, json: &Value) -> Result<PathBuf, Resu
     // sees half a file.
     let process = std::process::id();
     let partial = directory.join(format!("{bench}-{now_milliseconds}-{process}.json.partial"));
-    std::fs::write(&partial, text + "\n").map_err(io_error(&partial))?;
+    let text = text + "\n";
+    std::fs::write(&partial, &text).map_err(io_error(&partial))?;
     // The first free number from now on: a link fails where a file is, so
     // two runs saved in one millisecond (two shells, two CI jobs) never
     // share a name. (A rename replaced the first run without a word.)
+    use std::io::ErrorKind;
     let mut claimed = None;
+    let mut linking = true;
     for number in now_milliseconds..now_milliseconds + MAX_NAME_TRIES {
         let path = directory.join(format!("{bench}-{number}.json"));
-        match std::fs::hard_link(&partial, &path) {
+        // A file system without links (vfat, some shares) refused the
+        // link after the whole run, and the run was deleted: the name is
+        // then claimed by creating it anew, which fails where a file is
+        // too (a reader may see it half written, never another run's).
+        let mut named = match linking {
+            true => link(&partial, &path),
+            false => create_new(&path, &text),
+        };
+        if linking
+            && named
+                .as_ref()
+                .is_err_and(|error| error.kind() != ErrorKind::AlreadyExists)
+        {
+            linking = false;
+            named = create_new(&path, &text);
+        }
+        match named {
             Ok(()) => {
                 claimed = Some(path);
                 break;
             }
-            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(error) => {
-                let _ = std::fs::remove_file(&partial);
-                return Err(io_error(&path)(error));
-            }
+            Err(error) if error.kind() == ErrorKind::AlreadyExists => continue,
+            // The partial file is kept: it holds the run.
+            Err(error) => return Err(io_error(&path)(error)),
         }
     }
     std::fs::remove_file(&partial).map_err(io_error(&partial))?;
@@ -101,6 +133,16 @@ pub fn save(directory: &Path, bench: &str, json: &Value) -> Result<PathBuf, Resu
             "no free name among {MAX_NAME_TRIES} after {bench}-{now_milliseconds}.json"
         )))
     })
+}
+
+fn create_new(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()
 }
 
 /// Names a save tries past the current millisecond's.
@@ -167,6 +209,23 @@ pub fn latest(directory: &Path) -> Result<Vec<BenchResult>, ResultsError> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A results directory that cannot make hard links (vfat, some
+    /// shares) refused the link after the whole run, and the run was
+    /// deleted with its partial file. The name is claimed by creating it.
+    #[test]
+    fn a_run_is_saved_where_links_are_refused() {
+        let directory = tempfile::tempdir().unwrap();
+        let refuse =
+            |_: &Path, _: &Path| Err(std::io::Error::from(std::io::ErrorKind::Unsupported));
+        for marker in 0..3 {
+            let run = json!({"bench": "soda", "marker": marker});
+            let path = save_linking(directory.path(), "soda", &run, refuse).unwrap();
+            assert_eq!(read(&path).unwrap().json["marker"], marker);
+        }
+        let files = std::fs::read_dir(directory.path()).unwrap().count();
+        assert_eq!(files, 3, "three runs, no partial file left");
+    }
 
     /// Two runs saved in the same millisecond shared a name, and the
     /// second replaced the first without a word.

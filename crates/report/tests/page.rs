@@ -74,12 +74,49 @@ fn every_paper_series_is_cited_and_marked_exact_or_approximate() {
 /// background and legend box are bars and legend swatches.
 fn data_marks(svg: &str) -> usize {
     let circles = svg.matches("<circle").count();
+    // Each rectangle's own attributes: the legend's border (no fill)
+    // counted, so every plot seemed to hold data.
     let coloured_rectangles = svg
         .split("<rect")
         .skip(1)
-        .filter(|element| !element.contains("fill=\"#FFFFFF\""))
+        .map(|element| &element[..element.find('>').unwrap_or(element.len())])
+        .filter(|attributes| {
+            !attributes.contains("fill=\"#FFFFFF\"") && !attributes.contains("fill=\"none\"")
+        })
         .count();
     circles + coloured_rectangles
+}
+
+/// A series whose every point falls off its log axis draws nothing: the
+/// count of data marks says so (it counted the legend's border).
+#[test]
+fn a_plot_with_no_point_on_its_axis_has_no_data_marks() {
+    use remora_report::figures::{Figure, X};
+    use remora_report::plot::{draw, DrawnSeries};
+    use remora_report::select::Sample;
+    let figure = Figure {
+        id: "empty".into(),
+        cite: "Fig. 0".into(),
+        title: "nothing on a log axis".into(),
+        x_label: "x".into(),
+        y_label: "y".into(),
+        x_log: false,
+        y_log: true,
+        categorical: false,
+        note: None,
+        paper: Vec::new(),
+        remora: Vec::new(),
+    };
+    let series = [DrawnSeries {
+        label: "zeros".into(),
+        samples: vec![Sample {
+            x: X::Number(1.0),
+            y: 0.0,
+        }],
+        source: Source::Remora,
+    }];
+    let svg = draw(&figure, &series).unwrap();
+    assert_eq!(data_marks(&svg), 0);
 }
 
 /// Each `<svg>...</svg>` of a page.
