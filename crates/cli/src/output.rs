@@ -99,10 +99,12 @@ pub fn check_directory_path(path: &Path) -> Result<(), OutputError> {
     check_file_path(path)
 }
 
-/// Writes `value` as pretty JSON to `path`.
+/// Writes `value` as pretty JSON to `path`, replacing what was there
+/// only once the whole of it is written ([`remora_base::replace_file`]):
+/// truncated first, a full disk or a kill midway lost earlier results.
 pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), OutputError> {
-    let text = serde_json::to_string_pretty(value)?;
-    std::fs::write(path, text + "\n").map_err(|source| OutputError::Write {
+    let text = serde_json::to_string_pretty(value)? + "\n";
+    remora_base::replace_file(path, text.as_bytes()).map_err(|source| OutputError::Write {
         path: path.to_path_buf(),
         source,
     })

@@ -44,7 +44,7 @@ pub fn write_page(directory: &Path, html: &str) -> Result<PathBuf, ReportError> 
         error,
     };
     std::fs::create_dir_all(directory).map_err(failed)?;
-    std::fs::write(&path, html).map_err(failed)?;
+    remora_base::replace_file(&path, html.as_bytes()).map_err(failed)?;
     Ok(path)
 }
 
