@@ -142,7 +142,10 @@ impl<P: Program> Node for RackNode<P> {
     fn handle_frame(&mut self, now: Timestamp, port: PortId, frame: &[u8]) {
         match self {
             RackNode::Host(node) => node.handle_frame(now, port, frame),
-            RackNode::Switch(switch) => switch.handle_frame(now, port, frame),
+            // The switch as a simulator node, which runs its control
+            // plane after the frame (its inherent method does not: called
+            // so, nothing was ever learned in a simulated rack).
+            RackNode::Switch(switch) => Node::handle_frame(switch.as_mut(), now, port, frame),
         }
     }
 
@@ -163,7 +166,7 @@ impl<P: Program> Node for RackNode<P> {
     fn handle_timeout(&mut self, now: Timestamp) {
         match self {
             RackNode::Host(node) => node.handle_timeout(now),
-            RackNode::Switch(switch) => switch.handle_timeout(now),
+            RackNode::Switch(switch) => Node::handle_timeout(switch.as_mut(), now),
         }
     }
 

@@ -206,3 +206,43 @@ fn a_read_resumed_packet_by_packet_under_heavy_reordering_completes() {
         run(seed, faults);
     }
 }
+
+/// A RoCE frame from `from` to `to`, as a host's NIC sends it.
+fn frame_between(from: u8, to: u8) -> Vec<u8> {
+    use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
+    use remora_wire::{BthRepr, Opcode, Psn, Qpn};
+    let bth = BthRepr::new(Opcode::SendOnly, Qpn::new(0x11).unwrap(), Psn::new(1));
+    let repr = FrameRepr::between((mac(from), ip(from)), (mac(to), ip(to)), 0xc000, bth);
+    let payload = b"learn me";
+    let mut bytes = vec![0u8; MAX_FRAME_LEN];
+    let length = emit_frame(&repr.with_payload_len(payload.len()), payload, &mut bytes).unwrap();
+    bytes.truncate(length);
+    bytes
+}
+
+/// The simulated rack called the switch's own frame and timeout methods,
+/// which leave digests for a control plane to take, and nothing took
+/// them: a host no table named was never learned, so frames to it were
+/// dropped (on the rack it is learned), and digests piled up to the
+/// queue's bound. The rack's switch node runs the control plane.
+#[test]
+fn a_simulated_racks_switch_learns_a_host_no_table_named() {
+    use remora_sim::Node;
+    let mut program = L2L3Forwarding::new(MacAddress([0x02, 0x5e, 0, 0, 0, 0xfe]), 16);
+    program.add_attached_host(mac(1), ip(1), PortId(0)).unwrap();
+    let mut switch: Racked = RackNode::Switch(Box::new(Switch::new(SwitchConfig::new(2), program)));
+    let at = remora_rnic::Timestamp::ZERO;
+    let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+    // Host 9, on port 1, speaks first.
+    switch.handle_frame(at, PortId(1), &frame_between(9, 1));
+    assert_eq!(
+        switch.poll_transmit(at, &mut buffer).map(|(port, _)| port),
+        Some(PortId(0))
+    );
+    switch.handle_frame(at, PortId(0), &frame_between(1, 9));
+    assert_eq!(
+        switch.poll_transmit(at, &mut buffer).map(|(port, _)| port),
+        Some(PortId(1)),
+        "the reply to the host that spoke first reaches it"
+    );
+}
