@@ -183,6 +183,15 @@ impl Connector {
     }
 }
 
+impl ConnectionService {
+    /// Takes the service out of reach and brings it back (tests): while
+    /// out, requests are refused as with no service at all.
+    #[cfg(test)]
+    pub(crate) fn set_served(&self, served: bool) {
+        self.connector.mailbox().served = served;
+    }
+}
+
 impl Drop for ConnectionService {
     /// Left out (or gone with its host), it answers nothing from now on.
     fn drop(&mut self) {

@@ -754,16 +754,17 @@ mod tests {
         bytes[0]
     }
 
-    /// A write that landed in a batch whose progress never reached the
-    /// compute node was landed again by the engine that restarted after
-    /// its host crashed: over another thread's newer write, which had
-    /// landed and completed since. Reads saw the first write, then the
-    /// newer one, then the first again. The landed writes are recorded in
-    /// memory that outlives the engine, as the pool does, and the
-    /// restarted engine does not land them again.
-    #[test]
-    fn a_restarted_engine_does_not_land_a_write_again_over_a_newer_one() {
-        use remora_host::Agent;
+    /// Three threads on one engine where thread 0's write of 0xaa at
+    /// offset 0 landed in a batch that never commits (its other write's
+    /// payload is lost, and the queue pair given up), and thread 2's
+    /// newer write of 0xbb there completed since; thread 1 read 0xaa,
+    /// then 0xbb. Returns the deployment, the fabric, and thread 0's two
+    /// writes.
+    fn a_landed_write_under_a_newer_one() -> (
+        crate::deploy::Deployment,
+        BackToBack,
+        [crate::layout::RequestId; 2],
+    ) {
         use remora_rnic::back_to_back::{Direction, Verdict};
         let mut fabric = BackToBack::new(7);
         let spec = CowbirdSpec {
@@ -771,8 +772,6 @@ mod tests {
             ..one_instance(SpotConfig::DEFAULT)
         };
         let mut deployment = deploy(spec, &mut fabric.left, &mut fabric.right).unwrap();
-        // One batch of thread 0: a small write that lands, and a large one
-        // whose payload never arrives, so the batch never commits.
         let first = deployment.clients[0]
             .async_write(0, 0, &[0xaa; 64])
             .unwrap();
@@ -806,19 +805,63 @@ mod tests {
             deployment.clients[2].is_complete(newer)
         });
         assert_eq!(read_at_zero(&mut deployment, &mut fabric), 0xbb);
+        (deployment, fabric, [first, stuck])
+    }
+
+    /// Restarts the engine, runs until thread 0's writes complete, and
+    /// checks that offset 0 still holds the newer write.
+    fn restart_and_check_the_newer_write_holds(
+        deployment: &mut crate::deploy::Deployment,
+        fabric: &mut BackToBack,
+        [first, stuck]: [crate::layout::RequestId; 2],
+    ) {
+        use remora_host::Agent;
         deployment.engine.crash();
         deployment
             .engine
             .restart(fabric.now, &mut fabric.right)
             .expect("the engine restarts");
-        spot_steps_until(&mut deployment, &mut fabric, true, |deployment| {
+        spot_steps_until(deployment, fabric, true, |deployment| {
             deployment.clients[0].is_complete(stuck)
         });
         assert!(deployment.clients[0].is_complete(first));
         assert_eq!(
-            read_at_zero(&mut deployment, &mut fabric),
+            read_at_zero(deployment, fabric),
             0xbb,
             "a landed write was landed again over a newer one"
         );
+    }
+
+    /// A write that landed in a batch whose progress never reached the
+    /// compute node was landed again by the engine that restarted after
+    /// its host crashed: over another thread's newer write, which had
+    /// landed and completed since. Reads saw the first write, then the
+    /// newer one, then the first again. The landed writes are recorded in
+    /// memory that outlives the engine, as the pool does, and the
+    /// restarted engine does not land them again.
+    #[test]
+    fn a_restarted_engine_does_not_land_a_write_again_over_a_newer_one() {
+        let (mut deployment, mut fabric, writes) = a_landed_write_under_a_newer_one();
+        restart_and_check_the_newer_write_holds(&mut deployment, &mut fabric, writes);
+    }
+
+    /// An instance that failed had its landed writes forgotten, as when
+    /// the record lived and died with the engine; but a later restart
+    /// serves every instance again, and its redo landed them again over
+    /// newer ones. Here a restart with no connection service fails every
+    /// instance, and the next one, with the service back, serves them.
+    #[test]
+    fn a_failed_instance_keeps_its_landed_writes_for_a_later_restart() {
+        use remora_host::Agent;
+        let (mut deployment, mut fabric, writes) = a_landed_write_under_a_newer_one();
+        deployment.engine.crash();
+        deployment.connection_service.set_served(false);
+        deployment
+            .engine
+            .restart(fabric.now, &mut fabric.right)
+            .expect("the engine restarts");
+        assert_eq!(deployment.engine.failures().len(), 3);
+        deployment.connection_service.set_served(true);
+        restart_and_check_the_newer_write_holds(&mut deployment, &mut fabric, writes);
     }
 }

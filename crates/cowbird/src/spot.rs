@@ -115,6 +115,10 @@ pub enum SpotError {
         instance: usize,
         status: CompletionStatus,
     },
+    #[error(
+        "instance {instance}: more landed writes than it fetched since its last committed head"
+    )]
+    LandedRecordFull { instance: usize },
     #[error("the landed-write record has room for {instances} instances of {capacity} writes, fewer than the engine needs")]
     LandedRecordTooSmall { instances: usize, capacity: usize },
     #[error("staging region of {have} bytes is smaller than the {need} bytes the instances need")]
@@ -143,7 +147,8 @@ impl SpotError {
             | SpotError::OutsideBlock { instance, .. }
             | SpotError::Completion { instance, .. }
             | SpotError::Reconnect { instance, .. }
-            | SpotError::ReconnectsExhausted { instance } => Some(instance),
+            | SpotError::ReconnectsExhausted { instance }
+            | SpotError::LandedRecordFull { instance } => Some(instance),
             SpotError::Verbs(_)
             | SpotError::StagingTooSmall { .. }
             | SpotError::LandedRecordTooSmall { .. }
@@ -317,14 +322,19 @@ impl LandedWrites {
         (0..self.count(instance)).map(move |slot| self.load(instance, 1 + slot))
     }
 
-    fn push(&self, instance: usize, sequence: u64) {
+    /// Records a landed write; false when the record is full. A client
+    /// library never fills it (the writes fetched since the committed
+    /// head are at most a batch), but a hostile one rewriting its ring
+    /// between redos can: that is its instance's failure, not a panic of
+    /// the engine that serves every instance.
+    fn push(&self, instance: usize, sequence: u64) -> bool {
         let count = self.count(instance);
-        assert!(
-            count < self.capacity,
-            "landed writes outnumber the writes fetched since the last committed head"
-        );
+        if count >= self.capacity {
+            return false;
+        }
         self.store(instance, 1 + count, sequence);
         self.store(instance, 0, count as u64 + 1);
+        true
     }
 
     fn contains(&self, instance: usize, sequence: u64) -> bool {
@@ -674,7 +684,9 @@ impl SpotEngine {
         instance.batch.clear();
         instance.cursor = 0;
         instance.writes_in_flight = 0;
-        self.landed.clear(index);
+        // Its landed writes stay recorded: a restart serves every instance
+        // again, and the redo must skip them then (forgotten here, it
+        // landed them again over newer writes).
         let queue_pairs = [
             Some(instance.wiring.queue_pair.0),
             instance.prepared.take().map(|prepared| prepared.qpn),
@@ -1213,7 +1225,9 @@ impl SpotEngine {
         instance.writes_in_flight -= 1;
         // Before the guard lets anything pass it: from here on another
         // instance may land over these bytes.
-        self.landed.push(index, entry.sequence);
+        if !self.landed.push(index, entry.sequence) {
+            return Err(SpotError::LandedRecordFull { instance: index });
+        }
         let position = self
             .in_flight
             .iter()
@@ -1345,11 +1359,12 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "landed writes outnumber")]
     fn the_landed_record_refuses_more_than_its_capacity() {
         let landed = record();
-        for sequence in 1..=5 {
-            landed.push(0, sequence);
+        for sequence in 1..=4 {
+            assert!(landed.push(0, sequence));
         }
+        assert!(!landed.push(0, 5));
+        assert!(landed.push(1, 5), "another instance's room is its own");
     }
 }
