@@ -785,8 +785,11 @@ impl FarAllocator {
         })?;
         let id = self.shared.take_id()?;
         if let Err(error) = self.shared.store.reserve(id, length as u64, file) {
-            // Refused, the store holds nothing of it.
-            self.shared.give_back_id(id);
+            // Refused, the store holds nothing of it; named again only if
+            // the store could ever take it (not an id past its range).
+            if self.shared.store.is_released(id) {
+                self.shared.give_back_id(id);
+            }
             return Err(error.into());
         }
         if let Err(error) = self.shared.userfault.register(mapping.address(), length) {

@@ -1070,6 +1070,13 @@ impl ChunkStore for SodaRack {
             // A room a landed flush held is free for this reserve.
             self.settle_flushes(dpu);
         }
+        // A reused id starts clean: a DPU failure seen between its old
+        // object's release and the DPU's confirmation marked it lost
+        // again, and the new object inherited the mark (SIGBUS on first
+        // touch).
+        self.lost.lock().expect("lost lock").remove(&object);
+        self.pins.forget(object);
+        self.dynamic.lock().expect("dynamic lock").remove(&object);
         let mut memory = self.memory.lock().expect("memory agent lock");
         let start = memory.reserve(object, bytes).map_err(pool_error(object))?;
         let data = crate::store::initial_data(initial, bytes);
@@ -1250,11 +1257,12 @@ impl ChunkStore for ProcessStore {
         self.rack.release(self.global(object)?)
     }
 
+    /// An id past the process's range can never be reserved here: not
+    /// released, so it is never named again (given back, each refused id
+    /// queued before the ids that would work).
     fn is_released(&self, object: ObjectId) -> bool {
-        // An id past the process's range was never reserved here.
         self.global(object)
             .is_ok_and(|global| self.rack.is_released(global))
-            || object.0 >= OBJECTS_PER_PROCESS
     }
 
     fn advise(&self, object: ObjectId, advice: Advice) -> Result<(), StoreError> {
