@@ -356,6 +356,8 @@ pub struct Generator {
     rng: ChaCha8Rng,
     /// Records that exist: the loaded ones plus those inserted so far.
     inserted: u64,
+    /// The insert keys ran out: the iterator has ended.
+    exhausted: bool,
 }
 
 impl Generator {
@@ -363,6 +365,7 @@ impl Generator {
         let chooser = spec.key_chooser()?;
         Ok(Generator {
             inserted: spec.insert_start + spec.record_count,
+            exhausted: false,
             spec,
             chooser,
             rng: ChaCha8Rng::seed_from_u64(seed),
@@ -408,10 +411,18 @@ impl Iterator for Generator {
     type Item = Operation;
 
     fn next(&mut self) -> Option<Operation> {
-        // Ends when the insert keys run out.
-        self.next_operation().ok()
+        // Ends when the insert keys run out, for good: reads and updates
+        // drawn after that would not be the run the spec describes.
+        if self.exhausted {
+            return None;
+        }
+        let operation = self.next_operation().ok();
+        self.exhausted = operation.is_none();
+        operation
     }
 }
+
+impl std::iter::FusedIterator for Generator {}
 
 #[cfg(test)]
 mod tests {

@@ -372,6 +372,21 @@ fn inserts_past_the_last_key_are_an_error_not_an_overflow() {
     assert_eq!(inserts, u64::MAX - spec.insert_start - spec.record_count);
     let again = Generator::new(spec, 1).unwrap();
     assert_eq!(again.count() as u64, inserts);
+    // With reads in the mix, draws after the keys ran out still gave
+    // reads: the iterator ends for good at the first refused insert.
+    let mixed = WorkloadSpec::from_properties(
+        "insertstart=18446744073709547615\nrecordcount=1000\n\
+         readproportion=0.5\nupdateproportion=0\ninsertproportion=0.5\n\
+         requestdistribution=uniform",
+    )
+    .unwrap();
+    let mut generator = Generator::new(mixed, 1).unwrap();
+    let before_the_end = generator.by_ref().count();
+    assert!(before_the_end > 0);
+    assert!(
+        (0..16).all(|_| generator.next().is_none()),
+        "ended for good"
+    );
 }
 
 /// Under zipfian, inserted keys were never chosen: the chooser covered
