@@ -572,6 +572,8 @@ pub fn run(args: &KvArgs) -> Result<Report, KvBenchError> {
         "resp": {
             "keyspace": plan.resp.keyspace,
             "preload": plan.resp.preload,
+            "preloaded_keys": "the keyspace's first keys, in redis-benchmark's names, one SET each: GETs of the others miss",
+            "get_hit_share": plan.resp.preload.min(plan.resp.keyspace) as f64 / plan.resp.keyspace as f64,
             "pipelined_requests": plan.resp.pipelined_requests,
             "pipelined_runs": resp::PIPELINED_RUNS,
             "pipelined_figure": "the median of the pipelined runs, each server started and preloaded once",
@@ -651,6 +653,6 @@ impl super::entry::BenchArgs for KvArgs {
 /// `remora bench kv`.
 pub static BENCH: super::entry::Entry<KvArgs, KvBenchError> = super::entry::Entry {
     name: "kv",
-    about: "The far-memory KV store: YCSB on every device (Cowbird's §8.2).\n\nA FASTER-style hybrid log keeps the paper's share of the data in local memory (27.8% at 64 B values, 20.8% at 512 B) and the rest on a device: local memory, an O_DIRECT file, one-sided RDMA (synchronous and in batches of 100), Cowbird-Spot and Cowbird-P4. YCSB-A at zipf 0.99 on 1 and 2 threads: throughput, p50/p99 latency, the communication ratio (Fig. 10), and application, NIC-emulation and engine CPU apart; then YCSB-B and C with every record in memory against FASTER's C++ numbers; then redis-benchmark GET/SET (64 B values, a 10-million-key random keyspace, preloaded; -P 16 and not) against `remora kv serve` on Cowbird-Spot and against redis-server. YCSB-E (range scans) is not run: a hash index cannot serve scans.",
+    about: "The far-memory KV store: YCSB on every device (Cowbird's §8.2).\n\nA FASTER-style hybrid log keeps the paper's share of the data in local memory (27.8% at 64 B values, 20.8% at 512 B) and the rest on a device: local memory, an O_DIRECT file, one-sided RDMA (synchronous and in batches of 100), Cowbird-Spot and Cowbird-P4. YCSB-A at zipf 0.99 on 1 and 2 threads: throughput, p50/p99 latency, the communication ratio (Fig. 10), and application, NIC-emulation and engine CPU apart; then YCSB-B and C with every record in memory against FASTER's C++ numbers; then redis-benchmark GET/SET (64 B values, a 10-million-key random keyspace whose first 2 million keys (5 million without --quick) are preloaded; -P 16 and not) against `remora kv serve` on Cowbird-Spot and against redis-server. YCSB-E (range scans) is not run: a hash index cannot serve scans.",
     run,
 };

@@ -1,15 +1,18 @@
 //! `redis-benchmark` (Debian's `redis-tools`) against `remora kv serve`
 //! on the Cowbird-Spot device and against Debian's `redis-server`, in the
 //! same run: GET and SET with 64-byte values over a random keyspace far
-//! larger than the store's local memory, preloaded, pipelined (`-P 16`)
-//! and not.
+//! larger than the store's local memory, pipelined (`-P 16`) and not.
+//! The first keys of the keyspace, in redis-benchmark's own names, are
+//! preloaded one by one (a preload by redis-benchmark draws keys with
+//! replacement, and set only 63% of a keyspace it was sized to fill).
 
 use crate::bench::child::KillOnDrop;
 use crate::bench::report::median;
 use remora_kv::device::{DeviceKind, FileSettings, OpenDevice};
 use remora_kv::resp::{serve, ServerLimits};
 use remora_kv::{Store, StoreConfig};
-use std::net::TcpListener;
+use std::io::{BufRead, Write};
+use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -45,7 +48,7 @@ pub enum RespBenchError {
 pub struct RespPlan {
     /// Keys redis-benchmark draws from (`-r`).
     pub keyspace: u64,
-    /// SETs issued before measuring (`-n`, pipelined deep).
+    /// Keys preloaded before measuring: the keyspace's first, one SET each.
     pub preload: u64,
     pub pipelined_requests: u64,
     pub plain_requests: u64,
@@ -115,11 +118,62 @@ fn benchmark(
     Ok(rates)
 }
 
-/// Preloads the keyspace, then measures GET and SET pipelined (the
-/// median of [`PIPELINED_RUNS`] runs, as a single run on a shared machine
-/// swings by a third) and not.
+/// SETs sent before their replies are read.
+const PRELOAD_BATCH: u64 = 1000;
+/// How long the preload waits for a server's reply.
+const PRELOAD_REPLY_WAIT: Duration = Duration::from_secs(30);
+
+fn preload_error(error: std::io::Error) -> RespBenchError {
+    RespBenchError::Tool {
+        tool: "the preload",
+        detail: error.to_string(),
+    }
+}
+
+/// SETs keys `key:000000000000` up to `keys` (redis-benchmark's names
+/// for the numbers `-r` draws), 64-byte values, pipelined in batches:
+/// every one of them is there afterwards.
+fn preload(port: u16, keys: u64) -> Result<(), RespBenchError> {
+    let stream = TcpStream::connect(("127.0.0.1", port)).map_err(preload_error)?;
+    stream
+        .set_read_timeout(Some(PRELOAD_REPLY_WAIT))
+        .map_err(preload_error)?;
+    let mut replies = std::io::BufReader::new(stream.try_clone().map_err(preload_error)?);
+    let mut writer = std::io::BufWriter::new(stream);
+    let value = [b'x'; VALUE_BYTES];
+    let mut line = String::new();
+    // Bounded by the keys, a batch at a time.
+    for start in (0..keys).step_by(PRELOAD_BATCH as usize) {
+        let end = (start + PRELOAD_BATCH).min(keys);
+        for key in start..end {
+            write!(
+                writer,
+                "*3\r\n$3\r\nSET\r\n${KEY_BYTES}\r\nkey:{key:012}\r\n${VALUE_BYTES}\r\n"
+            )
+            .map_err(preload_error)?;
+            writer.write_all(&value).map_err(preload_error)?;
+            writer.write_all(b"\r\n").map_err(preload_error)?;
+        }
+        writer.flush().map_err(preload_error)?;
+        for _ in start..end {
+            line.clear();
+            replies.read_line(&mut line).map_err(preload_error)?;
+            if line != "+OK\r\n" {
+                return Err(RespBenchError::Tool {
+                    tool: "the preload",
+                    detail: format!("a SET was answered {:?}", line.trim_end()),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Preloads the keyspace's first keys, then measures GET and SET
+/// pipelined (the median of [`PIPELINED_RUNS`] runs, as a single run on a
+/// shared machine swings by a third) and not.
 fn measure(port: u16, plan: &RespPlan) -> Result<Rates, RespBenchError> {
-    benchmark(port, plan.preload, plan.keyspace, 64, "set")?;
+    preload(port, plan.preload.min(plan.keyspace))?;
     let mut runs = Vec::with_capacity(PIPELINED_RUNS);
     for _ in 0..PIPELINED_RUNS {
         runs.push(benchmark(
@@ -208,11 +262,24 @@ fn store_config(plan: &RespPlan) -> StoreConfig {
 
 /// `remora kv serve` in this process, on the Cowbird-Spot device.
 pub fn remora_rates(plan: &RespPlan) -> Result<Rates, RespBenchError> {
+    // The soft RNIC's largest region.
+    with_remora_server(plan, DeviceKind::CowbirdSpot, 1 << 30, |port| {
+        measure(port, plan)
+    })
+}
+
+/// Runs `work` against `remora kv serve` in this process, on a `kind`
+/// device of `device_bytes`, sized for `plan`; stops the server after.
+fn with_remora_server<T>(
+    plan: &RespPlan,
+    kind: DeviceKind,
+    device_bytes: u64,
+    work: impl FnOnce(u16) -> Result<T, RespBenchError>,
+) -> Result<T, RespBenchError> {
     let config = store_config(plan);
     let store_error = |error: &dyn std::fmt::Display| RespBenchError::Store(error.to_string());
-    let device_bytes = 1 << 30; // the soft RNIC's largest region
     let opened = OpenDevice::open(
-        DeviceKind::CowbirdSpot,
+        kind,
         device_bytes,
         config.sessions + 1,
         &FileSettings::default(),
@@ -233,7 +300,7 @@ pub fn remora_rates(plan: &RespPlan) -> Result<Rates, RespBenchError> {
         };
         std::thread::spawn(move || serve(store, listener, limits, stop))
     };
-    let rates = wait_ready(port, "remora kv serve").and_then(|()| measure(port, plan));
+    let rates = wait_ready(port, "remora kv serve").and_then(|()| work(port));
     stop.store(true, Ordering::Relaxed);
     let served = server
         .join()
@@ -243,8 +310,9 @@ pub fn remora_rates(plan: &RespPlan) -> Result<Rates, RespBenchError> {
     rates
 }
 
-/// Debian's `redis-server`, without persistence, on a free port.
-pub fn redis_rates(plan: &RespPlan) -> Result<Rates, RespBenchError> {
+/// Debian's `redis-server`, without persistence, on a free port, once it
+/// answers.
+fn start_redis_server() -> Result<(KillOnDrop, u16), RespBenchError> {
     let port = free_port()?;
     let server = KillOnDrop::spawn(
         Command::new("redis-server")
@@ -259,7 +327,77 @@ pub fn redis_rates(plan: &RespPlan) -> Result<Rates, RespBenchError> {
             .stdout(Stdio::null()),
     )
     .map_err(tool_error("redis-server"))?;
-    let rates = wait_ready(port, "redis-server").and_then(|()| measure(port, plan));
+    wait_ready(port, "redis-server")?;
+    Ok((server, port))
+}
+
+/// Debian's `redis-server`'s rates.
+pub fn redis_rates(plan: &RespPlan) -> Result<Rates, RespBenchError> {
+    let (server, port) = start_redis_server()?;
+    let rates = measure(port, plan);
     drop(server);
     rates
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// redis-benchmark's own preload (`-t set -n K -r K`) draws keys with
+    /// replacement: about 63% of the keyspace it was sized to fill. Every
+    /// key the preload names is there now.
+    #[test]
+    fn the_preload_sets_every_key_it_names() {
+        let (server, port) = match start_redis_server() {
+            Err(RespBenchError::Missing { .. })
+                if std::env::var_os("REMORA_REQUIRE_REDIS").is_none() =>
+            {
+                eprintln!("skipped: redis-server is not installed");
+                return;
+            }
+            started => started.unwrap(),
+        };
+        preload(port, 5000).unwrap();
+        let size = Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "dbsize"])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&size.stdout).trim(), "5000");
+        let named = Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "exists", "key:000000004999"])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&named.stdout).trim(), "1");
+        drop(server);
+    }
+
+    /// The preload against Remora's own server, the one the benchmark
+    /// measures: every SET is answered +OK, and the last key reads back.
+    #[test]
+    fn remoras_server_takes_the_preload() {
+        if Command::new("redis-cli").arg("--version").output().is_err() {
+            assert!(
+                std::env::var_os("REMORA_REQUIRE_REDIS").is_none(),
+                "redis-cli is missing"
+            );
+            eprintln!("skipped: redis-cli is not installed");
+            return;
+        }
+        let plan = RespPlan {
+            keyspace: 4000,
+            preload: 4000,
+            pipelined_requests: 0,
+            plain_requests: 0,
+        };
+        let value = with_remora_server(&plan, DeviceKind::Memory, 64 << 20, |port| {
+            preload(port, plan.preload)?;
+            let read = Command::new("redis-cli")
+                .args(["-p", &port.to_string(), "get", "key:000000003999"])
+                .output()
+                .map_err(tool_error("redis-cli"))?;
+            Ok(String::from_utf8_lossy(&read.stdout).trim().to_string())
+        })
+        .unwrap();
+        assert_eq!(value, "x".repeat(VALUE_BYTES));
+    }
 }
