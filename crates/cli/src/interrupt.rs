@@ -21,6 +21,10 @@ static SCRATCH: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 /// ends the process (after the scratch paths). Commands that check
 /// `interrupted()` between steps (`demo`, `rack up`) leave it unset.
 static EXIT_AT_FIRST: AtomicBool = AtomicBool::new(false);
+/// Set by a command that runs steps and stops between them (`bench
+/// all`): its first interrupt lets the step under way finish, then the
+/// command ends with what it has; a step's own exit-at-first is ignored.
+static BETWEEN_STEPS: AtomicBool = AtomicBool::new(false);
 /// Child processes an interrupt that ends the process kills first: the
 /// exit runs no destructors, and a benchmark's `redis-server` was left
 /// listening after a SIGTERM to this process alone.
@@ -42,6 +46,11 @@ pub fn handle_interrupts() {
         let _ = ctrlc::set_handler(|| {
             if INTERRUPTED.swap(true, Ordering::SeqCst) {
                 exit_interrupted();
+            }
+            if BETWEEN_STEPS.load(Ordering::SeqCst) {
+                eprintln!(
+                    "\ninterrupted: this step ends, then the report of those that finished; interrupt again to stop now"
+                );
             }
             let flags = STOP_FLAGS.lock().unwrap_or_else(|e| e.into_inner());
             let live: Vec<_> = flags.iter().filter_map(Weak::upgrade).collect();
@@ -103,9 +112,32 @@ pub fn exit_at_first_interrupt() {
 /// first Ctrl-C too, before the command's own end (its report).
 #[must_use = "the setting lasts only while the guard lives"]
 pub fn exit_at_first_interrupt_for_now() -> ExitAtFirstInterrupt {
-    let before = EXIT_AT_FIRST.swap(true, Ordering::SeqCst);
+    // Within a command that stops between its steps, the step runs on:
+    // ending at once lost the report of every step before it.
+    let exit = !BETWEEN_STEPS.load(Ordering::SeqCst);
+    let before = EXIT_AT_FIRST.swap(exit, Ordering::SeqCst);
     handle_interrupts();
     ExitAtFirstInterrupt { before }
+}
+
+/// For a command of steps that checks [`interrupted`] between them: while
+/// the guard lives, a first interrupt lets the step under way finish
+/// (whatever the step asks for), and a second ends the process. Without
+/// it, `bench all` heard nothing of a first Ctrl-C after `bench soda` had
+/// run, and ended at once, with no report, during `bench kv`.
+#[must_use = "the setting lasts only while the guard lives"]
+pub fn stop_between_steps() -> BetweenSteps {
+    BETWEEN_STEPS.store(true, Ordering::SeqCst);
+    handle_interrupts();
+    BetweenSteps
+}
+
+pub struct BetweenSteps;
+
+impl Drop for BetweenSteps {
+    fn drop(&mut self) {
+        BETWEEN_STEPS.store(false, Ordering::SeqCst);
+    }
 }
 
 pub struct ExitAtFirstInterrupt {
@@ -189,16 +221,38 @@ pub const INTERRUPTED_EXIT: u8 = 130;
 mod tests {
     use super::*;
 
+    /// The settings are the process's: tests of them take turns.
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        static SERIAL: Mutex<()> = Mutex::new(());
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// `bench soda` and `bench kv` set exit-at-first for good, so in
     /// `bench all` every benchmark after them ended at the first Ctrl-C,
     /// before the run's report. The setting lasts while its guard lives.
     #[test]
     fn exit_at_first_interrupt_for_now_ends_with_its_guard() {
+        let _serial = serial();
         let before = EXIT_AT_FIRST.load(Ordering::SeqCst);
         {
             let _guard = exit_at_first_interrupt_for_now();
             assert!(EXIT_AT_FIRST.load(Ordering::SeqCst));
         }
+        assert_eq!(EXIT_AT_FIRST.load(Ordering::SeqCst), before);
+    }
+
+    /// Within `bench all`, a step that would end at the first interrupt
+    /// runs on instead, and the setting comes back after.
+    #[test]
+    fn a_step_of_a_command_that_stops_between_steps_runs_on() {
+        let _serial = serial();
+        let before = EXIT_AT_FIRST.load(Ordering::SeqCst);
+        {
+            let _steps = stop_between_steps();
+            let _step = exit_at_first_interrupt_for_now();
+            assert!(!EXIT_AT_FIRST.load(Ordering::SeqCst));
+        }
+        assert!(!BETWEEN_STEPS.load(Ordering::SeqCst));
         assert_eq!(EXIT_AT_FIRST.load(Ordering::SeqCst), before);
     }
 }

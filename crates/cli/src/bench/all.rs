@@ -11,7 +11,7 @@ pub const NAME: &str = "all";
 
 pub const ABOUT: &str = "Every benchmark in turn, then the HTML report of them all.";
 
-pub const LONG_ABOUT: &str = "Every benchmark in turn, then the HTML report of them all.\n\nRuns each benchmark (with --quick, each one's short run) after a line that names it, each under its own progress bar, saves every run in the results directory as `remora bench NAME` does, goes on past a benchmark that fails, and writes the report of those that finished to --out. Exits 1 if any failed.";
+pub const LONG_ABOUT: &str = "Every benchmark in turn, then the HTML report of them all.\n\nRuns each benchmark (with --quick, each one's short run) after a line that names it, each under its own progress bar, saves every run in the results directory as `remora bench NAME` does, goes on past a benchmark that fails, and writes the report of those that finished to --out. Exits 1 if any failed. A first Ctrl-C (or SIGTERM) lets the benchmark under way finish, writes the report of those done and exits 130; a second stops at once.";
 
 #[derive(Args)]
 pub struct AllArgs {
@@ -31,6 +31,10 @@ pub fn run(args: &AllArgs) -> Result<ExitCode, BenchError> {
     // Every run is saved there: a directory that cannot take them is
     // found before the first benchmark, not after the last.
     remora_report::results::ready_directory()?;
+    // A first Ctrl-C (or SIGTERM) lets the benchmark under way finish and
+    // then ends the run with the report of those done; a second ends it
+    // at once.
+    let _between_steps = crate::interrupt::stop_between_steps();
     let benchmarks: Vec<_> = super::benchmarks().collect();
     // A line per benchmark, not a bar of its own: each benchmark draws its
     // own bar and prints its table, and a second bar held over them drew
@@ -40,6 +44,10 @@ pub fn run(args: &AllArgs) -> Result<ExitCode, BenchError> {
     let mut results = Vec::new();
     let mut failures = Vec::new();
     for (index, benchmark) in benchmarks.into_iter().enumerate() {
+        if crate::interrupt::interrupted() {
+            println!("\ninterrupted: {} of {total} benchmarks run", index);
+            break;
+        }
         println!(
             "\n=== [{}/{total}] bench {} ({} elapsed) ===",
             index + 1,
@@ -66,6 +74,9 @@ pub fn run(args: &AllArgs) -> Result<ExitCode, BenchError> {
         results.len(),
         page.display()
     );
+    if crate::interrupt::interrupted() {
+        return Ok(ExitCode::from(crate::interrupt::INTERRUPTED_EXIT));
+    }
     if failures.is_empty() {
         return Ok(ExitCode::SUCCESS);
     }
