@@ -183,7 +183,14 @@ impl Settings {
             config_file: None,
         };
         if let Some(path) = config {
-            let rack = RackConfig::load(path)?;
+            let mut rack = RackConfig::load(path)?;
+            // The section is checked with the threads it will run: some
+            // of its checks depend on them (the engine's queue), and an
+            // override applied after passed them, for deploy to fail.
+            let section = rack.systems.get_mut(remora_cowbird::config::SECTION);
+            if let (Some(threads), Some(table)) = (threads, section) {
+                table.insert("threads".into(), toml::Value::Integer(threads.into()));
+            }
             let (workload, _) = from_rack(&rack)
                 .map_err(|error| CowbirdBenchError::Section {
                     path: path.to_path_buf(),
@@ -438,3 +445,35 @@ pub static BENCH: super::entry::Entry<CowbirdArgs, CowbirdBenchError> = super::e
         run(args.common.quick, &settings)
     },
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--threads` replaced the section's threads after the section's
+    /// checks had passed with the file's: 16 threads of 1024-entry
+    /// batches need more engine completions than a queue holds, and
+    /// deploy failed after the first variants had run.
+    #[test]
+    fn threads_given_on_the_command_line_are_checked_with_the_section() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("rack.toml");
+        let rack = "[rack]\nname = \"threads\"\n\n[switch]\nprogram = \"l2l3\"\n\n\
+                    [[node]]\nname = \"compute0\"\nrole = \"compute\"\n\
+                    address = \"10.0.0.1\"\nmemory = \"1MiB\"\n\n\
+                    [[node]]\nname = \"memory0\"\nrole = \"memory\"\n\
+                    address = \"10.0.0.2\"\nmemory = \"64MiB\"\n\n\
+                    [cowbird]\nengine = \"spot\"\nthreads = 1\nmetadata_entries = 1024\n\n\
+                    [cowbird.spot]\nbatch_entries = 1024\n";
+        std::fs::write(&path, rack).unwrap();
+        let accepted = Settings::from_args(None, Some(&path));
+        assert!(accepted.is_ok(), "{:?}", accepted.err());
+        let refused = Settings::from_args(Some(16), Some(&path));
+        assert!(
+            matches!(&refused, Err(CowbirdBenchError::Section { error, .. })
+                if error.to_string().contains("threads (16)")),
+            "{:?}",
+            refused.err()
+        );
+    }
+}
