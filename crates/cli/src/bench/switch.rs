@@ -362,6 +362,10 @@ pub(super) fn udp_pingpong(
     let (client_waiter, server_waiter) = (waiter_of(&client)?, waiter_of(&server)?);
     let stop = Arc::new(AtomicBool::new(false));
     let server_stop = Arc::clone(&stop);
+    // Raised however this function ends: an error on the client's side
+    // returned before the flag, and the echo thread spun on for the rest
+    // of the process (a core of two, under every later benchmark).
+    let _stop_on_return = RaiseOnDrop(Arc::clone(&stop));
     let echo = std::thread::spawn(move || -> Result<(), SwitchBenchError> {
         while !server_stop.load(Ordering::Relaxed) {
             let mut replies = Vec::new();
@@ -402,6 +406,15 @@ pub(super) fn udp_pingpong(
     stop.store(true, Ordering::Relaxed);
     echo.join().map_err(|_| SwitchBenchError::EchoPanicked)??;
     Ok(histogram)
+}
+
+/// Raises its flag when dropped.
+struct RaiseOnDrop(Arc<AtomicBool>);
+
+impl Drop for RaiseOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Everything measured in one round, back to back.

@@ -221,8 +221,28 @@ fn parse_row(program: &'static str, printed: &str) -> Result<PerftestRow, VerbsB
 
 /// One side of the native pair: a node, a region its peer WRITEs into, and
 /// a connected queue pair.
+/// A started node, stopped when dropped: an early return (a failed WRITE,
+/// a silent peer, the second node refusing to start) skipped the explicit
+/// stops, and each node's progress thread, which holds its own reference,
+/// ran on for the life of the process.
+struct RunningNode(Arc<Node>);
+
+impl std::ops::Deref for RunningNode {
+    type Target = Node;
+
+    fn deref(&self) -> &Node {
+        &self.0
+    }
+}
+
+impl Drop for RunningNode {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
 struct NativeSide {
-    node: Arc<Node>,
+    node: RunningNode,
     memory: HostMemory,
     region: MemoryRegion,
     completions: CompletionQueue,
@@ -244,7 +264,10 @@ fn native_pair() -> Result<(NativeSide, NativeSide), VerbsBenchError> {
         progress: ProgressConfig::default(),
         capture: None,
     };
-    let nodes = [Node::start(&config)?, Node::start(&config)?];
+    let nodes = [
+        RunningNode(Node::start(&config)?),
+        RunningNode(Node::start(&config)?),
+    ];
     let mut prepared = Vec::new();
     for node in &nodes {
         let memory = HostMemory::new(2 * HALF_BYTES as usize);
@@ -779,5 +802,38 @@ mod tests {
             started.elapsed() < Duration::from_secs(5),
             "it waited out the limit"
         );
+    }
+
+    /// A node given up early (an error between its start and its explicit
+    /// stop) kept its progress thread, which holds the node, running for
+    /// the life of the process. Dropped, it stops: the thread lets go.
+    #[test]
+    fn a_node_dropped_on_an_early_return_stops_its_progress_thread() {
+        let socket = std::env::temp_dir().join(format!(
+            "remora-bench-dropped-node-{}.sock",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&socket);
+        let config = VerbsConfig {
+            address: None,
+            carrier: CarrierConfig::SharedMemory { rendezvous: socket },
+            progress: ProgressConfig::default(),
+            capture: None,
+        };
+        let node = Node::start(&config).unwrap();
+        let observer = Arc::clone(&node);
+        assert!(
+            Arc::strong_count(&observer) > 2,
+            "the progress thread holds it"
+        );
+        drop(RunningNode(node));
+        let started = Instant::now();
+        while Arc::strong_count(&observer) > 1 {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the progress thread still holds the node"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
