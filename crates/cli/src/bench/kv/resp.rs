@@ -40,6 +40,8 @@ pub enum RespBenchError {
     NoRate { test: String, output: String },
     #[error("{0} did not answer within 30 s")]
     NotReady(&'static str),
+    #[error("{tool} did not finish within {limit:?}: the server stopped answering")]
+    TimedOut { tool: &'static str, limit: Duration },
     #[error("the store: {0}")]
     Store(String),
 }
@@ -67,6 +69,26 @@ fn tool_error(tool: &'static str) -> impl Fn(std::io::Error) -> RespBenchError {
     }
 }
 
+/// The slowest request rate a run is given time for: far below either
+/// server's, so only a server that stopped answering meets the limit.
+const SLOWEST_REQUESTS_PER_SECOND: u64 = 2_000;
+
+/// `command`'s output once it ends, killed past `limit`: waited on with
+/// no limit, a server that accepted and never answered hung the whole
+/// benchmark (and `bench all`).
+fn output_within(
+    command: &mut Command,
+    tool: &'static str,
+    limit: Duration,
+) -> Result<std::process::Output, RespBenchError> {
+    let child = KillOnDrop::spawn(command.stdout(Stdio::piped()).stderr(Stdio::piped()))
+        .map_err(tool_error(tool))?;
+    child
+        .wait_within(limit)
+        .map_err(tool_error(tool))?
+        .ok_or(RespBenchError::TimedOut { tool, limit })
+}
+
 /// Runs redis-benchmark's GET and SET against `port` and parses its CSV.
 fn benchmark(
     port: u16,
@@ -75,21 +97,25 @@ fn benchmark(
     pipeline: usize,
     tests: &str,
 ) -> Result<Rates, RespBenchError> {
-    let output = Command::new("redis-benchmark")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-t",
-            tests,
-            "--csv",
-        ])
-        .args(["-n", &requests.to_string(), "-r", &keyspace.to_string()])
-        .args(["-d", &VALUE_BYTES.to_string(), "-P", &pipeline.to_string()])
-        .args(["-c", &CLIENTS.to_string()])
-        .output()
-        .map_err(tool_error("redis-benchmark"))?;
+    let tests_run = tests.split(',').count() as u64;
+    let limit = Duration::from_secs(30 + requests * tests_run / SLOWEST_REQUESTS_PER_SECOND);
+    let output = output_within(
+        Command::new("redis-benchmark")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-t",
+                tests,
+                "--csv",
+            ])
+            .args(["-n", &requests.to_string(), "-r", &keyspace.to_string()])
+            .args(["-d", &VALUE_BYTES.to_string(), "-P", &pipeline.to_string()])
+            .args(["-c", &CLIENTS.to_string()]),
+        "redis-benchmark",
+        limit,
+    )?;
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     if !output.status.success() {
         let detail = format!(
@@ -227,11 +253,11 @@ fn free_port() -> Result<u16, RespBenchError> {
 fn wait_ready(port: u16, who: &'static str) -> Result<(), RespBenchError> {
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(30) {
-        let ping = Command::new("redis-cli")
-            .args(["-p", &port.to_string(), "ping"])
-            .stderr(Stdio::null())
-            .output()
-            .map_err(tool_error("redis-cli"))?;
+        let ping = output_within(
+            Command::new("redis-cli").args(["-p", &port.to_string(), "ping"]),
+            "redis-cli",
+            Duration::from_secs(5),
+        )?;
         if String::from_utf8_lossy(&ping.stdout).trim() == "PONG" {
             return Ok(());
         }
@@ -369,6 +395,43 @@ mod tests {
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&named.stdout).trim(), "1");
         drop(server);
+    }
+
+    /// A server that accepts and never answers: redis-cli, waited on with
+    /// no limit, hung the benchmark for ever. It is killed past its limit.
+    #[test]
+    fn a_server_that_never_answers_is_an_error_not_a_hang() {
+        if Command::new("redis-cli").arg("--version").output().is_err() {
+            assert!(
+                std::env::var_os("REMORA_REQUIRE_REDIS").is_none(),
+                "redis-cli is missing"
+            );
+            eprintln!("skipped: redis-cli is not installed");
+            return;
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let silent = std::thread::spawn(move || {
+            let (connection, _) = listener.accept().unwrap();
+            let _ = finished.recv_timeout(Duration::from_secs(30));
+            drop(connection);
+        });
+        let started = Instant::now();
+        let result = wait_ready(port, "a silent server");
+        assert!(
+            matches!(
+                result,
+                Err(RespBenchError::TimedOut {
+                    tool: "redis-cli",
+                    ..
+                })
+            ),
+            "{result:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(20));
+        done.send(()).unwrap();
+        silent.join().unwrap();
     }
 
     /// The preload against Remora's own server, the one the benchmark
