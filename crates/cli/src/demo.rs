@@ -411,13 +411,13 @@ pub fn run(outputs: &Outputs<'_>) -> Result<ExitCode, DemoError> {
     let mut rack_failures = rack.failures();
     // Every system the command line knows takes its turn.
     let mut steps = serde_json::Map::new();
+    // An interrupt ends the tour, and what ran is still written and
+    // reported (it returned at once, and --json and --report had nothing).
+    let mut not_run = Vec::new();
     for system in crate::systems::SYSTEMS {
-        if crate::interrupt::interrupted() {
-            println!(
-                "interrupted: the {} step and those after it not run",
-                system.name()
-            );
-            return Ok(ExitCode::from(crate::interrupt::INTERRUPTED_EXIT));
+        if !not_run.is_empty() || crate::interrupt::interrupted() {
+            not_run.push(system.name());
+            continue;
         }
         let step = system.demo_step(history.as_mut())?;
         rack_failures.extend(step.failures.iter().cloned());
@@ -426,8 +426,17 @@ pub fn run(outputs: &Outputs<'_>) -> Result<ExitCode, DemoError> {
     if let Some(file) = history {
         println!("{}", file.finish()?);
     }
+    if let Some(first) = not_run.first() {
+        println!("interrupted: the {first} step and those after it not run");
+    }
     let failed = rows.iter().filter(|row| !row.ok).count() + rack_failures.len();
-    let mut summary = serde_json::json!({ "rows": rows, "rack": rack, "failed": failed });
+    let mut summary = serde_json::json!({
+        "rows": rows,
+        "rack": rack,
+        "failed": failed,
+        "interrupted": !not_run.is_empty(),
+        "not_run": not_run,
+    });
     summary.as_object_mut().expect("an object").extend(steps);
     if let Some(path) = outputs.json {
         crate::output::write_json(path, &summary)?;
@@ -443,6 +452,11 @@ pub fn run(outputs: &Outputs<'_>) -> Result<ExitCode, DemoError> {
         for failure in rack_failures {
             println!("  {failure}");
         }
+    }
+    if !not_run.is_empty() {
+        return Ok(ExitCode::from(crate::interrupt::INTERRUPTED_EXIT));
+    }
+    if failed > 0 {
         return Ok(ExitCode::FAILURE);
     }
     println!(

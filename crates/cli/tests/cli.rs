@@ -899,3 +899,40 @@ fn an_interrupted_kv_ycsb_or_soda_run_leaves_no_scratch_behind() {
     }
     std::fs::remove_dir_all(&directory).ok();
 }
+
+/// An interrupted demo returned at once: --json and --report had nothing,
+/// though the tour and the rack's checks had run. What ran is written,
+/// marked interrupted, and the exit is 130.
+#[test]
+fn an_interrupted_demo_writes_what_it_ran() {
+    use std::io::BufRead;
+    let json = std::env::temp_dir().join(format!(
+        "remora-demo-interrupted-{}.json",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&json);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["demo", "--json", json.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    // The rack's step: the interrupt handler is installed well before it.
+    let reached = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|line| line.contains("the embedded rack"));
+    assert!(reached, "the demo never reached its rack");
+    let draining = std::thread::spawn(move || lines.map_while(Result::ok).count());
+    let status = common::interrupt_and_wait(&mut child, "demo");
+    draining.join().unwrap();
+    assert_eq!(status.code(), Some(130));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON was written"))
+            .unwrap();
+    assert_eq!(summary["interrupted"], true);
+    assert!(!summary["rows"].as_array().unwrap().is_empty());
+    std::fs::remove_file(&json).unwrap();
+}
