@@ -366,6 +366,18 @@ pub fn demo_page(summary: &Value, generated: &str) -> Result<String, PageError> 
         None if failed_rows > 0 => format!("{failed_rows} checks FAILED."),
         None => "The summary gives no count of failed checks.".to_string(),
     };
+    // An interrupted demo ran only some steps: its checks passing says
+    // nothing of the others.
+    let not_run: Vec<&str> = summary["not_run"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let verdict = match not_run.is_empty() {
+        true => verdict,
+        false => format!("{verdict} Interrupted: not run: {}.", not_run.join(", ")),
+    };
     let _ = write!(
         html,
         "<h1>Remora demo report</h1><p>Generated {}. {}</p>",

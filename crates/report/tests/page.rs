@@ -239,3 +239,17 @@ fn a_demo_summary_without_a_failed_count_claims_no_success() {
         Ok(html) if html.contains("Every check passed")
     ));
 }
+
+/// An interrupted demo's page says which steps did not run: its passed
+/// checks say nothing of them.
+#[test]
+fn an_interrupted_demos_page_names_the_steps_not_run() {
+    let summary = serde_json::json!({
+        "rows": [{"operation": "WRITE", "bytes": 64, "status": "Success", "frames": 2, "wire_bytes": 180, "checked": "bytes match", "ok": true}],
+        "failed": 0,
+        "interrupted": true,
+        "not_run": ["soda", "bifrost"]
+    });
+    let html = remora_report::page::demo_page(&summary, "now").unwrap();
+    assert!(html.contains("Interrupted: not run: soda, bifrost."), "{html}");
+}
