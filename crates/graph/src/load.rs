@@ -152,36 +152,47 @@ fn text_lines(bytes: &[u8]) -> Result<std::str::Lines<'_>, LoadError> {
     Ok(text.lines())
 }
 
-/// `.el`, `.wel` and SNAP: one edge per line; returns the vertex count
-/// (largest id + 1) and the edges.
+/// The whitespace-separated words of a text file, each with its line
+/// number, skipping SNAP's `#` comment lines when `comments`. GAPBS and
+/// Ligra read their text formats as such a stream (`in >> u >> v`,
+/// `stringToWords`), so an item's place on its line does not matter: read
+/// a line at a time, a Ligra file with two numbers on a line, or an edge
+/// list with two edges on one, was refused though both tools load it.
+fn words(bytes: &[u8], comments: bool) -> Result<impl Iterator<Item = (usize, &str)>, LoadError> {
+    Ok(text_lines(bytes)?
+        .enumerate()
+        .filter(move |(_, text)| !(comments && text.trim_start().starts_with('#')))
+        .flat_map(|(index, text)| {
+            text.split_ascii_whitespace()
+                .map(move |word| (index + 1, word))
+        }))
+}
+
+/// `.el`, `.wel` and SNAP: a stream of edges, two vertex ids each (and a
+/// weight in `.wel`); returns the vertex count (largest id + 1) and the
+/// edges.
 fn parse_edge_lines(
     format: GraphFormat,
     bytes: &[u8],
 ) -> Result<(usize, Vec<(Vertex, Vertex)>), LoadError> {
-    let fields_wanted = if format == GraphFormat::WeightedEdgeList {
-        3
-    } else {
-        2
-    };
+    let weighted = format == GraphFormat::WeightedEdgeList;
+    let mut words = words(bytes, format == GraphFormat::Snap)?;
     let mut edges = Vec::new();
     let mut vertex_count = 0usize;
-    for (index, text) in text_lines(bytes)?.enumerate() {
-        let line = index + 1;
-        let text = text.trim();
-        if text.is_empty() || (format == GraphFormat::Snap && text.starts_with('#')) {
-            continue;
-        }
-        let fields: Vec<&str> = text.split_ascii_whitespace().collect();
-        if fields.len() != fields_wanted {
-            return Err(line_error(
-                line,
-                format!("expected {fields_wanted} fields, found {}", fields.len()),
-            ));
-        }
-        let source = parse_vertex(fields[0], line)?;
-        let destination = parse_vertex(fields[1], line)?;
-        if fields_wanted == 3 && fields[2].parse::<f64>().map_or(true, |w| !w.is_finite()) {
-            return Err(line_error(line, format!("{:?} is not a weight", fields[2])));
+    // Bounded by the file's words, two or three a turn.
+    while let Some((line, first)) = words.next() {
+        let source = parse_vertex(first, line)?;
+        let (line, second) = words
+            .next()
+            .ok_or_else(|| line_error(line, "the file ends inside an edge"))?;
+        let destination = parse_vertex(second, line)?;
+        if weighted {
+            let (line, weight) = words
+                .next()
+                .ok_or_else(|| line_error(line, "the file ends before an edge's weight"))?;
+            if weight.parse::<f64>().map_or(true, |w| !w.is_finite()) {
+                return Err(line_error(line, format!("{weight:?} is not a weight")));
+            }
         }
         vertex_count = vertex_count.max(source.max(destination) as usize + 1);
         edges.push((source, destination));
@@ -189,12 +200,9 @@ fn parse_edge_lines(
     Ok((vertex_count, edges))
 }
 
-/// Ligra: "AdjacencyGraph", n, m, n offsets, m neighbours, one per line.
+/// Ligra: "AdjacencyGraph", n, m, n offsets, m neighbours, as words.
 fn parse_adjacency(bytes: &[u8]) -> Result<(usize, Vec<(Vertex, Vertex)>), LoadError> {
-    let mut tokens = text_lines(bytes)?
-        .enumerate()
-        .map(|(index, text)| (index + 1, text.trim()))
-        .filter(|(_, text)| !text.is_empty());
+    let mut tokens = words(bytes, false)?;
     // The line an early end is reported at: the one after the last read.
     let mut last_line = 0;
     let mut next = |what: &str| match tokens.next() {
@@ -457,6 +465,25 @@ mod tests {
             ),
             6,
         );
+    }
+
+    /// Ligra and GAPBS read their text formats as streams of words, so
+    /// two items on a line load there; read a line at a time, both files
+    /// were refused here.
+    #[test]
+    fn text_formats_read_as_streams_of_words() {
+        let options = LoadOptions::default();
+        let ligra = parse(
+            GraphFormat::Adjacency,
+            b"AdjacencyGraph\n2 1\n0 1\n1\n",
+            options,
+        )
+        .unwrap();
+        assert_eq!(ligra.out_neighbours(0), &[1]);
+        assert_eq!(ligra.out_neighbours(1), &[] as &[Vertex]);
+        let edges = parse(GraphFormat::EdgeList, b"0 1 1 2\n", options).unwrap();
+        assert_eq!((edges.vertex_count(), edges.edge_count()), (3, 2));
+        expect_line(parse(GraphFormat::EdgeList, b"0 1\n2\n", options), 2);
     }
 
     #[test]

@@ -251,5 +251,8 @@ fn an_interrupted_demos_page_names_the_steps_not_run() {
         "not_run": ["soda", "bifrost"]
     });
     let html = remora_report::page::demo_page(&summary, "now").unwrap();
-    assert!(html.contains("Interrupted: not run: soda, bifrost."), "{html}");
+    assert!(
+        html.contains("Interrupted: not run: soda, bifrost."),
+        "{html}"
+    );
 }
