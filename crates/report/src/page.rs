@@ -169,11 +169,12 @@ fn measured_text(value: f64, target: Option<&Target>) -> String {
         return figure_text(value);
     };
     let verdict = target.judge(Some(value));
-    // Bounded: past 12 more decimals an f64 shows every digit it has.
+    // Bounded; past it, Rust's shortest text that reads back as the value
+    // itself, so as the same verdict.
     (0..12)
         .map(|more| figure_text_with(value, more))
         .find(|text| text.parse().ok().map(|shown| target.judge(Some(shown))) == Some(verdict))
-        .unwrap_or_else(|| figure_text_with(value, 12))
+        .unwrap_or_else(|| format!("{value}"))
 }
 
 fn ratios_table(
@@ -376,7 +377,10 @@ pub fn demo_page(summary: &Value, generated: &str) -> Result<String, PageError> 
         .collect();
     let verdict = match not_run.is_empty() {
         true => verdict,
-        false => format!("{verdict} Interrupted: not run: {}.", not_run.join(", ")),
+        false => format!(
+            "{verdict} Interrupted: not run: {}.",
+            escape(&not_run.join(", "))
+        ),
     };
     let _ = write!(
         html,

@@ -109,8 +109,8 @@ fn range_of(
     if !low.is_finite() {
         return 0.0..1.0;
     }
-    // A linear bar axis holds zero, where the bars start: all-negative
-    // values included.
+    // A linear axis from zero holds zero (where bars start): all-negative
+    // values included, as all-positive ones are.
     let mut high = high;
     if from_zero && low > 0.0 {
         low = 0.0;
@@ -167,6 +167,9 @@ fn label(value: f64, logarithmic: bool) -> String {
 }
 
 fn trim(value: f64) -> String {
+    // A tick plotters reached by adding steps lands a hair off zero
+    // (-2e-16), which read "-0.000000000000".
+    let value = if value.abs() < 1e-12 { 0.0 } else { value };
     let text = if value.abs() >= 100.0 || value == value.round() {
         format!("{value:.0}")
     } else if value.abs() >= 1.0 {
@@ -174,8 +177,10 @@ fn trim(value: f64) -> String {
     } else {
         // Two significant digits: at two decimals every tick below 0.005
         // read "0.00" (a log axis of latencies in seconds, all zeros).
+        // Trailing zeros go: 0.0999... read "0.100" beside "0.20".
         let decimals = (1.0 - value.abs().log10().floor()).clamp(2.0, 12.0) as usize;
-        format!("{value:.decimals$}")
+        let text = format!("{value:.decimals$}");
+        return text.trim_end_matches('0').trim_end_matches('.').to_string();
     };
     text.trim_end_matches(".0").to_string()
 }
@@ -420,7 +425,7 @@ mod tests {
     fn labels_read_in_the_original_unit_on_either_axis() {
         assert_eq!(label(3.0, true), "1000");
         assert_eq!(label(4.0, true), "10k");
-        assert_eq!(label(0.5, false), "0.50");
+        assert_eq!(label(0.5, false), "0.5");
         assert_eq!(label(2_500_000.0, false), "2.5M");
         assert_eq!(range_of([2.0, 4.0].into_iter(), true, 0.3), 0.0..5.2);
         assert_eq!(range_of(std::iter::empty(), true, 0.3), 0.0..1.0);
@@ -430,9 +435,11 @@ mod tests {
     #[test]
     fn small_values_keep_two_significant_digits() {
         assert_ne!(label(-4.0, true), label(-3.0, true));
-        assert_eq!(label(-4.0, true), "0.00010");
+        assert_eq!(label(-4.0, true), "0.0001");
         assert_eq!(label(-4.5, true), "0.000032");
         assert_eq!(label(0.0, false), "0");
+        assert_eq!(label(-2e-16, false), "0");
+        assert_eq!(label(0.099_999_999_999_999_99, false), "0.1");
     }
 
     /// A mix of signs, or negatives alone: bars grow from zero, inside an

@@ -123,8 +123,17 @@ fn save_linking(
                 break;
             }
             Err(error) if error.kind() == ErrorKind::AlreadyExists => continue,
-            // The partial file is kept: it holds the run.
-            Err(error) => return Err(io_error(&path)(error)),
+            // The partial file is kept, and named: it holds the run.
+            Err(error) => {
+                let kept = std::io::Error::new(
+                    error.kind(),
+                    format!(
+                        "naming it {}: {error}; the run is kept here",
+                        path.display()
+                    ),
+                );
+                return Err(io_error(&partial)(kept));
+            }
         }
     }
     std::fs::remove_file(&partial).map_err(io_error(&partial))?;
@@ -141,8 +150,15 @@ fn create_new(path: &Path, text: &str) -> std::io::Result<()> {
         .write(true)
         .create_new(true)
         .open(path)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()
+    let written = file
+        .write_all(text.as_bytes())
+        .and_then(|()| file.sync_all());
+    // Left half written, it was the latest run, and `remora report`
+    // failed on it until someone removed it.
+    if written.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    written
 }
 
 /// Names a save tries past the current millisecond's.

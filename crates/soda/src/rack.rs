@@ -1145,6 +1145,11 @@ impl ChunkStore for SodaRack {
 
     fn is_released(&self, object: ObjectId) -> bool {
         if let Some(dpu) = &self.dpu {
+            // An id the DPU's 16-bit regions cannot name is never
+            // reserved here: not released, so never named again.
+            if Self::region(object).is_err() {
+                return false;
+            }
             let releasing = dpu.releasing.lock().expect("releasing lock");
             let flushing = dpu.flush_holds.lock().expect("flush holds lock");
             if releasing.contains(&object) || flushing.contains(&object) {

@@ -508,7 +508,7 @@ fn an_id_whose_release_waits_for_the_dpu_is_not_named_again_meanwhile() {
         }
         object.free().unwrap();
     }
-    assert!(ids.len() < 40, "ids were named again: {ids:?}");
+    assert!(ids.len() < 40, "no id was named again: {ids:?}");
 }
 
 /// Two processes share one DPU agent (Fig. 8): each gets its own results,

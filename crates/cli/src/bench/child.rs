@@ -12,8 +12,14 @@ const POLL_INTERVAL: Duration = Duration::from_millis(10);
 pub struct KillOnDrop(Child);
 
 impl KillOnDrop {
+    /// Starts `command` in a process group of its own: a terminal's
+    /// Ctrl-C goes to the whole foreground group, and killed with it, a
+    /// benchmark's redis-server or perftest failed the benchmark that
+    /// `bench all` had promised to let finish. This process stops it: at
+    /// its drop, or on an interrupt that ends the process.
     pub fn spawn(command: &mut Command) -> std::io::Result<KillOnDrop> {
-        let child = command.spawn()?;
+        use std::os::unix::process::CommandExt;
+        let child = command.process_group(0).spawn()?;
         // An interrupt that ends this process runs no destructors.
         crate::interrupt::kill_on_interrupt(child.id());
         Ok(KillOnDrop(child))

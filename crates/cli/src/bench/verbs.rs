@@ -219,8 +219,6 @@ fn parse_row(program: &'static str, printed: &str) -> Result<PerftestRow, VerbsB
     })
 }
 
-/// One side of the native pair: a node, a region its peer WRITEs into, and
-/// a connected queue pair.
 /// A started node, stopped when dropped: an early return (a failed WRITE,
 /// a silent peer, the second node refusing to start) skipped the explicit
 /// stops, and each node's progress thread, which holds its own reference,
@@ -241,6 +239,8 @@ impl Drop for RunningNode {
     }
 }
 
+/// One side of the native pair: a node, a region its peer WRITEs into, and
+/// a connected queue pair.
 struct NativeSide {
     node: RunningNode,
     memory: HostMemory,
@@ -806,7 +806,8 @@ mod tests {
 
     /// A node given up early (an error between its start and its explicit
     /// stop) kept its progress thread, which holds the node, running for
-    /// the life of the process. Dropped, it stops: the thread lets go.
+    /// the life of the process. Dropped, it stops: the thread lets go. A
+    /// pair, as the benchmark starts them, so neither waits for a peer.
     #[test]
     fn a_node_dropped_on_an_early_return_stops_its_progress_thread() {
         let socket = std::env::temp_dir().join(format!(
@@ -816,24 +817,26 @@ mod tests {
         let _ = std::fs::remove_file(&socket);
         let config = VerbsConfig {
             address: None,
-            carrier: CarrierConfig::SharedMemory { rendezvous: socket },
+            carrier: CarrierConfig::SharedMemory {
+                rendezvous: socket.clone(),
+            },
             progress: ProgressConfig::default(),
             capture: None,
         };
-        let node = Node::start(&config).unwrap();
-        let observer = Arc::clone(&node);
-        assert!(
-            Arc::strong_count(&observer) > 2,
-            "the progress thread holds it"
-        );
-        drop(RunningNode(node));
+        let nodes = [Node::start(&config).unwrap(), Node::start(&config).unwrap()];
+        let observers: Vec<Arc<Node>> = nodes.iter().map(Arc::clone).collect();
+        assert!(observers.iter().all(|node| Arc::strong_count(node) > 2));
+        drop(nodes.map(RunningNode));
         let started = Instant::now();
-        while Arc::strong_count(&observer) > 1 {
+        while observers.iter().any(|node| Arc::strong_count(node) > 1) {
             assert!(
                 started.elapsed() < Duration::from_secs(10),
-                "the progress thread still holds the node"
+                "a progress thread still holds its node"
             );
             std::thread::sleep(Duration::from_millis(5));
+        }
+        for leftover in [socket.clone(), socket.with_extension("sock.lock")] {
+            let _ = std::fs::remove_file(leftover);
         }
     }
 }

@@ -161,8 +161,14 @@ fn preload_error(error: std::io::Error) -> RespBenchError {
 /// every one of them is there afterwards.
 fn preload(port: u16, keys: u64) -> Result<(), RespBenchError> {
     let stream = TcpStream::connect(("127.0.0.1", port)).map_err(preload_error)?;
+    // Both ways: a server that stops reading blocks a batch's write (a
+    // batch is larger than the socket's buffers) as surely as one that
+    // stops answering blocks the read.
     stream
         .set_read_timeout(Some(PRELOAD_REPLY_WAIT))
+        .map_err(preload_error)?;
+    stream
+        .set_write_timeout(Some(PRELOAD_REPLY_WAIT))
         .map_err(preload_error)?;
     let mut replies = std::io::BufReader::new(stream.try_clone().map_err(preload_error)?);
     let mut writer = std::io::BufWriter::new(stream);
