@@ -647,20 +647,27 @@ mod tests {
         server.read_shortcut(0, memory).unwrap().offset()
     }
 
-    /// A garbage length in an entry made the audit allocate it (4 GiB for
-    /// 0xFFFFFFFF) and report a region error, and a collection fail whole
-    /// on a size class: both name the broken key now.
-    #[test]
-    fn a_garbage_entry_length_is_reported_as_a_broken_list() {
+    /// A server of one key, keeping one version, with its first version
+    /// loaded: the server, its memory, and the version.
+    fn one_key(grace: Duration) -> (MetadataServer, Vec<u8>, NextPointer) {
         let config = MetadataConfig {
             batch_slots: 1,
             keep_versions: 1,
-            grace: Duration::from_millis(1),
+            grace,
         };
         let plan = RegionPlan::new(1, 1 << 16).unwrap();
         let mut server = MetadataServer::new(plan, config).unwrap();
         let mut memory = vec![0u8; 1 << 16];
         let first = server.load(0, b"version zero....", &mut memory).unwrap();
+        (server, memory, first)
+    }
+
+    /// A garbage length in an entry made the audit allocate it (4 GiB for
+    /// 0xFFFFFFFF) and report a region error, and a collection fail whole
+    /// on a size class: both name the broken key now.
+    #[test]
+    fn a_garbage_entry_length_is_reported_as_a_broken_list() {
+        let (mut server, mut memory, first) = one_key(Duration::from_millis(1));
         let second = append(&mut server, &mut memory, first, b"version one.....");
         memory
             .write(second.offset() + 16, &u32::MAX.to_le_bytes())
@@ -685,15 +692,7 @@ mod tests {
     #[test]
     fn an_entry_length_its_checksum_does_not_vouch_for_frees_nothing() {
         for length in [0u32, 100] {
-            let config = MetadataConfig {
-                batch_slots: 1,
-                keep_versions: 1,
-                grace: Duration::from_millis(1),
-            };
-            let plan = RegionPlan::new(1, 1 << 16).unwrap();
-            let mut server = MetadataServer::new(plan, config).unwrap();
-            let mut memory = vec![0u8; 1 << 16];
-            let first = server.load(0, b"version zero....", &mut memory).unwrap();
+            let (mut server, mut memory, first) = one_key(Duration::from_millis(1));
             append(&mut server, &mut memory, first, b"version one.....");
             memory
                 .write(first.offset() + 16, &length.to_le_bytes())
@@ -716,15 +715,7 @@ mod tests {
     fn a_late_shortcut_to_a_retired_version(
         grace: Duration,
     ) -> (MetadataServer, Vec<u8>, [NextPointer; 3]) {
-        let config = MetadataConfig {
-            batch_slots: 1,
-            keep_versions: 1,
-            grace,
-        };
-        let plan = RegionPlan::new(1, 1 << 16).unwrap();
-        let mut server = MetadataServer::new(plan, config).unwrap();
-        let mut memory = vec![0u8; 1 << 16];
-        let first = server.load(0, b"version zero....", &mut memory).unwrap();
+        let (mut server, mut memory, first) = one_key(grace);
         let second = append(&mut server, &mut memory, first, b"version one.....");
         let third = append(&mut server, &mut memory, second, b"version two.....");
         let collection = server.collect(Timestamp::ZERO, &mut memory).unwrap();
