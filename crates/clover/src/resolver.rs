@@ -773,28 +773,15 @@ mod tests {
         assert_eq!(counters.entry_writes_seen, 2);
         // The forgotten CAS abandoned the key's tail: the new one passes.
         assert_eq!(counters.passed_busy, 1, "{counters:?}");
-        pass(
-            &mut resolver,
-            false,
-            Opcode::AtomicAcknowledge,
-            later + 1,
-            &[],
-            |headers| {
-                headers.aeth = Some(AethRepr {
-                    syndrome: remora_wire::AckSyndrome::Ack { credit_count: 0 },
-                    msn: Msn::new(0),
-                });
-                headers.atomic_ack_eth = Some(AtomicAckEthRepr { original_data: 0 });
-            },
-        );
+        ack(&mut resolver, later + 1, 0, false);
         let slot = *resolver.keys.lookup(&KEY).unwrap() as usize;
         let cell = resolver.key_cells.read(slot).unwrap();
         assert_eq!(cell.in_flight, 0, "every CAS counted out: {cell:?}");
     }
 
-    /// The atomic ACK of the CAS at `psn`, with the original value read.
-    fn ack(resolver: &mut Resolver, psn: u32, original: u64, corrupt: bool) {
-        let fill = |headers: &mut remora_wire::frame::ExtensionHeaders| {
+    /// Fills an atomic ACK's headers: an ACK, and `original` read.
+    fn atomic_ack(original: u64) -> impl FnOnce(&mut remora_wire::frame::ExtensionHeaders) {
+        move |headers| {
             headers.aeth = Some(AethRepr {
                 syndrome: remora_wire::AckSyndrome::Ack { credit_count: 0 },
                 msn: Msn::new(0),
@@ -802,7 +789,12 @@ mod tests {
             headers.atomic_ack_eth = Some(AtomicAckEthRepr {
                 original_data: original,
             });
-        };
+        }
+    }
+
+    /// The atomic ACK of the CAS at `psn`, with the original value read.
+    fn ack(resolver: &mut Resolver, psn: u32, original: u64, corrupt: bool) {
+        let fill = atomic_ack(original);
         let frame = (false, Opcode::AtomicAcknowledge, psn);
         pass_changed(resolver, frame, &[], fill, |bytes, headers| {
             if corrupt {
@@ -846,15 +838,7 @@ mod tests {
         let mut resolver = resolver();
         entry_write(&mut resolver, 10, 0x3000);
         link(&mut resolver, 11, 0x1800, 0x3000);
-        let forged_ack = |headers: &mut remora_wire::frame::ExtensionHeaders| {
-            headers.aeth = Some(AethRepr {
-                syndrome: remora_wire::AckSyndrome::Ack { credit_count: 0 },
-                msn: Msn::new(0),
-            });
-            headers.atomic_ack_eth = Some(AtomicAckEthRepr {
-                original_data: 0x5000,
-            });
-        };
+        let forged_ack = atomic_ack(0x5000);
         let to_client = (FORGER, COMPUTE, COMPUTE_QPN);
         let ack_of_cas = (Opcode::AtomicAcknowledge, 11);
         pass_between(
