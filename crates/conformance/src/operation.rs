@@ -54,6 +54,15 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// READs and atomics: complete only once their answer arrives, so an
+    /// acknowledgement of later requests does not complete them.
+    pub fn awaits_an_answer(&self) -> bool {
+        matches!(
+            self,
+            Operation::Read { .. } | Operation::CompareSwap { .. } | Operation::FetchAdd { .. }
+        )
+    }
+
     /// SENDs and WRITE-with-immediate consume a receive at the responder.
     pub fn consumes_receive(&self) -> bool {
         matches!(

@@ -1049,6 +1049,17 @@ fn check_requester(
                 CompletionStatus::RetryExceeded => context.may_give_up,
                 _ => false,
             });
+    // Refused by a NAK, which acknowledges every request before it: a
+    // WRITE or SEND before the violation had landed and must succeed, so
+    // the first request flushed may only be a READ or atomic whose answer
+    // never came (after which all are flushed, in order). Accepted, a
+    // requester that flushed landed work passed, and an application that
+    // retried it ran it twice.
+    let refused_by_nak = own_violation_refused
+        && !context.opposite_violation
+        && completions
+            .last()
+            .is_some_and(|completion| completion.status == CompletionStatus::RemoteAccessError);
     for (index, (operation, completion)) in stream.operations.iter().zip(completions).enumerate() {
         if completion.work_request_id != index as u64 {
             fail(format!(
@@ -1075,6 +1086,12 @@ fn check_requester(
                 let explained = errored || context.opposite_violation || own_violation_refused;
                 if !explained {
                     fail(format!("op {index} flushed with no error before it"));
+                }
+                if refused_by_nak && !errored && !operation.awaits_an_answer() {
+                    fail(format!(
+                        "op {index} ({}) flushed, though the NAK refusing the violation acknowledged it",
+                        describe(operation)
+                    ));
                 }
                 errored = true;
             }
@@ -1315,6 +1332,93 @@ mod tests {
     use super::*;
     use remora_rnic::RnicConfig;
     use remora_wire::{Ipv4Address, MacAddress};
+
+    /// A stream of `operations` between two nodes, for the checks alone.
+    fn stream_of(operations: Vec<Operation>) -> Stream {
+        let region = MemoryRegion {
+            lkey: Lkey(1),
+            rkey: Rkey(1),
+            address: remora_wire::VirtAddr(0),
+            length_bytes: 4096,
+            access: AccessFlags::ALL,
+        };
+        Stream {
+            name: "checked".into(),
+            requester: NodeId(0),
+            responder: NodeId(1),
+            requester_qpn: Qpn::new(1).unwrap(),
+            responder_qpn: Qpn::new(2).unwrap(),
+            local: region,
+            target: region,
+            receives: region,
+            operations,
+            connection: 0,
+            mtu: Mtu::new(1024).unwrap(),
+        }
+    }
+
+    /// A completion of work request `index` with `status`.
+    fn completion(index: u64, status: CompletionStatus) -> WorkCompletion {
+        WorkCompletion {
+            work_request_id: index,
+            status,
+            opcode: CompletionOpcode::RdmaWrite,
+            qpn: Qpn::new(1).unwrap(),
+            byte_len: 0,
+            immediate: None,
+        }
+    }
+
+    /// The failures `check_requester` finds in `statuses` for `stream`.
+    fn requester_failures(stream: &Stream, statuses: &[CompletionStatus]) -> Vec<String> {
+        let completions: Vec<_> = statuses
+            .iter()
+            .enumerate()
+            .map(|(index, status)| completion(index as u64, *status))
+            .collect();
+        let local = [0u8; 4096];
+        let view = RequesterView {
+            completions: &completions,
+            cut_by_crash: false,
+            local: LocalSlots::Snapshot(&local),
+        };
+        let context = CheckContext {
+            may_give_up: false,
+            opposite_violation: false,
+        };
+        let mut failures = Vec::new();
+        check_requester(stream, &view, context, &mut |failure| {
+            failures.push(failure)
+        });
+        failures
+    }
+
+    /// A NAK refusing the stream's violation acknowledges every request
+    /// before it: a WRITE flushed ahead of it had landed, and the check
+    /// let it pass. A READ whose answer never came may be flushed, and
+    /// what follows it with it.
+    #[test]
+    fn a_write_flushed_before_a_refused_violation_fails_the_check() {
+        use CompletionStatus::{RemoteAccessError, Success, WorkRequestFlushError as Flush};
+        let write = Operation::Write {
+            offset: 0,
+            data: vec![1; 8],
+            immediate: None,
+        };
+        let read = Operation::Read {
+            offset: 0,
+            length: 8,
+        };
+        let violation = Operation::Violation(crate::operation::Violation::BadRkey);
+        let flushed_write = stream_of(vec![write.clone(), violation.clone()]);
+        let failures = requester_failures(&flushed_write, &[Flush, RemoteAccessError]);
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(failures[0].contains("acknowledged"), "{failures:?}");
+        assert!(requester_failures(&flushed_write, &[Success, RemoteAccessError]).is_empty());
+        let read_first = stream_of(vec![read, write, violation]);
+        let failures = requester_failures(&read_first, &[Flush, Flush, RemoteAccessError]);
+        assert!(failures.is_empty(), "{failures:?}");
+    }
 
     #[test]
     fn a_campaign_past_a_hosts_completion_queue_is_refused() {
