@@ -169,12 +169,17 @@ impl LinkSection {
 
     /// Refuses faults that would do other than they say: reordering with
     /// no delay held frames for no time and reordered nothing (while the
-    /// report counted them reordered), and a delay without bound held
+    /// report counted them reordered), duplication with no delay landed
+    /// every copy at its original's instant (a late duplicate, the case
+    /// that tests a receiver, never came), and a delay without bound held
     /// frames for years, a silent loss.
     pub fn check_faults(&self) -> Result<(), String> {
         let reorder_delay = link_delay("reorder_delay_us", self.reorder_delay_us)?;
         if !self.reorder.is_zero() && reorder_delay.is_zero() {
             return Err("reorder needs a reorder_delay_us above 0: frames held for no time are not reordered".into());
+        }
+        if !self.duplicate.is_zero() && reorder_delay.is_zero() {
+            return Err("duplicate needs a reorder_delay_us above 0: a copy lands up to that delay after its original, and with none every copy lands with it, never late".into());
         }
         Ok(())
     }
@@ -820,6 +825,22 @@ mod tests {
         assert!(error.contains("longer than"), "{error}");
         RackConfig::parse(&format!("{GOOD}reorder = 0.5\nreorder_delay_us = 50\n"))
             .expect("a bounded positive delay");
+    }
+
+    /// A duplicate lands up to the reorder delay after its original: with
+    /// none, every copy landed at the original's instant and no late
+    /// duplicate was ever sent.
+    #[test]
+    fn duplication_needs_a_positive_delay() {
+        let error = RackConfig::parse(&format!("{GOOD}duplicate = 0.5\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("duplicate needs a reorder_delay_us"),
+            "{error}"
+        );
+        RackConfig::parse(&format!("{GOOD}duplicate = 0.5\nreorder_delay_us = 20\n"))
+            .expect("copies may land late");
     }
 
     /// Control and tunnel addresses that could only fail once the rack
