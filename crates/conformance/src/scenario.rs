@@ -710,9 +710,12 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         .iter()
         .map(|host| drain_completions(&mut sim, host, before_crash.as_ref()))
         .collect();
-    // Frames that never arrived: lost, corrupted, or cut by a partition
-    // that happened (it can eat the NAK a violation drew, as loss can).
-    let lossy = !config.faults.loss.is_zero() || !config.faults.corrupt.is_zero() || cut;
+    // Frames that never arrived in this run: lost, corrupted, or cut by a
+    // partition (any can eat the NAK a violation drew). Read from the
+    // profile, every run of a profile with violations counted as lossy
+    // (the lossy profiles corrupt at 1%), and a responder that never sent
+    // the NAK passed as one whose NAK was lost.
+    let lossy = link_counters.lost + link_counters.corrupted + link_counters.partition_drops > 0;
     for (index, stream) in streams.iter().enumerate() {
         let requester = match (&completions[stream.requester.0], &before_crash) {
             (Some(completions), _) => Some(RequesterView {

@@ -109,3 +109,24 @@ fn no_faults_on_connectx5_hardware_every_operation_succeeds() {
     assert!(report.atomics_serialized > 0, "{report:?}");
     assert_eq!(report.pipeline_frames_dropped, 0);
 }
+
+/// Access violations on clean links: every NAK arrives, so no requester
+/// may give up, and every violation is refused. (Giving up after a
+/// violation is excused only by frames a run actually lost: excused by
+/// the profile's loss, as it was, a lossy profile's run that lost nothing
+/// let a responder that never sent the NAK pass.)
+#[test]
+fn violations_on_clean_links_are_refused_by_a_nak() {
+    let faults = FaultProfile {
+        violation: Probability::literal(0.5),
+        ..FaultProfile::NONE
+    };
+    let config = ScenarioConfig::new(faults);
+    let report = run_campaign(3_000, 40, &config, |_| {});
+    assert!(report.failures.is_empty(), "{:?}", report.failures.first());
+    assert_eq!(report.link.lost + report.link.corrupted, 0);
+    assert!(
+        report.succeeded < report.operations,
+        "violations were refused"
+    );
+}
