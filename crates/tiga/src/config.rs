@@ -357,6 +357,18 @@ impl TigaSection {
         else {
             return Err(TigaSectionError::NoHosts);
         };
+        // The records live in the memory node's memory: checked against it,
+        // 100,000 records of 4 KiB for three apps passed a 64 MiB node and
+        // took 1.2 GB.
+        let records_bytes =
+            section.apps.len() as u64 * section.records * section.record_bytes as u64;
+        if records_bytes > topology.hosts()[memory].memory_bytes {
+            return Err(TigaSectionError::Invalid {
+                field: "records",
+                value: section.records.to_string(),
+                rule: "apps × records × record_bytes must fit the first memory node's memory",
+            });
+        }
         let pair = topology
             .subset(&[compute, memory])
             .expect("a rack's compute and memory nodes make a rack");
@@ -455,6 +467,30 @@ mod tests {
             Err(ConfigError::DetectionPastPeriod { .. })
         ));
         assert!(SocConfig::default().validate().is_ok());
+    }
+
+    /// The rack file of examples/rack-tiga.toml with its `[tiga]` table
+    /// replaced by `tiga`.
+    fn rack_with(tiga: &str) -> remora_rack::RackConfig {
+        let example = include_str!("../../../examples/rack-tiga.toml");
+        let before_tiga = &example[..example.find("[tiga]").expect("a [tiga] table")];
+        remora_rack::RackConfig::parse(&format!("{before_tiga}[tiga]\n{tiga}\n")).unwrap()
+    }
+
+    /// The records live in the memory node's memory: 100,000 records of
+    /// 4 KiB for three apps passed a 64 MiB node and took 1.2 GB.
+    #[test]
+    fn records_past_the_memory_nodes_memory_are_refused() {
+        let small = rack_with("records = 32\nrecord_bytes = 1024");
+        assert!(TigaSection::from_rack(&small).unwrap().is_some());
+        let large = rack_with("records = 100000\nrecord_bytes = 4032");
+        assert!(matches!(
+            TigaSection::from_rack(&large),
+            Err(TigaSectionError::Invalid {
+                field: "records",
+                ..
+            })
+        ));
     }
 
     fn section(text: &str) -> Result<TigaSection, TigaSectionError> {

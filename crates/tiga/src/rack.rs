@@ -687,8 +687,9 @@ pub fn build_data(
     records_per_app: u64,
     bytes: usize,
 ) -> Result<(Vec<u8>, Vec<RecordLocation>), crate::apps::PayloadSizeError> {
-    let mut memory = Vec::new();
-    let mut locations = Vec::new();
+    let records = apps.len() * records_per_app as usize;
+    let mut memory = Vec::with_capacity(records * bytes);
+    let mut locations = Vec::with_capacity(records);
     for &app in apps {
         for id in 0..records_per_app {
             let record = app.make_payload(seed, id, bytes)?;

@@ -148,6 +148,10 @@ pub enum RunError {
     TooManyRequests(f64),
     #[error("the run would detect {0} times (its duration over the detection period): at most {MAX_DETECTIONS}")]
     TooManyDetections(u64),
+    #[error("a run of {0} ns is past the longest, {MAX_DURATION_NS} ns (an hour of virtual time)")]
+    TooLong(u64),
+    #[error("the calibration: {0}")]
+    Calibration(#[from] crate::calibration::CalibrationError),
     #[error("the measurement window starts at {measure_from_ns} ns, after the run's end at {duration_ns} ns")]
     BadWindow {
         measure_from_ns: u64,
@@ -385,6 +389,9 @@ pub fn run(
     calibration: &Calibration,
 ) -> Result<RunReport, RunError> {
     validate(workload, config)?;
+    // Unchecked, a calibration missing an app panicked, and one with an
+    // app of no stages ran the next app's stages in its place.
+    calibration.check()?;
     let mut run = Run::new(scheme, workload, config, calibration)?;
     run.execute();
     run.finish()
@@ -415,6 +422,10 @@ pub fn check_detection(config: &SocConfig, calibration: &Calibration) -> Result<
 /// The most requests one run offers: each keeps a status byte, and a
 /// valid but huge load once asked for more memory than there is.
 pub const MAX_REQUESTS: u64 = 1 << 30;
+/// The longest run, in virtual time: an hour. Unbounded, arrivals far
+/// apart in a run of 2^64 ns overflowed virtual time (a panic in debug,
+/// a wrapped clock that never ended in release).
+pub const MAX_DURATION_NS: u64 = 3_600_000_000_000;
 /// The most detection periods one run has: each keeps a timeline point
 /// (a period of 1 ns over a second asked for 10^9 of them).
 pub const MAX_DETECTIONS: u64 = 1 << 24;
@@ -436,6 +447,9 @@ fn validate(workload: &Workload, config: &SocConfig) -> Result<(), RunError> {
     }
     if !(workload.offered_per_second.is_finite() && workload.offered_per_second > 0.0) {
         return Err(RunError::BadLoad(workload.offered_per_second));
+    }
+    if workload.duration_ns > MAX_DURATION_NS {
+        return Err(RunError::TooLong(workload.duration_ns));
     }
     let requests = workload.offered_per_second * workload.duration_ns as f64 / 1e9;
     if requests > MAX_REQUESTS as f64 {
@@ -608,7 +622,7 @@ impl<'a> Run<'a> {
             if next_arrival <= next_event && next_arrival < end {
                 let now = next_arrival;
                 self.arrive(now);
-                next_arrival += self.gap(mean_gap_ns);
+                next_arrival = next_arrival.saturating_add(self.gap(mean_gap_ns));
                 self.dispatch(now);
             } else if next_event < end {
                 let Reverse((now, _, event)) = self.events.pop().expect("peeked");
@@ -1418,6 +1432,47 @@ mod tests {
         let calibration = Calibration::fixed_for_tests();
         let result = run(Scheme::Tiga, &workload, &SocConfig::default(), &calibration);
         assert!(matches!(result, Err(RunError::TooManyRequests(_))));
+    }
+
+    /// A run of 2^64 ns with arrivals 10^18 ns apart overflowed virtual
+    /// time after its last arrival: a panic in debug, a wrapped clock that
+    /// never ended in release. Runs are at most an hour.
+    #[test]
+    fn a_run_past_an_hour_of_virtual_time_is_refused() {
+        let workload = Workload {
+            offered_per_second: 1e-9,
+            duration_ns: u64::MAX,
+            measure_from_ns: 0,
+            ..workload()
+        };
+        let calibration = Calibration::fixed_for_tests();
+        let result = run(
+            Scheme::FairNic,
+            &workload,
+            &SocConfig::default(),
+            &calibration,
+        );
+        assert!(
+            matches!(result, Err(RunError::TooLong(u64::MAX))),
+            "{result:?}"
+        );
+    }
+
+    /// An unchecked calibration ran: one missing an app panicked, and one
+    /// with an app of no stages ran the next app's stages in its place.
+    #[test]
+    fn a_run_refuses_a_calibration_that_does_not_check() {
+        let mut calibration = Calibration::fixed_for_tests();
+        calibration.apps[0].stages.clear();
+        let workload = Workload {
+            apps: vec![App::Spark, App::Mvs],
+            ..workload()
+        };
+        let result = run(Scheme::Tiga, &workload, &SocConfig::default(), &calibration);
+        assert!(
+            matches!(result, Err(RunError::Calibration(_))),
+            "{result:?}"
+        );
     }
 
     /// An alternating payload with no sizes divided by zero at the first

@@ -481,10 +481,22 @@ fn fig6_and_fig2_fig3(bench: &mut Bench) -> Result<(), TigaBenchError> {
             );
         }
         fig2_fig3_from(bench, &label, &runs);
-        let lowest = throughput.iter().copied().fold(f64::INFINITY, f64::min);
-        moderate_latency(bench, &apps, 0.5 * lowest, &config)?;
+        match moderate_load(&throughput) {
+            Some(offered) => moderate_latency(bench, &apps, offered, &config)?,
+            None => bench.progress.suspend(|| {
+                println!("  {label}: a scheme served nothing, so no load is moderate for all: no latency runs")
+            }),
+        }
     }
     Ok(())
+}
+
+/// Half the throughput of the weakest scheme, the load every scheme
+/// sustains; `None` when one served nothing (offering 0 was a typed error
+/// that stopped the whole bench, every figure lost).
+fn moderate_load(throughput: &[f64]) -> Option<f64> {
+    let lowest = throughput.iter().copied().fold(f64::INFINITY, f64::min);
+    (lowest.is_finite() && lowest > 0.0).then_some(0.5 * lowest)
 }
 
 /// p50 and p99 latency of every scheme at half the load the weakest one
@@ -1039,6 +1051,15 @@ impl CnLoad {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A scheme that served nothing made the moderate load 0, whose run
+    /// was a typed error that stopped the whole bench.
+    #[test]
+    fn no_moderate_load_when_a_scheme_served_nothing() {
+        assert_eq!(moderate_load(&[4.0, 2.0, 8.0]), Some(1.0));
+        assert_eq!(moderate_load(&[4.0, 0.0, 8.0]), None);
+        assert_eq!(moderate_load(&[]), None);
+    }
 
     fn run(served_per_second: f64, cores_busy: f64) -> CnLoad {
         CnLoad {
