@@ -1,7 +1,8 @@
 //! TIGA's adaptive core allocator (§4.1, Eq. 1-4) and its SmartNIC-CPU
 //! co-processing controller (§4.2), with no clock and no I/O: the
-//! simulator and the rack's NDP engine hand each detection period's
-//! counters to [`Controller::on_period`] and apply what it decides.
+//! simulator hands each detection period's counters to
+//! [`Controller::on_period`] and applies what it decides (the rack's NDP
+//! engine forwards a fixed share instead, `forward_every`).
 
 use serde::Serialize;
 

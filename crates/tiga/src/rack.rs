@@ -767,6 +767,23 @@ impl NdpRack {
         })
     }
 
+    /// Stops the rack and says where its CPU went: the NIC and switch
+    /// emulation (the fabric thread, less the agents it ran), the compute
+    /// node's client (its application work: the CN versions it runs) and
+    /// the SmartNIC's engine, apart. Without it the rack's CPU was never
+    /// reported, and the three were one thread's time.
+    pub fn stop(mut self) -> Result<NdpCpu, NdpRackError> {
+        use remora_rack::topology::{COMPUTE_HOST, MEMORY_HOST};
+        self.rack.stop_and_join()?;
+        let account = self.rack.cpu_account();
+        let agent = |host: usize| account.agents[host].first().copied().unwrap_or_default();
+        Ok(NdpCpu {
+            nic_emulation: account.fabric,
+            client: agent(COMPUTE_HOST),
+            engine: agent(MEMORY_HOST),
+        })
+    }
+
     /// Runs `app` on the record at (address, length): on the SmartNIC, or
     /// with `Mode::CpuOnly` by fetching it to the CN.
     pub fn call(&self, app: App, address: u64, length: u32, mode: Mode) -> Outcome {
@@ -810,7 +827,20 @@ impl NdpRack {
     }
 }
 
-/// Why an NDP rack could not start.
+/// Where an [`NdpRack`]'s CPU went ([`NdpRack::stop`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NdpCpu {
+    /// The soft RNICs and the switch: the fabric thread apart from the
+    /// agents it ran.
+    pub nic_emulation: Duration,
+    /// The compute node's client agent (polls that moved): the CN
+    /// versions it runs, CPU-only and forwarded requests alike.
+    pub client: Duration,
+    /// The SmartNIC's engine agent (polls that moved).
+    pub engine: Duration,
+}
+
+/// Why an NDP rack could not start, or stop.
 #[derive(Debug, thiserror::Error)]
 pub enum NdpRackError {
     #[error(transparent)]

@@ -43,6 +43,12 @@ fn the_smartnic_the_forwarded_path_and_cpu_only_give_the_cn_versions_bytes_exact
     assert_eq!(counters.results + counters.forwarded, counters.requests);
     assert_eq!(counters.fetches, 18);
     assert!(counters.dropped.is_empty(), "{:?}", counters.dropped);
+    // Where the CPU went, apart: the emulation, the CN's client (its
+    // versions of forwarded and CPU-only requests) and the engine.
+    let cpu = rack.stop().unwrap();
+    assert!(cpu.nic_emulation > Duration::ZERO, "{cpu:?}");
+    assert!(cpu.client > Duration::ZERO, "{cpu:?}");
+    assert!(cpu.engine > Duration::ZERO, "{cpu:?}");
 }
 
 #[test]

@@ -170,10 +170,32 @@ fn run_section(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_js
     }
     let (counters, unacknowledged) = settled(&ndp);
     failures.extend(unacknowledged);
+    // The NIC and switch emulation apart from the compute node's
+    // application work and the SmartNIC's engine.
+    let cpu = match ndp.stop() {
+        Ok(cpu) => {
+            println!(
+                "tiga: CPU: NIC emulation {:.3} s, compute node's client {:.3} s, SmartNIC engine {:.3} s",
+                cpu.nic_emulation.as_secs_f64(),
+                cpu.client.as_secs_f64(),
+                cpu.engine.as_secs_f64()
+            );
+            serde_json::json!({
+                "nic_emulation_seconds": cpu.nic_emulation.as_secs_f64(),
+                "client_seconds": cpu.client.as_secs_f64(),
+                "engine_seconds": cpu.engine.as_secs_f64(),
+            })
+        }
+        Err(error) => {
+            failures.push(format!("tiga: stopping the rack: {error}"));
+            serde_json::Value::Null
+        }
+    };
     Some(serde_json::json!({
         "runs": runs,
         "forwarded": counters.forwarded,
         "acknowledged": counters.acknowledged,
+        "cpu": cpu,
     }))
 }
 
