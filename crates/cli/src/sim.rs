@@ -447,8 +447,8 @@ fn print_summary(report: &remora_conformance::CampaignReport, config: &ScenarioC
         report.streams_gave_up
     );
     println!(
-        "  seeds with a crash   {:>10}  ({} completions from before the crash checked)",
-        report.seeds_with_crash, report.checked_before_crash
+        "  seeds with a crash   {:>10}  ({} completions and {} responder windows from before the crash checked)",
+        report.seeds_with_crash, report.checked_before_crash, report.windows_checked_before_crash
     );
     println!("  seeds with partition {:>10}", report.seeds_with_partition);
     println!("  frames               {:>10}", report.frames);

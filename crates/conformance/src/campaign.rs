@@ -14,6 +14,9 @@ pub struct CampaignReport {
     pub seeds_with_crash: u64,
     /// Completions crashed hosts produced before their crash, checked.
     pub checked_before_crash: u64,
+    /// Windows crashed hosts served as responders, checked as they were
+    /// when the host died.
+    pub windows_checked_before_crash: u64,
     pub seeds_with_partition: u64,
     pub frames: u64,
     pub retransmitted_packets: u64,
@@ -43,6 +46,7 @@ pub fn run_campaign(
         campaign.streams_gave_up += report.streams_gave_up as u64;
         campaign.seeds_with_crash += u64::from(report.crashed);
         campaign.checked_before_crash += report.checked_before_crash as u64;
+        campaign.windows_checked_before_crash += report.windows_checked_before_crash as u64;
         campaign.seeds_with_partition += u64::from(report.partitioned);
         campaign.frames += report.frames;
         campaign.retransmitted_packets += report.retransmitted_packets;

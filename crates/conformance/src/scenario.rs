@@ -185,6 +185,9 @@ pub struct SeedReport {
     pub crashed: bool,
     /// Completions a crashed host produced before its crash, checked.
     pub checked_before_crash: usize,
+    /// Windows a crashed host served as responder, checked as they were
+    /// when it died.
+    pub windows_checked_before_crash: usize,
     pub partitioned: bool,
     /// What the link's faults did, both directions: a campaign shows the
     /// faults it asked for happened (a broken profile passed silently).
@@ -730,7 +733,14 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
             }),
             (None, None) => None,
         };
-        let responder_completions = completions[stream.responder.0].as_deref();
+        let crashed_window = before_crash
+            .as_ref()
+            .and_then(|before| before.target[index].as_deref());
+        let responder = match (completions[stream.responder.0].as_deref(), crashed_window) {
+            (Some(all), _) => ResponderView::Live(all),
+            (None, Some(window)) => ResponderView::CrashedWith(window),
+            (None, None) => ResponderView::Gone,
+        };
         let opposite_violation = streams.iter().any(|other| {
             !std::ptr::eq(other, stream)
                 && other.connection == stream.connection
@@ -746,14 +756,7 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
             may_give_up,
             opposite_violation,
         };
-        check_stream(
-            &sim,
-            stream,
-            requester,
-            responder_completions,
-            context,
-            &mut report,
-        );
+        check_stream(&sim, stream, requester, responder, context, &mut report);
     }
     for (host, completions) in hosts.iter().zip(&completions) {
         // A crashed host's NIC is fresh: its region is gone with it.
@@ -843,6 +846,9 @@ struct BeforeCrash {
     host: NodeId,
     completions: Vec<WorkCompletion>,
     local: Vec<Option<Vec<u8>>>,
+    /// By stream, the window of each stream the victim served as
+    /// responder: what its requests had done there when the host died.
+    target: Vec<Option<Vec<u8>>>,
 }
 
 /// Runs the safety phase, stopping just before a crash drawn in it to take
@@ -890,21 +896,27 @@ fn before_crash(
     let mut completions = Vec::new();
     take_completions(sim, victim, &mut completions);
     let nic = sim.node(victim.id).nic();
+    let copy = |region: &MemoryRegion, length_bytes: u64| {
+        let mut bytes = vec![0u8; length_bytes as usize];
+        nic.read_local(region.lkey, region.address, &mut bytes)
+            .expect("a live host's region");
+        bytes
+    };
     let local = streams
         .iter()
         .map(|stream| {
-            (stream.requester == victim.id).then(|| {
-                let mut bytes = vec![0u8; stream.local.length_bytes as usize];
-                nic.read_local(stream.local.lkey, stream.local.address, &mut bytes)
-                    .expect("a live host's local region");
-                bytes
-            })
+            (stream.requester == victim.id).then(|| copy(&stream.local, stream.local.length_bytes))
         })
+        .collect();
+    let target = streams
+        .iter()
+        .map(|stream| (stream.responder == victim.id).then(|| copy(&stream.target, WINDOW_BYTES)))
         .collect();
     BeforeCrash {
         host: victim.id,
         completions,
         local,
+        target,
     }
 }
 
@@ -943,6 +955,16 @@ impl LocalSlots<'_> {
     }
 }
 
+/// What the checks see of a stream's responder.
+enum ResponderView<'a> {
+    /// Alive at the end: its completions (and its window, on the device).
+    Live(&'a [WorkCompletion]),
+    /// Crashed: its window as it was when the host died.
+    CrashedWith(&'a [u8]),
+    /// Neither.
+    Gone,
+}
+
 #[derive(Clone, Copy)]
 struct CheckContext {
     /// Giving up (the retry limit) is legal in this run.
@@ -959,7 +981,7 @@ fn check_stream(
     sim: &Simulation<HostNode>,
     stream: &Stream,
     requester: Option<RequesterView<'_>>,
-    responder_completions: Option<&[WorkCompletion]>,
+    responder: ResponderView<'_>,
     context: CheckContext,
     report: &mut SeedReport,
 ) {
@@ -987,7 +1009,21 @@ fn check_stream(
     };
     report.succeeded += succeeded;
     report.streams_gave_up += usize::from(gave_up);
-    if let Some(all) = responder_completions {
+    let all = match responder {
+        ResponderView::Live(all) => all,
+        // The crashed responder's window as it died: every request its
+        // requester saw succeed, the old device had done by then (the
+        // restarted one has no queue pairs). Unchecked, a responder that
+        // acknowledged a WRITE it never applied just before a crash
+        // passed (half the crash seeds crash a responder).
+        ResponderView::CrashedWith(window) => {
+            check_responder_window(stream, window, succeeded, &mut fail);
+            report.windows_checked_before_crash += 1;
+            return;
+        }
+        ResponderView::Gone => return,
+    };
+    {
         let receives: Vec<_> = all
             .iter()
             .filter(|c| c.qpn == stream.responder_qpn && is_receive(c))
@@ -1184,6 +1220,18 @@ fn check_responder_memory(
     device
         .read_local(stream.target.lkey, stream.target.address, &mut memory)
         .expect("live responder window");
+    check_responder_window(stream, &memory, lower, fail);
+}
+
+/// `memory`, a responder's window, must be the effect of an in-order
+/// prefix of at least `lower` of the stream's operations (a multi-packet
+/// WRITE may be cut off after whole packets).
+fn check_responder_window(
+    stream: &Stream,
+    memory: &[u8],
+    lower: usize,
+    fail: &mut impl FnMut(String),
+) {
     let mut model = WindowModel::new();
     // The closest prefix, to say where the memory went wrong.
     let mut closest = (usize::MAX, 0, 0);
@@ -1192,11 +1240,11 @@ fn check_responder_memory(
             let differences = model
                 .bytes()
                 .iter()
-                .zip(&memory)
+                .zip(memory)
                 .filter(|(a, b)| a != b)
                 .count();
             if differences == 0
-                || is_cut_off_write(&model, stream.operations.get(k), stream.mtu, &memory)
+                || is_cut_off_write(&model, stream.operations.get(k), stream.mtu, memory)
             {
                 return;
             }
@@ -1204,7 +1252,7 @@ fn check_responder_memory(
                 let first = model
                     .bytes()
                     .iter()
-                    .zip(&memory)
+                    .zip(memory)
                     .position(|(a, b)| a != b)
                     .unwrap_or(0);
                 closest = (differences, k, first);

@@ -51,6 +51,11 @@ fn assert_faults_happened(faults: &FaultProfile, report: &CampaignReport) {
         report.seeds_with_crash == 0 || report.checked_before_crash > 0,
         "crashes happened and nothing their victims completed was checked: {report:?}"
     );
+    // Nor what they had done as responders.
+    assert!(
+        report.seeds_with_crash == 0 || report.windows_checked_before_crash > 0,
+        "crashes happened and no window their victims served was checked: {report:?}"
+    );
 }
 
 #[test]
