@@ -722,6 +722,7 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
             counters.received_dropped + counters.transmitted_dropped
         })
         .sum();
+    report.pipeline_frames_dropped = pipeline_drops;
     let lossy = frames_went_missing(&link_counters, pipeline_drops);
     for (index, stream) in streams.iter().enumerate() {
         let requester = match (&completions[stream.requester.0], &before_crash) {
@@ -774,10 +775,7 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
         report.retransmitted_packets += counters.packets_retransmitted;
         report.retransmit_timeouts += counters.retransmit_timeouts;
         if let Some(pipeline) = node.pipeline() {
-            let pipeline = pipeline.counters();
-            report.pipeline_frames_dropped +=
-                pipeline.received_dropped + pipeline.transmitted_dropped;
-            report.atomics_serialized += pipeline.atomics_serialized;
+            report.atomics_serialized += pipeline.counters().atomics_serialized;
         }
     }
     report
