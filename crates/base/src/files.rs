@@ -41,6 +41,21 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     }
 }
 
+/// Makes `path`, which must not exist yet, holding `bytes`, synced. A
+/// write that fails removes it: a file left half written is taken for a
+/// whole one by whoever finds it.
+pub fn create_new_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    let written = file.write_all(bytes).and_then(|()| file.sync_all());
+    if written.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    written
+}
+
 /// Writes `bytes` to a new file beside `target` and renames it over
 /// `target`, keeping `target`'s permissions.
 fn write_beside(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -61,14 +76,11 @@ fn write_beside(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let permissions = std::fs::metadata(target)
         .ok()
         .map(|there| there.permissions());
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&partial)?;
+    create_new_file(&partial, bytes)?;
     let written = permissions
-        .map_or(Ok(()), |permissions| file.set_permissions(permissions))
-        .and_then(|()| file.write_all(bytes))
-        .and_then(|()| file.sync_all())
+        .map_or(Ok(()), |permissions| {
+            std::fs::set_permissions(&partial, permissions)
+        })
         .and_then(|()| std::fs::rename(&partial, target));
     if written.is_err() {
         let _ = std::fs::remove_file(&partial);

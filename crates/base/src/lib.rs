@@ -24,7 +24,7 @@ mod probability;
 mod time;
 
 pub use copy::{copy_bytes, extend_bytes, BufferPool, COPY_PIECE_BYTES};
-pub use files::replace_file;
+pub use files::{create_new_file, replace_file};
 pub use listening::{await_listening, tcp_port_is_listening};
 pub use port::PortId;
 pub use position::at_position;

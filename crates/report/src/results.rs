@@ -107,7 +107,7 @@ fn save_linking(
         // too (a reader may see it half written, never another run's).
         let mut named = match linking {
             true => link(&partial, &path),
-            false => create_new(&path, &text),
+            false => remora_base::create_new_file(&path, text.as_bytes()),
         };
         if linking
             && named
@@ -115,7 +115,7 @@ fn save_linking(
                 .is_err_and(|error| error.kind() != ErrorKind::AlreadyExists)
         {
             linking = false;
-            named = create_new(&path, &text);
+            named = remora_base::create_new_file(&path, text.as_bytes());
         }
         match named {
             Ok(()) => {
@@ -142,23 +142,6 @@ fn save_linking(
             "no free name among {MAX_NAME_TRIES} after {bench}-{now_milliseconds}.json"
         )))
     })
-}
-
-fn create_new(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)?;
-    let written = file
-        .write_all(text.as_bytes())
-        .and_then(|()| file.sync_all());
-    // Left half written, it was the latest run, and `remora report`
-    // failed on it until someone removed it.
-    if written.is_err() {
-        let _ = std::fs::remove_file(path);
-    }
-    written
 }
 
 /// Names a save tries past the current millisecond's.
