@@ -538,7 +538,6 @@ mod tests {
     /// before the redo landed the write whole. It waits for the redo.
     #[test]
     fn a_dead_queue_pairs_write_stays_guarded_during_reconnection() {
-        use remora_host::Agent;
         use remora_rnic::back_to_back::{Direction, Verdict};
         let mut fabric = BackToBack::new(7);
         let spec = CowbirdSpec {
@@ -559,23 +558,14 @@ mod tests {
         while deployment.engine.stats().reconnects == 0 {
             turns += 1;
             assert!(turns < 10_000, "the engine never gave the queue pair up");
-            deployment
-                .engine
-                .turn(fabric.now, &mut fabric.right)
-                .unwrap();
-            fabric.run_filtered(10_000, &mut lose_payloads);
-            fabric.now = fabric.now.saturating_add(Duration::from_micros(5));
+            spot_step(&mut deployment, &mut fabric, false, &mut lose_payloads);
         }
         // The compute node's connection service is not polled yet: the
         // first thread's instance stays reconnecting.
         deployment.clients[1].async_read(0, 0, 1024).unwrap();
+        let mut deliver = |_, _: &mut [u8]| Verdict::Deliver;
         for _ in 0..16 {
-            deployment
-                .engine
-                .turn(fabric.now, &mut fabric.right)
-                .unwrap();
-            fabric.run(10_000);
-            fabric.now = fabric.now.saturating_add(Duration::from_micros(5));
+            spot_step(&mut deployment, &mut fabric, false, &mut deliver);
         }
         assert_eq!(
             deployment.engine.stats().reads,
@@ -585,14 +575,7 @@ mod tests {
         assert!(deployment.engine.stats().stalls > 0);
         // Reconnected, the redo lands the write, and the read is served.
         for _ in 0..2_000 {
-            let now = fabric.now;
-            let _ = deployment
-                .connection_service
-                .poll(now, &mut fabric.left)
-                .unwrap();
-            deployment.engine.turn(now, &mut fabric.right).unwrap();
-            fabric.run(10_000);
-            fabric.now = fabric.now.saturating_add(Duration::from_micros(5));
+            spot_step(&mut deployment, &mut fabric, true, &mut deliver);
             if deployment.engine.stats().reads == 1 {
                 break;
             }
