@@ -580,8 +580,10 @@ fn entry_length(
     // The length picks the class the slot is freed into: one the
     // checksum does not vouch for (100 bytes claimed in a 64-byte slot)
     // sent the slot to a larger class, where it overlapped the next one.
+    // The header is in hand: only the value is read.
     let mut entry = vec![0u8; HEADER_BYTES + length];
-    memory.read(offset, &mut entry)?;
+    entry[..HEADER_BYTES].copy_from_slice(&header);
+    memory.read(offset + HEADER_BYTES as u64, &mut entry[HEADER_BYTES..])?;
     decode_entry(&entry).map_err(|error| broken(format!("entry at {offset:#x}: {error}")))?;
     Ok(length)
 }
