@@ -2,13 +2,18 @@
 //! access rights checked on every access.
 //!
 //! The regions live inside the device, as host memory pinned for DMA would.
-//! Keys carry a slot index and an 8-bit generation, as a ConnectX's memory
-//! keys carry an index and an 8-bit variant. A freed slot is reused only
-//! once every slot has been used, least recently freed first, so a key
-//! from a deregistered region names nothing, and reaches a later region
-//! only after 256 reuses of its slot: at least `max_regions` × 256
-//! registrations later. Remote keys are salted per device so that one
-//! device's lkeys are not its rkeys.
+//! Keys carry a 24-bit index and an 8-bit variant, as a ConnectX's memory
+//! keys do. A slot answers to every index that is its own modulo
+//! `max_regions`, and each registration in it takes the next variant, then
+//! the next of its indexes, so a key from a deregistered region names
+//! nothing, and reaches a later region only after 256 × (2^24 /
+//! `max_regions`) registrations in its slot (4 million at the default
+//! 1024 regions). A freed slot is reused only once every slot has been
+//! used, least recently freed first, which spreads reuse over the free
+//! slots; with one slot free, every registration lands in it, and 256
+//! registrations reached the first key again when a slot had one index.
+//! Remote keys are salted per device so that one device's lkeys are not
+//! its rkeys.
 
 use crate::host_memory::{ExternalMemory, HostMemory};
 use crate::verbs::VerbsError;
@@ -20,6 +25,8 @@ use std::ops::Range;
 /// Gap between regions, so an overrun of one never lands in the next.
 const GUARD_BYTES: u64 = 4096;
 const FIRST_ADDRESS: u64 = 0x1000_0000;
+/// Key indexes: a key's upper 24 bits.
+const KEY_INDEXES: u32 = 1 << 24;
 
 #[derive(Debug)]
 struct Region {
@@ -118,7 +125,8 @@ pub(crate) enum RemoteAccessFault {
 #[derive(Debug)]
 pub(crate) struct MemoryTable {
     slots: Vec<Option<Region>>,
-    generations: Vec<u8>,
+    /// Registrations made in each slot: its key's variant and index.
+    registrations: Vec<u32>,
     /// Freed slots, least recently freed first.
     freed: std::collections::VecDeque<usize>,
     rkey_salt: u32,
@@ -132,7 +140,7 @@ impl MemoryTable {
         assert!(max_regions > 0 && max_regions < (1 << 23));
         MemoryTable {
             slots: Vec::with_capacity(max_regions),
-            generations: Vec::with_capacity(max_regions),
+            registrations: Vec::with_capacity(max_regions),
             freed: std::collections::VecDeque::with_capacity(max_regions),
             rkey_salt,
             next_address: FIRST_ADDRESS,
@@ -248,8 +256,8 @@ impl MemoryTable {
         access: AccessFlags,
         bytes: Backing,
     ) -> Result<MemoryRegion, VerbsError> {
-        self.generations[slot] = self.generations[slot].wrapping_add(1);
-        let key = ((slot as u32 + 1) << 8) | u32::from(self.generations[slot]);
+        self.registrations[slot] = self.registrations[slot].wrapping_add(1);
+        let key = self.key_of(slot, self.registrations[slot]);
         let handle = MemoryRegion {
             lkey: Lkey(key),
             rkey: Rkey(key ^ self.rkey_salt),
@@ -271,7 +279,7 @@ impl MemoryTable {
     fn free_slot(&mut self) -> Result<usize, VerbsError> {
         if self.slots.len() < self.max_regions {
             self.slots.push(None);
-            self.generations.push(0);
+            self.registrations.push(0);
             return Ok(self.slots.len() - 1);
         }
         self.freed.pop_front().ok_or(VerbsError::TooManyObjects {
@@ -290,8 +298,25 @@ impl MemoryTable {
         Ok(())
     }
 
+    /// Indexes each slot has: index `1 + slot + max_regions × n` for every
+    /// `n` below this (index 0 is no key's).
+    fn indexes_per_slot(&self) -> u32 {
+        (KEY_INDEXES - 1) / self.max_regions as u32
+    }
+
+    /// The key of the `registration`th region in `slot`: the variant
+    /// turns fastest, then the slot's index.
+    fn key_of(&self, slot: usize, registration: u32) -> u32 {
+        let variant = registration & 0xff;
+        let turn = (registration >> 8) % self.indexes_per_slot();
+        let index = 1 + slot as u32 + self.max_regions as u32 * turn;
+        debug_assert!(index < KEY_INDEXES);
+        (index << 8) | variant
+    }
+
     fn slot_of_key(&self, key: u32) -> Option<usize> {
-        let slot = usize::try_from(key >> 8).ok()?.checked_sub(1)?;
+        let index = usize::try_from(key >> 8).ok()?.checked_sub(1)?;
+        let slot = index % self.max_regions;
         let region = self.slots.get(slot)?.as_ref()?;
         (region.handle.lkey.0 == key).then_some(slot)
     }
@@ -552,6 +577,46 @@ mod tests {
                 table.check_remote(pd, first.rkey, region.address, 8, AccessFlags::REMOTE_READ);
             assert!(stale.is_err(), "the first rkey reached a later region");
             table.deregister(region.lkey).unwrap();
+        }
+    }
+
+    /// With one slot free, every registration reused it, and its 8-bit
+    /// variant brought the first region's rkey back after 256
+    /// registrations: a peer holding it reached the region registered
+    /// then.
+    #[test]
+    fn a_deregistered_key_names_nothing_when_one_slot_is_reused() {
+        let mut table = MemoryTable::new(2, 1 << 20, 0x5a5a_0000);
+        let pd = ProtectionDomain(0);
+        let _kept = table.register(pd, 4096, AccessFlags::ALL).unwrap();
+        let first = table.register(pd, 4096, AccessFlags::ALL).unwrap();
+        table.deregister(first.lkey).unwrap();
+        let mut keys = std::collections::HashSet::from([first.rkey]);
+        for _ in 0..64 * 256 {
+            let region = table.register(pd, 4096, AccessFlags::ALL).unwrap();
+            assert!(keys.insert(region.rkey), "{:?} came back", region.rkey);
+            let stale =
+                table.check_remote(pd, first.rkey, region.address, 8, AccessFlags::REMOTE_READ);
+            assert!(stale.is_err(), "the first rkey reached a later region");
+            assert_eq!(table.handle(region.lkey).unwrap(), region);
+            table.deregister(region.lkey).unwrap();
+        }
+    }
+
+    /// At the largest table, each slot has two indexes, and every key
+    /// still finds its own slot.
+    #[test]
+    fn keys_of_the_largest_table_name_their_slots() {
+        let max_regions = (1 << 23) - 1;
+        let table = MemoryTable::new(max_regions, 1 << 20, 0);
+        assert_eq!(table.indexes_per_slot(), 2);
+        for slot in [0, 1, max_regions / 2, max_regions - 1] {
+            for registration in [1, 255, 256, 511, 512, u32::MAX] {
+                let key = table.key_of(slot, registration);
+                let index = (key >> 8) as usize;
+                assert!(index >= 1 && index < KEY_INDEXES as usize);
+                assert_eq!((index - 1) % max_regions, slot);
+            }
         }
     }
 
