@@ -142,12 +142,31 @@ pub struct MemoryStage {
     host_ports: ExactTable<Ipv4Address, PortId>,
     /// Allocs and frees awaiting their daemon's reply, since when.
     pending: ExactTable<PendingKey, (Timestamp, Awaiting)>,
+    /// Allocs and frees whose reply passed, since when: RC sends a request
+    /// again when its ACK was lost, even after the reply came, and the
+    /// resend must pass (the memory node's RNIC acknowledges it as a
+    /// duplicate without running it again).
+    answered: ExactTable<PendingKey, (Timestamp, Awaiting)>,
     counters: MemoryCounters,
 }
 
 /// An alloc whose reply has not passed this long is forgotten (its node
 /// died), so that it stops holding room in the ACL.
 const PENDING_ALLOC_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Forgets the entries of `table` older than `PENDING_ALLOC_LEASE`: a
+/// request whose reply never came (its node died), or an answered one no
+/// resend can follow any more.
+fn forget_older_than(table: &mut ExactTable<PendingKey, (Timestamp, Awaiting)>, now: Timestamp) {
+    let stale: Vec<PendingKey> = table
+        .iter()
+        .filter(|(_, (since, _))| since.saturating_add(PENDING_ALLOC_LEASE) < now)
+        .map(|(key, _)| *key)
+        .collect();
+    for key in stale {
+        table.remove(&key);
+    }
+}
 
 /// The memory stage's sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,6 +226,12 @@ impl MemoryStage {
                 128,
                 config.pending_allocs,
             )),
+            answered: ExactTable::new(shape(
+                "gatekeeper_answered_requests",
+                96,
+                128,
+                config.pending_allocs,
+            )),
             counters: MemoryCounters::default(),
         }
     }
@@ -221,6 +246,7 @@ impl MemoryStage {
         report.tables.push(self.connections.resources());
         report.tables.push(self.host_ports.resources());
         report.tables.push(self.pending.resources());
+        report.tables.push(self.answered.resources());
     }
 
     pub fn register_node(
@@ -475,7 +501,9 @@ impl MemoryStage {
             self.counters.messages_refused += 1;
             return false;
         };
+        let key = (memory, source, request.request_id);
         let allowed = match request.operation {
+            _ if self.is_resend_of_answered(now, key, &request) => true,
             DsmOperation::Allocate => {
                 let awaiting = Awaiting::Allocate { size: request.size };
                 self.await_reply(now, (memory, source, request.request_id), awaiting)
@@ -508,20 +536,36 @@ impl MemoryStage {
         allowed
     }
 
+    /// Whether `request` is an alloc or a free whose reply already passed,
+    /// sent again by RC because its ACK was lost. Refused, the resend
+    /// failed a free that happened (its rules were gone), and the
+    /// client's channel, resuming at the refused PSN, had its next request
+    /// taken by the memory node for a duplicate of the free and never run.
+    fn is_resend_of_answered(
+        &mut self,
+        now: Timestamp,
+        key: PendingKey,
+        request: &message::Request,
+    ) -> bool {
+        let awaiting = match request.operation {
+            DsmOperation::Allocate => Awaiting::Allocate { size: request.size },
+            DsmOperation::Free => Awaiting::Free {
+                offset: request.offset,
+            },
+            DsmOperation::Snapshot | DsmOperation::Restore | DsmOperation::Stat => return false,
+        };
+        forget_older_than(&mut self.answered, now);
+        self.answered
+            .lookup(&key)
+            .is_some_and(|(_, answered)| *answered == awaiting)
+    }
+
     /// Remembers a request until its reply passes; an alloc also keeps
     /// room for its rule. Requests whose replies never came (their node
     /// died) are forgotten first. A request sent again (same key) waits on
     /// the first one's entry.
     fn await_reply(&mut self, now: Timestamp, key: PendingKey, awaiting: Awaiting) -> bool {
-        let stale: Vec<PendingKey> = self
-            .pending
-            .iter()
-            .filter(|(_, (since, _))| since.saturating_add(PENDING_ALLOC_LEASE) < now)
-            .map(|(key, _)| *key)
-            .collect();
-        for key in stale {
-            self.pending.remove(&key);
-        }
+        forget_older_than(&mut self.pending, now);
         if let Some((_, pending)) = self.pending.lookup(&key) {
             // The same request sent again rides on the first's entry. A
             // different one under the same id is refused: taken, it
@@ -544,6 +588,23 @@ impl MemoryStage {
         true
     }
 
+    /// Keeps an answered request for its resends; a full table forgets
+    /// its oldest entry (whose resends, long overdue, are refused).
+    fn remember_answered(&mut self, key: PendingKey, since: Timestamp, awaiting: Awaiting) {
+        if self.answered.len() >= self.answered.resources().capacity {
+            let oldest = self
+                .answered
+                .iter()
+                .min_by_key(|(_, (since, _))| *since)
+                .map(|(key, _)| *key);
+            if let Some(oldest) = oldest {
+                self.answered.remove(&oldest);
+            }
+        }
+        // Room was made above, so the insert cannot fail for space.
+        let _ = self.answered.insert(key, (since, awaiting));
+    }
+
     /// A daemon's reply to an alloc installs the requester's control; to
     /// a free, deletes the allocation's rules.
     fn watch_reply(&mut self, packet: &mut Packet) {
@@ -564,9 +625,10 @@ impl MemoryStage {
             return;
         };
         let key = (ipv4.source, ipv4.destination, reply.request_id);
-        let Some((_, awaiting)) = self.pending.remove(&key) else {
+        let Some((since, awaiting)) = self.pending.remove(&key) else {
             return;
         };
+        self.remember_answered(key, since, awaiting);
         if reply.status != Status::Ok {
             return;
         }
@@ -764,6 +826,64 @@ mod tests {
         let mut packet = Packet::new(bytes, PortId(0), headers);
         stage.judge(Timestamp::ZERO, &mut packet, &mut VecDeque::new());
         packet.egress != Egress::Drop
+    }
+
+    /// A DSM SEND (a request from the client, or a reply from the memory
+    /// node) through the stage; whether it passed.
+    fn dsm_passes(stage: &mut MemoryStage, from_client: bool, message: [u8; 24]) -> bool {
+        let (from, to, queue_pair) = match from_client {
+            true => (CLIENT, MEMORY, 0x21),
+            false => (MEMORY, CLIENT, 0x11),
+        };
+        let bth = BthRepr::new(Opcode::SendOnly, qpn(queue_pair), Psn::new(5));
+        let repr = FrameRepr::between(from, to, 0xc000, bth).with_payload_len(message.len());
+        let mut bytes = vec![0u8; MAX_FRAME_LEN];
+        let length = emit_frame(&repr, &message, &mut bytes).expect("a SEND fits");
+        bytes.truncate(length);
+        let headers = remora_switch::parser::parse(&bytes).expect("it parses");
+        let mut packet = Packet::new(bytes, PortId(0), headers);
+        stage.judge(Timestamp::ZERO, &mut packet, &mut VecDeque::new());
+        packet.egress != Egress::Drop
+    }
+
+    /// A free ran and its reply passed, deleting the rules, but the
+    /// memory node's ACK of the free was lost, so RC sent the free again.
+    /// The stage refused the resend with a NAK: the client saw a free
+    /// that happened fail, and its channel, resuming at that PSN, had its
+    /// next request taken for a duplicate and never run.
+    #[test]
+    fn a_free_sent_again_after_its_reply_passed_still_passes() {
+        let mut stage = stage();
+        let free = message::Request {
+            operation: DsmOperation::Free,
+            generation: 0,
+            request_id: 9,
+            offset: 0,
+            size: 0,
+        }
+        .emit();
+        let done = message::Reply {
+            status: Status::Ok,
+            generation: 0,
+            request_id: 9,
+            offset: 0,
+            size: 0,
+        }
+        .emit();
+        assert!(dsm_passes(&mut stage, true, free));
+        assert!(dsm_passes(&mut stage, false, done));
+        assert_eq!(stage.counters().frees, 1);
+        assert!(dsm_passes(&mut stage, true, free), "the resend passes");
+        assert_eq!(stage.counters().refused(), 0);
+        // Only the same request rides on the answered one: another free
+        // of the freed allocation is refused, and no rules came back.
+        let other = message::Request {
+            request_id: 10,
+            ..message::Request::parse(&free).unwrap()
+        }
+        .emit();
+        assert!(!dsm_passes(&mut stage, true, other));
+        assert!(!passes(&mut stage, Opcode::RdmaWriteFirst, 20));
     }
 
     /// Two frees under one request id: the second rode on the first's
