@@ -1323,12 +1323,17 @@ impl Gatekeeper {
         }
         let mut edge = match kept {
             // A resend keeps the call as it first passed: its time, its
-            // pointer and its lease (a resend naming another pointer
-            // gets no lease on it).
+            // pointer, its lease (a resend naming another pointer gets no
+            // lease on it) and its callee (recovery moves that to a
+            // replacement). Sent where the method's route pointed now, a
+            // resend after the route moved ran the call twice, and the
+            // first callee's reply was dropped as forged, so its lease on
+            // the pointer never ended.
             Some(kept) => CallEdge {
                 since: kept.since,
                 pointer: kept.pointer,
                 lent: kept.lent,
+                callee: kept.callee,
                 ..edge
             },
             None => edge,
@@ -1348,10 +1353,10 @@ impl Gatekeeper {
                 debug_assert!(updated.is_ok(), "the edge is in the graph already");
             }
         }
-        // Rewrite the destination to the node; forwarding routes it there.
-        readdress(&mut packet.bytes, ip, node);
+        // Rewrite the destination to the callee; forwarding routes it there.
+        readdress(&mut packet.bytes, ip, edge.callee);
         if let Some(fields) = packet.headers.ipv4.as_mut() {
-            fields.destination = node;
+            fields.destination = edge.callee;
         }
         if in_flight && packet.bytes.len() <= MAX_KEPT_FRAME_BYTES {
             // Same capacity as the graph, which just took this call.
@@ -1364,7 +1369,7 @@ impl Gatekeeper {
             values: [
                 u64::from(u32::from_be_bytes(caller.0)),
                 edge.rpc_id,
-                u64::from(u32::from_be_bytes(node.0)),
+                u64::from(u32::from_be_bytes(edge.callee.0)),
                 0,
             ],
         });
@@ -1748,6 +1753,45 @@ mod tests {
         let length = emit_datagram(from, to, &header, &mut frame).unwrap();
         frame.truncate(length);
         frame
+    }
+
+    /// A call in flight was resent after the control plane moved its
+    /// method's route: the resend went to the new node, which ran the call
+    /// a second time, and the first callee's reply was dropped as forged.
+    /// A resend keeps its callee.
+    #[test]
+    fn a_resend_goes_to_its_callee_after_the_route_moved() {
+        let caller = TWO_HOSTS_CALLER;
+        let mut switch = two_hosts(GatekeeperConfig::new(TWO_HOSTS_SERVICE), "make");
+        let moved_to = Ipv4Address::new(10, 0, 0, 3);
+        let gatekeeper = switch.program_mut();
+        gatekeeper
+            .register_node(moved_to, NodeKind::Compute, 1)
+            .unwrap();
+        let service = DatagramEnd {
+            mac: TWO_HOSTS_ROUTER,
+            address: TWO_HOSTS_SERVICE,
+            port: BIFROST_PORT,
+        };
+        let call = BifrostRepr::new(CallType::Call, "make", 7, GlobalAddress::NULL).unwrap();
+        let call = frame(caller, service, call);
+        switch.handle_frame(Timestamp::ZERO, PortId(0), &call);
+        switch.program_mut().route("make", moved_to).unwrap();
+        switch.handle_frame(Timestamp::ZERO, PortId(0), &call);
+        let callees: Vec<Ipv4Address> = switch.program().edges().map(|edge| edge.callee).collect();
+        assert_eq!(callees, [TWO_HOSTS_NODE.address]);
+        // Both passes went to the first callee, on its port.
+        let mut sent_to = Vec::new();
+        let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
+        while let Some((port, length)) = switch.poll_transmit(Timestamp::ZERO, &mut buffer) {
+            let (datagram, _) = remora_wire::datagram::parse_datagram(&buffer[..length]).unwrap();
+            sent_to.push((port, datagram.destination.address));
+        }
+        assert_eq!(sent_to, [(PortId(1), TWO_HOSTS_NODE.address); 2]);
+        // A new call takes the new route.
+        let next = BifrostRepr::new(CallType::Call, "make", 8, GlobalAddress::NULL).unwrap();
+        switch.handle_frame(Timestamp::ZERO, PortId(0), &frame(caller, service, next));
+        assert!(switch.program().edges().any(|edge| edge.callee == moved_to));
     }
 
     /// A reply that came after its call's lease ran out found no edge, so
