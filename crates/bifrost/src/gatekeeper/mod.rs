@@ -1249,6 +1249,15 @@ impl Gatekeeper {
             packet.egress = Egress::Drop;
             return Claim::Taken;
         };
+        // Only calls go to the service address. A reply or an exception
+        // sent there was routed as a call: it held a place in the graph
+        // and a lease for the whole call lease, and a host sending them
+        // kept the graph full for every other caller.
+        if !matches!(header.call_type(), CallType::Call | CallType::Oneway) {
+            self.counters.malformed += 1;
+            packet.egress = Egress::Drop;
+            return Claim::Taken;
+        }
         let Ok(key) = method_key(header.method_name()) else {
             self.counters.malformed += 1;
             packet.egress = Egress::Drop;
@@ -1792,6 +1801,33 @@ mod tests {
         let next = BifrostRepr::new(CallType::Call, "make", 8, GlobalAddress::NULL).unwrap();
         switch.handle_frame(Timestamp::ZERO, PortId(0), &frame(caller, service, next));
         assert!(switch.program().edges().any(|edge| edge.callee == moved_to));
+    }
+
+    /// A reply or an exception sent to the service address was routed as
+    /// a call, with an edge and a lease that lasted the call lease.
+    #[test]
+    fn only_calls_are_routed_from_the_service_address() {
+        let mut switch = two_hosts(GatekeeperConfig::new(TWO_HOSTS_SERVICE), "make");
+        let service = DatagramEnd {
+            mac: TWO_HOSTS_ROUTER,
+            address: TWO_HOSTS_SERVICE,
+            port: BIFROST_PORT,
+        };
+        for (rpc_id, call_type) in [(1, CallType::Reply), (2, CallType::Exception)] {
+            let repr = BifrostRepr::new(call_type, "make", rpc_id, GlobalAddress::NULL).unwrap();
+            let frame = frame(TWO_HOSTS_CALLER, service, repr);
+            switch.handle_frame(Timestamp::ZERO, PortId(0), &frame);
+        }
+        assert_eq!(switch.program().edges().count(), 0);
+        assert_eq!(switch.program().counters().malformed, 2);
+        assert_eq!(switch.queued_frames(), 0);
+        let call = BifrostRepr::new(CallType::Call, "make", 3, GlobalAddress::NULL).unwrap();
+        switch.handle_frame(
+            Timestamp::ZERO,
+            PortId(0),
+            &frame(TWO_HOSTS_CALLER, service, call),
+        );
+        assert_eq!(switch.program().edges().count(), 1);
     }
 
     /// A reply that came after its call's lease ran out found no edge, so
