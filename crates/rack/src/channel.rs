@@ -335,6 +335,28 @@ impl<S> ChannelPool<S> {
         seen
     }
 
+    /// Runs `work` on every channel, once each, taking them all first
+    /// (waiting for those lent). Two callers at once could each hold part
+    /// of the pool and wait for the rest: callers serialize themselves.
+    /// Each channel goes back to the pool even if `work` panics.
+    pub fn with_every(&self, mut work: impl FnMut(&mut Channel<S>)) {
+        let mut taken = Vec::with_capacity(self.count);
+        {
+            let mut channels = lock(&self.channels);
+            while taken.len() < self.count {
+                let (still_held, channel) = self.take_free(channels);
+                channels = still_held;
+                taken.push(Borrowed {
+                    pool: self,
+                    channel: Some(channel),
+                });
+            }
+        }
+        for borrowed in &mut taken {
+            work(borrowed.channel.as_mut().expect("held until dropped"));
+        }
+    }
+
     /// Runs `work` on a free channel (waiting for one). The channel goes
     /// back to the pool even if `work` panics, or every later borrower
     /// (and `with_each`, which waits for them all) would wait for ever.

@@ -169,6 +169,11 @@ struct ProcessPaths {
 
 /// Object ids each process may use: its objects are numbered apart.
 pub const OBJECTS_PER_PROCESS: u32 = 1 << 12;
+/// How long a reserve that found the pool full waits for the DPU to
+/// confirm the writes that hold released objects' rooms, and how often it
+/// asks meanwhile.
+const CONFIRMATION_WAIT: Duration = Duration::from_secs(1);
+const CONFIRMATION_POLL: Duration = Duration::from_millis(2);
 /// The most processes: region ids are 16 bits.
 pub const MAX_PROCESSES: usize = 16;
 
@@ -187,6 +192,10 @@ struct DpuPath {
     /// holds one count in `unconfirmed`, taken back once its pieces have
     /// landed ([`SodaRack::settle_flushes`]).
     flush_holds: Mutex<std::collections::HashSet<ObjectId>>,
+    /// Held while asking every channel for confirmations
+    /// ([`SodaRack::ask_for_confirmations`]): two askers at once could
+    /// each take part of a pool and wait for the rest.
+    asking: Mutex<()>,
 }
 
 impl DpuPath {
@@ -360,6 +369,7 @@ impl SodaRack {
                 busy,
                 unconfirmed: Mutex::new(HashMap::new()),
                 releasing: Mutex::new(Default::default()),
+                asking: Mutex::new(()),
                 flush_holds: Mutex::new(Default::default()),
             });
         }
@@ -563,6 +573,63 @@ impl SodaRack {
             }
         }
         self.free_rooms(settled);
+    }
+
+    /// Asks the DPU, on every channel with writes it has not confirmed,
+    /// how many it has persisted, until no released object's room waits
+    /// on it or [`CONFIRMATION_WAIT`] passes. The DPU reports persisted
+    /// writes only in its replies, so a channel the application stopped
+    /// using kept its last writes unconfirmed, and the rooms of objects
+    /// released with them stayed held: a later reserve found the pool
+    /// full for good.
+    fn ask_for_confirmations(&self, dpu: &DpuPath) {
+        let _asking = dpu.asking.lock().expect("asking lock");
+        let deadline = Instant::now() + CONFIRMATION_WAIT;
+        // Bounded by the deadline.
+        loop {
+            if dpu.releasing.lock().expect("releasing lock").is_empty() || dpu.is_dead() {
+                return;
+            }
+            for paths in &self.processes {
+                if let Some(pool) = &paths.dpu {
+                    pool.with_every(|channel| self.ask_for_confirmation(dpu, channel));
+                }
+            }
+            if Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(CONFIRMATION_POLL);
+        }
+    }
+
+    /// One question on `channel`, if it has unconfirmed writes: a read of
+    /// no bytes from the region of the oldest. Its reply, served or
+    /// refused (a released region is unknown to the DPU), carries the
+    /// channel's persisted count. A failure here is left to the data
+    /// path, which sees the same channel next.
+    fn ask_for_confirmation(&self, dpu: &DpuPath, channel: &mut Channel<WriteTracking>) {
+        let Some(&(_, object)) = channel.state.unconfirmed.front() else {
+            return;
+        };
+        let Ok(region) = Self::region(object) else {
+            return;
+        };
+        let question = SodaRequestRepr::Read(ReadRequestRepr {
+            region,
+            page_offset: 0,
+            destination_address: channel.region.address,
+            size: 0,
+            destination_rkey: channel.region.rkey,
+        });
+        let mut bytes = vec![0u8; question.buffer_len()];
+        question
+            .emit(&mut bytes)
+            .expect("the buffer is the request's length");
+        if let Ok(reply) = channel.two_sided(&self.kicker, question.immediate(), &bytes) {
+            if let Some(immediate) = reply.immediate {
+                self.confirm(dpu, channel, immediate);
+            }
+        }
     }
 
     /// Whether the DPU still writes a flush of `object`'s static copy into
@@ -1078,7 +1145,16 @@ impl ChunkStore for SodaRack {
         self.pins.forget(object);
         self.dynamic.lock().expect("dynamic lock").remove(&object);
         let mut memory = self.memory.lock().expect("memory agent lock");
-        let start = memory.reserve(object, bytes).map_err(pool_error(object))?;
+        let mut reserved = memory.reserve(object, bytes);
+        if let (Err(PoolError::Full { .. }), Some(dpu)) = (&reserved, &self.dpu) {
+            // Released objects' rooms may wait only on confirmations the
+            // DPU gives in replies that nobody asked for.
+            drop(memory);
+            self.ask_for_confirmations(dpu);
+            memory = self.memory.lock().expect("memory agent lock");
+            reserved = memory.reserve(object, bytes);
+        }
+        let start = reserved.map_err(pool_error(object))?;
         let data = crate::store::initial_data(initial, bytes);
         let loaded = data.and_then(|data| memory.write(start, &data).map_err(pool_error(object)));
         if let Err(error) = loaded {

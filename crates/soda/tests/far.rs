@@ -912,6 +912,33 @@ fn a_write_the_dpu_still_holds_never_lands_in_the_next_objects_room() {
     store.stop().unwrap();
 }
 
+/// An object written through the DPU and released waits for the DPU to
+/// confirm its writes before its room is freed; the DPU confirms only in
+/// replies, and nothing asked for one, so the room stayed held and the
+/// next object that needed it found the pool full for good. A reserve
+/// that finds the pool full now asks.
+#[test]
+fn a_room_waiting_on_the_dpus_confirmation_is_freed_for_the_next_reserve() {
+    const POOL_BYTES: u64 = 1 << 20;
+    let config = SodaRackConfig {
+        pool_bytes: POOL_BYTES,
+        ..rack_config(Route::ThroughDpu)
+    };
+    let store = SodaRack::start(&config).unwrap();
+    let (first, second) = (ObjectId(1), ObjectId(2));
+    store.reserve(first, POOL_BYTES, None).unwrap();
+    store.write_back(first, 0, &[7u8; 64 << 10]).unwrap();
+    store.release(first).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while store.dpu_report().unwrap().0.written_bytes < 64 << 10 {
+        assert!(std::time::Instant::now() < deadline, "the DPU never wrote");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    store.reserve(second, POOL_BYTES, None).unwrap();
+    assert!(first_chunk_is(&store, second, 64 << 10, 0));
+    store.stop().unwrap();
+}
+
 /// A static-cache rack whose memory link runs at 200 Mb/s, so that a 4
 /// MiB object's load or flush takes about 170 ms; and such an object.
 fn slow_static_cache_rack() -> (Arc<SodaRack>, ObjectId, usize) {
