@@ -14,7 +14,7 @@
 use crate::endpoint::{
     lock, Driver, FabricThread, NodeEndpoint, Pump, RackClock, Shared, SwitchEndpoint,
 };
-use crate::host_cpu::{poll_on_host, BusyNanos, HostCpu};
+use crate::host_cpu::{poll_seat, BusyNanos, HostCpu, Seat};
 use crate::report::SwitchReport;
 use crate::topology::{HostSpec, LinkSpec, Topology};
 use crate::RackError;
@@ -541,8 +541,7 @@ impl StagedRack {
                 groups[fabric_thread_of_host(index, threads)].push(Arc::new(Mutex::new(
                     AgentPump {
                         host,
-                        agent,
-                        busy_ns: busy,
+                        seat: Seat::new(agent, busy),
                     },
                 )));
             }
@@ -828,26 +827,22 @@ pub struct CpuAccount {
     pub agents: Vec<Vec<Duration>>,
 }
 
-/// An agent as a pump of the fabric thread, its busy time counted apart.
+/// An agent as a pump of the fabric thread, its busy time counted apart:
+/// polled as a host's CPU polls it, on every pump for an agent woken by
+/// frames (the fabric thread pumps when frames move), else when its timer
+/// is due.
 struct AgentPump {
     host: Shared<NodeEndpoint>,
-    agent: Arc<Mutex<dyn Agent>>,
-    busy_ns: BusyNanos,
+    seat: Seat,
 }
 
 impl Pump for AgentPump {
     fn pump(&mut self, clock: &RackClock) -> Result<bool, RackError> {
-        // Agent, then host: the order `EmbeddedRack::restart` takes too.
-        let mut agent = lock(&self.agent);
-        if !agent.woken_by_frames() && agent.poll_timeout().is_none_or(|at| at > clock.now()) {
-            return Ok(false);
-        }
-        poll_on_host(&mut *agent, &self.host, clock, &self.busy_ns)
+        poll_seat(&mut self.seat, &self.host, clock, clock.now(), true)
     }
 
     fn deadline(&self, clock: &RackClock) -> Option<Instant> {
-        let at: Option<Timestamp> = lock(&self.agent).poll_timeout();
-        at.map(|at| clock.instant(at))
+        self.seat.next_poll().map(|at| clock.instant(at))
     }
 
     fn has_frames(&mut self) -> bool {

@@ -72,12 +72,31 @@ pub(crate) fn poll_on_host(
 /// asks for, after a poll that found nothing: the rack's wake-up grain.
 pub const IDLE_POLL_SPACING: Duration = Duration::from_micros(100);
 
-/// One agent on a host's CPU, with its busy time and when it may next be
-/// polled for its timer alone.
-struct Seat {
+/// One agent on a host's CPU or the fabric thread, with its busy time and
+/// when it may next be polled for its timer alone.
+pub(crate) struct Seat {
     agent: Arc<Mutex<dyn Agent>>,
     busy_ns: BusyNanos,
     idle_until: Timestamp,
+}
+
+impl Seat {
+    pub(crate) fn new(agent: Arc<Mutex<dyn Agent>>, busy_ns: BusyNanos) -> Seat {
+        Seat {
+            agent,
+            busy_ns,
+            idle_until: Timestamp::ZERO,
+        }
+    }
+
+    /// When the agent's timer next asks for a poll: no sooner than the
+    /// spacing after a poll that found nothing. A crashed host's agent is
+    /// never polled, so its timer stays due; without the spacing, the
+    /// fabric thread never slept while the host was down.
+    pub(crate) fn next_poll(&self) -> Option<Timestamp> {
+        let at = lock(&self.agent).poll_timeout()?;
+        Some(at.max(self.idle_until))
+    }
 }
 
 /// A host's agents on a thread of their own.
@@ -99,11 +118,7 @@ impl HostCpu {
         let stop = Arc::new(AtomicBool::new(false));
         let seats = agents
             .into_iter()
-            .map(|(agent, busy_ns)| Seat {
-                agent,
-                busy_ns,
-                idle_until: Timestamp::ZERO,
-            })
+            .map(|(agent, busy_ns)| Seat::new(agent, busy_ns))
             .collect();
         let thread_stop = Arc::clone(&stop);
         let thread = RackThread::spawn(name, "a host's CPU thread", move || {
@@ -159,7 +174,7 @@ fn run(
 
 /// Polls one agent if its NIC moved or its timer is due; returns whether
 /// it moved.
-fn poll_seat(
+pub(crate) fn poll_seat(
     seat: &mut Seat,
     host: &Shared<NodeEndpoint>,
     clock: &RackClock,
@@ -215,6 +230,59 @@ mod tests {
         }
     }
 
+    /// An agent whose timer stays due, as a crashed host's agent's does.
+    struct Overdue;
+
+    impl Agent for Overdue {
+        fn name(&self) -> &'static str {
+            "overdue"
+        }
+
+        fn poll(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+            Ok(Progress::Idle)
+        }
+
+        fn poll_timeout(&self) -> Option<Timestamp> {
+            Some(Timestamp::ZERO)
+        }
+
+        fn crash(&mut self) {}
+
+        fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
+            Ok(())
+        }
+    }
+
+    fn host() -> Shared<NodeEndpoint> {
+        let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
+        let config = RnicConfig::new(
+            MacAddress([2, 0, 0, 0, 0, 1]),
+            Ipv4Address::new(10, 0, 0, 1),
+            8,
+        );
+        Arc::new(Mutex::new(NodeEndpoint::new(
+            "host",
+            SoftRnic::new(config),
+            Box::new(segment.spoke_port(1).unwrap()),
+        )))
+    }
+
+    /// A crashed host's agent is never polled, so its timer stayed due,
+    /// and the fabric thread that ran it, told the agent was due at once,
+    /// never slept while the host was down. After a poll that found
+    /// nothing, the timer alone asks again no sooner than the spacing.
+    #[test]
+    fn an_overdue_agent_of_a_crashed_host_is_not_polled_again_at_once() {
+        let host = host();
+        lock(&host).crash();
+        let clock = RackClock::new();
+        let mut seat = Seat::new(Arc::new(Mutex::new(Overdue)), BusyNanos::default());
+        let now = clock.now();
+        assert!(!poll_seat(&mut seat, &host, &clock, now, true).unwrap());
+        let next = seat.next_poll().expect("a timer");
+        assert!(next >= now.saturating_add(IDLE_POLL_SPACING), "{next:?}");
+    }
+
     /// The time an agent was polled at was read before its host's lock,
     /// so a poll that waited for the lock saw a time from before the
     /// wait: Clover's pool checked its completions' deadlines against it
@@ -222,17 +290,7 @@ mod tests {
     /// is held.
     #[test]
     fn an_agent_is_told_the_time_after_its_hosts_lock_is_taken() {
-        let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
-        let config = RnicConfig::new(
-            MacAddress([2, 0, 0, 0, 0, 1]),
-            Ipv4Address::new(10, 0, 0, 1),
-            8,
-        );
-        let host = Arc::new(Mutex::new(NodeEndpoint::new(
-            "host",
-            SoftRnic::new(config),
-            Box::new(segment.spoke_port(1).unwrap()),
-        )));
+        let host = host();
         let clock = RackClock::new();
         let held = lock(&host);
         let (polled_at, released_at) = std::thread::scope(|scope| {
