@@ -831,7 +831,7 @@ impl<P: Program> SwitchEndpoint<P> {
                     .switch
                     .poll_transmit_port(PortId(index as u16), &mut |_| {
                         *discarded += 1;
-                        false
+                        Emitted::Lost
                     })
                 {}
                 continue;
@@ -843,11 +843,16 @@ impl<P: Program> SwitchEndpoint<P> {
                 let more = self
                     .switch
                     .poll_transmit_port(PortId(index as u16), &mut |frame| {
-                        // Taken, or dropped by the carrier, which counts
-                        // its own drops; a failed send is lost.
-                        port.send(frame)
-                            .map_err(|error| send_errors.push(error))
-                            .is_ok()
+                        // Taken; refused for room (it waits at the head of
+                        // its queue); or lost to a failed send.
+                        match port.send(frame) {
+                            Ok(SendStatus::Queued) => Emitted::Sent,
+                            Ok(SendStatus::DroppedNoRoom) => Emitted::Refused,
+                            Err(error) => {
+                                send_errors.push(error);
+                                Emitted::Lost
+                            }
+                        }
                     });
                 if !more {
                     break;

@@ -29,7 +29,7 @@ fn main() {
             }
             while switch.poll_transmit_port(PortId(1), &mut |bytes| {
                 sink += bytes.len();
-                true
+                Emitted::Sent
             }) {}
         }
     }) / queued_frames as f64;

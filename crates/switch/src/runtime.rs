@@ -104,16 +104,29 @@ impl EgressQueue {
         self.normal.len() + self.background.len()
     }
 
-    fn pop(&mut self) -> Option<Vec<u8>> {
-        self.normal
-            .pop_front()
-            .or_else(|| self.background.pop_front())
+    /// The next frame, and whether it was background traffic.
+    fn pop(&mut self) -> Option<(Vec<u8>, bool)> {
+        match self.normal.pop_front() {
+            Some(frame) => Some((frame, false)),
+            None => self.background.pop_front().map(|frame| (frame, true)),
+        }
+    }
+
+    /// Puts a frame [`EgressQueue::pop`] gave back at the head of its queue.
+    fn put_back(&mut self, frame: Vec<u8>, background: bool) {
+        match background {
+            false => self.normal.push_front(frame),
+            true => self.background.push_front(frame),
+        }
     }
 }
 
 /// Hands a frame leaving by a port straight to its carrier; returns false
 /// if the carrier has no room (the frame is then queued).
 pub type Emit<'a> = dyn FnMut(PortId, &[u8]) -> Emitted + 'a;
+
+/// The same for one port's carrier ([`Switch::poll_transmit_port`]).
+pub type EmitToPort<'a> = dyn FnMut(&[u8]) -> Emitted + 'a;
 
 /// What became of a frame offered to a port's carrier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -516,7 +529,7 @@ impl<P: Program> Switch<P> {
         for step in 0..ports {
             let port = (self.transmit_cursor + step) % ports;
             // Bounded by the port's queue.
-            while let Some(frame) = self.egress[port].pop() {
+            while let Some((frame, _)) = self.egress[port].pop() {
                 let length = frame.len();
                 if length > buffer.len() {
                     // Copied, it panicked past the caller's buffer.
@@ -534,25 +547,26 @@ impl<P: Program> Switch<P> {
         None
     }
 
-    /// Pops the next frame for one port, for drivers that serve each port's
-    /// carrier separately; `emit` says whether the carrier took it (sent)
-    /// or it was lost (a port out of service, a failed send). Returns
-    /// whether a frame was popped.
-    pub fn poll_transmit_port(
-        &mut self,
-        port: PortId,
-        emit: &mut dyn FnMut(&[u8]) -> bool,
-    ) -> bool {
-        let Some(frame) = self
-            .egress
-            .get_mut(usize::from(port.0))
-            .and_then(EgressQueue::pop)
-        else {
+    /// Offers the next frame for one port to `emit`, for drivers that serve
+    /// each port's carrier separately: sent, lost (a port out of service,
+    /// a failed send), or refused (no room after all), when it stays at
+    /// the head of its queue. Returns whether a frame left the queue. (A
+    /// carrier that took the room check and then dropped the frame for
+    /// room was counted transmitted, where the cut-through path kept it.)
+    pub fn poll_transmit_port(&mut self, port: PortId, emit: &mut EmitToPort<'_>) -> bool {
+        let Some(queue) = self.egress.get_mut(usize::from(port.0)) else {
+            return false;
+        };
+        let Some((frame, background)) = queue.pop() else {
             return false;
         };
         match emit(&frame) {
-            true => self.counters.transmitted += 1,
-            false => self.counters.dropped_port_failed += 1,
+            Emitted::Sent => self.counters.transmitted += 1,
+            Emitted::Lost => self.counters.dropped_port_failed += 1,
+            Emitted::Refused => {
+                queue.put_back(frame, background);
+                return false;
+            }
         }
         self.recycle(frame);
         true

@@ -476,6 +476,32 @@ fn cut_through_hands_frames_to_the_carrier_and_queues_what_it_refuses_in_order()
     assert_eq!(switch.counters().transmitted, 3);
 }
 
+/// A carrier that said it had room and then dropped the frame for room
+/// had it counted transmitted by the per-port drain. A refusal keeps it at
+/// the head of its queue; a loss counts it lost.
+#[test]
+fn the_per_port_drain_keeps_a_refused_frame_and_counts_a_lost_one() {
+    let mut switch = rack_switch(3);
+    let first = roce_frame(1, 3, host_mac(3), b"first");
+    let second = roce_frame(1, 3, host_mac(3), b"second");
+    switch.handle_frame(Timestamp::ZERO, PortId(0), &first);
+    switch.handle_frame(Timestamp::ZERO, PortId(0), &second);
+    assert!(!switch.poll_transmit_port(PortId(2), &mut |_| Emitted::Refused));
+    assert_eq!(switch.queued_frames(), 2);
+    assert_eq!(switch.counters().transmitted, 0);
+    let mut sent = Vec::new();
+    assert!(switch.poll_transmit_port(PortId(2), &mut |bytes| {
+        sent.push(bytes.to_vec());
+        Emitted::Sent
+    }));
+    assert_eq!(sent, vec![first]);
+    assert!(switch.poll_transmit_port(PortId(2), &mut |_| Emitted::Lost));
+    assert_eq!(switch.counters().transmitted, 1);
+    assert_eq!(switch.counters().dropped_port_failed, 1);
+    assert!(!switch.poll_transmit_port(PortId(2), &mut |_| Emitted::Sent));
+    switch.check_frame_accounting().unwrap();
+}
+
 #[test]
 fn normal_frames_take_the_place_of_background_ones_in_a_full_queue() {
     let mut config = SwitchConfig::new(2);
