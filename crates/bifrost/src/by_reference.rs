@@ -9,7 +9,7 @@
 use crate::bifrost as idl;
 use crate::dsm::client::{Dsm, DsmError};
 use crate::dsm::GlobalPtr;
-use crate::transport::return_pointer;
+use crate::transport::{lent_pointer, return_pointer};
 
 /// An argument passed by reference, as the DSM names it: its allocation,
 /// where it starts inside it, and its length.
@@ -110,8 +110,20 @@ pub fn dsm_error(error: DsmError) -> thrift::Error {
     application_error(error.to_string())
 }
 
-/// Reads an argument the call lent.
+/// Reads an argument the call lent. An argument outside the allocation
+/// the call's header carries is refused: the Gatekeeper lends the callee
+/// that one allocation for the call, but its ACL keys on the callee's
+/// address, so the callee could also read what other calls lent it at the
+/// same time, and a caller naming such memory in its arguments would get
+/// it read for them.
 pub fn read_argument(dsm: &Dsm, argument: &Argument) -> Result<Vec<u8>, thrift::Error> {
+    let lent = lent_pointer().and_then(|pointer| GlobalPtr::from_address(&pointer));
+    if lent != Some(argument.allocation) {
+        return Err(application_error(format!(
+            "refused: an argument in allocation {:?}, not the one the call lent ({lent:?})",
+            argument.allocation
+        )));
+    }
     dsm.read_vec_at(argument.allocation, argument.at, argument.length)
         .map_err(dsm_error)
 }

@@ -239,6 +239,15 @@ impl<P: TProcessor + Send> ThriftService<P> {
 thread_local! {
     /// The pointer the handler running on this thread returns.
     static RETURNED: Cell<Option<GlobalAddress>> = const { Cell::new(None) };
+    /// The pointer the call the handler on this thread serves lent it.
+    static LENT: Cell<Option<GlobalAddress>> = const { Cell::new(None) };
+}
+
+/// The pointer the call being served on this thread carries in its
+/// header: the one allocation the Gatekeeper lent the callee for it.
+/// `None` outside a call, or for a call that lent nothing.
+pub fn lent_pointer() -> Option<GlobalAddress> {
+    LENT.with(Cell::get)
 }
 
 /// Called by a handler that returns global memory of its own: the reply's
@@ -250,12 +259,14 @@ pub fn return_pointer(pointer: GlobalAddress) {
 }
 
 impl<P: TProcessor + Send> Service for ThriftService<P> {
-    fn call(&mut self, _method: &[u8], _pointer: GlobalAddress, arguments: &[u8]) -> Outcome {
+    fn call(&mut self, _method: &[u8], pointer: GlobalAddress, arguments: &[u8]) -> Outcome {
         let mut input = CheckedInput::new(arguments);
         let mut output = TBinaryOutputProtocol::new(Vec::new(), true);
         RETURNED.with(|returned| returned.set(None));
+        LENT.with(|lent| lent.set(Some(pointer)));
         let started = Instant::now();
         let processed = self.processor.process(&mut input, &mut output);
+        LENT.with(|lent| lent.set(None));
         if let Some(clock) = &self.clock {
             clock.record(started.elapsed());
         }

@@ -80,6 +80,49 @@ fn a_call_that_passes_no_pointer_lends_nothing_and_the_service_is_refused() {
     assert_eq!(back, vec![3; 64]);
 }
 
+/// The Gatekeeper lends the callee the one allocation a call's header
+/// carries, but its ACL keys on the callee's address: a service that read
+/// whatever its arguments named read, for any caller, memory that other
+/// calls had lent it at the time. The service refuses an argument outside
+/// the lent allocation without reading it.
+#[test]
+fn an_argument_outside_the_lent_allocation_is_refused_unread() {
+    let DsmServiceRack {
+        rack: _rack,
+        dsm,
+        path,
+        gatekeeper,
+    } = arrays_rack(DsmRackConfig::default(), 1, Routing::Gatekeeper).unwrap();
+    let gatekeeper = gatekeeper.expect("the Gatekeeper runs");
+    let reads_refused = || {
+        let switch = remora_rack::endpoint::lock(&gatekeeper);
+        switch
+            .switch
+            .program()
+            .overlay()
+            .counters()
+            .memory
+            .reads_refused
+    };
+    let ((input, output), pointer) = client_protocols_passing(path);
+    let mut client = ArraysSyncClient::new(input, output);
+    let (lent, _) = pass_by_reference(&dsm, &[&[1; 64]]).unwrap();
+    let (other, named) = pass_by_reference(&dsm, &[&[9; 64]]).unwrap();
+    let before = reads_refused();
+    pointer.pass(lent.to_address());
+    let refused = client
+        .increment_array(to_idl(named[0]), 1)
+        .expect_err("an argument the call did not lend");
+    assert!(
+        format!("{refused:?}").contains("not the one the call lent"),
+        "{refused:?}"
+    );
+    assert_eq!(reads_refused(), before, "the service never tried the read");
+    for allocation in [lent, other] {
+        dsm.free(allocation).unwrap();
+    }
+}
+
 #[test]
 fn bad_pointers_come_back_as_errors_not_hangs() {
     let DsmServiceRack {
