@@ -111,7 +111,12 @@ pub enum SwitchChoice {
 pub struct Run {
     pub clients: usize,
     pub keys: u64,
+    /// Operations measured.
     pub operations: u64,
+    /// Operations run before the measured ones and left out of every
+    /// figure: the clients start with empty location caches, so a short
+    /// run measures cold caches more than Clover.
+    pub warmup_operations: u64,
     pub read_proportion: f64,
     /// None for uniform keys, Some(θ) for zipfian.
     pub zipf_theta: Option<f64>,
@@ -138,6 +143,7 @@ impl Run {
             clients: 64,
             keys: 1024,
             operations: 20_000,
+            warmup_operations: 0,
             read_proportion: 0.5,
             zipf_theta: Some(0.75),
             switch,
@@ -220,7 +226,8 @@ impl Run {
     /// deadline, and clients run side by side, so the run fits in
     /// operations × grace, plus time to start.
     pub fn time_limit(&self) -> Duration {
-        Duration::from_secs(10) + self.grace * self.operations.min(1 << 20) as u32
+        let operations = self.operations.saturating_add(self.warmup_operations);
+        Duration::from_secs(10) + self.grace * operations.min(1 << 20) as u32
     }
 
     /// The keys the resolver caches: the hottest of the workload.
@@ -263,6 +270,10 @@ pub struct Application {
     check_history: bool,
     /// When the last request returned.
     finished_at: Option<Timestamp>,
+    /// Operations to complete before measuring.
+    warmup_operations: u64,
+    /// When the warm-up ended, and the stats counted by then.
+    warmed: Option<(Timestamp, PoolStats)>,
 }
 
 impl Application {
@@ -271,12 +282,18 @@ impl Application {
         let generator = Generator::new(run.workload()?, seed)?;
         Ok(Application {
             deployment,
-            feeder: Feeder::new(generator, run.operations, run.value_bytes),
+            feeder: Feeder::new(
+                generator,
+                run.operations.saturating_add(run.warmup_operations),
+                run.value_bytes,
+            ),
             garbage_every: run.garbage_every,
             last_collection: Timestamp::ZERO,
             writes_at_collection: 0,
             check_history: run.check_history,
             finished_at: None,
+            warmup_operations: run.warmup_operations,
+            warmed: None,
         })
     }
 
@@ -290,6 +307,10 @@ impl Application {
         let pool = &mut self.deployment.pool;
         self.feeder.feed(pool)?;
         let moved = pool.poll(now, compute)?;
+        let stats = pool.stats();
+        if self.warmed.is_none() && stats.reads + stats.writes >= self.warmup_operations {
+            self.warmed = Some((now, stats.clone()));
+        }
         if self.finished_at.is_none() && self.finished() {
             self.finished_at = Some(now);
         }
@@ -299,6 +320,12 @@ impl Application {
     /// When the last request returned, once every one has.
     pub fn finished_at(&self) -> Option<Timestamp> {
         self.finished_at
+    }
+
+    /// When the measured operations began: once the warm-up completed
+    /// (with none, at the clients' first turn).
+    pub fn measured_from(&self) -> Option<Timestamp> {
+        self.warmed.as_ref().map(|(at, _)| *at)
     }
 
     pub fn collection_due(&self, now: Timestamp) -> bool {
@@ -353,8 +380,12 @@ impl Application {
             true => Some(history::check(self.deployment.pool.history())?),
             false => None,
         };
+        let stats = self.deployment.pool.stats();
         Ok(Finish {
-            stats: self.deployment.pool.stats().clone(),
+            stats: match &self.warmed {
+                Some((_, warm)) => stats.since(warm),
+                None => stats.clone(),
+            },
             metadata: self.deployment.metadata.stats(),
             versions,
             writes_since_collection: self.deployment.pool.stats().writes

@@ -145,6 +145,26 @@ pub struct PoolStats {
 }
 
 impl PoolStats {
+    /// What was counted after `earlier`, a copy of these stats taken
+    /// before.
+    pub fn since(&self, earlier: &PoolStats) -> PoolStats {
+        let mut latency = self.latency.clone();
+        latency
+            .subtract(&earlier.latency)
+            .expect("an earlier copy holds no value this one lacks");
+        PoolStats {
+            reads: self.reads - earlier.reads,
+            writes: self.writes - earlier.writes,
+            conflicts: self.conflicts - earlier.conflicts,
+            hops: self.hops - earlier.hops,
+            jumps: self.jumps - earlier.jumps,
+            locates: self.locates - earlier.locates,
+            verbs: self.verbs - earlier.verbs,
+            slot_waits: self.slot_waits - earlier.slot_waits,
+            latency,
+        }
+    }
+
     fn new() -> PoolStats {
         PoolStats {
             reads: 0,

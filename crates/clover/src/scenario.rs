@@ -71,7 +71,8 @@ impl CpuSplit {
 /// What a run measured.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    /// From the start to the last request's return: virtual time in the
+    /// From the start of the measured operations (after the run's
+    /// warm-up) to the last request's return: virtual time in the
     /// simulator, the rack's clock on the embedded rack.
     pub elapsed: Duration,
     pub stats: PoolStats,
@@ -150,6 +151,7 @@ fn run_with<S: RackStage, P: CloverSwitch>(
     let cpu = rack.stop()?.as_ref().map(CpuSplit::from_account);
     let application = application.lock().expect("application lock");
     let ended = application.finished_at().unwrap_or_else(|| rack.now());
+    let started = application.measured_from().unwrap_or(started);
     let finish = rack.with_nic(MEMORY_HOST, |memory| application.finish(memory))?;
     let report = rack.with_program(|program| program.report());
     Ok(Outcome {

@@ -272,3 +272,43 @@ fn a_put_waiting_for_slots_is_not_failed_by_the_deadline() {
         "no PUT waited for slots: this proves nothing"
     );
 }
+
+/// A run's warm-up is left out of its figures: the operations, latencies
+/// and time it reports are the measured ones', counted from the moment
+/// the warm-up completed, and the history still covers every operation.
+#[test]
+fn a_warm_up_is_left_out_of_the_figures() {
+    let measured_only = Run {
+        operations: 300,
+        ..contended(SwitchChoice::Plain, LinkFaults::NONE)
+    };
+    let warmed = Run {
+        warmup_operations: 300,
+        ..measured_only
+    };
+    let whole = run(
+        1,
+        &Run {
+            operations: 600,
+            ..measured_only
+        },
+    )
+    .unwrap();
+    let outcome = run(1, &warmed).unwrap();
+    let measured = outcome.operations();
+    // The warm-up ends at the first clients' turn that has completed
+    // 300; clients in the middle of an operation then finish it inside
+    // the measurement, one each at most.
+    let clients = warmed.clients as u64;
+    assert!(
+        (300 - clients..=300).contains(&measured),
+        "{measured} measured"
+    );
+    assert_eq!(outcome.stats.latency.len(), measured);
+    assert!(outcome.elapsed < whole.elapsed, "{outcome:?} {whole:?}");
+    assert_eq!(
+        outcome.verdict.expect("a history").operations,
+        600,
+        "the history covers the warm-up"
+    );
+}
