@@ -137,3 +137,65 @@ fn host_memory_is_bounds_checked_like_any_region() {
         Err(VerbsError::InvalidRegionLength(0))
     ));
 }
+
+/// External memory whose atomics demand an aligned word, as the verbs
+/// drop-in's foreign memory does (it asserts it).
+struct StrictWords {
+    bytes: Vec<u8>,
+}
+
+impl remora_rnic::ExternalMemory for StrictWords {
+    fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn read(&self, offset: usize, into: &mut [u8]) {
+        into.copy_from_slice(&self.bytes[offset..offset + into.len()]);
+    }
+
+    fn write(&mut self, offset: usize, from: &[u8]) {
+        self.bytes[offset..offset + from.len()].copy_from_slice(from);
+    }
+
+    fn update_word(&mut self, offset: usize, update: &dyn Fn(u64) -> u64) -> u64 {
+        assert!(offset.is_multiple_of(8), "a misaligned word at {offset}");
+        let word: [u8; 8] = self.bytes[offset..offset + 8].try_into().unwrap();
+        let original = u64::from_le_bytes(word);
+        self.bytes[offset..offset + 8].copy_from_slice(&update(original).to_le_bytes());
+        original
+    }
+}
+
+/// A region registered at an address that is not a multiple of 8 (the
+/// owner's, as `ibv_reg_mr` gives it) took an atomic on an aligned
+/// address inside it: the word was misaligned in memory, and a backing
+/// that asserts alignment panicked on a received frame. It is refused
+/// with an invalid-request NAK.
+#[test]
+fn an_atomic_on_a_word_misaligned_in_its_region_is_refused() {
+    let mut s = setup();
+    let region = s
+        .fabric
+        .right
+        .register_external_memory(
+            s.right_pd,
+            Box::new(StrictWords { bytes: vec![0; 64] }),
+            remora_wire::VirtAddr(0x1004),
+            AccessFlags::ALL,
+        )
+        .unwrap();
+    let operation = SendOperation::FetchAdd {
+        remote: region.remote(4),
+        add: 1,
+    };
+    s.fabric
+        .left
+        .post_send(s.left_qp, request(1, operation, s.left_mr.slice(0, 8)))
+        .unwrap();
+    s.fabric.run(10_000);
+    let completion = drain(&mut s.fabric.left, s.left_cq).pop().unwrap();
+    assert_eq!(
+        completion.status,
+        CompletionStatus::RemoteInvalidRequestError
+    );
+}
