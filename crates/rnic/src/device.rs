@@ -420,11 +420,14 @@ impl SoftRnic {
         }
     }
 
-    /// Flushing a queue pair can overrun another queue, so this runs until
-    /// no queue is newly overrun; each queue overruns once, which bounds it.
+    /// Flushing a queue pair loses completions on its queues, so this runs
+    /// until no queue lost one. A queue comes back only after a pass that
+    /// failed a queue pair, whose flush lost completions on it: the passes
+    /// are bounded by the queues and the queue pairs.
     #[cold]
     fn fail_queue_pairs_of_newly_overrun_queues(&mut self) {
-        for _ in 0..=self.resources.completion_queues.len() {
+        let bound = self.resources.completion_queues.len() + self.queue_pairs.len();
+        for _ in 0..=bound {
             let Some(queue) = self.resources.newly_overrun.pop() else {
                 return;
             };

@@ -23,8 +23,9 @@ pub(crate) struct Resources {
     pub(crate) shared_receive_queues: Vec<SharedReceiveRing>,
     pub(crate) retired_shared_receive_queues: crate::queues::Retired,
     pub(crate) counters: RnicCounters,
-    /// Completion queues that overran since the device last looked; at most
-    /// one entry per queue.
+    /// Completion queues that lost a completion since the device last
+    /// looked: the queue pairs bound to them go to ERR. At most one entry
+    /// per queue.
     pub(crate) newly_overrun: Vec<CompletionQueue>,
     /// The longest message the device sends or answers: a READ asking for
     /// more is refused, since its answer is snapshotted whole.
@@ -33,13 +34,12 @@ pub(crate) struct Resources {
 
 impl Resources {
     /// Delivers a completion. Returns false if the queue overran; the queue
-    /// then reports the loss to whoever polls it.
+    /// then reports the loss to whoever polls it. Every loss, not only the
+    /// first, moves the queue pairs bound to the queue to ERR: one bound
+    /// after the overrun ran on in RTS with its completions dropped.
     pub(crate) fn complete(&mut self, queue: CompletionQueue, completion: WorkCompletion) -> bool {
-        let ring = &mut self.completion_queues[queue.0 as usize];
-        let was_overrun = ring.is_overrun();
-        let delivered = ring.push(completion);
-        if !delivered && !was_overrun {
-            // The device moves the queue pairs bound to it to ERR.
+        let delivered = self.completion_queues[queue.0 as usize].push(completion);
+        if !delivered && !self.newly_overrun.contains(&queue) {
             self.newly_overrun.push(queue);
         }
         delivered

@@ -330,6 +330,29 @@ fn an_overrun_completion_queue_fails_its_queue_pairs() {
         s.fabric.left.queue_pair_state(s.left_qp.0).unwrap(),
         QueuePairState::ReadyToSend
     );
+    // One bound to the overrun queue after the overrun fails at its first
+    // completion: only the first loss was reported, and a later queue
+    // pair ran on in RTS with every completion, errors too, dropped.
+    let (later, _) = s
+        .fabric
+        .connect(
+            &QueuePairBuilder::new(pd, small, small),
+            &QueuePairBuilder::new(right_pd, right_cq, right_cq),
+        )
+        .unwrap();
+    let write = SendOperation::Write {
+        remote: right_region.remote(0),
+        immediate: None,
+    };
+    s.fabric
+        .left
+        .post_send(later, request(9, write, region.slice(0, 8)))
+        .unwrap();
+    assert!(s.fabric.run(1000).quiesced);
+    assert_eq!(
+        s.fabric.left.queue_pair_state(later.0).unwrap(),
+        QueuePairState::Error
+    );
 }
 
 /// Work posted past half the 24-bit PSN space (MTU 256, WRITEs of 16 MiB:
