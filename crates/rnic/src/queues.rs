@@ -212,10 +212,6 @@ impl CompletionRing {
         self.queue.len().max(usize::from(self.overrun))
     }
 
-    pub(crate) fn is_overrun(&self) -> bool {
-        self.overrun
-    }
-
     pub(crate) fn pop(&mut self) -> Result<Option<WorkCompletion>, VerbsError> {
         if self.overrun {
             return Err(VerbsError::CompletionQueueOverrun);
