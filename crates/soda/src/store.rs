@@ -29,6 +29,9 @@ pub enum StoreError {
     Unsupported { store: &'static str, advice: Advice },
     #[error("the store is full: {wanted} bytes wanted, {free} free")]
     Full { wanted: u64, free: u64 },
+    /// This process's heap could not hold the object's first contents.
+    #[error("{wanted} bytes of memory could not be allocated for an object's contents")]
+    NoMemory { wanted: u64 },
     #[error("object {object:?}: its data was lost ({reason})")]
     Lost { object: ObjectId, reason: String },
     #[error("{path}: {source}")]
@@ -111,22 +114,39 @@ pub(crate) fn check_range(
 /// An object's first contents: `initial` read whole (it must fit), or
 /// zeros.
 pub(crate) fn initial_data(initial: Option<&Path>, bytes: u64) -> Result<Vec<u8>, StoreError> {
+    let mut data = Vec::new();
+    usize::try_from(bytes)
+        .ok()
+        .and_then(|length| data.try_reserve_exact(length).ok())
+        .ok_or(StoreError::NoMemory { wanted: bytes })?;
     match initial {
-        Some(path) => read_initial(path, bytes),
-        None => Ok(vec![0; bytes as usize]),
+        Some(path) => read_initial(path, bytes, data),
+        None => {
+            // Within the capacity reserved above.
+            data.resize(bytes as usize, 0);
+            Ok(data)
+        }
     }
 }
 
-fn read_initial(path: &Path, bytes: u64) -> Result<Vec<u8>, StoreError> {
-    let mut data = std::fs::read(path).map_err(|source| StoreError::File {
+/// Reads `path` into `data`, which has room for `bytes`, and pads it with
+/// zeros to `bytes`.
+fn read_initial(path: &Path, bytes: u64, mut data: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+    let file_error = |source| StoreError::File {
         path: path.to_owned(),
         source,
-    })?;
+    };
+    let file = std::fs::File::open(path).map_err(file_error)?;
+    let file_bytes = file.metadata().map_err(file_error)?.len();
+    // One byte past the room at most (a pipe tells no length): a longer
+    // file is refused without being read into memory whole.
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, bytes + 1), &mut data)
+        .map_err(file_error)?;
     if data.len() as u64 > bytes {
         return Err(StoreError::OutOfRange {
             object: ObjectId(u32::MAX),
             offset: 0,
-            end: data.len() as u64,
+            end: file_bytes.max(data.len() as u64),
             length: bytes,
         });
     }
@@ -265,7 +285,7 @@ impl FileStore {
             return self.grow_over(start, bytes.next_multiple_of(EXTENT_ALIGNMENT));
         };
         // Loading goes through an aligned buffer, a chunk at a time.
-        let data = read_initial(path, bytes)?;
+        let data = initial_data(Some(path), bytes)?;
         let mut staging =
             crate::mapping::Mapping::new(1 << 20).map_err(|errno| self.file_error(errno.into()))?;
         let piece_bytes = staging.len();
@@ -357,6 +377,39 @@ impl ChunkStore for FileStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An object too large for this process's heap aborted the process
+    /// (`vec!` of 1 TiB); it is an error now, and the store serves on.
+    #[test]
+    fn an_object_too_large_for_the_heap_is_an_error_not_an_abort() {
+        let store = InProcessStore::default();
+        assert!(matches!(
+            store.reserve(ObjectId(1), 1 << 60, None),
+            Err(StoreError::NoMemory { wanted }) if wanted == 1 << 60
+        ));
+        store.reserve(ObjectId(2), 4096, None).unwrap();
+    }
+
+    /// A file longer than its object is refused, and named by its length,
+    /// without being read whole.
+    #[test]
+    fn a_file_longer_than_its_object_is_refused_with_its_length() {
+        let directory = tempfile::tempdir().unwrap();
+        let initial = directory.path().join("initial");
+        std::fs::write(&initial, vec![1u8; 10_000]).unwrap();
+        assert!(matches!(
+            initial_data(Some(&initial), 4096),
+            Err(StoreError::OutOfRange {
+                end: 10_000,
+                length: 4096,
+                ..
+            })
+        ));
+        let data = initial_data(Some(&initial), 16_384).unwrap();
+        assert_eq!(data.len(), 16_384);
+        assert!(data[..10_000].iter().all(|byte| *byte == 1));
+        assert!(data[10_000..].iter().all(|byte| *byte == 0));
+    }
 
     /// Two objects reserved at once: the first (zeroed) claimed its
     /// extent, the second claimed the next and wrote its file's bytes, and
