@@ -1,6 +1,7 @@
 //! A memory node's pool: registered host memory and the extents of it
-//! that owners hold (first fit, merged again on release). SODA keys its
-//! extents by object, Bifröst's DSM by pointer.
+//! that owners hold ([`Extents`]: first fit, merged again on release).
+//! SODA keys its extents by object, Bifröst's DSM by pointer; SODA's file
+//! store keeps the extents of its backing file the same way.
 
 use remora_rnic::HostMemory;
 use std::collections::{BTreeMap, HashMap};
@@ -25,9 +26,7 @@ pub enum PoolError {
 
 pub struct Pool<K> {
     memory: HostMemory,
-    /// Free extents by start.
-    free: BTreeMap<u64, u64>,
-    held: HashMap<K, (u64, u64)>,
+    extents: Extents<K>,
 }
 
 impl<K: Hash + Eq + Copy> Pool<K> {
@@ -35,6 +34,55 @@ impl<K: Hash + Eq + Copy> Pool<K> {
         let bytes = memory.len() as u64;
         Pool {
             memory,
+            extents: Extents::new(bytes),
+        }
+    }
+
+    /// Reserves an extent of at least `bytes` for `key`; returns its start.
+    pub fn reserve(&mut self, key: K, bytes: u64) -> Result<u64, PoolError> {
+        self.extents.reserve(key, bytes)
+    }
+
+    /// Gives `key`'s extent back; returns it (start, length).
+    pub fn release(&mut self, key: K) -> Result<(u64, u64), PoolError> {
+        self.extents.release(key)
+    }
+
+    /// `key`'s extent: (start, length).
+    pub fn held(&self, key: K) -> Option<(u64, u64)> {
+        self.extents.held(key)
+    }
+
+    /// Where `length` bytes at `offset` of `key`'s extent are in the pool.
+    pub fn locate(&self, key: K, offset: u64, length: usize) -> Result<u64, PoolError> {
+        self.extents.locate(key, offset, length)
+    }
+
+    /// The node's own CPU writing its pool (loading a file, restoring a
+    /// snapshot).
+    pub fn write(&self, start: u64, data: &[u8]) -> Result<(), PoolError> {
+        Ok(self.memory.write(start as usize, data)?)
+    }
+
+    /// The node's own CPU reading its pool (taking a snapshot).
+    pub fn read(&self, start: u64, into: &mut [u8]) -> Result<(), PoolError> {
+        Ok(self.memory.read(start as usize, into)?)
+    }
+}
+
+/// The extents of `bytes` of space that owners hold, each under a key:
+/// reserved first fit on [`EXTENT_ALIGNMENT`], merged with free neighbours
+/// when released.
+#[derive(Debug)]
+pub struct Extents<K> {
+    /// Free extents by start.
+    free: BTreeMap<u64, u64>,
+    held: HashMap<K, (u64, u64)>,
+}
+
+impl<K: Hash + Eq + Copy> Extents<K> {
+    pub fn new(bytes: u64) -> Extents<K> {
+        Extents {
             free: BTreeMap::from([(0, bytes)]),
             held: HashMap::new(),
         }
@@ -101,17 +149,6 @@ impl<K: Hash + Eq + Copy> Pool<K> {
             });
         }
         Ok(start + offset)
-    }
-
-    /// The node's own CPU writing its pool (loading a file, restoring a
-    /// snapshot).
-    pub fn write(&self, start: u64, data: &[u8]) -> Result<(), PoolError> {
-        Ok(self.memory.write(start as usize, data)?)
-    }
-
-    /// The node's own CPU reading its pool (taking a snapshot).
-    pub fn read(&self, start: u64, into: &mut [u8]) -> Result<(), PoolError> {
-        Ok(self.memory.read(start as usize, into)?)
     }
 }
 

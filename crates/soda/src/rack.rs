@@ -864,7 +864,7 @@ impl SodaRack {
 }
 
 /// The store's error for a pool's, naming the object.
-fn pool_error(object: ObjectId) -> impl Fn(PoolError) -> StoreError {
+pub(crate) fn pool_error(object: ObjectId) -> impl Fn(PoolError) -> StoreError {
     move |error| match error {
         PoolError::Full { wanted, free } => StoreError::Full { wanted, free },
         PoolError::Unknown => StoreError::UnknownObject(object),

@@ -4,6 +4,7 @@
 //! own memory (for tests of the buffer alone).
 
 use remora_base::copy_bytes;
+use remora_rack::pool::Extents;
 use rustix::fs::{Mode, OFlags};
 use std::collections::HashMap;
 use std::fs::File;
@@ -215,17 +216,23 @@ impl ChunkStore for InProcessStore {
 pub struct FileStore {
     path: PathBuf,
     file: File,
-    extents: Mutex<Extents>,
+    extents: Mutex<FileExtents>,
 }
 
-#[derive(Default)]
-struct Extents {
-    next_offset: u64,
-    objects: HashMap<ObjectId, (u64, u64)>,
+/// Where each object lives in the file: its extent (reused once freed,
+/// so a program that allocates and frees in a loop does not grow the
+/// file for ever), and its exact size.
+struct FileExtents {
+    extents: Extents<ObjectId>,
+    sizes: HashMap<ObjectId, u64>,
 }
+
+/// The room the file's extents are kept in: what a file system gives out
+/// first is its own limit.
+const FILE_SPACE_BYTES: u64 = 1 << 62;
 
 /// Extents start on this boundary, which `O_DIRECT` needs.
-const EXTENT_ALIGNMENT: u64 = 4096;
+const EXTENT_ALIGNMENT: u64 = remora_rack::pool::EXTENT_ALIGNMENT;
 
 impl FileStore {
     /// Creates (or truncates) the backing file.
@@ -241,17 +248,18 @@ impl FileStore {
         Ok(FileStore {
             path: path.to_owned(),
             file: File::from(fd),
-            extents: Mutex::new(Extents::default()),
+            extents: Mutex::new(FileExtents {
+                extents: Extents::new(FILE_SPACE_BYTES),
+                sizes: HashMap::new(),
+            }),
         })
     }
 
     fn extent(&self, object: ObjectId) -> Result<(u64, u64), StoreError> {
         let extents = self.extents.lock().expect("extent lock");
-        extents
-            .objects
-            .get(&object)
-            .copied()
-            .ok_or(StoreError::UnknownObject(object))
+        let start = extents.extents.held(object).map(|(start, _)| start);
+        let size = extents.sizes.get(&object).copied();
+        start.zip(size).ok_or(StoreError::UnknownObject(object))
     }
 
     fn file_error(&self, source: std::io::Error) -> StoreError {
@@ -261,13 +269,56 @@ impl FileStore {
         }
     }
 
-    /// Takes the next extent for `object`; where it starts.
-    fn claim_extent(&self, object: ObjectId, bytes: u64) -> u64 {
+    /// Takes an extent for `object`, first fit; where it starts. A freed
+    /// extent reads as zeros ([`FileStore::release`]).
+    fn claim_extent(&self, object: ObjectId, bytes: u64) -> Result<u64, StoreError> {
         let mut extents = self.extents.lock().expect("extent lock");
-        let start = extents.next_offset;
-        extents.next_offset = (start + bytes).next_multiple_of(EXTENT_ALIGNMENT);
-        extents.objects.insert(object, (start, bytes));
-        start
+        let start = extents
+            .extents
+            .reserve(object, bytes)
+            .map_err(crate::rack::pool_error(object))?;
+        extents.sizes.insert(object, bytes);
+        Ok(start)
+    }
+
+    /// Gives `object`'s extent back; its bytes read as zeros again.
+    fn free_extent(&self, object: ObjectId) -> Result<(), StoreError> {
+        let mut extents = self.extents.lock().expect("extent lock");
+        let (start, length) = extents
+            .extents
+            .release(object)
+            .map_err(crate::rack::pool_error(object))?;
+        extents.sizes.remove(&object);
+        // Zeroed under the lock: no one claims the extent before.
+        self.zero(start, length)
+    }
+
+    /// Makes `length` bytes from `start` read as zeros: a hole punched
+    /// (which gives the disk space back), or zeros written where the file
+    /// system punches none.
+    fn zero(&self, start: u64, length: u64) -> Result<(), StoreError> {
+        let flags = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+        match rustix::fs::fallocate(&self.file, flags, start, length) {
+            Ok(()) => Ok(()),
+            Err(rustix::io::Errno::OPNOTSUPP) => self.write_zeros(start, length),
+            Err(errno) => Err(self.file_error(errno.into())),
+        }
+    }
+
+    fn write_zeros(&self, start: u64, length: u64) -> Result<(), StoreError> {
+        // O_DIRECT: from page-aligned memory, which a fresh mapping is
+        // (and zero).
+        let zeros =
+            crate::mapping::Mapping::new(1 << 20).map_err(|errno| self.file_error(errno.into()))?;
+        let piece_bytes = zeros.len() as u64;
+        let mut offset = 0;
+        // Bounded by the extent's length.
+        while offset < length {
+            let piece = piece_bytes.min(length - offset) as usize;
+            self.write_all_at(&zeros.as_slice()[..piece], start + offset)?;
+            offset += piece as u64;
+        }
+        Ok(())
     }
 
     /// Writes an extent's initial bytes, or makes the file reach its end.
@@ -336,8 +387,13 @@ impl ChunkStore for FileStore {
         bytes: u64,
         initial: Option<&Path>,
     ) -> Result<(), StoreError> {
-        let start = self.claim_extent(object, bytes);
-        self.fill_extent(start, bytes, initial)
+        let start = self.claim_extent(object, bytes)?;
+        let filled = self.fill_extent(start, bytes, initial);
+        if filled.is_err() {
+            // The extent goes back: kept, it was held for nothing.
+            let _ = self.free_extent(object);
+        }
+        filled
     }
 
     fn fetch(&self, object: ObjectId, offset: u64, into: &mut [u8]) -> Result<(), StoreError> {
@@ -364,19 +420,58 @@ impl ChunkStore for FileStore {
     }
 
     fn release(&self, object: ObjectId) -> Result<(), StoreError> {
-        let removed = self
-            .extents
-            .lock()
-            .expect("extent lock")
-            .objects
-            .remove(&object);
-        removed.map(drop).ok_or(StoreError::UnknownObject(object))
+        self.free_extent(object)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Extents were never reused: a program that allocated and freed in
+    /// a loop grew the backing file by every object until the disk was
+    /// full. A freed extent is taken again, and reads zeros, not the
+    /// bytes of the object that had it.
+    #[test]
+    fn a_freed_extent_is_reused_and_reads_zeros() {
+        const BYTES: usize = 1 << 20;
+        let directory = tempfile::tempdir().unwrap();
+        let backing = directory.path().join("backing");
+        let store = FileStore::create(&backing).unwrap();
+        let mut buffer = crate::mapping::Mapping::new(BYTES).unwrap();
+        for round in 0..64 {
+            let object = ObjectId(round);
+            store.reserve(object, BYTES as u64, None).unwrap();
+            store.fetch(object, 0, buffer.as_mut_slice()).unwrap();
+            assert!(
+                buffer.as_slice().iter().all(|byte| *byte == 0),
+                "round {round}: an earlier object's bytes"
+            );
+            buffer.as_mut_slice().fill(0x55);
+            store.write_back(object, 0, buffer.as_slice()).unwrap();
+            store.release(object).unwrap();
+        }
+        let file_bytes = std::fs::metadata(&backing).unwrap().len();
+        assert!(file_bytes <= BYTES as u64, "{file_bytes} bytes");
+    }
+
+    /// Where a file system punches no holes, a freed extent is zeroed by
+    /// writing: the fallback, run here directly.
+    #[test]
+    fn written_zeros_clear_an_extent() {
+        const BYTES: usize = 3 << 20;
+        let directory = tempfile::tempdir().unwrap();
+        let store = FileStore::create(&directory.path().join("backing")).unwrap();
+        let object = ObjectId(1);
+        store.reserve(object, BYTES as u64, None).unwrap();
+        let mut buffer = crate::mapping::Mapping::new(BYTES).unwrap();
+        buffer.as_mut_slice().fill(0x55);
+        store.write_back(object, 0, buffer.as_slice()).unwrap();
+        let (start, _) = store.extent(object).unwrap();
+        store.write_zeros(start, BYTES as u64).unwrap();
+        store.fetch(object, 0, buffer.as_mut_slice()).unwrap();
+        assert!(buffer.as_slice().iter().all(|byte| *byte == 0));
+    }
 
     /// An object too large for this process's heap aborted the process
     /// (`vec!` of 1 TiB); it is an error now, and the store serves on.
@@ -423,8 +518,8 @@ mod tests {
         let initial = directory.path().join("initial");
         std::fs::write(&initial, vec![0x77u8; BYTES]).unwrap();
         let (first, second) = (ObjectId(1), ObjectId(2));
-        let first_start = store.claim_extent(first, BYTES as u64);
-        let second_start = store.claim_extent(second, BYTES as u64);
+        let first_start = store.claim_extent(first, BYTES as u64).unwrap();
+        let second_start = store.claim_extent(second, BYTES as u64).unwrap();
         store
             .fill_extent(second_start, BYTES as u64, Some(&initial))
             .unwrap();
