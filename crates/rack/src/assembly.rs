@@ -83,16 +83,54 @@ pub fn host_port(link: &LinkSpec, index: usize, port: impl Port + 'static) -> Bo
 }
 
 /// One direction of a link: frames sent through the port are shaped
-/// (serialization, delay), then faults drawn; both wrappers stack.
+/// (tail-dropped at a full queue, serialized, delayed), and faults are
+/// drawn as each leaves the link, as the simulator's link does. Drawn
+/// before the shaper, a lost frame took no bandwidth, a duplicate was
+/// serialized twice, and a tail-dropped frame still took a fault draw.
 fn link_end(link: &LinkSpec, port: impl Port + 'static, fault_seed: u64) -> Box<dyn Port> {
     let mut boxed: Box<dyn Port> = Box::new(port);
-    if let Some(shape) = link.shape {
-        boxed = Box::new(Shaped::new(boxed, shape));
-    }
     if link.faults != LinkFaults::NONE {
         boxed = Box::new(Faulty::new(boxed, link.faults, fault_seed));
     }
+    if let Some(shape) = link.shape {
+        boxed = Box::new(Shaped::new(boxed, shape));
+    }
     boxed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remora_carrier::wrappers::LinkShape;
+    use remora_sim::Probability;
+
+    /// A link that loses every frame, slow enough that the first frame
+    /// still holds it when the second comes, with no queue: the second is
+    /// tail-dropped by the shaper and the first lost on the wire, as the
+    /// simulator's link would have it. With faults drawn before shaping,
+    /// both were lost to faults and the link was never busy.
+    #[test]
+    fn a_lossy_shaped_link_queues_before_it_loses() {
+        let segment = Segment::anonymous(&SegmentPlan::star(1, 8)).unwrap();
+        let link = LinkSpec {
+            shape: Some(LinkShape {
+                bandwidth_bits_per_second: 8_000,
+                propagation_delay: std::time::Duration::ZERO,
+                queue_limit_bytes: 0,
+            }),
+            faults: LinkFaults {
+                loss: Probability::literal(1.0),
+                ..LinkFaults::NONE
+            },
+        };
+        let mut port = host_port(&link, 0, segment.spoke_port(1).unwrap());
+        for _ in 0..2 {
+            port.send(&[0u8; 100]).unwrap();
+        }
+        let drops = port.drops();
+        assert_eq!(drops.shaping_queue, 1, "{drops:?}");
+        assert_eq!(drops.lost_to_faults, 0, "not yet on the wire: {drops:?}");
+    }
 }
 
 /// A soft RNIC for a host: its MAC and address, a seed per host and
