@@ -194,6 +194,12 @@ pub struct NodeEndpoint {
     /// saying it had some (a fault line's held frames took the last slot):
     /// they went uncounted, while the NIC counted them transmitted.
     frames_dropped_no_room: u64,
+    /// Frames lost because the node was cut off or down: sent up a cut
+    /// uplink or arrived on it, and arrived at a host that is down. The
+    /// simulator counts the same (`partition_drops`); here they went
+    /// uncounted.
+    frames_lost_to_partition: u64,
+    frames_lost_while_down: u64,
 }
 
 /// Work requests one pump takes from one application's queue.
@@ -448,7 +454,19 @@ impl NodeEndpoint {
             down: false,
             partitioned: false,
             frames_dropped_no_room: 0,
+            frames_lost_to_partition: 0,
+            frames_lost_while_down: 0,
         }
+    }
+
+    /// Frames lost to a cut uplink, both ways.
+    pub fn frames_lost_to_partition(&self) -> u64 {
+        self.frames_lost_to_partition
+    }
+
+    /// Frames that arrived while the host was down.
+    pub fn frames_lost_while_down(&self) -> u64 {
+        self.frames_lost_while_down
     }
 
     /// Frames a carrier refused for want of room (RC retransmits them).
@@ -566,6 +584,7 @@ impl Pump for NodeEndpoint {
                 port.flush()?;
             }
             self.flushed_at = Some(now);
+            self.frames_lost_while_down += received as u64;
             return Ok(received > 0);
         }
         let mut worked = self.receive(now)?;
@@ -631,6 +650,9 @@ impl NodeEndpoint {
                 rnic.handle_frame(now, frame);
             }
         })?;
+        if uplink_cut {
+            self.frames_lost_to_partition += received as u64;
+        }
         if let Some(local) = &mut self.local {
             received += local.receive(RECEIVE_BATCH_FRAMES, &mut |frame| {
                 rnic.handle_frame(now, frame);
@@ -658,7 +680,10 @@ impl NodeEndpoint {
             let status = match (self.ports.port_for(frame), self.local.as_mut()) {
                 (LOCAL_PORT, Some(local)) => local.send(frame)?,
                 // A cut uplink loses what the NIC sends up it.
-                _ if self.partitioned => SendStatus::Queued,
+                _ if self.partitioned => {
+                    self.frames_lost_to_partition += 1;
+                    SendStatus::Queued
+                }
                 _ => self.port.send(frame)?,
             };
             if status == SendStatus::DroppedNoRoom {

@@ -353,9 +353,31 @@ fn a_crashed_host_lets_held_frames_leave_and_its_deadline_moves_on() {
 /// count, while its NIC counted it transmitted (found by reading).
 #[test]
 fn a_frame_a_carrier_refuses_for_want_of_room_is_counted() {
-    use remora_rack::endpoint::{rack_queue_pair, Pump, RackClock};
-    use remora_wire::{Ipv4Address, MacAddress, Psn, Qpn};
+    use remora_rack::endpoint::{Pump, RackClock};
     let mut node = node_on_a_quirky_port("refused", None, true);
+    post_one_send(&mut node);
+    node.pump(&RackClock::new()).unwrap();
+    assert_eq!(node.frames_dropped_no_room(), 1);
+}
+
+/// A frame the NIC sent up a cut uplink vanished with no count anywhere,
+/// where the simulator counts it a partition drop.
+#[test]
+fn a_frame_sent_up_a_cut_uplink_is_counted() {
+    use remora_rack::endpoint::{Pump, RackClock};
+    let mut node = node_on_a_quirky_port("cut", None, false);
+    node.set_partitioned(true);
+    post_one_send(&mut node);
+    node.pump(&RackClock::new()).unwrap();
+    assert_eq!(node.frames_lost_to_partition(), 1);
+    assert_eq!(node.frames_dropped_no_room(), 0);
+}
+
+/// Posts one SEND of 64 bytes on a queue pair of `node` connected to a
+/// peer that is not there.
+fn post_one_send(node: &mut remora_rack::endpoint::NodeEndpoint) {
+    use remora_rack::endpoint::rack_queue_pair;
+    use remora_wire::{Ipv4Address, MacAddress, Psn, Qpn};
     let pd = node.rnic.alloc_protection_domain().unwrap();
     let cq = node.rnic.create_completion_queue(8).unwrap();
     let region = node.rnic.register_memory(pd, 64, AccessFlags::ALL).unwrap();
@@ -377,6 +399,4 @@ fn a_frame_a_carrier_refuses_for_want_of_room_is_counted() {
     )
     .unwrap();
     node.rnic.post_send(queue_pair, request).unwrap();
-    node.pump(&RackClock::new()).unwrap();
-    assert_eq!(node.frames_dropped_no_room(), 1);
 }
