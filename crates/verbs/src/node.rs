@@ -119,6 +119,14 @@ pub struct Node {
 impl Node {
     /// Opens the carrier and starts the progress thread.
     pub fn start(config: &VerbsConfig) -> Result<Arc<Node>, NodeError> {
+        // Before the carrier: a shared-memory rendezvous, once created,
+        // serves its segment to the peer even if this start then fails,
+        // and the peer connected to a ring nobody served.
+        let capture = config
+            .capture
+            .as_deref()
+            .map(PcapSink::create)
+            .transpose()?;
         let (port, address, peer): (Box<dyn Port>, Ipv4Address, Ipv4Address) = match &config.carrier
         {
             CarrierConfig::Udp { local, peer } => {
@@ -140,11 +148,6 @@ impl Node {
             Some(own) => (Ipv4Address(own.octets()), None),
             None => (address, Some(peer)),
         };
-        let capture = config
-            .capture
-            .as_deref()
-            .map(PcapSink::create)
-            .transpose()?;
         let port = match &capture {
             Some(sink) => {
                 let captured = Captured::new(port, sink.clone(), CaptureDirection::Both);
@@ -605,6 +608,25 @@ mod tests {
         fn drop(&mut self) {
             self.node.stop();
         }
+    }
+
+    /// A start that failed on its capture file had already created the
+    /// shared-memory rendezvous, which went on serving its segment: the
+    /// peer joined a ring nobody ran. The capture is opened first now.
+    #[test]
+    fn a_start_that_fails_on_its_capture_leaves_no_rendezvous() {
+        let directory = tempfile::tempdir().unwrap();
+        let rendezvous = directory.path().join("rendezvous");
+        let config = VerbsConfig {
+            address: None,
+            carrier: CarrierConfig::SharedMemory {
+                rendezvous: rendezvous.clone(),
+            },
+            progress: ProgressConfig::default(),
+            capture: Some(directory.path().join("no-such-directory/capture.pcap")),
+        };
+        assert!(Node::start(&config).is_err());
+        assert!(!rendezvous.exists(), "a rendezvous was left serving");
     }
 
     #[test]
