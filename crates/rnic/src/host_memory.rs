@@ -228,9 +228,13 @@ pub trait ExternalMemory: Send {
     fn read(&self, offset: usize, into: &mut [u8]);
     /// Copies `from` to `offset`.
     fn write(&mut self, offset: usize, from: &[u8]);
-    /// Applies `update` atomically to the 8-byte-aligned little-endian
-    /// word at `offset` (the owner may touch it concurrently) and returns
-    /// the original.
+    /// Applies `update` atomically to the little-endian word at `offset`
+    /// (the owner may touch it concurrently) and returns the original.
+    /// The device checks that the word's registered address is 8-byte
+    /// aligned, not `offset`: memory registered for remote atomics must lie
+    /// at an address congruent to its registered one modulo 8 (the verbs
+    /// provider refuses `ibv_reg_mr` otherwise), so the word is aligned
+    /// in memory too.
     fn update_word(&mut self, offset: usize, update: &dyn Fn(u64) -> u64) -> u64;
 }
 
