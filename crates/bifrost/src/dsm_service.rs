@@ -51,6 +51,9 @@ pub struct DsmServiceRack {
     pub path: RackPath,
     /// The switch, when it runs the Gatekeeper.
     pub gatekeeper: Option<Shared<SwitchEndpoint<Overlaid<Gatekeeper>>>>,
+    /// The service host's DSM, which its services read and write through
+    /// (for showing what the switch lets that host do outside a call).
+    pub service_dsm: Arc<OnceLock<Dsm>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -158,6 +161,7 @@ impl DsmServiceRack {
             dsm,
             path,
             gatekeeper,
+            service_dsm,
         })
     }
 

@@ -54,13 +54,17 @@ fn add_arrays_and_increment_array_work_on_global_memory() {
     }
 }
 
+/// A call that lends nothing: the service refuses to read for it, and
+/// its host's own read of the caller's arrays, outside any call, is
+/// refused at the switch with a NAK in the memory node's name.
 #[test]
 fn a_call_that_passes_no_pointer_lends_nothing_and_the_service_is_refused() {
     let DsmServiceRack {
         rack: _rack,
         dsm,
         path,
-        ..
+        gatekeeper,
+        service_dsm,
     } = arrays_rack(DsmRackConfig::default(), 1, Routing::Gatekeeper).unwrap();
     let ((input, output), pointer) = client_protocols_passing(path);
     let mut client = ArraysSyncClient::new(input, output);
@@ -69,6 +73,13 @@ fn a_call_that_passes_no_pointer_lends_nothing_and_the_service_is_refused() {
         .add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))
         .expect_err("no lease: the service's read is refused");
     assert!(format!("{refused:?}").contains("refused"), "{refused:?}");
+    let service_dsm = service_dsm.get().expect("the service's DSM is up");
+    let mut stolen = [0u8; 16];
+    assert!(service_dsm.read(inputs, &mut stolen).is_err());
+    let switch = remora_rack::endpoint::lock(gatekeeper.as_ref().expect("the Gatekeeper runs"));
+    let memory = switch.switch.program().overlay().counters().memory;
+    assert!(memory.refused() > 0 && memory.naks_sent > 0, "{memory:?}");
+    drop(switch);
     // Passed, the same call works.
     pointer.pass(inputs.to_address());
     let sum = client
@@ -92,6 +103,7 @@ fn an_argument_outside_the_lent_allocation_is_refused_unread() {
         dsm,
         path,
         gatekeeper,
+        ..
     } = arrays_rack(DsmRackConfig::default(), 1, Routing::Gatekeeper).unwrap();
     let gatekeeper = gatekeeper.expect("the Gatekeeper runs");
     let reads_refused = || {

@@ -194,8 +194,9 @@ pub fn bifrost_step() -> Result<SystemStep, SystemError> {
 
 /// The Gatekeeper's ACL on the embedded rack: add_arrays by reference, the
 /// inputs lent to the service for the call and the sum's control handed
-/// back; a call that lends nothing, whose service is refused by the
-/// switch.
+/// back; a call that lends nothing, which the service refuses to read for;
+/// and the service's host reading the caller's arrays outside any call,
+/// which the switch refuses.
 fn acl_step(step: &mut SystemStep) -> Result<(), SystemError> {
     use remora_bifrost::arrays::arrays_rack;
     use remora_bifrost::by_reference::{from_idl, pass_by_reference, to_idl};
@@ -214,6 +215,16 @@ fn acl_step(step: &mut SystemStep) -> Result<(), SystemError> {
         step.failures
             .push("ACL: a call that lent nothing still read the caller's arrays".into());
     }
+    // The service's host going round the service: no call lends it the
+    // arrays now, so the switch refuses the READ in the memory node's
+    // name.
+    let mut stolen = vec![0u8; 16];
+    let service_dsm = arrays.service_dsm.get();
+    let outside_a_call = service_dsm.map(|service| service.read(inputs, &mut stolen));
+    if !matches!(outside_a_call, Some(Err(_))) {
+        step.failures
+            .push("ACL: the service's host read the caller's arrays outside a call".into());
+    }
     pointer.pass(inputs.to_address());
     let sum = client
         .add_arrays(to_idl(arguments[0]), to_idl(arguments[1]))
@@ -230,7 +241,7 @@ fn acl_step(step: &mut SystemStep) -> Result<(), SystemError> {
     }
     let counters = arrays.gatekeeper_counters().unwrap_or_default().memory;
     println!(
-        "  the Gatekeeper's ACL (refuse by default): add_arrays of 64 KiB by reference through it, the inputs lent to the service for the call and the sum's control handed to the caller with the reply; a call that lent nothing was refused at the switch ({} READs allowed, {} refused, {} NAKs sent in the memory node's name)",
+        "  the Gatekeeper's ACL (refuse by default): add_arrays of 64 KiB by reference through it, the inputs lent to the service for the call and the sum's control handed to the caller with the reply; a call that lent nothing was refused by the service, and its host's own read of the arrays outside a call by the switch ({} READs allowed, {} refused, {} NAKs sent in the memory node's name)",
         counters.reads_allowed, counters.refused(), counters.naks_sent
     );
     if counters.naks_sent == 0 {
