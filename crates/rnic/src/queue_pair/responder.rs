@@ -656,12 +656,6 @@ impl QueuePairContext {
             AccessFlags::REMOTE_ATOMIC,
         );
         let (region_slot, range) = checked.map_err(|fault| (access_refusal(fault), None))?;
-        if !range.start.is_multiple_of(8) {
-            // An aligned address in a region registered at an unaligned
-            // one (external memory, at the owner's address): the word is
-            // not aligned in memory, which every backing's atomic needs.
-            return Err((NakCode::InvalidRequest, None));
-        }
         let opcode = frame.bth().opcode;
         let original =
             resources

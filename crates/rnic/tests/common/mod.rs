@@ -16,8 +16,6 @@ pub struct Setup {
     pub right_cq: CompletionQueue,
     /// The left queue pair's protection domain.
     pub left_pd: ProtectionDomain,
-    /// The right queue pair's.
-    pub right_pd: ProtectionDomain,
 }
 
 pub fn setup_with(access: AccessFlags, configure: impl Fn(&mut QueuePairBuilder)) -> Setup {
@@ -41,7 +39,6 @@ pub fn setup_with(access: AccessFlags, configure: impl Fn(&mut QueuePairBuilder)
         left_cq: sides[0].1,
         right_cq: sides[1].1,
         left_pd: sides[0].3,
-        right_pd: sides[1].3,
     }
 }
 
