@@ -123,6 +123,19 @@ impl MemoryCounters {
 /// Allocs awaiting their replies: memory node, client, request id.
 type PendingKey = (Ipv4Address, Ipv4Address, u32);
 
+/// A request as RC carries it: its queue pair and PSN. A resend keeps
+/// both; a new request under a reused id (a client's DSM restarted, or a
+/// hostile one) has another PSN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Carried {
+    queue_pair: Qpn,
+    psn: Psn,
+}
+
+/// A request that passed: since when, what its reply will do, and how it
+/// was carried.
+type Passed = (Timestamp, Awaiting, Carried);
+
 /// What a request passed to a daemon waits for its reply to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Awaiting {
@@ -141,12 +154,12 @@ pub struct MemoryStage {
     /// the control plane gave it.
     host_ports: ExactTable<Ipv4Address, PortId>,
     /// Allocs and frees awaiting their daemon's reply, since when.
-    pending: ExactTable<PendingKey, (Timestamp, Awaiting)>,
+    pending: ExactTable<PendingKey, Passed>,
     /// Allocs and frees whose reply passed, since when: RC sends a request
     /// again when its ACK was lost, even after the reply came, and the
     /// resend must pass (the memory node's RNIC acknowledges it as a
     /// duplicate without running it again).
-    answered: ExactTable<PendingKey, (Timestamp, Awaiting)>,
+    answered: ExactTable<PendingKey, Passed>,
     counters: MemoryCounters,
 }
 
@@ -157,10 +170,10 @@ const PENDING_ALLOC_LEASE: std::time::Duration = std::time::Duration::from_secs(
 /// Forgets the entries of `table` older than `PENDING_ALLOC_LEASE`: a
 /// request whose reply never came (its node died), or an answered one no
 /// resend can follow any more.
-fn forget_older_than(table: &mut ExactTable<PendingKey, (Timestamp, Awaiting)>, now: Timestamp) {
+fn forget_older_than(table: &mut ExactTable<PendingKey, Passed>, now: Timestamp) {
     let stale: Vec<PendingKey> = table
         .iter()
-        .filter(|(_, (since, _))| since.saturating_add(PENDING_ALLOC_LEASE) < now)
+        .filter(|(_, (since, _, _))| since.saturating_add(PENDING_ALLOC_LEASE) < now)
         .map(|(key, _)| *key)
         .collect();
     for key in stale {
@@ -502,11 +515,16 @@ impl MemoryStage {
             return false;
         };
         let key = (memory, source, request.request_id);
+        let roce = packet.headers.roce.expect("judged packets are RoCE");
+        let carried = Carried {
+            queue_pair: roce.destination_qp,
+            psn: roce.psn,
+        };
         let allowed = match request.operation {
-            _ if self.is_resend_of_answered(now, key, &request) => true,
+            _ if self.is_resend_of_answered(now, key, &request, carried) => true,
             DsmOperation::Allocate => {
                 let awaiting = Awaiting::Allocate { size: request.size };
-                self.await_reply(now, (memory, source, request.request_id), awaiting)
+                self.await_reply(now, key, (now, awaiting, carried))
             }
             DsmOperation::Free => {
                 // The rules go when the daemon replies that the free
@@ -519,7 +537,7 @@ impl MemoryStage {
                 let awaiting = Awaiting::Free {
                     offset: request.offset,
                 };
-                controls && self.await_reply(now, (memory, source, request.request_id), awaiting)
+                controls && self.await_reply(now, key, (now, awaiting, carried))
             }
             DsmOperation::Snapshot | DsmOperation::Restore => {
                 self.acl
@@ -546,6 +564,7 @@ impl MemoryStage {
         now: Timestamp,
         key: PendingKey,
         request: &message::Request,
+        carried: Carried,
     ) -> bool {
         let awaiting = match request.operation {
             DsmOperation::Allocate => Awaiting::Allocate { size: request.size },
@@ -557,23 +576,25 @@ impl MemoryStage {
         forget_older_than(&mut self.answered, now);
         self.answered
             .lookup(&key)
-            .is_some_and(|(_, answered)| *answered == awaiting)
+            .is_some_and(|(_, answered, first)| (*answered, *first) == (awaiting, carried))
     }
 
     /// Remembers a request until its reply passes; an alloc also keeps
     /// room for its rule. Requests whose replies never came (their node
     /// died) are forgotten first. A request sent again (same key) waits on
     /// the first one's entry.
-    fn await_reply(&mut self, now: Timestamp, key: PendingKey, awaiting: Awaiting) -> bool {
+    fn await_reply(&mut self, now: Timestamp, key: PendingKey, passed: Passed) -> bool {
         forget_older_than(&mut self.pending, now);
-        if let Some((_, pending)) = self.pending.lookup(&key) {
+        let (_, awaiting, carried) = passed;
+        if let Some((_, pending, first)) = self.pending.lookup(&key) {
             // The same request sent again rides on the first's entry. A
             // different one under the same id is refused: taken, it
             // skipped every check, and its reply (the first having taken
             // the entry) changed no rules, so a freed allocation kept
             // its owner's control, and the next alloc there got none.
             // (Counted refused by the caller, once.)
-            return *pending == awaiting;
+            // A resend keeps its PSN too.
+            return (*pending, *first) == (awaiting, carried);
         }
         let acl_room = match awaiting {
             Awaiting::Allocate { .. } => {
@@ -581,7 +602,7 @@ impl MemoryStage {
             }
             Awaiting::Free { .. } => true,
         };
-        if !acl_room || self.pending.insert(key, (now, awaiting)).is_err() {
+        if !acl_room || self.pending.insert(key, passed).is_err() {
             self.counters.acl_full += 1;
             return false;
         }
@@ -590,19 +611,19 @@ impl MemoryStage {
 
     /// Keeps an answered request for its resends; a full table forgets
     /// its oldest entry (whose resends, long overdue, are refused).
-    fn remember_answered(&mut self, key: PendingKey, since: Timestamp, awaiting: Awaiting) {
+    fn remember_answered(&mut self, key: PendingKey, passed: Passed) {
         if self.answered.len() >= self.answered.resources().capacity {
             let oldest = self
                 .answered
                 .iter()
-                .min_by_key(|(_, (since, _))| *since)
+                .min_by_key(|(_, (since, _, _))| *since)
                 .map(|(key, _)| *key);
             if let Some(oldest) = oldest {
                 self.answered.remove(&oldest);
             }
         }
         // Room was made above, so the insert cannot fail for space.
-        let _ = self.answered.insert(key, (since, awaiting));
+        let _ = self.answered.insert(key, passed);
     }
 
     /// A daemon's reply to an alloc installs the requester's control; to
@@ -625,10 +646,11 @@ impl MemoryStage {
             return;
         };
         let key = (ipv4.source, ipv4.destination, reply.request_id);
-        let Some((since, awaiting)) = self.pending.remove(&key) else {
+        let Some(passed) = self.pending.remove(&key) else {
             return;
         };
-        self.remember_answered(key, since, awaiting);
+        self.remember_answered(key, passed);
+        let (_, awaiting, _) = passed;
         if reply.status != Status::Ok {
             return;
         }
@@ -830,12 +852,12 @@ mod tests {
 
     /// A DSM SEND (a request from the client, or a reply from the memory
     /// node) through the stage; whether it passed.
-    fn dsm_passes(stage: &mut MemoryStage, from_client: bool, message: [u8; 24]) -> bool {
+    fn dsm_passes(stage: &mut MemoryStage, from_client: bool, message: [u8; 24], psn: u32) -> bool {
         let (from, to, queue_pair) = match from_client {
             true => (CLIENT, MEMORY, 0x21),
             false => (MEMORY, CLIENT, 0x11),
         };
-        let bth = BthRepr::new(Opcode::SendOnly, qpn(queue_pair), Psn::new(5));
+        let bth = BthRepr::new(Opcode::SendOnly, qpn(queue_pair), Psn::new(psn));
         let repr = FrameRepr::between(from, to, 0xc000, bth).with_payload_len(message.len());
         let mut bytes = vec![0u8; MAX_FRAME_LEN];
         let length = emit_frame(&repr, &message, &mut bytes).expect("a SEND fits");
@@ -870,19 +892,22 @@ mod tests {
             size: 0,
         }
         .emit();
-        assert!(dsm_passes(&mut stage, true, free));
-        assert!(dsm_passes(&mut stage, false, done));
+        assert!(dsm_passes(&mut stage, true, free, 5));
+        assert!(dsm_passes(&mut stage, false, done, 7));
         assert_eq!(stage.counters().frees, 1);
-        assert!(dsm_passes(&mut stage, true, free), "the resend passes");
+        assert!(dsm_passes(&mut stage, true, free, 5), "the resend passes");
         assert_eq!(stage.counters().refused(), 0);
         // Only the same request rides on the answered one: another free
-        // of the freed allocation is refused, and no rules came back.
+        // of the freed allocation is refused, under another id or under
+        // the same id at another PSN (a new request reusing the id), and
+        // no rules came back.
         let other = message::Request {
             request_id: 10,
             ..message::Request::parse(&free).unwrap()
         }
         .emit();
-        assert!(!dsm_passes(&mut stage, true, other));
+        assert!(!dsm_passes(&mut stage, true, other, 6));
+        assert!(!dsm_passes(&mut stage, true, free, 6), "a reused id");
         assert!(!passes(&mut stage, Opcode::RdmaWriteFirst, 20));
     }
 
@@ -896,10 +921,17 @@ mod tests {
         let mut stage = stage();
         let key = (MEMORY.1, CLIENT.1, 7);
         let now = Timestamp::ZERO;
-        assert!(stage.await_reply(now, key, Awaiting::Free { offset: 0 }));
-        assert!(stage.await_reply(now, key, Awaiting::Free { offset: 0 }));
-        assert!(!stage.await_reply(now, key, Awaiting::Free { offset: 4096 }));
-        assert!(!stage.await_reply(now, key, Awaiting::Allocate { size: 64 }));
+        let carried = |psn| Carried {
+            queue_pair: qpn(0x21),
+            psn: Psn::new(psn),
+        };
+        let free = |offset, psn| (now, Awaiting::Free { offset }, carried(psn));
+        assert!(stage.await_reply(now, key, free(0, 1)));
+        assert!(stage.await_reply(now, key, free(0, 1)));
+        assert!(!stage.await_reply(now, key, free(0, 2)), "another PSN");
+        assert!(!stage.await_reply(now, key, free(4096, 1)));
+        let allocate = (now, Awaiting::Allocate { size: 64 }, carried(1));
+        assert!(!stage.await_reply(now, key, allocate));
     }
 
     /// A middle packet of an allowed WRITE was lost after the switch; its
