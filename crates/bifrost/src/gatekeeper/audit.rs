@@ -348,8 +348,20 @@ impl Audit {
     }
 
     fn dsm_request(&mut self, client: usize, request: Request) -> Result<bool, AclViolation> {
+        let psn = self.psn(client);
+        self.dsm_request_at(client, request, psn)
+    }
+
+    /// A DSM request at `psn`: a new one's, or the one RC sends it again
+    /// under.
+    fn dsm_request_at(
+        &mut self,
+        client: usize,
+        request: Request,
+        psn: Psn,
+    ) -> Result<bool, AclViolation> {
         self.report.messages += 1;
-        let bth = BthRepr::new(Opcode::SendOnly, memory_qpn(client), self.psn(client));
+        let bth = BthRepr::new(Opcode::SendOnly, memory_qpn(client), psn);
         self.request(client, bth, None, &request.emit())
     }
 
@@ -797,9 +809,13 @@ mod tests {
             offset,
             size: 0,
         };
-        assert!(audit.dsm_request(1, free(77)).unwrap(), "the first copy");
+        let psn = audit.psn(1);
         assert!(
-            audit.dsm_request(1, free(77)).unwrap(),
+            audit.dsm_request_at(1, free(77), psn).unwrap(),
+            "the first copy"
+        );
+        assert!(
+            audit.dsm_request_at(1, free(77), psn).unwrap(),
             "the copy sent again"
         );
         let reply = Reply {
