@@ -244,7 +244,10 @@ impl Run {
 /// What the application loop ends with.
 #[derive(Debug, Clone)]
 pub struct Finish {
+    /// The measured operations' stats (after the warm-up).
     pub stats: PoolStats,
+    /// Operations completed in the whole run, warm-up included.
+    pub operations_run: u64,
     pub metadata: MetadataStats,
     /// Versions found whole by the final audit.
     pub versions: u64,
@@ -382,6 +385,7 @@ impl Application {
         };
         let stats = self.deployment.pool.stats();
         Ok(Finish {
+            operations_run: stats.reads + stats.writes,
             stats: match &self.warmed {
                 Some((_, warm)) => stats.since(warm),
                 None => stats.clone(),

@@ -75,7 +75,11 @@ pub struct Outcome {
     /// warm-up) to the last request's return: virtual time in the
     /// simulator, the rack's clock on the embedded rack.
     pub elapsed: Duration,
+    /// The measured operations' stats.
     pub stats: PoolStats,
+    /// Operations completed in the whole run, warm-up included: what the
+    /// CPU split, read once at the end, was spent on.
+    pub operations_run: u64,
     pub resolver: Option<ResolverCounters>,
     pub resolver_memory: Option<ResolverMemory>,
     pub metadata: MetadataStats,
@@ -157,6 +161,7 @@ fn run_with<S: RackStage, P: CloverSwitch>(
     Ok(Outcome {
         elapsed: ended.saturating_duration_since(started),
         stats: finish.stats,
+        operations_run: finish.operations_run,
         resolver: report.map(|(counters, _)| counters),
         resolver_memory: report.map(|(_, memory)| memory),
         metadata: finish.metadata,

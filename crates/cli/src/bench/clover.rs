@@ -246,6 +246,7 @@ pub fn run(quick: bool, history: Option<&std::path::Path>) -> Result<Report, Clo
             "warmup_operations_per_run": plan[0].run.warmup_operations,
             "embedded_operations_per_round": embedded_run(SwitchChoice::Plain, quick).operations,
             "embedded_warmup_operations_per_round": embedded_run(SwitchChoice::Plain, quick).warmup_operations,
+            "embedded_cpu_per_operation": "each thread's CPU clock over a whole round, divided by every operation it completed, its warm-up's too",
         }),
     );
     let mut measured = std::collections::HashMap::new();
@@ -381,7 +382,10 @@ fn real_figures(outcome: &Outcome) -> Result<RealFigures, CloverBenchError> {
     let cpu = outcome
         .cpu
         .ok_or(CloverBenchError::NotMeasured("the embedded rack's CPU"))?;
-    let per_op = |cpu: Duration| cpu.as_secs_f64() * 1e6 / operations;
+    // The threads' CPU clocks are read once, at the end: over every
+    // operation the run completed, its warm-up's too.
+    let operations_run = outcome.operations_run.max(1) as f64;
+    let per_op = |cpu: Duration| cpu.as_secs_f64() * 1e6 / operations_run;
     Ok(RealFigures {
         throughput: outcome.operations_per_second(),
         p50_us: outcome.stats.latency.value_at_quantile(0.5) as f64 / 1e3,
