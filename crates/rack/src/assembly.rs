@@ -14,7 +14,7 @@
 use crate::endpoint::{
     lock, Driver, FabricThread, NodeEndpoint, Pump, RackClock, Shared, SwitchEndpoint,
 };
-use crate::host_cpu::{poll_seat, BusyNanos, HostCpu, Seat};
+use crate::host_cpu::{poll_seat, BusyNanos, HostCpu, IdleSpacing, Seat};
 use crate::report::SwitchReport;
 use crate::topology::{HostSpec, LinkSpec, Topology};
 use crate::RackError;
@@ -103,6 +103,107 @@ mod tests {
     use super::*;
     use remora_carrier::wrappers::LinkShape;
     use remora_sim::Probability;
+
+    /// An agent with a timer of its own: due at `due`, and moved
+    /// `period` on by every poll.
+    struct Timed {
+        due: Timestamp,
+        period: std::time::Duration,
+    }
+
+    impl Agent for Timed {
+        fn name(&self) -> &'static str {
+            "timed"
+        }
+
+        fn poll(
+            &mut self,
+            now: Timestamp,
+            _nic: &mut dyn remora_rnic::Verbs,
+        ) -> Result<remora_host::Progress, remora_host::AgentError> {
+            if now >= self.due {
+                self.due = now.saturating_add(self.period);
+            }
+            Ok(remora_host::Progress::Idle)
+        }
+
+        fn poll_timeout(&self) -> Option<Timestamp> {
+            Some(self.due)
+        }
+
+        fn crash(&mut self) {}
+
+        fn restart(
+            &mut self,
+            _now: Timestamp,
+            _nic: &mut dyn remora_rnic::Verbs,
+        ) -> Result<(), remora_host::AgentError> {
+            Ok(())
+        }
+    }
+
+    /// An agent pump on a host of its own, the host crashed or not.
+    fn pump_of(agent: Timed, crashed: bool) -> AgentPump {
+        let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
+        let config = RnicConfig::new(
+            remora_wire::MacAddress([2, 0, 0, 0, 0, 1]),
+            remora_wire::Ipv4Address::new(10, 0, 0, 1),
+            3,
+        );
+        let mut host = NodeEndpoint::new(
+            "host",
+            SoftRnic::new(config),
+            Box::new(segment.spoke_port(1).unwrap()),
+        );
+        if crashed {
+            host.crash();
+        }
+        AgentPump {
+            host: Arc::new(Mutex::new(host)),
+            seat: Seat::new(
+                Arc::new(Mutex::new(agent)),
+                BusyNanos::default(),
+                IdleSpacing::WhileOverdue,
+            ),
+        }
+    }
+
+    /// A crashed host's agent is not polled, so its due timer never
+    /// moved, and the pump's deadline stayed in the past: the fabric
+    /// thread never slept while the host was down.
+    #[test]
+    fn a_crashed_hosts_overdue_agent_does_not_keep_the_fabric_awake() {
+        let clock = RackClock::new();
+        let agent = Timed {
+            due: Timestamp::ZERO,
+            period: std::time::Duration::from_micros(20),
+        };
+        let mut pump = pump_of(agent, true);
+        assert!(!pump.pump(&clock).unwrap());
+        let deadline = pump.deadline(&clock).expect("a timer");
+        assert!(deadline > std::time::Instant::now(), "{deadline:?}");
+    }
+
+    /// An agent that moves its own timer on keeps it: a worker pool's
+    /// 20 µs look for finished calls is not held to the 100 µs spacing.
+    #[test]
+    fn an_agent_that_moves_its_timer_is_polled_at_it() {
+        let clock = RackClock::new();
+        let agent = Timed {
+            due: Timestamp::ZERO,
+            period: std::time::Duration::from_micros(20),
+        };
+        let mut pump = pump_of(agent, false);
+        assert!(!pump.pump(&clock).unwrap());
+        let after = clock.now();
+        // Spaced, it would be 100 µs after the poll, which came before
+        // `after`.
+        let next = pump.seat.next_poll().expect("a timer");
+        assert!(
+            next <= after.saturating_add(std::time::Duration::from_micros(20)),
+            "{next:?} after {after:?}"
+        );
+    }
 
     /// A link that loses every frame, slow enough that the first frame
     /// still holds it when the second comes, with no queue: the second is
@@ -579,7 +680,7 @@ impl StagedRack {
                 groups[fabric_thread_of_host(index, threads)].push(Arc::new(Mutex::new(
                     AgentPump {
                         host,
-                        seat: Seat::new(agent, busy),
+                        seat: Seat::new(agent, busy, IdleSpacing::WhileOverdue),
                     },
                 )));
             }

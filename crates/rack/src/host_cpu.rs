@@ -78,14 +78,34 @@ pub(crate) struct Seat {
     agent: Arc<Mutex<dyn Agent>>,
     busy_ns: BusyNanos,
     idle_until: Timestamp,
+    spacing: IdleSpacing,
+}
+
+/// When a poll that found nothing holds the agent's timer back for
+/// [`IDLE_POLL_SPACING`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IdleSpacing {
+    /// Always: a host's own CPU polls under the NIC's lock, which the
+    /// fabric thread needs.
+    AfterEveryIdlePoll,
+    /// Only while the timer is still due after the poll (an agent that
+    /// does not move it, or a crashed host's, which is not polled): the
+    /// fabric thread keeps an agent's own short timers (a worker pool's
+    /// 20 µs look for finished calls, a 50 µs resend) as they are.
+    WhileOverdue,
 }
 
 impl Seat {
-    pub(crate) fn new(agent: Arc<Mutex<dyn Agent>>, busy_ns: BusyNanos) -> Seat {
+    pub(crate) fn new(
+        agent: Arc<Mutex<dyn Agent>>,
+        busy_ns: BusyNanos,
+        spacing: IdleSpacing,
+    ) -> Seat {
         Seat {
             agent,
             busy_ns,
             idle_until: Timestamp::ZERO,
+            spacing,
         }
     }
 
@@ -118,7 +138,7 @@ impl HostCpu {
         let stop = Arc::new(AtomicBool::new(false));
         let seats = agents
             .into_iter()
-            .map(|(agent, busy_ns)| Seat::new(agent, busy_ns))
+            .map(|(agent, busy_ns)| Seat::new(agent, busy_ns, IdleSpacing::AfterEveryIdlePoll))
             .collect();
         let thread_stop = Arc::clone(&stop);
         let thread = RackThread::spawn(name, "a host's CPU thread", move || {
@@ -189,9 +209,14 @@ pub(crate) fn poll_seat(
         return Ok(false);
     }
     let moved = poll_on_host(&mut *agent, host, clock, &seat.busy_ns)?;
-    seat.idle_until = match moved {
-        true => now,
-        false => now.saturating_add(IDLE_POLL_SPACING),
+    let space = match seat.spacing {
+        _ if moved => false,
+        IdleSpacing::AfterEveryIdlePoll => true,
+        IdleSpacing::WhileOverdue => agent.poll_timeout().is_some_and(|at| at <= now),
+    };
+    seat.idle_until = match space {
+        true => now.saturating_add(IDLE_POLL_SPACING),
+        false => now,
     };
     Ok(moved)
 }
@@ -276,7 +301,11 @@ mod tests {
         let host = host();
         lock(&host).crash();
         let clock = RackClock::new();
-        let mut seat = Seat::new(Arc::new(Mutex::new(Overdue)), BusyNanos::default());
+        let mut seat = Seat::new(
+            Arc::new(Mutex::new(Overdue)),
+            BusyNanos::default(),
+            IdleSpacing::WhileOverdue,
+        );
         let now = clock.now();
         assert!(!poll_seat(&mut seat, &host, &clock, now, true).unwrap());
         let next = seat.next_poll().expect("a timer");
