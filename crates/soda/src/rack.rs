@@ -587,15 +587,21 @@ impl SodaRack {
         let deadline = Instant::now() + CONFIRMATION_WAIT;
         // Bounded by the deadline.
         loop {
+            // A flush that landed frees its hold here, as at a reserve.
+            self.settle_flushes(dpu);
             if dpu.releasing.lock().expect("releasing lock").is_empty() || dpu.is_dead() {
                 return;
             }
+            let mut asked = false;
             for paths in &self.processes {
                 if let Some(pool) = &paths.dpu {
-                    pool.with_every(|channel| self.ask_for_confirmation(dpu, channel));
+                    pool.with_every(|channel| asked |= self.ask_for_confirmation(dpu, channel));
                 }
             }
-            if Instant::now() >= deadline {
+            // No channel holds an unconfirmed write: what still holds a
+            // room (a flush in flight, a write whose reply never came)
+            // is not answered by asking.
+            if !asked || Instant::now() >= deadline {
                 return;
             }
             std::thread::sleep(CONFIRMATION_POLL);
@@ -606,13 +612,13 @@ impl SodaRack {
     /// no bytes from the region of the oldest. Its reply, served or
     /// refused (a released region is unknown to the DPU), carries the
     /// channel's persisted count. A failure here is left to the data
-    /// path, which sees the same channel next.
-    fn ask_for_confirmation(&self, dpu: &DpuPath, channel: &mut Channel<WriteTracking>) {
+    /// path, which sees the same channel next. Returns whether it asked.
+    fn ask_for_confirmation(&self, dpu: &DpuPath, channel: &mut Channel<WriteTracking>) -> bool {
         let Some(&(_, object)) = channel.state.unconfirmed.front() else {
-            return;
+            return false;
         };
         let Ok(region) = Self::region(object) else {
-            return;
+            return false;
         };
         let question = SodaRequestRepr::Read(ReadRequestRepr {
             region,
@@ -630,6 +636,7 @@ impl SodaRack {
                 self.confirm(dpu, channel, immediate);
             }
         }
+        true
     }
 
     /// Whether the DPU still writes a flush of `object`'s static copy into
