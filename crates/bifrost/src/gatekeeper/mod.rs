@@ -247,7 +247,7 @@ pub struct Gatekeeper {
     /// answer overwrites an older one in its cell): a resend of one lends
     /// nothing, for its reply has ended its lease and the callee will not
     /// run it again.
-    answered: RegisterArray<Option<CallKey>>,
+    answered: RegisterArray<Option<(CallKey, Ipv4Address)>>,
     /// Calls whose lease ran out unanswered, one per cell as `answered`:
     /// a late reply from their callee still hands over the pointer it
     /// returns.
@@ -1263,10 +1263,23 @@ impl Gatekeeper {
             packet.egress = Egress::Drop;
             return Claim::Taken;
         };
-        let Some(&node) = self.routes.lookup(&key) else {
+        let Some(&routed) = self.routes.lookup(&key) else {
             self.counters.unrouted += 1;
             return self.fail(packet, 1);
         };
+        // A resend goes where its call went (recovery moves calls in
+        // flight and routes together): to the node of its edge, or, for
+        // an answered call, to the one that answered it, which answers
+        // it again from its replies. Sent where the route points now,
+        // after the control plane moved it, it ran a second time.
+        let (caller, caller_port) = caller_of(packet, udp);
+        let call = (caller, caller_port, header.rpc_id());
+        let node = self
+            .graph
+            .lookup(&call)
+            .map(|edge| edge.callee)
+            .or_else(|| self.answered_by(&call).map(|callee| self.holder(callee)))
+            .unwrap_or(routed);
         self.router_mac = Some(packet.headers.destination_mac);
         let shares_fate = header.flags() & crate::rpc::SHARE_FATE_FLAG != 0;
         let node_failed = self
@@ -1274,7 +1287,6 @@ impl Gatekeeper {
             .lookup(&node)
             .is_none_or(|info| info.status == NodeStatus::Failed);
         if node_failed && shares_fate {
-            let (caller, caller_port) = caller_of(packet, udp);
             let edge = CallEdge {
                 caller,
                 caller_port,
@@ -1291,8 +1303,7 @@ impl Gatekeeper {
             return Claim::Taken;
         }
         if node_failed {
-            let (caller, caller_port) = caller_of(packet, udp);
-            let key = (caller, caller_port, header.rpc_id());
+            let key = call;
             packet.egress = Egress::Drop;
             // A resend of a call already held replaces its frame: held
             // again, every resend took a place of its own, a few callers
@@ -1311,7 +1322,6 @@ impl Gatekeeper {
             self.held.push_back((key, packet.bytes.clone()));
             return Claim::Taken;
         }
-        let (caller, caller_port) = caller_of(packet, udp);
         let edge = CallEdge {
             caller,
             caller_port,
@@ -1326,7 +1336,7 @@ impl Gatekeeper {
         let oneway = header.call_type() == CallType::Oneway;
         let key = (caller, caller_port, edge.rpc_id);
         let kept = self.graph.lookup(&key).copied();
-        let answered = kept.is_none() && self.was_answered(&key);
+        let answered = kept.is_none() && self.answered_by(&key).is_some();
         if answered {
             self.counters.answered_resends += 1;
         }
@@ -1495,14 +1505,16 @@ impl Gatekeeper {
         Some(edge)
     }
 
-    fn was_answered(&self, key: &CallKey) -> bool {
+    /// The callee that answered `key`, if it was answered lately.
+    fn answered_by(&self, key: &CallKey) -> Option<Ipv4Address> {
         let cell = self.answered_cell(key);
-        self.answered.read(cell).flatten() == Some(*key)
+        let (answered, callee) = self.answered.read(cell).flatten()?;
+        (answered == *key).then_some(callee)
     }
 
-    fn remember_answered(&mut self, key: CallKey) {
+    fn remember_answered(&mut self, key: CallKey, callee: Ipv4Address) {
         let cell = self.answered_cell(&key);
-        self.answered.update(cell, |_| Some(key));
+        self.answered.update(cell, |_| Some((key, callee)));
     }
 
     /// A reply on its way to its caller: the call leaves the graph.
@@ -1519,16 +1531,18 @@ impl Gatekeeper {
         // The graph first: a call resent after its lease ran out is in it
         // again, with a lease of its own to end.
         let expired = self.take_expired(&key, source);
-        if let Some(edge) = self.graph.remove(&key) {
+        let callee = if let Some(edge) = self.graph.remove(&key) {
             self.settle_pointers(&edge, reply_pointer);
+            edge.callee
         } else if let Some(edge) = expired {
             // Its lease ended when it expired.
             self.hand_returned_pointer(&edge, reply_pointer);
             self.counters.late_replies += 1;
+            edge.callee
         } else {
             return;
-        }
-        self.remember_answered(key);
+        };
+        self.remember_answered(key, callee);
         self.counters.replies += 1;
         packet.digest = Some(Digest {
             kind: DIGEST_REPLY,
@@ -1797,6 +1811,33 @@ mod tests {
             sent_to.push((port, datagram.destination.address));
         }
         assert_eq!(sent_to, [(PortId(1), TWO_HOSTS_NODE.address); 2]);
+        // Answered, the call sent again still goes to the node that
+        // answered it (which answers from its replies), not the new one.
+        let reply = BifrostRepr::new(CallType::Reply, "make", 7, GlobalAddress::NULL).unwrap();
+        let to_caller = DatagramEnd {
+            mac: TWO_HOSTS_ROUTER,
+            ..caller
+        };
+        switch.handle_frame(
+            Timestamp::ZERO,
+            PortId(1),
+            &frame(TWO_HOSTS_NODE, to_caller, reply),
+        );
+        assert_eq!(switch.program().edges().count(), 0);
+        switch.handle_frame(Timestamp::ZERO, PortId(0), &call);
+        assert_eq!(switch.program().counters().answered_resends, 1);
+        let mut resent_to = Vec::new();
+        while let Some((port, length)) = switch.poll_transmit(Timestamp::ZERO, &mut buffer) {
+            let (datagram, _) = remora_wire::datagram::parse_datagram(&buffer[..length]).unwrap();
+            resent_to.push((port, datagram.destination.address));
+        }
+        assert_eq!(
+            resent_to,
+            [
+                (PortId(0), caller.address),
+                (PortId(1), TWO_HOSTS_NODE.address)
+            ]
+        );
         // A new call takes the new route.
         let next = BifrostRepr::new(CallType::Call, "make", 8, GlobalAddress::NULL).unwrap();
         switch.handle_frame(Timestamp::ZERO, PortId(0), &frame(caller, service, next));
