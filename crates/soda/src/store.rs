@@ -281,16 +281,22 @@ impl FileStore {
         Ok(start)
     }
 
-    /// Gives `object`'s extent back; its bytes read as zeros again.
+    /// Gives `object`'s extent back once its bytes read as zeros again; if
+    /// they cannot be zeroed, the object stays (its release fails), so no
+    /// later object is given its bytes.
     fn free_extent(&self, object: ObjectId) -> Result<(), StoreError> {
         let mut extents = self.extents.lock().expect("extent lock");
         let (start, length) = extents
             .extents
+            .held(object)
+            .ok_or(StoreError::UnknownObject(object))?;
+        self.zero(start, length)?;
+        extents
+            .extents
             .release(object)
             .map_err(crate::rack::pool_error(object))?;
         extents.sizes.remove(&object);
-        // Zeroed under the lock: no one claims the extent before.
-        self.zero(start, length)
+        Ok(())
     }
 
     /// Makes `length` bytes from `start` read as zeros: a hole punched
