@@ -243,6 +243,28 @@ thread_local! {
     static LENT: Cell<Option<GlobalAddress>> = const { Cell::new(None) };
 }
 
+/// The pointer lent for the call being served on this thread, from the
+/// call's start until this is dropped, when the one before comes back (a
+/// call served inside another's handler, or a handler that panicked,
+/// leaves the outer call's or none).
+struct Lending {
+    before: Option<GlobalAddress>,
+}
+
+impl Lending {
+    fn start(pointer: GlobalAddress) -> Lending {
+        Lending {
+            before: LENT.with(|lent| lent.replace(Some(pointer))),
+        }
+    }
+}
+
+impl Drop for Lending {
+    fn drop(&mut self) {
+        LENT.with(|lent| lent.set(self.before));
+    }
+}
+
 /// The pointer the call being served on this thread carries in its
 /// header: the one allocation the Gatekeeper lent the callee for it.
 /// `None` outside a call, or for a call that lent nothing.
@@ -263,10 +285,10 @@ impl<P: TProcessor + Send> Service for ThriftService<P> {
         let mut input = CheckedInput::new(arguments);
         let mut output = TBinaryOutputProtocol::new(Vec::new(), true);
         RETURNED.with(|returned| returned.set(None));
-        LENT.with(|lent| lent.set(Some(pointer)));
+        let lending = Lending::start(pointer);
         let started = Instant::now();
         let processed = self.processor.process(&mut input, &mut output);
-        LENT.with(|lent| lent.set(None));
+        drop(lending);
         if let Some(clock) = &self.clock {
             clock.record(started.elapsed());
         }
