@@ -116,7 +116,9 @@ pub(crate) fn check_range(
 /// zeros.
 pub(crate) fn initial_data(initial: Option<&Path>, bytes: u64) -> Result<Vec<u8>, StoreError> {
     let mut data = Vec::new();
-    usize::try_from(bytes)
+    // A file is read one byte past the object, to tell one too long.
+    let room = bytes.saturating_add(u64::from(initial.is_some()));
+    usize::try_from(room)
         .ok()
         .and_then(|length| data.try_reserve_exact(length).ok())
         .ok_or(StoreError::NoMemory { wanted: bytes })?;

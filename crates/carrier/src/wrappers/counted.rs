@@ -17,7 +17,9 @@ pub struct PortCounters {
     pub bytes_received: u64,
     pub frames_sent: u64,
     pub bytes_sent: u64,
-    /// Frames the carrier had no room for.
+    /// Sends the carrier refused for want of room: a node's are lost (RC
+    /// resends them); a switch keeps a refused frame queued and tries it
+    /// again, and each try counts.
     pub dropped_no_room: u64,
 }
 
