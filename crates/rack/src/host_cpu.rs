@@ -255,29 +255,6 @@ mod tests {
         }
     }
 
-    /// An agent whose timer stays due, as a crashed host's agent's does.
-    struct Overdue;
-
-    impl Agent for Overdue {
-        fn name(&self) -> &'static str {
-            "overdue"
-        }
-
-        fn poll(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
-            Ok(Progress::Idle)
-        }
-
-        fn poll_timeout(&self) -> Option<Timestamp> {
-            Some(Timestamp::ZERO)
-        }
-
-        fn crash(&mut self) {}
-
-        fn restart(&mut self, _now: Timestamp, _nic: &mut dyn Verbs) -> Result<(), AgentError> {
-            Ok(())
-        }
-    }
-
     fn host() -> Shared<NodeEndpoint> {
         let segment = Segment::anonymous(&SegmentPlan::star(1, 4)).unwrap();
         let config = RnicConfig::new(
@@ -290,26 +267,6 @@ mod tests {
             SoftRnic::new(config),
             Box::new(segment.spoke_port(1).unwrap()),
         )))
-    }
-
-    /// A crashed host's agent is never polled, so its timer stayed due,
-    /// and the fabric thread that ran it, told the agent was due at once,
-    /// never slept while the host was down. After a poll that found
-    /// nothing, the timer alone asks again no sooner than the spacing.
-    #[test]
-    fn an_overdue_agent_of_a_crashed_host_is_not_polled_again_at_once() {
-        let host = host();
-        lock(&host).crash();
-        let clock = RackClock::new();
-        let mut seat = Seat::new(
-            Arc::new(Mutex::new(Overdue)),
-            BusyNanos::default(),
-            IdleSpacing::WhileOverdue,
-        );
-        let now = clock.now();
-        assert!(!poll_seat(&mut seat, &host, &clock, now, true).unwrap());
-        let next = seat.next_poll().expect("a timer");
-        assert!(next >= now.saturating_add(IDLE_POLL_SPACING), "{next:?}");
     }
 
     /// The time an agent was polled at was read before its host's lock,
