@@ -243,25 +243,33 @@ thread_local! {
     static LENT: Cell<Option<GlobalAddress>> = const { Cell::new(None) };
 }
 
-/// The pointer lent for the call being served on this thread, from the
-/// call's start until this is dropped, when the one before comes back (a
-/// call served inside another's handler, or a handler that panicked,
-/// leaves the outer call's or none).
+/// The pointer lent for the call being served on this thread, and the one
+/// its handler returns, from the call's start until this is dropped, when
+/// the outer call's come back (a call served inside another's handler, or
+/// a handler that panicked, leaves the outer call's as they were).
 struct Lending {
-    before: Option<GlobalAddress>,
+    lent_before: Option<GlobalAddress>,
+    returned_before: Option<GlobalAddress>,
 }
 
 impl Lending {
     fn start(pointer: GlobalAddress) -> Lending {
         Lending {
-            before: LENT.with(|lent| lent.replace(Some(pointer))),
+            lent_before: LENT.with(|lent| lent.replace(Some(pointer))),
+            returned_before: RETURNED.with(|returned| returned.replace(None)),
         }
+    }
+
+    /// The pointer this call's handler returned.
+    fn returned(&self) -> Option<GlobalAddress> {
+        RETURNED.with(Cell::take)
     }
 }
 
 impl Drop for Lending {
     fn drop(&mut self) {
-        LENT.with(|lent| lent.set(self.before));
+        LENT.with(|lent| lent.set(self.lent_before));
+        RETURNED.with(|returned| returned.set(self.returned_before));
     }
 }
 
@@ -284,15 +292,14 @@ impl<P: TProcessor + Send> Service for ThriftService<P> {
     fn call(&mut self, _method: &[u8], pointer: GlobalAddress, arguments: &[u8]) -> Outcome {
         let mut input = CheckedInput::new(arguments);
         let mut output = TBinaryOutputProtocol::new(Vec::new(), true);
-        RETURNED.with(|returned| returned.set(None));
         let lending = Lending::start(pointer);
         let started = Instant::now();
         let processed = self.processor.process(&mut input, &mut output);
+        let pointer = lending.returned();
         drop(lending);
         if let Some(clock) = &self.clock {
             clock.record(started.elapsed());
         }
-        let pointer = RETURNED.with(|returned| returned.take());
         processed.map_err(|error| error.to_string())?;
         Ok(crate::rpc::Answer {
             body: output.transport,
@@ -562,5 +569,32 @@ mod tests {
         let second = path.call("increment", GlobalAddress::NULL, b"").unwrap();
         assert_ne!(first, second, "two calls, each run once");
         assert_eq!(path.callee().counters().executed, 2);
+    }
+
+    /// A call served inside another's handler reset the pointer the outer
+    /// call lent and the one its handler had returned: the outer reply
+    /// carried none, and its caller never got control of it.
+    #[test]
+    fn a_nested_call_leaves_the_outer_calls_pointers_as_they_were() {
+        let pointer = |offset| {
+            crate::dsm::GlobalPtr {
+                node: 0,
+                generation: 1,
+                offset,
+            }
+            .to_address()
+        };
+        let outer = Lending::start(pointer(0));
+        return_pointer(pointer(4096));
+        {
+            let inner = Lending::start(pointer(8192));
+            assert_eq!(lent_pointer(), Some(pointer(8192)));
+            return_pointer(pointer(12288));
+            assert_eq!(inner.returned(), Some(pointer(12288)));
+        }
+        assert_eq!(lent_pointer(), Some(pointer(0)));
+        assert_eq!(outer.returned(), Some(pointer(4096)));
+        drop(outer);
+        assert_eq!(lent_pointer(), None);
     }
 }

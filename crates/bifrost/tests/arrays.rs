@@ -56,7 +56,9 @@ fn add_arrays_and_increment_array_work_on_global_memory() {
 
 /// A call that lends nothing: the service refuses to read for it, and
 /// its host's own read of the caller's arrays, outside any call, is
-/// refused at the switch with a NAK in the memory node's name.
+/// refused at the switch with a NAK in the memory node's name (at its
+/// first step, the stat that learns the allocation's size; READs the ACL
+/// refuses are `tests/acl.rs`'s).
 #[test]
 fn a_call_that_passes_no_pointer_lends_nothing_and_the_service_is_refused() {
     let DsmServiceRack {

@@ -598,9 +598,9 @@ impl SodaRack {
                     pool.with_every(|channel| asked |= self.ask_for_confirmation(dpu, channel));
                 }
             }
-            // No channel holds an unconfirmed write: what still holds a
-            // room (a flush in flight, a write whose reply never came)
-            // is not answered by asking.
+            // No channel that answers holds an unconfirmed write: what
+            // still holds a room (a flush in flight, a write whose reply
+            // never came) is not answered by asking.
             if !asked || Instant::now() >= deadline {
                 return;
             }
@@ -612,7 +612,9 @@ impl SodaRack {
     /// no bytes from the region of the oldest. Its reply, served or
     /// refused (a released region is unknown to the DPU), carries the
     /// channel's persisted count. A failure here is left to the data
-    /// path, which sees the same channel next. Returns whether it asked.
+    /// path, which sees the same channel next. Returns whether the DPU
+    /// answered: a retired channel (one whose reply never came) answers
+    /// nothing, and asking it again would only wait out the deadline.
     fn ask_for_confirmation(&self, dpu: &DpuPath, channel: &mut Channel<WriteTracking>) -> bool {
         let Some(&(_, object)) = channel.state.unconfirmed.front() else {
             return false;
@@ -631,10 +633,11 @@ impl SodaRack {
         question
             .emit(&mut bytes)
             .expect("the buffer is the request's length");
-        if let Ok(reply) = channel.two_sided(&self.kicker, question.immediate(), &bytes) {
-            if let Some(immediate) = reply.immediate {
-                self.confirm(dpu, channel, immediate);
-            }
+        let Ok(reply) = channel.two_sided(&self.kicker, question.immediate(), &bytes) else {
+            return false;
+        };
+        if let Some(immediate) = reply.immediate {
+            self.confirm(dpu, channel, immediate);
         }
         true
     }

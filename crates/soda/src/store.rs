@@ -286,18 +286,25 @@ impl FileStore {
     /// Gives `object`'s extent back once its bytes read as zeros again; if
     /// they cannot be zeroed, the object stays (its release fails), so no
     /// later object is given its bytes.
+    /// The object is gone at once (its size removed: lookups fail), and
+    /// its extent, still held, is zeroed outside the lock, so other
+    /// objects' reads and writes do not wait for a hole punch or for
+    /// zeros written.
     fn free_extent(&self, object: ObjectId) -> Result<(), StoreError> {
-        let mut extents = self.extents.lock().expect("extent lock");
-        let (start, length) = extents
-            .extents
-            .held(object)
-            .ok_or(StoreError::UnknownObject(object))?;
+        let (start, length) = {
+            let mut extents = self.extents.lock().expect("extent lock");
+            let held = extents.extents.held(object);
+            let (start, length) = held.ok_or(StoreError::UnknownObject(object))?;
+            extents.sizes.remove(&object);
+            (start, length)
+        };
         self.zero(start, length)?;
-        extents
+        self.extents
+            .lock()
+            .expect("extent lock")
             .extents
             .release(object)
             .map_err(crate::rack::pool_error(object))?;
-        extents.sizes.remove(&object);
         Ok(())
     }
 

@@ -610,6 +610,7 @@ impl Gatekeeper {
             // that life's replacement.
             self.checkpoints.remove(&node);
             self.replaced_by.remove(&node);
+            self.forget_answers_of(node);
         }
         if self
             .heard
@@ -1512,6 +1513,17 @@ impl Gatekeeper {
         (answered == *key).then_some(callee)
     }
 
+    /// Forgets the answered calls whose callee was `node`: a node that
+    /// announces itself at an address is a new life, which never ran
+    /// them, and a resend of one goes by the route again. Bounded by the
+    /// register's cells, once per announcement.
+    fn forget_answers_of(&mut self, node: Ipv4Address) {
+        for cell in 0..self.answered.len() {
+            self.answered
+                .update(cell, |entry| entry.filter(|(_, callee)| *callee != node));
+        }
+    }
+
     fn remember_answered(&mut self, key: CallKey, callee: Ipv4Address) {
         let cell = self.answered_cell(&key);
         self.answered.update(cell, |_| Some((key, callee)));
@@ -1842,6 +1854,18 @@ mod tests {
         let next = BifrostRepr::new(CallType::Call, "make", 8, GlobalAddress::NULL).unwrap();
         switch.handle_frame(Timestamp::ZERO, PortId(0), &frame(caller, service, next));
         assert!(switch.program().edges().any(|edge| edge.callee == moved_to));
+        // A new life announcing itself at the answering node's address
+        // never ran the call: the answer is forgotten, and a resend goes
+        // by the route.
+        let answered = (caller.address, caller.port, 7);
+        assert_eq!(
+            switch.program().answered_by(&answered),
+            Some(TWO_HOSTS_NODE.address)
+        );
+        switch
+            .program_mut()
+            .forget_answers_of(TWO_HOSTS_NODE.address);
+        assert_eq!(switch.program().answered_by(&answered), None);
     }
 
     /// A reply or an exception sent to the service address was routed as

@@ -216,8 +216,8 @@ fn acl_step(step: &mut SystemStep) -> Result<(), SystemError> {
             .push("ACL: a call that lent nothing still read the caller's arrays".into());
     }
     // The service's host going round the service: no call lends it the
-    // arrays now, so the switch refuses the READ in the memory node's
-    // name.
+    // arrays now, so the switch refuses its read (at the stat that learns
+    // the size, its first step) in the memory node's name.
     let mut stolen = vec![0u8; 16];
     let service_dsm = arrays.service_dsm.get();
     let outside_a_call = service_dsm.map(|service| service.read(inputs, &mut stolen));
