@@ -492,11 +492,16 @@ impl DpuState {
         self.regions.insert(region, (memory_offset, length));
     }
 
+    /// Control plane: the region is freed. Its id may name another object
+    /// later, which starts cacheable: kept uncacheable, a read-mostly
+    /// object given the id of one written through the DPU was never
+    /// cached.
     pub fn forget_region(&mut self, region: RegionId) {
         self.regions.remove(&region);
         self.remove_static(region);
         if let Some(cache) = &mut self.cache {
             cache.table.forget_region(region);
+            cache.uncacheable.remove(&region);
         }
     }
 
@@ -1295,12 +1300,15 @@ mod tests {
     /// A DPU on a NIC of its own, its shared receive queue holding every
     /// receive but `taken` (received into, as if by a host).
     fn dpu_with_receives_taken(taken: usize) -> (SoftRnic, DpuState) {
+        dpu_with(DpuConfig::base(4096), taken)
+    }
+
+    fn dpu_with(config: DpuConfig, taken: usize) -> (SoftRnic, DpuState) {
         let mut nic = SoftRnic::new(RnicConfig::new(
             MacAddress([2, 0, 0, 0, 0, 9]),
             Ipv4Address::new(10, 0, 0, 9),
             9,
         ));
-        let config = DpuConfig::base(4096);
         let domain = nic.alloc_protection_domain().unwrap();
         let host_completion_queue = nic.create_completion_queue(64).unwrap();
         let memory_completion_queue = nic.create_completion_queue(64).unwrap();
@@ -1394,6 +1402,32 @@ mod tests {
             dpu.requests.front(),
             Some(Request::Refused { slot: 0, .. })
         ));
+    }
+
+    /// A region written through the DPU is never cached again; its id,
+    /// freed and given to another object, stayed uncacheable, and the new
+    /// object's reads all missed the dynamic cache.
+    #[test]
+    fn a_freed_regions_id_is_cacheable_again() {
+        let config = DpuConfig {
+            dynamic: Some(crate::cache::DynamicCacheConfig {
+                capacity_bytes: 1 << 16,
+                entry_bytes: 4096,
+                prefetch_depth: 0,
+                mode: crate::cache::CacheMode::On,
+            }),
+            ..DpuConfig::base(4096)
+        };
+        let (_nic, mut dpu) = dpu_with(config, 0);
+        let region = RegionId(3);
+        dpu.register_region(region, 0, 4096);
+        let uncacheable =
+            |dpu: &DpuState| dpu.cache.as_ref().unwrap().uncacheable.contains(&region);
+        dpu.cache.as_mut().unwrap().uncacheable.insert(region);
+        assert!(uncacheable(&dpu));
+        dpu.forget_region(region);
+        dpu.register_region(region, 0, 4096);
+        assert!(!uncacheable(&dpu));
     }
 
     /// Writes are numbered mod 2^31. Compared plainly, write 0 after the
