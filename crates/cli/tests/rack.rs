@@ -729,7 +729,12 @@ fn a_rack_file_with_a_bifrost_section_runs_the_array_services_through_the_gateke
         assert_eq!(run["matched"], 50, "{run}");
     }
     let gatekeeper = &bifrost["gatekeeper"];
-    assert_eq!(gatekeeper["calls_routed"].as_u64(), Some(100), "{bifrost}");
+    // Every call routed once; a caller whose 20 ms timer fired on a
+    // loaded machine resends, and the resend is routed too (to the same
+    // callee, which answers it from its replies).
+    let routed = gatekeeper["calls_routed"].as_u64().unwrap();
+    let resends = gatekeeper["resends_routed"].as_u64().unwrap();
+    assert_eq!(routed - resends, 100, "{bifrost}");
     assert!(
         gatekeeper["reads_allowed"].as_u64().unwrap() > 0,
         "{bifrost}"

@@ -108,7 +108,12 @@ pub enum GatekeeperError {
 /// What the data plane counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GatekeeperCounters {
+    /// Call frames routed, resends among them.
     pub calls_routed: u64,
+    /// Of those, resends of a call in flight or answered (a caller's
+    /// timer fired before its reply came): routed calls less these are
+    /// the calls.
+    pub resends_routed: u64,
     pub replies: u64,
     /// Calls for a method no node serves: dropped.
     pub unrouted: u64,
@@ -1384,6 +1389,9 @@ impl Gatekeeper {
             debug_assert!(kept.is_ok(), "the call frames fill with the graph");
         }
         self.counters.calls_routed += 1;
+        if kept.is_some() || answered {
+            self.counters.resends_routed += 1;
+        }
         packet.digest = Some(Digest {
             kind: DIGEST_CALL,
             values: [

@@ -298,6 +298,7 @@ fn run_section(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_js
         );
         serde_json::json!({
             "calls_routed": counters.calls_routed,
+            "resends_routed": counters.resends_routed,
             "reads_allowed": counters.memory.reads_allowed,
             "writes_allowed": counters.memory.writes_allowed,
             "refused": counters.memory.refused(),
