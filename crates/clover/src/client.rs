@@ -10,19 +10,29 @@
 //!    CAS returns their pointer: a conflict. The client then READs headers
 //!    along the list (pointer chasing) to the new tail and CASes again.
 //!
-//! 3. WRITE the new entry's pointer into the key's shortcut word, so that
-//!    readers without a cached location start near the tail (the collector
-//!    re-checks shortcuts before it reuses a slot: a late shortcut WRITE
-//!    naming a retired version is repaired first).
+//! 3. Once linked, the write has taken effect and returns. The WRITE of
+//!    the new entry's pointer into the key's shortcut word, so that readers
+//!    start near the tail, is handed back with the result
+//!    ([`Step::Written::shortcut`]) for the caller to issue in the
+//!    background, as Clover's client hands shortcut upkeep to its
+//!    collection thread (`mitsume_tool_gc_submit_request` in Clover's
+//!    published code, WukLab/pDPM): off the write's critical path. The
+//!    collector re-checks shortcuts before it reuses a slot: a late
+//!    shortcut WRITE naming a retired version is repaired first.
 //!
 //! A read starts from the client's cached location and follows next
 //! pointers to the tail, whose value it returns.
 //!
-//! Both walk the list the same way (`Chase`): from the cached location,
-//! or, with none, from the key's shortcut; after
-//! [`Thresholds::shortcut_after_hops`] hops they jump to the shortcut, and
-//! after [`Thresholds::metadata_after_hops`] they ask the metadata server,
-//! which returns the tail.
+//! Both walk the list the same way (`Chase`), as Clover's
+//! `mitsume_tool_pointer_chasing` does: the first look READs the entry at
+//! the cached location and, in the same round trip, the key's shortcut
+//! ([`Step::IssueBoth`]). A tail ends the chase there; otherwise it goes on
+//! from the shortcut (nearer the tail than a stale cache, as a rule), one
+//! entry READ a hop. A write that loses its CAS starts such a chase again
+//! from where it failed. With no cached location the chase starts from the
+//! shortcut alone. After [`Thresholds::shortcut_after_hops`] hops without
+//! a shortcut it reads one, and after [`Thresholds::metadata_after_hops`]
+//! it asks the metadata server, which returns the tail.
 
 use crate::layout::{
     decode_entry, encode_entry, LayoutError, NextPointer, HEADER_BYTES, MAX_VALUE_BYTES,
@@ -43,6 +53,8 @@ pub enum Verb {
 /// What a verb (or a lookup) returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
+    /// The outcomes of [`Step::IssueBoth`]'s two verbs, in their order.
+    Both(Box<[Outcome; 2]>),
     Read(Vec<u8>),
     Written,
     /// The word before the CAS (the swap happened if it equals `expect`).
@@ -136,11 +148,24 @@ pub struct Trail {
 pub enum Step {
     /// Issue this verb and hand its outcome to `handle`.
     Issue(Verb),
+    /// Issue both verbs at once (one round trip, as Clover posts an entry
+    /// READ and a shortcut READ together) and hand both outcomes, in this
+    /// order, to `handle` as [`Outcome::Both`]. The second is an 8-byte
+    /// READ.
+    IssueBoth(Box<[Verb; 2]>),
     /// Ask the metadata server where the key's tail is, and hand its
     /// answer to `handle` as [`Outcome::Located`].
     Locate { key: u64 },
     /// A write is linked: the new tail (also the client's new cache).
-    Written { tail: NextPointer, trail: Trail },
+    /// `shortcut` is the 8-byte WRITE that moves the key's shortcut to
+    /// it, to issue in the background: nothing waits for it, but it must
+    /// land within the operation deadline of the write's start, which the
+    /// collector's grace relies on.
+    Written {
+        tail: NextPointer,
+        trail: Trail,
+        shortcut: Verb,
+    },
     /// A read found the tail's value.
     Value {
         tail: NextPointer,
@@ -153,6 +178,8 @@ pub enum Step {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Look {
     Entry,
+    /// The entry at the cursor and the shortcut, in one round trip.
+    EntryAndShortcut,
     Shortcut,
     Metadata,
 }
@@ -166,6 +193,9 @@ struct Chase {
     cursor: Option<NextPointer>,
     trail: Trail,
     shortcut_read: bool,
+    /// Whether the next entry READ takes the shortcut beside it: the
+    /// first look of a chase, from a cached location or a failed CAS.
+    shortcut_beside: bool,
     metadata_asked: bool,
     pending: Look,
 }
@@ -177,6 +207,7 @@ impl Chase {
             cursor: lookup.cached.filter(|pointer| !pointer.is_null()),
             trail: Trail::default(),
             shortcut_read: false,
+            shortcut_beside: true,
             metadata_asked: false,
             pending: Look::Entry,
         }
@@ -194,6 +225,7 @@ impl Chase {
             Some(_) if hops >= thresholds.metadata_after_hops && !self.metadata_asked => {
                 Look::Metadata
             }
+            Some(_) if self.shortcut_beside => Look::EntryAndShortcut,
             Some(_) => Look::Entry,
         }
     }
@@ -202,31 +234,70 @@ impl Chase {
     fn look(&mut self, entry_bytes: usize) -> Result<Step, ClientError> {
         self.pending = self.next_look();
         match self.pending {
-            Look::Entry => {
-                self.trail.hops += 1;
-                if self.trail.hops > MAX_HOPS {
-                    return Err(ClientError::TooManyHops);
-                }
-                let cursor = self.cursor.expect("an entry look has a cursor");
-                Ok(Step::Issue(Verb::Read {
-                    offset: cursor.offset(),
-                    length: entry_bytes,
-                }))
+            Look::Entry => Ok(Step::Issue(self.entry_read(entry_bytes)?)),
+            Look::EntryAndShortcut => {
+                self.shortcut_beside = false;
+                self.shortcut_read = true;
+                let entry = self.entry_read(entry_bytes)?;
+                Ok(Step::IssueBoth(Box::new([entry, self.shortcut_read()])))
             }
             Look::Shortcut => {
                 self.shortcut_read = true;
-                Ok(Step::Issue(Verb::Read {
-                    offset: self.lookup.shortcut,
-                    length: 8,
-                }))
+                self.shortcut_beside = false;
+                Ok(Step::Issue(self.shortcut_read()))
             }
             Look::Metadata => {
                 self.metadata_asked = true;
+                self.shortcut_beside = false;
                 Ok(Step::Locate {
                     key: self.lookup.key,
                 })
             }
         }
+    }
+
+    /// The READ of the entry at the cursor: one hop.
+    fn entry_read(&mut self, entry_bytes: usize) -> Result<Verb, ClientError> {
+        self.trail.hops += 1;
+        if self.trail.hops > MAX_HOPS {
+            return Err(ClientError::TooManyHops);
+        }
+        let cursor = self.cursor.expect("an entry look has a cursor");
+        Ok(Verb::Read {
+            offset: cursor.offset(),
+            length: entry_bytes,
+        })
+    }
+
+    fn shortcut_read(&self) -> Verb {
+        Verb::Read {
+            offset: self.lookup.shortcut,
+            length: 8,
+        }
+    }
+
+    /// Takes the answer to [`Look::EntryAndShortcut`]: the entry's bytes
+    /// if it is the tail (the chase ends at the cursor), or `None` when
+    /// the chase goes on, from the shortcut when it names another entry
+    /// (as Clover's chase jumps), else from the entry's next pointer.
+    fn land_both(&mut self, outcome: Outcome) -> Result<Option<Vec<u8>>, ClientError> {
+        let Outcome::Both(both) = outcome else {
+            return Err(ClientError::UnexpectedOutcome);
+        };
+        let [Outcome::Read(entry), Outcome::Read(shortcut)] = *both else {
+            return Err(ClientError::UnexpectedOutcome);
+        };
+        let before = self.cursor;
+        if !self.follow(&entry)? {
+            return Ok(Some(entry));
+        }
+        let shortcut = NextPointer::from_word(word(&shortcut, 0)?);
+        let elsewhere = before.is_some_and(|cursor| cursor.offset() != shortcut.offset());
+        if !shortcut.is_null() && elsewhere {
+            self.cursor = Some(shortcut);
+            self.trail.jumped = true;
+        }
+        Ok(None)
     }
 
     /// Takes the answer to a shortcut READ or a metadata lookup.
@@ -281,8 +352,6 @@ enum WriteState {
     WritingEntry,
     Looking,
     Swapping,
-    /// Linked; the shortcut WRITE is in flight.
-    AdvancingShortcut,
 }
 
 /// Appends a version of a key.
@@ -351,6 +420,12 @@ impl WriteOperation {
     pub fn handle(&mut self, outcome: Outcome) -> Result<Step, ClientError> {
         match (self.state, outcome) {
             (WriteState::WritingEntry, Outcome::Written) => self.swap_or_look(),
+            (WriteState::Looking, outcome) if self.chase.pending == Look::EntryAndShortcut => {
+                if self.chase.land_both(outcome)?.is_some() {
+                    return self.swap_or_look();
+                }
+                self.look()
+            }
             (WriteState::Looking, outcome) if self.chase.pending != Look::Entry => {
                 self.chase.land(outcome)?;
                 self.swap_or_look()
@@ -364,25 +439,23 @@ impl WriteOperation {
             (WriteState::Swapping, Outcome::Swapped { original }) => {
                 let cursor = self.chase.cursor.expect("a CAS has a cursor");
                 if original == 0 {
-                    // Linked: the write has taken effect. Point the
-                    // shortcut at it before reporting.
-                    self.state = WriteState::AdvancingShortcut;
-                    return Ok(Step::Issue(Verb::Write {
-                        offset: self.chase.lookup.shortcut,
-                        bytes: self.new_tail(cursor).word().to_le_bytes().to_vec(),
-                    }));
+                    // Linked: the write has taken effect.
+                    let tail = self.new_tail(cursor);
+                    return Ok(Step::Written {
+                        tail,
+                        trail: self.chase.trail,
+                        shortcut: Verb::Write {
+                            offset: self.chase.lookup.shortcut,
+                            bytes: tail.word().to_le_bytes().to_vec(),
+                        },
+                    });
                 }
-                // Another writer linked first: chase from its entry.
+                // Another writer linked first. As Clover's client does, the
+                // chase starts again where the CAS failed (the word it
+                // returned is not used), with the shortcut beside.
                 self.chase.trail.conflicts += 1;
-                self.chase.cursor = Some(NextPointer::from_word(original));
+                self.chase.shortcut_beside = true;
                 self.look()
-            }
-            (WriteState::AdvancingShortcut, Outcome::Written) => {
-                let cursor = self.chase.cursor.expect("a linked write has a cursor");
-                Ok(Step::Written {
-                    tail: self.new_tail(cursor),
-                    trail: self.chase.trail,
-                })
             }
             _ => Err(ClientError::UnexpectedOutcome),
         }
@@ -411,16 +484,23 @@ impl ReadOperation {
     }
 
     pub fn handle(&mut self, outcome: Outcome) -> Result<Step, ClientError> {
-        if self.chase.pending != Look::Entry {
-            self.chase.land(outcome)?;
-            return self.chase.look(self.entry_bytes);
-        }
-        let Outcome::Read(bytes) = outcome else {
-            return Err(ClientError::UnexpectedOutcome);
+        let bytes = match (self.chase.pending, outcome) {
+            (Look::EntryAndShortcut, outcome) => match self.chase.land_both(outcome)? {
+                Some(tail) => tail,
+                None => return self.chase.look(self.entry_bytes),
+            },
+            (Look::Entry, Outcome::Read(bytes)) => {
+                if self.chase.follow(&bytes)? {
+                    return self.chase.look(self.entry_bytes);
+                }
+                bytes
+            }
+            (Look::Entry, _) => return Err(ClientError::UnexpectedOutcome),
+            (Look::Shortcut | Look::Metadata, outcome) => {
+                self.chase.land(outcome)?;
+                return self.chase.look(self.entry_bytes);
+            }
         };
-        if self.chase.follow(&bytes)? {
-            return self.chase.look(self.entry_bytes);
-        }
         let length = word(&bytes, 16)? as u32 as usize;
         if length > MAX_VALUE_BYTES {
             return Err(LayoutError::ValueSize(length).into());
@@ -429,6 +509,7 @@ impl ReadOperation {
             // The value is longer than the client guessed: read it whole.
             // The re-read is of the same version, so it is not a hop.
             self.entry_bytes = HEADER_BYTES + length;
+            self.chase.pending = Look::Entry;
             let cursor = self.chase.cursor.expect("a finished chase has a cursor");
             return Ok(Step::Issue(Verb::Read {
                 offset: cursor.offset(),

@@ -6,7 +6,10 @@
 
 use crate::layout::NextPointer;
 use crate::metadata::{MetadataConfig, MetadataServer, RegionPlan, RnicRegion};
-use crate::pool::{ClientPool, CloverError, PoolConfig, PoolWiring, Request, CLIENT_BUFFER_BYTES};
+use crate::pool::{
+    ClientPool, CloverError, PoolConfig, PoolWiring, Request, CLIENT_BUFFER_BYTES,
+    MAX_VERBS_IN_FLIGHT,
+};
 use crate::resolver::ResolverError;
 use crate::resolver::{CloverResolver, Resolver, WatchedRegion};
 use remora_rnic::{AccessFlags, MemoryRegion, QueuePairBuilder, SoftRnic, Verbs};
@@ -54,10 +57,11 @@ pub fn deploy(
         spec.clients as u64 * CLIENT_BUFFER_BYTES,
         AccessFlags::ALL,
     )?;
-    let completion_queue = compute.create_completion_queue(spec.clients.max(1) * 2)?;
+    let completion_queue =
+        compute.create_completion_queue(spec.clients.max(1) * MAX_VERBS_IN_FLIGHT)?;
     let mut compute_builder = QueuePairBuilder::new(compute_pd, completion_queue, completion_queue);
     compute_builder.timeout = spec.ack_timeout;
-    compute_builder.send_queue_depth = 4;
+    compute_builder.send_queue_depth = MAX_VERBS_IN_FLIGHT;
     let mut memory_builder = QueuePairBuilder::new(memory_pd, memory_cq, memory_cq);
     memory_builder.timeout = spec.ack_timeout;
     let mut queue_pairs = Vec::with_capacity(spec.clients);

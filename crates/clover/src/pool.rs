@@ -2,7 +2,11 @@
 //!
 //! Each logical client owns one RC queue pair to the memory node (the
 //! resolver tells clients apart by it) and blocks on its own request, as
-//! in Clover: it has at most one request, and one verb of it, in flight.
+//! in Clover: it has at most one request in flight, and one verb of it or
+//! the two a chase posts together. A linked write's shortcut WRITE goes
+//! out in the background, as Clover's collection thread sends it, at
+//! most one per client at a time (RC completes a queue pair's verbs in
+//! order, so it has landed before the client's next write links).
 //! The pool is sans-IO in the sense that matters here: [`ClientPool::poll`]
 //! takes the time and the soft RNIC, so the simulator and the rack drive
 //! the same code. Requests to the metadata server (slot batches, tail
@@ -25,10 +29,28 @@ use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::time::Duration;
 
-/// Local bytes per client: the largest entry READ or WRITE, then the
-/// 8-byte word a CAS returns, at the end.
+/// Local bytes per client: the largest entry READ or WRITE, then three
+/// 8-byte words at the end: the background shortcut WRITE's, the second
+/// verb's of a pair, and the word a CAS returns.
 pub const CLIENT_BUFFER_BYTES: u64 = 8192;
+const BACKGROUND_AT: u64 = CLIENT_BUFFER_BYTES - 24;
+const BESIDE_AT: u64 = CLIENT_BUFFER_BYTES - 16;
 const ATOMIC_RESULT_AT: u64 = CLIENT_BUFFER_BYTES - 8;
+/// Where a client's verb lands in its buffer and completion ids: a work
+/// request id is `client × LANES + lane`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// A request's verb, or the first of a pair.
+    First = 0,
+    /// The second verb of a pair (an 8-byte READ).
+    Beside = 1,
+    /// A linked write's shortcut WRITE.
+    Background = 2,
+}
+const LANES: u64 = 4;
+/// Verbs one client may have in flight: a pair and a shortcut WRITE. A
+/// client's completion queue and send queue need room for them all.
+pub const MAX_VERBS_IN_FLIGHT: usize = 3;
 /// Requests one client may have queued behind the running one.
 pub const MAX_QUEUED_REQUESTS: usize = 1024;
 /// Finished requests kept for [`ClientPool::take_finished`]; older ones
@@ -206,11 +228,25 @@ enum Posted {
 enum Phase {
     /// A put waits for the metadata server's batch of slots.
     NeedsSlots,
-    /// A verb to post at the next poll.
-    Ready(Verb),
-    InFlight(Posted),
+    /// Verbs to post at the next poll: one, or a pair posted together.
+    Ready(Vec<Verb>),
+    /// Posted verbs by lane, and the outcomes landed so far.
+    InFlight {
+        posted: Vec<Posted>,
+        landed: Vec<Option<Outcome>>,
+    },
     /// A tail lookup waits for the metadata server.
     Locating,
+}
+
+/// A linked write's shortcut WRITE, sent in the background.
+#[derive(Debug, Clone)]
+struct Background {
+    /// The WRITE, until it is posted.
+    verb: Option<Verb>,
+    /// When its write began touching remote memory: it must land within
+    /// the operation deadline of this, as the write's own verbs must.
+    operating_since: Timestamp,
 }
 
 #[derive(Debug, Clone)]
@@ -232,6 +268,7 @@ struct Client {
     queue_pair: QueuePair,
     queued: VecDeque<Request>,
     running: Option<Running>,
+    background: Option<Background>,
     slots: Vec<u64>,
     /// key → (a version, when the client learned of it).
     cache: FxHashMap<u64, (NextPointer, Timestamp)>,
@@ -284,6 +321,7 @@ impl ClientPool {
                 queue_pair: *queue_pair,
                 queued: VecDeque::new(),
                 running: None,
+                background: None,
                 slots: Vec::new(),
                 cache: FxHashMap::default(),
             })
@@ -315,15 +353,22 @@ impl ClientPool {
         &self.history
     }
 
-    /// Whether a client has nothing running or queued.
+    /// Whether a client has nothing running or queued: free for a
+    /// request, though its last write's shortcut WRITE may still be in
+    /// the background.
     pub fn is_idle(&self, client: usize) -> bool {
         self.clients
             .get(client)
             .is_some_and(|client| client.running.is_none() && client.queued.is_empty())
     }
 
+    /// Whether every client is idle and every shortcut WRITE has landed.
     pub fn all_idle(&self) -> bool {
         (0..self.clients.len()).all(|client| self.is_idle(client))
+            && self
+                .clients
+                .iter()
+                .all(|client| client.background.is_none())
     }
 
     /// Queues a request for one client, checking it first.
@@ -366,15 +411,17 @@ impl ClientPool {
                 break;
             };
             moved = true;
-            let client = completion.work_request_id as usize;
+            let client = (completion.work_request_id / LANES) as usize;
+            let lane = completion.work_request_id % LANES;
             // Before the completion advances the operation: past its
             // deadline, the collector may have reused what it points at,
             // so it posts no next verb and does not finish.
             self.check_deadline(now, client)?;
-            self.complete(now, rnic, client, completion.status)?;
+            self.complete(now, rnic, client, lane, completion.status)?;
         }
         for client in 0..self.clients.len() {
             self.check_deadline(now, client)?;
+            moved |= self.post_background(rnic, client)?;
             moved |= self.start_next(now, client)?;
             moved |= self.post_ready(rnic, client)?;
         }
@@ -386,15 +433,22 @@ impl ClientPool {
         let Some(state) = self.clients.get(client) else {
             return Ok(());
         };
-        match &state.running {
-            Some(Running {
-                operating_since: Some(since),
-                ..
-            }) if now.saturating_duration_since(*since) > deadline => {
-                Err(CloverError::Deadline { client, deadline })
-            }
-            _ => Ok(()),
+        let running_since = state
+            .running
+            .as_ref()
+            .and_then(|running| running.operating_since);
+        let background_since = state
+            .background
+            .as_ref()
+            .map(|background| background.operating_since);
+        let late = [running_since, background_since]
+            .into_iter()
+            .flatten()
+            .any(|since| now.saturating_duration_since(since) > deadline);
+        if late {
+            return Err(CloverError::Deadline { client, deadline });
         }
+        Ok(())
     }
 
     fn complete(
@@ -402,15 +456,34 @@ impl ClientPool {
         now: Timestamp,
         rnic: &mut dyn Verbs,
         client: usize,
+        lane: u64,
         status: CompletionStatus,
     ) -> Result<(), CloverError> {
+        if lane == Lane::Background as u64 {
+            if status != CompletionStatus::Success {
+                return Err(CloverError::Completion {
+                    client,
+                    verb: "shortcut WRITE",
+                    status,
+                });
+            }
+            let background = self.clients[client].background.take();
+            assert!(
+                background.is_some_and(|background| background.verb.is_none()),
+                "client {client} got a shortcut WRITE's completion with none posted"
+            );
+            return Ok(());
+        }
         let running = self.clients[client]
             .running
-            .as_mut()
+            .as_ref()
             .expect("a completion belongs to a running request");
-        let Phase::InFlight(posted) = running.phase else {
+        let Phase::InFlight { posted, .. } = &running.phase else {
             panic!("client {client} got a completion with nothing in flight");
         };
+        let posted = *posted
+            .get(lane as usize)
+            .unwrap_or_else(|| panic!("client {client} got a completion of lane {lane}"));
         if status != CompletionStatus::Success {
             let verb = match posted {
                 Posted::Read(_) => "READ",
@@ -423,21 +496,41 @@ impl ClientPool {
                 status,
             });
         }
-        let buffer = self.buffer(client);
+        let at = self.lane_buffer(client, lane);
         let outcome = match posted {
             Posted::Read(length) => {
                 let mut bytes = vec![0; length];
-                rnic.read_local(self.local.lkey, buffer, &mut bytes)?;
+                rnic.read_local(self.local.lkey, at, &mut bytes)?;
                 Outcome::Read(bytes)
             }
             Posted::Write => Outcome::Written,
             Posted::CompareSwap => {
                 let mut word = [0u8; 8];
-                let at = VirtAddr(buffer.0 + ATOMIC_RESULT_AT);
+                let at = VirtAddr(self.buffer(client).0 + ATOMIC_RESULT_AT);
                 rnic.read_local(self.local.lkey, at, &mut word)?;
                 Outcome::Swapped {
                     original: u64::from_le_bytes(word),
                 }
+            }
+        };
+        let running = self.clients[client].running.as_mut().expect("running");
+        let Phase::InFlight { landed, .. } = &mut running.phase else {
+            unreachable!("checked above");
+        };
+        assert!(
+            landed[lane as usize].replace(outcome).is_none(),
+            "client {client}'s lane {lane} completed twice"
+        );
+        if landed.iter().any(Option::is_none) {
+            return Ok(());
+        }
+        let mut outcomes: Vec<Outcome> = landed.drain(..).flatten().collect();
+        let outcome = match outcomes.len() {
+            1 => outcomes.pop().expect("one"),
+            _ => {
+                let second = outcomes.pop().expect("two");
+                let first = outcomes.pop().expect("two");
+                Outcome::Both(Box::new([first, second]))
             }
         };
         self.advance(now, client, outcome)
@@ -462,9 +555,29 @@ impl ClientPool {
     fn take_step(&mut self, now: Timestamp, client: usize, step: Step) {
         let running = self.clients[client].running.as_mut().expect("running");
         match step {
-            Step::Issue(verb) => running.phase = Phase::Ready(verb),
+            Step::Issue(verb) => running.phase = Phase::Ready(vec![verb]),
+            Step::IssueBoth(both) => running.phase = Phase::Ready(Vec::from(*both)),
             Step::Locate { .. } => running.phase = Phase::Locating,
-            Step::Written { tail, trail } => self.finish(now, client, tail, Reply::Stored, trail),
+            Step::Written {
+                tail,
+                trail,
+                shortcut,
+            } => {
+                let operating_since = running
+                    .operating_since
+                    .expect("a linked write touched remote memory");
+                // RC completes a queue pair's verbs in order: the last
+                // shortcut WRITE landed before this write's CAS did.
+                let earlier = self.clients[client].background.replace(Background {
+                    verb: Some(shortcut),
+                    operating_since,
+                });
+                assert!(
+                    earlier.is_none(),
+                    "client {client}'s last shortcut WRITE is still in flight"
+                );
+                self.finish(now, client, tail, Reply::Stored, trail)
+            }
             Step::Value { tail, value, trail } => {
                 self.finish(now, client, tail, Reply::Value(value), trail)
             }
@@ -616,30 +729,101 @@ impl ClientPool {
         }
     }
 
+    /// Where a lane's verb lands in the client's buffer.
+    fn lane_buffer(&self, client: usize, lane: u64) -> VirtAddr {
+        let within = match lane {
+            lane if lane == Lane::Beside as u64 => BESIDE_AT,
+            lane if lane == Lane::Background as u64 => BACKGROUND_AT,
+            _ => 0,
+        };
+        VirtAddr(self.buffer(client).0 + within)
+    }
+
     fn post_ready(&mut self, rnic: &mut dyn Verbs, client: usize) -> Result<bool, CloverError> {
-        let Some(running) = self.clients[client].running.as_ref() else {
+        let Some(running) = self.clients[client].running.as_mut() else {
             return Ok(false);
         };
-        let Phase::Ready(verb) = &running.phase else {
+        if !matches!(running.phase, Phase::Ready(_)) {
+            return Ok(false);
+        }
+        let Phase::Ready(verbs) = std::mem::replace(&mut running.phase, Phase::Locating) else {
+            unreachable!("matched above");
+        };
+        assert!(
+            matches!(verbs.len(), 1 | 2),
+            "a client posts one verb or a pair"
+        );
+        let lanes = [Lane::First, Lane::Beside];
+        let mut posted = Vec::with_capacity(verbs.len());
+        for (verb, lane) in verbs.iter().zip(lanes) {
+            posted.push(self.post_verb(rnic, client, lane, verb)?);
+        }
+        let landed = vec![None; posted.len()];
+        self.clients[client]
+            .running
+            .as_mut()
+            .expect("running")
+            .phase = Phase::InFlight { posted, landed };
+        Ok(true)
+    }
+
+    /// Posts a linked write's shortcut WRITE, if one waits.
+    fn post_background(
+        &mut self,
+        rnic: &mut dyn Verbs,
+        client: usize,
+    ) -> Result<bool, CloverError> {
+        let Some(verb) = self.clients[client]
+            .background
+            .as_mut()
+            .and_then(|background| background.verb.take())
+        else {
             return Ok(false);
         };
-        let buffer_offset = client as u64 * CLIENT_BUFFER_BYTES;
+        self.post_verb(rnic, client, Lane::Background, &verb)?;
+        Ok(true)
+    }
+
+    fn post_verb(
+        &mut self,
+        rnic: &mut dyn Verbs,
+        client: usize,
+        lane: Lane,
+        verb: &Verb,
+    ) -> Result<Posted, CloverError> {
+        let at = self.lane_buffer(client, lane as u64);
+        let within = at.0 - self.local.address.0;
+        let room = match lane {
+            Lane::First => BACKGROUND_AT,
+            Lane::Beside | Lane::Background => 8,
+        };
         let (operation, local, posted) = match verb {
-            Verb::Read { offset, length } => (
-                SendOperation::Read {
-                    remote: self.remote(*offset),
-                },
-                self.local.slice(buffer_offset, *length as u32),
-                Posted::Read(*length),
-            ),
+            Verb::Read { offset, length } => {
+                assert!(
+                    *length as u64 <= room,
+                    "a READ of {length} B in lane {lane:?}"
+                );
+                (
+                    SendOperation::Read {
+                        remote: self.remote(*offset),
+                    },
+                    self.local.slice(within, *length as u32),
+                    Posted::Read(*length),
+                )
+            }
             Verb::Write { offset, bytes } => {
-                rnic.write_local(self.local.lkey, self.buffer(client), bytes)?;
+                assert!(
+                    bytes.len() as u64 <= room,
+                    "a WRITE of {} B in lane {lane:?}",
+                    bytes.len()
+                );
+                rnic.write_local(self.local.lkey, at, bytes)?;
                 (
                     SendOperation::Write {
                         remote: self.remote(*offset),
                         immediate: None,
                     },
-                    self.local.slice(buffer_offset, bytes.len() as u32),
+                    self.local.slice(within, bytes.len() as u32),
                     Posted::Write,
                 )
             }
@@ -647,25 +831,25 @@ impl ClientPool {
                 offset,
                 expect,
                 swap,
-            } => (
-                SendOperation::CompareSwap {
-                    remote: self.remote(*offset),
-                    compare: *expect,
-                    swap: *swap,
-                },
-                self.local.slice(buffer_offset + ATOMIC_RESULT_AT, 8),
-                Posted::CompareSwap,
-            ),
+            } => {
+                assert_eq!(lane, Lane::First, "a CAS goes alone");
+                (
+                    SendOperation::CompareSwap {
+                        remote: self.remote(*offset),
+                        compare: *expect,
+                        swap: *swap,
+                    },
+                    self.local
+                        .slice(client as u64 * CLIENT_BUFFER_BYTES + ATOMIC_RESULT_AT, 8),
+                    Posted::CompareSwap,
+                )
+            }
         };
-        let request = SendRequest::new(client as u64, operation, &[local])?;
+        let work_request_id = client as u64 * LANES + lane as u64;
+        let request = SendRequest::new(work_request_id, operation, &[local])?;
         rnic.post_send(self.clients[client].queue_pair, request)?;
         self.stats.verbs += 1;
-        self.clients[client]
-            .running
-            .as_mut()
-            .expect("running")
-            .phase = Phase::InFlight(posted);
-        Ok(true)
+        Ok(posted)
     }
 
     /// Whether some client waits for the metadata server.

@@ -57,6 +57,37 @@ impl Region {
         }
     }
 
+    /// Executes a step's verbs (a pair one after the other) and returns
+    /// what the operation is handed.
+    fn answer(&mut self, step: Step) -> Outcome {
+        match step {
+            Step::Issue(verb) => self.execute(verb),
+            Step::IssueBoth(both) => {
+                let [first, second] = *both;
+                let first = self.execute(first);
+                Outcome::Both(Box::new([first, self.execute(second)]))
+            }
+            other => panic!("no verbs to execute: {other:?}"),
+        }
+    }
+
+    /// Writes entries of `KEY` at `offsets`, each pointing at the next,
+    /// and the shortcut naming `shortcut`: a list as writers leave it.
+    fn with_list(offsets: &[u64], shortcut: u64) -> Region {
+        let mut region = Region(vec![0; 1 << 16]);
+        for (index, offset) in offsets.iter().enumerate() {
+            let value = format!("version{index}");
+            encode_entry(KEY, value.as_bytes(), &mut region.0[*offset as usize..]).unwrap();
+            if let Some(next) = offsets.get(index + 1) {
+                let pointer = NextPointer::new(*next, index as u16 + 1, true).unwrap();
+                region.0[*offset as usize..][..8].copy_from_slice(&pointer.word().to_le_bytes());
+            }
+        }
+        let pointer = NextPointer::new(shortcut, 0, true).unwrap();
+        region.0[SHORTCUT as usize..][..8].copy_from_slice(&pointer.word().to_le_bytes());
+        region
+    }
+
     /// The metadata server's answer: the tail, walked from the start.
     fn locate(&self) -> NextPointer {
         let mut pointer = NextPointer::new(FIRST, 0, true).unwrap();
@@ -89,7 +120,56 @@ impl Region {
     }
 }
 
+/// What an operation waits for: its verbs (one, or a pair executed one
+/// at a time, in either order, as the memory node may take them), or a
+/// metadata lookup.
+enum Work {
+    Verbs {
+        left: Vec<(usize, Verb)>,
+        landed: Vec<Option<Outcome>>,
+    },
+    Locate,
+}
+
+impl Work {
+    fn of(step: Step) -> Work {
+        let verbs = match step {
+            Step::Issue(verb) => vec![verb],
+            Step::IssueBoth(both) => Vec::from(*both),
+            Step::Locate { .. } => return Work::Locate,
+            other => panic!("not work: {other:?}"),
+        };
+        Work::Verbs {
+            landed: vec![None; verbs.len()],
+            left: verbs.into_iter().enumerate().collect(),
+        }
+    }
+
+    /// Executes one verb, or the lookup: the operation's outcome once
+    /// everything it waits for has landed.
+    fn execute(&mut self, region: &mut Region, rng: &mut ChaCha8Rng) -> Option<Outcome> {
+        let Work::Verbs { left, landed } = self else {
+            return Some(Outcome::Located(region.locate()));
+        };
+        let (position, verb) = left.swap_remove(rng.gen_range(0..left.len()));
+        landed[position] = Some(region.execute(verb));
+        if !left.is_empty() {
+            return None;
+        }
+        let mut outcomes: Vec<Outcome> = landed.drain(..).flatten().collect();
+        Some(match outcomes.len() {
+            1 => outcomes.pop().unwrap(),
+            _ => {
+                let second = outcomes.pop().unwrap();
+                Outcome::Both(Box::new([outcomes.pop().unwrap(), second]))
+            }
+        })
+    }
+}
+
 enum Operation {
+    /// A linked write's shortcut WRITE, in the background.
+    Shortcut,
     Write {
         writer: usize,
         machine: WriteOperation,
@@ -117,8 +197,7 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_lineariza
     let mut cached = vec![first; writers + readers];
     let mut done = vec![0usize; writers];
     let mut reads_seen: Vec<Vec<Vec<u8>>> = vec![Vec::new(); readers];
-    // A verb to execute, or None for a metadata lookup.
-    let mut active: Vec<(Operation, Option<Verb>)> = Vec::new();
+    let mut active: Vec<(Operation, Work)> = Vec::new();
     let mut conflicts = 0;
     // Recorded only where it will be checked: the tester's bookkeeping
     // grows with every thread's history.
@@ -127,10 +206,8 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_lineariza
     let start_write = |writer: usize, sequence: usize, slot: u64, cache: NextPointer| {
         let value = value_of(writer, sequence);
         let machine = WriteOperation::new(lookup(cache), &value, slot).unwrap();
-        let Step::Issue(verb) = machine.start() else {
-            unreachable!()
-        };
-        (Operation::Write { writer, machine }, Some(verb))
+        let work = Work::of(machine.start());
+        (Operation::Write { writer, machine }, work)
     };
     for (writer, cache) in cached.iter().enumerate().take(writers) {
         if let Some(history) = history.as_mut() {
@@ -148,10 +225,8 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_lineariza
                 .unwrap();
         }
         let mut machine = ReadOperation::new(lookup(cached[writers + reader]), 64);
-        let Step::Issue(verb) = machine.start().unwrap() else {
-            unreachable!()
-        };
-        active.push((Operation::Read { reader, machine }, Some(verb)));
+        let work = Work::of(machine.start().unwrap());
+        active.push((Operation::Read { reader, machine }, work));
     }
     // Bounded: every step either finishes an operation or advances one,
     // and chases are bounded by MAX_HOPS inside the machines.
@@ -160,20 +235,31 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_lineariza
         steps += 1;
         assert!(steps < 10_000_000, "seed {seed}: no progress");
         let index = rng.gen_range(0..active.len());
-        let (mut operation, verb) = active.swap_remove(index);
-        let outcome = match verb {
-            Some(verb) => region.execute(verb),
-            None => Outcome::Located(region.locate()),
+        let (mut operation, mut work) = active.swap_remove(index);
+        let Some(outcome) = work.execute(&mut region, &mut rng) else {
+            active.push((operation, work));
+            continue;
         };
         let step = match &mut operation {
+            Operation::Shortcut => continue,
             Operation::Write { machine, .. } => machine.handle(outcome),
             Operation::Read { machine, .. } => machine.handle(outcome),
         }
         .unwrap_or_else(|error| panic!("seed {seed}: {error}"));
         match (operation, step) {
-            (operation, Step::Issue(verb)) => active.push((operation, Some(verb))),
-            (operation, Step::Locate { .. }) => active.push((operation, None)),
-            (Operation::Write { writer, .. }, Step::Written { tail, trail }) => {
+            (operation, step @ (Step::Issue(_) | Step::IssueBoth(_) | Step::Locate { .. })) => {
+                active.push((operation, Work::of(step)))
+            }
+            (
+                Operation::Write { writer, .. },
+                Step::Written {
+                    tail,
+                    trail,
+                    shortcut,
+                },
+            ) => {
+                // The shortcut lands in the background, at any later step.
+                active.push((Operation::Shortcut, Work::of(Step::Issue(shortcut))));
                 conflicts += trail.conflicts;
                 if let Some(history) = history.as_mut() {
                     history.on_return(writer, RegisterRet::WriteOk).unwrap();
@@ -206,10 +292,8 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_lineariza
                             .unwrap();
                     }
                     let mut machine = ReadOperation::new(lookup(tail), 64);
-                    let Step::Issue(verb) = machine.start().unwrap() else {
-                        unreachable!()
-                    };
-                    active.push((Operation::Read { reader, machine }, Some(verb)));
+                    let work = Work::of(machine.start().unwrap());
+                    active.push((Operation::Read { reader, machine }, work));
                 }
             }
             _ => panic!("seed {seed}: a step of the wrong kind"),
@@ -297,10 +381,10 @@ fn a_cyclic_list_is_reported_not_followed_forever() {
     );
     let mut step = read.start().unwrap();
     let error = loop {
-        let Step::Issue(verb) = step else {
+        if !matches!(step, Step::Issue(_) | Step::IssueBoth(_)) {
             panic!("a cyclic list has no tail")
-        };
-        match read.handle(region.execute(verb)) {
+        }
+        match read.handle(region.answer(step)) {
             Ok(next) => step = next,
             Err(error) => break error,
         }
@@ -313,40 +397,134 @@ fn an_entry_of_another_key_in_the_chain_is_a_broken_list() {
     let mut region = Region(vec![0; 4096]);
     encode_entry(KEY + 1, b"stranger", &mut region.0[FIRST as usize..]).unwrap();
     let mut read = ReadOperation::new(lookup(NextPointer::new(FIRST, 0, true).unwrap()), 64);
-    let Step::Issue(verb) = read.start().unwrap() else {
-        unreachable!()
-    };
+    let step = read.start().unwrap();
     assert!(matches!(
-        read.handle(region.execute(verb)),
+        read.handle(region.answer(step)),
         Err(ClientError::WrongKey { .. })
     ));
 }
 
-/// A linked write points the key's shortcut at its entry before it
-/// reports, so a reader with no cached location starts at the tail.
+/// A linked write returns once its CAS links it, and hands back the
+/// WRITE that moves the key's shortcut to its entry, to go out in the
+/// background (as Clover's collection thread sends it).
 #[test]
-fn a_linked_write_moves_the_shortcut_to_its_entry() {
-    let mut region = Region(vec![0; 1 << 16]);
-    encode_entry(KEY, b"initial!", &mut region.0[FIRST as usize..]).unwrap();
+fn a_linked_write_returns_at_its_cas_and_hands_back_its_shortcut() {
+    let mut region = Region::with_list(&[FIRST], FIRST);
     let first = NextPointer::new(FIRST, 0, true).unwrap();
-    region.0[SHORTCUT as usize..][..8].copy_from_slice(&first.word().to_le_bytes());
     let slot = FIRST + size_class(16).unwrap() as u64;
     let mut machine = WriteOperation::new(lookup(first), &value_of(0, 1), slot).unwrap();
     let mut step = machine.start();
-    let mut verbs = 0;
-    let tail = loop {
+    let mut round_trips = 0;
+    let (tail, shortcut) = loop {
         match step {
-            Step::Issue(verb) => {
-                verbs += 1;
-                step = machine.handle(region.execute(verb)).unwrap();
+            Step::Written { tail, shortcut, .. } => break (tail, shortcut),
+            other => {
+                round_trips += 1;
+                step = machine.handle(region.answer(other)).unwrap();
             }
-            Step::Written { tail, .. } => break tail,
-            other => panic!("unexpected {other:?}"),
         }
     };
-    // The entry, the CAS, the shortcut.
-    assert_eq!(verbs, 3);
+    // The entry and the CAS.
+    assert_eq!(round_trips, 2);
     assert_eq!(tail.offset(), slot);
-    let shortcut = u64::from_le_bytes(region.0[SHORTCUT as usize..][..8].try_into().unwrap());
-    assert_eq!(NextPointer::from_word(shortcut).offset(), slot);
+    assert_eq!(
+        region.versions().len(),
+        2,
+        "linked before the shortcut moved"
+    );
+    region.execute(shortcut);
+    let word = u64::from_le_bytes(region.0[SHORTCUT as usize..][..8].try_into().unwrap());
+    assert_eq!(NextPointer::from_word(word).offset(), slot);
+}
+
+/// The verbs an operation issues, round trip by round trip, until it
+/// finishes: each round trip's READ offsets (a pair gives two), or the
+/// CAS's or WRITE's offset.
+fn offsets_until_done(
+    region: &mut Region,
+    mut step: Step,
+    mut handle: impl FnMut(Outcome) -> Step,
+) -> Vec<Vec<u64>> {
+    let offset = |verb: &Verb| match verb {
+        Verb::Read { offset, .. } | Verb::Write { offset, .. } => *offset,
+        Verb::CompareSwap { offset, .. } => *offset,
+    };
+    let mut trips = Vec::new();
+    for _ in 0..64 {
+        match &step {
+            Step::Issue(verb) => trips.push(vec![offset(verb)]),
+            Step::IssueBoth(both) => trips.push(both.iter().map(offset).collect()),
+            _ => return trips,
+        }
+        step = handle(region.answer(step));
+    }
+    panic!("no end after 64 round trips");
+}
+
+/// A read from a stale cached location reads the entry and the
+/// shortcut together, and goes on from the shortcut: two round trips to
+/// the tail three versions on, not four hops.
+#[test]
+fn a_stale_read_jumps_to_the_shortcut_read_beside_its_first_entry() {
+    let list = [FIRST, FIRST + 128, FIRST + 256, FIRST + 384];
+    let mut region = Region::with_list(&list, list[3]);
+    let mut read = ReadOperation::new(lookup(NextPointer::new(FIRST, 0, true).unwrap()), 64);
+    let start = read.start().unwrap();
+    let trips = offsets_until_done(&mut region, start, |outcome| read.handle(outcome).unwrap());
+    assert_eq!(trips, vec![vec![FIRST, SHORTCUT], vec![list[3]]]);
+    // A cached tail costs one round trip.
+    let mut read = ReadOperation::new(lookup(NextPointer::new(list[3], 3, true).unwrap()), 64);
+    let start = read.start().unwrap();
+    let trips = offsets_until_done(&mut region, start, |outcome| read.handle(outcome).unwrap());
+    assert_eq!(trips, vec![vec![list[3], SHORTCUT]]);
+    // A shortcut naming the entry just read is not read again: the chase
+    // follows the entry's next pointer.
+    let mut region = Region::with_list(&list, FIRST);
+    let mut read = ReadOperation::new(lookup(NextPointer::new(FIRST, 0, true).unwrap()), 64);
+    let start = read.start().unwrap();
+    let trips = offsets_until_done(&mut region, start, |outcome| read.handle(outcome).unwrap());
+    assert_eq!(
+        trips,
+        vec![
+            vec![FIRST, SHORTCUT],
+            vec![list[1]],
+            vec![list[2]],
+            vec![list[3]]
+        ]
+    );
+}
+
+/// A write that loses its CAS chases again from where it failed, as
+/// Clover's client does (the word the CAS returned is not used): the
+/// failed entry and the shortcut together, then the shortcut's entry,
+/// then the CAS there. A conflict costs three round trips.
+#[test]
+fn a_lost_cas_chases_again_from_where_it_failed_with_the_shortcut() {
+    let winner = FIRST + 128;
+    let mut region = Region::with_list(&[FIRST, winner], winner);
+    let slot = FIRST + 512;
+    let cached = NextPointer::new(FIRST, 0, true).unwrap();
+    let mut machine = WriteOperation::new(lookup(cached), &value_of(0, 1), slot).unwrap();
+    let start = machine.start();
+    let mut trail = None;
+    let trips = offsets_until_done(&mut region, start, |outcome| {
+        let step = machine.handle(outcome).unwrap();
+        if let Step::Written { trail: done, .. } = &step {
+            trail = Some(*done);
+        }
+        step
+    });
+    assert_eq!(
+        trips,
+        vec![
+            vec![slot],
+            vec![FIRST],
+            vec![FIRST, SHORTCUT],
+            vec![winner],
+            vec![winner]
+        ]
+    );
+    let trail = trail.expect("the write linked");
+    assert_eq!((trail.conflicts, trail.hops), (1, 2));
+    assert_eq!(region.versions().len(), 3);
 }
