@@ -90,7 +90,10 @@ pub enum ClientError {
 /// When a chase stops following pointers and jumps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Thresholds {
-    /// Entry READs after which the chase reads the key's shortcut.
+    /// Entry READs after which a chase that has not read the key's
+    /// shortcut reads it. Every chase from a cached location reads it
+    /// beside its first entry READ, so this matters only to a write that
+    /// started from the shortcut and is still chasing (and to tests).
     pub shortcut_after_hops: u32,
     /// Entry READs after which it asks the metadata server.
     pub metadata_after_hops: u32,
@@ -292,7 +295,13 @@ impl Chase {
             return Ok(Some(entry));
         }
         let shortcut = NextPointer::from_word(word(&shortcut, 0)?);
-        let elsewhere = before.is_some_and(|cursor| cursor.offset() != shortcut.offset());
+        // Neither the entry just read nor the one it points at: a jump
+        // (perhaps backwards, to a shortcut whose WRITE is late, which
+        // costs hops as it does Clover).
+        let elsewhere = [before, self.cursor]
+            .into_iter()
+            .flatten()
+            .all(|known| known.offset() != shortcut.offset());
         if !shortcut.is_null() && elsewhere {
             self.cursor = Some(shortcut);
             self.trail.jumped = true;

@@ -237,6 +237,63 @@ mod tests {
         assert!(pool.take_finished().is_empty(), "nothing finished late");
     }
 
+    /// A deployment on a back-to-back pair whose client 0 wrote key 1:
+    /// the write returned, its shortcut WRITE is posted and not yet sent.
+    fn a_write_returned() -> (BackToBack, Deployment, Duration) {
+        let run = Run::new(SwitchChoice::Plain);
+        let spec = run.store(Duration::from_millis(1));
+        let deadline = spec.pool.operation_deadline;
+        let mut rig = BackToBack::new(5);
+        let mut deployment = deploy(spec, &mut rig.left, &mut rig.right).unwrap();
+        let value = vec![7; run.value_bytes];
+        let pool = &mut deployment.pool;
+        pool.submit(0, Request::Put { key: 1, value }).unwrap();
+        // Slots from the metadata server, then the entry WRITE and the
+        // CAS, a round trip each.
+        for _ in 0..8 {
+            pool.poll(Timestamp::ZERO, &mut rig.left).unwrap();
+            if !pool.take_finished().is_empty() {
+                return (rig, deployment, deadline);
+            }
+            let mut region = RnicRegion {
+                rnic: &mut rig.right,
+                region: deployment.memory_region,
+            };
+            pool.answer_metadata(Timestamp::ZERO, &mut deployment.metadata, &mut region)
+                .unwrap();
+            rig.run(1_000);
+        }
+        panic!("the write never returned");
+    }
+
+    /// A write returns at its CAS, and its client takes requests again,
+    /// but the run is not over (`all_idle`) until the shortcut WRITE it
+    /// sent in the background has landed.
+    #[test]
+    fn a_run_waits_for_the_shortcut_write_its_last_write_sent() {
+        let (mut rig, mut deployment, _) = a_write_returned();
+        let pool = &mut deployment.pool;
+        assert!(pool.is_idle(0), "the client is free for a request");
+        assert!(!pool.all_idle(), "the shortcut WRITE is on its way");
+        rig.run(1_000);
+        pool.poll(Timestamp::ZERO, &mut rig.left).unwrap();
+        assert!(pool.all_idle());
+    }
+
+    /// The collector's grace relies on a shortcut WRITE landing within
+    /// the operation deadline of its write's start, as the write's own
+    /// verbs must: one still unanswered past it fails the poll, though
+    /// its write returned and its client is idle.
+    #[test]
+    fn a_shortcut_write_unanswered_past_the_deadline_fails_the_poll() {
+        let (mut rig, mut deployment, deadline) = a_write_returned();
+        let late = Timestamp::ZERO.saturating_add(deadline + Duration::from_micros(1));
+        assert!(matches!(
+            deployment.pool.poll(late, &mut rig.left),
+            Err(CloverError::Deadline { client: 0, .. })
+        ));
+    }
+
     /// A late shortcut chains two operations: a writer's shortcut naming
     /// a slot lands up to a deadline after the slot's retirement, a
     /// reader reads it until the next collection moves it, and READs the

@@ -314,7 +314,7 @@ impl Application {
         if self.warmed.is_none() && stats.reads + stats.writes >= self.warmup_operations {
             self.warmed = Some((now, stats.clone()));
         }
-        if self.finished_at.is_none() && self.finished() {
+        if self.finished_at.is_none() && self.every_request_returned() {
             self.finished_at = Some(now);
         }
         Ok(moved)
@@ -367,9 +367,18 @@ impl Application {
             .map(|period| self.last_collection.saturating_add(period))
     }
 
-    /// Whether the workload is done and every client idle.
+    /// Whether every request of the workload returned (shortcut WRITEs
+    /// may still be on their way).
+    fn every_request_returned(&self) -> bool {
+        self.feeder.remaining == 0
+            && (0..self.deployment.pool.client_count())
+                .all(|client| self.deployment.pool.is_idle(client))
+    }
+
+    /// Whether the workload is done, every client idle and every
+    /// shortcut WRITE landed.
     pub fn finished(&self) -> bool {
-        self.feeder.remaining == 0 && self.deployment.pool.all_idle()
+        self.every_request_returned() && self.deployment.pool.all_idle()
     }
 
     /// Audits every list and, if asked, checks the history.

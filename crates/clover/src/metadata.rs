@@ -502,9 +502,10 @@ impl MetadataServer {
     }
 
     /// Before a retired slot is reused: a writer's shortcut WRITE that
-    /// landed after the slot was retired may name it. Writers end within
-    /// the operation deadline, which is shorter than the grace, so by now
-    /// every such WRITE has landed; a shortcut naming the slot is moved
+    /// landed after the slot was retired may name it. A writer's shortcut
+    /// WRITE lands within the operation deadline of the write's start
+    /// (the pool fails a run otherwise), which is shorter than the grace,
+    /// so by now every such WRITE has landed; a shortcut naming the slot is moved
     /// to the key's tail. Whether it was.
     fn repair_shortcut(
         &mut self,

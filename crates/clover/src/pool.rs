@@ -48,6 +48,8 @@ enum Lane {
     Background = 2,
 }
 const LANES: u64 = 4;
+/// The longest entry READ a client's buffer takes.
+pub const MAX_ENTRY_READ_BYTES: usize = BACKGROUND_AT as usize;
 /// Verbs one client may have in flight: a pair and a shortcut WRITE. A
 /// client's completion queue and send queue need room for them all.
 pub const MAX_VERBS_IN_FLIGHT: usize = 3;
@@ -85,8 +87,10 @@ pub enum CloverError {
         verb: &'static str,
         status: CompletionStatus,
     },
-    #[error("client {client}'s request ran past the {deadline:?} operation deadline, which garbage collection's grace relies on")]
+    #[error("client {client}'s request (or its shortcut WRITE) ran past the {deadline:?} operation deadline, which garbage collection's grace relies on")]
     Deadline { client: usize, deadline: Duration },
+    #[error("entry READs of {0} B do not fit a client's buffer (at most {max} B)", max = MAX_ENTRY_READ_BYTES)]
+    EntryReadBytes(usize),
 }
 
 impl From<LayoutError> for CloverError {
@@ -308,6 +312,9 @@ impl ClientPool {
         wiring: PoolWiring,
     ) -> Result<ClientPool, CloverError> {
         size_class(value_bytes)?;
+        if config.entry_read_bytes > MAX_ENTRY_READ_BYTES {
+            return Err(CloverError::EntryReadBytes(config.entry_read_bytes));
+        }
         let needed = wiring.queue_pairs.len() as u64 * CLIENT_BUFFER_BYTES;
         assert!(
             wiring.local.length_bytes >= needed,
@@ -740,15 +747,16 @@ impl ClientPool {
     }
 
     fn post_ready(&mut self, rnic: &mut dyn Verbs, client: usize) -> Result<bool, CloverError> {
-        let Some(running) = self.clients[client].running.as_mut() else {
+        let Some(Running {
+            phase: Phase::Ready(verbs),
+            ..
+        }) = self.clients[client].running.as_ref()
+        else {
             return Ok(false);
         };
-        if !matches!(running.phase, Phase::Ready(_)) {
-            return Ok(false);
-        }
-        let Phase::Ready(verbs) = std::mem::replace(&mut running.phase, Phase::Locating) else {
-            unreachable!("matched above");
-        };
+        // Cloned (a verb or two) so that the phase stays Ready until
+        // every verb is posted.
+        let verbs = verbs.clone();
         assert!(
             matches!(verbs.len(), 1 | 2),
             "a client posts one verb or a pair"

@@ -22,8 +22,17 @@ const SHORTCUT: u64 = 8;
 
 fn lookup(cached: NextPointer) -> Lookup {
     Lookup {
-        key: KEY,
         cached: Some(cached),
+        ..forgotten()
+    }
+}
+
+/// A lookup with no cached location: the chase starts from the shortcut
+/// alone.
+fn forgotten() -> Lookup {
+    Lookup {
+        key: KEY,
+        cached: None,
         shortcut: SHORTCUT,
         thresholds: Thresholds::DEFAULT,
     }
@@ -203,9 +212,15 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_lineariza
     // grows with every thread's history.
     let mut history =
         check_linearizable.then(|| LinearizabilityTester::new(Register(b"initial!".to_vec())));
-    let start_write = |writer: usize, sequence: usize, slot: u64, cache: NextPointer| {
+    // A quarter of the operations start with no cached location, from
+    // the shortcut alone, which late shortcut WRITEs leave behind.
+    let lookup_for = |cached: NextPointer, rng: &mut ChaCha8Rng| match rng.gen_bool(0.25) {
+        true => forgotten(),
+        false => lookup(cached),
+    };
+    let start_write = |writer: usize, sequence: usize, slot: u64, lookup: Lookup| {
         let value = value_of(writer, sequence);
-        let machine = WriteOperation::new(lookup(cache), &value, slot).unwrap();
+        let machine = WriteOperation::new(lookup, &value, slot).unwrap();
         let work = Work::of(machine.start());
         (Operation::Write { writer, machine }, work)
     };
@@ -215,7 +230,12 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_lineariza
                 .on_invoke(writer, RegisterOp::Write(value_of(writer, 0)))
                 .unwrap();
         }
-        active.push(start_write(writer, 0, next_slot, *cache));
+        active.push(start_write(
+            writer,
+            0,
+            next_slot,
+            lookup_for(*cache, &mut rng),
+        ));
         next_slot += class;
     }
     for reader in 0..readers {
@@ -224,7 +244,8 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_lineariza
                 .on_invoke(writers + reader, RegisterOp::Read)
                 .unwrap();
         }
-        let mut machine = ReadOperation::new(lookup(cached[writers + reader]), 64);
+        let start = lookup_for(cached[writers + reader], &mut rng);
+        let mut machine = ReadOperation::new(start, 64);
         let work = Work::of(machine.start().unwrap());
         active.push((Operation::Read { reader, machine }, work));
     }
@@ -272,7 +293,8 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_lineariza
                             .on_invoke(writer, RegisterOp::Write(value_of(writer, done[writer])))
                             .unwrap();
                     }
-                    active.push(start_write(writer, done[writer], next_slot, cached[writer]));
+                    let start = lookup_for(cached[writer], &mut rng);
+                    active.push(start_write(writer, done[writer], next_slot, start));
                     next_slot += class;
                 }
             }
@@ -291,7 +313,7 @@ fn run(seed: u64, writers: usize, writes: usize, readers: usize, check_lineariza
                             .on_invoke(writers + reader, RegisterOp::Read)
                             .unwrap();
                     }
-                    let mut machine = ReadOperation::new(lookup(tail), 64);
+                    let mut machine = ReadOperation::new(lookup_for(tail, &mut rng), 64);
                     let work = Work::of(machine.start().unwrap());
                     active.push((Operation::Read { reader, machine }, work));
                 }
@@ -487,6 +509,21 @@ fn a_stale_read_jumps_to_the_shortcut_read_beside_its_first_entry() {
         trips,
         vec![
             vec![FIRST, SHORTCUT],
+            vec![list[1]],
+            vec![list[2]],
+            vec![list[3]]
+        ]
+    );
+    // A shortcut behind the cursor (its WRITE late) is jumped to all the
+    // same, as Clover does, and costs the hops back.
+    let mut read = ReadOperation::new(lookup(NextPointer::new(list[2], 2, true).unwrap()), 64);
+    let start = read.start().unwrap();
+    let trips = offsets_until_done(&mut region, start, |outcome| read.handle(outcome).unwrap());
+    assert_eq!(
+        trips,
+        vec![
+            vec![list[2], SHORTCUT],
+            vec![FIRST],
             vec![list[1]],
             vec![list[2]],
             vec![list[3]]
