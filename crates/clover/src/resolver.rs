@@ -8,28 +8,41 @@
 //! links the entry at once instead of failing and sending the client
 //! chasing pointers. CASes for keys outside the cache pass untouched.
 //!
-//! The paper updates the cached tail as soon as it rewrites a CAS. Over a
-//! lossy path that breaks linearizability: if the rewritten CAS is lost
-//! between switch and memory, a second CAS chained onto its entry
-//! succeeds while that entry is still unlinked, so a completed write is
-//! invisible. This resolver therefore only rewrites towards a tail it
-//! knows is true:
+//! As the paper does, it chains: each CAS on a cached key is sent to the
+//! entry of the CAS before it (the key's tail once that one lands), and
+//! the tail moves to its own entry at once, so CASes in flight together
+//! all link, in the order they passed. Over a lossy path the paper's
+//! chaining breaks linearizability: if a rewritten CAS is lost between
+//! switch and memory, the CAS chained onto its entry succeeds while that
+//! entry is still unlinked, and its writer returns with its write
+//! invisible. So this resolver holds successes back until they are
+//! visible:
 //!
-//! - per cached key it keeps the confirmed tail and the CASes in flight;
-//! - a CAS is rewritten only when none is in flight on its key; one that
-//!   arrives while another is in flight passes untouched (and, as in
-//!   Clover, fails or succeeds on its own);
-//! - the atomic acknowledgement, on its way back, confirms: when the last
-//!   CAS in flight is answered and exactly one of the batch succeeded,
-//!   its entry is the new tail. Two or more successes leave the tail
-//!   unknown (resolving stops for that key until a batch with a single
-//!   success re-establishes it).
+//! - the chained CASes of a key are numbered; a success's atomic
+//!   acknowledgement passes only when every chained CAS before it on the
+//!   key has passed its own success (`released`), so the entry it linked
+//!   onto is linked. One out of turn is held in the control plane
+//!   (`acks_held`; at most one per client, as a client has one CAS in
+//!   flight) and sent back into the pipeline (a packet-out) when the one
+//!   before it passes. On a clean path the memory node answers in the
+//!   order the CASes passed, and nothing is held;
+//! - a chained CAS that fails (its tail was taken by a CAS that went
+//!   round the chain) or whose answer the switch never saw breaks the
+//!   chain: the successes chained after it are never released (their
+//!   entries hang off one no reader reaches, so their writers fail with a
+//!   timeout rather than return a write no one can read), and the key's
+//!   tail is unknown;
+//! - with the tail unknown, CASes pass untouched (and, as in Clover, fail
+//!   or succeed on their own) and are counted in a batch: when the last
+//!   one is answered and exactly one of the batch succeeded, its entry is
+//!   the tail again and chaining resumes. Two or more successes leave the
+//!   tail unknown until a batch with a single success;
 //! - a retransmitted CAS (same queue pair, same PSN) gets exactly the
 //!   rewrite of the original.
 //!
-//! Every CAS on a cached key passes this switch, so the confirmed tail is
-//! the list's real tail whenever nothing is in flight: a rewritten CAS
-//! cannot fail, and no list is ever broken or made cyclic.
+//! Every CAS on a cached key passes this switch, so a chain links onto
+//! the list's real tail: a chained CAS fails only if a CAS it never saw
+//! took the tail, and no list is ever broken or made cyclic.
 
 use crate::layout::NextPointer;
 use remora_rnic::Timestamp;
@@ -64,15 +77,19 @@ pub struct WatchedRegion {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct KeyCell {
-    /// The confirmed tail's address; 0 when unknown.
+    /// The entry the next CAS is chained onto: the last chained CAS's
+    /// (or a confirmed tail); 0 when unknown.
     tail: u64,
+    /// Chained CASes of the key so far (each numbered by the count with
+    /// it), and how many of them have had their success released, in
+    /// turn. A broken chain releases none of those before it: `released`
+    /// jumps to `chained`.
+    chained: u32,
+    released: u32,
     /// The entry of the last successful CAS in the current batch.
     last_success: u64,
     in_flight: u16,
     successes: u16,
-    /// A CAS of this batch that the resolver rewrote to `tail` failed:
-    /// `tail` is not the tail.
-    rewrite_failed: bool,
 }
 
 impl KeyCell {
@@ -111,6 +128,8 @@ struct CasCell {
     /// Whether its acknowledgement has not passed yet.
     active: bool,
     rewritten: bool,
+    /// Its number in its key's chain; 0 for one passed untouched.
+    chain_number: u32,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -121,11 +140,19 @@ pub struct ResolverCounters {
     pub rewritten: u64,
     /// Retransmitted CASes given the original's rewrite again.
     pub retransmissions_rewritten: u64,
-    /// CASes for cached keys passed untouched because another was in flight.
-    pub passed_busy: u64,
+    /// CASes for cached keys passed untouched because the key's tail was
+    /// unknown (after a broken chain or a batch with two successes).
+    pub passed_tail_unknown: u64,
+    /// CASes chained onto the entry of the CAS before them on their key.
+    pub chained: u64,
+    /// Success acknowledgements dropped because a CAS chained before them
+    /// had not had its own success pass: their clients ask again.
+    pub acks_held: u64,
+    /// Chains broken by a chained CAS that failed or went unanswered.
+    pub chains_broken: u64,
     /// CASes for keys outside the cache.
     pub passed_uncached: u64,
-    /// Batches that confirmed a new tail.
+    /// Chained successes released, and batches that confirmed a tail.
     pub tails_confirmed: u64,
     /// Batches with more than one success, which left the tail unknown.
     pub tails_lost: u64,
@@ -176,6 +203,19 @@ pub struct Resolver {
     cas: RegisterArray<CasCell>,
     client_count: usize,
     counters: ResolverCounters,
+    /// Success acknowledgements held out of turn, by client: its key's
+    /// cell, its number in the chain, the frame.
+    held: Vec<Option<HeldAnswer>>,
+    /// Held answers whose turn came, for the pipeline again.
+    released_answers: std::collections::VecDeque<Vec<u8>>,
+}
+
+/// A chained CAS's success, held until the CAS before it has passed.
+#[derive(Debug, Clone)]
+struct HeldAnswer {
+    key_slot: u32,
+    chain_number: u32,
+    frame: Vec<u8>,
 }
 
 /// A client's request queue pair, as the requests table knows it.
@@ -237,6 +277,8 @@ impl Resolver {
             cas: RegisterArray::new("clover_cas", 1, max_clients),
             client_count: 0,
             counters: ResolverCounters::default(),
+            held: vec![None; max_clients],
+            released_answers: std::collections::VecDeque::new(),
         }
     }
 
@@ -446,18 +488,27 @@ impl Resolver {
             return;
         };
         let cell = self.key_cells.read(slot as usize).expect("key cells exist");
-        let resolve = cell.in_flight == 0 && cell.tail != 0;
-        let sent_to = if resolve { cell.tail } else { target };
-        if resolve && target != cell.tail {
-            Self::rewrite_target(packet, cell.tail);
+        let chain = cell.tail != 0;
+        let sent_to = if chain { cell.tail } else { target };
+        if sent_to != target {
+            Self::rewrite_target(packet, sent_to);
             self.counters.rewritten += 1;
-        } else if !resolve {
-            self.counters.passed_busy += 1;
         }
-        self.key_cells.update(slot as usize, |cell| KeyCell {
-            in_flight: cell.in_flight.saturating_add(1),
-            ..cell
-        });
+        let cell = if chain {
+            self.counters.chained += 1;
+            KeyCell {
+                tail: entry,
+                chained: cell.chained.wrapping_add(1),
+                ..cell
+            }
+        } else {
+            self.counters.passed_tail_unknown += 1;
+            KeyCell {
+                in_flight: cell.in_flight.saturating_add(1),
+                ..cell
+            }
+        };
+        self.key_cells.update(slot as usize, |_| cell);
         self.cas.update(client, |_| CasCell {
             target: sent_to,
             entry,
@@ -465,19 +516,112 @@ impl Resolver {
             psn,
             seen: true,
             active: true,
-            rewritten: resolve && target != sent_to,
+            rewritten: sent_to != target,
+            chain_number: if chain { cell.chained } else { 0 },
         });
     }
 
+    /// A CAS whose answer the switch will not see: forget the key's tail
+    /// rather than guess, and break its chain if it was chained.
     fn abandon(&mut self, record: CasCell) {
+        if record.chain_number != 0 {
+            return self.break_chain(record.key_slot as usize);
+        }
         self.key_cells
             .update(record.key_slot as usize, |cell| KeyCell {
                 tail: 0,
                 last_success: 0,
                 in_flight: cell.in_flight.saturating_sub(1),
                 successes: 0,
-                rewrite_failed: false,
+                ..cell
             });
+    }
+
+    /// No success chained so far on the key is released from now on, and
+    /// its tail is unknown until a batch confirms one.
+    fn break_chain(&mut self, slot: usize) {
+        self.counters.chains_broken += 1;
+        self.key_cells.update(slot, |cell| KeyCell {
+            tail: 0,
+            released: cell.chained,
+            ..cell
+        });
+        // Never released now: their clients time out.
+        for held in &mut self.held {
+            if held
+                .as_ref()
+                .is_some_and(|held| held.key_slot as usize == slot)
+            {
+                *held = None;
+            }
+        }
+    }
+
+    /// A chained CAS's acknowledgement: a success passes in its turn (and
+    /// is dropped out of it, to be asked for again); a failure passes and
+    /// breaks the chain.
+    fn answer_chained(
+        &mut self,
+        client: usize,
+        record: CasCell,
+        original: u64,
+        packet: &mut Packet,
+    ) {
+        let slot = record.key_slot as usize;
+        let cell = self.key_cells.read(slot).expect("key cells exist");
+        if original != 0 {
+            if record.rewritten {
+                self.counters.rewrites_failed += 1;
+            }
+            self.close_record(client);
+            if record.chain_number.wrapping_sub(cell.released) as i32 > 0 {
+                self.break_chain(slot);
+            }
+            return;
+        }
+        if record.chain_number != cell.released.wrapping_add(1) {
+            // Out of turn (or after a break): the entry it linked onto
+            // may be unlinked. Its record stays open, for the held frame
+            // or a replay of the answer.
+            packet.egress = Egress::Drop;
+            self.counters.acks_held += 1;
+            let waiting = record.chain_number.wrapping_sub(cell.released) as i32 > 0;
+            if waiting {
+                self.held[client] = Some(HeldAnswer {
+                    key_slot: record.key_slot,
+                    chain_number: record.chain_number,
+                    frame: packet.bytes.to_vec(),
+                });
+            }
+            return;
+        }
+        self.close_record(client);
+        self.held[client] = None;
+        self.counters.tails_confirmed += 1;
+        self.key_cells.update(slot, |cell| KeyCell {
+            released: record.chain_number,
+            ..cell
+        });
+        self.release_next(record.key_slot, record.chain_number.wrapping_add(1));
+    }
+
+    /// The held answer numbered `chain_number` on the key, if one is
+    /// held: back into the pipeline, where it passes in its turn.
+    fn release_next(&mut self, key_slot: u32, chain_number: u32) {
+        let next = self.held.iter_mut().find(|held| {
+            held.as_ref()
+                .is_some_and(|held| held.key_slot == key_slot && held.chain_number == chain_number)
+        });
+        if let Some(held) = next.and_then(Option::take) {
+            self.released_answers.push_back(held.frame);
+        }
+    }
+
+    fn close_record(&mut self, client: usize) {
+        self.cas.update(client, |cell| CasCell {
+            active: false,
+            ..cell
+        });
     }
 
     /// An atomic acknowledgement on its way to a client: confirm. Only
@@ -486,7 +630,7 @@ impl Resolver {
     /// closed the CAS's record with an original value of the forger's
     /// choosing, confirmed a tail no list held, and the next CAS of the
     /// key, rewritten onto it, linked a write no reader could reach.
-    fn watch_ack(&mut self, packet: &Packet) {
+    fn watch_ack(&mut self, packet: &mut Packet) {
         let (Some(ipv4), Some(roce)) = (packet.headers.ipv4, packet.headers.roce) else {
             return;
         };
@@ -504,20 +648,15 @@ impl Resolver {
         }
         // AETH (4 bytes), then the original value.
         let original = be_word(&packet.bytes, roce.extension_offset + 4);
-        self.cas.update(client, |cell| CasCell {
-            active: false,
-            ..cell
-        });
-        let rewrite_failed = original != 0 && record.rewritten;
-        if rewrite_failed {
-            self.counters.rewrites_failed += 1;
+        if record.chain_number != 0 {
+            return self.answer_chained(client, record, original, packet);
         }
+        self.close_record(client);
+        // Untouched: never rewritten.
         let cell = self
             .key_cells
             .update(record.key_slot as usize, |cell| {
-                let mut cell = cell.answered(original == 0, record.entry);
-                cell.rewrite_failed |= rewrite_failed;
-                cell
+                cell.answered(original == 0, record.entry)
             })
             .expect("key cells exist");
         if cell.in_flight == 0 {
@@ -527,9 +666,6 @@ impl Resolver {
 
     fn close_batch(&mut self, slot: usize, cell: KeyCell) {
         let tail = match cell.successes {
-            // Kept, a tail a rewrite proved stale drew every later CAS of
-            // the key back onto it, and each failed: nothing healed it.
-            0 if cell.rewrite_failed => 0,
             0 => cell.tail,
             1 => {
                 self.counters.tails_confirmed += 1;
@@ -540,8 +676,10 @@ impl Resolver {
                 0
             }
         };
-        self.key_cells.update(slot, |_| KeyCell {
+        self.key_cells.update(slot, |cell| KeyCell {
             tail,
+            chained: cell.chained,
+            released: cell.released,
             ..KeyCell::default()
         });
     }
@@ -577,6 +715,14 @@ impl Overlay for Resolver {
             Opcode::CompareSwap => self.watch_cas(client, packet),
             _ => {}
         }
+    }
+
+    fn poll_packet_out(&mut self) -> Option<Vec<u8>> {
+        self.released_answers.pop_front()
+    }
+
+    fn has_packet_out(&self) -> bool {
+        !self.released_answers.is_empty()
     }
 
     fn add_resources(&self, report: &mut ResourceReport) {
@@ -661,6 +807,16 @@ mod tests {
         pass_changed(resolver, frame, payload, fill, |_, _| {});
     }
 
+    /// The ends of a frame of client `client` (its queue pairs are the
+    /// first client's plus `client`), to the memory node or back.
+    type Ends = ((MacAddress, Ipv4Address), (MacAddress, Ipv4Address), u32);
+    fn ends_of(client: u32, to_memory: bool) -> Ends {
+        match to_memory {
+            true => (COMPUTE, MEMORY, MEMORY_QPN + client),
+            false => (MEMORY, COMPUTE, COMPUTE_QPN + client),
+        }
+    }
+
     /// As [`pass`], with `change` applied to the frame's bytes (given the
     /// parsed headers) after its ICRC was computed, as a link corrupts.
     fn pass_changed(
@@ -670,23 +826,26 @@ mod tests {
         fill: impl FnOnce(&mut remora_wire::frame::ExtensionHeaders),
         change: impl FnOnce(&mut [u8], &remora_switch::parser::ParsedHeaders),
     ) {
-        let ends = match to_memory {
-            true => (COMPUTE, MEMORY, MEMORY_QPN),
-            false => (MEMORY, COMPUTE, COMPUTE_QPN),
-        };
-        pass_between(resolver, ends, (opcode, psn), payload, fill, change);
+        pass_between(
+            resolver,
+            ends_of(0, to_memory),
+            (opcode, psn),
+            payload,
+            fill,
+            change,
+        );
     }
 
     /// A frame from `from` to `to`'s queue pair `destination_qpn`, with a
     /// valid ICRC, then `change`d, through the resolver.
     fn pass_between(
         resolver: &mut Resolver,
-        (from, to, destination_qpn): ((MacAddress, Ipv4Address), (MacAddress, Ipv4Address), u32),
+        (from, to, destination_qpn): Ends,
         (opcode, psn): (Opcode, u32),
         payload: &[u8],
         fill: impl FnOnce(&mut remora_wire::frame::ExtensionHeaders),
         change: impl FnOnce(&mut [u8], &remora_switch::parser::ParsedHeaders),
-    ) {
+    ) -> Packet {
         let bth = BthRepr::new(opcode, qpn(destination_qpn), Psn::new(psn));
         let mut repr = FrameRepr::between(from, to, 0xc000, bth);
         fill(&mut repr.extension);
@@ -698,6 +857,7 @@ mod tests {
         change(&mut bytes, &headers);
         let mut packet = Packet::new(bytes, PortId(0), headers);
         resolver.after_forwarding(Timestamp::ZERO, &mut packet);
+        packet
     }
 
     /// The entry WRITE of [`KEY`] at `entry` (an offset in the region).
@@ -771,8 +931,8 @@ mod tests {
         let counters = resolver.counters();
         assert_eq!(counters.stale_duplicates, 0, "{counters:?}");
         assert_eq!(counters.entry_writes_seen, 2);
-        // The forgotten CAS abandoned the key's tail: the new one passes.
-        assert_eq!(counters.passed_busy, 1, "{counters:?}");
+        // The forgotten CAS broke the key's chain: the new one passes.
+        assert_eq!(counters.passed_tail_unknown, 1, "{counters:?}");
         ack(&mut resolver, later + 1, 0, false);
         let slot = *resolver.keys.lookup(&KEY).unwrap() as usize;
         let cell = resolver.key_cells.read(slot).unwrap();
@@ -943,14 +1103,154 @@ mod tests {
         assert_eq!(counters.entry_writes_seen, 2);
     }
 
+    /// Client `client`'s entry WRITE of [`KEY`] at `entry`, then its CAS
+    /// naming `target`: where the CAS was sent.
+    fn write_by(resolver: &mut Resolver, client: u32, psn: u32, target: u64, entry: u64) -> u64 {
+        let mut payload = [0u8; 32];
+        payload[8..16].copy_from_slice(&KEY.to_le_bytes());
+        let reth = |headers: &mut remora_wire::frame::ExtensionHeaders| {
+            headers.reth = Some(RethRepr {
+                virtual_address: VirtAddr(REGION.base.0 + entry),
+                rkey: REGION.rkey,
+                dma_length: 32,
+            });
+        };
+        let to_memory = ends_of(client, true);
+        let write = (Opcode::RdmaWriteOnly, psn);
+        pass_between(resolver, to_memory, write, &payload, reth, |_, _| {});
+        let swap = NextPointer::new(entry, 1, false).unwrap().word();
+        let atomic = |headers: &mut remora_wire::frame::ExtensionHeaders| {
+            headers.atomic_eth = Some(AtomicEthRepr {
+                virtual_address: VirtAddr(REGION.base.0 + target),
+                rkey: REGION.rkey,
+                swap_or_add: swap,
+                compare: 0,
+            });
+        };
+        let cas = (Opcode::CompareSwap, psn + 1);
+        let packet = pass_between(resolver, to_memory, cas, &[], atomic, |_, _| {});
+        let at = packet.headers.roce.unwrap().extension_offset;
+        be_word(&packet.bytes, at) - REGION.base.0
+    }
+
+    /// The memory node's answer to client `client`'s CAS at `psn`:
+    /// whether the switch let it pass.
+    fn answer_to(resolver: &mut Resolver, client: u32, psn: u32, original: u64) -> bool {
+        let answer = (Opcode::AtomicAcknowledge, psn);
+        let ends = ends_of(client, false);
+        let packet = pass_between(resolver, ends, answer, &[], atomic_ack(original), |_, _| {});
+        packet.egress != Egress::Drop
+    }
+
+    fn two_clients() -> Resolver {
+        let mut resolver = resolver();
+        resolver
+            .add_client(
+                (MEMORY.1, qpn(MEMORY_QPN + 1)),
+                (COMPUTE.1, qpn(COMPUTE_QPN + 1)),
+            )
+            .unwrap();
+        resolver
+    }
+
+    /// As the paper's resolver does, CASes in flight together on one key
+    /// are chained: the second goes to the first's entry, so both link
+    /// (the earlier resolver let the second pass to the stale tail it
+    /// named, to fail and chase).
+    #[test]
+    fn cases_in_flight_together_are_chained_onto_each_other() {
+        let mut resolver = two_clients();
+        assert_eq!(write_by(&mut resolver, 0, 10, 0x1800, 0x3000), 0x2000);
+        assert_eq!(write_by(&mut resolver, 1, 20, 0x1800, 0x4000), 0x3000);
+        assert!(answer_to(&mut resolver, 0, 11, 0));
+        assert!(answer_to(&mut resolver, 1, 21, 0));
+        let counters = resolver.counters();
+        assert_eq!(
+            (counters.chained, counters.acks_held),
+            (2, 0),
+            "{counters:?}"
+        );
+        // The next is chained onto the second.
+        assert_eq!(write_by(&mut resolver, 0, 12, 0x3000, 0x5000), 0x4000);
+    }
+
+    /// The paper's chaining, over a lossy path: the first CAS is lost
+    /// after the switch, the second (chained onto its entry) succeeds
+    /// while that entry is unlinked. Its success is held back until the
+    /// first's passed, so its writer never returns a write no reader
+    /// could see; then it goes back into the pipeline and passes.
+    #[test]
+    fn a_success_chained_onto_an_unlinked_entry_waits_for_it() {
+        let mut resolver = two_clients();
+        write_by(&mut resolver, 0, 10, 0x2000, 0x3000);
+        write_by(&mut resolver, 1, 20, 0x2000, 0x4000);
+        assert!(
+            !answer_to(&mut resolver, 1, 21, 0),
+            "held: 0x3000 is unlinked"
+        );
+        assert_eq!(resolver.counters().acks_held, 1);
+        // The first client's CAS again, rewritten as before, and landed.
+        let again = |headers: &mut remora_wire::frame::ExtensionHeaders| {
+            headers.atomic_eth = Some(AtomicEthRepr {
+                virtual_address: VirtAddr(REGION.base.0 + 0x2000),
+                rkey: REGION.rkey,
+                swap_or_add: NextPointer::new(0x3000, 1, false).unwrap().word(),
+                compare: 0,
+            });
+        };
+        let cas = (Opcode::CompareSwap, 11);
+        pass_between(&mut resolver, ends_of(0, true), cas, &[], again, |_, _| {});
+        assert!(!resolver.has_packet_out(), "nothing released yet");
+        assert!(answer_to(&mut resolver, 0, 11, 0));
+        let frame = resolver
+            .poll_packet_out()
+            .expect("the held answer, released");
+        let headers = remora_switch::parser::parse(&frame).unwrap();
+        let mut packet = Packet::new(frame, remora_switch::packet::GENERATOR_PORT, headers);
+        resolver.after_forwarding(Timestamp::ZERO, &mut packet);
+        assert_ne!(packet.egress, Egress::Drop, "in its turn now");
+        assert!(resolver.poll_packet_out().is_none());
+        // A replay of the answer (the client asked again meanwhile) is a
+        // duplicate for its client to drop.
+        assert!(answer_to(&mut resolver, 1, 21, 0));
+    }
+
+    /// A chained CAS that fails (its tail taken by a CAS the switch never
+    /// saw) breaks the chain: the success chained onto its unlinked entry
+    /// never passes, and the key's CASes pass untouched until a batch with
+    /// one success gives the tail back.
+    #[test]
+    fn a_failed_chained_cas_breaks_the_chain_for_good() {
+        let mut resolver = two_clients();
+        write_by(&mut resolver, 0, 10, 0x2000, 0x3000);
+        write_by(&mut resolver, 1, 20, 0x2000, 0x4000);
+        assert!(!answer_to(&mut resolver, 1, 21, 0), "held");
+        assert!(answer_to(&mut resolver, 0, 11, 0x9000), "a failure passes");
+        assert!(
+            !resolver.has_packet_out(),
+            "the held answer is not released"
+        );
+        for _ in 0..3 {
+            assert!(!answer_to(&mut resolver, 1, 21, 0), "never released");
+        }
+        let counters = resolver.counters();
+        assert_eq!(counters.chains_broken, 1, "{counters:?}");
+        assert_eq!(write_by(&mut resolver, 0, 12, 0x9000, 0x5000), 0x9000);
+        assert!(answer_to(&mut resolver, 0, 13, 0));
+        assert_eq!(resolver.counters().passed_tail_unknown, 1);
+        // That batch's one success is the tail: chaining resumes.
+        assert_eq!(write_by(&mut resolver, 0, 14, 0x9000, 0x6000), 0x5000);
+    }
+
     /// A batch kept open by steady contention counted its successes in a
     /// u16 that wrapped after 65 535 (a debug switch panicked), and a count
     /// that wrapped to 0 restored a tail long retired.
     #[test]
     fn a_batch_with_more_successes_than_a_u16_still_counts_many() {
         let busy = KeyCell {
-            rewrite_failed: false,
             tail: 0x1000,
+            chained: 0,
+            released: 0,
             last_success: 0x2000,
             in_flight: 3,
             successes: u16::MAX,

@@ -66,6 +66,7 @@ fn plain_clover_is_linearizable_under_loss_across_seeds() {
 fn the_resolver_keeps_lists_whole_and_histories_linearizable_under_loss() {
     let mut rewritten = 0;
     let mut retransmissions = 0;
+    let mut held = 0;
     for seed in 0..8 {
         let resolver = SwitchChoice::Resolver { cached_keys: 16 };
         let outcome = checked(
@@ -75,6 +76,7 @@ fn the_resolver_keeps_lists_whole_and_histories_linearizable_under_loss() {
         let counters = outcome.resolver.unwrap();
         rewritten += counters.rewritten;
         retransmissions += counters.retransmissions_rewritten;
+        held += counters.acks_held;
     }
     assert!(
         rewritten > 100,
@@ -83,6 +85,10 @@ fn the_resolver_keeps_lists_whole_and_histories_linearizable_under_loss() {
     assert!(
         retransmissions > 0,
         "no retransmitted CAS was rewritten: the loss never hit one, so this proves nothing"
+    );
+    assert!(
+        held > 0,
+        "no success was held for an unlinked entry before it: the chaining's hazard never arose"
     );
 }
 
@@ -98,6 +104,10 @@ fn the_resolver_removes_most_conflicts_on_a_clean_path() {
         let outcome = checked(seed, &contended(resolver, LinkFaults::NONE));
         let counters = outcome.resolver.unwrap();
         assert_eq!(counters.rewrites_failed, 0, "seed {seed}: {counters:?}");
+        // The memory node answers in the order the chain passed: nothing
+        // waits for a retransmission.
+        assert_eq!(counters.acks_held, 0, "seed {seed}: {counters:?}");
+        assert_eq!(counters.chains_broken, 0, "seed {seed}: {counters:?}");
         with += outcome.stats.conflicts;
     }
     assert!(
