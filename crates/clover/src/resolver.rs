@@ -26,23 +26,24 @@
 //!   flight) and sent back into the pipeline (a packet-out) when the one
 //!   before it passes. On a clean path the memory node answers in the
 //!   order the CASes passed, and nothing is held;
-//! - a chained CAS that fails (its tail was taken by a CAS that went
-//!   round the chain) or whose answer the switch never saw breaks the
-//!   chain: the successes chained after it are never released (their
-//!   entries hang off one no reader reaches, so their writers fail with a
-//!   timeout rather than return a write no one can read), and the key's
-//!   tail is unknown;
-//! - with the tail unknown, CASes pass untouched (and, as in Clover, fail
-//!   or succeed on their own) and are counted in a batch: when the last
-//!   one is answered and exactly one of the batch succeeded, its entry is
-//!   the tail again and chaining resumes. Two or more successes leave the
-//!   tail unknown until a batch with a single success;
+//! - a chained CAS that fails (a CAS the switch never saw took its
+//!   tail), whose answer the switch will not see (its client moved on or
+//!   its records aged out), or that keeps the turn for longer than
+//!   [`CHAIN_STALL_LIMIT`] (its client died with it lost) breaks the
+//!   chain there: the successes chained after it are never released
+//!   (their entries may hang off one no reader reaches, so their writers
+//!   time out rather than return a write no one can read), those before it
+//!   still pass in turn, and the key is resolved no more: its CASes pass
+//!   untouched from then on and, as in Clover, fail or succeed on their
+//!   own. (Resuming would need a tail the switch knows is true, and CASes
+//!   chained before the break can still land long after it.) On a clean or
+//!   lossy path with live clients no chain breaks;
 //! - a retransmitted CAS (same queue pair, same PSN) gets exactly the
 //!   rewrite of the original.
 //!
-//! Every CAS on a cached key passes this switch, so a chain links onto
-//! the list's real tail: a chained CAS fails only if a CAS it never saw
-//! took the tail, and no list is ever broken or made cyclic.
+//! Every CAS on a cached key passes this switch and a chain starts at the
+//! tail the control plane cached, so a chain links onto the list's real
+//! tail, and no list is ever broken or made cyclic.
 
 use crate::layout::NextPointer;
 use remora_rnic::Timestamp;
@@ -77,36 +78,28 @@ pub struct WatchedRegion {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct KeyCell {
-    /// The entry the next CAS is chained onto: the last chained CAS's
-    /// (or a confirmed tail); 0 when unknown.
+    /// The entry the next CAS is chained onto: the last chained CAS's (at
+    /// first, the tail the control plane cached); 0 once the chain broke,
+    /// when the key's CASes pass untouched for good.
     tail: u64,
-    /// Chained CASes of the key so far (each numbered by the count with
-    /// it), and how many of them have had their success released, in
-    /// turn. A broken chain releases none of those before it: `released`
-    /// jumps to `chained`.
-    chained: u32,
-    released: u32,
-    /// The entry of the last successful CAS in the current batch.
-    last_success: u64,
-    in_flight: u16,
-    successes: u16,
+    /// Chained CASes of the key so far, each numbered by the count with
+    /// it (64 bits: never wraps).
+    chained: u64,
+    /// The last number whose success has passed: successes pass in turn.
+    released: u64,
+    /// The highest number that may ever pass: below the first chained
+    /// CAS that failed or went unanswered; `u64::MAX` while whole.
+    limit: u64,
+    /// When the turn last moved, or a CAS began waiting for it.
+    turn_since: Timestamp,
 }
 
-impl KeyCell {
-    /// The cell once one of its batch's CASes is answered: `succeeded`,
-    /// and its entry is then the newest success.
-    fn answered(mut self, succeeded: bool, entry: u64) -> KeyCell {
-        self.in_flight = self.in_flight.saturating_sub(1);
-        if succeeded {
-            // Only none, one and more count (`close_batch`), and a batch
-            // under steady contention may not close for 65 536 successes:
-            // past that a u16 wrapped (or a debug switch panicked).
-            self.successes = self.successes.saturating_add(1);
-            self.last_success = entry;
-        }
-        self
-    }
-}
+/// How long the next success in turn may keep the successes behind it
+/// waiting before the chain is broken there. Far beyond a live client's
+/// retransmissions and its operation deadline (which fails the client's
+/// run first): only a client that died with its CAS lost keeps the turn
+/// this long.
+pub const CHAIN_STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct OutstandingCell {
@@ -129,7 +122,7 @@ struct CasCell {
     active: bool,
     rewritten: bool,
     /// Its number in its key's chain; 0 for one passed untouched.
-    chain_number: u32,
+    chain_number: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -140,22 +133,22 @@ pub struct ResolverCounters {
     pub rewritten: u64,
     /// Retransmitted CASes given the original's rewrite again.
     pub retransmissions_rewritten: u64,
-    /// CASes for cached keys passed untouched because the key's tail was
-    /// unknown (after a broken chain or a batch with two successes).
-    pub passed_tail_unknown: u64,
+    /// CASes for cached keys passed untouched because the key's chain
+    /// broke.
+    pub passed_unresolved: u64,
     /// CASes chained onto the entry of the CAS before them on their key.
     pub chained: u64,
     /// Success acknowledgements dropped because a CAS chained before them
-    /// had not had its own success pass: their clients ask again.
+    /// had not had its own success pass (held, or past a break).
     pub acks_held: u64,
+    /// Held acknowledgements sent back into the pipeline in their turn.
+    pub acks_released: u64,
     /// Chains broken by a chained CAS that failed or went unanswered.
     pub chains_broken: u64,
     /// CASes for keys outside the cache.
     pub passed_uncached: u64,
-    /// Chained successes released, and batches that confirmed a tail.
-    pub tails_confirmed: u64,
-    /// Batches with more than one success, which left the tail unknown.
-    pub tails_lost: u64,
+    /// Chained successes passed in their turn.
+    pub successes_released: u64,
     /// Late duplicates of entry WRITEs and CASes already superseded,
     /// passed untouched.
     pub stale_duplicates: u64,
@@ -206,7 +199,8 @@ pub struct Resolver {
     /// Success acknowledgements held out of turn, by client: its key's
     /// cell, its number in the chain, the frame.
     held: Vec<Option<HeldAnswer>>,
-    /// Held answers whose turn came, for the pipeline again.
+    /// Held answers whose turn came, for the pipeline again: at most one
+    /// per client.
     released_answers: std::collections::VecDeque<Vec<u8>>,
 }
 
@@ -214,7 +208,7 @@ pub struct Resolver {
 #[derive(Debug, Clone)]
 struct HeldAnswer {
     key_slot: u32,
-    chain_number: u32,
+    chain_number: u64,
     frame: Vec<u8>,
 }
 
@@ -331,6 +325,7 @@ impl Resolver {
         let tail = self.region.base.0 + tail.offset();
         self.key_cells.update(slot, |_| KeyCell {
             tail,
+            limit: u64::MAX,
             ..KeyCell::default()
         });
         Ok(())
@@ -425,6 +420,7 @@ impl Resolver {
                 self.abandon(record);
             }
             self.cas.update(client, |_| CasCell::default());
+            self.held[client] = None;
         }
     }
 
@@ -448,7 +444,7 @@ impl Resolver {
         packet.rewritten = true;
     }
 
-    fn watch_cas(&mut self, client: usize, packet: &mut Packet) {
+    fn watch_cas(&mut self, now: Timestamp, client: usize, packet: &mut Packet) {
         let roce = packet.headers.roce.expect("a RoCE packet");
         let at = roce.extension_offset;
         let target = be_word(&packet.bytes, at);
@@ -474,9 +470,11 @@ impl Resolver {
         }
         if record.active {
             // The switch never saw the answer to this client's last CAS
-            // (it cannot have been answered without passing here): forget
-            // what that key's tail was rather than guess.
+            // (it cannot have been answered without passing here): break
+            // its chain rather than guess, once (its record closes).
             self.abandon(record);
+            self.close_record(client);
+            self.held[client] = None;
         }
         let outstanding = self.outstanding.read(client).expect("client cells exist");
         let entry = self.region.base.0 + NextPointer::from_word(swap).offset();
@@ -487,6 +485,7 @@ impl Resolver {
             self.counters.passed_uncached += 1;
             return;
         };
+        self.break_if_stalled(slot as usize, now);
         let cell = self.key_cells.read(slot as usize).expect("key cells exist");
         let chain = cell.tail != 0;
         let sent_to = if chain { cell.tail } else { target };
@@ -494,21 +493,26 @@ impl Resolver {
             Self::rewrite_target(packet, sent_to);
             self.counters.rewritten += 1;
         }
-        let cell = if chain {
-            self.counters.chained += 1;
-            KeyCell {
-                tail: entry,
-                chained: cell.chained.wrapping_add(1),
-                ..cell
-            }
-        } else {
-            self.counters.passed_tail_unknown += 1;
-            KeyCell {
-                in_flight: cell.in_flight.saturating_add(1),
-                ..cell
-            }
+        let chain_number = match chain {
+            true => cell.chained + 1,
+            false => 0,
         };
-        self.key_cells.update(slot as usize, |_| cell);
+        if chain {
+            self.counters.chained += 1;
+            // The first CAS waiting for the turn starts its clock.
+            let turn_since = match cell.chained == cell.released {
+                true => now,
+                false => cell.turn_since,
+            };
+            self.key_cells.update(slot as usize, |cell| KeyCell {
+                tail: entry,
+                chained: chain_number,
+                turn_since,
+                ..cell
+            });
+        } else {
+            self.counters.passed_unresolved += 1;
+        }
         self.cas.update(client, |_| CasCell {
             target: sent_to,
             entry,
@@ -517,76 +521,89 @@ impl Resolver {
             seen: true,
             active: true,
             rewritten: sent_to != target,
-            chain_number: if chain { cell.chained } else { 0 },
+            chain_number,
         });
     }
 
-    /// A CAS whose answer the switch will not see: forget the key's tail
-    /// rather than guess, and break its chain if it was chained.
+    /// A CAS whose answer the switch will not see: a chained one not yet
+    /// passed breaks its chain. (Its caller closes or replaces the record,
+    /// so the client's later frames do not abandon it again.)
     fn abandon(&mut self, record: CasCell) {
-        if record.chain_number != 0 {
-            return self.break_chain(record.key_slot as usize);
+        let slot = record.key_slot as usize;
+        let cell = self.key_cells.read(slot).expect("key cells exist");
+        if record.chain_number > cell.released {
+            self.break_chain(slot, record.chain_number);
         }
-        self.key_cells
-            .update(record.key_slot as usize, |cell| KeyCell {
-                tail: 0,
-                last_success: 0,
-                in_flight: cell.in_flight.saturating_sub(1),
-                successes: 0,
-                ..cell
-            });
     }
 
-    /// No success chained so far on the key is released from now on, and
-    /// its tail is unknown until a batch confirms one.
-    fn break_chain(&mut self, slot: usize) {
+    /// Breaks the key's chain at `first_lost`: no success numbered from
+    /// it on passes, those before it still pass in turn, and the key's
+    /// CASes pass untouched from now on.
+    fn break_chain(&mut self, slot: usize, first_lost: u64) {
         self.counters.chains_broken += 1;
-        self.key_cells.update(slot, |cell| KeyCell {
-            tail: 0,
-            released: cell.chained,
-            ..cell
-        });
+        let cell = self
+            .key_cells
+            .update(slot, |cell| KeyCell {
+                tail: 0,
+                limit: cell.limit.min(first_lost - 1),
+                ..cell
+            })
+            .expect("key cells exist");
         // Never released now: their clients time out.
         for held in &mut self.held {
-            if held
-                .as_ref()
-                .is_some_and(|held| held.key_slot as usize == slot)
-            {
+            let past = held.as_ref().is_some_and(|held| {
+                held.key_slot as usize == slot && held.chain_number > cell.limit
+            });
+            if past {
                 *held = None;
             }
         }
     }
 
+    /// Breaks the key's chain at its turn if the turn has not moved for
+    /// [`CHAIN_STALL_LIMIT`] while successes wait behind it.
+    fn break_if_stalled(&mut self, slot: usize, now: Timestamp) {
+        let cell = self.key_cells.read(slot).expect("key cells exist");
+        let waiting = cell.chained > cell.released && cell.released < cell.limit;
+        if waiting && now.saturating_duration_since(cell.turn_since) > CHAIN_STALL_LIMIT {
+            self.break_chain(slot, cell.released + 1);
+        }
+    }
+
     /// A chained CAS's acknowledgement: a success passes in its turn (and
-    /// is dropped out of it, to be asked for again); a failure passes and
-    /// breaks the chain.
+    /// is held out of it, to go back into the pipeline when its turn
+    /// comes); a failure passes and breaks the chain.
     fn answer_chained(
         &mut self,
+        now: Timestamp,
         client: usize,
         record: CasCell,
         original: u64,
         packet: &mut Packet,
     ) {
         let slot = record.key_slot as usize;
-        let cell = self.key_cells.read(slot).expect("key cells exist");
         if original != 0 {
             if record.rewritten {
                 self.counters.rewrites_failed += 1;
             }
             self.close_record(client);
-            if record.chain_number.wrapping_sub(cell.released) as i32 > 0 {
-                self.break_chain(slot);
+            self.held[client] = None;
+            let cell = self.key_cells.read(slot).expect("key cells exist");
+            if record.chain_number > cell.released {
+                self.break_chain(slot, record.chain_number);
             }
             return;
         }
-        if record.chain_number != cell.released.wrapping_add(1) {
-            // Out of turn (or after a break): the entry it linked onto
-            // may be unlinked. Its record stays open, for the held frame
-            // or a replay of the answer.
+        self.break_if_stalled(slot, now);
+        let cell = self.key_cells.read(slot).expect("key cells exist");
+        let passable = record.chain_number <= cell.limit;
+        if record.chain_number != cell.released + 1 || !passable {
+            // Out of turn, or past a break: the entry it linked onto may
+            // be unlinked. Its record stays open, for the held frame or a
+            // replay of the answer.
             packet.egress = Egress::Drop;
             self.counters.acks_held += 1;
-            let waiting = record.chain_number.wrapping_sub(cell.released) as i32 > 0;
-            if waiting {
+            if passable && record.chain_number > cell.released {
                 self.held[client] = Some(HeldAnswer {
                     key_slot: record.key_slot,
                     chain_number: record.chain_number,
@@ -597,24 +614,13 @@ impl Resolver {
         }
         self.close_record(client);
         self.held[client] = None;
-        self.counters.tails_confirmed += 1;
+        self.counters.successes_released += 1;
         self.key_cells.update(slot, |cell| KeyCell {
             released: record.chain_number,
+            turn_since: now,
             ..cell
         });
-        self.release_next(record.key_slot, record.chain_number.wrapping_add(1));
-    }
-
-    /// The held answer numbered `chain_number` on the key, if one is
-    /// held: back into the pipeline, where it passes in its turn.
-    fn release_next(&mut self, key_slot: u32, chain_number: u32) {
-        let next = self.held.iter_mut().find(|held| {
-            held.as_ref()
-                .is_some_and(|held| held.key_slot == key_slot && held.chain_number == chain_number)
-        });
-        if let Some(held) = next.and_then(Option::take) {
-            self.released_answers.push_back(held.frame);
-        }
+        self.release_next(record.key_slot, record.chain_number + 1);
     }
 
     fn close_record(&mut self, client: usize) {
@@ -624,13 +630,26 @@ impl Resolver {
         });
     }
 
+    /// The held answer numbered `chain_number` on the key, if one is
+    /// held: back into the pipeline, where it passes in its turn.
+    fn release_next(&mut self, key_slot: u32, chain_number: u64) {
+        let next = self.held.iter_mut().find(|held| {
+            held.as_ref()
+                .is_some_and(|held| held.key_slot == key_slot && held.chain_number == chain_number)
+        });
+        if let Some(held) = next.and_then(Option::take) {
+            self.counters.acks_released += 1;
+            self.released_answers.push_back(held.frame);
+        }
+    }
+
     /// An atomic acknowledgement on its way to a client: confirm. Only
     /// the memory node answers a client's CAS, and a flooded frame (to no
     /// known host) reaches no client NIC: a forged ACK from elsewhere
     /// closed the CAS's record with an original value of the forger's
     /// choosing, confirmed a tail no list held, and the next CAS of the
     /// key, rewritten onto it, linked a write no reader could reach.
-    fn watch_ack(&mut self, packet: &mut Packet) {
+    fn watch_ack(&mut self, now: Timestamp, packet: &mut Packet) {
         let (Some(ipv4), Some(roce)) = (packet.headers.ipv4, packet.headers.roce) else {
             return;
         };
@@ -649,39 +668,10 @@ impl Resolver {
         // AETH (4 bytes), then the original value.
         let original = be_word(&packet.bytes, roce.extension_offset + 4);
         if record.chain_number != 0 {
-            return self.answer_chained(client, record, original, packet);
+            return self.answer_chained(now, client, record, original, packet);
         }
+        // Untouched (the key's chain broke): nothing to confirm.
         self.close_record(client);
-        // Untouched: never rewritten.
-        let cell = self
-            .key_cells
-            .update(record.key_slot as usize, |cell| {
-                cell.answered(original == 0, record.entry)
-            })
-            .expect("key cells exist");
-        if cell.in_flight == 0 {
-            self.close_batch(record.key_slot as usize, cell);
-        }
-    }
-
-    fn close_batch(&mut self, slot: usize, cell: KeyCell) {
-        let tail = match cell.successes {
-            0 => cell.tail,
-            1 => {
-                self.counters.tails_confirmed += 1;
-                cell.last_success
-            }
-            _ => {
-                self.counters.tails_lost += 1;
-                0
-            }
-        };
-        self.key_cells.update(slot, |cell| KeyCell {
-            tail,
-            chained: cell.chained,
-            released: cell.released,
-            ..KeyCell::default()
-        });
     }
 }
 
@@ -690,7 +680,7 @@ impl Overlay for Resolver {
         "clover-resolver"
     }
 
-    fn after_forwarding(&mut self, _now: Timestamp, packet: &mut Packet) {
+    fn after_forwarding(&mut self, now: Timestamp, packet: &mut Packet) {
         let Some(roce) = packet.headers.roce else {
             return;
         };
@@ -698,7 +688,7 @@ impl Overlay for Resolver {
             if !self.intact(packet, roce.icrc_offset) {
                 return;
             }
-            return self.watch_ack(packet);
+            return self.watch_ack(now, packet);
         }
         if !roce.opcode.is_request() {
             return;
@@ -712,7 +702,7 @@ impl Overlay for Resolver {
         self.age_records(client, roce.psn);
         match roce.opcode {
             Opcode::RdmaWriteFirst | Opcode::RdmaWriteOnly => self.watch_write(client, packet),
-            Opcode::CompareSwap => self.watch_cas(client, packet),
+            Opcode::CompareSwap => self.watch_cas(now, client, packet),
             _ => {}
         }
     }
@@ -932,11 +922,11 @@ mod tests {
         assert_eq!(counters.stale_duplicates, 0, "{counters:?}");
         assert_eq!(counters.entry_writes_seen, 2);
         // The forgotten CAS broke the key's chain: the new one passes.
-        assert_eq!(counters.passed_tail_unknown, 1, "{counters:?}");
+        assert_eq!(counters.passed_unresolved, 1, "{counters:?}");
+        assert_eq!(counters.chains_broken, 1, "{counters:?}");
         ack(&mut resolver, later + 1, 0, false);
-        let slot = *resolver.keys.lookup(&KEY).unwrap() as usize;
-        let cell = resolver.key_cells.read(slot).unwrap();
-        assert_eq!(cell.in_flight, 0, "every CAS counted out: {cell:?}");
+        let record = resolver.cas.read(0).unwrap();
+        assert!(!record.active, "answered: {record:?}");
     }
 
     /// Fills an atomic ACK's headers: an ACK, and `original` read.
@@ -982,7 +972,7 @@ mod tests {
         link(&mut resolver, 13, 0x3000, 0x4000);
         let counters = resolver.counters();
         assert_eq!(counters.corrupt_passed, 1, "{counters:?}");
-        assert_eq!(counters.tails_confirmed, 1, "{counters:?}");
+        assert_eq!(counters.successes_released, 1, "{counters:?}");
         assert_eq!(counters.rewritten, 0, "{counters:?}");
     }
 
@@ -1036,7 +1026,7 @@ mod tests {
         // The genuine answer: the rewritten CAS succeeded, its tail holds.
         ack(&mut resolver, 11, 0, false);
         let counters = resolver.counters();
-        assert_eq!(counters.tails_confirmed, 1, "{counters:?}");
+        assert_eq!(counters.successes_released, 1, "{counters:?}");
         let slot = *resolver.keys.lookup(&KEY).unwrap() as usize;
         let cell = resolver.key_cells.read(slot).unwrap();
         assert_eq!(cell.tail, REGION.base.0 + 0x3000, "{cell:?}");
@@ -1217,8 +1207,9 @@ mod tests {
 
     /// A chained CAS that fails (its tail taken by a CAS the switch never
     /// saw) breaks the chain: the success chained onto its unlinked entry
-    /// never passes, and the key's CASes pass untouched until a batch with
-    /// one success gives the tail back.
+    /// never passes, and the key's CASes pass untouched for good (CASes
+    /// chained before the break could still land after a tail found
+    /// later, so chaining does not resume).
     #[test]
     fn a_failed_chained_cas_breaks_the_chain_for_good() {
         let mut resolver = two_clients();
@@ -1235,30 +1226,52 @@ mod tests {
         }
         let counters = resolver.counters();
         assert_eq!(counters.chains_broken, 1, "{counters:?}");
-        assert_eq!(write_by(&mut resolver, 0, 12, 0x9000, 0x5000), 0x9000);
-        assert!(answer_to(&mut resolver, 0, 13, 0));
-        assert_eq!(resolver.counters().passed_tail_unknown, 1);
-        // That batch's one success is the tail: chaining resumes.
-        assert_eq!(write_by(&mut resolver, 0, 14, 0x9000, 0x6000), 0x5000);
+        for psn in [12, 14] {
+            let target = 0x9000 + u64::from(psn) * 0x100;
+            assert_eq!(write_by(&mut resolver, 0, psn, target, 0x5000), target);
+            assert!(answer_to(&mut resolver, 0, psn + 1, 0));
+        }
+        assert_eq!(resolver.counters().passed_unresolved, 2);
     }
 
-    /// A batch kept open by steady contention counted its successes in a
-    /// u16 that wrapped after 65 535 (a debug switch panicked), and a count
-    /// that wrapped to 0 restored a tail long retired.
+    /// A break keeps what came before it: successes numbered below the
+    /// failed CAS linked onto linked entries, and still pass in turn.
     #[test]
-    fn a_batch_with_more_successes_than_a_u16_still_counts_many() {
-        let busy = KeyCell {
-            tail: 0x1000,
-            chained: 0,
-            released: 0,
-            last_success: 0x2000,
-            in_flight: 3,
-            successes: u16::MAX,
-        };
-        let answered = busy.answered(true, 0x3000);
-        assert_eq!(answered.successes, u16::MAX);
-        assert_eq!((answered.in_flight, answered.last_success), (2, 0x3000));
-        let failed = answered.answered(false, 0x4000);
-        assert_eq!((failed.in_flight, failed.last_success), (1, 0x3000));
+    fn a_break_still_releases_the_successes_before_it() {
+        let mut resolver = two_clients();
+        write_by(&mut resolver, 0, 10, 0x2000, 0x3000);
+        write_by(&mut resolver, 1, 20, 0x2000, 0x4000);
+        // The second fails (a CAS the switch never saw took 0x3000's next
+        // pointer) while the first is still on its way.
+        assert!(answer_to(&mut resolver, 1, 21, 0x9000));
+        assert!(answer_to(&mut resolver, 0, 11, 0), "the first, in its turn");
+        let counters = resolver.counters();
+        assert_eq!(
+            (counters.chains_broken, counters.successes_released),
+            (1, 1),
+            "{counters:?}"
+        );
+    }
+
+    /// A client that died with its chained CAS lost kept the turn for
+    /// good, and every later writer of the key waited behind it. Past
+    /// [`CHAIN_STALL_LIMIT`] the chain breaks at the turn: the successes
+    /// behind it are never released, the key's CASes pass untouched.
+    #[test]
+    fn a_turn_kept_past_the_stall_limit_breaks_the_chain_there() {
+        let mut resolver = two_clients();
+        write_by(&mut resolver, 0, 10, 0x2000, 0x3000);
+        write_by(&mut resolver, 1, 20, 0x2000, 0x4000);
+        assert!(!answer_to(&mut resolver, 1, 21, 0), "held behind the first");
+        let late = Timestamp::ZERO.saturating_add(CHAIN_STALL_LIMIT * 2);
+        let answer = (Opcode::AtomicAcknowledge, 21);
+        let ends = ends_of(1, false);
+        let mut packet = pass_between(&mut resolver, ends, answer, &[], atomic_ack(0), |_, _| {});
+        packet.egress = Egress::Unset;
+        resolver.after_forwarding(late, &mut packet);
+        assert_eq!(packet.egress, Egress::Drop, "never released");
+        let counters = resolver.counters();
+        assert_eq!(counters.chains_broken, 1, "{counters:?}");
+        assert!(!resolver.has_packet_out());
     }
 }
