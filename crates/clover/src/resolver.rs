@@ -21,10 +21,11 @@
 //! - the chained CASes of a key are numbered; a success's atomic
 //!   acknowledgement passes only when every chained CAS before it on the
 //!   key has passed its own success (`released`), so the entry it linked
-//!   onto is linked. One out of turn is held in the control plane
-//!   (`acks_held`; at most one per client, as a client has one CAS in
-//!   flight) and sent back into the pipeline (a packet-out) when the one
-//!   before it passes. On a clean path the memory node answers in the
+//!   onto is linked. One out of turn is dropped (`acks_held` counts every
+//!   such drop, replays too), and the first copy is held in the control
+//!   plane (at most one per client, as a client has one CAS in flight) and
+//!   sent back into the pipeline (a packet-out, `acks_released`) when the
+//!   one before it passes. On a clean path the memory node answers in the
 //!   order the CASes passed, and nothing is held;
 //! - a chained CAS that fails (a CAS the switch never saw took its
 //!   tail), whose answer the switch will not see (its client moved on or
@@ -94,10 +95,11 @@ struct KeyCell {
     turn_since: Timestamp,
 }
 
-/// How long the next success in turn may keep the successes behind it
-/// waiting before the chain is broken there. Far beyond a live client's
-/// retransmissions and its operation deadline (which fails the client's
-/// run first): only a client that died with its CAS lost keeps the turn
+/// How long the CAS whose success is next in turn may keep the turn
+/// (while it or CASes behind it are unanswered) before the chain is broken
+/// there. Far beyond a live client's retransmissions (its RNIC gives up
+/// after its retry budget, about 128 ms on the embedded rack, and fails
+/// the client): only a client that died with its CAS lost keeps the turn
 /// this long.
 pub const CHAIN_STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -143,7 +145,8 @@ pub struct ResolverCounters {
     pub acks_held: u64,
     /// Held acknowledgements sent back into the pipeline in their turn.
     pub acks_released: u64,
-    /// Chains broken by a chained CAS that failed or went unanswered.
+    /// Chains broken (each key's once) by a chained CAS that failed, went
+    /// unanswered, or kept the turn past [`CHAIN_STALL_LIMIT`].
     pub chains_broken: u64,
     /// CASes for keys outside the cache.
     pub passed_uncached: u64,
@@ -152,11 +155,9 @@ pub struct ResolverCounters {
     /// Late duplicates of entry WRITEs and CASes already superseded,
     /// passed untouched.
     pub stale_duplicates: u64,
-    /// Rewritten CASes that failed. On a clean path this never happens.
-    /// Over a lossy one it can: a rewritten CAS is lost after the switch,
-    /// another client's untouched CAS links onto the tail meanwhile, and
-    /// the retransmission (given the same rewrite) finds the tail taken.
-    /// That client then chases, as in plain Clover; no list is harmed.
+    /// Rewritten CASes that failed. While a chain is whole this never
+    /// happens: a failure means a CAS the switch never saw took the tail,
+    /// and it breaks the chain.
     pub rewrites_failed: u64,
     /// Frames it would have read or rewritten whose ICRC did not match:
     /// corrupted on a link, they pass untouched for the receiver to drop.
@@ -540,12 +541,16 @@ impl Resolver {
     /// it on passes, those before it still pass in turn, and the key's
     /// CASes pass untouched from now on.
     fn break_chain(&mut self, slot: usize, first_lost: u64) {
-        self.counters.chains_broken += 1;
+        debug_assert!(first_lost > 0, "chain numbers start at 1");
+        let before = self.key_cells.read(slot).expect("key cells exist");
+        if before.tail != 0 {
+            self.counters.chains_broken += 1;
+        }
         let cell = self
             .key_cells
             .update(slot, |cell| KeyCell {
                 tail: 0,
-                limit: cell.limit.min(first_lost - 1),
+                limit: cell.limit.min(first_lost.saturating_sub(1)),
                 ..cell
             })
             .expect("key cells exist");
@@ -561,7 +566,9 @@ impl Resolver {
     }
 
     /// Breaks the key's chain at its turn if the turn has not moved for
-    /// [`CHAIN_STALL_LIMIT`] while successes wait behind it.
+    /// [`CHAIN_STALL_LIMIT`] while a chained CAS is unanswered (the turn's
+    /// own, alone, too: a lone lost CAS must break before the next is
+    /// chained onto its entry).
     fn break_if_stalled(&mut self, slot: usize, now: Timestamp) {
         let cell = self.key_cells.read(slot).expect("key cells exist");
         let waiting = cell.chained > cell.released && cell.released < cell.limit;
@@ -830,6 +837,27 @@ mod tests {
     /// valid ICRC, then `change`d, through the resolver.
     fn pass_between(
         resolver: &mut Resolver,
+        ends: Ends,
+        frame: (Opcode, u32),
+        payload: &[u8],
+        fill: impl FnOnce(&mut remora_wire::frame::ExtensionHeaders),
+        change: impl FnOnce(&mut [u8], &remora_switch::parser::ParsedHeaders),
+    ) -> Packet {
+        pass_at(
+            resolver,
+            Timestamp::ZERO,
+            ends,
+            frame,
+            payload,
+            fill,
+            change,
+        )
+    }
+
+    /// As [`pass_between`], at `now`.
+    fn pass_at(
+        resolver: &mut Resolver,
+        now: Timestamp,
         (from, to, destination_qpn): Ends,
         (opcode, psn): (Opcode, u32),
         payload: &[u8],
@@ -846,7 +874,7 @@ mod tests {
         let headers = remora_switch::parser::parse(&bytes).unwrap();
         change(&mut bytes, &headers);
         let mut packet = Packet::new(bytes, PortId(0), headers);
-        resolver.after_forwarding(Timestamp::ZERO, &mut packet);
+        resolver.after_forwarding(now, &mut packet);
         packet
     }
 
@@ -1096,6 +1124,16 @@ mod tests {
     /// Client `client`'s entry WRITE of [`KEY`] at `entry`, then its CAS
     /// naming `target`: where the CAS was sent.
     fn write_by(resolver: &mut Resolver, client: u32, psn: u32, target: u64, entry: u64) -> u64 {
+        write_at(resolver, Timestamp::ZERO, client, (psn, target, entry))
+    }
+
+    /// As [`write_by`], at `now`.
+    fn write_at(
+        resolver: &mut Resolver,
+        now: Timestamp,
+        client: u32,
+        (psn, target, entry): (u32, u64, u64),
+    ) -> u64 {
         let mut payload = [0u8; 32];
         payload[8..16].copy_from_slice(&KEY.to_le_bytes());
         let reth = |headers: &mut remora_wire::frame::ExtensionHeaders| {
@@ -1107,7 +1145,7 @@ mod tests {
         };
         let to_memory = ends_of(client, true);
         let write = (Opcode::RdmaWriteOnly, psn);
-        pass_between(resolver, to_memory, write, &payload, reth, |_, _| {});
+        pass_at(resolver, now, to_memory, write, &payload, reth, |_, _| {});
         let swap = NextPointer::new(entry, 1, false).unwrap().word();
         let atomic = |headers: &mut remora_wire::frame::ExtensionHeaders| {
             headers.atomic_eth = Some(AtomicEthRepr {
@@ -1118,7 +1156,7 @@ mod tests {
             });
         };
         let cas = (Opcode::CompareSwap, psn + 1);
-        let packet = pass_between(resolver, to_memory, cas, &[], atomic, |_, _| {});
+        let packet = pass_at(resolver, now, to_memory, cas, &[], atomic, |_, _| {});
         let at = packet.headers.roce.unwrap().extension_offset;
         be_word(&packet.bytes, at) - REGION.base.0
     }
@@ -1273,5 +1311,34 @@ mod tests {
         let counters = resolver.counters();
         assert_eq!(counters.chains_broken, 1, "{counters:?}");
         assert!(!resolver.has_packet_out());
+    }
+
+    /// The break that fires for a dead client: its chained CAS lost, and
+    /// no answer behind it (the waiting writers' RNICs gave up). The key's
+    /// next CAS, past the stall limit, finds the turn stalled, breaks the
+    /// chain there and passes untouched, not chained onto the lost entry.
+    #[test]
+    fn a_cas_after_a_stalled_turn_breaks_the_chain_and_passes_untouched() {
+        let mut resolver = Resolver::new(REGION, 4, 3);
+        for client in 0..3 {
+            let memory_side = (MEMORY.1, qpn(MEMORY_QPN + client));
+            let compute_side = (COMPUTE.1, qpn(COMPUTE_QPN + client));
+            resolver.add_client(memory_side, compute_side).unwrap();
+        }
+        let tail = NextPointer::new(0x2000, 1, true).unwrap();
+        resolver.cache_key(KEY, tail).unwrap();
+        write_by(&mut resolver, 0, 10, 0x2000, 0x3000);
+        let soon = Timestamp::ZERO.saturating_add(CHAIN_STALL_LIMIT / 2);
+        let chained = write_at(&mut resolver, soon, 1, (20, 0x2000, 0x4000));
+        assert_eq!(chained, 0x3000, "within the limit: chained");
+        let late = Timestamp::ZERO.saturating_add(CHAIN_STALL_LIMIT * 2);
+        let untouched = write_at(&mut resolver, late, 2, (30, 0x2000, 0x5000));
+        assert_eq!(untouched, 0x2000, "past it: untouched");
+        let counters = resolver.counters();
+        assert_eq!(
+            (counters.chains_broken, counters.passed_unresolved),
+            (1, 1),
+            "{counters:?}"
+        );
     }
 }
