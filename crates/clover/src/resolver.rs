@@ -1181,6 +1181,16 @@ mod tests {
         resolver
     }
 
+    /// Two clients' CASes in flight together on [`KEY`]: the first's (PSN
+    /// 11) to the cached tail 0x2000 linking 0x3000, the second's (PSN 21)
+    /// chained onto 0x3000 linking 0x4000; neither answered.
+    fn two_chained() -> Resolver {
+        let mut resolver = two_clients();
+        write_by(&mut resolver, 0, 10, 0x2000, 0x3000);
+        write_by(&mut resolver, 1, 20, 0x2000, 0x4000);
+        resolver
+    }
+
     /// As the paper's resolver does, CASes in flight together on one key
     /// are chained: the second goes to the first's entry, so both link
     /// (the earlier resolver let the second pass to the stale tail it
@@ -1209,9 +1219,7 @@ mod tests {
     /// could see; then it goes back into the pipeline and passes.
     #[test]
     fn a_success_chained_onto_an_unlinked_entry_waits_for_it() {
-        let mut resolver = two_clients();
-        write_by(&mut resolver, 0, 10, 0x2000, 0x3000);
-        write_by(&mut resolver, 1, 20, 0x2000, 0x4000);
+        let mut resolver = two_chained();
         assert!(
             !answer_to(&mut resolver, 1, 21, 0),
             "held: 0x3000 is unlinked"
@@ -1250,9 +1258,7 @@ mod tests {
     /// later, so chaining does not resume).
     #[test]
     fn a_failed_chained_cas_breaks_the_chain_for_good() {
-        let mut resolver = two_clients();
-        write_by(&mut resolver, 0, 10, 0x2000, 0x3000);
-        write_by(&mut resolver, 1, 20, 0x2000, 0x4000);
+        let mut resolver = two_chained();
         assert!(!answer_to(&mut resolver, 1, 21, 0), "held");
         assert!(answer_to(&mut resolver, 0, 11, 0x9000), "a failure passes");
         assert!(
@@ -1276,9 +1282,7 @@ mod tests {
     /// failed CAS linked onto linked entries, and still pass in turn.
     #[test]
     fn a_break_still_releases_the_successes_before_it() {
-        let mut resolver = two_clients();
-        write_by(&mut resolver, 0, 10, 0x2000, 0x3000);
-        write_by(&mut resolver, 1, 20, 0x2000, 0x4000);
+        let mut resolver = two_chained();
         // The second fails (a CAS the switch never saw took 0x3000's next
         // pointer) while the first is still on its way.
         assert!(answer_to(&mut resolver, 1, 21, 0x9000));
@@ -1297,9 +1301,7 @@ mod tests {
     /// behind it are never released, the key's CASes pass untouched.
     #[test]
     fn a_turn_kept_past_the_stall_limit_breaks_the_chain_there() {
-        let mut resolver = two_clients();
-        write_by(&mut resolver, 0, 10, 0x2000, 0x3000);
-        write_by(&mut resolver, 1, 20, 0x2000, 0x4000);
+        let mut resolver = two_chained();
         assert!(!answer_to(&mut resolver, 1, 21, 0), "held behind the first");
         let late = Timestamp::ZERO.saturating_add(CHAIN_STALL_LIMIT * 2);
         let answer = (Opcode::AtomicAcknowledge, 21);

@@ -1037,9 +1037,8 @@ mod tests {
         (memory, object)
     }
 
-    /// Runs test `name` of this binary in a child with [`CHILD`] set; its
-    /// exit status.
-    fn in_child(name: &str) -> std::process::ExitStatus {
+    /// Runs test `name` of this binary in a child with [`CHILD`] set.
+    fn in_child(name: &str) -> crate::child_test::ChildRun {
         crate::child_test::run_test_in_child(name, CHILD, Duration::from_secs(30))
     }
 
@@ -1052,9 +1051,9 @@ mod tests {
             read_back_under_shortage(3);
             return;
         }
-        let status =
+        let run =
             in_child("far::tests::an_install_refused_for_lack_of_memory_is_tried_again_not_lost");
-        assert!(status.success(), "the child failed: {status:?}");
+        assert!(run.status.success(), "the child failed: {run:?}");
     }
 
     /// A copy a shortage cut short had installed the chunk's first page,
@@ -1081,10 +1080,10 @@ mod tests {
             return;
         }
         use std::os::unix::process::ExitStatusExt;
-        let status = in_child(
+        let run = in_child(
             "far::tests::a_chunk_half_installed_when_its_object_is_lost_is_poisoned_whole",
         );
-        assert_eq!(status.signal(), Some(SIGBUS), "{status:?}");
+        assert_eq!(run.status.signal(), Some(SIGBUS), "{run:?}");
     }
 
     /// A shortage that does not pass is waited out for a bounded time
@@ -1097,9 +1096,9 @@ mod tests {
         }
         use std::os::unix::process::ExitStatusExt;
         let started = Instant::now();
-        let status =
+        let run =
             in_child("far::tests::a_shortage_that_lasts_loses_the_object_after_a_bounded_wait");
-        assert_eq!(status.signal(), Some(SIGBUS), "{status:?}");
+        assert_eq!(run.status.signal(), Some(SIGBUS), "{run:?}");
         assert!(started.elapsed() >= SHORTAGE_PATIENCE);
     }
 }

@@ -560,12 +560,18 @@ fn two_processes_share_the_dpu_and_both_get_local_results() {
 fn expect_sigbus_in_child(name: &str, child_variable: &str) {
     use std::os::unix::process::ExitStatusExt;
     const SIGBUS: i32 = 7;
-    let status = remora_soda::child_test::run_test_in_child(
+    let run = remora_soda::child_test::run_test_in_child(
         name,
         child_variable,
         std::time::Duration::from_secs(30),
     );
-    assert_eq!(status.signal(), Some(SIGBUS), "{status:?}");
+    assert_eq!(
+        run.status.signal(),
+        Some(SIGBUS),
+        "{:?}; the child wrote:\n{}",
+        run.status,
+        run.stderr
+    );
 }
 
 /// Eq. 3 in `auto` mode: random chunks of a big object miss the small
