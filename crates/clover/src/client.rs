@@ -87,6 +87,22 @@ pub enum ClientError {
     Thresholds { shortcut: u32, metadata: u32 },
 }
 
+impl Outcome {
+    /// What `handle` takes for the verbs one step issued, given their
+    /// outcomes in the step's order: the one, or [`Outcome::Both`].
+    ///
+    /// # Panics
+    /// Unless there are one or two: a step issues no more.
+    pub fn gathered(outcomes: Vec<Outcome>) -> Outcome {
+        let mut outcomes = outcomes.into_iter();
+        match (outcomes.next(), outcomes.next(), outcomes.next()) {
+            (Some(only), None, None) => only,
+            (Some(first), Some(second), None) => Outcome::Both(Box::new([first, second])),
+            _ => panic!("a step issues one verb or two"),
+        }
+    }
+}
+
 /// When a chase stops following pointers and jumps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Thresholds {
@@ -175,6 +191,18 @@ pub enum Step {
         value: Vec<u8>,
         trail: Trail,
     },
+}
+
+impl Step {
+    /// The verbs an [`Issue`](Step::Issue) or [`IssueBoth`](Step::IssueBoth)
+    /// step asks for, in order; `None` for any other step.
+    pub fn into_verbs(self) -> Option<Vec<Verb>> {
+        match self {
+            Step::Issue(verb) => Some(vec![verb]),
+            Step::IssueBoth(both) => Some(Vec::from(*both)),
+            _ => None,
+        }
+    }
 }
 
 /// What a chase asked last, so its answer is read the right way.

@@ -39,6 +39,7 @@ const ATOMIC_RESULT_AT: u64 = CLIENT_BUFFER_BYTES - 8;
 /// Where a client's verb lands in its buffer and completion ids: a work
 /// request id is `client × LANES + lane`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u64)]
 enum Lane {
     /// A request's verb, or the first of a pair.
     First = 0,
@@ -48,6 +49,32 @@ enum Lane {
     Background = 2,
 }
 const LANES: u64 = 4;
+
+impl Lane {
+    /// The client and lane a work request id names.
+    fn of_request(work_request_id: u64) -> (usize, Lane) {
+        let lane = match work_request_id % LANES {
+            0 => Lane::First,
+            1 => Lane::Beside,
+            2 => Lane::Background,
+            other => panic!("no verb is posted in lane {other}"),
+        };
+        ((work_request_id / LANES) as usize, lane)
+    }
+
+    fn request_id(self, client: usize) -> u64 {
+        client as u64 * LANES + self as u64
+    }
+
+    /// Where its verb lands within a client's buffer.
+    fn within_buffer(self) -> u64 {
+        match self {
+            Lane::First => 0,
+            Lane::Beside => BESIDE_AT,
+            Lane::Background => BACKGROUND_AT,
+        }
+    }
+}
 /// The longest entry READ a client's buffer takes.
 pub const MAX_ENTRY_READ_BYTES: usize = BACKGROUND_AT as usize;
 /// Verbs one client may have in flight: a pair and a shortcut WRITE. A
@@ -418,8 +445,7 @@ impl ClientPool {
                 break;
             };
             moved = true;
-            let client = (completion.work_request_id / LANES) as usize;
-            let lane = completion.work_request_id % LANES;
+            let (client, lane) = Lane::of_request(completion.work_request_id);
             // Before the completion advances the operation: past its
             // deadline, the collector may have reused what it points at,
             // so it posts no next verb and does not finish.
@@ -463,10 +489,10 @@ impl ClientPool {
         now: Timestamp,
         rnic: &mut dyn Verbs,
         client: usize,
-        lane: u64,
+        lane: Lane,
         status: CompletionStatus,
     ) -> Result<(), CloverError> {
-        if lane == Lane::Background as u64 {
+        if lane == Lane::Background {
             if status != CompletionStatus::Success {
                 return Err(CloverError::Completion {
                     client,
@@ -490,7 +516,7 @@ impl ClientPool {
         };
         let posted = *posted
             .get(lane as usize)
-            .unwrap_or_else(|| panic!("client {client} got a completion of lane {lane}"));
+            .unwrap_or_else(|| panic!("client {client} got a completion of lane {lane:?}"));
         if status != CompletionStatus::Success {
             let verb = match posted {
                 Posted::Read(_) => "READ",
@@ -526,20 +552,12 @@ impl ClientPool {
         };
         assert!(
             landed[lane as usize].replace(outcome).is_none(),
-            "client {client}'s lane {lane} completed twice"
+            "client {client}'s lane {lane:?} completed twice"
         );
         if landed.iter().any(Option::is_none) {
             return Ok(());
         }
-        let mut outcomes: Vec<Outcome> = landed.drain(..).flatten().collect();
-        let outcome = match outcomes.len() {
-            1 => outcomes.pop().expect("one"),
-            _ => {
-                let second = outcomes.pop().expect("two");
-                let first = outcomes.pop().expect("two");
-                Outcome::Both(Box::new([first, second]))
-            }
-        };
+        let outcome = Outcome::gathered(landed.drain(..).flatten().collect());
         self.advance(now, client, outcome)
     }
 
@@ -562,8 +580,9 @@ impl ClientPool {
     fn take_step(&mut self, now: Timestamp, client: usize, step: Step) {
         let running = self.clients[client].running.as_mut().expect("running");
         match step {
-            Step::Issue(verb) => running.phase = Phase::Ready(vec![verb]),
-            Step::IssueBoth(both) => running.phase = Phase::Ready(Vec::from(*both)),
+            step @ (Step::Issue(_) | Step::IssueBoth(_)) => {
+                running.phase = Phase::Ready(step.into_verbs().expect("verbs"))
+            }
             Step::Locate { .. } => running.phase = Phase::Locating,
             Step::Written {
                 tail,
@@ -737,13 +756,8 @@ impl ClientPool {
     }
 
     /// Where a lane's verb lands in the client's buffer.
-    fn lane_buffer(&self, client: usize, lane: u64) -> VirtAddr {
-        let within = match lane {
-            lane if lane == Lane::Beside as u64 => BESIDE_AT,
-            lane if lane == Lane::Background as u64 => BACKGROUND_AT,
-            _ => 0,
-        };
-        VirtAddr(self.buffer(client).0 + within)
+    fn lane_buffer(&self, client: usize, lane: Lane) -> VirtAddr {
+        VirtAddr(self.buffer(client).0 + lane.within_buffer())
     }
 
     fn post_ready(&mut self, rnic: &mut dyn Verbs, client: usize) -> Result<bool, CloverError> {
@@ -799,7 +813,7 @@ impl ClientPool {
         lane: Lane,
         verb: &Verb,
     ) -> Result<Posted, CloverError> {
-        let at = self.lane_buffer(client, lane as u64);
+        let at = self.lane_buffer(client, lane);
         let within = at.0 - self.local.address.0;
         let room = match lane {
             Lane::First => BACKGROUND_AT,
@@ -853,8 +867,7 @@ impl ClientPool {
                 )
             }
         };
-        let work_request_id = client as u64 * LANES + lane as u64;
-        let request = SendRequest::new(work_request_id, operation, &[local])?;
+        let request = SendRequest::new(lane.request_id(client), operation, &[local])?;
         rnic.post_send(self.clients[client].queue_pair, request)?;
         self.stats.verbs += 1;
         Ok(posted)

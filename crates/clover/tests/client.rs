@@ -69,15 +69,8 @@ impl Region {
     /// Executes a step's verbs (a pair one after the other) and returns
     /// what the operation is handed.
     fn answer(&mut self, step: Step) -> Outcome {
-        match step {
-            Step::Issue(verb) => self.execute(verb),
-            Step::IssueBoth(both) => {
-                let [first, second] = *both;
-                let first = self.execute(first);
-                Outcome::Both(Box::new([first, self.execute(second)]))
-            }
-            other => panic!("no verbs to execute: {other:?}"),
-        }
+        let verbs = step.into_verbs().expect("verbs to execute");
+        Outcome::gathered(verbs.into_iter().map(|verb| self.execute(verb)).collect())
     }
 
     /// Writes entries of `KEY` at `offsets`, each pointing at the next,
@@ -142,12 +135,10 @@ enum Work {
 
 impl Work {
     fn of(step: Step) -> Work {
-        let verbs = match step {
-            Step::Issue(verb) => vec![verb],
-            Step::IssueBoth(both) => Vec::from(*both),
-            Step::Locate { .. } => return Work::Locate,
-            other => panic!("not work: {other:?}"),
-        };
+        if let Step::Locate { .. } = step {
+            return Work::Locate;
+        }
+        let verbs = step.into_verbs().expect("a step with work");
         Work::Verbs {
             landed: vec![None; verbs.len()],
             left: verbs.into_iter().enumerate().collect(),
@@ -165,14 +156,7 @@ impl Work {
         if !left.is_empty() {
             return None;
         }
-        let mut outcomes: Vec<Outcome> = landed.drain(..).flatten().collect();
-        Some(match outcomes.len() {
-            1 => outcomes.pop().unwrap(),
-            _ => {
-                let second = outcomes.pop().unwrap();
-                Outcome::Both(Box::new([outcomes.pop().unwrap(), second]))
-            }
-        })
+        Some(Outcome::gathered(landed.drain(..).flatten().collect()))
     }
 }
 
