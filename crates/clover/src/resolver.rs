@@ -475,7 +475,6 @@ impl Resolver {
             // its chain rather than guess, once (its record closes).
             self.abandon(record);
             self.close_record(client);
-            self.held[client] = None;
         }
         let outstanding = self.outstanding.read(client).expect("client cells exist");
         let entry = self.region.base.0 + NextPointer::from_word(swap).offset();
@@ -594,7 +593,6 @@ impl Resolver {
                 self.counters.rewrites_failed += 1;
             }
             self.close_record(client);
-            self.held[client] = None;
             let cell = self.key_cells.read(slot).expect("key cells exist");
             if record.chain_number > cell.released {
                 self.break_chain(slot, record.chain_number);
@@ -620,7 +618,6 @@ impl Resolver {
             return;
         }
         self.close_record(client);
-        self.held[client] = None;
         self.counters.successes_released += 1;
         self.key_cells.update(slot, |cell| KeyCell {
             released: record.chain_number,
@@ -630,7 +627,11 @@ impl Resolver {
         self.release_next(record.key_slot, record.chain_number + 1);
     }
 
+    /// The client's CAS is answered (or given up on): its record closes,
+    /// and an answer held for it goes too (a held answer always belongs
+    /// to an open record).
     fn close_record(&mut self, client: usize) {
+        self.held[client] = None;
         self.cas.update(client, |cell| CasCell {
             active: false,
             ..cell
