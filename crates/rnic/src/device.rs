@@ -107,15 +107,55 @@ pub struct SoftRnic {
     datagrams: Datagrams,
 }
 
+/// A device limit [`SoftRnic::try_new`] cannot honour.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("RNIC config: {limit} = {value} is outside {allowed}")]
+pub struct RnicConfigError {
+    pub limit: &'static str,
+    pub value: u64,
+    pub allowed: &'static str,
+}
+
+impl RnicConfig {
+    /// Whether a device can be built with these limits: every memory
+    /// region slot needs two key indexes of the 2^24 a key has.
+    pub fn validate(&self) -> Result<(), RnicConfigError> {
+        let regions = self.max_memory_regions;
+        if regions == 0 || regions > crate::memory::MAX_REGIONS_LIMIT {
+            return Err(RnicConfigError {
+                limit: "max_memory_regions",
+                value: regions as u64,
+                allowed: "1..=8388607",
+            });
+        }
+        Ok(())
+    }
+}
+
 impl SoftRnic {
+    /// A device with `config`'s limits.
+    ///
+    /// # Panics
+    ///
+    /// If the config is invalid ([`RnicConfig::validate`]); configs built
+    /// from input go through [`SoftRnic::try_new`].
     pub fn new(config: RnicConfig) -> SoftRnic {
+        match SoftRnic::try_new(config) {
+            Ok(device) => device,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    /// A device with `config`'s limits, or why they cannot be honoured.
+    pub fn try_new(config: RnicConfig) -> Result<SoftRnic, RnicConfigError> {
+        config.validate()?;
         let rkey_salt = (splitmix64(config.seed) as u32) & 0xffff_ff00;
         let memory = MemoryTable::new(
             config.max_memory_regions,
             config.max_region_bytes,
             rkey_salt,
         );
-        SoftRnic {
+        Ok(SoftRnic {
             resources: Resources {
                 memory,
                 completion_queues: Vec::new(),
@@ -135,7 +175,7 @@ impl SoftRnic {
             timed: Vec::new(),
             timed_position: Vec::new(),
             config,
-        }
+        })
     }
 
     pub fn config(&self) -> &RnicConfig {

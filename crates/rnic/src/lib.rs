@@ -24,7 +24,7 @@ pub mod time;
 pub mod verbs;
 
 pub use counters::{DropReason, RnicCounters};
-pub use device::{RnicConfig, SoftRnic};
+pub use device::{RnicConfig, RnicConfigError, SoftRnic};
 pub use host_memory::{ExternalMemory, HostMemory, HostMemoryOutOfBounds};
 pub use time::Timestamp;
 pub use verbs::*;

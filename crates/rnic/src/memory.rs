@@ -135,9 +135,14 @@ pub(crate) struct MemoryTable {
     max_region_bytes: u64,
 }
 
+/// The most memory regions a device may have: each slot needs at least two
+/// of the keys' [`KEY_INDEXES`], so a re-registered slot gets a key its
+/// last region never had.
+pub(crate) const MAX_REGIONS_LIMIT: usize = (1 << 23) - 1;
+
 impl MemoryTable {
     pub(crate) fn new(max_regions: usize, max_region_bytes: u64, rkey_salt: u32) -> MemoryTable {
-        assert!(max_regions > 0 && max_regions < (1 << 23));
+        assert!(max_regions > 0 && max_regions <= MAX_REGIONS_LIMIT);
         MemoryTable {
             slots: Vec::with_capacity(max_regions),
             registrations: Vec::with_capacity(max_regions),

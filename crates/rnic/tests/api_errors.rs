@@ -397,3 +397,30 @@ fn posted_work_never_spans_half_the_psn_space() {
     let mut buffer = vec![0u8; remora_wire::frame::MAX_FRAME_LEN];
     assert!(fabric.left.poll_transmit(fabric.now, &mut buffer).is_some());
 }
+
+#[test]
+fn a_device_refuses_a_memory_region_limit_its_keys_cannot_number() {
+    let config = |max_memory_regions| {
+        let mut config = RnicConfig::new(
+            remora_wire::MacAddress([0x02, 0, 0, 0, 0, 1]),
+            remora_wire::Ipv4Address::new(192, 0, 2, 1),
+            1,
+        );
+        config.max_memory_regions = max_memory_regions;
+        config
+    };
+    for refused in [0, 1 << 23, usize::MAX] {
+        let error = SoftRnic::try_new(config(refused)).unwrap_err();
+        assert_eq!(error.limit, "max_memory_regions");
+        assert_eq!(error.value, refused as u64);
+    }
+    let mut device = SoftRnic::try_new(config(1)).expect("one region is a device");
+    let pd = device.alloc_protection_domain().unwrap();
+    device
+        .register_memory(pd, 64, AccessFlags::ALL)
+        .expect("its one region");
+    assert!(matches!(
+        device.register_memory(pd, 64, AccessFlags::ALL),
+        Err(VerbsError::TooManyObjects { .. })
+    ));
+}

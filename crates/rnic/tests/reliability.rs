@@ -3,9 +3,9 @@
 mod common;
 
 use common::*;
-use remora_rnic::back_to_back::{Direction, Verdict};
+use remora_rnic::back_to_back::{BackToBack, Direction, Verdict};
 use remora_rnic::*;
-use remora_wire::{parse_frame, Opcode};
+use remora_wire::{parse_frame, Ipv4Address, MacAddress, Opcode};
 use std::time::Duration;
 
 fn opcode_of(bytes: &[u8]) -> Opcode {
@@ -132,6 +132,58 @@ fn a_send_larger_than_the_receive_is_an_invalid_request() {
     assert_eq!(
         statuses(&mut s.fabric.right, s.right_cq),
         vec![(9, CompletionStatus::LocalLengthError)]
+    );
+}
+
+/// The responder's maximum message size bounds a SEND even when the
+/// receive waiting for it is larger.
+#[test]
+fn a_send_longer_than_the_responders_maximum_message_is_an_invalid_request() {
+    let left = RnicConfig::new(
+        MacAddress([0x02, 0, 0, 0, 0, 1]),
+        Ipv4Address::new(192, 0, 2, 1),
+        7,
+    );
+    let mut right = RnicConfig::new(
+        MacAddress([0x02, 0, 0, 0, 0, 2]),
+        Ipv4Address::new(192, 0, 2, 2),
+        8,
+    );
+    right.max_message_bytes = 4096;
+    let mut s = setup_on(
+        BackToBack::with_configs(left, right),
+        AccessFlags::ALL,
+        |_| {},
+    );
+    for (id, offset) in [(9, 0), (10, 16 * 1024)] {
+        let receive = ReceiveRequest::new(id, &[s.right_mr.slice(offset, 16 * 1024)]).unwrap();
+        s.fabric.right.post_receive(s.right_qp, receive).unwrap();
+    }
+    s.fabric
+        .left
+        .post_send(s.left_qp, send_request(&s, 1, 0, 4096))
+        .unwrap();
+    assert!(s.fabric.run(1000).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::Success)],
+        "a SEND at the maximum is taken"
+    );
+    s.fabric
+        .left
+        .post_send(s.left_qp, send_request(&s, 2, 0, 4097))
+        .unwrap();
+    assert!(s.fabric.run(1000).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(2, CompletionStatus::RemoteInvalidRequestError)]
+    );
+    assert_eq!(
+        statuses(&mut s.fabric.right, s.right_cq),
+        vec![
+            (9, CompletionStatus::Success),
+            (10, CompletionStatus::LocalLengthError)
+        ]
     );
 }
 

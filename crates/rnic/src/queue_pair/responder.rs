@@ -453,7 +453,15 @@ impl QueuePairContext {
             },
         };
         let end = offset_bytes + frame.payload().len() as u64;
-        if end > receive.local.total_length_bytes() {
+        // A message longer than this device takes (its maximum message
+        // size) is refused as one longer than its receive is, even when the
+        // receive is larger: it was accepted, and one of 4 GiB or more
+        // completed with its length cut to 32 bits.
+        let limit_bytes = receive
+            .local
+            .total_length_bytes()
+            .min(u64::from(resources.max_message_bytes));
+        if end > limit_bytes {
             let status = CompletionStatus::LocalLengthError;
             return Err((NakCode::InvalidRequest, Some((receive, status))));
         }

@@ -19,7 +19,15 @@ pub struct Setup {
 }
 
 pub fn setup_with(access: AccessFlags, configure: impl Fn(&mut QueuePairBuilder)) -> Setup {
-    let mut fabric = BackToBack::new(7);
+    setup_on(BackToBack::new(7), access, configure)
+}
+
+/// [`setup_with`] on devices the caller configured.
+pub fn setup_on(
+    mut fabric: BackToBack,
+    access: AccessFlags,
+    configure: impl Fn(&mut QueuePairBuilder),
+) -> Setup {
     let mut sides = Vec::new();
     for device in [&mut fabric.left, &mut fabric.right] {
         let pd = device.alloc_protection_domain().unwrap();
