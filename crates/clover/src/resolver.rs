@@ -735,6 +735,8 @@ impl Overlay for Resolver {
             self.cas.resources(),
         ]);
         report.recomputes_icrc = true;
+        // One success answer held out of turn per client.
+        report.control_plane_held_frames = self.held.len();
     }
 }
 
@@ -779,6 +781,16 @@ mod tests {
 
     /// Caching a key twice gave the next key the same cell: two keys
     /// shared one tail, and a CAS for one was aimed at the other's list.
+    /// One success answer per client may wait in the control plane for
+    /// its turn: the resource report counts them.
+    #[test]
+    fn the_resource_report_counts_one_held_answer_per_client() {
+        let resolver = Resolver::new(REGION, 4, 3);
+        let mut report = ResourceReport::new("resolver");
+        resolver.add_resources(&mut report);
+        assert_eq!(report.control_plane_held_frames, 3);
+    }
+
     #[test]
     fn caching_a_key_twice_is_refused() {
         let mut resolver = resolver();

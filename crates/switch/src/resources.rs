@@ -65,6 +65,11 @@ pub struct ResourceReport {
     /// deparser recomputes it. A Tofino cannot compute the ICRC; such a
     /// program needs a NIC or host to fix it up on real hardware.
     pub recomputes_icrc: bool,
+    /// Frames the program's control plane may hold at once, to send back
+    /// into the pipeline later (a packet-out). A Tofino holds none in its
+    /// pipeline: these go to its CPU port and back, a round trip through
+    /// the control plane per frame.
+    pub control_plane_held_frames: usize,
 }
 
 impl ResourceReport {
@@ -75,6 +80,7 @@ impl ResourceReport {
             registers: Vec::new(),
             max_recirculations_per_packet: 0,
             recomputes_icrc: false,
+            control_plane_held_frames: 0,
         }
     }
 
@@ -144,6 +150,13 @@ impl fmt::Display for ResourceReport {
                 register.cells,
                 register.cell_bytes,
                 register.bytes()
+            )?;
+        }
+        if self.control_plane_held_frames > 0 {
+            writeln!(
+                formatter,
+                "  control plane holds up to {} frames for packet-out (through a Tofino's CPU port)",
+                self.control_plane_held_frames
             )?;
         }
         for problem in self.over_budget(Budget::TOFINO1) {

@@ -1669,6 +1669,8 @@ impl Overlay for Gatekeeper {
         report.tables.push(self.replaced_by.resources());
         report.tables.push(self.fenced.resources());
         self.memory.add_resources(report);
+        // Calls held for a failed node until its replacement takes them.
+        report.control_plane_held_frames = self.held_capacity;
     }
 
     fn poll_packet_out(&mut self) -> Option<Vec<u8>> {
@@ -1901,6 +1903,21 @@ mod tests {
             &frame(TWO_HOSTS_CALLER, service, call),
         );
         assert_eq!(switch.program().edges().count(), 1);
+    }
+
+    /// The calls it may hold for a failed node sit in the control plane,
+    /// not the pipeline: the report says how many, and its text says where.
+    #[test]
+    fn the_resource_report_counts_the_calls_the_control_plane_may_hold() {
+        let config = GatekeeperConfig {
+            held_calls: 12,
+            ..GatekeeperConfig::new(TWO_HOSTS_SERVICE)
+        };
+        let report = two_hosts(config, "make").resources();
+        assert_eq!(report.control_plane_held_frames, 12);
+        assert!(report
+            .to_string()
+            .contains("control plane holds up to 12 frames"));
     }
 
     /// A reply that came after its call's lease ran out found no edge, so
