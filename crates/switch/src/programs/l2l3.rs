@@ -239,7 +239,12 @@ impl Program for L2L3Forwarding {
         let source = mac_to_u64(packet.headers.source_mac);
         let destination_mac = packet.headers.destination_mac;
         let destination = mac_to_u64(destination_mac);
-        if packet.ingress_port.0 < crate::packet::RECIRCULATION_PORT.0
+        // A packet carries one digest, as on a Tofino. An overlay's, set
+        // before forwarding, is kept: it was replaced by this one, and lost.
+        // Learning loses nothing by waiting: the host's next frame asks
+        // again.
+        if packet.digest.is_none()
+            && packet.ingress_port.0 < crate::packet::RECIRCULATION_PORT.0
             && self.is_news(source, packet.ingress_port)
         {
             packet.digest = Some(Digest {

@@ -157,6 +157,8 @@ mod tests {
         before: usize,
         after: usize,
         digests: usize,
+        /// Leave a digest of this kind on every packet before forwarding.
+        digest_before: Option<u16>,
     }
 
     impl Overlay for Watcher {
@@ -166,6 +168,12 @@ mod tests {
 
         fn before_forwarding(&mut self, _now: Timestamp, packet: &mut Packet) -> Claim {
             self.before += 1;
+            if let Some(kind) = self.digest_before {
+                packet.digest = Some(Digest {
+                    kind,
+                    values: [0; 4],
+                });
+            }
             if packet.ingress_port == crate::PortId(3) {
                 packet.egress = Egress::Drop;
                 return Claim::Taken;
@@ -242,5 +250,35 @@ mod tests {
             values: [0; 4],
         });
         assert_eq!(program.digests, 1);
+    }
+
+    /// A packet carries one digest: forwarding's learning digest for an
+    /// unknown source replaced the one the overlay left before forwarding,
+    /// which was lost. The overlay's stays; the host's next frame, with
+    /// none, is learned.
+    #[test]
+    fn an_overlays_digest_before_forwarding_is_not_replaced_by_learning() {
+        let host = (
+            MacAddress([2, 0, 0, 0, 0, 1]),
+            Ipv4Address::new(10, 0, 0, 1),
+        );
+        let forwarding =
+            L2L3Forwarding::with_attached_hosts(MacAddress([2, 0x5e, 0, 0, 0, 0xfe]), &[host])
+                .unwrap();
+        let watcher = Watcher {
+            digest_before: Some(77),
+            ..Watcher::default()
+        };
+        let mut program = Overlaid::new(forwarding, watcher);
+        let mut marked = packet(1, host.0);
+        program.ingress(Timestamp::ZERO, &mut marked);
+        assert_eq!(marked.digest.map(|digest| digest.kind), Some(77));
+        program.overlay_mut().digest_before = None;
+        let mut plain = packet(1, host.0);
+        program.ingress(Timestamp::ZERO, &mut plain);
+        assert_eq!(
+            plain.digest.map(|digest| digest.kind),
+            Some(crate::programs::l2l3::LEARN_DIGEST)
+        );
     }
 }
