@@ -313,18 +313,20 @@ pub(super) unsafe fn dereg_mr(mr: *mut ibv_mr) -> c_int {
 
 /// A completion channel: an eventfd that counts events (semaphore mode,
 /// so one read takes one event) and the queues they came from.
+///
+/// The count and the queue list change together, under the lock, so the
+/// descriptor is readable exactly when an event waits, as the kernel's
+/// event file is. (A destroyed queue's events once stayed counted: `poll`
+/// said readable, and `ibv_get_cq_event` then blocked.) Reads under the
+/// lock never block, as the count covers the list; a caller waiting for
+/// an event waits in `poll`, without the lock.
 pub(super) struct ChannelShared {
     events: OwnedFd,
-    /// The queues the counted events came from, in order; a destroyed
-    /// queue's events stay counted but name [`DESTROYED`]. The lock also
+    /// The queues the counted events came from, in order. The lock also
     /// guards the channel's `refcnt`, which rdma-core updates under the
     /// context's lock.
     ready: Mutex<VecDeque<usize>>,
 }
-
-/// What a destroyed queue's pending events name: `ibv_get_cq_event` skips
-/// them, as the kernel drops a destroyed CQ's events.
-const DESTROYED: usize = 0;
 
 impl ChannelShared {
     fn ready(&self) -> std::sync::MutexGuard<'_, VecDeque<usize>> {
@@ -334,17 +336,27 @@ impl ChannelShared {
     }
 
     fn raise(&self, cq: *mut ibv_cq) {
-        self.ready().push_back(cq as usize);
+        let mut ready = self.ready();
+        ready.push_back(cq as usize);
         let _ = rustix::io::write(&self.events, &1u64.to_ne_bytes());
     }
 
-    /// Forgets `cq`'s pending events: the program can no longer be handed
-    /// a queue it destroyed.
+    /// Takes one counted event off the descriptor; the caller holds the
+    /// lock and has just taken its queue off the list, so one is counted.
+    fn take_count(&self) -> rustix::io::Result<()> {
+        let mut counter = [0u8; 8];
+        rustix::io::read(&self.events, &mut counter).map(|_| ())
+    }
+
+    /// Forgets `cq`'s pending events, and uncounts them: the program can
+    /// no longer be handed a queue it destroyed, nor see the channel
+    /// readable for it.
     fn forget(&self, cq: *mut ibv_cq) {
-        for entry in self.ready().iter_mut() {
-            if *entry == cq as usize {
-                *entry = DESTROYED;
-            }
+        let mut ready = self.ready();
+        let before = ready.len();
+        ready.retain(|entry| *entry != cq as usize);
+        for _ in ready.len()..before {
+            let _ = self.take_count();
         }
     }
 
@@ -422,7 +434,7 @@ pub(super) unsafe fn destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_i
     0
 }
 
-/// `ibv_get_cq_event`: blocks on the channel's descriptor (or fails with
+/// `ibv_get_cq_event`: waits on the channel's descriptor (or fails with
 /// EAGAIN if the program made it non-blocking), then names the queue.
 pub(super) unsafe fn get_cq_event(
     channel: *mut ibv_comp_channel,
@@ -435,20 +447,18 @@ pub(super) unsafe fn get_cq_event(
     }
     // SAFETY: a live channel.
     let shared = Arc::clone(unsafe { channel_shared(channel) });
-    // Each turn takes one counted event; a destroyed queue's are skipped,
-    // and each turn consumes an entry, so the loop ends.
+    // Each turn either takes an event or waits for the descriptor to turn
+    // readable; another thread may take that event first, so it loops.
     loop {
-        let mut counter = [0u8; 8];
-        if let Err(error) = rustix::io::read(&shared.events, &mut counter) {
-            set_errno(error.raw_os_error());
-            return -1;
-        }
-        // Held until the event is counted: a destroy forgets the queue
-        // under this lock first, so the queue named here is live.
-        let mut ready = shared.ready();
-        match ready.pop_front() {
-            Some(DESTROYED) => continue,
-            Some(cq) => {
+        {
+            // Held until the event is counted: a destroy forgets the queue
+            // under this lock first, so the queue named here is live.
+            let mut ready = shared.ready();
+            if let Some(cq) = ready.pop_front() {
+                if let Err(error) = shared.take_count() {
+                    set_errno(error.raw_os_error());
+                    return -1;
+                }
                 let cq = cq as *mut ibv_cq;
                 // SAFETY: live (above); the out-parameters are the caller's.
                 unsafe {
@@ -459,12 +469,29 @@ pub(super) unsafe fn get_cq_event(
                 }
                 return 0;
             }
-            None => {
-                set_errno(libc::EAGAIN);
-                return -1;
-            }
+        }
+        if let Err(errno) = wait_readable(&shared.events) {
+            set_errno(errno);
+            return -1;
         }
     }
+}
+
+/// Waits until `events` is readable; EAGAIN at once if the program made
+/// it non-blocking, and the errno of a failed wait (EINTR for a signal, as
+/// rdma-core's blocking read gives).
+fn wait_readable(events: &OwnedFd) -> Result<(), c_int> {
+    let flags = rustix::fs::fcntl_getfl(events).map_err(|error| error.raw_os_error())?;
+    if flags.contains(rustix::fs::OFlags::NONBLOCK) {
+        return Err(libc::EAGAIN);
+    }
+    let mut waiting = [rustix::event::PollFd::new(
+        events,
+        rustix::event::PollFlags::IN,
+    )];
+    rustix::event::poll(&mut waiting, None)
+        .map(|_| ())
+        .map_err(|error| error.raw_os_error())
 }
 
 /// How long `ibv_destroy_cq` waits for the events it handed out to be

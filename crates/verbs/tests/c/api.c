@@ -207,6 +207,9 @@ static void destroyed_queue_events(union ibv_gid gid, uint8_t *local, struct ibv
 	CHECK(ibv_poll_cq(evented, 1, &wc) == 1 && wc.status == IBV_WC_SUCCESS, "the WRITE completed");
 	CHECK(ibv_destroy_qp(c) == 0 && ibv_destroy_qp(d) == 0, "destroy the QPs");
 	CHECK(ibv_destroy_cq(evented) == 0, "destroy the armed CQ with its event pending");
+	/* Its event went with it: counted still, the descriptor stayed
+	 * readable, and a blocking ibv_get_cq_event then waited for ever. */
+	CHECK(poll(&readable, 1, 0) == 0, "the channel is not readable for a destroyed CQ's event");
 	CHECK(fcntl(channel->fd, F_SETFL, fcntl(channel->fd, F_GETFL) | O_NONBLOCK) == 0, "non-blocking");
 	struct ibv_cq *named = NULL;
 	void *cq_context = NULL;
