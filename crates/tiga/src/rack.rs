@@ -52,6 +52,24 @@ pub const CALL_DEADLINE: Duration = Duration::from_secs(5);
 pub const MAX_UNACKNOWLEDGED: usize = 4096;
 /// The CN's UDP port.
 const CLIENT_PORT: u16 = 40_100;
+/// How long a datagram waits for its answer before it is sent again: a
+/// request for its result, a forwarded request for its acknowledgement.
+/// Each resend doubles the wait, up to [`MAX_RESEND_INTERVAL`], until
+/// [`CALL_DEADLINE`]. Far above a call's time (tens of microseconds), and
+/// above the tens of milliseconds a thread of a loaded two-core machine
+/// may wait for a core, so a resend means a lost datagram, not a slow one.
+pub const FIRST_RESEND_AFTER: Duration = Duration::from_millis(250);
+/// The longest wait between two sends of one datagram.
+pub const MAX_RESEND_INTERVAL: Duration = Duration::from_secs(1);
+
+/// When a datagram sent at `sent` after waiting `interval` is due again,
+/// and the wait after that.
+fn next_resend(sent: Timestamp, interval: Duration) -> (Timestamp, Duration) {
+    (
+        sent.saturating_add(interval),
+        (interval * 2).min(MAX_RESEND_INTERVAL),
+    )
+}
 
 /// The flow table's shape: one stage, a 24-bit key (port, flag).
 const FLOW_TABLE: TableShape = TableShape {
@@ -79,6 +97,9 @@ pub struct EngineCounters {
     pub results: u64,
     pub forwarded: u64,
     pub acknowledged: u64,
+    /// Forwarded requests sent again: their acknowledgement was late or
+    /// lost, or their CN asked again (its request resent).
+    pub forwards_resent: u64,
     pub fetches: u64,
     /// Requests answered with an error status, by status.
     pub refused: BTreeMap<String, u64>,
@@ -91,16 +112,29 @@ pub struct NdpEngine {
     flows: ExactTable<FlowKey, App>,
     memory: Vec<u8>,
     forward_every: u64,
-    /// Forwarded requests awaiting their acknowledgement, each with the
-    /// generation of its newest forward.
-    pending_acknowledgements: HashMap<(DatagramEnd, u64), u64>,
+    /// Forwarded requests awaiting their acknowledgement.
+    pending_acknowledgements: HashMap<(DatagramEnd, u64), PendingForward>,
     /// The forwards, oldest first, with their generations. An entry whose
     /// generation is no longer its key's (acknowledged, or forwarded again
     /// since) is stale: it lingers until it reaches the front or a
     /// compaction, and never forgets the newer forward.
     acknowledgement_order: VecDeque<((DatagramEnd, u64), u64)>,
     next_generation: u64,
+    /// No later than the earliest resend of a pending forward, if one is
+    /// pending: kept so that the agent's timer costs nothing per poll.
+    next_resend: Option<Timestamp>,
     counters: EngineCounters,
+}
+
+/// A forwarded request waiting for its CN's acknowledgement.
+struct PendingForward {
+    /// Its newest forward's generation (see `acknowledgement_order`).
+    generation: u64,
+    /// The forwarded message, to send again.
+    message: Vec<u8>,
+    first_sent: Timestamp,
+    resend_at: Timestamp,
+    interval: Duration,
 }
 
 fn reason(error: &TigaError) -> String {
@@ -122,6 +156,7 @@ impl NdpEngine {
             pending_acknowledgements: HashMap::new(),
             acknowledgement_order: VecDeque::new(),
             next_generation: 0,
+            next_resend: None,
             counters: EngineCounters::default(),
         }
     }
@@ -148,9 +183,10 @@ impl NdpEngine {
         self.pending_acknowledgements.len()
     }
 
-    /// Handles one datagram from `from`; answers go to `outbox`.
+    /// Handles one datagram from `from` at `now`; answers go to `outbox`.
     pub fn handle(
         &mut self,
+        now: Timestamp,
         from: DatagramEnd,
         message: &[u8],
         outbox: &mut Vec<(DatagramEnd, Vec<u8>)>,
@@ -161,7 +197,7 @@ impl NdpEngine {
         };
         let repr = TigaRepr::parse(&header);
         match repr.kind {
-            MessageKind::Request => self.request(from, repr, outbox),
+            MessageKind::Request => self.request(now, from, repr, outbox),
             MessageKind::Fetch => self.fetch(from, repr, outbox),
             MessageKind::Acknowledgement => {
                 if self
@@ -170,6 +206,9 @@ impl NdpEngine {
                     .is_some()
                 {
                     self.counters.acknowledged += 1;
+                    if self.pending_acknowledgements.is_empty() {
+                        self.next_resend = None;
+                    }
                 } else {
                     self.drop("UnexpectedAcknowledgement".into());
                 }
@@ -184,15 +223,57 @@ impl NdpEngine {
         *self.counters.dropped.entry(reason).or_default() += 1;
     }
 
+    /// Sends again, to `outbox`, the forwards whose acknowledgement is
+    /// overdue; gives up on those forwarded [`CALL_DEADLINE`] ago (counted,
+    /// as `AcknowledgementTimedOut`).
+    pub fn resend_forwards(&mut self, now: Timestamp, outbox: &mut Vec<(DatagramEnd, Vec<u8>)>) {
+        if self.next_resend.is_none_or(|due| due > now) {
+            return;
+        }
+        let mut given_up = 0;
+        self.pending_acknowledgements.retain(|(to, _), pending| {
+            if pending.resend_at > now {
+                return true;
+            }
+            if now.saturating_duration_since(pending.first_sent) >= CALL_DEADLINE {
+                given_up += 1;
+                return false;
+            }
+            (pending.resend_at, pending.interval) = next_resend(now, pending.interval);
+            outbox.push((*to, pending.message.clone()));
+            self.counters.forwards_resent += 1;
+            true
+        });
+        for _ in 0..given_up {
+            self.drop("AcknowledgementTimedOut".into());
+        }
+        self.next_resend = self
+            .pending_acknowledgements
+            .values()
+            .map(|pending| pending.resend_at)
+            .min();
+    }
+
+    /// When [`NdpEngine::resend_forwards`] may have work: never later than
+    /// the earliest resend, but earlier once that forward was acknowledged
+    /// (a call then finds nothing due, and looks again).
+    pub fn next_resend(&self) -> Option<Timestamp> {
+        self.next_resend
+    }
+
     /// Remembers a forwarded request until its CN acknowledges it, within
     /// [`MAX_UNACKNOWLEDGED`].
-    fn await_acknowledgement(&mut self, key: (DatagramEnd, u64)) {
+    fn await_acknowledgement(&mut self, now: Timestamp, key: (DatagramEnd, u64), message: Vec<u8>) {
         while self.pending_acknowledgements.len() >= MAX_UNACKNOWLEDGED {
             let (oldest, generation) = self
                 .acknowledgement_order
                 .pop_front()
                 .expect("every pending acknowledgement is in the order");
-            if self.pending_acknowledgements.get(&oldest) == Some(&generation) {
+            if self
+                .pending_acknowledgements
+                .get(&oldest)
+                .is_some_and(|pending| pending.generation == generation)
+            {
                 self.pending_acknowledgements.remove(&oldest);
                 self.drop("ForgottenAcknowledgement".into());
             }
@@ -200,12 +281,24 @@ impl NdpEngine {
         // Compacted, the order holds one entry per pending forward.
         if self.acknowledgement_order.len() >= 2 * MAX_UNACKNOWLEDGED {
             let pending = &self.pending_acknowledgements;
-            self.acknowledgement_order
-                .retain(|(waiting, generation)| pending.get(waiting) == Some(generation));
+            self.acknowledgement_order.retain(|(waiting, generation)| {
+                pending
+                    .get(waiting)
+                    .is_some_and(|pending| pending.generation == *generation)
+            });
         }
         let generation = self.next_generation;
         self.next_generation += 1;
-        self.pending_acknowledgements.insert(key, generation);
+        let (resend_at, interval) = next_resend(now, FIRST_RESEND_AFTER);
+        let pending = PendingForward {
+            generation,
+            message,
+            first_sent: now,
+            resend_at,
+            interval,
+        };
+        self.pending_acknowledgements.insert(key, pending);
+        self.next_resend = Some(self.next_resend.map_or(resend_at, |due| due.min(resend_at)));
         self.acknowledgement_order.push_back((key, generation));
         debug_assert!(self.acknowledgement_order.len() <= 2 * MAX_UNACKNOWLEDGED);
     }
@@ -249,11 +342,24 @@ impl NdpEngine {
 
     fn request(
         &mut self,
+        now: Timestamp,
         from: DatagramEnd,
         request: TigaRepr,
         outbox: &mut Vec<(DatagramEnd, Vec<u8>)>,
     ) {
         self.counters.requests += 1;
+        // Its CN sent it again: the forward or its acknowledgement was
+        // lost, or is late. The same forward goes again, neither a new one
+        // (forwarded and acknowledged would no longer match) nor counted
+        // toward `forward_every`.
+        if let Some(pending) = self
+            .pending_acknowledgements
+            .get(&(from, request.request_id))
+        {
+            self.counters.forwards_resent += 1;
+            outbox.push((from, pending.message.clone()));
+            return;
+        }
         let key = FlowKey {
             udp_port: TIGA_PORT,
             app_flag: request.app_flag,
@@ -279,15 +385,15 @@ impl NdpEngine {
         self.counters.servable += 1;
         if self.forward_every > 0 && self.counters.servable.is_multiple_of(self.forward_every) {
             self.counters.forwarded += 1;
-            self.await_acknowledgement((from, request.request_id));
-            return self.answer(
-                from,
-                request,
-                MessageKind::Forwarded,
-                Status::Ok,
-                &data,
-                outbox,
-            );
+            let forward = TigaRepr {
+                kind: MessageKind::Forwarded,
+                status: Status::Ok,
+                ..request
+            }
+            .to_message(&data);
+            outbox.push((from, forward.clone()));
+            self.await_acknowledgement(now, (from, request.request_id), forward);
+            return;
         }
         match app.run_pipeline(&data) {
             Ok(result) if result.len() + HEADER_LEN <= MAX_MESSAGE_BYTES => {
@@ -392,8 +498,21 @@ pub type Outcome = Result<Completion, NdpError>;
 #[derive(Default)]
 pub struct NdpClient {
     next_id: u64,
-    /// Each call's app, mode and when it was sent.
-    outstanding: HashMap<u64, (App, Mode, Timestamp)>,
+    /// The calls waiting for their answer.
+    outstanding: HashMap<u64, Call>,
+    /// Requests sent again.
+    resent: u64,
+}
+
+/// A call waiting for its answer.
+struct Call {
+    app: App,
+    mode: Mode,
+    first_sent: Timestamp,
+    resend_at: Timestamp,
+    interval: Duration,
+    /// The request, to send again.
+    message: Vec<u8>,
 }
 
 impl NdpClient {
@@ -405,6 +524,7 @@ impl NdpClient {
         NdpClient {
             next_id: first_id,
             outstanding: HashMap::new(),
+            resent: 0,
         }
     }
 
@@ -419,7 +539,6 @@ impl NdpClient {
     ) -> (u64, Vec<u8>) {
         let request_id = self.next_id;
         self.next_id += 1;
-        self.outstanding.insert(request_id, (app, mode, now));
         let kind = match mode {
             Mode::Ndp => MessageKind::Request,
             Mode::CpuOnly => MessageKind::Fetch,
@@ -432,11 +551,50 @@ impl NdpClient {
             data_address: address,
             data_length: length,
         };
-        (request_id, repr.to_message(&[]))
+        let message = repr.to_message(&[]);
+        let (resend_at, interval) = next_resend(now, FIRST_RESEND_AFTER);
+        let call = Call {
+            app,
+            mode,
+            first_sent: now,
+            resend_at,
+            interval,
+            message: message.clone(),
+        };
+        self.outstanding.insert(request_id, call);
+        (request_id, message)
     }
 
     pub fn outstanding(&self) -> usize {
         self.outstanding.len()
+    }
+
+    /// Requests sent again so far.
+    pub fn resent(&self) -> u64 {
+        self.resent
+    }
+
+    /// The requests due to be sent again at `now` (their request or its
+    /// answer may be lost): the engine answers a request it sees twice
+    /// again, and an answer that comes twice is a stray.
+    pub fn resends(&mut self, now: Timestamp) -> Vec<Vec<u8>> {
+        let mut due = Vec::new();
+        for call in self.outstanding.values_mut() {
+            if call.resend_at <= now {
+                (call.resend_at, call.interval) = next_resend(now, call.interval);
+                due.push(call.message.clone());
+            }
+        }
+        self.resent += due.len() as u64;
+        due
+    }
+
+    /// When a request is next due again, or a call expires, if any is out.
+    pub fn next_due(&self, deadline: Duration) -> Option<Timestamp> {
+        self.outstanding
+            .values()
+            .map(|call| call.resend_at.min(call.first_sent.saturating_add(deadline)))
+            .min()
     }
 
     /// Gives up the calls sent `deadline` or longer before `now` (their
@@ -446,7 +604,7 @@ impl NdpClient {
         let expired: Vec<u64> = self
             .outstanding
             .iter()
-            .filter(|(_, (_, _, sent))| now.saturating_duration_since(*sent) >= deadline)
+            .filter(|(_, call)| now.saturating_duration_since(call.first_sent) >= deadline)
             .map(|(id, _)| *id)
             .collect();
         for id in &expired {
@@ -459,7 +617,7 @@ impl NdpClient {
     pub fn next_expiry(&self, deadline: Duration) -> Option<Timestamp> {
         self.outstanding
             .values()
-            .map(|(_, _, sent)| sent.saturating_add(deadline))
+            .map(|call| call.first_sent.saturating_add(deadline))
             .min()
     }
 
@@ -471,8 +629,23 @@ impl NdpClient {
             return (None, None);
         };
         let repr = TigaRepr::parse(&header);
-        let Some(&(app, mode, _sent)) = self.outstanding.get(&repr.request_id) else {
-            return (None, None);
+        let acknowledgement = || {
+            TigaRepr {
+                kind: MessageKind::Acknowledgement,
+                ..repr
+            }
+            .to_message(&[])
+        };
+        let Some((app, mode)) = self
+            .outstanding
+            .get(&repr.request_id)
+            .map(|call| (call.app, call.mode))
+        else {
+            // A forward again of a call already finished: its first
+            // acknowledgement was lost or is late, and the engine sends it
+            // until one comes. (Only this client's calls come to its port.)
+            let forwarded_again = repr.kind == MessageKind::Forwarded && repr.status == Status::Ok;
+            return (None, forwarded_again.then(acknowledgement));
         };
         // The engine answers a call, refusals too, in its mode's kinds: any
         // other is a stray (another client's, or no answer at all), and
@@ -504,14 +677,7 @@ impl NdpClient {
                         result,
                         served_by: ServedBy::ComputeNodeForwarded,
                     });
-                let acknowledgement = TigaRepr {
-                    kind: MessageKind::Acknowledgement,
-                    ..repr
-                };
-                return (
-                    Some((repr.request_id, outcome)),
-                    Some(acknowledgement.to_message(&[])),
-                );
+                return (Some((repr.request_id, outcome)), Some(acknowledgement()));
             }
             (Status::Ok, MessageKind::Data, Mode::CpuOnly) => app
                 .run_on_cpu(header.payload())
@@ -549,14 +715,16 @@ impl Agent for NdpEngineAgent {
         "tiga-ndp-engine"
     }
 
-    fn poll(&mut self, _now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
+    fn poll(&mut self, now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
         let mut outbox = Vec::new();
         let engine = &mut self.engine;
-        let moved = self
+        let mut moved = self
             .port
             .receive(nic, DATAGRAMS_PER_TURN, |from, message| {
-                engine.handle(from, message, &mut outbox)
+                engine.handle(now, from, message, &mut outbox)
             })?;
+        engine.resend_forwards(now, &mut outbox);
+        moved |= !outbox.is_empty();
         for (to, message) in outbox {
             self.port.send(nic, to, &message)?;
         }
@@ -564,7 +732,10 @@ impl Agent for NdpEngineAgent {
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        self.port.poll_timeout()
+        [self.port.poll_timeout(), self.engine.next_resend()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn crash(&mut self) {
@@ -633,6 +804,10 @@ impl Agent for NdpClientAgent {
         for acknowledgement in acknowledgements {
             self.port.send(nic, self.engine, &acknowledgement)?;
         }
+        for request in self.client.resends(now) {
+            self.port.send(nic, self.engine, &request)?;
+            moved = true;
+        }
         while self.client.outstanding() < MAX_OUTSTANDING {
             let Ok(call) = self.calls.try_recv() else {
                 break;
@@ -651,7 +826,7 @@ impl Agent for NdpClientAgent {
         if let Some(due) = self.port.poll_timeout() {
             return Some(due);
         }
-        self.client.next_expiry(CALL_DEADLINE)
+        self.client.next_due(CALL_DEADLINE)
     }
 
     fn crash(&mut self) {
@@ -932,9 +1107,9 @@ mod tests {
         let mut outbox = Vec::new();
         for _ in 0..2 {
             let (_, refused) = client.begin(Timestamp::ZERO, App::Mvs, 1 << 40, 64, Mode::Ndp);
-            engine.handle(client_end(1), &refused, &mut outbox);
+            engine.handle(Timestamp::ZERO, client_end(1), &refused, &mut outbox);
             let (_, good) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
-            engine.handle(client_end(1), &good, &mut outbox);
+            engine.handle(Timestamp::ZERO, client_end(1), &good, &mut outbox);
         }
         let counters = engine.counters();
         assert_eq!((counters.requests, counters.servable), (4, 2));
@@ -974,7 +1149,7 @@ mod tests {
             .client
             .begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
         let mut outbox = Vec::new();
-        engine.handle(client_end(1), &request, &mut outbox);
+        engine.handle(Timestamp::ZERO, client_end(1), &request, &mut outbox);
         let (_, late_answer) = outbox.pop().unwrap();
         agent.crash();
         let restarted = Timestamp::from_nanos(5_000);
@@ -999,7 +1174,7 @@ mod tests {
         let (other_id, request) = other.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
         assert_eq!(id, other_id);
         let mut outbox = Vec::new();
-        engine.handle(client_end(1), &request, &mut outbox);
+        engine.handle(Timestamp::ZERO, client_end(1), &request, &mut outbox);
         let (_, answer) = outbox.pop().unwrap();
         let (finished, _) = client.handle(&answer);
         assert!(finished.is_none(), "an NDP call's answer finished a fetch");
@@ -1019,7 +1194,7 @@ mod tests {
         let forwards = MAX_UNACKNOWLEDGED + 10;
         for _ in 0..forwards {
             let (_, request) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
-            engine.handle(client_end(1), &request, &mut outbox);
+            engine.handle(Timestamp::ZERO, client_end(1), &request, &mut outbox);
         }
         assert_eq!(engine.counters().forwarded, forwards as u64);
         assert_eq!(engine.unacknowledged(), MAX_UNACKNOWLEDGED);
@@ -1027,7 +1202,12 @@ mod tests {
         // The newest still wait for, and take, their acknowledgement.
         let (_, newest) = outbox.last().unwrap();
         let (_, acknowledgement) = client.handle(newest);
-        engine.handle(client_end(1), &acknowledgement.unwrap(), &mut Vec::new());
+        engine.handle(
+            Timestamp::ZERO,
+            client_end(1),
+            &acknowledgement.unwrap(),
+            &mut Vec::new(),
+        );
         assert_eq!(engine.counters().acknowledged, 1);
         assert_eq!(engine.unacknowledged(), MAX_UNACKNOWLEDGED - 1);
     }
@@ -1051,13 +1231,18 @@ mod tests {
         // One round short of a compaction, so the next forward's copies
         // are all there when the one after compacts.
         for _ in 0..2 * MAX_UNACKNOWLEDGED - 1 {
-            engine.handle(client_end(1), &request, &mut outbox);
-            engine.handle(client_end(1), &acknowledgement, &mut outbox);
+            engine.handle(Timestamp::ZERO, client_end(1), &request, &mut outbox);
+            engine.handle(
+                Timestamp::ZERO,
+                client_end(1),
+                &acknowledgement,
+                &mut outbox,
+            );
             outbox.clear();
         }
-        engine.handle(client_end(1), &request, &mut outbox);
+        engine.handle(Timestamp::ZERO, client_end(1), &request, &mut outbox);
         let (_, other) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
-        engine.handle(client_end(1), &other, &mut outbox);
+        engine.handle(Timestamp::ZERO, client_end(1), &other, &mut outbox);
         assert_eq!(engine.unacknowledged(), 2);
         assert!(engine.acknowledgement_order.len() <= 2 * MAX_UNACKNOWLEDGED);
         assert!(!engine
@@ -1065,7 +1250,12 @@ mod tests {
             .dropped
             .contains_key("ForgottenAcknowledgement"));
         // The request's newest forward still takes its acknowledgement.
-        engine.handle(client_end(1), &acknowledgement, &mut outbox);
+        engine.handle(
+            Timestamp::ZERO,
+            client_end(1),
+            &acknowledgement,
+            &mut outbox,
+        );
         assert_eq!(engine.unacknowledged(), 1);
     }
 
@@ -1090,5 +1280,99 @@ mod tests {
         );
         assert_eq!(client.outstanding(), 0);
         assert_eq!(client.next_expiry(deadline), None);
+    }
+
+    /// A lost request or answer cost its call the whole 5 s deadline: the
+    /// request is sent again after [`FIRST_RESEND_AFTER`], then at doubled
+    /// waits, and an answer to any copy finishes the call once.
+    #[test]
+    fn a_call_without_an_answer_is_sent_again_with_backoff() {
+        let mut engine = NdpEngine::new(vec![7u8; 4096], 0);
+        engine.register(App::Mvs).unwrap();
+        let mut client = NdpClient::default();
+        let sent = Timestamp::from_nanos(1_000);
+        let (id, request) = client.begin(sent, App::Mvs, 0, 64, Mode::Ndp);
+        let first = sent.saturating_add(FIRST_RESEND_AFTER);
+        assert_eq!(client.next_due(CALL_DEADLINE), Some(first));
+        let just_before = Timestamp::from_nanos(first.as_nanos() - 1);
+        assert!(client.resends(just_before).is_empty());
+        assert_eq!(client.resends(first), vec![request.clone()]);
+        assert_eq!(
+            client.next_due(CALL_DEADLINE),
+            Some(first.saturating_add(2 * FIRST_RESEND_AFTER)),
+            "the wait doubles"
+        );
+        assert!(client.resends(first).is_empty(), "once per wait");
+        assert_eq!(client.resent(), 1);
+        // Both copies reach the engine; each is answered.
+        let mut outbox = Vec::new();
+        engine.handle(first, client_end(1), &request, &mut outbox);
+        engine.handle(first, client_end(1), &request, &mut outbox);
+        let answers: Vec<Vec<u8>> = outbox.into_iter().map(|(_, answer)| answer).collect();
+        assert_eq!(answers.len(), 2);
+        let (finished, _) = client.handle(&answers[0]);
+        assert_eq!(finished.map(|(finished, _)| finished), Some(id));
+        let (again, acknowledgement) = client.handle(&answers[1]);
+        assert!(again.is_none() && acknowledgement.is_none(), "a stray");
+        assert_eq!(client.next_due(CALL_DEADLINE), None);
+    }
+
+    /// A forward whose acknowledgement was lost stayed unacknowledged for
+    /// good. The engine sends it again until one comes; the CN, its call
+    /// long finished, acknowledges it again; and a request asked again
+    /// while its forward waits gets the same forward, not a new one, so
+    /// forwards and acknowledgements still match one for one.
+    #[test]
+    fn a_forward_is_sent_again_until_it_is_acknowledged() {
+        let mut engine = NdpEngine::new(vec![7u8; 4096], 1);
+        engine.register(App::Mvs).unwrap();
+        let mut client = NdpClient::default();
+        let now = Timestamp::from_nanos(1_000);
+        let (id, request) = client.begin(now, App::Mvs, 0, 64, Mode::Ndp);
+        let mut outbox = Vec::new();
+        engine.handle(now, client_end(1), &request, &mut outbox);
+        let (_, forward) = outbox.pop().unwrap();
+        let (finished, lost_acknowledgement) = client.handle(&forward);
+        assert_eq!(finished.map(|(finished, _)| finished), Some(id));
+        assert!(lost_acknowledgement.is_some());
+        // The request again, before the resend: the same forward.
+        engine.handle(now, client_end(1), &request, &mut outbox);
+        assert_eq!(outbox.pop().unwrap().1, forward);
+        assert_eq!(engine.counters().forwarded, 1);
+        let due = now.saturating_add(FIRST_RESEND_AFTER);
+        assert_eq!(engine.next_resend(), Some(due));
+        engine.resend_forwards(Timestamp::from_nanos(due.as_nanos() - 1), &mut outbox);
+        assert!(outbox.is_empty());
+        engine.resend_forwards(due, &mut outbox);
+        assert_eq!(outbox.pop(), Some((client_end(1), forward.clone())));
+        assert_eq!(engine.counters().forwards_resent, 2);
+        let (finished, acknowledgement) = client.handle(&forward);
+        assert!(finished.is_none(), "the call finished once");
+        engine.handle(due, client_end(1), &acknowledgement.unwrap(), &mut outbox);
+        assert_eq!(engine.unacknowledged(), 0);
+        assert_eq!(engine.counters().acknowledged, engine.counters().forwarded);
+        assert_eq!(engine.next_resend(), None);
+    }
+
+    /// A CN that never acknowledges is not sent its forward for ever: past
+    /// the call deadline the engine gives up on it, and says so.
+    #[test]
+    fn a_forward_never_acknowledged_is_given_up_at_the_deadline() {
+        let mut engine = NdpEngine::new(vec![7u8; 4096], 1);
+        engine.register(App::Mvs).unwrap();
+        let mut client = NdpClient::default();
+        let (_, request) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
+        let mut outbox = Vec::new();
+        engine.handle(Timestamp::ZERO, client_end(1), &request, &mut outbox);
+        let mut resends = 0;
+        while let Some(due) = engine.next_resend() {
+            outbox.clear();
+            engine.resend_forwards(due, &mut outbox);
+            resends += outbox.len();
+            assert!(resends < 20, "bounded by the deadline");
+        }
+        assert!(resends >= 4, "{resends} resends within the deadline");
+        assert_eq!(engine.unacknowledged(), 0);
+        assert_eq!(engine.counters().dropped["AcknowledgementTimedOut"], 1);
     }
 }

@@ -104,3 +104,45 @@ fn build_data_holds_only_the_apps_asked_for() {
         .sum();
     assert_eq!(memory.len() as u64, held);
 }
+
+/// Lost datagrams were never sent again: each loss cost its call the 5 s
+/// deadline, and a lost acknowledgement left its forward unacknowledged
+/// for good. On a compute link that loses one frame in five each way,
+/// every call gets the CN version's bytes, and every forward is
+/// acknowledged.
+#[test]
+fn calls_over_a_lossy_link_all_succeed_and_every_forward_is_acknowledged() {
+    use remora_base::Probability;
+    use remora_rack::topology::{standard_host, HostSpec, Role, Topology, COMPUTE_HOST};
+    use remora_rack::topology::{DEFAULT_SWITCH_MAC, MEMORY_HOST};
+    let mut topology = Topology::new(DEFAULT_SWITCH_MAC);
+    let (mac, address) = standard_host(COMPUTE_HOST);
+    let mut compute = HostSpec::new("compute", Role::Compute, mac, address);
+    compute.link.faults.loss = Probability::new(0.2).unwrap();
+    topology.add_host(compute).unwrap();
+    let (mac, address) = standard_host(MEMORY_HOST);
+    topology
+        .add_host(HostSpec::new("memory", Role::Memory, mac, address))
+        .unwrap();
+    let (memory, locations) = build_data(SEED, &[App::Mvs], 16, 512).unwrap();
+    let rack = NdpRack::start_on(&topology, memory, &[App::Mvs], 2).unwrap();
+    let started = std::time::Instant::now();
+    for location in &locations {
+        let payload = location.app.make_payload(SEED, location.id, 512).unwrap();
+        let expected = location.app.run_on_cpu(&payload).unwrap();
+        let answer = rack
+            .call(location.app, location.address, location.length, Mode::Ndp)
+            .unwrap_or_else(|error| panic!("{location:?}: {error}"));
+        assert_eq!(answer.result, expected, "{location:?}");
+    }
+    let (counters, unacknowledged) = rack.settled_counters(Duration::from_secs(5));
+    assert_eq!(unacknowledged, 0, "{counters:?}");
+    assert!(counters.forwarded > 0, "{counters:?}");
+    assert_eq!(counters.forwarded, counters.acknowledged, "{counters:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "losses cost a resend's wait, not a call's deadline: {:?}",
+        started.elapsed()
+    );
+    rack.stop().unwrap();
+}

@@ -195,6 +195,7 @@ fn run_section(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_js
         "runs": runs,
         "forwarded": counters.forwarded,
         "acknowledged": counters.acknowledged,
+        "forwards_resent": counters.forwards_resent,
         "cpu": cpu,
     }))
 }
