@@ -779,8 +779,6 @@ mod tests {
         resolver
     }
 
-    /// Caching a key twice gave the next key the same cell: two keys
-    /// shared one tail, and a CAS for one was aimed at the other's list.
     /// One success answer per client may wait in the control plane for
     /// its turn: the resource report counts them.
     #[test]
@@ -791,6 +789,8 @@ mod tests {
         assert_eq!(report.control_plane_held_frames, 3);
     }
 
+    /// Caching a key twice gave the next key the same cell: two keys
+    /// shared one tail, and a CAS for one was aimed at the other's list.
     #[test]
     fn caching_a_key_twice_is_refused() {
         let mut resolver = resolver();

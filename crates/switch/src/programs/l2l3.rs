@@ -241,8 +241,9 @@ impl Program for L2L3Forwarding {
         let destination = mac_to_u64(destination_mac);
         // A packet carries one digest, as on a Tofino. An overlay's, set
         // before forwarding, is kept: it was replaced by this one, and lost.
-        // Learning loses nothing by waiting: the host's next frame asks
-        // again.
+        // Learning waits for the host's next frame without one. (A host
+        // whose every frame carries an overlay's digest is never learned;
+        // racks configure their hosts, which need no learning.)
         if packet.digest.is_none()
             && packet.ingress_port.0 < crate::packet::RECIRCULATION_PORT.0
             && self.is_news(source, packet.ingress_port)

@@ -317,9 +317,12 @@ pub(super) unsafe fn dereg_mr(mr: *mut ibv_mr) -> c_int {
 /// The count and the queue list change together, under the lock, so the
 /// descriptor is readable exactly when an event waits, as the kernel's
 /// event file is. (A destroyed queue's events once stayed counted: `poll`
-/// said readable, and `ibv_get_cq_event` then blocked.) Reads under the
-/// lock never block, as the count covers the list; a caller waiting for
-/// an event waits in `poll`, without the lock.
+/// said readable, and `ibv_get_cq_event` then blocked.) A caller waiting
+/// for an event waits in `poll`, without the lock. Under the lock the
+/// descriptor is read only when `poll` says a count is there, so that a
+/// count and list that ever disagree (a program reading the descriptor
+/// itself) cost an event, never a thread blocked holding the lock that
+/// every completion takes.
 pub(super) struct ChannelShared {
     events: OwnedFd,
     /// The queues the counted events came from, in order. The lock also
@@ -337,15 +340,29 @@ impl ChannelShared {
 
     fn raise(&self, cq: *mut ibv_cq) {
         let mut ready = self.ready();
-        ready.push_back(cq as usize);
-        let _ = rustix::io::write(&self.events, &1u64.to_ne_bytes());
+        // Listed only if counted: listed uncounted, it was an event no
+        // `poll` would ever show.
+        if rustix::io::write(&self.events, &1u64.to_ne_bytes()).is_ok() {
+            ready.push_back(cq as usize);
+        }
     }
 
-    /// Takes one counted event off the descriptor; the caller holds the
-    /// lock and has just taken its queue off the list, so one is counted.
-    fn take_count(&self) -> rustix::io::Result<()> {
+    /// Takes one counted event off the descriptor if one is there, without
+    /// waiting; the caller holds the lock. Whether one was.
+    fn take_count(&self) -> bool {
+        let mut readable = [rustix::event::PollFd::new(
+            &self.events,
+            rustix::event::PollFlags::IN,
+        )];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        if !matches!(rustix::event::poll(&mut readable, Some(&zero)), Ok(1)) {
+            return false;
+        }
         let mut counter = [0u8; 8];
-        rustix::io::read(&self.events, &mut counter).map(|_| ())
+        rustix::io::read(&self.events, &mut counter).is_ok()
     }
 
     /// Forgets `cq`'s pending events, and uncounts them: the program can
@@ -356,7 +373,7 @@ impl ChannelShared {
         let before = ready.len();
         ready.retain(|entry| *entry != cq as usize);
         for _ in ready.len()..before {
-            let _ = self.take_count();
+            self.take_count();
         }
     }
 
@@ -450,36 +467,42 @@ pub(super) unsafe fn get_cq_event(
     // Each turn either takes an event or waits for the descriptor to turn
     // readable; another thread may take that event first, so it loops.
     loop {
-        {
-            // Held until the event is counted: a destroy forgets the queue
-            // under this lock first, so the queue named here is live.
-            let mut ready = shared.ready();
-            if let Some(cq) = ready.pop_front() {
-                if let Err(error) = shared.take_count() {
-                    set_errno(error.raw_os_error());
-                    return -1;
-                }
-                let cq = cq as *mut ibv_cq;
-                // SAFETY: live (above); the out-parameters are the caller's.
-                unsafe {
-                    let cq_object = object::<CqObject, _>(cq);
-                    cq_object.events_handed.fetch_add(1, Ordering::AcqRel);
-                    *cq_out = cq;
-                    *context_out = (*cq).cq_context;
-                }
-                return 0;
+        // Held until the event is counted: a destroy forgets the queue
+        // under this lock first, so the queue named here is live.
+        let mut ready = shared.ready();
+        // Without an event, a count is taken all the same: one with no
+        // event behind it (the program read the descriptor itself, say)
+        // would keep `poll` readable, and this loop spinning.
+        shared.take_count();
+        let Some(cq) = ready.pop_front() else {
+            drop(ready);
+            if let Err(errno) = wait_readable(&shared.events) {
+                set_errno(errno);
+                return -1;
             }
+            continue;
+        };
+        let cq = cq as *mut ibv_cq;
+        // SAFETY: live (above); the out-parameters are the caller's.
+        unsafe {
+            let cq_object = object::<CqObject, _>(cq);
+            cq_object.events_handed.fetch_add(1, Ordering::AcqRel);
+            *cq_out = cq;
+            *context_out = (*cq).cq_context;
         }
-        if let Err(errno) = wait_readable(&shared.events) {
-            set_errno(errno);
-            return -1;
-        }
+        return 0;
     }
 }
 
 /// Waits until `events` is readable; EAGAIN at once if the program made
-/// it non-blocking, and the errno of a failed wait (EINTR for a signal, as
-/// rdma-core's blocking read gives).
+/// it non-blocking, and the errno of a failed wait.
+///
+/// A signal does not end the wait. rdma-core blocks in `read`, which the
+/// kernel restarts after a handler installed with `SA_RESTART` (what
+/// glibc's `signal` installs, and perftest's duration alarm uses), and
+/// perftest takes a failed `ibv_get_cq_event` as fatal; `poll` is never
+/// restarted, so it is called again here. (A program whose handler lacks
+/// `SA_RESTART` and relies on EINTR to leave the wait keeps waiting.)
 fn wait_readable(events: &OwnedFd) -> Result<(), c_int> {
     let flags = rustix::fs::fcntl_getfl(events).map_err(|error| error.raw_os_error())?;
     if flags.contains(rustix::fs::OFlags::NONBLOCK) {
@@ -489,9 +512,13 @@ fn wait_readable(events: &OwnedFd) -> Result<(), c_int> {
         events,
         rustix::event::PollFlags::IN,
     )];
-    rustix::event::poll(&mut waiting, None)
-        .map(|_| ())
-        .map_err(|error| error.raw_os_error())
+    // Bounded by the signals the process takes: each ends one wait.
+    loop {
+        match rustix::event::poll(&mut waiting, None) {
+            Err(rustix::io::Errno::INTR) => continue,
+            result => return result.map(|_| ()).map_err(|error| error.raw_os_error()),
+        }
+    }
 }
 
 /// How long `ibv_destroy_cq` waits for the events it handed out to be

@@ -13,6 +13,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define CHECK(condition, ...)                                              \
 	do {                                                                   \
@@ -262,6 +264,66 @@ static void a_flush_raises_the_armed_event(uint8_t *remote, struct ibv_mr *remot
 	ibv_ack_cq_events(evented, 2);
 	CHECK(ibv_destroy_cq(evented) == 0, "destroy the CQ once its event is acked");
 	CHECK(ibv_destroy_comp_channel(channel) == 0, "destroy the channel");
+}
+
+struct event_wait {
+	struct ibv_comp_channel *channel;
+	struct ibv_cq *named;
+	int result, error;
+	volatile int started;
+};
+
+static void *wait_for_an_event(void *argument)
+{
+	struct event_wait *wait = argument;
+	void *cq_context = NULL;
+	wait->started = 1;
+	errno = 0;
+	wait->result = ibv_get_cq_event(wait->channel, &wait->named, &cq_context);
+	wait->error = errno;
+	return NULL;
+}
+
+static void on_signal(int signal_number)
+{
+	(void)signal_number;
+}
+
+/* A signal whose handler has SA_RESTART (perftest's duration alarm) ended
+ * a blocking ibv_get_cq_event with EINTR, which rdma-core's blocking read
+ * never gives it, and which perftest takes as fatal. */
+static void a_signal_does_not_end_the_wait_for_an_event(uint8_t *remote, struct ibv_mr *remote_mr)
+{
+	struct sigaction action = { .sa_handler = on_signal, .sa_flags = SA_RESTART };
+	sigemptyset(&action.sa_mask);
+	CHECK(sigaction(SIGUSR1, &action, NULL) == 0, "install a restarting handler");
+	struct event_wait wait = { .channel = ibv_create_comp_channel(context) };
+	CHECK(wait.channel, "create_comp_channel");
+	struct ibv_cq *evented = ibv_create_cq(context, 8, NULL, wait.channel, 0);
+	CHECK(evented, "create an evented CQ");
+	struct ibv_qp *qp = make_qp_on(evented);
+	struct ibv_sge sge = { .addr = (uintptr_t)remote, .length = 64, .lkey = remote_mr->lkey };
+	struct ibv_recv_wr receive = { .wr_id = 78, .sg_list = &sge, .num_sge = 1 }, *bad = NULL;
+	CHECK(ibv_post_recv(qp, &receive, &bad) == 0, "post a receive to flush");
+	CHECK(ibv_req_notify_cq(evented, 0) == 0, "arm");
+	pthread_t waiter;
+	CHECK(pthread_create(&waiter, NULL, wait_for_an_event, &wait) == 0, "start the waiter");
+	while (!wait.started)
+		sched_yield();
+	usleep(50000);
+	CHECK(pthread_kill(waiter, SIGUSR1) == 0, "signal the waiter");
+	usleep(50000);
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_ERR };
+	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == 0, "to ERR, which raises the event");
+	CHECK(pthread_join(waiter, NULL) == 0, "join the waiter");
+	CHECK(wait.result == 0 && wait.named == evented,
+	      "the signal did not end the wait (result %d, errno %d)", wait.result, wait.error);
+	struct ibv_wc wc;
+	CHECK(ibv_poll_cq(evented, 1, &wc) == 1 && wc.wr_id == 78, "the receive was flushed");
+	ibv_ack_cq_events(evented, 1);
+	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(evented) == 0, "destroy");
+	CHECK(ibv_destroy_comp_channel(wait.channel) == 0, "destroy the channel");
+	signal(SIGUSR1, SIG_DFL);
 }
 
 /* Destroying a QP takes its work with it: its posted receives complete
@@ -1007,6 +1069,7 @@ int main(void)
 	a_refused_inline_send_leaves_the_others_alone(gid, remote, remote_mr);
 	destroyed_queue_events(gid, local, local_mr, remote, remote_mr);
 	a_flush_raises_the_armed_event(remote, remote_mr);
+	a_signal_does_not_end_the_wait_for_an_event(remote, remote_mr);
 	a_destroyed_qp_leaves_no_completions(remote, remote_mr);
 	a_qps_access_flags_bound_its_peers(gid, local, local_mr, remote, remote_mr);
 	rnr_retry_zero_gives_up_at_once(gid, local, local_mr);
