@@ -110,6 +110,15 @@ pub enum Reply {
     },
 }
 
+/// The client's last word after a `Connected` reply: it has the reply.
+/// A client that hung up before reading it may still have let the
+/// server's write succeed (the socket buffered it); without this word the
+/// server destroys the queue pair it made, which nobody would ever use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Confirm {
+    Received,
+}
+
 /// Where a node's control channel listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ControlAddress {
@@ -261,7 +270,12 @@ pub fn request(
         .set_timeouts(timeout)
         .map_err(|error| control_error("set timeouts", error))?;
     write_message(stream.as_mut(), request)?;
-    read_message(stream.as_mut(), timeout)
+    let reply = read_message(stream.as_mut(), timeout)?;
+    if matches!(reply, Reply::Connected { .. }) {
+        // Unconfirmed, the server takes its queue pair back.
+        write_message(stream.as_mut(), &Confirm::Received)?;
+    }
+    Ok(reply)
 }
 
 /// Asks the memory node at `address` to connect a queue pair made from
@@ -381,7 +395,9 @@ pub fn serve(
             let _ = stream.set_timeouts(CLIENT_TIMEOUT);
             let told = write_message(stream.as_mut(), &reply).is_ok();
             match connected.take() {
-                Some(_) if told => served += 1,
+                // A write into the socket's buffer succeeds even when the
+                // client has hung up: it confirms that it has the reply.
+                Some(_) if told && confirmed(stream.as_mut()) => served += 1,
                 // A client that hung up (or timed out) before its reply
                 // will never use the queue pair made for it: kept, it
                 // counted as served and held one of the NIC's for good
@@ -393,6 +409,14 @@ pub fn serve(
             }
         }
     }))
+}
+
+/// Whether the client confirms, within its timeout, that it has the reply.
+fn confirmed(stream: &mut dyn Stream) -> bool {
+    matches!(
+        read_message::<Confirm>(stream, CLIENT_TIMEOUT),
+        Ok(Confirm::Received)
+    )
 }
 
 /// Connects a queue pair for `request`: the reply, and the queue pair

@@ -236,6 +236,43 @@ fn a_client_that_hangs_up_before_its_reply_leaves_no_queue_pair_behind() {
     server.thread.join().unwrap();
 }
 
+/// A client that read its reply and hung up: the server's write had
+/// succeeded (into the socket's buffer, or read), so the queue pair made
+/// for it stayed, and on a NIC with room for one every later client was
+/// refused. Without the client's confirmation it is destroyed.
+#[test]
+fn a_client_that_hangs_up_without_confirming_leaves_no_queue_pair_behind() {
+    use std::io::{BufRead, Write};
+    let server = memory_server_with("unconfirmed", nic_config(2, 1));
+    let ControlAddress::Unix(path) = &server.address else {
+        unreachable!("the test server listens on a Unix socket")
+    };
+    let request = Request::Connect {
+        client: "gone".into(),
+        endpoint: endpoint_message(),
+    };
+    let mut line = serde_json::to_vec(&request).unwrap();
+    line.push(b'\n');
+    let mut gone = std::os::unix::net::UnixStream::connect(path).unwrap();
+    gone.write_all(&line).unwrap();
+    let mut reply = String::new();
+    std::io::BufReader::new(&gone)
+        .read_line(&mut reply)
+        .unwrap();
+    assert!(reply.contains("Connected"), "{reply}");
+    drop(gone);
+    let never = AtomicBool::new(false);
+    let request = Request::Connect {
+        client: "next".into(),
+        endpoint: endpoint_message(),
+    };
+    let reply =
+        control::request(&server.address, &request, Duration::from_secs(5), &never).unwrap();
+    assert!(matches!(reply, Reply::Connected { .. }), "{reply:?}");
+    server.stop.store(true, Ordering::Relaxed);
+    server.thread.join().unwrap();
+}
+
 /// A client whose request failed (no server, a stop, a refusal) kept the
 /// queue pair it had made for the connection: a client retrying used up
 /// its NIC's queue pairs (found by reading).
