@@ -39,6 +39,8 @@ pub const MAX_MESSAGE_BYTES: usize = remora_rnic::datagram::MAX_DATAGRAM_PAYLOAD
 pub const MAX_RECORD_BYTES: usize = MAX_MESSAGE_BYTES - HEADER_LEN - 32;
 /// Datagrams taken per turn of an agent.
 const DATAGRAMS_PER_TURN: usize = 256;
+/// Forwards the engine sends again per turn, at most.
+const RESENDS_PER_TURN: usize = 64;
 /// A datagram port's inbox.
 const INBOX_DEPTH: usize = 1024;
 /// Calls a client agent keeps in flight; the rest wait in the channel.
@@ -223,14 +225,21 @@ impl NdpEngine {
         *self.counters.dropped.entry(reason).or_default() += 1;
     }
 
-    /// Sends again, to `outbox`, the forwards whose acknowledgement is
-    /// overdue; gives up on those forwarded [`CALL_DEADLINE`] ago (counted,
-    /// as `AcknowledgementTimedOut`).
-    pub fn resend_forwards(&mut self, now: Timestamp, outbox: &mut Vec<(DatagramEnd, Vec<u8>)>) {
+    /// Sends again, to `outbox`, at most `max_resends` of the forwards
+    /// whose acknowledgement is overdue (the rest stay due, for the next
+    /// call); gives up on a forward, counted as `AcknowledgementTimedOut`,
+    /// at its first resend due [`CALL_DEADLINE`] or more after it was first
+    /// forwarded (5.75 s with the default waits).
+    pub fn resend_forwards(
+        &mut self,
+        now: Timestamp,
+        max_resends: usize,
+        outbox: &mut Vec<(DatagramEnd, Vec<u8>)>,
+    ) {
         if self.next_resend.is_none_or(|due| due > now) {
             return;
         }
-        let mut given_up = 0;
+        let (mut given_up, mut resent) = (0, 0);
         self.pending_acknowledgements.retain(|(to, _), pending| {
             if pending.resend_at > now {
                 return true;
@@ -239,9 +248,12 @@ impl NdpEngine {
                 given_up += 1;
                 return false;
             }
-            (pending.resend_at, pending.interval) = next_resend(now, pending.interval);
-            outbox.push((*to, pending.message.clone()));
-            self.counters.forwards_resent += 1;
+            if resent < max_resends {
+                resent += 1;
+                (pending.resend_at, pending.interval) = next_resend(now, pending.interval);
+                outbox.push((*to, pending.message.clone()));
+                self.counters.forwards_resent += 1;
+            }
             true
         });
         for _ in 0..given_up {
@@ -351,7 +363,9 @@ impl NdpEngine {
         // Its CN sent it again: the forward or its acknowledgement was
         // lost, or is late. The same forward goes again, neither a new one
         // (forwarded and acknowledged would no longer match) nor counted
-        // toward `forward_every`.
+        // toward `forward_every`. (A request asked again after its answer
+        // or its acknowledgement is served anew below, and counts toward
+        // `forward_every` like any other.)
         if let Some(pending) = self
             .pending_acknowledgements
             .get(&(from, request.request_id))
@@ -643,7 +657,10 @@ impl NdpClient {
         else {
             // A forward again of a call already finished: its first
             // acknowledgement was lost or is late, and the engine sends it
-            // until one comes. (Only this client's calls come to its port.)
+            // until one comes. Or a forward of a call that expired: it is
+            // acknowledged too, so an acknowledgement says the CN has the
+            // forward, not that it ran it. (Only this client's calls come
+            // to its port.)
             let forwarded_again = repr.kind == MessageKind::Forwarded && repr.status == Status::Ok;
             return (None, forwarded_again.then(acknowledgement));
         };
@@ -723,7 +740,13 @@ impl Agent for NdpEngineAgent {
             .receive(nic, DATAGRAMS_PER_TURN, |from, message| {
                 engine.handle(now, from, message, &mut outbox)
             })?;
-        engine.resend_forwards(now, &mut outbox);
+        // Only with nothing held, and a bounded number a turn: a port
+        // holds what the device cannot take, and a burst of thousands of
+        // forwards falling due at once (a CN gone) overflowed it, which
+        // stops the agent for good.
+        if self.port.held() == 0 {
+            engine.resend_forwards(now, RESENDS_PER_TURN, &mut outbox);
+        }
         moved |= !outbox.is_empty();
         for (to, message) in outbox {
             self.port.send(nic, to, &message)?;
@@ -1341,9 +1364,9 @@ mod tests {
         assert_eq!(engine.counters().forwarded, 1);
         let due = now.saturating_add(FIRST_RESEND_AFTER);
         assert_eq!(engine.next_resend(), Some(due));
-        engine.resend_forwards(Timestamp::from_nanos(due.as_nanos() - 1), &mut outbox);
+        engine.resend_forwards(Timestamp::from_nanos(due.as_nanos() - 1), 8, &mut outbox);
         assert!(outbox.is_empty());
-        engine.resend_forwards(due, &mut outbox);
+        engine.resend_forwards(due, 8, &mut outbox);
         assert_eq!(outbox.pop(), Some((client_end(1), forward.clone())));
         assert_eq!(engine.counters().forwards_resent, 2);
         let (finished, acknowledgement) = client.handle(&forward);
@@ -1367,12 +1390,40 @@ mod tests {
         let mut resends = 0;
         while let Some(due) = engine.next_resend() {
             outbox.clear();
-            engine.resend_forwards(due, &mut outbox);
+            engine.resend_forwards(due, 8, &mut outbox);
             resends += outbox.len();
             assert!(resends < 20, "bounded by the deadline");
         }
         assert!(resends >= 4, "{resends} resends within the deadline");
         assert_eq!(engine.unacknowledged(), 0);
         assert_eq!(engine.counters().dropped["AcknowledgementTimedOut"], 1);
+    }
+
+    /// Thousands of forwards falling due at once (a CN gone) went out in
+    /// one turn, past what the agent's port may hold, which stops the
+    /// agent: a call sends at most the number it is given, and the rest
+    /// stay due for the next.
+    #[test]
+    fn forwards_due_at_once_go_a_bounded_number_per_call() {
+        let mut engine = NdpEngine::new(vec![7u8; 4096], 1);
+        engine.register(App::Mvs).unwrap();
+        let mut client = NdpClient::default();
+        let mut outbox = Vec::new();
+        for _ in 0..100 {
+            let (_, request) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
+            engine.handle(Timestamp::ZERO, client_end(1), &request, &mut outbox);
+        }
+        let due = Timestamp::ZERO.saturating_add(FIRST_RESEND_AFTER);
+        let mut turns = Vec::new();
+        for _ in 0..3 {
+            outbox.clear();
+            engine.resend_forwards(due, 40, &mut outbox);
+            turns.push(outbox.len());
+            if let Some(next) = engine.next_resend() {
+                assert!(next <= due || turns.iter().sum::<usize>() == 100);
+            }
+        }
+        assert_eq!(turns, vec![40, 40, 20]);
+        assert_eq!(engine.counters().forwards_resent, 100);
     }
 }

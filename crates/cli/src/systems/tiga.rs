@@ -206,7 +206,11 @@ fn settled(
     rack: &remora_tiga::rack::NdpRack,
 ) -> (remora_tiga::rack::EngineCounters, Option<String>) {
     let (counters, unacknowledged) = rack.settled_counters(std::time::Duration::from_secs(5));
-    let failure = (unacknowledged > 0 || counters.forwarded != counters.acknowledged)
-        .then(|| format!("TIGA: {unacknowledged} forwarded requests never acknowledged"));
+    let failure = (unacknowledged > 0 || counters.forwarded != counters.acknowledged).then(|| {
+        format!(
+            "TIGA: {} forwarded requests, {} acknowledged ({unacknowledged} still waiting; the engine gave up on the rest)",
+            counters.forwarded, counters.acknowledged
+        )
+    });
     (counters, failure)
 }
