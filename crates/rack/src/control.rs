@@ -112,8 +112,14 @@ pub enum Reply {
 
 /// The client's last word after a `Connected` reply: it has the reply.
 /// A client that hung up before reading it may still have let the
-/// server's write succeed (the socket buffered it); without this word the
-/// server destroys the queue pair it made, which nobody would ever use.
+/// server's write succeed (the socket buffered it); without this word,
+/// within `CLIENT_TIMEOUT`, the server destroys the queue pair it made,
+/// which nobody would ever use. The client does not wait to hear that
+/// its word arrived (that would need a word back, and so on): one that
+/// stalled past the timeout between reading the reply and confirming it
+/// holds a queue pair whose peer is gone, and its first operations fail.
+/// A client from before this word never confirms, so its queue pairs are
+/// destroyed: both ends of a rack must be of one version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Confirm {
     Received,
@@ -140,8 +146,9 @@ enum Listener {
     Tcp(TcpListener),
 }
 
-/// How long a connected client may take to send its request or read the
-/// reply.
+/// How long a connected client may take to send its request, to read the
+/// reply, and to confirm it: a client that says nothing holds the server,
+/// which serves one client at a time, up to three times this.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 
 trait Stream: std::io::Read + Write {

@@ -320,9 +320,10 @@ pub(super) unsafe fn dereg_mr(mr: *mut ibv_mr) -> c_int {
 /// said readable, and `ibv_get_cq_event` then blocked.) A caller waiting
 /// for an event waits in `poll`, without the lock. Under the lock the
 /// descriptor is read only when `poll` says a count is there, so that a
-/// count and list that ever disagree (a program reading the descriptor
-/// itself) cost an event, never a thread blocked holding the lock that
-/// every completion takes.
+/// count and list that ever disagree (a program that read the descriptor
+/// itself) cost an event, not a thread blocked holding the lock that every
+/// completion takes. (A program reading it at the very moment, between
+/// that `poll` and the read, can still block the reader.)
 pub(super) struct ChannelShared {
     events: OwnedFd,
     /// The queues the counted events came from, in order. The lock also

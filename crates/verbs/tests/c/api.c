@@ -8,6 +8,9 @@
  * first on LD_LIBRARY_PATH: an unmodified program. Prints "ok" on success;
  * any failed check prints what and exits 1.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* pthread_timedjoin_np */
+#endif
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -21,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define CHECK(condition, ...)                                              \
@@ -270,14 +274,14 @@ struct event_wait {
 	struct ibv_comp_channel *channel;
 	struct ibv_cq *named;
 	int result, error;
-	volatile int started;
+	volatile pid_t thread_id;
 };
 
 static void *wait_for_an_event(void *argument)
 {
 	struct event_wait *wait = argument;
 	void *cq_context = NULL;
-	wait->started = 1;
+	wait->thread_id = (pid_t)syscall(SYS_gettid);
 	errno = 0;
 	wait->result = ibv_get_cq_event(wait->channel, &wait->named, &cq_context);
 	wait->error = errno;
@@ -287,6 +291,22 @@ static void *wait_for_an_event(void *argument)
 static void on_signal(int signal_number)
 {
 	(void)signal_number;
+}
+
+/* Whether thread `thread_id` of this process sleeps in the kernel. */
+static int sleeping(pid_t thread_id)
+{
+	char path[64], stat[512];
+	snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)thread_id);
+	FILE *file = fopen(path, "r");
+	if (!file)
+		return 0;
+	size_t length = fread(stat, 1, sizeof stat - 1, file);
+	fclose(file);
+	stat[length] = 0;
+	/* The state follows the parenthesised name, which may hold spaces. */
+	char *name_end = strrchr(stat, ')');
+	return name_end && name_end[1] == ' ' && name_end[2] == 'S';
 }
 
 /* A signal whose handler has SA_RESTART (perftest's duration alarm) ended
@@ -308,14 +328,22 @@ static void a_signal_does_not_end_the_wait_for_an_event(uint8_t *remote, struct 
 	CHECK(ibv_req_notify_cq(evented, 0) == 0, "arm");
 	pthread_t waiter;
 	CHECK(pthread_create(&waiter, NULL, wait_for_an_event, &wait) == 0, "start the waiter");
-	while (!wait.started)
-		sched_yield();
-	usleep(50000);
+	/* Signalled only once it waits in the kernel, or the signal could
+	 * land before the wait and the test pass without testing anything. */
+	int waited_ms = 0;
+	while (!(wait.thread_id && sleeping(wait.thread_id)) && waited_ms < 5000) {
+		usleep(1000);
+		waited_ms++;
+	}
+	CHECK(waited_ms < 5000, "the waiter sleeps in ibv_get_cq_event");
 	CHECK(pthread_kill(waiter, SIGUSR1) == 0, "signal the waiter");
 	usleep(50000);
 	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_ERR };
 	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == 0, "to ERR, which raises the event");
-	CHECK(pthread_join(waiter, NULL) == 0, "join the waiter");
+	struct timespec limit;
+	clock_gettime(CLOCK_REALTIME, &limit);
+	limit.tv_sec += 5;
+	CHECK(pthread_timedjoin_np(waiter, NULL, &limit) == 0, "the waiter returns within 5 s");
 	CHECK(wait.result == 0 && wait.named == evented,
 	      "the signal did not end the wait (result %d, errno %d)", wait.result, wait.error);
 	struct ibv_wc wc;
