@@ -746,21 +746,12 @@ pub fn run_seed(seed: u64, config: &ScenarioConfig) -> SeedReport {
             (None, Some(window)) => ResponderView::CrashedWith(window),
             (None, None) => ResponderView::Gone,
         };
-        let opposite_violation = streams.iter().any(|other| {
-            !std::ptr::eq(other, stream)
-                && other.connection == stream.connection
-                && other.ends_in_violation()
-        });
-        // A transport gives up only when its peer is gone (a crash, or a
-        // partition long enough to outlast every retry) or errored after a
-        // violation and the loss ate the NAK that said so. Loss alone must
-        // never exhaust the retries, nor a partition shorter than them.
-        let violation = opposite_violation || stream.ends_in_violation();
-        let may_give_up = crashed || partition_outlasts_retries || (violation && lossy);
-        let context = CheckContext {
-            may_give_up,
-            opposite_violation,
+        let faults = RunFaults {
+            crashed,
+            partition_outlasts_retries,
+            lossy,
         };
+        let context = CheckContext::of(stream, &streams, faults);
         check_stream(&sim, stream, requester, responder, context, &mut report);
     }
     for (host, completions) in hosts.iter().zip(&completions) {
@@ -987,6 +978,42 @@ struct CheckContext {
     /// violation explains its flushes only if the violation itself was
     /// refused (checked from its completion).
     opposite_violation: bool,
+}
+
+/// What happened in a run that bears on giving up.
+#[derive(Debug, Clone, Copy)]
+struct RunFaults {
+    crashed: bool,
+    /// A partition long enough to outlast every retry.
+    partition_outlasts_retries: bool,
+    /// Frames went missing ([`frames_went_missing`]).
+    lossy: bool,
+}
+
+impl CheckContext {
+    /// The context `stream`'s checks run in, among the run's `streams`.
+    fn of(stream: &Stream, streams: &[Stream], faults: RunFaults) -> CheckContext {
+        let opposite_violation = streams.iter().any(|other| {
+            !std::ptr::eq(other, stream)
+                && other.connection == stream.connection
+                && other.ends_in_violation()
+        });
+        // A transport gives up only when its peer is gone (a crash, or a
+        // partition long enough to outlast every retry) or errored after
+        // this stream's violation and the loss ate the NAK that said so.
+        // Loss alone must never exhaust the retries, nor a partition
+        // shorter than them. Not after the opposite stream's violation:
+        // its responder is this stream's requester, which errored as it
+        // sent the NAK and flushed this stream's requests, so none is left
+        // to retry (excused, a requester that gave up on them passed).
+        let may_give_up = faults.crashed
+            || faults.partition_outlasts_retries
+            || (stream.ends_in_violation() && faults.lossy);
+        CheckContext {
+            may_give_up,
+            opposite_violation,
+        }
+    }
 }
 
 fn check_stream(
@@ -1454,6 +1481,44 @@ mod tests {
             failures.push(failure)
         });
         failures
+    }
+
+    /// A stream whose opposite stream ended in a violation was allowed to
+    /// give up in a lossy run, though its requester errored as it sent the
+    /// NAK and had nothing left to retry: only a stream's own violation,
+    /// with frames lost, excuses giving up.
+    #[test]
+    fn the_opposite_streams_violation_does_not_excuse_giving_up() {
+        let write = Operation::Read {
+            offset: 0,
+            length: 8,
+        };
+        let violating = stream_of(vec![
+            write.clone(),
+            Operation::Violation(Violation::BadRkey),
+        ]);
+        let opposite = stream_of(vec![write]);
+        let streams = [violating, opposite];
+        let lossy = RunFaults {
+            crashed: false,
+            partition_outlasts_retries: false,
+            lossy: true,
+        };
+        let own = CheckContext::of(&streams[0], &streams, lossy);
+        assert!(own.may_give_up && !own.opposite_violation);
+        let other = CheckContext::of(&streams[1], &streams, lossy);
+        assert!(other.opposite_violation);
+        assert!(!other.may_give_up, "the opposite stream may not give up");
+        let clean = RunFaults {
+            lossy: false,
+            ..lossy
+        };
+        assert!(!CheckContext::of(&streams[0], &streams, clean).may_give_up);
+        let crashed = RunFaults {
+            crashed: true,
+            ..clean
+        };
+        assert!(CheckContext::of(&streams[1], &streams, crashed).may_give_up);
     }
 
     /// Giving up after a violation was excused by the profile's loss: a
