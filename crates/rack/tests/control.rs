@@ -210,20 +210,31 @@ fn a_client_that_hangs_up_before_its_reply_leaves_no_queue_pair_behind() {
     let ControlAddress::Unix(path) = &server.address else {
         unreachable!("the test server listens on a Unix socket")
     };
-    let request = Request::Connect {
-        client: "gone".into(),
-        endpoint: endpoint_message(),
-    };
-    let mut line = serde_json::to_vec(&request).unwrap();
-    line.push(b'\n');
     let mut gone = std::os::unix::net::UnixStream::connect(path).unwrap();
     // Hung up for reading before the request goes: the server's reply
     // then fails whenever it is written.
     gone.shutdown(std::net::Shutdown::Read).unwrap();
-    gone.write_all(&line).unwrap();
+    gone.write_all(&request_line("gone")).unwrap();
     drop(gone);
     // The server has read the request and tried to answer before it
     // serves the next client, one at a time.
+    assert_the_next_client_connects(server);
+}
+
+/// A connection request from `client`, as one line on the wire.
+fn request_line(client: &str) -> Vec<u8> {
+    let request = Request::Connect {
+        client: client.into(),
+        endpoint: endpoint_message(),
+    };
+    let mut line = serde_json::to_vec(&request).unwrap();
+    line.push(b'\n');
+    line
+}
+
+/// The next client of `server` (whose NIC has room for one queue pair)
+/// connects, so the one before left none behind; then stops `server`.
+fn assert_the_next_client_connects(server: Server) {
     let never = AtomicBool::new(false);
     let request = Request::Connect {
         client: "next".into(),
@@ -247,30 +258,15 @@ fn a_client_that_hangs_up_without_confirming_leaves_no_queue_pair_behind() {
     let ControlAddress::Unix(path) = &server.address else {
         unreachable!("the test server listens on a Unix socket")
     };
-    let request = Request::Connect {
-        client: "gone".into(),
-        endpoint: endpoint_message(),
-    };
-    let mut line = serde_json::to_vec(&request).unwrap();
-    line.push(b'\n');
     let mut gone = std::os::unix::net::UnixStream::connect(path).unwrap();
-    gone.write_all(&line).unwrap();
+    gone.write_all(&request_line("gone")).unwrap();
     let mut reply = String::new();
     std::io::BufReader::new(&gone)
         .read_line(&mut reply)
         .unwrap();
     assert!(reply.contains("Connected"), "{reply}");
     drop(gone);
-    let never = AtomicBool::new(false);
-    let request = Request::Connect {
-        client: "next".into(),
-        endpoint: endpoint_message(),
-    };
-    let reply =
-        control::request(&server.address, &request, Duration::from_secs(5), &never).unwrap();
-    assert!(matches!(reply, Reply::Connected { .. }), "{reply:?}");
-    server.stop.store(true, Ordering::Relaxed);
-    server.thread.join().unwrap();
+    assert_the_next_client_connects(server);
 }
 
 /// A client whose request failed (no server, a stop, a refusal) kept the

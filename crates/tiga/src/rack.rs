@@ -1120,13 +1120,19 @@ mod tests {
         }
     }
 
+    /// An engine over 4 KiB of 7s serving MVS, forwarding one request in
+    /// `forward_every`, and a client.
+    fn mvs_engine(forward_every: u64) -> (NdpEngine, NdpClient) {
+        let mut engine = NdpEngine::new(vec![7u8; 4096], forward_every);
+        engine.register(App::Mvs).unwrap();
+        (engine, NdpClient::default())
+    }
+
     /// Refused requests counted toward `forward_every`: with refused and
     /// good requests alternating, every good one was forwarded (or none).
     #[test]
     fn forward_every_counts_only_requests_that_can_be_served() {
-        let mut engine = NdpEngine::new(vec![7u8; 4096], 2);
-        engine.register(App::Mvs).unwrap();
-        let mut client = NdpClient::default();
+        let (mut engine, mut client) = mvs_engine(2);
         let mut outbox = Vec::new();
         for _ in 0..2 {
             let (_, refused) = client.begin(Timestamp::ZERO, App::Mvs, 1 << 40, 64, Mode::Ndp);
@@ -1189,9 +1195,7 @@ mod tests {
     /// fetch) is a stray: the call still waits for its own.
     #[test]
     fn an_answer_of_the_other_modes_kind_is_a_stray() {
-        let mut engine = NdpEngine::new(vec![7u8; 4096], 1_000);
-        engine.register(App::Mvs).unwrap();
-        let mut client = NdpClient::default();
+        let (mut engine, mut client) = mvs_engine(1_000);
         let mut other = NdpClient::default();
         let (id, _) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::CpuOnly);
         let (other_id, request) = other.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
@@ -1210,9 +1214,7 @@ mod tests {
     /// engine's set of them without end.
     #[test]
     fn unacknowledged_forwards_are_bounded_and_the_oldest_forgotten() {
-        let mut engine = NdpEngine::new(vec![7u8; 4096], 1);
-        engine.register(App::Mvs).unwrap();
-        let mut client = NdpClient::default();
+        let (mut engine, mut client) = mvs_engine(1);
         let mut outbox = Vec::new();
         let forwards = MAX_UNACKNOWLEDGED + 10;
         for _ in 0..forwards {
@@ -1241,9 +1243,7 @@ mod tests {
     /// stale copy at the front would have forgotten the newest forward.
     #[test]
     fn a_request_forwarded_again_and_again_keeps_the_order_bounded() {
-        let mut engine = NdpEngine::new(vec![7u8; 4096], 1);
-        engine.register(App::Mvs).unwrap();
-        let mut client = NdpClient::default();
+        let (mut engine, mut client) = mvs_engine(1);
         let (_, request) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
         let acknowledgement = TigaRepr {
             kind: MessageKind::Acknowledgement,
@@ -1310,9 +1310,7 @@ mod tests {
     /// waits, and an answer to any copy finishes the call once.
     #[test]
     fn a_call_without_an_answer_is_sent_again_with_backoff() {
-        let mut engine = NdpEngine::new(vec![7u8; 4096], 0);
-        engine.register(App::Mvs).unwrap();
-        let mut client = NdpClient::default();
+        let (mut engine, mut client) = mvs_engine(0);
         let sent = Timestamp::from_nanos(1_000);
         let (id, request) = client.begin(sent, App::Mvs, 0, 64, Mode::Ndp);
         let first = sent.saturating_add(FIRST_RESEND_AFTER);
@@ -1347,9 +1345,7 @@ mod tests {
     /// forwards and acknowledgements still match one for one.
     #[test]
     fn a_forward_is_sent_again_until_it_is_acknowledged() {
-        let mut engine = NdpEngine::new(vec![7u8; 4096], 1);
-        engine.register(App::Mvs).unwrap();
-        let mut client = NdpClient::default();
+        let (mut engine, mut client) = mvs_engine(1);
         let now = Timestamp::from_nanos(1_000);
         let (id, request) = client.begin(now, App::Mvs, 0, 64, Mode::Ndp);
         let mut outbox = Vec::new();
@@ -1381,9 +1377,7 @@ mod tests {
     /// the call deadline the engine gives up on it, and says so.
     #[test]
     fn a_forward_never_acknowledged_is_given_up_at_the_deadline() {
-        let mut engine = NdpEngine::new(vec![7u8; 4096], 1);
-        engine.register(App::Mvs).unwrap();
-        let mut client = NdpClient::default();
+        let (mut engine, mut client) = mvs_engine(1);
         let (_, request) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
         let mut outbox = Vec::new();
         engine.handle(Timestamp::ZERO, client_end(1), &request, &mut outbox);
@@ -1405,9 +1399,7 @@ mod tests {
     /// stay due for the next.
     #[test]
     fn forwards_due_at_once_go_a_bounded_number_per_call() {
-        let mut engine = NdpEngine::new(vec![7u8; 4096], 1);
-        engine.register(App::Mvs).unwrap();
-        let mut client = NdpClient::default();
+        let (mut engine, mut client) = mvs_engine(1);
         let mut outbox = Vec::new();
         for _ in 0..100 {
             let (_, request) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
