@@ -915,3 +915,62 @@ mod range_table {
         }
     }
 }
+
+/// Learned hosts never aged: one that left kept its entries for good, and
+/// once the tables filled no new host was ever learned. A learned host
+/// unseen for the aging time is forgotten (its next frame is news again);
+/// one that keeps sending stays; configured hosts never age.
+#[test]
+fn learned_hosts_age_out_unless_seen_and_configured_hosts_never_do() {
+    use remora_switch::programs::l2l3::DEFAULT_AGING;
+    let at = |seconds: u64| Timestamp::from_nanos(seconds * 1_000_000_000);
+    let mut switch = rack_switch(3);
+    // Hosts 8 and 9 join on ports 1 and 2 at 1 s and are learned.
+    for (host, port) in [(8, PortId(1)), (9, PortId(2))] {
+        let hello = roce_frame(host, 1, host_mac(1), b"hello");
+        switch.handle_frame(at(1), port, &hello);
+        let digest = switch.poll_digest().expect("a learning digest");
+        assert_eq!(digest.values[2], at(1).as_nanos(), "the digest says when");
+        switch.program_mut().learn(&digest).unwrap();
+    }
+    drain(&mut switch);
+    // Host 9 keeps sending, every 100 s; host 8 falls silent.
+    let aging_seconds = DEFAULT_AGING.as_secs();
+    for seconds in (100..=2 * aging_seconds).step_by(100) {
+        switch.handle_frame(
+            at(seconds),
+            PortId(2),
+            &roce_frame(9, 1, host_mac(1), b"alive"),
+        );
+    }
+    assert!(
+        switch.poll_digest().is_none(),
+        "a host seen on its port is not news"
+    );
+    drain(&mut switch);
+    let later = at(2 * aging_seconds + 1);
+    let to_host = |host: u8| roce_frame(1, host, host_mac(host), b"to a learned host");
+    switch.handle_frame(later, PortId(0), &to_host(9));
+    assert_eq!(
+        drain(&mut switch),
+        vec![(PortId(2), to_host(9))],
+        "host 9 stays"
+    );
+    switch.handle_frame(later, PortId(0), &to_host(8));
+    assert!(
+        drain(&mut switch).is_empty(),
+        "host 8 aged out: unknown, dropped"
+    );
+    assert_eq!(switch.program().aged_out(), 1);
+    // Host 8's next frame is news again.
+    switch.handle_frame(later, PortId(1), &roce_frame(8, 1, host_mac(1), b"back"));
+    assert!(
+        switch.poll_digest().is_some(),
+        "an aged-out host is learned again"
+    );
+    // A configured host is there however long it stays silent.
+    drain(&mut switch);
+    let to_configured = roce_frame(1, 3, host_mac(3), b"to a configured host");
+    switch.handle_frame(at(100 * aging_seconds), PortId(0), &to_configured);
+    assert_eq!(drain(&mut switch), vec![(PortId(2), to_configured)]);
+}

@@ -14,6 +14,11 @@
 //!   add the pair to both tables. Hosts the control plane configured stay
 //!   where it put them, as a switch's static MAC entries do: a frame
 //!   with a configured host's MAC from elsewhere does not move it.
+//! - Aging: a learned host no frame has come from for the aging time
+//!   (802.1D's default, 300 s) leaves both tables, as a Tofino table's
+//!   idle timeout reports it; its next frame is news again. Configured
+//!   hosts never age. Without it, hosts that left held their entries for
+//!   good, and once the tables filled no new host was ever learned.
 
 use crate::packet::{Egress, Packet, PortId};
 use crate::program::{Digest, Program};
@@ -21,9 +26,15 @@ use crate::resources::ResourceReport;
 use crate::table::{ExactTable, LpmTable, TableError, TableShape};
 use remora_base::Timestamp;
 use remora_wire::{Ipv4Address, MacAddress};
+use std::time::Duration;
 
-/// Digest kind: `values[0]` is the source MAC, `values[1]` the port.
+/// Digest kind: `values[0]` is the source MAC, `values[1]` the port,
+/// `values[2]` when the frame came (nanoseconds).
 pub const LEARN_DIGEST: u16 = 1;
+
+/// How long a learned host stays with no frame from it: 802.1D's default
+/// aging time.
+pub const DEFAULT_AGING: Duration = Duration::from_secs(300);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Route {
@@ -42,15 +53,23 @@ pub struct L2L3Forwarding {
     /// one per digest, and a host that stays unknown raises one with each
     /// frame it sends.
     learning_refused: u64,
+    /// How long a learned host stays unseen; `None`: for ever.
+    aging: Option<Duration>,
+    /// When the learned hosts are next looked over for aging.
+    next_sweep: Timestamp,
+    /// Learned hosts aged out.
+    aged_out: u64,
 }
 
 /// How the switch came to know a source MAC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Station {
-    /// Placed by the control plane: it never moves.
+    /// Placed by the control plane: it never moves nor ages.
     Configured,
-    /// Learned from a frame on this port: it moves when the host does.
-    Learned(PortId),
+    /// Learned from a frame on `port`: it moves when the host does, and
+    /// ages out when no frame has come from it since `last_seen` for the
+    /// aging time.
+    Learned { port: PortId, last_seen: Timestamp },
 }
 
 pub fn mac_to_u64(mac: MacAddress) -> u64 {
@@ -92,6 +111,9 @@ impl L2L3Forwarding {
             }),
             flood_unknown: false,
             learning_refused: 0,
+            aging: Some(DEFAULT_AGING),
+            next_sweep: Timestamp::ZERO,
+            aged_out: 0,
         }
     }
 
@@ -116,6 +138,17 @@ impl L2L3Forwarding {
 
     pub fn set_flood_unknown(&mut self, flood: bool) {
         self.flood_unknown = flood;
+    }
+
+    /// How long a learned host stays with no frame from it (`None`: for
+    /// ever); [`DEFAULT_AGING`] unless set.
+    pub fn set_aging(&mut self, aging: Option<Duration>) {
+        self.aging = aging;
+    }
+
+    /// Learned hosts aged out so far.
+    pub fn aged_out(&self) -> u64 {
+        self.aged_out
     }
 
     /// Control plane: a host with this MAC sits behind `port`, for good.
@@ -172,16 +205,59 @@ impl L2L3Forwarding {
             return Ok(());
         }
         let port = PortId(digest.values[1] as u16);
-        self.place(mac, port, Station::Learned(port))
+        let last_seen = Timestamp::from_nanos(digest.values[2]);
+        self.place(mac, port, Station::Learned { port, last_seen })
     }
 
-    /// Whether a frame from `source` on `port` is news to the control
-    /// plane: a host never seen, or a learned one on a new port.
-    fn is_news(&self, source: u64, port: PortId) -> bool {
-        match self.known_sources.lookup(&source) {
+    /// Whether a frame from `source` on `port` at `now` is news to the
+    /// control plane: a host never seen, or a learned one on a new port.
+    /// A learned host seen on its port is seen afresh (it does not age).
+    fn observe(&mut self, source: u64, port: PortId, now: Timestamp) -> bool {
+        match self.known_sources.lookup_mut(&source) {
             None => true,
-            Some(Station::Learned(learned)) => *learned != port,
+            Some(Station::Learned {
+                port: learned,
+                last_seen,
+            }) => {
+                if *learned != port {
+                    return true;
+                }
+                *last_seen = (*last_seen).max(now);
+                false
+            }
             Some(Station::Configured) => false,
+        }
+    }
+
+    /// Forgets the learned hosts unseen for the aging time, looking them
+    /// over at most four times per aging time (bounded by the table's
+    /// capacity each time).
+    fn age(&mut self, now: Timestamp) {
+        let Some(aging) = self.aging else {
+            return;
+        };
+        if now < self.next_sweep {
+            return;
+        }
+        self.next_sweep = now.saturating_add(aging / 4);
+        let stale: Vec<(u64, PortId)> = self
+            .known_sources
+            .iter()
+            .filter_map(|(mac, station)| match station {
+                Station::Learned { port, last_seen }
+                    if now.saturating_duration_since(*last_seen) >= aging =>
+                {
+                    Some((*mac, *port))
+                }
+                _ => None,
+            })
+            .collect();
+        for (mac, port) in stale {
+            self.known_sources.remove(&mac);
+            if self.mac_table.lookup(&mac) == Some(&port) {
+                self.mac_table.remove(&mac);
+            }
+            self.aged_out += 1;
         }
     }
 
@@ -227,7 +303,8 @@ impl Program for L2L3Forwarding {
         "l2l3"
     }
 
-    fn ingress(&mut self, _now: Timestamp, packet: &mut Packet) {
+    fn ingress(&mut self, now: Timestamp, packet: &mut Packet) {
+        self.age(now);
         // A group address is never a frame's source (802.1D): such a
         // frame (a spoof, a flipped bit) is dropped. Learned, it sent
         // every later broadcast to its one port.
@@ -244,13 +321,13 @@ impl Program for L2L3Forwarding {
         // Learning waits for the host's next frame without one. (A host
         // whose every frame carries an overlay's digest is never learned;
         // racks configure their hosts, which need no learning.)
-        if packet.digest.is_none()
-            && packet.ingress_port.0 < crate::packet::RECIRCULATION_PORT.0
-            && self.is_news(source, packet.ingress_port)
+        if packet.ingress_port.0 < crate::packet::RECIRCULATION_PORT.0
+            && self.observe(source, packet.ingress_port, now)
+            && packet.digest.is_none()
         {
             packet.digest = Some(Digest {
                 kind: LEARN_DIGEST,
-                values: [source, u64::from(packet.ingress_port.0), 0, 0],
+                values: [source, u64::from(packet.ingress_port.0), now.as_nanos(), 0],
             });
         }
         if destination_mac == self.switch_mac && self.route(packet) {
