@@ -917,14 +917,20 @@ mod range_table {
 }
 
 /// Learned hosts never aged: one that left kept its entries for good, and
-/// once the tables filled no new host was ever learned. A learned host
-/// unseen for the aging time is forgotten (its next frame is news again);
-/// one that keeps sending stays; configured hosts never age.
+/// once the tables filled no new host was ever learned. With aging on, a
+/// learned host unseen for the aging time is forgotten (its next frame is
+/// news again); one that keeps sending stays; configured hosts never age.
 #[test]
 fn learned_hosts_age_out_unless_seen_and_configured_hosts_never_do() {
-    use remora_switch::programs::l2l3::DEFAULT_AGING;
+    use remora_switch::programs::l2l3::{ZeroAging, DEFAULT_AGING};
+    use std::time::Duration;
     let at = |seconds: u64| Timestamp::from_nanos(seconds * 1_000_000_000);
     let mut switch = rack_switch(3);
+    assert_eq!(
+        switch.program_mut().set_aging(Some(Duration::ZERO)),
+        Err(ZeroAging)
+    );
+    switch.program_mut().set_aging(Some(DEFAULT_AGING)).unwrap();
     // Hosts 8 and 9 join on ports 1 and 2 at 1 s and are learned.
     for (host, port) in [(8, PortId(1)), (9, PortId(2))] {
         let hello = roce_frame(host, 1, host_mac(1), b"hello");

@@ -14,11 +14,15 @@
 //!   add the pair to both tables. Hosts the control plane configured stay
 //!   where it put them, as a switch's static MAC entries do: a frame
 //!   with a configured host's MAC from elsewhere does not move it.
-//! - Aging: a learned host no frame has come from for the aging time
-//!   (802.1D's default, 300 s) leaves both tables, as a Tofino table's
-//!   idle timeout reports it; its next frame is news again. Configured
-//!   hosts never age. Without it, hosts that left held their entries for
-//!   good, and once the tables filled no new host was ever learned.
+//! - Aging, when asked for ([`L2L3Forwarding::set_aging`]; 802.1D's
+//!   default is [`DEFAULT_AGING`], 300 s): a learned host forwarding has
+//!   seen no frame from for the aging time leaves both tables, as a
+//!   Tofino table's idle timeout reports it, and its next frame is news
+//!   again. Without it, hosts that left hold their entries for good, and
+//!   once the tables fill no new host is learned. It is off by default:
+//!   802.1D ages safely because a switch floods unknown unicast, and this
+//!   one drops it unless told to flood, so an aged-out host that only
+//!   receives would be cut off until it sent. Configured hosts never age.
 
 use crate::packet::{Egress, Packet, PortId};
 use crate::program::{Digest, Program};
@@ -35,6 +39,11 @@ pub const LEARN_DIGEST: u16 = 1;
 /// How long a learned host stays with no frame from it: 802.1D's default
 /// aging time.
 pub const DEFAULT_AGING: Duration = Duration::from_secs(300);
+
+/// An aging time of zero, refused by [`L2L3Forwarding::set_aging`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("an aging time of zero would forget every learned host at every frame")]
+pub struct ZeroAging;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Route {
@@ -105,13 +114,15 @@ impl L2L3Forwarding {
                 name: "known_sources",
                 stage: 1,
                 key_bits: 48,
-                // A learned host's port, and whether it was learned.
+                // A learned host's port, and whether it was learned. (The
+                // time it was last seen, for aging, is the idle-timeout
+                // state a Tofino keeps beside a table, not action data.)
                 action_data_bits: 17,
                 capacity,
             }),
             flood_unknown: false,
             learning_refused: 0,
-            aging: Some(DEFAULT_AGING),
+            aging: None,
             next_sweep: Timestamp::ZERO,
             aged_out: 0,
         }
@@ -140,10 +151,17 @@ impl L2L3Forwarding {
         self.flood_unknown = flood;
     }
 
-    /// How long a learned host stays with no frame from it (`None`: for
-    /// ever); [`DEFAULT_AGING`] unless set.
-    pub fn set_aging(&mut self, aging: Option<Duration>) {
+    /// How long a learned host stays with no frame from it; `None` (the
+    /// default): for ever. Refused: a zero aging time, which would forget
+    /// every learned host at every frame. The next frame looks the hosts
+    /// over under the new time.
+    pub fn set_aging(&mut self, aging: Option<Duration>) -> Result<(), ZeroAging> {
+        if aging == Some(Duration::ZERO) {
+            return Err(ZeroAging);
+        }
         self.aging = aging;
+        self.next_sweep = Timestamp::ZERO;
+        Ok(())
     }
 
     /// Learned hosts aged out so far.
@@ -211,7 +229,8 @@ impl L2L3Forwarding {
 
     /// Whether a frame from `source` on `port` at `now` is news to the
     /// control plane: a host never seen, or a learned one on a new port.
-    /// A learned host seen on its port is seen afresh (it does not age).
+    /// A learned host seen on its port is seen afresh. (Frames an overlay
+    /// takes whole never reach forwarding, so they do not count.)
     fn observe(&mut self, source: u64, port: PortId, now: Timestamp) -> bool {
         match self.known_sources.lookup_mut(&source) {
             None => true,
@@ -230,8 +249,10 @@ impl L2L3Forwarding {
     }
 
     /// Forgets the learned hosts unseen for the aging time, looking them
-    /// over at most four times per aging time (bounded by the table's
-    /// capacity each time).
+    /// over as frames come, at most four times per aging time (bounded by
+    /// the table's capacity each time): a host goes between one and one
+    /// and a quarter aging times after it was last seen on a busy switch,
+    /// at the next frame on an idle one.
     fn age(&mut self, now: Timestamp) {
         let Some(aging) = self.aging else {
             return;
@@ -239,7 +260,7 @@ impl L2L3Forwarding {
         if now < self.next_sweep {
             return;
         }
-        self.next_sweep = now.saturating_add(aging / 4);
+        self.next_sweep = now.saturating_add((aging / 4).max(Duration::from_nanos(1)));
         let stale: Vec<(u64, PortId)> = self
             .known_sources
             .iter()
