@@ -1489,15 +1489,12 @@ mod tests {
     /// with frames lost, excuses giving up.
     #[test]
     fn the_opposite_streams_violation_does_not_excuse_giving_up() {
-        let write = Operation::Read {
+        let read = Operation::Read {
             offset: 0,
             length: 8,
         };
-        let violating = stream_of(vec![
-            write.clone(),
-            Operation::Violation(Violation::BadRkey),
-        ]);
-        let opposite = stream_of(vec![write]);
+        let violating = stream_of(vec![read.clone(), Operation::Violation(Violation::BadRkey)]);
+        let opposite = stream_of(vec![read]);
         let streams = [violating, opposite];
         let lossy = RunFaults {
             crashed: false,
