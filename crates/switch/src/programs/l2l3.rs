@@ -14,15 +14,6 @@
 //!   add the pair to both tables. Hosts the control plane configured stay
 //!   where it put them, as a switch's static MAC entries do: a frame
 //!   with a configured host's MAC from elsewhere does not move it.
-//! - Aging, when asked for ([`L2L3Forwarding::set_aging`]; 802.1D's
-//!   default is [`DEFAULT_AGING`], 300 s): a learned host forwarding has
-//!   seen no frame from for the aging time leaves both tables, as a
-//!   Tofino table's idle timeout reports it, and its next frame is news
-//!   again. Without it, hosts that left hold their entries for good, and
-//!   once the tables fill no new host is learned. It is off by default:
-//!   802.1D ages safely because a switch floods unknown unicast, and this
-//!   one drops it unless told to flood, so an aged-out host that only
-//!   receives would be cut off until it sent. Configured hosts never age.
 
 use crate::packet::{Egress, Packet, PortId};
 use crate::program::{Digest, Program};
@@ -30,20 +21,9 @@ use crate::resources::ResourceReport;
 use crate::table::{ExactTable, LpmTable, TableError, TableShape};
 use remora_base::Timestamp;
 use remora_wire::{Ipv4Address, MacAddress};
-use std::time::Duration;
 
-/// Digest kind: `values[0]` is the source MAC, `values[1]` the port,
-/// `values[2]` when the frame came (nanoseconds).
+/// Digest kind: `values[0]` is the source MAC, `values[1]` the port.
 pub const LEARN_DIGEST: u16 = 1;
-
-/// How long a learned host stays with no frame from it: 802.1D's default
-/// aging time.
-pub const DEFAULT_AGING: Duration = Duration::from_secs(300);
-
-/// An aging time of zero, refused by [`L2L3Forwarding::set_aging`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("an aging time of zero would forget every learned host at every frame")]
-pub struct ZeroAging;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Route {
@@ -62,23 +42,15 @@ pub struct L2L3Forwarding {
     /// one per digest, and a host that stays unknown raises one with each
     /// frame it sends.
     learning_refused: u64,
-    /// How long a learned host stays unseen; `None`: for ever.
-    aging: Option<Duration>,
-    /// When the learned hosts are next looked over for aging.
-    next_sweep: Timestamp,
-    /// Learned hosts aged out.
-    aged_out: u64,
 }
 
 /// How the switch came to know a source MAC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Station {
-    /// Placed by the control plane: it never moves nor ages.
+    /// Placed by the control plane: it never moves.
     Configured,
-    /// Learned from a frame on `port`: it moves when the host does, and
-    /// ages out when no frame has come from it since `last_seen` for the
-    /// aging time.
-    Learned { port: PortId, last_seen: Timestamp },
+    /// Learned from a frame on this port: it moves when the host does.
+    Learned(PortId),
 }
 
 pub fn mac_to_u64(mac: MacAddress) -> u64 {
@@ -114,17 +86,12 @@ impl L2L3Forwarding {
                 name: "known_sources",
                 stage: 1,
                 key_bits: 48,
-                // A learned host's port, and whether it was learned. (The
-                // time it was last seen, for aging, is the idle-timeout
-                // state a Tofino keeps beside a table, not action data.)
+                // A learned host's port, and whether it was learned.
                 action_data_bits: 17,
                 capacity,
             }),
             flood_unknown: false,
             learning_refused: 0,
-            aging: None,
-            next_sweep: Timestamp::ZERO,
-            aged_out: 0,
         }
     }
 
@@ -149,24 +116,6 @@ impl L2L3Forwarding {
 
     pub fn set_flood_unknown(&mut self, flood: bool) {
         self.flood_unknown = flood;
-    }
-
-    /// How long a learned host stays with no frame from it; `None` (the
-    /// default): for ever. Refused: a zero aging time, which would forget
-    /// every learned host at every frame. The next frame looks the hosts
-    /// over under the new time.
-    pub fn set_aging(&mut self, aging: Option<Duration>) -> Result<(), ZeroAging> {
-        if aging == Some(Duration::ZERO) {
-            return Err(ZeroAging);
-        }
-        self.aging = aging;
-        self.next_sweep = Timestamp::ZERO;
-        Ok(())
-    }
-
-    /// Learned hosts aged out so far.
-    pub fn aged_out(&self) -> u64 {
-        self.aged_out
     }
 
     /// Control plane: a host with this MAC sits behind `port`, for good.
@@ -223,62 +172,16 @@ impl L2L3Forwarding {
             return Ok(());
         }
         let port = PortId(digest.values[1] as u16);
-        let last_seen = Timestamp::from_nanos(digest.values[2]);
-        self.place(mac, port, Station::Learned { port, last_seen })
+        self.place(mac, port, Station::Learned(port))
     }
 
-    /// Whether a frame from `source` on `port` at `now` is news to the
-    /// control plane: a host never seen, or a learned one on a new port.
-    /// A learned host seen on its port is seen afresh. (Frames an overlay
-    /// takes whole never reach forwarding, so they do not count.)
-    fn observe(&mut self, source: u64, port: PortId, now: Timestamp) -> bool {
-        match self.known_sources.lookup_mut(&source) {
+    /// Whether a frame from `source` on `port` is news to the control
+    /// plane: a host never seen, or a learned one on a new port.
+    fn is_news(&self, source: u64, port: PortId) -> bool {
+        match self.known_sources.lookup(&source) {
             None => true,
-            Some(Station::Learned {
-                port: learned,
-                last_seen,
-            }) => {
-                if *learned != port {
-                    return true;
-                }
-                *last_seen = (*last_seen).max(now);
-                false
-            }
+            Some(Station::Learned(learned)) => *learned != port,
             Some(Station::Configured) => false,
-        }
-    }
-
-    /// Forgets the learned hosts unseen for the aging time, looking them
-    /// over as frames come, at most four times per aging time (bounded by
-    /// the table's capacity each time): a host goes between one and one
-    /// and a quarter aging times after it was last seen on a busy switch,
-    /// at the next frame on an idle one.
-    fn age(&mut self, now: Timestamp) {
-        let Some(aging) = self.aging else {
-            return;
-        };
-        if now < self.next_sweep {
-            return;
-        }
-        self.next_sweep = now.saturating_add((aging / 4).max(Duration::from_nanos(1)));
-        let stale: Vec<(u64, PortId)> = self
-            .known_sources
-            .iter()
-            .filter_map(|(mac, station)| match station {
-                Station::Learned { port, last_seen }
-                    if now.saturating_duration_since(*last_seen) >= aging =>
-                {
-                    Some((*mac, *port))
-                }
-                _ => None,
-            })
-            .collect();
-        for (mac, port) in stale {
-            self.known_sources.remove(&mac);
-            if self.mac_table.lookup(&mac) == Some(&port) {
-                self.mac_table.remove(&mac);
-            }
-            self.aged_out += 1;
         }
     }
 
@@ -324,8 +227,7 @@ impl Program for L2L3Forwarding {
         "l2l3"
     }
 
-    fn ingress(&mut self, now: Timestamp, packet: &mut Packet) {
-        self.age(now);
+    fn ingress(&mut self, _now: Timestamp, packet: &mut Packet) {
         // A group address is never a frame's source (802.1D): such a
         // frame (a spoof, a flipped bit) is dropped. Learned, it sent
         // every later broadcast to its one port.
@@ -342,13 +244,13 @@ impl Program for L2L3Forwarding {
         // Learning waits for the host's next frame without one. (A host
         // whose every frame carries an overlay's digest is never learned;
         // racks configure their hosts, which need no learning.)
-        if packet.ingress_port.0 < crate::packet::RECIRCULATION_PORT.0
-            && self.observe(source, packet.ingress_port, now)
-            && packet.digest.is_none()
+        if packet.digest.is_none()
+            && packet.ingress_port.0 < crate::packet::RECIRCULATION_PORT.0
+            && self.is_news(source, packet.ingress_port)
         {
             packet.digest = Some(Digest {
                 kind: LEARN_DIGEST,
-                values: [source, u64::from(packet.ingress_port.0), now.as_nanos(), 0],
+                values: [source, u64::from(packet.ingress_port.0), 0, 0],
             });
         }
         if destination_mac == self.switch_mac && self.route(packet) {
