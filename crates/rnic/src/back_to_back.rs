@@ -46,6 +46,13 @@ pub struct RunSummary {
 
 impl BackToBack {
     pub fn new(seed: u64) -> BackToBack {
+        let [left, right] = BackToBack::configs(seed);
+        BackToBack::with_configs(left, right)
+    }
+
+    /// The two devices' configs [`BackToBack::new`] uses, for a caller
+    /// that changes a limit before building the pair.
+    pub fn configs(seed: u64) -> [RnicConfig; 2] {
         let left = RnicConfig::new(
             MacAddress([0x02, 0, 0, 0, 0, 1]),
             Ipv4Address::new(192, 0, 2, 1),
@@ -56,7 +63,7 @@ impl BackToBack {
             Ipv4Address::new(192, 0, 2, 2),
             seed.wrapping_add(1),
         );
-        BackToBack::with_configs(left, right)
+        [left, right]
     }
 
     pub fn with_configs(left: RnicConfig, right: RnicConfig) -> BackToBack {

@@ -401,11 +401,7 @@ fn posted_work_never_spans_half_the_psn_space() {
 #[test]
 fn a_device_refuses_a_memory_region_limit_its_keys_cannot_number() {
     let config = |max_memory_regions| {
-        let mut config = RnicConfig::new(
-            remora_wire::MacAddress([0x02, 0, 0, 0, 0, 1]),
-            remora_wire::Ipv4Address::new(192, 0, 2, 1),
-            1,
-        );
+        let [mut config, _] = remora_rnic::back_to_back::BackToBack::configs(1);
         config.max_memory_regions = max_memory_regions;
         config
     };

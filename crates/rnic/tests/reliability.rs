@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use remora_rnic::back_to_back::{BackToBack, Direction, Verdict};
 use remora_rnic::*;
-use remora_wire::{parse_frame, Ipv4Address, MacAddress, Opcode};
+use remora_wire::{parse_frame, Opcode};
 use std::time::Duration;
 
 fn opcode_of(bytes: &[u8]) -> Opcode {
@@ -139,16 +139,7 @@ fn a_send_larger_than_the_receive_is_an_invalid_request() {
 /// receive waiting for it is larger.
 #[test]
 fn a_send_longer_than_the_responders_maximum_message_is_an_invalid_request() {
-    let left = RnicConfig::new(
-        MacAddress([0x02, 0, 0, 0, 0, 1]),
-        Ipv4Address::new(192, 0, 2, 1),
-        7,
-    );
-    let mut right = RnicConfig::new(
-        MacAddress([0x02, 0, 0, 0, 0, 2]),
-        Ipv4Address::new(192, 0, 2, 2),
-        8,
-    );
+    let [left, mut right] = BackToBack::configs(7);
     right.max_message_bytes = 4096;
     let mut s = setup_on(
         BackToBack::with_configs(left, right),
