@@ -1456,6 +1456,7 @@ mod tests {
             qpn: Qpn::new(1).unwrap(),
             byte_len: 0,
             immediate: None,
+            solicited: false,
         }
     }
 

@@ -344,6 +344,7 @@ fn refusal(queue_pair: QueuePair, request: &WorkRequest, error: &VerbsError) -> 
         qpn: queue_pair.0,
         byte_len: 0,
         immediate: None,
+        solicited: false,
     }
 }
 

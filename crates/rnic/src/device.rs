@@ -357,6 +357,15 @@ impl SoftRnic {
         Ok(self.resources.completion_queues[queue.0 as usize].waiting())
     }
 
+    /// Whether `queue` holds a completion that wakes a waiter armed for
+    /// solicited completions only (`ibv_req_notify_cq` with
+    /// `solicited_only`): a receive whose sender set the SE bit, a failed
+    /// request, or the queue's overrun.
+    pub fn solicited_or_failed_waiting(&self, queue: CompletionQueue) -> Result<bool, VerbsError> {
+        self.check_completion_queue(queue)?;
+        Ok(self.resources.completion_queues[queue.0 as usize].solicited_or_failed_waiting())
+    }
+
     pub fn memory_region(&self, lkey: Lkey) -> Result<MemoryRegion, VerbsError> {
         self.resources.memory.handle(lkey)
     }

@@ -1,8 +1,7 @@
 //! Fixed-depth queues: the SQ, RQ, SRQ and CQ. Memory is reserved at
 //! creation and a full queue refuses work instead of growing.
 
-use crate::verbs::VerbsError;
-use crate::verbs::WorkCompletion;
+use crate::verbs::{CompletionStatus, VerbsError, WorkCompletion};
 use std::collections::VecDeque;
 
 #[derive(Debug)]
@@ -175,9 +174,10 @@ pub(crate) fn check_room(kind: &'static str, count: usize, max: usize) -> Result
 }
 
 /// A completion queue. Overrunning it loses a completion, which IB treats
-/// as a catastrophic error of the queue: from then on polling reports
-/// `CompletionQueueOverrun` rather than pretend nothing was lost, and the
-/// device moves every queue pair bound to it to ERR.
+/// as a catastrophic error of the queue: once the completions it held
+/// before are polled, polling reports `CompletionQueueOverrun` rather than
+/// pretend nothing was lost, and the device moves every queue pair bound
+/// to it to ERR.
 #[derive(Debug)]
 pub(crate) struct CompletionRing {
     queue: BoundedQueue<WorkCompletion>,
@@ -212,11 +212,24 @@ impl CompletionRing {
         self.queue.len().max(usize::from(self.overrun))
     }
 
+    /// Whether a completion waiting to be polled would wake a waiter armed
+    /// for solicited completions only: a solicited receive, a failure, or
+    /// the overrun.
+    pub(crate) fn solicited_or_failed_waiting(&self) -> bool {
+        self.overrun
+            || self.queue.iter().any(|completion| {
+                completion.solicited || completion.status != CompletionStatus::Success
+            })
+    }
+
+    /// The oldest completion; after an overrun, the completions written
+    /// before it (as on hardware, they are intact) and then the overrun.
     pub(crate) fn pop(&mut self) -> Result<Option<WorkCompletion>, VerbsError> {
-        if self.overrun {
-            return Err(VerbsError::CompletionQueueOverrun);
+        match self.queue.pop() {
+            Some(completion) => Ok(Some(completion)),
+            None if self.overrun => Err(VerbsError::CompletionQueueOverrun),
+            None => Ok(None),
         }
-        Ok(self.queue.pop())
     }
 }
 
@@ -234,6 +247,7 @@ mod tests {
             qpn: Qpn::new(1).unwrap(),
             byte_len: 0,
             immediate: None,
+            solicited: false,
         }
     }
 
@@ -252,11 +266,36 @@ mod tests {
     }
 
     #[test]
-    fn an_overrun_completion_queue_reports_the_loss() {
+    fn an_overrun_completion_queue_reports_the_loss_after_what_it_held() {
         let mut ring = CompletionRing::new(1);
         assert!(ring.push(completion(1)));
         assert!(!ring.push(completion(2)));
+        assert_eq!(ring.waiting(), 1);
+        // The completion written before the overrun is intact.
+        assert_eq!(ring.pop(), Ok(Some(completion(1))));
+        assert_eq!(ring.waiting(), 1, "the overrun is still to be reported");
         assert_eq!(ring.pop(), Err(VerbsError::CompletionQueueOverrun));
+        assert_eq!(ring.pop(), Err(VerbsError::CompletionQueueOverrun));
+    }
+
+    #[test]
+    fn only_solicited_or_failed_completions_wake_a_solicited_waiter() {
+        let mut ring = CompletionRing::new(4);
+        assert!(ring.push(completion(1)));
+        assert!(!ring.solicited_or_failed_waiting());
+        let solicited = WorkCompletion {
+            solicited: true,
+            ..completion(2)
+        };
+        assert!(ring.push(solicited));
+        assert!(ring.solicited_or_failed_waiting());
+        let mut ring = CompletionRing::new(4);
+        let failed = WorkCompletion {
+            status: CompletionStatus::WorkRequestFlushError,
+            ..completion(3)
+        };
+        assert!(ring.push(failed));
+        assert!(ring.solicited_or_failed_waiting());
     }
 
     /// Where the queue's next entry will sit in its buffer.

@@ -252,6 +252,15 @@ pub struct SendRequest {
     /// Unsignaled requests complete silently on success; errors always
     /// produce a completion.
     pub signaled: bool,
+    /// Held back until this queue pair's earlier READs and atomics have
+    /// completed (`IBV_SEND_FENCE`): a SEND of the buffer a READ fills
+    /// must carry what the READ brought, not what was there before.
+    pub fence: bool,
+    /// Asks the responder for a solicited event (`IBV_SEND_SOLICITED`):
+    /// the SE bit of the message's last packet, which wakes a receiver
+    /// armed for solicited completions only. Meaningful for SEND and
+    /// WRITE with immediate, the requests that complete a receive.
+    pub solicited: bool,
 }
 
 impl SendRequest {
@@ -265,6 +274,8 @@ impl SendRequest {
             operation,
             local: ScatterGatherList::new(local)?,
             signaled: true,
+            fence: false,
+            solicited: false,
         })
     }
 }
@@ -325,6 +336,9 @@ pub struct WorkCompletion {
     /// Bytes received, for receive completions.
     pub byte_len: u32,
     pub immediate: Option<u32>,
+    /// A receive completion of a message whose sender asked for a
+    /// solicited event (its last packet's SE bit).
+    pub solicited: bool,
 }
 
 /// What a peer needs to connect to a queue pair: the out-of-band exchange

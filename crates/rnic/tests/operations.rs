@@ -428,3 +428,131 @@ fn take_every_frame(device: &mut SoftRnic) -> Vec<Vec<u8>> {
     assert!(device.poll_transmit(Timestamp::ZERO, &mut buffer).is_none());
     frames
 }
+
+/// `IBV_SEND_FENCE` was ignored: a SEND of the buffer a READ fills went
+/// out with the READ still unanswered, and carried what the buffer held
+/// before. Fenced, it waits for the READ and carries what it brought.
+#[test]
+fn a_fenced_send_carries_what_the_read_before_it_brought() {
+    for fence in [false, true] {
+        let mut s = setup();
+        let fresh = pattern(512, 3);
+        write_region(&mut s.fabric.right, &s.right_mr, 0, &fresh);
+        write_region(&mut s.fabric.left, &s.left_mr, 0, &[0xee; 512]);
+        let receive = ReceiveRequest::new(9, &[s.right_mr.slice(8192, 512)]).unwrap();
+        s.fabric.right.post_receive(s.right_qp, receive).unwrap();
+        let read = read_request(&s, 1, 0, 0, 512);
+        let mut send = send_request(&s, 2, 0, 512);
+        send.fence = fence;
+        s.fabric.left.post_send(s.left_qp, read).unwrap();
+        s.fabric.left.post_send(s.left_qp, send).unwrap();
+        // What the left side sends at once, before any answer.
+        let now = s.fabric.now;
+        let first = left_frames(&mut s);
+        let opcodes: Vec<remora_wire::Opcode> = first
+            .iter()
+            .map(|frame| {
+                remora_wire::frame::parse_frame(frame)
+                    .unwrap()
+                    .repr
+                    .bth
+                    .opcode
+            })
+            .collect();
+        use remora_wire::Opcode::{RdmaReadRequest, SendOnly};
+        if fence {
+            assert_eq!(opcodes, [RdmaReadRequest], "the SEND waits for the READ");
+        } else {
+            assert_eq!(opcodes, [RdmaReadRequest, SendOnly]);
+        }
+        for frame in &first {
+            s.fabric.right.handle_frame(now, frame);
+        }
+        assert!(s.fabric.run(10_000).quiesced);
+        let sent = read_region(&s.fabric.right, &s.right_mr, 8192, 512);
+        if fence {
+            assert_eq!(sent, fresh, "the fenced SEND carried the READ's bytes");
+        } else {
+            // Sent before the READ's answer, it carried the old bytes:
+            // what makes the fenced case a test.
+            assert_eq!(sent, vec![0xee; 512]);
+        }
+        let completions = drain(&mut s.fabric.left, s.left_cq);
+        assert_eq!(completions.len(), 2);
+        assert!(completions
+            .iter()
+            .all(|completion| completion.status == CompletionStatus::Success));
+    }
+}
+
+/// `IBV_SEND_SOLICITED` was dropped: the SE bit never reached the wire and
+/// no receive completion said it was solicited. It rides on the last
+/// packet of a SEND or a WRITE with immediate, and only there.
+#[test]
+fn a_solicited_send_sets_the_se_bit_on_its_last_packet_and_its_receive_says_so() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| builder.path_mtu = Mtu::MTU_1024);
+    for id in [20, 21, 22] {
+        let receive = ReceiveRequest::new(id, &[s.right_mr.slice(id * 4096, 4096)]).unwrap();
+        s.fabric.right.post_receive(s.right_qp, receive).unwrap();
+    }
+    let mut solicited = send_request(&s, 1, 0, 3000);
+    solicited.solicited = true;
+    let plain = send_request(&s, 2, 0, 10);
+    let mut write_with_immediate = write_request(&s, 3, 0, s.right_mr.remote(0), 100);
+    write_with_immediate.operation = SendOperation::Write {
+        remote: s.right_mr.remote(0),
+        immediate: Some(7),
+    };
+    write_with_immediate.solicited = true;
+    for request in [solicited, plain, write_with_immediate] {
+        s.fabric.left.post_send(s.left_qp, request).unwrap();
+    }
+    let se_bits: Vec<(remora_wire::Opcode, bool)> = left_frames(&mut s)
+        .iter()
+        .map(|frame| {
+            let bth = remora_wire::frame::parse_frame(frame).unwrap().repr.bth;
+            (bth.opcode, bth.solicited_event)
+        })
+        .collect();
+    use remora_wire::Opcode::*;
+    assert_eq!(
+        se_bits,
+        [
+            (SendFirst, false),
+            (SendMiddle, false),
+            (SendLast, true),
+            (SendOnly, false),
+            (RdmaWriteOnlyWithImmediate, true),
+        ]
+    );
+    // Taken above, the frames are sent again at the retransmission timer.
+    assert!(s.fabric.run(10_000).quiesced);
+    assert!(s
+        .fabric
+        .right
+        .solicited_or_failed_waiting(s.right_cq)
+        .unwrap());
+    let received = drain(&mut s.fabric.right, s.right_cq);
+    let solicited: Vec<(u64, bool)> = received
+        .iter()
+        .map(|completion| (completion.work_request_id, completion.solicited))
+        .collect();
+    assert_eq!(solicited, [(20, true), (21, false), (22, true)]);
+    assert!(!s
+        .fabric
+        .right
+        .solicited_or_failed_waiting(s.right_cq)
+        .unwrap());
+    // An unsolicited receive alone does not wake a solicited waiter.
+    let receive = ReceiveRequest::new(23, &[s.right_mr.slice(0, 4096)]).unwrap();
+    s.fabric.right.post_receive(s.right_qp, receive).unwrap();
+    let plain = send_request(&s, 4, 0, 10);
+    s.fabric.left.post_send(s.left_qp, plain).unwrap();
+    assert!(s.fabric.run(10_000).quiesced);
+    assert_eq!(s.fabric.right.completions_waiting(s.right_cq).unwrap(), 1);
+    assert!(!s
+        .fabric
+        .right
+        .solicited_or_failed_waiting(s.right_cq)
+        .unwrap());
+}

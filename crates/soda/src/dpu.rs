@@ -1351,6 +1351,7 @@ mod tests {
             qpn: Qpn::new(0x120).unwrap(),
             byte_len: 64,
             immediate: Some(2),
+            solicited: false,
         }
     }
 

@@ -81,6 +81,9 @@ pub type Notify = Arc<dyn Fn() + Send + Sync>;
 
 struct Armed {
     queue: CompletionQueue,
+    /// Armed for solicited completions only: a receive whose sender asked
+    /// for an event, or a failure.
+    solicited_only: bool,
     notify: Notify,
 }
 
@@ -294,12 +297,16 @@ impl Node {
         Ok(taken)
     }
 
-    /// Calls `notify` once, when `queue` next holds a completion
-    /// (`ibv_req_notify_cq`).
-    pub fn arm(&self, queue: CompletionQueue, notify: Notify) {
+    /// Calls `notify` once, when `queue` next holds a completion, or with
+    /// `solicited_only` a solicited or failed one (`ibv_req_notify_cq`).
+    pub fn arm(&self, queue: CompletionQueue, solicited_only: bool, notify: Notify) {
         let mut state = self.lock();
         state.armed.retain(|armed| armed.queue != queue);
-        state.armed.push(Armed { queue, notify });
+        state.armed.push(Armed {
+            queue,
+            solicited_only,
+            notify,
+        });
         state.notify_armed();
     }
 
@@ -452,9 +459,13 @@ impl NodeState {
     fn notify_armed(&mut self) {
         let rnic = &self.rnic;
         self.armed.retain(|armed| {
-            let ready = rnic
-                .completions_waiting(armed.queue)
-                .map_or(true, |waiting| waiting > 0);
+            let ready = if armed.solicited_only {
+                rnic.solicited_or_failed_waiting(armed.queue)
+                    .unwrap_or(true)
+            } else {
+                rnic.completions_waiting(armed.queue)
+                    .map_or(true, |waiting| waiting > 0)
+            };
             if ready {
                 (armed.notify)();
             }

@@ -209,6 +209,15 @@ impl Opcode {
         )
     }
 
+    /// Whether the packet ends a message that consumes a receive (the last
+    /// or only packet of a SEND or of a WRITE with immediate): the packets
+    /// on which IB lets a requester set the SE bit.
+    pub fn completes_receive(self) -> bool {
+        let ends_message = matches!(self.segment(), Segment::Last | Segment::Only);
+        let consumes_receive = self.family() == OpcodeFamily::Send || self.has_immediate();
+        ends_message && consumes_receive && self.is_request()
+    }
+
     /// Whether bytes may follow the headers: not for a READ request, an
     /// atomic or an acknowledgement, whose headers say everything. (A CNP
     /// carries 16 reserved bytes.)
@@ -254,5 +263,27 @@ mod tests {
         assert!(Opcode::FetchAdd.has_atomic_eth());
         assert!(Opcode::CompareSwap.is_request());
         assert!(!Opcode::Acknowledge.is_request());
+    }
+
+    #[test]
+    fn only_the_end_of_a_receive_consuming_message_may_carry_the_se_bit() {
+        let completing: Vec<Opcode> = Opcode::ALL
+            .into_iter()
+            .filter(|opcode| opcode.completes_receive())
+            .collect();
+        use Opcode::*;
+        assert_eq!(
+            completing,
+            [
+                SendLast,
+                SendLastWithImmediate,
+                SendOnly,
+                SendOnlyWithImmediate,
+                RdmaWriteLastWithImmediate,
+                RdmaWriteOnlyWithImmediate,
+                SendLastWithInvalidate,
+                SendOnlyWithInvalidate,
+            ]
+        );
     }
 }

@@ -25,6 +25,28 @@ use remora_wire::{
 use requester::Requester;
 use responder::Responder;
 
+/// What a packet's BTH says beyond its path: its opcode, its PSN, and
+/// the two flags a requester sets per packet.
+#[derive(Debug, Clone, Copy)]
+struct PacketHeader {
+    opcode: Opcode,
+    psn: Psn,
+    ack_request: bool,
+    solicited_event: bool,
+}
+
+impl PacketHeader {
+    /// A header with neither flag: every answer a responder sends.
+    fn new(opcode: Opcode, psn: Psn) -> PacketHeader {
+        PacketHeader {
+            opcode,
+            psn,
+            ack_request: false,
+            solicited_event: false,
+        }
+    }
+}
+
 /// Addressing for every frame a queue pair sends, fixed at RTR.
 #[derive(Debug, Clone, Copy)]
 struct Path {
@@ -61,14 +83,15 @@ impl Path {
     /// Emits one frame to the peer; `fill` writes the payload in place.
     fn emit(
         &self,
-        (opcode, psn, ack_request): (Opcode, Psn, bool),
+        header: PacketHeader,
         extension: &ExtensionHeaders,
         payload_len: usize,
         buffer: &mut [u8],
         fill: impl FnOnce(&mut [u8]),
     ) -> usize {
-        let mut bth = BthRepr::new(opcode, self.destination_qp, psn);
-        bth.ack_request = ack_request;
+        let mut bth = BthRepr::new(header.opcode, self.destination_qp, header.psn);
+        bth.ack_request = header.ack_request;
+        bth.solicited_event = header.solicited_event;
         self.template
             .emit(&bth, extension, payload_len, buffer, fill)
             .expect("the device transmit buffer holds any frame")
@@ -273,6 +296,7 @@ impl QueuePairContext {
                 qpn: self.qpn,
                 byte_len: 0,
                 immediate: None,
+                solicited: false,
             };
             resources.complete(self.attributes.receive_completion_queue, completion);
         }

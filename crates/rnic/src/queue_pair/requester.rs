@@ -8,7 +8,7 @@
 //! responder discards or re-acknowledges what it has already executed, and
 //! answers duplicate READs and atomics from its replay cache.
 
-use super::{Path, QueuePairContext};
+use super::{PacketHeader, Path, QueuePairContext};
 use crate::queues::BoundedQueue;
 use crate::resources::Resources;
 use crate::time::Timestamp;
@@ -177,6 +177,15 @@ impl Requester {
         }
     }
 
+    /// Whether a READ or atomic posted before the request at `index`
+    /// still waits for its answer: a fenced request waits for them all.
+    /// Linear in the queue depth, and only for fenced requests.
+    fn read_or_atomic_unanswered_before(&self, index: usize) -> bool {
+        (0..index)
+            .filter_map(|earlier| self.queue.get(earlier))
+            .any(|wqe| wqe.request.operation.is_read_or_atomic() && !wqe.is_done())
+    }
+
     /// Checks the requester's invariants (debug builds; the tests and the
     /// simulator run with them on). Linear in the queue depth.
     fn debug_check_invariants(&self) {
@@ -298,6 +307,7 @@ fn complete(
         qpn,
         byte_len: wqe.length_bytes,
         immediate: None,
+        solicited: false,
     };
     resources.complete(attributes.send_completion_queue, completion);
 }
@@ -491,6 +501,9 @@ impl QueuePairContext {
         requester.skip_answered();
         let index = requester.transmit_index;
         let wqe = requester.queue.get(index)?;
+        if wqe.request.fence && requester.read_or_atomic_unanswered_before(index) {
+            return None;
+        }
         if requester.unacked_psn().distance_to(requester.transmit_psn) >= WINDOW_PACKETS {
             return None;
         }
@@ -1012,19 +1025,17 @@ fn build_request_packet(
     buffer: &mut [u8],
 ) -> Result<(usize, Psn), CompletionStatus> {
     let mut extension = ExtensionHeaders::default();
-    let emit =
-        |opcode, psn, ack_request, extension, payload_len, offset_bytes, buffer: &mut [u8]| {
-            let mut gather_result = Ok(());
-            let header = (opcode, psn, ack_request);
-            let frame_len = path.emit(header, &extension, payload_len, buffer, |space| {
-                gather_result = resources
-                    .memory
-                    .gather(&wqe.request.local, offset_bytes, space);
-            });
-            gather_result
-                .map(|()| frame_len)
-                .map_err(|_| CompletionStatus::LocalProtectionError)
-        };
+    let emit = |header, extension, payload_len, offset_bytes, buffer: &mut [u8]| {
+        let mut gather_result = Ok(());
+        let frame_len = path.emit(header, &extension, payload_len, buffer, |space| {
+            gather_result = resources
+                .memory
+                .gather(&wqe.request.local, offset_bytes, space);
+        });
+        gather_result
+            .map(|()| frame_len)
+            .map_err(|_| CompletionStatus::LocalProtectionError)
+    };
     let wqe_end = wqe.first_psn.add(wqe.packet_count);
     match wqe.request.operation {
         SendOperation::Read { remote } => {
@@ -1038,15 +1049,11 @@ fn build_request_packet(
                 rkey: remote.rkey,
                 dma_length: wqe.length_bytes - offset_bytes as u32,
             });
-            let frame_len = emit(
-                Opcode::RdmaReadRequest,
-                wqe.resume_psn(),
-                true,
-                extension,
-                0,
-                0,
-                buffer,
-            )?;
+            let header = PacketHeader {
+                ack_request: true,
+                ..PacketHeader::new(Opcode::RdmaReadRequest, wqe.resume_psn())
+            };
+            let frame_len = emit(header, extension, 0, 0, buffer)?;
             Ok((frame_len, wqe_end))
         }
         SendOperation::CompareSwap {
@@ -1060,7 +1067,11 @@ fn build_request_packet(
                 swap_or_add: swap,
                 compare,
             });
-            let frame_len = emit(Opcode::CompareSwap, psn, true, extension, 0, 0, buffer)?;
+            let header = PacketHeader {
+                ack_request: true,
+                ..PacketHeader::new(Opcode::CompareSwap, psn)
+            };
+            let frame_len = emit(header, extension, 0, 0, buffer)?;
             Ok((frame_len, wqe_end))
         }
         SendOperation::FetchAdd { remote, add } => {
@@ -1070,7 +1081,11 @@ fn build_request_packet(
                 swap_or_add: add,
                 compare: 0,
             });
-            let frame_len = emit(Opcode::FetchAdd, psn, true, extension, 0, 0, buffer)?;
+            let header = PacketHeader {
+                ack_request: true,
+                ..PacketHeader::new(Opcode::FetchAdd, psn)
+            };
+            let frame_len = emit(header, extension, 0, 0, buffer)?;
             Ok((frame_len, wqe_end))
         }
         SendOperation::Send { immediate } | SendOperation::Write { immediate, .. } => {
@@ -1099,12 +1114,18 @@ fn build_request_packet(
             if opcode.has_immediate() {
                 extension.immediate = immediate.map(|immediate| ImmDtRepr { immediate });
             }
-            let ack_request = is_last
-                || packet_index % ACK_REQUEST_INTERVAL_PACKETS == ACK_REQUEST_INTERVAL_PACKETS - 1;
-            let frame_len = emit(
+            let header = PacketHeader {
                 opcode,
                 psn,
-                ack_request,
+                ack_request: is_last
+                    || packet_index % ACK_REQUEST_INTERVAL_PACKETS
+                        == ACK_REQUEST_INTERVAL_PACKETS - 1,
+                // The SE bit rides on the packet that completes the
+                // receive; a plain WRITE completes none.
+                solicited_event: is_last && wqe.request.solicited && opcode.completes_receive(),
+            };
+            let frame_len = emit(
+                header,
                 extension,
                 payload_len as usize,
                 offset_bytes,

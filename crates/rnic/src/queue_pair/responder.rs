@@ -12,7 +12,7 @@
 
 use super::replay_cache::{ReplayCache, ReplayKind};
 use super::requester::rnr_timer_code;
-use super::{Path, QueuePairContext};
+use super::{PacketHeader, Path, QueuePairContext};
 use crate::memory::RemoteAccessFault;
 use crate::queues::reuse_first_slot_when_empty;
 use crate::resources::Resources;
@@ -79,6 +79,25 @@ enum InProgress {
     },
 }
 
+/// What a receive completion tells of the message that consumed it.
+#[derive(Debug, Clone, Copy)]
+struct ReceivedMessage {
+    opcode: CompletionOpcode,
+    byte_len: u32,
+    immediate: Option<u32>,
+    /// The message's last packet carried the SE bit.
+    solicited: bool,
+}
+
+impl ReceivedMessage {
+    /// A receive a refused message consumed: nothing of it is reported.
+    const FAILED: ReceivedMessage = ReceivedMessage {
+        opcode: CompletionOpcode::Receive,
+        byte_len: 0,
+        immediate: None,
+        solicited: false,
+    };
+}
 /// A replay slot's buffer keeps up to this much capacity across READs of
 /// any size; beyond it, a READ four times smaller takes the memory back.
 const KEPT_REPLAY_BYTES: usize = 1 << 20;
@@ -374,14 +393,7 @@ impl QueuePairContext {
         if let Some((receive, status)) = consumed_receive {
             // Reported here: `enter_error` must not flush it again.
             self.responder.in_progress = None;
-            self.complete_receive(
-                &receive,
-                status,
-                CompletionOpcode::Receive,
-                0,
-                None,
-                resources,
-            );
+            self.complete_receive(&receive, status, ReceivedMessage::FAILED, resources);
         }
         let responder = &mut self.responder;
         let nak = Output::Acknowledge {
@@ -397,18 +409,17 @@ impl QueuePairContext {
         &mut self,
         receive: &ReceiveRequest,
         status: CompletionStatus,
-        opcode: CompletionOpcode,
-        byte_len: u32,
-        immediate: Option<u32>,
+        message: ReceivedMessage,
         resources: &mut Resources,
     ) {
         let completion = WorkCompletion {
             work_request_id: receive.work_request_id,
             status,
-            opcode,
+            opcode: message.opcode,
             qpn: self.qpn,
-            byte_len,
-            immediate,
+            byte_len: message.byte_len,
+            immediate: message.immediate,
+            solicited: message.solicited,
         };
         resources.complete(self.attributes.receive_completion_queue, completion);
     }
@@ -476,16 +487,13 @@ impl QueuePairContext {
         if matches!(opcode.segment(), Segment::Last | Segment::Only) {
             self.responder.in_progress = None;
             self.responder.msn = self.responder.msn.next();
-            let immediate = frame.immediate().map(|header| header.immediate);
-            let opcode = CompletionOpcode::Receive;
-            self.complete_receive(
-                &receive,
-                CompletionStatus::Success,
-                opcode,
-                end as u32,
-                immediate,
-                resources,
-            );
+            let message = ReceivedMessage {
+                opcode: CompletionOpcode::Receive,
+                byte_len: end as u32,
+                immediate: frame.immediate().map(|header| header.immediate),
+                solicited: frame.bth().solicited_event,
+            };
+            self.complete_receive(&receive, CompletionStatus::Success, message, resources);
         } else {
             self.responder.in_progress = Some(InProgress::Send {
                 receive,
@@ -556,15 +564,13 @@ impl QueuePairContext {
             self.responder.msn = self.responder.msn.next();
             if let Some(header) = frame.immediate() {
                 let receive = self.take_receive(resources).expect("checked above");
-                let opcode = CompletionOpcode::ReceiveRdmaWithImmediate;
-                self.complete_receive(
-                    &receive,
-                    CompletionStatus::Success,
-                    opcode,
-                    total_bytes,
-                    Some(header.immediate),
-                    resources,
-                );
+                let message = ReceivedMessage {
+                    opcode: CompletionOpcode::ReceiveRdmaWithImmediate,
+                    byte_len: total_bytes,
+                    immediate: Some(header.immediate),
+                    solicited: frame.bth().solicited_event,
+                };
+                self.complete_receive(&receive, CompletionStatus::Success, message, resources);
             }
         } else {
             self.responder.in_progress = Some(InProgress::Write {
@@ -708,13 +714,8 @@ impl QueuePairContext {
                     resources.counters.acks_sent += 1;
                 }
                 extension.aeth = Some(AethRepr { syndrome, msn });
-                path.emit(
-                    (Opcode::Acknowledge, psn, false),
-                    &extension,
-                    0,
-                    buffer,
-                    |_| {},
-                )
+                let header = PacketHeader::new(Opcode::Acknowledge, psn);
+                path.emit(header, &extension, 0, buffer, |_| {})
             }
             Output::AtomicAcknowledge { slot, .. } => {
                 responder.finish_output();
@@ -726,7 +727,7 @@ impl QueuePairContext {
                 extension.atomic_ack_eth = Some(AtomicAckEthRepr {
                     original_data: original,
                 });
-                let header = (Opcode::AtomicAcknowledge, entry.first_psn, false);
+                let header = PacketHeader::new(Opcode::AtomicAcknowledge, entry.first_psn);
                 path.emit(header, &extension, 0, buffer, |_| {})
             }
             Output::ReadResponse {
@@ -750,7 +751,7 @@ impl QueuePairContext {
                 let start = next_packet as usize * mtu;
                 let end = (start + mtu).min(entry.data.len());
                 let payload = &entry.data[start..end];
-                let header = (opcode, entry.first_psn.add(next_packet), false);
+                let header = PacketHeader::new(opcode, entry.first_psn.add(next_packet));
                 let written = path.emit(header, &extension, payload.len(), buffer, |space| {
                     copy_bytes(space, payload)
                 });

@@ -64,7 +64,11 @@ fn errno_of(error: &VerbsError) -> i32 {
         | VerbsError::AddressSpaceExhausted => libc::ENOMEM,
         VerbsError::RegionInUse | VerbsError::QueueInUse { .. } => libc::EBUSY,
         VerbsError::DeviceGone => libc::ENODEV,
-        VerbsError::MessageTooLong { .. } | VerbsError::DatagramTooLarge { .. } => libc::EMSGSIZE,
+        // A message longer than the device takes, inline data on a queue
+        // pair created without room for it: rxe's EINVAL. No provider
+        // returns EMSGSIZE from a post.
+        VerbsError::MessageTooLong { .. } => libc::EINVAL,
+        VerbsError::DatagramTooLarge { .. } => libc::EMSGSIZE,
         _ => libc::EINVAL,
     }
 }

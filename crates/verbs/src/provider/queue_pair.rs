@@ -9,7 +9,8 @@ use super::resources::{
     PdObject, SrqObject,
 };
 use super::work_request::{
-    element_of, elements, inline_bytes, remote, LocalData, PendingRequest, MAX_INLINE_BYTES,
+    element_of, elements, inline_bytes, remote, LocalData, PendingRequest, RequestFlags,
+    MAX_INLINE_BYTES,
 };
 use crate::abi::*;
 use crate::node::{mac_for, Node};
@@ -724,7 +725,7 @@ pub(super) fn post_pending(
             };
             let mut request =
                 SendRequest::new(pending.work_request_id, pending.operation, elements)?;
-            request.signaled = pending.signaled;
+            pending.flags.apply(&mut request);
             built.push(request);
         }
         rnic.post_send_all(queue_pair, built)?;
@@ -777,12 +778,11 @@ mod builder {
 
     fn push(qp: &QpObject, operation: SendOperation) {
         let (work_request_id, flags) = qp.request_fields();
-        let signaled = qp.signal_all || flags & IBV_SEND_SIGNALED != 0;
         qp.built().requests.push(PendingRequest {
             work_request_id,
             operation,
             local: LocalData::List(Vec::new()),
-            signaled,
+            flags: RequestFlags::of(flags, qp.signal_all),
         });
     }
 

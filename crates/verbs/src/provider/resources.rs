@@ -570,6 +570,17 @@ impl CqObject {
     }
 }
 
+/// The depth of a CQ asked for `entries`, as mlx5 sizes it: the next
+/// power of two above them, less one, within the device's limit. It is
+/// written back to `cq->cqe`. A program that sized its CQ to exactly the
+/// work it keeps in flight has the slack it has on hardware; without it,
+/// one completion more than the count overran the queue here alone.
+fn completion_queue_depth(entries: c_int) -> c_int {
+    debug_assert!((1..=MAX_QUEUE_DEPTH).contains(&entries));
+    let rounded = (entries as u32 + 1).next_power_of_two() - 1;
+    (rounded as c_int).clamp(entries, MAX_QUEUE_DEPTH)
+}
+
 pub(super) unsafe fn create_cq(
     context: *mut ibv_context,
     entries: c_int,
@@ -580,6 +591,7 @@ pub(super) unsafe fn create_cq(
     if context.is_null() || !(1..=MAX_QUEUE_DEPTH).contains(&entries) || vector != 0 {
         return null_with(libc::EINVAL);
     }
+    let entries = completion_queue_depth(entries);
     // SAFETY: a live context.
     let node = unsafe { node_of(context) };
     let queue = match node.with_device(|rnic| rnic.create_completion_queue(entries as usize)) {
@@ -694,9 +706,9 @@ pub(super) unsafe fn ack_cq_events(cq: *mut ibv_cq, count: u32) {
     }
 }
 
-/// `req_notify_cq`: the next completion raises an event on the channel.
+/// `req_notify_cq`: the next completion raises an event on the channel;
+/// with `solicited_only`, the next solicited receive or failed request.
 pub(super) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
-    let _ = solicited_only;
     if cq.is_null() {
         return libc::EINVAL;
     }
@@ -712,6 +724,7 @@ pub(super) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
     let node = unsafe { node_of(cq_object.context()) };
     node.arm(
         cq_object.queue,
+        solicited_only != 0,
         Arc::new(move || channel.raise(cq_address as *mut ibv_cq)),
     );
     0

@@ -4,7 +4,7 @@
 
 use super::device::MAX_SCATTER_GATHER;
 use crate::abi::*;
-use remora_rnic::{Lkey, RemoteAddress, ScatterGatherElement, SendOperation};
+use remora_rnic::{Lkey, RemoteAddress, ScatterGatherElement, SendOperation, SendRequest};
 use remora_wire::{Rkey, VirtAddr};
 use std::ffi::c_int;
 
@@ -25,7 +25,36 @@ pub(super) struct PendingRequest {
     pub work_request_id: u64,
     pub operation: SendOperation,
     pub local: LocalData,
+    pub flags: RequestFlags,
+}
+
+/// What a request's `IBV_SEND_*` flags ask of the device (inline data
+/// aside, which the library itself stages).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct RequestFlags {
     pub signaled: bool,
+    pub fence: bool,
+    pub solicited: bool,
+}
+
+impl RequestFlags {
+    /// The flags of `send_flags` (`ibv_send_wr.send_flags` or
+    /// `ibv_qp_ex.wr_flags`), on a queue pair that signals every request
+    /// when `signal_all`.
+    pub fn of(send_flags: u32, signal_all: bool) -> RequestFlags {
+        RequestFlags {
+            signaled: signal_all || send_flags & IBV_SEND_SIGNALED != 0,
+            fence: send_flags & IBV_SEND_FENCE != 0,
+            solicited: send_flags & IBV_SEND_SOLICITED != 0,
+        }
+    }
+
+    /// Sets them on the device's request.
+    pub fn apply(self, request: &mut SendRequest) {
+        request.signaled = self.signaled;
+        request.fence = self.fence;
+        request.solicited = self.solicited;
+    }
 }
 
 /// Copies a program's scatter/gather list.
@@ -151,6 +180,6 @@ pub(super) unsafe fn pending_of(
         work_request_id: request.wr_id,
         operation,
         local,
-        signaled: signal_all || request.send_flags & IBV_SEND_SIGNALED != 0,
+        flags: RequestFlags::of(request.send_flags, signal_all),
     })
 }

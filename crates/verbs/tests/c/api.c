@@ -157,6 +157,15 @@ static void refusals(void)
 	struct ibv_cq *plain = ibv_create_cq(context, 4, NULL, NULL, 0);
 	CHECK(plain && ibv_req_notify_cq(plain, 0) == 0, "arming a CQ without a channel is 0");
 	CHECK(ibv_destroy_cq(plain) == 0, "destroy the plain CQ");
+	/* Sized as mlx5 sizes it: a power of two less one, within max_cqe. */
+	struct ibv_device_attr limits;
+	CHECK(ibv_query_device(context, &limits) == 0, "query_device");
+	struct ibv_cq *sized = ibv_create_cq(context, 100, NULL, NULL, 0);
+	CHECK(sized && sized->cqe == 127, "a CQ asked for 100 entries holds 127 (%d)", sized ? sized->cqe : -1);
+	CHECK(ibv_destroy_cq(sized) == 0, "destroy the sized CQ");
+	sized = ibv_create_cq(context, limits.max_cqe, NULL, NULL, 0);
+	CHECK(sized && sized->cqe == limits.max_cqe, "a CQ of max_cqe entries holds max_cqe");
+	CHECK(ibv_destroy_cq(sized) == 0, "destroy the largest CQ");
 	union ibv_gid gid;
 	CHECK(ibv_query_gid(context, 1, 1, &gid) != 0, "GID index 1 does not exist");
 	struct ibv_port_attr port;
@@ -224,6 +233,100 @@ static void destroyed_queue_events(union ibv_gid gid, uint8_t *local, struct ibv
 	      "no event names the destroyed CQ (got %p)", (void *)named);
 	CHECK(ibv_destroy_cq(other) == 0, "destroy the other CQ");
 	CHECK(ibv_destroy_comp_channel(channel) == 0, "an unused channel is destroyed");
+}
+
+/* Waits for one completion on `completions`; returns it. */
+static struct ibv_wc complete_on(struct ibv_cq *completions)
+{
+	struct ibv_wc wc;
+	for (long polls = 0; polls < MAX_POLLS; polls++) {
+		int found = ibv_poll_cq(completions, 1, &wc);
+		CHECK(found >= 0, "poll_cq failed");
+		if (found == 1)
+			return wc;
+	}
+	CHECK(0, "no completion");
+	return wc;
+}
+
+/* ibv_req_notify_cq(cq, 1) ignored solicited_only: any completion raised
+ * the event, and IBV_SEND_SOLICITED never reached the wire. Armed for
+ * solicited completions only, an unsolicited receive leaves the channel
+ * quiet, and a solicited one raises its event. */
+static void solicited_only_waits_for_a_solicited_receive(union ibv_gid gid, uint8_t *local,
+							 struct ibv_mr *local_mr, uint8_t *remote,
+							 struct ibv_mr *remote_mr)
+{
+	struct ibv_comp_channel *channel = ibv_create_comp_channel(context);
+	CHECK(channel, "create_comp_channel");
+	struct ibv_cq *evented = ibv_create_cq(context, 8, NULL, channel, 0);
+	CHECK(evented, "an evented CQ");
+	struct ibv_qp *sender = make_qp_on(cq), *receiver = make_qp_on(evented);
+	connect_qp(sender, receiver->qp_num, gid);
+	connect_qp(receiver, sender->qp_num, gid);
+	for (uint64_t id = 1; id <= 2; id++) {
+		struct ibv_sge receive_sge = { .addr = (uintptr_t)remote + 64 * id, .length = 64,
+			.lkey = remote_mr->lkey };
+		struct ibv_recv_wr receive = { .wr_id = id, .sg_list = &receive_sge, .num_sge = 1 }, *bad;
+		CHECK(ibv_post_recv(receiver, &receive, &bad) == 0, "post receive %d", (int)id);
+	}
+	CHECK(ibv_req_notify_cq(evented, 1) == 0, "arm for solicited completions");
+	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = 8, .lkey = local_mr->lkey };
+	struct ibv_send_wr send = { .wr_id = 30, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+		.send_flags = IBV_SEND_SIGNALED }, *bad = NULL;
+	struct ibv_wc wc = post_one(sender, &send);
+	CHECK(wc.status == IBV_WC_SUCCESS, "the unsolicited SEND");
+	wc = complete_on(evented);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 1, "the unsolicited receive completed");
+	struct pollfd readable = { .fd = channel->fd, .events = POLLIN };
+	CHECK(poll(&readable, 1, 0) == 0, "an unsolicited receive raised no event");
+	send.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
+	CHECK(ibv_post_send(sender, &send, &bad) == 0, "post the solicited SEND");
+	CHECK(poll(&readable, 1, 5000) == 1, "the solicited receive raised the event");
+	struct ibv_cq *named = NULL;
+	void *cq_context = NULL;
+	CHECK(ibv_get_cq_event(channel, &named, &cq_context) == 0 && named == evented, "the event names the CQ");
+	ibv_ack_cq_events(evented, 1);
+	wc = complete_on(evented);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 2, "the solicited receive completed");
+	wc = complete();
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 30, "the solicited SEND completed");
+	CHECK(ibv_destroy_qp(sender) == 0 && ibv_destroy_qp(receiver) == 0, "destroy the QPs");
+	CHECK(ibv_destroy_cq(evented) == 0, "destroy the evented CQ");
+	CHECK(ibv_destroy_comp_channel(channel) == 0, "destroy the channel");
+}
+
+/* IBV_SEND_FENCE was ignored: a SEND of the buffer a READ fills went out
+ * before the READ's answer, with the buffer's old bytes. Fenced, it waits
+ * for the READ and carries what the READ brought. */
+static void a_fenced_send_carries_what_its_read_brought(union ibv_gid gid, uint8_t *local,
+							struct ibv_mr *local_mr, uint8_t *remote,
+							struct ibv_mr *remote_mr)
+{
+	struct ibv_qp *a = make_qp(), *b = make_qp();
+	connect_qp(a, b->qp_num, gid);
+	connect_qp(b, a->qp_num, gid);
+	uint8_t *source = remote + 1024, *landing = remote + 2048, *buffer = local + 1024;
+	memset(source, 0x5a, 256);
+	memset(landing, 0, 256);
+	memset(buffer, 0xee, 256);
+	struct ibv_sge receive_sge = { .addr = (uintptr_t)landing, .length = 256, .lkey = remote_mr->lkey };
+	struct ibv_recv_wr receive = { .wr_id = 40, .sg_list = &receive_sge, .num_sge = 1 }, *bad_receive;
+	CHECK(ibv_post_recv(b, &receive, &bad_receive) == 0, "post the receive");
+	struct ibv_sge sge = { .addr = (uintptr_t)buffer, .length = 256, .lkey = local_mr->lkey };
+	struct ibv_send_wr send = { .wr_id = 42, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+		.send_flags = IBV_SEND_SIGNALED | IBV_SEND_FENCE };
+	struct ibv_send_wr read = { .wr_id = 41, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+		.send_flags = IBV_SEND_SIGNALED, .next = &send,
+		.wr.rdma = { .remote_addr = (uintptr_t)source, .rkey = remote_mr->rkey } }, *bad = NULL;
+	CHECK(ibv_post_send(a, &read, &bad) == 0, "post the READ and the fenced SEND");
+	for (int i = 0; i < 3; i++) {
+		struct ibv_wc wc = complete();
+		CHECK(wc.status == IBV_WC_SUCCESS, "completion %d status %s", i, ibv_wc_status_str(wc.status));
+	}
+	for (int i = 0; i < 256; i++)
+		CHECK(landing[i] == 0x5a, "byte %d of the fenced SEND is %#x, not the READ's", i, landing[i]);
+	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0, "destroy the QPs");
 }
 
 /* Moving a QP to the error state flushes its posted receive into the CQ
@@ -1097,6 +1200,8 @@ int main(void)
 	a_refused_inline_send_leaves_the_others_alone(gid, remote, remote_mr);
 	destroyed_queue_events(gid, local, local_mr, remote, remote_mr);
 	a_flush_raises_the_armed_event(remote, remote_mr);
+	solicited_only_waits_for_a_solicited_receive(gid, local, local_mr, remote, remote_mr);
+	a_fenced_send_carries_what_its_read_brought(gid, local, local_mr, remote, remote_mr);
 	a_signal_does_not_end_the_wait_for_an_event(remote, remote_mr);
 	a_destroyed_qp_leaves_no_completions(remote, remote_mr);
 	a_qps_access_flags_bound_its_peers(gid, local, local_mr, remote, remote_mr);
