@@ -204,6 +204,26 @@ impl SoftRnic {
         Ok(())
     }
 
+    /// Sets queue pair `qpn`'s path and flow attributes (see
+    /// [`PathAttributes`]): each limit within the device's, and the path
+    /// MTU and the READs and atomics it serves only before it has carried
+    /// a request.
+    pub fn set_path_attributes(
+        &mut self,
+        qpn: Qpn,
+        attributes: PathAttributes,
+    ) -> Result<(), VerbsError> {
+        let max_read_atomic = self.config.max_read_atomic.min(MAX_READ_ATOMIC_LIMIT);
+        if let Some(limit) = attributes.max_read_atomic {
+            check_depth("max_read_atomic", limit, max_read_atomic)?;
+        }
+        if let Some(limit) = attributes.max_destination_read_atomic {
+            check_depth("max_destination_read_atomic", limit, max_read_atomic)?;
+        }
+        let (_, queue_pair, _) = self.queue_pair_mut(qpn)?;
+        queue_pair.set_path_attributes(attributes)
+    }
+
     /// How many times queue pair `qpn` sends again after an RNR NAK before
     /// failing with `ReceiverNotReadyRetryExceeded` (`ibv_modify_qp`'s
     /// `rnr_retry`; 7 is for ever, as in IB). The budget starts over.

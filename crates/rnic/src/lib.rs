@@ -26,5 +26,6 @@ pub mod verbs;
 pub use counters::{DropReason, RnicCounters};
 pub use device::{RnicConfig, RnicConfigError, SoftRnic};
 pub use host_memory::{ExternalMemory, HostMemory, HostMemoryOutOfBounds};
+pub use queue_pair::rnr_timer_duration;
 pub use time::Timestamp;
 pub use verbs::*;

@@ -341,6 +341,23 @@ pub struct WorkCompletion {
     pub solicited: bool,
 }
 
+/// A queue pair's path and flow attributes that a program sets as it
+/// connects it (`ibv_modify_qp`'s `path_mtu`, `max_rd_atomic`,
+/// `max_dest_rd_atomic` and `min_rnr_timer`); `None` keeps what it has.
+/// The path MTU and the READs and atomics it serves size how it segments
+/// and what it keeps to answer again, so they are fixed once it is ready
+/// to send or has received a request.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct PathAttributes {
+    pub path_mtu: Option<Mtu>,
+    /// Outstanding READ and atomic requests it may issue.
+    pub max_read_atomic: Option<usize>,
+    /// Outstanding READ and atomic requests it serves.
+    pub max_destination_read_atomic: Option<usize>,
+    /// The wait its RNR NAKs ask of a requester.
+    pub min_rnr_timer: Option<Duration>,
+}
+
 /// What a peer needs to connect to a queue pair: the out-of-band exchange
 /// that `rdma_cm` or a TCP side channel performs on real hardware.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -639,6 +656,8 @@ pub enum VerbsError {
         operation: &'static str,
         state: QueuePairState,
     },
+    #[error("{attribute} cannot change once the queue pair sends or has received a request")]
+    AttributeFixed { attribute: &'static str },
     #[error("transition {from:?} -> {to:?} is not allowed")]
     InvalidTransition {
         from: QueuePairState,

@@ -556,3 +556,53 @@ fn a_solicited_send_sets_the_se_bit_on_its_last_packet_and_its_receive_says_so()
         .solicited_or_failed_waiting(s.right_cq)
         .unwrap());
 }
+
+/// The path attributes `ibv_modify_qp` sets reach the queue pair: the
+/// READ and atomic limit holds back what is past it, and the path MTU
+/// and the READs it serves are fixed once it is ready to send.
+#[test]
+fn path_attributes_apply_and_the_mtu_is_fixed_once_ready_to_send() {
+    let mut s = setup();
+    let fixed = s.fabric.left.set_path_attributes(
+        s.left_qp.0,
+        PathAttributes {
+            path_mtu: Some(Mtu::MTU_1024),
+            ..PathAttributes::default()
+        },
+    );
+    assert_eq!(
+        fixed,
+        Err(VerbsError::AttributeFixed {
+            attribute: "path_mtu"
+        })
+    );
+    let past_the_device = PathAttributes {
+        max_read_atomic: Some(129),
+        ..PathAttributes::default()
+    };
+    assert!(matches!(
+        s.fabric
+            .left
+            .set_path_attributes(s.left_qp.0, past_the_device),
+        Err(VerbsError::InvalidQueueDepth { .. })
+    ));
+    let one_at_a_time = PathAttributes {
+        max_read_atomic: Some(1),
+        ..PathAttributes::default()
+    };
+    s.fabric
+        .left
+        .set_path_attributes(s.left_qp.0, one_at_a_time)
+        .unwrap();
+    for id in 0..3 {
+        let read = read_request(&s, id, id * 64, id * 64, 64);
+        s.fabric.left.post_send(s.left_qp, read).unwrap();
+    }
+    assert_eq!(
+        left_frames(&mut s).len(),
+        1,
+        "one READ outstanding at a time"
+    );
+    assert!(s.fabric.run(10_000).quiesced);
+    assert_eq!(drain(&mut s.fabric.left, s.left_cq).len(), 3);
+}

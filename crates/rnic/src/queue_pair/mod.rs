@@ -10,6 +10,8 @@ mod replay_cache;
 mod requester;
 mod responder;
 
+pub use requester::rnr_timer_duration;
+
 use crate::queues::BoundedQueue;
 use crate::resources::Resources;
 use crate::time::Timestamp;
@@ -246,6 +248,43 @@ impl QueuePairContext {
     pub(crate) fn set_rnr_retry(&mut self, rnr_retry: u8) {
         self.attributes.rnr_retry = rnr_retry;
         self.requester.rnr_retries_left = rnr_retry;
+    }
+
+    /// Sets its path and flow attributes (the device checked the limits).
+    pub(crate) fn set_path_attributes(
+        &mut self,
+        attributes: crate::verbs::PathAttributes,
+    ) -> Result<(), VerbsError> {
+        let fixed = matches!(
+            self.state,
+            QueuePairState::ReadyToSend | QueuePairState::Error
+        ) || self.responder.has_received();
+        let fixed_attribute = if attributes.path_mtu.is_some() {
+            Some("path_mtu")
+        } else if attributes.max_destination_read_atomic.is_some() {
+            Some("max_destination_read_atomic")
+        } else {
+            None
+        };
+        if let (true, Some(attribute)) = (fixed, fixed_attribute) {
+            return Err(VerbsError::AttributeFixed { attribute });
+        }
+        if let Some(path_mtu) = attributes.path_mtu {
+            self.attributes.path_mtu = path_mtu;
+        }
+        if let Some(limit) = attributes.max_read_atomic {
+            // Lowered below what is outstanding, it holds back new READs
+            // and atomics until enough are answered.
+            self.attributes.max_read_atomic = limit;
+        }
+        if let Some(limit) = attributes.max_destination_read_atomic {
+            self.attributes.max_destination_read_atomic = limit;
+            self.responder.serve_read_atomic(limit);
+        }
+        if let Some(wait) = attributes.min_rnr_timer {
+            self.attributes.min_rnr_timer = wait;
+        }
+        Ok(())
     }
 
     /// Sets the send PSN on the way from RTR to RTS (`IBV_QP_SQ_PSN`).

@@ -319,7 +319,9 @@ const RNR_TIMER_MICROS: [u32; 32] = [
     245_760, 327_680, 491_520,
 ];
 
-pub(crate) fn rnr_timer_duration(code: u8) -> Duration {
+/// The wait IB's 5-bit RNR timer code stands for (`min_rnr_timer`; its 0
+/// is the longest, 655.36 ms). Bits above the five are ignored.
+pub fn rnr_timer_duration(code: u8) -> Duration {
     Duration::from_micros(u64::from(RNR_TIMER_MICROS[usize::from(code & 0x1f)]))
 }
 

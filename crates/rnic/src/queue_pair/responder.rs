@@ -127,9 +127,7 @@ pub(crate) struct Responder {
 
 impl Responder {
     pub(crate) fn new(attributes: &QueuePairBuilder) -> Responder {
-        // Every cached READ/atomic may have an answer queued, plus one ACK
-        // or NAK between each pair of them.
-        let output_capacity = 2 * attributes.max_destination_read_atomic + 2;
+        let output_capacity = output_capacity_for(attributes.max_destination_read_atomic);
         Responder {
             expected_psn: Psn::new(0),
             expected_absolute: 0,
@@ -153,6 +151,20 @@ impl Responder {
             Some(InProgress::Send { receive, .. }) => Some(receive),
             _ => None,
         }
+    }
+
+    /// Whether a request has been executed since the queue pair started.
+    pub(crate) fn has_received(&self) -> bool {
+        self.expected_absolute > 0 || self.in_progress.is_some()
+    }
+
+    /// Serves up to `limit` outstanding READs and atomics: a replay cache
+    /// of that many slots. Only before any request (its slots are empty).
+    pub(crate) fn serve_read_atomic(&mut self, limit: usize) {
+        debug_assert!(!self.has_received() && self.outputs.is_empty());
+        self.output_capacity = output_capacity_for(limit);
+        self.outputs = VecDeque::with_capacity(self.output_capacity);
+        self.replay = ReplayCache::new(limit);
     }
 
     pub(crate) fn start(&mut self, expected_psn: Psn) {
@@ -767,6 +779,13 @@ impl QueuePairContext {
         };
         Some(frame_len)
     }
+}
+
+/// The answers a responder serving `read_atomic_limit` READs and atomics
+/// may have queued: every cached one's, plus one ACK or NAK between each
+/// pair of them.
+fn output_capacity_for(read_atomic_limit: usize) -> usize {
+    2 * read_atomic_limit + 2
 }
 
 fn ack_aeth(msn: Msn) -> AethRepr {

@@ -2,7 +2,9 @@
 //! posting built requests (with inline payloads staged in the device), and
 //! the `ibv_wr_*` work-request builder of `ibv_qp_ex`.
 
-use super::device::{address_of, context_object, node_of, MAX_QUEUE_DEPTH, MAX_SCATTER_GATHER};
+use super::device::{
+    address_of, context_object, node_of, MAX_QUEUE_DEPTH, MAX_READ_ATOMIC, MAX_SCATTER_GATHER,
+};
 use super::errno_of;
 use super::resources::{
     access_of, cq_users, hand_out, null_with, object, pd_users, srq_users, take_back, CqObject,
@@ -15,9 +17,9 @@ use super::work_request::{
 use crate::abi::*;
 use crate::node::{mac_for, Node};
 use remora_rnic::{
-    AccessFlags, Lkey, MemoryRegion, ProtectionDomain, QueuePair, QueuePairBuilder,
-    QueuePairEndpoint, QueuePairState, QueuePairTransition, ScatterGatherElement, SendOperation,
-    SendRequest, Verbs, VerbsError,
+    AccessFlags, Lkey, MemoryRegion, Mtu, PathAttributes, ProtectionDomain, QueuePair,
+    QueuePairBuilder, QueuePairEndpoint, QueuePairState, QueuePairTransition, ScatterGatherElement,
+    SendOperation, SendRequest, Verbs, VerbsError,
 };
 use remora_wire::{Ipv4Address, Psn, Qpn, VirtAddr};
 use std::cell::UnsafeCell;
@@ -553,13 +555,20 @@ pub(super) unsafe fn modify_qp(
             return libc::EINVAL;
         }
     }
-    let result = match (transition, current) {
-        // INIT → INIT re-sets attributes the soft RNIC does not model.
-        (Some(QueuePairTransition::Init), Ok(QueuePairState::Init)) | (None, _) => Ok(()),
-        (Some(transition), _) => node
-            .with_device(|rnic| rnic.modify_queue_pair(qpn, transition))
-            .map(|_| ()),
+    let path = match path_attributes_of(attributes, mask) {
+        Ok(path) => path,
+        Err(errno) => return errno,
     };
+    // The path attributes and the move in one hold of the device: no frame
+    // reaches the queue pair between them.
+    let result = node.with_device(|rnic| {
+        rnic.set_path_attributes(qpn, path)?;
+        match (transition, current) {
+            // INIT → INIT re-sets attributes the soft RNIC does not model.
+            (Some(QueuePairTransition::Init), Ok(QueuePairState::Init)) | (None, _) => Ok(()),
+            (Some(transition), _) => rnic.modify_queue_pair(qpn, transition).map(|_| ()),
+        }
+    });
     if let Err(error) = result {
         return errno_of(&error);
     }
@@ -588,6 +597,46 @@ pub(super) unsafe fn modify_qp(
             .map_or(IBV_QPS_ERR, state_of),
     );
     0
+}
+
+/// The path MTU, READ and atomic limits and RNR timer a program set, if
+/// it set them; EINVAL for a value no device takes. A limit of 0 is taken
+/// as 1: the soft RNIC keeps at least one slot to answer a READ or atomic
+/// again (a peer that READs past a limit of 0 is served, not refused).
+/// Limits above `max_qp_rd_atom` are EINVAL, as from the kernel.
+fn path_attributes_of(attributes: &ibv_qp_attr, mask: u32) -> Result<PathAttributes, c_int> {
+    let mut path = PathAttributes::default();
+    if mask & IBV_QP_PATH_MTU != 0 {
+        let bytes = match attributes.path_mtu {
+            IBV_MTU_256 => 256,
+            IBV_MTU_512 => 512,
+            IBV_MTU_1024 => 1024,
+            IBV_MTU_2048 => 2048,
+            IBV_MTU_4096 => 4096,
+            _ => return Err(libc::EINVAL),
+        };
+        path.path_mtu = Some(Mtu::new(bytes).map_err(|_| libc::EINVAL)?);
+    }
+    // The limit query_device reports (max_qp_rd_atom), below the device's.
+    let limit = |requested: u8| {
+        if c_int::from(requested) > MAX_READ_ATOMIC {
+            return Err(libc::EINVAL);
+        }
+        Ok(Some(usize::from(requested).max(1)))
+    };
+    if mask & IBV_QP_MAX_QP_RD_ATOMIC != 0 {
+        path.max_read_atomic = limit(attributes.max_rd_atomic)?;
+    }
+    if mask & IBV_QP_MAX_DEST_RD_ATOMIC != 0 {
+        path.max_destination_read_atomic = limit(attributes.max_dest_rd_atomic)?;
+    }
+    if mask & IBV_QP_MIN_RNR_TIMER != 0 {
+        if attributes.min_rnr_timer > 31 {
+            return Err(libc::EINVAL);
+        }
+        path.min_rnr_timer = Some(remora_rnic::rnr_timer_duration(attributes.min_rnr_timer));
+    }
+    Ok(path)
 }
 
 /// The retransmission timeout and retry count a program set, if it set

@@ -82,10 +82,10 @@ static struct ibv_qp *make_qp(void)
 	return make_qp_on(cq);
 }
 
-static void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid gid)
+static void connect_qp_with(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid gid, uint8_t min_rnr_timer)
 {
 	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024,
-		.dest_qp_num = remote_qpn, .rq_psn = 100, .max_dest_rd_atomic = 4, .min_rnr_timer = 12,
+		.dest_qp_num = remote_qpn, .rq_psn = 100, .max_dest_rd_atomic = 4, .min_rnr_timer = min_rnr_timer,
 		.ah_attr = { .is_global = 1, .port_num = 1, .grh = { .dgid = gid, .hop_limit = 1 } } };
 	int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN
 		| IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
@@ -105,6 +105,11 @@ static void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid gid
 	struct ibv_qp_init_attr queried_init;
 	CHECK(ibv_query_qp(qp, &queried, IBV_QP_STATE, &queried_init) == 0, "query_qp");
 	CHECK(queried.qp_state == IBV_QPS_RTS && queried.dest_qp_num == remote_qpn, "queried state");
+}
+
+static void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid gid)
+{
+	connect_qp_with(qp, remote_qpn, gid, 12);
 }
 
 static struct ibv_wc post_one(struct ibv_qp *qp, struct ibv_send_wr *wr)
@@ -530,6 +535,56 @@ static void rnr_retry_zero_gives_up_at_once(union ibv_gid gid, uint8_t *local, s
 	CHECK(ibv_query_qp(sender, &attr, IBV_QP_STATE, &init) == 0, "query_qp");
 	CHECK(attr.qp_state == IBV_QPS_ERR && sender->state == IBV_QPS_ERR,
 	      "the failed QP is in ERR (query %d, qp->state %d)", attr.qp_state, sender->state);
+	CHECK(ibv_destroy_qp(sender) == 0 && ibv_destroy_qp(idle) == 0, "destroy");
+}
+
+static double seconds_now(void)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return now.tv_sec + now.tv_nsec / 1e9;
+}
+
+/* modify_qp's path MTU, READ and atomic limits and RNR timer were kept for
+ * query_qp and never reached the device: its RNR NAKs asked for 20 us
+ * whatever min_rnr_timer said, and no value was checked. */
+static void path_attributes_are_checked_and_applied(union ibv_gid gid, uint8_t *local, struct ibv_mr *local_mr)
+{
+	struct ibv_qp *sender = make_qp(), *idle = make_qp();
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = idle->qp_num,
+		.rq_psn = 100, .max_dest_rd_atomic = 17, .min_rnr_timer = 12,
+		.ah_attr = { .is_global = 1, .port_num = 1, .grh = { .dgid = gid, .hop_limit = 1 } } };
+	int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN
+		| IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	CHECK(ibv_modify_qp(sender, &attr, mask) == EINVAL, "max_dest_rd_atomic past max_qp_rd_atom is EINVAL");
+	attr.max_dest_rd_atomic = 4;
+	attr.path_mtu = 6;
+	CHECK(ibv_modify_qp(sender, &attr, mask) == EINVAL, "a path MTU that is no ibv_mtu is EINVAL");
+	attr.path_mtu = IBV_MTU_1024;
+	attr.min_rnr_timer = 32;
+	CHECK(ibv_modify_qp(sender, &attr, mask) == EINVAL, "an RNR timer past 5 bits is EINVAL");
+	struct ibv_qp_init_attr init;
+	CHECK(ibv_query_qp(sender, &attr, IBV_QP_STATE, &init) == 0 && attr.qp_state == IBV_QPS_INIT,
+	      "refused moves left the QP in INIT");
+	/* The idle side's NAKs ask for 327.68 ms (code 30). */
+	connect_qp_with(sender, idle->qp_num, gid, 12);
+	connect_qp_with(idle, sender->qp_num, gid, 30);
+	attr.qp_state = IBV_QPS_RTS;
+	attr.rnr_retry = 1;
+	CHECK(ibv_modify_qp(sender, &attr, IBV_QP_STATE | IBV_QP_RNR_RETRY) == 0, "rnr_retry 1");
+	attr.path_mtu = IBV_MTU_2048;
+	CHECK(ibv_modify_qp(sender, &attr, IBV_QP_PATH_MTU) == EINVAL, "the path MTU is fixed in RTS");
+	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = 16, .lkey = local_mr->lkey };
+	struct ibv_send_wr send = { .wr_id = 71, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+		.send_flags = IBV_SEND_SIGNALED };
+	double started = seconds_now();
+	struct ibv_wc wc = post_one(sender, &send);
+	double waited = seconds_now() - started;
+	CHECK(wc.wr_id == 71 && wc.status == IBV_WC_RNR_RETRY_EXC_ERR, "the SEND gave up on RNR, not %s",
+	      ibv_wc_status_str(wc.status));
+	/* The NAK's wait (327.68 ms) then the retransmission timer's 67 ms, at
+	 * which a spent budget fails; without the receiver's timer, 67 ms. */
+	CHECK(waited >= 0.3, "the retry waited the receiver's min_rnr_timer: %.6f s", waited);
 	CHECK(ibv_destroy_qp(sender) == 0 && ibv_destroy_qp(idle) == 0, "destroy");
 }
 
@@ -1206,6 +1261,7 @@ int main(void)
 	a_destroyed_qp_leaves_no_completions(remote, remote_mr);
 	a_qps_access_flags_bound_its_peers(gid, local, local_mr, remote, remote_mr);
 	rnr_retry_zero_gives_up_at_once(gid, local, local_mr);
+	path_attributes_are_checked_and_applied(gid, local, local_mr);
 	a_closed_contexts_objects_are_taken_down(gid, local, local_mr);
 	closing_with_queues_left_frees_their_slots();
 	extended_queries_zero_a_longer_callers_tail();
