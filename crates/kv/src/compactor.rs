@@ -145,6 +145,15 @@ impl Compactor {
                         // records round the log: back off.
                         Ok(false) => wait = (wait * 2).min(MOST_BACKOFF.max(interval)),
                         Err(error) => {
+                            // Nothing frees room from now on: writers that
+                            // find the device full fail at once, where each
+                            // waited out its room wait for a compactor that
+                            // was gone. Said now, not only at the stop.
+                            store.wait_for_room(Duration::ZERO);
+                            tracing::error!(
+                                %error,
+                                "the compactor stopped; writes that find the device full now fail"
+                            );
                             *failing.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
                             return;
                         }

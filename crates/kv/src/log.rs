@@ -207,8 +207,24 @@ impl HybridLog {
     /// The lowest address whose device space is still needed: the begin,
     /// or a kept checkpoint's begin below it.
     pub fn needed_from(&self) -> LogAddress {
+        self.needed_from_with(|| {})
+    }
+
+    /// As [`HybridLog::needed_from`], with `between` run between its two
+    /// loads (a test's checkpoint and compaction).
+    ///
+    /// The begin is loaded first. A first checkpoint keeps, then reads the
+    /// begin again ([`HybridLog::keep_checkpoint_from_begin`]): a begin
+    /// loaded here after a truncation that checkpoint missed comes after
+    /// its keep, so the keep is seen. Loaded the other way round, a keep
+    /// and a truncation between the two loads gave the truncated begin
+    /// and no keep, and the pages of the checkpoint being taken were
+    /// handed to the tail.
+    pub(crate) fn needed_from_with(&self, between: impl FnOnce()) -> LogAddress {
+        let begin = self.begin.load(Ordering::SeqCst);
+        between();
         let kept = self.kept_from.load(Ordering::SeqCst);
-        LogAddress::new(self.begin.load(Ordering::SeqCst).min(kept))
+        LogAddress::new(begin.min(kept))
     }
 
     /// A checkpoint is being taken from the log's begin, which this

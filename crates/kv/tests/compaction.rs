@@ -602,3 +602,103 @@ fn a_read_in_flight_on_a_page_truncated_and_reused_looks_again() {
     writer.suspend();
     assert_pending_read_finds(&mut reader, b"value");
 }
+
+/// A memory device whose reads are refused once `failing` is set.
+struct ReadsFailWhenSet {
+    device: MemoryDevice,
+    failing: Arc<AtomicBool>,
+}
+
+struct ReadsFailWhenSetQueue {
+    inner: Box<dyn DeviceQueue>,
+    failing: Arc<AtomicBool>,
+}
+
+impl Device for ReadsFailWhenSet {
+    fn name(&self) -> &str {
+        "reads-fail-when-set"
+    }
+
+    fn capacity_bytes(&self) -> u64 {
+        self.device.capacity_bytes()
+    }
+
+    fn open_queue(&self) -> Result<Box<dyn DeviceQueue>, DeviceError> {
+        Ok(Box::new(ReadsFailWhenSetQueue {
+            inner: self.device.open_queue()?,
+            failing: self.failing.clone(),
+        }))
+    }
+}
+
+impl DeviceQueue for ReadsFailWhenSetQueue {
+    fn read(&mut self, offset: u64, length: usize, token: u64) -> Result<(), DeviceError> {
+        if self.failing.load(Ordering::Relaxed) {
+            return Err(DeviceError::Io("reads refused for the test".into()));
+        }
+        self.inner.read(offset, length, token)
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8], token: u64) -> Result<(), DeviceError> {
+        self.inner.write(offset, data, token)
+    }
+
+    fn poll(
+        &mut self,
+        done: &mut dyn FnMut(u64, remora_kv::device::Completed<'_>),
+    ) -> Result<usize, DeviceError> {
+        self.inner.poll(done)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight()
+    }
+}
+
+/// A compactor that failed (here, its device refused its reads) ended
+/// without a word, and every writer that then found the device full
+/// waited out the 2 s room wait for it, each time, before failing. Now
+/// the writers fail at once, and the stop reports the compactor's error.
+#[test]
+fn writers_stop_waiting_for_a_compactor_that_failed() {
+    use remora_kv::compactor::{CompactionPolicy, Compactor, CompactorError};
+    use std::time::{Duration, Instant};
+    let failing = Arc::new(AtomicBool::new(false));
+    let device = ReadsFailWhenSet {
+        device: MemoryDevice::new(2 << 20),
+        failing: failing.clone(),
+    };
+    let store = Store::new(StoreConfig::smallest(), Arc::new(device)).unwrap();
+    let mut session = store.session().unwrap();
+    push_below_the_head(&mut session, 3000);
+    failing.store(true, Ordering::Relaxed);
+    let policy = CompactionPolicy {
+        below_room_fraction: 0.9,
+        check_every_ms: 1,
+        writers_wait_ms: 2_000,
+    };
+    let compactor = Compactor::start(store.clone(), policy).unwrap();
+    let mut full_waits = Vec::new();
+    for step in 0..200_000usize {
+        let number = (step % 200) as u8;
+        let started = Instant::now();
+        match session.upsert(&key_of(number), &value_of(number, 300, step)) {
+            Ok(_) => {}
+            Err(KvError::Log(LogError::DeviceFull { .. })) => {
+                full_waits.push(started.elapsed());
+                if full_waits.len() == 3 {
+                    break;
+                }
+            }
+            Err(error) => panic!("{error}"),
+        }
+    }
+    assert_eq!(full_waits.len(), 3, "the device never filled");
+    assert!(
+        full_waits
+            .iter()
+            .all(|wait| *wait < Duration::from_millis(500)),
+        "writers waited for a compactor that had failed: {full_waits:?}"
+    );
+    assert!(matches!(compactor.stop(), Err(CompactorError::Store(_))));
+}

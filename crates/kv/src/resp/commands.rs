@@ -72,6 +72,16 @@ pub enum CommandError {
     LostCompletion,
     #[error(transparent)]
     Store(KvError),
+    /// A command over several keys failed part way; the keys before the
+    /// failure stay changed. The store has no multi-key transaction, so MSET and
+    /// DEL are not atomic as in Redis, and the client is told how far
+    /// they went rather than only that they failed.
+    #[error("{command} {done} before failing, which stay: {source}")]
+    PartlyApplied {
+        command: &'static str,
+        done: String,
+        source: Box<CommandError>,
+    },
 }
 
 impl From<KvError> for CommandError {
@@ -377,9 +387,22 @@ impl Executor {
         check_key_lengths(keys.iter().map(|key| key.len()))?;
         let mut existed = 0;
         for key in keys {
-            if self.read(key)? {
-                self.session.delete(key)?;
-                existed += 1;
+            let deleted = self.read(key).and_then(|exists| {
+                if exists {
+                    self.session.delete(key)?;
+                }
+                Ok(exists)
+            });
+            match deleted {
+                Ok(exists) => existed += i64::from(exists),
+                Err(error) if existed == 0 => return Err(error),
+                Err(error) => {
+                    return Err(CommandError::PartlyApplied {
+                        command: "DEL",
+                        done: format!("deleted {existed} keys"),
+                        source: Box::new(error),
+                    })
+                }
             }
         }
         encode_integer(reply, existed);
@@ -454,9 +477,18 @@ impl Executor {
         let pairs = arguments.chunks_exact(2);
         check_key_lengths(pairs.clone().map(|pair| pair[0].len()))?;
         check_value_lengths(pairs.clone().map(|pair| pair[1].len()))?;
-        for pair in pairs {
-            if let [key, value] = pair {
-                self.session.upsert(key, value)?;
+        for (written, pair) in pairs.enumerate() {
+            let [key, value] = pair else { continue };
+            match self.session.upsert(key, value) {
+                Ok(_) => {}
+                Err(error) if written == 0 => return Err(error.into()),
+                Err(error) => {
+                    return Err(CommandError::PartlyApplied {
+                        command: "MSET",
+                        done: format!("wrote the first {written} pairs"),
+                        source: Box::new(error.into()),
+                    })
+                }
             }
         }
         encode_simple(reply, "OK");
@@ -848,6 +880,51 @@ mod tests {
             let key = format!("filler-{number}");
             run(executor, &[b"SET", key.as_bytes(), &filler]);
         }
+    }
+
+    /// MSET and DEL that failed part way replied a bare error while the
+    /// keys before the failure stayed changed: the client could not tell
+    /// a write that happened from one that did not. Redis's are atomic;
+    /// these say how far they went.
+    #[test]
+    fn a_delete_that_fails_part_way_says_how_far_it_went() {
+        let mut executor = executor_on_a_failing_device();
+        reply(&mut executor, "SET old value");
+        push_earlier_keys_to_the_device(&mut executor);
+        reply(&mut executor, "SET new value");
+        let text = reply(&mut executor, "DEL new old");
+        assert!(
+            text.starts_with("-ERR DEL deleted 1 keys before failing, which stay: "),
+            "{text}"
+        );
+        assert_eq!(reply(&mut executor, "EXISTS new"), ":0\r\n");
+        assert_eq!(reply(&mut executor, "EXISTS old"), ":1\r\n");
+    }
+
+    #[test]
+    fn a_multiple_set_that_fails_part_way_says_how_far_it_went() {
+        let config = StoreConfig::smallest();
+        let store = Store::new(config, Arc::new(MemoryDevice::new(1 << 20))).unwrap();
+        let mut executor = Executor::new(store).unwrap();
+        let filler = vec![b'f'; 1000];
+        let mut filled = false;
+        for number in 0..10_000 {
+            let key = format!("filler-{number}");
+            let (text, _) = run(&mut executor, &[b"SET", key.as_bytes(), &filler]);
+            if text.starts_with("-ERR") {
+                filled = true;
+                break;
+            }
+        }
+        assert!(filled, "the device never filled");
+        let big = vec![b'b'; MAX_VALUE_BYTES];
+        let (text, _) = run(&mut executor, &[b"MSET", b"x", b"1", b"y", &big]);
+        assert!(
+            text.starts_with("-ERR MSET wrote the first 1 pairs before failing, which stay: "),
+            "{text}"
+        );
+        assert_eq!(reply(&mut executor, "GET x"), "$1\r\n1\r\n");
+        assert_eq!(reply(&mut executor, "EXISTS y"), ":0\r\n");
     }
 
     #[test]

@@ -184,7 +184,15 @@ impl Store {
 
     pub fn session(&self) -> Result<Session, KvError> {
         let slot = self.shared.epoch.acquire()?;
-        let queue = self.shared.device.open_queue()?;
+        let queue = match self.shared.device.open_queue() {
+            Ok(queue) => queue,
+            Err(error) => {
+                // Held by nothing, the slot was lost for good: enough
+                // failed opens and every session was refused.
+                self.shared.epoch.release(slot);
+                return Err(error.into());
+            }
+        };
         Ok(Session {
             shared: self.shared.clone(),
             slot: Some(slot),
@@ -1420,6 +1428,47 @@ mod tests {
         session.checkpoint().unwrap();
     }
 
+    /// A memory device that refuses to open queues while `refusing`.
+    struct RefusesQueues {
+        device: MemoryDevice,
+        refusing: std::sync::atomic::AtomicBool,
+    }
+
+    impl Device for RefusesQueues {
+        fn name(&self) -> &str {
+            "refuses-queues"
+        }
+        fn capacity_bytes(&self) -> u64 {
+            self.device.capacity_bytes()
+        }
+        fn open_queue(&self) -> Result<Box<dyn DeviceQueue>, DeviceError> {
+            if self.refusing.load(Ordering::Relaxed) {
+                return Err(DeviceError::Io("no queue for the test".into()));
+            }
+            self.device.open_queue()
+        }
+    }
+
+    /// A session whose device queue could not be opened kept its epoch
+    /// slot: after as many failed opens as the store has sessions, every
+    /// session was refused for want of a slot, the device well again.
+    #[test]
+    fn a_session_whose_queue_could_not_open_gives_its_slot_back() {
+        let device = Arc::new(RefusesQueues {
+            device: MemoryDevice::new(1 << 20),
+            refusing: std::sync::atomic::AtomicBool::new(false),
+        });
+        let sessions = StoreConfig::smallest().sessions;
+        let store = Store::new(StoreConfig::smallest(), device.clone()).unwrap();
+        device.refusing.store(true, Ordering::Relaxed);
+        for _ in 0..=sessions {
+            assert!(matches!(store.session(), Err(KvError::Device(_))));
+        }
+        device.refusing.store(false, Ordering::Relaxed);
+        let opened: Vec<Session> = (0..sessions).map(|_| store.session().unwrap()).collect();
+        assert_eq!(opened.len(), sessions);
+    }
+
     /// A memory device whose queues fail the first write they are given,
     /// by its token, as a far-memory queue reports a failed piece.
     struct FailsFirstWrite(MemoryDevice);
@@ -1546,5 +1595,37 @@ mod tests {
         });
         assert_eq!(begin, head, "the checkpoint starts where the log now does");
         assert_eq!(log.needed_from(), head, "no room is held below the begin");
+    }
+
+    /// The other side of the same race: a writer checking for room loaded
+    /// the kept address (none yet), then a first checkpoint kept from the
+    /// begin and a compaction truncated past it, and then the writer loaded
+    /// the new begin. It counted the checkpoint's pages as free.
+    #[test]
+    fn a_checkpoint_and_a_truncation_between_a_room_checks_loads_keep_the_checkpoints_pages() {
+        let store = Store::new(
+            StoreConfig::smallest(),
+            Arc::new(MemoryDevice::new(1 << 20)),
+        )
+        .unwrap();
+        let mut session = store.session().unwrap();
+        let log = store.shared.log.clone();
+        for number in 0u64..5_000 {
+            session.upsert(&number.to_le_bytes(), &[5; 200]).unwrap();
+            if log.head().value() > 0 {
+                break;
+            }
+        }
+        let head = log.head();
+        let begin = log.begin();
+        assert!(head > begin, "the test must push pages to the device");
+        let mut kept = None;
+        let needed = log.needed_from_with(|| {
+            kept = Some(log.keep_checkpoint_from_begin());
+            store.truncate_until(head).unwrap();
+        });
+        assert_eq!(kept, Some(begin), "the checkpoint kept from the old begin");
+        assert_eq!(log.begin(), head, "and the log was truncated past it");
+        assert_eq!(needed, begin, "the checkpoint's pages are still needed");
     }
 }
