@@ -355,7 +355,14 @@ impl MemoryTable {
         list: &ScatterGatherList,
         needs_write: bool,
     ) -> Result<(), VerbsError> {
-        for element in list.as_slice() {
+        // An empty element names no memory, and is never gathered into or
+        // scattered from: as mlx5 skips it, its key is not looked at (a
+        // zero-length SEND from {0, 0, 0} is common, and was refused).
+        let named = list
+            .as_slice()
+            .iter()
+            .filter(|element| element.length_bytes > 0);
+        for element in named {
             let region = self.region_by_lkey(element.lkey)?;
             if region.protection_domain != protection_domain {
                 return Err(VerbsError::WrongProtectionDomain);
