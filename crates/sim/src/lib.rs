@@ -18,4 +18,6 @@ mod simulation;
 
 pub use link::{FaultDraw, LinkConfig, LinkConfigError, LinkCounters, LinkFaults};
 pub use remora_base::{PortId, Probability, ProbabilityError, Timestamp};
-pub use simulation::{Event, LinkId, Node, NodeId, RunOutcome, Simulation, FRAME_BUFFER_BYTES};
+pub use simulation::{
+    Carriage, Event, LinkId, Node, NodeId, RunOutcome, Simulation, FRAME_BUFFER_BYTES,
+};

@@ -151,7 +151,10 @@ pub(crate) struct Channel {
     /// in picoseconds: a 62-byte frame at 100 Gb/s takes 4.96 ns, and in
     /// whole nanoseconds small frames got a fifth more bandwidth.
     busy_fraction_ps: u64,
-    pub(crate) partitioned: bool,
+    partitioned: bool,
+    /// Partitions begun so far: a frame sent before the latest one began
+    /// and not yet arrived is lost with the link.
+    cuts: u64,
 }
 
 /// What the channel decided for one offered frame: arrival times (none if
@@ -169,7 +172,20 @@ impl Channel {
             busy_until: Timestamp::ZERO,
             busy_fraction_ps: 0,
             partitioned: false,
+            cuts: 0,
         }
+    }
+
+    /// Cuts the channel, or heals it. A cut loses what is on the wire.
+    pub(crate) fn set_partitioned(&mut self, partitioned: bool) {
+        if partitioned && !self.partitioned {
+            self.cuts += 1;
+        }
+        self.partitioned = partitioned;
+    }
+
+    pub(crate) fn cuts(&self) -> u64 {
+        self.cuts
     }
 
     fn serialization(&self, len_bytes: usize) -> Duration {

@@ -39,6 +39,9 @@ pub enum Event {
         node: NodeId,
         port: PortId,
         frame: Vec<u8>,
+        /// The link that carries it, if any: a partition that begins while
+        /// the frame is on it loses the frame.
+        carried_by: Option<Carriage>,
     },
     Crash(NodeId),
     Restart(NodeId),
@@ -50,6 +53,15 @@ impl Event {
     fn is_fault(&self) -> bool {
         !matches!(self, Event::Deliver { .. })
     }
+}
+
+/// Which way along which link a frame travels, and how many partitions
+/// that direction had seen when the frame was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Carriage {
+    link: LinkId,
+    direction: usize,
+    cuts_when_sent: u64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -200,7 +212,7 @@ impl<N: Node> Simulation<N> {
             .collect();
         for link in &mut self.links {
             for channel in &mut link.channels {
-                channel.partitioned = false;
+                channel.set_partitioned(false);
             }
         }
         for index in 0..self.nodes.len() {
@@ -273,7 +285,23 @@ impl<N: Node> Simulation<N> {
 
     fn apply(&mut self, event: Event) {
         match event {
-            Event::Deliver { node, port, frame } => {
+            Event::Deliver {
+                node,
+                port,
+                frame,
+                carried_by,
+            } => {
+                if let Some(carriage) = carried_by {
+                    let channel = &mut self.links[carriage.link.0].channels[carriage.direction];
+                    // Cut while on the wire (or in a queue along it): a
+                    // partition is a link down, and what it carried is
+                    // gone, not delivered after it began.
+                    if channel.cuts() != carriage.cuts_when_sent {
+                        channel.counters.partition_drops += 1;
+                        channel.counters.frames_delivered -= 1;
+                        return;
+                    }
+                }
                 if self.crashed[node.0] {
                     self.dropped_at_crashed_nodes += 1;
                 } else {
@@ -299,7 +327,7 @@ impl<N: Node> Simulation<N> {
 
     fn set_partition(&mut self, link: LinkId, partitioned: bool) {
         for channel in &mut self.links[link.0].channels {
-            channel.partitioned = partitioned;
+            channel.set_partitioned(partitioned);
         }
     }
 
@@ -330,11 +358,17 @@ impl<N: Node> Simulation<N> {
         if let Some(bit) = fate.corrupt_bit {
             frame[bit / 8] ^= 1 << (bit % 8);
         }
+        let carriage = Carriage {
+            link: link_id,
+            direction,
+            cuts_when_sent: link.channels[direction].cuts(),
+        };
         for arrival in fate.arrivals.into_iter().flatten() {
             let event = Event::Deliver {
                 node: to_node,
                 port: to_port,
                 frame: frame.clone(),
+                carried_by: Some(carriage),
             };
             self.schedule(arrival, event);
         }

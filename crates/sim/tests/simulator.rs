@@ -168,8 +168,25 @@ fn partitions_drop_and_heal() {
     sim.schedule(Timestamp::from_nanos(10_500), Event::Partition(link));
     sim.schedule(Timestamp::from_nanos(20_500), Event::Heal(link));
     sim.run_until(Timestamp::from_nanos(u64::MAX), 100_000);
-    assert_eq!(sim.link_counters(link)[0].partition_drops, 10);
-    assert_eq!(sim.node(receiver).received.len(), 90);
+    // The ten frames sent while cut, and the one sent at 10 us that was on
+    // the wire when the cut came.
+    assert_eq!(sim.link_counters(link)[0].partition_drops, 11);
+    assert_eq!(sim.node(receiver).received.len(), 89);
+}
+
+/// A partition let the frames already on the wire through: a link down
+/// delivered what it carried when it went down.
+#[test]
+fn a_partition_loses_the_frames_on_the_wire_even_if_it_heals_first() {
+    let (mut sim, _, receiver, link) = pair(4, LinkFaults::NONE, 100);
+    // The frame sent at 10 us arrives at about 11.1 us.
+    sim.schedule(Timestamp::from_nanos(10_500), Event::Partition(link));
+    sim.schedule(Timestamp::from_nanos(10_600), Event::Heal(link));
+    sim.run_until(Timestamp::from_nanos(u64::MAX), 100_000);
+    let counters = sim.link_counters(link)[0];
+    assert_eq!(counters.partition_drops, 1);
+    assert_eq!(counters.frames_delivered, 99);
+    assert_eq!(sim.node(receiver).received.len(), 99);
 }
 
 /// Two nodes that both send `count` frames, one a microsecond.
@@ -190,10 +207,10 @@ fn a_partition_cuts_both_directions() {
     sim.schedule(Timestamp::from_nanos(20_500), Event::Heal(link));
     sim.run_until(Timestamp::from_nanos(u64::MAX), 100_000);
     for direction in sim.link_counters(link) {
-        assert_eq!(direction.partition_drops, 10);
+        assert_eq!(direction.partition_drops, 11);
     }
     for node in nodes {
-        assert_eq!(sim.node(node).received.len(), 90);
+        assert_eq!(sim.node(node).received.len(), 89);
     }
 }
 
