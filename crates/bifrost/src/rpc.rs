@@ -1070,10 +1070,30 @@ impl Callee {
                 }
                 Err(_) => reply,
             },
-            // Too large for a datagram: the reply goes alone, counted.
-            Some(Err(_)) => {
+            // Too large for a datagram even shrunk (the service's state
+            // alone past it): no checkpoint can cover the answer, and a
+            // failover would restore an older state under it (a resend
+            // then ran the call again on the replacement). The caller is
+            // told the outcome is unknown rather than handed an answer
+            // the Gatekeeper cannot keep. Counted.
+            Some(Err(error)) => {
                 self.counters.checkpoints_too_large += 1;
-                reply
+                match BifrostHeader::new_checked(&reply[..]) {
+                    Ok(header) => {
+                        let repr = BifrostRepr {
+                            call_type: CallType::Exception,
+                            flags: header.flags() | OUTCOME_UNKNOWN_FLAG,
+                            ..BifrostRepr::parse(&header)
+                        };
+                        let message = format!(
+                            "call {} ran, but no checkpoint can cover it ({error}): \
+                             a failover would undo it",
+                            header.rpc_id()
+                        );
+                        encode(&repr, message.as_bytes())
+                    }
+                    Err(_) => reply,
+                }
             }
             None => reply,
         };
@@ -1148,6 +1168,53 @@ mod tests {
             b"ok"
         );
         assert_eq!(callee.callers.len(), 1);
+    }
+
+    /// A service whose state grows past one datagram.
+    struct Hoard(Vec<u8>);
+
+    impl Service for Hoard {
+        fn call(&mut self, _: &[u8], _: GlobalAddress, arguments: &[u8]) -> Outcome {
+            self.0.extend_from_slice(arguments);
+            Ok(b"kept".to_vec().into())
+        }
+
+        fn save_state(&self) -> Option<Vec<u8>> {
+            Some(self.0.clone())
+        }
+
+        fn restore_state(&mut self, state: &[u8]) -> Result<(), String> {
+            self.0 = state.to_vec();
+            Ok(())
+        }
+    }
+
+    /// Once a service's state alone was past a datagram, its replies went
+    /// out bare while the Gatekeeper kept the last checkpoint that fitted:
+    /// a failover restored that older state under every answer since,
+    /// and a resend of one of those calls ran again on the replacement.
+    /// Such a reply is now an outcome-unknown exception.
+    #[test]
+    fn an_answer_no_checkpoint_can_cover_is_an_unknown_outcome() {
+        let mut callee = Callee::with_checkpoints(Box::new(Hoard(Vec::new())));
+        let mut answers = Vec::new();
+        for rpc_id in 1..=4u64 {
+            let call = BifrostRepr::new(CallType::Call, "keep", rpc_id, GlobalAddress::NULL)
+                .unwrap();
+            callee.handle(caller_on(1), &encode(&call, &[7; 1200]));
+            let reply = callee.poll_transmit().expect("answered").1;
+            let header = BifrostHeader::new_checked(&reply[..]).unwrap();
+            answers.push((header.call_type(), header.flags()));
+        }
+        // 1,200 and 2,400 bytes of state fit; 3,600 and 4,800 do not.
+        let covered = (CallType::Reply, checkpoint::CHECKPOINT_FLAG);
+        assert_eq!(answers[..2], [covered, covered]);
+        for (call_type, flags) in &answers[2..] {
+            assert_eq!(*call_type, CallType::Exception);
+            assert_ne!(flags & OUTCOME_UNKNOWN_FLAG, 0);
+            assert_eq!(flags & checkpoint::CHECKPOINT_FLAG, 0);
+        }
+        assert_eq!(callee.counters().checkpoints_too_large, 2);
     }
 
     /// A checkpoint keeps replies for every caller; past one datagram it
