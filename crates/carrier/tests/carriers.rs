@@ -795,3 +795,51 @@ fn drops_below_a_stack_of_wrappers_are_reported_at_its_top() {
         "{drops:?}"
     );
 }
+
+/// Two processes given one capture file (a verbs program's two ends, both
+/// with `REMORA_VERBS_PCAP` set alike) each truncated it and wrote at its
+/// own offsets: the file interleaved two streams' bytes, and tshark found
+/// it malformed. The first opener writes the header; the other appends
+/// whole records. (Two sinks of one process hold two open files, as two
+/// processes do.) A capture opened after both closed starts afresh.
+#[test]
+fn two_writers_of_one_capture_file_leave_every_record_whole() {
+    let directory =
+        std::env::temp_dir().join(format!("remora-shared-capture-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let path = directory.join("shared.pcap");
+    std::fs::write(&path, b"left from an earlier run").unwrap();
+    let first = PcapSink::create(&path).unwrap();
+    let second = PcapSink::create(&path).unwrap();
+    let mut written = Vec::new();
+    for sequence in 0..300u64 {
+        let sink = if sequence % 3 == 0 { &second } else { &first };
+        let frame = frame(sequence as u8, 60 + (sequence as usize * 37) % 1400);
+        sink.write_now(&frame).unwrap();
+        written.push(frame);
+        if sequence % 50 == 49 {
+            second.flush().unwrap();
+        }
+    }
+    drop(first);
+    drop(second);
+    let read = |path: &std::path::Path| {
+        let file = std::fs::File::open(path).unwrap();
+        let mut reader = pcap_file::pcap::PcapReader::new(file).unwrap();
+        let mut recorded = Vec::new();
+        while let Some(packet) = reader.next_packet() {
+            recorded.push(packet.unwrap().data.into_owned());
+        }
+        recorded
+    };
+    let mut recorded = read(&path);
+    assert_eq!(recorded.len(), written.len());
+    recorded.sort();
+    written.sort();
+    assert_eq!(recorded, written, "every record whole, each once");
+    let fresh = PcapSink::create(&path).unwrap();
+    fresh.write_now(&frame(1, 80)).unwrap();
+    drop(fresh);
+    assert_eq!(read(&path), vec![frame(1, 80)]);
+    std::fs::remove_dir_all(&directory).unwrap();
+}

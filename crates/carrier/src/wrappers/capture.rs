@@ -4,55 +4,136 @@
 use crate::{CarrierError, Port, SendStatus};
 use pcap_file::pcap::{PcapPacket, PcapWriter};
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The buffered file under the pcap writer, reachable from outside it so
-/// the sink can flush without giving the writer up.
-#[derive(Clone)]
-struct SharedFile(Arc<Mutex<BufWriter<File>>>);
+/// Bytes of whole records a sink buffers before it writes them out.
+const FLUSH_AT_BYTES: usize = 8 * 1024;
 
-impl Write for SharedFile {
+/// The records the pcap writer produced and the file has not yet taken.
+/// The writer writes a record in pieces; its lock is held for a whole
+/// record, so under it the buffer always ends at a record's end, and each
+/// write to the file is of whole records.
+#[derive(Clone)]
+struct RecordBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl Write for RecordBuffer {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("pcap file poisoned").write(bytes)
+        self.0
+            .lock()
+            .expect("pcap buffer poisoned")
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        self.0.lock().expect("pcap file poisoned").flush()
+        Ok(())
+    }
+}
+
+/// The capture file, opened for appending. Several processes may share
+/// one (both ends of a verbs program given the same `REMORA_VERBS_PCAP`):
+/// each writes whole records with one `write` to the file's end, and each
+/// holds a shared `flock` while it has the file open. The first opens it
+/// alone (an exclusive lock taken at once), so it empties the file and
+/// writes the pcap header; a later one finds it held, and only appends.
+/// Both truncated it and wrote at their own offsets before, and the
+/// capture interleaved two streams' bytes (tshark flagged it malformed).
+struct CaptureFile {
+    file: File,
+}
+
+impl CaptureFile {
+    /// Opens `path`; whether this process is its first writer (and must
+    /// write the header).
+    fn open(path: &Path) -> Result<(CaptureFile, bool), CarrierError> {
+        use rustix::fs::{flock, FlockOperation};
+        let failed = |operation, source| CarrierError::File {
+            operation,
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|source| failed("cannot create the capture file", source))?;
+        let first = flock(&file, FlockOperation::NonBlockingLockExclusive).is_ok();
+        let regular = file.metadata().is_ok_and(|metadata| metadata.is_file());
+        if first && regular {
+            file.set_len(0)
+                .map_err(|source| failed("cannot empty the capture file", source))?;
+        }
+        // Held while the file is open (a first writer's lock turns shared):
+        // the next writer finds the file in use and leaves it whole.
+        flock(&file, FlockOperation::LockShared)
+            .map_err(|error| failed("cannot lock the capture file", error.into()))?;
+        Ok((CaptureFile { file }, first))
+    }
+
+    /// Appends `records` (whole ones) with one write where the file
+    /// allows, and empties the buffer.
+    fn write_out(&mut self, records: &mut Vec<u8>) -> std::io::Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let written = self.file.write_all(records);
+        records.clear();
+        written
     }
 }
 
 /// One pcap file (Ethernet link type), shareable by several ports so a
-/// whole switch can write one capture. Buffered; flushed by
-/// [`PcapSink::flush`] and when the last clone drops.
+/// whole switch can write one capture, and by several processes (see
+/// [`CaptureFile`]). Buffered; flushed by [`PcapSink::flush`], once
+/// [`FLUSH_AT_BYTES`] are buffered, and when the last clone drops.
 #[derive(Clone)]
 pub struct PcapSink {
-    writer: Arc<Mutex<PcapWriter<SharedFile>>>,
-    file: SharedFile,
+    writer: Arc<Mutex<PcapWriter<RecordBuffer>>>,
+    buffer: RecordBuffer,
+    file: Arc<Mutex<FlushedOnDrop>>,
     /// Why the capture stopped, once a write failed (a full disk): the
     /// ports it watches go on without it.
     stopped: Arc<Mutex<Option<String>>>,
 }
 
+/// The file and the buffer it drains, written out when the last sink
+/// goes.
+struct FlushedOnDrop {
+    file: CaptureFile,
+    buffer: RecordBuffer,
+}
+
+impl Drop for FlushedOnDrop {
+    fn drop(&mut self) {
+        let mut records = self.buffer.0.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self.file.write_out(&mut records);
+    }
+}
+
 impl PcapSink {
     pub fn create(path: &Path) -> Result<PcapSink, CarrierError> {
-        let file = File::create(path).map_err(|source| CarrierError::File {
-            operation: "cannot create the capture file",
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let file = SharedFile(Arc::new(Mutex::new(BufWriter::new(file))));
-        let writer = PcapWriter::new(file.clone()).map_err(|error| {
+        let (file, first) = CaptureFile::open(path)?;
+        let buffer = RecordBuffer(Arc::new(Mutex::new(Vec::new())));
+        let writer = PcapWriter::new(buffer.clone()).map_err(|error| {
             CarrierError::io(
                 "write pcap header",
                 std::io::Error::other(error.to_string()),
             )
         })?;
+        if !first {
+            // The file's first writer wrote the header.
+            buffer.0.lock().expect("pcap buffer poisoned").clear();
+        }
         Ok(PcapSink {
             writer: Arc::new(Mutex::new(writer)),
-            file,
+            file: Arc::new(Mutex::new(FlushedOnDrop {
+                file,
+                buffer: buffer.clone(),
+            })),
+            buffer,
             stopped: Arc::new(Mutex::new(None)),
         })
     }
@@ -61,12 +142,18 @@ impl PcapSink {
     pub fn write(&self, timestamp: Duration, frame: &[u8]) -> Result<(), CarrierError> {
         let packet = PcapPacket::new(timestamp, frame.len() as u32, frame);
         let mut writer = self.writer.lock().expect("pcap writer poisoned");
-        writer.write_packet(&packet).map(|_| ()).map_err(|error| {
+        writer.write_packet(&packet).map_err(|error| {
             CarrierError::io(
                 "write pcap packet",
                 std::io::Error::other(error.to_string()),
             )
-        })
+        })?;
+        let full = self.buffer.0.lock().expect("pcap buffer poisoned").len() >= FLUSH_AT_BYTES;
+        if full {
+            // Under the writer's lock: the buffer ends at a record's end.
+            self.write_out()?;
+        }
+        Ok(())
     }
 
     /// Writes one frame stamped with the wall clock.
@@ -97,10 +184,19 @@ impl PcapSink {
     }
 
     pub fn flush(&self) -> Result<(), CarrierError> {
-        self.file
-            .clone()
-            .flush()
-            .map_err(|error| CarrierError::io("flush pcap file", error))
+        // The writer's lock keeps a record from being half in the buffer.
+        let _writer = self.writer.lock().expect("pcap writer poisoned");
+        self.write_out()
+    }
+
+    /// Appends the buffered records to the file; the caller holds the
+    /// writer's lock.
+    fn write_out(&self) -> Result<(), CarrierError> {
+        let mut file = self.file.lock().expect("pcap file poisoned");
+        let mut records = self.buffer.0.lock().expect("pcap buffer poisoned");
+        file.file
+            .write_out(&mut records)
+            .map_err(|error| CarrierError::io("write pcap file", error))
     }
 }
 
