@@ -1199,8 +1199,8 @@ mod tests {
         let mut callee = Callee::with_checkpoints(Box::new(Hoard(Vec::new())));
         let mut answers = Vec::new();
         for rpc_id in 1..=4u64 {
-            let call = BifrostRepr::new(CallType::Call, "keep", rpc_id, GlobalAddress::NULL)
-                .unwrap();
+            let call =
+                BifrostRepr::new(CallType::Call, "keep", rpc_id, GlobalAddress::NULL).unwrap();
             callee.handle(caller_on(1), &encode(&call, &[7; 1200]));
             let reply = callee.poll_transmit().expect("answered").1;
             let header = BifrostHeader::new_checked(&reply[..]).unwrap();
