@@ -377,6 +377,22 @@ impl SoftRnic {
         Ok(self.resources.completion_queues[queue.0 as usize].waiting())
     }
 
+    /// Whether `queue` overran: it lost a completion
+    /// (`IBV_EVENT_CQ_ERR`).
+    pub fn completion_queue_overran(&self, queue: CompletionQueue) -> Result<bool, VerbsError> {
+        self.check_completion_queue(queue)?;
+        Ok(self.resources.completion_queues[queue.0 as usize].overran())
+    }
+
+    /// Receives posted to shared receive queue `queue` and not yet taken
+    /// (what `ibv_modify_srq`'s `srq_limit` is compared with).
+    pub fn shared_receives_posted(&self, queue: SharedReceiveQueue) -> Result<usize, VerbsError> {
+        self.check_shared_receive_queue(queue)?;
+        Ok(self.resources.shared_receive_queues[queue.0 as usize]
+            .queue
+            .len())
+    }
+
     /// Whether `queue` holds a completion that wakes a waiter armed for
     /// solicited completions only (`ibv_req_notify_cq` with
     /// `solicited_only`): a receive whose sender set the SE bit, a failed

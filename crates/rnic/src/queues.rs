@@ -206,6 +206,11 @@ impl CompletionRing {
         true
     }
 
+    /// Whether a completion was lost to an overrun.
+    pub(crate) fn overran(&self) -> bool {
+        self.overrun
+    }
+
     /// Completions waiting to be polled (an overrun counts as one: the
     /// poll that reports it).
     pub(crate) fn waiting(&self) -> usize {

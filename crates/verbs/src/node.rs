@@ -37,7 +37,7 @@ use crate::config::{ipv4_of, CarrierConfig, VerbsConfig};
 use crate::rendezvous::{Rendezvous, RendezvousError};
 use remora_carrier::wrappers::{CaptureDirection, Captured, PcapSink};
 use remora_carrier::{CarrierError, DatagramPort, Kicker, Port, Waiter};
-use remora_rnic::{CompletionQueue, RnicConfig, SoftRnic, Timestamp};
+use remora_rnic::{CompletionQueue, RnicConfig, SharedReceiveQueue, SoftRnic, Timestamp};
 use remora_wire::frame::MAX_FRAME_LEN;
 use remora_wire::{Ipv4Address, MacAddress};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -79,11 +79,62 @@ pub fn mac_for(address: Ipv4Address) -> MacAddress {
 /// completion channel).
 pub type Notify = Arc<dyn Fn() + Send + Sync>;
 
+/// What an armed watch waits for. Each fires once, then is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Awaited {
+    /// A completion on the queue (`ibv_req_notify_cq`); with
+    /// `solicited_only`, a solicited receive or a failed request.
+    Completion {
+        queue: CompletionQueue,
+        solicited_only: bool,
+    },
+    /// The queue overran, losing a completion (`IBV_EVENT_CQ_ERR`).
+    Overrun(CompletionQueue),
+    /// The shared receive queue's posted receives fell below `limit`
+    /// (`ibv_modify_srq`'s `srq_limit`: `IBV_EVENT_SRQ_LIMIT_REACHED`).
+    ReceivesBelow {
+        queue: SharedReceiveQueue,
+        limit: usize,
+    },
+}
+
+impl Awaited {
+    /// Whether `other` watches the same thing (arming it again replaces
+    /// the watch).
+    fn same_watch(&self, other: &Awaited) -> bool {
+        match (self, other) {
+            (Awaited::Completion { queue: a, .. }, Awaited::Completion { queue: b, .. }) => a == b,
+            (Awaited::Overrun(a), Awaited::Overrun(b)) => a == b,
+            (Awaited::ReceivesBelow { queue: a, .. }, Awaited::ReceivesBelow { queue: b, .. }) => {
+                a == b
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether it happened: `None` when what it watches is gone (a
+    /// destroyed queue), which ends the watch without firing.
+    fn happened(&self, rnic: &SoftRnic) -> Option<bool> {
+        match *self {
+            Awaited::Completion {
+                queue,
+                solicited_only: true,
+            } => rnic.solicited_or_failed_waiting(queue).ok(),
+            Awaited::Completion { queue, .. } => rnic
+                .completions_waiting(queue)
+                .ok()
+                .map(|waiting| waiting > 0),
+            Awaited::Overrun(queue) => rnic.completion_queue_overran(queue).ok(),
+            Awaited::ReceivesBelow { queue, limit } => rnic
+                .shared_receives_posted(queue)
+                .ok()
+                .map(|posted| posted < limit),
+        }
+    }
+}
+
 struct Armed {
-    queue: CompletionQueue,
-    /// Armed for solicited completions only: a receive whose sender asked
-    /// for an event, or a failure.
-    solicited_only: bool,
+    awaited: Awaited,
     notify: Notify,
 }
 
@@ -297,22 +348,34 @@ impl Node {
         Ok(taken)
     }
 
-    /// Calls `notify` once, when `queue` next holds a completion, or with
-    /// `solicited_only` a solicited or failed one (`ibv_req_notify_cq`).
-    pub fn arm(&self, queue: CompletionQueue, solicited_only: bool, notify: Notify) {
+    /// Calls `notify` once, when what `awaited` names happens (at once if
+    /// it has): a completion (`ibv_req_notify_cq`), an overrun, a shared
+    /// receive queue below its limit. It replaces a watch of the same.
+    pub fn arm(&self, awaited: Awaited, notify: Notify) {
         let mut state = self.lock();
-        state.armed.retain(|armed| armed.queue != queue);
-        state.armed.push(Armed {
-            queue,
-            solicited_only,
-            notify,
-        });
+        state
+            .armed
+            .retain(|armed| !armed.awaited.same_watch(&awaited));
+        state.armed.push(Armed { awaited, notify });
         state.notify_armed();
     }
 
-    /// Forgets an armed queue (it is being destroyed).
+    /// Forgets the watch of the same thing as `awaited`, if any
+    /// (`ibv_modify_srq` with a limit of 0).
+    pub fn unwatch(&self, awaited: Awaited) {
+        self.lock()
+            .armed
+            .retain(|armed| !armed.awaited.same_watch(&awaited));
+    }
+
+    /// Forgets every watch of a completion queue (it is being destroyed).
     pub fn disarm(&self, queue: CompletionQueue) {
-        self.lock().armed.retain(|armed| armed.queue != queue);
+        self.lock().armed.retain(|armed| match armed.awaited {
+            Awaited::Completion { queue: watched, .. } | Awaited::Overrun(watched) => {
+                watched != queue
+            }
+            Awaited::ReceivesBelow { .. } => true,
+        });
     }
 
     /// Stops the progress thread (tests and benchmarks that start many
@@ -458,19 +521,15 @@ impl NodeState {
 
     fn notify_armed(&mut self) {
         let rnic = &self.rnic;
-        self.armed.retain(|armed| {
-            let ready = if armed.solicited_only {
-                rnic.solicited_or_failed_waiting(armed.queue)
-                    .unwrap_or(true)
-            } else {
-                rnic.completions_waiting(armed.queue)
-                    .map_or(true, |waiting| waiting > 0)
-            };
-            if ready {
-                (armed.notify)();
-            }
-            !ready
-        });
+        self.armed
+            .retain(|armed| match armed.awaited.happened(rnic) {
+                Some(true) => {
+                    (armed.notify)();
+                    false
+                }
+                Some(false) => true,
+                None => false,
+            });
     }
 
     fn report_carrier_error(&mut self, error: &CarrierError) {

@@ -1,6 +1,7 @@
 //! Opening and closing the device: a context whose operation tables point
 //! at this library's verbs, where rdma-core's inline functions look.
 
+use super::async_events::AsyncEvents;
 use super::device::{
     context_object, device, node, node_of, query_device_extended, query_port_extended,
     ContextObject,
@@ -8,7 +9,7 @@ use super::device::{
 use super::{report_once, set_errno};
 use crate::abi::*;
 use std::ffi::{c_int, c_void};
-use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 pub(super) unsafe fn open_device(device_pointer: *mut ibv_device) -> *mut ibv_context {
     if device_pointer != device() {
@@ -23,8 +24,8 @@ pub(super) unsafe fn open_device(device_pointer: *mut ibv_device) -> *mut ibv_co
             return std::ptr::null_mut();
         }
     };
-    let async_events = match rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC) {
-        Ok(fd) => fd,
+    let events = match AsyncEvents::new() {
+        Ok(events) => Arc::new(events),
         Err(error) => {
             set_errno(error.raw_os_error());
             return std::ptr::null_mut();
@@ -38,10 +39,10 @@ pub(super) unsafe fn open_device(device_pointer: *mut ibv_device) -> *mut ibv_co
     install_extended_operations(&mut verbs);
     verbs.context.device = device_pointer;
     verbs.context.cmd_fd = -1;
-    verbs.context.async_fd = async_events.as_raw_fd();
+    verbs.context.async_fd = events.descriptor();
     verbs.context.num_comp_vectors = 1;
     verbs.context.abi_compat = VERBS_ABI_IS_EXTENDED as *mut c_void;
-    let object = Box::into_raw(Box::new(ContextObject::new(verbs, node, async_events)));
+    let object = Box::into_raw(Box::new(ContextObject::new(verbs, node, events)));
     // SAFETY: just allocated; the program gets the ibv_context inside it.
     unsafe { &raw mut (*object).verbs.context }
 }
@@ -68,11 +69,11 @@ fn install_extended_operations(verbs: &mut verbs_context) {
     verbs.query_device_ex = Some(query_device_extended);
 }
 
-/// `ibv_get_async_event`: reads the context's `async_fd`, as rdma-core
-/// reads the kernel's event file. Remora raises no asynchronous events, so
-/// a blocking descriptor waits and a non-blocking one answers -1 with
-/// EAGAIN, as a device with no events does. (It answered EOPNOTSUPP at
-/// once, and an event thread that retries spun on a core.)
+/// `ibv_get_async_event`: waits on the context's `async_fd` (a blocking
+/// descriptor waits, a non-blocking one answers -1 with EAGAIN while no
+/// event waits, as the kernel's event file does) and describes the oldest
+/// event: a CQ's overrun (`IBV_EVENT_CQ_ERR`), an SRQ below its limit
+/// (`IBV_EVENT_SRQ_LIMIT_REACHED`).
 ///
 /// # Safety
 /// `context` came from [`open_device`] and is not yet closed.
@@ -81,14 +82,8 @@ pub(super) unsafe fn get_async_event(context: *mut ibv_context, event: *mut c_vo
         set_errno(libc::EINVAL);
         return -1;
     }
-    // SAFETY: a live context's eventfd, open while the context is.
-    let events = unsafe { std::os::fd::BorrowedFd::borrow_raw((*context).async_fd) };
-    let mut count = [0u8; 8];
-    match rustix::io::read(events, &mut count) {
-        Err(error) => set_errno(error.raw_os_error()),
-        // Nothing writes the descriptor; were it written, there would be
-        // no event to describe.
-        Ok(_) => set_errno(libc::EIO),
-    }
-    -1
+    // SAFETY: a live context (the caller's promise).
+    let events = Arc::clone(&unsafe { context_object(context) }.events);
+    // SAFETY: the program's event, which it owns.
+    unsafe { events.take(event.cast::<ibv_async_event>()) }
 }

@@ -1,12 +1,12 @@
 //! The device list, contexts, and what `query_*` tells of the device.
 
+use super::async_events::AsyncEvents;
 use super::{provider, report_once, set_errno};
 use crate::abi::*;
 use crate::node::Node;
 use remora_rnic::{CompletionQueue, Lkey, SharedReceiveQueue, Verbs};
 use remora_wire::{Ipv4Address, Qpn};
 use std::ffi::{c_char, c_int};
-use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub(super) const DEVICE_NAME: &str = "remora0";
@@ -25,8 +25,8 @@ pub(super) const MAX_REGION_BYTES: u64 = 1 << 30;
 pub(super) struct ContextObject {
     pub verbs: verbs_context,
     pub node: Arc<Node>,
-    /// `async_fd`: Remora raises no asynchronous events, so it never fires.
-    _async_events: OwnedFd,
+    /// Its asynchronous events, and the descriptor `async_fd` names.
+    pub events: Arc<AsyncEvents>,
     /// What the program made on the device through this context and has
     /// not destroyed.
     owned: Mutex<Owned>,
@@ -51,12 +51,12 @@ impl ContextObject {
     pub(super) fn new(
         verbs: verbs_context,
         node: Arc<Node>,
-        async_events: OwnedFd,
+        events: Arc<AsyncEvents>,
     ) -> ContextObject {
         ContextObject {
             verbs,
             node,
-            _async_events: async_events,
+            events,
             owned: Mutex::new(Owned::default()),
         }
     }

@@ -101,7 +101,9 @@ remora_verbs_exports::export! {
     "IBVERBS_1.1" fn ibv_create_srq(pd: *mut ibv_pd, attributes: *mut ibv_srq_init_attr) -> *mut ibv_srq
         as remora_ibv_create_srq { unsafe { resources::create_srq(pd, attributes) } }
     "IBVERBS_1.1" fn ibv_modify_srq(srq: *mut ibv_srq, attributes: *mut ibv_srq_attr, mask: c_int) -> c_int
-        as remora_ibv_modify_srq { not_supported() }
+        as remora_ibv_modify_srq { unsafe { resources::modify_srq(srq, attributes, mask) } }
+    "IBVERBS_1.1" fn ibv_query_srq(srq: *mut ibv_srq, attributes: *mut ibv_srq_attr) -> c_int
+        as remora_ibv_query_srq { unsafe { resources::query_srq(srq, attributes) } }
     "IBVERBS_1.1" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int
         as remora_ibv_destroy_srq { unsafe { resources::destroy_srq(srq) } }
     "IBVERBS_1.1" fn ibv_create_qp(pd: *mut ibv_pd, attributes: *mut ibv_qp_init_attr) -> *mut ibv_qp

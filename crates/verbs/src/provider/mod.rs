@@ -17,6 +17,7 @@
 //! - `context`: open and close, filling the operation tables;
 //! - `exports`: the versioned symbol table.
 
+mod async_events;
 mod context;
 mod data_path;
 mod device;

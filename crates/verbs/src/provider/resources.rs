@@ -1,10 +1,12 @@
 //! Protection domains, memory regions, completion queues and channels,
 //! shared receive queues, queue pairs and address handles.
 
+use super::async_events::{Element, Raised};
 use super::device::{context_object, node_of, MAX_QUEUE_DEPTH, MAX_SCATTER_GATHER};
 use super::{errno_of, set_errno};
 use crate::abi::*;
 use crate::foreign_memory::ForeignMemory;
+use crate::node::Awaited;
 use remora_rnic::{
     AccessFlags, CompletionQueue, MemoryRegion, ProtectionDomain, SharedReceiveQueue, Verbs,
 };
@@ -612,7 +614,7 @@ pub(super) unsafe fn create_cq(
         unsafe { shared.count_queues(channel, 1) };
         Some(Arc::clone(shared))
     };
-    hand_out(CqObject {
+    let cq: *mut ibv_cq = hand_out(CqObject {
         cq: UnsafeCell::new(ibv_cq {
             context,
             channel,
@@ -626,7 +628,22 @@ pub(super) unsafe fn create_cq(
         users: Users::default(),
         acknowledging: Mutex::new(()),
         events_handed: AtomicU32::new(0),
-    })
+    });
+    // An overrun is reported on the context's async_fd, as the kernel
+    // reports a CQ in error.
+    // SAFETY: a live context.
+    let events = Arc::clone(&unsafe { context_object(context) }.events);
+    let element = Element::CompletionQueue(cq as usize);
+    node.arm(
+        Awaited::Overrun(queue),
+        Arc::new(move || {
+            events.raise(Raised {
+                kind: IBV_EVENT_CQ_ERR,
+                element,
+            })
+        }),
+    );
+    cq
 }
 
 pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
@@ -646,6 +663,11 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     }
     // SAFETY: its context is live.
     unsafe { node_of(cq_object.context()) }.disarm(cq_object.queue);
+    // No event may name it once it is freed.
+    // SAFETY: as above.
+    unsafe { context_object(cq_object.context()) }
+        .events
+        .forget(Element::CompletionQueue(cq as usize));
     if let Some(shared) = &cq_object.channel {
         // No event names it from now on; one handed out since the check
         // above must be acked too (a race with another thread's
@@ -722,9 +744,12 @@ pub(super) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
     let cq_address = cq as usize;
     // SAFETY: its context is live.
     let node = unsafe { node_of(cq_object.context()) };
+    let awaited = Awaited::Completion {
+        queue: cq_object.queue,
+        solicited_only: solicited_only != 0,
+    };
     node.arm(
-        cq_object.queue,
-        solicited_only != 0,
+        awaited,
         Arc::new(move || channel.raise(cq_address as *mut ibv_cq)),
     );
     0
@@ -735,6 +760,10 @@ pub(super) struct SrqObject {
     pub srq: ibv_srq,
     pub queue: SharedReceiveQueue,
     pub users: Users,
+    /// Its depth and gather limit, as `ibv_query_srq` reports them.
+    capacity: ibv_srq_attr,
+    /// The armed `srq_limit`, 0 when none is (it disarms as it fires).
+    limit: Arc<AtomicU32>,
 }
 
 pub(super) unsafe fn create_srq(
@@ -770,6 +799,12 @@ pub(super) unsafe fn create_srq(
                 },
                 queue,
                 users: Users::default(),
+                capacity: ibv_srq_attr {
+                    max_wr: depth as u32,
+                    max_sge: MAX_SCATTER_GATHER as u32,
+                    srq_limit: 0,
+                },
+                limit: Arc::new(AtomicU32::new(0)),
             })
         }
         Err(error) => null_with(errno_of(&error)),
@@ -792,8 +827,13 @@ pub(super) unsafe fn destroy_srq(srq: *mut ibv_srq) -> c_int {
         return errno_of(&error);
     }
     let queue = srq_object.queue;
+    node.unwatch(Awaited::ReceivesBelow { queue, limit: 0 });
     // SAFETY: its context is live.
-    unsafe { context_object(srq_object.srq.context) }
+    let context = unsafe { context_object(srq_object.srq.context) };
+    context
+        .events
+        .forget(Element::SharedReceiveQueue(srq as usize));
+    context
         .owned()
         .shared_receive_queues
         .retain(|owned| *owned != queue);
@@ -801,6 +841,75 @@ pub(super) unsafe fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     unsafe { pd_users(srq_object.srq.pd) }.release();
     // SAFETY: the program gives it up.
     drop(unsafe { take_back::<SrqObject, _>(srq) });
+    0
+}
+
+/// `ibv_modify_srq`: arms the SRQ's limit (`IBV_SRQ_LIMIT`): once its
+/// posted receives fall below it, `IBV_EVENT_SRQ_LIMIT_REACHED` comes on
+/// the context's `async_fd` (at once if they are below it already), and
+/// the limit disarms. 0 disarms it; a limit past the SRQ's depth is
+/// EINVAL. Resizing (`IBV_SRQ_MAX_WR`) is EINVAL, as mlx5 answers it.
+pub(super) unsafe fn modify_srq(
+    srq: *mut ibv_srq,
+    attributes: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    if srq.is_null() || attributes.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a live SRQ and the caller's attributes.
+    let (srq_object, attributes) = unsafe { (object::<SrqObject, _>(srq), &*attributes) };
+    let mask = mask as u32;
+    if mask & !IBV_SRQ_LIMIT != 0 || attributes.srq_limit > srq_object.capacity.max_wr {
+        return libc::EINVAL;
+    }
+    if mask & IBV_SRQ_LIMIT == 0 {
+        return 0;
+    }
+    // SAFETY: its context is live.
+    let context = unsafe { context_object(srq_object.srq.context) };
+    let (queue, limit) = (srq_object.queue, attributes.srq_limit);
+    srq_object.limit.store(limit, Ordering::Release);
+    if limit == 0 {
+        context
+            .node
+            .unwatch(Awaited::ReceivesBelow { queue, limit: 0 });
+        return 0;
+    }
+    let events = Arc::clone(&context.events);
+    let armed = Arc::clone(&srq_object.limit);
+    let element = Element::SharedReceiveQueue(srq as usize);
+    let awaited = Awaited::ReceivesBelow {
+        queue,
+        limit: limit as usize,
+    };
+    context.node.arm(
+        awaited,
+        Arc::new(move || {
+            armed.store(0, Ordering::Release);
+            events.raise(Raised {
+                kind: IBV_EVENT_SRQ_LIMIT_REACHED,
+                element,
+            })
+        }),
+    );
+    0
+}
+
+/// `ibv_query_srq`: its depth, gather limit and armed limit (0 once it
+/// fired).
+pub(super) unsafe fn query_srq(srq: *mut ibv_srq, attributes: *mut ibv_srq_attr) -> c_int {
+    if srq.is_null() || attributes.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a live SRQ.
+    let srq_object = unsafe { object::<SrqObject, _>(srq) };
+    let answer = ibv_srq_attr {
+        srq_limit: srq_object.limit.load(Ordering::Acquire),
+        ..srq_object.capacity
+    };
+    // SAFETY: the caller's attributes.
+    unsafe { attributes.write(answer) };
     0
 }
 

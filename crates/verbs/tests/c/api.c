@@ -833,6 +833,139 @@ static void no_async_event_is_eagain_on_a_non_blocking_descriptor(void)
 	CHECK(fcntl(context->async_fd, F_SETFL, flags) == 0, "blocking again");
 }
 
+/* Takes every event waiting on the (non-blocking) async_fd: what earlier
+ * checks raised. */
+static void drain_async_events(void)
+{
+	struct ibv_async_event event;
+	for (int i = 0; i < 4096 && ibv_get_async_event(context, &event) == 0; i++)
+		ibv_ack_async_event(&event);
+}
+
+/* The next async event, waiting up to 5 s for it. */
+static struct ibv_async_event next_async_event(void)
+{
+	struct pollfd readable = { .fd = context->async_fd, .events = POLLIN };
+	CHECK(poll(&readable, 1, 5000) == 1, "an async event came");
+	struct ibv_async_event event;
+	CHECK(ibv_get_async_event(context, &event) == 0, "get_async_event (errno %d)", errno);
+	ibv_ack_async_event(&event);
+	return event;
+}
+
+static int async_event_waits(void)
+{
+	struct pollfd readable = { .fd = context->async_fd, .events = POLLIN };
+	return poll(&readable, 1, 0);
+}
+
+/* ibv_modify_srq was EOPNOTSUPP and no async event ever came: a program
+ * that refills its SRQ on IBV_EVENT_SRQ_LIMIT_REACHED ran dry. */
+static void an_srq_below_its_limit_raises_its_event_once(union ibv_gid gid, uint8_t *local,
+							 struct ibv_mr *local_mr, uint8_t *remote,
+							 struct ibv_mr *remote_mr)
+{
+	int flags = fcntl(context->async_fd, F_GETFL);
+	CHECK(fcntl(context->async_fd, F_SETFL, flags | O_NONBLOCK) == 0, "non-blocking async_fd");
+	drain_async_events();
+	struct ibv_srq_init_attr srq_init = { .attr = { .max_wr = 8, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &srq_init);
+	CHECK(srq, "create_srq");
+	struct ibv_qp_init_attr init = { .send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_send_sge = 1 } };
+	struct ibv_qp *receiver = ibv_create_qp(pd, &init), *sender = make_qp();
+	CHECK(receiver, "a QP on the SRQ");
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
+	CHECK(ibv_modify_qp(receiver, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
+	      "to INIT");
+	connect_qp(sender, receiver->qp_num, gid);
+	connect_qp(receiver, sender->qp_num, gid);
+	for (uint64_t id = 0; id < 4; id++) {
+		struct ibv_sge sge = { .addr = (uintptr_t)remote + 64 * id, .length = 64, .lkey = remote_mr->lkey };
+		struct ibv_recv_wr receive = { .wr_id = 100 + id, .sg_list = &sge, .num_sge = 1 }, *bad;
+		CHECK(ibv_post_srq_recv(srq, &receive, &bad) == 0, "post an SRQ receive");
+	}
+	struct ibv_srq_attr limits = { .max_wr = 99 };
+	CHECK(ibv_modify_srq(srq, &limits, IBV_SRQ_MAX_WR) == EINVAL, "resizing is EINVAL");
+	limits.srq_limit = 9;
+	CHECK(ibv_modify_srq(srq, &limits, IBV_SRQ_LIMIT) == EINVAL, "a limit past the depth is EINVAL");
+	limits.srq_limit = 3;
+	CHECK(ibv_modify_srq(srq, &limits, IBV_SRQ_LIMIT) == 0, "arm the limit");
+	struct ibv_srq_attr queried;
+	CHECK(ibv_query_srq(srq, &queried) == 0 && queried.srq_limit == 3 && queried.max_wr >= 8, "query_srq");
+	CHECK(async_event_waits() == 0, "four receives are not below three");
+	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = 8, .lkey = local_mr->lkey };
+	struct ibv_send_wr send = { .wr_id = 60, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+		.send_flags = IBV_SEND_SIGNALED };
+	for (int round = 0; round < 3; round++) {
+		for (int side = 0; side < 2; side++) {
+			struct ibv_wc wc = side == 0 ? post_one(sender, &send) : complete();
+			CHECK(wc.status == IBV_WC_SUCCESS, "SEND %d side %d: %s", round, side,
+			      ibv_wc_status_str(wc.status));
+		}
+		if (round == 0) {
+			CHECK(async_event_waits() == 0, "three receives are not below three");
+		} else if (round == 1) {
+			struct ibv_async_event event = next_async_event();
+			CHECK(event.event_type == IBV_EVENT_SRQ_LIMIT_REACHED && event.element.srq == srq,
+			      "the SRQ's limit event (type %d)", event.event_type);
+			CHECK(ibv_query_srq(srq, &queried) == 0 && queried.srq_limit == 0, "the limit disarmed");
+		} else {
+			CHECK(async_event_waits() == 0, "a disarmed limit raises nothing more");
+		}
+	}
+	CHECK(ibv_destroy_qp(sender) == 0 && ibv_destroy_qp(receiver) == 0, "destroy the QPs");
+	CHECK(ibv_destroy_srq(srq) == 0, "destroy the SRQ");
+	CHECK(fcntl(context->async_fd, F_SETFL, flags) == 0, "blocking again");
+}
+
+/* An overrun CQ raised nothing: IBV_EVENT_CQ_ERR names it on async_fd,
+ * and a CQ destroyed with its event unread takes the event with it. */
+static void an_overrun_cq_raises_its_event(union ibv_gid gid, uint8_t *local, struct ibv_mr *local_mr,
+					   uint8_t *remote, struct ibv_mr *remote_mr)
+{
+	int flags = fcntl(context->async_fd, F_GETFL);
+	CHECK(fcntl(context->async_fd, F_SETFL, flags | O_NONBLOCK) == 0, "non-blocking async_fd");
+	drain_async_events();
+	for (int read_it = 1; read_it >= 0; read_it--) {
+		struct ibv_cq *tiny = ibv_create_cq(context, 1, NULL, NULL, 0);
+		CHECK(tiny && tiny->cqe == 1, "a CQ of one entry");
+		struct ibv_qp *a = make_qp_on(tiny), *b = make_qp();
+		connect_qp(a, b->qp_num, gid);
+		connect_qp(b, a->qp_num, gid);
+		struct ibv_sge sge = { .addr = (uintptr_t)local, .length = 8, .lkey = local_mr->lkey };
+		struct ibv_send_wr third = { .wr_id = 3, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+			.send_flags = IBV_SEND_SIGNALED,
+			.wr.rdma = { .remote_addr = (uintptr_t)remote, .rkey = remote_mr->rkey } };
+		struct ibv_send_wr second = third, first = third, *bad = NULL;
+		second.wr_id = 2;
+		second.next = &third;
+		first.wr_id = 1;
+		first.next = &second;
+		CHECK(ibv_post_send(a, &first, &bad) == 0, "three signalled WRITEs");
+		if (read_it) {
+			struct ibv_async_event event = next_async_event();
+			CHECK(event.event_type == IBV_EVENT_CQ_ERR && event.element.cq == tiny,
+			      "the CQ's overrun event (type %d)", event.event_type);
+			struct ibv_wc wc;
+			CHECK(ibv_poll_cq(tiny, 1, &wc) == 1 && wc.wr_id == 1 && wc.status == IBV_WC_SUCCESS,
+			      "the completion written before the overrun");
+			CHECK(ibv_poll_cq(tiny, 1, &wc) < 0, "then the overrun");
+		} else {
+			struct pollfd readable = { .fd = context->async_fd, .events = POLLIN };
+			CHECK(poll(&readable, 1, 5000) == 1, "the second overrun's event waits");
+		}
+		CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0, "destroy the QPs");
+		CHECK(ibv_destroy_cq(tiny) == 0, "destroy the overrun CQ");
+	}
+	CHECK(async_event_waits() == 0, "a destroyed CQ's unread event went with it");
+	struct ibv_async_event event;
+	errno = 0;
+	CHECK(ibv_get_async_event(context, &event) == -1 && errno == EAGAIN, "no event is left (errno %d)", errno);
+	CHECK(fcntl(context->async_fd, F_SETFL, flags) == 0, "blocking again");
+}
+
 /* What the two builders of the critical-section check share. */
 struct builder_race {
 	struct ibv_qp_ex *builder;
@@ -1266,6 +1399,8 @@ int main(void)
 	closing_with_queues_left_frees_their_slots();
 	extended_queries_zero_a_longer_callers_tail();
 	no_async_event_is_eagain_on_a_non_blocking_descriptor();
+	an_srq_below_its_limit_raises_its_event_once(gid, local, local_mr, remote, remote_mr);
+	an_overrun_cq_raises_its_event(gid, local, local_mr, remote, remote_mr);
 	a_refused_batch_posts_nothing(gid, remote, remote_mr);
 	inline_lengths_are_checked_whole(gid, remote, remote_mr);
 	an_inline_flag_on_a_built_read_is_ignored(gid, local, local_mr, remote, remote_mr);
