@@ -64,6 +64,27 @@ pub struct DpuConfig {
 }
 
 impl DpuConfig {
+    /// Refuses a config no DPU can run: it took a dynamic cache of 0-byte
+    /// entries, and divided by zero (a panic) as the DPU started.
+    pub fn check(&self) -> Result<(), DpuError> {
+        if self.receive_slots == 0 || self.staging_slots == 0 {
+            return Err(DpuError::Config(
+                "a DPU needs at least one receive slot and one staging slot",
+            ));
+        }
+        if self.chunk_bytes == 0 {
+            return Err(DpuError::Config("chunks are at least one byte"));
+        }
+        if let Some(dynamic) = self.dynamic {
+            if dynamic.entry_bytes == 0 || dynamic.capacity_bytes < dynamic.entry_bytes as u64 {
+                return Err(DpuError::Config(
+                    "the dynamic cache holds at least one entry of at least one byte",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// §VI's "DPU base": every request forwarded alone, one at a time.
     pub fn base(chunk_bytes: usize) -> DpuConfig {
         DpuConfig {
@@ -283,6 +304,8 @@ pub enum DpuError {
     StaticFull { wanted: u64, free: u64 },
     #[error("region {0:?} is not known to the DPU")]
     UnknownRegion(RegionId),
+    #[error("DPU config: {0}")]
+    Config(&'static str),
 }
 
 /// The DPU's state, shared by its two agents and its control plane.

@@ -946,11 +946,13 @@ impl FarObject {
             .shared
             .userfault
             .unregister(mapping.address(), mapping.len());
+        // Unmapping ends the registration whatever UFFDIO_UNREGISTER said,
+        // so the object's far storage and id go back even if it failed:
+        // returning first kept them for good.
         drop(mapping);
-        unregistered?;
         self.shared.store.release(self.id)?;
         self.shared.give_back_id(self.id);
-        Ok(())
+        unregistered.map_err(SodaError::from)
     }
 }
 

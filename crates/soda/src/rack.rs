@@ -331,6 +331,9 @@ impl SodaRack {
         if config.route == Route::ThroughDpu && config.dpu.is_none() {
             return Err(SodaRackError::NoDpu);
         }
+        if let Some(dpu) = &config.dpu {
+            dpu.check()?;
+        }
         let topology = topology(config)?;
         let mut staged = RackBuilder::new(&topology)
             .thread_name("soda-fabric")
@@ -589,7 +592,15 @@ impl SodaRack {
         loop {
             // A flush that landed frees its hold here, as at a reserve.
             self.settle_flushes(dpu);
-            if dpu.releasing.lock().expect("releasing lock").is_empty() || dpu.is_dead() {
+            // A dead DPU answers nothing and holds nothing: what it held
+            // is settled here, not only at a later failure on its path
+            // (an allocation that needed a released object's room failed
+            // as full until one came).
+            if dpu.is_dead() {
+                self.settle_what_the_dpu_held(dpu);
+                return;
+            }
+            if dpu.releasing.lock().expect("releasing lock").is_empty() {
                 return;
             }
             let mut asked = false;
@@ -825,40 +836,50 @@ impl SodaRack {
     /// and the pinned ones written in its static cache since they were
     /// pinned), and so is the object that failed.
     fn dpu_failed(&self, object: ObjectId, error: &SodaRackError) {
-        let mut lost = self.lost.lock().expect("lost lock");
-        lost.insert(object, error.to_string());
+        self.lost
+            .lock()
+            .expect("lost lock")
+            .insert(object, error.to_string());
         if let Some(dpu) = &self.dpu {
-            let held = "the DPU failed holding writes the memory node never got";
-            let mut unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
-            let mut releasing = dpu.releasing.lock().expect("releasing lock");
-            for other in unconfirmed
-                .keys()
-                .filter(|other| !releasing.contains(other))
-            {
-                lost.entry(*other).or_insert_with(|| held.into());
+            self.settle_what_the_dpu_held(dpu);
+        }
+    }
+
+    /// After a failure on the DPU path: every object whose writes the DPU
+    /// may hold unconfirmed is lost; and a DPU known dead holds nothing,
+    /// so the rooms of released objects it held writes for are free.
+    fn settle_what_the_dpu_held(&self, dpu: &DpuPath) {
+        let mut lost = self.lost.lock().expect("lost lock");
+        let held = "the DPU failed holding writes the memory node never got";
+        let mut unconfirmed = dpu.unconfirmed.lock().expect("unconfirmed lock");
+        let mut releasing = dpu.releasing.lock().expect("releasing lock");
+        for other in unconfirmed
+            .keys()
+            .filter(|other| !releasing.contains(other))
+        {
+            lost.entry(*other).or_insert_with(|| held.into());
+        }
+        // An error on the path is not the DPU's death (a timeout of a
+        // slow DPU, a retired channel). While it may live, every count
+        // stays, so that an object's room is freed only once its
+        // writes are confirmed: a live DPU's queued write landed in the
+        // next object given the room (of an object released before
+        // the error, and, when the counts were dropped here, of one
+        // released after it).
+        let released: Vec<ObjectId> = match dpu.is_dead() {
+            true => {
+                unconfirmed.clear();
+                dpu.flush_holds.lock().expect("flush holds lock").clear();
+                releasing.drain().collect()
             }
-            // An error on the path is not the DPU's death (a timeout of a
-            // slow DPU, a retired channel). While it may live, every count
-            // stays, so that an object's room is freed only once its
-            // writes are confirmed: a live DPU's queued write landed in the
-            // next object given the room (of an object released before
-            // the error, and, when the counts were dropped here, of one
-            // released after it).
-            let released: Vec<ObjectId> = match dpu.is_dead() {
-                true => {
-                    unconfirmed.clear();
-                    dpu.flush_holds.lock().expect("flush holds lock").clear();
-                    releasing.drain().collect()
-                }
-                false => Vec::new(),
-            };
-            drop(releasing);
-            drop(unconfirmed);
-            // What the dead DPU held never lands: their rooms are free.
-            self.free_rooms(released);
-            for other in self.pins.dirty_objects() {
-                lost.entry(other).or_insert_with(|| held.into());
-            }
+            false => Vec::new(),
+        };
+        drop(releasing);
+        drop(unconfirmed);
+        // What the dead DPU held never lands: their rooms are free.
+        self.free_rooms(released);
+        for other in self.pins.dirty_objects() {
+            lost.entry(other).or_insert_with(|| held.into());
         }
     }
 
@@ -1468,6 +1489,55 @@ mod tests {
         store.reserve(second, CHUNK_BYTES as u64, None).unwrap();
         assert_untouched_after_the_dpu_wrote(&store, second);
         store.stop().unwrap();
+    }
+
+    /// A dead DPU holds nothing, but the rooms of objects released while
+    /// it held their writes were freed only at a later failure on its
+    /// path: an allocation that needed one asked the dead DPU for
+    /// confirmations, got none, and failed as full.
+    #[test]
+    fn an_allocation_after_the_dpu_died_gets_the_rooms_it_held() {
+        const OBJECT_BYTES: u64 = 5 << 20;
+        let store = slow_dpu_rack(Route::ThroughDpu, 0);
+        let (first, second) = (ObjectId(1), ObjectId(2));
+        store.reserve(first, OBJECT_BYTES, None).unwrap();
+        store.write_back(first, 0, &[7u8; CHUNK_BYTES]).unwrap();
+        store.release(first).unwrap();
+        let dpu = store.dpu().unwrap();
+        assert!(
+            !dpu.releasing.lock().unwrap().is_empty(),
+            "the released object's room waits for its write's confirmation"
+        );
+        store.crash(DPU_HOST);
+        store
+            .reserve(second, OBJECT_BYTES, None)
+            .expect("the dead DPU's room is free");
+        store.reserve(first, CHUNK_BYTES as u64, None).unwrap();
+        store.stop().unwrap();
+    }
+
+    /// A DPU config with a dynamic cache of 0-byte entries started a
+    /// rack and divided by zero (a panic) as the DPU started.
+    #[test]
+    fn a_dpu_config_no_dpu_can_run_is_a_typed_error() {
+        let mut config = SodaRackConfig::unshaped_with_dpu(CHUNK_BYTES, 1);
+        let dpu = config.dpu.as_mut().unwrap();
+        dpu.dynamic = Some(crate::cache::DynamicCacheConfig {
+            capacity_bytes: 1 << 20,
+            entry_bytes: 0,
+            prefetch_depth: 0,
+            mode: crate::cache::CacheMode::On,
+        });
+        assert!(matches!(
+            SodaRack::start(&config),
+            Err(SodaRackError::Dpu(crate::dpu::DpuError::Config(_)))
+        ));
+        config.dpu.as_mut().unwrap().dynamic = None;
+        config.dpu.as_mut().unwrap().staging_slots = 0;
+        assert!(matches!(
+            SodaRack::start(&config),
+            Err(SodaRackError::Dpu(crate::dpu::DpuError::Config(_)))
+        ));
     }
 
     /// An error on the DPU path (a slow DPU's timeout, a retired channel)
