@@ -533,6 +533,9 @@ pub struct CalleeCounters {
     /// checkpoint had no room for: answered with [`RpcError::ReplyLost`],
     /// not run again.
     pub replies_lost: u64,
+    /// Calls the checkpoint held that shared the failed node's fate: not
+    /// run again on restore (they failed with it).
+    pub shared_fate_not_replayed: u64,
     /// Calls of a caller restored from a checkpoint that are older than
     /// the checkpoint covered: answered with [`RpcError::OutcomeUnknown`],
     /// not run.
@@ -838,6 +841,15 @@ impl Callee {
         self.replaying = true;
         for (caller, calls) in checkpoint.received {
             for payload in calls.into_values() {
+                // A call that shared the failed node's fate failed with it:
+                // the Gatekeeper told its caller so. Run here, it took
+                // effect after that answer.
+                let shared_fate = BifrostHeader::new_checked(&payload[..])
+                    .is_ok_and(|header| header.flags() & SHARE_FATE_FLAG != 0);
+                if shared_fate {
+                    self.counters.shared_fate_not_replayed += 1;
+                    continue;
+                }
                 self.handle(caller, &payload);
             }
         }
@@ -1619,6 +1631,31 @@ mod tests {
             oneways_taken,
             "the last commit holds every ONEWAY call taken"
         );
+    }
+
+    /// A call that shares its callee's fate and was received, not answered,
+    /// when the callee failed: the Gatekeeper answered its caller that it
+    /// failed with the callee, and the replacement's restore ran it anyway
+    /// (it took effect after its caller was told it had failed). Only the
+    /// other call runs now.
+    #[test]
+    fn a_restore_does_not_run_a_call_that_shared_the_failed_nodes_fate() {
+        let mut callee = Callee::with_checkpoints(Box::new(Stalled)).committing_to(caller_on(9));
+        let mut fated = BifrostRepr::new(CallType::Call, "bump", 1, GlobalAddress::NULL).unwrap();
+        fated.flags |= SHARE_FATE_FLAG;
+        callee.handle(caller_on(1), &encode(&fated, b""));
+        let plain = BifrostRepr::new(CallType::Call, "bump", 1, GlobalAddress::NULL).unwrap();
+        callee.handle(caller_on(2), &encode(&plain, b""));
+        let checkpoint = callee.checkpoint().expect("a checkpointing callee");
+        assert_eq!(checkpoint.received.len(), 2, "both calls were received");
+        let mut replacement = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
+        replacement.restore(&checkpoint.encode().unwrap()).unwrap();
+        let mut answered = Vec::new();
+        while let Some((to, _)) = replacement.poll_transmit() {
+            answered.push(to);
+        }
+        assert_eq!(answered, [caller_on(2)], "only the plain call ran");
+        assert_eq!(replacement.counters().shared_fate_not_replayed, 1);
     }
 
     /// Answers method "now" at once, and defers every other call for good.

@@ -872,6 +872,72 @@ fn a_node_marked_failed_is_fenced() {
     assert!(switch.program().node(failed.address).is_some());
 }
 
+/// A call that shared its callee's fate was answered failed when the
+/// callee failed; a resend of it that crossed the failure was routed to
+/// the replacement and ran there, after its caller was told it failed. It
+/// is answered failed again now, and reaches no node.
+#[test]
+fn a_resend_of_a_call_that_failed_with_its_callee_is_answered_failed_again() {
+    use remora_base::Timestamp;
+    use remora_switch::PortId;
+    use remora_wire::bifrost::{BifrostHeader, BifrostRepr, CallType, GlobalAddress};
+    let (failed, spare, caller) = (
+        host_on(1, BIFROST_PORT),
+        host_on(2, BIFROST_PORT),
+        host_on(3, 40000),
+    );
+    let mut switch = gatekeeper_switch(&[failed, spare, caller], &[0, 1, 2], |gatekeeper| {
+        for node in [failed, spare] {
+            gatekeeper
+                .register_node(node.address, NodeKind::Compute, 0)
+                .unwrap();
+        }
+        gatekeeper.route("increment", failed.address).unwrap();
+    });
+    let service = DatagramEnd {
+        mac: control::ROUTER,
+        address: SERVICE,
+        port: BIFROST_PORT,
+    };
+    let mut call = BifrostRepr::new(CallType::Call, "increment", 7, GlobalAddress::NULL).unwrap();
+    call.flags |= remora_bifrost::rpc::SHARE_FATE_FLAG;
+    let frame = header_frame(call, caller, service);
+    let now = Timestamp::ZERO;
+    let mut buffer = vec![0u8; 4096];
+    // Each frame the switch sends, by egress port, with its Bifröst call type.
+    let mut sent = |switch: &mut remora_switch::Switch<Overlaid<Gatekeeper>>| {
+        let mut out = Vec::new();
+        while let Some((port, length)) = switch.poll_transmit(now, &mut buffer) {
+            let payload = &buffer[remora_wire::datagram::DATAGRAM_HEADERS_LEN..length];
+            let header = BifrostHeader::new_checked(payload).unwrap();
+            out.push((port, header.call_type()));
+        }
+        out
+    };
+    switch.handle_frame(now, PortId(2), &frame);
+    assert_eq!(sent(&mut switch), [(PortId(0), CallType::Call)]);
+    switch.program_mut().mark_failed(failed.address).unwrap();
+    // The Gatekeeper's answer goes into the pipeline as a packet-out.
+    switch.handle_timeout(now);
+    assert_eq!(
+        sent(&mut switch),
+        [(PortId(2), CallType::Exception)],
+        "the caller is told its call failed with the callee"
+    );
+    switch
+        .program_mut()
+        .recover(failed.address, spare.address)
+        .unwrap();
+    let _ = sent(&mut switch);
+    switch.handle_frame(now, PortId(2), &frame);
+    assert_eq!(
+        sent(&mut switch),
+        [(PortId(2), CallType::Exception)],
+        "the resend is answered failed again, not run on the spare"
+    );
+    assert_eq!(switch.program().counters().failed_resends_answered, 1);
+}
+
 /// A node found silent by the heartbeat timeout lost its `heard` entry
 /// before it was marked failed, so its fence kept no incarnation and the
 /// failed life's own next heartbeat lifted it (a node only slow, or cut

@@ -138,6 +138,9 @@ pub struct GatekeeperCounters {
     pub failures_detected: u64,
     /// Calls refused because the RPC graph was full.
     pub graph_full: u64,
+    /// Resends of calls answered failed with their callee, answered so
+    /// again rather than routed.
+    pub failed_resends_answered: u64,
     /// Bifröst-port datagrams whose header did not parse.
     pub malformed: u64,
     /// Calls addressed to a node directly: forwarded without routing.
@@ -257,6 +260,11 @@ pub struct Gatekeeper {
     /// a late reply from their callee still hands over the pointer it
     /// returns.
     expired: RegisterArray<Option<CallEdge>>,
+    /// Calls that shared a failed callee's fate and were answered failed
+    /// in its stead, one per cell as `answered`: a resend of one that
+    /// crossed the failure is answered failed again, not routed to the
+    /// replacement, where it ran after its caller was told it had failed.
+    failed_with_callee: RegisterArray<Option<CallEdge>>,
     /// Each node's newest checkpoint (b2), taken off its replies.
     checkpoints: ExactTable<Ipv4Address, (u64, Vec<u8>)>,
     /// Each caller's newest checkpoint (a1, a2), taken off its calls.
@@ -425,6 +433,11 @@ impl Gatekeeper {
             )),
             answered: RegisterArray::new("gatekeeper_answered", 1, config.calls_in_flight),
             expired: RegisterArray::new("gatekeeper_expired", 1, config.calls_in_flight),
+            failed_with_callee: RegisterArray::new(
+                "gatekeeper_failed_with_callee",
+                1,
+                config.calls_in_flight,
+            ),
             checkpoints: ExactTable::new(shape(
                 "gatekeeper_checkpoints",
                 2,
@@ -806,6 +819,8 @@ impl Gatekeeper {
             if let Some(edge) = self.graph.remove(&key) {
                 self.settle_pointers(&edge, GlobalAddress::NULL);
                 self.answer_failed(&edge);
+                let cell = call_cell(&key, self.failed_with_callee.len());
+                self.failed_with_callee.update(cell, |_| Some(edge));
             }
         }
         Ok(self.edges().filter(|edge| edge.callee == node).count())
@@ -1287,6 +1302,12 @@ impl Gatekeeper {
             .or_else(|| self.answered_by(&call).map(|callee| self.holder(callee)))
             .unwrap_or(routed);
         self.router_mac = Some(packet.headers.destination_mac);
+        if let Some(edge) = self.failed_with_its_callee(&call) {
+            self.counters.failed_resends_answered += 1;
+            self.answer_failed(&edge);
+            packet.egress = Egress::Drop;
+            return Claim::Taken;
+        }
         let shares_fate = header.flags() & crate::rpc::SHARE_FATE_FLAG != 0;
         let node_failed = self
             .nodes
@@ -1496,6 +1517,13 @@ impl Gatekeeper {
     }
 
     /// The cell of `answered` that remembers `key`.
+    /// The call, if it shared its callee's fate and was answered failed.
+    fn failed_with_its_callee(&self, key: &CallKey) -> Option<CallEdge> {
+        let cell = call_cell(key, self.failed_with_callee.len());
+        let edge = self.failed_with_callee.read(cell).flatten()?;
+        ((edge.caller, edge.caller_port, edge.rpc_id) == *key).then_some(edge)
+    }
+
     fn answered_cell(&self, key: &CallKey) -> usize {
         call_cell(key, self.answered.len())
     }
@@ -1664,6 +1692,7 @@ impl Overlay for Gatekeeper {
         report.tables.push(self.call_frames.resources());
         report.registers.push(self.answered.resources());
         report.registers.push(self.expired.resources());
+        report.registers.push(self.failed_with_callee.resources());
         report.tables.push(self.heard.resources());
         report.tables.push(self.standing_for.resources());
         report.tables.push(self.replaced_by.resources());
