@@ -112,6 +112,36 @@ fn snapshots_restore_a_region() {
     assert!(back.iter().all(|&byte| byte == 1));
 }
 
+/// A memory node kept up to 32 snapshots of every allocation with no
+/// bound on their sum: one client's snapshots of a pool-sized allocation
+/// held 32 times the pool in the daemon's heap. Snapshots hold at most
+/// the pool's size again; past it one is refused, and a free gives its
+/// bytes back.
+#[test]
+fn snapshots_hold_no_more_than_the_pool() {
+    let rack = rack();
+    let dsm = &rack.dsm;
+    let half = 8 << 20;
+    let ptr = dsm.alloc_on(1, half).unwrap();
+    dsm.snapshot_version(ptr, 1).unwrap();
+    dsm.snapshot_version(ptr, 2).unwrap();
+    // A version again replaces its copy: no more bytes.
+    dsm.snapshot_version(ptr, 2).unwrap();
+    assert!(matches!(
+        dsm.snapshot_version(ptr, 3),
+        Err(DsmError::Refused {
+            node: 1,
+            operation: Operation::Snapshot,
+            status: Status::NoSpace,
+        })
+    ));
+    dsm.restore_version(ptr, 1).unwrap();
+    dsm.free(ptr).unwrap();
+    let again = dsm.alloc_on(1, half).unwrap();
+    dsm.snapshot_version(again, 1).unwrap();
+    dsm.snapshot_version(again, 2).unwrap();
+}
+
 /// Snapshots by version: each restores its own bytes, an unknown version
 /// is refused, and only the newest 32 are kept.
 #[test]

@@ -82,6 +82,12 @@ pub struct MemoryDaemon {
     /// Each allocation's snapshots, by version, the newest
     /// [`SNAPSHOTS_PER_ALLOCATION`] kept (with the generation they are of).
     snapshots: HashMap<u64, (u8, std::collections::BTreeMap<u64, Vec<u8>>)>,
+    /// Bytes the snapshots hold, at most `snapshot_budget_bytes`: with
+    /// none, one client's snapshots of a pool-sized allocation (32
+    /// versions each) held 32 times the pool in the daemon's heap.
+    snapshot_bytes: u64,
+    /// The pool's size: snapshots may hold as much again.
+    snapshot_budget_bytes: u64,
     next_id: u64,
     free_send_slots: Vec<u32>,
     replies: VecDeque<(Qpn, Reply)>,
@@ -120,6 +126,8 @@ pub fn deploy(nic: &mut dyn Verbs, pool_bytes: u64) -> Result<MemoryDaemon, Verb
         allocations: HashMap::new(),
         generations: HashMap::new(),
         snapshots: HashMap::new(),
+        snapshot_bytes: 0,
+        snapshot_budget_bytes: pool_bytes,
         next_id: 0,
         free_send_slots: (0..SEND_SLOTS).collect(),
         replies: VecDeque::new(),
@@ -211,28 +219,14 @@ impl MemoryDaemon {
                     .release(allocation.id)
                     .expect("a live allocation holds its extent");
                 self.allocations.remove(&offset);
-                self.snapshots.remove(&offset);
+                if let Some((_, versions)) = self.snapshots.remove(&offset) {
+                    self.snapshot_bytes -= bytes_held(&versions);
+                }
                 self.counters.frees += 1;
             }
             Operation::Stat => {}
             // A snapshot's and a restore's version ride in the size field.
-            Operation::Snapshot => {
-                let mut copy = vec![0u8; allocation.size as usize];
-                self.pool
-                    .read(offset, &mut copy)
-                    .expect("an allocation lies in the pool");
-                let kept = self
-                    .snapshots
-                    .entry(offset)
-                    .or_insert_with(|| (allocation.generation, Default::default()));
-                if kept.0 != allocation.generation {
-                    *kept = (allocation.generation, Default::default());
-                }
-                kept.1.insert(request.size, copy);
-                while kept.1.len() > SNAPSHOTS_PER_ALLOCATION {
-                    kept.1.pop_first();
-                }
-            }
+            Operation::Snapshot => status = self.snapshot(offset, request.size, allocation),
             Operation::Restore => match self.snapshots.get(&offset) {
                 Some((generation, versions)) if *generation == allocation.generation => {
                     match versions.get(&request.size) {
@@ -253,6 +247,40 @@ impl MemoryDaemon {
             offset,
             size: allocation.size,
         }
+    }
+
+    /// Keeps a copy of `allocation` as `version`, within the snapshot
+    /// budget (refused with `NoSpace` past it, nothing kept).
+    fn snapshot(&mut self, offset: u64, version: u64, allocation: Allocation) -> Status {
+        let kept = self
+            .snapshots
+            .entry(offset)
+            .or_insert_with(|| (allocation.generation, Default::default()));
+        let mut held = self.snapshot_bytes;
+        if kept.0 != allocation.generation {
+            held -= bytes_held(&kept.1);
+            *kept = (allocation.generation, Default::default());
+        }
+        let replaced = kept.1.get(&version).map_or(0, |copy| copy.len() as u64);
+        if held - replaced + allocation.size > self.snapshot_budget_bytes {
+            self.snapshot_bytes = held;
+            return Status::NoSpace;
+        }
+        let mut copy = vec![0u8; allocation.size as usize];
+        self.pool
+            .read(offset, &mut copy)
+            .expect("an allocation lies in the pool");
+        held = held - replaced + allocation.size;
+        kept.1.insert(version, copy);
+        // Bounded: one over the limit at most, after the insert.
+        while kept.1.len() > SNAPSHOTS_PER_ALLOCATION {
+            if let Some((_, oldest)) = kept.1.pop_first() {
+                held -= oldest.len() as u64;
+            }
+        }
+        self.snapshot_bytes = held;
+        debug_assert!(self.snapshot_bytes <= self.snapshot_budget_bytes);
+        Status::Ok
     }
 
     fn received(
@@ -376,4 +404,9 @@ impl Agent for MemoryDaemon {
             DaemonError::RestartUnsupported,
         ))
     }
+}
+
+/// Bytes `versions` hold.
+fn bytes_held(versions: &std::collections::BTreeMap<u64, Vec<u8>>) -> u64 {
+    versions.values().map(|copy| copy.len() as u64).sum()
 }
