@@ -224,6 +224,11 @@ impl SoftRnic {
         queue_pair.set_path_attributes(attributes)
     }
 
+    /// Queue pair `qpn`'s path and flow attributes as they are now.
+    pub fn path_attributes(&self, qpn: Qpn) -> Result<PathAttributes, VerbsError> {
+        Ok(self.queue_pair(qpn)?.path_attributes())
+    }
+
     /// How many times queue pair `qpn` sends again after an RNR NAK before
     /// failing with `ReceiverNotReadyRetryExceeded` (`ibv_modify_qp`'s
     /// `rnr_retry`; 7 is for ever, as in IB). The budget starts over.

@@ -358,6 +358,21 @@ pub struct PathAttributes {
     pub min_rnr_timer: Option<Duration>,
 }
 
+impl PathAttributes {
+    /// These values, for the attributes `set` names only: what to put
+    /// back after `set` was applied and what followed failed.
+    pub fn for_the_attributes_of(&self, set: &PathAttributes) -> PathAttributes {
+        PathAttributes {
+            path_mtu: set.path_mtu.and(self.path_mtu),
+            max_read_atomic: set.max_read_atomic.and(self.max_read_atomic),
+            max_destination_read_atomic: set
+                .max_destination_read_atomic
+                .and(self.max_destination_read_atomic),
+            min_rnr_timer: set.min_rnr_timer.and(self.min_rnr_timer),
+        }
+    }
+}
+
 /// What a peer needs to connect to a queue pair: the out-of-band exchange
 /// that `rdma_cm` or a TCP side channel performs on real hardware.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

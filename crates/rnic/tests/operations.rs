@@ -590,10 +590,25 @@ fn path_attributes_apply_and_the_mtu_is_fixed_once_ready_to_send() {
         max_read_atomic: Some(1),
         ..PathAttributes::default()
     };
+    let before = s.fabric.left.path_attributes(s.left_qp.0).unwrap();
     s.fabric
         .left
         .set_path_attributes(s.left_qp.0, one_at_a_time)
         .unwrap();
+    let now = s.fabric.left.path_attributes(s.left_qp.0).unwrap();
+    assert_eq!(now.max_read_atomic, Some(1));
+    assert_eq!(
+        (now.path_mtu, now.min_rnr_timer),
+        (before.path_mtu, before.min_rnr_timer)
+    );
+    // What to put back after a refused modify: only what it set.
+    assert_eq!(
+        before.for_the_attributes_of(&one_at_a_time),
+        PathAttributes {
+            max_read_atomic: before.max_read_atomic,
+            ..PathAttributes::default()
+        }
+    );
     for id in 0..3 {
         let read = read_request(&s, id, id * 64, id * 64, 64);
         s.fabric.left.post_send(s.left_qp, read).unwrap();

@@ -337,9 +337,14 @@ impl Node {
         }
         let mut taken = 0;
         while taken < max {
-            match state.rnic.poll_completion(queue)? {
-                Some(completion) => sink(completion),
-                None => break,
+            match state.rnic.poll_completion(queue) {
+                Ok(Some(completion)) => sink(completion),
+                Ok(None) => break,
+                // An overrun after completions taken: they are the
+                // caller's (an error now lost them); the overrun is
+                // reported at the next poll, which finds none before it.
+                Err(_) if taken > 0 => break,
+                Err(error) => return Err(error),
             }
             taken += 1;
         }

@@ -250,6 +250,15 @@ impl QueuePairContext {
         self.requester.rnr_retries_left = rnr_retry;
     }
 
+    pub(crate) fn path_attributes(&self) -> crate::verbs::PathAttributes {
+        crate::verbs::PathAttributes {
+            path_mtu: Some(self.attributes.path_mtu),
+            max_read_atomic: Some(self.attributes.max_read_atomic),
+            max_destination_read_atomic: Some(self.attributes.max_destination_read_atomic),
+            min_rnr_timer: Some(self.attributes.min_rnr_timer),
+        }
+    }
+
     /// Sets its path and flow attributes (the device checked the limits).
     pub(crate) fn set_path_attributes(
         &mut self,

@@ -87,3 +87,29 @@ pub(super) unsafe fn get_async_event(context: *mut ibv_context, event: *mut c_vo
     // SAFETY: the program's event, which it owns.
     unsafe { events.take(event.cast::<ibv_async_event>()) }
 }
+
+/// `ibv_ack_async_event`: the program is done with an event it took, so
+/// the queue it names may be destroyed.
+///
+/// # Safety
+/// `event` is null or an event `ibv_get_async_event` wrote, whose queue
+/// is live (destroying it waits for this acknowledgement).
+pub(super) unsafe fn ack_async_event(event: *mut c_void) {
+    let event = event.cast::<ibv_async_event>();
+    if event.is_null() {
+        return;
+    }
+    // SAFETY: the caller's promise: the union's field for the event type,
+    // a live queue, and its live context.
+    let context = unsafe {
+        match (*event).event_type {
+            IBV_EVENT_SRQ_LIMIT_REACHED => (*(*event).element.srq).context,
+            _ => (*(*event).element.cq).context,
+        }
+    };
+    if context.is_null() {
+        return;
+    }
+    // SAFETY: as above.
+    unsafe { context_object(context).events.acknowledge(event) };
+}

@@ -131,7 +131,7 @@ remora_verbs_exports::export! {
     "IBVERBS_1.1" fn ibv_get_async_event(context: *mut ibv_context, event: *mut c_void) -> c_int
         as remora_ibv_get_async_event { unsafe { context::get_async_event(context, event) } }
     "IBVERBS_1.1" fn ibv_ack_async_event(event: *mut c_void)
-        as remora_ibv_ack_async_event { }
+        as remora_ibv_ack_async_event { unsafe { context::ack_async_event(event) } }
     "IBVERBS_1.1" fn ibv_fork_init() -> c_int
         as remora_ibv_fork_init { 0 }
     "IBVERBS_1.1" fn ibv_wc_status_str(status: ibv_wc_status) -> *const c_char

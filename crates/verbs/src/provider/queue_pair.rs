@@ -562,12 +562,19 @@ pub(super) unsafe fn modify_qp(
     // The path attributes and the move in one hold of the device: no frame
     // reaches the queue pair between them.
     let result = node.with_device(|rnic| {
+        let before = rnic.path_attributes(qpn)?;
         rnic.set_path_attributes(qpn, path)?;
-        match (transition, current) {
+        let moved = match (transition, current) {
             // INIT → INIT re-sets attributes the soft RNIC does not model.
             (Some(QueuePairTransition::Init), Ok(QueuePairState::Init)) | (None, _) => Ok(()),
             (Some(transition), _) => rnic.modify_queue_pair(qpn, transition).map(|_| ()),
+        };
+        if moved.is_err() {
+            // A refused modify changes nothing: what it set goes back (it
+            // was settable a moment ago, in the same state).
+            let _ = rnic.set_path_attributes(qpn, before.for_the_attributes_of(&path));
         }
+        moved
     });
     if let Err(error) = result {
         return errno_of(&error);

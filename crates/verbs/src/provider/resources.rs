@@ -661,13 +661,22 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     if cq_object.channel.is_some() && !events_acknowledged(cq_object) {
         return libc::EBUSY;
     }
+    // An event the program took that names it must be acknowledged
+    // before it goes, as rdma-core waits; refused before anything changes.
+    // SAFETY: its context is live.
+    let events = Arc::clone(&unsafe { context_object(cq_object.context()) }.events);
+    let element = Element::CompletionQueue(cq as usize);
+    if !events.acknowledged(element) {
+        return libc::EBUSY;
+    }
     // SAFETY: its context is live.
     unsafe { node_of(cq_object.context()) }.disarm(cq_object.queue);
-    // No event may name it once it is freed.
-    // SAFETY: as above.
-    unsafe { context_object(cq_object.context()) }
-        .events
-        .forget(Element::CompletionQueue(cq as usize));
+    // No event may name it once it is freed; one taken since the check
+    // above (its overrun raced the destroy) must be acknowledged too.
+    events.forget(element);
+    if !events.acknowledged(element) {
+        return libc::EBUSY;
+    }
     if let Some(shared) = &cq_object.channel {
         // No event names it from now on; one handed out since the check
         // above must be acked too (a race with another thread's
@@ -820,19 +829,26 @@ pub(super) unsafe fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     if srq_object.users.in_use() {
         return libc::EBUSY;
     }
-    // SAFETY: its context is live. No queue pair uses it (`users`).
-    let node = unsafe { node_of(srq_object.srq.context) };
-    if let Err(error) = node.with_device(|rnic| rnic.destroy_shared_receive_queue(srq_object.queue))
-    {
-        return errno_of(&error);
-    }
-    let queue = srq_object.queue;
-    node.unwatch(Awaited::ReceivesBelow { queue, limit: 0 });
     // SAFETY: its context is live.
     let context = unsafe { context_object(srq_object.srq.context) };
-    context
-        .events
-        .forget(Element::SharedReceiveQueue(srq as usize));
+    let element = Element::SharedReceiveQueue(srq as usize);
+    // A limit event the program took must be acknowledged first.
+    if !context.events.acknowledged(element) {
+        return libc::EBUSY;
+    }
+    let node = &context.node;
+    let queue = srq_object.queue;
+    // No limit event is raised from here on, and none queued is handed
+    // out (one taken meanwhile keeps the SRQ: EBUSY).
+    node.unwatch(Awaited::ReceivesBelow { queue, limit: 0 });
+    context.events.forget(element);
+    if !context.events.acknowledged(element) {
+        return libc::EBUSY;
+    }
+    // No queue pair uses it (`users`).
+    if let Err(error) = node.with_device(|rnic| rnic.destroy_shared_receive_queue(queue)) {
+        return errno_of(&error);
+    }
     context
         .owned()
         .shared_receive_queues
