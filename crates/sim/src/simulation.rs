@@ -62,6 +62,9 @@ pub struct Carriage {
     link: LinkId,
     direction: usize,
     cuts_when_sent: u64,
+    /// The link's duplicate of a frame, not the frame: a cut that loses
+    /// it takes back its count as a duplicate, not as a delivery.
+    duplicate: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -297,8 +300,12 @@ impl<N: Node> Simulation<N> {
                     // partition is a link down, and what it carried is
                     // gone, not delivered after it began.
                     if channel.cuts() != carriage.cuts_when_sent {
-                        channel.counters.partition_drops += 1;
-                        channel.counters.frames_delivered -= 1;
+                        if carriage.duplicate {
+                            channel.counters.duplicated -= 1;
+                        } else {
+                            channel.counters.partition_drops += 1;
+                            channel.counters.frames_delivered -= 1;
+                        }
                         return;
                     }
                 }
@@ -358,12 +365,15 @@ impl<N: Node> Simulation<N> {
         if let Some(bit) = fate.corrupt_bit {
             frame[bit / 8] ^= 1 << (bit % 8);
         }
-        let carriage = Carriage {
-            link: link_id,
-            direction,
-            cuts_when_sent: link.channels[direction].cuts(),
-        };
-        for arrival in fate.arrivals.into_iter().flatten() {
+        let cuts_when_sent = link.channels[direction].cuts();
+        for (index, arrival) in fate.arrivals.into_iter().enumerate() {
+            let Some(arrival) = arrival else { continue };
+            let carriage = Carriage {
+                link: link_id,
+                direction,
+                cuts_when_sent,
+                duplicate: index == 1,
+            };
             let event = Event::Deliver {
                 node: to_node,
                 port: to_port,

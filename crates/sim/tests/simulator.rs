@@ -189,6 +189,37 @@ fn a_partition_loses_the_frames_on_the_wire_even_if_it_heals_first() {
     assert_eq!(sim.node(receiver).received.len(), 99);
 }
 
+/// A frame and its duplicate both on the wire when a cut came were
+/// counted as two frames lost and two fewer delivered: the counts no
+/// longer added up (and the first frame of a direction underflowed).
+/// The copy's loss takes back its count as a duplicate.
+#[test]
+fn a_cut_duplicate_is_counted_once_as_a_duplicate() {
+    let faults = LinkFaults {
+        duplicate: Probability::literal(1.0),
+        reorder_delay: Duration::from_nanos(200),
+        ..LinkFaults::NONE
+    };
+    let (mut sim, _, receiver, link) = pair(4, faults, 100);
+    sim.schedule(Timestamp::from_nanos(10_500), Event::Partition(link));
+    sim.schedule(Timestamp::from_nanos(10_600), Event::Heal(link));
+    sim.run_until(Timestamp::from_nanos(u64::MAX), 100_000);
+    let counters = sim.link_counters(link)[0];
+    assert_eq!(counters.frames_offered, 100);
+    assert_eq!(counters.partition_drops, 1, "{counters:?}");
+    assert_eq!(
+        counters.frames_offered,
+        counters.frames_delivered + counters.partition_drops,
+        "{counters:?}"
+    );
+    let received = sim.node(receiver).received.len() as u64;
+    assert_eq!(
+        received,
+        counters.frames_delivered + counters.duplicated,
+        "{counters:?}"
+    );
+}
+
 /// Two nodes that both send `count` frames, one a microsecond.
 fn two_senders(seed: u64, count: u32) -> (Simulation<Pinger>, [NodeId; 2], LinkId) {
     let mut sim = Simulation::new(seed);
