@@ -140,6 +140,14 @@ fn snapshots_hold_no_more_than_the_pool() {
     let again = dsm.alloc_on(1, half).unwrap();
     dsm.snapshot_version(again, 1).unwrap();
     dsm.snapshot_version(again, 2).unwrap();
+    // An allocation of a 32nd of the pool fills the budget with its 32
+    // versions; each later one takes the oldest's place, not refused.
+    let thirty_second = dsm.alloc_on(2, (16 << 20) / 32).unwrap();
+    for version in 1..=40 {
+        dsm.snapshot_version(thirty_second, version)
+            .unwrap_or_else(|error| panic!("version {version}: {error}"));
+    }
+    dsm.restore_version(thirty_second, 40).unwrap();
 }
 
 /// Snapshots by version: each restores its own bytes, an unknown version

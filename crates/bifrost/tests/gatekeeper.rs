@@ -924,18 +924,27 @@ fn a_resend_of_a_call_that_failed_with_its_callee_is_answered_failed_again() {
         [(PortId(2), CallType::Exception)],
         "the caller is told its call failed with the callee"
     );
+    // A second call that shares the fate, first seen while the node is
+    // down: answered failed at once.
+    let mut later = BifrostRepr::new(CallType::Call, "increment", 8, GlobalAddress::NULL).unwrap();
+    later.flags |= remora_bifrost::rpc::SHARE_FATE_FLAG;
+    let later = header_frame(later, caller, service);
+    switch.handle_frame(now, PortId(2), &later);
+    assert_eq!(sent(&mut switch), [(PortId(2), CallType::Exception)]);
     switch
         .program_mut()
         .recover(failed.address, spare.address)
         .unwrap();
     let _ = sent(&mut switch);
-    switch.handle_frame(now, PortId(2), &frame);
-    assert_eq!(
-        sent(&mut switch),
-        [(PortId(2), CallType::Exception)],
-        "the resend is answered failed again, not run on the spare"
-    );
-    assert_eq!(switch.program().counters().failed_resends_answered, 1);
+    for resent in [&frame, &later] {
+        switch.handle_frame(now, PortId(2), resent);
+        assert_eq!(
+            sent(&mut switch),
+            [(PortId(2), CallType::Exception)],
+            "the resend is answered failed again, not run on the spare"
+        );
+    }
+    assert_eq!(switch.program().counters().failed_resends_answered, 2);
 }
 
 /// A node found silent by the heartbeat timeout lost its `heard` entry

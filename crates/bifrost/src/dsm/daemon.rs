@@ -261,7 +261,18 @@ impl MemoryDaemon {
             held -= bytes_held(&kept.1);
             *kept = (allocation.generation, Default::default());
         }
-        let replaced = kept.1.get(&version).map_or(0, |copy| copy.len() as u64);
+        // What the copy takes the place of: this version's last copy, or
+        // else, when the allocation keeps its most versions already, the
+        // oldest, which the insert evicts (judged without it, a budget
+        // filled by one allocation refused every later version for good).
+        let replaced = match kept.1.get(&version) {
+            Some(copy) => copy.len() as u64,
+            None if kept.1.len() >= SNAPSHOTS_PER_ALLOCATION => kept
+                .1
+                .first_key_value()
+                .map_or(0, |(_, oldest)| oldest.len() as u64),
+            None => 0,
+        };
         if held - replaced + allocation.size > self.snapshot_budget_bytes {
             self.snapshot_bytes = held;
             return Status::NoSpace;
@@ -270,8 +281,10 @@ impl MemoryDaemon {
         self.pool
             .read(offset, &mut copy)
             .expect("an allocation lies in the pool");
-        held = held - replaced + allocation.size;
-        kept.1.insert(version, copy);
+        held += allocation.size;
+        if let Some(previous) = kept.1.insert(version, copy) {
+            held -= previous.len() as u64;
+        }
         // Bounded: one over the limit at most, after the insert.
         while kept.1.len() > SNAPSHOTS_PER_ALLOCATION {
             if let Some((_, oldest)) = kept.1.pop_first() {

@@ -818,12 +818,19 @@ impl Gatekeeper {
             self.call_frames.remove(&key);
             if let Some(edge) = self.graph.remove(&key) {
                 self.settle_pointers(&edge, GlobalAddress::NULL);
-                self.answer_failed(&edge);
-                let cell = call_cell(&key, self.failed_with_callee.len());
-                self.failed_with_callee.update(cell, |_| Some(edge));
+                self.fail_with_callee(edge);
             }
         }
         Ok(self.edges().filter(|edge| edge.callee == node).count())
+    }
+
+    /// Answers a call that shares its callee's fate failed, and keeps it
+    /// so that a resend is answered so again, not run by a replacement.
+    fn fail_with_callee(&mut self, edge: CallEdge) {
+        self.answer_failed(&edge);
+        let key = (edge.caller, edge.caller_port, edge.rpc_id);
+        let cell = call_cell(&key, self.failed_with_callee.len());
+        self.failed_with_callee.update(cell, |_| Some(edge));
     }
 
     /// Answers a call that shares its callee's fate, in the callee's
@@ -1325,7 +1332,7 @@ impl Gatekeeper {
                 lent: false,
                 shares_fate,
             };
-            self.answer_failed(&edge);
+            self.fail_with_callee(edge);
             packet.egress = Egress::Drop;
             return Claim::Taken;
         }
