@@ -841,5 +841,14 @@ fn two_writers_of_one_capture_file_leave_every_record_whole() {
     fresh.write_now(&frame(1, 80)).unwrap();
     drop(fresh);
     assert_eq!(read(&path), vec![frame(1, 80)]);
+    // The second opener's records out first: the header, kept in the
+    // first's buffer, came after them.
+    let first = PcapSink::create(&path).unwrap();
+    let second = PcapSink::create(&path).unwrap();
+    second.write_now(&frame(2, 90)).unwrap();
+    second.flush().unwrap();
+    first.write_now(&frame(3, 70)).unwrap();
+    drop((first, second));
+    assert_eq!(read(&path), vec![frame(2, 90), frame(3, 70)]);
     std::fs::remove_dir_all(&directory).unwrap();
 }

@@ -123,18 +123,29 @@ impl PcapSink {
                 std::io::Error::other(error.to_string()),
             )
         })?;
-        if !first {
+        let file = Arc::new(Mutex::new(FlushedOnDrop {
+            file,
+            buffer: buffer.clone(),
+        }));
+        let mut stopped = None;
+        if first {
+            // Out at once: buffered, a later opener's first records could
+            // land before it. A write that fails stops the capture, as
+            // any later one would.
+            let mut file = file.lock().expect("pcap file poisoned");
+            let mut records = buffer.0.lock().expect("pcap buffer poisoned");
+            if let Err(error) = file.file.write_out(&mut records) {
+                stopped = Some(CarrierError::io("write pcap header", error).to_string());
+            }
+        } else {
             // The file's first writer wrote the header.
             buffer.0.lock().expect("pcap buffer poisoned").clear();
         }
         Ok(PcapSink {
             writer: Arc::new(Mutex::new(writer)),
-            file: Arc::new(Mutex::new(FlushedOnDrop {
-                file,
-                buffer: buffer.clone(),
-            })),
+            file,
             buffer,
-            stopped: Arc::new(Mutex::new(None)),
+            stopped: Arc::new(Mutex::new(stopped)),
         })
     }
 
