@@ -89,10 +89,52 @@ struct FlowKey {
     app_flag: u8,
 }
 
+/// Answers the engine remembers, newest last, to send again to a CN that
+/// asks again. Up to 4 KiB each: at most 4 MiB.
+const REMEMBERED_ANSWERS: usize = 1024;
+
+/// The engine's last answers, by (CN, request id): what to send again
+/// when a CN asks again, its request or its acknowledgement resent after
+/// the answer went. Bounded: the oldest is forgotten first, and a request
+/// asked again after that is served anew.
+#[derive(Default)]
+struct RecentAnswers {
+    /// `None`: a forward the CN acknowledged (it has it; nothing to send).
+    answers: HashMap<(DatagramEnd, u64), Option<Vec<u8>>>,
+    order: VecDeque<(DatagramEnd, u64)>,
+}
+
+impl RecentAnswers {
+    fn remember(&mut self, key: (DatagramEnd, u64), answer: Option<Vec<u8>>) {
+        if self.answers.insert(key, answer).is_none() {
+            self.order.push_back(key);
+        }
+        // Bounded by the one insert above.
+        while self.order.len() > REMEMBERED_ANSWERS {
+            if let Some(oldest) = self.order.pop_front() {
+                self.answers.remove(&oldest);
+            }
+        }
+    }
+
+    fn get(&self, key: &(DatagramEnd, u64)) -> Option<&Option<Vec<u8>>> {
+        self.answers.get(key)
+    }
+}
+
 /// What the engine counted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EngineCounters {
+    /// NDP requests, each once: one asked again is counted in
+    /// `asked_again` instead.
     pub requests: u64,
+    /// Requests and fetches a CN asked again (its resend, or a duplicated
+    /// datagram): answered as the first time, from memory, counted
+    /// nowhere else.
+    pub asked_again: u64,
+    /// Acknowledgements of forwards acknowledged already (the CN
+    /// acknowledges every copy of a forward sent again).
+    pub acknowledged_again: u64,
     /// Requests with a registered app and data in range: the ones that
     /// run, or are forwarded one in `forward_every`.
     pub servable: u64,
@@ -102,6 +144,7 @@ pub struct EngineCounters {
     /// Forwarded requests sent again: their acknowledgement was late or
     /// lost, or their CN asked again (its request resent).
     pub forwards_resent: u64,
+    /// Fetches, each once (as `requests`).
     pub fetches: u64,
     /// Requests answered with an error status, by status.
     pub refused: BTreeMap<String, u64>,
@@ -125,6 +168,7 @@ pub struct NdpEngine {
     /// No later than the earliest resend of a pending forward, if one is
     /// pending: kept so that the agent's timer costs nothing per poll.
     next_resend: Option<Timestamp>,
+    recent_answers: RecentAnswers,
     counters: EngineCounters,
 }
 
@@ -159,6 +203,7 @@ impl NdpEngine {
             acknowledgement_order: VecDeque::new(),
             next_generation: 0,
             next_resend: None,
+            recent_answers: RecentAnswers::default(),
             counters: EngineCounters::default(),
         }
     }
@@ -199,25 +244,58 @@ impl NdpEngine {
         };
         let repr = TigaRepr::parse(&header);
         match repr.kind {
+            MessageKind::Request | MessageKind::Fetch
+                if self.answered_again(from, &repr, outbox) => {}
             MessageKind::Request => self.request(now, from, repr, outbox),
             MessageKind::Fetch => self.fetch(from, repr, outbox),
-            MessageKind::Acknowledgement => {
-                if self
-                    .pending_acknowledgements
-                    .remove(&(from, repr.request_id))
-                    .is_some()
-                {
-                    self.counters.acknowledged += 1;
-                    if self.pending_acknowledgements.is_empty() {
-                        self.next_resend = None;
-                    }
-                } else {
-                    self.drop("UnexpectedAcknowledgement".into());
-                }
-            }
+            MessageKind::Acknowledgement => self.acknowledgement(from, repr.request_id),
             MessageKind::Result | MessageKind::Forwarded | MessageKind::Data => {
                 self.drop("NotForTheEngine".into());
             }
+        }
+    }
+
+    /// A request or fetch its CN asked again: its forward (still
+    /// unacknowledged) or its answer goes again, as the first time, and it
+    /// is neither served anew nor counted toward `forward_every` (served
+    /// anew, a request asked again took a forward slot for a call the CN
+    /// had finished, and `requests` no longer added up). Whether it was.
+    fn answered_again(
+        &mut self,
+        from: DatagramEnd,
+        request: &TigaRepr,
+        outbox: &mut Vec<(DatagramEnd, Vec<u8>)>,
+    ) -> bool {
+        let key = (from, request.request_id);
+        if let Some(pending) = self.pending_acknowledgements.get(&key) {
+            self.counters.asked_again += 1;
+            self.counters.forwards_resent += 1;
+            outbox.push((from, pending.message.clone()));
+            return true;
+        }
+        let Some(answer) = self.recent_answers.get(&key) else {
+            return false;
+        };
+        self.counters.asked_again += 1;
+        // A forward the CN acknowledged: it has it, nothing goes.
+        if let Some(message) = answer {
+            outbox.push((from, message.clone()));
+        }
+        true
+    }
+
+    fn acknowledgement(&mut self, from: DatagramEnd, request_id: u64) {
+        let key = (from, request_id);
+        if self.pending_acknowledgements.remove(&key).is_some() {
+            self.counters.acknowledged += 1;
+            self.recent_answers.remember(key, None);
+            if self.pending_acknowledgements.is_empty() {
+                self.next_resend = None;
+            }
+        } else if matches!(self.recent_answers.get(&key), Some(None)) {
+            self.counters.acknowledged_again += 1;
+        } else {
+            self.drop("UnexpectedAcknowledgement".into());
         }
     }
 
@@ -336,7 +414,10 @@ impl NdpEngine {
             status,
             ..request
         };
-        outbox.push((to, repr.to_message(payload)));
+        let message = repr.to_message(payload);
+        self.recent_answers
+            .remember((to, request.request_id), Some(message.clone()));
+        outbox.push((to, message));
     }
 
     /// The requested range of the DN's memory (the local DMA), or why not.
@@ -360,20 +441,6 @@ impl NdpEngine {
         outbox: &mut Vec<(DatagramEnd, Vec<u8>)>,
     ) {
         self.counters.requests += 1;
-        // Its CN sent it again: the forward or its acknowledgement was
-        // lost, or is late. The same forward goes again, neither a new one
-        // (forwarded and acknowledged would no longer match) nor counted
-        // toward `forward_every`. (A request asked again after its answer
-        // or its acknowledgement is served anew below, and counts toward
-        // `forward_every` like any other.)
-        if let Some(pending) = self
-            .pending_acknowledgements
-            .get(&(from, request.request_id))
-        {
-            self.counters.forwards_resent += 1;
-            outbox.push((from, pending.message.clone()));
-            return;
-        }
         let key = FlowKey {
             udp_port: TIGA_PORT,
             app_flag: request.app_flag,
@@ -1237,24 +1304,29 @@ mod tests {
         assert_eq!(engine.unacknowledged(), MAX_UNACKNOWLEDGED - 1);
     }
 
-    /// A request forwarded and acknowledged over and over, then forwarded
-    /// once more, left one copy of its key in the order per round, all
-    /// kept while it waited: past 8192 the order outgrew its bound, and a
-    /// stale copy at the front would have forgotten the newest forward.
+    /// The acknowledgement order keeps a stale entry for each forward
+    /// acknowledged: past 8192 it outgrew its bound unless compacted, and
+    /// a stale entry at the front would have forgotten a newer forward.
+    /// (Before the engine remembered its answers, one request asked again
+    /// and again was forwarded anew each time; now each round is a new
+    /// request.)
     #[test]
-    fn a_request_forwarded_again_and_again_keeps_the_order_bounded() {
+    fn forwards_acknowledged_over_and_over_keep_the_order_bounded() {
         let (mut engine, mut client) = mvs_engine(1);
-        let (_, request) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
-        let acknowledgement = TigaRepr {
-            kind: MessageKind::Acknowledgement,
-            ..TigaRepr::parse(&TigaHeader::new_checked(&request[..]).unwrap())
-        }
-        .to_message(&[]);
         let mut outbox = Vec::new();
-        // One round short of a compaction, so the next forward's copies
+        let acknowledgement_of = |request: &[u8]| {
+            TigaRepr {
+                kind: MessageKind::Acknowledgement,
+                ..TigaRepr::parse(&TigaHeader::new_checked(request).unwrap())
+            }
+            .to_message(&[])
+        };
+        // One round short of a compaction, so the next forward's entries
         // are all there when the one after compacts.
         for _ in 0..2 * MAX_UNACKNOWLEDGED - 1 {
+            let (_, request) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
             engine.handle(Timestamp::ZERO, client_end(1), &request, &mut outbox);
+            let acknowledgement = acknowledgement_of(&request);
             engine.handle(
                 Timestamp::ZERO,
                 client_end(1),
@@ -1263,6 +1335,7 @@ mod tests {
             );
             outbox.clear();
         }
+        let (_, request) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
         engine.handle(Timestamp::ZERO, client_end(1), &request, &mut outbox);
         let (_, other) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
         engine.handle(Timestamp::ZERO, client_end(1), &other, &mut outbox);
@@ -1272,14 +1345,68 @@ mod tests {
             .counters()
             .dropped
             .contains_key("ForgottenAcknowledgement"));
-        // The request's newest forward still takes its acknowledgement.
         engine.handle(
             Timestamp::ZERO,
             client_end(1),
-            &acknowledgement,
+            &acknowledgement_of(&request),
             &mut outbox,
         );
         assert_eq!(engine.unacknowledged(), 1);
+    }
+
+    /// A request asked again (its CN's resend after 250 ms, or a
+    /// duplicated datagram) after its answer was served anew: it took a
+    /// forward slot for a call its CN had finished, `requests` counted it
+    /// twice, and the CN's acknowledgement of each copy of a forward was
+    /// counted as a drop. It is answered from memory now, as the first
+    /// time.
+    #[test]
+    fn a_request_asked_again_is_answered_as_the_first_time() {
+        let (mut engine, mut client) = mvs_engine(2);
+        let mut outbox = Vec::new();
+        let (_, first) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
+        engine.handle(Timestamp::ZERO, client_end(1), &first, &mut outbox);
+        let answered: Vec<Vec<u8>> = outbox.drain(..).map(|(_, message)| message).collect();
+        assert_eq!(answered.len(), 1);
+        // Asked again: the same result, not a forward (it would have been
+        // the second servable request, the one forward_every forwards).
+        engine.handle(Timestamp::ZERO, client_end(1), &first, &mut outbox);
+        let again: Vec<Vec<u8>> = outbox.drain(..).map(|(_, message)| message).collect();
+        assert_eq!(again, answered);
+        let (_, second) = client.begin(Timestamp::ZERO, App::Mvs, 0, 64, Mode::Ndp);
+        engine.handle(Timestamp::ZERO, client_end(1), &second, &mut outbox);
+        let (_, forward) = outbox.pop().expect("the second request is forwarded");
+        let forward_header = TigaHeader::new_checked(&forward[..]).unwrap();
+        assert_eq!(
+            TigaRepr::parse(&forward_header).kind,
+            MessageKind::Forwarded
+        );
+        let acknowledgement = TigaRepr {
+            kind: MessageKind::Acknowledgement,
+            ..TigaRepr::parse(&forward_header)
+        }
+        .to_message(&[]);
+        for _ in 0..2 {
+            engine.handle(
+                Timestamp::ZERO,
+                client_end(1),
+                &acknowledgement,
+                &mut outbox,
+            );
+        }
+        // Asked again after its forward was acknowledged: the CN has it.
+        engine.handle(Timestamp::ZERO, client_end(1), &second, &mut outbox);
+        assert!(outbox.is_empty(), "{outbox:?}");
+        let counters = engine.counters();
+        // (The engine's memory holds 7s, no MVS record: the first request's
+        // answer is a StageFailed refusal, remembered like any answer.)
+        assert_eq!(
+            (counters.requests, counters.servable, counters.forwarded),
+            (2, 2, 1)
+        );
+        assert_eq!(counters.refused.values().sum::<u64>(), 1);
+        assert_eq!((counters.asked_again, counters.acknowledged_again), (2, 1));
+        assert!(counters.dropped.is_empty(), "{:?}", counters.dropped);
     }
 
     /// A call whose request or answer was lost held one of the CN's slots

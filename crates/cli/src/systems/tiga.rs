@@ -196,6 +196,8 @@ fn run_section(rack: &RackConfig, failures: &mut Vec<String>) -> Option<serde_js
         "forwarded": counters.forwarded,
         "acknowledged": counters.acknowledged,
         "forwards_resent": counters.forwards_resent,
+        "asked_again": counters.asked_again,
+        "acknowledged_again": counters.acknowledged_again,
         "cpu": cpu,
     }))
 }
