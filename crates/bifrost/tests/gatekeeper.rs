@@ -916,6 +916,16 @@ fn a_resend_of_a_call_that_failed_with_its_callee_is_answered_failed_again() {
     };
     switch.handle_frame(now, PortId(2), &frame);
     assert_eq!(sent(&mut switch), [(PortId(0), CallType::Call)]);
+    // A call sent to the broadcast MAC: the Gatekeeper learnt the switch's
+    // MAC from each call's destination, and addressed its answers from it
+    // (the forwarding drops a frame from a group MAC).
+    let broadcast = DatagramEnd {
+        mac: remora_wire::MacAddress([0xff; 6]),
+        ..service
+    };
+    let stray = BifrostRepr::new(CallType::Call, "increment", 9, GlobalAddress::NULL).unwrap();
+    switch.handle_frame(now, PortId(2), &header_frame(stray, caller, broadcast));
+    let _ = sent(&mut switch);
     switch.program_mut().mark_failed(failed.address).unwrap();
     // The Gatekeeper's answer goes into the pipeline as a packet-out.
     switch.handle_timeout(now);
@@ -935,6 +945,11 @@ fn a_resend_of_a_call_that_failed_with_its_callee_is_answered_failed_again() {
         .program_mut()
         .recover(failed.address, spare.address)
         .unwrap();
+    // The held and in-flight calls replayed to the spare (the stray one
+    // flooded, to the broadcast MAC it was sent to).
+    for _ in 0..4 {
+        switch.handle_timeout(now);
+    }
     let _ = sent(&mut switch);
     for resent in [&frame, &later] {
         switch.handle_frame(now, PortId(2), resent);

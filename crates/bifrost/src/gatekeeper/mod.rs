@@ -303,8 +303,10 @@ pub struct Gatekeeper {
     /// sent heartbeats): nothing they send passes until a heartbeat of
     /// another incarnation (a new boot) does.
     fenced: ExactTable<Ipv4Address, Option<u32>>,
-    /// The switch's own MAC, as calls to the service address carry it:
-    /// the Gatekeeper's own answers are addressed to it, for routing.
+    /// The switch's own MAC, told by the forwarding it overlays: the
+    /// Gatekeeper's own answers are addressed to it, for routing. (Learnt
+    /// from each call's destination MAC, one call to a broadcast or a
+    /// host's MAC sent later answers astray.)
     router_mac: Option<remora_wire::MacAddress>,
     counters: GatekeeperCounters,
 }
@@ -1308,7 +1310,6 @@ impl Gatekeeper {
             .map(|edge| edge.callee)
             .or_else(|| self.answered_by(&call).map(|callee| self.holder(callee)))
             .unwrap_or(routed);
-        self.router_mac = Some(packet.headers.destination_mac);
         if let Some(edge) = self.failed_with_its_callee(&call) {
             self.counters.failed_resends_answered += 1;
             self.answer_failed(&edge);
@@ -1619,6 +1620,10 @@ fn call_cell(key: &CallKey, cells: usize) -> usize {
 impl Overlay for Gatekeeper {
     fn name(&self) -> &str {
         "bifrost-gatekeeper"
+    }
+
+    fn attach(&mut self, switch_mac: remora_wire::MacAddress) {
+        self.router_mac = Some(switch_mac);
     }
 
     fn before_forwarding(&mut self, now: Timestamp, packet: &mut Packet) -> Claim {

@@ -65,6 +65,11 @@ pub fn mac_from_u64(value: u64) -> MacAddress {
 }
 
 impl L2L3Forwarding {
+    /// The MAC hosts send routed frames to: the switch's own.
+    pub fn switch_mac(&self) -> MacAddress {
+        self.switch_mac
+    }
+
     pub fn new(switch_mac: MacAddress, capacity: usize) -> L2L3Forwarding {
         L2L3Forwarding {
             switch_mac,

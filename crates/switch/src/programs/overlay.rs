@@ -35,6 +35,10 @@ pub enum Claim {
 pub trait Overlay: Send {
     fn name(&self) -> &str;
 
+    /// The switch's own MAC, the one routed frames are sent to: told once,
+    /// as the overlay is put over the forwarding.
+    fn attach(&mut self, _switch_mac: remora_wire::MacAddress) {}
+
     /// Before forwarding: take the packet, or let forwarding have it.
     fn before_forwarding(&mut self, _now: Timestamp, _packet: &mut Packet) -> Claim {
         Claim::Pass
@@ -70,7 +74,8 @@ pub struct Overlaid<O: Overlay> {
 }
 
 impl<O: Overlay> Overlaid<O> {
-    pub fn new(forwarding: L2L3Forwarding, overlay: O) -> Overlaid<O> {
+    pub fn new(forwarding: L2L3Forwarding, mut overlay: O) -> Overlaid<O> {
+        overlay.attach(forwarding.switch_mac());
         Overlaid {
             forwarding,
             overlay,
