@@ -803,23 +803,23 @@ fn a_node_back_at_a_replaced_address_starts_afresh() {
     );
 }
 
-/// A node marked failed went on being heard: its late reply answered the
-/// caller (and ended the call's edge, so its replacement never ran it)
-/// and kept its checkpoint over the one the replacement starts from, and
-/// after recovery its replies passed as the replacement's. Everything it
-/// sends is dropped from the mark on (the paper's fate sharing), until a
-/// new boot announces itself.
-#[test]
-fn a_node_marked_failed_is_fenced() {
-    use remora_base::Timestamp;
-    use remora_switch::PortId;
-    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
+/// A Gatekeeper switch with a node serving "increment" on port 0, a
+/// spare on port 1 and a caller on port 2, and the service's address.
+struct FailoverSwitch {
+    switch: remora_switch::Switch<Overlaid<Gatekeeper>>,
+    failed: DatagramEnd,
+    spare: DatagramEnd,
+    caller: DatagramEnd,
+    service: DatagramEnd,
+}
+
+fn failover_switch() -> FailoverSwitch {
     let (failed, spare, caller) = (
         host_on(1, BIFROST_PORT),
         host_on(2, BIFROST_PORT),
         host_on(3, 40000),
     );
-    let mut switch = gatekeeper_switch(&[failed, spare, caller], &[0, 1, 2], |gatekeeper| {
+    let switch = gatekeeper_switch(&[failed, spare, caller], &[0, 1, 2], |gatekeeper| {
         for node in [failed, spare] {
             gatekeeper
                 .register_node(node.address, NodeKind::Compute, 0)
@@ -832,6 +832,33 @@ fn a_node_marked_failed_is_fenced() {
         address: SERVICE,
         port: BIFROST_PORT,
     };
+    FailoverSwitch {
+        switch,
+        failed,
+        spare,
+        caller,
+        service,
+    }
+}
+
+/// A node marked failed went on being heard: its late reply answered the
+/// caller (and ended the call's edge, so its replacement never ran it)
+/// and kept its checkpoint over the one the replacement starts from, and
+/// after recovery its replies passed as the replacement's. Everything it
+/// sends is dropped from the mark on (the paper's fate sharing), until a
+/// new boot announces itself.
+#[test]
+fn a_node_marked_failed_is_fenced() {
+    use remora_base::Timestamp;
+    use remora_switch::PortId;
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
+    let FailoverSwitch {
+        mut switch,
+        failed,
+        spare,
+        caller,
+        service,
+    } = failover_switch();
     let call = BifrostRepr::new(CallType::Call, "increment", 7, GlobalAddress::NULL).unwrap();
     let frame = header_frame(call, caller, service);
     let now = Timestamp::ZERO;
@@ -881,24 +908,13 @@ fn a_resend_of_a_call_that_failed_with_its_callee_is_answered_failed_again() {
     use remora_base::Timestamp;
     use remora_switch::PortId;
     use remora_wire::bifrost::{BifrostHeader, BifrostRepr, CallType, GlobalAddress};
-    let (failed, spare, caller) = (
-        host_on(1, BIFROST_PORT),
-        host_on(2, BIFROST_PORT),
-        host_on(3, 40000),
-    );
-    let mut switch = gatekeeper_switch(&[failed, spare, caller], &[0, 1, 2], |gatekeeper| {
-        for node in [failed, spare] {
-            gatekeeper
-                .register_node(node.address, NodeKind::Compute, 0)
-                .unwrap();
-        }
-        gatekeeper.route("increment", failed.address).unwrap();
-    });
-    let service = DatagramEnd {
-        mac: control::ROUTER,
-        address: SERVICE,
-        port: BIFROST_PORT,
-    };
+    let FailoverSwitch {
+        mut switch,
+        failed,
+        spare,
+        caller,
+        service,
+    } = failover_switch();
     let mut call = BifrostRepr::new(CallType::Call, "increment", 7, GlobalAddress::NULL).unwrap();
     call.flags |= remora_bifrost::rpc::SHARE_FATE_FLAG;
     let frame = header_frame(call, caller, service);

@@ -1570,8 +1570,9 @@ mod tests {
     /// to the tail, and the checkpoint named them. The begin is read
     /// again after the keep now; and the retry keeps from the newer begin,
     /// not the older.
-    #[test]
-    fn a_truncation_during_a_checkpoints_keep_moves_the_checkpoints_begin() {
+    /// A store on a 1 MiB memory device, written to until its first
+    /// pages are on the device; its log.
+    fn store_with_pages_on_the_device() -> (Store, Arc<HybridLog>) {
         let store = Store::new(
             StoreConfig::smallest(),
             Arc::new(MemoryDevice::new(1 << 20)),
@@ -1585,8 +1586,17 @@ mod tests {
                 break;
             }
         }
+        assert!(
+            log.head().value() > 0,
+            "the test must push pages to the device"
+        );
+        (store, log)
+    }
+
+    #[test]
+    fn a_truncation_during_a_checkpoints_keep_moves_the_checkpoints_begin() {
+        let (store, log) = store_with_pages_on_the_device();
         let head = log.head();
-        assert!(head.value() > 0, "the test must push pages to the device");
         let mut compacted = false;
         let begin = log.keep_checkpoint_from_begin_with(|| {
             if !std::mem::replace(&mut compacted, true) {
@@ -1603,22 +1613,9 @@ mod tests {
     /// the new begin. It counted the checkpoint's pages as free.
     #[test]
     fn a_checkpoint_and_a_truncation_between_a_room_checks_loads_keep_the_checkpoints_pages() {
-        let store = Store::new(
-            StoreConfig::smallest(),
-            Arc::new(MemoryDevice::new(1 << 20)),
-        )
-        .unwrap();
-        let mut session = store.session().unwrap();
-        let log = store.shared.log.clone();
-        for number in 0u64..5_000 {
-            session.upsert(&number.to_le_bytes(), &[5; 200]).unwrap();
-            if log.head().value() > 0 {
-                break;
-            }
-        }
-        let head = log.head();
-        let begin = log.begin();
-        assert!(head > begin, "the test must push pages to the device");
+        let (store, log) = store_with_pages_on_the_device();
+        let (head, begin) = (log.head(), log.begin());
+        assert!(head > begin);
         let mut kept = None;
         let needed = log.needed_from_with(|| {
             kept = Some(log.keep_checkpoint_from_begin());

@@ -43,18 +43,24 @@ static struct ibv_context *context;
 static struct ibv_pd *pd;
 static struct ibv_cq *cq;
 
-/* Waits for one completion; returns it. */
-static struct ibv_wc complete(void)
+/* Waits for one completion on `completions`; returns it. */
+static struct ibv_wc complete_on(struct ibv_cq *completions)
 {
 	struct ibv_wc wc;
 	for (long polls = 0; polls < MAX_POLLS; polls++) {
-		int found = ibv_poll_cq(cq, 1, &wc);
+		int found = ibv_poll_cq(completions, 1, &wc);
 		CHECK(found >= 0, "poll_cq failed");
 		if (found == 1)
 			return wc;
 	}
 	CHECK(0, "no completion");
 	return wc;
+}
+
+/* Waits for one completion on the main CQ; returns it. */
+static struct ibv_wc complete(void)
+{
+	return complete_on(cq);
 }
 
 static struct ibv_qp *make_qp_on(struct ibv_cq *completions)
@@ -238,20 +244,6 @@ static void destroyed_queue_events(union ibv_gid gid, uint8_t *local, struct ibv
 	      "no event names the destroyed CQ (got %p)", (void *)named);
 	CHECK(ibv_destroy_cq(other) == 0, "destroy the other CQ");
 	CHECK(ibv_destroy_comp_channel(channel) == 0, "an unused channel is destroyed");
-}
-
-/* Waits for one completion on `completions`; returns it. */
-static struct ibv_wc complete_on(struct ibv_cq *completions)
-{
-	struct ibv_wc wc;
-	for (long polls = 0; polls < MAX_POLLS; polls++) {
-		int found = ibv_poll_cq(completions, 1, &wc);
-		CHECK(found >= 0, "poll_cq failed");
-		if (found == 1)
-			return wc;
-	}
-	CHECK(0, "no completion");
-	return wc;
 }
 
 /* ibv_req_notify_cq(cq, 1) ignored solicited_only: any completion raised
