@@ -10,6 +10,7 @@
 //! which a blocking reader in another thread saw as EAGAIN, and which
 //! could undo the program's own `fcntl`).
 
+use super::resources::UNACKNOWLEDGED_EVENTS_WAIT;
 use super::set_errno;
 use crate::abi::*;
 use rustix::net::{RecvFlags, SendFlags};
@@ -20,13 +21,10 @@ use std::time::{Duration, Instant};
 
 /// Events a context keeps for the program to take; past it, a new event
 /// is dropped (and said once on stderr). A program that never reads its
-/// events must not grow the process without bound.
-const MAX_QUEUED_EVENTS: usize = 4096;
-
-/// How long destroying a queue waits for the program to acknowledge the
-/// events it took that name the queue (as rdma-core's destroy waits),
-/// before it answers EBUSY rather than free what an event names.
-pub(super) const UNACKNOWLEDGED_EVENTS_WAIT: Duration = Duration::from_secs(1);
+/// events must not grow the process without bound; and each byte waits in
+/// the socket buffer at the cost of its whole allocation (several hundred
+/// bytes), so a few hundred is all the default send buffer holds.
+const MAX_QUEUED_EVENTS: usize = 128;
 
 /// What an event names: a completion queue's or a shared receive queue's
 /// `ibv_*` handle, as the program holds it.
@@ -48,9 +46,18 @@ pub(super) struct AsyncEvents {
     /// `async_fd`: one byte waits here per event queued.
     reader: OwnedFd,
     writer: OwnedFd,
-    queued: Mutex<VecDeque<Raised>>,
+    /// Under one lock: an event leaves the queue and is counted as taken
+    /// at once, so a destroy never finds it in neither place.
+    state: Mutex<EventState>,
+}
+
+#[derive(Default)]
+struct EventState {
+    queued: VecDeque<Raised>,
     /// Events taken and not yet acknowledged, by what they name.
-    unacknowledged: Mutex<HashMap<Element, u32>>,
+    unacknowledged: HashMap<Element, u32>,
+    /// Queues being destroyed: nothing is raised for them.
+    retired: Vec<Element>,
 }
 
 impl AsyncEvents {
@@ -65,8 +72,7 @@ impl AsyncEvents {
         Ok(AsyncEvents {
             reader,
             writer,
-            queued: Mutex::new(VecDeque::new()),
-            unacknowledged: Mutex::new(HashMap::new()),
+            state: Mutex::new(EventState::default()),
         })
     }
 
@@ -76,19 +82,26 @@ impl AsyncEvents {
     }
 
     /// Queues `raised` and its byte: the byte after the event, so a
-    /// reader that took a byte finds its event.
+    /// reader that took a byte finds its event; both under the lock, so
+    /// that a byte the socket refuses takes its event back with it (an
+    /// event with no byte left the descriptor unreadable while it waited).
     pub(super) fn raise(&self, raised: Raised) {
-        {
-            let mut queued = self.queued();
-            if queued.len() >= MAX_QUEUED_EVENTS {
-                drop(queued);
-                super::report_once("asynchronous events are not being read; new ones are dropped");
-                return;
-            }
-            queued.push_back(raised);
+        let mut state = self.state();
+        if state.retired.contains(&raised.element) {
+            return;
         }
-        // 4096 bytes at most wait: far within a stream socket's buffer.
-        let _ = rustix::net::send(&self.writer, &[1], SendFlags::DONTWAIT);
+        let sent = state.queued.len() < MAX_QUEUED_EVENTS && {
+            state.queued.push_back(raised);
+            let sent = rustix::net::send(&self.writer, &[1], SendFlags::DONTWAIT).is_ok();
+            if !sent {
+                state.queued.pop_back();
+            }
+            sent
+        };
+        drop(state);
+        if !sent {
+            super::report_once("asynchronous events are not being read; new ones are dropped");
+        }
     }
 
     /// `ibv_get_async_event`: waits for an event (unless the program made
@@ -98,7 +111,7 @@ impl AsyncEvents {
     /// # Safety
     /// `event` points at an `ibv_async_event` the caller owns.
     pub(super) unsafe fn take(&self, event: *mut ibv_async_event) -> std::ffi::c_int {
-        // A byte can outlive its event: a `forget` that dropped the event
+        // A byte can outlive its event: a `retire` that dropped the event
         // after this reader took its byte. Such a byte is passed over.
         // Bounded: each turn takes a byte, and no more bytes are written
         // than events are queued.
@@ -116,8 +129,10 @@ impl AsyncEvents {
                     return -1;
                 }
             }
-            raised = self.queued().pop_front();
-            if raised.is_some() {
+            let mut state = self.state();
+            raised = state.queued.pop_front();
+            if let Some(taken) = raised {
+                *state.unacknowledged.entry(taken.element).or_default() += 1;
                 break;
             }
         }
@@ -125,7 +140,6 @@ impl AsyncEvents {
             set_errno(libc::EIO);
             return -1;
         };
-        *self.unacknowledged().entry(raised.element).or_default() += 1;
         let element = match raised.element {
             Element::CompletionQueue(cq) => ibv_async_event__bindgen_ty_1 {
                 cq: cq as *mut ibv_cq,
@@ -163,23 +177,40 @@ impl AsyncEvents {
                 _ => Element::CompletionQueue(event.element.cq as usize),
             }
         };
-        let mut unacknowledged = self.unacknowledged();
-        if let Some(count) = unacknowledged.get_mut(&element) {
+        let mut state = self.state();
+        if let Some(count) = state.unacknowledged.get_mut(&element) {
             *count -= 1;
             if *count == 0 {
-                unacknowledged.remove(&element);
+                state.unacknowledged.remove(&element);
             }
         }
     }
 
-    /// Waits (bounded) until every event taken that names `element` is
-    /// acknowledged; whether they are. A queue must not be freed while
-    /// the program holds an event that names it.
-    pub(super) fn acknowledged(&self, element: Element) -> bool {
+    /// Starts a queue's destroy: waits (bounded) until every event the
+    /// program took that names `element` is acknowledged, then at once
+    /// drops those not yet taken (their bytes taken back, so the
+    /// descriptor is not left readable with no event) and raises none for
+    /// it from then on. Whether it could: if not, nothing changed, and the
+    /// destroy is refused (EBUSY). A destroy that then fails calls
+    /// [`AsyncEvents::unretire`]; one that succeeds,
+    /// [`AsyncEvents::retired`], once nothing raises events for it.
+    pub(super) fn retire(&self, element: Element) -> bool {
         let started = Instant::now();
         loop {
-            if !self.unacknowledged().contains_key(&element) {
-                return true;
+            {
+                let mut state = self.state();
+                if !state.unacknowledged.contains_key(&element) {
+                    let before = state.queued.len();
+                    state.queued.retain(|raised| raised.element != element);
+                    for _ in state.queued.len()..before {
+                        let mut byte = [0u8; 1];
+                        // A reader may hold it already (it passes over a
+                        // byte with no event).
+                        let _ = rustix::net::recv(&self.reader, &mut byte, RecvFlags::DONTWAIT);
+                    }
+                    state.retired.push(element);
+                    return true;
+                }
             }
             if started.elapsed() > UNACKNOWLEDGED_EVENTS_WAIT {
                 return false;
@@ -188,31 +219,21 @@ impl AsyncEvents {
         }
     }
 
-    /// Drops the events not yet taken that name `element` (it is being
-    /// destroyed): a program must not be handed a freed queue. Their bytes
-    /// are taken back, so the descriptor is not left readable with no
-    /// event.
-    pub(super) fn forget(&self, element: Element) {
-        let mut queued = self.queued();
-        let before = queued.len();
-        queued.retain(|raised| raised.element != element);
-        let dropped = before - queued.len();
-        drop(queued);
-        for _ in 0..dropped {
-            let mut byte = [0u8; 1];
-            // Gone already if a reader took it first (and passes over it).
-            let _ = rustix::net::recv(&self.reader, &mut byte, RecvFlags::DONTWAIT);
-        }
+    /// A destroy begun with [`AsyncEvents::retire`] failed: the queue
+    /// lives on, and its events are raised again.
+    pub(super) fn unretire(&self, element: Element) {
+        self.state().retired.retain(|retired| *retired != element);
     }
 
-    fn queued(&self) -> std::sync::MutexGuard<'_, VecDeque<Raised>> {
-        self.queued
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// A destroy begun with [`AsyncEvents::retire`] finished: nothing
+    /// raises events for the queue any more, and its address may name a
+    /// new queue.
+    pub(super) fn retired(&self, element: Element) {
+        self.unretire(element);
     }
 
-    fn unacknowledged(&self) -> std::sync::MutexGuard<'_, HashMap<Element, u32>> {
-        self.unacknowledged
+    fn state(&self) -> std::sync::MutexGuard<'_, EventState> {
+        self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }

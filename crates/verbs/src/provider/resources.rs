@@ -527,7 +527,7 @@ fn wait_readable(events: &OwnedFd) -> Result<(), c_int> {
 /// How long `ibv_destroy_cq` waits for the events it handed out to be
 /// acknowledged before it gives up with EBUSY (rdma-core's waits for
 /// ever; freed before, the acknowledging thread wrote freed memory).
-const UNACKNOWLEDGED_EVENTS_WAIT: Duration = Duration::from_secs(1);
+pub(super) const UNACKNOWLEDGED_EVENTS_WAIT: Duration = Duration::from_secs(1);
 
 #[repr(C)]
 pub(super) struct CqObject {
@@ -661,28 +661,24 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     if cq_object.channel.is_some() && !events_acknowledged(cq_object) {
         return libc::EBUSY;
     }
-    // An event the program took that names it must be acknowledged
-    // before it goes, as rdma-core waits; refused before anything changes.
+    // An asynchronous event the program took that names it must be
+    // acknowledged before it goes, as rdma-core waits: refused before
+    // anything changes. From here no asynchronous event names it.
     // SAFETY: its context is live.
     let events = Arc::clone(&unsafe { context_object(cq_object.context()) }.events);
     let element = Element::CompletionQueue(cq as usize);
-    if !events.acknowledged(element) {
+    if !events.retire(element) {
         return libc::EBUSY;
     }
     // SAFETY: its context is live.
     unsafe { node_of(cq_object.context()) }.disarm(cq_object.queue);
-    // No event may name it once it is freed; one taken since the check
-    // above (its overrun raced the destroy) must be acknowledged too.
-    events.forget(element);
-    if !events.acknowledged(element) {
-        return libc::EBUSY;
-    }
     if let Some(shared) = &cq_object.channel {
         // No event names it from now on; one handed out since the check
         // above must be acked too (a race with another thread's
         // ibv_get_cq_event, the only way this refusal comes now).
         shared.forget(cq);
         if !events_acknowledged(cq_object) {
+            events.unretire(element);
             return libc::EBUSY;
         }
     }
@@ -690,8 +686,11 @@ pub(super) unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     // the device frees it, and a later queue takes its number.
     let node = unsafe { node_of(cq_object.context()) };
     if let Err(error) = node.with_device(|rnic| rnic.destroy_completion_queue(cq_object.queue)) {
+        events.unretire(element);
         return errno_of(&error);
     }
+    // Disarmed and gone from the device: nothing raises for it now.
+    events.retired(element);
     let queue = cq_object.queue;
     // SAFETY: its context is live.
     unsafe { context_object(cq_object.context()) }
@@ -832,23 +831,21 @@ pub(super) unsafe fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     // SAFETY: its context is live.
     let context = unsafe { context_object(srq_object.srq.context) };
     let element = Element::SharedReceiveQueue(srq as usize);
-    // A limit event the program took must be acknowledged first.
-    if !context.events.acknowledged(element) {
+    // A limit event the program took must be acknowledged first; from
+    // here none names it.
+    if !context.events.retire(element) {
         return libc::EBUSY;
     }
     let node = &context.node;
     let queue = srq_object.queue;
-    // No limit event is raised from here on, and none queued is handed
-    // out (one taken meanwhile keeps the SRQ: EBUSY).
-    node.unwatch(Awaited::ReceivesBelow { queue, limit: 0 });
-    context.events.forget(element);
-    if !context.events.acknowledged(element) {
-        return libc::EBUSY;
-    }
-    // No queue pair uses it (`users`).
+    // No queue pair uses it (`users`). Gone from the device, its limit's
+    // watch ends with it.
     if let Err(error) = node.with_device(|rnic| rnic.destroy_shared_receive_queue(queue)) {
+        context.events.unretire(element);
         return errno_of(&error);
     }
+    node.unwatch(Awaited::ReceivesBelow { queue, limit: 0 });
+    context.events.retired(element);
     context
         .owned()
         .shared_receive_queues
