@@ -46,9 +46,12 @@ struct CaptureFile {
 }
 
 impl CaptureFile {
-    /// Opens `path`; whether this process is its first writer (and must
-    /// write the header).
-    fn open(path: &Path) -> Result<(CaptureFile, bool), CarrierError> {
+    /// Opens `path`; a first writer empties it and writes `header` while
+    /// it holds the file alone (after, a second opener could take the
+    /// exclusive lock in the gap of the turn to shared, or append before
+    /// the header). The header's write error, if it failed: the capture
+    /// starts stopped, as a later failed write stops it.
+    fn open(path: &Path, header: &[u8]) -> Result<(CaptureFile, Option<String>), CarrierError> {
         use rustix::fs::{flock, FlockOperation};
         let failed = |operation, source| CarrierError::File {
             operation,
@@ -60,17 +63,29 @@ impl CaptureFile {
             .append(true)
             .open(path)
             .map_err(|source| failed("cannot create the capture file", source))?;
-        let first = flock(&file, FlockOperation::NonBlockingLockExclusive).is_ok();
-        let regular = file.metadata().is_ok_and(|metadata| metadata.is_file());
-        if first && regular {
-            file.set_len(0)
-                .map_err(|source| failed("cannot empty the capture file", source))?;
+        let mut capture = CaptureFile { file };
+        let first = flock(&capture.file, FlockOperation::NonBlockingLockExclusive).is_ok();
+        let regular = capture
+            .file
+            .metadata()
+            .is_ok_and(|metadata| metadata.is_file());
+        let mut header_failed = None;
+        if first {
+            if regular {
+                capture
+                    .file
+                    .set_len(0)
+                    .map_err(|source| failed("cannot empty the capture file", source))?;
+            }
+            if let Err(error) = capture.write_out(&mut header.to_vec()) {
+                header_failed = Some(CarrierError::io("write pcap header", error).to_string());
+            }
         }
         // Held while the file is open (a first writer's lock turns shared):
         // the next writer finds the file in use and leaves it whole.
-        flock(&file, FlockOperation::LockShared)
+        flock(&capture.file, FlockOperation::LockShared)
             .map_err(|error| failed("cannot lock the capture file", error.into()))?;
-        Ok((CaptureFile { file }, first))
+        Ok((capture, header_failed))
     }
 
     /// Appends `records` (whole ones) with one write where the file
@@ -115,7 +130,6 @@ impl Drop for FlushedOnDrop {
 
 impl PcapSink {
     pub fn create(path: &Path) -> Result<PcapSink, CarrierError> {
-        let (file, first) = CaptureFile::open(path)?;
         let buffer = RecordBuffer(Arc::new(Mutex::new(Vec::new())));
         let writer = PcapWriter::new(buffer.clone()).map_err(|error| {
             CarrierError::io(
@@ -123,24 +137,14 @@ impl PcapSink {
                 std::io::Error::other(error.to_string()),
             )
         })?;
+        // The header the writer made goes to the file at its opening (by
+        // its first writer only); the buffer keeps records alone.
+        let header = std::mem::take(&mut *buffer.0.lock().expect("pcap buffer poisoned"));
+        let (file, stopped) = CaptureFile::open(path, &header)?;
         let file = Arc::new(Mutex::new(FlushedOnDrop {
             file,
             buffer: buffer.clone(),
         }));
-        let mut stopped = None;
-        if first {
-            // Out at once: buffered, a later opener's first records could
-            // land before it. A write that fails stops the capture, as
-            // any later one would.
-            let mut file = file.lock().expect("pcap file poisoned");
-            let mut records = buffer.0.lock().expect("pcap buffer poisoned");
-            if let Err(error) = file.file.write_out(&mut records) {
-                stopped = Some(CarrierError::io("write pcap header", error).to_string());
-            }
-        } else {
-            // The file's first writer wrote the header.
-            buffer.0.lock().expect("pcap buffer poisoned").clear();
-        }
         Ok(PcapSink {
             writer: Arc::new(Mutex::new(writer)),
             file,
