@@ -129,8 +129,9 @@ pub struct EngineCounters {
     /// `asked_again` instead.
     pub requests: u64,
     /// Requests and fetches a CN asked again (its resend, or a duplicated
-    /// datagram): answered as the first time, from memory, counted
-    /// nowhere else.
+    /// datagram): answered as the first time, from memory, and counted in
+    /// no other count but `forwards_resent`, when their forward goes
+    /// again.
     pub asked_again: u64,
     /// Acknowledgements of forwards acknowledged already (the CN
     /// acknowledges every copy of a forward sent again).
