@@ -13,9 +13,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 const FLUSH_AT_BYTES: usize = 8 * 1024;
 
 /// The records the pcap writer produced and the file has not yet taken.
-/// The writer writes a record in pieces; its lock is held for a whole
-/// record, so under it the buffer always ends at a record's end, and each
-/// write to the file is of whole records.
+/// The writer writes a record in pieces; the sink's lock is held for a
+/// whole record (see [`SinkState`]), so each write to the file is of
+/// whole records.
 #[derive(Clone)]
 struct RecordBuffer(Arc<Mutex<Vec<u8>>>);
 
@@ -106,25 +106,36 @@ impl CaptureFile {
 /// [`FLUSH_AT_BYTES`] are buffered, and when the last clone drops.
 #[derive(Clone)]
 pub struct PcapSink {
-    writer: Arc<Mutex<PcapWriter<RecordBuffer>>>,
-    buffer: RecordBuffer,
-    file: Arc<Mutex<FlushedOnDrop>>,
+    state: Arc<Mutex<SinkState>>,
     /// Why the capture stopped, once a write failed (a full disk): the
     /// ports it watches go on without it.
     stopped: Arc<Mutex<Option<String>>>,
 }
 
-/// The file and the buffer it drains, written out when the last sink
-/// goes.
-struct FlushedOnDrop {
-    file: CaptureFile,
+/// The writer, the records it buffered and the file they go to, under
+/// one lock: held for a whole record, so the buffer always ends at a
+/// record's end when it is written out.
+struct SinkState {
+    writer: PcapWriter<RecordBuffer>,
+    /// The writer's own buffer, reachable from outside it.
     buffer: RecordBuffer,
+    file: CaptureFile,
 }
 
-impl Drop for FlushedOnDrop {
+impl SinkState {
+    /// Appends the buffered records to the file.
+    fn write_out(&mut self) -> Result<(), CarrierError> {
+        let mut records = self.buffer.0.lock().expect("pcap buffer poisoned");
+        self.file
+            .write_out(&mut records)
+            .map_err(|error| CarrierError::io("write pcap file", error))
+    }
+}
+
+impl Drop for SinkState {
+    /// The last sink went: what it buffered goes out.
     fn drop(&mut self) {
-        let mut records = self.buffer.0.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = self.file.write_out(&mut records);
+        let _ = self.write_out();
     }
 }
 
@@ -141,14 +152,12 @@ impl PcapSink {
         // its first writer only); the buffer keeps records alone.
         let header = std::mem::take(&mut *buffer.0.lock().expect("pcap buffer poisoned"));
         let (file, stopped) = CaptureFile::open(path, &header)?;
-        let file = Arc::new(Mutex::new(FlushedOnDrop {
-            file,
-            buffer: buffer.clone(),
-        }));
         Ok(PcapSink {
-            writer: Arc::new(Mutex::new(writer)),
-            file,
-            buffer,
+            state: Arc::new(Mutex::new(SinkState {
+                writer,
+                buffer,
+                file,
+            })),
             stopped: Arc::new(Mutex::new(stopped)),
         })
     }
@@ -156,17 +165,16 @@ impl PcapSink {
     /// Writes one frame stamped `timestamp` since the Unix epoch.
     pub fn write(&self, timestamp: Duration, frame: &[u8]) -> Result<(), CarrierError> {
         let packet = PcapPacket::new(timestamp, frame.len() as u32, frame);
-        let mut writer = self.writer.lock().expect("pcap writer poisoned");
-        writer.write_packet(&packet).map_err(|error| {
+        let mut state = self.state();
+        state.writer.write_packet(&packet).map_err(|error| {
             CarrierError::io(
                 "write pcap packet",
                 std::io::Error::other(error.to_string()),
             )
         })?;
-        let full = self.buffer.0.lock().expect("pcap buffer poisoned").len() >= FLUSH_AT_BYTES;
+        let full = state.buffer.0.lock().expect("pcap buffer poisoned").len() >= FLUSH_AT_BYTES;
         if full {
-            // Under the writer's lock: the buffer ends at a record's end.
-            self.write_out()?;
+            state.write_out()?;
         }
         Ok(())
     }
@@ -199,19 +207,11 @@ impl PcapSink {
     }
 
     pub fn flush(&self) -> Result<(), CarrierError> {
-        // The writer's lock keeps a record from being half in the buffer.
-        let _writer = self.writer.lock().expect("pcap writer poisoned");
-        self.write_out()
+        self.state().write_out()
     }
 
-    /// Appends the buffered records to the file; the caller holds the
-    /// writer's lock.
-    fn write_out(&self) -> Result<(), CarrierError> {
-        let mut file = self.file.lock().expect("pcap file poisoned");
-        let mut records = self.buffer.0.lock().expect("pcap buffer poisoned");
-        file.file
-            .write_out(&mut records)
-            .map_err(|error| CarrierError::io("write pcap file", error))
+    fn state(&self) -> std::sync::MutexGuard<'_, SinkState> {
+        self.state.lock().expect("pcap sink poisoned")
     }
 }
 
