@@ -213,15 +213,29 @@ impl SoftRnic {
         qpn: Qpn,
         attributes: PathAttributes,
     ) -> Result<(), VerbsError> {
-        let max_read_atomic = self.config.max_read_atomic.min(MAX_READ_ATOMIC_LIMIT);
-        if let Some(limit) = attributes.max_read_atomic {
-            check_depth("max_read_atomic", limit, max_read_atomic)?;
-        }
-        if let Some(limit) = attributes.max_destination_read_atomic {
-            check_depth("max_destination_read_atomic", limit, max_read_atomic)?;
-        }
+        self.check_read_atomic_limits(
+            attributes.max_read_atomic,
+            attributes.max_destination_read_atomic,
+        )?;
         let (_, queue_pair, _) = self.queue_pair_mut(qpn)?;
         queue_pair.set_path_attributes(attributes)
+    }
+
+    /// The READs and atomics a queue pair may issue and serve, as given,
+    /// each within the device's limit.
+    fn check_read_atomic_limits(
+        &self,
+        issued: Option<usize>,
+        served: Option<usize>,
+    ) -> Result<(), VerbsError> {
+        let max_read_atomic = self.config.max_read_atomic.min(MAX_READ_ATOMIC_LIMIT);
+        if let Some(limit) = issued {
+            check_depth("max_read_atomic", limit, max_read_atomic)?;
+        }
+        if let Some(limit) = served {
+            check_depth("max_destination_read_atomic", limit, max_read_atomic)?;
+        }
+        Ok(())
     }
 
     /// Queue pair `qpn`'s path and flow attributes as they are now.
@@ -737,12 +751,9 @@ impl SoftRnic {
         let max_depth = self.config.max_queue_depth;
         check_depth("send queue", builder.send_queue_depth, max_depth)?;
         check_depth("receive queue", builder.receive_queue_depth, max_depth)?;
-        let max_read_atomic = self.config.max_read_atomic.min(MAX_READ_ATOMIC_LIMIT);
-        check_depth("max_read_atomic", builder.max_read_atomic, max_read_atomic)?;
-        check_depth(
-            "max_destination_read_atomic",
-            builder.max_destination_read_atomic,
-            max_read_atomic,
+        self.check_read_atomic_limits(
+            Some(builder.max_read_atomic),
+            Some(builder.max_destination_read_atomic),
         )?;
         check_depth("retry_count", usize::from(builder.retry_count) + 1, 8)?;
         check_depth("rnr_retry", usize::from(builder.rnr_retry) + 1, 8)?;
