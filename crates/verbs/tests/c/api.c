@@ -63,6 +63,15 @@ static struct ibv_wc complete(void)
 	return complete_on(cq);
 }
 
+/* Moves `qp` to INIT on port 1, granting peers `access`. */
+static void to_init(struct ibv_qp *qp, int access)
+{
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+		.qp_access_flags = access };
+	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
+	      "to INIT");
+}
+
 static struct ibv_qp *make_qp_on(struct ibv_cq *completions)
 {
 	struct ibv_qp_init_attr init = {
@@ -79,7 +88,7 @@ static struct ibv_qp *make_qp_on(struct ibv_cq *completions)
 	 * left the QP open to every remote READ, WRITE and atomic). */
 	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT) == EINVAL,
 	      "INIT without access flags is refused");
-	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0, "to INIT");
+	to_init(qp, attr.qp_access_flags);
 	return qp;
 }
 
@@ -592,10 +601,7 @@ static void a_refused_inline_send_leaves_the_others_alone(union ibv_gid gid, uin
 	};
 	struct ibv_qp *e = ibv_create_qp(pd, &init), *f = make_qp();
 	CHECK(e && init.cap.max_send_wr == 2, "a QP of two send slots");
-	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
-	CHECK(ibv_modify_qp(e, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
-	      "to INIT");
+	to_init(e, IBV_ACCESS_REMOTE_WRITE);
 	connect_qp(e, f->qp_num, gid);
 	connect_qp(f, e->qp_num, gid);
 	char payloads[3][16] = { "first payload", "second payload", "third payload" };
@@ -640,10 +646,7 @@ static void make_builder_pair(union ibv_gid gid, uint32_t send_depth, struct ibv
 	};
 	*builder = ibv_create_qp_ex(context, &init);
 	CHECK(*builder, "create_qp_ex");
-	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-		.qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE };
-	CHECK(ibv_modify_qp(*builder, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
-	      "to INIT");
+	to_init(*builder, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
 	*peer = make_qp();
 	connect_qp(*builder, (*peer)->qp_num, gid);
 	connect_qp(*peer, (*builder)->qp_num, gid);
@@ -745,10 +748,7 @@ static void a_closed_contexts_objects_are_taken_down(union ibv_gid gid, uint8_t 
 	};
 	struct ibv_qp *far = ibv_create_qp(closing_pd, &init);
 	CHECK(far, "the second context's QP");
-	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
-	CHECK(ibv_modify_qp(far, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
-	      "to INIT");
+	to_init(far, IBV_ACCESS_REMOTE_WRITE);
 	struct ibv_qp *near = make_qp();
 	connect_qp(near, far->qp_num, gid);
 	connect_qp(far, near->qp_num, gid);
@@ -834,13 +834,20 @@ static void drain_async_events(void)
 		ibv_ack_async_event(&event);
 }
 
-/* The next async event, waiting up to 5 s for it. */
-static struct ibv_async_event next_async_event(void)
+/* The next async event, waiting up to 5 s for it, not yet acknowledged. */
+static struct ibv_async_event take_async_event(void)
 {
 	struct pollfd readable = { .fd = context->async_fd, .events = POLLIN };
 	CHECK(poll(&readable, 1, 5000) == 1, "an async event came");
 	struct ibv_async_event event;
 	CHECK(ibv_get_async_event(context, &event) == 0, "get_async_event (errno %d)", errno);
+	return event;
+}
+
+/* The next async event, acknowledged. */
+static struct ibv_async_event next_async_event(void)
+{
+	struct ibv_async_event event = take_async_event();
 	ibv_ack_async_event(&event);
 	return event;
 }
@@ -867,10 +874,7 @@ static void an_srq_below_its_limit_raises_its_event_once(union ibv_gid gid, uint
 		.cap = { .max_send_wr = 16, .max_send_sge = 1 } };
 	struct ibv_qp *receiver = ibv_create_qp(pd, &init), *sender = make_qp();
 	CHECK(receiver, "a QP on the SRQ");
-	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
-	CHECK(ibv_modify_qp(receiver, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
-	      "to INIT");
+	to_init(receiver, IBV_ACCESS_REMOTE_WRITE);
 	connect_qp(sender, receiver->qp_num, gid);
 	connect_qp(receiver, sender->qp_num, gid);
 	for (uint64_t id = 0; id < 4; id++) {
@@ -937,10 +941,7 @@ static void an_overrun_cq_raises_its_event(union ibv_gid gid, uint8_t *local, st
 		first.next = &second;
 		CHECK(ibv_post_send(a, &first, &bad) == 0, "three signalled WRITEs");
 		if (read_it) {
-			struct pollfd readable = { .fd = context->async_fd, .events = POLLIN };
-			CHECK(poll(&readable, 1, 5000) == 1, "an async event came");
-			struct ibv_async_event event;
-			CHECK(ibv_get_async_event(context, &event) == 0, "get_async_event (errno %d)", errno);
+			struct ibv_async_event event = take_async_event();
 			CHECK(event.event_type == IBV_EVENT_CQ_ERR && event.element.cq == tiny,
 			      "the CQ's overrun event (type %d)", event.event_type);
 			/* A batch poll: the completion written before the overrun is
@@ -1221,9 +1222,7 @@ static void a_chain_as_long_as_the_queue_posts(void)
 	};
 	struct ibv_qp *qp = ibv_create_qp(pd, &init);
 	CHECK(qp, "a QP with a receive queue of %d", depth);
-	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1 };
-	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
-	      "to INIT");
+	to_init(qp, 0);
 	struct ibv_recv_wr *chain = calloc(depth + 1, sizeof *chain);
 	CHECK(chain, "calloc");
 	for (int i = 0; i <= depth; i++)
