@@ -1038,13 +1038,7 @@ impl Callee {
         flag: u16,
         what: &str,
     ) {
-        let repr = BifrostRepr {
-            call_type: CallType::Exception,
-            flags: (call.flags() & !checkpoint::CHECKPOINT_FLAG) | flag,
-            ..BifrostRepr::parse(call)
-        };
-        let message = format!("call {} {what}", call.rpc_id());
-        self.send_reply(to, encode(&repr, message.as_bytes()));
+        self.send_reply(to, exception(call, flag, what));
     }
 
     /// Makes room for a new caller: the one answered least recently goes.
@@ -1091,19 +1085,13 @@ impl Callee {
             Some(Err(error)) => {
                 self.counters.checkpoints_too_large += 1;
                 match BifrostHeader::new_checked(&reply[..]) {
-                    Ok(header) => {
-                        let repr = BifrostRepr {
-                            call_type: CallType::Exception,
-                            flags: header.flags() | OUTCOME_UNKNOWN_FLAG,
-                            ..BifrostRepr::parse(&header)
-                        };
-                        let message = format!(
-                            "call {} ran, but no checkpoint can cover it ({error}): \
-                             a failover would undo it",
-                            header.rpc_id()
-                        );
-                        encode(&repr, message.as_bytes())
-                    }
+                    Ok(header) => exception(
+                        &header,
+                        OUTCOME_UNKNOWN_FLAG,
+                        &format!(
+                            "ran, but no checkpoint can cover it ({error}): a failover would undo it"
+                        ),
+                    ),
                     Err(_) => reply,
                 }
             }
@@ -1115,6 +1103,19 @@ impl Callee {
     pub fn poll_transmit(&mut self) -> Option<Outgoing> {
         self.sends.pop_front()
     }
+}
+
+/// An EXCEPTION flagged `flag` answering the call `header` names (a call,
+/// or the reply to one), saying "call N `what`". A checkpoint's flag does
+/// not carry over: the exception has none.
+fn exception<T: AsRef<[u8]>>(header: &BifrostHeader<T>, flag: u16, what: &str) -> Vec<u8> {
+    let repr = BifrostRepr {
+        call_type: CallType::Exception,
+        flags: (header.flags() & !checkpoint::CHECKPOINT_FLAG) | flag,
+        ..BifrostRepr::parse(header)
+    };
+    let message = format!("call {} {what}", header.rpc_id());
+    encode(&repr, message.as_bytes())
 }
 
 /// The callee's address for a host: its IPv4 address on Bifröst's port,
