@@ -181,6 +181,11 @@ impl ImpersonatedQueuePair {
         self.peer.port
     }
 
+    /// The host this queue pair is connected to.
+    pub fn peer(&self) -> Peer {
+        self.peer
+    }
+
     pub fn resources(&self) -> RegisterResources {
         self.sent.resources()
     }
@@ -307,6 +312,12 @@ impl ImpersonatedQueuePair {
         aeth: Option<AckSyndrome>,
     ) -> Answer {
         if let Some(AckSyndrome::Nak(code)) = aeth {
+            // A refusal names the request refused, which is in flight; a
+            // NAK for any other PSN is a ghost, late or not
+            // ours, and ignored rather than allowed to stop the instance.
+            if code != NakCode::PsnSequenceError && !self.is_outstanding(psn) {
+                return Answer::Duplicate;
+            }
             if code == NakCode::PsnSequenceError {
                 if let Some(through) = self.writes_executed_before(psn) {
                     return Answer::WritesImplied { through };
@@ -325,13 +336,13 @@ impl ImpersonatedQueuePair {
                 refusal => Answer::Refused(refusal),
             };
         }
+        if !self.is_outstanding(psn) {
+            return Answer::Duplicate;
+        }
         if !matches!(aeth, None | Some(AckSyndrome::Ack { .. })) {
             // Receiver-not-ready: the engine posts no SENDs, so it cannot
             // be for us; treat as loss.
             return Answer::Lost { resume: None };
-        }
-        if !self.is_outstanding(psn) {
-            return Answer::Duplicate;
         }
         if opcode == Opcode::Acknowledge {
             return self.acknowledge(psn);
@@ -466,7 +477,8 @@ impl ImpersonatedQueuePair {
                 }
                 None
             }
-            Some(AckSyndrome::Nak(code)) => Some(code),
+            // As in normal operation: only a request in flight is refused.
+            Some(AckSyndrome::Nak(code)) => self.is_outstanding(psn).then_some(code),
             _ => {
                 if self.is_outstanding(psn) {
                     self.advance(now, psn);
@@ -792,6 +804,45 @@ mod tests {
             Answer::Lost {
                 resume: Some(Psn::new(101))
             }
+        );
+    }
+
+    /// A refusal NAK for a PSN not in flight (one already acknowledged,
+    /// or never sent) stopped the instance for good, in normal operation
+    /// and during a go-back alike: one stray or forged frame was enough.
+    /// Only a request in flight can be refused.
+    #[test]
+    fn a_refusal_of_a_psn_not_in_flight_is_ignored() {
+        let mut queue_pair = queue_pair();
+        let mut out = Vec::new();
+        let now = Timestamp::ZERO;
+        queue_pair.send(now, write(Segment::Only, 8, 8), &mut out, |b| b.fill(1));
+        queue_pair.send(now, write(Segment::Only, 8, 8), &mut out, |b| b.fill(2));
+        let ack = Opcode::Acknowledge;
+        assert_eq!(
+            queue_pair.handle_answer(now, ack, Psn::new(100), ACK),
+            Answer::Acknowledged
+        );
+        queue_pair.take_acknowledged(now, Psn::new(100), |_| {});
+        let refusal = Some(AckSyndrome::Nak(NakCode::RemoteAccessError));
+        for ghost in [Psn::new(100), Psn::new(102), Psn::new(5000)] {
+            assert_eq!(
+                queue_pair.handle_answer(now, ack, ghost, refusal),
+                Answer::Duplicate,
+                "{ghost:?}"
+            );
+            assert_eq!(
+                queue_pair.handle_answer_recovering(now, ghost, refusal),
+                None
+            );
+        }
+        assert_eq!(
+            queue_pair.handle_answer(now, ack, Psn::new(101), refusal),
+            Answer::Refused(NakCode::RemoteAccessError)
+        );
+        assert_eq!(
+            queue_pair.handle_answer_recovering(now, Psn::new(101), refusal),
+            Some(NakCode::RemoteAccessError)
         );
     }
 

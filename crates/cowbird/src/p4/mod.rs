@@ -187,6 +187,10 @@ pub struct P4Stats {
     pub retransmitted: u64,
     /// Frames for the engine that failed the ICRC or other checks.
     pub malformed: u64,
+    /// Frames to an engine queue pair from anyone but the host it is
+    /// connected to (another address, or the right address on another
+    /// port): dropped unread.
+    pub foreign_answers: u64,
     /// Instances stopped for good (a host refused a request, or an entry
     /// made no sense).
     pub failed_instances: u64,
@@ -289,6 +293,7 @@ pub struct P4Engine {
     /// The frame being built; swapped with the packet's bytes.
     out: Vec<u8>,
     malformed: u64,
+    foreign_answers: u64,
 }
 
 impl P4Engine {
@@ -311,6 +316,7 @@ impl P4Engine {
             next_instance: 0,
             out: Vec::new(),
             malformed: 0,
+            foreign_answers: 0,
         }
     }
 
@@ -425,6 +431,7 @@ impl P4Engine {
     pub fn stats(&self) -> P4Stats {
         let mut total = P4Stats {
             malformed: self.malformed,
+            foreign_answers: self.foreign_answers,
             ..P4Stats::default()
         };
         for instance in &self.instances {
@@ -468,6 +475,21 @@ impl P4Engine {
                 .lookup(&roce.destination_qp.value())
                 .copied(),
         )
+    }
+
+    /// Whether `packet` comes from the host whose queue pair `target`
+    /// plays: from its address, on its port. Anyone on the rack can
+    /// address the engine's queue pair numbers, and the engine believes
+    /// what answers say: one forged NAK stopped an instance for good, and
+    /// a forged sequence NAK confirmed writes still in flight. The port is
+    /// checked too, as an address alone is easy to borrow.
+    fn is_from_peer(&self, (index, side): (usize, Side), packet: &Packet) -> bool {
+        let peer = self.instances[index].peer(side);
+        packet
+            .headers
+            .ipv4
+            .is_some_and(|ipv4| ipv4.source == peer.address)
+            && packet.original_ingress_port == peer.port
     }
 
     fn on_generator(&mut self, now: Timestamp, packet: &mut Packet) {
@@ -567,6 +589,11 @@ impl Overlay for P4Engine {
             return Claim::Taken;
         }
         if let Some(target) = self.engine_queue_pair(packet) {
+            if target.is_some_and(|target| !self.is_from_peer(target, packet)) {
+                self.foreign_answers += 1;
+                packet.egress = Egress::Drop;
+                return Claim::Taken;
+            }
             self.on_answer(now, target, packet);
             return Claim::Taken;
         }
@@ -623,6 +650,7 @@ impl P4Stats {
         self.timeouts += other.timeouts;
         self.retransmitted += other.retransmitted;
         self.malformed += other.malformed;
+        self.foreign_answers += other.foreign_answers;
         self.failed_instances += other.failed_instances;
     }
 }
@@ -652,6 +680,14 @@ fn entries_in_flight(config: &P4Config) -> u64 {
 }
 
 impl Instance {
+    /// The host on `side`.
+    fn peer(&self, side: Side) -> Peer {
+        match side {
+            Side::Compute => self.compute.peer(),
+            Side::Memory => self.memory.peer(),
+        }
+    }
+
     fn queue_pair(&mut self, side: Side) -> &mut ImpersonatedQueuePair {
         match side {
             Side::Compute => &mut self.compute,
@@ -1278,10 +1314,22 @@ mod tests {
 
     /// A host's answer: `opcode` at `psn` with `syndrome` and `payload`.
     fn answer(opcode: Opcode, psn: Psn, syndrome: AckSyndrome, payload: &[u8]) -> Vec<u8> {
+        answer_from(1, opcode, psn, syndrome, payload)
+    }
+
+    /// The same from host `last` (10.0.0.`last`), to the compute side's
+    /// queue pair.
+    fn answer_from(
+        last: u8,
+        opcode: Opcode,
+        psn: Psn,
+        syndrome: AckSyndrome,
+        payload: &[u8],
+    ) -> Vec<u8> {
         let config = P4Config::rack_default();
         let host = (
-            MacAddress([2, 0, 0, 0, 0, 1]),
-            Ipv4Address::new(10, 0, 0, 1),
+            MacAddress([2, 0, 0, 0, 0, last]),
+            Ipv4Address::new(10, 0, 0, last),
         );
         let bth = BthRepr::new(opcode, Qpn::new(FIRST_QPN).expect("24 bits"), psn);
         let mut repr = FrameRepr::between(host, (config.mac, config.address), 0xc000, bth);
@@ -1521,6 +1569,42 @@ mod tests {
         assert_eq!(hear(&mut engine, now, 0, Side::Memory, only), None);
         let failure = engine.failure(0).expect("the instance failed");
         assert!(failure.contains("Only packet where a First"), "{failure}");
+    }
+
+    /// Any host could address a frame to the engine's queue pairs, and the
+    /// engine believed it: a refusal NAK from another address, or from the
+    /// compute node's address on the memory node's port, stopped the
+    /// instance for good. Only the compute node, on its port, is heard.
+    #[test]
+    fn an_answer_from_anyone_but_the_connected_host_is_dropped_unread() {
+        let mut engine = engine(1);
+        let config = engine.config;
+        let now = Timestamp::ZERO;
+        let mut probe = Vec::new();
+        engine.instances[0]
+            .on_generator(now, &config, &mut probe)
+            .expect("a probe");
+        let psn = Psn::new(opcode_and_psn(&probe).1);
+        let refusal = AckSyndrome::Nak(NakCode::RemoteAccessError);
+        let arrive = |engine: &mut P4Engine, last: u8, port: u16| {
+            let bytes = answer_from(last, Opcode::Acknowledge, psn, refusal, &[]);
+            let headers = parser::parse(&bytes).expect("a valid frame");
+            let mut packet = Packet::new(bytes, PortId(port), headers);
+            let claim = engine.before_forwarding(now, &mut packet);
+            assert!(matches!(claim, Claim::Taken));
+            assert_eq!(packet.egress, Egress::Drop);
+        };
+        // Another host on the compute node's port, and the compute node's
+        // address on the memory node's port.
+        arrive(&mut engine, 9, 0);
+        arrive(&mut engine, 1, 1);
+        assert_eq!(engine.failure(0), None);
+        assert_eq!(engine.stats().foreign_answers, 2);
+        // The compute node itself is believed.
+        arrive(&mut engine, 1, 0);
+        let failure = engine.failure(0).expect("a refusal from the host fails it");
+        assert!(failure.contains("refused"), "{failure}");
+        assert_eq!(engine.stats().foreign_answers, 2);
     }
 
     /// The guard holds writes to the pages another instance's unconfirmed
