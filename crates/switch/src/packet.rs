@@ -52,6 +52,12 @@ pub struct Packet {
     pub rewritten: bool,
     /// Sent to the control plane after the pass.
     pub digest: Option<Digest>,
+    /// Leaves by the egress ports' background queue, behind every normal
+    /// frame (a P4 program's queue choice). Set for a background
+    /// template's packets; a program that sends frames of one flow from
+    /// both generator and ordinary packets picks one class for them all,
+    /// or a backed-up port reorders the flow.
+    pub background: bool,
 }
 
 impl Packet {
@@ -67,6 +73,7 @@ impl Packet {
             recirculations: 0,
             rewritten: false,
             digest: None,
+            background: false,
         }
     }
 }

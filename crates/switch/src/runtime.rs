@@ -154,7 +154,9 @@ pub struct Switch<P: Program> {
     counters: SwitchCounters,
     transmit_cursor: usize,
     pool: BufferPool,
-    /// Whether the packet in the pipeline came from a background template.
+    /// Whether the frames leaving now take the background queue: the
+    /// class of the packet in the pipeline (a background template's, or
+    /// what its program chose).
     background: bool,
 }
 
@@ -291,7 +293,10 @@ impl<P: Program> Switch<P> {
             return;
         };
         let mut packet = Packet::new(buffer, port, headers);
+        let ambient = self.background;
+        packet.background = ambient;
         self.run_pipeline(now, &mut packet, emit);
+        self.background = ambient;
     }
 
     fn run_pipeline(&mut self, now: Timestamp, packet: &mut Packet, emit: &mut Emit<'_>) {
@@ -299,6 +304,7 @@ impl<P: Program> Switch<P> {
         // which is capped.
         loop {
             self.program.ingress(now, packet);
+            self.background = packet.background;
             if let Some(digest) = packet.digest.take() {
                 self.deliver_digest(digest);
             }
@@ -350,6 +356,7 @@ impl<P: Program> Switch<P> {
             return false;
         };
         let (recirculations, original) = (packet.recirculations + 1, packet.original_ingress_port);
+        let background = packet.background;
         *packet = Packet::new(
             std::mem::take(&mut packet.bytes),
             RECIRCULATION_PORT,
@@ -357,6 +364,7 @@ impl<P: Program> Switch<P> {
         );
         packet.recirculations = recirculations;
         packet.original_ingress_port = original;
+        packet.background = background;
         true
     }
 
@@ -469,7 +477,8 @@ impl<P: Program> Switch<P> {
     }
 
     /// Cut-through when the port's queue is empty and the carrier takes
-    /// the frame; otherwise the egress queue.
+    /// the frame, background frames too (nothing waits for them to yield
+    /// to); otherwise the egress queue.
     fn output(&mut self, port: PortId, bytes: Vec<u8>, emit: &mut Emit<'_>) {
         if bytes.len() > MAX_FRAME_LEN {
             self.counters.dropped_too_large += 1;
@@ -480,7 +489,7 @@ impl<P: Program> Switch<P> {
             .egress
             .get(usize::from(port.0))
             .is_some_and(|queue| queue.len() == 0);
-        if queue_empty && !self.background {
+        if queue_empty {
             match emit(port, &bytes) {
                 Emitted::Sent => self.counters.transmitted += 1,
                 Emitted::Lost => self.counters.dropped_port_failed += 1,

@@ -476,6 +476,64 @@ fn cut_through_hands_frames_to_the_carrier_and_queues_what_it_refuses_in_order()
     assert_eq!(switch.counters().transmitted, 3);
 }
 
+/// Sends every frame to port 0; those from port 1 in the background
+/// class, as a program picks a packet's queue.
+struct BackgroundFromPortOne;
+
+impl Program for BackgroundFromPortOne {
+    fn name(&self) -> &str {
+        "background-from-port-one"
+    }
+
+    fn ingress(&mut self, _now: Timestamp, packet: &mut Packet) {
+        packet.background = packet.ingress_port == PortId(1);
+        packet.egress = Egress::Port(PortId(0));
+    }
+
+    fn resources(&self) -> ResourceReport {
+        ResourceReport::new("background-from-port-one")
+    }
+}
+
+/// A program chooses a packet's class: a background frame cuts through
+/// to an idle port (nothing waits there for it to yield to), and behind
+/// a backed-up port it waits for the normal frames, those that come
+/// after it too.
+#[test]
+fn a_program_picks_the_background_class_which_yields_only_to_waiting_frames() {
+    let mut switch = Switch::new(SwitchConfig::new(3), BackgroundFromPortOne);
+    let frame = |payload: &[u8]| roce_frame(1, 2, host_mac(2), payload);
+    let mut emitted = Vec::new();
+    switch.handle_frame_with(
+        Timestamp::ZERO,
+        PortId(1),
+        &frame(b"idle"),
+        &mut |port, bytes| {
+            emitted.push((port, bytes.to_vec()));
+            Emitted::Sent
+        },
+    );
+    assert_eq!(emitted, vec![(PortId(0), frame(b"idle"))]);
+    let mut refuse = |_: PortId, _: &[u8]| Emitted::Refused;
+    switch.handle_frame_with(Timestamp::ZERO, PortId(2), &frame(b"normal 1"), &mut refuse);
+    switch.handle_frame_with(
+        Timestamp::ZERO,
+        PortId(1),
+        &frame(b"background"),
+        &mut refuse,
+    );
+    switch.handle_frame_with(Timestamp::ZERO, PortId(2), &frame(b"normal 2"), &mut refuse);
+    let order: Vec<Vec<u8>> = drain(&mut switch)
+        .into_iter()
+        .map(|(_, bytes)| bytes)
+        .collect();
+    assert_eq!(
+        order,
+        vec![frame(b"normal 1"), frame(b"normal 2"), frame(b"background")]
+    );
+    switch.check_frame_accounting().unwrap();
+}
+
 /// A carrier that said it had room and then dropped the frame for room
 /// had it counted transmitted by the per-port drain. A refusal keeps it at
 /// the head of its queue; a loss counts it lost.

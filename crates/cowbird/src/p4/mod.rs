@@ -565,8 +565,13 @@ impl P4Engine {
     }
 
     /// The built frame replaces the packet's bytes: the deparser's job,
-    /// with the new headers valid and the old ones gone.
+    /// with the new headers valid and the old ones gone. Every frame the
+    /// engine sends takes the background queue, the probes' lowest
+    /// priority (the paper's Phase II): a queue pair's frames come from
+    /// generator and answer packets alike, and split over two queues, a
+    /// backed-up port sent its PSNs out of order (a go-back each time).
     fn emit(&mut self, packet: &mut Packet, port: PortId) {
+        packet.background = true;
         std::mem::swap(&mut packet.bytes, &mut self.out);
         match parser::parse(&packet.bytes) {
             Ok(headers) => {
@@ -1605,6 +1610,46 @@ mod tests {
         let failure = engine.failure(0).expect("a refusal from the host fails it");
         assert!(failure.contains("refused"), "{failure}");
         assert_eq!(engine.stats().foreign_answers, 2);
+    }
+
+    /// A probe (a generator packet's frame) waited in the compute port's
+    /// background queue while a metadata READ that an answer started, at
+    /// the next PSN of the same queue pair, went by the normal queue and
+    /// left first: the host saw the PSNs out of order and NAKed, and the
+    /// engine went back. Every engine frame now takes one queue.
+    #[test]
+    fn a_queue_pairs_frames_leave_a_backed_up_port_in_psn_order() {
+        use remora_switch::{Emitted, Switch, SwitchConfig};
+        let engine = engine(1);
+        let period = engine.config.probe_period;
+        let template = engine.probe_template();
+        let forwarding = L2L3Forwarding::new(MacAddress([2, 0, 0, 0, 0, 0xfe]), 16);
+        let mut switch = Switch::new(SwitchConfig::new(2), Overlaid::new(forwarding, engine));
+        switch
+            .add_template(template, Timestamp::ZERO)
+            .expect("one template");
+        let mut buffer = vec![0u8; MAX_FRAME_LEN];
+        let mut transmit = |switch: &mut Switch<CowbirdP4>| {
+            let (port, length) = switch.poll_transmit(Timestamp::ZERO, &mut buffer)?;
+            Some((port, buffer[..length].to_vec()))
+        };
+        // The first probe (PSN 0) leaves; the second (PSN 1) waits, the
+        // port backed up.
+        switch.handle_timeout(Timestamp::ZERO);
+        let (_, first) = transmit(&mut switch).expect("the first probe");
+        let now = Timestamp::ZERO.saturating_add(period);
+        switch.handle_timeout(now);
+        // The answer to the first finds an entry: the metadata READ (PSN 2).
+        let mut words = [0u8; CLIENT_WORDS_BYTES as usize];
+        words[..8].copy_from_slice(&1u64.to_le_bytes());
+        let answer = reply(&first, &words);
+        switch.handle_frame_with(now, PortId(0), &answer, &mut |_, _| Emitted::Refused);
+        let mut psns = Vec::new();
+        while let Some((port, frame)) = transmit(&mut switch) {
+            assert_eq!(port, PortId(0));
+            psns.push(opcode_and_psn(&frame).1);
+        }
+        assert_eq!(psns, vec![1, 2]);
     }
 
     /// The guard holds writes to the pages another instance's unconfirmed
