@@ -117,10 +117,19 @@ impl Deployment {
         cached_keys: &[u64],
     ) -> Result<CloverResolver, ResolverError> {
         let plan = self.metadata.plan();
+        let port_to = |rnic: &SoftRnic| {
+            let address = rnic.config().address;
+            forwarding
+                .port_to(address)
+                .ok_or(ResolverError::Unrouted(address))
+        };
+        let compute_port = port_to(compute)?;
+        let memory_port = port_to(memory)?;
         let mut resolver = Resolver::with_forwarding(
             forwarding,
             WatchedRegion {
                 memory_address: memory.config().address,
+                memory_port,
                 base: self.memory_region.address,
                 rkey: self.memory_region.rkey,
                 slab_start: plan.slab_start(),
@@ -133,6 +142,7 @@ impl Deployment {
             resolver.add_client(
                 (memory.config().address, *far),
                 (compute.config().address, *near),
+                compute_port,
             )?;
         }
         for &key in cached_keys {
@@ -202,9 +212,10 @@ impl Feeder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::{forwarding, Run, SwitchChoice};
+    use crate::harness::{Run, SwitchChoice};
     use remora_rnic::back_to_back::BackToBack;
     use remora_rnic::Timestamp;
+    use remora_wire::MacAddress;
 
     /// The deadline was checked after a poll's completions had advanced
     /// the operations and posted their next verbs, and never for one that
@@ -341,11 +352,26 @@ mod tests {
         let mut rig = BackToBack::new(1);
         let store = run.store(Duration::from_millis(1));
         let deployment = deploy(store, &mut rig.left, &mut rig.right).unwrap();
+        let hosts: Vec<_> = [&rig.left, &rig.right]
+            .iter()
+            .map(|rnic| (rnic.config().mac, rnic.config().address))
+            .collect();
+        let forwarding = || {
+            L2L3Forwarding::with_attached_hosts(MacAddress([2, 0, 0, 0, 0, 0xfe]), &hosts).unwrap()
+        };
         let resolver = |keys: &[u64]| {
             deployment
                 .resolver(forwarding(), &rig.left, &rig.right, keys)
                 .map(drop)
         };
+        // A switch with no route to the hosts cannot tell their ports.
+        let unrouted = L2L3Forwarding::new(MacAddress([2, 0, 0, 0, 0, 0xfe]), 4);
+        assert_eq!(
+            deployment
+                .resolver(unrouted, &rig.left, &rig.right, &[3])
+                .map(drop),
+            Err(ResolverError::Unrouted(rig.left.config().address))
+        );
         let key_count = deployment.first_versions.len();
         assert_eq!(
             resolver(&[key_count as u64]),

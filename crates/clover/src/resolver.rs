@@ -62,14 +62,22 @@ pub enum ResolverError {
     KeyCachedTwice(u64),
     #[error("key {key} is not in the store's {key_count} keys")]
     UnknownKey { key: u64, key_count: usize },
+    /// The switch has no route to a host the resolver must know the port
+    /// of.
+    #[error("the switch has no route to {0}, so the resolver cannot tell its port")]
+    Unrouted(Ipv4Address),
 }
-use remora_switch::{Egress, Packet, ResourceReport};
+use remora_switch::packet::GENERATOR_PORT;
+use remora_switch::{Egress, Packet, PortId, ResourceReport};
 use remora_wire::{icrc, Ipv4Address, Opcode, Psn, Qpn, Rkey, VirtAddr};
 
 /// The memory region the resolver watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WatchedRegion {
     pub memory_address: Ipv4Address,
+    /// The switch port the memory node is attached to: its answers come
+    /// in there, and an answer in its name from another port is forged.
+    pub memory_port: PortId,
     pub base: VirtAddr,
     pub rkey: Rkey,
     /// Entries live at `base + slab_start ..  base + region_bytes`.
@@ -217,9 +225,11 @@ struct HeldAnswer {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RequestOwner {
     client: u32,
-    /// The compute address the client's requests come from: a request
-    /// that names the client's queue pair from anywhere else is not its.
+    /// The compute address the client's requests come from, and the
+    /// switch port they come in by: a request that names the client's
+    /// queue pair from any other address or port is not its.
     source: Ipv4Address,
+    port: PortId,
 }
 
 /// How far (in PSNs) a client's requests run past its records before
@@ -281,11 +291,13 @@ impl Resolver {
         self.counters
     }
 
-    /// Control plane: a client's queue pair, seen from both ends.
+    /// Control plane: a client's queue pair, seen from both ends, and the
+    /// switch port its compute node is attached to.
     pub fn add_client(
         &mut self,
         memory_side: (Ipv4Address, Qpn),
         compute_side: (Ipv4Address, Qpn),
+        compute_port: PortId,
     ) -> Result<(), TableError> {
         if self.client_count >= self.cas.len() {
             return Err(TableError::Full {
@@ -297,6 +309,7 @@ impl Resolver {
         let owner = RequestOwner {
             client: index,
             source: compute_side.0,
+            port: compute_port,
         };
         self.requests
             .insert(queue_pair_key(memory_side.0, memory_side.1), owner)?;
@@ -356,10 +369,13 @@ impl Resolver {
     }
 
     /// The client whose request this is: to its queue pair on the memory
-    /// node, from its own compute address. Any host can name a client's
-    /// queue pair, and one whose frames moved the resolver's state could
-    /// confirm tails no list holds; the endpoints drop such frames (a
-    /// NIC takes frames from its peer alone), and so does the resolver.
+    /// node, from its own compute address, on its compute node's port.
+    /// Any host can name a client's queue pair, and one whose frames moved
+    /// the resolver's state could confirm tails no list holds; the
+    /// endpoints drop such frames (a NIC takes frames from its peer
+    /// alone), and so does the resolver. The port is checked as well as
+    /// the address, which any host can borrow: a CAS in a client's name
+    /// broke its key's chain for good.
     fn client_of_request(&mut self, packet: &Packet) -> Option<usize> {
         let ipv4 = packet.headers.ipv4?;
         let roce = packet.headers.roce?;
@@ -368,7 +384,8 @@ impl Resolver {
         }
         let key = queue_pair_key(ipv4.destination, roce.destination_qp);
         let owner = *self.requests.lookup(&key)?;
-        if owner.source != ipv4.source || packet.egress == Egress::Flood {
+        let from_owner = owner.source == ipv4.source && packet.original_ingress_port == owner.port;
+        if !from_owner || packet.egress == Egress::Flood {
             self.counters.foreign_ignored += 1;
             return None;
         }
@@ -665,7 +682,12 @@ impl Resolver {
         let Some(client) = self.replies.lookup(&key).map(|index| *index as usize) else {
             return;
         };
-        if ipv4.source != self.region.memory_address || packet.egress == Egress::Flood {
+        // The answers this program released pass again, from the
+        // generator port.
+        let ingress = packet.original_ingress_port;
+        let from_memory = ipv4.source == self.region.memory_address
+            && (ingress == self.region.memory_port || ingress == GENERATOR_PORT);
+        if !from_memory || packet.egress == Egress::Flood {
             self.counters.foreign_ignored += 1;
             return;
         }
@@ -743,7 +765,6 @@ impl Overlay for Resolver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use remora_switch::PortId;
     use remora_wire::frame::{emit_frame, FrameRepr, MAX_FRAME_LEN};
     use remora_wire::{
         AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, MacAddress, Msn, RethRepr,
@@ -753,8 +774,10 @@ mod tests {
         (MacAddress([2, 0, 0, 0, 0, 1]), Ipv4Address([10, 0, 0, 1]));
     const MEMORY: (MacAddress, Ipv4Address) =
         (MacAddress([2, 0, 0, 0, 0, 2]), Ipv4Address([10, 0, 0, 2]));
+    const COMPUTE_PORT: PortId = PortId(0);
     const REGION: WatchedRegion = WatchedRegion {
         memory_address: MEMORY.1,
+        memory_port: PortId(1),
         base: VirtAddr(0x10_0000),
         rkey: Rkey(0x42),
         slab_start: 0x1000,
@@ -772,7 +795,11 @@ mod tests {
     fn resolver() -> Resolver {
         let mut resolver = Resolver::new(REGION, 4, 2);
         resolver
-            .add_client((MEMORY.1, qpn(MEMORY_QPN)), (COMPUTE.1, qpn(COMPUTE_QPN)))
+            .add_client(
+                (MEMORY.1, qpn(MEMORY_QPN)),
+                (COMPUTE.1, qpn(COMPUTE_QPN)),
+                COMPUTE_PORT,
+            )
             .unwrap();
         let tail = NextPointer::new(0x2000, 1, true).unwrap();
         resolver.cache_key(KEY, tail).unwrap();
@@ -867,10 +894,36 @@ mod tests {
         )
     }
 
-    /// As [`pass_between`], at `now`.
+    /// As [`pass_between`], at `now`. The frame comes in by the memory
+    /// node's port if it is from the memory node's address, else by the
+    /// compute node's.
     fn pass_at(
         resolver: &mut Resolver,
         now: Timestamp,
+        ends: Ends,
+        frame: (Opcode, u32),
+        payload: &[u8],
+        fill: impl FnOnce(&mut remora_wire::frame::ExtensionHeaders),
+        change: impl FnOnce(&mut [u8], &remora_switch::parser::ParsedHeaders),
+    ) -> Packet {
+        let port = match ends.0 == MEMORY {
+            true => REGION.memory_port,
+            false => COMPUTE_PORT,
+        };
+        let packet = frame_between(ends, frame, payload, fill, change);
+        through(resolver, now, port, packet)
+    }
+
+    /// `packet` through the resolver, come in by `port`.
+    fn through(resolver: &mut Resolver, now: Timestamp, port: PortId, packet: Packet) -> Packet {
+        let mut packet = Packet::new(packet.bytes, port, packet.headers);
+        resolver.after_forwarding(now, &mut packet);
+        packet
+    }
+
+    /// A frame from `from` to `to`'s queue pair `destination_qpn`, with a
+    /// valid ICRC, then `change`d.
+    fn frame_between(
         (from, to, destination_qpn): Ends,
         (opcode, psn): (Opcode, u32),
         payload: &[u8],
@@ -886,9 +939,7 @@ mod tests {
         bytes.truncate(length);
         let headers = remora_switch::parser::parse(&bytes).unwrap();
         change(&mut bytes, &headers);
-        let mut packet = Packet::new(bytes, PortId(0), headers);
-        resolver.after_forwarding(now, &mut packet);
-        packet
+        Packet::new(bytes, PortId(0), headers)
     }
 
     /// The entry WRITE of [`KEY`] at `entry` (an offset in the region).
@@ -1073,6 +1124,63 @@ mod tests {
         assert_eq!(cell.tail, REGION.base.0 + 0x3000, "{cell:?}");
     }
 
+    /// A host that borrowed a client's address (or the memory node's)
+    /// moved the resolver as the client would: a CAS in the client's name
+    /// was chained and rewritten, and its failure broke the key's chain
+    /// for good. Frames in their names from another port move nothing.
+    #[test]
+    fn frames_with_a_peers_address_from_another_port_move_nothing() {
+        const STRANGER_PORT: PortId = PortId(2);
+        let mut resolver = resolver();
+        let mut payload = [0u8; 32];
+        payload[8..16].copy_from_slice(&KEY.to_le_bytes());
+        let reth = |headers: &mut remora_wire::frame::ExtensionHeaders| {
+            headers.reth = Some(RethRepr {
+                virtual_address: VirtAddr(REGION.base.0 + 0x6000),
+                rkey: REGION.rkey,
+                dma_length: 32,
+            });
+        };
+        let swap = NextPointer::new(0x6000, 1, false).unwrap().word();
+        let atomic = |headers: &mut remora_wire::frame::ExtensionHeaders| {
+            headers.atomic_eth = Some(AtomicEthRepr {
+                virtual_address: VirtAddr(REGION.base.0 + 0x1800),
+                rkey: REGION.rkey,
+                swap_or_add: swap,
+                compare: 0,
+            });
+        };
+        let to_memory = ends_of(0, true);
+        let write = frame_between(
+            to_memory,
+            (Opcode::RdmaWriteOnly, 10),
+            &payload,
+            reth,
+            |_, _| {},
+        );
+        through(&mut resolver, Timestamp::ZERO, STRANGER_PORT, write);
+        let cas = frame_between(to_memory, (Opcode::CompareSwap, 11), &[], atomic, |_, _| {});
+        let sent = cas.bytes.clone();
+        let passed = through(&mut resolver, Timestamp::ZERO, STRANGER_PORT, cas);
+        assert_eq!(passed.bytes, sent, "the CAS passes unrewritten");
+        // An answer in the memory node's name, from the compute node's port.
+        let answer = frame_between(
+            ends_of(0, false),
+            (Opcode::AtomicAcknowledge, 11),
+            &[],
+            atomic_ack(0),
+            |_, _| {},
+        );
+        through(&mut resolver, Timestamp::ZERO, COMPUTE_PORT, answer);
+        let counters = resolver.counters();
+        assert_eq!(counters.foreign_ignored, 3, "{counters:?}");
+        assert_eq!(counters.entry_writes_seen, 0, "{counters:?}");
+        assert_eq!(counters.rewritten, 0, "{counters:?}");
+        // The client's own CAS is chained onto the cached tail, untouched
+        // by the stranger's.
+        assert_eq!(write_by(&mut resolver, 0, 20, 0x1800, 0x3000), 0x2000);
+    }
+
     /// A rewritten CAS that failed left the tail it was rewritten to as
     /// the confirmed one, and every later CAS of the key was drawn back
     /// onto it. A failed rewrite forgets the tail now.
@@ -1189,6 +1297,7 @@ mod tests {
             .add_client(
                 (MEMORY.1, qpn(MEMORY_QPN + 1)),
                 (COMPUTE.1, qpn(COMPUTE_QPN + 1)),
+                COMPUTE_PORT,
             )
             .unwrap();
         resolver
@@ -1338,7 +1447,9 @@ mod tests {
         for client in 0..3 {
             let memory_side = (MEMORY.1, qpn(MEMORY_QPN + client));
             let compute_side = (COMPUTE.1, qpn(COMPUTE_QPN + client));
-            resolver.add_client(memory_side, compute_side).unwrap();
+            resolver
+                .add_client(memory_side, compute_side, COMPUTE_PORT)
+                .unwrap();
         }
         let tail = NextPointer::new(0x2000, 1, true).unwrap();
         resolver.cache_key(KEY, tail).unwrap();

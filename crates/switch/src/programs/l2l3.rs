@@ -163,6 +163,15 @@ impl L2L3Forwarding {
             .insert(u32::from_be_bytes(prefix.0), length, route)
     }
 
+    /// The port a packet to `address` is routed out of, if any route
+    /// covers it: where a control plane finds the port a host is attached
+    /// to.
+    pub fn port_to(&self, address: Ipv4Address) -> Option<PortId> {
+        self.routes
+            .lookup(u32::from_be_bytes(address.0))
+            .map(|route| route.port)
+    }
+
     /// Control plane: handle a learning digest: a new host, or a learned
     /// one that moved. A configured host is left where it is.
     pub fn learn(&mut self, digest: &Digest) -> Result<(), TableError> {
