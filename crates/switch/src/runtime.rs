@@ -42,13 +42,23 @@ impl SwitchConfig {
 pub struct SwitchCounters {
     pub received: u64,
     pub generated: u64,
+    /// Generated packets the program consumed (a timer pass that sent
+    /// nothing): their purpose, not drops.
+    pub generated_consumed: u64,
     pub transmitted: u64,
     pub mirrored: u64,
     pub recirculated: u64,
     pub digests: u64,
+    /// Frames too short to be Ethernet, as they arrived.
     pub dropped_runt: u64,
     pub dropped_unknown_port: u64,
+    /// Frames the program gave no egress.
     pub dropped_no_egress: u64,
+    /// Frames a program cut or broke below their headers (the deparser or
+    /// a recirculation could not parse what it left).
+    pub dropped_broken_by_program: u64,
+    /// Frames a program sent to a port the switch does not have.
+    pub dropped_unknown_egress_port: u64,
     pub dropped_by_program: u64,
     pub dropped_queue_full: u64,
     pub dropped_recirculation_limit: u64,
@@ -74,6 +84,8 @@ impl SwitchCounters {
         self.dropped_runt
             + self.dropped_unknown_port
             + self.dropped_no_egress
+            + self.dropped_broken_by_program
+            + self.dropped_unknown_egress_port
             + self.dropped_by_program
             + self.dropped_queue_full
             + self.dropped_recirculation_limit
@@ -85,7 +97,7 @@ impl SwitchCounters {
 
 /// The frame count does not balance: a frame was lost or made up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("frames in ({frames_in}: received, generated, mirror and flood copies) differ from frames out ({frames_out}: transmitted, dropped, queued, flooded away)")]
+#[error("frames in ({frames_in}: received, generated, mirror and flood copies) differ from frames out ({frames_out}: transmitted, dropped, generated consumed, queued, flooded away)")]
 pub struct AccountingError {
     pub frames_in: u64,
     pub frames_out: u64,
@@ -309,7 +321,7 @@ impl<P: Program> Switch<P> {
                 self.deliver_digest(digest);
             }
             if !self.deparse(packet) {
-                self.counters.dropped_runt += 1;
+                self.counters.dropped_broken_by_program += 1;
                 self.recycle(std::mem::take(&mut packet.bytes));
                 return;
             }
@@ -328,7 +340,7 @@ impl<P: Program> Switch<P> {
             }
             self.counters.recirculated += 1;
             if !Self::recirculate(packet) {
-                self.counters.dropped_runt += 1;
+                self.counters.dropped_broken_by_program += 1;
                 self.recycle(std::mem::take(&mut packet.bytes));
                 return;
             }
@@ -337,6 +349,10 @@ impl<P: Program> Switch<P> {
         match packet.egress {
             Egress::Port(port) => self.output(port, bytes, emit),
             Egress::Flood => self.flood(packet.original_ingress_port, bytes, emit),
+            Egress::Drop if packet.original_ingress_port == GENERATOR_PORT => {
+                self.counters.generated_consumed += 1;
+                self.recycle(bytes);
+            }
             Egress::Drop => {
                 self.counters.dropped_by_program += 1;
                 self.recycle(bytes);
@@ -447,8 +463,8 @@ impl<P: Program> Switch<P> {
     }
 
     /// Every frame is accounted for: received + generated + copies made
-    /// (mirroring, flooding) = transmitted + dropped + queued + frames
-    /// flooding replaced by copies. A recirculated frame is the same frame
+    /// (mirroring, flooding) = transmitted + dropped + generated packets
+    /// consumed + queued + frames flooding replaced by copies. A recirculated frame is the same frame
     /// passing again, so recirculation adds to neither side.
     pub fn check_frame_accounting(&self) -> Result<(), AccountingError> {
         let counters = &self.counters;
@@ -456,6 +472,7 @@ impl<P: Program> Switch<P> {
             counters.received + counters.generated + counters.mirrored + counters.flood_copies;
         let frames_out = counters.transmitted
             + counters.dropped()
+            + counters.generated_consumed
             + self.queued_frames() as u64
             + counters.flooded;
         if frames_in == frames_out {
@@ -503,7 +520,7 @@ impl<P: Program> Switch<P> {
 
     fn enqueue(&mut self, port: PortId, bytes: Vec<u8>) {
         let Some(queue) = self.egress.get_mut(usize::from(port.0)) else {
-            self.counters.dropped_no_egress += 1;
+            self.counters.dropped_unknown_egress_port += 1;
             self.recycle(bytes);
             return;
         };
