@@ -94,7 +94,9 @@ fn resp_fuzz_seeds_replay() {
         "{every_command}"
     );
     assert!(
-        every_command.ends_with("$2\r\nv0\r\n:42\r\n-ERR unknown command 'FLUSHALL'\r\n+OK\r\n"),
+        every_command.ends_with(
+            "$2\r\nv0\r\n:42\r\n-ERR unknown command 'FLUSHALL', with args beginning with: \r\n+OK\r\n"
+        ),
         "{every_command}"
     );
     // Enough bytes written to turn the tail's page; the counter written

@@ -51,8 +51,10 @@ pub enum Flow {
 /// since clients and people match on them.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CommandError {
-    #[error("unknown command '{0}'")]
-    Unknown(String),
+    /// Redis 7's words: the name, then the first arguments, each quoted
+    /// and followed by a space (see [`unknown_command`]).
+    #[error("unknown command '{name}', with args beginning with: {arguments}")]
+    Unknown { name: String, arguments: String },
     #[error("unknown subcommand '{subcommand}'. Try {command} HELP.")]
     UnknownSubcommand {
         command: &'static str,
@@ -64,6 +66,10 @@ pub enum CommandError {
     NotAnInteger,
     #[error("increment or decrement would overflow")]
     Overflow,
+    /// DECRBY by the one 64-bit value with no negation: Redis words it
+    /// apart (7.0), and clients match on the text.
+    #[error("decrement would overflow")]
+    DecrementOverflow,
     #[error("syntax error")]
     Syntax,
     #[error("DB index is out of range")]
@@ -272,7 +278,7 @@ impl Executor {
             .iter()
             .find(|(known, _)| name.eq_ignore_ascii_case(known.as_bytes()))
         else {
-            return Err(CommandError::Unknown(quoted(name)));
+            return Err(unknown_command(name, arguments));
         };
         handler(self, &Call { name, arguments }, reply)
     }
@@ -446,7 +452,7 @@ impl Executor {
     ) -> Result<(), CommandError> {
         let [key, delta] = call.exactly()?;
         let delta = parse_decimal(delta).ok_or(CommandError::NotAnInteger)?;
-        let negated = delta.checked_neg().ok_or(CommandError::Overflow)?;
+        let negated = delta.checked_neg().ok_or(CommandError::DecrementOverflow)?;
         self.add(key, negated, reply)
     }
 
@@ -675,6 +681,26 @@ fn quoted(name: &[u8]) -> String {
     String::from_utf8_lossy(&name[..name.len().min(QUOTED_NAME_BYTES)]).into_owned()
 }
 
+/// The error for a command no one knows, worded as Redis 7 words it
+/// (clients and tests match on it): the name cut at 128 bytes, then each
+/// argument quoted and followed by a space, while what is quoted so far
+/// is under 128 bytes, and the argument cut to what is left of them.
+fn unknown_command(name: &[u8], arguments: &[Cow<'_, [u8]>]) -> CommandError {
+    let mut quoted_arguments = String::new();
+    for argument in arguments {
+        let room = QUOTED_NAME_BYTES.saturating_sub(quoted_arguments.len());
+        if room == 0 {
+            break;
+        }
+        let shown = &argument[..argument.len().min(room)];
+        quoted_arguments.push_str(&format!("'{}' ", String::from_utf8_lossy(shown)));
+    }
+    CommandError::Unknown {
+        name: quoted(name),
+        arguments: quoted_arguments,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -745,7 +771,10 @@ mod tests {
     fn errors_get_redis_wordings_and_leave_the_executor_usable() {
         let mut executor = Executor::new(small_store()).unwrap();
         let cases = [
-            ("FLUSHALL", "-ERR unknown command 'FLUSHALL'\r\n"),
+            (
+                "FLUSHALL",
+                "-ERR unknown command 'FLUSHALL', with args beginning with: \r\n",
+            ),
             (
                 "GET",
                 "-ERR wrong number of arguments for 'get' command\r\n",
@@ -769,7 +798,7 @@ mod tests {
             ),
             (
                 "DECRBY n -9223372036854775808",
-                "-ERR increment or decrement would overflow\r\n",
+                "-ERR decrement would overflow\r\n",
             ),
             ("SELECT 1", "-ERR DB index is out of range\r\n"),
             (
