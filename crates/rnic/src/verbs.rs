@@ -434,6 +434,25 @@ pub struct QueuePairBuilder {
     /// or atomic the queue pair does not allow gets a remote access NAK
     /// whatever the key. Only the remote flags count.
     pub remote_access: AccessFlags,
+    /// How a send request whose local buffers fail their checks (a key
+    /// no region has, another protection domain's region, a range past
+    /// the region, a READ into memory without local write) is told.
+    pub local_faults: LocalFaults,
+}
+
+/// How a queue pair reports a send request whose local buffers fail their
+/// checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LocalFaults {
+    /// The post is refused with a typed error, and nothing is queued:
+    /// Remora's own API.
+    #[default]
+    RefusedAtPost,
+    /// The post is taken, and the request completes in its turn with
+    /// [`CompletionStatus::LocalProtectionError`], the queue pair then in
+    /// error, as mlx5 reports it (`IBV_WC_LOC_PROT_ERR`), which
+    /// unmodified verbs programs and test suites expect.
+    Completed,
 }
 
 impl QueuePairBuilder {
@@ -458,6 +477,7 @@ impl QueuePairBuilder {
             max_destination_read_atomic: 16,
             initial_psn: None,
             remote_access: AccessFlags::ALL,
+            local_faults: LocalFaults::RefusedAtPost,
         }
     }
 }

@@ -429,3 +429,55 @@ fn a_device_refuses_a_memory_region_limit_its_keys_cannot_number() {
         Err(VerbsError::TooManyObjects { .. })
     ));
 }
+
+/// A queue pair that reports local faults as mlx5 does takes the post of
+/// a WRITE from a key no region has, and completes it in its turn with a
+/// local protection error: after the WRITE before it has completed, and
+/// before the one after it is flushed. Nothing of it goes on the wire.
+#[test]
+fn a_local_fault_completes_in_its_turn_when_the_queue_pair_says_so() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| {
+        builder.local_faults = LocalFaults::Completed;
+    });
+    let remote = s.right_mr.remote(0);
+    let bad_lkey = Lkey(0xdead_0001);
+    let mut faulty = write_request(&s, 2, 0, remote, 8);
+    let mut elements = faulty.local.as_slice().to_vec();
+    elements[0].lkey = bad_lkey;
+    faulty = SendRequest::new(2, faulty.operation, &elements).unwrap();
+    let (first, last) = (
+        write_request(&s, 1, 0, remote, 8),
+        write_request(&s, 3, 8, remote, 8),
+    );
+    for request in [first, faulty, last] {
+        s.fabric.left.post_send(s.left_qp, request).unwrap();
+    }
+    // All the left sends before any answer: the first WRITE alone, which
+    // the fault behind it must not flush while its ACK is on the way.
+    let sent = left_frames(&mut s);
+    assert_eq!(sent.len(), 1);
+    let now = s.fabric.now;
+    for frame in &sent {
+        s.fabric.right.handle_frame(now, frame);
+    }
+    assert!(s.fabric.run(1000).quiesced);
+    let completions = drain(&mut s.fabric.left, s.left_cq);
+    let seen: Vec<(u64, CompletionStatus)> = completions
+        .iter()
+        .map(|completion| (completion.work_request_id, completion.status))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (1, CompletionStatus::Success),
+            (2, CompletionStatus::LocalProtectionError),
+            (3, CompletionStatus::WorkRequestFlushError),
+        ]
+    );
+    assert_eq!(
+        s.fabric.left.queue_pair_state(s.left_qp.0).unwrap(),
+        QueuePairState::Error
+    );
+    // The first WRITE's one packet alone reached the right side.
+    assert_eq!(s.fabric.right.counters().frames_received, 1);
+}

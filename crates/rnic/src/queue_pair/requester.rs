@@ -13,7 +13,8 @@ use crate::queues::BoundedQueue;
 use crate::resources::Resources;
 use crate::time::Timestamp;
 use crate::verbs::{
-    CompletionStatus, Mtu, QueuePairBuilder, SendOperation, SendRequest, WorkCompletion,
+    CompletionStatus, LocalFaults, Mtu, QueuePairBuilder, SendOperation, SendRequest,
+    WorkCompletion,
 };
 use crate::{DropReason, VerbsError};
 use remora_wire::{
@@ -40,6 +41,10 @@ struct SendWqe {
     packets_done: u32,
     /// Counted against `max_read_atomic` since its first transmission.
     counted_outstanding: bool,
+    /// Why its local buffers failed their checks at post, when the queue
+    /// pair reports that in the request's completion
+    /// ([`LocalFaults::Completed`]): it is never sent.
+    local_fault: Option<CompletionStatus>,
 }
 
 impl SendWqe {
@@ -333,12 +338,7 @@ pub(crate) fn rnr_timer_code(wait: Duration) -> u8 {
         .unwrap_or(0)
 }
 
-fn validate_request(
-    request: &SendRequest,
-    attributes: &QueuePairBuilder,
-    resources: &Resources,
-    max_message_bytes: u32,
-) -> Result<u32, VerbsError> {
+fn validate_request(request: &SendRequest, max_message_bytes: u32) -> Result<u32, VerbsError> {
     let length_bytes = request.local.total_length_bytes();
     if length_bytes > u64::from(max_message_bytes) {
         return Err(VerbsError::MessageTooLong {
@@ -346,12 +346,6 @@ fn validate_request(
             max_bytes: u64::from(max_message_bytes),
         });
     }
-    let writes_locally = request.operation.is_read_or_atomic();
-    resources.memory.check_local_list(
-        attributes.protection_domain,
-        &request.local,
-        writes_locally,
-    )?;
     if let Some(remote) = request.operation.remote() {
         if remote.address.checked_add(length_bytes).is_none() {
             return Err(VerbsError::RemoteRangeOverflow {
@@ -373,6 +367,35 @@ fn validate_request(
     Ok(length_bytes as u32)
 }
 
+/// The request's local buffers checked against the queue pair's
+/// protection domain: a fault refuses the post, or, as the queue pair's
+/// [`LocalFaults`] say, is kept for the request's completion.
+fn local_fault(
+    request: &SendRequest,
+    attributes: &QueuePairBuilder,
+    resources: &Resources,
+) -> Result<Option<CompletionStatus>, VerbsError> {
+    let writes_locally = request.operation.is_read_or_atomic();
+    let checked = resources.memory.check_local_list(
+        attributes.protection_domain,
+        &request.local,
+        writes_locally,
+    );
+    match (checked, attributes.local_faults) {
+        (Ok(()), _) => Ok(None),
+        (Err(_), LocalFaults::Completed) => Ok(Some(CompletionStatus::LocalProtectionError)),
+        (Err(error), LocalFaults::RefusedAtPost) => Err(error),
+    }
+}
+
+/// A request checked for posting: its length, packets and local fault.
+struct Checked {
+    request: SendRequest,
+    length_bytes: u32,
+    packet_count: u32,
+    local_fault: Option<CompletionStatus>,
+}
+
 impl QueuePairContext {
     pub(crate) fn post_send(
         &mut self,
@@ -381,11 +404,26 @@ impl QueuePairContext {
         max_message_bytes: u32,
     ) -> Result<(), VerbsError> {
         self.check_posting_state()?;
-        let length_bytes =
-            validate_request(&request, &self.attributes, resources, max_message_bytes)?;
+        let checked = self.check_request(request, resources, max_message_bytes)?;
+        self.check_psn_span(i64::from(checked.packet_count))?;
+        self.enqueue(checked, resources)
+    }
+
+    fn check_request(
+        &self,
+        request: SendRequest,
+        resources: &Resources,
+        max_message_bytes: u32,
+    ) -> Result<Checked, VerbsError> {
+        let length_bytes = validate_request(&request, max_message_bytes)?;
+        let local_fault = local_fault(&request, &self.attributes, resources)?;
         let packet_count = self.packets_of(&request, length_bytes);
-        self.check_psn_span(i64::from(packet_count))?;
-        self.enqueue(request, length_bytes, packet_count, resources)
+        Ok(Checked {
+            request,
+            length_bytes,
+            packet_count,
+            local_fault,
+        })
     }
 
     /// Posts every request or none (`ibv_wr_complete`): each is checked,
@@ -403,11 +441,9 @@ impl QueuePairContext {
         let mut checked = Vec::with_capacity(requests.len());
         let mut packets_total = 0i64;
         for request in requests {
-            let length_bytes =
-                validate_request(&request, &self.attributes, resources, max_message_bytes)?;
-            let packet_count = self.packets_of(&request, length_bytes);
-            packets_total += i64::from(packet_count);
-            checked.push((request, length_bytes, packet_count));
+            let request = self.check_request(request, resources, max_message_bytes)?;
+            packets_total += i64::from(request.packet_count);
+            checked.push(request);
         }
         if checked.len() > self.requester.queue.room() {
             return Err(VerbsError::QueueFull {
@@ -415,8 +451,8 @@ impl QueuePairContext {
             });
         }
         self.check_psn_span(packets_total)?;
-        for (request, length_bytes, packet_count) in checked {
-            self.enqueue(request, length_bytes, packet_count, resources)?;
+        for request in checked {
+            self.enqueue(request, resources)?;
         }
         Ok(())
     }
@@ -458,23 +494,19 @@ impl QueuePairContext {
     }
 
     /// Queues a checked request at the next PSNs.
-    fn enqueue(
-        &mut self,
-        request: SendRequest,
-        length_bytes: u32,
-        packet_count: u32,
-        resources: &mut Resources,
-    ) -> Result<(), VerbsError> {
+    fn enqueue(&mut self, checked: Checked, resources: &mut Resources) -> Result<(), VerbsError> {
         use crate::verbs::QueuePairState;
         let requester = &mut self.requester;
         let first_psn = requester.next_psn;
+        let packet_count = checked.packet_count;
         requester.queue.push(SendWqe {
-            request,
-            length_bytes,
+            request: checked.request,
+            length_bytes: checked.length_bytes,
             first_psn,
             packet_count,
             packets_done: 0,
             counted_outstanding: false,
+            local_fault: checked.local_fault,
         })?;
         requester.next_psn = first_psn.add(packet_count);
         if self.state == QueuePairState::Error {
@@ -503,6 +535,14 @@ impl QueuePairContext {
         requester.skip_answered();
         let index = requester.transmit_index;
         let wqe = requester.queue.get(index)?;
+        if let Some(status) = wqe.local_fault {
+            // Completed in its turn: once every request before it has
+            // completed, so their completions come first, as on mlx5.
+            if index == 0 {
+                self.fail_request(index, status, resources);
+            }
+            return None;
+        }
         if wqe.request.fence && requester.read_or_atomic_unanswered_before(index) {
             return None;
         }

@@ -17,7 +17,7 @@ use super::work_request::{
 use crate::abi::*;
 use crate::node::{mac_for, Node};
 use remora_rnic::{
-    AccessFlags, Lkey, MemoryRegion, Mtu, PathAttributes, ProtectionDomain, QueuePair,
+    AccessFlags, Lkey, LocalFaults, MemoryRegion, Mtu, PathAttributes, ProtectionDomain, QueuePair,
     QueuePairBuilder, QueuePairEndpoint, QueuePairState, QueuePairTransition, ScatterGatherElement,
     SendOperation, SendRequest, Verbs, VerbsError,
 };
@@ -287,6 +287,9 @@ fn build_queue_pair(
     // As a kernel provider: no remote access until the program grants it
     // with qp_access_flags (which moving to INIT requires).
     builder.remote_access = AccessFlags::NONE;
+    // A bad local buffer completes with IBV_WC_LOC_PROT_ERR, as on mlx5,
+    // rather than failing the post.
+    builder.local_faults = LocalFaults::Completed;
     builder.shared_receive_queue = srq;
     builder.send_queue_depth = attributes.cap.max_send_wr.max(1) as usize;
     builder.receive_queue_depth = attributes.cap.max_recv_wr.max(1) as usize;

@@ -546,6 +546,48 @@ static double seconds_now(void)
 	return now.tv_sec + now.tv_nsec / 1e9;
 }
 
+/* A bad lkey failed the post with EINVAL; mlx5 takes the post and
+ * completes the request with IBV_WC_LOC_PROT_ERR, the QP then in ERR and
+ * the requests after it flushed, which programs and test suites expect. */
+static void a_bad_lkey_completes_with_a_local_protection_error(union ibv_gid gid, uint8_t *local,
+								struct ibv_mr *local_mr, uint8_t *remote,
+								struct ibv_mr *remote_mr)
+{
+	struct ibv_qp *sender = make_qp(), *peer = make_qp();
+	connect_qp(sender, peer->qp_num, gid);
+	connect_qp(peer, sender->qp_num, gid);
+	struct ibv_sge bad = { .addr = (uintptr_t)local, .length = 16, .lkey = local_mr->lkey ^ 0x5a5a00 };
+	struct ibv_sge good = { .addr = (uintptr_t)local, .length = 16, .lkey = local_mr->lkey };
+	struct ibv_send_wr after = { .wr_id = 82, .sg_list = &good, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)remote, .rkey = remote_mr->rkey } };
+	struct ibv_send_wr faulty = after;
+	faulty.wr_id = 81;
+	faulty.sg_list = &bad;
+	faulty.next = &after;
+	struct ibv_send_wr *bad_wr = NULL;
+	CHECK(ibv_post_send(sender, &faulty, &bad_wr) == 0 && bad_wr == NULL,
+	      "the post with a bad lkey is taken, as on mlx5");
+	struct ibv_wc wc[2];
+	int taken = 0;
+	double deadline = seconds_now() + 5;
+	while (taken < 2 && seconds_now() < deadline) {
+		int polled = ibv_poll_cq(cq, 2 - taken, wc + taken);
+		CHECK(polled >= 0, "poll_cq");
+		taken += polled;
+	}
+	CHECK(taken == 2, "two completions, not %d", taken);
+	CHECK(wc[0].wr_id == 81 && wc[0].status == IBV_WC_LOC_PROT_ERR, "the bad lkey's request: %s",
+	      ibv_wc_status_str(wc[0].status));
+	CHECK(wc[1].wr_id == 82 && wc[1].status == IBV_WC_WR_FLUSH_ERR, "the request after it is flushed: %s",
+	      ibv_wc_status_str(wc[1].status));
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+	CHECK(ibv_query_qp(sender, &attr, IBV_QP_STATE, &init) == 0 && attr.qp_state == IBV_QPS_ERR,
+	      "the QP is in ERR");
+	CHECK(ibv_destroy_qp(sender) == 0 && ibv_destroy_qp(peer) == 0, "destroy");
+}
+
 /* modify_qp's path MTU, READ and atomic limits and RNR timer were kept for
  * query_qp and never reached the device: its RNR NAKs asked for 20 us
  * whatever min_rnr_timer said, and no value was checked. */
@@ -1397,6 +1439,7 @@ int main(void)
 	a_destroyed_qp_leaves_no_completions(remote, remote_mr);
 	a_qps_access_flags_bound_its_peers(gid, local, local_mr, remote, remote_mr);
 	rnr_retry_zero_gives_up_at_once(gid, local, local_mr);
+	a_bad_lkey_completes_with_a_local_protection_error(gid, local, local_mr, remote, remote_mr);
 	path_attributes_are_checked_and_applied(gid, local, local_mr);
 	a_closed_contexts_objects_are_taken_down(gid, local, local_mr);
 	closing_with_queues_left_frees_their_slots();
