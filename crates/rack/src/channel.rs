@@ -69,6 +69,15 @@ impl Transfer<'_> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The same transfer, borrowed for a shorter time: to try it on one
+    /// path and, if that path failed, on another.
+    pub fn reborrow(&mut self) -> Transfer<'_> {
+        match self {
+            Transfer::Into(into) => Transfer::Into(into),
+            Transfer::From(from) => Transfer::From(from),
+        }
+    }
 }
 
 /// A reply to a two-sided request.

@@ -196,6 +196,10 @@ struct DpuPath {
     /// ([`SodaRack::ask_for_confirmations`]): two askers at once could
     /// each take part of a pool and wait for the rest.
     asking: Mutex<()>,
+    /// Whether what the dead DPU held has been settled
+    /// ([`SodaRack::after_the_dpu_died`]): once, the first time its
+    /// death is seen.
+    death_settled: std::sync::atomic::AtomicBool,
 }
 
 impl DpuPath {
@@ -374,6 +378,7 @@ impl SodaRack {
                 releasing: Mutex::new(Default::default()),
                 asking: Mutex::new(()),
                 flush_holds: Mutex::new(Default::default()),
+                death_settled: Default::default(),
             });
         }
         let mut processes = Vec::with_capacity(config.processes);
@@ -522,6 +527,13 @@ impl SodaRack {
     /// A host of the rack crashes (for tests of what the application sees).
     pub fn crash(&self, host: usize) {
         self.rack.lock().expect("rack lock").crash(host);
+    }
+
+    /// Why `object` is lost, if it is (what a transfer of it would say),
+    /// with what a dead DPU held settled first.
+    pub fn lost_reason(&self, object: ObjectId) -> Option<String> {
+        self.after_the_dpu_died();
+        self.lost.lock().expect("lost lock").get(&object).cloned()
     }
 
     fn region(object: ObjectId) -> Result<RegionId, SodaRackError> {
@@ -835,14 +847,45 @@ impl SodaRack {
     /// objects are marked lost (those written two-sided and unconfirmed,
     /// and the pinned ones written in its static cache since they were
     /// pinned), and so is the object that failed.
-    fn dpu_failed(&self, object: ObjectId, error: &SodaRackError) {
+    /// After a transfer of `object` failed on the DPU's path: whether the
+    /// memory node's copy of it is whole, so the transfer may go there
+    /// instead. It is when the DPU is dead and held none of the object's
+    /// writes (nothing it held lands, and nothing of it is newer than the
+    /// memory node's); otherwise the object is lost. A live DPU's failure
+    /// (a timeout) may still land what it held, later than a direct write
+    /// would.
+    fn dpu_failed(&self, object: ObjectId, error: &SodaRackError) -> bool {
+        if let Some(dpu) = &self.dpu {
+            self.settle_what_the_dpu_held(dpu);
+            if dpu.is_dead() && self.check_lost(object).is_ok() {
+                return true;
+            }
+        }
         self.lost
             .lock()
             .expect("lost lock")
-            .insert(object, error.to_string());
-        if let Some(dpu) = &self.dpu {
+            .entry(object)
+            .or_insert_with(|| error.to_string());
+        false
+    }
+
+    /// Whether the DPU is dead; the first time that is seen, what it held
+    /// is settled (its unconfirmed writes' objects and dirty pinned ones
+    /// are lost), before any transfer goes past it to the memory node.
+    fn after_the_dpu_died(&self) -> bool {
+        let Some(dpu) = &self.dpu else {
+            return false;
+        };
+        if !dpu.is_dead() {
+            return false;
+        }
+        if !dpu
+            .death_settled
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
             self.settle_what_the_dpu_held(dpu);
         }
+        true
     }
 
     /// After a failure on the DPU path: every object whose writes the DPU
@@ -1114,6 +1157,10 @@ impl SodaRack {
             .pins
             .enter(object, writes, Self::static_deadline())
             .map_err(SodaRackError::from)?;
+        // A dead DPU holds nothing: what it held settled, every transfer
+        // goes to the memory node, whose copy of an object the DPU held no
+        // writes of is whole (a clean object was lost with a cache).
+        let dpu_dead = self.after_the_dpu_died();
         // Checked once through the gate: a move may have lost the object.
         self.check_lost(object)?;
         let start = self
@@ -1122,8 +1169,12 @@ impl SodaRack {
             .expect("memory agent lock")
             .locate(object, offset, transfer.len())
             .map_err(pool_error(object))?;
-        let path = self.path(object, passage.static_offset);
-        let result = match (path, transfer) {
+        let path = match dpu_dead {
+            true => Path::Direct,
+            false => self.path(object, passage.static_offset),
+        };
+        let mut transfer = transfer;
+        let result = match (path, transfer.reborrow()) {
             (Path::Direct, transfer) => self.direct_transfer(paths, start, transfer),
             (Path::ThroughDpu, Transfer::Into(into)) => {
                 self.fetch_through_dpu(paths, object, offset, into)
@@ -1141,8 +1192,8 @@ impl SodaRack {
             // it held. Taken for its failure, it marked every object with
             // writes not yet confirmed as lost.
             let refused = matches!(error, SodaRackError::Refused(_));
-            if path != Path::Direct && !refused {
-                self.dpu_failed(object, error);
+            if path != Path::Direct && !refused && self.dpu_failed(object, error) {
+                return Ok(self.direct_transfer(paths, start, transfer)?);
             }
         }
         Ok(result?)
@@ -1564,19 +1615,23 @@ mod tests {
     /// the crash, and later ones read as a live DPU's): the released
     /// object's room was never given back, and its id could not be
     /// reserved again. A crashed DPU is dead for good: nothing sent to it
-    /// lands, and its counts hold nothing.
+    /// lands, and its counts hold nothing. (Writes after the crash now go
+    /// to the memory node, past the dead DPU, and land.)
     #[test]
-    fn writes_that_fail_after_the_dpu_crashed_hold_no_room() {
+    fn writes_after_the_dpu_crashed_hold_no_room() {
         let store = slow_dpu_rack(Route::ThroughDpu, 0);
         let (first, second) = (ObjectId(1), ObjectId(2));
         for object in [first, second] {
             store.reserve(object, CHUNK_BYTES as u64, None).unwrap();
         }
         store.crash(DPU_HOST);
-        assert!(store.write_back(first, 0, &[7u8; CHUNK_BYTES]).is_err());
-        assert!(store.write_back(second, 0, &[7u8; CHUNK_BYTES]).is_err());
+        store.write_back(first, 0, &[7u8; CHUNK_BYTES]).unwrap();
+        store.write_back(second, 0, &[7u8; CHUNK_BYTES]).unwrap();
         store.release(second).unwrap();
         store.reserve(second, CHUNK_BYTES as u64, None).unwrap();
+        let mut into = vec![0u8; CHUNK_BYTES];
+        store.fetch(first, 0, &mut into).unwrap();
+        assert!(into.iter().all(|&byte| byte == 7), "the write landed");
         store.stop().unwrap();
     }
 
