@@ -467,22 +467,28 @@ pub(super) unsafe fn get_cq_event(
     }
     // SAFETY: a live channel.
     let shared = Arc::clone(unsafe { channel_shared(channel) });
-    // Each turn either takes an event or waits for the descriptor to turn
-    // readable; another thread may take that event first, so it loops.
+    // Each turn either takes an event or waits for a count; another
+    // thread may take the event behind that count first (taking no count
+    // for it), so it loops.
+    let mut counted = false;
     loop {
         // Held until the event is counted: a destroy forgets the queue
         // under this lock first, so the queue named here is live.
         let mut ready = shared.ready();
         // Without an event, a count is taken all the same: one with no
         // event behind it (the program read the descriptor itself, say)
-        // would keep `poll` readable, and this loop spinning.
-        shared.take_count();
+        // would keep the descriptor readable. Not when the wait below
+        // took one already.
+        if !std::mem::take(&mut counted) {
+            shared.take_count();
+        }
         let Some(cq) = ready.pop_front() else {
             drop(ready);
-            if let Err(errno) = wait_readable(&shared.events) {
+            if let Err(errno) = wait_for_count(&shared.events) {
                 set_errno(errno);
                 return -1;
             }
+            counted = true;
             continue;
         };
         let cq = cq as *mut ibv_cq;
@@ -497,31 +503,19 @@ pub(super) unsafe fn get_cq_event(
     }
 }
 
-/// Waits until `events` is readable; EAGAIN at once if the program made
-/// it non-blocking, and the errno of a failed wait.
-///
-/// A signal does not end the wait. rdma-core blocks in `read`, which the
-/// kernel restarts after a handler installed with `SA_RESTART` (what
-/// glibc's `signal` installs, and perftest's duration alarm uses), and
-/// perftest takes a failed `ibv_get_cq_event` as fatal; `poll` is never
-/// restarted, so it is called again here. (A program whose handler lacks
-/// `SA_RESTART` and relies on EINTR to leave the wait keeps waiting.)
-fn wait_readable(events: &OwnedFd) -> Result<(), c_int> {
-    let flags = rustix::fs::fcntl_getfl(events).map_err(|error| error.raw_os_error())?;
-    if flags.contains(rustix::fs::OFlags::NONBLOCK) {
-        return Err(libc::EAGAIN);
-    }
-    let mut waiting = [rustix::event::PollFd::new(
-        events,
-        rustix::event::PollFlags::IN,
-    )];
-    // Bounded by the signals the process takes: each ends one wait.
-    loop {
-        match rustix::event::poll(&mut waiting, None) {
-            Err(rustix::io::Errno::INTR) => continue,
-            result => return result.map(|_| ()).map_err(|error| error.raw_os_error()),
-        }
-    }
+/// Waits for a count on `events` and takes it, in a blocking `read`, as
+/// rdma-core's `ibv_get_cq_event` does: EAGAIN at once if the program made
+/// the descriptor non-blocking, and the kernel's answer to a signal. A
+/// handler installed with `SA_RESTART` (glibc's `signal`, perftest's
+/// duration alarm) has the read restarted, and the wait goes on; one
+/// without it ends the wait with EINTR, which a program may rely on to
+/// leave it. (Waiting in `poll`, which is never restarted, gave the first
+/// EINTR, which perftest takes as fatal, and then the second none.)
+fn wait_for_count(events: &OwnedFd) -> Result<(), c_int> {
+    let mut count = [0u8; 8];
+    rustix::io::read(events, &mut count)
+        .map(drop)
+        .map_err(|error| error.raw_os_error())
 }
 
 /// How long `ibv_destroy_cq` waits for the events it handed out to be
