@@ -232,7 +232,8 @@ impl SoftRnic {
         if let Some(limit) = issued {
             check_depth("max_read_atomic", limit, max_read_atomic)?;
         }
-        if let Some(limit) = served {
+        // A queue pair may serve none (its READs and atomics refused).
+        if let Some(limit) = served.filter(|limit| *limit > 0) {
             check_depth("max_destination_read_atomic", limit, max_read_atomic)?;
         }
         Ok(())

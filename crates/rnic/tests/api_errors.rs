@@ -481,3 +481,31 @@ fn a_local_fault_completes_in_its_turn_when_the_queue_pair_says_so() {
     // The first WRITE's one packet alone reached the right side.
     assert_eq!(s.fabric.right.counters().frames_received, 1);
 }
+
+/// A queue pair that serves no READs or atomics (`max_dest_rd_atomic`
+/// 0, which was taken as 1) refuses a peer's with an invalid request NAK;
+/// its WRITEs still go.
+#[test]
+fn a_queue_pair_serving_no_reads_refuses_them() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| {
+        builder.max_destination_read_atomic = 0;
+    });
+    let remote = s.right_mr.remote(0);
+    let write = write_request(&s, 1, 0, remote, 8);
+    s.fabric.left.post_send(s.left_qp, write).unwrap();
+    assert!(s.fabric.run(1000).quiesced);
+    let read = read_request(&s, 2, 0, 64, 8);
+    s.fabric.left.post_send(s.left_qp, read).unwrap();
+    assert!(s.fabric.run(1000).quiesced);
+    let seen: Vec<(u64, CompletionStatus)> = drain(&mut s.fabric.left, s.left_cq)
+        .iter()
+        .map(|completion| (completion.work_request_id, completion.status))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (1, CompletionStatus::Success),
+            (2, CompletionStatus::RemoteInvalidRequestError),
+        ]
+    );
+}

@@ -123,11 +123,15 @@ pub(crate) struct Responder {
     outputs: VecDeque<Output>,
     output_capacity: usize,
     replay: ReplayCache,
+    /// Whether the queue pair serves READs and atomics at all: a limit of
+    /// 0 (`max_dest_rd_atomic`) refuses each with an invalid request NAK.
+    serves_read_atomic: bool,
 }
 
 impl Responder {
     pub(crate) fn new(attributes: &QueuePairBuilder) -> Responder {
-        let output_capacity = output_capacity_for(attributes.max_destination_read_atomic);
+        let limit = attributes.max_destination_read_atomic;
+        let output_capacity = output_capacity_for(limit);
         Responder {
             expected_psn: Psn::new(0),
             expected_absolute: 0,
@@ -136,7 +140,8 @@ impl Responder {
             in_progress: None,
             outputs: VecDeque::with_capacity(output_capacity),
             output_capacity,
-            replay: ReplayCache::new(attributes.max_destination_read_atomic),
+            replay: ReplayCache::new(limit.max(1)),
+            serves_read_atomic: limit > 0,
         }
     }
 
@@ -164,7 +169,8 @@ impl Responder {
         debug_assert!(!self.has_received() && self.outputs.is_empty());
         self.output_capacity = output_capacity_for(limit);
         self.outputs = VecDeque::with_capacity(self.output_capacity);
-        self.replay = ReplayCache::new(limit);
+        self.replay = ReplayCache::new(limit.max(1));
+        self.serves_read_atomic = limit > 0;
     }
 
     pub(crate) fn start(&mut self, expected_psn: Psn) {
@@ -193,6 +199,9 @@ impl Responder {
     /// requester, within its limit, has retired. It is dropped (sent
     /// later, it would carry the new request's data under the old PSNs).
     fn take_read_atomic_room(&mut self, resources: &mut Resources) -> StepResult<()> {
+        if !self.serves_read_atomic {
+            return Err((NakCode::InvalidRequest, None));
+        }
         let slot = self.replay.next_slot();
         if self.has_queued_answer(slot, false) {
             return Err((NakCode::InvalidRequest, None));

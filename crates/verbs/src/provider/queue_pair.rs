@@ -632,12 +632,15 @@ fn path_attributes_of(attributes: &ibv_qp_attr, mask: u32) -> Result<PathAttribu
         if c_int::from(requested) > MAX_READ_ATOMIC {
             return Err(libc::EINVAL);
         }
-        Ok(Some(usize::from(requested).max(1)))
+        Ok(Some(usize::from(requested)))
     };
     if mask & IBV_QP_MAX_QP_RD_ATOMIC != 0 {
-        path.max_read_atomic = limit(attributes.max_rd_atomic)?;
+        // Issuing none would hold every READ and atomic posted for ever:
+        // 0 is taken as 1.
+        path.max_read_atomic = limit(attributes.max_rd_atomic)?.map(|limit| limit.max(1));
     }
     if mask & IBV_QP_MAX_DEST_RD_ATOMIC != 0 {
+        // Serving none refuses a peer's READs and atomics.
         path.max_destination_read_atomic = limit(attributes.max_dest_rd_atomic)?;
     }
     if mask & IBV_QP_MIN_RNR_TIMER != 0 {

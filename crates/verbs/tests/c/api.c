@@ -97,10 +97,12 @@ static struct ibv_qp *make_qp(void)
 	return make_qp_on(cq);
 }
 
-static void connect_qp_with(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid gid, uint8_t min_rnr_timer)
+/* To RTS, serving `served` READs and atomics at once (max_dest_rd_atomic). */
+static void connect_qp_serving(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid gid, uint8_t min_rnr_timer,
+			       uint8_t served)
 {
 	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024,
-		.dest_qp_num = remote_qpn, .rq_psn = 100, .max_dest_rd_atomic = 4, .min_rnr_timer = min_rnr_timer,
+		.dest_qp_num = remote_qpn, .rq_psn = 100, .max_dest_rd_atomic = served, .min_rnr_timer = min_rnr_timer,
 		.ah_attr = { .is_global = 1, .port_num = 1, .grh = { .dgid = gid, .hop_limit = 1 } } };
 	int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN
 		| IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
@@ -120,6 +122,11 @@ static void connect_qp_with(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gi
 	struct ibv_qp_init_attr queried_init;
 	CHECK(ibv_query_qp(qp, &queried, IBV_QP_STATE, &queried_init) == 0, "query_qp");
 	CHECK(queried.qp_state == IBV_QPS_RTS && queried.dest_qp_num == remote_qpn, "queried state");
+}
+
+static void connect_qp_with(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid gid, uint8_t min_rnr_timer)
+{
+	connect_qp_serving(qp, remote_qpn, gid, min_rnr_timer, 4);
 }
 
 static void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid gid)
@@ -642,6 +649,29 @@ static void path_attributes_are_checked_and_applied(union ibv_gid gid, uint8_t *
 	 * which a spent budget fails; without the receiver's timer, 67 ms. */
 	CHECK(waited >= 0.3, "the retry waited the receiver's min_rnr_timer: %.6f s", waited);
 	CHECK(ibv_destroy_qp(sender) == 0 && ibv_destroy_qp(idle) == 0, "destroy");
+}
+
+/* A QP whose max_dest_rd_atomic is 0 serves no READs or atomics: a
+ * peer's READ is refused (IBV_WC_REM_INV_REQ_ERR). The 0 was taken as 1,
+ * and the READ served. */
+static void a_qp_serving_no_reads_refuses_them(union ibv_gid gid, uint8_t *local, struct ibv_mr *local_mr,
+					       uint8_t *remote, struct ibv_mr *remote_mr)
+{
+	struct ibv_qp *reader = make_qp(), *server = make_qp();
+	connect_qp(reader, server->qp_num, gid);
+	connect_qp_serving(server, reader->qp_num, gid, 12, 0);
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+	CHECK(ibv_query_qp(server, &attr, IBV_QP_MAX_DEST_RD_ATOMIC, &init) == 0 && attr.max_dest_rd_atomic == 0,
+	      "the server's limit reads back 0, not %d", attr.max_dest_rd_atomic);
+	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = 16, .lkey = local_mr->lkey };
+	struct ibv_send_wr read = { .wr_id = 91, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)remote, .rkey = remote_mr->rkey } };
+	struct ibv_wc wc = post_one(reader, &read);
+	CHECK(wc.wr_id == 91 && wc.status == IBV_WC_REM_INV_REQ_ERR, "the READ is refused, not %s",
+	      ibv_wc_status_str(wc.status));
+	CHECK(ibv_destroy_qp(reader) == 0 && ibv_destroy_qp(server) == 0, "destroy");
 }
 
 /* Inline sends past a full send queue: a refused one must not overwrite
@@ -1454,6 +1484,7 @@ int main(void)
 	a_qps_access_flags_bound_its_peers(gid, local, local_mr, remote, remote_mr);
 	rnr_retry_zero_gives_up_at_once(gid, local, local_mr);
 	a_bad_lkey_completes_with_a_local_protection_error(gid, local, local_mr, remote, remote_mr);
+	a_qp_serving_no_reads_refuses_them(gid, local, local_mr, remote, remote_mr);
 	path_attributes_are_checked_and_applied(gid, local, local_mr);
 	a_closed_contexts_objects_are_taken_down(gid, local, local_mr);
 	closing_with_queues_left_frees_their_slots();
