@@ -37,9 +37,11 @@ use crate::config::{ipv4_of, CarrierConfig, VerbsConfig};
 use crate::rendezvous::{Rendezvous, RendezvousError};
 use remora_carrier::wrappers::{CaptureDirection, Captured, PcapSink};
 use remora_carrier::{CarrierError, DatagramPort, Kicker, Port, Waiter};
-use remora_rnic::{CompletionQueue, RnicConfig, SharedReceiveQueue, SoftRnic, Timestamp};
+use remora_rnic::{
+    CompletionQueue, QueuePairState, RnicConfig, SharedReceiveQueue, SoftRnic, Timestamp,
+};
 use remora_wire::frame::MAX_FRAME_LEN;
-use remora_wire::{Ipv4Address, MacAddress};
+use remora_wire::{Ipv4Address, MacAddress, Qpn};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -96,6 +98,10 @@ pub enum Awaited {
         queue: SharedReceiveQueue,
         limit: usize,
     },
+    /// The queue pair is in error, by a failure or a modify
+    /// (`IBV_EVENT_QP_LAST_WQE_REACHED` for one on a shared receive
+    /// queue).
+    InError(Qpn),
 }
 
 impl Awaited {
@@ -108,6 +114,7 @@ impl Awaited {
             (Awaited::ReceivesBelow { queue: a, .. }, Awaited::ReceivesBelow { queue: b, .. }) => {
                 a == b
             }
+            (Awaited::InError(a), Awaited::InError(b)) => a == b,
             _ => false,
         }
     }
@@ -129,6 +136,10 @@ impl Awaited {
                 .shared_receives_posted(queue)
                 .ok()
                 .map(|posted| posted < limit),
+            Awaited::InError(qpn) => rnic
+                .queue_pair_state(qpn)
+                .ok()
+                .map(|state| state == QueuePairState::Error),
         }
     }
 }
@@ -379,7 +390,7 @@ impl Node {
             Awaited::Completion { queue: watched, .. } | Awaited::Overrun(watched) => {
                 watched != queue
             }
-            Awaited::ReceivesBelow { .. } => true,
+            Awaited::ReceivesBelow { .. } | Awaited::InError(_) => true,
         });
     }
 

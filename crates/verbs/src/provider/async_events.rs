@@ -26,12 +26,13 @@ use std::time::{Duration, Instant};
 /// bytes), so a few hundred is all the default send buffer holds.
 const MAX_QUEUED_EVENTS: usize = 128;
 
-/// What an event names: a completion queue's or a shared receive queue's
-/// `ibv_*` handle, as the program holds it.
+/// What an event names: a completion queue's, a shared receive queue's or
+/// a queue pair's `ibv_*` handle, as the program holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum Element {
     CompletionQueue(usize),
     SharedReceiveQueue(usize),
+    QueuePair(usize),
 }
 
 /// One event raised and not yet taken.
@@ -147,6 +148,9 @@ impl AsyncEvents {
             Element::SharedReceiveQueue(srq) => ibv_async_event__bindgen_ty_1 {
                 srq: srq as *mut ibv_srq,
             },
+            Element::QueuePair(qp) => ibv_async_event__bindgen_ty_1 {
+                qp: qp as *mut ibv_qp,
+            },
         };
         // SAFETY: the caller's promise.
         unsafe {
@@ -174,6 +178,7 @@ impl AsyncEvents {
                 IBV_EVENT_SRQ_LIMIT_REACHED => {
                     Element::SharedReceiveQueue(event.element.srq as usize)
                 }
+                IBV_EVENT_QP_LAST_WQE_REACHED => Element::QueuePair(event.element.qp as usize),
                 _ => Element::CompletionQueue(event.element.cq as usize),
             }
         };

@@ -2,6 +2,7 @@
 //! posting built requests (with inline payloads staged in the device), and
 //! the `ibv_wr_*` work-request builder of `ibv_qp_ex`.
 
+use super::async_events::{Element, Raised};
 use super::device::{
     address_of, context_object, node_of, MAX_QUEUE_DEPTH, MAX_READ_ATOMIC, MAX_SCATTER_GATHER,
 };
@@ -15,7 +16,7 @@ use super::work_request::{
     MAX_INLINE_BYTES,
 };
 use crate::abi::*;
-use crate::node::{mac_for, Node};
+use crate::node::{mac_for, Awaited, Node};
 use remora_rnic::{
     AccessFlags, Lkey, LocalFaults, MemoryRegion, Mtu, PathAttributes, ProtectionDomain, QueuePair,
     QueuePairBuilder, QueuePairEndpoint, QueuePairState, QueuePairTransition, ScatterGatherElement,
@@ -25,7 +26,7 @@ use remora_wire::{Ipv4Address, Psn, Qpn, VirtAddr};
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Where a queue pair copies inline payloads: a ring of slots in a region
 /// inside the device, one slot per send-queue entry. A slot is reused only
@@ -360,7 +361,8 @@ fn build_queue_pair(
     install_request_builder(&mut qp);
     // SAFETY: the objects named were live above.
     unsafe { hold_users(&qp.qp_base, true) };
-    Ok(hand_out(QpObject {
+    let on_srq = !attributes.srq.is_null();
+    let handed: *mut ibv_qp = hand_out(QpObject {
         qp: UnsafeCell::new(qp),
         qpn: prepared.qpn,
         pd,
@@ -370,7 +372,39 @@ fn build_queue_pair(
         builder_lock: BuilderLock::default(),
         built: Mutex::default(),
         attributes: Mutex::default(),
-    }))
+    });
+    if on_srq {
+        // SAFETY: just made, on a live context.
+        unsafe { watch_for_its_last_receive(handed) };
+    }
+    Ok(handed)
+}
+
+/// For a queue pair on a shared receive queue: once it is in error (by a
+/// failure or a modify), `IBV_EVENT_QP_LAST_WQE_REACHED` comes on the
+/// context's `async_fd`: it takes no more of the shared queue's receives,
+/// and the program may destroy it, which programs wait for. It fires once,
+/// and is armed again when the queue pair is reset.
+///
+/// # Safety
+/// `qp` is live, on a live context.
+unsafe fn watch_for_its_last_receive(qp: *mut ibv_qp) {
+    // SAFETY: the caller's promise.
+    let qp_object = unsafe { object::<QpObject, _>(qp) };
+    let context = qp_object.context();
+    // SAFETY: a live context.
+    let events = Arc::clone(&unsafe { context_object(context) }.events);
+    let element = Element::QueuePair(qp as usize);
+    // SAFETY: a live context.
+    unsafe { node_of(context) }.arm(
+        Awaited::InError(qp_object.qpn),
+        Arc::new(move || {
+            events.raise(Raised {
+                kind: IBV_EVENT_QP_LAST_WQE_REACHED,
+                element,
+            })
+        }),
+    );
 }
 
 pub(super) unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
@@ -386,11 +420,21 @@ pub(super) unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     }
     // SAFETY: its context is live.
     let node = unsafe { node_of(qp_object.context()) };
+    // SAFETY: its context is live.
+    let events = &unsafe { context_object(qp_object.context()) }.events;
+    let element = Element::QueuePair(qp as usize);
+    // An event the program took must be acknowledged first, as
+    // rdma-core's destroy waits; from here none names it.
+    if !events.retire(element) {
+        return libc::EBUSY;
+    }
     let qpn = qp_object.qpn;
+    node.unwatch(Awaited::InError(qpn));
     let inline = qp_object.inline.as_ref().map(|staging| staging.region.lkey);
     // Its work goes with it, completions included; a later queue pair
     // takes its slot, under a new number.
     node.with_device(|rnic| retire_with_staging(rnic, qpn, inline));
+    events.retired(element);
     // SAFETY: its context is live.
     unsafe { context_object(qp_object.context()) }
         .owned()
@@ -602,10 +646,15 @@ pub(super) unsafe fn modify_qp(
         }
     }
     remember_attributes(&mut qp_object.attributes(), attributes, mask);
-    qp_object.set_state(
-        node.inspect(|rnic| rnic.queue_pair_state(qpn))
-            .map_or(IBV_QPS_ERR, state_of),
-    );
+    let state = node
+        .inspect(|rnic| rnic.queue_pair_state(qpn))
+        .map_or(IBV_QPS_ERR, state_of);
+    qp_object.set_state(state);
+    if state == IBV_QPS_RESET && !qp_object.base().srq.is_null() {
+        // Reset, it may be used again: its next error is news.
+        // SAFETY: live (above).
+        unsafe { watch_for_its_last_receive(qp) };
+    }
     0
 }
 

@@ -1001,6 +1001,45 @@ static void an_srq_below_its_limit_raises_its_event_once(union ibv_gid gid, uint
 	CHECK(fcntl(context->async_fd, F_SETFL, flags) == 0, "blocking again");
 }
 
+/* A QP on an SRQ that went to ERR raised nothing: programs wait for
+ * IBV_EVENT_QP_LAST_WQE_REACHED before they destroy such a QP. It names
+ * the QP, once per error (a reset QP's next error raises it again); a QP
+ * with its own receive queue raises none; and a destroy waits for the
+ * program to acknowledge one it took. */
+static void a_qp_on_an_srq_raises_last_wqe_reached_in_error(void)
+{
+	int flags = fcntl(context->async_fd, F_GETFL);
+	CHECK(fcntl(context->async_fd, F_SETFL, flags | O_NONBLOCK) == 0, "non-blocking async_fd");
+	drain_async_events();
+	struct ibv_srq_init_attr srq_init = { .attr = { .max_wr = 8, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &srq_init);
+	CHECK(srq, "create_srq");
+	struct ibv_qp_init_attr init = { .send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_send_sge = 1 } };
+	struct ibv_qp *on_srq = ibv_create_qp(pd, &init), *own = make_qp();
+	CHECK(on_srq, "a QP on the SRQ");
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_ERR };
+	CHECK(ibv_modify_qp(own, &attr, IBV_QP_STATE) == 0, "the QP with its own receive queue to ERR");
+	for (int round = 0; round < 2; round++) {
+		to_init(on_srq, IBV_ACCESS_REMOTE_WRITE);
+		attr.qp_state = IBV_QPS_ERR;
+		CHECK(ibv_modify_qp(on_srq, &attr, IBV_QP_STATE) == 0, "the QP on the SRQ to ERR");
+		struct ibv_async_event event = take_async_event();
+		CHECK(event.event_type == IBV_EVENT_QP_LAST_WQE_REACHED && event.element.qp == on_srq,
+		      "round %d: the QP's last-WQE event (type %d)", round, event.event_type);
+		CHECK(async_event_waits() == 0, "round %d: one event, none for the other QP", round);
+		if (round == 1) {
+			CHECK(ibv_destroy_qp(on_srq) == EBUSY, "a destroy waits for the event's acknowledgement");
+		}
+		ibv_ack_async_event(&event);
+		attr.qp_state = IBV_QPS_RESET;
+		CHECK(ibv_modify_qp(on_srq, &attr, IBV_QP_STATE) == 0, "reset");
+	}
+	CHECK(ibv_destroy_qp(on_srq) == 0 && ibv_destroy_qp(own) == 0, "destroy the QPs");
+	CHECK(ibv_destroy_srq(srq) == 0, "destroy the SRQ");
+	CHECK(fcntl(context->async_fd, F_SETFL, flags) == 0, "blocking again");
+}
+
 /* An overrun CQ raised nothing: IBV_EVENT_CQ_ERR names it on async_fd,
  * and a CQ destroyed with its event unread takes the event with it. */
 static void an_overrun_cq_raises_its_event(union ibv_gid gid, uint8_t *local, struct ibv_mr *local_mr,
@@ -1491,6 +1530,7 @@ int main(void)
 	extended_queries_zero_a_longer_callers_tail();
 	no_async_event_is_eagain_on_a_non_blocking_descriptor();
 	an_srq_below_its_limit_raises_its_event_once(gid, local, local_mr, remote, remote_mr);
+	a_qp_on_an_srq_raises_last_wqe_reached_in_error();
 	an_overrun_cq_raises_its_event(gid, local, local_mr, remote, remote_mr);
 	a_refused_batch_posts_nothing(gid, remote, remote_mr);
 	inline_lengths_are_checked_whole(gid, remote, remote_mr);
