@@ -177,8 +177,8 @@ impl std::fmt::Display for RackReport {
         let counters = &self.switch.counters;
         // Every reason in the total (it left out frames too large, past the
         // recirculation limit, cleared or lost on a failed port).
-        writeln!(formatter, "  switch       received {}, transmitted {}, dropped {} (queue {}, program {}, broken by the program {}, no egress {}, failed port {})", counters.received, counters.transmitted,
-            counters.dropped(), counters.dropped_queue_full, counters.dropped_by_program, counters.dropped_broken_by_program, counters.dropped_no_egress, counters.dropped_port_failed)?;
+        writeln!(formatter, "  switch       received {}, transmitted {}, consumed by the program {}, dropped {} (queue {}, program {}, broken by the program {}, no egress {}, unknown egress port {}, failed port {})", counters.received, counters.transmitted,
+            counters.consumed_by_program, counters.dropped(), counters.dropped_queue_full, counters.dropped_by_program, counters.dropped_broken_by_program, counters.dropped_no_egress, counters.dropped_unknown_egress_port, counters.dropped_port_failed)?;
         write!(formatter, "{}", self.switch.resources)
     }
 }

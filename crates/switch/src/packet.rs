@@ -15,6 +15,10 @@ pub enum Egress {
     /// Every port but the ingress one.
     Flood,
     Drop,
+    /// The program took the packet whole, as the endpoint it plays (a
+    /// timer pass that sent nothing, an answer to a queue pair it
+    /// impersonates): its purpose, not a drop.
+    Consumed,
 }
 
 /// Packets the runtime makes for its own reasons carry this ingress port.

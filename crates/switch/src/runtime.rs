@@ -42,9 +42,9 @@ impl SwitchConfig {
 pub struct SwitchCounters {
     pub received: u64,
     pub generated: u64,
-    /// Generated packets the program consumed (a timer pass that sent
-    /// nothing): their purpose, not drops.
-    pub generated_consumed: u64,
+    /// Packets the program took whole ([`Egress::Consumed`]): their
+    /// purpose, not drops.
+    pub consumed_by_program: u64,
     pub transmitted: u64,
     pub mirrored: u64,
     pub recirculated: u64,
@@ -97,14 +97,14 @@ impl SwitchCounters {
 
 /// The frame count does not balance: a frame was lost or made up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("frames in ({frames_in}: received, generated, mirror and flood copies) differ from frames out ({frames_out}: transmitted, dropped, generated consumed, queued, flooded away)")]
+#[error("frames in ({frames_in}: received, generated, mirror and flood copies) differ from frames out ({frames_out}: transmitted, dropped, consumed, queued, flooded away)")]
 pub struct AccountingError {
     pub frames_in: u64,
     pub frames_out: u64,
 }
 
-/// A port's egress queue: normal traffic first, background (generator
-/// priority 0) only when no normal frame waits.
+/// A port's egress queue: normal traffic first, background (a packet's
+/// class, [`Packet::background`]) only when no normal frame waits.
 #[derive(Debug, Default)]
 struct EgressQueue {
     normal: VecDeque<Vec<u8>>,
@@ -349,8 +349,8 @@ impl<P: Program> Switch<P> {
         match packet.egress {
             Egress::Port(port) => self.output(port, bytes, emit),
             Egress::Flood => self.flood(packet.original_ingress_port, bytes, emit),
-            Egress::Drop if packet.original_ingress_port == GENERATOR_PORT => {
-                self.counters.generated_consumed += 1;
+            Egress::Consumed => {
+                self.counters.consumed_by_program += 1;
                 self.recycle(bytes);
             }
             Egress::Drop => {
@@ -463,8 +463,8 @@ impl<P: Program> Switch<P> {
     }
 
     /// Every frame is accounted for: received + generated + copies made
-    /// (mirroring, flooding) = transmitted + dropped + generated packets
-    /// consumed + queued + frames flooding replaced by copies. A recirculated frame is the same frame
+    /// (mirroring, flooding) = transmitted + dropped + consumed by the
+    /// program + queued + frames flooding replaced by copies. A recirculated frame is the same frame
     /// passing again, so recirculation adds to neither side.
     pub fn check_frame_accounting(&self) -> Result<(), AccountingError> {
         let counters = &self.counters;
@@ -472,7 +472,7 @@ impl<P: Program> Switch<P> {
             counters.received + counters.generated + counters.mirrored + counters.flood_copies;
         let frames_out = counters.transmitted
             + counters.dropped()
-            + counters.generated_consumed
+            + counters.consumed_by_program
             + self.queued_frames() as u64
             + counters.flooded;
         if frames_in == frames_out {
@@ -526,11 +526,14 @@ impl<P: Program> Switch<P> {
         };
         if queue.len() >= self.config.egress_queue_frames {
             // Background frames yield their place to normal ones, or a busy
-            // port would fill with probes that never leave.
+            // port would fill with probes that never leave. The newest
+            // yields: a flow in the background class (Cowbird-P4's queue
+            // pairs) then loses its tail, not a frame from the middle of a
+            // run, which its receiver would refuse all the rest of.
             let evicted = if self.background {
                 None
             } else {
-                queue.background.pop_front()
+                queue.background.pop_back()
             };
             self.counters.dropped_queue_full += 1;
             match evicted {

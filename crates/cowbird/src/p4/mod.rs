@@ -493,7 +493,7 @@ impl P4Engine {
     }
 
     fn on_generator(&mut self, now: Timestamp, packet: &mut Packet) {
-        packet.egress = Egress::Drop;
+        packet.egress = Egress::Consumed;
         let count = self.instances.len();
         for step in 0..count {
             let index = (self.next_instance + step) % count;
@@ -522,6 +522,8 @@ impl P4Engine {
             self.malformed += 1;
             return;
         };
+        // Taken as the endpoint the engine plays, whatever it answers.
+        packet.egress = Egress::Consumed;
         let config = self.config;
         self.share_pending_writes(now, index);
         let sent = self.instances[index].on_answer(now, &config, side, &frame, &mut self.out);
@@ -566,10 +568,12 @@ impl P4Engine {
 
     /// The built frame replaces the packet's bytes: the deparser's job,
     /// with the new headers valid and the old ones gone. Every frame the
-    /// engine sends takes the background queue, the probes' lowest
-    /// priority (the paper's Phase II): a queue pair's frames come from
-    /// generator and answer packets alike, and split over two queues, a
-    /// backed-up port sent its PSNs out of order (a go-back each time).
+    /// engine sends takes the background queue. The paper gives its
+    /// probes the lowest priority (Phase II); the other requests share
+    /// the probes' queue pairs, and split over two queues, a backed-up
+    /// port sent a queue pair's PSNs out of order (a go-back each time).
+    /// So all go at the lowest priority, behind every other flow on the
+    /// port (none in the racks built here).
     fn emit(&mut self, packet: &mut Packet, port: PortId) {
         packet.background = true;
         std::mem::swap(&mut packet.bytes, &mut self.out);
@@ -1597,16 +1601,16 @@ mod tests {
             let mut packet = Packet::new(bytes, PortId(port), headers);
             let claim = engine.before_forwarding(now, &mut packet);
             assert!(matches!(claim, Claim::Taken));
-            assert_eq!(packet.egress, Egress::Drop);
+            packet.egress
         };
         // Another host on the compute node's port, and the compute node's
-        // address on the memory node's port.
-        arrive(&mut engine, 9, 0);
-        arrive(&mut engine, 1, 1);
+        // address on the memory node's port: dropped unread.
+        assert_eq!(arrive(&mut engine, 9, 0), Egress::Drop);
+        assert_eq!(arrive(&mut engine, 1, 1), Egress::Drop);
         assert_eq!(engine.failure(0), None);
         assert_eq!(engine.stats().foreign_answers, 2);
-        // The compute node itself is believed.
-        arrive(&mut engine, 1, 0);
+        // The compute node itself is believed, its answer taken.
+        assert_eq!(arrive(&mut engine, 1, 0), Egress::Consumed);
         let failure = engine.failure(0).expect("a refusal from the host fails it");
         assert!(failure.contains("refused"), "{failure}");
         assert_eq!(engine.stats().foreign_answers, 2);

@@ -123,7 +123,10 @@ impl<O: Overlay> Program for Overlaid<O> {
             return;
         }
         self.forwarding.ingress(now, packet);
-        if !matches!(packet.egress, Egress::Drop | Egress::Unset) {
+        if !matches!(
+            packet.egress,
+            Egress::Drop | Egress::Unset | Egress::Consumed
+        ) {
             self.overlay.after_forwarding(now, packet);
         }
     }
