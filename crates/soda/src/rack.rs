@@ -198,8 +198,11 @@ struct DpuPath {
     asking: Mutex<()>,
     /// Whether what the dead DPU held has been settled
     /// ([`SodaRack::after_the_dpu_died`]): once, the first time its
-    /// death is seen.
-    death_settled: std::sync::atomic::AtomicBool,
+    /// death is seen, under this lock, which every later transfer waits
+    /// on (a flag set before the settling let another thread read an
+    /// object the DPU held writes of from the memory node before it was
+    /// marked lost).
+    death_settled: Mutex<bool>,
 }
 
 impl DpuPath {
@@ -879,11 +882,10 @@ impl SodaRack {
         if !dpu.is_dead() {
             return false;
         }
-        if !dpu
-            .death_settled
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
+        let mut settled = dpu.death_settled.lock().expect("death lock");
+        if !*settled {
             self.settle_what_the_dpu_held(dpu);
+            *settled = true;
         }
         true
     }
@@ -1152,15 +1154,19 @@ impl SodaRack {
         transfer: Transfer<'_>,
     ) -> Result<(), StoreError> {
         let paths = &self.processes[process];
-        let writes = matches!(transfer, Transfer::From(_));
+        // A dead DPU holds nothing: what it held settled, every transfer
+        // goes to the memory node, whose copy of an object the DPU held no
+        // writes of is whole (a clean object was lost with a cache).
+        // Settled before the gate: a write marks its pinned object dirty
+        // there, which the settling would take for a write the DPU held.
+        let dpu_dead = self.after_the_dpu_died();
+        // Past a dead DPU no write goes to a static copy: none dirties one
+        // (an unpin would then take the object for lost).
+        let writes = matches!(transfer, Transfer::From(_)) && !dpu_dead;
         let passage = self
             .pins
             .enter(object, writes, Self::static_deadline())
             .map_err(SodaRackError::from)?;
-        // A dead DPU holds nothing: what it held settled, every transfer
-        // goes to the memory node, whose copy of an object the DPU held no
-        // writes of is whole (a clean object was lost with a cache).
-        let dpu_dead = self.after_the_dpu_died();
         // Checked once through the gate: a move may have lost the object.
         self.check_lost(object)?;
         let start = self

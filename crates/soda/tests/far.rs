@@ -955,6 +955,32 @@ fn a_dpu_crash_loses_a_pinned_objects_writes_loudly() {
     store.stop().unwrap();
 }
 
+/// A pinned object the DPU held no writes of is whole on the memory node:
+/// its DPU's crash must not lose it. The first write after the crash
+/// marked it dirty before the crash was settled, which then took it for
+/// lost; and a write past the dead DPU left it dirty, so its unpin did.
+#[test]
+fn a_clean_pinned_object_outlives_the_dpus_crash() {
+    use remora_soda::Advice;
+    const CHUNK_BYTES: usize = 64 << 10;
+    let directory = tempfile::tempdir().unwrap();
+    let initial = directory.path().join("sevens");
+    std::fs::write(&initial, vec![7u8; CHUNK_BYTES]).unwrap();
+    let store = static_cache_rack(1 << 20);
+    let object = ObjectId(1);
+    store
+        .reserve(object, CHUNK_BYTES as u64, Some(&initial))
+        .unwrap();
+    store.advise(object, Advice::Pin).unwrap();
+    assert!(first_chunk_is(&store, object, CHUNK_BYTES, 7), "pinned");
+    store.crash(remora_soda::rack::DPU_HOST);
+    store.write_back(object, 0, &[9u8; CHUNK_BYTES]).unwrap();
+    assert!(first_chunk_is(&store, object, CHUNK_BYTES, 9));
+    store.advise(object, Advice::Unpin).unwrap();
+    assert!(first_chunk_is(&store, object, CHUNK_BYTES, 9), "unpinned");
+    store.stop().unwrap();
+}
+
 /// An object released while the DPU still held a write to it gave its
 /// room on the memory node back at once: the next object got that room,
 /// and the late write landed on it. The room is now freed when the DPU
