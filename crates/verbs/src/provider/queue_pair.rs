@@ -659,10 +659,10 @@ pub(super) unsafe fn modify_qp(
 }
 
 /// The path MTU, READ and atomic limits and RNR timer a program set, if
-/// it set them; EINVAL for a value no device takes. A limit of 0 is taken
-/// as 1: the soft RNIC keeps at least one slot to answer a READ or atomic
-/// again (a peer that READs past a limit of 0 is served, not refused).
-/// Limits above `max_qp_rd_atom` are EINVAL, as from the kernel.
+/// it set them; EINVAL for a value no device takes. A `max_dest_rd_atomic`
+/// of 0 serves no READs or atomics (a peer's are refused); a
+/// `max_rd_atomic` of 0 is taken as 1. Limits above `max_qp_rd_atom` are
+/// EINVAL, as from the kernel.
 fn path_attributes_of(attributes: &ibv_qp_attr, mask: u32) -> Result<PathAttributes, c_int> {
     let mut path = PathAttributes::default();
     if mask & IBV_QP_PATH_MTU != 0 {

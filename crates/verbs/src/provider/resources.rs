@@ -320,7 +320,12 @@ pub(super) unsafe fn dereg_mr(mr: *mut ibv_mr) -> c_int {
 /// descriptor is readable exactly when an event waits, as the kernel's
 /// event file is. (A destroyed queue's events once stayed counted: `poll`
 /// said readable, and `ibv_get_cq_event` then blocked.) A caller waiting
-/// for an event waits in `poll`, without the lock. Under the lock the
+/// for an event blocks in a `read` of a count, without the lock, and
+/// holds that count until it takes the lock; meanwhile another caller may
+/// take the event behind it. Such an event leaves the list with its count
+/// held elsewhere, which the holder spends against it (`Ready::held_elsewhere`)
+/// rather than against the next event, whose count would then stay on
+/// the descriptor with no event behind it. Under the lock the
 /// descriptor is read only when `poll` says a count is there, so that a
 /// count and list that ever disagree (a program that read the descriptor
 /// itself) cost an event, not a thread blocked holding the lock that every
@@ -328,14 +333,46 @@ pub(super) unsafe fn dereg_mr(mr: *mut ibv_mr) -> c_int {
 /// that `poll` and the read, can still block the reader.)
 pub(super) struct ChannelShared {
     events: OwnedFd,
-    /// The queues the counted events came from, in order. The lock also
-    /// guards the channel's `refcnt`, which rdma-core updates under the
-    /// context's lock.
-    ready: Mutex<VecDeque<usize>>,
+    /// The lock also guards the channel's `refcnt`, which rdma-core
+    /// updates under the context's lock.
+    ready: Mutex<Ready>,
+}
+
+/// A channel's events, under its lock.
+#[derive(Default)]
+pub(super) struct Ready {
+    /// The queues the counted events came from, in order.
+    queues: VecDeque<usize>,
+    /// Events that left `queues` (taken, or forgotten with their queue)
+    /// while their counts were held by waiters between their `read` and
+    /// the lock: each such waiter spends its count against one.
+    held_elsewhere: usize,
+}
+
+impl Ready {
+    /// Takes the next event, and its count from the descriptor if it is
+    /// still there (else a waiter holds it, and will spend it here).
+    fn take(&mut self, events: &ChannelShared) -> Option<usize> {
+        let queue = self.queues.pop_front()?;
+        if !events.take_count() {
+            self.held_elsewhere += 1;
+        }
+        Some(queue)
+    }
+
+    /// Spends a count a waiter read: against an event that left without
+    /// it, if one did; whether it is still the waiter's to use.
+    fn spend_held(&mut self) -> bool {
+        if self.held_elsewhere > 0 {
+            self.held_elsewhere -= 1;
+            return false;
+        }
+        true
+    }
 }
 
 impl ChannelShared {
-    fn ready(&self) -> std::sync::MutexGuard<'_, VecDeque<usize>> {
+    fn ready(&self) -> std::sync::MutexGuard<'_, Ready> {
         self.ready
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -346,7 +383,7 @@ impl ChannelShared {
         // Listed only if counted: listed uncounted, it was an event no
         // `poll` would ever show.
         if rustix::io::write(&self.events, &1u64.to_ne_bytes()).is_ok() {
-            ready.push_back(cq as usize);
+            ready.queues.push_back(cq as usize);
         }
     }
 
@@ -373,10 +410,34 @@ impl ChannelShared {
     /// readable for it.
     fn forget(&self, cq: *mut ibv_cq) {
         let mut ready = self.ready();
-        let before = ready.len();
-        ready.retain(|entry| *entry != cq as usize);
-        for _ in ready.len()..before {
-            self.take_count();
+        let before = ready.queues.len();
+        ready.queues.retain(|entry| *entry != cq as usize);
+        for _ in ready.queues.len()..before {
+            if !self.take_count() {
+                ready.held_elsewhere += 1;
+            }
+        }
+    }
+
+    /// Under the lock: the next event for a caller who holds a count it
+    /// read (`holding_count`), or who does not.
+    fn next_event(&self, ready: &mut Ready, holding_count: bool) -> Option<usize> {
+        match holding_count {
+            // The count goes to an event that left without it, or to the
+            // next one (one with no event behind it, as when a destroy
+            // forgot the event, is spent on nothing).
+            true if ready.spend_held() => ready.queues.pop_front(),
+            true => None,
+            false => {
+                let event = ready.take(self);
+                if event.is_none() {
+                    // A count with no event behind it (the program read
+                    // the descriptor itself, say) would keep the
+                    // descriptor readable: taken all the same.
+                    self.take_count();
+                }
+                event
+            }
         }
     }
 
@@ -429,7 +490,7 @@ pub(super) unsafe fn create_comp_channel(context: *mut ibv_context) -> *mut ibv_
         },
         shared: Arc::new(ChannelShared {
             events,
-            ready: Mutex::new(VecDeque::new()),
+            ready: Mutex::new(Ready::default()),
         }),
     })
 }
@@ -468,27 +529,21 @@ pub(super) unsafe fn get_cq_event(
     // SAFETY: a live channel.
     let shared = Arc::clone(unsafe { channel_shared(channel) });
     // Each turn either takes an event or waits for a count; another
-    // thread may take the event behind that count first (taking no count
-    // for it), so it loops.
-    let mut counted = false;
+    // thread may take the event behind that count first, so it loops.
+    // Bounded by the events raised while it waits.
+    let mut holding_count = false;
     loop {
         // Held until the event is counted: a destroy forgets the queue
         // under this lock first, so the queue named here is live.
         let mut ready = shared.ready();
-        // Without an event, a count is taken all the same: one with no
-        // event behind it (the program read the descriptor itself, say)
-        // would keep the descriptor readable. Not when the wait below
-        // took one already.
-        if !std::mem::take(&mut counted) {
-            shared.take_count();
-        }
-        let Some(cq) = ready.pop_front() else {
+        let event = shared.next_event(&mut ready, std::mem::take(&mut holding_count));
+        let Some(cq) = event else {
             drop(ready);
             if let Err(errno) = wait_for_count(&shared.events) {
                 set_errno(errno);
                 return -1;
             }
-            counted = true;
+            holding_count = true;
             continue;
         };
         let cq = cq as *mut ibv_cq;
@@ -953,4 +1008,58 @@ pub(super) unsafe fn destroy_ah(ah: *mut ibv_ah) -> c_int {
     // SAFETY: the program gives it up.
     drop(unsafe { take_back::<AhObject, _>(ah) });
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn channel() -> ChannelShared {
+        let flags = rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::SEMAPHORE;
+        ChannelShared {
+            events: rustix::event::eventfd(0, flags).unwrap(),
+            ready: Mutex::new(Ready::default()),
+        }
+    }
+
+    fn readable(channel: &ChannelShared) -> bool {
+        let mut descriptor = [rustix::event::PollFd::new(
+            &channel.events,
+            rustix::event::PollFlags::IN,
+        )];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(rustix::event::poll(&mut descriptor, Some(&zero)), Ok(1))
+    }
+
+    /// A waiter read the first event's count; another caller took that
+    /// event meanwhile; a second event came; the waiter took it with the
+    /// first one's count, and the second's count stayed on the
+    /// descriptor with no event behind it: readable, and a blocking
+    /// `ibv_get_cq_event` after `poll` blocked (found by review). The
+    /// waiter's count now goes to the event that left without it.
+    #[test]
+    fn a_count_held_by_a_waiter_goes_to_the_event_taken_without_it() {
+        let channel = channel();
+        let (first, second) = (0x10 as *mut ibv_cq, 0x20 as *mut ibv_cq);
+        channel.raise(first);
+        // The waiter's blocking read.
+        wait_for_count(&channel.events).unwrap();
+        // Another caller, not waiting, takes the first event.
+        let taken = channel.next_event(&mut channel.ready(), false);
+        assert_eq!(taken, Some(first as usize));
+        channel.raise(second);
+        // The waiter's count is spent on the first: it waits again, reads
+        // the second's count, and takes the second.
+        assert_eq!(channel.next_event(&mut channel.ready(), true), None);
+        wait_for_count(&channel.events).unwrap();
+        assert_eq!(
+            channel.next_event(&mut channel.ready(), true),
+            Some(second as usize)
+        );
+        assert!(!readable(&channel), "a count with no event behind it");
+        assert!(channel.ready().queues.is_empty());
+    }
 }
