@@ -175,8 +175,8 @@ impl std::fmt::Display for RackReport {
             writeln!(formatter, "  note: {note}")?;
         }
         let counters = &self.switch.counters;
-        // Every reason in the total (it left out frames too large, past the
-        // recirculation limit, cleared or lost on a failed port).
+        // The total counts every reason (it once left some out); the
+        // reasons a rack meets are listed, the rest are in the JSON.
         writeln!(formatter, "  switch       received {}, transmitted {}, consumed by the program {}, dropped {} (queue {}, program {}, broken by the program {}, no egress {}, unknown egress port {}, failed port {})", counters.received, counters.transmitted,
             counters.consumed_by_program, counters.dropped(), counters.dropped_queue_full, counters.dropped_by_program, counters.dropped_broken_by_program, counters.dropped_no_egress, counters.dropped_unknown_egress_port, counters.dropped_port_failed)?;
         write!(formatter, "{}", self.switch.resources)

@@ -73,7 +73,8 @@ fn install_extended_operations(verbs: &mut verbs_context) {
 /// descriptor waits, a non-blocking one answers -1 with EAGAIN while no
 /// event waits, as the kernel's event file does) and describes the oldest
 /// event: a CQ's overrun (`IBV_EVENT_CQ_ERR`), an SRQ below its limit
-/// (`IBV_EVENT_SRQ_LIMIT_REACHED`).
+/// (`IBV_EVENT_SRQ_LIMIT_REACHED`), a QP on an SRQ in error
+/// (`IBV_EVENT_QP_LAST_WQE_REACHED`).
 ///
 /// # Safety
 /// `context` came from [`open_device`] and is not yet closed.
@@ -104,6 +105,7 @@ pub(super) unsafe fn ack_async_event(event: *mut c_void) {
     let context = unsafe {
         match (*event).event_type {
             IBV_EVENT_SRQ_LIMIT_REACHED => (*(*event).element.srq).context,
+            IBV_EVENT_QP_LAST_WQE_REACHED => (*(*event).element.qp).context,
             _ => (*(*event).element.cq).context,
         }
     };

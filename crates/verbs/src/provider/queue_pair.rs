@@ -413,11 +413,6 @@ pub(super) unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     }
     // SAFETY: a live QP.
     let qp_object = unsafe { object::<QpObject, _>(qp) };
-    if qp_object.builder_lock.is_in_use() {
-        // A thread is between ibv_wr_start and ibv_wr_complete, or waits
-        // to be, on the lock that would be freed.
-        return libc::EBUSY;
-    }
     // SAFETY: its context is live.
     let node = unsafe { node_of(qp_object.context()) };
     // SAFETY: its context is live.
@@ -426,6 +421,13 @@ pub(super) unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     // An event the program took must be acknowledged first, as
     // rdma-core's destroy waits; from here none names it.
     if !events.retire(element) {
+        return libc::EBUSY;
+    }
+    if qp_object.builder_lock.is_in_use() {
+        // A thread is between ibv_wr_start and ibv_wr_complete, or waits
+        // to be, on the lock that would be freed. (Checked after the wait
+        // above, which a thread could have started one in.)
+        events.unretire(element);
         return libc::EBUSY;
     }
     let qpn = qp_object.qpn;

@@ -319,60 +319,38 @@ pub(super) unsafe fn dereg_mr(mr: *mut ibv_mr) -> c_int {
 /// The count and the queue list change together, under the lock, so the
 /// descriptor is readable exactly when an event waits, as the kernel's
 /// event file is. (A destroyed queue's events once stayed counted: `poll`
-/// said readable, and `ibv_get_cq_event` then blocked.) A caller waiting
-/// for an event blocks in a `read` of a count, without the lock, and
-/// holds that count until it takes the lock; meanwhile another caller may
-/// take the event behind it. Such an event leaves the list with its count
-/// held elsewhere, which the holder spends against it (`Ready::held_elsewhere`)
-/// rather than against the next event, whose count would then stay on
-/// the descriptor with no event behind it. Under the lock the
-/// descriptor is read only when `poll` says a count is there, so that a
-/// count and list that ever disagree (a program that read the descriptor
-/// itself) cost an event, not a thread blocked holding the lock that every
-/// completion takes. (A program reading it at the very moment, between
-/// that `poll` and the read, can still block the reader.)
+/// said readable, and `ibv_get_cq_event` then blocked.) Only a holder of
+/// the lock reads the descriptor, and only when `poll` says a count is
+/// there, so it never blocks holding the lock that every completion
+/// takes. (A program reading the descriptor itself at that very moment
+/// can still block it.) A caller waiting for an event blocks instead in a
+/// `read` of `doorbell`, a second eventfd rung once per event raised: a
+/// waiter that read the program's descriptor took counts a lock holder
+/// had just seen there, which then blocked in its own read holding the
+/// lock, and the node with it (found by review).
 pub(super) struct ChannelShared {
     events: OwnedFd,
-    /// The lock also guards the channel's `refcnt`, which rdma-core
-    /// updates under the context's lock.
-    ready: Mutex<Ready>,
-}
-
-/// A channel's events, under its lock.
-#[derive(Default)]
-pub(super) struct Ready {
-    /// The queues the counted events came from, in order.
-    queues: VecDeque<usize>,
-    /// Events that left `queues` (taken, or forgotten with their queue)
-    /// while their counts were held by waiters between their `read` and
-    /// the lock: each such waiter spends its count against one.
-    held_elsewhere: usize,
-}
-
-impl Ready {
-    /// Takes the next event, and its count from the descriptor if it is
-    /// still there (else a waiter holds it, and will spend it here).
-    fn take(&mut self, events: &ChannelShared) -> Option<usize> {
-        let queue = self.queues.pop_front()?;
-        if !events.take_count() {
-            self.held_elsewhere += 1;
-        }
-        Some(queue)
-    }
-
-    /// Spends a count a waiter read: against an event that left without
-    /// it, if one did; whether it is still the waiter's to use.
-    fn spend_held(&mut self) -> bool {
-        if self.held_elsewhere > 0 {
-            self.held_elsewhere -= 1;
-            return false;
-        }
-        true
-    }
+    /// Rung once per event raised (semaphore mode: each ring wakes one
+    /// waiter). A ring may outlast its event (another caller took it);
+    /// the waiter it wakes finds none and waits again.
+    doorbell: OwnedFd,
+    /// The queues the counted events came from, in order. The lock also
+    /// guards the channel's `refcnt`, which rdma-core updates under the
+    /// context's lock.
+    ready: Mutex<VecDeque<usize>>,
 }
 
 impl ChannelShared {
-    fn ready(&self) -> std::sync::MutexGuard<'_, Ready> {
+    fn new() -> rustix::io::Result<ChannelShared> {
+        let flags = rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::SEMAPHORE;
+        Ok(ChannelShared {
+            events: rustix::event::eventfd(0, flags)?,
+            doorbell: rustix::event::eventfd(0, flags)?,
+            ready: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    fn ready(&self) -> std::sync::MutexGuard<'_, VecDeque<usize>> {
         self.ready
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -383,7 +361,10 @@ impl ChannelShared {
         // Listed only if counted: listed uncounted, it was an event no
         // `poll` would ever show.
         if rustix::io::write(&self.events, &1u64.to_ne_bytes()).is_ok() {
-            ready.queues.push_back(cq as usize);
+            ready.push_back(cq as usize);
+            // A ring the counter cannot take (it is near 2^64) is not
+            // needed: so many rings wait already.
+            let _ = rustix::io::write(&self.doorbell, &1u64.to_ne_bytes());
         }
     }
 
@@ -410,34 +391,45 @@ impl ChannelShared {
     /// readable for it.
     fn forget(&self, cq: *mut ibv_cq) {
         let mut ready = self.ready();
-        let before = ready.queues.len();
-        ready.queues.retain(|entry| *entry != cq as usize);
-        for _ in ready.queues.len()..before {
-            if !self.take_count() {
-                ready.held_elsewhere += 1;
-            }
+        let before = ready.len();
+        ready.retain(|entry| *entry != cq as usize);
+        for _ in ready.len()..before {
+            self.take_count();
         }
     }
 
-    /// Under the lock: the next event for a caller who holds a count it
-    /// read (`holding_count`), or who does not.
-    fn next_event(&self, ready: &mut Ready, holding_count: bool) -> Option<usize> {
-        match holding_count {
-            // The count goes to an event that left without it, or to the
-            // next one (one with no event behind it, as when a destroy
-            // forgot the event, is spent on nothing).
-            true if ready.spend_held() => ready.queues.pop_front(),
-            true => None,
-            false => {
-                let event = ready.take(self);
-                if event.is_none() {
-                    // A count with no event behind it (the program read
-                    // the descriptor itself, say) would keep the
-                    // descriptor readable: taken all the same.
-                    self.take_count();
-                }
-                event
+    /// The next event, waiting for one in a blocking `read` of the
+    /// doorbell, as rdma-core's `ibv_get_cq_event` waits in a `read`:
+    /// EAGAIN at once if the program made its descriptor non-blocking,
+    /// and the kernel's answer to a signal. A handler installed with
+    /// `SA_RESTART` (glibc's `signal`, perftest's duration alarm) has the
+    /// read restarted, and the wait goes on; one without it ends the wait
+    /// with EINTR, which a program may rely on to leave it. (Waiting in
+    /// `poll`, which is never restarted, gave the first EINTR, which
+    /// perftest takes as fatal, and then the second none.) `take` is
+    /// handed the event under the lock: a destroy forgets its queue under
+    /// this lock first, so the queue named is live.
+    fn next_event<T>(&self, take: impl FnOnce(usize) -> T) -> Result<T, c_int> {
+        // Each turn either takes an event or waits for a ring; another
+        // thread may take the event behind a ring first, so it loops.
+        // Bounded by the rings, one per event raised.
+        loop {
+            let mut ready = self.ready();
+            // Without an event, a count is taken all the same: one with no
+            // event behind it (the program read the descriptor itself,
+            // say) would keep the descriptor readable.
+            self.take_count();
+            if let Some(queue) = ready.pop_front() {
+                return Ok(take(queue));
             }
+            drop(ready);
+            let flags =
+                rustix::fs::fcntl_getfl(&self.events).map_err(|error| error.raw_os_error())?;
+            if flags.contains(rustix::fs::OFlags::NONBLOCK) {
+                return Err(libc::EAGAIN);
+            }
+            let mut ring = [0u8; 8];
+            rustix::io::read(&self.doorbell, &mut ring).map_err(|error| error.raw_os_error())?;
         }
     }
 
@@ -476,22 +468,18 @@ pub(super) unsafe fn create_comp_channel(context: *mut ibv_context) -> *mut ibv_
     if context.is_null() {
         return null_with(libc::EINVAL);
     }
-    let flags = rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::SEMAPHORE;
-    let events = match rustix::event::eventfd(0, flags) {
-        Ok(fd) => fd,
+    let shared = match ChannelShared::new() {
+        Ok(shared) => shared,
         Err(error) => return null_with(error.raw_os_error()),
     };
-    let fd = events.as_raw_fd();
+    let fd = shared.events.as_raw_fd();
     hand_out(ChannelObject {
         channel: ibv_comp_channel {
             context,
             fd,
             refcnt: 0,
         },
-        shared: Arc::new(ChannelShared {
-            events,
-            ready: Mutex::new(Ready::default()),
-        }),
+        shared: Arc::new(shared),
     })
 }
 
@@ -515,8 +503,9 @@ pub(super) unsafe fn destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_i
     0
 }
 
-/// `ibv_get_cq_event`: waits on the channel's descriptor (or fails with
-/// EAGAIN if the program made it non-blocking), then names the queue.
+/// `ibv_get_cq_event`: waits for an event (or fails with EAGAIN if the
+/// program made the channel's descriptor non-blocking, or EINTR as a
+/// `read` would), then names the queue.
 pub(super) unsafe fn get_cq_event(
     channel: *mut ibv_comp_channel,
     cq_out: *mut *mut ibv_cq,
@@ -528,49 +517,24 @@ pub(super) unsafe fn get_cq_event(
     }
     // SAFETY: a live channel.
     let shared = Arc::clone(unsafe { channel_shared(channel) });
-    // Each turn either takes an event or waits for a count; another
-    // thread may take the event behind that count first, so it loops.
-    // Bounded by the events raised while it waits.
-    let mut holding_count = false;
-    loop {
-        // Held until the event is counted: a destroy forgets the queue
-        // under this lock first, so the queue named here is live.
-        let mut ready = shared.ready();
-        let event = shared.next_event(&mut ready, std::mem::take(&mut holding_count));
-        let Some(cq) = event else {
-            drop(ready);
-            if let Err(errno) = wait_for_count(&shared.events) {
-                set_errno(errno);
-                return -1;
-            }
-            holding_count = true;
-            continue;
-        };
+    let named = shared.next_event(|cq| {
         let cq = cq as *mut ibv_cq;
-        // SAFETY: live (above); the out-parameters are the caller's.
+        // SAFETY: live (a destroy forgets it under the lock this runs
+        // under); the out-parameters are the caller's.
         unsafe {
             let cq_object = object::<CqObject, _>(cq);
             cq_object.events_handed.fetch_add(1, Ordering::AcqRel);
             *cq_out = cq;
             *context_out = (*cq).cq_context;
         }
-        return 0;
+    });
+    match named {
+        Ok(()) => 0,
+        Err(errno) => {
+            set_errno(errno);
+            -1
+        }
     }
-}
-
-/// Waits for a count on `events` and takes it, in a blocking `read`, as
-/// rdma-core's `ibv_get_cq_event` does: EAGAIN at once if the program made
-/// the descriptor non-blocking, and the kernel's answer to a signal. A
-/// handler installed with `SA_RESTART` (glibc's `signal`, perftest's
-/// duration alarm) has the read restarted, and the wait goes on; one
-/// without it ends the wait with EINTR, which a program may rely on to
-/// leave it. (Waiting in `poll`, which is never restarted, gave the first
-/// EINTR, which perftest takes as fatal, and then the second none.)
-fn wait_for_count(events: &OwnedFd) -> Result<(), c_int> {
-    let mut count = [0u8; 8];
-    rustix::io::read(events, &mut count)
-        .map(drop)
-        .map_err(|error| error.raw_os_error())
 }
 
 /// How long `ibv_destroy_cq` waits for the events it handed out to be
@@ -1014,14 +978,6 @@ pub(super) unsafe fn destroy_ah(ah: *mut ibv_ah) -> c_int {
 mod tests {
     use super::*;
 
-    fn channel() -> ChannelShared {
-        let flags = rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::SEMAPHORE;
-        ChannelShared {
-            events: rustix::event::eventfd(0, flags).unwrap(),
-            ready: Mutex::new(Ready::default()),
-        }
-    }
-
     fn readable(channel: &ChannelShared) -> bool {
         let mut descriptor = [rustix::event::PollFd::new(
             &channel.events,
@@ -1034,32 +990,39 @@ mod tests {
         matches!(rustix::event::poll(&mut descriptor, Some(&zero)), Ok(1))
     }
 
-    /// A waiter read the first event's count; another caller took that
-    /// event meanwhile; a second event came; the waiter took it with the
-    /// first one's count, and the second's count stayed on the
-    /// descriptor with no event behind it: readable, and a blocking
-    /// `ibv_get_cq_event` after `poll` blocked (found by review). The
-    /// waiter's count now goes to the event that left without it.
+    /// Two waiters, and events raised while they wait and taken by a
+    /// third caller too: each event goes to one caller, and the
+    /// descriptor is readable exactly while one waits. Waiters that read
+    /// the program's descriptor took counts a lock holder had just seen
+    /// there, which then blocked in its read holding the lock (found by
+    /// review); they wait on the doorbell now.
     #[test]
-    fn a_count_held_by_a_waiter_goes_to_the_event_taken_without_it() {
-        let channel = channel();
-        let (first, second) = (0x10 as *mut ibv_cq, 0x20 as *mut ibv_cq);
-        channel.raise(first);
-        // The waiter's blocking read.
-        wait_for_count(&channel.events).unwrap();
-        // Another caller, not waiting, takes the first event.
-        let taken = channel.next_event(&mut channel.ready(), false);
-        assert_eq!(taken, Some(first as usize));
-        channel.raise(second);
-        // The waiter's count is spent on the first: it waits again, reads
-        // the second's count, and takes the second.
-        assert_eq!(channel.next_event(&mut channel.ready(), true), None);
-        wait_for_count(&channel.events).unwrap();
-        assert_eq!(
-            channel.next_event(&mut channel.ready(), true),
-            Some(second as usize)
-        );
+    fn waiters_and_a_taker_share_the_events_each_once() {
+        let channel = Arc::new(ChannelShared::new().unwrap());
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let channel = Arc::clone(&channel);
+                std::thread::spawn(move || channel.next_event(|queue| queue).unwrap())
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(50));
+        for queue in [0x10, 0x20, 0x30] {
+            channel.raise(queue as *mut ibv_cq);
+        }
+        let mut taken: Vec<usize> = waiters
+            .into_iter()
+            .map(|waiter| waiter.join().unwrap())
+            .collect();
+        // The third event is the taker's; none is left.
+        assert!(readable(&channel));
+        taken.push(channel.next_event(|queue| queue).unwrap());
+        taken.sort_unstable();
+        assert_eq!(taken, vec![0x10, 0x20, 0x30]);
         assert!(!readable(&channel), "a count with no event behind it");
-        assert!(channel.ready().queues.is_empty());
+        assert!(channel.ready().is_empty());
+        // Rings outlast their events: a waiter finds none and waits on
+        // (here it would block, so the descriptor is made non-blocking).
+        rustix::fs::fcntl_setfl(&channel.events, rustix::fs::OFlags::NONBLOCK).unwrap();
+        assert_eq!(channel.next_event(|queue| queue), Err(libc::EAGAIN));
     }
 }
