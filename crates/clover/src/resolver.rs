@@ -942,24 +942,29 @@ mod tests {
         Packet::new(bytes, PortId(0), headers)
     }
 
-    /// The entry WRITE of [`KEY`] at `entry` (an offset in the region).
-    fn entry_write(resolver: &mut Resolver, psn: u32, entry: u64) {
+    /// An entry's 32 bytes, naming [`KEY`].
+    fn entry_of_key() -> [u8; 32] {
         let mut payload = [0u8; 32];
         payload[8..16].copy_from_slice(&KEY.to_le_bytes());
-        pass(
-            resolver,
-            true,
-            Opcode::RdmaWriteOnly,
-            psn,
-            &payload,
-            |headers| {
-                headers.reth = Some(RethRepr {
-                    virtual_address: VirtAddr(REGION.base.0 + entry),
-                    rkey: REGION.rkey,
-                    dma_length: 32,
-                });
-            },
-        );
+        payload
+    }
+
+    /// The RETH of an entry WRITE at `entry` (an offset in the region).
+    fn reth_of_entry(entry: u64) -> impl FnOnce(&mut remora_wire::frame::ExtensionHeaders) {
+        move |headers| {
+            headers.reth = Some(RethRepr {
+                virtual_address: VirtAddr(REGION.base.0 + entry),
+                rkey: REGION.rkey,
+                dma_length: 32,
+            });
+        }
+    }
+
+    /// The entry WRITE of [`KEY`] at `entry` (an offset in the region).
+    fn entry_write(resolver: &mut Resolver, psn: u32, entry: u64) {
+        let payload = entry_of_key();
+        let write = Opcode::RdmaWriteOnly;
+        pass(resolver, true, write, psn, &payload, reth_of_entry(entry));
     }
 
     /// The CAS linking the entry at `entry` after the tail at `target`.
@@ -1092,15 +1097,8 @@ mod tests {
             |_, _| {},
         );
         // A forged entry WRITE in the client's name, too.
-        let mut payload = [0u8; 32];
-        payload[8..16].copy_from_slice(&KEY.to_le_bytes());
-        let forged_write = |headers: &mut remora_wire::frame::ExtensionHeaders| {
-            headers.reth = Some(RethRepr {
-                virtual_address: VirtAddr(REGION.base.0 + 0x6000),
-                rkey: REGION.rkey,
-                dma_length: 32,
-            });
-        };
+        let payload = entry_of_key();
+        let forged_write = reth_of_entry(0x6000);
         let to_memory = (FORGER, MEMORY, MEMORY_QPN);
         let write = (Opcode::RdmaWriteOnly, 12);
         pass_between(
@@ -1132,15 +1130,8 @@ mod tests {
     fn frames_with_a_peers_address_from_another_port_move_nothing() {
         const STRANGER_PORT: PortId = PortId(2);
         let mut resolver = resolver();
-        let mut payload = [0u8; 32];
-        payload[8..16].copy_from_slice(&KEY.to_le_bytes());
-        let reth = |headers: &mut remora_wire::frame::ExtensionHeaders| {
-            headers.reth = Some(RethRepr {
-                virtual_address: VirtAddr(REGION.base.0 + 0x6000),
-                rkey: REGION.rkey,
-                dma_length: 32,
-            });
-        };
+        let payload = entry_of_key();
+        let reth = reth_of_entry(0x6000);
         let swap = NextPointer::new(0x6000, 1, false).unwrap().word();
         let atomic = |headers: &mut remora_wire::frame::ExtensionHeaders| {
             headers.atomic_eth = Some(AtomicEthRepr {
@@ -1255,15 +1246,8 @@ mod tests {
         client: u32,
         (psn, target, entry): (u32, u64, u64),
     ) -> u64 {
-        let mut payload = [0u8; 32];
-        payload[8..16].copy_from_slice(&KEY.to_le_bytes());
-        let reth = |headers: &mut remora_wire::frame::ExtensionHeaders| {
-            headers.reth = Some(RethRepr {
-                virtual_address: VirtAddr(REGION.base.0 + entry),
-                rkey: REGION.rkey,
-                dma_length: 32,
-            });
-        };
+        let payload = entry_of_key();
+        let reth = reth_of_entry(entry);
         let to_memory = ends_of(client, true);
         let write = (Opcode::RdmaWriteOnly, psn);
         pass_at(resolver, now, to_memory, write, &payload, reth, |_, _| {});

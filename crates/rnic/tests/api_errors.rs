@@ -430,6 +430,14 @@ fn a_device_refuses_a_memory_region_limit_its_keys_cannot_number() {
     ));
 }
 
+/// The left side's completions: each request's id and status, in order.
+fn outcomes(s: &mut Setup) -> Vec<(u64, CompletionStatus)> {
+    drain(&mut s.fabric.left, s.left_cq)
+        .iter()
+        .map(|completion| (completion.work_request_id, completion.status))
+        .collect()
+}
+
 /// A queue pair that reports local faults as mlx5 does takes the post of
 /// a WRITE from a key no region has, and completes it in its turn with a
 /// local protection error: after the WRITE before it has completed, and
@@ -461,13 +469,8 @@ fn a_local_fault_completes_in_its_turn_when_the_queue_pair_says_so() {
         s.fabric.right.handle_frame(now, frame);
     }
     assert!(s.fabric.run(1000).quiesced);
-    let completions = drain(&mut s.fabric.left, s.left_cq);
-    let seen: Vec<(u64, CompletionStatus)> = completions
-        .iter()
-        .map(|completion| (completion.work_request_id, completion.status))
-        .collect();
     assert_eq!(
-        seen,
+        outcomes(&mut s),
         vec![
             (1, CompletionStatus::Success),
             (2, CompletionStatus::LocalProtectionError),
@@ -497,12 +500,8 @@ fn a_queue_pair_serving_no_reads_refuses_them() {
     let read = read_request(&s, 2, 0, 64, 8);
     s.fabric.left.post_send(s.left_qp, read).unwrap();
     assert!(s.fabric.run(1000).quiesced);
-    let seen: Vec<(u64, CompletionStatus)> = drain(&mut s.fabric.left, s.left_cq)
-        .iter()
-        .map(|completion| (completion.work_request_id, completion.status))
-        .collect();
     assert_eq!(
-        seen,
+        outcomes(&mut s),
         vec![
             (1, CompletionStatus::Success),
             (2, CompletionStatus::RemoteInvalidRequestError),

@@ -779,10 +779,8 @@ mod tests {
         );
     }
 
-    /// A sequence NAK for a PSN already acknowledged (late, or duplicated
-    /// by a reordering link) started a full go-back.
-    #[test]
-    fn a_stale_sequence_nak_is_a_duplicate() {
+    /// WRITEs at PSNs 100 and 101, the first acknowledged.
+    fn two_writes_the_first_acknowledged() -> (ImpersonatedQueuePair, Timestamp) {
         let mut queue_pair = queue_pair();
         let mut out = Vec::new();
         let now = Timestamp::ZERO;
@@ -794,6 +792,15 @@ mod tests {
             Answer::Acknowledged
         );
         queue_pair.take_acknowledged(now, Psn::new(100), |_| {});
+        (queue_pair, now)
+    }
+
+    /// A sequence NAK for a PSN already acknowledged (late, or duplicated
+    /// by a reordering link) started a full go-back.
+    #[test]
+    fn a_stale_sequence_nak_is_a_duplicate() {
+        let (mut queue_pair, now) = two_writes_the_first_acknowledged();
+        let ack = Opcode::Acknowledge;
         let nak = Some(AckSyndrome::Nak(NakCode::PsnSequenceError));
         assert_eq!(
             queue_pair.handle_answer(now, ack, Psn::new(100), nak),
@@ -813,17 +820,8 @@ mod tests {
     /// Only a request in flight can be refused.
     #[test]
     fn a_refusal_of_a_psn_not_in_flight_is_ignored() {
-        let mut queue_pair = queue_pair();
-        let mut out = Vec::new();
-        let now = Timestamp::ZERO;
-        queue_pair.send(now, write(Segment::Only, 8, 8), &mut out, |b| b.fill(1));
-        queue_pair.send(now, write(Segment::Only, 8, 8), &mut out, |b| b.fill(2));
+        let (mut queue_pair, now) = two_writes_the_first_acknowledged();
         let ack = Opcode::Acknowledge;
-        assert_eq!(
-            queue_pair.handle_answer(now, ack, Psn::new(100), ACK),
-            Answer::Acknowledged
-        );
-        queue_pair.take_acknowledged(now, Psn::new(100), |_| {});
         let refusal = Some(AckSyndrome::Nak(NakCode::RemoteAccessError));
         for ghost in [Psn::new(100), Psn::new(102), Psn::new(5000)] {
             assert_eq!(

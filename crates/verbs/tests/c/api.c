@@ -943,18 +943,31 @@ static int async_event_waits(void)
 	return poll(&readable, 1, 0);
 }
 
+/* Makes async_fd non-blocking with no event waiting; its flags before. */
+static int async_fd_emptied_and_non_blocking(void)
+{
+	int flags = fcntl(context->async_fd, F_GETFL);
+	CHECK(fcntl(context->async_fd, F_SETFL, flags | O_NONBLOCK) == 0, "non-blocking async_fd");
+	drain_async_events();
+	return flags;
+}
+
+static struct ibv_srq *make_srq(void)
+{
+	struct ibv_srq_init_attr srq_init = { .attr = { .max_wr = 8, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &srq_init);
+	CHECK(srq, "create_srq");
+	return srq;
+}
+
 /* ibv_modify_srq was EOPNOTSUPP and no async event ever came: a program
  * that refills its SRQ on IBV_EVENT_SRQ_LIMIT_REACHED ran dry. */
 static void an_srq_below_its_limit_raises_its_event_once(union ibv_gid gid, uint8_t *local,
 							 struct ibv_mr *local_mr, uint8_t *remote,
 							 struct ibv_mr *remote_mr)
 {
-	int flags = fcntl(context->async_fd, F_GETFL);
-	CHECK(fcntl(context->async_fd, F_SETFL, flags | O_NONBLOCK) == 0, "non-blocking async_fd");
-	drain_async_events();
-	struct ibv_srq_init_attr srq_init = { .attr = { .max_wr = 8, .max_sge = 1 } };
-	struct ibv_srq *srq = ibv_create_srq(pd, &srq_init);
-	CHECK(srq, "create_srq");
+	int flags = async_fd_emptied_and_non_blocking();
+	struct ibv_srq *srq = make_srq();
 	struct ibv_qp_init_attr init = { .send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 16, .max_send_sge = 1 } };
 	struct ibv_qp *receiver = ibv_create_qp(pd, &init), *sender = make_qp();
@@ -1008,12 +1021,8 @@ static void an_srq_below_its_limit_raises_its_event_once(union ibv_gid gid, uint
  * program to acknowledge one it took. */
 static void a_qp_on_an_srq_raises_last_wqe_reached_in_error(void)
 {
-	int flags = fcntl(context->async_fd, F_GETFL);
-	CHECK(fcntl(context->async_fd, F_SETFL, flags | O_NONBLOCK) == 0, "non-blocking async_fd");
-	drain_async_events();
-	struct ibv_srq_init_attr srq_init = { .attr = { .max_wr = 8, .max_sge = 1 } };
-	struct ibv_srq *srq = ibv_create_srq(pd, &srq_init);
-	CHECK(srq, "create_srq");
+	int flags = async_fd_emptied_and_non_blocking();
+	struct ibv_srq *srq = make_srq();
 	struct ibv_qp_init_attr init = { .send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 16, .max_send_sge = 1 } };
 	struct ibv_qp *on_srq = ibv_create_qp(pd, &init), *own = make_qp();
