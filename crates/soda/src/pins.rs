@@ -116,12 +116,26 @@ impl PinTable {
         writes: bool,
         deadline: Instant,
     ) -> Result<Passage<'_>, StillMoving> {
+        self.enter_deciding(object, move || writes, deadline)
+    }
+
+    /// [`PinTable::enter`], with whether the transfer dirties a pinned
+    /// object decided once it is admitted (`dirties`, called under the
+    /// table's lock): what held when the transfer began may not hold
+    /// after a wait of up to the deadline (the static copy's DPU may
+    /// have died meanwhile).
+    pub fn enter_deciding(
+        &self,
+        object: ObjectId,
+        dirties: impl FnOnce() -> bool,
+        deadline: Instant,
+    ) -> Result<Passage<'_>, StillMoving> {
         let table = self.lock();
         let mut table =
             self.wait_while(table, object, deadline, |table| Self::moving(table, object))?;
         let static_offset = match table.standings.get_mut(&object) {
             Some(Standing::Pinned { offset, dirty }) => {
-                *dirty |= writes;
+                *dirty |= dirties();
                 Some(*offset)
             }
             _ => None,
@@ -224,6 +238,38 @@ mod tests {
         assert_eq!(after.static_offset, Some(4096));
         drop(after);
         assert_eq!(pins.dirty_objects(), vec![object], "the write marked it");
+    }
+
+    /// A write waiting out a pin's load decided at its start whether it
+    /// would dirty the static copy: the copy's DPU died during the wait,
+    /// the write went to the memory node, and the clean object was
+    /// marked dirty, which the crash's settling took for a write the
+    /// DPU held, and lost the object. It is decided once admitted.
+    #[test]
+    fn whether_a_write_dirties_is_decided_once_it_is_admitted() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let pins = Arc::new(PinTable::default());
+        let object = ObjectId(4);
+        let copy_alive = Arc::new(AtomicBool::new(true));
+        pins.begin_move(object, soon()).unwrap();
+        let writer = {
+            let (pins, copy_alive) = (Arc::clone(&pins), Arc::clone(&copy_alive));
+            std::thread::spawn(move || {
+                let dirties = || copy_alive.load(Ordering::SeqCst);
+                let passage = pins.enter_deciding(object, dirties, soon()).unwrap();
+                passage.static_offset
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!writer.is_finished(), "the write waits for the load");
+        copy_alive.store(false, Ordering::SeqCst);
+        let clean = Standing::Pinned {
+            offset: 0,
+            dirty: false,
+        };
+        pins.end_move(object, Some(clean));
+        assert_eq!(writer.join().unwrap(), Some(0));
+        assert!(pins.dirty_objects().is_empty(), "still clean");
     }
 
     #[test]

@@ -1161,12 +1161,18 @@ impl SodaRack {
         // there, which the settling would take for a write the DPU held.
         let dpu_dead = self.after_the_dpu_died();
         // Past a dead DPU no write goes to a static copy: none dirties one
-        // (an unpin would then take the object for lost).
-        let writes = matches!(transfer, Transfer::From(_)) && !dpu_dead;
+        // (an unpin would then take the object for lost). Decided once
+        // through the gate, which a pin's load may hold for a long while
+        // the DPU dies.
+        let writes = matches!(transfer, Transfer::From(_));
+        let dpu_alive = || self.dpu.as_ref().is_some_and(|dpu| !dpu.is_dead());
         let passage = self
             .pins
-            .enter(object, writes, Self::static_deadline())
+            .enter_deciding(object, || writes && dpu_alive(), Self::static_deadline())
             .map_err(SodaRackError::from)?;
+        // Died while this waited at the gate: settled now, before the
+        // object is checked.
+        let dpu_dead = dpu_dead || self.after_the_dpu_died();
         // Checked once through the gate: a move may have lost the object.
         self.check_lost(object)?;
         let start = self
