@@ -330,14 +330,27 @@ pub(super) unsafe fn dereg_mr(mr: *mut ibv_mr) -> c_int {
 /// lock, and the node with it (found by review).
 pub(super) struct ChannelShared {
     events: OwnedFd,
-    /// Rung once per event raised (semaphore mode: each ring wakes one
-    /// waiter). A ring may outlast its event (another caller took it);
-    /// the waiter it wakes finds none and waits again.
+    /// Rung for a waiter no ring is owed to yet, once per event raised
+    /// (semaphore mode: each ring wakes one waiter). A ring may outlast
+    /// its event (another caller took it); the waiter it wakes finds
+    /// none and waits again.
     doorbell: OwnedFd,
-    /// The queues the counted events came from, in order. The lock also
-    /// guards the channel's `refcnt`, which rdma-core updates under the
-    /// context's lock.
-    ready: Mutex<VecDeque<usize>>,
+    /// The lock also guards the channel's `refcnt`, which rdma-core
+    /// updates under the context's lock.
+    ready: Mutex<Ready>,
+}
+
+/// A channel's events and waiters, under its lock.
+#[derive(Default)]
+struct Ready {
+    /// The queues the counted events came from, in order.
+    queues: VecDeque<usize>,
+    /// Callers waiting on the doorbell, or on their way to it.
+    waiting: usize,
+    /// Rings on the doorbell no waiter has taken yet. Rung only while
+    /// fewer than `waiting`: rung for every event, the rings of events
+    /// other callers took piled up, and a later wait spun through each.
+    rung: usize,
 }
 
 impl ChannelShared {
@@ -346,11 +359,11 @@ impl ChannelShared {
         Ok(ChannelShared {
             events: rustix::event::eventfd(0, flags)?,
             doorbell: rustix::event::eventfd(0, flags)?,
-            ready: Mutex::new(VecDeque::new()),
+            ready: Mutex::new(Ready::default()),
         })
     }
 
-    fn ready(&self) -> std::sync::MutexGuard<'_, VecDeque<usize>> {
+    fn ready(&self) -> std::sync::MutexGuard<'_, Ready> {
         self.ready
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -361,10 +374,12 @@ impl ChannelShared {
         // Listed only if counted: listed uncounted, it was an event no
         // `poll` would ever show.
         if rustix::io::write(&self.events, &1u64.to_ne_bytes()).is_ok() {
-            ready.push_back(cq as usize);
-            // A ring the counter cannot take (it is near 2^64) is not
-            // needed: so many rings wait already.
-            let _ = rustix::io::write(&self.doorbell, &1u64.to_ne_bytes());
+            ready.queues.push_back(cq as usize);
+            if ready.rung < ready.waiting
+                && rustix::io::write(&self.doorbell, &1u64.to_ne_bytes()).is_ok()
+            {
+                ready.rung += 1;
+            }
         }
     }
 
@@ -391,9 +406,9 @@ impl ChannelShared {
     /// readable for it.
     fn forget(&self, cq: *mut ibv_cq) {
         let mut ready = self.ready();
-        let before = ready.len();
-        ready.retain(|entry| *entry != cq as usize);
-        for _ in ready.len()..before {
+        let before = ready.queues.len();
+        ready.queues.retain(|entry| *entry != cq as usize);
+        for _ in ready.queues.len()..before {
             self.take_count();
         }
     }
@@ -412,24 +427,35 @@ impl ChannelShared {
     fn next_event<T>(&self, take: impl FnOnce(usize) -> T) -> Result<T, c_int> {
         // Each turn either takes an event or waits for a ring; another
         // thread may take the event behind a ring first, so it loops.
-        // Bounded by the rings, one per event raised.
+        // Bounded by the events raised while it waits.
+        let mut ready = self.ready();
         loop {
-            let mut ready = self.ready();
             // Without an event, a count is taken all the same: one with no
             // event behind it (the program read the descriptor itself,
             // say) would keep the descriptor readable.
             self.take_count();
-            if let Some(queue) = ready.pop_front() {
+            if let Some(queue) = ready.queues.pop_front() {
                 return Ok(take(queue));
             }
-            drop(ready);
             let flags =
                 rustix::fs::fcntl_getfl(&self.events).map_err(|error| error.raw_os_error())?;
             if flags.contains(rustix::fs::OFlags::NONBLOCK) {
                 return Err(libc::EAGAIN);
             }
+            // Counted before the lock goes, so an event raised from here
+            // on rings for it.
+            ready.waiting += 1;
+            drop(ready);
             let mut ring = [0u8; 8];
-            rustix::io::read(&self.doorbell, &mut ring).map_err(|error| error.raw_os_error())?;
+            let rang = rustix::io::read(&self.doorbell, &mut ring);
+            ready = self.ready();
+            ready.waiting -= 1;
+            match rang {
+                Ok(_) => ready.rung -= 1,
+                // A ring meant for it, if one came, stays for the next
+                // waiter, still counted in `rung`.
+                Err(error) => return Err(error.raw_os_error()),
+            }
         }
     }
 
@@ -991,8 +1017,8 @@ mod tests {
     }
 
     /// Two waiters, and events raised while they wait and taken by a
-    /// third caller too: each event goes to one caller, and the
-    /// descriptor is readable exactly while one waits. Waiters that read
+    /// third caller too: each event goes to one caller, the descriptor
+    /// is readable exactly while one waits, and no ring is left over. Waiters that read
     /// the program's descriptor took counts a lock holder had just seen
     /// there, which then blocked in its read holding the lock (found by
     /// review); they wait on the doorbell now.
@@ -1019,9 +1045,18 @@ mod tests {
         taken.sort_unstable();
         assert_eq!(taken, vec![0x10, 0x20, 0x30]);
         assert!(!readable(&channel), "a count with no event behind it");
-        assert!(channel.ready().is_empty());
-        // Rings outlast their events: a waiter finds none and waits on
-        // (here it would block, so the descriptor is made non-blocking).
+        assert!(channel.ready().queues.is_empty());
+        // No ring is left over: the third event, which no waiter needed,
+        // rang nothing (rung for every event, the rings of events others
+        // took piled up, and a later wait spun through each).
+        assert_eq!(channel.ready().rung, 0);
+        rustix::fs::fcntl_setfl(&channel.doorbell, rustix::fs::OFlags::NONBLOCK).unwrap();
+        let mut ring = [0u8; 8];
+        assert_eq!(
+            rustix::io::read(&channel.doorbell, &mut ring),
+            Err(rustix::io::Errno::AGAIN)
+        );
+        // A non-blocking descriptor answers EAGAIN with no event.
         rustix::fs::fcntl_setfl(&channel.events, rustix::fs::OFlags::NONBLOCK).unwrap();
         assert_eq!(channel.next_event(|queue| queue), Err(libc::EAGAIN));
     }
