@@ -969,15 +969,25 @@ mod tests {
 
     /// The CAS linking the entry at `entry` after the tail at `target`.
     fn link(resolver: &mut Resolver, psn: u32, target: u64, entry: u64) {
+        let cas = Opcode::CompareSwap;
+        pass(resolver, true, cas, psn, &[], cas_linking(target, entry));
+    }
+
+    /// The AtomicETH of a CAS linking the entry at `entry` after the tail
+    /// at `target` (offsets in the region).
+    fn cas_linking(
+        target: u64,
+        entry: u64,
+    ) -> impl FnOnce(&mut remora_wire::frame::ExtensionHeaders) {
         let swap = NextPointer::new(entry, 1, false).unwrap().word();
-        pass(resolver, true, Opcode::CompareSwap, psn, &[], |headers| {
+        move |headers| {
             headers.atomic_eth = Some(AtomicEthRepr {
                 virtual_address: VirtAddr(REGION.base.0 + target),
                 rkey: REGION.rkey,
                 swap_or_add: swap,
                 compare: 0,
             });
-        });
+        }
     }
 
     fn read(resolver: &mut Resolver, psn: u32) {
@@ -1132,15 +1142,7 @@ mod tests {
         let mut resolver = resolver();
         let payload = entry_of_key();
         let reth = reth_of_entry(0x6000);
-        let swap = NextPointer::new(0x6000, 1, false).unwrap().word();
-        let atomic = |headers: &mut remora_wire::frame::ExtensionHeaders| {
-            headers.atomic_eth = Some(AtomicEthRepr {
-                virtual_address: VirtAddr(REGION.base.0 + 0x1800),
-                rkey: REGION.rkey,
-                swap_or_add: swap,
-                compare: 0,
-            });
-        };
+        let atomic = cas_linking(0x1800, 0x6000);
         let to_memory = ends_of(0, true);
         let write = frame_between(
             to_memory,
@@ -1196,16 +1198,8 @@ mod tests {
     fn a_corrupt_cas_is_not_given_a_fresh_icrc() {
         let mut resolver = resolver();
         entry_write(&mut resolver, 10, 0x3000);
-        let swap = NextPointer::new(0x3000, 1, false).unwrap().word();
-        let fill = |headers: &mut remora_wire::frame::ExtensionHeaders| {
-            headers.atomic_eth = Some(AtomicEthRepr {
-                // A stale tail: a clean one is rewritten to 0x2000.
-                virtual_address: VirtAddr(REGION.base.0 + 0x1800),
-                rkey: REGION.rkey,
-                swap_or_add: swap,
-                compare: 0,
-            });
-        };
+        // A stale tail: a clean one is rewritten to 0x2000.
+        let fill = cas_linking(0x1800, 0x3000);
         let mut seen = None;
         let frame = (true, Opcode::CompareSwap, 11);
         pass_changed(&mut resolver, frame, &[], fill, |bytes, headers| {
@@ -1251,15 +1245,7 @@ mod tests {
         let to_memory = ends_of(client, true);
         let write = (Opcode::RdmaWriteOnly, psn);
         pass_at(resolver, now, to_memory, write, &payload, reth, |_, _| {});
-        let swap = NextPointer::new(entry, 1, false).unwrap().word();
-        let atomic = |headers: &mut remora_wire::frame::ExtensionHeaders| {
-            headers.atomic_eth = Some(AtomicEthRepr {
-                virtual_address: VirtAddr(REGION.base.0 + target),
-                rkey: REGION.rkey,
-                swap_or_add: swap,
-                compare: 0,
-            });
-        };
+        let atomic = cas_linking(target, entry);
         let cas = (Opcode::CompareSwap, psn + 1);
         let packet = pass_at(resolver, now, to_memory, cas, &[], atomic, |_, _| {});
         let at = packet.headers.roce.unwrap().extension_offset;
