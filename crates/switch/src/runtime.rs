@@ -166,10 +166,6 @@ pub struct Switch<P: Program> {
     counters: SwitchCounters,
     transmit_cursor: usize,
     pool: BufferPool,
-    /// Whether the frames leaving now take the background queue: the
-    /// class of the packet in the pipeline (a background template's, or
-    /// what its program chose).
-    background: bool,
 }
 
 impl<P: Program> Switch<P> {
@@ -186,7 +182,6 @@ impl<P: Program> Switch<P> {
             counters: SwitchCounters::default(),
             transmit_cursor: 0,
             pool: BufferPool::new(MAX_POOLED_BUFFERS),
-            background: false,
         }
     }
 
@@ -276,7 +271,7 @@ impl<P: Program> Switch<P> {
             self.counters.dropped_unknown_port += 1;
             return;
         }
-        self.inject(now, port, bytes, emit);
+        self.inject(now, port, bytes, false, emit);
         self.packets_out(now, emit);
         self.debug_check_invariants();
     }
@@ -290,11 +285,21 @@ impl<P: Program> Switch<P> {
                 return;
             };
             self.counters.generated += 1;
-            self.inject(now, GENERATOR_PORT, &frame, emit);
+            self.inject(now, GENERATOR_PORT, &frame, false, emit);
         }
     }
 
-    fn inject(&mut self, now: Timestamp, port: PortId, bytes: &[u8], emit: &mut Emit<'_>) {
+    /// A frame into the pipeline from `port`, in the background class if
+    /// `background` (a background template's packet; the program may
+    /// change it).
+    fn inject(
+        &mut self,
+        now: Timestamp,
+        port: PortId,
+        bytes: &[u8],
+        background: bool,
+        emit: &mut Emit<'_>,
+    ) {
         // Copy first, then parse the copy: the bytes may sit in memory
         // another process writes, and the offsets must describe what the
         // pipeline actually holds.
@@ -305,10 +310,8 @@ impl<P: Program> Switch<P> {
             return;
         };
         let mut packet = Packet::new(buffer, port, headers);
-        let ambient = self.background;
-        packet.background = ambient;
+        packet.background = background;
         self.run_pipeline(now, &mut packet, emit);
-        self.background = ambient;
     }
 
     fn run_pipeline(&mut self, now: Timestamp, packet: &mut Packet, emit: &mut Emit<'_>) {
@@ -316,7 +319,6 @@ impl<P: Program> Switch<P> {
         // which is capped.
         loop {
             self.program.ingress(now, packet);
-            self.background = packet.background;
             if let Some(digest) = packet.digest.take() {
                 self.deliver_digest(digest);
             }
@@ -328,7 +330,7 @@ impl<P: Program> Switch<P> {
             if let Some(mirror) = packet.mirror.take() {
                 self.counters.mirrored += 1;
                 let copy = self.buffer_from(&packet.bytes);
-                self.output(mirror, copy, emit);
+                self.output(mirror, copy, packet.background, emit);
             }
             if !packet.recirculate {
                 break;
@@ -347,8 +349,10 @@ impl<P: Program> Switch<P> {
         }
         let bytes = std::mem::take(&mut packet.bytes);
         match packet.egress {
-            Egress::Port(port) => self.output(port, bytes, emit),
-            Egress::Flood => self.flood(packet.original_ingress_port, bytes, emit),
+            Egress::Port(port) => self.output(port, bytes, packet.background, emit),
+            Egress::Flood => {
+                self.flood(packet.original_ingress_port, bytes, packet.background, emit)
+            }
             Egress::Consumed => {
                 self.counters.consumed_by_program += 1;
                 self.recycle(bytes);
@@ -450,13 +454,19 @@ impl<P: Program> Switch<P> {
         self.digests.push_back(digest);
     }
 
-    fn flood(&mut self, ingress_port: PortId, bytes: Vec<u8>, emit: &mut Emit<'_>) {
+    fn flood(
+        &mut self,
+        ingress_port: PortId,
+        bytes: Vec<u8>,
+        background: bool,
+        emit: &mut Emit<'_>,
+    ) {
         self.counters.flooded += 1;
         for port in 0..self.config.port_count {
             if PortId(port) != ingress_port {
                 self.counters.flood_copies += 1;
                 let copy = self.buffer_from(&bytes);
-                self.output(PortId(port), copy, emit);
+                self.output(PortId(port), copy, background, emit);
             }
         }
         self.recycle(bytes);
@@ -495,8 +505,8 @@ impl<P: Program> Switch<P> {
 
     /// Cut-through when the port's queue is empty and the carrier takes
     /// the frame, background frames too (nothing waits for them to yield
-    /// to); otherwise the egress queue.
-    fn output(&mut self, port: PortId, bytes: Vec<u8>, emit: &mut Emit<'_>) {
+    /// to); otherwise the egress queue of the frame's class.
+    fn output(&mut self, port: PortId, bytes: Vec<u8>, background: bool, emit: &mut Emit<'_>) {
         if bytes.len() > MAX_FRAME_LEN {
             self.counters.dropped_too_large += 1;
             self.recycle(bytes);
@@ -510,15 +520,15 @@ impl<P: Program> Switch<P> {
             match emit(port, &bytes) {
                 Emitted::Sent => self.counters.transmitted += 1,
                 Emitted::Lost => self.counters.dropped_port_failed += 1,
-                Emitted::Refused => return self.enqueue(port, bytes),
+                Emitted::Refused => return self.enqueue(port, bytes, background),
             }
             self.recycle(bytes);
             return;
         }
-        self.enqueue(port, bytes);
+        self.enqueue(port, bytes, background);
     }
 
-    fn enqueue(&mut self, port: PortId, bytes: Vec<u8>) {
+    fn enqueue(&mut self, port: PortId, bytes: Vec<u8>, background: bool) {
         let Some(queue) = self.egress.get_mut(usize::from(port.0)) else {
             self.counters.dropped_unknown_egress_port += 1;
             self.recycle(bytes);
@@ -530,7 +540,7 @@ impl<P: Program> Switch<P> {
             // yields: a flow in the background class (Cowbird-P4's queue
             // pairs) then loses its tail, not a frame from the middle of a
             // run, which its receiver would refuse all the rest of.
-            let evicted = if self.background {
+            let evicted = if background {
                 None
             } else {
                 queue.background.pop_back()
@@ -545,7 +555,7 @@ impl<P: Program> Switch<P> {
             }
         }
         let queue = &mut self.egress[usize::from(port.0)];
-        if self.background {
+        if background {
             queue.background.push_back(bytes);
         } else {
             queue.normal.push_back(bytes);
@@ -616,9 +626,10 @@ impl<P: Program> Switch<P> {
         });
         for (bytes, priority) in due {
             self.counters.generated += 1;
-            self.background = priority == 0;
-            self.inject(now, GENERATOR_PORT, &bytes, &mut |_, _| Emitted::Refused);
-            self.background = false;
+            let background = priority == 0;
+            self.inject(now, GENERATOR_PORT, &bytes, background, &mut |_, _| {
+                Emitted::Refused
+            });
         }
         self.packets_out(now, &mut |_, _| Emitted::Refused);
         self.debug_check_invariants();
