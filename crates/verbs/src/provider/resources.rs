@@ -324,8 +324,8 @@ pub(super) unsafe fn dereg_mr(mr: *mut ibv_mr) -> c_int {
 /// there, so it never blocks holding the lock that every completion
 /// takes. (A program reading the descriptor itself at that very moment
 /// can still block it.) A caller waiting for an event blocks instead in a
-/// `read` of `doorbell`, a second eventfd rung once per event raised: a
-/// waiter that read the program's descriptor took counts a lock holder
+/// `read` of `doorbell`, a second eventfd rung for each event a waiter
+/// needs: a waiter that read the program's descriptor took counts a lock holder
 /// had just seen there, which then blocked in its own read holding the
 /// lock, and the node with it (found by review).
 pub(super) struct ChannelShared {
@@ -386,7 +386,16 @@ impl ChannelShared {
     /// Takes one counted event off the descriptor if one is there, without
     /// waiting; the caller holds the lock. Whether one was.
     fn take_count(&self) -> bool {
-        let mut readable = [rustix::event::PollFd::new(
+        if !self.readable() {
+            return false;
+        }
+        let mut counter = [0u8; 8];
+        rustix::io::read(&self.events, &mut counter).is_ok()
+    }
+
+    /// Whether the program's descriptor holds a count, as `poll` says.
+    fn readable(&self) -> bool {
+        let mut descriptor = [rustix::event::PollFd::new(
             &self.events,
             rustix::event::PollFlags::IN,
         )];
@@ -394,11 +403,7 @@ impl ChannelShared {
             tv_sec: 0,
             tv_nsec: 0,
         };
-        if !matches!(rustix::event::poll(&mut readable, Some(&zero)), Ok(1)) {
-            return false;
-        }
-        let mut counter = [0u8; 8];
-        rustix::io::read(&self.events, &mut counter).is_ok()
+        matches!(rustix::event::poll(&mut descriptor, Some(&zero)), Ok(1))
     }
 
     /// Forgets `cq`'s pending events, and uncounts them: the program can
@@ -1004,18 +1009,6 @@ pub(super) unsafe fn destroy_ah(ah: *mut ibv_ah) -> c_int {
 mod tests {
     use super::*;
 
-    fn readable(channel: &ChannelShared) -> bool {
-        let mut descriptor = [rustix::event::PollFd::new(
-            &channel.events,
-            rustix::event::PollFlags::IN,
-        )];
-        let zero = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        matches!(rustix::event::poll(&mut descriptor, Some(&zero)), Ok(1))
-    }
-
     /// Two waiters, and events raised while they wait and taken by a
     /// third caller too: each event goes to one caller, the descriptor
     /// is readable exactly while one waits, and no ring is left over. Waiters that read
@@ -1040,11 +1033,11 @@ mod tests {
             .map(|waiter| waiter.join().unwrap())
             .collect();
         // The third event is the taker's; none is left.
-        assert!(readable(&channel));
+        assert!(channel.readable());
         taken.push(channel.next_event(|queue| queue).unwrap());
         taken.sort_unstable();
         assert_eq!(taken, vec![0x10, 0x20, 0x30]);
-        assert!(!readable(&channel), "a count with no event behind it");
+        assert!(!channel.readable(), "a count with no event behind it");
         assert!(channel.ready().queues.is_empty());
         // No ring is left over: the third event, which no waiter needed,
         // rang nothing (rung for every event, the rings of events others
