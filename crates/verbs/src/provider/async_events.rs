@@ -35,6 +35,41 @@ pub(super) enum Element {
     QueuePair(usize),
 }
 
+impl Element {
+    /// What `event` names, by its type.
+    ///
+    /// # Safety
+    /// `event` is one [`AsyncEvents::take`] wrote: its union's field is
+    /// the one its type names.
+    pub(super) unsafe fn of(event: &ibv_async_event) -> Element {
+        // SAFETY: the caller's promise.
+        unsafe {
+            match event.event_type {
+                IBV_EVENT_SRQ_LIMIT_REACHED => {
+                    Element::SharedReceiveQueue(event.element.srq as usize)
+                }
+                IBV_EVENT_QP_LAST_WQE_REACHED => Element::QueuePair(event.element.qp as usize),
+                _ => Element::CompletionQueue(event.element.cq as usize),
+            }
+        }
+    }
+
+    /// The context of the queue it names.
+    ///
+    /// # Safety
+    /// The queue is live.
+    pub(super) unsafe fn context(self) -> *mut ibv_context {
+        // SAFETY: the caller's promise.
+        unsafe {
+            match self {
+                Element::CompletionQueue(cq) => (*(cq as *mut ibv_cq)).context,
+                Element::SharedReceiveQueue(srq) => (*(srq as *mut ibv_srq)).context,
+                Element::QueuePair(qp) => (*(qp as *mut ibv_qp)).context,
+            }
+        }
+    }
+}
+
 /// One event raised and not yet taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Raised {
@@ -162,26 +197,9 @@ impl AsyncEvents {
         0
     }
 
-    /// `ibv_ack_async_event`: the program is done with an event it took.
-    ///
-    /// # Safety
-    /// `event` is null or points at an event [`AsyncEvents::take`] wrote.
-    pub(super) unsafe fn acknowledge(&self, event: *const ibv_async_event) {
-        if event.is_null() {
-            return;
-        }
-        // SAFETY: the caller's promise.
-        let event = unsafe { event.read() };
-        // SAFETY: the union's field as `take` wrote it for the event type.
-        let element = unsafe {
-            match event.event_type {
-                IBV_EVENT_SRQ_LIMIT_REACHED => {
-                    Element::SharedReceiveQueue(event.element.srq as usize)
-                }
-                IBV_EVENT_QP_LAST_WQE_REACHED => Element::QueuePair(event.element.qp as usize),
-                _ => Element::CompletionQueue(event.element.cq as usize),
-            }
-        };
+    /// `ibv_ack_async_event`: the program is done with an event it took,
+    /// which names `element`.
+    pub(super) fn acknowledge(&self, element: Element) {
         let mut state = self.state();
         if let Some(count) = state.unacknowledged.get_mut(&element) {
             *count -= 1;

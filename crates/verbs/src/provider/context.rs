@@ -1,7 +1,7 @@
 //! Opening and closing the device: a context whose operation tables point
 //! at this library's verbs, where rdma-core's inline functions look.
 
-use super::async_events::AsyncEvents;
+use super::async_events::{AsyncEvents, Element};
 use super::device::{
     context_object, device, node, node_of, query_device_extended, query_port_extended,
     ContextObject,
@@ -100,18 +100,14 @@ pub(super) unsafe fn ack_async_event(event: *mut c_void) {
     if event.is_null() {
         return;
     }
-    // SAFETY: the caller's promise: the union's field for the event type,
-    // a live queue, and its live context.
-    let context = unsafe {
-        match (*event).event_type {
-            IBV_EVENT_SRQ_LIMIT_REACHED => (*(*event).element.srq).context,
-            IBV_EVENT_QP_LAST_WQE_REACHED => (*(*event).element.qp).context,
-            _ => (*(*event).element.cq).context,
-        }
-    };
+    // SAFETY: the caller's promise: an event `take` wrote, naming a live
+    // queue of a live context.
+    let element = unsafe { Element::of(&*event) };
+    // SAFETY: as above.
+    let context = unsafe { element.context() };
     if context.is_null() {
         return;
     }
     // SAFETY: as above.
-    unsafe { context_object(context).events.acknowledge(event) };
+    unsafe { context_object(context).events.acknowledge(element) };
 }
