@@ -978,6 +978,92 @@ fn a_resend_of_a_call_that_failed_with_its_callee_is_answered_failed_again() {
     assert_eq!(switch.program().counters().failed_resends_answered, 2);
 }
 
+/// Many calls that shared one callee's fate were answered failed together
+/// when it failed, and the Gatekeeper kept each in a hashed register cell,
+/// one call a cell: calls that hashed to the same cell overwrote one
+/// another (200 calls from 20 callers in 4,096 cells), and the resend
+/// of an overwritten one ran on the replacement after its caller was told
+/// it had failed. Each is kept under its own key now.
+#[test]
+fn calls_failed_together_with_their_callee_are_each_answered_failed_again() {
+    use remora_base::Timestamp;
+    use remora_switch::PortId;
+    use remora_wire::bifrost::{BifrostHeader, BifrostRepr, CallType, GlobalAddress};
+    const CALLS: u64 = 200;
+    let FailoverSwitch {
+        mut switch,
+        failed,
+        spare,
+        caller,
+        service,
+    } = failover_switch();
+    let now = Timestamp::ZERO;
+    let mut buffer = vec![0u8; 4096];
+    // The call types the switch sends, by egress port, until it is idle.
+    let mut drain = |switch: &mut remora_switch::Switch<Overlaid<Gatekeeper>>| {
+        let mut out = Vec::new();
+        for _ in 0..CALLS * 2 {
+            switch.handle_timeout(now);
+            let mut idle = true;
+            while let Some((port, length)) = switch.poll_transmit(now, &mut buffer) {
+                let payload = &buffer[remora_wire::datagram::DATAGRAM_HEADERS_LEN..length];
+                let header = BifrostHeader::new_checked(payload).unwrap();
+                out.push((port, header.call_type()));
+                idle = false;
+            }
+            if idle {
+                break;
+            }
+        }
+        out
+    };
+    // Twenty callers (the caller's ports) of ten calls each, as a busy
+    // node sees them: sequential ids from one caller alone spread evenly
+    // over a Fibonacci hash, but callers' ids together do not.
+    let frames: Vec<Vec<u8>> = (0..CALLS)
+        .map(|index| {
+            let rpc_id = 1 + index % 10;
+            let mut call =
+                BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
+            call.flags |= remora_bifrost::rpc::SHARE_FATE_FLAG;
+            let from = DatagramEnd {
+                port: caller.port + (index / 10) as u16,
+                ..caller
+            };
+            header_frame(call, from, service)
+        })
+        .collect();
+    for frame in &frames {
+        switch.handle_frame(now, PortId(2), frame);
+    }
+    assert_eq!(drain(&mut switch).len(), CALLS as usize);
+    switch.program_mut().mark_failed(failed.address).unwrap();
+    let answers = drain(&mut switch);
+    assert_eq!(
+        answers,
+        vec![(PortId(2), CallType::Exception); CALLS as usize]
+    );
+    switch
+        .program_mut()
+        .recover(failed.address, spare.address)
+        .unwrap();
+    let _ = drain(&mut switch);
+    for frame in &frames {
+        switch.handle_frame(now, PortId(2), frame);
+    }
+    let resent = drain(&mut switch);
+    let ran_on_spare = resent.iter().filter(|(port, _)| *port == PortId(1)).count();
+    assert_eq!(ran_on_spare, 0, "no resend runs on the spare");
+    let answered_failed = resent
+        .iter()
+        .filter(|sent| **sent == (PortId(2), CallType::Exception))
+        .count();
+    assert_eq!(answered_failed, CALLS as usize);
+    let counters = switch.program().counters();
+    assert_eq!(counters.failed_resends_answered, CALLS);
+    assert_eq!(counters.recent_calls_forgotten_early, 0);
+}
+
 /// A node found silent by the heartbeat timeout lost its `heard` entry
 /// before it was marked failed, so its fence kept no incarnation and the
 /// failed life's own next heartbeat lifted it (a node only slow, or cut

@@ -20,15 +20,16 @@
 pub mod acl;
 pub mod audit;
 pub mod memory;
+mod recent;
 
 use crate::dsm::GlobalPtr;
 use crate::rpc::checkpoint::{split_reply, CHECKPOINT_FLAG, MAX_CHECKPOINT_BYTES};
 use acl::AclError;
 use memory::{MemoryCounters, MemoryNode, MemoryStage, MemoryStageConfig};
+use recent::RecentCalls;
 use remora_base::Timestamp;
 use remora_switch::packet::{Digest, Egress, Packet};
 use remora_switch::programs::overlay::{Claim, Overlay};
-use remora_switch::register::RegisterArray;
 use remora_switch::resources::ResourceReport;
 use remora_switch::table::{ExactTable, TableError, TableShape};
 pub use remora_wire::bifrost::NodeKind;
@@ -190,6 +191,12 @@ pub struct GatekeeperCounters {
     /// holds no rights on it, or it has no rules, or its grants are
     /// full): routed, and the callee's accesses are refused.
     pub leases_refused: u64,
+    /// Answered, expired and failed-with-callee calls forgotten before
+    /// their call lease had passed, to make room in a full table: a
+    /// resend of one is taken for a new call (an answered one goes by the
+    /// route, a failed one may run on the replacement). Zero unless more
+    /// calls than the graph holds leave it within one lease.
+    pub recent_calls_forgotten_early: u64,
     /// What the memory stage (the ACL on RDMA) counted.
     pub memory: MemoryCounters,
 }
@@ -251,20 +258,21 @@ pub struct Gatekeeper {
     nodes: ExactTable<Ipv4Address, NodeInfo>,
     routes: ExactTable<MethodKey, Ipv4Address>,
     graph: ExactTable<CallKey, CallEdge>,
-    /// Calls recently answered, one per cell at their key's hash (a newer
-    /// answer overwrites an older one in its cell): a resend of one lends
-    /// nothing, for its reply has ended its lease and the callee will not
-    /// run it again.
-    answered: RegisterArray<Option<(CallKey, Ipv4Address)>>,
-    /// Calls whose lease ran out unanswered, one per cell as `answered`:
-    /// a late reply from their callee still hands over the pointer it
-    /// returns.
-    expired: RegisterArray<Option<CallEdge>>,
+    /// Calls recently answered, with the callee that answered: a resend
+    /// of one lends nothing, for its reply has ended its lease, and goes
+    /// to that callee, which answers it from its replies.
+    answered: RecentCalls<Ipv4Address>,
+    /// Calls whose lease ran out unanswered: a late reply from their
+    /// callee still hands over the pointer it returns.
+    expired: RecentCalls<CallEdge>,
     /// Calls that shared a failed callee's fate and were answered failed
-    /// in its stead, one per cell as `answered`: a resend of one that
-    /// crossed the failure is answered failed again, not routed to the
-    /// replacement, where it ran after its caller was told it had failed.
-    failed_with_callee: RegisterArray<Option<CallEdge>>,
+    /// in its stead: a resend of one that crossed the failure is answered
+    /// failed again, not routed to the replacement, where it ran after its
+    /// caller was told it had failed.
+    failed_with_callee: RecentCalls<CallEdge>,
+    /// The time of the last packet the data plane saw: the control
+    /// plane's calls (a failure marked) are stamped with it.
+    clock: Timestamp,
     /// Each node's newest checkpoint (b2), taken off its replies.
     checkpoints: ExactTable<Ipv4Address, (u64, Vec<u8>)>,
     /// Each caller's newest checkpoint (a1, a2), taken off its calls.
@@ -433,13 +441,25 @@ impl Gatekeeper {
                 304,
                 config.calls_in_flight,
             )),
-            answered: RegisterArray::new("gatekeeper_answered", 1, config.calls_in_flight),
-            expired: RegisterArray::new("gatekeeper_expired", 1, config.calls_in_flight),
-            failed_with_callee: RegisterArray::new(
-                "gatekeeper_failed_with_callee",
-                1,
-                config.calls_in_flight,
+            answered: RecentCalls::new(
+                shape("gatekeeper_answered", 1, 112, 32, config.calls_in_flight),
+                config.call_lease,
             ),
+            expired: RecentCalls::new(
+                shape("gatekeeper_expired", 1, 112, 304, config.calls_in_flight),
+                config.call_lease,
+            ),
+            failed_with_callee: RecentCalls::new(
+                shape(
+                    "gatekeeper_failed_with_callee",
+                    1,
+                    112,
+                    304,
+                    config.calls_in_flight,
+                ),
+                config.call_lease,
+            ),
+            clock: Timestamp::ZERO,
             checkpoints: ExactTable::new(shape(
                 "gatekeeper_checkpoints",
                 2,
@@ -649,18 +669,20 @@ impl Gatekeeper {
         }
         self.next_lease_check = now.saturating_add(self.call_lease / 4);
         let lease = self.call_lease;
-        let expired: Vec<CallKey> = self
+        let mut expired: Vec<CallKey> = self
             .graph
             .iter()
             .filter(|(_, edge)| edge.since.saturating_add(lease) < now)
             .map(|(key, _)| *key)
             .collect();
+        // One order for every run of a seed, whatever the table's: the
+        // order they are recorded in is the order they are forgotten in.
+        expired.sort_unstable_by_key(|(caller, port, rpc_id)| (caller.0, *port, *rpc_id));
         for key in expired {
             if let Some(edge) = self.graph.remove(&key) {
                 // The lease ends with the call, answered or not.
                 self.end_call_lease(&edge);
-                let cell = call_cell(&key, self.expired.len());
-                self.expired.update(cell, |_| Some(edge));
+                self.expired.record(now, key, edge);
             }
             self.call_frames.remove(&key);
             self.counters.calls_expired += 1;
@@ -716,6 +738,9 @@ impl Gatekeeper {
     pub fn counters(&self) -> GatekeeperCounters {
         GatekeeperCounters {
             memory: self.memory.counters(),
+            recent_calls_forgotten_early: self.answered.forgotten_early()
+                + self.expired.forgotten_early()
+                + self.failed_with_callee.forgotten_early(),
             ..self.counters
         }
     }
@@ -831,8 +856,7 @@ impl Gatekeeper {
     fn fail_with_callee(&mut self, edge: CallEdge) {
         self.answer_failed(&edge);
         let key = (edge.caller, edge.caller_port, edge.rpc_id);
-        let cell = call_cell(&key, self.failed_with_callee.len());
-        self.failed_with_callee.update(cell, |_| Some(edge));
+        self.failed_with_callee.record(self.clock, key, edge);
     }
 
     /// Answers a call that shares its callee's fate, in the callee's
@@ -1524,53 +1548,33 @@ impl Gatekeeper {
             .is_some_and(|edge| self.holder(source) != self.holder(edge.callee))
     }
 
-    /// The cell of `answered` that remembers `key`.
     /// The call, if it shared its callee's fate and was answered failed.
     fn failed_with_its_callee(&self, key: &CallKey) -> Option<CallEdge> {
-        let cell = call_cell(key, self.failed_with_callee.len());
-        let edge = self.failed_with_callee.read(cell).flatten()?;
-        ((edge.caller, edge.caller_port, edge.rpc_id) == *key).then_some(edge)
-    }
-
-    fn answered_cell(&self, key: &CallKey) -> usize {
-        call_cell(key, self.answered.len())
+        self.failed_with_callee.get(key).copied()
     }
 
     /// The call whose lease ran out that a late reply from `source`
-    /// answers, taken from `expired`; none if its cell holds another
-    /// call, or the reply is not from the call's callee.
+    /// answers, taken from `expired`; none if it is not remembered, or
+    /// the reply is not from the call's callee.
     fn take_expired(&mut self, key: &CallKey, source: Ipv4Address) -> Option<CallEdge> {
-        let cell = call_cell(key, self.expired.len());
-        let edge = self.expired.read(cell).flatten()?;
-        let same_call = (edge.caller, edge.caller_port, edge.rpc_id) == *key;
-        if !same_call || self.holder(source) != self.holder(edge.callee) {
+        let edge = self.expired.get(key)?;
+        if self.holder(source) != self.holder(edge.callee) {
             return None;
         }
-        self.expired.update(cell, |_| None);
-        Some(edge)
+        self.expired.take(key)
     }
 
     /// The callee that answered `key`, if it was answered lately.
     fn answered_by(&self, key: &CallKey) -> Option<Ipv4Address> {
-        let cell = self.answered_cell(key);
-        let (answered, callee) = self.answered.read(cell).flatten()?;
-        (answered == *key).then_some(callee)
+        self.answered.get(key).copied()
     }
 
     /// Forgets the answered calls whose callee was `node`: a node that
     /// announces itself at an address is a new life, which never ran
     /// them, and a resend of one goes by the route again. Bounded by the
-    /// register's cells, once per announcement.
+    /// table's capacity, once per announcement.
     fn forget_answers_of(&mut self, node: Ipv4Address) {
-        for cell in 0..self.answered.len() {
-            self.answered
-                .update(cell, |entry| entry.filter(|(_, callee)| *callee != node));
-        }
-    }
-
-    fn remember_answered(&mut self, key: CallKey, callee: Ipv4Address) {
-        let cell = self.answered_cell(&key);
-        self.answered.update(cell, |_| Some((key, callee)));
+        self.answered.forget_where(|callee| *callee == node);
     }
 
     /// A reply on its way to its caller: the call leaves the graph.
@@ -1598,23 +1602,13 @@ impl Gatekeeper {
         } else {
             return;
         };
-        self.remember_answered(key, callee);
+        self.answered.record(self.clock, key, callee);
         self.counters.replies += 1;
         packet.digest = Some(Digest {
             kind: DIGEST_REPLY,
             values: [u64::from(u32::from_be_bytes(caller.0)), rpc_id, 0, 0],
         });
     }
-}
-
-/// The cell a call's key takes in a register of `cells` cells.
-fn call_cell(key: &CallKey, cells: usize) -> usize {
-    let (address, port, rpc_id) = *key;
-    let mixed =
-        (u64::from(u32::from_be_bytes(address.0)) << 16 | u64::from(port)) ^ rpc_id.rotate_left(29);
-    // Fibonacci hashing: the high bits of the product mix every field.
-    let hash = mixed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
-    (hash as usize) % cells.max(1)
 }
 
 impl Overlay for Gatekeeper {
@@ -1627,6 +1621,7 @@ impl Overlay for Gatekeeper {
     }
 
     fn before_forwarding(&mut self, now: Timestamp, packet: &mut Packet) -> Claim {
+        self.clock = self.clock.max(now);
         self.check_liveness(now, packet);
         self.expire_calls(now);
         if self.fenced_out(packet) {
@@ -1702,9 +1697,9 @@ impl Overlay for Gatekeeper {
         report.tables.push(self.checkpoints.resources());
         report.tables.push(self.caller_checkpoints.resources());
         report.tables.push(self.call_frames.resources());
-        report.registers.push(self.answered.resources());
-        report.registers.push(self.expired.resources());
-        report.registers.push(self.failed_with_callee.resources());
+        report.tables.push(self.answered.resources());
+        report.tables.push(self.expired.resources());
+        report.tables.push(self.failed_with_callee.resources());
         report.tables.push(self.heard.resources());
         report.tables.push(self.standing_for.resources());
         report.tables.push(self.replaced_by.resources());
