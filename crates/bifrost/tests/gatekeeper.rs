@@ -899,6 +899,70 @@ fn a_node_marked_failed_is_fenced() {
     assert!(switch.program().node(failed.address).is_some());
 }
 
+/// A call held for a failed node has no callee that may answer it until
+/// its replacement takes it, and one answered failed with its callee runs
+/// nowhere. The forged-reply check looked only at the graph, so a reply to
+/// either from any host passed: the caller took it as the outcome, and
+/// then the replacement ran the held call.
+#[test]
+fn a_reply_to_a_held_or_failed_call_is_forged() {
+    use remora_base::Timestamp;
+    use remora_switch::PortId;
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
+    let FailoverSwitch {
+        mut switch,
+        failed,
+        spare,
+        caller,
+        service,
+    } = failover_switch();
+    let now = Timestamp::ZERO;
+    let mut buffer = vec![0u8; 4096];
+    let mut sent_to = |switch: &mut remora_switch::Switch<Overlaid<Gatekeeper>>| {
+        let mut ports = Vec::new();
+        switch.handle_timeout(now);
+        while let Some((port, _)) = switch.poll_transmit(now, &mut buffer) {
+            ports.push(port);
+        }
+        ports
+    };
+    let mut shared = BifrostRepr::new(CallType::Call, "increment", 5, GlobalAddress::NULL).unwrap();
+    shared.flags |= remora_bifrost::rpc::SHARE_FATE_FLAG;
+    switch.handle_frame(now, PortId(2), &header_frame(shared, caller, service));
+    assert_eq!(sent_to(&mut switch), [PortId(0)]);
+    switch.program_mut().mark_failed(failed.address).unwrap();
+    assert_eq!(
+        sent_to(&mut switch),
+        [PortId(2)],
+        "the Gatekeeper's answer passes"
+    );
+    let held = BifrostRepr::new(CallType::Call, "increment", 7, GlobalAddress::NULL).unwrap();
+    switch.handle_frame(now, PortId(2), &header_frame(held, caller, service));
+    assert_eq!(sent_to(&mut switch), []);
+    assert_eq!(switch.program().counters().held, 1);
+    // The spare answers both before it has either.
+    for rpc_id in [5, 7] {
+        let forged = BifrostRepr::new(CallType::Reply, "", rpc_id, GlobalAddress::NULL).unwrap();
+        switch.handle_frame(now, PortId(1), &header_frame(forged, spare, caller));
+        assert_eq!(
+            sent_to(&mut switch),
+            [],
+            "call {rpc_id}'s forged reply passed"
+        );
+    }
+    assert_eq!(switch.program().counters().forged_replies, 2);
+    // Recovered, the spare runs the held call, and its reply passes.
+    switch
+        .program_mut()
+        .recover(failed.address, spare.address)
+        .unwrap();
+    assert_eq!(sent_to(&mut switch), [PortId(1)]);
+    let reply = BifrostRepr::new(CallType::Reply, "", 7, GlobalAddress::NULL).unwrap();
+    switch.handle_frame(now, PortId(1), &header_frame(reply, spare, caller));
+    assert_eq!(sent_to(&mut switch), [PortId(2)]);
+    assert_eq!(switch.program().counters().replies, 1);
+}
+
 /// A call that shared its callee's fate was answered failed when the
 /// callee failed; a resend of it that crossed the failure was routed to
 /// the replacement and ran there, after its caller was told it failed. It

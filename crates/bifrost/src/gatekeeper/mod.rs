@@ -28,7 +28,7 @@ use acl::AclError;
 use memory::{MemoryCounters, MemoryNode, MemoryStage, MemoryStageConfig};
 use recent::RecentCalls;
 use remora_base::Timestamp;
-use remora_switch::packet::{Digest, Egress, Packet};
+use remora_switch::packet::{Digest, Egress, Packet, GENERATOR_PORT};
 use remora_switch::programs::overlay::{Claim, Overlay};
 use remora_switch::resources::ResourceReport;
 use remora_switch::table::{ExactTable, TableError, TableShape};
@@ -983,7 +983,7 @@ impl Gatekeeper {
     /// over. A heartbeat of a new boot lifts the fence, unless a stand-in
     /// sends under the address. The switch's own packets pass.
     fn fenced_out(&mut self, packet: &Packet) -> bool {
-        if packet.original_ingress_port == remora_switch::packet::GENERATOR_PORT {
+        if packet.original_ingress_port == GENERATOR_PORT {
             return false;
         }
         let Some(source) = packet.headers.ipv4.map(|fields| fields.source) else {
@@ -1534,8 +1534,9 @@ impl Gatekeeper {
         (caller, caller_port, rpc_id)
     }
 
-    /// Whether a reply answers a call in the graph from another node than
-    /// its callee: forged, to be dropped, the call staying.
+    /// Whether a reply is forged, to be dropped, the call staying: it
+    /// answers a call in the graph from another node than its callee, or
+    /// a call no node may answer now.
     fn is_forged_reply(&self, packet: &Packet, udp: usize, rpc_id: u64) -> bool {
         let source = packet
             .headers
@@ -1543,9 +1544,18 @@ impl Gatekeeper {
             .map(|fields| fields.source)
             .unwrap_or_default();
         let key = self.answered_call(packet, udp, rpc_id);
-        self.graph
-            .lookup(&key)
-            .is_some_and(|edge| self.holder(source) != self.holder(edge.callee))
+        if let Some(edge) = self.graph.lookup(&key) {
+            return self.holder(source) != self.holder(edge.callee);
+        }
+        // A held call's callee failed and is fenced, and no replacement
+        // has had the call yet; a call failed with its callee runs
+        // nowhere, answered by the Gatekeeper itself (its packet-outs).
+        // A reply to either passed to the caller, which took it as the
+        // call's outcome, and then the replacement ran the held call.
+        let own = packet.original_ingress_port == GENERATOR_PORT;
+        let answerable_by_none = self.held.iter().any(|(held, _)| *held == key)
+            || self.failed_with_callee.get(&key).is_some();
+        !own && answerable_by_none
     }
 
     /// The call, if it shared its callee's fate and was answered failed.
