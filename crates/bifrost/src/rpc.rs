@@ -756,22 +756,29 @@ impl Callee {
         let mut keep = checkpoint::REPLIES_PER_CALLER;
         let mut received_shed = false;
         let mut dropping = None;
-        // Each turn halves the replies kept or drops a caller: bounded by
-        // log2 of the replies plus the callers.
+        // Each turn sheds the received calls, halves the replies kept or
+        // drops a caller: bounded by log2 of the replies plus the callers
+        // plus one.
         loop {
             let too_large = match checkpoint.encode() {
                 Err(error @ checkpoint::CheckpointError::TooLarge(_)) => error,
                 encoded => return encoded,
             };
+            // The received calls go first: a replacement gets every one it
+            // sheds again (the caller resends it, the Gatekeeper replays
+            // it), where a reply body left out is an outcome lost for good
+            // (a resend is told `ReplyLost`). Shedding keeps the cover
+            // (`known_from`) the halving leaves too: it drops bodies, not
+            // ids.
+            if !std::mem::replace(&mut received_shed, true) {
+                shed_received(checkpoint);
+                continue;
+            }
             if keep > 0 {
                 keep /= 2;
                 for replies in checkpoint.replies.values_mut() {
                     checkpoint::leave_out_replies(replies, keep);
                 }
-                continue;
-            }
-            if !std::mem::replace(&mut received_shed, true) {
-                shed_received(checkpoint);
                 continue;
             }
             let order = dropping.get_or_insert_with(|| {
@@ -1262,6 +1269,40 @@ mod tests {
             .replies
             .values()
             .all(|replies| replies.contains_key(&16)));
+    }
+
+    /// Shrinking a checkpoint to one datagram halved the replies kept
+    /// before it shed the received two-way calls, which a replacement gets
+    /// again anyway (resent, or replayed by the Gatekeeper): a caller's
+    /// answered call lost its reply body, and its resend was told
+    /// `ReplyLost`, while the call that would come again stayed. The
+    /// received calls go first now.
+    #[test]
+    fn a_shrunk_checkpoint_sheds_received_calls_before_reply_bodies() {
+        let callee = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
+        let caller = caller_on(1);
+        let replies: BTreeMap<u64, Vec<u8>> = (1..=8u64).map(|id| (id, vec![1; 200])).collect();
+        let waiting =
+            BifrostRepr::new(CallType::Call, "increment", 9, GlobalAddress::NULL).unwrap();
+        let mut checkpoint = checkpoint::Checkpoint {
+            state: 0u64.to_be_bytes().to_vec(),
+            replies: BTreeMap::from([(caller, replies.clone())]),
+            received: BTreeMap::from([(
+                caller,
+                BTreeMap::from([(9, encode(&waiting, &[2; 1500]))]),
+            )]),
+            ..checkpoint::Checkpoint::default()
+        };
+        assert!(checkpoint.encode().is_err(), "too large whole");
+        callee.fit(&mut checkpoint).expect("fits");
+        assert!(
+            checkpoint.received.is_empty(),
+            "the call that comes again is shed"
+        );
+        assert_eq!(
+            checkpoint.replies[&caller], replies,
+            "every reply body is kept"
+        );
     }
 
     /// A Counter service's "increment" call with RPC id `rpc_id`.
