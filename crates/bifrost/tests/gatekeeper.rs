@@ -1242,6 +1242,65 @@ fn a_second_failover_keeps_the_stand_in_name() {
     assert_eq!(port, PortId(2));
 }
 
+/// A full caller-checkpoint table made room by the least recently renewed
+/// caller of all, so one host calling from many ports (each a caller of
+/// its own) evicted every other host's checkpoint, a live caller's too,
+/// whose restart then found none. The host with the most callers kept
+/// makes room now, its least recently renewed first.
+#[test]
+fn a_host_calling_from_many_ports_evicts_only_its_own_caller_checkpoints() {
+    use remora_base::Timestamp;
+    use remora_switch::programs::l2l3::L2L3Forwarding;
+    use remora_switch::{PortId, Switch, SwitchConfig};
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
+    use remora_wire::MacAddress;
+    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
+    let host = |last: u8, port| DatagramEnd {
+        mac: MacAddress([2, 0, 0, 0, 0, last]),
+        address: Ipv4Address::new(10, 0, 0, last),
+        port,
+    };
+    let (busy, server, quiet) = (host(1, 40000), host(2, BIFROST_PORT), host(3, 40000));
+    let hosts = [busy, server, quiet].map(|end| (end.mac, end.address));
+    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).unwrap();
+    let mut config = GatekeeperConfig::new(SERVICE);
+    config.nodes = 3;
+    let mut gatekeeper = Gatekeeper::new(config);
+    gatekeeper
+        .register_node(server.address, NodeKind::Compute, 0)
+        .unwrap();
+    gatekeeper.route("increment", server.address).unwrap();
+    let mut switch = Switch::new(SwitchConfig::new(3), Overlaid::new(forwarding, gatekeeper));
+    let service = DatagramEnd {
+        mac: router,
+        address: SERVICE,
+        port: BIFROST_PORT,
+    };
+    let call = |from: DatagramEnd, rpc_id: u64| {
+        let repr =
+            BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
+        checkpointed_datagram(repr, &1u64.to_be_bytes(), from, service)
+    };
+    // The quiet host calls once, first: the least recently renewed of all.
+    switch.handle_frame(Timestamp::ZERO, PortId(2), &call(quiet, 1));
+    for (index, port) in (40000u16..40010).enumerate() {
+        let from = DatagramEnd { port, ..busy };
+        switch.handle_frame(Timestamp::ZERO, PortId(0), &call(from, index as u64 + 1));
+    }
+    let gatekeeper = switch.program();
+    let kept = |end: DatagramEnd| {
+        gatekeeper
+            .caller_checkpoint_of((end.address, end.port))
+            .is_some()
+    };
+    assert!(kept(quiet), "the quiet host's checkpoint was evicted");
+    let busy_kept: Vec<u16> = (40000u16..40010)
+        .filter(|&port| kept(DatagramEnd { port, ..busy }))
+        .collect();
+    assert_eq!(busy_kept, [40008, 40009], "the busy host's newest");
+    assert_eq!(gatekeeper.counters().caller_checkpoints_evicted, 8);
+}
+
 /// Callers' checkpoints are kept per (address, port), in a table sized for
 /// the nodes. Callers that came and went (a restarted one may call from a
 /// new port) filled it, and every new caller's checkpoint was refused for

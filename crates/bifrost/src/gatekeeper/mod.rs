@@ -1223,8 +1223,10 @@ impl Gatekeeper {
         let full = table.len() >= table.resources().capacity;
         // A checkpoint too short to carry its sequence is dropped anyway.
         if new_caller && full && checkpoint.len() >= 8 {
-            if let Some(oldest) = self.caller_checkpoint_order.pop_front() {
-                self.caller_checkpoints.remove(&oldest);
+            if let Some(evicted) = self.caller_checkpoint_to_evict() {
+                self.caller_checkpoint_order
+                    .retain(|known| *known != evicted);
+                self.caller_checkpoints.remove(&evicted);
                 self.counters.caller_checkpoints_evicted += 1;
             }
         }
@@ -1239,6 +1241,36 @@ impl Gatekeeper {
             Kept::Refused => self.counters.checkpoints_refused += 1,
             Kept::Older => {}
         }
+    }
+
+    /// The caller whose checkpoint makes room in a full table: the least
+    /// recently renewed of the address with the most callers kept. Taken
+    /// from all callers alike, a host calling from many ports (each port a
+    /// caller) evicted every other host's checkpoint, live callers' too,
+    /// whose restart then found none; now it evicts its own first. Bounded
+    /// by the table's capacity.
+    fn caller_checkpoint_to_evict(&self) -> Option<(Ipv4Address, u16)> {
+        let mut kept_per_address: Vec<(Ipv4Address, usize)> = Vec::new();
+        for (address, _) in &self.caller_checkpoint_order {
+            match kept_per_address
+                .iter_mut()
+                .find(|(known, _)| known == address)
+            {
+                Some((_, count)) => *count += 1,
+                None => kept_per_address.push((*address, 1)),
+            }
+        }
+        let most = kept_per_address.iter().map(|(_, count)| *count).max()?;
+        let crowded = |address: &Ipv4Address| {
+            kept_per_address
+                .iter()
+                .any(|(known, count)| known == address && *count == most)
+        };
+        // The order runs least recently renewed first.
+        self.caller_checkpoint_order
+            .iter()
+            .find(|(address, _)| crowded(address))
+            .copied()
     }
 
     /// Cuts the checkpoint out of a datagram that carries one: the rest
