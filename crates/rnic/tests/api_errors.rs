@@ -485,6 +485,39 @@ fn a_local_fault_completes_in_its_turn_when_the_queue_pair_says_so() {
     assert_eq!(s.fabric.right.counters().frames_received, 1);
 }
 
+/// A request with a local fault is never sent, but it was counted at all
+/// its packets against the PSN span: a READ of 2 GiB at MTU 256 from a
+/// key no region has (eight million packets, the whole span) was refused
+/// `QueueFull` at post, where the queue pair says local faults complete.
+/// It takes one PSN now, and completes with its fault.
+#[test]
+fn a_faulty_request_is_not_counted_against_the_psn_span() {
+    let [mut left, right] = remora_rnic::back_to_back::BackToBack::configs(7);
+    left.max_message_bytes = 1 << 31;
+    let fabric = remora_rnic::back_to_back::BackToBack::with_configs(left, right);
+    let mut s = setup_on(fabric, AccessFlags::ALL, |builder| {
+        builder.local_faults = LocalFaults::Completed;
+        builder.path_mtu = Mtu::MTU_256;
+    });
+    let huge = ScatterGatherElement {
+        address: s.left_mr.address,
+        length_bytes: 1 << 31,
+        lkey: Lkey(0xdead_0001),
+    };
+    let operation = SendOperation::Read {
+        remote: s.right_mr.remote(0),
+    };
+    s.fabric
+        .left
+        .post_send(s.left_qp, request(1, operation, huge))
+        .expect("a faulty request is taken, to complete with its fault");
+    assert!(s.fabric.run(1000).quiesced);
+    assert_eq!(
+        outcomes(&mut s),
+        vec![(1, CompletionStatus::LocalProtectionError)]
+    );
+}
+
 /// A queue pair that serves no READs or atomics (`max_dest_rd_atomic`
 /// 0, which was taken as 1) refuses a peer's with an invalid request NAK;
 /// its WRITEs still go.

@@ -417,7 +417,14 @@ impl QueuePairContext {
     ) -> Result<Checked, VerbsError> {
         let length_bytes = validate_request(&request, max_message_bytes)?;
         let local_fault = local_fault(&request, &self.attributes, resources)?;
-        let packet_count = self.packets_of(&request, length_bytes);
+        // A request with a local fault is never sent: it completes in its
+        // turn and takes the queue pair to error, so it holds one PSN, not
+        // the span its length would cover (a huge one was refused
+        // `QueueFull` by the span check).
+        let packet_count = match local_fault {
+            Some(_) => 1,
+            None => self.packets_of(&request, length_bytes),
+        };
         Ok(Checked {
             request,
             length_bytes,
