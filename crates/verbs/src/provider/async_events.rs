@@ -94,6 +94,11 @@ struct EventState {
     unacknowledged: HashMap<Element, u32>,
     /// Queues being destroyed: nothing is raised for them.
     retired: Vec<Element>,
+    /// The events not yet taken of queues being destroyed, set aside in
+    /// their order: a destroy that fails gives them back, one that
+    /// succeeds drops them. Bounded by `MAX_QUEUED_EVENTS`, as they were
+    /// queued.
+    set_aside: Vec<Raised>,
 }
 
 impl AsyncEvents {
@@ -211,26 +216,31 @@ impl AsyncEvents {
 
     /// Starts a queue's destroy: waits (bounded) until every event the
     /// program took that names `element` is acknowledged, then at once
-    /// drops those not yet taken (their bytes taken back, so the
+    /// sets aside those not yet taken (their bytes taken back, so the
     /// descriptor is not left readable with no event) and raises none for
     /// it from then on. Whether it could: if not, nothing changed, and the
     /// destroy is refused (EBUSY). A destroy that then fails calls
-    /// [`AsyncEvents::unretire`]; one that succeeds,
-    /// [`AsyncEvents::retired`], once nothing raises events for it.
+    /// [`AsyncEvents::unretire`], which gives the events set aside back;
+    /// one that succeeds, [`AsyncEvents::retired`], once nothing raises
+    /// events for it.
     pub(super) fn retire(&self, element: Element) -> bool {
         let started = Instant::now();
         loop {
             {
                 let mut state = self.state();
                 if !state.unacknowledged.contains_key(&element) {
-                    let before = state.queued.len();
-                    state.queued.retain(|raised| raised.element != element);
-                    for _ in state.queued.len()..before {
+                    let (named, others): (VecDeque<Raised>, VecDeque<Raised>) = state
+                        .queued
+                        .drain(..)
+                        .partition(|raised| raised.element == element);
+                    state.queued = others;
+                    for _ in 0..named.len() {
                         let mut byte = [0u8; 1];
                         // A reader may hold it already (it passes over a
                         // byte with no event).
                         let _ = rustix::net::recv(&self.reader, &mut byte, RecvFlags::DONTWAIT);
                     }
+                    state.set_aside.extend(named);
                     state.retired.push(element);
                     return true;
                 }
@@ -243,21 +253,102 @@ impl AsyncEvents {
     }
 
     /// A destroy begun with [`AsyncEvents::retire`] failed: the queue
-    /// lives on, and its events are raised again.
+    /// lives on, its events are raised again, and those set aside wait
+    /// again to be taken (behind the events queued meanwhile). Dropped,
+    /// they were lost to a program whose destroy was refused and that
+    /// went on using the queue.
     pub(super) fn unretire(&self, element: Element) {
-        self.state().retired.retain(|retired| *retired != element);
+        let mut state = self.state();
+        state.retired.retain(|retired| *retired != element);
+        let (named, others): (Vec<Raised>, Vec<Raised>) = state
+            .set_aside
+            .drain(..)
+            .partition(|raised| raised.element == element);
+        state.set_aside = others;
+        drop(state);
+        for raised in named {
+            self.raise(raised);
+        }
     }
 
     /// A destroy begun with [`AsyncEvents::retire`] finished: nothing
-    /// raises events for the queue any more, and its address may name a
-    /// new queue.
+    /// raises events for the queue any more, its events set aside go,
+    /// and its address may name a new queue.
     pub(super) fn retired(&self, element: Element) {
-        self.unretire(element);
+        let mut state = self.state();
+        state.retired.retain(|retired| *retired != element);
+        state.set_aside.retain(|raised| raised.element != element);
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, EventState> {
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QUEUE: Element = Element::CompletionQueue(0x1000);
+    const OTHER: Element = Element::CompletionQueue(0x2000);
+
+    fn raised(element: Element) -> Raised {
+        Raised {
+            kind: IBV_EVENT_CQ_ERR,
+            element,
+        }
+    }
+
+    /// The element of the next event, taken without waiting; none if the
+    /// descriptor has no byte.
+    fn take_now(events: &AsyncEvents) -> Option<Element> {
+        let mut byte = [0u8; 1];
+        let peeked = rustix::net::recv(
+            &events.reader,
+            &mut byte,
+            RecvFlags::DONTWAIT | RecvFlags::PEEK,
+        );
+        if peeked.is_err() {
+            return None;
+        }
+        let mut event = std::mem::MaybeUninit::<ibv_async_event>::zeroed();
+        // SAFETY: `event` is ours, and a byte waits, so this does not block.
+        let taken = unsafe { events.take(event.as_mut_ptr()) };
+        assert_eq!(taken, 0);
+        // SAFETY: `take` wrote it.
+        let event = unsafe { event.assume_init() };
+        // SAFETY: `take` wrote it, with the field its type names.
+        let element = unsafe { Element::of(&event) };
+        events.acknowledge(element);
+        Some(element)
+    }
+
+    /// A destroy refused after `retire` (the queue still had work, say)
+    /// dropped the events not yet taken for the queue, which lived on:
+    /// the program never saw them. They wait again now.
+    #[test]
+    fn a_refused_destroy_gives_the_queues_events_back() {
+        let events = AsyncEvents::new().unwrap();
+        events.raise(raised(QUEUE));
+        events.raise(raised(OTHER));
+        assert!(events.retire(QUEUE));
+        events.raise(raised(QUEUE));
+        events.unretire(QUEUE);
+        assert_eq!(take_now(&events), Some(OTHER));
+        assert_eq!(take_now(&events), Some(QUEUE), "the event set aside");
+        assert_eq!(take_now(&events), None, "none raised while retired");
+    }
+
+    #[test]
+    fn a_finished_destroy_drops_the_queues_events() {
+        let events = AsyncEvents::new().unwrap();
+        events.raise(raised(QUEUE));
+        assert!(events.retire(QUEUE));
+        events.retired(QUEUE);
+        assert_eq!(take_now(&events), None);
+        events.unretire(QUEUE);
+        assert_eq!(take_now(&events), None, "nothing left to give back");
     }
 }
