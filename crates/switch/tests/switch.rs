@@ -1095,3 +1095,58 @@ mod range_table {
         }
     }
 }
+
+/// Learned hosts never aged: hosts that came and went filled the tables,
+/// and every new host after them was refused for good. One unseen for the
+/// idle timeout leaves them now; one that keeps sending stays, and so do
+/// the hosts the control plane configured.
+#[test]
+fn a_learned_host_unseen_for_the_idle_timeout_makes_room() {
+    let mut program = L2L3Forwarding::new(SWITCH_MAC, 4);
+    for index in 1..=2 {
+        program
+            .add_attached_host(
+                host_mac(index),
+                host_ip(index),
+                PortId(u16::from(index) - 1),
+            )
+            .unwrap();
+    }
+    let mut switch = Switch::new(SwitchConfig::new(3), program);
+    let at = |seconds| Timestamp::ZERO.saturating_add(std::time::Duration::from_secs(seconds));
+    let send = |switch: &mut Switch<L2L3Forwarding>, seconds, from: u8| {
+        let frame = roce_frame(from, 1, host_mac(1), b"hello");
+        switch.handle_frame(at(seconds), PortId(2), &frame);
+        while let Some(digest) = switch.poll_digest() {
+            switch.program_mut().control_plane(&digest);
+        }
+        drain(switch);
+    };
+    send(&mut switch, 0, 10);
+    send(&mut switch, 0, 11);
+    send(&mut switch, 200, 11);
+    send(&mut switch, 250, 12);
+    assert_eq!(
+        switch.program().learning_refused(),
+        1,
+        "the tables are full"
+    );
+    send(&mut switch, 400, 12);
+    let program = switch.program();
+    assert_eq!(program.learned_aged_out(), 1, "host 10, unseen for 400 s");
+    assert_eq!(program.learning_refused(), 1, "host 12 is learned");
+    // Frames to host 12 and host 11 reach their port; host 10's are dropped.
+    for (to, expected) in [(12, Some(PortId(2))), (11, Some(PortId(2))), (10, None)] {
+        let frame = roce_frame(1, to, host_mac(to), b"back");
+        switch.handle_frame(at(400), PortId(0), &frame);
+        let sent = drain(&mut switch).first().map(|(port, _)| *port);
+        assert_eq!(sent, expected, "to host {to}");
+    }
+    // The configured hosts stayed.
+    let frame = roce_frame(2, 1, host_mac(1), b"configured");
+    switch.handle_frame(at(400), PortId(1), &frame);
+    assert_eq!(
+        drain(&mut switch).first().map(|(port, _)| *port),
+        Some(PortId(0))
+    );
+}

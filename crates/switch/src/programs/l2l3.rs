@@ -14,6 +14,12 @@
 //!   add the pair to both tables. Hosts the control plane configured stay
 //!   where it put them, as a switch's static MAC entries do: a frame
 //!   with a configured host's MAC from elsewhere does not move it.
+//! - Learned hosts age out: each frame from one marks it seen, as a
+//!   table entry's idle-timeout bit does, and one unseen for
+//!   [`DEFAULT_LEARNED_IDLE_TIMEOUT`] (IEEE 802.1D's default aging time;
+//!   [`L2L3Forwarding::set_learned_idle_timeout`]) leaves both tables.
+//!   Never aged, hosts that came and went filled them, and every new host
+//!   was refused for good.
 
 use crate::packet::{Egress, Packet, PortId};
 use crate::program::{Digest, Program};
@@ -21,6 +27,11 @@ use crate::resources::ResourceReport;
 use crate::table::{ExactTable, LpmTable, TableError, TableShape};
 use remora_base::Timestamp;
 use remora_wire::{Ipv4Address, MacAddress};
+use std::time::Duration;
+
+/// How long a learned host may go unseen before it is forgotten: IEEE
+/// 802.1D's default aging time.
+pub const DEFAULT_LEARNED_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Digest kind: `values[0]` is the source MAC, `values[1]` the port.
 pub const LEARN_DIGEST: u16 = 1;
@@ -42,6 +53,13 @@ pub struct L2L3Forwarding {
     /// one per digest, and a host that stays unknown raises one with each
     /// frame it sends.
     learning_refused: u64,
+    learned_idle_timeout: Duration,
+    /// When the learned hosts are next looked over for aging.
+    next_aging_at: Timestamp,
+    /// The time of the last frame: a learning digest (which carries none)
+    /// counts its host seen then.
+    clock: Timestamp,
+    learned_aged_out: u64,
 }
 
 /// How the switch came to know a source MAC.
@@ -49,8 +67,9 @@ pub struct L2L3Forwarding {
 enum Station {
     /// Placed by the control plane: it never moves.
     Configured,
-    /// Learned from a frame on this port: it moves when the host does.
-    Learned(PortId),
+    /// Learned from a frame on this port: it moves when the host does,
+    /// and leaves once unseen for the idle timeout.
+    Learned { port: PortId, seen_at: Timestamp },
 }
 
 pub fn mac_to_u64(mac: MacAddress) -> u64 {
@@ -97,7 +116,22 @@ impl L2L3Forwarding {
             }),
             flood_unknown: false,
             learning_refused: 0,
+            learned_idle_timeout: DEFAULT_LEARNED_IDLE_TIMEOUT,
+            next_aging_at: Timestamp::ZERO,
+            clock: Timestamp::ZERO,
+            learned_aged_out: 0,
         }
+    }
+
+    /// How long a learned host may go unseen before it leaves the tables.
+    pub fn set_learned_idle_timeout(&mut self, timeout: Duration) {
+        self.learned_idle_timeout = timeout;
+        self.next_aging_at = Timestamp::ZERO;
+    }
+
+    /// Learned hosts forgotten for going unseen past the idle timeout.
+    pub fn learned_aged_out(&self) -> u64 {
+        self.learned_aged_out
     }
 
     /// Learnings refused for a full table, one per digest (a host that
@@ -186,16 +220,54 @@ impl L2L3Forwarding {
             return Ok(());
         }
         let port = PortId(digest.values[1] as u16);
-        self.place(mac, port, Station::Learned(port))
+        let seen_at = self.clock;
+        self.place(mac, port, Station::Learned { port, seen_at })
     }
 
     /// Whether a frame from `source` on `port` is news to the control
-    /// plane: a host never seen, or a learned one on a new port.
-    fn is_news(&self, source: u64, port: PortId) -> bool {
-        match self.known_sources.lookup(&source) {
+    /// plane: a host never seen, or a learned one on a new port. A learned
+    /// one on its port is marked seen.
+    fn see_source(&mut self, now: Timestamp, source: u64, port: PortId) -> bool {
+        match self.known_sources.lookup_mut(&source) {
             None => true,
-            Some(Station::Learned(learned)) => *learned != port,
+            Some(Station::Learned {
+                port: learned,
+                seen_at,
+            }) => {
+                if *learned != port {
+                    return true;
+                }
+                *seen_at = now;
+                false
+            }
             Some(Station::Configured) => false,
+        }
+    }
+
+    /// Forgets the learned hosts unseen for the idle timeout; looked over
+    /// at most four times a timeout, on whatever frame passes, and bounded
+    /// by the table's capacity.
+    fn age_learned(&mut self, now: Timestamp) {
+        if now < self.next_aging_at {
+            return;
+        }
+        let timeout = self.learned_idle_timeout;
+        self.next_aging_at = now.saturating_add(timeout / 4);
+        let mut idle: Vec<u64> = self
+            .known_sources
+            .iter()
+            .filter(|(_, station)| match station {
+                Station::Learned { seen_at, .. } => seen_at.saturating_add(timeout) < now,
+                Station::Configured => false,
+            })
+            .map(|(source, _)| *source)
+            .collect();
+        // One order for every run, whatever the table's.
+        idle.sort_unstable();
+        for source in idle {
+            self.known_sources.remove(&source);
+            self.mac_table.remove(&source);
+            self.learned_aged_out += 1;
         }
     }
 
@@ -241,7 +313,9 @@ impl Program for L2L3Forwarding {
         "l2l3"
     }
 
-    fn ingress(&mut self, _now: Timestamp, packet: &mut Packet) {
+    fn ingress(&mut self, now: Timestamp, packet: &mut Packet) {
+        self.clock = self.clock.max(now);
+        self.age_learned(now);
         // A group address is never a frame's source (802.1D): such a
         // frame (a spoof, a flipped bit) is dropped. Learned, it sent
         // every later broadcast to its one port.
@@ -258,10 +332,10 @@ impl Program for L2L3Forwarding {
         // Learning waits for the host's next frame without one. (A host
         // whose every frame carries an overlay's digest is never learned;
         // racks configure their hosts, which need no learning.)
-        if packet.digest.is_none()
-            && packet.ingress_port.0 < crate::packet::RECIRCULATION_PORT.0
-            && self.is_news(source, packet.ingress_port)
-        {
+        // Every frame from a host marks it seen, one with a digest too.
+        let news = packet.ingress_port.0 < crate::packet::RECIRCULATION_PORT.0
+            && self.see_source(now, source, packet.ingress_port);
+        if news && packet.digest.is_none() {
             packet.digest = Some(Digest {
                 kind: LEARN_DIGEST,
                 values: [source, u64::from(packet.ingress_port.0), 0, 0],
