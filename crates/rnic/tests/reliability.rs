@@ -86,6 +86,26 @@ fn bad_rkey_out_of_bounds_and_missing_rights_get_remote_access_naks() {
     }
 }
 
+/// A queue pair that does not let peers WRITE (its own access flags, not
+/// the region's) answered a WRITE with a Remote Access Error, which blames
+/// the region and its key. It is a request the queue pair does not serve:
+/// an Invalid Request NAK, as the Linux soft-RoCE driver answers.
+#[test]
+fn a_write_to_a_queue_pair_that_allows_none_is_an_invalid_request() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| {
+        builder.remote_access = AccessFlags::REMOTE_READ;
+    });
+    let before = read_region(&s.fabric.right, &s.right_mr, 0, 64);
+    let write = write_request(&s, 1, 0, s.right_mr.remote(0), 64);
+    s.fabric.left.post_send(s.left_qp, write).unwrap();
+    assert!(s.fabric.run(1000).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::RemoteInvalidRequestError)]
+    );
+    assert_eq!(read_region(&s.fabric.right, &s.right_mr, 0, 64), before);
+}
+
 #[test]
 fn read_and_atomic_violations_leave_memory_unchanged() {
     let mut s = setup_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE, |_| {});

@@ -264,12 +264,17 @@ fn access_needed(opcode: Opcode) -> AccessFlags {
 }
 
 impl QueuePairContext {
-    /// Whether the queue pair lets remote peers do `needed` at all.
+    /// Whether the queue pair lets remote peers do `needed` at all. One
+    /// that does not answers with an Invalid Request NAK, as the request
+    /// is one this queue pair does not serve (the Linux soft-RoCE driver's
+    /// `check_op_valid`, a class C error), not a fault of the region the
+    /// request names: the requester sees `RemoteInvalidRequestError`,
+    /// which names the right culprit. It answered a Remote Access Error.
     fn allows_remote(&self, needed: AccessFlags) -> StepResult<()> {
         if self.attributes.remote_access.contains(needed) {
             Ok(())
         } else {
-            Err((NakCode::RemoteAccessError, None))
+            Err((NakCode::InvalidRequest, None))
         }
     }
 
