@@ -1098,8 +1098,8 @@ mod range_table {
 
 /// Learned hosts never aged: hosts that came and went filled the tables,
 /// and every new host after them was refused for good. One unseen for the
-/// idle timeout leaves them now; one that keeps sending stays, and so do
-/// the hosts the control plane configured.
+/// idle timeout makes room for a new host now; one that keeps sending
+/// stays, and so do the hosts the control plane configured.
 #[test]
 fn a_learned_host_unseen_for_the_idle_timeout_makes_room() {
     let mut program = L2L3Forwarding::new(SWITCH_MAC, 4);
@@ -1149,4 +1149,27 @@ fn a_learned_host_unseen_for_the_idle_timeout_makes_room() {
         drain(&mut switch).first().map(|(port, _)| *port),
         Some(PortId(0))
     );
+}
+
+/// Aged whenever idle, a learned host that only answers (an RDMA
+/// responder) was forgotten after 300 s of quiet, and frames to it were
+/// dropped (unknown unicast is not flooded here), so it never answered
+/// and was never learned again. With room in the tables it stays.
+#[test]
+fn a_quiet_learned_host_stays_reachable_while_the_tables_have_room() {
+    let mut switch = rack_switch(3);
+    let frame = roce_frame(10, 1, host_mac(1), b"hello");
+    switch.handle_frame(Timestamp::ZERO, PortId(2), &frame);
+    while let Some(digest) = switch.poll_digest() {
+        switch.program_mut().control_plane(&digest);
+    }
+    drain(&mut switch);
+    let much_later = Timestamp::ZERO.saturating_add(std::time::Duration::from_secs(3_600));
+    let to_quiet = roce_frame(1, 10, host_mac(10), b"a request");
+    switch.handle_frame(much_later, PortId(0), &to_quiet);
+    assert_eq!(
+        drain(&mut switch).first().map(|(port, _)| *port),
+        Some(PortId(2))
+    );
+    assert_eq!(switch.program().learned_aged_out(), 0);
 }

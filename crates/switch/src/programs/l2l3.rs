@@ -14,12 +14,15 @@
 //!   add the pair to both tables. Hosts the control plane configured stay
 //!   where it put them, as a switch's static MAC entries do: a frame
 //!   with a configured host's MAC from elsewhere does not move it.
-//! - Learned hosts age out: each frame from one marks it seen, as a
-//!   table entry's idle-timeout bit does, and one unseen for
-//!   [`DEFAULT_LEARNED_IDLE_TIMEOUT`] (IEEE 802.1D's default aging time;
-//!   [`L2L3Forwarding::set_learned_idle_timeout`]) leaves both tables.
-//!   Never aged, hosts that came and went filled them, and every new host
-//!   was refused for good.
+//! - Learned hosts age out under pressure: each frame from one marks it
+//!   seen, as a table entry's idle-timeout bit does, and when a new host
+//!   finds the tables full, the learned host unseen longest makes room
+//!   for it if unseen for [`DEFAULT_LEARNED_IDLE_TIMEOUT`] (IEEE 802.1D's
+//!   default aging time; [`L2L3Forwarding::set_learned_idle_timeout`]).
+//!   Never aged, hosts that came and went filled the tables, and every
+//!   new host was refused for good. Aged whenever idle, a quiet host that
+//!   only answers (an RDMA responder) became unreachable, as unknown
+//!   unicast is dropped here, not flooded as on an 802.1D bridge.
 
 use crate::packet::{Egress, Packet, PortId};
 use crate::program::{Digest, Program};
@@ -54,8 +57,6 @@ pub struct L2L3Forwarding {
     /// frame it sends.
     learning_refused: u64,
     learned_idle_timeout: Duration,
-    /// When the learned hosts are next looked over for aging.
-    next_aging_at: Timestamp,
     /// The time of the last frame: a learning digest (which carries none)
     /// counts its host seen then.
     clock: Timestamp,
@@ -117,19 +118,18 @@ impl L2L3Forwarding {
             flood_unknown: false,
             learning_refused: 0,
             learned_idle_timeout: DEFAULT_LEARNED_IDLE_TIMEOUT,
-            next_aging_at: Timestamp::ZERO,
             clock: Timestamp::ZERO,
             learned_aged_out: 0,
         }
     }
 
-    /// How long a learned host may go unseen before it leaves the tables.
+    /// How long a learned host must go unseen before a new host may take
+    /// its place in full tables.
     pub fn set_learned_idle_timeout(&mut self, timeout: Duration) {
         self.learned_idle_timeout = timeout;
-        self.next_aging_at = Timestamp::ZERO;
     }
 
-    /// Learned hosts forgotten for going unseen past the idle timeout.
+    /// Learned hosts forgotten to make room, unseen past the idle timeout.
     pub fn learned_aged_out(&self) -> u64 {
         self.learned_aged_out
     }
@@ -220,6 +220,10 @@ impl L2L3Forwarding {
             return Ok(());
         }
         let port = PortId(digest.values[1] as u16);
+        let full = self.known_sources.len() >= self.known_sources.capacity();
+        if full && self.known_sources.lookup(&key).is_none() {
+            self.age_out_one();
+        }
         let seen_at = self.clock;
         self.place(mac, port, Station::Learned { port, seen_at })
     }
@@ -237,38 +241,35 @@ impl L2L3Forwarding {
                 if *learned != port {
                     return true;
                 }
-                *seen_at = now;
+                *seen_at = (*seen_at).max(now);
                 false
             }
             Some(Station::Configured) => false,
         }
     }
 
-    /// Forgets the learned hosts unseen for the idle timeout; looked over
-    /// at most four times a timeout, on whatever frame passes, and bounded
-    /// by the table's capacity.
-    fn age_learned(&mut self, now: Timestamp) {
-        if now < self.next_aging_at {
-            return;
-        }
+    /// Makes room by the learned host unseen longest, if unseen past the
+    /// idle timeout. Bounded by the table's capacity; ties go to the lowest
+    /// MAC, so every run forgets the same host.
+    fn age_out_one(&mut self) {
         let timeout = self.learned_idle_timeout;
-        self.next_aging_at = now.saturating_add(timeout / 4);
-        let mut idle: Vec<u64> = self
+        let idlest = self
             .known_sources
             .iter()
-            .filter(|(_, station)| match station {
-                Station::Learned { seen_at, .. } => seen_at.saturating_add(timeout) < now,
-                Station::Configured => false,
+            .filter_map(|(source, station)| match station {
+                Station::Learned { seen_at, .. } => Some((*seen_at, *source)),
+                Station::Configured => None,
             })
-            .map(|(source, _)| *source)
-            .collect();
-        // One order for every run, whatever the table's.
-        idle.sort_unstable();
-        for source in idle {
-            self.known_sources.remove(&source);
-            self.mac_table.remove(&source);
-            self.learned_aged_out += 1;
+            .min();
+        let Some((seen_at, source)) = idlest else {
+            return;
+        };
+        if seen_at.saturating_add(timeout) >= self.clock {
+            return;
         }
+        self.known_sources.remove(&source);
+        self.mac_table.remove(&source);
+        self.learned_aged_out += 1;
     }
 
     fn route(&self, packet: &mut Packet) -> bool {
@@ -315,7 +316,6 @@ impl Program for L2L3Forwarding {
 
     fn ingress(&mut self, now: Timestamp, packet: &mut Packet) {
         self.clock = self.clock.max(now);
-        self.age_learned(now);
         // A group address is never a frame's source (802.1D): such a
         // frame (a spoof, a flipped bit) is dropped. Learned, it sent
         // every later broadcast to its one port.

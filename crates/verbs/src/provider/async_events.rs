@@ -96,8 +96,8 @@ struct EventState {
     retired: Vec<Element>,
     /// The events not yet taken of queues being destroyed, set aside in
     /// their order: a destroy that fails gives them back, one that
-    /// succeeds drops them. Bounded by `MAX_QUEUED_EVENTS`, as they were
-    /// queued.
+    /// succeeds drops them. Each destroy in progress sets aside at most
+    /// `MAX_QUEUED_EVENTS`, as they were queued.
     set_aside: Vec<Raised>,
 }
 
@@ -131,18 +131,25 @@ impl AsyncEvents {
         if state.retired.contains(&raised.element) {
             return;
         }
-        let sent = state.queued.len() < MAX_QUEUED_EVENTS && {
-            state.queued.push_back(raised);
-            let sent = rustix::net::send(&self.writer, &[1], SendFlags::DONTWAIT).is_ok();
-            if !sent {
-                state.queued.pop_back();
-            }
-            sent
-        };
+        let sent = self.queue_locked(&mut state, raised);
         drop(state);
         if !sent {
             super::report_once("asynchronous events are not being read; new ones are dropped");
         }
+    }
+
+    /// Queues `raised` and its byte under the state's lock; whether there
+    /// was room.
+    fn queue_locked(&self, state: &mut EventState, raised: Raised) -> bool {
+        if state.queued.len() >= MAX_QUEUED_EVENTS {
+            return false;
+        }
+        state.queued.push_back(raised);
+        let sent = rustix::net::send(&self.writer, &[1], SendFlags::DONTWAIT).is_ok();
+        if !sent {
+            state.queued.pop_back();
+        }
+        sent
     }
 
     /// `ibv_get_async_event`: waits for an event (unless the program made
@@ -254,9 +261,11 @@ impl AsyncEvents {
 
     /// A destroy begun with [`AsyncEvents::retire`] failed: the queue
     /// lives on, its events are raised again, and those set aside wait
-    /// again to be taken (behind the events queued meanwhile). Dropped,
-    /// they were lost to a program whose destroy was refused and that
-    /// went on using the queue.
+    /// again to be taken, behind the other queues' events queued meanwhile
+    /// and ahead of any new one of its own (put back under the lock that
+    /// raising takes). Dropped, they were lost to a program whose destroy
+    /// was refused and that went on using the queue. (Events raised for
+    /// it while it was retired are not kept.)
     pub(super) fn unretire(&self, element: Element) {
         let mut state = self.state();
         state.retired.retain(|retired| *retired != element);
@@ -265,9 +274,12 @@ impl AsyncEvents {
             .drain(..)
             .partition(|raised| raised.element == element);
         state.set_aside = others;
+        let all_back = named
+            .into_iter()
+            .all(|raised| self.queue_locked(&mut state, raised));
         drop(state);
-        for raised in named {
-            self.raise(raised);
+        if !all_back {
+            super::report_once("asynchronous events are not being read; new ones are dropped");
         }
     }
 
