@@ -87,12 +87,18 @@ fn is_oneway(datagram: &[u8]) -> bool {
 /// they come instead). So do calls below what the checkpoint's replies
 /// cover of their caller (`known_from`): a replacement would refuse them
 /// again as of unknown outcome, though they never ran.
+///
+/// The cover is taken as high as shrinking the replies may raise it
+/// (marks more than [`checkpoint::MARKED_SPAN`] below the newest reply
+/// go): [`Callee::fit`] sheds before it shrinks, and a call shed below
+/// the cover it ends with was refused as of unknown outcome.
 fn shed_received(checkpoint: &mut checkpoint::Checkpoint) {
     for (caller, calls) in checkpoint.received.iter_mut() {
-        let covered_from = checkpoint
-            .replies
-            .get(caller)
-            .map_or(0, checkpoint::known_from);
+        let covered_from = checkpoint.replies.get(caller).map_or(0, |replies| {
+            let newest = replies.keys().next_back().copied().unwrap_or(0);
+            let highest_cover = newest.saturating_sub(checkpoint::MARKED_SPAN - 1);
+            checkpoint::known_from(replies).max(highest_cover)
+        });
         calls.retain(|rpc_id, datagram| is_oneway(datagram) || *rpc_id < covered_from);
     }
     checkpoint.received.retain(|_, calls| !calls.is_empty());
@@ -767,9 +773,9 @@ impl Callee {
             // The received calls go first: a replacement gets every one it
             // sheds again (the caller resends it, the Gatekeeper replays
             // it), where a reply body left out is an outcome lost for good
-            // (a resend is told `ReplyLost`). Shedding keeps the cover
-            // (`known_from`) the halving leaves too: it drops bodies, not
-            // ids.
+            // (a resend is told `ReplyLost`). Shedding spares the calls
+            // below the highest cover the halving may leave (it drops
+            // marks far below the newest reply, see `shed_received`).
             if !std::mem::replace(&mut received_shed, true) {
                 shed_received(checkpoint);
                 continue;
@@ -1303,6 +1309,37 @@ mod tests {
             checkpoint.replies[&caller], replies,
             "every reply body is kept"
         );
+    }
+
+    /// Shed before the replies shrink, a received call between the cover
+    /// the whole replies give and the one the shrunk replies end with
+    /// (marks far below the newest go) was shed and then lay below the
+    /// cover: the replacement refused its resend as of unknown outcome,
+    /// though it never ran. Such a call is kept; one above every cover
+    /// is shed.
+    #[test]
+    fn a_shrunk_checkpoint_keeps_a_received_call_the_shrinking_may_cover() {
+        let callee = Callee::with_checkpoints(Box::new(super::scenario::Counter(0)));
+        let caller = caller_on(1);
+        let replies: BTreeMap<u64, Vec<u8>> =
+            BTreeMap::from([(1, vec![1; 100]), (100, vec![1; 100])]);
+        let call = |rpc_id, bytes| {
+            let repr =
+                BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
+            encode(&repr, &vec![2; bytes])
+        };
+        let mut checkpoint = checkpoint::Checkpoint {
+            state: 0u64.to_be_bytes().to_vec(),
+            replies: BTreeMap::from([(caller, replies)]),
+            received: BTreeMap::from([(
+                caller,
+                BTreeMap::from([(50, call(50, 1200)), (101, call(101, 2000))]),
+            )]),
+            ..checkpoint::Checkpoint::default()
+        };
+        callee.fit(&mut checkpoint).expect("fits");
+        let kept: Vec<u64> = checkpoint.received[&caller].keys().copied().collect();
+        assert_eq!(kept, [50], "call 50 stays, call 101 is shed");
     }
 
     /// A Counter service's "increment" call with RPC id `rpc_id`.

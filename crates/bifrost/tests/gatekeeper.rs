@@ -963,6 +963,56 @@ fn a_reply_to_a_held_or_failed_call_is_forged() {
     assert_eq!(switch.program().counters().replies, 1);
 }
 
+/// The forged-reply check that held calls brought in dropped a late reply
+/// from the callee of a call whose lease had run out, when a resend of the
+/// call was held (its route had moved to a node that then failed): the
+/// pointer it returned stayed with the callee, and the held resend would
+/// run again. The callee's late reply is the call's outcome, and passes.
+#[test]
+fn a_late_reply_to_an_expired_call_passes_though_its_resend_is_held() {
+    use remora_base::Timestamp;
+    use remora_switch::PortId;
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
+    let FailoverSwitch {
+        mut switch,
+        failed: first,
+        spare: second,
+        caller,
+        service,
+    } = failover_switch();
+    let mut buffer = vec![0u8; 4096];
+    let mut sent_to = |switch: &mut remora_switch::Switch<Overlaid<Gatekeeper>>, now| {
+        let mut ports = Vec::new();
+        while let Some((port, _)) = switch.poll_transmit(now, &mut buffer) {
+            ports.push(port);
+        }
+        ports
+    };
+    let call = BifrostRepr::new(CallType::Call, "increment", 7, GlobalAddress::NULL).unwrap();
+    let call = header_frame(call, caller, service);
+    switch.handle_frame(Timestamp::ZERO, PortId(2), &call);
+    assert_eq!(sent_to(&mut switch, Timestamp::ZERO), [PortId(0)]);
+    // Past the lease, the call expires (on whatever packet passes).
+    let later = Timestamp::ZERO.saturating_add(std::time::Duration::from_secs(11));
+    let other = BifrostRepr::new(CallType::Call, "increment", 8, GlobalAddress::NULL).unwrap();
+    switch.handle_frame(later, PortId(2), &header_frame(other, caller, service));
+    let _ = sent_to(&mut switch, later);
+    assert_eq!(switch.program().counters().calls_expired, 1);
+    // The route moves to the second node, which fails; the resend is held.
+    let gatekeeper = switch.program_mut();
+    gatekeeper.route("increment", second.address).unwrap();
+    gatekeeper.mark_failed(second.address).unwrap();
+    switch.handle_frame(later, PortId(2), &call);
+    assert_eq!(switch.program().counters().held, 1);
+    let _ = sent_to(&mut switch, later);
+    // The first callee's late reply reaches the caller.
+    let reply = BifrostRepr::new(CallType::Reply, "", 7, GlobalAddress::NULL).unwrap();
+    switch.handle_frame(later, PortId(0), &header_frame(reply, first, caller));
+    assert_eq!(sent_to(&mut switch, later), [PortId(2)]);
+    let counters = switch.program().counters();
+    assert_eq!((counters.late_replies, counters.forged_replies), (1, 0));
+}
+
 /// A call that shared its callee's fate was answered failed when the
 /// callee failed; a resend of it that crossed the failure was routed to
 /// the replacement and ran there, after its caller was told it failed. It
@@ -1125,7 +1175,7 @@ fn calls_failed_together_with_their_callee_are_each_answered_failed_again() {
     assert_eq!(answered_failed, CALLS as usize);
     let counters = switch.program().counters();
     assert_eq!(counters.failed_resends_answered, CALLS);
-    assert_eq!(counters.recent_calls_forgotten_early, 0);
+    assert_eq!(counters.failed_with_callee_forgotten_early, 0);
 }
 
 /// A node found silent by the heartbeat timeout lost its `heard` entry

@@ -191,12 +191,20 @@ pub struct GatekeeperCounters {
     /// holds no rights on it, or it has no rules, or its grants are
     /// full): routed, and the callee's accesses are refused.
     pub leases_refused: u64,
-    /// Answered, expired and failed-with-callee calls forgotten before
-    /// their call lease had passed, to make room in a full table: a
-    /// resend of one is taken for a new call (an answered one goes by the
-    /// route, a failed one may run on the replacement). Zero unless more
-    /// calls than the graph holds leave it within one lease.
-    pub recent_calls_forgotten_early: u64,
+    /// Answered calls forgotten before their call lease had passed, to
+    /// make room in a full table (more replies than the graph holds within
+    /// one lease): a resend of one goes by the route, which is its callee's
+    /// unless the control plane moved it.
+    pub answered_forgotten_early: u64,
+    /// Expired calls forgotten within a lease of expiring: a late reply
+    /// to one leaves its returned pointer with the callee.
+    pub expired_forgotten_early: u64,
+    /// Calls answered failed with their callee and forgotten within a
+    /// lease: a resend of one may run on the replacement after its caller
+    /// was told it failed. The one of the three that exactly-once hangs
+    /// on; zero unless more calls than the graph holds fail so within a
+    /// lease.
+    pub failed_with_callee_forgotten_early: u64,
     /// What the memory stage (the ACL on RDMA) counted.
     pub memory: MemoryCounters,
 }
@@ -738,9 +746,9 @@ impl Gatekeeper {
     pub fn counters(&self) -> GatekeeperCounters {
         GatekeeperCounters {
             memory: self.memory.counters(),
-            recent_calls_forgotten_early: self.answered.forgotten_early()
-                + self.expired.forgotten_early()
-                + self.failed_with_callee.forgotten_early(),
+            answered_forgotten_early: self.answered.forgotten_early(),
+            expired_forgotten_early: self.expired.forgotten_early(),
+            failed_with_callee_forgotten_early: self.failed_with_callee.forgotten_early(),
             ..self.counters
         }
     }
@@ -1578,6 +1586,17 @@ impl Gatekeeper {
         let key = self.answered_call(packet, udp, rpc_id);
         if let Some(edge) = self.graph.lookup(&key) {
             return self.holder(source) != self.holder(edge.callee);
+        }
+        // A late reply from the callee of a call whose lease ran out is
+        // the call's outcome, though a resend of it may be held (its route
+        // moved to a node that then failed): dropped, its pointer stayed
+        // with the callee and the held resend ran a second time.
+        let late = self
+            .expired
+            .get(&key)
+            .is_some_and(|edge| self.holder(source) == self.holder(edge.callee));
+        if late {
+            return false;
         }
         // A held call's callee failed and is fenced, and no replacement
         // has had the call yet; a call failed with its callee runs
