@@ -899,6 +899,42 @@ fn a_node_marked_failed_is_fenced() {
     assert!(switch.program().node(failed.address).is_some());
 }
 
+/// What a Gatekeeper switch sends at `now` until it is idle, its timer
+/// fired each round (packet-outs leave then): each frame's egress port and
+/// Bifröst call type. Bounded by `MAX_DRAIN_ROUNDS`.
+fn sent_until_idle(
+    switch: &mut remora_switch::Switch<Overlaid<Gatekeeper>>,
+    now: remora_base::Timestamp,
+) -> Vec<(remora_switch::PortId, remora_wire::bifrost::CallType)> {
+    const MAX_DRAIN_ROUNDS: usize = 1_000;
+    let mut buffer = vec![0u8; 4096];
+    let mut sent = Vec::new();
+    for _ in 0..MAX_DRAIN_ROUNDS {
+        switch.handle_timeout(now);
+        let before = sent.len();
+        while let Some((port, length)) = switch.poll_transmit(now, &mut buffer) {
+            let payload = &buffer[remora_wire::datagram::DATAGRAM_HEADERS_LEN..length];
+            let header = remora_wire::bifrost::BifrostHeader::new_checked(payload).unwrap();
+            sent.push((port, header.call_type()));
+        }
+        if sent.len() == before {
+            break;
+        }
+    }
+    sent
+}
+
+/// The egress ports of [`sent_until_idle`].
+fn ports_sent(
+    switch: &mut remora_switch::Switch<Overlaid<Gatekeeper>>,
+    now: remora_base::Timestamp,
+) -> Vec<remora_switch::PortId> {
+    sent_until_idle(switch, now)
+        .into_iter()
+        .map(|(port, _)| port)
+        .collect()
+}
+
 /// A call held for a failed node has no callee that may answer it until
 /// its replacement takes it, and one answered failed with its callee runs
 /// nowhere. The forged-reply check looked only at the graph, so a reply to
@@ -917,15 +953,8 @@ fn a_reply_to_a_held_or_failed_call_is_forged() {
         service,
     } = failover_switch();
     let now = Timestamp::ZERO;
-    let mut buffer = vec![0u8; 4096];
-    let mut sent_to = |switch: &mut remora_switch::Switch<Overlaid<Gatekeeper>>| {
-        let mut ports = Vec::new();
-        switch.handle_timeout(now);
-        while let Some((port, _)) = switch.poll_transmit(now, &mut buffer) {
-            ports.push(port);
-        }
-        ports
-    };
+    let sent_to =
+        |switch: &mut remora_switch::Switch<Overlaid<Gatekeeper>>| ports_sent(switch, now);
     let mut shared = BifrostRepr::new(CallType::Call, "increment", 5, GlobalAddress::NULL).unwrap();
     shared.flags |= remora_bifrost::rpc::SHARE_FATE_FLAG;
     switch.handle_frame(now, PortId(2), &header_frame(shared, caller, service));
@@ -980,14 +1009,7 @@ fn a_late_reply_to_an_expired_call_passes_though_its_resend_is_held() {
         caller,
         service,
     } = failover_switch();
-    let mut buffer = vec![0u8; 4096];
-    let mut sent_to = |switch: &mut remora_switch::Switch<Overlaid<Gatekeeper>>, now| {
-        let mut ports = Vec::new();
-        while let Some((port, _)) = switch.poll_transmit(now, &mut buffer) {
-            ports.push(port);
-        }
-        ports
-    };
+    let sent_to = ports_sent;
     let call = BifrostRepr::new(CallType::Call, "increment", 7, GlobalAddress::NULL).unwrap();
     let call = header_frame(call, caller, service);
     switch.handle_frame(Timestamp::ZERO, PortId(2), &call);
@@ -1102,7 +1124,7 @@ fn a_resend_of_a_call_that_failed_with_its_callee_is_answered_failed_again() {
 fn calls_failed_together_with_their_callee_are_each_answered_failed_again() {
     use remora_base::Timestamp;
     use remora_switch::PortId;
-    use remora_wire::bifrost::{BifrostHeader, BifrostRepr, CallType, GlobalAddress};
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
     const CALLS: u64 = 200;
     let FailoverSwitch {
         mut switch,
@@ -1112,25 +1134,8 @@ fn calls_failed_together_with_their_callee_are_each_answered_failed_again() {
         service,
     } = failover_switch();
     let now = Timestamp::ZERO;
-    let mut buffer = vec![0u8; 4096];
-    // The call types the switch sends, by egress port, until it is idle.
-    let mut drain = |switch: &mut remora_switch::Switch<Overlaid<Gatekeeper>>| {
-        let mut out = Vec::new();
-        for _ in 0..CALLS * 2 {
-            switch.handle_timeout(now);
-            let mut idle = true;
-            while let Some((port, length)) = switch.poll_transmit(now, &mut buffer) {
-                let payload = &buffer[remora_wire::datagram::DATAGRAM_HEADERS_LEN..length];
-                let header = BifrostHeader::new_checked(payload).unwrap();
-                out.push((port, header.call_type()));
-                idle = false;
-            }
-            if idle {
-                break;
-            }
-        }
-        out
-    };
+    let drain =
+        |switch: &mut remora_switch::Switch<Overlaid<Gatekeeper>>| sent_until_idle(switch, now);
     // Twenty callers (the caller's ports) of ten calls each, as a busy
     // node sees them: sequential ids from one caller alone spread evenly
     // over a Fibonacci hash, but callers' ids together do not.
@@ -1292,6 +1297,55 @@ fn a_second_failover_keeps_the_stand_in_name() {
     assert_eq!(port, PortId(2));
 }
 
+/// A host on a Gatekeeper switch of caller-checkpoint tests: 10.0.0.`last`.
+fn checkpoint_host(last: u8, port: u16) -> DatagramEnd {
+    DatagramEnd {
+        mac: remora_wire::MacAddress([2, 0, 0, 0, 0, last]),
+        address: Ipv4Address::new(10, 0, 0, last),
+        port,
+    }
+}
+
+/// A Gatekeeper switch with `hosts` on ports 0.., "increment" served by
+/// `server` (one of them), and room for `nodes` callers' checkpoints; and
+/// the service's address.
+fn caller_checkpoint_switch(
+    hosts: &[DatagramEnd],
+    server: DatagramEnd,
+    nodes: usize,
+) -> (remora_switch::Switch<Overlaid<Gatekeeper>>, DatagramEnd) {
+    use remora_switch::programs::l2l3::L2L3Forwarding;
+    use remora_switch::{Switch, SwitchConfig};
+    let router = remora_wire::MacAddress([2, 0, 0, 0, 0, 0xfe]);
+    let addresses: Vec<_> = hosts.iter().map(|end| (end.mac, end.address)).collect();
+    let forwarding = L2L3Forwarding::with_attached_hosts(router, &addresses).unwrap();
+    let mut config = GatekeeperConfig::new(SERVICE);
+    config.nodes = nodes;
+    let mut gatekeeper = Gatekeeper::new(config);
+    gatekeeper
+        .register_node(server.address, NodeKind::Compute, 0)
+        .unwrap();
+    gatekeeper.route("increment", server.address).unwrap();
+    let ports = SwitchConfig::new(hosts.len() as u16);
+    let service = DatagramEnd {
+        mac: router,
+        address: SERVICE,
+        port: BIFROST_PORT,
+    };
+    (
+        Switch::new(ports, Overlaid::new(forwarding, gatekeeper)),
+        service,
+    )
+}
+
+/// A call of "increment" from `from` carrying a caller's checkpoint of
+/// sequence 1.
+fn checkpointed_call(from: DatagramEnd, service: DatagramEnd, rpc_id: u64) -> Vec<u8> {
+    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
+    let repr = BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
+    checkpointed_datagram(repr, &1u64.to_be_bytes(), from, service)
+}
+
 /// A full caller-checkpoint table made room by the least recently renewed
 /// caller of all, so one host calling from many ports (each a caller of
 /// its own) evicted every other host's checkpoint, a live caller's too,
@@ -1300,42 +1354,23 @@ fn a_second_failover_keeps_the_stand_in_name() {
 #[test]
 fn a_host_calling_from_many_ports_evicts_only_its_own_caller_checkpoints() {
     use remora_base::Timestamp;
-    use remora_switch::programs::l2l3::L2L3Forwarding;
-    use remora_switch::{PortId, Switch, SwitchConfig};
-    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
-    use remora_wire::MacAddress;
-    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
-    let host = |last: u8, port| DatagramEnd {
-        mac: MacAddress([2, 0, 0, 0, 0, last]),
-        address: Ipv4Address::new(10, 0, 0, last),
-        port,
-    };
-    let (busy, server, quiet) = (host(1, 40000), host(2, BIFROST_PORT), host(3, 40000));
-    let hosts = [busy, server, quiet].map(|end| (end.mac, end.address));
-    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).unwrap();
-    let mut config = GatekeeperConfig::new(SERVICE);
-    config.nodes = 3;
-    let mut gatekeeper = Gatekeeper::new(config);
-    gatekeeper
-        .register_node(server.address, NodeKind::Compute, 0)
-        .unwrap();
-    gatekeeper.route("increment", server.address).unwrap();
-    let mut switch = Switch::new(SwitchConfig::new(3), Overlaid::new(forwarding, gatekeeper));
-    let service = DatagramEnd {
-        mac: router,
-        address: SERVICE,
-        port: BIFROST_PORT,
-    };
-    let call = |from: DatagramEnd, rpc_id: u64| {
-        let repr =
-            BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
-        checkpointed_datagram(repr, &1u64.to_be_bytes(), from, service)
-    };
+    use remora_switch::PortId;
+    let (busy, server, quiet) = (
+        checkpoint_host(1, 40000),
+        checkpoint_host(2, BIFROST_PORT),
+        checkpoint_host(3, 40000),
+    );
+    let (mut switch, service) = caller_checkpoint_switch(&[busy, server, quiet], server, 3);
     // The quiet host calls once, first: the least recently renewed of all.
-    switch.handle_frame(Timestamp::ZERO, PortId(2), &call(quiet, 1));
+    switch.handle_frame(
+        Timestamp::ZERO,
+        PortId(2),
+        &checkpointed_call(quiet, service, 1),
+    );
     for (index, port) in (40000u16..40010).enumerate() {
         let from = DatagramEnd { port, ..busy };
-        switch.handle_frame(Timestamp::ZERO, PortId(0), &call(from, index as u64 + 1));
+        let call = checkpointed_call(from, service, index as u64 + 1);
+        switch.handle_frame(Timestamp::ZERO, PortId(0), &call);
     }
     let gatekeeper = switch.program();
     let kept = |end: DatagramEnd| {
@@ -1358,41 +1393,13 @@ fn a_host_calling_from_many_ports_evicts_only_its_own_caller_checkpoints() {
 #[test]
 fn a_full_caller_checkpoint_table_makes_room_by_the_oldest_caller() {
     use remora_base::Timestamp;
-    use remora_switch::programs::l2l3::L2L3Forwarding;
-    use remora_switch::{PortId, Switch, SwitchConfig};
-    use remora_wire::bifrost::{BifrostRepr, CallType, GlobalAddress};
-    use remora_wire::MacAddress;
-    let router = MacAddress([2, 0, 0, 0, 0, 0xfe]);
-    let host = |last: u8, port| DatagramEnd {
-        mac: MacAddress([2, 0, 0, 0, 0, last]),
-        address: Ipv4Address::new(10, 0, 0, last),
-        port,
-    };
-    let (caller, server) = (host(1, 40000), host(2, BIFROST_PORT));
-    let hosts = [caller, server].map(|end| (end.mac, end.address));
-    let forwarding = L2L3Forwarding::with_attached_hosts(router, &hosts).unwrap();
-    let mut config = GatekeeperConfig::new(SERVICE);
-    config.nodes = 2;
-    let mut gatekeeper = Gatekeeper::new(config);
-    gatekeeper
-        .register_node(server.address, NodeKind::Compute, 0)
-        .unwrap();
-    gatekeeper.route("increment", server.address).unwrap();
-    let mut switch = Switch::new(SwitchConfig::new(2), Overlaid::new(forwarding, gatekeeper));
-    let service = DatagramEnd {
-        mac: router,
-        address: SERVICE,
-        port: BIFROST_PORT,
-    };
-    // A call from `port` carrying a checkpoint of sequence 1.
-    let call = |port: u16, rpc_id: u64| {
-        let repr =
-            BifrostRepr::new(CallType::Call, "increment", rpc_id, GlobalAddress::NULL).unwrap();
-        let from = DatagramEnd { port, ..caller };
-        checkpointed_datagram(repr, &1u64.to_be_bytes(), from, service)
-    };
+    use remora_switch::PortId;
+    let (caller, server) = (checkpoint_host(1, 40000), checkpoint_host(2, BIFROST_PORT));
+    let (mut switch, service) = caller_checkpoint_switch(&[caller, server], server, 2);
     for (rpc_id, port) in [40000u16, 40001, 40002].into_iter().enumerate() {
-        switch.handle_frame(Timestamp::ZERO, PortId(0), &call(port, rpc_id as u64 + 1));
+        let from = DatagramEnd { port, ..caller };
+        let call = checkpointed_call(from, service, rpc_id as u64 + 1);
+        switch.handle_frame(Timestamp::ZERO, PortId(0), &call);
     }
     let gatekeeper = switch.program();
     let kept = |port| {

@@ -275,9 +275,10 @@ fn a_frame_past_the_callers_buffer_is_dropped_and_counted_not_a_panic() {
 /// Learning past a full table was thrown away uncounted, though the
 /// control plane's comment said counted: a host that could not be learned
 /// was invisible. Each refusal is counted now.
-#[test]
-fn learning_past_a_full_table_is_counted() {
-    let mut program = L2L3Forwarding::new(SWITCH_MAC, 2);
+/// A switch of `ports` ports whose tables hold `capacity` hosts, hosts 1
+/// and 2 configured on ports 0 and 1.
+fn two_host_switch(capacity: usize, ports: u16) -> Switch<L2L3Forwarding> {
+    let mut program = L2L3Forwarding::new(SWITCH_MAC, capacity);
     for index in 1..=2 {
         program
             .add_attached_host(
@@ -287,13 +288,25 @@ fn learning_past_a_full_table_is_counted() {
             )
             .unwrap();
     }
-    let mut switch = Switch::new(SwitchConfig::new(2), program);
+    Switch::new(SwitchConfig::new(ports), program)
+}
+
+/// Host `from` sends to host 1 from `port` at `now`; the control plane
+/// takes the learning digests, and the switch's output is discarded.
+fn send_to_learn(switch: &mut Switch<L2L3Forwarding>, now: Timestamp, port: PortId, from: u8) {
+    let frame = roce_frame(from, 1, host_mac(1), b"hello");
+    switch.handle_frame(now, port, &frame);
+    while let Some(digest) = switch.poll_digest() {
+        switch.program_mut().control_plane(&digest);
+    }
+    drain(switch);
+}
+
+#[test]
+fn learning_past_a_full_table_is_counted() {
+    let mut switch = two_host_switch(2, 2);
     for stranger in 10..14 {
-        let frame = roce_frame(stranger, 1, host_mac(1), b"hello");
-        switch.handle_frame(Timestamp::ZERO, PortId(1), &frame);
-        while let Some(digest) = switch.poll_digest() {
-            switch.program_mut().control_plane(&digest);
-        }
+        send_to_learn(&mut switch, Timestamp::ZERO, PortId(1), stranger);
     }
     assert_eq!(switch.program().learning_refused(), 4);
 }
@@ -1102,25 +1115,10 @@ mod range_table {
 /// stays, and so do the hosts the control plane configured.
 #[test]
 fn a_learned_host_unseen_for_the_idle_timeout_makes_room() {
-    let mut program = L2L3Forwarding::new(SWITCH_MAC, 4);
-    for index in 1..=2 {
-        program
-            .add_attached_host(
-                host_mac(index),
-                host_ip(index),
-                PortId(u16::from(index) - 1),
-            )
-            .unwrap();
-    }
-    let mut switch = Switch::new(SwitchConfig::new(3), program);
+    let mut switch = two_host_switch(4, 3);
     let at = |seconds| Timestamp::ZERO.saturating_add(std::time::Duration::from_secs(seconds));
     let send = |switch: &mut Switch<L2L3Forwarding>, seconds, from: u8| {
-        let frame = roce_frame(from, 1, host_mac(1), b"hello");
-        switch.handle_frame(at(seconds), PortId(2), &frame);
-        while let Some(digest) = switch.poll_digest() {
-            switch.program_mut().control_plane(&digest);
-        }
-        drain(switch);
+        send_to_learn(switch, at(seconds), PortId(2), from);
     };
     send(&mut switch, 0, 10);
     send(&mut switch, 0, 11);
@@ -1157,13 +1155,8 @@ fn a_learned_host_unseen_for_the_idle_timeout_makes_room() {
 /// and was never learned again. With room in the tables it stays.
 #[test]
 fn a_quiet_learned_host_stays_reachable_while_the_tables_have_room() {
-    let mut switch = rack_switch(3);
-    let frame = roce_frame(10, 1, host_mac(1), b"hello");
-    switch.handle_frame(Timestamp::ZERO, PortId(2), &frame);
-    while let Some(digest) = switch.poll_digest() {
-        switch.program_mut().control_plane(&digest);
-    }
-    drain(&mut switch);
+    let mut switch = two_host_switch(64, 3);
+    send_to_learn(&mut switch, Timestamp::ZERO, PortId(2), 10);
     let much_later = Timestamp::ZERO.saturating_add(std::time::Duration::from_secs(3_600));
     let to_quiet = roce_frame(1, 10, host_mac(10), b"a request");
     switch.handle_frame(much_later, PortId(0), &to_quiet);
