@@ -106,6 +106,29 @@ fn a_write_to_a_queue_pair_that_allows_none_is_an_invalid_request() {
     assert_eq!(read_region(&s.fabric.right, &s.right_mr, 0, 64), before);
 }
 
+/// A WRITE with immediate to a queue pair that takes no WRITEs, with no
+/// receive posted, got an RNR NAK before the refusal: the requester
+/// retried for as long as its RNR retry count allowed (for ever at 7),
+/// when a receive could only ever lead to the same refusal.
+#[test]
+fn a_write_with_immediate_the_queue_pair_refuses_is_not_told_to_retry() {
+    let mut s = setup_with(AccessFlags::ALL, |builder| {
+        builder.remote_access = AccessFlags::REMOTE_READ;
+    });
+    let operation = SendOperation::Write {
+        remote: s.right_mr.remote(0),
+        immediate: Some(7),
+    };
+    let write = request(1, operation, s.left_mr.slice(0, 8));
+    s.fabric.left.post_send(s.left_qp, write).unwrap();
+    assert!(s.fabric.run(1000).quiesced);
+    assert_eq!(
+        statuses(&mut s.fabric.left, s.left_cq),
+        vec![(1, CompletionStatus::RemoteInvalidRequestError)]
+    );
+    assert_eq!(s.fabric.right.counters().receiver_not_ready_naks_sent, 0);
+}
+
 #[test]
 fn read_and_atomic_violations_leave_memory_unchanged() {
     let mut s = setup_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE, |_| {});

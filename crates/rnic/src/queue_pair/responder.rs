@@ -535,6 +535,11 @@ impl QueuePairContext {
         if !self.payload_fits(opcode, frame.payload().len()) {
             return refuse_invalid;
         }
+        // A queue pair that takes no WRITEs refuses this one before the
+        // receive is looked for: an RNR NAK first sent the requester into
+        // retries (for ever, with an infinite RNR retry count) that a
+        // posted receive would only end in the refusal.
+        self.allows_remote(AccessFlags::REMOTE_WRITE)?;
         // WRITE-with-immediate consumes a receive; make sure one is there
         // before touching memory, so an RNR retry writes nothing twice.
         if opcode.has_immediate() && !self.has_receive(resources) {
@@ -564,7 +569,6 @@ impl QueuePairContext {
         if payload_len > remaining_bytes || (is_end && payload_len != remaining_bytes) {
             return refuse_invalid;
         }
-        self.allows_remote(AccessFlags::REMOTE_WRITE)?;
         let pd = self.attributes.protection_domain;
         let check = |length| {
             resources
