@@ -172,6 +172,26 @@ fn wait_for(
     }
 }
 
+/// Leaves neither slot a valid record, the slot of the newer record
+/// first: a crash between the two writes leaves at most the older.
+pub fn wipe_records(queue: &mut dyn DeviceQueue) -> Result<(), DeviceError> {
+    let mut bytes = Vec::new();
+    let mut slots: Vec<(u64, u64)> = Vec::with_capacity(2);
+    for slot in 0..2 {
+        let offset = slot * RECORD_SLOT_BYTES;
+        read_now(queue, offset, RECORD_SLOT_BYTES as usize, &mut bytes)?;
+        if let Some(record) = CheckpointRecord::decode(&bytes) {
+            slots.push((record.sequence, offset));
+        }
+    }
+    slots.sort_unstable_by(|newer, older| older.cmp(newer));
+    let zeros = vec![0u8; RECORD_SLOT_BYTES as usize];
+    for (_, offset) in slots {
+        write_now(queue, offset, &zeros)?;
+    }
+    Ok(())
+}
+
 /// The newest valid checkpoint record on the device.
 pub fn newest_record(queue: &mut dyn DeviceQueue) -> Result<CheckpointRecord, CheckpointError> {
     let mut bytes = Vec::new();

@@ -283,3 +283,41 @@ fn a_log_page_that_never_reached_the_device_is_refused() {
         "{error}"
     );
 }
+
+/// A new store left the slots of an earlier store's checkpoints as they
+/// were. After a run that took two checkpoints, a new run on the same
+/// device took one (sequence 1, in the slot of the old sequence 1), and
+/// its recovery took the old run's sequence 2: the old bounds over the
+/// new run's pages, a key written and checkpointed by the new run lost.
+/// A new store wipes both slots first.
+#[test]
+fn a_new_store_never_recovers_an_earlier_stores_checkpoint() {
+    let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(16 << 20));
+    let config = StoreConfig::smallest();
+    {
+        let store = Store::new(config.clone(), device.clone()).unwrap();
+        let mut session = store.session().unwrap();
+        session.upsert(b"old", b"first run").unwrap();
+        session.checkpoint().unwrap();
+        session.checkpoint().unwrap();
+    }
+    {
+        let store = Store::new(config.clone(), device.clone()).unwrap();
+        let mut session = store.session().unwrap();
+        session.upsert(b"new", b"second run").unwrap();
+        assert_eq!(session.checkpoint().unwrap().sequence, 1);
+    }
+    let (recovered, record) = Store::recover(config.clone(), device.clone()).unwrap();
+    assert_eq!(record.sequence, 1, "the second run's checkpoint");
+    let mut session = recovered.session().unwrap();
+    assert_eq!(read_now(&mut session, b"new"), Some(b"second run".to_vec()));
+    assert_eq!(read_now(&mut session, b"old"), None);
+    drop(session);
+    // A new store with no checkpoint of its own recovers nothing.
+    drop(Store::new(config.clone(), device.clone()).unwrap());
+    let error = Store::recover(config, device).err().unwrap();
+    assert!(matches!(
+        error,
+        KvError::Checkpoint(CheckpointError::NoCheckpoint)
+    ));
+}

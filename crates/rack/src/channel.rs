@@ -338,7 +338,9 @@ impl<S> ChannelPool<S> {
                 taken.push(channel);
             }
             seen.extend(taken.iter().map(&look));
-            channels.append(&mut taken);
+            for channel in taken {
+                give_back(&mut channels, channel);
+            }
         }
         self.returned.notify_all();
         seen
@@ -390,9 +392,23 @@ struct Borrowed<'a, S> {
 impl<S> Drop for Borrowed<'_, S> {
     fn drop(&mut self) {
         if let Some(channel) = self.channel.take() {
-            lock(&self.pool.channels).push(channel);
+            give_back(&mut lock(&self.pool.channels), channel);
             self.pool.returned.notify_one();
         }
+    }
+}
+
+/// Puts a channel back among the free ones, which are lent from the end:
+/// a retired one at the front, lent only when no other is free. At the
+/// end, the channel that had just timed out was lent next, and every
+/// transfer that took it failed at once with `Retired` while healthy
+/// channels sat unused (a SODA fetch then poisoned its chunk; found by
+/// review).
+fn give_back<S>(free: &mut Vec<Channel<S>>, channel: Channel<S>) {
+    if channel.retired {
+        free.insert(0, channel);
+    } else {
+        free.push(channel);
     }
 }
 
@@ -451,4 +467,44 @@ pub fn connect_channels<S: Default>(
         )
         .collect();
     Ok(ChannelPool::new(channels))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::assembly::RackBuilder;
+    use crate::endpoint::rack_queue_pair;
+    use crate::topology::Topology;
+
+    /// A channel that timed out went back to the end of the free list and
+    /// was lent next, so every later transfer that took it failed at once
+    /// while the healthy channel sat unused. It waits behind them now.
+    #[test]
+    fn a_retired_channel_is_lent_only_when_no_other_is_free() {
+        let topology = Topology::compute_and_memory();
+        let mut staged = RackBuilder::new(&topology)
+            .thread_name("retired-channel")
+            .build()
+            .unwrap();
+        let memory = staged.nic_mut(1);
+        let domain = memory.alloc_protection_domain().unwrap();
+        let completions = memory.create_completion_queue(8).unwrap();
+        let pool = connect_channels::<()>(&mut staged, 0, 1, 2, 4096, || {
+            rack_queue_pair(domain, completions)
+        })
+        .unwrap();
+        let retired = pool.with(|channel| {
+            channel.retired = true;
+            channel.queue_pair
+        });
+        for _ in 0..3 {
+            let lent = pool.with(|channel| channel.queue_pair);
+            assert_ne!(lent, retired, "the retired channel was lent first");
+        }
+        // Both taken at once: the retired one is still lent then.
+        let mut lent = Vec::new();
+        pool.with_every(|channel| lent.push(channel.queue_pair));
+        assert!(lent.contains(&retired));
+        assert_ne!(pool.with(|channel| channel.queue_pair), retired);
+    }
 }

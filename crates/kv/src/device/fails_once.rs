@@ -11,9 +11,10 @@ use std::sync::Arc;
 /// delivers it.
 pub(crate) struct FailsOnce {
     device: MemoryDevice,
-    /// `None`: each queue fails its first such poll. `Some(chosen)`: the
-    /// first poll of any queue that brings a chosen token's completion
-    /// fails.
+    /// `None`: each queue fails its first such poll of a session's
+    /// request (not one the store waits for at once, as a new store's
+    /// wipe of the checkpoint slots). `Some(chosen)`: the first poll of
+    /// any queue that brings a chosen token's completion fails, once armed.
     token: Option<fn(u64) -> bool>,
     /// For `token`: whether that poll is still to come.
     armed: Arc<AtomicBool>,
@@ -29,14 +30,19 @@ impl FailsOnce {
         }
     }
 
-    /// The first poll that brings the completion of a token `chosen`
-    /// picks fails, once.
+    /// Once [`FailsOnce::arm`]ed, the first poll that brings the
+    /// completion of a token `chosen` picks fails, once.
     pub(crate) fn on_token(device: MemoryDevice, chosen: fn(u64) -> bool) -> FailsOnce {
         FailsOnce {
             device,
             token: Some(chosen),
-            armed: Arc::new(AtomicBool::new(true)),
+            armed: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Arms an [`FailsOnce::on_token`] device (after the store is made).
+    pub(crate) fn arm(&self) {
+        self.armed.store(true, Ordering::Relaxed);
     }
 }
 
@@ -80,7 +86,10 @@ impl DeviceQueue for FailsOnceQueue {
         let (held, wanted) = (&mut self.held, self.token);
         let mut qualifies = wanted.is_none() && !held.is_empty();
         self.inner.poll(&mut |token, bytes| {
-            qualifies |= wanted.is_none_or(|chosen| chosen(token));
+            qualifies |= match wanted {
+                Some(chosen) => chosen(token),
+                None => !crate::checkpoint::is_wait_token(token),
+            };
             match bytes {
                 Some(bytes) => held.push_read(token, bytes),
                 None => held.push_write(token),

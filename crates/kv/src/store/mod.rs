@@ -148,7 +148,21 @@ pub struct Store {
 }
 
 impl Store {
+    /// A new, empty store on `device`. Whatever checkpoint an earlier
+    /// store left there is wiped first: both slots kept, a later
+    /// recovery took the older run's newer record over this store's own
+    /// first ones, and rebuilt its index from this store's pages under
+    /// the old record's bounds (found by review). A crash between the two
+    /// slots' wipes still leaves one; the newer of the two goes first.
     pub fn new(config: StoreConfig, device: Arc<dyn Device>) -> Result<Store, KvError> {
+        let store = Store::on_device(config, device)?;
+        let mut queue = store.shared.device.open_queue()?;
+        crate::checkpoint::wipe_records(queue.as_mut())?;
+        Ok(store)
+    }
+
+    /// A store's memory on `device`, the device's bytes untouched.
+    fn on_device(config: StoreConfig, device: Arc<dyn Device>) -> Result<Store, KvError> {
         config.check(device.capacity_bytes())?;
         let page_bytes = 1u64 << config.page_bits;
         if page_bytes > device.max_request_bytes() {
@@ -216,7 +230,7 @@ impl Store {
         config: StoreConfig,
         device: Arc<dyn Device>,
     ) -> Result<(Store, CheckpointRecord), KvError> {
-        let store = Store::new(config, device)?;
+        let store = Store::on_device(config, device)?;
         let shared = &store.shared;
         let mut queue = shared.device.open_queue()?;
         let record = newest_record(queue.as_mut())?;
@@ -1347,11 +1361,12 @@ mod tests {
     #[test]
     fn a_completion_left_by_a_failed_checkpoint_write_is_dropped() {
         // `write_now`'s, which the checkpoint's record is written with.
-        let device = FailsOnce::on_token(
+        let device = Arc::new(FailsOnce::on_token(
             MemoryDevice::new(16 << 20),
             crate::checkpoint::is_wait_token,
-        );
-        let store = Store::new(StoreConfig::smallest(), Arc::new(device)).unwrap();
+        ));
+        let store = Store::new(StoreConfig::smallest(), device.clone()).unwrap();
+        device.arm();
         let mut session = store.session().unwrap();
         session.upsert(b"first", b"one").unwrap();
         for number in 0..200u32 {
