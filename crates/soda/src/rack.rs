@@ -137,6 +137,8 @@ pub enum SodaRackError {
     StaticCopyLost(ObjectId),
     #[error("the DPU's static cache did not settle region {0:?} in time")]
     StaticTimedOut(RegionId),
+    #[error("the DPU is dead: its static cache cannot take region {0:?}")]
+    DpuDead(RegionId),
     #[error(transparent)]
     StillMoving(#[from] StillMoving),
     #[error("the DPU replied {got} bytes where {wanted} were asked")]
@@ -1023,6 +1025,13 @@ impl SodaRack {
             ) {
                 return Ok(());
             }
+            // A dead DPU's static cache holds nothing and takes nothing: a
+            // pin's load it died in, or one begun after, waited out the
+            // whole deadline with the object's gate held, and every fault
+            // on the object parked its fault thread meanwhile.
+            if dpu.is_dead() {
+                return Err(SodaRackError::DpuDead(region));
+            }
             if Instant::now() > deadline || self.rack.lock().expect("rack lock").is_finished() {
                 return Err(SodaRackError::StaticTimedOut(region));
             }
@@ -1054,6 +1063,9 @@ impl SodaRack {
     fn pin(&self, object: ObjectId) -> Result<(), SodaRackError> {
         let dpu = self.dpu()?;
         let region = Self::region(object)?;
+        if dpu.is_dead() {
+            return Err(SodaRackError::DpuDead(region));
+        }
         let before = self.pins.begin_move(object, Self::static_deadline())?;
         let recorded = matches!(before, Some(Standing::Pinned { .. }));
         let begun = {
@@ -1644,6 +1656,38 @@ mod tests {
         let mut into = vec![0u8; CHUNK_BYTES];
         store.fetch(first, 0, &mut into).unwrap();
         assert!(into.iter().all(|&byte| byte == 7), "the write landed");
+        store.stop().unwrap();
+    }
+
+    /// A pin whose load the DPU died in waited out the static cache's
+    /// whole deadline (a minute) with the object's gate held, and so did
+    /// every pin after the death. Both fail at once now.
+    #[test]
+    fn a_pin_on_a_dying_or_dead_dpu_fails_at_once() {
+        const OBJECT_BYTES: u64 = 64 * CHUNK_BYTES as u64;
+        let store = slow_dpu_rack(Route::Direct, OBJECT_BYTES);
+        let object = ObjectId(1);
+        store.reserve(object, OBJECT_BYTES, None).unwrap();
+        let started = Instant::now();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                // The load takes about 170 ms over the 200 Mb/s link.
+                std::thread::sleep(Duration::from_millis(30));
+                store.crash(DPU_HOST);
+            });
+            assert!(store.advise(object, Advice::Pin).is_err());
+        });
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the pin waited"
+        );
+        let started = Instant::now();
+        assert!(matches!(store.pin(object), Err(SodaRackError::DpuDead(_))));
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // The object is still whole, on the memory node.
+        let mut chunk = vec![1u8; CHUNK_BYTES];
+        store.fetch(object, 0, &mut chunk).unwrap();
+        assert!(chunk.iter().all(|&byte| byte == 0));
         store.stop().unwrap();
     }
 
