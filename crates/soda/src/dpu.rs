@@ -1253,6 +1253,24 @@ fn lock(state: &SharedDpu) -> MutexGuard<'_, DpuState> {
     state.lock().expect("DPU state lock")
 }
 
+/// Runs one agent's turn; an agent that fails stops, and with it the DPU,
+/// which cannot confirm or serve what it holds: its state goes as in a
+/// crash, so the host sees it dead, settles what it held and goes past it
+/// to the memory node. Only the failed agent stopped before, the DPU never
+/// counted as dead, and every later transfer through it timed out and
+/// took its object for lost, clean ones too (found by review).
+fn fail_stop(
+    state: &SharedDpu,
+    turn: impl FnOnce(&mut DpuState) -> Result<Progress, AgentError>,
+) -> Result<Progress, AgentError> {
+    let mut state = lock(state);
+    let result = turn(&mut state);
+    if result.is_err() {
+        state.crash();
+    }
+    result
+}
+
 /// Takes requests, looks them up and issues them.
 pub struct DpuReceiver(pub SharedDpu);
 
@@ -1267,7 +1285,7 @@ impl Agent for DpuPrefetcher {
         "soda-dpu-prefetcher"
     }
     fn poll(&mut self, _now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
-        lock(&self.0).prefetch_turn(nic)
+        fail_stop(&self.0, |state| state.prefetch_turn(nic))
     }
     fn poll_timeout(&self) -> Option<Timestamp> {
         None
@@ -1283,7 +1301,7 @@ impl Agent for DpuReceiver {
         "soda-dpu-receiver"
     }
     fn poll(&mut self, _now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
-        lock(&self.0).receive_turn(nic)
+        fail_stop(&self.0, |state| state.receive_turn(nic))
     }
     fn poll_timeout(&self) -> Option<Timestamp> {
         None
@@ -1303,7 +1321,7 @@ impl Agent for DpuStager {
         "soda-dpu-stager"
     }
     fn poll(&mut self, _now: Timestamp, nic: &mut dyn Verbs) -> Result<Progress, AgentError> {
-        lock(&self.0).stage_turn(nic)
+        fail_stop(&self.0, |state| state.stage_turn(nic))
     }
     fn poll_timeout(&self) -> Option<Timestamp> {
         None
@@ -1452,6 +1470,26 @@ mod tests {
         dpu.forget_region(region);
         dpu.register_region(region, 0, 4096);
         assert!(!uncacheable(&dpu));
+    }
+
+    /// An agent that failed stopped alone: the DPU never counted as dead,
+    /// so the host kept sending to it. Its failure now takes the DPU's
+    /// state as a crash does.
+    #[test]
+    fn a_failed_agent_turn_leaves_the_dpu_dead() {
+        let (_nic, dpu) = dpu_with(DpuConfig::base(4096), 0);
+        let shared: SharedDpu = Arc::new(Mutex::new(dpu));
+        let fine = fail_stop(&shared, |_| Ok(Progress::Idle));
+        assert!(fine.is_ok());
+        assert_eq!(lock(&shared).crashes(), 0);
+        let failed = fail_stop(&shared, |_| {
+            Err(AgentError::system(
+                "soda-dpu",
+                DpuError::Memory(CompletionStatus::RemoteAccessError),
+            ))
+        });
+        assert!(failed.is_err());
+        assert_eq!(lock(&shared).crashes(), 1);
     }
 
     /// Writes are numbered mod 2^31. Compared plainly, write 0 after the
