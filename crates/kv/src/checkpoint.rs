@@ -172,8 +172,11 @@ fn wait_for(
     }
 }
 
-/// Leaves neither slot a valid record, the slot of the newer record
-/// first: a crash between the two writes leaves at most the older.
+/// Leaves neither slot a valid record, the slot of the older record
+/// first: a crash between the two writes leaves the newer, with the
+/// device as it was before (nothing of the new store is written yet), and
+/// its pages kept. The older record's pages may have been reused once the
+/// newer was durable, so leaving it would recover a torn log.
 pub fn wipe_records(queue: &mut dyn DeviceQueue) -> Result<(), DeviceError> {
     let mut bytes = Vec::new();
     let mut slots: Vec<(u64, u64)> = Vec::with_capacity(2);
@@ -184,7 +187,7 @@ pub fn wipe_records(queue: &mut dyn DeviceQueue) -> Result<(), DeviceError> {
             slots.push((record.sequence, offset));
         }
     }
-    slots.sort_unstable_by(|newer, older| older.cmp(newer));
+    slots.sort_unstable();
     let zeros = vec![0u8; RECORD_SLOT_BYTES as usize];
     for (_, offset) in slots {
         write_now(queue, offset, &zeros)?;

@@ -332,6 +332,8 @@ pub struct DpuState {
     /// Static copies taken out of the cache with pieces still in flight.
     retired_statics: Vec<(RegionId, StaticEntry)>,
     crashes: u64,
+    /// Agent turns that failed, each taking the DPU down (`fail_stop`).
+    failures: u64,
 }
 
 impl DpuState {
@@ -368,6 +370,7 @@ impl DpuState {
             looked_up: Default::default(),
             retired_statics: Vec::new(),
             crashes: 0,
+            failures: 0,
         }
     }
 
@@ -446,6 +449,11 @@ impl DpuState {
     /// static copies among it) is gone.
     pub fn crashes(&self) -> u64 {
         self.crashes
+    }
+
+    /// Agent turns that failed and took the DPU down with them.
+    pub fn failures(&self) -> u64 {
+        self.failures
     }
 
     /// Whether flush pieces of `region`'s static copy, which write into its
@@ -1253,22 +1261,32 @@ fn lock(state: &SharedDpu) -> MutexGuard<'_, DpuState> {
     state.lock().expect("DPU state lock")
 }
 
-/// Runs one agent's turn; an agent that fails stops, and with it the DPU,
-/// which cannot confirm or serve what it holds: its state goes as in a
-/// crash, so the host sees it dead, settles what it held and goes past it
-/// to the memory node. Only the failed agent stopped before, the DPU never
-/// counted as dead, and every later transfer through it timed out and
-/// took its object for lost, clean ones too (found by review).
+/// Runs one agent's turn. An agent that fails takes the DPU down with it,
+/// as a crash does: it cannot confirm or serve what it holds, so its
+/// state goes, and the host sees it dead, settles what it held and goes
+/// past it to the memory node. The failure is logged, not returned: an
+/// error from a turn ended the rack's fabric thread, and the whole rack
+/// with it, memory node and all (found by review). A dead DPU's agents do
+/// nothing from then on (its shared receive queue still holds the
+/// receives its cleared state forgot, and its forwards' completions name
+/// work it no longer knows).
 fn fail_stop(
     state: &SharedDpu,
     turn: impl FnOnce(&mut DpuState) -> Result<Progress, AgentError>,
 ) -> Result<Progress, AgentError> {
     let mut state = lock(state);
-    let result = turn(&mut state);
-    if result.is_err() {
-        state.crash();
+    if state.crashes() > 0 {
+        return Ok(Progress::Idle);
     }
-    result
+    match turn(&mut state) {
+        Ok(progress) => Ok(progress),
+        Err(error) => {
+            tracing::warn!(%error, "a DPU agent failed: the DPU stops, as if it crashed");
+            state.crash();
+            state.failures += 1;
+            Ok(Progress::Idle)
+        }
+    }
 }
 
 /// Takes requests, looks them up and issues them.
@@ -1472,9 +1490,9 @@ mod tests {
         assert!(!uncacheable(&dpu));
     }
 
-    /// An agent that failed stopped alone: the DPU never counted as dead,
-    /// so the host kept sending to it. Its failure now takes the DPU's
-    /// state as a crash does.
+    /// An agent that failed returned its error, which ended the rack's
+    /// fabric thread (the whole rack stopped), and the DPU never counted
+    /// as dead. Its failure now takes the DPU's state as a crash does.
     #[test]
     fn a_failed_agent_turn_leaves_the_dpu_dead() {
         let (_nic, dpu) = dpu_with(DpuConfig::base(4096), 0);
@@ -1488,8 +1506,17 @@ mod tests {
                 DpuError::Memory(CompletionStatus::RemoteAccessError),
             ))
         });
-        assert!(failed.is_err());
+        // Not returned: an error ended the rack's fabric thread.
+        assert!(matches!(failed, Ok(Progress::Idle)));
         assert_eq!(lock(&shared).crashes(), 1);
+        assert_eq!(lock(&shared).failures(), 1);
+        // A dead DPU's agents do nothing.
+        let mut ran = false;
+        let after = fail_stop(&shared, |_| {
+            ran = true;
+            Ok(Progress::Idle)
+        });
+        assert!(after.is_ok() && !ran);
     }
 
     /// Writes are numbered mod 2^31. Compared plainly, write 0 after the

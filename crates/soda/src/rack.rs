@@ -1076,9 +1076,14 @@ impl SodaRack {
                 // since) is stale: a pin took it as loaded and served it.
                 state.begin_unpin(region, false);
             }
-            state.begin_pin(region)
+            // Looked at again under the lock the pin begins under: died
+            // since the first look, the DPU took a load it never ran.
+            match state.crashes() > 0 {
+                true => Err(SodaRackError::DpuDead(region)),
+                false => state.begin_pin(region).map_err(SodaRackError::from),
+            }
         };
-        let loaded = begun.map_err(SodaRackError::from).and_then(|offset| {
+        let loaded = begun.and_then(|offset| {
             self.wait_static(region, |state| state == Some(StaticState::Ready))?;
             Ok(offset)
         });

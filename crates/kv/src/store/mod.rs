@@ -153,7 +153,8 @@ impl Store {
     /// recovery took the older run's newer record over this store's own
     /// first ones, and rebuilt its index from this store's pages under
     /// the old record's bounds (found by review). A crash between the two
-    /// slots' wipes still leaves one; the newer of the two goes first.
+    /// slots' wipes leaves the newer record, with the device as that
+    /// record left it (see `wipe_records`).
     pub fn new(config: StoreConfig, device: Arc<dyn Device>) -> Result<Store, KvError> {
         let store = Store::on_device(config, device)?;
         let mut queue = store.shared.device.open_queue()?;
