@@ -1346,6 +1346,46 @@ fn checkpointed_call(from: DatagramEnd, service: DatagramEnd, rpc_id: u64) -> Ve
     checkpointed_datagram(repr, &1u64.to_be_bytes(), from, service)
 }
 
+/// A quiet host's one call, then a busy host's calls from `busy_ports`,
+/// each carrying a caller's checkpoint, through a switch with room for
+/// `nodes` callers' checkpoints; the switch, the quiet host and the busy.
+fn quiet_then_busy_callers(
+    nodes: usize,
+    busy_ports: impl IntoIterator<Item = u16>,
+) -> (
+    remora_switch::Switch<Overlaid<Gatekeeper>>,
+    DatagramEnd,
+    DatagramEnd,
+) {
+    use remora_base::Timestamp;
+    use remora_switch::PortId;
+    let (quiet, server, busy) = (
+        checkpoint_host(1, 40000),
+        checkpoint_host(2, BIFROST_PORT),
+        checkpoint_host(3, 40000),
+    );
+    let (mut switch, service) = caller_checkpoint_switch(&[quiet, server, busy], server, nodes);
+    let quiet_call = checkpointed_call(quiet, service, 1);
+    switch.handle_frame(Timestamp::ZERO, PortId(0), &quiet_call);
+    for (index, port) in busy_ports.into_iter().enumerate() {
+        let from = DatagramEnd { port, ..busy };
+        let call = checkpointed_call(from, service, index as u64 + 1);
+        switch.handle_frame(Timestamp::ZERO, PortId(2), &call);
+    }
+    (switch, quiet, busy)
+}
+
+/// Whether the Gatekeeper keeps a checkpoint of the caller at `end`.
+fn keeps_checkpoint_of(
+    switch: &remora_switch::Switch<Overlaid<Gatekeeper>>,
+    end: DatagramEnd,
+) -> bool {
+    switch
+        .program()
+        .caller_checkpoint_of((end.address, end.port))
+        .is_some()
+}
+
 /// A full caller-checkpoint table made room by the least recently renewed
 /// caller of all, so one host calling from many ports (each a caller of
 /// its own) evicted every other host's checkpoint, a live caller's too,
@@ -1353,37 +1393,37 @@ fn checkpointed_call(from: DatagramEnd, service: DatagramEnd, rpc_id: u64) -> Ve
 /// makes room now, its least recently renewed first.
 #[test]
 fn a_host_calling_from_many_ports_evicts_only_its_own_caller_checkpoints() {
-    use remora_base::Timestamp;
-    use remora_switch::PortId;
-    let (busy, server, quiet) = (
-        checkpoint_host(1, 40000),
-        checkpoint_host(2, BIFROST_PORT),
-        checkpoint_host(3, 40000),
-    );
-    let (mut switch, service) = caller_checkpoint_switch(&[busy, server, quiet], server, 3);
     // The quiet host calls once, first: the least recently renewed of all.
-    switch.handle_frame(
-        Timestamp::ZERO,
-        PortId(2),
-        &checkpointed_call(quiet, service, 1),
+    let (switch, quiet, busy) = quiet_then_busy_callers(3, 40000u16..40010);
+    assert!(
+        keeps_checkpoint_of(&switch, quiet),
+        "the quiet host's checkpoint was evicted"
     );
-    for (index, port) in (40000u16..40010).enumerate() {
-        let from = DatagramEnd { port, ..busy };
-        let call = checkpointed_call(from, service, index as u64 + 1);
-        switch.handle_frame(Timestamp::ZERO, PortId(0), &call);
-    }
-    let gatekeeper = switch.program();
-    let kept = |end: DatagramEnd| {
-        gatekeeper
-            .caller_checkpoint_of((end.address, end.port))
-            .is_some()
-    };
-    assert!(kept(quiet), "the quiet host's checkpoint was evicted");
     let busy_kept: Vec<u16> = (40000u16..40010)
-        .filter(|&port| kept(DatagramEnd { port, ..busy }))
+        .filter(|&port| keeps_checkpoint_of(&switch, DatagramEnd { port, ..busy }))
         .collect();
     assert_eq!(busy_kept, [40008, 40009], "the busy host's newest");
-    assert_eq!(gatekeeper.counters().caller_checkpoints_evicted, 8);
+    assert_eq!(switch.program().counters().caller_checkpoints_evicted, 8);
+}
+
+/// Tied for the most callers kept, the newcomer's host made room with the
+/// least recently renewed caller of all, another host's: a host with one
+/// caller more to add evicted its neighbour rather than its own.
+#[test]
+fn on_a_tie_the_newcomers_host_makes_room_with_its_own_caller() {
+    let (switch, quiet, busy) = quiet_then_busy_callers(2, [40000u16, 40001]);
+    assert!(
+        keeps_checkpoint_of(&switch, quiet),
+        "the other host's caller was evicted"
+    );
+    assert!(keeps_checkpoint_of(
+        &switch,
+        DatagramEnd {
+            port: 40001,
+            ..busy
+        }
+    ));
+    assert!(!keeps_checkpoint_of(&switch, busy));
 }
 
 /// Callers' checkpoints are kept per (address, port), in a table sized for

@@ -1231,7 +1231,7 @@ impl Gatekeeper {
         let full = table.len() >= table.resources().capacity;
         // A checkpoint too short to carry its sequence is dropped anyway.
         if new_caller && full && checkpoint.len() >= 8 {
-            if let Some(evicted) = self.caller_checkpoint_to_evict() {
+            if let Some(evicted) = self.caller_checkpoint_to_evict(caller.0) {
                 self.caller_checkpoint_order
                     .retain(|known| *known != evicted);
                 self.caller_checkpoints.remove(&evicted);
@@ -1251,13 +1251,14 @@ impl Gatekeeper {
         }
     }
 
-    /// The caller whose checkpoint makes room in a full table: the least
-    /// recently renewed of the address with the most callers kept. Taken
-    /// from all callers alike, a host calling from many ports (each port a
+    /// The caller whose checkpoint makes room in a full table for one
+    /// from `newcomer`: the least recently renewed of the address with the
+    /// most callers kept, the newcomer's own among those tied. Taken from
+    /// all callers alike, a host calling from many ports (each port a
     /// caller) evicted every other host's checkpoint, live callers' too,
     /// whose restart then found none; now it evicts its own first. Bounded
     /// by the table's capacity.
-    fn caller_checkpoint_to_evict(&self) -> Option<(Ipv4Address, u16)> {
+    fn caller_checkpoint_to_evict(&self, newcomer: Ipv4Address) -> Option<(Ipv4Address, u16)> {
         let mut kept_per_address: Vec<(Ipv4Address, usize)> = Vec::new();
         for (address, _) in &self.caller_checkpoint_order {
             match kept_per_address
@@ -1269,7 +1270,13 @@ impl Gatekeeper {
             }
         }
         let most = kept_per_address.iter().map(|(_, count)| *count).max()?;
+        let newcomer_crowded = kept_per_address
+            .iter()
+            .any(|(known, count)| *known == newcomer && *count == most);
         let crowded = |address: &Ipv4Address| {
+            if newcomer_crowded {
+                return *address == newcomer;
+            }
             kept_per_address
                 .iter()
                 .any(|(known, count)| known == address && *count == most)

@@ -53,6 +53,13 @@ impl<V> RecentCalls<V> {
     /// Records `value` for `key`, replacing an older record of the same
     /// call, and makes room by the oldest record when full.
     pub(super) fn record(&mut self, now: Timestamp, key: CallKey, value: V) {
+        // A table of no room (a Gatekeeper configured for no calls in
+        // flight still answers a fate-sharing call to a failed node)
+        // keeps nothing, and says so.
+        if self.records.capacity() == 0 {
+            self.forgotten_early += 1;
+            return;
+        }
         if self.records.lookup(&key).is_none() && self.records.len() >= self.records.capacity() {
             self.evict_oldest(now);
         }
@@ -164,6 +171,16 @@ mod tests {
 
     fn key(rpc_id: u64) -> CallKey {
         (Ipv4Address::new(10, 0, 0, 1), 40000, rpc_id)
+    }
+
+    /// A table of no room refused the insert, which only a debug
+    /// assertion caught.
+    #[test]
+    fn a_table_of_no_room_keeps_nothing_and_counts_it() {
+        let mut calls = recent(0);
+        calls.record(Timestamp::ZERO, key(1), 1);
+        assert_eq!(calls.get(&key(1)), None);
+        assert_eq!(calls.forgotten_early(), 1);
     }
 
     #[test]
