@@ -92,7 +92,7 @@ struct EventState {
     queued: VecDeque<Raised>,
     /// Events taken and not yet acknowledged, by what they name.
     unacknowledged: HashMap<Element, u32>,
-    /// Queues being destroyed: nothing is raised for them.
+    /// Queues being destroyed: their events are set aside, not queued.
     retired: Vec<Element>,
     /// The events not yet taken of queues being destroyed, set aside in
     /// their order: a destroy that fails gives them back, one that
@@ -129,6 +129,17 @@ impl AsyncEvents {
     pub(super) fn raise(&self, raised: Raised) {
         let mut state = self.state();
         if state.retired.contains(&raised.element) {
+            // Set aside with the queue's unread events: a destroy then
+            // refused gives it back (dropped, it was lost to a program
+            // that went on using the queue), one that succeeds drops it.
+            let aside = state
+                .set_aside
+                .iter()
+                .filter(|kept| kept.element == raised.element)
+                .count();
+            if aside < MAX_QUEUED_EVENTS {
+                state.set_aside.push(raised);
+            }
             return;
         }
         let sent = self.queue_locked(&mut state, raised);
@@ -224,8 +235,8 @@ impl AsyncEvents {
     /// Starts a queue's destroy: waits (bounded) until every event the
     /// program took that names `element` is acknowledged, then at once
     /// sets aside those not yet taken (their bytes taken back, so the
-    /// descriptor is not left readable with no event) and raises none for
-    /// it from then on. Whether it could: if not, nothing changed, and the
+    /// descriptor is not left readable with no event), as it does those
+    /// raised for the queue from then on. Whether it could: if not, nothing changed, and the
     /// destroy is refused (EBUSY). A destroy that then fails calls
     /// [`AsyncEvents::unretire`], which gives the events set aside back;
     /// one that succeeds, [`AsyncEvents::retired`], once nothing raises
@@ -263,9 +274,9 @@ impl AsyncEvents {
     /// lives on, its events are raised again, and those set aside wait
     /// again to be taken, behind the other queues' events queued meanwhile
     /// and ahead of any new one of its own (put back under the lock that
-    /// raising takes). Dropped, they were lost to a program whose destroy
-    /// was refused and that went on using the queue. (Events raised for
-    /// it while it was retired are not kept.)
+    /// raising takes), those raised while it was retired among them.
+    /// Dropped, they were lost to a program whose destroy was refused and
+    /// that went on using the queue.
     pub(super) fn unretire(&self, element: Element) {
         let mut state = self.state();
         state.retired.retain(|retired| *retired != element);
@@ -350,7 +361,12 @@ mod tests {
         events.unretire(QUEUE);
         assert_eq!(take_now(&events), Some(OTHER));
         assert_eq!(take_now(&events), Some(QUEUE), "the event set aside");
-        assert_eq!(take_now(&events), None, "none raised while retired");
+        assert_eq!(
+            take_now(&events),
+            Some(QUEUE),
+            "the event raised while retired"
+        );
+        assert_eq!(take_now(&events), None);
     }
 
     #[test]
