@@ -172,24 +172,30 @@ fn wait_for(
     }
 }
 
+/// The valid records in the two slots, each with its slot's offset,
+/// oldest first (of two with one sequence, slot 0 counts as the newer).
+fn valid_records(queue: &mut dyn DeviceQueue) -> Result<Vec<(CheckpointRecord, u64)>, DeviceError> {
+    let mut bytes = Vec::new();
+    let mut records = Vec::with_capacity(2);
+    for slot in 0..2 {
+        let offset = slot * RECORD_SLOT_BYTES;
+        read_now(queue, offset, RECORD_SLOT_BYTES as usize, &mut bytes)?;
+        if let Some(record) = CheckpointRecord::decode(&bytes) {
+            records.push((record, offset));
+        }
+    }
+    records.sort_by_key(|(record, offset)| (record.sequence, std::cmp::Reverse(*offset)));
+    Ok(records)
+}
+
 /// Leaves neither slot a valid record, the slot of the older record
 /// first: a crash between the two writes leaves the newer, with the
 /// device as it was before (nothing of the new store is written yet), and
 /// its pages kept. The older record's pages may have been reused once the
 /// newer was durable, so leaving it would recover a torn log.
 pub fn wipe_records(queue: &mut dyn DeviceQueue) -> Result<(), DeviceError> {
-    let mut bytes = Vec::new();
-    let mut slots: Vec<(u64, u64)> = Vec::with_capacity(2);
-    for slot in 0..2 {
-        let offset = slot * RECORD_SLOT_BYTES;
-        read_now(queue, offset, RECORD_SLOT_BYTES as usize, &mut bytes)?;
-        if let Some(record) = CheckpointRecord::decode(&bytes) {
-            slots.push((record.sequence, offset));
-        }
-    }
-    slots.sort_unstable();
     let zeros = vec![0u8; RECORD_SLOT_BYTES as usize];
-    for (_, offset) in slots {
+    for (_, offset) in valid_records(queue)? {
         write_now(queue, offset, &zeros)?;
     }
     Ok(())
@@ -197,21 +203,7 @@ pub fn wipe_records(queue: &mut dyn DeviceQueue) -> Result<(), DeviceError> {
 
 /// The newest valid checkpoint record on the device.
 pub fn newest_record(queue: &mut dyn DeviceQueue) -> Result<CheckpointRecord, CheckpointError> {
-    let mut bytes = Vec::new();
-    let mut newest: Option<CheckpointRecord> = None;
-    for slot in 0..2 {
-        read_now(
-            queue,
-            slot * RECORD_SLOT_BYTES,
-            RECORD_SLOT_BYTES as usize,
-            &mut bytes,
-        )?;
-        if let Some(record) = CheckpointRecord::decode(&bytes) {
-            if newest.is_none_or(|newest| record.sequence > newest.sequence) {
-                newest = Some(record);
-            }
-        }
-    }
+    let newest = valid_records(queue)?.pop().map(|(record, _)| record);
     newest.ok_or(CheckpointError::NoCheckpoint)
 }
 
